@@ -1,0 +1,385 @@
+//! The command line: `profile`, `devices`, `inspect`, `gen-model`; no subcommand opens the app.
+//! Errors print one line and exit with code 2.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+
+use crate::device::{self, DeviceSpec};
+use crate::error::Result;
+use crate::export;
+use crate::model::weights::StoredDtype;
+use crate::model::{self, ModelSource};
+use crate::profile::formulas::FormulaId;
+use crate::profile::{self, ProfileRequest, Report};
+use crate::progress::{Phase, Progress};
+use crate::quant::Quant;
+use crate::units::{fmt_i, fmt_u, parse_bytes};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "vramscope",
+    version,
+    about = "Where GPU memory goes during an LLM's forward passes, and how much vLLM's budget formulas leave for the KV cache"
+)]
+pub struct Cli {
+    /// Open the app, profile the default preset, save the window as this PNG, and exit.
+    #[arg(long, value_name = "FILE")]
+    pub screenshot: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the profile procedure and compare vLLM's KV-cache budget formulas.
+    Profile(ProfileArgs),
+    /// List CUDA GPUs and simulated devices.
+    Devices,
+    /// Show a model's config, parameter count and bytes per dtype.
+    Inspect { path: PathBuf },
+    /// Write a preset with seeded synthetic weights as model.safetensors + config.json.
+    GenModel {
+        preset: String,
+        dir: PathBuf,
+        #[arg(long, default_value = "f16", value_parser = ["f16", "bf16", "f32"])]
+        dtype: String,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+}
+
+fn size_arg(s: &str) -> std::result::Result<u64, String> {
+    parse_bytes(s).map_err(|e| e.to_string())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ProfileArgs {
+    /// PATH (folder, config.json or .safetensors), preset:NAME, or synthetic:WEIGHTS:SPIKE.
+    #[arg(long, default_value = "preset:llama-3-8b")]
+    pub model: String,
+    #[arg(long, default_value = "fp16", value_parser = ["fp16", "bf16", "int8", "nf4"])]
+    pub quant: String,
+    /// sim:PRESET[:dry|:compute] or cuda:N.
+    #[arg(long, default_value = "sim:h100-80gb:dry")]
+    pub device: String,
+    #[arg(long, default_value_t = 8192)]
+    pub tokens: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seqs: usize,
+    #[arg(long, default_value_t = 3)]
+    pub passes: u32,
+    /// gpu_memory_utilization.
+    #[arg(long, default_value_t = 0.9)]
+    pub util: f64,
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u64,
+    #[arg(long, default_value_t = 8192)]
+    pub max_model_len: u64,
+    /// LLM.int8 outlier threshold (Hugging Face checkpoints use 6.0).
+    #[arg(long, default_value_t = 0.0)]
+    pub int8_threshold: f32,
+    /// Memory another process holds before the instance starts (e.g. 512MiB).
+    #[arg(long, value_parser = size_arg, default_value = "0")]
+    pub outside_before: u64,
+    /// Memory allocated outside the framework during the first pass (NCCL-like).
+    #[arg(long, value_parser = size_arg, default_value = "0")]
+    pub outside_during: u64,
+    /// Free the --outside-during allocation after the passes (default: it stays).
+    #[arg(long)]
+    pub outside_during_freed: bool,
+    /// Skip the verify passes.
+    #[arg(long)]
+    pub no_verify: bool,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Timeline CSV; the summary goes beside it as NAME.summary.csv.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub png: Option<PathBuf>,
+    /// Print nothing but errors.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+impl ProfileArgs {
+    pub fn request(&self) -> Result<ProfileRequest> {
+        let r = ProfileRequest {
+            model: ModelSource::parse(&self.model)?,
+            quant: Quant::parse(&self.quant)?,
+            device: DeviceSpec::parse(&self.device)?,
+            tokens: self.tokens,
+            seqs: self.seqs,
+            passes: self.passes,
+            util: self.util,
+            block_size: self.block_size,
+            max_model_len: self.max_model_len,
+            int8_threshold: self.int8_threshold,
+            outside_before: self.outside_before,
+            outside_during: self.outside_during,
+            outside_during_freed: self.outside_during_freed,
+            verify: !self.no_verify,
+            seed: self.seed,
+        };
+        r.validate()?;
+        Ok(r)
+    }
+}
+
+/// Entry point; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                let _ = e.print();
+                return 0;
+            }
+            let text = e.render().to_string();
+            let first = text
+                .lines()
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ");
+            eprintln!("vramscope: error: {first}");
+            return 2;
+        }
+    };
+    let result = match cli.command {
+        None => crate::gui::run_app(cli.screenshot),
+        Some(Command::Profile(args)) => cmd_profile(&args),
+        Some(Command::Devices) => cmd_devices(),
+        Some(Command::Inspect { path }) => cmd_inspect(&path),
+        Some(Command::GenModel {
+            preset,
+            dir,
+            dtype,
+            seed,
+        }) => cmd_gen(&preset, &dir, &dtype, seed),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("vramscope: error: {}", one_line(&e.to_string()));
+            2
+        }
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.lines().map(str::trim).collect::<Vec<_>>().join(" ")
+}
+
+fn cmd_profile(args: &ProfileArgs) -> Result<()> {
+    let req = args.request()?;
+    for p in [&args.json, &args.csv, &args.png].into_iter().flatten() {
+        export::check_writable(p)?;
+    }
+    let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} {prefix:>18} [{bar:30}] {pos}/{len} {msg}",
+            )
+            .expect("template")
+            .progress_chars("=> "),
+        );
+        b
+    });
+    let sink = bar.clone().map(|b| {
+        Box::new(move |p: Progress| match p {
+            Progress::Phase(ph) => {
+                b.set_prefix(ph.label());
+                if ph == Phase::Done {
+                    b.finish_and_clear();
+                }
+            }
+            Progress::Load {
+                index,
+                count,
+                tensor,
+                ..
+            } => {
+                b.set_length(count as u64);
+                b.set_position(index as u64 + 1);
+                b.set_message(tensor);
+            }
+            Progress::Pass { pass, of, verify } => {
+                b.set_length(of as u64);
+                b.set_position(pass as u64);
+                b.set_message(verify.map(|v| format!("verify {v}")).unwrap_or_default());
+            }
+            Progress::Layer { layer, of } => b.set_message(format!("layer {}/{of}", layer + 1)),
+            Progress::Events(_) => b.tick(),
+        }) as crate::progress::ProgressSink
+    });
+    let report = profile::run(&req, sink, Arc::new(AtomicBool::new(false)));
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let report = report?;
+    // Render everything first, then write: a failing export leaves no partial set behind.
+    if let Some(p) = &args.json {
+        export::json::write(&report, p)?;
+    }
+    if let Some(p) = &args.csv {
+        export::csv::write(&report, p)?;
+    }
+    if let Some(p) = &args.png {
+        export::png::write(&report, p)?;
+    }
+    if !args.quiet {
+        print!("{}", summary_text(&report));
+    }
+    Ok(())
+}
+
+/// The stdout summary: a vLLM-style log line and one row per formula.
+pub fn summary_text(r: &Report) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let sim = if r.device.simulated {
+        " [simulated device]"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        s,
+        "{} {} on {}{}: {} tokens in {} seq(s), {} pass(es), util {}",
+        r.model.name,
+        r.quant,
+        r.device.name,
+        sim,
+        r.settings.tokens,
+        r.settings.seqs,
+        r.settings.passes,
+        r.settings.util
+    );
+    let new = r.formula(FormulaId::Pr9516);
+    if let Some(n) = new {
+        let _ = writeln!(
+            s,
+            "Memory profiling (#9516): total_gpu_memory={} util={} model weights={} non_torch_memory={} torch_peak_memory={} kv_cache_size={} ({} blocks, max concurrency {:.2}x for {} tokens)",
+            fmt_u(r.checkpoints.t0.total),
+            r.settings.util,
+            fmt_u(r.weights_bytes),
+            fmt_i(n.non_torch_bytes),
+            fmt_i(n.torch_peak_bytes),
+            fmt_i(n.kv_bytes),
+            n.kv_blocks,
+            n.max_concurrency,
+            r.kv_geometry.max_model_len
+        );
+    }
+    let _ = writeln!(
+        s,
+        "weights {} ({} bytes); int8 state alive after the pass {}; outside the framework {}; truth (peak of this instance) {}",
+        fmt_u(r.weights_bytes),
+        r.weights_bytes,
+        fmt_u(r.quant_state_after_bytes),
+        fmt_u(r.outside_framework_bytes),
+        fmt_i(r.truth.non_kv_bytes)
+    );
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "{:<34} {:>12} {:>12} {:>12} {:>12} {:>9} {:>12}  verify",
+        "formula", "torch peak", "non-torch", "non-KV", "KV budget", "blocks", "error"
+    );
+    let verify_text = |v: &Option<profile::report::Verify>| match v {
+        None => "-".to_string(),
+        Some(v) if !v.ran => "no KV memory".to_string(),
+        Some(v) if v.oom => "OOM".to_string(),
+        Some(v) if v.within_budget => format!("ok ({} spare)", fmt_i(-v.overrun_bytes)),
+        Some(v) => format!("OVER by {}", fmt_i(v.overrun_bytes)),
+    };
+    for f in &r.formulas {
+        let _ = writeln!(
+            s,
+            "{:<34} {:>12} {:>12} {:>12} {:>12} {:>9} {:>12}  {}",
+            f.title,
+            fmt_i(f.torch_peak_bytes),
+            fmt_i(f.non_torch_bytes),
+            fmt_i(f.non_kv_bytes),
+            fmt_i(f.kv_bytes),
+            f.kv_blocks,
+            fmt_i(f.error_bytes),
+            verify_text(&f.verify)
+        );
+    }
+    let t = &r.truth;
+    let _ = writeln!(
+        s,
+        "{:<34} {:>12} {:>12} {:>12} {:>12} {:>9} {:>12}  {}",
+        "measured truth",
+        "",
+        "",
+        fmt_i(t.non_kv_bytes),
+        fmt_i(t.kv_bytes),
+        t.kv_blocks,
+        "",
+        verify_text(&t.verify)
+    );
+    let why = r.old_vs_new_explanation();
+    if !why.is_empty() {
+        let _ = writeln!(s, "\n{why}");
+    }
+    let _ = writeln!(s, "{} events, {:.2} s", r.event_count, r.wall_time_s);
+    s
+}
+
+fn cmd_devices() -> Result<()> {
+    let (list, why) = device::list_devices();
+    if let Some(w) = why {
+        println!("no CUDA GPU: {}", one_line(&w));
+    }
+    for d in list {
+        println!("{:<22} {:>12}  {}", d.spec, fmt_u(d.total_bytes), d.name);
+    }
+    Ok(())
+}
+
+fn cmd_inspect(path: &std::path::Path) -> Result<()> {
+    let i = model::inspect(path)?;
+    let c = &i.config;
+    println!("{}", i.path.display());
+    println!(
+        "{}: hidden {}, intermediate {}, layers {}, heads {} (kv {}), head_dim {}, vocab {}, rope_theta {}, rms_eps {}, tied embeddings {}",
+        c.arch, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size, c.rope_theta, c.rms_norm_eps, c.tie_word_embeddings
+    );
+    println!("parameters {} in {} tensors", i.parameters, i.tensors);
+    for (dtype, count, bytes) in &i.by_dtype {
+        println!(
+            "  {dtype:<5} {count:>5} tensors {:>12} ({bytes} bytes)",
+            fmt_u(*bytes)
+        );
+    }
+    Ok(())
+}
+
+fn cmd_gen(preset: &str, dir: &std::path::Path, dtype: &str, seed: u64) -> Result<()> {
+    let d = match dtype {
+        "f32" => StoredDtype::F32,
+        "bf16" => StoredDtype::BF16,
+        _ => StoredDtype::F16,
+    };
+    let files = model::gen_model(preset, dir, d, seed)?;
+    println!(
+        "wrote {} and {}",
+        files.weights.display(),
+        files.config.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,332 @@
+//! Where bytes live and math runs: a simulated GPU (compute or dry) or a CUDA GPU. Both report
+//! free/total as the driver does and hand raw segments to the framework allocator; memory
+//! outside the framework (context, library workspaces, scenario allocations) is taken here
+//! directly.
+
+pub mod cpu;
+pub mod cuda;
+pub mod presets;
+pub mod sim;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::memory::{SegmentHandle, SegmentSource};
+pub use presets::{SimPreset, SIM_PRESETS};
+pub use sim::SimDevice;
+
+/// Which device a run uses, as written on the command line: `sim:h100-80gb[:dry|:compute]`,
+/// `cuda:0`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum DeviceSpec {
+    Sim { preset: String, dry: bool },
+    Cuda { ordinal: usize },
+}
+
+impl DeviceSpec {
+    pub fn parse(s: &str) -> Result<Self> {
+        let parts: Vec<&str> = s.split(':').collect();
+        let bad = |why: &str| Error::Request(format!("device '{s}': {why}"));
+        match parts.as_slice() {
+            ["sim", preset] | ["sim", preset, _] => {
+                if presets::find(preset).is_none() {
+                    let ids: Vec<_> = SIM_PRESETS.iter().map(|p| p.id).collect();
+                    return Err(bad(&format!(
+                        "unknown preset, expected one of {}",
+                        ids.join(", ")
+                    )));
+                }
+                let dry = match parts.get(2) {
+                    None | Some(&"compute") => false,
+                    Some(&"dry") => true,
+                    Some(_) => return Err(bad("mode must be 'dry' or 'compute'")),
+                };
+                Ok(DeviceSpec::Sim {
+                    preset: preset.to_ascii_lowercase(),
+                    dry,
+                })
+            }
+            ["cuda"] => Ok(DeviceSpec::Cuda { ordinal: 0 }),
+            ["cuda", n] => n
+                .parse()
+                .map(|ordinal| DeviceSpec::Cuda { ordinal })
+                .map_err(|_| bad("expected cuda:N with N a GPU index")),
+            _ => Err(bad("expected sim:PRESET[:dry|:compute] or cuda:N")),
+        }
+    }
+
+    pub fn is_sim(&self) -> bool {
+        matches!(self, DeviceSpec::Sim { .. })
+    }
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSpec::Sim { preset, dry: true } => write!(f, "sim:{preset}:dry"),
+            DeviceSpec::Sim { preset, dry: false } => write!(f, "sim:{preset}"),
+            DeviceSpec::Cuda { ordinal } => write!(f, "cuda:{ordinal}"),
+        }
+    }
+}
+
+/// How ops run on a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Shapes and allocations only.
+    Dry,
+    /// Real math on the host CPU (simulated device, compute mode).
+    Cpu,
+    Cuda,
+}
+
+/// What a report says about the device.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub spec: String,
+    pub name: String,
+    pub total_bytes: u64,
+    pub simulated: bool,
+    /// "compute", "dry" or "cuda".
+    pub mode: String,
+    /// Where the ground truth comes from ("simulated bookkeeping", "NVML per-process").
+    pub truth_source: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemInfo {
+    pub free: u64,
+    pub total: u64,
+}
+
+/// A device memory allocation made outside the framework allocator.
+#[derive(Debug, PartialEq, Eq)]
+pub struct OutsideAlloc {
+    pub(crate) id: u64,
+    pub bytes: u64,
+}
+
+pub enum Device {
+    Sim(SimDevice),
+    Cuda(Box<cuda::CudaDevice>),
+}
+
+impl Device {
+    /// Opens the device; for CUDA this creates the context (checkpoint t0 comes after).
+    pub fn open(spec: &DeviceSpec) -> Result<Self> {
+        match spec {
+            DeviceSpec::Sim { preset, dry } => {
+                let p = presets::find(preset).ok_or_else(|| Error::Device {
+                    spec: spec.to_string(),
+                    problem: "unknown simulated preset".into(),
+                })?;
+                Ok(Device::Sim(SimDevice::new(p, !dry)))
+            }
+            DeviceSpec::Cuda { ordinal } => {
+                Ok(Device::Cuda(Box::new(cuda::CudaDevice::open(*ordinal)?)))
+            }
+        }
+    }
+
+    pub fn info(&self) -> DeviceInfo {
+        match self {
+            Device::Sim(s) => DeviceInfo {
+                spec: format!("sim:{}{}", s.preset.id, if s.compute { "" } else { ":dry" }),
+                name: s.preset.name.to_string(),
+                total_bytes: s.total(),
+                simulated: true,
+                mode: if s.compute { "compute" } else { "dry" }.into(),
+                truth_source: "simulated bookkeeping (exact)".into(),
+            },
+            Device::Cuda(c) => c.info(),
+        }
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self {
+            Device::Sim(s) if s.compute => Backend::Cpu,
+            Device::Sim(_) => Backend::Dry,
+            Device::Cuda(_) => Backend::Cuda,
+        }
+    }
+
+    pub fn mem_info(&self) -> MemInfo {
+        match self {
+            Device::Sim(s) => MemInfo {
+                free: s.free(),
+                total: s.total(),
+            },
+            Device::Cuda(c) => c.mem_info(),
+        }
+    }
+
+    /// This process's device memory now.
+    pub fn process_used(&self) -> u64 {
+        match self {
+            Device::Sim(s) => s.process_used(),
+            Device::Cuda(c) => c.process_used(),
+        }
+    }
+
+    /// Starts measuring this process's peak footprint (ground truth) from now.
+    pub fn reset_process_peak(&mut self) {
+        match self {
+            Device::Sim(s) => s.reset_process_peak(),
+            Device::Cuda(c) => c.reset_process_peak(),
+        }
+    }
+
+    /// This process's peak footprint since the last reset.
+    pub fn process_peak(&mut self) -> u64 {
+        match self {
+            Device::Sim(s) => s.process_peak(),
+            Device::Cuda(c) => c.process_peak(),
+        }
+    }
+
+    /// bitsandbytes' CxB tile layout on this device.
+    pub fn int8_tile_layout(&self) -> crate::quant::int8::TileLayout {
+        let row_pad = match self {
+            Device::Sim(s) => s.preset.cxb_row_pad,
+            Device::Cuda(c) => c.cxb_row_pad(),
+        };
+        crate::quant::int8::TileLayout {
+            row_pad,
+            col_pad: 32,
+        }
+    }
+
+    /// Simulated CUDA context creation (a real device made its context in `open`).
+    /// Bytes a simulated context takes; `None` on a real GPU, whose context exists already.
+    pub fn simulated_context_bytes(&self) -> Option<u64> {
+        match self {
+            Device::Sim(s) => Some(s.preset.context_bytes),
+            Device::Cuda(_) => None,
+        }
+    }
+
+    /// Library workspaces taken on the first GEMM (cuBLAS, cuBLASLt), outside the framework.
+    pub fn library_workspace_bytes(&self) -> Vec<(&'static str, u64)> {
+        match self {
+            Device::Sim(s) => vec![
+                ("cublas-workspace", s.preset.cublas_workspace_bytes),
+                ("cublaslt-workspace", s.preset.cublaslt_workspace_bytes),
+            ],
+            Device::Cuda(c) => c.library_workspace_bytes(),
+        }
+    }
+
+    pub fn alloc_outside(&mut self, bytes: u64) -> Result<OutsideAlloc> {
+        match self {
+            Device::Sim(s) => {
+                let free = s.free();
+                let taken = s.take(bytes).ok_or_else(|| Error::OutOfMemory {
+                    device: s.preset.id.to_string(),
+                    during: "allocating outside the framework".into(),
+                    detail: format!("{bytes} bytes wanted, {free} free"),
+                })?;
+                Ok(OutsideAlloc {
+                    id: 0,
+                    bytes: taken,
+                })
+            }
+            Device::Cuda(c) => c.alloc_outside(bytes),
+        }
+    }
+
+    pub fn free_outside(&mut self, alloc: OutsideAlloc) {
+        match self {
+            Device::Sim(s) => s.give_back(alloc.bytes),
+            Device::Cuda(c) => c.free_outside(alloc),
+        }
+    }
+
+    /// Memory held by another process before the instance starts (vLLM issue #10451).
+    pub fn hold_foreign(&mut self, bytes: u64) -> Result<u64> {
+        match self {
+            Device::Sim(s) => {
+                let free = s.free();
+                s.hold_foreign(bytes).ok_or_else(|| Error::OutOfMemory {
+                    device: s.preset.id.to_string(),
+                    during: "holding memory for another process (--outside-before)".into(),
+                    detail: format!("{bytes} bytes wanted, {free} free"),
+                })
+            }
+            Device::Cuda(c) => c.hold_foreign(bytes),
+        }
+    }
+
+    pub fn synchronize(&mut self) -> Result<()> {
+        match self {
+            Device::Sim(_) => Ok(()),
+            Device::Cuda(c) => c.synchronize(),
+        }
+    }
+
+    pub fn cuda(&mut self) -> Option<&mut cuda::CudaDevice> {
+        match self {
+            Device::Cuda(c) => Some(c),
+            Device::Sim(_) => None,
+        }
+    }
+}
+
+impl SegmentSource for Device {
+    fn map_segment(&mut self, bytes: u64) -> Option<SegmentHandle> {
+        match self {
+            Device::Sim(s) => s.map_segment(bytes),
+            Device::Cuda(c) => c.map_segment(bytes),
+        }
+    }
+
+    fn unmap_segment(&mut self, handle: SegmentHandle) {
+        match self {
+            Device::Sim(s) => s.unmap_segment(handle),
+            Device::Cuda(c) => c.unmap_segment(handle),
+        }
+    }
+}
+
+/// One line per device a user can pick: detected CUDA GPUs, then the simulated presets.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DeviceListing {
+    pub spec: String,
+    pub name: String,
+    pub total_bytes: u64,
+    pub simulated: bool,
+}
+
+/// Lists the CUDA GPUs that can be opened (with the reason when none can) and the presets.
+pub fn list_devices() -> (Vec<DeviceListing>, Option<String>) {
+    let (mut out, why) = match cuda::detect() {
+        Ok(gpus) => (gpus, None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    out.extend(SIM_PRESETS.iter().map(|p| DeviceListing {
+        spec: format!("sim:{}", p.id),
+        name: p.name.to_string(),
+        total_bytes: p.total_bytes,
+        simulated: true,
+    }));
+    (out, why)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_specs_parse_and_print_back() {
+        for s in ["sim:h100-80gb", "sim:a100-40gb:dry", "cuda:1"] {
+            assert_eq!(DeviceSpec::parse(s).unwrap().to_string(), s);
+        }
+        assert_eq!(
+            DeviceSpec::parse("cuda").unwrap(),
+            DeviceSpec::Cuda { ordinal: 0 }
+        );
+        assert!(DeviceSpec::parse("sim:nope").is_err());
+        assert!(DeviceSpec::parse("sim:h100-80gb:fast").is_err());
+        assert!(DeviceSpec::parse("tpu:0").is_err());
+    }
+}

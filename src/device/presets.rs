@@ -1,0 +1,89 @@
+//! Simulated GPUs. Totals are the framebuffer sizes `nvidia-smi` reports for each card (MiB
+//! there); context overheads are typical CUDA 12/13 figures with lazy module loading (our own
+//! H200 measurement, docs/gpu-runs.md, saw 527 MiB); workspace sizes are PyTorch's defaults
+//! (`CUBLAS_WORKSPACE_CONFIG` ":4096:8" = 32 MiB on Hopper, ":4096:2:16:8" = 8.125 MiB
+//! before it; cuBLASLt 1 MiB). All of it is labelled "simulated" wherever it is shown.
+
+use serde::{Deserialize, Serialize};
+
+const MIB: u64 = 1 << 20;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SimPreset {
+    pub id: &'static str,
+    pub name: &'static str,
+    pub total_bytes: u64,
+    /// Device memory the CUDA context takes when the instance starts.
+    pub context_bytes: u64,
+    /// cuBLAS workspace, allocated by the library on the first GEMM.
+    pub cublas_workspace_bytes: u64,
+    /// cuBLASLt workspace, allocated on the first int8/Lt GEMM.
+    pub cublaslt_workspace_bytes: u64,
+    /// Row padding of bitsandbytes' int8 CxB tiles: 8 for `col_turing` (Turing, Hopper), 32
+    /// for `col_ampere` (compute capability 8.x: Ampere, Ada).
+    pub cxb_row_pad: usize,
+}
+
+const HOPPER_CUBLAS: u64 = 32 * MIB;
+const PRE_HOPPER_CUBLAS: u64 = 4096 * 1024 * 2 + 16 * 1024 * 8;
+
+pub const SIM_PRESETS: &[SimPreset] = &[
+    SimPreset {
+        id: "h100-80gb",
+        name: "NVIDIA H100 80GB HBM3 (simulated)",
+        total_bytes: 81559 * MIB,
+        context_bytes: 512 * MIB,
+        cublas_workspace_bytes: HOPPER_CUBLAS,
+        cublaslt_workspace_bytes: MIB,
+        cxb_row_pad: 8,
+    },
+    SimPreset {
+        id: "h200-141gb",
+        name: "NVIDIA H200 (simulated)",
+        total_bytes: 143771 * MIB,
+        context_bytes: 527 * MIB,
+        cublas_workspace_bytes: HOPPER_CUBLAS,
+        cublaslt_workspace_bytes: MIB,
+        cxb_row_pad: 8,
+    },
+    SimPreset {
+        id: "a100-80gb",
+        name: "NVIDIA A100-SXM4-80GB (simulated)",
+        total_bytes: 81920 * MIB,
+        context_bytes: 420 * MIB,
+        cublas_workspace_bytes: PRE_HOPPER_CUBLAS,
+        cublaslt_workspace_bytes: MIB,
+        cxb_row_pad: 32,
+    },
+    SimPreset {
+        id: "a100-40gb",
+        name: "NVIDIA A100-SXM4-40GB (simulated)",
+        total_bytes: 40960 * MIB,
+        context_bytes: 420 * MIB,
+        cublas_workspace_bytes: PRE_HOPPER_CUBLAS,
+        cublaslt_workspace_bytes: MIB,
+        cxb_row_pad: 32,
+    },
+    SimPreset {
+        id: "l4-24gb",
+        name: "NVIDIA L4 (simulated)",
+        total_bytes: 23034 * MIB,
+        context_bytes: 300 * MIB,
+        cublas_workspace_bytes: PRE_HOPPER_CUBLAS,
+        cublaslt_workspace_bytes: MIB,
+        cxb_row_pad: 32,
+    },
+    SimPreset {
+        id: "rtx4090-24gb",
+        name: "NVIDIA GeForce RTX 4090 (simulated)",
+        total_bytes: 24564 * MIB,
+        context_bytes: 300 * MIB,
+        cublas_workspace_bytes: PRE_HOPPER_CUBLAS,
+        cublaslt_workspace_bytes: MIB,
+        cxb_row_pad: 32,
+    },
+];
+
+pub fn find(id: &str) -> Option<&'static SimPreset> {
+    SIM_PRESETS.iter().find(|p| p.id.eq_ignore_ascii_case(id))
+}

@@ -1,0 +1,47 @@
+//! The library's one error type: every message names the file or setting and the problem.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A model file is missing, truncated, lying or of an unsupported kind.
+    #[error("{path}: {problem}", path = path.display())]
+    Model { path: PathBuf, problem: String },
+    /// A request setting that cannot work (tokens < seqs, utilization out of range, ...).
+    #[error("invalid setting: {0}")]
+    Request(String),
+    #[error("out of memory on {device} while {during}: {detail}")]
+    OutOfMemory {
+        device: String,
+        during: String,
+        detail: String,
+    },
+    #[error("cancelled")]
+    Cancelled,
+    #[error("device {spec}: {problem}")]
+    Device { spec: String, problem: String },
+    #[error("{path}: {source}", path = path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {problem}", path = path.display())]
+    Export { path: PathBuf, problem: String },
+}
+
+impl Error {
+    pub(crate) fn model(path: impl Into<PathBuf>, problem: impl Into<String>) -> Self {
+        Error::Model {
+            path: path.into(),
+            problem: problem.into(),
+        }
+    }
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

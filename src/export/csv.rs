@@ -1,0 +1,135 @@
+//! CSV: the timeline (one row per event, with the running totals) and a summary (one row per
+//! formula, plus the measured truth).
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::profile::Report;
+
+fn csv_err(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Export {
+        path: path.to_path_buf(),
+        problem: e.to_string(),
+    }
+}
+
+pub fn timeline_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Error> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record([
+        "seq",
+        "time_us",
+        "pass",
+        "kind",
+        "op",
+        "layer",
+        "tensor",
+        "category",
+        "bytes",
+        "allocated",
+        "reserved",
+        "device_used",
+        "process_used",
+    ])?;
+    for e in &report.events {
+        w.write_record([
+            e.seq.to_string(),
+            e.time_us.to_string(),
+            e.pass.to_string(),
+            serde_json::to_value(e.kind)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default(),
+            e.op.clone(),
+            e.layer.map(|l| l.to_string()).unwrap_or_default(),
+            e.tensor.clone(),
+            e.category.label().to_string(),
+            e.bytes.to_string(),
+            e.allocated.to_string(),
+            e.reserved.to_string(),
+            e.device_used.to_string(),
+            e.process_used.to_string(),
+        ])?;
+    }
+    w.into_inner().map_err(|e| e.into_error().into())
+}
+
+pub fn summary_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Error> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record([
+        "id",
+        "title",
+        "torch_peak_bytes",
+        "non_torch_bytes",
+        "weights_term_bytes",
+        "non_kv_bytes",
+        "kv_bytes",
+        "kv_blocks",
+        "kv_tokens",
+        "max_concurrency",
+        "error_bytes",
+        "verify_within_budget",
+        "verify_overrun_bytes",
+        "verify_oom",
+        "simulated",
+    ])?;
+    let sim = report.device.simulated.to_string();
+    for f in &report.formulas {
+        let v = f.verify.as_ref();
+        w.write_record([
+            f.id.key().to_string(),
+            f.title.clone(),
+            f.torch_peak_bytes.to_string(),
+            f.non_torch_bytes.to_string(),
+            f.weights_term_bytes.to_string(),
+            f.non_kv_bytes.to_string(),
+            f.kv_bytes.to_string(),
+            f.kv_blocks.to_string(),
+            f.kv_tokens.to_string(),
+            format!("{:.3}", f.max_concurrency),
+            f.error_bytes.to_string(),
+            v.map(|v| v.within_budget.to_string()).unwrap_or_default(),
+            v.map(|v| v.overrun_bytes.to_string()).unwrap_or_default(),
+            v.map(|v| v.oom.to_string()).unwrap_or_default(),
+            sim.clone(),
+        ])?;
+    }
+    let t = &report.truth;
+    let v = t.verify.as_ref();
+    w.write_record([
+        "truth".to_string(),
+        format!("measured peak ({})", t.source),
+        String::new(),
+        String::new(),
+        String::new(),
+        t.non_kv_bytes.to_string(),
+        t.kv_bytes.to_string(),
+        t.kv_blocks.to_string(),
+        t.kv_tokens.to_string(),
+        format!("{:.3}", t.max_concurrency),
+        "0".into(),
+        v.map(|v| v.within_budget.to_string()).unwrap_or_default(),
+        v.map(|v| v.overrun_bytes.to_string()).unwrap_or_default(),
+        v.map(|v| v.oom.to_string()).unwrap_or_default(),
+        sim,
+    ])?;
+    w.into_inner().map_err(|e| e.into_error().into())
+}
+
+/// The summary file that goes beside a timeline file: `run.csv` → `run.summary.csv`.
+pub fn summary_path(timeline: &Path) -> PathBuf {
+    let stem = timeline
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "vramscope".into());
+    timeline.with_file_name(format!("{stem}.summary.csv"))
+}
+
+/// Writes the timeline to `path` and the summary beside it; returns both paths.
+pub fn write(report: &Report, path: &Path) -> Result<(PathBuf, PathBuf)> {
+    let timeline = timeline_bytes(report).map_err(|e| csv_err(path, e))?;
+    let summary_file = summary_path(path);
+    let summary = summary_bytes(report).map_err(|e| csv_err(&summary_file, e))?;
+    super::atomic_write(path, &timeline)?;
+    super::atomic_write(&summary_file, &summary)?;
+    Ok((path.to_path_buf(), summary_file))
+}

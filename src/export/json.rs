@@ -1,0 +1,33 @@
+//! The session file: the whole Report as JSON, reopened without re-running.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::profile::report::REPORT_FORMAT;
+use crate::profile::Report;
+
+pub fn write(report: &Report, path: &Path) -> Result<()> {
+    let text = serde_json::to_vec_pretty(report).map_err(|e| Error::Export {
+        path: path.into(),
+        problem: e.to_string(),
+    })?;
+    super::atomic_write(path, &text)
+}
+
+pub fn read(path: &Path) -> Result<Report> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let report: Report = serde_json::from_slice(&bytes).map_err(|e| Error::Export {
+        path: path.into(),
+        problem: format!("not a vramscope session: {e}"),
+    })?;
+    if report.format != REPORT_FORMAT {
+        return Err(Error::Export {
+            path: path.into(),
+            problem: format!(
+                "session format {} is not supported (expected {REPORT_FORMAT})",
+                report.format
+            ),
+        });
+    }
+    Ok(report)
+}

@@ -1,0 +1,21 @@
+//! vramscope: where GPU memory goes during an LLM's forward passes, and how much vLLM's KV-cache
+//! budget formulas (old #9352 and new #9516, and the later ones) leave for the cache, against
+//! measured ground truth.
+
+pub mod device;
+pub mod error;
+pub mod export;
+pub mod memory;
+pub mod model;
+pub mod ops;
+pub mod profile;
+pub mod progress;
+pub mod quant;
+pub mod runtime;
+pub mod tensor;
+pub mod units;
+
+pub use error::{Error, Result};
+pub use profile::{ProfileRequest, Report};
+pub mod cli;
+pub mod gui;

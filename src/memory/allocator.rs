@@ -1,0 +1,551 @@
+//! The framework allocator: a caching allocator modelled on PyTorch's CUDA caching allocator
+//! (c10/cuda/CUDACachingAllocator.cpp). Requests are rounded to 512 bytes; requests up to
+//! 1 MiB come from 2 MiB "small" segments, larger ones from 20 MiB segments (under 10 MiB) or
+//! from segments rounded up to 2 MiB. Freed blocks stay cached in their pool, are split and
+//! reused best-fit, and neighbours merge; only `empty_cache` gives whole free segments back.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+/// PyTorch's `kMinBlockSize`: every request is rounded up to a multiple of this.
+pub const MIN_BLOCK_BYTES: u64 = 512;
+/// PyTorch's `kSmallSize`: requests up to this size use the small pool.
+pub const SMALL_SIZE_BYTES: u64 = 1 << 20;
+/// PyTorch's `kSmallBuffer`: segment size of the small pool.
+pub const SMALL_SEGMENT_BYTES: u64 = 2 << 20;
+/// PyTorch's `kMinLargeAlloc`: large requests under this share a `kLargeBuffer` segment.
+pub const MIN_LARGE_ALLOC_BYTES: u64 = 10 << 20;
+/// PyTorch's `kLargeBuffer`.
+pub const LARGE_SEGMENT_BYTES: u64 = 20 << 20;
+/// PyTorch's `kRoundLarge`: larger segments are rounded up to this.
+pub const ROUND_LARGE_BYTES: u64 = 2 << 20;
+
+/// A segment obtained from the device (the `cudaMalloc` of the real allocator).
+pub trait SegmentSource {
+    /// Maps `bytes` of device memory; `None` when the device is out of memory.
+    fn map_segment(&mut self, bytes: u64) -> Option<SegmentHandle>;
+    fn unmap_segment(&mut self, handle: SegmentHandle);
+}
+
+/// Opaque id the device gives a segment (its base pointer on CUDA).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SegmentHandle(pub u64);
+
+/// A live allocation handed to a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockRef {
+    pub(crate) id: u32,
+    pub segment: SegmentHandle,
+    pub offset: u64,
+    /// Rounded size actually taken from the pool (what `allocated` counts).
+    pub bytes: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocatorStats {
+    /// Bytes in blocks handed to live tensors (`allocated_bytes.all.current`).
+    pub allocated: u64,
+    pub allocated_peak: u64,
+    /// Bytes in segments held from the device (`reserved_bytes.all.current`).
+    pub reserved: u64,
+    pub reserved_peak: u64,
+    pub alloc_retries: u64,
+    pub ooms: u64,
+}
+
+/// What the allocator did, in order, with the stats right after it; the runtime turns these
+/// into timeline events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocatorAction {
+    SegmentMap { bytes: u64 },
+    SegmentUnmap { bytes: u64 },
+    Alloc { bytes: u64 },
+    Free { bytes: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoggedAction {
+    pub action: AllocatorAction,
+    pub stats: AllocatorStats,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("out of memory: tried to allocate {requested} bytes (a new {segment} byte segment); the framework holds {reserved} bytes of which {allocated} are allocated")]
+pub struct OutOfMemory {
+    pub requested: u64,
+    pub segment: u64,
+    pub allocated: u64,
+    pub reserved: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pool {
+    Small,
+    Large,
+}
+
+#[derive(Clone, Debug)]
+struct Block {
+    segment: u32,
+    offset: u64,
+    size: u64,
+    allocated: bool,
+    prev: Option<u32>,
+    next: Option<u32>,
+    live: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Segment {
+    handle: SegmentHandle,
+    size: u64,
+    pool: Pool,
+    live: bool,
+}
+
+/// Free-block key: best fit by size, then by address (PyTorch's `BlockComparatorSize`).
+type FreeKey = (u64, u32, u64, u32);
+
+#[derive(Debug, Default)]
+pub struct CachingAllocator {
+    blocks: Vec<Block>,
+    free_block_ids: Vec<u32>,
+    segments: Vec<Segment>,
+    small_free: BTreeSet<FreeKey>,
+    large_free: BTreeSet<FreeKey>,
+    stats: AllocatorStats,
+    actions: Vec<LoggedAction>,
+}
+
+/// Rounds a request the way PyTorch's `round_size` does (no power-of-two divisions).
+pub fn round_size(bytes: u64) -> u64 {
+    if bytes < MIN_BLOCK_BYTES {
+        MIN_BLOCK_BYTES
+    } else {
+        bytes.div_ceil(MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+    }
+}
+
+/// Size of the segment mapped for a rounded request (PyTorch's `get_allocation_size`).
+pub fn segment_size_for(rounded: u64) -> u64 {
+    if rounded <= SMALL_SIZE_BYTES {
+        SMALL_SEGMENT_BYTES
+    } else if rounded < MIN_LARGE_ALLOC_BYTES {
+        LARGE_SEGMENT_BYTES
+    } else {
+        rounded.div_ceil(ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
+    }
+}
+
+impl CachingAllocator {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn stats(&self) -> AllocatorStats {
+        self.stats
+    }
+
+    /// Takes the actions logged since the last call.
+    pub fn drain_actions(&mut self) -> Vec<LoggedAction> {
+        std::mem::take(&mut self.actions)
+    }
+
+    fn log(&mut self, action: AllocatorAction) {
+        self.actions.push(LoggedAction {
+            action,
+            stats: self.stats,
+        });
+    }
+
+    fn pool_of(bytes: u64) -> Pool {
+        if bytes <= SMALL_SIZE_BYTES {
+            Pool::Small
+        } else {
+            Pool::Large
+        }
+    }
+
+    fn free_set(&mut self, pool: Pool) -> &mut BTreeSet<FreeKey> {
+        match pool {
+            Pool::Small => &mut self.small_free,
+            Pool::Large => &mut self.large_free,
+        }
+    }
+
+    fn key(&self, id: u32) -> FreeKey {
+        let b = &self.blocks[id as usize];
+        (b.size, b.segment, b.offset, id)
+    }
+
+    fn new_block(&mut self, block: Block) -> u32 {
+        if let Some(id) = self.free_block_ids.pop() {
+            self.blocks[id as usize] = block;
+            id
+        } else {
+            self.blocks.push(block);
+            (self.blocks.len() - 1) as u32
+        }
+    }
+
+    fn insert_free(&mut self, id: u32) {
+        let pool = self.segments[self.blocks[id as usize].segment as usize].pool;
+        let key = self.key(id);
+        self.free_set(pool).insert(key);
+    }
+
+    fn remove_free(&mut self, id: u32) {
+        let pool = self.segments[self.blocks[id as usize].segment as usize].pool;
+        let key = self.key(id);
+        self.free_set(pool).remove(&key);
+    }
+
+    /// Allocates `requested` bytes; maps a new segment from `source` when no cached block fits,
+    /// after giving cached segments back and retrying once (as PyTorch does before an OOM).
+    pub fn allocate(
+        &mut self,
+        requested: u64,
+        source: &mut dyn SegmentSource,
+    ) -> Result<BlockRef, OutOfMemory> {
+        let size = round_size(requested);
+        let pool = Self::pool_of(size);
+        let found = self
+            .free_set(pool)
+            .range((size, 0, 0, 0)..)
+            .next()
+            .copied()
+            .map(|k| k.3);
+        let id = match found {
+            Some(id) => {
+                self.remove_free(id);
+                id
+            }
+            None => self.map_new_segment(size, pool, source)?,
+        };
+        let remaining = self.blocks[id as usize].size - size;
+        let split = match pool {
+            Pool::Small => remaining >= MIN_BLOCK_BYTES,
+            Pool::Large => remaining > SMALL_SIZE_BYTES,
+        };
+        if split {
+            let b = self.blocks[id as usize].clone();
+            let rest = self.new_block(Block {
+                segment: b.segment,
+                offset: b.offset + size,
+                size: remaining,
+                allocated: false,
+                prev: Some(id),
+                next: b.next,
+                live: true,
+            });
+            if let Some(n) = b.next {
+                self.blocks[n as usize].prev = Some(rest);
+            }
+            let blk = &mut self.blocks[id as usize];
+            blk.next = Some(rest);
+            blk.size = size;
+            self.insert_free(rest);
+        }
+        let blk = &mut self.blocks[id as usize];
+        blk.allocated = true;
+        let bytes = blk.size;
+        let seg = &self.segments[blk.segment as usize];
+        let block = BlockRef {
+            id,
+            segment: seg.handle,
+            offset: blk.offset,
+            bytes,
+        };
+        self.stats.allocated += bytes;
+        self.stats.allocated_peak = self.stats.allocated_peak.max(self.stats.allocated);
+        self.log(AllocatorAction::Alloc { bytes });
+        Ok(block)
+    }
+
+    fn map_new_segment(
+        &mut self,
+        size: u64,
+        pool: Pool,
+        source: &mut dyn SegmentSource,
+    ) -> Result<u32, OutOfMemory> {
+        let seg_bytes = segment_size_for(size);
+        let handle = match source.map_segment(seg_bytes) {
+            Some(h) => h,
+            None => {
+                self.stats.alloc_retries += 1;
+                self.empty_cache(source);
+                match source.map_segment(seg_bytes) {
+                    Some(h) => h,
+                    None => {
+                        self.stats.ooms += 1;
+                        return Err(OutOfMemory {
+                            requested: size,
+                            segment: seg_bytes,
+                            allocated: self.stats.allocated,
+                            reserved: self.stats.reserved,
+                        });
+                    }
+                }
+            }
+        };
+        let seg_id = match self.segments.iter().position(|s| !s.live) {
+            Some(i) => {
+                self.segments[i] = Segment {
+                    handle,
+                    size: seg_bytes,
+                    pool,
+                    live: true,
+                };
+                i as u32
+            }
+            None => {
+                self.segments.push(Segment {
+                    handle,
+                    size: seg_bytes,
+                    pool,
+                    live: true,
+                });
+                (self.segments.len() - 1) as u32
+            }
+        };
+        self.stats.reserved += seg_bytes;
+        self.stats.reserved_peak = self.stats.reserved_peak.max(self.stats.reserved);
+        self.log(AllocatorAction::SegmentMap { bytes: seg_bytes });
+        Ok(self.new_block(Block {
+            segment: seg_id,
+            offset: 0,
+            size: seg_bytes,
+            allocated: false,
+            prev: None,
+            next: None,
+            live: true,
+        }))
+    }
+
+    /// Returns a block to its pool, merging it with free neighbours.
+    pub fn free(&mut self, block: BlockRef) {
+        let mut id = block.id;
+        {
+            let b = &mut self.blocks[id as usize];
+            assert!(b.live && b.allocated, "double free of block {id}");
+            b.allocated = false;
+            self.stats.allocated -= b.size;
+        }
+        self.log(AllocatorAction::Free { bytes: block.bytes });
+        if let Some(p) = self.blocks[id as usize].prev {
+            if !self.blocks[p as usize].allocated {
+                self.remove_free(p);
+                self.merge_into_prev(p, id);
+                id = p;
+            }
+        }
+        if let Some(n) = self.blocks[id as usize].next {
+            if !self.blocks[n as usize].allocated {
+                self.remove_free(n);
+                self.merge_into_prev(id, n);
+            }
+        }
+        self.insert_free(id);
+    }
+
+    /// Folds block `b` into `a`, its previous neighbour.
+    fn merge_into_prev(&mut self, a: u32, b: u32) {
+        let bb = self.blocks[b as usize].clone();
+        let blk = &mut self.blocks[a as usize];
+        blk.size += bb.size;
+        blk.next = bb.next;
+        if let Some(n) = bb.next {
+            self.blocks[n as usize].prev = Some(a);
+        }
+        self.blocks[b as usize].live = false;
+        self.free_block_ids.push(b);
+    }
+
+    /// Gives every wholly free segment back to the device (`torch.cuda.empty_cache()`).
+    pub fn empty_cache(&mut self, source: &mut dyn SegmentSource) {
+        let whole: Vec<u32> = self
+            .small_free
+            .iter()
+            .chain(self.large_free.iter())
+            .map(|k| k.3)
+            .filter(|&id| {
+                let b = &self.blocks[id as usize];
+                b.prev.is_none() && b.next.is_none()
+            })
+            .collect();
+        for id in whole {
+            self.remove_free(id);
+            let seg_id = self.blocks[id as usize].segment as usize;
+            self.blocks[id as usize].live = false;
+            self.free_block_ids.push(id);
+            let seg = &mut self.segments[seg_id];
+            seg.live = false;
+            let (handle, bytes) = (seg.handle, seg.size);
+            source.unmap_segment(handle);
+            self.stats.reserved -= bytes;
+            self.log(AllocatorAction::SegmentUnmap { bytes });
+        }
+    }
+
+    /// `torch.cuda.reset_peak_memory_stats()`.
+    pub fn reset_peak(&mut self) {
+        self.stats.allocated_peak = self.stats.allocated;
+        self.stats.reserved_peak = self.stats.reserved;
+    }
+
+    /// Live segments with their sizes, for fragmentation views and tests.
+    pub fn segment_count(&self) -> usize {
+        self.segments.iter().filter(|s| s.live).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device that hands out fake addresses and can be made to run out of memory.
+    #[derive(Default)]
+    struct FakeDevice {
+        next: u64,
+        used: u64,
+        limit: Option<u64>,
+        maps: u32,
+        unmaps: u32,
+    }
+
+    impl SegmentSource for FakeDevice {
+        fn map_segment(&mut self, bytes: u64) -> Option<SegmentHandle> {
+            if self.limit.is_some_and(|l| self.used + bytes > l) {
+                return None;
+            }
+            self.used += bytes;
+            self.maps += 1;
+            self.next += 1 << 40;
+            Some(SegmentHandle(self.next))
+        }
+        fn unmap_segment(&mut self, _handle: SegmentHandle) {
+            self.unmaps += 1;
+        }
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn rounding_follows_pytorch() {
+        assert_eq!(round_size(1), 512);
+        assert_eq!(round_size(512), 512);
+        assert_eq!(round_size(513), 1024);
+        assert_eq!(segment_size_for(512), 2 * MIB);
+        assert_eq!(segment_size_for(MIB), 2 * MIB);
+        assert_eq!(segment_size_for(MIB + 512), 20 * MIB);
+        assert_eq!(segment_size_for(10 * MIB), 10 * MIB);
+        assert_eq!(segment_size_for(11 * MIB + 1), 12 * MIB);
+    }
+
+    #[test]
+    fn small_requests_share_one_two_mib_segment() {
+        let mut dev = FakeDevice::default();
+        let mut a = CachingAllocator::new();
+        let blocks: Vec<_> = (0..4)
+            .map(|_| a.allocate(1000, &mut dev).unwrap())
+            .collect();
+        assert_eq!(dev.maps, 1);
+        assert_eq!(a.stats().allocated, 4 * 1024);
+        assert_eq!(a.stats().reserved, 2 * MIB);
+        assert_eq!(blocks[1].offset, 1024);
+    }
+
+    #[test]
+    fn freed_block_is_reused_without_a_new_segment() {
+        let mut dev = FakeDevice::default();
+        let mut a = CachingAllocator::new();
+        let b = a.allocate(64 * MIB, &mut dev).unwrap();
+        a.free(b);
+        let c = a.allocate(32 * MIB, &mut dev).unwrap();
+        assert_eq!(dev.maps, 1);
+        assert_eq!(c.offset, 0);
+        assert_eq!(a.stats().allocated, 32 * MIB);
+        assert_eq!(a.stats().reserved, 64 * MIB);
+    }
+
+    #[test]
+    fn empty_cache_returns_only_wholly_free_segments() {
+        let mut dev = FakeDevice::default();
+        let mut a = CachingAllocator::new();
+        let x = a.allocate(30 * MIB, &mut dev).unwrap();
+        let y = a.allocate(40 * MIB, &mut dev).unwrap();
+        let _z = a.allocate(100, &mut dev).unwrap();
+        a.free(x);
+        a.empty_cache(&mut dev);
+        assert_eq!(a.stats().reserved, 40 * MIB + 2 * MIB);
+        a.free(y);
+        a.empty_cache(&mut dev);
+        assert_eq!(a.stats().reserved, 2 * MIB);
+        assert_eq!(dev.unmaps, 2);
+    }
+
+    #[test]
+    fn split_blocks_merge_back_on_free() {
+        let mut dev = FakeDevice::default();
+        let mut a = CachingAllocator::new();
+        let big = a.allocate(64 * MIB, &mut dev).unwrap();
+        a.free(big);
+        let p = a.allocate(16 * MIB, &mut dev).unwrap();
+        let q = a.allocate(16 * MIB, &mut dev).unwrap();
+        assert_eq!(q.offset, 16 * MIB);
+        a.free(p);
+        a.free(q);
+        a.empty_cache(&mut dev);
+        assert_eq!(a.stats().reserved, 0);
+        assert_eq!(a.segment_count(), 0);
+    }
+
+    #[test]
+    fn peaks_reset_to_current() {
+        let mut dev = FakeDevice::default();
+        let mut a = CachingAllocator::new();
+        let x = a.allocate(8 * MIB, &mut dev).unwrap();
+        a.free(x);
+        assert_eq!(a.stats().allocated_peak, 8 * MIB);
+        a.reset_peak();
+        assert_eq!(a.stats().allocated_peak, 0);
+        assert_eq!(a.stats().reserved_peak, 20 * MIB);
+    }
+
+    #[test]
+    fn out_of_memory_releases_cache_then_fails_cleanly() {
+        let mut dev = FakeDevice {
+            limit: Some(100 * MIB),
+            ..Default::default()
+        };
+        let mut a = CachingAllocator::new();
+        let x = a.allocate(60 * MIB, &mut dev).unwrap();
+        a.free(x);
+        dev.used = 60 * MIB;
+        // 60 MiB cached, 80 MiB wanted: the cache is released, then the retry succeeds.
+        dev.limit = Some(100 * MIB);
+        let y = a.allocate(80 * MIB, &mut dev);
+        assert!(y.is_err(), "fake device never frees used bytes on unmap");
+        assert_eq!(a.stats().alloc_retries, 1);
+        assert_eq!(a.stats().ooms, 1);
+        assert_eq!(a.stats().reserved, 0);
+    }
+
+    #[test]
+    fn actions_carry_running_stats() {
+        let mut dev = FakeDevice::default();
+        let mut a = CachingAllocator::new();
+        let x = a.allocate(3 * MIB, &mut dev).unwrap();
+        a.free(x);
+        let acts = a.drain_actions();
+        assert_eq!(acts.len(), 3);
+        assert_eq!(
+            acts[0].action,
+            AllocatorAction::SegmentMap { bytes: 20 * MIB }
+        );
+        assert_eq!(acts[0].stats.allocated, 0);
+        assert_eq!(acts[1].stats.allocated, 3 * MIB);
+        assert_eq!(acts[2].stats.allocated, 0);
+    }
+}

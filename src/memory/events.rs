@@ -1,0 +1,78 @@
+//! One timeline event per framework alloc/free/segment map/unmap, and per allocation made
+//! outside the framework (context, library workspaces, scenario memory).
+
+use serde::{Deserialize, Serialize};
+
+/// What a block of memory holds, as the timeline stacks it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum Category {
+    Weight,
+    Activation,
+    QuantState,
+    KvCache,
+    Workspace,
+    /// Memory the device holds outside the framework allocator.
+    NonFramework,
+}
+
+impl Category {
+    pub const ALL: [Category; 6] = [
+        Category::Weight,
+        Category::Activation,
+        Category::QuantState,
+        Category::KvCache,
+        Category::Workspace,
+        Category::NonFramework,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Category::Weight => "weight",
+            Category::Activation => "activation",
+            Category::QuantState => "quant-state",
+            Category::KvCache => "kv-cache",
+            Category::Workspace => "workspace",
+            Category::NonFramework => "non-framework",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EventKind {
+    Alloc,
+    Free,
+    SegmentMap,
+    SegmentUnmap,
+    /// Device memory taken outside the framework allocator (context, cuBLAS workspace, NCCL).
+    OutsideAlloc,
+    OutsideFree,
+    /// A checkpoint of the procedure (t0..t3) or a pass boundary; bytes is 0.
+    Marker,
+}
+
+/// One row of the timeline, with the running totals right after it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub seq: u64,
+    /// Microseconds since the run started.
+    pub time_us: u64,
+    /// Profile pass (1-based); 0 outside passes (load, checkpoints); verify passes continue
+    /// the numbering after the profile passes.
+    pub pass: u32,
+    pub kind: EventKind,
+    pub op: String,
+    pub layer: Option<u32>,
+    pub tensor: String,
+    pub category: Category,
+    pub bytes: u64,
+    /// Framework allocator: bytes in live blocks, after this event.
+    pub allocated: u64,
+    /// Framework allocator: bytes in segments, after this event.
+    pub reserved: u64,
+    /// Device-wide used memory (total - free), after this event.
+    pub device_used: u64,
+    /// This process's device memory (context, workspaces, segments, outside allocations).
+    pub process_used: u64,
+}

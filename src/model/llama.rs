@@ -1,0 +1,403 @@
+//! The Llama-family forward pass, written once over device-agnostic ops: embedding, RMSNorm,
+//! RoPE, causal GQA attention, SwiGLU MLP, final norm, lm_head on the last token of each
+//! sequence (as vLLM's profile run computes logits).
+
+use std::cell::Cell;
+
+use super::config::ModelConfig;
+use super::weights::WeightSource;
+use crate::device::Backend;
+use crate::error::{Error, Result};
+use crate::memory::Category;
+use crate::ops;
+use crate::progress::Progress;
+use crate::quant::int8::{Int8Linear, TileLayout};
+use crate::quant::{nf4, Linear, Nf4Linear, Quant};
+use crate::runtime::Runtime;
+use crate::tensor::{DType, Tensor};
+
+pub struct Attention {
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub biases: Option<[Tensor; 3]>,
+}
+
+pub struct Layer {
+    pub input_norm: Tensor,
+    pub attn: Attention,
+    pub post_norm: Tensor,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+pub struct LlamaModel {
+    pub cfg: ModelConfig,
+    pub quant: Quant,
+    pub act: DType,
+    pub embed: Tensor,
+    pub layers: Vec<Layer>,
+    pub norm: Tensor,
+    /// `None` when tied to the embedding.
+    pub lm_head: Option<Linear>,
+    generation: Cell<u32>,
+}
+
+/// One forward batch: token ids of all sequences laid end to end.
+#[derive(Clone, Debug)]
+pub struct Batch {
+    pub ids: Vec<u32>,
+    pub seq_lens: Vec<usize>,
+}
+
+impl Batch {
+    /// `tokens` split into `seqs` sequences as evenly as vLLM's dummy profile batch does, with
+    /// deterministic ids.
+    pub fn dummy(tokens: usize, seqs: usize, vocab: usize) -> Self {
+        let base = tokens / seqs;
+        let seq_lens: Vec<usize> = (0..seqs)
+            .map(|i| base + usize::from(i < tokens % seqs))
+            .collect();
+        let ids = (0..tokens)
+            .map(|i| ((i * 7919 + 13) % vocab) as u32)
+            .collect();
+        Batch { ids, seq_lens }
+    }
+
+    pub fn tokens(&self) -> usize {
+        self.ids.len()
+    }
+}
+
+/// What the loader does with each 2-D projection weight.
+pub struct LoadOptions {
+    pub quant: Quant,
+    pub int8_threshold: f32,
+    pub int8_layout: TileLayout,
+}
+
+fn upload(
+    rt: &Runtime,
+    name: &str,
+    shape: &[usize],
+    dtype: DType,
+    data: Option<Vec<f32>>,
+) -> Result<Tensor> {
+    let mut t = rt.tensor(name, Category::Weight, shape, dtype)?;
+    match (rt.backend(), data) {
+        (Backend::Cpu, Some(d)) => t.f32_mut().copy_from_slice(&d),
+        (Backend::Cuda, Some(d)) => ops::upload_f32(rt, &mut t, &d)?,
+        _ => {}
+    }
+    Ok(t)
+}
+
+impl LlamaModel {
+    /// Loads (and quantizes) every weight through the framework allocator, one tensor at a
+    /// time, checking each shape against the config.
+    pub fn load(
+        rt: &Runtime,
+        cfg: &ModelConfig,
+        src: &dyn WeightSource,
+        opts: &LoadOptions,
+    ) -> Result<Self> {
+        let act = opts.quant.activation_dtype();
+        let mut ld = Loader {
+            rt,
+            src,
+            opts,
+            act,
+            needs_data: rt.backend() != Backend::Dry,
+            count: cfg.tensor_shapes().len() as u32,
+            index: 0,
+        };
+        rt.set_op("load");
+        rt.set_layer(None);
+        let (h, i, q, kv, v) = (
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.vocab_size,
+        );
+        let embed = ld.dense("model.embed_tokens.weight", &[v, h])?;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            rt.set_layer(Some(l as u32));
+            let p = format!("model.layers.{l}");
+            let input_norm = ld.dense(&format!("{p}.input_layernorm.weight"), &[h])?;
+            let qp = ld.linear(&format!("{p}.self_attn.q_proj.weight"), q, h)?;
+            let kp = ld.linear(&format!("{p}.self_attn.k_proj.weight"), kv, h)?;
+            let vp = ld.linear(&format!("{p}.self_attn.v_proj.weight"), kv, h)?;
+            let biases = if cfg.attention_bias {
+                Some([
+                    ld.dense(&format!("{p}.self_attn.q_proj.bias"), &[q])?,
+                    ld.dense(&format!("{p}.self_attn.k_proj.bias"), &[kv])?,
+                    ld.dense(&format!("{p}.self_attn.v_proj.bias"), &[kv])?,
+                ])
+            } else {
+                None
+            };
+            let op = ld.linear(&format!("{p}.self_attn.o_proj.weight"), h, q)?;
+            let post_norm = ld.dense(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
+            let gate = ld.linear(&format!("{p}.mlp.gate_proj.weight"), i, h)?;
+            let up = ld.linear(&format!("{p}.mlp.up_proj.weight"), i, h)?;
+            let down = ld.linear(&format!("{p}.mlp.down_proj.weight"), h, i)?;
+            layers.push(Layer {
+                input_norm,
+                attn: Attention {
+                    q: qp,
+                    k: kp,
+                    v: vp,
+                    o: op,
+                    biases,
+                },
+                post_norm,
+                gate,
+                up,
+                down,
+            });
+        }
+        rt.set_layer(None);
+        let norm = ld.dense("model.norm.weight", &[h])?;
+        // bitsandbytes leaves lm_head in 16 bits.
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(Linear::Dense(ld.dense("lm_head.weight", &[v, h])?))
+        };
+        Ok(LlamaModel {
+            cfg: cfg.clone(),
+            quant: opts.quant,
+            act,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            generation: Cell::new(0),
+        })
+    }
+
+    /// Bytes of all weights as stored on the device.
+    pub fn weight_bytes(&self) -> u64 {
+        let mut b = self.embed.nbytes() + self.norm.nbytes();
+        for l in &self.layers {
+            b += l.input_norm.nbytes() + l.post_norm.nbytes();
+            for lin in [
+                &l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o, &l.gate, &l.up, &l.down,
+            ] {
+                b += lin.weight_bytes();
+            }
+            if let Some(bs) = &l.attn.biases {
+                b += bs.iter().map(Tensor::nbytes).sum::<u64>();
+            }
+        }
+        b + self.lm_head.as_ref().map_or(0, Linear::weight_bytes)
+    }
+
+    /// One forward pass; returns the logits of the last token of each sequence, `[seqs, vocab]`
+    /// in f32.
+    pub fn forward(&self, rt: &Runtime, batch: &Batch) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let gen = self.generation.get();
+        self.generation.set(gen + 1);
+        let t = batch.tokens();
+        if batch.ids.iter().any(|&id| id as usize >= cfg.vocab_size) {
+            return Err(Error::Request(format!(
+                "token id out of range for vocab size {}",
+                cfg.vocab_size
+            )));
+        }
+        let act = self.act;
+        let eps = cfg.rms_norm_eps as f32;
+        let positions: Vec<usize> = batch.seq_lens.iter().flat_map(|&n| 0..n).collect();
+        rt.set_layer(None);
+        let mut x = ops::embedding(rt, &batch.ids, &self.embed, act)?;
+        let n_layers = self.layers.len() as u32;
+        for (li, layer) in self.layers.iter().enumerate() {
+            rt.check_cancel()?;
+            rt.set_layer(Some(li as u32));
+            rt.progress(Progress::Layer {
+                layer: li as u32,
+                of: n_layers,
+            });
+            let l = format!("layers.{li}");
+            let h = ops::rms_norm(rt, &x, &layer.input_norm, eps, &format!("{l}.input_norm"))?;
+            let mut q = layer
+                .attn
+                .q
+                .forward(rt, &h, &format!("{l}.q_proj"), gen, act)?;
+            let mut k = layer
+                .attn
+                .k
+                .forward(rt, &h, &format!("{l}.k_proj"), gen, act)?;
+            let v0 = layer
+                .attn
+                .v
+                .forward(rt, &h, &format!("{l}.v_proj"), gen, act)?;
+            drop(h);
+            let mut v = v0;
+            if let Some([bq, bk, bv]) = &layer.attn.biases {
+                ops::add_bias(rt, &mut q, bq)?;
+                ops::add_bias(rt, &mut k, bk)?;
+                ops::add_bias(rt, &mut v, bv)?;
+            }
+            ops::rope(rt, &mut q, &mut k, &positions, cfg)?;
+            let a = ops::attention(rt, &q, &k, &v, &batch.seq_lens, cfg, &format!("{l}.attn"))?;
+            drop((q, k, v));
+            let o = layer
+                .attn
+                .o
+                .forward(rt, &a, &format!("{l}.o_proj"), gen, act)?;
+            drop(a);
+            ops::add_assign(rt, &mut x, &o)?;
+            drop(o);
+            let h2 = ops::rms_norm(rt, &x, &layer.post_norm, eps, &format!("{l}.post_norm"))?;
+            let mut gate = layer
+                .gate
+                .forward(rt, &h2, &format!("{l}.gate_proj"), gen, act)?;
+            let up = layer
+                .up
+                .forward(rt, &h2, &format!("{l}.up_proj"), gen, act)?;
+            drop(h2);
+            ops::silu_mul(rt, &mut gate, &up)?;
+            drop(up);
+            let down = layer
+                .down
+                .forward(rt, &gate, &format!("{l}.down_proj"), gen, act)?;
+            drop(gate);
+            ops::add_assign(rt, &mut x, &down)?;
+        }
+        rt.set_layer(None);
+        // vLLM computes logits only where a sequence ends.
+        let mut last = Vec::with_capacity(batch.seq_lens.len());
+        let mut end = 0;
+        for &n in &batch.seq_lens {
+            end += n;
+            last.push((end - 1) as u32);
+        }
+        let _ = t;
+        let xl = ops::gather_rows(rt, &x, &last, "final.last_tokens")?;
+        drop(x);
+        let xn = ops::rms_norm(rt, &xl, &self.norm, eps, "final.norm")?;
+        drop(xl);
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(rt, &xn, "lm_head", gen, act)?,
+            None => crate::quant::dense_matmul(rt, &xn, &self.embed, "lm_head", act)?,
+        };
+        drop(xn);
+        ops::to_f32(rt, &logits, "logits")
+    }
+}
+
+/// Reads weights one tensor at a time, reporting progress and honouring cancel.
+struct Loader<'a> {
+    rt: &'a Runtime,
+    src: &'a dyn WeightSource,
+    opts: &'a LoadOptions,
+    act: DType,
+    needs_data: bool,
+    count: u32,
+    index: u32,
+}
+
+impl Loader<'_> {
+    fn read(&mut self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>> {
+        self.rt.check_cancel()?;
+        self.rt.progress(Progress::Load {
+            index: self.index,
+            count: self.count,
+            tensor: name.to_string(),
+            bytes: shape.iter().product::<usize>() as u64 * self.act.size_bytes(),
+        });
+        self.index += 1;
+        if self.needs_data {
+            self.src.read_f32(name, shape).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn dense(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let d = self.read(name, shape)?;
+        upload(self.rt, name, shape, self.act, d)
+    }
+
+    fn linear(&mut self, name: &str, n: usize, k: usize) -> Result<Linear> {
+        let d = self.read(name, &[n, k])?;
+        load_linear(self.rt, name, n, k, d, self.opts, self.act)
+    }
+}
+
+fn load_linear(
+    rt: &Runtime,
+    name: &str,
+    n: usize,
+    k: usize,
+    data: Option<Vec<f32>>,
+    opts: &LoadOptions,
+    act: DType,
+) -> Result<Linear> {
+    let cpu = rt.backend() == Backend::Cpu;
+    match opts.quant {
+        Quant::F16 | Quant::BF16 => Ok(Linear::Dense(upload(rt, name, &[n, k], act, data)?)),
+        Quant::Int8 => {
+            let base = name.trim_end_matches(".weight");
+            let mut cb = rt.tensor(name, Category::Weight, &[n, k], DType::I8)?;
+            let mut scb = rt.tensor(format!("{base}.SCB"), Category::Weight, &[n], DType::F32)?;
+            if let Some(w) = data {
+                let (q, s) = crate::quant::int8::quantize_rows(&w, n, k);
+                if cpu {
+                    if let crate::tensor::Storage::I8(dst) = &mut cb.storage {
+                        dst.copy_from_slice(&q);
+                    }
+                    scb.f32_mut().copy_from_slice(&s);
+                } else {
+                    ops::upload_i8(rt, &mut cb, &q)?;
+                    ops::upload_f32(rt, &mut scb, &s)?;
+                }
+            }
+            Ok(Linear::Int8(Int8Linear {
+                cb,
+                scb,
+                out_features: n,
+                in_features: k,
+                threshold: opts.int8_threshold,
+                layout: opts.int8_layout,
+                state: Default::default(),
+            }))
+        }
+        Quant::Nf4 => {
+            let base = name.trim_end_matches(".weight");
+            let numel = n * k;
+            let mut packed =
+                rt.tensor(name, Category::Weight, &[nf4::packed_len(numel)], DType::U8)?;
+            let mut absmax = rt.tensor(
+                format!("{base}.absmax"),
+                Category::Weight,
+                &[nf4::absmax_len(numel)],
+                DType::F32,
+            )?;
+            if let Some(w) = data {
+                let (p, a) = nf4::quantize(&w);
+                if cpu {
+                    if let crate::tensor::Storage::U8(dst) = &mut packed.storage {
+                        dst.copy_from_slice(&p);
+                    }
+                    absmax.f32_mut().copy_from_slice(&a);
+                } else {
+                    ops::upload_u8(rt, &mut packed, &p)?;
+                    ops::upload_f32(rt, &mut absmax, &a)?;
+                }
+            }
+            Ok(Linear::Nf4(Nf4Linear {
+                packed,
+                absmax,
+                out_features: n,
+                in_features: k,
+            }))
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! Device-agnostic ops. Each allocates its output through the framework allocator (the same
+//! sequence on every device, so a dry run's trace matches the GPU's) and then runs the math
+//! on the CPU, on CUDA, or not at all (dry).
+
+use crate::device::cpu::{self, AttnShape};
+use crate::device::Backend;
+use crate::error::{Error, Result};
+use crate::memory::Category;
+use crate::model::config::ModelConfig;
+use crate::runtime::Runtime;
+use crate::tensor::{DType, Storage, Tensor};
+
+fn cuda<R>(
+    rt: &Runtime,
+    f: impl FnOnce(&mut crate::device::cuda::CudaDevice) -> Result<R>,
+) -> Result<R> {
+    rt.with_device(|d| match d.cuda() {
+        Some(c) => f(c),
+        None => Err(Error::Device {
+            spec: "cuda".into(),
+            problem: "not a CUDA device".into(),
+        }),
+    })
+}
+
+pub fn embedding(rt: &Runtime, ids: &[u32], table: &Tensor, act: DType) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("embedding");
+    let hidden = table.cols();
+    let mut out = rt.tensor("embed.out", Category::Activation, &[ids.len(), hidden], act)?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => cpu::embedding(ids, table.f32(), hidden, out.f32_mut()),
+        Backend::Cuda => cuda(rt, |c| c.embedding(ids, table, &mut out))?,
+    }
+    Ok(out)
+}
+
+pub fn rms_norm(rt: &Runtime, x: &Tensor, w: &Tensor, eps: f32, name: &str) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("rms_norm");
+    let mut out = rt.tensor(name, Category::Activation, &x.shape, x.dtype)?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => cpu::rms_norm(x.f32(), w.f32(), eps, out.f32_mut()),
+        Backend::Cuda => cuda(rt, |c| c.rms_norm(x, w, eps, &mut out))?,
+    }
+    Ok(out)
+}
+
+pub fn add_bias(rt: &Runtime, x: &mut Tensor, bias: &Tensor) -> Result<()> {
+    rt.set_op("add_bias");
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            let b = bias.f32();
+            for row in x.f32_mut().chunks_exact_mut(b.len()) {
+                cpu::add_assign(row, b);
+            }
+        }
+        Backend::Cuda => cuda(rt, |c| c.add_bias(x, bias))?,
+    }
+    Ok(())
+}
+
+pub fn rope(
+    rt: &Runtime,
+    q: &mut Tensor,
+    k: &mut Tensor,
+    positions: &[usize],
+    cfg: &ModelConfig,
+) -> Result<()> {
+    rt.check_cancel()?;
+    rt.set_op("rope");
+    let theta = cfg.rope_theta as f32;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            cpu::rope(q.f32_mut(), positions, cfg.num_heads, cfg.head_dim, theta);
+            cpu::rope(
+                k.f32_mut(),
+                positions,
+                cfg.num_kv_heads,
+                cfg.head_dim,
+                theta,
+            );
+        }
+        Backend::Cuda => cuda(rt, |c| c.rope(q, k, positions, cfg))?,
+    }
+    Ok(())
+}
+
+/// Fused causal attention (flash-attention style): only the output is allocated.
+pub fn attention(
+    rt: &Runtime,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seq_lens: &[usize],
+    cfg: &ModelConfig,
+    name: &str,
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("attention");
+    let mut out = rt.tensor(name, Category::Activation, &q.shape, q.dtype)?;
+    let shape = AttnShape {
+        heads: cfg.num_heads,
+        kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+    };
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => cpu::attention(q.f32(), k.f32(), v.f32(), seq_lens, shape, out.f32_mut()),
+        Backend::Cuda => cuda(rt, |c| c.attention(q, k, v, seq_lens, cfg, &mut out))?,
+    }
+    Ok(out)
+}
+
+pub fn add_assign(rt: &Runtime, x: &mut Tensor, y: &Tensor) -> Result<()> {
+    rt.set_op("residual_add");
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => cpu::add_assign(x.f32_mut(), y.f32()),
+        Backend::Cuda => cuda(rt, |c| c.add_assign(x, y))?,
+    }
+    Ok(())
+}
+
+pub fn silu_mul(rt: &Runtime, gate: &mut Tensor, up: &Tensor) -> Result<()> {
+    rt.set_op("silu_mul");
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => cpu::silu_mul(gate.f32_mut(), up.f32()),
+        Backend::Cuda => cuda(rt, |c| c.silu_mul(gate, up))?,
+    }
+    Ok(())
+}
+
+pub fn gather_rows(rt: &Runtime, x: &Tensor, rows: &[u32], name: &str) -> Result<Tensor> {
+    rt.set_op("gather_last_tokens");
+    let cols = x.cols();
+    let mut out = rt.tensor(name, Category::Activation, &[rows.len(), cols], x.dtype)?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => cpu::embedding(rows, x.f32(), cols, out.f32_mut()),
+        Backend::Cuda => cuda(rt, |c| c.gather_rows(x, rows, &mut out))?,
+    }
+    Ok(out)
+}
+
+pub fn to_f32(rt: &Runtime, x: &Tensor, name: &str) -> Result<Tensor> {
+    rt.set_op("to_f32");
+    let mut out = rt.tensor(name, Category::Activation, &x.shape, DType::F32)?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => out.f32_mut().copy_from_slice(x.f32()),
+        Backend::Cuda => cuda(rt, |c| c.to_f32(x, &mut out))?,
+    }
+    Ok(out)
+}
+
+/// Host values of a tensor as f32 (copies from the GPU when needed); `None` on a dry run.
+pub fn read_f32(rt: &Runtime, x: &Tensor) -> Result<Option<Vec<f32>>> {
+    Ok(match &x.storage {
+        Storage::None => None,
+        Storage::F32(v) => Some(v.clone()),
+        Storage::Cuda(_) => Some(cuda(rt, |c| c.download_f32(x))?),
+        _ => None,
+    })
+}
+
+pub fn upload_f32(rt: &Runtime, t: &mut Tensor, data: &[f32]) -> Result<()> {
+    cuda(rt, |c| c.upload_f32(t, data))
+}
+
+pub fn upload_i8(rt: &Runtime, t: &mut Tensor, data: &[i8]) -> Result<()> {
+    let bytes: Vec<u8> = data.iter().map(|&v| v as u8).collect();
+    cuda(rt, |c| c.upload_bytes(t, &bytes))
+}
+
+pub fn upload_u8(rt: &Runtime, t: &mut Tensor, data: &[u8]) -> Result<()> {
+    cuda(rt, |c| c.upload_bytes(t, data))
+}

@@ -1,0 +1,491 @@
+//! The procedure of FORMULAS.md: t0 (instance created), load, empty_cache + reset_peak, t1,
+//! N passes, synchronize, t2, empty_cache, t3; then the formulas, the ground truth, and a
+//! verify pass per budget.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::formulas::{self, Checkpoint, Checkpoints, FormulaId, KvGeometry};
+use super::report::{
+    FormulaResult, ModelInfo, PassStats, Report, TopLogits, Truth, Verify, REPORT_FORMAT,
+};
+use super::request::ProfileRequest;
+use crate::device::{Device, DeviceSpec};
+use crate::error::{Error, Result};
+use crate::memory::{Category, Event, EventKind};
+use crate::model::llama::{Batch, LlamaModel, LoadOptions};
+use crate::model::{self, presets, ModelSource};
+use crate::ops;
+use crate::progress::{Phase, Progress, ProgressSink};
+use crate::runtime::Runtime;
+use crate::tensor::Tensor;
+
+/// What runs in each pass.
+enum Workload {
+    Llama {
+        model: Box<LlamaModel>,
+        batch: Batch,
+    },
+    /// vLLM's `test_memory_profiling`: weights of a given size, a spike of activations.
+    Synthetic { _weights: Tensor, spike_bytes: u64 },
+}
+
+impl Workload {
+    fn forward(&self, rt: &Runtime) -> Result<Option<Tensor>> {
+        match self {
+            Workload::Llama { model, batch } => model.forward(rt, batch).map(Some),
+            Workload::Synthetic { spike_bytes, .. } => {
+                rt.check_cancel()?;
+                rt.set_op("activation_spike");
+                let spike =
+                    rt.reserve_bytes("activation-spike", Category::Activation, *spike_bytes)?;
+                drop(spike);
+                Ok(None)
+            }
+        }
+    }
+}
+
+fn checkpoint(rt: &Runtime, label: &str) -> Checkpoint {
+    rt.set_op("checkpoint");
+    rt.set_layer(None);
+    rt.marker(label);
+    let s = rt.snapshot();
+    Checkpoint {
+        time_us: s.time_us,
+        free: s.mem.free,
+        total: s.mem.total,
+        allocated: s.stats.allocated,
+        allocated_peak: s.stats.allocated_peak,
+        reserved: s.stats.reserved,
+        reserved_peak: s.stats.reserved_peak,
+        process_used: s.process_used,
+    }
+}
+
+fn pass_stats(
+    index: u32,
+    verify_for: Option<String>,
+    start_us: u64,
+    end_us: u64,
+    events: &[Event],
+) -> PassStats {
+    let mut s = PassStats {
+        index,
+        verify_for,
+        start_us,
+        end_us,
+        peak_allocated: 0,
+        allocated_bytes: 0,
+        freed_bytes: 0,
+        quant_state_allocated_bytes: 0,
+        quant_state_freed_bytes: 0,
+    };
+    for e in events {
+        s.peak_allocated = s.peak_allocated.max(e.allocated);
+        let qs = e.category == Category::QuantState;
+        match e.kind {
+            EventKind::Alloc => {
+                s.allocated_bytes += e.bytes;
+                if qs {
+                    s.quant_state_allocated_bytes += e.bytes;
+                }
+            }
+            EventKind::Free => {
+                s.freed_bytes += e.bytes;
+                if qs {
+                    s.quant_state_freed_bytes += e.bytes;
+                }
+            }
+            _ => {}
+        }
+    }
+    s
+}
+
+/// Runs one forward pass and returns its statistics (and the logits tensor, if any).
+fn one_pass(
+    rt: &Runtime,
+    work: &Workload,
+    index: u32,
+    verify_for: Option<String>,
+) -> Result<(PassStats, Option<Tensor>)> {
+    rt.set_pass(index);
+    rt.set_op("pass");
+    rt.set_layer(None);
+    rt.marker(&match &verify_for {
+        None => format!("pass {index}"),
+        Some(f) => format!("verify {f}"),
+    });
+    let from = rt.event_count();
+    let start = rt.elapsed_us();
+    let logits = work.forward(rt)?;
+    rt.synchronize()?;
+    let end = rt.elapsed_us();
+    let stats = rt.events_since(from, |ev| pass_stats(index, verify_for, start, end, ev));
+    Ok((stats, logits))
+}
+
+fn top_logits(values: &[f32], vocab: usize, k: usize) -> Vec<TopLogits> {
+    values
+        .chunks_exact(vocab)
+        .enumerate()
+        .take(8)
+        .map(|(sequence, row)| {
+            let mut idx: Vec<usize> = (0..vocab).collect();
+            idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            TopLogits {
+                sequence,
+                top: idx
+                    .into_iter()
+                    .take(k)
+                    .map(|i| (i as u32, row[i]))
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// Allocates the KV cache a budget grants, runs one more max-batch pass and reports whether
+/// this instance stayed inside floor(T·u).
+fn verify(
+    rt: &Runtime,
+    work: &Workload,
+    kv_bytes: i64,
+    budget: u64,
+    index: u32,
+    label: &str,
+) -> Result<(Verify, Option<PassStats>)> {
+    if kv_bytes <= 0 {
+        return Ok((
+            Verify {
+                ran: false,
+                kv_allocated_bytes: 0,
+                peak_process_bytes: 0,
+                budget_bytes: budget,
+                within_budget: false,
+                overrun_bytes: -kv_bytes,
+                oom: false,
+                message: "no memory left for KV cache blocks".into(),
+            },
+            None,
+        ));
+    }
+    rt.empty_cache();
+    rt.reset_process_peak();
+    rt.set_pass(index);
+    rt.set_op("kv_cache");
+    rt.set_layer(None);
+    let oom_verify = |e: &Error, peak: u64| Verify {
+        ran: true,
+        kv_allocated_bytes: kv_bytes as u64,
+        peak_process_bytes: peak,
+        budget_bytes: budget,
+        within_budget: false,
+        overrun_bytes: peak as i64 - budget as i64,
+        oom: true,
+        message: e.to_string(),
+    };
+    let kv = match rt.reserve_bytes(
+        format!("kv-cache[{label}]"),
+        Category::KvCache,
+        kv_bytes as u64,
+    ) {
+        Ok(t) => t,
+        Err(e @ Error::OutOfMemory { .. }) => return Ok((oom_verify(&e, rt.process_peak()), None)),
+        Err(e) => return Err(e),
+    };
+    let result = one_pass(rt, work, index, Some(label.to_string()));
+    let peak = rt.process_peak();
+    drop(kv);
+    rt.empty_cache();
+    match result {
+        Ok((stats, logits)) => {
+            drop(logits);
+            let within = peak <= budget;
+            let overrun = peak as i64 - budget as i64;
+            Ok((
+                Verify {
+                    ran: true,
+                    kv_allocated_bytes: kv_bytes as u64,
+                    peak_process_bytes: peak,
+                    budget_bytes: budget,
+                    within_budget: within,
+                    overrun_bytes: overrun,
+                    oom: false,
+                    message: if within {
+                        format!("fits: {} under the budget", crate::units::fmt_i(-overrun))
+                    } else {
+                        format!("overran the budget by {}", crate::units::fmt_i(overrun))
+                    },
+                },
+                Some(stats),
+            ))
+        }
+        Err(e @ Error::OutOfMemory { .. }) => {
+            rt.empty_cache();
+            Ok((oom_verify(&e, peak), None))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Runs the whole procedure. `sink` gets progress; setting `cancel` stops the run within one
+/// op with `Error::Cancelled`, everything freed.
+pub fn run(
+    req: &ProfileRequest,
+    sink: Option<ProgressSink>,
+    cancel: Arc<AtomicBool>,
+) -> Result<Report> {
+    req.validate()?;
+    let wall = Instant::now();
+    // Model files are checked before any device work, so a bad file fails fast.
+    let opened = match &req.model {
+        ModelSource::Synthetic { .. } => None,
+        other => Some(model::open(other, req.seed)?),
+    };
+    let mut spec = req.device.clone();
+    if let (ModelSource::Synthetic { .. }, DeviceSpec::Sim { dry, .. }) = (&req.model, &mut spec) {
+        // A synthetic workload has no math to do.
+        *dry = true;
+    }
+    let device = Device::open(&spec)?;
+    let device_info = device.info();
+    let layout = device.int8_tile_layout();
+    let context_bytes = device.simulated_context_bytes();
+    let rt = Runtime::new(device, cancel, sink);
+    rt.progress(Progress::Phase(Phase::Starting));
+    rt.set_op("instance");
+    if req.outside_before > 0 {
+        rt.with_device(|d| d.hold_foreign(req.outside_before))?;
+        rt.marker("another process holds memory (--outside-before)");
+    }
+    let _context = match context_bytes {
+        Some(b) => Some(rt.alloc_outside("cuda-context", b)?),
+        None => None,
+    };
+    let t0 = checkpoint(&rt, "t0");
+
+    rt.progress(Progress::Phase(Phase::Loading));
+    let (work, model_info, cfg) = match (&req.model, opened) {
+        (
+            ModelSource::Synthetic {
+                weights_bytes,
+                spike_bytes,
+            },
+            _,
+        ) => {
+            rt.set_op("load");
+            let w = rt.reserve_bytes("synthetic-weights", Category::Weight, *weights_bytes)?;
+            let cfg = presets::preset("llama-3-8b").expect("preset");
+            let info = ModelInfo {
+                name: "synthetic workload (vLLM test_memory_profiling)".into(),
+                source: req.model.label(),
+                arch: "synthetic".into(),
+                parameters: 0,
+                layers: 0,
+                hidden_size: 0,
+                num_heads: 0,
+                num_kv_heads: 0,
+                head_dim: 0,
+                vocab_size: 0,
+            };
+            (
+                Workload::Synthetic {
+                    _weights: w,
+                    spike_bytes: *spike_bytes,
+                },
+                info,
+                cfg,
+            )
+        }
+        (_, Some(opened)) => {
+            let opts = LoadOptions {
+                quant: req.quant,
+                int8_threshold: req.int8_threshold,
+                int8_layout: layout,
+            };
+            let model = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
+            let c = &opened.config;
+            let info = ModelInfo {
+                name: opened.name.clone(),
+                source: opened.source.origin(),
+                arch: c.arch.clone(),
+                parameters: c.param_count(),
+                layers: c.num_layers,
+                hidden_size: c.hidden_size,
+                num_heads: c.num_heads,
+                num_kv_heads: c.num_kv_heads,
+                head_dim: c.head_dim,
+                vocab_size: c.vocab_size,
+            };
+            let batch = Batch::dummy(req.tokens, req.seqs, c.vocab_size);
+            (
+                Workload::Llama {
+                    model: Box::new(model),
+                    batch,
+                },
+                info,
+                opened.config,
+            )
+        }
+        (_, None) => unreachable!("non-synthetic models are opened above"),
+    };
+    let weights_bytes = rt.stats().allocated - t0.allocated;
+    rt.empty_cache();
+    rt.reset_peak();
+    let t1 = checkpoint(&rt, "t1");
+    rt.reset_process_peak();
+
+    rt.progress(Progress::Phase(Phase::Profiling));
+    let verify_count = if req.verify {
+        FormulaId::ALL.len() as u32 + 1
+    } else {
+        0
+    };
+    let mut passes = Vec::new();
+    let mut outside = None;
+    let mut logits_top = Vec::new();
+    for p in 1..=req.passes {
+        rt.progress(Progress::Pass {
+            pass: p,
+            of: req.passes + verify_count,
+            verify: None,
+        });
+        if p == 1 && req.outside_during > 0 {
+            rt.set_pass(1);
+            rt.set_op("nccl-init");
+            outside = Some(rt.alloc_outside("nccl-like (--outside-during)", req.outside_during)?);
+        }
+        let (stats, logits) = one_pass(&rt, &work, p, None)?;
+        if let Some(l) = logits {
+            if p == req.passes {
+                if let Some(values) = ops::read_f32(&rt, &l)? {
+                    logits_top = top_logits(&values, l.cols(), 5);
+                }
+            }
+        }
+        passes.push(stats);
+    }
+    if req.outside_during_freed {
+        if let Some(o) = outside.take() {
+            rt.set_op("nccl-free");
+            rt.free_outside("nccl-like (--outside-during)", o);
+        }
+    }
+    rt.set_pass(0);
+    rt.synchronize()?;
+    let t2 = checkpoint(&rt, "t2");
+    let truth_peak = rt.process_peak();
+    rt.empty_cache();
+    let t3 = checkpoint(&rt, "t3");
+
+    rt.progress(Progress::Phase(Phase::Measuring));
+    let cps = Checkpoints { t0, t1, t2, t3 };
+    let geometry = KvGeometry {
+        block_size: req.block_size,
+        num_layers: cfg.num_layers as u64,
+        num_kv_heads: cfg.num_kv_heads as u64,
+        head_dim: cfg.head_dim as u64,
+        dtype_bytes: req.quant.activation_dtype().size_bytes(),
+        max_model_len: req.max_model_len,
+    };
+    let budget = formulas::budget(t0.total, req.util, false);
+    let truth_non_kv = truth_peak as i64;
+    let mut results: Vec<FormulaResult> = FormulaId::ALL
+        .iter()
+        .map(|&id| {
+            let t = formulas::evaluate(id, &cps, weights_bytes, req.util);
+            FormulaResult {
+                id,
+                title: id.title().to_string(),
+                torch_peak_bytes: t.torch_peak_bytes,
+                non_torch_bytes: t.non_torch_bytes,
+                weights_term_bytes: t.weights_term_bytes,
+                non_kv_bytes: t.non_kv_bytes,
+                kv_bytes: t.kv_bytes,
+                kv_blocks: geometry.blocks(t.kv_bytes),
+                kv_tokens: geometry.tokens(t.kv_bytes),
+                max_concurrency: geometry.max_concurrency(t.kv_bytes),
+                error_bytes: t.non_kv_bytes - truth_non_kv,
+                verify: None,
+            }
+        })
+        .collect();
+    let truth_kv = budget - truth_non_kv;
+    let mut truth = Truth {
+        non_kv_bytes: truth_non_kv,
+        kv_bytes: truth_kv,
+        kv_blocks: geometry.blocks(truth_kv),
+        kv_tokens: geometry.tokens(truth_kv),
+        max_concurrency: geometry.max_concurrency(truth_kv),
+        source: device_info.truth_source.clone(),
+        verify: None,
+    };
+    let quant_state_after_bytes = rt.events_since(0, |ev| {
+        ev.iter()
+            .filter(|e| e.category == Category::QuantState)
+            .map(|e| match e.kind {
+                EventKind::Alloc => e.bytes as i64,
+                EventKind::Free => -(e.bytes as i64),
+                _ => 0,
+            })
+            .sum::<i64>()
+            .max(0) as u64
+    });
+    let outside_framework_bytes = t3.process_used.saturating_sub(t3.reserved);
+
+    if req.verify {
+        rt.progress(Progress::Phase(Phase::Verifying));
+        let mut index = req.passes;
+        for r in results.iter_mut() {
+            index += 1;
+            rt.progress(Progress::Pass {
+                pass: index,
+                of: req.passes + verify_count,
+                verify: Some(r.id.short().into()),
+            });
+            let (v, stats) = verify(&rt, &work, r.kv_bytes, budget as u64, index, r.id.key())?;
+            r.verify = Some(v);
+            passes.extend(stats);
+        }
+        index += 1;
+        rt.progress(Progress::Pass {
+            pass: index,
+            of: req.passes + verify_count,
+            verify: Some("truth".into()),
+        });
+        let (v, stats) = verify(&rt, &work, truth.kv_bytes, budget as u64, index, "truth")?;
+        truth.verify = Some(v);
+        passes.extend(stats);
+    }
+    rt.set_pass(0);
+    rt.progress(Progress::Phase(Phase::Done));
+    let events = rt.take_events();
+    drop(work);
+    Ok(Report {
+        format: REPORT_FORMAT,
+        tool: format!("vramscope {}", env!("CARGO_PKG_VERSION")),
+        created_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        model: model_info,
+        quant: req.quant,
+        device: device_info,
+        settings: req.clone(),
+        checkpoints: cps,
+        weights_bytes,
+        kv_geometry: geometry,
+        formulas: results,
+        truth,
+        passes,
+        quant_state_after_bytes,
+        outside_framework_bytes,
+        logits: logits_top,
+        wall_time_s: wall.elapsed().as_secs_f64(),
+        event_count: events.len(),
+        events,
+    })
+}

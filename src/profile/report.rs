@@ -1,0 +1,163 @@
+//! The Report: everything a run measured, as plain data. Views and exports read it and never
+//! recompute; a saved session is this struct as JSON.
+
+use serde::{Deserialize, Serialize};
+
+use super::formulas::{Checkpoints, FormulaId, KvGeometry};
+use super::request::ProfileRequest;
+use crate::device::DeviceInfo;
+use crate::memory::Event;
+use crate::quant::Quant;
+
+pub const REPORT_FORMAT: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    pub name: String,
+    pub source: String,
+    pub arch: String,
+    pub parameters: u64,
+    pub layers: usize,
+    pub hidden_size: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+}
+
+/// The strongest check of a budget: allocate the KV cache it grants, run one more max-batch
+/// pass, and see whether this instance stayed inside T·u.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Verify {
+    /// False when the budget grants no KV memory (nothing to allocate).
+    pub ran: bool,
+    pub kv_allocated_bytes: u64,
+    /// This instance's peak device memory during the verify pass.
+    pub peak_process_bytes: u64,
+    /// floor(T·u).
+    pub budget_bytes: u64,
+    pub within_budget: bool,
+    /// peak − budget: positive = missed by that much.
+    pub overrun_bytes: i64,
+    /// The device ran out of memory (allocating the cache or during the pass).
+    pub oom: bool,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FormulaResult {
+    pub id: FormulaId,
+    pub title: String,
+    pub torch_peak_bytes: i64,
+    pub non_torch_bytes: i64,
+    pub weights_term_bytes: i64,
+    pub non_kv_bytes: i64,
+    pub kv_bytes: i64,
+    pub kv_blocks: u64,
+    pub kv_tokens: u64,
+    pub max_concurrency: f64,
+    /// non_kv − truth: positive = KV memory wasted, negative = the cache it grants would
+    /// overrun the budget.
+    pub error_bytes: i64,
+    pub verify: Option<Verify>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Truth {
+    /// G: the instance's own peak device memory during the profile passes.
+    pub non_kv_bytes: i64,
+    pub kv_bytes: i64,
+    pub kv_blocks: u64,
+    pub kv_tokens: u64,
+    pub max_concurrency: f64,
+    /// How G was measured.
+    pub source: String,
+    pub verify: Option<Verify>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PassStats {
+    /// 1-based; verify passes follow the profile passes.
+    pub index: u32,
+    /// Which budget a verify pass checks; `None` for profile passes.
+    pub verify_for: Option<String>,
+    pub start_us: u64,
+    pub end_us: u64,
+    pub peak_allocated: u64,
+    pub allocated_bytes: u64,
+    pub freed_bytes: u64,
+    pub quant_state_allocated_bytes: u64,
+    pub quant_state_freed_bytes: u64,
+}
+
+/// The top logits of one sequence's last token (compute modes only).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TopLogits {
+    pub sequence: usize,
+    /// (token id, logit), best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub format: u32,
+    pub tool: String,
+    pub created_unix_s: u64,
+    pub model: ModelInfo,
+    pub quant: Quant,
+    pub device: DeviceInfo,
+    pub settings: ProfileRequest,
+    pub checkpoints: Checkpoints,
+    /// W: framework allocated after the load minus before.
+    pub weights_bytes: u64,
+    pub kv_geometry: KvGeometry,
+    pub formulas: Vec<FormulaResult>,
+    pub truth: Truth,
+    pub passes: Vec<PassStats>,
+    /// Quantization state (CxB, subB) alive after the profile passes.
+    pub quant_state_after_bytes: u64,
+    /// Device memory this instance holds outside the framework at t3 (context, workspaces,
+    /// scenario allocations).
+    pub outside_framework_bytes: u64,
+    pub logits: Vec<TopLogits>,
+    pub wall_time_s: f64,
+    pub event_count: usize,
+    pub events: Vec<Event>,
+}
+
+impl Report {
+    pub fn formula(&self, id: FormulaId) -> Option<&FormulaResult> {
+        self.formulas.iter().find(|f| f.id == id)
+    }
+
+    /// One sentence on why the old (#9352) and new (#9516) budgets differ, from the numbers.
+    pub fn old_vs_new_explanation(&self) -> String {
+        let (Some(old), Some(new)) = (
+            self.formula(FormulaId::Pr9352),
+            self.formula(FormulaId::Pr9516),
+        ) else {
+            return String::new();
+        };
+        let diff = new.kv_bytes - old.kv_bytes;
+        let mib = |b: i64| crate::units::fmt_i(b);
+        let state = self.quant_state_after_bytes as i64;
+        let ctx_like = self.outside_framework_bytes as i64;
+        if state > 0 {
+            format!(
+                "The old formula counts the {} of int8 state (CxB) that survives the pass twice: once in the torch peak and again in the free-memory drop; the new one subtracts live tensors, but also charges the {} the instance holds outside the framework (context, workspaces), so its budget is {} {}.",
+                mib(state),
+                mib(ctx_like),
+                mib(diff.abs()),
+                if diff >= 0 { "larger" } else { "smaller" }
+            )
+        } else if diff.abs() < (1 << 20) {
+            "Old and new agree: nothing of the framework survives the pass, and no memory outside it changed during the pass.".to_string()
+        } else {
+            format!(
+                "No framework tensor survives the pass; they differ by {} because the new formula charges all memory outside the framework at the end ({}: context, workspaces, other processes) while the old one sees only what appeared during the pass.",
+                mib(diff.abs()),
+                mib(new.non_torch_bytes)
+            )
+        }
+    }
+}

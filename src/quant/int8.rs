@@ -1,0 +1,296 @@
+//! LLM.int8 as bitsandbytes 0.44 does it (`MatMul8bitLt`) inside vLLM's 8-bit linear method:
+//! row-wise absmax int8 weights `CB` with fp32 scales `SCB`; a per-layer `MatmulLtState` that
+//! vLLM makes anew at generation 0 and 1 and that, on its first forward, keeps `CxB`: a second
+//! int8 copy of the weight in the tiled igemmlt layout. With a threshold, input columns holding
+//! outliers are computed in 16-bit against `subB`, which the state also keeps.
+
+use std::cell::RefCell;
+
+use crate::device::Backend;
+use crate::error::Result;
+use crate::memory::Category;
+use crate::runtime::Runtime;
+use crate::tensor::{DType, Tensor};
+
+/// Row-wise absmax quantization of a `[n, k]` weight: `CB = round(127 w / absmax_row)`.
+pub fn quantize_rows(w: &[f32], n: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
+    let mut cb = vec![0i8; n * k];
+    let mut scb = vec![0f32; n];
+    for r in 0..n {
+        let row = &w[r * k..(r + 1) * k];
+        let a = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        scb[r] = a;
+        if a > 0.0 {
+            for (c, v) in cb[r * k..(r + 1) * k].iter_mut().zip(row) {
+                *c = (v * 127.0 / a).round().clamp(-127.0, 127.0) as i8;
+            }
+        }
+    }
+    (cb, scb)
+}
+
+/// The igemmlt tile padding of `CxB`: rows to 8 (Turing/Hopper `col_turing`) or 32 (Ampere
+/// and Ada `col_ampere`), columns to 32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileLayout {
+    pub row_pad: usize,
+    pub col_pad: usize,
+}
+
+impl TileLayout {
+    pub fn padded(self, rows: usize, cols: usize) -> (usize, usize) {
+        (
+            rows.div_ceil(self.row_pad) * self.row_pad,
+            cols.div_ceil(self.col_pad) * self.col_pad,
+        )
+    }
+}
+
+/// What `MatmulLtState` keeps between passes.
+#[derive(Default)]
+pub struct MatmulLtState {
+    pub cxb: Option<Tensor>,
+    pub idx: Option<Tensor>,
+    pub sub_b: Option<Tensor>,
+}
+
+pub struct Int8Linear {
+    pub cb: Tensor,
+    pub scb: Tensor,
+    pub out_features: usize,
+    pub in_features: usize,
+    pub threshold: f32,
+    pub layout: TileLayout,
+    pub state: RefCell<Option<MatmulLtState>>,
+}
+
+impl Int8Linear {
+    /// `x [m, k] → [m, n]`. `generation` counts this layer's previous forwards.
+    pub fn forward(
+        &self,
+        rt: &Runtime,
+        x: &Tensor,
+        name: &str,
+        generation: u32,
+        act: DType,
+    ) -> Result<Tensor> {
+        let (m, k, n) = (x.rows(), self.in_features, self.out_features);
+        if generation <= 1 {
+            // vLLM: `matmul_states[i] = MatmulLtState()`, the old state (and its CxB) is dropped.
+            let old = self.state.borrow_mut().take();
+            drop(old);
+            *self.state.borrow_mut() = Some(MatmulLtState::default());
+        }
+        rt.ensure_library_workspaces()?;
+        let compute = rt.backend() == Backend::Cpu;
+
+        // 1. F.double_quant(A): row- and column-wise int8 copies and their scales.
+        rt.set_op("int8.double_quant");
+        let mut ca = rt.tensor(
+            format!("{name}.CA"),
+            Category::Activation,
+            &[m, k],
+            DType::I8,
+        )?;
+        let cat = rt.tensor(
+            format!("{name}.CAt"),
+            Category::Activation,
+            &[m, k],
+            DType::I8,
+        )?;
+        let mut sca = rt.tensor(
+            format!("{name}.SCA"),
+            Category::Activation,
+            &[m],
+            DType::F32,
+        )?;
+        let scat = rt.tensor(
+            format!("{name}.SCAt"),
+            Category::Activation,
+            &[k],
+            DType::F32,
+        )?;
+        let outliers: Vec<usize> = if compute && self.threshold > 0.0 {
+            let xs = x.f32();
+            (0..k)
+                .filter(|&c| (0..m).any(|r| xs[r * k + c].abs() >= self.threshold))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if compute {
+            let xs = x.f32();
+            let is_out = |c: usize| outliers.binary_search(&c).is_ok();
+            let mut rowmax = vec![0f32; m];
+            for r in 0..m {
+                rowmax[r] = (0..k)
+                    .filter(|&c| !is_out(c))
+                    .fold(0.0f32, |a, c| a.max(xs[r * k + c].abs()));
+            }
+            sca.f32_mut().copy_from_slice(&rowmax);
+            if let crate::tensor::Storage::I8(q) = &mut ca.storage {
+                for r in 0..m {
+                    let s = if rowmax[r] > 0.0 {
+                        127.0 / rowmax[r]
+                    } else {
+                        0.0
+                    };
+                    for c in 0..k {
+                        q[r * k + c] = if is_out(c) {
+                            0
+                        } else {
+                            (xs[r * k + c] * s).round() as i8
+                        };
+                    }
+                }
+            }
+        }
+
+        // 2. The state's CxB, built on its first forward and kept.
+        let mut state_ref = self.state.borrow_mut();
+        let state = state_ref.get_or_insert_with(MatmulLtState::default);
+        if state.cxb.is_none() {
+            rt.set_op("int8.transform_CxB");
+            let (rp, cp) = self.layout.padded(n, k);
+            let mut cxb = rt.tensor(
+                format!("{name}.CxB"),
+                Category::QuantState,
+                &[rp, cp],
+                DType::I8,
+            )?;
+            if compute {
+                let cb = self.cb.i8();
+                if let crate::tensor::Storage::I8(dst) = &mut cxb.storage {
+                    for r in 0..n {
+                        dst[r * cp..r * cp + k].copy_from_slice(&cb[r * k..(r + 1) * k]);
+                    }
+                }
+            }
+            state.cxb = Some(cxb);
+        }
+
+        // 3. Outlier decomposition: subB (16-bit weight columns of the outliers) kept in state.
+        let mut sub_a = None;
+        if !outliers.is_empty() {
+            rt.set_op("int8.outliers");
+            let no = outliers.len();
+            let mut idx = rt.tensor(
+                format!("{name}.idx"),
+                Category::QuantState,
+                &[no],
+                DType::I64,
+            )?;
+            if let crate::tensor::Storage::I32(v) = &mut idx.storage {
+                for (d, &c) in v.iter_mut().zip(&outliers) {
+                    *d = c as i32;
+                }
+            }
+            let mut sub_b =
+                rt.tensor(format!("{name}.subB"), Category::QuantState, &[no, n], act)?;
+            let (cb, scb) = (self.cb.i8(), self.scb.f32());
+            let sb = sub_b.f32_mut();
+            for (j, &c) in outliers.iter().enumerate() {
+                for r in 0..n {
+                    sb[j * n + r] = cb[r * k + c] as f32 * scb[r] / 127.0;
+                }
+            }
+            let mut sa = rt.tensor(format!("{name}.subA"), Category::Activation, &[m, no], act)?;
+            let xs = x.f32();
+            let sav = sa.f32_mut();
+            for r in 0..m {
+                for (j, &c) in outliers.iter().enumerate() {
+                    sav[r * no + j] = xs[r * k + c];
+                }
+            }
+            state.idx = Some(idx);
+            state.sub_b = Some(sub_b);
+            sub_a = Some(sa);
+        }
+
+        // 4. igemmlt on the col32 copy of A, then mm_dequant to 16-bit.
+        rt.set_op("int8.igemmlt");
+        let (_, kp) = TileLayout {
+            row_pad: 1,
+            col_pad: 32,
+        }
+        .padded(m, k);
+        let c32a = rt.tensor(
+            format!("{name}.C32A"),
+            Category::Activation,
+            &[m, kp],
+            DType::I8,
+        )?;
+        let mut out32 = rt.tensor(
+            format!("{name}.out32"),
+            Category::Activation,
+            &[m, n],
+            DType::I32,
+        )?;
+        let mut out = rt.tensor(format!("{name}.out"), Category::Activation, &[m, n], act)?;
+        if compute {
+            let cxb = state.cxb.as_ref().expect("CxB built above").i8();
+            let (_, cp) = self.layout.padded(n, k);
+            let qa = ca.i8();
+            if let crate::tensor::Storage::I32(acc) = &mut out32.storage {
+                for r in 0..m {
+                    let a = &qa[r * k..(r + 1) * k];
+                    for c in 0..n {
+                        let b = &cxb[c * cp..c * cp + k];
+                        acc[r * n + c] = a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum();
+                    }
+                }
+                let (rows, scb) = (sca.f32(), self.scb.f32());
+                let o = out.f32_mut();
+                for r in 0..m {
+                    for c in 0..n {
+                        o[r * n + c] = acc[r * n + c] as f32 * rows[r] * scb[c] / (127.0 * 127.0);
+                    }
+                }
+            }
+            if let (Some(sa), Some(sb)) = (&sub_a, &state.sub_b) {
+                let no = outliers.len();
+                let mut extra = vec![0f32; m * n];
+                // subA [m, no] · subB [no, n]: subB is stored [no, n], so transpose into [n, no].
+                let sbv = sb.f32();
+                let mut sbt = vec![0f32; n * no];
+                for j in 0..no {
+                    for c in 0..n {
+                        sbt[c * no + j] = sbv[j * n + c];
+                    }
+                }
+                crate::device::cpu::matmul_nt(sa.f32(), &sbt, &mut extra, m, no, n);
+                crate::device::cpu::add_assign(out.f32_mut(), &extra);
+            }
+        }
+        drop((c32a, out32, cat, scat, sca, ca, sub_a));
+        Ok(out)
+    }
+
+    /// Bytes this layer's weights take: int8 CB plus fp32 SCB.
+    pub fn weight_bytes(&self) -> u64 {
+        self.cb.nbytes() + self.scb.nbytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_quantization_keeps_the_row_maximum_exact() {
+        let w = [0.5, -1.0, 0.25, 2.0, 1.0, -0.5];
+        let (cb, scb) = quantize_rows(&w, 2, 3);
+        assert_eq!(scb, vec![1.0, 2.0]);
+        assert_eq!(cb, vec![64, -127, 32, 127, 64, -32]);
+    }
+
+    #[test]
+    fn tiles_pad_rows_and_columns() {
+        let t = TileLayout {
+            row_pad: 8,
+            col_pad: 32,
+        };
+        assert_eq!(t.padded(4096, 4096), (4096, 4096));
+        assert_eq!(t.padded(3, 33), (8, 64));
+    }
+}

@@ -1,0 +1,387 @@
+//! The run-time context every op goes through: the device, the framework allocator, the event
+//! log, the scope (pass, op, layer) events are tagged with, the cancel flag and progress.
+//! It lives on the worker thread (`Rc`), and tensors hold it so a drop frees their block.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::device::{Backend, Device, MemInfo, OutsideAlloc};
+use crate::error::{Error, Result};
+use crate::memory::allocator::{AllocatorAction, LoggedAction};
+use crate::memory::{AllocatorStats, BlockRef, CachingAllocator, Category, Event, EventKind};
+use crate::progress::{Progress, ProgressSink};
+use crate::tensor::{DType, Storage, Tensor};
+
+/// How often batches of new events go to the progress sink.
+const EVENT_FLUSH_INTERVAL: Duration = Duration::from_millis(50);
+
+#[derive(Clone)]
+pub struct Runtime(Rc<RefCell<Inner>>);
+
+struct Inner {
+    device: Device,
+    alloc: CachingAllocator,
+    events: Vec<Event>,
+    pass: u32,
+    op: &'static str,
+    layer: Option<u32>,
+    start: Instant,
+    cancel: Arc<AtomicBool>,
+    sink: Option<ProgressSink>,
+    flushed: usize,
+    last_flush: Instant,
+    workspaces: Vec<OutsideAlloc>,
+    workspaces_taken: bool,
+    device_used: u64,
+    process_used: u64,
+}
+
+/// Device and allocator numbers at one moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub time_us: u64,
+    pub mem: MemInfo,
+    pub stats: AllocatorStats,
+    pub process_used: u64,
+}
+
+impl Runtime {
+    pub fn new(device: Device, cancel: Arc<AtomicBool>, sink: Option<ProgressSink>) -> Self {
+        let mem = device.mem_info();
+        let process_used = device.process_used();
+        let now = Instant::now();
+        Runtime(Rc::new(RefCell::new(Inner {
+            device,
+            alloc: CachingAllocator::new(),
+            events: Vec::new(),
+            pass: 0,
+            op: "setup",
+            layer: None,
+            start: now,
+            cancel,
+            sink,
+            flushed: 0,
+            last_flush: now,
+            workspaces: Vec::new(),
+            workspaces_taken: false,
+            device_used: mem.total - mem.free,
+            process_used,
+        })))
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.0.borrow().device.backend()
+    }
+
+    /// Runs `f` with the device (kernels, CUDA handles).
+    pub fn with_device<R>(&self, f: impl FnOnce(&mut Device) -> R) -> R {
+        f(&mut self.0.borrow_mut().device)
+    }
+
+    pub fn device_name(&self) -> String {
+        self.0.borrow().device.info().spec
+    }
+
+    /// Tags the events that follow with an op.
+    pub fn set_op(&self, op: &'static str) {
+        self.0.borrow_mut().op = op;
+    }
+
+    /// Tags the events that follow with a layer (`None` outside the decoder layers).
+    pub fn set_layer(&self, layer: Option<u32>) {
+        self.0.borrow_mut().layer = layer;
+    }
+
+    pub fn set_pass(&self, pass: u32) {
+        self.0.borrow_mut().pass = pass;
+    }
+
+    pub fn pass(&self) -> u32 {
+        self.0.borrow().pass
+    }
+
+    /// Stops the run with `Error::Cancelled` when the user asked to cancel.
+    pub fn check_cancel(&self) -> Result<()> {
+        if self.0.borrow().cancel.load(Ordering::Relaxed) {
+            Err(Error::Cancelled)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn progress(&self, p: Progress) {
+        self.flush_events(false);
+        let mut i = self.0.borrow_mut();
+        if let Some(sink) = i.sink.as_mut() {
+            sink(p);
+        }
+    }
+
+    /// Sends the events recorded since the last batch (at most every 50 ms unless `force`).
+    pub fn flush_events(&self, force: bool) {
+        let mut i = self.0.borrow_mut();
+        let inner = &mut *i;
+        if inner.sink.is_none() || inner.flushed == inner.events.len() {
+            return;
+        }
+        if !force && inner.last_flush.elapsed() < EVENT_FLUSH_INTERVAL {
+            return;
+        }
+        let batch = inner.events[inner.flushed..].to_vec();
+        inner.flushed = inner.events.len();
+        inner.last_flush = Instant::now();
+        if let Some(sink) = inner.sink.as_mut() {
+            sink(Progress::Events(batch));
+        }
+    }
+
+    /// Allocates a tensor through the framework allocator; its data is zeroed in compute mode.
+    pub fn tensor(
+        &self,
+        name: impl Into<String>,
+        category: Category,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        self.alloc_tensor(name.into(), category, shape, dtype, true)
+    }
+
+    /// Allocates bytes the host never reads or writes (a KV cache, a synthetic spike): device
+    /// memory on a GPU, bookkeeping only on the simulated device.
+    pub fn reserve_bytes(
+        &self,
+        name: impl Into<String>,
+        category: Category,
+        bytes: u64,
+    ) -> Result<Tensor> {
+        let len = usize::try_from(bytes)
+            .map_err(|_| Error::Request(format!("{bytes} bytes is too large")))?;
+        self.alloc_tensor(name.into(), category, &[len], DType::U8, false)
+    }
+
+    fn alloc_tensor(
+        &self,
+        name: String,
+        category: Category,
+        shape: &[usize],
+        dtype: DType,
+        host_data: bool,
+    ) -> Result<Tensor> {
+        let numel: usize = shape.iter().product();
+        let bytes = numel as u64 * dtype.size_bytes();
+        let block = {
+            let mut i = self.0.borrow_mut();
+            let inner = &mut *i;
+            let result = inner.alloc.allocate(bytes, &mut inner.device);
+            inner.record_actions(&name, category);
+            match result {
+                Ok(b) => b,
+                Err(oom) => {
+                    let during = format!(
+                        "allocating {name} ({}{}, pass {})",
+                        inner.op,
+                        inner
+                            .layer
+                            .map(|l| format!(", layer {l}"))
+                            .unwrap_or_default(),
+                        inner.pass
+                    );
+                    return Err(Error::OutOfMemory {
+                        device: inner.device.info().spec,
+                        during,
+                        detail: oom.to_string(),
+                    });
+                }
+            }
+        };
+        let storage = match self.backend() {
+            Backend::Dry => Storage::None,
+            Backend::Cpu if !host_data => Storage::None,
+            Backend::Cuda => Storage::Cuda(block.segment.0 + block.offset),
+            Backend::Cpu => match dtype {
+                DType::F32 | DType::F16 | DType::BF16 => Storage::F32(vec![0.0; numel]),
+                DType::I8 => Storage::I8(vec![0; numel]),
+                DType::U8 => Storage::U8(vec![0; numel]),
+                DType::I32 | DType::I64 => Storage::I32(vec![0; numel]),
+            },
+        };
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            dtype,
+            name,
+            category,
+            storage,
+            block,
+            rt: self.clone(),
+        })
+    }
+
+    pub(crate) fn release(&self, block: BlockRef, name: &str, category: Category) {
+        let mut i = self.0.borrow_mut();
+        i.alloc.free(block);
+        i.record_actions(name, category);
+    }
+
+    /// Takes the cuBLAS/cuBLASLt workspaces the first time a GEMM runs, as the libraries do.
+    pub fn ensure_library_workspaces(&self) -> Result<()> {
+        if self.0.borrow().workspaces_taken {
+            return Ok(());
+        }
+        let wanted = self.0.borrow().device.library_workspace_bytes();
+        for (label, bytes) in wanted {
+            let a = self.alloc_outside(label, bytes)?;
+            self.0.borrow_mut().workspaces.push(a);
+        }
+        self.0.borrow_mut().workspaces_taken = true;
+        Ok(())
+    }
+
+    /// Device memory outside the framework allocator, logged on the timeline.
+    pub fn alloc_outside(&self, label: &str, bytes: u64) -> Result<OutsideAlloc> {
+        let mut i = self.0.borrow_mut();
+        let a = i.device.alloc_outside(bytes)?;
+        let b = a.bytes;
+        i.refresh_device();
+        i.push_event(
+            EventKind::OutsideAlloc,
+            label,
+            Category::NonFramework,
+            b,
+            None,
+        );
+        Ok(a)
+    }
+
+    pub fn free_outside(&self, label: &str, alloc: OutsideAlloc) {
+        let mut i = self.0.borrow_mut();
+        let b = alloc.bytes;
+        i.device.free_outside(alloc);
+        i.refresh_device();
+        i.push_event(
+            EventKind::OutsideFree,
+            label,
+            Category::NonFramework,
+            b,
+            None,
+        );
+    }
+
+    /// Records a zero-byte marker (checkpoint, pass boundary) on the timeline.
+    pub fn marker(&self, label: &str) {
+        let mut i = self.0.borrow_mut();
+        i.refresh_device();
+        i.push_event(EventKind::Marker, label, Category::NonFramework, 0, None);
+    }
+
+    pub fn empty_cache(&self) {
+        let mut i = self.0.borrow_mut();
+        let inner = &mut *i;
+        inner.alloc.empty_cache(&mut inner.device);
+        inner.record_actions("empty_cache", Category::Activation);
+    }
+
+    pub fn reset_peak(&self) {
+        self.0.borrow_mut().alloc.reset_peak();
+    }
+
+    pub fn reset_process_peak(&self) {
+        self.0.borrow_mut().device.reset_process_peak();
+    }
+
+    pub fn process_peak(&self) -> u64 {
+        self.0.borrow_mut().device.process_peak()
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.0.borrow_mut().device.synchronize()
+    }
+
+    pub fn stats(&self) -> AllocatorStats {
+        self.0.borrow().alloc.stats()
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let i = self.0.borrow();
+        Snapshot {
+            time_us: i.start.elapsed().as_micros() as u64,
+            mem: i.device.mem_info(),
+            stats: i.alloc.stats(),
+            process_used: i.device.process_used(),
+        }
+    }
+
+    pub fn elapsed_us(&self) -> u64 {
+        self.0.borrow().start.elapsed().as_micros() as u64
+    }
+
+    pub fn event_count(&self) -> usize {
+        self.0.borrow().events.len()
+    }
+
+    /// All events so far (the report keeps them).
+    pub fn take_events(&self) -> Vec<Event> {
+        self.flush_events(true);
+        let mut i = self.0.borrow_mut();
+        i.flushed = 0;
+        std::mem::take(&mut i.events)
+    }
+
+    /// Events from index `from` on (for per-pass statistics).
+    pub fn events_since<R>(&self, from: usize, f: impl FnOnce(&[Event]) -> R) -> R {
+        f(&self.0.borrow().events[from..])
+    }
+}
+
+impl Inner {
+    fn refresh_device(&mut self) {
+        let mem = self.device.mem_info();
+        self.device_used = mem.total - mem.free;
+        self.process_used = self.device.process_used();
+    }
+
+    fn record_actions(&mut self, tensor: &str, category: Category) {
+        let actions = self.alloc.drain_actions();
+        for LoggedAction { action, stats } in actions {
+            let (kind, bytes) = match action {
+                AllocatorAction::SegmentMap { bytes } => (EventKind::SegmentMap, bytes),
+                AllocatorAction::SegmentUnmap { bytes } => (EventKind::SegmentUnmap, bytes),
+                AllocatorAction::Alloc { bytes } => (EventKind::Alloc, bytes),
+                AllocatorAction::Free { bytes } => (EventKind::Free, bytes),
+            };
+            if matches!(kind, EventKind::SegmentMap | EventKind::SegmentUnmap) {
+                self.refresh_device();
+            }
+            self.push_event(kind, tensor, category, bytes, Some(stats));
+        }
+    }
+
+    fn push_event(
+        &mut self,
+        kind: EventKind,
+        tensor: &str,
+        category: Category,
+        bytes: u64,
+        stats: Option<AllocatorStats>,
+    ) {
+        let stats = stats.unwrap_or_else(|| self.alloc.stats());
+        let ev = Event {
+            seq: self.events.len() as u64,
+            time_us: self.start.elapsed().as_micros() as u64,
+            pass: self.pass,
+            kind,
+            op: self.op.to_string(),
+            layer: self.layer,
+            tensor: tensor.to_string(),
+            category,
+            bytes,
+            allocated: stats.allocated,
+            reserved: stats.reserved,
+            device_used: self.device_used,
+            process_used: self.process_used,
+        };
+        self.events.push(ev);
+    }
+}
