@@ -8,11 +8,13 @@ pub mod export;
 pub mod memory;
 pub mod model;
 pub mod ops;
+pub mod palette;
 pub mod profile;
 pub mod progress;
 pub mod quant;
 pub mod runtime;
 pub mod tensor;
+pub mod timeline;
 pub mod units;
 
 pub use error::{Error, Result};
