@@ -29,6 +29,14 @@ pub fn atomic_write_with(
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(path, e))?;
     f(tmp.as_file_mut()).map_err(|e| Error::io(path, e))?;
     tmp.as_file_mut().flush().map_err(|e| Error::io(path, e))?;
+    // Temporary files are private (0600); a report is an ordinary file.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = tmp
+            .as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644));
+    }
     tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
     Ok(())
 }

@@ -147,17 +147,20 @@ fn top_logits(values: &[f32], vocab: usize, k: usize) -> Vec<TopLogits> {
         .collect()
 }
 
-/// Allocates the KV cache a budget grants, runs one more max-batch pass and reports whether
-/// this instance stayed inside floor(T·u).
+/// Allocates the KV cache a budget grants (as vLLM does: one tensor per layer holding
+/// `blocks` blocks), runs one more max-batch pass and reports whether this instance stayed
+/// inside floor(T·u).
 fn verify(
     rt: &Runtime,
     work: &Workload,
+    geometry: &KvGeometry,
     kv_bytes: i64,
     budget: u64,
     index: u32,
     label: &str,
 ) -> Result<(Verify, Option<PassStats>)> {
-    if kv_bytes <= 0 {
+    let blocks = geometry.blocks(kv_bytes);
+    if blocks == 0 {
         return Ok((
             Verify {
                 ran: false,
@@ -177,9 +180,12 @@ fn verify(
     rt.set_pass(index);
     rt.set_op("kv_cache");
     rt.set_layer(None);
+    let layers = geometry.num_layers.max(1);
+    let per_layer = blocks * geometry.block_bytes() / layers;
+    let kv_allocated = per_layer * layers;
     let oom_verify = |e: &Error, peak: u64| Verify {
         ran: true,
-        kv_allocated_bytes: kv_bytes as u64,
+        kv_allocated_bytes: kv_allocated,
         peak_process_bytes: peak,
         budget_bytes: budget,
         within_budget: false,
@@ -208,7 +214,7 @@ fn verify(
             Ok((
                 Verify {
                     ran: true,
-                    kv_allocated_bytes: kv_bytes as u64,
+                    kv_allocated_bytes: kv_allocated,
                     peak_process_bytes: peak,
                     budget_bytes: budget,
                     within_budget: within,
@@ -446,7 +452,15 @@ pub fn run(
                 of: req.passes + verify_count,
                 verify: Some(r.id.short().into()),
             });
-            let (v, stats) = verify(&rt, &work, r.kv_bytes, budget as u64, index, r.id.key())?;
+            let (v, stats) = verify(
+                &rt,
+                &work,
+                &geometry,
+                r.kv_bytes,
+                budget as u64,
+                index,
+                r.id.key(),
+            )?;
             r.verify = Some(v);
             passes.extend(stats);
         }
@@ -456,7 +470,15 @@ pub fn run(
             of: req.passes + verify_count,
             verify: Some("truth".into()),
         });
-        let (v, stats) = verify(&rt, &work, truth.kv_bytes, budget as u64, index, "truth")?;
+        let (v, stats) = verify(
+            &rt,
+            &work,
+            &geometry,
+            truth.kv_bytes,
+            budget as u64,
+            index,
+            "truth",
+        )?;
         truth.verify = Some(v);
         passes.extend(stats);
     }
