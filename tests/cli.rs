@@ -307,7 +307,7 @@ fn edit_header(w: &Path, edit: impl FnOnce(&mut Value)) {
     let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     edit(&mut header);
     let mut h = serde_json::to_vec(&header).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();

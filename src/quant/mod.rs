@@ -69,6 +69,8 @@ pub struct Nf4Linear {
 }
 
 /// A linear layer with PyTorch's `[out_features, in_features]` weight.
+// A model holds a few hundred of these; boxing the int8 variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Linear {
     Dense(Tensor),
     Int8(int8::Int8Linear),
