@@ -335,6 +335,35 @@ impl Runtime {
     }
 }
 
+impl Drop for Inner {
+    /// Runs when the last tensor is gone (tensors hold the runtime): give every segment and
+    /// workspace back, and send the closing events, so a cancelled or failed run leaves the
+    /// device as it found it and its timeline ends at zero.
+    fn drop(&mut self) {
+        self.op = "teardown";
+        self.layer = None;
+        self.alloc.empty_cache(&mut self.device);
+        self.record_actions("empty_cache", Category::Activation);
+        for w in std::mem::take(&mut self.workspaces) {
+            let b = w.bytes;
+            self.device.free_outside(w);
+            self.refresh_device();
+            self.push_event(
+                EventKind::OutsideFree,
+                "library-workspace",
+                Category::NonFramework,
+                b,
+                None,
+            );
+        }
+        if let Some(sink) = self.sink.as_mut() {
+            if self.flushed < self.events.len() {
+                sink(Progress::Events(self.events[self.flushed..].to_vec()));
+            }
+        }
+    }
+}
+
 impl Inner {
     fn refresh_device(&mut self) {
         let mem = self.device.mem_info();
