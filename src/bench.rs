@@ -52,6 +52,8 @@ pub struct BenchResult {
     pub weights_bytes: u64,
     pub peak_allocated_bytes: u64,
     pub process_peak_bytes: u64,
+    /// Reads per second the NVML sampler thread reached (GPU only).
+    pub nvml_rate_hz: Option<f64>,
     /// Last-token logits of every sequence, from the last pass, `[seqs, vocab]`.
     #[serde(skip)]
     pub logits: Vec<f32>,
@@ -172,6 +174,7 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
     let flops = forward_flops(&opened.config, &batch.seq_lens);
     let stats = rt.stats();
     let process_peak_bytes = rt.process_peak();
+    let nvml_rate_hz = rt.with_device(|d| d.cuda().map(|c| c.nvml_samples().1));
     let _ = rt.take_events();
     Ok(BenchResult {
         model: req.model.label(),
@@ -187,6 +190,7 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
         weights_bytes,
         peak_allocated_bytes: stats.allocated_peak,
         process_peak_bytes,
+        nvml_rate_hz,
         logits,
     })
 }

@@ -448,6 +448,9 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         r.pass_ms.iter().map(|v| (v * 100.0).round() / 100.0).collect::<Vec<_>>(),
         r.tflops, r.flops, r.weights_bytes, r.peak_allocated_bytes, r.process_peak_bytes
     );
+    if let Some(hz) = r.nvml_rate_hz {
+        println!("NVML sampler: {hz:.0} reads/s");
+    }
     if let Some(p) = &a.compare {
         let text = std::fs::read_to_string(p).map_err(|e| crate::Error::io(p, e))?;
         let v: serde_json::Value = serde_json::from_str(&text)

@@ -32,8 +32,17 @@ pub use nvml::NvmlSample;
 
 /// cuBLAS workspace, PyTorch's default on Hopper (`CUBLAS_WORKSPACE_CONFIG=:4096:8`).
 const CUBLAS_WORKSPACE_BYTES: u64 = 32 << 20;
-/// Bound on the attention score buffer (f32 scores of one chunk of query rows).
+/// Bound on the attention score buffer (f32 scores of one chunk of query rows);
+/// `VRAMSCOPE_ATTN_SCRATCH_MIB` changes it (fewer, larger chunks run faster).
 const ATTN_SCRATCH_BYTES: u64 = 64 << 20;
+
+fn attn_scratch_bound() -> u64 {
+    std::env::var("VRAMSCOPE_ATTN_SCRATCH_MIB")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&m| m > 0)
+        .map_or(ATTN_SCRATCH_BYTES, |m| m << 20)
+}
 
 pub struct CudaDevice {
     ordinal: usize,
@@ -481,6 +490,33 @@ impl CudaDevice {
         // C' = Cᵀ (n×m, column-major) = op(B)ᵀ·Aᵀ.
         // SAFETY: pointers are live device tensors and the leading dimensions match their
         // shapes (checked by the callers).
+        if g.batch == 1 {
+            let r = unsafe {
+                blas::gemm_ex(
+                    h,
+                    op_b,
+                    bsys::cublasOperation_t::CUBLAS_OP_N,
+                    g.n as i32,
+                    g.m as i32,
+                    g.k as i32,
+                    alpha,
+                    g.b as *const c_void,
+                    g.b_type,
+                    g.ldb as i32,
+                    g.a as *const c_void,
+                    g.a_type,
+                    g.lda as i32,
+                    beta,
+                    g.c as *mut c_void,
+                    g.c_type,
+                    g.ldc as i32,
+                    g.compute,
+                    bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            };
+            return r.map_err(|e| self.err("cuBLAS GEMM", e));
+        }
+        // SAFETY: as above, for each of the strided batches.
         let r = unsafe {
             blas::gemm_strided_batched_ex(
                 h,
@@ -595,7 +631,7 @@ impl CudaDevice {
         }
         let ld_max = max_len.div_ceil(8) * 8;
         let row_bytes = (kvh * ld_max * 4) as u64;
-        let chunk = ((ATTN_SCRATCH_BYTES / row_bytes) as usize / 16 * 16).clamp(16, ld_max);
+        let chunk = ((attn_scratch_bound() / row_bytes) as usize / 16 * 16).clamp(16, ld_max);
         let need = row_bytes * chunk as u64;
         if self.attn_scratch.is_none_or(|(_, b)| b < need) {
             if let Some((p, _)) = self.attn_scratch.take() {
@@ -639,7 +675,13 @@ impl CudaDevice {
                     })?;
                     let (ld64, rows32, keys32, q0) =
                         (ld as i64, rows as i32, keys as i32, r0 as i32);
-                    let f = self.func("softmax_causal", dt)?;
+                    // Up to 8192 keys the row fits in registers (one read of the scores).
+                    let name = if keys <= 256 * 32 {
+                        "softmax_causal_reg"
+                    } else {
+                        "softmax_causal"
+                    };
+                    let f = self.func(name, dt)?;
                     let cfg = LaunchConfig {
                         grid_dim: (rows as u32, kvh as u32, 1),
                         block_dim: (256, 1, 1),

@@ -99,6 +99,14 @@ impl Sampler {
         });
         let s = shared.clone();
         let pid = std::process::id();
+        // `VRAMSCOPE_NVML_INTERVAL_US` spaces the reads out (default: as fast as NVML answers,
+        // with a 200 µs pause).
+        let interval = Duration::from_micros(
+            std::env::var("VRAMSCOPE_NVML_INTERVAL_US")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(200),
+        );
         let thread = std::thread::Builder::new()
             .name("nvml-sampler".into())
             .spawn(move || {
@@ -119,7 +127,7 @@ impl Sampler {
                             process_used: p,
                         });
                     }
-                    std::thread::sleep(Duration::from_micros(200));
+                    std::thread::sleep(interval);
                 }
             })
             .ok();
