@@ -11,7 +11,14 @@ use vramscope::profile::{self, ProfileRequest};
 use vramscope::quant::Quant;
 use vramscope::Error;
 
-fn logits(model: &str, quant: Quant, device: &str, tokens: usize, seqs: usize, thr: f32) -> Vec<f32> {
+fn logits(
+    model: &str,
+    quant: Quant,
+    device: &str,
+    tokens: usize,
+    seqs: usize,
+    thr: f32,
+) -> Vec<f32> {
     let req = BenchRequest {
         model: ModelSource::parse(model).unwrap(),
         quant,
@@ -77,7 +84,10 @@ fn out_of_memory_is_an_error_and_leaves_free_memory_where_it_was() {
     let r = d.alloc_outside(before.total * 2);
     assert!(matches!(r, Err(Error::OutOfMemory { .. })), "{r:?}");
     let after = d.mem_info();
-    assert!(before.free.abs_diff(after.free) < 4 << 20, "{before:?} → {after:?}");
+    assert!(
+        before.free.abs_diff(after.free) < 4 << 20,
+        "{before:?} → {after:?}"
+    );
 }
 
 #[test]
@@ -126,12 +136,17 @@ fn an_allocation_too_big_fails_after_emptying_the_cache_and_frees_everything() {
     let d = Device::open(&DeviceSpec::Cuda { ordinal: 0 }).unwrap();
     let start = d.mem_info();
     let rt = Runtime::new(d, Arc::new(AtomicBool::new(false)), None);
-    let t = rt.reserve_bytes("cached", Category::Activation, 1 << 30).unwrap();
+    let t = rt
+        .reserve_bytes("cached", Category::Activation, 1 << 30)
+        .unwrap();
     drop(t);
     assert!(rt.stats().reserved >= 1 << 30, "the block stays cached");
     let r = rt.reserve_bytes("too-big", Category::Activation, start.total * 2);
     assert!(matches!(r, Err(Error::OutOfMemory { .. })), "{r:?}");
     assert_eq!(rt.stats().reserved, 0, "the retry emptied the cache");
     let end = rt.with_device(|d| d.mem_info());
-    assert!(start.free.abs_diff(end.free) < 4 << 20, "{start:?} → {end:?}");
+    assert!(
+        start.free.abs_diff(end.free) < 4 << 20,
+        "{start:?} → {end:?}"
+    );
 }

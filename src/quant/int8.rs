@@ -178,7 +178,11 @@ impl Int8Linear {
                     }
                 }
             } else if gpu {
-                rt.with_device(|d| d.cuda().expect("cuda").int8_transform_cxb(&self.cb, &mut cxb))?;
+                rt.with_device(|d| {
+                    d.cuda()
+                        .expect("cuda")
+                        .int8_transform_cxb(&self.cb, &mut cxb)
+                })?;
             }
             state.cxb = Some(cxb);
         }

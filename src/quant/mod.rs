@@ -69,6 +69,8 @@ pub struct Nf4Linear {
 }
 
 /// A linear layer with PyTorch's `[out_features, in_features]` weight.
+// Seven per decoder layer: the size difference costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Linear {
     Dense(Tensor),
     Int8(int8::Int8Linear),

@@ -114,8 +114,8 @@ fn site_packages() -> Vec<PathBuf> {
 fn open_global(path: &Path) -> Result<(), String> {
     use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
     // SAFETY: loading a CUDA library runs its initialisers, which only set up the library.
-    let lib = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }
-        .map_err(|e| e.to_string())?;
+    let lib =
+        unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }.map_err(|e| e.to_string())?;
     // Kept loaded for the life of the process, as cudarc keeps its own handles.
     std::mem::forget(lib);
     Ok(())

@@ -126,14 +126,21 @@ pub fn hold_memory_child(ordinal: usize, bytes: u64) -> Result<()> {
             println!("held {bytes}");
             let _ = std::io::stdout().flush();
             let mut sink = String::new();
-            while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
+            while std::io::stdin()
+                .read_line(&mut sink)
+                .map(|n| n > 0)
+                .unwrap_or(false)
+            {
                 sink.clear();
             }
             Ok(())
         }
         Err(e) => {
             println!("failed {e}");
-            Err(dev_err(ordinal, format!("could not hold {bytes} bytes: {e}")))
+            Err(dev_err(
+                ordinal,
+                format!("could not hold {bytes} bytes: {e}"),
+            ))
         }
     }
 }
@@ -410,7 +417,11 @@ impl CudaDevice {
             DType::F16 | DType::BF16 => Ok(t.dtype),
             other => Err(self.err(
                 "kernel",
-                format!("tensor {} is {}, expected f16 or bf16", t.name, other.name()),
+                format!(
+                    "tensor {} is {}, expected f16 or bf16",
+                    t.name,
+                    other.name()
+                ),
             )),
         }
     }
@@ -458,11 +469,7 @@ impl CudaDevice {
             blas::set_stream(h, self.stream.cu_stream() as _)
                 .map_err(|e| self.err("cuBLAS stream", e))?;
             if let Some(ws) = self.blas_workspace {
-                bsys::cublasSetWorkspace_v2(
-                    h,
-                    ws as *mut c_void,
-                    CUBLAS_WORKSPACE_BYTES as usize,
-                );
+                bsys::cublasSetWorkspace_v2(h, ws as *mut c_void, CUBLAS_WORKSPACE_BYTES as usize);
             }
         }
         self.blas = Some(h);
@@ -843,11 +850,7 @@ impl CudaDevice {
         let (rp, cp) = (cxb.shape[0] as i32, cxb.shape[1] as i32);
         let (src, dst) = (cb.cuda_ptr(), cxb.cuda_ptr());
         let f = self.func("cxb_transform", DType::I8)?;
-        self.launch(
-            f,
-            grid(cxb.numel() as u64),
-            &[&src, &dst, &n, &k, &rp, &cp],
-        )
+        self.launch(f, grid(cxb.numel() as u64), &[&src, &dst, &n, &k, &rp, &cp])
     }
 
     /// Outlier decomposition: `idx` (i64 columns), `subB [no, n]` from CB and SCB, and
@@ -864,11 +867,19 @@ impl CudaDevice {
         sub_a: &mut Tensor,
     ) -> Result<()> {
         let dt = self.half(x)?;
-        let bytes: Vec<u8> = cols.iter().flat_map(|&c| (c as i64).to_le_bytes()).collect();
+        let bytes: Vec<u8> = cols
+            .iter()
+            .flat_map(|&c| (c as i64).to_le_bytes())
+            .collect();
         self.upload_bytes(idx, &bytes)?;
         let (m, k) = (x.rows() as i32, x.cols() as i32);
         let (no, n) = (cols.len() as i32, cb.rows() as i32);
-        let (ip, cbp, scbp, sbp) = (idx.cuda_ptr(), cb.cuda_ptr(), scb.cuda_ptr(), sub_b.cuda_ptr());
+        let (ip, cbp, scbp, sbp) = (
+            idx.cuda_ptr(),
+            cb.cuda_ptr(),
+            scb.cuda_ptr(),
+            sub_b.cuda_ptr(),
+        );
         let f = self.func("sub_b", dt)?;
         self.launch(
             f,
@@ -877,7 +888,11 @@ impl CudaDevice {
         )?;
         let (xp, sap) = (x.cuda_ptr(), sub_a.cuda_ptr());
         let f = self.func("sub_a", dt)?;
-        self.launch(f, grid(sub_a.numel() as u64), &[&xp, &ip, &sap, &m, &no, &k])
+        self.launch(
+            f,
+            grid(sub_a.numel() as u64),
+            &[&xp, &ip, &sap, &m, &no, &k],
+        )
     }
 
     /// igemmlt: `out32 [m, n] = C32A [m, kp] · CxB [.., cp]ᵀ` in int8 with int32
@@ -948,7 +963,12 @@ impl CudaDevice {
     ) -> Result<()> {
         let dt = self.half(out)?;
         let (m, n) = (out.rows() as i32, out.cols() as i32);
-        let (ap, sp, bp, op) = (out32.cuda_ptr(), sca.cuda_ptr(), scb.cuda_ptr(), out.cuda_ptr());
+        let (ap, sp, bp, op) = (
+            out32.cuda_ptr(),
+            sca.cuda_ptr(),
+            scb.cuda_ptr(),
+            out.cuda_ptr(),
+        );
         let f = self.func("int8_dequant", dt)?;
         self.launch(f, grid(out.numel() as u64), &[&ap, &sp, &bp, &op, &m, &n])
     }

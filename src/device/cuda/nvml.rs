@@ -42,7 +42,8 @@ pub(crate) fn index_of(nvml: &Nvml, uuid: &[u8; 16]) -> Result<u32, String> {
     let dev = nvml
         .device_by_uuid(text.as_str())
         .map_err(|e| format!("NVML does not know the GPU {text}: {e}"))?;
-    dev.index().map_err(|e| format!("NVML index of {text}: {e}"))
+    dev.index()
+        .map_err(|e| format!("NVML index of {text}: {e}"))
 }
 
 /// What one read of NVML gives.
@@ -57,10 +58,12 @@ pub(crate) fn read(nvml: &Nvml, index: u32, pid: u32) -> Option<Reading> {
     let dev = nvml.device_by_index(index).ok()?;
     let mem = dev.memory_info().ok()?;
     let process_used = dev.running_compute_processes().ok().and_then(|ps| {
-        ps.iter().find(|p| p.pid == pid).and_then(|p| match p.used_gpu_memory {
-            UsedGpuMemory::Used(b) => Some(b),
-            UsedGpuMemory::Unavailable => None,
-        })
+        ps.iter()
+            .find(|p| p.pid == pid)
+            .and_then(|p| match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => Some(b),
+                UsedGpuMemory::Unavailable => None,
+            })
     });
     Some(Reading {
         device_used: mem.used,
