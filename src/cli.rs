@@ -50,6 +50,47 @@ pub enum Command {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Time forward passes on a device (GPU speed; logits for comparisons).
+    Bench(BenchArgs),
+    /// Internal: hold GPU memory in a separate process until stdin closes (--outside-before).
+    #[command(hide = true)]
+    HoldGpuMemory {
+        #[arg(long)]
+        ordinal: usize,
+        #[arg(long)]
+        bytes: u64,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[arg(long, default_value = "preset:llama-3-8b")]
+    pub model: String,
+    #[arg(long, default_value = "fp16", value_parser = ["fp16", "bf16", "int8", "nf4"])]
+    pub quant: String,
+    /// cuda:N, or sim:PRESET for the CPU reference.
+    #[arg(long, default_value = "cuda:0")]
+    pub device: String,
+    #[arg(long, default_value_t = 8192)]
+    pub tokens: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seqs: usize,
+    /// Timed passes (after one warm-up pass).
+    #[arg(long, default_value_t = 3)]
+    pub iters: u32,
+    /// Fast hash weights instead of the preset's seeded ones (speed only).
+    #[arg(long)]
+    pub fast_weights: bool,
+    #[arg(long, default_value_t = 0.0)]
+    pub int8_threshold: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the result and the last-token logits as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Compare the logits with those in this JSON (written by bench or gpu_reference.py).
+    #[arg(long, value_name = "FILE")]
+    pub compare: Option<PathBuf>,
 }
 
 fn size_arg(s: &str) -> std::result::Result<u64, String> {
@@ -168,6 +209,10 @@ pub fn main() -> i32 {
             dtype,
             seed,
         }) => cmd_gen(&preset, &dir, &dtype, seed),
+        Some(Command::Bench(args)) => cmd_bench(&args),
+        Some(Command::HoldGpuMemory { ordinal, bytes }) => {
+            device::cuda::hold_memory_child(ordinal, bytes)
+        }
     };
     match result {
         Ok(()) => 0,
@@ -381,5 +426,55 @@ fn cmd_gen(preset: &str, dir: &std::path::Path, dtype: &str, seed: u64) -> Resul
         files.weights.display(),
         files.config.display()
     );
+    Ok(())
+}
+
+fn cmd_bench(a: &BenchArgs) -> Result<()> {
+    let req = crate::bench::BenchRequest {
+        model: ModelSource::parse(&a.model)?,
+        quant: Quant::parse(&a.quant)?,
+        device: DeviceSpec::parse(&a.device)?,
+        tokens: a.tokens,
+        seqs: a.seqs,
+        iters: a.iters,
+        fast_weights: a.fast_weights,
+        int8_threshold: a.int8_threshold,
+        seed: a.seed,
+    };
+    let r = crate::bench::run(&req)?;
+    println!(
+        "{} {} on {}: {} tokens in {} seq(s); load {:.1} s; pass {:.2} ms median of {:?}; {:.1} TFLOP/s ({:.3e} FLOP); weights {} B; peak allocated {} B; process peak {} B",
+        r.model, r.quant, r.device, r.tokens, r.seqs, r.load_s, r.median_ms,
+        r.pass_ms.iter().map(|v| (v * 100.0).round() / 100.0).collect::<Vec<_>>(),
+        r.tflops, r.flops, r.weights_bytes, r.peak_allocated_bytes, r.process_peak_bytes
+    );
+    if let Some(hz) = r.nvml_rate_hz {
+        println!("NVML sampler: {hz:.0} reads/s");
+    }
+    if let Some(p) = &a.compare {
+        let text = std::fs::read_to_string(p).map_err(|e| crate::Error::io(p, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| crate::Error::model(p, format!("not JSON: {e}")))?;
+        let other: Vec<f32> = v["logits"]
+            .as_array()
+            .ok_or_else(|| crate::Error::model(p, "no \"logits\" array"))?
+            .iter()
+            .map(|x| x.as_f64().unwrap_or(f64::NAN) as f32)
+            .collect();
+        if other.len() != r.logits.len() {
+            return Err(crate::Error::model(
+                p,
+                format!("{} logits, this run has {}", other.len(), r.logits.len()),
+            ));
+        }
+        println!(
+            "relative L2 error against {}: {:.3e}",
+            p.display(),
+            crate::bench::relative_l2(&r.logits, &other)
+        );
+    }
+    if let Some(p) = &a.json {
+        crate::bench::write_json(&r, p, true)?;
+    }
     Ok(())
 }

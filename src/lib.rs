@@ -2,6 +2,7 @@
 //! budget formulas (old #9352 and new #9516, and the later ones) leave for the cache, against
 //! measured ground truth.
 
+pub mod bench;
 pub mod device;
 pub mod error;
 pub mod export;

@@ -83,6 +83,7 @@ impl Int8Linear {
         }
         rt.ensure_library_workspaces()?;
         let compute = rt.backend() == Backend::Cpu;
+        let gpu = rt.backend() == Backend::Cuda;
 
         // 1. F.double_quant(A): row- and column-wise int8 copies and their scales.
         rt.set_op("int8.double_quant");
@@ -92,7 +93,7 @@ impl Int8Linear {
             &[m, k],
             DType::I8,
         )?;
-        let cat = rt.tensor(
+        let mut cat = rt.tensor(
             format!("{name}.CAt"),
             Category::Activation,
             &[m, k],
@@ -104,13 +105,24 @@ impl Int8Linear {
             &[m],
             DType::F32,
         )?;
-        let scat = rt.tensor(
+        let mut scat = rt.tensor(
             format!("{name}.SCAt"),
             Category::Activation,
             &[k],
             DType::F32,
         )?;
-        let outliers: Vec<usize> = if compute && self.threshold > 0.0 {
+        let outliers: Vec<usize> = if gpu {
+            rt.with_device(|d| {
+                d.cuda().expect("cuda").int8_double_quant(
+                    x,
+                    self.threshold,
+                    &mut ca,
+                    &mut cat,
+                    &mut sca,
+                    &mut scat,
+                )
+            })?
+        } else if compute && self.threshold > 0.0 {
             let xs = x.f32();
             (0..k)
                 .filter(|&c| (0..m).any(|r| xs[r * k + c].abs() >= self.threshold))
@@ -165,6 +177,12 @@ impl Int8Linear {
                         dst[r * cp..r * cp + k].copy_from_slice(&cb[r * k..(r + 1) * k]);
                     }
                 }
+            } else if gpu {
+                rt.with_device(|d| {
+                    d.cuda()
+                        .expect("cuda")
+                        .int8_transform_cxb(&self.cb, &mut cxb)
+                })?;
             }
             state.cxb = Some(cxb);
         }
@@ -187,19 +205,27 @@ impl Int8Linear {
             }
             let mut sub_b =
                 rt.tensor(format!("{name}.subB"), Category::QuantState, &[no, n], act)?;
-            let (cb, scb) = (self.cb.i8(), self.scb.f32());
-            let sb = sub_b.f32_mut();
-            for (j, &c) in outliers.iter().enumerate() {
-                for r in 0..n {
-                    sb[j * n + r] = cb[r * k + c] as f32 * scb[r] / 127.0;
-                }
-            }
             let mut sa = rt.tensor(format!("{name}.subA"), Category::Activation, &[m, no], act)?;
-            let xs = x.f32();
-            let sav = sa.f32_mut();
-            for r in 0..m {
+            if gpu {
+                rt.with_device(|d| {
+                    d.cuda().expect("cuda").int8_outliers(
+                        x, &outliers, &self.cb, &self.scb, &mut idx, &mut sub_b, &mut sa,
+                    )
+                })?;
+            } else {
+                let (cb, scb) = (self.cb.i8(), self.scb.f32());
+                let sb = sub_b.f32_mut();
                 for (j, &c) in outliers.iter().enumerate() {
-                    sav[r * no + j] = xs[r * k + c];
+                    for r in 0..n {
+                        sb[j * n + r] = cb[r * k + c] as f32 * scb[r] / 127.0;
+                    }
+                }
+                let xs = x.f32();
+                let sav = sa.f32_mut();
+                for r in 0..m {
+                    for (j, &c) in outliers.iter().enumerate() {
+                        sav[r * no + j] = xs[r * k + c];
+                    }
                 }
             }
             state.idx = Some(idx);
@@ -214,7 +240,7 @@ impl Int8Linear {
             col_pad: 32,
         }
         .padded(m, k);
-        let c32a = rt.tensor(
+        let mut c32a = rt.tensor(
             format!("{name}.C32A"),
             Category::Activation,
             &[m, kp],
@@ -261,6 +287,18 @@ impl Int8Linear {
                 crate::device::cpu::matmul_nt(sa.f32(), &sbt, &mut extra, m, no, n);
                 crate::device::cpu::add_assign(out.f32_mut(), &extra);
             }
+        }
+        if gpu {
+            let cxb = state.cxb.as_ref().expect("CxB built above");
+            rt.with_device(|d| {
+                let c = d.cuda().expect("cuda");
+                c.int8_igemm(&ca, &mut c32a, cxb, &mut out32)?;
+                c.int8_dequant(&out32, &sca, &self.scb, &mut out)?;
+                match (&sub_a, &state.sub_b) {
+                    (Some(sa), Some(sb)) => c.int8_add_outliers(sa, sb, &mut out),
+                    _ => Ok(()),
+                }
+            })?;
         }
         drop((c32a, out32, cat, scat, sca, ca, sub_a));
         Ok(out)

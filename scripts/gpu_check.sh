@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# All GPU checks of the CUDA backend, batched for one device call each.
+#   scripts/gpu_check.sh DIR correctness|speed|profile OUTDIR
+# DIR holds the release binary `vramscope`, the ignored-test binary `cuda-tests` and
+# gpu_reference.py. Everything is logged to OUTDIR/log.txt; JSON reports go beside it.
+set -u
+G=$1
+PHASE=$2
+O=$3
+B=$G/vramscope
+export PYTHONUNBUFFERED=1
+log() { echo "=== $* ($(date -u +%H:%M:%S))" | tee -a "$O/log.txt"; }
+run() { log "$*"; "$@" </dev/null 2>&1 | tee -a "$O/log.txt"; }
+
+case $PHASE in
+correctness)
+  run nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
+  run "$B" devices
+  if [ -x "$G/cuda-tests" ]; then run "$G/cuda-tests" --ignored --test-threads 1; fi
+  # GPU against the CPU compute mode, same seeded weights
+  while read -r m q t s thr; do
+    run "$B" bench --model "$m" --quant "$q" --device sim:h100-80gb --tokens "$t" --seqs "$s" --iters 0 --int8-threshold "$thr" --json /tmp/cpu.json
+    run "$B" bench --model "$m" --quant "$q" --device cuda:0 --tokens "$t" --seqs "$s" --iters 1 --int8-threshold "$thr" --compare /tmp/cpu.json
+  done <<LIST
+preset:tiny fp16 100 3 0
+preset:smollm2-135m fp16 96 2 0
+preset:tiny bf16 100 3 0
+preset:tiny int8 100 3 1.0
+preset:tiny int8 100 3 0
+preset:tiny nf4 100 3 0
+LIST
+  for m in tiny smollm2-135m; do
+    run "$B" gen-model "$m" "/tmp/$m"
+    run "$B" bench --model "/tmp/$m" --device cuda:0 --tokens 100 --iters 1 --json "/tmp/$m.vs.json"
+    run python3 "$G/gpu_reference.py" logits --model "/tmp/$m" --tokens 100 --json "/tmp/$m.pt.json"
+    run python3 "$G/gpu_reference.py" compare "/tmp/$m.vs.json" "/tmp/$m.pt.json"
+  done
+  ;;
+speed)
+  run python3 "$G/gpu_reference.py" bench --preset llama-3-8b --tokens 8192 --dtype fp16 --iters 3 --json "$O/pt-bench.json"
+  for q in fp16 int8 nf4; do
+    run "$B" bench --model preset:llama-3-8b --fast-weights --quant $q --device cuda:0 --tokens 8192 --iters 3
+  done
+  ;;
+profile)
+  if [ -x "$G/cuda-tests" ]; then run "$G/cuda-tests" --ignored --test-threads 1; fi
+  run "$B" bench --model preset:llama-3-8b --fast-weights --quant fp16 --device cuda:0 --tokens 8192 --iters 3
+  for d in cuda:0 sim:h200-141gb:dry; do
+    run "$B" profile --model preset:smollm2-135m --quant fp16 --device $d --tokens 8192 --json "$O/smol-fp16-${d%%:*}.json"
+  done
+  # Out of memory inside a pass: another process holds all but ~3 GiB, the pass wants 4 GiB.
+  run nvidia-smi --query-gpu=memory.used,memory.free --format=csv
+  FREE=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
+  HOLD=$(( FREE - 3072 - 1100 ))MiB
+  run "$B" profile --model synthetic:1GiB:4GiB --device cuda:0 --util 0.3 --outside-before "$HOLD"
+  run nvidia-smi --query-gpu=memory.used,memory.free --format=csv
+  run "$B" profile --model preset:llama-3-8b --quant int8 --device sim:h200-141gb:dry --tokens 8192 --json "$O/dry-int8.json"
+  run "$B" profile --model preset:llama-3-8b --quant int8 --device cuda:0 --tokens 8192 --json "$O/profile-int8.json"
+  ;;
+speed-ab)
+  # What the fp16 pass time depends on: the attention buffer bound and the NVML sampler.
+  if [ -x "$G/cuda-tests" ]; then run "$G/cuda-tests" --ignored --test-threads 1; fi
+  run "$B" bench --model preset:llama-3-8b --fast-weights --quant fp16 --device cuda:0 --tokens 8192 --iters 3
+  run env VRAMSCOPE_NVML_INTERVAL_US=200000 "$B" bench --model preset:llama-3-8b --fast-weights --quant fp16 --device cuda:0 --tokens 8192 --iters 3
+  run env VRAMSCOPE_ATTN_SCRATCH_MIB=1024 "$B" bench --model preset:llama-3-8b --fast-weights --quant fp16 --device cuda:0 --tokens 8192 --iters 3
+  run "$B" bench --model preset:llama-3-8b --fast-weights --quant bf16 --device cuda:0 --tokens 8192 --iters 3
+  ;;
+esac

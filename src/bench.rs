@@ -1,0 +1,277 @@
+//! `vramscope bench`: times forward passes of a model on one device (a GPU, or the simulated
+//! device in compute mode for a reference), and can write the last token's logits so two
+//! devices — or PyTorch (scripts/gpu_reference.py) — can be compared on the same weights.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::device::{Device, DeviceSpec};
+use crate::error::{Error, Result};
+use crate::model::config::ModelConfig;
+use crate::model::llama::{Batch, LlamaModel, LoadOptions};
+use crate::model::weights::WeightSource;
+use crate::model::{self, ModelSource};
+use crate::ops;
+use crate::quant::Quant;
+use crate::runtime::Runtime;
+
+#[derive(Clone, Debug)]
+pub struct BenchRequest {
+    pub model: ModelSource,
+    pub quant: Quant,
+    pub device: DeviceSpec,
+    pub tokens: usize,
+    pub seqs: usize,
+    /// Timed passes after one warm-up pass.
+    pub iters: u32,
+    /// Fast hash-based weights instead of the preset's seeded ones (speed runs only: the
+    /// values do not change the work).
+    pub fast_weights: bool,
+    pub int8_threshold: f32,
+    pub seed: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchResult {
+    pub model: String,
+    pub quant: String,
+    pub device: String,
+    pub tokens: usize,
+    pub seqs: usize,
+    pub load_s: f64,
+    /// Wall time of each timed pass (synchronized), milliseconds.
+    pub pass_ms: Vec<f64>,
+    pub median_ms: f64,
+    /// Model FLOPs of one pass (linear layers, causal attention, lm_head on the last tokens).
+    pub flops: f64,
+    pub tflops: f64,
+    pub weights_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub process_peak_bytes: u64,
+    /// Reads per second the NVML sampler thread reached (GPU only).
+    pub nvml_rate_hz: Option<f64>,
+    /// Last-token logits of every sequence, from the last pass, `[seqs, vocab]`.
+    #[serde(skip)]
+    pub logits: Vec<f32>,
+}
+
+/// Seeded hash values with the spread of the synthetic weights (std about 0.02; norms near 1),
+/// generated on all cores.
+struct FastWeights {
+    seed: u64,
+}
+
+impl WeightSource for FastWeights {
+    fn origin(&self) -> String {
+        format!("fast hash weights (seed {})", self.seed)
+    }
+
+    fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let n: usize = shape.iter().product();
+        let norm = name.ends_with("norm.weight");
+        let salt = name
+            .bytes()
+            .fold(self.seed ^ 0x9e37_79b9_7f4a_7c15, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+            });
+        let mut out = vec![0f32; n];
+        let threads = std::thread::available_parallelism().map_or(4, |p| p.get());
+        let per = n.div_ceil(threads).max(1 << 16);
+        std::thread::scope(|s| {
+            for (ci, chunk) in out.chunks_mut(per).enumerate() {
+                s.spawn(move || {
+                    for (i, v) in chunk.iter_mut().enumerate() {
+                        let mut h = ((ci * per + i) as u64) ^ salt;
+                        h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+                        h = (h ^ (h >> 33)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+                        let u = ((h >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.069;
+                        *v = if norm { 1.0 + u } else { u };
+                    }
+                });
+            }
+        });
+        Ok(out)
+    }
+}
+
+/// FLOPs of one forward pass as vLLM's profile run does it.
+pub fn forward_flops(cfg: &ModelConfig, seq_lens: &[usize]) -> f64 {
+    let t: f64 = seq_lens.iter().sum::<usize>() as f64;
+    let (h, i, q, kv) = (
+        cfg.hidden_size as f64,
+        cfg.intermediate_size as f64,
+        cfg.q_dim() as f64,
+        cfg.kv_dim() as f64,
+    );
+    let linear = h * q + 2.0 * h * kv + q * h + 3.0 * h * i;
+    let causal_pairs: f64 = seq_lens
+        .iter()
+        .map(|&n| n as f64 * (n as f64 + 1.0) / 2.0)
+        .sum();
+    let attn = 2.0 * 2.0 * cfg.num_heads as f64 * cfg.head_dim as f64 * causal_pairs;
+    let layers = cfg.num_layers as f64;
+    layers * (2.0 * t * linear + attn) + 2.0 * seq_lens.len() as f64 * h * cfg.vocab_size as f64
+}
+
+pub fn run(req: &BenchRequest) -> Result<BenchResult> {
+    if req.tokens == 0 || req.seqs == 0 || req.seqs > req.tokens {
+        return Err(Error::Request(format!(
+            "--tokens {} and --seqs {} must satisfy 1 ≤ seqs ≤ tokens",
+            req.tokens, req.seqs
+        )));
+    }
+    if let DeviceSpec::Sim { dry: true, .. } = req.device {
+        return Err(Error::Request(
+            "bench needs a device that computes: cuda:N or sim:PRESET (compute mode)".into(),
+        ));
+    }
+    let opened = model::open(&req.model, req.seed)?;
+    let device = Device::open(&req.device)?;
+    let device_name = device.info().name;
+    let layout = device.int8_tile_layout();
+    let rt = Runtime::new(device, Arc::new(AtomicBool::new(false)), None);
+    let fast = FastWeights { seed: req.seed };
+    let src: &dyn WeightSource = if req.fast_weights {
+        &fast
+    } else {
+        opened.source.as_ref()
+    };
+    let t_load = Instant::now();
+    let opts = LoadOptions {
+        quant: req.quant,
+        int8_threshold: req.int8_threshold,
+        int8_layout: layout,
+    };
+    let model = LlamaModel::load(&rt, &opened.config, src, &opts)?;
+    rt.synchronize()?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let weights_bytes = model.weight_bytes();
+    let batch = Batch::dummy(req.tokens, req.seqs, opened.config.vocab_size);
+    rt.reset_peak();
+    rt.reset_process_peak();
+    let mut pass_ms = Vec::new();
+    let mut logits = Vec::new();
+    for it in 0..=req.iters {
+        rt.set_pass(it + 1);
+        let start = Instant::now();
+        let out = model.forward(&rt, &batch)?;
+        rt.synchronize()?;
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        if it > 0 {
+            pass_ms.push(ms);
+        }
+        if it == req.iters {
+            logits = ops::read_f32(&rt, &out)?.unwrap_or_default();
+        }
+    }
+    let mut sorted = pass_ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median_ms = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
+    let flops = forward_flops(&opened.config, &batch.seq_lens);
+    let stats = rt.stats();
+    let process_peak_bytes = rt.process_peak();
+    let nvml_rate_hz = rt.with_device(|d| d.cuda().map(|c| c.nvml_samples().1));
+    let _ = rt.take_events();
+    Ok(BenchResult {
+        model: req.model.label(),
+        quant: req.quant.label().into(),
+        device: format!("{} ({device_name})", req.device),
+        tokens: req.tokens,
+        seqs: req.seqs,
+        load_s,
+        pass_ms,
+        median_ms,
+        flops,
+        tflops: flops / (median_ms * 1e-3) / 1e12,
+        weights_bytes,
+        peak_allocated_bytes: stats.allocated_peak,
+        process_peak_bytes,
+        nvml_rate_hz,
+        logits,
+    })
+}
+
+/// Writes the result (and the logits) as JSON.
+pub fn write_json(r: &BenchResult, path: &Path, with_logits: bool) -> Result<()> {
+    let mut v = serde_json::to_value(r).map_err(|e| Error::Export {
+        path: path.to_path_buf(),
+        problem: e.to_string(),
+    })?;
+    if with_logits {
+        v["logits"] = serde_json::json!(r.logits);
+    }
+    let text = serde_json::to_string_pretty(&v).map_err(|e| Error::Export {
+        path: path.to_path_buf(),
+        problem: e.to_string(),
+    })?;
+    std::fs::write(path, text).map_err(|e| Error::io(PathBuf::from(path), e))
+}
+
+/// Relative L2 error ‖a − b‖ / ‖b‖.
+pub fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += (*x as f64 - *y as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama_3_8b_forward_flops_at_8192_tokens() {
+        let cfg = crate::model::presets::preset("llama-3-8b").unwrap();
+        let f = forward_flops(&cfg, &[8192]);
+        // 2·T·(linear params) = 1.143e14; causal attention adds 1.76e13, lm_head 1.05e9.
+        let linear =
+            2.0 * 8192.0 * 32.0 * (4096.0 * 6144.0 + 4096.0 * 4096.0 + 3.0 * 4096.0 * 14336.0);
+        let attn = 32.0 * 4.0 * 4096.0 * 8192.0 * 8193.0 / 2.0;
+        let head = 2.0 * 4096.0 * 128256.0;
+        assert!((f / (linear + attn + head) - 1.0).abs() < 1e-12);
+        assert!((f / 1e12 - 131.94).abs() < 0.01, "{}", f / 1e12);
+    }
+
+    #[test]
+    fn fast_weights_have_the_synthetic_spread() {
+        let w = FastWeights { seed: 1 }
+            .read_f32("model.layers.0.mlp.up_proj.weight", &[256, 1024])
+            .unwrap();
+        let mean = w.iter().sum::<f32>() / w.len() as f32;
+        let var = w.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / w.len() as f32;
+        assert!(mean.abs() < 1e-3, "{mean}");
+        assert!((var.sqrt() - 0.02).abs() < 1e-3, "{}", var.sqrt());
+    }
+
+    #[test]
+    fn bench_refuses_a_dry_device() {
+        let req = BenchRequest {
+            model: ModelSource::Preset {
+                name: "tiny".into(),
+            },
+            quant: Quant::F16,
+            device: DeviceSpec::Sim {
+                preset: "h100-80gb".into(),
+                dry: true,
+            },
+            tokens: 4,
+            seqs: 1,
+            iters: 1,
+            fast_weights: false,
+            int8_threshold: 0.0,
+            seed: 0,
+        };
+        assert!(matches!(run(&req), Err(Error::Request(_))));
+    }
+
+    #[test]
+    fn relative_error_of_a_scaled_copy() {
+        assert!((relative_l2(&[1.1, 2.2], &[1.0, 2.0]) - 0.1).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,353 @@
+//! The elementwise, normalization, quantization and softmax kernels, compiled with NVRTC when
+//! the device opens. No CUDA headers are included (users often have none): 16-bit values are
+//! `unsigned short` converted with PTX `cvt`, so the same source builds with CUDA 12 and 13.
+//! Every kernel comes in an `_f16` and a `_bf16` flavour (`T16` below).
+
+/// Names of the kernels instantiated for both 16-bit types.
+pub(crate) const TYPED: &[&str] = &[
+    "embedding",
+    "rms_norm",
+    "add_bias",
+    "rope",
+    "add_assign",
+    "silu_mul",
+    "to_f32",
+    "from_f32",
+    "softmax_causal",
+    "softmax_causal_reg",
+    "nf4_dequant",
+    "col_absmax",
+    "row_quant",
+    "col_quant",
+    "sub_b",
+    "sub_a",
+    "int8_dequant",
+];
+
+/// Kernels with no 16-bit operand.
+pub(crate) const UNTYPED: &[&str] = &["cxb_transform", "pad_copy_i8", "igemm_i8", "fill_random"];
+
+pub(crate) const SOURCE: &str = r#"
+typedef unsigned short u16;
+typedef unsigned char u8;
+typedef signed char i8;
+
+struct F16 {
+  static __device__ __forceinline__ float ld(u16 h) { float f; asm("{cvt.f32.f16 %0, %1;}" : "=f"(f) : "h"(h)); return f; }
+  static __device__ __forceinline__ u16 st(float f) { u16 h; asm("{cvt.rn.f16.f32 %0, %1;}" : "=h"(h) : "f"(f)); return h; }
+};
+struct BF16 {
+  static __device__ __forceinline__ float ld(u16 h) { return __uint_as_float(((unsigned)h) << 16); }
+  static __device__ __forceinline__ u16 st(float f) {
+    // round to nearest even, NaN kept quiet (the same as cvt.rn.bf16.f32, which needs sm_80)
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+  }
+};
+
+__device__ __forceinline__ float block_sum(float v, float* sh) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  __syncthreads();
+  if (l == 0) sh[w] = v;
+  __syncthreads();
+  int nw = (blockDim.x + 31) >> 5;
+  float r = 0.f;
+  for (int i = 0; i < nw; i++) r += sh[i];
+  return r;
+}
+__device__ __forceinline__ float block_max(float v, float* sh) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  __syncthreads();
+  if (l == 0) sh[w] = v;
+  __syncthreads();
+  int nw = (blockDim.x + 31) >> 5;
+  float r = -3.0e38f;
+  for (int i = 0; i < nw; i++) r = fmaxf(r, sh[i]);
+  return r;
+}
+
+// out[r, :] = table[ids[r], :]  (also the gather of the last token of each sequence)
+template <class T> __device__ void embedding(const unsigned* ids, const u16* table, u16* out, long long cols) {
+  long long r = blockIdx.x;
+  const u16* src = table + (long long)ids[r] * cols;
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x) out[r * cols + c] = src[c];
+}
+
+// Hugging Face LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) in f32, rounded, times the weight.
+template <class T> __device__ void rms_norm(const u16* x, const u16* w, u16* out, int cols, float eps) {
+  __shared__ float sh[32];
+  const u16* row = x + (long long)blockIdx.x * cols;
+  float s = 0.f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) { float v = T::ld(row[c]); s += v * v; }
+  s = block_sum(s, sh);
+  float inv = rsqrtf(s / cols + eps);
+  u16* o = out + (long long)blockIdx.x * cols;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x)
+    o[c] = T::st(T::ld(w[c]) * T::ld(T::st(T::ld(row[c]) * inv)));
+}
+
+template <class T> __device__ void add_bias(u16* x, const u16* b, long long n, int cols) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    x[i] = T::st(T::ld(x[i]) + T::ld(b[i % cols]));
+}
+
+// Rotate-half RoPE (Hugging Face Llama): pairs (i, i + d/2) of each head, angle pos * theta^(-2i/d).
+template <class T> __device__ void rope(u16* x, const int* pos, int heads, int hd, float theta) {
+  long long t = blockIdx.x;
+  int half = hd / 2;
+  float p = (float)pos[t];
+  for (int j = threadIdx.x; j < heads * half; j += blockDim.x) {
+    int h = j / half, i = j % half;
+    float inv = powf(theta, -(float)(2 * i) / (float)hd);
+    float s, c;
+    sincosf(p * inv, &s, &c);
+    u16* base = x + (t * heads + h) * hd;
+    float a = T::ld(base[i]), b = T::ld(base[i + half]);
+    base[i] = T::st(a * c - b * s);
+    base[i + half] = T::st(b * c + a * s);
+  }
+}
+
+template <class T> __device__ void add_assign(u16* x, const u16* y, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    x[i] = T::st(T::ld(x[i]) + T::ld(y[i]));
+}
+
+// SiLU(gate) * up, the activation rounded to the dtype first as PyTorch does.
+template <class T> __device__ void silu_mul(u16* g, const u16* u, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    float a = T::ld(g[i]);
+    g[i] = T::st(T::ld(T::st(a / (1.f + __expf(-a)))) * T::ld(u[i]));
+  }
+}
+
+template <class T> __device__ void to_f32(const u16* x, float* out, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    out[i] = T::ld(x[i]);
+}
+
+template <class T> __device__ void from_f32(const float* x, u16* out, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    out[i] = T::st(x[i]);
+}
+
+// Causal softmax of pre-scaled f32 scores, rewritten in place as 16-bit probabilities.
+// Row r of batch b holds the scores of query position q0 + r against keys [0, keys); keys
+// after the query get probability 0. The 16-bit row starts at the same address as the f32
+// row, so element j overwrites f32 element j/2: each step reads a whole stripe before any
+// thread writes it.
+template <class T> __device__ void softmax_causal(float* s, long long ld, int rows, int keys, int q0) {
+  __shared__ float sh[32];
+  long long row = (long long)blockIdx.y * rows + blockIdx.x;
+  float* x = s + row * ld;
+  u16* p = (u16*)x;
+  int q = q0 + blockIdx.x;
+  int valid = q + 1 < keys ? q + 1 : keys;
+  float m = -3.0e38f;
+  for (int j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, x[j]);
+  m = block_max(m, sh);
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < valid; j += blockDim.x) sum += __expf(x[j] - m);
+  sum = block_sum(sum, sh);
+  float inv = 1.f / sum;
+  for (int j0 = 0; j0 < keys; j0 += blockDim.x) {
+    int j = j0 + threadIdx.x;
+    float v = (j < valid) ? __expf(x[j] - m) * inv : 0.f;
+    __syncthreads();
+    if (j < keys) p[j] = T::st(v);
+  }
+}
+
+// The same with the whole row in registers (keys <= 256 * VPT): one read of the scores
+// instead of three. All reads finish at a barrier before any 16-bit write.
+template <class T, int VPT> __device__ void softmax_reg_impl(float* s, long long ld, int rows, int keys, int q0) {
+  __shared__ float sh[32];
+  long long row = (long long)blockIdx.y * rows + blockIdx.x;
+  float* x = s + row * ld;
+  u16* p = (u16*)x;
+  int q = q0 + blockIdx.x;
+  int valid = q + 1 < keys ? q + 1 : keys;
+  float v[VPT];
+  float m = -3.0e38f;
+#pragma unroll
+  for (int i = 0; i < VPT; i++) {
+    int j = i * blockDim.x + threadIdx.x;
+    v[i] = j < valid ? x[j] : -3.0e38f;
+    m = fmaxf(m, v[i]);
+  }
+  m = block_max(m, sh);
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; i++) {
+    int j = i * blockDim.x + threadIdx.x;
+    v[i] = j < valid ? __expf(v[i] - m) : 0.f;
+    sum += v[i];
+  }
+  sum = block_sum(sum, sh);
+  float inv = 1.f / sum;
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < VPT; i++) {
+    int j = i * blockDim.x + threadIdx.x;
+    if (j < keys) p[j] = T::st(v[i] * inv);
+  }
+}
+
+__constant__ float NF4[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+  -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f, 0.07958029955625534f,
+  0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f, 0.44070982933044434f,
+  0.5626170039176941f, 0.7229568362236023f, 1.0f};
+
+// bitsandbytes dequantize_4bit: first weight of a byte in the high nibble, blocks of 64.
+template <class T> __device__ void nf4_dequant(const u8* packed, const float* absmax, u16* out, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    u8 b = packed[i >> 1];
+    int q = (i & 1) ? (b & 15) : (b >> 4);
+    out[i] = T::st(NF4[q] * absmax[i >> 6]);
+  }
+}
+
+// Column absmax of x [m, k] (double_quant's column statistics, SCAt); scat starts at 0.
+template <class T> __device__ void col_absmax(const u16* x, float* scat, int m, int k) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= k) return;
+  int r0 = blockIdx.y * 256, r1 = min(m, r0 + 256);
+  float v = 0.f;
+  for (int r = r0; r < r1; r++) v = fmaxf(v, fabsf(T::ld(x[(long long)r * k + c])));
+  atomicMax((int*)&scat[c], __float_as_int(v));
+}
+
+// Row-wise int8 of x without its outlier columns (scat[c] >= threshold when threshold > 0).
+template <class T> __device__ void row_quant(const u16* x, const float* scat, float thr, i8* ca, float* sca, int k) {
+  __shared__ float sh[32];
+  long long r = blockIdx.x;
+  const u16* row = x + r * k;
+  float m = 0.f;
+  for (int c = threadIdx.x; c < k; c += blockDim.x) {
+    bool out = thr > 0.f && scat[c] >= thr;
+    if (!out) m = fmaxf(m, fabsf(T::ld(row[c])));
+  }
+  m = block_max(m, sh);
+  if (threadIdx.x == 0) sca[r] = m;
+  float s = m > 0.f ? 127.f / m : 0.f;
+  for (int c = threadIdx.x; c < k; c += blockDim.x) {
+    bool out = thr > 0.f && scat[c] >= thr;
+    ca[r * k + c] = out ? 0 : (i8)rintf(T::ld(row[c]) * s);
+  }
+}
+
+// Column-wise int8 copy of x (double_quant's CAt).
+template <class T> __device__ void col_quant(const u16* x, const float* scat, i8* cat, long long n, int k) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    float a = scat[i % k];
+    cat[i] = a > 0.f ? (i8)rintf(T::ld(x[i]) * 127.f / a) : 0;
+  }
+}
+
+// subB [no, n]: the outlier columns of the dequantized weight.
+template <class T> __device__ void sub_b(const i8* cb, const float* scb, const long long* idx, u16* sb, int no, int n, int k) {
+  long long total = (long long)no * n;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+    int j = i / n, r = i % n;
+    sb[i] = T::st((float)cb[(long long)r * k + idx[j]] * scb[r] / 127.f);
+  }
+}
+
+// subA [m, no]: the outlier columns of the input.
+template <class T> __device__ void sub_a(const u16* x, const long long* idx, u16* sa, int m, int no, int k) {
+  long long total = (long long)m * no;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+    int r = i / no, j = i % no;
+    sa[i] = x[(long long)r * k + idx[j]];
+  }
+}
+
+// mm_dequant: int32 accumulators back to 16 bits with the row and weight scales.
+template <class T> __device__ void int8_dequant(const int* acc, const float* sca, const float* scb, u16* out, int m, int n) {
+  long long total = (long long)m * n;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+    int r = i / n, c = i % n;
+    out[i] = T::st((float)acc[i] * sca[r] * scb[c] * (1.f / (127.f * 127.f)));
+  }
+}
+
+#define INST(NAME, SIG, ARGS) \
+  extern "C" __global__ void NAME##_f16 SIG { NAME<F16> ARGS; } \
+  extern "C" __global__ void NAME##_bf16 SIG { NAME<BF16> ARGS; }
+
+// Rows of up to 256 * 32 keys held in registers.
+template <class T> __device__ void softmax_causal_reg(float* s, long long ld, int rows, int keys, int q0) {
+  softmax_reg_impl<T, 32>(s, ld, rows, keys, q0);
+}
+
+INST(embedding, (const unsigned* ids, const u16* t, u16* o, long long cols), (ids, t, o, cols))
+INST(rms_norm, (const u16* x, const u16* w, u16* o, int cols, float eps), (x, w, o, cols, eps))
+INST(add_bias, (u16* x, const u16* b, long long n, int cols), (x, b, n, cols))
+INST(rope, (u16* x, const int* pos, int heads, int hd, float theta), (x, pos, heads, hd, theta))
+INST(add_assign, (u16* x, const u16* y, long long n), (x, y, n))
+INST(silu_mul, (u16* g, const u16* u, long long n), (g, u, n))
+INST(to_f32, (const u16* x, float* o, long long n), (x, o, n))
+INST(from_f32, (const float* x, u16* o, long long n), (x, o, n))
+INST(softmax_causal, (float* s, long long ld, int rows, int keys, int q0), (s, ld, rows, keys, q0))
+INST(softmax_causal_reg, (float* s, long long ld, int rows, int keys, int q0), (s, ld, rows, keys, q0))
+INST(nf4_dequant, (const u8* p, const float* a, u16* o, long long n), (p, a, o, n))
+INST(col_absmax, (const u16* x, float* s, int m, int k), (x, s, m, k))
+INST(row_quant, (const u16* x, const float* s, float thr, i8* ca, float* sca, int k), (x, s, thr, ca, sca, k))
+INST(col_quant, (const u16* x, const float* s, i8* cat, long long n, int k), (x, s, cat, n, k))
+INST(sub_b, (const i8* cb, const float* scb, const long long* idx, u16* sb, int no, int n, int k), (cb, scb, idx, sb, no, n, k))
+INST(sub_a, (const u16* x, const long long* idx, u16* sa, int m, int no, int k), (x, idx, sa, m, no, k))
+INST(int8_dequant, (const int* acc, const float* sca, const float* scb, u16* o, int m, int n), (acc, sca, scb, o, m, n))
+
+// CxB: CB [n, k] copied into its padded tile layout [rp, cp], padding zeroed.
+extern "C" __global__ void cxb_transform(const i8* cb, i8* cxb, int n, int k, int rp, int cp) {
+  long long total = (long long)rp * cp;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+    int r = i / cp, c = i % cp;
+    cxb[i] = (r < n && c < k) ? cb[(long long)r * k + c] : 0;
+  }
+}
+
+// A [m, k] into its column-padded copy [m, kp] (C32A), padding zeroed.
+extern "C" __global__ void pad_copy_i8(const i8* a, i8* out, int m, int k, int kp) {
+  long long total = (long long)m * kp;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+    int r = i / kp, c = i % kp;
+    out[i] = c < k ? a[(long long)r * k + c] : 0;
+  }
+}
+
+// Fallback int8 GEMM (used only when cuBLAS refuses int8): acc[m, n] = A[m, kp] . B[n, kp]^T
+// with int32 accumulation, 32x32 tiles, four bytes at a time through dp4a.
+extern "C" __global__ void igemm_i8(const i8* a, const i8* b, int* acc, int m, int n, int kp) {
+  __shared__ int as[32][9];
+  __shared__ int bs[32][9];
+  int tx = threadIdx.x, ty = threadIdx.y;
+  int row = blockIdx.y * 32 + ty, col = blockIdx.x * 32 + tx;
+  int s = 0;
+  for (int k0 = 0; k0 < kp; k0 += 32) {
+    if (tx < 8) {
+      as[ty][tx] = (row < m) ? ((const int*)(a + (long long)row * kp + k0))[tx] : 0;
+      int brow = blockIdx.x * 32 + ty;
+      bs[ty][tx] = (brow < n) ? ((const int*)(b + (long long)brow * kp + k0))[tx] : 0;
+    }
+    __syncthreads();
+    for (int w = 0; w < 8; w++) s = __dp4a(as[ty][w], bs[tx][w], s);
+    __syncthreads();
+  }
+  if (row < m && col < n) acc[(long long)row * n + col] = s;
+}
+
+// Deterministic small weights for the benchmark (values do not change its speed).
+extern "C" __global__ void fill_random(u16* out, long long n, unsigned seed, int bf) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u ^ seed;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+    float v = ((float)(h & 0xffff) / 65535.f - 0.5f) * 0.04f;
+    out[i] = bf ? BF16::st(v) : F16::st(v);
+  }
+}
+"#;

@@ -1,0 +1,1221 @@
+//! CUDA backend: cudarc (driver, NVRTC, cuBLAS) loaded at run time, NVML for ground truth.
+//! Framework segments and memory outside the framework are plain `cuMemAlloc`s; tensors are
+//! views into segments. GEMMs run in cuBLAS (16-bit with f32 accumulation, int8 with int32
+//! accumulation); everything else in the NVRTC kernels of `kernels.rs`. All work goes to the
+//! legacy default stream, so host copies and frees are ordered after the kernels before them.
+
+mod kernels;
+mod loader;
+mod nvml;
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::cublas::{result as blas, sys as bsys};
+use cudarc::driver::{
+    result as drv, sys as dsys, CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig,
+    PushKernelArg,
+};
+
+use super::{DeviceInfo, DeviceListing, MemInfo, OutsideAlloc};
+use crate::error::{Error, Result};
+use crate::memory::SegmentHandle;
+use crate::model::config::ModelConfig;
+use crate::quant::Nf4Linear;
+use crate::tensor::{DType, Tensor};
+pub use nvml::NvmlSample;
+
+/// cuBLAS workspace, PyTorch's default on Hopper (`CUBLAS_WORKSPACE_CONFIG=:4096:8`).
+const CUBLAS_WORKSPACE_BYTES: u64 = 32 << 20;
+/// Bound on the attention score buffer (f32 scores of one chunk of query rows);
+/// `VRAMSCOPE_ATTN_SCRATCH_MIB` changes it (fewer, larger chunks run faster).
+const ATTN_SCRATCH_BYTES: u64 = 64 << 20;
+
+fn attn_scratch_bound() -> u64 {
+    std::env::var("VRAMSCOPE_ATTN_SCRATCH_MIB")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&m| m > 0)
+        .map_or(ATTN_SCRATCH_BYTES, |m| m << 20)
+}
+
+pub struct CudaDevice {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    funcs: HashMap<String, CudaFunction>,
+    blas: Option<bsys::cublasHandle_t>,
+    blas_workspace: Option<u64>,
+    workspace_pending: Cell<bool>,
+    name: String,
+    total: u64,
+    cc: (i32, i32),
+    nvml: Arc<nvml_wrapper::Nvml>,
+    nvml_index: u32,
+    used_before: u64,
+    per_process: bool,
+    sampler: nvml::Sampler,
+    outside: HashMap<u64, (u64, u64)>,
+    next_id: u64,
+    segments: HashMap<u64, u64>,
+    staging: Option<(u64, u64)>,
+    attn_scratch: Option<(u64, u64)>,
+    foreign: Vec<Child>,
+}
+
+fn dev_err(ordinal: usize, problem: impl Into<String>) -> Error {
+    Error::Device {
+        spec: format!("cuda:{ordinal}"),
+        problem: problem.into(),
+    }
+}
+
+fn is_oom(e: &DriverError) -> bool {
+    e.0 == dsys::CUresult::CUDA_ERROR_OUT_OF_MEMORY
+}
+
+/// Lists the GPUs NVML sees (name, total, used, driver); no CUDA context is made.
+pub fn detect() -> Result<Vec<DeviceListing>> {
+    let path = loader::ensure_nvml().map_err(|e| dev_err(0, e))?;
+    let nv = nvml::init(&path).map_err(|e| dev_err(0, e))?;
+    let driver = nv.sys_driver_version().unwrap_or_else(|_| "?".into());
+    let count = nv
+        .device_count()
+        .map_err(|e| dev_err(0, format!("NVML cannot count GPUs: {e}")))?;
+    if count == 0 {
+        return Err(dev_err(0, "NVML found no GPU"));
+    }
+    let mut out = Vec::new();
+    for i in 0..count {
+        let d = nv
+            .device_by_index(i)
+            .map_err(|e| dev_err(i as usize, format!("NVML: {e}")))?;
+        let name = d.name().unwrap_or_else(|_| "NVIDIA GPU".into());
+        let mem = d
+            .memory_info()
+            .map_err(|e| dev_err(i as usize, format!("NVML memory info: {e}")))?;
+        out.push(DeviceListing {
+            spec: format!("cuda:{i}"),
+            name: format!(
+                "{name} (driver {driver}, {} used)",
+                crate::units::fmt_u(mem.used)
+            ),
+            total_bytes: mem.total,
+            simulated: false,
+        });
+    }
+    Ok(out)
+}
+
+/// The hidden `hold-gpu-memory` subcommand: allocates `bytes` on the GPU in this (child)
+/// process, prints `held N` and keeps it until stdin closes.
+pub fn hold_memory_child(ordinal: usize, bytes: u64) -> Result<()> {
+    loader::ensure_loaded().map_err(|e| dev_err(ordinal, e))?;
+    let ctx = CudaContext::new(ordinal).map_err(|e| dev_err(ordinal, format!("context: {e}")))?;
+    ctx.bind_to_thread()
+        .map_err(|e| dev_err(ordinal, e.to_string()))?;
+    // SAFETY: a plain allocation, freed when the process exits.
+    let ptr = unsafe { drv::malloc_sync(bytes as usize) };
+    match ptr {
+        Ok(_) => {
+            println!("held {bytes}");
+            let _ = std::io::stdout().flush();
+            let mut sink = String::new();
+            while std::io::stdin()
+                .read_line(&mut sink)
+                .map(|n| n > 0)
+                .unwrap_or(false)
+            {
+                sink.clear();
+            }
+            Ok(())
+        }
+        Err(e) => {
+            println!("failed {e}");
+            Err(dev_err(
+                ordinal,
+                format!("could not hold {bytes} bytes: {e}"),
+            ))
+        }
+    }
+}
+
+impl CudaDevice {
+    /// Loads the libraries, creates the context, compiles the kernels and starts the sampler.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        let found = loader::ensure_loaded().map_err(|e| dev_err(ordinal, e))?;
+        let nv = nvml::init(&found.nvml).map_err(|e| dev_err(ordinal, e))?;
+        let d = |e: DriverError| dev_err(ordinal, format!("CUDA driver: {e}"));
+        drv::init().map_err(d)?;
+        let count = drv::device::get_count().map_err(d)?;
+        if ordinal >= count.max(0) as usize {
+            return Err(dev_err(
+                ordinal,
+                format!("no such GPU: the driver sees {count}"),
+            ));
+        }
+        let cu_dev = drv::device::get(ordinal as i32).map_err(d)?;
+        let uuid = drv::device::get_uuid(cu_dev).map_err(d)?;
+        let uuid: [u8; 16] = uuid.bytes.map(|b| b as u8);
+        let nvml_index = nvml::index_of(&nv, &uuid).map_err(|e| dev_err(ordinal, e))?;
+        let pid = std::process::id();
+        let before = nvml::read(&nv, nvml_index, pid)
+            .ok_or_else(|| dev_err(ordinal, "NVML cannot read the GPU's memory"))?;
+        let ctx = CudaContext::new(ordinal).map_err(d)?;
+        let stream = ctx.default_stream();
+        let cc = ctx.compute_capability().map_err(d)?;
+        let name = ctx.name().map_err(d)?;
+        let total = ctx.total_mem().map_err(d)? as u64;
+        let funcs = compile_kernels(&ctx, cc).map_err(|e| dev_err(ordinal, e))?;
+        let now = nvml::read(&nv, nvml_index, pid);
+        let per_process = now.is_some_and(|r| r.process_used.is_some());
+        let epoch = Instant::now();
+        let sampler = nvml::Sampler::start(nv.clone(), nvml_index, before.device_used, epoch);
+        let dev = CudaDevice {
+            ordinal,
+            ctx,
+            stream,
+            funcs,
+            blas: None,
+            blas_workspace: None,
+            workspace_pending: Cell::new(false),
+            name,
+            total,
+            cc,
+            nvml: nv,
+            nvml_index,
+            used_before: before.device_used,
+            per_process,
+            sampler,
+            outside: HashMap::new(),
+            next_id: 1,
+            segments: HashMap::new(),
+            staging: None,
+            attn_scratch: None,
+            foreign: Vec::new(),
+        };
+        dev.sampler.reset_peak(dev.process_used());
+        Ok(dev)
+    }
+
+    fn spec(&self) -> String {
+        format!("cuda:{}", self.ordinal)
+    }
+
+    fn err(&self, what: &str, e: impl std::fmt::Display) -> Error {
+        dev_err(self.ordinal, format!("{what}: {e}"))
+    }
+
+    pub fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            spec: self.spec(),
+            name: format!("{} (cc {}.{})", self.name, self.cc.0, self.cc.1),
+            total_bytes: self.total,
+            simulated: false,
+            mode: "cuda".into(),
+            truth_source: if self.per_process {
+                "NVML per-process used memory (sampler thread + after each cuMemAlloc)".into()
+            } else {
+                "NVML device used memory minus the use before this process (NVML does not list this PID)".into()
+            },
+        }
+    }
+
+    pub fn mem_info(&self) -> MemInfo {
+        let _ = self.ctx.bind_to_thread();
+        match drv::mem_get_info() {
+            Ok((free, total)) => MemInfo {
+                free: free as u64,
+                total: total as u64,
+            },
+            Err(_) => MemInfo {
+                free: 0,
+                total: self.total,
+            },
+        }
+    }
+
+    /// This process's device memory now, as NVML reports it.
+    pub fn process_used(&self) -> u64 {
+        match nvml::read(&self.nvml, self.nvml_index, std::process::id()) {
+            Some(r) => {
+                let b = nvml::process_bytes(&r, self.used_before);
+                self.sampler.observe(b);
+                b
+            }
+            None => 0,
+        }
+    }
+
+    pub fn reset_process_peak(&mut self) {
+        let now = self.process_used();
+        self.sampler.reset_peak(now);
+    }
+
+    pub fn process_peak(&mut self) -> u64 {
+        self.process_used();
+        self.sampler.peak()
+    }
+
+    /// NVML samples so far (device and process used memory with times) and the rate reached.
+    pub fn nvml_samples(&self) -> (Vec<NvmlSample>, f64) {
+        (self.sampler.samples(), self.sampler.rate_hz())
+    }
+
+    /// bitsandbytes' CxB row tile: `col_turing` (8) on Turing and Hopper, `col_ampere` (32)
+    /// on compute capability 8.x.
+    pub fn cxb_row_pad(&self) -> usize {
+        if self.cc.0 == 8 {
+            32
+        } else {
+            8
+        }
+    }
+
+    /// The cuBLAS workspace, taken at the first GEMM (the next outside allocation becomes it).
+    pub fn library_workspace_bytes(&self) -> Vec<(&'static str, u64)> {
+        if self.blas_workspace.is_some() {
+            return Vec::new();
+        }
+        self.workspace_pending.set(true);
+        vec![("cublas-workspace", CUBLAS_WORKSPACE_BYTES)]
+    }
+
+    fn malloc(&mut self, bytes: u64, during: &str) -> Result<u64> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.err("bind context", e))?;
+        // SAFETY: a plain device allocation, freed through `free`.
+        match unsafe { drv::malloc_sync(bytes.max(1) as usize) } {
+            Ok(p) => {
+                self.process_used();
+                Ok(p)
+            }
+            Err(e) if is_oom(&e) => {
+                let free = self.mem_info().free;
+                Err(Error::OutOfMemory {
+                    device: self.spec(),
+                    during: during.into(),
+                    detail: format!("{bytes} bytes wanted, {free} free"),
+                })
+            }
+            Err(e) => Err(self.err(during, e)),
+        }
+    }
+
+    fn free(&mut self, ptr: u64) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: `ptr` came from `malloc` and is freed once; cuMemFree waits for the kernels
+        // before it that may use it.
+        let _ = unsafe { drv::free_sync(ptr) };
+    }
+
+    pub fn alloc_outside(&mut self, bytes: u64) -> Result<OutsideAlloc> {
+        let ptr = self.malloc(bytes, "allocating outside the framework")?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.outside.insert(id, (ptr, bytes));
+        if self.workspace_pending.get() && bytes == CUBLAS_WORKSPACE_BYTES {
+            self.workspace_pending.set(false);
+            self.blas_workspace = Some(ptr);
+            if let Some(h) = self.blas {
+                // SAFETY: the workspace lives until `free_outside` or drop.
+                unsafe { bsys::cublasSetWorkspace_v2(h, ptr as *mut c_void, bytes as usize) };
+            }
+        }
+        Ok(OutsideAlloc { id, bytes })
+    }
+
+    pub fn free_outside(&mut self, alloc: OutsideAlloc) {
+        if let Some((ptr, _)) = self.outside.remove(&alloc.id) {
+            if self.blas_workspace == Some(ptr) {
+                self.blas_workspace = None;
+                if let Some(h) = self.blas {
+                    // SAFETY: detaches the workspace before it is freed.
+                    unsafe { bsys::cublasSetWorkspace_v2(h, std::ptr::null_mut(), 0) };
+                }
+            }
+            self.free(ptr);
+        }
+    }
+
+    /// Memory held by another process: a child `vramscope hold-gpu-memory` allocates it (its
+    /// own CUDA context comes on top, as with any other process) and waits until we exit.
+    /// Returns the drop in free memory the child caused.
+    pub fn hold_foreign(&mut self, bytes: u64) -> Result<u64> {
+        let exe = std::env::current_exe().map_err(|e| self.err("finding this program", e))?;
+        let free_before = self.mem_info().free;
+        let mut child = Command::new(&exe)
+            .args([
+                "hold-gpu-memory",
+                "--ordinal",
+                &self.ordinal.to_string(),
+                "--bytes",
+                &bytes.to_string(),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| self.err(&format!("starting {}", exe.display()), e))?;
+        let mut line = String::new();
+        if let Some(out) = child.stdout.take() {
+            let _ = BufReader::new(out).read_line(&mut line);
+        }
+        if !line.starts_with("held") {
+            let _ = child.kill();
+            let _ = child.wait();
+            let free = self.mem_info().free;
+            return Err(Error::OutOfMemory {
+                device: self.spec(),
+                during: "holding memory for another process (--outside-before)".into(),
+                detail: format!("{bytes} bytes wanted, {free} free ({})", line.trim()),
+            });
+        }
+        self.foreign.push(child);
+        Ok(free_before.saturating_sub(self.mem_info().free))
+    }
+
+    pub fn synchronize(&mut self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| self.err("synchronize", e))
+    }
+
+    pub fn map_segment(&mut self, bytes: u64) -> Option<SegmentHandle> {
+        let ptr = self.malloc(bytes, "mapping a segment").ok()?;
+        self.segments.insert(ptr, bytes);
+        Some(SegmentHandle(ptr))
+    }
+
+    pub fn unmap_segment(&mut self, handle: SegmentHandle) {
+        if self.segments.remove(&handle.0).is_some() {
+            self.free(handle.0);
+        }
+    }
+
+    // ----- helpers -----
+
+    fn func(&self, name: &str, dt: DType) -> Result<&CudaFunction> {
+        let key = match dt {
+            DType::F16 => format!("{name}_f16"),
+            DType::BF16 => format!("{name}_bf16"),
+            _ => name.to_string(),
+        };
+        self.funcs
+            .get(&key)
+            .ok_or_else(|| self.err("kernel", format!("{key} was not compiled")))
+    }
+
+    fn half(&self, t: &Tensor) -> Result<DType> {
+        match t.dtype {
+            DType::F16 | DType::BF16 => Ok(t.dtype),
+            other => Err(self.err(
+                "kernel",
+                format!(
+                    "tensor {} is {}, expected f16 or bf16",
+                    t.name,
+                    other.name()
+                ),
+            )),
+        }
+    }
+
+    /// Copies small host data (ids, positions, outlier columns) to a reused device buffer
+    /// outside the framework; returns its pointer.
+    fn stage(&mut self, bytes: &[u8]) -> Result<u64> {
+        let need = (bytes.len() as u64).max(256);
+        if self.staging.is_none_or(|(_, b)| b < need) {
+            if let Some((p, _)) = self.staging.take() {
+                self.free(p);
+            }
+            let size = need.next_power_of_two();
+            let p = self.malloc(size, "staging host data")?;
+            self.staging = Some((p, size));
+        }
+        let (p, _) = self.staging.expect("staging buffer");
+        // SAFETY: `bytes` fits the buffer; the copy is ordered after earlier kernels.
+        unsafe { drv::memcpy_htod_sync(p, bytes) }.map_err(|e| self.err("copy to GPU", e))?;
+        Ok(p)
+    }
+
+    fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[&dyn KArg]) -> Result<()> {
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            a.push(&mut b);
+        }
+        // SAFETY: every kernel's arguments are checked against its signature in this file and
+        // its pointers are live tensors, sized by the shapes passed alongside.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| self.err("kernel launch", e))
+    }
+
+    fn blas(&mut self) -> Result<bsys::cublasHandle_t> {
+        if let Some(h) = self.blas {
+            return Ok(h);
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.err("bind context", e))?;
+        let h = blas::create_handle().map_err(|e| self.err("cuBLAS handle", e))?;
+        // SAFETY: the handle is new; the null stream and the workspace outlive it.
+        unsafe {
+            blas::set_stream(h, self.stream.cu_stream() as _)
+                .map_err(|e| self.err("cuBLAS stream", e))?;
+            if let Some(ws) = self.blas_workspace {
+                bsys::cublasSetWorkspace_v2(h, ws as *mut c_void, CUBLAS_WORKSPACE_BYTES as usize);
+            }
+        }
+        self.blas = Some(h);
+        Ok(h)
+    }
+
+    /// Row-major GEMM through column-major cuBLAS: `C[m, n] = A[m, k] · B`, with B stored
+    /// `[n, k]` when `b_trans` (so `A·Bᵀ`) or `[k, n]` otherwise; strided batches.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(&mut self, g: Gemm) -> Result<()> {
+        let h = self.blas()?;
+        let op_b = if g.b_trans {
+            bsys::cublasOperation_t::CUBLAS_OP_T
+        } else {
+            bsys::cublasOperation_t::CUBLAS_OP_N
+        };
+        let int = matches!(g.compute, bsys::cublasComputeType_t::CUBLAS_COMPUTE_32I);
+        let (af, bf) = (g.alpha, g.beta);
+        let (ai, bi) = (g.alpha as i32, g.beta as i32);
+        let (alpha, beta): (*const c_void, *const c_void) = if int {
+            (&ai as *const i32 as _, &bi as *const i32 as _)
+        } else {
+            (&af as *const f32 as _, &bf as *const f32 as _)
+        };
+        // C' = Cᵀ (n×m, column-major) = op(B)ᵀ·Aᵀ.
+        // SAFETY: pointers are live device tensors and the leading dimensions match their
+        // shapes (checked by the callers).
+        if g.batch == 1 {
+            let r = unsafe {
+                blas::gemm_ex(
+                    h,
+                    op_b,
+                    bsys::cublasOperation_t::CUBLAS_OP_N,
+                    g.n as i32,
+                    g.m as i32,
+                    g.k as i32,
+                    alpha,
+                    g.b as *const c_void,
+                    g.b_type,
+                    g.ldb as i32,
+                    g.a as *const c_void,
+                    g.a_type,
+                    g.lda as i32,
+                    beta,
+                    g.c as *mut c_void,
+                    g.c_type,
+                    g.ldc as i32,
+                    g.compute,
+                    bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            };
+            return r.map_err(|e| self.err("cuBLAS GEMM", e));
+        }
+        // SAFETY: as above, for each of the strided batches.
+        let r = unsafe {
+            blas::gemm_strided_batched_ex(
+                h,
+                op_b,
+                bsys::cublasOperation_t::CUBLAS_OP_N,
+                g.n as i32,
+                g.m as i32,
+                g.k as i32,
+                alpha,
+                g.b as *const c_void,
+                g.b_type,
+                g.ldb as i32,
+                g.stride_b,
+                g.a as *const c_void,
+                g.a_type,
+                g.lda as i32,
+                g.stride_a,
+                beta,
+                g.c as *mut c_void,
+                g.c_type,
+                g.ldc as i32,
+                g.stride_c,
+                g.batch as i32,
+                g.compute,
+                bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        r.map_err(|e| self.err("cuBLAS GEMM", e))
+    }
+
+    // ----- ops -----
+
+    pub fn embedding(&mut self, ids: &[u32], table: &Tensor, out: &mut Tensor) -> Result<()> {
+        self.gather(ids, table, out)
+    }
+
+    fn gather(&mut self, rows: &[u32], src: &Tensor, out: &mut Tensor) -> Result<()> {
+        let dt = self.half(src)?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let ids = self.stage(&bytes)?;
+        let cols = src.cols() as i64;
+        let (t, o) = (src.cuda_ptr(), out.cuda_ptr());
+        let f = self.func("embedding", dt)?;
+        self.launch(f, blocks(rows.len() as u32, 256), &[&ids, &t, &o, &cols])
+    }
+
+    pub fn rms_norm(&mut self, x: &Tensor, w: &Tensor, eps: f32, out: &mut Tensor) -> Result<()> {
+        let dt = self.half(x)?;
+        let cols = x.cols() as i32;
+        let rows = (x.numel() / x.cols()) as u32;
+        let (xp, wp, op) = (x.cuda_ptr(), w.cuda_ptr(), out.cuda_ptr());
+        let f = self.func("rms_norm", dt)?;
+        self.launch(f, blocks(rows, 256), &[&xp, &wp, &op, &cols, &eps])
+    }
+
+    pub fn add_bias(&mut self, x: &mut Tensor, b: &Tensor) -> Result<()> {
+        let dt = self.half(x)?;
+        let n = x.numel() as i64;
+        let cols = b.numel() as i32;
+        let (xp, bp) = (x.cuda_ptr(), b.cuda_ptr());
+        let f = self.func("add_bias", dt)?;
+        self.launch(f, grid(n as u64), &[&xp, &bp, &n, &cols])
+    }
+
+    pub fn rope(
+        &mut self,
+        q: &mut Tensor,
+        k: &mut Tensor,
+        pos: &[usize],
+        cfg: &ModelConfig,
+    ) -> Result<()> {
+        let dt = self.half(q)?;
+        let bytes: Vec<u8> = pos.iter().flat_map(|&p| (p as i32).to_le_bytes()).collect();
+        let pp = self.stage(&bytes)?;
+        let hd = cfg.head_dim as i32;
+        let theta = cfg.rope_theta as f32;
+        let rows = pos.len() as u32;
+        for (t, heads) in [(&*q, cfg.num_heads), (&*k, cfg.num_kv_heads)] {
+            let xp = t.cuda_ptr();
+            let h = heads as i32;
+            let f = self.func("rope", dt)?;
+            self.launch(f, blocks(rows, 128), &[&xp, &pp, &h, &hd, &theta])?;
+        }
+        Ok(())
+    }
+
+    /// Causal GQA attention in chunks of query rows: scores of a chunk against the keys up to
+    /// its end (cuBLAS, f32), causal softmax in place into 16-bit probabilities, then P·V
+    /// (cuBLAS) into the output. The score buffer stays under 64 MiB at any length.
+    pub fn attention(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        seq_lens: &[usize],
+        cfg: &ModelConfig,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        let dt = self.half(q)?;
+        let (heads, kvh, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let group = heads / kvh;
+        let (qw, kw) = (heads * hd, kvh * hd);
+        let ty = blas_type(dt);
+        let esz = 2u64;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let max_len = seq_lens.iter().copied().max().unwrap_or(0);
+        if max_len == 0 {
+            return Ok(());
+        }
+        let ld_max = max_len.div_ceil(8) * 8;
+        let row_bytes = (kvh * ld_max * 4) as u64;
+        let chunk = ((attn_scratch_bound() / row_bytes) as usize / 16 * 16).clamp(16, ld_max);
+        let need = row_bytes * chunk as u64;
+        if self.attn_scratch.is_none_or(|(_, b)| b < need) {
+            if let Some((p, _)) = self.attn_scratch.take() {
+                self.free(p);
+            }
+            let p = self.malloc(need, "attention score buffer")?;
+            self.attn_scratch = Some((p, need));
+        }
+        let s = self.attn_scratch.expect("scratch").0;
+        let (qp, kp, vp, op) = (q.cuda_ptr(), k.cuda_ptr(), v.cuda_ptr(), out.cuda_ptr());
+        let mut start = 0usize;
+        for &len in seq_lens {
+            let mut r0 = 0;
+            while r0 < len {
+                let rows = chunk.min(len - r0);
+                let keys = r0 + rows;
+                let ld = keys.div_ceil(8) * 8;
+                for g in 0..group {
+                    // S[b, rows, keys] = scale · Q_b · K_bᵀ over the kv heads b
+                    self.gemm(Gemm {
+                        m: rows,
+                        n: keys,
+                        k: hd,
+                        a: qp + ((start + r0) * qw + g * hd) as u64 * esz,
+                        a_type: ty,
+                        lda: qw,
+                        stride_a: (group * hd) as i64,
+                        b: kp + (start * kw) as u64 * esz,
+                        b_type: ty,
+                        ldb: kw,
+                        stride_b: hd as i64,
+                        b_trans: true,
+                        c: s,
+                        c_type: bsys::cudaDataType_t::CUDA_R_32F,
+                        ldc: ld,
+                        stride_c: (rows * ld) as i64,
+                        batch: kvh,
+                        alpha: scale,
+                        beta: 0.0,
+                        compute: bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    })?;
+                    let (ld64, rows32, keys32, q0) =
+                        (ld as i64, rows as i32, keys as i32, r0 as i32);
+                    // Up to 8192 keys the row fits in registers (one read of the scores).
+                    let name = if keys <= 256 * 32 {
+                        "softmax_causal_reg"
+                    } else {
+                        "softmax_causal"
+                    };
+                    let f = self.func(name, dt)?;
+                    let cfg = LaunchConfig {
+                        grid_dim: (rows as u32, kvh as u32, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    self.launch(f, cfg, &[&s, &ld64, &rows32, &keys32, &q0])?;
+                    // O_b[rows, hd] = P_b · V_b, P with 16-bit rows of 2·ld elements
+                    self.gemm(Gemm {
+                        m: rows,
+                        n: hd,
+                        k: keys,
+                        a: s,
+                        a_type: ty,
+                        lda: 2 * ld,
+                        stride_a: (rows * 2 * ld) as i64,
+                        b: vp + (start * kw) as u64 * esz,
+                        b_type: ty,
+                        ldb: kw,
+                        stride_b: hd as i64,
+                        b_trans: false,
+                        c: op + ((start + r0) * qw + g * hd) as u64 * esz,
+                        c_type: ty,
+                        ldc: qw,
+                        stride_c: (group * hd) as i64,
+                        batch: kvh,
+                        alpha: 1.0,
+                        beta: 0.0,
+                        compute: bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    })?;
+                }
+                r0 += rows;
+            }
+            start += len;
+        }
+        Ok(())
+    }
+
+    pub fn add_assign(&mut self, x: &mut Tensor, y: &Tensor) -> Result<()> {
+        let dt = self.half(x)?;
+        let n = x.numel() as i64;
+        let (xp, yp) = (x.cuda_ptr(), y.cuda_ptr());
+        let f = self.func("add_assign", dt)?;
+        self.launch(f, grid(n as u64), &[&xp, &yp, &n])
+    }
+
+    pub fn silu_mul(&mut self, g: &mut Tensor, u: &Tensor) -> Result<()> {
+        let dt = self.half(g)?;
+        let n = g.numel() as i64;
+        let (gp, up) = (g.cuda_ptr(), u.cuda_ptr());
+        let f = self.func("silu_mul", dt)?;
+        self.launch(f, grid(n as u64), &[&gp, &up, &n])
+    }
+
+    pub fn gather_rows(&mut self, x: &Tensor, rows: &[u32], out: &mut Tensor) -> Result<()> {
+        self.gather(rows, x, out)
+    }
+
+    pub fn to_f32(&mut self, x: &Tensor, out: &mut Tensor) -> Result<()> {
+        let dt = self.half(x)?;
+        let n = x.numel() as i64;
+        let (xp, op) = (x.cuda_ptr(), out.cuda_ptr());
+        let f = self.func("to_f32", dt)?;
+        self.launch(f, grid(n as u64), &[&xp, &op, &n])
+    }
+
+    /// `out [m, n] = x [m, k] · w [n, k]ᵀ` in 16 bits with f32 accumulation.
+    pub fn gemm_nt(&mut self, x: &Tensor, w: &Tensor, out: &mut Tensor) -> Result<()> {
+        let dt = self.half(x)?;
+        let ty = blas_type(dt);
+        let (m, k, n) = (x.rows(), x.cols(), w.shape[0]);
+        self.gemm(Gemm {
+            m,
+            n,
+            k,
+            a: x.cuda_ptr(),
+            a_type: ty,
+            lda: k,
+            stride_a: 0,
+            b: w.cuda_ptr(),
+            b_type: blas_type(self.half(w)?),
+            ldb: k,
+            stride_b: 0,
+            b_trans: true,
+            c: out.cuda_ptr(),
+            c_type: ty,
+            ldc: n,
+            stride_c: 0,
+            batch: 1,
+            alpha: 1.0,
+            beta: 0.0,
+            compute: bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        })
+    }
+
+    pub fn nf4_dequantize(&mut self, l: &Nf4Linear, out: &mut Tensor) -> Result<()> {
+        let dt = self.half(out)?;
+        let n = out.numel() as i64;
+        let (pp, ap, op) = (l.packed.cuda_ptr(), l.absmax.cuda_ptr(), out.cuda_ptr());
+        let f = self.func("nf4_dequant", dt)?;
+        self.launch(f, grid(n as u64), &[&pp, &ap, &op, &n])
+    }
+
+    // ----- LLM.int8 -----
+
+    /// `F.double_quant`: column absmax (SCAt), the column-wise int8 copy (CAt), and the
+    /// row-wise int8 copy without outlier columns (CA, SCA). Returns the outlier columns
+    /// (those whose absmax reaches `threshold`; none when it is 0).
+    #[allow(clippy::too_many_arguments)]
+    pub fn int8_double_quant(
+        &mut self,
+        x: &Tensor,
+        threshold: f32,
+        ca: &mut Tensor,
+        cat: &mut Tensor,
+        sca: &mut Tensor,
+        scat: &mut Tensor,
+    ) -> Result<Vec<usize>> {
+        let dt = self.half(x)?;
+        let (m, k) = (x.rows(), x.cols());
+        let (xp, cap, catp, scap, scatp) = (
+            x.cuda_ptr(),
+            ca.cuda_ptr(),
+            cat.cuda_ptr(),
+            sca.cuda_ptr(),
+            scat.cuda_ptr(),
+        );
+        // SAFETY: scat holds k f32.
+        unsafe { drv::memset_d8_async(scatp, 0, k * 4, self.stream.cu_stream()) }
+            .map_err(|e| self.err("memset", e))?;
+        let (m32, k32) = (m as i32, k as i32);
+        let f = self.func("col_absmax", dt)?;
+        let cfg = LaunchConfig {
+            grid_dim: (k.div_ceil(256) as u32, m.div_ceil(256) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(f, cfg, &[&xp, &scatp, &m32, &k32])?;
+        let outliers = if threshold > 0.0 {
+            let col = self.download_f32(scat)?;
+            (0..k).filter(|&c| col[c] >= threshold).collect()
+        } else {
+            Vec::new()
+        };
+        let f = self.func("row_quant", dt)?;
+        self.launch(
+            f,
+            blocks(m as u32, 256),
+            &[&xp, &scatp, &threshold, &cap, &scap, &k32],
+        )?;
+        let n = (m * k) as i64;
+        let f = self.func("col_quant", dt)?;
+        self.launch(f, grid(n as u64), &[&xp, &scatp, &catp, &n, &k32])?;
+        Ok(outliers)
+    }
+
+    /// CB `[n, k]` into the padded CxB tile layout `[rp, cp]`.
+    pub fn int8_transform_cxb(&mut self, cb: &Tensor, cxb: &mut Tensor) -> Result<()> {
+        let (n, k) = (cb.rows() as i32, cb.cols() as i32);
+        let (rp, cp) = (cxb.shape[0] as i32, cxb.shape[1] as i32);
+        let (src, dst) = (cb.cuda_ptr(), cxb.cuda_ptr());
+        let f = self.func("cxb_transform", DType::I8)?;
+        self.launch(f, grid(cxb.numel() as u64), &[&src, &dst, &n, &k, &rp, &cp])
+    }
+
+    /// Outlier decomposition: `idx` (i64 columns), `subB [no, n]` from CB and SCB, and
+    /// `subA [m, no]` from the input.
+    #[allow(clippy::too_many_arguments)]
+    pub fn int8_outliers(
+        &mut self,
+        x: &Tensor,
+        cols: &[usize],
+        cb: &Tensor,
+        scb: &Tensor,
+        idx: &mut Tensor,
+        sub_b: &mut Tensor,
+        sub_a: &mut Tensor,
+    ) -> Result<()> {
+        let dt = self.half(x)?;
+        let bytes: Vec<u8> = cols
+            .iter()
+            .flat_map(|&c| (c as i64).to_le_bytes())
+            .collect();
+        self.upload_bytes(idx, &bytes)?;
+        let (m, k) = (x.rows() as i32, x.cols() as i32);
+        let (no, n) = (cols.len() as i32, cb.rows() as i32);
+        let (ip, cbp, scbp, sbp) = (
+            idx.cuda_ptr(),
+            cb.cuda_ptr(),
+            scb.cuda_ptr(),
+            sub_b.cuda_ptr(),
+        );
+        let f = self.func("sub_b", dt)?;
+        self.launch(
+            f,
+            grid(sub_b.numel() as u64),
+            &[&cbp, &scbp, &ip, &sbp, &no, &n, &k],
+        )?;
+        let (xp, sap) = (x.cuda_ptr(), sub_a.cuda_ptr());
+        let f = self.func("sub_a", dt)?;
+        self.launch(
+            f,
+            grid(sub_a.numel() as u64),
+            &[&xp, &ip, &sap, &m, &no, &k],
+        )
+    }
+
+    /// igemmlt: `out32 [m, n] = C32A [m, kp] · CxB [.., cp]ᵀ` in int8 with int32
+    /// accumulation (cuBLAS; a dp4a kernel when cuBLAS refuses), after padding CA into C32A.
+    pub fn int8_igemm(
+        &mut self,
+        ca: &Tensor,
+        c32a: &mut Tensor,
+        cxb: &Tensor,
+        out32: &mut Tensor,
+    ) -> Result<()> {
+        let (m, k) = (ca.rows(), ca.cols());
+        let kp = c32a.cols();
+        let n = out32.cols();
+        let cp = cxb.cols();
+        if cp != kp {
+            return Err(self.err(
+                "int8 GEMM",
+                format!("CxB has {cp} padded columns but C32A has {kp}"),
+            ));
+        }
+        let (src, dst) = (ca.cuda_ptr(), c32a.cuda_ptr());
+        let (m32, k32, kp32, n32) = (m as i32, k as i32, kp as i32, n as i32);
+        let f = self.func("pad_copy_i8", DType::I8)?;
+        self.launch(f, grid((m * kp) as u64), &[&src, &dst, &m32, &k32, &kp32])?;
+        let r = self.gemm(Gemm {
+            m,
+            n,
+            k: kp,
+            a: dst,
+            a_type: bsys::cudaDataType_t::CUDA_R_8I,
+            lda: kp,
+            stride_a: 0,
+            b: cxb.cuda_ptr(),
+            b_type: bsys::cudaDataType_t::CUDA_R_8I,
+            ldb: cp,
+            stride_b: 0,
+            b_trans: true,
+            c: out32.cuda_ptr(),
+            c_type: bsys::cudaDataType_t::CUDA_R_32I,
+            ldc: n,
+            stride_c: 0,
+            batch: 1,
+            alpha: 1.0,
+            beta: 0.0,
+            compute: bsys::cublasComputeType_t::CUBLAS_COMPUTE_32I,
+        });
+        if r.is_ok() {
+            return Ok(());
+        }
+        let (bp, cp_) = (cxb.cuda_ptr(), out32.cuda_ptr());
+        let f = self.func("igemm_i8", DType::I8)?;
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(32) as u32, m.div_ceil(32) as u32, 1),
+            block_dim: (32, 32, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(f, cfg, &[&dst, &bp, &cp_, &m32, &n32, &kp32])
+    }
+
+    /// mm_dequant: `out = out32 · SCA[row] · SCB[col] / 127²`.
+    pub fn int8_dequant(
+        &mut self,
+        out32: &Tensor,
+        sca: &Tensor,
+        scb: &Tensor,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        let dt = self.half(out)?;
+        let (m, n) = (out.rows() as i32, out.cols() as i32);
+        let (ap, sp, bp, op) = (
+            out32.cuda_ptr(),
+            sca.cuda_ptr(),
+            scb.cuda_ptr(),
+            out.cuda_ptr(),
+        );
+        let f = self.func("int8_dequant", dt)?;
+        self.launch(f, grid(out.numel() as u64), &[&ap, &sp, &bp, &op, &m, &n])
+    }
+
+    /// `out += subA [m, no] · subB [no, n]` (the 16-bit outlier part).
+    pub fn int8_add_outliers(
+        &mut self,
+        sub_a: &Tensor,
+        sub_b: &Tensor,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        let ty = blas_type(self.half(out)?);
+        let (m, no, n) = (sub_a.rows(), sub_a.cols(), sub_b.cols());
+        self.gemm(Gemm {
+            m,
+            n,
+            k: no,
+            a: sub_a.cuda_ptr(),
+            a_type: ty,
+            lda: no,
+            stride_a: 0,
+            b: sub_b.cuda_ptr(),
+            b_type: ty,
+            ldb: n,
+            stride_b: 0,
+            b_trans: false,
+            c: out.cuda_ptr(),
+            c_type: ty,
+            ldc: n,
+            stride_c: 0,
+            batch: 1,
+            alpha: 1.0,
+            beta: 1.0,
+            compute: bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        })
+    }
+
+    /// Fills a 16-bit tensor with small deterministic values on the GPU (benchmark weights).
+    pub fn fill_random(&mut self, t: &mut Tensor, seed: u32) -> Result<()> {
+        let bf = i32::from(self.half(t)? == DType::BF16);
+        let n = t.numel() as i64;
+        let p = t.cuda_ptr();
+        let f = self.func("fill_random", DType::I8)?;
+        self.launch(f, grid(n as u64), &[&p, &n, &seed, &bf])
+    }
+
+    // ----- copies -----
+
+    pub fn upload_f32(&mut self, t: &mut Tensor, d: &[f32]) -> Result<()> {
+        if d.len() != t.numel() {
+            return Err(self.err(
+                "upload",
+                format!("{}: {} values for {} elements", t.name, d.len(), t.numel()),
+            ));
+        }
+        let p = t.cuda_ptr();
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.err("bind context", e))?;
+        // SAFETY: the tensor holds numel elements of its dtype.
+        let r = unsafe {
+            match t.dtype {
+                DType::F32 => drv::memcpy_htod_sync(p, d),
+                DType::F16 => {
+                    let mut h = vec![half::f16::ZERO; d.len()];
+                    half::slice::HalfFloatSliceExt::convert_from_f32_slice(&mut h[..], d);
+                    drv::memcpy_htod_sync(p, &h)
+                }
+                DType::BF16 => {
+                    let mut h = vec![half::bf16::ZERO; d.len()];
+                    half::slice::HalfFloatSliceExt::convert_from_f32_slice(&mut h[..], d);
+                    drv::memcpy_htod_sync(p, &h)
+                }
+                other => {
+                    return Err(self.err(
+                        "upload",
+                        format!("{}: f32 values for a {} tensor", t.name, other.name()),
+                    ))
+                }
+            }
+        };
+        r.map_err(|e| self.err("copy to GPU", e))
+    }
+
+    pub fn upload_bytes(&mut self, t: &mut Tensor, d: &[u8]) -> Result<()> {
+        if d.len() as u64 != t.nbytes() {
+            return Err(self.err(
+                "upload",
+                format!("{}: {} bytes for {}", t.name, d.len(), t.nbytes()),
+            ));
+        }
+        let p = t.cuda_ptr();
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.err("bind context", e))?;
+        // SAFETY: sizes checked above.
+        unsafe { drv::memcpy_htod_sync(p, d) }.map_err(|e| self.err("copy to GPU", e))
+    }
+
+    pub fn download_f32(&mut self, x: &Tensor) -> Result<Vec<f32>> {
+        let p = x.cuda_ptr();
+        let n = x.numel();
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.err("bind context", e))?;
+        // SAFETY: the tensor holds n elements of its dtype; the copy waits for the kernels
+        // before it on the default stream.
+        unsafe {
+            match x.dtype {
+                DType::F32 => {
+                    let mut v = vec![0f32; n];
+                    drv::memcpy_dtoh_sync(&mut v, p).map_err(|e| self.err("copy from GPU", e))?;
+                    Ok(v)
+                }
+                DType::F16 => {
+                    let mut v = vec![half::f16::ZERO; n];
+                    drv::memcpy_dtoh_sync(&mut v, p).map_err(|e| self.err("copy from GPU", e))?;
+                    Ok(v.iter().map(|h| h.to_f32()).collect())
+                }
+                DType::BF16 => {
+                    let mut v = vec![half::bf16::ZERO; n];
+                    drv::memcpy_dtoh_sync(&mut v, p).map_err(|e| self.err("copy from GPU", e))?;
+                    Ok(v.iter().map(|h| h.to_f32()).collect())
+                }
+                other => Err(self.err(
+                    "download",
+                    format!("{} is {}, not a float tensor", x.name, other.name()),
+                )),
+            }
+        }
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        let _ = self.stream.synchronize();
+        if let Some(h) = self.blas.take() {
+            // SAFETY: no work is pending; the handle is not used again.
+            let _ = unsafe { blas::destroy_handle(h) };
+        }
+        let ptrs: Vec<u64> = self
+            .segments
+            .keys()
+            .copied()
+            .chain(self.outside.values().map(|(p, _)| *p))
+            .chain(self.staging.map(|(p, _)| p))
+            .chain(self.attn_scratch.map(|(p, _)| p))
+            .collect();
+        for p in ptrs {
+            self.free(p);
+        }
+        for mut c in self.foreign.drain(..) {
+            drop(c.stdin.take());
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One GEMM's operands (row-major view), see `CudaDevice::gemm`.
+struct Gemm {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: u64,
+    a_type: bsys::cudaDataType_t,
+    lda: usize,
+    stride_a: i64,
+    b: u64,
+    b_type: bsys::cudaDataType_t,
+    ldb: usize,
+    stride_b: i64,
+    b_trans: bool,
+    c: u64,
+    c_type: bsys::cudaDataType_t,
+    ldc: usize,
+    stride_c: i64,
+    batch: usize,
+    alpha: f32,
+    beta: f32,
+    compute: bsys::cublasComputeType_t,
+}
+
+fn blas_type(dt: DType) -> bsys::cudaDataType_t {
+    match dt {
+        DType::BF16 => bsys::cudaDataType_t::CUDA_R_16BF,
+        _ => bsys::cudaDataType_t::CUDA_R_16F,
+    }
+}
+
+/// One block per row.
+fn blocks(rows: u32, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.max(1), 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A grid-stride launch over `n` elements.
+fn grid(n: u64) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256).clamp(1, 1 << 16) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A kernel argument of any of the scalar types the kernels take.
+trait KArg {
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
+}
+macro_rules! karg {
+    ($($t:ty),*) => {$(
+        impl KArg for $t {
+            fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
+                b.arg(self);
+            }
+        }
+    )*};
+}
+karg!(u64, i64, i32, u32, f32);
+
+fn compile_kernels(
+    ctx: &Arc<CudaContext>,
+    cc: (i32, i32),
+) -> std::result::Result<HashMap<String, CudaFunction>, String> {
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernels::SOURCE, opts)
+        .map_err(|e| format!("NVRTC could not compile the kernels: {e}"))?;
+    let module = ctx
+        .load_module(ptx)
+        .map_err(|e| format!("loading the kernels: {e}"))?;
+    let mut names: Vec<String> = kernels::UNTYPED.iter().map(|s| s.to_string()).collect();
+    for n in kernels::TYPED {
+        names.push(format!("{n}_f16"));
+        names.push(format!("{n}_bf16"));
+    }
+    let mut funcs = HashMap::new();
+    for n in names {
+        let f = module
+            .load_function(&n)
+            .map_err(|e| format!("kernel {n}: {e}"))?;
+        funcs.insert(n, f);
+    }
+    Ok(funcs)
+}

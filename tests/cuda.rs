@@ -1,0 +1,152 @@
+//! Checks that need an NVIDIA GPU (ignored: CI has none). On a GPU machine:
+//! `cargo test --release --test cuda -- --ignored --test-threads 1`.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use vramscope::bench::{self, relative_l2, BenchRequest};
+use vramscope::device::{Device, DeviceSpec};
+use vramscope::model::ModelSource;
+use vramscope::profile::{self, ProfileRequest};
+use vramscope::quant::Quant;
+use vramscope::Error;
+
+fn logits(
+    model: &str,
+    quant: Quant,
+    device: &str,
+    tokens: usize,
+    seqs: usize,
+    thr: f32,
+) -> Vec<f32> {
+    let req = BenchRequest {
+        model: ModelSource::parse(model).unwrap(),
+        quant,
+        device: DeviceSpec::parse(device).unwrap(),
+        tokens,
+        seqs,
+        iters: 1,
+        fast_weights: false,
+        int8_threshold: thr,
+        seed: 0,
+    };
+    let r = bench::run(&req).unwrap();
+    assert_eq!(r.logits.len() % seqs, 0);
+    r.logits
+}
+
+fn gpu_vs_cpu(model: &str, quant: Quant, tokens: usize, seqs: usize, thr: f32) -> f64 {
+    let gpu = logits(model, quant, "cuda:0", tokens, seqs, thr);
+    let cpu = logits(model, quant, "sim:h100-80gb", tokens, seqs, thr);
+    assert_eq!(gpu.len(), cpu.len());
+    assert!(gpu.iter().all(|v| v.is_finite()));
+    let e = relative_l2(&gpu, &cpu);
+    eprintln!("{model} {quant}: relative L2 GPU vs CPU {e:.3e}");
+    e
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn fp16_logits_on_the_gpu_match_cpu_compute_mode_on_tiny() {
+    assert!(gpu_vs_cpu("preset:tiny", Quant::F16, 100, 3, 0.0) < 1e-2);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn fp16_logits_on_the_gpu_match_cpu_compute_mode_on_smollm2() {
+    assert!(gpu_vs_cpu("preset:smollm2-135m", Quant::F16, 96, 2, 0.0) < 1e-2);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn bf16_logits_on_the_gpu_match_cpu_compute_mode_on_tiny() {
+    assert!(gpu_vs_cpu("preset:tiny", Quant::BF16, 100, 3, 0.0) < 3e-2);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn int8_with_outlier_columns_matches_cpu_compute_mode_on_tiny() {
+    // A low threshold makes sure some columns take the 16-bit outlier path.
+    assert!(gpu_vs_cpu("preset:tiny", Quant::Int8, 100, 3, 1.0) < 2e-2);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn nf4_logits_on_the_gpu_match_cpu_compute_mode_on_tiny() {
+    assert!(gpu_vs_cpu("preset:tiny", Quant::Nf4, 100, 3, 0.0) < 1e-2);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn out_of_memory_is_an_error_and_leaves_free_memory_where_it_was() {
+    let mut d = Device::open(&DeviceSpec::Cuda { ordinal: 0 }).unwrap();
+    let before = d.mem_info();
+    let r = d.alloc_outside(before.total * 2);
+    assert!(matches!(r, Err(Error::OutOfMemory { .. })), "{r:?}");
+    let after = d.mem_info();
+    assert!(
+        before.free.abs_diff(after.free) < 4 << 20,
+        "{before:?} → {after:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn the_gpu_framework_trace_matches_the_dry_run() {
+    let run = |device: &str| {
+        let req = ProfileRequest {
+            model: ModelSource::parse("preset:tiny").unwrap(),
+            quant: Quant::Int8,
+            device: DeviceSpec::parse(device).unwrap(),
+            tokens: 512,
+            seqs: 2,
+            passes: 2,
+            verify: false,
+            ..ProfileRequest::default()
+        };
+        profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap()
+    };
+    let gpu = run("cuda:0");
+    let dry = run("sim:h100-80gb:dry");
+    assert_eq!(gpu.weights_bytes, dry.weights_bytes);
+    assert_eq!(gpu.passes.len(), dry.passes.len());
+    for (g, d) in gpu.passes.iter().zip(&dry.passes) {
+        assert_eq!(g.peak_allocated, d.peak_allocated);
+        assert_eq!(g.quant_state_allocated_bytes, d.quant_state_allocated_bytes);
+    }
+    assert_eq!(gpu.quant_state_after_bytes, dry.quant_state_after_bytes);
+    assert!(gpu.truth.non_kv_bytes > 0);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn devices_lists_the_gpu_with_its_memory() {
+    let (list, why) = vramscope::device::list_devices();
+    assert!(why.is_none(), "{why:?}");
+    let gpu = list.iter().find(|d| !d.simulated).expect("a GPU");
+    assert!(gpu.spec.starts_with("cuda:"));
+    assert!(gpu.total_bytes > 1 << 30);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn an_allocation_too_big_fails_after_emptying_the_cache_and_frees_everything() {
+    use vramscope::memory::Category;
+    use vramscope::runtime::Runtime;
+    let d = Device::open(&DeviceSpec::Cuda { ordinal: 0 }).unwrap();
+    let start = d.mem_info();
+    let rt = Runtime::new(d, Arc::new(AtomicBool::new(false)), None);
+    let t = rt
+        .reserve_bytes("cached", Category::Activation, 1 << 30)
+        .unwrap();
+    drop(t);
+    assert!(rt.stats().reserved >= 1 << 30, "the block stays cached");
+    let r = rt.reserve_bytes("too-big", Category::Activation, start.total * 2);
+    assert!(matches!(r, Err(Error::OutOfMemory { .. })), "{r:?}");
+    assert_eq!(rt.stats().reserved, 0, "the retry emptied the cache");
+    let end = rt.with_device(|d| d.mem_info());
+    assert!(
+        start.free.abs_diff(end.free) < 4 << 20,
+        "{start:?} → {end:?}"
+    );
+}
