@@ -1,0 +1,536 @@
+//! The timeline plot: framework allocated/reserved, device used and non-framework memory over
+//! time, passes shaded, checkpoints t0..t3 marked, optionally stacked by category. A million
+//! events plot smoothly because only what the pixel columns can show is drawn
+//! (`crate::timeline::reduce`), and reductions are cached per view.
+
+use egui::{Align2, Color32, RichText};
+use egui_plot::{Legend, Line, LineStyle, Plot, PlotPoint, Span, Text, VLine};
+
+use super::style::{c32, on_bg};
+use crate::memory::{Category, Event, EventKind};
+use crate::palette;
+use crate::profile::Report;
+use crate::timeline::{first_at, reduce, Series};
+use crate::units::{fmt_i, fmt_u, GIB};
+
+/// The line series, in legend order.
+const SERIES: [Series; 4] = [
+    Series::DeviceUsed,
+    Series::Reserved,
+    Series::Allocated,
+    Series::NonFramework,
+];
+
+/// Above this many events in view, draw from a precomputed full-range reduction instead of
+/// reducing the view's events again (keeps a zoom/pan frame well under 16 ms).
+const LIVE_REDUCE_LIMIT: usize = 60_000;
+/// Column counts of the precomputed full-range reductions.
+const LEVELS: [usize; 4] = [2048, 8192, 32_768, 131_072];
+
+fn series_colour(s: Series, dark: bool) -> Color32 {
+    match s {
+        Series::Allocated => c32(palette::ALLOCATED),
+        Series::Reserved => c32(palette::RESERVED),
+        Series::DeviceUsed => on_bg(palette::DEVICE_USED, dark),
+        Series::ProcessUsed => on_bg(palette::PROCESS_USED, dark),
+        Series::NonFramework => c32(palette::category(Category::NonFramework)),
+    }
+}
+
+/// A pass as the plot shades it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PassSpan {
+    pub label: String,
+    pub start_us: u64,
+    pub end_us: u64,
+}
+
+/// Timeline options and caches. One per app.
+#[derive(Default)]
+pub struct TimelineView {
+    pub stacked: bool,
+    /// Which of `SERIES` are drawn.
+    pub hidden: [bool; 4],
+    reset: bool,
+    cache: Cache,
+}
+
+#[derive(Default)]
+struct Cache {
+    /// Identifies the event source; a new run or session bumps it.
+    generation: u64,
+    len: usize,
+    passes: Vec<PassSpan>,
+    markers: Vec<(u64, String)>,
+    levels: Vec<Option<[Vec<[f64; 2]>; 4]>>,
+    view_key: Option<(u64, usize, u64, u64, usize, bool)>,
+    view_lines: Vec<Vec<[f64; 2]>>,
+    view_stack: Vec<Vec<[f64; 2]>>,
+}
+
+/// What the plot needs besides the events.
+pub struct TimelineInput<'a> {
+    pub events: &'a [Event],
+    /// Changes whenever `events` comes from a different run.
+    pub generation: u64,
+    pub report: Option<&'a Report>,
+}
+
+impl TimelineView {
+    /// Resets zoom and pan on the next frame (the plot's own double-click does the same).
+    pub fn reset_view(&mut self) {
+        self.reset = true;
+    }
+
+    pub fn ui(&mut self, ui: &mut egui::Ui, input: &TimelineInput<'_>) {
+        let dark = ui.visuals().dark_mode;
+        ui.horizontal_wrapped(|ui| {
+            ui.label(RichText::new("Timeline").heading());
+            ui.toggle_value(&mut self.stacked, "Stack by category");
+            for (i, s) in SERIES.iter().enumerate() {
+                let mut shown = !self.hidden[i];
+                let text = RichText::new(s.label()).color(series_colour(*s, dark)).strong();
+                if ui.checkbox(&mut shown, text).changed() {
+                    self.hidden[i] = !shown;
+                }
+            }
+            if ui.button("Reset view").clicked() {
+                self.reset = true;
+            }
+        });
+        if input.events.is_empty() {
+            ui.centered_and_justified(|ui| {
+                ui.label("Click Profile (Ctrl+R) to record a timeline.");
+            });
+            return;
+        }
+        self.refresh(input);
+        let t_end = input.events.last().map_or(0, |e| e.time_us);
+
+        let mut plot = Plot::new("timeline")
+            .legend(Legend::default().position(egui_plot::Corner::RightBottom))
+            .allow_double_click_reset(true)
+            .allow_boxed_zoom(true)
+            .show_x(false)
+            .show_y(false)
+            .include_y(0.0)
+            .x_axis_label("time since the run started")
+            .x_axis_formatter(|m, range| axis_time(m.value, range.end() - range.start()))
+            .y_axis_formatter(|m, _| axis_bytes(m.value))
+            .label_formatter(|_| None);
+        if self.reset {
+            plot = plot.reset();
+            self.reset = false;
+        }
+        let events = input.events;
+        let report = input.report;
+        let cache = &mut self.cache;
+        let stacked = self.stacked;
+        let hidden = self.hidden;
+        let resp = plot.show(ui, |pui| {
+            let b = pui.plot_bounds();
+            let width_px = pui.transform().frame().width().max(16.0) as usize;
+            let (t0, t1) = if pui.auto_bounds().x || b.width() <= 0.0 {
+                (0, t_end)
+            } else {
+                (
+                    (b.min()[0].max(0.0) * 1e6) as u64,
+                    (b.max()[0].max(0.0) * 1e6).ceil() as u64,
+                )
+            };
+            cache.update_view(events, t0, t1.max(t0 + 1), width_px, stacked);
+            let top = cache
+                .view_lines
+                .iter()
+                .flatten()
+                .map(|p| p[1])
+                .fold(0.0, f64::max);
+
+            let px_per_s = width_px as f64 / b.width().max(1e-12);
+            for (i, p) in cache.passes.iter().enumerate() {
+                let fill = if i % 2 == 0 { 40 } else { 22 };
+                let colour = if dark {
+                    Color32::from_white_alpha(fill)
+                } else {
+                    Color32::from_black_alpha(fill / 2)
+                };
+                pui.span(
+                    Span::new(
+                        "",
+                        p.start_us as f64 * 1e-6..=p.end_us as f64 * 1e-6,
+                    )
+                    .fill(colour)
+                    .border_width(0.0),
+                );
+                // Label a pass only where its span is wide enough to hold the text.
+                let span_px = (p.end_us - p.start_us) as f64 * 1e-6 * px_per_s;
+                if span_px >= p.label.len() as f64 * 7.5 + 6.0 {
+                    pui.text(
+                        Text::new(
+                            "",
+                            PlotPoint::new(p.start_us as f64 * 1e-6, top * 1.04),
+                            RichText::new(&p.label).size(13.0),
+                        )
+                        .anchor(Align2::LEFT_BOTTOM),
+                    );
+                }
+            }
+            for (k, (t, label)) in cache.markers.iter().enumerate() {
+                let x = *t as f64 * 1e-6;
+                // Staggered heights, so neighbouring checkpoints do not overwrite each other.
+                let y = top * if k % 2 == 0 { 1.13 } else { 1.09 };
+                pui.vline(
+                    VLine::new("", x)
+                        .color(on_bg(palette::PROCESS_USED, dark))
+                        .style(LineStyle::dashed_loose())
+                        .width(1.2),
+                );
+                pui.text(
+                    Text::new("", PlotPoint::new(x, y), RichText::new(format!(" {label}")).strong().size(15.0))
+                        .anchor(Align2::LEFT_BOTTOM),
+                );
+            }
+            if stacked {
+                // Largest cumulative first, so each smaller one paints over it.
+                for (ci, pts) in cache.view_stack.iter().enumerate().rev() {
+                    let c = Category::ALL[ci];
+                    pui.line(
+                        Line::new(format!("stack: {}", c.label()), pts.clone())
+                            .color(c32(palette::category(c)))
+                            .fill(0.0)
+                            .fill_alpha(0.85)
+                            .width(1.0),
+                    );
+                }
+            }
+            for (i, s) in SERIES.iter().enumerate() {
+                if hidden[i] {
+                    continue;
+                }
+                pui.line(
+                    Line::new(s.label(), cache.view_lines[i].clone())
+                        .color(series_colour(*s, dark))
+                        .width(if *s == Series::Allocated { 2.2 } else { 1.6 }),
+                );
+            }
+            let hovered = pui.pointer_coordinate().and_then(|p| {
+                let per_px = b.width().max(1e-9) / width_px as f64;
+                event_near(events, p.x, per_px)
+            });
+            let _ = report;
+            hovered
+        });
+        if let Some(i) = resp.inner {
+            let e = &events[i];
+            resp.response.on_hover_ui_at_pointer(|ui| event_tooltip(ui, e));
+        }
+    }
+
+    fn refresh(&mut self, input: &TimelineInput<'_>) {
+        let c = &mut self.cache;
+        if c.generation != input.generation || input.events.len() < c.len {
+            *c = Cache {
+                generation: input.generation,
+                ..Cache::default()
+            };
+            self.reset = true;
+        }
+        if c.len == input.events.len() && !c.passes.is_empty() {
+            return;
+        }
+        c.len = input.events.len();
+        c.levels = vec![None; LEVELS.len()];
+        c.view_key = None;
+        c.passes = pass_spans(input.events, input.report);
+        c.markers = input
+            .events
+            .iter()
+            .filter(|e| e.kind == EventKind::Marker && is_checkpoint(&e.tensor))
+            .map(|e| (e.time_us, e.tensor.clone()))
+            .collect();
+    }
+}
+
+impl Cache {
+    fn update_view(&mut self, events: &[Event], t0: u64, t1: u64, width_px: usize, stacked: bool) {
+        let key = (self.generation, self.len, t0, t1, width_px, stacked);
+        if self.view_key == Some(key) {
+            return;
+        }
+        self.view_key = Some(key);
+        let visible = first_at(events, t1.saturating_add(1)) - first_at(events, t0);
+        let t_end = events.last().map_or(0, |e| e.time_us).max(1);
+        self.view_lines = if visible <= LIVE_REDUCE_LIMIT {
+            SERIES
+                .iter()
+                .map(|s| reduce(events, *s, t0, t1, width_px))
+                .collect()
+        } else {
+            // The coarsest full-range level that still gives a point per pixel column here.
+            let fraction = (t1 - t0) as f64 / t_end as f64;
+            let li = LEVELS
+                .iter()
+                .position(|&cols| cols as f64 * fraction >= width_px as f64)
+                .unwrap_or(LEVELS.len() - 1);
+            let level = self.levels[li].get_or_insert_with(|| {
+                SERIES.map(|s| reduce(events, s, 0, t_end, LEVELS[li]))
+            });
+            let (x0, x1) = (t0 as f64 * 1e-6, t1 as f64 * 1e-6);
+            level
+                .iter()
+                .map(|pts| {
+                    let a = pts.partition_point(|p| p[0] < x0).saturating_sub(1);
+                    let b = (pts.partition_point(|p| p[0] <= x1) + 1).min(pts.len());
+                    pts[a..b].to_vec()
+                })
+                .collect()
+        };
+        self.view_stack = if stacked {
+            stack_by_category(events, t0, t1, width_px)
+        } else {
+            Vec::new()
+        };
+    }
+}
+
+/// `pr9352` → `#9352 old`; other names as they are.
+fn formula_short(key: &str) -> &str {
+    crate::profile::formulas::FormulaId::ALL
+        .iter()
+        .find(|f| f.key() == key)
+        .map_or(key, |f| f.short())
+}
+
+fn is_checkpoint(label: &str) -> bool {
+    matches!(label, "t0" | "t1" | "t2" | "t3")
+}
+
+/// Pass spans from the report when there is one, else from the events' pass numbers (live).
+pub fn pass_spans(events: &[Event], report: Option<&Report>) -> Vec<PassSpan> {
+    if let Some(r) = report {
+        if !r.passes.is_empty() {
+            return r
+                .passes
+                .iter()
+                .map(|p| PassSpan {
+                    label: match &p.verify_for {
+                        None => format!("pass {}", p.index),
+                        Some(f) => format!("verify {}", formula_short(f)),
+                    },
+                    start_us: p.start_us,
+                    end_us: p.end_us,
+                })
+                .collect();
+        }
+    }
+    let mut out: Vec<PassSpan> = Vec::new();
+    let mut current: Option<(u32, u64, u64)> = None;
+    for e in events {
+        match (&mut current, e.pass) {
+            (Some((p, _, end)), q) if *p == q => *end = e.time_us,
+            (cur, q) => {
+                if let Some((p, s, end)) = cur.take() {
+                    out.push(PassSpan {
+                        label: format!("pass {p}"),
+                        start_us: s,
+                        end_us: end,
+                    });
+                }
+                if q > 0 {
+                    *cur = Some((q, e.time_us, e.time_us));
+                }
+            }
+        }
+    }
+    if let Some((p, s, end)) = current {
+        out.push(PassSpan {
+            label: format!("pass {p}"),
+            start_us: s,
+            end_us: end,
+        });
+    }
+    out
+}
+
+/// Running bytes per category (framework blocks by what they hold, plus memory outside the
+/// framework), cumulated in `Category::ALL` order so the last series is the stack's top.
+/// Sampled per pixel column at the column's highest total, so peaks survive.
+fn stack_by_category(events: &[Event], t0: u64, t1: u64, columns: usize) -> Vec<Vec<[f64; 2]>> {
+    let n = Category::ALL.len();
+    let mut out = vec![Vec::with_capacity(columns * 2); n];
+    let mut totals = [0i64; 6];
+    let span = (t1 - t0).max(1) as f64;
+    let mut col: Option<i64> = None;
+    let mut best: Option<(u64, [i64; 6], i64)> = None;
+    let push = |out: &mut Vec<Vec<[f64; 2]>>, t: u64, tot: &[i64; 6]| {
+        let mut acc = 0i64;
+        for (i, v) in tot.iter().enumerate() {
+            acc += (*v).max(0);
+            out[i].push([t as f64 * 1e-6, acc as f64]);
+        }
+    };
+    for e in events {
+        let idx = Category::ALL.iter().position(|c| *c == e.category).unwrap_or(0);
+        match e.kind {
+            EventKind::Alloc | EventKind::OutsideAlloc => totals[idx] += e.bytes as i64,
+            EventKind::Free | EventKind::OutsideFree => totals[idx] -= e.bytes as i64,
+            _ => continue,
+        }
+        if e.time_us < t0 {
+            continue;
+        }
+        if e.time_us > t1 {
+            break;
+        }
+        let c = ((e.time_us - t0) as f64 / span * columns as f64) as i64;
+        let sum: i64 = totals.iter().map(|v| (*v).max(0)).sum();
+        if col != Some(c) {
+            if let Some((t, tot, _)) = best.take() {
+                push(&mut out, t, &tot);
+            }
+            col = Some(c);
+        }
+        if best.is_none_or(|(_, _, s)| sum >= s) {
+            best = Some((e.time_us, totals, sum));
+        }
+    }
+    if let Some((t, tot, _)) = best {
+        push(&mut out, t, &tot);
+    }
+    out
+}
+
+/// The event under the pointer: within half a pixel column of `x_s`, the one that moved the
+/// most bytes; else the last event before it.
+pub fn event_near(events: &[Event], x_s: f64, s_per_px: f64) -> Option<usize> {
+    if events.is_empty() || x_s < 0.0 {
+        return None;
+    }
+    let lo_t = ((x_s - s_per_px / 2.0).max(0.0) * 1e6) as u64;
+    let hi_t = ((x_s + s_per_px / 2.0) * 1e6).ceil() as u64;
+    let lo = first_at(events, lo_t);
+    let hi = first_at(events, hi_t.saturating_add(1)).min(lo + 20_000);
+    if lo < hi {
+        (lo..hi).max_by_key(|&i| events[i].bytes)
+    } else {
+        lo.checked_sub(1)
+    }
+}
+
+fn event_tooltip(ui: &mut egui::Ui, e: &Event) {
+    egui::Grid::new("event_tip").num_columns(2).show(ui, |ui| {
+        let row = |ui: &mut egui::Ui, k: &str, v: String| {
+            ui.label(RichText::new(k).weak());
+            ui.label(v);
+            ui.end_row();
+        };
+        row(ui, "event", format!("{:?} #{}", e.kind, e.seq));
+        row(ui, "time", format!("{:.3} ms", e.time_us as f64 / 1000.0));
+        row(ui, "pass", if e.pass == 0 { "—".into() } else { e.pass.to_string() });
+        row(ui, "op", e.op.clone());
+        row(
+            ui,
+            "layer",
+            e.layer.map_or_else(|| "—".into(), |l| l.to_string()),
+        );
+        row(ui, "tensor", e.tensor.clone());
+        row(ui, "category", e.category.label().into());
+        row(ui, "bytes", fmt_u(e.bytes));
+        row(ui, "allocated", fmt_u(e.allocated));
+        row(ui, "reserved", fmt_u(e.reserved));
+        row(ui, "device used", fmt_u(e.device_used));
+        row(
+            ui,
+            "non-framework",
+            fmt_i(e.process_used as i64 - e.reserved as i64),
+        );
+    });
+}
+
+fn axis_time(s: f64, range_s: f64) -> String {
+    if range_s < 2.0 {
+        format!("{:.2} ms", s * 1e3)
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
+fn axis_bytes(v: f64) -> String {
+    if v.abs() >= GIB as f64 || v == 0.0 {
+        format!("{:.0} GiB", v / GIB as f64)
+    } else {
+        format!("{:.0} MiB", v / (1u64 << 20) as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::Category;
+
+    fn ev(t: u64, pass: u32, kind: EventKind, cat: Category, bytes: u64) -> Event {
+        Event {
+            seq: t,
+            time_us: t,
+            pass,
+            kind,
+            op: "op".into(),
+            layer: None,
+            tensor: "x".into(),
+            category: cat,
+            bytes,
+            allocated: 0,
+            reserved: 0,
+            device_used: 0,
+            process_used: 0,
+        }
+    }
+
+    #[test]
+    fn live_pass_spans_follow_pass_numbers() {
+        let a = EventKind::Alloc;
+        let w = Category::Weight;
+        let evs = vec![
+            ev(0, 0, a, w, 1),
+            ev(10, 1, a, w, 1),
+            ev(20, 1, a, w, 1),
+            ev(30, 2, a, w, 1),
+            ev(40, 0, a, w, 1),
+        ];
+        let p = pass_spans(&evs, None);
+        assert_eq!(p.len(), 2);
+        assert_eq!((p[0].start_us, p[0].end_us), (10, 20));
+        assert_eq!((p[1].label.as_str(), p[1].start_us), ("pass 2", 30));
+    }
+
+    #[test]
+    fn stack_tops_sum_categories_and_keep_the_peak() {
+        let evs = vec![
+            ev(0, 0, EventKind::Alloc, Category::Weight, 100),
+            ev(1, 1, EventKind::Alloc, Category::Activation, 50),
+            ev(2, 1, EventKind::Free, Category::Activation, 50),
+            ev(3, 0, EventKind::OutsideAlloc, Category::NonFramework, 7),
+        ];
+        // One column: the sample is taken where the total peaks (t=1: 150).
+        let s = stack_by_category(&evs, 0, 3, 1);
+        let top = s.last().unwrap();
+        assert_eq!(top, &vec![[1e-6, 150.0]]);
+        // Many columns: the final top is weights + outside.
+        let s = stack_by_category(&evs, 0, 3, 100);
+        assert_eq!(s.last().unwrap().last().unwrap()[1], 107.0);
+        assert_eq!(s[0].last().unwrap()[1], 100.0);
+    }
+
+    #[test]
+    fn hover_picks_the_biggest_event_in_the_column() {
+        let evs = vec![
+            ev(0, 0, EventKind::Alloc, Category::Weight, 5),
+            ev(100, 0, EventKind::Alloc, Category::Weight, 9),
+            ev(101, 0, EventKind::Alloc, Category::Weight, 3),
+            ev(5000, 0, EventKind::Alloc, Category::Weight, 1),
+        ];
+        assert_eq!(event_near(&evs, 100e-6, 10e-6), Some(1));
+        // Between events: the last one before the pointer.
+        assert_eq!(event_near(&evs, 2000e-6, 10e-6), Some(2));
+    }
+}
