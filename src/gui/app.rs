@@ -58,10 +58,11 @@ impl RunProgress {
             Some(Phase::Loading) => self
                 .load
                 .map_or(0.0, |(i, n)| (i + 1) as f32 / n.max(1) as f32),
-            Some(Phase::Profiling) | Some(Phase::Verifying) => self
-                .pass
-                .as_ref()
-                .map_or(0.0, |(p, of, _)| (p.saturating_sub(1) as f32 + layer) / (*of).max(1) as f32),
+            Some(Phase::Profiling) | Some(Phase::Verifying) => {
+                self.pass.as_ref().map_or(0.0, |(p, of, _)| {
+                    (p.saturating_sub(1) as f32 + layer) / (*of).max(1) as f32
+                })
+            }
             Some(Phase::Measuring) | Some(Phase::Done) => 1.0,
             _ => 0.0,
         }
@@ -255,7 +256,9 @@ impl VramscopeApp {
             match m {
                 WorkerMsg::Progress(p) => match p {
                     Progress::Phase(ph) => self.progress.phase = Some(ph),
-                    Progress::Load { index, count, .. } => self.progress.load = Some((index, count)),
+                    Progress::Load { index, count, .. } => {
+                        self.progress.load = Some((index, count))
+                    }
                     Progress::Pass { pass, of, verify } => {
                         self.progress.pass = Some((pass, of, verify));
                         self.progress.layer = None;
@@ -350,7 +353,11 @@ impl VramscopeApp {
 
     fn export_file(&self, ext: &str) -> PathBuf {
         let stem = self.export_path.trim();
-        let stem = if stem.is_empty() { "vramscope-report" } else { stem };
+        let stem = if stem.is_empty() {
+            "vramscope-report"
+        } else {
+            stem
+        };
         let p = PathBuf::from(stem);
         if p.extension().is_some_and(|e| e.eq_ignore_ascii_case(ext)) {
             p
@@ -363,7 +370,9 @@ impl VramscopeApp {
 
     /// A dropped or picked file: a session (.json) opens; anything else becomes the model.
     pub fn use_file(&mut self, path: PathBuf) {
-        if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"))
+        if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json"))
             && path.file_name().is_some_and(|n| n != "config.json")
         {
             self.open_session(&path);
@@ -376,7 +385,10 @@ impl VramscopeApp {
         let t = Instant::now();
         let picked = rfd::FileDialog::new()
             .set_title("Open a model")
-            .add_filter("Model (safetensors, config.json, GGUF)", &["safetensors", "json", "gguf"])
+            .add_filter(
+                "Model (safetensors, config.json, GGUF)",
+                &["safetensors", "json", "gguf"],
+            )
             .add_filter("All files", &["*"])
             .pick_file();
         match picked {
@@ -464,7 +476,9 @@ impl VramscopeApp {
     }
 
     fn drive_screenshot_job(&mut self, ctx: &egui::Context) {
-        let Some(job) = &mut self.screenshot else { return };
+        let Some(job) = &mut self.screenshot else {
+            return;
+        };
         if !job.started {
             job.started = true;
             self.start_profile(ctx);
@@ -508,7 +522,10 @@ impl VramscopeApp {
                 self.start_profile(&ctx);
             }
             if ui
-                .add_enabled(running, egui::Button::new("Cancel").min_size(egui::vec2(80.0, 30.0)))
+                .add_enabled(
+                    running,
+                    egui::Button::new("Cancel").min_size(egui::vec2(80.0, 30.0)),
+                )
                 .on_hover_text("Esc")
                 .clicked()
             {
@@ -559,10 +576,16 @@ impl VramscopeApp {
             .corner_radius(4.0)
             .show(ui, |ui| {
                 ui.horizontal(|ui| {
-                    let prefix = if b.kind == BannerKind::Error { "Error: " } else { "" };
+                    let prefix = if b.kind == BannerKind::Error {
+                        "Error: "
+                    } else {
+                        ""
+                    };
                     ui.add(
                         egui::Label::new(
-                            RichText::new(format!("{prefix}{}", b.text)).color(text_colour).strong(),
+                            RichText::new(format!("{prefix}{}", b.text))
+                                .color(text_colour)
+                                .strong(),
                         )
                         .wrap(),
                     );
@@ -596,7 +619,10 @@ impl VramscopeApp {
             if ui.add_enabled(has, egui::Button::new("Save CSV")).clicked() {
                 self.save_csv();
             }
-            if ui.add_enabled(has, egui::Button::new("Save session")).clicked() {
+            if ui
+                .add_enabled(has, egui::Button::new("Save session"))
+                .clicked()
+            {
                 self.save_session();
             }
             if ui.button("Open session…").clicked() {
@@ -632,26 +658,28 @@ impl eframe::App for VramscopeApp {
             .default_size(310.0)
             .min_size(250.0)
             .show(ui, |ui| {
-                egui::ScrollArea::vertical().auto_shrink([false, false]).show(ui, |ui| {
-                    let open = self
-                        .setup
-                        .ui(ui, &self.devices, self.no_gpu.as_deref());
-                    if open {
-                        self.pick_model_file();
-                    }
-                    ui.add_space(8.0);
-                    ui.separator();
-                    self.export_ui(ui);
-                });
+                egui::ScrollArea::vertical()
+                    .auto_shrink([false, false])
+                    .show(ui, |ui| {
+                        let open = self.setup.ui(ui, &self.devices, self.no_gpu.as_deref());
+                        if open {
+                            self.pick_model_file();
+                        }
+                        ui.add_space(8.0);
+                        ui.separator();
+                        self.export_ui(ui);
+                    });
             });
         egui::Panel::right("comparison")
             .resizable(true)
             .default_size(640.0)
             .min_size(380.0)
             .show(ui, |ui| {
-                egui::ScrollArea::vertical().auto_shrink([false, false]).show(ui, |ui| {
-                    self.comparison.ui(ui, self.report.as_deref());
-                });
+                egui::ScrollArea::vertical()
+                    .auto_shrink([false, false])
+                    .show(ui, |ui| {
+                        self.comparison.ui(ui, self.report.as_deref());
+                    });
             });
         egui::CentralPanel::default_margins().show(ui, |ui| {
             let events: &[Event] = match &self.report {
@@ -713,7 +741,10 @@ pub fn write_png(path: &Path, img: &egui::ColorImage) -> Result<(), String> {
     let mut bytes = Vec::new();
     image::RgbaImage::from_raw(w as u32, h as u32, rgba)
         .ok_or_else(|| format!("{}: screenshot has a bad size {w}x{h}", path.display()))?
-        .write_to(&mut std::io::Cursor::new(&mut bytes), image::ImageFormat::Png)
+        .write_to(
+            &mut std::io::Cursor::new(&mut bytes),
+            image::ImageFormat::Png,
+        )
         .map_err(|e| format!("{}: encoding PNG: {e}", path.display()))?;
     export::atomic_write(path, &bytes).map_err(|e| e.to_string())
 }

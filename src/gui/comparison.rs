@@ -75,7 +75,12 @@ impl ComparisonView {
         ui.columns(3, |cols| {
             big_number(&mut cols[0], "#9352 old", old.kv_bytes, c32(palette::OLD));
             big_number(&mut cols[1], "#9516 new", new.kv_bytes, c32(palette::NEW));
-            big_number(&mut cols[2], "measured truth", r.truth.kv_bytes, c32(palette::TRUTH));
+            big_number(
+                &mut cols[2],
+                "measured truth",
+                r.truth.kv_bytes,
+                c32(palette::TRUTH),
+            );
         });
         ui.add_space(4.0);
         let why = r.old_vs_new_explanation();
@@ -95,9 +100,11 @@ impl ComparisonView {
                     .filter_map(|id| r.formula(*id)),
             );
         }
-        egui::ScrollArea::horizontal().id_salt("cmp_table").show(ui, |ui| {
-            table(ui, r, &shown);
-        });
+        egui::ScrollArea::horizontal()
+            .id_salt("cmp_table")
+            .show(ui, |ui| {
+                table(ui, r, &shown);
+            });
         ui.small("* inside the torch peak, not a separate term");
         ui.add_space(6.0);
         bars(ui, r, &shown);
@@ -211,7 +218,13 @@ fn table(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
 fn bars(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
     let mut items: Vec<(String, i64, Color32)> = shown
         .iter()
-        .map(|f| (f.id.short().to_string(), f.kv_bytes, c32(palette::formula(f.id))))
+        .map(|f| {
+            (
+                f.id.short().to_string(),
+                f.kv_bytes,
+                c32(palette::formula(f.id)),
+            )
+        })
         .collect();
     items.push(("truth".into(), r.truth.kv_bytes, c32(palette::TRUTH)));
     let names: Vec<String> = items.iter().map(|i| i.0.clone()).collect();

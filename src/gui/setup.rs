@@ -136,7 +136,12 @@ impl SetupForm {
     }
 
     /// Draws the form. Returns true when the user asked to open a file dialog.
-    pub fn ui(&mut self, ui: &mut egui::Ui, devices: &[DeviceListing], no_gpu: Option<&str>) -> bool {
+    pub fn ui(
+        &mut self,
+        ui: &mut egui::Ui,
+        devices: &[DeviceListing],
+        no_gpu: Option<&str>,
+    ) -> bool {
         let mut open_dialog = false;
         ui.heading("Model");
         ui.horizontal(|ui| {
@@ -145,14 +150,19 @@ impl SetupForm {
         });
         match self.model_kind {
             ModelKind::Preset => {
-                egui::ComboBox::from_id_salt("preset")
-                    .selected_text(self.preset.as_str())
-                    .width(200.0)
-                    .show_ui(ui, |ui| {
-                        for n in PRESET_NAMES {
-                            ui.selectable_value(&mut self.preset, n.to_string(), n);
-                        }
-                    });
+                ui.horizontal(|ui| {
+                    let label = ui.label("Preset model");
+                    egui::ComboBox::from_id_salt("preset")
+                        .selected_text(self.preset.as_str())
+                        .width(170.0)
+                        .show_ui(ui, |ui| {
+                            for n in PRESET_NAMES {
+                                ui.selectable_value(&mut self.preset, n.to_string(), n);
+                            }
+                        })
+                        .response
+                        .labelled_by(label.id);
+                });
                 ui.small("Seeded synthetic weights of the real shape.");
             }
             ModelKind::File => {
@@ -196,12 +206,17 @@ impl SetupForm {
         });
         if self.quant == Quant::Int8 {
             ui.horizontal(|ui| {
-                ui.label("int8 threshold");
-                ui.add(egui::DragValue::new(&mut self.int8_threshold).range(0.0..=100.0).speed(0.1));
+                let l = ui.label("int8 threshold");
+                ui.add(
+                    egui::DragValue::new(&mut self.int8_threshold)
+                        .range(0.0..=100.0)
+                        .speed(0.1),
+                )
+                .labelled_by(l.id);
             });
         }
         ui.add_space(6.0);
-        ui.heading("Device");
+        let device_heading = ui.heading("Device");
         let current = devices
             .iter()
             .find(|d| d.spec == self.device)
@@ -215,7 +230,9 @@ impl SetupForm {
                     let text = format!("{}  ({})", d.name, fmt_u(d.total_bytes));
                     ui.selectable_value(&mut self.device, d.spec.clone(), text);
                 }
-            });
+            })
+            .response
+            .labelled_by(device_heading.id);
         if self.device.starts_with("sim:") {
             ui.horizontal(|ui| {
                 ui.radio_value(&mut self.dry, true, "dry (shapes only)");
@@ -223,40 +240,57 @@ impl SetupForm {
             });
         }
         if let Some(why) = no_gpu {
-            ui.add(egui::Label::new(RichText::new(format!("No CUDA GPU: {}", first_line(why))).small()).wrap())
-                .on_hover_text(why);
+            ui.add(
+                egui::Label::new(
+                    RichText::new(format!("No CUDA GPU: {}", first_line(why))).small(),
+                )
+                .wrap(),
+            )
+            .on_hover_text(why);
         }
         ui.add_space(6.0);
         ui.heading("Batch and vLLM settings");
         egui::Grid::new("settings").num_columns(2).show(ui, |ui| {
-            ui.label("tokens");
-            ui.add(egui::DragValue::new(&mut self.tokens).range(1..=1_048_576));
+            let l = ui.label("tokens");
+            ui.add(egui::DragValue::new(&mut self.tokens).range(1..=1_048_576))
+                .labelled_by(l.id);
             ui.end_row();
-            ui.label("sequences");
-            ui.add(egui::DragValue::new(&mut self.seqs).range(1..=65_536));
+            let l = ui.label("sequences");
+            ui.add(egui::DragValue::new(&mut self.seqs).range(1..=65_536))
+                .labelled_by(l.id);
             ui.end_row();
-            ui.label("passes");
-            ui.add(egui::DragValue::new(&mut self.passes).range(1..=1000));
+            let l = ui.label("passes");
+            ui.add(egui::DragValue::new(&mut self.passes).range(1..=1000))
+                .labelled_by(l.id);
             ui.end_row();
-            ui.label("gpu_memory_utilization");
-            ui.add(egui::Slider::new(&mut self.util, 0.05..=1.0).fixed_decimals(2));
+            let l = ui.label("gpu_memory_utilization");
+            ui.add(egui::Slider::new(&mut self.util, 0.05..=1.0).fixed_decimals(2))
+                .labelled_by(l.id);
             ui.end_row();
-            ui.label("block size");
-            ui.add(egui::DragValue::new(&mut self.block_size).range(1..=4096));
+            let l = ui.label("block size");
+            ui.add(egui::DragValue::new(&mut self.block_size).range(1..=4096))
+                .labelled_by(l.id);
             ui.end_row();
-            ui.label("max model length");
-            ui.add(egui::DragValue::new(&mut self.max_model_len).range(1..=1_048_576));
+            let l = ui.label("max model length");
+            ui.add(egui::DragValue::new(&mut self.max_model_len).range(1..=1_048_576))
+                .labelled_by(l.id);
             ui.end_row();
         });
         egui::CollapsingHeader::new("Advanced").show(ui, |ui| {
             egui::Grid::new("advanced").num_columns(2).show(ui, |ui| {
-                ui.label("held by another process");
+                let l = ui.label("held by another process");
                 ui.add(egui::TextEdit::singleline(&mut self.outside_before).desired_width(90.0))
-                    .on_hover_text("memory another process holds before the instance starts, e.g. 512MiB");
+                    .labelled_by(l.id)
+                    .on_hover_text(
+                        "memory another process holds before the instance starts, e.g. 512MiB",
+                    );
                 ui.end_row();
-                ui.label("outside framework, 1st pass");
+                let l = ui.label("outside framework, 1st pass");
                 ui.add(egui::TextEdit::singleline(&mut self.outside_during).desired_width(90.0))
-                    .on_hover_text("NCCL-like memory allocated outside the framework during the first pass");
+                    .labelled_by(l.id)
+                    .on_hover_text(
+                        "NCCL-like memory allocated outside the framework during the first pass",
+                    );
                 ui.end_row();
                 ui.label("");
                 ui.checkbox(&mut self.outside_during_freed, "freed after the passes");
@@ -264,8 +298,9 @@ impl SetupForm {
                 ui.label("");
                 ui.checkbox(&mut self.verify, "verify each budget");
                 ui.end_row();
-                ui.label("seed");
-                ui.add(egui::DragValue::new(&mut self.seed));
+                let l = ui.label("seed");
+                ui.add(egui::DragValue::new(&mut self.seed))
+                    .labelled_by(l.id);
                 ui.end_row();
             });
         });
@@ -292,7 +327,10 @@ mod tests {
 
     #[test]
     fn default_form_is_the_default_request() {
-        assert_eq!(SetupForm::default().request().unwrap(), ProfileRequest::default());
+        assert_eq!(
+            SetupForm::default().request().unwrap(),
+            ProfileRequest::default()
+        );
     }
 
     #[test]

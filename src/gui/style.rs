@@ -22,9 +22,15 @@ pub fn on_bg(c: Rgb, dark: bool) -> Color32 {
 pub fn apply(ctx: &egui::Context) {
     ctx.all_styles_mut(|style| {
         style.text_styles = [
-            (TextStyle::Small, FontId::new(13.0, FontFamily::Proportional)),
+            (
+                TextStyle::Small,
+                FontId::new(13.0, FontFamily::Proportional),
+            ),
             (TextStyle::Body, FontId::new(16.0, FontFamily::Proportional)),
-            (TextStyle::Button, FontId::new(16.0, FontFamily::Proportional)),
+            (
+                TextStyle::Button,
+                FontId::new(16.0, FontFamily::Proportional),
+            ),
             (
                 TextStyle::Heading,
                 FontId::new(22.0, FontFamily::Proportional),

@@ -89,7 +89,9 @@ impl TimelineView {
             ui.toggle_value(&mut self.stacked, "Stack by category");
             for (i, s) in SERIES.iter().enumerate() {
                 let mut shown = !self.hidden[i];
-                let text = RichText::new(s.label()).color(series_colour(*s, dark)).strong();
+                let text = RichText::new(s.label())
+                    .color(series_colour(*s, dark))
+                    .strong();
                 if ui.checkbox(&mut shown, text).changed() {
                     self.hidden[i] = !shown;
                 }
@@ -155,12 +157,9 @@ impl TimelineView {
                     Color32::from_black_alpha(fill / 2)
                 };
                 pui.span(
-                    Span::new(
-                        "",
-                        p.start_us as f64 * 1e-6..=p.end_us as f64 * 1e-6,
-                    )
-                    .fill(colour)
-                    .border_width(0.0),
+                    Span::new("", p.start_us as f64 * 1e-6..=p.end_us as f64 * 1e-6)
+                        .fill(colour)
+                        .border_width(0.0),
                 );
                 // Label a pass only where its span is wide enough to hold the text.
                 let span_px = (p.end_us - p.start_us) as f64 * 1e-6 * px_per_s;
@@ -186,8 +185,12 @@ impl TimelineView {
                         .width(1.2),
                 );
                 pui.text(
-                    Text::new("", PlotPoint::new(x, y), RichText::new(format!(" {label}")).strong().size(15.0))
-                        .anchor(Align2::LEFT_BOTTOM),
+                    Text::new(
+                        "",
+                        PlotPoint::new(x, y),
+                        RichText::new(format!(" {label}")).strong().size(15.0),
+                    )
+                    .anchor(Align2::LEFT_BOTTOM),
                 );
             }
             if stacked {
@@ -222,7 +225,8 @@ impl TimelineView {
         });
         if let Some(i) = resp.inner {
             let e = &events[i];
-            resp.response.on_hover_ui_at_pointer(|ui| event_tooltip(ui, e));
+            resp.response
+                .on_hover_ui_at_pointer(|ui| event_tooltip(ui, e));
         }
     }
 
@@ -272,9 +276,8 @@ impl Cache {
                 .iter()
                 .position(|&cols| cols as f64 * fraction >= width_px as f64)
                 .unwrap_or(LEVELS.len() - 1);
-            let level = self.levels[li].get_or_insert_with(|| {
-                SERIES.map(|s| reduce(events, s, 0, t_end, LEVELS[li]))
-            });
+            let level = self.levels[li]
+                .get_or_insert_with(|| SERIES.map(|s| reduce(events, s, 0, t_end, LEVELS[li])));
             let (x0, x1) = (t0 as f64 * 1e-6, t1 as f64 * 1e-6);
             level
                 .iter()
@@ -370,7 +373,10 @@ fn stack_by_category(events: &[Event], t0: u64, t1: u64, columns: usize) -> Vec<
         }
     };
     for e in events {
-        let idx = Category::ALL.iter().position(|c| *c == e.category).unwrap_or(0);
+        let idx = Category::ALL
+            .iter()
+            .position(|c| *c == e.category)
+            .unwrap_or(0);
         match e.kind {
             EventKind::Alloc | EventKind::OutsideAlloc => totals[idx] += e.bytes as i64,
             EventKind::Free | EventKind::OutsideFree => totals[idx] -= e.bytes as i64,
@@ -426,7 +432,15 @@ fn event_tooltip(ui: &mut egui::Ui, e: &Event) {
         };
         row(ui, "event", format!("{:?} #{}", e.kind, e.seq));
         row(ui, "time", format!("{:.3} ms", e.time_us as f64 / 1000.0));
-        row(ui, "pass", if e.pass == 0 { "—".into() } else { e.pass.to_string() });
+        row(
+            ui,
+            "pass",
+            if e.pass == 0 {
+                "—".into()
+            } else {
+                e.pass.to_string()
+            },
+        );
         row(ui, "op", e.op.clone());
         row(
             ui,

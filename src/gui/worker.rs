@@ -56,9 +56,8 @@ impl Worker {
                     let _ = sink_tx.send(WorkerMsg::Progress(p));
                     sink_wake();
                 });
-                let outcome = catch_unwind(AssertUnwindSafe(|| {
-                    profile::run(&req, Some(sink), flag)
-                }));
+                let outcome =
+                    catch_unwind(AssertUnwindSafe(|| profile::run(&req, Some(sink), flag)));
                 let msg = match outcome {
                     Ok(Ok(report)) => Ok(Box::new(report)),
                     Ok(Err(crate::Error::Cancelled)) => Err(RunFailure::Cancelled),
