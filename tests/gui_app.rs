@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egui::accesskit::Role;
-use egui_kittest::kittest::Queryable;
+use egui_kittest::kittest::{NodeT, Queryable};
 use egui_kittest::Harness;
 use vramscope::gui::{verify_text, BannerKind, VramscopeApp};
 use vramscope::profile::formulas::FormulaId;
@@ -125,6 +125,7 @@ fn cancel_stops_a_run_mid_way_and_the_app_can_profile_again() {
     h.get_by_label("Profile").click();
     h.step();
     let t = Instant::now();
+    let mut slowest = Duration::ZERO;
     while h.state().timeline_events().len() < 50 {
         assert!(
             h.state().is_running(),
@@ -133,8 +134,16 @@ fn cancel_stops_a_run_mid_way_and_the_app_can_profile_again() {
         );
         assert!(t.elapsed() < Duration::from_secs(60), "no events arrived");
         std::thread::sleep(Duration::from_millis(10));
+        let frame = Instant::now();
         h.step();
+        slowest = slowest.max(frame.elapsed());
     }
+    // The UI kept drawing frames while the worker computed: it never waited on the run.
+    assert!(
+        slowest < Duration::from_millis(500),
+        "a frame took {slowest:?}"
+    );
+    assert!(h.state().is_running());
     h.key_press(egui::Key::Escape);
     let cancelled_at = Instant::now();
     wait_for_run(&mut h, Duration::from_secs(30));
@@ -245,4 +254,33 @@ fn a_dropped_session_reopens_without_running_and_a_dropped_model_becomes_the_pat
     h.run_steps(2);
     assert_eq!(h.state().setup.path, model.display().to_string());
     assert_eq!(h.state().setup.recent.first(), Some(&model));
+}
+
+#[test]
+fn csv_and_session_exports_are_written_where_the_export_field_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = harness();
+    h.run_steps(2);
+    // Nothing to save before a run: the buttons are disabled.
+    assert!(h.get_by_label("Save CSV").accesskit_node().is_disabled());
+    h.get_by_label("Profile").click();
+    wait_for_run(&mut h, Duration::from_secs(60));
+    let stem = dir.path().join("out");
+    h.state_mut().export_path = stem.display().to_string();
+    h.run_steps(1);
+    h.get_by_label("Save session").click();
+    h.run_steps(2);
+    h.get_by_label("Save CSV").click();
+    h.run_steps(2);
+    let session = dir.path().join("out.json");
+    let reread = vramscope::export::json::read(&session).unwrap();
+    assert_eq!(&reread, h.state().report().unwrap());
+    let rows = csv::Reader::from_path(dir.path().join("out.csv"))
+        .unwrap()
+        .records()
+        .count();
+    assert_eq!(rows, reread.events.len(), "one row per event");
+    assert!(dir.path().join("out.summary.csv").is_file());
+    let b = h.state().banner().unwrap();
+    assert_eq!(b.kind, BannerKind::Info, "{}", b.text);
 }
