@@ -655,7 +655,7 @@ impl eframe::App for VramscopeApp {
         });
         egui::Panel::left("setup")
             .resizable(true)
-            .default_size(310.0)
+            .default_size(300.0)
             .min_size(250.0)
             .show(ui, |ui| {
                 egui::ScrollArea::vertical()
@@ -672,7 +672,7 @@ impl eframe::App for VramscopeApp {
             });
         egui::Panel::right("comparison")
             .resizable(true)
-            .default_size(640.0)
+            .default_size(660.0)
             .min_size(380.0)
             .show(ui, |ui| {
                 egui::ScrollArea::vertical()

@@ -123,7 +123,7 @@ fn table(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
     egui::Grid::new("comparison")
         .num_columns(shown.len() + 2)
         .striped(true)
-        .spacing([18.0, 6.0])
+        .spacing([12.0, 6.0])
         .show(ui, |ui| {
             ui.label("");
             for f in shown {

@@ -163,7 +163,7 @@ impl TimelineView {
                 );
                 // Label a pass only where its span is wide enough to hold the text.
                 let span_px = (p.end_us - p.start_us) as f64 * 1e-6 * px_per_s;
-                if span_px >= p.label.len() as f64 * 7.5 + 6.0 {
+                if span_px >= p.label.len() as f64 * 6.5 + 4.0 {
                     pui.text(
                         Text::new(
                             "",
