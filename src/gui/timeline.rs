@@ -388,7 +388,7 @@ fn stack_by_category(events: &[Event], t0: u64, t1: u64, columns: usize) -> Vec<
         if e.time_us > t1 {
             break;
         }
-        let c = ((e.time_us - t0) as f64 / span * columns as f64) as i64;
+        let c = (((e.time_us - t0) as f64 / span * columns as f64) as i64).min(columns as i64 - 1);
         let sum: i64 = totals.iter().map(|v| (*v).max(0)).sum();
         if col != Some(c) {
             if let Some((t, tot, _)) = best.take() {
