@@ -272,6 +272,11 @@ impl VramscopeApp {
                     self.generation += 1;
                     match outcome {
                         Ok(report) => {
+                            // A typed or pasted model path that worked goes into the recent list.
+                            if let crate::model::ModelSource::Path { path } = &report.settings.model
+                            {
+                                self.setup.set_model_path(path.clone());
+                            }
                             self.report = Some(report);
                             self.banner = None;
                         }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::profile::{self, ProfileRequest, Report};
-use crate::progress::Progress;
+use crate::progress::{Progress, ProgressSink};
 
 /// What the worker sends to the UI thread.
 pub enum WorkerMsg {
@@ -41,8 +41,19 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Starts a run; `wake` is called after every message so the UI repaints.
+    /// Starts a profile run; `wake` is called after every message so the UI repaints.
     pub fn spawn(req: ProfileRequest, wake: impl Fn() + Send + Clone + 'static) -> Worker {
+        Self::spawn_job(
+            move |sink, cancel| profile::run(&req, Some(sink), cancel),
+            wake,
+        )
+    }
+
+    /// Runs `job` on a new thread, with a progress sink into this worker's channel.
+    fn spawn_job(
+        job: impl FnOnce(ProgressSink, Arc<AtomicBool>) -> crate::Result<Report> + Send + 'static,
+        wake: impl Fn() + Send + Clone + 'static,
+    ) -> Worker {
         let (tx, rx) = channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let flag = cancel.clone();
@@ -51,13 +62,12 @@ impl Worker {
             .spawn(move || {
                 let sink_tx = tx.clone();
                 let sink_wake = wake.clone();
-                let sink: crate::progress::ProgressSink = Box::new(move |p: Progress| {
+                let sink: ProgressSink = Box::new(move |p: Progress| {
                     // A closed channel means the UI dropped this run; the cancel flag stops it.
                     let _ = sink_tx.send(WorkerMsg::Progress(p));
                     sink_wake();
                 });
-                let outcome =
-                    catch_unwind(AssertUnwindSafe(|| profile::run(&req, Some(sink), flag)));
+                let outcome = catch_unwind(AssertUnwindSafe(|| job(sink, flag)));
                 let msg = match outcome {
                     Ok(Ok(report)) => Ok(Box::new(report)),
                     Ok(Err(crate::Error::Cancelled)) => Err(RunFailure::Cancelled),
@@ -122,5 +132,62 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "unknown panic".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn finish(w: &mut Worker) -> Vec<WorkerMsg> {
+        let t = Instant::now();
+        let mut all = Vec::new();
+        while !all.iter().any(|m| matches!(m, WorkerMsg::Finished(_))) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "worker never finished"
+            );
+            all.extend(w.drain());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        all
+    }
+
+    #[test]
+    fn a_panicking_job_becomes_a_failure_message_not_a_crash() {
+        let mut w = Worker::spawn_job(|_, _| panic!("boom in layer 3"), || {});
+        let msgs = finish(&mut w);
+        match msgs.last() {
+            Some(WorkerMsg::Finished(Err(RunFailure::Panic(p)))) => {
+                assert_eq!(p, "boom in layer 3")
+            }
+            _ => panic!("expected a panic failure"),
+        }
+    }
+
+    #[test]
+    fn progress_arrives_before_the_result_and_cancel_reaches_the_job() {
+        let mut w = Worker::spawn_job(
+            |mut sink, cancel| {
+                sink(Progress::Layer { layer: 1, of: 2 });
+                while !cancel.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(crate::Error::Cancelled)
+            },
+            || {},
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        w.cancel();
+        let msgs = finish(&mut w);
+        assert!(matches!(
+            msgs.first(),
+            Some(WorkerMsg::Progress(Progress::Layer { layer: 1, of: 2 }))
+        ));
+        assert!(matches!(
+            msgs.last(),
+            Some(WorkerMsg::Finished(Err(RunFailure::Cancelled)))
+        ));
     }
 }
