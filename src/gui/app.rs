@@ -293,7 +293,8 @@ impl VramscopeApp {
 
     /// Ctrl+S: the window's own rendering when there is a window, else the CLI's report image.
     pub fn save_png(&mut self, ctx: &egui::Context) {
-        if self.report.is_none() {
+        // The window can be saved at any time (mid-run too); the report image needs a report.
+        if self.report.is_none() && !self.has_renderer {
             self.error("Nothing to save yet: run a profile or open a session first.".into());
             return;
         }
@@ -305,7 +306,9 @@ impl VramscopeApp {
         if self.has_renderer {
             request_window_png(ctx, path, self.shot_tx.clone());
         } else {
-            let r = self.report.as_deref().expect("checked above");
+            let Some(r) = self.report.as_deref() else {
+                return;
+            };
             match export::png::write(r, &path) {
                 Ok(()) => self.info(format!("Saved {}", path.display())),
                 Err(e) => self.error(e.to_string()),
@@ -615,7 +618,10 @@ impl VramscopeApp {
         let ctx = ui.ctx().clone();
         ui.horizontal_wrapped(|ui| {
             if ui
-                .add_enabled(has, egui::Button::new("Save PNG report"))
+                .add_enabled(
+                    has || self.has_renderer,
+                    egui::Button::new("Save PNG report"),
+                )
                 .on_hover_text("Ctrl+S")
                 .clicked()
             {

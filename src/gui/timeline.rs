@@ -470,7 +470,9 @@ fn axis_time(s: f64, range_s: f64) -> String {
 }
 
 fn axis_bytes(v: f64) -> String {
-    if v.abs() >= GIB as f64 || v == 0.0 {
+    if v == 0.0 {
+        "0".into()
+    } else if v.abs() >= GIB as f64 {
         format!("{:.0} GiB", v / GIB as f64)
     } else {
         format!("{:.0} MiB", v / (1u64 << 20) as f64)
