@@ -49,6 +49,9 @@ pub struct PassSpan {
 #[derive(Default)]
 pub struct TimelineView {
     pub stacked: bool,
+    /// x = event index instead of time: a dry run's wall time says little (it is the speed of
+    /// the bookkeeping), while event order spreads every pass out evenly.
+    pub by_event: bool,
     /// Which of `SERIES` are drawn.
     pub hidden: [bool; 4],
     reset: bool,
@@ -60,13 +63,18 @@ struct Cache {
     /// Identifies the event source; a new run or session bumps it.
     generation: u64,
     len: usize,
+    fresh: bool,
     passes: Vec<PassSpan>,
     markers: Vec<(u64, String)>,
-    levels: Vec<Option<[Vec<[f64; 2]>; 4]>>,
-    view_key: Option<(u64, usize, u64, u64, usize, bool)>,
+    /// Full-range reductions per `LEVELS` entry; [time axis, event axis].
+    levels: [Vec<Option<SeriesPoints>>; 2],
+    view_key: Option<(u64, usize, bool, u64, u64, usize, bool)>,
     view_lines: Vec<Vec<[f64; 2]>>,
     view_stack: Vec<Vec<[f64; 2]>>,
 }
+
+/// Reduced points of each of `SERIES`.
+type SeriesPoints = [Vec<[f64; 2]>; 4];
 
 /// What the plot needs besides the events.
 pub struct TimelineInput<'a> {
@@ -87,6 +95,13 @@ impl TimelineView {
         ui.horizontal_wrapped(|ui| {
             ui.label(RichText::new("Timeline").heading());
             ui.toggle_value(&mut self.stacked, "Stack by category");
+            if ui
+                .toggle_value(&mut self.by_event, "x: event order")
+                .on_hover_text("Plot against event order instead of time (spreads out dry runs)")
+                .changed()
+            {
+                self.reset = true;
+            }
             for (i, s) in SERIES.iter().enumerate() {
                 let mut shown = !self.hidden[i];
                 let text = RichText::new(s.label())
@@ -107,7 +122,12 @@ impl TimelineView {
             return;
         }
         self.refresh(input);
-        let t_end = input.events.last().map_or(0, |e| e.time_us);
+        let by_event = self.by_event;
+        let x_end = if by_event {
+            input.events.len() as f64
+        } else {
+            input.events.last().map_or(0, |e| e.time_us) as f64 * 1e-6
+        };
 
         let mut plot = Plot::new("timeline")
             .legend(Legend::default().position(egui_plot::Corner::RightBottom))
@@ -116,8 +136,18 @@ impl TimelineView {
             .show_x(false)
             .show_y(false)
             .include_y(0.0)
-            .x_axis_label("time since the run started")
-            .x_axis_formatter(|m, range| axis_time(m.value, range.end() - range.start()))
+            .x_axis_label(if by_event {
+                "event order (index in the timeline)"
+            } else {
+                "time since the run started"
+            })
+            .x_axis_formatter(move |m, range| {
+                if by_event {
+                    axis_count(m.value)
+                } else {
+                    axis_time(m.value, range.end() - range.start())
+                }
+            })
             .y_axis_formatter(|m, _| axis_bytes(m.value))
             .label_formatter(|_| None);
         if self.reset {
@@ -125,22 +155,26 @@ impl TimelineView {
             self.reset = false;
         }
         let events = input.events;
-        let report = input.report;
         let cache = &mut self.cache;
         let stacked = self.stacked;
         let hidden = self.hidden;
         let resp = plot.show(ui, |pui| {
             let b = pui.plot_bounds();
             let width_px = pui.transform().frame().width().max(16.0) as usize;
-            let (t0, t1) = if pui.auto_bounds().x || b.width() <= 0.0 {
-                (0, t_end)
+            let (x0, x1) = if pui.auto_bounds().x || b.width() <= 0.0 {
+                (0.0, x_end)
             } else {
-                (
-                    (b.min()[0].max(0.0) * 1e6) as u64,
-                    (b.max()[0].max(0.0) * 1e6).ceil() as u64,
-                )
+                (b.min()[0].max(0.0), b.max()[0].max(0.0))
             };
-            cache.update_view(events, t0, t1.max(t0 + 1), width_px, stacked);
+            cache.update_view(events, by_event, x0, x1, width_px, stacked);
+            // Where a time lands on the x axis.
+            let xt = |t_us: u64| {
+                if by_event {
+                    first_at(events, t_us) as f64
+                } else {
+                    t_us as f64 * 1e-6
+                }
+            };
             let top = cache
                 .view_lines
                 .iter()
@@ -148,7 +182,7 @@ impl TimelineView {
                 .map(|p| p[1])
                 .fold(0.0, f64::max);
 
-            let px_per_s = width_px as f64 / b.width().max(1e-12);
+            let px_per_x = width_px as f64 / b.width().max(1e-12);
             for (i, p) in cache.passes.iter().enumerate() {
                 let fill = if i % 2 == 0 { 40 } else { 22 };
                 let colour = if dark {
@@ -156,18 +190,15 @@ impl TimelineView {
                 } else {
                     Color32::from_black_alpha(fill / 2)
                 };
-                pui.span(
-                    Span::new("", p.start_us as f64 * 1e-6..=p.end_us as f64 * 1e-6)
-                        .fill(colour)
-                        .border_width(0.0),
-                );
+                let (sx, ex) = (xt(p.start_us), xt(p.end_us.saturating_add(1)));
+                pui.span(Span::new("", sx..=ex).fill(colour).border_width(0.0));
                 // Label a pass only where its span is wide enough to hold the text.
-                let span_px = (p.end_us - p.start_us) as f64 * 1e-6 * px_per_s;
+                let span_px = (ex - sx) * px_per_x;
                 if span_px >= p.label.len() as f64 * 6.5 + 4.0 {
                     pui.text(
                         Text::new(
                             "",
-                            PlotPoint::new(p.start_us as f64 * 1e-6, top * 1.04),
+                            PlotPoint::new(sx, top * 1.04),
                             RichText::new(&p.label).size(13.0),
                         )
                         .anchor(Align2::LEFT_BOTTOM),
@@ -175,7 +206,7 @@ impl TimelineView {
                 }
             }
             for (k, (t, label)) in cache.markers.iter().enumerate() {
-                let x = *t as f64 * 1e-6;
+                let x = xt(*t);
                 // Staggered heights, so neighbouring checkpoints do not overwrite each other.
                 let y = top * if k % 2 == 0 { 1.13 } else { 1.09 };
                 pui.vline(
@@ -216,12 +247,14 @@ impl TimelineView {
                         .width(if *s == Series::Allocated { 2.2 } else { 1.6 }),
                 );
             }
-            let hovered = pui.pointer_coordinate().and_then(|p| {
+            pui.pointer_coordinate().and_then(|p| {
                 let per_px = b.width().max(1e-9) / width_px as f64;
-                event_near(events, p.x, per_px)
-            });
-            let _ = report;
-            hovered
+                if by_event {
+                    event_near_index(events, p.x, per_px)
+                } else {
+                    event_near(events, p.x, per_px)
+                }
+            })
         });
         if let Some(i) = resp.inner {
             let e = &events[i];
@@ -239,11 +272,12 @@ impl TimelineView {
             };
             self.reset = true;
         }
-        if c.len == input.events.len() && !c.passes.is_empty() {
+        if c.fresh && c.len == input.events.len() {
             return;
         }
+        c.fresh = true;
         c.len = input.events.len();
-        c.levels = vec![None; LEVELS.len()];
+        c.levels = [vec![None; LEVELS.len()], vec![None; LEVELS.len()]];
         c.view_key = None;
         c.passes = pass_spans(input.events, input.report);
         c.markers = input
@@ -256,29 +290,71 @@ impl TimelineView {
 }
 
 impl Cache {
-    fn update_view(&mut self, events: &[Event], t0: u64, t1: u64, width_px: usize, stacked: bool) {
-        let key = (self.generation, self.len, t0, t1, width_px, stacked);
+    fn update_view(
+        &mut self,
+        events: &[Event],
+        by_event: bool,
+        x0: f64,
+        x1: f64,
+        width_px: usize,
+        stacked: bool,
+    ) {
+        let key = (
+            self.generation,
+            self.len,
+            by_event,
+            x0.to_bits(),
+            x1.to_bits(),
+            width_px,
+            stacked,
+        );
         if self.view_key == Some(key) {
             return;
         }
         self.view_key = Some(key);
-        let visible = first_at(events, t1.saturating_add(1)) - first_at(events, t0);
+        let n = events.len();
         let t_end = events.last().map_or(0, |e| e.time_us).max(1);
-        self.view_lines = if visible <= LIVE_REDUCE_LIMIT {
+        let (t0, t1) = ((x0 * 1e6) as u64, ((x1 * 1e6).ceil() as u64).max(1));
+        let (i0, i1) = if by_event {
+            (
+                (x0.floor() as usize).min(n),
+                ((x1.ceil() as usize) + 1).min(n),
+            )
+        } else {
+            (first_at(events, t0), first_at(events, t1.saturating_add(1)))
+        };
+        self.view_lines = if i1.saturating_sub(i0) <= LIVE_REDUCE_LIMIT {
             SERIES
                 .iter()
-                .map(|s| reduce(events, *s, t0, t1, width_px))
+                .map(|s| {
+                    if by_event {
+                        reduce_by_index(events, *s, i0, i1, width_px)
+                    } else {
+                        reduce(events, *s, t0, t1.max(t0 + 1), width_px)
+                    }
+                })
                 .collect()
         } else {
             // The coarsest full-range level that still gives a point per pixel column here.
-            let fraction = (t1 - t0) as f64 / t_end as f64;
+            let x_end = if by_event {
+                n as f64
+            } else {
+                t_end as f64 * 1e-6
+            };
+            let fraction = (x1 - x0) / x_end.max(1e-12);
             let li = LEVELS
                 .iter()
                 .position(|&cols| cols as f64 * fraction >= width_px as f64)
                 .unwrap_or(LEVELS.len() - 1);
-            let level = self.levels[li]
-                .get_or_insert_with(|| SERIES.map(|s| reduce(events, s, 0, t_end, LEVELS[li])));
-            let (x0, x1) = (t0 as f64 * 1e-6, t1 as f64 * 1e-6);
+            let level = self.levels[usize::from(by_event)][li].get_or_insert_with(|| {
+                SERIES.map(|s| {
+                    if by_event {
+                        reduce_by_index(events, s, 0, n, LEVELS[li])
+                    } else {
+                        reduce(events, s, 0, t_end, LEVELS[li])
+                    }
+                })
+            });
             level
                 .iter()
                 .map(|pts| {
@@ -289,11 +365,60 @@ impl Cache {
                 .collect()
         };
         self.view_stack = if stacked {
-            stack_by_category(events, t0, t1, width_px)
+            stack_by_category(events, i0, i1, width_px, by_event)
         } else {
             Vec::new()
         };
     }
+}
+
+/// Like `crate::timeline::reduce`, with event index as x: each pixel column keeps its first,
+/// minimum, maximum and last value, so the step shape and every spike survive.
+pub fn reduce_by_index(
+    events: &[Event],
+    series: Series,
+    i0: usize,
+    i1: usize,
+    columns: usize,
+) -> Vec<[f64; 2]> {
+    let i1 = i1.min(events.len());
+    let point = |i: usize| [i as f64, series.value(&events[i]) as f64];
+    if i0 >= i1 {
+        return Vec::new();
+    }
+    let columns = columns.max(1);
+    if i1 - i0 <= columns * 4 {
+        return (i0..i1).map(point).collect();
+    }
+    let per = (i1 - i0) as f64 / columns as f64;
+    let mut out = Vec::with_capacity(columns * 4);
+    for c in 0..columns {
+        let a = i0 + (c as f64 * per) as usize;
+        let b = (i0 + ((c + 1) as f64 * per) as usize).min(i1);
+        if a >= b {
+            continue;
+        }
+        let (mut lo, mut hi) = (a, a);
+        for i in a..b {
+            let v = series.value(&events[i]);
+            if v < series.value(&events[lo]) {
+                lo = i;
+            }
+            if v > series.value(&events[hi]) {
+                hi = i;
+            }
+        }
+        let mut picks = [a, lo, hi, b - 1];
+        picks.sort_unstable();
+        let mut last = usize::MAX;
+        for p in picks {
+            if p != last {
+                out.push(point(p));
+                last = p;
+            }
+        }
+    }
+    out
 }
 
 /// `pr9352` → `#9352 old`; other names as they are.
@@ -357,22 +482,42 @@ pub fn pass_spans(events: &[Event], report: Option<&Report>) -> Vec<PassSpan> {
 
 /// Running bytes per category (framework blocks by what they hold, plus memory outside the
 /// framework), cumulated in `Category::ALL` order so the last series is the stack's top.
-/// Sampled per pixel column at the column's highest total, so peaks survive.
-fn stack_by_category(events: &[Event], t0: u64, t1: u64, columns: usize) -> Vec<Vec<[f64; 2]>> {
+/// Covers events `i0..i1`, sampled per pixel column at the column's highest total, so peaks
+/// survive; x is the time in seconds, or the event index when `by_event`.
+fn stack_by_category(
+    events: &[Event],
+    i0: usize,
+    i1: usize,
+    columns: usize,
+    by_event: bool,
+) -> Vec<Vec<[f64; 2]>> {
     let n = Category::ALL.len();
     let mut out = vec![Vec::with_capacity(columns * 2); n];
+    let i1 = i1.min(events.len());
+    if i0 >= i1 {
+        return out;
+    }
+    let x_of = |i: usize| {
+        if by_event {
+            i as f64
+        } else {
+            events[i].time_us as f64 * 1e-6
+        }
+    };
+    let (x0, x1) = (x_of(i0), x_of(i1 - 1));
+    let span = (x1 - x0).max(1e-12);
     let mut totals = [0i64; 6];
-    let span = (t1 - t0).max(1) as f64;
     let mut col: Option<i64> = None;
-    let mut best: Option<(u64, [i64; 6], i64)> = None;
-    let push = |out: &mut Vec<Vec<[f64; 2]>>, t: u64, tot: &[i64; 6]| {
+    let mut best: Option<(f64, [i64; 6], i64)> = None;
+    let push = |out: &mut Vec<Vec<[f64; 2]>>, x: f64, tot: &[i64; 6]| {
         let mut acc = 0i64;
         for (i, v) in tot.iter().enumerate() {
             acc += (*v).max(0);
-            out[i].push([t as f64 * 1e-6, acc as f64]);
+            out[i].push([x, acc as f64]);
         }
     };
-    for e in events {
+    // Running totals need every event from the start, even those left of the view.
+    for (i, e) in events[..i1].iter().enumerate() {
         let idx = Category::ALL
             .iter()
             .position(|c| *c == e.category)
@@ -380,30 +525,40 @@ fn stack_by_category(events: &[Event], t0: u64, t1: u64, columns: usize) -> Vec<
         match e.kind {
             EventKind::Alloc | EventKind::OutsideAlloc => totals[idx] += e.bytes as i64,
             EventKind::Free | EventKind::OutsideFree => totals[idx] -= e.bytes as i64,
-            _ => continue,
+            _ => {}
         }
-        if e.time_us < t0 {
+        if i < i0 {
             continue;
         }
-        if e.time_us > t1 {
-            break;
-        }
-        let c = (((e.time_us - t0) as f64 / span * columns as f64) as i64).min(columns as i64 - 1);
+        let x = x_of(i);
+        let c = (((x - x0) / span * columns as f64) as i64).min(columns as i64 - 1);
         let sum: i64 = totals.iter().map(|v| (*v).max(0)).sum();
         if col != Some(c) {
-            if let Some((t, tot, _)) = best.take() {
-                push(&mut out, t, &tot);
+            if let Some((bx, tot, _)) = best.take() {
+                push(&mut out, bx, &tot);
             }
             col = Some(c);
         }
         if best.is_none_or(|(_, _, s)| sum >= s) {
-            best = Some((e.time_us, totals, sum));
+            best = Some((x, totals, sum));
         }
     }
-    if let Some((t, tot, _)) = best {
-        push(&mut out, t, &tot);
+    if let Some((bx, tot, _)) = best {
+        push(&mut out, bx, &tot);
     }
     out
+}
+
+/// Event-order twin of `event_near`: x is an event index.
+pub fn event_near_index(events: &[Event], x: f64, per_px: f64) -> Option<usize> {
+    if events.is_empty() || x < 0.0 {
+        return None;
+    }
+    let lo = ((x - per_px / 2.0).max(0.0).floor() as usize).min(events.len() - 1);
+    let hi = ((x + per_px / 2.0).ceil() as usize)
+        .clamp(lo + 1, events.len())
+        .min(lo + 20_000);
+    (lo..hi).max_by_key(|&i| events[i].bytes)
 }
 
 /// The event under the pointer: within half a pixel column of `x_s`, the one that moved the
@@ -469,6 +624,16 @@ fn axis_time(s: f64, range_s: f64) -> String {
     }
 }
 
+fn axis_count(v: f64) -> String {
+    if v.abs() >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else if v.abs() >= 1e3 {
+        format!("{:.0}k", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
 fn axis_bytes(v: f64) -> String {
     if v == 0.0 {
         "0".into()
@@ -528,11 +693,14 @@ mod tests {
             ev(3, 0, EventKind::OutsideAlloc, Category::NonFramework, 7),
         ];
         // One column: the sample is taken where the total peaks (t=1: 150).
-        let s = stack_by_category(&evs, 0, 3, 1);
+        let s = stack_by_category(&evs, 0, 4, 1, false);
         let top = s.last().unwrap();
         assert_eq!(top, &vec![[1e-6, 150.0]]);
+        // By event index, the same peak is event 1.
+        let s = stack_by_category(&evs, 0, 4, 1, true);
+        assert_eq!(s.last().unwrap(), &vec![[1.0, 150.0]]);
         // Many columns: the final top is weights + outside.
-        let s = stack_by_category(&evs, 0, 3, 100);
+        let s = stack_by_category(&evs, 0, 4, 100, false);
         assert_eq!(s.last().unwrap().last().unwrap()[1], 107.0);
         assert_eq!(s[0].last().unwrap()[1], 100.0);
     }
@@ -548,5 +716,42 @@ mod tests {
         assert_eq!(event_near(&evs, 100e-6, 10e-6), Some(1));
         // Between events: the last one before the pointer.
         assert_eq!(event_near(&evs, 2000e-6, 10e-6), Some(2));
+    }
+}
+
+#[cfg(test)]
+mod index_tests {
+    use super::*;
+    use crate::memory::Category;
+
+    #[test]
+    fn index_reduction_keeps_spikes_and_bounds_points() {
+        let mut events: Vec<Event> = (0..200_000u64)
+            .map(|i| Event {
+                seq: i,
+                time_us: i / 7,
+                pass: 0,
+                kind: EventKind::Alloc,
+                op: "op".into(),
+                layer: None,
+                tensor: "x".into(),
+                category: Category::Activation,
+                bytes: 0,
+                allocated: 100,
+                reserved: 100,
+                device_used: 100,
+                process_used: 100,
+            })
+            .collect();
+        events[123_457].allocated = 9_999;
+        events[123_457].bytes = 5;
+        let pts = reduce_by_index(&events, Series::Allocated, 0, events.len(), 500);
+        assert!(pts.len() <= 2000, "{}", pts.len());
+        assert!(pts.contains(&[123_457.0, 9_999.0]));
+        assert_eq!(
+            reduce_by_index(&events, Series::Allocated, 10, 20, 500).len(),
+            10
+        );
+        assert_eq!(event_near_index(&events, 123_457.6, 2.0), Some(123_457));
     }
 }
