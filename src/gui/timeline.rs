@@ -755,3 +755,77 @@ mod index_tests {
         assert_eq!(event_near_index(&events, 123_457.6, 2.0), Some(123_457));
     }
 }
+
+#[cfg(test)]
+mod view_tests {
+    use super::*;
+    use crate::memory::Category;
+
+    #[test]
+    fn a_zoom_gesture_narrows_the_reduced_range_and_reset_restores_it() {
+        let events: Vec<Event> = (0..10_000u64)
+            .map(|i| Event {
+                seq: i,
+                time_us: i * 10,
+                pass: 1 + (i / 2500) as u32,
+                kind: EventKind::Alloc,
+                op: "op".into(),
+                layer: None,
+                tensor: "x".into(),
+                category: Category::Activation,
+                bytes: i,
+                allocated: i % 977,
+                reserved: 1000,
+                device_used: 2000,
+                process_used: 1500,
+            })
+            .collect();
+        let ctx = egui::Context::default();
+        let mut view = TimelineView::default();
+        let size = egui::vec2(1000.0, 700.0);
+        let mut frame = |view: &mut TimelineView, ev: Vec<egui::Event>| {
+            let input = egui::RawInput {
+                screen_rect: Some(egui::Rect::from_min_size(egui::Pos2::ZERO, size)),
+                events: ev,
+                ..Default::default()
+            };
+            let mut out = ctx.run_ui(input, |ui| {
+                egui::CentralPanel::default_margins().show(ui, |ui| {
+                    view.ui(
+                        ui,
+                        &TimelineInput {
+                            events: &events,
+                            generation: 1,
+                            report: None,
+                        },
+                    );
+                });
+            });
+            // No renderer here to upload the font atlas to.
+            out.textures_delta.clear();
+        };
+        let range = |view: &TimelineView| {
+            let k = view.cache.view_key.expect("a view was reduced");
+            f64::from_bits(k.4) - f64::from_bits(k.3)
+        };
+        let centre = egui::pos2(500.0, 350.0);
+        frame(&mut view, vec![egui::Event::PointerMoved(centre)]);
+        frame(&mut view, vec![]);
+        let full = range(&view);
+        assert!((full - 0.09999).abs() < 1e-3, "full run in view: {full}");
+        for _ in 0..3 {
+            frame(
+                &mut view,
+                vec![egui::Event::PointerMoved(centre), egui::Event::Zoom(2.0)],
+            );
+        }
+        frame(&mut view, vec![]);
+        let zoomed = range(&view);
+        assert!(zoomed < full * 0.5, "zoomed {zoomed} vs full {full}");
+        assert_eq!(view.cache.passes.len(), 4);
+        view.reset_view();
+        frame(&mut view, vec![]);
+        frame(&mut view, vec![]);
+        assert!((range(&view) - full).abs() < 1e-9);
+    }
+}
