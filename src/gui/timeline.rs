@@ -783,7 +783,7 @@ mod view_tests {
         let ctx = egui::Context::default();
         let mut view = TimelineView::default();
         let size = egui::vec2(1000.0, 700.0);
-        let mut frame = |view: &mut TimelineView, ev: Vec<egui::Event>| {
+        let frame = |view: &mut TimelineView, ev: Vec<egui::Event>| {
             let input = egui::RawInput {
                 screen_rect: Some(egui::Rect::from_min_size(egui::Pos2::ZERO, size)),
                 events: ev,
