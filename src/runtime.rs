@@ -2,7 +2,7 @@
 //! log, the scope (pass, op, layer) events are tagged with, the cancel flag and progress.
 //! It lives on the worker thread (`Rc`), and tensors hold it so a drop frees their block.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,6 +17,22 @@ use crate::tensor::{DType, Storage, Tensor};
 
 /// How often batches of new events go to the progress sink.
 const EVENT_FLUSH_INTERVAL: Duration = Duration::from_millis(50);
+
+thread_local! {
+    static RUNTIMES_CREATED: Cell<usize> = const { Cell::new(0) };
+    static UI_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as the app's UI thread: creating a Runtime (profiling work) on it
+/// afterwards is a bug, caught by a debug assertion in `Runtime::new`.
+pub fn mark_ui_thread() {
+    UI_THREAD.with(|c| c.set(true));
+}
+
+/// How many Runtimes the calling thread has created (lets tests prove the UI thread made none).
+pub fn runtimes_created_on_this_thread() -> usize {
+    RUNTIMES_CREATED.with(Cell::get)
+}
 
 #[derive(Clone)]
 pub struct Runtime(Rc<RefCell<Inner>>);
@@ -50,6 +66,11 @@ pub struct Snapshot {
 
 impl Runtime {
     pub fn new(device: Device, cancel: Arc<AtomicBool>, sink: Option<ProgressSink>) -> Self {
+        debug_assert!(
+            !UI_THREAD.with(Cell::get),
+            "profiling work started on the UI thread; it belongs on the worker"
+        );
+        RUNTIMES_CREATED.with(|c| c.set(c.get() + 1));
         let mem = device.mem_info();
         let process_used = device.process_used();
         let now = Instant::now();

@@ -1,0 +1,761 @@
+//! The eframe App: panels (toolbar, setup, timeline, comparison), the worker handle, exports,
+//! keyboard shortcuts and the `--screenshot` mode. It never waits on the worker: each frame it
+//! drains the channel and repaints while a run is in flight.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use egui::{Color32, Key, KeyboardShortcut, Modifiers, RichText};
+
+use super::comparison::ComparisonView;
+use super::setup::SetupForm;
+use super::timeline::{TimelineInput, TimelineView};
+use super::worker::{RunFailure, Worker, WorkerMsg};
+use crate::device::DeviceListing;
+use crate::export;
+use crate::memory::Event;
+use crate::profile::Report;
+use crate::progress::{Phase, Progress};
+
+const SETUP_KEY: &str = "vramscope.setup";
+const EXPORT_KEY: &str = "vramscope.export_path";
+/// A file dialog that comes back empty this fast never showed (no portal, no zenity).
+const NO_DIALOG_WITHIN: Duration = Duration::from_millis(400);
+
+const PROFILE_KEY: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::R);
+const SAVE_PNG_KEY: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::S);
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum BannerKind {
+    Error,
+    Info,
+}
+
+#[derive(Clone, Debug)]
+pub struct Banner {
+    pub kind: BannerKind,
+    pub text: String,
+}
+
+/// Where a running profile is, from its progress messages.
+#[derive(Clone, Debug, Default)]
+struct RunProgress {
+    phase: Option<Phase>,
+    load: Option<(u32, u32)>,
+    pass: Option<(u32, u32, Option<String>)>,
+    layer: Option<(u32, u32)>,
+    started: Option<Instant>,
+}
+
+impl RunProgress {
+    fn fraction(&self) -> f32 {
+        let layer = self
+            .layer
+            .map_or(0.0, |(l, of)| (l + 1) as f32 / of.max(1) as f32);
+        match self.phase {
+            Some(Phase::Loading) => self
+                .load
+                .map_or(0.0, |(i, n)| (i + 1) as f32 / n.max(1) as f32),
+            Some(Phase::Profiling) | Some(Phase::Verifying) => {
+                self.pass.as_ref().map_or(0.0, |(p, of, _)| {
+                    (p.saturating_sub(1) as f32 + layer) / (*of).max(1) as f32
+                })
+            }
+            Some(Phase::Measuring) | Some(Phase::Done) => 1.0,
+            _ => 0.0,
+        }
+    }
+
+    fn text(&self) -> String {
+        let mut s = self.phase.map_or("starting", Phase::label).to_string();
+        if self.phase == Some(Phase::Loading) {
+            if let Some((i, n)) = self.load {
+                s += &format!(" · tensor {} of {n}", i + 1);
+            }
+        }
+        if matches!(self.phase, Some(Phase::Profiling) | Some(Phase::Verifying)) {
+            if let Some((p, of, v)) = &self.pass {
+                s += &match v {
+                    Some(f) => format!(" · verify {f}"),
+                    None => format!(" · pass {p} of {of}"),
+                };
+            }
+            if let Some((l, of)) = self.layer {
+                s += &format!(" · layer {} of {of}", l + 1);
+            }
+        }
+        s
+    }
+}
+
+/// `--screenshot FILE`: profile the default preset, save the window, quit.
+struct ScreenshotJob {
+    path: PathBuf,
+    started: bool,
+    frames_after_report: u32,
+    requested: bool,
+}
+
+/// A window screenshot that was asked for, and where it goes.
+type Shot = (PathBuf, Arc<egui::ColorImage>);
+
+pub struct VramscopeApp {
+    pub setup: SetupForm,
+    /// Path stem for exports and sessions (`.png`, `.csv`, `.json` are added).
+    pub export_path: String,
+    devices: Vec<DeviceListing>,
+    no_gpu: Option<String>,
+    worker: Option<Worker>,
+    progress: RunProgress,
+    live_events: Vec<Event>,
+    report: Option<Box<Report>>,
+    generation: u64,
+    banner: Option<Banner>,
+    timeline: TimelineView,
+    comparison: ComparisonView,
+    /// A GPU renderer exists (eframe window); false in headless tests.
+    has_renderer: bool,
+    screenshot: Option<ScreenshotJob>,
+    shot_tx: Sender<Shot>,
+    shot_rx: Receiver<Shot>,
+    /// Set when `--screenshot` fails, so the process exits non-zero.
+    exit_error: Arc<Mutex<Option<String>>>,
+}
+
+impl VramscopeApp {
+    /// The app as eframe (or a test harness) creates it.
+    pub fn new(cc: &eframe::CreationContext<'_>) -> Self {
+        Self::with_screenshot(cc, None, Arc::new(Mutex::new(None)))
+    }
+
+    pub(crate) fn with_screenshot(
+        cc: &eframe::CreationContext<'_>,
+        screenshot: Option<PathBuf>,
+        exit_error: Arc<Mutex<Option<String>>>,
+    ) -> Self {
+        // From here on, profiling on this thread is a bug (debug assertion in Runtime::new).
+        crate::runtime::mark_ui_thread();
+        super::style::apply(&cc.egui_ctx);
+        let stored = |key: &str| cc.storage.and_then(|s| s.get_string(key));
+        let mut setup: SetupForm = if screenshot.is_some() {
+            SetupForm::default()
+        } else {
+            stored(SETUP_KEY)
+                .and_then(|s| serde_json::from_str(&s).ok())
+                .unwrap_or_default()
+        };
+        setup.dialog_note = None;
+        let export_path = stored(EXPORT_KEY).unwrap_or_else(|| "vramscope-report".into());
+        let (devices, no_gpu) = crate::device::list_devices();
+        let (shot_tx, shot_rx) = channel();
+        let has_renderer = cc.gl.is_some();
+        VramscopeApp {
+            setup,
+            export_path,
+            devices,
+            no_gpu,
+            worker: None,
+            progress: RunProgress::default(),
+            live_events: Vec::new(),
+            report: None,
+            generation: 0,
+            banner: None,
+            timeline: TimelineView::default(),
+            comparison: ComparisonView::default(),
+            has_renderer,
+            screenshot: screenshot.map(|path| ScreenshotJob {
+                path,
+                started: false,
+                frames_after_report: 0,
+                requested: false,
+            }),
+            shot_tx,
+            shot_rx,
+            exit_error,
+        }
+    }
+
+    /// The latest finished run or opened session.
+    pub fn report(&self) -> Option<&Report> {
+        self.report.as_deref()
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.worker.is_some()
+    }
+
+    pub fn banner(&self) -> Option<&Banner> {
+        self.banner.as_ref()
+    }
+
+    /// Events the timeline shows: the report's, or the live ones while a run is in flight.
+    pub fn timeline_events(&self) -> &[Event] {
+        match &self.report {
+            Some(r) => &r.events,
+            None => &self.live_events,
+        }
+    }
+
+    /// Shows a report as if a run had just produced it (sessions, benchmarks).
+    pub fn show_report(&mut self, report: Report) {
+        self.report = Some(Box::new(report));
+        self.live_events = Vec::new();
+        self.generation += 1;
+    }
+
+    /// Starts a run with the form's settings (Profile / Ctrl+R).
+    pub fn start_profile(&mut self, ctx: &egui::Context) {
+        if self.worker.is_some() {
+            return;
+        }
+        let req = match self.setup.request() {
+            Ok(r) => r,
+            Err(e) => {
+                self.error(e.to_string());
+                return;
+            }
+        };
+        self.banner = None;
+        self.report = None;
+        self.live_events = Vec::new();
+        self.generation += 1;
+        self.progress = RunProgress {
+            started: Some(Instant::now()),
+            ..RunProgress::default()
+        };
+        let ctx = ctx.clone();
+        self.worker = Some(Worker::spawn(req, move || ctx.request_repaint()));
+    }
+
+    /// Cancel / Esc: the worker stops at its next op and frees everything.
+    pub fn cancel(&mut self) {
+        if let Some(w) = &self.worker {
+            w.cancel();
+        }
+    }
+
+    fn error(&mut self, text: String) {
+        self.banner = Some(Banner {
+            kind: BannerKind::Error,
+            text,
+        });
+    }
+
+    fn info(&mut self, text: String) {
+        self.banner = Some(Banner {
+            kind: BannerKind::Info,
+            text,
+        });
+    }
+
+    fn pump_worker(&mut self) {
+        let Some(w) = &mut self.worker else { return };
+        for m in w.drain() {
+            match m {
+                WorkerMsg::Progress(p) => match p {
+                    Progress::Phase(ph) => self.progress.phase = Some(ph),
+                    Progress::Load { index, count, .. } => {
+                        self.progress.load = Some((index, count))
+                    }
+                    Progress::Pass { pass, of, verify } => {
+                        self.progress.pass = Some((pass, of, verify));
+                        self.progress.layer = None;
+                    }
+                    Progress::Layer { layer, of } => self.progress.layer = Some((layer, of)),
+                    Progress::Events(mut batch) => self.live_events.append(&mut batch),
+                },
+                WorkerMsg::Finished(outcome) => {
+                    self.worker = None;
+                    self.live_events = Vec::new();
+                    self.generation += 1;
+                    match outcome {
+                        Ok(report) => {
+                            // A typed or pasted model path that worked goes into the recent list.
+                            if let crate::model::ModelSource::Path { path } = &report.settings.model
+                            {
+                                self.setup.set_model_path(path.clone());
+                            }
+                            self.report = Some(report);
+                            self.banner = None;
+                        }
+                        Err(RunFailure::Cancelled) => {
+                            self.info(RunFailure::Cancelled.message());
+                        }
+                        Err(f) => self.error(f.message()),
+                    }
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Ctrl+S: the window's own rendering when there is a window, else the CLI's report image.
+    pub fn save_png(&mut self, ctx: &egui::Context) {
+        // The window can be saved at any time (mid-run too); the report image needs a report.
+        if self.report.is_none() && !self.has_renderer {
+            self.error("Nothing to save yet: run a profile or open a session first.".into());
+            return;
+        }
+        let path = self.export_file("png");
+        if let Err(e) = export::check_writable(&path) {
+            self.error(e.to_string());
+            return;
+        }
+        if self.has_renderer {
+            request_window_png(ctx, path, self.shot_tx.clone());
+        } else {
+            let Some(r) = self.report.as_deref() else {
+                return;
+            };
+            match export::png::write(r, &path) {
+                Ok(()) => self.info(format!("Saved {}", path.display())),
+                Err(e) => self.error(e.to_string()),
+            }
+        }
+    }
+
+    pub fn save_csv(&mut self) {
+        let Some(r) = self.report.as_deref() else {
+            self.error("Nothing to save yet: run a profile or open a session first.".into());
+            return;
+        };
+        let path = self.export_file("csv");
+        match export::csv::write(r, &path) {
+            Ok((timeline, summary)) => self.info(format!(
+                "Saved {} (timeline) and {} (summary)",
+                timeline.display(),
+                summary.display()
+            )),
+            Err(e) => self.error(e.to_string()),
+        }
+    }
+
+    pub fn save_session(&mut self) {
+        let Some(r) = self.report.as_deref() else {
+            self.error("Nothing to save yet: run a profile or open a session first.".into());
+            return;
+        };
+        let path = self.export_file("json");
+        match export::json::write(r, &path) {
+            Ok(()) => self.info(format!("Saved session {}", path.display())),
+            Err(e) => self.error(e.to_string()),
+        }
+    }
+
+    /// Reopens a saved session without re-running it.
+    pub fn open_session(&mut self, path: &Path) {
+        if self.worker.is_some() {
+            self.error("A run is in progress: cancel it before opening a session.".into());
+            return;
+        }
+        match export::json::read(path) {
+            Ok(r) => {
+                self.show_report(r);
+                self.info(format!("Opened session {}", path.display()));
+            }
+            Err(e) => self.error(e.to_string()),
+        }
+    }
+
+    fn export_file(&self, ext: &str) -> PathBuf {
+        let stem = self.export_path.trim();
+        let stem = if stem.is_empty() {
+            "vramscope-report"
+        } else {
+            stem
+        };
+        let p = PathBuf::from(stem);
+        if p.extension().is_some_and(|e| e.eq_ignore_ascii_case(ext)) {
+            p
+        } else {
+            let mut s = p.into_os_string();
+            s.push(format!(".{ext}"));
+            PathBuf::from(s)
+        }
+    }
+
+    /// A dropped or picked file: a session (.json) opens; anything else becomes the model.
+    pub fn use_file(&mut self, path: PathBuf) {
+        if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+            && path.file_name().is_some_and(|n| n != "config.json")
+        {
+            self.open_session(&path);
+        } else {
+            self.setup.set_model_path(path);
+        }
+    }
+
+    fn pick_model_file(&mut self) {
+        let t = Instant::now();
+        let picked = rfd::FileDialog::new()
+            .set_title("Open a model")
+            .add_filter(
+                "Model (safetensors, config.json, GGUF)",
+                &["safetensors", "json", "gguf"],
+            )
+            .add_filter("All files", &["*"])
+            .pick_file();
+        match picked {
+            Some(p) => {
+                self.setup.dialog_note = None;
+                self.setup.set_model_path(p);
+            }
+            None if t.elapsed() < NO_DIALOG_WITHIN => {
+                self.setup.dialog_note = Some(
+                    "No file dialog is available here (no desktop portal or zenity): type or paste the path above, or drop the file on the window."
+                        .into(),
+                );
+            }
+            None => {}
+        }
+    }
+
+    fn pick_session_file(&mut self) {
+        let t = Instant::now();
+        let picked = rfd::FileDialog::new()
+            .set_title("Open a session")
+            .add_filter("vramscope session", &["json"])
+            .pick_file();
+        match picked {
+            Some(p) => self.open_session(&p),
+            None if t.elapsed() < NO_DIALOG_WITHIN => {
+                // No dialog backend: fall back to the export path field.
+                let p = self.export_file("json");
+                if p.is_file() {
+                    self.open_session(&p);
+                } else {
+                    self.error(format!(
+                        "No file dialog is available here; type the session's path into \"Export to\" (tried {}).",
+                        p.display()
+                    ));
+                }
+            }
+            None => {}
+        }
+    }
+
+    fn handle_input(&mut self, ctx: &egui::Context) {
+        let (profile, save, esc, dropped) = ctx.input_mut(|i| {
+            (
+                i.consume_shortcut(&PROFILE_KEY),
+                i.consume_shortcut(&SAVE_PNG_KEY),
+                i.consume_key(Modifiers::NONE, Key::Escape),
+                std::mem::take(&mut i.raw.dropped_files),
+            )
+        });
+        if profile {
+            self.start_profile(ctx);
+        }
+        if esc {
+            self.cancel();
+        }
+        if save {
+            self.save_png(ctx);
+        }
+        if let Some(f) = dropped.first() {
+            self.use_file(f.path().to_path_buf());
+        }
+    }
+
+    fn pump_screenshots(&mut self, ctx: &egui::Context) {
+        while let Ok((path, img)) = self.shot_rx.try_recv() {
+            let done = write_png(&path, &img);
+            let closing = self
+                .screenshot
+                .as_ref()
+                .is_some_and(|s| s.requested && s.path == path);
+            match done {
+                Ok(()) => self.info(format!("Saved the window as {}", path.display())),
+                Err(e) => {
+                    if closing {
+                        *self.exit_error.lock().expect("exit error lock") = Some(e.clone());
+                    }
+                    self.error(e);
+                }
+            }
+            if closing {
+                ctx.send_viewport_cmd(egui::ViewportCommand::Close);
+            }
+        }
+    }
+
+    fn drive_screenshot_job(&mut self, ctx: &egui::Context) {
+        let Some(job) = &mut self.screenshot else {
+            return;
+        };
+        if !job.started {
+            job.started = true;
+            self.start_profile(ctx);
+            return;
+        }
+        if self.worker.is_some() || job.requested {
+            return;
+        }
+        if self.report.is_none() {
+            let why = self
+                .banner
+                .as_ref()
+                .map_or("the run produced no report".to_string(), |b| b.text.clone());
+            *self.exit_error.lock().expect("exit error lock") = Some(why);
+            ctx.send_viewport_cmd(egui::ViewportCommand::Close);
+            return;
+        }
+        // Let the plots lay out with the report for a few frames before capturing.
+        job.frames_after_report += 1;
+        if job.frames_after_report >= 4 {
+            job.requested = true;
+            request_window_png(ctx, job.path.clone(), self.shot_tx.clone());
+        }
+        ctx.request_repaint();
+    }
+
+    fn toolbar(&mut self, ui: &mut egui::Ui) {
+        let ctx = ui.ctx().clone();
+        ui.horizontal(|ui| {
+            ui.label(RichText::new("vramscope").heading().strong());
+            ui.separator();
+            let running = self.worker.is_some();
+            let profile = ui
+                .add_enabled(
+                    !running,
+                    egui::Button::new(RichText::new("Profile").strong())
+                        .min_size(egui::vec2(110.0, 30.0)),
+                )
+                .on_hover_text("Ctrl+R");
+            if profile.clicked() {
+                self.start_profile(&ctx);
+            }
+            if ui
+                .add_enabled(
+                    running,
+                    egui::Button::new("Cancel").min_size(egui::vec2(80.0, 30.0)),
+                )
+                .on_hover_text("Esc")
+                .clicked()
+            {
+                self.cancel();
+            }
+            if running {
+                let secs = self
+                    .progress
+                    .started
+                    .map_or(0.0, |s| s.elapsed().as_secs_f32());
+                ui.add(
+                    egui::ProgressBar::new(self.progress.fraction())
+                        .text(format!("{} · {:.1} s", self.progress.text(), secs))
+                        .desired_width(420.0)
+                        .animate(true),
+                );
+            } else if let Some(r) = &self.report {
+                ui.label(format!(
+                    "{} events · {:.2} s{}",
+                    r.event_count,
+                    r.wall_time_s,
+                    if r.device.simulated {
+                        " · simulated device"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            ui.with_layout(egui::Layout::right_to_left(egui::Align::Center), |ui| {
+                theme_buttons(ui);
+            });
+        });
+    }
+
+    fn banner_ui(&mut self, ui: &mut egui::Ui) {
+        let Some(b) = &self.banner else { return };
+        let (fill, text_colour) = match b.kind {
+            BannerKind::Error => (Color32::from_rgb(160, 30, 30), Color32::WHITE),
+            BannerKind::Info => (
+                ui.visuals().faint_bg_color,
+                ui.visuals().strong_text_color(),
+            ),
+        };
+        let mut close = false;
+        egui::Frame::new()
+            .fill(fill)
+            .inner_margin(egui::Margin::symmetric(10, 6))
+            .corner_radius(4.0)
+            .show(ui, |ui| {
+                ui.horizontal(|ui| {
+                    let prefix = if b.kind == BannerKind::Error {
+                        "Error: "
+                    } else {
+                        ""
+                    };
+                    ui.add(
+                        egui::Label::new(
+                            RichText::new(format!("{prefix}{}", b.text))
+                                .color(text_colour)
+                                .strong(),
+                        )
+                        .wrap(),
+                    );
+                    ui.with_layout(egui::Layout::right_to_left(egui::Align::Center), |ui| {
+                        if ui.button("Dismiss").clicked() {
+                            close = true;
+                        }
+                    });
+                });
+            });
+        if close {
+            self.banner = None;
+        }
+    }
+
+    fn export_ui(&mut self, ui: &mut egui::Ui) {
+        ui.heading("Export");
+        let label = ui.label("Export to (path; extension added)");
+        ui.add(egui::TextEdit::singleline(&mut self.export_path).desired_width(f32::INFINITY))
+            .labelled_by(label.id);
+        let has = self.report.is_some();
+        let ctx = ui.ctx().clone();
+        ui.horizontal_wrapped(|ui| {
+            if ui
+                .add_enabled(
+                    has || self.has_renderer,
+                    egui::Button::new("Save PNG report"),
+                )
+                .on_hover_text("Ctrl+S")
+                .clicked()
+            {
+                self.save_png(&ctx);
+            }
+            if ui.add_enabled(has, egui::Button::new("Save CSV")).clicked() {
+                self.save_csv();
+            }
+            if ui
+                .add_enabled(has, egui::Button::new("Save session"))
+                .clicked()
+            {
+                self.save_session();
+            }
+            if ui.button("Open session…").clicked() {
+                self.pick_session_file();
+            }
+        });
+    }
+}
+
+impl eframe::App for VramscopeApp {
+    fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
+        let ctx = ui.ctx().clone();
+        self.pump_worker();
+        self.pump_screenshots(&ctx);
+        self.handle_input(&ctx);
+        self.drive_screenshot_job(&ctx);
+        if self.worker.is_some() {
+            // Progress messages wake the UI too; this keeps the elapsed time ticking.
+            ctx.request_repaint_after(Duration::from_millis(100));
+        }
+
+        egui::Panel::top("toolbar").show(ui, |ui| {
+            ui.add_space(4.0);
+            self.toolbar(ui);
+            if self.banner.is_some() {
+                ui.add_space(2.0);
+                self.banner_ui(ui);
+            }
+            ui.add_space(4.0);
+        });
+        egui::Panel::left("setup")
+            .resizable(true)
+            .default_size(300.0)
+            .min_size(250.0)
+            .show(ui, |ui| {
+                egui::ScrollArea::vertical()
+                    .auto_shrink([false, false])
+                    .show(ui, |ui| {
+                        let open = self.setup.ui(ui, &self.devices, self.no_gpu.as_deref());
+                        if open {
+                            self.pick_model_file();
+                        }
+                        ui.add_space(8.0);
+                        ui.separator();
+                        self.export_ui(ui);
+                    });
+            });
+        egui::Panel::right("comparison")
+            .resizable(true)
+            .default_size(660.0)
+            .min_size(380.0)
+            .show(ui, |ui| {
+                egui::ScrollArea::vertical()
+                    .auto_shrink([false, false])
+                    .show(ui, |ui| {
+                        self.comparison.ui(ui, self.report.as_deref());
+                    });
+            });
+        egui::CentralPanel::default_margins().show(ui, |ui| {
+            let events: &[Event] = match &self.report {
+                Some(r) => &r.events,
+                None => &self.live_events,
+            };
+            let input = TimelineInput {
+                events,
+                generation: self.generation,
+                report: self.report.as_deref(),
+            };
+            self.timeline.ui(ui, &input);
+        });
+    }
+
+    fn save(&mut self, storage: &mut dyn eframe::Storage) {
+        if self.screenshot.is_some() {
+            return;
+        }
+        if let Ok(s) = serde_json::to_string(&self.setup) {
+            storage.set_string(SETUP_KEY, s);
+        }
+        storage.set_string(EXPORT_KEY, self.export_path.clone());
+    }
+}
+
+/// Light / dark / follow-the-system, as words (the icon glyphs are not in every font).
+fn theme_buttons(ui: &mut egui::Ui) {
+    use egui::ThemePreference as T;
+    let mut pref = ui.ctx().options(|o| o.theme_preference);
+    let before = pref;
+    // Right-to-left layout: added in reverse reading order.
+    ui.selectable_value(&mut pref, T::Dark, "Dark");
+    ui.selectable_value(&mut pref, T::Light, "Light");
+    ui.selectable_value(&mut pref, T::System, "System");
+    if pref != before {
+        ui.ctx().set_theme(pref);
+    }
+}
+
+/// Asks the renderer for the window's pixels; they arrive on `tx` after the next paint.
+fn request_window_png(ctx: &egui::Context, path: PathBuf, tx: Sender<Shot>) {
+    let wake = ctx.clone();
+    ctx.request_screenshot(move |img| {
+        let _ = tx.send((path, img));
+        wake.request_repaint();
+    });
+    ctx.request_repaint();
+}
+
+/// Writes a window screenshot as PNG, atomically.
+pub fn write_png(path: &Path, img: &egui::ColorImage) -> Result<(), String> {
+    let [w, h] = img.size;
+    let rgba: Vec<u8> = img
+        .pixels
+        .iter()
+        .flat_map(|c| c.to_srgba_unmultiplied())
+        .collect();
+    let mut bytes = Vec::new();
+    image::RgbaImage::from_raw(w as u32, h as u32, rgba)
+        .ok_or_else(|| format!("{}: screenshot has a bad size {w}x{h}", path.display()))?
+        .write_to(
+            &mut std::io::Cursor::new(&mut bytes),
+            image::ImageFormat::Png,
+        )
+        .map_err(|e| format!("{}: encoding PNG: {e}", path.display()))?;
+    export::atomic_write(path, &bytes).map_err(|e| e.to_string())
+}

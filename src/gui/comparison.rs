@@ -1,0 +1,268 @@
+//! The comparison panel: old (#9352) against new (#9516) against the measured truth, as big
+//! budget numbers, a table, a bar chart and the one-sentence reason. Everything is read from
+//! the Report; nothing is recomputed here.
+
+use egui::{Color32, RichText};
+use egui_plot::{Bar, BarChart, Plot};
+
+use super::style::{c32, BIG};
+use crate::palette;
+use crate::profile::formulas::FormulaId;
+use crate::profile::report::{FormulaResult, Verify};
+use crate::profile::Report;
+use crate::units::{fmt_i, fmt_u, GIB};
+
+#[derive(Default)]
+pub struct ComparisonView {
+    /// Also show v0.6.3, #10511 and #12126.
+    pub show_other_formulas: bool,
+}
+
+/// The verify column's text, as the CLI prints it.
+pub fn verify_text(v: &Option<Verify>) -> String {
+    match v {
+        None => "not run".to_string(),
+        Some(v) if !v.ran => "no KV memory".to_string(),
+        Some(v) if v.oom => "OOM".to_string(),
+        Some(v) if v.within_budget => format!("ok ({} spare)", fmt_i(-v.overrun_bytes)),
+        Some(v) => format!("OVER by {}", fmt_i(v.overrun_bytes)),
+    }
+}
+
+fn verify_colour(v: &Option<Verify>, ui: &egui::Ui) -> Color32 {
+    match v {
+        Some(v) if v.ran && !v.oom && v.within_budget => c32(palette::TRUTH),
+        Some(v) if v.ran => ui.visuals().error_fg_color,
+        _ => ui.visuals().text_color(),
+    }
+}
+
+impl ComparisonView {
+    pub fn ui(&mut self, ui: &mut egui::Ui, report: Option<&Report>) {
+        let Some(r) = report else {
+            ui.heading("Old vs new KV-cache budget");
+            ui.label("No results yet: click Profile (Ctrl+R) or open a saved session.");
+            return;
+        };
+        let (Some(old), Some(new)) = (r.formula(FormulaId::Pr9352), r.formula(FormulaId::Pr9516))
+        else {
+            ui.colored_label(
+                ui.visuals().error_fg_color,
+                "This report has no #9352/#9516 results.",
+            );
+            return;
+        };
+        ui.horizontal_wrapped(|ui| {
+            ui.heading("Old vs new KV-cache budget");
+            if r.device.simulated {
+                ui.label(
+                    RichText::new(format!("simulated device ({})", r.device.mode))
+                        .color(ui.visuals().warn_fg_color),
+                )
+                .on_hover_text(format!("ground truth: {}", r.device.truth_source));
+            }
+        });
+        ui.label(format!(
+            "{} · {} · {} · {} tokens × {} seq · util {:.2}",
+            r.model.name,
+            r.quant,
+            r.device.name,
+            r.settings.tokens,
+            r.settings.seqs,
+            r.settings.util
+        ));
+        ui.add_space(4.0);
+        ui.columns(3, |cols| {
+            big_number(&mut cols[0], "#9352 old", old.kv_bytes, c32(palette::OLD));
+            big_number(&mut cols[1], "#9516 new", new.kv_bytes, c32(palette::NEW));
+            big_number(
+                &mut cols[2],
+                "measured truth",
+                r.truth.kv_bytes,
+                c32(palette::TRUTH),
+            );
+        });
+        ui.add_space(4.0);
+        let why = r.old_vs_new_explanation();
+        if !why.is_empty() {
+            ui.label(RichText::new(why).italics());
+        }
+        ui.add_space(4.0);
+        ui.checkbox(
+            &mut self.show_other_formulas,
+            "Show vLLM's other formulas (v0.6.3, #10511, #12126)",
+        );
+        let mut shown: Vec<&FormulaResult> = vec![old, new];
+        if self.show_other_formulas {
+            shown.extend(
+                [FormulaId::V0_6_3, FormulaId::Pr10511, FormulaId::Pr12126]
+                    .iter()
+                    .filter_map(|id| r.formula(*id)),
+            );
+        }
+        egui::ScrollArea::horizontal()
+            .id_salt("cmp_table")
+            .show(ui, |ui| {
+                table(ui, r, &shown);
+            });
+        ui.small("* inside the torch peak, not a separate term");
+        ui.add_space(6.0);
+        bars(ui, r, &shown);
+    }
+}
+
+fn big_number(ui: &mut egui::Ui, title: &str, bytes: i64, colour: Color32) {
+    ui.vertical(|ui| {
+        ui.label(RichText::new(title).color(colour).strong());
+        ui.label(RichText::new(fmt_i(bytes)).size(BIG).color(colour).strong());
+        ui.label(RichText::new("KV-cache budget").small());
+    });
+}
+
+fn table(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
+    egui::Grid::new("comparison")
+        .num_columns(shown.len() + 2)
+        .striped(true)
+        .spacing([12.0, 6.0])
+        .show(ui, |ui| {
+            ui.label("");
+            for f in shown {
+                ui.label(
+                    RichText::new(f.id.short())
+                        .color(c32(palette::formula(f.id)))
+                        .strong(),
+                )
+                .on_hover_text(f.title.as_str());
+            }
+            ui.label(RichText::new("truth").color(c32(palette::TRUTH)).strong());
+            ui.end_row();
+
+            let t = &r.truth;
+            let row = |ui: &mut egui::Ui, name: &str, cells: Vec<String>, truth: String| {
+                ui.label(name);
+                for c in cells {
+                    ui.monospace(c);
+                }
+                ui.monospace(truth);
+                ui.end_row();
+            };
+            // Formulas without a separate weights term count the weights inside the torch peak.
+            ui.label("weights").on_hover_text(
+                "W, the framework memory the load added; marked * where a formula counts it inside the torch peak",
+            );
+            for f in shown {
+                ui.monospace(if f.weights_term_bytes == 0 {
+                    format!("{}*", fmt_u(r.weights_bytes))
+                } else {
+                    fmt_i(f.weights_term_bytes)
+                });
+            }
+            ui.monospace(fmt_u(r.weights_bytes));
+            ui.end_row();
+            row(
+                ui,
+                "torch peak",
+                shown.iter().map(|f| fmt_i(f.torch_peak_bytes)).collect(),
+                "".into(),
+            );
+            row(
+                ui,
+                "non-torch",
+                shown.iter().map(|f| fmt_i(f.non_torch_bytes)).collect(),
+                "".into(),
+            );
+            row(
+                ui,
+                "non-KV total",
+                shown.iter().map(|f| fmt_i(f.non_kv_bytes)).collect(),
+                fmt_i(t.non_kv_bytes),
+            );
+            row(
+                ui,
+                "KV budget",
+                shown.iter().map(|f| fmt_i(f.kv_bytes)).collect(),
+                fmt_i(t.kv_bytes),
+            );
+            row(
+                ui,
+                "blocks",
+                shown.iter().map(|f| f.kv_blocks.to_string()).collect(),
+                t.kv_blocks.to_string(),
+            );
+            row(
+                ui,
+                "max concurrency",
+                shown
+                    .iter()
+                    .map(|f| format!("{:.2}x", f.max_concurrency))
+                    .collect(),
+                format!("{:.2}x", t.max_concurrency),
+            );
+            row(
+                ui,
+                "error vs truth",
+                shown.iter().map(|f| fmt_i(f.error_bytes)).collect(),
+                "".into(),
+            );
+            ui.label("verify");
+            for f in shown {
+                let c = verify_colour(&f.verify, ui);
+                ui.label(RichText::new(verify_text(&f.verify)).color(c).monospace());
+            }
+            let c = verify_colour(&t.verify, ui);
+            ui.label(RichText::new(verify_text(&t.verify)).color(c).monospace());
+            ui.end_row();
+        });
+}
+
+fn bars(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
+    let mut items: Vec<(String, i64, Color32)> = shown
+        .iter()
+        .map(|f| {
+            (
+                f.id.short().to_string(),
+                f.kv_bytes,
+                c32(palette::formula(f.id)),
+            )
+        })
+        .collect();
+    items.push(("truth".into(), r.truth.kv_bytes, c32(palette::TRUTH)));
+    let names: Vec<String> = items.iter().map(|i| i.0.clone()).collect();
+    let charts: Vec<BarChart> = items
+        .iter()
+        .enumerate()
+        .map(|(i, (name, bytes, colour))| {
+            BarChart::new(
+                name.clone(),
+                vec![Bar::new(i as f64, *bytes as f64 / GIB as f64)
+                    .name(format!("{name}: {}", fmt_i(*bytes)))
+                    .fill(*colour)
+                    .width(0.7)],
+            )
+            .color(*colour)
+        })
+        .collect();
+    let height = ui.available_height().clamp(140.0, 260.0);
+    Plot::new("budget_bars")
+        .height(height)
+        .allow_drag(false)
+        .allow_zoom(false)
+        .allow_scroll(false)
+        .allow_boxed_zoom(false)
+        .show_x(false)
+        .include_y(0.0)
+        .y_axis_label("KV budget (GiB)")
+        .x_axis_formatter(move |m, _| {
+            let i = m.value.round();
+            if (m.value - i).abs() < 1e-6 && i >= 0.0 {
+                names.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .show(ui, |pui| {
+            for c in charts {
+                pui.bar_chart(c);
+            }
+        });
+}
