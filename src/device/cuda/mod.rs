@@ -613,10 +613,77 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// Causal GQA attention. On compute capability 8.0+ with a head dimension the fused kernel
+    /// is built for, one kernel per sequence keeps the scores on chip (flash attention, no
+    /// scratch memory); otherwise `attention_blas`. `VRAMSCOPE_ATTN=blas` forces the latter.
+    pub fn attention(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        seq_lens: &[usize],
+        cfg: &ModelConfig,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        let dt = self.half(q)?;
+        let hd = cfg.head_dim;
+        let name = match hd {
+            128 if std::env::var("VRAMSCOPE_FLASH_OCC").is_ok_and(|v| v == "3") => {
+                "flash_attn_d128_occ3".to_string()
+            }
+            _ => format!("flash_attn_d{hd}"),
+        };
+        let fused = kernels::FLASH_HEAD_DIMS.contains(&hd)
+            && cfg.num_kv_heads > 0
+            && cfg.num_heads % cfg.num_kv_heads == 0
+            && self.funcs.contains_key(&format!("{name}_f16"))
+            && std::env::var("VRAMSCOPE_ATTN").map_or(true, |v| v != "blas");
+        if !fused {
+            return self.attention_blas(q, k, v, seq_lens, cfg, out);
+        }
+        let (heads, kvh) = (cfg.num_heads as i32, cfg.num_kv_heads as i32);
+        let (qw, kw) = ((cfg.num_heads * hd) as u64, (cfg.num_kv_heads * hd) as u64);
+        let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
+        let (qp, kp, vp, op) = (q.cuda_ptr(), k.cuda_ptr(), v.cuda_ptr(), out.cuda_ptr());
+        let tile = kernels::FLASH_TILE;
+        let mut start = 0u64;
+        for &len in seq_lens {
+            if len > 0 {
+                let tiles = len.div_ceil(tile);
+                if tiles > 65535 {
+                    return Err(self.err(
+                        "attention",
+                        format!("a sequence of {len} tokens is longer than the fused kernel's grid"),
+                    ));
+                }
+                let f = self.func(&name, dt)?;
+                let lc = LaunchConfig {
+                    grid_dim: (heads as u32, tiles as u32, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let (qs, ks, vs, os) = (
+                    qp + start * qw * 2,
+                    kp + start * kw * 2,
+                    vp + start * kw * 2,
+                    op + start * qw * 2,
+                );
+                let len32 = len as i32;
+                self.launch(
+                    f,
+                    lc,
+                    &[&qs, &ks, &vs, &os, &len32, &heads, &kvh, &scale_log2],
+                )?;
+            }
+            start += len as u64;
+        }
+        Ok(())
+    }
+
     /// Causal GQA attention in chunks of query rows: scores of a chunk against the keys up to
     /// its end (cuBLAS, f32), causal softmax in place into 16-bit probabilities, then P·V
     /// (cuBLAS) into the output. The score buffer stays under 64 MiB at any length.
-    pub fn attention(
+    fn attention_blas(
         &mut self,
         q: &Tensor,
         k: &Tensor,
@@ -1216,6 +1283,28 @@ fn compile_kernels(
             .load_function(&n)
             .map_err(|e| format!("kernel {n}: {e}"))?;
         funcs.insert(n, f);
+    }
+    // The fused attention uses sm_80 PTX (mma.sync with bf16, cp.async, ldmatrix); older GPUs
+    // keep the cuBLAS attention.
+    if cc.0 >= 8 {
+        let opts = cudarc::nvrtc::CompileOptions {
+            options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernels::FLASH_SOURCE, opts)
+            .map_err(|e| format!("NVRTC could not compile the attention kernels: {e}"))?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| format!("loading the attention kernels: {e}"))?;
+        for n in kernels::FLASH {
+            for suffix in ["f16", "bf16"] {
+                let name = format!("{n}_{suffix}");
+                let f = module
+                    .load_function(&name)
+                    .map_err(|e| format!("kernel {name}: {e}"))?;
+                funcs.insert(name, f);
+            }
+        }
     }
     Ok(funcs)
 }
