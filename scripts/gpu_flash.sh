@@ -12,13 +12,14 @@ log() { echo "=== $* ($(date -u +%H:%M:%S))" | tee -a "$O/log.txt"; }
 run() { log "$*"; "$@" </dev/null 2>&1 | tee -a "$O/log.txt"; }
 L="--model preset:llama-3-8b --fast-weights --device cuda:0 --tokens 8192 --iters 3"
 
-# 1. GPU against the CPU compute mode (tiny: head_dim 32; smollm2: 64; several tiles)
-run "$G/cuda-tests" --ignored --test-threads 1 logits fused
-# 2. llama-3-8b at 8192 tokens: cuBLAS attention, then fused against its logits (head_dim 128)
-run env VRAMSCOPE_ATTN=blas "$B" bench $L --quant fp16 --json /tmp/blas16.json
-run "$B" bench $L --quant fp16 --compare /tmp/blas16.json
-run env VRAMSCOPE_FLASH_OCC=3 "$B" bench $L --quant fp16 --compare /tmp/blas16.json
-run env VRAMSCOPE_ATTN=blas "$B" bench $L --quant bf16 --json /tmp/blas-bf.json
-run "$B" bench $L --quant bf16 --compare /tmp/blas-bf.json
-# 3. PyTorch + transformers sdpa, same shape
-run python3 "$G/gpu_reference.py" bench --preset llama-3-8b --tokens 8192 --dtype fp16 --iters 3
+# 1. GPU against the CPU compute mode (tiny: head_dim 32; smollm2: 64; several tiles), for the
+#    default kernel and the two variants
+run "$G/cuda-tests" --ignored --test-threads 1 fused
+run env VRAMSCOPE_FLASH=w4l "$G/cuda-tests" --ignored --test-threads 1 fused
+run env VRAMSCOPE_FLASH=w8l "$G/cuda-tests" --ignored --test-threads 1 fused
+# 2. llama-3-8b at 8192 tokens: default fused kernel, then the variants against its logits
+run "$B" bench $L --quant fp16 --json /tmp/f16.json
+run env VRAMSCOPE_FLASH=w4l "$B" bench $L --quant fp16 --compare /tmp/f16.json
+run env VRAMSCOPE_FLASH=w8l "$B" bench $L --quant fp16 --compare /tmp/f16.json
+run env VRAMSCOPE_FLASH=w4l "$B" bench $L --quant bf16 --json /tmp/bf.json
+run env VRAMSCOPE_FLASH=w8l "$B" bench $L --quant bf16 --compare /tmp/bf.json

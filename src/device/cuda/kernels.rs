@@ -359,10 +359,13 @@ pub(crate) const FLASH: &[&str] = &[
     "flash_attn_d64",
     "flash_attn_d128",
     "flash_attn_d128_occ3",
+    "flash_attn_d32_w4l",
+    "flash_attn_d64_w4l",
+    "flash_attn_d128_w4l",
+    "flash_attn_d32_w8l",
+    "flash_attn_d64_w8l",
+    "flash_attn_d128_w8l",
 ];
-
-/// Query rows (and keys) of one tile of the fused attention; 4 warps of 16 rows each.
-pub(crate) const FLASH_TILE: usize = 64;
 
 /// Head dimensions the fused attention kernel is instantiated for.
 pub(crate) const FLASH_HEAD_DIMS: &[usize] = &[32, 64, 128];
@@ -405,10 +408,10 @@ template <bool BF> __device__ __forceinline__ unsigned pack2(float lo, float hi)
 
 // Rows [k0, k0 + 64) of one kv head into shared memory (row stride LD); rows past `len` are
 // zero-filled so that masked keys never multiply garbage.
-template <int D, int LD> __device__ __forceinline__ void fa_load(u16* dst, const u16* src, long long kw, int k0, int len) {
+template <int D, int LD, int NT> __device__ __forceinline__ void fa_load(u16* dst, const u16* src, long long kw, int k0, int len) {
   constexpr int CH = D / 8;
 #pragma unroll
-  for (int i = threadIdx.x; i < 64 * CH; i += 128) {
+  for (int i = threadIdx.x; i < 64 * CH; i += NT) {
     int r = i / CH, c = i % CH;
     int row = k0 + r;
     int ok = row < len ? 16 : 0;
@@ -418,22 +421,24 @@ template <int D, int LD> __device__ __forceinline__ void fa_load(u16* dst, const
   asm volatile("cp.async.commit_group;");
 }
 
-template <bool BF, int D> __device__ void flash_attn(const u16* q, const u16* k, const u16* v, u16* o,
+// WARPS warps of 16 query rows each (a tile of WARPS * 16 queries); LDK: key fragments through
+// ldmatrix (one instruction for two mma operands) instead of 32-bit shared loads.
+template <bool BF, int D, int WARPS, bool LDK> __device__ void flash_attn(const u16* q, const u16* k, const u16* v, u16* o,
                                                     int len, int heads, int kvh, float scale_log2) {
   constexpr int LD = D + 8;  // padding: conflict-free fragment loads and ldmatrix
   __shared__ __align__(16) u16 ks[64 * LD];
   __shared__ __align__(16) u16 vs[64 * LD];
   const int h = blockIdx.x;
   const int tile = gridDim.y - 1 - blockIdx.y;  // the longest (diagonal-most) tiles first
-  const int q0 = tile * 64;
+  const int q0 = tile * WARPS * 16;
   const int kh = h / (heads / kvh);
   const long long qw = (long long)heads * D, kw = (long long)kvh * D;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
   const u16* kb = k + kh * D;
   const u16* vb = v + kh * D;
-  fa_load<D, LD>(ks, kb, kw, 0, len);
-  fa_load<D, LD>(vs, vb, kw, 0, len);
+  fa_load<D, LD, WARPS * 32>(ks, kb, kw, 0, len);
+  fa_load<D, LD, WARPS * 32>(vs, vb, kw, 0, len);
 
   unsigned qf[D / 16][4];
   {
@@ -453,33 +458,53 @@ template <bool BF, int D> __device__ void flash_attn(const u16* q, const u16* k,
   const float NEG = __int_as_float(0xff800000);
   float m0 = NEG, m1 = NEG, l0 = 0.f, l1 = 0.f;
 
-  const int ntiles = tile + 1;
+  const int qend = q0 + WARPS * 16 < len ? q0 + WARPS * 16 : len;
+  const int ntiles = (qend + 63) / 64;
+  const int mi = lane >> 3, mr = lane & 7;
+  unsigned pf[4][4];
   for (int j = 0; j < ntiles; j++) {
     const int k0 = j * 64;
+    // A warp whose 16 rows all precede this key tile gets nothing from it (causal mask).
+    const bool active = k0 <= q0 + warp * 16 + 15;
     asm volatile("cp.async.wait_group 1;");
     __syncthreads();
     float s[8][4];
 #pragma unroll
     for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    if (active) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
+      for (int kk = 0; kk < D / 16; kk++) {
+        if (LDK) {
 #pragma unroll
-      for (int n = 0; n < 8; n++) {
-        const u16* kr = ks + (n * 8 + g) * LD + kk * 16 + 2 * t;
-        mma16816<BF>(s[n], qf[kk], *(const unsigned*)kr, *(const unsigned*)(kr + 8));
+          for (int n = 0; n < 8; n += 2) {
+            unsigned b0, b1, b2, b3;
+            const u16* src = ks + ((n + (mi >> 1)) * 8 + mr) * LD + kk * 16 + (mi & 1) * 8;
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(smem_u32(src)));
+            mma16816<BF>(s[n], qf[kk], b0, b1);
+            mma16816<BF>(s[n + 1], qf[kk], b2, b3);
+          }
+        } else {
+#pragma unroll
+          for (int n = 0; n < 8; n++) {
+            const u16* kr = ks + (n * 8 + g) * LD + kk * 16 + 2 * t;
+            mma16816<BF>(s[n], qf[kk], *(const unsigned*)kr, *(const unsigned*)(kr + 8));
+          }
+        }
       }
     }
     __syncthreads();
-    if (j + 1 < ntiles) fa_load<D, LD>(ks, kb, kw, k0 + 64, len);
+    if (j + 1 < ntiles) fa_load<D, LD, WARPS * 32>(ks, kb, kw, k0 + 64, len);
     else asm volatile("cp.async.commit_group;");
 
     const bool edge = k0 + 64 > q0 || k0 + 64 > len;
+    if (active) {
     float mx0 = m0, mx1 = m1;
 #pragma unroll
     for (int n = 0; n < 8; n++) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        float x = s[n][e] * scale_log2;
+        float x = s[n][e];  // raw score: the scale (> 0) is applied in the exponent
         if (edge) {
           int kj = k0 + n * 8 + 2 * t + (e & 1);
           int qi = e < 2 ? r0 : r1;
@@ -494,29 +519,30 @@ template <bool BF, int D> __device__ void flash_attn(const u16* q, const u16* k,
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
     // Every row has key 0 in its first tile, so the new maxima are finite.
-    const float a0 = ex2(m0 - mx0), a1 = ex2(m1 - mx1);
+    const float a0 = ex2((m0 - mx0) * scale_log2), a1 = ex2((m1 - mx1) * scale_log2);
     m0 = mx0;
     m1 = mx1;
+    const float c0 = -m0 * scale_log2, c1 = -m1 * scale_log2;
     l0 *= a0;
     l1 *= a1;
 #pragma unroll
     for (int i = 0; i < D / 8; i++) {
       of[i][0] *= a0; of[i][1] *= a0; of[i][2] *= a1; of[i][3] *= a1;
     }
-    unsigned pf[4][4];
 #pragma unroll
     for (int n = 0; n < 8; n++) {
-      float p0 = ex2(s[n][0] - m0), p1 = ex2(s[n][1] - m0);
-      float p2 = ex2(s[n][2] - m1), p3 = ex2(s[n][3] - m1);
+      float p0 = ex2(fmaf(s[n][0], scale_log2, c0)), p1 = ex2(fmaf(s[n][1], scale_log2, c0));
+      float p2 = ex2(fmaf(s[n][2], scale_log2, c1)), p3 = ex2(fmaf(s[n][3], scale_log2, c1));
       l0 += p0 + p1;
       l1 += p2 + p3;
       pf[n >> 1][(n & 1) * 2] = pack2<BF>(p0, p1);
       pf[n >> 1][(n & 1) * 2 + 1] = pack2<BF>(p2, p3);
     }
+    }
 
     asm volatile("cp.async.wait_group 1;");
     __syncthreads();
-    const int mi = lane >> 3, mr = lane & 7;
+    if (active) {
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
 #pragma unroll
@@ -529,8 +555,9 @@ template <bool BF, int D> __device__ void flash_attn(const u16* q, const u16* k,
         mma16816<BF>(of[dn + 1], pf[kk], b2, b3);
       }
     }
+    }
     __syncthreads();
-    if (j + 1 < ntiles) fa_load<D, LD>(vs, vb, kw, k0 + 64, len);
+    if (j + 1 < ntiles) fa_load<D, LD, WARPS * 32>(vs, vb, kw, k0 + 64, len);
     else asm volatile("cp.async.commit_group;");
   }
   asm volatile("cp.async.wait_group 0;");
@@ -549,14 +576,22 @@ template <bool BF, int D> __device__ void flash_attn(const u16* q, const u16* k,
   }
 }
 
-#define FA_INST(NAME, D, MINB) \
-  extern "C" __global__ void __launch_bounds__(128, MINB) NAME##_f16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
-  { flash_attn<false, D>(q, k, v, o, len, heads, kvh, sl); } \
-  extern "C" __global__ void __launch_bounds__(128, MINB) NAME##_bf16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
-  { flash_attn<true, D>(q, k, v, o, len, heads, kvh, sl); }
-FA_INST(flash_attn_d32, 32, 1)
-FA_INST(flash_attn_d64, 64, 1)
-FA_INST(flash_attn_d128, 128, 1)
-// Capped at 168 registers for three blocks per SM (a few bytes spill); VRAMSCOPE_FLASH_OCC=3.
-FA_INST(flash_attn_d128_occ3, 128, 3)
+#define FA_INST(NAME, D, WARPS, LDK, MINB) \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME##_f16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
+  { flash_attn<false, D, WARPS, LDK>(q, k, v, o, len, heads, kvh, sl); } \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME##_bf16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
+  { flash_attn<true, D, WARPS, LDK>(q, k, v, o, len, heads, kvh, sl); }
+FA_INST(flash_attn_d32, 32, 4, false, 1)
+FA_INST(flash_attn_d64, 64, 4, false, 1)
+FA_INST(flash_attn_d128, 128, 4, false, 1)
+// Capped at 168 registers for three blocks per SM (a few bytes spill); VRAMSCOPE_FLASH=occ3.
+FA_INST(flash_attn_d128_occ3, 128, 4, false, 3)
+// Key fragments through ldmatrix (VRAMSCOPE_FLASH=w4l), and with 128-query tiles of 8 warps
+// sharing each key/value tile (VRAMSCOPE_FLASH=w8l).
+FA_INST(flash_attn_d32_w4l, 32, 4, true, 1)
+FA_INST(flash_attn_d64_w4l, 64, 4, true, 1)
+FA_INST(flash_attn_d128_w4l, 128, 4, true, 1)
+FA_INST(flash_attn_d32_w8l, 32, 8, true, 1)
+FA_INST(flash_attn_d64_w8l, 64, 8, true, 1)
+FA_INST(flash_attn_d128_w8l, 128, 8, true, 1)
 "#;

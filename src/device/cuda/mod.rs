@@ -627,11 +627,13 @@ impl CudaDevice {
     ) -> Result<()> {
         let dt = self.half(q)?;
         let hd = cfg.head_dim;
-        let name = match hd {
-            128 if std::env::var("VRAMSCOPE_FLASH_OCC").is_ok_and(|v| v == "3") => {
-                "flash_attn_d128_occ3".to_string()
-            }
-            _ => format!("flash_attn_d{hd}"),
+        // Kernel variants for measurements: VRAMSCOPE_FLASH=w4l|w8l|occ3 (see kernels.rs).
+        let variant = std::env::var("VRAMSCOPE_FLASH").unwrap_or_default();
+        let (name, warps) = match variant.as_str() {
+            "w4l" => (format!("flash_attn_d{hd}_w4l"), 4),
+            "w8l" => (format!("flash_attn_d{hd}_w8l"), 8),
+            "occ3" if hd == 128 => ("flash_attn_d128_occ3".to_string(), 4),
+            _ => (format!("flash_attn_d{hd}"), 4),
         };
         let fused = kernels::FLASH_HEAD_DIMS.contains(&hd)
             && cfg.num_kv_heads > 0
@@ -645,7 +647,7 @@ impl CudaDevice {
         let (qw, kw) = ((cfg.num_heads * hd) as u64, (cfg.num_kv_heads * hd) as u64);
         let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
         let (qp, kp, vp, op) = (q.cuda_ptr(), k.cuda_ptr(), v.cuda_ptr(), out.cuda_ptr());
-        let tile = kernels::FLASH_TILE;
+        let tile = warps * 16;
         let mut start = 0u64;
         for &len in seq_lens {
             if len > 0 {
@@ -659,7 +661,7 @@ impl CudaDevice {
                 let f = self.func(&name, dt)?;
                 let lc = LaunchConfig {
                     grid_dim: (heads as u32, tiles as u32, 1),
-                    block_dim: (128, 1, 1),
+                    block_dim: (warps as u32 * 32, 1, 1),
                     shared_mem_bytes: 0,
                 };
                 let (qs, ks, vs, os) = (
