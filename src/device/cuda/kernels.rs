@@ -355,16 +355,12 @@ extern "C" __global__ void fill_random(u16* out, long long n, unsigned seed, int
 /// Fused causal attention kernels (`flash_attn_d{32,64,128}_{f16,bf16}`), built only on
 /// compute capability 8.0 and later: they use `mma.sync` tensor-core and `cp.async` PTX.
 pub(crate) const FLASH: &[&str] = &[
-    "flash_attn_d32",
-    "flash_attn_d64",
-    "flash_attn_d128",
-    "flash_attn_d128_occ3",
-    "flash_attn_d32_w4l",
-    "flash_attn_d64_w4l",
-    "flash_attn_d128_w4l",
     "flash_attn_d32_w8l",
     "flash_attn_d64_w8l",
     "flash_attn_d128_w8l",
+    "flash_attn_d32_w4",
+    "flash_attn_d64_w4",
+    "flash_attn_d128_w4",
 ];
 
 /// Head dimensions the fused attention kernel is instantiated for.
@@ -581,17 +577,13 @@ template <bool BF, int D, int WARPS, bool LDK> __device__ void flash_attn(const 
   { flash_attn<false, D, WARPS, LDK>(q, k, v, o, len, heads, kvh, sl); } \
   extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME##_bf16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
   { flash_attn<true, D, WARPS, LDK>(q, k, v, o, len, heads, kvh, sl); }
-FA_INST(flash_attn_d32, 32, 4, false, 1)
-FA_INST(flash_attn_d64, 64, 4, false, 1)
-FA_INST(flash_attn_d128, 128, 4, false, 1)
-// Capped at 168 registers for three blocks per SM (a few bytes spill); VRAMSCOPE_FLASH=occ3.
-FA_INST(flash_attn_d128_occ3, 128, 4, false, 3)
-// Key fragments through ldmatrix (VRAMSCOPE_FLASH=w4l), and with 128-query tiles of 8 warps
-// sharing each key/value tile (VRAMSCOPE_FLASH=w8l).
-FA_INST(flash_attn_d32_w4l, 32, 4, true, 1)
-FA_INST(flash_attn_d64_w4l, 64, 4, true, 1)
-FA_INST(flash_attn_d128_w4l, 128, 4, true, 1)
+// The default: 128-query tiles of 8 warps sharing each key/value tile, key fragments through
+// ldmatrix (fastest of the variants measured, docs/gpu-runs.md run 5).
 FA_INST(flash_attn_d32_w8l, 32, 8, true, 1)
 FA_INST(flash_attn_d64_w8l, 64, 8, true, 1)
 FA_INST(flash_attn_d128_w8l, 128, 8, true, 1)
+// 64-query tiles of 4 warps, key fragments through 32-bit shared loads (VRAMSCOPE_FLASH=w4).
+FA_INST(flash_attn_d32_w4, 32, 4, false, 1)
+FA_INST(flash_attn_d64_w4, 64, 4, false, 1)
+FA_INST(flash_attn_d128_w4, 128, 4, false, 1)
 "#;

@@ -627,22 +627,17 @@ impl CudaDevice {
     ) -> Result<()> {
         let dt = self.half(q)?;
         let hd = cfg.head_dim;
-        // Kernel variants for measurements: VRAMSCOPE_FLASH=w4l|w8l|occ3 (see kernels.rs).
         let variant = std::env::var("VRAMSCOPE_FLASH").unwrap_or_default();
-        let (name, warps) = match variant.as_str() {
-            "w4l" => (format!("flash_attn_d{hd}_w4l"), 4),
-            "w8l" => (format!("flash_attn_d{hd}_w8l"), 8),
-            "occ3" if hd == 128 => ("flash_attn_d128_occ3".to_string(), 4),
-            _ => (format!("flash_attn_d{hd}"), 4),
-        };
-        let fused = kernels::FLASH_HEAD_DIMS.contains(&hd)
+        let kernel = flash_kernel(hd, &variant);
+        let fused = kernel
+            .as_ref()
+            .is_some_and(|(name, _)| self.funcs.contains_key(&format!("{name}_f16")))
             && cfg.num_kv_heads > 0
-            && cfg.num_heads % cfg.num_kv_heads == 0
-            && self.funcs.contains_key(&format!("{name}_f16"))
+            && cfg.num_heads.is_multiple_of(cfg.num_kv_heads)
             && std::env::var("VRAMSCOPE_ATTN").map_or(true, |v| v != "blas");
-        if !fused {
+        let Some((name, warps)) = kernel.filter(|_| fused) else {
             return self.attention_blas(q, k, v, seq_lens, cfg, out);
-        }
+        };
         let (heads, kvh) = (cfg.num_heads as i32, cfg.num_kv_heads as i32);
         let (qw, kw) = ((cfg.num_heads * hd) as u64, (cfg.num_kv_heads * hd) as u64);
         let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
@@ -655,7 +650,9 @@ impl CudaDevice {
                 if tiles > 65535 {
                     return Err(self.err(
                         "attention",
-                        format!("a sequence of {len} tokens is longer than the fused kernel's grid"),
+                        format!(
+                            "a sequence of {len} tokens is longer than the fused kernel's grid"
+                        ),
                     ));
                 }
                 let f = self.func(&name, dt)?;
@@ -1197,6 +1194,19 @@ impl Drop for CudaDevice {
     }
 }
 
+/// The fused attention kernel for a head dimension (without its dtype suffix) and its warps per
+/// block (16 query rows each), or `None` where only the cuBLAS path exists. `variant` is
+/// `VRAMSCOPE_FLASH`: "w4" picks the 4-warp kernel, for measurements.
+fn flash_kernel(head_dim: usize, variant: &str) -> Option<(String, usize)> {
+    if !kernels::FLASH_HEAD_DIMS.contains(&head_dim) {
+        return None;
+    }
+    Some(match variant {
+        "w4" => (format!("flash_attn_d{head_dim}_w4"), 4),
+        _ => (format!("flash_attn_d{head_dim}_w8l"), 8),
+    })
+}
+
 /// One GEMM's operands (row-major view), see `CudaDevice::gemm`.
 struct Gemm {
     m: usize,
@@ -1309,4 +1319,35 @@ fn compile_kernels(
         }
     }
     Ok(funcs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fused_attention_kernels_cover_the_head_dims_they_claim() {
+        assert_eq!(
+            flash_kernel(128, ""),
+            Some(("flash_attn_d128_w8l".to_string(), 8))
+        );
+        assert_eq!(
+            flash_kernel(64, "w4"),
+            Some(("flash_attn_d64_w4".to_string(), 4))
+        );
+        assert_eq!(flash_kernel(80, ""), None);
+        assert_eq!(flash_kernel(256, "w4"), None);
+        // Every kernel the dispatch can ask for is listed for loading and instantiated in the
+        // source, so a launch never finds a name missing.
+        for &hd in kernels::FLASH_HEAD_DIMS {
+            for variant in ["", "w4"] {
+                let (name, _) = flash_kernel(hd, variant).unwrap();
+                assert!(kernels::FLASH.contains(&name.as_str()), "{name}");
+            }
+        }
+        for name in kernels::FLASH {
+            let inst = format!("FA_INST({name}, ");
+            assert_eq!(kernels::FLASH_SOURCE.matches(&inst).count(), 1, "{name}");
+        }
+    }
 }
