@@ -57,6 +57,21 @@ fn fp16_logits_on_the_gpu_match_cpu_compute_mode_on_smollm2() {
     assert!(gpu_vs_cpu("preset:smollm2-135m", Quant::F16, 96, 2, 0.0) < 1e-2);
 }
 
+// Sequences of several 64-token tiles, neither a multiple of 64: the fused attention's key
+// loop, its diagonal mask and its ragged last tile (head_dim 64, then 32).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn fused_attention_over_several_tiles_matches_cpu_compute_mode_on_smollm2() {
+    assert!(gpu_vs_cpu("preset:smollm2-135m", Quant::F16, 333, 2, 0.0) < 1e-2);
+    assert!(gpu_vs_cpu("preset:smollm2-135m", Quant::BF16, 333, 2, 0.0) < 3e-2);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn fused_attention_over_several_tiles_matches_cpu_compute_mode_on_tiny() {
+    assert!(gpu_vs_cpu("preset:tiny", Quant::F16, 401, 2, 0.0) < 1e-2);
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn bf16_logits_on_the_gpu_match_cpu_compute_mode_on_tiny() {

@@ -351,3 +351,239 @@ extern "C" __global__ void fill_random(u16* out, long long n, unsigned seed, int
   }
 }
 "#;
+
+/// Fused causal attention kernels (`flash_attn_d{32,64,128}_{f16,bf16}`), built only on
+/// compute capability 8.0 and later: they use `mma.sync` tensor-core and `cp.async` PTX.
+pub(crate) const FLASH: &[&str] = &[
+    "flash_attn_d32_w8l",
+    "flash_attn_d64_w8l",
+    "flash_attn_d128_w8l",
+    "flash_attn_d32_w4",
+    "flash_attn_d64_w4",
+    "flash_attn_d128_w4",
+];
+
+/// Head dimensions the fused attention kernel is instantiated for.
+pub(crate) const FLASH_HEAD_DIMS: &[usize] = &[32, 64, 128];
+
+pub(crate) const FLASH_SOURCE: &str = r#"
+typedef unsigned short u16;
+
+// FlashAttention-2 style causal GQA attention. One block of 4 warps per (head, 64-query tile);
+// each warp owns 16 query rows. Key/value tiles of 64 rows stream through shared memory with
+// cp.async; S = Q·Kᵀ and O += P·V run on tensor cores (mma.sync m16n8k16, f32 accumulators);
+// the softmax is online (running max and sum per row in registers), so no score ever reaches
+// global memory. Rows are [tokens, heads * D] (q, o) and [tokens, kv_heads * D] (k, v), the
+// pointers already at the sequence's first token.
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  unsigned r;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+
+template <bool BF> __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  if (BF)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats into one register of 16-bit values, `lo` in the low half.
+template <bool BF> __device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  unsigned r;
+  if (BF) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Rows [k0, k0 + 64) of one kv head into shared memory (row stride LD); rows past `len` are
+// zero-filled so that masked keys never multiply garbage.
+template <int D, int LD, int NT> __device__ __forceinline__ void fa_load(u16* dst, const u16* src, long long kw, int k0, int len) {
+  constexpr int CH = D / 8;
+#pragma unroll
+  for (int i = threadIdx.x; i < 64 * CH; i += NT) {
+    int r = i / CH, c = i % CH;
+    int row = k0 + r;
+    int ok = row < len ? 16 : 0;
+    const u16* s = src + (long long)(row < len ? row : 0) * kw + c * 8;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_u32(dst + r * LD + c * 8)), "l"(s), "r"(ok));
+  }
+  asm volatile("cp.async.commit_group;");
+}
+
+// WARPS warps of 16 query rows each (a tile of WARPS * 16 queries); LDK: key fragments through
+// ldmatrix (one instruction for two mma operands) instead of 32-bit shared loads.
+template <bool BF, int D, int WARPS, bool LDK> __device__ void flash_attn(const u16* q, const u16* k, const u16* v, u16* o,
+                                                    int len, int heads, int kvh, float scale_log2) {
+  constexpr int LD = D + 8;  // padding: conflict-free fragment loads and ldmatrix
+  __shared__ __align__(16) u16 ks[64 * LD];
+  __shared__ __align__(16) u16 vs[64 * LD];
+  const int h = blockIdx.x;
+  const int tile = gridDim.y - 1 - blockIdx.y;  // the longest (diagonal-most) tiles first
+  const int q0 = tile * WARPS * 16;
+  const int kh = h / (heads / kvh);
+  const long long qw = (long long)heads * D, kw = (long long)kvh * D;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+  const u16* kb = k + kh * D;
+  const u16* vb = v + kh * D;
+  fa_load<D, LD, WARPS * 32>(ks, kb, kw, 0, len);
+  fa_load<D, LD, WARPS * 32>(vs, vb, kw, 0, len);
+
+  unsigned qf[D / 16][4];
+  {
+    const u16* qa = q + (long long)r0 * qw + h * D + 2 * t;
+    const u16* qc = q + (long long)r1 * qw + h * D + 2 * t;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+      qf[kk][0] = r0 < len ? *(const unsigned*)(qa + kk * 16) : 0u;
+      qf[kk][1] = r1 < len ? *(const unsigned*)(qc + kk * 16) : 0u;
+      qf[kk][2] = r0 < len ? *(const unsigned*)(qa + kk * 16 + 8) : 0u;
+      qf[kk][3] = r1 < len ? *(const unsigned*)(qc + kk * 16 + 8) : 0u;
+    }
+  }
+  float of[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) of[i][0] = of[i][1] = of[i][2] = of[i][3] = 0.f;
+  const float NEG = __int_as_float(0xff800000);
+  float m0 = NEG, m1 = NEG, l0 = 0.f, l1 = 0.f;
+
+  const int qend = q0 + WARPS * 16 < len ? q0 + WARPS * 16 : len;
+  const int ntiles = (qend + 63) / 64;
+  const int mi = lane >> 3, mr = lane & 7;
+  unsigned pf[4][4];
+  for (int j = 0; j < ntiles; j++) {
+    const int k0 = j * 64;
+    // A warp whose 16 rows all precede this key tile gets nothing from it (causal mask).
+    const bool active = k0 <= q0 + warp * 16 + 15;
+    asm volatile("cp.async.wait_group 1;");
+    __syncthreads();
+    float s[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    if (active) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) {
+        if (LDK) {
+#pragma unroll
+          for (int n = 0; n < 8; n += 2) {
+            unsigned b0, b1, b2, b3;
+            const u16* src = ks + ((n + (mi >> 1)) * 8 + mr) * LD + kk * 16 + (mi & 1) * 8;
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(smem_u32(src)));
+            mma16816<BF>(s[n], qf[kk], b0, b1);
+            mma16816<BF>(s[n + 1], qf[kk], b2, b3);
+          }
+        } else {
+#pragma unroll
+          for (int n = 0; n < 8; n++) {
+            const u16* kr = ks + (n * 8 + g) * LD + kk * 16 + 2 * t;
+            mma16816<BF>(s[n], qf[kk], *(const unsigned*)kr, *(const unsigned*)(kr + 8));
+          }
+        }
+      }
+    }
+    __syncthreads();
+    if (j + 1 < ntiles) fa_load<D, LD, WARPS * 32>(ks, kb, kw, k0 + 64, len);
+    else asm volatile("cp.async.commit_group;");
+
+    const bool edge = k0 + 64 > q0 || k0 + 64 > len;
+    if (active) {
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float x = s[n][e];  // raw score: the scale (> 0) is applied in the exponent
+        if (edge) {
+          int kj = k0 + n * 8 + 2 * t + (e & 1);
+          int qi = e < 2 ? r0 : r1;
+          if (kj > qi || kj >= len) x = NEG;
+        }
+        s[n][e] = x;
+        if (e < 2) mx0 = fmaxf(mx0, x); else mx1 = fmaxf(mx1, x);
+      }
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    // Every row has key 0 in its first tile, so the new maxima are finite.
+    const float a0 = ex2((m0 - mx0) * scale_log2), a1 = ex2((m1 - mx1) * scale_log2);
+    m0 = mx0;
+    m1 = mx1;
+    const float c0 = -m0 * scale_log2, c1 = -m1 * scale_log2;
+    l0 *= a0;
+    l1 *= a1;
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) {
+      of[i][0] *= a0; of[i][1] *= a0; of[i][2] *= a1; of[i][3] *= a1;
+    }
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+      float p0 = ex2(fmaf(s[n][0], scale_log2, c0)), p1 = ex2(fmaf(s[n][1], scale_log2, c0));
+      float p2 = ex2(fmaf(s[n][2], scale_log2, c1)), p3 = ex2(fmaf(s[n][3], scale_log2, c1));
+      l0 += p0 + p1;
+      l1 += p2 + p3;
+      pf[n >> 1][(n & 1) * 2] = pack2<BF>(p0, p1);
+      pf[n >> 1][(n & 1) * 2 + 1] = pack2<BF>(p2, p3);
+    }
+    }
+
+    asm volatile("cp.async.wait_group 1;");
+    __syncthreads();
+    if (active) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+#pragma unroll
+      for (int dn = 0; dn < D / 8; dn += 2) {
+        unsigned b0, b1, b2, b3;
+        const u16* src = vs + (kk * 16 + (mi & 1) * 8 + mr) * LD + (dn + (mi >> 1)) * 8;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(smem_u32(src)));
+        mma16816<BF>(of[dn], pf[kk], b0, b1);
+        mma16816<BF>(of[dn + 1], pf[kk], b2, b3);
+      }
+    }
+    }
+    __syncthreads();
+    if (j + 1 < ntiles) fa_load<D, LD, WARPS * 32>(vs, vb, kw, k0 + 64, len);
+    else asm volatile("cp.async.commit_group;");
+  }
+  asm volatile("cp.async.wait_group 0;");
+
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float i0 = 1.f / l0, i1 = 1.f / l1;
+  u16* oa = o + (long long)r0 * qw + h * D + 2 * t;
+  u16* oc = o + (long long)r1 * qw + h * D + 2 * t;
+#pragma unroll
+  for (int dn = 0; dn < D / 8; dn++) {
+    if (r0 < len) *(unsigned*)(oa + dn * 8) = pack2<BF>(of[dn][0] * i0, of[dn][1] * i0);
+    if (r1 < len) *(unsigned*)(oc + dn * 8) = pack2<BF>(of[dn][2] * i1, of[dn][3] * i1);
+  }
+}
+
+#define FA_INST(NAME, D, WARPS, LDK, MINB) \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME##_f16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
+  { flash_attn<false, D, WARPS, LDK>(q, k, v, o, len, heads, kvh, sl); } \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME##_bf16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
+  { flash_attn<true, D, WARPS, LDK>(q, k, v, o, len, heads, kvh, sl); }
+// The default: 128-query tiles of 8 warps sharing each key/value tile, key fragments through
+// ldmatrix (fastest of the variants measured, docs/gpu-runs.md run 5).
+FA_INST(flash_attn_d32_w8l, 32, 8, true, 1)
+FA_INST(flash_attn_d64_w8l, 64, 8, true, 1)
+FA_INST(flash_attn_d128_w8l, 128, 8, true, 1)
+// 64-query tiles of 4 warps, key fragments through 32-bit shared loads (VRAMSCOPE_FLASH=w4).
+FA_INST(flash_attn_d32_w4, 32, 4, false, 1)
+FA_INST(flash_attn_d64_w4, 64, 4, false, 1)
+FA_INST(flash_attn_d128_w4, 128, 4, false, 1)
+"#;

@@ -613,10 +613,76 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// Causal GQA attention. On compute capability 8.0+ with a head dimension the fused kernel
+    /// is built for, one kernel per sequence keeps the scores on chip (flash attention, no
+    /// scratch memory); otherwise `attention_blas`. `VRAMSCOPE_ATTN=blas` forces the latter.
+    pub fn attention(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        seq_lens: &[usize],
+        cfg: &ModelConfig,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        let dt = self.half(q)?;
+        let hd = cfg.head_dim;
+        let variant = std::env::var("VRAMSCOPE_FLASH").unwrap_or_default();
+        let kernel = flash_kernel(hd, &variant);
+        let fused = kernel
+            .as_ref()
+            .is_some_and(|(name, _)| self.funcs.contains_key(&format!("{name}_f16")))
+            && cfg.num_kv_heads > 0
+            && cfg.num_heads.is_multiple_of(cfg.num_kv_heads)
+            && std::env::var("VRAMSCOPE_ATTN").map_or(true, |v| v != "blas");
+        let Some((name, warps)) = kernel.filter(|_| fused) else {
+            return self.attention_blas(q, k, v, seq_lens, cfg, out);
+        };
+        let (heads, kvh) = (cfg.num_heads as i32, cfg.num_kv_heads as i32);
+        let (qw, kw) = ((cfg.num_heads * hd) as u64, (cfg.num_kv_heads * hd) as u64);
+        let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
+        let (qp, kp, vp, op) = (q.cuda_ptr(), k.cuda_ptr(), v.cuda_ptr(), out.cuda_ptr());
+        let tile = warps * 16;
+        let mut start = 0u64;
+        for &len in seq_lens {
+            if len > 0 {
+                let tiles = len.div_ceil(tile);
+                if tiles > 65535 {
+                    return Err(self.err(
+                        "attention",
+                        format!(
+                            "a sequence of {len} tokens is longer than the fused kernel's grid"
+                        ),
+                    ));
+                }
+                let f = self.func(&name, dt)?;
+                let lc = LaunchConfig {
+                    grid_dim: (heads as u32, tiles as u32, 1),
+                    block_dim: (warps as u32 * 32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let (qs, ks, vs, os) = (
+                    qp + start * qw * 2,
+                    kp + start * kw * 2,
+                    vp + start * kw * 2,
+                    op + start * qw * 2,
+                );
+                let len32 = len as i32;
+                self.launch(
+                    f,
+                    lc,
+                    &[&qs, &ks, &vs, &os, &len32, &heads, &kvh, &scale_log2],
+                )?;
+            }
+            start += len as u64;
+        }
+        Ok(())
+    }
+
     /// Causal GQA attention in chunks of query rows: scores of a chunk against the keys up to
     /// its end (cuBLAS, f32), causal softmax in place into 16-bit probabilities, then P·V
     /// (cuBLAS) into the output. The score buffer stays under 64 MiB at any length.
-    pub fn attention(
+    fn attention_blas(
         &mut self,
         q: &Tensor,
         k: &Tensor,
@@ -1128,6 +1194,19 @@ impl Drop for CudaDevice {
     }
 }
 
+/// The fused attention kernel for a head dimension (without its dtype suffix) and its warps per
+/// block (16 query rows each), or `None` where only the cuBLAS path exists. `variant` is
+/// `VRAMSCOPE_FLASH`: "w4" picks the 4-warp kernel, for measurements.
+fn flash_kernel(head_dim: usize, variant: &str) -> Option<(String, usize)> {
+    if !kernels::FLASH_HEAD_DIMS.contains(&head_dim) {
+        return None;
+    }
+    Some(match variant {
+        "w4" => (format!("flash_attn_d{head_dim}_w4"), 4),
+        _ => (format!("flash_attn_d{head_dim}_w8l"), 8),
+    })
+}
+
 /// One GEMM's operands (row-major view), see `CudaDevice::gemm`.
 struct Gemm {
     m: usize,
@@ -1217,5 +1296,58 @@ fn compile_kernels(
             .map_err(|e| format!("kernel {n}: {e}"))?;
         funcs.insert(n, f);
     }
+    // The fused attention uses sm_80 PTX (mma.sync with bf16, cp.async, ldmatrix); older GPUs
+    // keep the cuBLAS attention.
+    if cc.0 >= 8 {
+        let opts = cudarc::nvrtc::CompileOptions {
+            options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernels::FLASH_SOURCE, opts)
+            .map_err(|e| format!("NVRTC could not compile the attention kernels: {e}"))?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| format!("loading the attention kernels: {e}"))?;
+        for n in kernels::FLASH {
+            for suffix in ["f16", "bf16"] {
+                let name = format!("{n}_{suffix}");
+                let f = module
+                    .load_function(&name)
+                    .map_err(|e| format!("kernel {name}: {e}"))?;
+                funcs.insert(name, f);
+            }
+        }
+    }
     Ok(funcs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fused_attention_kernels_cover_the_head_dims_they_claim() {
+        assert_eq!(
+            flash_kernel(128, ""),
+            Some(("flash_attn_d128_w8l".to_string(), 8))
+        );
+        assert_eq!(
+            flash_kernel(64, "w4"),
+            Some(("flash_attn_d64_w4".to_string(), 4))
+        );
+        assert_eq!(flash_kernel(80, ""), None);
+        assert_eq!(flash_kernel(256, "w4"), None);
+        // Every kernel the dispatch can ask for is listed for loading and instantiated in the
+        // source, so a launch never finds a name missing.
+        for &hd in kernels::FLASH_HEAD_DIMS {
+            for variant in ["", "w4"] {
+                let (name, _) = flash_kernel(hd, variant).unwrap();
+                assert!(kernels::FLASH.contains(&name.as_str()), "{name}");
+            }
+        }
+        for name in kernels::FLASH {
+            let inst = format!("FA_INST({name}, ");
+            assert_eq!(kernels::FLASH_SOURCE.matches(&inst).count(), 1, "{name}");
+        }
+    }
 }
