@@ -49,6 +49,12 @@ pub enum Command {
         dtype: String,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Split the weights into this many shards with model.safetensors.index.json.
+        #[arg(long, default_value_t = 1)]
+        shards: usize,
+        /// Write a bitsandbytes 8-bit checkpoint (int8 CB + SCB, quantization_config).
+        #[arg(long)]
+        bnb_int8: bool,
     },
 }
 
@@ -167,7 +173,9 @@ pub fn main() -> i32 {
             dir,
             dtype,
             seed,
-        }) => cmd_gen(&preset, &dir, &dtype, seed),
+            shards,
+            bnb_int8,
+        }) => cmd_gen(&preset, &dir, &dtype, seed, shards, bnb_int8),
     };
     match result {
         Ok(()) => 0,
@@ -359,7 +367,13 @@ fn cmd_inspect(path: &std::path::Path) -> Result<()> {
         "{}: hidden {}, intermediate {}, layers {}, heads {} (kv {}), head_dim {}, vocab {}, rope_theta {}, rms_eps {}, tied embeddings {}",
         c.arch, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size, c.rope_theta, c.rms_norm_eps, c.tie_word_embeddings
     );
-    println!("parameters {} in {} tensors", i.parameters, i.tensors);
+    println!(
+        "parameters {} in {} tensors ({} file(s))",
+        i.parameters, i.tensors, i.shards
+    );
+    for (k, v) in &i.metadata {
+        println!("  {k} = {v}");
+    }
     for (dtype, count, bytes) in &i.by_dtype {
         println!(
             "  {dtype:<5} {count:>5} tensors {:>12} ({bytes} bytes)",
@@ -369,17 +383,32 @@ fn cmd_inspect(path: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-fn cmd_gen(preset: &str, dir: &std::path::Path, dtype: &str, seed: u64) -> Result<()> {
+fn cmd_gen(
+    preset: &str,
+    dir: &std::path::Path,
+    dtype: &str,
+    seed: u64,
+    shards: usize,
+    bnb_int8: bool,
+) -> Result<()> {
     let d = match dtype {
         "f32" => StoredDtype::F32,
         "bf16" => StoredDtype::BF16,
         _ => StoredDtype::F16,
     };
-    let files = model::gen_model(preset, dir, d, seed)?;
-    println!(
-        "wrote {} and {}",
-        files.weights.display(),
-        files.config.display()
-    );
+    let opts = model::GenOptions {
+        dtype: d,
+        seed,
+        shards,
+        bnb_int8,
+    };
+    let files = model::gen_model_with(preset, dir, &opts)?;
+    for s in &files.shards {
+        println!("wrote {}", s.display());
+    }
+    if files.shards.len() > 1 {
+        println!("wrote {}", files.weights.display());
+    }
+    println!("wrote {}", files.config.display());
     Ok(())
 }

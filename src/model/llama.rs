@@ -326,9 +326,61 @@ impl Loader<'_> {
     }
 
     fn linear(&mut self, name: &str, n: usize, k: usize) -> Result<Linear> {
+        // A bitsandbytes 8-bit checkpoint loaded as int8 keeps its CB and SCB as stored.
+        if self.opts.quant == Quant::Int8 && self.src.is_int8(name) {
+            self.rt.check_cancel()?;
+            self.rt.progress(Progress::Load {
+                index: self.index,
+                count: self.count,
+                tensor: name.to_string(),
+                bytes: (n * k) as u64 + 4 * n as u64,
+            });
+            self.index += 1;
+            let pre = if self.needs_data {
+                Some(self.src.read_int8(name, &[n, k])?)
+            } else {
+                None
+            };
+            return load_int8(self.rt, name, n, k, pre, self.opts);
+        }
         let d = self.read(name, &[n, k])?;
         load_linear(self.rt, name, n, k, d, self.opts, self.act)
     }
+}
+
+/// An LLM.int8 linear from `CB` and `SCB` (computed or as stored): the same two allocations
+/// either way.
+fn load_int8(
+    rt: &Runtime,
+    name: &str,
+    n: usize,
+    k: usize,
+    data: Option<(Vec<i8>, Vec<f32>)>,
+    opts: &LoadOptions,
+) -> Result<Linear> {
+    let base = name.trim_end_matches(".weight");
+    let mut cb = rt.tensor(name, Category::Weight, &[n, k], DType::I8)?;
+    let mut scb = rt.tensor(format!("{base}.SCB"), Category::Weight, &[n], DType::F32)?;
+    if let Some((q, s)) = data {
+        if rt.backend() == Backend::Cpu {
+            if let crate::tensor::Storage::I8(dst) = &mut cb.storage {
+                dst.copy_from_slice(&q);
+            }
+            scb.f32_mut().copy_from_slice(&s);
+        } else {
+            ops::upload_i8(rt, &mut cb, &q)?;
+            ops::upload_f32(rt, &mut scb, &s)?;
+        }
+    }
+    Ok(Linear::Int8(Int8Linear {
+        cb,
+        scb,
+        out_features: n,
+        in_features: k,
+        threshold: opts.int8_threshold,
+        layout: opts.int8_layout,
+        state: Default::default(),
+    }))
 }
 
 fn load_linear(
@@ -344,30 +396,8 @@ fn load_linear(
     match opts.quant {
         Quant::F16 | Quant::BF16 => Ok(Linear::Dense(upload(rt, name, &[n, k], act, data)?)),
         Quant::Int8 => {
-            let base = name.trim_end_matches(".weight");
-            let mut cb = rt.tensor(name, Category::Weight, &[n, k], DType::I8)?;
-            let mut scb = rt.tensor(format!("{base}.SCB"), Category::Weight, &[n], DType::F32)?;
-            if let Some(w) = data {
-                let (q, s) = crate::quant::int8::quantize_rows(&w, n, k);
-                if cpu {
-                    if let crate::tensor::Storage::I8(dst) = &mut cb.storage {
-                        dst.copy_from_slice(&q);
-                    }
-                    scb.f32_mut().copy_from_slice(&s);
-                } else {
-                    ops::upload_i8(rt, &mut cb, &q)?;
-                    ops::upload_f32(rt, &mut scb, &s)?;
-                }
-            }
-            Ok(Linear::Int8(Int8Linear {
-                cb,
-                scb,
-                out_features: n,
-                in_features: k,
-                threshold: opts.int8_threshold,
-                layout: opts.int8_layout,
-                state: Default::default(),
-            }))
+            let q = data.map(|w| crate::quant::int8::quantize_rows(&w, n, k));
+            load_int8(rt, name, n, k, q, opts)
         }
         Quant::Nf4 => {
             let base = name.trim_end_matches(".weight");
