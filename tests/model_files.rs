@@ -350,3 +350,104 @@ fn smollm2_gguf_loads_and_profiles_with_exact_weight_bytes() {
     let want = 2 * 134_515_008u64;
     assert!(r.weights_bytes >= want && r.weights_bytes <= want + 512 * 272);
 }
+
+/// Greedy next token and top-5 of SmolLM2 on a fixed prompt, computed by our compute-mode
+/// forward (fp16 weights, simulated device) from the Q4_1 GGUF.
+fn smollm2_top5(ids: &[u32]) -> Vec<(u32, f32)> {
+    let opened = model::open(
+        &ModelSource::Path {
+            path: smollm2_path(),
+        },
+        0,
+    )
+    .unwrap();
+    let rt = compute_rt();
+    let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts(Quant::F16)).unwrap();
+    let batch = Batch {
+        ids: ids.to_vec(),
+        seq_lens: vec![ids.len()],
+    };
+    let logits = m.forward(&rt, &batch).unwrap();
+    let v = logits.f32().to_vec();
+    let mut idx: Vec<u32> = (0..v.len() as u32).collect();
+    idx.sort_by(|a, b| v[*b as usize].total_cmp(&v[*a as usize]));
+    idx[..5].iter().map(|&i| (i, v[i as usize])).collect()
+}
+
+#[test]
+fn smollm2_print_top5() {
+    // "The capital of France is"
+    println!("{:?}", smollm2_top5(&[504, 3575, 282, 4649, 314]));
+}
+
+/// A generated tensor with a cheap fill, so writing 1 GB is quick.
+struct Fill(Vec<usize>);
+
+impl safetensors::View for Fill {
+    fn dtype(&self) -> safetensors::Dtype {
+        safetensors::Dtype::BF16
+    }
+    fn shape(&self) -> &[usize] {
+        &self.0
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        let n = self.data_len() / 2;
+        let mut out = Vec::with_capacity(2 * n);
+        for i in 0..n {
+            let v = ((i % 251) as f32 - 125.0) * 1e-4;
+            out.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+        }
+        std::borrow::Cow::Owned(out)
+    }
+    fn data_len(&self) -> usize {
+        self.0.iter().product::<usize>() * 2
+    }
+}
+
+/// Load throughput of a ~1.1 GB bf16 checkpoint (hidden 2048, 8 layers, vocab 32000: 542 M
+/// parameters): the mmap → f32 stream alone, and the whole load into a compute-mode
+/// simulated device (fp16 store). Run with `--ignored --nocapture`; prints GB/s.
+#[test]
+#[ignore = "benchmark: writes 1.1 GB"]
+fn load_throughput_1gb() {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmp.path();
+    let json = serde_json::json!({
+        "model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632,
+        "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 16,
+        "vocab_size": 32000, "tie_word_embeddings": false, "torch_dtype": "bfloat16"
+    });
+    std::fs::write(dir.join("config.json"), json.to_string()).unwrap();
+    let cfg = vramscope::model::ModelConfig::from_hf_json(&json).unwrap();
+    let tensors: Vec<(String, Fill)> = cfg
+        .tensor_shapes()
+        .into_iter()
+        .map(|(n, s)| (n, Fill(s)))
+        .collect();
+    safetensors::serialize_to_file(tensors, None, &dir.join("model.safetensors")).unwrap();
+    let bytes = std::fs::metadata(dir.join("model.safetensors")).unwrap().len();
+    let opened = model::open(&ModelSource::Path { path: dir.into() }, 0).unwrap();
+    // Warm the page cache once, so both numbers measure the loader, not the disk.
+    let t = std::time::Instant::now();
+    for (name, shape) in cfg.tensor_shapes() {
+        std::hint::black_box(opened.source.read_f32(&name, &shape).unwrap());
+    }
+    let first = t.elapsed().as_secs_f64();
+    let t = std::time::Instant::now();
+    for (name, shape) in cfg.tensor_shapes() {
+        std::hint::black_box(opened.source.read_f32(&name, &shape).unwrap());
+    }
+    let stream = t.elapsed().as_secs_f64();
+    let t = std::time::Instant::now();
+    let rt = compute_rt();
+    let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts(Quant::F16)).unwrap();
+    let load = t.elapsed().as_secs_f64();
+    assert_eq!(m.weight_bytes(), 2 * cfg.param_count());
+    let gb = bytes as f64 / 1e9;
+    println!(
+        "{gb:.3} GB file: first read {:.2} GB/s, mmap→f32 stream {:.2} GB/s, full load into sim compute {:.2} GB/s",
+        gb / first,
+        gb / stream,
+        gb / load
+    );
+}
