@@ -133,7 +133,8 @@ fn two_shard_bf16_folder_loads_and_profiles_with_exact_weight_bytes() {
     .unwrap();
     for quant in [Quant::BF16, Quant::F16, Quant::Int8, Quant::Nf4] {
         let rt = compute_rt();
-        let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts(quant)).unwrap();
+        let m =
+            LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts(quant)).unwrap();
         assert_eq!(
             m.weight_bytes(),
             expected_weight_bytes(&opened.config, quant),
@@ -162,7 +163,9 @@ fn handmade_bnb(dir: &std::path::Path) -> Vec<(String, Vec<i8>, Vec<f32>)> {
         let mut data = view.data().to_vec();
         if view.dtype() == safetensors::Dtype::I8 {
             let k = view.shape()[1];
-            let cb: Vec<i8> = (0..data.len()).map(|i| ((i * 37 + i / k) % 201) as i8).collect::<Vec<_>>()
+            let cb: Vec<i8> = (0..data.len())
+                .map(|i| ((i * 37 + i / k) % 201) as i8)
+                .collect::<Vec<_>>()
                 .iter()
                 .map(|&q| (q as i16 - 100).clamp(-100, 100) as i8)
                 .collect();
@@ -173,7 +176,12 @@ fn handmade_bnb(dir: &std::path::Path) -> Vec<(String, Vec<i8>, Vec<f32>)> {
     }
     let views: Vec<(String, safetensors::tensor::TensorView)> = owned
         .iter()
-        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
         .collect();
     let out = safetensors::serialize(views, None).unwrap();
     drop(st);
@@ -207,8 +215,17 @@ fn bnb_int8_checkpoint_loads_cb_and_scb_as_stored() {
     )
     .unwrap();
     let rt = compute_rt();
-    let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts(Quant::Int8)).unwrap();
-    assert_eq!(m.weight_bytes(), expected_weight_bytes(&opened.config, Quant::Int8));
+    let m = LlamaModel::load(
+        &rt,
+        &opened.config,
+        opened.source.as_ref(),
+        &opts(Quant::Int8),
+    )
+    .unwrap();
+    assert_eq!(
+        m.weight_bytes(),
+        expected_weight_bytes(&opened.config, Quant::Int8)
+    );
     let Linear::Int8(q) = &m.layers[1].attn.k else {
         panic!("k_proj is not int8")
     };
@@ -248,7 +265,11 @@ fn bnb_int8_folder_profiles_with_its_int8_state() {
         .filter(|(n, _)| n.ends_with("_proj.weight"))
         .map(|(_, s)| (s[0] * s[1]) as u64)
         .sum();
-    assert!(r.quant_state_after_bytes >= int8_weights, "{}", r.quant_state_after_bytes);
+    assert!(
+        r.quant_state_after_bytes >= int8_weights,
+        "{}",
+        r.quant_state_after_bytes
+    );
 }
 
 #[test]
@@ -260,9 +281,14 @@ fn bnb_config_with_4bit_is_refused_by_name() {
         .unwrap()
         .replace("\"load_in_4bit\": false", "\"load_in_4bit\": true");
     std::fs::write(&p, text).unwrap();
-    let e = model::open(&ModelSource::Path { path: p.clone() }, 0).err().unwrap();
+    let e = model::open(&ModelSource::Path { path: p.clone() }, 0)
+        .err()
+        .unwrap();
     let msg = e.to_string();
-    assert!(msg.contains("config.json") && msg.contains("4-bit"), "{msg}");
+    assert!(
+        msg.contains("config.json") && msg.contains("4-bit"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -273,8 +299,14 @@ fn gguf_tensors_dequantize_and_q_k_rows_are_unpermuted() {
     std::fs::write(&path, bytes).unwrap();
     let opened = model::open(&ModelSource::Path { path: path.clone() }, 0).unwrap();
     let c = &opened.config;
-    assert_eq!((c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads), (64, 2, 4, 2));
-    assert_eq!((c.vocab_size, c.intermediate_size, c.head_dim), (96, 128, 16));
+    assert_eq!(
+        (c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads),
+        (64, 2, 4, 2)
+    );
+    assert_eq!(
+        (c.vocab_size, c.intermediate_size, c.head_dim),
+        (96, 128, 16)
+    );
     assert!(c.tie_word_embeddings);
     for (name, shape, want) in &hf {
         let got = opened.source.read_f32(name, shape).unwrap();
@@ -320,10 +352,25 @@ fn smollm2_preset_parameter_count_equals_the_real_file() {
     assert_eq!(i.parameters, 134_515_008);
     let c = &i.config;
     assert_eq!(
-        (c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads),
-        (preset.hidden_size, preset.intermediate_size, preset.num_layers, preset.num_heads, preset.num_kv_heads)
+        (
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_layers,
+            c.num_heads,
+            c.num_kv_heads
+        ),
+        (
+            preset.hidden_size,
+            preset.intermediate_size,
+            preset.num_layers,
+            preset.num_heads,
+            preset.num_kv_heads
+        )
     );
-    assert_eq!((c.vocab_size, c.tie_word_embeddings, c.rope_theta), (49152, true, 100000.0));
+    assert_eq!(
+        (c.vocab_size, c.tie_word_embeddings, c.rope_theta),
+        (49152, true, 100000.0)
+    );
     let by: Vec<(String, usize, u64)> = i.by_dtype.clone();
     assert_eq!(
         by,
@@ -341,11 +388,23 @@ fn smollm2_gguf_loads_and_profiles_with_exact_weight_bytes() {
     let opened = model::open(&ModelSource::Path { path: path.clone() }, 0).unwrap();
     for quant in [Quant::F16, Quant::Int8, Quant::Nf4] {
         let spec = DeviceSpec::parse("sim:h100-80gb:dry").unwrap();
-        let rt = Runtime::new(Device::open(&spec).unwrap(), Arc::new(AtomicBool::new(false)), None);
-        let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts(quant)).unwrap();
-        assert_eq!(m.weight_bytes(), expected_weight_bytes(&opened.config, quant), "{quant}");
+        let rt = Runtime::new(
+            Device::open(&spec).unwrap(),
+            Arc::new(AtomicBool::new(false)),
+            None,
+        );
+        let m =
+            LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts(quant)).unwrap();
+        assert_eq!(
+            m.weight_bytes(),
+            expected_weight_bytes(&opened.config, quant),
+            "{quant}"
+        );
     }
-    assert_eq!(expected_weight_bytes(&opened.config, Quant::F16), 2 * 134_515_008);
+    assert_eq!(
+        expected_weight_bytes(&opened.config, Quant::F16),
+        2 * 134_515_008
+    );
     let r = profile_compute(&path, Quant::F16);
     let want = 2 * 134_515_008u64;
     assert!(r.weights_bytes >= want && r.weights_bytes <= want + 512 * 272);
@@ -362,7 +421,13 @@ fn smollm2_top5(ids: &[u32]) -> Vec<(u32, f32)> {
     )
     .unwrap();
     let rt = compute_rt();
-    let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts(Quant::F16)).unwrap();
+    let m = LlamaModel::load(
+        &rt,
+        &opened.config,
+        opened.source.as_ref(),
+        &opts(Quant::F16),
+    )
+    .unwrap();
     let batch = Batch {
         ids: ids.to_vec(),
         seq_lens: vec![ids.len()],
@@ -425,7 +490,9 @@ fn load_throughput_1gb() {
         .map(|(n, s)| (n, Fill(s)))
         .collect();
     safetensors::serialize_to_file(tensors, None, &dir.join("model.safetensors")).unwrap();
-    let bytes = std::fs::metadata(dir.join("model.safetensors")).unwrap().len();
+    let bytes = std::fs::metadata(dir.join("model.safetensors"))
+        .unwrap()
+        .len();
     let opened = model::open(&ModelSource::Path { path: dir.into() }, 0).unwrap();
     // Warm the page cache once, so both numbers measure the loader, not the disk.
     let t = std::time::Instant::now();
@@ -440,9 +507,21 @@ fn load_throughput_1gb() {
     let stream = t.elapsed().as_secs_f64();
     let t = std::time::Instant::now();
     let rt = compute_rt();
-    let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts(Quant::F16)).unwrap();
+    let m = LlamaModel::load(
+        &rt,
+        &opened.config,
+        opened.source.as_ref(),
+        &opts(Quant::F16),
+    )
+    .unwrap();
     let load = t.elapsed().as_secs_f64();
     assert_eq!(m.weight_bytes(), 2 * cfg.param_count());
+    assert_eq!(m.load_stats.source_bytes, 2 * cfg.param_count());
+    println!(
+        "loader's own numbers: read {:.2} GB/s, whole load {:.2} GB/s",
+        m.load_stats.read_gb_per_s().unwrap(),
+        m.load_stats.load_gb_per_s().unwrap()
+    );
     let gb = bytes as f64 / 1e9;
     println!(
         "{gb:.3} GB file: first read {:.2} GB/s, mmap→f32 stream {:.2} GB/s, full load into sim compute {:.2} GB/s",

@@ -122,7 +122,10 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn err(&self, what: impl std::fmt::Display) -> Error {
-        Error::model(self.path, format!("GGUF header at byte {}: {what}", self.pos))
+        Error::model(
+            self.path,
+            format!("GGUF header at byte {}: {what}", self.pos),
+        )
     }
     fn remaining(&self) -> usize {
         self.buf.len() - self.pos
@@ -139,10 +142,14 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
     fn u32(&mut self, what: &str) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().expect("4")))
+        Ok(u32::from_le_bytes(
+            self.take(4, what)?.try_into().expect("4"),
+        ))
     }
     fn u64(&mut self, what: &str) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().expect("8")))
+        Ok(u64::from_le_bytes(
+            self.take(8, what)?.try_into().expect("8"),
+        ))
     }
     fn string(&mut self, what: &str) -> Result<&'a [u8]> {
         let n = self.u64(what)?;
@@ -349,7 +356,10 @@ impl GgufHeader {
                 .ok_or_else(|| {
                     Error::model(
                         path,
-                        format!("tensor {name}: dimensions {:?} are zero or too large", t.dims),
+                        format!(
+                            "tensor {name}: dimensions {:?} are zero or too large",
+                            t.dims
+                        ),
                     )
                 })?;
             let (block, block_bytes) = t.ggml_type.block();
@@ -579,7 +589,9 @@ impl GgufFile {
     }
 
     pub fn tensor(&self, gguf_name: &str) -> Option<&GgufTensor> {
-        self.by_name.get(gguf_name).map(|&i| &self.header.tensors[i])
+        self.by_name
+            .get(gguf_name)
+            .map(|&i| &self.header.tensors[i])
     }
 
     /// Dequantizes one tensor (by GGUF name) to f32.
@@ -653,12 +665,18 @@ impl WeightSource for GgufFile {
         self.path.display().to_string()
     }
 
+    fn stored_bytes(&self, name: &str) -> u64 {
+        gguf_name(name)
+            .and_then(|(g, _)| self.tensor(&g))
+            .map_or(0, |t| t.range.len() as u64)
+    }
+
     fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let (g, permuted) = gguf_name(name)
             .ok_or_else(|| Error::model(&self.path, format!("tensor {name} has no GGUF name")))?;
-        let t = self.tensor(&g).ok_or_else(|| {
-            Error::model(&self.path, format!("tensor {g} ({name}) is missing"))
-        })?;
+        let t = self
+            .tensor(&g)
+            .ok_or_else(|| Error::model(&self.path, format!("tensor {g} ({name}) is missing")))?;
         if t.torch_shape() != shape {
             return Err(Error::model(
                 &self.path,

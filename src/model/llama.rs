@@ -42,7 +42,30 @@ pub struct LlamaModel {
     pub norm: Tensor,
     /// `None` when tied to the embedding.
     pub lm_head: Option<Linear>,
+    /// How fast the weights came off the source (zero on a dry run, which reads nothing).
+    pub load_stats: LoadStats,
     generation: Cell<u32>,
+}
+
+/// Measured while loading: bytes read from the weights' source as stored (after the page
+/// cache, before conversion) and the time spent reading and converting them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LoadStats {
+    pub source_bytes: u64,
+    pub read_seconds: f64,
+    pub total_seconds: f64,
+}
+
+impl LoadStats {
+    /// Stored bytes per second of reading and converting (mmap → f32 or int8).
+    pub fn read_gb_per_s(&self) -> Option<f64> {
+        (self.read_seconds > 0.0).then(|| self.source_bytes as f64 / self.read_seconds / 1e9)
+    }
+    /// Stored bytes per second of the whole load, including device upload and quantization.
+    pub fn load_gb_per_s(&self) -> Option<f64> {
+        (self.total_seconds > 0.0 && self.source_bytes > 0)
+            .then(|| self.source_bytes as f64 / self.total_seconds / 1e9)
+    }
 }
 
 /// One forward batch: token ids of all sequences laid end to end.
@@ -103,6 +126,7 @@ impl LlamaModel {
         src: &dyn WeightSource,
         opts: &LoadOptions,
     ) -> Result<Self> {
+        let started = std::time::Instant::now();
         let act = opts.quant.activation_dtype();
         let mut ld = Loader {
             rt,
@@ -112,6 +136,7 @@ impl LlamaModel {
             needs_data: rt.backend() != Backend::Dry,
             count: cfg.tensor_shapes().len() as u32,
             index: 0,
+            stats: LoadStats::default(),
         };
         rt.set_op("load");
         rt.set_layer(None);
@@ -176,6 +201,10 @@ impl LlamaModel {
             layers,
             norm,
             lm_head,
+            load_stats: LoadStats {
+                total_seconds: started.elapsed().as_secs_f64(),
+                ..ld.stats
+            },
             generation: Cell::new(0),
         })
     }
@@ -301,6 +330,7 @@ struct Loader<'a> {
     needs_data: bool,
     count: u32,
     index: u32,
+    stats: LoadStats,
 }
 
 impl Loader<'_> {
@@ -314,7 +344,11 @@ impl Loader<'_> {
         });
         self.index += 1;
         if self.needs_data {
-            self.src.read_f32(name, shape).map(Some)
+            let t = std::time::Instant::now();
+            let d = self.src.read_f32(name, shape)?;
+            self.stats.read_seconds += t.elapsed().as_secs_f64();
+            self.stats.source_bytes += self.src.stored_bytes(name);
+            Ok(Some(d))
         } else {
             Ok(None)
         }
@@ -337,7 +371,11 @@ impl Loader<'_> {
             });
             self.index += 1;
             let pre = if self.needs_data {
-                Some(self.src.read_int8(name, &[n, k])?)
+                let t = std::time::Instant::now();
+                let d = self.src.read_int8(name, &[n, k])?;
+                self.stats.read_seconds += t.elapsed().as_secs_f64();
+                self.stats.source_bytes += self.src.stored_bytes(name);
+                Some(d)
             } else {
                 None
             };

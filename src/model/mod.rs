@@ -136,8 +136,7 @@ pub fn resolve_files(path: &Path) -> Result<ModelFiles> {
         None
     };
     let picked_single = path.is_file() && is_ext(path, "safetensors");
-    if !path.is_dir() && !picked_single && name != "config.json" && !name.ends_with(".index.json")
-    {
+    if !path.is_dir() && !picked_single && name != "config.json" && !name.ends_with(".index.json") {
         return Err(Error::model(
             path,
             "not a model file: pick a folder, its config.json, the index json, a .safetensors file or a .gguf file",
@@ -151,7 +150,11 @@ pub fn resolve_files(path: &Path) -> Result<ModelFiles> {
             let mut names: Vec<&str> = map.iter().map(|(_, f)| f.as_str()).collect();
             names.sort_unstable();
             names.dedup();
-            if picked_single && !names.iter().any(|n| Some(*n) == path.file_name().and_then(|f| f.to_str())) {
+            if picked_single
+                && !names
+                    .iter()
+                    .any(|n| Some(*n) == path.file_name().and_then(|f| f.to_str()))
+            {
                 // A lone file beside an unrelated index: take the file by itself.
                 (path.to_path_buf(), vec![path.to_path_buf()], None)
             } else {
@@ -223,7 +226,8 @@ fn open_files(files: &ModelFiles) -> Result<(ModelConfig, Box<dyn WeightSource>)
         }
         FileFormat::Safetensors => {
             let json = read_config_json(&files.config)?;
-            let cfg = ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
+            let cfg =
+                ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
             let sq = sharded::stored_quant(&json, &files.config)?;
             let st = sharded::SafetensorsModel::open(
                 &files.weights,
@@ -307,12 +311,18 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                 e.1 += t.range.len() as u64;
             }
             let mut md = vec![("GGUF.version".to_string(), g.header.version.to_string())];
-            md.extend(g.header.metadata.iter().map(|(k, v)| (k.clone(), v.to_string())));
+            md.extend(
+                g.header
+                    .metadata
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_string())),
+            );
             (cfg, md)
         }
         FileFormat::Safetensors => {
             let json = read_config_json(&files.config)?;
-            let cfg = ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
+            let cfg =
+                ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
             let sq = sharded::stored_quant(&json, &files.config)?;
             let st = sharded::SafetensorsModel::open(
                 &files.weights,
@@ -420,7 +430,9 @@ impl safetensors::View for LazyTensor<'_> {
                 let (cb, scb) = crate::quant::int8::quantize_rows(&w, n, k);
                 match self.kind {
                     LazyKind::Int8Cb => out.extend(cb.iter().map(|&q| q as u8)),
-                    _ => scb.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+                    _ => scb
+                        .iter()
+                        .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
                 }
             }
         }
@@ -479,7 +491,8 @@ pub fn gen_model_with(preset: &str, dir: &Path, opts: &GenOptions) -> Result<Mod
     if opts.bnb_int8 && opts.dtype == StoredDtype::BF16 {
         // bitsandbytes 0.44 keeps its 16-bit parts in fp16.
         return Err(Error::Request(
-            "a bitsandbytes 8-bit checkpoint stores its other weights in f16 or f32, not bf16".into(),
+            "a bitsandbytes 8-bit checkpoint stores its other weights in f16 or f32, not bf16"
+                .into(),
         ));
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;

@@ -45,7 +45,9 @@ pub fn parse_index(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
 pub enum StoredQuant {
     None,
     /// bitsandbytes LLM.int8 with its `llm_int8_threshold`.
-    BnbInt8 { threshold: f32 },
+    BnbInt8 {
+        threshold: f32,
+    },
 }
 
 /// Reads `quantization_config`; 4-bit and other methods are refused by name.
@@ -111,10 +113,7 @@ impl SafetensorsModel {
                 if let Some(j) = which.insert(name.clone(), i) {
                     return Err(Error::model(
                         &s.path,
-                        format!(
-                            "tensor {name} is also in {}",
-                            shards[j].path.display()
-                        ),
+                        format!("tensor {name} is also in {}", shards[j].path.display()),
                     ));
                 }
             }
@@ -184,7 +183,9 @@ impl SafetensorsModel {
                     if self.stored_quant == StoredQuant::None {
                         return Err(Error::model(
                             &s.path,
-                            format!("tensor {name} is int8 but config.json has no quantization_config"),
+                            format!(
+                                "tensor {name} is int8 but config.json has no quantization_config"
+                            ),
                         ));
                     }
                     let scb = scb_name(&name);
@@ -244,6 +245,15 @@ impl WeightSource for SafetensorsModel {
                 &s.path,
                 format!("tensor {name} has a dtype that is not F32, F16, BF16 or I8"),
             )),
+        }
+    }
+
+    fn stored_bytes(&self, name: &str) -> u64 {
+        let bytes = |n: &str| self.shard_of(n).map_or(0, |s| s.tensor_bytes(n));
+        if self.is_int8(name) {
+            bytes(name) + bytes(&scb_name(name))
+        } else {
+            bytes(name)
         }
     }
 

@@ -42,6 +42,11 @@ pub trait WeightSource {
     fn origin(&self) -> String;
     /// Reads one tensor, converted to f32 (values exact: F16/BF16 widen losslessly).
     fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>>;
+    /// Bytes `name` occupies in the source as stored (with its `.SCB` for int8); 0 when
+    /// nothing is read from a file.
+    fn stored_bytes(&self, _name: &str) -> u64 {
+        0
+    }
     /// Whether `name` is stored pre-quantized as LLM.int8 (`CB` + `.SCB`).
     fn is_int8(&self, _name: &str) -> bool {
         false
@@ -184,6 +189,11 @@ impl SafetensorsFile {
         Ok(&self.mmap[range.clone()])
     }
 
+    /// Stored bytes of one tensor (0 when absent).
+    pub fn tensor_bytes(&self, name: &str) -> u64 {
+        self.index.get(name).map_or(0, |(_, _, r)| r.len() as u64)
+    }
+
     pub fn total_bytes(&self) -> u64 {
         self.index.values().map(|(_, _, r)| r.len() as u64).sum()
     }
@@ -262,10 +272,7 @@ fn check_header_entries(header: &[u8], data_len: u64, path: &Path) -> Result<()>
         if w[1].0 < w[0].1 {
             return Err(Error::model(
                 path,
-                format!(
-                    "tensor {}: data_offsets overlap tensor {}",
-                    w[1].2, w[0].2
-                ),
+                format!("tensor {}: data_offsets overlap tensor {}", w[1].2, w[0].2),
             ));
         }
     }

@@ -71,7 +71,7 @@ pub fn gguf_header(kvs: &[(&str, Kv)], tensors: &[GgufTensorSpec]) -> (Vec<u8>, 
         offsets.push(off);
         off = (off + t.data.len() as u64).div_ceil(32) * 32;
     }
-    while out.len() % 32 != 0 {
+    while !out.len().is_multiple_of(32) {
         out.push(0);
     }
     (out, offsets)
@@ -135,7 +135,10 @@ pub fn q4_1(vals: &[f32]) -> Vec<u8> {
 pub fn q4_0(vals: &[f32]) -> Vec<u8> {
     let mut out = Vec::new();
     for b in vals.chunks(32) {
-        let max = b.iter().cloned().fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+        let max = b
+            .iter()
+            .cloned()
+            .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
         let d = half::f16::from_f32(max / -8.0).to_f32();
         out.extend_from_slice(&f16_bytes(d));
         let q = |v: f32| -> u8 {
@@ -167,7 +170,9 @@ pub fn safetensors_raw(header_json: &str, data: &[u8]) -> Vec<u8> {
 
 /// Deterministic pseudo-random values in [-scale, scale).
 pub fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
             s = s
@@ -194,20 +199,20 @@ pub fn permute_rows(w: &[f32], rows: usize, cols: usize, head_dim: usize) -> Vec
 /// A small llama GGUF: hidden 64, 2 layers, 4 heads (2 kv), ffn 128, vocab 96, tied.
 /// Q/K in Q4_1 (permuted as llama.cpp writes them), V/O in Q8_0, MLP in Q4_0, norms F32,
 /// embedding F16. Returns the file and the Hugging Face-layout values of every tensor.
-pub fn tiny_gguf() -> (Vec<u8>, Vec<(String, Vec<usize>, Vec<f32>)>) {
+/// (Hugging Face name, shape, values) of each tensor.
+pub type HfTensors = Vec<(String, Vec<usize>, Vec<f32>)>;
+
+pub fn tiny_gguf() -> (Vec<u8>, HfTensors) {
     let (kvs, tensors, hf) = tiny_gguf_parts();
     (gguf_file(&kvs, &tensors), hf)
 }
 
-type Parts = (
-    Vec<(&'static str, Kv)>,
-    Vec<GgufTensorSpec>,
-    Vec<(String, Vec<usize>, Vec<f32>)>,
-);
+type Parts = (Vec<(&'static str, Kv)>, Vec<GgufTensorSpec>, HfTensors);
 
 /// The metadata and tensors of `tiny_gguf`, to be altered before writing.
 pub fn tiny_gguf_parts() -> Parts {
-    let (h, ffn, vocab, heads, kv_heads, layers) = (64usize, 128usize, 96usize, 4usize, 2usize, 2usize);
+    let (h, ffn, vocab, heads, kv_heads, layers) =
+        (64usize, 128usize, 96usize, 4usize, 2usize, 2usize);
     let hd = h / heads;
     let kvs = vec![
         ("general.architecture", Kv::Str("llama".into())),
@@ -235,7 +240,11 @@ pub fn tiny_gguf_parts() -> Parts {
             v.iter_mut().for_each(|x| *x = 1.0 + *x * 0.1);
         }
         let (data, deq): (Vec<u8>, Vec<f32>) = {
-            let stored = if permute { permute_rows(&v, rows, cols, hd) } else { v.clone() };
+            let stored = if permute {
+                permute_rows(&v, rows, cols, hd)
+            } else {
+                v.clone()
+            };
             let data = match ty {
                 0 => f32_bytes(&stored),
                 1 => stored.iter().flat_map(|x| f16_bytes(*x)).collect(),
@@ -246,7 +255,11 @@ pub fn tiny_gguf_parts() -> Parts {
             };
             (data, v)
         };
-        let dims = if rows == 1 { vec![cols as u64] } else { vec![cols as u64, rows as u64] };
+        let dims = if rows == 1 {
+            vec![cols as u64]
+        } else {
+            vec![cols as u64, rows as u64]
+        };
         tensors.push(GgufTensorSpec {
             name: gname.into(),
             dims,
@@ -254,22 +267,96 @@ pub fn tiny_gguf_parts() -> Parts {
             data,
             offset: None,
         });
-        let shape = if rows == 1 { vec![cols] } else { vec![rows, cols] };
+        let shape = if rows == 1 {
+            vec![cols]
+        } else {
+            vec![rows, cols]
+        };
         hf.push((hname.to_string(), shape, deq));
     };
-    add("token_embd.weight", "model.embed_tokens.weight", vocab, h, 1, false);
+    add(
+        "token_embd.weight",
+        "model.embed_tokens.weight",
+        vocab,
+        h,
+        1,
+        false,
+    );
     for l in 0..layers {
         let g = |s: &str| format!("blk.{l}.{s}");
         let m = |s: &str| format!("model.layers.{l}.{s}");
-        add(&g("attn_norm.weight"), &m("input_layernorm.weight"), 1, h, 0, false);
-        add(&g("attn_q.weight"), &m("self_attn.q_proj.weight"), h, h, 3, true);
-        add(&g("attn_k.weight"), &m("self_attn.k_proj.weight"), kv_heads * hd, h, 3, true);
-        add(&g("attn_v.weight"), &m("self_attn.v_proj.weight"), kv_heads * hd, h, 8, false);
-        add(&g("attn_output.weight"), &m("self_attn.o_proj.weight"), h, h, 8, false);
-        add(&g("ffn_norm.weight"), &m("post_attention_layernorm.weight"), 1, h, 0, false);
-        add(&g("ffn_gate.weight"), &m("mlp.gate_proj.weight"), ffn, h, 2, false);
-        add(&g("ffn_up.weight"), &m("mlp.up_proj.weight"), ffn, h, 2, false);
-        add(&g("ffn_down.weight"), &m("mlp.down_proj.weight"), h, ffn, 2, false);
+        add(
+            &g("attn_norm.weight"),
+            &m("input_layernorm.weight"),
+            1,
+            h,
+            0,
+            false,
+        );
+        add(
+            &g("attn_q.weight"),
+            &m("self_attn.q_proj.weight"),
+            h,
+            h,
+            3,
+            true,
+        );
+        add(
+            &g("attn_k.weight"),
+            &m("self_attn.k_proj.weight"),
+            kv_heads * hd,
+            h,
+            3,
+            true,
+        );
+        add(
+            &g("attn_v.weight"),
+            &m("self_attn.v_proj.weight"),
+            kv_heads * hd,
+            h,
+            8,
+            false,
+        );
+        add(
+            &g("attn_output.weight"),
+            &m("self_attn.o_proj.weight"),
+            h,
+            h,
+            8,
+            false,
+        );
+        add(
+            &g("ffn_norm.weight"),
+            &m("post_attention_layernorm.weight"),
+            1,
+            h,
+            0,
+            false,
+        );
+        add(
+            &g("ffn_gate.weight"),
+            &m("mlp.gate_proj.weight"),
+            ffn,
+            h,
+            2,
+            false,
+        );
+        add(
+            &g("ffn_up.weight"),
+            &m("mlp.up_proj.weight"),
+            ffn,
+            h,
+            2,
+            false,
+        );
+        add(
+            &g("ffn_down.weight"),
+            &m("mlp.down_proj.weight"),
+            h,
+            ffn,
+            2,
+            false,
+        );
     }
     add("output_norm.weight", "model.norm.weight", 1, h, 0, false);
     (kvs, tensors, hf)
