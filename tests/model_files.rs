@@ -214,6 +214,7 @@ fn bnb_int8_checkpoint_loads_cb_and_scb_as_stored() {
         0,
     )
     .unwrap();
+    assert_eq!(opened.stored_int8_threshold, Some(6.0));
     let rt = compute_rt();
     let m = LlamaModel::load(
         &rt,

@@ -209,6 +209,8 @@ pub struct OpenedModel {
     pub name: String,
     pub config: ModelConfig,
     pub source: Box<dyn WeightSource>,
+    /// `llm_int8_threshold` of a bitsandbytes 8-bit checkpoint (what it was made to run with).
+    pub stored_int8_threshold: Option<f32>,
 }
 
 fn read_config_json(path: &Path) -> Result<serde_json::Value> {
@@ -217,12 +219,14 @@ fn read_config_json(path: &Path) -> Result<serde_json::Value> {
 }
 
 /// Opens the files of a model on disk, validating every header against the config.
-fn open_files(files: &ModelFiles) -> Result<(ModelConfig, Box<dyn WeightSource>)> {
+type Opened = (ModelConfig, Box<dyn WeightSource>, Option<f32>);
+
+fn open_files(files: &ModelFiles) -> Result<Opened> {
     match files.format {
         FileFormat::Gguf => {
             let mut g = gguf::GgufFile::open(&files.weights)?;
             let cfg = g.config_checked()?;
-            Ok((cfg, Box::new(g)))
+            Ok((cfg, Box::new(g), None))
         }
         FileFormat::Safetensors => {
             let json = read_config_json(&files.config)?;
@@ -236,7 +240,11 @@ fn open_files(files: &ModelFiles) -> Result<(ModelConfig, Box<dyn WeightSource>)
                 sq,
             )?;
             st.check_against(&cfg)?;
-            Ok((cfg, Box::new(st)))
+            let threshold = match sq {
+                sharded::StoredQuant::BnbInt8 { threshold } => Some(threshold),
+                sharded::StoredQuant::None => None,
+            };
+            Ok((cfg, Box::new(st), threshold))
         }
     }
 }
@@ -255,11 +263,12 @@ pub fn open(source: &ModelSource, seed: u64) -> Result<OpenedModel> {
                     seed,
                     dtype: StoredDtype::F16,
                 }),
+                stored_int8_threshold: None,
             })
         }
         ModelSource::Path { path } => {
             let files = resolve_files(path)?;
-            let (config, source) = open_files(&files)?;
+            let (config, source, stored_int8_threshold) = open_files(&files)?;
             let name = match files.format {
                 FileFormat::Gguf => files.weights.file_stem(),
                 FileFormat::Safetensors => files.config.parent().and_then(|d| d.file_name()),
@@ -270,6 +279,7 @@ pub fn open(source: &ModelSource, seed: u64) -> Result<OpenedModel> {
                 name,
                 config,
                 source,
+                stored_int8_threshold,
             })
         }
         ModelSource::Synthetic { .. } => Err(Error::Request(
