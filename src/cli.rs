@@ -41,7 +41,7 @@ pub enum Command {
     Devices,
     /// Show a model's config, parameter count and bytes per dtype.
     Inspect { path: PathBuf },
-    /// Write a preset with seeded synthetic weights as model.safetensors + config.json.
+    /// Write a preset with seeded synthetic weights as safetensors (+ index) and config.json.
     GenModel {
         preset: String,
         dir: PathBuf,
@@ -64,7 +64,8 @@ fn size_arg(s: &str) -> std::result::Result<u64, String> {
 
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
-    /// PATH (folder, config.json or .safetensors), preset:NAME, or synthetic:WEIGHTS:SPIKE.
+    /// PATH (folder, config.json, index json, .safetensors shard or .gguf), preset:NAME, or
+    /// synthetic:WEIGHTS:SPIKE.
     #[arg(long, default_value = "preset:llama-3-8b")]
     pub model: String,
     #[arg(long, default_value = "fp16", value_parser = ["fp16", "bf16", "int8", "nf4"])]

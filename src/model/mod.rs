@@ -21,7 +21,8 @@ use weights::{StoredDtype, SyntheticWeights, WeightSource};
 pub enum ModelSource {
     /// A built-in shape with seeded synthetic weights.
     Preset { name: String },
-    /// A Hugging Face folder, its `config.json`, or its `.safetensors` file.
+    /// A Hugging Face folder, its `config.json`, index json or any `.safetensors` shard; or a
+    /// `.gguf` file.
     Path { path: PathBuf },
     /// A workload of plain allocations (vLLM's `test_memory_profiling`): weights, then a spike
     /// of activation memory in each pass.
