@@ -497,8 +497,8 @@ fn smollm2_next_token_and_top5_match_llama_cpp() {
     let logits = smollm2_logits(&[PROMPT_FRANCE, PROMPT_FIB]);
     for (seq, v) in logits.iter().enumerate() {
         let ours = top(v, 5);
-        // Same model in f32: same top-5 in the same order; logits within 0.02 (our
-        // activations are fp16, llama.cpp's f32).
+        // Same model in f32: same top-5 in the same order; logits within 0.02 (we store the
+        // weights in fp16, llama.cpp keeps them in f32).
         let ids: Vec<u32> = ours.iter().map(|t| t.0).collect();
         let want: Vec<u32> = REF_F32[seq].iter().map(|t| t.0).collect();
         assert_eq!(ids, want, "sequence {seq}: {ours:?}");

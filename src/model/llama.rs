@@ -110,7 +110,17 @@ fn upload(
 ) -> Result<Tensor> {
     let mut t = rt.tensor(name, Category::Weight, shape, dtype)?;
     match (rt.backend(), data) {
-        (Backend::Cpu, Some(d)) => t.f32_mut().copy_from_slice(&d),
+        // The host keeps f32; values are rounded to the dtype the weight is stored in, as a
+        // GPU's fp16/bf16 copy would be.
+        (Backend::Cpu, Some(d)) => {
+            for (dst, v) in t.f32_mut().iter_mut().zip(d) {
+                *dst = match dtype {
+                    DType::F16 => half::f16::from_f32(v).to_f32(),
+                    DType::BF16 => half::bf16::from_f32(v).to_f32(),
+                    _ => v,
+                };
+            }
+        }
         (Backend::Cuda, Some(d)) => ops::upload_f32(rt, &mut t, &d)?,
         _ => {}
     }
