@@ -41,7 +41,7 @@ pub enum Command {
     Devices,
     /// Show a model's config, parameter count and bytes per dtype.
     Inspect { path: PathBuf },
-    /// Write a preset with seeded synthetic weights as model.safetensors + config.json.
+    /// Write a preset with seeded synthetic weights as safetensors (+ index) and config.json.
     GenModel {
         preset: String,
         dir: PathBuf,
@@ -49,6 +49,12 @@ pub enum Command {
         dtype: String,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Split the weights into this many shards with model.safetensors.index.json.
+        #[arg(long, default_value_t = 1)]
+        shards: usize,
+        /// Write a bitsandbytes 8-bit checkpoint (int8 CB + SCB, quantization_config).
+        #[arg(long)]
+        bnb_int8: bool,
     },
     /// Time forward passes on a device (GPU speed; logits for comparisons).
     Bench(BenchArgs),
@@ -99,7 +105,8 @@ fn size_arg(s: &str) -> std::result::Result<u64, String> {
 
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
-    /// PATH (folder, config.json or .safetensors), preset:NAME, or synthetic:WEIGHTS:SPIKE.
+    /// PATH (folder, config.json, index json, .safetensors shard or .gguf), preset:NAME, or
+    /// synthetic:WEIGHTS:SPIKE.
     #[arg(long, default_value = "preset:llama-3-8b")]
     pub model: String,
     #[arg(long, default_value = "fp16", value_parser = ["fp16", "bf16", "int8", "nf4"])]
@@ -208,7 +215,9 @@ pub fn main() -> i32 {
             dir,
             dtype,
             seed,
-        }) => cmd_gen(&preset, &dir, &dtype, seed),
+            shards,
+            bnb_int8,
+        }) => cmd_gen(&preset, &dir, &dtype, seed, shards, bnb_int8),
         Some(Command::Bench(args)) => cmd_bench(&args),
         Some(Command::HoldGpuMemory { ordinal, bytes }) => {
             device::cuda::hold_memory_child(ordinal, bytes)
@@ -404,7 +413,13 @@ fn cmd_inspect(path: &std::path::Path) -> Result<()> {
         "{}: hidden {}, intermediate {}, layers {}, heads {} (kv {}), head_dim {}, vocab {}, rope_theta {}, rms_eps {}, tied embeddings {}",
         c.arch, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size, c.rope_theta, c.rms_norm_eps, c.tie_word_embeddings
     );
-    println!("parameters {} in {} tensors", i.parameters, i.tensors);
+    println!(
+        "parameters {} in {} tensors ({} file(s))",
+        i.parameters, i.tensors, i.shards
+    );
+    for (k, v) in &i.metadata {
+        println!("  {k} = {v}");
+    }
     for (dtype, count, bytes) in &i.by_dtype {
         println!(
             "  {dtype:<5} {count:>5} tensors {:>12} ({bytes} bytes)",
@@ -414,18 +429,33 @@ fn cmd_inspect(path: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-fn cmd_gen(preset: &str, dir: &std::path::Path, dtype: &str, seed: u64) -> Result<()> {
+fn cmd_gen(
+    preset: &str,
+    dir: &std::path::Path,
+    dtype: &str,
+    seed: u64,
+    shards: usize,
+    bnb_int8: bool,
+) -> Result<()> {
     let d = match dtype {
         "f32" => StoredDtype::F32,
         "bf16" => StoredDtype::BF16,
         _ => StoredDtype::F16,
     };
-    let files = model::gen_model(preset, dir, d, seed)?;
-    println!(
-        "wrote {} and {}",
-        files.weights.display(),
-        files.config.display()
-    );
+    let opts = model::GenOptions {
+        dtype: d,
+        seed,
+        shards,
+        bnb_int8,
+    };
+    let files = model::gen_model_with(preset, dir, &opts)?;
+    for s in &files.shards {
+        println!("wrote {}", s.display());
+    }
+    if files.shards.len() > 1 {
+        println!("wrote {}", files.weights.display());
+    }
+    println!("wrote {}", files.config.display());
     Ok(())
 }
 

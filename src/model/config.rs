@@ -100,10 +100,23 @@ impl ModelConfig {
             ));
         }
         let get = |k: &str| -> std::result::Result<usize, String> {
-            v[k].as_u64()
-                .filter(|&n| n > 0 && n < (1 << 32))
-                .map(|n| n as usize)
-                .ok_or_else(|| format!("'{k}' is missing or not a positive integer"))
+            let n = v[k]
+                .as_u64()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("'{k}' is missing or not a positive integer"))?;
+            // Far above any published model, low enough that no shape or count derived
+            // from them can overflow or size a huge allocation.
+            let limit: u64 = match k {
+                "num_hidden_layers" | "num_attention_heads" | "num_key_value_heads" => 1 << 10,
+                "head_dim" => 1 << 12,
+                "hidden_size" => 1 << 17,
+                "intermediate_size" => 1 << 19,
+                _ => 1 << 23,
+            };
+            if n > limit {
+                return Err(format!("'{k}' = {n} is implausibly large (limit {limit})"));
+            }
+            Ok(n as usize)
         };
         let hidden_size = get("hidden_size")?;
         let num_heads = get("num_attention_heads")?;
@@ -122,9 +135,9 @@ impl ModelConfig {
                 "num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}"
             ));
         }
-        if head_dim % 2 != 0 {
+        if head_dim == 0 || head_dim % 2 != 0 {
             return Err(format!(
-                "head_dim {head_dim} must be even for rotary embeddings"
+                "head_dim {head_dim} must be even and positive for rotary embeddings"
             ));
         }
         Ok(ModelConfig {

@@ -42,7 +42,30 @@ pub struct LlamaModel {
     pub norm: Tensor,
     /// `None` when tied to the embedding.
     pub lm_head: Option<Linear>,
+    /// How fast the weights came off the source (zero on a dry run, which reads nothing).
+    pub load_stats: LoadStats,
     generation: Cell<u32>,
+}
+
+/// Measured while loading: bytes read from the weights' source as stored (after the page
+/// cache, before conversion) and the time spent reading and converting them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LoadStats {
+    pub source_bytes: u64,
+    pub read_seconds: f64,
+    pub total_seconds: f64,
+}
+
+impl LoadStats {
+    /// Stored bytes per second of reading and converting (mmap → f32 or int8).
+    pub fn read_gb_per_s(&self) -> Option<f64> {
+        (self.read_seconds > 0.0).then(|| self.source_bytes as f64 / self.read_seconds / 1e9)
+    }
+    /// Stored bytes per second of the whole load, including device upload and quantization.
+    pub fn load_gb_per_s(&self) -> Option<f64> {
+        (self.total_seconds > 0.0 && self.source_bytes > 0)
+            .then(|| self.source_bytes as f64 / self.total_seconds / 1e9)
+    }
 }
 
 /// One forward batch: token ids of all sequences laid end to end.
@@ -87,7 +110,17 @@ fn upload(
 ) -> Result<Tensor> {
     let mut t = rt.tensor(name, Category::Weight, shape, dtype)?;
     match (rt.backend(), data) {
-        (Backend::Cpu, Some(d)) => t.f32_mut().copy_from_slice(&d),
+        // The host keeps f32; values are rounded to the dtype the weight is stored in, as a
+        // GPU's fp16/bf16 copy would be.
+        (Backend::Cpu, Some(d)) => {
+            for (dst, v) in t.f32_mut().iter_mut().zip(d) {
+                *dst = match dtype {
+                    DType::F16 => half::f16::from_f32(v).to_f32(),
+                    DType::BF16 => half::bf16::from_f32(v).to_f32(),
+                    _ => v,
+                };
+            }
+        }
         (Backend::Cuda, Some(d)) => ops::upload_f32(rt, &mut t, &d)?,
         _ => {}
     }
@@ -103,6 +136,7 @@ impl LlamaModel {
         src: &dyn WeightSource,
         opts: &LoadOptions,
     ) -> Result<Self> {
+        let started = std::time::Instant::now();
         let act = opts.quant.activation_dtype();
         let mut ld = Loader {
             rt,
@@ -112,6 +146,7 @@ impl LlamaModel {
             needs_data: rt.backend() != Backend::Dry,
             count: cfg.tensor_shapes().len() as u32,
             index: 0,
+            stats: LoadStats::default(),
         };
         rt.set_op("load");
         rt.set_layer(None);
@@ -176,6 +211,10 @@ impl LlamaModel {
             layers,
             norm,
             lm_head,
+            load_stats: LoadStats {
+                total_seconds: started.elapsed().as_secs_f64(),
+                ..ld.stats
+            },
             generation: Cell::new(0),
         })
     }
@@ -301,6 +340,7 @@ struct Loader<'a> {
     needs_data: bool,
     count: u32,
     index: u32,
+    stats: LoadStats,
 }
 
 impl Loader<'_> {
@@ -314,7 +354,11 @@ impl Loader<'_> {
         });
         self.index += 1;
         if self.needs_data {
-            self.src.read_f32(name, shape).map(Some)
+            let t = std::time::Instant::now();
+            let d = self.src.read_f32(name, shape)?;
+            self.stats.read_seconds += t.elapsed().as_secs_f64();
+            self.stats.source_bytes += self.src.stored_bytes(name);
+            Ok(Some(d))
         } else {
             Ok(None)
         }
@@ -326,9 +370,65 @@ impl Loader<'_> {
     }
 
     fn linear(&mut self, name: &str, n: usize, k: usize) -> Result<Linear> {
+        // A bitsandbytes 8-bit checkpoint loaded as int8 keeps its CB and SCB as stored.
+        if self.opts.quant == Quant::Int8 && self.src.is_int8(name) {
+            self.rt.check_cancel()?;
+            self.rt.progress(Progress::Load {
+                index: self.index,
+                count: self.count,
+                tensor: name.to_string(),
+                bytes: (n * k) as u64 + 4 * n as u64,
+            });
+            self.index += 1;
+            let pre = if self.needs_data {
+                let t = std::time::Instant::now();
+                let d = self.src.read_int8(name, &[n, k])?;
+                self.stats.read_seconds += t.elapsed().as_secs_f64();
+                self.stats.source_bytes += self.src.stored_bytes(name);
+                Some(d)
+            } else {
+                None
+            };
+            return load_int8(self.rt, name, n, k, pre, self.opts);
+        }
         let d = self.read(name, &[n, k])?;
         load_linear(self.rt, name, n, k, d, self.opts, self.act)
     }
+}
+
+/// An LLM.int8 linear from `CB` and `SCB` (computed or as stored): the same two allocations
+/// either way.
+fn load_int8(
+    rt: &Runtime,
+    name: &str,
+    n: usize,
+    k: usize,
+    data: Option<(Vec<i8>, Vec<f32>)>,
+    opts: &LoadOptions,
+) -> Result<Linear> {
+    let base = name.trim_end_matches(".weight");
+    let mut cb = rt.tensor(name, Category::Weight, &[n, k], DType::I8)?;
+    let mut scb = rt.tensor(format!("{base}.SCB"), Category::Weight, &[n], DType::F32)?;
+    if let Some((q, s)) = data {
+        if rt.backend() == Backend::Cpu {
+            if let crate::tensor::Storage::I8(dst) = &mut cb.storage {
+                dst.copy_from_slice(&q);
+            }
+            scb.f32_mut().copy_from_slice(&s);
+        } else {
+            ops::upload_i8(rt, &mut cb, &q)?;
+            ops::upload_f32(rt, &mut scb, &s)?;
+        }
+    }
+    Ok(Linear::Int8(Int8Linear {
+        cb,
+        scb,
+        out_features: n,
+        in_features: k,
+        threshold: opts.int8_threshold,
+        layout: opts.int8_layout,
+        state: Default::default(),
+    }))
 }
 
 fn load_linear(
@@ -344,30 +444,8 @@ fn load_linear(
     match opts.quant {
         Quant::F16 | Quant::BF16 => Ok(Linear::Dense(upload(rt, name, &[n, k], act, data)?)),
         Quant::Int8 => {
-            let base = name.trim_end_matches(".weight");
-            let mut cb = rt.tensor(name, Category::Weight, &[n, k], DType::I8)?;
-            let mut scb = rt.tensor(format!("{base}.SCB"), Category::Weight, &[n], DType::F32)?;
-            if let Some(w) = data {
-                let (q, s) = crate::quant::int8::quantize_rows(&w, n, k);
-                if cpu {
-                    if let crate::tensor::Storage::I8(dst) = &mut cb.storage {
-                        dst.copy_from_slice(&q);
-                    }
-                    scb.f32_mut().copy_from_slice(&s);
-                } else {
-                    ops::upload_i8(rt, &mut cb, &q)?;
-                    ops::upload_f32(rt, &mut scb, &s)?;
-                }
-            }
-            Ok(Linear::Int8(Int8Linear {
-                cb,
-                scb,
-                out_features: n,
-                in_features: k,
-                threshold: opts.int8_threshold,
-                layout: opts.int8_layout,
-                state: Default::default(),
-            }))
+            let q = data.map(|w| crate::quant::int8::quantize_rows(&w, n, k));
+            load_int8(rt, name, n, k, q, opts)
         }
         Quant::Nf4 => {
             let base = name.trim_end_matches(".weight");

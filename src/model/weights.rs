@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use rand::{Rng, SeedableRng};
 use safetensors::{Dtype, SafeTensors};
 
-use super::config::ModelConfig;
 use crate::error::{Error, Result};
 
 /// Element type of a stored tensor.
@@ -16,12 +15,15 @@ pub enum StoredDtype {
     F32,
     F16,
     BF16,
+    /// bitsandbytes LLM.int8 `CB` (row-wise absmax int8 weight, with a `.SCB` sibling).
+    I8,
 }
 
 impl StoredDtype {
     pub fn size_bytes(self) -> usize {
         match self {
             StoredDtype::F32 => 4,
+            StoredDtype::I8 => 1,
             _ => 2,
         }
     }
@@ -30,6 +32,7 @@ impl StoredDtype {
             StoredDtype::F32 => "F32",
             StoredDtype::F16 => "F16",
             StoredDtype::BF16 => "BF16",
+            StoredDtype::I8 => "I8",
         }
     }
 }
@@ -39,6 +42,22 @@ pub trait WeightSource {
     fn origin(&self) -> String;
     /// Reads one tensor, converted to f32 (values exact: F16/BF16 widen losslessly).
     fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>>;
+    /// Bytes `name` occupies in the source as stored (with its `.SCB` for int8); 0 when
+    /// nothing is read from a file.
+    fn stored_bytes(&self, _name: &str) -> u64 {
+        0
+    }
+    /// Whether `name` is stored pre-quantized as LLM.int8 (`CB` + `.SCB`).
+    fn is_int8(&self, _name: &str) -> bool {
+        false
+    }
+    /// Reads a pre-quantized LLM.int8 weight as stored: `CB` `[n, k]` and `SCB` `[n]`.
+    fn read_int8(&self, name: &str, _shape: &[usize]) -> Result<(Vec<i8>, Vec<f32>)> {
+        Err(Error::model(
+            self.origin(),
+            format!("tensor {name} is not stored as int8"),
+        ))
+    }
 }
 
 /// Seeded synthetic weights: Hugging Face's initialisation (normal, std 0.02; norms at 1),
@@ -60,6 +79,7 @@ pub fn round_to(dtype: StoredDtype, x: f32) -> f32 {
         StoredDtype::F32 => x,
         StoredDtype::F16 => half::f16::from_f32(x).to_f32(),
         StoredDtype::BF16 => half::bf16::from_f32(x).to_f32(),
+        StoredDtype::I8 => x,
     }
 }
 
@@ -94,8 +114,7 @@ impl WeightSource for SyntheticWeights {
 pub struct SafetensorsFile {
     pub path: PathBuf,
     mmap: memmap2::Mmap,
-    /// name → (dtype, shape, byte range in the mmap)
-    index: HashMap<String, (StoredDtype, Vec<usize>, std::ops::Range<usize>)>,
+    index: TensorIndex,
 }
 
 fn stored_dtype(d: Dtype) -> Option<StoredDtype> {
@@ -103,6 +122,7 @@ fn stored_dtype(d: Dtype) -> Option<StoredDtype> {
         Dtype::F32 => Some(StoredDtype::F32),
         Dtype::F16 => Some(StoredDtype::F16),
         Dtype::BF16 => Some(StoredDtype::BF16),
+        Dtype::I8 => Some(StoredDtype::I8),
         _ => None,
     }
 }
@@ -127,32 +147,7 @@ impl SafetensorsFile {
         // SAFETY: the map is read-only; a file changed under us could only give wrong numbers,
         // and every offset is checked against the map's length before use.
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-        let header_len = u64::from_le_bytes(mmap[..8].try_into().expect("8 bytes"));
-        if header_len > len - 8 {
-            return Err(Error::model(
-                path,
-                format!("header length {header_len} runs past the end of the file ({len} bytes): truncated or not safetensors"),
-            ));
-        }
-        let st = SafeTensors::deserialize(&mmap)
-            .map_err(|e| Error::model(path, describe_st_error(e)))?;
-        let data_start = 8 + header_len as usize;
-        let mut index = HashMap::new();
-        for (name, view) in st.tensors() {
-            let dtype = stored_dtype(view.dtype()).ok_or_else(|| {
-                Error::model(
-                    path,
-                    format!(
-                        "tensor {name}: dtype {:?} is not supported (expected F32, F16 or BF16)",
-                        view.dtype()
-                    ),
-                )
-            })?;
-            let start = view.data().as_ptr() as usize - mmap.as_ptr() as usize;
-            debug_assert!(start >= data_start);
-            let end = start + view.data().len();
-            index.insert(name, (dtype, view.shape().to_vec(), start..end));
-        }
+        let index = parse_header(&mmap, path)?;
         Ok(Self {
             path: path.to_path_buf(),
             mmap,
@@ -164,38 +159,167 @@ impl SafetensorsFile {
         self.index.keys()
     }
 
-    pub fn info(&self, name: &str) -> Option<(StoredDtype, &[usize])> {
+    /// The stored dtype (`None` when it is not a weight dtype) and shape of a tensor.
+    pub fn info(&self, name: &str) -> Option<(Option<StoredDtype>, &[usize])> {
         self.index.get(name).map(|(d, s, _)| (*d, s.as_slice()))
     }
 
-    /// Checks every tensor the config expects is there with the expected shape.
-    pub fn check_against(&self, cfg: &ModelConfig) -> Result<()> {
-        for (name, shape) in cfg.tensor_shapes() {
-            match self.index.get(&name) {
-                None => {
-                    return Err(Error::model(
-                        &self.path,
-                        format!("tensor {name} is missing (config.json expects {shape:?})"),
-                    ))
-                }
-                Some((_, found, _)) if *found != shape => {
-                    return Err(Error::model(
-                        &self.path,
-                        format!(
-                            "tensor {name} has shape {found:?} but config.json implies {shape:?}"
-                        ),
-                    ))
-                }
-                _ => {}
-            }
+    /// A tensor's stored bytes, checked to hold `dtype` and `shape`.
+    pub fn raw(&self, name: &str, dtype: StoredDtype, shape: &[usize]) -> Result<&[u8]> {
+        let (found_dtype, found, range) = self
+            .index
+            .get(name)
+            .ok_or_else(|| Error::model(&self.path, format!("tensor {name} is missing")))?;
+        if found != shape {
+            return Err(Error::model(
+                &self.path,
+                format!("tensor {name} has shape {found:?}, expected {shape:?}"),
+            ));
         }
-        Ok(())
+        if *found_dtype != Some(dtype) {
+            return Err(Error::model(
+                &self.path,
+                format!(
+                    "tensor {name} is stored as {}, expected {}",
+                    found_dtype.map_or("a non-weight dtype", StoredDtype::name),
+                    dtype.name()
+                ),
+            ));
+        }
+        Ok(&self.mmap[range.clone()])
+    }
+
+    /// Stored bytes of one tensor (0 when absent).
+    pub fn tensor_bytes(&self, name: &str) -> u64 {
+        self.index.get(name).map_or(0, |(_, _, r)| r.len() as u64)
     }
 
     pub fn total_bytes(&self) -> u64 {
         self.index.values().map(|(_, _, r)| r.len() as u64).sum()
     }
 }
+
+/// Element size of a safetensors dtype name, for checking a header before trusting it.
+fn st_dtype_size(d: &str) -> Option<u64> {
+    Some(match d {
+        "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" => 1,
+        "I16" | "U16" | "F16" | "BF16" => 2,
+        "I32" | "U32" | "F32" => 4,
+        "I64" | "U64" | "F64" => 8,
+        _ => return None,
+    })
+}
+
+/// Checks every tensor entry of a safetensors header against the data actually present,
+/// naming the tensor at fault: dtype, shape × dtype = byte size, offsets inside the data,
+/// no overlaps.
+fn check_header_entries(header: &[u8], data_len: u64, path: &Path) -> Result<()> {
+    let v: serde_json::Value = serde_json::from_slice(header)
+        .map_err(|e| Error::model(path, format!("header is not valid JSON: {e}")))?;
+    let map = v
+        .as_object()
+        .ok_or_else(|| Error::model(path, "header is not a JSON object"))?;
+    let mut spans: Vec<(u64, u64, &str)> = Vec::with_capacity(map.len());
+    for (name, entry) in map {
+        if name == "__metadata__" {
+            continue;
+        }
+        let bad = |what: String| Error::model(path, format!("tensor {name}: {what}"));
+        let dtype = entry["dtype"]
+            .as_str()
+            .ok_or_else(|| bad("no dtype".into()))?;
+        let size = st_dtype_size(dtype).ok_or_else(|| bad(format!("unknown dtype {dtype}")))?;
+        let shape = entry["shape"]
+            .as_array()
+            .ok_or_else(|| bad("no shape".into()))?;
+        let mut numel = 1u64;
+        let mut dims = Vec::with_capacity(shape.len().min(8));
+        for d in shape {
+            let d = d
+                .as_u64()
+                .ok_or_else(|| bad("shape is not a list of sizes".into()))?;
+            dims.push(d);
+            numel = numel
+                .checked_mul(d)
+                .ok_or_else(|| bad(format!("shape {dims:?}... overflows")))?;
+        }
+        let offs = entry["data_offsets"]
+            .as_array()
+            .filter(|a| a.len() == 2)
+            .and_then(|a| Some((a[0].as_u64()?, a[1].as_u64()?)))
+            .ok_or_else(|| bad("data_offsets is not [start, end]".into()))?;
+        let (start, end) = offs;
+        if end < start {
+            return Err(bad(format!("data_offsets [{start}, {end}] run backwards")));
+        }
+        if end > data_len {
+            return Err(bad(format!(
+                "data_offsets [{start}, {end}] run past the end of the data ({data_len} bytes): truncated file or bogus offset"
+            )));
+        }
+        let want = numel.checked_mul(size);
+        if want != Some(end - start) {
+            return Err(bad(format!(
+                "{dtype} {dims:?} needs {} bytes but data_offsets [{start}, {end}] hold {}",
+                want.map_or("too many".into(), |w| w.to_string()),
+                end - start
+            )));
+        }
+        spans.push((start, end, name));
+    }
+    spans.sort_unstable();
+    for w in spans.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Err(Error::model(
+                path,
+                format!("tensor {}: data_offsets overlap tensor {}", w[1].2, w[0].2),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Validates a whole safetensors file held in `buf` and lists its tensors: name → (dtype,
+/// shape, byte range in `buf`). The header's claims are checked against `buf`'s length.
+pub fn parse_header(buf: &[u8], path: &Path) -> Result<TensorIndex> {
+    let len = buf.len() as u64;
+    if len < 8 {
+        return Err(Error::model(
+            path,
+            format!("truncated: {len} bytes, too short for a safetensors header"),
+        ));
+    }
+    let header_len = u64::from_le_bytes(buf[..8].try_into().expect("8 bytes"));
+    if header_len > len - 8 {
+        return Err(Error::model(
+            path,
+            format!("header length {header_len} runs past the end of the file ({len} bytes): truncated or not safetensors"),
+        ));
+    }
+    // The crate's limit, checked first so a huge claimed header is never parsed.
+    if header_len > 100_000_000 {
+        return Err(Error::model(
+            path,
+            format!("header length {header_len} exceeds safetensors' 100 MB limit"),
+        ));
+    }
+    let header_end = 8 + header_len as usize;
+    check_header_entries(&buf[8..header_end], len - header_end as u64, path)?;
+    let st = SafeTensors::deserialize(buf).map_err(|e| Error::model(path, describe_st_error(e)))?;
+    let mut index = HashMap::new();
+    for (name, view) in st.tensors() {
+        // Other dtypes (bitsandbytes' U8 `weight_format`, say) are listed but never read as
+        // weights; reading one is an error naming it.
+        let dtype = stored_dtype(view.dtype());
+        let start = view.data().as_ptr() as usize - buf.as_ptr() as usize;
+        let end = start + view.data().len();
+        index.insert(name, (dtype, view.shape().to_vec(), start..end));
+    }
+    Ok(index)
+}
+
+/// name → (dtype if readable, shape, byte range)
+pub type TensorIndex = HashMap<String, (Option<StoredDtype>, Vec<usize>, std::ops::Range<usize>)>;
 
 fn describe_st_error(e: safetensors::SafeTensorError) -> String {
     use safetensors::SafeTensorError as E;
@@ -215,36 +339,21 @@ fn describe_st_error(e: safetensors::SafeTensorError) -> String {
     }
 }
 
-impl WeightSource for SafetensorsFile {
-    fn origin(&self) -> String {
-        self.path.display().to_string()
-    }
-
-    fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let (dtype, found, range) = self
-            .index
-            .get(name)
-            .ok_or_else(|| Error::model(&self.path, format!("tensor {name} is missing")))?;
-        if found != shape {
-            return Err(Error::model(
-                &self.path,
-                format!("tensor {name} has shape {found:?}, expected {shape:?}"),
-            ));
-        }
-        let bytes = &self.mmap[range.clone()];
-        Ok(match dtype {
-            StoredDtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect(),
-            StoredDtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            StoredDtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-        })
+/// Converts stored float bytes to f32 (F16/BF16 widen exactly).
+pub fn floats_to_f32(dtype: StoredDtype, bytes: &[u8]) -> Vec<f32> {
+    match dtype {
+        StoredDtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        StoredDtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        StoredDtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        StoredDtype::I8 => bytes.iter().map(|&b| b as i8 as f32).collect(),
     }
 }

@@ -1,0 +1,363 @@
+//! Writers for small model files (GGUF, safetensors) used by the model-file and hostile-file
+//! tests. Written from the format descriptions, independently of the parsers under test.
+#![allow(dead_code)]
+
+/// A GGUF metadata value.
+pub enum Kv {
+    U32(u32),
+    F32(f32),
+    Str(String),
+    /// Array of strings.
+    Strs(Vec<String>),
+}
+
+pub struct GgufTensorSpec {
+    pub name: String,
+    /// Innermost first.
+    pub dims: Vec<u64>,
+    pub ggml_type: u32,
+    pub data: Vec<u8>,
+    /// Written instead of the packed offset (for hostile files).
+    pub offset: Option<u64>,
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// Header bytes up to the aligned data start, with the data offsets each tensor is given
+/// (packed in order, each aligned to 32).
+pub fn gguf_header(kvs: &[(&str, Kv)], tensors: &[GgufTensorSpec]) -> (Vec<u8>, Vec<u64>) {
+    let mut out = b"GGUF".to_vec();
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
+    for (k, v) in kvs {
+        put_str(&mut out, k);
+        match v {
+            Kv::U32(x) => {
+                out.extend_from_slice(&4u32.to_le_bytes());
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+            Kv::F32(x) => {
+                out.extend_from_slice(&6u32.to_le_bytes());
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+            Kv::Str(s) => {
+                out.extend_from_slice(&8u32.to_le_bytes());
+                put_str(&mut out, s);
+            }
+            Kv::Strs(v) => {
+                out.extend_from_slice(&9u32.to_le_bytes());
+                out.extend_from_slice(&8u32.to_le_bytes());
+                out.extend_from_slice(&(v.len() as u64).to_le_bytes());
+                for s in v {
+                    put_str(&mut out, s);
+                }
+            }
+        }
+    }
+    let mut offsets = Vec::new();
+    let mut off = 0u64;
+    for t in tensors {
+        put_str(&mut out, &t.name);
+        out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+        for d in &t.dims {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        out.extend_from_slice(&t.ggml_type.to_le_bytes());
+        out.extend_from_slice(&t.offset.unwrap_or(off).to_le_bytes());
+        offsets.push(off);
+        off = (off + t.data.len() as u64).div_ceil(32) * 32;
+    }
+    while !out.len().is_multiple_of(32) {
+        out.push(0);
+    }
+    (out, offsets)
+}
+
+/// A whole GGUF file.
+pub fn gguf_file(kvs: &[(&str, Kv)], tensors: &[GgufTensorSpec]) -> Vec<u8> {
+    let (mut out, offsets) = gguf_header(kvs, tensors);
+    let base = out.len() as u64;
+    for (t, off) in tensors.iter().zip(offsets) {
+        out.resize((base + off) as usize, 0);
+        out.extend_from_slice(&t.data);
+    }
+    out
+}
+
+pub fn f16_bytes(x: f32) -> [u8; 2] {
+    half::f16::from_f32(x).to_le_bytes()
+}
+
+/// Q8_0 blocks for `vals` (a multiple of 32): scale absmax/127, values rounded.
+pub fn q8_0(vals: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in vals.chunks(32) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = half::f16::from_f32(amax / 127.0).to_f32();
+        out.extend_from_slice(&f16_bytes(d));
+        for v in b {
+            let q = if d == 0.0 { 0.0 } else { (v / d).round() };
+            out.push(q.clamp(-127.0, 127.0) as i8 as u8);
+        }
+    }
+    out
+}
+
+/// Q4_1 blocks: scale (max-min)/15, min; element j in the low nibble of byte j, j+16 high.
+pub fn q4_1(vals: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in vals.chunks(32) {
+        let mn = b.iter().cloned().fold(f32::INFINITY, f32::min);
+        let mx = b.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let d = half::f16::from_f32((mx - mn) / 15.0).to_f32();
+        let m = half::f16::from_f32(mn).to_f32();
+        out.extend_from_slice(&f16_bytes(d));
+        out.extend_from_slice(&f16_bytes(m));
+        let q = |v: f32| -> u8 {
+            if d == 0.0 {
+                0
+            } else {
+                ((v - m) / d).round().clamp(0.0, 15.0) as u8
+            }
+        };
+        for j in 0..16 {
+            out.push(q(b[j]) | (q(b[j + 16]) << 4));
+        }
+    }
+    out
+}
+
+/// Q4_0 blocks: scale absmax/8 (signed as ggml picks it), q = round(v/d) + 8.
+pub fn q4_0(vals: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in vals.chunks(32) {
+        let max = b
+            .iter()
+            .cloned()
+            .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+        let d = half::f16::from_f32(max / -8.0).to_f32();
+        out.extend_from_slice(&f16_bytes(d));
+        let q = |v: f32| -> u8 {
+            if d == 0.0 {
+                8
+            } else {
+                ((v / d).round() + 8.0).clamp(0.0, 15.0) as u8
+            }
+        };
+        for j in 0..16 {
+            out.push(q(b[j]) | (q(b[j + 16]) << 4));
+        }
+    }
+    out
+}
+
+pub fn f32_bytes(vals: &[f32]) -> Vec<u8> {
+    vals.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// A safetensors file from (name, dtype, shape, data_offsets, header-only) entries and raw data:
+/// the header is written exactly as given, so it may lie.
+pub fn safetensors_raw(header_json: &str, data: &[u8]) -> Vec<u8> {
+    let mut out = (header_json.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header_json.as_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// Deterministic pseudo-random values in [-scale, scale).
+pub fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// llama.cpp's converter permutation of Q/K rows (HF → GGUF), for building test files.
+pub fn permute_rows(w: &[f32], rows: usize, cols: usize, head_dim: usize) -> Vec<f32> {
+    let half = head_dim / 2;
+    let mut out = vec![0f32; w.len()];
+    for r in 0..rows {
+        let (h, within) = (r / head_dim, r % head_dim);
+        let (s, i) = (within / half, within % half);
+        let dst = h * head_dim + 2 * i + s;
+        out[dst * cols..(dst + 1) * cols].copy_from_slice(&w[r * cols..(r + 1) * cols]);
+    }
+    out
+}
+
+/// A small llama GGUF: hidden 64, 2 layers, 4 heads (2 kv), ffn 128, vocab 96, tied.
+/// Q/K in Q4_1 (permuted as llama.cpp writes them), V/O in Q8_0, MLP in Q4_0, norms F32,
+/// embedding F16. Returns the file and the Hugging Face-layout values of every tensor.
+/// (Hugging Face name, shape, values) of each tensor.
+pub type HfTensors = Vec<(String, Vec<usize>, Vec<f32>)>;
+
+pub fn tiny_gguf() -> (Vec<u8>, HfTensors) {
+    let (kvs, tensors, hf) = tiny_gguf_parts();
+    (gguf_file(&kvs, &tensors), hf)
+}
+
+type Parts = (Vec<(&'static str, Kv)>, Vec<GgufTensorSpec>, HfTensors);
+
+/// The metadata and tensors of `tiny_gguf`, to be altered before writing.
+pub fn tiny_gguf_parts() -> Parts {
+    let (h, ffn, vocab, heads, kv_heads, layers) =
+        (64usize, 128usize, 96usize, 4usize, 2usize, 2usize);
+    let hd = h / heads;
+    let kvs = vec![
+        ("general.architecture", Kv::Str("llama".into())),
+        ("llama.block_count", Kv::U32(layers as u32)),
+        ("llama.context_length", Kv::U32(256)),
+        ("llama.embedding_length", Kv::U32(h as u32)),
+        ("llama.feed_forward_length", Kv::U32(ffn as u32)),
+        ("llama.attention.head_count", Kv::U32(heads as u32)),
+        ("llama.attention.head_count_kv", Kv::U32(kv_heads as u32)),
+        ("llama.rope.freq_base", Kv::F32(10000.0)),
+        ("llama.attention.layer_norm_rms_epsilon", Kv::F32(1e-5)),
+        (
+            "tokenizer.ggml.tokens",
+            Kv::Strs((0..vocab).map(|i| format!("t{i}")).collect()),
+        ),
+    ];
+    let mut tensors = Vec::new();
+    let mut hf = Vec::new();
+    let mut seed = 1u64;
+    let mut add = |gname: &str, hname: &str, rows: usize, cols: usize, ty: u32, permute: bool| {
+        seed += 1;
+        let is_norm = gname.ends_with("norm.weight");
+        let mut v = values(rows * cols, seed, 0.5);
+        if is_norm {
+            v.iter_mut().for_each(|x| *x = 1.0 + *x * 0.1);
+        }
+        let (data, deq): (Vec<u8>, Vec<f32>) = {
+            let stored = if permute {
+                permute_rows(&v, rows, cols, hd)
+            } else {
+                v.clone()
+            };
+            let data = match ty {
+                0 => f32_bytes(&stored),
+                1 => stored.iter().flat_map(|x| f16_bytes(*x)).collect(),
+                2 => q4_0(&stored),
+                3 => q4_1(&stored),
+                8 => q8_0(&stored),
+                _ => unreachable!(),
+            };
+            (data, v)
+        };
+        let dims = if rows == 1 {
+            vec![cols as u64]
+        } else {
+            vec![cols as u64, rows as u64]
+        };
+        tensors.push(GgufTensorSpec {
+            name: gname.into(),
+            dims,
+            ggml_type: ty,
+            data,
+            offset: None,
+        });
+        let shape = if rows == 1 {
+            vec![cols]
+        } else {
+            vec![rows, cols]
+        };
+        hf.push((hname.to_string(), shape, deq));
+    };
+    add(
+        "token_embd.weight",
+        "model.embed_tokens.weight",
+        vocab,
+        h,
+        1,
+        false,
+    );
+    for l in 0..layers {
+        let g = |s: &str| format!("blk.{l}.{s}");
+        let m = |s: &str| format!("model.layers.{l}.{s}");
+        add(
+            &g("attn_norm.weight"),
+            &m("input_layernorm.weight"),
+            1,
+            h,
+            0,
+            false,
+        );
+        add(
+            &g("attn_q.weight"),
+            &m("self_attn.q_proj.weight"),
+            h,
+            h,
+            3,
+            true,
+        );
+        add(
+            &g("attn_k.weight"),
+            &m("self_attn.k_proj.weight"),
+            kv_heads * hd,
+            h,
+            3,
+            true,
+        );
+        add(
+            &g("attn_v.weight"),
+            &m("self_attn.v_proj.weight"),
+            kv_heads * hd,
+            h,
+            8,
+            false,
+        );
+        add(
+            &g("attn_output.weight"),
+            &m("self_attn.o_proj.weight"),
+            h,
+            h,
+            8,
+            false,
+        );
+        add(
+            &g("ffn_norm.weight"),
+            &m("post_attention_layernorm.weight"),
+            1,
+            h,
+            0,
+            false,
+        );
+        add(
+            &g("ffn_gate.weight"),
+            &m("mlp.gate_proj.weight"),
+            ffn,
+            h,
+            2,
+            false,
+        );
+        add(
+            &g("ffn_up.weight"),
+            &m("mlp.up_proj.weight"),
+            ffn,
+            h,
+            2,
+            false,
+        );
+        add(
+            &g("ffn_down.weight"),
+            &m("mlp.down_proj.weight"),
+            h,
+            ffn,
+            2,
+            false,
+        );
+    }
+    add("output_norm.weight", "model.norm.weight", 1, h, 0, false);
+    (kvs, tensors, hf)
+}
