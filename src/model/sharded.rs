@@ -176,7 +176,10 @@ impl SafetensorsModel {
                 None => {
                     return Err(Error::model(
                         &s.path,
-                        format!("tensor {name} has a dtype that is not F32, F16, BF16 or I8"),
+                        format!(
+                            "tensor {name} has dtype {}, expected F32, F16, BF16 or I8",
+                            s.stored_dtype_name(&name)
+                        ),
                     ))
                 }
                 Some(StoredDtype::I8) => {
@@ -243,7 +246,10 @@ impl WeightSource for SafetensorsModel {
             Some(d) => Ok(floats_to_f32(d, s.raw(name, d, shape)?)),
             None => Err(Error::model(
                 &s.path,
-                format!("tensor {name} has a dtype that is not F32, F16, BF16 or I8"),
+                format!(
+                    "tensor {name} has dtype {}, expected F32, F16, BF16 or I8",
+                    s.stored_dtype_name(name)
+                ),
             )),
         }
     }

@@ -189,6 +189,15 @@ impl SafetensorsFile {
         Ok(&self.mmap[range.clone()])
     }
 
+    /// The dtype a tensor's header entry names, as written there (for error messages; parses
+    /// the header again, which only the error path does).
+    pub fn stored_dtype_name(&self, name: &str) -> String {
+        SafeTensors::deserialize(&self.mmap)
+            .ok()
+            .and_then(|st| st.tensor(name).ok().map(|v| format!("{:?}", v.dtype())))
+            .unwrap_or_else(|| "unknown".into())
+    }
+
     /// Stored bytes of one tensor (0 when absent).
     pub fn tensor_bytes(&self, name: &str) -> u64 {
         self.index.get(name).map_or(0, |(_, _, r)| r.len() as u64)
