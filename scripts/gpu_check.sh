@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # All GPU checks of the CUDA backend, batched for one device call each.
-#   scripts/gpu_check.sh DIR correctness|speed|profile OUTDIR
+#   scripts/gpu_check.sh DIR correctness|speed|profile|speed-ab|smoke OUTDIR
 # DIR holds the release binary `vramscope`, the ignored-test binary `cuda-tests` and
 # gpu_reference.py. Everything is logged to OUTDIR/log.txt; JSON reports go beside it.
 set -u
@@ -64,5 +64,18 @@ speed-ab)
   run env VRAMSCOPE_NVML_INTERVAL_US=200000 "$B" bench --model preset:llama-3-8b --fast-weights --quant fp16 --device cuda:0 --tokens 8192 --iters 3
   run env VRAMSCOPE_ATTN_SCRATCH_MIB=1024 "$B" bench --model preset:llama-3-8b --fast-weights --quant fp16 --device cuda:0 --tokens 8192 --iters 3
   run "$B" bench --model preset:llama-3-8b --fast-weights --quant bf16 --device cuda:0 --tokens 8192 --iters 3
+  ;;
+smoke)
+  # The merged build end to end: GPU tests, the new model-file loaders on the GPU (two bf16
+  # shards, a bitsandbytes int8 checkpoint loaded without re-quantizing), nf4, and the same
+  # checkpoint dry for comparison.
+  run "$B" devices
+  if [ -x "$G/cuda-tests" ]; then run "$G/cuda-tests" --ignored --test-threads 1; fi
+  run "$B" gen-model smollm2-135m /tmp/shards --dtype bf16 --shards 2
+  run "$B" profile --model /tmp/shards --quant bf16 --device cuda:0 --tokens 4096 --seqs 4 --json "$O/shards-bf16.json"
+  run "$B" gen-model smollm2-135m /tmp/bnb --bnb-int8
+  run "$B" profile --model /tmp/bnb --quant int8 --device cuda:0 --tokens 4096 --json "$O/bnb-int8-cuda.json"
+  run "$B" profile --model /tmp/bnb --quant int8 --device sim:h200-141gb:dry --tokens 4096 --json "$O/bnb-int8-dry.json"
+  run "$B" profile --model preset:smollm2-135m --quant nf4 --device cuda:0 --tokens 4096 --png "$O/nf4-cuda.png"
   ;;
 esac
