@@ -116,18 +116,11 @@ fn draw_header(area: &Area, r: &Report) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// The x axis: wall time where the math ran, event number on a dry run (which takes
-/// microseconds, so its clock shows scheduling noise rather than the work).
-fn x_of(r: &Report) -> (bool, &'static str) {
-    let by_index = r.device.mode == "dry";
-    (
-        by_index,
-        if by_index {
-            "event number (dry run: shapes only, no real time)"
-        } else {
-            "time (ms)"
-        },
-    )
+/// The x axis: event order. Passes get room in proportion to what happens in them, where wall
+/// time gives most of the width to loading (host-side reads) or, on a dry run, to scheduling
+/// noise. Pass spans and markers are placed by event index too.
+fn x_of(_r: &Report) -> (bool, &'static str) {
+    (true, "event order (index in the timeline)")
 }
 
 fn draw_timeline(area: &Area, r: &Report) -> std::result::Result<(), String> {
