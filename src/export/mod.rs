@@ -11,11 +11,8 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
-/// Writes through `f` into a temporary file in the destination's folder, then renames it.
-pub fn atomic_write_with(
-    path: &Path,
-    f: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
-) -> Result<()> {
+/// The folder a file goes into, which must exist.
+fn existing_folder_of(path: &Path) -> Result<&Path> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -26,6 +23,15 @@ pub fn atomic_write_with(
             problem: format!("folder {} does not exist", dir.display()),
         });
     }
+    Ok(dir)
+}
+
+/// Writes through `f` into a temporary file in the destination's folder, then renames it.
+pub fn atomic_write_with(
+    path: &Path,
+    f: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> Result<()> {
+    let dir = existing_folder_of(path)?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(path, e))?;
     f(tmp.as_file_mut()).map_err(|e| Error::io(path, e))?;
     tmp.as_file_mut().flush().map_err(|e| Error::io(path, e))?;
@@ -47,16 +53,7 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// Refuses an output path that cannot be written (missing folder), before a run starts.
 pub fn check_writable(path: &Path) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    if !dir.is_dir() {
-        return Err(Error::Export {
-            path: path.to_path_buf(),
-            problem: format!("folder {} does not exist", dir.display()),
-        });
-    }
+    existing_folder_of(path)?;
     if path.is_dir() {
         return Err(Error::Export {
             path: path.to_path_buf(),

@@ -230,17 +230,7 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
             Ok((cfg, Box::new(g), None))
         }
         FileFormat::Safetensors => {
-            let json = read_config_json(&files.config)?;
-            let cfg =
-                ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
-            let sq = sharded::stored_quant(&json, &files.config)?;
-            let st = sharded::SafetensorsModel::open(
-                &files.weights,
-                &files.shards,
-                files.index.as_deref(),
-                sq,
-            )?;
-            st.check_against(&cfg)?;
+            let (_, cfg, sq, st) = open_safetensors(&files)?;
             let threshold = match sq {
                 sharded::StoredQuant::BnbInt8 { threshold } => Some(threshold),
                 sharded::StoredQuant::None => None,
@@ -331,17 +321,7 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
             (cfg, md)
         }
         FileFormat::Safetensors => {
-            let json = read_config_json(&files.config)?;
-            let cfg =
-                ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
-            let sq = sharded::stored_quant(&json, &files.config)?;
-            let st = sharded::SafetensorsModel::open(
-                &files.weights,
-                &files.shards,
-                files.index.as_deref(),
-                sq,
-            )?;
-            st.check_against(&cfg)?;
+            let (json, cfg, _, st) = open_safetensors(&files)?;
             for name in st.tensor_names() {
                 let (d, shape) = st.info(name).expect("listed");
                 let n: u64 = shape.iter().product::<usize>() as u64;
@@ -654,4 +634,22 @@ fn write_shards(dir: &Path, tensors: Vec<(String, LazyTensor)>, n: usize) -> Res
     let text = serde_json::to_string_pretty(&json).expect("json");
     crate::export::atomic_write(&index_path, text.as_bytes())?;
     Ok((index_path, paths, Some(map)))
+}
+
+/// config.json and the safetensors file(s) of a model folder, checked against each other.
+fn open_safetensors(
+    files: &ModelFiles,
+) -> Result<(
+    serde_json::Value,
+    ModelConfig,
+    sharded::StoredQuant,
+    sharded::SafetensorsModel,
+)> {
+    let json = read_config_json(&files.config)?;
+    let cfg = ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
+    let sq = sharded::stored_quant(&json, &files.config)?;
+    let st =
+        sharded::SafetensorsModel::open(&files.weights, &files.shards, files.index.as_deref(), sq)?;
+    st.check_against(&cfg)?;
+    Ok((json, cfg, sq, st))
 }
