@@ -230,7 +230,7 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
             Ok((cfg, Box::new(g), None))
         }
         FileFormat::Safetensors => {
-            let (_, cfg, sq, st) = open_safetensors(&files)?;
+            let (_, cfg, sq, st) = open_safetensors(files)?;
             let threshold = match sq {
                 sharded::StoredQuant::BnbInt8 { threshold } => Some(threshold),
                 sharded::StoredQuant::None => None,
