@@ -3,12 +3,36 @@
 
 use std::path::Path;
 
+use vramscope::bench::{self, BenchRequest};
 use vramscope::device::DeviceSpec;
 use vramscope::model::llama::Batch;
 use vramscope::model::weights::StoredDtype;
 use vramscope::model::{gen_model, ModelConfig, ModelSource};
-use vramscope::profile::forward::logits;
 use vramscope::quant::Quant;
+
+/// One forward pass through the product's own path (`vramscope bench` with no timed passes):
+/// the logits of the last token of each sequence of `Batch::dummy(tokens, seqs, vocab)`.
+fn logits(
+    source: &ModelSource,
+    quant: Quant,
+    int8_threshold: f32,
+    device: &DeviceSpec,
+    tokens: usize,
+    seqs: usize,
+) -> Vec<f32> {
+    let req = BenchRequest {
+        model: source.clone(),
+        quant,
+        device: device.clone(),
+        tokens,
+        seqs,
+        iters: 0,
+        fast_weights: false,
+        int8_threshold,
+        seed: 0,
+    };
+    bench::run(&req).unwrap().logits
+}
 
 struct Weights {
     st: Vec<u8>,
@@ -172,10 +196,8 @@ fn reference_logits(dir: &Path, batch: &Batch) -> Vec<f64> {
 fn tiny_compute_mode_logits_match_f64_reference() {
     let dir = tempfile::tempdir().unwrap();
     gen_model("tiny", dir.path(), StoredDtype::F16, 7).unwrap();
-    let batch = Batch {
-        ids: vec![1, 17, 300, 999, 42, 5, 77, 1023, 0, 64, 128],
-        seq_lens: vec![6, 5],
-    };
+    let batch = Batch::dummy(11, 2, 1024);
+    assert_eq!(batch.seq_lens, [6, 5]);
     let ours = logits(
         &ModelSource::Path {
             path: dir.path().to_path_buf(),
@@ -183,9 +205,9 @@ fn tiny_compute_mode_logits_match_f64_reference() {
         Quant::F16,
         0.0,
         &DeviceSpec::parse("sim:h100-80gb").unwrap(),
-        &batch,
-    )
-    .unwrap();
+        11,
+        2,
+    );
     let reference = reference_logits(dir.path(), &batch);
     assert_eq!(ours.len(), 2 * 1024);
     let scale = reference.iter().fold(0.0f64, |m, v| m.max(v.abs()));
@@ -209,8 +231,7 @@ fn quantized_forwards_stay_close_to_fp16() {
         path: dir.path().to_path_buf(),
     };
     let dev = DeviceSpec::parse("sim:a100-80gb").unwrap();
-    let batch = Batch::dummy(24, 2, 1024);
-    let fp16 = logits(&src, Quant::F16, 0.0, &dev, &batch).unwrap();
+    let fp16 = logits(&src, Quant::F16, 0.0, &dev, 24, 2);
     let rel = |q: &[f32]| {
         let num: f64 = q
             .iter()
@@ -220,9 +241,9 @@ fn quantized_forwards_stay_close_to_fp16() {
         let den: f64 = fp16.iter().map(|b| (*b as f64).powi(2)).sum();
         (num / den).sqrt()
     };
-    let int8 = logits(&src, Quant::Int8, 0.0, &dev, &batch).unwrap();
-    let int8_outliers = logits(&src, Quant::Int8, 0.05, &dev, &batch).unwrap();
-    let nf4 = logits(&src, Quant::Nf4, 0.0, &dev, &batch).unwrap();
+    let int8 = logits(&src, Quant::Int8, 0.0, &dev, 24, 2);
+    let int8_outliers = logits(&src, Quant::Int8, 0.05, &dev, 24, 2);
+    let nf4 = logits(&src, Quant::Nf4, 0.0, &dev, 24, 2);
     // int8 with 8-bit activations: ~1% relative L2; NF4: ~10%.
     assert!(rel(&int8) < 0.03, "int8 {}", rel(&int8));
     assert!(

@@ -116,43 +116,17 @@ fn draw_header(area: &Area, r: &Report) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// The x axis: event order. Passes get room in proportion to what happens in them, where wall
-/// time gives most of the width to loading (host-side reads) or, on a dry run, to scheduling
-/// noise. Pass spans and markers are placed by event index too.
-fn x_of(_r: &Report) -> (bool, &'static str) {
-    (true, "event order (index in the timeline)")
-}
-
+/// The x axis is event order: passes get room in proportion to what happens in them, where
+/// wall time would give most of the width to loading (host-side reads) or, on a dry run, to
+/// scheduling noise.
 fn draw_timeline(area: &Area, r: &Report) -> std::result::Result<(), String> {
-    let (by_index, x_desc) = x_of(r);
-    // Plot on a copy whose clock is the event number when the run was dry.
-    let reindexed;
-    let events = if by_index {
-        reindexed = r
-            .events
-            .iter()
-            .enumerate()
-            .map(|(i, e)| {
-                let mut e = e.clone();
-                e.time_us = i as u64 * 1000;
-                e
-            })
-            .collect::<Vec<_>>();
-        &reindexed
-    } else {
-        &r.events
-    };
-    let x_of_us = |us: u64| us as f64 * 1e-3;
-    let t_end_us = events.last().map_or(1, |e| e.time_us.max(1));
-    let x_max = x_of_us(t_end_us);
+    let events = &r.events;
+    let x_max = events.len().max(1) as f64;
+    // A pass's span in event indices, from its start and end times.
     let pass_span = |start: u64, end: u64| -> (f64, f64) {
-        if by_index {
-            let a = r.events.partition_point(|e| e.time_us < start);
-            let b = r.events.partition_point(|e| e.time_us <= end);
-            (a as f64, b as f64)
-        } else {
-            (x_of_us(start), x_of_us(end))
-        }
+        let a = events.partition_point(|e| e.time_us < start);
+        let b = events.partition_point(|e| e.time_us <= end);
+        (a as f64, b as f64)
     };
     let y_max = events
         .iter()
@@ -166,18 +140,12 @@ fn draw_timeline(area: &Area, r: &Report) -> std::result::Result<(), String> {
         .caption("Memory timeline (framework allocator and device)", text(22))
         .x_label_area_size(44)
         .y_label_area_size(72)
-        .build_cartesian_2d(0f64..x_max.max(1e-3), 0f64..y_max.max(0.01))
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max.max(0.01))
         .map_err(draw_err)?;
     chart
         .configure_mesh()
-        .x_desc(x_desc)
-        .x_label_formatter(&|x| {
-            if by_index {
-                format!("{x:.0}")
-            } else {
-                format!("{x:.1}")
-            }
-        })
+        .x_desc("event order (index in the timeline)")
+        .x_label_formatter(&|x| format!("{x:.0}"))
         .y_desc("GiB")
         .label_style(text(16))
         .axis_desc_style(text(18))
@@ -208,9 +176,9 @@ fn draw_timeline(area: &Area, r: &Report) -> std::result::Result<(), String> {
         let mut out = Vec::with_capacity(pts.len() * 2);
         for (i, p) in pts.iter().enumerate() {
             if i > 0 {
-                out.push((p[0] * 1e3, pts[i - 1][1] / GIB as f64));
+                out.push((p[0], pts[i - 1][1] / GIB as f64));
             }
-            out.push((p[0] * 1e3, p[1] / GIB as f64));
+            out.push((p[0], p[1] / GIB as f64));
         }
         out
     };
@@ -221,7 +189,7 @@ fn draw_timeline(area: &Area, r: &Report) -> std::result::Result<(), String> {
         (Series::Allocated, palette::ALLOCATED, 3),
     ];
     for (s, color, width) in series {
-        let pts = step(timeline::reduce(events, s, 0, t_end_us, 900));
+        let pts = step(timeline::reduce_by_index(events, s, 0, events.len(), 900));
         let col = c(color);
         chart
             .draw_series(LineSeries::new(pts, col.stroke_width(width)))
@@ -232,8 +200,12 @@ fn draw_timeline(area: &Area, r: &Report) -> std::result::Result<(), String> {
 
     // Checkpoints t0..t3 and pass starts.
     let mut last_label_x = f64::NEG_INFINITY;
-    for e in events.iter().filter(|e| e.kind == EventKind::Marker) {
-        let x = x_of_us(e.time_us);
+    for (i, e) in events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind == EventKind::Marker)
+    {
+        let x = i as f64;
         let is_checkpoint = e.tensor.len() == 2 && e.tensor.starts_with('t');
         let is_pass = e.tensor.starts_with("pass ") || e.tensor.starts_with("verify ");
         if !is_checkpoint && !is_pass {

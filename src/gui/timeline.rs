@@ -10,7 +10,7 @@ use super::style::{c32, on_bg};
 use crate::memory::{Category, Event, EventKind};
 use crate::palette;
 use crate::profile::Report;
-use crate::timeline::{first_at, reduce, Series};
+use crate::timeline::{first_at, reduce, reduce_by_index, Series};
 use crate::units::{fmt_i, fmt_u, GIB};
 
 /// The line series, in legend order.
@@ -370,55 +370,6 @@ impl Cache {
             Vec::new()
         };
     }
-}
-
-/// Like `crate::timeline::reduce`, with event index as x: each pixel column keeps its first,
-/// minimum, maximum and last value, so the step shape and every spike survive.
-pub fn reduce_by_index(
-    events: &[Event],
-    series: Series,
-    i0: usize,
-    i1: usize,
-    columns: usize,
-) -> Vec<[f64; 2]> {
-    let i1 = i1.min(events.len());
-    let point = |i: usize| [i as f64, series.value(&events[i]) as f64];
-    if i0 >= i1 {
-        return Vec::new();
-    }
-    let columns = columns.max(1);
-    if i1 - i0 <= columns * 4 {
-        return (i0..i1).map(point).collect();
-    }
-    let per = (i1 - i0) as f64 / columns as f64;
-    let mut out = Vec::with_capacity(columns * 4);
-    for c in 0..columns {
-        let a = i0 + (c as f64 * per) as usize;
-        let b = (i0 + ((c + 1) as f64 * per) as usize).min(i1);
-        if a >= b {
-            continue;
-        }
-        let (mut lo, mut hi) = (a, a);
-        for i in a..b {
-            let v = series.value(&events[i]);
-            if v < series.value(&events[lo]) {
-                lo = i;
-            }
-            if v > series.value(&events[hi]) {
-                hi = i;
-            }
-        }
-        let mut picks = [a, lo, hi, b - 1];
-        picks.sort_unstable();
-        let mut last = usize::MAX;
-        for p in picks {
-            if p != last {
-                out.push(point(p));
-                last = p;
-            }
-        }
-    }
-    out
 }
 
 /// `pr9352` → `#9352 old`; other names as they are.

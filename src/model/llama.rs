@@ -242,7 +242,6 @@ impl LlamaModel {
         let cfg = &self.cfg;
         let gen = self.generation.get();
         self.generation.set(gen + 1);
-        let t = batch.tokens();
         if batch.ids.iter().any(|&id| id as usize >= cfg.vocab_size) {
             return Err(Error::Request(format!(
                 "token id out of range for vocab size {}",
@@ -317,7 +316,6 @@ impl LlamaModel {
             end += n;
             last.push((end - 1) as u32);
         }
-        let _ = t;
         let xl = ops::gather_rows(rt, &x, &last, "final.last_tokens")?;
         drop(x);
         let xn = ops::rms_norm(rt, &xl, &self.norm, eps, "final.norm")?;

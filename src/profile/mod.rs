@@ -1,7 +1,6 @@
 //! The measurement procedure of FORMULAS.md, the formulas, and the Report they produce.
 
 pub mod formulas;
-pub mod forward;
 pub mod procedure;
 pub mod report;
 pub mod request;
