@@ -83,18 +83,39 @@ pub fn round_to(dtype: StoredDtype, x: f32) -> f32 {
     }
 }
 
+/// Values per chunk when synthetic weights are generated on several threads.
+const SYNTHETIC_CHUNK: usize = 1 << 16;
+
 impl SyntheticWeights {
+    /// The tensor's values. Each value draws three words of one ChaCha8 stream per tensor;
+    /// chunks jump to their place in that stream, so the values are the same however many
+    /// threads make them (an 8B preset is ~8e9 values: single-threaded, minutes).
     pub fn generate(&self, name: &str, numel: usize) -> Vec<f32> {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed ^ fnv1a(name));
+        let seed = self.seed ^ fnv1a(name);
         let is_norm = name.ends_with("norm.weight");
-        (0..numel)
-            .map(|_| {
+        let mut out = vec![0f32; numel];
+        let fill = |start: usize, chunk: &mut [f32]| {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            rng.set_word_pos(3 * start as u128);
+            for v in chunk {
                 // Sum of uniforms: cheap, bell-shaped, std 0.02 (Irwin-Hall with 3 terms).
                 let u: f32 = (0..3).map(|_| rng.random::<f32>() - 0.5).sum::<f32>() * 0.04;
-                let v = if is_norm { 1.0 + u } else { u };
-                round_to(self.dtype, v)
-            })
-            .collect()
+                *v = round_to(self.dtype, if is_norm { 1.0 + u } else { u });
+            }
+        };
+        if numel <= SYNTHETIC_CHUNK {
+            fill(0, &mut out);
+            return out;
+        }
+        let threads = std::thread::available_parallelism().map_or(1, |p| p.get());
+        let per_thread = numel.div_ceil(threads).next_multiple_of(SYNTHETIC_CHUNK);
+        std::thread::scope(|s| {
+            for (i, chunk) in out.chunks_mut(per_thread).enumerate() {
+                let fill = &fill;
+                s.spawn(move || fill(i * per_thread, chunk));
+            }
+        });
+        out
     }
 }
 
@@ -364,5 +385,31 @@ pub fn floats_to_f32(dtype: StoredDtype, bytes: &[u8]) -> Vec<f32> {
             .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
         StoredDtype::I8 => bytes.iter().map(|&b| b as i8 as f32).collect(),
+    }
+}
+
+#[cfg(test)]
+mod synthetic_tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_values_do_not_depend_on_how_many_threads_make_them() {
+        let w = SyntheticWeights {
+            preset: "tiny".into(),
+            seed: 5,
+            dtype: StoredDtype::F16,
+        };
+        let n = 3 * SYNTHETIC_CHUNK + 123;
+        let parallel = w.generate("model.layers.0.mlp.up_proj.weight", n);
+        // The same stream drawn in one sequential pass.
+        let mut rng =
+            rand_chacha::ChaCha8Rng::seed_from_u64(5 ^ fnv1a("model.layers.0.mlp.up_proj.weight"));
+        let sequential: Vec<f32> = (0..n)
+            .map(|_| {
+                let u: f32 = (0..3).map(|_| rng.random::<f32>() - 0.5).sum::<f32>() * 0.04;
+                round_to(StoredDtype::F16, u)
+            })
+            .collect();
+        assert_eq!(parallel, sequential);
     }
 }
