@@ -534,15 +534,7 @@ pub struct GgufFile {
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
-        let file = std::fs::File::open(path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                Error::model(path, "file not found")
-            } else {
-                Error::io(path, e)
-            }
-        })?;
-        // SAFETY: read-only map; every range is checked against its length by the parser.
-        let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let mmap = super::weights::map_model_file(path)?;
         let header = GgufHeader::parse(&mmap, path)?;
         let by_name = header
             .tensors

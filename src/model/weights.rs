@@ -131,6 +131,20 @@ impl WeightSource for SyntheticWeights {
     }
 }
 
+/// Maps a model file read-only; a missing file is a model error naming it.
+pub(crate) fn map_model_file(path: &Path) -> Result<memmap2::Mmap> {
+    let file = std::fs::File::open(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            Error::model(path, "file not found")
+        } else {
+            Error::io(path, e)
+        }
+    })?;
+    // SAFETY: the map is read-only; a file changed under us could only give wrong numbers,
+    // and every offset is checked against the map's length before use.
+    unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))
+}
+
 /// A single `.safetensors` file, memory-mapped.
 pub struct SafetensorsFile {
     pub path: PathBuf,
@@ -151,23 +165,14 @@ fn stored_dtype(d: Dtype) -> Option<StoredDtype> {
 impl SafetensorsFile {
     /// Opens and validates the header: lengths, offsets, dtypes. Reads no tensor data.
     pub fn open(path: &Path) -> Result<Self> {
-        let file = std::fs::File::open(path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                Error::model(path, "file not found")
-            } else {
-                Error::io(path, e)
-            }
-        })?;
-        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let mmap = map_model_file(path)?;
+        let len = mmap.len();
         if len < 8 {
             return Err(Error::model(
                 path,
                 format!("truncated: {len} bytes, too short for a safetensors header"),
             ));
         }
-        // SAFETY: the map is read-only; a file changed under us could only give wrong numbers,
-        // and every offset is checked against the map's length before use.
-        let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         let index = parse_header(&mmap, path)?;
         Ok(Self {
             path: path.to_path_buf(),
