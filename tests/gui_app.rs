@@ -33,6 +33,21 @@ fn wait_for_run(h: &mut Harness<'static, VramscopeApp>, limit: Duration) {
     h.run_steps(3);
 }
 
+/// Steps frames until the app's background file jobs (save, open) are done.
+fn wait_for_files(h: &mut Harness<'static, VramscopeApp>) {
+    let t = Instant::now();
+    h.step();
+    while h.state().file_job_pending() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "file job did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+        h.step();
+    }
+    h.run_steps(2);
+}
+
 /// The same request profiled off the UI thread, outside the app.
 fn profile_directly(req: ProfileRequest) -> Report {
     std::thread::spawn(move || {
@@ -228,7 +243,7 @@ fn a_dropped_session_reopens_without_running_and_a_dropped_model_becomes_the_pat
     let mut h = harness();
     h.run_steps(2);
     h.state_mut().use_file(session.clone());
-    h.run_steps(3);
+    wait_for_files(&mut h);
     assert!(!h.state().is_running());
     assert_eq!(h.state().report().unwrap().formulas, report.formulas);
     assert!(shows(
@@ -269,9 +284,9 @@ fn csv_and_session_exports_are_written_where_the_export_field_says() {
     h.state_mut().export_path = stem.display().to_string();
     h.run_steps(1);
     h.get_by_label("Save session").click();
-    h.run_steps(2);
+    wait_for_files(&mut h);
     h.get_by_label("Save CSV").click();
-    h.run_steps(2);
+    wait_for_files(&mut h);
     let session = dir.path().join("out.json");
     let reread = vramscope::export::json::read(&session).unwrap();
     assert_eq!(&reread, h.state().report().unwrap());

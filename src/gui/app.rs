@@ -101,6 +101,14 @@ struct ScreenshotJob {
 /// A window screenshot that was asked for, and where it goes.
 type Shot = (PathBuf, Arc<egui::ColorImage>);
 
+/// What a background file job (CSV, session save or open) reports back to the UI thread:
+/// a report of 10⁶ events is 150 MB of JSON, seconds the UI must not wait for.
+enum FileDone {
+    Saved(String),
+    Failed(String),
+    Opened(PathBuf, crate::Result<Report>),
+}
+
 pub struct VramscopeApp {
     pub setup: SetupForm,
     /// Path stem for exports and sessions (`.png`, `.csv`, `.json` are added).
@@ -110,7 +118,7 @@ pub struct VramscopeApp {
     worker: Option<Worker>,
     progress: RunProgress,
     live_events: Vec<Event>,
-    report: Option<Box<Report>>,
+    report: Option<Arc<Report>>,
     generation: u64,
     banner: Option<Banner>,
     timeline: TimelineView,
@@ -120,6 +128,10 @@ pub struct VramscopeApp {
     screenshot: Option<ScreenshotJob>,
     shot_tx: Sender<Shot>,
     shot_rx: Receiver<Shot>,
+    file_tx: Sender<FileDone>,
+    file_rx: Receiver<FileDone>,
+    /// File jobs in flight.
+    files_pending: usize,
     /// Set when `--screenshot` fails, so the process exits non-zero.
     exit_error: Arc<Mutex<Option<String>>>,
 }
@@ -150,6 +162,7 @@ impl VramscopeApp {
         let export_path = stored(EXPORT_KEY).unwrap_or_else(|| "vramscope-report".into());
         let (devices, no_gpu) = crate::device::list_devices();
         let (shot_tx, shot_rx) = channel();
+        let (file_tx, file_rx) = channel();
         let has_renderer = cc.gl.is_some();
         VramscopeApp {
             setup,
@@ -173,6 +186,9 @@ impl VramscopeApp {
             }),
             shot_tx,
             shot_rx,
+            file_tx,
+            file_rx,
+            files_pending: 0,
             exit_error,
         }
     }
@@ -184,6 +200,35 @@ impl VramscopeApp {
 
     pub fn is_running(&self) -> bool {
         self.worker.is_some()
+    }
+
+    /// Whether a CSV/session save or a session open is still being written or read.
+    pub fn file_job_pending(&self) -> bool {
+        self.files_pending > 0
+    }
+
+    /// Runs a file job off the UI thread; its outcome arrives in `pump_file_jobs`.
+    fn spawn_file_job(&mut self, job: impl FnOnce() -> FileDone + Send + 'static) {
+        let tx = self.file_tx.clone();
+        self.files_pending += 1;
+        std::thread::spawn(move || {
+            let _ = tx.send(job());
+        });
+    }
+
+    fn pump_file_jobs(&mut self) {
+        while let Ok(done) = self.file_rx.try_recv() {
+            self.files_pending -= 1;
+            match done {
+                FileDone::Saved(msg) => self.info(msg),
+                FileDone::Failed(msg) => self.error(msg),
+                FileDone::Opened(path, Ok(r)) => {
+                    self.show_report(r);
+                    self.info(format!("Opened session {}", path.display()));
+                }
+                FileDone::Opened(_, Err(e)) => self.error(e.to_string()),
+            }
+        }
     }
 
     pub fn banner(&self) -> Option<&Banner> {
@@ -200,7 +245,7 @@ impl VramscopeApp {
 
     /// Shows a report as if a run had just produced it (sessions, benchmarks).
     pub fn show_report(&mut self, report: Report) {
-        self.report = Some(Box::new(report));
+        self.report = Some(Arc::new(report));
         self.live_events = Vec::new();
         self.generation += 1;
     }
@@ -277,7 +322,7 @@ impl VramscopeApp {
                             {
                                 self.setup.set_model_path(path.clone());
                             }
-                            self.report = Some(report);
+                            self.report = Some(Arc::from(report));
                             self.banner = None;
                         }
                         Err(RunFailure::Cancelled) => {
@@ -317,31 +362,31 @@ impl VramscopeApp {
     }
 
     pub fn save_csv(&mut self) {
-        let Some(r) = self.report.as_deref() else {
+        let Some(r) = self.report.clone() else {
             self.error("Nothing to save yet: run a profile or open a session first.".into());
             return;
         };
         let path = self.export_file("csv");
-        match export::csv::write(r, &path) {
-            Ok((timeline, summary)) => self.info(format!(
+        self.spawn_file_job(move || match export::csv::write(&r, &path) {
+            Ok((timeline, summary)) => FileDone::Saved(format!(
                 "Saved {} (timeline) and {} (summary)",
                 timeline.display(),
                 summary.display()
             )),
-            Err(e) => self.error(e.to_string()),
-        }
+            Err(e) => FileDone::Failed(e.to_string()),
+        });
     }
 
     pub fn save_session(&mut self) {
-        let Some(r) = self.report.as_deref() else {
+        let Some(r) = self.report.clone() else {
             self.error("Nothing to save yet: run a profile or open a session first.".into());
             return;
         };
         let path = self.export_file("json");
-        match export::json::write(r, &path) {
-            Ok(()) => self.info(format!("Saved session {}", path.display())),
-            Err(e) => self.error(e.to_string()),
-        }
+        self.spawn_file_job(move || match export::json::write(&r, &path) {
+            Ok(()) => FileDone::Saved(format!("Saved session {}", path.display())),
+            Err(e) => FileDone::Failed(e.to_string()),
+        });
     }
 
     /// Reopens a saved session without re-running it.
@@ -350,13 +395,11 @@ impl VramscopeApp {
             self.error("A run is in progress: cancel it before opening a session.".into());
             return;
         }
-        match export::json::read(path) {
-            Ok(r) => {
-                self.show_report(r);
-                self.info(format!("Opened session {}", path.display()));
-            }
-            Err(e) => self.error(e.to_string()),
-        }
+        let path = path.to_path_buf();
+        self.spawn_file_job(move || {
+            let read = export::json::read(&path);
+            FileDone::Opened(path, read)
+        });
     }
 
     fn export_file(&self, ext: &str) -> PathBuf {
@@ -647,11 +690,13 @@ impl eframe::App for VramscopeApp {
     fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
         let ctx = ui.ctx().clone();
         self.pump_worker();
+        self.pump_file_jobs();
         self.pump_screenshots(&ctx);
         self.handle_input(&ctx);
         self.drive_screenshot_job(&ctx);
-        if self.worker.is_some() {
-            // Progress messages wake the UI too; this keeps the elapsed time ticking.
+        if self.worker.is_some() || self.files_pending > 0 {
+            // Progress messages wake the UI too; this keeps the elapsed time ticking and
+            // picks up finished file jobs.
             ctx.request_repaint_after(Duration::from_millis(100));
         }
 
