@@ -106,7 +106,7 @@ type Shot = (PathBuf, Arc<egui::ColorImage>);
 enum FileDone {
     Saved(String),
     Failed(String),
-    Opened(PathBuf, crate::Result<Report>),
+    Opened(PathBuf, crate::Result<Box<Report>>),
 }
 
 pub struct VramscopeApp {
@@ -223,7 +223,7 @@ impl VramscopeApp {
                 FileDone::Saved(msg) => self.info(msg),
                 FileDone::Failed(msg) => self.error(msg),
                 FileDone::Opened(path, Ok(r)) => {
-                    self.show_report(r);
+                    self.show_report(*r);
                     self.info(format!("Opened session {}", path.display()));
                 }
                 FileDone::Opened(_, Err(e)) => self.error(e.to_string()),
@@ -397,7 +397,7 @@ impl VramscopeApp {
         }
         let path = path.to_path_buf();
         self.spawn_file_job(move || {
-            let read = export::json::read(&path);
+            let read = export::json::read(&path).map(Box::new);
             FileDone::Opened(path, read)
         });
     }
