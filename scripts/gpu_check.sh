@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # All GPU checks of the CUDA backend, batched for one device call each.
-#   scripts/gpu_check.sh DIR correctness|speed|profile|speed-ab|smoke OUTDIR
+#   scripts/gpu_check.sh DIR correctness|speed|profile|speed-ab|breakdown|smoke OUTDIR
 # DIR holds the release binary `vramscope`, the ignored-test binary `cuda-tests` and
 # gpu_reference.py. Everything is logged to OUTDIR/log.txt; JSON reports go beside it.
 set -u
@@ -64,6 +64,17 @@ speed-ab)
   run env VRAMSCOPE_NVML_INTERVAL_US=200000 "$B" bench --model preset:llama-3-8b --fast-weights --quant fp16 --device cuda:0 --tokens 8192 --iters 3
   run env VRAMSCOPE_ATTN_SCRATCH_MIB=1024 "$B" bench --model preset:llama-3-8b --fast-weights --quant fp16 --device cuda:0 --tokens 8192 --iters 3
   run "$B" bench --model preset:llama-3-8b --fast-weights --quant bf16 --device cuda:0 --tokens 8192 --iters 3
+  ;;
+breakdown)
+  # Where the fp16 8192-token pass spends its GPU time, vramscope against PyTorch.
+  run bash -c 'ls /usr/local/cuda/bin; command -v nsys ncu || true'
+  run python3 "$G/gpu_reference.py" bench --preset llama-3-8b --tokens 8192 --dtype fp16 --iters 2 --kernels
+  run "$B" bench --model preset:llama-3-8b --fast-weights --quant fp16 --device cuda:0 --tokens 8192 --iters 2 --op-times
+  NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  if [ -n "$NSYS" ]; then
+    run "$NSYS" profile -o /tmp/vs --force-overwrite true "$B" bench --model preset:llama-3-8b --fast-weights --quant fp16 --device cuda:0 --tokens 8192 --iters 1
+    run "$NSYS" stats --report cuda_gpu_kern_sum --format csv -o "$O/vs" /tmp/vs.nsys-rep
+  fi
   ;;
 smoke)
   # The merged build end to end: GPU tests, the new model-file loaders on the GPU (two bf16

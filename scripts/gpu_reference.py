@@ -8,6 +8,7 @@
   bench   [--preset llama-3-8b --tokens 8192 --dtype fp16 --iters 3 --json OUT]
       Times one forward pass of that shape (random weights, one sequence, logits of the last
       token only), as `vramscope bench` does, and reports TFLOP/s with the same FLOP count.
+      --kernels adds a profiled pass (GPU time per kernel and kind) and sdpa timed alone.
   compare A.json B.json
       Relative L2 error of A's logits against B's.
 """
@@ -106,6 +107,9 @@ def cmd_bench(a):
                 times.append((time.perf_counter() - s) * 1e3)
     times.sort()
     med = times[len(times) // 2]
+    if a.kernels:
+        kernel_table(lambda: model(input_ids=x, use_cache=False, logits_to_keep=1))
+        sdpa_alone(h, heads, kv, a.tokens, dt)
     f = flops(h, inter, layers, heads, kv, vocab, lens)
     res = {"source": "pytorch+transformers sdpa", "preset": a.preset, "dtype": a.dtype,
            "tokens": a.tokens, "pass_ms": times, "median_ms": med, "flops": f,
@@ -118,6 +122,59 @@ def cmd_bench(a):
     print(f"pytorch {a.preset} {a.dtype} {a.tokens} tokens: median {med:.2f} ms of "
           f"{[round(t, 2) for t in times]}, {res['tflops']:.1f} TFLOP/s, "
           f"peak allocated {res['max_allocated_bytes']} B (torch {torch.__version__})")
+
+
+def kernel_table(step):
+    """One profiled pass: GPU time per kernel, and per kind (GEMM, attention, other)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kinds = {}
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if us <= 0:
+            continue
+        n = e.key.lower()
+        kind = ("attention" if any(w in n for w in ("flash", "fmha", "attention", "sdpa", "cudnn"))
+                else "gemm" if any(w in n for w in ("gemm", "xmma", "cutlass", "sm90_", "nvjet"))
+                else "other")
+        kinds[kind] = kinds.get(kind, 0) + us
+        rows.append((us, e.count, kind, e.key[:110]))
+    rows.sort(reverse=True)
+    total = sum(kinds.values())
+    print(f"pytorch kernels in one pass: {total / 1e3:.2f} ms of GPU time")
+    for k, us in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:<10} {us / 1e3:9.2f} ms {100 * us / total:5.1f} %")
+    for us, count, kind, key in rows[:30]:
+        print(f"  {us / 1e3:9.2f} ms {count:5d}x {kind:<9} {key}")
+
+
+def sdpa_alone(h, heads, kv, tokens, dt):
+    """Causal sdpa of one layer's shape, timed alone (32 calls), GQA through enable_gqa."""
+    import torch
+    import torch.nn.functional as F
+
+    hd = h // heads
+    q = torch.randn(1, heads, tokens, hd, device="cuda", dtype=dt)
+    k = torch.randn(1, kv, tokens, hd, device="cuda", dtype=dt)
+    v = torch.randn(1, kv, tokens, hd, device="cuda", dtype=dt)
+    for gqa in (True, False):
+        kk = k if gqa else k.repeat_interleave(heads // kv, 1)
+        vv = v if gqa else v.repeat_interleave(heads // kv, 1)
+        for _ in range(3):
+            F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=gqa)
+        torch.cuda.synchronize()
+        s = time.perf_counter()
+        for _ in range(32):
+            F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=gqa)
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - s) * 1e3
+        fl = 32 * 4.0 * heads * hd * tokens * (tokens + 1) / 2
+        print(f"sdpa alone, enable_gqa={gqa}: {ms:.2f} ms for 32 layers, {fl / ms / 1e9:.1f} TFLOP/s")
 
 
 def cmd_compare(a):
@@ -150,6 +207,8 @@ def main():
     b.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     b.add_argument("--iters", type=int, default=3)
     b.add_argument("--json")
+    b.add_argument("--kernels", action="store_true",
+                   help="also profile one pass (GPU time per kernel) and time sdpa alone")
     c = sub.add_parser("compare")
     c.add_argument("a")
     c.add_argument("b")

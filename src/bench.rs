@@ -33,6 +33,8 @@ pub struct BenchRequest {
     pub fast_weights: bool,
     pub int8_threshold: f32,
     pub seed: u64,
+    /// After the timed passes, one more pass with the GPU time of every op recorded.
+    pub op_times: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -57,6 +59,8 @@ pub struct BenchResult {
     /// Last-token logits of every sequence, from the last pass, `[seqs, vocab]`.
     #[serde(skip)]
     pub logits: Vec<f32>,
+    /// GPU milliseconds per op (and matmul projection) in one extra pass, if asked for.
+    pub op_ms: Vec<(String, f64)>,
 }
 
 /// Seeded hash values with the spread of the synthetic weights (std about 0.02; norms near 1),
@@ -168,6 +172,18 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
             logits = ops::read_f32(&rt, &out)?.unwrap_or_default();
         }
     }
+    let mut op_ms = Vec::new();
+    if req.op_times {
+        rt.with_device(|d| d.cuda().map(|c| c.time_ops(true)));
+        rt.set_pass(req.iters + 2);
+        let out = model.forward(&rt, &batch);
+        rt.set_op("end");
+        let times = rt.with_device(|d| d.cuda().map(|c| c.op_times()));
+        rt.with_device(|d| d.cuda().map(|c| c.time_ops(false)));
+        drop(out?);
+        op_ms = times.transpose()?.unwrap_or_default();
+        op_ms.retain(|(op, _)| op != "end");
+    }
     let mut sorted = pass_ms.clone();
     sorted.sort_by(f64::total_cmp);
     let median_ms = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
@@ -192,6 +208,7 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
         process_peak_bytes,
         nvml_rate_hz,
         logits,
+        op_ms,
     })
 }
 
@@ -266,6 +283,7 @@ mod tests {
             fast_weights: false,
             int8_threshold: 0.0,
             seed: 0,
+            op_times: false,
         };
         assert!(matches!(run(&req), Err(Error::Request(_))));
     }

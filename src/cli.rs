@@ -94,6 +94,10 @@ pub struct BenchArgs {
     /// Write the result and the last-token logits as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// After the timed passes, run one more with GPU events at every op and print where its
+    /// time went (CUDA only).
+    #[arg(long)]
+    pub op_times: bool,
     /// Compare the logits with those in this JSON (written by bench or gpu_reference.py).
     #[arg(long, value_name = "FILE")]
     pub compare: Option<PathBuf>,
@@ -470,6 +474,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         fast_weights: a.fast_weights,
         int8_threshold: a.int8_threshold,
         seed: a.seed,
+        op_times: a.op_times,
     };
     let r = crate::bench::run(&req)?;
     println!(
@@ -480,6 +485,15 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     );
     if let Some(hz) = r.nvml_rate_hz {
         println!("NVML sampler: {hz:.0} reads/s");
+    }
+    if !r.op_ms.is_empty() {
+        let total: f64 = r.op_ms.iter().map(|(_, t)| t).sum();
+        let mut rows = r.op_ms.clone();
+        rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+        println!("GPU time per op in one more pass ({total:.2} ms in all):");
+        for (op, ms) in rows {
+            println!("  {op:<24} {ms:>9.2} ms {:>5.1} %", 100.0 * ms / total);
+        }
     }
     if let Some(p) = &a.compare {
         let text = std::fs::read_to_string(p).map_err(|e| crate::Error::io(p, e))?;

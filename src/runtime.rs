@@ -108,7 +108,16 @@ impl Runtime {
 
     /// Tags the events that follow with an op.
     pub fn set_op(&self, op: &'static str) {
-        self.0.borrow_mut().op = op;
+        self.set_op_for(op, "");
+    }
+
+    /// `set_op` with a detail for GPU op timing (`bench --op-times`), such as `q_proj`.
+    pub fn set_op_for(&self, op: &'static str, detail: &str) {
+        let mut i = self.0.borrow_mut();
+        i.op = op;
+        if let Some(c) = i.device.cuda() {
+            c.mark_op(op, detail);
+        }
     }
 
     /// Tags the events that follow with a layer (`None` outside the decoder layers).

@@ -29,6 +29,7 @@ fn logits(
         fast_weights: false,
         int8_threshold: thr,
         seed: 0,
+        op_times: false,
     };
     let r = bench::run(&req).unwrap();
     assert_eq!(r.logits.len() % seqs, 0);

@@ -30,6 +30,7 @@ fn logits(
         fast_weights: false,
         int8_threshold,
         seed: 0,
+        op_times: false,
     };
     bench::run(&req).unwrap().logits
 }

@@ -137,7 +137,7 @@ pub fn dense_matmul(
     act: DType,
 ) -> Result<Tensor> {
     rt.ensure_library_workspaces()?;
-    rt.set_op("matmul");
+    rt.set_op_for("matmul", name.rsplit('.').next().unwrap_or(name));
     let (m, k, n) = (x.rows(), x.cols(), w.shape[0]);
     if w.cols() != k {
         return Err(Error::Request(format!(
