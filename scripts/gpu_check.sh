@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # All GPU checks of the CUDA backend, batched for one device call each.
-#   scripts/gpu_check.sh DIR correctness|speed|profile|speed-ab|breakdown|smoke OUTDIR
+#   scripts/gpu_check.sh DIR correctness|speed|profile|speed-ab|breakdown|attn|ncu|smoke OUTDIR
 # DIR holds the release binary `vramscope`, the ignored-test binary `cuda-tests` and
 # gpu_reference.py. Everything is logged to OUTDIR/log.txt; JSON reports go beside it.
 set -u
@@ -75,6 +75,29 @@ breakdown)
     run "$NSYS" profile -o /tmp/vs --force-overwrite true "$B" bench --model preset:llama-3-8b --fast-weights --quant fp16 --device cuda:0 --tokens 8192 --iters 1
     run "$NSYS" stats --report cuda_gpu_kern_sum --format csv -o "$O/vs" /tmp/vs.nsys-rep
   fi
+  ;;
+attn)
+  # The fused attention variants (VRAMSCOPE_FLASH) against the cuBLAS path and each other,
+  # after the GPU tests; then where the default's pass time goes, and PyTorch beside it.
+  if [ -x "$G/cuda-tests" ]; then run "$G/cuda-tests" --ignored --test-threads 1; fi
+  L="--model preset:llama-3-8b --fast-weights --device cuda:0 --tokens 8192 --iters 3"
+  run env VRAMSCOPE_ATTN=blas "$B" bench $L --quant fp16 --json /tmp/blas-fp16.json
+  for v in ${FLASH_VARIANTS:-m2 m2w8 w8l}; do
+    run env VRAMSCOPE_FLASH=$v "$B" bench $L --quant fp16 --compare /tmp/blas-fp16.json
+  done
+  run "$B" bench $L --quant fp16 --compare /tmp/blas-fp16.json --op-times
+  run "$B" bench $L --quant bf16
+  run python3 "$G/gpu_reference.py" bench --preset llama-3-8b --tokens 8192 --dtype fp16 --iters 3
+  ;;
+ncu)
+  # Nsight Compute on one launch of each fused attention variant named in FLASH_VARIANTS.
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for v in ${FLASH_VARIANTS:-w8l}; do
+    run env VRAMSCOPE_FLASH=$v "$NCU" --kernel-name regex:flash_attn --launch-skip 8 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis --section LaunchStats \
+      "$B" bench --model preset:llama-3-8b --fast-weights --quant fp16 --device cuda:0 --tokens 8192 --iters 0
+  done
   ;;
 smoke)
   # The merged build end to end: GPU tests, the new model-file loaders on the GPU (two bf16

@@ -73,6 +73,38 @@ fn fused_attention_over_several_tiles_matches_cpu_compute_mode_on_tiny() {
     assert!(gpu_vs_cpu("preset:tiny", Quant::F16, 401, 2, 0.0) < 1e-2);
 }
 
+// head_dim 128 (Llama 3's): every fused kernel built for it, selected with VRAMSCOPE_FLASH,
+// against the CPU on a small model of that head size. 333 tokens in 2 sequences and 700 in one
+// cross the 128- and 256-query tiles and the 32- and 64-key tiles with ragged ends.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn every_fused_attention_kernel_matches_cpu_compute_mode_at_head_dim_128() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = vramscope::model::presets::preset("tiny").unwrap();
+    c.hidden_size = 256;
+    c.num_heads = 2;
+    c.num_kv_heads = 1;
+    c.head_dim = 128;
+    c.num_layers = 2;
+    let opts = vramscope::model::GenOptions {
+        dtype: vramscope::model::weights::StoredDtype::F16,
+        seed: 0,
+        shards: 1,
+        bnb_int8: false,
+    };
+    vramscope::model::gen_model_config(&c, "d128", dir.path(), &opts).unwrap();
+    let model = dir.path().to_str().unwrap().to_string();
+    for variant in ["", "m2", "m2w8", "w8l", "w4", "db8", "db4", "db8n32"] {
+        std::env::set_var("VRAMSCOPE_FLASH", variant);
+        for (tokens, seqs) in [(333, 2), (700, 1)] {
+            let e = gpu_vs_cpu(&model, Quant::F16, tokens, seqs, 0.0);
+            eprintln!("VRAMSCOPE_FLASH={variant:?} {tokens} tokens in {seqs}: {e:.3e}");
+            assert!(e < 1e-2, "variant {variant:?}: {e}");
+        }
+    }
+    std::env::remove_var("VRAMSCOPE_FLASH");
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn bf16_logits_on_the_gpu_match_cpu_compute_mode_on_tiny() {

@@ -473,6 +473,17 @@ pub fn gen_model_with(preset: &str, dir: &Path, opts: &GenOptions) -> Result<Mod
             presets::PRESET_NAMES.join(", ")
         ))
     })?;
+    gen_model_config(&config, preset, dir, opts)
+}
+
+/// `gen_model_with` for any shape: weights seeded by `seed_name` (a preset's name gives that
+/// preset's values) and `opts.seed`.
+pub fn gen_model_config(
+    config: &ModelConfig,
+    seed_name: &str,
+    dir: &Path,
+    opts: &GenOptions,
+) -> Result<ModelFiles> {
     if opts.shards == 0 || opts.shards > 9999 {
         return Err(Error::Request(format!(
             "shards {}: expected 1 to 9999",
@@ -488,7 +499,7 @@ pub fn gen_model_with(preset: &str, dir: &Path, opts: &GenOptions) -> Result<Mod
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let gen = SyntheticWeights {
-        preset: preset.to_string(),
+        preset: seed_name.to_string(),
         seed: opts.seed,
         dtype: opts.dtype,
     };

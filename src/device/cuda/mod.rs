@@ -631,7 +631,11 @@ impl CudaDevice {
         let cols = x.cols() as i32;
         let rows = (x.numel() / x.cols()) as u32;
         let (xp, wp, op) = (x.cuda_ptr(), w.cuda_ptr(), out.cuda_ptr());
-        let f = self.func("rms_norm", dt)?;
+        let f = if cols % 8 == 0 && aligned16(&[xp, wp, op]) {
+            self.func("rms_norm_v8", dt)?
+        } else {
+            self.func("rms_norm", dt)?
+        };
         self.launch(f, blocks(rows, 256), &[&xp, &wp, &op, &cols, &eps])
     }
 
@@ -684,18 +688,18 @@ impl CudaDevice {
         let kernel = flash_kernel(hd, &variant);
         let fused = kernel
             .as_ref()
-            .is_some_and(|(name, _)| self.funcs.contains_key(&format!("{name}_f16")))
+            .is_some_and(|k| self.funcs.contains_key(&format!("{}_f16", k.name)))
             && cfg.num_kv_heads > 0
             && cfg.num_heads.is_multiple_of(cfg.num_kv_heads)
             && std::env::var("VRAMSCOPE_ATTN").map_or(true, |v| v != "blas");
-        let Some((name, warps)) = kernel.filter(|_| fused) else {
+        let Some(kern) = kernel.filter(|_| fused) else {
             return self.attention_blas(q, k, v, seq_lens, cfg, out);
         };
         let (heads, kvh) = (cfg.num_heads as i32, cfg.num_kv_heads as i32);
         let (qw, kw) = ((cfg.num_heads * hd) as u64, (cfg.num_kv_heads * hd) as u64);
         let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
         let (qp, kp, vp, op) = (q.cuda_ptr(), k.cuda_ptr(), v.cuda_ptr(), out.cuda_ptr());
-        let tile = warps * 16;
+        let tile = kern.tile;
         let mut start = 0u64;
         for &len in seq_lens {
             if len > 0 {
@@ -708,11 +712,11 @@ impl CudaDevice {
                         ),
                     ));
                 }
-                let f = self.func(&name, dt)?;
+                let f = self.func(kern.name, dt)?;
                 let lc = LaunchConfig {
                     grid_dim: (heads as u32, tiles as u32, 1),
-                    block_dim: (warps as u32 * 32, 1, 1),
-                    shared_mem_bytes: 0,
+                    block_dim: (kern.warps as u32 * 32, 1, 1),
+                    shared_mem_bytes: kern.smem as u32,
                 };
                 let (qs, ks, vs, os) = (
                     qp + start * qw * 2,
@@ -849,6 +853,11 @@ impl CudaDevice {
         let dt = self.half(x)?;
         let n = x.numel() as i64;
         let (xp, yp) = (x.cuda_ptr(), y.cuda_ptr());
+        if n % 8 == 0 && aligned16(&[xp, yp]) {
+            let n8 = n / 8;
+            let f = self.func("add_assign_v8", dt)?;
+            return self.launch(f, grid(n8 as u64), &[&xp, &yp, &n8]);
+        }
         let f = self.func("add_assign", dt)?;
         self.launch(f, grid(n as u64), &[&xp, &yp, &n])
     }
@@ -857,6 +866,11 @@ impl CudaDevice {
         let dt = self.half(g)?;
         let n = g.numel() as i64;
         let (gp, up) = (g.cuda_ptr(), u.cuda_ptr());
+        if n % 8 == 0 && aligned16(&[gp, up]) {
+            let n8 = n / 8;
+            let f = self.func("silu_mul_v8", dt)?;
+            return self.launch(f, grid(n8 as u64), &[&gp, &up, &n8]);
+        }
         let f = self.func("silu_mul", dt)?;
         self.launch(f, grid(n as u64), &[&gp, &up, &n])
     }
@@ -1247,17 +1261,14 @@ impl Drop for CudaDevice {
     }
 }
 
-/// The fused attention kernel for a head dimension (without its dtype suffix) and its warps per
-/// block (16 query rows each), or `None` where only the cuBLAS path exists. `variant` is
-/// `VRAMSCOPE_FLASH`: "w4" picks the 4-warp kernel, for measurements.
-fn flash_kernel(head_dim: usize, variant: &str) -> Option<(String, usize)> {
-    if !kernels::FLASH_HEAD_DIMS.contains(&head_dim) {
-        return None;
-    }
-    Some(match variant {
-        "w4" => (format!("flash_attn_d{head_dim}_w4"), 4),
-        _ => (format!("flash_attn_d{head_dim}_w8l"), 8),
-    })
+/// The fused attention kernel for a head dimension, or `None` where only the cuBLAS path
+/// exists. `variant` is `VRAMSCOPE_FLASH` ("" or unknown: the default), for measurements.
+fn flash_kernel(head_dim: usize, variant: &str) -> Option<kernels::FlashKernel> {
+    let of_dim = || kernels::FLASH.iter().filter(|k| k.head_dim == head_dim);
+    of_dim()
+        .find(|k| !variant.is_empty() && k.variant == variant)
+        .or_else(|| of_dim().find(|k| k.variant.is_empty()))
+        .copied()
 }
 
 /// One GEMM's operands (row-major view), see `CudaDevice::gemm`.
@@ -1298,6 +1309,11 @@ fn blocks(rows: u32, threads: u32) -> LaunchConfig {
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// Whether every pointer allows 16-byte vector loads.
+fn aligned16(ptrs: &[u64]) -> bool {
+    ptrs.iter().all(|p| p % 16 == 0)
 }
 
 /// A grid-stride launch over `n` elements.
@@ -1361,12 +1377,20 @@ fn compile_kernels(
         let module = ctx
             .load_module(ptx)
             .map_err(|e| format!("loading the attention kernels: {e}"))?;
-        for n in kernels::FLASH {
+        for k in kernels::FLASH {
             for suffix in ["f16", "bf16"] {
-                let name = format!("{n}_{suffix}");
+                let name = format!("{}_{suffix}", k.name);
                 let f = module
                     .load_function(&name)
                     .map_err(|e| format!("kernel {name}: {e}"))?;
+                if k.smem > 0 {
+                    // Above 48 KiB a kernel must ask for its dynamic shared memory. A GPU
+                    // without that much keeps the other kernels (the dispatch checks).
+                    let attr = dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                    if f.set_attribute(attr, k.smem as i32).is_err() {
+                        continue;
+                    }
+                }
                 funcs.insert(name, f);
             }
         }
@@ -1380,27 +1404,36 @@ mod tests {
 
     #[test]
     fn fused_attention_kernels_cover_the_head_dims_they_claim() {
-        assert_eq!(
-            flash_kernel(128, ""),
-            Some(("flash_attn_d128_w8l".to_string(), 8))
-        );
-        assert_eq!(
-            flash_kernel(64, "w4"),
-            Some(("flash_attn_d64_w4".to_string(), 4))
-        );
-        assert_eq!(flash_kernel(80, ""), None);
-        assert_eq!(flash_kernel(256, "w4"), None);
-        // Every kernel the dispatch can ask for is listed for loading and instantiated in the
-        // source, so a launch never finds a name missing.
+        let name = |hd, v| flash_kernel(hd, v).map(|k| k.name);
+        assert_eq!(name(128, ""), Some("flash_attn_d128_m2n32"));
+        assert_eq!(name(128, "no-such-variant"), Some("flash_attn_d128_m2n32"));
+        assert_eq!(name(128, "w8l"), Some("flash_attn_d128_w8l"));
+        assert_eq!(name(64, "w4"), Some("flash_attn_d64_w4"));
+        assert_eq!(name(64, "m2w8"), Some("flash_attn_d64_m2"));
+        assert_eq!(name(80, ""), None);
+        assert_eq!(name(256, "w4"), None);
         for &hd in kernels::FLASH_HEAD_DIMS {
-            for variant in ["", "w4"] {
-                let (name, _) = flash_kernel(hd, variant).unwrap();
-                assert!(kernels::FLASH.contains(&name.as_str()), "{name}");
-            }
+            assert_eq!(
+                kernels::FLASH
+                    .iter()
+                    .filter(|k| k.head_dim == hd && k.variant.is_empty())
+                    .count(),
+                1,
+                "one default for head_dim {hd}"
+            );
         }
-        for name in kernels::FLASH {
-            let inst = format!("FA_INST({name}, ");
-            assert_eq!(kernels::FLASH_SOURCE.matches(&inst).count(), 1, "{name}");
+        // Every kernel listed for loading is instantiated once in the source with the shape
+        // the dispatch launches it with.
+        for k in kernels::FLASH {
+            let args = format!("({}, {}, {}, ", k.name, k.head_dim, k.warps);
+            let found: usize = ["FA_INST", "FA_MT_INST", "FA_DB_INST"]
+                .iter()
+                .map(|m| kernels::FLASH_SOURCE.matches(&format!("{m}{args}")).count())
+                .sum();
+            assert_eq!(found, 1, "{args}");
+            assert!(k.smem <= 227 * 1024, "{}", k.name);
         }
+        let m2 = flash_kernel(128, "m2").unwrap();
+        assert_eq!((m2.tile, m2.smem), (128, (128 + 128) * 136 * 2));
     }
 }
