@@ -16,16 +16,31 @@ use crate::tensor::{DType, Tensor};
 pub fn quantize_rows(w: &[f32], n: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
     let mut cb = vec![0i8; n * k];
     let mut scb = vec![0f32; n];
-    for r in 0..n {
-        let row = &w[r * k..(r + 1) * k];
-        let a = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        scb[r] = a;
-        if a > 0.0 {
-            for (c, v) in cb[r * k..(r + 1) * k].iter_mut().zip(row) {
-                *c = (v * 127.0 / a).round().clamp(-127.0, 127.0) as i8;
-            }
-        }
+    if k == 0 {
+        return (cb, scb);
     }
+    // Rows are independent: runs of rows on every core.
+    let threads = std::thread::available_parallelism().map_or(1, |p| p.get());
+    let per = n.div_ceil(threads).max(64);
+    std::thread::scope(|s| {
+        for ((w, cb), scb) in w[..n * k]
+            .chunks(per * k)
+            .zip(cb.chunks_mut(per * k))
+            .zip(scb.chunks_mut(per))
+        {
+            s.spawn(move || {
+                for ((row, out), sc) in w.chunks(k).zip(cb.chunks_mut(k)).zip(scb.iter_mut()) {
+                    let a = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                    *sc = a;
+                    if a > 0.0 {
+                        for (c, v) in out.iter_mut().zip(row) {
+                            *c = (v * 127.0 / a).round().clamp(-127.0, 127.0) as i8;
+                        }
+                    }
+                }
+            });
+        }
+    });
     (cb, scb)
 }
 

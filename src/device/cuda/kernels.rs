@@ -9,6 +9,7 @@ pub(crate) const TYPED: &[&str] = &[
     "rms_norm",
     "add_bias",
     "rope",
+    "rope_qk",
     "add_assign",
     "silu_mul",
     "add_assign_v8",
@@ -118,6 +119,30 @@ template <class T> __device__ void rope(u16* x, const int* pos, int heads, int h
     float a = T::ld(base[i]), b = T::ld(base[i + half]);
     base[i] = T::st(a * c - b * s);
     base[i + half] = T::st(b * c + a * s);
+  }
+}
+
+// Both rotations of a token in one block (q's `heads` and k's `kvh` heads), two pairs per thread
+// with 32-bit loads (hd % 4 == 0, rows 4-byte aligned); the same arithmetic as `rope`.
+template <class T> __device__ void rope_qk(u16* q, u16* k, const int* pos, int heads, int kvh, int hd, float theta) {
+  __shared__ float cs[256], sn[256];
+  long long t = blockIdx.x;
+  int half = hd / 2, quarter = hd / 4;
+  float p = (float)pos[t];
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    float inv = powf(theta, -(float)(2 * i) / (float)hd);
+    sincosf(p * inv, &sn[i], &cs[i]);
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < (heads + kvh) * quarter; j += blockDim.x) {
+    int h = j / quarter, i = 2 * (j % quarter);
+    u16* base = h < heads ? q + (t * heads + h) * hd : k + (t * kvh + (h - heads)) * hd;
+    unsigned lo = *(const unsigned*)(base + i), hi = *(const unsigned*)(base + i + half);
+    float a0 = T::ld((u16)(lo & 0xffff)), a1 = T::ld((u16)(lo >> 16));
+    float b0 = T::ld((u16)(hi & 0xffff)), b1 = T::ld((u16)(hi >> 16));
+    float c0 = cs[i], s0 = sn[i], c1 = cs[i + 1], s1 = sn[i + 1];
+    *(unsigned*)(base + i) = (unsigned)T::st(a0 * c0 - b0 * s0) | ((unsigned)T::st(a1 * c1 - b1 * s1) << 16);
+    *(unsigned*)(base + i + half) = (unsigned)T::st(b0 * c0 + a0 * s0) | ((unsigned)T::st(b1 * c1 + a1 * s1) << 16);
   }
 }
 
@@ -350,6 +375,7 @@ INST(embedding, (const unsigned* ids, const u16* t, u16* o, long long cols), (id
 INST(rms_norm, (const u16* x, const u16* w, u16* o, int cols, float eps), (x, w, o, cols, eps))
 INST(add_bias, (u16* x, const u16* b, long long n, int cols), (x, b, n, cols))
 INST(rope, (u16* x, const int* pos, int heads, int hd, float theta), (x, pos, heads, hd, theta))
+INST(rope_qk, (u16* q, u16* k, const int* pos, int heads, int kvh, int hd, float theta), (q, k, pos, heads, kvh, hd, theta))
 INST(add_assign, (u16* x, const u16* y, long long n), (x, y, n))
 INST(silu_mul, (u16* g, const u16* u, long long n), (g, u, n))
 INST(add_assign_v8, (u16* x, const u16* y, long long n8), (x, y, n8))
@@ -422,7 +448,7 @@ extern "C" __global__ void fill_random(u16* out, long long n, unsigned seed, int
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FlashKernel {
     pub name: &'static str,
-    /// `VRAMSCOPE_FLASH` value that picks it ("" for the default of its head dimension).
+    /// `VRAMSCOPE_FLASH` value that picks it (`FLASH_DEFAULTS` orders them otherwise).
     pub variant: &'static str,
     pub head_dim: usize,
     pub warps: usize,
@@ -430,6 +456,8 @@ pub(crate) struct FlashKernel {
     pub tile: usize,
     /// Dynamic shared memory per block (0: static only).
     pub smem: usize,
+    /// Built only for compute capability 9.0 (wgmma, `compute_90a`).
+    pub sm90a: bool,
 }
 
 const fn one_tile(name: &'static str, variant: &'static str, d: usize, warps: usize) -> FlashKernel {
@@ -440,6 +468,7 @@ const fn one_tile(name: &'static str, variant: &'static str, d: usize, warps: us
         warps,
         tile: warps * 16,
         smem: 0,
+        sm90a: false,
     }
 }
 
@@ -460,6 +489,7 @@ const fn multi_tile(
         warps,
         tile: warps * mt * 16,
         smem: (warps * mt * 16 + 2 * bn) * (d + 8) * 2,
+        sm90a: false,
     }
 }
 
@@ -478,13 +508,37 @@ const fn double_buffered(
         warps,
         tile: warps * 16,
         smem: 4 * bn * (d + 8) * 2,
+        sm90a: false,
+    }
+}
+
+/// `flash_attn_wg`: `wg` warpgroups of 64 query rows, double-buffered `bn`-key tiles of K and V
+/// (unpadded core-matrix layout) in dynamic shared memory.
+const fn warpgroup(
+    name: &'static str,
+    variant: &'static str,
+    d: usize,
+    wg: usize,
+    bn: usize,
+) -> FlashKernel {
+    FlashKernel {
+        name,
+        variant,
+        head_dim: d,
+        warps: wg * 4,
+        tile: wg * 64,
+        smem: 4 * bn * d * 2,
+        sm90a: true,
     }
 }
 
 pub(crate) const FLASH: &[FlashKernel] = &[
-    multi_tile("flash_attn_d32_m2", "", 32, 4, 2, 64),
-    multi_tile("flash_attn_d64_m2", "", 64, 4, 2, 64),
-    multi_tile("flash_attn_d128_m2n32", "", 128, 4, 2, 32),
+    warpgroup("flash_attn_d128_wg2", "wg2", 128, 2, 64),
+    warpgroup("flash_attn_d128_wg2n128", "wg2n128", 128, 2, 128),
+    warpgroup("flash_attn_d128_wg1", "wg1", 128, 1, 64),
+    multi_tile("flash_attn_d32_m2", "m2", 32, 4, 2, 64),
+    multi_tile("flash_attn_d64_m2", "m2", 64, 4, 2, 64),
+    multi_tile("flash_attn_d128_m2n32", "m2n32", 128, 4, 2, 32),
     multi_tile("flash_attn_d128_m2", "m2", 128, 4, 2, 64),
     multi_tile("flash_attn_d128_m2w8", "m2w8", 128, 8, 2, 64),
     double_buffered("flash_attn_d128_db8", "db8", 128, 8, 64),
@@ -497,6 +551,10 @@ pub(crate) const FLASH: &[FlashKernel] = &[
     one_tile("flash_attn_d64_w4", "w4", 64, 4),
     one_tile("flash_attn_d128_w4", "w4", 128, 4),
 ];
+
+/// The variants tried, in order, when `VRAMSCOPE_FLASH` names none that is built for the head
+/// dimension (or none at all): the first one loaded on this GPU runs.
+pub(crate) const FLASH_DEFAULTS: &[&str] = &["wg2n128", "w8l"];
 
 /// Head dimensions the fused attention kernel is instantiated for.
 #[cfg(test)]
@@ -1093,4 +1151,239 @@ FA_MT_INST(flash_attn_d128_m2w8, 128, 8, 2, 64, 1)
 FA_DB_INST(flash_attn_d128_db8, 128, 8, 64, 1)
 FA_DB_INST(flash_attn_d128_db4, 128, 4, 64, 2)
 FA_DB_INST(flash_attn_d128_db8n32, 128, 8, 32, 1)
+"#;
+
+/// Hopper-only fused attention on warpgroup MMA, appended to `FLASH_SOURCE` and compiled for
+/// `compute_90a` on compute capability 9.0.
+pub(crate) const WGMMA_SOURCE: &str = r#"
+__device__ __forceinline__ void wgmma_m64n64k16_f16(float* d, const unsigned* a, unsigned long long desc, int tnsp) {
+  if (tnsp)
+    asm volatile("{ wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+  else
+    asm volatile("{ wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 0; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
+__device__ __forceinline__ void wgmma_m64n64k16_bf16(float* d, const unsigned* a, unsigned long long desc, int tnsp) {
+  if (tnsp)
+    asm volatile("{ wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+  else
+    asm volatile("{ wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 0; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
+__device__ __forceinline__ void wgmma_m64n128k16_f16(float* d, const unsigned* a, unsigned long long desc, int tnsp) {
+  if (tnsp)
+    asm volatile("{ wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+  else
+    asm volatile("{ wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 0; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float* d, const unsigned* a, unsigned long long desc, int tnsp) {
+  if (tnsp)
+    asm volatile("{ wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+  else
+    asm volatile("{ wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 0; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
+// Hopper (sm_90a) fused causal GQA attention on warpgroup MMA (wgmma). A block of WG
+// warpgroups (4 warps each) owns WG * 64 query rows; each warpgroup computes S = Q·Kᵀ for
+// its 64 rows against a BN-key tile with one wgmma m64nBNk16 per 16 head dims (Q from
+// registers, K from shared memory), the online softmax in registers as in `flash_attn`, then
+// O += P·V with wgmma m64nDk16 (P from registers, V from shared memory, read transposed).
+// Key and value tiles are double-buffered, loaded with cp.async into the no-swizzle "core
+// matrix" layout wgmma reads: 8 rows × 16 bytes contiguous per core matrix, the D/8 core
+// matrices of a row group next to each other.
+__device__ __forceinline__ unsigned long long wg_desc(const void* p, unsigned lbo, unsigned sbo) {
+  unsigned long long a = smem_u32(p);
+  return ((a & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
+         ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32);
+}
+template <bool BF, int BN> __device__ __forceinline__ void wg_s(float* d, const unsigned* a, unsigned long long desc) {
+  if (BN == 64) { if (BF) wgmma_m64n64k16_bf16(d, a, desc, 0); else wgmma_m64n64k16_f16(d, a, desc, 0); }
+  else { if (BF) wgmma_m64n128k16_bf16(d, a, desc, 0); else wgmma_m64n128k16_f16(d, a, desc, 0); }
+}
+template <bool BF, int D> __device__ __forceinline__ void wg_o(float* d, const unsigned* a, unsigned long long desc) {
+  if (D == 64) { if (BF) wgmma_m64n64k16_bf16(d, a, desc, 1); else wgmma_m64n64k16_f16(d, a, desc, 1); }
+  else { if (BF) wgmma_m64n128k16_bf16(d, a, desc, 1); else wgmma_m64n128k16_f16(d, a, desc, 1); }
+}
+template <int N> __device__ __forceinline__ void wg_keep(float* d) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <bool BF, int D, int WG, int BN> __device__ void flash_attn_wg(const u16* q, const u16* k, const u16* v, u16* o,
+                                                    int len, int heads, int kvh, float scale_log2) {
+  constexpr int NT = WG * 128;
+  constexpr int TILE = BN * D;  // halves per K or V tile
+  extern __shared__ __align__(128) u16 smem[];
+  const int h = blockIdx.x;
+  const int tile = gridDim.y - 1 - blockIdx.y;  // the longest (diagonal-most) tiles first
+  const int q0 = tile * WG * 64;
+  const int kh = h / (heads / kvh);
+  const long long qw = (long long)heads * D, kw = (long long)kvh * D;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wq = q0 + wg * 64;  // this warpgroup's first query row
+  const int r0 = wq + warp * 16 + g, r1 = r0 + 8;
+  const u16* kb = k + kh * D;
+  const u16* vb = v + kh * D;
+  // Buffers: K0, V0, K1, V1. Each thread copies 16-byte chunk `lc` of rows lr, lr + RS, ...
+  // of a tile into the core-matrix layout, its addresses computed once; rows past `len` are
+  // zero-filled.
+  constexpr int CH = D / 8, RS = NT / CH, PASSES = BN * CH / NT;
+  static_assert(NT % CH == 0 && RS % 8 == 0 && (BN * CH) % NT == 0, "tile shape");
+  const int lr = threadIdx.x / CH, lc = threadIdx.x % CH;
+  const unsigned sbase = smem_u32(smem) + (((lr >> 3) * CH + lc) * 64 + (lr & 7) * 8) * 2;
+  const u16* kt = kb + (long long)lr * kw + lc * 8;
+  const u16* vt = vb + (long long)lr * kw + lc * 8;
+  auto load = [&](int buf, int k0) {
+#pragma unroll
+    for (int u = 0; u < PASSES; u++) {
+      const bool in = k0 + lr + u * RS < len;
+      const long long off = in ? (long long)(k0 + u * RS) * kw : 0;
+      const unsigned d = sbase + (buf * 2 * TILE + u * (RS / 8) * CH * 64) * 2;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(d), "l"(kt + off), "r"(in ? 16 : 0));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(d + TILE * 2), "l"(vt + off), "r"(in ? 16 : 0));
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+  load(0, 0);
+
+  unsigned qf[D / 16][4];
+  {
+    const u16* qa = q + (long long)r0 * qw + h * D + 2 * t;
+    const u16* qc = q + (long long)r1 * qw + h * D + 2 * t;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+      qf[kk][0] = r0 < len ? *(const unsigned*)(qa + kk * 16) : 0u;
+      qf[kk][1] = r1 < len ? *(const unsigned*)(qc + kk * 16) : 0u;
+      qf[kk][2] = r0 < len ? *(const unsigned*)(qa + kk * 16 + 8) : 0u;
+      qf[kk][3] = r1 < len ? *(const unsigned*)(qc + kk * 16 + 8) : 0u;
+    }
+  }
+  float of[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) of[i][0] = of[i][1] = of[i][2] = of[i][3] = 0.f;
+  const float NEG = __int_as_float(0xff800000);
+  float m0 = NEG, m1 = NEG, l0 = 0.f, l1 = 0.f;
+
+  const int qend = q0 + WG * 64 < len ? q0 + WG * 64 : len;
+  const int ntiles = (qend + BN - 1) / BN;
+  for (int j = 0; j < ntiles; j++) {
+    const int k0 = j * BN;
+    const u16* ks = smem + (j & 1) * 2 * TILE;
+    const u16* vs = ks + TILE;
+    asm volatile("cp.async.wait_group 0;");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes → wgmma reads
+    __syncthreads();
+    if (j + 1 < ntiles) load((j + 1) & 1, k0 + BN);
+    // A warpgroup whose 64 rows all precede this key tile gets nothing from it (causal mask).
+    if (k0 > wq + 63 || wq >= len) continue;
+    float s[BN / 8][4];
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    wg_keep<BN / 2>(&s[0][0]);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)  // K-major B: LBO = next 8 dims, SBO = next 8 keys
+      wg_s<BF, BN>(&s[0][0], qf[kk], wg_desc(ks + kk * 128, 128, D * 16));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_keep<BN / 2>(&s[0][0]);
+
+    const bool edge = k0 + BN > wq + warp * 16 || k0 + BN > len;
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float x = s[n][e];  // raw score: the scale (> 0) is applied in the exponent
+        if (edge) {
+          int kj = k0 + n * 8 + 2 * t + (e & 1);
+          int qi = e < 2 ? r0 : r1;
+          if (kj > qi || kj >= len) x = NEG;
+        }
+        s[n][e] = x;
+        if (e < 2) mx0 = fmaxf(mx0, x); else mx1 = fmaxf(mx1, x);
+      }
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    // Rows that see no key yet (above the diagonal of this warpgroup's first tile, or past
+    // `len`) keep finite maxima; their probabilities are 0.
+    if (mx0 == NEG) mx0 = 0.f;
+    if (mx1 == NEG) mx1 = 0.f;
+    const float a0 = ex2((m0 - mx0) * scale_log2), a1 = ex2((m1 - mx1) * scale_log2);
+    m0 = mx0;
+    m1 = mx1;
+    const float c0 = -m0 * scale_log2, c1 = -m1 * scale_log2;
+    l0 *= a0;
+    l1 *= a1;
+    // Once a row's maximum has settled, most tiles leave it unchanged: skip the rescale then.
+    if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < D / 8; i++) {
+        of[i][0] *= a0; of[i][1] *= a0; of[i][2] *= a1; of[i][3] *= a1;
+      }
+    }
+    unsigned pf[BN / 16][4];
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) {
+      float p0 = ex2(fmaf(s[n][0], scale_log2, c0)), p1 = ex2(fmaf(s[n][1], scale_log2, c0));
+      float p2 = ex2(fmaf(s[n][2], scale_log2, c1)), p3 = ex2(fmaf(s[n][3], scale_log2, c1));
+      l0 += p0 + p1;
+      l1 += p2 + p3;
+      pf[n >> 1][(n & 1) * 2] = pack2<BF>(p0, p1);
+      pf[n >> 1][(n & 1) * 2 + 1] = pack2<BF>(p2, p3);
+    }
+    wg_keep<D / 2>(&of[0][0]);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++)  // MN-major B (V read transposed): LBO = next 8 keys, SBO = next 8 dims
+      wg_o<BF, D>(&of[0][0], pf[kk], wg_desc(vs + kk * 2 * D * 8, D * 16, 128));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_keep<D / 2>(&of[0][0]);
+  }
+  asm volatile("cp.async.wait_group 0;");
+
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float i0 = 1.f / l0, i1 = 1.f / l1;
+  u16* oa = o + (long long)r0 * qw + h * D + 2 * t;
+  u16* oc = o + (long long)r1 * qw + h * D + 2 * t;
+#pragma unroll
+  for (int dn = 0; dn < D / 8; dn++) {
+    if (r0 < len) *(unsigned*)(oa + dn * 8) = pack2<BF>(of[dn][0] * i0, of[dn][1] * i0);
+    if (r1 < len) *(unsigned*)(oc + dn * 8) = pack2<BF>(of[dn][2] * i1, of[dn][3] * i1);
+  }
+}
+
+#define FA_WG_INST(NAME, D, WG, BN, MINB) \
+  extern "C" __global__ void __launch_bounds__(WG * 128, MINB) NAME##_f16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
+  { flash_attn_wg<false, D, WG, BN>(q, k, v, o, len, heads, kvh, sl); } \
+  extern "C" __global__ void __launch_bounds__(WG * 128, MINB) NAME##_bf16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
+  { flash_attn_wg<true, D, WG, BN>(q, k, v, o, len, heads, kvh, sl); }
+// Two warpgroups (128-query tiles) with 64- or 128-key tiles; one warpgroup, two blocks per SM.
+FA_WG_INST(flash_attn_d128_wg2, 128, 2, 64, 1)
+FA_WG_INST(flash_attn_d128_wg2n128, 128, 2, 128, 1)
+FA_WG_INST(flash_attn_d128_wg1, 128, 1, 64, 2)
 "#;

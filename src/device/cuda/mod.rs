@@ -661,6 +661,23 @@ impl CudaDevice {
         let hd = cfg.head_dim as i32;
         let theta = cfg.rope_theta as f32;
         let rows = pos.len() as u32;
+        if cfg.head_dim > 512 {
+            // The kernels keep one token's angles in 256 shared floats.
+            return Err(self.err(
+                "rope",
+                format!("head_dim {} is over 512", cfg.head_dim),
+            ));
+        }
+        let (qp, kp) = (q.cuda_ptr(), k.cuda_ptr());
+        if cfg.head_dim % 4 == 0 && qp % 4 == 0 && kp % 4 == 0 {
+            let (h, kvh) = (cfg.num_heads as i32, cfg.num_kv_heads as i32);
+            let f = self.func("rope_qk", dt)?;
+            return self.launch(
+                f,
+                blocks(rows, 256),
+                &[&qp, &kp, &pp, &h, &kvh, &hd, &theta],
+            );
+        }
         for (t, heads) in [(&*q, cfg.num_heads), (&*k, cfg.num_kv_heads)] {
             let xp = t.cuda_ptr();
             let h = heads as i32;
@@ -685,11 +702,10 @@ impl CudaDevice {
         let dt = self.half(q)?;
         let hd = cfg.head_dim;
         let variant = std::env::var("VRAMSCOPE_FLASH").unwrap_or_default();
-        let kernel = flash_kernel(hd, &variant);
-        let fused = kernel
-            .as_ref()
-            .is_some_and(|k| self.funcs.contains_key(&format!("{}_f16", k.name)))
-            && cfg.num_kv_heads > 0
+        let kernel = flash_kernel(hd, &variant, |n| {
+            self.funcs.contains_key(&format!("{n}_f16"))
+        });
+        let fused = cfg.num_kv_heads > 0
             && cfg.num_heads.is_multiple_of(cfg.num_kv_heads)
             && std::env::var("VRAMSCOPE_ATTN").map_or(true, |v| v != "blas");
         let Some(kern) = kernel.filter(|_| fused) else {
@@ -1261,14 +1277,21 @@ impl Drop for CudaDevice {
     }
 }
 
-/// The fused attention kernel for a head dimension, or `None` where only the cuBLAS path
-/// exists. `variant` is `VRAMSCOPE_FLASH` ("" or unknown: the default), for measurements.
-fn flash_kernel(head_dim: usize, variant: &str) -> Option<kernels::FlashKernel> {
-    let of_dim = || kernels::FLASH.iter().filter(|k| k.head_dim == head_dim);
-    of_dim()
-        .find(|k| !variant.is_empty() && k.variant == variant)
-        .or_else(|| of_dim().find(|k| k.variant.is_empty()))
-        .copied()
+/// The fused attention kernel for a head dimension among those `available` (loaded), or `None`
+/// where only the cuBLAS path exists. `variant` is `VRAMSCOPE_FLASH`, for measurements; ""
+/// or a variant not built for this head dimension gives the first of `FLASH_DEFAULTS`.
+fn flash_kernel(
+    head_dim: usize,
+    variant: &str,
+    available: impl Fn(&str) -> bool,
+) -> Option<kernels::FlashKernel> {
+    let pick = |v: &str| {
+        kernels::FLASH
+            .iter()
+            .find(|k| k.head_dim == head_dim && k.variant == v && available(k.name))
+            .copied()
+    };
+    pick(variant).or_else(|| kernels::FLASH_DEFAULTS.iter().find_map(|v| pick(v)))
 }
 
 /// One GEMM's operands (row-major view), see `CudaDevice::gemm`.
@@ -1368,16 +1391,33 @@ fn compile_kernels(
     // The fused attention uses sm_80 PTX (mma.sync with bf16, cp.async, ldmatrix); older GPUs
     // keep the cuBLAS attention.
     if cc.0 >= 8 {
-        let opts = cudarc::nvrtc::CompileOptions {
-            options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
-            ..Default::default()
+        let compile = |src: &str, arch: String| {
+            let opts = cudarc::nvrtc::CompileOptions {
+                options: vec![format!("--gpu-architecture={arch}")],
+                ..Default::default()
+            };
+            let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)
+                .map_err(|e| format!("NVRTC could not compile the attention kernels: {e}"))?;
+            ctx.load_module(ptx)
+                .map_err(|e| format!("loading the attention kernels: {e}"))
         };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernels::FLASH_SOURCE, opts)
-            .map_err(|e| format!("NVRTC could not compile the attention kernels: {e}"))?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| format!("loading the attention kernels: {e}"))?;
-        for k in kernels::FLASH {
+        // Hopper also gets the warpgroup-MMA kernels (sm_90a PTX); if that build fails (an
+        // older NVRTC), the portable kernels alone.
+        let hopper = (cc == (9, 0))
+            .then(|| {
+                compile(
+                    &format!("{}{}", kernels::FLASH_SOURCE, kernels::WGMMA_SOURCE),
+                    "compute_90a".into(),
+                )
+                .ok()
+            })
+            .flatten();
+        let with_wgmma = hopper.is_some();
+        let module = match hopper {
+            Some(m) => m,
+            None => compile(kernels::FLASH_SOURCE, format!("compute_{}{}", cc.0, cc.1))?,
+        };
+        for k in kernels::FLASH.iter().filter(|k| with_wgmma || !k.sm90a) {
             for suffix in ["f16", "bf16"] {
                 let name = format!("{}_{suffix}", k.name);
                 let f = module
@@ -1404,36 +1444,44 @@ mod tests {
 
     #[test]
     fn fused_attention_kernels_cover_the_head_dims_they_claim() {
-        let name = |hd, v| flash_kernel(hd, v).map(|k| k.name);
-        assert_eq!(name(128, ""), Some("flash_attn_d128_m2n32"));
-        assert_eq!(name(128, "no-such-variant"), Some("flash_attn_d128_m2n32"));
-        assert_eq!(name(128, "w8l"), Some("flash_attn_d128_w8l"));
-        assert_eq!(name(64, "w4"), Some("flash_attn_d64_w4"));
-        assert_eq!(name(64, "m2w8"), Some("flash_attn_d64_m2"));
-        assert_eq!(name(80, ""), None);
-        assert_eq!(name(256, "w4"), None);
+        let all = |_: &str| true;
+        let portable = |n: &str| kernels::FLASH.iter().any(|k| k.name == n && !k.sm90a);
+        let name = |hd, v, avail: &dyn Fn(&str) -> bool| flash_kernel(hd, v, avail).map(|k| k.name);
+        assert_eq!(name(128, "", &all), Some("flash_attn_d128_wg2n128"));
+        assert_eq!(name(128, "no-such-variant", &all), Some("flash_attn_d128_wg2n128"));
+        assert_eq!(name(128, "", &portable), Some("flash_attn_d128_w8l"));
+        assert_eq!(name(128, "w4", &all), Some("flash_attn_d128_w4"));
+        assert_eq!(name(128, "wg2", &all), Some("flash_attn_d128_wg2"));
+        // A Hopper-only variant asked for elsewhere falls back to the portable default.
+        assert_eq!(name(128, "wg2", &portable), Some("flash_attn_d128_w8l"));
+        assert_eq!(name(64, "m2n32", &all), Some("flash_attn_d64_w8l"));
+        assert_eq!(name(32, "", &portable), Some("flash_attn_d32_w8l"));
+        assert_eq!(name(80, "", &all), None);
+        assert_eq!(name(256, "w4", &all), None);
+        assert_eq!(name(128, "", &|_: &str| false), None);
+        // Every head dimension has a portable default.
         for &hd in kernels::FLASH_HEAD_DIMS {
-            assert_eq!(
-                kernels::FLASH
-                    .iter()
-                    .filter(|k| k.head_dim == hd && k.variant.is_empty())
-                    .count(),
-                1,
-                "one default for head_dim {hd}"
-            );
+            assert!(name(hd, "", &portable).is_some(), "head_dim {hd}");
         }
         // Every kernel listed for loading is instantiated once in the source with the shape
         // the dispatch launches it with.
         for k in kernels::FLASH {
-            let args = format!("({}, {}, {}, ", k.name, k.head_dim, k.warps);
-            let found: usize = ["FA_INST", "FA_MT_INST", "FA_DB_INST"]
+            let (src, macros, per) = if k.sm90a {
+                (kernels::WGMMA_SOURCE, &["FA_WG_INST"][..], k.warps / 4)
+            } else {
+                (kernels::FLASH_SOURCE, &["FA_INST", "FA_MT_INST", "FA_DB_INST"][..], k.warps)
+            };
+            let args = format!("({}, {}, {}, ", k.name, k.head_dim, per);
+            let found: usize = macros
                 .iter()
-                .map(|m| kernels::FLASH_SOURCE.matches(&format!("{m}{args}")).count())
+                .map(|m| src.matches(&format!("{m}{args}")).count())
                 .sum();
             assert_eq!(found, 1, "{args}");
             assert!(k.smem <= 227 * 1024, "{}", k.name);
         }
-        let m2 = flash_kernel(128, "m2").unwrap();
+        let m2 = flash_kernel(128, "m2", all).unwrap();
         assert_eq!((m2.tile, m2.smem), (128, (128 + 128) * 136 * 2));
+        let wg = flash_kernel(128, "wg2", all).unwrap();
+        assert_eq!((wg.tile, wg.warps, wg.smem), (128, 8, 4 * 64 * 128 * 2));
     }
 }
