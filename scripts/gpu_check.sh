@@ -37,9 +37,15 @@ LIST
   done
   ;;
 speed)
+  # Issue 4's speed check in one call, after the GPU tests: PyTorch + transformers (sdpa), then
+  # vramscope's fp16 (with its per-op GPU times), int8 and nf4 passes of the llama-3-8b shape at
+  # 8192 tokens.
+  if [ -x "$G/cuda-tests" ]; then run "$G/cuda-tests" --ignored --test-threads 1; fi
   run python3 "$G/gpu_reference.py" bench --preset llama-3-8b --tokens 8192 --dtype fp16 --iters 3 --json "$O/pt-bench.json"
-  for q in fp16 int8 nf4; do
-    run "$B" bench --model preset:llama-3-8b --fast-weights --quant $q --device cuda:0 --tokens 8192 --iters 3
+  L="--model preset:llama-3-8b --fast-weights --device cuda:0 --tokens 8192 --iters 3"
+  run "$B" bench $L --quant fp16 --op-times --json "$O/vs-fp16.json"
+  for q in int8 nf4; do
+    run "$B" bench $L --quant $q --json "$O/vs-$q.json"
   done
   ;;
 profile)

@@ -472,46 +472,6 @@ const fn one_tile(name: &'static str, variant: &'static str, d: usize, warps: us
     }
 }
 
-/// `flash_attn_mt`: `mt` m-tiles per warp, `bn`-key tiles, Q and K/V tiles in dynamic shared
-/// memory (16-bit rows padded by 8).
-const fn multi_tile(
-    name: &'static str,
-    variant: &'static str,
-    d: usize,
-    warps: usize,
-    mt: usize,
-    bn: usize,
-) -> FlashKernel {
-    FlashKernel {
-        name,
-        variant,
-        head_dim: d,
-        warps,
-        tile: warps * mt * 16,
-        smem: (warps * mt * 16 + 2 * bn) * (d + 8) * 2,
-        sm90a: false,
-    }
-}
-
-/// `flash_attn_db`: one m-tile per warp, double-buffered `bn`-key tiles in dynamic shared memory.
-const fn double_buffered(
-    name: &'static str,
-    variant: &'static str,
-    d: usize,
-    warps: usize,
-    bn: usize,
-) -> FlashKernel {
-    FlashKernel {
-        name,
-        variant,
-        head_dim: d,
-        warps,
-        tile: warps * 16,
-        smem: 4 * bn * (d + 8) * 2,
-        sm90a: false,
-    }
-}
-
 /// `flash_attn_wg`: `wg` warpgroups of 64 query rows, double-buffered `bn`-key tiles of K and V
 /// (unpadded core-matrix layout) in dynamic shared memory.
 const fn warpgroup(
@@ -533,17 +493,7 @@ const fn warpgroup(
 }
 
 pub(crate) const FLASH: &[FlashKernel] = &[
-    warpgroup("flash_attn_d128_wg2", "wg2", 128, 2, 64),
-    warpgroup("flash_attn_d128_wg2n128", "wg2n128", 128, 2, 128),
-    warpgroup("flash_attn_d128_wg1", "wg1", 128, 1, 64),
-    multi_tile("flash_attn_d32_m2", "m2", 32, 4, 2, 64),
-    multi_tile("flash_attn_d64_m2", "m2", 64, 4, 2, 64),
-    multi_tile("flash_attn_d128_m2n32", "m2n32", 128, 4, 2, 32),
-    multi_tile("flash_attn_d128_m2", "m2", 128, 4, 2, 64),
-    multi_tile("flash_attn_d128_m2w8", "m2w8", 128, 8, 2, 64),
-    double_buffered("flash_attn_d128_db8", "db8", 128, 8, 64),
-    double_buffered("flash_attn_d128_db4", "db4", 128, 4, 64),
-    double_buffered("flash_attn_d128_db8n32", "db8n32", 128, 8, 32),
+    warpgroup("flash_attn_d128_wg", "wg", 128, 2, 128),
     one_tile("flash_attn_d32_w8l", "w8l", 32, 8),
     one_tile("flash_attn_d64_w8l", "w8l", 64, 8),
     one_tile("flash_attn_d128_w8l", "w8l", 128, 8),
@@ -554,7 +504,7 @@ pub(crate) const FLASH: &[FlashKernel] = &[
 
 /// The variants tried, in order, when `VRAMSCOPE_FLASH` names none that is built for the head
 /// dimension (or none at all): the first one loaded on this GPU runs.
-pub(crate) const FLASH_DEFAULTS: &[&str] = &["wg2n128", "w8l"];
+pub(crate) const FLASH_DEFAULTS: &[&str] = &["wg", "w8l"];
 
 /// Head dimensions the fused attention kernel is instantiated for.
 #[cfg(test)]
@@ -602,20 +552,6 @@ template <int D, int LD, int NT> __device__ __forceinline__ void fa_load(u16* ds
   constexpr int CH = D / 8;
 #pragma unroll
   for (int i = threadIdx.x; i < 64 * CH; i += NT) {
-    int r = i / CH, c = i % CH;
-    int row = k0 + r;
-    int ok = row < len ? 16 : 0;
-    const u16* s = src + (long long)(row < len ? row : 0) * kw + c * 8;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_u32(dst + r * LD + c * 8)), "l"(s), "r"(ok));
-  }
-  asm volatile("cp.async.commit_group;");
-}
-
-// Rows [k0, k0 + BN) of one kv head, as `fa_load`.
-template <int D, int LD, int NT, int BN> __device__ __forceinline__ void fa_load_n(u16* dst, const u16* src, long long kw, int k0, int len) {
-  constexpr int CH = D / 8;
-#pragma unroll
-  for (int i = threadIdx.x; i < BN * CH; i += NT) {
     int r = i / CH, c = i % CH;
     int row = k0 + r;
     int ok = row < len ? 16 : 0;
@@ -780,340 +716,6 @@ template <bool BF, int D, int WARPS, bool LDK> __device__ void flash_attn(const 
   }
 }
 
-// The same attention with MT m-tiles of 16 query rows per warp (a tile of WARPS * MT * 16
-// queries) and BN-key tiles. Each key/value fragment read from shared memory feeds MT mma
-// instead of one, which halves the shared-memory traffic per flop at MT = 2 (the limit of the
-// one-tile kernel above). Q lives in shared memory too (its fragments would not fit in
-// registers beside 2 × D/8 accumulators), so the kernel takes dynamic shared memory:
-// (WARPS * MT * 16 + 2 * BN) * (D + 8) * 2 bytes.
-template <bool BF, int D, int WARPS, int MT, int BN> __device__ void flash_attn_mt(const u16* q, const u16* k, const u16* v, u16* o,
-                                                    int len, int heads, int kvh, float scale_log2) {
-  constexpr int LD = D + 8;
-  constexpr int BM = WARPS * MT * 16;
-  constexpr int NT = WARPS * 32;
-  constexpr int CH = D / 8;
-  extern __shared__ __align__(16) u16 smem[];
-  u16* qs = smem;
-  u16* ks = qs + BM * LD;
-  u16* vs = ks + BN * LD;
-  const int h = blockIdx.x;
-  const int tile = gridDim.y - 1 - blockIdx.y;  // the longest (diagonal-most) tiles first
-  const int q0 = tile * BM;
-  const int kh = h / (heads / kvh);
-  const long long qw = (long long)heads * D, kw = (long long)kvh * D;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int wq = q0 + warp * MT * 16;  // this warp's first query row
-  const u16* kb = k + kh * D;
-  const u16* vb = v + kh * D;
-  // Q tile (rows past `len` zero-filled), committed with the first key tile.
-#pragma unroll
-  for (int i = threadIdx.x; i < BM * CH; i += NT) {
-    int r = i / CH, c = i % CH;
-    int row = q0 + r;
-    int ok = row < len ? 16 : 0;
-    const u16* src = q + (long long)(row < len ? row : 0) * qw + h * D + c * 8;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_u32(qs + r * LD + c * 8)), "l"(src), "r"(ok));
-  }
-  fa_load_n<D, LD, NT, BN>(ks, kb, kw, 0, len);
-  fa_load_n<D, LD, NT, BN>(vs, vb, kw, 0, len);
-
-  float of[MT][D / 8][4];
-#pragma unroll
-  for (int m = 0; m < MT; m++)
-#pragma unroll
-    for (int i = 0; i < D / 8; i++) of[m][i][0] = of[m][i][1] = of[m][i][2] = of[m][i][3] = 0.f;
-  const float NEG = __int_as_float(0xff800000);
-  float mx[MT][2], ls[MT][2];
-#pragma unroll
-  for (int m = 0; m < MT; m++) { mx[m][0] = mx[m][1] = NEG; ls[m][0] = ls[m][1] = 0.f; }
-
-  const int qend = q0 + BM < len ? q0 + BM : len;
-  const int ntiles = (qend + BN - 1) / BN;
-  const int mi = lane >> 3, mr = lane & 7;
-  unsigned pf[MT][BN / 16][4];
-  for (int j = 0; j < ntiles; j++) {
-    const int k0 = j * BN;
-    // An m-tile whose 16 rows all precede this key tile gets nothing from it (causal mask).
-    bool act[MT];
-#pragma unroll
-    for (int m = 0; m < MT; m++) act[m] = k0 <= wq + m * 16 + 15 && wq + m * 16 < len;
-    const bool any = act[MT - 1] || act[0];
-    asm volatile("cp.async.wait_group 1;");
-    __syncthreads();
-    float s[MT][BN / 8][4];
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-      for (int n = 0; n < BN / 8; n++) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.f;
-    if (any) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; kk++) {
-        unsigned a[MT][4];
-#pragma unroll
-        for (int m = 0; m < MT; m++) {
-          const u16* src = qs + (warp * MT * 16 + m * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8;
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                       : "=r"(a[m][0]), "=r"(a[m][1]), "=r"(a[m][2]), "=r"(a[m][3]) : "r"(smem_u32(src)));
-        }
-#pragma unroll
-        for (int n = 0; n < BN / 8; n += 2) {
-          unsigned b0, b1, b2, b3;
-          const u16* src = ks + ((n + (mi >> 1)) * 8 + mr) * LD + kk * 16 + (mi & 1) * 8;
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                       : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(smem_u32(src)));
-#pragma unroll
-          for (int m = 0; m < MT; m++) {
-            if (act[m]) {
-              mma16816<BF>(s[m][n], a[m], b0, b1);
-              mma16816<BF>(s[m][n + 1], a[m], b2, b3);
-            }
-          }
-        }
-      }
-    }
-    __syncthreads();
-    if (j + 1 < ntiles) fa_load_n<D, LD, NT, BN>(ks, kb, kw, k0 + BN, len);
-    else asm volatile("cp.async.commit_group;");
-
-#pragma unroll
-    for (int m = 0; m < MT; m++) {
-      if (!act[m]) continue;
-      const int r0 = wq + m * 16 + g, r1 = r0 + 8;
-      const bool edge = k0 + BN > wq + m * 16 || k0 + BN > len;
-      float mx0 = mx[m][0], mx1 = mx[m][1];
-#pragma unroll
-      for (int n = 0; n < BN / 8; n++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          float x = s[m][n][e];  // raw score: the scale (> 0) is applied in the exponent
-          if (edge) {
-            int kj = k0 + n * 8 + 2 * t + (e & 1);
-            int qi = e < 2 ? r0 : r1;
-            if (kj > qi || kj >= len) x = NEG;
-          }
-          s[m][n][e] = x;
-          if (e < 2) mx0 = fmaxf(mx0, x); else mx1 = fmaxf(mx1, x);
-        }
-      }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      // Rows past `len` see only masked keys: keep their maxima finite (their output is not
-      // written). Every real row has key 0 in its first tile, so its maxima are finite.
-      if (mx0 == NEG) mx0 = 0.f;
-      if (mx1 == NEG) mx1 = 0.f;
-      const float a0 = ex2((mx[m][0] - mx0) * scale_log2), a1 = ex2((mx[m][1] - mx1) * scale_log2);
-      mx[m][0] = mx0;
-      mx[m][1] = mx1;
-      const float c0 = -mx0 * scale_log2, c1 = -mx1 * scale_log2;
-      ls[m][0] *= a0;
-      ls[m][1] *= a1;
-#pragma unroll
-      for (int i = 0; i < D / 8; i++) {
-        of[m][i][0] *= a0; of[m][i][1] *= a0; of[m][i][2] *= a1; of[m][i][3] *= a1;
-      }
-#pragma unroll
-      for (int n = 0; n < BN / 8; n++) {
-        float p0 = ex2(fmaf(s[m][n][0], scale_log2, c0)), p1 = ex2(fmaf(s[m][n][1], scale_log2, c0));
-        float p2 = ex2(fmaf(s[m][n][2], scale_log2, c1)), p3 = ex2(fmaf(s[m][n][3], scale_log2, c1));
-        ls[m][0] += p0 + p1;
-        ls[m][1] += p2 + p3;
-        pf[m][n >> 1][(n & 1) * 2] = pack2<BF>(p0, p1);
-        pf[m][n >> 1][(n & 1) * 2 + 1] = pack2<BF>(p2, p3);
-      }
-    }
-
-    asm volatile("cp.async.wait_group 1;");
-    __syncthreads();
-    if (any) {
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; kk++) {
-#pragma unroll
-        for (int dn = 0; dn < D / 8; dn += 2) {
-          unsigned b0, b1, b2, b3;
-          const u16* src = vs + (kk * 16 + (mi & 1) * 8 + mr) * LD + (dn + (mi >> 1)) * 8;
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                       : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(smem_u32(src)));
-#pragma unroll
-          for (int m = 0; m < MT; m++) {
-            if (act[m]) {
-              mma16816<BF>(of[m][dn], pf[m][kk], b0, b1);
-              mma16816<BF>(of[m][dn + 1], pf[m][kk], b2, b3);
-            }
-          }
-        }
-      }
-    }
-    __syncthreads();
-    if (j + 1 < ntiles) fa_load_n<D, LD, NT, BN>(vs, vb, kw, k0 + BN, len);
-    else asm volatile("cp.async.commit_group;");
-  }
-  asm volatile("cp.async.wait_group 0;");
-
-#pragma unroll
-  for (int m = 0; m < MT; m++) {
-    const int r0 = wq + m * 16 + g, r1 = r0 + 8;
-    float l0 = ls[m][0], l1 = ls[m][1];
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float i0 = 1.f / l0, i1 = 1.f / l1;
-    u16* oa = o + (long long)r0 * qw + h * D + 2 * t;
-    u16* oc = o + (long long)r1 * qw + h * D + 2 * t;
-#pragma unroll
-    for (int dn = 0; dn < D / 8; dn++) {
-      if (r0 < len) *(unsigned*)(oa + dn * 8) = pack2<BF>(of[m][dn][0] * i0, of[m][dn][1] * i0);
-      if (r1 < len) *(unsigned*)(oc + dn * 8) = pack2<BF>(of[m][dn][2] * i1, of[m][dn][3] * i1);
-    }
-  }
-}
-
-// One m-tile of 16 query rows per warp (Q fragments in registers, as `flash_attn`), with the
-// key and value tiles double-buffered in dynamic shared memory: the loads of tile j + 1 are
-// issued at the top of iteration j and have a whole iteration to land, and one barrier per
-// key tile remains (four in `flash_attn`), so warps drift apart and one warp's softmax runs
-// beside another's mma. Dynamic shared memory: 4 * BN * (D + 8) * 2 bytes.
-template <bool BF, int D, int WARPS, int BN> __device__ void flash_attn_db(const u16* q, const u16* k, const u16* v, u16* o,
-                                                    int len, int heads, int kvh, float scale_log2) {
-  constexpr int LD = D + 8;
-  constexpr int NT = WARPS * 32;
-  extern __shared__ __align__(16) u16 smem[];
-  const int h = blockIdx.x;
-  const int tile = gridDim.y - 1 - blockIdx.y;  // the longest (diagonal-most) tiles first
-  const int q0 = tile * WARPS * 16;
-  const int kh = h / (heads / kvh);
-  const long long qw = (long long)heads * D, kw = (long long)kvh * D;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
-  const u16* kb = k + kh * D;
-  const u16* vb = v + kh * D;
-  // Buffers: K0, V0, K1, V1.
-  fa_load_n<D, LD, NT, BN>(smem, kb, kw, 0, len);
-  fa_load_n<D, LD, NT, BN>(smem + BN * LD, vb, kw, 0, len);
-
-  unsigned qf[D / 16][4];
-  {
-    const u16* qa = q + (long long)r0 * qw + h * D + 2 * t;
-    const u16* qc = q + (long long)r1 * qw + h * D + 2 * t;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-      qf[kk][0] = r0 < len ? *(const unsigned*)(qa + kk * 16) : 0u;
-      qf[kk][1] = r1 < len ? *(const unsigned*)(qc + kk * 16) : 0u;
-      qf[kk][2] = r0 < len ? *(const unsigned*)(qa + kk * 16 + 8) : 0u;
-      qf[kk][3] = r1 < len ? *(const unsigned*)(qc + kk * 16 + 8) : 0u;
-    }
-  }
-  float of[D / 8][4];
-#pragma unroll
-  for (int i = 0; i < D / 8; i++) of[i][0] = of[i][1] = of[i][2] = of[i][3] = 0.f;
-  const float NEG = __int_as_float(0xff800000);
-  float m0 = NEG, m1 = NEG, l0 = 0.f, l1 = 0.f;
-
-  const int qend = q0 + WARPS * 16 < len ? q0 + WARPS * 16 : len;
-  const int ntiles = (qend + BN - 1) / BN;
-  const int mi = lane >> 3, mr = lane & 7;
-  for (int j = 0; j < ntiles; j++) {
-    const int k0 = j * BN;
-    const u16* ks = smem + (j & 1) * 2 * BN * LD;
-    const u16* vs = ks + BN * LD;
-    asm volatile("cp.async.wait_group 0;");
-    __syncthreads();
-    if (j + 1 < ntiles) {
-      u16* nk = smem + ((j + 1) & 1) * 2 * BN * LD;
-      fa_load_n<D, LD, NT, BN>(nk, kb, kw, k0 + BN, len);
-      fa_load_n<D, LD, NT, BN>(nk + BN * LD, vb, kw, k0 + BN, len);
-    }
-    // A warp whose 16 rows all precede this key tile gets nothing from it (causal mask).
-    if (k0 > q0 + warp * 16 + 15) continue;
-    float s[BN / 8][4];
-#pragma unroll
-    for (int n = 0; n < BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-#pragma unroll
-      for (int n = 0; n < BN / 8; n += 2) {
-        unsigned b0, b1, b2, b3;
-        const u16* src = ks + ((n + (mi >> 1)) * 8 + mr) * LD + kk * 16 + (mi & 1) * 8;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(smem_u32(src)));
-        mma16816<BF>(s[n], qf[kk], b0, b1);
-        mma16816<BF>(s[n + 1], qf[kk], b2, b3);
-      }
-    }
-    const bool edge = k0 + BN > q0 + warp * 16 || k0 + BN > len;
-    float mx0 = m0, mx1 = m1;
-#pragma unroll
-    for (int n = 0; n < BN / 8; n++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float x = s[n][e];  // raw score: the scale (> 0) is applied in the exponent
-        if (edge) {
-          int kj = k0 + n * 8 + 2 * t + (e & 1);
-          int qi = e < 2 ? r0 : r1;
-          if (kj > qi || kj >= len) x = NEG;
-        }
-        s[n][e] = x;
-        if (e < 2) mx0 = fmaxf(mx0, x); else mx1 = fmaxf(mx1, x);
-      }
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    // Rows past `len` see only masked keys: keep their maxima finite (not written out).
-    if (mx0 == NEG) mx0 = 0.f;
-    if (mx1 == NEG) mx1 = 0.f;
-    const float a0 = ex2((m0 - mx0) * scale_log2), a1 = ex2((m1 - mx1) * scale_log2);
-    m0 = mx0;
-    m1 = mx1;
-    const float c0 = -m0 * scale_log2, c1 = -m1 * scale_log2;
-    l0 *= a0;
-    l1 *= a1;
-#pragma unroll
-    for (int i = 0; i < D / 8; i++) {
-      of[i][0] *= a0; of[i][1] *= a0; of[i][2] *= a1; of[i][3] *= a1;
-    }
-    unsigned pf[BN / 16][4];
-#pragma unroll
-    for (int n = 0; n < BN / 8; n++) {
-      float p0 = ex2(fmaf(s[n][0], scale_log2, c0)), p1 = ex2(fmaf(s[n][1], scale_log2, c0));
-      float p2 = ex2(fmaf(s[n][2], scale_log2, c1)), p3 = ex2(fmaf(s[n][3], scale_log2, c1));
-      l0 += p0 + p1;
-      l1 += p2 + p3;
-      pf[n >> 1][(n & 1) * 2] = pack2<BF>(p0, p1);
-      pf[n >> 1][(n & 1) * 2 + 1] = pack2<BF>(p2, p3);
-    }
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) {
-#pragma unroll
-      for (int dn = 0; dn < D / 8; dn += 2) {
-        unsigned b0, b1, b2, b3;
-        const u16* src = vs + (kk * 16 + (mi & 1) * 8 + mr) * LD + (dn + (mi >> 1)) * 8;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(smem_u32(src)));
-        mma16816<BF>(of[dn], pf[kk], b0, b1);
-        mma16816<BF>(of[dn + 1], pf[kk], b2, b3);
-      }
-    }
-  }
-  asm volatile("cp.async.wait_group 0;");
-
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const float i0 = 1.f / l0, i1 = 1.f / l1;
-  u16* oa = o + (long long)r0 * qw + h * D + 2 * t;
-  u16* oc = o + (long long)r1 * qw + h * D + 2 * t;
-#pragma unroll
-  for (int dn = 0; dn < D / 8; dn++) {
-    if (r0 < len) *(unsigned*)(oa + dn * 8) = pack2<BF>(of[dn][0] * i0, of[dn][1] * i0);
-    if (r1 < len) *(unsigned*)(oc + dn * 8) = pack2<BF>(of[dn][2] * i1, of[dn][3] * i1);
-  }
-}
-
 #define FA_INST(NAME, D, WARPS, LDK, MINB) \
   extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME##_f16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
   { flash_attn<false, D, WARPS, LDK>(q, k, v, o, len, heads, kvh, sl); } \
@@ -1128,29 +730,6 @@ FA_INST(flash_attn_d128_w8l, 128, 8, true, 1)
 FA_INST(flash_attn_d32_w4, 32, 4, false, 1)
 FA_INST(flash_attn_d64_w4, 64, 4, false, 1)
 FA_INST(flash_attn_d128_w4, 128, 4, false, 1)
-
-#define FA_MT_INST(NAME, D, WARPS, MT, BN, MINB) \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME##_f16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
-  { flash_attn_mt<false, D, WARPS, MT, BN>(q, k, v, o, len, heads, kvh, sl); } \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME##_bf16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
-  { flash_attn_mt<true, D, WARPS, MT, BN>(q, k, v, o, len, heads, kvh, sl); }
-// 4 warps of 2 m-tiles (128-query tiles), 64-key tiles.
-FA_MT_INST(flash_attn_d32_m2, 32, 4, 2, 64, 2)
-FA_MT_INST(flash_attn_d64_m2, 64, 4, 2, 64, 2)
-FA_MT_INST(flash_attn_d128_m2, 128, 4, 2, 64, 2)
-// The same with 32-key tiles (fewer live scores), and with 8 warps (256-query tiles).
-FA_MT_INST(flash_attn_d128_m2n32, 128, 4, 2, 32, 2)
-FA_MT_INST(flash_attn_d128_m2w8, 128, 8, 2, 64, 1)
-
-#define FA_DB_INST(NAME, D, WARPS, BN, MINB) \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME##_f16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
-  { flash_attn_db<false, D, WARPS, BN>(q, k, v, o, len, heads, kvh, sl); } \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME##_bf16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
-  { flash_attn_db<true, D, WARPS, BN>(q, k, v, o, len, heads, kvh, sl); }
-// Double-buffered key/value tiles, one barrier per tile.
-FA_DB_INST(flash_attn_d128_db8, 128, 8, 64, 1)
-FA_DB_INST(flash_attn_d128_db4, 128, 4, 64, 2)
-FA_DB_INST(flash_attn_d128_db8n32, 128, 8, 32, 1)
 "#;
 
 /// Hopper-only fused attention on warpgroup MMA, appended to `FLASH_SOURCE` and compiled for
@@ -1335,12 +914,11 @@ template <bool BF, int D, int WG, int BN> __device__ void flash_attn_wg(const u1
     const float c0 = -m0 * scale_log2, c1 = -m1 * scale_log2;
     l0 *= a0;
     l1 *= a1;
-    // Once a row's maximum has settled, most tiles leave it unchanged: skip the rescale then.
-    if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
+    // (Skipping this while the maxima hold, behind a warp vote, cost 24 ms of the 8B pass:
+    // docs/gpu-runs.md run 13.)
 #pragma unroll
-      for (int i = 0; i < D / 8; i++) {
-        of[i][0] *= a0; of[i][1] *= a0; of[i][2] *= a1; of[i][3] *= a1;
-      }
+    for (int i = 0; i < D / 8; i++) {
+      of[i][0] *= a0; of[i][1] *= a0; of[i][2] *= a1; of[i][3] *= a1;
     }
     unsigned pf[BN / 16][4];
 #pragma unroll
@@ -1382,8 +960,7 @@ template <bool BF, int D, int WG, int BN> __device__ void flash_attn_wg(const u1
   { flash_attn_wg<false, D, WG, BN>(q, k, v, o, len, heads, kvh, sl); } \
   extern "C" __global__ void __launch_bounds__(WG * 128, MINB) NAME##_bf16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
   { flash_attn_wg<true, D, WG, BN>(q, k, v, o, len, heads, kvh, sl); }
-// Two warpgroups (128-query tiles) with 64- or 128-key tiles; one warpgroup, two blocks per SM.
-FA_WG_INST(flash_attn_d128_wg2, 128, 2, 64, 1)
-FA_WG_INST(flash_attn_d128_wg2n128, 128, 2, 128, 1)
-FA_WG_INST(flash_attn_d128_wg1, 128, 1, 64, 2)
+// Two warpgroups (128-query tiles), 128-key tiles: the fastest of those measured (docs/gpu-runs.md
+// runs 11-13: 64-key tiles, one warpgroup per block and the rescale skip were slower).
+FA_WG_INST(flash_attn_d128_wg, 128, 2, 128, 1)
 "#;

@@ -1447,14 +1447,13 @@ mod tests {
         let all = |_: &str| true;
         let portable = |n: &str| kernels::FLASH.iter().any(|k| k.name == n && !k.sm90a);
         let name = |hd, v, avail: &dyn Fn(&str) -> bool| flash_kernel(hd, v, avail).map(|k| k.name);
-        assert_eq!(name(128, "", &all), Some("flash_attn_d128_wg2n128"));
-        assert_eq!(name(128, "no-such-variant", &all), Some("flash_attn_d128_wg2n128"));
+        assert_eq!(name(128, "", &all), Some("flash_attn_d128_wg"));
+        assert_eq!(name(128, "no-such-variant", &all), Some("flash_attn_d128_wg"));
         assert_eq!(name(128, "", &portable), Some("flash_attn_d128_w8l"));
         assert_eq!(name(128, "w4", &all), Some("flash_attn_d128_w4"));
-        assert_eq!(name(128, "wg2", &all), Some("flash_attn_d128_wg2"));
         // A Hopper-only variant asked for elsewhere falls back to the portable default.
-        assert_eq!(name(128, "wg2", &portable), Some("flash_attn_d128_w8l"));
-        assert_eq!(name(64, "m2n32", &all), Some("flash_attn_d64_w8l"));
+        assert_eq!(name(128, "wg", &portable), Some("flash_attn_d128_w8l"));
+        assert_eq!(name(64, "wg", &all), Some("flash_attn_d64_w8l"));
         assert_eq!(name(32, "", &portable), Some("flash_attn_d32_w8l"));
         assert_eq!(name(80, "", &all), None);
         assert_eq!(name(256, "w4", &all), None);
@@ -1469,7 +1468,7 @@ mod tests {
             let (src, macros, per) = if k.sm90a {
                 (kernels::WGMMA_SOURCE, &["FA_WG_INST"][..], k.warps / 4)
             } else {
-                (kernels::FLASH_SOURCE, &["FA_INST", "FA_MT_INST", "FA_DB_INST"][..], k.warps)
+                (kernels::FLASH_SOURCE, &["FA_INST"][..], k.warps)
             };
             let args = format!("({}, {}, {}, ", k.name, k.head_dim, per);
             let found: usize = macros
@@ -1479,9 +1478,7 @@ mod tests {
             assert_eq!(found, 1, "{args}");
             assert!(k.smem <= 227 * 1024, "{}", k.name);
         }
-        let m2 = flash_kernel(128, "m2", all).unwrap();
-        assert_eq!((m2.tile, m2.smem), (128, (128 + 128) * 136 * 2));
-        let wg = flash_kernel(128, "wg2", all).unwrap();
-        assert_eq!((wg.tile, wg.warps, wg.smem), (128, 8, 4 * 64 * 128 * 2));
+        let wg = flash_kernel(128, "wg", all).unwrap();
+        assert_eq!((wg.tile, wg.warps, wg.smem), (128, 8, 4 * 128 * 128 * 2));
     }
 }
