@@ -93,7 +93,9 @@ mod tests {
     #[test]
     fn the_parallel_split_gives_the_serial_result() {
         // 1000 blocks and an odd tail: several threads' runs and a ragged last block.
-        let w: Vec<f32> = (0..64_037).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0).collect();
+        let w: Vec<f32> = (0..64_037)
+            .map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0)
+            .collect();
         let (p, a) = quantize(&w);
         let mut sp = vec![0u8; packed_len(w.len())];
         let mut sa = vec![0f32; absmax_len(w.len())];

@@ -460,7 +460,12 @@ pub(crate) struct FlashKernel {
     pub sm90a: bool,
 }
 
-const fn one_tile(name: &'static str, variant: &'static str, d: usize, warps: usize) -> FlashKernel {
+const fn one_tile(
+    name: &'static str,
+    variant: &'static str,
+    d: usize,
+    warps: usize,
+) -> FlashKernel {
     FlashKernel {
         name,
         variant,

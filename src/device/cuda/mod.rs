@@ -18,8 +18,8 @@ use std::time::Instant;
 
 use cudarc::cublas::{result as blas, sys as bsys};
 use cudarc::driver::{
-    result as drv, sys as dsys, CudaContext, CudaEvent, CudaFunction, CudaStream, DriverError, LaunchConfig,
-    PushKernelArg,
+    result as drv, sys as dsys, CudaContext, CudaEvent, CudaFunction, CudaStream, DriverError,
+    LaunchConfig, PushKernelArg,
 };
 
 use super::{DeviceInfo, DeviceListing, MemInfo, OutsideAlloc};
@@ -663,13 +663,10 @@ impl CudaDevice {
         let rows = pos.len() as u32;
         if cfg.head_dim > 512 {
             // The kernels keep one token's angles in 256 shared floats.
-            return Err(self.err(
-                "rope",
-                format!("head_dim {} is over 512", cfg.head_dim),
-            ));
+            return Err(self.err("rope", format!("head_dim {} is over 512", cfg.head_dim)));
         }
         let (qp, kp) = (q.cuda_ptr(), k.cuda_ptr());
-        if cfg.head_dim % 4 == 0 && qp % 4 == 0 && kp % 4 == 0 {
+        if cfg.head_dim.is_multiple_of(4) && qp.is_multiple_of(4) && kp.is_multiple_of(4) {
             let (h, kvh) = (cfg.num_heads as i32, cfg.num_kv_heads as i32);
             let f = self.func("rope_qk", dt)?;
             return self.launch(
@@ -1336,7 +1333,7 @@ fn blocks(rows: u32, threads: u32) -> LaunchConfig {
 
 /// Whether every pointer allows 16-byte vector loads.
 fn aligned16(ptrs: &[u64]) -> bool {
-    ptrs.iter().all(|p| p % 16 == 0)
+    ptrs.iter().all(|p| p.is_multiple_of(16))
 }
 
 /// A grid-stride launch over `n` elements.
@@ -1426,7 +1423,8 @@ fn compile_kernels(
                 if k.smem > 0 {
                     // Above 48 KiB a kernel must ask for its dynamic shared memory. A GPU
                     // without that much keeps the other kernels (the dispatch checks).
-                    let attr = dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                    let attr =
+                        dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
                     if f.set_attribute(attr, k.smem as i32).is_err() {
                         continue;
                     }
@@ -1448,7 +1446,10 @@ mod tests {
         let portable = |n: &str| kernels::FLASH.iter().any(|k| k.name == n && !k.sm90a);
         let name = |hd, v, avail: &dyn Fn(&str) -> bool| flash_kernel(hd, v, avail).map(|k| k.name);
         assert_eq!(name(128, "", &all), Some("flash_attn_d128_wg"));
-        assert_eq!(name(128, "no-such-variant", &all), Some("flash_attn_d128_wg"));
+        assert_eq!(
+            name(128, "no-such-variant", &all),
+            Some("flash_attn_d128_wg")
+        );
         assert_eq!(name(128, "", &portable), Some("flash_attn_d128_w8l"));
         assert_eq!(name(128, "w4", &all), Some("flash_attn_d128_w4"));
         // A Hopper-only variant asked for elsewhere falls back to the portable default.
