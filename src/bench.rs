@@ -133,6 +133,11 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
             "bench needs a device that computes: cuda:N or sim:PRESET (compute mode)".into(),
         ));
     }
+    if req.op_times && matches!(req.device, DeviceSpec::Sim { .. }) {
+        return Err(Error::Request(
+            "--op-times times ops with CUDA events: it needs --device cuda:N".into(),
+        ));
+    }
     let opened = model::open(&req.model, req.seed)?;
     let device = Device::open(&req.device)?;
     let device_name = device.info().name;
@@ -286,6 +291,22 @@ mod tests {
             op_times: false,
         };
         assert!(matches!(run(&req), Err(Error::Request(_))));
+        // Op timing is refused on the simulated device before any work.
+        let req = BenchRequest {
+            device: DeviceSpec::Sim {
+                preset: "h100-80gb".into(),
+                dry: false,
+            },
+            op_times: true,
+            ..req
+        };
+        match run(&req) {
+            Err(Error::Request(m)) => assert!(m.contains("--op-times"), "{m}"),
+            other => panic!(
+                "expected a request error, got {:?}",
+                other.map(|r| r.median_ms)
+            ),
+        }
     }
 
     #[test]
