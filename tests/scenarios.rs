@@ -98,3 +98,47 @@ fn progress_reports_phases_passes_and_layers() {
     );
     assert_eq!(report.logits[0].top.len(), 5);
 }
+
+// The verify pass runs inside T·u: no framework segment may take the instance over
+// floor(T·u), and the allocator gives cached segments back before it gives up (as PyTorch's
+// does). On Llama-3-8B int8 the new formula (130 MiB under the truth, allocator fragmentation)
+// then fits; the formulas that grant more than the truth leaves room for run out of memory,
+// and the old one fits with its double-counted CxB to spare.
+#[test]
+fn verify_passes_run_inside_the_budget_and_the_new_formula_fits() {
+    use vramscope::profile::formulas::FormulaId;
+    let req = ProfileRequest {
+        model: ModelSource::Preset {
+            name: "llama-3-8b".into(),
+        },
+        quant: Quant::Int8,
+        device: DeviceSpec::parse("sim:h200-141gb:dry").unwrap(),
+        tokens: 8192,
+        ..ProfileRequest::default()
+    };
+    let r = run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
+    let v = |id| r.formula(id).unwrap().verify.clone().unwrap();
+    let budget = v(FormulaId::Pr9516).budget_bytes;
+    let new = v(FormulaId::Pr9516);
+    assert!(r.formula(FormulaId::Pr9516).unwrap().error_bytes < 0);
+    assert!(new.ran && !new.oom && new.within_budget, "{new:?}");
+    assert!(new.peak_process_bytes <= budget);
+    assert!(new.message.starts_with("fits"), "{}", new.message);
+    let old = v(FormulaId::Pr9352);
+    assert!(
+        old.within_budget && old.overrun_bytes < -(5 << 30),
+        "{old:?}"
+    );
+    let truth = r.truth.verify.clone().unwrap();
+    assert!(truth.within_budget, "{truth:?}");
+    for id in [FormulaId::V0_6_3, FormulaId::Pr10511, FormulaId::Pr12126] {
+        let f = r.formula(id).unwrap();
+        let x = f.verify.clone().unwrap();
+        // Each grants at least 500 MiB more KV than the truth leaves room for.
+        assert!(f.error_bytes < -(500 << 20), "{id:?}: {}", f.error_bytes);
+        assert!(x.oom && !x.within_budget, "{id:?}: {x:?}");
+        // Out of memory only after giving the cached segments back.
+        assert!(x.cache_releases >= 1, "{id:?}: {x:?}");
+        assert!(x.message.contains("out of memory"), "{}", x.message);
+    }
+}
