@@ -151,6 +151,20 @@ impl Runtime {
         self.0.borrow_mut().layer = layer;
     }
 
+    /// The GPU's NVML readings since this runtime started, on the events' clock, and their
+    /// rate (nothing on the simulated device).
+    pub fn device_samples(&self) -> (Vec<crate::profile::report::DeviceSample>, Option<f64>) {
+        let mut i = self.0.borrow_mut();
+        let start = i.start;
+        match i.device.cuda() {
+            Some(c) => {
+                let (s, hz) = c.samples_since(start);
+                (s, Some(hz))
+            }
+            None => (Vec::new(), None),
+        }
+    }
+
     /// Caps this process's device memory for new framework segments (`None`: the device's
     /// own limit only). A verify pass runs "inside T·u" this way.
     pub fn set_segment_cap(&self, cap: Option<u64>) {

@@ -3,6 +3,7 @@
 //! as a few thousand points without losing a spike.
 
 use crate::memory::Event;
+use crate::profile::report::DeviceSample;
 
 /// Which running total to plot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,35 +53,70 @@ pub fn reduce(
     t_to_us: u64,
     columns: usize,
 ) -> Vec<[f64; 2]> {
+    reduce_timed(
+        events,
+        |e| e.time_us,
+        |e| series.value(e),
+        t_from_us,
+        t_to_us,
+        columns,
+    )
+}
+
+/// Legend of the GPU's sampled per-process memory (app and PNG).
+pub const NVML_LABEL: &str = "this process (NVML samples)";
+
+/// `reduce` for the GPU's NVML readings: this process's memory over time.
+pub fn reduce_samples(
+    samples: &[DeviceSample],
+    t_from_us: u64,
+    t_to_us: u64,
+    columns: usize,
+) -> Vec<[f64; 2]> {
+    reduce_timed(
+        samples,
+        |s| s.time_us,
+        |s| s.process_used,
+        t_from_us,
+        t_to_us,
+        columns,
+    )
+}
+
+/// The column reduction behind `reduce` and `reduce_samples`, over anything in time order.
+fn reduce_timed<T>(
+    items: &[T],
+    time: impl Fn(&T) -> u64,
+    value: impl Fn(&T) -> u64,
+    t_from_us: u64,
+    t_to_us: u64,
+    columns: usize,
+) -> Vec<[f64; 2]> {
     let columns = columns.max(1);
-    let lo = first_at(events, t_from_us).saturating_sub(1);
-    let hi = first_at(events, t_to_us.saturating_add(1)).min(events.len());
-    let slice = &events[lo..hi];
+    let at = |t: u64| items.partition_point(|e| time(e) < t);
+    let lo = at(t_from_us).saturating_sub(1);
+    let hi = at(t_to_us.saturating_add(1)).min(items.len());
+    let slice = &items[lo..hi];
+    let point = |e: &T| [time(e) as f64 * 1e-6, value(e) as f64];
     if slice.len() <= columns * 4 {
-        return slice
-            .iter()
-            .map(|e| [e.time_us as f64 * 1e-6, series.value(e) as f64])
-            .collect();
+        return slice.iter().map(point).collect();
     }
     let span = (t_to_us.saturating_sub(t_from_us)).max(1) as f64;
+    let column = |e: &T| {
+        (((time(e).saturating_sub(t_from_us)) as f64 / span) * columns as f64).floor() as i64
+    };
     let mut out = Vec::with_capacity(columns * 4);
     let mut i = 0;
     while i < slice.len() {
-        let col = (((slice[i].time_us.saturating_sub(t_from_us)) as f64 / span) * columns as f64)
-            .floor() as i64;
+        let col = column(&slice[i]);
         let start = i;
         let (mut min_i, mut max_i) = (i, i);
-        while i < slice.len() {
-            let c = (((slice[i].time_us.saturating_sub(t_from_us)) as f64 / span) * columns as f64)
-                .floor() as i64;
-            if c != col {
-                break;
-            }
-            let v = series.value(&slice[i]);
-            if v < series.value(&slice[min_i]) {
+        while i < slice.len() && column(&slice[i]) == col {
+            let v = value(&slice[i]);
+            if v < value(&slice[min_i]) {
                 min_i = i;
             }
-            if v > series.value(&slice[max_i]) {
+            if v > value(&slice[max_i]) {
                 max_i = i;
             }
             i += 1;
@@ -90,10 +126,7 @@ pub fn reduce(
         let mut last = usize::MAX;
         for p in picks {
             if p != last {
-                out.push([
-                    slice[p].time_us as f64 * 1e-6,
-                    series.value(&slice[p]) as f64,
-                ]);
+                out.push(point(&slice[p]));
                 last = p;
             }
         }
@@ -154,6 +187,31 @@ pub fn reduce_by_index(
 mod tests {
     use super::*;
     use crate::memory::{Category, EventKind};
+
+    #[test]
+    fn sample_reduction_keeps_the_spike_the_ends_and_bounds_points() {
+        // 100 000 readings 100 µs apart at 1 GiB, one 3 GiB reading at t = 4.2 s.
+        let samples: Vec<DeviceSample> = (0..100_000u64)
+            .map(|i| DeviceSample {
+                time_us: i * 100,
+                device_used: 0,
+                process_used: if i == 42_000 { 3 << 30 } else { 1 << 30 },
+            })
+            .collect();
+        let pts = reduce_samples(&samples, 0, 10_000_000, 500);
+        assert!(pts.len() <= 4 * 500, "{} points", pts.len());
+        assert_eq!(pts.first().unwrap(), &[0.0, (1u64 << 30) as f64]);
+        assert_eq!(pts.last().unwrap()[0], 99_999.0 * 100.0 * 1e-6);
+        let spike = pts
+            .iter()
+            .find(|p| p[1] == (3u64 << 30) as f64)
+            .expect("spike kept");
+        assert!((spike[0] - 4.2).abs() < 1e-9, "{spike:?}");
+        // A narrow view: only its readings (and the one before, for the step's start).
+        let zoom = reduce_samples(&samples, 4_199_950, 4_200_250, 500);
+        assert_eq!(zoom.len(), 4, "{zoom:?}");
+        assert!(reduce_samples(&[], 0, 10, 10).is_empty());
+    }
 
     fn ev(t: u64, alloc: u64) -> Event {
         Event {

@@ -31,3 +31,36 @@ pub fn read(path: &Path) -> Result<Report> {
     }
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_written_before_gpu_samples_were_kept_still_opens() {
+        let req = crate::profile::ProfileRequest {
+            model: crate::model::ModelSource::parse("preset:tiny").unwrap(),
+            device: crate::device::DeviceSpec::parse("sim:h100-80gb:dry").unwrap(),
+            tokens: 32,
+            ..crate::profile::ProfileRequest::default()
+        };
+        let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let report = crate::profile::run(&req, None, cancel).unwrap();
+        assert!(report.device_samples.is_empty() && report.sample_rate_hz.is_none());
+        let mut v = serde_json::to_value(&report).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("device_samples").unwrap();
+        o.remove("sample_rate_hz").unwrap();
+        for f in v["formulas"].as_array_mut().unwrap() {
+            if let Some(verify) = f["verify"].as_object_mut() {
+                verify.remove("cache_releases");
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.json");
+        std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+        let back = read(&path).unwrap();
+        assert!(back.device_samples.is_empty());
+        assert_eq!(back.formulas.len(), report.formulas.len());
+    }
+}

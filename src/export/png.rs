@@ -197,6 +197,27 @@ fn draw_timeline(area: &Area, r: &Report) -> std::result::Result<(), String> {
             .label(s.label())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], col.stroke_width(3)));
     }
+    // A GPU run's NVML readings of this process, each at the event index of its time.
+    if let Some(end) = events
+        .last()
+        .map(|e| e.time_us)
+        .filter(|_| !r.device_samples.is_empty())
+    {
+        let pts: Vec<(f64, f64)> = timeline::reduce_samples(&r.device_samples, 0, end, 900)
+            .iter()
+            .map(|p| {
+                let t = (p[0] * 1e6).round() as u64;
+                let x = events.partition_point(|e| e.time_us < t) as f64;
+                (x, p[1] / GIB as f64)
+            })
+            .collect();
+        let col = c(palette::PROCESS_USED);
+        chart
+            .draw_series(DashedLineSeries::new(pts, 5, 3, col.stroke_width(2)))
+            .map_err(draw_err)?
+            .label(timeline::NVML_LABEL)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], col.stroke_width(2)));
+    }
 
     // Checkpoints t0..t3 and pass starts.
     let mut last_label_x = f64::NEG_INFINITY;
@@ -424,4 +445,39 @@ fn draw_comparison(area: &Area, r: &Report) -> std::result::Result<(), String> {
         y += 20;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::report::DeviceSample;
+
+    fn tiny_dry() -> Report {
+        let req = crate::profile::ProfileRequest {
+            model: crate::model::ModelSource::parse("preset:tiny").unwrap(),
+            device: crate::device::DeviceSpec::parse("sim:h100-80gb:dry").unwrap(),
+            tokens: 64,
+            ..crate::profile::ProfileRequest::default()
+        };
+        let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        crate::profile::run(&req, None, cancel).unwrap()
+    }
+
+    #[test]
+    fn gpu_samples_are_drawn_into_the_timeline() {
+        let plain = tiny_dry();
+        let end = plain.events.last().unwrap().time_us;
+        let mut sampled = plain.clone();
+        sampled.device_samples = (0..=100)
+            .map(|i| DeviceSample {
+                time_us: end * i / 100,
+                device_used: 2 << 30,
+                process_used: (1 << 30) + (i << 20),
+            })
+            .collect();
+        let a = render_png(&plain).unwrap();
+        let b = render_png(&sampled).unwrap();
+        assert!(a.starts_with(b"\x89PNG") && b.starts_with(b"\x89PNG"));
+        assert_ne!(a, b, "the NVML line changes the picture");
+    }
 }

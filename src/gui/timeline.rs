@@ -10,7 +10,7 @@ use super::style::{c32, on_bg};
 use crate::memory::{Category, Event, EventKind};
 use crate::palette;
 use crate::profile::Report;
-use crate::timeline::{first_at, reduce, reduce_by_index, Series};
+use crate::timeline::{first_at, reduce, reduce_by_index, reduce_samples, Series, NVML_LABEL};
 use crate::units::{fmt_i, fmt_u, GIB};
 
 /// The line series, in legend order.
@@ -155,6 +155,12 @@ impl TimelineView {
             self.reset = false;
         }
         let events = input.events;
+        // The GPU's NVML readings of this process, on the time axis only (they have no event
+        // index).
+        let samples = input
+            .report
+            .map(|r| r.device_samples.as_slice())
+            .filter(|s| !s.is_empty() && !by_event);
         let cache = &mut self.cache;
         let stacked = self.stacked;
         let hidden = self.hidden;
@@ -245,6 +251,15 @@ impl TimelineView {
                     Line::new(s.label(), cache.view_lines[i].clone())
                         .color(series_colour(*s, dark))
                         .width(if *s == Series::Allocated { 2.2 } else { 1.6 }),
+                );
+            }
+            if let Some(samples) = samples {
+                let (t0, t1) = ((x0 * 1e6) as u64, (x1 * 1e6).ceil() as u64);
+                pui.line(
+                    Line::new(NVML_LABEL, reduce_samples(samples, t0, t1, width_px))
+                        .color(series_colour(Series::ProcessUsed, dark))
+                        .style(LineStyle::dashed_dense())
+                        .width(1.4),
                 );
             }
             pui.pointer_coordinate().and_then(|p| {

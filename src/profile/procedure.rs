@@ -512,6 +512,7 @@ pub fn run(
     rt.set_pass(0);
     rt.progress(Progress::Phase(Phase::Done));
     let events = rt.take_events();
+    let (device_samples, sample_rate_hz) = rt.device_samples();
     drop(work);
     Ok(Report {
         format: REPORT_FORMAT,
@@ -536,5 +537,7 @@ pub fn run(
         wall_time_s: wall.elapsed().as_secs_f64(),
         event_count: events.len(),
         events,
+        device_samples,
+        sample_rate_hz,
     })
 }

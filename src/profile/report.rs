@@ -103,6 +103,17 @@ pub struct TopLogits {
     pub top: Vec<(u32, f32)>,
 }
 
+/// One reading of the GPU's memory by the NVML sampler thread, on the events' clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceSample {
+    /// Microseconds since the run started (the same clock as `Event::time_us`).
+    pub time_us: u64,
+    /// Device-wide used memory (all processes).
+    pub device_used: u64,
+    /// This process's device memory.
+    pub process_used: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     pub format: u32,
@@ -128,6 +139,13 @@ pub struct Report {
     pub wall_time_s: f64,
     pub event_count: usize,
     pub events: Vec<Event>,
+    /// NVML readings taken during the run on a GPU (none on the simulated device, whose
+    /// bookkeeping is exact in every event).
+    #[serde(default)]
+    pub device_samples: Vec<DeviceSample>,
+    /// Readings per second the sampler reached.
+    #[serde(default)]
+    pub sample_rate_hz: Option<f64>,
 }
 
 impl Report {

@@ -66,6 +66,8 @@ pub struct CudaDevice {
     staging: Option<(u64, u64)>,
     attn_scratch: Option<(u64, u64)>,
     foreign: Vec<Child>,
+    /// The NVML sampler's clock.
+    epoch: Instant,
     /// Per-op GPU timing (`bench --op-times`): an event recorded at every op boundary.
     op_marks: Option<Vec<(String, CudaEvent)>>,
 }
@@ -200,6 +202,7 @@ impl CudaDevice {
             staging: None,
             attn_scratch: None,
             foreign: Vec::new(),
+            epoch,
             op_marks: None,
         };
         dev.sampler.reset_peak(dev.process_used());
@@ -318,6 +321,27 @@ impl CudaDevice {
     /// NVML samples so far (device and process used memory with times) and the rate reached.
     pub fn nvml_samples(&self) -> (Vec<NvmlSample>, f64) {
         (self.sampler.samples(), self.sampler.rate_hz())
+    }
+
+    /// The sampler's readings from `start` on, with times in microseconds since `start`, and
+    /// the rate it reached.
+    pub fn samples_since(
+        &self,
+        start: Instant,
+    ) -> (Vec<crate::profile::report::DeviceSample>, f64) {
+        let offset = start.saturating_duration_since(self.epoch).as_micros() as u64;
+        let samples = self
+            .sampler
+            .samples()
+            .into_iter()
+            .filter(|s| s.time_us >= offset)
+            .map(|s| crate::profile::report::DeviceSample {
+                time_us: s.time_us - offset,
+                device_used: s.device_used,
+                process_used: s.process_used,
+            })
+            .collect();
+        (samples, self.sampler.rate_hz())
     }
 
     /// bitsandbytes' CxB row tile: `col_turing` (8) on Turing and Hopper, `col_ampere` (32)
