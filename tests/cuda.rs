@@ -170,9 +170,16 @@ fn the_gpu_framework_trace_matches_the_dry_run() {
     // The NVML sampler's readings come with the report, on the events' clock; none on the
     // simulated device.
     let end = gpu.events.last().unwrap().time_us;
-    assert!(gpu.device_samples.len() > 10, "{}", gpu.device_samples.len());
+    assert!(
+        gpu.device_samples.len() > 10,
+        "{}",
+        gpu.device_samples.len()
+    );
     assert!(gpu.sample_rate_hz.unwrap() > 100.0);
-    assert!(gpu.device_samples.windows(2).all(|w| w[0].time_us <= w[1].time_us));
+    assert!(gpu
+        .device_samples
+        .windows(2)
+        .all(|w| w[0].time_us <= w[1].time_us));
     assert!(gpu.device_samples.iter().all(|s| s.process_used > 0));
     assert!(gpu.device_samples.first().unwrap().time_us <= end);
     assert!(dry.device_samples.is_empty() && dry.sample_rate_hz.is_none());
