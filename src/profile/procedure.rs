@@ -148,8 +148,8 @@ fn top_logits(values: &[f32], vocab: usize, k: usize) -> Vec<TopLogits> {
 }
 
 /// Allocates the KV cache a budget grants (as vLLM does: one tensor per layer holding
-/// `blocks` blocks), runs one more max-batch pass with this instance capped at floor(T·u) and
-/// reports whether it got through, and its peak.
+/// `blocks` blocks), runs one more max-batch pass and reports whether this instance stayed
+/// inside floor(T·u).
 fn verify(
     rt: &Runtime,
     work: &Workload,
@@ -170,7 +170,6 @@ fn verify(
                 within_budget: false,
                 overrun_bytes: -kv_bytes,
                 oom: false,
-                cache_releases: 0,
                 message: "no memory left for KV cache blocks".into(),
             },
             None,
@@ -184,8 +183,7 @@ fn verify(
     let layers = geometry.num_layers.max(1);
     let per_layer = blocks * geometry.block_bytes() / layers;
     let kv_allocated = per_layer * layers;
-    let retries_before = rt.stats().alloc_retries;
-    let oom_verify = |e: &Error, peak: u64, releases: u64| Verify {
+    let oom_verify = |e: &Error, peak: u64| Verify {
         ran: true,
         kv_allocated_bytes: kv_allocated,
         peak_process_bytes: peak,
@@ -193,47 +191,26 @@ fn verify(
         within_budget: false,
         overrun_bytes: peak as i64 - budget as i64,
         oom: true,
-        cache_releases: releases,
         message: e.to_string(),
     };
-    rt.set_segment_cap(Some(budget));
-    let kv = rt.reserve_bytes(
+    let kv = match rt.reserve_bytes(
         format!("kv-cache[{label}]"),
         Category::KvCache,
         kv_bytes as u64,
-    );
-    let result = match kv {
-        Ok(kv) => {
-            let r = one_pass(rt, work, index, Some(label.to_string()));
-            drop(kv);
-            r
-        }
-        Err(e @ Error::OutOfMemory { .. }) => {
-            rt.set_segment_cap(None);
-            let releases = rt.stats().alloc_retries - retries_before;
-            return Ok((oom_verify(&e, rt.process_peak(), releases), None));
-        }
-        Err(e) => {
-            rt.set_segment_cap(None);
-            return Err(e);
-        }
+    ) {
+        Ok(t) => t,
+        Err(e @ Error::OutOfMemory { .. }) => return Ok((oom_verify(&e, rt.process_peak()), None)),
+        Err(e) => return Err(e),
     };
-    rt.set_segment_cap(None);
+    let result = one_pass(rt, work, index, Some(label.to_string()));
     let peak = rt.process_peak();
-    let releases = rt.stats().alloc_retries - retries_before;
+    drop(kv);
     rt.empty_cache();
     match result {
         Ok((stats, logits)) => {
             drop(logits);
-            // The cap holds framework segments; memory outside the framework during the pass
-            // (a scenario's NCCL stand-in) can still take the peak over.
             let within = peak <= budget;
             let overrun = peak as i64 - budget as i64;
-            let released = if releases > 0 {
-                format!(" after giving cached segments back {releases}×")
-            } else {
-                String::new()
-            };
             Ok((
                 Verify {
                     ran: true,
@@ -243,23 +220,19 @@ fn verify(
                     within_budget: within,
                     overrun_bytes: overrun,
                     oom: false,
-                    cache_releases: releases,
                     message: if within {
-                        format!(
-                            "fits{released}: {} under the budget",
-                            crate::units::fmt_i(-overrun)
-                        )
+                        format!("fits: {} under the budget", crate::units::fmt_i(-overrun))
                     } else {
-                        format!(
-                            "overran the budget by {}{released}",
-                            crate::units::fmt_i(overrun)
-                        )
+                        format!("overran the budget by {}", crate::units::fmt_i(overrun))
                     },
                 },
                 Some(stats),
             ))
         }
-        Err(e @ Error::OutOfMemory { .. }) => Ok((oom_verify(&e, peak, releases), None)),
+        Err(e @ Error::OutOfMemory { .. }) => {
+            rt.empty_cache();
+            Ok((oom_verify(&e, peak), None))
+        }
         Err(e) => Err(e),
     }
 }

@@ -25,9 +25,8 @@ pub struct ModelInfo {
     pub vocab_size: usize,
 }
 
-/// The strongest check of a budget: allocate the KV cache it grants and run one more max-batch
-/// pass inside T·u: no framework segment may take this instance over floor(T·u); as PyTorch's
-/// allocator does under a memory limit, it gives cached segments back and retries first.
+/// The strongest check of a budget: allocate the KV cache it grants, run one more max-batch
+/// pass, and see whether this instance stayed inside T·u.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Verify {
     /// False when the budget grants no KV memory (nothing to allocate).
@@ -42,10 +41,6 @@ pub struct Verify {
     pub overrun_bytes: i64,
     /// The device ran out of memory (allocating the cache or during the pass).
     pub oom: bool,
-    /// How often the allocator had to give its cached segments back to stay inside the budget
-    /// (0 in reports written before this was counted).
-    #[serde(default)]
-    pub cache_releases: u64,
     pub message: String,
 }
 
