@@ -566,6 +566,87 @@ template <int D, int LD, int NT> __device__ __forceinline__ void fa_load(u16* ds
   asm volatile("cp.async.commit_group;");
 }
 
+// Q fragments (mma A operand, m16k16 per 16 head dims) of rows r0 and r1 = r0 + 8 of head h;
+// rows past `len` read as zero.
+template <int D> __device__ __forceinline__ void fa_load_q(unsigned (&qf)[D / 16][4], const u16* q, long long qw, int h,
+                                                          int r0, int r1, int t, int len) {
+  const u16* qa = q + (long long)r0 * qw + h * D + 2 * t;
+  const u16* qc = q + (long long)r1 * qw + h * D + 2 * t;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    qf[kk][0] = r0 < len ? *(const unsigned*)(qa + kk * 16) : 0u;
+    qf[kk][1] = r1 < len ? *(const unsigned*)(qc + kk * 16) : 0u;
+    qf[kk][2] = r0 < len ? *(const unsigned*)(qa + kk * 16 + 8) : 0u;
+    qf[kk][3] = r1 < len ? *(const unsigned*)(qc + kk * 16 + 8) : 0u;
+  }
+}
+
+// One online-softmax step over a key tile's raw scores s (NB groups of 8 keys from k0, the mma
+// accumulator layout of rows r0 and r1): causal and length mask where `edge`, new running
+// maxima m and sums l, the output accumulators rescaled, and the probabilities packed as the
+// next mma's A fragments. Every row has key 0 in its first tile, so the maxima stay finite.
+template <bool BF, int NB, int D> __device__ __forceinline__ void fa_softmax(float (&s)[NB][4], unsigned (&pf)[NB / 2][4], float (&of)[D / 8][4],
+                                                                          float& m0, float& m1, float& l0, float& l1, bool edge,
+                                                                          int k0, int r0, int r1, int t, int len, float scale_log2) {
+  const float NEG = __int_as_float(0xff800000);
+  float mx0 = m0, mx1 = m1;
+#pragma unroll
+  for (int n = 0; n < NB; n++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float x = s[n][e];  // raw score: the scale (> 0) is applied in the exponent
+      if (edge) {
+        int kj = k0 + n * 8 + 2 * t + (e & 1);
+        int qi = e < 2 ? r0 : r1;
+        if (kj > qi || kj >= len) x = NEG;
+      }
+      s[n][e] = x;
+      if (e < 2) mx0 = fmaxf(mx0, x); else mx1 = fmaxf(mx1, x);
+    }
+  }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  const float a0 = ex2((m0 - mx0) * scale_log2), a1 = ex2((m1 - mx1) * scale_log2);
+  m0 = mx0;
+  m1 = mx1;
+  const float c0 = -m0 * scale_log2, c1 = -m1 * scale_log2;
+  l0 *= a0;
+  l1 *= a1;
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) {
+    of[i][0] *= a0; of[i][1] *= a0; of[i][2] *= a1; of[i][3] *= a1;
+  }
+#pragma unroll
+  for (int n = 0; n < NB; n++) {
+    float p0 = ex2(fmaf(s[n][0], scale_log2, c0)), p1 = ex2(fmaf(s[n][1], scale_log2, c0));
+    float p2 = ex2(fmaf(s[n][2], scale_log2, c1)), p3 = ex2(fmaf(s[n][3], scale_log2, c1));
+    l0 += p0 + p1;
+    l1 += p2 + p3;
+    pf[n >> 1][(n & 1) * 2] = pack2<BF>(p0, p1);
+    pf[n >> 1][(n & 1) * 2 + 1] = pack2<BF>(p2, p3);
+  }
+}
+
+// Rows r0 and r1 of the output: the accumulators over the row sums (reduced across the
+// quad), rows past `len` not written.
+template <bool BF, int D> __device__ __forceinline__ void fa_store_o(u16* o, float (&of)[D / 8][4], float l0, float l1, long long qw,
+                                                                  int h, int r0, int r1, int t, int len) {
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float i0 = 1.f / l0, i1 = 1.f / l1;
+  u16* oa = o + (long long)r0 * qw + h * D + 2 * t;
+  u16* oc = o + (long long)r1 * qw + h * D + 2 * t;
+#pragma unroll
+  for (int dn = 0; dn < D / 8; dn++) {
+    if (r0 < len) *(unsigned*)(oa + dn * 8) = pack2<BF>(of[dn][0] * i0, of[dn][1] * i0);
+    if (r1 < len) *(unsigned*)(oc + dn * 8) = pack2<BF>(of[dn][2] * i1, of[dn][3] * i1);
+  }
+}
+
 // WARPS warps of 16 query rows each (a tile of WARPS * 16 queries); LDK: key fragments through
 // ldmatrix (one instruction for two mma operands) instead of 32-bit shared loads.
 template <bool BF, int D, int WARPS, bool LDK> __device__ void flash_attn(const u16* q, const u16* k, const u16* v, u16* o,
@@ -586,17 +667,7 @@ template <bool BF, int D, int WARPS, bool LDK> __device__ void flash_attn(const 
   fa_load<D, LD, WARPS * 32>(vs, vb, kw, 0, len);
 
   unsigned qf[D / 16][4];
-  {
-    const u16* qa = q + (long long)r0 * qw + h * D + 2 * t;
-    const u16* qc = q + (long long)r1 * qw + h * D + 2 * t;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-      qf[kk][0] = r0 < len ? *(const unsigned*)(qa + kk * 16) : 0u;
-      qf[kk][1] = r1 < len ? *(const unsigned*)(qc + kk * 16) : 0u;
-      qf[kk][2] = r0 < len ? *(const unsigned*)(qa + kk * 16 + 8) : 0u;
-      qf[kk][3] = r1 < len ? *(const unsigned*)(qc + kk * 16 + 8) : 0u;
-    }
-  }
+  fa_load_q<D>(qf, q, qw, h, r0, r1, t, len);
   float of[D / 8][4];
 #pragma unroll
   for (int i = 0; i < D / 8; i++) of[i][0] = of[i][1] = of[i][2] = of[i][3] = 0.f;
@@ -644,45 +715,7 @@ template <bool BF, int D, int WARPS, bool LDK> __device__ void flash_attn(const 
 
     const bool edge = k0 + 64 > q0 || k0 + 64 > len;
     if (active) {
-    float mx0 = m0, mx1 = m1;
-#pragma unroll
-    for (int n = 0; n < 8; n++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float x = s[n][e];  // raw score: the scale (> 0) is applied in the exponent
-        if (edge) {
-          int kj = k0 + n * 8 + 2 * t + (e & 1);
-          int qi = e < 2 ? r0 : r1;
-          if (kj > qi || kj >= len) x = NEG;
-        }
-        s[n][e] = x;
-        if (e < 2) mx0 = fmaxf(mx0, x); else mx1 = fmaxf(mx1, x);
-      }
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    // Every row has key 0 in its first tile, so the new maxima are finite.
-    const float a0 = ex2((m0 - mx0) * scale_log2), a1 = ex2((m1 - mx1) * scale_log2);
-    m0 = mx0;
-    m1 = mx1;
-    const float c0 = -m0 * scale_log2, c1 = -m1 * scale_log2;
-    l0 *= a0;
-    l1 *= a1;
-#pragma unroll
-    for (int i = 0; i < D / 8; i++) {
-      of[i][0] *= a0; of[i][1] *= a0; of[i][2] *= a1; of[i][3] *= a1;
-    }
-#pragma unroll
-    for (int n = 0; n < 8; n++) {
-      float p0 = ex2(fmaf(s[n][0], scale_log2, c0)), p1 = ex2(fmaf(s[n][1], scale_log2, c0));
-      float p2 = ex2(fmaf(s[n][2], scale_log2, c1)), p3 = ex2(fmaf(s[n][3], scale_log2, c1));
-      l0 += p0 + p1;
-      l1 += p2 + p3;
-      pf[n >> 1][(n & 1) * 2] = pack2<BF>(p0, p1);
-      pf[n >> 1][(n & 1) * 2 + 1] = pack2<BF>(p2, p3);
-    }
+    fa_softmax<BF, 8, D>(s, pf, of, m0, m1, l0, l1, edge, k0, r0, r1, t, len, scale_log2);
     }
 
     asm volatile("cp.async.wait_group 1;");
@@ -707,18 +740,7 @@ template <bool BF, int D, int WARPS, bool LDK> __device__ void flash_attn(const 
   }
   asm volatile("cp.async.wait_group 0;");
 
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const float i0 = 1.f / l0, i1 = 1.f / l1;
-  u16* oa = o + (long long)r0 * qw + h * D + 2 * t;
-  u16* oc = o + (long long)r1 * qw + h * D + 2 * t;
-#pragma unroll
-  for (int dn = 0; dn < D / 8; dn++) {
-    if (r0 < len) *(unsigned*)(oa + dn * 8) = pack2<BF>(of[dn][0] * i0, of[dn][1] * i0);
-    if (r1 < len) *(unsigned*)(oc + dn * 8) = pack2<BF>(of[dn][2] * i1, of[dn][3] * i1);
-  }
+  fa_store_o<BF, D>(o, of, l0, l1, qw, h, r0, r1, t, len);
 }
 
 #define FA_INST(NAME, D, WARPS, LDK, MINB) \
@@ -740,48 +762,15 @@ FA_INST(flash_attn_d128_w4, 128, 4, false, 1)
 /// Hopper-only fused attention on warpgroup MMA, appended to `FLASH_SOURCE` and compiled for
 /// `compute_90a` on compute capability 9.0.
 pub(crate) const WGMMA_SOURCE: &str = r#"
-__device__ __forceinline__ void wgmma_m64n64k16_f16(float* d, const unsigned* a, unsigned long long desc, int tnsp) {
-  if (tnsp)
-    asm volatile("{ wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-  else
-    asm volatile("{ wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 0; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-
-__device__ __forceinline__ void wgmma_m64n64k16_bf16(float* d, const unsigned* a, unsigned long long desc, int tnsp) {
-  if (tnsp)
-    asm volatile("{ wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-  else
-    asm volatile("{ wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 0; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-
-__device__ __forceinline__ void wgmma_m64n128k16_f16(float* d, const unsigned* a, unsigned long long desc, int tnsp) {
-  if (tnsp)
-    asm volatile("{ wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-  else
-    asm volatile("{ wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 0; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-
-__device__ __forceinline__ void wgmma_m64n128k16_bf16(float* d, const unsigned* a, unsigned long long desc, int tnsp) {
-  if (tnsp)
-    asm volatile("{ wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-  else
-    asm volatile("{ wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 0; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+// wgmma m64n128k16 with A from registers and B through a shared-memory descriptor (f32
+// accumulators d[64]); TNSP reads B transposed (MN-major).
+#define WGMMA_M64N128K16(TY, TNSP) \
+  asm volatile("{ wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, " TNSP "; }" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc))
+template <bool BF, bool TNSP> __device__ __forceinline__ void wgmma_m64n128k16(float* d, const unsigned* a, unsigned long long desc) {
+  if (BF) { if (TNSP) WGMMA_M64N128K16("bf16", "1"); else WGMMA_M64N128K16("bf16", "0"); }
+  else { if (TNSP) WGMMA_M64N128K16("f16", "1"); else WGMMA_M64N128K16("f16", "0"); }
 }
 
 // Hopper (sm_90a) fused causal GQA attention on warpgroup MMA (wgmma). A block of WG
@@ -797,14 +786,6 @@ __device__ __forceinline__ unsigned long long wg_desc(const void* p, unsigned lb
   return ((a & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
          ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32);
 }
-template <bool BF, int BN> __device__ __forceinline__ void wg_s(float* d, const unsigned* a, unsigned long long desc) {
-  if (BN == 64) { if (BF) wgmma_m64n64k16_bf16(d, a, desc, 0); else wgmma_m64n64k16_f16(d, a, desc, 0); }
-  else { if (BF) wgmma_m64n128k16_bf16(d, a, desc, 0); else wgmma_m64n128k16_f16(d, a, desc, 0); }
-}
-template <bool BF, int D> __device__ __forceinline__ void wg_o(float* d, const unsigned* a, unsigned long long desc) {
-  if (D == 64) { if (BF) wgmma_m64n64k16_bf16(d, a, desc, 1); else wgmma_m64n64k16_f16(d, a, desc, 1); }
-  else { if (BF) wgmma_m64n128k16_bf16(d, a, desc, 1); else wgmma_m64n128k16_f16(d, a, desc, 1); }
-}
 template <int N> __device__ __forceinline__ void wg_keep(float* d) {
 #pragma unroll
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
@@ -814,6 +795,7 @@ template <bool BF, int D, int WG, int BN> __device__ void flash_attn_wg(const u1
                                                     int len, int heads, int kvh, float scale_log2) {
   constexpr int NT = WG * 128;
   constexpr int TILE = BN * D;  // halves per K or V tile
+  static_assert(BN == 128 && D == 128, "both GEMMs are wgmma m64n128k16");
   extern __shared__ __align__(128) u16 smem[];
   const int h = blockIdx.x;
   const int tile = gridDim.y - 1 - blockIdx.y;  // the longest (diagonal-most) tiles first
@@ -848,17 +830,7 @@ template <bool BF, int D, int WG, int BN> __device__ void flash_attn_wg(const u1
   load(0, 0);
 
   unsigned qf[D / 16][4];
-  {
-    const u16* qa = q + (long long)r0 * qw + h * D + 2 * t;
-    const u16* qc = q + (long long)r1 * qw + h * D + 2 * t;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-      qf[kk][0] = r0 < len ? *(const unsigned*)(qa + kk * 16) : 0u;
-      qf[kk][1] = r1 < len ? *(const unsigned*)(qc + kk * 16) : 0u;
-      qf[kk][2] = r0 < len ? *(const unsigned*)(qa + kk * 16 + 8) : 0u;
-      qf[kk][3] = r1 < len ? *(const unsigned*)(qc + kk * 16 + 8) : 0u;
-    }
-  }
+  fa_load_q<D>(qf, q, qw, h, r0, r1, t, len);
   float of[D / 8][4];
 #pragma unroll
   for (int i = 0; i < D / 8; i++) of[i][0] = of[i][1] = of[i][2] = of[i][3] = 0.f;
@@ -884,80 +856,26 @@ template <bool BF, int D, int WG, int BN> __device__ void flash_attn_wg(const u1
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)  // K-major B: LBO = next 8 dims, SBO = next 8 keys
-      wg_s<BF, BN>(&s[0][0], qf[kk], wg_desc(ks + kk * 128, 128, D * 16));
+      wgmma_m64n128k16<BF, false>(&s[0][0], qf[kk], wg_desc(ks + kk * 128, 128, D * 16));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     wg_keep<BN / 2>(&s[0][0]);
 
     const bool edge = k0 + BN > wq + warp * 16 || k0 + BN > len;
-    float mx0 = m0, mx1 = m1;
-#pragma unroll
-    for (int n = 0; n < BN / 8; n++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float x = s[n][e];  // raw score: the scale (> 0) is applied in the exponent
-        if (edge) {
-          int kj = k0 + n * 8 + 2 * t + (e & 1);
-          int qi = e < 2 ? r0 : r1;
-          if (kj > qi || kj >= len) x = NEG;
-        }
-        s[n][e] = x;
-        if (e < 2) mx0 = fmaxf(mx0, x); else mx1 = fmaxf(mx1, x);
-      }
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    // Rows that see no key yet (above the diagonal of this warpgroup's first tile, or past
-    // `len`) keep finite maxima; their probabilities are 0.
-    if (mx0 == NEG) mx0 = 0.f;
-    if (mx1 == NEG) mx1 = 0.f;
-    const float a0 = ex2((m0 - mx0) * scale_log2), a1 = ex2((m1 - mx1) * scale_log2);
-    m0 = mx0;
-    m1 = mx1;
-    const float c0 = -m0 * scale_log2, c1 = -m1 * scale_log2;
-    l0 *= a0;
-    l1 *= a1;
-    // (Skipping this while the maxima hold, behind a warp vote, cost 24 ms of the 8B pass:
-    // docs/gpu-runs.md run 13.)
-#pragma unroll
-    for (int i = 0; i < D / 8; i++) {
-      of[i][0] *= a0; of[i][1] *= a0; of[i][2] *= a1; of[i][3] *= a1;
-    }
     unsigned pf[BN / 16][4];
-#pragma unroll
-    for (int n = 0; n < BN / 8; n++) {
-      float p0 = ex2(fmaf(s[n][0], scale_log2, c0)), p1 = ex2(fmaf(s[n][1], scale_log2, c0));
-      float p2 = ex2(fmaf(s[n][2], scale_log2, c1)), p3 = ex2(fmaf(s[n][3], scale_log2, c1));
-      l0 += p0 + p1;
-      l1 += p2 + p3;
-      pf[n >> 1][(n & 1) * 2] = pack2<BF>(p0, p1);
-      pf[n >> 1][(n & 1) * 2 + 1] = pack2<BF>(p2, p3);
-    }
+    fa_softmax<BF, BN / 8, D>(s, pf, of, m0, m1, l0, l1, edge, k0, r0, r1, t, len, scale_log2);
     wg_keep<D / 2>(&of[0][0]);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++)  // MN-major B (V read transposed): LBO = next 8 keys, SBO = next 8 dims
-      wg_o<BF, D>(&of[0][0], pf[kk], wg_desc(vs + kk * 2 * D * 8, D * 16, 128));
+      wgmma_m64n128k16<BF, true>(&of[0][0], pf[kk], wg_desc(vs + kk * 2 * D * 8, D * 16, 128));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     wg_keep<D / 2>(&of[0][0]);
   }
   asm volatile("cp.async.wait_group 0;");
 
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const float i0 = 1.f / l0, i1 = 1.f / l1;
-  u16* oa = o + (long long)r0 * qw + h * D + 2 * t;
-  u16* oc = o + (long long)r1 * qw + h * D + 2 * t;
-#pragma unroll
-  for (int dn = 0; dn < D / 8; dn++) {
-    if (r0 < len) *(unsigned*)(oa + dn * 8) = pack2<BF>(of[dn][0] * i0, of[dn][1] * i0);
-    if (r1 < len) *(unsigned*)(oc + dn * 8) = pack2<BF>(of[dn][2] * i1, of[dn][3] * i1);
-  }
+  fa_store_o<BF, D>(o, of, l0, l1, qw, h, r0, r1, t, len);
 }
 
 #define FA_WG_INST(NAME, D, WG, BN, MINB) \
