@@ -64,6 +64,30 @@ fn frame(
     ctx.tessellate(out.shapes, out.pixels_per_point).len()
 }
 
+/// Alternately zooms in and out around `centre` by 25 %, one step per frame.
+fn zoom_every_frame(
+    c: &mut Criterion,
+    name: &str,
+    ctx: &egui::Context,
+    view: &mut TimelineView,
+    report: &Report,
+    centre: egui::Pos2,
+) {
+    let mut zoom_in = true;
+    c.bench_function(name, |b| {
+        b.iter(|| {
+            let f = if zoom_in { 1.25 } else { 0.8 };
+            zoom_in = !zoom_in;
+            frame(
+                ctx,
+                view,
+                report,
+                vec![egui::Event::PointerMoved(centre), egui::Event::Zoom(f)],
+            )
+        })
+    });
+}
+
 fn bench(c: &mut Criterion) {
     let report = million_event_report();
     eprintln!("report: {} events", report.events.len());
@@ -81,19 +105,14 @@ fn bench(c: &mut Criterion) {
     });
 
     let centre = egui::pos2(SIZE.x / 2.0, SIZE.y / 2.0);
-    let mut zoom_in = true;
-    c.bench_function("timeline_frame_1M_events_zoom_every_frame", |b| {
-        b.iter(|| {
-            let f = if zoom_in { 1.25 } else { 0.8 };
-            zoom_in = !zoom_in;
-            frame(
-                &ctx,
-                &mut view,
-                &report,
-                vec![egui::Event::PointerMoved(centre), egui::Event::Zoom(f)],
-            )
-        })
-    });
+    zoom_every_frame(
+        c,
+        "timeline_frame_1M_events_zoom_every_frame",
+        &ctx,
+        &mut view,
+        &report,
+        centre,
+    );
 
     // Deep zoom (~1/20 of the run in view): the visible events are reduced again every frame.
     for _ in 0..14 {
@@ -104,19 +123,14 @@ fn bench(c: &mut Criterion) {
             vec![egui::Event::PointerMoved(centre), egui::Event::Zoom(1.25)],
         );
     }
-    let mut zoom_in = true;
-    c.bench_function("timeline_frame_1M_events_deep_zoom_every_frame", |b| {
-        b.iter(|| {
-            let f = if zoom_in { 1.25 } else { 0.8 };
-            zoom_in = !zoom_in;
-            frame(
-                &ctx,
-                &mut view,
-                &report,
-                vec![egui::Event::PointerMoved(centre), egui::Event::Zoom(f)],
-            )
-        })
-    });
+    zoom_every_frame(
+        c,
+        "timeline_frame_1M_events_deep_zoom_every_frame",
+        &ctx,
+        &mut view,
+        &report,
+        centre,
+    );
 
     let mut stacked = TimelineView::default();
     stacked.stacked = true;

@@ -88,7 +88,7 @@ attn)
   if [ -x "$G/cuda-tests" ]; then run "$G/cuda-tests" --ignored --test-threads 1; fi
   L="--model preset:llama-3-8b --fast-weights --device cuda:0 --tokens 8192 --iters 3"
   run env VRAMSCOPE_ATTN=blas "$B" bench $L --quant fp16 --json /tmp/blas-fp16.json
-  for v in ${FLASH_VARIANTS:-m2 m2w8 w8l}; do
+  for v in ${FLASH_VARIANTS:-wg w8l w4}; do
     run env VRAMSCOPE_FLASH=$v "$B" bench $L --quant fp16 --compare /tmp/blas-fp16.json
   done
   run "$B" bench $L --quant fp16 --compare /tmp/blas-fp16.json --op-times

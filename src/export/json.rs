@@ -38,14 +38,7 @@ mod tests {
 
     #[test]
     fn a_session_written_before_gpu_samples_were_kept_still_opens() {
-        let req = crate::profile::ProfileRequest {
-            model: crate::model::ModelSource::parse("preset:tiny").unwrap(),
-            device: crate::device::DeviceSpec::parse("sim:h100-80gb:dry").unwrap(),
-            tokens: 32,
-            ..crate::profile::ProfileRequest::default()
-        };
-        let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let report = crate::profile::run(&req, None, cancel).unwrap();
+        let report = crate::profile::tiny_dry_report(32);
         assert!(report.device_samples.is_empty() && report.sample_rate_hz.is_none());
         let mut v = serde_json::to_value(&report).unwrap();
         let o = v.as_object_mut().unwrap();

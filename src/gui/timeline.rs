@@ -9,6 +9,7 @@ use egui_plot::{Legend, Line, LineStyle, Plot, PlotPoint, Span, Text, VLine};
 use super::style::{c32, on_bg};
 use crate::memory::{Category, Event, EventKind};
 use crate::palette;
+use crate::profile::report::DeviceSample;
 use crate::profile::Report;
 use crate::timeline::{first_at, reduce, reduce_by_index, reduce_samples, Series, NVML_LABEL};
 use crate::units::{fmt_i, fmt_u, GIB};
@@ -68,9 +69,24 @@ struct Cache {
     markers: Vec<(u64, String)>,
     /// Full-range reductions per `LEVELS` entry; [time axis, event axis].
     levels: [Vec<Option<SeriesPoints>>; 2],
-    view_key: Option<(u64, usize, bool, u64, u64, usize, bool)>,
+    view_key: Option<ViewKey>,
     view_lines: Vec<Vec<[f64; 2]>>,
+    /// The GPU's NVML readings reduced to the view (time axis only).
+    view_samples: Vec<[f64; 2]>,
     view_stack: Vec<Vec<[f64; 2]>>,
+}
+
+/// What a view's reductions were made from: when it changes, they are made again.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct ViewKey {
+    generation: u64,
+    events: usize,
+    samples: usize,
+    by_event: bool,
+    x0: f64,
+    x1: f64,
+    width_px: usize,
+    stacked: bool,
 }
 
 /// Reduced points of each of `SERIES`.
@@ -159,8 +175,7 @@ impl TimelineView {
         // index).
         let samples = input
             .report
-            .map(|r| r.device_samples.as_slice())
-            .filter(|s| !s.is_empty() && !by_event);
+            .map_or(&[][..], |r| r.device_samples.as_slice());
         let cache = &mut self.cache;
         let stacked = self.stacked;
         let hidden = self.hidden;
@@ -172,7 +187,7 @@ impl TimelineView {
             } else {
                 (b.min()[0].max(0.0), b.max()[0].max(0.0))
             };
-            cache.update_view(events, by_event, x0, x1, width_px, stacked);
+            cache.update_view(events, samples, by_event, x0, x1, width_px, stacked);
             // Where a time lands on the x axis.
             let xt = |t_us: u64| {
                 if by_event {
@@ -253,10 +268,9 @@ impl TimelineView {
                         .width(if *s == Series::Allocated { 2.2 } else { 1.6 }),
                 );
             }
-            if let Some(samples) = samples {
-                let (t0, t1) = ((x0 * 1e6) as u64, (x1 * 1e6).ceil() as u64);
+            if !cache.view_samples.is_empty() {
                 pui.line(
-                    Line::new(NVML_LABEL, reduce_samples(samples, t0, t1, width_px))
+                    Line::new(NVML_LABEL, cache.view_samples.clone())
                         .color(series_colour(Series::ProcessUsed, dark))
                         .style(LineStyle::dashed_dense())
                         .width(1.4),
@@ -305,24 +319,27 @@ impl TimelineView {
 }
 
 impl Cache {
+    #[allow(clippy::too_many_arguments)]
     fn update_view(
         &mut self,
         events: &[Event],
+        samples: &[DeviceSample],
         by_event: bool,
         x0: f64,
         x1: f64,
         width_px: usize,
         stacked: bool,
     ) {
-        let key = (
-            self.generation,
-            self.len,
+        let key = ViewKey {
+            generation: self.generation,
+            events: self.len,
+            samples: samples.len(),
             by_event,
-            x0.to_bits(),
-            x1.to_bits(),
+            x0,
+            x1,
             width_px,
             stacked,
-        );
+        };
         if self.view_key == Some(key) {
             return;
         }
@@ -383,6 +400,11 @@ impl Cache {
             stack_by_category(events, i0, i1, width_px, by_event)
         } else {
             Vec::new()
+        };
+        self.view_samples = if by_event {
+            Vec::new()
+        } else {
+            reduce_samples(samples, t0, t1.max(t0 + 1), width_px)
         };
     }
 }
@@ -772,7 +794,7 @@ mod view_tests {
         };
         let range = |view: &TimelineView| {
             let k = view.cache.view_key.expect("a view was reduced");
-            f64::from_bits(k.4) - f64::from_bits(k.3)
+            k.x1 - k.x0
         };
         let centre = egui::pos2(500.0, 350.0);
         frame(&mut view, vec![egui::Event::PointerMoved(centre)]);

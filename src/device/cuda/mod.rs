@@ -68,6 +68,10 @@ pub struct CudaDevice {
     foreign: Vec<Child>,
     /// The NVML sampler's clock.
     epoch: Instant,
+    /// `VRAMSCOPE_FLASH` when the device opened: a fused attention variant, for measurements.
+    flash_variant: String,
+    /// `VRAMSCOPE_ATTN=blas`: the cuBLAS attention instead of the fused kernels.
+    attention_blas: bool,
     /// Per-op GPU timing (`bench --op-times`): an event recorded at every op boundary.
     op_marks: Option<Vec<(String, CudaEvent)>>,
 }
@@ -203,6 +207,8 @@ impl CudaDevice {
             attn_scratch: None,
             foreign: Vec::new(),
             epoch,
+            flash_variant: flash_variant_from_env(),
+            attention_blas: std::env::var("VRAMSCOPE_ATTN").is_ok_and(|v| v == "blas"),
             op_marks: None,
         };
         dev.sampler.reset_peak(dev.process_used());
@@ -722,13 +728,12 @@ impl CudaDevice {
     ) -> Result<()> {
         let dt = self.half(q)?;
         let hd = cfg.head_dim;
-        let variant = std::env::var("VRAMSCOPE_FLASH").unwrap_or_default();
-        let kernel = flash_kernel(hd, &variant, |n| {
+        let kernel = flash_kernel(hd, &self.flash_variant, |n| {
             self.funcs.contains_key(&format!("{n}_f16"))
         });
         let fused = cfg.num_kv_heads > 0
             && cfg.num_heads.is_multiple_of(cfg.num_kv_heads)
-            && std::env::var("VRAMSCOPE_ATTN").map_or(true, |v| v != "blas");
+            && !self.attention_blas;
         let Some(kern) = kernel.filter(|_| fused) else {
             return self.attention_blas(q, k, v, seq_lens, cfg, out);
         };
@@ -1313,6 +1318,21 @@ fn flash_kernel(
             .copied()
     };
     pick(variant).or_else(|| kernels::FLASH_DEFAULTS.iter().find_map(|v| pick(v)))
+}
+
+/// `VRAMSCOPE_FLASH`, read once per device. A name no kernel carries would silently measure
+/// the default, so it is said on stderr (and the default runs).
+fn flash_variant_from_env() -> String {
+    let v = std::env::var("VRAMSCOPE_FLASH").unwrap_or_default();
+    if !v.is_empty() && !kernels::FLASH.iter().any(|k| k.variant == v) {
+        let mut known: Vec<&str> = kernels::FLASH.iter().map(|k| k.variant).collect();
+        known.dedup();
+        eprintln!(
+            "vramscope: VRAMSCOPE_FLASH={v} names no fused attention kernel (known: {}); the default runs",
+            known.join(", ")
+        );
+    }
+    v
 }
 
 /// One GEMM's operands (row-major view), see `CudaDevice::gemm`.
