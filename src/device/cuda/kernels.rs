@@ -518,8 +518,8 @@ pub(crate) const FLASH_HEAD_DIMS: &[usize] = &[32, 64, 128];
 pub(crate) const FLASH_SOURCE: &str = r#"
 typedef unsigned short u16;
 
-// FlashAttention-2 style causal GQA attention. One block of 4 warps per (head, 64-query tile);
-// each warp owns 16 query rows. Key/value tiles of 64 rows stream through shared memory with
+// FlashAttention-2 style causal GQA attention. One block of WARPS warps per (head, WARPS * 16
+// query tile); each warp owns 16 query rows. Key/value tiles of 64 rows stream through shared memory with
 // cp.async; S = Q·Kᵀ and O += P·V run on tensor cores (mma.sync m16n8k16, f32 accumulators);
 // the softmax is online (running max and sum per row in registers), so no score ever reaches
 // global memory. Rows are [tokens, heads * D] (q, o) and [tokens, kv_heads * D] (k, v), the
