@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::device::{Backend, Device, MemInfo, OutsideAlloc};
 use crate::error::{Error, Result};
-use crate::memory::allocator::{AllocatorAction, LoggedAction};
+use crate::memory::allocator::{AllocatorAction, LoggedAction, SegmentHandle, SegmentSource};
 use crate::memory::{AllocatorStats, BlockRef, CachingAllocator, Category, Event, EventKind};
 use crate::progress::{Progress, ProgressSink};
 use crate::tensor::{DType, Storage, Tensor};
@@ -53,6 +53,31 @@ struct Inner {
     workspaces_taken: bool,
     device_used: u64,
     process_used: u64,
+    /// While set, no new segment may take this process's device memory over it.
+    segment_cap: Option<u64>,
+}
+
+/// The device as the allocator's segment source, refusing a segment that would take this
+/// process over `cap` bytes of device memory. The allocator then gives its wholly free cached
+/// segments back and retries once, as PyTorch's caching allocator does under a memory limit.
+struct Capped<'a> {
+    device: &'a mut Device,
+    cap: Option<u64>,
+}
+
+impl SegmentSource for Capped<'_> {
+    fn map_segment(&mut self, bytes: u64) -> Option<SegmentHandle> {
+        if let Some(cap) = self.cap {
+            if self.device.process_used().saturating_add(bytes) > cap {
+                return None;
+            }
+        }
+        self.device.map_segment(bytes)
+    }
+
+    fn unmap_segment(&mut self, handle: SegmentHandle) {
+        self.device.unmap_segment(handle)
+    }
 }
 
 /// Device and allocator numbers at one moment.
@@ -90,6 +115,7 @@ impl Runtime {
             workspaces_taken: false,
             device_used: mem.total - mem.free,
             process_used,
+            segment_cap: None,
         })))
     }
 
@@ -137,6 +163,12 @@ impl Runtime {
             }
             None => (Vec::new(), None),
         }
+    }
+
+    /// Caps this process's device memory for new framework segments (`None`: the device's
+    /// own limit only). A verify pass runs "inside T·u" this way.
+    pub fn set_segment_cap(&self, cap: Option<u64>) {
+        self.0.borrow_mut().segment_cap = cap;
     }
 
     pub fn set_pass(&self, pass: u32) {
@@ -219,7 +251,11 @@ impl Runtime {
         let block = {
             let mut i = self.0.borrow_mut();
             let inner = &mut *i;
-            let result = inner.alloc.allocate(bytes, &mut inner.device);
+            let mut source = Capped {
+                device: &mut inner.device,
+                cap: inner.segment_cap,
+            };
+            let result = inner.alloc.allocate(bytes, &mut source);
             inner.record_actions(&name, category);
             match result {
                 Ok(b) => b,

@@ -70,6 +70,7 @@ pub fn summary_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Error
         "verify_within_budget",
         "verify_overrun_bytes",
         "verify_oom",
+        "verify_cache_releases",
         "simulated",
     ])?;
     let sim = report.device.simulated.to_string();
@@ -90,6 +91,7 @@ pub fn summary_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Error
             v.map(|v| v.within_budget.to_string()).unwrap_or_default(),
             v.map(|v| v.overrun_bytes.to_string()).unwrap_or_default(),
             v.map(|v| v.oom.to_string()).unwrap_or_default(),
+            v.map(|v| v.cache_releases.to_string()).unwrap_or_default(),
             sim.clone(),
         ])?;
     }
@@ -110,6 +112,7 @@ pub fn summary_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Error
         v.map(|v| v.within_budget.to_string()).unwrap_or_default(),
         v.map(|v| v.overrun_bytes.to_string()).unwrap_or_default(),
         v.map(|v| v.oom.to_string()).unwrap_or_default(),
+        v.map(|v| v.cache_releases.to_string()).unwrap_or_default(),
         sim,
     ])?;
     w.into_inner().map_err(|e| e.into_error().into())

@@ -25,22 +25,33 @@ pub struct ModelInfo {
     pub vocab_size: usize,
 }
 
-/// The strongest check of a budget: allocate the KV cache it grants, run one more max-batch
-/// pass, and see whether this instance stayed inside T·u.
+/// The strongest check of a budget: allocate the KV cache it grants and run one more max-batch
+/// pass inside T·u: no framework segment may take this instance over floor(T·u) (plus the KV
+/// tensor's allocator padding); as PyTorch's allocator does under a memory limit, it gives
+/// cached segments back and retries first.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Verify {
     /// False when the budget grants no KV memory (nothing to allocate).
     pub ran: bool,
+    /// The KV cache granted: whole blocks × block bytes.
     pub kv_allocated_bytes: u64,
+    /// Allocator rounding of the KV tensor up to whole 2 MiB segment units (under 2 MiB); it
+    /// is not KV cache and is not charged to the budget (0 in reports written before).
+    #[serde(default)]
+    pub kv_padding_bytes: u64,
     /// This instance's peak device memory during the verify pass.
     pub peak_process_bytes: u64,
     /// floor(T·u).
     pub budget_bytes: u64,
     pub within_budget: bool,
-    /// peak − budget: positive = missed by that much.
+    /// peak − KV padding − budget: positive = missed by that much.
     pub overrun_bytes: i64,
     /// The device ran out of memory (allocating the cache or during the pass).
     pub oom: bool,
+    /// How often the allocator had to give its cached segments back to stay inside the budget
+    /// (0 in reports written before this was counted).
+    #[serde(default)]
+    pub cache_releases: u64,
     pub message: String,
 }
 
