@@ -62,6 +62,9 @@ profile)
   run nvidia-smi --query-gpu=memory.used,memory.free --format=csv
   run "$B" profile --model preset:llama-3-8b --quant int8 --device sim:h200-141gb:dry --tokens 8192 --json "$O/dry-int8.json"
   run "$B" profile --model preset:llama-3-8b --quant int8 --device cuda:0 --tokens 8192 --json "$O/profile-int8.json"
+  for q in fp16 nf4; do
+    run "$B" profile --model preset:llama-3-8b --quant $q --device cuda:0 --tokens 8192 --json "$O/profile-$q.json"
+  done
   ;;
 speed-ab)
   # What the fp16 pass time depends on: the attention buffer bound and the NVML sampler.
