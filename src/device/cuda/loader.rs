@@ -184,6 +184,21 @@ pub(crate) fn ensure_loaded() -> Result<Found, String> {
     .clone()
 }
 
+/// Only the CUDA driver (for numbering GPUs as `cuda:N` opens them, without a context).
+pub(crate) fn ensure_driver() -> Result<(), String> {
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        load(&DRIVER, &search_dirs())?;
+        // SAFETY: this only tries dlopen by name.
+        if unsafe { cudarc::driver::sys::is_culib_present() } {
+            Ok(())
+        } else {
+            Err("the CUDA driver library was preloaded but cudarc cannot open it by name; add its folder to LD_LIBRARY_PATH".into())
+        }
+    })
+    .clone()
+}
+
 /// Only NVML (for listing devices without creating a CUDA context).
 pub(crate) fn ensure_nvml() -> Result<PathBuf, String> {
     static DONE: OnceLock<Result<PathBuf, String>> = OnceLock::new();

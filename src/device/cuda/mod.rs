@@ -98,19 +98,38 @@ pub fn detect() -> Result<Vec<DeviceListing>> {
     if count == 0 {
         return Err(dev_err(0, "NVML found no GPU"));
     }
+    // `cuda:N` is the CUDA driver's ordinal N (CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER
+    // apply); NVML numbers every GPU by PCI order. Match them by UUID, as `open` does.
+    let ordinals = cuda_ordinals_to_nvml(&nv);
+    let (pairs, note) = match ordinals {
+        Ok(pairs) => (pairs, String::new()),
+        Err(why) => (
+            (0..count).map(|i| (i as usize, i)).collect(),
+            format!("; numbered by NVML, not by the CUDA driver ({why})"),
+        ),
+    };
+    if pairs.is_empty() {
+        let visible = std::env::var("CUDA_VISIBLE_DEVICES")
+            .map(|v| format!(" (CUDA_VISIBLE_DEVICES is \"{v}\")"))
+            .unwrap_or_default();
+        return Err(dev_err(
+            0,
+            format!("NVML sees {count} GPU(s) but the CUDA driver sees none{visible}"),
+        ));
+    }
     let mut out = Vec::new();
-    for i in 0..count {
+    for (ordinal, index) in pairs {
         let d = nv
-            .device_by_index(i)
-            .map_err(|e| dev_err(i as usize, format!("NVML: {e}")))?;
+            .device_by_index(index)
+            .map_err(|e| dev_err(ordinal, format!("NVML: {e}")))?;
         let name = d.name().unwrap_or_else(|_| "NVIDIA GPU".into());
         let mem = d
             .memory_info()
-            .map_err(|e| dev_err(i as usize, format!("NVML memory info: {e}")))?;
+            .map_err(|e| dev_err(ordinal, format!("NVML memory info: {e}")))?;
         out.push(DeviceListing {
-            spec: format!("cuda:{i}"),
+            spec: format!("cuda:{ordinal}"),
             name: format!(
-                "{name} (driver {driver}, {} used)",
+                "{name} (driver {driver}, {} used{note})",
                 crate::units::fmt_u(mem.used)
             ),
             total_bytes: mem.total,
@@ -118,6 +137,24 @@ pub fn detect() -> Result<Vec<DeviceListing>> {
         });
     }
     Ok(out)
+}
+
+/// (CUDA ordinal, NVML index) of every GPU the CUDA driver sees.
+fn cuda_ordinals_to_nvml(
+    nv: &nvml_wrapper::Nvml,
+) -> std::result::Result<Vec<(usize, u32)>, String> {
+    loader::ensure_driver()?;
+    let d = |e: DriverError| format!("CUDA driver: {e}");
+    drv::init().map_err(d)?;
+    let count = drv::device::get_count().map_err(d)?;
+    (0..count.max(0))
+        .map(|ordinal| {
+            let dev = drv::device::get(ordinal).map_err(d)?;
+            let uuid = drv::device::get_uuid(dev).map_err(d)?;
+            let uuid: [u8; 16] = uuid.bytes.map(|b| b as u8);
+            Ok((ordinal as usize, nvml::index_of(nv, &uuid)?))
+        })
+        .collect()
 }
 
 /// The hidden `hold-gpu-memory` subcommand: allocates `bytes` on the GPU in this (child)
