@@ -204,13 +204,16 @@ fn table(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
                 shown.iter().map(|f| fmt_i(f.error_bytes)).collect(),
                 "".into(),
             );
-            ui.label("verify");
-            for f in shown {
-                let c = verify_colour(&f.verify, ui);
-                ui.label(RichText::new(verify_text(&f.verify)).color(c).monospace());
+            ui.label("verify")
+                .on_hover_text("KV cache the budget grants + one more max-batch pass, inside T·u");
+            for v in shown.iter().map(|f| &f.verify).chain([&t.verify]) {
+                let c = verify_colour(v, ui);
+                let cell = ui.label(RichText::new(verify_text(v)).color(c).monospace());
+                // The whole story (where it ran out of memory, cache given back) on hover.
+                if let Some(v) = v {
+                    cell.on_hover_text(&v.message);
+                }
             }
-            let c = verify_colour(&t.verify, ui);
-            ui.label(RichText::new(verify_text(&t.verify)).color(c).monospace());
             ui.end_row();
         });
 }
