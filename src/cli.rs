@@ -356,12 +356,8 @@ pub fn summary_text(r: &Report) -> String {
         "{:<34} {:>12} {:>12} {:>12} {:>12} {:>9} {:>12}  verify",
         "formula", "torch peak", "non-torch", "non-KV", "KV budget", "blocks", "error"
     );
-    let verify_text = |v: &Option<profile::report::Verify>| match v {
-        None => "-".to_string(),
-        Some(v) if !v.ran => "no KV memory".to_string(),
-        Some(v) if v.oom => "OOM".to_string(),
-        Some(v) if v.within_budget => format!("ok ({} spare)", fmt_i(-v.overrun_bytes)),
-        Some(v) => format!("OVER by {}", fmt_i(v.overrun_bytes)),
+    let verify_text = |v: &Option<profile::report::Verify>| {
+        v.as_ref().map_or_else(|| "-".to_string(), |v| v.short())
     };
     for f in &r.formulas {
         let _ = writeln!(

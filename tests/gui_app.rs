@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use egui::accesskit::Role;
 use egui_kittest::kittest::{NodeT, Queryable};
 use egui_kittest::Harness;
-use vramscope::gui::{verify_text, BannerKind, VramscopeApp};
+use vramscope::gui::{verify_cell, BannerKind, VramscopeApp};
 use vramscope::profile::formulas::FormulaId;
 use vramscope::units::fmt_i;
 use vramscope::{ProfileRequest, Report};
@@ -95,7 +95,7 @@ fn profile_shows_the_reports_numbers_for_the_chosen_preset_and_quant() {
             fmt_i(shown.error_bytes),
             shown.kv_blocks.to_string(),
             format!("{:.2}x", shown.max_concurrency),
-            verify_text(&shown.verify),
+            verify_cell(&shown.verify),
         ] {
             assert!(shows(&h, &text), "{id:?}: '{text}' is not on screen");
         }

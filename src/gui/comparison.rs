@@ -18,14 +18,16 @@ pub struct ComparisonView {
     pub show_other_formulas: bool,
 }
 
-/// The verify column's text, as the CLI prints it.
-pub fn verify_text(v: &Option<Verify>) -> String {
+/// The verify cell in the app: the CLI's words, on two lines when they are long, so three
+/// columns fit the panel.
+pub fn verify_cell(v: &Option<Verify>) -> String {
     match v {
         None => "not run".to_string(),
-        Some(v) if !v.ran => "no KV memory".to_string(),
-        Some(v) if v.oom => "OOM".to_string(),
-        Some(v) if v.within_budget => format!("ok ({} spare)", fmt_i(-v.overrun_bytes)),
-        Some(v) => format!("OVER by {}", fmt_i(v.overrun_bytes)),
+        Some(v) if v.ran && !v.oom && v.within_budget => {
+            format!("ok\n{} spare", fmt_i(-v.overrun_bytes))
+        }
+        Some(v) if v.ran && !v.oom => format!("OVER by\n{}", fmt_i(v.overrun_bytes)),
+        Some(v) => v.short(),
     }
 }
 
@@ -208,7 +210,7 @@ fn table(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
                 .on_hover_text("KV cache the budget grants + one more max-batch pass, inside T·u");
             for v in shown.iter().map(|f| &f.verify).chain([&t.verify]) {
                 let c = verify_colour(v, ui);
-                let cell = ui.label(RichText::new(verify_text(v)).color(c).monospace());
+                let cell = ui.label(RichText::new(verify_cell(v)).color(c).monospace());
                 // The whole story (where it ran out of memory, cache given back) on hover.
                 if let Some(v) = v {
                     cell.on_hover_text(&v.message);

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 pub use app::{Banner, BannerKind, VramscopeApp};
-pub use comparison::verify_text;
+pub use comparison::verify_cell;
 pub use setup::{ModelKind, SetupForm};
 pub use timeline::{TimelineInput, TimelineView};
 

@@ -308,22 +308,45 @@ impl SetupForm {
     }
 }
 
-fn first_line(s: &str) -> &str {
+/// The first line of a message, cut at a word boundary near 120 characters with "…" (the
+/// whole message is on hover).
+fn first_line(s: &str) -> String {
+    const MAX: usize = 120;
     let l = s.lines().next().unwrap_or(s);
-    if l.len() > 160 {
-        let mut end = 160;
-        while !l.is_char_boundary(end) {
-            end -= 1;
-        }
-        &l[..end]
-    } else {
-        l
+    if l.len() <= MAX {
+        return l.to_string();
     }
+    let mut end = MAX;
+    while !l.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = l[..end].rfind(' ').unwrap_or(end);
+    format!(
+        "{}… (hover for more)",
+        l[..cut].trim_end_matches([',', ':', ';'])
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_reason_is_cut_at_a_word_and_says_there_is_more() {
+        assert_eq!(first_line("no driver\nsecond line"), "no driver");
+        let long = format!(
+            "NVML library not found: no libnvidia-ml.so.1 in {}",
+            "/usr/lib64, ".repeat(20)
+        );
+        let short = first_line(&long);
+        assert!(short.ends_with("… (hover for more)"), "{short}");
+        let kept = short.trim_end_matches("… (hover for more)");
+        assert!(kept.len() <= 120 && long.starts_with(kept), "{short}");
+        assert!(
+            kept.ends_with("/usr/lib64"),
+            "cut at a word, no comma: {short}"
+        );
+    }
 
     #[test]
     fn default_form_is_the_default_request() {

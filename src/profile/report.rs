@@ -55,6 +55,21 @@ pub struct Verify {
     pub message: String,
 }
 
+impl Verify {
+    /// One short phrase, as the CLI's table prints it.
+    pub fn short(&self) -> String {
+        if !self.ran {
+            "no KV memory".into()
+        } else if self.oom {
+            "OOM".into()
+        } else if self.within_budget {
+            format!("ok ({} spare)", crate::units::fmt_i(-self.overrun_bytes))
+        } else {
+            format!("OVER by {}", crate::units::fmt_i(self.overrun_bytes))
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FormulaResult {
     pub id: FormulaId,
