@@ -145,7 +145,11 @@ fn cuda_ordinals_to_nvml(
 ) -> std::result::Result<Vec<(usize, u32)>, String> {
     loader::ensure_driver()?;
     let d = |e: DriverError| format!("CUDA driver: {e}");
-    drv::init().map_err(d)?;
+    match drv::init() {
+        // CUDA_VISIBLE_DEVICES hides every GPU: the driver sees none.
+        Err(e) if e.0 == dsys::CUresult::CUDA_ERROR_NO_DEVICE => return Ok(Vec::new()),
+        r => r.map_err(d)?,
+    }
     let count = drv::device::get_count().map_err(d)?;
     (0..count.max(0))
         .map(|ordinal| {
