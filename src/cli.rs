@@ -68,29 +68,40 @@ pub enum Command {
     },
 }
 
+/// What runs: the model, its quantization and the batch (shared by `profile` and `bench`).
 #[derive(clap::Args, Debug)]
-pub struct BenchArgs {
+pub struct WorkloadArgs {
+    /// PATH (folder, config.json, index json, .safetensors shard or .gguf), preset:NAME, or
+    /// synthetic:WEIGHTS:SPIKE (profile only).
     #[arg(long, default_value = "preset:llama-3-8b")]
     pub model: String,
     #[arg(long, default_value = "fp16", value_parser = ["fp16", "bf16", "int8", "nf4"])]
     pub quant: String,
-    /// cuda:N, or sim:PRESET for the CPU reference.
-    #[arg(long, default_value = "cuda:0")]
-    pub device: String,
     #[arg(long, default_value_t = 8192)]
     pub tokens: usize,
     #[arg(long, default_value_t = 1)]
     pub seqs: usize,
+    /// LLM.int8 outlier threshold (Hugging Face checkpoints use 6.0).
+    #[arg(long, default_value_t = 0.0)]
+    pub int8_threshold: f32,
+    /// Seed of a preset's synthetic weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub work: WorkloadArgs,
+    /// cuda:N, or sim:PRESET for the CPU reference.
+    #[arg(long, default_value = "cuda:0")]
+    pub device: String,
     /// Timed passes (after one warm-up pass).
     #[arg(long, default_value_t = 3)]
     pub iters: u32,
     /// Fast hash weights instead of the preset's seeded ones (speed only).
     #[arg(long)]
     pub fast_weights: bool,
-    #[arg(long, default_value_t = 0.0)]
-    pub int8_threshold: f32,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
     /// Write the result and the last-token logits as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -109,19 +120,11 @@ fn size_arg(s: &str) -> std::result::Result<u64, String> {
 
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
-    /// PATH (folder, config.json, index json, .safetensors shard or .gguf), preset:NAME, or
-    /// synthetic:WEIGHTS:SPIKE.
-    #[arg(long, default_value = "preset:llama-3-8b")]
-    pub model: String,
-    #[arg(long, default_value = "fp16", value_parser = ["fp16", "bf16", "int8", "nf4"])]
-    pub quant: String,
+    #[command(flatten)]
+    pub work: WorkloadArgs,
     /// sim:PRESET[:dry|:compute] or cuda:N.
     #[arg(long, default_value = "sim:h100-80gb:dry")]
     pub device: String,
-    #[arg(long, default_value_t = 8192)]
-    pub tokens: usize,
-    #[arg(long, default_value_t = 1)]
-    pub seqs: usize,
     #[arg(long, default_value_t = 3)]
     pub passes: u32,
     /// gpu_memory_utilization.
@@ -131,9 +134,6 @@ pub struct ProfileArgs {
     pub block_size: u64,
     #[arg(long, default_value_t = 8192)]
     pub max_model_len: u64,
-    /// LLM.int8 outlier threshold (Hugging Face checkpoints use 6.0).
-    #[arg(long, default_value_t = 0.0)]
-    pub int8_threshold: f32,
     /// Memory another process holds before the instance starts (e.g. 512MiB).
     #[arg(long, value_parser = size_arg, default_value = "0")]
     pub outside_before: u64,
@@ -146,8 +146,6 @@ pub struct ProfileArgs {
     /// Skip the verify passes.
     #[arg(long)]
     pub no_verify: bool,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// Timeline CSV; the summary goes beside it as NAME.summary.csv.
@@ -163,21 +161,21 @@ pub struct ProfileArgs {
 impl ProfileArgs {
     pub fn request(&self) -> Result<ProfileRequest> {
         let r = ProfileRequest {
-            model: ModelSource::parse(&self.model)?,
-            quant: Quant::parse(&self.quant)?,
+            model: ModelSource::parse(&self.work.model)?,
+            quant: Quant::parse(&self.work.quant)?,
             device: DeviceSpec::parse(&self.device)?,
-            tokens: self.tokens,
-            seqs: self.seqs,
+            tokens: self.work.tokens,
+            seqs: self.work.seqs,
             passes: self.passes,
             util: self.util,
             block_size: self.block_size,
             max_model_len: self.max_model_len,
-            int8_threshold: self.int8_threshold,
+            int8_threshold: self.work.int8_threshold,
             outside_before: self.outside_before,
             outside_during: self.outside_during,
             outside_during_freed: self.outside_during_freed,
             verify: !self.no_verify,
-            seed: self.seed,
+            seed: self.work.seed,
         };
         r.validate()?;
         Ok(r)
@@ -461,15 +459,15 @@ fn cmd_gen(
 
 fn cmd_bench(a: &BenchArgs) -> Result<()> {
     let req = crate::bench::BenchRequest {
-        model: ModelSource::parse(&a.model)?,
-        quant: Quant::parse(&a.quant)?,
+        model: ModelSource::parse(&a.work.model)?,
+        quant: Quant::parse(&a.work.quant)?,
         device: DeviceSpec::parse(&a.device)?,
-        tokens: a.tokens,
-        seqs: a.seqs,
+        tokens: a.work.tokens,
+        seqs: a.work.seqs,
         iters: a.iters,
         fast_weights: a.fast_weights,
-        int8_threshold: a.int8_threshold,
-        seed: a.seed,
+        int8_threshold: a.work.int8_threshold,
+        seed: a.work.seed,
         op_times: a.op_times,
     };
     let r = crate::bench::run(&req)?;
