@@ -222,7 +222,10 @@ fn verify(
             oom: oom.is_some(),
             cache_releases: releases,
             message: match oom {
-                Some(e) => e.to_string(),
+                Some(e) => format!(
+                    "{e} (the verify pass is capped at floor(T·u) = {}{released})",
+                    crate::units::fmt_u(budget)
+                ),
                 None if within => format!(
                     "fits{released}: {} under the budget",
                     crate::units::fmt_i(-overrun)
