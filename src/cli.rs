@@ -348,6 +348,19 @@ pub fn summary_text(r: &Report) -> String {
         fmt_u(r.outside_framework_bytes),
         fmt_i(r.truth.non_kv_bytes)
     );
+    if r.other_process_bytes > 0 {
+        let _ = writeln!(
+            s,
+            "another process held {} before the instance (--outside-before {}{})",
+            fmt_u(r.other_process_bytes),
+            fmt_u(r.settings.outside_before),
+            if r.device.simulated {
+                ""
+            } else {
+                "; its own CUDA context comes on top"
+            }
+        );
+    }
     let _ = writeln!(s);
     let _ = writeln!(
         s,

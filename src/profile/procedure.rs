@@ -288,10 +288,17 @@ pub fn run(
     let rt = Runtime::new(device, cancel, sink);
     rt.progress(Progress::Phase(Phase::Starting));
     rt.set_op("instance");
-    if req.outside_before > 0 {
-        rt.with_device(|d| d.hold_foreign(req.outside_before))?;
-        rt.marker("another process holds memory (--outside-before)");
-    }
+    let other_process_bytes = if req.outside_before > 0 {
+        let held = rt.with_device(|d| d.hold_foreign(req.outside_before))?;
+        rt.marker(&format!(
+            "another process holds {} (--outside-before {})",
+            crate::units::fmt_u(held),
+            crate::units::fmt_u(req.outside_before)
+        ));
+        held
+    } else {
+        0
+    };
     let _context = match context_bytes {
         Some(b) => Some(rt.alloc_outside("cuda-context", b)?),
         None => None,
@@ -531,6 +538,7 @@ pub fn run(
         passes,
         quant_state_after_bytes,
         outside_framework_bytes,
+        other_process_bytes,
         logits: logits_top,
         wall_time_s: wall.elapsed().as_secs_f64(),
         event_count: events.len(),

@@ -156,6 +156,11 @@ pub struct Report {
     /// Device memory this instance holds outside the framework at t3 (context, workspaces,
     /// scenario allocations).
     pub outside_framework_bytes: u64,
+    /// What `--outside-before` took from the device: the drop in free memory the other process
+    /// caused. On a GPU its own CUDA context comes on top of the bytes asked for (0 when not
+    /// set, and in reports written before this was kept).
+    #[serde(default)]
+    pub other_process_bytes: u64,
     pub logits: Vec<TopLogits>,
     pub wall_time_s: f64,
     pub event_count: usize,
