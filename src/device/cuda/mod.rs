@@ -161,6 +161,29 @@ fn cuda_ordinals_to_nvml(
         .collect()
 }
 
+/// The `vramscope` program that runs `hold-gpu-memory`: `VRAMSCOPE_EXE`, else this program
+/// when it is vramscope, else a vramscope beside it or one folder up (a test or bench binary
+/// under cargo's `deps/`, or one copied next to the release binary).
+fn holder_program() -> std::result::Result<std::path::PathBuf, String> {
+    if let Some(p) = std::env::var_os("VRAMSCOPE_EXE") {
+        return Ok(p.into());
+    }
+    let me = std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?;
+    if me.file_stem().is_some_and(|s| s == "vramscope") {
+        return Ok(me);
+    }
+    let dir = me.parent().unwrap_or(std::path::Path::new("."));
+    [dir.join("vramscope"), dir.join("../vramscope")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "no vramscope program beside {} to hold the memory in another process; set VRAMSCOPE_EXE",
+                me.display()
+            )
+        })
+}
+
 /// The hidden `hold-gpu-memory` subcommand: allocates `bytes` on the GPU in this (child)
 /// process, prints `held N` and keeps it until stdin closes.
 pub fn hold_memory_child(ordinal: usize, bytes: u64) -> Result<()> {
@@ -472,7 +495,7 @@ impl CudaDevice {
     /// own CUDA context comes on top, as with any other process) and waits until we exit.
     /// Returns the drop in free memory the child caused.
     pub fn hold_foreign(&mut self, bytes: u64) -> Result<u64> {
-        let exe = std::env::current_exe().map_err(|e| self.err("finding this program", e))?;
+        let exe = holder_program().map_err(|e| self.err("--outside-before", e))?;
         let free_before = self.mem_info().free;
         let mut child = Command::new(&exe)
             .args([
@@ -494,6 +517,16 @@ impl CudaDevice {
         if !line.starts_with("held") {
             let _ = child.kill();
             let _ = child.wait();
+            if !line.starts_with("failed") {
+                return Err(self.err(
+                    "--outside-before",
+                    format!(
+                        "{} hold-gpu-memory gave no answer ({:?})",
+                        exe.display(),
+                        line.trim()
+                    ),
+                ));
+            }
             let free = self.mem_info().free;
             return Err(Error::OutOfMemory {
                 device: self.spec(),
