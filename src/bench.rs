@@ -45,6 +45,10 @@ pub struct BenchResult {
     pub tokens: usize,
     pub seqs: usize,
     pub load_s: f64,
+    /// Of `load_s`: making or reading the weights on the host (the rest is quantizing and
+    /// copying to the device).
+    #[serde(default)]
+    pub load_read_s: f64,
     /// Wall time of each timed pass (synchronized), milliseconds.
     pub pass_ms: Vec<f64>,
     pub median_ms: f64,
@@ -203,6 +207,7 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
         tokens: req.tokens,
         seqs: req.seqs,
         load_s,
+        load_read_s: model.load_stats.read_seconds,
         pass_ms,
         median_ms,
         flops,

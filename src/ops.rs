@@ -174,8 +174,9 @@ pub fn upload_f32(rt: &Runtime, t: &mut Tensor, data: &[f32]) -> Result<()> {
 }
 
 pub fn upload_i8(rt: &Runtime, t: &mut Tensor, data: &[i8]) -> Result<()> {
-    let bytes: Vec<u8> = data.iter().map(|&v| v as u8).collect();
-    cuda(rt, |c| c.upload_bytes(t, &bytes))
+    // SAFETY: i8 and u8 have the same size and alignment; the view covers exactly `data`.
+    let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), data.len()) };
+    cuda(rt, |c| c.upload_bytes(t, bytes))
 }
 
 pub fn upload_u8(rt: &Runtime, t: &mut Tensor, data: &[u8]) -> Result<()> {

@@ -35,6 +35,8 @@ const CUBLAS_WORKSPACE_BYTES: u64 = 32 << 20;
 /// Bound on the attention score buffer (f32 scores of one chunk of query rows);
 /// `VRAMSCOPE_ATTN_SCRATCH_MIB` changes it (fewer, larger chunks run faster).
 const ATTN_SCRATCH_BYTES: u64 = 64 << 20;
+/// Page-locked host memory weight uploads are converted into and copied from, chunk by chunk.
+const PINNED_BYTES: usize = 64 << 20;
 
 fn attn_scratch_bound() -> u64 {
     std::env::var("VRAMSCOPE_ATTN_SCRATCH_MIB")
@@ -64,6 +66,9 @@ pub struct CudaDevice {
     next_id: u64,
     segments: HashMap<u64, u64>,
     staging: Option<(u64, u64)>,
+    /// Page-locked host buffer weight uploads go through (address, bytes), made on first use;
+    /// `Some((0, 0))` when the driver would not give one (uploads then copy directly).
+    pinned: Option<(usize, usize)>,
     attn_scratch: Option<(u64, u64)>,
     foreign: Vec<Child>,
     /// The NVML sampler's clock.
@@ -268,6 +273,7 @@ impl CudaDevice {
             next_id: 1,
             segments: HashMap::new(),
             staging: None,
+            pinned: None,
             attn_scratch: None,
             foreign: Vec::new(),
             epoch,
@@ -1274,32 +1280,46 @@ impl CudaDevice {
             ));
         }
         let p = t.cuda_ptr();
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| self.err("bind context", e))?;
-        // SAFETY: the tensor holds numel elements of its dtype.
-        let r = unsafe {
-            match t.dtype {
-                DType::F32 => drv::memcpy_htod_sync(p, d),
-                DType::F16 => {
-                    let mut h = vec![half::f16::ZERO; d.len()];
-                    half::slice::HalfFloatSliceExt::convert_from_f32_slice(&mut h[..], d);
-                    drv::memcpy_htod_sync(p, &h)
-                }
-                DType::BF16 => {
-                    let mut h = vec![half::bf16::ZERO; d.len()];
-                    half::slice::HalfFloatSliceExt::convert_from_f32_slice(&mut h[..], d);
-                    drv::memcpy_htod_sync(p, &h)
-                }
-                other => {
-                    return Err(self.err(
-                        "upload",
-                        format!("{}: f32 values for a {} tensor", t.name, other.name()),
-                    ))
-                }
+        match t.dtype {
+            DType::F32 => {
+                // SAFETY: f32 has no padding; the byte view covers exactly `d`.
+                let b = unsafe { std::slice::from_raw_parts(d.as_ptr().cast::<u8>(), d.len() * 4) };
+                self.upload_staged(p, b.len(), 4, &|off, out| {
+                    out.copy_from_slice(&b[off..off + out.len()])
+                })
             }
-        };
-        r.map_err(|e| self.err("copy to GPU", e))
+            DType::F16 => self.upload_staged(p, d.len() * 2, 2, &|off, out| {
+                // SAFETY: `out` is 2-byte aligned (page-aligned buffer, even offsets) and
+                // holds out.len() / 2 halves.
+                let h = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        out.as_mut_ptr().cast::<half::f16>(),
+                        out.len() / 2,
+                    )
+                };
+                half::slice::HalfFloatSliceExt::convert_from_f32_slice(
+                    h,
+                    &d[off / 2..off / 2 + h.len()],
+                );
+            }),
+            DType::BF16 => self.upload_staged(p, d.len() * 2, 2, &|off, out| {
+                // SAFETY: as for f16.
+                let h = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        out.as_mut_ptr().cast::<half::bf16>(),
+                        out.len() / 2,
+                    )
+                };
+                half::slice::HalfFloatSliceExt::convert_from_f32_slice(
+                    h,
+                    &d[off / 2..off / 2 + h.len()],
+                );
+            }),
+            other => Err(self.err(
+                "upload",
+                format!("{}: f32 values for a {} tensor", t.name, other.name()),
+            )),
+        }
     }
 
     pub fn upload_bytes(&mut self, t: &mut Tensor, d: &[u8]) -> Result<()> {
@@ -1310,11 +1330,67 @@ impl CudaDevice {
             ));
         }
         let p = t.cuda_ptr();
+        self.upload_staged(p, d.len(), 1, &|off, out| {
+            out.copy_from_slice(&d[off..off + out.len()])
+        })
+    }
+
+    /// Copies `bytes` to device address `dst` in chunks through the page-locked buffer:
+    /// `fill(offset, out)` writes bytes [offset, offset + out.len()) of the data (converting if
+    /// need be), on all cores for large chunks; then one DMA copy per chunk. Without a pinned
+    /// buffer, one pageable copy of the whole data.
+    fn upload_staged(
+        &mut self,
+        dst: u64,
+        bytes: usize,
+        elem: usize,
+        fill: &(dyn Fn(usize, &mut [u8]) + Sync),
+    ) -> Result<()> {
         self.ctx
             .bind_to_thread()
             .map_err(|e| self.err("bind context", e))?;
-        // SAFETY: sizes checked above.
-        unsafe { drv::memcpy_htod_sync(p, d) }.map_err(|e| self.err("copy to GPU", e))
+        let (buf, cap) = self.pinned_buffer();
+        if cap == 0 {
+            let mut host = vec![0u8; bytes];
+            fill(0, &mut host);
+            // SAFETY: the caller checked that `dst` holds `bytes` bytes.
+            return unsafe { drv::memcpy_htod_sync(dst, &host) }
+                .map_err(|e| self.err("copy to GPU", e));
+        }
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut off = 0;
+        while off < bytes {
+            let len = cap.min(bytes - off);
+            // SAFETY: the pinned buffer holds `cap` bytes, used by this thread only, and the
+            // previous chunk's copy finished (synchronous copies).
+            let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) };
+            if len < 4 << 20 || threads == 1 {
+                fill(off, out);
+            } else {
+                let per = len.div_ceil(threads).next_multiple_of(elem * 64);
+                std::thread::scope(|s| {
+                    for (i, piece) in out.chunks_mut(per).enumerate() {
+                        s.spawn(move || fill(off + i * per, piece));
+                    }
+                });
+            }
+            // SAFETY: `dst + off` holds `len` more bytes (checked by the caller).
+            unsafe { drv::memcpy_htod_sync(dst + off as u64, out) }
+                .map_err(|e| self.err("copy to GPU", e))?;
+            off += len;
+        }
+        Ok(())
+    }
+
+    /// The pinned upload buffer (address, bytes); (0, 0) when the driver gives none.
+    fn pinned_buffer(&mut self) -> (usize, usize) {
+        *self.pinned.get_or_insert_with(|| {
+            // SAFETY: a plain page-locked host allocation, freed in Drop.
+            match unsafe { drv::malloc_host(PINNED_BYTES, 0) } {
+                Ok(p) if !p.is_null() => (p as usize, PINNED_BYTES),
+                _ => (0, 0),
+            }
+        })
     }
 
     pub fn download_f32(&mut self, x: &Tensor) -> Result<Vec<f32>> {
@@ -1369,6 +1445,12 @@ impl Drop for CudaDevice {
             .collect();
         for p in ptrs {
             self.free(p);
+        }
+        if let Some((p, n)) = self.pinned.take() {
+            if n > 0 {
+                // SAFETY: from malloc_host, no copy pending (synchronous copies).
+                let _ = unsafe { drv::free_host(p as *mut c_void) };
+            }
         }
         for mut c in self.foreign.drain(..) {
             drop(c.stdin.take());
