@@ -49,6 +49,9 @@ pub struct BenchResult {
     /// copying to the device).
     #[serde(default)]
     pub load_read_s: f64,
+    /// Of `load_s`: quantizing on the host.
+    #[serde(default)]
+    pub load_quantize_s: f64,
     /// Wall time of each timed pass (synchronized), milliseconds.
     pub pass_ms: Vec<f64>,
     pub median_ms: f64,
@@ -208,6 +211,7 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
         seqs: req.seqs,
         load_s,
         load_read_s: model.load_stats.read_seconds,
+        load_quantize_s: model.load_stats.quantize_seconds,
         pass_ms,
         median_ms,
         flops,

@@ -485,8 +485,8 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     };
     let r = crate::bench::run(&req)?;
     println!(
-        "{} {} on {}: {} tokens in {} seq(s); load {:.1} s ({:.1} s making or reading the weights); pass {:.2} ms median of {:?}; {:.1} TFLOP/s ({:.3e} FLOP); weights {} B; peak allocated {} B; process peak {} B",
-        r.model, r.quant, r.device, r.tokens, r.seqs, r.load_s, r.load_read_s, r.median_ms,
+        "{} {} on {}: {} tokens in {} seq(s); load {:.1} s ({:.1} s making or reading the weights, {:.1} s quantizing); pass {:.2} ms median of {:?}; {:.1} TFLOP/s ({:.3e} FLOP); weights {} B; peak allocated {} B; process peak {} B",
+        r.model, r.quant, r.device, r.tokens, r.seqs, r.load_s, r.load_read_s, r.load_quantize_s, r.median_ms,
         r.pass_ms.iter().map(|v| (v * 100.0).round() / 100.0).collect::<Vec<_>>(),
         r.tflops, r.flops, r.weights_bytes, r.peak_allocated_bytes, r.process_peak_bytes
     );

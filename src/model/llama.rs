@@ -53,6 +53,8 @@ pub struct LlamaModel {
 pub struct LoadStats {
     pub source_bytes: u64,
     pub read_seconds: f64,
+    /// Time spent quantizing on the host (int8 rows, NF4 blocks).
+    pub quantize_seconds: f64,
     pub total_seconds: f64,
 }
 
@@ -390,7 +392,7 @@ impl Loader<'_> {
             return load_int8(self.rt, name, n, k, pre, self.opts);
         }
         let d = self.read(name, &[n, k])?;
-        load_linear(self.rt, name, n, k, d, self.opts, self.act)
+        load_linear(self.rt, name, n, k, d, self.opts, self.act, &mut self.stats)
     }
 }
 
@@ -429,6 +431,7 @@ fn load_int8(
     }))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn load_linear(
     rt: &Runtime,
     name: &str,
@@ -437,12 +440,21 @@ fn load_linear(
     data: Option<Vec<f32>>,
     opts: &LoadOptions,
     act: DType,
+    stats: &mut LoadStats,
 ) -> Result<Linear> {
+    let mut timed = |f: &mut dyn FnMut()| {
+        let t = std::time::Instant::now();
+        f();
+        stats.quantize_seconds += t.elapsed().as_secs_f64();
+    };
     let cpu = rt.backend() == Backend::Cpu;
     match opts.quant {
         Quant::F16 | Quant::BF16 => Ok(Linear::Dense(upload(rt, name, &[n, k], act, data)?)),
         Quant::Int8 => {
-            let q = data.map(|w| crate::quant::int8::quantize_rows(&w, n, k));
+            let mut q = None;
+            if let Some(w) = data {
+                timed(&mut || q = Some(crate::quant::int8::quantize_rows(&w, n, k)));
+            }
             load_int8(rt, name, n, k, q, opts)
         }
         Quant::Nf4 => {
@@ -457,7 +469,9 @@ fn load_linear(
                 DType::F32,
             )?;
             if let Some(w) = data {
-                let (p, a) = nf4::quantize(&w);
+                let mut pa = None;
+                timed(&mut || pa = Some(nf4::quantize(&w)));
+                let (p, a) = pa.expect("quantized");
                 if cpu {
                     if let crate::tensor::Storage::U8(dst) = &mut packed.storage {
                         dst.copy_from_slice(&p);

@@ -33,17 +33,22 @@ pub fn absmax_len(numel: usize) -> usize {
     numel.div_ceil(BLOCK)
 }
 
-fn nearest(x: f32) -> u8 {
-    let mut best = 0;
-    let mut dist = f32::INFINITY;
-    for (i, l) in NF4_LEVELS.iter().enumerate() {
-        let d = (x - l).abs();
-        if d < dist {
-            dist = d;
-            best = i;
-        }
+/// The 15 midpoints between neighbouring levels (computed in f64, as bitsandbytes' decision
+/// tree compares against them).
+const MIDPOINTS: [f32; 15] = {
+    let mut m = [0f32; 15];
+    let mut i = 0;
+    while i < 15 {
+        m[i] = ((NF4_LEVELS[i] as f64 + NF4_LEVELS[i + 1] as f64) / 2.0) as f32;
+        i += 1;
     }
-    best as u8
+    m
+};
+
+/// The nearest level's index: how many midpoints lie below `x` (a tie goes to the lower
+/// level; NaN gives 0). Branch-free, so it vectorises.
+fn nearest(x: f32) -> u8 {
+    MIDPOINTS.iter().map(|&m| u8::from(x > m)).sum()
 }
 
 /// bitsandbytes' `quantize_4bit` (NF4, blocks of 64): packed codes, high nibble first, and
@@ -71,10 +76,16 @@ fn quantize_into(w: &[f32], packed: &mut [u8], absmax: &mut [f32]) {
     for (a, b) in absmax.iter_mut().zip(w.chunks(BLOCK)) {
         *a = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     }
-    for (i, v) in w.iter().enumerate() {
-        let a = absmax[i / BLOCK];
-        let q = if a > 0.0 { nearest(v / a) } else { 7 };
-        packed[i / 2] |= if i % 2 == 0 { q << 4 } else { q };
+    // BLOCK is even, so a block's codes fill whole bytes (the last block may end on a half).
+    for ((b, p), &a) in w
+        .chunks(BLOCK)
+        .zip(packed.chunks_mut(BLOCK / 2))
+        .zip(absmax.iter())
+    {
+        let code = |v: f32| if a > 0.0 { nearest(v / a) } else { 7 };
+        for (pair, byte) in b.chunks(2).zip(p.iter_mut()) {
+            *byte = code(pair[0]) << 4 | pair.get(1).map_or(0, |&v| code(v));
+        }
     }
 }
 
@@ -89,6 +100,32 @@ pub fn dequantize(packed: &[u8], absmax: &[f32], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn midpoint_codes_are_the_nearest_level() {
+        let by_distance = |x: f32| {
+            (0..16)
+                .min_by(|&i, &j| {
+                    (x - NF4_LEVELS[i])
+                        .abs()
+                        .total_cmp(&(x - NF4_LEVELS[j]).abs())
+                })
+                .unwrap() as u8
+        };
+        for k in -20_000..=20_000 {
+            let x = k as f32 / 10_000.0;
+            // Skip values within float noise of a midpoint, where either level is as near.
+            if MIDPOINTS.iter().any(|&m| (x - m).abs() < 1e-6) {
+                continue;
+            }
+            assert_eq!(nearest(x), by_distance(x), "{x}");
+        }
+        assert_eq!(nearest(-1.5), 0);
+        assert_eq!(nearest(1.5), 15);
+        assert_eq!(nearest(0.0), 7);
+        assert_eq!(nearest(MIDPOINTS[7]), 7, "a tie goes to the lower level");
+        assert_eq!(nearest(f32::NAN), 0);
+    }
 
     #[test]
     fn the_parallel_split_gives_the_serial_result() {
