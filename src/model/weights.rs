@@ -83,6 +83,12 @@ pub fn round_to(dtype: StoredDtype, x: f32) -> f32 {
     }
 }
 
+/// A word of the stream as a uniform in [0, 1): its top 24 bits times 2⁻²⁴, as rand's
+/// `StandardUniform` makes an f32 from `next_u32`.
+fn unit_f32(w: u32) -> f32 {
+    (w >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
+}
+
 /// Values per chunk when synthetic weights are generated on several threads.
 const SYNTHETIC_CHUNK: usize = 1 << 16;
 
@@ -94,13 +100,22 @@ impl SyntheticWeights {
         let seed = self.seed ^ fnv1a(name);
         let is_norm = name.ends_with("norm.weight");
         let mut out = vec![0f32; numel];
+        let dtype = self.dtype;
         let fill = |start: usize, chunk: &mut [f32]| {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
             rng.set_word_pos(3 * start as u128);
-            for v in chunk {
-                // Sum of uniforms: cheap, bell-shaped, std 0.02 (Irwin-Hall with 3 terms).
-                let u: f32 = (0..3).map(|_| rng.random::<f32>() - 0.5).sum::<f32>() * 0.04;
-                *v = round_to(self.dtype, if is_norm { 1.0 + u } else { u });
+            // The stream's words in bulk (the same words, in order, as one `next_u32` per
+            // draw); each becomes a uniform in [0, 1) exactly as `random::<f32>()` makes it.
+            const BATCH: usize = 1024;
+            let mut words = [0u32; 3 * BATCH];
+            for out in chunk.chunks_mut(BATCH) {
+                let words = &mut words[..3 * out.len()];
+                rng.fill(words);
+                for (v, w) in out.iter_mut().zip(words.chunks_exact(3)) {
+                    // Sum of uniforms: cheap, bell-shaped, std 0.02 (Irwin-Hall with 3 terms).
+                    let u: f32 = w.iter().map(|&x| unit_f32(x) - 0.5).sum::<f32>() * 0.04;
+                    *v = round_to(dtype, if is_norm { 1.0 + u } else { u });
+                }
             }
         };
         if numel <= SYNTHETIC_CHUNK {
@@ -399,22 +414,28 @@ mod synthetic_tests {
 
     #[test]
     fn synthetic_values_do_not_depend_on_how_many_threads_make_them() {
-        let w = SyntheticWeights {
-            preset: "tiny".into(),
-            seed: 5,
-            dtype: StoredDtype::F16,
-        };
-        let n = 3 * SYNTHETIC_CHUNK + 123;
-        let parallel = w.generate("model.layers.0.mlp.up_proj.weight", n);
-        // The same stream drawn in one sequential pass.
-        let mut rng =
-            rand_chacha::ChaCha8Rng::seed_from_u64(5 ^ fnv1a("model.layers.0.mlp.up_proj.weight"));
-        let sequential: Vec<f32> = (0..n)
-            .map(|_| {
-                let u: f32 = (0..3).map(|_| rng.random::<f32>() - 0.5).sum::<f32>() * 0.04;
-                round_to(StoredDtype::F16, u)
-            })
-            .collect();
-        assert_eq!(parallel, sequential);
+        for (dtype, name) in [
+            (StoredDtype::F16, "model.layers.0.mlp.up_proj.weight"),
+            (StoredDtype::BF16, "model.layers.1.self_attn.q_proj.weight"),
+            (StoredDtype::F32, "model.layers.0.input_layernorm.weight"),
+        ] {
+            let w = SyntheticWeights {
+                preset: "tiny".into(),
+                seed: 5,
+                dtype,
+            };
+            let n = 3 * SYNTHETIC_CHUNK + 123;
+            let parallel = w.generate(name, n);
+            // The same stream drawn in one sequential pass, one `random::<f32>()` per draw.
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5 ^ fnv1a(name));
+            let norm = name.ends_with("norm.weight");
+            let sequential: Vec<f32> = (0..n)
+                .map(|_| {
+                    let u: f32 = (0..3).map(|_| rng.random::<f32>() - 0.5).sum::<f32>() * 0.04;
+                    round_to(dtype, if norm { 1.0 + u } else { u })
+                })
+                .collect();
+            assert!(parallel == sequential, "{name} {dtype:?}");
+        }
     }
 }
