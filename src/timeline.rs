@@ -215,19 +215,11 @@ mod tests {
 
     fn ev(t: u64, alloc: u64) -> Event {
         Event {
-            seq: t,
-            time_us: t,
-            pass: 1,
-            kind: EventKind::Alloc,
-            op: "op".into(),
-            layer: None,
-            tensor: "x".into(),
-            category: Category::Activation,
-            bytes: 0,
             allocated: alloc,
             reserved: alloc,
             device_used: alloc,
             process_used: alloc,
+            ..Event::test(t, t, 1, EventKind::Alloc, Category::Activation, 0)
         }
     }
 

@@ -36,6 +36,16 @@ fn opts(quant: Quant) -> LoadOptions {
     }
 }
 
+fn open_path(path: impl Into<std::path::PathBuf>) -> model::OpenedModel {
+    model::open(&ModelSource::Path { path: path.into() }, 0).unwrap()
+}
+
+/// The model loaded on a compute-mode simulated device.
+fn load_compute(opened: &model::OpenedModel, quant: Quant) -> LlamaModel {
+    let rt = compute_rt();
+    LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts(quant)).unwrap()
+}
+
 fn profile_compute(path: &std::path::Path, quant: Quant) -> profile::Report {
     let req = ProfileRequest {
         model: ModelSource::Path {
@@ -112,8 +122,8 @@ fn sharded_values_equal_the_single_file() {
     let (a, b) = (tmp.path().join("one"), tmp.path().join("two"));
     gen(&a, StoredDtype::BF16, 1, false);
     gen(&b, StoredDtype::BF16, 2, false);
-    let one = model::open(&ModelSource::Path { path: a }, 0).unwrap();
-    let two = model::open(&ModelSource::Path { path: b }, 0).unwrap();
+    let one = open_path(a);
+    let two = open_path(b);
     for (name, shape) in one.config.tensor_shapes() {
         let x = one.source.read_f32(&name, &shape).unwrap();
         assert_eq!(x, two.source.read_f32(&name, &shape).unwrap(), "{name}");
@@ -124,17 +134,9 @@ fn sharded_values_equal_the_single_file() {
 fn two_shard_bf16_folder_loads_and_profiles_with_exact_weight_bytes() {
     let tmp = tempfile::tempdir().unwrap();
     gen(tmp.path(), StoredDtype::BF16, 2, false);
-    let opened = model::open(
-        &ModelSource::Path {
-            path: tmp.path().into(),
-        },
-        0,
-    )
-    .unwrap();
+    let opened = open_path(tmp.path());
     for quant in [Quant::BF16, Quant::F16, Quant::Int8, Quant::Nf4] {
-        let rt = compute_rt();
-        let m =
-            LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts(quant)).unwrap();
+        let m = load_compute(&opened, quant);
         assert_eq!(
             m.weight_bytes(),
             expected_weight_bytes(&opened.config, quant),
@@ -207,22 +209,9 @@ fn bnb_int8_checkpoint_loads_cb_and_scb_as_stored() {
     let tmp = tempfile::tempdir().unwrap();
     let stored = handmade_bnb(tmp.path());
     assert_eq!(stored.len(), 4 * 7);
-    let opened = model::open(
-        &ModelSource::Path {
-            path: tmp.path().join("config.json"),
-        },
-        0,
-    )
-    .unwrap();
+    let opened = open_path(tmp.path().join("config.json"));
     assert_eq!(opened.stored_int8_threshold, Some(6.0));
-    let rt = compute_rt();
-    let m = LlamaModel::load(
-        &rt,
-        &opened.config,
-        opened.source.as_ref(),
-        &opts(Quant::Int8),
-    )
-    .unwrap();
+    let m = load_compute(&opened, Quant::Int8);
     assert_eq!(
         m.weight_bytes(),
         expected_weight_bytes(&opened.config, Quant::Int8)
@@ -298,7 +287,7 @@ fn gguf_tensors_dequantize_and_q_k_rows_are_unpermuted() {
     let (bytes, hf) = common::tiny_gguf();
     let path = tmp.path().join("tiny.gguf");
     std::fs::write(&path, bytes).unwrap();
-    let opened = model::open(&ModelSource::Path { path: path.clone() }, 0).unwrap();
+    let opened = open_path(path.clone());
     let c = &opened.config;
     assert_eq!(
         (c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads),
@@ -399,7 +388,7 @@ fn smollm2_preset_parameter_count_equals_the_real_file() {
 #[test]
 fn smollm2_gguf_loads_and_profiles_with_exact_weight_bytes() {
     let path = smollm2_path();
-    let opened = model::open(&ModelSource::Path { path: path.clone() }, 0).unwrap();
+    let opened = open_path(path.clone());
     for quant in [Quant::F16, Quant::Int8, Quant::Nf4] {
         let spec = DeviceSpec::parse("sim:h100-80gb:dry").unwrap();
         let rt = Runtime::new(
@@ -427,13 +416,7 @@ fn smollm2_gguf_loads_and_profiles_with_exact_weight_bytes() {
 /// Logits after the last token of each prompt, from our compute-mode forward (fp16 weights
 /// dequantized from Q4_1/Q8_0, simulated device), both prompts in one batch.
 fn smollm2_logits(prompts: &[&[u32]]) -> Vec<Vec<f32>> {
-    let opened = model::open(
-        &ModelSource::Path {
-            path: smollm2_path(),
-        },
-        0,
-    )
-    .unwrap();
+    let opened = open_path(smollm2_path());
     let rt = compute_rt();
     let m = LlamaModel::load(
         &rt,
@@ -585,7 +568,7 @@ fn load_throughput_1gb() {
     let bytes = std::fs::metadata(dir.join("model.safetensors"))
         .unwrap()
         .len();
-    let opened = model::open(&ModelSource::Path { path: dir.into() }, 0).unwrap();
+    let opened = open_path(dir);
     // Warm the page cache once, so both numbers measure the loader, not the disk.
     let t = std::time::Instant::now();
     for (name, shape) in cfg.tensor_shapes() {
@@ -598,14 +581,7 @@ fn load_throughput_1gb() {
     }
     let stream = t.elapsed().as_secs_f64();
     let t = std::time::Instant::now();
-    let rt = compute_rt();
-    let m = LlamaModel::load(
-        &rt,
-        &opened.config,
-        opened.source.as_ref(),
-        &opts(Quant::F16),
-    )
-    .unwrap();
+    let m = load_compute(&opened, Quant::F16);
     let load = t.elapsed().as_secs_f64();
     assert_eq!(m.weight_bytes(), 2 * cfg.param_count());
     assert_eq!(m.load_stats.source_bytes, 2 * cfg.param_count());

@@ -638,21 +638,7 @@ mod tests {
     use crate::memory::Category;
 
     fn ev(t: u64, pass: u32, kind: EventKind, cat: Category, bytes: u64) -> Event {
-        Event {
-            seq: t,
-            time_us: t,
-            pass,
-            kind,
-            op: "op".into(),
-            layer: None,
-            tensor: "x".into(),
-            category: cat,
-            bytes,
-            allocated: 0,
-            reserved: 0,
-            device_used: 0,
-            process_used: 0,
-        }
+        Event::test(t, t, pass, kind, cat, bytes)
     }
 
     #[test]
@@ -716,19 +702,11 @@ mod index_tests {
     fn index_reduction_keeps_spikes_and_bounds_points() {
         let mut events: Vec<Event> = (0..200_000u64)
             .map(|i| Event {
-                seq: i,
-                time_us: i / 7,
-                pass: 0,
-                kind: EventKind::Alloc,
-                op: "op".into(),
-                layer: None,
-                tensor: "x".into(),
-                category: Category::Activation,
-                bytes: 0,
                 allocated: 100,
                 reserved: 100,
                 device_used: 100,
                 process_used: 100,
+                ..Event::test(i, i / 7, 0, EventKind::Alloc, Category::Activation, 0)
             })
             .collect();
         events[123_457].allocated = 9_999;
@@ -753,19 +731,18 @@ mod view_tests {
     fn a_zoom_gesture_narrows_the_reduced_range_and_reset_restores_it() {
         let events: Vec<Event> = (0..10_000u64)
             .map(|i| Event {
-                seq: i,
-                time_us: i * 10,
-                pass: 1 + (i / 2500) as u32,
-                kind: EventKind::Alloc,
-                op: "op".into(),
-                layer: None,
-                tensor: "x".into(),
-                category: Category::Activation,
-                bytes: i,
                 allocated: i % 977,
                 reserved: 1000,
                 device_used: 2000,
                 process_used: 1500,
+                ..Event::test(
+                    i,
+                    i * 10,
+                    1 + (i / 2500) as u32,
+                    EventKind::Alloc,
+                    Category::Activation,
+                    i,
+                )
             })
             .collect();
         let ctx = egui::Context::default();

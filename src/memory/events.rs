@@ -76,3 +76,33 @@ pub struct Event {
     /// This process's device memory (context, workspaces, segments, outside allocations).
     pub process_used: u64,
 }
+
+#[cfg(test)]
+impl Event {
+    /// A test event: op "op", tensor "x", no layer, running totals 0 (set what a test needs
+    /// with struct update syntax).
+    pub(crate) fn test(
+        seq: u64,
+        time_us: u64,
+        pass: u32,
+        kind: EventKind,
+        category: Category,
+        bytes: u64,
+    ) -> Event {
+        Event {
+            seq,
+            time_us,
+            pass,
+            kind,
+            op: "op".into(),
+            layer: None,
+            tensor: "x".into(),
+            category,
+            bytes,
+            allocated: 0,
+            reserved: 0,
+            device_used: 0,
+            process_used: 0,
+        }
+    }
+}

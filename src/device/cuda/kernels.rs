@@ -581,6 +581,18 @@ template <int D> __device__ __forceinline__ void fa_load_q(unsigned (&qf)[D / 16
   }
 }
 
+// A row pair's start: its Q fragments, output accumulators at zero, running maxima at -inf
+// and sums at zero.
+template <int D> __device__ __forceinline__ void fa_start(unsigned (&qf)[D / 16][4], float (&of)[D / 8][4], float& m0, float& m1,
+                                                        float& l0, float& l1, const u16* q, long long qw, int h, int r0, int r1,
+                                                        int t, int len) {
+  fa_load_q<D>(qf, q, qw, h, r0, r1, t, len);
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) of[i][0] = of[i][1] = of[i][2] = of[i][3] = 0.f;
+  m0 = m1 = __int_as_float(0xff800000);
+  l0 = l1 = 0.f;
+}
+
 // One online-softmax step over a key tile's raw scores s (NB groups of 8 keys from k0, the mma
 // accumulator layout of rows r0 and r1): causal and length mask where `edge`, new running
 // maxima m and sums l, the output accumulators rescaled, and the probabilities packed as the
@@ -667,12 +679,8 @@ template <bool BF, int D, int WARPS, bool LDK> __device__ void flash_attn(const 
   fa_load<D, LD, WARPS * 32>(vs, vb, kw, 0, len);
 
   unsigned qf[D / 16][4];
-  fa_load_q<D>(qf, q, qw, h, r0, r1, t, len);
-  float of[D / 8][4];
-#pragma unroll
-  for (int i = 0; i < D / 8; i++) of[i][0] = of[i][1] = of[i][2] = of[i][3] = 0.f;
-  const float NEG = __int_as_float(0xff800000);
-  float m0 = NEG, m1 = NEG, l0 = 0.f, l1 = 0.f;
+  float of[D / 8][4], m0, m1, l0, l1;
+  fa_start<D>(qf, of, m0, m1, l0, l1, q, qw, h, r0, r1, t, len);
 
   const int qend = q0 + WARPS * 16 < len ? q0 + WARPS * 16 : len;
   const int ntiles = (qend + 63) / 64;
@@ -743,11 +751,14 @@ template <bool BF, int D, int WARPS, bool LDK> __device__ void flash_attn(const 
   fa_store_o<BF, D>(o, of, l0, l1, qw, h, r0, r1, t, len);
 }
 
-#define FA_INST(NAME, D, WARPS, LDK, MINB) \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME##_f16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
-  { flash_attn<false, D, WARPS, LDK>(q, k, v, o, len, heads, kvh, sl); } \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME##_bf16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
-  { flash_attn<true, D, WARPS, LDK>(q, k, v, o, len, heads, kvh, sl); }
+// Exports NAME_f16 and NAME_bf16: attention kernel template KERNEL<bf16?, ARGS...> with THREADS
+// threads per block.
+#define FA_EXPORT(NAME, THREADS, MINB, KERNEL, ...) \
+  extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME##_f16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
+  { KERNEL<false, __VA_ARGS__>(q, k, v, o, len, heads, kvh, sl); } \
+  extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME##_bf16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
+  { KERNEL<true, __VA_ARGS__>(q, k, v, o, len, heads, kvh, sl); }
+#define FA_INST(NAME, D, WARPS, LDK, MINB) FA_EXPORT(NAME, WARPS * 32, MINB, flash_attn, D, WARPS, LDK)
 // The default: 128-query tiles of 8 warps sharing each key/value tile, key fragments through
 // ldmatrix (fastest of the variants measured, docs/gpu-runs.md run 5).
 FA_INST(flash_attn_d32_w8l, 32, 8, true, 1)
@@ -830,12 +841,8 @@ template <bool BF, int D, int WG, int BN> __device__ void flash_attn_wg(const u1
   load(0, 0);
 
   unsigned qf[D / 16][4];
-  fa_load_q<D>(qf, q, qw, h, r0, r1, t, len);
-  float of[D / 8][4];
-#pragma unroll
-  for (int i = 0; i < D / 8; i++) of[i][0] = of[i][1] = of[i][2] = of[i][3] = 0.f;
-  const float NEG = __int_as_float(0xff800000);
-  float m0 = NEG, m1 = NEG, l0 = 0.f, l1 = 0.f;
+  float of[D / 8][4], m0, m1, l0, l1;
+  fa_start<D>(qf, of, m0, m1, l0, l1, q, qw, h, r0, r1, t, len);
 
   const int qend = q0 + WG * 64 < len ? q0 + WG * 64 : len;
   const int ntiles = (qend + BN - 1) / BN;
@@ -878,11 +885,7 @@ template <bool BF, int D, int WG, int BN> __device__ void flash_attn_wg(const u1
   fa_store_o<BF, D>(o, of, l0, l1, qw, h, r0, r1, t, len);
 }
 
-#define FA_WG_INST(NAME, D, WG, BN, MINB) \
-  extern "C" __global__ void __launch_bounds__(WG * 128, MINB) NAME##_f16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
-  { flash_attn_wg<false, D, WG, BN>(q, k, v, o, len, heads, kvh, sl); } \
-  extern "C" __global__ void __launch_bounds__(WG * 128, MINB) NAME##_bf16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
-  { flash_attn_wg<true, D, WG, BN>(q, k, v, o, len, heads, kvh, sl); }
+#define FA_WG_INST(NAME, D, WG, BN, MINB) FA_EXPORT(NAME, WG * 128, MINB, flash_attn_wg, D, WG, BN)
 // Two warpgroups (128-query tiles), 128-key tiles: the fastest of those measured (docs/gpu-runs.md
 // runs 11-13: 64-key tiles, one warpgroup per block and the rescale skip were slower).
 FA_WG_INST(flash_attn_d128_wg, 128, 2, 128, 1)

@@ -157,13 +157,28 @@ fn cuda_ordinals_to_nvml(
     }
     let count = drv::device::get_count().map_err(d)?;
     (0..count.max(0))
-        .map(|ordinal| {
-            let dev = drv::device::get(ordinal).map_err(d)?;
-            let uuid = drv::device::get_uuid(dev).map_err(d)?;
-            let uuid: [u8; 16] = uuid.bytes.map(|b| b as u8);
-            Ok((ordinal as usize, nvml::index_of(nv, &uuid)?))
-        })
+        .map(|ordinal| Ok((ordinal as usize, nvml_index_of(nv, ordinal)?)))
         .collect()
+}
+
+/// NVML's index of the GPU the CUDA driver calls `ordinal` (matched by UUID).
+fn nvml_index_of(nv: &nvml_wrapper::Nvml, ordinal: i32) -> std::result::Result<u32, String> {
+    let d = |e: DriverError| format!("CUDA driver: {e}");
+    let dev = drv::device::get(ordinal).map_err(d)?;
+    let uuid = drv::device::get_uuid(dev).map_err(d)?;
+    nvml::index_of(nv, &uuid.bytes.map(|b| b as u8))
+}
+
+/// Converts the first `out.len() / 2` values of `src` into `out` as 16-bit floats of type `H`.
+fn to_halves<H>(out: &mut [u8], src: &[f32])
+where
+    [H]: half::slice::HalfFloatSliceExt,
+{
+    let n = out.len() / 2;
+    // SAFETY: `out` is 2-byte aligned (the page-aligned upload buffer or u32 storage, at an
+    // even offset) and holds n 16-bit values; f16 and bf16 are plain 2-byte values.
+    let h = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<H>(), n) };
+    half::slice::HalfFloatSliceExt::convert_from_f32_slice(h, &src[..n]);
 }
 
 /// The `vramscope` program that runs `hold-gpu-memory`: `VRAMSCOPE_EXE`, else this program
@@ -236,10 +251,7 @@ impl CudaDevice {
                 format!("no such GPU: the driver sees {count}"),
             ));
         }
-        let cu_dev = drv::device::get(ordinal as i32).map_err(d)?;
-        let uuid = drv::device::get_uuid(cu_dev).map_err(d)?;
-        let uuid: [u8; 16] = uuid.bytes.map(|b| b as u8);
-        let nvml_index = nvml::index_of(&nv, &uuid).map_err(|e| dev_err(ordinal, e))?;
+        let nvml_index = nvml_index_of(&nv, ordinal as i32).map_err(|e| dev_err(ordinal, e))?;
         let pid = std::process::id();
         let before = nvml::read(&nv, nvml_index, pid)
             .ok_or_else(|| dev_err(ordinal, "NVML cannot read the GPU's memory"))?;
@@ -1289,31 +1301,10 @@ impl CudaDevice {
                 })
             }
             DType::F16 => self.upload_staged(p, d.len() * 2, 2, &|off, out| {
-                // SAFETY: `out` is 2-byte aligned (page-aligned buffer, even offsets) and
-                // holds out.len() / 2 halves.
-                let h = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        out.as_mut_ptr().cast::<half::f16>(),
-                        out.len() / 2,
-                    )
-                };
-                half::slice::HalfFloatSliceExt::convert_from_f32_slice(
-                    h,
-                    &d[off / 2..off / 2 + h.len()],
-                );
+                to_halves::<half::f16>(out, &d[off / 2..])
             }),
             DType::BF16 => self.upload_staged(p, d.len() * 2, 2, &|off, out| {
-                // SAFETY: as for f16.
-                let h = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        out.as_mut_ptr().cast::<half::bf16>(),
-                        out.len() / 2,
-                    )
-                };
-                half::slice::HalfFloatSliceExt::convert_from_f32_slice(
-                    h,
-                    &d[off / 2..off / 2 + h.len()],
-                );
+                to_halves::<half::bf16>(out, &d[off / 2..])
             }),
             other => Err(self.err(
                 "upload",
@@ -1351,10 +1342,14 @@ impl CudaDevice {
             .map_err(|e| self.err("bind context", e))?;
         let (buf, cap) = self.pinned_buffer();
         if cap == 0 {
-            let mut host = vec![0u8; bytes];
-            fill(0, &mut host);
+            // u32 storage: `fill` may view its bytes as 2- or 4-byte values.
+            let mut words = vec![0u32; bytes.div_ceil(4)];
+            // SAFETY: the byte view stays inside `words`.
+            let host =
+                unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), bytes) };
+            fill(0, host);
             // SAFETY: the caller checked that `dst` holds `bytes` bytes.
-            return unsafe { drv::memcpy_htod_sync(dst, &host) }
+            return unsafe { drv::memcpy_htod_sync(dst, &*host) }
                 .map_err(|e| self.err("copy to GPU", e));
         }
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
