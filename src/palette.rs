@@ -21,12 +21,14 @@ pub const RESERVED: Rgb = Rgb(86, 180, 233);
 pub const DEVICE_USED: Rgb = Rgb(120, 120, 120);
 pub const PROCESS_USED: Rgb = Rgb(0, 0, 0);
 
-/// Per-category stack colours (weight, activation, quant-state, kv-cache, workspace, non-framework).
+/// Per-category stack colours (weight, activation, sampler, quant-state, kv-cache, workspace, non-framework).
 pub fn category(c: crate::memory::Category) -> Rgb {
     use crate::memory::Category::*;
     match c {
         Weight => Rgb(120, 144, 156),
         Activation => Rgb(0, 114, 178),
+        // Sky blue: the sampler's buffers sit on top of the activations they follow.
+        Sampler => Rgb(86, 180, 233),
         QuantState => Rgb(213, 94, 0),
         KvCache => Rgb(0, 158, 115),
         Workspace => Rgb(230, 159, 0),

@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 pub enum Category {
     Weight,
     Activation,
+    /// vLLM's sampler step of the profile run (logits in fp32, sort, top-k/top-p, probs).
+    Sampler,
     QuantState,
     KvCache,
     Workspace,
@@ -17,9 +19,10 @@ pub enum Category {
 }
 
 impl Category {
-    pub const ALL: [Category; 6] = [
+    pub const ALL: [Category; 7] = [
         Category::Weight,
         Category::Activation,
+        Category::Sampler,
         Category::QuantState,
         Category::KvCache,
         Category::Workspace,
@@ -30,6 +33,7 @@ impl Category {
         match self {
             Category::Weight => "weight",
             Category::Activation => "activation",
+            Category::Sampler => "sampler",
             Category::QuantState => "quant-state",
             Category::KvCache => "kv-cache",
             Category::Workspace => "workspace",
