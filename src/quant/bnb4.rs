@@ -801,7 +801,8 @@ mod tests {
             .zip(&b)
             .map(|(x, y)| (x - y).abs())
             .fold(0.0, f32::max);
-        // The absmax's 8-bit code is within about 1 % of it.
-        assert!(err < 3e-4, "{err}");
+        // The absmax's 8-bit dynamic code is within 1 % of it, so the values are too.
+        let top = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert!(err < 0.01 * top, "{err} vs {top}");
     }
 }
