@@ -77,10 +77,14 @@ pub struct WorkloadArgs {
     pub model: String,
     #[arg(long, default_value = "fp16", value_parser = ["fp16", "bf16", "int8", "nf4"])]
     pub quant: String,
-    #[arg(long, default_value_t = 8192)]
-    pub tokens: usize,
-    #[arg(long, default_value_t = 1)]
-    pub seqs: usize,
+    /// vLLM's max_num_batched_tokens: tokens in the profile batch. Default for profile: vLLM's,
+    /// max(max_model_len, 2048) (chunked prefill off); for bench: 8192.
+    #[arg(long = "max-num-batched-tokens", visible_alias = "tokens", value_name = "N")]
+    pub tokens: Option<usize>,
+    /// vLLM's max_num_seqs: sequences the batch is split into, as vLLM's profile run splits it.
+    /// Default for profile: vLLM's 256; for bench: 1.
+    #[arg(long = "max-num-seqs", visible_alias = "seqs", value_name = "N")]
+    pub seqs: Option<usize>,
     /// LLM.int8 outlier threshold (Hugging Face checkpoints use 6.0).
     #[arg(long, default_value_t = 0.0)]
     pub int8_threshold: f32,
@@ -132,8 +136,13 @@ pub struct ProfileArgs {
     pub util: f64,
     #[arg(long, default_value_t = 16)]
     pub block_size: u64,
-    #[arg(long, default_value_t = 8192)]
-    pub max_model_len: u64,
+    /// vLLM's max_model_len (default: the model's max_position_embeddings, as vLLM takes it).
+    #[arg(long, value_name = "N")]
+    pub max_model_len: Option<u64>,
+    /// Leave vLLM's sampler step out of the profile pass (forward and logits only, as before
+    /// vramscope followed vLLM's profile run step by step).
+    #[arg(long)]
+    pub no_sampler: bool,
     /// Memory another process holds before the instance starts (e.g. 512MiB).
     #[arg(long, value_parser = size_arg, default_value = "0")]
     pub outside_before: u64,
@@ -164,12 +173,13 @@ impl ProfileArgs {
             model: ModelSource::parse(&self.work.model)?,
             quant: Quant::parse(&self.work.quant)?,
             device: DeviceSpec::parse(&self.device)?,
-            tokens: self.work.tokens,
-            seqs: self.work.seqs,
+            tokens: self.work.tokens.unwrap_or(0),
+            seqs: self.work.seqs.unwrap_or(crate::profile::request::VLLM_MAX_NUM_SEQS),
             passes: self.passes,
             util: self.util,
             block_size: self.block_size,
-            max_model_len: self.max_model_len,
+            max_model_len: self.max_model_len.unwrap_or(0),
+            sampler: !self.no_sampler,
             int8_threshold: self.work.int8_threshold,
             outside_before: self.outside_before,
             outside_during: self.outside_during,
@@ -323,20 +333,33 @@ pub fn summary_text(r: &Report) -> String {
         r.settings.passes,
         r.settings.util
     );
-    let new = r.formula(FormulaId::Pr9516);
-    if let Some(n) = new {
+    if let Some(n) = r.formula(FormulaId::Pr9516) {
+        // vLLM 380e1863's own log line (vllm/worker/worker.py L260-271), with the numbers it
+        // would print, so a user can hold it against theirs.
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        let c = &r.checkpoints;
+        let used = |cp: &profile::formulas::Checkpoint| (cp.total - cp.free) as f64;
         let _ = writeln!(
             s,
-            "Memory profiling (#9516): total_gpu_memory={} util={} model weights={} non_torch_memory={} torch_peak_memory={} kv_cache_size={} ({} blocks, max concurrency {:.2}x for {} tokens)",
-            fmt_u(r.checkpoints.t0.total),
-            r.settings.util,
-            fmt_u(r.weights_bytes),
-            fmt_i(n.non_torch_bytes),
-            fmt_i(n.torch_peak_bytes),
-            fmt_i(n.kv_bytes),
+            "INFO worker.py:260] Memory profiling results: total_gpu_memory={:.2}GiB initial_memory_usage={:.2}GiB peak_torch_memory={:.2}GiB memory_usage_post_profile={:.2}Gib non_torch_memory={:.2}GiB kv_cache_size={:.2}GiB gpu_memory_utilization={:.2}",
+            gib(c.t0.total as f64),
+            gib(used(&c.t1)),
+            gib(n.torch_peak_bytes as f64),
+            gib(used(&c.t3)),
+            gib((c.t3.total - c.t3.free) as f64 - c.t3.allocated as f64),
+            gib(n.kv_bytes as f64),
+            r.settings.util
+        );
+        let _ = writeln!(
+            s,
+            "#9516: {} KV cache blocks of {} tokens, max concurrency {:.2}x for {} tokens; batch {} tokens in {} sequences{}",
             n.kv_blocks,
+            r.kv_geometry.block_size,
             n.max_concurrency,
-            r.kv_geometry.max_model_len
+            r.kv_geometry.max_model_len,
+            r.settings.tokens,
+            r.settings.seqs,
+            if r.settings.sampler { ", sampler on" } else { ", no sampler" }
         );
     }
     let _ = writeln!(
@@ -475,8 +498,8 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         model: ModelSource::parse(&a.work.model)?,
         quant: Quant::parse(&a.work.quant)?,
         device: DeviceSpec::parse(&a.device)?,
-        tokens: a.work.tokens,
-        seqs: a.work.seqs,
+        tokens: a.work.tokens.unwrap_or(8192),
+        seqs: a.work.seqs.unwrap_or(1),
         iters: a.iters,
         fast_weights: a.fast_weights,
         int8_threshold: a.work.int8_threshold,
