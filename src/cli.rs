@@ -116,6 +116,11 @@ pub struct BenchArgs {
     /// Compare the logits with those in this JSON (written by bench or gpu_reference.py).
     #[arg(long, value_name = "FILE")]
     pub compare: Option<PathBuf>,
+    /// Also run vLLM's sampler step once on the profile batch (256 sequences), time it, and
+    /// write its first 4 rows of f32 logits and probs (raw little-endian f32) and the sampled
+    /// ids into this folder, for scripts/sampler_reference.py.
+    #[arg(long, value_name = "DIR")]
+    pub sampler_dump: Option<PathBuf>,
 }
 
 fn size_arg(s: &str) -> std::result::Result<u64, String> {
@@ -505,8 +510,38 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         int8_threshold: a.work.int8_threshold,
         seed: a.work.seed,
         op_times: a.op_times,
+        sampler_rows: if a.sampler_dump.is_some() { 4 } else { 0 },
+        sampler_seqs: crate::profile::request::VLLM_MAX_NUM_SEQS,
     };
     let r = crate::bench::run(&req)?;
+    if let (Some(dir), Some(out)) = (&a.sampler_dump, &r.sampler) {
+        std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
+        let raw = |name: &str, v: &[f32]| -> Result<()> {
+            let p = dir.join(name);
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            std::fs::write(&p, bytes).map_err(|e| crate::Error::io(&p, e))
+        };
+        raw("logits.f32", &out.logits_head)?;
+        raw("probs.f32", &out.probs_head)?;
+        let meta = serde_json::json!({
+            "rows": out.logits_head.len() / r.vocab.max(1),
+            "vocab": r.vocab,
+            "sampled_ids": out.ids.iter().take(16).collect::<Vec<_>>(),
+            "sampler_ms": r.sampler_ms,
+            "seqs": r.sampler_seqs,
+            "model": r.model,
+            "quant": r.quant,
+            "device": r.device,
+        });
+        let p = dir.join("sampler.json");
+        std::fs::write(&p, meta.to_string()).map_err(|e| crate::Error::io(&p, e))?;
+    }
+    if let Some(ms) = r.sampler_ms {
+        println!(
+            "vLLM sampler step on {} sequences x {} vocabulary: {ms:.2} ms",
+            r.sampler_seqs, r.vocab
+        );
+    }
     println!(
         "{} {} on {}: {} tokens in {} seq(s); load {:.1} s ({:.1} s making or reading the weights, {:.1} s quantizing); pass {:.2} ms median of {:?}; {:.1} TFLOP/s ({:.3e} FLOP); weights {} B; peak allocated {} B; process peak {} B",
         r.model, r.quant, r.device, r.tokens, r.seqs, r.load_s, r.load_read_s, r.load_quantize_s, r.median_ms,
