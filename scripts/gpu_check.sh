@@ -12,7 +12,43 @@ export PYTHONUNBUFFERED=1
 log() { echo "=== $* ($(date -u +%H:%M:%S))" | tee -a "$O/log.txt"; }
 run() { log "$*"; "$@" </dev/null 2>&1 | tee -a "$O/log.txt"; }
 
+# A compact summary of a profile report (the full JSON with its NVML samples can be large).
+summ() { python3 - "$1" <<'PY' | tee -a "$O/log.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+c = r["checkpoints"]
+out = dict(file=sys.argv[1].split("/")[-1], device=r["device"]["spec"], weights=r["weights_bytes"],
+           peak=c["t2"]["allocated_peak"], t1=c["t1"], t3=c["t3"], truth=r["truth"]["non_kv_bytes"],
+           tokens=r["settings"]["tokens"], seqs=r["settings"]["seqs"],
+           sampled=r.get("sampled_tokens"),
+           formulas={f["id"]: dict(non_kv=f["non_kv_bytes"], err=f["error_bytes"], kv=f["kv_bytes"],
+                                    verify=(f["verify"] or {}).get("message")) for f in r["formulas"]},
+           truth_verify=(r["truth"]["verify"] or {}).get("message"),
+           peak_owner=[(e["tensor"], e["category"]) for e in r["events"]
+                       if e["kind"] == "alloc" and e["pass"] == 1 and e["allocated"] == c["t2"]["allocated_peak"]][:1])
+print(json.dumps(out))
+PY
+}
+
 case $PHASE in
+vllm)
+  # Issue 10 on the H200: the sampler against PyTorch, vLLM's defaults on the GPU against the
+  # dry run, and verify's "over budget" against a real OOM.
+  run "$B" devices
+  if [ -x "$G/cuda-tests" ]; then run "$G/cuda-tests" --ignored --test-threads 1; fi
+  for q in fp16 bf16; do
+    run "$B" bench --model preset:llama-3-8b --fast-weights --quant $q --device cuda:0 --tokens 8192 --iters 1 --sampler-dump "/tmp/sd-$q"
+    run python3 "$G/sampler_reference.py" "/tmp/sd-$q"
+  done
+  for q in fp16 int8; do
+    run "$B" profile --model preset:llama-3-8b --quant $q --device sim:h200-141gb:dry -q --json "/tmp/dry-$q.json"
+    summ "/tmp/dry-$q.json"
+    run "$B" profile --model preset:llama-3-8b --quant $q --device cuda:0 --json "/tmp/gpu-$q.json"
+    summ "/tmp/gpu-$q.json"
+  done
+  run "$B" profile --model preset:llama-3-8b --quant fp16 --device cuda:0 --outside-before 16GiB --json /tmp/gpu-crowded.json
+  summ /tmp/gpu-crowded.json
+  ;;
 correctness)
   run nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
   run "$B" devices

@@ -35,6 +35,11 @@ pub struct BenchRequest {
     pub seed: u64,
     /// After the timed passes, one more pass with the GPU time of every op recorded.
     pub op_times: bool,
+    /// After the timed passes, vLLM's profile batch (`max_num_seqs` sequences) once more with
+    /// the sampler, timed, bringing back this many rows of its f32 logits and probs (0: none).
+    pub sampler_rows: usize,
+    /// Sequences of that profile batch (vLLM's `max_num_seqs`).
+    pub sampler_seqs: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -44,6 +49,8 @@ pub struct BenchResult {
     pub device: String,
     pub tokens: usize,
     pub seqs: usize,
+    /// The model's vocabulary.
+    pub vocab: usize,
     pub load_s: f64,
     /// Of `load_s`: making or reading the weights on the host (the rest is quantizing and
     /// copying to the device).
@@ -68,6 +75,13 @@ pub struct BenchResult {
     pub logits: Vec<f32>,
     /// GPU milliseconds per op (and matmul projection) in one extra pass, if asked for.
     pub op_ms: Vec<(String, f64)>,
+    /// Wall milliseconds of vLLM's sampler step (synchronized) on the profile batch.
+    pub sampler_ms: Option<f64>,
+    /// Sequences of the profile batch the sampler ran on.
+    pub sampler_seqs: usize,
+    /// The sampler's first rows: f32 logits it started from, probs, sampled ids.
+    #[serde(skip)]
+    pub sampler: Option<crate::model::sampler::SamplerOutput>,
 }
 
 /// Seeded hash values with the spread of the synthetic weights (std about 0.02; norms near 1),
@@ -195,6 +209,26 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
         drop(out?);
         op_ms = times.transpose()?.unwrap_or_default();
     }
+    let (mut sampler_ms, mut sampler) = (None, None);
+    if req.sampler_rows > 0 {
+        use crate::model::sampler::{self as smp, Sampler};
+        let seqs = req.sampler_seqs.clamp(1, req.tokens);
+        let batch = Batch::dummy(req.tokens, seqs, opened.config.vocab_size);
+        rt.set_pass(req.iters + 3);
+        let input = smp::prepare_model_input(&rt, &batch)?;
+        let hidden = model.forward_hidden(&rt, &batch)?;
+        let logits = smp::compute_logits(&rt, &hidden, model.lm_head(), &input.selected_rows)?;
+        let s = Sampler::new(req.seed);
+        s.head_rows.set(req.sampler_rows);
+        // Warm the kernels once, then time.
+        drop(s.forward(&rt, &logits, opened.config.vocab_size, &input)?);
+        rt.synchronize()?;
+        let start = Instant::now();
+        let out = s.forward(&rt, &logits, opened.config.vocab_size, &input)?;
+        rt.synchronize()?;
+        sampler_ms = Some(start.elapsed().as_secs_f64() * 1e3);
+        sampler = Some(out);
+    }
     let mut sorted = pass_ms.clone();
     sorted.sort_by(f64::total_cmp);
     let median_ms = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
@@ -209,6 +243,7 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
         device: format!("{} ({device_name})", req.device),
         tokens: req.tokens,
         seqs: req.seqs,
+        vocab: opened.config.vocab_size,
         load_s,
         load_read_s: model.load_stats.read_seconds,
         load_quantize_s: model.load_stats.quantize_seconds,
@@ -222,6 +257,9 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
         nvml_rate_hz,
         logits,
         op_ms,
+        sampler_ms,
+        sampler_seqs: req.sampler_seqs,
+        sampler,
     })
 }
 
@@ -297,6 +335,8 @@ mod tests {
             int8_threshold: 0.0,
             seed: 0,
             op_times: false,
+            sampler_rows: 0,
+            sampler_seqs: 256,
         };
         assert!(matches!(run(&req), Err(Error::Request(_))));
         // Op timing is refused on the simulated device before any work.

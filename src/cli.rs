@@ -83,10 +83,18 @@ pub struct WorkloadArgs {
     pub model: String,
     #[arg(long, default_value = "fp16", value_parser = ["fp16", "bf16", "int8", "nf4"])]
     pub quant: String,
-    #[arg(long, default_value_t = 8192)]
-    pub tokens: usize,
-    #[arg(long, default_value_t = 1)]
-    pub seqs: usize,
+    /// vLLM's max_num_batched_tokens: tokens in the profile batch. Default for profile: vLLM's,
+    /// max(max_model_len, 2048) (chunked prefill off); for bench: 8192.
+    #[arg(
+        long = "max-num-batched-tokens",
+        visible_alias = "tokens",
+        value_name = "N"
+    )]
+    pub tokens: Option<usize>,
+    /// vLLM's max_num_seqs: sequences the batch is split into, as vLLM's profile run splits it.
+    /// Default for profile: vLLM's 256; for bench: 1.
+    #[arg(long = "max-num-seqs", visible_alias = "seqs", value_name = "N")]
+    pub seqs: Option<usize>,
     /// LLM.int8 outlier threshold (Hugging Face checkpoints use 6.0).
     #[arg(long, default_value_t = 0.0)]
     pub int8_threshold: f32,
@@ -118,6 +126,11 @@ pub struct BenchArgs {
     /// Compare the logits with those in this JSON (written by bench or gpu_reference.py).
     #[arg(long, value_name = "FILE")]
     pub compare: Option<PathBuf>,
+    /// Also run vLLM's sampler step once on the profile batch (256 sequences), time it, and
+    /// write its first 4 rows of f32 logits and probs (raw little-endian f32) and the sampled
+    /// ids into this folder, for scripts/sampler_reference.py.
+    #[arg(long, value_name = "DIR")]
+    pub sampler_dump: Option<PathBuf>,
 }
 
 fn size_arg(s: &str) -> std::result::Result<u64, String> {
@@ -138,8 +151,13 @@ pub struct ProfileArgs {
     pub util: f64,
     #[arg(long, default_value_t = 16)]
     pub block_size: u64,
-    #[arg(long, default_value_t = 8192)]
-    pub max_model_len: u64,
+    /// vLLM's max_model_len (default: the model's max_position_embeddings, as vLLM takes it).
+    #[arg(long, value_name = "N")]
+    pub max_model_len: Option<u64>,
+    /// Leave vLLM's sampler step out of the profile pass (forward and logits only, as before
+    /// vramscope followed vLLM's profile run step by step).
+    #[arg(long)]
+    pub no_sampler: bool,
     /// Memory another process holds before the instance starts (e.g. 512MiB).
     #[arg(long, value_parser = size_arg, default_value = "0")]
     pub outside_before: u64,
@@ -170,12 +188,16 @@ impl ProfileArgs {
             model: ModelSource::parse(&self.work.model)?,
             quant: Quant::parse(&self.work.quant)?,
             device: DeviceSpec::parse(&self.device)?,
-            tokens: self.work.tokens,
-            seqs: self.work.seqs,
+            tokens: self.work.tokens.unwrap_or(0),
+            seqs: self
+                .work
+                .seqs
+                .unwrap_or(crate::profile::request::VLLM_MAX_NUM_SEQS),
             passes: self.passes,
             util: self.util,
             block_size: self.block_size,
-            max_model_len: self.max_model_len,
+            max_model_len: self.max_model_len.unwrap_or(0),
+            sampler: !self.no_sampler,
             int8_threshold: self.work.int8_threshold,
             outside_before: self.outside_before,
             outside_during: self.outside_during,
@@ -339,20 +361,33 @@ pub fn summary_text(r: &Report) -> String {
         r.settings.passes,
         r.settings.util
     );
-    let new = r.formula(FormulaId::Pr9516);
-    if let Some(n) = new {
+    if let Some(n) = r.formula(FormulaId::Pr9516) {
+        // vLLM 380e1863's own log line (vllm/worker/worker.py L260-271), with the numbers it
+        // would print, so a user can hold it against theirs.
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        let c = &r.checkpoints;
+        let used = |cp: &profile::formulas::Checkpoint| (cp.total - cp.free) as f64;
         let _ = writeln!(
             s,
-            "Memory profiling (#9516): total_gpu_memory={} util={} model weights={} non_torch_memory={} torch_peak_memory={} kv_cache_size={} ({} blocks, max concurrency {:.2}x for {} tokens)",
-            fmt_u(r.checkpoints.t0.total),
-            r.settings.util,
-            fmt_u(r.weights_bytes),
-            fmt_i(n.non_torch_bytes),
-            fmt_i(n.torch_peak_bytes),
-            fmt_i(n.kv_bytes),
+            "INFO worker.py:260] Memory profiling results: total_gpu_memory={:.2}GiB initial_memory_usage={:.2}GiB peak_torch_memory={:.2}GiB memory_usage_post_profile={:.2}Gib non_torch_memory={:.2}GiB kv_cache_size={:.2}GiB gpu_memory_utilization={:.2}",
+            gib(c.t0.total as f64),
+            gib(used(&c.t1)),
+            gib(n.torch_peak_bytes as f64),
+            gib(used(&c.t3)),
+            gib((c.t3.total - c.t3.free) as f64 - c.t3.allocated as f64),
+            gib(n.kv_bytes as f64),
+            r.settings.util
+        );
+        let _ = writeln!(
+            s,
+            "#9516: {} KV cache blocks of {} tokens, max concurrency {:.2}x for {} tokens; batch {} tokens in {} sequences{}",
             n.kv_blocks,
+            r.kv_geometry.block_size,
             n.max_concurrency,
-            r.kv_geometry.max_model_len
+            r.kv_geometry.max_model_len,
+            r.settings.tokens,
+            r.settings.seqs,
+            if r.settings.sampler { ", sampler on" } else { ", no sampler" }
         );
     }
     let _ = writeln!(
@@ -495,15 +530,45 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         model: ModelSource::parse(&a.work.model)?,
         quant: Quant::parse(&a.work.quant)?,
         device: DeviceSpec::parse(&a.device)?,
-        tokens: a.work.tokens,
-        seqs: a.work.seqs,
+        tokens: a.work.tokens.unwrap_or(8192),
+        seqs: a.work.seqs.unwrap_or(1),
         iters: a.iters,
         fast_weights: a.fast_weights,
         int8_threshold: a.work.int8_threshold,
         seed: a.work.seed,
         op_times: a.op_times,
+        sampler_rows: if a.sampler_dump.is_some() { 4 } else { 0 },
+        sampler_seqs: crate::profile::request::VLLM_MAX_NUM_SEQS,
     };
     let r = crate::bench::run(&req)?;
+    if let (Some(dir), Some(out)) = (&a.sampler_dump, &r.sampler) {
+        std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
+        let raw = |name: &str, v: &[f32]| -> Result<()> {
+            let p = dir.join(name);
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            std::fs::write(&p, bytes).map_err(|e| crate::Error::io(&p, e))
+        };
+        raw("logits.f32", &out.logits_head)?;
+        raw("probs.f32", &out.probs_head)?;
+        let meta = serde_json::json!({
+            "rows": out.logits_head.len() / r.vocab.max(1),
+            "vocab": r.vocab,
+            "sampled_ids": out.ids.iter().take(16).collect::<Vec<_>>(),
+            "sampler_ms": r.sampler_ms,
+            "seqs": r.sampler_seqs,
+            "model": r.model,
+            "quant": r.quant,
+            "device": r.device,
+        });
+        let p = dir.join("sampler.json");
+        std::fs::write(&p, meta.to_string()).map_err(|e| crate::Error::io(&p, e))?;
+    }
+    if let Some(ms) = r.sampler_ms {
+        println!(
+            "vLLM sampler step on {} sequences x {} vocabulary: {ms:.2} ms",
+            r.sampler_seqs, r.vocab
+        );
+    }
     println!(
         "{} {} on {}: {} tokens in {} seq(s); load {:.1} s ({:.1} s making or reading the weights, {:.1} s quantizing); pass {:.2} ms median of {:?}; {:.1} TFLOP/s ({:.3e} FLOP); weights {} B; peak allocated {} B; process peak {} B",
         r.model, r.quant, r.device, r.tokens, r.seqs, r.load_s, r.load_read_s, r.load_quantize_s, r.median_ms,

@@ -48,7 +48,10 @@ pub fn rms_norm(rt: &Runtime, x: &Tensor, w: &Tensor, eps: f32, name: &str) -> R
     Ok(out)
 }
 
+/// The bias of a linear layer. PyTorch runs `F.linear` with a bias through cuBLASLt's
+/// epilogue, which is when it takes the cuBLASLt workspace.
 pub fn add_bias(rt: &Runtime, x: &mut Tensor, bias: &Tensor) -> Result<()> {
+    rt.ensure_lt_workspace()?;
     rt.set_op("add_bias");
     match rt.backend() {
         Backend::Dry => {}

@@ -113,6 +113,28 @@ impl Tensor {
         }
     }
 
+    pub fn u8_mut(&mut self) -> &mut [u8] {
+        match &mut self.storage {
+            Storage::U8(v) => v,
+            _ => panic!("tensor {} is not host u8", self.name),
+        }
+    }
+
+    /// Host values of an i32 or i64 tensor (the host keeps both as i32: indices fit).
+    pub fn i32(&self) -> &[i32] {
+        match &self.storage {
+            Storage::I32(v) => v,
+            _ => panic!("tensor {} is not host i32", self.name),
+        }
+    }
+
+    pub fn i32_mut(&mut self) -> &mut [i32] {
+        match &mut self.storage {
+            Storage::I32(v) => v,
+            _ => panic!("tensor {} is not host i32", self.name),
+        }
+    }
+
     pub fn cuda_ptr(&self) -> u64 {
         match &self.storage {
             Storage::Cuda(p) => *p,

@@ -152,9 +152,13 @@ fn nf4_non_torch_terms_differ_only_by_memory_outside_the_framework() {
     assert_eq!(int(&r["quant_state_after_bytes"]), 0);
     let t1 = &r["checkpoints"]["t1"];
     let t3 = &r["checkpoints"]["t3"];
+    // What survives the pass, as in PyTorch: the cuBLAS workspace (32 MiB on Hopper, taken
+    // from the caching allocator at the first GEMM) and the sampler's SamplingTensors (seven
+    // [256] vectors: 4,096 B in 512 B blocks), kept until the next pass.
     assert_eq!(
-        t3["allocated"], t1["allocated"],
-        "nothing of the framework survives the pass"
+        int(&t3["allocated"]) - int(&t1["allocated"]),
+        32 * MIB + 4096,
+        "only the workspace and the sampling tensors survive the pass"
     );
     let (old, new) = (formula(&r, "pr9352"), formula(&r, "pr9516"));
     // new − old = U(t1) − A(t3): this instance's memory outside the framework at t1 (context)
@@ -163,8 +167,10 @@ fn nf4_non_torch_terms_differ_only_by_memory_outside_the_framework() {
     let diff = int(&new["non_torch_bytes"]) - int(&old["non_torch_bytes"]);
     assert_eq!(diff, used_t1 - int(&t3["allocated"]));
     let context = int(&r["checkpoints"]["t0"]["total"]) - int(&r["checkpoints"]["t0"]["free"]);
-    assert!(
-        diff >= context && diff < context + 64 * MIB,
+    let cached_t1 = int(&t1["reserved"]) - int(&t1["allocated"]);
+    assert_eq!(
+        diff,
+        context + cached_t1 - 32 * MIB - 4096,
         "diff {diff}, context {context}"
     );
 }
@@ -223,7 +229,7 @@ fn stdout_has_a_vllm_style_line_and_one_row_per_formula() {
     let out = vramscope(&args);
     let s = String::from_utf8(out.stdout).unwrap();
     assert!(
-        s.contains("Memory profiling (#9516): total_gpu_memory="),
+        s.contains("worker.py:260] Memory profiling results: total_gpu_memory="),
         "{s}"
     );
     for t in [
@@ -365,9 +371,15 @@ fn missing_config_json() {
 fn nonsense_sizes_and_settings() {
     expect_clean_error(&["profile", "--outside-before", "12XB"], &["12XB"]);
     expect_clean_error(&["profile", "--outside-during", "lots"], &["lots"]);
-    expect_clean_error(&["profile", "--tokens", "many"], &["--tokens", "many"]);
+    expect_clean_error(
+        &["profile", "--tokens", "many"],
+        &["--max-num-batched-tokens", "many"],
+    );
     expect_clean_error(&["profile", "--util", "1.5"], &["--util"]);
-    expect_clean_error(&["profile", "--tokens", "4", "--seqs", "8"], &["--seqs"]);
+    expect_clean_error(
+        &["profile", "--tokens", "4", "--seqs", "8"],
+        &["--max-num-seqs"],
+    );
     expect_clean_error(&["profile", "--model", "preset:gpt-5"], &["gpt-5"]);
     expect_clean_error(&["profile", "--model", "synthetic:1GiB:huge"], &["huge"]);
 }

@@ -30,6 +30,8 @@ fn logits(
         int8_threshold: thr,
         seed: 0,
         op_times: false,
+        sampler_rows: 0,
+        sampler_seqs: 256,
     };
     let r = bench::run(&req).unwrap();
     assert_eq!(r.logits.len() % seqs, 0);

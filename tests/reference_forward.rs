@@ -31,6 +31,8 @@ fn logits(
         int8_threshold,
         seed: 0,
         op_times: false,
+        sampler_rows: 0,
+        sampler_seqs: 256,
     };
     bench::run(&req).unwrap().logits
 }

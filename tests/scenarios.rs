@@ -89,10 +89,9 @@ fn progress_reports_phases_passes_and_layers() {
         .iter()
         .filter(|p| matches!(p, Progress::Layer { .. }))
         .count();
-    // 2 profile passes + 2 verify passes (the new formula's and the truth's), 4 layers each.
-    // The other four formulas leave out the 512 MiB context, so the KV cache they grant does
-    // not fit inside T·u and their verify stops at the cache allocation.
-    assert_eq!(layers, 4 * 4);
+    // 2 profile passes + 6 verify passes (five formulas and the truth), 4 layers each: vLLM
+    // sets no cap on itself, so a grant that breaks the budget still runs its pass.
+    assert_eq!(layers, 8 * 4);
     use vramscope::profile::formulas::FormulaId;
     let new = report
         .formula(FormulaId::Pr9516)
@@ -100,17 +99,17 @@ fn progress_reports_phases_passes_and_layers() {
         .verify
         .clone()
         .unwrap();
-    assert!(new.ran && new.within_budget && !new.oom, "{new:?}");
+    assert!(new.ran && !new.oom, "{new:?}");
     let truth = report.truth.verify.clone().unwrap();
-    assert!(truth.within_budget && !truth.oom, "{truth:?}");
-    for id in [
-        FormulaId::V0_6_3,
-        FormulaId::Pr9352,
-        FormulaId::Pr10511,
-        FormulaId::Pr12126,
-    ] {
-        let v = report.formula(id).unwrap().verify.clone().unwrap();
-        assert!(v.oom && v.message.contains("kv-cache"), "{id:?}: {v:?}");
+    assert!(!truth.oom, "{truth:?}");
+    // The formulas that leave out the 512 MiB context grant more than T·u holds: over budget
+    // by what they missed, but the device has the 10 % above T·u, so no OOM.
+    for id in [FormulaId::V0_6_3, FormulaId::Pr10511, FormulaId::Pr12126] {
+        let f = report.formula(id).unwrap();
+        let v = f.verify.clone().unwrap();
+        assert!(v.ran && !v.oom && !v.within_budget, "{id:?}: {v:?}");
+        assert!(v.overrun_bytes >= 500 << 20, "{id:?}: {v:?}");
+        assert!(v.message.starts_with("over budget by"), "{}", v.message);
     }
     assert_eq!(
         report.logits.len(),
@@ -120,13 +119,12 @@ fn progress_reports_phases_passes_and_layers() {
     assert_eq!(report.logits[0].top.len(), 5);
 }
 
-// The verify pass runs inside T·u: no framework segment may take the instance over
-// floor(T·u), and the allocator gives cached segments back before it gives up (as PyTorch's
-// does). On Llama-3-8B int8 the new formula (130 MiB under the truth, allocator fragmentation)
-// then fits; the formulas that grant more than the truth leaves room for run out of memory,
-// and the old one fits with its double-counted CxB to spare.
+// The verify pass runs as vLLM would run with the granted cache: nothing caps the instance at
+// T·u, so a grant that missed memory shows "over budget by" what it missed, and only running
+// the device out is an OOM. On Llama-3-8B int8 the old formula double-counts the CxB state and
+// keeps more than 5 GiB of its budget unused; the new one is over by its (small) error.
 #[test]
-fn verify_passes_run_inside_the_budget_and_the_new_formula_fits() {
+fn verify_reports_the_overrun_each_formula_causes() {
     use vramscope::profile::formulas::FormulaId;
     let req = ProfileRequest {
         model: ModelSource::Preset {
@@ -134,39 +132,44 @@ fn verify_passes_run_inside_the_budget_and_the_new_formula_fits() {
         },
         quant: Quant::Int8,
         device: DeviceSpec::parse("sim:h200-141gb:dry").unwrap(),
-        tokens: 8192,
         ..ProfileRequest::default()
     };
     let r = run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
     let v = |id| r.formula(id).unwrap().verify.clone().unwrap();
-    let budget = v(FormulaId::Pr9516).budget_bytes;
+    // The verify pass starts from an emptied cache with the KV tensors in front, so its
+    // allocator fragmentation is not the profile passes': allow 0.25 % of the device.
+    let slack = (r.checkpoints.t0.total / 400) as i64;
     let new = v(FormulaId::Pr9516);
-    assert!(r.formula(FormulaId::Pr9516).unwrap().error_bytes < 0);
-    assert!(new.ran && !new.oom && new.within_budget, "{new:?}");
-    assert!(new.peak_process_bytes <= budget);
-    assert!(new.message.starts_with("fits"), "{}", new.message);
+    let new_err = r.formula(FormulaId::Pr9516).unwrap().error_bytes;
+    assert!(new.ran && !new.oom, "{new:?}");
+    assert!(
+        new.overrun_bytes + new_err > -(4 << 20) && new.overrun_bytes + new_err < slack,
+        "{new:?} for an error of {new_err}"
+    );
     let old = v(FormulaId::Pr9352);
     assert!(
         old.within_budget && old.overrun_bytes < -(5 << 30),
         "{old:?}"
     );
-    let truth = r.truth.verify.clone().unwrap();
-    assert!(truth.within_budget, "{truth:?}");
     for id in [FormulaId::V0_6_3, FormulaId::Pr10511, FormulaId::Pr12126] {
         let f = r.formula(id).unwrap();
         let x = f.verify.clone().unwrap();
-        // Each grants at least 500 MiB more KV than the truth leaves room for.
+        // Each grants at least 500 MiB more KV than the truth leaves room for ...
         assert!(f.error_bytes < -(500 << 20), "{id:?}: {}", f.error_bytes);
-        assert!(x.oom && !x.within_budget, "{id:?}: {x:?}");
-        // Out of memory only after giving the cached segments back.
-        assert!(x.cache_releases >= 1, "{id:?}: {x:?}");
-        assert!(x.message.contains("out of memory"), "{}", x.message);
+        // ... and goes over the budget by that much, which the H200's 10 % above T·u absorbs.
+        assert!(!x.oom && !x.within_budget, "{id:?}: {x:?}");
+        assert!(
+            x.overrun_bytes >= -f.error_bytes - (4 << 20),
+            "{id:?}: {x:?}"
+        );
     }
 }
 
 // The verify pass is fair: the KV cache the measured truth leaves room for, plus one more pass,
-// fits inside T·u for every preset and quantization (the KV tensor's allocator padding, under
-// 2 MiB, is reported and not charged).
+// never runs out of memory and stays within T·u up to allocator effects: the rounding of
+// vLLM's per-layer KV tensors (each a whole number of 2 MiB segment units) and the different
+// fragmentation of a pass that starts from an emptied cache behind the KV tensors (0.25 % of
+// the device).
 #[test]
 fn the_truths_own_verify_fits_on_every_preset_and_quantization() {
     for model in ["tiny", "smollm2-135m", "llama-3-8b"] {
@@ -180,16 +183,9 @@ fn the_truths_own_verify_fits_on_every_preset_and_quantization() {
             };
             let r = run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
             let v = r.truth.verify.clone().unwrap();
-            assert!(
-                v.ran && v.within_budget && !v.oom,
-                "{model} {quant:?}: {v:?}"
-            );
-            assert!(v.kv_padding_bytes < 2 << 20, "{v:?}");
-            assert!(
-                v.kv_allocated_bytes + v.kv_padding_bytes > 0
-                    && (v.kv_allocated_bytes + v.kv_padding_bytes).is_multiple_of(2 << 20),
-                "the KV tensor takes whole 2 MiB units: {v:?}"
-            );
+            let slack = r.model.layers as i64 * (2 << 20) + (r.checkpoints.t0.total / 400) as i64;
+            assert!(v.ran && !v.oom, "{model} {quant:?}: {v:?}");
+            assert!(v.overrun_bytes < slack, "{model} {quant:?}: {v:?}");
         }
     }
 }

@@ -4,6 +4,7 @@
 //! directly.
 
 pub mod cpu;
+pub mod cpu_sampler;
 pub mod cuda;
 pub mod presets;
 pub mod sim;
@@ -100,6 +101,59 @@ pub struct MemInfo {
     pub total: u64,
 }
 
+/// A library workspace that PyTorch takes from its caching allocator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LibraryWorkspace {
+    Cublas,
+    CublasLt,
+}
+
+impl LibraryWorkspace {
+    pub fn label(self) -> &'static str {
+        match self {
+            LibraryWorkspace::Cublas => "cublas-workspace",
+            LibraryWorkspace::CublasLt => "cublaslt-workspace",
+        }
+    }
+}
+
+/// Bytes of each library workspace on a device (0: not taken from the allocator).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkspaceBytes {
+    pub cublas: u64,
+    pub cublaslt: u64,
+}
+
+/// bitsandbytes' igemmlt tile layout of the int8 weight copy (CxB): rows padded to `row_pad`
+/// (8 for `col_turing` on Turing and Hopper, 32 for `col_ampere`), columns to `col_pad` (32).
+/// A device fact, so it lives here; quant/ builds CxB with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TileLayout {
+    pub row_pad: usize,
+    pub col_pad: usize,
+}
+
+impl TileLayout {
+    /// The padded `[rows, cols]` of a weight in this layout.
+    pub fn padded(self, rows: usize, cols: usize) -> (usize, usize) {
+        (
+            rows.div_ceil(self.row_pad) * self.row_pad,
+            cols.div_ceil(self.col_pad) * self.col_pad,
+        )
+    }
+}
+
+/// One reading of the GPU's memory by the NVML sampler thread, on the events' clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceSample {
+    /// Microseconds since the run started (the same clock as `Event::time_us`).
+    pub time_us: u64,
+    /// Device-wide used memory (all processes).
+    pub device_used: u64,
+    /// This process's device memory.
+    pub process_used: u64,
+}
+
 /// A device memory allocation made outside the framework allocator.
 #[derive(Debug, PartialEq, Eq)]
 pub struct OutsideAlloc {
@@ -186,12 +240,12 @@ impl Device {
     }
 
     /// bitsandbytes' CxB tile layout on this device.
-    pub fn int8_tile_layout(&self) -> crate::quant::int8::TileLayout {
+    pub fn int8_tile_layout(&self) -> TileLayout {
         let row_pad = match self {
             Device::Sim(s) => s.preset.cxb_row_pad,
             Device::Cuda(c) => c.cxb_row_pad(),
         };
-        crate::quant::int8::TileLayout {
+        TileLayout {
             row_pad,
             col_pad: 32,
         }
@@ -206,15 +260,21 @@ impl Device {
         }
     }
 
-    /// Library workspaces taken on the first GEMM (cuBLAS, cuBLASLt), outside the framework.
-    pub fn library_workspace_bytes(&self) -> Vec<(&'static str, u64)> {
+    /// The library workspaces PyTorch takes from its caching allocator on this device.
+    pub fn library_workspace_bytes(&self) -> WorkspaceBytes {
         match self {
-            Device::Sim(s) => vec![
-                ("cublas-workspace", s.preset.cublas_workspace_bytes),
-                ("cublaslt-workspace", s.preset.cublaslt_workspace_bytes),
-            ],
+            Device::Sim(s) => WorkspaceBytes {
+                cublas: s.preset.cublas_workspace_bytes,
+                cublaslt: s.preset.cublaslt_workspace_bytes,
+            },
             Device::Cuda(c) => c.library_workspace_bytes(),
         }
+    }
+
+    /// Whether free memory reads as total − framework allocated (the `mock-10gib` preset,
+    /// vLLM's tests/worker/test_profile.py patch of `torch.cuda.mem_get_info`).
+    pub fn free_tracks_allocated(&self) -> bool {
+        matches!(self, Device::Sim(s) if s.preset.free_is_total_minus_allocated)
     }
 
     pub fn alloc_outside(&mut self, bytes: u64) -> Result<OutsideAlloc> {

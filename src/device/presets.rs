@@ -2,7 +2,9 @@
 //! there); context overheads are typical CUDA 12/13 figures with lazy module loading (our own
 //! H200 measurement, docs/gpu-runs.md, saw 527 MiB); workspace sizes are PyTorch's defaults
 //! (`CUBLAS_WORKSPACE_CONFIG` ":4096:8" = 32 MiB on Hopper, ":4096:2:16:8" = 8.125 MiB
-//! before it; cuBLASLt 1 MiB). All of it is labelled "simulated" wherever it is shown.
+//! before it; cuBLASLt 1 MiB), both taken from PyTorch's caching allocator and kept, as torch
+//! 2.11 does on the H200 (docs/gpu-runs.md run 24). All of it is labelled "simulated" wherever
+//! it is shown.
 
 use serde::{Deserialize, Serialize};
 
@@ -22,12 +24,30 @@ pub struct SimPreset {
     /// Row padding of bitsandbytes' int8 CxB tiles: 8 for `col_turing` (Turing, Hopper), 32
     /// for `col_ampere` (compute capability 8.x: Ampere, Ada).
     pub cxb_row_pad: usize,
+    /// Free memory reads as total − framework allocated, nothing else (vLLM's
+    /// tests/worker/test_profile.py patches `torch.cuda.mem_get_info` so).
+    pub free_is_total_minus_allocated: bool,
 }
 
 const HOPPER_CUBLAS: u64 = 32 * MIB;
 const PRE_HOPPER_CUBLAS: u64 = 4096 * 1024 * 2 + 16 * 1024 * 8;
 
 pub const SIM_PRESETS: &[SimPreset] = &[
+    // vLLM 380e1863 tests/worker/test_profile.py: `mock_mem_info` returns
+    // (10 GiB − allocated_bytes.all.current, 10 GiB), so the context and anything outside
+    // torch are invisible. The test ran with the torch vLLM pinned (2.4), whose cuBLAS
+    // workspace is the pre-Hopper default (8,519,680 B, the test's "0.0079 GiB non-torch"),
+    // taken from the caching allocator, and whose cuBLASLt workspace was taken per call.
+    SimPreset {
+        id: "mock-10gib",
+        name: "vLLM test_profile.py mock: 10 GiB, free = total − torch allocated (simulated)",
+        total_bytes: 10 << 30,
+        context_bytes: 0,
+        cublas_workspace_bytes: PRE_HOPPER_CUBLAS,
+        cublaslt_workspace_bytes: 0,
+        cxb_row_pad: 8,
+        free_is_total_minus_allocated: true,
+    },
     SimPreset {
         id: "h100-80gb",
         name: "NVIDIA H100 80GB HBM3 (simulated)",
@@ -36,6 +56,7 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         cublas_workspace_bytes: HOPPER_CUBLAS,
         cublaslt_workspace_bytes: MIB,
         cxb_row_pad: 8,
+        free_is_total_minus_allocated: false,
     },
     SimPreset {
         id: "h200-141gb",
@@ -45,6 +66,7 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         cublas_workspace_bytes: HOPPER_CUBLAS,
         cublaslt_workspace_bytes: MIB,
         cxb_row_pad: 8,
+        free_is_total_minus_allocated: false,
     },
     SimPreset {
         id: "a100-80gb",
@@ -54,6 +76,7 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         cublas_workspace_bytes: PRE_HOPPER_CUBLAS,
         cublaslt_workspace_bytes: MIB,
         cxb_row_pad: 32,
+        free_is_total_minus_allocated: false,
     },
     SimPreset {
         id: "a100-40gb",
@@ -63,6 +86,7 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         cublas_workspace_bytes: PRE_HOPPER_CUBLAS,
         cublaslt_workspace_bytes: MIB,
         cxb_row_pad: 32,
+        free_is_total_minus_allocated: false,
     },
     SimPreset {
         id: "l4-24gb",
@@ -72,6 +96,7 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         cublas_workspace_bytes: PRE_HOPPER_CUBLAS,
         cublaslt_workspace_bytes: MIB,
         cxb_row_pad: 32,
+        free_is_total_minus_allocated: false,
     },
     SimPreset {
         id: "rtx4090-24gb",
@@ -81,6 +106,7 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         cublas_workspace_bytes: PRE_HOPPER_CUBLAS,
         cublaslt_workspace_bytes: MIB,
         cxb_row_pad: 32,
+        free_is_total_minus_allocated: false,
     },
 ];
 

@@ -38,12 +38,18 @@ pub struct SetupForm {
     pub device: String,
     /// Simulated devices: shapes only (fast, any size) instead of real math on the CPU.
     pub dry: bool,
+    /// vLLM's max_num_batched_tokens; 0: vLLM's default.
     pub tokens: usize,
+    /// vLLM's max_num_seqs.
     pub seqs: usize,
     pub passes: u32,
     pub util: f64,
     pub block_size: u64,
+    /// vLLM's max_model_len; 0: the model's max_position_embeddings.
     pub max_model_len: u64,
+    /// vLLM's sampler step in the profile pass.
+    #[serde(default = "yes")]
+    pub sampler: bool,
     pub outside_before: String,
     pub outside_during: String,
     pub outside_during_freed: bool,
@@ -52,6 +58,26 @@ pub struct SetupForm {
     /// Set when the last "Open…" showed no dialog.
     #[serde(skip)]
     pub dialog_note: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A number with a "vLLM default" box: checked stores 0 (resolved when the run starts).
+fn defaulted<T>(ui: &mut egui::Ui, value: &mut T, fallback: T, range: std::ops::RangeInclusive<T>)
+where
+    T: egui::emath::Numeric + Default + PartialEq,
+{
+    let mut auto = *value == T::default();
+    ui.horizontal(|ui| {
+        if ui.checkbox(&mut auto, "vLLM default").changed() {
+            *value = if auto { T::default() } else { fallback };
+        }
+        if !auto {
+            ui.add(egui::DragValue::new(value).range(range));
+        }
+    });
 }
 
 impl Default for SetupForm {
@@ -72,6 +98,7 @@ impl Default for SetupForm {
             util: r.util,
             block_size: r.block_size,
             max_model_len: r.max_model_len,
+            sampler: r.sampler,
             outside_before: "0".into(),
             outside_during: "0".into(),
             outside_during_freed: r.outside_during_freed,
@@ -115,6 +142,7 @@ impl SetupForm {
             util: self.util,
             block_size: self.block_size,
             max_model_len: self.max_model_len,
+            sampler: self.sampler,
             int8_threshold: self.int8_threshold,
             outside_before: size("outside before", &self.outside_before)?,
             outside_during: size("outside during", &self.outside_during)?,
@@ -251,29 +279,46 @@ impl SetupForm {
         ui.add_space(6.0);
         ui.heading("Batch and vLLM settings");
         egui::Grid::new("settings").num_columns(2).show(ui, |ui| {
-            let l = ui.label("tokens");
-            ui.add(egui::DragValue::new(&mut self.tokens).range(1..=1_048_576))
+            ui.label("max_num_batched_tokens").on_hover_text(
+                "vLLM's --max-num-batched-tokens: the tokens of the profile batch. vLLM's default \
+                 with chunked prefill off is max(max_model_len, 2048) (vllm/config.py, \
+                 SchedulerConfig).",
+            );
+            defaulted(ui, &mut self.tokens, 8192, 1..=1_048_576);
+            ui.end_row();
+            let l = ui.label("max_num_seqs").on_hover_text(
+                "vLLM's --max-num-seqs (default 256): the profile batch is split into this many \
+                 dummy sequences, and the sampler runs on one row of logits per sequence.",
+            );
+            ui.add(egui::DragValue::new(&mut self.seqs).range(1..=65_536))
                 .labelled_by(l.id);
             ui.end_row();
-            let l = ui.label("sequences");
-            ui.add(egui::DragValue::new(&mut self.seqs).range(1..=65_536))
+            let l = ui.label("sampler").on_hover_text(
+                "vLLM's profile run samples with top_p=0.99, top_k=vocab-1 after the forward \
+                 (model_runner.py profile_run); for most models the sampler owns the peak. \
+                 Off: forward and logits only.",
+            );
+            ui.checkbox(&mut self.sampler, "vLLM's sampler step")
                 .labelled_by(l.id);
             ui.end_row();
             let l = ui.label("passes");
             ui.add(egui::DragValue::new(&mut self.passes).range(1..=1000))
                 .labelled_by(l.id);
             ui.end_row();
-            let l = ui.label("gpu_memory_utilization");
+            let l = ui.label("gpu_memory_utilization")
+                .on_hover_text("vLLM's --gpu-memory-utilization (default 0.9): the share of the GPU the instance may take, KV cache included.");
             ui.add(egui::Slider::new(&mut self.util, 0.05..=1.0).fixed_decimals(2))
                 .labelled_by(l.id);
             ui.end_row();
-            let l = ui.label("block size");
+            let l = ui.label("block_size").on_hover_text("vLLM's --block-size (default 16): tokens per KV cache block.");
             ui.add(egui::DragValue::new(&mut self.block_size).range(1..=4096))
                 .labelled_by(l.id);
             ui.end_row();
-            let l = ui.label("max model length");
-            ui.add(egui::DragValue::new(&mut self.max_model_len).range(1..=1_048_576))
-                .labelled_by(l.id);
+            ui.label("max_model_len").on_hover_text(
+                "vLLM's --max-model-len: by default the model's max_position_embeddings \
+                 (config.json). It sets the default batch and the max concurrency shown.",
+            );
+            defaulted(ui, &mut self.max_model_len, 8192, 1..=1_048_576);
             ui.end_row();
         });
         egui::CollapsingHeader::new("Advanced").show(ui, |ui| {

@@ -494,10 +494,10 @@ fn stack_by_category(
     };
     let (x0, x1) = (x_of(i0), x_of(i1 - 1));
     let span = (x1 - x0).max(1e-12);
-    let mut totals = [0i64; 6];
+    let mut totals = [0i64; Category::ALL.len()];
     let mut col: Option<i64> = None;
-    let mut best: Option<(f64, [i64; 6], i64)> = None;
-    let push = |out: &mut Vec<Vec<[f64; 2]>>, x: f64, tot: &[i64; 6]| {
+    let mut best: Option<(f64, [i64; Category::ALL.len()], i64)> = None;
+    let push = |out: &mut Vec<Vec<[f64; 2]>>, x: f64, tot: &[i64; Category::ALL.len()]| {
         let mut acc = 0i64;
         for (i, v) in tot.iter().enumerate() {
             acc += (*v).max(0);

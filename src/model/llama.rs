@@ -39,8 +39,9 @@ pub struct LlamaModel {
     pub embed: Tensor,
     pub layers: Vec<Layer>,
     pub norm: Tensor,
-    /// `None` when tied to the embedding.
-    pub lm_head: Option<Linear>,
+    /// `[Vp, hidden]`, 16-bit (bitsandbytes leaves it unquantized); `None` when tied to the
+    /// embedding.
+    pub lm_head: Option<Tensor>,
     /// How fast the weights came off the source (zero on a dry run, which reads nothing).
     pub load_stats: LoadStats,
     generation: Cell<u32>,
@@ -93,7 +94,10 @@ impl LlamaModel {
             cfg.kv_dim(),
             cfg.vocab_size,
         );
-        let embed = ld.dense("model.embed_tokens.weight", &[v, h])?;
+        // vLLM's VocabParallelEmbedding and ParallelLMHead pad the vocabulary to 64 rows
+        // (vocab_parallel_embedding.py L16, L47-50): the padding is allocated too.
+        let vp = cfg.padded_vocab();
+        let embed = ld.dense_padded("model.embed_tokens.weight", v, h, vp)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
             rt.set_layer(Some(l as u32));
@@ -137,7 +141,7 @@ impl LlamaModel {
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(Linear::Dense(ld.dense("lm_head.weight", &[v, h])?))
+            Some(ld.dense_padded("lm_head.weight", v, h, vp)?)
         };
         Ok(LlamaModel {
             cfg: cfg.clone(),
@@ -169,12 +173,26 @@ impl LlamaModel {
                 b += bs.iter().map(Tensor::nbytes).sum::<u64>();
             }
         }
-        b + self.lm_head.as_ref().map_or(0, Linear::weight_bytes)
+        b + self.lm_head.as_ref().map_or(0, Tensor::nbytes)
     }
 
-    /// One forward pass; returns the logits of the last token of each sequence, `[seqs, vocab]`
-    /// in f32.
+    /// The output projection over the padded vocabulary, `[Vp, hidden]`.
+    pub fn lm_head(&self) -> &Tensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// One forward pass without the sampler: the f32 logits `[seqs, vocab]` of the last token of
+    /// each sequence.
     pub fn forward(&self, rt: &Runtime, batch: &Batch) -> Result<Tensor> {
+        let hidden = self.forward_hidden(rt, batch)?;
+        let rows = super::sampler::last_token_rows(&batch.seq_lens);
+        super::sampler::logits_f32(rt, &hidden, self.lm_head(), &rows, self.cfg.vocab_size)
+    }
+
+    /// One forward pass over every token, as vLLM's `LlamaModel.forward`: the final hidden
+    /// states `[tokens, hidden]` in the model dtype, after the last norm. The logits come from
+    /// `sampler::compute_logits`.
+    pub fn forward_hidden(&self, rt: &Runtime, batch: &Batch) -> Result<Tensor> {
         let cfg = &self.cfg;
         let gen = self.generation.get();
         self.generation.set(gen + 1);
@@ -245,22 +263,8 @@ impl LlamaModel {
             ops::add_assign(rt, &mut x, &down)?;
         }
         rt.set_layer(None);
-        // vLLM computes logits only where a sequence ends.
-        let mut last = Vec::with_capacity(batch.seq_lens.len());
-        let mut end = 0;
-        for &n in &batch.seq_lens {
-            end += n;
-            last.push((end - 1) as u32);
-        }
-        let xl = ops::gather_rows(rt, &x, &last, "final.last_tokens")?;
+        let xn = ops::rms_norm(rt, &x, &self.norm, eps, "final.norm")?;
         drop(x);
-        let xn = ops::rms_norm(rt, &xl, &self.norm, eps, "final.norm")?;
-        drop(xl);
-        let logits = match &self.lm_head {
-            Some(head) => head.forward(rt, &xn, "lm_head", gen, act)?,
-            None => crate::quant::dense_matmul(rt, &xn, &self.embed, "lm_head", act)?,
-        };
-        drop(xn);
-        ops::to_f32(rt, &logits, "logits")
+        Ok(xn)
     }
 }

@@ -141,20 +141,21 @@ impl<'a> Loader<'a> {
         upload(self.rt, name, shape, self.act, d)
     }
 
-    /// A 16-bit table whose first `shape[0]` rows come from `name` and whose rows up to
-    /// `rows` are zero (vLLM's VocabParallelEmbedding pads the vocabulary to 64 and
-    /// zero-fills the padding, vocab_parallel_embedding.py L16, L47-50).
+    /// A `[rows, cols]` table stored as `[padded_rows, cols]` with zero rows after it
+    /// (vLLM's VocabParallelEmbedding and ParallelLMHead pad the vocabulary to 64 and
+    /// zero-fill the padding, vocab_parallel_embedding.py L16, L47-50).
     pub(crate) fn dense_padded(
         &mut self,
         name: &str,
-        shape: &[usize; 2],
         rows: usize,
+        cols: usize,
+        padded_rows: usize,
     ) -> Result<Tensor> {
-        let d = self.read(name, shape)?.map(|mut d| {
-            d.resize(rows * shape[1], 0.0);
+        let d = self.read(name, &[rows, cols])?.map(|mut d| {
+            d.resize(padded_rows * cols, 0.0);
             d
         });
-        upload(self.rt, name, &[rows, shape[1]], self.act, d)
+        upload(self.rt, name, &[padded_rows, cols], self.act, d)
     }
 
     pub(crate) fn linear(&mut self, name: &str, n: usize, k: usize) -> Result<Linear> {

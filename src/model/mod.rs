@@ -6,6 +6,7 @@ pub mod llama;
 pub(crate) mod loader;
 pub mod opt;
 pub mod presets;
+pub mod sampler;
 pub mod sharded;
 pub mod weights;
 
@@ -85,6 +86,8 @@ impl ModelSource {
 pub enum FileFormat {
     Safetensors,
     Gguf,
+    /// A Hugging Face `config.json` with no weights beside it: enough for a dry run.
+    ConfigOnly,
 }
 
 /// The files of a model on disk.
@@ -185,6 +188,16 @@ pub fn resolve_files(path: &Path) -> Result<ModelFiles> {
                 if ggufs.len() == 1 && path.is_dir() {
                     return resolve_files(&ggufs[0]);
                 }
+                if config.is_file() && ggufs.is_empty() {
+                    // Plan before downloading: the shapes are in config.json.
+                    return Ok(ModelFiles {
+                        format: FileFormat::ConfigOnly,
+                        config: config.clone(),
+                        weights: config,
+                        shards: Vec::new(),
+                        index: None,
+                    });
+                }
                 return Err(Error::model(
                     &single,
                     format!("weights file not found (expected model.safetensors or {INDEX_NAME} beside config.json)"),
@@ -239,6 +252,106 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
             };
             Ok((cfg, Box::new(st), threshold))
         }
+        FileFormat::ConfigOnly => {
+            let json = read_config_json(&files.config)?;
+            let cfg =
+                ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
+            let sq = sharded::stored_quant(&json, &files.config)?;
+            let threshold = match sq {
+                sharded::StoredQuant::BnbInt8 { threshold } => Some(threshold),
+                sharded::StoredQuant::None | sharded::StoredQuant::Bnb4 { .. } => None,
+            };
+            let bnb4 = match sq {
+                sharded::StoredQuant::Bnb4 {
+                    quant_type,
+                    double_quant,
+                } => {
+                    let dtype = match json["torch_dtype"].as_str() {
+                        Some("bfloat16") => crate::tensor::DType::BF16,
+                        Some("float32") => crate::tensor::DType::F32,
+                        _ => crate::tensor::DType::F16,
+                    };
+                    let shapes = cfg
+                        .tensor_shapes()
+                        .into_iter()
+                        .filter(|(n, s)| is_projection(n) && s.len() == 2)
+                        .map(|(n, s)| (n, [s[0], s[1]]))
+                        .collect();
+                    Some(ConfigOnlyBnb4 {
+                        gen: Bnb4Gen {
+                            quant_type,
+                            double_quant,
+                        },
+                        dtype,
+                        shapes,
+                    })
+                }
+                _ => None,
+            };
+            Ok((
+                cfg,
+                Box::new(ConfigOnly {
+                    config: files.config.clone(),
+                    int8: threshold.is_some(),
+                    bnb4,
+                }),
+                threshold,
+            ))
+        }
+    }
+}
+
+/// The weights of a model of which only `config.json` is here: shapes for a dry run, and a
+/// clear error for anything that needs values.
+struct ConfigOnly {
+    config: PathBuf,
+    /// A bitsandbytes 8-bit checkpoint (its linear layers would be stored as int8).
+    int8: bool,
+    /// A bitsandbytes 4-bit checkpoint: what its quant states would say.
+    bnb4: Option<ConfigOnlyBnb4>,
+}
+
+/// The 4-bit layout `quantization_config` implies for a config-only model: transformers'
+/// blocks of 64 (nested blocks of 256) in `torch_dtype`, for every linear weight.
+struct ConfigOnlyBnb4 {
+    gen: Bnb4Gen,
+    dtype: crate::tensor::DType,
+    shapes: std::collections::HashMap<String, [usize; 2]>,
+}
+
+impl WeightSource for ConfigOnly {
+    fn origin(&self) -> String {
+        self.config.display().to_string()
+    }
+    fn read_f32(&self, name: &str, _shape: &[usize]) -> Result<Vec<f32>> {
+        Err(Error::model(
+            &self.config,
+            format!("only config.json is here: reading {name} needs the weights (a dry run, sim:PRESET:dry, needs none)"),
+        ))
+    }
+    fn has_weights(&self) -> bool {
+        false
+    }
+    fn is_int8(&self, name: &str) -> bool {
+        // The linear layers of the decoder, as bitsandbytes stores them.
+        self.int8
+            && name.contains(".layers.")
+            && name.ends_with(".weight")
+            && !name.contains("norm")
+    }
+    fn bnb4(&self, name: &str) -> Option<crate::quant::bnb4::Bnb4Meta> {
+        let b = self.bnb4.as_ref()?;
+        Some(crate::quant::bnb4::Bnb4Meta {
+            quant_type: b.gen.quant_type,
+            blocksize: crate::quant::bnb4::BLOCKSIZE,
+            dtype: b.dtype,
+            shape: *b.shapes.get(name)?,
+            nested_blocksize: b
+                .gen
+                .double_quant
+                .then_some(crate::quant::bnb4::NESTED_BLOCKSIZE),
+            offset: 0.0,
+        })
     }
 }
 
@@ -264,7 +377,9 @@ pub fn open(source: &ModelSource, seed: u64) -> Result<OpenedModel> {
             let (config, source, stored_int8_threshold) = open_files(&files)?;
             let name = match files.format {
                 FileFormat::Gguf => files.weights.file_stem(),
-                FileFormat::Safetensors => files.config.parent().and_then(|d| d.file_name()),
+                FileFormat::Safetensors | FileFormat::ConfigOnly => {
+                    files.config.parent().and_then(|d| d.file_name())
+                }
             }
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into());
@@ -320,6 +435,18 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                     .iter()
                     .map(|(k, v)| (k.clone(), v.to_string())),
             );
+            (cfg, md)
+        }
+        FileFormat::ConfigOnly => {
+            let json = read_config_json(&files.config)?;
+            let cfg =
+                ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
+            params = cfg.param_count();
+            count = cfg.tensor_shapes().len();
+            let md = vec![(
+                "weights".to_string(),
+                "none here: config.json only (dry runs)".to_string(),
+            )];
             (cfg, md)
         }
         FileFormat::Safetensors => {
@@ -861,4 +988,60 @@ fn open_safetensors(
         sharded::SafetensorsModel::open(&files.weights, &files.shards, files.index.as_deref(), sq)?;
     st.check_against(&cfg)?;
     Ok((json, cfg, sq, st))
+}
+
+/// A loaded causal LM of an architecture vramscope runs, as vLLM's profile run drives it: the
+/// forward over every token, then the logits from `lm_head` (see `sampler`).
+pub enum CausalLm {
+    Llama(Box<llama::LlamaModel>),
+}
+
+impl CausalLm {
+    /// Loads the architecture `cfg.arch` names, every weight through the framework allocator.
+    pub fn load(
+        rt: &crate::runtime::Runtime,
+        cfg: &ModelConfig,
+        src: &dyn WeightSource,
+        opts: &llama::LoadOptions,
+    ) -> Result<Self> {
+        Ok(CausalLm::Llama(Box::new(llama::LlamaModel::load(
+            rt, cfg, src, opts,
+        )?)))
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            CausalLm::Llama(m) => &m.cfg,
+        }
+    }
+
+    pub fn weight_bytes(&self) -> u64 {
+        match self {
+            CausalLm::Llama(m) => m.weight_bytes(),
+        }
+    }
+
+    pub fn load_stats(&self) -> llama::LoadStats {
+        match self {
+            CausalLm::Llama(m) => m.load_stats,
+        }
+    }
+
+    /// The model's output hidden states over every token, `[tokens, hidden]`.
+    pub fn forward_hidden(
+        &self,
+        rt: &crate::runtime::Runtime,
+        batch: &llama::Batch,
+    ) -> Result<crate::tensor::Tensor> {
+        match self {
+            CausalLm::Llama(m) => m.forward_hidden(rt, batch),
+        }
+    }
+
+    /// The output projection over the padded vocabulary, `[Vp, hidden]`.
+    pub fn lm_head(&self) -> &crate::tensor::Tensor {
+        match self {
+            CausalLm::Llama(m) => m.lm_head(),
+        }
+    }
 }

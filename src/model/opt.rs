@@ -126,7 +126,8 @@ impl OptModel {
         let d = "model.decoder";
         let embed = ld.dense_padded(
             &format!("{d}.embed_tokens.weight"),
-            &[cfg.vocab_size, p],
+            cfg.vocab_size,
+            p,
             cfg.padded_vocab(),
         )?;
         let positions = ld.dense(

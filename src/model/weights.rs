@@ -47,6 +47,10 @@ pub trait WeightSource {
     fn stored_bytes(&self, _name: &str) -> u64 {
         0
     }
+    /// Whether the values are here (false for a config.json without weights: dry runs only).
+    fn has_weights(&self) -> bool {
+        true
+    }
     /// Whether `name` is stored pre-quantized as LLM.int8 (`CB` + `.SCB`).
     fn is_int8(&self, _name: &str) -> bool {
         false

@@ -16,6 +16,7 @@ pub(crate) fn tiny_dry_report(tokens: usize) -> Report {
         model: crate::model::ModelSource::parse("preset:tiny").unwrap(),
         device: crate::device::DeviceSpec::parse("sim:h100-80gb:dry").unwrap(),
         tokens,
+        seqs: 1,
         ..ProfileRequest::default()
     };
     run(

@@ -14,8 +14,9 @@ use super::request::ProfileRequest;
 use crate::device::{Device, DeviceSpec};
 use crate::error::{Error, Result};
 use crate::memory::{Category, Event, EventKind};
-use crate::model::llama::{Batch, LlamaModel, LoadOptions};
-use crate::model::{self, presets, ModelSource};
+use crate::model::llama::{Batch, LoadOptions};
+use crate::model::sampler::{self, Sampler};
+use crate::model::{self, presets, CausalLm, ModelSource};
 use crate::ops;
 use crate::progress::{Phase, Progress, ProgressSink};
 use crate::runtime::Runtime;
@@ -23,25 +24,89 @@ use crate::tensor::Tensor;
 
 /// What runs in each pass.
 enum Workload {
-    Llama {
-        model: Box<LlamaModel>,
+    /// vLLM's profile run: the model input, the forward, the logits, and (unless turned off)
+    /// the sampler.
+    Model {
+        model: Box<CausalLm>,
         batch: Batch,
+        sampler: Option<Sampler>,
     },
     /// vLLM's `test_memory_profiling`: weights of a given size, a spike of activations.
     Synthetic { _weights: Tensor, spike_bytes: u64 },
 }
 
+/// What a pass hands back: the f32 logits of the first sequences (`rows × vocab`) and the
+/// sampled tokens (empty on a dry run).
+#[derive(Default)]
+struct PassOutput {
+    logits_head: Vec<f32>,
+    vocab: usize,
+    sampled: Vec<u32>,
+}
+
+/// Rows of logits a pass brings back for the report.
+const LOGITS_ROWS: usize = 8;
+
 impl Workload {
-    fn forward(&self, rt: &Runtime) -> Result<Option<Tensor>> {
+    /// One pass as vLLM's `profile_run` makes it (vllm/worker/model_runner.py L1199-1306):
+    /// `prepare_model_input`, `execute_model` (forward L1657-1666, `compute_logits` L1691,
+    /// `sample` L1701), then the model input goes when the run returns.
+    fn forward(&self, rt: &Runtime, want_logits: bool) -> Result<PassOutput> {
         match self {
-            Workload::Llama { model, batch } => model.forward(rt, batch).map(Some),
+            Workload::Model {
+                model,
+                batch,
+                sampler,
+            } => {
+                let vocab = model.config().vocab_size;
+                let input = sampler::prepare_model_input(rt, batch)?;
+                let hidden = model.forward_hidden(rt, batch)?;
+                let mut out = PassOutput {
+                    vocab,
+                    ..Default::default()
+                };
+                match sampler {
+                    Some(s) => {
+                        let logits = sampler::compute_logits(
+                            rt,
+                            &hidden,
+                            model.lm_head(),
+                            &input.selected_rows,
+                        )?;
+                        s.head_rows.set(if want_logits { LOGITS_ROWS } else { 0 });
+                        let o = s.forward(rt, &logits, vocab, &input)?;
+                        out.logits_head = o.logits_head;
+                        out.sampled = o.ids;
+                        drop(logits);
+                    }
+                    None => {
+                        let logits = sampler::logits_f32(
+                            rt,
+                            &hidden,
+                            model.lm_head(),
+                            &input.selected_rows,
+                            vocab,
+                        )?;
+                        if want_logits {
+                            if let Some(mut v) = ops::read_f32(rt, &logits)? {
+                                v.truncate(LOGITS_ROWS * vocab);
+                                out.logits_head = v;
+                            }
+                        }
+                        drop(logits);
+                    }
+                }
+                drop(hidden);
+                drop(input);
+                Ok(out)
+            }
             Workload::Synthetic { spike_bytes, .. } => {
                 rt.check_cancel()?;
                 rt.set_op("activation_spike");
                 let spike =
                     rt.reserve_bytes("activation-spike", Category::Activation, *spike_bytes)?;
                 drop(spike);
-                Ok(None)
+                Ok(PassOutput::default())
             }
         }
     }
@@ -104,13 +169,14 @@ fn pass_stats(
     s
 }
 
-/// Runs one forward pass and returns its statistics (and the logits tensor, if any).
+/// Runs one forward pass and returns its statistics and output.
 fn one_pass(
     rt: &Runtime,
     work: &Workload,
     index: u32,
     verify_for: Option<String>,
-) -> Result<(PassStats, Option<Tensor>)> {
+    want_logits: bool,
+) -> Result<(PassStats, PassOutput)> {
     rt.set_pass(index);
     rt.set_op("pass");
     rt.set_layer(None);
@@ -120,7 +186,7 @@ fn one_pass(
     });
     let from = rt.event_count();
     let start = rt.elapsed_us();
-    let logits = work.forward(rt)?;
+    let logits = work.forward(rt, want_logits)?;
     rt.synchronize()?;
     let end = rt.elapsed_us();
     let stats = rt.events_since(from, |ev| pass_stats(index, verify_for, start, end, ev));
@@ -147,32 +213,19 @@ fn top_logits(values: &[f32], vocab: usize, k: usize) -> Vec<TopLogits> {
         .collect()
 }
 
-/// Bytes requested for a KV grant: rounded up to whole 2 MiB segment units when the grant is
-/// large enough for a segment of its own, so the KV tensor takes its whole segment and no
-/// sliver of it is left for the pass. Returns (request, padding); the padding is allocator
-/// rounding, not KV cache, and is not charged to the budget.
-fn kv_request(grant: u64) -> (u64, u64) {
-    use crate::memory::allocator::{round_size, segment_size_for, MIN_LARGE_ALLOC_BYTES};
-    let rounded = round_size(grant);
-    let request = if rounded >= MIN_LARGE_ALLOC_BYTES {
-        segment_size_for(rounded)
-    } else {
-        grant
-    };
-    (request, request - grant)
-}
-
 /// Allocates the KV cache a budget grants (`blocks` whole blocks, as one tensor), then runs one
-/// more max-batch pass inside T·u: no framework segment may take this instance over
-/// floor(T·u) (plus the KV tensor's allocator padding, under 2 MiB), and, as PyTorch's caching
-/// allocator does under a memory limit, cached segments are given back before an OOM.
-/// Reports whether it got through, and the peak.
+/// more max-batch pass, as the engine would after `determine_num_available_blocks`. vLLM sets
+/// no cap on itself: an instance whose peak outgrows floor(T·u) breaks the promise of
+/// `gpu_memory_utilization` ("over budget by"), and it only fails when the device itself (with
+/// the other processes' memory on it) runs out ("OOM"). Both are reported, apart.
+#[allow(clippy::too_many_arguments)]
 fn verify(
     rt: &Runtime,
     work: &Workload,
     geometry: &KvGeometry,
     kv_bytes: i64,
     budget: u64,
+    others_bytes: u64,
     index: u32,
     label: &str,
 ) -> Result<(Verify, Option<PassStats>)> {
@@ -189,6 +242,7 @@ fn verify(
                 overrun_bytes: -kv_bytes,
                 oom: false,
                 cache_releases: 0,
+                device_room_left_bytes: 0,
                 message: "no memory left for KV cache blocks".into(),
             },
             None,
@@ -200,66 +254,79 @@ fn verify(
     rt.set_op("kv_cache");
     rt.set_layer(None);
     let kv_allocated = blocks * geometry.block_bytes();
-    let (request, padding) = kv_request(kv_allocated);
     let retries_before = rt.stats().alloc_retries;
-    let verdict = |peak: u64, releases: u64, oom: Option<&Error>| {
-        let charged = peak.saturating_sub(padding);
-        let overrun = charged as i64 - budget as i64;
-        let within = oom.is_none() && charged <= budget;
-        let released = if releases > 0 {
-            format!(" after giving cached segments back {releases}×")
-        } else {
-            String::new()
-        };
+    let total = rt.snapshot().mem.total;
+    // vLLM's CacheEngine allocates one tensor per layer (cache_engine.py
+    // `_allocate_kv_cache`: `torch.zeros(kv_cache_shape)` per layer), each in whole segments.
+    let layers = geometry.num_layers.max(1);
+    let mut kv = Vec::with_capacity(layers as usize);
+    let mut result = Ok(None);
+    for l in 0..layers {
+        match rt.reserve_bytes(
+            format!("kv-cache[{label}].layer{l}"),
+            Category::KvCache,
+            kv_allocated / layers,
+        ) {
+            Ok(t) => kv.push(t),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    if result.is_ok() {
+        result = one_pass(rt, work, index, Some(label.to_string()), false).map(Some);
+    }
+    drop(kv);
+    let peak = rt.process_peak();
+    let releases = rt.stats().alloc_retries - retries_before;
+    rt.empty_cache();
+    let (oom, stats) = match result {
+        Ok(r) => (None, r.map(|(stats, _)| stats)),
+        Err(e @ Error::OutOfMemory { .. }) => (Some(e), None),
+        Err(e) => return Err(e),
+    };
+    let overrun = peak as i64 - budget as i64;
+    let within = oom.is_none() && overrun <= 0;
+    let room = total as i64 - others_bytes as i64 - peak as i64;
+    let released = if releases > 0 {
+        format!(" (the allocator gave its cached segments back {releases}×)")
+    } else {
+        String::new()
+    };
+    let message = match &oom {
+        Some(e) => format!("OOM: {e}{released}"),
+        None if within => format!(
+            "fits: peak {} is {} under floor(T·u) = {}; {} of the device left",
+            crate::units::fmt_u(peak),
+            crate::units::fmt_i(-overrun),
+            crate::units::fmt_u(budget),
+            crate::units::fmt_i(room)
+        ),
+        None => format!(
+            "over budget by {}: peak {} > floor(T·u) = {}, but no OOM ({} of the device left){released}",
+            crate::units::fmt_i(overrun),
+            crate::units::fmt_u(peak),
+            crate::units::fmt_u(budget),
+            crate::units::fmt_i(room)
+        ),
+    };
+    Ok((
         Verify {
             ran: true,
             kv_allocated_bytes: kv_allocated,
-            kv_padding_bytes: padding,
+            kv_padding_bytes: 0,
             peak_process_bytes: peak,
             budget_bytes: budget,
             within_budget: within,
             overrun_bytes: overrun,
             oom: oom.is_some(),
             cache_releases: releases,
-            message: match oom {
-                Some(e) => format!(
-                    "{e} (the verify pass is capped at floor(T·u) = {}{released})",
-                    crate::units::fmt_u(budget)
-                ),
-                None if within => format!(
-                    "fits{released}: {} under the budget",
-                    crate::units::fmt_i(-overrun)
-                ),
-                // The cap holds framework segments; memory outside the framework during the
-                // pass (a scenario's NCCL stand-in) can still take the peak over.
-                None => format!(
-                    "overran the budget by {}{released}",
-                    crate::units::fmt_i(overrun)
-                ),
-            },
-        }
-    };
-    rt.set_segment_cap(Some(budget + padding));
-    let result = match rt.reserve_bytes(format!("kv-cache[{label}]"), Category::KvCache, request) {
-        Ok(kv) => {
-            let r = one_pass(rt, work, index, Some(label.to_string()));
-            drop(kv);
-            r
-        }
-        Err(e) => Err(e),
-    };
-    rt.set_segment_cap(None);
-    let peak = rt.process_peak();
-    let releases = rt.stats().alloc_retries - retries_before;
-    rt.empty_cache();
-    match result {
-        Ok((stats, logits)) => {
-            drop(logits);
-            Ok((verdict(peak, releases, None), Some(stats)))
-        }
-        Err(e @ Error::OutOfMemory { .. }) => Ok((verdict(peak, releases, Some(&e)), None)),
-        Err(e) => Err(e),
-    }
+            device_room_left_bytes: room,
+            message,
+        },
+        stats,
+    ))
 }
 
 /// Runs the whole procedure. `sink` gets progress; setting `cancel` stops the run within one
@@ -276,6 +343,26 @@ pub fn run(
         ModelSource::Synthetic { .. } => None,
         other => Some(model::open(other, req.seed)?),
     };
+    if let Some(o) = &opened {
+        let dry = matches!(req.device, DeviceSpec::Sim { dry: true, .. });
+        if !o.source.has_weights() && !dry {
+            return Err(Error::model(
+                o.source.origin(),
+                format!(
+                    "only config.json is here: {} needs the weights; plan with a dry run (--device sim:PRESET:dry)",
+                    req.device
+                ),
+            ));
+        }
+    }
+    // vLLM's defaults for what the user left open: max_model_len from the model, the batch
+    // max(max_model_len, 2048).
+    let max_positions = opened
+        .as_ref()
+        .map_or(0, |o| o.config.max_position_embeddings);
+    let resolved = req.resolved(max_positions);
+    resolved.validate()?;
+    let req = &resolved;
     let mut spec = req.device.clone();
     if let (ModelSource::Synthetic { .. }, DeviceSpec::Sim { dry, .. }) = (&req.model, &mut spec) {
         // A synthetic workload has no math to do.
@@ -300,8 +387,8 @@ pub fn run(
         0
     };
     let _context = match context_bytes {
-        Some(b) => Some(rt.alloc_outside("cuda-context", b)?),
-        None => None,
+        Some(b) if b > 0 => Some(rt.alloc_outside("cuda-context", b)?),
+        _ => None,
     };
     let t0 = checkpoint(&rt, "t0");
 
@@ -344,7 +431,7 @@ pub fn run(
                 int8_threshold: req.int8_threshold,
                 int8_layout: layout,
             };
-            let model = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
+            let model = CausalLm::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
             let c = &opened.config;
             let info = ModelInfo {
                 name: opened.name.clone(),
@@ -360,9 +447,10 @@ pub fn run(
             };
             let batch = Batch::dummy(req.tokens, req.seqs, c.vocab_size);
             (
-                Workload::Llama {
+                Workload::Model {
                     model: Box::new(model),
                     batch,
+                    sampler: req.sampler.then(|| Sampler::new(req.seed)),
                 },
                 info,
                 opened.config,
@@ -385,6 +473,7 @@ pub fn run(
     let mut passes = Vec::new();
     let mut outside = None;
     let mut logits_top = Vec::new();
+    let mut sampled = Vec::new();
     for p in 1..=req.passes {
         rt.progress(Progress::Pass {
             pass: p,
@@ -396,13 +485,10 @@ pub fn run(
             rt.set_op("nccl-init");
             outside = Some(rt.alloc_outside("nccl-like (--outside-during)", req.outside_during)?);
         }
-        let (stats, logits) = one_pass(&rt, &work, p, None)?;
-        if let Some(l) = logits {
-            if p == req.passes {
-                if let Some(values) = ops::read_f32(&rt, &l)? {
-                    logits_top = top_logits(&values, l.cols(), 5);
-                }
-            }
+        let (stats, out) = one_pass(&rt, &work, p, None, p == req.passes)?;
+        if p == req.passes && out.vocab > 0 && !out.logits_head.is_empty() {
+            logits_top = top_logits(&out.logits_head, out.vocab, 5);
+            sampled = out.sampled;
         }
         passes.push(stats);
     }
@@ -474,6 +560,8 @@ pub fn run(
     });
     let outside_framework_bytes = t3.process_used.saturating_sub(t3.reserved);
 
+    // Device memory of other processes, as it stood when the instance started.
+    let others = (t0.total - t0.free).saturating_sub(t0.process_used);
     if req.verify {
         rt.progress(Progress::Phase(Phase::Verifying));
         let mut index = req.passes;
@@ -490,6 +578,7 @@ pub fn run(
                 &geometry,
                 r.kv_bytes,
                 budget as u64,
+                others,
                 index,
                 r.id.key(),
             )?;
@@ -508,6 +597,7 @@ pub fn run(
             &geometry,
             truth.kv_bytes,
             budget as u64,
+            others,
             index,
             "truth",
         )?;
@@ -540,6 +630,7 @@ pub fn run(
         outside_framework_bytes,
         other_process_bytes,
         logits: logits_top,
+        sampled_tokens: sampled.into_iter().take(LOGITS_ROWS).collect(),
         wall_time_s: wall.elapsed().as_secs_f64(),
         event_count: events.len(),
         events,

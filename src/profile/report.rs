@@ -35,23 +35,30 @@ pub struct Verify {
     pub ran: bool,
     /// The KV cache granted: whole blocks × block bytes.
     pub kv_allocated_bytes: u64,
-    /// Allocator rounding of the KV tensor up to whole 2 MiB segment units (under 2 MiB); it
-    /// is not KV cache and is not charged to the budget (0 in reports written before).
+    /// Allocator rounding charged off the KV tensor; 0 since the verify pass runs uncapped, as
+    /// vLLM does (reports of format 1 capped it at floor(T·u)).
     #[serde(default)]
     pub kv_padding_bytes: u64,
-    /// This instance's peak device memory during the verify pass.
+    /// This instance's peak device memory during the verify pass (KV cache included).
     pub peak_process_bytes: u64,
     /// floor(T·u).
     pub budget_bytes: u64,
+    /// The pass got through and its peak stayed within floor(T·u).
     pub within_budget: bool,
-    /// peak − KV padding − budget: positive = missed by that much.
+    /// peak − floor(T·u): positive = "over budget by" that much (the promise of
+    /// `gpu_memory_utilization` broken, which is not an OOM by itself).
     pub overrun_bytes: i64,
-    /// The device ran out of memory (allocating the cache or during the pass).
+    /// The device really ran out of memory (allocating the cache or during the pass), with
+    /// the other processes' memory on it.
     pub oom: bool,
-    /// How often the allocator had to give its cached segments back to stay inside the budget
-    /// (0 in reports written before this was counted).
+    /// How often the allocator gave its cached segments back and retried after the device
+    /// refused a segment (0 in reports written before this was counted).
     #[serde(default)]
     pub cache_releases: u64,
+    /// Device memory left at the instance's peak: total − other processes − peak (negative
+    /// with an OOM: what was missing).
+    #[serde(default)]
+    pub device_room_left_bytes: i64,
     pub message: String,
 }
 
@@ -65,7 +72,7 @@ impl Verify {
         } else if self.within_budget {
             format!("ok ({} spare)", crate::units::fmt_i(-self.overrun_bytes))
         } else {
-            format!("OVER by {}", crate::units::fmt_i(self.overrun_bytes))
+            format!("over budget by {}", crate::units::fmt_i(self.overrun_bytes))
         }
     }
 }
@@ -124,16 +131,7 @@ pub struct TopLogits {
     pub top: Vec<(u32, f32)>,
 }
 
-/// One reading of the GPU's memory by the NVML sampler thread, on the events' clock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceSample {
-    /// Microseconds since the run started (the same clock as `Event::time_us`).
-    pub time_us: u64,
-    /// Device-wide used memory (all processes).
-    pub device_used: u64,
-    /// This process's device memory.
-    pub process_used: u64,
-}
+pub use crate::device::DeviceSample;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
@@ -162,6 +160,10 @@ pub struct Report {
     #[serde(default)]
     pub other_process_bytes: u64,
     pub logits: Vec<TopLogits>,
+    /// The token the sampler drew for each of the first sequences in the last profile pass
+    /// (empty on a dry run or without the sampler).
+    #[serde(default)]
+    pub sampled_tokens: Vec<u32>,
     pub wall_time_s: f64,
     pub event_count: usize,
     pub events: Vec<Event>,

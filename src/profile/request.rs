@@ -12,15 +12,22 @@ pub struct ProfileRequest {
     pub model: ModelSource,
     pub quant: Quant,
     pub device: DeviceSpec,
-    /// Tokens in the profile batch (vLLM's `max_num_batched_tokens`).
+    /// Tokens in the profile batch (vLLM's `max_num_batched_tokens`); 0: vLLM's default,
+    /// max(max_model_len, 2048) with chunked prefill off (vllm/config.py L1018-1048). A report
+    /// holds the value that ran.
     pub tokens: usize,
-    /// Sequences the tokens are split into (`max_num_seqs`).
+    /// Sequences the tokens are split into (vLLM's `max_num_seqs`, default 256).
     pub seqs: usize,
     pub passes: u32,
     /// gpu_memory_utilization.
     pub util: f64,
     pub block_size: u64,
+    /// vLLM's `max_model_len`; 0: the model's `max_position_embeddings`, as vLLM takes it. A
+    /// report holds the value that ran.
     pub max_model_len: u64,
+    /// Run vLLM's sampler step after the forward, as vLLM's profile run does.
+    #[serde(default = "yes")]
+    pub sampler: bool,
     /// LLM.int8 outlier threshold (0 = no decomposition; Hugging Face checkpoints use 6.0).
     pub int8_threshold: f32,
     /// Held by another process before the instance starts.
@@ -45,12 +52,13 @@ impl Default for ProfileRequest {
                 preset: "h100-80gb".into(),
                 dry: true,
             },
-            tokens: 8192,
-            seqs: 1,
+            tokens: 0,
+            seqs: VLLM_MAX_NUM_SEQS,
             passes: 3,
             util: 0.9,
             block_size: 16,
-            max_model_len: 8192,
+            max_model_len: 0,
+            sampler: true,
             int8_threshold: 0.0,
             outside_before: 0,
             outside_during: 0,
@@ -61,16 +69,38 @@ impl Default for ProfileRequest {
     }
 }
 
+fn yes() -> bool {
+    true
+}
+
+/// vLLM's default `max_num_seqs` (vllm/engine/arg_utils.py L116).
+pub const VLLM_MAX_NUM_SEQS: usize = 256;
+
+/// vLLM's floor of `max_num_batched_tokens` with chunked prefill off (vllm/config.py L1030).
+pub const VLLM_MIN_BATCHED_TOKENS: usize = 2048;
+
 impl ProfileRequest {
-    /// Rejects settings that cannot work, naming the setting.
+    /// The request with vLLM's defaults filled in for a model whose
+    /// `max_position_embeddings` is `max_positions`: max_model_len from the model, the batch
+    /// max(max_model_len, 2048).
+    pub fn resolved(&self, max_positions: usize) -> ProfileRequest {
+        let mut r = self.clone();
+        if r.max_model_len == 0 {
+            r.max_model_len = max_positions.max(1) as u64;
+        }
+        if r.tokens == 0 {
+            r.tokens = (r.max_model_len as usize).max(VLLM_MIN_BATCHED_TOKENS);
+        }
+        r
+    }
+
+    /// Rejects settings that cannot work, naming the setting (0 tokens or max_model_len mean
+    /// vLLM's defaults, filled in by `resolved`).
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Request(m));
-        if self.tokens == 0 {
-            return bad("--tokens must be at least 1".into());
-        }
-        if self.seqs == 0 || self.seqs > self.tokens {
+        if self.seqs == 0 || (self.tokens > 0 && self.seqs > self.tokens) {
             return bad(format!(
-                "--seqs {} must be between 1 and --tokens ({})",
+                "--max-num-seqs {} must be between 1 and --max-num-batched-tokens ({})",
                 self.seqs, self.tokens
             ));
         }
@@ -88,9 +118,6 @@ impl ProfileRequest {
                 "--block-size {} must be between 1 and 4096",
                 self.block_size
             ));
-        }
-        if self.max_model_len == 0 {
-            return bad("--max-model-len must be at least 1".into());
         }
         if !(self.int8_threshold >= 0.0 && self.int8_threshold.is_finite()) {
             return bad(format!(

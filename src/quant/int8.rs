@@ -44,22 +44,7 @@ pub fn quantize_rows(w: &[f32], n: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
     (cb, scb)
 }
 
-/// The igemmlt tile padding of `CxB`: rows to 8 (Turing/Hopper `col_turing`) or 32 (Ampere
-/// and Ada `col_ampere`), columns to 32.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TileLayout {
-    pub row_pad: usize,
-    pub col_pad: usize,
-}
-
-impl TileLayout {
-    pub fn padded(self, rows: usize, cols: usize) -> (usize, usize) {
-        (
-            rows.div_ceil(self.row_pad) * self.row_pad,
-            cols.div_ceil(self.col_pad) * self.col_pad,
-        )
-    }
-}
+pub use crate::device::TileLayout;
 
 /// What `MatmulLtState` keeps between passes.
 #[derive(Default)]

@@ -169,6 +169,27 @@ pub fn dense_matmul(
     name: &str,
     act: DType,
 ) -> Result<Tensor> {
+    dense_matmul_as(
+        rt,
+        x,
+        w,
+        name,
+        act,
+        &format!("{name}.out"),
+        Category::Activation,
+    )
+}
+
+/// `dense_matmul` with the output's tensor name and category given.
+pub fn dense_matmul_as(
+    rt: &Runtime,
+    x: &Tensor,
+    w: &Tensor,
+    name: &str,
+    act: DType,
+    out_name: &str,
+    category: Category,
+) -> Result<Tensor> {
     rt.ensure_library_workspaces()?;
     rt.set_op_for("matmul", name.rsplit('.').next().unwrap_or(name));
     let (m, k, n) = (x.rows(), x.cols(), w.shape[0]);
@@ -179,7 +200,7 @@ pub fn dense_matmul(
             w.cols()
         )));
     }
-    let mut out = rt.tensor(format!("{name}.out"), Category::Activation, &[m, n], act)?;
+    let mut out = rt.tensor(out_name, category, &[m, n], act)?;
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => cpu::matmul_nt(x.f32(), w.f32(), out.f32_mut(), m, k, n),

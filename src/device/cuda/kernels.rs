@@ -19,7 +19,6 @@ pub(crate) const TYPED: &[&str] = &[
     "from_f32",
     "softmax_causal",
     "softmax_causal_reg",
-    "nf4_dequant",
     "col_absmax",
     "row_quant",
     "col_quant",
@@ -289,15 +288,6 @@ __constant__ float NF4[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f,
   0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f, 0.44070982933044434f,
   0.5626170039176941f, 0.7229568362236023f, 1.0f};
 
-// bitsandbytes dequantize_4bit: first weight of a byte in the high nibble, blocks of 64.
-template <class T> __device__ void nf4_dequant(const u8* packed, const float* absmax, u16* out, long long n) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    u8 b = packed[i >> 1];
-    int q = (i & 1) ? (b & 15) : (b >> 4);
-    out[i] = T::st(NF4[q] * absmax[i >> 6]);
-  }
-}
-
 // Column absmax of x [m, k] (double_quant's column statistics, SCAt); scat starts at 0.
 template <class T> __device__ void col_absmax(const u16* x, float* scat, int m, int k) {
   int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -385,7 +375,6 @@ INST(to_f32, (const u16* x, float* o, long long n), (x, o, n))
 INST(from_f32, (const float* x, u16* o, long long n), (x, o, n))
 INST(softmax_causal, (float* s, long long ld, int rows, int keys, int q0), (s, ld, rows, keys, q0))
 INST(softmax_causal_reg, (float* s, long long ld, int rows, int keys, int q0), (s, ld, rows, keys, q0))
-INST(nf4_dequant, (const u8* p, const float* a, u16* o, long long n), (p, a, o, n))
 INST(col_absmax, (const u16* x, float* s, int m, int k), (x, s, m, k))
 INST(row_quant, (const u16* x, const float* s, float thr, i8* ca, float* sca, int k), (x, s, thr, ca, sca, k))
 INST(col_quant, (const u16* x, const float* s, i8* cat, long long n, int k), (x, s, cat, n, k))

@@ -7,8 +7,8 @@
 mod kernels;
 mod loader;
 mod nvml;
+mod sampler;
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::io::{BufRead, BufReader, Write};
@@ -22,7 +22,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg,
 };
 
-use super::{DeviceInfo, DeviceListing, MemInfo, OutsideAlloc};
+use super::{DeviceInfo, DeviceListing, LibraryWorkspace, MemInfo, OutsideAlloc, WorkspaceBytes};
 use crate::error::{Error, Result};
 use crate::memory::SegmentHandle;
 use crate::model::config::ModelConfig;
@@ -51,8 +51,8 @@ pub struct CudaDevice {
     stream: Arc<CudaStream>,
     funcs: HashMap<String, CudaFunction>,
     blas: Option<bsys::cublasHandle_t>,
-    blas_workspace: Option<u64>,
-    workspace_pending: Cell<bool>,
+    /// The cuBLAS workspace: a framework block (address, bytes).
+    blas_workspace: Option<(u64, u64)>,
     name: String,
     total: u64,
     cc: (i32, i32),
@@ -271,7 +271,6 @@ impl CudaDevice {
             funcs,
             blas: None,
             blas_workspace: None,
-            workspace_pending: Cell::new(false),
             name,
             total,
             cc,
@@ -412,17 +411,14 @@ impl CudaDevice {
 
     /// The sampler's readings from `start` on, with times in microseconds since `start`, and
     /// the rate it reached.
-    pub fn samples_since(
-        &self,
-        start: Instant,
-    ) -> (Vec<crate::profile::report::DeviceSample>, f64) {
+    pub fn samples_since(&self, start: Instant) -> (Vec<crate::device::DeviceSample>, f64) {
         let offset = start.saturating_duration_since(self.epoch).as_micros() as u64;
         let samples = self
             .sampler
             .samples()
             .into_iter()
             .filter(|s| s.time_us >= offset)
-            .map(|s| crate::profile::report::DeviceSample {
+            .map(|s| crate::device::DeviceSample {
                 time_us: s.time_us - offset,
                 device_used: s.device_used,
                 process_used: s.process_used,
@@ -441,13 +437,42 @@ impl CudaDevice {
         }
     }
 
-    /// The cuBLAS workspace, taken at the first GEMM (the next outside allocation becomes it).
-    pub fn library_workspace_bytes(&self) -> Vec<(&'static str, u64)> {
-        if self.blas_workspace.is_some() {
-            return Vec::new();
+    /// The workspaces PyTorch takes from its caching allocator on this GPU: cuBLAS 32 MiB on
+    /// Hopper (`CUBLAS_WORKSPACE_CONFIG` ":4096:8"), 8.125 MiB before; cuBLASLt 1 MiB. Measured
+    /// with torch 2.11 on the H200 (scripts/torch_probe.py, docs/gpu-runs.md run 24).
+    pub fn library_workspace_bytes(&self) -> WorkspaceBytes {
+        WorkspaceBytes {
+            cublas: if self.cc.0 >= 9 {
+                CUBLAS_WORKSPACE_BYTES
+            } else {
+                4096 * 1024 * 2 + 16 * 1024 * 8
+            },
+            cublaslt: 1 << 20,
         }
-        self.workspace_pending.set(true);
-        vec![("cublas-workspace", CUBLAS_WORKSPACE_BYTES)]
+    }
+
+    /// Gives cuBLAS a framework block as its workspace (as PyTorch's handle pool does).
+    pub fn set_library_workspace(&mut self, which: LibraryWorkspace, ptr: u64, bytes: u64) {
+        if which != LibraryWorkspace::Cublas {
+            // Our GEMMs use no cuBLASLt epilogue; the block is held as PyTorch holds it.
+            return;
+        }
+        self.blas_workspace = Some((ptr, bytes));
+        if let Some(h) = self.blas {
+            // SAFETY: the block lives until `clear_library_workspaces`, called before it is freed.
+            unsafe { bsys::cublasSetWorkspace_v2(h, ptr as *mut c_void, bytes as usize) };
+        }
+    }
+
+    /// Detaches the workspace before its block is freed.
+    pub fn clear_library_workspaces(&mut self) {
+        if self.blas_workspace.take().is_some() {
+            let _ = self.synchronize();
+            if let Some(h) = self.blas {
+                // SAFETY: detaches the workspace; cuBLAS falls back to its own.
+                unsafe { bsys::cublasSetWorkspace_v2(h, std::ptr::null_mut(), 0) };
+            }
+        }
     }
 
     fn malloc(&mut self, bytes: u64, during: &str) -> Result<u64> {
@@ -484,26 +509,11 @@ impl CudaDevice {
         let id = self.next_id;
         self.next_id += 1;
         self.outside.insert(id, (ptr, bytes));
-        if self.workspace_pending.get() && bytes == CUBLAS_WORKSPACE_BYTES {
-            self.workspace_pending.set(false);
-            self.blas_workspace = Some(ptr);
-            if let Some(h) = self.blas {
-                // SAFETY: the workspace lives until `free_outside` or drop.
-                unsafe { bsys::cublasSetWorkspace_v2(h, ptr as *mut c_void, bytes as usize) };
-            }
-        }
         Ok(OutsideAlloc { id, bytes })
     }
 
     pub fn free_outside(&mut self, alloc: OutsideAlloc) {
         if let Some((ptr, _)) = self.outside.remove(&alloc.id) {
-            if self.blas_workspace == Some(ptr) {
-                self.blas_workspace = None;
-                if let Some(h) = self.blas {
-                    // SAFETY: detaches the workspace before it is freed.
-                    unsafe { bsys::cublasSetWorkspace_v2(h, std::ptr::null_mut(), 0) };
-                }
-            }
             self.free(ptr);
         }
     }
@@ -642,8 +652,8 @@ impl CudaDevice {
         unsafe {
             blas::set_stream(h, self.stream.cu_stream() as _)
                 .map_err(|e| self.err("cuBLAS stream", e))?;
-            if let Some(ws) = self.blas_workspace {
-                bsys::cublasSetWorkspace_v2(h, ws as *mut c_void, CUBLAS_WORKSPACE_BYTES as usize);
+            if let Some((ws, bytes)) = self.blas_workspace {
+                bsys::cublasSetWorkspace_v2(h, ws as *mut c_void, bytes as usize);
             }
         }
         self.blas = Some(h);
@@ -1554,18 +1564,28 @@ fn compile_kernels(
         options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
         ..Default::default()
     };
-    let source = format!("{}{}", kernels::SOURCE, kernels::OPT_BNB_SOURCE);
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&source, opts)
+    let source = format!(
+        "{}{}{}",
+        kernels::SOURCE,
+        sampler::SOURCE,
+        kernels::OPT_BNB_SOURCE
+    );
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
         .map_err(|e| format!("NVRTC could not compile the kernels: {e}"))?;
     let module = ctx
         .load_module(ptx)
         .map_err(|e| format!("loading the kernels: {e}"))?;
     let mut names: Vec<String> = kernels::UNTYPED
         .iter()
+        .chain(sampler::UNTYPED)
         .chain(kernels::OPT_BNB_UNTYPED)
         .map(|s| s.to_string())
         .collect();
-    for n in kernels::TYPED.iter().chain(kernels::OPT_BNB_TYPED) {
+    for n in kernels::TYPED
+        .iter()
+        .chain(sampler::TYPED)
+        .chain(kernels::OPT_BNB_TYPED)
+    {
         names.push(format!("{n}_f16"));
         names.push(format!("{n}_bf16"));
     }

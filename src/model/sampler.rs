@@ -1,0 +1,624 @@
+//! What vLLM's profile run does around the model's forward (vLLM 380e1863, the commit of PR
+//! #9516): the model input and sampling metadata it prepares, `LogitsProcessor.forward`, and
+//! `Sampler.forward` with `SamplingParams(top_p=0.99, top_k=vocab_size - 1)`
+//! (vllm/worker/model_runner.py L1201). Every tensor is allocated and freed through the
+//! framework allocator in vLLM's order, so a dry run, the CPU and the GPU make the same trace;
+//! the math runs on the CPU (`device::cpu_sampler`) or on the GPU (`device::cuda::sampler`).
+//!
+//! The torch allocation sequence was checked on the H200 with torch 2.11 by replaying these
+//! steps (scripts/torch_probe.py, docs/gpu-runs.md run 24): for S = 256 rows of V = 50,272
+//! the peak over the model-dtype logits is 36·S·V + 512 bytes, as here.
+
+use std::cell::RefCell;
+
+use super::llama::Batch;
+use crate::device::{cpu_sampler as cpu, Backend};
+use crate::error::{Error, Result};
+use crate::memory::Category;
+use crate::runtime::Runtime;
+use crate::tensor::{DType, Storage, Tensor};
+
+/// vLLM's profile run samples with `top_p = 0.99` (model_runner.py L1201).
+pub const PROFILE_TOP_P: f32 = 0.99;
+
+/// The tensors `ModelRunner.prepare_model_input` puts on the device for the profile batch
+/// (model_runner.py L1289-1290; sampling_metadata.py L162-176): alive for the whole pass.
+pub struct ModelInput {
+    _tensors: Vec<Tensor>,
+    /// `selected_token_indices`: the last token of each sequence (logits_processor.py L108-113).
+    pub selected: Tensor,
+    /// `categorized_sample_indices[RANDOM]`: every sequence samples at random.
+    pub random_indices: Tensor,
+    pub selected_rows: Vec<u32>,
+}
+
+fn upload_i64(rt: &Runtime, t: &mut Tensor, values: &[i64]) -> Result<()> {
+    match rt.backend() {
+        Backend::Dry => Ok(()),
+        Backend::Cpu => {
+            if let Storage::I32(v) = &mut t.storage {
+                for (d, &s) in v.iter_mut().zip(values) {
+                    *d = s as i32;
+                }
+            }
+            Ok(())
+        }
+        Backend::Cuda => rt.with_device(|d| match d.cuda() {
+            Some(c) => match t.dtype {
+                DType::I64 => c.upload_i64(t, values),
+                _ => {
+                    let b: Vec<u8> = values
+                        .iter()
+                        .flat_map(|&v| (v as i32).to_le_bytes())
+                        .collect();
+                    c.upload_bytes(t, &b)
+                }
+            },
+            None => Ok(()),
+        }),
+    }
+}
+
+fn upload_f32(rt: &Runtime, t: &mut Tensor, values: &[f32]) -> Result<()> {
+    match rt.backend() {
+        Backend::Dry => Ok(()),
+        Backend::Cpu => {
+            // The host keeps f32; round to the dtype the tensor is accounted in.
+            let dt = t.dtype;
+            for (d, &v) in t.f32_mut().iter_mut().zip(values) {
+                *d = round_to(v, dt);
+            }
+            Ok(())
+        }
+        Backend::Cuda => crate::ops::upload_f32(rt, t, values),
+    }
+}
+
+/// `v` as stored in `dtype` (f16/bf16 round to nearest even).
+pub fn round_to(v: f32, dtype: DType) -> f32 {
+    match dtype {
+        DType::F16 => half::f16::from_f32(v).to_f32(),
+        DType::BF16 => half::bf16::from_f32(v).to_f32(),
+        _ => v,
+    }
+}
+
+fn i64_tensor(rt: &Runtime, name: &str, values: &[i64], dtype: DType) -> Result<Tensor> {
+    let mut t = rt.tensor(name, Category::Sampler, &[values.len()], dtype)?;
+    upload_i64(rt, &mut t, values)?;
+    Ok(t)
+}
+
+/// The model input of the profile batch, in the order `_prepare_model_input_tensors` and
+/// `SamplingMetadata.prepare` build it: token ids and positions, the attention metadata of
+/// FlashAttention's prefill (slot mapping, sequence lengths, start locations; the KV caches are
+/// empty, so no block tables), then the sampling indices.
+pub fn prepare_model_input(rt: &Runtime, batch: &Batch) -> Result<ModelInput> {
+    rt.check_cancel()?;
+    rt.set_op("prepare_model_input");
+    rt.set_layer(None);
+    let t = batch.tokens();
+    let s = batch.seq_lens.len();
+    let mut tensors = Vec::with_capacity(7);
+    let small = |name: &str, n: usize, dtype: DType| -> Result<Tensor> {
+        rt.tensor(name, Category::Activation, &[n], dtype)
+    };
+    tensors.push(small("input_tokens", t, DType::I64)?);
+    tensors.push(small("input_positions", t, DType::I64)?);
+    tensors.push(small("attn.slot_mapping", t, DType::I64)?);
+    tensors.push(small("attn.seq_lens_tensor", s, DType::I32)?);
+    tensors.push(small("attn.context_lens_tensor", s, DType::I32)?);
+    tensors.push(small("attn.query_start_loc", s + 1, DType::I32)?);
+    tensors.push(small("attn.seq_start_loc", s + 1, DType::I32)?);
+    let rows = last_token_rows(&batch.seq_lens);
+    let sel: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+    let selected = i64_tensor(rt, "selected_token_indices", &sel, DType::I64)?;
+    let seqs: Vec<i64> = (0..s as i64).collect();
+    let random_indices = i64_tensor(rt, "categorized_sample_indices", &seqs, DType::I32)?;
+    Ok(ModelInput {
+        _tensors: tensors,
+        selected,
+        random_indices,
+        selected_rows: rows,
+    })
+}
+
+/// `LogitsProcessor.forward` (logits_processor.py L47-74): `_prune_hidden_states` keeps the
+/// rows of `selected_token_indices` (L108-113), then `lm_head` over the padded vocabulary
+/// (L83-85) gives `[S, Vp]` logits in the model dtype. The pruned rows are freed on return;
+/// `execute_model` keeps the logits alive until the sampler is done (model_runner.py
+/// L1691-1704).
+pub fn compute_logits(
+    rt: &Runtime,
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    rows: &[u32],
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_layer(None);
+    rt.set_op("logits.index_select");
+    let cols = hidden.cols();
+    let mut h_sel = rt.tensor(
+        "logits.hidden_selected",
+        Category::Sampler,
+        &[rows.len(), cols],
+        hidden.dtype,
+    )?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => crate::device::cpu::embedding(rows, hidden.f32(), cols, h_sel.f32_mut()),
+        Backend::Cuda => rt.with_device(|d| match d.cuda() {
+            Some(c) => c.gather_rows(hidden, rows, &mut h_sel),
+            None => Ok(()),
+        })?,
+    }
+    let logits = crate::quant::dense_matmul_as(
+        rt,
+        &h_sel,
+        lm_head,
+        "lm_head",
+        hidden.dtype,
+        "logits",
+        Category::Sampler,
+    )?;
+    drop(h_sel);
+    Ok(logits)
+}
+
+/// Forward-only logits: `compute_logits`, then `[..., :vocab].to(torch.float)`, `[S, vocab]`
+/// f32 (what a pass without the sampler hands back).
+pub fn logits_f32(
+    rt: &Runtime,
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    rows: &[u32],
+    vocab: usize,
+) -> Result<Tensor> {
+    let logits_d = compute_logits(rt, hidden, lm_head, rows)?;
+    rt.set_op("logits.to_float");
+    let mut out = rt.tensor(
+        "logits_f32",
+        Category::Sampler,
+        &[rows.len(), vocab],
+        DType::F32,
+    )?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => cpu::narrow_cols(logits_d.f32(), logits_d.cols(), vocab, out.f32_mut()),
+        Backend::Cuda => cuda(rt, |c| c.sampler_narrow_to_f32(&logits_d, &mut out))?,
+    }
+    Ok(out)
+}
+
+/// The last token of each sequence, laid end to end (vLLM's `selected_token_indices`).
+pub fn last_token_rows(seq_lens: &[usize]) -> Vec<u32> {
+    let mut rows = Vec::with_capacity(seq_lens.len());
+    let mut end = 0usize;
+    for &n in seq_lens {
+        end += n;
+        rows.push((end - 1) as u32);
+    }
+    rows
+}
+
+/// What the sampler produced (nothing on a dry run).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SamplerOutput {
+    /// The sampled token of each sequence.
+    pub ids: Vec<u32>,
+    /// `probs` of the first rows (for checks against PyTorch), `rows × vocab`.
+    pub probs_head: Vec<f32>,
+    /// The f32 logits the sampler started from, same rows.
+    pub logits_head: Vec<f32>,
+}
+
+/// vLLM's `Sampler` for the profile batch. Like vLLM's, it keeps its `SamplingTensors`
+/// (`self._sampling_tensors`, sampler.py L180-204) on itself between calls: they survive the
+/// pass and are replaced by the next one.
+pub struct Sampler {
+    kept: RefCell<Vec<Tensor>>,
+    /// Seed of the exponential draws (`q.exponential_()`); each pass draws anew.
+    pub seed: u64,
+    calls: std::cell::Cell<u64>,
+    /// How many rows of probs and logits to bring back for checks.
+    pub head_rows: std::cell::Cell<usize>,
+}
+
+impl Sampler {
+    pub fn new(seed: u64) -> Self {
+        Sampler {
+            kept: RefCell::new(Vec::new()),
+            seed,
+            calls: std::cell::Cell::new(0),
+            head_rows: std::cell::Cell::new(0),
+        }
+    }
+
+    /// `SamplingTensors.from_lists` (sampling_metadata.py L487-587): per-row parameters in the
+    /// logits dtype (top_ks in int32), copied to the device in this order; penalties are off,
+    /// so `prompt_tokens`/`output_tokens` are empty (no allocation).
+    fn sampling_tensors(&self, rt: &Runtime, rows: usize, vocab: usize, dt: DType) -> Result<()> {
+        rt.set_op("sampler.sampling_tensors");
+        // sampler.py L195-198: `self._sampling_tensors = None` frees the previous pass's.
+        self.kept.borrow_mut().clear();
+        let mut kept = Vec::with_capacity(7);
+        let params: [(&str, f32); 6] = [
+            ("sampling.temperatures", 1.0),
+            ("sampling.top_ps", PROFILE_TOP_P),
+            ("sampling.min_ps", 0.0),
+            ("sampling.presence_penalties", 0.0),
+            ("sampling.frequency_penalties", 0.0),
+            ("sampling.repetition_penalties", 1.0),
+        ];
+        let make = |name: &str, v: f32| -> Result<Tensor> {
+            let mut t = rt.tensor(name, Category::Sampler, &[rows], dt)?;
+            upload_f32(rt, &mut t, &vec![v; rows])?;
+            Ok(t)
+        };
+        // `from_lists` returns them in the order temperatures, top_ps, top_ks, min_ps, ...
+        kept.push(make(params[0].0, params[0].1)?);
+        kept.push(make(params[1].0, params[1].1)?);
+        let ks = vec![(vocab - 1) as i64; rows];
+        kept.push(i64_tensor(rt, "sampling.top_ks", &ks, DType::I32)?);
+        for (name, v) in &params[2..] {
+            kept.push(make(name, *v)?);
+        }
+        *self.kept.borrow_mut() = kept;
+        Ok(())
+    }
+
+    /// `Sampler.forward` (sampler.py L206-313) on `[S, Vp]` model-dtype logits.
+    pub fn forward(
+        &self,
+        rt: &Runtime,
+        logits_d: &Tensor,
+        vocab: usize,
+        input: &ModelInput,
+    ) -> Result<SamplerOutput> {
+        rt.check_cancel()?;
+        rt.set_layer(None);
+        let rows = logits_d.rows();
+        if input.random_indices.numel() != rows {
+            return Err(Error::Request(format!(
+                "sampler: {rows} rows of logits for {} sequences",
+                input.random_indices.numel()
+            )));
+        }
+        if vocab < 2 || vocab > logits_d.cols() {
+            return Err(Error::Request(format!(
+                "sampler: vocabulary {vocab} does not fit logits of {} columns",
+                logits_d.cols()
+            )));
+        }
+        let dt = logits_d.dtype;
+        let backend = rt.backend();
+        let call = self.calls.get();
+        self.calls.set(call + 1);
+        self.sampling_tensors(rt, rows, vocab, dt)?;
+        let kept = self.kept.borrow();
+        let (temperatures, top_ps) = (&kept[0], &kept[1]);
+
+        // L260-261: `logits.to(torch.float)` of the padding-free view, then the in-place
+        // temperature divide.
+        rt.set_op("sampler.to_float");
+        let mut logits = rt.tensor(
+            "sampler.logits_f32",
+            Category::Sampler,
+            &[rows, vocab],
+            DType::F32,
+        )?;
+        match backend {
+            Backend::Dry => {}
+            Backend::Cpu => {
+                cpu::narrow_cols(logits_d.f32(), logits_d.cols(), vocab, logits.f32_mut());
+                cpu::div_rows(logits.f32_mut(), vocab, temperatures.f32());
+            }
+            Backend::Cuda => cuda(rt, |c| {
+                c.sampler_narrow_to_f32(logits_d, &mut logits)?;
+                c.sampler_div_rows(&mut logits, temperatures)
+            })?,
+        }
+        let mut out = SamplerOutput::default();
+        if self.head_rows.get() > 0 && backend != Backend::Dry {
+            out.logits_head = head(rt, &logits, self.head_rows.get())?;
+        }
+
+        // L263-265 → L417-443 `_apply_top_k_top_p`.
+        let logits = self.top_k_top_p(rt, logits, top_ps, vocab)?;
+
+        // L272, L274: probs and logprobs in f32.
+        rt.set_op("sampler.softmax");
+        let mut probs = rt.tensor(
+            "sampler.probs",
+            Category::Sampler,
+            &[rows, vocab],
+            DType::F32,
+        )?;
+        rt.set_op("sampler.log_softmax");
+        let mut logprobs = rt.tensor(
+            "sampler.logprobs",
+            Category::Sampler,
+            &[rows, vocab],
+            DType::F32,
+        )?;
+        // (allocated in vLLM's order; computed after both exist, which changes no value)
+        match backend {
+            Backend::Dry => {}
+            Backend::Cpu => {
+                cpu::softmax_rows(logits.f32(), vocab, probs.f32_mut(), false);
+                cpu::softmax_rows(logits.f32(), vocab, logprobs.f32_mut(), true);
+            }
+            Backend::Cuda => cuda(rt, |c| {
+                c.sampler_softmax(&logits, &mut probs, false)?;
+                c.sampler_softmax(&logits, &mut logprobs, true)
+            })?,
+        }
+        if self.head_rows.get() > 0 && backend != Backend::Dry {
+            out.probs_head = head(rt, &probs, self.head_rows.get())?;
+        }
+
+        // L729-858 `_sample_with_torch`, all rows RANDOM: L784 `sample_indices.long()`, then
+        // L821-824 `_multinomial(probs[long_sample_indices], 1)` (L615-634).
+        rt.set_op("sampler.sample");
+        let seqs: Vec<i64> = (0..rows as i64).collect();
+        let long_idx = i64_tensor(rt, "sampler.long_sample_indices", &seqs, DType::I64)?;
+        let mut chosen = rt.tensor(
+            "sampler.probs_selected",
+            Category::Sampler,
+            &[rows, vocab],
+            DType::F32,
+        )?;
+        let mut q = rt.tensor(
+            "sampler.exponential",
+            Category::Sampler,
+            &[rows, vocab],
+            DType::F32,
+        )?;
+        let mut ids = rt.tensor(
+            "sampler.sampled_ids",
+            Category::Sampler,
+            &[rows],
+            DType::I64,
+        )?;
+        // A fresh stream of draws per call, reproducible from the seed.
+        let seed = self.seed ^ call.wrapping_mul(0xD1B5_4A32_D192_ED03);
+        match backend {
+            Backend::Dry => {}
+            Backend::Cpu => {
+                cpu::index_rows(probs.f32(), vocab, long_idx.i32(), chosen.f32_mut());
+                cpu::exponential(q.f32_mut(), seed);
+                cpu::div_assign(chosen.f32_mut(), q.f32());
+                cpu::argmax_rows(chosen.f32(), vocab, ids.i32_mut());
+                out.ids = ids.i32().iter().map(|&v| v as u32).collect();
+            }
+            Backend::Cuda => {
+                let host = cuda(rt, |c| {
+                    c.sampler_index_rows(&probs, &long_idx, &mut chosen)?;
+                    c.sampler_exponential(&mut q, seed)?;
+                    c.sampler_div_assign(&mut chosen, &q)?;
+                    c.sampler_argmax(&chosen, &mut ids)?;
+                    c.download_i64(&ids)
+                })?;
+                out.ids = host.into_iter().map(|v| v as u32).collect();
+            }
+        }
+        // `_multinomial` returns: its argument (the copy) and `q` go; the ids are brought to
+        // the host (L515) and the sampler's locals go when it returns.
+        drop(chosen);
+        drop(q);
+        drop(ids);
+        drop(probs);
+        drop(logprobs);
+        drop(logits);
+        drop(long_idx);
+        Ok(out)
+    }
+
+    /// `_apply_top_k_top_p` (sampler.py L417-443) on the f32 logits; returns the new logits
+    /// (the old ones are freed when the caller rebinds them, L263).
+    fn top_k_top_p(
+        &self,
+        rt: &Runtime,
+        logits: Tensor,
+        top_ps: &Tensor,
+        vocab: usize,
+    ) -> Result<Tensor> {
+        let backend = rt.backend();
+        let rows = logits.rows();
+        let shape = [rows, vocab];
+        // L422: `logits.sort(dim=-1, descending=False)`.
+        rt.set_op("sampler.sort");
+        let mut sorted = rt.tensor("sampler.logits_sort", Category::Sampler, &shape, DType::F32)?;
+        let mut idx = rt.tensor("sampler.logits_idx", Category::Sampler, &shape, DType::I64)?;
+        sort_rows(rt, &logits, &mut sorted, &mut idx)?;
+
+        // L425: `logits_sort.size(1) - k.to(torch.long)`; L427: gather; L428: `<`.
+        rt.set_op("sampler.top_k");
+        let ks = vec![(vocab - 1) as i64; rows];
+        let k_long = i64_tensor(rt, "sampler.top_k.k_long", &ks, DType::I64)?;
+        let kth: Vec<i64> = ks.iter().map(|&k| vocab as i64 - k).collect();
+        let kth_t = i64_tensor(rt, "sampler.top_k.index", &kth, DType::I64)?;
+        drop(k_long);
+        let mut kth_val = rt.tensor(
+            "sampler.top_k.value",
+            Category::Sampler,
+            &[rows, 1],
+            DType::F32,
+        )?;
+        match backend {
+            Backend::Dry => {}
+            Backend::Cpu => cpu::gather_cols(sorted.f32(), vocab, kth_t.i32(), kth_val.f32_mut()),
+            Backend::Cuda => cuda(rt, |c| c.sampler_gather_cols(&sorted, &kth_t, &mut kth_val))?,
+        }
+        drop(kth_t);
+        let mut top_k_mask =
+            rt.tensor("sampler.top_k_mask", Category::Sampler, &shape, DType::U8)?;
+        compare(rt, &sorted, &kth_val, false, &mut top_k_mask)?;
+        drop(kth_val);
+        masked_fill(rt, &mut sorted, &top_k_mask)?;
+
+        // L432-437: softmax, cumsum, `probs_sum <= 1 - p`, keep the last, mask.
+        rt.set_op("sampler.top_p");
+        let mut probs_sort =
+            rt.tensor("sampler.probs_sort", Category::Sampler, &shape, DType::F32)?;
+        let mut probs_sum =
+            rt.tensor("sampler.probs_sum", Category::Sampler, &shape, DType::F32)?;
+        match backend {
+            Backend::Dry => {}
+            Backend::Cpu => {
+                cpu::softmax_rows(sorted.f32(), vocab, probs_sort.f32_mut(), false);
+                cpu::cumsum_rows(probs_sort.f32(), vocab, probs_sum.f32_mut());
+            }
+            Backend::Cuda => cuda(rt, |c| {
+                c.sampler_softmax(&sorted, &mut probs_sort, false)?;
+                c.sampler_cumsum(&probs_sort, &mut probs_sum)
+            })?,
+        }
+        // `1 - p` is computed in the logits dtype (p is), then compared in f32.
+        let dt = top_ps.dtype;
+        let one_minus: Vec<f32> = vec![round_to(1.0 - round_to(PROFILE_TOP_P, dt), dt); rows];
+        let mut thr = rt.tensor("sampler.top_p.one_minus_p", Category::Sampler, &[rows], dt)?;
+        upload_f32(rt, &mut thr, &one_minus)?;
+        let mut top_p_mask =
+            rt.tensor("sampler.top_p_mask", Category::Sampler, &shape, DType::U8)?;
+        compare(rt, &probs_sum, &thr, true, &mut top_p_mask)?;
+        drop(thr);
+        match backend {
+            Backend::Dry => {}
+            Backend::Cpu => {
+                for row in top_p_mask.u8_mut().chunks_exact_mut(vocab) {
+                    row[vocab - 1] = 0;
+                }
+            }
+            Backend::Cuda => cuda(rt, |c| c.sampler_clear_last_col(&mut top_p_mask))?,
+        }
+        masked_fill(rt, &mut sorted, &top_p_mask)?;
+
+        // L440-442: scatter back to vocabulary order into a new tensor.
+        rt.set_op("sampler.scatter");
+        let mut new = rt.tensor(
+            "sampler.logits_top_k_top_p",
+            Category::Sampler,
+            &shape,
+            DType::F32,
+        )?;
+        match backend {
+            Backend::Dry => {}
+            Backend::Cpu => cpu::scatter_rows(sorted.f32(), idx.i32(), vocab, new.f32_mut()),
+            Backend::Cuda => cuda(rt, |c| c.sampler_scatter(&sorted, &idx, &mut new))?,
+        }
+        // Returning frees the function's locals in the order they were bound.
+        drop(sorted);
+        drop(idx);
+        drop(top_k_mask);
+        drop(probs_sort);
+        drop(probs_sum);
+        drop(top_p_mask);
+        drop(logits);
+        Ok(new)
+    }
+}
+
+/// `x < t.unsqueeze(1)` (`<=` when `or_equal`) into `mask`.
+fn compare(rt: &Runtime, x: &Tensor, t: &Tensor, or_equal: bool, mask: &mut Tensor) -> Result<()> {
+    let cols = x.cols();
+    match rt.backend() {
+        Backend::Dry => Ok(()),
+        Backend::Cpu => {
+            cpu::compare_rows(x.f32(), cols, t.f32(), or_equal, mask.u8_mut());
+            Ok(())
+        }
+        Backend::Cuda => cuda(rt, |c| c.sampler_compare_rows(x, t, or_equal, mask)),
+    }
+}
+
+fn masked_fill(rt: &Runtime, x: &mut Tensor, mask: &Tensor) -> Result<()> {
+    match rt.backend() {
+        Backend::Dry => Ok(()),
+        Backend::Cpu => {
+            cpu::masked_fill(x.f32_mut(), mask.u8(), f32::NEG_INFINITY);
+            Ok(())
+        }
+        Backend::Cuda => cuda(rt, |c| c.sampler_masked_fill(x, mask, f32::NEG_INFINITY)),
+    }
+}
+
+/// How PyTorch's CUDA `sort` (aten/src/ATen/native/cuda/SortStable.cu, the stable path for rows
+/// longer than 4096) takes transient memory from the caching allocator besides its two
+/// outputs, by the number of rows S of an `[S, V]` sort; N = S·V. Measured on the H200 with
+/// torch 2.11 (peak over the input, outputs included: 32 bytes per element for S = 1 and
+/// S ≥ 128, 44 for 2 ≤ S < 128), and read in the source:
+/// - S ≥ 128, `segmented_sort_pairs`: `reverse_indices` int64 [N] (8N), then CUB's temp
+///   storage with the alternate keys and values (12N + 255 bytes: the trace shows exactly that).
+/// - S = 1, `segmented_sort_large_segments`: the same two buffers (8N, 12N + 255); the
+///   measured peak is 0.26 bytes per element higher (CUB's histograms), not modelled.
+/// - 2 ≤ S < 128, `segmented_sort_pairs_by_full_sort`: two int2 buffers (8N each), sorted keys
+///   (4N) and CUB temp (12N + 255): 44 bytes per element with the outputs.
+pub fn sort_transients(rows: usize, cols: usize) -> Vec<(&'static str, u64)> {
+    let n = (rows * cols) as u64;
+    if rows >= 2 && rows < 128 {
+        vec![
+            ("sort.indices_and_segment", 8 * n),
+            ("sort.indices_and_segment2", 8 * n),
+            ("sort.keys_out", 4 * n),
+            ("sort.cub_temp_storage", 12 * n + 255),
+        ]
+    } else {
+        vec![
+            ("sort.reverse_indices", 8 * n),
+            ("sort.cub_temp_storage", 12 * n + 255),
+        ]
+    }
+}
+
+/// The sort with PyTorch's transient buffers: on the GPU they are the radix sort's working
+/// memory; on the host and in a dry run they are allocated and freed the same way.
+fn sort_rows(rt: &Runtime, x: &Tensor, values: &mut Tensor, idx: &mut Tensor) -> Result<()> {
+    let rows = x.rows();
+    let cols = x.cols();
+    let mut transients = Vec::new();
+    for (name, bytes) in sort_transients(rows, cols) {
+        transients.push(rt.reserve_bytes(name, Category::Sampler, bytes)?);
+    }
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => cpu::sort_rows(x.f32(), cols, values.f32_mut(), idx.i32_mut()),
+        Backend::Cuda => {
+            // The last two buffers are always 8N (iota values) and the CUB temp storage.
+            let k = transients.len();
+            let (head, tail) = transients.split_at_mut(k - 1);
+            let (rev, temp) = (&mut head[k - 2], &mut tail[0]);
+            cuda(rt, |c| c.sampler_sort_rows(x, values, idx, rev, temp))?;
+        }
+    }
+    // CUB's temp storage goes first, then the index buffers (the order the trace shows).
+    while let Some(t) = transients.pop() {
+        drop(t);
+    }
+    Ok(())
+}
+
+/// The first `rows` rows of an f32 tensor, on the host.
+fn head(rt: &Runtime, x: &Tensor, rows: usize) -> Result<Vec<f32>> {
+    let cols = x.cols();
+    let take = rows.min(x.rows()) * cols;
+    Ok(crate::ops::read_f32(rt, x)?
+        .map(|mut v| {
+            v.truncate(take);
+            v
+        })
+        .unwrap_or_default())
+}
+
+fn cuda<R>(
+    rt: &Runtime,
+    f: impl FnOnce(&mut crate::device::cuda::CudaDevice) -> Result<R>,
+) -> Result<R> {
+    rt.with_device(|d| match d.cuda() {
+        Some(c) => f(c),
+        None => Err(Error::Device {
+            spec: "cuda".into(),
+            problem: "not a CUDA device".into(),
+        }),
+    })
+}
