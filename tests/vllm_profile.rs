@@ -139,10 +139,7 @@ fn llama_3_8b_with_vllm_defaults_peaks_in_the_sampler() {
     fwd.sampler = false;
     let r2 = profile::run(&fwd, None, Arc::new(AtomicBool::new(false))).unwrap();
     let peak2 = r2.checkpoints.t2.allocated_peak;
-    assert!(
-        peak - peak2 > 512 << 20,
-        "without the sampler {peak2} B vs {peak} B"
-    );
+    assert!(peak - peak2 > 512 << 20, "without the sampler {peak2} B vs {peak} B");
     let owner = r2
         .events
         .iter()
@@ -154,12 +151,7 @@ fn llama_3_8b_with_vllm_defaults_peaks_in_the_sampler() {
     let csv = dir.path().join("t.csv");
     vramscope::export::csv::write(&r, &csv).unwrap();
     let text = std::fs::read_to_string(&csv).unwrap();
-    for name in [
-        "sampler.logits_sort",
-        "sort.cub_temp_storage",
-        "sampler.probs",
-        "sampler",
-    ] {
+    for name in ["sampler.logits_sort", "sort.cub_temp_storage", "sampler.probs", "sampler"] {
         assert!(text.contains(name), "CSV lacks {name}");
     }
 }
@@ -189,10 +181,7 @@ fn verify_tells_over_budget_from_out_of_memory() {
         assert!(v.device_room_left_bytes > 0);
     }
     let truth = r.truth.verify.clone().unwrap();
-    assert!(
-        !truth.oom && truth.overrun_bytes < 32 * (2 << 20),
-        "{truth:?}"
-    );
+    assert!(!truth.oom && truth.overrun_bytes < 32 * (2 << 20), "{truth:?}");
 
     // Another process holding most of what is left: the granted cache no longer fits.
     let mut crowded = req.clone();
@@ -261,8 +250,5 @@ fn a_config_json_alone_plans_like_the_checkpoint() {
     )
     .unwrap_err()
     .to_string();
-    assert!(
-        err.contains("config.json") && err.contains("needs the weights"),
-        "{err}"
-    );
+    assert!(err.contains("config.json") && err.contains("needs the weights"), "{err}");
 }

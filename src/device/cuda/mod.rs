@@ -411,7 +411,10 @@ impl CudaDevice {
 
     /// The sampler's readings from `start` on, with times in microseconds since `start`, and
     /// the rate it reached.
-    pub fn samples_since(&self, start: Instant) -> (Vec<crate::device::DeviceSample>, f64) {
+    pub fn samples_since(
+        &self,
+        start: Instant,
+    ) -> (Vec<crate::device::DeviceSample>, f64) {
         let offset = start.saturating_duration_since(self.epoch).as_micros() as u64;
         let samples = self
             .sampler
