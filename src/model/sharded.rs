@@ -352,6 +352,12 @@ impl SafetensorsModel {
                             ),
                         ));
                     }
+                    if let StoredQuant::Bnb4 { .. } = self.stored_quant {
+                        return Err(Error::model(
+                            &s.path,
+                            format!("tensor {name} is int8 but config.json's quantization_config says 4-bit (load_in_4bit)"),
+                        ));
+                    }
                     let scb = scb_name(&name);
                     let (sd, ss) = self.info(&scb).ok_or_else(|| {
                         Error::model(
