@@ -478,4 +478,8 @@ fn gen_model_writes_4bit_from_the_command_line() {
     assert_eq!(meta.shape, [128, 384]);
     assert_eq!(meta.quant_type, Bnb4Type::Fp4);
     assert_eq!(meta.nested_blocksize, Some(256));
+    // inspect counts a 4-bit weight by its quant state's shape, not its packed bytes.
+    let i = model::inspect(tmp.path()).unwrap();
+    assert_eq!(i.parameters, i.config.param_count());
+    assert!(i.by_dtype.iter().any(|(d, _, b)| d == "U8" && *b > 0));
 }

@@ -454,16 +454,24 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
             for name in st.tensor_names() {
                 let (d, shape) = st.info(name).expect("listed");
                 let n: u64 = shape.iter().product::<usize>() as u64;
-                // bitsandbytes' scales are not parameters of the model.
-                if !name.ends_with(".SCB") {
+                let bnb4 = st.bnb4(name);
+                // bitsandbytes' scales and quant states are not parameters of the model; a
+                // 4-bit weight holds its quant state's shape.
+                if let Some(m) = &bnb4 {
+                    params += m.numel() as u64;
+                } else if !name.ends_with(".SCB") && !name.contains(".weight.") {
                     params += n;
                 }
                 count += 1;
-                let e = by
-                    .entry(d.map_or("other", StoredDtype::name).to_string())
-                    .or_default();
+                let u8 = st.is_u8(name);
+                let kind = match d {
+                    Some(d) => d.name(),
+                    None if u8 => "U8",
+                    None => "other",
+                };
+                let e = by.entry(kind.to_string()).or_default();
                 e.0 += 1;
-                e.1 += n * d.map_or(0, |d| d.size_bytes() as u64);
+                e.1 += n * d.map_or(u64::from(u8), |d| d.size_bytes() as u64);
             }
             let md = match json.get("quantization_config") {
                 Some(q) => vec![("quantization_config".to_string(), q.to_string())],

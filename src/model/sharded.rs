@@ -287,6 +287,11 @@ impl SafetensorsModel {
         self.which.keys()
     }
 
+    /// Whether a tensor is stored as U8 (bitsandbytes 4-bit parts).
+    pub fn is_u8(&self, name: &str) -> bool {
+        self.u8_of(name).is_some()
+    }
+
     /// Checks every tensor the config implies is present with the implied shape (and, for a
     /// bitsandbytes 8-bit checkpoint, its `.SCB` scales).
     pub fn check_against(&self, cfg: &ModelConfig) -> Result<()> {
