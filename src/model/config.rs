@@ -252,7 +252,7 @@ impl ModelConfig {
         get: &dyn Fn(&str) -> std::result::Result<usize, String>,
     ) -> std::result::Result<Self, String> {
         let num_heads = get("num_attention_heads")?;
-        if hidden_size % num_heads != 0 {
+        if !hidden_size.is_multiple_of(num_heads) {
             return Err(format!(
                 "hidden_size {hidden_size} is not a multiple of num_attention_heads {num_heads}"
             ));

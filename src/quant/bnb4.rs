@@ -59,15 +59,16 @@ impl Bnb4Type {
     }
 
     /// The value code `q` decodes to times `absmax`, as the CUDA kernel computes it: NF4 by
-    /// its table, FP4 by `dDequantizeFP4Tree`'s constants (`c * absmax * sign`).
+    /// its table, FP4 by `dDequantizeFP4Tree`'s constants (`c * absmax * sign`; written here
+    /// as the shortest decimals of the same f32 values).
     pub fn decode(self, q: u8, absmax: f32) -> f32 {
         match self {
             Bnb4Type::Nf4 => NF4_LEVELS[(q & 15) as usize] * absmax,
             Bnb4Type::Fp4 => {
                 const MAG: [f32; 8] = [
                     0.0,
-                    5.208_333_333e-3,
-                    0.666_666_67,
+                    5.208_333_5e-3,
+                    0.666_666_7,
                     1.0,
                     0.333_333_33,
                     0.5,

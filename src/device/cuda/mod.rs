@@ -1650,54 +1650,6 @@ fn compile_kernels(
     Ok(funcs)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fused_attention_kernels_cover_the_head_dims_they_claim() {
-        let all = |_: &str| true;
-        let portable = |n: &str| kernels::FLASH.iter().any(|k| k.name == n && !k.sm90a);
-        let name = |hd, v, avail: &dyn Fn(&str) -> bool| flash_kernel(hd, v, avail).map(|k| k.name);
-        assert_eq!(name(128, "", &all), Some("flash_attn_d128_wg"));
-        assert_eq!(
-            name(128, "no-such-variant", &all),
-            Some("flash_attn_d128_wg")
-        );
-        assert_eq!(name(128, "", &portable), Some("flash_attn_d128_w8l"));
-        assert_eq!(name(128, "w4", &all), Some("flash_attn_d128_w4"));
-        // A Hopper-only variant asked for elsewhere falls back to the portable default.
-        assert_eq!(name(128, "wg", &portable), Some("flash_attn_d128_w8l"));
-        assert_eq!(name(64, "wg", &all), Some("flash_attn_d64_w8l"));
-        assert_eq!(name(32, "", &portable), Some("flash_attn_d32_w8l"));
-        assert_eq!(name(80, "", &all), None);
-        assert_eq!(name(256, "w4", &all), None);
-        assert_eq!(name(128, "", &|_: &str| false), None);
-        // Every head dimension has a portable default.
-        for &hd in kernels::FLASH_HEAD_DIMS {
-            assert!(name(hd, "", &portable).is_some(), "head_dim {hd}");
-        }
-        // Every kernel listed for loading is instantiated once in the source with the shape
-        // the dispatch launches it with.
-        for k in kernels::FLASH {
-            let (src, macros, per) = if k.sm90a {
-                (kernels::WGMMA_SOURCE, &["FA_WG_INST"][..], k.warps / 4)
-            } else {
-                (kernels::FLASH_SOURCE, &["FA_INST"][..], k.warps)
-            };
-            let args = format!("({}, {}, {}, ", k.name, k.head_dim, per);
-            let found: usize = macros
-                .iter()
-                .map(|m| src.matches(&format!("{m}{args}")).count())
-                .sum();
-            assert_eq!(found, 1, "{args}");
-            assert!(k.smem <= 227 * 1024, "{}", k.name);
-        }
-        let wg = flash_kernel(128, "wg", all).unwrap();
-        assert_eq!((wg.tile, wg.warps, wg.smem), (128, 8, 4 * 128 * 128 * 2));
-    }
-}
-
 /// OPT and bitsandbytes 4-bit ops (tensors and scalars in, no quantization types).
 impl CudaDevice {
     /// `nn.LayerNorm` with bias, one block a row.
@@ -1793,5 +1745,53 @@ impl CudaDevice {
             self.func("bnb4_dequant", self.half(out)?)?
         };
         self.launch(f, grid(n as u64), &[&pp, &ap, &op, &n, &bs, &fp])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fused_attention_kernels_cover_the_head_dims_they_claim() {
+        let all = |_: &str| true;
+        let portable = |n: &str| kernels::FLASH.iter().any(|k| k.name == n && !k.sm90a);
+        let name = |hd, v, avail: &dyn Fn(&str) -> bool| flash_kernel(hd, v, avail).map(|k| k.name);
+        assert_eq!(name(128, "", &all), Some("flash_attn_d128_wg"));
+        assert_eq!(
+            name(128, "no-such-variant", &all),
+            Some("flash_attn_d128_wg")
+        );
+        assert_eq!(name(128, "", &portable), Some("flash_attn_d128_w8l"));
+        assert_eq!(name(128, "w4", &all), Some("flash_attn_d128_w4"));
+        // A Hopper-only variant asked for elsewhere falls back to the portable default.
+        assert_eq!(name(128, "wg", &portable), Some("flash_attn_d128_w8l"));
+        assert_eq!(name(64, "wg", &all), Some("flash_attn_d64_w8l"));
+        assert_eq!(name(32, "", &portable), Some("flash_attn_d32_w8l"));
+        assert_eq!(name(80, "", &all), None);
+        assert_eq!(name(256, "w4", &all), None);
+        assert_eq!(name(128, "", &|_: &str| false), None);
+        // Every head dimension has a portable default.
+        for &hd in kernels::FLASH_HEAD_DIMS {
+            assert!(name(hd, "", &portable).is_some(), "head_dim {hd}");
+        }
+        // Every kernel listed for loading is instantiated once in the source with the shape
+        // the dispatch launches it with.
+        for k in kernels::FLASH {
+            let (src, macros, per) = if k.sm90a {
+                (kernels::WGMMA_SOURCE, &["FA_WG_INST"][..], k.warps / 4)
+            } else {
+                (kernels::FLASH_SOURCE, &["FA_INST"][..], k.warps)
+            };
+            let args = format!("({}, {}, {}, ", k.name, k.head_dim, per);
+            let found: usize = macros
+                .iter()
+                .map(|m| src.matches(&format!("{m}{args}")).count())
+                .sum();
+            assert_eq!(found, 1, "{args}");
+            assert!(k.smem <= 227 * 1024, "{}", k.name);
+        }
+        let wg = flash_kernel(128, "wg", all).unwrap();
+        assert_eq!((wg.tile, wg.warps, wg.smem), (128, 8, 4 * 128 * 128 * 2));
     }
 }
