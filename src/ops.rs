@@ -88,7 +88,14 @@ pub fn rope(
                 theta,
             );
         }
-        Backend::Cuda => cuda(rt, |c| c.rope(q, k, positions, cfg))?,
+        Backend::Cuda => {
+            let shape = AttnShape {
+                heads: cfg.num_heads,
+                kv_heads: cfg.num_kv_heads,
+                head_dim: cfg.head_dim,
+            };
+            cuda(rt, |c| c.rope(q, k, positions, shape, theta))?
+        }
     }
     Ok(())
 }
@@ -114,7 +121,7 @@ pub fn attention(
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => cpu::attention(q.f32(), k.f32(), v.f32(), seq_lens, shape, out.f32_mut()),
-        Backend::Cuda => cuda(rt, |c| c.attention(q, k, v, seq_lens, cfg, &mut out))?,
+        Backend::Cuda => cuda(rt, |c| c.attention(q, k, v, seq_lens, shape, &mut out))?,
     }
     Ok(out)
 }

@@ -25,7 +25,7 @@ use cudarc::driver::{
 use super::{DeviceInfo, DeviceListing, LibraryWorkspace, MemInfo, OutsideAlloc, WorkspaceBytes};
 use crate::error::{Error, Result};
 use crate::memory::SegmentHandle;
-use crate::model::config::ModelConfig;
+use super::cpu::AttnShape;
 use crate::tensor::{DType, Tensor};
 pub use nvml::NvmlSample;
 
@@ -787,21 +787,21 @@ impl CudaDevice {
         q: &mut Tensor,
         k: &mut Tensor,
         pos: &[usize],
-        cfg: &ModelConfig,
+        shape: AttnShape,
+        theta: f32,
     ) -> Result<()> {
         let dt = self.half(q)?;
         let bytes: Vec<u8> = pos.iter().flat_map(|&p| (p as i32).to_le_bytes()).collect();
         let pp = self.stage(&bytes)?;
-        let hd = cfg.head_dim as i32;
-        let theta = cfg.rope_theta as f32;
+        let hd = shape.head_dim as i32;
         let rows = pos.len() as u32;
-        if cfg.head_dim > 512 {
+        if shape.head_dim > 512 {
             // The kernels keep one token's angles in 256 shared floats.
-            return Err(self.err("rope", format!("head_dim {} is over 512", cfg.head_dim)));
+            return Err(self.err("rope", format!("head_dim {} is over 512", shape.head_dim)));
         }
         let (qp, kp) = (q.cuda_ptr(), k.cuda_ptr());
-        if cfg.head_dim.is_multiple_of(4) && qp.is_multiple_of(4) && kp.is_multiple_of(4) {
-            let (h, kvh) = (cfg.num_heads as i32, cfg.num_kv_heads as i32);
+        if shape.head_dim.is_multiple_of(4) && qp.is_multiple_of(4) && kp.is_multiple_of(4) {
+            let (h, kvh) = (shape.heads as i32, shape.kv_heads as i32);
             let f = self.func("rope_qk", dt)?;
             return self.launch(
                 f,
@@ -809,7 +809,7 @@ impl CudaDevice {
                 &[&qp, &kp, &pp, &h, &kvh, &hd, &theta],
             );
         }
-        for (t, heads) in [(&*q, cfg.num_heads), (&*k, cfg.num_kv_heads)] {
+        for (t, heads) in [(&*q, shape.heads), (&*k, shape.kv_heads)] {
             let xp = t.cuda_ptr();
             let h = heads as i32;
             let f = self.func("rope", dt)?;
@@ -827,22 +827,22 @@ impl CudaDevice {
         k: &Tensor,
         v: &Tensor,
         seq_lens: &[usize],
-        cfg: &ModelConfig,
+        shape: AttnShape,
         out: &mut Tensor,
     ) -> Result<()> {
         let dt = self.half(q)?;
-        let hd = cfg.head_dim;
+        let hd = shape.head_dim;
         let kernel = flash_kernel(hd, &self.flash_variant, |n| {
             self.funcs.contains_key(&format!("{n}_f16"))
         });
-        let fused = cfg.num_kv_heads > 0
-            && cfg.num_heads.is_multiple_of(cfg.num_kv_heads)
+        let fused = shape.kv_heads > 0
+            && shape.heads.is_multiple_of(shape.kv_heads)
             && !self.attention_blas;
         let Some(kern) = kernel.filter(|_| fused) else {
-            return self.attention_blas(q, k, v, seq_lens, cfg, out);
+            return self.attention_blas(q, k, v, seq_lens, shape, out);
         };
-        let (heads, kvh) = (cfg.num_heads as i32, cfg.num_kv_heads as i32);
-        let (qw, kw) = ((cfg.num_heads * hd) as u64, (cfg.num_kv_heads * hd) as u64);
+        let (heads, kvh) = (shape.heads as i32, shape.kv_heads as i32);
+        let (qw, kw) = ((shape.heads * hd) as u64, (shape.kv_heads * hd) as u64);
         let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
         let (qp, kp, vp, op) = (q.cuda_ptr(), k.cuda_ptr(), v.cuda_ptr(), out.cuda_ptr());
         let tile = kern.tile;
@@ -891,11 +891,11 @@ impl CudaDevice {
         k: &Tensor,
         v: &Tensor,
         seq_lens: &[usize],
-        cfg: &ModelConfig,
+        shape: AttnShape,
         out: &mut Tensor,
     ) -> Result<()> {
         let dt = self.half(q)?;
-        let (heads, kvh, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let (heads, kvh, hd) = (shape.heads, shape.kv_heads, shape.head_dim);
         let group = heads / kvh;
         let (qw, kw) = (heads * hd, kvh * hd);
         let ty = blas_type(dt);
@@ -958,12 +958,12 @@ impl CudaDevice {
                         "softmax_causal"
                     };
                     let f = self.func(name, dt)?;
-                    let cfg = LaunchConfig {
+                    let shape = LaunchConfig {
                         grid_dim: (rows as u32, kvh as u32, 1),
                         block_dim: (256, 1, 1),
                         shared_mem_bytes: 0,
                     };
-                    self.launch(f, cfg, &[&s, &ld64, &rows32, &keys32, &q0])?;
+                    self.launch(f, shape, &[&s, &ld64, &rows32, &keys32, &q0])?;
                     // O_b[rows, hd] = P_b · V_b, P with 16-bit rows of 2·ld elements
                     self.gemm(Gemm {
                         m: rows,
