@@ -419,3 +419,35 @@ fn opt_125m_shaped_logits_match_hugging_face() {
 fn opt_350m_shaped_post_ln_logits_match_hugging_face() {
     check(false, &HF_POST_LN);
 }
+
+#[test]
+fn opt_presets_weigh_what_vllm_allocates() {
+    // vLLM's parameter counts (embedding padded to 50304 rows) at 2 bytes:
+    // 125,263,872 and 331,212,800 (VLLM_PROFILE_RUN.md §5).
+    for (name, params) in [("opt-125m", 125_263_872u64), ("opt-350m", 331_212_800)] {
+        let opened = open(&ModelSource::Preset { name: name.into() }, 0).unwrap();
+        let dev = Device::open(&DeviceSpec::parse("sim:h100-80gb:dry").unwrap()).unwrap();
+        let rt = Runtime::new(dev, Arc::new(AtomicBool::new(false)), None);
+        let opts = LoadOptions {
+            quant: Quant::F16,
+            int8_threshold: 6.0,
+            int8_layout: TileLayout {
+                row_pad: 8,
+                col_pad: 32,
+            },
+        };
+        let m = OptModel::load(&rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
+        assert_eq!(m.weight_bytes(), 2 * params, "{name}");
+        assert_eq!(
+            m.lm_head().shape,
+            [
+                50304,
+                opened.config.opt.as_ref().unwrap().word_embed_proj_dim
+            ]
+        );
+        let h = m
+            .forward_hidden(&rt, &Batch::dummy(2048, 256, 50272))
+            .unwrap();
+        assert_eq!(h.shape[0], 2048);
+    }
+}

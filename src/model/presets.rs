@@ -69,13 +69,13 @@ fn opt(
 
 pub const PRESET_NAMES: [&str; 8] = [
     "tiny",
-    "opt-125m",
-    "opt-350m",
     "smollm2-135m",
     "llama-3-8b",
     "llama-3-70b",
     "mistral-7b",
     "qwen2.5-7b",
+    "opt-125m",
+    "opt-350m",
 ];
 
 /// A built-in shape by name.
