@@ -55,6 +55,12 @@ pub enum Command {
         /// Write a bitsandbytes 8-bit checkpoint (int8 CB + SCB, quantization_config).
         #[arg(long)]
         bnb_int8: bool,
+        /// Write a pre-quantized bitsandbytes 4-bit checkpoint of this type.
+        #[arg(long, value_parser = ["nf4", "fp4"])]
+        bnb_4bit: Option<String>,
+        /// With --bnb-4bit: double-quantize the absmax (bnb_4bit_use_double_quant).
+        #[arg(long, requires = "bnb_4bit")]
+        double_quant: bool,
     },
     /// Time forward passes on a device (GPU speed; logits for comparisons).
     Bench(BenchArgs),
@@ -234,7 +240,17 @@ pub fn main() -> i32 {
             seed,
             shards,
             bnb_int8,
-        }) => cmd_gen(&preset, &dir, &dtype, seed, shards, bnb_int8),
+            bnb_4bit,
+            double_quant,
+        }) => {
+            let bnb4 = bnb_4bit.as_deref().and_then(|t| {
+                crate::quant::bnb4::Bnb4Type::parse(t).map(|quant_type| model::Bnb4Gen {
+                    quant_type,
+                    double_quant,
+                })
+            });
+            cmd_gen(&preset, &dir, &dtype, seed, shards, bnb_int8, bnb4)
+        }
         Some(Command::Bench(args)) => cmd_bench(&args),
         Some(Command::HoldGpuMemory { ordinal, bytes }) => {
             device::cuda::hold_memory_child(ordinal, bytes)
@@ -475,6 +491,7 @@ fn cmd_gen(
     seed: u64,
     shards: usize,
     bnb_int8: bool,
+    bnb4: Option<model::Bnb4Gen>,
 ) -> Result<()> {
     let d = match dtype {
         "f32" => StoredDtype::F32,
@@ -487,7 +504,10 @@ fn cmd_gen(
         shards,
         bnb_int8,
     };
-    let files = model::gen_model_with(preset, dir, &opts)?;
+    let files = match bnb4 {
+        Some(g) => model::gen_model_bnb4(preset, dir, &opts, g)?,
+        None => model::gen_model_with(preset, dir, &opts)?,
+    };
     for s in &files.shards {
         println!("wrote {}", s.display());
     }

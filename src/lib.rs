@@ -9,6 +9,7 @@ pub mod export;
 pub mod memory;
 pub mod model;
 pub mod ops;
+pub mod ops_opt;
 pub mod palette;
 pub mod profile;
 pub mod progress;

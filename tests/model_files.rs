@@ -71,11 +71,18 @@ fn expected_weight_bytes(cfg: &vramscope::model::ModelConfig, quant: Quant) -> u
             let projection = name.starts_with("model.layers.") && name.ends_with("_proj.weight");
             match (quant, projection) {
                 (Quant::Int8, true) => n + 4 * shape[0] as u64,
-                (Quant::Nf4, true) => n / 2 + 4 * n.div_ceil(64),
+                // bitsandbytes NF4 with double quantization, as vLLM quantizes in flight:
+                // packed codes, u8 absmax, f32 nested absmax, the 16-entry code, the offset.
+                (Quant::Nf4, true) => {
+                    let blocks = n.div_ceil(64);
+                    n.div_ceil(2) + blocks + 4 * blocks.div_ceil(256) + 64 + 4
+                }
                 _ => 2 * n,
             }
         })
-        .sum()
+        .sum::<u64>()
+        // ... and the process's one 256-entry dynamic code book.
+        + if quant == Quant::Nf4 { 1024 } else { 0 }
 }
 
 fn gen(dir: &std::path::Path, dtype: StoredDtype, shards: usize, bnb_int8: bool) {
@@ -263,7 +270,7 @@ fn bnb_int8_folder_profiles_with_its_int8_state() {
 }
 
 #[test]
-fn bnb_config_with_4bit_is_refused_by_name() {
+fn bnb_config_with_4bit_over_int8_tensors_is_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     gen(tmp.path(), StoredDtype::F16, 1, true);
     let p = tmp.path().join("config.json");
@@ -276,7 +283,7 @@ fn bnb_config_with_4bit_is_refused_by_name() {
         .unwrap();
     let msg = e.to_string();
     assert!(
-        msg.contains("config.json") && msg.contains("4-bit"),
+        msg.contains("model.safetensors") && msg.contains("int8") && msg.contains("4-bit"),
         "{msg}"
     );
 }

@@ -23,6 +23,37 @@ pub struct ModelConfig {
     /// q/k/v projections carry a bias (Qwen2).
     pub attention_bias: bool,
     pub max_position_embeddings: usize,
+    /// OPT's extra shape (`model_type: "opt"`); `None` for the Llama family.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opt: Option<OptShape>,
+}
+
+/// What an OPT decoder has beyond the Llama fields (Hugging Face `OPTConfig`; `ffn_dim` is
+/// `intermediate_size`). vLLM's opt.py reads the same keys.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OptShape {
+    /// Pre-LN (125m, 1.3b, ...) when true; post-LN (350m) when false.
+    pub do_layer_norm_before: bool,
+    /// Width of the token embedding and the tied lm_head; `project_in`/`project_out` map it
+    /// to and from `hidden_size` when they differ (opt-350m: 512 vs 1024).
+    pub word_embed_proj_dim: usize,
+    /// Linear layers carry biases.
+    pub enable_bias: bool,
+    /// `nn.LayerNorm`'s eps (OPT never changes PyTorch's default).
+    pub layer_norm_eps: f64,
+    /// `_remove_final_layer_norm` (only old OPT checkpoints set it).
+    pub remove_final_layer_norm: bool,
+}
+
+/// vLLM's `OPTLearnedPositionalEmbedding` offset (opt.py L48-58): the table has two rows more
+/// than `max_position_embeddings` and position p reads row p + 2.
+pub const OPT_POSITION_OFFSET: usize = 2;
+
+impl OptShape {
+    /// Whether the decoder ends with `final_layer_norm` (opt.py L211-216).
+    pub fn has_final_norm(&self) -> bool {
+        self.do_layer_norm_before && !self.remove_final_layer_norm
+    }
 }
 
 impl ModelConfig {
@@ -39,6 +70,9 @@ impl ModelConfig {
 
     /// The tensors a checkpoint of this shape holds, in Hugging Face names, with shapes.
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        if let Some(opt) = &self.opt {
+            return self.opt_tensor_shapes(opt);
+        }
         let (h, i, q, kv, v) = (
             self.hidden_size,
             self.intermediate_size,
@@ -71,6 +105,52 @@ impl ModelConfig {
         out
     }
 
+    /// OPT's tensors as `OPTForCausalLM.state_dict()` names them (the tied lm_head is not
+    /// stored separately); the embedding keeps its unpadded vocabulary rows.
+    fn opt_tensor_shapes(&self, opt: &OptShape) -> Vec<(String, Vec<usize>)> {
+        let (h, f, v, p) = (
+            self.hidden_size,
+            self.intermediate_size,
+            self.vocab_size,
+            opt.word_embed_proj_dim,
+        );
+        let d = "model.decoder";
+        let mut out = vec![
+            (format!("{d}.embed_tokens.weight"), vec![v, p]),
+            (
+                format!("{d}.embed_positions.weight"),
+                vec![self.max_position_embeddings + OPT_POSITION_OFFSET, h],
+            ),
+        ];
+        if opt.has_final_norm() {
+            out.push((format!("{d}.final_layer_norm.weight"), vec![h]));
+            out.push((format!("{d}.final_layer_norm.bias"), vec![h]));
+        }
+        if p != h {
+            out.push((format!("{d}.project_out.weight"), vec![p, h]));
+            out.push((format!("{d}.project_in.weight"), vec![h, p]));
+        }
+        for l in 0..self.num_layers {
+            let pre = format!("{d}.layers.{l}");
+            let mut lin = |name: String, n: usize, k: usize| {
+                out.push((format!("{name}.weight"), vec![n, k]));
+                if opt.enable_bias {
+                    out.push((format!("{name}.bias"), vec![n]));
+                }
+            };
+            for proj in ["k_proj", "v_proj", "q_proj", "out_proj"] {
+                lin(format!("{pre}.self_attn.{proj}"), h, h);
+            }
+            lin(format!("{pre}.fc1"), f, h);
+            lin(format!("{pre}.fc2"), h, f);
+            for norm in ["self_attn_layer_norm", "final_layer_norm"] {
+                out.push((format!("{pre}.{norm}.weight"), vec![h]));
+                out.push((format!("{pre}.{norm}.bias"), vec![h]));
+            }
+        }
+        out
+    }
+
     pub fn param_count(&self) -> u64 {
         self.tensor_shapes()
             .iter()
@@ -97,9 +177,9 @@ impl ModelConfig {
 
     pub fn from_hf_json(v: &serde_json::Value) -> std::result::Result<Self, String> {
         let arch = v["model_type"].as_str().unwrap_or("").to_string();
-        if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2") {
+        if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2" | "opt") {
             return Err(format!(
-                "model_type '{arch}' is not supported (expected llama, mistral or qwen2)"
+                "model_type '{arch}' is not supported (expected llama, mistral, qwen2 or opt)"
             ));
         }
         let get = |k: &str| -> std::result::Result<usize, String> {
@@ -122,6 +202,9 @@ impl ModelConfig {
             Ok(n as usize)
         };
         let hidden_size = get("hidden_size")?;
+        if arch == "opt" {
+            return Self::opt_from_hf_json(v, hidden_size, &get);
+        }
         let num_heads = get("num_attention_heads")?;
         let num_kv_heads = if v["num_key_value_heads"].is_null() {
             num_heads
@@ -157,11 +240,94 @@ impl ModelConfig {
             attention_bias: v["attention_bias"].as_bool().unwrap_or(arch == "qwen2"),
             max_position_embeddings: v["max_position_embeddings"].as_u64().unwrap_or(4096) as usize,
             arch,
+            opt: None,
+        })
+    }
+
+    /// An `OPTConfig` (`ffn_dim`, `word_embed_proj_dim`, `do_layer_norm_before`, ...), with
+    /// Hugging Face's defaults for the keys a config leaves out.
+    fn opt_from_hf_json(
+        v: &serde_json::Value,
+        hidden_size: usize,
+        get: &dyn Fn(&str) -> std::result::Result<usize, String>,
+    ) -> std::result::Result<Self, String> {
+        let num_heads = get("num_attention_heads")?;
+        if !hidden_size.is_multiple_of(num_heads) {
+            return Err(format!(
+                "hidden_size {hidden_size} is not a multiple of num_attention_heads {num_heads}"
+            ));
+        }
+        let act = v["activation_function"].as_str().unwrap_or("relu");
+        if act != "relu" {
+            return Err(format!(
+                "activation_function '{act}' is not supported for OPT (expected relu)"
+            ));
+        }
+        if v["layer_norm_elementwise_affine"].as_bool() == Some(false) {
+            return Err("layer_norm_elementwise_affine false is not supported for OPT".into());
+        }
+        if v["tie_word_embeddings"].as_bool() == Some(false) {
+            return Err(
+                "tie_word_embeddings false is not supported for OPT (its lm_head is the embedding)"
+                    .into(),
+            );
+        }
+        let ffn = get("ffn_dim")?;
+        let word_embed_proj_dim = if v["word_embed_proj_dim"].is_null() {
+            hidden_size
+        } else {
+            get("word_embed_proj_dim")?
+        };
+        Ok(ModelConfig {
+            arch: "opt".into(),
+            hidden_size,
+            intermediate_size: ffn,
+            num_layers: get("num_hidden_layers")?,
+            num_heads,
+            num_kv_heads: num_heads,
+            head_dim: hidden_size / num_heads,
+            vocab_size: get("vocab_size")?,
+            rope_theta: 0.0,
+            rms_norm_eps: 0.0,
+            tie_word_embeddings: true,
+            attention_bias: v["enable_bias"].as_bool().unwrap_or(true),
+            max_position_embeddings: get("max_position_embeddings")?,
+            opt: Some(OptShape {
+                do_layer_norm_before: v["do_layer_norm_before"].as_bool().unwrap_or(true),
+                word_embed_proj_dim,
+                enable_bias: v["enable_bias"].as_bool().unwrap_or(true),
+                layer_norm_eps: 1e-5,
+                remove_final_layer_norm: v["_remove_final_layer_norm"].as_bool().unwrap_or(false),
+            }),
         })
     }
 
     /// The `config.json` a Hugging Face loader reads for this shape.
     pub fn to_hf_json(&self, torch_dtype: &str) -> serde_json::Value {
+        if let Some(opt) = &self.opt {
+            // The keys of facebook/opt-125m's config.json.
+            return serde_json::json!({
+                "architectures": ["OPTForCausalLM"],
+                "model_type": "opt",
+                "hidden_size": self.hidden_size,
+                "ffn_dim": self.intermediate_size,
+                "num_hidden_layers": self.num_layers,
+                "num_attention_heads": self.num_heads,
+                "vocab_size": self.vocab_size,
+                "max_position_embeddings": self.max_position_embeddings,
+                "word_embed_proj_dim": opt.word_embed_proj_dim,
+                "do_layer_norm_before": opt.do_layer_norm_before,
+                "enable_bias": opt.enable_bias,
+                "_remove_final_layer_norm": opt.remove_final_layer_norm,
+                "activation_function": "relu",
+                "layer_norm_elementwise_affine": true,
+                "tie_word_embeddings": true,
+                "bos_token_id": 2,
+                "eos_token_id": 2,
+                "pad_token_id": 1,
+                "torch_dtype": torch_dtype,
+            });
+        }
         let arch_class = match self.arch.as_str() {
             "mistral" => "MistralForCausalLM",
             "qwen2" => "Qwen2ForCausalLM",

@@ -5,14 +5,13 @@
 use std::cell::Cell;
 
 use super::config::ModelConfig;
+use super::loader::Loader;
+pub use super::loader::{LoadOptions, LoadStats};
 use super::weights::WeightSource;
-use crate::device::Backend;
 use crate::error::{Error, Result};
-use crate::memory::Category;
 use crate::ops;
 use crate::progress::Progress;
-use crate::quant::int8::{Int8Linear, TileLayout};
-use crate::quant::{nf4, Linear, Nf4Linear, Quant};
+use crate::quant::{Linear, Quant};
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 
@@ -48,29 +47,6 @@ pub struct LlamaModel {
     generation: Cell<u32>,
 }
 
-/// Measured while loading: bytes read from the weights' source as stored (after the page
-/// cache, before conversion) and the time spent reading and converting them.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct LoadStats {
-    pub source_bytes: u64,
-    pub read_seconds: f64,
-    /// Time spent quantizing on the host (int8 rows, NF4 blocks).
-    pub quantize_seconds: f64,
-    pub total_seconds: f64,
-}
-
-impl LoadStats {
-    /// Stored bytes per second of reading and converting (mmap → f32 or int8).
-    pub fn read_gb_per_s(&self) -> Option<f64> {
-        (self.read_seconds > 0.0).then(|| self.source_bytes as f64 / self.read_seconds / 1e9)
-    }
-    /// Stored bytes per second of the whole load, including device upload and quantization.
-    pub fn load_gb_per_s(&self) -> Option<f64> {
-        (self.total_seconds > 0.0 && self.source_bytes > 0)
-            .then(|| self.source_bytes as f64 / self.total_seconds / 1e9)
-    }
-}
-
 /// One forward batch: token ids of all sequences laid end to end.
 #[derive(Clone, Debug)]
 pub struct Batch {
@@ -97,39 +73,6 @@ impl Batch {
     }
 }
 
-/// What the loader does with each 2-D projection weight.
-pub struct LoadOptions {
-    pub quant: Quant,
-    pub int8_threshold: f32,
-    pub int8_layout: TileLayout,
-}
-
-fn upload(
-    rt: &Runtime,
-    name: &str,
-    shape: &[usize],
-    dtype: DType,
-    data: Option<Vec<f32>>,
-) -> Result<Tensor> {
-    let mut t = rt.tensor(name, Category::Weight, shape, dtype)?;
-    match (rt.backend(), data) {
-        // The host keeps f32; values are rounded to the dtype the weight is stored in, as a
-        // GPU's fp16/bf16 copy would be.
-        (Backend::Cpu, Some(d)) => {
-            for (dst, v) in t.f32_mut().iter_mut().zip(d) {
-                *dst = match dtype {
-                    DType::F16 => half::f16::from_f32(v).to_f32(),
-                    DType::BF16 => half::bf16::from_f32(v).to_f32(),
-                    _ => v,
-                };
-            }
-        }
-        (Backend::Cuda, Some(d)) => ops::upload_f32(rt, &mut t, &d)?,
-        _ => {}
-    }
-    Ok(t)
-}
-
 impl LlamaModel {
     /// Loads (and quantizes) every weight through the framework allocator, one tensor at a
     /// time, checking each shape against the config.
@@ -140,17 +83,8 @@ impl LlamaModel {
         opts: &LoadOptions,
     ) -> Result<Self> {
         let started = std::time::Instant::now();
-        let act = opts.quant.activation_dtype();
-        let mut ld = Loader {
-            rt,
-            src,
-            opts,
-            act,
-            needs_data: rt.backend() != Backend::Dry,
-            count: cfg.tensor_shapes().len() as u32,
-            index: 0,
-            stats: LoadStats::default(),
-        };
+        let mut ld = Loader::new(rt, src, opts, cfg.tensor_shapes().len());
+        let act = ld.act;
         rt.set_op("load");
         rt.set_layer(None);
         let (h, i, q, kv, v) = (
@@ -332,181 +266,5 @@ impl LlamaModel {
         let xn = ops::rms_norm(rt, &x, &self.norm, eps, "final.norm")?;
         drop(x);
         Ok(xn)
-    }
-}
-
-/// Reads weights one tensor at a time, reporting progress and honouring cancel.
-struct Loader<'a> {
-    rt: &'a Runtime,
-    src: &'a dyn WeightSource,
-    opts: &'a LoadOptions,
-    act: DType,
-    needs_data: bool,
-    count: u32,
-    index: u32,
-    stats: LoadStats,
-}
-
-impl Loader<'_> {
-    fn read(&mut self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>> {
-        self.rt.check_cancel()?;
-        self.rt.progress(Progress::Load {
-            index: self.index,
-            count: self.count,
-            tensor: name.to_string(),
-            bytes: shape.iter().product::<usize>() as u64 * self.act.size_bytes(),
-        });
-        self.index += 1;
-        if self.needs_data {
-            let t = std::time::Instant::now();
-            let d = self.src.read_f32(name, shape)?;
-            self.stats.read_seconds += t.elapsed().as_secs_f64();
-            self.stats.source_bytes += self.src.stored_bytes(name);
-            Ok(Some(d))
-        } else {
-            Ok(None)
-        }
-    }
-
-    fn dense(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let d = self.read(name, shape)?;
-        upload(self.rt, name, shape, self.act, d)
-    }
-
-    /// A `[rows, cols]` table stored as `[padded_rows, cols]` with zero rows after it.
-    fn dense_padded(
-        &mut self,
-        name: &str,
-        rows: usize,
-        cols: usize,
-        padded_rows: usize,
-    ) -> Result<Tensor> {
-        let d = self.read(name, &[rows, cols])?.map(|mut d| {
-            d.resize(padded_rows * cols, 0.0);
-            d
-        });
-        upload(self.rt, name, &[padded_rows, cols], self.act, d)
-    }
-
-    fn linear(&mut self, name: &str, n: usize, k: usize) -> Result<Linear> {
-        // A bitsandbytes 8-bit checkpoint loaded as int8 keeps its CB and SCB as stored.
-        if self.opts.quant == Quant::Int8 && self.src.is_int8(name) {
-            self.rt.check_cancel()?;
-            self.rt.progress(Progress::Load {
-                index: self.index,
-                count: self.count,
-                tensor: name.to_string(),
-                bytes: (n * k) as u64 + 4 * n as u64,
-            });
-            self.index += 1;
-            let pre = if self.needs_data {
-                let t = std::time::Instant::now();
-                let d = self.src.read_int8(name, &[n, k])?;
-                self.stats.read_seconds += t.elapsed().as_secs_f64();
-                self.stats.source_bytes += self.src.stored_bytes(name);
-                Some(d)
-            } else {
-                None
-            };
-            return load_int8(self.rt, name, n, k, pre, self.opts);
-        }
-        let d = self.read(name, &[n, k])?;
-        load_linear(self.rt, name, n, k, d, self.opts, self.act, &mut self.stats)
-    }
-}
-
-/// An LLM.int8 linear from `CB` and `SCB` (computed or as stored): the same two allocations
-/// either way.
-fn load_int8(
-    rt: &Runtime,
-    name: &str,
-    n: usize,
-    k: usize,
-    data: Option<(Vec<i8>, Vec<f32>)>,
-    opts: &LoadOptions,
-) -> Result<Linear> {
-    let base = name.trim_end_matches(".weight");
-    let mut cb = rt.tensor(name, Category::Weight, &[n, k], DType::I8)?;
-    let mut scb = rt.tensor(format!("{base}.SCB"), Category::Weight, &[n], DType::F32)?;
-    if let Some((q, s)) = data {
-        if rt.backend() == Backend::Cpu {
-            if let crate::tensor::Storage::I8(dst) = &mut cb.storage {
-                dst.copy_from_slice(&q);
-            }
-            scb.f32_mut().copy_from_slice(&s);
-        } else {
-            ops::upload_i8(rt, &mut cb, &q)?;
-            ops::upload_f32(rt, &mut scb, &s)?;
-        }
-    }
-    Ok(Linear::Int8(Int8Linear {
-        cb,
-        scb,
-        out_features: n,
-        in_features: k,
-        threshold: opts.int8_threshold,
-        layout: opts.int8_layout,
-        state: Default::default(),
-    }))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn load_linear(
-    rt: &Runtime,
-    name: &str,
-    n: usize,
-    k: usize,
-    data: Option<Vec<f32>>,
-    opts: &LoadOptions,
-    act: DType,
-    stats: &mut LoadStats,
-) -> Result<Linear> {
-    let mut timed = |f: &mut dyn FnMut()| {
-        let t = std::time::Instant::now();
-        f();
-        stats.quantize_seconds += t.elapsed().as_secs_f64();
-    };
-    let cpu = rt.backend() == Backend::Cpu;
-    match opts.quant {
-        Quant::F16 | Quant::BF16 => Ok(Linear::Dense(upload(rt, name, &[n, k], act, data)?)),
-        Quant::Int8 => {
-            let mut q = None;
-            if let Some(w) = data {
-                timed(&mut || q = Some(crate::quant::int8::quantize_rows(&w, n, k)));
-            }
-            load_int8(rt, name, n, k, q, opts)
-        }
-        Quant::Nf4 => {
-            let base = name.trim_end_matches(".weight");
-            let numel = n * k;
-            let mut packed =
-                rt.tensor(name, Category::Weight, &[nf4::packed_len(numel)], DType::U8)?;
-            let mut absmax = rt.tensor(
-                format!("{base}.absmax"),
-                Category::Weight,
-                &[nf4::absmax_len(numel)],
-                DType::F32,
-            )?;
-            if let Some(w) = data {
-                let mut pa = None;
-                timed(&mut || pa = Some(nf4::quantize(&w)));
-                let (p, a) = pa.expect("quantized");
-                if cpu {
-                    if let crate::tensor::Storage::U8(dst) = &mut packed.storage {
-                        dst.copy_from_slice(&p);
-                    }
-                    absmax.f32_mut().copy_from_slice(&a);
-                } else {
-                    ops::upload_u8(rt, &mut packed, &p)?;
-                    ops::upload_f32(rt, &mut absmax, &a)?;
-                }
-            }
-            Ok(Linear::Nf4(Nf4Linear {
-                packed,
-                absmax,
-                out_features: n,
-                in_features: k,
-            }))
-        }
     }
 }

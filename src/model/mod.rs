@@ -3,6 +3,8 @@
 pub mod config;
 pub mod gguf;
 pub mod llama;
+pub(crate) mod loader;
+pub mod opt;
 pub mod presets;
 pub mod sampler;
 pub mod sharded;
@@ -246,7 +248,7 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
             let (_, cfg, sq, st) = open_safetensors(files)?;
             let threshold = match sq {
                 sharded::StoredQuant::BnbInt8 { threshold } => Some(threshold),
-                sharded::StoredQuant::None => None,
+                sharded::StoredQuant::None | sharded::StoredQuant::Bnb4 { .. } => None,
             };
             Ok((cfg, Box::new(st), threshold))
         }
@@ -257,13 +259,41 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
             let sq = sharded::stored_quant(&json, &files.config)?;
             let threshold = match sq {
                 sharded::StoredQuant::BnbInt8 { threshold } => Some(threshold),
-                sharded::StoredQuant::None => None,
+                sharded::StoredQuant::None | sharded::StoredQuant::Bnb4 { .. } => None,
+            };
+            let bnb4 = match sq {
+                sharded::StoredQuant::Bnb4 {
+                    quant_type,
+                    double_quant,
+                } => {
+                    let dtype = match json["torch_dtype"].as_str() {
+                        Some("bfloat16") => crate::tensor::DType::BF16,
+                        Some("float32") => crate::tensor::DType::F32,
+                        _ => crate::tensor::DType::F16,
+                    };
+                    let shapes = cfg
+                        .tensor_shapes()
+                        .into_iter()
+                        .filter(|(n, s)| is_projection(n) && s.len() == 2)
+                        .map(|(n, s)| (n, [s[0], s[1]]))
+                        .collect();
+                    Some(ConfigOnlyBnb4 {
+                        gen: Bnb4Gen {
+                            quant_type,
+                            double_quant,
+                        },
+                        dtype,
+                        shapes,
+                    })
+                }
+                _ => None,
             };
             Ok((
                 cfg,
                 Box::new(ConfigOnly {
                     config: files.config.clone(),
                     int8: threshold.is_some(),
+                    bnb4,
                 }),
                 threshold,
             ))
@@ -277,6 +307,16 @@ struct ConfigOnly {
     config: PathBuf,
     /// A bitsandbytes 8-bit checkpoint (its linear layers would be stored as int8).
     int8: bool,
+    /// A bitsandbytes 4-bit checkpoint: what its quant states would say.
+    bnb4: Option<ConfigOnlyBnb4>,
+}
+
+/// The 4-bit layout `quantization_config` implies for a config-only model: transformers'
+/// blocks of 64 (nested blocks of 256) in `torch_dtype`, for every linear weight.
+struct ConfigOnlyBnb4 {
+    gen: Bnb4Gen,
+    dtype: crate::tensor::DType,
+    shapes: std::collections::HashMap<String, [usize; 2]>,
 }
 
 impl WeightSource for ConfigOnly {
@@ -294,7 +334,24 @@ impl WeightSource for ConfigOnly {
     }
     fn is_int8(&self, name: &str) -> bool {
         // The linear layers of the decoder, as bitsandbytes stores them.
-        self.int8 && name.contains(".layers.") && name.ends_with(".weight") && !name.contains("norm")
+        self.int8
+            && name.contains(".layers.")
+            && name.ends_with(".weight")
+            && !name.contains("norm")
+    }
+    fn bnb4(&self, name: &str) -> Option<crate::quant::bnb4::Bnb4Meta> {
+        let b = self.bnb4.as_ref()?;
+        Some(crate::quant::bnb4::Bnb4Meta {
+            quant_type: b.gen.quant_type,
+            blocksize: crate::quant::bnb4::BLOCKSIZE,
+            dtype: b.dtype,
+            shape: *b.shapes.get(name)?,
+            nested_blocksize: b
+                .gen
+                .double_quant
+                .then_some(crate::quant::bnb4::NESTED_BLOCKSIZE),
+            offset: 0.0,
+        })
     }
 }
 
@@ -397,16 +454,24 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
             for name in st.tensor_names() {
                 let (d, shape) = st.info(name).expect("listed");
                 let n: u64 = shape.iter().product::<usize>() as u64;
-                // bitsandbytes' scales are not parameters of the model.
-                if !name.ends_with(".SCB") {
+                let bnb4 = st.bnb4(name);
+                // bitsandbytes' scales and quant states are not parameters of the model; a
+                // 4-bit weight holds its quant state's shape.
+                if let Some(m) = &bnb4 {
+                    params += m.numel() as u64;
+                } else if !name.ends_with(".SCB") && !name.contains(".weight.") {
                     params += n;
                 }
                 count += 1;
-                let e = by
-                    .entry(d.map_or("other", StoredDtype::name).to_string())
-                    .or_default();
+                let u8 = st.is_u8(name);
+                let kind = match d {
+                    Some(d) => d.name(),
+                    None if u8 => "U8",
+                    None => "other",
+                };
+                let e = by.entry(kind.to_string()).or_default();
                 e.0 += 1;
-                e.1 += n * d.map_or(0, |d| d.size_bytes() as u64);
+                e.1 += n * d.map_or(u64::from(u8), |d| d.size_bytes() as u64);
             }
             let md = match json.get("quantization_config") {
                 Some(q) => vec![("quantization_config".to_string(), q.to_string())],
@@ -436,6 +501,28 @@ enum LazyKind {
     Int8Cb,
     /// LLM.int8 `SCB` (row absmax) of the weight `name`.
     Int8Scb,
+    /// One part of the weight's bitsandbytes 4-bit form (`Linear4bit._save_to_state_dict`).
+    Bnb4(Bnb4Part, Bnb4Gen),
+}
+
+/// The tensors `QuantState.as_dict(packed=True)` writes for one weight, besides the codes.
+#[derive(Clone, Copy, PartialEq)]
+enum Bnb4Part {
+    Packed,
+    Absmax,
+    QuantMap,
+    NestedAbsmax,
+    NestedQuantMap,
+    /// `quant_state.bitsandbytes__{nf4,fp4}`: the JSON of the non-tensor items.
+    Blob,
+}
+
+/// How `gen-model --bnb-4bit` quantizes: the 4-bit type and whether the absmax is
+/// double-quantized (`bnb_4bit_use_double_quant`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bnb4Gen {
+    pub quant_type: crate::quant::bnb4::Bnb4Type,
+    pub double_quant: bool,
 }
 
 /// A tensor generated on demand while the file is written, so memory stays at one tensor.
@@ -448,23 +535,86 @@ struct LazyTensor<'a> {
 }
 
 impl LazyTensor<'_> {
-    fn stored(&self) -> StoredDtype {
+    /// The stored dtype and its element size.
+    fn stored(&self) -> (safetensors::Dtype, usize) {
+        use safetensors::Dtype as D;
+        let float = |d: StoredDtype| match d {
+            StoredDtype::F32 => (D::F32, 4),
+            StoredDtype::F16 => (D::F16, 2),
+            StoredDtype::BF16 => (D::BF16, 2),
+            StoredDtype::I8 => (D::I8, 1),
+        };
         match self.kind {
-            LazyKind::Float => self.gen.dtype,
-            LazyKind::Int8Cb => StoredDtype::I8,
-            LazyKind::Int8Scb => StoredDtype::F32,
+            LazyKind::Float => float(self.gen.dtype),
+            LazyKind::Int8Cb => (D::I8, 1),
+            LazyKind::Int8Scb => (D::F32, 4),
+            LazyKind::Bnb4(part, g) => match part {
+                Bnb4Part::Absmax if !g.double_quant => (D::F32, 4),
+                Bnb4Part::Packed | Bnb4Part::Absmax | Bnb4Part::Blob => (D::U8, 1),
+                _ => (D::F32, 4),
+            },
         }
+    }
+
+    /// The weight's 4-bit form, as `quantize_4bit` makes it from the stored 16-bit values.
+    fn bnb4_parts(&self, g: Bnb4Gen) -> crate::quant::bnb4::Bnb4Parts {
+        let (n, k) = (self.shape[0], self.shape[1]);
+        let w = self.gen.generate(&self.source, n * k);
+        let dtype = match self.gen.dtype {
+            StoredDtype::BF16 => crate::tensor::DType::BF16,
+            StoredDtype::F32 => crate::tensor::DType::F32,
+            _ => crate::tensor::DType::F16,
+        };
+        crate::quant::bnb4::quantize_parts(&w, [n, k], g.quant_type, g.double_quant, dtype)
+    }
+
+    /// The shape written to the file (a 4-bit part's own; the generator keeps `[n, k]`).
+    fn disk_shape(&self) -> Vec<usize> {
+        let numel = || self.shape.iter().product::<usize>();
+        let blocks = || numel().div_ceil(crate::quant::bnb4::BLOCKSIZE);
+        match self.kind {
+            LazyKind::Int8Scb => vec![self.shape[0]],
+            LazyKind::Bnb4(part, g) => match part {
+                Bnb4Part::Packed => vec![numel().div_ceil(2), 1],
+                Bnb4Part::Absmax => vec![blocks()],
+                Bnb4Part::QuantMap => vec![16],
+                Bnb4Part::NestedAbsmax => {
+                    vec![blocks().div_ceil(crate::quant::bnb4::NESTED_BLOCKSIZE)]
+                }
+                Bnb4Part::NestedQuantMap => vec![256],
+                Bnb4Part::Blob => vec![self.blob(g).len()],
+            },
+            _ => self.shape.clone(),
+        }
+    }
+
+    /// The quant-state JSON as `pack_dict_to_tensor` writes it (utf-8 bytes of json.dumps).
+    fn blob(&self, g: Bnb4Gen) -> Vec<u8> {
+        let parts = if g.double_quant {
+            self.bnb4_parts(g)
+        } else {
+            // Only a nested offset needs the values; skip quantizing otherwise.
+            crate::quant::bnb4::Bnb4Parts {
+                quant_type: g.quant_type,
+                blocksize: crate::quant::bnb4::BLOCKSIZE,
+                dtype: match self.gen.dtype {
+                    StoredDtype::BF16 => crate::tensor::DType::BF16,
+                    StoredDtype::F32 => crate::tensor::DType::F32,
+                    _ => crate::tensor::DType::F16,
+                },
+                shape: [self.shape[0], self.shape[1]],
+                packed: vec![],
+                code: vec![],
+                absmax: crate::quant::bnb4::Absmax::F32(vec![]),
+            }
+        };
+        parts.blob_text().into_bytes()
     }
 }
 
 impl safetensors::View for LazyTensor<'_> {
     fn dtype(&self) -> safetensors::Dtype {
-        match self.stored() {
-            StoredDtype::F32 => safetensors::Dtype::F32,
-            StoredDtype::F16 => safetensors::Dtype::F16,
-            StoredDtype::BF16 => safetensors::Dtype::BF16,
-            StoredDtype::I8 => safetensors::Dtype::I8,
-        }
+        self.stored().0
     }
     fn shape(&self) -> &[usize] {
         &self.shape
@@ -486,6 +636,31 @@ impl safetensors::View for LazyTensor<'_> {
                     }
                 }
             }
+            LazyKind::Bnb4(part, g) => {
+                use crate::quant::bnb4::Absmax;
+                let f32s = |out: &mut Vec<u8>, v: &[f32]| {
+                    v.iter()
+                        .for_each(|x| out.extend_from_slice(&x.to_le_bytes()))
+                };
+                if part == Bnb4Part::Blob {
+                    out = self.blob(g);
+                } else {
+                    let p = self.bnb4_parts(g);
+                    match (part, &p.absmax) {
+                        (Bnb4Part::Packed, _) => out = p.packed,
+                        (Bnb4Part::QuantMap, _) => f32s(&mut out, &p.code),
+                        (Bnb4Part::Absmax, Absmax::F32(a)) => f32s(&mut out, a),
+                        (Bnb4Part::Absmax, Absmax::Nested { q, .. }) => out = q.clone(),
+                        (Bnb4Part::NestedAbsmax, Absmax::Nested { nested_absmax, .. }) => {
+                            f32s(&mut out, nested_absmax)
+                        }
+                        (Bnb4Part::NestedQuantMap, Absmax::Nested { nested_code, .. }) => {
+                            f32s(&mut out, nested_code)
+                        }
+                        _ => {}
+                    }
+                }
+            }
             LazyKind::Int8Cb | LazyKind::Int8Scb => {
                 // Both carry the weight's [n, k]; the scales are written as [n] (`OnDisk`).
                 let (n, k) = (self.shape[0], self.shape[1]);
@@ -502,7 +677,7 @@ impl safetensors::View for LazyTensor<'_> {
         std::borrow::Cow::Owned(out)
     }
     fn data_len(&self) -> usize {
-        self.shape.iter().product::<usize>() * self.stored().size_bytes()
+        self.shape.iter().product::<usize>() * self.stored().1
     }
 }
 
@@ -532,8 +707,20 @@ pub fn gen_model(preset: &str, dir: &Path, dtype: StoredDtype, seed: u64) -> Res
     )
 }
 
+/// The weights transformers quantizes with bitsandbytes: every `nn.Linear` but the lm_head
+/// (for OPT also fc1/fc2 and project_in/out).
 fn is_projection(name: &str) -> bool {
-    name.starts_with("model.layers.") && name.ends_with("_proj.weight")
+    (name.starts_with("model.layers.") && name.ends_with("_proj.weight"))
+        || (name.starts_with("model.decoder.")
+            && [
+                "_proj.weight",
+                ".fc1.weight",
+                ".fc2.weight",
+                ".project_in.weight",
+                ".project_out.weight",
+            ]
+            .iter()
+            .any(|s| name.ends_with(s)))
 }
 
 /// Writes a preset with seeded synthetic weights: one file or `shards` files with an index,
@@ -556,6 +743,40 @@ pub fn gen_model_config(
     dir: &Path,
     opts: &GenOptions,
 ) -> Result<ModelFiles> {
+    gen_model_config_with(config, seed_name, dir, opts, None)
+}
+
+/// `gen_model_with` writing a pre-quantized bitsandbytes 4-bit checkpoint, as transformers
+/// saves one (`Linear4bit._save_to_state_dict`, `quantization_config.load_in_4bit`): each
+/// linear's packed codes and quant state; embeddings, norms and lm_head in `opts.dtype`.
+pub fn gen_model_bnb4(
+    preset: &str,
+    dir: &Path,
+    opts: &GenOptions,
+    bnb4: Bnb4Gen,
+) -> Result<ModelFiles> {
+    let config = presets::preset(preset).ok_or_else(|| {
+        Error::Request(format!(
+            "model preset '{preset}' is unknown; presets: {}",
+            presets::PRESET_NAMES.join(", ")
+        ))
+    })?;
+    gen_model_config_with(&config, preset, dir, opts, Some(bnb4))
+}
+
+/// `gen_model_config`, optionally as a pre-quantized bitsandbytes 4-bit checkpoint.
+pub fn gen_model_config_with(
+    config: &ModelConfig,
+    seed_name: &str,
+    dir: &Path,
+    opts: &GenOptions,
+    bnb4: Option<Bnb4Gen>,
+) -> Result<ModelFiles> {
+    if opts.bnb_int8 && bnb4.is_some() {
+        return Err(Error::Request(
+            "a checkpoint is either bitsandbytes 8-bit or 4-bit, not both".into(),
+        ));
+    }
     if opts.shards == 0 || opts.shards > 9999 {
         return Err(Error::Request(format!(
             "shards {}: expected 1 to 9999",
@@ -577,7 +798,32 @@ pub fn gen_model_config(
     };
     let mut tensors: Vec<(String, LazyTensor)> = Vec::new();
     for (name, shape) in config.tensor_shapes() {
-        if opts.bnb_int8 && is_projection(&name) {
+        if let (Some(g), true) = (bnb4, is_projection(&name)) {
+            let mut parts = vec![
+                (String::new(), Bnb4Part::Packed),
+                (".absmax".into(), Bnb4Part::Absmax),
+                (".quant_map".into(), Bnb4Part::QuantMap),
+            ];
+            if g.double_quant {
+                parts.push((".nested_absmax".into(), Bnb4Part::NestedAbsmax));
+                parts.push((".nested_quant_map".into(), Bnb4Part::NestedQuantMap));
+            }
+            parts.push((
+                format!(".quant_state.bitsandbytes__{}", g.quant_type.name()),
+                Bnb4Part::Blob,
+            ));
+            for (suffix, part) in parts {
+                tensors.push((
+                    format!("{name}{suffix}"),
+                    LazyTensor {
+                        gen: &gen,
+                        source: name.clone(),
+                        shape: shape.clone(),
+                        kind: LazyKind::Bnb4(part, g),
+                    },
+                ));
+            }
+        } else if opts.bnb_int8 && is_projection(&name) {
             let base = name.trim_end_matches(".weight").to_string();
             tensors.push((
                 name.clone(),
@@ -628,6 +874,24 @@ pub fn gen_model_config(
             "llm_int8_skip_modules": null,
         });
     }
+    if let Some(g) = bnb4 {
+        // transformers' BitsAndBytesConfig.to_dict() for load_in_4bit.
+        json["quantization_config"] = serde_json::json!({
+            "quant_method": "bitsandbytes",
+            "_load_in_4bit": true,
+            "_load_in_8bit": false,
+            "load_in_4bit": true,
+            "load_in_8bit": false,
+            "bnb_4bit_quant_type": g.quant_type.name(),
+            "bnb_4bit_use_double_quant": g.double_quant,
+            "bnb_4bit_compute_dtype": "float32",
+            "bnb_4bit_quant_storage": "uint8",
+            "llm_int8_threshold": 6.0,
+            "llm_int8_has_fp16_weight": false,
+            "llm_int8_skip_modules": null,
+            "llm_int8_enable_fp32_cpu_offload": false,
+        });
+    }
     let text = serde_json::to_string_pretty(&json).expect("json");
     crate::export::atomic_write(&cfg_path, text.as_bytes())?;
     Ok(ModelFiles {
@@ -653,7 +917,7 @@ impl safetensors::View for OnDisk<'_> {
         self.0.data()
     }
     fn data_len(&self) -> usize {
-        self.1.iter().product::<usize>() * self.0.stored().size_bytes()
+        self.1.iter().product::<usize>() * self.0.stored().1
     }
 }
 
@@ -665,10 +929,7 @@ fn write_shards(dir: &Path, tensors: Vec<(String, LazyTensor)>, n: usize) -> Res
     let tensors: Vec<(String, OnDisk)> = tensors
         .into_iter()
         .map(|(name, t)| {
-            let disk = match t.kind {
-                LazyKind::Int8Scb => vec![t.shape[0]],
-                _ => t.shape.clone(),
-            };
+            let disk = t.disk_shape();
             (name, OnDisk(t, disk))
         })
         .collect();

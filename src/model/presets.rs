@@ -1,6 +1,6 @@
 //! Built-in model shapes, from each model's published `config.json`.
 
-use super::config::ModelConfig;
+use super::config::{ModelConfig, OptShape};
 
 #[allow(clippy::too_many_arguments)]
 fn cfg(
@@ -30,11 +30,47 @@ fn cfg(
         tie_word_embeddings: tied,
         attention_bias: arch == "qwen2",
         max_position_embeddings: max_pos,
+        opt: None,
     }
 }
 
-pub const PRESET_NAMES: [&str; 6] = [
+/// An OPT shape (`facebook/opt-*` config.json): MHA with biases, ReLU MLP, learned positions.
+fn opt(
+    hidden: usize,
+    ffn: usize,
+    layers: usize,
+    heads: usize,
+    proj: usize,
+    pre_norm: bool,
+) -> ModelConfig {
+    ModelConfig {
+        arch: "opt".into(),
+        hidden_size: hidden,
+        intermediate_size: ffn,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: heads,
+        head_dim: hidden / heads,
+        vocab_size: 50272,
+        rope_theta: 0.0,
+        rms_norm_eps: 0.0,
+        tie_word_embeddings: true,
+        attention_bias: true,
+        max_position_embeddings: 2048,
+        opt: Some(OptShape {
+            do_layer_norm_before: pre_norm,
+            word_embed_proj_dim: proj,
+            enable_bias: true,
+            layer_norm_eps: 1e-5,
+            remove_final_layer_norm: false,
+        }),
+    }
+}
+
+pub const PRESET_NAMES: [&str; 8] = [
     "tiny",
+    "opt-125m",
+    "opt-350m",
     "smollm2-135m",
     "llama-3-8b",
     "llama-3-70b",
@@ -65,6 +101,10 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         "smollm2-135m" => cfg(
             "llama", 576, 1536, 30, 9, 3, 49152, 100000.0, 1e-5, true, 8192,
         ),
+        // facebook/opt-125m: pre-LN, no projection.
+        "opt-125m" => opt(768, 3072, 12, 12, 768, true),
+        // facebook/opt-350m: post-LN, 512-wide embedding with project_in/project_out.
+        "opt-350m" => opt(1024, 4096, 24, 16, 512, false),
         // A few MB, for tests and compute mode on a laptop.
         "tiny" => cfg("llama", 128, 384, 4, 4, 2, 1024, 10000.0, 1e-5, false, 2048),
         _ => return None,
@@ -82,6 +122,19 @@ mod tests {
         assert_eq!(preset("mistral-7b").unwrap().param_count(), 7_248_023_552);
         assert_eq!(preset("qwen2.5-7b").unwrap().param_count(), 7_615_616_512);
         assert_eq!(preset("smollm2-135m").unwrap().param_count(), 134_515_008);
+        // Hugging Face's counts (unpadded embedding, tied lm_head).
+        assert_eq!(preset("opt-125m").unwrap().param_count(), 125_239_296);
+        assert_eq!(preset("opt-350m").unwrap().param_count(), 331_196_416);
+    }
+
+    #[test]
+    fn opt_vocabulary_pads_as_vllm_pads_it() {
+        let c = preset("opt-125m").unwrap();
+        assert_eq!(c.padded_vocab(), 50304);
+        // vLLM's count: the embedding with its 32 padded rows.
+        let padded = c.param_count() + ((c.padded_vocab() - c.vocab_size) * 768) as u64;
+        assert_eq!(padded, 125_263_872);
+        assert_eq!(preset("llama-3-8b").unwrap().padded_vocab(), 128256);
     }
 
     #[test]

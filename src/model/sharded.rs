@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use super::config::ModelConfig;
 use super::weights::{floats_to_f32, SafetensorsFile, StoredDtype, WeightSource};
 use crate::error::{Error, Result};
+use crate::quant::bnb4::{Absmax, Bnb4Meta, Bnb4Parts, Bnb4Type};
 
 /// The `weight_map` of an index file: tensor → shard file name (inside the index's folder).
 pub fn parse_index(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
@@ -48,9 +49,14 @@ pub enum StoredQuant {
     BnbInt8 {
         threshold: f32,
     },
+    /// bitsandbytes 4-bit (`load_in_4bit`): each weight's quant state says the rest.
+    Bnb4 {
+        quant_type: Bnb4Type,
+        double_quant: bool,
+    },
 }
 
-/// Reads `quantization_config`; 4-bit and other methods are refused by name.
+/// Reads `quantization_config`; other methods are refused by name.
 pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQuant> {
     let q = &config["quantization_config"];
     if q.is_null() {
@@ -64,10 +70,18 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
         ));
     }
     if q["load_in_4bit"].as_bool() == Some(true) {
-        return Err(Error::model(
-            path,
-            "pre-quantized bitsandbytes 4-bit checkpoints are not supported; use a 16-bit checkpoint with --quant nf4",
-        ));
+        // vLLM's BitsAndBytesConfig defaults (bitsandbytes.py L11-111): fp4, no double quant.
+        let name = q["bnb_4bit_quant_type"].as_str().unwrap_or("fp4");
+        let quant_type = Bnb4Type::parse(name).ok_or_else(|| {
+            Error::model(
+                path,
+                format!("quantization_config.bnb_4bit_quant_type '{name}' is not nf4 or fp4"),
+            )
+        })?;
+        return Ok(StoredQuant::Bnb4 {
+            quant_type,
+            double_quant: q["bnb_4bit_use_double_quant"].as_bool().unwrap_or(false),
+        });
     }
     if q["load_in_8bit"].as_bool() != Some(true) {
         return Err(Error::model(
@@ -92,7 +106,18 @@ pub struct SafetensorsModel {
     pub shards: Vec<SafetensorsFile>,
     which: HashMap<String, usize>,
     pub stored_quant: StoredQuant,
+    /// Names the config uses → names the file uses (OPT checkpoints written without the
+    /// `model.` prefix, as facebook/opt-* are).
+    alias: HashMap<String, String>,
+    /// Weights stored as bitsandbytes 4-bit, by their stored name, with their quant state.
+    bnb4: HashMap<String, Bnb4Meta>,
 }
+
+/// The quant-state blob suffixes `QuantState.as_dict(packed=True)` writes.
+const QS_SUFFIXES: [(&str, Bnb4Type); 2] = [
+    (".quant_state.bitsandbytes__nf4", Bnb4Type::Nf4),
+    (".quant_state.bitsandbytes__fp4", Bnb4Type::Fp4),
+];
 
 impl SafetensorsModel {
     /// Opens every shard and validates each header; a tensor in two shards, or not in the
@@ -132,27 +157,139 @@ impl SafetensorsModel {
                 }
             }
         }
-        Ok(SafetensorsModel {
+        let mut alias = HashMap::new();
+        for name in which.keys() {
+            if name.starts_with("decoder.") && !which.contains_key(&format!("model.{name}")) {
+                alias.insert(format!("model.{name}"), name.clone());
+            }
+        }
+        let mut m = SafetensorsModel {
             origin: origin.to_path_buf(),
             shards,
             which,
             stored_quant,
-        })
+            alias,
+            bnb4: HashMap::new(),
+        };
+        m.bnb4 = m.read_quant_states()?;
+        Ok(m)
+    }
+
+    /// Every 4-bit weight's quant state, checked against its stored parts: the packed
+    /// codes, absmax (f32, or u8 with nested absmax and code), quant map, as
+    /// `QuantState.from_dict` will read them.
+    fn read_quant_states(&self) -> Result<HashMap<String, Bnb4Meta>> {
+        let mut out = HashMap::new();
+        for (blob_name, &i) in &self.which {
+            let Some((weight, ty)) = QS_SUFFIXES
+                .iter()
+                .find_map(|(suf, ty)| blob_name.strip_suffix(suf).map(|w| (w, *ty)))
+            else {
+                continue;
+            };
+            let s = &self.shards[i];
+            let bad = |what: String| Error::model(&s.path, format!("tensor {weight}: {what}"));
+            let (_, blob) = s
+                .raw_u8(blob_name)
+                .ok_or_else(|| bad(format!("quant state {blob_name} is not U8")))?;
+            let meta = Bnb4Meta::from_blob(blob, ty).map_err(bad)?;
+            let packed = self.u8_of(weight).ok_or_else(|| {
+                bad(format!(
+                    "has a 4-bit quant state but is not stored as U8 (found {})",
+                    self.dtype_name(weight)
+                ))
+            })?;
+            if packed.iter().product::<usize>() != meta.packed_len() {
+                return Err(bad(format!(
+                    "U8 {packed:?} holds {} packed bytes but its quant state's shape {:?} needs {}",
+                    packed.iter().product::<usize>(),
+                    meta.shape,
+                    meta.packed_len()
+                )));
+            }
+            let blocks = meta.blocks();
+            let f32_len = |part: &str, want: usize| -> Result<()> {
+                let n = format!("{weight}.{part}");
+                match self.info(&n) {
+                    Some((Some(StoredDtype::F32), sh)) if sh.iter().product::<usize>() == want => {
+                        Ok(())
+                    }
+                    Some((d, sh)) => Err(bad(format!(
+                        "{n} is {} {sh:?}, expected F32 [{want}] (blocksize {})",
+                        d.map_or_else(|| self.dtype_name(&n), |d| d.name().to_string()),
+                        meta.blocksize
+                    ))),
+                    None => Err(bad(format!("{n} is missing"))),
+                }
+            };
+            f32_len("quant_map", 16)?;
+            match meta.nested_blocksize {
+                None => f32_len("absmax", blocks)?,
+                Some(nb) => {
+                    let n = format!("{weight}.absmax");
+                    match self.u8_of(&n) {
+                        Some(sh) if sh.iter().product::<usize>() == blocks => {}
+                        Some(sh) => {
+                            return Err(bad(format!(
+                                "{n} is U8 {sh:?}, expected [{blocks}] (one per block of {})",
+                                meta.blocksize
+                            )))
+                        }
+                        None => {
+                            return Err(bad(format!(
+                                "{n} should be U8 [{blocks}] under double quantization, found {}",
+                                self.dtype_name(&n)
+                            )))
+                        }
+                    }
+                    f32_len("nested_absmax", blocks.div_ceil(nb))?;
+                    f32_len("nested_quant_map", 256)?;
+                }
+            }
+            out.insert(weight.to_string(), meta);
+        }
+        Ok(out)
+    }
+
+    /// The shape of a U8 tensor (`None` when absent or not U8).
+    fn u8_of(&self, name: &str) -> Option<Vec<usize>> {
+        let name = self.resolve(name);
+        let s = self.which.get(name).map(|&i| &self.shards[i])?;
+        s.raw_u8(name).map(|(sh, _)| sh.to_vec())
+    }
+
+    fn dtype_name(&self, name: &str) -> String {
+        match self.shard_of(name) {
+            Ok(s) => s.stored_dtype_name(self.resolve(name)),
+            Err(_) => "nothing (missing)".into(),
+        }
+    }
+
+    /// The name the file stores a config name under.
+    fn resolve<'a>(&'a self, name: &'a str) -> &'a str {
+        self.alias.get(name).map_or(name, String::as_str)
     }
 
     fn shard_of(&self, name: &str) -> Result<&SafetensorsFile> {
         self.which
-            .get(name)
+            .get(self.resolve(name))
             .map(|&i| &self.shards[i])
             .ok_or_else(|| Error::model(&self.origin, format!("tensor {name} is missing")))
     }
 
     pub fn info(&self, name: &str) -> Option<(Option<StoredDtype>, &[usize])> {
-        self.shard_of(name).ok().and_then(|s| s.info(name))
+        self.shard_of(name)
+            .ok()
+            .and_then(|s| s.info(self.resolve(name)))
     }
 
     pub fn tensor_names(&self) -> impl Iterator<Item = &String> {
         self.which.keys()
+    }
+
+    /// Whether a tensor is stored as U8 (bitsandbytes 4-bit parts).
+    pub fn is_u8(&self, name: &str) -> bool {
+        self.u8_of(name).is_some()
     }
 
     /// Checks every tensor the config implies is present with the implied shape (and, for a
@@ -165,7 +302,36 @@ impl SafetensorsModel {
                     format!("tensor {name} is missing (config.json implies {shape:?})"),
                 )
             })?;
-            let (dtype, found) = s.info(&name).expect("listed");
+            let stored = self.resolve(&name);
+            if let Some(meta) = self.bnb4.get(stored) {
+                if self.stored_quant == StoredQuant::None {
+                    return Err(Error::model(
+                        &s.path,
+                        format!("tensor {name} is bitsandbytes 4-bit but config.json has no quantization_config"),
+                    ));
+                }
+                if meta.shape[..] != shape[..] {
+                    return Err(Error::model(
+                        &s.path,
+                        format!(
+                            "tensor {name}: its quant state says shape {:?} but config.json implies {shape:?}",
+                            meta.shape
+                        ),
+                    ));
+                }
+                continue;
+            }
+            if s.is_u8(stored) {
+                let blobs = QS_SUFFIXES.map(|(suf, _)| format!("{name}{suf}"));
+                return Err(Error::model(
+                    &s.path,
+                    format!(
+                        "tensor {name} is U8 (4-bit packed?) but its quant state {} or {} is missing",
+                        blobs[0], blobs[1]
+                    ),
+                ));
+            }
+            let (dtype, found) = s.info(stored).expect("listed");
             if found != shape.as_slice() {
                 return Err(Error::model(
                     &s.path,
@@ -178,7 +344,7 @@ impl SafetensorsModel {
                         &s.path,
                         format!(
                             "tensor {name} has dtype {}, expected F32, F16, BF16 or I8",
-                            s.stored_dtype_name(&name)
+                            s.stored_dtype_name(stored)
                         ),
                     ))
                 }
@@ -189,6 +355,12 @@ impl SafetensorsModel {
                             format!(
                                 "tensor {name} is int8 but config.json has no quantization_config"
                             ),
+                        ));
+                    }
+                    if let StoredQuant::Bnb4 { .. } = self.stored_quant {
+                        return Err(Error::model(
+                            &s.path,
+                            format!("tensor {name} is int8 but config.json's quantization_config says 4-bit (load_in_4bit)"),
                         ));
                     }
                     let scb = scb_name(&name);
@@ -231,7 +403,12 @@ impl WeightSource for SafetensorsModel {
     }
 
     fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        // A 4-bit weight read as floats: bitsandbytes' dequantize_4bit, in its dtype.
+        if self.bnb4(name).is_some() {
+            return Ok(self.read_bnb4(name)?.dequantize());
+        }
         let s = self.shard_of(name)?;
+        let name = self.resolve(name);
         match s.info(name).and_then(|(d, _)| d) {
             // An 8-bit weight read as floats: W = CB · SCB / 127, row by row.
             Some(StoredDtype::I8) => {
@@ -255,12 +432,81 @@ impl WeightSource for SafetensorsModel {
     }
 
     fn stored_bytes(&self, name: &str) -> u64 {
-        let bytes = |n: &str| self.shard_of(n).map_or(0, |s| s.tensor_bytes(n));
+        let bytes = |n: &str| {
+            self.shard_of(n)
+                .map_or(0, |s| s.tensor_bytes(self.resolve(n)))
+        };
+        if self.bnb4(name).is_some() {
+            // The packed codes and every `name.*` part (absmax, maps, quant-state blob).
+            let stored = self.resolve(name);
+            let prefix = format!("{stored}.");
+            return bytes(name)
+                + self
+                    .which
+                    .keys()
+                    .filter(|k| k.starts_with(&prefix))
+                    .map(|k| bytes(k))
+                    .sum::<u64>();
+        }
         if self.is_int8(name) {
             bytes(name) + bytes(&scb_name(name))
         } else {
             bytes(name)
         }
+    }
+
+    fn bnb4(&self, name: &str) -> Option<Bnb4Meta> {
+        self.bnb4.get(self.resolve(name)).cloned()
+    }
+
+    fn read_bnb4(&self, name: &str) -> Result<Bnb4Parts> {
+        let meta = self.bnb4(name).ok_or_else(|| {
+            Error::model(
+                &self.origin,
+                format!("tensor {name} is not stored as bitsandbytes 4-bit"),
+            )
+        })?;
+        let stored = self.resolve(name);
+        let u8s = |n: &str| -> Result<Vec<u8>> {
+            let s = self.shard_of(n)?;
+            s.raw_u8(n)
+                .map(|(_, b)| b.to_vec())
+                .ok_or_else(|| Error::model(&s.path, format!("tensor {n} is not U8")))
+        };
+        let f32s = |n: &str, len: usize| -> Result<Vec<f32>> {
+            let s = self.shard_of(n)?;
+            let shape = s.info(n).map(|(_, sh)| sh.to_vec()).unwrap_or_default();
+            if shape.iter().product::<usize>() != len {
+                return Err(Error::model(
+                    &s.path,
+                    format!("tensor {n} has shape {shape:?}, expected {len} values"),
+                ));
+            }
+            Ok(floats_to_f32(
+                StoredDtype::F32,
+                s.raw(n, StoredDtype::F32, &shape)?,
+            ))
+        };
+        let blocks = meta.blocks();
+        let absmax = match meta.nested_blocksize {
+            None => Absmax::F32(f32s(&format!("{stored}.absmax"), blocks)?),
+            Some(nb) => Absmax::Nested {
+                q: u8s(&format!("{stored}.absmax"))?,
+                nested_absmax: f32s(&format!("{stored}.nested_absmax"), blocks.div_ceil(nb))?,
+                nested_code: f32s(&format!("{stored}.nested_quant_map"), 256)?,
+                offset: meta.offset,
+                nested_blocksize: nb,
+            },
+        };
+        Ok(Bnb4Parts {
+            quant_type: meta.quant_type,
+            blocksize: meta.blocksize,
+            dtype: meta.dtype,
+            shape: meta.shape,
+            packed: u8s(stored)?,
+            code: f32s(&format!("{stored}.quant_map"), 16)?,
+            absmax,
+        })
     }
 
     fn is_int8(&self, name: &str) -> bool {
@@ -276,11 +522,11 @@ impl WeightSource for SafetensorsModel {
         }
         let cb = self
             .shard_of(name)?
-            .raw(name, StoredDtype::I8, shape)?
+            .raw(self.resolve(name), StoredDtype::I8, shape)?
             .iter()
             .map(|&b| b as i8)
             .collect();
-        let scb_n = scb_name(name);
+        let scb_n = scb_name(self.resolve(name));
         let scb = floats_to_f32(
             StoredDtype::F32,
             self.shard_of(&scb_n)?

@@ -55,6 +55,17 @@ pub trait WeightSource {
     fn is_int8(&self, _name: &str) -> bool {
         false
     }
+    /// The quant state of `name` when the checkpoint stores it as bitsandbytes 4-bit.
+    fn bnb4(&self, _name: &str) -> Option<crate::quant::bnb4::Bnb4Meta> {
+        None
+    }
+    /// Reads a pre-quantized bitsandbytes 4-bit weight's stored parts.
+    fn read_bnb4(&self, name: &str) -> Result<crate::quant::bnb4::Bnb4Parts> {
+        Err(Error::model(
+            self.origin(),
+            format!("tensor {name} is not stored as bitsandbytes 4-bit"),
+        ))
+    }
     /// Reads a pre-quantized LLM.int8 weight as stored: `CB` `[n, k]` and `SCB` `[n]`.
     fn read_int8(&self, name: &str, _shape: &[usize]) -> Result<(Vec<i8>, Vec<f32>)> {
         Err(Error::model(
@@ -169,6 +180,8 @@ pub struct SafetensorsFile {
     pub path: PathBuf,
     mmap: memmap2::Mmap,
     index: TensorIndex,
+    /// Tensors stored as U8 (bitsandbytes 4-bit codes, absmax and quant-state blobs).
+    u8_names: std::collections::HashSet<String>,
 }
 
 fn stored_dtype(d: Dtype) -> Option<StoredDtype> {
@@ -193,10 +206,21 @@ impl SafetensorsFile {
             ));
         }
         let index = parse_header(&mmap, path)?;
+        // parse_header has validated the file, so this second read of the header succeeds.
+        let u8_names = SafeTensors::deserialize(&mmap)
+            .map(|st| {
+                st.tensors()
+                    .into_iter()
+                    .filter(|(_, v)| v.dtype() == Dtype::U8)
+                    .map(|(n, _)| n)
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(Self {
             path: path.to_path_buf(),
             mmap,
             index,
+            u8_names,
         })
     }
 
@@ -232,6 +256,21 @@ impl SafetensorsFile {
             ));
         }
         Ok(&self.mmap[range.clone()])
+    }
+
+    /// Whether a tensor is stored as U8.
+    pub fn is_u8(&self, name: &str) -> bool {
+        self.u8_names.contains(name)
+    }
+
+    /// A U8 tensor's shape and bytes; `None` when absent or not U8.
+    pub fn raw_u8(&self, name: &str) -> Option<(&[usize], &[u8])> {
+        if !self.is_u8(name) {
+            return None;
+        }
+        self.index
+            .get(name)
+            .map(|(_, s, r)| (s.as_slice(), &self.mmap[r.clone()]))
     }
 
     /// The dtype a tensor's header entry names, as written there (for error messages; parses

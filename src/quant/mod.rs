@@ -1,7 +1,12 @@
 //! What each quantization stores, and how its linear layers run and what they keep.
 
+pub mod bnb4;
 pub mod int8;
 pub mod nf4;
+
+use std::rc::Rc;
+
+use bnb4::Bnb4Type;
 
 use serde::{Deserialize, Serialize};
 
@@ -18,12 +23,15 @@ pub enum Quant {
     BF16,
     /// bitsandbytes LLM.int8 (0.44 semantics).
     Int8,
-    /// bitsandbytes NF4, blocks of 64.
+    /// bitsandbytes NF4, blocks of 64, double-quantized absmax (as vLLM quantizes in
+    /// flight); a pre-quantized 4-bit checkpoint loads as stored.
     Nf4,
+    /// bitsandbytes FP4, blocks of 64, f32 absmax (transformers' `load_in_4bit` default).
+    Fp4,
 }
 
 impl Quant {
-    pub const ALL: [Quant; 4] = [Quant::F16, Quant::BF16, Quant::Int8, Quant::Nf4];
+    pub const ALL: [Quant; 5] = [Quant::F16, Quant::BF16, Quant::Int8, Quant::Nf4, Quant::Fp4];
 
     pub fn parse(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
@@ -31,8 +39,9 @@ impl Quant {
             "bf16" | "bfloat16" => Ok(Quant::BF16),
             "int8" | "bnb8" | "llm.int8" => Ok(Quant::Int8),
             "nf4" | "bnb4" => Ok(Quant::Nf4),
+            "fp4" => Ok(Quant::Fp4),
             _ => Err(Error::Request(format!(
-                "quantization '{s}': expected fp16, bf16, int8 or nf4"
+                "quantization '{s}': expected fp16, bf16, int8, nf4 or fp4"
             ))),
         }
     }
@@ -43,6 +52,7 @@ impl Quant {
             Quant::BF16 => "bf16",
             Quant::Int8 => "int8",
             Quant::Nf4 => "nf4",
+            Quant::Fp4 => "fp4",
         }
     }
 
@@ -61,11 +71,49 @@ impl std::fmt::Display for Quant {
     }
 }
 
-pub struct Nf4Linear {
+/// A bitsandbytes 4-bit linear as its `QuantState` holds it on the device.
+pub struct Bnb4Linear {
+    pub quant_type: Bnb4Type,
+    pub blocksize: usize,
+    /// `QuantState.dtype`: what `dequantize_4bit` writes.
+    pub dtype: DType,
+    /// U8 `[(n·k + 1) / 2]`, two codes a byte.
     pub packed: Tensor,
+    /// F32 `[16]` (`quant_map`).
+    pub code: Tensor,
+    /// F32 `[blocks]`, or U8 `[blocks]` under double quantization.
     pub absmax: Tensor,
+    pub nested: Option<Bnb4Nested>,
     pub out_features: usize,
     pub in_features: usize,
+}
+
+/// `QuantState.state2` and `offset` of a double-quantized absmax.
+pub struct Bnb4Nested {
+    /// F32 `[ceil(blocks / blocksize)]`.
+    pub absmax: Tensor,
+    /// F32 `[256]`, the dynamic code book. Quantizing in flight, bitsandbytes keeps one for
+    /// the whole process (`name2qmap["dynamic"]`); a checkpoint gives each weight its own.
+    pub code: Rc<Tensor>,
+    /// Whether this weight's bytes include `code` (the first holder of a shared one does).
+    pub counts_code: bool,
+    /// F32 scalar on the device (`absmax.mean()`, or `torch.tensor(nested_offset)`).
+    pub offset: Tensor,
+    pub offset_value: f32,
+    pub blocksize: usize,
+}
+
+impl Bnb4Linear {
+    pub fn weight_bytes(&self) -> u64 {
+        let mut b = self.packed.nbytes() + self.code.nbytes() + self.absmax.nbytes();
+        if let Some(n) = &self.nested {
+            b += n.absmax.nbytes() + n.offset.nbytes();
+            if n.counts_code {
+                b += n.code.nbytes();
+            }
+        }
+        b
+    }
 }
 
 /// A linear layer with PyTorch's `[out_features, in_features]` weight.
@@ -74,7 +122,7 @@ pub struct Nf4Linear {
 pub enum Linear {
     Dense(Tensor),
     Int8(int8::Int8Linear),
-    Nf4(Nf4Linear),
+    Bnb4(Bnb4Linear),
 }
 
 impl Linear {
@@ -82,7 +130,7 @@ impl Linear {
         match self {
             Linear::Dense(w) => w.shape[0],
             Linear::Int8(l) => l.out_features,
-            Linear::Nf4(l) => l.out_features,
+            Linear::Bnb4(l) => l.out_features,
         }
     }
 
@@ -91,7 +139,7 @@ impl Linear {
         match self {
             Linear::Dense(w) => w.nbytes(),
             Linear::Int8(l) => l.weight_bytes(),
-            Linear::Nf4(l) => l.packed.nbytes() + l.absmax.nbytes(),
+            Linear::Bnb4(l) => l.weight_bytes(),
         }
     }
 
@@ -108,26 +156,7 @@ impl Linear {
         match self {
             Linear::Dense(w) => dense_matmul(rt, x, w, name, act),
             Linear::Int8(l) => l.forward(rt, x, name, generation, act),
-            Linear::Nf4(l) => {
-                // bitsandbytes' dequantize_4bit: a 16-bit copy of the weight for this matmul.
-                rt.set_op("nf4.dequantize");
-                let mut w = rt.tensor(
-                    format!("{name}.dequant"),
-                    Category::Workspace,
-                    &[l.out_features, l.in_features],
-                    act,
-                )?;
-                if rt.backend() == Backend::Cpu {
-                    nf4::dequantize(l.packed.u8(), l.absmax.f32(), w.f32_mut());
-                } else if rt.backend() == Backend::Cuda {
-                    rt.with_device(|d| {
-                        d.cuda()
-                            .expect("cuda")
-                            .nf4_dequantize(&l.packed, &l.absmax, &mut w)
-                    })?;
-                }
-                dense_matmul(rt, x, &w, name, act)
-            }
+            Linear::Bnb4(l) => bnb4::forward(rt, l, x, name, act),
         }
     }
 }

@@ -47,7 +47,7 @@ const MIDPOINTS: [f32; 15] = {
 
 /// The nearest level's index: how many midpoints lie below `x` (a tie goes to the lower
 /// level; NaN gives 0). Branch-free, so it vectorises.
-fn nearest(x: f32) -> u8 {
+pub(crate) fn nearest(x: f32) -> u8 {
     MIDPOINTS.iter().map(|&m| u8::from(x > m)).sum()
 }
 

@@ -19,7 +19,6 @@ pub(crate) const TYPED: &[&str] = &[
     "from_f32",
     "softmax_causal",
     "softmax_causal_reg",
-    "nf4_dequant",
     "col_absmax",
     "row_quant",
     "col_quant",
@@ -289,15 +288,6 @@ __constant__ float NF4[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f,
   0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f, 0.44070982933044434f,
   0.5626170039176941f, 0.7229568362236023f, 1.0f};
 
-// bitsandbytes dequantize_4bit: first weight of a byte in the high nibble, blocks of 64.
-template <class T> __device__ void nf4_dequant(const u8* packed, const float* absmax, u16* out, long long n) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    u8 b = packed[i >> 1];
-    int q = (i & 1) ? (b & 15) : (b >> 4);
-    out[i] = T::st(NF4[q] * absmax[i >> 6]);
-  }
-}
-
 // Column absmax of x [m, k] (double_quant's column statistics, SCAt); scat starts at 0.
 template <class T> __device__ void col_absmax(const u16* x, float* scat, int m, int k) {
   int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -385,7 +375,6 @@ INST(to_f32, (const u16* x, float* o, long long n), (x, o, n))
 INST(from_f32, (const float* x, u16* o, long long n), (x, o, n))
 INST(softmax_causal, (float* s, long long ld, int rows, int keys, int q0), (s, ld, rows, keys, q0))
 INST(softmax_causal_reg, (float* s, long long ld, int rows, int keys, int q0), (s, ld, rows, keys, q0))
-INST(nf4_dequant, (const u8* p, const float* a, u16* o, long long n), (p, a, o, n))
 INST(col_absmax, (const u16* x, float* s, int m, int k), (x, s, m, k))
 INST(row_quant, (const u16* x, const float* s, float thr, i8* ca, float* sca, int k), (x, s, thr, ca, sca, k))
 INST(col_quant, (const u16* x, const float* s, i8* cat, long long n, int k), (x, s, cat, n, k))
@@ -889,4 +878,87 @@ template <bool BF, int D, int WG, int BN> __device__ void flash_attn_wg(const u1
 // Two warpgroups (128-query tiles), 128-key tiles: the fastest of those measured (docs/gpu-runs.md
 // runs 11-13: 64-key tiles, one warpgroup per block and the rescale skip were slower).
 FA_WG_INST(flash_attn_d128_wg, 128, 2, 128, 1)
+"#;
+
+// ----- OPT and bitsandbytes 4-bit (compiled with SOURCE, after it) -----
+
+/// OPT and 4-bit kernels instantiated for both 16-bit types.
+pub(crate) const OPT_BNB_TYPED: &[&str] = &["layer_norm", "relu", "add_out", "bnb4_dequant"];
+
+/// OPT and 4-bit kernels with no 16-bit template parameter.
+pub(crate) const OPT_BNB_UNTYPED: &[&str] =
+    &["bnb4_nested_absmax", "bnb4_dequant_f32", "convert_float"];
+
+/// Appended to `SOURCE` (uses its `F16`, `BF16`, `block_sum` and `INST`).
+pub(crate) const OPT_BNB_SOURCE: &str = r#"
+// nn.LayerNorm: (x - mean) * rsqrt(var + eps) * w + b, statistics in f32, one block a row.
+template <class T> __device__ void layer_norm(const u16* x, const u16* w, const u16* b, u16* out, int cols, float eps) {
+  __shared__ float sh[32];
+  const u16* row = x + (long long)blockIdx.x * cols;
+  float s = 0.f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) s += T::ld(row[c]);
+  float mean = block_sum(s, sh) / cols;
+  float q = 0.f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) { float d = T::ld(row[c]) - mean; q += d * d; }
+  float inv = rsqrtf(block_sum(q, sh) / cols + eps);
+  u16* o = out + (long long)blockIdx.x * cols;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x)
+    o[c] = T::st((T::ld(row[c]) - mean) * inv * T::ld(w[c]) + T::ld(b[c]));
+}
+
+template <class T> __device__ void relu(const u16* x, u16* out, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    out[i] = T::st(fmaxf(T::ld(x[i]), 0.f));
+}
+
+template <class T> __device__ void add_out(const u16* a, const u16* b, u16* out, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    out[i] = T::st(T::ld(a[i]) + T::ld(b[i]));
+}
+
+// bitsandbytes kDequantizeBlockwise for NF4 (its table) and FP4 (dDequantizeFP4Tree's
+// constants, c * absmax * sign); absmax indexed by element / blocksize (ops.cu L86).
+__device__ __forceinline__ float bnb4_value(int q, float a, int fp4) {
+  if (!fp4) return NF4[q] * a;
+  const float mag[8] = {0.0f, 5.208333333e-03f, 0.66666667f, 1.0f, 0.33333333f, 0.5f, 0.16666667f, 0.25f};
+  float sign = (q & 8) ? -1.0f : 1.0f;
+  return mag[q & 7] * a * sign;
+}
+
+template <class T> __device__ void bnb4_dequant(const u8* packed, const float* absmax, u16* out, long long n, int blocksize, int fp4) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    u8 b = packed[i >> 1];
+    int q = (i & 1) ? (b & 15) : (b >> 4);
+    out[i] = T::st(bnb4_value(q, absmax[i / blocksize], fp4));
+  }
+}
+
+INST(layer_norm, (const u16* x, const u16* w, const u16* b, u16* o, int cols, float eps), (x, w, b, o, cols, eps))
+INST(relu, (const u16* x, u16* o, long long n), (x, o, n))
+INST(add_out, (const u16* a, const u16* b, u16* o, long long n), (a, b, o, n))
+INST(bnb4_dequant, (const u8* p, const float* a, u16* o, long long n, int bs, int fp4), (p, a, o, n, bs, fp4))
+
+extern "C" __global__ void bnb4_dequant_f32(const u8* packed, const float* absmax, float* out, long long n, int blocksize, int fp4) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    u8 b = packed[i >> 1];
+    int q = (i & 1) ? (b & 15) : (b >> 4);
+    out[i] = bnb4_value(q, absmax[i / blocksize], fp4);
+  }
+}
+
+// Double-quantized absmax back to f32: dequantize_blockwise (code[q] * nested_absmax[i / nb])
+// then `absmax += offset` (offset a device scalar).
+extern "C" __global__ void bnb4_nested_absmax(const u8* q, const float* nabs, const float* code, const float* offset, float* out, long long n, int nb) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    out[i] = code[q[i]] * nabs[i / nb] + offset[0];
+}
+
+// x.to(dtype) between float types: kinds 0 = f16, 1 = bf16, 2 = f32.
+extern "C" __global__ void convert_float(const void* x, void* out, long long n, int from, int to) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    float v = from == 2 ? ((const float*)x)[i] : from == 1 ? BF16::ld(((const u16*)x)[i]) : F16::ld(((const u16*)x)[i]);
+    if (to == 2) ((float*)out)[i] = v;
+    else ((u16*)out)[i] = to == 1 ? BF16::st(v) : F16::st(v);
+  }
+}
 "#;

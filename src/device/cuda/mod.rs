@@ -1062,20 +1062,6 @@ impl CudaDevice {
         })
     }
 
-    /// NF4 blocks of 64 (`packed` nibbles, f32 `absmax` per block) to a 16-bit weight.
-    pub fn nf4_dequantize(
-        &mut self,
-        packed: &Tensor,
-        absmax: &Tensor,
-        out: &mut Tensor,
-    ) -> Result<()> {
-        let dt = self.half(out)?;
-        let n = out.numel() as i64;
-        let (pp, ap, op) = (packed.cuda_ptr(), absmax.cuda_ptr(), out.cuda_ptr());
-        let f = self.func("nf4_dequant", dt)?;
-        self.launch(f, grid(n as u64), &[&pp, &ap, &op, &n])
-    }
-
     // ----- LLM.int8 -----
 
     /// `F.double_quant`: column absmax (SCAt), the column-wise int8 copy (CAt), and the
@@ -1581,7 +1567,12 @@ fn compile_kernels(
         options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
         ..Default::default()
     };
-    let source = format!("{}{}", kernels::SOURCE, sampler::SOURCE);
+    let source = format!(
+        "{}{}{}",
+        kernels::SOURCE,
+        sampler::SOURCE,
+        kernels::OPT_BNB_SOURCE
+    );
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
         .map_err(|e| format!("NVRTC could not compile the kernels: {e}"))?;
     let module = ctx
@@ -1590,9 +1581,14 @@ fn compile_kernels(
     let mut names: Vec<String> = kernels::UNTYPED
         .iter()
         .chain(sampler::UNTYPED)
+        .chain(kernels::OPT_BNB_UNTYPED)
         .map(|s| s.to_string())
         .collect();
-    for n in kernels::TYPED.iter().chain(sampler::TYPED) {
+    for n in kernels::TYPED
+        .iter()
+        .chain(sampler::TYPED)
+        .chain(kernels::OPT_BNB_TYPED)
+    {
         names.push(format!("{n}_f16"));
         names.push(format!("{n}_bf16"));
     }
@@ -1652,6 +1648,104 @@ fn compile_kernels(
         }
     }
     Ok(funcs)
+}
+
+/// OPT and bitsandbytes 4-bit ops (tensors and scalars in, no quantization types).
+impl CudaDevice {
+    /// `nn.LayerNorm` with bias, one block a row.
+    pub fn layer_norm(
+        &mut self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        eps: f32,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        let dt = self.half(x)?;
+        let cols = x.cols() as i32;
+        let rows = (x.numel() / x.cols()) as u32;
+        let (xp, wp, bp, op) = (x.cuda_ptr(), w.cuda_ptr(), b.cuda_ptr(), out.cuda_ptr());
+        let f = self.func("layer_norm", dt)?;
+        self.launch(f, blocks(rows, 256), &[&xp, &wp, &bp, &op, &cols, &eps])
+    }
+
+    pub fn relu(&mut self, x: &Tensor, out: &mut Tensor) -> Result<()> {
+        let dt = self.half(x)?;
+        let n = x.numel() as i64;
+        let (xp, op) = (x.cuda_ptr(), out.cuda_ptr());
+        let f = self.func("relu", dt)?;
+        self.launch(f, grid(n as u64), &[&xp, &op, &n])
+    }
+
+    /// `out = a + b` (same shapes).
+    pub fn add(&mut self, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
+        let dt = self.half(a)?;
+        let n = a.numel() as i64;
+        let (ap, bp, op) = (a.cuda_ptr(), b.cuda_ptr(), out.cuda_ptr());
+        let f = self.func("add_out", dt)?;
+        self.launch(f, grid(n as u64), &[&ap, &bp, &op, &n])
+    }
+
+    /// `x.to(out.dtype)` between f16, bf16 and f32 (a copy when they are the same).
+    pub fn convert_float(&mut self, x: &Tensor, out: &mut Tensor) -> Result<()> {
+        let kind = |d: DType| -> Result<i32> {
+            match d {
+                DType::F16 => Ok(0),
+                DType::BF16 => Ok(1),
+                DType::F32 => Ok(2),
+                other => Err(self.err("convert", format!("{} is not a float dtype", other.name()))),
+            }
+        };
+        let (from, to) = (kind(x.dtype)?, kind(out.dtype)?);
+        let n = x.numel() as i64;
+        let (xp, op) = (x.cuda_ptr(), out.cuda_ptr());
+        let f = self.func("convert_float", DType::F32)?;
+        self.launch(f, grid(n as u64), &[&xp, &op, &n, &from, &to])
+    }
+
+    /// A double-quantized absmax back to f32: `code[q] * nested_absmax[i / nested_blocksize]
+    /// + offset` (`offset` a one-element f32 tensor).
+    pub fn bnb4_nested_absmax(
+        &mut self,
+        q: &Tensor,
+        nested_absmax: &Tensor,
+        code: &Tensor,
+        offset: &Tensor,
+        nested_blocksize: usize,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        let n = q.numel() as i64;
+        let nb = nested_blocksize as i32;
+        let (qp, ap, cp, op, outp) = (
+            q.cuda_ptr(),
+            nested_absmax.cuda_ptr(),
+            code.cuda_ptr(),
+            offset.cuda_ptr(),
+            out.cuda_ptr(),
+        );
+        let f = self.func("bnb4_nested_absmax", DType::F32)?;
+        self.launch(f, grid(n as u64), &[&qp, &ap, &cp, &op, &outp, &n, &nb])
+    }
+
+    /// bitsandbytes `dequantize_4bit` into `out` (f16, bf16 or f32): NF4, or FP4 when `fp4`.
+    pub fn bnb4_dequantize(
+        &mut self,
+        packed: &Tensor,
+        absmax: &Tensor,
+        fp4: bool,
+        blocksize: usize,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        let n = out.numel() as i64;
+        let (bs, fp) = (blocksize as i32, i32::from(fp4));
+        let (pp, ap, op) = (packed.cuda_ptr(), absmax.cuda_ptr(), out.cuda_ptr());
+        let f = if out.dtype == DType::F32 {
+            self.func("bnb4_dequant_f32", DType::F32)?
+        } else {
+            self.func("bnb4_dequant", self.half(out)?)?
+        };
+        self.launch(f, grid(n as u64), &[&pp, &ap, &op, &n, &bs, &fp])
+    }
 }
 
 #[cfg(test)]

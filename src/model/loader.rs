@@ -1,0 +1,527 @@
+//! Loading weights through the framework allocator, one tensor at a time: 16-bit uploads,
+//! LLM.int8 (computed or as stored) and bitsandbytes 4-bit (in flight or as stored). Shared by
+//! the Llama-family and OPT models.
+
+use super::weights::WeightSource;
+use crate::device::Backend;
+use crate::error::Result;
+use crate::memory::Category;
+use crate::ops;
+use crate::progress::Progress;
+use crate::quant::bnb4::{self, Absmax, Bnb4Meta, Bnb4Type};
+use crate::quant::int8::{Int8Linear, TileLayout};
+use crate::quant::{Bnb4Linear, Bnb4Nested, Linear, Quant};
+use crate::runtime::Runtime;
+use crate::tensor::{DType, Tensor};
+use std::rc::Rc;
+
+/// Measured while loading: bytes read from the weights' source as stored (after the page
+/// cache, before conversion) and the time spent reading and converting them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LoadStats {
+    pub source_bytes: u64,
+    pub read_seconds: f64,
+    /// Time spent quantizing on the host (int8 rows, NF4 blocks).
+    pub quantize_seconds: f64,
+    pub total_seconds: f64,
+}
+
+impl LoadStats {
+    /// Stored bytes per second of reading and converting (mmap → f32 or int8).
+    pub fn read_gb_per_s(&self) -> Option<f64> {
+        (self.read_seconds > 0.0).then(|| self.source_bytes as f64 / self.read_seconds / 1e9)
+    }
+    /// Stored bytes per second of the whole load, including device upload and quantization.
+    pub fn load_gb_per_s(&self) -> Option<f64> {
+        (self.total_seconds > 0.0 && self.source_bytes > 0)
+            .then(|| self.source_bytes as f64 / self.total_seconds / 1e9)
+    }
+}
+
+/// What the loader does with each 2-D projection weight.
+pub struct LoadOptions {
+    pub quant: Quant,
+    pub int8_threshold: f32,
+    pub int8_layout: TileLayout,
+}
+
+pub(crate) fn upload(
+    rt: &Runtime,
+    name: &str,
+    shape: &[usize],
+    dtype: DType,
+    data: Option<Vec<f32>>,
+) -> Result<Tensor> {
+    let mut t = rt.tensor(name, Category::Weight, shape, dtype)?;
+    match (rt.backend(), data) {
+        // The host keeps f32; values are rounded to the dtype the weight is stored in, as a
+        // GPU's fp16/bf16 copy would be.
+        (Backend::Cpu, Some(d)) => {
+            for (dst, v) in t.f32_mut().iter_mut().zip(d) {
+                *dst = match dtype {
+                    DType::F16 => half::f16::from_f32(v).to_f32(),
+                    DType::BF16 => half::bf16::from_f32(v).to_f32(),
+                    _ => v,
+                };
+            }
+        }
+        (Backend::Cuda, Some(d)) => ops::upload_f32(rt, &mut t, &d)?,
+        _ => {}
+    }
+    Ok(t)
+}
+
+/// Reads weights one tensor at a time, reporting progress and honouring cancel.
+pub(crate) struct Loader<'a> {
+    rt: &'a Runtime,
+    src: &'a dyn WeightSource,
+    opts: &'a LoadOptions,
+    pub(crate) act: DType,
+    needs_data: bool,
+    count: u32,
+    index: u32,
+    pub(crate) stats: LoadStats,
+    /// bitsandbytes' process-wide dynamic code book (`name2qmap["dynamic"]`), made on the
+    /// first double quantization in flight and shared by every weight after it.
+    dynamic_map: Option<Rc<Tensor>>,
+}
+
+impl<'a> Loader<'a> {
+    /// A loader for `count` tensors.
+    pub(crate) fn new(
+        rt: &'a Runtime,
+        src: &'a dyn WeightSource,
+        opts: &'a LoadOptions,
+        count: usize,
+    ) -> Self {
+        Loader {
+            rt,
+            src,
+            opts,
+            act: opts.quant.activation_dtype(),
+            needs_data: rt.backend() != Backend::Dry,
+            count: count as u32,
+            index: 0,
+            stats: LoadStats::default(),
+            dynamic_map: None,
+        }
+    }
+
+    /// Counts one tensor in the progress report and checks for cancel.
+    fn tick(&mut self, name: &str, bytes: u64) -> Result<()> {
+        self.rt.check_cancel()?;
+        self.rt.progress(Progress::Load {
+            index: self.index,
+            count: self.count,
+            tensor: name.to_string(),
+            bytes,
+        });
+        self.index += 1;
+        Ok(())
+    }
+
+    fn read(&mut self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>> {
+        self.tick(
+            name,
+            shape.iter().product::<usize>() as u64 * self.act.size_bytes(),
+        )?;
+        if self.needs_data {
+            let t = std::time::Instant::now();
+            let d = self.src.read_f32(name, shape)?;
+            self.stats.read_seconds += t.elapsed().as_secs_f64();
+            self.stats.source_bytes += self.src.stored_bytes(name);
+            Ok(Some(d))
+        } else {
+            Ok(None)
+        }
+    }
+
+    pub(crate) fn dense(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let d = self.read(name, shape)?;
+        upload(self.rt, name, shape, self.act, d)
+    }
+
+    /// A `[rows, cols]` table stored as `[padded_rows, cols]` with zero rows after it
+    /// (vLLM's VocabParallelEmbedding and ParallelLMHead pad the vocabulary to 64 and
+    /// zero-fill the padding, vocab_parallel_embedding.py L16, L47-50).
+    pub(crate) fn dense_padded(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        padded_rows: usize,
+    ) -> Result<Tensor> {
+        let d = self.read(name, &[rows, cols])?.map(|mut d| {
+            d.resize(padded_rows * cols, 0.0);
+            d
+        });
+        upload(self.rt, name, &[padded_rows, cols], self.act, d)
+    }
+
+    pub(crate) fn linear(&mut self, name: &str, n: usize, k: usize) -> Result<Linear> {
+        self.linear_as(name, n, k, true)
+    }
+
+    /// A linear layer's weight: as stored when the checkpoint holds it quantized
+    /// (bitsandbytes 4-bit whatever `--quant` says, as vLLM loads it; LLM.int8 under
+    /// `--quant int8`), else 16-bit or quantized in flight when `quantize` is set (vLLM's
+    /// bitsandbytes target modules).
+    pub(crate) fn linear_as(
+        &mut self,
+        name: &str,
+        n: usize,
+        k: usize,
+        quantize: bool,
+    ) -> Result<Linear> {
+        if let Some(meta) = self.src.bnb4(name) {
+            return self.bnb4_stored(name, n, k, &meta);
+        }
+        // A bitsandbytes 8-bit checkpoint loaded as int8 keeps its CB and SCB as stored.
+        if self.opts.quant == Quant::Int8 && self.src.is_int8(name) {
+            self.rt.check_cancel()?;
+            self.rt.progress(Progress::Load {
+                index: self.index,
+                count: self.count,
+                tensor: name.to_string(),
+                bytes: (n * k) as u64 + 4 * n as u64,
+            });
+            self.index += 1;
+            let pre = if self.needs_data {
+                let t = std::time::Instant::now();
+                let d = self.src.read_int8(name, &[n, k])?;
+                self.stats.read_seconds += t.elapsed().as_secs_f64();
+                self.stats.source_bytes += self.src.stored_bytes(name);
+                Some(d)
+            } else {
+                None
+            };
+            return load_int8(self.rt, name, n, k, pre, self.opts);
+        }
+        if !quantize || matches!(self.opts.quant, Quant::F16 | Quant::BF16) {
+            let d = self.read(name, &[n, k])?;
+            return Ok(Linear::Dense(upload(self.rt, name, &[n, k], self.act, d)?));
+        }
+        if matches!(self.opts.quant, Quant::Nf4 | Quant::Fp4) {
+            return self.bnb4_in_flight(name, n, k);
+        }
+        let d = self.read(name, &[n, k])?;
+        load_linear(self.rt, name, n, k, d, self.opts, self.act, &mut self.stats)
+    }
+
+    /// A pre-quantized 4-bit weight as vLLM's `_quantized_4bit_generator` and
+    /// `QuantState.from_dict` put it on the device (loader.py L926-971; bitsandbytes
+    /// functional.py L706-754): the packed codes, then the nested offset, nested absmax and
+    /// nested code, then the absmax and the code, each its own tensor.
+    fn bnb4_stored(&mut self, name: &str, n: usize, k: usize, meta: &Bnb4Meta) -> Result<Linear> {
+        self.tick(name, self.src.stored_bytes(name))?;
+        let parts = if self.needs_data {
+            let t = std::time::Instant::now();
+            let p = self.src.read_bnb4(name)?;
+            self.stats.read_seconds += t.elapsed().as_secs_f64();
+            self.stats.source_bytes += self.src.stored_bytes(name);
+            Some(p)
+        } else {
+            None
+        };
+        if meta.shape != [n, k] {
+            return Err(crate::error::Error::model(
+                self.src.origin(),
+                format!(
+                    "tensor {name}: its quant state says shape {:?}, the config implies [{n}, {k}]",
+                    meta.shape
+                ),
+            ));
+        }
+        let rt = self.rt;
+        let packed = put_u8(
+            rt,
+            name,
+            &[meta.packed_len()],
+            parts.as_ref().map(|p| &p.packed[..]),
+        )?;
+        let base = name.to_string();
+        let blocks = meta.blocks();
+        let (absmax, nested) = match meta.nested_blocksize {
+            Some(nb) => {
+                let (q, na, nc, off) = match parts.as_ref().map(|p| &p.absmax) {
+                    Some(Absmax::Nested {
+                        q,
+                        nested_absmax,
+                        nested_code,
+                        offset,
+                        ..
+                    }) => (
+                        Some(&q[..]),
+                        Some(&nested_absmax[..]),
+                        Some(&nested_code[..]),
+                        *offset,
+                    ),
+                    _ => (None, None, None, meta.offset),
+                };
+                let offset = put_f32(
+                    rt,
+                    &format!("{base}.nested_offset"),
+                    &[1],
+                    Some(&[off][..]).filter(|_| self.needs_data),
+                )?;
+                let nabs = put_f32(
+                    rt,
+                    &format!("{base}.nested_absmax"),
+                    &[blocks.div_ceil(nb)],
+                    na,
+                )?;
+                let ncode = put_f32(rt, &format!("{base}.nested_quant_map"), &[256], nc)?;
+                let absmax = put_u8(rt, &format!("{base}.absmax"), &[blocks], q)?;
+                (
+                    absmax,
+                    Some(Bnb4Nested {
+                        absmax: nabs,
+                        code: Rc::new(ncode),
+                        counts_code: true,
+                        offset,
+                        offset_value: off,
+                        blocksize: nb,
+                    }),
+                )
+            }
+            None => {
+                let a = match parts.as_ref().map(|p| &p.absmax) {
+                    Some(Absmax::F32(a)) => Some(&a[..]),
+                    _ => None,
+                };
+                (put_f32(rt, &format!("{base}.absmax"), &[blocks], a)?, None)
+            }
+        };
+        let code = put_f32(
+            rt,
+            &format!("{base}.quant_map"),
+            &[16],
+            parts.as_ref().map(|p| &p.code[..]),
+        )?;
+        Ok(Linear::Bnb4(Bnb4Linear {
+            quant_type: meta.quant_type,
+            blocksize: meta.blocksize,
+            dtype: meta.dtype,
+            packed,
+            code,
+            absmax,
+            nested,
+            out_features: n,
+            in_features: k,
+        }))
+    }
+
+    /// vLLM's in-flight 4-bit (`_unquantized_generator`, loader.py L973-1023): the 16-bit
+    /// weight goes to the device, `quantize_4bit` (functional.py L1147-1270) allocates the
+    /// f32 absmax, the packed codes and the code book; NF4 then double-quantizes as vLLM asks
+    /// (`compress_statistics=True`): the offset, the dynamic code book (once per process), the
+    /// nested absmax and the u8 absmax, and the f32 absmax is freed. `--quant fp4` is
+    /// transformers' FP4 default instead (f32 absmax kept, no double quantization).
+    fn bnb4_in_flight(&mut self, name: &str, n: usize, k: usize) -> Result<Linear> {
+        let data = self.read(name, &[n, k])?;
+        let rt = self.rt;
+        let (ty, nested) = match self.opts.quant {
+            Quant::Fp4 => (Bnb4Type::Fp4, false),
+            _ => (Bnb4Type::Nf4, true),
+        };
+        let mut parts = None;
+        if let Some(w) = &data {
+            let t = std::time::Instant::now();
+            parts = Some(bnb4::quantize_parts(w, [n, k], ty, nested, self.act));
+            self.stats.quantize_seconds += t.elapsed().as_secs_f64();
+        }
+        let meta = Bnb4Meta {
+            quant_type: ty,
+            blocksize: bnb4::BLOCKSIZE,
+            dtype: self.act,
+            shape: [n, k],
+            nested_blocksize: nested.then_some(bnb4::NESTED_BLOCKSIZE),
+            offset: 0.0,
+        };
+        // `loaded_weight.cuda()`: the 16-bit weight on the device while it is quantized.
+        let staged = upload(rt, &format!("{name}.unquantized"), &[n, k], self.act, None)?;
+        let blocks = meta.blocks();
+        let (absmax_data, nested_data) = match parts.as_ref().map(|p| &p.absmax) {
+            Some(Absmax::F32(a)) => (Some(a.clone()), None),
+            Some(Absmax::Nested {
+                q,
+                nested_absmax,
+                offset,
+                ..
+            }) => (None, Some((q, nested_absmax, *offset))),
+            None => (None, None),
+        };
+        let absmax32 = put_f32(
+            rt,
+            &format!("{name}.absmax"),
+            &[blocks],
+            absmax_data.as_deref(),
+        )?;
+        let packed = put_u8(
+            rt,
+            name,
+            &[meta.packed_len()],
+            parts.as_ref().map(|p| &p.packed[..]),
+        )?;
+        let code = put_f32(
+            rt,
+            &format!("{name}.quant_map"),
+            &[16],
+            parts.as_ref().map(|p| &p.code[..]),
+        )?;
+        let (absmax, nested) = if nested {
+            let off = nested_data.map(|d| d.2);
+            let offset = put_f32(
+                rt,
+                &format!("{name}.nested_offset"),
+                &[1],
+                off.as_ref().map(std::slice::from_ref),
+            )?;
+            let counts_code = self.dynamic_map.is_none();
+            let map = match &self.dynamic_map {
+                Some(m) => m.clone(),
+                None => {
+                    let dm = bnb4::dynamic_map();
+                    let m = Rc::new(put_f32(
+                        rt,
+                        "bitsandbytes.dynamic_map",
+                        &[256],
+                        self.needs_data.then_some(&dm[..]),
+                    )?);
+                    self.dynamic_map = Some(m.clone());
+                    m
+                }
+            };
+            let nabs = put_f32(
+                rt,
+                &format!("{name}.nested_absmax"),
+                &[blocks.div_ceil(bnb4::NESTED_BLOCKSIZE)],
+                nested_data.map(|d| &d.1[..]),
+            )?;
+            let q = put_u8(
+                rt,
+                &format!("{name}.absmax"),
+                &[blocks],
+                nested_data.map(|d| &d.0[..]),
+            )?;
+            // `del absmax`: the f32 absmax goes once its 8-bit copy exists.
+            drop(absmax32);
+            (
+                q,
+                Some(Bnb4Nested {
+                    absmax: nabs,
+                    code: map,
+                    counts_code,
+                    offset,
+                    offset_value: off.unwrap_or(0.0),
+                    blocksize: bnb4::NESTED_BLOCKSIZE,
+                }),
+            )
+        } else {
+            (absmax32, None)
+        };
+        drop(staged);
+        Ok(Linear::Bnb4(Bnb4Linear {
+            quant_type: ty,
+            blocksize: meta.blocksize,
+            dtype: meta.dtype,
+            packed,
+            code,
+            absmax,
+            nested,
+            out_features: n,
+            in_features: k,
+        }))
+    }
+}
+
+/// A weight-category u8 tensor, filled from `data` when given (compute modes).
+fn put_u8(rt: &Runtime, name: &str, shape: &[usize], data: Option<&[u8]>) -> Result<Tensor> {
+    let mut t = rt.tensor(name, Category::Weight, shape, DType::U8)?;
+    if let Some(d) = data {
+        match &mut t.storage {
+            crate::tensor::Storage::U8(dst) => dst.copy_from_slice(d),
+            crate::tensor::Storage::Cuda(_) => ops::upload_u8(rt, &mut t, d)?,
+            _ => {}
+        }
+    }
+    Ok(t)
+}
+
+/// A weight-category f32 tensor, filled from `data` when given (compute modes).
+fn put_f32(rt: &Runtime, name: &str, shape: &[usize], data: Option<&[f32]>) -> Result<Tensor> {
+    let mut t = rt.tensor(name, Category::Weight, shape, DType::F32)?;
+    if let Some(d) = data {
+        match &mut t.storage {
+            crate::tensor::Storage::F32(dst) => dst.copy_from_slice(d),
+            crate::tensor::Storage::Cuda(_) => ops::upload_f32(rt, &mut t, d)?,
+            _ => {}
+        }
+    }
+    Ok(t)
+}
+
+/// An LLM.int8 linear from `CB` and `SCB` (computed or as stored): the same two allocations
+/// either way.
+pub(crate) fn load_int8(
+    rt: &Runtime,
+    name: &str,
+    n: usize,
+    k: usize,
+    data: Option<(Vec<i8>, Vec<f32>)>,
+    opts: &LoadOptions,
+) -> Result<Linear> {
+    let base = name.trim_end_matches(".weight");
+    let mut cb = rt.tensor(name, Category::Weight, &[n, k], DType::I8)?;
+    let mut scb = rt.tensor(format!("{base}.SCB"), Category::Weight, &[n], DType::F32)?;
+    if let Some((q, s)) = data {
+        if rt.backend() == Backend::Cpu {
+            if let crate::tensor::Storage::I8(dst) = &mut cb.storage {
+                dst.copy_from_slice(&q);
+            }
+            scb.f32_mut().copy_from_slice(&s);
+        } else {
+            ops::upload_i8(rt, &mut cb, &q)?;
+            ops::upload_f32(rt, &mut scb, &s)?;
+        }
+    }
+    Ok(Linear::Int8(Int8Linear {
+        cb,
+        scb,
+        out_features: n,
+        in_features: k,
+        threshold: opts.int8_threshold,
+        layout: opts.int8_layout,
+        state: Default::default(),
+    }))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn load_linear(
+    rt: &Runtime,
+    name: &str,
+    n: usize,
+    k: usize,
+    data: Option<Vec<f32>>,
+    opts: &LoadOptions,
+    act: DType,
+    stats: &mut LoadStats,
+) -> Result<Linear> {
+    let mut timed = |f: &mut dyn FnMut()| {
+        let t = std::time::Instant::now();
+        f();
+        stats.quantize_seconds += t.elapsed().as_secs_f64();
+    };
+    match opts.quant {
+        Quant::F16 | Quant::BF16 => Ok(Linear::Dense(upload(rt, name, &[n, k], act, data)?)),
+        Quant::Int8 => {
+            let mut q = None;
+            if let Some(w) = data {
+                timed(&mut || q = Some(crate::quant::int8::quantize_rows(&w, n, k)));
+            }
+            load_int8(rt, name, n, k, q, opts)
+        }
+        // The loader quantizes 4-bit itself (`Loader::bnb4_in_flight`).
+        Quant::Nf4 | Quant::Fp4 => unreachable!("4-bit weights load through Loader::linear"),
+    }
+}
