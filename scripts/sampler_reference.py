@@ -18,8 +18,9 @@ meta = json.load(open(f"{d}/sampler.json"))
 rows, vocab = meta["rows"], meta["vocab"]
 logits = torch.from_numpy(np.fromfile(f"{d}/logits.f32", dtype="<f4").reshape(rows, vocab)).cuda()
 ours = torch.from_numpy(np.fromfile(f"{d}/probs.f32", dtype="<f4").reshape(rows, vocab)).cuda()
-# SamplingTensors are in the logits dtype (fp16 here); top_k = vocab - 1, top_p = 0.99.
-p = torch.full((rows,), 0.99, device="cuda", dtype=torch.float16)
+# SamplingTensors are in the model's logits dtype; top_k = vocab - 1, top_p = 0.99.
+dtype = torch.bfloat16 if meta["quant"] == "bf16" else torch.float16
+p = torch.full((rows,), 0.99, device="cuda", dtype=dtype)
 k = torch.full((rows,), vocab - 1, device="cuda", dtype=torch.int)
 logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
 top_k_mask = logits_sort.size(1) - k.to(torch.long)

@@ -314,3 +314,60 @@ fn vllm_test_memory_profiling_on_the_gpu() {
         new.non_torch_bytes
     );
 }
+
+/// vLLM's sampler on the GPU and on the CPU, on the same fp16 logits `[256, 50304]` with the
+/// same draws: the same probs (to f32 rounding of the reductions) and the same sampled tokens
+/// wherever the winning margin is not within rounding.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn the_gpu_sampler_matches_the_cpu_sampler() {
+    use vramscope::memory::Category;
+    use vramscope::model::llama::Batch;
+    use vramscope::model::sampler::{self, Sampler};
+    use vramscope::runtime::Runtime;
+    use vramscope::tensor::DType;
+    let (rows, vocab, padded) = (256usize, 50_272usize, 50_304usize);
+    // Logits with the spread of a real model's: a few large, a long tail.
+    let values: Vec<f32> = (0..rows * padded)
+        .map(|i| {
+            let (r, c) = (i / padded, i % padded);
+            if c >= vocab {
+                return 0.0;
+            }
+            let h = ((c as u64 * 2_654_435_761 + r as u64 * 97) % 10_007) as f32 / 10_007.0;
+            half::f16::from_f32(8.0 * h * h * h - 2.0).to_f32()
+        })
+        .collect();
+    let run = |spec: &str| {
+        let dev = Device::open(&DeviceSpec::parse(spec).unwrap()).unwrap();
+        let rt = Runtime::new(dev, Arc::new(AtomicBool::new(false)), None);
+        let batch = Batch::dummy(2048, rows, vocab);
+        let input = sampler::prepare_model_input(&rt, &batch).unwrap();
+        let mut logits = rt
+            .tensor("logits", Category::Sampler, &[rows, padded], DType::F16)
+            .unwrap();
+        if spec.starts_with("cuda") {
+            vramscope::ops::upload_f32(&rt, &mut logits, &values).unwrap();
+        } else {
+            logits.f32_mut().copy_from_slice(&values);
+        }
+        let s = Sampler::new(11);
+        s.head_rows.set(rows);
+        let out = s.forward(&rt, &logits, vocab, &input).unwrap();
+        (out, rt.stats().allocated_peak)
+    };
+    let (gpu, gpu_peak) = run("cuda:0");
+    let (cpu, cpu_peak) = run("sim:h200-141gb");
+    assert_eq!(gpu_peak, cpu_peak, "the same allocations on both");
+    let err = gpu
+        .probs_head
+        .iter()
+        .zip(&cpu.probs_head)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    eprintln!("sampler probs GPU vs CPU: max abs error {err:.3e}");
+    assert!(err < 1e-5, "{err}");
+    let same = gpu.ids.iter().zip(&cpu.ids).filter(|(a, b)| a == b).count();
+    eprintln!("sampled tokens equal in {same} of {rows} rows");
+    assert!(same >= rows - 2, "{same} of {rows}");
+}

@@ -32,6 +32,9 @@ const ROW_THREADS: u32 = 1024;
 
 pub(super) const SOURCE: &str = r#"
 // ---- sampler (src/device/cuda/sampler.rs) ----
+// No CUDA headers: -inf and NaN from their bits.
+#define SAMPLER_NEG_INF __int_as_float(0xff800000)
+#define SAMPLER_NAN __int_as_float(0x7fc00000)
 template <class T> __device__ void narrow_to_f32(const u16* x, float* o, long long rows, int src_cols, int cols) {
   long long n = rows * cols;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
@@ -144,11 +147,11 @@ extern "C" __global__ void softmax_rows(const float* x, float* o, int cols, int 
   __shared__ float sh[32];
   const float* row = x + (long long)blockIdx.x * cols;
   float* out = o + (long long)blockIdx.x * cols;
-  float m = -INFINITY;
+  float m = SAMPLER_NEG_INF;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, row[i]);
   m = block_max(m, sh);
-  if (m == -INFINITY) {
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = lg ? -INFINITY : __int_as_float(0x7fc00000);
+  if (m == SAMPLER_NEG_INF) {
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = lg ? SAMPLER_NEG_INF : SAMPLER_NAN;
     return;
   }
   float s = 0.f;
@@ -223,7 +226,7 @@ extern "C" __global__ void argmax_rows(const float* x, long long* o, int cols) {
   __shared__ float bv[1024];
   __shared__ int bi[1024];
   const float* row = x + (long long)blockIdx.x * cols;
-  float best = -INFINITY; int arg = 0x7fffffff;
+  float best = SAMPLER_NEG_INF; int arg = 0x7fffffff;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) {
     float v = row[i];
     if (v > best || (v == best && i < arg)) { best = v; arg = i; }
