@@ -13,7 +13,7 @@ def raw(path, name):
     m = re.search(r'(?:pub\((?:crate|super)\) )?const %s: &str = r#"(.*?)"#;' % name, s, re.S)
     return m.group(1)
 src = raw(sys.argv[1] + "/src/device/cuda/kernels.rs", "SOURCE") + raw(sys.argv[1] + "/src/device/cuda/sampler.rs", "SOURCE") + raw(sys.argv[1] + "/src/device/cuda/kernels.rs", "OPT_BNB_SOURCE")
-# NVRTC 13.2 has no INFINITY without headers (sampler.rs uses it); defined here so the
+# NVRTC 13.2 has no INFINITY without headers; defined here (if a source uses it) so the
 # rest can be checked.
 src = "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif\n" + src
 prog = ctypes.c_void_p()
