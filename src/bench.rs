@@ -12,8 +12,9 @@ use serde::Serialize;
 use crate::device::{Device, DeviceSpec};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
-use crate::model::llama::{Batch, LlamaModel, LoadOptions};
+use crate::model::llama::{Batch, LoadOptions};
 use crate::model::weights::WeightSource;
+use crate::model::CausalLm;
 use crate::model::{self, ModelSource};
 use crate::ops;
 use crate::quant::Quant;
@@ -176,7 +177,7 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
         int8_threshold: req.int8_threshold,
         int8_layout: layout,
     };
-    let model = LlamaModel::load(&rt, &opened.config, src, &opts)?;
+    let model = CausalLm::load(&rt, &opened.config, src, &opts)?;
     rt.synchronize()?;
     let load_s = t_load.elapsed().as_secs_f64();
     let weights_bytes = model.weight_bytes();
@@ -245,8 +246,8 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
         seqs: req.seqs,
         vocab: opened.config.vocab_size,
         load_s,
-        load_read_s: model.load_stats.read_seconds,
-        load_quantize_s: model.load_stats.quantize_seconds,
+        load_read_s: model.load_stats().read_seconds,
+        load_quantize_s: model.load_stats().quantize_seconds,
         pass_ms,
         median_ms,
         flops,

@@ -85,7 +85,11 @@ pub struct WorkloadArgs {
     pub quant: String,
     /// vLLM's max_num_batched_tokens: tokens in the profile batch. Default for profile: vLLM's,
     /// max(max_model_len, 2048) (chunked prefill off); for bench: 8192.
-    #[arg(long = "max-num-batched-tokens", visible_alias = "tokens", value_name = "N")]
+    #[arg(
+        long = "max-num-batched-tokens",
+        visible_alias = "tokens",
+        value_name = "N"
+    )]
     pub tokens: Option<usize>,
     /// vLLM's max_num_seqs: sequences the batch is split into, as vLLM's profile run splits it.
     /// Default for profile: vLLM's 256; for bench: 1.
@@ -185,7 +189,10 @@ impl ProfileArgs {
             quant: Quant::parse(&self.work.quant)?,
             device: DeviceSpec::parse(&self.device)?,
             tokens: self.work.tokens.unwrap_or(0),
-            seqs: self.work.seqs.unwrap_or(crate::profile::request::VLLM_MAX_NUM_SEQS),
+            seqs: self
+                .work
+                .seqs
+                .unwrap_or(crate::profile::request::VLLM_MAX_NUM_SEQS),
             passes: self.passes,
             util: self.util,
             block_size: self.block_size,

@@ -168,7 +168,11 @@ fn nf4_non_torch_terms_differ_only_by_memory_outside_the_framework() {
     assert_eq!(diff, used_t1 - int(&t3["allocated"]));
     let context = int(&r["checkpoints"]["t0"]["total"]) - int(&r["checkpoints"]["t0"]["free"]);
     let cached_t1 = int(&t1["reserved"]) - int(&t1["allocated"]);
-    assert_eq!(diff, context + cached_t1 - 32 * MIB - 4096, "diff {diff}, context {context}");
+    assert_eq!(
+        diff,
+        context + cached_t1 - 32 * MIB - 4096,
+        "diff {diff}, context {context}"
+    );
 }
 
 #[test]
@@ -367,9 +371,15 @@ fn missing_config_json() {
 fn nonsense_sizes_and_settings() {
     expect_clean_error(&["profile", "--outside-before", "12XB"], &["12XB"]);
     expect_clean_error(&["profile", "--outside-during", "lots"], &["lots"]);
-    expect_clean_error(&["profile", "--tokens", "many"], &["--max-num-batched-tokens", "many"]);
+    expect_clean_error(
+        &["profile", "--tokens", "many"],
+        &["--max-num-batched-tokens", "many"],
+    );
     expect_clean_error(&["profile", "--util", "1.5"], &["--util"]);
-    expect_clean_error(&["profile", "--tokens", "4", "--seqs", "8"], &["--max-num-seqs"]);
+    expect_clean_error(
+        &["profile", "--tokens", "4", "--seqs", "8"],
+        &["--max-num-seqs"],
+    );
     expect_clean_error(&["profile", "--model", "preset:gpt-5"], &["gpt-5"]);
     expect_clean_error(&["profile", "--model", "synthetic:1GiB:huge"], &["huge"]);
 }

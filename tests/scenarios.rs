@@ -158,7 +158,10 @@ fn verify_reports_the_overrun_each_formula_causes() {
         assert!(f.error_bytes < -(500 << 20), "{id:?}: {}", f.error_bytes);
         // ... and goes over the budget by that much, which the H200's 10 % above T·u absorbs.
         assert!(!x.oom && !x.within_budget, "{id:?}: {x:?}");
-        assert!(x.overrun_bytes >= -f.error_bytes - (4 << 20), "{id:?}: {x:?}");
+        assert!(
+            x.overrun_bytes >= -f.error_bytes - (4 << 20),
+            "{id:?}: {x:?}"
+        );
     }
 }
 

@@ -66,7 +66,9 @@ impl ModelConfig {
     }
 
     /// Vocabulary rows as vLLM's VocabParallelEmbedding and ParallelLMHead allocate them (padded to 64).
-    pub fn padded_vocab(&self) -> usize { self.vocab_size.div_ceil(64) * 64 }
+    pub fn padded_vocab(&self) -> usize {
+        self.vocab_size.div_ceil(64) * 64
+    }
 
     /// The tensors a checkpoint of this shape holds, in Hugging Face names, with shapes.
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {

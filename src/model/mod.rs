@@ -1002,6 +1002,7 @@ fn open_safetensors(
 /// forward over every token, then the logits from `lm_head` (see `sampler`).
 pub enum CausalLm {
     Llama(Box<llama::LlamaModel>),
+    Opt(Box<opt::OptModel>),
 }
 
 impl CausalLm {
@@ -1012,26 +1013,31 @@ impl CausalLm {
         src: &dyn WeightSource,
         opts: &llama::LoadOptions,
     ) -> Result<Self> {
-        Ok(CausalLm::Llama(Box::new(llama::LlamaModel::load(
-            rt, cfg, src, opts,
-        )?)))
+        Ok(if cfg.opt.is_some() {
+            CausalLm::Opt(Box::new(opt::OptModel::load(rt, cfg, src, opts)?))
+        } else {
+            CausalLm::Llama(Box::new(llama::LlamaModel::load(rt, cfg, src, opts)?))
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
         match self {
             CausalLm::Llama(m) => &m.cfg,
+            CausalLm::Opt(m) => &m.cfg,
         }
     }
 
     pub fn weight_bytes(&self) -> u64 {
         match self {
             CausalLm::Llama(m) => m.weight_bytes(),
+            CausalLm::Opt(m) => m.weight_bytes(),
         }
     }
 
     pub fn load_stats(&self) -> llama::LoadStats {
         match self {
             CausalLm::Llama(m) => m.load_stats,
+            CausalLm::Opt(m) => m.load_stats,
         }
     }
 
@@ -1043,6 +1049,7 @@ impl CausalLm {
     ) -> Result<crate::tensor::Tensor> {
         match self {
             CausalLm::Llama(m) => m.forward_hidden(rt, batch),
+            CausalLm::Opt(m) => m.forward_hidden(rt, batch),
         }
     }
 
@@ -1050,6 +1057,19 @@ impl CausalLm {
     pub fn lm_head(&self) -> &crate::tensor::Tensor {
         match self {
             CausalLm::Llama(m) => m.lm_head(),
+            CausalLm::Opt(m) => m.lm_head(),
         }
+    }
+
+    /// One forward pass without the sampler: the f32 logits `[seqs, vocab]` of the last token
+    /// of each sequence.
+    pub fn forward(
+        &self,
+        rt: &crate::runtime::Runtime,
+        batch: &llama::Batch,
+    ) -> Result<crate::tensor::Tensor> {
+        let hidden = self.forward_hidden(rt, batch)?;
+        let rows = sampler::last_token_rows(&batch.seq_lens);
+        sampler::logits_f32(rt, &hidden, self.lm_head(), &rows, self.config().vocab_size)
     }
 }

@@ -176,7 +176,12 @@ pub fn logits_f32(
 ) -> Result<Tensor> {
     let logits_d = compute_logits(rt, hidden, lm_head, rows)?;
     rt.set_op("logits.to_float");
-    let mut out = rt.tensor("logits_f32", Category::Sampler, &[rows.len(), vocab], DType::F32)?;
+    let mut out = rt.tensor(
+        "logits_f32",
+        Category::Sampler,
+        &[rows.len(), vocab],
+        DType::F32,
+    )?;
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => cpu::narrow_cols(logits_d.f32(), logits_d.cols(), vocab, out.f32_mut()),
@@ -296,7 +301,12 @@ impl Sampler {
         // L260-261: `logits.to(torch.float)` of the padding-free view, then the in-place
         // temperature divide.
         rt.set_op("sampler.to_float");
-        let mut logits = rt.tensor("sampler.logits_f32", Category::Sampler, &[rows, vocab], DType::F32)?;
+        let mut logits = rt.tensor(
+            "sampler.logits_f32",
+            Category::Sampler,
+            &[rows, vocab],
+            DType::F32,
+        )?;
         match backend {
             Backend::Dry => {}
             Backend::Cpu => {
@@ -318,10 +328,19 @@ impl Sampler {
 
         // L272, L274: probs and logprobs in f32.
         rt.set_op("sampler.softmax");
-        let mut probs = rt.tensor("sampler.probs", Category::Sampler, &[rows, vocab], DType::F32)?;
+        let mut probs = rt.tensor(
+            "sampler.probs",
+            Category::Sampler,
+            &[rows, vocab],
+            DType::F32,
+        )?;
         rt.set_op("sampler.log_softmax");
-        let mut logprobs =
-            rt.tensor("sampler.logprobs", Category::Sampler, &[rows, vocab], DType::F32)?;
+        let mut logprobs = rt.tensor(
+            "sampler.logprobs",
+            Category::Sampler,
+            &[rows, vocab],
+            DType::F32,
+        )?;
         // (allocated in vLLM's order; computed after both exist, which changes no value)
         match backend {
             Backend::Dry => {}
@@ -343,9 +362,24 @@ impl Sampler {
         rt.set_op("sampler.sample");
         let seqs: Vec<i64> = (0..rows as i64).collect();
         let long_idx = i64_tensor(rt, "sampler.long_sample_indices", &seqs, DType::I64)?;
-        let mut chosen = rt.tensor("sampler.probs_selected", Category::Sampler, &[rows, vocab], DType::F32)?;
-        let mut q = rt.tensor("sampler.exponential", Category::Sampler, &[rows, vocab], DType::F32)?;
-        let mut ids = rt.tensor("sampler.sampled_ids", Category::Sampler, &[rows], DType::I64)?;
+        let mut chosen = rt.tensor(
+            "sampler.probs_selected",
+            Category::Sampler,
+            &[rows, vocab],
+            DType::F32,
+        )?;
+        let mut q = rt.tensor(
+            "sampler.exponential",
+            Category::Sampler,
+            &[rows, vocab],
+            DType::F32,
+        )?;
+        let mut ids = rt.tensor(
+            "sampler.sampled_ids",
+            Category::Sampler,
+            &[rows],
+            DType::I64,
+        )?;
         // A fresh stream of draws per call, reproducible from the seed.
         let seed = self.seed ^ call.wrapping_mul(0xD1B5_4A32_D192_ED03);
         match backend {
@@ -405,22 +439,30 @@ impl Sampler {
         let kth: Vec<i64> = ks.iter().map(|&k| vocab as i64 - k).collect();
         let kth_t = i64_tensor(rt, "sampler.top_k.index", &kth, DType::I64)?;
         drop(k_long);
-        let mut kth_val = rt.tensor("sampler.top_k.value", Category::Sampler, &[rows, 1], DType::F32)?;
+        let mut kth_val = rt.tensor(
+            "sampler.top_k.value",
+            Category::Sampler,
+            &[rows, 1],
+            DType::F32,
+        )?;
         match backend {
             Backend::Dry => {}
             Backend::Cpu => cpu::gather_cols(sorted.f32(), vocab, kth_t.i32(), kth_val.f32_mut()),
             Backend::Cuda => cuda(rt, |c| c.sampler_gather_cols(&sorted, &kth_t, &mut kth_val))?,
         }
         drop(kth_t);
-        let mut top_k_mask = rt.tensor("sampler.top_k_mask", Category::Sampler, &shape, DType::U8)?;
+        let mut top_k_mask =
+            rt.tensor("sampler.top_k_mask", Category::Sampler, &shape, DType::U8)?;
         compare(rt, &sorted, &kth_val, false, &mut top_k_mask)?;
         drop(kth_val);
         masked_fill(rt, &mut sorted, &top_k_mask)?;
 
         // L432-437: softmax, cumsum, `probs_sum <= 1 - p`, keep the last, mask.
         rt.set_op("sampler.top_p");
-        let mut probs_sort = rt.tensor("sampler.probs_sort", Category::Sampler, &shape, DType::F32)?;
-        let mut probs_sum = rt.tensor("sampler.probs_sum", Category::Sampler, &shape, DType::F32)?;
+        let mut probs_sort =
+            rt.tensor("sampler.probs_sort", Category::Sampler, &shape, DType::F32)?;
+        let mut probs_sum =
+            rt.tensor("sampler.probs_sum", Category::Sampler, &shape, DType::F32)?;
         match backend {
             Backend::Dry => {}
             Backend::Cpu => {
@@ -437,7 +479,8 @@ impl Sampler {
         let one_minus: Vec<f32> = vec![round_to(1.0 - round_to(PROFILE_TOP_P, dt), dt); rows];
         let mut thr = rt.tensor("sampler.top_p.one_minus_p", Category::Sampler, &[rows], dt)?;
         upload_f32(rt, &mut thr, &one_minus)?;
-        let mut top_p_mask = rt.tensor("sampler.top_p_mask", Category::Sampler, &shape, DType::U8)?;
+        let mut top_p_mask =
+            rt.tensor("sampler.top_p_mask", Category::Sampler, &shape, DType::U8)?;
         compare(rt, &probs_sum, &thr, true, &mut top_p_mask)?;
         drop(thr);
         match backend {
@@ -453,7 +496,12 @@ impl Sampler {
 
         // L440-442: scatter back to vocabulary order into a new tensor.
         rt.set_op("sampler.scatter");
-        let mut new = rt.tensor("sampler.logits_top_k_top_p", Category::Sampler, &shape, DType::F32)?;
+        let mut new = rt.tensor(
+            "sampler.logits_top_k_top_p",
+            Category::Sampler,
+            &shape,
+            DType::F32,
+        )?;
         match backend {
             Backend::Dry => {}
             Backend::Cpu => cpu::scatter_rows(sorted.f32(), idx.i32(), vocab, new.f32_mut()),
@@ -472,13 +520,7 @@ impl Sampler {
 }
 
 /// `x < t.unsqueeze(1)` (`<=` when `or_equal`) into `mask`.
-fn compare(
-    rt: &Runtime,
-    x: &Tensor,
-    t: &Tensor,
-    or_equal: bool,
-    mask: &mut Tensor,
-) -> Result<()> {
+fn compare(rt: &Runtime, x: &Tensor, t: &Tensor, or_equal: bool, mask: &mut Tensor) -> Result<()> {
     let cols = x.cols();
     match rt.backend() {
         Backend::Dry => Ok(()),

@@ -67,8 +67,12 @@ impl Workload {
                 };
                 match sampler {
                     Some(s) => {
-                        let logits =
-                            sampler::compute_logits(rt, &hidden, model.lm_head(), &input.selected_rows)?;
+                        let logits = sampler::compute_logits(
+                            rt,
+                            &hidden,
+                            model.lm_head(),
+                            &input.selected_rows,
+                        )?;
                         s.head_rows.set(if want_logits { LOGITS_ROWS } else { 0 });
                         let o = s.forward(rt, &logits, vocab, &input)?;
                         out.logits_head = o.logits_head;

@@ -169,7 +169,15 @@ pub fn dense_matmul(
     name: &str,
     act: DType,
 ) -> Result<Tensor> {
-    dense_matmul_as(rt, x, w, name, act, &format!("{name}.out"), Category::Activation)
+    dense_matmul_as(
+        rt,
+        x,
+        w,
+        name,
+        act,
+        &format!("{name}.out"),
+        Category::Activation,
+    )
 }
 
 /// `dense_matmul` with the output's tensor name and category given.

@@ -22,10 +22,10 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg,
 };
 
+use super::cpu::AttnShape;
 use super::{DeviceInfo, DeviceListing, LibraryWorkspace, MemInfo, OutsideAlloc, WorkspaceBytes};
 use crate::error::{Error, Result};
 use crate::memory::SegmentHandle;
-use super::cpu::AttnShape;
 use crate::tensor::{DType, Tensor};
 pub use nvml::NvmlSample;
 
@@ -411,10 +411,7 @@ impl CudaDevice {
 
     /// The sampler's readings from `start` on, with times in microseconds since `start`, and
     /// the rate it reached.
-    pub fn samples_since(
-        &self,
-        start: Instant,
-    ) -> (Vec<crate::device::DeviceSample>, f64) {
+    pub fn samples_since(&self, start: Instant) -> (Vec<crate::device::DeviceSample>, f64) {
         let offset = start.saturating_duration_since(self.epoch).as_micros() as u64;
         let samples = self
             .sampler

@@ -321,7 +321,12 @@ impl CudaDevice {
     }
 
     /// `x.gather(1, col.unsqueeze(1))` with int64 `col`.
-    pub fn sampler_gather_cols(&mut self, x: &Tensor, col: &Tensor, out: &mut Tensor) -> Result<()> {
+    pub fn sampler_gather_cols(
+        &mut self,
+        x: &Tensor,
+        col: &Tensor,
+        out: &mut Tensor,
+    ) -> Result<()> {
         let (rows, cols) = rows_cols(x);
         let (xp, cp, op) = (x.cuda_ptr(), col.cuda_ptr(), out.cuda_ptr());
         let f = self.func("gather_cols_f32", DType::I8)?;
@@ -343,7 +348,11 @@ impl CudaDevice {
             DType::F32 => self.func("compare_rows_f", DType::I8)?,
             dt => self.func("compare_rows_h", dt)?,
         };
-        self.launch(f, grid(x.numel() as u64), &[&xp, &tp, &mp, &rows, &cols, &oe])
+        self.launch(
+            f,
+            grid(x.numel() as u64),
+            &[&xp, &tp, &mp, &rows, &cols, &oe],
+        )
     }
 
     pub fn sampler_masked_fill(&mut self, x: &mut Tensor, mask: &Tensor, value: f32) -> Result<()> {
