@@ -156,6 +156,9 @@ pub struct ProfileArgs {
     /// Print nothing but errors.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Run even when the estimated host memory exceeds what the machine has.
+    #[arg(long)]
+    pub allow_host_memory: bool,
 }
 
 impl ProfileArgs {
@@ -243,6 +246,13 @@ fn cmd_profile(args: &ProfileArgs) -> Result<()> {
     for p in [&args.json, &args.csv, &args.png].into_iter().flatten() {
         export::check_writable(p)?;
     }
+    profile::host_memory::insist(args.allow_host_memory);
+    if !args.quiet && matches!(req.device, DeviceSpec::Sim { dry: false, .. }) {
+        eprintln!(
+            "{}",
+            profile::host_memory::estimate_request(&req)?.summary()
+        );
+    }
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(
@@ -286,16 +296,15 @@ fn cmd_profile(args: &ProfileArgs) -> Result<()> {
         b.finish_and_clear();
     }
     let report = report?;
-    // Render everything first, then write: a failing export leaves no partial set behind.
-    if let Some(p) = &args.json {
-        export::json::write(&report, p)?;
-    }
-    if let Some(p) = &args.csv {
-        export::csv::write(&report, p)?;
-    }
-    if let Some(p) = &args.png {
-        export::png::write(&report, p)?;
-    }
+    // Render everything first, then write all or nothing: a failing export leaves no
+    // partial set behind.
+    let files = export::report_files(
+        &report,
+        args.json.as_deref(),
+        args.csv.as_deref(),
+        args.png.as_deref(),
+    )?;
+    export::write_all(&files)?;
     if !args.quiet {
         print!("{}", summary_text(&report));
     }
@@ -483,6 +492,15 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         seed: a.work.seed,
         op_times: a.op_times,
     };
+    // The comparison file is checked before the run, so a bad one fails in a second.
+    let compare = a
+        .compare
+        .as_deref()
+        .map(crate::bench::read_compare_logits)
+        .transpose()?;
+    if let Some(p) = &a.json {
+        export::check_writable(p)?;
+    }
     let r = crate::bench::run(&req)?;
     println!(
         "{} {} on {}: {} tokens in {} seq(s); load {:.1} s ({:.1} s making or reading the weights, {:.1} s quantizing); pass {:.2} ms median of {:?}; {:.1} TFLOP/s ({:.3e} FLOP); weights {} B; peak allocated {} B; process peak {} B",
@@ -502,16 +520,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
             println!("  {op:<24} {ms:>9.2} ms {:>5.1} %", 100.0 * ms / total);
         }
     }
-    if let Some(p) = &a.compare {
-        let text = std::fs::read_to_string(p).map_err(|e| crate::Error::io(p, e))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| crate::Error::model(p, format!("not JSON: {e}")))?;
-        let other: Vec<f32> = v["logits"]
-            .as_array()
-            .ok_or_else(|| crate::Error::model(p, "no \"logits\" array"))?
-            .iter()
-            .map(|x| x.as_f64().unwrap_or(f64::NAN) as f32)
-            .collect();
+    if let (Some(p), Some(other)) = (&a.compare, compare) {
         if other.len() != r.logits.len() {
             return Err(crate::Error::model(
                 p,

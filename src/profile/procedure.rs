@@ -276,6 +276,7 @@ pub fn run(
         ModelSource::Synthetic { .. } => None,
         other => Some(model::open(other, req.seed)?),
     };
+    super::host_memory::check(req, opened.as_ref().map(|o| &o.config))?;
     let mut spec = req.device.clone();
     if let (ModelSource::Synthetic { .. }, DeviceSpec::Sim { dry, .. }) = (&req.model, &mut spec) {
         // A synthetic workload has no math to do.

@@ -65,8 +65,14 @@ impl ProfileRequest {
     /// Rejects settings that cannot work, naming the setting.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Request(m));
-        if self.tokens == 0 {
-            return bad("--tokens must be at least 1".into());
+        use crate::limits::{count, count_usize, MAX_MODEL_LEN, MAX_TOKENS};
+        count_usize("--tokens", self.tokens, 1, MAX_TOKENS)?;
+        count("--max-model-len", self.max_model_len, 1, MAX_MODEL_LEN)?;
+        for (what, bytes) in [
+            ("--outside-before", self.outside_before),
+            ("--outside-during", self.outside_during),
+        ] {
+            count(what, bytes, 0, crate::limits::MAX_BYTES)?;
         }
         if self.seqs == 0 || self.seqs > self.tokens {
             return bad(format!(
@@ -88,9 +94,6 @@ impl ProfileRequest {
                 "--block-size {} must be between 1 and 4096",
                 self.block_size
             ));
-        }
-        if self.max_model_len == 0 {
-            return bad("--max-model-len must be at least 1".into());
         }
         if !(self.int8_threshold >= 0.0 && self.int8_threshold.is_finite()) {
             return bad(format!(
