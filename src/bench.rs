@@ -130,8 +130,9 @@ pub fn forward_flops(cfg: &ModelConfig, seq_lens: &[usize]) -> f64 {
 
 pub fn run(req: &BenchRequest) -> Result<BenchResult> {
     crate::limits::count_usize("--tokens", req.tokens, 1, crate::limits::MAX_TOKENS)?;
-    // No timed pass would leave the median undefined (NaN in the output).
-    crate::limits::count("--iters", req.iters as u64, 1, crate::limits::MAX_ITERS)?;
+    // 0 runs only the warm-up pass (its logits, for comparisons); the CLI asks for at least
+    // one timed pass, since its median would otherwise print as NaN.
+    crate::limits::count("--iters", req.iters as u64, 0, crate::limits::MAX_ITERS)?;
     if !(req.int8_threshold >= 0.0 && req.int8_threshold.is_finite()) {
         return Err(Error::Request(format!(
             "--int8-threshold {} must be a finite number ≥ 0",

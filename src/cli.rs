@@ -492,6 +492,8 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         seed: a.work.seed,
         op_times: a.op_times,
     };
+    // No timed pass would leave the median undefined (NaN in the output).
+    crate::limits::count("--iters", a.iters as u64, 1, crate::limits::MAX_ITERS)?;
     // The comparison file is checked before the run, so a bad one fails in a second.
     let compare = a
         .compare
