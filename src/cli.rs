@@ -247,11 +247,13 @@ fn cmd_profile(args: &ProfileArgs) -> Result<()> {
         export::check_writable(p)?;
     }
     profile::host_memory::insist(args.allow_host_memory);
-    if !args.quiet && matches!(req.device, DeviceSpec::Sim { dry: false, .. }) {
-        eprintln!(
-            "{}",
-            profile::host_memory::estimate_request(&req)?.summary()
-        );
+    if matches!(req.device, DeviceSpec::Sim { dry: false, .. }) {
+        // Refused before the estimate is printed, so an error stays one line.
+        let estimate = profile::host_memory::estimate_request(&req)?;
+        profile::host_memory::check_estimate(&estimate)?;
+        if !args.quiet {
+            eprintln!("{}", estimate.summary());
+        }
     }
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(0);

@@ -876,7 +876,7 @@ fn the_same_file_for_two_exports_is_refused() {
 }
 
 #[test]
-fn compute_mode_beyond_host_memory_is_refused_unless_insisted() {
+fn compute_mode_beyond_host_memory_is_refused_with_the_numbers() {
     // llama-3-8b in compute mode keeps ~32 GiB of f32 weights in host RAM; under a 1.5 GiB
     // address-space limit that is refused up front, with the numbers.
     let bin = env!("CARGO_BIN_EXE_vramscope");
@@ -889,7 +889,7 @@ fn compute_mode_beyond_host_memory_is_refused_unless_insisted() {
             .output()
             .unwrap()
     };
-    let out = run("-q");
+    let out = run("");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");

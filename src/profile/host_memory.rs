@@ -261,7 +261,11 @@ pub fn available_bytes() -> Option<(u64, &'static str)> {
 /// Refuses a run whose estimated host memory exceeds what the machine has, unless the user
 /// insisted. `cfg` is the opened model's shape (`None` for a synthetic workload).
 pub fn check(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> Result<()> {
-    let e = estimate(req, cfg);
+    check_estimate(&estimate(req, cfg))
+}
+
+/// `check` of an estimate already made (the CLI refuses before printing it).
+pub fn check_estimate(e: &HostEstimate) -> Result<()> {
     let Some((available, source)) = available_bytes() else {
         return Ok(());
     };
