@@ -2,7 +2,7 @@
 //! device in compute mode for a reference), and can write the last token's logits so two
 //! devices — or PyTorch (scripts/gpu_reference.py) — can be compared on the same weights.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
@@ -144,6 +144,16 @@ pub fn forward_flops(cfg: &ModelConfig, seq_lens: &[usize]) -> f64 {
 }
 
 pub fn run(req: &BenchRequest) -> Result<BenchResult> {
+    crate::limits::count_usize("--tokens", req.tokens, 1, crate::limits::MAX_TOKENS)?;
+    // 0 runs only the warm-up pass (its logits, for comparisons); the CLI asks for at least
+    // one timed pass, since its median would otherwise print as NaN.
+    crate::limits::count("--iters", req.iters as u64, 0, crate::limits::MAX_ITERS)?;
+    if !(req.int8_threshold >= 0.0 && req.int8_threshold.is_finite()) {
+        return Err(Error::Request(format!(
+            "--int8-threshold {} must be a finite number ≥ 0",
+            req.int8_threshold
+        )));
+    }
     if req.tokens == 0 || req.seqs == 0 || req.seqs > req.tokens {
         return Err(Error::Request(format!(
             "--tokens {} and --seqs {} must satisfy 1 ≤ seqs ≤ tokens",
@@ -277,7 +287,38 @@ pub fn write_json(r: &BenchResult, path: &Path, with_logits: bool) -> Result<()>
         path: path.to_path_buf(),
         problem: e.to_string(),
     })?;
-    std::fs::write(path, text).map_err(|e| Error::io(PathBuf::from(path), e))
+    crate::export::write_all(&[(path.to_path_buf(), text.into_bytes())])
+}
+
+/// The logits of a `--compare` file (written by `bench --json` or gpu_reference.py): a
+/// bounded regular file holding `"logits": [numbers]`; a non-numeric entry is an error naming
+/// its index and value, never a NaN in the comparison.
+pub fn read_compare_logits(path: &Path) -> Result<Vec<f32>> {
+    let v =
+        crate::fsguard::read_json_object(path, "--compare file", crate::fsguard::COMPARE_LIMIT)?;
+    let list = match v.get("logits") {
+        Some(serde_json::Value::Array(a)) => a,
+        Some(other) => {
+            return Err(Error::model(
+                path,
+                format!(
+                    "\"logits\" is a {}, expected an array of numbers",
+                    crate::fsguard::json_kind(other)
+                ),
+            ))
+        }
+        None => return Err(Error::model(path, "no \"logits\" array")),
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, x)| match x.as_f64() {
+            Some(f) if f.is_finite() && f.abs() <= f32::MAX as f64 => Ok(f as f32),
+            _ => Err(Error::model(
+                path,
+                format!("logits[{i}] is {x}, expected a finite number"),
+            )),
+        })
+        .collect()
 }
 
 /// Relative L2 error ‖a − b‖ / ‖b‖.

@@ -92,7 +92,7 @@ pub struct WorkloadArgs {
     )]
     pub tokens: Option<usize>,
     /// vLLM's max_num_seqs: sequences the batch is split into, as vLLM's profile run splits it.
-    /// Default for profile: vLLM's 256; for bench: 1.
+    /// Default for profile: vLLM's 256 (at most --max-num-batched-tokens); for bench: 1.
     #[arg(long = "max-num-seqs", visible_alias = "seqs", value_name = "N")]
     pub seqs: Option<usize>,
     /// LLM.int8 outlier threshold (Hugging Face checkpoints use 6.0).
@@ -180,6 +180,9 @@ pub struct ProfileArgs {
     /// Print nothing but errors.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Run even when the estimated host memory exceeds what the machine has.
+    #[arg(long)]
+    pub allow_host_memory: bool,
 }
 
 impl ProfileArgs {
@@ -189,10 +192,11 @@ impl ProfileArgs {
             quant: Quant::parse(&self.work.quant)?,
             device: DeviceSpec::parse(&self.device)?,
             tokens: self.work.tokens.unwrap_or(0),
-            seqs: self
-                .work
-                .seqs
-                .unwrap_or(crate::profile::request::VLLM_MAX_NUM_SEQS),
+            // vLLM's 256, or fewer when the batch given is smaller (vLLM would refuse it).
+            seqs: self.work.seqs.unwrap_or(match self.work.tokens {
+                Some(t) if t > 0 => t.min(crate::profile::request::VLLM_MAX_NUM_SEQS),
+                _ => crate::profile::request::VLLM_MAX_NUM_SEQS,
+            }),
             passes: self.passes,
             util: self.util,
             block_size: self.block_size,
@@ -281,6 +285,15 @@ fn cmd_profile(args: &ProfileArgs) -> Result<()> {
     for p in [&args.json, &args.csv, &args.png].into_iter().flatten() {
         export::check_writable(p)?;
     }
+    profile::host_memory::insist(args.allow_host_memory);
+    if matches!(req.device, DeviceSpec::Sim { dry: false, .. }) {
+        // Refused before the estimate is printed, so an error stays one line.
+        let estimate = profile::host_memory::estimate_request(&req)?;
+        profile::host_memory::check_estimate(&estimate)?;
+        if !args.quiet {
+            eprintln!("{}", estimate.summary());
+        }
+    }
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(
@@ -324,16 +337,15 @@ fn cmd_profile(args: &ProfileArgs) -> Result<()> {
         b.finish_and_clear();
     }
     let report = report?;
-    // Render everything first, then write: a failing export leaves no partial set behind.
-    if let Some(p) = &args.json {
-        export::json::write(&report, p)?;
-    }
-    if let Some(p) = &args.csv {
-        export::csv::write(&report, p)?;
-    }
-    if let Some(p) = &args.png {
-        export::png::write(&report, p)?;
-    }
+    // Render everything first, then write all or nothing: a failing export leaves no
+    // partial set behind.
+    let files = export::report_files(
+        &report,
+        args.json.as_deref(),
+        args.csv.as_deref(),
+        args.png.as_deref(),
+    )?;
+    export::write_all(&files)?;
     if !args.quiet {
         print!("{}", summary_text(&report));
     }
@@ -540,6 +552,17 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         sampler_rows: if a.sampler_dump.is_some() { 4 } else { 0 },
         sampler_seqs: crate::profile::request::VLLM_MAX_NUM_SEQS,
     };
+    // No timed pass would leave the median undefined (NaN in the output).
+    crate::limits::count("--iters", a.iters as u64, 1, crate::limits::MAX_ITERS)?;
+    // The comparison file is checked before the run, so a bad one fails in a second.
+    let compare = a
+        .compare
+        .as_deref()
+        .map(crate::bench::read_compare_logits)
+        .transpose()?;
+    if let Some(p) = &a.json {
+        export::check_writable(p)?;
+    }
     let r = crate::bench::run(&req)?;
     if let (Some(dir), Some(out)) = (&a.sampler_dump, &r.sampler) {
         std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
@@ -587,16 +610,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
             println!("  {op:<24} {ms:>9.2} ms {:>5.1} %", 100.0 * ms / total);
         }
     }
-    if let Some(p) = &a.compare {
-        let text = std::fs::read_to_string(p).map_err(|e| crate::Error::io(p, e))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| crate::Error::model(p, format!("not JSON: {e}")))?;
-        let other: Vec<f32> = v["logits"]
-            .as_array()
-            .ok_or_else(|| crate::Error::model(p, "no \"logits\" array"))?
-            .iter()
-            .map(|x| x.as_f64().unwrap_or(f64::NAN) as f32)
-            .collect();
+    if let (Some(p), Some(other)) = (&a.compare, compare) {
         if other.len() != r.logits.len() {
             return Err(crate::Error::model(
                 p,

@@ -22,4 +22,6 @@ pub mod units;
 pub use error::{Error, Result};
 pub use profile::{ProfileRequest, Report};
 pub mod cli;
+pub(crate) mod fsguard;
 pub mod gui;
+pub mod limits;

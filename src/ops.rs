@@ -120,7 +120,10 @@ pub fn attention(
     };
     match rt.backend() {
         Backend::Dry => {}
-        Backend::Cpu => cpu::attention(q.f32(), k.f32(), v.f32(), seq_lens, shape, out.f32_mut()),
+        Backend::Cpu => {
+            let (q, k, v, c) = (q.f32(), k.f32(), v.f32(), rt.cancel_flag());
+            cpu::attention(q, k, v, seq_lens, shape, out.f32_mut(), &c)?
+        }
         Backend::Cuda => cuda(rt, |c| c.attention(q, k, v, seq_lens, shape, &mut out))?,
     }
     Ok(out)

@@ -193,6 +193,11 @@ impl Runtime {
         }
     }
 
+    /// The cancel flag itself, for long CPU kernels that check it between row blocks.
+    pub(crate) fn cancel_flag(&self) -> Arc<AtomicBool> {
+        self.0.borrow().cancel.clone()
+    }
+
     pub fn progress(&self, p: Progress) {
         self.flush_events(false);
         let mut i = self.0.borrow_mut();

@@ -20,6 +20,14 @@ pub fn parse_bytes(s: &str) -> Result<u64> {
             "size '{s}' is not understood ({e}): expected e.g. 512MiB, 1GiB or a byte count"
         ))
     })?;
+    // Anything above the bound is refused rather than left to wrap in later rounding
+    // (2^64 - 1 used to become 0 once rounded up to driver pages).
+    if bytes > crate::limits::MAX_BYTES {
+        return Err(Error::Request(format!(
+            "size '{s}' is {bytes} bytes, more than the {} (1 PiB) any device holds",
+            crate::limits::MAX_BYTES
+        )));
+    }
     Ok(bytes)
 }
 
@@ -64,6 +72,18 @@ mod tests {
         for s in ["", "abc", "12XB", "-5MiB", "1.2.3GiB"] {
             assert!(parse_bytes(s).is_err(), "{s}");
         }
+    }
+
+    #[test]
+    fn sizes_near_two_to_the_64_are_refused_not_wrapped() {
+        for s in ["18446744073709551615", "2PiB"] {
+            let e = parse_bytes(s).unwrap_err().to_string();
+            assert!(
+                e.contains("more than the 1125899906842624 (1 PiB)"),
+                "{s}: {e}"
+            );
+        }
+        assert_eq!(parse_bytes("1PiB").unwrap(), crate::limits::MAX_BYTES);
     }
 
     #[test]

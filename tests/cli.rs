@@ -398,3 +398,536 @@ fn out_of_memory_is_an_error_not_a_panic() {
         &["out of memory"],
     );
 }
+
+// ---- hardening (issue 14): files that are not files, numbers near 2^64, all-or-nothing
+// exports, contradictions; every case exits 2 with one line and writes nothing ----
+
+/// Runs vramscope and kills it after `secs`: a FIFO read that hangs fails the test instead of
+/// hanging it.
+fn vramscope_within(args: &[&str], secs: u64) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run vramscope");
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed().as_secs() > secs {
+            child.kill().unwrap();
+            panic!("vramscope {args:?} still running after {secs} s (hung on a read?)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn mkfifo(path: &Path) {
+    let ok = Command::new("mkfifo").arg(path).status().unwrap().success();
+    assert!(ok, "mkfifo {}", path.display());
+}
+
+/// `expect_clean_error` with a time limit, for inputs that used to hang.
+fn expect_prompt_error(args: &[&str], must_contain: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--json", json.to_str().unwrap()]);
+    let out = vramscope_within(&all, 60);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    for m in must_contain {
+        assert!(err.contains(m), "'{m}' not in: {err}");
+    }
+    assert!(
+        !json.exists(),
+        "an output file was written despite the error"
+    );
+}
+
+#[test]
+fn a_fifo_as_config_json_is_named_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path());
+    let cfg = dir.path().join("config.json");
+    std::fs::remove_file(&cfg).unwrap();
+    mkfifo(&cfg);
+    expect_prompt_error(
+        &[
+            "profile",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--device",
+            "sim:h100-80gb:dry",
+        ],
+        &["config.json", "FIFO", "expected a regular file"],
+    );
+}
+
+#[test]
+fn a_fifo_as_the_weights_is_named_not_mapped() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = tiny_model(dir.path());
+    std::fs::remove_file(&w).unwrap();
+    mkfifo(&w);
+    expect_prompt_error(
+        &[
+            "profile",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--device",
+            "sim:h100-80gb:dry",
+        ],
+        &["model.safetensors", "FIFO"],
+    );
+}
+
+#[test]
+fn a_sparse_multi_gb_config_json_is_refused_by_its_size() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path());
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("config.json"))
+        .unwrap();
+    f.set_len(4 << 30).unwrap();
+    expect_prompt_error(
+        &[
+            "profile",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--device",
+            "sim:h100-80gb:dry",
+        ],
+        &["config.json is 4.00 GiB", "more than the 16.0 MiB"],
+    );
+}
+
+#[test]
+fn dev_zero_as_compare_file_or_model_is_a_device() {
+    expect_prompt_error(
+        &[
+            "bench",
+            "--model",
+            "preset:tiny",
+            "--device",
+            "sim:h100-80gb",
+            "--tokens",
+            "4",
+            "--compare",
+            "/dev/zero",
+        ],
+        &["/dev/zero", "character device"],
+    );
+    expect_prompt_error(
+        &[
+            "profile",
+            "--model",
+            "/dev/zero",
+            "--device",
+            "sim:h100-80gb:dry",
+        ],
+        &["/dev/zero", "not a model file"],
+    );
+}
+
+#[test]
+fn a_symlink_loop_is_not_called_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::os::unix::fs::symlink(&b, &a).unwrap();
+    std::os::unix::fs::symlink(&a, &b).unwrap();
+    expect_prompt_error(
+        &[
+            "profile",
+            "--model",
+            a.to_str().unwrap(),
+            "--device",
+            "sim:h100-80gb:dry",
+        ],
+        &["symlink loop"],
+    );
+}
+
+#[test]
+fn counts_and_sizes_near_two_to_the_64_are_refused_not_wrapped() {
+    let max = "18446744073709551615";
+    let dry = ["--device", "sim:h100-80gb:dry"];
+    let run = |extra: &[&str], words: &[&str]| {
+        let mut a = vec!["profile"];
+        a.extend_from_slice(&dry);
+        a.extend_from_slice(extra);
+        expect_prompt_error(&a, words);
+    };
+    run(
+        &["--tokens", max],
+        &["--max-num-batched-tokens is 18446744073709551615, expected 1 to 1048576"],
+    );
+    run(
+        &["--tokens", "1000000000000"],
+        &["--max-num-batched-tokens is 1000000000000"],
+    );
+    run(&["--tokens", "16", "--seqs", max], &["--max-num-seqs"]);
+    run(
+        &["--max-model-len", max],
+        &["--max-model-len is 18446744073709551615"],
+    );
+    run(&["--outside-before", max], &["1 PiB"]);
+    run(&["--outside-during", max], &["1 PiB"]);
+    run(&["--model", &format!("synthetic:{max}:1GiB")], &["1 PiB"]);
+    run(&["--model", &format!("synthetic:1GiB:{max}")], &["1 PiB"]);
+}
+
+#[test]
+fn an_empty_model_is_named_as_empty() {
+    expect_prompt_error(&["profile", "--model", ""], &["--model is empty"]);
+}
+
+#[test]
+fn bench_with_no_timed_pass_is_refused_not_nan() {
+    expect_prompt_error(
+        &[
+            "bench",
+            "--model",
+            "preset:tiny",
+            "--device",
+            "sim:h100-80gb",
+            "--tokens",
+            "4",
+            "--iters",
+            "0",
+        ],
+        &["--iters is 0, expected 1 to 10000"],
+    );
+}
+
+#[test]
+fn non_numeric_compare_logits_are_named_not_nan() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("ref.json");
+    std::fs::write(&f, r#"{"logits": [0.5, "x", 1.0]}"#).unwrap();
+    expect_prompt_error(
+        &[
+            "bench",
+            "--model",
+            "preset:tiny",
+            "--device",
+            "sim:h100-80gb",
+            "--tokens",
+            "4",
+            "--compare",
+            f.to_str().unwrap(),
+        ],
+        &["ref.json", "logits[1] is \"x\", expected a finite number"],
+    );
+}
+
+#[test]
+fn a_json_array_or_a_session_file_as_config_json_says_what_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path());
+    let cfg = dir.path().join("config.json");
+    let model = dir.path().to_str().unwrap();
+    std::fs::write(&cfg, "[1, 2, 3]").unwrap();
+    expect_prompt_error(
+        &["profile", "--model", model, "--device", "sim:h100-80gb:dry"],
+        &["config.json holds a JSON array, expected an object"],
+    );
+    std::fs::write(&cfg, r#"{"format": 3, "events": [], "formulas": []}"#).unwrap();
+    expect_prompt_error(
+        &["profile", "--model", model, "--device", "sim:h100-80gb:dry"],
+        &["model_type is missing", "is this a config.json?"],
+    );
+}
+
+#[test]
+fn config_contradictions_name_key_and_value() {
+    let cases: [(&str, serde_json::Value, &str); 5] = [
+        (
+            "tie_word_embeddings",
+            "yes".into(),
+            "'tie_word_embeddings' is \"yes\" (a string), expected true or false",
+        ),
+        (
+            "rms_norm_eps",
+            0.into(),
+            "'rms_norm_eps' is 0, expected a number above 0 and below 1",
+        ),
+        ("rms_norm_eps", 1e308.into(), "'rms_norm_eps' is 1e+308"),
+        (
+            "rope_theta",
+            (-1.0).into(),
+            "'rope_theta' is -1.0, expected a number above 1",
+        ),
+        (
+            "hidden_size",
+            128.5.into(),
+            "'hidden_size' is 128.5 (a number), expected a positive integer",
+        ),
+    ];
+    for (key, value, words) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        tiny_model(dir.path());
+        let cfg = dir.path().join("config.json");
+        let mut v: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+        v[key] = value;
+        std::fs::write(&cfg, v.to_string()).unwrap();
+        expect_prompt_error(
+            &[
+                "profile",
+                "--model",
+                dir.path().to_str().unwrap(),
+                "--device",
+                "sim:h100-80gb:dry",
+            ],
+            &["config.json", words],
+        );
+    }
+}
+
+#[test]
+fn fewer_layers_in_config_than_in_the_weights_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path());
+    let cfg = dir.path().join("config.json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    v["num_hidden_layers"] = 2.into();
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    expect_prompt_error(
+        &[
+            "profile",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--device",
+            "sim:h100-80gb:dry",
+        ],
+        &[
+            "model.safetensors",
+            "num_hidden_layers is 2 but the weights hold layer 3",
+        ],
+    );
+}
+
+#[test]
+fn an_int8_threshold_word_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    vramscope::model::gen_model_with(
+        "tiny",
+        dir.path(),
+        &vramscope::model::GenOptions {
+            dtype: vramscope::model::weights::StoredDtype::F16,
+            seed: 0,
+            shards: 1,
+            bnb_int8: true,
+        },
+    )
+    .unwrap();
+    let cfg = dir.path().join("config.json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    v["quantization_config"]["llm_int8_threshold"] = "six".into();
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    expect_prompt_error(
+        &[
+            "profile",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--device",
+            "sim:h100-80gb:dry",
+            "--quant",
+            "int8",
+        ],
+        &["config.json", "'llm_int8_threshold' is \"six\" (a string)"],
+    );
+}
+
+/// Lists what a folder holds (names), to show an export wrote nothing there.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn exports_are_all_or_nothing_when_one_target_cannot_be_written() {
+    // /proc exists and is a folder, but no file can be created there, even by root: the
+    // PNG fails after the JSON and CSV were rendered.
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.csv"));
+    let out = vramscope_within(
+        &[
+            "profile",
+            "--model",
+            "preset:tiny",
+            "--device",
+            "sim:h100-80gb:dry",
+            "--tokens",
+            "16",
+            "-q",
+            "--json",
+            a.to_str().unwrap(),
+            "--csv",
+            b.to_str().unwrap(),
+            "--png",
+            "/proc/vramscope-c.png",
+        ],
+        120,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("/proc/vramscope-c.png"), "{err}");
+    assert_eq!(names_in(dir.path()), Vec::<String>::new(), "{err}");
+}
+
+#[test]
+fn exports_to_a_read_only_folder_write_nothing_anywhere() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    if std::fs::write(ro.join("probe"), b"x").is_ok() {
+        eprintln!("skipped: this user (root?) can write into a read-only folder");
+        return;
+    }
+    let a = dir.path().join("a.json");
+    let out = vramscope_within(
+        &[
+            "profile",
+            "--model",
+            "preset:tiny",
+            "--device",
+            "sim:h100-80gb:dry",
+            "--tokens",
+            "16",
+            "-q",
+            "--json",
+            a.to_str().unwrap(),
+            "--csv",
+            ro.join("b.csv").to_str().unwrap(),
+        ],
+        120,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(names_in(dir.path()), vec!["ro".to_string()]);
+    assert!(names_in(&ro).is_empty());
+}
+
+#[test]
+fn exports_to_a_full_disk_write_nothing_anywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = dir.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    // A 16 KiB tmpfs is full long before a session JSON fits. Needs root (CAP_SYS_ADMIN).
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16k", "tmpfs"])
+        .arg(&full)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN)");
+        return;
+    }
+    let b = dir.path().join("b.csv");
+    let out = vramscope_within(
+        &[
+            "profile",
+            "--model",
+            "preset:tiny",
+            "--device",
+            "sim:h100-80gb:dry",
+            "--tokens",
+            "16",
+            "-q",
+            "--csv",
+            b.to_str().unwrap(),
+            "--json",
+            full.join("a.json").to_str().unwrap(),
+        ],
+        120,
+    );
+    let listed = names_in(&full);
+    let _ = Command::new("umount").arg(&full).status();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(listed.is_empty(), "{listed:?}");
+    assert_eq!(names_in(dir.path()), vec!["full".to_string()], "{err}");
+}
+
+#[test]
+fn the_same_file_for_two_exports_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.csv");
+    let summary = dir.path().join("a.summary.csv");
+    let out = vramscope_within(
+        &[
+            "profile",
+            "--model",
+            "preset:tiny",
+            "--device",
+            "sim:h100-80gb:dry",
+            "--tokens",
+            "16",
+            "-q",
+            "--csv",
+            a.to_str().unwrap(),
+            "--json",
+            summary.to_str().unwrap(),
+        ],
+        120,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("asked for by two exports"));
+    assert!(names_in(dir.path()).is_empty());
+}
+
+#[test]
+fn compute_mode_beyond_host_memory_is_refused_with_the_numbers() {
+    // llama-3-8b in compute mode keeps ~32 GiB of f32 weights in host RAM; under a 1.5 GiB
+    // address-space limit that is refused up front, with the numbers.
+    let bin = env!("CARGO_BIN_EXE_vramscope");
+    let run = |extra: &str| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ulimit -v 1572864 && exec {bin} profile --model preset:llama-3-8b --device sim:h100-80gb:compute --tokens 16 {extra}"
+            ))
+            .output()
+            .unwrap()
+    };
+    let out = run("");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("of host memory"), "{err}");
+    assert!(err.contains("--allow-host-memory"), "{err}");
+}
+
+#[test]
+fn compute_mode_says_its_host_memory_and_time_before_it_starts() {
+    let out = vramscope_within(
+        &[
+            "profile",
+            "--model",
+            "preset:tiny",
+            "--device",
+            "sim:h100-80gb:compute",
+            "--tokens",
+            "16",
+            "--passes",
+            "1",
+            "--no-verify",
+        ],
+        120,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("estimated host memory"), "{err}");
+    assert!(err.contains("compute time about"), "{err}");
+}

@@ -536,7 +536,142 @@ fn corpus() -> Vec<Case> {
         vec!["blk.1.ffn_down.weight", "runs past the end"],
     ));
     c.push(gguf_case("gguf_empty", Vec::new(), vec!["not a GGUF file"]));
+    hardening_cases(&mut c, &g);
     c
+}
+
+/// Issue 14: contradictions that used to be accepted silently, and messages that misled.
+fn hardening_cases(c: &mut Vec<Case>, g: &[u8]) {
+    let cfg_case = |name: &'static str, edit: &dyn Fn(&mut serde_json::Value), expect| {
+        let mut v: serde_json::Value = serde_json::from_str(&config_json()).unwrap();
+        edit(&mut v);
+        Case {
+            name,
+            files: vec![
+                ("config.json", v.to_string().into_bytes()),
+                ("model.safetensors", st_file(&honest(), same, 0)),
+            ],
+            open: ".",
+            blamed: "config.json",
+            expect,
+        }
+    };
+    c.push(cfg_case(
+        "config_tie_word_embeddings_yes",
+        &|v| v["tie_word_embeddings"] = "yes".into(),
+        vec!["'tie_word_embeddings' is \"yes\" (a string), expected true or false"],
+    ));
+    c.push(cfg_case(
+        "config_rms_norm_eps_zero",
+        &|v| v["rms_norm_eps"] = 0.into(),
+        vec!["'rms_norm_eps' is 0, expected a number above 0 and below 1"],
+    ));
+    c.push(cfg_case(
+        "config_rms_norm_eps_huge",
+        &|v| v["rms_norm_eps"] = 1e308.into(),
+        vec!["'rms_norm_eps' is 1e+308"],
+    ));
+    c.push(cfg_case(
+        "config_rope_theta_negative",
+        &|v| v["rope_theta"] = (-10000.0).into(),
+        vec!["'rope_theta' is -10000.0, expected a number above 1"],
+    ));
+    c.push(cfg_case(
+        "config_float_hidden_size",
+        &|v| v["hidden_size"] = 8.5.into(),
+        vec!["'hidden_size' is 8.5 (a number), expected a positive integer"],
+    ));
+    c.push(cfg_case(
+        "config_int8_threshold_word",
+        &|v| {
+            v["quantization_config"] = serde_json::json!({"quant_method": "bitsandbytes",
+                "load_in_8bit": true, "llm_int8_threshold": "six"})
+        },
+        vec!["quantization_config: 'llm_int8_threshold' is \"six\" (a string)"],
+    ));
+    c.push(cfg_case(
+        "config_is_a_session_file",
+        &|v| *v = serde_json::json!({"format": 3, "events": [], "formulas": []}),
+        vec!["model_type is missing"],
+    ));
+    c.push(Case {
+        name: "config_is_a_json_array",
+        files: vec![
+            ("config.json", b"[1, 2, 3]".to_vec()),
+            ("model.safetensors", st_file(&honest(), same, 0)),
+        ],
+        open: ".",
+        blamed: "config.json",
+        expect: vec!["config.json holds a JSON array, expected an object"],
+    });
+    let mut extra_layer = honest();
+    extra_layer.push((
+        "model.layers.1.input_layernorm.weight".into(),
+        "F32".into(),
+        vec![8],
+    ));
+    c.push(st_case(
+        "st_more_layers_than_num_hidden_layers",
+        st_file(&extra_layer, same, 0),
+        vec![
+            "num_hidden_layers is 1 but the weights hold layer 1",
+            "model.layers.1.input_layernorm.weight",
+        ],
+    ));
+    let mut trailing = st_file(&honest(), same, 0);
+    trailing.extend([7u8; 64]);
+    c.push(st_case(
+        "st_trailing_bytes",
+        trailing,
+        vec!["64 trailing bytes after the last tensor's data"],
+    ));
+    let mut trailing = g.to_vec();
+    trailing.extend([7u8; 64]);
+    c.push(gguf_case(
+        "gguf_trailing_bytes",
+        trailing,
+        vec!["64 trailing bytes after the last tensor's data"],
+    ));
+    let (_, tensors, _) = tiny_gguf_parts();
+    c.push(gguf_case(
+        "gguf_tensor_count_one_short",
+        patch_u64(g.to_vec(), 8, tensors.len() as u64 - 1),
+        vec![
+            "trailing bytes after the last tensor's data",
+            "GGUF (tensor count ",
+        ],
+    ));
+    let (mut kvs, tensors, _) = tiny_gguf_parts();
+    kvs.push(("llama.block_count", Kv::U32(2)));
+    c.push(gguf_case(
+        "gguf_duplicate_metadata_key",
+        gguf_file(&kvs, &tensors),
+        vec!["metadata key llama.block_count appears twice"],
+    ));
+    let (mut kvs, tensors, _) = tiny_gguf_parts();
+    kvs.retain(|(k, _)| *k != "llama.block_count");
+    kvs.push(("llama.block_count", Kv::U32(1)));
+    c.push(gguf_case(
+        "gguf_more_layers_than_block_count",
+        gguf_file(&kvs, &tensors),
+        vec!["llama.block_count is 1 but the weights hold layer 1"],
+    ));
+    let (mut kvs, tensors, _) = tiny_gguf_parts();
+    kvs.retain(|(k, _)| *k != "llama.block_count");
+    kvs.push(("llama.block_count", Kv::F32(2.0)));
+    c.push(gguf_case(
+        "gguf_float_block_count",
+        gguf_file(&kvs, &tensors),
+        vec!["llama.block_count is 2 (a float), expected a positive integer"],
+    ));
+    let (mut kvs, tensors, _) = tiny_gguf_parts();
+    kvs.retain(|(k, _)| *k != "llama.rope.freq_base");
+    kvs.push(("llama.rope.freq_base", Kv::F32(0.0)));
+    c.push(gguf_case(
+        "gguf_rope_theta_zero",
+        gguf_file(&kvs, &tensors),
+        vec!["'rope_theta' is 0"],
+    ));
 }
 
 /// Patches the bogus-array case: its array length is set after writing (the writer is honest).
@@ -673,4 +808,127 @@ fn write_corpus() {
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join(name), bytes).unwrap();
     }
+}
+
+// ---- issue 14: bounded reads and bookkeeping (files built by the test itself) ----
+
+/// Runs `f` on a thread and fails if it takes longer than `secs` (a FIFO read hangs).
+fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(secs))
+        .expect("still running: hung on a read?")
+}
+
+fn mkfifo(path: &Path) {
+    let ok = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+}
+
+fn model_problem(r: Result<impl Sized, Error>) -> (PathBuf, String) {
+    match r.err() {
+        Some(Error::Model { path, problem }) => (path, problem),
+        other => panic!("expected Error::Model, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_index_json_that_is_a_fifo_is_named_not_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("config.json"), config_json()).unwrap();
+    let ip = tmp.path().join("model.safetensors.index.json");
+    mkfifo(&ip);
+    let dir = tmp.path().to_path_buf();
+    let (p, problem) = within(20, move || {
+        model_problem(model::open(&ModelSource::Path { path: dir }, 0).map(|_| ()))
+    });
+    assert_eq!(p, ip);
+    assert_eq!(
+        problem,
+        "index file is a FIFO (named pipe), expected a regular file"
+    );
+}
+
+#[test]
+fn a_session_file_that_is_a_fifo_dev_zero_or_sparse_is_refused_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("session.json");
+    mkfifo(&fifo);
+    let sparse = tmp.path().join("sparse.json");
+    std::fs::File::create(&sparse)
+        .unwrap()
+        .set_len(8 << 30)
+        .unwrap();
+    let (f, s) = (fifo.clone(), sparse.clone());
+    let results = within(20, move || {
+        [
+            model_problem(vramscope::export::json::read(&f).map(|_| ())).1,
+            model_problem(vramscope::export::json::read(Path::new("/dev/zero")).map(|_| ())).1,
+            model_problem(vramscope::export::json::read(&s).map(|_| ())).1,
+        ]
+    });
+    assert_eq!(
+        results[0],
+        "session file is a FIFO (named pipe), expected a regular file"
+    );
+    assert_eq!(
+        results[1],
+        "session file is a character device, expected a regular file"
+    );
+    assert!(
+        results[2].starts_with("session file is 8.00 GiB (8589934592 bytes), more than the"),
+        "{}",
+        results[2]
+    );
+}
+
+#[test]
+fn a_safetensors_header_of_a_million_tensors_stops_at_the_bound() {
+    // 150k empty tensors (~9 MiB of header): refused while parsing, in well under a second
+    // of work and without building the whole header in memory.
+    let mut h = String::from("{");
+    for i in 0..150_000 {
+        if i > 0 {
+            h.push(',');
+        }
+        h.push_str(&format!(
+            "\"t{i}\":{{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}"
+        ));
+    }
+    h.push('}');
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("config.json"), config_json()).unwrap();
+    std::fs::write(
+        tmp.path().join("model.safetensors"),
+        safetensors_raw(&h, &[]),
+    )
+    .unwrap();
+    let start = std::time::Instant::now();
+    let (_, problem) = model_problem(model::inspect(tmp.path()));
+    assert!(
+        problem.contains("more than 100000 tensor entries"),
+        "{problem}"
+    );
+    assert!(start.elapsed().as_secs() < 10);
+}
+
+#[test]
+fn a_gguf_tensor_count_above_the_bound_is_refused_before_any_entry_is_read() {
+    let mut b = valid_gguf();
+    b.resize(b.len() + (6 << 20), 0);
+    let b = patch_u64(b, 8, 200_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("m.gguf");
+    std::fs::write(&p, b).unwrap();
+    let (_, problem) = model_problem(model::inspect(&p));
+    assert_eq!(
+        problem,
+        "tensor count 200000 is more than the 100000 tensors this tool reads"
+    );
 }

@@ -1,5 +1,70 @@
 //! Kernels of the simulated device's compute mode: real math on the host, f32 accumulation.
-//! GEMMs go through `matrixmultiply` (packed, SIMD, threaded).
+//! GEMMs go through `matrixmultiply` (packed, SIMD, threaded). The long ones (GEMM, attention)
+//! check a cancel flag between blocks of rows, so Cancel lands within a fraction of a second
+//! even inside one op of a long compute run.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::error::{Error, Result};
+
+/// FLOPs a GEMM row block may take between cancel checks: ~0.1 s on two cores, large enough
+/// that re-packing the weight per block costs little.
+const GEMM_BLOCK_FLOPS: usize = 2_000_000_000;
+/// Query rows attention computes between cancel checks.
+const ATTENTION_ROWS_PER_CHECK: usize = 16;
+
+fn check(cancel: &AtomicBool) -> Result<()> {
+    if cancel.load(Ordering::Relaxed) {
+        Err(Error::Cancelled)
+    } else {
+        Ok(())
+    }
+}
+
+/// Rows of `x` per GEMM block for `k × n` weights (at least 32, so small blocks stay
+/// efficient).
+fn gemm_rows_per_block(k: usize, n: usize) -> usize {
+    (GEMM_BLOCK_FLOPS / (2 * k * n).max(1)).max(32)
+}
+
+/// `matmul_nt` in blocks of rows, checking `cancel` before each; every output row is computed
+/// exactly as by one whole call (the k-accumulation does not depend on the row split).
+pub fn matmul_nt_cancellable(
+    x: &[f32],
+    w: &[f32],
+    out: &mut [f32],
+    (m, k, n): (usize, usize, usize),
+    cancel: &AtomicBool,
+) -> Result<()> {
+    matmul_nt_blocks(x, w, out, (m, k, n), gemm_rows_per_block(k, n), cancel)
+}
+
+fn matmul_nt_blocks(
+    x: &[f32],
+    w: &[f32],
+    out: &mut [f32],
+    (m, k, n): (usize, usize, usize),
+    rows: usize,
+    cancel: &AtomicBool,
+) -> Result<()> {
+    assert_eq!(x.len(), m * k);
+    assert_eq!(out.len(), m * n);
+    let mut start = 0;
+    while start < m {
+        check(cancel)?;
+        let r = rows.min(m - start);
+        matmul_nt(
+            &x[start * k..(start + r) * k],
+            w,
+            &mut out[start * n..(start + r) * n],
+            r,
+            k,
+            n,
+        );
+        start += r;
+    }
+    Ok(())
+}
 
 /// `out[m×n] = x[m×k] · w[n×k]ᵀ` (a linear layer with PyTorch's `[out, in]` weight layout).
 pub fn matmul_nt(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
@@ -78,7 +143,8 @@ pub fn attention(
     seq_lens: &[usize],
     s: AttnShape,
     out: &mut [f32],
-) {
+    cancel: &AtomicBool,
+) -> Result<()> {
     let (hd, qw, kw) = (s.head_dim, s.heads * s.head_dim, s.kv_heads * s.head_dim);
     let group = s.heads / s.kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
@@ -88,6 +154,9 @@ pub fn attention(
         for h in 0..s.heads {
             let kvh = h / group;
             for i in 0..len {
+                if i % ATTENTION_ROWS_PER_CHECK == 0 {
+                    check(cancel)?;
+                }
                 let qi = &q[(start + i) * qw + h * hd..][..hd];
                 scores.clear();
                 let mut max = f32::NEG_INFINITY;
@@ -115,6 +184,7 @@ pub fn attention(
         }
         start += len;
     }
+    Ok(())
 }
 
 /// `gate = silu(gate) * up`, in place.
@@ -167,8 +237,40 @@ mod tests {
         let k = vec![1.0, 2.0, 3.0, 4.0];
         let v = vec![5.0, 6.0, 7.0, 8.0];
         let mut out = vec![0.0; 8];
-        attention(&q, &k, &v, &[2], s, &mut out);
+        attention(&q, &k, &v, &[2], s, &mut out, &AtomicBool::new(false)).unwrap();
         assert_eq!(&out[..4], &[5.0, 6.0, 5.0, 6.0]);
         assert!(out[4] > 5.0 && out[4] < 7.0);
+    }
+
+    #[test]
+    fn gemm_in_row_blocks_is_bitwise_the_whole_gemm() {
+        let (m, k, n) = (300, 77, 129);
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
+            .collect();
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.021)
+            .collect();
+        let mut whole = vec![0.0; m * n];
+        matmul_nt(&x, &w, &mut whole, m, k, n);
+        let mut blocks = vec![0.0; m * n];
+        let no = AtomicBool::new(false);
+        matmul_nt_blocks(&x, &w, &mut blocks, (m, k, n), 32, &no).unwrap();
+        assert!(whole == blocks);
+    }
+
+    #[test]
+    fn a_set_cancel_flag_stops_gemm_and_attention() {
+        let yes = AtomicBool::new(true);
+        let mut out = vec![0.0; 4];
+        let r = matmul_nt_cancellable(&[1.0; 4], &[1.0; 4], &mut out, (2, 2, 2), &yes);
+        assert!(matches!(r, Err(Error::Cancelled)));
+        let s = AttnShape {
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 2,
+        };
+        let r = attention(&[1.0; 4], &[1.0; 4], &[1.0; 4], &[2], s, &mut out, &yes);
+        assert!(matches!(r, Err(Error::Cancelled)));
     }
 }

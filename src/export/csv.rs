@@ -132,7 +132,9 @@ pub fn write(report: &Report, path: &Path) -> Result<(PathBuf, PathBuf)> {
     let timeline = timeline_bytes(report).map_err(|e| csv_err(path, e))?;
     let summary_file = summary_path(path);
     let summary = summary_bytes(report).map_err(|e| csv_err(&summary_file, e))?;
-    super::atomic_write(path, &timeline)?;
-    super::atomic_write(&summary_file, &summary)?;
+    super::write_all(&[
+        (path.to_path_buf(), timeline),
+        (summary_file.clone(), summary),
+    ])?;
     Ok((path.to_path_buf(), summary_file))
 }

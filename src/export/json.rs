@@ -15,7 +15,7 @@ pub fn write(report: &Report, path: &Path) -> Result<()> {
 }
 
 pub fn read(path: &Path) -> Result<Report> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::fsguard::read_bounded(path, "session file", crate::fsguard::SESSION_LIMIT)?;
     let report: Report = serde_json::from_slice(&bytes).map_err(|e| Error::Export {
         path: path.into(),
         problem: format!("not a vramscope session: {e}"),

@@ -263,6 +263,15 @@ impl VramscopeApp {
             }
         };
         self.banner = None;
+        // Compute mode can take minutes: say how long (and how much host memory) up front.
+        if matches!(
+            req.device,
+            crate::device::DeviceSpec::Sim { dry: false, .. }
+        ) {
+            if let Ok(e) = crate::profile::host_memory::estimate_request(&req) {
+                self.info(e.summary());
+            }
+        }
         self.report = None;
         self.live_events = Vec::new();
         self.generation += 1;

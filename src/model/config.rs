@@ -153,6 +153,31 @@ impl ModelConfig {
         out
     }
 
+    /// Refuses weights that hold a layer the config does not count (`prefix` + index: the
+    /// extra layers would be silently ignored). `key` names the count for the message.
+    pub(crate) fn check_layers_present<'a>(
+        &self,
+        names: impl Iterator<Item = &'a str>,
+        prefix: &str,
+        key: &str,
+    ) -> std::result::Result<(), String> {
+        let beyond = names
+            .filter_map(|n| {
+                let rest = n.strip_prefix(prefix)?;
+                let layer: usize = rest.split('.').next()?.parse().ok()?;
+                (layer >= self.num_layers).then_some((layer, n))
+            })
+            .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(a.1)));
+        match beyond {
+            Some((layer, name)) => Err(format!(
+                "{key} is {} but the weights hold layer {layer} (tensor {name}): expected layers 0 to {}",
+                self.num_layers,
+                self.num_layers - 1
+            )),
+            None => Ok(()),
+        }
+    }
+
     pub fn param_count(&self) -> u64 {
         self.tensor_shapes()
             .iter()
@@ -160,35 +185,41 @@ impl ModelConfig {
             .sum()
     }
 
-    /// Reads a Hugging Face `config.json`.
+    /// Reads a Hugging Face `config.json` (a regular file of at most 16 MiB, a JSON object).
     pub fn from_hf_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                Error::model(
-                    path,
-                    "config.json not found (it must sit beside the weights)",
-                )
-            } else {
-                Error::io(path, e)
-            }
-        })?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| Error::model(path, format!("not valid JSON: {e}")))?;
+        let v = read_config_json(path)?;
         Self::from_hf_json(&v).map_err(|problem| Error::model(path, problem))
     }
 
+    /// The shape a `config.json` describes. Every key present must hold the type it is read
+    /// as (`tie_word_embeddings: "yes"` is an error, not `false`), and every number must be
+    /// one a model can have; messages say the key, the value found and what was expected.
     pub fn from_hf_json(v: &serde_json::Value) -> std::result::Result<Self, String> {
-        let arch = v["model_type"].as_str().unwrap_or("").to_string();
+        let Some(obj) = v.as_object() else {
+            return Err(format!(
+                "holds a JSON {}, expected an object with model_type, hidden_size, ...",
+                crate::fsguard::json_kind(v)
+            ));
+        };
+        let arch = match obj.get("model_type") {
+            None => return Err(
+                "model_type is missing (expected llama, mistral, qwen2 or opt); is this a config.json?"
+                    .into(),
+            ),
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(other) => {
+                return Err(format!(
+                    "model_type is {other} (a {}), expected a string: llama, mistral, qwen2 or opt",
+                    crate::fsguard::json_kind(other)
+                ))
+            }
+        };
         if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2" | "opt") {
             return Err(format!(
                 "model_type '{arch}' is not supported (expected llama, mistral, qwen2 or opt)"
             ));
         }
         let get = |k: &str| -> std::result::Result<usize, String> {
-            let n = v[k]
-                .as_u64()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("'{k}' is missing or not a positive integer"))?;
             // Far above any published model, low enough that no shape or count derived
             // from them can overflow or size a huge allocation.
             let limit: u64 = match k {
@@ -196,10 +227,21 @@ impl ModelConfig {
                 "head_dim" => 1 << 12,
                 "hidden_size" => 1 << 17,
                 "intermediate_size" => 1 << 19,
+                "max_position_embeddings" => crate::limits::MAX_MODEL_LEN,
                 _ => 1 << 23,
             };
-            if n > limit {
-                return Err(format!("'{k}' = {n} is implausibly large (limit {limit})"));
+            let found = match v.get(k) {
+                None | Some(serde_json::Value::Null) => return Err(format!("'{k}' is missing")),
+                Some(x) => x,
+            };
+            let n = found.as_u64().ok_or_else(|| {
+                format!(
+                    "'{k}' is {found} (a {}), expected a positive integer",
+                    crate::fsguard::json_kind(found)
+                )
+            })?;
+            if n == 0 || n > limit {
+                return Err(format!("'{k}' is {n}, expected 1 to {limit}"));
             }
             Ok(n as usize)
         };
@@ -236,11 +278,29 @@ impl ModelConfig {
             num_kv_heads,
             head_dim,
             vocab_size: get("vocab_size")?,
-            rope_theta: v["rope_theta"].as_f64().unwrap_or(10000.0),
-            rms_norm_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-6),
-            tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
-            attention_bias: v["attention_bias"].as_bool().unwrap_or(arch == "qwen2"),
-            max_position_embeddings: v["max_position_embeddings"].as_u64().unwrap_or(4096) as usize,
+            // rope_theta: a base above 1 (real ones run 1e4 to 5e8); eps: a small positive
+            // number (1e-6 .. 1e-5 in practice; 1 or more would flatten every activation).
+            rope_theta: float(
+                v,
+                "rope_theta",
+                10000.0,
+                |x| x > 1.0 && x <= 1e12,
+                "above 1 and at most 1e12",
+            )?,
+            rms_norm_eps: float(
+                v,
+                "rms_norm_eps",
+                1e-6,
+                |x| x > 0.0 && x < 1.0,
+                "above 0 and below 1",
+            )?,
+            tie_word_embeddings: boolean(v, "tie_word_embeddings", false)?,
+            attention_bias: boolean(v, "attention_bias", arch == "qwen2")?,
+            max_position_embeddings: if v["max_position_embeddings"].is_null() {
+                4096
+            } else {
+                get("max_position_embeddings")?
+            },
             arch,
             opt: None,
         })
@@ -353,5 +413,131 @@ impl ModelConfig {
             "hidden_act": "silu",
             "torch_dtype": torch_dtype,
         })
+    }
+}
+
+/// Reads `config.json` as a JSON object (bounded, regular file only).
+pub(crate) fn read_config_json(path: &Path) -> Result<serde_json::Value> {
+    crate::fsguard::read_json_object(path, "config.json", crate::fsguard::CONFIG_LIMIT)
+}
+
+/// An optional boolean key: absent or null gives `default`; anything but true/false is an
+/// error naming the key and the value.
+pub(crate) fn boolean(
+    v: &serde_json::Value,
+    k: &str,
+    default: bool,
+) -> std::result::Result<bool, String> {
+    match v.get(k) {
+        None | Some(serde_json::Value::Null) => Ok(default),
+        Some(serde_json::Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(format!(
+            "'{k}' is {other} (a {}), expected true or false",
+            crate::fsguard::json_kind(other)
+        )),
+    }
+}
+
+/// An optional number key in a stated range: absent or null gives `default`; a string, NaN
+/// or a value outside `ok` is an error naming the key, the value and the range.
+pub(crate) fn float(
+    v: &serde_json::Value,
+    k: &str,
+    default: f64,
+    ok: impl Fn(f64) -> bool,
+    range: &str,
+) -> std::result::Result<f64, String> {
+    let x = match v.get(k) {
+        None | Some(serde_json::Value::Null) => return Ok(default),
+        Some(x) => x,
+    };
+    let n = x.as_f64().ok_or_else(|| {
+        format!(
+            "'{k}' is {x} (a {}), expected a number {range}",
+            crate::fsguard::json_kind(x)
+        )
+    })?;
+    if !n.is_finite() || !ok(n) {
+        // As written in the file (1e308, not 309 digits).
+        return Err(format!("'{k}' is {x}, expected a number {range}"));
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> serde_json::Value {
+        serde_json::json!({
+            "model_type": "llama", "hidden_size": 8, "intermediate_size": 16,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 16
+        })
+    }
+
+    fn with(k: &str, x: serde_json::Value) -> std::result::Result<ModelConfig, String> {
+        let mut v = base();
+        v[k] = x;
+        ModelConfig::from_hf_json(&v)
+    }
+
+    #[test]
+    fn a_word_for_a_boolean_is_an_error_not_false() {
+        assert_eq!(
+            with("tie_word_embeddings", "yes".into()).unwrap_err(),
+            "'tie_word_embeddings' is \"yes\" (a string), expected true or false"
+        );
+        assert!(
+            with("tie_word_embeddings", true.into())
+                .unwrap()
+                .tie_word_embeddings
+        );
+    }
+
+    #[test]
+    fn rms_norm_eps_must_be_small_and_positive() {
+        for bad in [0.0, -1e-6, 1e308] {
+            let e = with("rms_norm_eps", bad.into()).unwrap_err();
+            assert!(e.starts_with("'rms_norm_eps' is "), "{e}");
+            assert!(e.ends_with("expected a number above 0 and below 1"), "{e}");
+        }
+        assert_eq!(
+            with("rms_norm_eps", 1e-5.into()).unwrap().rms_norm_eps,
+            1e-5
+        );
+    }
+
+    #[test]
+    fn rope_theta_must_be_a_base_above_one() {
+        assert_eq!(
+            with("rope_theta", 0.into()).unwrap_err(),
+            "'rope_theta' is 0, expected a number above 1 and at most 1e12"
+        );
+        assert!(with("rope_theta", (-5.0).into()).is_err());
+        assert!(with("rope_theta", "big".into()).is_err());
+    }
+
+    #[test]
+    fn a_float_where_an_integer_belongs_says_so() {
+        assert_eq!(
+            with("hidden_size", 8.5.into()).unwrap_err(),
+            "'hidden_size' is 8.5 (a number), expected a positive integer"
+        );
+        assert_eq!(
+            with("num_hidden_layers", 0.into()).unwrap_err(),
+            "'num_hidden_layers' is 0, expected 1 to 1024"
+        );
+    }
+
+    #[test]
+    fn a_json_array_or_a_session_is_not_called_an_unsupported_model_type() {
+        let e = ModelConfig::from_hf_json(&serde_json::json!([1, 2])).unwrap_err();
+        assert!(
+            e.starts_with("holds a JSON array, expected an object"),
+            "{e}"
+        );
+        let e =
+            ModelConfig::from_hf_json(&serde_json::json!({"format": 3, "events": []})).unwrap_err();
+        assert!(e.starts_with("model_type is missing"), "{e}");
     }
 }

@@ -73,6 +73,19 @@ pub enum MetaValue {
     Array { elem: &'static str, len: u64 },
 }
 
+impl MetaValue {
+    /// The value's type, for messages ("found a float, expected an integer").
+    fn kind(&self) -> &'static str {
+        match self {
+            MetaValue::Int(_) => "an integer",
+            MetaValue::Float(_) => "a float",
+            MetaValue::Bool(_) => "a boolean",
+            MetaValue::Str(_) => "a string",
+            MetaValue::Array { .. } => "an array",
+        }
+    }
+}
+
 impl std::fmt::Display for MetaValue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -286,10 +299,37 @@ impl GgufHeader {
                 ),
             ));
         }
+        if kv_count > crate::limits::MAX_GGUF_KEYS {
+            return Err(Error::model(
+                path,
+                format!(
+                    "metadata count {kv_count} is more than the {} keys this tool reads",
+                    crate::limits::MAX_GGUF_KEYS
+                ),
+            ));
+        }
+        if tensor_count > crate::limits::MAX_TENSORS {
+            return Err(Error::model(
+                path,
+                format!(
+                    "tensor count {tensor_count} is more than the {} tensors this tool reads",
+                    crate::limits::MAX_TENSORS
+                ),
+            ));
+        }
         let mut metadata = Vec::with_capacity(kv_count as usize);
         let mut alignment = 32u64;
+        let mut keys = std::collections::HashSet::new();
         for _ in 0..kv_count {
+            let at = r.pos;
             let key = r.utf8("metadata key")?;
+            // llama.cpp keeps the first of two equal keys, other readers the last: refused.
+            if !keys.insert(key.clone()) {
+                return Err(Error::model(
+                    path,
+                    format!("metadata key {key} appears twice (second at byte {at})"),
+                ));
+            }
             let ty = r.u32("metadata value type")?;
             let v = r.value(ty, &key, 0)?;
             if key == "general.alignment" {
@@ -408,6 +448,15 @@ impl GgufHeader {
                 ));
             }
         }
+        // Data runs from data_start to the last tensor's end, padded to the alignment.
+        let data_end = order.last().map_or(0, |t| t.range.end as u64 - data_start);
+        super::weights::check_no_trailing_bytes(
+            path,
+            data_end,
+            alignment,
+            file_len.saturating_sub(data_start),
+            &format!("GGUF (tensor count {tensor_count})"),
+        )?;
         Ok(GgufHeader {
             version,
             metadata,
@@ -443,17 +492,29 @@ impl GgufHeader {
                 Some(MetaValue::Int(v)) if *v > 0 && *v < 1 << 32 => Ok(Some(*v as usize)),
                 Some(v) => Err(Error::model(
                     path,
-                    format!("metadata {arch}.{k} = {v} is not a positive integer"),
+                    format!(
+                        "metadata {arch}.{k} is {v} ({}), expected a positive integer below 2^32",
+                        v.kind()
+                    ),
                 )),
             }
         };
         let need = |k: &str| -> Result<usize> {
             int(k)?.ok_or_else(|| Error::model(path, format!("metadata {arch}.{k} is missing")))
         };
+        // Ranges are checked by the config below; a string or an array here is an error.
         let float = |k: &str, default: f64| match self.get(&format!("{arch}.{k}")) {
-            Some(MetaValue::Float(v)) => *v,
-            Some(MetaValue::Int(v)) => *v as f64,
-            _ => default,
+            // NaN would become JSON null below, and null the default: refused here.
+            Some(MetaValue::Float(v)) if v.is_finite() => Ok(*v),
+            Some(MetaValue::Int(v)) => Ok(*v as f64),
+            None => Ok(default),
+            Some(v) => Err(Error::model(
+                path,
+                format!(
+                    "metadata {arch}.{k} is {v} ({}), expected a finite number",
+                    v.kind()
+                ),
+            )),
         };
         let hidden_size = need("embedding_length")?;
         let num_heads = need("attention.head_count")?;
@@ -483,8 +544,8 @@ impl GgufHeader {
             "num_key_value_heads": num_kv_heads,
             "head_dim": head_dim,
             "vocab_size": vocab_size,
-            "rope_theta": float("rope.freq_base", 10000.0),
-            "rms_norm_eps": float("attention.layer_norm_rms_epsilon", 1e-5),
+            "rope_theta": float("rope.freq_base", 10000.0)?,
+            "rms_norm_eps": float("attention.layer_norm_rms_epsilon", 1e-5)?,
             "tie_word_embeddings": tied,
             "attention_bias": false,
             "max_position_embeddings": int("context_length")?.unwrap_or(4096),
@@ -555,6 +616,12 @@ impl GgufFile {
     /// the implied shape.
     pub fn config_checked(&mut self) -> Result<ModelConfig> {
         let cfg = self.header.config(&self.path)?;
+        cfg.check_layers_present(
+            self.header.tensors.iter().map(|t| t.name.as_str()),
+            "blk.",
+            "llama.block_count",
+        )
+        .map_err(|p| Error::model(&self.path, p))?;
         for (name, shape) in cfg.tensor_shapes() {
             let (g, _) = gguf_name(&name).ok_or_else(|| {
                 Error::model(&self.path, format!("tensor {name} has no GGUF name"))

@@ -38,6 +38,11 @@ pub enum ModelSource {
 impl ModelSource {
     /// `preset:NAME`, `synthetic:WEIGHTS:SPIKE` (sizes like 512MiB) or a path.
     pub fn parse(s: &str) -> Result<Self> {
+        if s.trim().is_empty() {
+            return Err(Error::Request(
+                "--model is empty: expected a folder, a model file, preset:NAME or synthetic:WEIGHTS:SPIKE".into(),
+            ));
+        }
         if let Some(name) = s.strip_prefix("preset:") {
             if presets::preset(name).is_none() {
                 return Err(Error::Request(format!(
@@ -113,9 +118,7 @@ fn is_ext(p: &Path, ext: &str) -> bool {
 /// Finds config.json and the weights from whichever the user picked: the folder, its
 /// `config.json`, the index json, any shard, a single `.safetensors`, or a `.gguf`.
 pub fn resolve_files(path: &Path) -> Result<ModelFiles> {
-    if !path.exists() {
-        return Err(Error::model(path, "file not found"));
-    }
+    crate::fsguard::stat(path, "file")?;
     if path.is_file() && is_ext(path, "gguf") {
         return Ok(ModelFiles {
             format: FileFormat::Gguf,
@@ -136,7 +139,7 @@ pub fn resolve_files(path: &Path) -> Result<ModelFiles> {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let index_path = if name.ends_with(".index.json") {
         Some(path.to_path_buf())
-    } else if dir.join(INDEX_NAME).is_file() {
+    } else if dir.join(INDEX_NAME).exists() {
         Some(dir.join(INDEX_NAME))
     } else {
         None
@@ -151,7 +154,7 @@ pub fn resolve_files(path: &Path) -> Result<ModelFiles> {
     let config = dir.join("config.json");
     let (weights, shards, index) = match index_path {
         Some(ip) => {
-            let text = std::fs::read_to_string(&ip).map_err(|e| Error::io(&ip, e))?;
+            let text = crate::fsguard::read_text(&ip, "index file", crate::fsguard::INDEX_LIMIT)?;
             let map = sharded::parse_index(&text, &ip)?;
             let mut names: Vec<&str> = map.iter().map(|(_, f)| f.as_str()).collect();
             names.sort_unstable();
@@ -165,7 +168,7 @@ pub fn resolve_files(path: &Path) -> Result<ModelFiles> {
                 (path.to_path_buf(), vec![path.to_path_buf()], None)
             } else {
                 let shards: Vec<PathBuf> = names.iter().map(|n| dir.join(n)).collect();
-                if let Some(missing) = shards.iter().find(|s| !s.is_file()) {
+                if let Some(missing) = shards.iter().find(|s| !s.exists()) {
                     return Err(Error::model(
                         missing,
                         format!("shard listed in {} is missing", ip.display()),
@@ -177,7 +180,9 @@ pub fn resolve_files(path: &Path) -> Result<ModelFiles> {
         None if picked_single => (path.to_path_buf(), vec![path.to_path_buf()], None),
         None => {
             let single = dir.join("model.safetensors");
-            if single.is_file() {
+            // exists(), not is_file(): a FIFO or a folder by that name is reported as what
+            // it is when opened, not as missing.
+            if single.exists() {
                 (single.clone(), vec![single], None)
             } else {
                 let ggufs: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -229,10 +234,7 @@ pub struct OpenedModel {
     pub stored_int8_threshold: Option<f32>,
 }
 
-fn read_config_json(path: &Path) -> Result<serde_json::Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| Error::model(path, format!("not valid JSON: {e}")))
-}
+use config::read_config_json;
 
 /// Opens the files of a model on disk, validating every header against the config.
 type Opened = (ModelConfig, Box<dyn WeightSource>, Option<f32>);

@@ -17,6 +17,16 @@ pub fn parse_index(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
     let map = v["weight_map"]
         .as_object()
         .ok_or_else(|| Error::model(path, "no \"weight_map\" object"))?;
+    if map.len() as u64 > crate::limits::MAX_TENSORS {
+        return Err(Error::model(
+            path,
+            format!(
+                "weight_map lists {} tensors, more than the {} this tool reads",
+                map.len(),
+                crate::limits::MAX_TENSORS
+            ),
+        ));
+    }
     let mut out = Vec::with_capacity(map.len());
     for (tensor, file) in map {
         let file = file.as_str().ok_or_else(|| {
@@ -89,13 +99,16 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
             "quantization_config has neither load_in_8bit nor load_in_4bit set",
         ));
     }
-    let threshold = q["llm_int8_threshold"].as_f64().unwrap_or(6.0) as f32;
-    if !(threshold >= 0.0 && threshold.is_finite()) {
-        return Err(Error::model(
-            path,
-            format!("llm_int8_threshold {threshold} is not a finite non-negative number"),
-        ));
-    }
+    // "six" or NaN is an error naming the key, not the default.
+    let threshold = super::config::float(
+        q,
+        "llm_int8_threshold",
+        6.0,
+        |t| (0.0..=f32::MAX as f64).contains(&t),
+        "of at least 0",
+    )
+    .map_err(|p| Error::model(path, format!("quantization_config: {p}")))?
+        as f32;
     Ok(StoredQuant::BnbInt8 { threshold })
 }
 
@@ -295,6 +308,14 @@ impl SafetensorsModel {
     /// Checks every tensor the config implies is present with the implied shape (and, for a
     /// bitsandbytes 8-bit checkpoint, its `.SCB` scales).
     pub fn check_against(&self, cfg: &ModelConfig) -> Result<()> {
+        for s in &self.shards {
+            cfg.check_layers_present(
+                s.tensor_names().map(String::as_str),
+                "model.layers.",
+                "config.json's num_hidden_layers",
+            )
+            .map_err(|p| Error::model(&s.path, p))?;
+        }
         for (name, shape) in cfg.tensor_shapes() {
             let s = self.shard_of(&name).map_err(|_| {
                 Error::model(

@@ -161,15 +161,10 @@ impl WeightSource for SyntheticWeights {
     }
 }
 
-/// Maps a model file read-only; a missing file is a model error naming it.
+/// Maps a model file read-only: a regular file only (a FIFO or a device is named as what it
+/// is); a missing file is a model error naming it.
 pub(crate) fn map_model_file(path: &Path) -> Result<memmap2::Mmap> {
-    let file = std::fs::File::open(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            Error::model(path, "file not found")
-        } else {
-            Error::io(path, e)
-        }
-    })?;
+    let (file, _) = crate::fsguard::open_regular(path, "file")?;
     // SAFETY: the map is read-only; a file changed under us could only give wrong numbers,
     // and every offset is checked against the map's length before use.
     unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))
@@ -307,13 +302,10 @@ fn st_dtype_size(d: &str) -> Option<u64> {
 /// naming the tensor at fault: dtype, shape × dtype = byte size, offsets inside the data,
 /// no overlaps.
 fn check_header_entries(header: &[u8], data_len: u64, path: &Path) -> Result<()> {
-    let v: serde_json::Value = serde_json::from_slice(header)
+    let HeaderEntries(map) = serde_json::from_slice(header)
         .map_err(|e| Error::model(path, format!("header is not valid JSON: {e}")))?;
-    let map = v
-        .as_object()
-        .ok_or_else(|| Error::model(path, "header is not a JSON object"))?;
     let mut spans: Vec<(u64, u64, &str)> = Vec::with_capacity(map.len());
-    for (name, entry) in map {
+    for (name, entry) in &map {
         if name == "__metadata__" {
             continue;
         }
@@ -369,7 +361,70 @@ fn check_header_entries(header: &[u8], data_len: u64, path: &Path) -> Result<()>
             ));
         }
     }
+    let data_end = spans.iter().map(|s| s.1).max().unwrap_or(0);
+    check_no_trailing_bytes(path, data_end, 0, data_len, "safetensors")?;
     Ok(())
+}
+
+/// Both loaders' rule for bytes after the last tensor's data: none beyond the format's own
+/// padding (`pad_to`: GGUF's alignment; 1 for safetensors). Extra bytes mean the header
+/// lists fewer tensors than were written (or two files were joined), so the file is refused.
+pub(crate) fn check_no_trailing_bytes(
+    path: &Path,
+    data_end: u64,
+    pad_to: u64,
+    data_len: u64,
+    format: &str,
+) -> Result<()> {
+    let padded = data_end.div_ceil(pad_to.max(1)) * pad_to.max(1);
+    if data_len > padded {
+        return Err(Error::model(
+            path,
+            format!(
+                "{} trailing bytes after the last tensor's data: the {format} header accounts for {data_end} bytes of data{}, the file holds {data_len} (a tensor missing from the header, or bytes appended)",
+                data_len - padded,
+                if padded != data_end {
+                    format!(" (padded to {padded})")
+                } else {
+                    String::new()
+                }
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A safetensors header's entries in file order, counted while they are parsed so a header
+/// of a million entries stops at the bound instead of being built in memory.
+struct HeaderEntries(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for HeaderEntries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = HeaderEntries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object of tensor entries")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> std::result::Result<HeaderEntries, A::Error> {
+                let mut out = Vec::new();
+                while let Some(k) = m.next_key::<String>()? {
+                    if out.len() as u64 > crate::limits::MAX_TENSORS {
+                        return Err(serde::de::Error::custom(format!(
+                            "more than {} tensor entries (the bound this tool reads)",
+                            crate::limits::MAX_TENSORS
+                        )));
+                    }
+                    out.push((k, m.next_value()?));
+                }
+                Ok(HeaderEntries(out))
+            }
+        }
+        d.deserialize_map(Entries)
+    }
 }
 
 /// Validates a whole safetensors file held in `buf` and lists its tensors: name → (dtype,
@@ -389,11 +444,14 @@ pub fn parse_header(buf: &[u8], path: &Path) -> Result<TensorIndex> {
             format!("header length {header_len} runs past the end of the file ({len} bytes): truncated or not safetensors"),
         ));
     }
-    // The crate's limit, checked first so a huge claimed header is never parsed.
-    if header_len > 100_000_000 {
+    // Checked first so a huge claimed header is never parsed: real headers are tens of KiB
+    // (100k tensors fit in ~10 MiB); safetensors' own limit is 100 MB.
+    if header_len > MAX_HEADER_BYTES {
         return Err(Error::model(
             path,
-            format!("header length {header_len} exceeds safetensors' 100 MB limit"),
+            format!(
+                "header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit this tool reads"
+            ),
         ));
     }
     let header_end = 8 + header_len as usize;
@@ -410,6 +468,9 @@ pub fn parse_header(buf: &[u8], path: &Path) -> Result<TensorIndex> {
     }
     Ok(index)
 }
+
+/// Largest safetensors JSON header parsed.
+const MAX_HEADER_BYTES: u64 = 16 << 20;
 
 /// name → (dtype if readable, shape, byte range)
 pub type TensorIndex = HashMap<String, (Option<StoredDtype>, Vec<usize>, std::ops::Range<usize>)>;

@@ -1,6 +1,7 @@
 //! The measurement procedure of FORMULAS.md, the formulas, and the Report they produce.
 
 pub mod formulas;
+pub mod host_memory;
 pub mod procedure;
 pub mod report;
 pub mod request;

@@ -363,6 +363,7 @@ pub fn run(
     let resolved = req.resolved(max_positions);
     resolved.validate()?;
     let req = &resolved;
+    super::host_memory::check(req, opened.as_ref().map(|o| &o.config))?;
     let mut spec = req.device.clone();
     if let (ModelSource::Synthetic { .. }, DeviceSpec::Sim { dry, .. }) = (&req.model, &mut spec) {
         // A synthetic workload has no math to do.

@@ -98,6 +98,20 @@ impl ProfileRequest {
     /// vLLM's defaults, filled in by `resolved`).
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Request(m));
+        use crate::limits::{count, count_usize, MAX_MODEL_LEN, MAX_TOKENS};
+        // 0 tokens or max_model_len: vLLM's defaults, filled in by `resolved`.
+        if self.tokens != 0 {
+            count_usize("--max-num-batched-tokens", self.tokens, 1, MAX_TOKENS)?;
+        }
+        if self.max_model_len != 0 {
+            count("--max-model-len", self.max_model_len, 1, MAX_MODEL_LEN)?;
+        }
+        for (what, bytes) in [
+            ("--outside-before", self.outside_before),
+            ("--outside-during", self.outside_during),
+        ] {
+            count(what, bytes, 0, crate::limits::MAX_BYTES)?;
+        }
         if self.seqs == 0 || (self.tokens > 0 && self.seqs > self.tokens) {
             return bad(format!(
                 "--max-num-seqs {} must be between 1 and --max-num-batched-tokens ({})",

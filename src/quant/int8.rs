@@ -259,6 +259,10 @@ impl Int8Linear {
             let qa = ca.i8();
             if let crate::tensor::Storage::I32(acc) = &mut out32.storage {
                 for r in 0..m {
+                    // A scalar int8 GEMM: Cancel is checked every few rows, not once per op.
+                    if r % 8 == 0 {
+                        rt.check_cancel()?;
+                    }
                     let a = &qa[r * k..(r + 1) * k];
                     for c in 0..n {
                         let b = &cxb[c * cp..c * cp + k];

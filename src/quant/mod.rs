@@ -203,7 +203,10 @@ pub fn dense_matmul_as(
     let mut out = rt.tensor(out_name, category, &[m, n], act)?;
     match rt.backend() {
         Backend::Dry => {}
-        Backend::Cpu => cpu::matmul_nt(x.f32(), w.f32(), out.f32_mut(), m, k, n),
+        Backend::Cpu => {
+            let c = rt.cancel_flag();
+            cpu::matmul_nt_cancellable(x.f32(), w.f32(), out.f32_mut(), (m, k, n), &c)?
+        }
         Backend::Cuda => rt.with_device(|d| d.cuda().expect("cuda").gemm_nt(x, w, &mut out))?,
     }
     Ok(out)

@@ -1,0 +1,348 @@
+//! Host memory and time a run will take, estimated before it starts, and the refusal when the
+//! memory is more than the machine has. Compute mode keeps every weight and activation in
+//! host RAM (f32 for float tensors), so an 8B model needs ~32 GiB; a dry run keeps only the
+//! event log and the batch. The user can insist (`--allow-host-memory`, or
+//! `VRAMSCOPE_ALLOW_HOST_MEMORY=1` for the app).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use super::formulas::FormulaId;
+use super::request::ProfileRequest;
+use crate::device::DeviceSpec;
+use crate::error::{Error, Result};
+use crate::model::{self, ModelConfig, ModelSource};
+use crate::quant::Quant;
+use crate::units::fmt_u;
+
+/// Set once by the CLI's `--allow-host-memory`: the user insists on running above the budget.
+static INSISTED: AtomicBool = AtomicBool::new(false);
+
+/// Lets runs exceed the host-memory budget for the rest of the process.
+pub fn insist(yes: bool) {
+    INSISTED.store(yes, Ordering::Relaxed);
+}
+
+fn insisted() -> bool {
+    INSISTED.load(Ordering::Relaxed)
+        || std::env::var("VRAMSCOPE_ALLOW_HOST_MEMORY").is_ok_and(|v| v == "1")
+}
+
+/// In-memory bytes of one timeline event (the struct, its op and tensor names, the log's
+/// growth slack), measured on dry runs of the presets.
+const EVENT_BYTES: u64 = 224;
+/// Events per layer of one pass (allocs and frees of ~15 activations, segment maps), plus a
+/// pass's fixed ones.
+const EVENTS_PER_LAYER: u64 = 40;
+const EVENTS_PER_PASS: u64 = 64;
+/// What a process needs besides the run (code, allocator, threads).
+const BASE_BYTES: u64 = 64 << 20;
+
+/// The estimate, by part, in bytes; `compute_s` is the CPU time of compute mode's passes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostEstimate {
+    pub weights_bytes: u64,
+    pub activations_bytes: u64,
+    pub event_log_bytes: u64,
+    pub batch_bytes: u64,
+    pub total_bytes: u64,
+    /// Forward passes the run makes (profile passes plus verify passes).
+    pub passes: u64,
+    /// Estimated seconds of CPU math (compute mode only).
+    pub compute_s: Option<f64>,
+}
+
+impl HostEstimate {
+    /// One line for the CLI and the app.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "estimated host memory {} (weights {}, activations {}, event log {}, batch {})",
+            fmt_u(self.total_bytes),
+            fmt_u(self.weights_bytes),
+            fmt_u(self.activations_bytes),
+            fmt_u(self.event_log_bytes),
+            fmt_u(self.batch_bytes)
+        );
+        if let Some(t) = self.compute_s {
+            s.push_str(&format!(
+                "; compute time about {} for {} passes on this CPU",
+                fmt_seconds(t),
+                self.passes
+            ));
+        }
+        s
+    }
+}
+
+fn fmt_seconds(t: f64) -> String {
+    if t < 1.0 {
+        "under a second".into()
+    } else if t < 120.0 {
+        format!("{t:.0} s")
+    } else if t < 7200.0 {
+        format!("{:.0} min", t / 60.0)
+    } else {
+        format!("{:.1} h", t / 3600.0)
+    }
+}
+
+/// Host bytes of one weight element as compute mode stores it: floats as f32; LLM.int8 as
+/// i8 plus its row scales; NF4 as packed nibbles plus one absmax per 64.
+fn host_bytes_per_weight(quant: Quant, two_d: bool) -> f64 {
+    match (quant, two_d) {
+        (Quant::Int8, true) => 1.0 + 0.05,
+        (Quant::Nf4, true) => 0.5 + 4.0 / 64.0,
+        _ => 4.0,
+    }
+}
+
+/// Estimates the host memory (and, in compute mode, the time) of `req` on model `cfg`
+/// (`None` for a synthetic workload).
+pub fn estimate(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> HostEstimate {
+    let compute = matches!(req.device, DeviceSpec::Sim { dry: false, .. })
+        && !matches!(req.model, ModelSource::Synthetic { .. });
+    let verify = if req.verify {
+        FormulaId::ALL.len() as u64 + 1
+    } else {
+        0
+    };
+    let passes = req.passes as u64 + verify;
+    let tokens = req.tokens as u64;
+    let seqs = req.seqs as u64;
+    let layers = cfg.map_or(0, |c| c.num_layers as u64);
+    let event_log_bytes =
+        passes * (layers * EVENTS_PER_LAYER + EVENTS_PER_PASS) * EVENT_BYTES + (1 << 20);
+    // Ids and positions per token (the Batch, and the positions each pass builds).
+    let batch_bytes = tokens * 12;
+    let (weights_bytes, activations_bytes, compute_s) = match (compute, cfg) {
+        (true, Some(c)) => {
+            let weights: f64 = c
+                .tensor_shapes()
+                .iter()
+                .map(|(_, s)| {
+                    s.iter().product::<usize>() as f64
+                        * host_bytes_per_weight(req.quant, s.len() == 2)
+                })
+                .sum();
+            // Live at the peak of a layer: the residual stream and its norm, q/k/v and the
+            // attention output, gate/up/act of the MLP (f32 each), the last tokens' logits.
+            let (h, i, q, kv) = (
+                c.hidden_size as u64,
+                c.intermediate_size as u64,
+                c.q_dim() as u64,
+                c.kv_dim() as u64,
+            );
+            let per_token = 3 * h + 2 * q + 2 * kv + 3 * i;
+            let activations = tokens * per_token * 4 + seqs * c.vocab_size as u64 * 12;
+            let seq_lens = crate::model::llama::Batch::dummy(req.tokens, req.seqs, 1).seq_lens;
+            let (linear, attention) = forward_flops(c, &seq_lens);
+            let (gemm_rate, attention_rate) = cpu_rates();
+            let secs = passes as f64 * (linear / gemm_rate + attention / attention_rate);
+            (weights as u64, activations, Some(secs))
+        }
+        _ => (0, 0, None),
+    };
+    let total_bytes =
+        BASE_BYTES + weights_bytes + activations_bytes + event_log_bytes + batch_bytes;
+    HostEstimate {
+        weights_bytes,
+        activations_bytes,
+        event_log_bytes,
+        batch_bytes,
+        total_bytes,
+        passes,
+        compute_s,
+    }
+}
+
+/// FLOPs of one pass split into the GEMMs (linear layers and lm_head) and attention, whose
+/// CPU kernels run at very different rates.
+fn forward_flops(cfg: &ModelConfig, seq_lens: &[usize]) -> (f64, f64) {
+    let total = crate::bench::forward_flops(cfg, seq_lens);
+    let pairs: f64 = seq_lens
+        .iter()
+        .map(|&n| n as f64 * (n as f64 + 1.0) / 2.0)
+        .sum();
+    let attention =
+        cfg.num_layers as f64 * 2.0 * 2.0 * cfg.num_heads as f64 * cfg.head_dim as f64 * pairs;
+    ((total - attention).max(0.0), attention)
+}
+
+/// FLOP/s of this machine's GEMM and attention kernels, timed once on small problems
+/// (~20 ms) and kept for the process.
+fn cpu_rates() -> (f64, f64) {
+    static RATES: std::sync::OnceLock<(f64, f64)> = std::sync::OnceLock::new();
+    *RATES.get_or_init(|| {
+        use crate::device::cpu;
+        let (m, k, n) = (256, 512, 512);
+        let x = vec![0.5f32; m * k];
+        let w = vec![0.25f32; n * k];
+        let mut out = vec![0f32; m * n];
+        let t = Instant::now();
+        cpu::matmul_nt(&x, &w, &mut out, m, k, n);
+        let gemm = 2.0 * (m * k * n) as f64 / t.elapsed().as_secs_f64().max(1e-6);
+        let (len, hd) = (384, 64);
+        let qkv = vec![0.1f32; len * hd];
+        let mut o = vec![0f32; len * hd];
+        let shape = cpu::AttnShape {
+            heads: 1,
+            kv_heads: 1,
+            head_dim: hd,
+        };
+        let t = Instant::now();
+        let _ = cpu::attention(
+            &qkv,
+            &qkv,
+            &qkv,
+            &[len],
+            shape,
+            &mut o,
+            &AtomicBool::new(false),
+        );
+        let pairs = (len * (len + 1) / 2) as f64;
+        let attention = 4.0 * hd as f64 * pairs / t.elapsed().as_secs_f64().max(1e-6);
+        (gemm, attention)
+    })
+}
+
+/// Host memory this process may still take: the least of MemAvailable, the cgroup's limit
+/// less its usage (v2, then v1), and the address-space limit (`ulimit -v`) less what is
+/// mapped. `None` when none can be read (not Linux).
+pub fn available_bytes() -> Option<(u64, &'static str)> {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let mut best: Option<(u64, &'static str)> = None;
+    let mut take = |v: u64, what: &'static str| {
+        if best.is_none_or(|(b, _)| v < b) {
+            best = Some((v, what));
+        }
+    };
+    let kib_field = |text: &str, key: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
+            .map(|k| k * 1024)
+    };
+    if let Some(v) = read("/proc/meminfo").and_then(|t| kib_field(&t, "MemAvailable:")) {
+        take(v, "MemAvailable in /proc/meminfo");
+    }
+    let num = |p: &str| read(p).and_then(|t| t.trim().parse::<u64>().ok());
+    if let (Some(max), Some(cur)) = (
+        num("/sys/fs/cgroup/memory.max"),
+        num("/sys/fs/cgroup/memory.current"),
+    ) {
+        take(max.saturating_sub(cur), "the cgroup's memory.max");
+    } else if let (Some(max), Some(cur)) = (
+        num("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+        num("/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ) {
+        // v1 reports "no limit" as a huge number; the comparison ignores it.
+        take(
+            max.saturating_sub(cur),
+            "the cgroup's memory.limit_in_bytes",
+        );
+    }
+    let limit = read("/proc/self/limits").and_then(|t| {
+        t.lines()
+            .find(|l| l.starts_with("Max address space"))
+            .and_then(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok())
+    });
+    if let (Some(limit), Some(mapped)) = (
+        limit,
+        read("/proc/self/status").and_then(|t| kib_field(&t, "VmSize:")),
+    ) {
+        take(
+            limit.saturating_sub(mapped),
+            "the address-space limit (ulimit -v)",
+        );
+    }
+    best
+}
+
+/// Refuses a run whose estimated host memory exceeds what the machine has, unless the user
+/// insisted. `cfg` is the opened model's shape (`None` for a synthetic workload).
+pub fn check(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> Result<()> {
+    check_estimate(&estimate(req, cfg))
+}
+
+/// `check` of an estimate already made (the CLI refuses before printing it).
+pub fn check_estimate(e: &HostEstimate) -> Result<()> {
+    let Some((available, source)) = available_bytes() else {
+        return Ok(());
+    };
+    if e.total_bytes <= available || insisted() {
+        return Ok(());
+    }
+    Err(Error::Request(format!(
+        "this run needs about {} of host memory (weights {}, activations {}, event log {}) but {} leaves {}: use a dry run, fewer --tokens or a smaller model, or --allow-host-memory (VRAMSCOPE_ALLOW_HOST_MEMORY=1 in the app) to run anyway",
+        fmt_u(e.total_bytes),
+        fmt_u(e.weights_bytes),
+        fmt_u(e.activations_bytes),
+        fmt_u(e.event_log_bytes),
+        source,
+        fmt_u(available)
+    )))
+}
+
+/// `estimate` for a request whose model is not opened yet (the CLI and the app, before the
+/// run): opens presets and config.json / GGUF headers only.
+pub fn estimate_request(req: &ProfileRequest) -> Result<HostEstimate> {
+    let cfg = match &req.model {
+        ModelSource::Synthetic { .. } => None,
+        other => Some(model::open(other, req.seed)?.config),
+    };
+    Ok(estimate(req, cfg.as_ref()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(model: &str, device: &str, tokens: usize) -> ProfileRequest {
+        ProfileRequest {
+            model: ModelSource::parse(model).unwrap(),
+            device: DeviceSpec::parse(device).unwrap(),
+            tokens,
+            ..ProfileRequest::default()
+        }
+    }
+
+    #[test]
+    fn compute_mode_counts_every_weight_as_f32() {
+        let r = req("preset:llama-3-8b", "sim:h100-80gb:compute", 16);
+        let cfg = crate::model::presets::preset("llama-3-8b").unwrap();
+        let e = estimate(&r, Some(&cfg));
+        assert_eq!(e.weights_bytes, cfg.param_count() * 4);
+        assert!(e.compute_s.is_some());
+    }
+
+    #[test]
+    fn a_dry_run_holds_no_weights_and_grows_only_with_the_batch() {
+        let cfg = crate::model::presets::preset("llama-3-8b").unwrap();
+        let small = estimate(
+            &req("preset:llama-3-8b", "sim:h100-80gb:dry", 16),
+            Some(&cfg),
+        );
+        let big = estimate(
+            &req("preset:llama-3-8b", "sim:h100-80gb:dry", 16 + 1000),
+            Some(&cfg),
+        );
+        assert_eq!(small.weights_bytes, 0);
+        assert_eq!(small.compute_s, None);
+        assert_eq!(big.total_bytes - small.total_bytes, 1000 * 12);
+    }
+
+    #[test]
+    fn a_run_above_the_machine_is_refused_with_the_numbers() {
+        let Some((avail, _)) = available_bytes() else {
+            return;
+        };
+        let cfg = crate::model::presets::preset("llama-3-8b").unwrap();
+        let r = req("preset:llama-3-8b", "sim:h100-80gb:compute", 8192);
+        if estimate(&r, Some(&cfg)).total_bytes <= avail {
+            return; // a machine with more than ~40 GiB free: nothing to refuse
+        }
+        let e = check(&r, Some(&cfg)).unwrap_err().to_string();
+        assert!(e.contains("of host memory"), "{e}");
+        assert!(e.contains("--allow-host-memory"), "{e}");
+    }
+}
