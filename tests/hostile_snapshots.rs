@@ -80,7 +80,7 @@ fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
         (
             "recursive_list",
             b"\x80\x04\x95\x14\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x08segments\x94]\x94h\x02as.".to_vec(),
-            "recursive",
+            "not a PyTorch memory snapshot",
         ),
         (
             "nested_too_deep",

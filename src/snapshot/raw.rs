@@ -7,15 +7,49 @@ use std::fmt;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-/// One stack frame, as `symbolize` writes it.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+/// One stack frame, as `symbolize` writes it. Read leniently: serde-pickle 1.2 loses track
+/// of memoized values shared inside shared lists (PyTorch shares frame dicts between stacks,
+/// and stacks between an alloc and its free), and gives `None` for the later copies (see
+/// `read::options`), so a frame, or a key of one, may come back as `None`: it is left out.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Frame {
-    #[serde(default)]
     pub filename: String,
-    #[serde(default)]
     pub line: i64,
-    #[serde(default)]
     pub name: String,
+}
+
+impl<'de> Deserialize<'de> for Frame {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Frame;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a frame dict")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Frame, E> {
+                Ok(Frame::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Frame, A::Error> {
+                let mut f = Frame::default();
+                while let Some(key) = map.next_key::<KeyName>()? {
+                    match key.0.as_deref() {
+                        Some("filename") => {
+                            f.filename = map.next_value::<Option<String>>()?.unwrap_or_default()
+                        }
+                        Some("name") => {
+                            f.name = map.next_value::<Option<String>>()?.unwrap_or_default()
+                        }
+                        Some("line") => f.line = map.next_value::<Option<i64>>()?.unwrap_or(0),
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(f)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// Frames PyTorch's own viewer leaves out (`_frame_filter` in torch/cuda/_memory_viz.py):
@@ -67,7 +101,11 @@ impl<'de> Deserialize<'de> for TopFrames {
                 let mut kept = Vec::new();
                 while kept.len() < 2 {
                     match seq.next_element::<Frame>()? {
-                        Some(f) if is_shown(&f) => kept.push(f),
+                        Some(f)
+                            if is_shown(&f) && !(f.filename.is_empty() && f.name.is_empty()) =>
+                        {
+                            kept.push(f)
+                        }
                         Some(_) => {}
                         None => return Ok(TopFrames(kept)),
                     }
@@ -120,18 +158,46 @@ pub(crate) struct RawEntry {
     pub frames: TopFrames,
 }
 
-/// An `external_annotations` entry (`torch.cuda.memory._record_memory_history` with
-/// `record_function` annotations, PyTorch 2.6+): a name, a stage (START/END) and a time.
-#[derive(Debug, Default, Deserialize)]
+/// An `external_annotations` entry (`record_function` annotations, PyTorch 2.6+): a name, a
+/// stage (START/END) and a time. Read leniently like `Frame`: its `name` key is the same
+/// memoized string as the frames' and can come back as `None`.
+#[derive(Debug, Default)]
 pub(crate) struct RawAnnotation {
-    #[serde(default)]
     pub device: i64,
-    #[serde(default)]
     pub time_us: Option<i64>,
-    #[serde(default)]
     pub stage: Option<String>,
-    #[serde(default)]
     pub name: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for RawAnnotation {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawAnnotation;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an annotation dict")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<RawAnnotation, E> {
+                Ok(RawAnnotation::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawAnnotation, A::Error> {
+                let mut a = RawAnnotation::default();
+                while let Some(key) = map.next_key::<KeyName>()? {
+                    match key.0.as_deref() {
+                        Some("device") => a.device = map.next_value::<Option<i64>>()?.unwrap_or(0),
+                        Some("time_us") => a.time_us = map.next_value()?,
+                        Some("stage") => a.stage = map.next_value()?,
+                        Some("name") => a.name = map.next_value()?,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(a)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// The whole snapshot: a dict (every version since 2.0) or, in the oldest format, the list

@@ -36,20 +36,29 @@ pub fn read(path: &Path, progress: Option<&mut dyn FnMut(u64, u64)>) -> Result<I
         next_report: 0,
         progress,
     };
-    let raw: RawSnapshot = serde_pickle::from_reader(
-        BufReader::with_capacity(1 << 20, reader),
-        serde_pickle::DeOptions::new(),
-    )
-    .map_err(|e| bad(path, pickle_problem(&e)))?;
+    let raw: RawSnapshot =
+        serde_pickle::from_reader(BufReader::with_capacity(1 << 20, reader), options())
+            .map_err(|e| bad(path, pickle_problem(&e)))?;
     from_raw(path, raw, size)
 }
 
 /// `read` for bytes already in memory (fuzzing, tests).
 pub fn read_bytes(path: &Path, bytes: &[u8]) -> Result<Imported> {
     super::guard::check(bytes).map_err(|e| bad(path, e.to_string()))?;
-    let raw: RawSnapshot = serde_pickle::from_slice(bytes, serde_pickle::DeOptions::new())
-        .map_err(|e| bad(path, pickle_problem(&e)))?;
+    let raw: RawSnapshot =
+        serde_pickle::from_slice(bytes, options()).map_err(|e| bad(path, pickle_problem(&e)))?;
     from_raw(path, raw, bytes.len() as u64)
+}
+
+/// serde-pickle 1.2 counts references to memoized values per occurrence in the stream, but
+/// visits a shared container once per reference, so a value memoized inside a shared list
+/// (a frame dict in PyTorch's shared stacks) runs out of references early and a later visit
+/// finds it gone, which it reports as a recursive structure. With this option those later
+/// visits give `None`; only frames can be affected (entries, segments and blocks are not
+/// shared), and `raw::Frame` and `raw::TopFrames` skip them. The opcode guard has already
+/// refused anything but plain data, so a truly recursive pickle only loses frames too.
+fn options() -> serde_pickle::DeOptions {
+    serde_pickle::DeOptions::new().replace_recursive_structures()
 }
 
 fn pickle_problem(e: &serde_pickle::Error) -> String {
