@@ -64,6 +64,9 @@ pub enum Command {
     },
     /// Time forward passes on a device (GPU speed; logits for comparisons).
     Bench(BenchArgs),
+    /// Open a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) and report or export
+    /// its timeline (framework allocator only).
+    Report(ReportArgs),
     /// Internal: hold GPU memory in a separate process until stdin closes (--outside-before).
     #[command(hide = true)]
     HoldGpuMemory {
@@ -177,12 +180,38 @@ pub struct ProfileArgs {
     pub csv: Option<PathBuf>,
     #[arg(long, value_name = "FILE")]
     pub png: Option<PathBuf>,
+    /// Also write the trace as a PyTorch memory snapshot (opens in torch.cuda._memory_viz).
+    #[arg(long, value_name = "FILE")]
+    pub torch_snapshot: Option<PathBuf>,
     /// Print nothing but errors.
     #[arg(long, short)]
     pub quiet: bool,
     /// Run even when the estimated host memory exceeds what the machine has.
     #[arg(long)]
     pub allow_host_memory: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// A PyTorch memory snapshot (.pickle).
+    pub snapshot: PathBuf,
+    /// Which CUDA device's timeline to export (default: the one with the most events).
+    #[arg(long)]
+    pub device: Option<u32>,
+    /// The device's total memory T, if known (a snapshot does not record it).
+    #[arg(long, value_parser = size_arg)]
+    pub total: Option<u64>,
+    /// The timeline as a vramscope session (reopens in the app).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Timeline CSV; the summary goes beside it as NAME.summary.csv.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub png: Option<PathBuf>,
+    /// Print nothing but errors.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 impl ProfileArgs {
@@ -263,6 +292,7 @@ pub fn main() -> i32 {
             cmd_gen(&preset, &dir, &dtype, seed, shards, bnb_int8, bnb4)
         }
         Some(Command::Bench(args)) => cmd_bench(&args),
+        Some(Command::Report(args)) => cmd_report(&args),
         Some(Command::HoldGpuMemory { ordinal, bytes }) => {
             device::cuda::hold_memory_child(ordinal, bytes)
         }
@@ -282,7 +312,10 @@ fn one_line(s: &str) -> String {
 
 fn cmd_profile(args: &ProfileArgs) -> Result<()> {
     let req = args.request()?;
-    for p in [&args.json, &args.csv, &args.png].into_iter().flatten() {
+    for p in [&args.json, &args.csv, &args.png, &args.torch_snapshot]
+        .into_iter()
+        .flatten()
+    {
         export::check_writable(p)?;
     }
     profile::host_memory::insist(args.allow_host_memory);
@@ -345,9 +378,85 @@ fn cmd_profile(args: &ProfileArgs) -> Result<()> {
         args.csv.as_deref(),
         args.png.as_deref(),
     )?;
+    let mut files = files;
+    if let Some(p) = &args.torch_snapshot {
+        files.push((p.clone(), crate::snapshot::to_bytes(&report, p)?));
+    }
     export::write_all(&files)?;
     if !args.quiet {
         print!("{}", summary_text(&report));
+    }
+    Ok(())
+}
+
+/// `report SNAPSHOT.pickle`: read a PyTorch memory snapshot, print what it says, export one
+/// device's timeline. Every check runs before anything is written.
+fn cmd_report(args: &ReportArgs) -> Result<()> {
+    for p in [&args.json, &args.csv, &args.png].into_iter().flatten() {
+        export::check_writable(p)?;
+    }
+    let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("reading [{bar:30}] {bytes}/{total_bytes}")
+                .expect("template")
+                .progress_chars("=> "),
+        );
+        b
+    });
+    let started = std::time::Instant::now();
+    let mut on_progress = |read: u64, total: u64| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(read);
+        }
+    };
+    let imported = crate::snapshot::read(&args.snapshot, Some(&mut on_progress));
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let mut imported = imported?;
+    let seconds = started.elapsed().as_secs_f64();
+    let summary = imported.summary_text(args.total);
+    let (file_bytes, path) = (imported.file_bytes, imported.path.clone());
+    let devices = imported
+        .devices
+        .iter()
+        .map(|t| format!("cuda:{}", t.device))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let timeline = imported
+        .take_device(args.device)
+        .ok_or_else(|| crate::Error::Snapshot {
+            path: path.clone(),
+            problem: match args.device {
+                Some(d) => format!("no device {d} in the snapshot (it has {devices})"),
+                None => "the snapshot holds no segments and no trace entries".into(),
+            },
+        })?;
+    drop(imported);
+    if args.json.is_some() || args.csv.is_some() || args.png.is_some() {
+        let report = timeline.into_report(&path, args.total);
+        let files = export::report_files(
+            &report,
+            args.json.as_deref(),
+            args.csv.as_deref(),
+            args.png.as_deref(),
+        )?;
+        export::write_all(&files)?;
+    }
+    if !args.quiet {
+        print!("{summary}");
+        let peak = crate::snapshot::peak_memory_bytes();
+        println!(
+            "read in {seconds:.2} s{}",
+            peak.map(|p| format!(
+                "; peak memory of this process {} ({:.2}x the file)",
+                fmt_u(p),
+                p as f64 / file_bytes.max(1) as f64
+            ))
+            .unwrap_or_default()
+        );
     }
     Ok(())
 }

@@ -27,6 +27,9 @@ pub enum Error {
     },
     #[error("{path}: {problem}", path = path.display())]
     Export { path: PathBuf, problem: String },
+    /// A PyTorch memory snapshot that is not one, is damaged, or names Python code.
+    #[error("{path}: {problem}", path = path.display())]
+    Snapshot { path: PathBuf, problem: String },
 }
 
 impl Error {

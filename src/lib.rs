@@ -15,6 +15,7 @@ pub mod profile;
 pub mod progress;
 pub mod quant;
 pub mod runtime;
+pub mod snapshot;
 pub mod tensor;
 pub mod timeline;
 pub mod units;

@@ -506,16 +506,21 @@ impl Inner {
     fn record_actions(&mut self, tensor: &str, category: Category) {
         let actions = self.alloc.drain_actions();
         for LoggedAction { action, stats } in actions {
-            let (kind, bytes) = match action {
-                AllocatorAction::SegmentMap { bytes } => (EventKind::SegmentMap, bytes),
-                AllocatorAction::SegmentUnmap { bytes } => (EventKind::SegmentUnmap, bytes),
-                AllocatorAction::Alloc { bytes } => (EventKind::Alloc, bytes),
-                AllocatorAction::Free { bytes } => (EventKind::Free, bytes),
+            let (kind, bytes, addr) = match action {
+                AllocatorAction::SegmentMap { bytes, addr } => (EventKind::SegmentMap, bytes, addr),
+                AllocatorAction::SegmentUnmap { bytes, addr } => {
+                    (EventKind::SegmentUnmap, bytes, addr)
+                }
+                AllocatorAction::Alloc { bytes, addr } => (EventKind::Alloc, bytes, addr),
+                AllocatorAction::Free { bytes, addr } => (EventKind::Free, bytes, addr),
             };
             if matches!(kind, EventKind::SegmentMap | EventKind::SegmentUnmap) {
                 self.refresh_device();
             }
             self.push_event(kind, tensor, category, bytes, Some(stats));
+            if let Some(ev) = self.events.last_mut() {
+                ev.addr = Some(addr);
+            }
         }
     }
 
@@ -542,6 +547,7 @@ impl Inner {
             reserved: stats.reserved,
             device_used: self.device_used,
             process_used: self.process_used,
+            addr: None,
         };
         self.events.push(ev);
     }

@@ -224,7 +224,14 @@ impl VramscopeApp {
                 FileDone::Failed(msg) => self.error(msg),
                 FileDone::Opened(path, Ok(r)) => {
                     self.show_report(*r);
-                    self.info(format!("Opened session {}", path.display()));
+                    if crate::snapshot::is_snapshot_path(&path) {
+                        self.info(format!(
+                            "Opened PyTorch snapshot {} (framework allocator only: device used, free and non-torch memory are unknown)",
+                            path.display()
+                        ));
+                    } else {
+                        self.info(format!("Opened session {}", path.display()));
+                    }
                 }
                 FileDone::Opened(_, Err(e)) => self.error(e.to_string()),
             }
@@ -398,7 +405,21 @@ impl VramscopeApp {
         });
     }
 
-    /// Reopens a saved session without re-running it.
+    /// Writes the report's trace as a PyTorch memory snapshot (`torch.cuda._memory_viz`).
+    pub fn save_torch_snapshot(&mut self) {
+        let Some(r) = self.report.clone() else {
+            self.error("Nothing to save yet: run a profile or open a session first.".into());
+            return;
+        };
+        let path = self.export_file("pickle");
+        self.spawn_file_job(move || match crate::snapshot::write(&r, &path) {
+            Ok(()) => FileDone::Saved(format!("Saved PyTorch snapshot {}", path.display())),
+            Err(e) => FileDone::Failed(e.to_string()),
+        });
+    }
+
+    /// Reopens a saved session, or opens a PyTorch memory snapshot (`.pickle`), without
+    /// running anything.
     pub fn open_session(&mut self, path: &Path) {
         if self.worker.is_some() {
             self.error("A run is in progress: cancel it before opening a session.".into());
@@ -406,7 +427,19 @@ impl VramscopeApp {
         }
         let path = path.to_path_buf();
         self.spawn_file_job(move || {
-            let read = export::json::read(&path).map(Box::new);
+            let read = if crate::snapshot::is_snapshot_path(&path) {
+                crate::snapshot::read(&path, None).and_then(|mut imported| {
+                    let d = imported
+                        .take_device(None)
+                        .ok_or_else(|| crate::Error::Snapshot {
+                            path: path.clone(),
+                            problem: "the snapshot holds no segments and no trace entries".into(),
+                        })?;
+                    Ok(Box::new(d.into_report(&path, None)))
+                })
+            } else {
+                export::json::read(&path).map(Box::new)
+            };
             FileDone::Opened(path, read)
         });
     }
@@ -430,11 +463,11 @@ impl VramscopeApp {
 
     /// A dropped or picked file: a session (.json) opens; anything else becomes the model.
     pub fn use_file(&mut self, path: PathBuf) {
-        if path
+        let session = path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("json"))
-            && path.file_name().is_some_and(|n| n != "config.json")
-        {
+            && path.file_name().is_some_and(|n| n != "config.json");
+        if session || crate::snapshot::is_snapshot_path(&path) {
             self.open_session(&path);
         } else {
             self.setup.set_model_path(path);
@@ -469,19 +502,26 @@ impl VramscopeApp {
     fn pick_session_file(&mut self) {
         let t = Instant::now();
         let picked = rfd::FileDialog::new()
-            .set_title("Open a session")
+            .set_title("Open a session or a PyTorch memory snapshot")
             .add_filter("vramscope session", &["json"])
+            .add_filter("PyTorch memory snapshot", &["pickle", "pkl"])
             .pick_file();
         match picked {
             Some(p) => self.open_session(&p),
             None if t.elapsed() < NO_DIALOG_WITHIN => {
-                // No dialog backend: fall back to the export path field.
-                let p = self.export_file("json");
+                // No dialog backend: fall back to the export path field (a snapshot's path
+                // as typed, or the session beside the export stem).
+                let typed = PathBuf::from(self.export_path.trim());
+                let p = if crate::snapshot::is_snapshot_path(&typed) {
+                    typed
+                } else {
+                    self.export_file("json")
+                };
                 if p.is_file() {
                     self.open_session(&p);
                 } else {
                     self.error(format!(
-                        "No file dialog is available here; type the session's path into \"Export to\" (tried {}).",
+                        "No file dialog is available here; type the session's (or the .pickle snapshot's) path into \"Export to\" (tried {}).",
                         p.display()
                     ));
                 }
@@ -687,6 +727,13 @@ impl VramscopeApp {
                 .clicked()
             {
                 self.save_session();
+            }
+            if ui
+                .add_enabled(has, egui::Button::new("Save as PyTorch snapshot"))
+                .on_hover_text("A .pickle for torch.cuda._memory_viz and pytorch.org/memory_viz")
+                .clicked()
+            {
+                self.save_torch_snapshot();
             }
             if ui.button("Open session…").clicked() {
                 self.pick_session_file();

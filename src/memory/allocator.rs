@@ -57,11 +57,15 @@ pub struct AllocatorStats {
 /// What the allocator did, in order, with the stats right after it; the runtime turns these
 /// into timeline events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// `addr` is an address in the allocator's own address space (see `CachingAllocator::next_base`),
+/// not the device's pointer, so a dry run, a CPU run and a GPU run log the same numbers; it
+/// lets a trace be exported as a PyTorch memory snapshot (segment base, block = base + offset).
 pub enum AllocatorAction {
-    SegmentMap { bytes: u64 },
-    SegmentUnmap { bytes: u64 },
-    Alloc { bytes: u64 },
-    Free { bytes: u64 },
+    SegmentMap { bytes: u64, addr: u64 },
+    SegmentUnmap { bytes: u64, addr: u64 },
+    Alloc { bytes: u64, addr: u64 },
+    Free { bytes: u64, addr: u64 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +103,8 @@ struct Block {
 #[derive(Clone, Debug)]
 struct Segment {
     handle: SegmentHandle,
+    /// Base in the allocator's own address space (never reused).
+    base: u64,
     size: u64,
     pool: Pool,
     live: bool,
@@ -116,7 +122,14 @@ pub struct CachingAllocator {
     large_free: BTreeSet<FreeKey>,
     stats: AllocatorStats,
     actions: Vec<LoggedAction>,
+    /// Next segment base in the allocator's own address space: device-independent addresses
+    /// for the event log (segments laid end to end, each address used once).
+    next_base: u64,
 }
+
+/// Where the allocator's own address space starts (a typical CUDA heap address, so exported
+/// snapshots look familiar in PyTorch's viewer).
+pub const ADDRESS_SPACE_BASE: u64 = 0x7f00_0000_0000;
 
 /// Rounds a request the way PyTorch's `round_size` does (no power-of-two divisions).
 pub fn round_size(bytes: u64) -> u64 {
@@ -251,6 +264,7 @@ impl CachingAllocator {
         blk.allocated = true;
         let bytes = blk.size;
         let seg = &self.segments[blk.segment as usize];
+        let addr = seg.base + blk.offset;
         let block = BlockRef {
             id,
             segment: seg.handle,
@@ -259,7 +273,7 @@ impl CachingAllocator {
         };
         self.stats.allocated += bytes;
         self.stats.allocated_peak = self.stats.allocated_peak.max(self.stats.allocated);
-        self.log(AllocatorAction::Alloc { bytes });
+        self.log(AllocatorAction::Alloc { bytes, addr });
         Ok(block)
     }
 
@@ -289,10 +303,16 @@ impl CachingAllocator {
                 }
             }
         };
+        if self.next_base == 0 {
+            self.next_base = ADDRESS_SPACE_BASE;
+        }
+        let base = self.next_base;
+        self.next_base += seg_bytes;
         let seg_id = match self.segments.iter().position(|s| !s.live) {
             Some(i) => {
                 self.segments[i] = Segment {
                     handle,
+                    base,
                     size: seg_bytes,
                     pool,
                     live: true,
@@ -302,6 +322,7 @@ impl CachingAllocator {
             None => {
                 self.segments.push(Segment {
                     handle,
+                    base,
                     size: seg_bytes,
                     pool,
                     live: true,
@@ -311,7 +332,10 @@ impl CachingAllocator {
         };
         self.stats.reserved += seg_bytes;
         self.stats.reserved_peak = self.stats.reserved_peak.max(self.stats.reserved);
-        self.log(AllocatorAction::SegmentMap { bytes: seg_bytes });
+        self.log(AllocatorAction::SegmentMap {
+            bytes: seg_bytes,
+            addr: base,
+        });
         Ok(self.new_block(Block {
             segment: seg_id,
             offset: 0,
@@ -326,13 +350,20 @@ impl CachingAllocator {
     /// Returns a block to its pool, merging it with free neighbours.
     pub fn free(&mut self, block: BlockRef) {
         let mut id = block.id;
+        let addr = {
+            let b = &self.blocks[block.id as usize];
+            self.segments[b.segment as usize].base + b.offset
+        };
         {
             let b = &mut self.blocks[id as usize];
             assert!(b.live && b.allocated, "double free of block {id}");
             b.allocated = false;
             self.stats.allocated -= b.size;
         }
-        self.log(AllocatorAction::Free { bytes: block.bytes });
+        self.log(AllocatorAction::Free {
+            bytes: block.bytes,
+            addr,
+        });
         if let Some(p) = self.blocks[id as usize].prev {
             if !self.blocks[p as usize].allocated {
                 self.remove_free(p);
@@ -381,10 +412,10 @@ impl CachingAllocator {
             self.free_block_ids.push(id);
             let seg = &mut self.segments[seg_id];
             seg.live = false;
-            let (handle, bytes) = (seg.handle, seg.size);
+            let (handle, bytes, addr) = (seg.handle, seg.size, seg.base);
             source.unmap_segment(handle);
             self.stats.reserved -= bytes;
-            self.log(AllocatorAction::SegmentUnmap { bytes });
+            self.log(AllocatorAction::SegmentUnmap { bytes, addr });
         }
     }
 
@@ -542,7 +573,17 @@ mod tests {
         assert_eq!(acts.len(), 3);
         assert_eq!(
             acts[0].action,
-            AllocatorAction::SegmentMap { bytes: 20 * MIB }
+            AllocatorAction::SegmentMap {
+                bytes: 20 * MIB,
+                addr: ADDRESS_SPACE_BASE
+            }
+        );
+        assert_eq!(
+            acts[1].action,
+            AllocatorAction::Alloc {
+                bytes: 3 * MIB,
+                addr: ADDRESS_SPACE_BASE
+            }
         );
         assert_eq!(acts[0].stats.allocated, 0);
         assert_eq!(acts[1].stats.allocated, 3 * MIB);

@@ -79,6 +79,11 @@ pub struct Event {
     pub device_used: u64,
     /// This process's device memory (context, workspaces, segments, outside allocations).
     pub process_used: u64,
+    /// Framework events: the block's (or segment's) address, in the allocator's own address
+    /// space for a run, the device's for an imported PyTorch snapshot; `None` for the others
+    /// and in sessions saved before it was kept. A PyTorch snapshot export needs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<u64>,
 }
 
 #[cfg(test)]
@@ -107,6 +112,7 @@ impl Event {
             reserved: 0,
             device_used: 0,
             process_used: 0,
+            addr: None,
         }
     }
 }

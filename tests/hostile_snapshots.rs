@@ -1,0 +1,250 @@
+//! The hostile-snapshot corpus: files given to `vramscope report` as PyTorch memory snapshots
+//! that are not one, are damaged, name Python code, or describe impossible memory. Each must
+//! give one line naming the file and the problem, exit code 2, and write nothing.
+//!
+//! `VRAMSCOPE_WRITE_CORPUS=DIR cargo test --test hostile_snapshots write_corpus -- --ignored`
+//! writes the corpus (and the valid fixtures) as seeds for the `torch_snapshot` fuzz target.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+const A: u64 = 0x7f3a_0000_0000;
+const MIB: u64 = 1 << 20;
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name),
+    )
+    .unwrap()
+}
+
+fn pickle(v: &Value) -> Vec<u8> {
+    serde_pickle::to_vec(v, serde_pickle::SerOptions::new()).unwrap()
+}
+
+fn seg(address: u64, total: u64, blocks: Value) -> Value {
+    json!({"device": 0, "address": address, "total_size": total, "stream": 0,
+           "segment_type": "large", "blocks": blocks})
+}
+
+fn entry(action: &str, addr: Value, size: u64) -> Value {
+    json!({"action": action, "addr": addr, "size": size, "stream": 0, "time_us": 1, "frames": []})
+}
+
+fn with_trace(segments: Value, trace: Vec<Value>) -> Vec<u8> {
+    pickle(&json!({"segments": segments, "device_traces": [trace]}))
+}
+
+/// (name, file bytes, words the one-line error must contain)
+fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
+    let small = fixture("snapshot_small.pickle");
+    let seg_alloc = entry("segment_alloc", json!(A), 20 * MIB);
+    vec![
+        ("empty", Vec::new(), "not a pickle"),
+        ("text", b"{\"segments\": []}".to_vec(), "not a pickle"),
+        ("png", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec(), "not a pickle"),
+        (
+            "unknown_opcode",
+            b"\x80\x04\xff\xff.".to_vec(),
+            "unknown opcode 0xff",
+        ),
+        ("truncated_half", small[..small.len() / 2].to_vec(), "truncated"),
+        ("truncated_no_stop", small[..small.len() - 1].to_vec(), "truncated"),
+        ("list_of_ints", pickle(&json!([1, 2, 3])), "not a PyTorch memory snapshot"),
+        ("string", pickle(&json!("segments")), "not a PyTorch memory snapshot"),
+        ("other_dict", pickle(&json!({"weights": [1.5, 2.5]})), "neither 'segments' nor 'device_traces'"),
+        (
+            "non_string_keys",
+            b"\x80\x04\x95\x11\x00\x00\x00\x00\x00\x00\x00}\x94(K\x01\x8c\x01x\x94C\x01k\x94K\x02u.".to_vec(),
+            "neither 'segments' nor 'device_traces'",
+        ),
+        (
+            "traces_not_a_list",
+            pickle(&json!({"segments": [], "device_traces": 7})),
+            "not a PyTorch memory snapshot",
+        ),
+        (
+            "global_reduce",
+            b"\x80\x02cposix\nsystem\nq\x00X\x02\x00\x00\x00idq\x01\x85q\x02Rq\x03.".to_vec(),
+            "names a Python global",
+        ),
+        (
+            "stack_global_object",
+            b"\x80\x04\x95)\x00\x00\x00\x00\x00\x00\x00\x8c\x0bcollections\x94\x8c\x0bOrderedDict\x94\x93\x94)R\x94\x8c\x01a\x94K\x01s.".to_vec(),
+            "names a Python global",
+        ),
+        (
+            "recursive_list",
+            b"\x80\x04\x95\x14\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x08segments\x94]\x94h\x02as.".to_vec(),
+            "not a PyTorch memory snapshot",
+        ),
+        (
+            "nested_too_deep",
+            {
+                let mut v = b"\x80\x04".to_vec();
+                v.extend(std::iter::repeat_n(b']', 100_000));
+                v.extend(std::iter::repeat_n(b'a', 99_999));
+                v.push(b'.');
+                v
+            },
+            "nested more than",
+        ),
+        (
+            "address_too_large",
+            b"\x80\x04\x95Y\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments\x94]\x94\x8c\rdevice_traces\x94]\x94]\x94}\x94(\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x04addr\x94\x8a\t\x00\x00\x00\x00\x00\x00\x00\x00@\x8c\x04size\x94M\x00\x02uaau.".to_vec(),
+            "integer too large",
+        ),
+        (
+            "negative_address",
+            with_trace(json!([]), vec![entry("alloc", json!(-4096), 512)]),
+            "not a PyTorch memory snapshot",
+        ),
+        (
+            "segment_of_zero_bytes",
+            pickle(&json!({"segments": [seg(A, 0, json!([]))], "device_traces": []})),
+            "impossible segment",
+        ),
+        (
+            "block_past_segment_end",
+            pickle(&json!({"segments": [seg(A, 2 * MIB, json!([
+                {"address": A, "size": 3 * MIB, "state": "active_allocated"}]))],
+                "device_traces": []})),
+            "impossible block",
+        ),
+        (
+            "allocated_size_lies",
+            pickle(&json!({"segments": [{"device": 0, "address": A, "total_size": 2 * MIB,
+                "allocated_size": 4096, "blocks": [
+                {"address": A, "size": 2 * MIB, "state": "inactive"}]}], "device_traces": []})),
+            "says 4096 bytes allocated",
+        ),
+        (
+            "alloc_outside_every_segment",
+            with_trace(json!([]), vec![seg_alloc.clone(), entry("alloc", json!(A - 4096), 512)]),
+            "lies in no segment",
+        ),
+        (
+            "alloc_past_segment_end",
+            with_trace(json!([]), vec![seg_alloc.clone(), entry("alloc", json!(A), 64 * MIB)]),
+            "impossible size",
+        ),
+        (
+            "alloc_twice_at_one_address",
+            with_trace(
+                json!([]),
+                vec![seg_alloc.clone(), entry("alloc", json!(A), 512), entry("alloc", json!(A), 512)],
+            ),
+            "already allocated",
+        ),
+        (
+            "free_of_unknown_address",
+            with_trace(
+                json!([]),
+                vec![seg_alloc.clone(), entry("free_requested", json!(A + 512), 512)],
+            ),
+            "free of unknown address 0x7f3a00000200",
+        ),
+        (
+            "free_with_no_segment_at_all",
+            with_trace(json!([]), vec![entry("free_requested", json!(A), 512)]),
+            "free of unknown address",
+        ),
+        (
+            "overlapping_segments",
+            with_trace(
+                json!([]),
+                vec![seg_alloc.clone(), entry("segment_alloc", json!(A + MIB), 20 * MIB)],
+            ),
+            "overlaps",
+        ),
+        (
+            "segment_freed_under_live_blocks",
+            with_trace(
+                json!([]),
+                vec![
+                    seg_alloc.clone(),
+                    entry("alloc", json!(A), 512),
+                    entry("segment_free", json!(A), 20 * MIB),
+                ],
+            ),
+            "still allocated",
+        ),
+        (
+            "alloc_without_address",
+            with_trace(
+                json!([]),
+                vec![seg_alloc, json!({"action": "alloc", "size": 512})],
+            ),
+            "without 'addr'",
+        ),
+    ]
+}
+
+#[test]
+fn every_hostile_snapshot_gives_one_line_exit_2_and_writes_nothing() {
+    let cases = corpus();
+    assert!(cases.len() >= 15);
+    let dir = tempfile::tempdir().unwrap();
+    for (name, bytes, expect) in cases {
+        let file = dir.path().join(format!("{name}.pickle"));
+        std::fs::write(&file, &bytes).unwrap();
+        let outs: Vec<PathBuf> = ["json", "csv", "png"]
+            .iter()
+            .map(|e| dir.path().join(format!("{name}-out.{e}")))
+            .collect();
+        let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .arg("report")
+            .arg(&file)
+            .arg("--json")
+            .arg(&outs[0])
+            .arg("--csv")
+            .arg(&outs[1])
+            .arg("--png")
+            .arg(&outs[2])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{name}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{name}.pickle:")),
+            "{name} must be named: {stderr}"
+        );
+        assert!(
+            stderr.contains(expect),
+            "{name}: expected '{expect}' in {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{name}: {stderr}");
+        for o in &outs {
+            assert!(!o.exists(), "{name}: {} was written", o.display());
+        }
+        // The library gives the same error, as a value.
+        let err = vramscope::snapshot::read_bytes(&file, &bytes).unwrap_err();
+        assert!(
+            matches!(err, vramscope::Error::Snapshot { .. }),
+            "{name}: {err}"
+        );
+    }
+}
+
+#[test]
+#[ignore]
+fn write_corpus() {
+    let Some(dir) = std::env::var_os("VRAMSCOPE_WRITE_CORPUS") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, bytes, _) in corpus() {
+        if bytes.len() < 1 << 16 {
+            std::fs::write(dir.join(format!("{name}.pickle")), bytes).unwrap();
+        }
+    }
+    for f in ["snapshot_small.pickle", "snapshot_truncated.pickle"] {
+        std::fs::write(dir.join(f), fixture(f)).unwrap();
+    }
+}
