@@ -38,7 +38,7 @@ impl Piece {
             Piece::CountedTwice => "survivors counted twice",
             Piece::NonTorch => "non-torch",
             Piece::Kv => "KV budget",
-            Piece::Headroom => "headroom T·(1−u)",
+            Piece::Headroom => "headroom T·(1-u)",
         }
     }
 

@@ -83,6 +83,20 @@ pub struct StackColumn {
     pub segs: Vec<StackSeg>,
 }
 
+/// The outline of the kept state in one column: y-ranges of runs of kept pieces, bridging
+/// gaps of other bands lower than `min_bytes` (a pixel), so the highlight is one outlined
+/// shape rather than hundreds of thin outlined slivers.
+pub fn kept_runs(segs: &[StackSeg], min_bytes: u64) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for s in segs.iter().filter(|s| s.kept) {
+        match runs.last_mut() {
+            Some(r) if s.y0.saturating_sub(r.1) < min_bytes.max(1) => r.1 = s.y1,
+            _ => runs.push((s.y0, s.y1)),
+        }
+    }
+    runs
+}
+
 impl Lifetimes {
     /// Pairs every framework free with its alloc: the oldest live allocation of the same
     /// tensor name, category and size (first in, first out, so a tensor replaced by a
@@ -716,6 +730,16 @@ mod tests {
         // One column over everything: it shows the stack at the highest total (event 6: 150).
         let all = l.columns(&ev, 0, ev.len(), 1, 0);
         assert_eq!(all[0].segs.last().unwrap().y1, 150);
+        // The kept state's outline bridges the 30-byte activation between the two states
+        // only when it is under a pixel.
+        assert_eq!(
+            kept_runs(&l.columns(&ev, 6, 7, 1, 0)[0].segs, 1),
+            vec![(100, 110), (140, 150)]
+        );
+        assert_eq!(
+            kept_runs(&l.columns(&ev, 6, 7, 1, 31)[0].segs, 31),
+            vec![(100, 150)]
+        );
         // Bands under a pixel merge with neighbours of the same kind.
         let merged = l.columns(&ev, 6, 7, 1, 50);
         assert_eq!(merged[0].segs.len(), 4, "different kinds never merge");

@@ -628,6 +628,18 @@ fn the_window_works_at_1280x720_and_1920x1080_in_both_themes() {
                 plot.height() >= 300.0 && plot.width() >= 400.0 && screen.contains_rect(plot),
                 "{w}x{hgt} {theme:?}: plot {plot:?}"
             );
+            // Every other view draws (with the glyphs the fonts have).
+            for tab in [
+                "Where it goes",
+                "Peak owners",
+                "Compare",
+                "Verify passes",
+                "Memory lines",
+                "Lifetimes",
+            ] {
+                h.get_by_label(tab).click();
+                h.run_steps(2);
+            }
         }
     }
 }

@@ -11,7 +11,7 @@ use plotters::style::FontStyle;
 
 use crate::budget;
 use crate::error::{Error, Result};
-use crate::lifetimes::Analysis;
+use crate::lifetimes::{kept_runs, Analysis};
 use crate::palette::{self, Rgb};
 use crate::profile::formulas::FormulaId;
 use crate::profile::report::Verify;
@@ -160,7 +160,7 @@ fn draw_lifetimes(area: &Area, r: &Report, a: &Analysis) -> std::result::Result<
         / GIB as f64;
     let mut chart = ChartBuilder::on(area)
         .margin_left(16)
-        .margin_top(56)
+        .margin_top(84)
         .margin_bottom(8)
         .margin_right(250)
         .x_label_area_size(44)
@@ -180,7 +180,7 @@ fn draw_lifetimes(area: &Area, r: &Report, a: &Analysis) -> std::result::Result<
     area.draw_text(
         "Every allocation's lifetime (bands stacked as PyTorch's memory viewer)",
         &text(21),
-        (24, 6),
+        (24, 2),
     )
     .map_err(draw_err)?;
     let (px, py) = chart.plotting_area().get_pixel_range();
@@ -199,15 +199,15 @@ fn draw_lifetimes(area: &Area, r: &Report, a: &Analysis) -> std::result::Result<
                     fill.filled(),
                 )))
                 .map_err(draw_err)?;
-            if seg.kept {
-                for y in [g(seg.y0), g(seg.y1)] {
-                    chart
-                        .draw_series(std::iter::once(PathElement::new(
-                            vec![(x0, y), (x1, y)],
-                            outline.stroke_width(2),
-                        )))
-                        .map_err(draw_err)?;
-                }
+        }
+        for (y0, y1) in kept_runs(&col.segs, per_px) {
+            for y in [g(y0), g(y1)] {
+                chart
+                    .draw_series(std::iter::once(PathElement::new(
+                        vec![(x0, y), (x1, y)],
+                        outline.stroke_width(2),
+                    )))
+                    .map_err(draw_err)?;
             }
         }
     }

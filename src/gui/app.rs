@@ -830,7 +830,9 @@ impl eframe::App for VramscopeApp {
         self.show_setup = show_setup;
         egui::Panel::right("comparison")
             .resizable(true)
-            .default_size((window_w * 0.36).clamp(340.0, 660.0))
+            .default_size(
+                (window_w * if window_w < 1500.0 { 0.3 } else { 0.36 }).clamp(340.0, 660.0),
+            )
             .min_size(320.0)
             .show(ui, |ui| {
                 ui.horizontal_wrapped(|ui| {

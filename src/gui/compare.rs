@@ -54,7 +54,7 @@ pub fn delta_rows(a: (&Report, &Analysis), b: (&Report, &Analysis)) -> Vec<Delta
     }
     push("truth non-KV", &|r, _| Some(r.truth.non_kv_bytes));
     push("truth KV budget", &|r, _| Some(r.truth.kv_bytes));
-    push("#9516 − #9352 KV", &|r, _| {
+    push("#9516 - #9352 KV", &|r, _| {
         Some(r.formula(FormulaId::Pr9516)?.kv_bytes - r.formula(FormulaId::Pr9352)?.kv_bytes)
     });
     rows
@@ -89,7 +89,7 @@ impl CompareView {
         let mut unpin = false;
         match (&self.pinned, current) {
             (None, Some((r, a))) => {
-                ui.label("Pin this run, then change a setting (fp16 → int8, another device) and profile again, or open another session.");
+                ui.label("Pin this run, then change a setting (fp16 to int8, another device) and profile again, or open another session.");
                 if ui.button("Pin this run").clicked() {
                     self.pinned = Some((r.clone(), a.clone()));
                 }
@@ -110,7 +110,7 @@ impl CompareView {
                             .num_columns(4)
                             .spacing([14.0, 4.0])
                             .show(ui, |ui| {
-                                for h in ["", "A", "B", "B − A"] {
+                                for h in ["", "A", "B", "B - A"] {
                                     ui.label(RichText::new(h).strong());
                                 }
                                 ui.end_row();

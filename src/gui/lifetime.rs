@@ -14,7 +14,7 @@ use egui_plot::{
 };
 
 use super::style::{c32, legible};
-use crate::lifetimes::{Analysis, StackColumn};
+use crate::lifetimes::{kept_runs, Analysis, StackColumn};
 use crate::memory::Event;
 use crate::palette;
 use crate::profile::Report;
@@ -210,6 +210,7 @@ impl LifetimeView {
                 dark,
                 x_range: (i0, i1),
                 y_top,
+                min_bytes,
             });
             (t, pui.pointer_coordinate())
         });
@@ -364,6 +365,8 @@ struct BandsItem {
     dark: bool,
     x_range: (usize, usize),
     y_top: f64,
+    /// A pixel's height in bytes when the columns were made.
+    min_bytes: u64,
 }
 
 /// A band's fill (shared with the PNG report).
@@ -396,21 +399,23 @@ impl PlotItem for BandsItem {
                 let chosen = s
                     .life
                     .is_some_and(|id| self.same_name.binary_search(&id).is_ok());
-                if s.kept || chosen {
-                    let (w, c) = if chosen {
-                        (
-                            if s.life == self.selected { 3.0 } else { 2.0 },
-                            select_outline,
-                        )
-                    } else {
-                        (1.5, outline)
-                    };
-                    for y in [rect.top(), rect.bottom()] {
-                        edges.push(Shape::line_segment(
-                            [Pos2::new(xa, y), Pos2::new(xb, y)],
-                            Stroke::new(w, c),
-                        ));
-                    }
+                if chosen {
+                    let w = if s.life == self.selected { 3.0 } else { 2.0 };
+                    edges.push(Shape::rect_stroke(
+                        rect,
+                        0.0,
+                        Stroke::new(w, select_outline),
+                        egui::StrokeKind::Middle,
+                    ));
+                }
+            }
+            for (y0, y1) in kept_runs(&col.segs, self.min_bytes) {
+                for y in [y0, y1] {
+                    let y = t.position_from_point_y(y as f64);
+                    edges.push(Shape::line_segment(
+                        [Pos2::new(xa, y), Pos2::new(xb, y)],
+                        Stroke::new(1.5, outline),
+                    ));
                 }
             }
         }
