@@ -160,7 +160,7 @@ fn draw_lifetimes(area: &Area, r: &Report, a: &Analysis) -> std::result::Result<
         / GIB as f64;
     let mut chart = ChartBuilder::on(area)
         .margin_left(16)
-        .margin_top(84)
+        .margin_top(104)
         .margin_bottom(8)
         .margin_right(250)
         .x_label_area_size(44)
@@ -267,7 +267,7 @@ fn draw_lifetimes(area: &Area, r: &Report, a: &Analysis) -> std::result::Result<
                 mark.stroke_width(2),
             ))
             .map_err(draw_err)?;
-        let (bx, by) = above(x, 1 - (k % 2) as i32);
+        let (bx, by) = above(x, 2 - (k % 2) as i32);
         draw_root_text(area, label, 16, BLACK, (bx + 2, by - 2))?;
     }
     // Budget lines across the plot; their labels in the right margin, pushed apart.
