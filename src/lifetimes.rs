@@ -185,12 +185,10 @@ impl Lifetimes {
             .iter()
             .filter_map(|p| p.verify_for.as_deref())
             .collect();
-        let mut k = 0;
-        for p in l.passes.iter_mut().filter(|p| p.verify) {
+        for (k, p) in l.passes.iter_mut().filter(|p| p.verify).enumerate() {
             if let Some(f) = verify_names.get(k) {
                 p.label = format!("verify {}", formula_short(f));
             }
-            k += 1;
         }
         l
     }
@@ -346,7 +344,7 @@ impl Lifetimes {
                 g.bytes_at_t3 += l.bytes;
             }
         }
-        groups.sort_by(|a, b| b.bytes_at_t3.cmp(&a.bytes_at_t3));
+        groups.sort_by_key(|g| std::cmp::Reverse(g.bytes_at_t3));
         groups
     }
 }
