@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use vramscope::device::DeviceSpec;
-use vramscope::gui::{TimelineInput, TimelineView};
+use vramscope::gui::{LifetimeView, Part, TimelineInput, TimelineView};
+use vramscope::lifetimes::Analysis;
 use vramscope::model::ModelSource;
 use vramscope::{ProfileRequest, Report};
 
@@ -64,6 +65,17 @@ fn frame(
     ctx.tessellate(out.shapes, out.pixels_per_point).len()
 }
 
+/// A scroll step that zooms the event axis by `factor` (scroll zooms x; 0.004 per point).
+fn wheel(factor: f32) -> egui::Event {
+    egui::Event::MouseWheel {
+        unit: egui::MouseWheelUnit::Point,
+        delta: egui::vec2(0.0, factor.ln() / 0.004),
+        phase: egui::TouchPhase::Move,
+        source: egui::MouseWheelSource::Unknown,
+        modifiers: egui::Modifiers::NONE,
+    }
+}
+
 /// Alternately zooms in and out around `centre` by 25 %, one step per frame.
 fn zoom_every_frame(
     c: &mut Criterion,
@@ -82,7 +94,7 @@ fn zoom_every_frame(
                 ctx,
                 view,
                 report,
-                vec![egui::Event::PointerMoved(centre), egui::Event::Zoom(f)],
+                vec![egui::Event::PointerMoved(centre), wheel(f)],
             )
         })
     });
@@ -120,7 +132,7 @@ fn bench(c: &mut Criterion) {
             &ctx,
             &mut view,
             &report,
-            vec![egui::Event::PointerMoved(centre), egui::Event::Zoom(1.25)],
+            vec![egui::Event::PointerMoved(centre), wheel(1.25)],
         );
     }
     zoom_every_frame(
@@ -131,6 +143,72 @@ fn bench(c: &mut Criterion) {
         &report,
         centre,
     );
+
+    // The lifetime view: a million events' allocations as bands, merged below a pixel.
+    let t = std::time::Instant::now();
+    let analysis = Arc::new(Analysis::of(&report));
+    eprintln!(
+        "lifetime analysis of {} events ({} allocations): {:?}",
+        report.events.len(),
+        analysis.lifetimes.items.len(),
+        t.elapsed()
+    );
+    let mut lifetimes = LifetimeView::new(Part::Profile);
+    let lifetime_frame =
+        |ctx: &egui::Context, view: &mut LifetimeView, events: Vec<egui::Event>| {
+            let mut out = ctx.run_ui(input(events), |ui| {
+                egui::CentralPanel::default_margins().show(ui, |ui| {
+                    view.ui(ui, &report, &analysis, 1);
+                });
+            });
+            out.textures_delta.clear();
+            ctx.tessellate(out.shapes, out.pixels_per_point).len()
+        };
+    let t = std::time::Instant::now();
+    lifetime_frame(&ctx, &mut lifetimes, Vec::new());
+    eprintln!("first lifetime frame (columns made): {:?}", t.elapsed());
+    c.bench_function("lifetime_frame_1M_events_static", |b| {
+        b.iter(|| lifetime_frame(&ctx, &mut lifetimes, Vec::new()))
+    });
+    let mut zoom_in = true;
+    c.bench_function("lifetime_frame_1M_events_zoom_every_frame", |b| {
+        b.iter(|| {
+            // Scroll zooms the event axis.
+            let dy = if zoom_in { 60.0 } else { -60.0 };
+            zoom_in = !zoom_in;
+            lifetime_frame(
+                &ctx,
+                &mut lifetimes,
+                vec![
+                    egui::Event::PointerMoved(centre),
+                    egui::Event::MouseWheel {
+                        unit: egui::MouseWheelUnit::Point,
+                        delta: egui::vec2(0.0, dy),
+                        modifiers: egui::Modifiers::NONE,
+                        phase: egui::TouchPhase::Move,
+                        source: egui::MouseWheelSource::Unknown,
+                    },
+                ],
+            )
+        })
+    });
+
+    // Opening a saved million-event session: read the JSON and make the analysis.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("million.json");
+    vramscope::export::json::write(&report, &path).expect("write session");
+    let t = std::time::Instant::now();
+    let back = vramscope::export::json::read(&path).expect("read session");
+    let read = t.elapsed();
+    let a = Analysis::of(&back);
+    eprintln!(
+        "session open ({} MB): read {:?}, analysis {:?}, total {:?}",
+        std::fs::metadata(&path).map(|m| m.len() >> 20).unwrap_or(0),
+        read,
+        t.elapsed() - read,
+        t.elapsed()
+    );
+    drop(a);
 
     let mut stacked = TimelineView::default();
     stacked.stacked = true;

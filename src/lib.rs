@@ -3,9 +3,11 @@
 //! measured ground truth.
 
 pub mod bench;
+pub mod budget;
 pub mod device;
 pub mod error;
 pub mod export;
+pub mod lifetimes;
 pub mod memory;
 pub mod model;
 pub mod ops;

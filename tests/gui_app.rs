@@ -299,3 +299,347 @@ fn csv_and_session_exports_are_written_where_the_export_field_says() {
     let b = h.state().banner().unwrap();
     assert_eq!(b.kind, BannerKind::Info, "{}", b.text);
 }
+
+/// Clicks the primary button at `pos` (a real pointer press and release).
+fn click_at(h: &mut Harness<'static, VramscopeApp>, pos: egui::Pos2) {
+    h.input_mut().events.push(egui::Event::PointerMoved(pos));
+    h.step();
+    for pressed in [true, false] {
+        h.input_mut().events.push(egui::Event::PointerButton {
+            pos,
+            button: egui::PointerButton::Primary,
+            pressed,
+            modifiers: egui::Modifiers::NONE,
+        });
+        h.step();
+    }
+    h.run_steps(2);
+}
+
+#[test]
+fn lifetime_view_of_llama_3_8b_int8_marks_cxb_kept_and_a_clicked_band_shows_its_details() {
+    let mut h = harness();
+    h.run_steps(2);
+    // First launch: the int8 story is the default.
+    assert_eq!(h.state().setup.quant.label(), "int8");
+    assert_eq!(h.state().setup.preset, "llama-3-8b");
+    h.get_by_label("Profile").click();
+    wait_for_run(&mut h, Duration::from_secs(120));
+    let r = h.state().report().expect("a report").clone();
+    let a = h.state().analysis().expect("an analysis");
+    let kept: Vec<_> = a.lifetimes.items.iter().filter(|l| l.kept).collect();
+    assert!(!kept.is_empty(), "int8 keeps its CxB state across passes");
+    for l in &kept {
+        let name = &r.events[l.alloc_event as usize].tensor;
+        assert!(name.ends_with(".CxB"), "only CxB is kept, not {name}");
+    }
+    // Every layer's seven int8 linears make a CxB state in pass 1 (freed in pass 2) and in
+    // pass 2 (alive at t3); pass 3 reuses pass 2's.
+    let per_pass = 7 * r.model.layers;
+    assert_eq!(kept.len(), per_pass * r.settings.passes.min(2) as usize);
+    let headline = a.headline.clone().expect("a headline");
+    assert!(
+        headline.starts_with("int8 state (CxB) kept across passes: ")
+            && headline.ends_with("— counted twice by #9352"),
+        "{headline}"
+    );
+    let at_t3: u64 = a.kept.iter().map(|g| g.bytes_at_t3).sum();
+    assert!(
+        headline.contains(&vramscope::units::fmt_u(at_t3)),
+        "{headline}"
+    );
+    assert!(shows(&h, &headline), "the headline is on screen");
+
+    // Click the middle of a CxB band alive just before t3.
+    let t3 = a.lifetimes.checkpoint("t3").unwrap();
+    let live = a.lifetimes.live_after(t3 - 1);
+    let mut y = 0u64;
+    let mut target = None;
+    for id in live {
+        let l = &a.lifetimes.items[id as usize];
+        if l.kept && target.is_none() {
+            target = Some((id, y + l.bytes / 2));
+        }
+        y += l.bytes;
+    }
+    let (id, mid) = target.expect("a kept band alive at t3");
+    let name = r.events[a.lifetimes.items[id as usize].alloc_event as usize]
+        .tensor
+        .clone();
+    let pos = h
+        .state()
+        .lifetime_view()
+        .screen_pos((t3 - 1) as f64 + 0.2, mid as f64)
+        .expect("the plot was drawn");
+    click_at(&mut h, pos);
+    let selected = h.state().lifetime_view().selected.expect("a band selected");
+    let a = h.state().analysis().unwrap();
+    assert_eq!(
+        r.events[a.lifetimes.items[selected as usize].alloc_event as usize].tensor,
+        name
+    );
+    assert!(shows(&h, &name), "details name the tensor");
+    assert!(shows(&h, "kept across passes"));
+    assert!(
+        shows(&h, "int8.transform_CxB"),
+        "details name the op that made it"
+    );
+}
+
+#[test]
+fn fp16_keeps_nothing_across_passes_and_compare_mode_shows_the_fp16_int8_delta() {
+    let mut h = harness();
+    h.run_steps(2);
+    h.get_by_label("fp16").click();
+    h.run_steps(1);
+    h.get_by_label("Profile").click();
+    wait_for_run(&mut h, Duration::from_secs(120));
+    let fp16 = h.state().report().unwrap().clone();
+    let a16 = h.state().analysis().unwrap();
+    assert!(
+        a16.lifetimes.items.iter().all(|l| !l.kept),
+        "no fp16 tensor is kept"
+    );
+    assert!(a16.headline.is_none());
+    assert!(shows(&h, "No tensor outlives the pass that made it."));
+
+    h.get_by_label("Compare").click();
+    h.run_steps(1);
+    h.get_by_label("Pin this run").click();
+    h.run_steps(1);
+    h.get_by_label("int8").click();
+    h.run_steps(1);
+    h.get_by_label("Profile").click();
+    wait_for_run(&mut h, Duration::from_secs(120));
+    let int8 = h.state().report().unwrap().clone();
+    assert_eq!(int8.quant.label(), "int8");
+    let a8 = h.state().analysis().unwrap();
+    let kept8: i64 = a8.kept.iter().map(|g| g.bytes_at_t3 as i64).sum();
+    assert!(kept8 > 0);
+    let id = FormulaId::Pr9352;
+    let delta_old = int8.formula(id).unwrap().kv_bytes - fp16.formula(id).unwrap().kv_bytes;
+    for text in [
+        "A (pinned): llama-3-8b fp16 on ".to_string(),
+        fmt_i(kept8),
+        fmt_i(delta_old),
+        fmt_i(int8.weights_bytes as i64 - fp16.weights_bytes as i64),
+    ] {
+        assert!(
+            h.query_all_by_label_contains(&text).next().is_some(),
+            "'{text}' is not in the delta table"
+        );
+    }
+}
+
+#[test]
+fn the_apps_png_report_is_the_clis_report_for_the_same_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = harness();
+    h.run_steps(2);
+    h.get_by_label("Profile").click();
+    wait_for_run(&mut h, Duration::from_secs(120));
+    h.state_mut().export_path = dir.path().join("app").display().to_string();
+    h.run_steps(1);
+    h.get_by_label("Save PNG report").click();
+    wait_for_files(&mut h);
+    let app_png = std::fs::read(dir.path().join("app.png")).unwrap();
+    assert!(app_png.starts_with(b"\x89PNG"));
+    // The app's default settings are the CLI's defaults with --quant int8.
+    let cli_png = dir.path().join("cli.png");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(["profile", "--quant", "int8", "--quiet", "--png"])
+        .arg(&cli_png)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cli_png = std::fs::read(&cli_png).unwrap();
+    assert!(
+        app_png == cli_png,
+        "the app's PNG report differs from the CLI's ({} vs {} bytes)",
+        app_png.len(),
+        cli_png.len()
+    );
+    // And it is the report image, not the window: the report's own size.
+    let img = image::load_from_memory(&app_png).unwrap();
+    assert_eq!(
+        (img.width(), img.height()),
+        (
+            vramscope::export::png::WIDTH,
+            vramscope::export::png::HEIGHT
+        )
+    );
+}
+
+/// The app on a real GPU, end to end: cuda:0 picked in the setup panel, Llama-3-8B int8
+/// profiled through the worker thread with the NVML line drawn, one run cancelled mid-pass,
+/// and the budgets equal to the CLI's `profile` on the same settings. On the H200:
+/// `cargo test --release --test gui_app -- --ignored --nocapture app_on_a_real_gpu`.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn app_on_a_real_gpu_profiles_llama_3_8b_int8_cancels_mid_pass_and_matches_the_cli() {
+    let (devices, why) = vramscope::device::list_devices();
+    let gpu = devices
+        .iter()
+        .find(|d| d.spec == "cuda:0")
+        .unwrap_or_else(|| panic!("no cuda:0: {why:?}"))
+        .clone();
+    let mut h = harness();
+    h.run_steps(2);
+    assert_eq!(h.state().setup.quant.label(), "int8");
+    h.get_by_role_and_label(Role::ComboBox, "Device").click();
+    h.run_steps(2);
+    h.get_by_label(&format!(
+        "{}  ({})",
+        gpu.name,
+        vramscope::units::fmt_u(gpu.total_bytes)
+    ))
+    .click();
+    h.run_steps(2);
+    assert_eq!(h.state().setup.device, "cuda:0");
+
+    // Cancel one run in the middle of a profile pass.
+    h.get_by_label("Profile").click();
+    let t = Instant::now();
+    while !h
+        .state()
+        .timeline_events()
+        .iter()
+        .any(|e| e.pass == 1 && e.layer.is_some_and(|l| l >= 4))
+    {
+        assert!(h.state().is_running(), "{:?}", h.state().banner());
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "pass 1 never reached layer 4"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        h.step();
+    }
+    h.key_press(egui::Key::Escape);
+    wait_for_run(&mut h, Duration::from_secs(60));
+    let b = h.state().banner().expect("a banner").clone();
+    assert!(b.text.contains("Cancelled"), "{}", b.text);
+    eprintln!("cancelled mid-pass after {:?}", t.elapsed());
+
+    // The whole run.
+    let t = Instant::now();
+    h.get_by_label("Profile").click();
+    wait_for_run(&mut h, Duration::from_secs(550));
+    eprintln!("app run: {:?}", t.elapsed());
+    let r = h
+        .state()
+        .report()
+        .unwrap_or_else(|| panic!("{:?}", h.state().banner()))
+        .clone();
+    assert!(!r.device.simulated);
+    assert!(!r.device_samples.is_empty(), "NVML readings were taken");
+    h.state_mut().tab = vramscope::gui::CentralTab::Lines;
+    h.run_steps(3);
+    assert!(
+        shows(&h, vramscope::timeline::NVML_LABEL),
+        "the NVML line is drawn"
+    );
+    assert!(h.state().analysis().unwrap().headline.is_some());
+
+    // The CLI on the same settings.
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("cli.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args([
+            "profile", "--device", "cuda:0", "--quant", "int8", "--quiet", "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cli = vramscope::export::json::read(&json).unwrap();
+    for (a, b) in r.formulas.iter().zip(&cli.formulas) {
+        eprintln!(
+            "{:>10}: app {} ({} blocks), cli {} ({} blocks)",
+            a.id.short(),
+            fmt_i(a.kv_bytes),
+            a.kv_blocks,
+            fmt_i(b.kv_bytes),
+            b.kv_blocks
+        );
+        // The framework's allocations are the same byte for byte; the device's own numbers
+        // (context, library workspaces) may move by a few MiB between processes.
+        assert!(
+            (a.kv_bytes - b.kv_bytes).abs() <= 64 << 20,
+            "{:?}: app {} vs cli {}",
+            a.id,
+            a.kv_bytes,
+            b.kv_bytes
+        );
+    }
+    assert_eq!(r.weights_bytes, cli.weights_bytes);
+    assert_eq!(
+        r.checkpoints.t3.allocated_peak,
+        cli.checkpoints.t3.allocated_peak
+    );
+}
+
+/// At 1280x720 and 1920x1080, in both themes: after a run, the lifetime plot has room (at
+/// least 300 px tall and 400 px wide), nothing of the toolbar is cut off, and the right-hand
+/// panel's tabs are all inside the window.
+#[test]
+fn the_window_works_at_1280x720_and_1920x1080_in_both_themes() {
+    for (w, hgt) in [(1280.0, 720.0), (1920.0, 1080.0)] {
+        for theme in [egui::Theme::Light, egui::Theme::Dark] {
+            let mut h = Harness::builder()
+                .with_size(egui::vec2(w, hgt))
+                .with_theme(theme)
+                .build_eframe(|cc| VramscopeApp::new(cc));
+            h.run_steps(2);
+            h.get_by_label("Profile").click();
+            wait_for_run(&mut h, Duration::from_secs(120));
+            let screen = egui::Rect::from_min_size(egui::Pos2::ZERO, egui::vec2(w, hgt));
+            for label in [
+                "Profile",
+                "Present",
+                "Setup",
+                "Budget",
+                "Where it goes",
+                "Peak owners",
+                "Compare",
+                "Lifetimes",
+                "Verify passes",
+                "Reset view",
+            ] {
+                let r = h.get_by_label(label).rect();
+                assert!(
+                    screen.contains_rect(r),
+                    "{w}x{hgt} {theme:?}: '{label}' at {r:?} is outside the window"
+                );
+            }
+            let plot = h
+                .state()
+                .lifetime_view()
+                .plot_rect()
+                .expect("the lifetime plot was drawn");
+            assert!(
+                plot.height() >= 300.0 && plot.width() >= 400.0 && screen.contains_rect(plot),
+                "{w}x{hgt} {theme:?}: plot {plot:?}"
+            );
+            // Every other view draws (with the glyphs the fonts have).
+            for tab in [
+                "Where it goes",
+                "Peak owners",
+                "Compare",
+                "Verify passes",
+                "Memory lines",
+                "Lifetimes",
+            ] {
+                h.get_by_label(tab).click();
+                h.run_steps(2);
+            }
+        }
+    }
+}

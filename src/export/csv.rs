@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::lifetimes::Analysis;
 use crate::profile::Report;
 
 fn csv_err(path: &Path, e: impl std::fmt::Display) -> Error {
@@ -72,6 +73,8 @@ pub fn summary_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Error
         "verify_oom",
         "verify_cache_releases",
         "simulated",
+        "bytes",
+        "freed_bytes",
     ])?;
     let sim = report.device.simulated.to_string();
     for f in &report.formulas {
@@ -93,6 +96,8 @@ pub fn summary_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Error
             v.map(|v| v.oom.to_string()).unwrap_or_default(),
             v.map(|v| v.cache_releases.to_string()).unwrap_or_default(),
             sim.clone(),
+            String::new(),
+            String::new(),
         ])?;
     }
     let t = &report.truth;
@@ -114,7 +119,61 @@ pub fn summary_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Error
         v.map(|v| v.oom.to_string()).unwrap_or_default(),
         v.map(|v| v.cache_releases.to_string()).unwrap_or_default(),
         sim,
+        String::new(),
+        String::new(),
     ])?;
+    // Who owns the peak and what outlives its pass: id, title, then `bytes` (and
+    // `freed_bytes` for the per-layer rows); the formula columns stay empty.
+    let a = Analysis::of(report);
+    let mut extra = |id: &str, title: String, bytes: u64, freed: Option<u64>| {
+        let mut row = vec![id.to_string(), title];
+        row.extend(std::iter::repeat_n(String::new(), 14));
+        row.push(bytes.to_string());
+        row.push(freed.map(|f| f.to_string()).unwrap_or_default());
+        w.write_record(row)
+    };
+    for g in &a.kept {
+        extra(
+            "kept_across_passes",
+            format!("{} ({} made; bytes alive at t3)", g.what, g.count),
+            g.bytes_at_t3,
+            None,
+        )?;
+    }
+    for (p, prefix) in [
+        (&a.peaks.framework, "framework_peak"),
+        (&a.peaks.process, "process_peak"),
+    ] {
+        let Some(p) = p else { continue };
+        for (cat, bytes) in &p.by_category {
+            extra(
+                &format!("{prefix}_category"),
+                cat.label().to_string(),
+                *bytes,
+                None,
+            )?;
+        }
+        for t in &p.top {
+            let layer = t.layer.map_or(String::new(), |l| format!(", layer {l}"));
+            extra(
+                &format!("{prefix}_tensor"),
+                format!("{} ({}{layer}, pass {})", t.tensor, t.op, t.made_pass),
+                t.bytes,
+                None,
+            )?;
+        }
+    }
+    for l in &a.peaks.layers {
+        let layer = l
+            .layer
+            .map_or("outside layers".to_string(), |x| format!("layer {x}"));
+        extra(
+            "layer",
+            format!("pass {} {layer}", l.pass),
+            l.made_bytes,
+            Some(l.freed_bytes),
+        )?;
+    }
     w.into_inner().map_err(|e| e.into_error().into())
 }
 

@@ -3,14 +3,30 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::lifetimes::Analysis;
 use crate::profile::report::REPORT_FORMAT;
 use crate::profile::Report;
 
+/// The session: the Report, plus what the lifetime analysis says (`kept_across_passes`,
+/// `peak_owners`) for readers of the JSON; `read` ignores those, they are made again.
 pub fn write(report: &Report, path: &Path) -> Result<()> {
-    let text = serde_json::to_vec_pretty(report).map_err(|e| Error::Export {
+    let err = |e: serde_json::Error| Error::Export {
         path: path.into(),
         problem: e.to_string(),
-    })?;
+    };
+    let mut v = serde_json::to_value(report).map_err(err)?;
+    let a = Analysis::of(report);
+    if let Some(o) = v.as_object_mut() {
+        o.insert(
+            "kept_across_passes".into(),
+            serde_json::to_value(&a.kept).map_err(err)?,
+        );
+        o.insert(
+            "peak_owners".into(),
+            serde_json::to_value(&a.peaks).map_err(err)?,
+        );
+    }
+    let text = serde_json::to_vec_pretty(&v).map_err(err)?;
     super::atomic_write(path, &text)
 }
 

@@ -9,13 +9,14 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
+use crate::budget;
 use crate::error::{Error, Result};
-use crate::memory::EventKind;
+use crate::lifetimes::{kept_runs, Analysis};
 use crate::palette::{self, Rgb};
 use crate::profile::formulas::FormulaId;
 use crate::profile::report::Verify;
 use crate::profile::Report;
-use crate::timeline::{self, Series};
+use crate::timeline;
 use crate::units::{fmt_i, fmt_u, GIB};
 
 pub const WIDTH: u32 = 1600;
@@ -50,6 +51,11 @@ fn draw_err(e: impl std::fmt::Display) -> String {
 
 /// Renders the report to RGB pixels (`WIDTH × HEIGHT × 3`).
 pub fn render_rgb(report: &Report) -> std::result::Result<Vec<u8>, String> {
+    render_rgb_with(report, &Analysis::of(report))
+}
+
+/// `render_rgb` with the analysis already made (the app has it at hand).
+pub fn render_rgb_with(report: &Report, a: &Analysis) -> std::result::Result<Vec<u8>, String> {
     register_font();
     let mut buf = vec![255u8; (WIDTH * HEIGHT * 3) as usize];
     {
@@ -57,11 +63,15 @@ pub fn render_rgb(report: &Report) -> std::result::Result<Vec<u8>, String> {
         root.fill(&WHITE).map_err(draw_err)?;
         let (header, body) = root.split_vertically(96);
         draw_header(&header, report)?;
-        let (left, right) = body.split_horizontally(980);
-        let (plot, legend_area) = left.split_vertically(790);
-        draw_timeline(&plot, report)?;
-        draw_footer(&legend_area, report)?;
-        draw_comparison(&right, report)?;
+        let (left, right) = body.split_horizontally(1010);
+        let (plot, notes) = left.split_vertically(650);
+        draw_lifetimes(&plot, report, a)?;
+        draw_footer(&notes, report, a)?;
+        let (budget, waterfall_and_table) = right.split_vertically(250);
+        draw_comparison(&budget, report)?;
+        let (water, table) = waterfall_and_table.split_vertically(300);
+        draw_waterfall(&water, report, a)?;
+        draw_table(&table, report)?;
         root.present().map_err(draw_err)?;
     }
     Ok(buf)
@@ -69,7 +79,10 @@ pub fn render_rgb(report: &Report) -> std::result::Result<Vec<u8>, String> {
 
 /// Encodes the report image as PNG bytes.
 pub fn render_png(report: &Report) -> std::result::Result<Vec<u8>, String> {
-    let rgb = render_rgb(report)?;
+    encode(render_rgb(report)?)
+}
+
+fn encode(rgb: Vec<u8>) -> std::result::Result<Vec<u8>, String> {
     let img =
         image::RgbImage::from_raw(WIDTH, HEIGHT, rgb).ok_or("pixel buffer has the wrong size")?;
     let mut out = std::io::Cursor::new(Vec::new());
@@ -78,6 +91,7 @@ pub fn render_png(report: &Report) -> std::result::Result<Vec<u8>, String> {
     Ok(out.into_inner())
 }
 
+/// The one way a PNG report is written, for the CLI (`--png`) and the app (Save PNG report).
 pub fn write(report: &Report, path: &Path) -> Result<()> {
     let bytes = render_png(report).map_err(|problem| Error::Export {
         path: path.into(),
@@ -116,176 +130,240 @@ fn draw_header(area: &Area, r: &Report) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// The x axis is event order: passes get room in proportion to what happens in them, where
-/// wall time would give most of the width to loading (host-side reads) or, on a dry run, to
-/// scheduling noise.
-fn draw_timeline(area: &Area, r: &Report) -> std::result::Result<(), String> {
+/// The lifetime view of the profile part (load, passes, t0..t3), as the app draws it: every
+/// framework allocation a band over event order, kept tensors yellow with a black outline,
+/// the budget lines labelled in the right margin and passes and checkpoints labelled above
+/// the plot, so no label covers data.
+fn draw_lifetimes(area: &Area, r: &Report, a: &Analysis) -> std::result::Result<(), String> {
     let events = &r.events;
-    let x_max = events.len().max(1) as f64;
-    // A pass's span in event indices, from its start and end times.
-    let pass_span = |start: u64, end: u64| -> (f64, f64) {
-        let a = events.partition_point(|e| e.time_us < start);
-        let b = events.partition_point(|e| e.time_us <= end);
-        (a as f64, b as f64)
-    };
-    let y_max = events
+    let end = a.lifetimes.profile_end(events).max(1);
+    let x_max = end as f64;
+    let top = a.profile_top as f64;
+    let lines: Vec<(String, f64, RGBColor)> = a
+        .lines
         .iter()
-        .map(|e| e.device_used.max(e.process_used).max(e.reserved))
-        .max()
-        .unwrap_or(GIB) as f64
-        / GIB as f64
-        * 1.08;
+        .map(|l| {
+            (
+                format!("{} {}", l.label, fmt_i(l.bytes)),
+                l.bytes as f64 / GIB as f64,
+                c(palette::legible(l.colour, false)),
+            )
+        })
+        .collect();
+    let y_max = (lines
+        .iter()
+        .map(|l| l.1 * GIB as f64)
+        .filter(|&y| y <= top * 1.6)
+        .fold(top, f64::max)
+        .max(GIB as f64 / 64.0)
+        * 1.08)
+        / GIB as f64;
     let mut chart = ChartBuilder::on(area)
-        .margin(16)
-        .caption("Memory timeline (framework allocator and device)", text(22))
+        .margin_left(16)
+        .margin_top(104)
+        .margin_bottom(8)
+        .margin_right(250)
         .x_label_area_size(44)
         .y_label_area_size(72)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max.max(0.01))
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
         .map_err(draw_err)?;
     chart
         .configure_mesh()
         .x_desc("event order (index in the timeline)")
         .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_desc("GiB")
-        .label_style(text(16))
-        .axis_desc_style(text(18))
+        .y_desc("framework allocations (GiB)")
+        .label_style(text(15))
+        .axis_desc_style(text(17))
         .light_line_style(WHITE)
         .draw()
         .map_err(draw_err)?;
-
-    // Passes shaded, verify passes in a second tint.
-    for (i, p) in r.passes.iter().enumerate() {
-        let tint = if p.verify_for.is_some() {
-            RGBColor(0, 158, 115)
-        } else {
-            RGBColor(0, 114, 178)
-        };
-        let alpha = if i % 2 == 0 { 0.10 } else { 0.16 };
-        chart
-            .draw_series(std::iter::once(Rectangle::new(
-                {
-                    let (a, b) = pass_span(p.start_us, p.end_us);
-                    [(a, 0.0), (b, y_max)]
-                },
-                tint.mix(alpha).filled(),
-            )))
-            .map_err(draw_err)?;
-    }
-
-    let step = |pts: Vec<[f64; 2]>| -> Vec<(f64, f64)> {
-        let mut out = Vec::with_capacity(pts.len() * 2);
-        for (i, p) in pts.iter().enumerate() {
-            if i > 0 {
-                out.push((p[0], pts[i - 1][1] / GIB as f64));
-            }
-            out.push((p[0], p[1] / GIB as f64));
+    area.draw_text(
+        "Every allocation's lifetime (bands stacked as PyTorch's memory viewer)",
+        &text(21),
+        (24, 2),
+    )
+    .map_err(draw_err)?;
+    let (px, py) = chart.plotting_area().get_pixel_range();
+    let width = (px.end - px.start).max(1) as usize;
+    let per_px = (y_max * GIB as f64 / (py.end - py.start).max(1) as f64).max(1.0) as u64;
+    let cols = a.lifetimes.columns(events, 0, end, width, per_px);
+    let g = |b: u64| b as f64 / GIB as f64;
+    let outline = c(palette::KEPT_OUTLINE);
+    for col in &cols {
+        let (x0, x1) = (col.start as f64, col.end as f64);
+        for seg in &col.segs {
+            let fill = c(palette::band(seg.category, seg.kept, seg.life));
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(x0, g(seg.y0)), (x1, g(seg.y1))],
+                    fill.filled(),
+                )))
+                .map_err(draw_err)?;
         }
-        out
-    };
-    let series = [
-        (Series::DeviceUsed, palette::DEVICE_USED, 2),
-        (Series::ProcessUsed, palette::PROCESS_USED, 2),
-        (Series::Reserved, palette::RESERVED, 2),
-        (Series::Allocated, palette::ALLOCATED, 3),
-    ];
-    for (s, color, width) in series {
-        let pts = step(timeline::reduce_by_index(events, s, 0, events.len(), 900));
-        let col = c(color);
-        chart
-            .draw_series(LineSeries::new(pts, col.stroke_width(width)))
-            .map_err(draw_err)?
-            .label(s.label())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], col.stroke_width(3)));
+        for (y0, y1) in kept_runs(&col.segs, per_px) {
+            for y in [g(y0), g(y1)] {
+                chart
+                    .draw_series(std::iter::once(PathElement::new(
+                        vec![(x0, y), (x1, y)],
+                        outline.stroke_width(2),
+                    )))
+                    .map_err(draw_err)?;
+            }
+        }
     }
     // A GPU run's NVML readings of this process, each at the event index of its time.
-    if let Some(end) = events
-        .last()
+    if let Some(t_end) = events
+        .get(end - 1)
         .map(|e| e.time_us)
         .filter(|_| !r.device_samples.is_empty())
     {
-        let pts: Vec<(f64, f64)> = timeline::reduce_samples(&r.device_samples, 0, end, 900)
+        let pts: Vec<(f64, f64)> = timeline::reduce_samples(&r.device_samples, 0, t_end, 900)
             .iter()
             .map(|p| {
                 let t = (p[0] * 1e6).round() as u64;
-                let x = events.partition_point(|e| e.time_us < t) as f64;
-                (x, p[1] / GIB as f64)
+                let x = events[..end].partition_point(|e| e.time_us < t) as f64;
+                (x, (p[1] / GIB as f64).min(y_max))
             })
             .collect();
-        let col = c(palette::PROCESS_USED);
         chart
-            .draw_series(DashedLineSeries::new(pts, 5, 3, col.stroke_width(2)))
-            .map_err(draw_err)?
-            .label(timeline::NVML_LABEL)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], col.stroke_width(2)));
+            .draw_series(DashedLineSeries::new(
+                pts,
+                5,
+                3,
+                c(palette::PROCESS_USED).stroke_width(2),
+            ))
+            .map_err(draw_err)?;
     }
-
-    // Checkpoints t0..t3 and pass starts.
-    let mut last_label_x = f64::NEG_INFINITY;
-    for (i, e) in events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.kind == EventKind::Marker)
-    {
-        let x = i as f64;
-        let is_checkpoint = e.tensor.len() == 2 && e.tensor.starts_with('t');
-        let is_pass = e.tensor.starts_with("pass ") || e.tensor.starts_with("verify ");
-        if !is_checkpoint && !is_pass {
-            continue;
-        }
-        let color = if is_checkpoint {
-            RGBColor(40, 40, 40)
-        } else {
-            RGBColor(110, 110, 110)
-        };
+    // Passes: dashed boundaries, labels in the band above the plot.
+    let mark = c(palette::legible(palette::PEAK, false));
+    // Pixel of an event index, and of a height in GiB (the plotting area's linear map).
+    let (pw, ph) = ((px.end - px.start) as f64, (py.end - py.start) as f64);
+    let x_px = |x: f64| px.start + (x / x_max * pw).round() as i32;
+    let y_px = |y: f64| py.end - (y / y_max * ph).round() as i32;
+    let above = |x: f64, row: i32| (x_px(x), py.start - 24 - row * 22);
+    let mut label_right = i32::MIN;
+    for p in a.lifetimes.passes.iter().filter(|p| !p.verify) {
+        let x = p.start as f64;
         chart
             .draw_series(DashedLineSeries::new(
                 vec![(x, 0.0), (x, y_max)],
                 6,
                 4,
-                color.stroke_width(1),
+                mark.stroke_width(1),
             ))
             .map_err(draw_err)?;
-        let label = if is_checkpoint {
-            e.tensor.clone()
-        } else {
-            // Labels closer than ~45 px would overlap: keep the line, drop the text.
-            if (x - last_label_x) / x_max * 900.0 < 45.0 {
-                continue;
-            }
-            last_label_x = x;
-            e.tensor.replace("pass ", "P").replace("verify ", "V:")
-        };
-        let y = if is_checkpoint {
-            y_max * 0.97
-        } else {
-            y_max * 0.91
-        };
-        chart
-            .draw_series(std::iter::once(Text::new(
-                label,
-                (x, y),
-                text(if is_checkpoint { 18 } else { 13 }),
-            )))
-            .map_err(draw_err)?;
+        let (bx, by) = above(x, 0);
+        let (ex, _) = above(p.end as f64, 0);
+        if bx > label_right + 4 && ex - bx > 50 {
+            draw_root_text(area, &p.label, 15, BLACK, (bx + 3, by))?;
+            label_right = bx + 8 * p.label.len() as i32;
+        }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(RGBColor(180, 180, 180))
-        .label_font(text(16))
-        .draw()
-        .map_err(draw_err)?;
+    for (k, (label, i)) in a.lifetimes.checkpoints.iter().enumerate() {
+        let x = *i as f64;
+        chart
+            .draw_series(LineSeries::new(
+                vec![(x, 0.0), (x, y_max)],
+                mark.stroke_width(2),
+            ))
+            .map_err(draw_err)?;
+        let (bx, by) = above(x, 2 - (k % 2) as i32);
+        draw_root_text(area, label, 16, BLACK, (bx + 2, by - 2))?;
+    }
+    // Budget lines across the plot; their labels in the right margin, pushed apart.
+    let mut labels: Vec<(i32, String, RGBColor)> = Vec::new();
+    for (label, y, col) in &lines {
+        let sy = y_px(*y);
+        if *y <= y_max {
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    vec![(0.0, *y), (x_max, *y)],
+                    col.stroke_width(2),
+                )))
+                .map_err(draw_err)?;
+            labels.push((sy, label.clone(), *col));
+        } else {
+            labels.push((py.start, format!("{label} (above)"), *col));
+        }
+    }
+    labels.sort_by_key(|l| l.0);
+    let mut next = i32::MIN;
+    for (y, label, col) in labels {
+        let y = (y - 9).max(next);
+        for (k, line) in wrap(&label, 30).iter().enumerate() {
+            draw_root_text(area, line, 14, col, (px.end + 8, y + k as i32 * 16))?;
+        }
+        next = y + 16 * wrap(&label, 30).len() as i32 + 4;
+    }
     Ok(())
 }
 
-fn draw_footer(area: &Area, r: &Report) -> std::result::Result<(), String> {
-    let why = r.old_vs_new_explanation();
+/// Text at a pixel of the area (not a chart coordinate).
+fn draw_root_text(
+    area: &Area,
+    s: &str,
+    size: u32,
+    colour: RGBColor,
+    at: (i32, i32),
+) -> std::result::Result<(), String> {
+    let (ox, oy) = area.get_base_pixel();
+    area.draw_text(s, &text(size).color(&colour), (at.0 - ox, at.1 - oy))
+        .map_err(draw_err)
+}
+
+fn draw_footer(area: &Area, r: &Report, a: &Analysis) -> std::result::Result<(), String> {
     let mut y = 6;
-    for line in wrap(&why, 105) {
-        area.draw_text(&line, &text(17), (24, y))
+    if let Some(h) = &a.headline {
+        area.draw(&Rectangle::new(
+            [(24, y + 2), (50, y + 20)],
+            c(palette::KEPT).filled(),
+        ))
+        .map_err(draw_err)?;
+        area.draw(&Rectangle::new(
+            [(24, y + 2), (50, y + 20)],
+            c(palette::KEPT_OUTLINE).stroke_width(2),
+        ))
+        .map_err(draw_err)?;
+        area.draw_text(h, &text(21), (60, y)).map_err(draw_err)?;
+        y += 30;
+    }
+    for line in wrap(&r.old_vs_new_explanation(), 110) {
+        area.draw_text(&line, &text(16), (24, y))
             .map_err(draw_err)?;
+        y += 20;
+    }
+    y += 6;
+    if let Some(p) = &a.peaks.framework {
+        let cats: Vec<String> = p
+            .by_category
+            .iter()
+            .map(|(cat, b)| format!("{} {}", cat.label(), fmt_u(*b)))
+            .collect();
+        area.draw_text(
+            &format!(
+                "Who owns the framework peak ({}): {}",
+                fmt_u(p.allocated),
+                cats.join(", ")
+            ),
+            &text(16),
+            (24, y),
+        )
+        .map_err(draw_err)?;
         y += 22;
+        for (k, t) in p.top.iter().take(6).enumerate() {
+            let col = (k % 2) as i32;
+            let row = (k / 2) as i32;
+            let layer = t.layer.map_or(String::new(), |l| format!(", layer {l}"));
+            let name = format!("{} {} ({}{layer})", fmt_u(t.bytes), t.tensor, t.op);
+            let name: String = name.chars().take(58).collect();
+            area.draw_text(
+                &name,
+                &text(14).color(&RGBColor(60, 60, 60)),
+                (24 + col * 490, y + row * 19),
+            )
+            .map_err(draw_err)?;
+        }
+        y += 3 * 19 + 4;
     }
     let note = format!(
         "int8 state alive after the pass: {}   outside the framework at t3: {}   truth: {}",
@@ -293,7 +371,7 @@ fn draw_footer(area: &Area, r: &Report) -> std::result::Result<(), String> {
         fmt_u(r.outside_framework_bytes),
         r.truth.source
     );
-    area.draw_text(&note, &text(15).color(&RGBColor(80, 80, 80)), (24, y + 4))
+    area.draw_text(&note, &text(14).color(&RGBColor(70, 70, 70)), (24, y))
         .map_err(draw_err)?;
     Ok(())
 }
@@ -302,7 +380,7 @@ fn wrap(s: &str, width: usize) -> Vec<String> {
     let mut lines = Vec::new();
     let mut cur = String::new();
     for word in s.split_whitespace() {
-        if !cur.is_empty() && cur.len() + 1 + word.len() > width {
+        if !cur.is_empty() && cur.chars().count() + 1 + word.chars().count() > width {
             lines.push(std::mem::take(&mut cur));
         }
         if !cur.is_empty() {
@@ -319,16 +397,13 @@ fn wrap(s: &str, width: usize) -> Vec<String> {
 fn verify_short(v: &Option<Verify>) -> String {
     match v {
         None => "not run".into(),
-        Some(v) if !v.ran => "no KV memory".into(),
-        Some(v) if v.oom => "OOM".into(),
-        Some(v) if v.within_budget => format!("fits ({} spare)", fmt_i(-v.overrun_bytes)),
-        Some(v) => format!("over by {}", fmt_i(v.overrun_bytes)),
+        Some(v) => v.short(),
     }
 }
 
 fn draw_comparison(area: &Area, r: &Report) -> std::result::Result<(), String> {
     let x0 = 10;
-    area.draw_text("KV-cache budget", &text(24), (x0, 10))
+    area.draw_text("KV-cache budget", &text(22), (x0, 6))
         .map_err(draw_err)?;
     // Bars: every formula and the truth.
     let mut rows: Vec<(String, i64, RGBColor)> = r
@@ -346,8 +421,8 @@ fn draw_comparison(area: &Area, r: &Report) -> std::result::Result<(), String> {
     let max = rows.iter().map(|r| r.1.max(0)).max().unwrap_or(1).max(1) as f64;
     let (bar_x, bar_w) = (110, 330);
     for (i, (label, kv, color)) in rows.iter().enumerate() {
-        let y = 50 + i as i32 * 34;
-        area.draw_text(label, &text(17), (x0, y + 4))
+        let y = 40 + i as i32 * 32;
+        area.draw_text(label, &text(16), (x0, y + 3))
             .map_err(draw_err)?;
         let w = ((*kv).max(0) as f64 / max * bar_w as f64) as i32;
         area.draw(&Rectangle::new(
@@ -355,34 +430,98 @@ fn draw_comparison(area: &Area, r: &Report) -> std::result::Result<(), String> {
             color.filled(),
         ))
         .map_err(draw_err)?;
-        area.draw_text(&fmt_i(*kv), &text(16), (bar_x + w + 6, y + 4))
+        area.draw_text(&fmt_i(*kv), &text(16), (bar_x + w + 6, y + 3))
             .map_err(draw_err)?;
     }
+    Ok(())
+}
 
-    // Old vs new, in numbers.
+/// Where T goes, per formula and for the truth, in the lifetime view's colours.
+fn draw_waterfall(area: &Area, r: &Report, a: &Analysis) -> std::result::Result<(), String> {
+    let x0 = 10;
+    area.draw_text("Where the device goes (T), per formula", &text(20), (x0, 0))
+        .map_err(draw_err)?;
+    let twice = a.kept.iter().map(|g| g.bytes_at_t3).sum();
+    let bars = budget::bars(r, twice);
+    let total = r.checkpoints.t0.total.max(1) as f64;
+    let (bar_x, bar_w) = (100, 470);
+    for (i, b) in bars.iter().enumerate() {
+        let y = 32 + i as i32 * 30;
+        area.draw_text(
+            &b.label,
+            &text(15).color(&c(palette::legible(b.colour, false))),
+            (x0, y + 3),
+        )
+        .map_err(draw_err)?;
+        let mut x = bar_x as f64;
+        for (piece, bytes) in &b.pieces {
+            let w = (*bytes).max(0) as f64 / total * bar_w as f64;
+            if w > 0.0 {
+                area.draw(&Rectangle::new(
+                    [(x as i32, y), ((x + w) as i32, y + 22)],
+                    c(piece.colour()).filled(),
+                ))
+                .map_err(draw_err)?;
+                if *piece == budget::Piece::CountedTwice {
+                    area.draw(&Rectangle::new(
+                        [(x as i32, y), ((x + w) as i32, y + 22)],
+                        c(palette::KEPT_OUTLINE).stroke_width(2),
+                    ))
+                    .map_err(draw_err)?;
+                }
+            }
+            x += w;
+        }
+    }
+    // Legend, two columns.
+    let ly = 32 + bars.len() as i32 * 30 + 6;
+    for (k, p) in budget::Piece::ALL.iter().enumerate() {
+        let (lx, row) = (x0 + (k % 3) as i32 * 195, ly + (k / 3) as i32 * 22);
+        area.draw(&Rectangle::new(
+            [(lx, row + 2), (lx + 16, row + 16)],
+            c(p.colour()).filled(),
+        ))
+        .map_err(draw_err)?;
+        area.draw_text(p.label(), &text(14), (lx + 22, row))
+            .map_err(draw_err)?;
+    }
+    Ok(())
+}
+
+/// Old against new in numbers.
+fn draw_table(area: &Area, r: &Report) -> std::result::Result<(), String> {
+    let x0 = 10;
     let (Some(old), Some(new)) = (r.formula(FormulaId::Pr9352), r.formula(FormulaId::Pr9516))
     else {
         return Ok(());
     };
-    let mut y = 50 + rows.len() as i32 * 34 + 18;
-    area.draw_text("old #9352", &text(20).color(&c(palette::OLD)), (200, y))
-        .map_err(draw_err)?;
-    area.draw_text("new #9516", &text(20).color(&c(palette::NEW)), (400, y))
-        .map_err(draw_err)?;
-    y += 30;
+    let mut y = 4;
+    area.draw_text(
+        "old #9352",
+        &text(19).color(&c(palette::legible(palette::OLD, false))),
+        (200, y),
+    )
+    .map_err(draw_err)?;
+    area.draw_text(
+        "new #9516",
+        &text(19).color(&c(palette::legible(palette::NEW, false))),
+        (400, y),
+    )
+    .map_err(draw_err)?;
+    y += 26;
     area.draw_text(
         &fmt_i(old.kv_bytes),
-        &text(34).color(&c(palette::OLD)),
+        &text(30).color(&c(palette::legible(palette::OLD, false))),
         (190, y),
     )
     .map_err(draw_err)?;
     area.draw_text(
         &fmt_i(new.kv_bytes),
-        &text(34).color(&c(palette::NEW)),
+        &text(30).color(&c(palette::legible(palette::NEW, false))),
         (390, y),
     )
     .map_err(draw_err)?;
-    y += 50;
+    y += 42;
     let g = &r.kv_geometry;
     let table: Vec<(&str, String, String)> = vec![
         ("weights", fmt_u(r.weights_bytes), fmt_u(r.weights_bytes)),
@@ -423,13 +562,13 @@ fn draw_comparison(area: &Area, r: &Report) -> std::result::Result<(), String> {
         ),
     ];
     for (label, a, b) in table {
-        area.draw_text(label, &text(16), (x0, y))
+        area.draw_text(label, &text(15), (x0, y))
             .map_err(draw_err)?;
-        area.draw_text(&a, &text(16), (200, y)).map_err(draw_err)?;
-        area.draw_text(&b, &text(16), (400, y)).map_err(draw_err)?;
-        y += 26;
+        area.draw_text(&a, &text(15), (200, y)).map_err(draw_err)?;
+        area.draw_text(&b, &text(15), (400, y)).map_err(draw_err)?;
+        y += 22;
     }
-    y += 8;
+    y += 4;
     let truth = format!(
         "measured truth: non-KV {}, KV {} ({} blocks of {}, max concurrency {:.2}x at {} tokens)",
         fmt_i(r.truth.non_kv_bytes),
@@ -439,10 +578,14 @@ fn draw_comparison(area: &Area, r: &Report) -> std::result::Result<(), String> {
         r.truth.max_concurrency,
         g.max_model_len
     );
-    for line in wrap(&truth, 62) {
-        area.draw_text(&line, &text(15).color(&c(palette::TRUTH)), (x0, y))
-            .map_err(draw_err)?;
-        y += 20;
+    for line in wrap(&truth, 66) {
+        area.draw_text(
+            &line,
+            &text(15).color(&c(palette::legible(palette::TRUTH, false))),
+            (x0, y),
+        )
+        .map_err(draw_err)?;
+        y += 19;
     }
     Ok(())
 }

@@ -9,12 +9,15 @@ use std::time::{Duration, Instant};
 
 use egui::{Color32, Key, KeyboardShortcut, Modifiers, RichText};
 
-use super::comparison::ComparisonView;
+use super::compare::CompareView;
+use super::comparison::{self, ComparisonView};
+use super::lifetime::{LifetimeView, Part};
 use super::setup::SetupForm;
 use super::timeline::{TimelineInput, TimelineView};
 use super::worker::{RunFailure, Worker, WorkerMsg};
 use crate::device::DeviceListing;
 use crate::export;
+use crate::lifetimes::Analysis;
 use crate::memory::Event;
 use crate::profile::Report;
 use crate::progress::{Phase, Progress};
@@ -42,6 +45,8 @@ pub struct Banner {
 /// Where a running profile is, from its progress messages.
 #[derive(Clone, Debug, Default)]
 struct RunProgress {
+    /// Profile passes asked for; the verify passes are counted apart.
+    profile_passes: u32,
     phase: Option<Phase>,
     load: Option<(u32, u32)>,
     pass: Option<(u32, u32, Option<String>)>,
@@ -77,9 +82,14 @@ impl RunProgress {
         }
         if matches!(self.phase, Some(Phase::Profiling) | Some(Phase::Verifying)) {
             if let Some((p, of, v)) = &self.pass {
+                let n = self.profile_passes.min(*of);
                 s += &match v {
-                    Some(f) => format!(" · verify {f}"),
-                    None => format!(" · pass {p} of {of}"),
+                    Some(f) => format!(
+                        " · verify {} of {} ({f})",
+                        p.saturating_sub(n),
+                        of.saturating_sub(n)
+                    ),
+                    None => format!(" · pass {p} of {n}"),
                 };
             }
             if let Some((l, of)) = self.layer {
@@ -88,6 +98,38 @@ impl RunProgress {
         }
         s
     }
+
+    /// Seconds left, from the time so far and the fraction done (once there is a fraction
+    /// to go on).
+    fn eta_s(&self) -> Option<f32> {
+        let f = self.fraction();
+        let t = self.started?.elapsed().as_secs_f32();
+        (f > 0.05 && f < 1.0 && t > 0.5).then(|| t / f - t)
+    }
+}
+
+/// Which view the middle of the window shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CentralTab {
+    /// Every allocation's lifetime (the default).
+    Lifetimes,
+    /// Running totals as lines (framework, device, non-framework).
+    Lines,
+    /// The verify passes, apart from the profile passes.
+    Verify,
+}
+
+/// Which view the right-hand panel shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SideTab {
+    /// Old vs new vs truth: big numbers, table, bars.
+    Budget,
+    /// Where T goes per formula.
+    Waterfall,
+    /// Who owns the peak.
+    Peak,
+    /// Two runs side by side.
+    Compare,
 }
 
 /// `--screenshot FILE`: profile the default preset, save the window, quit.
@@ -106,7 +148,7 @@ type Shot = (PathBuf, Arc<egui::ColorImage>);
 enum FileDone {
     Saved(String),
     Failed(String),
-    Opened(PathBuf, crate::Result<Box<Report>>),
+    Opened(PathBuf, crate::Result<Box<(Report, Analysis)>>),
 }
 
 pub struct VramscopeApp {
@@ -119,12 +161,21 @@ pub struct VramscopeApp {
     progress: RunProgress,
     live_events: Vec<Event>,
     report: Option<Arc<Report>>,
+    /// Lifetimes, kept tensors and peak owners of `report`.
+    analysis: Option<Arc<Analysis>>,
     generation: u64,
+    pub tab: CentralTab,
+    /// The setup panel is shown (hidden to give the views the room, as in presentation mode).
+    pub show_setup: bool,
+    /// Larger text for a projector.
+    pub presentation: bool,
+    pub side_tab: SideTab,
+    compare: CompareView,
+    lifetime: LifetimeView,
+    verify_view: LifetimeView,
     banner: Option<Banner>,
     timeline: TimelineView,
     comparison: ComparisonView,
-    /// A GPU renderer exists (eframe window); false in headless tests.
-    has_renderer: bool,
     screenshot: Option<ScreenshotJob>,
     shot_tx: Sender<Shot>,
     shot_rx: Receiver<Shot>,
@@ -163,7 +214,6 @@ impl VramscopeApp {
         let (devices, no_gpu) = crate::device::list_devices();
         let (shot_tx, shot_rx) = channel();
         let (file_tx, file_rx) = channel();
-        let has_renderer = cc.gl.is_some();
         VramscopeApp {
             setup,
             export_path,
@@ -173,11 +223,18 @@ impl VramscopeApp {
             progress: RunProgress::default(),
             live_events: Vec::new(),
             report: None,
+            analysis: None,
             generation: 0,
+            tab: CentralTab::Lifetimes,
+            show_setup: true,
+            presentation: false,
+            side_tab: SideTab::Budget,
+            compare: CompareView::default(),
+            lifetime: LifetimeView::new(Part::Profile),
+            verify_view: LifetimeView::new(Part::Verify),
             banner: None,
             timeline: TimelineView::default(),
             comparison: ComparisonView::default(),
-            has_renderer,
             screenshot: screenshot.map(|path| ScreenshotJob {
                 path,
                 started: false,
@@ -223,7 +280,8 @@ impl VramscopeApp {
                 FileDone::Saved(msg) => self.info(msg),
                 FileDone::Failed(msg) => self.error(msg),
                 FileDone::Opened(path, Ok(r)) => {
-                    self.show_report(*r);
+                    let (report, analysis) = *r;
+                    self.set_report(Arc::new(report), Arc::new(analysis));
                     if crate::snapshot::is_snapshot_path(&path) {
                         self.info(format!(
                             "Opened PyTorch snapshot {} (framework allocator only: device used, free and non-torch memory are unknown)",
@@ -242,19 +300,42 @@ impl VramscopeApp {
         self.banner.as_ref()
     }
 
-    /// Events the timeline shows: the report's, or the live ones while a run is in flight.
+    /// Events the timeline shows: the live ones while a run is in flight, else the report's.
     pub fn timeline_events(&self) -> &[Event] {
         match &self.report {
-            Some(r) => &r.events,
-            None => &self.live_events,
+            Some(r) if self.worker.is_none() => &r.events,
+            _ => &self.live_events,
         }
     }
 
     /// Shows a report as if a run had just produced it (sessions, benchmarks).
     pub fn show_report(&mut self, report: Report) {
-        self.report = Some(Arc::new(report));
+        let analysis = Analysis::of(&report);
+        self.set_report(Arc::new(report), Arc::new(analysis));
+    }
+
+    fn set_report(&mut self, report: Arc<Report>, analysis: Arc<Analysis>) {
+        self.report = Some(report);
+        self.analysis = Some(analysis);
         self.live_events = Vec::new();
         self.generation += 1;
+    }
+
+    /// Lifetimes, kept tensors and peak owners of the shown report.
+    pub fn analysis(&self) -> Option<&Analysis> {
+        self.analysis.as_deref()
+    }
+
+    /// Pins the shown run for comparison with the next one.
+    pub fn pin_current(&mut self) {
+        if let (Some(r), Some(a)) = (&self.report, &self.analysis) {
+            self.compare.pin(r.clone(), a.clone());
+        }
+    }
+
+    /// The lifetime view of the profile passes (selection, click positions).
+    pub fn lifetime_view(&self) -> &LifetimeView {
+        &self.lifetime
     }
 
     /// Starts a run with the form's settings (Profile / Ctrl+R).
@@ -279,10 +360,11 @@ impl VramscopeApp {
                 self.info(e.summary());
             }
         }
-        self.report = None;
+        // The previous result stays on screen (and in the comparison) until the new one exists.
         self.live_events = Vec::new();
         self.generation += 1;
         self.progress = RunProgress {
+            profile_passes: req.passes,
             started: Some(Instant::now()),
             ..RunProgress::default()
         };
@@ -338,13 +420,14 @@ impl VramscopeApp {
                             {
                                 self.setup.set_model_path(path.clone());
                             }
-                            self.report = Some(Arc::from(report));
+                            let analysis = Arc::new(Analysis::of(&report));
+                            self.set_report(Arc::from(report), analysis);
                             self.banner = None;
                         }
                         Err(RunFailure::Cancelled) => {
                             self.info(RunFailure::Cancelled.message());
                         }
-                        Err(f) => self.error(f.message()),
+                        Err(f) => self.error(with_oom_hint(&f.message())),
                     }
                     break;
                 }
@@ -352,29 +435,22 @@ impl VramscopeApp {
         }
     }
 
-    /// Ctrl+S: the window's own rendering when there is a window, else the CLI's report image.
-    pub fn save_png(&mut self, ctx: &egui::Context) {
-        // The window can be saved at any time (mid-run too); the report image needs a report.
-        if self.report.is_none() && !self.has_renderer {
+    /// Ctrl+S: the same headless report the CLI's `--png` writes (export::png), never a
+    /// capture of the window; written off the UI thread.
+    pub fn save_png(&mut self) {
+        let Some(r) = self.report.clone() else {
             self.error("Nothing to save yet: run a profile or open a session first.".into());
             return;
-        }
+        };
         let path = self.export_file("png");
         if let Err(e) = export::check_writable(&path) {
             self.error(e.to_string());
             return;
         }
-        if self.has_renderer {
-            request_window_png(ctx, path, self.shot_tx.clone());
-        } else {
-            let Some(r) = self.report.as_deref() else {
-                return;
-            };
-            match export::png::write(r, &path) {
-                Ok(()) => self.info(format!("Saved {}", path.display())),
-                Err(e) => self.error(e.to_string()),
-            }
-        }
+        self.spawn_file_job(move || match export::png::write(&r, &path) {
+            Ok(()) => FileDone::Saved(format!("Saved the report {}", path.display())),
+            Err(e) => FileDone::Failed(e.to_string()),
+        });
     }
 
     pub fn save_csv(&mut self) {
@@ -427,6 +503,7 @@ impl VramscopeApp {
         }
         let path = path.to_path_buf();
         self.spawn_file_job(move || {
+            // The analysis of a million events takes a moment: made here, not on the UI thread.
             let read = if crate::snapshot::is_snapshot_path(&path) {
                 crate::snapshot::read(&path, None).and_then(|mut imported| {
                     let d = imported
@@ -435,11 +512,15 @@ impl VramscopeApp {
                             path: path.clone(),
                             problem: "the snapshot holds no segments and no trace entries".into(),
                         })?;
-                    Ok(Box::new(d.into_report(&path, None)))
+                    Ok(d.into_report(&path, None))
                 })
             } else {
-                export::json::read(&path).map(Box::new)
-            };
+                export::json::read(&path)
+            }
+            .map(|r| {
+                let a = Analysis::of(&r);
+                Box::new((r, a))
+            });
             FileDone::Opened(path, read)
         });
     }
@@ -546,7 +627,7 @@ impl VramscopeApp {
             self.cancel();
         }
         if save {
-            self.save_png(ctx);
+            self.save_png();
         }
         if let Some(f) = dropped.first() {
             self.use_file(f.path().to_path_buf());
@@ -636,10 +717,14 @@ impl VramscopeApp {
                     .progress
                     .started
                     .map_or(0.0, |s| s.elapsed().as_secs_f32());
+                let eta = self
+                    .progress
+                    .eta_s()
+                    .map_or(String::new(), |s| format!(" · ~{s:.0} s left"));
                 ui.add(
                     egui::ProgressBar::new(self.progress.fraction())
-                        .text(format!("{} · {:.1} s", self.progress.text(), secs))
-                        .desired_width(420.0)
+                        .text(format!("{} · {:.1} s{eta}", self.progress.text(), secs))
+                        .desired_width(460.0)
                         .animate(true),
                 );
             } else if let Some(r) = &self.report {
@@ -656,6 +741,17 @@ impl VramscopeApp {
             }
             ui.with_layout(egui::Layout::right_to_left(egui::Align::Center), |ui| {
                 theme_buttons(ui);
+                ui.separator();
+                if ui
+                    .toggle_value(&mut self.presentation, "Present")
+                    .on_hover_text("Presentation mode: larger text, setup hidden")
+                    .changed()
+                {
+                    super::style::set_presentation(ui.ctx(), self.presentation);
+                    self.show_setup = !self.presentation;
+                }
+                ui.toggle_value(&mut self.show_setup, "Setup")
+                    .on_hover_text("Show or hide the setup panel");
             });
         });
     }
@@ -707,17 +803,13 @@ impl VramscopeApp {
         ui.add(egui::TextEdit::singleline(&mut self.export_path).desired_width(f32::INFINITY))
             .labelled_by(label.id);
         let has = self.report.is_some();
-        let ctx = ui.ctx().clone();
         ui.horizontal_wrapped(|ui| {
             if ui
-                .add_enabled(
-                    has || self.has_renderer,
-                    egui::Button::new("Save PNG report"),
-                )
-                .on_hover_text("Ctrl+S")
+                .add_enabled(has, egui::Button::new("Save PNG report"))
+                .on_hover_text("The CLI's report image (Ctrl+S)")
                 .clicked()
             {
-                self.save_png(&ctx);
+                self.save_png();
             }
             if ui.add_enabled(has, egui::Button::new("Save CSV")).clicked() {
                 self.save_csv();
@@ -759,17 +851,27 @@ impl eframe::App for VramscopeApp {
         egui::Panel::top("toolbar").show(ui, |ui| {
             ui.add_space(4.0);
             self.toolbar(ui);
-            if self.banner.is_some() {
-                ui.add_space(2.0);
-                self.banner_ui(ui);
-            }
             ui.add_space(4.0);
         });
+        // The banner floats over the top of the views: showing or dismissing it never moves
+        // the layout.
+        if self.banner.is_some() {
+            let width = (ctx.content_rect().width() - 40.0).clamp(300.0, 1100.0);
+            egui::Area::new(egui::Id::unique("vramscope-banner"))
+                .anchor(egui::Align2::CENTER_TOP, egui::vec2(0.0, 52.0))
+                .order(egui::Order::Foreground)
+                .show(&ctx, |ui| {
+                    ui.set_max_width(width);
+                    self.banner_ui(ui);
+                });
+        }
+        let window_w = ctx.content_rect().width();
+        let mut show_setup = self.show_setup;
         egui::Panel::left("setup")
             .resizable(true)
-            .default_size(300.0)
-            .min_size(250.0)
-            .show(ui, |ui| {
+            .default_size(if window_w < 1500.0 { 250.0 } else { 300.0 })
+            .min_size(220.0)
+            .show_collapsible(ui, &mut show_setup, |ui| {
                 egui::ScrollArea::vertical()
                     .auto_shrink([false, false])
                     .show(ui, |ui| {
@@ -782,28 +884,70 @@ impl eframe::App for VramscopeApp {
                         self.export_ui(ui);
                     });
             });
+        self.show_setup = show_setup;
         egui::Panel::right("comparison")
             .resizable(true)
-            .default_size(660.0)
-            .min_size(380.0)
+            .default_size(
+                (window_w * if window_w < 1500.0 { 0.3 } else { 0.36 }).clamp(340.0, 660.0),
+            )
+            .min_size(320.0)
             .show(ui, |ui| {
+                ui.horizontal_wrapped(|ui| {
+                    ui.selectable_value(&mut self.side_tab, SideTab::Budget, "Budget");
+                    ui.selectable_value(&mut self.side_tab, SideTab::Waterfall, "Where it goes");
+                    ui.selectable_value(&mut self.side_tab, SideTab::Peak, "Peak owners");
+                    ui.selectable_value(&mut self.side_tab, SideTab::Compare, "Compare");
+                });
+                ui.separator();
                 egui::ScrollArea::vertical()
                     .auto_shrink([false, false])
                     .show(ui, |ui| {
-                        self.comparison.ui(ui, self.report.as_deref());
+                        let shown = self.report.as_ref().zip(self.analysis.as_ref());
+                        match (self.side_tab, shown) {
+                            (SideTab::Budget, _) | (_, None)
+                                if self.side_tab != SideTab::Compare =>
+                            {
+                                self.comparison.ui(ui, self.report.as_deref())
+                            }
+                            (SideTab::Waterfall, Some((r, a))) => comparison::waterfall(ui, r, a),
+                            (SideTab::Peak, Some((_, a))) => comparison::peak_owners(ui, a),
+                            _ => self.compare.ui(ui, shown),
+                        }
                     });
             });
         egui::CentralPanel::default_margins().show(ui, |ui| {
-            let events: &[Event] = match &self.report {
-                Some(r) => &r.events,
-                None => &self.live_events,
+            let running = self.worker.is_some();
+            let shown = match (&self.report, &self.analysis) {
+                (Some(r), Some(a)) if !running => Some((r.clone(), a.clone())),
+                _ => None,
             };
-            let input = TimelineInput {
-                events,
-                generation: self.generation,
-                report: self.report.as_deref(),
-            };
-            self.timeline.ui(ui, &input);
+            if let Some((r, a)) = &shown {
+                ui.horizontal(|ui| {
+                    ui.selectable_value(&mut self.tab, CentralTab::Lifetimes, "Lifetimes");
+                    ui.selectable_value(&mut self.tab, CentralTab::Lines, "Memory lines");
+                    ui.selectable_value(&mut self.tab, CentralTab::Verify, "Verify passes");
+                });
+                match self.tab {
+                    CentralTab::Lifetimes => self.lifetime.ui(ui, r, a, self.generation),
+                    CentralTab::Verify => self.verify_view.ui(ui, r, a, self.generation),
+                    CentralTab::Lines => {
+                        let input = TimelineInput {
+                            events: &r.events,
+                            generation: self.generation,
+                            report: Some(r),
+                        };
+                        self.timeline.ui(ui, &input);
+                    }
+                }
+            } else {
+                // While a run is in flight: its live totals (and the GPU's NVML line).
+                let input = TimelineInput {
+                    events: &self.live_events,
+                    generation: self.generation,
+                    report: None,
+                };
+                self.timeline.ui(ui, &input);
+            }
         });
     }
 
@@ -859,4 +1003,33 @@ pub fn write_png(path: &Path, img: &egui::ColorImage) -> Result<(), String> {
         )
         .map_err(|e| format!("{}: encoding PNG: {e}", path.display()))?;
     export::atomic_write(path, &bytes).map_err(|e| e.to_string())
+}
+
+/// An out-of-memory message in GiB/MiB instead of raw byte counts, with what to try next.
+pub fn with_oom_hint(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    // "<digits> bytes" → fmt_u(digits)
+    while let Some(p) = rest.find(" bytes") {
+        let head = &rest[..p];
+        let start = head
+            .rfind(|c: char| !c.is_ascii_digit())
+            .map_or(0, |i| i + 1);
+        match head[start..].parse::<u64>() {
+            Ok(n) if start < head.len() => {
+                out.push_str(&head[..start]);
+                out.push_str(&crate::units::fmt_u(n));
+            }
+            _ => {
+                out.push_str(head);
+                out.push_str(" bytes");
+            }
+        }
+        rest = &rest[p + " bytes".len()..];
+    }
+    out.push_str(rest);
+    if msg.contains("out of memory") {
+        out.push_str(" — try fewer tokens or sequences, int8 or nf4, or a larger device.");
+    }
+    out
 }

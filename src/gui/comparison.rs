@@ -5,7 +5,7 @@
 use egui::{Color32, RichText};
 use egui_plot::{Bar, BarChart, Plot};
 
-use super::style::{c32, BIG};
+use super::style::{c32, legible, BIG};
 use crate::palette;
 use crate::profile::formulas::FormulaId;
 use crate::profile::report::{FormulaResult, Verify};
@@ -33,7 +33,9 @@ pub fn verify_cell(v: &Option<Verify>) -> String {
 
 fn verify_colour(v: &Option<Verify>, ui: &egui::Ui) -> Color32 {
     match v {
-        Some(v) if v.ran && !v.oom && v.within_budget => c32(palette::TRUTH),
+        Some(v) if v.ran && !v.oom && v.within_budget => {
+            legible(palette::TRUTH, ui.visuals().dark_mode)
+        }
         Some(v) if v.ran => ui.visuals().error_fg_color,
         _ => ui.visuals().text_color(),
     }
@@ -54,6 +56,7 @@ impl ComparisonView {
             );
             return;
         };
+        let dark = ui.visuals().dark_mode;
         ui.horizontal_wrapped(|ui| {
             ui.heading("Old vs new KV-cache budget");
             if r.device.simulated {
@@ -75,13 +78,23 @@ impl ComparisonView {
         ));
         ui.add_space(4.0);
         ui.columns(3, |cols| {
-            big_number(&mut cols[0], "#9352 old", old.kv_bytes, c32(palette::OLD));
-            big_number(&mut cols[1], "#9516 new", new.kv_bytes, c32(palette::NEW));
+            big_number(
+                &mut cols[0],
+                "#9352 old",
+                old.kv_bytes,
+                legible(palette::OLD, dark),
+            );
+            big_number(
+                &mut cols[1],
+                "#9516 new",
+                new.kv_bytes,
+                legible(palette::NEW, dark),
+            );
             big_number(
                 &mut cols[2],
                 "measured truth",
                 r.truth.kv_bytes,
-                c32(palette::TRUTH),
+                legible(palette::TRUTH, dark),
             );
         });
         ui.add_space(4.0);
@@ -122,6 +135,7 @@ fn big_number(ui: &mut egui::Ui, title: &str, bytes: i64, colour: Color32) {
 }
 
 fn table(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
+    let dark = ui.visuals().dark_mode;
     egui::Grid::new("comparison")
         .num_columns(shown.len() + 2)
         .striped(true)
@@ -131,12 +145,12 @@ fn table(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
             for f in shown {
                 ui.label(
                     RichText::new(f.id.short())
-                        .color(c32(palette::formula(f.id)))
+                        .color(legible(palette::formula(f.id), dark))
                         .strong(),
                 )
                 .on_hover_text(f.title.as_str());
             }
-            ui.label(RichText::new("truth").color(c32(palette::TRUTH)).strong());
+            ui.label(RichText::new("truth").color(legible(palette::TRUTH, dark)).strong());
             ui.end_row();
 
             let t = &r.truth;
@@ -269,5 +283,157 @@ fn bars(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
             for c in charts {
                 pui.bar_chart(c);
             }
+        });
+}
+
+/// Where T goes per formula, with the truth beside it: stacked horizontal bars in the
+/// lifetime view's colours, each piece's size on hover, large numbers as they are.
+pub fn waterfall(ui: &mut egui::Ui, r: &Report, a: &crate::lifetimes::Analysis) {
+    use crate::budget::{bars, Piece};
+    let dark = ui.visuals().dark_mode;
+    ui.heading("Where the device goes");
+    ui.label(format!(
+        "T = {} split per formula; the KV budget is what is left of T·u = {}.",
+        fmt_u(r.checkpoints.t0.total),
+        fmt_i(crate::profile::formulas::budget(
+            r.checkpoints.t0.total,
+            r.settings.util,
+            false
+        ))
+    ));
+    let twice: u64 = a.kept.iter().map(|g| g.bytes_at_t3).sum();
+    let bars = bars(r, twice);
+    let total = r.checkpoints.t0.total.max(1) as f32;
+    let label_w = 90.0;
+    for b in &bars {
+        ui.horizontal(|ui| {
+            let (lr, _) = ui.allocate_exact_size(egui::vec2(label_w, 24.0), egui::Sense::hover());
+            ui.painter().text(
+                lr.left_center(),
+                egui::Align2::LEFT_CENTER,
+                &b.label,
+                egui::FontId::proportional(15.0),
+                super::style::legible(b.colour, dark),
+            );
+            let w = (ui.available_width() - 8.0).max(120.0);
+            let (rect, resp) = ui.allocate_exact_size(egui::vec2(w, 24.0), egui::Sense::hover());
+            let mut x = rect.left();
+            let mut hover = Vec::new();
+            for (piece, bytes) in &b.pieces {
+                let pw = (*bytes).max(0) as f32 / total * w;
+                let pr = egui::Rect::from_min_size(egui::pos2(x, rect.top()), egui::vec2(pw, 24.0));
+                ui.painter().rect_filled(pr, 0.0, c32(piece.colour()));
+                if *piece == Piece::CountedTwice && pw > 0.0 {
+                    ui.painter().rect_stroke(
+                        pr,
+                        0.0,
+                        egui::Stroke::new(1.5, c32(palette::KEPT_OUTLINE)),
+                        egui::StrokeKind::Inside,
+                    );
+                }
+                x += pw;
+                if *bytes != 0 {
+                    hover.push(format!("{}: {}", piece.label(), fmt_i(*bytes)));
+                }
+            }
+            if b.kv_bytes < 0 {
+                hover.push(format!("no room for the KV cache ({})", fmt_i(b.kv_bytes)));
+            }
+            resp.on_hover_text(hover.join("\n"));
+        });
+    }
+    ui.horizontal_wrapped(|ui| {
+        for p in Piece::ALL {
+            let (r, _) = ui.allocate_exact_size(egui::vec2(14.0, 14.0), egui::Sense::hover());
+            ui.painter().rect_filled(r, 2.0, c32(p.colour()));
+            ui.label(p.label());
+        }
+    });
+    egui::Grid::new("waterfall_numbers")
+        .striped(true)
+        .num_columns(4)
+        .show(ui, |ui| {
+            ui.label("");
+            for h in ["peak above weights", "non-torch", "KV budget"] {
+                ui.label(RichText::new(h).strong());
+            }
+            ui.end_row();
+            for b in &bars {
+                ui.label(RichText::new(&b.label).color(super::style::legible(b.colour, dark)));
+                let get = |p: Piece| b.pieces.iter().find(|x| x.0 == p).map_or(0, |x| x.1);
+                ui.monospace(fmt_i(get(Piece::Peak)));
+                ui.monospace(fmt_i(get(Piece::NonTorch) + get(Piece::CountedTwice)));
+                ui.monospace(fmt_i(b.kv_bytes));
+                ui.end_row();
+            }
+        });
+}
+
+/// Who owns the framework peak and the process peak: bytes by category, the ten largest
+/// tensors with op and layer, and bytes made and freed per layer per pass.
+pub fn peak_owners(ui: &mut egui::Ui, a: &crate::lifetimes::Analysis) {
+    ui.heading("Who owns the peak");
+    for p in [&a.peaks.framework, &a.peaks.process].into_iter().flatten() {
+        ui.label(
+            RichText::new(format!(
+                "{}: framework {} · process {} (event {})",
+                p.what,
+                fmt_u(p.allocated),
+                fmt_u(p.process_used),
+                p.event
+            ))
+            .strong(),
+        );
+        ui.horizontal_wrapped(|ui| {
+            for (cat, bytes) in &p.by_category {
+                let (r, _) = ui.allocate_exact_size(egui::vec2(12.0, 12.0), egui::Sense::hover());
+                ui.painter()
+                    .rect_filled(r, 2.0, c32(palette::category(*cat)));
+                ui.label(format!("{} {}", cat.label(), fmt_u(*bytes)));
+            }
+        });
+        egui::Grid::new(format!("top_{}", p.what))
+            .striped(true)
+            .num_columns(4)
+            .show(ui, |ui| {
+                for h in ["size", "tensor", "op", "layer"] {
+                    ui.label(RichText::new(h).strong());
+                }
+                ui.end_row();
+                for t in &p.top {
+                    ui.monospace(fmt_u(t.bytes));
+                    let name = RichText::new(&t.tensor);
+                    ui.label(if t.kept {
+                        name.background_color(c32(palette::KEPT))
+                            .color(c32(palette::KEPT_OUTLINE))
+                    } else {
+                        name
+                    });
+                    ui.label(&t.op);
+                    ui.label(t.layer.map_or("—".to_string(), |l| l.to_string()));
+                    ui.end_row();
+                }
+            });
+        ui.add_space(6.0);
+    }
+    egui::CollapsingHeader::new("Bytes made and freed per layer")
+        .default_open(false)
+        .show(ui, |ui| {
+            egui::Grid::new("layers")
+                .striped(true)
+                .num_columns(4)
+                .show(ui, |ui| {
+                    for h in ["pass", "layer", "made", "freed"] {
+                        ui.label(RichText::new(h).strong());
+                    }
+                    ui.end_row();
+                    for l in &a.peaks.layers {
+                        ui.label(l.pass.to_string());
+                        ui.label(l.layer.map_or("—".to_string(), |x| x.to_string()));
+                        ui.monospace(fmt_u(l.made_bytes));
+                        ui.monospace(fmt_u(l.freed_bytes));
+                        ui.end_row();
+                    }
+                });
         });
 }

@@ -2,7 +2,9 @@
 //! middle, old-vs-new comparison on the right. Profiling runs on a worker thread.
 
 mod app;
+mod compare;
 mod comparison;
+mod lifetime;
 mod setup;
 mod style;
 mod timeline;
@@ -11,8 +13,10 @@ mod worker;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-pub use app::{Banner, BannerKind, VramscopeApp};
+pub use app::{Banner, BannerKind, CentralTab, VramscopeApp};
+pub use compare::{delta_rows, DeltaRow};
 pub use comparison::verify_cell;
+pub use lifetime::{LifetimeView, Part};
 pub use setup::{ModelKind, SetupForm};
 pub use timeline::{TimelineInput, TimelineView};
 

@@ -88,7 +88,9 @@ impl Default for SetupForm {
             preset: "llama-3-8b".into(),
             path: String::new(),
             recent: Vec::new(),
-            quant: r.quant,
+            // First launch shows the int8 story: CxB state kept across passes, counted twice
+            // by #9352.
+            quant: Quant::Int8,
             int8_threshold: r.int8_threshold,
             device: "sim:h100-80gb".into(),
             dry: true,
@@ -394,10 +396,13 @@ mod tests {
     }
 
     #[test]
-    fn default_form_is_the_default_request() {
+    fn default_form_is_the_default_request_in_int8() {
         assert_eq!(
             SetupForm::default().request().unwrap(),
-            ProfileRequest::default()
+            ProfileRequest {
+                quant: Quant::Int8,
+                ..ProfileRequest::default()
+            }
         );
     }
 

@@ -20,31 +20,37 @@ pub fn on_bg(c: Rgb, dark: bool) -> Color32 {
 
 /// Larger text than egui's defaults: the window is often shown on a projector.
 pub fn apply(ctx: &egui::Context) {
+    set_text_sizes(ctx, 1.0);
     ctx.all_styles_mut(|style| {
-        style.text_styles = [
-            (
-                TextStyle::Small,
-                FontId::new(13.0, FontFamily::Proportional),
-            ),
-            (TextStyle::Body, FontId::new(16.0, FontFamily::Proportional)),
-            (
-                TextStyle::Button,
-                FontId::new(16.0, FontFamily::Proportional),
-            ),
-            (
-                TextStyle::Heading,
-                FontId::new(22.0, FontFamily::Proportional),
-            ),
-            (
-                TextStyle::Monospace,
-                FontId::new(15.0, FontFamily::Monospace),
-            ),
-        ]
-        .into();
         style.spacing.item_spacing = egui::vec2(8.0, 6.0);
         style.spacing.button_padding = egui::vec2(8.0, 4.0);
     });
 }
 
+/// Presentation mode: every text a quarter larger (and back).
+pub fn set_presentation(ctx: &egui::Context, on: bool) {
+    set_text_sizes(ctx, if on { 1.25 } else { 1.0 });
+}
+
+fn set_text_sizes(ctx: &egui::Context, scale: f32) {
+    ctx.all_styles_mut(|style| {
+        style.text_styles = [
+            (TextStyle::Small, 13.0, FontFamily::Proportional),
+            (TextStyle::Body, 16.0, FontFamily::Proportional),
+            (TextStyle::Button, 16.0, FontFamily::Proportional),
+            (TextStyle::Heading, 22.0, FontFamily::Proportional),
+            (TextStyle::Monospace, 15.0, FontFamily::Monospace),
+        ]
+        .into_iter()
+        .map(|(t, size, family)| (t, FontId::new(size * scale, family)))
+        .collect();
+    });
+}
+
 /// Size of the two big budget numbers.
 pub const BIG: f32 = 34.0;
+
+/// A palette colour as a line or label on this theme's background (≥ 4.5:1).
+pub fn legible(c: Rgb, dark: bool) -> Color32 {
+    c32(crate::palette::legible(c, dark))
+}

@@ -6,7 +6,7 @@
 use egui::{Align2, Color32, RichText};
 use egui_plot::{Legend, Line, LineStyle, Plot, PlotPoint, Span, Text, VLine};
 
-use super::style::{c32, on_bg};
+use super::style::{c32, legible, on_bg};
 use crate::memory::{Category, Event, EventKind};
 use crate::palette;
 use crate::profile::report::DeviceSample;
@@ -30,11 +30,11 @@ const LEVELS: [usize; 4] = [2048, 8192, 32_768, 131_072];
 
 fn series_colour(s: Series, dark: bool) -> Color32 {
     match s {
-        Series::Allocated => c32(palette::ALLOCATED),
-        Series::Reserved => c32(palette::RESERVED),
-        Series::DeviceUsed => on_bg(palette::DEVICE_USED, dark),
-        Series::ProcessUsed => on_bg(palette::PROCESS_USED, dark),
-        Series::NonFramework => c32(palette::category(Category::NonFramework)),
+        Series::Allocated => legible(palette::ALLOCATED, dark),
+        Series::Reserved => legible(palette::RESERVED, dark),
+        Series::DeviceUsed => legible(palette::DEVICE_USED, dark),
+        Series::ProcessUsed => legible(palette::PROCESS_USED, dark),
+        Series::NonFramework => legible(palette::category(Category::NonFramework), dark),
     }
 }
 
@@ -149,6 +149,8 @@ impl TimelineView {
             .legend(Legend::default().position(egui_plot::Corner::RightBottom))
             .allow_double_click_reset(true)
             .allow_boxed_zoom(true)
+            .allow_scroll(false)
+            .allow_zoom(false)
             .show_x(false)
             .show_y(false)
             .include_y(0.0)
@@ -180,6 +182,7 @@ impl TimelineView {
         let stacked = self.stacked;
         let hidden = self.hidden;
         let resp = plot.show(ui, |pui| {
+            super::lifetime::wheel_zoom(pui);
             let b = pui.plot_bounds();
             let width_px = pui.transform().frame().width().max(16.0) as usize;
             let (x0, x1) = if pui.auto_bounds().x || b.width() <= 0.0 {
@@ -727,6 +730,17 @@ mod view_tests {
     use super::*;
     use crate::memory::Category;
 
+    /// A mouse-wheel step (`dy` points up).
+    fn wheel(dy: f32) -> egui::Event {
+        egui::Event::MouseWheel {
+            unit: egui::MouseWheelUnit::Point,
+            delta: egui::vec2(0.0, dy),
+            phase: egui::TouchPhase::Move,
+            source: egui::MouseWheelSource::Unknown,
+            modifiers: egui::Modifiers::NONE,
+        }
+    }
+
     #[test]
     fn a_zoom_gesture_narrows_the_reduced_range_and_reset_restores_it() {
         let events: Vec<Event> = (0..10_000u64)
@@ -781,12 +795,16 @@ mod view_tests {
         for _ in 0..3 {
             frame(
                 &mut view,
-                vec![egui::Event::PointerMoved(centre), egui::Event::Zoom(2.0)],
+                vec![egui::Event::PointerMoved(centre), wheel(200.0)],
             );
         }
-        frame(&mut view, vec![]);
+        // Wheel steps are smoothed over a few frames: let them finish.
+        for _ in 0..40 {
+            frame(&mut view, vec![]);
+        }
         let zoomed = range(&view);
         assert!(zoomed < full * 0.5, "zoomed {zoomed} vs full {full}");
+
         assert_eq!(view.cache.passes.len(), 4);
         view.reset_view();
         frame(&mut view, vec![]);
