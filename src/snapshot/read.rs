@@ -418,18 +418,18 @@ fn replay(
             "segment_alloc" | "segment_map" => {
                 seg_seen.insert(addr);
             }
-            "segment_free" | "segment_unmap" => {
-                if seg_seen.insert(addr) {
-                    pre_segments.insert(addr, e.size);
-                }
+            // Freed before it was made: the segment predates the history.
+            "segment_free" | "segment_unmap" if seg_seen.insert(addr) => {
+                pre_segments.insert(addr, e.size);
             }
             "alloc" => {
                 live.insert(addr);
             }
-            "free_requested" | "free_completed" => {
-                if !live.remove(&addr) && e.action == "free_requested" {
-                    pre_blocks.entry(addr).or_insert(round_size(e.size.max(1)));
-                }
+            // A free (request) of a block the history never allocated: it predates it.
+            "free_requested" | "free_completed"
+                if !live.remove(&addr) && e.action == "free_requested" =>
+            {
+                pre_blocks.entry(addr).or_insert(round_size(e.size.max(1)));
             }
             _ => {}
         }
