@@ -556,7 +556,7 @@ fn masked_fill(rt: &Runtime, x: &mut Tensor, mask: &Tensor) -> Result<()> {
 ///   (4N) and CUB temp (12N + 255): 44 bytes per element with the outputs.
 pub fn sort_transients(rows: usize, cols: usize) -> Vec<(&'static str, u64)> {
     let n = (rows * cols) as u64;
-    if rows >= 2 && rows < 128 {
+    if (2..128).contains(&rows) {
         vec![
             ("sort.indices_and_segment", 8 * n),
             ("sort.indices_and_segment2", 8 * n),
