@@ -327,12 +327,26 @@ fn lifetime_view_of_llama_3_8b_int8_marks_cxb_kept_and_a_clicked_band_shows_its_
     wait_for_run(&mut h, Duration::from_secs(120));
     let r = h.state().report().expect("a report").clone();
     let a = h.state().analysis().expect("an analysis");
-    let kept: Vec<_> = a.lifetimes.items.iter().filter(|l| l.kept).collect();
+    // Besides CxB, what PyTorch keeps too: the cuBLAS workspace (made at the first GEMM) and
+    // the sampler's SamplingTensors (replaced by the next pass's).
+    let kept: Vec<_> = a
+        .lifetimes
+        .items
+        .iter()
+        .filter(|l| l.kept)
+        .filter(|l| {
+            let e = &r.events[l.alloc_event as usize];
+            assert!(
+                e.tensor.ends_with(".CxB")
+                    || e.tensor == "cublas-workspace"
+                    || e.tensor.starts_with("sampling."),
+                "only CxB, the workspace and the sampling tensors are kept, not {}",
+                e.tensor
+            );
+            e.tensor.ends_with(".CxB")
+        })
+        .collect();
     assert!(!kept.is_empty(), "int8 keeps its CxB state across passes");
-    for l in &kept {
-        let name = &r.events[l.alloc_event as usize].tensor;
-        assert!(name.ends_with(".CxB"), "only CxB is kept, not {name}");
-    }
     // Every layer's seven int8 linears make a CxB state in pass 1 (freed in pass 2) and in
     // pass 2 (alive at t3); pass 3 reuses pass 2's.
     let per_pass = 7 * r.model.layers;
@@ -343,7 +357,12 @@ fn lifetime_view_of_llama_3_8b_int8_marks_cxb_kept_and_a_clicked_band_shows_its_
             && headline.ends_with("— counted twice by #9352"),
         "{headline}"
     );
-    let at_t3: u64 = a.kept.iter().map(|g| g.bytes_at_t3).sum();
+    let at_t3: u64 = a
+        .kept
+        .iter()
+        .filter(|g| g.what.contains("CxB"))
+        .map(|g| g.bytes_at_t3)
+        .sum();
     assert!(
         headline.contains(&vramscope::units::fmt_u(at_t3)),
         "{headline}"
@@ -357,7 +376,8 @@ fn lifetime_view_of_llama_3_8b_int8_marks_cxb_kept_and_a_clicked_band_shows_its_
     let mut target = None;
     for id in live {
         let l = &a.lifetimes.items[id as usize];
-        if l.kept && target.is_none() {
+        let cxb = r.events[l.alloc_event as usize].tensor.ends_with(".CxB");
+        if l.kept && cxb && target.is_none() {
             target = Some((id, y + l.bytes / 2));
         }
         y += l.bytes;
@@ -396,12 +416,19 @@ fn fp16_keeps_nothing_across_passes_and_compare_mode_shows_the_fp16_int8_delta()
     wait_for_run(&mut h, Duration::from_secs(120));
     let fp16 = h.state().report().unwrap().clone();
     let a16 = h.state().analysis().unwrap();
-    assert!(
-        a16.lifetimes.items.iter().all(|l| !l.kept),
-        "no fp16 tensor is kept"
-    );
-    assert!(a16.headline.is_none());
-    assert!(shows(&h, "No tensor outlives the pass that made it."));
+    // fp16 keeps no activation and no quant state: only what PyTorch keeps for any model, the
+    // cuBLAS workspace and the sampler's SamplingTensors.
+    for l in a16.lifetimes.items.iter().filter(|l| l.kept) {
+        let name = &fp16.events[l.alloc_event as usize].tensor;
+        assert!(
+            name == "cublas-workspace" || name.starts_with("sampling."),
+            "fp16 keeps {name}"
+        );
+    }
+    // What stays is small and PyTorch's own (vLLM's test_profile.py calls it "0.0079 GiB
+    // non-torch" under #9352): the headline names it, never int8 state.
+    let h16 = a16.headline.clone().unwrap_or_default();
+    assert!(!h16.contains("CxB"), "{h16}");
 
     h.get_by_label("Compare").click();
     h.run_steps(1);

@@ -121,6 +121,7 @@ fn tiny_run() -> vramscope::Report {
         model: ModelSource::parse("preset:tiny").unwrap(),
         device: vramscope::device::DeviceSpec::parse("sim:h100-80gb:dry").unwrap(),
         tokens: 64,
+        seqs: 4,
         outside_during: 3 * MIB,
         ..ProfileRequest::default()
     };
