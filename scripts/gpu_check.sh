@@ -31,6 +31,31 @@ PY
 }
 
 case $PHASE in
+final)
+  # After the merges: the GPU tests (CUDA backend, OPT and bitsandbytes 4-bit, the app on a real
+  # GPU), the bf16 sampler against PyTorch, OPT on the GPU against the dry run, and a vramscope
+  # trace opened by PyTorch's own memory viewer. $G holds the binaries: vramscope, cuda-tests,
+  # cuda-opt-tests, gui-tests.
+  run "$G/cuda-tests" --ignored --test-threads 1
+  run "$G/cuda-opt-tests" --ignored --test-threads 1
+  run "$B" bench --model preset:llama-3-8b --fast-weights --quant bf16 --device cuda:0 --tokens 8192 --iters 1 --sampler-dump /tmp/sd-bf16
+  run python3 "$G/sampler_reference.py" /tmp/sd-bf16
+  for d in sim:h200-141gb:dry cuda:0; do
+    run "$B" profile --model preset:opt-125m --quant fp16 --device $d -q --json "/tmp/opt-${d%%:*}.json"
+    summ "/tmp/opt-${d%%:*}.json"
+  done
+  run "$B" profile --model preset:llama-3-8b --quant int8 --device cuda:0 -q --no-verify --torch-snapshot /tmp/l8.pickle
+  run "$B" profile --model preset:tiny --device cuda:0 --tokens 64 -q --torch-snapshot /tmp/tiny.pickle
+  for f in tiny l8; do
+    run python3 -m torch.cuda._memory_viz trace_plot /tmp/$f.pickle -o "/tmp/$f.trace.html"
+    run python3 -m torch.cuda._memory_viz segment_plot /tmp/$f.pickle -o "/tmp/$f.segments.html"
+    run python3 "$G/check_torch_snapshot.py" /tmp/$f.pickle
+    run "$B" report /tmp/$f.pickle
+    run ls -la /tmp/$f.pickle /tmp/$f.trace.html /tmp/$f.segments.html
+  done
+  cp /tmp/tiny.trace.html "$O/" 2>/dev/null
+  run "$G/gui-tests" --ignored --nocapture app_on_a_real_gpu
+  ;;
 vllm)
   # Issue 10 on the H200: the sampler against PyTorch, vLLM's defaults on the GPU against the
   # dry run, and verify's "over budget" against a real OOM.
