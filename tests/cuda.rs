@@ -277,7 +277,11 @@ fn int8_llama_3_8b_on_the_gpu_shows_what_the_formulas_predict() {
         "new formula's error {} on the GPU, {dry_new} in the dry run (truth {truth})",
         new.error_bytes
     );
-    assert!(new.error_bytes.unsigned_abs() < t0.total / 200, "{}", new.error_bytes);
+    assert!(
+        new.error_bytes.unsigned_abs() < t0.total / 200,
+        "{}",
+        new.error_bytes
+    );
     let v = new.verify.clone().unwrap();
     eprintln!("new formula verify: {v:?}");
     assert!(v.ran && !v.oom, "{v:?}");

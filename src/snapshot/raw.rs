@@ -77,8 +77,11 @@ fn is_shown(f: &Frame) -> bool {
         "ceval.c",
         "cpython/abstract.h",
     ];
-    !OMIT_NAMES.iter().any(|o| f.name.contains(o))
-        && !OMIT_FILES.iter().any(|o| f.filename.contains(o))
+    // vramscope's own frames carry the tensor name, which may contain an omitted word by
+    // chance (`attn.query_start_loc` holds "_start"): they are always kept.
+    f.filename.starts_with(super::VRAMSCOPE_FRAME)
+        || (!OMIT_NAMES.iter().any(|o| f.name.contains(o))
+            && !OMIT_FILES.iter().any(|o| f.filename.contains(o)))
 }
 
 /// The first two shown frames of a stack (innermost first); the rest are read and dropped, so
