@@ -26,7 +26,7 @@ pub fn verify_cell(v: &Option<Verify>) -> String {
         Some(v) if v.ran && !v.oom && v.within_budget => {
             format!("ok\n{} spare", fmt_i(-v.overrun_bytes))
         }
-        Some(v) if v.ran && !v.oom => format!("OVER by\n{}", fmt_i(v.overrun_bytes)),
+        Some(v) if v.ran && !v.oom => format!("over budget by\n{}", fmt_i(v.overrun_bytes)),
         Some(v) => v.short(),
     }
 }
