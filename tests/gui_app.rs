@@ -530,6 +530,8 @@ fn app_on_a_real_gpu_profiles_llama_3_8b_int8_cancels_mid_pass_and_matches_the_c
 
     // Cancel one run in the middle of a profile pass.
     h.get_by_label("Profile").click();
+    // The click starts the worker on the next frame.
+    h.run_steps(2);
     let t = Instant::now();
     while !h
         .state()
@@ -554,6 +556,8 @@ fn app_on_a_real_gpu_profiles_llama_3_8b_int8_cancels_mid_pass_and_matches_the_c
     // The whole run.
     let t = Instant::now();
     h.get_by_label("Profile").click();
+    // The click starts the worker on the next frame.
+    h.run_steps(2);
     wait_for_run(&mut h, Duration::from_secs(550));
     eprintln!("app run: {:?}", t.elapsed());
     let r = h
