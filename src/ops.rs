@@ -10,7 +10,8 @@ use crate::model::config::ModelConfig;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Storage, Tensor};
 
-fn cuda<R>(
+/// Runs `f` with the CUDA device (an error on any other device).
+pub(crate) fn cuda<R>(
     rt: &Runtime,
     f: impl FnOnce(&mut crate::device::cuda::CudaDevice) -> Result<R>,
 ) -> Result<R> {

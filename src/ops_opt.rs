@@ -12,21 +12,9 @@ use crate::device::cpu;
 use crate::device::Backend;
 use crate::error::{Error, Result};
 use crate::memory::Category;
+use crate::ops::cuda;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
-
-fn cuda<R>(
-    rt: &Runtime,
-    f: impl FnOnce(&mut crate::device::cuda::CudaDevice) -> Result<R>,
-) -> Result<R> {
-    rt.with_device(|d| match d.cuda() {
-        Some(c) => f(c),
-        None => Err(Error::Device {
-            spec: "cuda".into(),
-            problem: "not a CUDA device".into(),
-        }),
-    })
-}
 
 /// `table[rows]` (`nn.Embedding` / `F.embedding`) into a new `[rows, cols]` tensor.
 pub fn gather(

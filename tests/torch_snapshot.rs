@@ -295,8 +295,8 @@ fn million_entry_snapshot() {
     println!("peak memory / file size = {ratio:.2}");
 }
 
-/// A real snapshot recorded by PyTorch 2.11 on an H200 (tests/fixtures/torch_2_11: the script
-/// and the numbers PyTorch printed just before `_dump_snapshot`).
+/// A real snapshot recorded by PyTorch 2.11 on an H200 (tests/fixtures/torch_2_11 holds the
+/// numbers PyTorch printed just before `_dump_snapshot`; scripts/torch_probe.py made it).
 fn torch_numbers(name: &str) -> (u64, u64, u64) {
     let text = std::fs::read_to_string(fixture("torch_2_11/numbers.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();

@@ -15,6 +15,7 @@ use super::llama::Batch;
 use crate::device::{cpu_sampler as cpu, Backend};
 use crate::error::{Error, Result};
 use crate::memory::Category;
+use crate::ops::cuda;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Storage, Tensor};
 
@@ -608,17 +609,4 @@ fn head(rt: &Runtime, x: &Tensor, rows: usize) -> Result<Vec<f32>> {
             v
         })
         .unwrap_or_default())
-}
-
-fn cuda<R>(
-    rt: &Runtime,
-    f: impl FnOnce(&mut crate::device::cuda::CudaDevice) -> Result<R>,
-) -> Result<R> {
-    rt.with_device(|d| match d.cuda() {
-        Some(c) => f(c),
-        None => Err(Error::Device {
-            spec: "cuda".into(),
-            problem: "not a CUDA device".into(),
-        }),
-    })
 }
