@@ -136,10 +136,12 @@ fn big_number(ui: &mut egui::Ui, title: &str, bytes: i64, colour: Color32) {
 
 fn table(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
     let dark = ui.visuals().dark_mode;
+    // Narrow panels (1280x720) scroll the table sideways rather than cut the truth column off.
+    egui::ScrollArea::horizontal().id_salt("comparison-table").show(ui, |ui| {
     egui::Grid::new("comparison")
         .num_columns(shown.len() + 2)
         .striped(true)
-        .spacing([12.0, 6.0])
+        .spacing([8.0, 6.0])
         .show(ui, |ui| {
             ui.label("");
             for f in shown {
@@ -232,6 +234,7 @@ fn table(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
             }
             ui.end_row();
         });
+    });
 }
 
 fn bars(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
