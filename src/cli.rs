@@ -147,7 +147,9 @@ pub struct ProfileArgs {
     /// sim:PRESET[:dry|:compute] or cuda:N.
     #[arg(long, default_value = "sim:h100-80gb:dry")]
     pub device: String,
-    #[arg(long, default_value_t = 3)]
+    /// Passes between t1 and t2: 1 is vLLM's profile run; more show the serving passes after
+    /// it (the truth then covers them all).
+    #[arg(long, default_value_t = 1)]
     pub passes: u32,
     /// gpu_memory_utilization.
     #[arg(long, default_value_t = 0.9)]

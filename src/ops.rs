@@ -113,7 +113,23 @@ pub fn attention(
 ) -> Result<Tensor> {
     rt.check_cancel()?;
     rt.set_op("attention");
+    // vllm-flash-attn's `mha_varlen_fwd` (called from flash_attn.py L679-692 at 380e1863):
+    // `out = empty_like(q)`, `softmax_lse [heads, T]` f32 and `rng_state [2]` int64 come from
+    // the caching allocator; the wrapper returns `out` and drops the other two. Our kernels
+    // need neither, but the allocator sees them as vLLM's does.
     let mut out = rt.tensor(name, Category::Activation, &q.shape, q.dtype)?;
+    let lse = rt.tensor(
+        format!("{name}.softmax_lse"),
+        Category::Activation,
+        &[cfg.num_heads, q.rows()],
+        DType::F32,
+    )?;
+    let rng = rt.tensor(
+        format!("{name}.rng_state"),
+        Category::Activation,
+        &[2],
+        DType::I64,
+    )?;
     let shape = AttnShape {
         heads: cfg.num_heads,
         kv_heads: cfg.num_kv_heads,
@@ -126,6 +142,74 @@ pub fn attention(
             cpu::attention(q, k, v, seq_lens, shape, out.f32_mut(), &c)?
         }
         Backend::Cuda => cuda(rt, |c| c.attention(q, k, v, seq_lens, shape, &mut out))?,
+    }
+    drop((lse, rng));
+    Ok(out)
+}
+
+/// `out[offset..offset + src.numel()] = src` with a dtype cast, as PyTorch's `copy_` into a
+/// slice does: no allocation.
+pub fn copy_into(rt: &Runtime, out: &mut Tensor, offset: usize, src: &Tensor) -> Result<()> {
+    rt.set_op("copy");
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            let dt = out.dtype;
+            let dst = &mut out.f32_mut()[offset..offset + src.numel()];
+            for (d, &v) in dst.iter_mut().zip(src.f32()) {
+                *d = crate::quant::bnb4::round(dt, v);
+            }
+        }
+        Backend::Cuda => {
+            let mut view = out.part(out.name.clone(), offset, &src.shape);
+            cuda(rt, |c| c.convert_float(src, &mut view))?
+        }
+    }
+    Ok(())
+}
+
+/// vLLM's `RMSNorm.forward_cuda` with a residual (layernorm.py; `fused_add_rms_norm`):
+/// `residual += x`, then `x = rms_norm(residual) · w`, both in place: no allocation.
+pub fn fused_add_rms_norm(
+    rt: &Runtime,
+    x: &mut Tensor,
+    residual: &mut Tensor,
+    w: &Tensor,
+    eps: f32,
+) -> Result<()> {
+    rt.check_cancel()?;
+    rt.set_op("fused_add_rms_norm");
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            cpu::add_assign(residual.f32_mut(), x.f32());
+            cpu::rms_norm(residual.f32(), w.f32(), eps, x.f32_mut());
+        }
+        Backend::Cuda => cuda(rt, |c| {
+            c.add_assign(residual, x)?;
+            c.rms_norm(residual, w, eps, x)
+        })?,
+    }
+    Ok(())
+}
+
+/// vLLM's `SiluAndMul.forward_cuda` (activation.py): `out = empty([T, I])`, then
+/// `silu(gate) · up` from the two halves of the fused gate_up output (given as its views).
+/// The gate view is used as scratch: gate_up dies after this.
+pub fn silu_and_mul(rt: &Runtime, gate: &mut Tensor, up: &Tensor, name: &str) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("silu_and_mul");
+    let mut out = rt.tensor(name, Category::Activation, &gate.shape, gate.dtype)?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            out.f32_mut().copy_from_slice(gate.f32());
+            cpu::silu_mul(out.f32_mut(), up.f32());
+        }
+        Backend::Cuda => cuda(rt, |c| {
+            c.silu_mul(gate, up)?;
+            c.convert_float(gate, &mut out)
+        })?,
     }
     Ok(out)
 }

@@ -278,6 +278,7 @@ impl Runtime {
             storage,
             block,
             rt: self.clone(),
+            view: false,
         })
     }
 

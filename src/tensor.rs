@@ -68,6 +68,8 @@ pub struct Tensor {
     pub storage: Storage,
     pub(crate) block: BlockRef,
     pub(crate) rt: Runtime,
+    /// A part of another tensor's block (a `split` view): it frees nothing when dropped.
+    pub(crate) view: bool,
 }
 
 impl Tensor {
@@ -142,6 +144,39 @@ impl Tensor {
         }
     }
 
+    /// A contiguous part of this tensor's block, `shape` elements from element `offset`, as
+    /// PyTorch's `split`/slicing gives a view: no allocation, and dropping it frees nothing.
+    /// On a GPU it points into the block; the host keeps a copy of those values (the parent's
+    /// values are never read again after a split in the forward passes that use it).
+    /// The caller keeps the parent alive while the view is used.
+    pub fn part(&self, name: impl Into<String>, offset: usize, shape: &[usize]) -> Tensor {
+        let numel: usize = shape.iter().product();
+        assert!(
+            offset + numel <= self.numel(),
+            "part of {} out of range",
+            self.name
+        );
+        let storage = match &self.storage {
+            Storage::None => Storage::None,
+            Storage::F32(v) if v.is_empty() => Storage::F32(vec![0.0; numel]),
+            Storage::F32(v) => Storage::F32(v[offset..offset + numel].to_vec()),
+            Storage::I8(v) => Storage::I8(v[offset..offset + numel].to_vec()),
+            Storage::U8(v) => Storage::U8(v[offset..offset + numel].to_vec()),
+            Storage::I32(v) => Storage::I32(v[offset..offset + numel].to_vec()),
+            Storage::Cuda(p) => Storage::Cuda(p + offset as u64 * self.dtype.size_bytes()),
+        };
+        Tensor {
+            shape: shape.to_vec(),
+            dtype: self.dtype,
+            name: name.into(),
+            category: self.category,
+            storage,
+            block: self.block,
+            rt: self.rt.clone(),
+            view: true,
+        }
+    }
+
     /// Rows of a 2-D tensor.
     pub fn rows(&self) -> usize {
         self.shape[0]
@@ -167,6 +202,8 @@ impl std::fmt::Debug for Tensor {
 
 impl Drop for Tensor {
     fn drop(&mut self) {
-        self.rt.release(self.block, &self.name, self.category);
+        if !self.view {
+            self.rt.release(self.block, &self.name, self.category);
+        }
     }
 }

@@ -9,27 +9,29 @@ use super::loader::Loader;
 pub use super::loader::{LoadOptions, LoadStats};
 use super::weights::WeightSource;
 use crate::error::{Error, Result};
+use crate::memory::Category;
 use crate::ops;
 use crate::progress::Progress;
-use crate::quant::{Linear, Quant};
+use crate::quant::{FusedLinear, Linear, Quant};
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 
+/// vLLM's `LlamaAttention` (llama.py at 380e1863): `qkv_proj` is a `QKVParallelLinear`, q, k
+/// and v stacked into one parameter.
 pub struct Attention {
-    pub q: Linear,
-    pub k: Linear,
-    pub v: Linear,
+    pub qkv: FusedLinear,
     pub o: Linear,
-    pub biases: Option<[Tensor; 3]>,
+    /// The `[q + 2·kv]` bias of `qkv_proj` (Qwen2-style `attention_bias`).
+    pub bias: Option<Tensor>,
 }
 
+/// vLLM's `LlamaDecoderLayer`; `gate_up` is a `MergedColumnParallelLinear`.
 pub struct Layer {
-    pub input_norm: Tensor,
     pub attn: Attention,
-    pub post_norm: Tensor,
-    pub gate: Linear,
-    pub up: Linear,
+    pub gate_up: FusedLinear,
     pub down: Linear,
+    pub input_norm: Tensor,
+    pub post_norm: Tensor,
 }
 
 pub struct LlamaModel {
@@ -42,6 +44,11 @@ pub struct LlamaModel {
     /// `[Vp, hidden]`, 16-bit (bitsandbytes leaves it unquantized); `None` when tied to the
     /// embedding.
     pub lm_head: Option<Tensor>,
+    /// The rotary embedding's `cos_sin_cache` `[max_position, head_dim]` in the model dtype:
+    /// vLLM makes it on the device when it builds the model (rotary_embedding.py
+    /// `RotaryEmbedding.__init__`), one per model (`get_rope` caches it), and it stays. Our
+    /// kernels compute cos and sin themselves; the buffer is here for its bytes.
+    pub rope_cache: Tensor,
     /// How fast the weights came off the source (zero on a dry run, which reads nothing).
     pub load_stats: LoadStats,
     generation: Cell<u32>,
@@ -99,42 +106,64 @@ impl LlamaModel {
         let vp = cfg.padded_vocab();
         let embed = ld.dense_padded("model.embed_tokens.weight", v, h, vp)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
+        let mut rope_cache = None;
+        // In the order vLLM's constructors create the parameters (llama.py at 380e1863):
+        // qkv_proj, o_proj (and the rotary cache, with the first layer), gate_up_proj,
+        // down_proj, then the two norms.
         for l in 0..cfg.num_layers {
             rt.set_layer(Some(l as u32));
             let p = format!("model.layers.{l}");
-            let input_norm = ld.dense(&format!("{p}.input_layernorm.weight"), &[h])?;
-            let qp = ld.linear(&format!("{p}.self_attn.q_proj.weight"), q, h)?;
-            let kp = ld.linear(&format!("{p}.self_attn.k_proj.weight"), kv, h)?;
-            let vp = ld.linear(&format!("{p}.self_attn.v_proj.weight"), kv, h)?;
-            let biases = if cfg.attention_bias {
-                Some([
-                    ld.dense(&format!("{p}.self_attn.q_proj.bias"), &[q])?,
-                    ld.dense(&format!("{p}.self_attn.k_proj.bias"), &[kv])?,
-                    ld.dense(&format!("{p}.self_attn.v_proj.bias"), &[kv])?,
-                ])
+            let qkv = ld.fused(
+                &[
+                    format!("{p}.self_attn.q_proj.weight"),
+                    format!("{p}.self_attn.k_proj.weight"),
+                    format!("{p}.self_attn.v_proj.weight"),
+                ],
+                &[q, kv, kv],
+                h,
+                &format!("{p}.self_attn.qkv_proj.weight"),
+            )?;
+            let bias = if cfg.attention_bias {
+                Some(ld.dense_concat(
+                    &[
+                        format!("{p}.self_attn.q_proj.bias"),
+                        format!("{p}.self_attn.k_proj.bias"),
+                        format!("{p}.self_attn.v_proj.bias"),
+                    ],
+                    &[q, kv, kv],
+                    &format!("{p}.self_attn.qkv_proj.bias"),
+                )?)
             } else {
                 None
             };
             let op = ld.linear(&format!("{p}.self_attn.o_proj.weight"), h, q)?;
-            let post_norm = ld.dense(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
-            let gate = ld.linear(&format!("{p}.mlp.gate_proj.weight"), i, h)?;
-            let up = ld.linear(&format!("{p}.mlp.up_proj.weight"), i, h)?;
+            if rope_cache.is_none() {
+                rope_cache = Some(rotary_cache(rt, cfg, act)?);
+            }
+            let gate_up = ld.fused(
+                &[
+                    format!("{p}.mlp.gate_proj.weight"),
+                    format!("{p}.mlp.up_proj.weight"),
+                ],
+                &[i, i],
+                h,
+                &format!("{p}.mlp.gate_up_proj.weight"),
+            )?;
             let down = ld.linear(&format!("{p}.mlp.down_proj.weight"), h, i)?;
+            let input_norm = ld.dense(&format!("{p}.input_layernorm.weight"), &[h])?;
+            let post_norm = ld.dense(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
             layers.push(Layer {
-                input_norm,
-                attn: Attention {
-                    q: qp,
-                    k: kp,
-                    v: vp,
-                    o: op,
-                    biases,
-                },
-                post_norm,
-                gate,
-                up,
+                attn: Attention { qkv, o: op, bias },
+                gate_up,
                 down,
+                input_norm,
+                post_norm,
             });
         }
+        let rope_cache = match rope_cache {
+            Some(c) => c,
+            None => rotary_cache(rt, cfg, act)?,
+        };
         rt.set_layer(None);
         let norm = ld.dense("model.norm.weight", &[h])?;
         // bitsandbytes leaves lm_head in 16 bits.
@@ -151,6 +180,7 @@ impl LlamaModel {
             layers,
             norm,
             lm_head,
+            rope_cache,
             load_stats: LoadStats {
                 total_seconds: started.elapsed().as_secs_f64(),
                 ..ld.stats
@@ -161,17 +191,12 @@ impl LlamaModel {
 
     /// Bytes of all weights as stored on the device.
     pub fn weight_bytes(&self) -> u64 {
-        let mut b = self.embed.nbytes() + self.norm.nbytes();
+        let mut b = self.embed.nbytes() + self.norm.nbytes() + self.rope_cache.nbytes();
         for l in &self.layers {
             b += l.input_norm.nbytes() + l.post_norm.nbytes();
-            for lin in [
-                &l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o, &l.gate, &l.up, &l.down,
-            ] {
-                b += lin.weight_bytes();
-            }
-            if let Some(bs) = &l.attn.biases {
-                b += bs.iter().map(Tensor::nbytes).sum::<u64>();
-            }
+            b += l.attn.qkv.weight_bytes() + l.gate_up.weight_bytes();
+            b += l.attn.o.weight_bytes() + l.down.weight_bytes();
+            b += l.attn.bias.as_ref().map_or(0, Tensor::nbytes);
         }
         b + self.lm_head.as_ref().map_or(0, Tensor::nbytes)
     }
@@ -206,8 +231,13 @@ impl LlamaModel {
         let eps = cfg.rms_norm_eps as f32;
         let positions: Vec<usize> = batch.seq_lens.iter().flat_map(|&n| 0..n).collect();
         rt.set_layer(None);
-        let mut x = ops::embedding(rt, &batch.ids, &self.embed, act)?;
+        // vLLM's LlamaModel.forward (llama.py at 380e1863): the embedding output becomes the
+        // residual stream; layer 0 normalises into a new tensor, every later norm is
+        // `fused_add_rms_norm` in place, the final one too.
+        let mut residual = ops::embedding(rt, &batch.ids, &self.embed, act)?;
+        let mut hidden: Option<Tensor> = None;
         let n_layers = self.layers.len() as u32;
+        let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
         for (li, layer) in self.layers.iter().enumerate() {
             rt.check_cancel()?;
             rt.set_layer(Some(li as u32));
@@ -216,55 +246,137 @@ impl LlamaModel {
                 of: n_layers,
             });
             let l = format!("layers.{li}");
-            let h = ops::rms_norm(rt, &x, &layer.input_norm, eps, &format!("{l}.input_norm"))?;
-            let mut q = layer
+            // LlamaDecoderLayer.forward: `hidden_states` of the previous layer is held by the
+            // model's loop until this layer returns.
+            let layer_in = match hidden.take() {
+                None => ops::rms_norm(
+                    rt,
+                    &residual,
+                    &layer.input_norm,
+                    eps,
+                    &format!("{l}.input_norm"),
+                )?,
+                Some(mut h) => {
+                    ops::fused_add_rms_norm(rt, &mut h, &mut residual, &layer.input_norm, eps)?;
+                    h
+                }
+            };
+            // LlamaAttention.forward: qkv, its split views, rotary in place, attention, o_proj;
+            // qkv and the attention output die when it returns.
+            let qkv = layer
                 .attn
-                .q
-                .forward(rt, &h, &format!("{l}.q_proj"), gen, act)?;
-            let mut k = layer
-                .attn
-                .k
-                .forward(rt, &h, &format!("{l}.k_proj"), gen, act)?;
-            let v0 = layer
-                .attn
-                .v
-                .forward(rt, &h, &format!("{l}.v_proj"), gen, act)?;
-            drop(h);
-            let mut v = v0;
-            if let Some([bq, bk, bv]) = &layer.attn.biases {
-                ops::add_bias(rt, &mut q, bq)?;
-                ops::add_bias(rt, &mut k, bk)?;
-                ops::add_bias(rt, &mut v, bv)?;
+                .qkv
+                .forward(rt, &layer_in, &format!("{l}.qkv_proj"), gen, act)?;
+            let rows = [q_dim, kv_dim, kv_dim];
+            let names = ["q", "k", "v"].map(|n| format!("{l}.{n}"));
+            let mut qkv_views = FusedLinear::split(&qkv, &rows, &names);
+            if let Some(b) = &layer.attn.bias {
+                let bias_names = ["q", "k", "v"].map(|n| format!("{l}.{n}_bias"));
+                for (x, bv) in
+                    qkv_views
+                        .iter_mut()
+                        .zip(FusedLinear::split_flat(b, &rows, &bias_names))
+                {
+                    ops::add_bias(rt, x, &bv)?;
+                }
             }
+            let mut it = qkv_views.into_iter();
+            let (Some(mut q), Some(mut k), Some(v)) = (it.next(), it.next(), it.next()) else {
+                return Err(Error::Request("qkv split".into()));
+            };
             ops::rope(rt, &mut q, &mut k, &positions, cfg)?;
             let a = ops::attention(rt, &q, &k, &v, &batch.seq_lens, cfg, &format!("{l}.attn"))?;
-            drop((q, k, v));
-            let o = layer
+            let mut o = layer
                 .attn
                 .o
                 .forward(rt, &a, &format!("{l}.o_proj"), gen, act)?;
+            drop((q, k, v));
+            drop(qkv);
             drop(a);
-            ops::add_assign(rt, &mut x, &o)?;
-            drop(o);
-            let h2 = ops::rms_norm(rt, &x, &layer.post_norm, eps, &format!("{l}.post_norm"))?;
-            let mut gate = layer
-                .gate
-                .forward(rt, &h2, &format!("{l}.gate_proj"), gen, act)?;
-            let up = layer
-                .up
-                .forward(rt, &h2, &format!("{l}.up_proj"), gen, act)?;
-            drop(h2);
-            ops::silu_mul(rt, &mut gate, &up)?;
-            drop(up);
+            // Layer 0's normalised input dies here (the decoder rebinds `hidden_states`); a
+            // later layer's is the previous layer's output, held by the model's loop.
+            let layer_in_kept = if li == 0 {
+                drop(layer_in);
+                None
+            } else {
+                Some(layer_in)
+            };
+            ops::fused_add_rms_norm(rt, &mut o, &mut residual, &layer.post_norm, eps)?;
+            // LlamaMLP.forward: gate_up, SiluAndMul's new output, down_proj; the activation dies
+            // when `x` is rebound to down_proj's output, gate_up when the MLP returns.
+            let gate_up = layer
+                .gate_up
+                .forward(rt, &o, &format!("{l}.gate_up_proj"), gen, act)?;
+            let i = cfg.intermediate_size;
+            let names = ["gate", "up"].map(|n| format!("{l}.{n}"));
+            let mut it = FusedLinear::split(&gate_up, &[i, i], &names).into_iter();
+            let (Some(mut gate), Some(up)) = (it.next(), it.next()) else {
+                return Err(Error::Request("gate_up split".into()));
+            };
+            let act_out = ops::silu_and_mul(rt, &mut gate, &up, &format!("{l}.act"))?;
+            drop((gate, up));
             let down = layer
                 .down
-                .forward(rt, &gate, &format!("{l}.down_proj"), gen, act)?;
-            drop(gate);
-            ops::add_assign(rt, &mut x, &down)?;
+                .forward(rt, &act_out, &format!("{l}.down_proj"), gen, act)?;
+            drop(act_out);
+            drop(gate_up);
+            // The decoder rebinds `hidden_states` to the MLP's output: o_proj's output dies;
+            // then the model's loop rebinds its own: the previous layer's output dies.
+            drop(o);
+            drop(layer_in_kept);
+            hidden = Some(down);
         }
         rt.set_layer(None);
-        let xn = ops::rms_norm(rt, &x, &self.norm, eps, "final.norm")?;
-        drop(x);
-        Ok(xn)
+        let mut out = match hidden {
+            Some(h) => h,
+            None => ops::rms_norm(rt, &residual, &self.norm, eps, "final.norm")?,
+        };
+        if !self.layers.is_empty() {
+            ops::fused_add_rms_norm(rt, &mut out, &mut residual, &self.norm, eps)?;
+        }
+        drop(residual);
+        Ok(out)
     }
+}
+
+/// vLLM's `RotaryEmbedding._compute_cos_sin_cache` then `.to(dtype)` (rotary_embedding.py at
+/// 380e1863), run on the device as the model is built: inv_freq (arange, divide, power,
+/// reciprocal), t, the outer product, cos, sin, their concatenation in f32, then the cast; the
+/// f32 intermediates die, the cast stays.
+fn rotary_cache(rt: &Runtime, cfg: &ModelConfig, act: DType) -> Result<Tensor> {
+    rt.set_op("rotary_emb.cos_sin_cache");
+    let (pos, rot) = (cfg.max_position_embeddings.max(1), cfg.head_dim);
+    let t32 = |name: &str, shape: &[usize]| {
+        rt.tensor(
+            format!("rotary_emb.{name}"),
+            Category::Weight,
+            shape,
+            DType::F32,
+        )
+    };
+    let inv_freq = {
+        let a = t32("arange", &[rot / 2])?;
+        let b = t32("arange_div", &[rot / 2])?;
+        drop(a);
+        let c = t32("pow", &[rot / 2])?;
+        drop(b);
+        let inv = t32("inv_freq", &[rot / 2])?;
+        drop(c);
+        inv
+    };
+    let t = t32("t", &[pos])?;
+    let freqs = t32("freqs", &[pos, rot / 2])?;
+    let cos = t32("cos", &[pos, rot / 2])?;
+    let sin = t32("sin", &[pos, rot / 2])?;
+    let cache32 = t32("cache_f32", &[pos, rot])?;
+    drop((inv_freq, t, freqs, cos, sin));
+    let cache = rt.tensor(
+        "rotary_emb.cos_sin_cache",
+        Category::Weight,
+        &[pos, rot],
+        act,
+    )?;
+    drop(cache32);
+    rt.set_op("load");
+    Ok(cache)
 }

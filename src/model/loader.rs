@@ -10,7 +10,7 @@ use crate::ops;
 use crate::progress::Progress;
 use crate::quant::bnb4::{self, Absmax, Bnb4Meta, Bnb4Type};
 use crate::quant::int8::{Int8Linear, TileLayout};
-use crate::quant::{Bnb4Linear, Bnb4Nested, Linear, Quant};
+use crate::quant::{Bnb4Linear, Bnb4Nested, FusedLinear, Linear, Quant};
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 use std::rc::Rc;
@@ -156,6 +156,56 @@ impl<'a> Loader<'a> {
             d
         });
         upload(self.rt, name, &[padded_rows, cols], self.act, d)
+    }
+
+    /// 1-D tensors read one after another into one (a fused bias such as `qkv_proj.bias`).
+    pub(crate) fn dense_concat(
+        &mut self,
+        names: &[String],
+        lens: &[usize],
+        fused_name: &str,
+    ) -> Result<Tensor> {
+        let mut all: Option<Vec<f32>> = None;
+        for (n, &len) in names.iter().zip(lens) {
+            if let Some(d) = self.read(n, &[len])? {
+                all.get_or_insert_with(Vec::new).extend(d);
+            }
+        }
+        upload(self.rt, fused_name, &[lens.iter().sum()], self.act, all)
+    }
+
+    /// A stacked parameter (vLLM's `qkv_proj`, `gate_up_proj`, filled through
+    /// `stacked_params_mapping`): one `[Σ nᵢ, k]` weight when it stays 16-bit, the checkpoint's
+    /// shards read in order into it; one quantized linear per shard otherwise.
+    pub(crate) fn fused(
+        &mut self,
+        names: &[String],
+        rows: &[usize],
+        k: usize,
+        fused_name: &str,
+    ) -> Result<FusedLinear> {
+        let quantized = names.iter().any(|n| {
+            self.src.bnb4(n).is_some() || (self.opts.quant == Quant::Int8 && self.src.is_int8(n))
+        }) || !matches!(self.opts.quant, Quant::F16 | Quant::BF16);
+        if quantized {
+            let shards = names
+                .iter()
+                .zip(rows)
+                .map(|(n, &r)| self.linear(n, r, k))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(FusedLinear::Shards(shards));
+        }
+        let mut all: Option<Vec<f32>> = None;
+        for (n, &r) in names.iter().zip(rows) {
+            if let Some(d) = self.read(n, &[r, k])? {
+                all.get_or_insert_with(Vec::new).extend(d);
+            }
+        }
+        let total: usize = rows.iter().sum();
+        Ok(FusedLinear::Dense {
+            weight: upload(self.rt, fused_name, &[total, k], self.act, all)?,
+            rows: rows.to_vec(),
+        })
     }
 
     pub(crate) fn linear(&mut self, name: &str, n: usize, k: usize) -> Result<Linear> {

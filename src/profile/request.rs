@@ -18,6 +18,9 @@ pub struct ProfileRequest {
     pub tokens: usize,
     /// Sequences the tokens are split into (vLLM's `max_num_seqs`, default 256).
     pub seqs: usize,
+    /// Passes between t1 and t2. vLLM's `profile_run` is one (the default); more show what the
+    /// serving passes after it do (bitsandbytes' state freed in the next pass, segments the
+    /// second pass maps), and the truth then covers them all.
     pub passes: u32,
     /// gpu_memory_utilization.
     pub util: f64,
@@ -54,7 +57,7 @@ impl Default for ProfileRequest {
             },
             tokens: 0,
             seqs: VLLM_MAX_NUM_SEQS,
-            passes: 3,
+            passes: 1,
             util: 0.9,
             block_size: 16,
             max_model_len: 0,

@@ -17,7 +17,7 @@ use crate::device::Backend;
 use crate::error::{Error, Result};
 use crate::memory::Category;
 use crate::runtime::Runtime;
-use crate::tensor::{DType, Storage, Tensor};
+use crate::tensor::{DType, Tensor};
 
 /// The 4-bit data type (`quant_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -655,25 +655,12 @@ pub fn dequantize_linear(rt: &Runtime, l: &Bnb4Linear, name: &str) -> Result<Ten
     Ok(w)
 }
 
-/// vLLM's `BitsAndBytesLinearMethod._apply_4bit_weight` (bitsandbytes.py L275-316) for one
-/// shard, with bitsandbytes' `MatMul4Bit.forward` (autograd/_functions.py L493-520) inside:
-/// `bf_x = x.to(bf16)`; `out = empty(T, n, bf16)`; `dequantize_4bit` → `.to(bf16)` →
-/// `F.linear`; the result copied into `out`; `out.to(x.dtype)`. The caller adds the bias in
-/// place, as vLLM does after this. (A one-token batch would take bitsandbytes' `gemv_4bit`,
-/// which dequantizes inside the kernel; a profile batch never has one token.)
-pub fn forward(rt: &Runtime, l: &Bnb4Linear, x: &Tensor, name: &str, act: DType) -> Result<Tensor> {
-    rt.set_op("bnb4.matmul");
-    let (m, n) = (x.rows(), l.out_features);
-    let bf_x = (x.dtype != DType::BF16)
-        .then(|| convert(rt, x, DType::BF16, format!("{name}.bf_x")))
-        .transpose()?;
-    let xb = bf_x.as_ref().unwrap_or(x);
-    let mut out = rt.tensor(
-        format!("{name}.out_bf16"),
-        Category::Activation,
-        &[m, n],
-        DType::BF16,
-    )?;
+/// One shard of vLLM's `BitsAndBytesLinearMethod._apply_4bit_weight` (bitsandbytes.py
+/// L275-316; the loop around it is `quant::shard_loop`): bitsandbytes' `MatMul4Bit.forward`
+/// (autograd/_functions.py L493-520), `dequantize_4bit` → `.to(bf16)` → `F.linear` on the
+/// bf16 input, giving a new `[T, n]` bf16 result. (A one-token batch would take bitsandbytes'
+/// `gemv_4bit`, which dequantizes inside the kernel; a profile batch never has one token.)
+pub fn shard_matmul(rt: &Runtime, l: &Bnb4Linear, xb: &Tensor, name: &str) -> Result<Tensor> {
     rt.set_op("bnb4.dequantize");
     let w = dequantize_linear(rt, l, name)?;
     let wb = if w.dtype != DType::BF16 {
@@ -685,22 +672,7 @@ pub fn forward(rt: &Runtime, l: &Bnb4Linear, x: &Tensor, name: &str, act: DType)
     };
     let y = dense_matmul(rt, xb, &wb, name, DType::BF16)?;
     drop(wb);
-    // `out[:, off:off + n] = ...`: one shard fills the whole of `out`.
-    match (&mut out.storage, &y.storage) {
-        (Storage::F32(o), Storage::F32(v)) => o.copy_from_slice(v),
-        (Storage::Cuda(_), Storage::Cuda(_)) => cuda(rt, |c| c.convert_float(&y, &mut out))?,
-        _ => {}
-    }
-    drop(y);
-    let out = if act != DType::BF16 {
-        let o = convert(rt, &out, act, format!("{name}.out"))?;
-        drop(out);
-        o
-    } else {
-        out
-    };
-    drop(bf_x);
-    Ok(out)
+    Ok(y)
 }
 
 #[cfg(test)]

@@ -65,15 +65,12 @@ pub struct Int8Linear {
 }
 
 impl Int8Linear {
-    /// `x [m, k] → [m, n]`. `generation` counts this layer's previous forwards.
-    pub fn forward(
-        &self,
-        rt: &Runtime,
-        x: &Tensor,
-        name: &str,
-        generation: u32,
-        act: DType,
-    ) -> Result<Tensor> {
+    /// bitsandbytes 0.44.1 `MatMul8bitLt.forward` (autograd/_functions.py L291-433) on the
+    /// bf16 input vLLM passes (`bf_x.unsqueeze(0)`, bitsandbytes.py L238-247): `x [m, k] → [m, n]`
+    /// in bf16, every tensor it allocates in its order. `generation` counts this layer's
+    /// previous forwards. The caller (`quant::shard_loop`) copies the result into vLLM's
+    /// fused fp16 output.
+    pub fn forward(&self, rt: &Runtime, x: &Tensor, name: &str, generation: u32) -> Result<Tensor> {
         let (m, k, n) = (x.rows(), self.in_features, self.out_features);
         if generation <= 1 {
             // vLLM: `matmul_states[i] = MatmulLtState()`, the old state (and its CxB) is dropped.
@@ -85,20 +82,23 @@ impl Int8Linear {
         let compute = rt.backend() == Backend::Cpu;
         let gpu = rt.backend() == Backend::Cuda;
 
-        // 1. F.double_quant(A): row- and column-wise int8 copies and their scales.
+        // 1. `F.double_quant(A.to(torch.float16), threshold)` (L322): the fp16 copy of A lives
+        // until double_quant returns. Inside (functional.py L2438-2473, L2555-2611):
+        // get_colrow_absmax's row and column stats and, with a threshold, its
+        // `nnz_block_ptr`; then `out_col` (CAt) and `out_row` (CA). The COO list of outlier
+        // values (3 × nnz elements) is not modelled: its size depends on the activations.
         rt.set_op("int8.double_quant");
-        let mut ca = rt.tensor(
-            format!("{name}.CA"),
-            Category::Activation,
-            &[m, k],
-            DType::I8,
-        )?;
-        let mut cat = rt.tensor(
-            format!("{name}.CAt"),
-            Category::Activation,
-            &[m, k],
-            DType::I8,
-        )?;
+        let a16 = if x.dtype == DType::F16 {
+            None
+        } else {
+            Some(super::bnb4::convert(
+                rt,
+                x,
+                DType::F16,
+                format!("{name}.A_fp16"),
+            )?)
+        };
+        let xa = a16.as_ref().unwrap_or(x);
         let mut sca = rt.tensor(
             format!("{name}.SCA"),
             Category::Activation,
@@ -111,10 +111,33 @@ impl Int8Linear {
             &[k],
             DType::F32,
         )?;
+        let nnz_ptr = if self.threshold > 0.0 {
+            let tiles = m.div_ceil(16) * 16 * k.div_ceil(256) + 1;
+            Some(rt.tensor(
+                format!("{name}.nnz_block_ptr"),
+                Category::Activation,
+                &[tiles],
+                DType::I32,
+            )?)
+        } else {
+            None
+        };
+        let mut cat = rt.tensor(
+            format!("{name}.CAt"),
+            Category::Activation,
+            &[m, k],
+            DType::I8,
+        )?;
+        let mut ca = rt.tensor(
+            format!("{name}.CA"),
+            Category::Activation,
+            &[m, k],
+            DType::I8,
+        )?;
         let outliers: Vec<usize> = if gpu {
             rt.with_device(|d| {
                 d.cuda().expect("cuda").int8_double_quant(
-                    x,
+                    xa,
                     self.threshold,
                     &mut ca,
                     &mut cat,
@@ -123,7 +146,7 @@ impl Int8Linear {
                 )
             })?
         } else if compute && self.threshold > 0.0 {
-            let xs = x.f32();
+            let xs = xa.f32();
             (0..k)
                 .filter(|&c| (0..m).any(|r| xs[r * k + c].abs() >= self.threshold))
                 .collect()
@@ -131,7 +154,7 @@ impl Int8Linear {
             Vec::new()
         };
         if compute {
-            let xs = x.f32();
+            let xs = xa.f32();
             let is_out = |c: usize| outliers.binary_search(&c).is_ok();
             let mut rowmax = vec![0f32; m];
             for r in 0..m {
@@ -157,6 +180,7 @@ impl Int8Linear {
                 }
             }
         }
+        drop(nnz_ptr);
 
         // 2. The state's CxB, built on its first forward and kept.
         let mut state_ref = self.state.borrow_mut();
@@ -186,6 +210,9 @@ impl Int8Linear {
             }
             state.cxb = Some(cxb);
         }
+        // The fp16 copy of A dies when double_quant returns; the outlier steps read A itself
+        // (the same values: bf16 → fp16 is exact in range).
+        let xa_dtype = xa.dtype;
 
         // 3. Outlier decomposition: subB (16-bit weight columns of the outliers) kept in state.
         let mut sub_a = None;
@@ -203,13 +230,22 @@ impl Int8Linear {
                     *d = c as i32;
                 }
             }
-            let mut sub_b =
-                rt.tensor(format!("{name}.subB"), Category::QuantState, &[no, n], act)?;
-            let mut sa = rt.tensor(format!("{name}.subA"), Category::Activation, &[m, no], act)?;
+            let mut sub_b = rt.tensor(
+                format!("{name}.subB"),
+                Category::QuantState,
+                &[no, n],
+                xa_dtype,
+            )?;
+            let mut sa = rt.tensor(
+                format!("{name}.subA"),
+                Category::Activation,
+                &[m, no],
+                xa_dtype,
+            )?;
             if gpu {
                 rt.with_device(|d| {
                     d.cuda().expect("cuda").int8_outliers(
-                        x, &outliers, &self.cb, &self.scb, &mut idx, &mut sub_b, &mut sa,
+                        xa, &outliers, &self.cb, &self.scb, &mut idx, &mut sub_b, &mut sa,
                     )
                 })?;
             } else {
@@ -220,7 +256,7 @@ impl Int8Linear {
                         sb[j * n + r] = cb[r * k + c] as f32 * scb[r] / 127.0;
                     }
                 }
-                let xs = x.f32();
+                let xs = xa.f32();
                 let sav = sa.f32_mut();
                 for r in 0..m {
                     for (j, &c) in outliers.iter().enumerate() {
@@ -232,8 +268,10 @@ impl Int8Linear {
             state.sub_b = Some(sub_b);
             sub_a = Some(sa);
         }
+        drop(a16);
 
-        // 4. igemmlt on the col32 copy of A, then mm_dequant to 16-bit.
+        // 4. igemmlt on the col32 copy of A, then mm_dequant to fp16 (functional.py
+        // L2393-2436: with its own row and column stats, freed when it returns).
         rt.set_op("int8.igemmlt");
         let (_, kp) = TileLayout {
             row_pad: 1,
@@ -252,7 +290,25 @@ impl Int8Linear {
             &[m, n],
             DType::I32,
         )?;
-        let mut out = rt.tensor(format!("{name}.out"), Category::Activation, &[m, n], act)?;
+        rt.set_op("int8.mm_dequant");
+        let mut out = rt.tensor(
+            format!("{name}.out_fp16"),
+            Category::Activation,
+            &[m, n],
+            DType::F16,
+        )?;
+        let row_stats = rt.tensor(
+            format!("{name}.new_row_stats"),
+            Category::Activation,
+            &[m],
+            DType::F32,
+        )?;
+        let col_stats = rt.tensor(
+            format!("{name}.new_col_stats"),
+            Category::Activation,
+            &[n],
+            DType::F32,
+        )?;
         if compute {
             let cxb = state.cxb.as_ref().expect("CxB built above").i8();
             let (_, cp) = self.layout.padded(n, k);
@@ -273,10 +329,15 @@ impl Int8Linear {
                 let o = out.f32_mut();
                 for r in 0..m {
                     for c in 0..n {
-                        o[r * n + c] = acc[r * n + c] as f32 * rows[r] * scb[c] / (127.0 * 127.0);
+                        o[r * n + c] = half::f16::from_f32(
+                            acc[r * n + c] as f32 * rows[r] * scb[c] / (127.0 * 127.0),
+                        )
+                        .to_f32();
                     }
                 }
             }
+            // 5 (below) in bitsandbytes adds subA·subB after the bf16 cast; the host adds it
+            // here, before rounding to bf16.
             if let (Some(sa), Some(sb)) = (&sub_a, &state.sub_b) {
                 let no = outliers.len();
                 let mut extra = vec![0f32; m * n];
@@ -298,14 +359,37 @@ impl Int8Linear {
                 let c = d.cuda().expect("cuda");
                 c.int8_igemm(&ca, &mut c32a, cxb, &mut out32)?;
                 c.int8_dequant(&out32, &sca, &self.scb, &mut out)?;
+                // As on the host: the outlier product is added before the bf16 cast.
                 match (&sub_a, &state.sub_b) {
                     (Some(sa), Some(sb)) => c.int8_add_outliers(sa, sb, &mut out),
                     _ => Ok(()),
                 }
             })?;
         }
+        drop((row_stats, col_stats));
+
+        // 5. `output.to(A.dtype)` (bf16), then `output += torch.matmul(subA, subB)` when there
+        // are outliers (a new [m, n] product, freed after the add).
+        let output = super::bnb4::convert(rt, &out, x.dtype, format!("{name}.out_bf16"))?;
+        drop(out);
+        if sub_a.is_some() {
+            rt.set_op("int8.outliers_matmul");
+            let prod = rt.tensor(
+                format!("{name}.subA@subB"),
+                Category::Activation,
+                &[m, n],
+                x.dtype,
+            )?;
+            drop(prod);
+        }
+        // 6. `clone_func(output.view(output_shape))`: vLLM's input is 3-D, so a clone
+        // (L431-432); the locals (CA, CAt, SCA, SCAt, C32A, out32, subA, the pre-clone output)
+        // die when forward returns.
+        rt.set_op("int8.clone");
+        let result = super::bnb4::convert(rt, &output, x.dtype, format!("{name}.out"))?;
         drop((c32a, out32, cat, scat, sca, ca, sub_a));
-        Ok(out)
+        drop(output);
+        Ok(result)
     }
 
     /// Bytes this layer's weights take: int8 CB plus fp32 SCB.

@@ -155,10 +155,186 @@ impl Linear {
         rt.check_cancel()?;
         match self {
             Linear::Dense(w) => dense_matmul(rt, x, w, name, act),
-            Linear::Int8(l) => l.forward(rt, x, name, generation, act),
-            Linear::Bnb4(l) => bnb4::forward(rt, l, x, name, act),
+            Linear::Int8(_) | Linear::Bnb4(_) => {
+                shard_loop(rt, std::slice::from_ref(self), x, name, generation, act)
+            }
         }
     }
+}
+
+/// vLLM's `QKVParallelLinear` and `MergedColumnParallelLinear` (linear.py): shards stacked
+/// along the output into one parameter, filled through `stacked_params_mapping` (llama.py
+/// `load_weights`), and one `[tokens, Σ nᵢ]` output that the model then splits into views.
+pub enum FusedLinear {
+    /// One `[Σ nᵢ, k]` 16-bit weight and one GEMM into one output (`F.linear`).
+    Dense { weight: Tensor, rows: Vec<usize> },
+    /// bitsandbytes: one quantized linear per shard, run in vLLM's per-shard loop
+    /// (bitsandbytes.py `_apply_8bit_weight` L204-273, `_apply_4bit_weight` L275-316). vLLM
+    /// keeps the shards' codes in one qweight; here each shard holds its own (the same bytes,
+    /// in one allocation per shard).
+    Shards(Vec<Linear>),
+}
+
+impl FusedLinear {
+    /// Output features of each shard, in order.
+    pub fn shard_rows(&self) -> Vec<usize> {
+        match self {
+            FusedLinear::Dense { rows, .. } => rows.clone(),
+            FusedLinear::Shards(s) => s.iter().map(Linear::out_features).collect(),
+        }
+    }
+
+    pub fn weight_bytes(&self) -> u64 {
+        match self {
+            FusedLinear::Dense { weight, .. } => weight.nbytes(),
+            FusedLinear::Shards(s) => s.iter().map(Linear::weight_bytes).sum(),
+        }
+    }
+
+    /// `x [m, k] → [m, Σ nᵢ]`, one output allocation. On a device the output holds each
+    /// shard's columns as one contiguous block (`[m, n₀]`, then `[m, n₁]`, ...): the
+    /// allocation is vLLM's, the layout inside it ours, so that `split` gives contiguous
+    /// views. `FusedLinear::split` makes them.
+    pub fn forward(
+        &self,
+        rt: &Runtime,
+        x: &Tensor,
+        name: &str,
+        generation: u32,
+        act: DType,
+    ) -> Result<Tensor> {
+        rt.check_cancel()?;
+        match self {
+            FusedLinear::Dense { weight, rows } => {
+                rt.ensure_library_workspaces()?;
+                rt.set_op_for("matmul", name.rsplit('.').next().unwrap_or(name));
+                let (m, k) = (x.rows(), x.cols());
+                if weight.cols() != k {
+                    return Err(Error::Request(format!(
+                        "{name}: input has {k} features but the weight {} expects {}",
+                        weight.name,
+                        weight.cols()
+                    )));
+                }
+                let total: usize = rows.iter().sum();
+                let mut out = rt.tensor(
+                    format!("{name}.out"),
+                    Category::Activation,
+                    &[m, total],
+                    act,
+                )?;
+                let mut r0 = 0;
+                for &n in rows {
+                    match rt.backend() {
+                        Backend::Dry => {}
+                        Backend::Cpu => {
+                            let c = rt.cancel_flag();
+                            let w = &weight.f32()[r0 * k..(r0 + n) * k];
+                            let o = &mut out.f32_mut()[m * r0..m * (r0 + n)];
+                            cpu::matmul_nt_cancellable(x.f32(), w, o, (m, k, n), &c)?
+                        }
+                        Backend::Cuda => {
+                            let w = weight.part(&weight.name, r0 * k, &[n, k]);
+                            let mut o = out.part(&out.name, m * r0, &[m, n]);
+                            crate::ops::cuda(rt, |c| c.gemm_nt(x, &w, &mut o))?
+                        }
+                    }
+                    r0 += n;
+                }
+                Ok(out)
+            }
+            FusedLinear::Shards(shards) => shard_loop(rt, shards, x, name, generation, act),
+        }
+    }
+
+    /// Views of consecutive runs of a 1-D tensor (a fused bias), one per shard.
+    pub fn split_flat(t: &Tensor, rows: &[usize], names: &[String]) -> Vec<Tensor> {
+        let mut r0 = 0;
+        rows.iter()
+            .zip(names)
+            .map(|(&n, nm)| {
+                let v = t.part(nm.clone(), r0, &[n]);
+                r0 += n;
+                v
+            })
+            .collect()
+    }
+
+    /// vLLM's `qkv.split([...], dim=-1)` / `gate_up` halves: views of the fused output, one per
+    /// shard, named `{prefix}.{names[i]}`. Dropping them frees nothing; the fused output's
+    /// block is freed when it is dropped.
+    pub fn split(out: &Tensor, rows: &[usize], names: &[String]) -> Vec<Tensor> {
+        let m = out.rows();
+        let mut r0 = 0;
+        rows.iter()
+            .zip(names)
+            .map(|(&n, nm)| {
+                let v = out.part(nm.clone(), m * r0, &[m, n]);
+                r0 += n;
+                v
+            })
+            .collect()
+    }
+}
+
+/// The per-shard loop of vLLM's bitsandbytes linear method: `bf_x = x.to(bf16)`;
+/// `out = empty(T, Σ nᵢ)` (fp16 for 8-bit, bf16 for 4-bit); each shard's matmul result copied
+/// into its columns of `out` and freed; `out.to(x.dtype)`.
+fn shard_loop(
+    rt: &Runtime,
+    shards: &[Linear],
+    x: &Tensor,
+    name: &str,
+    generation: u32,
+    act: DType,
+) -> Result<Tensor> {
+    let m = x.rows();
+    let total: usize = shards.iter().map(Linear::out_features).sum();
+    let out_dtype = match shards.first() {
+        Some(Linear::Int8(_)) => DType::F16,
+        Some(Linear::Bnb4(_)) => DType::BF16,
+        _ => act,
+    };
+    rt.set_op(match shards.first() {
+        Some(Linear::Int8(_)) => "int8.matmul",
+        _ => "bnb4.matmul",
+    });
+    let bf_x = (x.dtype != DType::BF16)
+        .then(|| bnb4::convert(rt, x, DType::BF16, format!("{name}.bf_x")))
+        .transpose()?;
+    let xb = bf_x.as_ref().unwrap_or(x);
+    let out_name = if out_dtype == act {
+        format!("{name}.out")
+    } else {
+        format!("{name}.out_{}", out_dtype.name())
+    };
+    let mut out = rt.tensor(out_name, Category::Activation, &[m, total], out_dtype)?;
+    let mut r0 = 0;
+    for (i, shard) in shards.iter().enumerate() {
+        let sname = if shards.len() == 1 {
+            name.to_string()
+        } else {
+            format!("{name}.{i}")
+        };
+        let y = match shard {
+            Linear::Int8(l) => l.forward(rt, xb, &sname, generation)?,
+            Linear::Bnb4(l) => bnb4::shard_matmul(rt, l, xb, &sname)?,
+            Linear::Dense(w) => dense_matmul(rt, xb, w, &sname, act)?,
+        };
+        let n = shard.out_features();
+        crate::ops::copy_into(rt, &mut out, m * r0, &y)?;
+        drop(y);
+        r0 += n;
+    }
+    let out = if out.dtype != act {
+        let o = bnb4::convert(rt, &out, act, format!("{name}.out"))?;
+        drop(out);
+        o
+    } else {
+        out
+    };
+    drop(bf_x);
+    Ok(out)
 }
 
 /// A 16-bit GEMM (cuBLAS on a GPU, which takes its workspace on first use).
