@@ -301,8 +301,11 @@ fn vllm_test_profile_is_reproduced_on_opt_125m() {
         assert_eq!(r.kv_geometry.block_bytes(), block);
         let old = r.formula(FormulaId::Pr9352).unwrap();
         let new = r.formula(FormulaId::Pr9516).unwrap();
+        // vLLM's test prints 4 decimals of GiB; with vLLM's fused qkv_proj and flash-attn's
+        // allocations vramscope lands on them (the tolerances vLLM's test allows are 5 and 10
+        // blocks; these are 1).
         assert!(
-            (old.torch_peak_bytes as f64 / GIB - 0.7077).abs() < 0.001,
+            (old.torch_peak_bytes as f64 / GIB - 0.7077).abs() < 0.0001,
             "torch peak {} GiB",
             old.torch_peak_bytes as f64 / GIB
         );
@@ -316,12 +319,12 @@ fn vllm_test_profile_is_reproduced_on_opt_125m() {
         let expect_old = (8.2843 * GIB) as u64 / block;
         let expect_new = (8.2923 * GIB) as u64 / block;
         assert!(
-            old.kv_blocks.abs_diff(expect_old) < 5,
+            old.kv_blocks.abs_diff(expect_old) <= 1,
             "#9352: {} blocks, vLLM {expect_old}",
             old.kv_blocks
         );
         assert!(
-            new.kv_blocks.abs_diff(expect_new) < 10,
+            new.kv_blocks.abs_diff(expect_new) <= 1,
             "#9516: {} blocks, vLLM {expect_new}",
             new.kv_blocks
         );

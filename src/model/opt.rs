@@ -20,7 +20,7 @@ use crate::memory::Category;
 use crate::ops;
 use crate::ops_opt;
 use crate::progress::Progress;
-use crate::quant::{Linear, Quant};
+use crate::quant::{FusedLinear, Linear, Quant};
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 
@@ -67,9 +67,9 @@ impl LayerNorm {
 
 /// `OPTDecoderLayer` (opt.py L113-185).
 pub struct OptLayer {
-    pub q: BiasedLinear,
-    pub k: BiasedLinear,
-    pub v: BiasedLinear,
+    /// vLLM's `QKVParallelLinear` (opt.py L78-84): q, k and v stacked, one bias `[3·hidden]`.
+    pub qkv: FusedLinear,
+    pub qkv_bias: Option<Tensor>,
     pub out: BiasedLinear,
     pub self_attn_layer_norm: LayerNorm,
     pub fc1: BiasedLinear,
@@ -169,10 +169,16 @@ impl OptModel {
             rt.set_layer(Some(l as u32));
             let pre = format!("{d}.layers.{l}");
             let a = format!("{pre}.self_attn");
+            let proj = |p: &str| ["q_proj", "k_proj", "v_proj"].map(|n| format!("{a}.{n}.{p}"));
+            let qkv = ld.fused(&proj("weight"), &[h; 3], h, &format!("{a}.qkv_proj.weight"))?;
+            let qkv_bias = if bias {
+                Some(ld.dense_concat(&proj("bias"), &[h; 3], &format!("{a}.qkv_proj.bias"))?)
+            } else {
+                None
+            };
             layers.push(OptLayer {
-                q: lin(&mut ld, &format!("{a}.q_proj"), h, h)?,
-                k: lin(&mut ld, &format!("{a}.k_proj"), h, h)?,
-                v: lin(&mut ld, &format!("{a}.v_proj"), h, h)?,
+                qkv,
+                qkv_bias,
                 out: lin(&mut ld, &format!("{a}.out_proj"), h, h)?,
                 self_attn_layer_norm: norm(&mut ld, &format!("{pre}.self_attn_layer_norm"))?,
                 fc1: lin(&mut ld, &format!("{pre}.fc1"), f, h)?,
@@ -210,7 +216,8 @@ impl OptModel {
             .sum::<u64>();
         b += self.final_layer_norm.as_ref().map_or(0, LayerNorm::bytes);
         for l in &self.layers {
-            for lin in [&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2] {
+            b += l.qkv.weight_bytes() + l.qkv_bias.as_ref().map_or(0, Tensor::nbytes);
+            for lin in [&l.out, &l.fc1, &l.fc2] {
                 b += lin.weight_bytes();
             }
             b += l.self_attn_layer_norm.bytes() + l.final_layer_norm.bytes();
@@ -335,9 +342,27 @@ impl OptModel {
         let h = normed.as_ref().unwrap_or(x);
         // L106-109: qkv, attention, out_proj; qkv and the attention output are freed when
         // OPTAttention.forward returns, after out_proj.
-        let q = layer.q.forward(rt, h, &format!("{l}.q_proj"), gen, act)?;
-        let k = layer.k.forward(rt, h, &format!("{l}.k_proj"), gen, act)?;
-        let v = layer.v.forward(rt, h, &format!("{l}.v_proj"), gen, act)?;
+        // `qkv.chunk(3)`: views of one output, the bias added as F.linear (or bitsandbytes'
+        // `out += bias`) adds it.
+        let qkv = layer
+            .qkv
+            .forward(rt, h, &format!("{l}.qkv_proj"), gen, act)?;
+        let hd = self.cfg.hidden_size;
+        let names = ["q", "k", "v"].map(|n| format!("{l}.{n}"));
+        let mut views = FusedLinear::split(&qkv, &[hd; 3], &names);
+        if let Some(b) = &layer.qkv_bias {
+            let bias_names = ["q", "k", "v"].map(|n| format!("{l}.{n}_bias"));
+            for (x, bv) in views
+                .iter_mut()
+                .zip(FusedLinear::split_flat(b, &[hd; 3], &bias_names))
+            {
+                ops::add_bias(rt, x, &bv)?;
+            }
+        }
+        let mut it = views.into_iter();
+        let (Some(q), Some(k), Some(v)) = (it.next(), it.next(), it.next()) else {
+            return Err(Error::Request("qkv split".into()));
+        };
         let a = ops::attention(
             rt,
             &q,
@@ -350,7 +375,7 @@ impl OptModel {
         let o = layer
             .out
             .forward(rt, &a, &format!("{l}.out_proj"), gen, act)?;
-        drop((q, k, v, a));
+        drop((q, k, v, qkv, a));
         // L165-168: the LN output is rebound (freed), then residual + attention output.
         drop(normed);
         let mut hs = ops_opt::add(rt, x, &o, &format!("{l}.residual_attn"))?;
