@@ -31,6 +31,39 @@ PY
 }
 
 case $PHASE in
+replay)
+  # The allocator's top-down address model against PyTorch's allocator: dry traces replayed
+  # (placement and reserved bytes), GPU against dry for fp16 and int8, the GPU tests.
+  run "$G/cuda-tests" --ignored --test-threads 1
+  for q in fp16 int8; do
+    run "$B" profile --model preset:llama-3-8b --quant $q --device sim:h200-141gb:dry -q --json "/tmp/dry-$q.json" --torch-snapshot "/tmp/dry-$q.pickle"
+    summ "/tmp/dry-$q.json"
+    run python3 "$G/replay_allocator.py" "/tmp/dry-$q.pickle" --json "$O/replay-$q.json"
+    run "$B" profile --model preset:llama-3-8b --quant $q --device cuda:0 -q --json "/tmp/gpu-$q.json"
+    summ "/tmp/gpu-$q.json"
+  done
+  ;;
+fused)
+  # vLLM's fused Llama layers on the H200: the GPU tests, dry against GPU byte for byte for
+  # fp16 and int8 at vLLM's defaults (one pass, and three), PyTorch's own caching allocator
+  # replaying vramscope's trace event by event, and the pass time against the last runs.
+  run "$B" devices
+  run "$G/cuda-tests" --ignored --test-threads 1
+  run "$G/cuda-opt-tests" --ignored --test-threads 1
+  for q in fp16 int8; do
+    run "$B" profile --model preset:llama-3-8b --quant $q --device sim:h200-141gb:dry -q --json "/tmp/dry-$q.json" --torch-snapshot "/tmp/dry-$q.pickle"
+    summ "/tmp/dry-$q.json"
+    run "$B" profile --model preset:llama-3-8b --quant $q --device cuda:0 --json "/tmp/gpu-$q.json"
+    summ "/tmp/gpu-$q.json"
+    run python3 "$G/replay_allocator.py" "/tmp/dry-$q.pickle" --json "$O/replay-$q.json"
+  done
+  run "$B" profile --model preset:llama-3-8b --quant fp16 --device sim:h200-141gb:dry --passes 3 --no-verify -q --json /tmp/dry-fp16-3.json --torch-snapshot /tmp/dry-fp16-3.pickle
+  summ /tmp/dry-fp16-3.json
+  run "$B" profile --model preset:llama-3-8b --quant fp16 --device cuda:0 --passes 3 --no-verify --json /tmp/gpu-fp16-3.json
+  summ /tmp/gpu-fp16-3.json
+  run python3 "$G/replay_allocator.py" /tmp/dry-fp16-3.pickle --json "$O/replay-fp16-3.json"
+  run "$B" bench --model preset:llama-3-8b --fast-weights --quant fp16 --device cuda:0 --tokens 8192 --iters 3
+  ;;
 final)
   # After the merges: the GPU tests (CUDA backend, OPT and bitsandbytes 4-bit, the app on a real
   # GPU), the bf16 sampler against PyTorch, OPT on the GPU against the dry run, and a vramscope

@@ -41,21 +41,78 @@ def main() -> int:
     peak = {"allocated": -1}
     pending_empty = False
     events = 0
+    # Placement: each vramscope segment (trace base) paired with the PyTorch segment its first
+    # block landed in; a block placed at another segment or offset is a divergence.
+    vs_segs = {}  # trace base -> size
+    t_segs = {}  # torch base -> size, in creation order
+    t_seg_log = []  # (event, base, size, "alloc"|"free")
+    pair_vs, pair_t = {}, {}
+    first_placement = None
+
+    def seg_of(segs, addr):
+        for b, sz in segs.items():
+            if b <= addr < b + sz:
+                return b
+        return None
+
+    def torch_segments():
+        return {s["address"]: s["total_size"] for s in torch.cuda.memory_snapshot()}
+
     for e in trace:
         action = e["action"]
         if action in ("segment_free", "segment_unmap"):
             ours_reserved -= e["size"]
+            vs_segs.pop(e["addr"], None)
+            tb = pair_vs.pop(e["addr"], None)
+            if tb is not None:
+                pair_t.pop(tb, None)
             pending_empty = True
             continue
         if pending_empty:
             torch.cuda.empty_cache()
             pending_empty = False
+            now = torch_segments()
+            for b in list(t_segs):
+                if b not in now:
+                    t_seg_log.append((events, b, t_segs.pop(b), "free"))
+                    vb = pair_t.pop(b, None)
+                    if vb is not None:
+                        pair_vs.pop(vb, None)
         if action in ("segment_alloc", "segment_map"):
             ours_reserved += e["size"]
+            vs_segs[e["addr"]] = e["size"]
             continue
         if action == "alloc":
-            live[e["addr"]] = torch.empty(e["size"], dtype=torch.uint8, device="cuda")
+            before = torch.cuda.memory_reserved()
+            t = torch.empty(e["size"], dtype=torch.uint8, device="cuda")
+            live[e["addr"]] = t
             ours_allocated += e["size"]
+            if torch.cuda.memory_reserved() != before:
+                now = torch_segments()
+                for b, sz in now.items():
+                    if b not in t_segs:
+                        t_segs[b] = sz
+                        t_seg_log.append((events + 1, b, sz, "alloc"))
+            if first_placement is None:
+                vb = seg_of(vs_segs, e["addr"])
+                tb = seg_of(t_segs, t.data_ptr())
+                ok = vb is not None and tb is not None
+                if ok and vb in pair_vs:
+                    ok = pair_vs[vb] == tb
+                elif ok and tb in pair_t:
+                    ok = False
+                elif ok:
+                    pair_vs[vb], pair_t[tb] = tb, vb
+                ok = ok and (e["addr"] - vb == t.data_ptr() - tb)
+                if not ok:
+                    first_placement = {
+                        "event": events + 1,
+                        "size": e["size"],
+                        "frame": (e.get("frames") or [{}])[0].get("name", ""),
+                        "vramscope_segment": [hex(vb or 0), vs_segs.get(vb), e["addr"] - (vb or 0)],
+                        "torch_segment": [hex(tb or 0), t_segs.get(tb), t.data_ptr() - (tb or 0)],
+                        "torch_pair_of_vramscope_segment": hex(pair_vs.get(vb) or 0),
+                    }
         elif action == "free_completed":
             t = live.pop(e["addr"], None)
             if t is None:
@@ -100,11 +157,13 @@ def main() -> int:
         "reserved_mismatches": mismatches,
         "max_abs_diff": max_diff,
         "first_mismatch": first_mismatch,
+        "first_placement_divergence": first_placement,
+        "torch_segments": [(ev, hex(b), sz, what) for ev, b, sz, what in t_seg_log],
         "at_peak_allocated": peak,
         "final": final,
         "torch": torch.__version__,
     }
-    print(json.dumps(out, indent=1))
+    print(json.dumps({k: v for k, v in out.items() if k != "torch_segments"}, indent=1))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

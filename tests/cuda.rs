@@ -237,6 +237,9 @@ fn int8_llama_3_8b_on_the_gpu_shows_what_the_formulas_predict() {
             quant: Quant::Int8,
             device: DeviceSpec::parse(device).unwrap(),
             tokens: 8192,
+            // vLLM's profile pass and the two serving passes after it: the state made in the
+            // first pass is freed and rebuilt in the second.
+            passes: 3,
             ..ProfileRequest::default()
         };
         profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap()

@@ -58,7 +58,7 @@ pub struct AllocatorStats {
 /// into timeline events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 ///
-/// `addr` is an address in the allocator's own address space (see `CachingAllocator::next_base`),
+/// `addr` is an address in the allocator's own address space (see `CachingAllocator::next_top`),
 /// not the device's pointer, so a dry run, a CPU run and a GPU run log the same numbers; it
 /// lets a trace be exported as a PyTorch memory snapshot (segment base, block = base + offset).
 pub enum AllocatorAction {
@@ -103,15 +103,16 @@ struct Block {
 #[derive(Clone, Debug)]
 struct Segment {
     handle: SegmentHandle,
-    /// Base in the allocator's own address space (never reused).
+    /// Base in the allocator's own address space (never reused; see `next_top`).
     base: u64,
     size: u64,
     pool: Pool,
     live: bool,
 }
 
-/// Free-block key: best fit by size, then by address (PyTorch's `BlockComparatorSize`).
-type FreeKey = (u64, u32, u64, u32);
+/// Free-block key: best fit by size, then by address (PyTorch's `BlockComparatorSize`), then
+/// the block id (addresses are unique; the id only makes the key total).
+type FreeKey = (u64, u64, u32);
 
 #[derive(Debug, Default)]
 pub struct CachingAllocator {
@@ -122,14 +123,18 @@ pub struct CachingAllocator {
     large_free: BTreeSet<FreeKey>,
     stats: AllocatorStats,
     actions: Vec<LoggedAction>,
-    /// Next segment base in the allocator's own address space: device-independent addresses
-    /// for the event log (segments laid end to end, each address used once).
-    next_base: u64,
+    /// Where the next segment ends in the allocator's own address space: device-independent
+    /// addresses for the event log and for best fit's tie-break. Segments are laid top-down,
+    /// each address used once, because the CUDA driver hands them out that way: replaying
+    /// vramscope's traces through PyTorch's allocator on the H200 (docs/gpu-runs.md run 31),
+    /// each new segment landed below the previous one. PyTorch breaks best-fit ties by address,
+    /// so among equal free blocks the newest segment's is taken first, here as there.
+    next_top: u64,
 }
 
-/// Where the allocator's own address space starts (a typical CUDA heap address, so exported
-/// snapshots look familiar in PyTorch's viewer).
-pub const ADDRESS_SPACE_BASE: u64 = 0x7f00_0000_0000;
+/// Where the allocator's own address space ends (a typical CUDA heap address, so exported
+/// snapshots look familiar in PyTorch's viewer); segments are laid below it.
+pub const ADDRESS_SPACE_TOP: u64 = 0x7fff_0000_0000;
 
 /// Rounds a request the way PyTorch's `round_size` does (no power-of-two divisions).
 pub fn round_size(bytes: u64) -> u64 {
@@ -189,7 +194,8 @@ impl CachingAllocator {
 
     fn key(&self, id: u32) -> FreeKey {
         let b = &self.blocks[id as usize];
-        (b.size, b.segment, b.offset, id)
+        let base = self.segments[b.segment as usize].base;
+        (b.size, base + b.offset, id)
     }
 
     fn new_block(&mut self, block: Block) -> u32 {
@@ -225,10 +231,10 @@ impl CachingAllocator {
         let pool = Self::pool_of(size);
         let found = self
             .free_set(pool)
-            .range((size, 0, 0, 0)..)
+            .range((size, 0, 0)..)
             .next()
             .copied()
-            .map(|k| k.3);
+            .map(|k| k.2);
         let id = match found {
             Some(id) => {
                 self.remove_free(id);
@@ -303,11 +309,11 @@ impl CachingAllocator {
                 }
             }
         };
-        if self.next_base == 0 {
-            self.next_base = ADDRESS_SPACE_BASE;
+        if self.next_top == 0 {
+            self.next_top = ADDRESS_SPACE_TOP;
         }
-        let base = self.next_base;
-        self.next_base += seg_bytes;
+        let base = self.next_top - seg_bytes;
+        self.next_top = base;
         let seg_id = match self.segments.iter().position(|s| !s.live) {
             Some(i) => {
                 self.segments[i] = Segment {
@@ -399,7 +405,7 @@ impl CachingAllocator {
             .small_free
             .iter()
             .chain(self.large_free.iter())
-            .map(|k| k.3)
+            .map(|k| k.2)
             .filter(|&id| {
                 let b = &self.blocks[id as usize];
                 b.prev.is_none() && b.next.is_none()
@@ -575,14 +581,14 @@ mod tests {
             acts[0].action,
             AllocatorAction::SegmentMap {
                 bytes: 20 * MIB,
-                addr: ADDRESS_SPACE_BASE
+                addr: ADDRESS_SPACE_TOP - 20 * MIB
             }
         );
         assert_eq!(
             acts[1].action,
             AllocatorAction::Alloc {
                 bytes: 3 * MIB,
-                addr: ADDRESS_SPACE_BASE
+                addr: ADDRESS_SPACE_TOP - 20 * MIB
             }
         );
         assert_eq!(acts[0].stats.allocated, 0);
