@@ -124,6 +124,12 @@ impl WeightSource for FastWeights {
     }
 }
 
+/// The weights `--fast-weights` loads: seeded hash values with the synthetic weights' spread,
+/// made on all cores (for speed runs: the values do not change the work).
+pub fn fast_weights(seed: u64) -> impl WeightSource {
+    FastWeights { seed }
+}
+
 /// FLOPs of one forward pass as vLLM's profile run does it.
 pub fn forward_flops(cfg: &ModelConfig, seq_lens: &[usize]) -> f64 {
     let t: f64 = seq_lens.iter().sum::<usize>() as f64;

@@ -2,7 +2,7 @@
 //! sequence on every device, so a dry run's trace matches the GPU's) and then runs the math
 //! on the CPU, on CUDA, or not at all (dry).
 
-use crate::device::cpu::{self, AttnShape};
+use crate::device::cpu::{self, AttnShape, RowLayout};
 use crate::device::Backend;
 use crate::error::{Error, Result};
 use crate::memory::Category;
@@ -80,14 +80,14 @@ pub fn rope(
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => {
-            cpu::rope(q.f32_mut(), positions, cfg.num_heads, cfg.head_dim, theta);
-            cpu::rope(
-                k.f32_mut(),
-                positions,
-                cfg.num_kv_heads,
-                cfg.head_dim,
-                theta,
+            let (hd, heads, kv_heads) = (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads);
+            let table = cpu::RopeTable::new(positions, hd, theta);
+            let (q_at, k_at) = (
+                RowLayout::packed(heads * hd),
+                RowLayout::packed(kv_heads * hd),
             );
+            cpu::rope_strided(q.f32_mut(), q_at, heads, &table);
+            cpu::rope_strided(k.f32_mut(), k_at, kv_heads, &table);
         }
         Backend::Cuda => {
             let shape = AttnShape {

@@ -1,17 +1,19 @@
 //! Kernels of the simulated device's compute mode: real math on the host, f32 accumulation.
-//! GEMMs go through `matrixmultiply` (packed, SIMD, threaded). The long ones (GEMM, attention)
+//! GEMMs go through `gemm` (packed, AVX-512/AVX2/NEON picked at run time, on all cores through
+//! rayon): on the 2-core development machine it ran the pass's shapes 1.1-1.6× faster than
+//! `matrixmultiply`, which has no AVX-512 kernel. The long ones (GEMM, attention)
 //! check a cancel flag between blocks of rows, so Cancel lands within a fraction of a second
 //! even inside one op of a long compute run.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+pub use super::cpu_attention::{attention_strided, RowLayout};
+use super::cpu_vec;
 use crate::error::{Error, Result};
 
 /// FLOPs a GEMM row block may take between cancel checks: ~0.1 s on two cores, large enough
 /// that re-packing the weight per block costs little.
 const GEMM_BLOCK_FLOPS: usize = 2_000_000_000;
-/// Query rows attention computes between cancel checks.
-const ATTENTION_ROWS_PER_CHECK: usize = 16;
 
 fn check(cancel: &AtomicBool) -> Result<()> {
     if cancel.load(Ordering::Relaxed) {
@@ -74,23 +76,29 @@ pub fn matmul_nt(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: u
     if m == 0 || n == 0 {
         return;
     }
-    // SAFETY: the asserts above bound every index sgemm touches through these strides.
+    // SAFETY: the asserts above bound every index the GEMM touches through these strides:
+    // x is [m, k] row-major, w is [n, k] row-major read as its transpose, out is [m, n].
     unsafe {
-        matrixmultiply::sgemm(
+        gemm::gemm(
             m,
-            k,
             n,
-            1.0,
-            x.as_ptr(),
-            k as isize,
-            1,
-            w.as_ptr(),
-            1,
-            k as isize,
-            0.0,
+            k,
             out.as_mut_ptr(),
-            n as isize,
             1,
+            n as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(0),
         );
     }
 }
@@ -109,19 +117,48 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 /// Rotary embedding in place, Hugging Face Llama convention (`rotate_half`: the first and
 /// second halves of each head are the pair).
 pub fn rope(x: &mut [f32], positions: &[usize], heads: usize, head_dim: usize, theta: f32) {
-    let half = head_dim / 2;
-    let inv_freq: Vec<f32> = (0..half)
-        .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
-        .collect();
-    for (t, &pos) in positions.iter().enumerate() {
+    let table = RopeTable::new(positions, head_dim, theta);
+    rope_strided(x, RowLayout::packed(heads * head_dim), heads, &table);
+}
+
+/// `cos` and `sin` of every (token, frequency) of a batch, made once per layer and shared by
+/// q and k and all heads (the angle is the same; only the vectors differ).
+pub struct RopeTable {
+    head_dim: usize,
+    /// `[tokens, head_dim / 2]` pairs `(cos, sin)` of `position · θ^(−2i / head_dim)`.
+    cos_sin: Vec<(f32, f32)>,
+}
+
+impl RopeTable {
+    pub fn new(positions: &[usize], head_dim: usize, theta: f32) -> Self {
+        let half = head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+            .collect();
+        let cos_sin = positions
+            .iter()
+            .flat_map(|&pos| inv_freq.iter().map(move |f| (pos as f32 * f).sin_cos()))
+            .map(|(sin, cos)| (cos, sin))
+            .collect();
+        RopeTable { head_dim, cos_sin }
+    }
+}
+
+/// RoPE in place on `heads` heads of every token row of `x` laid out as `at` (so q and k may
+/// be column ranges of one fused tensor).
+pub fn rope_strided(x: &mut [f32], at: RowLayout, heads: usize, table: &RopeTable) {
+    let (hd, half) = (table.head_dim, table.head_dim / 2);
+    if half == 0 {
+        return;
+    }
+    for (t, cs) in table.cos_sin.chunks_exact(half).enumerate() {
         for h in 0..heads {
-            let base = (t * heads + h) * head_dim;
-            for (i, f) in inv_freq.iter().enumerate() {
-                let (sin, cos) = (pos as f32 * f).sin_cos();
-                let a = x[base + i];
-                let b = x[base + i + half];
-                x[base + i] = a * cos - b * sin;
-                x[base + i + half] = b * cos + a * sin;
+            let base = at.off + t * at.ld + h * hd;
+            let (a, b) = x[base..base + hd].split_at_mut(half);
+            for ((a, b), &(cos, sin)) in a.iter_mut().zip(b.iter_mut()).zip(cs) {
+                let (x0, x1) = (*a, *b);
+                *a = x0 * cos - x1 * sin;
+                *b = x1 * cos + x0 * sin;
             }
         }
     }
@@ -135,7 +172,9 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
-/// Causal grouped-query attention per sequence; `seq_lens` sum to the token count.
+/// Causal grouped-query attention per sequence over packed `[T, heads·head_dim]` q and out and
+/// `[T, kv_heads·head_dim]` k and v; `seq_lens` sum to the token count. Blocked, with an online
+/// softmax, on all cores (see `cpu_attention`).
 pub fn attention(
     q: &[f32],
     k: &[f32],
@@ -145,53 +184,25 @@ pub fn attention(
     out: &mut [f32],
     cancel: &AtomicBool,
 ) -> Result<()> {
-    let (hd, qw, kw) = (s.head_dim, s.heads * s.head_dim, s.kv_heads * s.head_dim);
-    let group = s.heads / s.kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut start = 0;
-    let mut scores = Vec::new();
-    for &len in seq_lens {
-        for h in 0..s.heads {
-            let kvh = h / group;
-            for i in 0..len {
-                if i % ATTENTION_ROWS_PER_CHECK == 0 {
-                    check(cancel)?;
-                }
-                let qi = &q[(start + i) * qw + h * hd..][..hd];
-                scores.clear();
-                let mut max = f32::NEG_INFINITY;
-                for j in 0..=i {
-                    let kj = &k[(start + j) * kw + kvh * hd..][..hd];
-                    let d = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
-                    max = max.max(d);
-                    scores.push(d);
-                }
-                let mut sum = 0.0;
-                for sc in scores.iter_mut() {
-                    *sc = (*sc - max).exp();
-                    sum += *sc;
-                }
-                let o = &mut out[(start + i) * qw + h * hd..][..hd];
-                o.fill(0.0);
-                for (j, sc) in scores.iter().enumerate() {
-                    let vj = &v[(start + j) * kw + kvh * hd..][..hd];
-                    let p = sc / sum;
-                    for (o, x) in o.iter_mut().zip(vj) {
-                        *o += p * x;
-                    }
-                }
-            }
-        }
-        start += len;
-    }
-    Ok(())
+    let (qw, kw) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+    attention_strided(
+        q,
+        RowLayout::packed(qw),
+        k,
+        RowLayout::packed(kw),
+        v,
+        RowLayout::packed(kw),
+        out,
+        RowLayout::packed(qw),
+        seq_lens,
+        s,
+        cancel,
+    )
 }
 
 /// `gate = silu(gate) * up`, in place.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
+    cpu_vec::silu_mul(gate, up);
 }
 
 pub fn add_assign(x: &mut [f32], y: &[f32]) {

@@ -2,6 +2,10 @@
 //! f32 tensors, the same steps PyTorch runs for vLLM's sampler (see `model::sampler`).
 //! Index tensors are int64 on a GPU; the host keeps them as i32 (a row of a vocabulary fits).
 
+use rayon::prelude::*;
+
+use super::cpu_vec;
+
 /// The counter-based uniform draw that both the CPU and the CUDA `exponential_` use, so a
 /// seed gives the same samples on every backend: splitmix64 of (seed, element index), the top
 /// 24 bits as a value in (0, 1].
@@ -31,20 +35,91 @@ pub fn div_rows(x: &mut [f32], cols: usize, t: &[f32]) {
     }
 }
 
-/// `x.sort(dim=-1)` ascending and stable (ties keep their order), values and indices.
+/// Rows × columns above which a row-wise kernel splits its rows over the cores.
+const PARALLEL_ELEMS: usize = 1 << 16;
+
+/// `x.sort(dim=-1)` ascending and stable (ties keep their order), values and indices: an LSD
+/// radix sort of each row's f32 keys (stable by construction), rows spread over the cores.
+/// `total_cmp`'s order: −NaN < −∞ < … < −0 < +0 < … < +∞ < NaN.
 pub fn sort_rows(x: &[f32], cols: usize, values: &mut [f32], indices: &mut [i32]) {
-    let mut order: Vec<u32> = Vec::with_capacity(cols);
-    for ((row, vals), idx) in x
-        .chunks_exact(cols)
-        .zip(values.chunks_exact_mut(cols))
-        .zip(indices.chunks_exact_mut(cols))
-    {
-        order.clear();
-        order.extend(0..cols as u32);
-        order.sort_by(|&a, &b| row[a as usize].total_cmp(&row[b as usize]));
-        for ((v, i), &o) in vals.iter_mut().zip(idx.iter_mut()).zip(&order) {
-            *v = row[o as usize];
-            *i = o as i32;
+    if cols == 0 {
+        return;
+    }
+    let rows = x
+        .par_chunks(cols)
+        .zip(values.par_chunks_mut(cols))
+        .zip(indices.par_chunks_mut(cols))
+        .with_min_len(PARALLEL_ELEMS.div_ceil(cols));
+    rows.for_each_init(
+        || RadixScratch::new(cols),
+        |scr, ((row, vals), idx)| {
+            scr.sort(row);
+            for ((v, i), &o) in vals.iter_mut().zip(idx.iter_mut()).zip(&scr.order) {
+                *v = row[o as usize];
+                *i = o as i32;
+            }
+        },
+    );
+}
+
+/// An f32's bits turned into a u32 whose unsigned order is `f32::total_cmp`'s.
+fn sort_key(v: f32) -> u32 {
+    let b = v.to_bits();
+    if b >> 31 == 1 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+/// Buffers of one row's radix sort, reused across the rows a thread sorts.
+struct RadixScratch {
+    keys: Vec<u32>,
+    order: Vec<u32>,
+    keys_tmp: Vec<u32>,
+    order_tmp: Vec<u32>,
+}
+
+impl RadixScratch {
+    fn new(cols: usize) -> Self {
+        RadixScratch {
+            keys: Vec::with_capacity(cols),
+            order: Vec::with_capacity(cols),
+            keys_tmp: vec![0; cols],
+            order_tmp: vec![0; cols],
+        }
+    }
+
+    /// Leaves in `order` the column indices of `row` in ascending, stable order: three
+    /// counting passes of 11, 11 and 10 bits, each skipped when every key has the same digit.
+    fn sort(&mut self, row: &[f32]) {
+        self.keys.clear();
+        self.keys.extend(row.iter().map(|&v| sort_key(v)));
+        self.order.clear();
+        self.order.extend(0..row.len() as u32);
+        for shift in [0u32, 11, 22] {
+            let digit = |k: u32| ((k >> shift) & 0x7ff) as usize;
+            let mut count = [0u32; 2048];
+            for &k in &self.keys {
+                count[digit(k)] += 1;
+            }
+            if count[digit(self.keys[0])] as usize == row.len() {
+                continue;
+            }
+            let mut sum = 0;
+            for c in count.iter_mut() {
+                let n = *c;
+                *c = sum;
+                sum += n;
+            }
+            for (&k, &o) in self.keys.iter().zip(&self.order) {
+                let slot = &mut count[digit(k)];
+                self.keys_tmp[*slot as usize] = k;
+                self.order_tmp[*slot as usize] = o;
+                *slot += 1;
+            }
+            std::mem::swap(&mut self.keys, &mut self.keys_tmp);
+            std::mem::swap(&mut self.order, &mut self.order_tmp);
         }
     }
 }
@@ -74,27 +149,31 @@ pub fn masked_fill(x: &mut [f32], mask: &[u8], value: f32) {
     }
 }
 
-/// Row softmax (`log` = log_softmax), in f32 with the row max subtracted first.
+/// Row softmax (`log` = log_softmax), in f32 with the row max subtracted first; `exp` is the
+/// vectorised polynomial of `cpu_vec` (about 1 ulp), rows spread over the cores.
 pub fn softmax_rows(x: &[f32], cols: usize, out: &mut [f32], log: bool) {
-    for (row, o) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        if max == f32::NEG_INFINITY {
-            o.fill(if log { f32::NEG_INFINITY } else { f32::NAN });
-            continue;
-        }
-        let sum: f32 = row.iter().map(|&v| (v - max).exp()).sum();
-        if log {
-            let ls = sum.ln();
-            for (o, &v) in o.iter_mut().zip(row) {
-                *o = v - max - ls;
-            }
-        } else {
-            let inv = 1.0 / sum;
-            for (o, &v) in o.iter_mut().zip(row) {
-                *o = (v - max).exp() * inv;
-            }
-        }
+    if cols == 0 {
+        return;
     }
+    x.par_chunks(cols)
+        .zip(out.par_chunks_mut(cols))
+        .with_min_len(PARALLEL_ELEMS.div_ceil(cols))
+        .for_each(|(row, o)| {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if max == f32::NEG_INFINITY {
+                o.fill(if log { f32::NEG_INFINITY } else { f32::NAN });
+                return;
+            }
+            let sum = cpu_vec::exp_sum(row, max);
+            if log {
+                let ls = sum.ln();
+                for (o, &v) in o.iter_mut().zip(row) {
+                    *o = v - max - ls;
+                }
+            } else {
+                cpu_vec::exp_scaled(row, max, 1.0 / sum, o);
+            }
+        });
 }
 
 /// `x.cumsum(-1)`.
@@ -170,6 +249,46 @@ mod tests {
         let mut back = [0f32; 6];
         scatter_rows(&v, &i, 3, &mut back);
         assert_eq!(back, x);
+    }
+
+    #[test]
+    fn radix_sort_orders_like_a_stable_total_cmp_sort() {
+        // Every class of value, many ties, and a row long enough for all three passes.
+        let special = [
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            1e-40,
+            -1e-40,
+            f32::MAX,
+            f32::MIN,
+        ];
+        let cols = 5000;
+        let x: Vec<f32> = (0..2 * cols)
+            .map(|i| match i % 7 {
+                0 => special[i % special.len()],
+                1 => (i % 13) as f32, // ties
+                _ => ((i * 7919) % 10007) as f32 * 0.37 - 1800.0,
+            })
+            .collect();
+        let (mut v, mut idx) = (vec![0f32; x.len()], vec![0i32; x.len()]);
+        sort_rows(&x, cols, &mut v, &mut idx);
+        for r in 0..2 {
+            let row = &x[r * cols..(r + 1) * cols];
+            let mut want: Vec<u32> = (0..cols as u32).collect();
+            want.sort_by(|&a, &b| row[a as usize].total_cmp(&row[b as usize]));
+            let got: Vec<u32> = idx[r * cols..(r + 1) * cols]
+                .iter()
+                .map(|&i| i as u32)
+                .collect();
+            assert_eq!(got, want);
+            for (k, &i) in got.iter().enumerate() {
+                assert_eq!(v[r * cols + k].to_bits(), row[i as usize].to_bits());
+            }
+        }
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! directly.
 
 pub mod cpu;
+pub mod cpu_attention;
 pub mod cpu_sampler;
+pub(crate) mod cpu_vec;
 pub mod cuda;
 pub mod presets;
 pub mod sim;

@@ -1,0 +1,400 @@
+//! Causal grouped-query attention on the host, blocked as flash-attention is: each task takes
+//! a block of query rows of one head and walks the key/value rows up to the diagonal in blocks,
+//! keeping a running max and sum per row (online softmax), so no `[T, T]` score matrix is ever
+//! made. The two small products of a step (`Q·Kᵀ` and `P·V`) go through `gemm`; tasks run on
+//! all cores through rayon.
+//!
+//! Operands are plain slices with an offset and a row stride, so q, k and v may be column
+//! ranges of one fused `[T, q_dim + 2·kv_dim]` tensor (vLLM's `QKVParallelLinear`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rayon::prelude::*;
+
+use super::cpu::AttnShape;
+use super::cpu_vec;
+use crate::error::{Error, Result};
+
+/// Query rows per task: large enough that the products run near the GEMM rate, small enough
+/// that a 2048-token sequence gives each core many tasks.
+const Q_BLOCK: usize = 64;
+/// Key/value rows per step (a multiple of `Q_BLOCK`, so a step never starts past a task's
+/// first query row); the `[Q_BLOCK, KV_BLOCK]` scores stay in L2.
+const KV_BLOCK: usize = 256;
+
+/// Where an operand's heads lie in its slice: head `h` of token `t` is the `head_dim` values
+/// from `off + t·ld + h·head_dim`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowLayout {
+    pub off: usize,
+    pub ld: usize,
+}
+
+impl RowLayout {
+    /// Rows of exactly `width` values, back to back from the start.
+    pub fn packed(width: usize) -> Self {
+        RowLayout { off: 0, ld: width }
+    }
+
+    fn at(self, t: usize, h: usize, head_dim: usize) -> usize {
+        self.off + t * self.ld + h * head_dim
+    }
+
+    /// One past the last index `tokens` rows of `heads` heads touch.
+    fn end(self, tokens: usize, heads: usize, head_dim: usize) -> usize {
+        if tokens == 0 {
+            0
+        } else {
+            self.at(tokens - 1, heads - 1, head_dim) + head_dim
+        }
+    }
+}
+
+/// One task: query rows `q0 .. q0 + rows` of head `head` in the sequence starting at token
+/// `start`.
+#[derive(Clone, Copy)]
+struct Task {
+    start: usize,
+    q0: usize,
+    rows: usize,
+    head: usize,
+}
+
+/// The output, written by many tasks at once.
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint `(token, head)` ranges of the output (checked in
+// `attention_strided`: its row stride holds all heads side by side), and the slice outlives
+// the parallel loop that uses the pointer.
+unsafe impl Sync for OutPtr {}
+unsafe impl Send for OutPtr {}
+
+/// A task's working memory, reused across the tasks one thread runs.
+struct Scratch {
+    scores: Vec<f32>,
+    acc: Vec<f32>,
+    max: Vec<f32>,
+    sum: Vec<f32>,
+}
+
+/// Causal attention of sequences laid end to end (`seq_lens` sum to the token count) with
+/// grouped-query heads: `out = softmax(q·kᵀ / √head_dim + causal mask) · v` per head, query
+/// head `h` reading key/value head `h / (heads / kv_heads)`. Checks `cancel` between blocks.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_strided(
+    q: &[f32],
+    q_at: RowLayout,
+    k: &[f32],
+    k_at: RowLayout,
+    v: &[f32],
+    v_at: RowLayout,
+    out: &mut [f32],
+    out_at: RowLayout,
+    seq_lens: &[usize],
+    s: AttnShape,
+    cancel: &AtomicBool,
+) -> Result<()> {
+    let hd = s.head_dim;
+    let tokens: usize = seq_lens.iter().sum();
+    assert!(s.kv_heads > 0 && s.heads % s.kv_heads == 0 && hd > 0);
+    assert!(q_at.end(tokens, s.heads, hd) <= q.len());
+    assert!(k_at.end(tokens, s.kv_heads, hd) <= k.len());
+    assert!(v_at.end(tokens, s.kv_heads, hd) <= v.len());
+    assert!(out_at.end(tokens, s.heads, hd) <= out.len());
+    assert!(
+        tokens <= 1 || out_at.ld >= s.heads * hd,
+        "output rows overlap"
+    );
+    let group = s.heads / s.kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+
+    let mut tasks = Vec::new();
+    let mut start = 0;
+    for &len in seq_lens {
+        for head in 0..s.heads {
+            for q0 in (0..len).step_by(Q_BLOCK) {
+                let rows = Q_BLOCK.min(len - q0);
+                tasks.push(Task {
+                    start,
+                    q0,
+                    rows,
+                    head,
+                });
+            }
+        }
+        start += len;
+    }
+    // The costliest tasks (far down a sequence) first, so the last ones to finish are short.
+    tasks.sort_by_key(|t| std::cmp::Reverse(t.q0));
+
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let out_ptr = &out_ptr;
+    tasks.par_iter().try_for_each_init(
+        || Scratch {
+            scores: vec![0.0; Q_BLOCK * KV_BLOCK],
+            acc: vec![0.0; Q_BLOCK * hd],
+            max: vec![0.0; Q_BLOCK],
+            sum: vec![0.0; Q_BLOCK],
+        },
+        |scr, t| {
+            let kvh = t.head / group;
+            let (rows, kv_end) = (t.rows, t.q0 + t.rows);
+            let acc = &mut scr.acc[..rows * hd];
+            acc.fill(0.0);
+            scr.max[..rows].fill(f32::NEG_INFINITY);
+            scr.sum[..rows].fill(0.0);
+            let q_blk = &q[q_at.at(t.start + t.q0, t.head, hd)..];
+            for j0 in (0..kv_end).step_by(KV_BLOCK) {
+                if cancel.load(Ordering::Relaxed) {
+                    return Err(Error::Cancelled);
+                }
+                let cols = KV_BLOCK.min(kv_end - j0);
+                let scores = &mut scr.scores[..rows * cols];
+                let k_blk = &k[k_at.at(t.start + j0, kvh, hd)..];
+                let v_blk = &v[v_at.at(t.start + j0, kvh, hd)..];
+                // SAFETY: q rows `q0..q0+rows` and k rows `j0..j0+cols` of these heads lie in
+                // the slices (the asserts above bound the last row of every head).
+                unsafe {
+                    gemm::gemm(
+                        rows,
+                        cols,
+                        hd,
+                        scores.as_mut_ptr(),
+                        1,
+                        cols as isize,
+                        false,
+                        q_blk.as_ptr(),
+                        1,
+                        q_at.ld as isize,
+                        k_blk.as_ptr(),
+                        k_at.ld as isize,
+                        1,
+                        0.0,
+                        scale,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    );
+                }
+                for r in 0..rows {
+                    // Query row i sees keys 0..=i (every row sees at least key j0 ≤ q0).
+                    let valid = (t.q0 + r + 1 - j0).min(cols);
+                    let row = &mut scores[r * cols..(r + 1) * cols];
+                    let m_old = scr.max[r];
+                    let m_new = row[..valid].iter().copied().fold(m_old, f32::max);
+                    cpu_vec::exp_shifted(&mut row[..valid], m_new);
+                    row[valid..].fill(0.0);
+                    let blk_sum: f32 = row[..valid].iter().sum();
+                    let corr = cpu_vec::exp_lane(m_old - m_new);
+                    scr.sum[r] = scr.sum[r] * corr + blk_sum;
+                    scr.max[r] = m_new;
+                    if corr != 1.0 {
+                        for a in &mut acc[r * hd..(r + 1) * hd] {
+                            *a *= corr;
+                        }
+                    }
+                }
+                // SAFETY: v rows `j0..j0+cols` lie in the slice, as for k above.
+                unsafe {
+                    gemm::gemm(
+                        rows,
+                        hd,
+                        cols,
+                        acc.as_mut_ptr(),
+                        1,
+                        hd as isize,
+                        true,
+                        scores.as_ptr(),
+                        1,
+                        cols as isize,
+                        v_blk.as_ptr(),
+                        1,
+                        v_at.ld as isize,
+                        1.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    );
+                }
+            }
+            for r in 0..rows {
+                let inv = 1.0 / scr.sum[r];
+                let o = out_at.at(t.start + t.q0 + r, t.head, hd);
+                // SAFETY: `o..o+hd` is this task's own (token, head) range of the output,
+                // in bounds by the asserts above and written by no other task.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(o), hd) };
+                for (d, a) in dst.iter_mut().zip(&acc[r * hd..(r + 1) * hd]) {
+                    *d = a * inv;
+                }
+            }
+            Ok(())
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Attention as written in the papers, in f64: scores, mask, softmax, weighted sum.
+    fn naive(q: &[f32], k: &[f32], v: &[f32], seq_lens: &[usize], s: AttnShape) -> Vec<f64> {
+        let (hd, qw, kw) = (s.head_dim, s.heads * s.head_dim, s.kv_heads * s.head_dim);
+        let mut out = vec![0f64; q.len()];
+        let mut start = 0;
+        for &len in seq_lens {
+            for h in 0..s.heads {
+                let kvh = h / (s.heads / s.kv_heads);
+                for i in 0..len {
+                    let qi = &q[(start + i) * qw + h * hd..][..hd];
+                    let sc: Vec<f64> = (0..=i)
+                        .map(|j| {
+                            let kj = &k[(start + j) * kw + kvh * hd..][..hd];
+                            qi.iter()
+                                .zip(kj)
+                                .map(|(a, b)| *a as f64 * *b as f64)
+                                .sum::<f64>()
+                                / (hd as f64).sqrt()
+                        })
+                        .collect();
+                    let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = sc.iter().map(|x| (x - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for (j, p) in e.iter().enumerate() {
+                        let vj = &v[(start + j) * kw + kvh * hd..][..hd];
+                        for d in 0..hd {
+                            out[(start + i) * qw + h * hd + d] += p / z * vj[d] as f64;
+                        }
+                    }
+                }
+            }
+            start += len;
+        }
+        out
+    }
+
+    fn values(n: usize, salt: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i * 7919 + salt * 104_729) % 2003) as f32 / 2003.0 - 0.5) * 3.0)
+            .collect()
+    }
+
+    #[test]
+    fn blocked_attention_matches_the_f64_definition_across_block_edges() {
+        // 300 and 70 tokens cross both block sizes; 6 heads over 2 kv heads.
+        let s = AttnShape {
+            heads: 6,
+            kv_heads: 2,
+            head_dim: 16,
+        };
+        let seq_lens = [300, 70, 1];
+        let t: usize = seq_lens.iter().sum();
+        let (q, k, v) = (values(t * 96, 1), values(t * 32, 2), values(t * 32, 3));
+        let mut out = vec![0f32; t * 96];
+        attention_strided(
+            &q,
+            RowLayout::packed(96),
+            &k,
+            RowLayout::packed(32),
+            &v,
+            RowLayout::packed(32),
+            &mut out,
+            RowLayout::packed(96),
+            &seq_lens,
+            s,
+            &AtomicBool::new(false),
+        )
+        .unwrap();
+        let want = naive(&q, &k, &v, &seq_lens, s);
+        let worst = out
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (*a as f64 - b).abs())
+            .fold(0f64, f64::max);
+        assert!(worst < 2e-5, "worst abs error {worst:e}");
+    }
+
+    #[test]
+    fn fused_qkv_columns_give_the_same_output_as_separate_tensors() {
+        let s = AttnShape {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+        };
+        let seq_lens = [90, 40];
+        let t = 130;
+        let (qw, kw) = (32, 16);
+        let (q, k, v) = (values(t * qw, 4), values(t * kw, 5), values(t * kw, 6));
+        let no = AtomicBool::new(false);
+        let mut separate = vec![0f32; t * qw];
+        attention_strided(
+            &q,
+            RowLayout::packed(qw),
+            &k,
+            RowLayout::packed(kw),
+            &v,
+            RowLayout::packed(kw),
+            &mut separate,
+            RowLayout::packed(qw),
+            &seq_lens,
+            s,
+            &no,
+        )
+        .unwrap();
+        // One [T, q + 2·kv] tensor, and an output with a wider row than it needs.
+        let ld = qw + 2 * kw;
+        let mut fused = vec![0f32; t * ld];
+        for r in 0..t {
+            fused[r * ld..r * ld + qw].copy_from_slice(&q[r * qw..(r + 1) * qw]);
+            fused[r * ld + qw..r * ld + qw + kw].copy_from_slice(&k[r * kw..(r + 1) * kw]);
+            fused[r * ld + qw + kw..(r + 1) * ld].copy_from_slice(&v[r * kw..(r + 1) * kw]);
+        }
+        let mut wide = vec![f32::NAN; t * 40 + 3];
+        attention_strided(
+            &fused,
+            RowLayout { off: 0, ld },
+            &fused,
+            RowLayout { off: qw, ld },
+            &fused,
+            RowLayout { off: qw + kw, ld },
+            &mut wide,
+            RowLayout { off: 3, ld: 40 },
+            &seq_lens,
+            s,
+            &no,
+        )
+        .unwrap();
+        for r in 0..t {
+            assert_eq!(
+                &wide[3 + r * 40..3 + r * 40 + qw],
+                &separate[r * qw..(r + 1) * qw]
+            );
+        }
+    }
+
+    #[test]
+    fn a_set_cancel_flag_stops_it() {
+        let s = AttnShape {
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 2,
+        };
+        let mut out = vec![0f32; 4];
+        let l = RowLayout::packed(2);
+        let r = attention_strided(
+            &[1.0; 4],
+            l,
+            &[1.0; 4],
+            l,
+            &[1.0; 4],
+            l,
+            &mut out,
+            l,
+            &[2],
+            s,
+            &AtomicBool::new(true),
+        );
+        assert!(matches!(r, Err(Error::Cancelled)));
+    }
+}
