@@ -1,5 +1,6 @@
 //! Frame time of the timeline with a report of about a million events (a real dry-run profile of
-//! llama-3-70b on a simulated H200, 620 passes): layout + plot + tessellation, the CPU work of
+//! llama-3-70b on a simulated H200, 620 passes), and of the lifetime view of it and of a million
+//! allocations (int8, 240 passes): layout + plot + tessellation, the CPU work of
 //! one frame. `static`: the view does not move (cached reduction); `zoom`: the view changes
 //! every frame (the visible range is reduced again).
 
@@ -11,11 +12,12 @@ use vramscope::device::DeviceSpec;
 use vramscope::gui::{LifetimeView, Part, TimelineInput, TimelineView};
 use vramscope::lifetimes::Analysis;
 use vramscope::model::ModelSource;
+use vramscope::quant::Quant;
 use vramscope::{ProfileRequest, Report};
 
 const SIZE: egui::Vec2 = egui::vec2(1000.0, 700.0);
 
-fn million_event_report() -> Report {
+fn dry_70b_report(passes: u32, quant: Quant) -> Report {
     let req = ProfileRequest {
         model: ModelSource::Preset {
             name: "llama-3-70b".into(),
@@ -24,11 +26,16 @@ fn million_event_report() -> Report {
             preset: "h200-141gb".into(),
             dry: true,
         },
-        passes: 620,
+        passes,
+        quant,
         verify: false,
         ..ProfileRequest::default()
     };
-    let r = vramscope::profile::run(&req, None, Arc::new(AtomicBool::new(false))).expect("profile");
+    vramscope::profile::run(&req, None, Arc::new(AtomicBool::new(false))).expect("profile")
+}
+
+fn million_event_report() -> Report {
+    let r = dry_70b_report(620, Quant::F16);
     assert!(r.events.len() >= 1_000_000, "{} events", r.events.len());
     r
 }
@@ -144,55 +151,6 @@ fn bench(c: &mut Criterion) {
         centre,
     );
 
-    // The lifetime view: a million events' allocations as bands, merged below a pixel.
-    let t = std::time::Instant::now();
-    let analysis = Arc::new(Analysis::of(&report));
-    eprintln!(
-        "lifetime analysis of {} events ({} allocations): {:?}",
-        report.events.len(),
-        analysis.lifetimes.items.len(),
-        t.elapsed()
-    );
-    let mut lifetimes = LifetimeView::new(Part::Profile);
-    let lifetime_frame =
-        |ctx: &egui::Context, view: &mut LifetimeView, events: Vec<egui::Event>| {
-            let mut out = ctx.run_ui(input(events), |ui| {
-                egui::CentralPanel::default_margins().show(ui, |ui| {
-                    view.ui(ui, &report, &analysis, 1);
-                });
-            });
-            out.textures_delta.clear();
-            ctx.tessellate(out.shapes, out.pixels_per_point).len()
-        };
-    let t = std::time::Instant::now();
-    lifetime_frame(&ctx, &mut lifetimes, Vec::new());
-    eprintln!("first lifetime frame (columns made): {:?}", t.elapsed());
-    c.bench_function("lifetime_frame_1M_events_static", |b| {
-        b.iter(|| lifetime_frame(&ctx, &mut lifetimes, Vec::new()))
-    });
-    let mut zoom_in = true;
-    c.bench_function("lifetime_frame_1M_events_zoom_every_frame", |b| {
-        b.iter(|| {
-            // Scroll zooms the event axis.
-            let dy = if zoom_in { 60.0 } else { -60.0 };
-            zoom_in = !zoom_in;
-            lifetime_frame(
-                &ctx,
-                &mut lifetimes,
-                vec![
-                    egui::Event::PointerMoved(centre),
-                    egui::Event::MouseWheel {
-                        unit: egui::MouseWheelUnit::Point,
-                        delta: egui::vec2(0.0, dy),
-                        modifiers: egui::Modifiers::NONE,
-                        phase: egui::TouchPhase::Move,
-                        source: egui::MouseWheelSource::Unknown,
-                    },
-                ],
-            )
-        })
-    });
-
     // Opening a saved million-event session: read the JSON and make the analysis.
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("million.json");
@@ -215,6 +173,86 @@ fn bench(c: &mut Criterion) {
     frame(&ctx, &mut stacked, &report, Vec::new());
     c.bench_function("timeline_frame_1M_events_stacked_static", |b| {
         b.iter(|| frame(&ctx, &mut stacked, &report, Vec::new()))
+    });
+
+    // The lifetime view of the same million events (fp16: half a million allocations), then
+    // of a million allocations (int8, whose CxB state outlives each pass).
+    lifetime_benches(c, &ctx, &report, "1M_events_fp16");
+    drop(report);
+    let report = dry_70b_report(240, Quant::Int8);
+    let allocations = report
+        .events
+        .iter()
+        .filter(|e| e.kind == vramscope::memory::EventKind::Alloc)
+        .count();
+    assert!(allocations >= 1_000_000, "{allocations} allocations");
+    lifetime_benches(c, &ctx, &report, "1M_allocations_int8");
+}
+
+/// The lifetime view's frame: still, and zooming every frame.
+fn lifetime_benches(c: &mut Criterion, ctx: &egui::Context, report: &Report, what: &str) {
+    let t = std::time::Instant::now();
+    let analysis = Arc::new(Analysis::of(report));
+    eprintln!(
+        "lifetime analysis of {} events ({} allocations): {:?}",
+        report.events.len(),
+        analysis.lifetimes.items.len(),
+        t.elapsed()
+    );
+    {
+        // How much a full view draws: pieces per column, and rectangles after joining.
+        let end = analysis.lifetimes.profile_end(&report.events);
+        let per_px = (analysis.profile_top as f64 * 1.12 / 560.0) as u64;
+        let cols = analysis
+            .lifetimes
+            .columns(&report.events, 0, end, 940, per_px);
+        let t = std::time::Instant::now();
+        let stack = analysis
+            .lifetimes
+            .stack_rects(&report.events, 0, end, 940, per_px);
+        eprintln!(
+            "full view: {} columns, {} pieces, {} rectangles, {} kept edges; made in {:?}",
+            cols.len(),
+            cols.iter().map(|c| c.segs.len()).sum::<usize>(),
+            stack.rects.len(),
+            stack.edges.len(),
+            t.elapsed()
+        );
+    }
+    let mut view = LifetimeView::new(Part::Profile);
+    let mut lifetime_frame = |events: Vec<egui::Event>| {
+        let mut out = ctx.run_ui(input(events), |ui| {
+            egui::CentralPanel::default_margins().show(ui, |ui| {
+                view.ui(ui, report, &analysis, 1);
+            });
+        });
+        out.textures_delta.clear();
+        ctx.tessellate(out.shapes, out.pixels_per_point).len()
+    };
+    let t = std::time::Instant::now();
+    lifetime_frame(Vec::new());
+    eprintln!("first lifetime frame (columns made): {:?}", t.elapsed());
+    c.bench_function(&format!("lifetime_frame_{what}_static"), |b| {
+        b.iter(|| lifetime_frame(Vec::new()))
+    });
+    let centre = egui::pos2(SIZE.x / 2.0, SIZE.y / 2.0);
+    let mut zoom_in = true;
+    c.bench_function(&format!("lifetime_frame_{what}_zoom_every_frame"), |b| {
+        b.iter(|| {
+            // Scroll zooms the event axis.
+            let dy = if zoom_in { 60.0 } else { -60.0 };
+            zoom_in = !zoom_in;
+            lifetime_frame(vec![
+                egui::Event::PointerMoved(centre),
+                egui::Event::MouseWheel {
+                    unit: egui::MouseWheelUnit::Point,
+                    delta: egui::vec2(0.0, dy),
+                    modifiers: egui::Modifiers::NONE,
+                    phase: egui::TouchPhase::Move,
+                    source: egui::MouseWheelSource::Unknown,
+                },
+            ])
+        })
     });
 }
 

@@ -13,9 +13,18 @@ use crate::profile::formulas::FormulaId;
 use crate::profile::Report;
 use crate::units::fmt_u;
 
-/// Live sets are kept every this many events, so the stack at any event is at most this many
-/// events of replay away.
-const SNAPSHOT_EVERY: usize = 4096;
+/// Live sets are kept every this many events (or a power of two more, see
+/// `SNAPSHOT_BUDGET_IDS`), so the stack at any event is at most that many events of replay
+/// away. Dense enough that a zoomed-out column (a few thousand events) starts from the
+/// snapshot before its highest event instead of replaying all of its events.
+const SNAPSHOT_MIN_EVERY: usize = 256;
+/// Ids kept in all snapshots together, at most (64 MiB): runs with very many live tensors
+/// get sparser snapshots.
+const SNAPSHOT_BUDGET_IDS: usize = 16 << 20;
+/// The framework total's maximum is kept per block of 8, 64 and 512 events, so a column
+/// finds its highest event reading a few dozen maxima instead of every event (events are
+/// large; reading one is a cache miss).
+const MAX_BLOCKS: [usize; 3] = [8, 64, 512];
 const NONE: u32 = u32::MAX;
 
 /// One framework allocation, from its alloc event to its free event.
@@ -58,8 +67,12 @@ pub struct Lifetimes {
     pub profile_passes: u32,
     /// Per event: the lifetime it allocates or frees (`NONE` for other events).
     event_life: Vec<u32>,
-    /// Live lifetime ids (ascending) before event `k * SNAPSHOT_EVERY`.
+    /// Live lifetime ids (ascending) before event `k * snapshot_every`.
     snapshots: Vec<Vec<u32>>,
+    snapshot_every: usize,
+    /// Per block of each of `MAX_BLOCKS` events: the highest `allocated` and the (last)
+    /// event holding it.
+    block_max: [Vec<(u64, u32)>; 3],
 }
 
 /// A piece of one pixel column of the stack: one band, or neighbouring bands below a pixel
@@ -95,6 +108,134 @@ pub fn kept_runs(segs: &[StackSeg], min_bytes: u64) -> Vec<(u64, u64)> {
         }
     }
     runs
+}
+
+/// One piece of the stack held over neighbouring columns (`x0..x1` in events): what is drawn
+/// as one rectangle.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BandRect {
+    pub x0: usize,
+    pub x1: usize,
+    pub seg: StackSeg,
+}
+
+/// A horizontal edge of the kept state's outline over events `x0..x1`, at `y` bytes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KeptEdge {
+    pub x0: usize,
+    pub x1: usize,
+    pub y: u64,
+}
+
+/// The stack as rectangles and the kept state's outline as edges.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StackRects {
+    pub rects: Vec<BandRect>,
+    pub edges: Vec<KeptEdge>,
+}
+
+/// The columns as rectangles: a piece that sits at the same height in the next column
+/// continues as the same rectangle. Weights and other long-lived bands at the bottom of the
+/// stack then cost one rectangle each instead of one per column, so a million allocations
+/// draw as a few thousand rectangles; the pixels are the same as column by column.
+pub fn band_rects(columns: &[StackColumn]) -> Vec<BandRect> {
+    merged(columns, 1).rects
+}
+
+/// The outline of the kept state (`kept_runs` of every column) as edges, an edge at the
+/// same height in the next column continuing the same line.
+pub fn kept_edges(columns: &[StackColumn], min_bytes: u64) -> Vec<KeptEdge> {
+    merged(columns, min_bytes).edges
+}
+
+fn merged(columns: &[StackColumn], min_bytes: u64) -> StackRects {
+    let mut m = RectMerger::new(min_bytes);
+    for c in columns {
+        m.push(c.start, c.end, &c.segs);
+    }
+    m.out
+}
+
+/// Joins each column's pieces and kept edges to the previous column's at the same height.
+struct RectMerger {
+    out: StackRects,
+    min_bytes: u64,
+    /// Where the previous column ended (a column that does not touch it joins nothing).
+    prev_end: Option<usize>,
+    /// Indices in `out` of the previous column's rectangles and edges, bottom first.
+    open_rects: Vec<usize>,
+    open_edges: Vec<usize>,
+    next: Vec<usize>,
+}
+
+impl RectMerger {
+    fn new(min_bytes: u64) -> Self {
+        RectMerger {
+            out: StackRects::default(),
+            min_bytes,
+            prev_end: None,
+            open_rects: Vec::new(),
+            open_edges: Vec::new(),
+            next: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, start: usize, end: usize, segs: &[StackSeg]) {
+        let touching = self.prev_end == Some(start);
+        self.prev_end = Some(end);
+        // Both columns are sorted by height: walk the previous one alongside.
+        self.next.clear();
+        let mut j = 0;
+        for s in segs {
+            let rects = &mut self.out.rects;
+            while touching && j < self.open_rects.len() && rects[self.open_rects[j]].seg.y0 < s.y0 {
+                j += 1;
+            }
+            match self.open_rects.get(j) {
+                Some(&k) if touching && rects[k].seg == *s => {
+                    rects[k].x1 = end;
+                    self.next.push(k);
+                    j += 1;
+                }
+                _ => {
+                    self.next.push(rects.len());
+                    rects.push(BandRect {
+                        x0: start,
+                        x1: end,
+                        seg: *s,
+                    });
+                }
+            }
+        }
+        std::mem::swap(&mut self.open_rects, &mut self.next);
+
+        self.next.clear();
+        let mut j = 0;
+        for (y0, y1) in kept_runs(segs, self.min_bytes) {
+            for y in [y0, y1] {
+                let edges = &mut self.out.edges;
+                while touching && j < self.open_edges.len() && edges[self.open_edges[j]].y < y {
+                    j += 1;
+                }
+                match self.open_edges.get(j) {
+                    Some(&k) if touching && edges[k].y == y => {
+                        edges[k].x1 = end;
+                        self.next.push(k);
+                        j += 1;
+                    }
+                    _ => {
+                        self.next.push(edges.len());
+                        edges.push(KeptEdge {
+                            x0: start,
+                            x1: end,
+                            y,
+                        });
+                    }
+                }
+            }
+        }
+        std::mem::swap(&mut self.open_edges, &mut self.next);
+    }
 }
 
 impl Lifetimes {
@@ -159,14 +300,29 @@ impl Lifetimes {
             let profile_made = (1..=profile_passes).contains(&l.made_pass);
             l.kept = profile_made && l.freed_pass != Some(l.made_pass);
         }
-        let mut snapshots = Vec::with_capacity(events.len() / SNAPSHOT_EVERY + 1);
+        let snapshot_every = snapshot_stride(&items, &event_life);
+        let mut snapshots = Vec::with_capacity(events.len() / snapshot_every + 1);
         let mut live: Vec<u32> = Vec::new();
         for (i, &id) in event_life.iter().enumerate() {
-            if i % SNAPSHOT_EVERY == 0 {
+            if i % snapshot_every == 0 {
                 snapshots.push(live.clone());
             }
             apply(&items, &mut live, i, id);
         }
+        let block_max = MAX_BLOCKS.map(|size| {
+            events
+                .chunks(size)
+                .enumerate()
+                .map(|(k, block)| {
+                    let (at, e) = block
+                        .iter()
+                        .enumerate()
+                        .max_by_key(|(_, e)| e.allocated)
+                        .expect("chunks are not empty");
+                    (e.allocated, (k * size + at) as u32)
+                })
+                .collect()
+        });
         Lifetimes {
             items,
             checkpoints,
@@ -174,7 +330,38 @@ impl Lifetimes {
             profile_passes,
             event_life,
             snapshots,
+            snapshot_every,
+            block_max,
         }
+    }
+
+    /// The event of `a..b` where the framework held the most (the last of equals).
+    fn highest(&self, events: &[Event], a: usize, b: usize) -> usize {
+        let mut best: Option<(u64, usize)> = None;
+        let mut take = |v: u64, i: usize| {
+            if best.is_none_or(|(bv, _)| v >= bv) {
+                best = Some((v, i));
+            }
+        };
+        let mut i = a;
+        while i < b {
+            // The largest block that starts here and ends inside the range, else one event.
+            match (0..MAX_BLOCKS.len())
+                .rev()
+                .find(|&l| i % MAX_BLOCKS[l] == 0 && i + MAX_BLOCKS[l] <= b)
+            {
+                Some(l) => {
+                    let (v, at) = self.block_max[l][i / MAX_BLOCKS[l]];
+                    take(v, at as usize);
+                    i += MAX_BLOCKS[l];
+                }
+                None => {
+                    take(events[i].allocated, i);
+                    i += 1;
+                }
+            }
+        }
+        best.map_or(a, |(_, i)| i)
     }
 
     pub fn from_report(r: &Report) -> Lifetimes {
@@ -213,9 +400,9 @@ impl Lifetimes {
             return live;
         }
         let at = at.min(self.event_life.len() - 1);
-        let s = at / SNAPSHOT_EVERY;
+        let s = at / self.snapshot_every;
         live.clone_from(&self.snapshots[s]);
-        for i in s * SNAPSHOT_EVERY..=at {
+        for i in s * self.snapshot_every..=at {
             apply(&self.items, &mut live, i, self.event_life[i]);
         }
         live
@@ -248,16 +435,62 @@ impl Lifetimes {
         columns: usize,
         min_bytes: u64,
     ) -> Vec<StackColumn> {
+        let mut out: Vec<StackColumn> = Vec::with_capacity(columns);
+        self.each_column(events, i0, i1, columns, min_bytes, |a, b, segs| {
+            // Neighbouring columns that show the same stack are one wider column.
+            match out.last_mut() {
+                Some(prev) if prev.end == a && prev.segs == segs => prev.end = b,
+                _ => out.push(StackColumn {
+                    start: a,
+                    end: b,
+                    segs: segs.to_vec(),
+                }),
+            }
+        });
+        out
+    }
+
+    /// The same stack as `columns`, as rectangles and kept-outline edges (`band_rects`,
+    /// `kept_edges`), made column by column without keeping the columns.
+    pub fn stack_rects(
+        &self,
+        events: &[Event],
+        i0: usize,
+        i1: usize,
+        columns: usize,
+        min_bytes: u64,
+    ) -> StackRects {
+        let mut m = RectMerger::new(min_bytes);
+        self.each_column(events, i0, i1, columns, min_bytes, |a, b, segs| {
+            m.push(a, b, segs)
+        });
+        m.out
+    }
+
+    /// Calls `f(start, end, pieces)` for each column of `columns` left to right.
+    fn each_column(
+        &self,
+        events: &[Event],
+        i0: usize,
+        i1: usize,
+        columns: usize,
+        min_bytes: u64,
+        mut f: impl FnMut(usize, usize, &[StackSeg]),
+    ) {
         let i1 = i1.min(events.len()).min(self.event_life.len());
         if i0 >= i1 {
-            return Vec::new();
+            return;
         }
         let columns = columns.max(1);
         let per = ((i1 - i0) as f64 / columns as f64).max(1.0);
-        let s = i0 / SNAPSHOT_EVERY;
-        let mut live = self.snapshots[s].clone();
-        let mut next = s * SNAPSHOT_EVERY;
-        let mut out: Vec<StackColumn> = Vec::with_capacity(columns);
+        let every = self.snapshot_every;
+        let mut live: Vec<u32> = Vec::new();
+        // The next event to replay into `live`; none replayed yet.
+        let mut next = usize::MAX;
+        // The previous column's live ids, pieces and each piece's first index.
+        let mut prev: Vec<u32> = Vec::new();
+        let mut segs: Vec<StackSeg> = Vec::new();
+        let mut firsts: Vec<u32> = Vec::new();
         let mut c = 0usize;
         loop {
             let a = i0 + (c as f64 * per) as usize;
@@ -266,29 +499,84 @@ impl Lifetimes {
             }
             let b = (i0 + ((c + 1) as f64 * per) as usize).clamp(a + 1, i1);
             c += 1;
-            let rep = (a..b).max_by_key(|&i| events[i].allocated).unwrap_or(a);
+            let rep = self.highest(events, a, b);
+            // Start from the snapshot before `rep` when it is ahead of the replay.
+            let s = rep / every;
+            if next == usize::MAX || next > rep + 1 || s * every > next {
+                live.clone_from(&self.snapshots[s]);
+                next = s * every;
+            }
             while next <= rep {
                 apply(&self.items, &mut live, next, self.event_life[next]);
                 next += 1;
             }
-            let segs = self.segments(&live, min_bytes);
-            // Neighbouring columns that show the same stack are one wider column.
-            match out.last_mut() {
-                Some(prev) if prev.end == a && prev.segs == segs => prev.end = b,
-                _ => out.push(StackColumn {
-                    start: a,
-                    end: b,
-                    segs,
-                }),
-            }
+            self.segments_after(&live, &prev, min_bytes, &mut segs, &mut firsts);
+            prev.clone_from(&live);
+            f(a, b, &segs);
         }
-        out
     }
 
-    fn segments(&self, live: &[u32], min_bytes: u64) -> Vec<StackSeg> {
-        let mut segs: Vec<StackSeg> = Vec::new();
-        let mut y = 0u64;
-        for &id in live {
+    /// The pieces of the stack of `live` (ids bottom first).
+    #[cfg(test)]
+    fn segments(&self, live: &[u32], min_bytes: u64, segs: &mut Vec<StackSeg>) {
+        segs.clear();
+        let mut firsts = Vec::new();
+        self.segments_from(live, 0, 0, min_bytes, segs, &mut firsts);
+    }
+
+    /// The pieces of `live`, given `segs`, the pieces of `prev` (`firsts`: each piece's first
+    /// index in `prev`): the bottom of the stack seldom changes from one column to the next,
+    /// so only the pieces from the first id where `live` and `prev` differ are made again.
+    fn segments_after(
+        &self,
+        live: &[u32],
+        prev: &[u32],
+        min_bytes: u64,
+        segs: &mut Vec<StackSeg>,
+        firsts: &mut Vec<u32>,
+    ) {
+        // Compared 64 ids at a time (a slice comparison is a memcmp), then one by one.
+        let n = live.len().min(prev.len());
+        let whole = live[..n]
+            .chunks(64)
+            .zip(prev[..n].chunks(64))
+            .take_while(|(a, b)| a == b)
+            .count();
+        let whole = (whole * 64).min(n);
+        let same = whole
+            + live[whole..n]
+                .iter()
+                .zip(&prev[whole..n])
+                .take_while(|(a, b)| a == b)
+                .count();
+        if same == live.len() && same == prev.len() {
+            return;
+        }
+        // The piece holding the first changed id is made again from its first id: whether an
+        // id joins the piece below depends only on the pieces below it.
+        let k = firsts
+            .partition_point(|&f| (f as usize) < same)
+            .saturating_sub(1);
+        let (from, y) = match (firsts.get(k), segs.get(k)) {
+            (Some(&f), Some(s)) => (f as usize, s.y0),
+            _ => (0, 0),
+        };
+        segs.truncate(k);
+        firsts.truncate(k);
+        self.segments_from(live, from, y, min_bytes, segs, firsts);
+    }
+
+    /// Appends the pieces of `live[from..]`, which starts at height `y`.
+    fn segments_from(
+        &self,
+        live: &[u32],
+        from: usize,
+        mut y: u64,
+        min_bytes: u64,
+        segs: &mut Vec<StackSeg>,
+        firsts: &mut Vec<u32>,
+    ) {
+        for (i, &id) in live.iter().enumerate().skip(from) {
             let l = &self.items[id as usize];
             let y1 = y + l.bytes;
             let small = l.bytes < min_bytes;
@@ -302,17 +590,19 @@ impl Lifetimes {
                     s.y1 = y1;
                     s.life = None;
                 }
-                _ => segs.push(StackSeg {
-                    y0: y,
-                    y1,
-                    category: l.category,
-                    kept: l.kept,
-                    life: Some(id),
-                }),
+                _ => {
+                    segs.push(StackSeg {
+                        y0: y,
+                        y1,
+                        category: l.category,
+                        kept: l.kept,
+                        life: Some(id),
+                    });
+                    firsts.push(i as u32);
+                }
             }
             y = y1;
         }
-        segs
     }
 
     /// The tensors that outlive their pass, grouped by what they are: the bytes of them still
@@ -349,6 +639,32 @@ impl Lifetimes {
     }
 }
 
+/// How often to keep the live set: every `SNAPSHOT_MIN_EVERY` events, or a power of two more
+/// where that would keep more than `SNAPSHOT_BUDGET_IDS` ids.
+fn snapshot_stride(items: &[Lifetime], event_life: &[u32]) -> usize {
+    // Live counts at each candidate snapshot (a count needs no replay of the live set).
+    let mut samples: Vec<usize> = Vec::with_capacity(event_life.len() / SNAPSHOT_MIN_EVERY + 1);
+    let mut count = 0usize;
+    for (i, &id) in event_life.iter().enumerate() {
+        if i % SNAPSHOT_MIN_EVERY == 0 {
+            samples.push(count);
+        }
+        if id != NONE {
+            if items[id as usize].alloc_event as usize == i {
+                count += 1;
+            } else {
+                count = count.saturating_sub(1);
+            }
+        }
+    }
+    let mut step = 1usize;
+    while step < samples.len() && samples.iter().step_by(step).sum::<usize>() > SNAPSHOT_BUDGET_IDS
+    {
+        step *= 2;
+    }
+    SNAPSHOT_MIN_EVERY * step
+}
+
 fn apply(items: &[Lifetime], live: &mut Vec<u32>, event: usize, id: u32) {
     if id == NONE {
         return;
@@ -357,7 +673,15 @@ fn apply(items: &[Lifetime], live: &mut Vec<u32>, event: usize, id: u32) {
     if l.alloc_event as usize == event {
         // Ids grow with allocation order: a new band goes on top.
         live.push(id);
-    } else if let Ok(p) = live.binary_search(&id) {
+        return;
+    }
+    // Most frees are of something allocated a moment ago, near the top.
+    let top = live.len().saturating_sub(8);
+    let at = match live[top..].iter().rposition(|&x| x == id) {
+        Some(p) => Some(top + p),
+        None => live[..top].binary_search(&id).ok(),
+    };
+    if let Some(p) = at {
         live.remove(p);
     }
 }
@@ -741,6 +1065,122 @@ mod tests {
         // Bands under a pixel merge with neighbours of the same kind.
         let merged = l.columns(&ev, 6, 7, 1, 50);
         assert_eq!(merged[0].segs.len(), 4, "different kinds never merge");
+    }
+
+    #[test]
+    fn a_band_at_the_same_height_in_neighbouring_columns_is_one_rectangle() {
+        let ev = two_passes();
+        let l = Lifetimes::build(&ev, 2);
+        let cols = l.columns(&ev, 0, ev.len(), ev.len(), 0);
+        let rects = band_rects(&cols);
+        // Column by column, the rectangles cover exactly what the columns do.
+        for c in &cols {
+            for x in c.start..c.end {
+                let mut here: Vec<StackSeg> = rects
+                    .iter()
+                    .filter(|r| (r.x0..r.x1).contains(&x))
+                    .map(|r| r.seg)
+                    .collect();
+                here.sort_by_key(|s| s.y0);
+                assert_eq!(here, c.segs, "event {x}");
+            }
+        }
+        // The weight `w` sits at 0..100 from its alloc to the end: one rectangle.
+        let w: Vec<&BandRect> = rects.iter().filter(|r| r.seg.life == Some(0)).collect();
+        assert_eq!(w.len(), 1);
+        assert_eq!((w[0].x0, w[0].x1), (cols[0].start, ev.len()));
+        assert!(rects.len() < cols.iter().map(|c| c.segs.len()).sum::<usize>());
+
+        // The kept outline: the pass-1 CxB state's bottom edge lies at 100 from the free of
+        // `h` under it (event 4) until the pass-2 `h` takes that place (event 7), then the
+        // pass-2 state's from event 8 on: two edges, not one per column.
+        let edges = kept_edges(&cols, 1);
+        let at_100: Vec<(usize, usize)> = edges
+            .iter()
+            .filter(|e| e.y == 100)
+            .map(|e| (e.x0, e.x1))
+            .collect();
+        assert_eq!(at_100, vec![(4, 7), (8, ev.len())], "{edges:?}");
+        // Made straight from the events, without keeping the columns: the same.
+        let direct = l.stack_rects(&ev, 0, ev.len(), ev.len(), 1);
+        assert_eq!((direct.rects, direct.edges), (rects.clone(), edges.clone()));
+        for c in &cols {
+            for (y0, y1) in kept_runs(&c.segs, 1) {
+                for y in [y0, y1] {
+                    assert!(
+                        edges
+                            .iter()
+                            .any(|e| e.y == y && e.x0 <= c.start && c.end <= e.x1),
+                        "edge {y} over {}..{}",
+                        c.start,
+                        c.end
+                    );
+                }
+            }
+        }
+    }
+
+    /// Columns from snapshots and per-block maxima are the columns of a plain sweep: each
+    /// shows the live set after its highest event (the last of equals).
+    #[test]
+    fn columns_match_a_plain_sweep_at_every_zoom() {
+        let mut rng = 12345u64;
+        let mut next = || {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            rng >> 33
+        };
+        // Two kinds, so merging below a pixel stops at kind boundaries.
+        let cat = |name: &str| {
+            if name.len() % 2 == 0 {
+                Category::Activation
+            } else {
+                Category::Workspace
+            }
+        };
+        let mut v: Vec<Event> = Vec::new();
+        let mut live: Vec<(String, u64)> = Vec::new();
+        let mut allocated = 0u64;
+        for i in 0..20_000u64 {
+            let free = !live.is_empty() && next() % 5 < 2;
+            let e = if free {
+                let (name, bytes) = live.remove(next() as usize % live.len());
+                allocated -= bytes;
+                ev(i, 1, EventKind::Free, cat(&name), &name, bytes)
+            } else {
+                let bytes = 1 + next() % 1000;
+                let name = format!("t{}", next() % 50);
+                live.push((name.clone(), bytes));
+                allocated += bytes;
+                ev(i, 1, EventKind::Alloc, cat(&name), &name, bytes)
+            };
+            v.push(Event { allocated, ..e });
+        }
+        let l = Lifetimes::build(&v, 1);
+        // The sweep: live ids after each event.
+        let mut sweep: Vec<Vec<u32>> = Vec::new();
+        let mut ids: Vec<u32> = Vec::new();
+        for i in 0..v.len() {
+            apply(&l.items, &mut ids, i, l.event_life[i]);
+            sweep.push(ids.clone());
+        }
+        for (i0, i1, cols, px) in [
+            (0, v.len(), 97, 1),
+            (0, v.len(), 1000, 300),
+            (3_333, 9_000, 50, 5_000),
+            (0, v.len(), 20_000, 700),
+        ] {
+            let mut want_segs = Vec::new();
+            let mut seen = 0;
+            l.each_column(&v, i0, i1, cols, px, |a, b, segs| {
+                let rep = (a..b).max_by_key(|&i| v[i].allocated).unwrap();
+                l.segments(&sweep[rep], px, &mut want_segs);
+                assert_eq!(segs, want_segs.as_slice(), "column {a}..{b}");
+                seen += 1;
+            });
+            assert!(seen >= cols.min(i1 - i0) * 9 / 10, "{seen} columns");
+        }
     }
 
     #[test]

@@ -2,11 +2,13 @@
 //! PyTorch's memory viewer stacks them, over event order. Tensors that outlive their pass are
 //! yellow with a black outline and named in one sentence; passes, t0..t3 and the budget lines
 //! (Â, Â + old / new non-torch, the truth, T·u) are drawn over it. Bands lower than a pixel are
-//! merged per column (`Lifetimes::columns`), so a million allocations draw as a few thousand
-//! rectangles; the columns are cached until the view moves.
+//! merged per column (`Lifetimes::columns`), and a piece that stays at its height over
+//! neighbouring columns is one rectangle (`band_rects`), so a million allocations draw as a few
+//! thousand rectangles. The rectangles are cached until the view moves, and the tessellated
+//! mesh until the view, the theme or the selection changes.
 
 use std::ops::RangeInclusive;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use egui::{Align2, Color32, FontId, Pos2, Rect, RichText, Shape, Stroke};
 use egui_plot::{
@@ -14,7 +16,7 @@ use egui_plot::{
 };
 
 use super::style::{c32, legible};
-use crate::lifetimes::{kept_runs, Analysis, StackColumn};
+use crate::lifetimes::{Analysis, BandRect, KeptEdge};
 use crate::memory::Event;
 use crate::palette;
 use crate::profile::Report;
@@ -35,7 +37,11 @@ pub struct LifetimeView {
     id: &'static str,
     generation: u64,
     key: Option<(usize, usize, usize, u64)>,
-    columns: Arc<Vec<StackColumn>>,
+    rects: Arc<Vec<BandRect>>,
+    edges: Arc<Vec<KeptEdge>>,
+    /// Bumped whenever the rectangles or the selection change (the mesh cache's key).
+    version: u64,
+    mesh: Arc<Mutex<MeshCache>>,
     /// The clicked band (a lifetime id) and every band of the same tensor name.
     pub selected: Option<u32>,
     same_name: Arc<Vec<u32>>,
@@ -54,7 +60,10 @@ impl LifetimeView {
             },
             generation: u64::MAX,
             key: None,
-            columns: Arc::new(Vec::new()),
+            rects: Arc::new(Vec::new()),
+            edges: Arc::new(Vec::new()),
+            version: 0,
+            mesh: Arc::new(Mutex::new(MeshCache::default())),
             selected: None,
             same_name: Arc::new(Vec::new()),
             reset: false,
@@ -91,6 +100,7 @@ impl LifetimeView {
             self.key = None;
             self.selected = None;
             self.same_name = Arc::new(Vec::new());
+            self.version += 1;
             self.reset = true;
         }
         let dark = ui.visuals().dark_mode;
@@ -180,7 +190,10 @@ impl LifetimeView {
             self.reset = false;
         }
         let lt = Arc::clone(a);
-        let columns = &mut self.columns;
+        let rects = &mut self.rects;
+        let edges = &mut self.edges;
+        let version = &mut self.version;
+        let mesh = Arc::clone(&self.mesh);
         let key = &mut self.key;
         let same_name = Arc::clone(&self.same_name);
         let selected = self.selected;
@@ -197,11 +210,17 @@ impl LifetimeView {
             let k = (x0, x1, width, min_bytes.next_power_of_two());
             if *key != Some(k) {
                 *key = Some(k);
-                *columns = Arc::new(lt.lifetimes.columns(events, x0, x1, width, min_bytes));
+                let stack = lt.lifetimes.stack_rects(events, x0, x1, width, min_bytes);
+                *rects = Arc::new(stack.rects);
+                *edges = Arc::new(stack.edges);
+                *version += 1;
             }
             pui.add(BandsItem {
                 base: PlotItemBase::new("allocations".into()),
-                columns: Arc::clone(columns),
+                rects: Arc::clone(rects),
+                edges: Arc::clone(edges),
+                version: *version,
+                mesh,
                 analysis: Arc::clone(&lt),
                 same_name,
                 selected,
@@ -210,7 +229,6 @@ impl LifetimeView {
                 dark,
                 x_range: (i0, i1),
                 y_top,
-                min_bytes,
             });
             (t, pui.pointer_coordinate())
         });
@@ -234,6 +252,7 @@ impl LifetimeView {
     /// Selects a band (or clears the selection) and finds its namesakes in other passes.
     pub fn select(&mut self, id: Option<u32>, a: &Analysis, events: &[Event]) {
         self.selected = id;
+        self.version += 1;
         self.same_name = Arc::new(match id {
             Some(id) => {
                 let name = &events[a.lifetimes.items[id as usize].alloc_event as usize].tensor;
@@ -356,7 +375,11 @@ fn details(ui: &mut egui::Ui, a: &Analysis, events: &[Event], id: u32) {
 /// The bands, pass and checkpoint marks and budget lines, as one plot item.
 struct BandsItem {
     base: PlotItemBase,
-    columns: Arc<Vec<StackColumn>>,
+    rects: Arc<Vec<BandRect>>,
+    edges: Arc<Vec<KeptEdge>>,
+    /// `LifetimeView::version` when this frame's rectangles and selection were made.
+    version: u64,
+    mesh: Arc<Mutex<MeshCache>>,
     analysis: Arc<Analysis>,
     same_name: Arc<Vec<u32>>,
     selected: Option<u32>,
@@ -365,8 +388,23 @@ struct BandsItem {
     dark: bool,
     x_range: (usize, usize),
     y_top: f64,
-    /// A pixel's height in bytes when the columns were made.
-    min_bytes: u64,
+}
+
+/// The bands' shapes as last drawn, and what they were drawn from.
+#[derive(Default)]
+struct MeshCache {
+    key: Option<MeshKey>,
+    shapes: Vec<Shape>,
+}
+
+/// What moves the bands on screen: when it is unchanged, last frame's mesh is drawn again.
+#[derive(Clone, Copy, PartialEq)]
+struct MeshKey {
+    version: u64,
+    frame: Rect,
+    min: [f64; 2],
+    max: [f64; 2],
+    dark: bool,
 }
 
 /// A band's fill (shared with the PNG report).
@@ -374,53 +412,70 @@ pub(crate) fn band_rgb(seg: &crate::lifetimes::StackSeg) -> palette::Rgb {
     palette::band(seg.category, seg.kept, seg.life)
 }
 
-impl PlotItem for BandsItem {
-    fn shapes(&self, ui: &egui::Ui, t: &PlotTransform, shapes: &mut Vec<Shape>) {
-        let frame = *t.frame();
+impl BandsItem {
+    /// The bands as one mesh, then the outlines of the kept state and of the selected tensor.
+    fn band_shapes(&self, t: &PlotTransform) -> Vec<Shape> {
         let mut mesh = egui::Mesh::default();
-        let outline = c32(palette::KEPT_OUTLINE);
+        mesh.reserve_triangles(self.rects.len() * 2);
+        mesh.reserve_vertices(self.rects.len() * 4);
         let select_outline = if self.dark {
             Color32::WHITE
         } else {
             Color32::BLACK
         };
-        let mut edges: Vec<Shape> = Vec::new();
-        for col in self.columns.iter() {
-            let xa = t.position_from_point_x(col.start as f64);
-            let xb = t.position_from_point_x(col.end as f64).max(xa + 1.0);
-            if xb < frame.left() || xa > frame.right() {
-                continue;
-            }
-            for s in &col.segs {
-                let ya = t.position_from_point_y(s.y0 as f64);
-                let yb = t.position_from_point_y(s.y1 as f64);
-                let rect = Rect::from_min_max(Pos2::new(xa, yb.min(ya - 0.5)), Pos2::new(xb, ya));
-                mesh.add_colored_rect(rect, c32(band_rgb(s)));
-                let chosen = s
-                    .life
-                    .is_some_and(|id| self.same_name.binary_search(&id).is_ok());
-                if chosen {
-                    let w = if s.life == self.selected { 3.0 } else { 2.0 };
-                    edges.push(Shape::rect_stroke(
-                        rect,
-                        0.0,
-                        Stroke::new(w, select_outline),
-                        egui::StrokeKind::Middle,
-                    ));
-                }
-            }
-            for (y0, y1) in kept_runs(&col.segs, self.min_bytes) {
-                for y in [y0, y1] {
-                    let y = t.position_from_point_y(y as f64);
-                    edges.push(Shape::line_segment(
-                        [Pos2::new(xa, y), Pos2::new(xb, y)],
-                        Stroke::new(1.5, outline),
-                    ));
-                }
+        let mut outlines: Vec<Shape> = Vec::new();
+        for r in self.rects.iter() {
+            let s = &r.seg;
+            let xa = t.position_from_point_x(r.x0 as f64);
+            let xb = t.position_from_point_x(r.x1 as f64).max(xa + 1.0);
+            let ya = t.position_from_point_y(s.y0 as f64);
+            let yb = t.position_from_point_y(s.y1 as f64);
+            let rect = Rect::from_min_max(Pos2::new(xa, yb.min(ya - 0.5)), Pos2::new(xb, ya));
+            mesh.add_colored_rect(rect, c32(band_rgb(s)));
+            let chosen = s
+                .life
+                .is_some_and(|id| self.same_name.binary_search(&id).is_ok());
+            if chosen {
+                let w = if s.life == self.selected { 3.0 } else { 2.0 };
+                outlines.push(Shape::rect_stroke(
+                    rect,
+                    0.0,
+                    Stroke::new(w, select_outline),
+                    egui::StrokeKind::Middle,
+                ));
             }
         }
-        shapes.push(Shape::mesh(mesh));
-        shapes.extend(edges);
+        let kept = Stroke::new(1.5, c32(palette::KEPT_OUTLINE));
+        let mut shapes = vec![Shape::mesh(mesh)];
+        shapes.extend(self.edges.iter().map(|e| {
+            let y = t.position_from_point_y(e.y as f64);
+            let xa = t.position_from_point_x(e.x0 as f64);
+            let xb = t.position_from_point_x(e.x1 as f64).max(xa + 1.0);
+            Shape::line_segment([Pos2::new(xa, y), Pos2::new(xb, y)], kept)
+        }));
+        shapes.extend(outlines);
+        shapes
+    }
+}
+
+impl PlotItem for BandsItem {
+    fn shapes(&self, ui: &egui::Ui, t: &PlotTransform, shapes: &mut Vec<Shape>) {
+        let frame = *t.frame();
+        let key = MeshKey {
+            version: self.version,
+            frame,
+            min: t.bounds().min(),
+            max: t.bounds().max(),
+            dark: self.dark,
+        };
+        {
+            let mut cache = self.mesh.lock().unwrap_or_else(|e| e.into_inner());
+            if cache.key != Some(key) {
+                cache.shapes = self.band_shapes(t);
+                cache.key = Some(key);
+            }
+            shapes.extend(cache.shapes.iter().cloned());
+        }
 
         let text_colour = ui.visuals().strong_text_color();
         let font = FontId::proportional(14.0);
