@@ -174,6 +174,31 @@ fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
             "still allocated",
         ),
         (
+            // One trace list referenced 1000 times through the memo, each holding one entry
+            // referenced 1000 times: 10^6 entries from a 4 KB file.
+            "memo_shared_trace_bomb",
+            {
+                let mut v = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](]\x94(}\x94(\x8c\x06action\x8c\x05alloc\x8c\x04addrJ\x00\x00\x01\x00\x8c\x04sizeM\x00\x02u".to_vec();
+                v.extend(b"h\x01".repeat(999));
+                v.push(b'e');
+                v.extend(b"h\x00".repeat(999));
+                v.extend(b"eu.");
+                v
+            },
+            "more records than the file could hold",
+        ),
+        (
+            // A frame list that contains itself (a cycle through the memo).
+            "frames_contain_themselves",
+            b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]]}\x94(\x8c\x06action\x8c\x05alloc\x8c\x04addrK\x00\x8c\x06frames]\x94h\x01auaau.".to_vec(),
+            "not a PyTorch memory snapshot",
+        ),
+        (
+            "frames_not_a_list",
+            with_trace(json!([]), vec![json!({"action": "alloc", "addr": A, "size": 512, "frames": "top"})]),
+            "'frames' is a string, expected a list",
+        ),
+        (
             "alloc_without_address",
             with_trace(
                 json!([]),
