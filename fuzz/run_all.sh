@@ -11,6 +11,10 @@ mkdir -p logs corpus
 for t in $TARGETS; do
     mkdir -p "corpus/$t"
     if [ -d "seeds/$t" ]; then cp -n "seeds/$t"/* "corpus/$t/" 2>/dev/null; fi
+    # The snapshot target starts from the test fixtures (synthetic and recorded by PyTorch).
+    if [ "$t" = torch_snapshot ]; then
+        cp -n ../tests/fixtures/*.pickle ../tests/fixtures/torch_2_11/*.pickle "corpus/$t/"
+    fi
     start=$(date -u +%FT%TZ)
     # -malloc_limit_mb: any single allocation over 256 MiB is a crash (an allocation sized by
     # a header field); -timeout: one input taking over 30 s is a crash (a hang).

@@ -1,7 +1,8 @@
-//! A PyTorch memory snapshot in: the opcode guard, serde-pickle, then a replay of each device's
-//! trace through a model of PyTorch's caching allocator (segments, blocks, splits), which
-//! turns the trace's requested sizes into block sizes, so the running `allocated` is what
-//! `torch.cuda.memory_allocated()` reported (it counts blocks, not requests).
+//! A PyTorch memory snapshot in: the opcode guard, the pickle machine (`unpickle`), then a
+//! replay of each device's trace through a model of PyTorch's caching allocator (segments,
+//! blocks, splits), which turns the trace's requested sizes into block sizes, so the running
+//! `allocated` is what `torch.cuda.memory_allocated()` reported (it counts blocks, not
+//! requests).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufReader, Read, Seek};

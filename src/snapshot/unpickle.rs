@@ -673,3 +673,82 @@ pub(crate) fn decode(reader: impl Read) -> Result<raw::RawSnapshot, DecodeError>
     m.stack.clear();
     raw::snapshot(&top, input.pos)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long1_integers_keep_their_sign_and_more_than_64_bits_are_too_large() {
+        assert!(matches!(
+            Machine::int_from_le(&[0x00, 0x10]),
+            Val::Int(4096)
+        ));
+        assert!(matches!(Machine::int_from_le(&[0xff]), Val::Int(-1)));
+        assert!(matches!(
+            Machine::int_from_le(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0xff]),
+            Val::Int(i64::MIN)
+        ));
+        assert!(matches!(
+            Machine::int_from_le(&[0, 0, 0, 0, 0, 0, 0, 0, 1]),
+            Val::BigInt
+        ));
+        // 2^64 - 1 needs a ninth byte for its sign: larger than any i64.
+        assert!(matches!(
+            Machine::int_from_le(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0]),
+            Val::BigInt
+        ));
+    }
+
+    /// `pickle.dumps` (protocol 4) of a trace whose frees share their stacks with the allocs,
+    /// and whose frame dict `f` is shared between the two stacks, as PyTorch's pickles do.
+    const SHARED: &[u8] = b"\x80\x04\x95\xe7\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\rdevice_traces\x94]\x94]\x94(}\x94(\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x04addr\x94K\x00\x8c\x04size\x94M\x00\x02\x8c\x06frames\x94]\x94}\x94(\x8c\x08filename\x94\x8c\x04a.py\x94\x8c\x04line\x94K\x03\x8c\x04name\x94\x8c\x03fwd\x94uau}\x94(h\x05h\x06h\x07M\x00\x02h\x08M\x00\x02h\t]\x94(}\x94(h\x0c\x8c\x04b.py\x94h\x0eK\x07h\x0f\x8c\x02mm\x94uh\x0beu}\x94(h\x05\x8c\x0efree_requested\x94h\x07K\x00h\x08M\x00\x02h\th\nu}\x94(h\x05h\x17h\x07M\x00\x02h\x08M\x00\x02h\th\x12ueas.";
+
+    #[test]
+    fn frames_shared_through_the_memo_reach_every_entry() {
+        let s = decode(SHARED).unwrap();
+        let t = &s.device_traces[0];
+        let top: Vec<(&str, Vec<(&str, &str, i64)>)> = t
+            .iter()
+            .map(|e| {
+                let frames = e
+                    .frames
+                    .0
+                    .iter()
+                    .map(|f| (&*f.name, &*f.filename, f.line))
+                    .collect();
+                (&*e.action, frames)
+            })
+            .collect();
+        let f = ("fwd", "a.py", 3);
+        let g = ("mm", "b.py", 7);
+        assert_eq!(
+            top,
+            [
+                ("alloc", vec![f]),
+                ("alloc", vec![g, f]),
+                ("free_requested", vec![f]),
+                ("free_requested", vec![g, f]),
+            ]
+        );
+        // The shared stack is one value, not a copy per entry.
+        assert!(Rc::ptr_eq(&t[0].frames, &t[2].frames));
+        assert_eq!((t[1].addr, t[1].size), (Some(512), 512));
+    }
+
+    #[test]
+    fn a_list_that_contains_itself_is_a_shape_error() {
+        // l = []; l.append(l); {'segments': l}
+        let bytes = b"\x80\x04}\x94\x8c\x08segments\x94]\x94h\x02as.";
+        let e = decode(&bytes[..]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "not a PyTorch memory snapshot: a segment is a list, expected a dict"
+        );
+    }
+
+    #[test]
+    fn a_stream_that_ends_early_is_truncated() {
+        assert_eq!(decode(&SHARED[..100]).unwrap_err(), DecodeError::Truncated);
+    }
+}
