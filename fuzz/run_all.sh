@@ -6,6 +6,7 @@
 set -u
 cd "$(dirname "$0")"
 SECS=${SECS:-600}
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 TARGETS=${*:-"config index cli_args gguf safetensors torch_snapshot"}
 mkdir -p logs corpus
 for t in $TARGETS; do
@@ -22,5 +23,9 @@ for t in $TARGETS; do
         -max_total_time="$SECS" -malloc_limit_mb=256 -rss_limit_mb=2048 -timeout=30 \
         -max_len=70000 -print_final_stats=1 >"logs/$t.log" 2>&1
     rc=$?
-    echo "$t start $start end $(date -u +%FT%TZ) exit $rc" >>logs/summary.txt
+    # One markdown row per run for docs/fuzzing.md: libFuzzer's final stats, the corpus size
+    # and the crash/leak/timeout artifacts written.
+    stat() { sed -n "s/^stat::$1: *//p" "logs/$t.log" | tail -1; }
+    crashes=$(ls "artifacts/$t" 2>/dev/null | wc -l)
+    echo "| $t | $start | $(stat number_of_executed_units) | $(stat average_exec_per_sec) | $(ls "corpus/$t" | wc -l) (+$(stat new_units_added)) | $(stat peak_rss_mb) | $crashes | $rc |" >>logs/summary.md
 done

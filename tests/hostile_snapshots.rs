@@ -273,3 +273,32 @@ fn write_corpus() {
         std::fs::write(dir.join(f), fixture(f)).unwrap();
     }
 }
+
+#[test]
+fn a_snapshot_path_that_is_a_fifo_or_a_directory_is_named_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("snap.pickle");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    for (path, kind) in [
+        (fifo, "a FIFO (named pipe)"),
+        (dir.path().to_path_buf(), "a directory"),
+    ] {
+        // A read of the FIFO would block forever: the command must answer at once.
+        let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .arg("report")
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains(&format!("snapshot is {kind}, expected a regular file")),
+            "{stderr}"
+        );
+    }
+}

@@ -25,8 +25,8 @@ fn bad(path: &Path, problem: impl Into<String>) -> Error {
 
 /// Reads a snapshot file; `progress` gets (bytes read, file size) now and then.
 pub fn read(path: &Path, progress: Option<&mut dyn FnMut(u64, u64)>) -> Result<Imported> {
-    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    // A FIFO or a device would hang the guard's read or never end: regular files only.
+    let (mut file, size) = crate::fsguard::open_regular(path, "snapshot")?;
     super::guard::check(BufReader::with_capacity(1 << 20, &mut file))
         .map_err(|e| bad(path, e.to_string()))?;
     file.rewind().map_err(|e| Error::io(path, e))?;
