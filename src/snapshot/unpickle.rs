@@ -371,7 +371,7 @@ impl Machine {
     }
 
     fn set_items(&mut self, items: Vec<Val>, at: u64) -> Result<(), DecodeError> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(DecodeError::Malformed(
                 "SETITEMS with an odd number of items",
                 at,
@@ -590,7 +590,7 @@ impl Machine {
                 }
                 b'd' => {
                     let items = self.pop_mark(at)?;
-                    if items.len() % 2 != 0 {
+                    if !items.len().is_multiple_of(2) {
                         return Err(DecodeError::Malformed(
                             "DICT with an odd number of items",
                             at,
@@ -708,7 +708,8 @@ mod tests {
     fn frames_shared_through_the_memo_reach_every_entry() {
         let s = decode(SHARED).unwrap();
         let t = &s.device_traces[0];
-        let top: Vec<(&str, Vec<(&str, &str, i64)>)> = t
+        type Named<'a> = (&'a str, Vec<(&'a str, &'a str, i64)>);
+        let top: Vec<Named> = t
             .iter()
             .map(|e| {
                 let frames = e
