@@ -174,6 +174,31 @@ fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
             "still allocated",
         ),
         (
+            // One trace list referenced 1000 times through the memo, each holding one entry
+            // referenced 1000 times: 10^6 entries from a 4 KB file.
+            "memo_shared_trace_bomb",
+            {
+                let mut v = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](]\x94(}\x94(\x8c\x06action\x8c\x05alloc\x8c\x04addrJ\x00\x00\x01\x00\x8c\x04sizeM\x00\x02u".to_vec();
+                v.extend(b"h\x01".repeat(999));
+                v.push(b'e');
+                v.extend(b"h\x00".repeat(999));
+                v.extend(b"eu.");
+                v
+            },
+            "more records than the file could hold",
+        ),
+        (
+            // A frame list that contains itself (a cycle through the memo).
+            "frames_contain_themselves",
+            b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]]}\x94(\x8c\x06action\x8c\x05alloc\x8c\x04addrK\x00\x8c\x06frames]\x94h\x01auaau.".to_vec(),
+            "not a PyTorch memory snapshot",
+        ),
+        (
+            "frames_not_a_list",
+            with_trace(json!([]), vec![json!({"action": "alloc", "addr": A, "size": 512, "frames": "top"})]),
+            "'frames' is a string, expected a list",
+        ),
+        (
             "alloc_without_address",
             with_trace(
                 json!([]),
@@ -246,5 +271,34 @@ fn write_corpus() {
     }
     for f in ["snapshot_small.pickle", "snapshot_truncated.pickle"] {
         std::fs::write(dir.join(f), fixture(f)).unwrap();
+    }
+}
+
+#[test]
+fn a_snapshot_path_that_is_a_fifo_or_a_directory_is_named_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("snap.pickle");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    for (path, kind) in [
+        (fifo, "a FIFO (named pipe)"),
+        (dir.path().to_path_buf(), "a directory"),
+    ] {
+        // A read of the FIFO would block forever: the command must answer at once.
+        let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .arg("report")
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains(&format!("snapshot is {kind}, expected a regular file")),
+            "{stderr}"
+        );
     }
 }

@@ -44,8 +44,26 @@ fn block_sizes_follow_pytorchs_rounding_and_split_rules() {
         (big.bytes, big.allocated),
         (20 * MIB, 1024 + 4096 + 20 * MIB)
     );
-    // Stack frames are not asserted: serde-pickle 1.2 loses frame dicts shared between
-    // stacks (README, "a known gap"); the byte numbers above do not depend on them.
+    // The innermost shown frame names op and tensor, also for frame dicts the pickle shares
+    // between stacks (memo references); `CapturedTraceback::gather` is left out as PyTorch's
+    // viewer does.
+    let named: Vec<(&str, &str)> = d
+        .events
+        .iter()
+        .filter(|e| matches!(e.kind, Alloc | Free))
+        .map(|e| (e.op.as_str(), e.tensor.as_str()))
+        .collect();
+    assert_eq!(
+        named,
+        [
+            ("forward", "modeling_llama.py:178"),
+            ("forward", "linear.py:125"),
+            ("forward", "linear.py:125"),
+            ("forward", "linear.py:125"),
+            ("forward", "linear.py:125"),
+            ("forward", "modeling_llama.py:178"),
+        ]
+    );
     assert!(d.events[9].op.starts_with("oom: 67108864 bytes requested"));
     // Times are relative to the first entry.
     assert_eq!((d.events[0].time_us, d.events[10].time_us), (0, 12));
@@ -325,6 +343,28 @@ fn a_real_pytorch_2_11_snapshot_gives_pytorchs_own_numbers() {
     assert_eq!(d.entries, 590);
     // 222 allocs + 183 frees + 2 segments.
     assert_eq!(d.events.len(), 407);
+    // Every allocation keeps its innermost shown frame as op and tensor, though PyTorch's
+    // pickle shares frame dicts (and whole stacks) between entries through its memo. The
+    // counts are Python's own reading of the same file (pickle.load, the same frame filter).
+    let allocs: Vec<_> = d
+        .events
+        .iter()
+        .filter(|e| e.kind == EventKind::Alloc)
+        .collect();
+    assert_eq!(allocs.len(), 222);
+    assert!(allocs
+        .iter()
+        .all(|e| !e.op.is_empty() && !e.tensor.is_empty()));
+    let count = |op: &str, tensor: &str| {
+        allocs
+            .iter()
+            .filter(|e| e.op == op && e.tensor == tensor)
+            .count()
+    };
+    assert_eq!(count("layer_norm", "functional.py:2935"), 45);
+    assert_eq!(count("forward", "linear.py:134"), 41);
+    assert_eq!(count("convert", "module.py:1370"), 36);
+    assert_eq!(count("sdpa_attention_forward", "sdpa_attention.py:158"), 24);
 }
 
 #[test]

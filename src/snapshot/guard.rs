@@ -1,6 +1,6 @@
 //! A walk over a pickle's opcodes, before anything is decoded: it refuses every opcode that
 //! names or calls Python code (globals, reduce, object construction, persistent ids,
-//! extension codes). serde-pickle would turn some of them into plain dicts silently; a memory
+//! extension codes). A decoder might turn some of them into plain dicts silently; a memory
 //! snapshot is dicts, lists, strings and numbers only, so anything else is refused here.
 //! Values are not built; only opcode argument lengths are read to find the next opcode.
 

@@ -6,6 +6,7 @@
 mod guard;
 mod raw;
 pub mod read;
+mod unpickle;
 pub mod write;
 
 use std::path::PathBuf;

@@ -1,7 +1,8 @@
-//! A PyTorch memory snapshot in: the opcode guard, serde-pickle, then a replay of each device's
-//! trace through a model of PyTorch's caching allocator (segments, blocks, splits), which
-//! turns the trace's requested sizes into block sizes, so the running `allocated` is what
-//! `torch.cuda.memory_allocated()` reported (it counts blocks, not requests).
+//! A PyTorch memory snapshot in: the opcode guard, the pickle machine (`unpickle`), then a
+//! replay of each device's trace through a model of PyTorch's caching allocator (segments,
+//! blocks, splits), which turns the trace's requested sizes into block sizes, so the running
+//! `allocated` is what `torch.cuda.memory_allocated()` reported (it counts blocks, not
+//! requests).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufReader, Read, Seek};
@@ -24,8 +25,8 @@ fn bad(path: &Path, problem: impl Into<String>) -> Error {
 
 /// Reads a snapshot file; `progress` gets (bytes read, file size) now and then.
 pub fn read(path: &Path, progress: Option<&mut dyn FnMut(u64, u64)>) -> Result<Imported> {
-    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    // A FIFO or a device would hang the guard's read or never end: regular files only.
+    let (mut file, size) = crate::fsguard::open_regular(path, "snapshot")?;
     super::guard::check(BufReader::with_capacity(1 << 20, &mut file))
         .map_err(|e| bad(path, e.to_string()))?;
     file.rewind().map_err(|e| Error::io(path, e))?;
@@ -36,40 +37,16 @@ pub fn read(path: &Path, progress: Option<&mut dyn FnMut(u64, u64)>) -> Result<I
         next_report: 0,
         progress,
     };
-    let raw: RawSnapshot =
-        serde_pickle::from_reader(BufReader::with_capacity(1 << 20, reader), options())
-            .map_err(|e| bad(path, pickle_problem(&e)))?;
+    let raw = super::unpickle::decode(BufReader::with_capacity(1 << 20, reader))
+        .map_err(|e| bad(path, e.to_string()))?;
     from_raw(path, raw, size)
 }
 
 /// `read` for bytes already in memory (fuzzing, tests).
 pub fn read_bytes(path: &Path, bytes: &[u8]) -> Result<Imported> {
     super::guard::check(bytes).map_err(|e| bad(path, e.to_string()))?;
-    let raw: RawSnapshot =
-        serde_pickle::from_slice(bytes, options()).map_err(|e| bad(path, pickle_problem(&e)))?;
+    let raw = super::unpickle::decode(bytes).map_err(|e| bad(path, e.to_string()))?;
     from_raw(path, raw, bytes.len() as u64)
-}
-
-/// serde-pickle 1.2 counts references to memoized values per occurrence in the stream, but
-/// visits a shared container once per reference, so a value memoized inside a shared list
-/// (a frame dict in PyTorch's shared stacks) runs out of references early and a later visit
-/// finds it gone, which it reports as a recursive structure. With this option those later
-/// visits give `None`; only frames can be affected (entries, segments and blocks are not
-/// shared), and `raw::Frame` and `raw::TopFrames` skip them. The opcode guard has already
-/// refused anything but plain data, so a truly recursive pickle only loses frames too.
-fn options() -> serde_pickle::DeOptions {
-    serde_pickle::DeOptions::new().replace_recursive_structures()
-}
-
-fn pickle_problem(e: &serde_pickle::Error) -> String {
-    let text = e.to_string();
-    if text.contains("EOF while parsing") {
-        "truncated pickle: it ends before its STOP".into()
-    } else if text.contains("unresolved global") {
-        "refused: the pickle names a Python global".into()
-    } else {
-        format!("not a PyTorch memory snapshot: {text}")
-    }
 }
 
 struct Progressing<'a, R> {
@@ -124,7 +101,7 @@ fn from_raw(path: &Path, raw: RawSnapshot, file_bytes: u64) -> Result<Imported> 
             .iter()
             .filter(|a| a.device == d)
             .map(|a| {
-                let name = a.name.clone().unwrap_or_else(|| "annotation".into());
+                let name = a.name.as_deref().unwrap_or("annotation").to_string();
                 let label = match &a.stage {
                     Some(s) => format!("{name} {}", s.to_lowercase()),
                     None => name,
@@ -315,18 +292,18 @@ fn names(frames: &TopFrames, category: Option<&str>) -> Names {
             let pass = frames
                 .0
                 .get(1)
-                .filter(|p| p.filename == super::PASS_FRAME)
+                .filter(|p| &*p.filename == super::PASS_FRAME)
                 .map_or(0, |p| p.line.clamp(0, u32::MAX as i64) as u32);
             Names {
                 op,
-                tensor: f.name.clone(),
+                tensor: f.name.to_string(),
                 category,
                 layer: u32::try_from(f.line).ok(),
                 pass,
             }
         }
         Some(f) => Names {
-            op: f.name.clone(),
+            op: f.name.to_string(),
             tensor: format!("{}:{}", short_file(f), f.line),
             category: cat,
             layer: None,
@@ -353,7 +330,7 @@ fn category_of(label: &str) -> Option<Category> {
 /// Replays one device's trace into vramscope's event log.
 fn replay(
     device: u32,
-    trace: &[RawEntry],
+    trace: &[std::rc::Rc<RawEntry>],
     segments: &[&RawSegment],
     annotations: &[(u64, String)],
     expandable: bool,
@@ -383,7 +360,7 @@ fn replay(
                     s.total_size
                 ));
             }
-            if b.state == "active_allocated" {
+            if &*b.state == "active_allocated" {
                 final_allocated += b.size;
                 end_blocks.insert(a, b.size);
             }
@@ -393,7 +370,7 @@ fn replay(
             let sum: u64 = s
                 .blocks
                 .iter()
-                .filter(|b| b.state == "active_allocated")
+                .filter(|b| &*b.state == "active_allocated")
                 .map(|b| b.size)
                 .sum();
             if declared != sum {
@@ -414,7 +391,7 @@ fn replay(
     let mut pre_blocks: HashMap<u64, u64> = HashMap::new();
     for e in trace {
         let Some(addr) = e.addr else { continue };
-        match e.action.as_str() {
+        match &*e.action {
             "segment_alloc" | "segment_map" => {
                 seg_seen.insert(addr);
             }
@@ -427,7 +404,7 @@ fn replay(
             }
             // A free (request) of a block the history never allocated: it predates it.
             "free_requested" | "free_completed"
-                if !live.remove(&addr) && e.action == "free_requested" =>
+                if !live.remove(&addr) && &*e.action == "free_requested" =>
             {
                 pre_blocks.entry(addr).or_insert(round_size(e.size.max(1)));
             }
@@ -544,7 +521,7 @@ fn replay(
             e.addr
                 .ok_or_else(|| format!("'{}' entry without 'addr'", e.action))
         };
-        match e.action.as_str() {
+        match &*e.action {
             "alloc" => {
                 let addr = need_addr()?;
                 let size = model.alloc(addr, e.size)?;
@@ -606,7 +583,7 @@ fn replay(
                         e.size
                     ));
                 }
-                let expandable_map = e.action == "segment_map" || expandable;
+                let expandable_map = &*e.action == "segment_map" || expandable;
                 // An expandable segment grows by maps at its end: extend it in place.
                 let grown = model
                     .segments
@@ -788,8 +765,8 @@ fn vramscope_extra(e: &RawEntry) -> (EventKind, u64, Names) {
         .frames
         .0
         .get(1)
-        .filter(|f| f.filename == super::PASS_FRAME)
-        .map(|f| f.name.as_str());
+        .filter(|f| &*f.filename == super::PASS_FRAME)
+        .map(|f| &*f.name);
     let kind = match what {
         Some(super::OUTSIDE_ALLOC) => EventKind::OutsideAlloc,
         Some(super::OUTSIDE_FREE) => EventKind::OutsideFree,
