@@ -25,41 +25,36 @@ const CASES: [(&str, usize, usize); 4] = [
     ("opt-125m", 2048, 256),
 ];
 
-/// Median seconds of each timed workload, by criterion id, for the summary.
-#[derive(Default)]
-struct Seconds(Vec<(String, f64, f64)>);
+/// Each timed pass of a workload with the reference GEMM timed right after it, so the two see
+/// the same load on a shared machine: (workload, pass seconds, GEMM seconds).
+type Pairs = Vec<(String, f64, f64)>;
 
 thread_local! {
-    static TIMES: RefCell<Seconds> = RefCell::default();
+    static PAIRS: RefCell<Pairs> = RefCell::default();
 }
 
-/// Times `f` `iters` times, keeps every duration for the summary's median, returns the total.
-fn timed(id: &str, flops: f64, iters: u64, mut f: impl FnMut()) -> Duration {
-    let mut total = Duration::ZERO;
-    for _ in 0..iters {
-        let t = Instant::now();
-        f();
-        let d = t.elapsed();
-        total += d;
-        TIMES.with(|s| {
-            s.borrow_mut()
-                .0
-                .push((id.to_string(), d.as_secs_f64(), flops))
-        });
-    }
-    total
-}
-
-fn median_rate(id: &str) -> Option<(f64, f64)> {
-    TIMES.with(|s| {
-        let s = s.borrow();
-        let mut t: Vec<(f64, f64)> =
-            s.0.iter()
-                .filter(|(i, _, _)| i == id)
-                .map(|(_, d, f)| (*d, *f))
-                .collect();
-        t.sort_by(|a, b| a.0.total_cmp(&b.0));
-        t.get(t.len() / 2).map(|&(d, f)| (d, f / d / 1e9))
+/// Medians over a workload's pairs: pass seconds, GEMM seconds, pass rate / GEMM rate.
+fn medians(id: &str, pass_flops: f64, gemm_flops: f64) -> Option<(f64, f64, f64)> {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    PAIRS.with(|p| {
+        let p = p.borrow();
+        let pairs: Vec<(f64, f64)> = p
+            .iter()
+            .filter(|(i, _, _)| i == id)
+            .map(|(_, a, b)| (*a, *b))
+            .collect();
+        let ratio = pairs
+            .iter()
+            .map(|(pass, gemm)| (pass_flops / pass) / (gemm_flops / gemm))
+            .collect();
+        Some((
+            median(pairs.iter().map(|x| x.0).collect())?,
+            median(pairs.iter().map(|x| x.1).collect())?,
+            median(ratio)?,
+        ))
     })
 }
 
@@ -84,53 +79,57 @@ fn cpu_forward(c: &mut Criterion) {
         let lm = CausalLm::load(&rt, &cfg, &fast_weights(0), &opts).unwrap();
         let batch = Batch::dummy(tokens, seqs, cfg.vocab_size);
         let flops = forward_flops(&cfg, &batch.seq_lens);
-        g.throughput(Throughput::Elements(flops as u64));
-        let pass_id = format!("{name}_{tokens}x{seqs}");
-        g.bench_function(&pass_id, |b| {
-            b.iter_custom(|iters| {
-                timed(&pass_id, flops, iters, || {
-                    drop(lm.forward(&rt, &batch).unwrap());
-                    // The event log would grow with every pass; the benchmark reads none.
-                    let _ = rt.take_events();
-                })
-            })
-        });
-        drop(lm);
-        // A square GEMM as near the pass's FLOP count as whole sides allow.
+        // A square GEMM as near the pass's FLOP count as whole sides allow, timed after each
+        // pass (outside criterion's measurement, which is the pass alone).
         let side = (flops / 2.0).cbrt().round() as usize;
         let gemm_flops = 2.0 * (side * side * side) as f64;
         let x: Vec<f32> = (0..side * side).map(|i| (i % 13) as f32 * 0.01).collect();
         let w: Vec<f32> = (0..side * side).map(|i| (i % 7) as f32 * 0.01).collect();
         let mut out = vec![0f32; side * side];
-        g.throughput(Throughput::Elements(gemm_flops as u64));
-        let gemm_id = format!("{name}_{tokens}x{seqs}_gemm{side}");
-        g.bench_function(&gemm_id, |b| {
+        g.throughput(Throughput::Elements(flops as u64));
+        let id = format!("{name}_{tokens}x{seqs}");
+        g.bench_function(&id, |b| {
             b.iter_custom(|iters| {
-                timed(&gemm_id, gemm_flops, iters, || {
-                    cpu::matmul_nt(&x, &w, &mut out, side, side, side)
-                })
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let t = Instant::now();
+                    drop(lm.forward(&rt, &batch).unwrap());
+                    let pass = t.elapsed();
+                    total += pass;
+                    // The event log would grow with every pass; the benchmark reads none.
+                    let _ = rt.take_events();
+                    let t = Instant::now();
+                    cpu::matmul_nt(&x, &w, &mut out, side, side, side);
+                    let gemm = t.elapsed().as_secs_f64();
+                    PAIRS.with(|p| p.borrow_mut().push((id.clone(), pass.as_secs_f64(), gemm)));
+                }
+                total
             })
         });
-        ids.push((pass_id, gemm_id));
+        ids.push((id, flops, side, gemm_flops));
     }
     g.finish();
 
-    println!("\ncpu_forward summary (medians; GFLOP/s of the pass and of the GEMM in this run):");
+    println!(
+        "\ncpu_forward summary (medians over the passes; each pass paired with a square f32 GEMM \
+         of the same FLOP count, `gemm` crate, timed right after it):"
+    );
     let mut pass_s = Vec::new();
-    for (pass_id, gemm_id) in &ids {
-        let (Some((ps, pr)), Some((_, gr))) = (median_rate(pass_id), median_rate(gemm_id)) else {
+    for (id, flops, side, gemm_flops) in &ids {
+        let Some((ps, gs, ratio)) = medians(id, *flops, *gemm_flops) else {
             continue;
         };
-        pass_s.push((pass_id.clone(), ps));
+        pass_s.push((id.clone(), ps));
         println!(
-            "  {pass_id:<22} {:>8.1} ms  {pr:>6.1} GFLOP/s   gemm {gr:>6.1} GFLOP/s   ratio {:.2}",
+            "  {id:<20} {:>8.1} ms {:>6.1} GFLOP/s   gemm {side}^3 {:>6.1} GFLOP/s   ratio {ratio:.2}",
             ps * 1e3,
-            pr / gr
+            flops / ps / 1e9,
+            gemm_flops / gs / 1e9,
         );
     }
     let secs = |id: &str| pass_s.iter().find(|(i, _)| i == id).map(|(_, s)| *s);
     if let (Some(a), Some(b)) = (secs("smollm2-135m_256x1"), secs("smollm2-135m_2048x1")) {
-        println!("  smollm2-135m 2048 tokens cost {:.1}x 256 tokens", b / a);
+        println!("  smollm2-135m: 2048 tokens cost {:.1}x 256 tokens", b / a);
     }
 }
 

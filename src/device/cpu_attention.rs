@@ -95,7 +95,7 @@ pub fn attention_strided(
 ) -> Result<()> {
     let hd = s.head_dim;
     let tokens: usize = seq_lens.iter().sum();
-    assert!(s.kv_heads > 0 && s.heads % s.kv_heads == 0 && hd > 0);
+    assert!(s.kv_heads > 0 && s.heads.is_multiple_of(s.kv_heads) && hd > 0);
     assert!(q_at.end(tokens, s.heads, hd) <= q.len());
     assert!(k_at.end(tokens, s.kv_heads, hd) <= k.len());
     assert!(v_at.end(tokens, s.kv_heads, hd) <= v.len());

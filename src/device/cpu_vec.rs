@@ -20,7 +20,7 @@ pub(crate) fn exp_lane(x: f32) -> f32 {
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
-        + 5.000_000_1e-1;
+        + 0.5;
     let y = p * z + r + 1.0;
     // n is within [-126, 128]: 2^n splits in two factors so n = 128 (x near 88.7) does not
     // overflow the exponent field before the multiply.
