@@ -314,6 +314,13 @@ impl VramscopeApp {
         self.set_report(Arc::new(report), Arc::new(analysis));
     }
 
+    /// Lists only the simulated devices, with `why` as the reason, whatever GPUs this machine
+    /// has: a picture of the window (the snapshot tests) must not depend on where it is taken.
+    pub fn without_gpus(&mut self, why: &str) {
+        self.devices.retain(|d| d.simulated);
+        self.no_gpu = Some(why.into());
+    }
+
     fn set_report(&mut self, report: Arc<Report>, analysis: Arc<Analysis>) {
         self.report = Some(report);
         self.analysis = Some(analysis);
@@ -871,6 +878,8 @@ impl eframe::App for VramscopeApp {
             .resizable(true)
             .default_size(if window_w < 1500.0 { 250.0 } else { 300.0 })
             .min_size(220.0)
+            // Its settings flow to fit (setup.rs), so at 1280x720 the plot keeps its room.
+            .max_size(if window_w < 1500.0 { 280.0 } else { 360.0 })
             .show_collapsible(ui, &mut show_setup, |ui| {
                 egui::ScrollArea::vertical()
                     .auto_shrink([false, false])
