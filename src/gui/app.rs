@@ -876,10 +876,11 @@ impl eframe::App for VramscopeApp {
         let mut show_setup = self.show_setup;
         egui::Panel::left("setup")
             .resizable(true)
-            .default_size(if window_w < 1500.0 { 250.0 } else { 300.0 })
+            // Wide windows have room for the settings grid; narrow ones stack each setting
+            // under its name (setup.rs), so at 1280x720 the plot keeps its room.
+            .default_size(if window_w < 1500.0 { 250.0 } else { 370.0 })
             .min_size(220.0)
-            // Its settings flow to fit (setup.rs), so at 1280x720 the plot keeps its room.
-            .max_size(if window_w < 1500.0 { 280.0 } else { 360.0 })
+            .max_size(if window_w < 1500.0 { 280.0 } else { 420.0 })
             .show_collapsible(ui, &mut show_setup, |ui| {
                 egui::ScrollArea::vertical()
                     .auto_shrink([false, false])
