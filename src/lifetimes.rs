@@ -348,7 +348,7 @@ impl Lifetimes {
             // The largest block that starts here and ends inside the range, else one event.
             match (0..MAX_BLOCKS.len())
                 .rev()
-                .find(|&l| i % MAX_BLOCKS[l] == 0 && i + MAX_BLOCKS[l] <= b)
+                .find(|&l| i.is_multiple_of(MAX_BLOCKS[l]) && i + MAX_BLOCKS[l] <= b)
             {
                 Some(l) => {
                     let (v, at) = self.block_max[l][i / MAX_BLOCKS[l]];
@@ -1133,7 +1133,7 @@ mod tests {
         };
         // Two kinds, so merging below a pixel stops at kind boundaries.
         let cat = |name: &str| {
-            if name.len() % 2 == 0 {
+            if name.len().is_multiple_of(2) {
                 Category::Activation
             } else {
                 Category::Workspace

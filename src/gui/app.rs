@@ -314,6 +314,13 @@ impl VramscopeApp {
         self.set_report(Arc::new(report), Arc::new(analysis));
     }
 
+    /// Lists only the simulated devices, with `why` as the reason, whatever GPUs this machine
+    /// has: a picture of the window (the snapshot tests) must not depend on where it is taken.
+    pub fn without_gpus(&mut self, why: &str) {
+        self.devices.retain(|d| d.simulated);
+        self.no_gpu = Some(why.into());
+    }
+
     fn set_report(&mut self, report: Arc<Report>, analysis: Arc<Analysis>) {
         self.report = Some(report);
         self.analysis = Some(analysis);
@@ -869,8 +876,11 @@ impl eframe::App for VramscopeApp {
         let mut show_setup = self.show_setup;
         egui::Panel::left("setup")
             .resizable(true)
-            .default_size(if window_w < 1500.0 { 250.0 } else { 300.0 })
+            // Wide windows have room for the settings grid; narrow ones stack each setting
+            // under its name (setup.rs), so at 1280x720 the plot keeps its room.
+            .default_size(if window_w < 1500.0 { 250.0 } else { 370.0 })
             .min_size(220.0)
+            .max_size(if window_w < 1500.0 { 280.0 } else { 420.0 })
             .show_collapsible(ui, &mut show_setup, |ui| {
                 egui::ScrollArea::vertical()
                     .auto_shrink([false, false])

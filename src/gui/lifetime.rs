@@ -11,16 +11,15 @@ use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex};
 
 use egui::{Align2, Color32, FontId, Pos2, Rect, RichText, Shape, Stroke};
-use egui_plot::{
-    Plot, PlotBounds, PlotGeometry, PlotItem, PlotItemBase, PlotPoint, PlotTransform, PlotUi,
-};
+use egui_plot::{PlotBounds, PlotGeometry, PlotItem, PlotItemBase, PlotPoint, PlotTransform};
 
+use super::plot::{axis_count, base_plot, wheel_zoom};
 use super::style::{c32, legible};
 use crate::lifetimes::{Analysis, BandRect, KeptEdge};
 use crate::memory::Event;
 use crate::palette;
 use crate::profile::Report;
-use crate::units::{fmt_u, GIB};
+use crate::units::fmt_u;
 
 /// Which events a lifetime view shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,22 +168,14 @@ impl LifetimeView {
             * 1.12;
         let details_h = if self.selected.is_some() { 190.0 } else { 0.0 };
         let plot_h = (ui.available_height() - details_h).max(160.0);
-        let mut plot = Plot::new(self.id)
+        let mut plot = base_plot(self.id)
             .height(plot_h)
-            .allow_scroll(false)
-            .allow_zoom(false)
             .allow_drag(true)
-            .allow_boxed_zoom(true)
-            .allow_double_click_reset(true)
-            .show_x(false)
-            .show_y(false)
             .default_x_bounds(i0 as f64, i1 as f64)
             .default_y_bounds(0.0, y_top)
             .x_axis_label("event order (index in the timeline)")
             .y_axis_label("framework allocations")
-            .x_axis_formatter(|m, _| axis_count(m.value))
-            .y_axis_formatter(|m, _| axis_bytes(m.value))
-            .label_formatter(|_| None);
+            .x_axis_formatter(|m, _| axis_count(m.value));
         if self.reset {
             plot = plot.reset();
             self.reset = false;
@@ -266,33 +257,6 @@ impl LifetimeView {
             }
             None => Vec::new(),
         });
-    }
-}
-
-/// Scroll zooms time (x); with Shift, or as Ctrl+scroll / pinch, it zooms memory (y). Drag
-/// pans (the plot's own).
-pub(crate) fn wheel_zoom(pui: &mut PlotUi<'_>) {
-    if !pui.response().contains_pointer() {
-        return;
-    }
-    let (scroll, zoom, mods) = pui
-        .ctx()
-        .input(|i| (i.smooth_scroll_delta, i.zoom_delta(), i.modifiers));
-    let wheel = if scroll.y != 0.0 { scroll.y } else { scroll.x };
-    let mut f = egui::vec2(1.0, 1.0);
-    if wheel != 0.0 {
-        let k = (wheel * 0.004).exp();
-        if mods.shift {
-            f.y = k;
-        } else {
-            f.x = k;
-        }
-    }
-    if zoom != 1.0 {
-        f.y *= zoom;
-    }
-    if f != egui::vec2(1.0, 1.0) {
-        pui.zoom_bounds_around_hovered(f);
     }
 }
 
@@ -498,6 +462,7 @@ impl PlotItem for BandsItem {
         // Passes: a boundary line at each start, the label where it fits.
         let a = &self.analysis.lifetimes;
         let mut last_label_right = f32::NEG_INFINITY;
+        let mut last_line_x = f32::NEG_INFINITY;
         let mark = legible(palette::PEAK, self.dark);
         for p in &a.passes {
             let verify = self.part == Part::Verify;
@@ -506,7 +471,10 @@ impl PlotItem for BandsItem {
             }
             let x = t.position_from_point_x(p.start as f64);
             let x_end = t.position_from_point_x(p.end as f64);
-            if x >= frame.left() && x <= frame.right() {
+            // Hundreds of passes zoomed out would hatch the plot (and cost a frame): a
+            // boundary closer than a few pixels to the last one drawn is left out.
+            if x >= frame.left() && x <= frame.right() && x - last_line_x >= 6.0 {
+                last_line_x = x;
                 shapes.extend(Shape::dashed_line(
                     &[Pos2::new(x, frame.top()), Pos2::new(x, frame.bottom())],
                     Stroke::new(1.2, mark),
@@ -612,25 +580,5 @@ impl PlotItem for BandsItem {
 
     fn base_mut(&mut self) -> &mut PlotItemBase {
         &mut self.base
-    }
-}
-
-fn axis_count(v: f64) -> String {
-    if v.abs() >= 1e6 {
-        format!("{:.2}M", v / 1e6)
-    } else if v.abs() >= 1e3 {
-        format!("{:.0}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
-    }
-}
-
-fn axis_bytes(v: f64) -> String {
-    if v == 0.0 {
-        "0".into()
-    } else if v.abs() >= GIB as f64 {
-        format!("{:.0} GiB", v / GIB as f64)
-    } else {
-        format!("{:.0} MiB", v / (1u64 << 20) as f64)
     }
 }

@@ -5,6 +5,7 @@ mod app;
 mod compare;
 mod comparison;
 mod lifetime;
+mod plot;
 mod setup;
 mod style;
 mod timeline;

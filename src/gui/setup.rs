@@ -254,7 +254,9 @@ impl SetupForm {
             .unwrap_or_else(|| self.device.clone());
         egui::ComboBox::from_id_salt("device")
             .selected_text(current)
+            // A long device name is cut ("…") rather than widening the panel into the plot.
             .width(ui.available_width().min(330.0))
+            .truncate()
             .show_ui(ui, |ui| {
                 for d in devices {
                     let text = format!("{}  ({})", d.name, fmt_u(d.total_bytes));
@@ -264,7 +266,7 @@ impl SetupForm {
             .response
             .labelled_by(device_heading.id);
         if self.device.starts_with("sim:") {
-            ui.horizontal(|ui| {
+            ui.horizontal_wrapped(|ui| {
                 ui.radio_value(&mut self.dry, true, "dry (shapes only)");
                 ui.radio_value(&mut self.dry, false, "compute (CPU math)");
             });
@@ -280,7 +282,10 @@ impl SetupForm {
         }
         ui.add_space(6.0);
         ui.heading("Batch and vLLM settings");
-        egui::Grid::new("settings").num_columns(2).show(ui, |ui| {
+        // A narrow panel (1280x720) puts each control under its name instead of widening the
+        // panel into the plot's room.
+        let narrow = ui.available_width() < NARROW_PX;
+        settings_rows(ui, "settings", narrow, |ui| {
             ui.label("max_num_batched_tokens").on_hover_text(
                 "vLLM's --max-num-batched-tokens: the tokens of the profile batch. vLLM's default \
                  with chunked prefill off is max(max_model_len, 2048) (vllm/config.py, \
@@ -312,7 +317,9 @@ impl SetupForm {
             ui.add(egui::Slider::new(&mut self.util, 0.05..=1.0).fixed_decimals(2))
                 .labelled_by(l.id);
             ui.end_row();
-            let l = ui.label("block_size").on_hover_text("vLLM's --block-size (default 16): tokens per KV cache block.");
+            let l = ui
+                .label("block_size")
+                .on_hover_text("vLLM's --block-size (default 16): tokens per KV cache block.");
             ui.add(egui::DragValue::new(&mut self.block_size).range(1..=4096))
                 .labelled_by(l.id);
             ui.end_row();
@@ -324,7 +331,7 @@ impl SetupForm {
             ui.end_row();
         });
         egui::CollapsingHeader::new("Advanced").show(ui, |ui| {
-            egui::Grid::new("advanced").num_columns(2).show(ui, |ui| {
+            settings_rows(ui, "advanced", narrow, |ui| {
                 let l = ui.label("held by another process");
                 ui.add(egui::TextEdit::singleline(&mut self.outside_before).desired_width(90.0))
                     .labelled_by(l.id)
@@ -352,6 +359,19 @@ impl SetupForm {
             });
         });
         open_dialog
+    }
+}
+
+/// Below this width the settings flow instead of standing in a two-column grid.
+const NARROW_PX: f32 = 330.0;
+
+/// Label/control rows (`end_row` after each): a grid, or when `narrow` each control under its
+/// label.
+fn settings_rows(ui: &mut egui::Ui, id: &str, narrow: bool, rows: impl FnOnce(&mut egui::Ui)) {
+    if narrow {
+        ui.vertical(rows);
+    } else {
+        egui::Grid::new(id).num_columns(2).show(ui, rows);
     }
 }
 

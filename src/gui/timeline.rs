@@ -4,15 +4,17 @@
 //! (`crate::timeline::reduce`), and reductions are cached per view.
 
 use egui::{Align2, Color32, RichText};
-use egui_plot::{Legend, Line, LineStyle, Plot, PlotPoint, Span, Text, VLine};
+use egui_plot::{Legend, Line, LineStyle, PlotPoint, Span, Text, VLine};
 
+use super::plot::{axis_count, base_plot, wheel_zoom};
 use super::style::{c32, legible, on_bg};
+use crate::lifetimes::formula_short;
 use crate::memory::{Category, Event, EventKind};
 use crate::palette;
 use crate::profile::report::DeviceSample;
 use crate::profile::Report;
 use crate::timeline::{first_at, reduce, reduce_by_index, reduce_samples, Series, NVML_LABEL};
-use crate::units::{fmt_i, fmt_u, GIB};
+use crate::units::{fmt_i, fmt_u};
 
 /// The line series, in legend order.
 const SERIES: [Series; 4] = [
@@ -145,14 +147,8 @@ impl TimelineView {
             input.events.last().map_or(0, |e| e.time_us) as f64 * 1e-6
         };
 
-        let mut plot = Plot::new("timeline")
+        let mut plot = base_plot("timeline")
             .legend(Legend::default().position(egui_plot::Corner::RightBottom))
-            .allow_double_click_reset(true)
-            .allow_boxed_zoom(true)
-            .allow_scroll(false)
-            .allow_zoom(false)
-            .show_x(false)
-            .show_y(false)
             .include_y(0.0)
             .x_axis_label(if by_event {
                 "event order (index in the timeline)"
@@ -165,9 +161,7 @@ impl TimelineView {
                 } else {
                     axis_time(m.value, range.end() - range.start())
                 }
-            })
-            .y_axis_formatter(|m, _| axis_bytes(m.value))
-            .label_formatter(|_| None);
+            });
         if self.reset {
             plot = plot.reset();
             self.reset = false;
@@ -182,7 +176,7 @@ impl TimelineView {
         let stacked = self.stacked;
         let hidden = self.hidden;
         let resp = plot.show(ui, |pui| {
-            super::lifetime::wheel_zoom(pui);
+            wheel_zoom(pui);
             let b = pui.plot_bounds();
             let width_px = pui.transform().frame().width().max(16.0) as usize;
             let (x0, x1) = if pui.auto_bounds().x || b.width() <= 0.0 {
@@ -412,14 +406,6 @@ impl Cache {
     }
 }
 
-/// `pr9352` → `#9352 old`; other names as they are.
-fn formula_short(key: &str) -> &str {
-    crate::profile::formulas::FormulaId::ALL
-        .iter()
-        .find(|f| f.key() == key)
-        .map_or(key, |f| f.short())
-}
-
 fn is_checkpoint(label: &str) -> bool {
     matches!(label, "t0" | "t1" | "t2" | "t3")
 }
@@ -612,26 +598,6 @@ fn axis_time(s: f64, range_s: f64) -> String {
         format!("{:.2} ms", s * 1e3)
     } else {
         format!("{s:.1} s")
-    }
-}
-
-fn axis_count(v: f64) -> String {
-    if v.abs() >= 1e6 {
-        format!("{:.2}M", v / 1e6)
-    } else if v.abs() >= 1e3 {
-        format!("{:.0}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
-    }
-}
-
-fn axis_bytes(v: f64) -> String {
-    if v == 0.0 {
-        "0".into()
-    } else if v.abs() >= GIB as f64 {
-        format!("{:.0} GiB", v / GIB as f64)
-    } else {
-        format!("{:.0} MiB", v / (1u64 << 20) as f64)
     }
 }
 

@@ -1,0 +1,71 @@
+//! Pictures of the main views, rendered on the CPU (lavapipe, Mesa's software Vulkan, through
+//! wgpu; .ci/run installs it), compared with the images in tests/snapshots/: the setup panel,
+//! the lifetime view and the budget table, then the waterfall, in both themes at 1280x720 and
+//! 1920x1080. A pixel counts as changed past a colour tolerance, and a few hundred changed pixels
+//! (rasteriser noise between Mesa versions) still pass; a moved label or band does not.
+//! After a deliberate change: `UPDATE_SNAPSHOTS=1 cargo test --test gui_snapshots`.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use egui_kittest::kittest::Queryable;
+use egui_kittest::{Harness, SnapshotOptions};
+use vramscope::gui::{SetupForm, VramscopeApp};
+use vramscope::Report;
+
+/// The default preset (llama-3-8b int8, dry, simulated H100), as the app profiles it on first
+/// launch, with the wall time (the only number that changes from run to run) fixed.
+fn first_launch_report() -> Report {
+    let req = SetupForm::default().request().expect("default request");
+    let mut r = std::thread::spawn(move || {
+        vramscope::profile::run(&req, None, Arc::new(AtomicBool::new(false))).expect("profile")
+    })
+    .join()
+    .expect("profile thread");
+    r.wall_time_s = 0.25;
+    r
+}
+
+/// Per-pixel colour tolerance as kittest's default; changed pixels allowed: 1 in 2000.
+fn options(w: f32, h: f32) -> SnapshotOptions {
+    SnapshotOptions::new()
+        .threshold(0.6)
+        .max_failed_pixels((w * h) as usize / 2000)
+}
+
+#[test]
+fn main_views_match_their_snapshots_in_both_themes_at_720p_and_1080p() {
+    let report = first_launch_report();
+    let mut failed: Vec<String> = Vec::new();
+    for (w, h) in [(1280.0, 720.0), (1920.0, 1080.0)] {
+        for (theme, theme_name) in [(egui::Theme::Light, "light"), (egui::Theme::Dark, "dark")] {
+            let mut harness = Harness::builder()
+                .with_size(egui::vec2(w, h))
+                .with_theme(theme)
+                .wgpu()
+                .build_eframe(|cc| VramscopeApp::new(cc));
+            harness
+                .state_mut()
+                .without_gpus("no GPU in this picture (snapshot test)");
+            harness.state_mut().show_report(report.clone());
+            harness.run_steps(4);
+            let opts = options(w, h);
+            let size = format!("{w}x{h}_{theme_name}");
+            failed.extend(
+                harness
+                    .try_snapshot_options(format!("lifetime_budget_{size}"), &opts)
+                    .err()
+                    .map(|e| e.to_string()),
+            );
+            harness.get_by_label("Where it goes").click();
+            harness.run_steps(3);
+            failed.extend(
+                harness
+                    .try_snapshot_options(format!("waterfall_{size}"), &opts)
+                    .err()
+                    .map(|e| e.to_string()),
+            );
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
