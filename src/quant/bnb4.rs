@@ -14,8 +14,9 @@
 use super::nf4::{self, NF4_LEVELS};
 use super::{dense_matmul, Bnb4Linear};
 use crate::device::Backend;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::memory::Category;
+use crate::ops::cuda;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 
@@ -557,19 +558,6 @@ pub fn round(dtype: DType, v: f32) -> f32 {
         DType::BF16 => half::bf16::from_f32(v).to_f32(),
         _ => v,
     }
-}
-
-fn cuda<R>(
-    rt: &Runtime,
-    f: impl FnOnce(&mut crate::device::cuda::CudaDevice) -> Result<R>,
-) -> Result<R> {
-    rt.with_device(|d| match d.cuda() {
-        Some(c) => f(c),
-        None => Err(Error::Device {
-            spec: "cuda".into(),
-            problem: "not a CUDA device".into(),
-        }),
-    })
 }
 
 /// `x.to(dtype)` into a new tensor (a 16/32-bit float conversion), as PyTorch allocates it.
