@@ -1,0 +1,281 @@
+//! Kernel compilation (NVRTC, once per device) and the kernel launches of the model's
+//! elementwise ops, norms, embedding gathers and RoPE.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{sys as dsys, CudaContext, CudaFunction};
+
+use super::{aligned16, blocks, grid, kernels, sampler, CudaDevice};
+use crate::device::cpu::AttnShape;
+use crate::error::Result;
+use crate::tensor::{DType, Tensor};
+
+pub(super) fn compile_kernels(
+    ctx: &Arc<CudaContext>,
+    cc: (i32, i32),
+) -> std::result::Result<HashMap<String, CudaFunction>, String> {
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
+        ..Default::default()
+    };
+    let source = format!(
+        "{}{}{}",
+        kernels::SOURCE,
+        sampler::SOURCE,
+        kernels::OPT_BNB_SOURCE
+    );
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
+        .map_err(|e| format!("NVRTC could not compile the kernels: {e}"))?;
+    let module = ctx
+        .load_module(ptx)
+        .map_err(|e| format!("loading the kernels: {e}"))?;
+    let mut names: Vec<String> = kernels::UNTYPED
+        .iter()
+        .chain(sampler::UNTYPED)
+        .chain(kernels::OPT_BNB_UNTYPED)
+        .map(|s| s.to_string())
+        .collect();
+    for n in kernels::TYPED
+        .iter()
+        .chain(sampler::TYPED)
+        .chain(kernels::OPT_BNB_TYPED)
+    {
+        names.push(format!("{n}_f16"));
+        names.push(format!("{n}_bf16"));
+    }
+    let mut funcs = HashMap::new();
+    for n in names {
+        let f = module
+            .load_function(&n)
+            .map_err(|e| format!("kernel {n}: {e}"))?;
+        funcs.insert(n, f);
+    }
+    // The fused attention uses sm_80 PTX (mma.sync with bf16, cp.async, ldmatrix); older GPUs
+    // keep the cuBLAS attention.
+    if cc.0 >= 8 {
+        let compile = |src: &str, arch: String| {
+            let opts = cudarc::nvrtc::CompileOptions {
+                options: vec![format!("--gpu-architecture={arch}")],
+                ..Default::default()
+            };
+            let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)
+                .map_err(|e| format!("NVRTC could not compile the attention kernels: {e}"))?;
+            ctx.load_module(ptx)
+                .map_err(|e| format!("loading the attention kernels: {e}"))
+        };
+        // Hopper also gets the warpgroup-MMA kernels (sm_90a PTX); if that build fails (an
+        // older NVRTC), the portable kernels alone.
+        let hopper = (cc == (9, 0))
+            .then(|| {
+                compile(
+                    &format!("{}{}", kernels::FLASH_SOURCE, kernels::WGMMA_SOURCE),
+                    "compute_90a".into(),
+                )
+                .ok()
+            })
+            .flatten();
+        let with_wgmma = hopper.is_some();
+        let module = match hopper {
+            Some(m) => m,
+            None => compile(kernels::FLASH_SOURCE, format!("compute_{}{}", cc.0, cc.1))?,
+        };
+        for k in kernels::FLASH.iter().filter(|k| with_wgmma || !k.sm90a) {
+            for suffix in ["f16", "bf16"] {
+                let name = format!("{}_{suffix}", k.name);
+                let f = module
+                    .load_function(&name)
+                    .map_err(|e| format!("kernel {name}: {e}"))?;
+                if k.smem > 0 {
+                    // Above 48 KiB a kernel must ask for its dynamic shared memory. A GPU
+                    // without that much keeps the other kernels (the dispatch checks).
+                    let attr =
+                        dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                    if f.set_attribute(attr, k.smem as i32).is_err() {
+                        continue;
+                    }
+                }
+                funcs.insert(name, f);
+            }
+        }
+    }
+    Ok(funcs)
+}
+
+impl CudaDevice {
+    pub fn embedding(&mut self, ids: &[u32], table: &Tensor, out: &mut Tensor) -> Result<()> {
+        self.gather(ids, table, out)
+    }
+
+    fn gather(&mut self, rows: &[u32], src: &Tensor, out: &mut Tensor) -> Result<()> {
+        let dt = self.half(src)?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let ids = self.stage(&bytes)?;
+        let cols = src.cols() as i64;
+        let (t, o) = (src.cuda_ptr(), out.cuda_ptr());
+        let f = self.func("embedding", dt)?;
+        self.launch(f, blocks(rows.len() as u32, 256), &[&ids, &t, &o, &cols])
+    }
+
+    pub fn gather_rows(&mut self, x: &Tensor, rows: &[u32], out: &mut Tensor) -> Result<()> {
+        self.gather(rows, x, out)
+    }
+
+    pub fn rms_norm(&mut self, x: &Tensor, w: &Tensor, eps: f32, out: &mut Tensor) -> Result<()> {
+        let dt = self.half(x)?;
+        let cols = x.cols() as i32;
+        let rows = (x.numel() / x.cols()) as u32;
+        let (xp, wp, op) = (x.cuda_ptr(), w.cuda_ptr(), out.cuda_ptr());
+        let f = if cols % 8 == 0 && aligned16(&[xp, wp, op]) {
+            self.func("rms_norm_v8", dt)?
+        } else {
+            self.func("rms_norm", dt)?
+        };
+        self.launch(f, blocks(rows, 256), &[&xp, &wp, &op, &cols, &eps])
+    }
+
+    pub fn add_bias(&mut self, x: &mut Tensor, b: &Tensor) -> Result<()> {
+        let dt = self.half(x)?;
+        let n = x.numel() as i64;
+        let cols = b.numel() as i32;
+        let (xp, bp) = (x.cuda_ptr(), b.cuda_ptr());
+        let f = self.func("add_bias", dt)?;
+        self.launch(f, grid(n as u64), &[&xp, &bp, &n, &cols])
+    }
+
+    pub fn rope(
+        &mut self,
+        q: &mut Tensor,
+        k: &mut Tensor,
+        pos: &[usize],
+        shape: AttnShape,
+        theta: f32,
+    ) -> Result<()> {
+        let dt = self.half(q)?;
+        let bytes: Vec<u8> = pos.iter().flat_map(|&p| (p as i32).to_le_bytes()).collect();
+        let pp = self.stage(&bytes)?;
+        let hd = shape.head_dim as i32;
+        let rows = pos.len() as u32;
+        if shape.head_dim > 512 {
+            // The kernels keep one token's angles in 256 shared floats.
+            return Err(self.err("rope", format!("head_dim {} is over 512", shape.head_dim)));
+        }
+        let (qp, kp) = (q.cuda_ptr(), k.cuda_ptr());
+        if shape.head_dim.is_multiple_of(4) && qp.is_multiple_of(4) && kp.is_multiple_of(4) {
+            let (h, kvh) = (shape.heads as i32, shape.kv_heads as i32);
+            let f = self.func("rope_qk", dt)?;
+            return self.launch(
+                f,
+                blocks(rows, 256),
+                &[&qp, &kp, &pp, &h, &kvh, &hd, &theta],
+            );
+        }
+        for (t, heads) in [(&*q, shape.heads), (&*k, shape.kv_heads)] {
+            let xp = t.cuda_ptr();
+            let h = heads as i32;
+            let f = self.func("rope", dt)?;
+            self.launch(f, blocks(rows, 128), &[&xp, &pp, &h, &hd, &theta])?;
+        }
+        Ok(())
+    }
+
+    pub fn add_assign(&mut self, x: &mut Tensor, y: &Tensor) -> Result<()> {
+        let dt = self.half(x)?;
+        let n = x.numel() as i64;
+        let (xp, yp) = (x.cuda_ptr(), y.cuda_ptr());
+        if n % 8 == 0 && aligned16(&[xp, yp]) {
+            let n8 = n / 8;
+            let f = self.func("add_assign_v8", dt)?;
+            return self.launch(f, grid(n8 as u64), &[&xp, &yp, &n8]);
+        }
+        let f = self.func("add_assign", dt)?;
+        self.launch(f, grid(n as u64), &[&xp, &yp, &n])
+    }
+
+    pub fn silu_mul(&mut self, g: &mut Tensor, u: &Tensor) -> Result<()> {
+        let dt = self.half(g)?;
+        let n = g.numel() as i64;
+        let (gp, up) = (g.cuda_ptr(), u.cuda_ptr());
+        if n % 8 == 0 && aligned16(&[gp, up]) {
+            let n8 = n / 8;
+            let f = self.func("silu_mul_v8", dt)?;
+            return self.launch(f, grid(n8 as u64), &[&gp, &up, &n8]);
+        }
+        let f = self.func("silu_mul", dt)?;
+        self.launch(f, grid(n as u64), &[&gp, &up, &n])
+    }
+
+    pub fn to_f32(&mut self, x: &Tensor, out: &mut Tensor) -> Result<()> {
+        let dt = self.half(x)?;
+        let n = x.numel() as i64;
+        let (xp, op) = (x.cuda_ptr(), out.cuda_ptr());
+        let f = self.func("to_f32", dt)?;
+        self.launch(f, grid(n as u64), &[&xp, &op, &n])
+    }
+
+    /// Fills a 16-bit tensor with small deterministic values on the GPU (benchmark weights).
+    pub fn fill_random(&mut self, t: &mut Tensor, seed: u32) -> Result<()> {
+        let bf = i32::from(self.half(t)? == DType::BF16);
+        let n = t.numel() as i64;
+        let p = t.cuda_ptr();
+        let f = self.func("fill_random", DType::I8)?;
+        self.launch(f, grid(n as u64), &[&p, &n, &seed, &bf])
+    }
+}
+
+/// OPT ops (tensors and scalars in).
+impl CudaDevice {
+    /// `nn.LayerNorm` with bias, one block a row.
+    pub fn layer_norm(
+        &mut self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        eps: f32,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        let dt = self.half(x)?;
+        let cols = x.cols() as i32;
+        let rows = (x.numel() / x.cols()) as u32;
+        let (xp, wp, bp, op) = (x.cuda_ptr(), w.cuda_ptr(), b.cuda_ptr(), out.cuda_ptr());
+        let f = self.func("layer_norm", dt)?;
+        self.launch(f, blocks(rows, 256), &[&xp, &wp, &bp, &op, &cols, &eps])
+    }
+
+    pub fn relu(&mut self, x: &Tensor, out: &mut Tensor) -> Result<()> {
+        let dt = self.half(x)?;
+        let n = x.numel() as i64;
+        let (xp, op) = (x.cuda_ptr(), out.cuda_ptr());
+        let f = self.func("relu", dt)?;
+        self.launch(f, grid(n as u64), &[&xp, &op, &n])
+    }
+
+    /// `out = a + b` (same shapes).
+    pub fn add(&mut self, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
+        let dt = self.half(a)?;
+        let n = a.numel() as i64;
+        let (ap, bp, op) = (a.cuda_ptr(), b.cuda_ptr(), out.cuda_ptr());
+        let f = self.func("add_out", dt)?;
+        self.launch(f, grid(n as u64), &[&ap, &bp, &op, &n])
+    }
+
+    /// `x.to(out.dtype)` between f16, bf16 and f32 (a copy when they are the same).
+    pub fn convert_float(&mut self, x: &Tensor, out: &mut Tensor) -> Result<()> {
+        let kind = |d: DType| -> Result<i32> {
+            match d {
+                DType::F16 => Ok(0),
+                DType::BF16 => Ok(1),
+                DType::F32 => Ok(2),
+                other => Err(self.err("convert", format!("{} is not a float dtype", other.name()))),
+            }
+        };
+        let (from, to) = (kind(x.dtype)?, kind(out.dtype)?);
+        let n = x.numel() as i64;
+        let (xp, op) = (x.cuda_ptr(), out.cuda_ptr());
+        let f = self.func("convert_float", DType::F32)?;
+        self.launch(f, grid(n as u64), &[&xp, &op, &n, &from, &to])
+    }
+}
