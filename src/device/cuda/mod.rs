@@ -279,8 +279,8 @@ impl CudaDevice {
         for a in args {
             a.push(&mut b);
         }
-        // SAFETY: every kernel's arguments are checked against its signature in this file and
-        // its pointers are live tensors, sized by the shapes passed alongside.
+        // SAFETY: every kernel's arguments are checked against its signature where it is launched,
+        // and its pointers are live tensors, sized by the shapes passed alongside.
         unsafe { b.launch(cfg) }
             .map(|_| ())
             .map_err(|e| self.err("kernel launch", e))
