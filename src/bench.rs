@@ -234,7 +234,8 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
         rt.set_pass(req.iters + 3);
         let input = smp::prepare_model_input(&rt, &batch)?;
         let hidden = model.forward_hidden(&rt, &batch)?;
-        let logits = smp::compute_logits(&rt, &hidden, model.lm_head(), &input.selected_rows)?;
+        let logits = smp::compute_logits(&rt, &hidden, model.lm_head(), &input.selected_rows)?
+            .ok_or_else(|| Error::Request("the logits were gathered to rank 0".into()))?;
         let s = Sampler::new(req.seed);
         s.head_rows.set(req.sampler_rows);
         // Warm the kernels once, then time.

@@ -156,6 +156,10 @@ pub struct ProfileArgs {
     pub util: f64,
     #[arg(long, default_value_t = 16)]
     pub block_size: u64,
+    /// Tensor-parallel GPUs (vLLM's --tensor-parallel-size): cuda:N and the N-1 GPUs after it,
+    /// or that many simulated devices. The engine takes the fewest KV blocks over the ranks.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub tp: u32,
     /// vLLM's max_model_len (default: the model's max_position_embeddings, as vLLM takes it).
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<u64>,
@@ -239,6 +243,7 @@ impl ProfileArgs {
             outside_during_freed: self.outside_during_freed,
             verify: !self.no_verify,
             seed: self.work.seed,
+            tp: self.tp,
         };
         r.validate()?;
         Ok(r)

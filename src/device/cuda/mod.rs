@@ -4,8 +4,10 @@
 //! accumulation); everything else in the NVRTC kernels of `kernels.rs`. All work goes to the
 //! legacy default stream, so host copies and frees are ordered after the kernels before them.
 
+mod collectives;
 mod kernels;
 mod loader;
+mod nccl;
 mod nvml;
 mod sampler;
 
@@ -27,6 +29,7 @@ use super::{DeviceInfo, DeviceListing, LibraryWorkspace, MemInfo, OutsideAlloc, 
 use crate::error::{Error, Result};
 use crate::memory::SegmentHandle;
 use crate::tensor::{DType, Tensor};
+pub use collectives::nccl_library;
 pub use nvml::NvmlSample;
 
 /// cuBLAS workspace, PyTorch's default on Hopper (`CUBLAS_WORKSPACE_CONFIG=:4096:8`).
@@ -78,6 +81,8 @@ pub struct CudaDevice {
     attention_blas: bool,
     /// Per-op GPU timing (`bench --op-times`): an event recorded at every op boundary.
     op_marks: Option<Vec<(String, CudaEvent)>>,
+    /// NCCL communicators when this GPU is one rank of a tensor-parallel instance.
+    comms: collectives::Comms,
 }
 
 fn dev_err(ordinal: usize, problem: impl Into<String>) -> Error {
@@ -290,6 +295,7 @@ impl CudaDevice {
             flash_variant: flash_variant_from_env(),
             attention_blas: std::env::var("VRAMSCOPE_ATTN").is_ok_and(|v| v == "blas"),
             op_marks: None,
+            comms: collectives::Comms::default(),
         };
         dev.sampler.reset_peak(dev.process_used());
         Ok(dev)
