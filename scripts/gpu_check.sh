@@ -30,7 +30,50 @@ print(json.dumps(out))
 PY
 }
 
+# Per-rank summary of a tensor-parallel report: weights, framework peak, reserved, truth, the
+# new formula's error against the truth, NCCL's entries, and the engine's budget.
+summtp() { python3 - "$1" <<'PY' | tee -a "$O/log.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("file", sys.argv[1].split("/")[-1], "tp", r.get("tp"), "binding rank", r.get("rank"))
+for k in r.get("ranks") or [r]:
+    c = k["checkpoints"]
+    f = {x["id"]: x for x in k["formulas"]}
+    truth = k["truth"]["non_kv_bytes"]
+    nccl = [(e["tensor"], e["bytes"]) for e in k["events"] if e["kind"] == "outside-alloc"]
+    print(json.dumps(dict(rank=k.get("rank"), device=k["device"]["spec"], weights=k["weights_bytes"],
+        peak=c["t2"]["allocated_peak"], reserved_t3=c["t3"]["reserved"], reserved_peak=c["t2"]["reserved_peak"],
+        truth=truth, pr9516_non_kv=f["pr9516"]["non_kv_bytes"], pr9516_err=f["pr9516"]["error_bytes"],
+        pr9516_err_pct=round(100 * f["pr9516"]["error_bytes"] / truth, 3),
+        pr9352_err=f["pr9352"]["error_bytes"], outside=nccl,
+        passes=[(p["index"], p["end_us"] - p["start_us"]) for p in k["passes"]],
+        verify={i: (x["verify"] or {}).get("message", "")[:70] for i, x in f.items()})))
+for e in r.get("engine", []):
+    print("engine", e["key"], e["kv_blocks"], "binding rank", e["binding_rank"], e["rank_blocks"])
+PY
+}
+
 case $PHASE in
+tp)
+  # Issue 11 on two GPUs: NCCL between ranks, per-rank memory against the dry run, logits of
+  # --tp 2 against --tp 1, pass time at 8192 tokens, the all-reduce share of it.
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  run nvidia-smi topo -m
+  run "$B" profile --model preset:llama-3-8b --quant int8 --device cuda:0 --tp 2 -q --json /tmp/i8tp2.json
+  summtp /tmp/i8tp2.json
+  run "$B" profile --model preset:llama-3-8b --quant int8 --device sim:h200-141gb:dry --tp 2 -q --json /tmp/i8tp2dry.json
+  summtp /tmp/i8tp2dry.json
+  gzip -c /tmp/i8tp2.json > "$O/i8tp2.json.gz"
+  run "$B" bench --model preset:llama-3-8b --quant fp16 --device cuda:0 --tokens 1024 --seqs 4 --iters 1 --json /tmp/l1.json
+  run "$B" bench --model preset:llama-3-8b --quant fp16 --device cuda:0 --tokens 1024 --seqs 4 --iters 1 --tp 2 --compare /tmp/l1.json
+  run "$B" bench --model preset:llama-3-8b --quant fp16 --device cuda:0 --tokens 8192 --seqs 1 --iters 5 --fast-weights --op-times
+  run "$B" bench --model preset:llama-3-8b --quant fp16 --device cuda:0 --tokens 8192 --seqs 1 --iters 5 --fast-weights --op-times --tp 2
+  run "$B" profile --model preset:llama-3-70b --quant fp16 --device cuda:0 --tp 2 -q --json /tmp/f70tp2.json
+  summtp /tmp/f70tp2.json
+  run "$B" profile --model preset:llama-3-70b --quant fp16 --device sim:h200-141gb:dry --tp 2 -q --json /tmp/f70tp2dry.json
+  summtp /tmp/f70tp2dry.json
+  gzip -c /tmp/f70tp2.json > "$O/f70tp2.json.gz"
+  ;;
 replay)
   # The allocator's top-down address model against PyTorch's allocator: dry traces replayed
   # (placement and reserved bytes), GPU against dry for fp16 and int8, the GPU tests.

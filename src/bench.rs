@@ -41,6 +41,9 @@ pub struct BenchRequest {
     pub sampler_rows: usize,
     /// Sequences of that profile batch (vLLM's `max_num_seqs`).
     pub sampler_seqs: usize,
+    /// Tensor-parallel ranks: one GPU each (`cuda:N` and the GPUs after it), or that many
+    /// simulated devices; rank 0's times are reported (the collectives keep the ranks in step).
+    pub tp: u32,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -83,6 +86,11 @@ pub struct BenchResult {
     /// The sampler's first rows: f32 logits it started from, probs, sampled ids.
     #[serde(skip)]
     pub sampler: Option<crate::model::sampler::SamplerOutput>,
+    /// Tensor-parallel ranks (1: one device).
+    pub tp: u32,
+    /// With tensor parallel: every rank's weights and peaks, in rank order.
+    pub rank_weights_bytes: Vec<u64>,
+    pub rank_process_peak_bytes: Vec<u64>,
 }
 
 /// Seeded hash values with the spread of the synthetic weights (std about 0.02; norms near 1),
@@ -176,11 +184,99 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
             "--op-times times ops with CUDA events: it needs --device cuda:N".into(),
         ));
     }
+    crate::limits::count(
+        "--tp",
+        req.tp as u64,
+        1,
+        crate::profile::request::MAX_TP as u64,
+    )?;
+    if req.tp <= 1 {
+        return run_rank(req, None);
+    }
+    let n = req.tp as usize;
+    let group = Arc::new(crate::device::group::RankGroup::new(n));
+    let spec = |rank: usize| (rank, n, group.clone());
+    let results: Vec<Result<BenchResult>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (1..n)
+            .map(|rank| {
+                let (r, n, g) = spec(rank);
+                s.spawn(move || {
+                    let out = run_rank(req, Some((r, n, g.clone())));
+                    if let Err(e) = &out {
+                        g.abort(r, &e.to_string());
+                    }
+                    out
+                })
+            })
+            .collect();
+        let first = run_rank(req, Some(spec(0)));
+        if let Err(e) = &first {
+            group.abort(0, &e.to_string());
+        }
+        let mut all = vec![first];
+        all.extend(handles.into_iter().map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(Error::Request("a tensor-parallel rank stopped".into())))
+        }));
+        all
+    });
+    let mut ok = Vec::new();
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(b) => ok.push(b),
+            Err(e @ Error::PeerStopped { .. }) if rank > 0 => {
+                return Err(e);
+            }
+            Err(e) => {
+                return Err(match e {
+                    Error::OutOfMemory {
+                        device,
+                        during,
+                        detail,
+                    } => Error::OutOfMemory {
+                        device: format!("{device} (tensor-parallel rank {rank})"),
+                        during,
+                        detail,
+                    },
+                    other => other,
+                })
+            }
+        }
+    }
+    let mut first = ok.remove(0);
+    let rest: Vec<&BenchResult> = ok.iter().collect();
+    first.rank_weights_bytes = std::iter::once(first.weights_bytes)
+        .chain(rest.iter().map(|r| r.weights_bytes))
+        .collect();
+    first.rank_process_peak_bytes = std::iter::once(first.process_peak_bytes)
+        .chain(rest.iter().map(|r| r.process_peak_bytes))
+        .collect();
+    Ok(first)
+}
+
+/// One device, or one rank (index, size, group) of a tensor-parallel instance.
+fn run_rank(
+    req: &BenchRequest,
+    rank: Option<(usize, usize, Arc<crate::device::group::RankGroup>)>,
+) -> Result<BenchResult> {
     let opened = model::open(&req.model, req.seed)?;
-    let device = Device::open(&req.device)?;
+    let mut spec = req.device.clone();
+    if let (Some((r, _, _)), DeviceSpec::Cuda { ordinal }) = (&rank, &mut spec) {
+        *ordinal += r;
+    }
+    let device = Device::open(&spec)?;
     let device_name = device.info().name;
     let layout = device.int8_tile_layout();
+    let tp = rank.map(|(rank, size, group)| crate::device::group::TpRank {
+        custom_ar: device.custom_all_reduce_for(size),
+        rank,
+        size,
+        group,
+    });
     let rt = Runtime::new(device, Arc::new(AtomicBool::new(false)), None);
+    if let Some(t) = tp {
+        rt.set_tp(t);
+    }
     let fast = FastWeights { seed: req.seed };
     let src: &dyn WeightSource = if req.fast_weights {
         &fast
@@ -205,21 +301,21 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
     for it in 0..=req.iters {
         rt.set_pass(it + 1);
         let start = Instant::now();
-        let out = model.forward(&rt, &batch)?;
+        let out = forward_logits(&rt, &model, &batch)?;
         rt.synchronize()?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
         if it > 0 {
             pass_ms.push(ms);
         }
-        if it == req.iters {
-            logits = ops::read_f32(&rt, &out)?.unwrap_or_default();
+        if let (true, Some(out)) = (it == req.iters, &out) {
+            logits = ops::read_f32(&rt, out)?.unwrap_or_default();
         }
     }
     let mut op_ms = Vec::new();
     if req.op_times {
         rt.with_device(|d| d.cuda().map(|c| c.time_ops(true)));
         rt.set_pass(req.iters + 2);
-        let out = model.forward(&rt, &batch);
+        let out = forward_logits(&rt, &model, &batch);
         // The last op runs until the end event `op_times` records.
         let times = rt.with_device(|d| d.cuda().map(|c| c.op_times()));
         rt.with_device(|d| d.cuda().map(|c| c.time_ops(false)));
@@ -234,17 +330,21 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
         rt.set_pass(req.iters + 3);
         let input = smp::prepare_model_input(&rt, &batch)?;
         let hidden = model.forward_hidden(&rt, &batch)?;
-        let logits = smp::compute_logits(&rt, &hidden, model.lm_head(), &input.selected_rows)?;
-        let s = Sampler::new(req.seed);
-        s.head_rows.set(req.sampler_rows);
-        // Warm the kernels once, then time.
-        drop(s.forward(&rt, &logits, opened.config.vocab_size, &input)?);
-        rt.synchronize()?;
-        let start = Instant::now();
-        let out = s.forward(&rt, &logits, opened.config.vocab_size, &input)?;
-        rt.synchronize()?;
-        sampler_ms = Some(start.elapsed().as_secs_f64() * 1e3);
-        sampler = Some(out);
+        // Only rank 0 samples; the others send their shard of the logits.
+        if let Some(logits) =
+            smp::compute_logits(&rt, &hidden, model.lm_head(), &input.selected_rows)?
+        {
+            let s = Sampler::new(req.seed);
+            s.head_rows.set(req.sampler_rows);
+            // Warm the kernels once, then time.
+            drop(s.forward(&rt, &logits, opened.config.vocab_size, &input)?);
+            rt.synchronize()?;
+            let start = Instant::now();
+            let out = s.forward(&rt, &logits, opened.config.vocab_size, &input)?;
+            rt.synchronize()?;
+            sampler_ms = Some(start.elapsed().as_secs_f64() * 1e3);
+            sampler = Some(out);
+        }
     }
     let mut sorted = pass_ms.clone();
     sorted.sort_by(f64::total_cmp);
@@ -277,7 +377,28 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
         sampler_ms,
         sampler_seqs: req.sampler_seqs,
         sampler,
+        tp: req.tp.max(1),
+        rank_weights_bytes: Vec::new(),
+        rank_process_peak_bytes: Vec::new(),
     })
+}
+
+/// A forward pass and its f32 last-token logits (`None` on a tensor-parallel rank other than
+/// 0, which sends its shard).
+fn forward_logits(
+    rt: &Runtime,
+    model: &CausalLm,
+    batch: &Batch,
+) -> Result<Option<crate::tensor::Tensor>> {
+    let hidden = model.forward_hidden(rt, batch)?;
+    let rows = crate::model::sampler::last_token_rows(&batch.seq_lens);
+    crate::model::sampler::logits_f32(
+        rt,
+        &hidden,
+        model.lm_head(),
+        &rows,
+        model.config().vocab_size,
+    )
 }
 
 /// Writes the result (and the logits) as JSON.
@@ -385,6 +506,7 @@ mod tests {
             op_times: false,
             sampler_rows: 0,
             sampler_seqs: 256,
+            tp: 1,
         };
         assert!(matches!(run(&req), Err(Error::Request(_))));
         // Op timing is refused on the simulated device before any work.

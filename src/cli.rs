@@ -119,6 +119,10 @@ pub struct BenchArgs {
     /// Fast hash weights instead of the preset's seeded ones (speed only).
     #[arg(long)]
     pub fast_weights: bool,
+    /// Tensor-parallel GPUs: cuda:N and the N-1 after it (or that many simulated devices);
+    /// rank 0's times are reported.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub tp: u32,
     /// Write the result and the last-token logits as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -156,6 +160,10 @@ pub struct ProfileArgs {
     pub util: f64,
     #[arg(long, default_value_t = 16)]
     pub block_size: u64,
+    /// Tensor-parallel GPUs (vLLM's --tensor-parallel-size): cuda:N and the N-1 GPUs after it,
+    /// or that many simulated devices. The engine takes the fewest KV blocks over the ranks.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub tp: u32,
     /// vLLM's max_model_len (default: the model's max_position_embeddings, as vLLM takes it).
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<u64>,
@@ -239,6 +247,7 @@ impl ProfileArgs {
             outside_during_freed: self.outside_during_freed,
             verify: !self.no_verify,
             seed: self.work.seed,
+            tp: self.tp,
         };
         r.validate()?;
         Ok(r)
@@ -662,6 +671,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         op_times: a.op_times,
         sampler_rows: if a.sampler_dump.is_some() { 4 } else { 0 },
         sampler_seqs: crate::profile::request::VLLM_MAX_NUM_SEQS,
+        tp: a.tp,
     };
     // No timed pass would leave the median undefined (NaN in the output).
     crate::limits::count("--iters", a.iters as u64, 1, crate::limits::MAX_ITERS)?;
@@ -709,6 +719,12 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         r.pass_ms.iter().map(|v| (v * 100.0).round() / 100.0).collect::<Vec<_>>(),
         r.tflops, r.flops, r.weights_bytes, r.peak_allocated_bytes, r.process_peak_bytes
     );
+    if r.tp > 1 {
+        println!(
+            "tensor parallel over {} ranks (times of rank 0): weights per rank {:?} B; process peak per rank {:?} B",
+            r.tp, r.rank_weights_bytes, r.rank_process_peak_bytes
+        );
+    }
     if let Some(hz) = r.nvml_rate_hz {
         println!("NVML sampler: {hz:.0} reads/s");
     }

@@ -18,6 +18,10 @@ pub enum Error {
     },
     #[error("cancelled")]
     Cancelled,
+    /// Another rank of a tensor-parallel instance stopped (its own error says why), so this
+    /// one could not go on with the collective they shared.
+    #[error("tensor-parallel rank {rank} stopped: {why}")]
+    PeerStopped { rank: usize, why: String },
     #[error("device {spec}: {problem}")]
     Device { spec: String, problem: String },
     #[error("{path}: {source}", path = path.display())]

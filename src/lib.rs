@@ -12,6 +12,7 @@ pub mod memory;
 pub mod model;
 pub mod ops;
 pub mod ops_opt;
+pub mod ops_tp;
 pub mod palette;
 pub mod profile;
 pub mod progress;

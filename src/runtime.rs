@@ -59,6 +59,11 @@ struct Inner {
     process_used: u64,
     /// While set, no new segment may take this process's device memory over it.
     segment_cap: Option<u64>,
+    /// This rank of a tensor-parallel instance (`None`: one GPU).
+    tp: Option<crate::device::group::TpRank>,
+    /// Collective-library setups done on this rank, and the simulated memory they hold.
+    comms: Vec<crate::device::group::CommSetup>,
+    comm_memory: Vec<OutsideAlloc>,
 }
 
 /// The device as the allocator's segment source, refusing a segment that would take this
@@ -121,6 +126,9 @@ impl Runtime {
             device_used: mem.total - mem.free,
             process_used,
             segment_cap: None,
+            tp: None,
+            comms: Vec::new(),
+            comm_memory: Vec::new(),
         })))
     }
 
@@ -391,6 +399,40 @@ impl Runtime {
             b,
             None,
         );
+    }
+
+    /// Makes this runtime one rank of a tensor-parallel instance.
+    pub fn set_tp(&self, tp: crate::device::group::TpRank) {
+        self.0.borrow_mut().tp = Some(tp);
+    }
+
+    /// This rank, when the instance is tensor parallel.
+    pub fn tp(&self) -> Option<crate::device::group::TpRank> {
+        self.0.borrow().tp.clone()
+    }
+
+    /// Sets up `setup` the first time it is needed on this rank (NCCL's communicator and
+    /// buffers), logging the device memory it took outside the framework as its own entry.
+    pub fn ensure_comm(&self, setup: crate::device::group::CommSetup) -> Result<()> {
+        let Some(tp) = self.tp() else {
+            return Ok(());
+        };
+        if self.0.borrow().comms.contains(&setup) {
+            return Ok(());
+        }
+        let mut i = self.0.borrow_mut();
+        let (bytes, held) = i.device.comm_setup(setup, &tp)?;
+        i.comms.push(setup);
+        i.comm_memory.extend(held);
+        i.refresh_device();
+        i.push_event(
+            EventKind::OutsideAlloc,
+            setup.label(),
+            Category::NonFramework,
+            bytes,
+            None,
+        );
+        Ok(())
     }
 
     /// Records a zero-byte marker (checkpoint, pass boundary) on the timeline.

@@ -32,6 +32,7 @@ fn logits(
         op_times: false,
         sampler_rows: 0,
         sampler_seqs: 256,
+        tp: 1,
     };
     let r = bench::run(&req).unwrap();
     assert_eq!(r.logits.len() % seqs, 0);

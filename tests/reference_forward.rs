@@ -33,6 +33,7 @@ fn logits(
         op_times: false,
         sampler_rows: 0,
         sampler_seqs: 256,
+        tp: 1,
     };
     bench::run(&req).unwrap().logits
 }

@@ -8,6 +8,7 @@ pub mod cpu_attention;
 pub mod cpu_sampler;
 pub(crate) mod cpu_vec;
 pub mod cuda;
+pub mod group;
 pub mod presets;
 pub mod sim;
 
@@ -323,6 +324,37 @@ impl Device {
         match self {
             Device::Sim(_) => Ok(()),
             Device::Cuda(c) => c.synchronize(),
+        }
+    }
+
+    /// Sets up what a collective library needs the first time `setup` is asked for on this
+    /// rank, and returns the device memory it took outside the framework: the simulated
+    /// device takes what `group::NCCL_MODEL` says (kept for the instance's life); a GPU runs
+    /// NCCL for real and returns what NVML saw this process take.
+    pub fn comm_setup(
+        &mut self,
+        setup: group::CommSetup,
+        tp: &group::TpRank,
+    ) -> Result<(u64, Option<OutsideAlloc>)> {
+        match self {
+            Device::Sim(_) => {
+                let bytes = group::NCCL_MODEL.bytes(setup, tp.rank, tp.size);
+                let held = self.alloc_outside(bytes)?;
+                Ok((held.bytes, Some(held)))
+            }
+            Device::Cuda(c) => Ok((c.comm_setup(setup, tp)?, None)),
+        }
+    }
+
+    /// Whether the devices of a tensor-parallel instance would run vLLM's custom all-reduce
+    /// (NVLink, or peer to peer for two GPUs; custom_all_reduce.py L50-98).
+    pub fn custom_all_reduce_for(&self, size: usize) -> bool {
+        if !matches!(size, 2 | 4 | 6 | 8) {
+            return false;
+        }
+        match self {
+            Device::Sim(s) => s.preset.nvlink,
+            Device::Cuda(c) => c.peers_reachable(size),
         }
     }
 

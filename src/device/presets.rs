@@ -27,6 +27,9 @@ pub struct SimPreset {
     /// Free memory reads as total − framework allocated, nothing else (vLLM's
     /// tests/worker/test_profile.py patches `torch.cuda.mem_get_info` so).
     pub free_is_total_minus_allocated: bool,
+    /// The card's SXM form has NVLink to its peers (what vLLM's custom all-reduce needs for
+    /// more than two GPUs); PCIe cards have not.
+    pub nvlink: bool,
 }
 
 const HOPPER_CUBLAS: u64 = 32 * MIB;
@@ -47,6 +50,7 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         cublaslt_workspace_bytes: 0,
         cxb_row_pad: 8,
         free_is_total_minus_allocated: true,
+        nvlink: false,
     },
     SimPreset {
         id: "h100-80gb",
@@ -57,6 +61,7 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         cublaslt_workspace_bytes: MIB,
         cxb_row_pad: 8,
         free_is_total_minus_allocated: false,
+        nvlink: true,
     },
     SimPreset {
         id: "h200-141gb",
@@ -67,6 +72,7 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         cublaslt_workspace_bytes: MIB,
         cxb_row_pad: 8,
         free_is_total_minus_allocated: false,
+        nvlink: true,
     },
     SimPreset {
         id: "a100-80gb",
@@ -77,6 +83,7 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         cublaslt_workspace_bytes: MIB,
         cxb_row_pad: 32,
         free_is_total_minus_allocated: false,
+        nvlink: true,
     },
     SimPreset {
         id: "a100-40gb",
@@ -87,6 +94,7 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         cublaslt_workspace_bytes: MIB,
         cxb_row_pad: 32,
         free_is_total_minus_allocated: false,
+        nvlink: true,
     },
     SimPreset {
         id: "l4-24gb",
@@ -97,6 +105,7 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         cublaslt_workspace_bytes: MIB,
         cxb_row_pad: 32,
         free_is_total_minus_allocated: false,
+        nvlink: false,
     },
     SimPreset {
         id: "rtx4090-24gb",
@@ -107,6 +116,7 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         cublaslt_workspace_bytes: MIB,
         cxb_row_pad: 32,
         free_is_total_minus_allocated: false,
+        nvlink: false,
     },
 ];
 

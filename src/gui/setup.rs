@@ -43,6 +43,8 @@ pub struct SetupForm {
     /// vLLM's max_num_seqs.
     pub seqs: usize,
     pub passes: u32,
+    /// Tensor-parallel GPUs (vLLM's --tensor-parallel-size).
+    pub tp: u32,
     pub util: f64,
     pub block_size: u64,
     /// vLLM's max_model_len; 0: the model's max_position_embeddings.
@@ -97,6 +99,7 @@ impl Default for SetupForm {
             tokens: r.tokens,
             seqs: r.seqs,
             passes: r.passes,
+            tp: r.tp,
             util: r.util,
             block_size: r.block_size,
             max_model_len: r.max_model_len,
@@ -141,6 +144,7 @@ impl SetupForm {
             tokens: self.tokens,
             seqs: self.seqs,
             passes: self.passes,
+            tp: self.tp,
             util: self.util,
             block_size: self.block_size,
             max_model_len: self.max_model_len,
@@ -310,6 +314,25 @@ impl SetupForm {
             ui.end_row();
             let l = ui.label("passes");
             ui.add(egui::DragValue::new(&mut self.passes).range(1..=1000))
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("tensor parallel").on_hover_text(
+                "vLLM's --tensor-parallel-size: one worker per GPU (cuda:N and the GPUs after \
+                 it, or that many simulated devices), NCCL between them; the engine takes the \
+                 fewest KV blocks over the ranks.",
+            );
+            egui::ComboBox::from_id_salt("tp")
+                .selected_text(format!(
+                    "{} GPU{}",
+                    self.tp,
+                    if self.tp == 1 { "" } else { "s" }
+                ))
+                .show_ui(ui, |ui| {
+                    for n in [1u32, 2, 4, 8] {
+                        ui.selectable_value(&mut self.tp, n, format!("{n}"));
+                    }
+                })
+                .response
                 .labelled_by(l.id);
             ui.end_row();
             let l = ui.label("gpu_memory_utilization")

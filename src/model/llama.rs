@@ -5,8 +5,8 @@
 use std::cell::Cell;
 
 use super::config::ModelConfig;
-use super::loader::Loader;
 pub use super::loader::{LoadOptions, LoadStats};
+use super::loader::{Loader, Slice};
 use super::weights::WeightSource;
 use crate::error::{Error, Result};
 use crate::memory::Category;
@@ -36,6 +36,11 @@ pub struct Layer {
 
 pub struct LlamaModel {
     pub cfg: ModelConfig,
+    /// The shape this rank computes: heads, KV heads and the MLP width divided over the
+    /// tensor-parallel ranks (`cfg` itself with one GPU).
+    pub local: ModelConfig,
+    /// This rank's first row of the padded vocabulary (0 with one GPU).
+    pub vocab_first_row: usize,
     pub quant: Quant,
     pub act: DType,
     pub embed: Tensor,
@@ -90,6 +95,8 @@ impl LlamaModel {
         opts: &LoadOptions,
     ) -> Result<Self> {
         let started = std::time::Instant::now();
+        let shard = TpShard::of(rt, cfg)?;
+        let local = shard.local_config(cfg);
         let mut ld = Loader::new(rt, src, opts, cfg.tensor_shapes().len());
         let act = ld.act;
         rt.set_op("load");
@@ -104,7 +111,10 @@ impl LlamaModel {
         // vLLM's VocabParallelEmbedding and ParallelLMHead pad the vocabulary to 64 rows
         // (vocab_parallel_embedding.py L16, L47-50): the padding is allocated too.
         let vp = cfg.padded_vocab();
-        let embed = ld.dense_padded("model.embed_tokens.weight", v, h, vp)?;
+        let (v_first, v_len) = shard.vocab_rows(vp);
+        let embed = ld.vocab_shard("model.embed_tokens.weight", v, h, vp, v_first, v_len)?;
+        let (q_part, kv_part, i_part) =
+            (shard.q_rows(cfg), shard.kv_rows(cfg), shard.mlp_rows(cfg));
         let mut layers = Vec::with_capacity(cfg.num_layers);
         let mut rope_cache = None;
         // In the order vLLM's constructors create the parameters (llama.py at 380e1863):
@@ -113,43 +123,53 @@ impl LlamaModel {
         for l in 0..cfg.num_layers {
             rt.set_layer(Some(l as u32));
             let p = format!("model.layers.{l}");
-            let qkv = ld.fused(
+            let qkv = ld.fused_parts(
                 &[
                     format!("{p}.self_attn.q_proj.weight"),
                     format!("{p}.self_attn.k_proj.weight"),
                     format!("{p}.self_attn.v_proj.weight"),
                 ],
                 &[q, kv, kv],
+                &[q_part, kv_part, kv_part],
                 h,
                 &format!("{p}.self_attn.qkv_proj.weight"),
             )?;
             let bias = if cfg.attention_bias {
-                Some(ld.dense_concat(
+                Some(ld.dense_concat_parts(
                     &[
                         format!("{p}.self_attn.q_proj.bias"),
                         format!("{p}.self_attn.k_proj.bias"),
                         format!("{p}.self_attn.v_proj.bias"),
                     ],
                     &[q, kv, kv],
+                    &[q_part, kv_part, kv_part],
                     &format!("{p}.self_attn.qkv_proj.bias"),
                 )?)
             } else {
                 None
             };
-            let op = ld.linear(&format!("{p}.self_attn.o_proj.weight"), h, q)?;
+            // RowParallelLinear: this rank's columns (the heads it computed).
+            let op = ld.linear_slice(
+                &format!("{p}.self_attn.o_proj.weight"),
+                Slice::cols(h, q, q_part.0, q_part.1),
+            )?;
             if rope_cache.is_none() {
                 rope_cache = Some(rotary_cache(rt, cfg, act)?);
             }
-            let gate_up = ld.fused(
+            let gate_up = ld.fused_parts(
                 &[
                     format!("{p}.mlp.gate_proj.weight"),
                     format!("{p}.mlp.up_proj.weight"),
                 ],
                 &[i, i],
+                &[i_part, i_part],
                 h,
                 &format!("{p}.mlp.gate_up_proj.weight"),
             )?;
-            let down = ld.linear(&format!("{p}.mlp.down_proj.weight"), h, i)?;
+            let down = ld.linear_slice(
+                &format!("{p}.mlp.down_proj.weight"),
+                Slice::cols(h, i, i_part.0, i_part.1),
+            )?;
             let input_norm = ld.dense(&format!("{p}.input_layernorm.weight"), &[h])?;
             let post_norm = ld.dense(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
             layers.push(Layer {
@@ -170,10 +190,12 @@ impl LlamaModel {
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(ld.dense_padded("lm_head.weight", v, h, vp)?)
+            Some(ld.vocab_shard("lm_head.weight", v, h, vp, v_first, v_len)?)
         };
         Ok(LlamaModel {
             cfg: cfg.clone(),
+            local,
+            vocab_first_row: v_first,
             quant: opts.quant,
             act,
             embed,
@@ -207,11 +229,15 @@ impl LlamaModel {
     }
 
     /// One forward pass without the sampler: the f32 logits `[seqs, vocab]` of the last token of
-    /// each sequence.
+    /// each sequence (on rank 0 of a tensor-parallel instance; the other ranks send their shard
+    /// and get an error).
     pub fn forward(&self, rt: &Runtime, batch: &Batch) -> Result<Tensor> {
         let hidden = self.forward_hidden(rt, batch)?;
         let rows = super::sampler::last_token_rows(&batch.seq_lens);
-        super::sampler::logits_f32(rt, &hidden, self.lm_head(), &rows, self.cfg.vocab_size)
+        super::sampler::logits_f32(rt, &hidden, self.lm_head(), &rows, self.cfg.vocab_size)?
+            .ok_or_else(|| {
+                Error::Request("the logits were gathered to tensor-parallel rank 0".into())
+            })
     }
 
     /// One forward pass over every token, as vLLM's `LlamaModel.forward`: the final hidden
@@ -234,10 +260,23 @@ impl LlamaModel {
         // vLLM's LlamaModel.forward (llama.py at 380e1863): the embedding output becomes the
         // residual stream; layer 0 normalises into a new tensor, every later norm is
         // `fused_add_rms_norm` in place, the final one too.
-        let mut residual = ops::embedding(rt, &batch.ids, &self.embed, act)?;
+        let mut residual = if rt.tp().is_some() {
+            crate::ops_tp::vocab_parallel_embedding(
+                rt,
+                &batch.ids,
+                &self.embed,
+                self.vocab_first_row,
+                cfg.vocab_size,
+                act,
+            )?
+        } else {
+            ops::embedding(rt, &batch.ids, &self.embed, act)?
+        };
+        // What this rank computes: its heads, its KV heads, its part of the MLP.
+        let local = &self.local;
         let mut hidden: Option<Tensor> = None;
         let n_layers = self.layers.len() as u32;
-        let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
+        let (q_dim, kv_dim) = (local.q_dim(), local.kv_dim());
         for (li, layer) in self.layers.iter().enumerate() {
             rt.check_cancel()?;
             rt.set_layer(Some(li as u32));
@@ -284,12 +323,14 @@ impl LlamaModel {
             let (Some(mut q), Some(mut k), Some(v)) = (it.next(), it.next(), it.next()) else {
                 return Err(Error::Request("qkv split".into()));
             };
-            ops::rope(rt, &mut q, &mut k, &positions, cfg)?;
-            let a = ops::attention(rt, &q, &k, &v, &batch.seq_lens, cfg, &format!("{l}.attn"))?;
-            let mut o = layer
+            ops::rope(rt, &mut q, &mut k, &positions, local)?;
+            let a = ops::attention(rt, &q, &k, &v, &batch.seq_lens, local, &format!("{l}.attn"))?;
+            let o = layer
                 .attn
                 .o
                 .forward(rt, &a, &format!("{l}.o_proj"), gen, act)?;
+            // RowParallelLinear.forward: the partial sums of the ranks, all-reduced.
+            let mut o = crate::ops_tp::all_reduce(rt, o, &format!("{l}.o_proj.all_reduce"))?;
             drop((q, k, v));
             drop(qkv);
             drop(a);
@@ -307,7 +348,7 @@ impl LlamaModel {
             let gate_up = layer
                 .gate_up
                 .forward(rt, &o, &format!("{l}.gate_up_proj"), gen, act)?;
-            let i = cfg.intermediate_size;
+            let i = local.intermediate_size;
             let names = ["gate", "up"].map(|n| format!("{l}.{n}"));
             let mut it = FusedLinear::split(&gate_up, &[i, i], &names).into_iter();
             let (Some(mut gate), Some(up)) = (it.next(), it.next()) else {
@@ -318,6 +359,7 @@ impl LlamaModel {
             let down = layer
                 .down
                 .forward(rt, &act_out, &format!("{l}.down_proj"), gen, act)?;
+            let down = crate::ops_tp::all_reduce(rt, down, &format!("{l}.down_proj.all_reduce"))?;
             drop(act_out);
             drop(gate_up);
             // The decoder rebinds `hidden_states` to the MLP's output: o_proj's output dies;
@@ -379,4 +421,106 @@ fn rotary_cache(rt: &Runtime, cfg: &ModelConfig, act: DType) -> Result<Tensor> {
     drop(cache32);
     rt.set_op("load");
     Ok(cache)
+}
+
+/// How one tensor-parallel rank's share of a Llama model is cut, as vLLM 380e1863 cuts it
+/// (linear.py `QKVParallelLinear` L640-700, `MergedColumnParallelLinear`, `RowParallelLinear`;
+/// vocab_parallel_embedding.py `VocabParallelEmbedding`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TpShard {
+    pub rank: usize,
+    pub size: usize,
+}
+
+impl TpShard {
+    /// This runtime's shard, checking that the model divides as vLLM requires
+    /// (config.py `verify_with_parallel_config`, linear.py `divide`).
+    pub fn of(rt: &Runtime, cfg: &ModelConfig) -> Result<Self> {
+        let (rank, size) = rt.tp().map_or((0, 1), |t| (t.rank, t.size));
+        let s = TpShard { rank, size };
+        s.check(cfg)?;
+        Ok(s)
+    }
+
+    pub fn check(&self, cfg: &ModelConfig) -> Result<()> {
+        let n = self.size;
+        if n <= 1 {
+            return Ok(());
+        }
+        let bad = |what: String| Err(Error::Request(format!("--tp {n}: {what}")));
+        if !cfg.num_heads.is_multiple_of(n) {
+            return bad(format!(
+                "the model's {} attention heads do not divide over {n} GPUs (vLLM requires num_attention_heads % tensor_parallel_size == 0)",
+                cfg.num_heads
+            ));
+        }
+        let kv = cfg.num_kv_heads;
+        if kv >= n && !kv.is_multiple_of(n) || kv < n && !n.is_multiple_of(kv) {
+            return bad(format!(
+                "the model's {kv} KV heads and {n} GPUs do not divide either way (vLLM splits KV heads when there are at least as many as GPUs, else replicates each over GPUs: one must divide the other)"
+            ));
+        }
+        if !cfg.intermediate_size.is_multiple_of(n) {
+            return bad(format!(
+                "the MLP width {} does not divide over {n} GPUs",
+                cfg.intermediate_size
+            ));
+        }
+        if !cfg.padded_vocab().is_multiple_of(n) {
+            return bad(format!(
+                "the padded vocabulary ({} rows) does not divide over {n} GPUs",
+                cfg.padded_vocab()
+            ));
+        }
+        Ok(())
+    }
+
+    /// KV heads on each rank: split, or one head replicated over `size / kv` ranks
+    /// (linear.py L664-671, `num_kv_head_replicas`).
+    pub fn local_kv_heads(&self, cfg: &ModelConfig) -> usize {
+        if cfg.num_kv_heads >= self.size {
+            cfg.num_kv_heads / self.size
+        } else {
+            1
+        }
+    }
+
+    /// The shape this rank computes.
+    pub fn local_config(&self, cfg: &ModelConfig) -> ModelConfig {
+        let mut c = cfg.clone();
+        c.num_heads = cfg.num_heads / self.size;
+        c.num_kv_heads = self.local_kv_heads(cfg);
+        c.intermediate_size = cfg.intermediate_size / self.size;
+        c
+    }
+
+    /// (first row, rows) of q_proj this rank holds.
+    pub fn q_rows(&self, cfg: &ModelConfig) -> (usize, usize) {
+        let len = cfg.q_dim() / self.size;
+        (self.rank * len, len)
+    }
+
+    /// (first row, rows) of k_proj (and v_proj): the rank's KV heads, or the one head it
+    /// shares with `size / kv` ranks (`shard_id = tp_rank // num_kv_head_replicas`).
+    pub fn kv_rows(&self, cfg: &ModelConfig) -> (usize, usize) {
+        let heads = self.local_kv_heads(cfg);
+        let first_head = if cfg.num_kv_heads >= self.size {
+            self.rank * heads
+        } else {
+            self.rank / (self.size / cfg.num_kv_heads)
+        };
+        (first_head * cfg.head_dim, heads * cfg.head_dim)
+    }
+
+    /// (first row, rows) of gate_proj and up_proj.
+    pub fn mlp_rows(&self, cfg: &ModelConfig) -> (usize, usize) {
+        let len = cfg.intermediate_size / self.size;
+        (self.rank * len, len)
+    }
+
+    /// (first row, rows) of the padded vocabulary (embedding and lm_head).
+    pub fn vocab_rows(&self, padded_vocab: usize) -> (usize, usize) {
+        let len = padded_vocab / self.size;
+        (self.rank * len, len)
+    }
 }

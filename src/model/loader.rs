@@ -4,7 +4,7 @@
 
 use super::weights::WeightSource;
 use crate::device::Backend;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::memory::Category;
 use crate::ops;
 use crate::progress::Progress;
@@ -84,6 +84,61 @@ pub(crate) struct Loader<'a> {
     /// bitsandbytes' process-wide dynamic code book (`name2qmap["dynamic"]`), made on the
     /// first double quantization in flight and shared by every weight after it.
     dynamic_map: Option<Rc<Tensor>>,
+    /// While set, the tensor being read is a tensor-parallel shard of a larger checkpoint
+    /// tensor: read whole, cut, and only the cut reaches the device.
+    slice: Option<Slice>,
+}
+
+/// The part of a `[rows, cols]` checkpoint tensor one tensor-parallel rank holds: a block of
+/// rows (column-parallel layers: vLLM's `ColumnParallelLinear.weight_loader` narrows dim 0) or
+/// of columns (row-parallel layers: `RowParallelLinear.weight_loader` narrows dim 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Slice {
+    pub full: [usize; 2],
+    pub rows: (usize, usize),
+    pub cols: (usize, usize),
+}
+
+impl Slice {
+    pub(crate) fn whole(n: usize, k: usize) -> Self {
+        Slice {
+            full: [n, k],
+            rows: (0, n),
+            cols: (0, k),
+        }
+    }
+
+    pub(crate) fn rows(n: usize, k: usize, first: usize, len: usize) -> Self {
+        Slice {
+            rows: (first, len),
+            ..Slice::whole(n, k)
+        }
+    }
+
+    pub(crate) fn cols(n: usize, k: usize, first: usize, len: usize) -> Self {
+        Slice {
+            cols: (first, len),
+            ..Slice::whole(n, k)
+        }
+    }
+
+    fn is_whole(&self) -> bool {
+        *self == Slice::whole(self.full[0], self.full[1])
+    }
+
+    fn shape(&self) -> [usize; 2] {
+        [self.rows.1, self.cols.1]
+    }
+
+    /// The slice of row-major `data` (`full` shaped).
+    fn cut<T: Copy>(&self, data: &[T]) -> Vec<T> {
+        let k = self.full[1];
+        let mut out = Vec::with_capacity(self.rows.1 * self.cols.1);
+        for r in self.rows.0..self.rows.0 + self.rows.1 {
+            out.extend_from_slice(&data[r * k + self.cols.0..r * k + self.cols.0 + self.cols.1]);
+        }
+        out
+    }
 }
 
 impl<'a> Loader<'a> {
@@ -104,6 +159,7 @@ impl<'a> Loader<'a> {
             index: 0,
             stats: LoadStats::default(),
             dynamic_map: None,
+            slice: None,
         }
     }
 
@@ -125,15 +181,67 @@ impl<'a> Loader<'a> {
             name,
             shape.iter().product::<usize>() as u64 * self.act.size_bytes(),
         )?;
+        let slice = self.slice.filter(|s| !s.is_whole());
+        if let Some(sl) = slice {
+            if shape != sl.shape() {
+                return Err(Error::Request(format!(
+                    "tensor {name}: shard {shape:?} does not match its slice {:?}",
+                    sl.shape()
+                )));
+            }
+        }
         if self.needs_data {
             let t = std::time::Instant::now();
-            let d = self.src.read_f32(name, shape)?;
+            let d = match slice {
+                Some(sl) => sl.cut(&self.src.read_f32(name, &sl.full)?),
+                None => self.src.read_f32(name, shape)?,
+            };
             self.stats.read_seconds += t.elapsed().as_secs_f64();
             self.stats.source_bytes += self.src.stored_bytes(name);
             Ok(Some(d))
         } else {
             Ok(None)
         }
+    }
+
+    /// `f` with the tensor it reads cut to `slice` (a tensor-parallel shard).
+    pub(crate) fn sliced<R>(
+        &mut self,
+        slice: Slice,
+        f: impl FnOnce(&mut Self) -> Result<R>,
+    ) -> Result<R> {
+        self.slice = Some(slice);
+        let r = f(self);
+        self.slice = None;
+        r
+    }
+
+    /// A column- or row-parallel linear layer's shard (`slice` of the `[n, k]` weight).
+    pub(crate) fn linear_slice(&mut self, name: &str, slice: Slice) -> Result<Linear> {
+        let [n, k] = slice.shape();
+        self.sliced(slice, |ld| ld.linear(name, n, k))
+    }
+
+    /// This rank's rows `first..first + len` of a vocabulary table padded with zero rows to
+    /// `padded_rows` (vLLM's VocabParallelEmbedding / ParallelLMHead shard,
+    /// vocab_parallel_embedding.py L201-238).
+    pub(crate) fn vocab_shard(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        padded_rows: usize,
+        first: usize,
+        len: usize,
+    ) -> Result<Tensor> {
+        if first == 0 && len == padded_rows {
+            return self.dense_padded(name, rows, cols, padded_rows);
+        }
+        let d = self.read(name, &[rows, cols])?.map(|mut d| {
+            d.resize(padded_rows * cols, 0.0);
+            d[first * cols..(first + len) * cols].to_vec()
+        });
+        upload(self.rt, name, &[len, cols], self.act, d)
     }
 
     pub(crate) fn dense(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
@@ -165,13 +273,27 @@ impl<'a> Loader<'a> {
         lens: &[usize],
         fused_name: &str,
     ) -> Result<Tensor> {
+        let parts: Vec<(usize, usize)> = lens.iter().map(|&l| (0, l)).collect();
+        self.dense_concat_parts(names, lens, &parts, fused_name)
+    }
+
+    /// `dense_concat` of a tensor-parallel rank: elements `parts[i].0..+parts[i].1` of each.
+    pub(crate) fn dense_concat_parts(
+        &mut self,
+        names: &[String],
+        lens: &[usize],
+        parts: &[(usize, usize)],
+        fused_name: &str,
+    ) -> Result<Tensor> {
         let mut all: Option<Vec<f32>> = None;
-        for (n, &len) in names.iter().zip(lens) {
+        for (n, (&len, &(first, take))) in names.iter().zip(lens.iter().zip(parts)) {
             if let Some(d) = self.read(n, &[len])? {
-                all.get_or_insert_with(Vec::new).extend(d);
+                all.get_or_insert_with(Vec::new)
+                    .extend_from_slice(&d[first..first + take]);
             }
         }
-        upload(self.rt, fused_name, &[lens.iter().sum()], self.act, all)
+        let total = parts.iter().map(|p| p.1).sum::<usize>();
+        upload(self.rt, fused_name, &[total], self.act, all)
     }
 
     /// A stacked parameter (vLLM's `qkv_proj`, `gate_up_proj`, filled through
@@ -184,20 +306,40 @@ impl<'a> Loader<'a> {
         k: usize,
         fused_name: &str,
     ) -> Result<FusedLinear> {
+        let parts: Vec<(usize, usize)> = rows.iter().map(|&r| (0, r)).collect();
+        self.fused_parts(names, rows, &parts, k, fused_name)
+    }
+
+    /// `fused` of a tensor-parallel rank: part i is rows `parts[i].0..+parts[i].1` of the
+    /// checkpoint's `[rows[i], k]` tensor (vLLM's QKVParallelLinear and
+    /// MergedColumnParallelLinear weight loaders, linear.py L430-560, L640-800).
+    pub(crate) fn fused_parts(
+        &mut self,
+        names: &[String],
+        full_rows: &[usize],
+        parts: &[(usize, usize)],
+        k: usize,
+        fused_name: &str,
+    ) -> Result<FusedLinear> {
+        let rows: Vec<usize> = parts.iter().map(|p| p.1).collect();
+        let rows = &rows[..];
         let quantized = names.iter().any(|n| {
             self.src.bnb4(n).is_some() || (self.opts.quant == Quant::Int8 && self.src.is_int8(n))
         }) || !matches!(self.opts.quant, Quant::F16 | Quant::BF16);
         if quantized {
             let shards = names
                 .iter()
-                .zip(rows)
-                .map(|(n, &r)| self.linear(n, r, k))
+                .zip(full_rows.iter().zip(parts))
+                .map(|(n, (&full, &(first, len)))| {
+                    self.linear_slice(n, Slice::rows(full, k, first, len))
+                })
                 .collect::<Result<Vec<_>>>()?;
             return Ok(FusedLinear::Shards(shards));
         }
         let mut all: Option<Vec<f32>> = None;
-        for (n, &r) in names.iter().zip(rows) {
-            if let Some(d) = self.read(n, &[r, k])? {
+        for (n, (&full, &(first, len))) in names.iter().zip(full_rows.iter().zip(parts)) {
+            let d = self.sliced(Slice::rows(full, k, first, len), |ld| ld.read(n, &[len, k]))?;
+            if let Some(d) = d {
                 all.get_or_insert_with(Vec::new).extend(d);
             }
         }
@@ -223,7 +365,16 @@ impl<'a> Loader<'a> {
         k: usize,
         quantize: bool,
     ) -> Result<Linear> {
+        let slice = self.slice.filter(|s| !s.is_whole());
         if let Some(meta) = self.src.bnb4(name) {
+            if slice.is_some() {
+                return Err(Error::model(
+                    self.src.origin(),
+                    format!(
+                        "tensor {name}: a pre-quantized bitsandbytes 4-bit checkpoint cannot be split across tensor-parallel ranks (its packed codes and block scales do not cut along rows and columns); use --tp 1, or the unquantized checkpoint with --quant nf4"
+                    ),
+                ));
+            }
             return self.bnb4_stored(name, n, k, &meta);
         }
         // A bitsandbytes 8-bit checkpoint loaded as int8 keeps its CB and SCB as stored.
@@ -238,7 +389,15 @@ impl<'a> Loader<'a> {
             self.index += 1;
             let pre = if self.needs_data {
                 let t = std::time::Instant::now();
-                let d = self.src.read_int8(name, &[n, k])?;
+                // A shard cuts CB like any weight; SCB (one scale per output row) follows the
+                // rows and is whole for a column cut.
+                let d = match slice {
+                    Some(sl) => {
+                        let (cb, scb) = self.src.read_int8(name, &sl.full)?;
+                        (sl.cut(&cb), scb[sl.rows.0..sl.rows.0 + sl.rows.1].to_vec())
+                    }
+                    None => self.src.read_int8(name, &[n, k])?,
+                };
                 self.stats.read_seconds += t.elapsed().as_secs_f64();
                 self.stats.source_bytes += self.src.stored_bytes(name);
                 Some(d)

@@ -1015,6 +1015,11 @@ impl CausalLm {
         src: &dyn WeightSource,
         opts: &llama::LoadOptions,
     ) -> Result<Self> {
+        if cfg.opt.is_some() && rt.tp().is_some() {
+            return Err(crate::error::Error::Request(
+                "--tp > 1 is built for the Llama family (Llama, Mistral, Qwen2); OPT runs on one GPU".into(),
+            ));
+        }
         Ok(if cfg.opt.is_some() {
             CausalLm::Opt(Box::new(opt::OptModel::load(rt, cfg, src, opts)?))
         } else {
@@ -1072,6 +1077,11 @@ impl CausalLm {
     ) -> Result<crate::tensor::Tensor> {
         let hidden = self.forward_hidden(rt, batch)?;
         let rows = sampler::last_token_rows(&batch.seq_lens);
-        sampler::logits_f32(rt, &hidden, self.lm_head(), &rows, self.config().vocab_size)
+        sampler::logits_f32(rt, &hidden, self.lm_head(), &rows, self.config().vocab_size)?
+            .ok_or_else(|| {
+                crate::error::Error::Request(
+                    "the logits were gathered to tensor-parallel rank 0".into(),
+                )
+            })
     }
 }

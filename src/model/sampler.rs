@@ -128,13 +128,14 @@ pub fn prepare_model_input(rt: &Runtime, batch: &Batch) -> Result<ModelInput> {
 /// rows of `selected_token_indices` (L108-113), then `lm_head` over the padded vocabulary
 /// (L83-85) gives `[S, Vp]` logits in the model dtype. The pruned rows are freed on return;
 /// `execute_model` keeps the logits alive until the sampler is done (model_runner.py
-/// L1691-1704).
+/// L1691-1704). With tensor parallel each rank computes its shard of the vocabulary and
+/// `_get_logits` gathers them to rank 0; the other ranks get `None` and return (L1694-1695).
 pub fn compute_logits(
     rt: &Runtime,
     hidden: &Tensor,
     lm_head: &Tensor,
     rows: &[u32],
-) -> Result<Tensor> {
+) -> Result<Option<Tensor>> {
     rt.check_cancel()?;
     rt.set_layer(None);
     rt.set_op("logits.index_select");
@@ -163,7 +164,7 @@ pub fn compute_logits(
         Category::Sampler,
     )?;
     drop(h_sel);
-    Ok(logits)
+    crate::ops_tp::gather_logits(rt, logits)
 }
 
 /// Forward-only logits: `compute_logits`, then `[..., :vocab].to(torch.float)`, `[S, vocab]`
@@ -174,8 +175,10 @@ pub fn logits_f32(
     lm_head: &Tensor,
     rows: &[u32],
     vocab: usize,
-) -> Result<Tensor> {
-    let logits_d = compute_logits(rt, hidden, lm_head, rows)?;
+) -> Result<Option<Tensor>> {
+    let Some(logits_d) = compute_logits(rt, hidden, lm_head, rows)? else {
+        return Ok(None);
+    };
     rt.set_op("logits.to_float");
     let mut out = rt.tensor(
         "logits_f32",
@@ -188,7 +191,7 @@ pub fn logits_f32(
         Backend::Cpu => cpu::narrow_cols(logits_d.f32(), logits_d.cols(), vocab, out.f32_mut()),
         Backend::Cuda => cuda(rt, |c| c.sampler_narrow_to_f32(&logits_d, &mut out))?,
     }
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// The last token of each sequence, laid end to end (vLLM's `selected_token_indices`).

@@ -5,6 +5,7 @@ pub mod host_memory;
 pub mod procedure;
 pub mod report;
 pub mod request;
+pub mod tp;
 
 pub use procedure::run;
 pub use report::Report;

@@ -67,17 +67,21 @@ impl Workload {
                 };
                 match sampler {
                     Some(s) => {
-                        let logits = sampler::compute_logits(
+                        // With tensor parallel only rank 0 gets the logits and samples; the
+                        // others return once their shard is sent (model_runner.py
+                        // L1691-1695).
+                        if let Some(logits) = sampler::compute_logits(
                             rt,
                             &hidden,
                             model.lm_head(),
                             &input.selected_rows,
-                        )?;
-                        s.head_rows.set(if want_logits { LOGITS_ROWS } else { 0 });
-                        let o = s.forward(rt, &logits, vocab, &input)?;
-                        out.logits_head = o.logits_head;
-                        out.sampled = o.ids;
-                        drop(logits);
+                        )? {
+                            s.head_rows.set(if want_logits { LOGITS_ROWS } else { 0 });
+                            let o = s.forward(rt, &logits, vocab, &input)?;
+                            out.logits_head = o.logits_head;
+                            out.sampled = o.ids;
+                            drop(logits);
+                        }
                     }
                     None => {
                         let logits = sampler::logits_f32(
@@ -87,8 +91,8 @@ impl Workload {
                             &input.selected_rows,
                             vocab,
                         )?;
-                        if want_logits {
-                            if let Some(mut v) = ops::read_f32(rt, &logits)? {
+                        if let (true, Some(logits)) = (want_logits, &logits) {
+                            if let Some(mut v) = ops::read_f32(rt, logits)? {
                                 v.truncate(LOGITS_ROWS * vocab);
                                 out.logits_head = v;
                             }
@@ -278,12 +282,23 @@ fn verify(
         result = one_pass(rt, work, index, Some(label.to_string()), false).map(Some);
     }
     drop(kv);
+    if let Some(t) = rt.tp() {
+        // A rank out of memory stops this verify pass on every rank (the others would wait
+        // in its collectives); all meet again before the next one.
+        if let Err(e @ Error::OutOfMemory { .. }) = &result {
+            t.group.abort_step(t.rank, &e.to_string());
+        }
+        let peer = t.group.recover()?;
+        if let (Ok(_), Some((rank, why))) = (&result, peer) {
+            result = Err(Error::PeerStopped { rank, why });
+        }
+    }
     let peak = rt.process_peak();
     let releases = rt.stats().alloc_retries - retries_before;
     rt.empty_cache();
     let (oom, stats) = match result {
         Ok(r) => (None, r.map(|(stats, _)| stats)),
-        Err(e @ Error::OutOfMemory { .. }) => (Some(e), None),
+        Err(e @ (Error::OutOfMemory { .. } | Error::PeerStopped { .. })) => (Some(e), None),
         Err(e) => return Err(e),
     };
     let overrun = peak as i64 - budget as i64;
@@ -330,11 +345,33 @@ fn verify(
 }
 
 /// Runs the whole procedure. `sink` gets progress; setting `cancel` stops the run within one
-/// op with `Error::Cancelled`, everything freed.
+/// op with `Error::Cancelled`, everything freed. With `--tp N` every rank runs it on its own
+/// thread and device (see `run_tp`).
 pub fn run(
     req: &ProfileRequest,
     sink: Option<ProgressSink>,
     cancel: Arc<AtomicBool>,
+) -> Result<Report> {
+    req.validate()?;
+    if req.tp > 1 {
+        return super::tp::run_tp(req, sink, cancel);
+    }
+    run_rank(req, sink, cancel, None)
+}
+
+/// This rank of a tensor-parallel instance: its index, and where it meets the others.
+pub(crate) struct RankSpec {
+    pub rank: usize,
+    pub size: usize,
+    pub group: Arc<crate::device::group::RankGroup>,
+}
+
+/// The procedure on one GPU, or on one rank of a tensor-parallel instance.
+pub(crate) fn run_rank(
+    req: &ProfileRequest,
+    sink: Option<ProgressSink>,
+    cancel: Arc<AtomicBool>,
+    rank: Option<RankSpec>,
 ) -> Result<Report> {
     req.validate()?;
     let wall = Instant::now();
@@ -369,11 +406,24 @@ pub fn run(
         // A synthetic workload has no math to do.
         *dry = true;
     }
+    if let (Some(r), DeviceSpec::Cuda { ordinal }) = (&rank, &mut spec) {
+        // vLLM's worker i runs on the i-th GPU of the instance.
+        *ordinal += r.rank;
+    }
     let device = Device::open(&spec)?;
     let device_info = device.info();
     let layout = device.int8_tile_layout();
     let context_bytes = device.simulated_context_bytes();
+    let tp_rank = rank.map(|r| crate::device::group::TpRank {
+        custom_ar: device.custom_all_reduce_for(r.size),
+        rank: r.rank,
+        size: r.size,
+        group: r.group,
+    });
     let rt = Runtime::new(device, cancel, sink);
+    if let Some(t) = tp_rank {
+        rt.set_tp(t);
+    }
     rt.progress(Progress::Phase(Phase::Starting));
     rt.set_op("instance");
     let other_process_bytes = if req.outside_before > 0 {
@@ -392,6 +442,8 @@ pub fn run(
         _ => None,
     };
     let t0 = checkpoint(&rt, "t0");
+    let _distributed = init_distributed(&rt)?;
+    let before_load = rt.stats().allocated;
 
     rt.progress(Progress::Phase(Phase::Loading));
     let (work, model_info, cfg) = match (&req.model, opened) {
@@ -459,7 +511,7 @@ pub fn run(
         }
         (_, None) => unreachable!("non-synthetic models are opened above"),
     };
-    let weights_bytes = rt.stats().allocated - t0.allocated;
+    let weights_bytes = rt.stats().allocated - before_load;
     rt.empty_cache();
     rt.reset_peak();
     let t1 = checkpoint(&rt, "t1");
@@ -508,10 +560,19 @@ pub fn run(
 
     rt.progress(Progress::Phase(Phase::Measuring));
     let cps = Checkpoints { t0, t1, t2, t3 };
+    // Each rank caches its own KV heads (vLLM's `get_num_kv_heads(parallel_config)`).
+    let kv_heads = match rt.tp() {
+        Some(t) => crate::model::llama::TpShard {
+            rank: t.rank,
+            size: t.size,
+        }
+        .local_kv_heads(&cfg),
+        None => cfg.num_kv_heads,
+    };
     let geometry = KvGeometry {
         block_size: req.block_size,
         num_layers: cfg.num_layers as u64,
-        num_kv_heads: cfg.num_kv_heads as u64,
+        num_kv_heads: kv_heads as u64,
         head_dim: cfg.head_dim as u64,
         dtype_bytes: req.quant.activation_dtype().size_bytes(),
         max_model_len: req.max_model_len,
@@ -563,10 +624,34 @@ pub fn run(
 
     // Device memory of other processes, as it stood when the instance started.
     let others = (t0.total - t0.free).saturating_sub(t0.process_used);
+    // With tensor parallel the engine takes the fewest blocks over the ranks, and every rank
+    // then allocates that many: the verify passes run with the engine's count.
+    let engine_blocks: Option<Vec<u64>> = match rt.tp() {
+        Some(t) => {
+            let mine: Vec<u64> = results
+                .iter()
+                .map(|r| r.kv_blocks)
+                .chain([truth.kv_blocks])
+                .collect();
+            let all = t.group.all_gather_u64(t.rank, &mine)?;
+            Some(
+                (0..mine.len())
+                    .map(|i| all.iter().map(|v| v[i]).min().unwrap_or(0))
+                    .collect(),
+            )
+        }
+        None => None,
+    };
+    let engine_kv = |i: usize, own: i64| -> i64 {
+        match &engine_blocks {
+            Some(b) => (b[i] * geometry.block_bytes()) as i64,
+            None => own,
+        }
+    };
     if req.verify {
         rt.progress(Progress::Phase(Phase::Verifying));
         let mut index = req.passes;
-        for r in results.iter_mut() {
+        for (fi, r) in results.iter_mut().enumerate() {
             index += 1;
             rt.progress(Progress::Pass {
                 pass: index,
@@ -577,7 +662,7 @@ pub fn run(
                 &rt,
                 &work,
                 &geometry,
-                r.kv_bytes,
+                engine_kv(fi, r.kv_bytes),
                 budget as u64,
                 others,
                 index,
@@ -596,7 +681,7 @@ pub fn run(
             &rt,
             &work,
             &geometry,
-            truth.kv_bytes,
+            engine_kv(FormulaId::ALL.len(), truth.kv_bytes),
             budget as u64,
             others,
             index,
@@ -637,5 +722,37 @@ pub fn run(
         events,
         device_samples,
         sample_rate_hz,
+        tp: req.tp,
+        rank: rt.tp().map_or(0, |t| t.rank as u32),
+        ranks: Vec::new(),
+        engine: Vec::new(),
     })
+}
+
+/// vLLM's `init_worker_distributed_environment` after `init_gpu_memory` is read (worker.py
+/// L150-177): the PyNcclCommunicator with its warm-up all-reduce, then the custom all-reduce's
+/// buffers, taken from the caching allocator and kept (custom_all_reduce.py L152-167: `meta`
+/// of `meta_size() + max_size` bytes, `buffer` and `rank_data` of 8 MiB). Nothing with one GPU.
+fn init_distributed(rt: &Runtime) -> Result<Vec<Tensor>> {
+    let Some(tp) = rt.tp() else {
+        return Ok(Vec::new());
+    };
+    rt.set_op("init_distributed");
+    rt.set_layer(None);
+    rt.ensure_comm(crate::device::group::CommSetup::PyncclInit)?;
+    let mut kept = Vec::new();
+    if tp.custom_ar {
+        use crate::device::group::{CUSTOM_AR_MAX_BYTES, CUSTOM_AR_META_BYTES};
+        for (name, bytes) in [
+            (
+                "custom_all_reduce.meta",
+                CUSTOM_AR_META_BYTES + CUSTOM_AR_MAX_BYTES,
+            ),
+            ("custom_all_reduce.buffer", CUSTOM_AR_MAX_BYTES),
+            ("custom_all_reduce.rank_data", 8 << 20),
+        ] {
+            kept.push(rt.reserve_bytes(name, Category::Workspace, bytes)?);
+        }
+    }
+    Ok(kept)
 }

@@ -174,6 +174,38 @@ pub struct Report {
     /// Readings per second the sampler reached.
     #[serde(default)]
     pub sample_rate_hz: Option<f64>,
+    /// Tensor-parallel ranks of the instance (1: one GPU).
+    #[serde(default = "one")]
+    pub tp: u32,
+    /// The rank these fields describe: with tensor parallel, the top level is the rank that
+    /// binds #9516's budget, and `ranks` holds every rank's own report.
+    #[serde(default)]
+    pub rank: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<Report>,
+    /// What the engine takes with tensor parallel, per formula and for the truth: the fewest
+    /// KV blocks over the ranks (distributed_gpu_executor.py `determine_num_available_blocks`:
+    /// `min(b[0] for b in num_blocks)`), and which rank sets it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub engine: Vec<EngineBudget>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// The engine's KV blocks under one formula (or the truth) with tensor parallel.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineBudget {
+    /// A formula's key (`pr9516`, …) or `truth`.
+    pub key: String,
+    pub title: String,
+    /// min over ranks.
+    pub kv_blocks: u64,
+    /// The rank with the fewest blocks (the lowest such rank on a tie).
+    pub binding_rank: u32,
+    /// Each rank's own count, in rank order.
+    pub rank_blocks: Vec<u64>,
 }
 
 impl Report {

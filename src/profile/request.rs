@@ -42,7 +42,19 @@ pub struct ProfileRequest {
     /// Run the verify pass for each budget.
     pub verify: bool,
     pub seed: u64,
+    /// Tensor-parallel ranks (vLLM's `--tensor-parallel-size`): one GPU each, `cuda:N` and
+    /// the N − 1 GPUs after it, or that many simulated devices.
+    #[serde(default = "one")]
+    pub tp: u32,
 }
+
+fn one() -> u32 {
+    1
+}
+
+/// The most tensor-parallel ranks a request may ask for (vLLM's largest custom all-reduce
+/// group; larger instances span hosts, which vramscope does not model).
+pub const MAX_TP: u32 = 8;
 
 impl Default for ProfileRequest {
     fn default() -> Self {
@@ -68,6 +80,7 @@ impl Default for ProfileRequest {
             outside_during_freed: false,
             verify: true,
             seed: 0,
+            tp: 1,
         }
     }
 }
@@ -119,6 +132,18 @@ impl ProfileRequest {
             return bad(format!(
                 "--max-num-seqs {} must be between 1 and --max-num-batched-tokens ({})",
                 self.seqs, self.tokens
+            ));
+        }
+        if self.tp == 0 || self.tp > MAX_TP {
+            return bad(format!(
+                "--tp {} must be between 1 and {MAX_TP} (the GPUs of one host)",
+                self.tp
+            ));
+        }
+        if self.tp > 1 && matches!(self.model, ModelSource::Synthetic { .. }) {
+            return bad(format!(
+                "--tp {}: the synthetic workload (vLLM's test_memory_profiling) runs on one GPU",
+                self.tp
             ));
         }
         if self.passes == 0 || self.passes > 1000 {

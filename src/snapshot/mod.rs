@@ -313,6 +313,10 @@ impl DeviceTimeline {
             events: self.events,
             device_samples: Vec::new(),
             sample_rate_hz: None,
+            tp: 1,
+            rank: 0,
+            ranks: Vec::new(),
+            engine: Vec::new(),
         }
     }
 }

@@ -73,9 +73,14 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
   return r;
 }
 
-// out[r, :] = table[ids[r], :]  (also the gather of the last token of each sequence)
+// out[r, :] = table[ids[r], :]  (also the gather of the last token of each sequence); an id of
+// 0xffffffff writes a zero row (a token another tensor-parallel rank owns: vLLM's masked_fill_).
 template <class T> __device__ void embedding(const unsigned* ids, const u16* table, u16* out, long long cols) {
   long long r = blockIdx.x;
+  if (ids[r] == 0xffffffffu) {
+    for (long long c = threadIdx.x; c < cols; c += blockDim.x) out[r * cols + c] = 0;
+    return;
+  }
   const u16* src = table + (long long)ids[r] * cols;
   for (long long c = threadIdx.x; c < cols; c += blockDim.x) out[r * cols + c] = src[c];
 }

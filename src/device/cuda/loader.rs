@@ -33,6 +33,11 @@ const CUBLAS: Wanted = Wanted {
     names: &["libcublas.so.13", "libcublas.so.12", "libcublas.so"],
 };
 
+const NCCL: Wanted = Wanted {
+    what: "NCCL (tensor parallel)",
+    names: &["libnccl.so.2", "libnccl.so"],
+};
+
 /// Where the libraries were found (for messages and the report).
 #[derive(Clone, Debug)]
 pub(crate) struct Found {
@@ -182,6 +187,13 @@ pub(crate) fn ensure_loaded() -> Result<Found, String> {
         Ok(Found { nvml })
     })
     .clone()
+}
+
+/// NCCL, for tensor parallel only (its absence does not stop one-GPU runs): the path of the
+/// copy found, or which file names were looked for where.
+pub(crate) fn load_nccl() -> Result<PathBuf, String> {
+    static DONE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DONE.get_or_init(|| load(&NCCL, &search_dirs())).clone()
 }
 
 /// Only the CUDA driver (for numbering GPUs as `cuda:N` opens them, without a context).

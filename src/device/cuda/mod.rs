@@ -8,13 +8,15 @@
 //! `memory` (context memory, segments, outside allocations, host copies), `gemm` (cuBLAS),
 //! `ops` (kernel compilation, norms, elementwise ops, RoPE), `attention`, `quant` (LLM.int8
 //! and bitsandbytes 4-bit kernels), `sampler`, `timing` (per-op GPU times), `nvml` and
-//! `loader`. Collectives (NCCL) go in `collectives`.
+//! `loader`. Tensor parallel's collectives are in `collectives`, over the NCCL bindings of `nccl`.
 
 mod attention;
+mod collectives;
 mod gemm;
 mod kernels;
 mod loader;
 mod memory;
+mod nccl;
 mod nvml;
 mod ops;
 mod quant;
@@ -37,6 +39,7 @@ use super::{DeviceInfo, DeviceListing};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 use attention::flash_variant_from_env;
+pub use collectives::nccl_library;
 pub use memory::hold_memory_child;
 pub use nvml::NvmlSample;
 use ops::compile_kernels;
@@ -74,6 +77,8 @@ pub struct CudaDevice {
     attention_blas: bool,
     /// Per-op GPU timing (`bench --op-times`): an event recorded at every op boundary.
     op_marks: Option<Vec<(String, CudaEvent)>>,
+    /// NCCL communicators when this GPU is one rank of a tensor-parallel instance.
+    comms: collectives::Comms,
 }
 
 fn dev_err(ordinal: usize, problem: impl Into<String>) -> Error {
@@ -218,6 +223,7 @@ impl CudaDevice {
             flash_variant: flash_variant_from_env(),
             attention_blas: std::env::var("VRAMSCOPE_ATTN").is_ok_and(|v| v == "blas"),
             op_marks: None,
+            comms: collectives::Comms::default(),
         };
         dev.sampler.reset_peak(dev.process_used());
         Ok(dev)

@@ -1,0 +1,192 @@
+//! Tensor parallel: vLLM's `--tensor-parallel-size N` as vramscope runs it. One worker per
+//! GPU, each profiling its own GPU (worker.py `determine_num_available_blocks` on every rank),
+//! the engine taking the fewest KV blocks over them (distributed_gpu_executor.py L28-47).
+//! Every rank is a thread with its own runtime and device; rank 0 runs on the caller's thread
+//! (it feeds the progress sink, as vLLM's driver worker is the one that logs).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use super::formulas::FormulaId;
+use super::procedure::{run_rank, RankSpec};
+use super::report::{EngineBudget, Report};
+use super::request::ProfileRequest;
+use crate::device::group::RankGroup;
+use crate::device::DeviceSpec;
+use crate::error::{Error, Result};
+use crate::model::{self, ModelSource};
+use crate::progress::ProgressSink;
+
+/// Checks what can be checked before any rank starts: enough GPUs, a model that divides.
+fn preflight(req: &ProfileRequest) -> Result<()> {
+    let n = req.tp as usize;
+    if let DeviceSpec::Cuda { ordinal } = req.device {
+        let (gpus, problem) = crate::device::list_devices();
+        let count = gpus.iter().filter(|g| !g.spec.starts_with("sim:")).count();
+        if ordinal + n > count {
+            return Err(Error::Device {
+                spec: req.device.to_string(),
+                problem: format!(
+                    "--tp {n} from cuda:{ordinal} needs GPUs cuda:{ordinal}..cuda:{}; this machine shows {count}{}",
+                    ordinal + n - 1,
+                    problem.map(|p| format!(" ({p})")).unwrap_or_default()
+                ),
+            });
+        }
+        crate::device::cuda::nccl_library().map_err(|problem| Error::Device {
+            spec: req.device.to_string(),
+            problem: format!("--tp {n} needs NCCL: {problem}"),
+        })?;
+    }
+    if !matches!(req.model, ModelSource::Synthetic { .. }) {
+        let opened = model::open(&req.model, req.seed)?;
+        if opened.config.opt.is_some() {
+            return Err(Error::Request(format!(
+                "--tp {n}: tensor parallel is built for the Llama family (Llama, Mistral, Qwen2); {} is OPT, run it with --tp 1",
+                opened.name
+            )));
+        }
+        crate::model::llama::TpShard { rank: 0, size: n }.check(&opened.config)?;
+    }
+    Ok(())
+}
+
+/// The error to show for a failed instance: the first rank's own failure (not the "another
+/// rank stopped" that followed it on the others), naming the rank.
+fn root_error(errors: Vec<(usize, Error)>) -> Error {
+    let mut first_peer = None;
+    for (rank, e) in errors {
+        match e {
+            Error::PeerStopped { .. } => {
+                first_peer.get_or_insert(e);
+            }
+            Error::OutOfMemory {
+                device,
+                during,
+                detail,
+            } => {
+                return Error::OutOfMemory {
+                    device: format!("{device} (tensor-parallel rank {rank})"),
+                    during,
+                    detail,
+                }
+            }
+            other => return other,
+        }
+    }
+    first_peer.unwrap_or(Error::Request("tensor-parallel run failed".into()))
+}
+
+pub(crate) fn run_tp(
+    req: &ProfileRequest,
+    sink: Option<ProgressSink>,
+    cancel: Arc<AtomicBool>,
+) -> Result<Report> {
+    preflight(req)?;
+    let n = req.tp as usize;
+    let group = Arc::new(RankGroup::new(n));
+    let results: Vec<Result<Report>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (1..n)
+            .map(|rank| {
+                let (group, cancel) = (group.clone(), cancel.clone());
+                std::thread::Builder::new()
+                    .name(format!("vramscope-rank{rank}"))
+                    .spawn_scoped(s, move || {
+                        let spec = RankSpec {
+                            rank,
+                            size: n,
+                            group: group.clone(),
+                        };
+                        let r = run_rank(req, None, cancel, Some(spec));
+                        if let Err(e) = &r {
+                            group.abort(rank, &e.to_string());
+                        }
+                        r
+                    })
+            })
+            .collect();
+        let spec = RankSpec {
+            rank: 0,
+            size: n,
+            group: group.clone(),
+        };
+        let first = run_rank(req, sink, cancel.clone(), Some(spec));
+        if let Err(e) = &first {
+            group.abort(0, &e.to_string());
+        }
+        let mut all = vec![first];
+        for (i, h) in handles.into_iter().enumerate() {
+            all.push(match h {
+                Ok(h) => h.join().unwrap_or_else(|_| {
+                    Err(Error::Request(format!(
+                        "tensor-parallel rank {} stopped unexpectedly",
+                        i + 1
+                    )))
+                }),
+                Err(e) => Err(Error::Request(format!(
+                    "could not start tensor-parallel rank {}: {e}",
+                    i + 1
+                ))),
+            });
+        }
+        all
+    });
+    let mut reports = Vec::with_capacity(n);
+    let mut errors = Vec::new();
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(rep) => reports.push(rep),
+            Err(e) => errors.push((rank, e)),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(root_error(errors));
+    }
+    Ok(combine(reports))
+}
+
+/// The fewest blocks and the lowest rank that has them.
+fn engine_min(key: &str, title: &str, blocks: Vec<u64>) -> EngineBudget {
+    let (binding, min) = blocks
+        .iter()
+        .copied()
+        .enumerate()
+        .min_by_key(|&(r, b)| (b, r))
+        .unwrap_or((0, 0));
+    EngineBudget {
+        key: key.into(),
+        title: title.into(),
+        kv_blocks: min,
+        binding_rank: binding as u32,
+        rank_blocks: blocks,
+    }
+}
+
+/// The instance's report: the engine's budget per formula, and the rank that binds #9516's at
+/// the top level with every rank's report under `ranks`.
+pub(crate) fn combine(reports: Vec<Report>) -> Report {
+    let mut engine: Vec<EngineBudget> = FormulaId::ALL
+        .iter()
+        .map(|&id| {
+            let blocks = reports
+                .iter()
+                .map(|r| r.formula(id).map_or(0, |f| f.kv_blocks))
+                .collect();
+            engine_min(id.key(), id.title(), blocks)
+        })
+        .collect();
+    engine.push(engine_min(
+        "truth",
+        "measured truth",
+        reports.iter().map(|r| r.truth.kv_blocks).collect(),
+    ));
+    let binding = engine
+        .iter()
+        .find(|e| e.key == FormulaId::Pr9516.key())
+        .map_or(0, |e| e.binding_rank as usize);
+    let mut top = reports[binding].clone();
+    top.tp = reports.len() as u32;
+    top.ranks = reports;
+    top.engine = engine;
+    top
+}
