@@ -30,11 +30,16 @@ pub fn all_reduce(rt: &Runtime, x: Tensor, name: &str) -> Result<Tensor> {
     rt.check_cancel()?;
     rt.set_op("all_reduce");
     let out_of_place = tp.custom_ar_takes(x.nbytes());
-    if !out_of_place {
-        rt.ensure_comm(CommSetup::DeviceGroup)?;
-    }
     let mut out = if out_of_place {
         Some(rt.tensor(name, Category::Activation, &x.shape, x.dtype)?)
+    } else {
+        None
+    };
+    // vLLM's custom all-reduce moves data through buffers it made at start (no NCCL); on a
+    // GPU vramscope sums those through NCCL as well, so its communicator may appear earlier
+    // there than in vLLM.
+    let first = if !out_of_place || rt.backend() == Backend::Cuda {
+        rt.comm_begin(CommSetup::DeviceGroup)?
     } else {
         None
     };
@@ -49,6 +54,7 @@ pub fn all_reduce(rt: &Runtime, x: Tensor, name: &str) -> Result<Tensor> {
                 None => {
                     let mut x = x;
                     x.f32_mut().copy_from_slice(&v);
+                    rt.comm_end(first)?;
                     return Ok(x);
                 }
             }
@@ -60,6 +66,7 @@ pub fn all_reduce(rt: &Runtime, x: Tensor, name: &str) -> Result<Tensor> {
             cuda(rt, |c| c.all_reduce_sum(&x, out.as_mut(), &tp))?;
         }
     }
+    rt.comm_end(first)?;
     Ok(match out {
         Some(o) => {
             drop(x);
@@ -169,7 +176,11 @@ pub fn gather_logits(rt: &Runtime, shard: Tensor) -> Result<Option<Tensor>> {
     } else {
         Vec::new()
     };
-    rt.ensure_comm(CommSetup::GatherP2p)?;
+    // torch's gather runs on the device group's communicator (made here if no NCCL
+    // all-reduce came first), and opens point-to-point connections at its first call.
+    let group_first = rt.comm_begin(CommSetup::DeviceGroup)?;
+    rt.comm_end(group_first)?;
+    let first = rt.comm_begin(CommSetup::GatherP2p)?;
     let mut parts = parts;
     match rt.backend() {
         Backend::Dry => {}
@@ -190,6 +201,7 @@ pub fn gather_logits(rt: &Runtime, shard: Tensor) -> Result<Option<Tensor>> {
             cuda(rt, |c| c.gather_to_first(&shard, &mut parts, &tp))?
         }
     }
+    rt.comm_end(first)?;
     drop(shard);
     if tp.rank != 0 {
         return Ok(None);

@@ -89,6 +89,16 @@ impl SegmentSource for Capped<'_> {
     }
 }
 
+/// A collective library's first use on this rank, between `comm_begin` and `comm_end`.
+#[must_use]
+pub struct CommFirstUse {
+    setup: crate::device::group::CommSetup,
+    /// This process's device memory before it (GPU).
+    before: u64,
+    /// The simulated device's modelled bytes (taken at `comm_begin`).
+    modelled: Option<u64>,
+}
+
 /// Device and allocator numbers at one moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Snapshot {
@@ -411,28 +421,67 @@ impl Runtime {
         self.0.borrow().tp.clone()
     }
 
-    /// Sets up `setup` the first time it is needed on this rank (NCCL's communicator and
-    /// buffers), logging the device memory it took outside the framework as its own entry.
-    pub fn ensure_comm(&self, setup: crate::device::group::CommSetup) -> Result<()> {
+    /// Starts the first use of `setup` on this rank (NCCL's communicator and the buffers its
+    /// first collective connects). Call `comm_end` with the result after the collective: the
+    /// device memory taken outside the framework is logged then, as its own entry. The
+    /// simulated device takes what `group::NCCL_MODEL` says; a GPU runs NCCL and NVML tells
+    /// what this process took across the whole first use.
+    pub fn comm_begin(
+        &self,
+        setup: crate::device::group::CommSetup,
+    ) -> Result<Option<CommFirstUse>> {
         let Some(tp) = self.tp() else {
-            return Ok(());
+            return Ok(None);
         };
         if self.0.borrow().comms.contains(&setup) {
-            return Ok(());
+            return Ok(None);
         }
         let mut i = self.0.borrow_mut();
-        let (bytes, held) = i.device.comm_setup(setup, &tp)?;
+        i.device.synchronize()?;
+        let before = i.device.process_used();
+        let held = i.device.comm_setup(setup, &tp)?;
         i.comms.push(setup);
-        i.comm_memory.extend(held);
+        let modelled = held.map(|h| {
+            let b = h.bytes;
+            i.comm_memory.push(h);
+            b
+        });
+        Ok(Some(CommFirstUse {
+            setup,
+            before,
+            modelled,
+        }))
+    }
+
+    /// Ends the first use `comm_begin` started, logging the bytes it took.
+    pub fn comm_end(&self, first: Option<CommFirstUse>) -> Result<()> {
+        let Some(f) = first else {
+            return Ok(());
+        };
+        let mut i = self.0.borrow_mut();
+        let bytes = match f.modelled {
+            Some(b) => b,
+            None => {
+                i.device.synchronize()?;
+                i.device.process_used().saturating_sub(f.before)
+            }
+        };
         i.refresh_device();
         i.push_event(
             EventKind::OutsideAlloc,
-            setup.label(),
+            f.setup.label(),
             Category::NonFramework,
             bytes,
             None,
         );
         Ok(())
+    }
+
+    /// `comm_begin` and `comm_end` around nothing: a setup that is complete by itself (the
+    /// PyNcclCommunicator with its warm-up).
+    pub fn ensure_comm(&self, setup: crate::device::group::CommSetup) -> Result<()> {
+        let first = self.comm_begin(setup)?;
+        self.comm_end(first)
     }
 
     /// Records a zero-byte marker (checkpoint, pass boundary) on the timeline.

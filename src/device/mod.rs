@@ -328,21 +328,22 @@ impl Device {
     }
 
     /// Sets up what a collective library needs the first time `setup` is asked for on this
-    /// rank, and returns the device memory it took outside the framework: the simulated
-    /// device takes what `group::NCCL_MODEL` says (kept for the instance's life); a GPU runs
-    /// NCCL for real and returns what NVML saw this process take.
+    /// rank: the simulated device takes what `group::NCCL_MODEL` says (kept for the
+    /// instance's life, returned); a GPU makes the NCCL communicator (the runtime measures).
     pub fn comm_setup(
         &mut self,
         setup: group::CommSetup,
         tp: &group::TpRank,
-    ) -> Result<(u64, Option<OutsideAlloc>)> {
+    ) -> Result<Option<OutsideAlloc>> {
         match self {
             Device::Sim(_) => {
                 let bytes = group::NCCL_MODEL.bytes(setup, tp.rank, tp.size);
-                let held = self.alloc_outside(bytes)?;
-                Ok((held.bytes, Some(held)))
+                Ok(Some(self.alloc_outside(bytes)?))
             }
-            Device::Cuda(c) => Ok((c.comm_setup(setup, tp)?, None)),
+            Device::Cuda(c) => {
+                c.comm_setup(setup, tp)?;
+                Ok(None)
+            }
         }
     }
 

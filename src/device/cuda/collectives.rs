@@ -104,11 +104,8 @@ impl CudaDevice {
         })
     }
 
-    /// Makes what `setup` needs and returns the device memory NVML saw this process take for
-    /// it (the communicator's state and the buffers its first use connects).
-    pub fn comm_setup(&mut self, setup: CommSetup, tp: &TpRank) -> Result<u64> {
-        self.synchronize()?;
-        let before = self.process_used();
+    /// Makes what `setup` needs; the caller measures across it and the first collective.
+    pub fn comm_setup(&mut self, setup: CommSetup, tp: &TpRank) -> Result<()> {
         match setup {
             CommSetup::PyncclInit => {
                 let comm = self.new_comm(tp)?;
@@ -136,8 +133,7 @@ impl CudaDevice {
             // The connections open inside the first gather itself.
             CommSetup::GatherP2p => {}
         }
-        self.synchronize()?;
-        Ok(self.process_used().saturating_sub(before))
+        Ok(())
     }
 
     fn device_group(&self) -> Result<nccl::Comm> {
@@ -156,16 +152,7 @@ impl CudaDevice {
     ) -> Result<()> {
         let dt = nccl_dtype(x.dtype)
             .ok_or_else(|| self.err("all_reduce", format!("{} is not a float", x.name)))?;
-        let comm = match self.comms.device_group {
-            Some(c) => c,
-            // The custom all-reduce path never made the device group: a communicator of its
-            // own stands in for vLLM's IPC buffers.
-            None => {
-                let c = self.new_comm(tp)?;
-                self.comms.device_group = Some(c);
-                c
-            }
-        };
+        let comm = self.device_group()?;
         let send = x.cuda_ptr();
         let recv = out.map_or(send, |o| o.cuda_ptr());
         // SAFETY: both buffers hold `numel` elements of `x`'s dtype on this device.
