@@ -54,6 +54,21 @@ PY
 }
 
 case $PHASE in
+tp2)
+  # The GPU tests after the CUDA backend was split into files, and NCCL's memory measured
+  # across each communicator's first collective.
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  mkdir -p /work/main/target/release && ln -sf "$PWD/$B" /work/main/target/release/vramscope
+  run "$G/cuda-tests" --ignored --test-threads 1
+  run "$G/cuda-opt-tests" --ignored --test-threads 1
+  for q in fp16 int8; do
+    run "$B" profile --model preset:llama-3-8b --quant $q --device cuda:0 --tp 2 -q --json /tmp/tp2-$q.json --png "$O/tp2-$q.png"
+    summtp /tmp/tp2-$q.json
+    gzip -c /tmp/tp2-$q.json > "$O/tp2-$q.json.gz"
+  done
+  run "$B" profile --model preset:llama-3-8b --quant fp16 --device cuda:0 -q --json /tmp/tp1-fp16.json
+  summtp /tmp/tp1-fp16.json
+  ;;
 tp)
   # Issue 11 on two GPUs: NCCL between ranks, per-rank memory against the dry run, logits of
   # --tp 2 against --tp 1, pass time at 8192 tokens, the all-reduce share of it.

@@ -257,29 +257,42 @@ impl CommSetup {
 }
 
 /// NCCL's device memory per rank, outside any allocator, as measured on two H200s over
-/// NVLink with NCCL 2.28 (docs/gpu-runs.md run 32): a communicator's first collective takes
-/// 840 MiB (its 10 MiB shareable buffers, one per protocol set per channel and peer, over 24
-/// channels, and the communicator's own state); `gather` to rank 0 adds 382 MiB on the
-/// receiver and 126 MiB on the sender. The amount did not grow with the message size. For
-/// more than two ranks the receiver's share is taken per peer (an assumption: not measured).
+/// NVLink (NVLink SHARP off) with NCCL 2.28, one rank per GPU (docs/gpu-runs.md runs 32 and
+/// 34):
+/// - a process's first communicator, made and used once (vLLM's PyNcclCommunicator and its
+///   warm-up all-reduce): 862 MiB. Run 32 saw 840 MiB for PyTorch's communicator alone in its
+///   own process. NCCL's log there showed 24 collective channels and its buffers as 10 MiB
+///   shareable allocations (per connection: LL 512 KiB + LL128 4.7 MiB + Simple 4 MiB, rounded
+///   up to the 2 MiB granularity of `cuMem`), plus the communicator's own state;
+/// - a second communicator of the same process (torch.distributed's device group) at its
+///   first all-reduce: 486 MiB (part of NCCL's state is per process, not per communicator);
+/// - `gather` to rank 0 opening point-to-point connections (32 channels per peer, 512 KiB
+///   chunks): 382 MiB on the receiver, 126 MiB on each sender (the same in runs 32 and 34).
+///
+/// None of it grew with the message size. For more than two ranks the communicators are
+/// taken as measured (a ring or chain connects each rank to two peers whatever the count)
+/// and the receiver's share of the gather per peer: assumptions, not measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NcclModel {
-    pub communicator_bytes: u64,
+    pub first_communicator_bytes: u64,
+    pub second_communicator_bytes: u64,
     pub p2p_receiver_bytes_per_peer: u64,
     pub p2p_sender_bytes: u64,
 }
 
 pub const NCCL_MODEL: NcclModel = NcclModel {
-    communicator_bytes: 840 << 20,
-    p2p_receiver_bytes_per_peer: 382 << 20,
-    p2p_sender_bytes: 126 << 20,
+    first_communicator_bytes: 903_872_512,
+    second_communicator_bytes: 509_607_936,
+    p2p_receiver_bytes_per_peer: 400_556_032,
+    p2p_sender_bytes: 132_120_576,
 };
 
 impl NcclModel {
     /// Bytes `setup` takes on `rank` of `size` ranks.
     pub fn bytes(&self, setup: CommSetup, rank: usize, size: usize) -> u64 {
         match setup {
-            CommSetup::PyncclInit | CommSetup::DeviceGroup => self.communicator_bytes,
+            CommSetup::PyncclInit => self.first_communicator_bytes,
+            CommSetup::DeviceGroup => self.second_communicator_bytes,
             CommSetup::GatherP2p if rank == 0 => {
                 self.p2p_receiver_bytes_per_peer * (size.saturating_sub(1)) as u64
             }

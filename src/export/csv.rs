@@ -14,9 +14,41 @@ fn csv_err(path: &Path, e: impl std::fmt::Display) -> Error {
     }
 }
 
+/// Writes records with the tensor-parallel rank they belong to as a last column (0 with one
+/// GPU), so one file holds every rank.
+struct RankRows<'a> {
+    w: &'a mut csv::Writer<Vec<u8>>,
+    rank: u32,
+}
+
+impl RankRows<'_> {
+    fn write_record<I, T>(&mut self, record: I) -> std::result::Result<(), csv::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: AsRef<str>,
+    {
+        let mut v: Vec<String> = record.into_iter().map(|x| x.as_ref().to_string()).collect();
+        v.push(self.rank.to_string());
+        self.w.write_record(&v)
+    }
+}
+
+/// The report of each rank (the report itself with one GPU).
+fn each_rank(report: &Report) -> Vec<&Report> {
+    if report.ranks.is_empty() {
+        vec![report]
+    } else {
+        report.ranks.iter().collect()
+    }
+}
+
 pub fn timeline_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Error> {
-    let mut w = csv::Writer::from_writer(Vec::new());
-    w.write_record([
+    let mut out = csv::Writer::from_writer(Vec::new());
+    let mut w = RankRows {
+        w: &mut out,
+        rank: 0,
+    };
+    w.w.write_record([
         "seq",
         "time_us",
         "pass",
@@ -30,33 +62,41 @@ pub fn timeline_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Erro
         "reserved",
         "device_used",
         "process_used",
+        "rank",
     ])?;
-    for e in &report.events {
-        w.write_record([
-            e.seq.to_string(),
-            e.time_us.to_string(),
-            e.pass.to_string(),
-            serde_json::to_value(e.kind)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default(),
-            e.op.clone(),
-            e.layer.map(|l| l.to_string()).unwrap_or_default(),
-            e.tensor.clone(),
-            e.category.label().to_string(),
-            e.bytes.to_string(),
-            e.allocated.to_string(),
-            e.reserved.to_string(),
-            e.device_used.to_string(),
-            e.process_used.to_string(),
-        ])?;
+    for r in each_rank(report) {
+        w.rank = r.rank;
+        for e in &r.events {
+            w.write_record([
+                e.seq.to_string(),
+                e.time_us.to_string(),
+                e.pass.to_string(),
+                serde_json::to_value(e.kind)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default(),
+                e.op.clone(),
+                e.layer.map(|l| l.to_string()).unwrap_or_default(),
+                e.tensor.clone(),
+                e.category.label().to_string(),
+                e.bytes.to_string(),
+                e.allocated.to_string(),
+                e.reserved.to_string(),
+                e.device_used.to_string(),
+                e.process_used.to_string(),
+            ])?;
+        }
     }
-    w.into_inner().map_err(|e| e.into_error().into())
+    out.into_inner().map_err(|e| e.into_error().into())
 }
 
 pub fn summary_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Error> {
-    let mut w = csv::Writer::from_writer(Vec::new());
-    w.write_record([
+    let mut out = csv::Writer::from_writer(Vec::new());
+    let mut w = RankRows {
+        w: &mut out,
+        rank: 0,
+    };
+    w.w.write_record([
         "id",
         "title",
         "torch_peak_bytes",
@@ -75,7 +115,33 @@ pub fn summary_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Error
         "simulated",
         "bytes",
         "freed_bytes",
+        "rank",
     ])?;
+    for r in each_rank(report) {
+        w.rank = r.rank;
+        summary_rows(r, &mut w)?;
+    }
+    // With tensor parallel, what the engine takes: the fewest blocks over the ranks, per
+    // formula, in `kv_blocks`; the rank column names the rank that sets it.
+    for e in &report.engine {
+        w.rank = e.binding_rank;
+        let mut row = vec![
+            format!("engine_{}", e.key),
+            format!(
+                "{}: fewest blocks over {} ranks {:?}",
+                e.title, report.tp, e.rank_blocks
+            ),
+        ];
+        row.extend(std::iter::repeat_n(String::new(), 5));
+        row.push(e.kv_blocks.to_string());
+        row.extend(std::iter::repeat_n(String::new(), 10));
+        w.write_record(row)?;
+    }
+    out.into_inner().map_err(|e| e.into_error().into())
+}
+
+/// One report's rows: a row per formula, the truth, then who owns the peak.
+fn summary_rows(report: &Report, w: &mut RankRows) -> std::result::Result<(), csv::Error> {
     let sim = report.device.simulated.to_string();
     for f in &report.formulas {
         let v = f.verify.as_ref();
@@ -174,7 +240,7 @@ pub fn summary_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Error
             Some(l.freed_bytes),
         )?;
     }
-    w.into_inner().map_err(|e| e.into_error().into())
+    Ok(())
 }
 
 /// The summary file that goes beside a timeline file: `run.csv` → `run.summary.csv`.

@@ -21,6 +21,17 @@ use crate::units::{fmt_i, fmt_u, GIB};
 
 pub const WIDTH: u32 = 1600;
 pub const HEIGHT: u32 = 1000;
+/// The band of small multiples a tensor-parallel report adds below, one column per rank.
+pub const RANKS_HEIGHT: u32 = 300;
+
+/// The image's height: taller by the ranks' band with tensor parallel.
+pub fn height(report: &Report) -> u32 {
+    if report.ranks.len() > 1 {
+        HEIGHT + RANKS_HEIGHT
+    } else {
+        HEIGHT
+    }
+}
 const FONT: &str = "vramscope-sans";
 
 fn register_font() {
@@ -57,10 +68,15 @@ pub fn render_rgb(report: &Report) -> std::result::Result<Vec<u8>, String> {
 /// `render_rgb` with the analysis already made (the app has it at hand).
 pub fn render_rgb_with(report: &Report, a: &Analysis) -> std::result::Result<Vec<u8>, String> {
     register_font();
-    let mut buf = vec![255u8; (WIDTH * HEIGHT * 3) as usize];
+    let h = height(report);
+    let mut buf = vec![255u8; (WIDTH * h * 3) as usize];
     {
-        let root = BitMapBackend::with_buffer(&mut buf, (WIDTH, HEIGHT)).into_drawing_area();
-        root.fill(&WHITE).map_err(draw_err)?;
+        let all = BitMapBackend::with_buffer(&mut buf, (WIDTH, h)).into_drawing_area();
+        all.fill(&WHITE).map_err(draw_err)?;
+        let (root, ranks) = all.split_vertically(HEIGHT);
+        if report.ranks.len() > 1 {
+            draw_ranks(&ranks, report)?;
+        }
         let (header, body) = root.split_vertically(96);
         draw_header(&header, report)?;
         let (left, right) = body.split_horizontally(1010);
@@ -72,7 +88,7 @@ pub fn render_rgb_with(report: &Report, a: &Analysis) -> std::result::Result<Vec
         let (water, table) = waterfall_and_table.split_vertically(300);
         draw_waterfall(&water, report, a)?;
         draw_table(&table, report)?;
-        root.present().map_err(draw_err)?;
+        all.present().map_err(draw_err)?;
     }
     Ok(buf)
 }
@@ -83,8 +99,8 @@ pub fn render_png(report: &Report) -> std::result::Result<Vec<u8>, String> {
 }
 
 fn encode(rgb: Vec<u8>) -> std::result::Result<Vec<u8>, String> {
-    let img =
-        image::RgbImage::from_raw(WIDTH, HEIGHT, rgb).ok_or("pixel buffer has the wrong size")?;
+    let h = (rgb.len() / (WIDTH as usize * 3)) as u32;
+    let img = image::RgbImage::from_raw(WIDTH, h, rgb).ok_or("pixel buffer has the wrong size")?;
     let mut out = std::io::Cursor::new(Vec::new());
     img.write_to(&mut out, image::ImageFormat::Png)
         .map_err(draw_err)?;
@@ -98,6 +114,123 @@ pub fn write(report: &Report, path: &Path) -> Result<()> {
         problem,
     })?;
     super::atomic_write(path, &bytes)
+}
+
+/// Every rank of a tensor-parallel report side by side: framework allocated and this
+/// process's device memory over the profile (same scale for all), NCCL's entries, the truth,
+/// the new formula and its blocks; the rank that binds the engine's budget framed.
+fn draw_ranks(area: &Area, r: &Report) -> std::result::Result<(), String> {
+    let n = r.ranks.len();
+    let (w, h) = area.dim_in_pixel();
+    let col = w as i32 / n as i32;
+    let binding = r
+        .engine
+        .iter()
+        .find(|e| e.key == FormulaId::Pr9516.key())
+        .map(|e| (e.binding_rank, e.kv_blocks));
+    area.draw(&PathElement::new(
+        vec![(0, 1), (w as i32, 1)],
+        BLACK.stroke_width(1),
+    ))
+    .map_err(draw_err)?;
+    let y_max = r
+        .ranks
+        .iter()
+        .flat_map(|k| k.events.iter().map(|e| e.process_used.max(e.reserved)))
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    for (i, k) in r.ranks.iter().enumerate() {
+        let x0 = i as i32 * col;
+        let binds = binding.is_some_and(|(b, _)| b == k.rank);
+        if binds {
+            area.draw(&Rectangle::new(
+                [(x0 + 3, 6), (x0 + col - 3, h as i32 - 3)],
+                ShapeStyle::from(&c(palette::NEW)).stroke_width(3),
+            ))
+            .map_err(draw_err)?;
+        }
+        let title = format!(
+            "rank {} · {}{}",
+            k.rank,
+            k.device.spec,
+            if binds {
+                " · sets the engine's budget"
+            } else {
+                ""
+            }
+        );
+        area.draw_text(&title, &text(17), (x0 + 12, 12))
+            .map_err(draw_err)?;
+        // The profile part of the rank's timeline, as lines over event order.
+        let end = k
+            .events
+            .iter()
+            .position(|e| e.kind == crate::memory::EventKind::Marker && e.tensor == "t3")
+            .map_or(k.events.len(), |p| p + 1)
+            .max(2);
+        let (px, py, pw, ph) = (x0 + 12, 40, col - 24, 130);
+        area.draw(&Rectangle::new(
+            [(px, py), (px + pw, py + ph)],
+            ShapeStyle::from(&RGBColor(200, 200, 200)).stroke_width(1),
+        ))
+        .map_err(draw_err)?;
+        for (get, colour) in [
+            (
+                (|e: &crate::memory::Event| e.process_used) as fn(&crate::memory::Event) -> u64,
+                palette::PROCESS_USED,
+            ),
+            (|e: &crate::memory::Event| e.allocated, palette::ALLOCATED),
+        ] {
+            let step = (end / pw.max(1) as usize).max(1);
+            let pts: Vec<(i32, i32)> = k.events[..end]
+                .iter()
+                .enumerate()
+                .step_by(step)
+                .map(|(j, e)| {
+                    (
+                        px + (j as f64 / end as f64 * pw as f64) as i32,
+                        py + ph - (get(e) as f64 / y_max * ph as f64) as i32,
+                    )
+                })
+                .collect();
+            area.draw(&PathElement::new(pts, c(colour).stroke_width(2)))
+                .map_err(draw_err)?;
+        }
+        let nccl: u64 = k
+            .events
+            .iter()
+            .filter(|e| {
+                e.kind == crate::memory::EventKind::OutsideAlloc && e.tensor.starts_with("nccl")
+            })
+            .map(|e| e.bytes)
+            .sum();
+        let new = k.formula(FormulaId::Pr9516);
+        let lines = [
+            format!(
+                "weights {}   framework peak {}",
+                fmt_u(k.weights_bytes),
+                fmt_u(k.checkpoints.t2.allocated_peak)
+            ),
+            format!("NCCL outside the framework {}", fmt_u(nccl)),
+            format!(
+                "truth non-KV {}   #9516 non-KV {} ({})",
+                fmt_i(k.truth.non_kv_bytes),
+                new.map_or(String::new(), |f| fmt_i(f.non_kv_bytes)),
+                new.map_or(String::new(), |f| format!("error {}", fmt_i(f.error_bytes)))
+            ),
+            format!(
+                "#9516: {} blocks here{}",
+                new.map_or(0, |f| f.kv_blocks),
+                binding.map_or(String::new(), |(_, b)| format!("; the engine takes {b}"))
+            ),
+        ];
+        for (j, l) in lines.iter().enumerate() {
+            area.draw_text(l, &text(15), (x0 + 12, 180 + j as i32 * 24))
+                .map_err(draw_err)?;
+        }
+    }
+    Ok(())
 }
 
 fn draw_header(area: &Area, r: &Report) -> std::result::Result<(), String> {
@@ -125,6 +258,14 @@ fn draw_header(area: &Area, r: &Report) -> std::result::Result<(), String> {
         fmt_u(r.weights_bytes),
         r.event_count
     );
+    let sub = if r.tp > 1 {
+        format!(
+            "tensor parallel over {} GPUs: rank {} shown (it sets #9516's budget), every rank below  |  {sub}",
+            r.tp, r.rank
+        )
+    } else {
+        sub
+    };
     area.draw_text(&sub, &text(18).color(&RGBColor(70, 70, 70)), (24, 58))
         .map_err(draw_err)?;
     Ok(())

@@ -161,6 +161,8 @@ pub struct VramscopeApp {
     progress: RunProgress,
     live_events: Vec<Event>,
     report: Option<Arc<Report>>,
+    /// A tensor-parallel run's whole report (every rank), while `report` shows one rank.
+    instance: Option<Arc<Report>>,
     /// Lifetimes, kept tensors and peak owners of `report`.
     analysis: Option<Arc<Analysis>>,
     generation: u64,
@@ -223,6 +225,7 @@ impl VramscopeApp {
             progress: RunProgress::default(),
             live_events: Vec::new(),
             report: None,
+            instance: None,
             analysis: None,
             generation: 0,
             tab: CentralTab::Lifetimes,
@@ -322,10 +325,97 @@ impl VramscopeApp {
     }
 
     fn set_report(&mut self, report: Arc<Report>, analysis: Arc<Analysis>) {
+        self.instance = (!report.ranks.is_empty()).then(|| report.clone());
         self.report = Some(report);
         self.analysis = Some(analysis);
         self.live_events = Vec::new();
         self.generation += 1;
+    }
+
+    /// With tensor parallel: shows rank `k`'s own report in every view (the exports keep the
+    /// whole instance).
+    pub fn show_rank(&mut self, k: u32) {
+        let Some(inst) = &self.instance else { return };
+        let Some(r) = inst.ranks.iter().find(|r| r.rank == k) else {
+            return;
+        };
+        let mut r = r.clone();
+        // The rank's views still know the instance (its engine budget, how many ranks).
+        r.tp = inst.tp;
+        r.engine = inst.engine.clone();
+        let a = Arc::new(Analysis::of(&r));
+        self.report = Some(Arc::new(r));
+        self.analysis = Some(a);
+        self.generation += 1;
+    }
+
+    /// The rank the views show (0 with one GPU).
+    pub fn shown_rank(&self) -> u32 {
+        self.report.as_ref().map_or(0, |r| r.rank)
+    }
+
+    /// What the exports write: the whole instance with tensor parallel, else the report.
+    fn export_report(&self) -> Option<Arc<Report>> {
+        self.instance.clone().or_else(|| self.report.clone())
+    }
+
+    /// One row per rank, the rank the engine's #9516 budget comes from marked; a click shows
+    /// that rank in the views.
+    fn ranks_ui(&mut self, ui: &mut egui::Ui) {
+        let Some(inst) = self.instance.clone() else {
+            return;
+        };
+        let shown = self.shown_rank();
+        let new = inst
+            .engine
+            .iter()
+            .find(|e| e.key == crate::profile::formulas::FormulaId::Pr9516.key());
+        ui.horizontal_wrapped(|ui| {
+            ui.label(format!("Tensor parallel over {} GPUs:", inst.tp));
+            for k in &inst.ranks {
+                let binds = new.is_some_and(|e| e.binding_rank == k.rank);
+                let nccl: u64 = k
+                    .events
+                    .iter()
+                    .filter(|e| {
+                        e.kind == crate::memory::EventKind::OutsideAlloc
+                            && e.tensor.starts_with("nccl")
+                    })
+                    .map(|e| e.bytes)
+                    .sum();
+                let blocks = k
+                    .formula(crate::profile::formulas::FormulaId::Pr9516)
+                    .map_or(0, |f| f.kv_blocks);
+                let text = format!(
+                    "{}rank {} ({}): peak {}, NCCL {}, #9516 {} blocks",
+                    if binds { "★ " } else { "" },
+                    k.rank,
+                    k.device.spec,
+                    crate::units::fmt_u(k.checkpoints.t2.allocated_peak),
+                    crate::units::fmt_u(nccl),
+                    blocks
+                );
+                let rt = if binds {
+                    egui::RichText::new(text).strong()
+                } else {
+                    egui::RichText::new(text)
+                };
+                if ui
+                    .selectable_label(shown == k.rank, rt)
+                    .on_hover_text(if binds {
+                        "This rank has the fewest KV blocks under #9516: the engine takes its count for every rank."
+                    } else {
+                        "Show this rank in the views."
+                    })
+                    .clicked()
+                {
+                    self.show_rank(k.rank);
+                }
+            }
+            if let Some(e) = new {
+                ui.label(format!("→ the engine takes {} blocks", e.kv_blocks));
+            }
+        });
     }
 
     /// Lifetimes, kept tensors and peak owners of the shown report.
@@ -445,7 +535,7 @@ impl VramscopeApp {
     /// Ctrl+S: the same headless report the CLI's `--png` writes (export::png), never a
     /// capture of the window; written off the UI thread.
     pub fn save_png(&mut self) {
-        let Some(r) = self.report.clone() else {
+        let Some(r) = self.export_report() else {
             self.error("Nothing to save yet: run a profile or open a session first.".into());
             return;
         };
@@ -461,7 +551,7 @@ impl VramscopeApp {
     }
 
     pub fn save_csv(&mut self) {
-        let Some(r) = self.report.clone() else {
+        let Some(r) = self.export_report() else {
             self.error("Nothing to save yet: run a profile or open a session first.".into());
             return;
         };
@@ -477,7 +567,7 @@ impl VramscopeApp {
     }
 
     pub fn save_session(&mut self) {
-        let Some(r) = self.report.clone() else {
+        let Some(r) = self.export_report() else {
             self.error("Nothing to save yet: run a profile or open a session first.".into());
             return;
         };
@@ -860,6 +950,13 @@ impl eframe::App for VramscopeApp {
             self.toolbar(ui);
             ui.add_space(4.0);
         });
+        if self.instance.is_some() {
+            egui::Panel::top("ranks").show(ui, |ui| {
+                ui.add_space(2.0);
+                self.ranks_ui(ui);
+                ui.add_space(2.0);
+            });
+        }
         // The banner floats over the top of the views: showing or dismissing it never moves
         // the layout.
         if self.banner.is_some() {

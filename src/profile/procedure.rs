@@ -512,6 +512,10 @@ pub(crate) fn run_rank(
         (_, None) => unreachable!("non-synthetic models are opened above"),
     };
     let weights_bytes = rt.stats().allocated - before_load;
+    let weights_tensor_bytes = match &work {
+        Workload::Model { model, .. } => model.weight_bytes(),
+        Workload::Synthetic { .. } => weights_bytes,
+    };
     rt.empty_cache();
     rt.reset_peak();
     let t1 = checkpoint(&rt, "t1");
@@ -708,6 +712,7 @@ pub(crate) fn run_rank(
         settings: req.clone(),
         checkpoints: cps,
         weights_bytes,
+        weights_tensor_bytes,
         kv_geometry: geometry,
         formulas: results,
         truth,

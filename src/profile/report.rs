@@ -145,6 +145,10 @@ pub struct Report {
     pub checkpoints: Checkpoints,
     /// W: framework allocated after the load minus before.
     pub weights_bytes: u64,
+    /// The weight tensors' own sizes, summed (W less the allocator's rounding: PyTorch keeps a
+    /// large block whole when splitting would leave 1 MiB or less of its segment).
+    #[serde(default)]
+    pub weights_tensor_bytes: u64,
     pub kv_geometry: KvGeometry,
     pub formulas: Vec<FormulaResult>,
     pub truth: Truth,

@@ -315,6 +315,7 @@ impl DeviceTimeline {
             sample_rate_hz: None,
             tp: 1,
             rank: 0,
+            weights_tensor_bytes: 0,
             ranks: Vec::new(),
             engine: Vec::new(),
         }
