@@ -133,13 +133,32 @@ fn draw_ranks(area: &Area, r: &Report) -> std::result::Result<(), String> {
         BLACK.stroke_width(1),
     ))
     .map_err(draw_err)?;
+    let title = format!(
+        "Tensor parallel over {n} GPUs: above is rank {}, the rank with the fewest #9516 blocks (the engine takes that count for every rank). Each rank, t0 to t3: black this process's device memory, blue framework allocated.",
+        r.rank
+    );
+    area.draw_text(&title, &text(16), (12, 10))
+        .map_err(draw_err)?;
+    // The profile part of each rank (t0..t3), on one scale.
+    let profile_end = |k: &Report| -> usize {
+        k.events
+            .iter()
+            .position(|e| e.kind == crate::memory::EventKind::Marker && e.tensor == "t3")
+            .map_or(k.events.len(), |p| p + 1)
+    };
     let y_max = r
         .ranks
         .iter()
-        .flat_map(|k| k.events.iter().map(|e| e.process_used.max(e.reserved)))
+        .flat_map(|k| {
+            k.events[..profile_end(k)]
+                .iter()
+                .map(|e| e.process_used.max(e.reserved))
+        })
         .max()
         .unwrap_or(1)
         .max(1) as f64;
+    let area = area.margin(36, 0, 0, 0);
+    let h = h.saturating_sub(36);
     for (i, k) in r.ranks.iter().enumerate() {
         let x0 = i as i32 * col;
         let binds = binding.is_some_and(|(b, _)| b == k.rank);
@@ -163,13 +182,14 @@ fn draw_ranks(area: &Area, r: &Report) -> std::result::Result<(), String> {
         area.draw_text(&title, &text(17), (x0 + 12, 12))
             .map_err(draw_err)?;
         // The profile part of the rank's timeline, as lines over event order.
-        let end = k
-            .events
-            .iter()
-            .position(|e| e.kind == crate::memory::EventKind::Marker && e.tensor == "t3")
-            .map_or(k.events.len(), |p| p + 1)
-            .max(2);
-        let (px, py, pw, ph) = (x0 + 12, 40, col - 24, 130);
+        let end = profile_end(k).max(2);
+        let (px, py, pw, ph) = (x0 + 12, 36, col - 24, 110);
+        area.draw_text(
+            &fmt_u(y_max as u64),
+            &text(13).color(&RGBColor(90, 90, 90)),
+            (px + 4, py + 2),
+        )
+        .map_err(draw_err)?;
         area.draw(&Rectangle::new(
             [(px, py), (px + pw, py + ph)],
             ShapeStyle::from(&RGBColor(200, 200, 200)).stroke_width(1),
@@ -226,7 +246,7 @@ fn draw_ranks(area: &Area, r: &Report) -> std::result::Result<(), String> {
             ),
         ];
         for (j, l) in lines.iter().enumerate() {
-            area.draw_text(l, &text(15), (x0 + 12, 180 + j as i32 * 24))
+            area.draw_text(l, &text(15), (x0 + 12, 154 + j as i32 * 23))
                 .map_err(draw_err)?;
         }
     }
@@ -258,14 +278,6 @@ fn draw_header(area: &Area, r: &Report) -> std::result::Result<(), String> {
         fmt_u(r.weights_bytes),
         r.event_count
     );
-    let sub = if r.tp > 1 {
-        format!(
-            "tensor parallel over {} GPUs: rank {} shown (it sets #9516's budget), every rank below  |  {sub}",
-            r.tp, r.rank
-        )
-    } else {
-        sub
-    };
     area.draw_text(&sub, &text(18).color(&RGBColor(70, 70, 70)), (24, 58))
         .map_err(draw_err)?;
     Ok(())
