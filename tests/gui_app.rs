@@ -754,3 +754,56 @@ fn cancel_in_the_app_lands_within_half_a_second_in_a_4096_token_compute_run() {
         worst.as_secs_f64()
     );
 }
+
+/// Tensor parallel in the app: the setup's control runs two ranks, a row per rank appears with
+/// the binding rank starred, clicking a rank shows its own report, and the views' numbers are
+/// that rank's.
+#[test]
+fn tensor_parallel_ranks_are_shown_and_selectable() {
+    let mut h = harness();
+    h.run_steps(2);
+    h.get_by_role_and_label(Role::ComboBox, "tensor parallel")
+        .click();
+    h.run_steps(2);
+    h.get_by_label("2").click();
+    h.run_steps(2);
+    h.get_by_label("Profile").click();
+    wait_for_run(&mut h, Duration::from_secs(120));
+    assert!(h.state().banner().is_none(), "{:?}", h.state().banner());
+    let r = h.state().report().expect("a report").clone();
+    assert_eq!((r.tp, r.ranks.len()), (2, 2));
+    assert_eq!(h.state().shown_rank(), r.rank);
+    // One row per rank; the one that sets the engine's #9516 budget says so.
+    let binding = r.engine.iter().find(|e| e.key == "pr9516").unwrap();
+    let rows: Vec<String> = (0..2)
+        .map(|k| {
+            h.get_by_label_contains(&format!("rank {k} ("))
+                .accesskit_node()
+                .label()
+                .unwrap_or_default()
+        })
+        .collect();
+    for (k, row) in rows.iter().enumerate() {
+        assert_eq!(
+            row.ends_with("sets the budget"),
+            k as u32 == binding.binding_rank,
+            "{row}"
+        );
+    }
+    let other = 1 - binding.binding_rank;
+    h.get_by_label_contains(&format!("rank {other} (")).click();
+    h.run_steps(3);
+    assert_eq!(h.state().shown_rank(), other);
+    let shown = h.state().report().unwrap().clone();
+    let own = &r.ranks[other as usize];
+    assert_eq!(shown.weights_bytes, own.weights_bytes);
+    let new = shown.formula(FormulaId::Pr9516).unwrap();
+    assert_eq!(
+        new.kv_blocks,
+        own.formula(FormulaId::Pr9516).unwrap().kv_blocks
+    );
+    assert!(
+        shows(&h, &fmt_i(new.non_kv_bytes)),
+        "rank {other}'s #9516 non-KV is not on screen"
+    );
+}

@@ -387,13 +387,13 @@ impl VramscopeApp {
                     .formula(crate::profile::formulas::FormulaId::Pr9516)
                     .map_or(0, |f| f.kv_blocks);
                 let text = format!(
-                    "{}rank {} ({}): peak {}, NCCL {}, #9516 {} blocks",
-                    if binds { "★ " } else { "" },
+                    "rank {} ({}): peak {}, NCCL {}, #9516 {} blocks{}",
                     k.rank,
                     k.device.spec,
                     crate::units::fmt_u(k.checkpoints.t2.allocated_peak),
                     crate::units::fmt_u(nccl),
-                    blocks
+                    blocks,
+                    if binds { " · sets the budget" } else { "" }
                 );
                 let rt = if binds {
                     egui::RichText::new(text).strong()
@@ -413,7 +413,7 @@ impl VramscopeApp {
                 }
             }
             if let Some(e) = new {
-                ui.label(format!("→ the engine takes {} blocks", e.kv_blocks));
+                ui.label(format!("the engine takes {} blocks on every rank", e.kv_blocks));
             }
         });
     }
