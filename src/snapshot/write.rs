@@ -176,7 +176,7 @@ fn export_err(path: &Path, problem: impl Into<String>) -> Error {
 }
 
 /// Segments and their blocks after the last event, from the events' addresses.
-fn end_state(path: &Path, events: &[Event]) -> Result<Vec<OutSegment>> {
+fn end_state(path: &Path, events: &[Event], device: i64) -> Result<Vec<OutSegment>> {
     let mut segments: BTreeMap<u64, u64> = BTreeMap::new();
     let mut blocks: BTreeMap<u64, &Event> = BTreeMap::new();
     for e in events {
@@ -243,7 +243,7 @@ fn end_state(path: &Path, events: &[Event]) -> Result<Vec<OutSegment>> {
             });
         }
         out.push(OutSegment {
-            device: 0,
+            device,
             address: base,
             total_size: size,
             allocated_size: allocated,
@@ -264,12 +264,22 @@ fn end_state(path: &Path, events: &[Event]) -> Result<Vec<OutSegment>> {
     Ok(out)
 }
 
-/// The report's trace as the bytes of a PyTorch memory snapshot (device 0), for an
-/// all-or-nothing set of exports (`export::write_all`); `path` names the target in errors.
+/// The report's trace as the bytes of a PyTorch memory snapshot (device 0; with tensor
+/// parallel, rank k as device k, one trace each, as PyTorch records one process's GPUs), for
+/// an all-or-nothing set of exports (`export::write_all`); `path` names the target in errors.
 pub fn to_bytes(report: &Report, path: &Path) -> Result<Vec<u8>> {
+    let ranks: Vec<&Report> = if report.ranks.is_empty() {
+        vec![report]
+    } else {
+        report.ranks.iter().collect()
+    };
+    let mut segments = Vec::new();
+    for (device, r) in ranks.iter().enumerate() {
+        segments.extend(end_state(path, &r.events, device as i64)?);
+    }
     let snapshot = OutSnapshot {
-        segments: end_state(path, &report.events)?,
-        device_traces: vec![Trace(&report.events)],
+        segments,
+        device_traces: ranks.iter().map(|r| Trace(&r.events)).collect(),
         allocator_settings: OutSettings {
             expandable_segments: false,
         },
