@@ -69,3 +69,33 @@ fn main_views_match_their_snapshots_in_both_themes_at_720p_and_1080p() {
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
+
+/// A tensor-parallel run (Llama-3-70B fp16 over two simulated H100s): the ranks' row and their
+/// small multiples above the views, at 1280x720 where room is scarcest.
+#[test]
+fn tensor_parallel_ranks_match_their_snapshot() {
+    let req = vramscope::ProfileRequest {
+        tp: 2,
+        quant: vramscope::quant::Quant::F16,
+        model: vramscope::model::ModelSource::parse("preset:llama-3-70b").unwrap(),
+        ..SetupForm::default().request().expect("default request")
+    };
+    let mut report = std::thread::spawn(move || {
+        vramscope::profile::run(&req, None, Arc::new(AtomicBool::new(false))).expect("profile")
+    })
+    .join()
+    .expect("profile thread");
+    report.wall_time_s = 0.25;
+    let (w, h) = (1280.0, 720.0);
+    let mut harness = Harness::builder()
+        .with_size(egui::vec2(w, h))
+        .with_theme(egui::Theme::Light)
+        .wgpu()
+        .build_eframe(|cc| VramscopeApp::new(cc));
+    harness
+        .state_mut()
+        .without_gpus("no GPU in this picture (snapshot test)");
+    harness.state_mut().show_report(report);
+    harness.run_steps(4);
+    harness.snapshot_options("tensor_parallel_1280x720_light", &options(w, h));
+}

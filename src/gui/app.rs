@@ -19,6 +19,7 @@ use crate::device::DeviceListing;
 use crate::export;
 use crate::lifetimes::Analysis;
 use crate::memory::Event;
+use crate::palette;
 use crate::profile::Report;
 use crate::progress::{Phase, Progress};
 
@@ -163,6 +164,9 @@ pub struct VramscopeApp {
     report: Option<Arc<Report>>,
     /// A tensor-parallel run's whole report (every rank), while `report` shows one rank.
     instance: Option<Arc<Report>>,
+    /// Per rank of `instance`: this process's device memory and framework allocated over the
+    /// profile (t0..t3), reduced to a few hundred points, in GiB.
+    rank_lines: Vec<[Vec<[f64; 2]>; 2]>,
     /// Lifetimes, kept tensors and peak owners of `report`.
     analysis: Option<Arc<Analysis>>,
     generation: u64,
@@ -226,6 +230,7 @@ impl VramscopeApp {
             live_events: Vec::new(),
             report: None,
             instance: None,
+            rank_lines: Vec::new(),
             analysis: None,
             generation: 0,
             tab: CentralTab::Lifetimes,
@@ -326,6 +331,7 @@ impl VramscopeApp {
 
     fn set_report(&mut self, report: Arc<Report>, analysis: Arc<Analysis>) {
         self.instance = (!report.ranks.is_empty()).then(|| report.clone());
+        self.rank_lines = report.ranks.iter().map(rank_lines).collect();
         self.report = Some(report);
         self.analysis = Some(analysis);
         self.live_events = Vec::new();
@@ -414,6 +420,61 @@ impl VramscopeApp {
             }
             if let Some(e) = new {
                 ui.label(format!("the engine takes {} blocks on every rank", e.kv_blocks));
+            }
+        });
+        // Small multiples: every rank's profile on one scale, the binding rank's title bold.
+        let y_max = self
+            .rank_lines
+            .iter()
+            .flat_map(|l| l[0].iter().chain(&l[1]).map(|p| p[1]))
+            .fold(0.0f64, f64::max)
+            .max(0.1);
+        let n = self.rank_lines.len().max(1) as f32;
+        let width = (ui.available_width() - 8.0 * n) / n;
+        ui.horizontal(|ui| {
+            for (k, lines) in self.rank_lines.iter().enumerate() {
+                let binds = new.is_some_and(|e| e.binding_rank as usize == k);
+                ui.vertical(|ui| {
+                    ui.set_width(width);
+                    let title = format!(
+                        "rank {k}{}: device memory (dark), framework allocated (blue), GiB",
+                        if binds { ", sets the budget" } else { "" }
+                    );
+                    ui.label(if binds {
+                        egui::RichText::new(title).strong().small()
+                    } else {
+                        egui::RichText::new(title).small()
+                    });
+                    let dark = ui.visuals().dark_mode;
+                    egui_plot::Plot::new(("rank-multiple", k))
+                        .height(70.0)
+                        .width(width)
+                        .show_axes([false, true])
+                        .allow_drag(false)
+                        .allow_zoom(false)
+                        .allow_scroll(false)
+                        .allow_boxed_zoom(false)
+                        .include_y(0.0)
+                        .include_y(y_max)
+                        .show(ui, |pui| {
+                            pui.line(
+                                egui_plot::Line::new("device memory", lines[0].clone())
+                                    .color(super::style::c32(palette::legible(
+                                        palette::PROCESS_USED,
+                                        dark,
+                                    )))
+                                    .width(1.5),
+                            );
+                            pui.line(
+                                egui_plot::Line::new("framework allocated", lines[1].clone())
+                                    .color(super::style::c32(palette::legible(
+                                        palette::ALLOCATED,
+                                        dark,
+                                    )))
+                                    .width(1.5),
+                            );
+                        });
+                });
             }
         });
     }
@@ -1137,6 +1198,29 @@ pub fn with_oom_hint(msg: &str) -> String {
     out.push_str(rest);
     if msg.contains("out of memory") {
         out.push_str(" — try fewer tokens or sequences, int8 or nf4, or a larger device.");
+    }
+    out
+}
+
+/// A rank's profile (t0..t3) as two reduced lines, each bucket keeping its highest value:
+/// this process's device memory and framework allocated, in GiB over event order.
+fn rank_lines(r: &Report) -> [Vec<[f64; 2]>; 2] {
+    let end = r
+        .events
+        .iter()
+        .position(|e| e.kind == crate::memory::EventKind::Marker && e.tensor == "t3")
+        .map_or(r.events.len(), |p| p + 1);
+    let events = &r.events[..end];
+    let step = events.len().div_ceil(400).max(1);
+    let gib = |b: u64| b as f64 / crate::units::GIB as f64;
+    let mut out = [Vec::new(), Vec::new()];
+    for (i, chunk) in events.chunks(step).enumerate() {
+        let x = (i * step) as f64;
+        out[0].push([
+            x,
+            gib(chunk.iter().map(|e| e.process_used).max().unwrap_or(0)),
+        ]);
+        out[1].push([x, gib(chunk.iter().map(|e| e.allocated).max().unwrap_or(0))]);
     }
     out
 }
