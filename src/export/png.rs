@@ -140,17 +140,11 @@ fn draw_ranks(area: &Area, r: &Report) -> std::result::Result<(), String> {
     area.draw_text(&title, &text(16), (12, 10))
         .map_err(draw_err)?;
     // The profile part of each rank (t0..t3), on one scale.
-    let profile_end = |k: &Report| -> usize {
-        k.events
-            .iter()
-            .position(|e| e.kind == crate::memory::EventKind::Marker && e.tensor == "t3")
-            .map_or(k.events.len(), |p| p + 1)
-    };
     let y_max = r
         .ranks
         .iter()
         .flat_map(|k| {
-            k.events[..profile_end(k)]
+            k.profile_events()
                 .iter()
                 .map(|e| e.process_used.max(e.reserved))
         })
@@ -182,7 +176,8 @@ fn draw_ranks(area: &Area, r: &Report) -> std::result::Result<(), String> {
         area.draw_text(&title, &text(17), (x0 + 12, 12))
             .map_err(draw_err)?;
         // The profile part of the rank's timeline, as lines over event order.
-        let end = profile_end(k).max(2);
+        let profile = k.profile_events();
+        let end = profile.len().max(2);
         let (px, py, pw, ph) = (x0 + 12, 36, col - 24, 110);
         area.draw_text(
             &fmt_u(y_max as u64),
@@ -203,7 +198,7 @@ fn draw_ranks(area: &Area, r: &Report) -> std::result::Result<(), String> {
             (|e: &crate::memory::Event| e.allocated, palette::ALLOCATED),
         ] {
             let step = (end / pw.max(1) as usize).max(1);
-            let pts: Vec<(i32, i32)> = k.events[..end]
+            let pts: Vec<(i32, i32)> = profile
                 .iter()
                 .enumerate()
                 .step_by(step)
@@ -217,14 +212,7 @@ fn draw_ranks(area: &Area, r: &Report) -> std::result::Result<(), String> {
             area.draw(&PathElement::new(pts, c(colour).stroke_width(2)))
                 .map_err(draw_err)?;
         }
-        let nccl: u64 = k
-            .events
-            .iter()
-            .filter(|e| {
-                e.kind == crate::memory::EventKind::OutsideAlloc && e.tensor.starts_with("nccl")
-            })
-            .map(|e| e.bytes)
-            .sum();
+        let nccl = k.nccl_bytes();
         let new = k.formula(FormulaId::Pr9516);
         let lines = [
             format!(

@@ -380,15 +380,7 @@ impl VramscopeApp {
             ui.label(format!("Tensor parallel over {} GPUs:", inst.tp));
             for k in &inst.ranks {
                 let binds = new.is_some_and(|e| e.binding_rank == k.rank);
-                let nccl: u64 = k
-                    .events
-                    .iter()
-                    .filter(|e| {
-                        e.kind == crate::memory::EventKind::OutsideAlloc
-                            && e.tensor.starts_with("nccl")
-                    })
-                    .map(|e| e.bytes)
-                    .sum();
+                let nccl = k.nccl_bytes();
                 let blocks = k
                     .formula(crate::profile::formulas::FormulaId::Pr9516)
                     .map_or(0, |f| f.kv_blocks);
@@ -1205,12 +1197,7 @@ pub fn with_oom_hint(msg: &str) -> String {
 /// A rank's profile (t0..t3) as two reduced lines, each bucket keeping its highest value:
 /// this process's device memory and framework allocated, in GiB over event order.
 fn rank_lines(r: &Report) -> [Vec<[f64; 2]>; 2] {
-    let end = r
-        .events
-        .iter()
-        .position(|e| e.kind == crate::memory::EventKind::Marker && e.tensor == "t3")
-        .map_or(r.events.len(), |p| p + 1);
-    let events = &r.events[..end];
+    let events = r.profile_events();
     let step = events.len().div_ceil(400).max(1);
     let gib = |b: u64| b as f64 / crate::units::GIB as f64;
     let mut out = [Vec::new(), Vec::new()];

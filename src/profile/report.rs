@@ -217,6 +217,27 @@ impl Report {
         self.formulas.iter().find(|f| f.id == id)
     }
 
+    /// Device memory NCCL took on this rank, outside the framework (its first-use entries).
+    pub fn nccl_bytes(&self) -> u64 {
+        self.events
+            .iter()
+            .filter(|e| {
+                e.kind == crate::memory::EventKind::OutsideAlloc && e.tensor.starts_with("nccl")
+            })
+            .map(|e| e.bytes)
+            .sum()
+    }
+
+    /// Events up to and including checkpoint t3 (the profile; the verify passes follow).
+    pub fn profile_events(&self) -> &[Event] {
+        let end = self
+            .events
+            .iter()
+            .position(|e| e.kind == crate::memory::EventKind::Marker && e.tensor == "t3")
+            .map_or(self.events.len(), |p| p + 1);
+        &self.events[..end]
+    }
+
     /// One sentence on why the old (#9352) and new (#9516) budgets differ, from the numbers.
     pub fn old_vs_new_explanation(&self) -> String {
         let (Some(old), Some(new)) = (
