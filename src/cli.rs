@@ -531,6 +531,38 @@ pub fn summary_text(r: &Report) -> String {
         fmt_u(r.outside_framework_bytes),
         fmt_i(r.truth.non_kv_bytes)
     );
+    if r.tp > 1 {
+        let _ = writeln!(
+            s,
+            "tensor parallel over {} GPUs: the lines above and the table below are rank {}'s, the rank with the fewest #9516 blocks",
+            r.tp, r.rank
+        );
+        for k in &r.ranks {
+            let _ = writeln!(
+                s,
+                "  rank {} ({}): weights {}, framework peak {}, NCCL {}, truth non-KV {}, #9516 non-KV {} ({} blocks)",
+                k.rank,
+                k.device.spec,
+                fmt_u(k.weights_bytes),
+                fmt_u(k.checkpoints.t2.allocated_peak),
+                fmt_u(k.nccl_bytes()),
+                fmt_i(k.truth.non_kv_bytes),
+                k.formula(FormulaId::Pr9516)
+                    .map_or(String::new(), |f| fmt_i(f.non_kv_bytes)),
+                k.formula(FormulaId::Pr9516).map_or(0, |f| f.kv_blocks),
+            );
+        }
+        let engine: Vec<String> = r
+            .engine
+            .iter()
+            .map(|e| format!("{} {} (rank {})", e.key, e.kv_blocks, e.binding_rank))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  the engine takes the fewest blocks over the ranks: {}",
+            engine.join(", ")
+        );
+    }
     if r.other_process_bytes > 0 {
         let _ = writeln!(
             s,
