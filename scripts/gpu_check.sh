@@ -54,6 +54,15 @@ PY
 }
 
 case $PHASE in
+tp70)
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  run "$B" profile --model preset:llama-3-70b --quant fp16 --device cuda:0 --tp 2 --json /tmp/f70.json --png "$O/f70tp2.png" --csv /tmp/f70.csv
+  summtp /tmp/f70.json
+  run "$B" profile --model preset:llama-3-70b --quant fp16 --device sim:h200-141gb:dry --tp 2 -q --json /tmp/f70dry.json
+  summtp /tmp/f70dry.json
+  gzip -c /tmp/f70.json > "$O/f70tp2.json.gz"
+  gzip -c /tmp/f70.summary.csv > "$O/f70tp2.summary.csv.gz"
+  ;;
 tp2)
   # The GPU tests after the CUDA backend was split into files, and NCCL's memory measured
   # across each communicator's first collective.
