@@ -115,6 +115,43 @@ fn sharded_ranks_compute_the_logits_of_one_device() {
     }
 }
 
+/// OPT as vLLM's opt.py splits it: biases of the column-parallel layers cut with their rows,
+/// the row-parallel layers' whole bias added by rank 0 only, the embedding tied to the lm_head.
+#[test]
+fn opt_ranks_compute_the_logits_of_one_device() {
+    let small = |tp: u32| {
+        let req = ProfileRequest {
+            model: ModelSource::parse("preset:opt-125m").unwrap(),
+            device: DeviceSpec::parse("sim:h100-80gb").unwrap(),
+            tokens: 64,
+            seqs: 2,
+            tp,
+            verify: false,
+            ..ProfileRequest::default()
+        };
+        profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap()
+    };
+    let one = small(1);
+    let values = |r: &Report| -> Vec<f32> {
+        r.logits
+            .iter()
+            .flat_map(|t| t.top.iter().map(|&(_, v)| v))
+            .collect()
+    };
+    for n in [2u32, 4] {
+        let r = small(n);
+        let e = relative_l2(&values(&r), &values(&one));
+        assert!(e < 1e-3, "tp {n}: relative L2 {e}");
+        assert_eq!(r.sampled_tokens, one.sampled_tokens, "tp {n}");
+        // Each rank holds its shards plus the whole positions, norms and row-parallel
+        // biases: less than a full copy, more than 1/n of it.
+        for k in &r.ranks {
+            assert!(k.weights_tensor_bytes < one.weights_tensor_bytes);
+            assert!(k.weights_tensor_bytes * n as u64 > one.weights_tensor_bytes);
+        }
+    }
+}
+
 #[test]
 fn nccl_memory_and_the_custom_all_reduce_buffers_appear_per_rank() {
     use vramscope::device::group::{CommSetup, NCCL_MODEL};
@@ -241,8 +278,8 @@ fn settings_that_cannot_split_are_refused_before_any_work() {
     expect_request_error(
         "preset:opt-125m",
         "sim:h100-80gb:dry",
-        2,
-        &["--tp 2", "OPT"],
+        8,
+        &["--tp 8", "12 attention heads"],
     );
     expect_request_error(
         "preset:llama-3-8b",

@@ -266,18 +266,9 @@ impl<'a> Loader<'a> {
         upload(self.rt, name, &[padded_rows, cols], self.act, d)
     }
 
-    /// 1-D tensors read one after another into one (a fused bias such as `qkv_proj.bias`).
-    pub(crate) fn dense_concat(
-        &mut self,
-        names: &[String],
-        lens: &[usize],
-        fused_name: &str,
-    ) -> Result<Tensor> {
-        let parts: Vec<(usize, usize)> = lens.iter().map(|&l| (0, l)).collect();
-        self.dense_concat_parts(names, lens, &parts, fused_name)
-    }
-
-    /// `dense_concat` of a tensor-parallel rank: elements `parts[i].0..+parts[i].1` of each.
+    /// 1-D tensors read one after another into one (a fused bias such as `qkv_proj.bias`):
+    /// elements `parts[i].0..+parts[i].1` of each, a tensor-parallel rank's share (the whole
+    /// with one GPU).
     pub(crate) fn dense_concat_parts(
         &mut self,
         names: &[String],
@@ -299,20 +290,9 @@ impl<'a> Loader<'a> {
     /// A stacked parameter (vLLM's `qkv_proj`, `gate_up_proj`, filled through
     /// `stacked_params_mapping`): one `[Σ nᵢ, k]` weight when it stays 16-bit, the checkpoint's
     /// shards read in order into it; one quantized linear per shard otherwise.
-    pub(crate) fn fused(
-        &mut self,
-        names: &[String],
-        rows: &[usize],
-        k: usize,
-        fused_name: &str,
-    ) -> Result<FusedLinear> {
-        let parts: Vec<(usize, usize)> = rows.iter().map(|&r| (0, r)).collect();
-        self.fused_parts(names, rows, &parts, k, fused_name)
-    }
-
-    /// `fused` of a tensor-parallel rank: part i is rows `parts[i].0..+parts[i].1` of the
-    /// checkpoint's `[rows[i], k]` tensor (vLLM's QKVParallelLinear and
-    /// MergedColumnParallelLinear weight loaders, linear.py L430-560, L640-800).
+    /// Part i is rows `parts[i].0..+parts[i].1` of the checkpoint's `[rows[i], k]` tensor: a
+    /// tensor-parallel rank's share (vLLM's QKVParallelLinear and MergedColumnParallelLinear
+    /// weight loaders, linear.py L430-560, L640-800), the whole with one GPU.
     pub(crate) fn fused_parts(
         &mut self,
         names: &[String],

@@ -1015,11 +1015,6 @@ impl CausalLm {
         src: &dyn WeightSource,
         opts: &llama::LoadOptions,
     ) -> Result<Self> {
-        if cfg.opt.is_some() && rt.tp().is_some() {
-            return Err(crate::error::Error::Request(
-                "--tp > 1 is built for the Llama family (Llama, Mistral, Qwen2); OPT runs on one GPU".into(),
-            ));
-        }
         Ok(if cfg.opt.is_some() {
             CausalLm::Opt(Box::new(opt::OptModel::load(rt, cfg, src, opts)?))
         } else {

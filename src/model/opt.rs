@@ -28,6 +28,9 @@ use crate::tensor::{DType, Tensor};
 pub struct BiasedLinear {
     pub w: Linear,
     pub b: Option<Tensor>,
+    /// Whether this rank adds the bias: a row-parallel layer holds the whole bias on every
+    /// rank but only rank 0 adds it, before the all-reduce (linear.py L1077-1081).
+    pub adds_bias: bool,
 }
 
 impl BiasedLinear {
@@ -46,7 +49,7 @@ impl BiasedLinear {
         act: DType,
     ) -> Result<Tensor> {
         let mut y = self.w.forward(rt, x, name, gen, act)?;
-        if let Some(b) = &self.b {
+        if let (Some(b), true) = (&self.b, self.adds_bias) {
             ops::add_bias(rt, &mut y, b)?;
         }
         Ok(y)
@@ -79,6 +82,11 @@ pub struct OptLayer {
 
 pub struct OptModel {
     pub cfg: ModelConfig,
+    /// The shape this rank computes (heads and the MLP width divided over the
+    /// tensor-parallel ranks; `cfg` itself with one GPU).
+    pub local: ModelConfig,
+    /// This rank's first row of the padded vocabulary (0 with one GPU).
+    pub vocab_first_row: usize,
     pub shape: OptShape,
     pub quant: Quant,
     pub act: DType,
@@ -114,6 +122,11 @@ impl OptModel {
             ))
         })?;
         let started = std::time::Instant::now();
+        // vLLM's OPT is tensor parallel like its Llama (opt.py: QKVParallelLinear, a
+        // RowParallelLinear out_proj and fc2, a ColumnParallelLinear fc1, the vocab-parallel
+        // embedding tied to the lm_head); positions, project_in/out and the norms are whole.
+        let shard = super::llama::TpShard::of(rt, cfg)?;
+        let local = shard.local_config(cfg);
         let mut ld = Loader::new(rt, src, opts, cfg.tensor_shapes().len());
         let act = ld.act;
         rt.set_op("load");
@@ -124,11 +137,14 @@ impl OptModel {
             shape.word_embed_proj_dim,
         );
         let d = "model.decoder";
-        let embed = ld.dense_padded(
+        let (v_first, v_len) = shard.vocab_rows(cfg.padded_vocab());
+        let embed = ld.vocab_shard(
             &format!("{d}.embed_tokens.weight"),
             cfg.vocab_size,
             p,
             cfg.padded_vocab(),
+            v_first,
+            v_len,
         )?;
         let positions = ld.dense(
             &format!("{d}.embed_positions.weight"),
@@ -154,14 +170,41 @@ impl OptModel {
             None
         };
         let bias = shape.enable_bias;
-        let lin = |ld: &mut Loader, name: &str, n: usize, k: usize| -> Result<BiasedLinear> {
-            Ok(BiasedLinear {
-                w: ld.linear(&format!("{name}.weight"), n, k)?,
+        let (q_first, q_len) = shard.q_rows(cfg);
+        let (f_first, f_len) = shard.mlp_rows(cfg);
+        // A column-parallel layer: this rank's rows of the weight and of the bias.
+        let col = |ld: &mut Loader, name: &str, n: usize, k: usize, first: usize, len: usize| {
+            Ok::<_, Error>(BiasedLinear {
+                w: ld.linear_slice(
+                    &format!("{name}.weight"),
+                    super::loader::Slice::rows(n, k, first, len),
+                )?,
+                b: if bias {
+                    Some(ld.dense_concat_parts(
+                        &[format!("{name}.bias")],
+                        &[n],
+                        &[(first, len)],
+                        &format!("{name}.bias"),
+                    )?)
+                } else {
+                    None
+                },
+                adds_bias: true,
+            })
+        };
+        // A row-parallel layer: this rank's columns of the weight, the whole bias.
+        let row = |ld: &mut Loader, name: &str, n: usize, k: usize, first: usize, len: usize| {
+            Ok::<_, Error>(BiasedLinear {
+                w: ld.linear_slice(
+                    &format!("{name}.weight"),
+                    super::loader::Slice::cols(n, k, first, len),
+                )?,
                 b: if bias {
                     Some(ld.dense(&format!("{name}.bias"), &[n])?)
                 } else {
                     None
                 },
+                adds_bias: shard.rank == 0,
             })
         };
         let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -170,25 +213,39 @@ impl OptModel {
             let pre = format!("{d}.layers.{l}");
             let a = format!("{pre}.self_attn");
             let proj = |p: &str| ["q_proj", "k_proj", "v_proj"].map(|n| format!("{a}.{n}.{p}"));
-            let qkv = ld.fused(&proj("weight"), &[h; 3], h, &format!("{a}.qkv_proj.weight"))?;
+            let part = [(q_first, q_len); 3];
+            let qkv = ld.fused_parts(
+                &proj("weight"),
+                &[h; 3],
+                &part,
+                h,
+                &format!("{a}.qkv_proj.weight"),
+            )?;
             let qkv_bias = if bias {
-                Some(ld.dense_concat(&proj("bias"), &[h; 3], &format!("{a}.qkv_proj.bias"))?)
+                Some(ld.dense_concat_parts(
+                    &proj("bias"),
+                    &[h; 3],
+                    &part,
+                    &format!("{a}.qkv_proj.bias"),
+                )?)
             } else {
                 None
             };
             layers.push(OptLayer {
                 qkv,
                 qkv_bias,
-                out: lin(&mut ld, &format!("{a}.out_proj"), h, h)?,
+                out: row(&mut ld, &format!("{a}.out_proj"), h, h, q_first, q_len)?,
                 self_attn_layer_norm: norm(&mut ld, &format!("{pre}.self_attn_layer_norm"))?,
-                fc1: lin(&mut ld, &format!("{pre}.fc1"), f, h)?,
-                fc2: lin(&mut ld, &format!("{pre}.fc2"), h, f)?,
+                fc1: col(&mut ld, &format!("{pre}.fc1"), f, h, f_first, f_len)?,
+                fc2: row(&mut ld, &format!("{pre}.fc2"), h, f, f_first, f_len)?,
                 final_layer_norm: norm(&mut ld, &format!("{pre}.final_layer_norm"))?,
             });
         }
         rt.set_layer(None);
         Ok(OptModel {
             cfg: cfg.clone(),
+            local,
+            vocab_first_row: v_first,
             shape,
             quant: opts.quant,
             act,
@@ -256,8 +313,19 @@ impl OptModel {
         let act = self.act;
         let t = batch.tokens();
         rt.set_layer(None);
-        // L258: inputs_embeds = embed_tokens(input_ids).
-        let inputs_embeds = ops_opt::gather(rt, &batch.ids, &self.embed, act, "embed_tokens.out")?;
+        // L258: inputs_embeds = embed_tokens(input_ids) (vocab-parallel with more ranks).
+        let inputs_embeds = if rt.tp().is_some() {
+            crate::ops_tp::vocab_parallel_embedding(
+                rt,
+                &batch.ids,
+                &self.embed,
+                self.vocab_first_row,
+                cfg.vocab_size,
+                act,
+            )?
+        } else {
+            ops_opt::gather(rt, &batch.ids, &self.embed, act, "embed_tokens.out")?
+        };
         // L259 (and L58): embed_positions(positions), which first makes `positions + 2`.
         let shifted = rt.tensor("positions+2", Category::Activation, &[t], DType::I64)?;
         let rows: Vec<u32> = batch
@@ -347,7 +415,8 @@ impl OptModel {
         let qkv = layer
             .qkv
             .forward(rt, h, &format!("{l}.qkv_proj"), gen, act)?;
-        let hd = self.cfg.hidden_size;
+        // This rank's heads (all of them with one GPU).
+        let hd = self.local.num_heads * self.local.head_dim;
         let names = ["q", "k", "v"].map(|n| format!("{l}.{n}"));
         let mut views = FusedLinear::split(&qkv, &[hd; 3], &names);
         if let Some(b) = &layer.qkv_bias {
@@ -369,12 +438,13 @@ impl OptModel {
             &k,
             &v,
             &batch.seq_lens,
-            &self.cfg,
+            &self.local,
             &format!("{l}.attn"),
         )?;
         let o = layer
             .out
             .forward(rt, &a, &format!("{l}.out_proj"), gen, act)?;
+        let o = crate::ops_tp::all_reduce(rt, o, &format!("{l}.out_proj.all_reduce"))?;
         drop((q, k, v, qkv, a));
         // L165-168: the LN output is rebound (freed), then residual + attention output.
         drop(normed);
@@ -419,6 +489,7 @@ impl OptModel {
         let r = ops_opt::relu(rt, &f1, &format!("{l}.relu"))?;
         drop(f1);
         let f2 = layer.fc2.forward(rt, &r, &format!("{l}.fc2"), gen, act)?;
+        let f2 = crate::ops_tp::all_reduce(rt, f2, &format!("{l}.fc2.all_reduce"))?;
         drop(r);
         // L181
         let out = ops_opt::add(rt, &hs, &f2, &format!("{l}.residual_mlp"))?;

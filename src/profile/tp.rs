@@ -40,12 +40,6 @@ fn preflight(req: &ProfileRequest) -> Result<()> {
     }
     if !matches!(req.model, ModelSource::Synthetic { .. }) {
         let opened = model::open(&req.model, req.seed)?;
-        if opened.config.opt.is_some() {
-            return Err(Error::Request(format!(
-                "--tp {n}: tensor parallel is built for the Llama family (Llama, Mistral, Qwen2); {} is OPT, run it with --tp 1",
-                opened.name
-            )));
-        }
         crate::model::llama::TpShard { rank: 0, size: n }.check(&opened.config)?;
     }
     Ok(())
