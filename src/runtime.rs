@@ -291,7 +291,7 @@ impl Runtime {
     pub(crate) fn host_copy(&self, values: &[f32]) -> Vec<f32> {
         match self.take_host_buffer(values.len()) {
             Some(mut v) => {
-                v.copy_from_slice(values);
+                crate::device::cpu::copy(&mut v, values);
                 v
             }
             None => values.to_vec(),
