@@ -112,7 +112,7 @@ pub struct CommFirstUse {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum HostData {
     /// Nothing: bytes the host never reads or writes.
-    None,
+    Absent,
     Zeroed,
     /// Any values: the op that made it writes every one.
     Overwritten,
@@ -298,7 +298,7 @@ impl Runtime {
         }
     }
 
-    /// Keeps a dropped tensor's host buffer for a later tensor of the same length.
+    /// Keeps a dropped activation's host buffer for a later tensor of the same length.
     pub(crate) fn recycle_host(&self, buffer: Vec<f32>) {
         if buffer.len() < HOST_POOL_MIN_VALUES {
             return;
@@ -326,7 +326,7 @@ impl Runtime {
     ) -> Result<Tensor> {
         let len = usize::try_from(bytes)
             .map_err(|_| Error::Request(format!("{bytes} bytes is too large")))?;
-        self.alloc_tensor(name.into(), category, &[len], DType::U8, HostData::None)
+        self.alloc_tensor(name.into(), category, &[len], DType::U8, HostData::Absent)
     }
 
     fn alloc_tensor(
@@ -342,7 +342,7 @@ impl Runtime {
         let block = self.alloc_block(&name, category, bytes)?;
         let storage = match self.backend() {
             Backend::Dry => Storage::None,
-            Backend::Cpu if host_data == HostData::None => Storage::None,
+            Backend::Cpu if host_data == HostData::Absent => Storage::None,
             Backend::Cuda => Storage::Cuda(block.segment.0 + block.offset),
             Backend::Cpu => match dtype {
                 DType::F32 | DType::F16 | DType::BF16 => Storage::F32(

@@ -205,7 +205,8 @@ impl Drop for Tensor {
         if !self.view {
             self.rt.release(self.block, &self.name, self.category);
         }
-        if let Storage::F32(v) = &mut self.storage {
+        // Activations only: a pass makes them again; weights die once, with the model.
+        if let (Storage::F32(v), Category::Activation) = (&mut self.storage, self.category) {
             self.rt.recycle_host(std::mem::take(v));
         }
     }
