@@ -28,7 +28,8 @@ pub fn embedding(rt: &Runtime, ids: &[u32], table: &Tensor, act: DType) -> Resul
     rt.check_cancel()?;
     rt.set_op("embedding");
     let hidden = table.cols();
-    let mut out = rt.tensor("embed.out", Category::Activation, &[ids.len(), hidden], act)?;
+    let mut out =
+        rt.tensor_for_overwrite("embed.out", Category::Activation, &[ids.len(), hidden], act)?;
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => cpu::embedding(ids, table.f32(), hidden, out.f32_mut()),
@@ -40,7 +41,7 @@ pub fn embedding(rt: &Runtime, ids: &[u32], table: &Tensor, act: DType) -> Resul
 pub fn rms_norm(rt: &Runtime, x: &Tensor, w: &Tensor, eps: f32, name: &str) -> Result<Tensor> {
     rt.check_cancel()?;
     rt.set_op("rms_norm");
-    let mut out = rt.tensor(name, Category::Activation, &x.shape, x.dtype)?;
+    let mut out = rt.tensor_for_overwrite(name, Category::Activation, &x.shape, x.dtype)?;
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => cpu::rms_norm(x.f32(), w.f32(), eps, out.f32_mut()),
@@ -117,7 +118,7 @@ pub fn attention(
     // `out = empty_like(q)`, `softmax_lse [heads, T]` f32 and `rng_state [2]` int64 come from
     // the caching allocator; the wrapper returns `out` and drops the other two. Our kernels
     // need neither, but the allocator sees them as vLLM's does.
-    let mut out = rt.tensor(name, Category::Activation, &q.shape, q.dtype)?;
+    let mut out = rt.tensor_for_overwrite(name, Category::Activation, &q.shape, q.dtype)?;
     let lse = rt.tensor(
         format!("{name}.softmax_lse"),
         Category::Activation,
@@ -182,8 +183,7 @@ pub fn fused_add_rms_norm(
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => {
-            cpu::add_assign(residual.f32_mut(), x.f32());
-            cpu::rms_norm(residual.f32(), w.f32(), eps, x.f32_mut());
+            cpu::add_rms_norm(x.f32_mut(), residual.f32_mut(), w.f32(), eps);
         }
         Backend::Cuda => cuda(rt, |c| {
             c.add_assign(residual, x)?;
@@ -195,16 +195,16 @@ pub fn fused_add_rms_norm(
 
 /// vLLM's `SiluAndMul.forward_cuda` (activation.py): `out = empty([T, I])`, then
 /// `silu(gate) · up` from the two halves of the fused gate_up output (given as its views).
-/// The gate view is used as scratch: gate_up dies after this.
+/// On CUDA the gate view is used as scratch (gate_up dies after this); the host writes `out`
+/// directly.
 pub fn silu_and_mul(rt: &Runtime, gate: &mut Tensor, up: &Tensor, name: &str) -> Result<Tensor> {
     rt.check_cancel()?;
     rt.set_op("silu_and_mul");
-    let mut out = rt.tensor(name, Category::Activation, &gate.shape, gate.dtype)?;
+    let mut out = rt.tensor_for_overwrite(name, Category::Activation, &gate.shape, gate.dtype)?;
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => {
-            out.f32_mut().copy_from_slice(gate.f32());
-            cpu::silu_mul(out.f32_mut(), up.f32());
+            cpu::silu_mul_into(gate.f32(), up.f32(), out.f32_mut());
         }
         Backend::Cuda => cuda(rt, |c| {
             c.silu_mul(gate, up)?;

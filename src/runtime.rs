@@ -18,6 +18,13 @@ use crate::tensor::{DType, Storage, Tensor};
 /// How often batches of new events go to the progress sink.
 const EVENT_FLUSH_INTERVAL: Duration = Duration::from_millis(50);
 
+/// Host buffers of dropped tensors kept for reuse (compute mode on the CPU): a pass allocates
+/// the same few activation shapes in every layer, and a fresh buffer costs a memset or new
+/// pages each time.
+const HOST_POOL_BUFFERS: usize = 8;
+/// Buffers smaller than this (f32 values) are not kept: the system allocator serves them fast.
+const HOST_POOL_MIN_VALUES: usize = 1 << 14;
+
 thread_local! {
     static RUNTIMES_CREATED: Cell<usize> = const { Cell::new(0) };
     static UI_THREAD: Cell<bool> = const { Cell::new(false) };
@@ -64,6 +71,8 @@ struct Inner {
     /// Collective-library setups done on this rank, and the simulated memory they hold.
     comms: Vec<crate::device::group::CommSetup>,
     comm_memory: Vec<OutsideAlloc>,
+    /// Host f32 buffers of dropped tensors, oldest first (see `HOST_POOL_BUFFERS`).
+    host_pool: Vec<Vec<f32>>,
 }
 
 /// The device as the allocator's segment source, refusing a segment that would take this
@@ -97,6 +106,16 @@ pub struct CommFirstUse {
     before: u64,
     /// The simulated device's modelled bytes (taken at `comm_begin`).
     modelled: Option<u64>,
+}
+
+/// What a new tensor's host storage holds in compute mode on the CPU.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum HostData {
+    /// Nothing: bytes the host never reads or writes.
+    Absent,
+    Zeroed,
+    /// Any values: the op that made it writes every one.
+    Overwritten,
 }
 
 /// Device and allocator numbers at one moment.
@@ -139,6 +158,7 @@ impl Runtime {
             tp: None,
             comms: Vec::new(),
             comm_memory: Vec::new(),
+            host_pool: Vec::new(),
         })))
     }
 
@@ -250,7 +270,50 @@ impl Runtime {
         shape: &[usize],
         dtype: DType,
     ) -> Result<Tensor> {
-        self.alloc_tensor(name.into(), category, shape, dtype, true)
+        self.alloc_tensor(name.into(), category, shape, dtype, HostData::Zeroed)
+    }
+
+    /// `tensor` for an output the op then writes in full (a GEMM's, a norm's): on the host its
+    /// values may be a dropped tensor's, not zeroes, which spares clearing a buffer the op
+    /// overwrites anyway. The allocator sees exactly what `tensor` shows it.
+    pub(crate) fn tensor_for_overwrite(
+        &self,
+        name: impl Into<String>,
+        category: Category,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        self.alloc_tensor(name.into(), category, shape, dtype, HostData::Overwritten)
+    }
+
+    /// A host copy of `values` (a view's), in a recycled buffer when one of that length is
+    /// kept.
+    pub(crate) fn host_copy(&self, values: &[f32]) -> Vec<f32> {
+        match self.take_host_buffer(values.len()) {
+            Some(mut v) => {
+                crate::device::cpu::copy(&mut v, values);
+                v
+            }
+            None => values.to_vec(),
+        }
+    }
+
+    /// Keeps a dropped activation's host buffer for a later tensor of the same length.
+    pub(crate) fn recycle_host(&self, buffer: Vec<f32>) {
+        if buffer.len() < HOST_POOL_MIN_VALUES {
+            return;
+        }
+        let mut i = self.0.borrow_mut();
+        if i.host_pool.len() == HOST_POOL_BUFFERS {
+            i.host_pool.remove(0);
+        }
+        i.host_pool.push(buffer);
+    }
+
+    fn take_host_buffer(&self, len: usize) -> Option<Vec<f32>> {
+        let mut i = self.0.borrow_mut();
+        let at = i.host_pool.iter().rposition(|v| v.len() == len)?;
+        Some(i.host_pool.remove(at))
     }
 
     /// Allocates bytes the host never reads or writes (a KV cache, a synthetic spike): device
@@ -263,7 +326,7 @@ impl Runtime {
     ) -> Result<Tensor> {
         let len = usize::try_from(bytes)
             .map_err(|_| Error::Request(format!("{bytes} bytes is too large")))?;
-        self.alloc_tensor(name.into(), category, &[len], DType::U8, false)
+        self.alloc_tensor(name.into(), category, &[len], DType::U8, HostData::Absent)
     }
 
     fn alloc_tensor(
@@ -272,17 +335,23 @@ impl Runtime {
         category: Category,
         shape: &[usize],
         dtype: DType,
-        host_data: bool,
+        host_data: HostData,
     ) -> Result<Tensor> {
         let numel: usize = shape.iter().product();
         let bytes = numel as u64 * dtype.size_bytes();
         let block = self.alloc_block(&name, category, bytes)?;
         let storage = match self.backend() {
             Backend::Dry => Storage::None,
-            Backend::Cpu if !host_data => Storage::None,
+            Backend::Cpu if host_data == HostData::Absent => Storage::None,
             Backend::Cuda => Storage::Cuda(block.segment.0 + block.offset),
             Backend::Cpu => match dtype {
-                DType::F32 | DType::F16 | DType::BF16 => Storage::F32(vec![0.0; numel]),
+                DType::F32 | DType::F16 | DType::BF16 => Storage::F32(
+                    match host_data {
+                        HostData::Overwritten => self.take_host_buffer(numel),
+                        _ => None,
+                    }
+                    .unwrap_or_else(|| vec![0.0; numel]),
+                ),
                 DType::I8 => Storage::I8(vec![0; numel]),
                 DType::U8 => Storage::U8(vec![0; numel]),
                 DType::I32 | DType::I64 => Storage::I32(vec![0; numel]),

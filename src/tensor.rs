@@ -159,7 +159,7 @@ impl Tensor {
         let storage = match &self.storage {
             Storage::None => Storage::None,
             Storage::F32(v) if v.is_empty() => Storage::F32(vec![0.0; numel]),
-            Storage::F32(v) => Storage::F32(v[offset..offset + numel].to_vec()),
+            Storage::F32(v) => Storage::F32(self.rt.host_copy(&v[offset..offset + numel])),
             Storage::I8(v) => Storage::I8(v[offset..offset + numel].to_vec()),
             Storage::U8(v) => Storage::U8(v[offset..offset + numel].to_vec()),
             Storage::I32(v) => Storage::I32(v[offset..offset + numel].to_vec()),
@@ -204,6 +204,10 @@ impl Drop for Tensor {
     fn drop(&mut self) {
         if !self.view {
             self.rt.release(self.block, &self.name, self.category);
+        }
+        // Activations only: a pass makes them again; weights die once, with the model.
+        if let (Storage::F32(v), Category::Activation) = (&mut self.storage, self.category) {
+            self.rt.recycle_host(std::mem::take(v));
         }
     }
 }

@@ -181,10 +181,9 @@ pub fn attention_strided(
                     let valid = (t.q0 + r + 1 - j0).min(cols);
                     let row = &mut scores[r * cols..(r + 1) * cols];
                     let m_old = scr.max[r];
-                    let m_new = row[..valid].iter().copied().fold(m_old, f32::max);
-                    cpu_vec::exp_shifted(&mut row[..valid], m_new);
+                    let m_new = cpu_vec::max_from(&row[..valid], m_old);
+                    let blk_sum = cpu_vec::exp_shifted_sum(&mut row[..valid], m_new);
                     row[valid..].fill(0.0);
-                    let blk_sum: f32 = row[..valid].iter().sum();
                     let corr = cpu_vec::exp_lane(m_old - m_new);
                     scr.sum[r] = scr.sum[r] * corr + blk_sum;
                     scr.max[r] = m_new;

@@ -1,8 +1,8 @@
 //! Elementwise host math that the compiler vectorises: `exp` as a polynomial (Cephes' `expf`,
-//! about 1 ulp) instead of libm's scalar call, and the loops built on it (SiLU, softmax rows).
-//! Each public function picks AVX2 at run time where the CPU has it and the portable build
-//! otherwise; both run the same IEEE operations (no fused multiply-add), so a result does not
-//! depend on which one ran.
+//! about 1 ulp) instead of libm's scalar call, and the loops built on it (SiLU, softmax rows,
+//! RMSNorm rows). Each public function picks AVX-512 or AVX2 at run time where the CPU has it
+//! and the portable build otherwise; all run the same IEEE operations (no fused multiply-add)
+//! and reductions sum in the same fixed lanes, so a result does not depend on which one ran.
 
 /// `e^x` for one lane; inlined into each caller's loop so the loop vectorises.
 /// Range reduction `x = n·ln2 + r` with ln2 split in two (Cody-Waite), a degree-5 polynomial for
@@ -14,7 +14,8 @@ pub(crate) fn exp_lane(x: f32) -> f32 {
     // Adding and subtracting 1.5·2^23 rounds to the nearest integer without a libm call.
     const ROUND: f32 = 12_582_912.0;
     let xc = x.clamp(-87.33654, 88.72283);
-    let n = (xc * LOG2E + ROUND) - ROUND;
+    let shifted = xc * LOG2E + ROUND;
+    let n = shifted - ROUND;
     let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
     let z = r * r;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
@@ -22,12 +23,14 @@ pub(crate) fn exp_lane(x: f32) -> f32 {
         * r
         + 0.5;
     let y = p * z + r + 1.0;
-    // n is within [-126, 128]: 2^n splits in two factors so n = 128 (x near 88.7) does not
-    // overflow the exponent field before the multiply.
-    let ni = n as i32;
+    // n as an integer, read from the low mantissa bits of `shifted` (1.5·2^23 + n): `n as i32`
+    // would be a saturating cast, which the compiler does not vectorise. n is within
+    // [-126, 128]: 2^n splits in two factors so n = 128 (x near 88.7) does not overflow the
+    // exponent field before the multiply. (NaN gives garbage bits here; it is returned below.)
+    let ni = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
     let half = ni >> 1;
-    let a = f32::from_bits(((half + 127) as u32) << 23);
-    let b = f32::from_bits(((ni - half + 127) as u32) << 23);
+    let a = f32::from_bits((half.wrapping_add(127) as u32) << 23);
+    let b = f32::from_bits((ni.wrapping_sub(half).wrapping_add(127) as u32) << 23);
     let e = y * a * b;
     if x < -87.33654 {
         0.0
@@ -40,24 +43,31 @@ pub(crate) fn exp_lane(x: f32) -> f32 {
     }
 }
 
-/// Generates the run-time dispatch: `$name` calls the AVX2 build of `$body` when the CPU has
-/// AVX2, else the portable one.
+/// Generates the run-time dispatch: `$name` calls the AVX-512 build of `$body` when the CPU
+/// has AVX-512F, else the AVX2 one when it has AVX2, else the portable one.
 macro_rules! dispatch {
-    ($(#[$doc:meta])* pub(crate) fn $name:ident($($arg:ident: $ty:ty),*) $body:block) => {
+    ($(#[$doc:meta])* pub(crate) fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? $body:block) => {
         $(#[$doc])*
-        pub(crate) fn $name($($arg: $ty),*) {
+        pub(crate) fn $name($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
-            fn imp($($arg: $ty),*) $body
+            fn imp($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx2")]
-                unsafe fn avx2($($arg: $ty),*) {
+                #[target_feature(enable = "avx512f")]
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
                     imp($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    imp($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F, checked on the line above.
+                    return unsafe { avx512($($arg),*) };
                 }
                 if std::arch::is_x86_feature_detected!("avx2") {
                     // SAFETY: the CPU has AVX2, checked on the line above.
-                    unsafe { avx2($($arg),*) };
-                    return;
+                    return unsafe { avx2($($arg),*) };
                 }
             }
             imp($($arg),*)
@@ -65,20 +75,120 @@ macro_rules! dispatch {
     };
 }
 
-dispatch! {
-    /// `x[i] = e^(x[i] − shift)`, returning nothing; the sum is taken by the caller's pass.
-    pub(crate) fn exp_shifted(x: &mut [f32], shift: f32) {
-        for v in x.iter_mut() {
-            *v = exp_lane(*v - shift);
-        }
-    }
-}
+/// Lanes of the vectorised reductions: one AVX-512 register of f32 (two AVX2 ones). Element `i`
+/// always goes to lane `i % LANES`, so every build adds in the same order.
+const LANES: usize = 16;
 
 dispatch! {
     /// `gate = silu(gate) · up` in place (`x / (1 + e^−x) · up`).
     pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
         for (g, u) in gate.iter_mut().zip(up) {
             *g = *g / (1.0 + exp_lane(-*g)) * u;
+        }
+    }
+}
+
+dispatch! {
+    /// `out = silu(gate) · up` (`x / (1 + e^−x) · up`), the same operations as `silu_mul`.
+    pub(crate) fn silu_mul_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        for ((o, &g), u) in out.iter_mut().zip(gate).zip(up) {
+            *o = g / (1.0 + exp_lane(-g)) * u;
+        }
+    }
+}
+
+dispatch! {
+    /// `x[i] = e^(x[i] − shift)`, returning `Σ x[i]` summed in `LANES` lanes (a softmax block:
+    /// the exponentials and their sum in one pass over the row).
+    pub(crate) fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
+        let mut acc = [0f32; LANES];
+        let mut chunks = x.chunks_exact_mut(LANES);
+        for c in &mut chunks {
+            for (a, v) in acc.iter_mut().zip(c) {
+                *v = exp_lane(*v - shift);
+                *a += *v;
+            }
+        }
+        for (a, v) in acc.iter_mut().zip(chunks.into_remainder()) {
+            *v = exp_lane(*v - shift);
+            *a += *v;
+        }
+        acc.iter().sum()
+    }
+}
+
+dispatch! {
+    /// The largest of `init` and `x` (NaNs ignored, as `f32::max` does); exact, whatever the
+    /// order, so the lanes change nothing.
+    pub(crate) fn max_from(x: &[f32], init: f32) -> f32 {
+        let mut acc = [init; LANES];
+        let mut chunks = x.chunks_exact(LANES);
+        for c in &mut chunks {
+            for (a, &v) in acc.iter_mut().zip(c) {
+                *a = a.max(v);
+            }
+        }
+        for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
+            *a = a.max(v);
+        }
+        acc.iter().copied().fold(init, f32::max)
+    }
+}
+
+/// `Σ x[i]²` summed in `LANES` lanes.
+#[inline(always)]
+fn sum_squares(x: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v * v;
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
+        *a += v * v;
+    }
+    acc.iter().sum()
+}
+
+/// One RMSNorm row: `out = x / √(mean(x²) + eps) · weight`.
+#[inline(always)]
+fn rms_norm_row(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let inv = 1.0 / (sum_squares(x) / weight.len() as f32 + eps).sqrt();
+    for ((o, v), w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * inv * w;
+    }
+}
+
+dispatch! {
+    /// RMSNorm of every `weight.len()`-wide row of `x` into `out`.
+    pub(crate) fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+        let cols = weight.len();
+        for (row, o) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
+            rms_norm_row(row, weight, eps, o);
+        }
+    }
+}
+
+dispatch! {
+    /// vLLM's `fused_add_rms_norm` row by row: `residual += x`, then `x = rms_norm(residual)`,
+    /// each row finished while it is in L1.
+    pub(crate) fn add_rms_norm_rows(x: &mut [f32], residual: &mut [f32], weight: &[f32], eps: f32) {
+        let cols = weight.len();
+        for (row, res) in x.chunks_exact_mut(cols).zip(residual.chunks_exact_mut(cols)) {
+            for (r, v) in res.iter_mut().zip(row.iter()) {
+                *r += v;
+            }
+            rms_norm_row(res, weight, eps, row);
+        }
+    }
+}
+
+dispatch! {
+    /// `x += y`.
+    pub(crate) fn add_assign(x: &mut [f32], y: &[f32]) {
+        for (a, b) in x.iter_mut().zip(y) {
+            *a += b;
         }
     }
 }
@@ -131,6 +241,28 @@ mod tests {
         }
         // f32's ulp is 2^-23 ≈ 1.19e-7 relative.
         assert!(worst < 2.5e-7, "worst relative error {worst:e}");
+    }
+
+    #[test]
+    fn lane_max_is_the_sequential_max_and_lane_sum_the_sum() {
+        let x: Vec<f32> = (0..1000)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.1)
+            .collect();
+        for len in [0, 1, 15, 16, 17, 1000] {
+            let row = &x[..len];
+            let want = row.iter().copied().fold(-3.0, f32::max);
+            assert_eq!(max_from(row, -3.0), want);
+            let mut e = row.to_vec();
+            let sum = exp_shifted_sum(&mut e, 2.0);
+            let want: f64 = row.iter().map(|v| (*v as f64 - 2.0).exp()).sum();
+            assert!(
+                (sum as f64 - want).abs() <= want * 1e-6,
+                "{len}: {sum} vs {want}"
+            );
+            for (got, v) in e.iter().zip(row) {
+                assert_eq!(*got, exp_lane(v - 2.0));
+            }
+        }
     }
 
     #[test]

@@ -217,7 +217,7 @@ impl FusedLinear {
                     )));
                 }
                 let total: usize = rows.iter().sum();
-                let mut out = rt.tensor(
+                let mut out = rt.tensor_for_overwrite(
                     format!("{name}.out"),
                     Category::Activation,
                     &[m, total],
@@ -376,7 +376,7 @@ pub fn dense_matmul_as(
             w.cols()
         )));
     }
-    let mut out = rt.tensor(out_name, category, &[m, n], act)?;
+    let mut out = rt.tensor_for_overwrite(out_name, category, &[m, n], act)?;
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => {
