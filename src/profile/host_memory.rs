@@ -189,8 +189,11 @@ fn cpu_rates() -> (f64, f64) {
         let x = vec![0.5f32; m * k];
         let w = vec![0.25f32; n * k];
         let mut out = vec![0f32; m * n];
+        // The pass's own GEMM path (rows split over the threads, cancel checks between
+        // blocks), so the estimate follows what a pass does.
+        let never = std::sync::atomic::AtomicBool::new(false);
         let gemm = best_rate(2.0 * (m * k * n) as f64, &mut || {
-            cpu::matmul_nt(&x, &w, &mut out, m, k, n)
+            let _ = cpu::matmul_nt_cancellable(&x, &w, &mut out, (m, k, n), &never);
         });
         let (len, heads, hd) = (512, 4, 64);
         let qkv: Vec<f32> = (0..len * heads * hd)
