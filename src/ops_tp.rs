@@ -23,7 +23,7 @@ fn round_all(dt: DType, v: &mut [f32]) {
 /// custom all-reduce on, the result is a new tensor (`torch.empty_like`, custom_all_reduce.py
 /// L255-264) and the input dies when the caller rebinds; otherwise NCCL reduces in place
 /// through torch.distributed, whose communicator is made at the first such call.
-pub fn all_reduce(rt: &Runtime, x: Tensor, name: &str) -> Result<Tensor> {
+pub fn all_reduce(rt: &Runtime, mut x: Tensor, name: &str) -> Result<Tensor> {
     let Some(tp) = rt.tp() else {
         return Ok(x);
     };
@@ -46,18 +46,19 @@ pub fn all_reduce(rt: &Runtime, x: Tensor, name: &str) -> Result<Tensor> {
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => {
-            let mut v = x.f32().to_vec();
-            tp.group.all_reduce_sum(tp.rank, &mut v)?;
-            round_all(x.dtype, &mut v);
-            match out.as_mut() {
-                Some(o) => o.f32_mut().copy_from_slice(&v),
-                None => {
-                    let mut x = x;
-                    x.f32_mut().copy_from_slice(&v);
-                    rt.comm_end(first)?;
-                    return Ok(x);
+            // The sum lands in the output (a copy of the input first, out of place) or in
+            // the input itself.
+            let target = match out.as_mut() {
+                Some(o) => {
+                    o.f32_mut().copy_from_slice(x.f32());
+                    o
                 }
-            }
+                None => &mut x,
+            };
+            let dtype = target.dtype;
+            let v = target.f32_mut();
+            tp.group.all_reduce_sum(tp.rank, v)?;
+            round_all(dtype, v);
         }
         Backend::Cuda => {
             // The ranks meet on the host first, so a rank that stopped (out of memory in a

@@ -370,15 +370,21 @@ mod tests {
         assert!(out[4] > 5.0 && out[4] < 7.0);
     }
 
+    /// Deterministic GEMM operands `x [m, k]` and `w [n, k]` with mixed signs.
+    fn gemm_operands(m: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+        let x = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
+            .collect();
+        let w = (0..n * k)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.021)
+            .collect();
+        (x, w)
+    }
+
     #[test]
     fn gemm_in_row_blocks_is_bitwise_the_whole_gemm() {
         let (m, k, n) = (300, 77, 129);
-        let x: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
-            .collect();
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.021)
-            .collect();
+        let (x, w) = gemm_operands(m, k, n);
         let mut whole = vec![0.0; m * n];
         matmul_nt(&x, &w, &mut whole, m, k, n);
         let mut blocks = vec![0.0; m * n];
@@ -391,12 +397,7 @@ mod tests {
     fn gemm_split_over_threads_by_rows_is_bitwise_the_whole_gemm() {
         // k = 600 takes two k-blocks inside the crate; the row chunks must not change them.
         let (m, k, n) = (301, 600, 130);
-        let x: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
-            .collect();
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.021)
-            .collect();
+        let (x, w) = gemm_operands(m, k, n);
         let mut whole = vec![0.0; m * n];
         matmul_nt(&x, &w, &mut whole, m, k, n);
         let mut split = vec![f32::NAN; m * n];

@@ -250,9 +250,16 @@ impl Report {
         let mib = |b: i64| crate::units::fmt_i(b);
         let state = self.quant_state_after_bytes as i64;
         let ctx_like = self.outside_framework_bytes as i64;
+        // What lives outside the framework: with tensor parallel, NCCL's buffers beside the
+        // context.
+        let outside = if self.nccl_bytes() > 0 {
+            "the CUDA context and NCCL's buffers"
+        } else {
+            "the CUDA context"
+        };
         if state > 0 {
             format!(
-                "The old formula counts the {} of int8 state (CxB) that survives the pass twice: once in the torch peak and again in the free-memory drop; the new one subtracts live tensors, but also charges the {} the instance holds outside the framework (the CUDA context), so its budget is {} {}.",
+                "The old formula counts the {} of int8 state (CxB) that survives the pass twice: once in the torch peak and again in the free-memory drop; the new one subtracts live tensors, but also charges the {} the instance holds outside the framework ({outside}), so its budget is {} {}.",
                 mib(state),
                 mib(ctx_like),
                 mib(diff.abs()),
@@ -262,7 +269,7 @@ impl Report {
             "Old and new agree: nothing of the framework survives the pass, and no memory outside it changed during the pass.".to_string()
         } else {
             format!(
-                "No framework tensor survives the pass; they differ by {} because the new formula charges all memory outside the framework at the end ({}: the CUDA context, cached segments, other processes) while the old one sees only what appeared during the pass.",
+                "No framework tensor survives the pass; they differ by {} because the new formula charges all memory outside the framework at the end ({}: {outside}, cached segments, other processes) while the old one sees only what appeared during the pass.",
                 mib(diff.abs()),
                 mib(new.non_torch_bytes)
             )
