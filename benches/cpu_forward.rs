@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
-use vramscope::bench::{fast_weights, forward_flops};
+use vramscope::app::bench::{fast_weights, forward_flops};
 use vramscope::device::{cpu, Device, DeviceSpec};
+use vramscope::engine::runtime::Runtime;
 use vramscope::model::llama::{Batch, LoadOptions};
 use vramscope::model::{self, CausalLm, ModelSource};
 use vramscope::quant::Quant;
-use vramscope::runtime::Runtime;
 
 /// One workload: the model, tokens, sequences.
 const CASES: [(&str, usize, usize); 4] = [

@@ -8,11 +8,11 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use vramscope::app::gui::{LifetimeView, Part, TimelineInput, TimelineView};
 use vramscope::device::DeviceSpec;
-use vramscope::gui::{LifetimeView, Part, TimelineInput, TimelineView};
-use vramscope::lifetimes::Analysis;
 use vramscope::model::ModelSource;
 use vramscope::quant::Quant;
+use vramscope::report::lifetimes::Analysis;
 use vramscope::{ProfileRequest, Report};
 
 const SIZE: egui::Vec2 = egui::vec2(1000.0, 700.0);
@@ -154,9 +154,9 @@ fn bench(c: &mut Criterion) {
     // Opening a saved million-event session: read the JSON and make the analysis.
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("million.json");
-    vramscope::export::json::write(&report, &path).expect("write session");
+    vramscope::report::export::json::write(&report, &path).expect("write session");
     let t = std::time::Instant::now();
-    let back = vramscope::export::json::read(&path).expect("read session");
+    let back = vramscope::report::export::json::read(&path).expect("read session");
     let read = t.elapsed();
     let a = Analysis::of(&back);
     eprintln!(

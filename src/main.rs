@@ -1,5 +1,5 @@
 //! vramscope: the desktop app with no subcommand, the CLI with one.
 
 fn main() {
-    std::process::exit(vramscope::cli::main());
+    std::process::exit(vramscope::app::cli::main());
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use safetensors::{Dtype, SafeTensors};
 use vramscope::device::{Device, DeviceSpec};
+use vramscope::engine::runtime::Runtime;
 use vramscope::model::llama::{Batch, LoadOptions};
 use vramscope::model::opt::OptModel;
 use vramscope::model::weights::StoredDtype;
@@ -16,7 +17,6 @@ use vramscope::model::{self, open, Bnb4Gen, GenOptions, ModelConfig, ModelSource
 use vramscope::quant::bnb4::{self, Bnb4Type};
 use vramscope::quant::int8::TileLayout;
 use vramscope::quant::{Linear, Quant};
-use vramscope::runtime::Runtime;
 use vramscope::Error;
 
 /// The pre-LN small OPT of tests/opt_reference.rs (hidden 64, ffn 256, 2 layers, vocab 1000).
@@ -266,7 +266,7 @@ fn a_4bit_forward_runs_the_same_allocations_dry_and_computed() {
         let h = m.forward_hidden(&rt, &batch).unwrap();
         assert_eq!(h.shape, [12, 64]);
         peaks.push(rt.stats().allocated_peak);
-        if let Some(v) = vramscope::ops::read_f32(&rt, &h).unwrap() {
+        if let Some(v) = vramscope::engine::ops::read_f32(&rt, &h).unwrap() {
             assert!(v.iter().all(|x| x.is_finite()));
         }
     }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vramscope::device::DeviceSpec;
+use vramscope::engine::progress::{Phase, Progress};
 use vramscope::model::ModelSource;
-use vramscope::progress::{Phase, Progress};
 use vramscope::{profile, Error, ProfileRequest};
 
 /// Starts a 4096-token compute run of SmolLM2-135M's shape, cancels it `after` into the
@@ -30,7 +30,7 @@ fn cancel_latency(after: Duration) -> Duration {
     let (done_tx, done_rx) = channel();
     std::thread::spawn(move || {
         // The sink is not Send: made on the run's own thread, as the app's worker does.
-        let sink: vramscope::progress::ProgressSink = Box::new(move |p: Progress| {
+        let sink: vramscope::engine::progress::ProgressSink = Box::new(move |p: Progress| {
             if let Progress::Phase(Phase::Profiling) = p {
                 let _ = phase_tx.send(());
             }

@@ -4,7 +4,7 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use vramscope::bench::{self, relative_l2, BenchRequest};
+use vramscope::app::bench::{self, relative_l2, BenchRequest};
 use vramscope::device::{Device, DeviceSpec};
 use vramscope::model::ModelSource;
 use vramscope::profile::{self, ProfileRequest};
@@ -203,8 +203,8 @@ fn devices_lists_the_gpu_with_its_memory() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn an_allocation_too_big_fails_after_emptying_the_cache_and_frees_everything() {
+    use vramscope::engine::runtime::Runtime;
     use vramscope::memory::Category;
-    use vramscope::runtime::Runtime;
     let d = Device::open(&DeviceSpec::Cuda { ordinal: 0 }).unwrap();
     let start = d.mem_info();
     let rt = Runtime::new(d, Arc::new(AtomicBool::new(false)), None);
@@ -333,11 +333,11 @@ fn vllm_test_memory_profiling_on_the_gpu() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn the_gpu_sampler_matches_the_cpu_sampler() {
+    use vramscope::engine::runtime::Runtime;
+    use vramscope::engine::tensor::DType;
     use vramscope::memory::Category;
     use vramscope::model::llama::Batch;
     use vramscope::model::sampler::{self, Sampler};
-    use vramscope::runtime::Runtime;
-    use vramscope::tensor::DType;
     let (rows, vocab, padded) = (256usize, 50_272usize, 50_304usize);
     // Logits with the spread of a real model's: a few large, a long tail.
     let values: Vec<f32> = (0..rows * padded)
@@ -359,7 +359,7 @@ fn the_gpu_sampler_matches_the_cpu_sampler() {
             .tensor("logits", Category::Sampler, &[rows, padded], DType::F16)
             .unwrap();
         if spec.starts_with("cuda") {
-            vramscope::ops::upload_f32(&rt, &mut logits, &values).unwrap();
+            vramscope::engine::ops::upload_f32(&rt, &mut logits, &values).unwrap();
         } else {
             logits.f32_mut().copy_from_slice(&values);
         }

@@ -6,17 +6,17 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use vramscope::bench::relative_l2;
+use vramscope::app::bench::relative_l2;
 use vramscope::device::{Device, DeviceSpec};
+use vramscope::engine::ops;
+use vramscope::engine::runtime::Runtime;
+use vramscope::engine::tensor::DType;
 use vramscope::model::llama::{Batch, LoadOptions};
 use vramscope::model::opt::OptModel;
 use vramscope::model::weights::StoredDtype;
 use vramscope::model::{self, open, Bnb4Gen, GenOptions, ModelSource};
-use vramscope::ops;
 use vramscope::quant::bnb4::{self, Bnb4Type};
 use vramscope::quant::{dense_matmul, Linear, Quant};
-use vramscope::runtime::Runtime;
-use vramscope::tensor::DType;
 
 fn runtime(spec: &str) -> Runtime {
     let dev = Device::open(&DeviceSpec::parse(spec).unwrap()).unwrap();

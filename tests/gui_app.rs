@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use egui::accesskit::Role;
 use egui_kittest::kittest::{NodeT, Queryable};
 use egui_kittest::Harness;
-use vramscope::gui::{verify_cell, BannerKind, VramscopeApp};
+use vramscope::app::gui::{verify_cell, BannerKind, VramscopeApp};
+use vramscope::base::units::fmt_i;
 use vramscope::profile::formulas::FormulaId;
-use vramscope::units::fmt_i;
 use vramscope::{ProfileRequest, Report};
 
 fn harness() -> Harness<'static, VramscopeApp> {
@@ -119,7 +119,10 @@ fn profile_shows_the_reports_numbers_for_the_chosen_preset_and_quant() {
     assert!(shows(&h, &v063));
 
     // All profiling happened on the worker: this (UI) thread never created a Runtime.
-    assert_eq!(vramscope::runtime::runtimes_created_on_this_thread(), 0);
+    assert_eq!(
+        vramscope::engine::runtime::runtimes_created_on_this_thread(),
+        0
+    );
 }
 
 #[test]
@@ -238,7 +241,7 @@ fn a_dropped_session_reopens_without_running_and_a_dropped_model_becomes_the_pat
     };
     let report = profile_directly(req);
     let session = dir.path().join("run.json");
-    vramscope::export::json::write(&report, &session).unwrap();
+    vramscope::report::export::json::write(&report, &session).unwrap();
 
     let mut h = harness();
     h.run_steps(2);
@@ -288,7 +291,7 @@ fn csv_and_session_exports_are_written_where_the_export_field_says() {
     h.get_by_label("Save CSV").click();
     wait_for_files(&mut h);
     let session = dir.path().join("out.json");
-    let reread = vramscope::export::json::read(&session).unwrap();
+    let reread = vramscope::report::export::json::read(&session).unwrap();
     assert_eq!(&reread, h.state().report().unwrap());
     let rows = csv::Reader::from_path(dir.path().join("out.csv"))
         .unwrap()
@@ -364,7 +367,7 @@ fn lifetime_view_of_llama_3_8b_int8_marks_cxb_kept_and_a_clicked_band_shows_its_
         .map(|g| g.bytes_at_t3)
         .sum();
     assert!(
-        headline.contains(&vramscope::units::fmt_u(at_t3)),
+        headline.contains(&vramscope::base::units::fmt_u(at_t3)),
         "{headline}"
     );
     assert!(shows(&h, &headline), "the headline is on screen");
@@ -495,8 +498,8 @@ fn the_apps_png_report_is_the_clis_report_for_the_same_settings() {
     assert_eq!(
         (img.width(), img.height()),
         (
-            vramscope::export::png::WIDTH,
-            vramscope::export::png::HEIGHT
+            vramscope::report::export::png::WIDTH,
+            vramscope::report::export::png::HEIGHT
         )
     );
 }
@@ -522,7 +525,7 @@ fn app_on_a_real_gpu_profiles_llama_3_8b_int8_cancels_mid_pass_and_matches_the_c
     h.get_by_label(&format!(
         "{}  ({})",
         gpu.name,
-        vramscope::units::fmt_u(gpu.total_bytes)
+        vramscope::base::units::fmt_u(gpu.total_bytes)
     ))
     .click();
     h.run_steps(2);
@@ -567,10 +570,10 @@ fn app_on_a_real_gpu_profiles_llama_3_8b_int8_cancels_mid_pass_and_matches_the_c
         .clone();
     assert!(!r.device.simulated);
     assert!(!r.device_samples.is_empty(), "NVML readings were taken");
-    h.state_mut().tab = vramscope::gui::CentralTab::Lines;
+    h.state_mut().tab = vramscope::app::gui::CentralTab::Lines;
     h.run_steps(3);
     assert!(
-        shows(&h, vramscope::timeline::NVML_LABEL),
+        shows(&h, vramscope::report::timeline::NVML_LABEL),
         "the NVML line is drawn"
     );
     assert!(h.state().analysis().unwrap().headline.is_some());
@@ -590,7 +593,7 @@ fn app_on_a_real_gpu_profiles_llama_3_8b_int8_cancels_mid_pass_and_matches_the_c
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let cli = vramscope::export::json::read(&json).unwrap();
+    let cli = vramscope::report::export::json::read(&json).unwrap();
     // This test process still holds its CUDA context while the CLI runs, so for the CLI it is
     // another process on the GPU: the formulas that charge device-wide memory (#9516, and
     // #12126's and #10511's baselines do not) charge it too (vLLM issue #10451).

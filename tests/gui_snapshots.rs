@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use egui_kittest::kittest::Queryable;
 use egui_kittest::{Harness, SnapshotOptions};
-use vramscope::gui::{SetupForm, VramscopeApp};
+use vramscope::app::gui::{SetupForm, VramscopeApp};
 use vramscope::Report;
 
 /// The default preset (llama-3-8b int8, dry, simulated H100), as the app profiles it on first

@@ -868,9 +868,12 @@ fn a_session_file_that_is_a_fifo_dev_zero_or_sparse_is_refused_at_once() {
     let (f, s) = (fifo.clone(), sparse.clone());
     let results = within(20, move || {
         [
-            model_problem(vramscope::export::json::read(&f).map(|_| ())).1,
-            model_problem(vramscope::export::json::read(Path::new("/dev/zero")).map(|_| ())).1,
-            model_problem(vramscope::export::json::read(&s).map(|_| ())).1,
+            model_problem(vramscope::report::export::json::read(&f).map(|_| ())).1,
+            model_problem(
+                vramscope::report::export::json::read(Path::new("/dev/zero")).map(|_| ()),
+            )
+            .1,
+            model_problem(vramscope::report::export::json::read(&s).map(|_| ())).1,
         ]
     });
     assert_eq!(

@@ -248,7 +248,7 @@ fn every_hostile_snapshot_gives_one_line_exit_2_and_writes_nothing() {
             assert!(!o.exists(), "{name}: {} was written", o.display());
         }
         // The library gives the same error, as a value.
-        let err = vramscope::snapshot::read_bytes(&file, &bytes).unwrap_err();
+        let err = vramscope::report::snapshot::read_bytes(&file, &bytes).unwrap_err();
         assert!(
             matches!(err, vramscope::Error::Snapshot { .. }),
             "{name}: {err}"

@@ -9,12 +9,12 @@ use std::sync::Arc;
 use vramscope::device::{Device, DeviceSpec};
 use vramscope::model::llama::{Batch, LlamaModel, LoadOptions};
 
+use vramscope::engine::runtime::Runtime;
 use vramscope::model::weights::StoredDtype;
 use vramscope::model::{self, GenOptions, ModelSource};
 use vramscope::profile::{self, ProfileRequest};
 use vramscope::quant::int8::TileLayout;
 use vramscope::quant::{FusedLinear, Linear, Quant};
-use vramscope::runtime::Runtime;
 
 fn compute_rt() -> Runtime {
     let spec = DeviceSpec::parse("sim:h100-80gb:compute").unwrap();
@@ -237,7 +237,7 @@ fn bnb_int8_checkpoint_loads_cb_and_scb_as_stored() {
         .find(|(n, _, _)| n == "model.layers.1.self_attn.k_proj.weight")
         .unwrap();
     match &q.cb.storage {
-        vramscope::tensor::Storage::I8(v) => assert_eq!(v, cb),
+        vramscope::engine::tensor::Storage::I8(v) => assert_eq!(v, cb),
         _ => panic!("CB not on the host"),
     }
     assert_eq!(q.scb.f32(), scb.as_slice());

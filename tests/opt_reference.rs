@@ -7,15 +7,15 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use vramscope::device::{Device, DeviceSpec};
+use vramscope::engine::ops;
+use vramscope::engine::runtime::Runtime;
+use vramscope::engine::tensor::DType;
 use vramscope::model::llama::{Batch, LoadOptions};
 use vramscope::model::opt::OptModel;
 use vramscope::model::weights::StoredDtype;
 use vramscope::model::{gen_model_config, open, GenOptions, ModelConfig, ModelSource};
-use vramscope::ops;
 use vramscope::quant::int8::TileLayout;
 use vramscope::quant::{dense_matmul, Quant};
-use vramscope::runtime::Runtime;
-use vramscope::tensor::DType;
 
 /// The two sequences `scripts/opt_reference.py` runs, and the ids it prints.
 const SEQS: [&[u32]; 2] = [&[5, 17, 900, 3, 42], &[999, 0, 64]];

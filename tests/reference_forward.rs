@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use vramscope::bench::{self, BenchRequest};
+use vramscope::app::bench::{self, BenchRequest};
 use vramscope::device::DeviceSpec;
 use vramscope::model::llama::Batch;
 use vramscope::model::weights::StoredDtype;

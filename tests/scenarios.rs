@@ -4,10 +4,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use vramscope::device::DeviceSpec;
+use vramscope::engine::progress::Progress;
 use vramscope::memory::Event;
 use vramscope::model::ModelSource;
 use vramscope::profile::{run, ProfileRequest};
-use vramscope::progress::Progress;
 use vramscope::quant::Quant;
 use vramscope::Error;
 

@@ -318,8 +318,8 @@ fn a_torch_snapshot_of_a_tensor_parallel_run_has_one_device_per_rank() {
     let r = run("preset:tiny", Quant::F16, "sim:h100-80gb:dry", 2, false).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tp.pickle");
-    vramscope::snapshot::write(&r, &path).unwrap();
-    let back = vramscope::snapshot::read(&path, None).unwrap();
+    vramscope::report::snapshot::write(&r, &path).unwrap();
+    let back = vramscope::report::snapshot::read(&path, None).unwrap();
     assert_eq!(back.devices.len(), 2);
     for k in &r.ranks {
         let d = back.device(k.rank).expect("a device per rank");
@@ -332,7 +332,8 @@ fn a_torch_snapshot_of_a_tensor_parallel_run_has_one_device_per_rank() {
 #[test]
 fn the_csvs_carry_every_rank_and_the_engine_rows() {
     let r = run("preset:tiny", Quant::F16, "sim:h100-80gb:dry", 2, false).unwrap();
-    let timeline = String::from_utf8(vramscope::export::csv::timeline_bytes(&r).unwrap()).unwrap();
+    let timeline =
+        String::from_utf8(vramscope::report::export::csv::timeline_bytes(&r).unwrap()).unwrap();
     let header: Vec<&str> = timeline.lines().next().unwrap().split(',').collect();
     assert_eq!(header.last(), Some(&"rank"));
     let rows_of = |rank: &str| {
@@ -344,7 +345,8 @@ fn the_csvs_carry_every_rank_and_the_engine_rows() {
     };
     assert_eq!(rows_of("0"), r.ranks[0].events.len());
     assert_eq!(rows_of("1"), r.ranks[1].events.len());
-    let summary = String::from_utf8(vramscope::export::csv::summary_bytes(&r).unwrap()).unwrap();
+    let summary =
+        String::from_utf8(vramscope::report::export::csv::summary_bytes(&r).unwrap()).unwrap();
     let new = r.engine.iter().find(|e| e.key == "pr9516").unwrap();
     let row = summary
         .lines()

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use vramscope::memory::EventKind;
 use vramscope::model::ModelSource;
 use vramscope::profile::{self, ProfileRequest};
-use vramscope::snapshot;
+use vramscope::report::snapshot;
 
 const MIB: u64 = 1 << 20;
 
@@ -125,7 +125,7 @@ fn report_prints_exact_numbers_and_writes_the_exports() {
     assert_eq!(after("final allocated"), "3149824");
     assert_eq!(after("final reserved"), "23068672");
     assert!(stdout.contains("unknown"), "{stdout}");
-    let session = vramscope::export::json::read(Path::new(&p("s.json"))).unwrap();
+    let session = vramscope::report::export::json::read(Path::new(&p("s.json"))).unwrap();
     assert_eq!(session.event_count, 11);
     assert_eq!(session.checkpoints.t2.allocated_peak, 20976640);
     assert_eq!(session.device.total_bytes, 80 << 30);

@@ -6,6 +6,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use vramscope::device::{Device, DeviceSpec};
+use vramscope::engine::runtime::Runtime;
+use vramscope::engine::tensor::DType;
 use vramscope::memory::{Category, EventKind};
 use vramscope::model::llama::Batch;
 use vramscope::model::sampler::{self, Sampler};
@@ -14,8 +16,6 @@ use vramscope::model::ModelSource;
 use vramscope::profile::formulas::FormulaId;
 use vramscope::profile::{self, ProfileRequest};
 use vramscope::quant::Quant;
-use vramscope::runtime::Runtime;
-use vramscope::tensor::DType;
 
 fn runtime(spec: &str) -> Runtime {
     let dev = Device::open(&DeviceSpec::parse(spec).unwrap()).unwrap();
@@ -163,7 +163,7 @@ fn llama_3_8b_with_vllm_defaults_peaks_in_the_sampler() {
     // The CSV names the sampler's tensors.
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("t.csv");
-    vramscope::export::csv::write(&r, &csv).unwrap();
+    vramscope::report::export::csv::write(&r, &csv).unwrap();
     let text = std::fs::read_to_string(&csv).unwrap();
     for name in [
         "sampler.logits_sort",

@@ -4,8 +4,8 @@
 #![no_main]
 use clap::Parser;
 use libfuzzer_sys::fuzz_target;
-use vramscope::cli::{Cli, Command};
-use vramscope::limits;
+use vramscope::app::cli::{Cli, Command};
+use vramscope::base::limits;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

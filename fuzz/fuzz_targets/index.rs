@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     let path = std::path::Path::new("model.safetensors.index.json");
     if let Ok(map) = parse_index(text, path) {
         assert!(!map.is_empty());
-        assert!(map.len() as u64 <= vramscope::limits::MAX_TENSORS);
+        assert!(map.len() as u64 <= vramscope::base::limits::MAX_TENSORS);
         for (_, file) in &map {
             // Every accepted shard name stays inside the index's folder.
             assert!(!file.contains('/') && !file.contains('\\') && file.ends_with(".safetensors"));

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 pub use super::cpu_attention::{attention_strided, RowLayout};
 use super::cpu_vec;
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// FLOPs a GEMM row block may take between cancel checks: ~0.04 s on two cores, large enough
 /// that re-packing the weight per block costs little (a 2048-token SmolLM2 pass ran 2.5%

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use super::cpu::AttnShape;
 use super::cpu_vec;
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// Query rows per task: large enough that the products run near the GEMM rate, small enough
 /// that a 2048-token sequence gives each core many tasks.

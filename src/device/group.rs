@@ -9,7 +9,7 @@
 
 use std::sync::{Condvar, Mutex};
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// Where the ranks of one instance meet. Shared (`Arc`) by every rank's thread.
 pub struct RankGroup {

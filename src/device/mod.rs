@@ -5,6 +5,7 @@
 
 pub mod cpu;
 pub mod cpu_attention;
+pub mod cpu_opt;
 pub mod cpu_sampler;
 pub(crate) mod cpu_vec;
 pub mod cuda;
@@ -14,7 +15,7 @@ pub mod sim;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 use crate::memory::{SegmentHandle, SegmentSource};
 pub use presets::{SimPreset, SIM_PRESETS};
 pub use sim::SimDevice;

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
@@ -198,7 +198,7 @@ impl ModelConfig {
         let Some(obj) = v.as_object() else {
             return Err(format!(
                 "holds a JSON {}, expected an object with model_type, hidden_size, ...",
-                crate::fsguard::json_kind(v)
+                crate::base::fsguard::json_kind(v)
             ));
         };
         let arch = match obj.get("model_type") {
@@ -210,7 +210,7 @@ impl ModelConfig {
             Some(other) => {
                 return Err(format!(
                     "model_type is {other} (a {}), expected a string: llama, mistral, qwen2 or opt",
-                    crate::fsguard::json_kind(other)
+                    crate::base::fsguard::json_kind(other)
                 ))
             }
         };
@@ -227,7 +227,7 @@ impl ModelConfig {
                 "head_dim" => 1 << 12,
                 "hidden_size" => 1 << 17,
                 "intermediate_size" => 1 << 19,
-                "max_position_embeddings" => crate::limits::MAX_MODEL_LEN,
+                "max_position_embeddings" => crate::base::limits::MAX_MODEL_LEN,
                 _ => 1 << 23,
             };
             let found = match v.get(k) {
@@ -237,7 +237,7 @@ impl ModelConfig {
             let n = found.as_u64().ok_or_else(|| {
                 format!(
                     "'{k}' is {found} (a {}), expected a positive integer",
-                    crate::fsguard::json_kind(found)
+                    crate::base::fsguard::json_kind(found)
                 )
             })?;
             if n == 0 || n > limit {
@@ -418,7 +418,7 @@ impl ModelConfig {
 
 /// Reads `config.json` as a JSON object (bounded, regular file only).
 pub(crate) fn read_config_json(path: &Path) -> Result<serde_json::Value> {
-    crate::fsguard::read_json_object(path, "config.json", crate::fsguard::CONFIG_LIMIT)
+    crate::base::fsguard::read_json_object(path, "config.json", crate::base::fsguard::CONFIG_LIMIT)
 }
 
 /// An optional boolean key: absent or null gives `default`; anything but true/false is an
@@ -433,7 +433,7 @@ pub(crate) fn boolean(
         Some(serde_json::Value::Bool(b)) => Ok(*b),
         Some(other) => Err(format!(
             "'{k}' is {other} (a {}), expected true or false",
-            crate::fsguard::json_kind(other)
+            crate::base::fsguard::json_kind(other)
         )),
     }
 }
@@ -454,7 +454,7 @@ pub(crate) fn float(
     let n = x.as_f64().ok_or_else(|| {
         format!(
             "'{k}' is {x} (a {}), expected a number {range}",
-            crate::fsguard::json_kind(x)
+            crate::base::fsguard::json_kind(x)
         )
     })?;
     if !n.is_finite() || !ok(n) {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::config::ModelConfig;
 use super::weights::WeightSource;
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 /// Nested arrays deeper than this are refused (no real file nests at all).
@@ -299,21 +299,21 @@ impl GgufHeader {
                 ),
             ));
         }
-        if kv_count > crate::limits::MAX_GGUF_KEYS {
+        if kv_count > crate::base::limits::MAX_GGUF_KEYS {
             return Err(Error::model(
                 path,
                 format!(
                     "metadata count {kv_count} is more than the {} keys this tool reads",
-                    crate::limits::MAX_GGUF_KEYS
+                    crate::base::limits::MAX_GGUF_KEYS
                 ),
             ));
         }
-        if tensor_count > crate::limits::MAX_TENSORS {
+        if tensor_count > crate::base::limits::MAX_TENSORS {
             return Err(Error::model(
                 path,
                 format!(
                     "tensor count {tensor_count} is more than the {} tensors this tool reads",
-                    crate::limits::MAX_TENSORS
+                    crate::base::limits::MAX_TENSORS
                 ),
             ));
         }

@@ -8,13 +8,13 @@ use super::config::ModelConfig;
 pub use super::loader::{LoadOptions, LoadStats};
 use super::loader::{Loader, Slice};
 use super::weights::WeightSource;
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
+use crate::engine::ops;
+use crate::engine::progress::Progress;
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
-use crate::ops;
-use crate::progress::Progress;
 use crate::quant::{FusedLinear, Linear, Quant};
-use crate::runtime::Runtime;
-use crate::tensor::{DType, Tensor};
 
 /// vLLM's `LlamaAttention` (llama.py at 380e1863): `qkv_proj` is a `QKVParallelLinear`, q, k
 /// and v stacked into one parameter.
@@ -261,7 +261,7 @@ impl LlamaModel {
         // residual stream; layer 0 normalises into a new tensor, every later norm is
         // `fused_add_rms_norm` in place, the final one too.
         let mut residual = if rt.tp().is_some() {
-            crate::ops_tp::vocab_parallel_embedding(
+            crate::engine::ops_tp::vocab_parallel_embedding(
                 rt,
                 &batch.ids,
                 &self.embed,
@@ -330,7 +330,8 @@ impl LlamaModel {
                 .o
                 .forward(rt, &a, &format!("{l}.o_proj"), gen, act)?;
             // RowParallelLinear.forward: the partial sums of the ranks, all-reduced.
-            let mut o = crate::ops_tp::all_reduce(rt, o, &format!("{l}.o_proj.all_reduce"))?;
+            let mut o =
+                crate::engine::ops_tp::all_reduce(rt, o, &format!("{l}.o_proj.all_reduce"))?;
             drop((q, k, v));
             drop(qkv);
             drop(a);
@@ -359,7 +360,8 @@ impl LlamaModel {
             let down = layer
                 .down
                 .forward(rt, &act_out, &format!("{l}.down_proj"), gen, act)?;
-            let down = crate::ops_tp::all_reduce(rt, down, &format!("{l}.down_proj.all_reduce"))?;
+            let down =
+                crate::engine::ops_tp::all_reduce(rt, down, &format!("{l}.down_proj.all_reduce"))?;
             drop(act_out);
             drop(gate_up);
             // The decoder rebinds `hidden_states` to the MLP's output: o_proj's output dies;

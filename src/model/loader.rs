@@ -3,16 +3,16 @@
 //! the Llama-family and OPT models.
 
 use super::weights::WeightSource;
+use crate::base::error::{Error, Result};
 use crate::device::Backend;
-use crate::error::{Error, Result};
+use crate::engine::ops;
+use crate::engine::progress::Progress;
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
-use crate::ops;
-use crate::progress::Progress;
 use crate::quant::bnb4::{self, Absmax, Bnb4Meta, Bnb4Type};
 use crate::quant::int8::{Int8Linear, TileLayout};
 use crate::quant::{Bnb4Linear, Bnb4Nested, FusedLinear, Linear, Quant};
-use crate::runtime::Runtime;
-use crate::tensor::{DType, Tensor};
 use std::rc::Rc;
 
 /// Measured while loading: bytes read from the weights' source as stored (after the page
@@ -413,7 +413,7 @@ impl<'a> Loader<'a> {
             None
         };
         if meta.shape != [n, k] {
-            return Err(crate::error::Error::model(
+            return Err(crate::base::error::Error::model(
                 self.src.origin(),
                 format!(
                     "tensor {name}: its quant state says shape {:?}, the config implies [{n}, {k}]",
@@ -629,8 +629,8 @@ fn put_u8(rt: &Runtime, name: &str, shape: &[usize], data: Option<&[u8]>) -> Res
     let mut t = rt.tensor(name, Category::Weight, shape, DType::U8)?;
     if let Some(d) = data {
         match &mut t.storage {
-            crate::tensor::Storage::U8(dst) => dst.copy_from_slice(d),
-            crate::tensor::Storage::Cuda(_) => ops::upload_u8(rt, &mut t, d)?,
+            crate::engine::tensor::Storage::U8(dst) => dst.copy_from_slice(d),
+            crate::engine::tensor::Storage::Cuda(_) => ops::upload_u8(rt, &mut t, d)?,
             _ => {}
         }
     }
@@ -642,8 +642,8 @@ fn put_f32(rt: &Runtime, name: &str, shape: &[usize], data: Option<&[f32]>) -> R
     let mut t = rt.tensor(name, Category::Weight, shape, DType::F32)?;
     if let Some(d) = data {
         match &mut t.storage {
-            crate::tensor::Storage::F32(dst) => dst.copy_from_slice(d),
-            crate::tensor::Storage::Cuda(_) => ops::upload_f32(rt, &mut t, d)?,
+            crate::engine::tensor::Storage::F32(dst) => dst.copy_from_slice(d),
+            crate::engine::tensor::Storage::Cuda(_) => ops::upload_f32(rt, &mut t, d)?,
             _ => {}
         }
     }
@@ -665,7 +665,7 @@ pub(crate) fn load_int8(
     let mut scb = rt.tensor(format!("{base}.SCB"), Category::Weight, &[n], DType::F32)?;
     if let Some((q, s)) = data {
         if rt.backend() == Backend::Cpu {
-            if let crate::tensor::Storage::I8(dst) = &mut cb.storage {
+            if let crate::engine::tensor::Storage::I8(dst) = &mut cb.storage {
                 dst.copy_from_slice(&q);
             }
             scb.f32_mut().copy_from_slice(&s);

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 pub use config::ModelConfig;
 use weights::{StoredDtype, SyntheticWeights, WeightSource};
 
@@ -62,8 +62,8 @@ impl ModelSource {
                 )));
             }
             return Ok(ModelSource::Synthetic {
-                weights_bytes: crate::units::parse_bytes(parts[0])?,
-                spike_bytes: crate::units::parse_bytes(parts[1])?,
+                weights_bytes: crate::base::units::parse_bytes(parts[0])?,
+                spike_bytes: crate::base::units::parse_bytes(parts[1])?,
             });
         }
         Ok(ModelSource::Path {
@@ -118,7 +118,7 @@ fn is_ext(p: &Path, ext: &str) -> bool {
 /// Finds config.json and the weights from whichever the user picked: the folder, its
 /// `config.json`, the index json, any shard, a single `.safetensors`, or a `.gguf`.
 pub fn resolve_files(path: &Path) -> Result<ModelFiles> {
-    crate::fsguard::stat(path, "file")?;
+    crate::base::fsguard::stat(path, "file")?;
     if path.is_file() && is_ext(path, "gguf") {
         return Ok(ModelFiles {
             format: FileFormat::Gguf,
@@ -154,7 +154,11 @@ pub fn resolve_files(path: &Path) -> Result<ModelFiles> {
     let config = dir.join("config.json");
     let (weights, shards, index) = match index_path {
         Some(ip) => {
-            let text = crate::fsguard::read_text(&ip, "index file", crate::fsguard::INDEX_LIMIT)?;
+            let text = crate::base::fsguard::read_text(
+                &ip,
+                "index file",
+                crate::base::fsguard::INDEX_LIMIT,
+            )?;
             let map = sharded::parse_index(&text, &ip)?;
             let mut names: Vec<&str> = map.iter().map(|(_, f)| f.as_str()).collect();
             names.sort_unstable();
@@ -269,9 +273,9 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
                     double_quant,
                 } => {
                     let dtype = match json["torch_dtype"].as_str() {
-                        Some("bfloat16") => crate::tensor::DType::BF16,
-                        Some("float32") => crate::tensor::DType::F32,
-                        _ => crate::tensor::DType::F16,
+                        Some("bfloat16") => crate::engine::tensor::DType::BF16,
+                        Some("float32") => crate::engine::tensor::DType::F32,
+                        _ => crate::engine::tensor::DType::F16,
                     };
                     let shapes = cfg
                         .tensor_shapes()
@@ -317,7 +321,7 @@ struct ConfigOnly {
 /// blocks of 64 (nested blocks of 256) in `torch_dtype`, for every linear weight.
 struct ConfigOnlyBnb4 {
     gen: Bnb4Gen,
-    dtype: crate::tensor::DType,
+    dtype: crate::engine::tensor::DType,
     shapes: std::collections::HashMap<String, [usize; 2]>,
 }
 
@@ -563,9 +567,9 @@ impl LazyTensor<'_> {
         let (n, k) = (self.shape[0], self.shape[1]);
         let w = self.gen.generate(&self.source, n * k);
         let dtype = match self.gen.dtype {
-            StoredDtype::BF16 => crate::tensor::DType::BF16,
-            StoredDtype::F32 => crate::tensor::DType::F32,
-            _ => crate::tensor::DType::F16,
+            StoredDtype::BF16 => crate::engine::tensor::DType::BF16,
+            StoredDtype::F32 => crate::engine::tensor::DType::F32,
+            _ => crate::engine::tensor::DType::F16,
         };
         crate::quant::bnb4::quantize_parts(&w, [n, k], g.quant_type, g.double_quant, dtype)
     }
@@ -600,9 +604,9 @@ impl LazyTensor<'_> {
                 quant_type: g.quant_type,
                 blocksize: crate::quant::bnb4::BLOCKSIZE,
                 dtype: match self.gen.dtype {
-                    StoredDtype::BF16 => crate::tensor::DType::BF16,
-                    StoredDtype::F32 => crate::tensor::DType::F32,
-                    _ => crate::tensor::DType::F16,
+                    StoredDtype::BF16 => crate::engine::tensor::DType::BF16,
+                    StoredDtype::F32 => crate::engine::tensor::DType::F32,
+                    _ => crate::engine::tensor::DType::F16,
                 },
                 shape: [self.shape[0], self.shape[1]],
                 packed: vec![],
@@ -895,7 +899,7 @@ pub fn gen_model_config_with(
         });
     }
     let text = serde_json::to_string_pretty(&json).expect("json");
-    crate::export::atomic_write(&cfg_path, text.as_bytes())?;
+    crate::report::export::atomic_write(&cfg_path, text.as_bytes())?;
     Ok(ModelFiles {
         format: FileFormat::Safetensors,
         config: cfg_path,
@@ -978,7 +982,7 @@ fn write_shards(dir: &Path, tensors: Vec<(String, LazyTensor)>, n: usize) -> Res
         "weight_map": weight_map,
     });
     let text = serde_json::to_string_pretty(&json).expect("json");
-    crate::export::atomic_write(&index_path, text.as_bytes())?;
+    crate::report::export::atomic_write(&index_path, text.as_bytes())?;
     Ok((index_path, paths, Some(map)))
 }
 
@@ -1010,7 +1014,7 @@ pub enum CausalLm {
 impl CausalLm {
     /// Loads the architecture `cfg.arch` names, every weight through the framework allocator.
     pub fn load(
-        rt: &crate::runtime::Runtime,
+        rt: &crate::engine::runtime::Runtime,
         cfg: &ModelConfig,
         src: &dyn WeightSource,
         opts: &llama::LoadOptions,
@@ -1046,9 +1050,9 @@ impl CausalLm {
     /// The model's output hidden states over every token, `[tokens, hidden]`.
     pub fn forward_hidden(
         &self,
-        rt: &crate::runtime::Runtime,
+        rt: &crate::engine::runtime::Runtime,
         batch: &llama::Batch,
-    ) -> Result<crate::tensor::Tensor> {
+    ) -> Result<crate::engine::tensor::Tensor> {
         match self {
             CausalLm::Llama(m) => m.forward_hidden(rt, batch),
             CausalLm::Opt(m) => m.forward_hidden(rt, batch),
@@ -1056,7 +1060,7 @@ impl CausalLm {
     }
 
     /// The output projection over the padded vocabulary, `[Vp, hidden]`.
-    pub fn lm_head(&self) -> &crate::tensor::Tensor {
+    pub fn lm_head(&self) -> &crate::engine::tensor::Tensor {
         match self {
             CausalLm::Llama(m) => m.lm_head(),
             CausalLm::Opt(m) => m.lm_head(),
@@ -1067,14 +1071,14 @@ impl CausalLm {
     /// of each sequence.
     pub fn forward(
         &self,
-        rt: &crate::runtime::Runtime,
+        rt: &crate::engine::runtime::Runtime,
         batch: &llama::Batch,
-    ) -> Result<crate::tensor::Tensor> {
+    ) -> Result<crate::engine::tensor::Tensor> {
         let hidden = self.forward_hidden(rt, batch)?;
         let rows = sampler::last_token_rows(&batch.seq_lens);
         sampler::logits_f32(rt, &hidden, self.lm_head(), &rows, self.config().vocab_size)?
             .ok_or_else(|| {
-                crate::error::Error::Request(
+                crate::base::error::Error::Request(
                     "the logits were gathered to tensor-parallel rank 0".into(),
                 )
             })

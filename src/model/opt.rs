@@ -15,14 +15,14 @@ use super::config::{ModelConfig, OptShape, OPT_POSITION_OFFSET};
 use super::llama::Batch;
 use super::loader::{LoadOptions, LoadStats, Loader};
 use super::weights::WeightSource;
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
+use crate::engine::ops;
+use crate::engine::ops_opt;
+use crate::engine::progress::Progress;
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
-use crate::ops;
-use crate::ops_opt;
-use crate::progress::Progress;
 use crate::quant::{FusedLinear, Linear, Quant};
-use crate::runtime::Runtime;
-use crate::tensor::{DType, Tensor};
 
 /// A linear layer and its optional bias (`enable_bias`).
 pub struct BiasedLinear {
@@ -315,7 +315,7 @@ impl OptModel {
         rt.set_layer(None);
         // L258: inputs_embeds = embed_tokens(input_ids) (vocab-parallel with more ranks).
         let inputs_embeds = if rt.tp().is_some() {
-            crate::ops_tp::vocab_parallel_embedding(
+            crate::engine::ops_tp::vocab_parallel_embedding(
                 rt,
                 &batch.ids,
                 &self.embed,
@@ -444,7 +444,7 @@ impl OptModel {
         let o = layer
             .out
             .forward(rt, &a, &format!("{l}.out_proj"), gen, act)?;
-        let o = crate::ops_tp::all_reduce(rt, o, &format!("{l}.out_proj.all_reduce"))?;
+        let o = crate::engine::ops_tp::all_reduce(rt, o, &format!("{l}.out_proj.all_reduce"))?;
         drop((q, k, v, qkv, a));
         // L165-168: the LN output is rebound (freed), then residual + attention output.
         drop(normed);
@@ -489,7 +489,7 @@ impl OptModel {
         let r = ops_opt::relu(rt, &f1, &format!("{l}.relu"))?;
         drop(f1);
         let f2 = layer.fc2.forward(rt, &r, &format!("{l}.fc2"), gen, act)?;
-        let f2 = crate::ops_tp::all_reduce(rt, f2, &format!("{l}.fc2.all_reduce"))?;
+        let f2 = crate::engine::ops_tp::all_reduce(rt, f2, &format!("{l}.fc2.all_reduce"))?;
         drop(r);
         // L181
         let out = ops_opt::add(rt, &hs, &f2, &format!("{l}.residual_mlp"))?;

@@ -12,12 +12,12 @@
 use std::cell::RefCell;
 
 use super::llama::Batch;
+use crate::base::error::{Error, Result};
 use crate::device::{cpu_sampler as cpu, Backend};
-use crate::error::{Error, Result};
+use crate::engine::ops::cuda;
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Storage, Tensor};
 use crate::memory::Category;
-use crate::ops::cuda;
-use crate::runtime::Runtime;
-use crate::tensor::{DType, Storage, Tensor};
 
 /// vLLM's profile run samples with `top_p = 0.99` (model_runner.py L1201).
 pub const PROFILE_TOP_P: f32 = 0.99;
@@ -71,7 +71,7 @@ fn upload_f32(rt: &Runtime, t: &mut Tensor, values: &[f32]) -> Result<()> {
             }
             Ok(())
         }
-        Backend::Cuda => crate::ops::upload_f32(rt, t, values),
+        Backend::Cuda => crate::engine::ops::upload_f32(rt, t, values),
     }
 }
 
@@ -164,7 +164,7 @@ pub fn compute_logits(
         Category::Sampler,
     )?;
     drop(h_sel);
-    crate::ops_tp::gather_logits(rt, logits)
+    crate::engine::ops_tp::gather_logits(rt, logits)
 }
 
 /// Forward-only logits: `compute_logits`, then `[..., :vocab].to(torch.float)`, `[S, vocab]`
@@ -606,7 +606,7 @@ fn sort_rows(rt: &Runtime, x: &Tensor, values: &mut Tensor, idx: &mut Tensor) ->
 fn head(rt: &Runtime, x: &Tensor, rows: usize) -> Result<Vec<f32>> {
     let cols = x.cols();
     let take = rows.min(x.rows()) * cols;
-    Ok(crate::ops::read_f32(rt, x)?
+    Ok(crate::engine::ops::read_f32(rt, x)?
         .map(|mut v| {
             v.truncate(take);
             v

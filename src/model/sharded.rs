@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::config::ModelConfig;
 use super::weights::{floats_to_f32, SafetensorsFile, StoredDtype, WeightSource};
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 use crate::quant::bnb4::{Absmax, Bnb4Meta, Bnb4Parts, Bnb4Type};
 
 /// The `weight_map` of an index file: tensor → shard file name (inside the index's folder).
@@ -17,13 +17,13 @@ pub fn parse_index(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
     let map = v["weight_map"]
         .as_object()
         .ok_or_else(|| Error::model(path, "no \"weight_map\" object"))?;
-    if map.len() as u64 > crate::limits::MAX_TENSORS {
+    if map.len() as u64 > crate::base::limits::MAX_TENSORS {
         return Err(Error::model(
             path,
             format!(
                 "weight_map lists {} tensors, more than the {} this tool reads",
                 map.len(),
-                crate::limits::MAX_TENSORS
+                crate::base::limits::MAX_TENSORS
             ),
         ));
     }

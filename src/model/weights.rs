@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use rand::{Rng, SeedableRng};
 use safetensors::{Dtype, SafeTensors};
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// Element type of a stored tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,7 +164,7 @@ impl WeightSource for SyntheticWeights {
 /// Maps a model file read-only: a regular file only (a FIFO or a device is named as what it
 /// is); a missing file is a model error naming it.
 pub(crate) fn map_model_file(path: &Path) -> Result<memmap2::Mmap> {
-    let (file, _) = crate::fsguard::open_regular(path, "file")?;
+    let (file, _) = crate::base::fsguard::open_regular(path, "file")?;
     // SAFETY: the map is read-only; a file changed under us could only give wrong numbers,
     // and every offset is checked against the map's length before use.
     unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))
@@ -412,10 +412,10 @@ impl<'de> serde::Deserialize<'de> for HeaderEntries {
             ) -> std::result::Result<HeaderEntries, A::Error> {
                 let mut out = Vec::new();
                 while let Some(k) = m.next_key::<String>()? {
-                    if out.len() as u64 > crate::limits::MAX_TENSORS {
+                    if out.len() as u64 > crate::base::limits::MAX_TENSORS {
                         return Err(serde::de::Error::custom(format!(
                             "more than {} tensor entries (the bound this tool reads)",
-                            crate::limits::MAX_TENSORS
+                            crate::base::limits::MAX_TENSORS
                         )));
                     }
                     out.push((k, m.next_value()?));

@@ -9,11 +9,11 @@ use std::time::Instant;
 
 use super::formulas::FormulaId;
 use super::request::ProfileRequest;
+use crate::base::error::{Error, Result};
+use crate::base::units::fmt_u;
 use crate::device::DeviceSpec;
-use crate::error::{Error, Result};
 use crate::model::{self, ModelConfig, ModelSource};
 use crate::quant::Quant;
-use crate::units::fmt_u;
 
 /// Set once by the CLI's `--allow-host-memory`: the user insists on running above the budget.
 static INSISTED: AtomicBool = AtomicBool::new(false);
@@ -158,7 +158,7 @@ pub fn estimate(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> HostEstimate
 /// FLOPs of one pass split into the GEMMs (linear layers and lm_head) and attention, whose
 /// CPU kernels run at very different rates.
 fn forward_flops(cfg: &ModelConfig, seq_lens: &[usize]) -> (f64, f64) {
-    let total = crate::bench::forward_flops(cfg, seq_lens);
+    let total = crate::app::bench::forward_flops(cfg, seq_lens);
     let pairs: f64 = seq_lens
         .iter()
         .map(|&n| n as f64 * (n as f64 + 1.0) / 2.0)

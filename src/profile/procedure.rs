@@ -11,16 +11,16 @@ use super::report::{
     FormulaResult, ModelInfo, PassStats, Report, TopLogits, Truth, Verify, REPORT_FORMAT,
 };
 use super::request::ProfileRequest;
+use crate::base::error::{Error, Result};
 use crate::device::{Device, DeviceSpec};
-use crate::error::{Error, Result};
+use crate::engine::ops;
+use crate::engine::progress::{Phase, Progress, ProgressSink};
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::Tensor;
 use crate::memory::{Category, Event, EventKind};
 use crate::model::llama::{Batch, LoadOptions};
 use crate::model::sampler::{self, Sampler};
 use crate::model::{self, presets, CausalLm, ModelSource};
-use crate::ops;
-use crate::progress::{Phase, Progress, ProgressSink};
-use crate::runtime::Runtime;
-use crate::tensor::Tensor;
 
 /// What runs in each pass.
 enum Workload {
@@ -313,17 +313,17 @@ fn verify(
         Some(e) => format!("OOM: {e}{released}"),
         None if within => format!(
             "fits: peak {} is {} under floor(T·u) = {}; {} of the device left",
-            crate::units::fmt_u(peak),
-            crate::units::fmt_i(-overrun),
-            crate::units::fmt_u(budget),
-            crate::units::fmt_i(room)
+            crate::base::units::fmt_u(peak),
+            crate::base::units::fmt_i(-overrun),
+            crate::base::units::fmt_u(budget),
+            crate::base::units::fmt_i(room)
         ),
         None => format!(
             "over budget by {}: peak {} > floor(T·u) = {}, but no OOM ({} of the device left){released}",
-            crate::units::fmt_i(overrun),
-            crate::units::fmt_u(peak),
-            crate::units::fmt_u(budget),
-            crate::units::fmt_i(room)
+            crate::base::units::fmt_i(overrun),
+            crate::base::units::fmt_u(peak),
+            crate::base::units::fmt_u(budget),
+            crate::base::units::fmt_i(room)
         ),
     };
     Ok((
@@ -430,8 +430,8 @@ pub(crate) fn run_rank(
         let held = rt.with_device(|d| d.hold_foreign(req.outside_before))?;
         rt.marker(&format!(
             "another process holds {} (--outside-before {})",
-            crate::units::fmt_u(held),
-            crate::units::fmt_u(req.outside_before)
+            crate::base::units::fmt_u(held),
+            crate::base::units::fmt_u(req.outside_before)
         ));
         held
     } else {

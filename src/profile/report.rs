@@ -70,9 +70,15 @@ impl Verify {
         } else if self.oom {
             "OOM".into()
         } else if self.within_budget {
-            format!("ok ({} spare)", crate::units::fmt_i(-self.overrun_bytes))
+            format!(
+                "ok ({} spare)",
+                crate::base::units::fmt_i(-self.overrun_bytes)
+            )
         } else {
-            format!("over budget by {}", crate::units::fmt_i(self.overrun_bytes))
+            format!(
+                "over budget by {}",
+                crate::base::units::fmt_i(self.overrun_bytes)
+            )
         }
     }
 }
@@ -247,7 +253,7 @@ impl Report {
             return String::new();
         };
         let diff = new.kv_bytes - old.kv_bytes;
-        let mib = |b: i64| crate::units::fmt_i(b);
+        let mib = |b: i64| crate::base::units::fmt_i(b);
         let state = self.quant_state_after_bytes as i64;
         let ctx_like = self.outside_framework_bytes as i64;
         // What lives outside the framework: with tensor parallel, NCCL's buffers beside the

@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::base::error::{Error, Result};
 use crate::device::DeviceSpec;
-use crate::error::{Error, Result};
 use crate::model::ModelSource;
 use crate::quant::Quant;
 
@@ -114,7 +114,7 @@ impl ProfileRequest {
     /// vLLM's defaults, filled in by `resolved`).
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Request(m));
-        use crate::limits::{count, count_usize, MAX_MODEL_LEN, MAX_TOKENS};
+        use crate::base::limits::{count, count_usize, MAX_MODEL_LEN, MAX_TOKENS};
         // 0 tokens or max_model_len: vLLM's defaults, filled in by `resolved`.
         if self.tokens != 0 {
             count_usize("--max-num-batched-tokens", self.tokens, 1, MAX_TOKENS)?;
@@ -126,7 +126,7 @@ impl ProfileRequest {
             ("--outside-before", self.outside_before),
             ("--outside-during", self.outside_during),
         ] {
-            count(what, bytes, 0, crate::limits::MAX_BYTES)?;
+            count(what, bytes, 0, crate::base::limits::MAX_BYTES)?;
         }
         if self.seqs == 0 || (self.tokens > 0 && self.seqs > self.tokens) {
             return bad(format!(

@@ -11,11 +11,11 @@ use super::formulas::FormulaId;
 use super::procedure::{run_rank, RankSpec};
 use super::report::{EngineBudget, Report};
 use super::request::ProfileRequest;
+use crate::base::error::{Error, Result};
 use crate::device::group::RankGroup;
 use crate::device::DeviceSpec;
-use crate::error::{Error, Result};
+use crate::engine::progress::ProgressSink;
 use crate::model::{self, ModelSource};
-use crate::progress::ProgressSink;
 
 /// Checks what can be checked before any rank starts: enough GPUs, a model that divides.
 fn preflight(req: &ProfileRequest) -> Result<()> {

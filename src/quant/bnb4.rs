@@ -13,12 +13,12 @@
 
 use super::nf4::{self, NF4_LEVELS};
 use super::{dense_matmul, Bnb4Linear};
+use crate::base::error::Result;
 use crate::device::Backend;
-use crate::error::Result;
+use crate::engine::ops::cuda;
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
-use crate::ops::cuda;
-use crate::runtime::Runtime;
-use crate::tensor::{DType, Tensor};
 
 /// The 4-bit data type (`quant_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

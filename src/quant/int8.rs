@@ -6,11 +6,11 @@
 
 use std::cell::RefCell;
 
+use crate::base::error::Result;
 use crate::device::Backend;
-use crate::error::Result;
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
-use crate::runtime::Runtime;
-use crate::tensor::{DType, Tensor};
 
 /// Row-wise absmax quantization of a `[n, k]` weight: `CB = round(127 w / absmax_row)`.
 pub fn quantize_rows(w: &[f32], n: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
@@ -163,7 +163,7 @@ impl Int8Linear {
                     .fold(0.0f32, |a, c| a.max(xs[r * k + c].abs()));
             }
             sca.f32_mut().copy_from_slice(&rowmax);
-            if let crate::tensor::Storage::I8(q) = &mut ca.storage {
+            if let crate::engine::tensor::Storage::I8(q) = &mut ca.storage {
                 for r in 0..m {
                     let s = if rowmax[r] > 0.0 {
                         127.0 / rowmax[r]
@@ -196,7 +196,7 @@ impl Int8Linear {
             )?;
             if compute {
                 let cb = self.cb.i8();
-                if let crate::tensor::Storage::I8(dst) = &mut cxb.storage {
+                if let crate::engine::tensor::Storage::I8(dst) = &mut cxb.storage {
                     for r in 0..n {
                         dst[r * cp..r * cp + k].copy_from_slice(&cb[r * k..(r + 1) * k]);
                     }
@@ -225,7 +225,7 @@ impl Int8Linear {
                 &[no],
                 DType::I64,
             )?;
-            if let crate::tensor::Storage::I32(v) = &mut idx.storage {
+            if let crate::engine::tensor::Storage::I32(v) = &mut idx.storage {
                 for (d, &c) in v.iter_mut().zip(&outliers) {
                     *d = c as i32;
                 }
@@ -313,7 +313,7 @@ impl Int8Linear {
             let cxb = state.cxb.as_ref().expect("CxB built above").i8();
             let (_, cp) = self.layout.padded(n, k);
             let qa = ca.i8();
-            if let crate::tensor::Storage::I32(acc) = &mut out32.storage {
+            if let crate::engine::tensor::Storage::I32(acc) = &mut out32.storage {
                 for r in 0..m {
                     // A scalar int8 GEMM: Cancel is checked every few rows, not once per op.
                     if r % 8 == 0 {

@@ -10,11 +10,11 @@ use bnb4::Bnb4Type;
 
 use serde::{Deserialize, Serialize};
 
+use crate::base::error::{Error, Result};
 use crate::device::{cpu, Backend};
-use crate::error::{Error, Result};
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
-use crate::runtime::Runtime;
-use crate::tensor::{DType, Tensor};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -236,7 +236,7 @@ impl FusedLinear {
                         Backend::Cuda => {
                             let w = weight.part(&weight.name, r0 * k, &[n, k]);
                             let mut o = out.part(&out.name, m * r0, &[m, n]);
-                            crate::ops::cuda(rt, |c| c.gemm_nt(x, &w, &mut o))?
+                            crate::engine::ops::cuda(rt, |c| c.gemm_nt(x, &w, &mut o))?
                         }
                     }
                     r0 += n;
@@ -322,7 +322,7 @@ fn shard_loop(
             Linear::Dense(w) => dense_matmul(rt, xb, w, &sname, act)?,
         };
         let n = shard.out_features();
-        crate::ops::copy_into(rt, &mut out, m * r0, &y)?;
+        crate::engine::ops::copy_into(rt, &mut out, m * r0, &y)?;
         drop(y);
         r0 += n;
     }

@@ -6,9 +6,9 @@ use cudarc::driver::LaunchConfig;
 
 use super::gemm::{blas_type, Gemm};
 use super::{kernels, CudaDevice};
+use crate::base::error::Result;
 use crate::device::cpu::AttnShape;
-use crate::error::Result;
-use crate::tensor::Tensor;
+use crate::engine::tensor::Tensor;
 
 /// Bound on the attention score buffer (f32 scores of one chunk of query rows);
 /// `VRAMSCOPE_ATTN_SCRATCH_MIB` changes it (fewer, larger chunks run faster).

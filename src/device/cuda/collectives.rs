@@ -5,9 +5,9 @@
 use cudarc::driver::sys as dsys;
 
 use super::{nccl, CudaDevice};
+use crate::base::error::Result;
 use crate::device::group::{CommSetup, TpRank};
-use crate::error::Result;
-use crate::tensor::{DType, Tensor};
+use crate::engine::tensor::{DType, Tensor};
 
 /// The NCCL communicators of one rank, destroyed with the device.
 #[derive(Default)]
@@ -41,7 +41,7 @@ fn nccl_dtype(dt: DType) -> Option<std::ffi::c_int> {
 }
 
 impl CudaDevice {
-    fn nccl_err(&self, e: String) -> crate::error::Error {
+    fn nccl_err(&self, e: String) -> crate::base::error::Error {
         self.err("NCCL", e)
     }
 

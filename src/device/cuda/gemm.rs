@@ -8,9 +8,9 @@ use cudarc::cublas::{result as blas, sys as bsys};
 use cudarc::driver::LaunchConfig;
 
 use super::{grid, CudaDevice};
+use crate::base::error::Result;
 use crate::device::{LibraryWorkspace, WorkspaceBytes};
-use crate::error::Result;
-use crate::tensor::{DType, Tensor};
+use crate::engine::tensor::{DType, Tensor};
 
 /// cuBLAS workspace, PyTorch's default on Hopper (`CUBLAS_WORKSPACE_CONFIG=:4096:8`).
 const CUBLAS_WORKSPACE_BYTES: u64 = 32 << 20;

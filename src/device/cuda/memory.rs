@@ -9,10 +9,10 @@ use std::time::Instant;
 use cudarc::driver::{result as drv, CudaContext};
 
 use super::{dev_err, is_oom, loader, nvml, CudaDevice, NvmlSample};
+use crate::base::error::{Error, Result};
 use crate::device::{MemInfo, OutsideAlloc};
-use crate::error::{Error, Result};
+use crate::engine::tensor::{DType, Tensor};
 use crate::memory::SegmentHandle;
-use crate::tensor::{DType, Tensor};
 
 /// Page-locked host memory weight uploads are converted into and copied from, chunk by chunk.
 const PINNED_BYTES: usize = 64 << 20;

@@ -36,8 +36,8 @@ use cudarc::driver::{
 };
 
 use super::{DeviceInfo, DeviceListing};
-use crate::error::{Error, Result};
-use crate::tensor::{DType, Tensor};
+use crate::base::error::{Error, Result};
+use crate::engine::tensor::{DType, Tensor};
 use attention::flash_variant_from_env;
 pub use collectives::nccl_library;
 pub use memory::hold_memory_child;
@@ -135,7 +135,7 @@ pub fn detect() -> Result<Vec<DeviceListing>> {
             spec: format!("cuda:{ordinal}"),
             name: format!(
                 "{name} (driver {driver}, {} used{note})",
-                crate::units::fmt_u(mem.used)
+                crate::base::units::fmt_u(mem.used)
             ),
             total_bytes: mem.total,
             simulated: false,

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use cudarc::driver::{sys as dsys, CudaContext, CudaFunction};
 
 use super::{aligned16, blocks, grid, kernels, sampler, CudaDevice};
+use crate::base::error::Result;
 use crate::device::cpu::AttnShape;
-use crate::error::Result;
-use crate::tensor::{DType, Tensor};
+use crate::engine::tensor::{DType, Tensor};
 
 pub(super) fn compile_kernels(
     ctx: &Arc<CudaContext>,

@@ -4,8 +4,8 @@
 use cudarc::driver::{result as drv, LaunchConfig};
 
 use super::{blocks, grid, CudaDevice};
-use crate::error::Result;
-use crate::tensor::{DType, Tensor};
+use crate::base::error::Result;
+use crate::engine::tensor::{DType, Tensor};
 
 /// LLM.int8.
 impl CudaDevice {

@@ -6,8 +6,8 @@
 //! alternate keys and values (12 bytes per element + 255).
 
 use super::{blocks, grid, CudaDevice, LaunchConfig};
-use crate::error::Result;
-use crate::tensor::{DType, Tensor};
+use crate::base::error::Result;
+use crate::engine::tensor::{DType, Tensor};
 
 /// Kernel names (16-bit operands instantiated `_f16` and `_bf16`).
 pub(super) const TYPED: &[&str] = &["narrow_to_f32", "div_rows", "compare_rows_h"];

@@ -4,7 +4,7 @@
 use cudarc::driver::sys as dsys;
 
 use super::{dev_err, CudaDevice};
-use crate::error::Result;
+use crate::base::error::Result;
 
 impl CudaDevice {
     /// Starts (or stops) timing ops on the GPU: from now on every `mark_op` records an event.

@@ -1,0 +1,789 @@
+//! The command line: `profile`, `devices`, `inspect`, `gen-model`; no subcommand opens the app.
+//! Errors print one line and exit with code 2.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+
+use crate::base::error::Result;
+use crate::base::units::{fmt_i, fmt_u, parse_bytes};
+use crate::device::{self, DeviceSpec};
+use crate::engine::progress::{Phase, Progress};
+use crate::model::weights::StoredDtype;
+use crate::model::{self, ModelSource};
+use crate::profile::formulas::FormulaId;
+use crate::profile::{self, ProfileRequest, Report};
+use crate::quant::Quant;
+use crate::report::export;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "vramscope",
+    version,
+    about = "Where GPU memory goes during an LLM's forward passes, and how much vLLM's budget formulas leave for the KV cache"
+)]
+pub struct Cli {
+    /// Open the app, profile the default preset, save the window as this PNG, and exit.
+    #[arg(long, value_name = "FILE")]
+    pub screenshot: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the profile procedure and compare vLLM's KV-cache budget formulas.
+    Profile(ProfileArgs),
+    /// List CUDA GPUs and simulated devices.
+    Devices,
+    /// Show a model's config, parameter count and bytes per dtype.
+    Inspect { path: PathBuf },
+    /// Write a preset with seeded synthetic weights as safetensors (+ index) and config.json.
+    GenModel {
+        preset: String,
+        dir: PathBuf,
+        #[arg(long, default_value = "f16", value_parser = ["f16", "bf16", "f32"])]
+        dtype: String,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Split the weights into this many shards with model.safetensors.index.json.
+        #[arg(long, default_value_t = 1)]
+        shards: usize,
+        /// Write a bitsandbytes 8-bit checkpoint (int8 CB + SCB, quantization_config).
+        #[arg(long)]
+        bnb_int8: bool,
+        /// Write a pre-quantized bitsandbytes 4-bit checkpoint of this type.
+        #[arg(long, value_parser = ["nf4", "fp4"])]
+        bnb_4bit: Option<String>,
+        /// With --bnb-4bit: double-quantize the absmax (bnb_4bit_use_double_quant).
+        #[arg(long, requires = "bnb_4bit")]
+        double_quant: bool,
+    },
+    /// Time forward passes on a device (GPU speed; logits for comparisons).
+    Bench(BenchArgs),
+    /// Open a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) and report or export
+    /// its timeline (framework allocator only).
+    Report(ReportArgs),
+    /// Internal: hold GPU memory in a separate process until stdin closes (--outside-before).
+    #[command(hide = true)]
+    HoldGpuMemory {
+        #[arg(long)]
+        ordinal: usize,
+        #[arg(long)]
+        bytes: u64,
+    },
+}
+
+/// What runs: the model, its quantization and the batch (shared by `profile` and `bench`).
+#[derive(clap::Args, Debug)]
+pub struct WorkloadArgs {
+    /// PATH (folder, config.json, index json, .safetensors shard or .gguf), preset:NAME, or
+    /// synthetic:WEIGHTS:SPIKE (profile only).
+    #[arg(long, default_value = "preset:llama-3-8b")]
+    pub model: String,
+    #[arg(long, default_value = "fp16", value_parser = ["fp16", "bf16", "int8", "nf4"])]
+    pub quant: String,
+    /// vLLM's max_num_batched_tokens: tokens in the profile batch. Default for profile: vLLM's,
+    /// max(max_model_len, 2048) (chunked prefill off); for bench: 8192.
+    #[arg(
+        long = "max-num-batched-tokens",
+        visible_alias = "tokens",
+        value_name = "N"
+    )]
+    pub tokens: Option<usize>,
+    /// vLLM's max_num_seqs: sequences the batch is split into, as vLLM's profile run splits it.
+    /// Default for profile: vLLM's 256 (at most --max-num-batched-tokens); for bench: 1.
+    #[arg(long = "max-num-seqs", visible_alias = "seqs", value_name = "N")]
+    pub seqs: Option<usize>,
+    /// LLM.int8 outlier threshold (Hugging Face checkpoints use 6.0).
+    #[arg(long, default_value_t = 0.0)]
+    pub int8_threshold: f32,
+    /// Seed of a preset's synthetic weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub work: WorkloadArgs,
+    /// cuda:N, or sim:PRESET for the CPU reference.
+    #[arg(long, default_value = "cuda:0")]
+    pub device: String,
+    /// Timed passes (after one warm-up pass).
+    #[arg(long, default_value_t = 3)]
+    pub iters: u32,
+    /// Fast hash weights instead of the preset's seeded ones (speed only).
+    #[arg(long)]
+    pub fast_weights: bool,
+    /// Tensor-parallel GPUs: cuda:N and the N-1 after it (or that many simulated devices);
+    /// rank 0's times are reported.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub tp: u32,
+    /// Write the result and the last-token logits as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// After the timed passes, run one more with GPU events at every op and print where its
+    /// time went (CUDA only).
+    #[arg(long)]
+    pub op_times: bool,
+    /// Compare the logits with those in this JSON (written by bench or gpu_reference.py).
+    #[arg(long, value_name = "FILE")]
+    pub compare: Option<PathBuf>,
+    /// Also run vLLM's sampler step once on the profile batch (256 sequences), time it, and
+    /// write its first 4 rows of f32 logits and probs (raw little-endian f32) and the sampled
+    /// ids into this folder, for scripts/sampler_reference.py.
+    #[arg(long, value_name = "DIR")]
+    pub sampler_dump: Option<PathBuf>,
+}
+
+fn size_arg(s: &str) -> std::result::Result<u64, String> {
+    parse_bytes(s).map_err(|e| e.to_string())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ProfileArgs {
+    #[command(flatten)]
+    pub work: WorkloadArgs,
+    /// sim:PRESET[:dry|:compute] or cuda:N.
+    #[arg(long, default_value = "sim:h100-80gb:dry")]
+    pub device: String,
+    /// Passes between t1 and t2: 1 is vLLM's profile run; more show the serving passes after
+    /// it (the truth then covers them all).
+    #[arg(long, default_value_t = 1)]
+    pub passes: u32,
+    /// gpu_memory_utilization.
+    #[arg(long, default_value_t = 0.9)]
+    pub util: f64,
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u64,
+    /// Tensor-parallel GPUs (vLLM's --tensor-parallel-size): cuda:N and the N-1 GPUs after it,
+    /// or that many simulated devices. The engine takes the fewest KV blocks over the ranks.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub tp: u32,
+    /// vLLM's max_model_len (default: the model's max_position_embeddings, as vLLM takes it).
+    #[arg(long, value_name = "N")]
+    pub max_model_len: Option<u64>,
+    /// Leave vLLM's sampler step out of the profile pass (forward and logits only, as before
+    /// vramscope followed vLLM's profile run step by step).
+    #[arg(long)]
+    pub no_sampler: bool,
+    /// Memory another process holds before the instance starts (e.g. 512MiB).
+    #[arg(long, value_parser = size_arg, default_value = "0")]
+    pub outside_before: u64,
+    /// Memory allocated outside the framework during the first pass (NCCL-like).
+    #[arg(long, value_parser = size_arg, default_value = "0")]
+    pub outside_during: u64,
+    /// Free the --outside-during allocation after the passes (default: it stays).
+    #[arg(long)]
+    pub outside_during_freed: bool,
+    /// Skip the verify passes.
+    #[arg(long)]
+    pub no_verify: bool,
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Timeline CSV; the summary goes beside it as NAME.summary.csv.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub png: Option<PathBuf>,
+    /// Also write the trace as a PyTorch memory snapshot (opens in torch.cuda._memory_viz).
+    #[arg(long, value_name = "FILE")]
+    pub torch_snapshot: Option<PathBuf>,
+    /// Print nothing but errors.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Run even when the estimated host memory exceeds what the machine has.
+    #[arg(long)]
+    pub allow_host_memory: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// A PyTorch memory snapshot (.pickle).
+    pub snapshot: PathBuf,
+    /// Which CUDA device's timeline to export (default: the one with the most events).
+    #[arg(long)]
+    pub device: Option<u32>,
+    /// The device's total memory T, if known (a snapshot does not record it).
+    #[arg(long, value_parser = size_arg)]
+    pub total: Option<u64>,
+    /// The timeline as a vramscope session (reopens in the app).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Timeline CSV; the summary goes beside it as NAME.summary.csv.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub png: Option<PathBuf>,
+    /// Print nothing but errors.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+impl ProfileArgs {
+    pub fn request(&self) -> Result<ProfileRequest> {
+        let r = ProfileRequest {
+            model: ModelSource::parse(&self.work.model)?,
+            quant: Quant::parse(&self.work.quant)?,
+            device: DeviceSpec::parse(&self.device)?,
+            tokens: self.work.tokens.unwrap_or(0),
+            // vLLM's 256, or fewer when the batch given is smaller (vLLM would refuse it).
+            seqs: self.work.seqs.unwrap_or(match self.work.tokens {
+                Some(t) if t > 0 => t.min(crate::profile::request::VLLM_MAX_NUM_SEQS),
+                _ => crate::profile::request::VLLM_MAX_NUM_SEQS,
+            }),
+            passes: self.passes,
+            util: self.util,
+            block_size: self.block_size,
+            max_model_len: self.max_model_len.unwrap_or(0),
+            sampler: !self.no_sampler,
+            int8_threshold: self.work.int8_threshold,
+            outside_before: self.outside_before,
+            outside_during: self.outside_during,
+            outside_during_freed: self.outside_during_freed,
+            verify: !self.no_verify,
+            seed: self.work.seed,
+            tp: self.tp,
+        };
+        r.validate()?;
+        Ok(r)
+    }
+}
+
+/// Entry point; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                let _ = e.print();
+                return 0;
+            }
+            let text = e.render().to_string();
+            let first = text
+                .lines()
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ");
+            eprintln!("vramscope: error: {first}");
+            return 2;
+        }
+    };
+    let result = match cli.command {
+        None => crate::app::gui::run_app(cli.screenshot),
+        Some(Command::Profile(args)) => cmd_profile(&args),
+        Some(Command::Devices) => cmd_devices(),
+        Some(Command::Inspect { path }) => cmd_inspect(&path),
+        Some(Command::GenModel {
+            preset,
+            dir,
+            dtype,
+            seed,
+            shards,
+            bnb_int8,
+            bnb_4bit,
+            double_quant,
+        }) => {
+            let bnb4 = bnb_4bit.as_deref().and_then(|t| {
+                crate::quant::bnb4::Bnb4Type::parse(t).map(|quant_type| model::Bnb4Gen {
+                    quant_type,
+                    double_quant,
+                })
+            });
+            cmd_gen(&preset, &dir, &dtype, seed, shards, bnb_int8, bnb4)
+        }
+        Some(Command::Bench(args)) => cmd_bench(&args),
+        Some(Command::Report(args)) => cmd_report(&args),
+        Some(Command::HoldGpuMemory { ordinal, bytes }) => {
+            device::cuda::hold_memory_child(ordinal, bytes)
+        }
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("vramscope: error: {}", one_line(&e.to_string()));
+            2
+        }
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.lines().map(str::trim).collect::<Vec<_>>().join(" ")
+}
+
+fn cmd_profile(args: &ProfileArgs) -> Result<()> {
+    let req = args.request()?;
+    for p in [&args.json, &args.csv, &args.png, &args.torch_snapshot]
+        .into_iter()
+        .flatten()
+    {
+        export::check_writable(p)?;
+    }
+    profile::host_memory::insist(args.allow_host_memory);
+    if matches!(req.device, DeviceSpec::Sim { dry: false, .. }) {
+        // Refused before the estimate is printed, so an error stays one line.
+        let estimate = profile::host_memory::estimate_request(&req)?;
+        profile::host_memory::check_estimate(&estimate)?;
+        if !args.quiet {
+            eprintln!("{}", estimate.summary());
+        }
+    }
+    let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} {prefix:>18} [{bar:30}] {pos}/{len} {msg}",
+            )
+            .expect("template")
+            .progress_chars("=> "),
+        );
+        b
+    });
+    let sink = bar.clone().map(|b| {
+        Box::new(move |p: Progress| match p {
+            Progress::Phase(ph) => {
+                b.set_prefix(ph.label());
+                if ph == Phase::Done {
+                    b.finish_and_clear();
+                }
+            }
+            Progress::Load {
+                index,
+                count,
+                tensor,
+                ..
+            } => {
+                b.set_length(count as u64);
+                b.set_position(index as u64 + 1);
+                b.set_message(tensor);
+            }
+            Progress::Pass { pass, of, verify } => {
+                b.set_length(of as u64);
+                b.set_position(pass as u64);
+                b.set_message(verify.map(|v| format!("verify {v}")).unwrap_or_default());
+            }
+            Progress::Layer { layer, of } => b.set_message(format!("layer {}/{of}", layer + 1)),
+            Progress::Events(_) => b.tick(),
+        }) as crate::engine::progress::ProgressSink
+    });
+    let report = profile::run(&req, sink, Arc::new(AtomicBool::new(false)));
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let report = report?;
+    // Render everything first, then write all or nothing: a failing export leaves no
+    // partial set behind.
+    let files = export::report_files(
+        &report,
+        args.json.as_deref(),
+        args.csv.as_deref(),
+        args.png.as_deref(),
+    )?;
+    let mut files = files;
+    if let Some(p) = &args.torch_snapshot {
+        files.push((p.clone(), crate::report::snapshot::to_bytes(&report, p)?));
+    }
+    export::write_all(&files)?;
+    if !args.quiet {
+        print!("{}", summary_text(&report));
+    }
+    Ok(())
+}
+
+/// `report SNAPSHOT.pickle`: read a PyTorch memory snapshot, print what it says, export one
+/// device's timeline. Every check runs before anything is written.
+fn cmd_report(args: &ReportArgs) -> Result<()> {
+    for p in [&args.json, &args.csv, &args.png].into_iter().flatten() {
+        export::check_writable(p)?;
+    }
+    let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("reading [{bar:30}] {bytes}/{total_bytes}")
+                .expect("template")
+                .progress_chars("=> "),
+        );
+        b
+    });
+    let started = std::time::Instant::now();
+    let mut on_progress = |read: u64, total: u64| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(read);
+        }
+    };
+    let imported = crate::report::snapshot::read(&args.snapshot, Some(&mut on_progress));
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let mut imported = imported?;
+    let seconds = started.elapsed().as_secs_f64();
+    let summary = imported.summary_text(args.total);
+    let (file_bytes, path) = (imported.file_bytes, imported.path.clone());
+    let devices = imported
+        .devices
+        .iter()
+        .map(|t| format!("cuda:{}", t.device))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let timeline = imported
+        .take_device(args.device)
+        .ok_or_else(|| crate::Error::Snapshot {
+            path: path.clone(),
+            problem: match args.device {
+                Some(d) => format!("no device {d} in the snapshot (it has {devices})"),
+                None => "the snapshot holds no segments and no trace entries".into(),
+            },
+        })?;
+    drop(imported);
+    if args.json.is_some() || args.csv.is_some() || args.png.is_some() {
+        let report = timeline.into_report(&path, args.total);
+        let files = export::report_files(
+            &report,
+            args.json.as_deref(),
+            args.csv.as_deref(),
+            args.png.as_deref(),
+        )?;
+        export::write_all(&files)?;
+    }
+    if !args.quiet {
+        print!("{summary}");
+        let peak = crate::report::snapshot::peak_memory_bytes();
+        println!(
+            "read in {seconds:.2} s{}",
+            peak.map(|p| format!(
+                "; peak memory of this process {} ({:.2}x the file)",
+                fmt_u(p),
+                p as f64 / file_bytes.max(1) as f64
+            ))
+            .unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// The stdout summary: a vLLM-style log line and one row per formula.
+pub fn summary_text(r: &Report) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let sim = if r.device.simulated {
+        " [simulated device]"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        s,
+        "{} {} on {}{}: {} tokens in {} seq(s), {} pass(es), util {}",
+        r.model.name,
+        r.quant,
+        r.device.name,
+        sim,
+        r.settings.tokens,
+        r.settings.seqs,
+        r.settings.passes,
+        r.settings.util
+    );
+    if let Some(n) = r.formula(FormulaId::Pr9516) {
+        // vLLM 380e1863's own log line (vllm/worker/worker.py L260-271), with the numbers it
+        // would print, so a user can hold it against theirs.
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        let c = &r.checkpoints;
+        let used = |cp: &profile::formulas::Checkpoint| (cp.total - cp.free) as f64;
+        let _ = writeln!(
+            s,
+            "INFO worker.py:260] Memory profiling results: total_gpu_memory={:.2}GiB initial_memory_usage={:.2}GiB peak_torch_memory={:.2}GiB memory_usage_post_profile={:.2}Gib non_torch_memory={:.2}GiB kv_cache_size={:.2}GiB gpu_memory_utilization={:.2}",
+            gib(c.t0.total as f64),
+            gib(used(&c.t1)),
+            gib(n.torch_peak_bytes as f64),
+            gib(used(&c.t3)),
+            gib((c.t3.total - c.t3.free) as f64 - c.t3.allocated as f64),
+            gib(n.kv_bytes as f64),
+            r.settings.util
+        );
+        let _ = writeln!(
+            s,
+            "#9516: {} KV cache blocks of {} tokens, max concurrency {:.2}x for {} tokens; batch {} tokens in {} sequences{}",
+            n.kv_blocks,
+            r.kv_geometry.block_size,
+            n.max_concurrency,
+            r.kv_geometry.max_model_len,
+            r.settings.tokens,
+            r.settings.seqs,
+            if r.settings.sampler { ", sampler on" } else { ", no sampler" }
+        );
+    }
+    let _ = writeln!(
+        s,
+        "weights {} ({} bytes); int8 state alive after the pass {}; outside the framework {}; truth (peak of this instance) {}",
+        fmt_u(r.weights_bytes),
+        r.weights_bytes,
+        fmt_u(r.quant_state_after_bytes),
+        fmt_u(r.outside_framework_bytes),
+        fmt_i(r.truth.non_kv_bytes)
+    );
+    if r.tp > 1 {
+        let _ = writeln!(
+            s,
+            "tensor parallel over {} GPUs: the lines above and the table below are rank {}'s, the rank with the fewest #9516 blocks",
+            r.tp, r.rank
+        );
+        for k in &r.ranks {
+            let _ = writeln!(
+                s,
+                "  rank {} ({}): weights {}, framework peak {}, NCCL {}, truth non-KV {}, #9516 non-KV {} ({} blocks)",
+                k.rank,
+                k.device.spec,
+                fmt_u(k.weights_bytes),
+                fmt_u(k.checkpoints.t2.allocated_peak),
+                fmt_u(k.nccl_bytes()),
+                fmt_i(k.truth.non_kv_bytes),
+                k.formula(FormulaId::Pr9516)
+                    .map_or(String::new(), |f| fmt_i(f.non_kv_bytes)),
+                k.formula(FormulaId::Pr9516).map_or(0, |f| f.kv_blocks),
+            );
+        }
+        let engine: Vec<String> = r
+            .engine
+            .iter()
+            .map(|e| format!("{} {} (rank {})", e.key, e.kv_blocks, e.binding_rank))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  the engine takes the fewest blocks over the ranks: {}",
+            engine.join(", ")
+        );
+    }
+    if r.other_process_bytes > 0 {
+        let _ = writeln!(
+            s,
+            "another process held {} before the instance (--outside-before {}{})",
+            fmt_u(r.other_process_bytes),
+            fmt_u(r.settings.outside_before),
+            if r.device.simulated {
+                ""
+            } else {
+                "; its own CUDA context comes on top"
+            }
+        );
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "{:<34} {:>12} {:>12} {:>12} {:>12} {:>9} {:>12}  verify",
+        "formula", "torch peak", "non-torch", "non-KV", "KV budget", "blocks", "error"
+    );
+    let verify_text = |v: &Option<profile::report::Verify>| {
+        v.as_ref().map_or_else(|| "-".to_string(), |v| v.short())
+    };
+    for f in &r.formulas {
+        let _ = writeln!(
+            s,
+            "{:<34} {:>12} {:>12} {:>12} {:>12} {:>9} {:>12}  {}",
+            f.title,
+            fmt_i(f.torch_peak_bytes),
+            fmt_i(f.non_torch_bytes),
+            fmt_i(f.non_kv_bytes),
+            fmt_i(f.kv_bytes),
+            f.kv_blocks,
+            fmt_i(f.error_bytes),
+            verify_text(&f.verify)
+        );
+    }
+    let t = &r.truth;
+    let _ = writeln!(
+        s,
+        "{:<34} {:>12} {:>12} {:>12} {:>12} {:>9} {:>12}  {}",
+        "measured truth",
+        "",
+        "",
+        fmt_i(t.non_kv_bytes),
+        fmt_i(t.kv_bytes),
+        t.kv_blocks,
+        "",
+        verify_text(&t.verify)
+    );
+    let why = r.old_vs_new_explanation();
+    if !why.is_empty() {
+        let _ = writeln!(s, "\n{why}");
+    }
+    let _ = writeln!(s, "{} events, {:.2} s", r.event_count, r.wall_time_s);
+    s
+}
+
+fn cmd_devices() -> Result<()> {
+    let (list, why) = device::list_devices();
+    if let Some(w) = why {
+        println!("no CUDA GPU: {}", one_line(&w));
+    }
+    for d in list {
+        println!("{:<22} {:>12}  {}", d.spec, fmt_u(d.total_bytes), d.name);
+    }
+    Ok(())
+}
+
+fn cmd_inspect(path: &std::path::Path) -> Result<()> {
+    let i = model::inspect(path)?;
+    let c = &i.config;
+    println!("{}", i.path.display());
+    println!(
+        "{}: hidden {}, intermediate {}, layers {}, heads {} (kv {}), head_dim {}, vocab {}, rope_theta {}, rms_eps {}, tied embeddings {}",
+        c.arch, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size, c.rope_theta, c.rms_norm_eps, c.tie_word_embeddings
+    );
+    println!(
+        "parameters {} in {} tensors ({} file(s))",
+        i.parameters, i.tensors, i.shards
+    );
+    for (k, v) in &i.metadata {
+        println!("  {k} = {v}");
+    }
+    for (dtype, count, bytes) in &i.by_dtype {
+        println!(
+            "  {dtype:<5} {count:>5} tensors {:>12} ({bytes} bytes)",
+            fmt_u(*bytes)
+        );
+    }
+    Ok(())
+}
+
+fn cmd_gen(
+    preset: &str,
+    dir: &std::path::Path,
+    dtype: &str,
+    seed: u64,
+    shards: usize,
+    bnb_int8: bool,
+    bnb4: Option<model::Bnb4Gen>,
+) -> Result<()> {
+    let d = match dtype {
+        "f32" => StoredDtype::F32,
+        "bf16" => StoredDtype::BF16,
+        _ => StoredDtype::F16,
+    };
+    let opts = model::GenOptions {
+        dtype: d,
+        seed,
+        shards,
+        bnb_int8,
+    };
+    let files = match bnb4 {
+        Some(g) => model::gen_model_bnb4(preset, dir, &opts, g)?,
+        None => model::gen_model_with(preset, dir, &opts)?,
+    };
+    for s in &files.shards {
+        println!("wrote {}", s.display());
+    }
+    if files.shards.len() > 1 {
+        println!("wrote {}", files.weights.display());
+    }
+    println!("wrote {}", files.config.display());
+    Ok(())
+}
+
+fn cmd_bench(a: &BenchArgs) -> Result<()> {
+    let req = crate::app::bench::BenchRequest {
+        model: ModelSource::parse(&a.work.model)?,
+        quant: Quant::parse(&a.work.quant)?,
+        device: DeviceSpec::parse(&a.device)?,
+        tokens: a.work.tokens.unwrap_or(8192),
+        seqs: a.work.seqs.unwrap_or(1),
+        iters: a.iters,
+        fast_weights: a.fast_weights,
+        int8_threshold: a.work.int8_threshold,
+        seed: a.work.seed,
+        op_times: a.op_times,
+        sampler_rows: if a.sampler_dump.is_some() { 4 } else { 0 },
+        sampler_seqs: crate::profile::request::VLLM_MAX_NUM_SEQS,
+        tp: a.tp,
+    };
+    // No timed pass would leave the median undefined (NaN in the output).
+    crate::base::limits::count("--iters", a.iters as u64, 1, crate::base::limits::MAX_ITERS)?;
+    // The comparison file is checked before the run, so a bad one fails in a second.
+    let compare = a
+        .compare
+        .as_deref()
+        .map(crate::app::bench::read_compare_logits)
+        .transpose()?;
+    if let Some(p) = &a.json {
+        export::check_writable(p)?;
+    }
+    let r = crate::app::bench::run(&req)?;
+    if let (Some(dir), Some(out)) = (&a.sampler_dump, &r.sampler) {
+        std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
+        let raw = |name: &str, v: &[f32]| -> Result<()> {
+            let p = dir.join(name);
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            std::fs::write(&p, bytes).map_err(|e| crate::Error::io(&p, e))
+        };
+        raw("logits.f32", &out.logits_head)?;
+        raw("probs.f32", &out.probs_head)?;
+        let meta = serde_json::json!({
+            "rows": out.logits_head.len() / r.vocab.max(1),
+            "vocab": r.vocab,
+            "sampled_ids": out.ids.iter().take(16).collect::<Vec<_>>(),
+            "sampler_ms": r.sampler_ms,
+            "seqs": r.sampler_seqs,
+            "model": r.model,
+            "quant": r.quant,
+            "device": r.device,
+        });
+        let p = dir.join("sampler.json");
+        std::fs::write(&p, meta.to_string()).map_err(|e| crate::Error::io(&p, e))?;
+    }
+    if let Some(ms) = r.sampler_ms {
+        println!(
+            "vLLM sampler step on {} sequences x {} vocabulary: {ms:.2} ms",
+            r.sampler_seqs, r.vocab
+        );
+    }
+    println!(
+        "{} {} on {}: {} tokens in {} seq(s); load {:.1} s ({:.1} s making or reading the weights, {:.1} s quantizing); pass {:.2} ms median of {:?}; {:.1} TFLOP/s ({:.3e} FLOP); weights {} B; peak allocated {} B; process peak {} B",
+        r.model, r.quant, r.device, r.tokens, r.seqs, r.load_s, r.load_read_s, r.load_quantize_s, r.median_ms,
+        r.pass_ms.iter().map(|v| (v * 100.0).round() / 100.0).collect::<Vec<_>>(),
+        r.tflops, r.flops, r.weights_bytes, r.peak_allocated_bytes, r.process_peak_bytes
+    );
+    if r.tp > 1 {
+        println!(
+            "tensor parallel over {} ranks (times of rank 0): weights per rank {:?} B; process peak per rank {:?} B",
+            r.tp, r.rank_weights_bytes, r.rank_process_peak_bytes
+        );
+    }
+    if let Some(hz) = r.nvml_rate_hz {
+        println!("NVML sampler: {hz:.0} reads/s");
+    }
+    if !r.op_ms.is_empty() {
+        let total: f64 = r.op_ms.iter().map(|(_, t)| t).sum();
+        let mut rows = r.op_ms.clone();
+        rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+        println!("GPU time per op in one more pass ({total:.2} ms in all):");
+        for (op, ms) in rows {
+            println!("  {op:<24} {ms:>9.2} ms {:>5.1} %", 100.0 * ms / total);
+        }
+    }
+    if let (Some(p), Some(other)) = (&a.compare, compare) {
+        if other.len() != r.logits.len() {
+            return Err(crate::Error::model(
+                p,
+                format!("{} logits, this run has {}", other.len(), r.logits.len()),
+            ));
+        }
+        println!(
+            "relative L2 error against {}: {:.3e}",
+            p.display(),
+            crate::app::bench::relative_l2(&r.logits, &other)
+        );
+    }
+    if let Some(p) = &a.json {
+        crate::app::bench::write_json(&r, p, true)?;
+    }
+    Ok(())
+}

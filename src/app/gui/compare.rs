@@ -1,0 +1,154 @@
+//! Compare two runs: pin one (a run or an opened session), profile again or open another,
+//! and read both side by side with the difference (fp16 against int8, old build against new,
+//! H100 against L4).
+
+use std::sync::Arc;
+
+use egui::RichText;
+
+use crate::base::units::fmt_i;
+use crate::profile::formulas::FormulaId;
+use crate::profile::Report;
+use crate::report::lifetimes::Analysis;
+
+/// One row of the delta table: a number of the pinned run (A) and of the shown one (B).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeltaRow {
+    pub what: String,
+    pub a: i64,
+    pub b: i64,
+}
+
+impl DeltaRow {
+    pub fn delta(&self) -> i64 {
+        self.b - self.a
+    }
+}
+
+/// The numbers two runs are compared on, read from their reports and analyses.
+pub fn delta_rows(a: (&Report, &Analysis), b: (&Report, &Analysis)) -> Vec<DeltaRow> {
+    let mut rows = Vec::new();
+    let mut push = |what: &str, f: &dyn Fn(&Report, &Analysis) -> Option<i64>| {
+        if let (Some(x), Some(y)) = (f(a.0, a.1), f(b.0, b.1)) {
+            rows.push(DeltaRow {
+                what: what.to_string(),
+                a: x,
+                b: y,
+            });
+        }
+    };
+    push("weights", &|r, _| Some(r.weights_bytes as i64));
+    push("framework peak Â", &|r, _| {
+        Some(r.checkpoints.t3.allocated_peak as i64)
+    });
+    push("kept across passes (alive at t3)", &|_, a| {
+        Some(a.kept.iter().map(|g| g.bytes_at_t3 as i64).sum())
+    });
+    for id in [FormulaId::Pr9352, FormulaId::Pr9516] {
+        push(&format!("{} non-torch", id.short()), &move |r, _| {
+            r.formula(id).map(|f| f.non_torch_bytes)
+        });
+        push(&format!("{} KV budget", id.short()), &move |r, _| {
+            r.formula(id).map(|f| f.kv_bytes)
+        });
+    }
+    push("truth non-KV", &|r, _| Some(r.truth.non_kv_bytes));
+    push("truth KV budget", &|r, _| Some(r.truth.kv_bytes));
+    push("#9516 - #9352 KV", &|r, _| {
+        Some(r.formula(FormulaId::Pr9516)?.kv_bytes - r.formula(FormulaId::Pr9352)?.kv_bytes)
+    });
+    rows
+}
+
+fn describe(r: &Report) -> String {
+    format!(
+        "{} {} on {}{}",
+        r.model.name,
+        r.quant,
+        r.device.name,
+        if r.device.simulated {
+            " (simulated)"
+        } else {
+            ""
+        }
+    )
+}
+
+#[derive(Default)]
+pub struct CompareView {
+    pinned: Option<(Arc<Report>, Arc<Analysis>)>,
+}
+
+impl CompareView {
+    pub fn pin(&mut self, r: Arc<Report>, a: Arc<Analysis>) {
+        self.pinned = Some((r, a));
+    }
+
+    pub fn ui(&mut self, ui: &mut egui::Ui, current: Option<(&Arc<Report>, &Arc<Analysis>)>) {
+        ui.heading("Compare two runs");
+        let mut unpin = false;
+        match (&self.pinned, current) {
+            (None, Some((r, a))) => {
+                ui.label("Pin this run, then change a setting (fp16 to int8, another device) and profile again, or open another session.");
+                if ui.button("Pin this run").clicked() {
+                    self.pinned = Some((r.clone(), a.clone()));
+                }
+            }
+            (None, None) => {
+                ui.label("Profile or open a session first, then pin it here.");
+            }
+            (Some((pr, pa)), cur) => {
+                ui.label(RichText::new(format!("A (pinned): {}", describe(pr))).strong());
+                match cur {
+                    Some((r, _)) if Arc::ptr_eq(r, pr) => {
+                        ui.label("B: profile again or open a session to compare with A.");
+                    }
+                    Some((r, a)) => {
+                        ui.label(RichText::new(format!("B (shown): {}", describe(r))).strong());
+                        egui::Grid::new("delta")
+                            .striped(true)
+                            .num_columns(4)
+                            .spacing([14.0, 4.0])
+                            .show(ui, |ui| {
+                                for h in ["", "A", "B", "B - A"] {
+                                    ui.label(RichText::new(h).strong());
+                                }
+                                ui.end_row();
+                                for row in delta_rows((pr, pa), (r, a)) {
+                                    ui.label(&row.what);
+                                    ui.monospace(fmt_i(row.a));
+                                    ui.monospace(fmt_i(row.b));
+                                    ui.monospace(fmt_i(row.delta()));
+                                    ui.end_row();
+                                }
+                            });
+                    }
+                    None => {
+                        ui.label("B: waiting for a result.");
+                    }
+                }
+                unpin = ui.button("Unpin").clicked();
+            }
+        }
+        if unpin {
+            self.pinned = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_delta_of_a_run_with_itself_is_zero_and_rows_read_the_reports() {
+        let r = crate::profile::tiny_dry_report(32);
+        let a = Analysis::of(&r);
+        let rows = delta_rows((&r, &a), (&r, &a));
+        assert!(rows.iter().all(|x| x.delta() == 0));
+        let kv = rows.iter().find(|x| x.what == "truth KV budget").unwrap();
+        assert_eq!(kv.a, r.truth.kv_bytes);
+        assert_eq!(rows[0].what, "weights");
+        assert_eq!(rows[0].b, r.weights_bytes as i64);
+    }
+}

@@ -1,0 +1,442 @@
+//! The comparison panel: old (#9352) against new (#9516) against the measured truth, as big
+//! budget numbers, a table, a bar chart and the one-sentence reason. Everything is read from
+//! the Report; nothing is recomputed here.
+
+use egui::{Color32, RichText};
+use egui_plot::{Bar, BarChart, Plot};
+
+use super::style::{c32, legible, BIG};
+use crate::base::units::{fmt_i, fmt_u, GIB};
+use crate::profile::formulas::FormulaId;
+use crate::profile::report::{FormulaResult, Verify};
+use crate::profile::Report;
+use crate::report::palette;
+
+#[derive(Default)]
+pub struct ComparisonView {
+    /// Also show v0.6.3, #10511 and #12126.
+    pub show_other_formulas: bool,
+}
+
+/// The verify cell in the app: the CLI's words, on two lines when they are long, so three
+/// columns fit the panel.
+pub fn verify_cell(v: &Option<Verify>) -> String {
+    match v {
+        None => "not run".to_string(),
+        Some(v) if v.ran && !v.oom && v.within_budget => {
+            format!("ok\n{} spare", fmt_i(-v.overrun_bytes))
+        }
+        Some(v) if v.ran && !v.oom => format!("over budget by\n{}", fmt_i(v.overrun_bytes)),
+        Some(v) => v.short(),
+    }
+}
+
+fn verify_colour(v: &Option<Verify>, ui: &egui::Ui) -> Color32 {
+    match v {
+        Some(v) if v.ran && !v.oom && v.within_budget => {
+            legible(palette::TRUTH, ui.visuals().dark_mode)
+        }
+        Some(v) if v.ran => ui.visuals().error_fg_color,
+        _ => ui.visuals().text_color(),
+    }
+}
+
+impl ComparisonView {
+    pub fn ui(&mut self, ui: &mut egui::Ui, report: Option<&Report>) {
+        let Some(r) = report else {
+            ui.heading("Old vs new KV-cache budget");
+            ui.label("No results yet: click Profile (Ctrl+R) or open a saved session.");
+            return;
+        };
+        let (Some(old), Some(new)) = (r.formula(FormulaId::Pr9352), r.formula(FormulaId::Pr9516))
+        else {
+            ui.colored_label(
+                ui.visuals().error_fg_color,
+                "This report has no #9352/#9516 results.",
+            );
+            return;
+        };
+        let dark = ui.visuals().dark_mode;
+        ui.horizontal_wrapped(|ui| {
+            ui.heading("Old vs new KV-cache budget");
+            if r.device.simulated {
+                ui.label(
+                    RichText::new(format!("simulated device ({})", r.device.mode))
+                        .color(ui.visuals().warn_fg_color),
+                )
+                .on_hover_text(format!("ground truth: {}", r.device.truth_source));
+            }
+        });
+        ui.label(format!(
+            "{} · {} · {} · {} tokens × {} seq · util {:.2}",
+            r.model.name,
+            r.quant,
+            r.device.name,
+            r.settings.tokens,
+            r.settings.seqs,
+            r.settings.util
+        ));
+        ui.add_space(4.0);
+        ui.columns(3, |cols| {
+            big_number(
+                &mut cols[0],
+                "#9352 old",
+                old.kv_bytes,
+                legible(palette::OLD, dark),
+            );
+            big_number(
+                &mut cols[1],
+                "#9516 new",
+                new.kv_bytes,
+                legible(palette::NEW, dark),
+            );
+            big_number(
+                &mut cols[2],
+                "measured truth",
+                r.truth.kv_bytes,
+                legible(palette::TRUTH, dark),
+            );
+        });
+        ui.add_space(4.0);
+        let why = r.old_vs_new_explanation();
+        if !why.is_empty() {
+            ui.label(RichText::new(why).italics());
+        }
+        ui.add_space(4.0);
+        ui.checkbox(
+            &mut self.show_other_formulas,
+            "Show vLLM's other formulas (v0.6.3, #10511, #12126)",
+        );
+        let mut shown: Vec<&FormulaResult> = vec![old, new];
+        if self.show_other_formulas {
+            shown.extend(
+                [FormulaId::V0_6_3, FormulaId::Pr10511, FormulaId::Pr12126]
+                    .iter()
+                    .filter_map(|id| r.formula(*id)),
+            );
+        }
+        egui::ScrollArea::horizontal()
+            .id_salt("cmp_table")
+            .show(ui, |ui| {
+                table(ui, r, &shown);
+            });
+        ui.small("* inside the torch peak, not a separate term");
+        ui.add_space(6.0);
+        bars(ui, r, &shown);
+    }
+}
+
+fn big_number(ui: &mut egui::Ui, title: &str, bytes: i64, colour: Color32) {
+    ui.vertical(|ui| {
+        ui.label(RichText::new(title).color(colour).strong());
+        ui.label(RichText::new(fmt_i(bytes)).size(BIG).color(colour).strong());
+        ui.label(RichText::new("KV-cache budget").small());
+    });
+}
+
+fn table(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
+    let dark = ui.visuals().dark_mode;
+    // Narrow panels (1280x720) scroll the table sideways rather than cut the truth column off.
+    egui::ScrollArea::horizontal().id_salt("comparison-table").show(ui, |ui| {
+    egui::Grid::new("comparison")
+        .num_columns(shown.len() + 2)
+        .striped(true)
+        .spacing([8.0, 6.0])
+        .show(ui, |ui| {
+            ui.label("");
+            for f in shown {
+                ui.label(
+                    RichText::new(f.id.short())
+                        .color(legible(palette::formula(f.id), dark))
+                        .strong(),
+                )
+                .on_hover_text(f.title.as_str());
+            }
+            ui.label(RichText::new("truth").color(legible(palette::TRUTH, dark)).strong());
+            ui.end_row();
+
+            let t = &r.truth;
+            let row = |ui: &mut egui::Ui, name: &str, cells: Vec<String>, truth: String| {
+                ui.label(name);
+                for c in cells {
+                    ui.monospace(c);
+                }
+                ui.monospace(truth);
+                ui.end_row();
+            };
+            // Formulas without a separate weights term count the weights inside the torch peak.
+            ui.label("weights").on_hover_text(
+                "W, the framework memory the load added; marked * where a formula counts it inside the torch peak",
+            );
+            for f in shown {
+                ui.monospace(if f.weights_term_bytes == 0 {
+                    format!("{}*", fmt_u(r.weights_bytes))
+                } else {
+                    fmt_i(f.weights_term_bytes)
+                });
+            }
+            ui.monospace(fmt_u(r.weights_bytes));
+            ui.end_row();
+            row(
+                ui,
+                "torch peak",
+                shown.iter().map(|f| fmt_i(f.torch_peak_bytes)).collect(),
+                "".into(),
+            );
+            row(
+                ui,
+                "non-torch",
+                shown.iter().map(|f| fmt_i(f.non_torch_bytes)).collect(),
+                "".into(),
+            );
+            row(
+                ui,
+                "non-KV total",
+                shown.iter().map(|f| fmt_i(f.non_kv_bytes)).collect(),
+                fmt_i(t.non_kv_bytes),
+            );
+            row(
+                ui,
+                "KV budget",
+                shown.iter().map(|f| fmt_i(f.kv_bytes)).collect(),
+                fmt_i(t.kv_bytes),
+            );
+            row(
+                ui,
+                "blocks",
+                shown.iter().map(|f| f.kv_blocks.to_string()).collect(),
+                t.kv_blocks.to_string(),
+            );
+            row(
+                ui,
+                "max concurrency",
+                shown
+                    .iter()
+                    .map(|f| format!("{:.2}x", f.max_concurrency))
+                    .collect(),
+                format!("{:.2}x", t.max_concurrency),
+            );
+            row(
+                ui,
+                "error vs truth",
+                shown.iter().map(|f| fmt_i(f.error_bytes)).collect(),
+                "".into(),
+            );
+            ui.label("verify")
+                .on_hover_text("KV cache the budget grants + one more max-batch pass, inside T·u");
+            for v in shown.iter().map(|f| &f.verify).chain([&t.verify]) {
+                let c = verify_colour(v, ui);
+                let cell = ui.label(RichText::new(verify_cell(v)).color(c).monospace());
+                // The whole story (where it ran out of memory, cache given back) on hover.
+                if let Some(v) = v {
+                    cell.on_hover_text(&v.message);
+                }
+            }
+            ui.end_row();
+        });
+    });
+}
+
+fn bars(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
+    let mut items: Vec<(String, i64, Color32)> = shown
+        .iter()
+        .map(|f| {
+            (
+                f.id.short().to_string(),
+                f.kv_bytes,
+                c32(palette::formula(f.id)),
+            )
+        })
+        .collect();
+    items.push(("truth".into(), r.truth.kv_bytes, c32(palette::TRUTH)));
+    let names: Vec<String> = items.iter().map(|i| i.0.clone()).collect();
+    let charts: Vec<BarChart> = items
+        .iter()
+        .enumerate()
+        .map(|(i, (name, bytes, colour))| {
+            BarChart::new(
+                name.clone(),
+                vec![Bar::new(i as f64, *bytes as f64 / GIB as f64)
+                    .name(format!("{name}: {}", fmt_i(*bytes)))
+                    .fill(*colour)
+                    .width(0.7)],
+            )
+            .color(*colour)
+        })
+        .collect();
+    let height = ui.available_height().clamp(140.0, 260.0);
+    Plot::new("budget_bars")
+        .height(height)
+        .allow_drag(false)
+        .allow_zoom(false)
+        .allow_scroll(false)
+        .allow_boxed_zoom(false)
+        .show_x(false)
+        .include_y(0.0)
+        .y_axis_label("KV budget (GiB)")
+        .x_axis_formatter(move |m, _| {
+            let i = m.value.round();
+            if (m.value - i).abs() < 1e-6 && i >= 0.0 {
+                names.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .show(ui, |pui| {
+            for c in charts {
+                pui.bar_chart(c);
+            }
+        });
+}
+
+/// Where T goes per formula, with the truth beside it: stacked horizontal bars in the
+/// lifetime view's colours, each piece's size on hover, large numbers as they are.
+pub fn waterfall(ui: &mut egui::Ui, r: &Report, a: &crate::report::lifetimes::Analysis) {
+    use crate::report::budget::{bars, Piece};
+    let dark = ui.visuals().dark_mode;
+    ui.heading("Where the device goes");
+    ui.label(format!(
+        "T = {} split per formula; the KV budget is what is left of T·u = {}.",
+        fmt_u(r.checkpoints.t0.total),
+        fmt_i(crate::profile::formulas::budget(
+            r.checkpoints.t0.total,
+            r.settings.util,
+            false
+        ))
+    ));
+    let twice: u64 = a.kept.iter().map(|g| g.bytes_at_t3).sum();
+    let bars = bars(r, twice);
+    let total = r.checkpoints.t0.total.max(1) as f32;
+    let label_w = 90.0;
+    for b in &bars {
+        ui.horizontal(|ui| {
+            let (lr, _) = ui.allocate_exact_size(egui::vec2(label_w, 24.0), egui::Sense::hover());
+            ui.painter().text(
+                lr.left_center(),
+                egui::Align2::LEFT_CENTER,
+                &b.label,
+                egui::FontId::proportional(15.0),
+                super::style::legible(b.colour, dark),
+            );
+            let w = (ui.available_width() - 8.0).max(120.0);
+            let (rect, resp) = ui.allocate_exact_size(egui::vec2(w, 24.0), egui::Sense::hover());
+            let mut x = rect.left();
+            let mut hover = Vec::new();
+            for (piece, bytes) in &b.pieces {
+                let pw = (*bytes).max(0) as f32 / total * w;
+                let pr = egui::Rect::from_min_size(egui::pos2(x, rect.top()), egui::vec2(pw, 24.0));
+                ui.painter().rect_filled(pr, 0.0, c32(piece.colour()));
+                if *piece == Piece::CountedTwice && pw > 0.0 {
+                    ui.painter().rect_stroke(
+                        pr,
+                        0.0,
+                        egui::Stroke::new(1.5, c32(palette::KEPT_OUTLINE)),
+                        egui::StrokeKind::Inside,
+                    );
+                }
+                x += pw;
+                if *bytes != 0 {
+                    hover.push(format!("{}: {}", piece.label(), fmt_i(*bytes)));
+                }
+            }
+            if b.kv_bytes < 0 {
+                hover.push(format!("no room for the KV cache ({})", fmt_i(b.kv_bytes)));
+            }
+            resp.on_hover_text(hover.join("\n"));
+        });
+    }
+    ui.horizontal_wrapped(|ui| {
+        for p in Piece::ALL {
+            let (r, _) = ui.allocate_exact_size(egui::vec2(14.0, 14.0), egui::Sense::hover());
+            ui.painter().rect_filled(r, 2.0, c32(p.colour()));
+            ui.label(p.label());
+        }
+    });
+    egui::Grid::new("waterfall_numbers")
+        .striped(true)
+        .num_columns(4)
+        .show(ui, |ui| {
+            ui.label("");
+            for h in ["peak above weights", "non-torch", "KV budget"] {
+                ui.label(RichText::new(h).strong());
+            }
+            ui.end_row();
+            for b in &bars {
+                ui.label(RichText::new(&b.label).color(super::style::legible(b.colour, dark)));
+                let get = |p: Piece| b.pieces.iter().find(|x| x.0 == p).map_or(0, |x| x.1);
+                ui.monospace(fmt_i(get(Piece::Peak)));
+                ui.monospace(fmt_i(get(Piece::NonTorch) + get(Piece::CountedTwice)));
+                ui.monospace(fmt_i(b.kv_bytes));
+                ui.end_row();
+            }
+        });
+}
+
+/// Who owns the framework peak and the process peak: bytes by category, the ten largest
+/// tensors with op and layer, and bytes made and freed per layer per pass.
+pub fn peak_owners(ui: &mut egui::Ui, a: &crate::report::lifetimes::Analysis) {
+    ui.heading("Who owns the peak");
+    for p in [&a.peaks.framework, &a.peaks.process].into_iter().flatten() {
+        ui.label(
+            RichText::new(format!(
+                "{}: framework {} · process {} (event {})",
+                p.what,
+                fmt_u(p.allocated),
+                fmt_u(p.process_used),
+                p.event
+            ))
+            .strong(),
+        );
+        ui.horizontal_wrapped(|ui| {
+            for (cat, bytes) in &p.by_category {
+                let (r, _) = ui.allocate_exact_size(egui::vec2(12.0, 12.0), egui::Sense::hover());
+                ui.painter()
+                    .rect_filled(r, 2.0, c32(palette::category(*cat)));
+                ui.label(format!("{} {}", cat.label(), fmt_u(*bytes)));
+            }
+        });
+        egui::Grid::new(format!("top_{}", p.what))
+            .striped(true)
+            .num_columns(4)
+            .show(ui, |ui| {
+                for h in ["size", "tensor", "op", "layer"] {
+                    ui.label(RichText::new(h).strong());
+                }
+                ui.end_row();
+                for t in &p.top {
+                    ui.monospace(fmt_u(t.bytes));
+                    let name = RichText::new(&t.tensor);
+                    ui.label(if t.kept {
+                        name.background_color(c32(palette::KEPT))
+                            .color(c32(palette::KEPT_OUTLINE))
+                    } else {
+                        name
+                    });
+                    ui.label(&t.op);
+                    ui.label(t.layer.map_or("—".to_string(), |l| l.to_string()));
+                    ui.end_row();
+                }
+            });
+        ui.add_space(6.0);
+    }
+    egui::CollapsingHeader::new("Bytes made and freed per layer")
+        .default_open(false)
+        .show(ui, |ui| {
+            egui::Grid::new("layers")
+                .striped(true)
+                .num_columns(4)
+                .show(ui, |ui| {
+                    for h in ["pass", "layer", "made", "freed"] {
+                        ui.label(RichText::new(h).strong());
+                    }
+                    ui.end_row();
+                    for l in &a.peaks.layers {
+                        ui.label(l.pass.to_string());
+                        ui.label(l.layer.map_or("—".to_string(), |x| x.to_string()));
+                        ui.monospace(fmt_u(l.made_bytes));
+                        ui.monospace(fmt_u(l.freed_bytes));
+                        ui.end_row();
+                    }
+                });
+        });
+}

@@ -1,0 +1,481 @@
+//! The setup panel: what to profile (model, quantization, device, batch, vLLM settings) as
+//! plain form state, turned into a `ProfileRequest` when the user clicks Profile.
+
+use std::path::PathBuf;
+
+use egui::RichText;
+use serde::{Deserialize, Serialize};
+
+use crate::base::error::{Error, Result};
+use crate::base::units::{fmt_u, parse_bytes};
+use crate::device::{DeviceListing, DeviceSpec};
+use crate::model::presets::PRESET_NAMES;
+use crate::model::ModelSource;
+use crate::profile::ProfileRequest;
+use crate::quant::Quant;
+
+/// How many recent model files are remembered.
+const RECENT_MAX: usize = 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ModelKind {
+    Preset,
+    File,
+}
+
+/// The form, persisted between sessions (eframe storage) except for the device list.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SetupForm {
+    pub model_kind: ModelKind,
+    pub preset: String,
+    /// Path to a model folder, config.json or .safetensors (also accepts preset:/synthetic:).
+    pub path: String,
+    pub recent: Vec<PathBuf>,
+    pub quant: Quant,
+    pub int8_threshold: f32,
+    /// `sim:PRESET` or `cuda:N`.
+    pub device: String,
+    /// Simulated devices: shapes only (fast, any size) instead of real math on the CPU.
+    pub dry: bool,
+    /// vLLM's max_num_batched_tokens; 0: vLLM's default.
+    pub tokens: usize,
+    /// vLLM's max_num_seqs.
+    pub seqs: usize,
+    pub passes: u32,
+    /// Tensor-parallel GPUs (vLLM's --tensor-parallel-size).
+    pub tp: u32,
+    pub util: f64,
+    pub block_size: u64,
+    /// vLLM's max_model_len; 0: the model's max_position_embeddings.
+    pub max_model_len: u64,
+    /// vLLM's sampler step in the profile pass.
+    #[serde(default = "yes")]
+    pub sampler: bool,
+    pub outside_before: String,
+    pub outside_during: String,
+    pub outside_during_freed: bool,
+    pub verify: bool,
+    pub seed: u64,
+    /// Set when the last "Open…" showed no dialog.
+    #[serde(skip)]
+    pub dialog_note: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A number with a "vLLM default" box: checked stores 0 (resolved when the run starts).
+fn defaulted<T>(ui: &mut egui::Ui, value: &mut T, fallback: T, range: std::ops::RangeInclusive<T>)
+where
+    T: egui::emath::Numeric + Default + PartialEq,
+{
+    let mut auto = *value == T::default();
+    ui.horizontal(|ui| {
+        if ui.checkbox(&mut auto, "vLLM default").changed() {
+            *value = if auto { T::default() } else { fallback };
+        }
+        if !auto {
+            ui.add(egui::DragValue::new(value).range(range));
+        }
+    });
+}
+
+impl Default for SetupForm {
+    fn default() -> Self {
+        let r = ProfileRequest::default();
+        SetupForm {
+            model_kind: ModelKind::Preset,
+            preset: "llama-3-8b".into(),
+            path: String::new(),
+            recent: Vec::new(),
+            // First launch shows the int8 story: CxB state kept across passes, counted twice
+            // by #9352.
+            quant: Quant::Int8,
+            int8_threshold: r.int8_threshold,
+            device: "sim:h100-80gb".into(),
+            dry: true,
+            tokens: r.tokens,
+            seqs: r.seqs,
+            passes: r.passes,
+            tp: r.tp,
+            util: r.util,
+            block_size: r.block_size,
+            max_model_len: r.max_model_len,
+            sampler: r.sampler,
+            outside_before: "0".into(),
+            outside_during: "0".into(),
+            outside_during_freed: r.outside_during_freed,
+            verify: r.verify,
+            seed: r.seed,
+            dialog_note: None,
+        }
+    }
+}
+
+impl SetupForm {
+    /// The request these settings describe, or the first setting that cannot work.
+    pub fn request(&self) -> Result<ProfileRequest> {
+        let model = match self.model_kind {
+            ModelKind::Preset => ModelSource::parse(&format!("preset:{}", self.preset))?,
+            ModelKind::File => {
+                let p = self.path.trim();
+                if p.is_empty() {
+                    return Err(Error::Request(
+                        "no model file: type a path, use Open…, or drop a file on the window"
+                            .into(),
+                    ));
+                }
+                ModelSource::parse(p)?
+            }
+        };
+        let mut device = DeviceSpec::parse(&self.device)?;
+        if let DeviceSpec::Sim { dry, .. } = &mut device {
+            *dry = self.dry;
+        }
+        let size = |what: &str, s: &str| {
+            parse_bytes(s).map_err(|e| Error::Request(format!("{what}: {e}")))
+        };
+        let r = ProfileRequest {
+            model,
+            quant: self.quant,
+            device,
+            tokens: self.tokens,
+            seqs: self.seqs,
+            passes: self.passes,
+            tp: self.tp,
+            util: self.util,
+            block_size: self.block_size,
+            max_model_len: self.max_model_len,
+            sampler: self.sampler,
+            int8_threshold: self.int8_threshold,
+            outside_before: size("outside before", &self.outside_before)?,
+            outside_during: size("outside during", &self.outside_during)?,
+            outside_during_freed: self.outside_during_freed,
+            verify: self.verify,
+            seed: self.seed,
+        };
+        r.validate()?;
+        Ok(r)
+    }
+
+    /// Uses `path` as the model and remembers it.
+    pub fn set_model_path(&mut self, path: PathBuf) {
+        self.path = path.display().to_string();
+        self.model_kind = ModelKind::File;
+        self.recent.retain(|p| p != &path);
+        self.recent.insert(0, path);
+        self.recent.truncate(RECENT_MAX);
+    }
+
+    /// Draws the form. Returns true when the user asked to open a file dialog.
+    pub fn ui(
+        &mut self,
+        ui: &mut egui::Ui,
+        devices: &[DeviceListing],
+        no_gpu: Option<&str>,
+    ) -> bool {
+        let mut open_dialog = false;
+        ui.heading("Model");
+        ui.horizontal(|ui| {
+            ui.radio_value(&mut self.model_kind, ModelKind::Preset, "Preset");
+            ui.radio_value(&mut self.model_kind, ModelKind::File, "File");
+        });
+        match self.model_kind {
+            ModelKind::Preset => {
+                ui.horizontal(|ui| {
+                    let label = ui.label("Preset model");
+                    egui::ComboBox::from_id_salt("preset")
+                        .selected_text(self.preset.as_str())
+                        .width(170.0)
+                        .show_ui(ui, |ui| {
+                            for n in PRESET_NAMES {
+                                ui.selectable_value(&mut self.preset, n.to_string(), n);
+                            }
+                        })
+                        .response
+                        .labelled_by(label.id);
+                });
+                ui.small("Seeded synthetic weights of the real shape.");
+            }
+            ModelKind::File => {
+                let label = ui.label("Model file");
+                ui.add(
+                    egui::TextEdit::singleline(&mut self.path)
+                        .hint_text("folder, config.json or .safetensors")
+                        .desired_width(f32::INFINITY),
+                )
+                .labelled_by(label.id);
+                ui.horizontal(|ui| {
+                    if ui.button("Open…").clicked() {
+                        open_dialog = true;
+                    }
+                    let mut picked = None;
+                    ui.add_enabled_ui(!self.recent.is_empty(), |ui| {
+                        ui.menu_button("Recent", |ui| {
+                            for p in &self.recent {
+                                if ui.button(p.display().to_string()).clicked() {
+                                    picked = Some(p.clone());
+                                }
+                            }
+                        });
+                    });
+                    if let Some(p) = picked {
+                        self.set_model_path(p);
+                    }
+                });
+                if let Some(note) = &self.dialog_note {
+                    ui.colored_label(ui.visuals().warn_fg_color, note);
+                }
+                ui.small("Or drop a file on the window.");
+            }
+        }
+        ui.add_space(6.0);
+        ui.heading("Quantization");
+        ui.horizontal_wrapped(|ui| {
+            for q in Quant::ALL {
+                ui.selectable_value(&mut self.quant, q, q.label());
+            }
+        });
+        if self.quant == Quant::Int8 {
+            ui.horizontal(|ui| {
+                let l = ui.label("int8 threshold");
+                ui.add(
+                    egui::DragValue::new(&mut self.int8_threshold)
+                        .range(0.0..=100.0)
+                        .speed(0.1),
+                )
+                .labelled_by(l.id);
+            });
+        }
+        ui.add_space(6.0);
+        let device_heading = ui.heading("Device");
+        let current = devices
+            .iter()
+            .find(|d| d.spec == self.device)
+            .map(|d| d.name.clone())
+            .unwrap_or_else(|| self.device.clone());
+        egui::ComboBox::from_id_salt("device")
+            .selected_text(current)
+            // A long device name is cut ("…") rather than widening the panel into the plot.
+            .width(ui.available_width().min(330.0))
+            .truncate()
+            .show_ui(ui, |ui| {
+                for d in devices {
+                    let text = format!("{}  ({})", d.name, fmt_u(d.total_bytes));
+                    ui.selectable_value(&mut self.device, d.spec.clone(), text);
+                }
+            })
+            .response
+            .labelled_by(device_heading.id);
+        if self.device.starts_with("sim:") {
+            ui.horizontal_wrapped(|ui| {
+                ui.radio_value(&mut self.dry, true, "dry (shapes only)");
+                ui.radio_value(&mut self.dry, false, "compute (CPU math)");
+            });
+        }
+        if let Some(why) = no_gpu {
+            ui.add(
+                egui::Label::new(
+                    RichText::new(format!("No CUDA GPU: {}", first_line(why))).small(),
+                )
+                .wrap(),
+            )
+            .on_hover_text(why);
+        }
+        ui.add_space(6.0);
+        ui.heading("Batch and vLLM settings");
+        // A narrow panel (1280x720) puts each control under its name instead of widening the
+        // panel into the plot's room.
+        let narrow = ui.available_width() < NARROW_PX;
+        settings_rows(ui, "settings", narrow, |ui| {
+            ui.label("max_num_batched_tokens").on_hover_text(
+                "vLLM's --max-num-batched-tokens: the tokens of the profile batch. vLLM's default \
+                 with chunked prefill off is max(max_model_len, 2048) (vllm/config.py, \
+                 SchedulerConfig).",
+            );
+            defaulted(ui, &mut self.tokens, 8192, 1..=1_048_576);
+            ui.end_row();
+            let l = ui.label("max_num_seqs").on_hover_text(
+                "vLLM's --max-num-seqs (default 256): the profile batch is split into this many \
+                 dummy sequences, and the sampler runs on one row of logits per sequence.",
+            );
+            ui.add(egui::DragValue::new(&mut self.seqs).range(1..=65_536))
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("sampler").on_hover_text(
+                "vLLM's profile run samples with top_p=0.99, top_k=vocab-1 after the forward \
+                 (model_runner.py profile_run); for most models the sampler owns the peak. \
+                 Off: forward and logits only.",
+            );
+            ui.checkbox(&mut self.sampler, "vLLM's sampler step")
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("passes");
+            ui.add(egui::DragValue::new(&mut self.passes).range(1..=1000))
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("tensor parallel").on_hover_text(
+                "vLLM's --tensor-parallel-size: one worker per GPU (cuda:N and the GPUs after \
+                 it, or that many simulated devices), NCCL between them; the engine takes the \
+                 fewest KV blocks over the ranks.",
+            );
+            egui::ComboBox::from_id_salt("tp")
+                .selected_text(format!(
+                    "{} GPU{}",
+                    self.tp,
+                    if self.tp == 1 { "" } else { "s" }
+                ))
+                .show_ui(ui, |ui| {
+                    for n in [1u32, 2, 4, 8] {
+                        ui.selectable_value(&mut self.tp, n, format!("{n}"));
+                    }
+                })
+                .response
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("gpu_memory_utilization")
+                .on_hover_text("vLLM's --gpu-memory-utilization (default 0.9): the share of the GPU the instance may take, KV cache included.");
+            ui.add(egui::Slider::new(&mut self.util, 0.05..=1.0).fixed_decimals(2))
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui
+                .label("block_size")
+                .on_hover_text("vLLM's --block-size (default 16): tokens per KV cache block.");
+            ui.add(egui::DragValue::new(&mut self.block_size).range(1..=4096))
+                .labelled_by(l.id);
+            ui.end_row();
+            ui.label("max_model_len").on_hover_text(
+                "vLLM's --max-model-len: by default the model's max_position_embeddings \
+                 (config.json). It sets the default batch and the max concurrency shown.",
+            );
+            defaulted(ui, &mut self.max_model_len, 8192, 1..=1_048_576);
+            ui.end_row();
+        });
+        egui::CollapsingHeader::new("Advanced").show(ui, |ui| {
+            settings_rows(ui, "advanced", narrow, |ui| {
+                let l = ui.label("held by another process");
+                ui.add(egui::TextEdit::singleline(&mut self.outside_before).desired_width(90.0))
+                    .labelled_by(l.id)
+                    .on_hover_text(
+                        "memory another process holds before the instance starts, e.g. 512MiB",
+                    );
+                ui.end_row();
+                let l = ui.label("outside framework, 1st pass");
+                ui.add(egui::TextEdit::singleline(&mut self.outside_during).desired_width(90.0))
+                    .labelled_by(l.id)
+                    .on_hover_text(
+                        "NCCL-like memory allocated outside the framework during the first pass",
+                    );
+                ui.end_row();
+                ui.label("");
+                ui.checkbox(&mut self.outside_during_freed, "freed after the passes");
+                ui.end_row();
+                ui.label("");
+                ui.checkbox(&mut self.verify, "verify each budget");
+                ui.end_row();
+                let l = ui.label("seed");
+                ui.add(egui::DragValue::new(&mut self.seed))
+                    .labelled_by(l.id);
+                ui.end_row();
+            });
+        });
+        open_dialog
+    }
+}
+
+/// Below this width the settings flow instead of standing in a two-column grid.
+const NARROW_PX: f32 = 330.0;
+
+/// Label/control rows (`end_row` after each): a grid, or when `narrow` each control under its
+/// label.
+fn settings_rows(ui: &mut egui::Ui, id: &str, narrow: bool, rows: impl FnOnce(&mut egui::Ui)) {
+    if narrow {
+        ui.vertical(rows);
+    } else {
+        egui::Grid::new(id).num_columns(2).show(ui, rows);
+    }
+}
+
+/// The first line of a message, cut at a word boundary near 120 characters with "…" (the
+/// whole message is on hover).
+fn first_line(s: &str) -> String {
+    const MAX: usize = 120;
+    let l = s.lines().next().unwrap_or(s);
+    if l.len() <= MAX {
+        return l.to_string();
+    }
+    let mut end = MAX;
+    while !l.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = l[..end].rfind(' ').unwrap_or(end);
+    format!(
+        "{}… (hover for more)",
+        l[..cut].trim_end_matches([',', ':', ';'])
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_reason_is_cut_at_a_word_and_says_there_is_more() {
+        assert_eq!(first_line("no driver\nsecond line"), "no driver");
+        let long = format!(
+            "NVML library not found: no libnvidia-ml.so.1 in {}",
+            "/usr/lib64, ".repeat(20)
+        );
+        let short = first_line(&long);
+        assert!(short.ends_with("… (hover for more)"), "{short}");
+        let kept = short.trim_end_matches("… (hover for more)");
+        assert!(kept.len() <= 120 && long.starts_with(kept), "{short}");
+        assert!(
+            kept.ends_with("/usr/lib64"),
+            "cut at a word, no comma: {short}"
+        );
+    }
+
+    #[test]
+    fn default_form_is_the_default_request_in_int8() {
+        assert_eq!(
+            SetupForm::default().request().unwrap(),
+            ProfileRequest {
+                quant: Quant::Int8,
+                ..ProfileRequest::default()
+            }
+        );
+    }
+
+    #[test]
+    fn empty_file_path_is_an_error_naming_what_to_do() {
+        let f = SetupForm {
+            model_kind: ModelKind::File,
+            ..SetupForm::default()
+        };
+        let e = f.request().unwrap_err().to_string();
+        assert!(e.contains("no model file"), "{e}");
+    }
+
+    #[test]
+    fn recent_files_are_most_recent_first_without_duplicates() {
+        let mut f = SetupForm::default();
+        f.set_model_path("/a".into());
+        f.set_model_path("/b".into());
+        f.set_model_path("/a".into());
+        assert_eq!(f.recent, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(f.model_kind, ModelKind::File);
+    }
+
+    #[test]
+    fn bad_sizes_name_the_setting() {
+        let f = SetupForm {
+            outside_before: "lots".into(),
+            ..SetupForm::default()
+        };
+        let e = f.request().unwrap_err().to_string();
+        assert!(e.contains("outside before"), "{e}");
+    }
+}

@@ -1,0 +1,56 @@
+//! Look: the shared palette as egui colours, and text sizes that read on a projector.
+
+use egui::{Color32, FontFamily, FontId, TextStyle};
+
+use crate::report::palette::Rgb;
+
+pub fn c32(c: Rgb) -> Color32 {
+    Color32::from_rgb(c.0, c.1, c.2)
+}
+
+/// A palette colour that stays legible on the current background (the palette's black
+/// "process used" line turns light in dark mode).
+pub fn on_bg(c: Rgb, dark: bool) -> Color32 {
+    if dark && c == crate::report::palette::PROCESS_USED {
+        Color32::from_gray(230)
+    } else {
+        c32(c)
+    }
+}
+
+/// Larger text than egui's defaults: the window is often shown on a projector.
+pub fn apply(ctx: &egui::Context) {
+    set_text_sizes(ctx, 1.0);
+    ctx.all_styles_mut(|style| {
+        style.spacing.item_spacing = egui::vec2(8.0, 6.0);
+        style.spacing.button_padding = egui::vec2(8.0, 4.0);
+    });
+}
+
+/// Presentation mode: every text a quarter larger (and back).
+pub fn set_presentation(ctx: &egui::Context, on: bool) {
+    set_text_sizes(ctx, if on { 1.25 } else { 1.0 });
+}
+
+fn set_text_sizes(ctx: &egui::Context, scale: f32) {
+    ctx.all_styles_mut(|style| {
+        style.text_styles = [
+            (TextStyle::Small, 13.0, FontFamily::Proportional),
+            (TextStyle::Body, 16.0, FontFamily::Proportional),
+            (TextStyle::Button, 16.0, FontFamily::Proportional),
+            (TextStyle::Heading, 22.0, FontFamily::Proportional),
+            (TextStyle::Monospace, 15.0, FontFamily::Monospace),
+        ]
+        .into_iter()
+        .map(|(t, size, family)| (t, FontId::new(size * scale, family)))
+        .collect();
+    });
+}
+
+/// Size of the two big budget numbers.
+pub const BIG: f32 = 34.0;
+
+/// A palette colour as a line or label on this theme's background (≥ 4.5:1).
+pub fn legible(c: Rgb, dark: bool) -> Color32 {
+    c32(crate::report::palette::legible(c, dark))
+}

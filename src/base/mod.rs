@@ -1,0 +1,8 @@
+//! The floor every layer stands on: the crate's error type, byte units and their formatting,
+//! the limits on user input, and guarded file access (regular files only, bounded reads,
+//! all-or-nothing writes). Imports nothing of the crate.
+
+pub mod error;
+pub(crate) mod fsguard;
+pub mod limits;
+pub mod units;

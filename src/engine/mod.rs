@@ -1,0 +1,13 @@
+//! The engine a model runs on: tensors, the runtime (a device, the framework allocator, the
+//! event log, the scope of each allocation, cancel and progress), and the device-agnostic ops
+//! that allocate through the framework and then compute on the CPU, on CUDA or not at all
+//! (dry), so that every device makes the same allocation sequence.
+//!
+//! May import: `device`, `memory`, `base`.
+
+pub mod ops;
+pub mod ops_opt;
+pub mod ops_tp;
+pub mod progress;
+pub mod runtime;
+pub mod tensor;

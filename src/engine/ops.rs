@@ -1,0 +1,282 @@
+//! Device-agnostic ops. Each allocates its output through the framework allocator (the same
+//! sequence on every device, so a dry run's trace matches the GPU's) and then runs the math
+//! on the CPU, on CUDA, or not at all (dry).
+
+use crate::base::error::{Error, Result};
+use crate::device::cpu::{self, AttnShape, RowLayout};
+use crate::device::Backend;
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Storage, Tensor};
+use crate::memory::Category;
+use crate::model::config::ModelConfig;
+
+/// Runs `f` with the CUDA device (an error on any other device).
+pub(crate) fn cuda<R>(
+    rt: &Runtime,
+    f: impl FnOnce(&mut crate::device::cuda::CudaDevice) -> Result<R>,
+) -> Result<R> {
+    rt.with_device(|d| match d.cuda() {
+        Some(c) => f(c),
+        None => Err(Error::Device {
+            spec: "cuda".into(),
+            problem: "not a CUDA device".into(),
+        }),
+    })
+}
+
+pub fn embedding(rt: &Runtime, ids: &[u32], table: &Tensor, act: DType) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("embedding");
+    let hidden = table.cols();
+    let mut out =
+        rt.tensor_for_overwrite("embed.out", Category::Activation, &[ids.len(), hidden], act)?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => cpu::embedding(ids, table.f32(), hidden, out.f32_mut()),
+        Backend::Cuda => cuda(rt, |c| c.embedding(ids, table, &mut out))?,
+    }
+    Ok(out)
+}
+
+pub fn rms_norm(rt: &Runtime, x: &Tensor, w: &Tensor, eps: f32, name: &str) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("rms_norm");
+    let mut out = rt.tensor_for_overwrite(name, Category::Activation, &x.shape, x.dtype)?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => cpu::rms_norm(x.f32(), w.f32(), eps, out.f32_mut()),
+        Backend::Cuda => cuda(rt, |c| c.rms_norm(x, w, eps, &mut out))?,
+    }
+    Ok(out)
+}
+
+/// The bias of a linear layer. PyTorch runs `F.linear` with a bias through cuBLASLt's
+/// epilogue, which is when it takes the cuBLASLt workspace.
+pub fn add_bias(rt: &Runtime, x: &mut Tensor, bias: &Tensor) -> Result<()> {
+    rt.ensure_lt_workspace()?;
+    rt.set_op("add_bias");
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            let b = bias.f32();
+            for row in x.f32_mut().chunks_exact_mut(b.len()) {
+                cpu::add_assign(row, b);
+            }
+        }
+        Backend::Cuda => cuda(rt, |c| c.add_bias(x, bias))?,
+    }
+    Ok(())
+}
+
+pub fn rope(
+    rt: &Runtime,
+    q: &mut Tensor,
+    k: &mut Tensor,
+    positions: &[usize],
+    cfg: &ModelConfig,
+) -> Result<()> {
+    rt.check_cancel()?;
+    rt.set_op("rope");
+    let theta = cfg.rope_theta as f32;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            let (hd, heads, kv_heads) = (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads);
+            let table = cpu::RopeTable::new(positions, hd, theta);
+            let (q_at, k_at) = (
+                RowLayout::packed(heads * hd),
+                RowLayout::packed(kv_heads * hd),
+            );
+            cpu::rope_strided(q.f32_mut(), q_at, heads, &table);
+            cpu::rope_strided(k.f32_mut(), k_at, kv_heads, &table);
+        }
+        Backend::Cuda => {
+            let shape = AttnShape {
+                heads: cfg.num_heads,
+                kv_heads: cfg.num_kv_heads,
+                head_dim: cfg.head_dim,
+            };
+            cuda(rt, |c| c.rope(q, k, positions, shape, theta))?
+        }
+    }
+    Ok(())
+}
+
+/// Fused causal attention (flash-attention style): only the output is allocated.
+pub fn attention(
+    rt: &Runtime,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seq_lens: &[usize],
+    cfg: &ModelConfig,
+    name: &str,
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("attention");
+    // vllm-flash-attn's `mha_varlen_fwd` (called from flash_attn.py L679-692 at 380e1863):
+    // `out = empty_like(q)`, `softmax_lse [heads, T]` f32 and `rng_state [2]` int64 come from
+    // the caching allocator; the wrapper returns `out` and drops the other two. Our kernels
+    // need neither, but the allocator sees them as vLLM's does.
+    let mut out = rt.tensor_for_overwrite(name, Category::Activation, &q.shape, q.dtype)?;
+    let lse = rt.tensor(
+        format!("{name}.softmax_lse"),
+        Category::Activation,
+        &[cfg.num_heads, q.rows()],
+        DType::F32,
+    )?;
+    let rng = rt.tensor(
+        format!("{name}.rng_state"),
+        Category::Activation,
+        &[2],
+        DType::I64,
+    )?;
+    let shape = AttnShape {
+        heads: cfg.num_heads,
+        kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+    };
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            let (q, k, v, c) = (q.f32(), k.f32(), v.f32(), rt.cancel_flag());
+            cpu::attention(q, k, v, seq_lens, shape, out.f32_mut(), &c)?
+        }
+        Backend::Cuda => cuda(rt, |c| c.attention(q, k, v, seq_lens, shape, &mut out))?,
+    }
+    drop((lse, rng));
+    Ok(out)
+}
+
+/// `out[offset..offset + src.numel()] = src` with a dtype cast, as PyTorch's `copy_` into a
+/// slice does: no allocation.
+pub fn copy_into(rt: &Runtime, out: &mut Tensor, offset: usize, src: &Tensor) -> Result<()> {
+    rt.set_op("copy");
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            let dt = out.dtype;
+            let dst = &mut out.f32_mut()[offset..offset + src.numel()];
+            for (d, &v) in dst.iter_mut().zip(src.f32()) {
+                *d = crate::quant::bnb4::round(dt, v);
+            }
+        }
+        Backend::Cuda => {
+            let mut view = out.part(out.name.clone(), offset, &src.shape);
+            cuda(rt, |c| c.convert_float(src, &mut view))?
+        }
+    }
+    Ok(())
+}
+
+/// vLLM's `RMSNorm.forward_cuda` with a residual (layernorm.py; `fused_add_rms_norm`):
+/// `residual += x`, then `x = rms_norm(residual) · w`, both in place: no allocation.
+pub fn fused_add_rms_norm(
+    rt: &Runtime,
+    x: &mut Tensor,
+    residual: &mut Tensor,
+    w: &Tensor,
+    eps: f32,
+) -> Result<()> {
+    rt.check_cancel()?;
+    rt.set_op("fused_add_rms_norm");
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            cpu::add_rms_norm(x.f32_mut(), residual.f32_mut(), w.f32(), eps);
+        }
+        Backend::Cuda => cuda(rt, |c| {
+            c.add_assign(residual, x)?;
+            c.rms_norm(residual, w, eps, x)
+        })?,
+    }
+    Ok(())
+}
+
+/// vLLM's `SiluAndMul.forward_cuda` (activation.py): `out = empty([T, I])`, then
+/// `silu(gate) · up` from the two halves of the fused gate_up output (given as its views).
+/// On CUDA the gate view is used as scratch (gate_up dies after this); the host writes `out`
+/// directly.
+pub fn silu_and_mul(rt: &Runtime, gate: &mut Tensor, up: &Tensor, name: &str) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("silu_and_mul");
+    let mut out = rt.tensor_for_overwrite(name, Category::Activation, &gate.shape, gate.dtype)?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            cpu::silu_mul_into(gate.f32(), up.f32(), out.f32_mut());
+        }
+        Backend::Cuda => cuda(rt, |c| {
+            c.silu_mul(gate, up)?;
+            c.convert_float(gate, &mut out)
+        })?,
+    }
+    Ok(out)
+}
+
+pub fn add_assign(rt: &Runtime, x: &mut Tensor, y: &Tensor) -> Result<()> {
+    rt.set_op("residual_add");
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => cpu::add_assign(x.f32_mut(), y.f32()),
+        Backend::Cuda => cuda(rt, |c| c.add_assign(x, y))?,
+    }
+    Ok(())
+}
+
+pub fn silu_mul(rt: &Runtime, gate: &mut Tensor, up: &Tensor) -> Result<()> {
+    rt.set_op("silu_mul");
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => cpu::silu_mul(gate.f32_mut(), up.f32()),
+        Backend::Cuda => cuda(rt, |c| c.silu_mul(gate, up))?,
+    }
+    Ok(())
+}
+
+pub fn gather_rows(rt: &Runtime, x: &Tensor, rows: &[u32], name: &str) -> Result<Tensor> {
+    rt.set_op("gather_last_tokens");
+    let cols = x.cols();
+    let mut out = rt.tensor(name, Category::Activation, &[rows.len(), cols], x.dtype)?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => cpu::embedding(rows, x.f32(), cols, out.f32_mut()),
+        Backend::Cuda => cuda(rt, |c| c.gather_rows(x, rows, &mut out))?,
+    }
+    Ok(out)
+}
+
+pub fn to_f32(rt: &Runtime, x: &Tensor, name: &str) -> Result<Tensor> {
+    rt.set_op("to_f32");
+    let mut out = rt.tensor(name, Category::Activation, &x.shape, DType::F32)?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => out.f32_mut().copy_from_slice(x.f32()),
+        Backend::Cuda => cuda(rt, |c| c.to_f32(x, &mut out))?,
+    }
+    Ok(out)
+}
+
+/// Host values of a tensor as f32 (copies from the GPU when needed); `None` on a dry run.
+pub fn read_f32(rt: &Runtime, x: &Tensor) -> Result<Option<Vec<f32>>> {
+    Ok(match &x.storage {
+        Storage::None => None,
+        Storage::F32(v) => Some(v.clone()),
+        Storage::Cuda(_) => Some(cuda(rt, |c| c.download_f32(x))?),
+        _ => None,
+    })
+}
+
+pub fn upload_f32(rt: &Runtime, t: &mut Tensor, data: &[f32]) -> Result<()> {
+    cuda(rt, |c| c.upload_f32(t, data))
+}
+
+pub fn upload_i8(rt: &Runtime, t: &mut Tensor, data: &[i8]) -> Result<()> {
+    // SAFETY: i8 and u8 have the same size and alignment; the view covers exactly `data`.
+    let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), data.len()) };
+    cuda(rt, |c| c.upload_bytes(t, bytes))
+}
+
+pub fn upload_u8(rt: &Runtime, t: &mut Tensor, data: &[u8]) -> Result<()> {
+    cuda(rt, |c| c.upload_bytes(t, data))
+}

@@ -1,0 +1,228 @@
+//! Tensor-parallel ops, as vLLM 380e1863 runs them on each rank: the all-reduce after a
+//! row-parallel layer and after the vocab-parallel embedding, the masked embedding lookup, and
+//! the gather of the logits to rank 0. Like every op they allocate through the framework
+//! first (the same sequence on every device), then move data: through the rank group on the
+//! simulated device, through NCCL on GPUs, not at all on a dry run. With one GPU each is what
+//! vLLM does then: nothing.
+
+use crate::base::error::{Error, Result};
+use crate::device::group::CommSetup;
+use crate::device::Backend;
+use crate::engine::ops::cuda;
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Tensor};
+use crate::memory::Category;
+
+fn round_all(dt: DType, v: &mut [f32]) {
+    for x in v {
+        *x = crate::quant::bnb4::round(dt, *x);
+    }
+}
+
+/// `tensor_model_parallel_all_reduce` (parallel_state.py L322-376). Under 8 MiB with vLLM's
+/// custom all-reduce on, the result is a new tensor (`torch.empty_like`, custom_all_reduce.py
+/// L255-264) and the input dies when the caller rebinds; otherwise NCCL reduces in place
+/// through torch.distributed, whose communicator is made at the first such call.
+pub fn all_reduce(rt: &Runtime, mut x: Tensor, name: &str) -> Result<Tensor> {
+    let Some(tp) = rt.tp() else {
+        return Ok(x);
+    };
+    rt.check_cancel()?;
+    rt.set_op("all_reduce");
+    let out_of_place = tp.custom_ar_takes(x.nbytes());
+    let mut out = if out_of_place {
+        Some(rt.tensor(name, Category::Activation, &x.shape, x.dtype)?)
+    } else {
+        None
+    };
+    // vLLM's custom all-reduce moves data through buffers it made at start (no NCCL); on a
+    // GPU vramscope sums those through NCCL as well, so its communicator may appear earlier
+    // there than in vLLM.
+    let first = if !out_of_place || rt.backend() == Backend::Cuda {
+        rt.comm_begin(CommSetup::DeviceGroup)?
+    } else {
+        None
+    };
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            // The sum lands in the output (a copy of the input first, out of place) or in
+            // the input itself.
+            let target = match out.as_mut() {
+                Some(o) => {
+                    o.f32_mut().copy_from_slice(x.f32());
+                    o
+                }
+                None => &mut x,
+            };
+            let dtype = target.dtype;
+            let v = target.f32_mut();
+            tp.group.all_reduce_sum(tp.rank, v)?;
+            round_all(dtype, v);
+        }
+        Backend::Cuda => {
+            // The ranks meet on the host first, so a rank that stopped (out of memory in a
+            // verify pass) never leaves the others waiting inside NCCL on the GPU.
+            tp.group.wait()?;
+            cuda(rt, |c| c.all_reduce_sum(&x, out.as_mut(), &tp))?;
+        }
+    }
+    rt.comm_end(first)?;
+    Ok(match out {
+        Some(o) => {
+            drop(x);
+            o
+        }
+        None => x,
+    })
+}
+
+/// `VocabParallelEmbedding.forward` with more than one rank (vocab_parallel_embedding.py
+/// L388-407): `get_masked_input_and_mask` (L137-155; TorchScript runs its element-wise ops
+/// one by one on the first call, each a new tensor), the lookup of this rank's rows,
+/// `masked_fill_` of the tokens other ranks own, and the all-reduce that sums the shards.
+/// `first_row..first_row + rows` are this rank's rows of the padded vocabulary; `vocab` is the
+/// real vocabulary (rows past it are padding no token reaches).
+pub fn vocab_parallel_embedding(
+    rt: &Runtime,
+    ids: &[u32],
+    table: &Tensor,
+    first_row: usize,
+    vocab: usize,
+    act: DType,
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("embedding.mask");
+    let t = ids.len();
+    let end = (first_row + table.rows()).min(vocab);
+    let mask = |name: &str| rt.tensor(name, Category::Activation, &[t], DType::U8);
+    let long = |name: &str| rt.tensor(name, Category::Activation, &[t], DType::I64);
+    // org_vocab_mask = (input_ >= start) & (input_ < end)
+    let ge = mask("embed.mask_ge")?;
+    let lt = mask("embed.mask_lt")?;
+    let org_mask = mask("embed.org_vocab_mask")?;
+    drop((ge, lt));
+    // added_vocab_mask over an empty added range (no LoRA vocabulary)
+    let ge = mask("embed.added_ge")?;
+    let lt = mask("embed.added_lt")?;
+    let added_mask = mask("embed.added_vocab_mask")?;
+    drop((ge, lt));
+    // valid_offset = start * org_vocab_mask + added_offset * added_vocab_mask
+    let a = long("embed.offset_org")?;
+    let b = long("embed.offset_added")?;
+    let valid_offset = long("embed.valid_offset")?;
+    drop((a, b));
+    let vocab_mask = mask("embed.vocab_mask")?;
+    drop((org_mask, added_mask));
+    // input_ = vocab_mask * (input_ - valid_offset)
+    let shifted = long("embed.input_shifted")?;
+    drop(valid_offset);
+    let masked_input = long("embed.masked_input")?;
+    drop(shifted);
+    // ~vocab_mask, returned as input_mask
+    let input_mask = mask("embed.input_mask")?;
+    drop(vocab_mask);
+    rt.set_op("embedding");
+    let hidden = table.cols();
+    let mut out = rt.tensor("embed.out", Category::Activation, &[t, hidden], act)?;
+    let local: Vec<Option<u32>> = ids
+        .iter()
+        .map(|&id| {
+            let id = id as usize;
+            (id >= first_row && id < end).then(|| (id - first_row) as u32)
+        })
+        .collect();
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            let w = table.f32();
+            let o = out.f32_mut();
+            for (row, l) in local.iter().enumerate() {
+                if let Some(l) = l {
+                    let l = *l as usize;
+                    o[row * hidden..(row + 1) * hidden]
+                        .copy_from_slice(&w[l * hidden..(l + 1) * hidden]);
+                }
+            }
+        }
+        Backend::Cuda => cuda(rt, |c| c.masked_embedding(&local, table, &mut out))?,
+    }
+    let out = all_reduce(rt, out, "embed.all_reduce")?;
+    drop((masked_input, input_mask));
+    Ok(out)
+}
+
+/// `tensor_model_parallel_gather` of the logits to rank 0 (parallel_state.py `gather`,
+/// logits_processor.py `_get_logits`): rank 0 allocates one `empty_like` per rank, receives
+/// every shard, and `torch.cat`s them along the vocabulary; the list dies at return. Every
+/// other rank sends and gets `None` (it runs no sampler, model_runner.py L1694-1695).
+pub fn gather_logits(rt: &Runtime, shard: Tensor) -> Result<Option<Tensor>> {
+    let Some(tp) = rt.tp() else {
+        return Ok(Some(shard));
+    };
+    rt.check_cancel()?;
+    rt.set_op("logits.gather");
+    let (rows, cols) = (shard.rows(), shard.cols());
+    let parts = if tp.rank == 0 {
+        (0..tp.size)
+            .map(|r| {
+                rt.tensor(
+                    format!("logits.gather[{r}]"),
+                    Category::Sampler,
+                    &shard.shape,
+                    shard.dtype,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        Vec::new()
+    };
+    // torch's gather runs on the device group's communicator (made here if no NCCL
+    // all-reduce came first), and opens point-to-point connections at its first call.
+    let group_first = rt.comm_begin(CommSetup::DeviceGroup)?;
+    rt.comm_end(group_first)?;
+    let first = rt.comm_begin(CommSetup::GatherP2p)?;
+    let mut parts = parts;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            if let Some(all) = tp.group.gather_to_first(tp.rank, shard.f32())? {
+                for (p, v) in parts.iter_mut().zip(all) {
+                    if v.len() != p.numel() {
+                        return Err(Error::Request(
+                            "tensor-parallel gather: the ranks sent different sizes".into(),
+                        ));
+                    }
+                    p.f32_mut().copy_from_slice(&v);
+                }
+            }
+        }
+        Backend::Cuda => {
+            tp.group.wait()?;
+            cuda(rt, |c| c.gather_to_first(&shard, &mut parts, &tp))?
+        }
+    }
+    rt.comm_end(first)?;
+    drop(shard);
+    if tp.rank != 0 {
+        return Ok(None);
+    }
+    rt.set_op("logits.cat");
+    let dtype = parts[0].dtype;
+    let mut out = rt.tensor("logits", Category::Sampler, &[rows, cols * tp.size], dtype)?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            let o = out.f32_mut();
+            for (r, p) in parts.iter().enumerate() {
+                for row in 0..rows {
+                    o[row * cols * tp.size + r * cols..row * cols * tp.size + (r + 1) * cols]
+                        .copy_from_slice(&p.f32()[row * cols..(row + 1) * cols]);
+                }
+            }
+        }
+        Backend::Cuda => cuda(rt, |c| c.cat_cols(&parts, &mut out))?,
+    }
+    drop(parts);
+    Ok(Some(out))
+}
