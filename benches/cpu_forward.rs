@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
-use vramscope::app::bench::{fast_weights, forward_flops};
+use vramscope::app::bench::fast_weights;
 use vramscope::device::{cpu, Device, DeviceSpec};
 use vramscope::engine::runtime::Runtime;
 use vramscope::model::llama::{Batch, LoadOptions};
@@ -78,7 +78,7 @@ fn cpu_forward(c: &mut Criterion) {
         let rt = Runtime::new(device, Arc::new(AtomicBool::new(false)), None);
         let lm = CausalLm::load(&rt, &cfg, &fast_weights(0), &opts).unwrap();
         let batch = Batch::dummy(tokens, seqs, cfg.vocab_size);
-        let flops = forward_flops(&cfg, &batch.seq_lens);
+        let flops = cfg.forward_flops(&batch.seq_lens);
         // A square GEMM as near the pass's FLOP count as whole sides allow, timed after each
         // pass (outside criterion's measurement, which is the pass alone).
         let side = (flops / 2.0).cbrt().round() as usize;

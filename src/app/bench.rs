@@ -13,7 +13,6 @@ use crate::base::error::{Error, Result};
 use crate::device::{Device, DeviceSpec};
 use crate::engine::ops;
 use crate::engine::runtime::Runtime;
-use crate::model::config::ModelConfig;
 use crate::model::llama::{Batch, LoadOptions};
 use crate::model::weights::WeightSource;
 use crate::model::CausalLm;
@@ -136,25 +135,6 @@ impl WeightSource for FastWeights {
 /// made on all cores (for speed runs: the values do not change the work).
 pub fn fast_weights(seed: u64) -> impl WeightSource {
     FastWeights { seed }
-}
-
-/// FLOPs of one forward pass as vLLM's profile run does it.
-pub fn forward_flops(cfg: &ModelConfig, seq_lens: &[usize]) -> f64 {
-    let t: f64 = seq_lens.iter().sum::<usize>() as f64;
-    let (h, i, q, kv) = (
-        cfg.hidden_size as f64,
-        cfg.intermediate_size as f64,
-        cfg.q_dim() as f64,
-        cfg.kv_dim() as f64,
-    );
-    let linear = h * q + 2.0 * h * kv + q * h + 3.0 * h * i;
-    let causal_pairs: f64 = seq_lens
-        .iter()
-        .map(|&n| n as f64 * (n as f64 + 1.0) / 2.0)
-        .sum();
-    let attn = 2.0 * 2.0 * cfg.num_heads as f64 * cfg.head_dim as f64 * causal_pairs;
-    let layers = cfg.num_layers as f64;
-    layers * (2.0 * t * linear + attn) + 2.0 * seq_lens.len() as f64 * h * cfg.vocab_size as f64
 }
 
 pub fn run(req: &BenchRequest) -> Result<BenchResult> {
@@ -354,7 +334,7 @@ fn run_rank(
     let mut sorted = pass_ms.clone();
     sorted.sort_by(f64::total_cmp);
     let median_ms = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
-    let flops = forward_flops(&opened.config, &batch.seq_lens);
+    let flops = opened.config.forward_flops(&batch.seq_lens);
     let stats = rt.stats();
     let process_peak_bytes = rt.process_peak();
     let nvml_rate_hz = rt.with_device(|d| d.cuda().map(|c| c.nvml_samples().1));
@@ -473,7 +453,7 @@ mod tests {
     #[test]
     fn llama_3_8b_forward_flops_at_8192_tokens() {
         let cfg = crate::model::presets::preset("llama-3-8b").unwrap();
-        let f = forward_flops(&cfg, &[8192]);
+        let f = cfg.forward_flops(&[8192]);
         // 2·T·(linear params) = 1.143e14; causal attention adds 1.76e13, lm_head 1.05e9.
         let linear =
             2.0 * 8192.0 * 32.0 * (4096.0 * 6144.0 + 4096.0 * 4096.0 + 3.0 * 4096.0 * 14336.0);

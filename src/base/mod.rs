@@ -2,6 +2,7 @@
 //! the limits on user input, and guarded file access (regular files only, bounded reads,
 //! all-or-nothing writes). Imports nothing of the crate.
 
+pub mod atomic;
 pub mod error;
 pub(crate) mod fsguard;
 pub mod limits;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
-pub use super::cpu_attention::{attention_strided, RowLayout};
+pub use super::cpu_attention::{attention_strided, AttnShape, RowLayout};
 use super::cpu_vec;
 use crate::base::error::{Error, Result};
 
@@ -242,14 +242,6 @@ fn rope_rows(x: &mut [f32], ld: usize, heads: usize, hd: usize, cos_sin: &[(f32,
             }
         }
     }
-}
-
-/// Shape of an attention call: sequences laid end to end, grouped-query heads.
-#[derive(Clone, Copy, Debug)]
-pub struct AttnShape {
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
 }
 
 /// Causal grouped-query attention per sequence over packed `[T, heads·head_dim]` q and out and

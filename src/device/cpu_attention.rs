@@ -11,9 +11,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
-use super::cpu::AttnShape;
 use super::cpu_vec;
 use crate::base::error::{Error, Result};
+
+/// Shape of an attention call: sequences laid end to end, grouped-query heads.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
 
 /// Query rows per task: large enough that the products run near the GEMM rate, small enough
 /// that a 2048-token sequence gives each core many tasks.

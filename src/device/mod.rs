@@ -2,6 +2,8 @@
 //! free/total as the driver does and hand raw segments to the framework allocator; memory
 //! outside the framework (context, library workspaces, scenario allocations) is taken here
 //! directly.
+//!
+//! May import: `memory` (the segments it hands out), `base`.
 
 pub mod cpu;
 pub mod cpu_attention;
@@ -12,6 +14,7 @@ pub mod cuda;
 pub mod group;
 pub mod presets;
 pub mod sim;
+pub mod tensor;
 
 use serde::{Deserialize, Serialize};
 

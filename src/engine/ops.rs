@@ -8,7 +8,6 @@ use crate::device::Backend;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Storage, Tensor};
 use crate::memory::Category;
-use crate::model::config::ModelConfig;
 
 /// Runs `f` with the CUDA device (an error on any other device).
 pub(crate) fn cuda<R>(
@@ -73,15 +72,16 @@ pub fn rope(
     q: &mut Tensor,
     k: &mut Tensor,
     positions: &[usize],
-    cfg: &ModelConfig,
+    shape: AttnShape,
+    theta: f64,
 ) -> Result<()> {
     rt.check_cancel()?;
     rt.set_op("rope");
-    let theta = cfg.rope_theta as f32;
+    let theta = theta as f32;
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => {
-            let (hd, heads, kv_heads) = (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads);
+            let (hd, heads, kv_heads) = (shape.head_dim, shape.heads, shape.kv_heads);
             let table = cpu::RopeTable::new(positions, hd, theta);
             let (q_at, k_at) = (
                 RowLayout::packed(heads * hd),
@@ -90,14 +90,7 @@ pub fn rope(
             cpu::rope_strided(q.f32_mut(), q_at, heads, &table);
             cpu::rope_strided(k.f32_mut(), k_at, kv_heads, &table);
         }
-        Backend::Cuda => {
-            let shape = AttnShape {
-                heads: cfg.num_heads,
-                kv_heads: cfg.num_kv_heads,
-                head_dim: cfg.head_dim,
-            };
-            cuda(rt, |c| c.rope(q, k, positions, shape, theta))?
-        }
+        Backend::Cuda => cuda(rt, |c| c.rope(q, k, positions, shape, theta))?,
     }
     Ok(())
 }
@@ -109,7 +102,7 @@ pub fn attention(
     k: &Tensor,
     v: &Tensor,
     seq_lens: &[usize],
-    cfg: &ModelConfig,
+    shape: AttnShape,
     name: &str,
 ) -> Result<Tensor> {
     rt.check_cancel()?;
@@ -122,7 +115,7 @@ pub fn attention(
     let lse = rt.tensor(
         format!("{name}.softmax_lse"),
         Category::Activation,
-        &[cfg.num_heads, q.rows()],
+        &[shape.heads, q.rows()],
         DType::F32,
     )?;
     let rng = rt.tensor(
@@ -131,11 +124,6 @@ pub fn attention(
         &[2],
         DType::I64,
     )?;
-    let shape = AttnShape {
-        heads: cfg.num_heads,
-        kv_heads: cfg.num_kv_heads,
-        head_dim: cfg.head_dim,
-    };
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => {
@@ -158,7 +146,7 @@ pub fn copy_into(rt: &Runtime, out: &mut Tensor, offset: usize, src: &Tensor) ->
             let dt = out.dtype;
             let dst = &mut out.f32_mut()[offset..offset + src.numel()];
             for (d, &v) in dst.iter_mut().zip(src.f32()) {
-                *d = crate::quant::bnb4::round(dt, v);
+                *d = dt.round(v);
             }
         }
         Backend::Cuda => {

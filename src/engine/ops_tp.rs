@@ -15,7 +15,7 @@ use crate::memory::Category;
 
 fn round_all(dt: DType, v: &mut [f32]) {
     for x in v {
-        *x = crate::quant::bnb4::round(dt, *x);
+        *x = dt.round(*x);
     }
 }
 
@@ -64,7 +64,9 @@ pub fn all_reduce(rt: &Runtime, mut x: Tensor, name: &str) -> Result<Tensor> {
             // The ranks meet on the host first, so a rank that stopped (out of memory in a
             // verify pass) never leaves the others waiting inside NCCL on the GPU.
             tp.group.wait()?;
-            cuda(rt, |c| c.all_reduce_sum(&x, out.as_mut(), &tp))?;
+            cuda(rt, |c| {
+                c.all_reduce_sum(&x, out.as_mut().map(|o| &mut o.data), &tp)
+            })?;
         }
     }
     rt.comm_end(first)?;

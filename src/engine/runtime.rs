@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::base::error::{Error, Result};
 use crate::device::{Backend, Device, LibraryWorkspace, MemInfo, OutsideAlloc};
 use crate::engine::progress::{Progress, ProgressSink};
-use crate::engine::tensor::{DType, Storage, Tensor};
+use crate::engine::tensor::{DType, Storage, Tensor, TensorData};
 use crate::memory::allocator::{AllocatorAction, LoggedAction, SegmentHandle, SegmentSource};
 use crate::memory::{AllocatorStats, BlockRef, CachingAllocator, Category, Event, EventKind};
 
@@ -358,11 +358,13 @@ impl Runtime {
             },
         };
         Ok(Tensor {
-            shape: shape.to_vec(),
-            dtype,
-            name,
+            data: TensorData {
+                shape: shape.to_vec(),
+                dtype,
+                name,
+                storage,
+            },
             category,
-            storage,
             block,
             rt: self.clone(),
             view: false,

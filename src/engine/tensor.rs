@@ -1,147 +1,39 @@
 //! Tensors: a shape, a dtype, a block of the framework allocator, and (in compute modes) the
 //! data. Dropping a tensor frees its block, as a PyTorch tensor does.
 
-use serde::{Deserialize, Serialize};
-
 use crate::engine::runtime::Runtime;
 use crate::memory::{BlockRef, Category};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DType {
-    F32,
-    F16,
-    BF16,
-    I8,
-    U8,
-    I32,
-    I64,
-}
+pub use crate::device::tensor::{DType, Storage, TensorData};
 
-impl DType {
-    pub fn size_bytes(self) -> u64 {
-        match self {
-            DType::F32 | DType::I32 => 4,
-            DType::F16 | DType::BF16 => 2,
-            DType::I8 | DType::U8 => 1,
-            DType::I64 => 8,
-        }
-    }
-
-    pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F16 | DType::BF16)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-            DType::I8 => "i8",
-            DType::U8 => "u8",
-            DType::I32 => "i32",
-            DType::I64 => "i64",
-        }
-    }
-}
-
-/// Where a tensor's values are. Host storage keeps float tensors as f32 whatever their
-/// accounted dtype (compute mode accumulates in f32); the bytes the allocator counts follow the
-/// dtype, as on the GPU.
-#[derive(Debug)]
-pub enum Storage {
-    /// Dry run: shapes and allocations only.
-    None,
-    F32(Vec<f32>),
-    I8(Vec<i8>),
-    U8(Vec<u8>),
-    I32(Vec<i32>),
-    /// Device pointer: the block's segment base plus its offset.
-    Cuda(u64),
-}
-
+/// A tensor of the framework: its data, the category it is logged under, and the allocator
+/// block it owns. Field access reaches the data (`t.shape`, `t.storage`) through `Deref`.
 pub struct Tensor {
-    pub shape: Vec<usize>,
-    pub dtype: DType,
-    pub name: String,
+    pub data: TensorData,
     pub category: Category,
-    pub storage: Storage,
     pub(crate) block: BlockRef,
     pub(crate) rt: Runtime,
     /// A part of another tensor's block (a `split` view): it frees nothing when dropped.
     pub(crate) view: bool,
 }
 
+impl std::ops::Deref for Tensor {
+    type Target = TensorData;
+    fn deref(&self) -> &TensorData {
+        &self.data
+    }
+}
+
+impl std::ops::DerefMut for Tensor {
+    fn deref_mut(&mut self) -> &mut TensorData {
+        &mut self.data
+    }
+}
+
 impl Tensor {
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-
-    /// Bytes the data takes at its dtype (before allocator rounding).
-    pub fn nbytes(&self) -> u64 {
-        self.numel() as u64 * self.dtype.size_bytes()
-    }
-
     /// Rounded bytes the framework allocator handed out for it.
     pub fn block_bytes(&self) -> u64 {
         self.block.bytes
-    }
-
-    pub fn f32(&self) -> &[f32] {
-        match &self.storage {
-            Storage::F32(v) => v,
-            other => panic!("tensor {} is not host f32 ({other:?})", self.name),
-        }
-    }
-
-    pub fn f32_mut(&mut self) -> &mut [f32] {
-        match &mut self.storage {
-            Storage::F32(v) => v,
-            _ => panic!("tensor {} is not host f32", self.name),
-        }
-    }
-
-    pub fn i8(&self) -> &[i8] {
-        match &self.storage {
-            Storage::I8(v) => v,
-            _ => panic!("tensor {} is not host i8", self.name),
-        }
-    }
-
-    pub fn u8(&self) -> &[u8] {
-        match &self.storage {
-            Storage::U8(v) => v,
-            _ => panic!("tensor {} is not host u8", self.name),
-        }
-    }
-
-    pub fn u8_mut(&mut self) -> &mut [u8] {
-        match &mut self.storage {
-            Storage::U8(v) => v,
-            _ => panic!("tensor {} is not host u8", self.name),
-        }
-    }
-
-    /// Host values of an i32 or i64 tensor (the host keeps both as i32: indices fit).
-    pub fn i32(&self) -> &[i32] {
-        match &self.storage {
-            Storage::I32(v) => v,
-            _ => panic!("tensor {} is not host i32", self.name),
-        }
-    }
-
-    pub fn i32_mut(&mut self) -> &mut [i32] {
-        match &mut self.storage {
-            Storage::I32(v) => v,
-            _ => panic!("tensor {} is not host i32", self.name),
-        }
-    }
-
-    pub fn cuda_ptr(&self) -> u64 {
-        match &self.storage {
-            Storage::Cuda(p) => *p,
-            _ => panic!("tensor {} is not on a CUDA device", self.name),
-        }
     }
 
     /// A contiguous part of this tensor's block, `shape` elements from element `offset`, as
@@ -166,25 +58,17 @@ impl Tensor {
             Storage::Cuda(p) => Storage::Cuda(p + offset as u64 * self.dtype.size_bytes()),
         };
         Tensor {
-            shape: shape.to_vec(),
-            dtype: self.dtype,
-            name: name.into(),
+            data: TensorData {
+                shape: shape.to_vec(),
+                dtype: self.dtype,
+                name: name.into(),
+                storage,
+            },
             category: self.category,
-            storage,
             block: self.block,
             rt: self.rt.clone(),
             view: true,
         }
-    }
-
-    /// Rows of a 2-D tensor.
-    pub fn rows(&self) -> usize {
-        self.shape[0]
-    }
-
-    /// Length of the last dimension.
-    pub fn cols(&self) -> usize {
-        *self.shape.last().unwrap_or(&1)
     }
 }
 
@@ -206,7 +90,7 @@ impl Drop for Tensor {
             self.rt.release(self.block, &self.name, self.category);
         }
         // Activations only: a pass makes them again; weights die once, with the model.
-        if let (Storage::F32(v), Category::Activation) = (&mut self.storage, self.category) {
+        if let (Storage::F32(v), Category::Activation) = (&mut self.data.storage, self.category) {
             self.rt.recycle_host(std::mem::take(v));
         }
     }

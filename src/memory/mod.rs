@@ -1,4 +1,6 @@
 //! The framework allocator ("torch" in vLLM's formulas) and the event log it feeds.
+//!
+//! May import: `base`.
 
 pub mod allocator;
 pub mod events;

@@ -5,6 +5,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::base::error::{Error, Result};
+use crate::device::cpu::AttnShape;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
@@ -57,6 +58,47 @@ impl OptShape {
 }
 
 impl ModelConfig {
+    /// FLOPs of one forward pass over sequences of `seq_lens` tokens, as vLLM's profile run
+    /// does it: the linear layers, causal attention, and the lm_head on each sequence's last
+    /// token.
+    pub fn forward_flops(&self, seq_lens: &[usize]) -> f64 {
+        let t: f64 = seq_lens.iter().sum::<usize>() as f64;
+        let (h, i, q, kv) = (
+            self.hidden_size as f64,
+            self.intermediate_size as f64,
+            self.q_dim() as f64,
+            self.kv_dim() as f64,
+        );
+        let linear = h * q + 2.0 * h * kv + q * h + 3.0 * h * i;
+        let layers = self.num_layers as f64;
+        layers * 2.0 * t * linear
+            + self.attention_flops(seq_lens)
+            + 2.0 * seq_lens.len() as f64 * h * self.vocab_size as f64
+    }
+
+    /// The causal attention's share of `forward_flops` (QKᵀ and PV over the lower triangle).
+    pub fn attention_flops(&self, seq_lens: &[usize]) -> f64 {
+        let causal_pairs: f64 = seq_lens
+            .iter()
+            .map(|&n| n as f64 * (n as f64 + 1.0) / 2.0)
+            .sum();
+        self.num_layers as f64
+            * 2.0
+            * 2.0
+            * self.num_heads as f64
+            * self.head_dim as f64
+            * causal_pairs
+    }
+
+    /// The attention heads' shape, as the engine's attention and rotary ops take it.
+    pub fn attn_shape(&self) -> AttnShape {
+        AttnShape {
+            heads: self.num_heads,
+            kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
+
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
     }
@@ -234,12 +276,7 @@ impl ModelConfig {
                 None | Some(serde_json::Value::Null) => return Err(format!("'{k}' is missing")),
                 Some(x) => x,
             };
-            let n = found.as_u64().ok_or_else(|| {
-                format!(
-                    "'{k}' is {found} (a {}), expected a positive integer",
-                    crate::base::fsguard::json_kind(found)
-                )
-            })?;
+            let n = json_as(k, found, serde_json::Value::as_u64, "a positive integer")?;
             if n == 0 || n > limit {
                 return Err(format!("'{k}' is {n}, expected 1 to {limit}"));
             }
@@ -451,17 +488,33 @@ pub(crate) fn float(
         None | Some(serde_json::Value::Null) => return Ok(default),
         Some(x) => x,
     };
-    let n = x.as_f64().ok_or_else(|| {
-        format!(
-            "'{k}' is {x} (a {}), expected a number {range}",
-            crate::base::fsguard::json_kind(x)
-        )
-    })?;
+    let n = json_as(
+        k,
+        x,
+        serde_json::Value::as_f64,
+        &format!("a number {range}"),
+    )?;
     if !n.is_finite() || !ok(n) {
         // As written in the file (1e308, not 309 digits).
         return Err(format!("'{k}' is {x}, expected a number {range}"));
     }
     Ok(n)
+}
+
+/// `x` (the value of `k` in config.json) as the type `conv` reads, or the error that says what
+/// it is instead.
+fn json_as<T>(
+    k: &str,
+    x: &serde_json::Value,
+    conv: impl Fn(&serde_json::Value) -> Option<T>,
+    expected: &str,
+) -> std::result::Result<T, String> {
+    conv(x).ok_or_else(|| {
+        format!(
+            "'{k}' is {x} (a {}), expected {expected}",
+            crate::base::fsguard::json_kind(x)
+        )
+    })
 }
 
 #[cfg(test)]

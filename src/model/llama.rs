@@ -4,6 +4,7 @@
 
 use std::cell::Cell;
 
+pub use super::batch::Batch;
 use super::config::ModelConfig;
 pub use super::loader::{LoadOptions, LoadStats};
 use super::loader::{Loader, Slice};
@@ -57,32 +58,6 @@ pub struct LlamaModel {
     /// How fast the weights came off the source (zero on a dry run, which reads nothing).
     pub load_stats: LoadStats,
     generation: Cell<u32>,
-}
-
-/// One forward batch: token ids of all sequences laid end to end.
-#[derive(Clone, Debug)]
-pub struct Batch {
-    pub ids: Vec<u32>,
-    pub seq_lens: Vec<usize>,
-}
-
-impl Batch {
-    /// `tokens` split into `seqs` sequences as evenly as vLLM's dummy profile batch does, with
-    /// deterministic ids.
-    pub fn dummy(tokens: usize, seqs: usize, vocab: usize) -> Self {
-        let base = tokens / seqs;
-        let seq_lens: Vec<usize> = (0..seqs)
-            .map(|i| base + usize::from(i < tokens % seqs))
-            .collect();
-        let ids = (0..tokens)
-            .map(|i| ((i * 7919 + 13) % vocab) as u32)
-            .collect();
-        Batch { ids, seq_lens }
-    }
-
-    pub fn tokens(&self) -> usize {
-        self.ids.len()
-    }
 }
 
 impl LlamaModel {
@@ -218,9 +193,9 @@ impl LlamaModel {
             b += l.input_norm.nbytes() + l.post_norm.nbytes();
             b += l.attn.qkv.weight_bytes() + l.gate_up.weight_bytes();
             b += l.attn.o.weight_bytes() + l.down.weight_bytes();
-            b += l.attn.bias.as_ref().map_or(0, Tensor::nbytes);
+            b += l.attn.bias.as_ref().map_or(0, |t| t.nbytes());
         }
-        b + self.lm_head.as_ref().map_or(0, Tensor::nbytes)
+        b + self.lm_head.as_ref().map_or(0, |t| t.nbytes())
     }
 
     /// The output projection over the padded vocabulary, `[Vp, hidden]`.
@@ -323,8 +298,23 @@ impl LlamaModel {
             let (Some(mut q), Some(mut k), Some(v)) = (it.next(), it.next(), it.next()) else {
                 return Err(Error::Request("qkv split".into()));
             };
-            ops::rope(rt, &mut q, &mut k, &positions, local)?;
-            let a = ops::attention(rt, &q, &k, &v, &batch.seq_lens, local, &format!("{l}.attn"))?;
+            ops::rope(
+                rt,
+                &mut q,
+                &mut k,
+                &positions,
+                local.attn_shape(),
+                local.rope_theta,
+            )?;
+            let a = ops::attention(
+                rt,
+                &q,
+                &k,
+                &v,
+                &batch.seq_lens,
+                local.attn_shape(),
+                &format!("{l}.attn"),
+            )?;
             let o = layer
                 .attn
                 .o

@@ -1,5 +1,10 @@
-//! Model shapes, weight files and the Llama-family forward pass.
+//! Model shapes, weight files and the forward passes:
+//! readers for Hugging Face folders, safetensors, GGUF and bitsandbytes checkpoints; the Llama and
+//! OPT forwards as vLLM's model files run them, and vLLM's logits processor and sampler.
+//!
+//! May import: `quant`, `engine`, `device`, `memory`, `base`.
 
+pub mod batch;
 pub mod config;
 pub mod gguf;
 pub mod llama;
@@ -899,7 +904,7 @@ pub fn gen_model_config_with(
         });
     }
     let text = serde_json::to_string_pretty(&json).expect("json");
-    crate::report::export::atomic_write(&cfg_path, text.as_bytes())?;
+    crate::base::atomic::atomic_write(&cfg_path, text.as_bytes())?;
     Ok(ModelFiles {
         format: FileFormat::Safetensors,
         config: cfg_path,
@@ -982,7 +987,7 @@ fn write_shards(dir: &Path, tensors: Vec<(String, LazyTensor)>, n: usize) -> Res
         "weight_map": weight_map,
     });
     let text = serde_json::to_string_pretty(&json).expect("json");
-    crate::report::export::atomic_write(&index_path, text.as_bytes())?;
+    crate::base::atomic::atomic_write(&index_path, text.as_bytes())?;
     Ok((index_path, paths, Some(map)))
 }
 

@@ -35,7 +35,7 @@ pub struct BiasedLinear {
 
 impl BiasedLinear {
     fn weight_bytes(&self) -> u64 {
-        self.w.weight_bytes() + self.b.as_ref().map_or(0, Tensor::nbytes)
+        self.w.weight_bytes() + self.b.as_ref().map_or(0, |t| t.nbytes())
     }
 
     /// vLLM's linear layers add the bias in the GEMM (unquantized `F.linear(x, w, b)`) or in
@@ -273,7 +273,7 @@ impl OptModel {
             .sum::<u64>();
         b += self.final_layer_norm.as_ref().map_or(0, LayerNorm::bytes);
         for l in &self.layers {
-            b += l.qkv.weight_bytes() + l.qkv_bias.as_ref().map_or(0, Tensor::nbytes);
+            b += l.qkv.weight_bytes() + l.qkv_bias.as_ref().map_or(0, |t| t.nbytes());
             for lin in [&l.out, &l.fc1, &l.fc2] {
                 b += lin.weight_bytes();
             }
@@ -438,7 +438,7 @@ impl OptModel {
             &k,
             &v,
             &batch.seq_lens,
-            &self.local,
+            self.local.attn_shape(),
             &format!("{l}.attn"),
         )?;
         let o = layer

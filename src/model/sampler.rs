@@ -11,7 +11,7 @@
 
 use std::cell::RefCell;
 
-use super::llama::Batch;
+use super::batch::Batch;
 use crate::base::error::{Error, Result};
 use crate::device::{cpu_sampler as cpu, Backend};
 use crate::engine::ops::cuda;

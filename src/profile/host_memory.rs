@@ -135,7 +135,8 @@ pub fn estimate(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> HostEstimate
             let per_token = 3 * h + 2 * q + 2 * kv + 3 * i;
             let activations = tokens * per_token * 4 + seqs * c.vocab_size as u64 * 12;
             let seq_lens = crate::model::llama::Batch::dummy(req.tokens, req.seqs, 1).seq_lens;
-            let (linear, attention) = forward_flops(c, &seq_lens);
+            let attention = c.attention_flops(&seq_lens);
+            let linear = (c.forward_flops(&seq_lens) - attention).max(0.0);
             let (gemm_rate, attention_rate) = cpu_rates();
             let secs = passes as f64 * (linear / gemm_rate + attention / attention_rate);
             (weights as u64, activations, Some(secs))
@@ -153,19 +154,6 @@ pub fn estimate(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> HostEstimate
         passes,
         compute_s,
     }
-}
-
-/// FLOPs of one pass split into the GEMMs (linear layers and lm_head) and attention, whose
-/// CPU kernels run at very different rates.
-fn forward_flops(cfg: &ModelConfig, seq_lens: &[usize]) -> (f64, f64) {
-    let total = crate::app::bench::forward_flops(cfg, seq_lens);
-    let pairs: f64 = seq_lens
-        .iter()
-        .map(|&n| n as f64 * (n as f64 + 1.0) / 2.0)
-        .sum();
-    let attention =
-        cfg.num_layers as f64 * 2.0 * 2.0 * cfg.num_heads as f64 * cfg.head_dim as f64 * pairs;
-    ((total - attention).max(0.0), attention)
 }
 
 /// FLOP/s of this machine's GEMM and attention kernels, measured once for the process on

@@ -1,4 +1,9 @@
 //! The measurement procedure of FORMULAS.md, the formulas, and the Report they produce.
+//! A profile runs vLLM's profile pass (one rank, or every rank of a tensor-parallel
+//! instance), takes the checkpoints, applies each formula, and verifies the KV cache each
+//! grants.
+//!
+//! May import: `model` and everything below it.
 
 pub mod formulas;
 pub mod host_memory;
@@ -7,9 +12,23 @@ pub mod report;
 pub mod request;
 pub mod tp;
 
-pub use procedure::run;
 pub use report::Report;
 pub use request::ProfileRequest;
+
+/// Runs the whole procedure. `sink` gets progress; setting `cancel` stops the run within one
+/// op with `Error::Cancelled`, everything freed. With `--tp N` every rank runs it on its own
+/// thread and device (see `tp::run_tp`).
+pub fn run(
+    req: &ProfileRequest,
+    sink: Option<crate::engine::progress::ProgressSink>,
+    cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> crate::base::error::Result<Report> {
+    req.validate()?;
+    if req.tp > 1 {
+        return tp::run_tp(req, sink, cancel);
+    }
+    procedure::run_rank(req, sink, cancel, None)
+}
 
 /// A dry profile of the `tiny` preset on a simulated H100 (`tokens` tokens), for unit tests.
 #[cfg(test)]

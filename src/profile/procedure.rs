@@ -344,21 +344,6 @@ fn verify(
     ))
 }
 
-/// Runs the whole procedure. `sink` gets progress; setting `cancel` stops the run within one
-/// op with `Error::Cancelled`, everything freed. With `--tp N` every rank runs it on its own
-/// thread and device (see `run_tp`).
-pub fn run(
-    req: &ProfileRequest,
-    sink: Option<ProgressSink>,
-    cancel: Arc<AtomicBool>,
-) -> Result<Report> {
-    req.validate()?;
-    if req.tp > 1 {
-        return super::tp::run_tp(req, sink, cancel);
-    }
-    run_rank(req, sink, cancel, None)
-}
-
 /// This rank of a tensor-parallel instance: its index, and where it meets the others.
 pub(crate) struct RankSpec {
     pub rank: usize,
@@ -457,18 +442,11 @@ pub(crate) fn run_rank(
             rt.set_op("load");
             let w = rt.reserve_bytes("synthetic-weights", Category::Weight, *weights_bytes)?;
             let cfg = presets::preset("llama-3-8b").expect("preset");
-            let info = ModelInfo {
-                name: "synthetic workload (vLLM test_memory_profiling)".into(),
-                source: req.model.label(),
-                arch: "synthetic".into(),
-                parameters: 0,
-                layers: 0,
-                hidden_size: 0,
-                num_heads: 0,
-                num_kv_heads: 0,
-                head_dim: 0,
-                vocab_size: 0,
-            };
+            let info = ModelInfo::without_shapes(
+                "synthetic workload (vLLM test_memory_profiling)".into(),
+                req.model.label(),
+                "synthetic",
+            );
             (
                 Workload::Synthetic {
                     _weights: w,

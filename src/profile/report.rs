@@ -25,6 +25,25 @@ pub struct ModelInfo {
     pub vocab_size: usize,
 }
 
+impl ModelInfo {
+    /// A workload that is not a model (a synthetic scenario, a PyTorch snapshot): its name,
+    /// where it came from and what it is, every shape zero.
+    pub fn without_shapes(name: String, source: String, arch: &str) -> Self {
+        ModelInfo {
+            name,
+            source,
+            arch: arch.into(),
+            parameters: 0,
+            layers: 0,
+            hidden_size: 0,
+            num_heads: 0,
+            num_kv_heads: 0,
+            head_dim: 0,
+            vocab_size: 0,
+        }
+    }
+}
+
 /// The strongest check of a budget: allocate the KV cache it grants and run one more max-batch
 /// pass inside T·u: no framework segment may take this instance over floor(T·u) (plus the KV
 /// tensor's allocator padding); as PyTorch's allocator does under a memory limit, it gives

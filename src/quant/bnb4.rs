@@ -463,7 +463,7 @@ pub fn dequantize(
     for (i, o) in out.iter_mut().enumerate() {
         let byte = packed[i / 2];
         let q = if i % 2 == 0 { byte >> 4 } else { byte & 0x0f };
-        *o = round(dtype, ty.decode(q, absmax[i / blocksize]));
+        *o = dtype.round(ty.decode(q, absmax[i / blocksize]));
     }
 }
 
@@ -552,14 +552,6 @@ pub fn dtype_name(d: DType) -> &'static str {
     }
 }
 
-pub fn round(dtype: DType, v: f32) -> f32 {
-    match dtype {
-        DType::F16 => half::f16::from_f32(v).to_f32(),
-        DType::BF16 => half::bf16::from_f32(v).to_f32(),
-        _ => v,
-    }
-}
-
 /// `x.to(dtype)` into a new tensor (a 16/32-bit float conversion), as PyTorch allocates it.
 pub(crate) fn convert(rt: &Runtime, x: &Tensor, dtype: DType, name: String) -> Result<Tensor> {
     let mut out = rt.tensor(name, x.category, &x.shape, dtype)?;
@@ -567,7 +559,7 @@ pub(crate) fn convert(rt: &Runtime, x: &Tensor, dtype: DType, name: String) -> R
         Backend::Dry => {}
         Backend::Cpu => {
             for (o, &v) in out.f32_mut().iter_mut().zip(x.f32()) {
-                *o = round(dtype, v);
+                *o = dtype.round(v);
             }
         }
         Backend::Cuda => cuda(rt, |c| c.convert_float(x, &mut out))?,

@@ -1,4 +1,6 @@
 //! What each quantization stores, and how its linear layers run and what they keep.
+//!
+//! May import: `engine`, `device`, `memory`, `base`.
 
 pub mod bnb4;
 pub mod int8;

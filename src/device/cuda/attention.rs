@@ -8,7 +8,7 @@ use super::gemm::{blas_type, Gemm};
 use super::{kernels, CudaDevice};
 use crate::base::error::Result;
 use crate::device::cpu::AttnShape;
-use crate::engine::tensor::Tensor;
+use crate::device::tensor::TensorData;
 
 /// Bound on the attention score buffer (f32 scores of one chunk of query rows);
 /// `VRAMSCOPE_ATTN_SCRATCH_MIB` changes it (fewer, larger chunks run faster).
@@ -60,12 +60,12 @@ impl CudaDevice {
     /// scratch memory); otherwise `attention_blas`. `VRAMSCOPE_ATTN=blas` forces the latter.
     pub fn attention(
         &mut self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
+        q: &TensorData,
+        k: &TensorData,
+        v: &TensorData,
         seq_lens: &[usize],
         shape: AttnShape,
-        out: &mut Tensor,
+        out: &mut TensorData,
     ) -> Result<()> {
         let dt = self.half(q)?;
         let hd = shape.head_dim;
@@ -124,12 +124,12 @@ impl CudaDevice {
     /// (cuBLAS) into the output. The score buffer stays under 64 MiB at any length.
     fn attention_blas(
         &mut self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
+        q: &TensorData,
+        k: &TensorData,
+        v: &TensorData,
         seq_lens: &[usize],
         shape: AttnShape,
-        out: &mut Tensor,
+        out: &mut TensorData,
     ) -> Result<()> {
         let dt = self.half(q)?;
         let (heads, kvh, hd) = (shape.heads, shape.kv_heads, shape.head_dim);

@@ -7,7 +7,7 @@ use cudarc::driver::sys as dsys;
 use super::{nccl, CudaDevice};
 use crate::base::error::Result;
 use crate::device::group::{CommSetup, TpRank};
-use crate::engine::tensor::{DType, Tensor};
+use crate::device::tensor::{DType, TensorData};
 
 /// The NCCL communicators of one rank, destroyed with the device.
 #[derive(Default)]
@@ -146,8 +146,8 @@ impl CudaDevice {
     /// all-reduce; NCCL does the sum here too), else in place.
     pub fn all_reduce_sum(
         &mut self,
-        x: &Tensor,
-        out: Option<&mut Tensor>,
+        x: &TensorData,
+        out: Option<&mut TensorData>,
         tp: &TpRank,
     ) -> Result<()> {
         let dt = nccl_dtype(x.dtype)
@@ -173,11 +173,16 @@ impl CudaDevice {
     }
 
     /// `torch.distributed.gather` to rank 0: `parts` (rank 0 only) get every rank's `x`.
-    pub fn gather_to_first(&mut self, x: &Tensor, parts: &mut [Tensor], tp: &TpRank) -> Result<()> {
+    pub fn gather_to_first<P: std::ops::Deref<Target = TensorData>>(
+        &mut self,
+        x: &TensorData,
+        parts: &mut [P],
+        tp: &TpRank,
+    ) -> Result<()> {
         let dt = nccl_dtype(x.dtype)
             .ok_or_else(|| self.err("gather", format!("{} is not a float", x.name)))?;
         let comm = self.device_group()?;
-        let recv: Vec<u64> = parts.iter().map(Tensor::cuda_ptr).collect();
+        let recv: Vec<u64> = parts.iter().map(|p| p.cuda_ptr()).collect();
         // SAFETY: every buffer holds `numel` elements of `x`'s dtype on this device.
         unsafe {
             nccl::gather_to_first(
@@ -197,7 +202,11 @@ impl CudaDevice {
     }
 
     /// `torch.cat(parts, dim=-1)` of `[rows, cols]` parts into `[rows, cols·n]`.
-    pub fn cat_cols(&mut self, parts: &[Tensor], out: &mut Tensor) -> Result<()> {
+    pub fn cat_cols<P: std::ops::Deref<Target = TensorData>>(
+        &mut self,
+        parts: &[P],
+        out: &mut TensorData,
+    ) -> Result<()> {
         let es = out.dtype.size_bytes() as usize;
         let dst_pitch = out.cols() * es;
         let mut at = 0usize;
@@ -235,8 +244,8 @@ impl CudaDevice {
     pub fn masked_embedding(
         &mut self,
         local: &[Option<u32>],
-        table: &Tensor,
-        out: &mut Tensor,
+        table: &TensorData,
+        out: &mut TensorData,
     ) -> Result<()> {
         let ids: Vec<u32> = local.iter().map(|l| l.unwrap_or(u32::MAX)).collect();
         self.embedding(&ids, table, out)

@@ -9,8 +9,8 @@ use cudarc::driver::LaunchConfig;
 
 use super::{grid, CudaDevice};
 use crate::base::error::Result;
+use crate::device::tensor::{DType, TensorData};
 use crate::device::{LibraryWorkspace, WorkspaceBytes};
-use crate::engine::tensor::{DType, Tensor};
 
 /// cuBLAS workspace, PyTorch's default on Hopper (`CUBLAS_WORKSPACE_CONFIG=:4096:8`).
 const CUBLAS_WORKSPACE_BYTES: u64 = 32 << 20;
@@ -184,7 +184,7 @@ impl CudaDevice {
     }
 
     /// `out [m, n] = x [m, k] · w [n, k]ᵀ` in 16 bits with f32 accumulation.
-    pub fn gemm_nt(&mut self, x: &Tensor, w: &Tensor, out: &mut Tensor) -> Result<()> {
+    pub fn gemm_nt(&mut self, x: &TensorData, w: &TensorData, out: &mut TensorData) -> Result<()> {
         let dt = self.half(x)?;
         let ty = blas_type(dt);
         let (m, k, n) = (x.rows(), x.cols(), w.shape[0]);
@@ -216,10 +216,10 @@ impl CudaDevice {
     /// accumulation (cuBLAS; a dp4a kernel when cuBLAS refuses), after padding CA into C32A.
     pub fn int8_igemm(
         &mut self,
-        ca: &Tensor,
-        c32a: &mut Tensor,
-        cxb: &Tensor,
-        out32: &mut Tensor,
+        ca: &TensorData,
+        c32a: &mut TensorData,
+        cxb: &TensorData,
+        out32: &mut TensorData,
     ) -> Result<()> {
         let (m, k) = (ca.rows(), ca.cols());
         let kp = c32a.cols();
@@ -273,9 +273,9 @@ impl CudaDevice {
     /// `out += subA [m, no] · subB [no, n]` (the 16-bit outlier part).
     pub fn int8_add_outliers(
         &mut self,
-        sub_a: &Tensor,
-        sub_b: &Tensor,
-        out: &mut Tensor,
+        sub_a: &TensorData,
+        sub_b: &TensorData,
+        out: &mut TensorData,
     ) -> Result<()> {
         let ty = blas_type(self.half(out)?);
         let (m, no, n) = (sub_a.rows(), sub_a.cols(), sub_b.cols());

@@ -10,8 +10,8 @@ use cudarc::driver::{result as drv, CudaContext};
 
 use super::{dev_err, is_oom, loader, nvml, CudaDevice, NvmlSample};
 use crate::base::error::{Error, Result};
+use crate::device::tensor::{DType, TensorData};
 use crate::device::{MemInfo, OutsideAlloc};
-use crate::engine::tensor::{DType, Tensor};
 use crate::memory::SegmentHandle;
 
 /// Page-locked host memory weight uploads are converted into and copied from, chunk by chunk.
@@ -271,7 +271,7 @@ impl CudaDevice {
         Ok(p)
     }
 
-    pub fn upload_f32(&mut self, t: &mut Tensor, d: &[f32]) -> Result<()> {
+    pub fn upload_f32(&mut self, t: &mut TensorData, d: &[f32]) -> Result<()> {
         if d.len() != t.numel() {
             return Err(self.err(
                 "upload",
@@ -300,7 +300,7 @@ impl CudaDevice {
         }
     }
 
-    pub fn upload_bytes(&mut self, t: &mut Tensor, d: &[u8]) -> Result<()> {
+    pub fn upload_bytes(&mut self, t: &mut TensorData, d: &[u8]) -> Result<()> {
         if d.len() as u64 != t.nbytes() {
             return Err(self.err(
                 "upload",
@@ -375,7 +375,7 @@ impl CudaDevice {
         })
     }
 
-    pub fn download_f32(&mut self, x: &Tensor) -> Result<Vec<f32>> {
+    pub fn download_f32(&mut self, x: &TensorData) -> Result<Vec<f32>> {
         let p = x.cuda_ptr();
         let n = x.numel();
         self.ctx

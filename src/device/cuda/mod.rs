@@ -37,7 +37,7 @@ use cudarc::driver::{
 
 use super::{DeviceInfo, DeviceListing};
 use crate::base::error::{Error, Result};
-use crate::engine::tensor::{DType, Tensor};
+use crate::device::tensor::{DType, TensorData};
 use attention::flash_variant_from_env;
 pub use collectives::nccl_library;
 pub use memory::hold_memory_child;
@@ -266,7 +266,7 @@ impl CudaDevice {
             .ok_or_else(|| self.err("kernel", format!("{key} was not compiled")))
     }
 
-    fn half(&self, t: &Tensor) -> Result<DType> {
+    fn half(&self, t: &TensorData) -> Result<DType> {
         match t.dtype {
             DType::F16 | DType::BF16 => Ok(t.dtype),
             other => Err(self.err(

@@ -9,7 +9,7 @@ use cudarc::driver::{sys as dsys, CudaContext, CudaFunction};
 use super::{aligned16, blocks, grid, kernels, sampler, CudaDevice};
 use crate::base::error::Result;
 use crate::device::cpu::AttnShape;
-use crate::engine::tensor::{DType, Tensor};
+use crate::device::tensor::{DType, TensorData};
 
 pub(super) fn compile_kernels(
     ctx: &Arc<CudaContext>,
@@ -103,11 +103,16 @@ pub(super) fn compile_kernels(
 }
 
 impl CudaDevice {
-    pub fn embedding(&mut self, ids: &[u32], table: &Tensor, out: &mut Tensor) -> Result<()> {
+    pub fn embedding(
+        &mut self,
+        ids: &[u32],
+        table: &TensorData,
+        out: &mut TensorData,
+    ) -> Result<()> {
         self.gather(ids, table, out)
     }
 
-    fn gather(&mut self, rows: &[u32], src: &Tensor, out: &mut Tensor) -> Result<()> {
+    fn gather(&mut self, rows: &[u32], src: &TensorData, out: &mut TensorData) -> Result<()> {
         let dt = self.half(src)?;
         if rows.is_empty() {
             return Ok(());
@@ -120,11 +125,22 @@ impl CudaDevice {
         self.launch(f, blocks(rows.len() as u32, 256), &[&ids, &t, &o, &cols])
     }
 
-    pub fn gather_rows(&mut self, x: &Tensor, rows: &[u32], out: &mut Tensor) -> Result<()> {
+    pub fn gather_rows(
+        &mut self,
+        x: &TensorData,
+        rows: &[u32],
+        out: &mut TensorData,
+    ) -> Result<()> {
         self.gather(rows, x, out)
     }
 
-    pub fn rms_norm(&mut self, x: &Tensor, w: &Tensor, eps: f32, out: &mut Tensor) -> Result<()> {
+    pub fn rms_norm(
+        &mut self,
+        x: &TensorData,
+        w: &TensorData,
+        eps: f32,
+        out: &mut TensorData,
+    ) -> Result<()> {
         let dt = self.half(x)?;
         let cols = x.cols() as i32;
         let rows = (x.numel() / x.cols()) as u32;
@@ -137,7 +153,7 @@ impl CudaDevice {
         self.launch(f, blocks(rows, 256), &[&xp, &wp, &op, &cols, &eps])
     }
 
-    pub fn add_bias(&mut self, x: &mut Tensor, b: &Tensor) -> Result<()> {
+    pub fn add_bias(&mut self, x: &mut TensorData, b: &TensorData) -> Result<()> {
         let dt = self.half(x)?;
         let n = x.numel() as i64;
         let cols = b.numel() as i32;
@@ -148,8 +164,8 @@ impl CudaDevice {
 
     pub fn rope(
         &mut self,
-        q: &mut Tensor,
-        k: &mut Tensor,
+        q: &mut TensorData,
+        k: &mut TensorData,
         pos: &[usize],
         shape: AttnShape,
         theta: f32,
@@ -182,7 +198,7 @@ impl CudaDevice {
         Ok(())
     }
 
-    pub fn add_assign(&mut self, x: &mut Tensor, y: &Tensor) -> Result<()> {
+    pub fn add_assign(&mut self, x: &mut TensorData, y: &TensorData) -> Result<()> {
         let dt = self.half(x)?;
         let n = x.numel() as i64;
         let (xp, yp) = (x.cuda_ptr(), y.cuda_ptr());
@@ -195,7 +211,7 @@ impl CudaDevice {
         self.launch(f, grid(n as u64), &[&xp, &yp, &n])
     }
 
-    pub fn silu_mul(&mut self, g: &mut Tensor, u: &Tensor) -> Result<()> {
+    pub fn silu_mul(&mut self, g: &mut TensorData, u: &TensorData) -> Result<()> {
         let dt = self.half(g)?;
         let n = g.numel() as i64;
         let (gp, up) = (g.cuda_ptr(), u.cuda_ptr());
@@ -208,7 +224,7 @@ impl CudaDevice {
         self.launch(f, grid(n as u64), &[&gp, &up, &n])
     }
 
-    pub fn to_f32(&mut self, x: &Tensor, out: &mut Tensor) -> Result<()> {
+    pub fn to_f32(&mut self, x: &TensorData, out: &mut TensorData) -> Result<()> {
         let dt = self.half(x)?;
         let n = x.numel() as i64;
         let (xp, op) = (x.cuda_ptr(), out.cuda_ptr());
@@ -217,7 +233,7 @@ impl CudaDevice {
     }
 
     /// Fills a 16-bit tensor with small deterministic values on the GPU (benchmark weights).
-    pub fn fill_random(&mut self, t: &mut Tensor, seed: u32) -> Result<()> {
+    pub fn fill_random(&mut self, t: &mut TensorData, seed: u32) -> Result<()> {
         let bf = i32::from(self.half(t)? == DType::BF16);
         let n = t.numel() as i64;
         let p = t.cuda_ptr();
@@ -231,11 +247,11 @@ impl CudaDevice {
     /// `nn.LayerNorm` with bias, one block a row.
     pub fn layer_norm(
         &mut self,
-        x: &Tensor,
-        w: &Tensor,
-        b: &Tensor,
+        x: &TensorData,
+        w: &TensorData,
+        b: &TensorData,
         eps: f32,
-        out: &mut Tensor,
+        out: &mut TensorData,
     ) -> Result<()> {
         let dt = self.half(x)?;
         let cols = x.cols() as i32;
@@ -245,7 +261,7 @@ impl CudaDevice {
         self.launch(f, blocks(rows, 256), &[&xp, &wp, &bp, &op, &cols, &eps])
     }
 
-    pub fn relu(&mut self, x: &Tensor, out: &mut Tensor) -> Result<()> {
+    pub fn relu(&mut self, x: &TensorData, out: &mut TensorData) -> Result<()> {
         let dt = self.half(x)?;
         let n = x.numel() as i64;
         let (xp, op) = (x.cuda_ptr(), out.cuda_ptr());
@@ -254,7 +270,7 @@ impl CudaDevice {
     }
 
     /// `out = a + b` (same shapes).
-    pub fn add(&mut self, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
+    pub fn add(&mut self, a: &TensorData, b: &TensorData, out: &mut TensorData) -> Result<()> {
         let dt = self.half(a)?;
         let n = a.numel() as i64;
         let (ap, bp, op) = (a.cuda_ptr(), b.cuda_ptr(), out.cuda_ptr());
@@ -263,7 +279,7 @@ impl CudaDevice {
     }
 
     /// `x.to(out.dtype)` between f16, bf16 and f32 (a copy when they are the same).
-    pub fn convert_float(&mut self, x: &Tensor, out: &mut Tensor) -> Result<()> {
+    pub fn convert_float(&mut self, x: &TensorData, out: &mut TensorData) -> Result<()> {
         let kind = |d: DType| -> Result<i32> {
             match d {
                 DType::F16 => Ok(0),

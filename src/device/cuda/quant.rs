@@ -5,7 +5,7 @@ use cudarc::driver::{result as drv, LaunchConfig};
 
 use super::{blocks, grid, CudaDevice};
 use crate::base::error::Result;
-use crate::engine::tensor::{DType, Tensor};
+use crate::device::tensor::{DType, TensorData};
 
 /// LLM.int8.
 impl CudaDevice {
@@ -25,12 +25,12 @@ impl CudaDevice {
     #[allow(clippy::too_many_arguments)]
     pub fn int8_double_quant(
         &mut self,
-        x: &Tensor,
+        x: &TensorData,
         threshold: f32,
-        ca: &mut Tensor,
-        cat: &mut Tensor,
-        sca: &mut Tensor,
-        scat: &mut Tensor,
+        ca: &mut TensorData,
+        cat: &mut TensorData,
+        sca: &mut TensorData,
+        scat: &mut TensorData,
     ) -> Result<Vec<usize>> {
         let dt = self.half(x)?;
         let (m, k) = (x.rows(), x.cols());
@@ -71,7 +71,7 @@ impl CudaDevice {
     }
 
     /// CB `[n, k]` into the padded CxB tile layout `[rp, cp]`.
-    pub fn int8_transform_cxb(&mut self, cb: &Tensor, cxb: &mut Tensor) -> Result<()> {
+    pub fn int8_transform_cxb(&mut self, cb: &TensorData, cxb: &mut TensorData) -> Result<()> {
         let (n, k) = (cb.rows() as i32, cb.cols() as i32);
         let (rp, cp) = (cxb.shape[0] as i32, cxb.shape[1] as i32);
         let (src, dst) = (cb.cuda_ptr(), cxb.cuda_ptr());
@@ -84,13 +84,13 @@ impl CudaDevice {
     #[allow(clippy::too_many_arguments)]
     pub fn int8_outliers(
         &mut self,
-        x: &Tensor,
+        x: &TensorData,
         cols: &[usize],
-        cb: &Tensor,
-        scb: &Tensor,
-        idx: &mut Tensor,
-        sub_b: &mut Tensor,
-        sub_a: &mut Tensor,
+        cb: &TensorData,
+        scb: &TensorData,
+        idx: &mut TensorData,
+        sub_b: &mut TensorData,
+        sub_a: &mut TensorData,
     ) -> Result<()> {
         let dt = self.half(x)?;
         let bytes: Vec<u8> = cols
@@ -124,10 +124,10 @@ impl CudaDevice {
     /// mm_dequant: `out = out32 · SCA[row] · SCB[col] / 127²`.
     pub fn int8_dequant(
         &mut self,
-        out32: &Tensor,
-        sca: &Tensor,
-        scb: &Tensor,
-        out: &mut Tensor,
+        out32: &TensorData,
+        sca: &TensorData,
+        scb: &TensorData,
+        out: &mut TensorData,
     ) -> Result<()> {
         let dt = self.half(out)?;
         let (m, n) = (out.rows() as i32, out.cols() as i32);
@@ -148,12 +148,12 @@ impl CudaDevice {
     /// + offset` (`offset` a one-element f32 tensor).
     pub fn bnb4_nested_absmax(
         &mut self,
-        q: &Tensor,
-        nested_absmax: &Tensor,
-        code: &Tensor,
-        offset: &Tensor,
+        q: &TensorData,
+        nested_absmax: &TensorData,
+        code: &TensorData,
+        offset: &TensorData,
         nested_blocksize: usize,
-        out: &mut Tensor,
+        out: &mut TensorData,
     ) -> Result<()> {
         let n = q.numel() as i64;
         let nb = nested_blocksize as i32;
@@ -171,11 +171,11 @@ impl CudaDevice {
     /// bitsandbytes `dequantize_4bit` into `out` (f16, bf16 or f32): NF4, or FP4 when `fp4`.
     pub fn bnb4_dequantize(
         &mut self,
-        packed: &Tensor,
-        absmax: &Tensor,
+        packed: &TensorData,
+        absmax: &TensorData,
         fp4: bool,
         blocksize: usize,
-        out: &mut Tensor,
+        out: &mut TensorData,
     ) -> Result<()> {
         let n = out.numel() as i64;
         let (bs, fp) = (blocksize as i32, i32::from(fp4));

@@ -7,7 +7,7 @@
 
 use super::{blocks, grid, CudaDevice, LaunchConfig};
 use crate::base::error::Result;
-use crate::engine::tensor::{DType, Tensor};
+use crate::device::tensor::{DType, TensorData};
 
 /// Kernel names (16-bit operands instantiated `_f16` and `_bf16`).
 pub(super) const TYPED: &[&str] = &["narrow_to_f32", "div_rows", "compare_rows_h"];
@@ -244,13 +244,13 @@ extern "C" __global__ void argmax_rows(const float* x, long long* o, int cols) {
 }
 "#;
 
-fn rows_cols(t: &Tensor) -> (i64, i32) {
+fn rows_cols(t: &TensorData) -> (i64, i32) {
     ((t.numel() / t.cols().max(1)) as i64, t.cols() as i32)
 }
 
 impl CudaDevice {
     /// `logits[..., :cols].to(torch.float)`: the model-dtype logits without vocabulary padding.
-    pub fn sampler_narrow_to_f32(&mut self, x: &Tensor, out: &mut Tensor) -> Result<()> {
+    pub fn sampler_narrow_to_f32(&mut self, x: &TensorData, out: &mut TensorData) -> Result<()> {
         let dt = self.half(x)?;
         let (rows, cols) = rows_cols(out);
         let src_cols = x.cols() as i32;
@@ -264,7 +264,7 @@ impl CudaDevice {
     }
 
     /// `x.div_(t.unsqueeze(1))` with `t` in the model dtype.
-    pub fn sampler_div_rows(&mut self, x: &mut Tensor, t: &Tensor) -> Result<()> {
+    pub fn sampler_div_rows(&mut self, x: &mut TensorData, t: &TensorData) -> Result<()> {
         let dt = self.half(t)?;
         let (rows, cols) = rows_cols(x);
         let (xp, tp) = (x.cuda_ptr(), t.cuda_ptr());
@@ -277,11 +277,11 @@ impl CudaDevice {
     /// then alternate keys: 12 bytes per element and more).
     pub fn sampler_sort_rows(
         &mut self,
-        x: &Tensor,
-        values: &mut Tensor,
-        indices: &mut Tensor,
-        reverse_indices: &mut Tensor,
-        temp: &mut Tensor,
+        x: &TensorData,
+        values: &mut TensorData,
+        indices: &mut TensorData,
+        reverse_indices: &mut TensorData,
+        temp: &mut TensorData,
     ) -> Result<()> {
         let (rows, cols) = rows_cols(x);
         let n = x.numel() as u64;
@@ -323,9 +323,9 @@ impl CudaDevice {
     /// `x.gather(1, col.unsqueeze(1))` with int64 `col`.
     pub fn sampler_gather_cols(
         &mut self,
-        x: &Tensor,
-        col: &Tensor,
-        out: &mut Tensor,
+        x: &TensorData,
+        col: &TensorData,
+        out: &mut TensorData,
     ) -> Result<()> {
         let (rows, cols) = rows_cols(x);
         let (xp, cp, op) = (x.cuda_ptr(), col.cuda_ptr(), out.cuda_ptr());
@@ -336,10 +336,10 @@ impl CudaDevice {
     /// `x < t.unsqueeze(1)` (`<=` when `or_equal`) into a bool mask; `t` f32 or 16-bit.
     pub fn sampler_compare_rows(
         &mut self,
-        x: &Tensor,
-        t: &Tensor,
+        x: &TensorData,
+        t: &TensorData,
         or_equal: bool,
-        mask: &mut Tensor,
+        mask: &mut TensorData,
     ) -> Result<()> {
         let (rows, cols) = rows_cols(x);
         let oe = i32::from(or_equal);
@@ -355,7 +355,12 @@ impl CudaDevice {
         )
     }
 
-    pub fn sampler_masked_fill(&mut self, x: &mut Tensor, mask: &Tensor, value: f32) -> Result<()> {
+    pub fn sampler_masked_fill(
+        &mut self,
+        x: &mut TensorData,
+        mask: &TensorData,
+        value: f32,
+    ) -> Result<()> {
         let n = x.numel() as i64;
         let (xp, mp) = (x.cuda_ptr(), mask.cuda_ptr());
         let f = self.func("masked_fill_f32", DType::I8)?;
@@ -363,7 +368,7 @@ impl CudaDevice {
     }
 
     /// `mask[:, -1] = False`.
-    pub fn sampler_clear_last_col(&mut self, mask: &mut Tensor) -> Result<()> {
+    pub fn sampler_clear_last_col(&mut self, mask: &mut TensorData) -> Result<()> {
         let (rows, cols) = rows_cols(mask);
         let mp = mask.cuda_ptr();
         let f = self.func("clear_last_col", DType::I8)?;
@@ -371,7 +376,12 @@ impl CudaDevice {
     }
 
     /// Row softmax, or log_softmax when `log`.
-    pub fn sampler_softmax(&mut self, x: &Tensor, out: &mut Tensor, log: bool) -> Result<()> {
+    pub fn sampler_softmax(
+        &mut self,
+        x: &TensorData,
+        out: &mut TensorData,
+        log: bool,
+    ) -> Result<()> {
         let (rows, cols) = rows_cols(x);
         let lg = i32::from(log);
         let (xp, op) = (x.cuda_ptr(), out.cuda_ptr());
@@ -379,7 +389,7 @@ impl CudaDevice {
         self.launch(f, blocks(rows as u32, ROW_THREADS), &[&xp, &op, &cols, &lg])
     }
 
-    pub fn sampler_cumsum(&mut self, x: &Tensor, out: &mut Tensor) -> Result<()> {
+    pub fn sampler_cumsum(&mut self, x: &TensorData, out: &mut TensorData) -> Result<()> {
         let (rows, cols) = rows_cols(x);
         let (xp, op) = (x.cuda_ptr(), out.cuda_ptr());
         let f = self.func("cumsum_rows", DType::I8)?;
@@ -387,7 +397,12 @@ impl CudaDevice {
     }
 
     /// `out.scatter_(-1, idx, src)`.
-    pub fn sampler_scatter(&mut self, src: &Tensor, idx: &Tensor, out: &mut Tensor) -> Result<()> {
+    pub fn sampler_scatter(
+        &mut self,
+        src: &TensorData,
+        idx: &TensorData,
+        out: &mut TensorData,
+    ) -> Result<()> {
         let (rows, cols) = rows_cols(src);
         let (sp, ip, op) = (src.cuda_ptr(), idx.cuda_ptr(), out.cuda_ptr());
         let f = self.func("scatter_rows", DType::I8)?;
@@ -397,9 +412,9 @@ impl CudaDevice {
     /// `src[rows_idx]` with int64 row indices.
     pub fn sampler_index_rows(
         &mut self,
-        src: &Tensor,
-        rows_idx: &Tensor,
-        out: &mut Tensor,
+        src: &TensorData,
+        rows_idx: &TensorData,
+        out: &mut TensorData,
     ) -> Result<()> {
         let (rows, cols) = rows_cols(out);
         let (sp, ip, op) = (src.cuda_ptr(), rows_idx.cuda_ptr(), out.cuda_ptr());
@@ -408,14 +423,14 @@ impl CudaDevice {
     }
 
     /// `q.exponential_()` with the counter-based draws shared with the CPU.
-    pub fn sampler_exponential(&mut self, q: &mut Tensor, seed: u64) -> Result<()> {
+    pub fn sampler_exponential(&mut self, q: &mut TensorData, seed: u64) -> Result<()> {
         let n = q.numel() as i64;
         let qp = q.cuda_ptr();
         let f = self.func("exponential_fill", DType::I8)?;
         self.launch(f, grid(n as u64), &[&qp, &n, &seed])
     }
 
-    pub fn sampler_div_assign(&mut self, x: &mut Tensor, q: &Tensor) -> Result<()> {
+    pub fn sampler_div_assign(&mut self, x: &mut TensorData, q: &TensorData) -> Result<()> {
         let n = x.numel() as i64;
         let (xp, qp) = (x.cuda_ptr(), q.cuda_ptr());
         let f = self.func("div_assign_f32", DType::I8)?;
@@ -423,7 +438,7 @@ impl CudaDevice {
     }
 
     /// `x.argmax(dim=1)` into int64.
-    pub fn sampler_argmax(&mut self, x: &Tensor, out: &mut Tensor) -> Result<()> {
+    pub fn sampler_argmax(&mut self, x: &TensorData, out: &mut TensorData) -> Result<()> {
         let (rows, cols) = rows_cols(x);
         let (xp, op) = (x.cuda_ptr(), out.cuda_ptr());
         let f = self.func("argmax_rows", DType::I8)?;
@@ -431,13 +446,13 @@ impl CudaDevice {
     }
 
     /// Copies host int64 values into a device tensor.
-    pub fn upload_i64(&mut self, t: &mut Tensor, values: &[i64]) -> Result<()> {
+    pub fn upload_i64(&mut self, t: &mut TensorData, values: &[i64]) -> Result<()> {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.upload_bytes(t, &bytes)
     }
 
     /// Host copy of an int64 tensor (the sampled ids' `.cpu()`).
-    pub fn download_i64(&mut self, x: &Tensor) -> Result<Vec<i64>> {
+    pub fn download_i64(&mut self, x: &TensorData) -> Result<Vec<i64>> {
         let mut v = vec![0i64; x.numel()];
         self.ctx
             .bind_to_thread()

@@ -245,18 +245,11 @@ impl DeviceTimeline {
                 env!("CARGO_PKG_VERSION")
             ),
             created_unix_s: 0,
-            model: ModelInfo {
+            model: ModelInfo::without_shapes(
                 name,
-                source: source.display().to_string(),
-                arch: "pytorch-memory-snapshot".into(),
-                parameters: 0,
-                layers: 0,
-                hidden_size: 0,
-                num_heads: 0,
-                num_kv_heads: 0,
-                head_dim: 0,
-                vocab_size: 0,
-            },
+                source.display().to_string(),
+                "pytorch-memory-snapshot",
+            ),
             quant: Quant::F16,
             device: DeviceInfo {
                 spec: format!("cuda:{}", self.device),

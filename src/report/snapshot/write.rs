@@ -296,5 +296,5 @@ pub fn to_bytes(report: &Report, path: &Path) -> Result<Vec<u8>> {
 
 /// Writes the report's trace as a PyTorch memory snapshot (device 0), all or nothing.
 pub fn write(report: &Report, path: &Path) -> Result<()> {
-    crate::report::export::atomic_write(path, &to_bytes(report, path)?)
+    crate::base::atomic::atomic_write(path, &to_bytes(report, path)?)
 }

@@ -1,0 +1,27 @@
+//! The batch a forward pass runs on.
+
+/// One forward batch: token ids of all sequences laid end to end.
+#[derive(Clone, Debug)]
+pub struct Batch {
+    pub ids: Vec<u32>,
+    pub seq_lens: Vec<usize>,
+}
+
+impl Batch {
+    /// `tokens` split into `seqs` sequences as evenly as vLLM's dummy profile batch does, with
+    /// deterministic ids.
+    pub fn dummy(tokens: usize, seqs: usize, vocab: usize) -> Self {
+        let base = tokens / seqs;
+        let seq_lens: Vec<usize> = (0..seqs)
+            .map(|i| base + usize::from(i < tokens % seqs))
+            .collect();
+        let ids = (0..tokens)
+            .map(|i| ((i * 7919 + 13) % vocab) as u32)
+            .collect();
+        Batch { ids, seq_lens }
+    }
+
+    pub fn tokens(&self) -> usize {
+        self.ids.len()
+    }
+}
