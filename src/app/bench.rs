@@ -254,6 +254,8 @@ fn run_rank(
     let layout = device.int8_tile_layout();
     let tp = rank.map(|(rank, size, group)| crate::device::group::TpRank {
         custom_ar: device.custom_all_reduce_for(size),
+        // bench runs 380e1863's passes (in-place all-reduces above the custom kernel's size).
+        all_reduce_out_of_place: false,
         rank,
         size,
         group,

@@ -164,6 +164,14 @@ pub struct ProfileArgs {
     /// or that many simulated devices. The engine takes the fewest KV blocks over the ranks.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub tp: u32,
+    /// The vLLM release to reproduce: its profile run, defaults, formula and log lines
+    /// (0.6.3, 380e1863, 0.6.4, 0.6.5, 0.7, 0.8; aliases such as 0.6.4.post1 or 0.10.0).
+    #[arg(long, default_value = crate::profile::vllm::DEFAULT, value_name = "RELEASE")]
+    pub vllm: String,
+    /// vLLM's --enable-chunked-prefill (default: vLLM's rule, on above a 32k context; the
+    /// batch is then the release's chunk, 512 or 2048 tokens).
+    #[arg(long, value_name = "BOOL")]
+    pub enable_chunked_prefill: Option<bool>,
     /// vLLM's max_model_len (default: the model's max_position_embeddings, as vLLM takes it).
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<u64>,
@@ -248,6 +256,8 @@ impl ProfileArgs {
             verify: !self.no_verify,
             seed: self.work.seed,
             tp: self.tp,
+            vllm: self.vllm.clone(),
+            chunked_prefill: self.enable_chunked_prefill,
         };
         r.validate()?;
         Ok(r)
@@ -493,23 +503,31 @@ pub fn summary_text(r: &Report) -> String {
         r.settings.passes,
         r.settings.util
     );
-    if let Some(n) = r.formula(FormulaId::Pr9516) {
-        // vLLM 380e1863's own log line (vllm/worker/worker.py L260-271), with the numbers it
-        // would print, so a user can hold it against theirs.
-        let gib = |b: f64| b / (1u64 << 30) as f64;
-        let c = &r.checkpoints;
-        let used = |cp: &profile::formulas::Checkpoint| (cp.total - cp.free) as f64;
+    // The release's own log lines (380e1863 by default: vllm/worker/worker.py L260-271), with
+    // the numbers it would print, so a user can hold them against theirs.
+    for line in r.vllm_log_lines() {
+        let _ = writeln!(s, "{line}");
+    }
+    if let Some(a) = r
+        .vllm_answer()
+        .filter(|a| a.release.name != profile::vllm::DEFAULT)
+    {
         let _ = writeln!(
             s,
-            "INFO worker.py:260] Memory profiling results: total_gpu_memory={:.2}GiB initial_memory_usage={:.2}GiB peak_torch_memory={:.2}GiB memory_usage_post_profile={:.2}Gib non_torch_memory={:.2}GiB kv_cache_size={:.2}GiB gpu_memory_utilization={:.2}",
-            gib(c.t0.total as f64),
-            gib(used(&c.t1)),
-            gib(n.torch_peak_bytes as f64),
-            gib(used(&c.t3)),
-            gib((c.t3.total - c.t3.free) as f64 - c.t3.allocated as f64),
-            gib(n.kv_bytes as f64),
-            r.settings.util
+            "vLLM {} ({}): # GPU blocks: {}; batch {} tokens in {} sequences{}",
+            a.release.name,
+            a.formula.id.short(),
+            a.kv_blocks,
+            r.settings.tokens,
+            r.settings.seqs,
+            if r.settings.chunked_prefill == Some(true) {
+                ", chunked prefill"
+            } else {
+                ""
+            }
         );
+    }
+    if let Some(n) = r.formula(FormulaId::Pr9516) {
         let _ = writeln!(
             s,
             "#9516: {} KV cache blocks of {} tokens, max concurrency {:.2}x for {} tokens; batch {} tokens in {} sequences{}",

@@ -212,6 +212,10 @@ pub struct TpRank {
     /// all-reduce under 8 MiB is out of place (`torch.empty_like`), and vLLM takes its three
     /// buffers from the caching allocator when the worker starts.
     pub custom_ar: bool,
+    /// Every all-reduce is out of place (vLLM 0.6.5 on, #10121): above the custom kernel's
+    /// size pynccl, enabled from the worker's start, reduces into `torch.empty_like(input)`,
+    /// so no torch.distributed communicator is made for it.
+    pub all_reduce_out_of_place: bool,
 }
 
 /// vLLM's custom all-reduce: inputs under this many bytes go through it

@@ -29,16 +29,20 @@ pub fn all_reduce(rt: &Runtime, mut x: Tensor, name: &str) -> Result<Tensor> {
     };
     rt.check_cancel()?;
     rt.set_op("all_reduce");
-    let out_of_place = tp.custom_ar_takes(x.nbytes());
+    let custom = tp.custom_ar_takes(x.nbytes());
+    let out_of_place = custom || tp.all_reduce_out_of_place;
     let mut out = if out_of_place {
         Some(rt.tensor(name, Category::Activation, &x.shape, x.dtype)?)
     } else {
         None
     };
-    // vLLM's custom all-reduce moves data through buffers it made at start (no NCCL); on a
-    // GPU vramscope sums those through NCCL as well, so its communicator may appear earlier
-    // there than in vLLM.
-    let first = if !out_of_place || rt.backend() == Backend::Cuda {
+    // vLLM's custom all-reduce moves data through buffers it made at start (no NCCL), and
+    // from 0.6.5 pynccl's communicator, made when the worker started, takes the rest; only
+    // an in-place reduction through torch.distributed makes the device group's communicator.
+    // On a GPU vramscope sums through that group's NCCL communicator in every case, so it
+    // may appear earlier there than in vLLM.
+    let torch_distributed = !custom && !tp.all_reduce_out_of_place;
+    let first = if torch_distributed || rt.backend() == Backend::Cuda {
         rt.comm_begin(CommSetup::DeviceGroup)?
     } else {
         None

@@ -57,6 +57,10 @@ pub struct LlamaModel {
     pub rope_cache: Tensor,
     /// How fast the weights came off the source (zero on a dry run, which reads nothing).
     pub load_stats: LoadStats,
+    /// The MLP drops `gate_up` as soon as the activation has read it, before `down_proj`
+    /// (vLLM #10339, from 0.6.4 on; Qwen2's MLP never did). Off: 380e1863's MLP, which keeps
+    /// it until the MLP returns.
+    pub mlp_frees_gate_up: bool,
     generation: Cell<u32>,
 }
 
@@ -182,6 +186,7 @@ impl LlamaModel {
                 total_seconds: started.elapsed().as_secs_f64(),
                 ..ld.stats
             },
+            mlp_frees_gate_up: false,
             generation: Cell::new(0),
         })
     }
@@ -335,7 +340,8 @@ impl LlamaModel {
             };
             ops::fused_add_rms_norm(rt, &mut o, &mut residual, &layer.post_norm, eps)?;
             // LlamaMLP.forward: gate_up, SiluAndMul's new output, down_proj; the activation dies
-            // when `x` is rebound to down_proj's output, gate_up when the MLP returns.
+            // when `x` is rebound to down_proj's output, gate_up when the MLP returns (at
+            // 380e1863), or as soon as `x` is rebound to the activation (#10339).
             let gate_up = layer
                 .gate_up
                 .forward(rt, &o, &format!("{l}.gate_up_proj"), gen, act)?;
@@ -347,6 +353,12 @@ impl LlamaModel {
             };
             let act_out = ops::silu_and_mul(rt, &mut gate, &up, &format!("{l}.act"))?;
             drop((gate, up));
+            let gate_up = if self.mlp_frees_gate_up {
+                drop(gate_up);
+                None
+            } else {
+                Some(gate_up)
+            };
             let down = layer
                 .down
                 .forward(rt, &act_out, &format!("{l}.down_proj"), gen, act)?;

@@ -1017,6 +1017,16 @@ pub enum CausalLm {
 }
 
 impl CausalLm {
+    /// Runs Llama's MLP as vLLM #10339 does (gate_up dropped before down_proj), where the
+    /// architecture's vLLM model file has it: Llama and Mistral (llama.py), not Qwen2
+    /// (qwen2.py keeps `gate_up` in every release) nor OPT (its fc1 output always dies at
+    /// the activation).
+    pub fn set_mlp_frees_gate_up(&mut self, yes: bool) {
+        if let CausalLm::Llama(m) = self {
+            m.mlp_frees_gate_up = yes && m.cfg.arch != "qwen2";
+        }
+    }
+
     /// Loads the architecture `cfg.arch` names, every weight through the framework allocator.
     pub fn load(
         rt: &crate::engine::runtime::Runtime,

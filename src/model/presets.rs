@@ -67,13 +67,15 @@ fn opt(
     }
 }
 
-pub const PRESET_NAMES: [&str; 8] = [
+pub const PRESET_NAMES: [&str; 10] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
     "llama-3-70b",
     "mistral-7b",
+    "qwen2.5-1.5b",
     "qwen2.5-7b",
+    "qwen2.5-32b",
     "opt-125m",
     "opt-350m",
 ];
@@ -96,6 +98,14 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         // Qwen/Qwen2.5-7B
         "qwen2.5-7b" => cfg(
             "qwen2", 3584, 18944, 28, 28, 4, 152064, 1e6, 1e-6, false, 32768,
+        ),
+        // Qwen/Qwen2.5-1.5B-Instruct (config.json: tied embeddings, 32k positions)
+        "qwen2.5-1.5b" => cfg(
+            "qwen2", 1536, 8960, 28, 12, 2, 151936, 1e6, 1e-6, true, 32768,
+        ),
+        // Qwen/Qwen2.5-32B-Instruct
+        "qwen2.5-32b" => cfg(
+            "qwen2", 5120, 27648, 64, 40, 8, 152064, 1e6, 1e-6, false, 32768,
         ),
         // HuggingFaceTB/SmolLM2-135M
         "smollm2-135m" => cfg(
@@ -121,6 +131,9 @@ mod tests {
         assert_eq!(preset("llama-3-70b").unwrap().param_count(), 70_553_706_496);
         assert_eq!(preset("mistral-7b").unwrap().param_count(), 7_248_023_552);
         assert_eq!(preset("qwen2.5-7b").unwrap().param_count(), 7_615_616_512);
+        // The model cards' counts: 1.54B and 32.5B.
+        assert_eq!(preset("qwen2.5-1.5b").unwrap().param_count(), 1_543_714_304);
+        assert_eq!(preset("qwen2.5-32b").unwrap().param_count(), 32_763_876_352);
         assert_eq!(preset("smollm2-135m").unwrap().param_count(), 134_515_008);
         // Hugging Face's counts (unpadded embedding, tied lm_head).
         assert_eq!(preset("opt-125m").unwrap().param_count(), 125_239_296);

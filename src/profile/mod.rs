@@ -11,6 +11,7 @@ pub mod procedure;
 pub mod report;
 pub mod request;
 pub mod tp;
+pub mod vllm;
 
 pub use report::Report;
 pub use request::ProfileRequest;

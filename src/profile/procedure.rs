@@ -11,8 +11,9 @@ use super::report::{
     FormulaResult, ModelInfo, PassStats, Report, TopLogits, Truth, Verify, REPORT_FORMAT,
 };
 use super::request::ProfileRequest;
+use super::vllm::Release;
 use crate::base::error::{Error, Result};
-use crate::device::{Device, DeviceSpec};
+use crate::device::{Device, DeviceSpec, OutsideAlloc};
 use crate::engine::ops;
 use crate::engine::progress::{Phase, Progress, ProgressSink};
 use crate::engine::runtime::Runtime;
@@ -399,8 +400,10 @@ pub(crate) fn run_rank(
     let device_info = device.info();
     let layout = device.int8_tile_layout();
     let context_bytes = device.simulated_context_bytes();
+    let release = req.release()?;
     let tp_rank = rank.map(|r| crate::device::group::TpRank {
         custom_ar: device.custom_all_reduce_for(r.size),
+        all_reduce_out_of_place: release.all_reduce == super::vllm::AllReduce::OutOfPlace,
         rank: r.rank,
         size: r.size,
         group: r.group,
@@ -427,7 +430,7 @@ pub(crate) fn run_rank(
         _ => None,
     };
     let t0 = checkpoint(&rt, "t0");
-    let _distributed = init_distributed(&rt)?;
+    let _distributed = init_distributed(&rt, release)?;
     let before_load = rt.stats().allocated;
 
     rt.progress(Progress::Phase(Phase::Loading));
@@ -462,7 +465,8 @@ pub(crate) fn run_rank(
                 int8_threshold: req.int8_threshold,
                 int8_layout: layout,
             };
-            let model = CausalLm::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
+            let mut model = CausalLm::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
+            model.set_mlp_frees_gate_up(req.release()?.llama_mlp_frees_gate_up);
             let c = &opened.config;
             let info = ModelInfo {
                 name: opened.name.clone(),
@@ -712,30 +716,63 @@ pub(crate) fn run_rank(
     })
 }
 
+/// What the worker's distributed setup keeps for the instance's life: framework tensors, and
+/// device memory outside the framework (freed when this is dropped).
+struct Distributed<'a> {
+    rt: &'a Runtime,
+    _kept: Vec<Tensor>,
+    outside: Vec<(&'static str, OutsideAlloc)>,
+}
+
+impl Drop for Distributed<'_> {
+    fn drop(&mut self) {
+        for (label, a) in self.outside.drain(..) {
+            self.rt.free_outside(label, a);
+        }
+    }
+}
+
 /// vLLM's `init_worker_distributed_environment` after `init_gpu_memory` is read (worker.py
 /// L150-177): the PyNcclCommunicator with its warm-up all-reduce, then the custom all-reduce's
-/// buffers, taken from the caching allocator and kept (custom_all_reduce.py L152-167: `meta`
-/// of `meta_size() + max_size` bytes, `buffer` and `rank_data` of 8 MiB). Nothing with one GPU.
-fn init_distributed(rt: &Runtime) -> Result<Vec<Tensor>> {
+/// buffers, kept (custom_all_reduce.py L152-167: `meta` of `meta_size() + max_size` bytes,
+/// `buffer` and `rank_data` of 8 MiB): all three from the caching allocator up to 380e1863,
+/// `meta` and `buffer` from `cudaMalloc` from 0.6.4 (`Release::custom_ar_ipc_buffers`).
+/// Nothing with one GPU.
+fn init_distributed<'a>(rt: &'a Runtime, release: &Release) -> Result<Distributed<'a>> {
+    let mut d = Distributed {
+        rt,
+        _kept: Vec::new(),
+        outside: Vec::new(),
+    };
     let Some(tp) = rt.tp() else {
-        return Ok(Vec::new());
+        return Ok(d);
     };
     rt.set_op("init_distributed");
     rt.set_layer(None);
     rt.ensure_comm(crate::device::group::CommSetup::PyncclInit)?;
-    let mut kept = Vec::new();
     if tp.custom_ar {
         use crate::device::group::{CUSTOM_AR_MAX_BYTES, CUSTOM_AR_META_BYTES};
-        for (name, bytes) in [
+        for (name, bytes, ipc) in [
             (
                 "custom_all_reduce.meta",
                 CUSTOM_AR_META_BYTES + CUSTOM_AR_MAX_BYTES,
+                release.custom_ar_ipc_buffers,
             ),
-            ("custom_all_reduce.buffer", CUSTOM_AR_MAX_BYTES),
-            ("custom_all_reduce.rank_data", 8 << 20),
+            (
+                "custom_all_reduce.buffer",
+                CUSTOM_AR_MAX_BYTES,
+                release.custom_ar_ipc_buffers,
+            ),
+            ("custom_all_reduce.rank_data", 8 << 20, false),
         ] {
-            kept.push(rt.reserve_bytes(name, Category::Workspace, bytes)?);
+            if ipc {
+                let a = rt.alloc_outside(name, bytes)?;
+                d.outside.push((name, a));
+            } else {
+                d._kept
+                    .push(rt.reserve_bytes(name, Category::Workspace, bytes)?);
+            }
         }
     }
-    Ok(kept)
+    Ok(d)
 }

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::formulas::{Checkpoints, FormulaId, KvGeometry};
 use super::request::ProfileRequest;
+use super::vllm::{LogStyle, Release};
 use crate::device::DeviceInfo;
 use crate::memory::Event;
 use crate::quant::Quant;
@@ -237,7 +238,83 @@ pub struct EngineBudget {
     pub rank_blocks: Vec<u64>,
 }
 
+/// What the vLLM release a run reproduces grants: its formula's KV budget, with T·u rounded
+/// as that release rounds it.
+#[derive(Clone, Copy, Debug)]
+pub struct VllmAnswer<'a> {
+    pub release: &'static Release,
+    pub formula: &'a FormulaResult,
+    pub kv_bytes: i64,
+    pub kv_blocks: u64,
+}
+
 impl Report {
+    /// The answer of the release in `settings.vllm` (`None` for a snapshot, which has no
+    /// formulas, or a session naming a release this build does not know).
+    pub fn vllm_answer(&self) -> Option<VllmAnswer<'_>> {
+        let release = self.settings.release().ok()?;
+        let formula = self.formula(release.formula)?;
+        let total = self.checkpoints.t0.total;
+        let util = self.settings.util;
+        // The formulas list computes #12126 as V1 does (ceil); V0 releases floor.
+        let ceil_in_list = release.formula == FormulaId::Pr12126;
+        let kv_bytes = formula.kv_bytes + super::formulas::budget(total, util, release.ceil_budget)
+            - super::formulas::budget(total, util, ceil_in_list);
+        Some(VllmAnswer {
+            release,
+            formula,
+            kv_bytes,
+            kv_blocks: self.kv_geometry.blocks(kv_bytes),
+        })
+    }
+
+    /// The lines the release would log for this run, in its own words and rounding (GiB =
+    /// 2^30 bytes, two decimals), then its block count.
+    pub fn vllm_log_lines(&self) -> Vec<String> {
+        let Some(a) = self.vllm_answer() else {
+            return Vec::new();
+        };
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        let c = &self.checkpoints;
+        let used = |cp: &super::formulas::Checkpoint| (cp.total - cp.free) as f64;
+        let f = a.formula;
+        let mut out = Vec::new();
+        match a.release.log {
+            LogStyle::BlocksOnly => {}
+            LogStyle::MemoryProfilingResults { gib_typo } => out.push(format!(
+                "INFO worker.py:260] Memory profiling results: total_gpu_memory={:.2}GiB initial_memory_usage={:.2}GiB peak_torch_memory={:.2}GiB memory_usage_post_profile={:.2}{} non_torch_memory={:.2}GiB kv_cache_size={:.2}GiB gpu_memory_utilization={:.2}",
+                gib(c.t0.total as f64),
+                gib(used(&c.t1)),
+                gib(f.torch_peak_bytes as f64),
+                gib(used(&c.t3)),
+                if gib_typo { "Gib" } else { "GiB" },
+                gib(used(&c.t3) - c.t3.allocated as f64),
+                gib(a.kv_bytes as f64),
+                self.settings.util
+            )),
+            LogStyle::InstanceCanUse => {
+                let total = gib(c.t0.total as f64);
+                out.push(format!(
+                    "INFO worker.py] Memory profiling takes {:.2} seconds",
+                    self.wall_time_s
+                ));
+                out.push(format!(
+                    "the current vLLM instance can use total_gpu_memory ({total:.2}GiB) x gpu_memory_utilization ({:.2}) = {:.2}GiB",
+                    self.settings.util,
+                    total * self.settings.util
+                ));
+                out.push(format!(
+                    "model weights take {:.2}GiB; non_torch_memory takes {:.2}GiB; PyTorch activation peak memory takes {:.2}GiB; the rest of the memory reserved for KV Cache is {:.2}GiB.",
+                    gib(f.weights_term_bytes as f64),
+                    gib(f.non_torch_bytes as f64),
+                    gib(f.torch_peak_bytes as f64),
+                    gib(a.kv_bytes as f64)
+                ));
+            }
+        }
+        out
+    }
+
     pub fn formula(&self, id: FormulaId) -> Option<&FormulaResult> {
         self.formulas.iter().find(|f| f.id == id)
     }

@@ -46,6 +46,23 @@ pub struct ProfileRequest {
     /// the N − 1 GPUs after it, or that many simulated devices.
     #[serde(default = "one")]
     pub tp: u32,
+    /// The vLLM release whose profile run, defaults and formula to reproduce (`--vllm`;
+    /// `super::vllm::RELEASES`). Left out of a session when it is the default, so sessions
+    /// of the default release read as they always did.
+    #[serde(default = "default_vllm", skip_serializing_if = "is_default_vllm")]
+    pub vllm: String,
+    /// vLLM's `--enable-chunked-prefill`; `None`: vLLM's own rule (on above a 32k context).
+    /// A report holds `Some(true)` when it ran with chunked prefill.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunked_prefill: Option<bool>,
+}
+
+fn default_vllm() -> String {
+    super::vllm::DEFAULT.to_string()
+}
+
+fn is_default_vllm(v: &String) -> bool {
+    v == super::vllm::DEFAULT
 }
 
 fn one() -> u32 {
@@ -81,6 +98,8 @@ impl Default for ProfileRequest {
             verify: true,
             seed: 0,
             tp: 1,
+            vllm: default_vllm(),
+            chunked_prefill: None,
         }
     }
 }
@@ -96,16 +115,36 @@ pub const VLLM_MAX_NUM_SEQS: usize = 256;
 pub const VLLM_MIN_BATCHED_TOKENS: usize = 2048;
 
 impl ProfileRequest {
+    /// The release this request reproduces (`--vllm`).
+    pub fn release(&self) -> Result<&'static super::vllm::Release> {
+        super::vllm::release(&self.vllm)
+    }
+
+    /// Whether the profile batch is chunked prefill's: as asked, else vLLM's rule (on when
+    /// max_model_len is above 32k).
+    pub fn chunked(&self) -> bool {
+        self.chunked_prefill
+            .unwrap_or(self.max_model_len > super::vllm::CHUNKED_PREFILL_ABOVE)
+    }
+
     /// The request with vLLM's defaults filled in for a model whose
-    /// `max_position_embeddings` is `max_positions`: max_model_len from the model, the batch
-    /// max(max_model_len, 2048).
+    /// `max_position_embeddings` is `max_positions`: max_model_len from the model; the batch
+    /// max(max_model_len, 2048), or with chunked prefill the release's chunk (512 up to
+    /// 0.6.4, 2048 after; config.py `SchedulerConfig.__init__`).
     pub fn resolved(&self, max_positions: usize) -> ProfileRequest {
         let mut r = self.clone();
         if r.max_model_len == 0 {
             r.max_model_len = max_positions.max(1) as u64;
         }
+        let chunked = r.chunked();
+        if chunked {
+            r.chunked_prefill = Some(true);
+        }
         if r.tokens == 0 {
-            r.tokens = (r.max_model_len as usize).max(VLLM_MIN_BATCHED_TOKENS);
+            r.tokens = match (chunked, self.release()) {
+                (true, Ok(rel)) => rel.chunked_prefill_tokens,
+                _ => (r.max_model_len as usize).max(VLLM_MIN_BATCHED_TOKENS),
+            };
         }
         r
     }
@@ -134,6 +173,7 @@ impl ProfileRequest {
                 self.seqs, self.tokens
             ));
         }
+        self.release()?;
         if self.tp == 0 || self.tp > MAX_TP {
             return bad(format!(
                 "--tp {} must be between 1 and {MAX_TP} (the GPUs of one host)",

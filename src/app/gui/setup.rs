@@ -45,6 +45,9 @@ pub struct SetupForm {
     pub passes: u32,
     /// Tensor-parallel GPUs (vLLM's --tensor-parallel-size).
     pub tp: u32,
+    /// The vLLM release to reproduce (`--vllm`).
+    #[serde(default = "default_vllm")]
+    pub vllm: String,
     pub util: f64,
     pub block_size: u64,
     /// vLLM's max_model_len; 0: the model's max_position_embeddings.
@@ -64,6 +67,10 @@ pub struct SetupForm {
 
 fn yes() -> bool {
     true
+}
+
+fn default_vllm() -> String {
+    crate::profile::vllm::DEFAULT.into()
 }
 
 /// A number with a "vLLM default" box: checked stores 0 (resolved when the run starts).
@@ -100,6 +107,7 @@ impl Default for SetupForm {
             seqs: r.seqs,
             passes: r.passes,
             tp: r.tp,
+            vllm: r.vllm.clone(),
             util: r.util,
             block_size: r.block_size,
             max_model_len: r.max_model_len,
@@ -145,6 +153,8 @@ impl SetupForm {
             seqs: self.seqs,
             passes: self.passes,
             tp: self.tp,
+            vllm: self.vllm.clone(),
+            chunked_prefill: None,
             util: self.util,
             block_size: self.block_size,
             max_model_len: self.max_model_len,
@@ -330,6 +340,21 @@ impl SetupForm {
                 .show_ui(ui, |ui| {
                     for n in [1u32, 2, 4, 8] {
                         ui.selectable_value(&mut self.tp, n, format!("{n}"));
+                    }
+                })
+                .response
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("vLLM release").on_hover_text(
+                "The vLLM release whose profile run, defaults, formula and log lines to \
+                 reproduce (vramscope's table of releases, read from each release's source).",
+            );
+            egui::ComboBox::from_id_salt("vllm")
+                .selected_text(self.vllm.as_str())
+                .show_ui(ui, |ui| {
+                    for r in crate::profile::vllm::RELEASES {
+                        ui.selectable_value(&mut self.vllm, r.name.to_string(), r.name)
+                            .on_hover_text(r.changes);
                     }
                 })
                 .response

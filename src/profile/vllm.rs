@@ -1,0 +1,222 @@
+//! The vLLM releases whose profile run vramscope reproduces, as data: one row per release,
+//! read from that release's own Python source (its wheel on PyPI; 380e1863 from vLLM's git).
+//! Everything that differs between them and changes the KV budget is a field here, so a
+//! release is added by adding a row, not by `if`s in the procedure.
+//!
+//! Citations are `file:line` in the release named. What the rows agree on (the sampler's
+//! memory path, the last-token logits, the dummy `SamplingParams(top_p=0.99, top_k=V−1)`,
+//! 256 sequences, block bytes) is modelled once, in `model` and `procedure`.
+
+use serde::{Deserialize, Serialize};
+
+use super::formulas::FormulaId;
+use crate::base::error::{Error, Result};
+
+/// The log lines a release prints after its profile run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogStyle {
+    /// 0.6.3: no memory line, only the engine's `# GPU blocks: N, # CPU blocks: M`.
+    BlocksOnly,
+    /// #9516 (380e1863, 0.6.4): `Memory profiling results: total_gpu_memory=… …`
+    /// (0.6.4.post1 worker/worker.py:232-243; 380e1863 and plain 0.6.4 print `Gib` after
+    /// memory_usage_post_profile, a typo fixed in 0.6.4.post1).
+    MemoryProfilingResults { gib_typo: bool },
+    /// #10511 and later (0.6.5 worker/worker.py:225-241, 0.7.0 :250-266, 0.10.0 :279-295):
+    /// `Memory profiling takes … seconds` / `the current vLLM instance can use …` / `model
+    /// weights take …; non_torch_memory takes …; PyTorch activation peak memory takes …; the
+    /// rest of the memory reserved for KV Cache is ….`
+    InstanceCanUse,
+}
+
+/// How a row-parallel layer's all-reduce allocates with tensor parallel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AllReduce {
+    /// 380e1863 to 0.6.4: vLLM's custom all-reduce (under 8 MiB) returns a new tensor;
+    /// larger ones are reduced in place through torch.distributed, whose NCCL communicator
+    /// is made at the first such call (pynccl is disabled outside graph capture:
+    /// 0.6.3.post1 distributed/device_communicators/pynccl.py:99-102,
+    /// distributed/parallel_state.py:367-375).
+    InPlaceAboveCustom,
+    /// 0.6.5 and later (#10121): always out of place; above the custom kernel's size through
+    /// pynccl, which is enabled from the start and allocates `torch.empty_like(input)`
+    /// (0.6.5 distributed/parallel_state.py:357-378, pynccl.py:109-132).
+    OutOfPlace,
+}
+
+/// One vLLM release's profile run and budget.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Release {
+    /// As the user names it (`--vllm 0.6.4`).
+    pub name: &'static str,
+    /// Other spellings that mean the same code (`0.6.4.post1`, `0.7.3`).
+    pub aliases: &'static [&'static str],
+    /// The formula `Worker.determine_num_available_blocks` applies.
+    pub formula: FormulaId,
+    /// Whether T·u is rounded up (V1's gpu_worker) or taken as vLLM's float product, floored
+    /// into blocks (every V0 release: `total_gpu_memory * gpu_memory_utilization`).
+    pub ceil_budget: bool,
+    /// Llama's MLP rebinds `x` to `act_fn(gate_up)`, so `gate_up` dies before `down_proj`
+    /// (#10339, in 0.6.4: 0.6.4.post1 model_executor/models/llama.py:92-96). Qwen2's MLP
+    /// never did (qwen2.py in every release here).
+    pub llama_mlp_frees_gate_up: bool,
+    pub all_reduce: AllReduce,
+    /// The custom all-reduce's `meta` and `buffer` are `cudaMalloc`ed IPC buffers outside the
+    /// caching allocator (#10030, in 0.6.4: 0.6.4 distributed/device_communicators/
+    /// custom_all_reduce.py:153-175); only `rank_data` (8 MiB) stays a torch tensor. Before,
+    /// all three came from the caching allocator (0.6.3.post1 custom_all_reduce.py:152-167).
+    pub custom_ar_ipc_buffers: bool,
+    /// `max_num_batched_tokens` when chunked prefill is on and the user gave none: 512 up
+    /// to 0.6.4 (0.6.4.post1 config.py:1103-1118), 2048 from 0.6.5 (0.6.5 config.py:1333-1348).
+    pub chunked_prefill_tokens: usize,
+    pub log: LogStyle,
+    /// The torch release its wheel pins (the caching allocator's rules are the same ones).
+    pub torch: &'static str,
+    /// What changed in this release, for `--vllm list` and docs.
+    pub changes: &'static str,
+}
+
+/// The release a request names when it names none: PR #9516's own commit, the seed's
+/// reference, reproduced allocation for allocation.
+pub const DEFAULT: &str = "380e1863";
+
+/// Every release vramscope reproduces, oldest first.
+pub const RELEASES: &[Release] = &[
+    Release {
+        name: "0.6.3",
+        aliases: &["0.6.3.post1"],
+        formula: FormulaId::V0_6_3,
+        ceil_budget: false,
+        llama_mlp_frees_gate_up: false,
+        all_reduce: AllReduce::InPlaceAboveCustom,
+        custom_ar_ipc_buffers: false,
+        chunked_prefill_tokens: 512,
+        log: LogStyle::BlocksOnly,
+        torch: "2.4.0",
+        changes: "free memory at init_device minus free memory right after the profile pass, \
+                  read before empty_cache (worker/worker.py:205-254); no memory log line",
+    },
+    Release {
+        name: "380e1863",
+        aliases: &["pr9516", "#9516"],
+        formula: FormulaId::Pr9516,
+        ceil_budget: false,
+        llama_mlp_frees_gate_up: false,
+        all_reduce: AllReduce::InPlaceAboveCustom,
+        custom_ar_ipc_buffers: false,
+        chunked_prefill_tokens: 512,
+        log: LogStyle::MemoryProfilingResults { gib_typo: true },
+        torch: "2.4.0",
+        changes: "#9516 total-minus-torch: Â + max(0, U(t3) − A(t3)); Llama's gate_up alive \
+                  through down_proj",
+    },
+    Release {
+        name: "0.6.4",
+        aliases: &["0.6.4.post1"],
+        formula: FormulaId::Pr9516,
+        ceil_budget: false,
+        llama_mlp_frees_gate_up: true,
+        all_reduce: AllReduce::InPlaceAboveCustom,
+        custom_ar_ipc_buffers: true,
+        chunked_prefill_tokens: 512,
+        log: LogStyle::MemoryProfilingResults { gib_typo: false },
+        torch: "2.5.1",
+        changes: "#9516's formula; #10339: Llama's MLP drops gate_up before down_proj \
+                  (models/llama.py:92-96)",
+    },
+    Release {
+        name: "0.6.5",
+        aliases: &["0.6.6", "0.6.6.post1"],
+        formula: FormulaId::Pr10511,
+        ceil_budget: false,
+        llama_mlp_frees_gate_up: true,
+        all_reduce: AllReduce::OutOfPlace,
+        custom_ar_ipc_buffers: true,
+        chunked_prefill_tokens: 2048,
+        log: LogStyle::InstanceCanUse,
+        torch: "2.5.1",
+        changes: "#10511 per-instance formula (worker/worker.py:177-248, utils.py:1661-1738); \
+                  #10121: every all-reduce out of place through pynccl; chunked prefill's \
+                  batch 2048",
+    },
+    Release {
+        name: "0.7",
+        aliases: &["0.7.0", "0.7.1", "0.7.2", "0.7.3"],
+        formula: FormulaId::Pr12126,
+        ceil_budget: false,
+        llama_mlp_frees_gate_up: true,
+        all_reduce: AllReduce::OutOfPlace,
+        custom_ar_ipc_buffers: true,
+        chunked_prefill_tokens: 2048,
+        log: LogStyle::InstanceCanUse,
+        torch: "2.5.1",
+        changes: "#12126 reserved-based formula, V0 without the ceil (0.7.0 worker/worker.py:\
+                  204-273, utils.py:1983-2056)",
+    },
+    Release {
+        name: "0.8",
+        aliases: &["0.8.5", "0.9", "0.9.2", "0.10", "0.10.0"],
+        formula: FormulaId::Pr12126,
+        ceil_budget: false,
+        llama_mlp_frees_gate_up: true,
+        all_reduce: AllReduce::OutOfPlace,
+        custom_ar_ipc_buffers: true,
+        chunked_prefill_tokens: 2048,
+        log: LogStyle::InstanceCanUse,
+        torch: "2.6.0 / 2.7.1",
+        changes: "0.8 to 0.10, the V0 engine under VLLM_USE_V1=0 (bitsandbytes forced it onto V0): 0.7's \
+                  profile run and formula (0.8.5 worker/worker.py:225-291)",
+    },
+];
+
+/// The release `name` means (a name or an alias), or an error that lists them.
+pub fn release(name: &str) -> Result<&'static Release> {
+    let n = name.trim().trim_start_matches(['v', 'V']);
+    RELEASES
+        .iter()
+        .find(|r| r.name == n || r.aliases.contains(&n))
+        .ok_or_else(|| {
+            Error::Request(format!(
+                "--vllm {name}: not a release vramscope reproduces (one of {})",
+                names().join(", ")
+            ))
+        })
+}
+
+/// The releases' names, oldest first.
+pub fn names() -> Vec<&'static str> {
+    RELEASES.iter().map(|r| r.name).collect()
+}
+
+/// vLLM turns chunked prefill on by itself for a long context: `max_model_len > 32768` on a
+/// GPU, with no sliding window, speculative decoding, LoRA or prompt adapter, in every V0
+/// release here (0.6.4 engine/arg_utils.py:996-1020; 0.8.5 :1501-1532).
+pub const CHUNKED_PREFILL_ABOVE: u64 = 32768;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_aliases_find_their_release() {
+        assert_eq!(release("0.6.4.post1").unwrap().name, "0.6.4");
+        assert_eq!(release("v0.7.1").unwrap().name, "0.7");
+        assert_eq!(release("0.10.0").unwrap().name, "0.8");
+        assert_eq!(release(DEFAULT).unwrap().formula, FormulaId::Pr9516);
+        let e = release("0.5.0").unwrap_err().to_string();
+        assert!(e.contains("--vllm 0.5.0") && e.contains("380e1863"), "{e}");
+    }
+
+    #[test]
+    fn every_name_is_unique() {
+        let mut all: Vec<&str> = RELEASES
+            .iter()
+            .flat_map(|r| std::iter::once(r.name).chain(r.aliases.iter().copied()))
+            .collect();
+        let n = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), n);
+    }
+}
