@@ -359,3 +359,39 @@ fn opt_350m_int8_state_is_counted_twice_by_the_old_formula() {
     );
     assert_eq!(old.torch_peak_bytes, new.torch_peak_bytes);
 }
+
+/// The true maximum (`--true-max`): with its blocks, two serving passes after the profile stay
+/// within floor(T·u); with one block more they do not. It sits near the truth's count (the
+/// truth is the profile pass's own peak), and the new formula's error against it is the slack
+/// the serving passes need beyond the profile's peak.
+#[test]
+fn the_true_maximum_fits_and_one_block_more_does_not() {
+    let mut req = request("preset:llama-3-8b", Quant::Int8, "sim:h100-80gb:dry");
+    req.true_max = true;
+    let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
+    let m = r.true_max.as_ref().expect("searched");
+    let at = m.verify.as_ref().expect("some blocks fit");
+    assert!(at.ran && at.within_budget && !at.oom, "{}", at.message);
+    assert!(
+        m.one_more.ran && !m.one_more.within_budget,
+        "{}",
+        m.one_more.message
+    );
+    assert_eq!(
+        m.one_more.kv_allocated_bytes,
+        at.kv_allocated_bytes + r.kv_geometry.block_bytes()
+    );
+    assert_eq!(m.kv_bytes, m.blocks * r.kv_geometry.block_bytes());
+    let truth = r.truth.kv_blocks;
+    assert!(
+        m.blocks.abs_diff(truth) * 100 <= truth,
+        "true maximum {} blocks, truth {truth}",
+        m.blocks
+    );
+    assert!(m.probes >= 3 && m.probes < 64, "{} probes", m.probes);
+    // Without the flag nothing is searched and the session does not carry the field.
+    req.true_max = false;
+    let plain = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
+    assert!(plain.true_max.is_none());
+    assert!(!serde_json::to_string(&plain).unwrap().contains("true_max"));
+}

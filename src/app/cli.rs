@@ -172,6 +172,11 @@ pub struct ProfileArgs {
     /// batch is then the release's chunk, 512 or 2048 tokens).
     #[arg(long, value_name = "BOOL")]
     pub enable_chunked_prefill: Option<bool>,
+    /// Also search the largest KV cache that really serves: the most blocks with which two
+    /// max-batch passes after the profile stay within floor(T·u) without an OOM (verify runs;
+    /// one GPU).
+    #[arg(long)]
+    pub true_max: bool,
     /// vLLM's max_model_len (default: the model's max_position_embeddings, as vLLM takes it).
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<u64>,
@@ -258,6 +263,7 @@ impl ProfileArgs {
             tp: self.tp,
             vllm: self.vllm.clone(),
             chunked_prefill: self.enable_chunked_prefill,
+            true_max: self.true_max,
         };
         r.validate()?;
         Ok(r)
@@ -540,6 +546,17 @@ pub fn summary_text(r: &Report) -> String {
             if r.settings.sampler { ", sampler on" } else { ", no sampler" }
         );
     }
+    if let Some(m) = &r.true_max {
+        let _ = writeln!(
+            s,
+            "true maximum: {} KV blocks ({}) run {} serving passes within floor(T·u); one block more: {} ({} verify runs)",
+            m.blocks,
+            fmt_u(m.kv_bytes),
+            m.serving_passes,
+            m.one_more.message,
+            m.probes
+        );
+    }
     let _ = writeln!(
         s,
         "weights {} ({} bytes); int8 state alive after the pass {}; outside the framework {}; truth (peak of this instance) {}",
@@ -616,6 +633,19 @@ pub fn summary_text(r: &Report) -> String {
             fmt_i(f.error_bytes),
             verify_text(&f.verify)
         );
+    }
+    if let Some(m) = &r.true_max {
+        let _ = writeln!(s, "against the true maximum ({} blocks):", m.blocks);
+        for f in &r.formulas {
+            let d = f.kv_blocks as i64 - m.blocks as i64;
+            let _ = writeln!(
+                s,
+                "  {:<32} {:+} blocks ({})",
+                f.title,
+                d,
+                fmt_i(d * r.kv_geometry.block_bytes() as i64)
+            );
+        }
     }
     let t = &r.truth;
     let _ = writeln!(

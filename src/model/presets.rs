@@ -67,10 +67,11 @@ fn opt(
     }
 }
 
-pub const PRESET_NAMES: [&str; 10] = [
+pub const PRESET_NAMES: [&str; 11] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
+    "llama-3.1-8b",
     "llama-3-70b",
     "mistral-7b",
     "qwen2.5-1.5b",
@@ -86,6 +87,11 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         // meta-llama/Meta-Llama-3-8B
         "llama-3-8b" => cfg(
             "llama", 4096, 14336, 32, 32, 8, 128256, 500000.0, 1e-5, false, 8192,
+        ),
+        // meta-llama/Llama-3.1-8B(-Instruct): Llama-3-8B's shapes, 128k positions (the rotary
+        // cache vLLM builds is that long).
+        "llama-3.1-8b" => cfg(
+            "llama", 4096, 14336, 32, 32, 8, 128256, 500000.0, 1e-5, false, 131072,
         ),
         // meta-llama/Meta-Llama-3-70B
         "llama-3-70b" => cfg(

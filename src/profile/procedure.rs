@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use super::formulas::{self, Checkpoint, Checkpoints, FormulaId, KvGeometry};
 use super::report::{
-    FormulaResult, ModelInfo, PassStats, Report, TopLogits, Truth, Verify, REPORT_FORMAT,
+    FormulaResult, ModelInfo, PassStats, Report, TopLogits, TrueMax, Truth, Verify, REPORT_FORMAT,
 };
 use super::request::ProfileRequest;
 use super::vllm::Release;
@@ -233,6 +233,7 @@ fn verify(
     others_bytes: u64,
     index: u32,
     label: &str,
+    serving_passes: u32,
 ) -> Result<(Verify, Option<PassStats>)> {
     let blocks = geometry.blocks(kv_bytes);
     if blocks == 0 {
@@ -279,8 +280,10 @@ fn verify(
             }
         }
     }
-    if result.is_ok() {
-        result = one_pass(rt, work, index, Some(label.to_string()), false).map(Some);
+    for _ in 0..serving_passes.max(1) {
+        if result.is_ok() {
+            result = one_pass(rt, work, index, Some(label.to_string()), false).map(Some);
+        }
     }
     drop(kv);
     if let Some(t) = rt.tp() {
@@ -653,6 +656,7 @@ pub(crate) fn run_rank(
                 others,
                 index,
                 r.id.key(),
+                1,
             )?;
             r.verify = Some(v);
             passes.extend(stats);
@@ -672,10 +676,25 @@ pub(crate) fn run_rank(
             others,
             index,
             "truth",
+            1,
         )?;
         truth.verify = Some(v);
         passes.extend(stats);
     }
+    let true_max = if req.true_max {
+        rt.progress(Progress::Phase(Phase::Verifying));
+        Some(true_maximum(
+            &rt,
+            &work,
+            &geometry,
+            truth.kv_blocks,
+            budget as u64,
+            others,
+            req.passes + verify_count + 1,
+        )?)
+    } else {
+        None
+    };
     rt.set_pass(0);
     rt.progress(Progress::Phase(Phase::Done));
     let events = rt.take_events();
@@ -698,6 +717,7 @@ pub(crate) fn run_rank(
         kv_geometry: geometry,
         formulas: results,
         truth,
+        true_max,
         passes,
         quant_state_after_bytes,
         outside_framework_bytes,
@@ -715,6 +735,99 @@ pub(crate) fn run_rank(
         engine: Vec::new(),
     })
 }
+
+/// The largest KV cache that really serves: the most whole blocks with which, after the
+/// profile pass, the instance runs `TRUE_MAX_SERVING_PASSES` max-batch passes with its peak
+/// within floor(T·u) and no device OOM. Found by galloping from the truth's count (each probe
+/// a verify run) and then bisecting; a dry run's probes are exact, a GPU's are real passes.
+#[allow(clippy::too_many_arguments)]
+fn true_maximum(
+    rt: &Runtime,
+    work: &Workload,
+    geometry: &KvGeometry,
+    start_blocks: u64,
+    budget: u64,
+    others: u64,
+    index: u32,
+) -> Result<TrueMax> {
+    let block = geometry.block_bytes().max(1);
+    let mut probes = 0u32;
+    let mut probe = |blocks: u64| -> Result<Verify> {
+        probes += 1;
+        let (v, _) = verify(
+            rt,
+            work,
+            geometry,
+            (blocks * block) as i64,
+            budget,
+            others,
+            index,
+            "true-max",
+            TRUE_MAX_SERVING_PASSES,
+        )?;
+        Ok(v)
+    };
+    let fits = |v: &Verify| v.ran && v.within_budget;
+    // [lo, hi): lo fits (0 blocks trivially), hi does not.
+    let (mut lo, mut hi);
+    let first = start_blocks.max(1);
+    let v = probe(first)?;
+    if fits(&v) {
+        lo = first;
+        let mut step = 1u64;
+        loop {
+            let b = lo + step;
+            if b * block > budget {
+                hi = b;
+                break;
+            }
+            if fits(&probe(b)?) {
+                lo = b;
+                step *= 2;
+            } else {
+                hi = b;
+                break;
+            }
+        }
+    } else {
+        hi = first;
+        lo = 0;
+        let mut step = 1u64;
+        while hi > 1 {
+            let b = hi.saturating_sub(step).max(1);
+            if fits(&probe(b)?) {
+                lo = b;
+                break;
+            }
+            hi = b;
+            if b == 1 {
+                break;
+            }
+            step *= 2;
+        }
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(&probe(mid)?) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let at = if lo > 0 { Some(probe(lo)?) } else { None };
+    let above = probe(lo + 1)?;
+    Ok(TrueMax {
+        blocks: lo,
+        kv_bytes: lo * block,
+        serving_passes: TRUE_MAX_SERVING_PASSES,
+        probes,
+        verify: at,
+        one_more: above,
+    })
+}
+
+/// Serving passes each true-maximum probe runs after allocating its cache.
+pub const TRUE_MAX_SERVING_PASSES: u32 = 2;
 
 /// What the worker's distributed setup keeps for the instance's life: framework tensors, and
 /// device memory outside the framework (freed when this is dropped).

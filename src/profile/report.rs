@@ -121,6 +121,21 @@ pub struct FormulaResult {
     pub verify: Option<Verify>,
 }
 
+/// The most KV blocks with which the instance, after the profile pass, runs `serving_passes`
+/// max-batch passes within floor(T·u) and without a device OOM.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrueMax {
+    pub blocks: u64,
+    pub kv_bytes: u64,
+    pub serving_passes: u32,
+    /// Verify runs the search took.
+    pub probes: u32,
+    /// The run with `blocks` (none when not even one block fits).
+    pub verify: Option<Verify>,
+    /// The run with one block more, which does not fit.
+    pub one_more: Verify,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Truth {
     /// G: the instance's own peak device memory during the profile passes.
@@ -178,6 +193,9 @@ pub struct Report {
     pub kv_geometry: KvGeometry,
     pub formulas: Vec<FormulaResult>,
     pub truth: Truth,
+    /// The largest KV cache that really serves (`--true-max`), found by verify runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub true_max: Option<TrueMax>,
     pub passes: Vec<PassStats>,
     /// Quantization state (CxB, subB) alive after the profile passes.
     pub quant_state_after_bytes: u64,
@@ -266,6 +284,19 @@ impl Report {
             kv_bytes,
             kv_blocks: self.kv_geometry.blocks(kv_bytes),
         })
+    }
+
+    /// The blocks the release's engine takes: its answer on one GPU, the fewest over the ranks
+    /// with tensor parallel (distributed_gpu_executor.py `determine_num_available_blocks`).
+    pub fn vllm_engine_blocks(&self) -> Option<u64> {
+        if self.ranks.is_empty() {
+            return self.vllm_answer().map(|a| a.kv_blocks);
+        }
+        self.ranks
+            .iter()
+            .map(|k| k.vllm_answer().map(|a| a.kv_blocks))
+            .min()
+            .flatten()
     }
 
     /// The lines the release would log for this run, in its own words and rounding (GiB =

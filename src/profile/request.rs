@@ -55,6 +55,10 @@ pub struct ProfileRequest {
     /// A report holds `Some(true)` when it ran with chunked prefill.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunked_prefill: Option<bool>,
+    /// Search the largest KV cache that really serves (`--true-max`): verify runs after the
+    /// formulas' (one GPU).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub true_max: bool,
 }
 
 fn default_vllm() -> String {
@@ -100,6 +104,7 @@ impl Default for ProfileRequest {
             tp: 1,
             vllm: default_vllm(),
             chunked_prefill: None,
+            true_max: false,
         }
     }
 }
@@ -174,6 +179,12 @@ impl ProfileRequest {
             ));
         }
         self.release()?;
+        if self.true_max && self.tp > 1 {
+            return bad(format!(
+                "--true-max searches one GPU's cache; with --tp {} run it without",
+                self.tp
+            ));
+        }
         if self.tp == 0 || self.tp > MAX_TP {
             return bad(format!(
                 "--tp {} must be between 1 and {MAX_TP} (the GPUs of one host)",

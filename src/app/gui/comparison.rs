@@ -76,6 +76,36 @@ impl ComparisonView {
             r.settings.seqs,
             r.settings.util
         ));
+        if let Some(a) = r
+            .vllm_answer()
+            .filter(|a| a.release.name != crate::profile::vllm::DEFAULT)
+        {
+            ui.label(format!(
+                "vLLM {} ({}): {} KV blocks, {}{}",
+                a.release.name,
+                a.formula.id.short(),
+                a.kv_blocks,
+                fmt_i(a.kv_bytes),
+                if r.settings.chunked_prefill == Some(true) {
+                    " · chunked prefill"
+                } else {
+                    ""
+                }
+            ))
+            .on_hover_text(a.release.changes);
+        }
+        if let Some(m) = &r.true_max {
+            ui.label(format!(
+                "true maximum: {} KV blocks ({}) serve {} passes within floor(T·u)",
+                m.blocks,
+                fmt_u(m.kv_bytes),
+                m.serving_passes
+            ))
+            .on_hover_text(format!(
+                "one block more: {} ({} verify runs)",
+                m.one_more.message, m.probes
+            ));
+        }
         ui.add_space(4.0);
         ui.columns(3, |cols| {
             big_number(

@@ -155,6 +155,7 @@ impl SetupForm {
             tp: self.tp,
             vllm: self.vllm.clone(),
             chunked_prefill: None,
+            true_max: false,
             util: self.util,
             block_size: self.block_size,
             max_model_len: self.max_model_len,

@@ -295,6 +295,7 @@ impl DeviceTimeline {
                 source: unknown.into(),
                 verify: None,
             },
+            true_max: None,
             passes,
             quant_state_after_bytes: 0,
             outside_framework_bytes: 0,
