@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::base::error::{Error, Result};
+use crate::device::tensor::DType;
 use crate::device::DeviceSpec;
 use crate::model::ModelSource;
 use crate::quant::Quant;
@@ -46,6 +47,64 @@ pub struct ProfileRequest {
     /// the N − 1 GPUs after it, or that many simulated devices.
     #[serde(default = "one")]
     pub tp: u32,
+    /// vLLM's `--kv-cache-dtype` (sessions written before it existed load as "auto").
+    #[serde(default)]
+    pub kv_cache_dtype: KvCacheDtype,
+}
+
+/// vLLM's `--kv-cache-dtype`. "auto" stores K and V in the model's activation dtype; every fp8
+/// name maps to one byte per element (vllm/utils.py `STR_DTYPE_TO_TORCH_DTYPE`: "fp8",
+/// "fp8_e4m3", "fp8_e5m2" → `torch.uint8`), so `CacheEngine.get_cache_block_size` halves
+/// against fp16/bf16.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvCacheDtype {
+    #[default]
+    Auto,
+    Fp8,
+    #[serde(rename = "fp8_e4m3")]
+    Fp8E4m3,
+    #[serde(rename = "fp8_e5m2")]
+    Fp8E5m2,
+}
+
+impl KvCacheDtype {
+    pub const ALL: [KvCacheDtype; 4] = [
+        KvCacheDtype::Auto,
+        KvCacheDtype::Fp8,
+        KvCacheDtype::Fp8E4m3,
+        KvCacheDtype::Fp8E5m2,
+    ];
+
+    /// The name vLLM takes on its command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvCacheDtype::Auto => "auto",
+            KvCacheDtype::Fp8 => "fp8",
+            KvCacheDtype::Fp8E4m3 => "fp8_e4m3",
+            KvCacheDtype::Fp8E5m2 => "fp8_e5m2",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                Error::Request(format!(
+                    "--kv-cache-dtype '{s}': expected auto, fp8, fp8_e4m3 or fp8_e5m2"
+                ))
+            })
+    }
+
+    /// The element type of the KV cache tensors when the model computes in `activation`.
+    pub fn storage_dtype(self, activation: DType) -> DType {
+        match self {
+            KvCacheDtype::Auto => activation,
+            // vLLM allocates fp8 caches as torch.uint8 and views them as fp8 in its kernels.
+            _ => DType::U8,
+        }
+    }
 }
 
 fn one() -> u32 {
@@ -66,6 +125,7 @@ impl Default for ProfileRequest {
             device: DeviceSpec::Sim {
                 preset: "h100-80gb".into(),
                 dry: true,
+                total: None,
             },
             tokens: 0,
             seqs: VLLM_MAX_NUM_SEQS,
@@ -81,6 +141,7 @@ impl Default for ProfileRequest {
             verify: true,
             seed: 0,
             tp: 1,
+            kv_cache_dtype: KvCacheDtype::Auto,
         }
     }
 }
