@@ -25,6 +25,7 @@ fn dry_70b_report(passes: u32, quant: Quant) -> Report {
         device: DeviceSpec::Sim {
             preset: "h200-141gb".into(),
             dry: true,
+            total: None,
         },
         passes,
         quant,

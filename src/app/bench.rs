@@ -486,6 +486,7 @@ mod tests {
             device: DeviceSpec::Sim {
                 preset: "h100-80gb".into(),
                 dry: true,
+                total: None,
             },
             tokens: 4,
             seqs: 1,
@@ -504,6 +505,7 @@ mod tests {
             device: DeviceSpec::Sim {
                 preset: "h100-80gb".into(),
                 dry: false,
+                total: None,
             },
             op_times: true,
             ..req

@@ -15,6 +15,7 @@ use crate::engine::progress::{Phase, Progress};
 use crate::model::weights::StoredDtype;
 use crate::model::{self, ModelSource};
 use crate::profile::formulas::FormulaId;
+use crate::profile::request::KvCacheDtype;
 use crate::profile::{self, ProfileRequest, Report};
 use crate::quant::Quant;
 use crate::report::export;
@@ -151,6 +152,15 @@ pub struct ProfileArgs {
     /// sim:PRESET[:dry|:compute] or cuda:N.
     #[arg(long, default_value = "sim:h100-80gb:dry")]
     pub device: String,
+    /// The total the simulated GPU reports (what `torch.cuda.mem_get_info()[1]` says on your
+    /// GPU, vLLM's `total_gpu_memory`), instead of the preset's; the preset still gives the
+    /// architecture (context, cuBLAS workspace).
+    #[arg(long, value_parser = size_arg, value_name = "SIZE")]
+    pub total: Option<u64>,
+    /// vLLM's --kv-cache-dtype: auto (the model's dtype), fp8, fp8_e4m3 or fp8_e5m2 (one byte
+    /// per element).
+    #[arg(long, default_value = "auto", value_name = "DTYPE")]
+    pub kv_cache_dtype: String,
     /// Passes between t1 and t2: 1 is vLLM's profile run; more show the serving passes after
     /// it (the truth then covers them all).
     #[arg(long, default_value_t = 1)]
@@ -242,7 +252,7 @@ impl ProfileArgs {
         let r = ProfileRequest {
             model: ModelSource::parse(&self.work.model)?,
             quant: Quant::parse(&self.work.quant)?,
-            device: DeviceSpec::parse(&self.device)?,
+            device: DeviceSpec::parse(&self.device)?.with_total(self.total)?,
             tokens: self.work.tokens.unwrap_or(0),
             // vLLM's 256, or fewer when the batch given is smaller (vLLM would refuse it).
             seqs: self.work.seqs.unwrap_or(match self.work.tokens {
@@ -264,6 +274,7 @@ impl ProfileArgs {
             vllm: self.vllm.clone(),
             chunked_prefill: self.enable_chunked_prefill,
             true_max: self.true_max,
+            kv_cache_dtype: KvCacheDtype::parse(&self.kv_cache_dtype)?,
         };
         r.validate()?;
         Ok(r)
@@ -557,6 +568,23 @@ pub fn summary_text(r: &Report) -> String {
             m.probes
         );
     }
+    if r.settings.kv_cache_dtype != KvCacheDtype::Auto {
+        let _ = writeln!(
+            s,
+            "kv_cache_dtype {}: {} byte(s) per element, {} per block",
+            r.settings.kv_cache_dtype.name(),
+            r.kv_geometry.dtype_bytes,
+            fmt_u(r.kv_geometry.block_bytes())
+        );
+    }
+    if r.settings.device.total_override().is_some() {
+        let _ = writeln!(
+            s,
+            "total {} ({} bytes) given with --total",
+            fmt_u(r.checkpoints.t0.total),
+            r.checkpoints.t0.total
+        );
+    }
     let _ = writeln!(
         s,
         "weights {} ({} bytes); int8 state alive after the pass {}; outside the framework {}; truth (peak of this instance) {}",
@@ -673,8 +701,38 @@ fn cmd_devices() -> Result<()> {
     if let Some(w) = why {
         println!("no CUDA GPU: {}", one_line(&w));
     }
-    for d in list {
+    let gpus: Vec<_> = list.iter().filter(|d| d.preset.is_none()).collect();
+    for d in &gpus {
         println!("{:<22} {:>12}  {}", d.spec, fmt_u(d.total_bytes), d.name);
+    }
+    if !gpus.is_empty() {
+        println!();
+    }
+    println!(
+        "{:<22} {:>12} {:>12} {:>12}  {:<9} {:<9} name; source of the cudaMemGetInfo total",
+        "simulated", "simulates", "cudaMemGetInfo", "nvidia-smi", "arch", "total is"
+    );
+    for d in &list {
+        let Some(p) = &d.preset else { continue };
+        let kind = match (p.superseded_by, p.total_measured) {
+            (Some(_), _) => "smi",
+            (None, true) => "measured",
+            (None, false) => "estimated",
+        };
+        let name = match p.superseded_by {
+            Some(new) => format!("{} (kept name; sim:{new} simulates vLLM's total)", p.name),
+            None => p.name.to_string(),
+        };
+        println!(
+            "{:<22} {:>12} {:>14} {:>12}  {:<9} {:<9} {name}; {}",
+            d.spec,
+            fmt_u(p.total_bytes),
+            fmt_u(p.mem_get_info_bytes),
+            fmt_u(p.smi_bytes),
+            p.arch,
+            kind,
+            p.total_source
+        );
     }
     Ok(())
 }

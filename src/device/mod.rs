@@ -28,8 +28,17 @@ pub use sim::SimDevice;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum DeviceSpec {
-    Sim { preset: String, dry: bool },
-    Cuda { ordinal: usize },
+    Sim {
+        preset: String,
+        dry: bool,
+        /// The total the simulated device reports instead of the preset's (`--total`: what
+        /// `torch.cuda.mem_get_info()` says on the user's own GPU).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        total: Option<u64>,
+    },
+    Cuda {
+        ordinal: usize,
+    },
 }
 
 impl DeviceSpec {
@@ -53,6 +62,7 @@ impl DeviceSpec {
                 Ok(DeviceSpec::Sim {
                     preset: preset.to_ascii_lowercase(),
                     dry,
+                    total: None,
                 })
             }
             ["cuda"] => Ok(DeviceSpec::Cuda { ordinal: 0 }),
@@ -67,13 +77,48 @@ impl DeviceSpec {
     pub fn is_sim(&self) -> bool {
         matches!(self, DeviceSpec::Sim { .. })
     }
+
+    /// The spec with the simulated device's total set (`--total`); a CUDA device reports its
+    /// own, so asking for one there is an error naming the flag.
+    pub fn with_total(mut self, bytes: Option<u64>) -> Result<Self> {
+        let Some(bytes) = bytes else {
+            return Ok(self);
+        };
+        match &mut self {
+            DeviceSpec::Sim { total, .. } => {
+                crate::base::limits::count(
+                    "--total",
+                    bytes,
+                    MIN_TOTAL_BYTES,
+                    crate::base::limits::MAX_BYTES,
+                )?;
+                *total = Some(bytes);
+                Ok(self)
+            }
+            DeviceSpec::Cuda { .. } => Err(Error::Request(format!(
+                "--total: {self} reports its own total; --total is for a simulated device"
+            ))),
+        }
+    }
+
+    /// The total a simulated spec was given (`--total`), if any.
+    pub fn total_override(&self) -> Option<u64> {
+        match self {
+            DeviceSpec::Sim { total, .. } => *total,
+            DeviceSpec::Cuda { .. } => None,
+        }
+    }
 }
 
 impl std::fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DeviceSpec::Sim { preset, dry: true } => write!(f, "sim:{preset}:dry"),
-            DeviceSpec::Sim { preset, dry: false } => write!(f, "sim:{preset}"),
+            DeviceSpec::Sim {
+                preset, dry: true, ..
+            } => write!(f, "sim:{preset}:dry"),
+            DeviceSpec::Sim {
+                preset, dry: false, ..
+            } => write!(f, "sim:{preset}"),
             DeviceSpec::Cuda { ordinal } => write!(f, "cuda:{ordinal}"),
         }
     }
@@ -100,7 +145,14 @@ pub struct DeviceInfo {
     pub mode: String,
     /// Where the ground truth comes from ("simulated bookkeeping", "NVML per-process").
     pub truth_source: String,
+    /// What `total_bytes` is and where it comes from (a preset's source, `--total`, or the
+    /// driver); empty in sessions written before it existed.
+    #[serde(default)]
+    pub total_source: String,
 }
+
+/// The smallest total `--total` takes (anything smaller cannot hold a CUDA context and a model).
+pub const MIN_TOTAL_BYTES: u64 = 256 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemInfo {
@@ -177,12 +229,16 @@ impl Device {
     /// Opens the device; for CUDA this creates the context (checkpoint t0 comes after).
     pub fn open(spec: &DeviceSpec) -> Result<Self> {
         match spec {
-            DeviceSpec::Sim { preset, dry } => {
+            DeviceSpec::Sim { preset, dry, total } => {
                 let p = presets::find(preset).ok_or_else(|| Error::Device {
                     spec: spec.to_string(),
                     problem: "unknown simulated preset".into(),
                 })?;
-                Ok(Device::Sim(SimDevice::new(p, !dry)))
+                let mut sim = SimDevice::new(p, !dry);
+                if let Some(t) = total {
+                    sim.set_total(*t);
+                }
+                Ok(Device::Sim(sim))
             }
             DeviceSpec::Cuda { ordinal } => {
                 Ok(Device::Cuda(Box::new(cuda::CudaDevice::open(*ordinal)?)))
@@ -199,6 +255,19 @@ impl Device {
                 simulated: true,
                 mode: if s.compute { "compute" } else { "dry" }.into(),
                 truth_source: "simulated bookkeeping (exact)".into(),
+                total_source: if s.total() == s.preset.total_bytes {
+                    format!(
+                        "{}: {}",
+                        s.preset.simulated_total_label(),
+                        if s.preset.superseded_by.is_some() {
+                            "nvidia-smi"
+                        } else {
+                            s.preset.total_source
+                        }
+                    )
+                } else {
+                    "--total (given by the user)".into()
+                },
             },
             Device::Cuda(c) => c.info(),
         }
@@ -392,8 +461,12 @@ impl SegmentSource for Device {
 pub struct DeviceListing {
     pub spec: String,
     pub name: String,
+    /// The total the device reports (a preset: the total it simulates).
     pub total_bytes: u64,
     pub simulated: bool,
+    /// A preset's two totals and the source of the cudaMemGetInfo one; `None` for a real GPU.
+    #[serde(skip)]
+    pub preset: Option<&'static SimPreset>,
 }
 
 /// Lists the CUDA GPUs that can be opened (with the reason when none can) and the presets.
@@ -407,6 +480,7 @@ pub fn list_devices() -> (Vec<DeviceListing>, Option<String>) {
         name: p.name.to_string(),
         total_bytes: p.total_bytes,
         simulated: true,
+        preset: Some(p),
     }));
     (out, why)
 }

@@ -1,10 +1,18 @@
-//! Simulated GPUs. Totals are the framebuffer sizes `nvidia-smi` reports for each card (MiB
-//! there); context overheads are typical CUDA 12/13 figures with lazy module loading (our own
-//! H200 measurement, docs/gpu-runs.md, saw 527 MiB); workspace sizes are PyTorch's defaults
-//! (`CUBLAS_WORKSPACE_CONFIG` ":4096:8" = 32 MiB on Hopper, ":4096:2:16:8" = 8.125 MiB
-//! before it; cuBLASLt 1 MiB), both taken from PyTorch's caching allocator and kept, as torch
-//! 2.11 does on the H200 (docs/gpu-runs.md run 24). All of it is labelled "simulated" wherever
-//! it is shown.
+//! Simulated GPUs. Each preset states two totals: the framebuffer `nvidia-smi` prints (MiB
+//! there) and the total `cudaMemGetInfo` / `torch.cuda.mem_get_info()` reports, which is what
+//! vLLM divides (`total_gpu_memory`), with where that number comes from: a public vLLM log or
+//! PyTorch out-of-memory message ("measured", read to the 0.01 GiB the source prints), our own
+//! H200, or "estimated" by the rule of [`ESTIMATED_DRIVER_RESERVE_MIB`]. A preset simulates
+//! `cudaMemGetInfo`'s total; the six names from before (`h100-80gb`, `h200-141gb`,
+//! `a100-80gb`, `a100-40gb`, `l4-24gb`, `rtx4090-24gb`) keep simulating the `nvidia-smi`
+//! total they always had, so old sessions, tests and recorded GPU runs compare as before.
+//!
+//! Context overheads are typical CUDA 12/13 figures with lazy module loading (our own H200
+//! measurement, docs/gpu-runs.md, saw 527 MiB; the others are estimates); workspace sizes are
+//! PyTorch's defaults (`CUBLAS_WORKSPACE_CONFIG` ":4096:8" = 32 MiB on Hopper and Blackwell,
+//! ":4096:2:16:8" = 8.125 MiB before; cuBLASLt 1 MiB), both taken from PyTorch's caching
+//! allocator and kept, as torch 2.11 does on the H200 (docs/gpu-runs.md run 24). All of it
+//! is labelled "simulated" wherever it is shown.
 
 use serde::{Deserialize, Serialize};
 
@@ -30,10 +38,213 @@ pub struct SimPreset {
     /// The card's SXM form has NVLink to its peers (what vLLM's custom all-reduce needs for
     /// more than two GPUs); PCIe cards have not.
     pub nvlink: bool,
+    /// GPU architecture ("Turing", "Ampere", "Ada", "Hopper", "Blackwell").
+    pub arch: &'static str,
+    /// The framebuffer `nvidia-smi` prints.
+    pub smi_bytes: u64,
+    /// The total `cudaMemGetInfo` reports (vLLM's `total_gpu_memory`).
+    pub mem_get_info_bytes: u64,
+    /// Whether `mem_get_info_bytes` was seen on a real card (else estimated).
+    pub total_measured: bool,
+    /// Where `mem_get_info_bytes` comes from (a URL and the line), or the estimate's rule.
+    pub total_source: &'static str,
+    /// For the names kept from before: the preset that simulates vLLM's total instead.
+    pub superseded_by: Option<&'static str>,
+}
+
+impl SimPreset {
+    /// What the `total_bytes` this preset simulates is.
+    pub fn simulated_total_label(&self) -> &'static str {
+        if self.superseded_by.is_some() {
+            "nvidia-smi framebuffer (name kept from before)"
+        } else if self.total_measured {
+            "cudaMemGetInfo total (measured)"
+        } else {
+            "cudaMemGetInfo total (estimated)"
+        }
+    }
 }
 
 const HOPPER_CUBLAS: u64 = 32 * MIB;
 const PRE_HOPPER_CUBLAS: u64 = 4096 * 1024 * 2 + 16 * 1024 * 8;
+
+const GIB: u64 = 1 << 30;
+
+/// A total a log prints in GiB to two decimals (`79.22GiB`), as bytes.
+const fn gib_hundredths(h: u64) -> u64 {
+    h * GIB / 100
+}
+
+/// The driver's reserve, `nvidia-smi` framebuffer − `cudaMemGetInfo` total, where no card of
+/// the kind was measured: the median of the eight measured gaps below (316, 430, 438, 439,
+/// 451, 582, 615, 666 MiB; median 444.6), rounded. The real gap varies by driver, ECC and
+/// display; give `--total` when you know yours.
+pub const ESTIMATED_DRIVER_RESERVE_MIB: u64 = 445;
+
+const ESTIMATED: &str =
+    "estimated: nvidia-smi framebuffer − 445 MiB (median driver reserve of the measured cards)";
+
+const fn estimated(smi_mib: u64) -> u64 {
+    (smi_mib - ESTIMATED_DRIVER_RESERVE_MIB) * MIB
+}
+
+/// Architecture defaults; a preset overrides what it knows better.
+const fn card(
+    id: &'static str,
+    name: &'static str,
+    arch: &'static str,
+    smi_mib: u64,
+    context_mib: u64,
+) -> SimPreset {
+    let hopper_or_later = matches!(arch.as_bytes(), b"Hopper" | b"Blackwell");
+    // bitsandbytes 0.44 `get_special_format_str`: col_ampere on compute capability 8.x,
+    // col_turing otherwise.
+    let ampere_or_ada = matches!(arch.as_bytes(), b"Ampere" | b"Ada");
+    SimPreset {
+        id,
+        name,
+        total_bytes: estimated(smi_mib),
+        context_bytes: context_mib * MIB,
+        cublas_workspace_bytes: if hopper_or_later {
+            HOPPER_CUBLAS
+        } else {
+            PRE_HOPPER_CUBLAS
+        },
+        cublaslt_workspace_bytes: MIB,
+        cxb_row_pad: if ampere_or_ada { 32 } else { 8 },
+        free_is_total_minus_allocated: false,
+        nvlink: false,
+        arch,
+        smi_bytes: smi_mib * MIB,
+        mem_get_info_bytes: estimated(smi_mib),
+        total_measured: false,
+        total_source: ESTIMATED,
+        superseded_by: None,
+    }
+}
+
+/// `p` with a measured `cudaMemGetInfo` total (what it simulates too).
+const fn measured(mut p: SimPreset, bytes: u64, source: &'static str) -> SimPreset {
+    p.total_bytes = bytes;
+    p.mem_get_info_bytes = bytes;
+    p.total_measured = true;
+    p.total_source = source;
+    p
+}
+
+const fn nvlink(mut p: SimPreset) -> SimPreset {
+    p.nvlink = true;
+    p
+}
+
+/// A name kept from before: `of`'s card, simulating its `nvidia-smi` total as it always did.
+const fn kept(id: &'static str, name: &'static str, of: SimPreset) -> SimPreset {
+    let (new_id, smi_bytes) = (of.id, of.smi_bytes);
+    let mut p = of;
+    p.id = id;
+    p.name = name;
+    p.total_bytes = smi_bytes;
+    p.superseded_by = Some(new_id);
+    p
+}
+
+const T4: SimPreset = measured(
+    card("t4", "NVIDIA Tesla T4 (simulated)", "Turing", 15360, 300),
+    gib_hundredths(1456),
+    "vLLM 0.7.2 log `total_gpu_memory=14.56GiB`, public Colab GRPO run (/work/shared/VLLM_LOGS_PUBLIC.md P3)",
+);
+const A10: SimPreset = measured(
+    card("a10", "NVIDIA A10 (simulated)", "Ampere", 23028, 300),
+    gib_hundredths(2206),
+    "PyTorch OOM under vLLM on an A10 24G: `22.06 GiB total capacity`, https://github.com/vllm-project/vllm/issues/928",
+);
+const A10G: SimPreset = card("a10g", "NVIDIA A10G (simulated)", "Ampere", 23028, 300);
+const RTX3090: SimPreset = measured(
+    card("rtx3090", "NVIDIA GeForce RTX 3090 (simulated)", "Ampere", 24576, 300),
+    gib_hundredths(2358),
+    "vLLM log `total_gpu_memory (23.58GiB)`, https://github.com/vllm-project/vllm/pull/14447 (also issue #10517)",
+);
+const RTX4090: SimPreset = measured(
+    card("rtx4090", "NVIDIA GeForce RTX 4090 (simulated)", "Ada", 24564, 300),
+    gib_hundredths(2368),
+    "PyTorch OOM on an RTX 4090: `23.68 GiB total capacity`, https://github.com/zai-org/CogVideo/issues/36",
+);
+const RTX5090: SimPreset = card(
+    "rtx5090",
+    "NVIDIA GeForce RTX 5090 (simulated)",
+    "Blackwell",
+    32607,
+    300,
+);
+const L4: SimPreset = card("l4", "NVIDIA L4 (simulated)", "Ada", 23034, 300);
+const L40S: SimPreset = measured(
+    card("l40s", "NVIDIA L40S (simulated)", "Ada", 46068, 300),
+    gib_hundredths(4442),
+    "vLLM 0.7.1 log `total_gpu_memory` 44.42 GiB on 2× L40S, https://github.com/vllm-project/vllm/issues/15815",
+);
+const A100_PCIE_40GB: SimPreset = card(
+    "a100-pcie-40gb",
+    "NVIDIA A100-PCIE-40GB (simulated)",
+    "Ampere",
+    40960,
+    420,
+);
+const A100_SXM4_40GB: SimPreset = nvlink(card(
+    "a100-sxm4-40gb",
+    "NVIDIA A100-SXM4-40GB (simulated)",
+    "Ampere",
+    40960,
+    420,
+));
+const A100_PCIE_80GB: SimPreset = card(
+    "a100-pcie-80gb",
+    "NVIDIA A100 80GB PCIe (simulated)",
+    "Ampere",
+    81920,
+    420,
+);
+const A100_SXM4_80GB: SimPreset = measured(
+    nvlink(card("a100-sxm4-80gb", "NVIDIA A100-SXM4-80GB (simulated)", "Ampere", 81920, 420)),
+    gib_hundredths(7935),
+    "PyTorch OOM under vLLM on 8× A100 80GB (form factor not stated): `total capacity of 79.35 GiB`, https://github.com/MoonshotAI/Kimi-VL/issues/54",
+);
+const H100_PCIE: SimPreset = card(
+    "h100-pcie",
+    "NVIDIA H100 PCIe (simulated)",
+    "Hopper",
+    81559,
+    512,
+);
+const H100_SXM: SimPreset = measured(
+    nvlink(card("h100-sxm", "NVIDIA H100 80GB HBM3 (simulated, vLLM's total)", "Hopper", 81559, 512)),
+    gib_hundredths(7922),
+    "vLLM log `total_gpu_memory 79.22GiB`, https://github.com/vllm-project/vllm/pull/10511 (sanity-check comment)",
+);
+const H200: SimPreset = measured(
+    nvlink(card(
+        "h200",
+        "NVIDIA H200 (simulated, vLLM's total)",
+        "Hopper",
+        143771,
+        527,
+    )),
+    150_109_880_320,
+    "cuMemGetInfo on this project's H200, driver 580 (docs/gpu-runs.md)",
+);
+const GH200: SimPreset = card(
+    "gh200",
+    "NVIDIA GH200 96GB (simulated)",
+    "Hopper",
+    97871,
+    512,
+);
+const B200: SimPreset = nvlink(card(
+    "b200",
+    "NVIDIA B200 (simulated)",
+    "Blackwell",
+    183359,
+    527,
+));
 
 pub const SIM_PRESETS: &[SimPreset] = &[
     // vLLM 380e1863 tests/worker/test_profile.py: `mock_mem_info` returns
@@ -51,75 +262,114 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         cxb_row_pad: 8,
         free_is_total_minus_allocated: true,
         nvlink: false,
+        arch: "mock",
+        smi_bytes: 10 << 30,
+        mem_get_info_bytes: 10 << 30,
+        total_measured: true,
+        total_source: "vLLM 380e1863 tests/worker/test_profile.py `mock_mem_info` (10 GiB)",
+        superseded_by: None,
     },
-    SimPreset {
-        id: "h100-80gb",
-        name: "NVIDIA H100 80GB HBM3 (simulated)",
-        total_bytes: 81559 * MIB,
-        context_bytes: 512 * MIB,
-        cublas_workspace_bytes: HOPPER_CUBLAS,
-        cublaslt_workspace_bytes: MIB,
-        cxb_row_pad: 8,
-        free_is_total_minus_allocated: false,
-        nvlink: true,
-    },
-    SimPreset {
-        id: "h200-141gb",
-        name: "NVIDIA H200 (simulated)",
-        total_bytes: 143771 * MIB,
-        context_bytes: 527 * MIB,
-        cublas_workspace_bytes: HOPPER_CUBLAS,
-        cublaslt_workspace_bytes: MIB,
-        cxb_row_pad: 8,
-        free_is_total_minus_allocated: false,
-        nvlink: true,
-    },
-    SimPreset {
-        id: "a100-80gb",
-        name: "NVIDIA A100-SXM4-80GB (simulated)",
-        total_bytes: 81920 * MIB,
-        context_bytes: 420 * MIB,
-        cublas_workspace_bytes: PRE_HOPPER_CUBLAS,
-        cublaslt_workspace_bytes: MIB,
-        cxb_row_pad: 32,
-        free_is_total_minus_allocated: false,
-        nvlink: true,
-    },
-    SimPreset {
-        id: "a100-40gb",
-        name: "NVIDIA A100-SXM4-40GB (simulated)",
-        total_bytes: 40960 * MIB,
-        context_bytes: 420 * MIB,
-        cublas_workspace_bytes: PRE_HOPPER_CUBLAS,
-        cublaslt_workspace_bytes: MIB,
-        cxb_row_pad: 32,
-        free_is_total_minus_allocated: false,
-        nvlink: true,
-    },
-    SimPreset {
-        id: "l4-24gb",
-        name: "NVIDIA L4 (simulated)",
-        total_bytes: 23034 * MIB,
-        context_bytes: 300 * MIB,
-        cublas_workspace_bytes: PRE_HOPPER_CUBLAS,
-        cublaslt_workspace_bytes: MIB,
-        cxb_row_pad: 32,
-        free_is_total_minus_allocated: false,
-        nvlink: false,
-    },
-    SimPreset {
-        id: "rtx4090-24gb",
-        name: "NVIDIA GeForce RTX 4090 (simulated)",
-        total_bytes: 24564 * MIB,
-        context_bytes: 300 * MIB,
-        cublas_workspace_bytes: PRE_HOPPER_CUBLAS,
-        cublaslt_workspace_bytes: MIB,
-        cxb_row_pad: 32,
-        free_is_total_minus_allocated: false,
-        nvlink: false,
-    },
+    kept("h100-80gb", "NVIDIA H100 80GB HBM3 (simulated)", H100_SXM),
+    kept("h200-141gb", "NVIDIA H200 (simulated)", H200),
+    kept(
+        "a100-80gb",
+        "NVIDIA A100-SXM4-80GB (simulated)",
+        A100_SXM4_80GB,
+    ),
+    kept(
+        "a100-40gb",
+        "NVIDIA A100-SXM4-40GB (simulated)",
+        A100_SXM4_40GB,
+    ),
+    kept("l4-24gb", "NVIDIA L4 (simulated)", L4),
+    kept(
+        "rtx4090-24gb",
+        "NVIDIA GeForce RTX 4090 (simulated)",
+        RTX4090,
+    ),
+    T4,
+    A10,
+    A10G,
+    L4,
+    L40S,
+    RTX3090,
+    RTX4090,
+    RTX5090,
+    A100_PCIE_40GB,
+    A100_SXM4_40GB,
+    A100_PCIE_80GB,
+    A100_SXM4_80GB,
+    H100_PCIE,
+    H100_SXM,
+    H200,
+    GH200,
+    B200,
 ];
 
 pub fn find(id: &str) -> Option<&'static SimPreset> {
     SIM_PRESETS.iter().find(|p| p.id.eq_ignore_ascii_case(id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_kept_from_before_simulate_the_totals_they_always_had() {
+        // The numbers these presets had before cudaMemGetInfo totals were added (MiB).
+        for (id, mib, context_mib) in [
+            ("h100-80gb", 81559, 512),
+            ("h200-141gb", 143771, 527),
+            ("a100-80gb", 81920, 420),
+            ("a100-40gb", 40960, 420),
+            ("l4-24gb", 23034, 300),
+            ("rtx4090-24gb", 24564, 300),
+        ] {
+            let p = find(id).unwrap();
+            assert_eq!(p.total_bytes, mib * MIB, "{id}");
+            assert_eq!(p.context_bytes, context_mib * MIB, "{id}");
+            let new = find(p.superseded_by.unwrap()).unwrap();
+            assert_eq!(p.mem_get_info_bytes, new.total_bytes, "{id}");
+            assert!(new.total_bytes < p.total_bytes, "{id}");
+        }
+    }
+
+    #[test]
+    fn estimated_reserve_is_the_median_of_the_measured_gaps() {
+        let mut gaps: Vec<f64> = SIM_PRESETS
+            .iter()
+            .filter(|p| p.total_measured && p.superseded_by.is_none() && p.arch != "mock")
+            .map(|p| (p.smi_bytes - p.mem_get_info_bytes) as f64 / MIB as f64)
+            .collect();
+        gaps.sort_by(f64::total_cmp);
+        assert_eq!(gaps.len(), 8);
+        let median = (gaps[3] + gaps[4]) / 2.0;
+        assert_eq!(median.round() as u64, ESTIMATED_DRIVER_RESERVE_MIB);
+    }
+
+    #[test]
+    fn every_preset_states_its_total_and_source() {
+        for p in SIM_PRESETS {
+            assert!(p.mem_get_info_bytes <= p.smi_bytes, "{}", p.id);
+            assert!(!p.total_source.is_empty(), "{}", p.id);
+            assert!(
+                p.total_measured || p.total_source.starts_with("estimated"),
+                "{}",
+                p.id
+            );
+            let hopper_or_later = p.arch == "Hopper" || p.arch == "Blackwell";
+            assert_eq!(
+                p.cublas_workspace_bytes == 32 * MIB,
+                hopper_or_later,
+                "{}",
+                p.id
+            );
+        }
+    }
+
+    #[test]
+    fn the_h200_simulates_the_total_measured_here() {
+        assert_eq!(find("h200").unwrap().total_bytes, 150_109_880_320);
+        assert_eq!(find("h200-141gb").unwrap().total_bytes, 150_754_820_096);
+    }
 }

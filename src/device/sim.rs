@@ -11,6 +11,8 @@ pub const DRIVER_PAGE_BYTES: u64 = 2 << 20;
 pub struct SimDevice {
     pub preset: &'static SimPreset,
     pub compute: bool,
+    /// What `cudaMemGetInfo` reports as the total (the preset's, or `--total`).
+    total: u64,
     /// Memory held by other processes on the same GPU.
     foreign: u64,
     /// This process: context, workspaces, framework segments, outside allocations.
@@ -25,6 +27,7 @@ impl SimDevice {
         Self {
             preset,
             compute,
+            total: preset.total_bytes,
             foreign: 0,
             process: 0,
             process_peak: 0,
@@ -34,7 +37,12 @@ impl SimDevice {
     }
 
     pub fn total(&self) -> u64 {
-        self.preset.total_bytes
+        self.total
+    }
+
+    /// Reports `bytes` as the total instead of the preset's (before anything is allocated).
+    pub fn set_total(&mut self, bytes: u64) {
+        self.total = bytes;
     }
 
     pub fn free(&self) -> u64 {

@@ -329,6 +329,18 @@ impl Runtime {
         self.alloc_tensor(name.into(), category, &[len], DType::U8, HostData::Absent)
     }
 
+    /// A tensor of `shape` and `dtype` whose contents nothing reads (vLLM's KV cache in the
+    /// verify pass): allocated on every backend, never filled on the host.
+    pub fn reserve(
+        &self,
+        name: impl Into<String>,
+        category: Category,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        self.alloc_tensor(name.into(), category, shape, dtype, HostData::Absent)
+    }
+
     fn alloc_tensor(
         &self,
         name: String,

@@ -13,6 +13,7 @@ use super::report::{
 use super::request::ProfileRequest;
 use super::vllm::Release;
 use crate::base::error::{Error, Result};
+use crate::device::tensor::DType;
 use crate::device::{Device, DeviceSpec, OutsideAlloc};
 use crate::engine::ops;
 use crate::engine::progress::{Phase, Progress, ProgressSink};
@@ -228,6 +229,7 @@ fn verify(
     rt: &Runtime,
     work: &Workload,
     geometry: &KvGeometry,
+    kv_dtype: DType,
     kv_bytes: i64,
     budget: u64,
     others_bytes: u64,
@@ -263,15 +265,29 @@ fn verify(
     let retries_before = rt.stats().alloc_retries;
     let total = rt.snapshot().mem.total;
     // vLLM's CacheEngine allocates one tensor per layer (cache_engine.py
-    // `_allocate_kv_cache`: `torch.zeros(kv_cache_shape)` per layer), each in whole segments.
+    // `_allocate_kv_cache`: `torch.zeros(kv_cache_shape, dtype)` per layer, shape
+    // [2, blocks, block_size, kv_heads, head_dim]; fp8 caches as torch.uint8), each in whole
+    // segments.
     let layers = geometry.num_layers.max(1);
+    let shape = [
+        2,
+        blocks as usize,
+        geometry.block_size as usize,
+        geometry.num_kv_heads as usize,
+        geometry.head_dim as usize,
+    ];
+    debug_assert_eq!(
+        shape.iter().product::<usize>() as u64 * kv_dtype.size_bytes(),
+        kv_allocated / layers
+    );
     let mut kv = Vec::with_capacity(layers as usize);
     let mut result = Ok(None);
     for l in 0..layers {
-        match rt.reserve_bytes(
+        match rt.reserve(
             format!("kv-cache[{label}].layer{l}"),
             Category::KvCache,
-            kv_allocated / layers,
+            &shape,
+            kv_dtype,
         ) {
             Ok(t) => kv.push(t),
             Err(e) => {
@@ -558,12 +574,15 @@ pub(crate) fn run_rank(
         .local_kv_heads(&cfg),
         None => cfg.num_kv_heads,
     };
+    let kv_dtype = req
+        .kv_cache_dtype
+        .storage_dtype(req.quant.activation_dtype());
     let geometry = KvGeometry {
         block_size: req.block_size,
         num_layers: cfg.num_layers as u64,
         num_kv_heads: kv_heads as u64,
         head_dim: cfg.head_dim as u64,
-        dtype_bytes: req.quant.activation_dtype().size_bytes(),
+        dtype_bytes: kv_dtype.size_bytes(),
         max_model_len: req.max_model_len,
     };
     let budget = formulas::budget(t0.total, req.util, false);
@@ -651,6 +670,7 @@ pub(crate) fn run_rank(
                 &rt,
                 &work,
                 &geometry,
+                kv_dtype,
                 engine_kv(fi, r.kv_bytes),
                 budget as u64,
                 others,
@@ -671,6 +691,7 @@ pub(crate) fn run_rank(
             &rt,
             &work,
             &geometry,
+            kv_dtype,
             engine_kv(FormulaId::ALL.len(), truth.kv_bytes),
             budget as u64,
             others,
@@ -687,6 +708,7 @@ pub(crate) fn run_rank(
             &rt,
             &work,
             &geometry,
+            kv_dtype,
             truth.kv_blocks,
             budget as u64,
             others,
@@ -745,6 +767,7 @@ fn true_maximum(
     rt: &Runtime,
     work: &Workload,
     geometry: &KvGeometry,
+    kv_dtype: DType,
     start_blocks: u64,
     budget: u64,
     others: u64,
@@ -758,6 +781,7 @@ fn true_maximum(
             rt,
             work,
             geometry,
+            kv_dtype,
             (blocks * block) as i64,
             budget,
             others,

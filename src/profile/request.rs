@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::base::error::{Error, Result};
+use crate::device::tensor::DType;
 use crate::device::DeviceSpec;
 use crate::model::ModelSource;
 use crate::quant::Quant;
@@ -59,6 +60,9 @@ pub struct ProfileRequest {
     /// formulas' (one GPU).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub true_max: bool,
+    /// vLLM's `--kv-cache-dtype` (sessions written before it existed load as "auto").
+    #[serde(default, skip_serializing_if = "KvCacheDtype::is_auto")]
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 fn default_vllm() -> String {
@@ -67,6 +71,65 @@ fn default_vllm() -> String {
 
 fn is_default_vllm(v: &String) -> bool {
     v == super::vllm::DEFAULT
+}
+
+/// vLLM's `--kv-cache-dtype`. "auto" stores K and V in the model's activation dtype; every fp8
+/// name maps to one byte per element (vllm/utils.py `STR_DTYPE_TO_TORCH_DTYPE`: "fp8",
+/// "fp8_e4m3", "fp8_e5m2" → `torch.uint8`), so `CacheEngine.get_cache_block_size` halves
+/// against fp16/bf16.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvCacheDtype {
+    #[default]
+    Auto,
+    Fp8,
+    #[serde(rename = "fp8_e4m3")]
+    Fp8E4m3,
+    #[serde(rename = "fp8_e5m2")]
+    Fp8E5m2,
+}
+
+impl KvCacheDtype {
+    pub const ALL: [KvCacheDtype; 4] = [
+        KvCacheDtype::Auto,
+        KvCacheDtype::Fp8,
+        KvCacheDtype::Fp8E4m3,
+        KvCacheDtype::Fp8E5m2,
+    ];
+
+    /// The name vLLM takes on its command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvCacheDtype::Auto => "auto",
+            KvCacheDtype::Fp8 => "fp8",
+            KvCacheDtype::Fp8E4m3 => "fp8_e4m3",
+            KvCacheDtype::Fp8E5m2 => "fp8_e5m2",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                Error::Request(format!(
+                    "--kv-cache-dtype '{s}': expected auto, fp8, fp8_e4m3 or fp8_e5m2"
+                ))
+            })
+    }
+
+    fn is_auto(&self) -> bool {
+        *self == KvCacheDtype::Auto
+    }
+
+    /// The element type of the KV cache tensors when the model computes in `activation`.
+    pub fn storage_dtype(self, activation: DType) -> DType {
+        match self {
+            KvCacheDtype::Auto => activation,
+            // vLLM allocates fp8 caches as torch.uint8 and views them as fp8 in its kernels.
+            _ => DType::U8,
+        }
+    }
 }
 
 fn one() -> u32 {
@@ -87,6 +150,7 @@ impl Default for ProfileRequest {
             device: DeviceSpec::Sim {
                 preset: "h100-80gb".into(),
                 dry: true,
+                total: None,
             },
             tokens: 0,
             seqs: VLLM_MAX_NUM_SEQS,
@@ -105,6 +169,7 @@ impl Default for ProfileRequest {
             vllm: default_vllm(),
             chunked_prefill: None,
             true_max: false,
+            kv_cache_dtype: KvCacheDtype::Auto,
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::base::units::{fmt_u, parse_bytes};
 use crate::device::{DeviceListing, DeviceSpec};
 use crate::model::presets::PRESET_NAMES;
 use crate::model::ModelSource;
+use crate::profile::request::KvCacheDtype;
 use crate::profile::ProfileRequest;
 use crate::quant::Quant;
 
@@ -38,6 +39,11 @@ pub struct SetupForm {
     pub device: String,
     /// Simulated devices: shapes only (fast, any size) instead of real math on the CPU.
     pub dry: bool,
+    /// Simulated devices: the total to report instead of the preset's (what
+    /// `torch.cuda.mem_get_info()` says on the user's GPU); empty: the preset's.
+    pub custom_total: String,
+    /// vLLM's --kv-cache-dtype.
+    pub kv_cache_dtype: KvCacheDtype,
     /// vLLM's max_num_batched_tokens; 0: vLLM's default.
     pub tokens: usize,
     /// vLLM's max_num_seqs.
@@ -103,6 +109,8 @@ impl Default for SetupForm {
             int8_threshold: r.int8_threshold,
             device: "sim:h100-80gb".into(),
             dry: true,
+            custom_total: String::new(),
+            kv_cache_dtype: r.kv_cache_dtype,
             tokens: r.tokens,
             seqs: r.seqs,
             passes: r.passes,
@@ -145,6 +153,10 @@ impl SetupForm {
         let size = |what: &str, s: &str| {
             parse_bytes(s).map_err(|e| Error::Request(format!("{what}: {e}")))
         };
+        let custom_total = self.custom_total.trim();
+        if device.is_sim() && !custom_total.is_empty() {
+            device = device.with_total(Some(size("total", custom_total)?))?;
+        }
         let r = ProfileRequest {
             model,
             quant: self.quant,
@@ -166,6 +178,7 @@ impl SetupForm {
             outside_during_freed: self.outside_during_freed,
             verify: self.verify,
             seed: self.seed,
+            kv_cache_dtype: self.kv_cache_dtype,
         };
         r.validate()?;
         Ok(r)
@@ -285,6 +298,42 @@ impl SetupForm {
                 ui.radio_value(&mut self.dry, true, "dry (shapes only)");
                 ui.radio_value(&mut self.dry, false, "compute (CPU math)");
             });
+            let preset = devices
+                .iter()
+                .find(|d| d.spec == self.device)
+                .and_then(|d| d.preset);
+            ui.horizontal(|ui| {
+                let l = ui.label("total");
+                let hint = preset
+                    .map(|p| fmt_u(p.total_bytes))
+                    .unwrap_or_else(|| "the preset's".into());
+                ui.add(
+                    egui::TextEdit::singleline(&mut self.custom_total)
+                        .hint_text(hint)
+                        .desired_width(90.0),
+                )
+                .labelled_by(l.id)
+                .on_hover_text(
+                    "The total your GPU reports (python -c 'import torch; \
+                     print(torch.cuda.mem_get_info()[1])', vLLM's total_gpu_memory), e.g. \
+                     79.22GiB or a byte count. Empty: the preset's.",
+                );
+            });
+            if let Some(p) = preset {
+                ui.add(
+                    egui::Label::new(
+                        RichText::new(format!(
+                            "{}: {}; nvidia-smi {}",
+                            p.simulated_total_label(),
+                            fmt_u(p.total_bytes),
+                            fmt_u(p.smi_bytes)
+                        ))
+                        .small(),
+                    )
+                    .wrap(),
+                )
+                .on_hover_text(p.total_source);
+            }
         }
         if let Some(why) = no_gpu {
             ui.add(
@@ -377,6 +426,21 @@ impl SetupForm {
                  (config.json). It sets the default batch and the max concurrency shown.",
             );
             defaulted(ui, &mut self.max_model_len, 8192, 1..=1_048_576);
+            ui.end_row();
+            let l = ui.label("kv_cache_dtype").on_hover_text(
+                "vLLM's --kv-cache-dtype: auto stores K and V in the model's dtype; every fp8 \
+                 name stores one byte per element (vllm/utils.py maps them to torch.uint8), \
+                 so a block takes half the bytes of fp16/bf16.",
+            );
+            egui::ComboBox::from_id_salt("kv_cache_dtype")
+                .selected_text(self.kv_cache_dtype.name())
+                .show_ui(ui, |ui| {
+                    for d in KvCacheDtype::ALL {
+                        ui.selectable_value(&mut self.kv_cache_dtype, d, d.name());
+                    }
+                })
+                .response
+                .labelled_by(l.id);
             ui.end_row();
         });
         egui::CollapsingHeader::new("Advanced").show(ui, |ui| {
@@ -493,6 +557,27 @@ mod tests {
         f.set_model_path("/a".into());
         assert_eq!(f.recent, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
         assert_eq!(f.model_kind, ModelKind::File);
+    }
+
+    #[test]
+    fn a_custom_total_goes_to_the_simulated_device() {
+        let f = SetupForm {
+            custom_total: "22.03GiB".into(),
+            kv_cache_dtype: KvCacheDtype::Fp8,
+            ..SetupForm::default()
+        };
+        let r = f.request().unwrap();
+        assert_eq!(
+            r.device.total_override(),
+            Some(crate::base::units::parse_bytes("22.03GiB").unwrap())
+        );
+        assert_eq!(r.kv_cache_dtype, KvCacheDtype::Fp8);
+        let bad = SetupForm {
+            custom_total: "1KiB".into(),
+            ..SetupForm::default()
+        };
+        let e = bad.request().unwrap_err().to_string();
+        assert!(e.contains("--total"), "{e}");
     }
 
     #[test]

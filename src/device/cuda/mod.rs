@@ -139,6 +139,7 @@ pub fn detect() -> Result<Vec<DeviceListing>> {
             ),
             total_bytes: mem.total,
             simulated: false,
+            preset: None,
         });
     }
     Ok(out)
@@ -249,6 +250,7 @@ impl CudaDevice {
             } else {
                 "NVML device used memory minus the use before this process (NVML does not list this PID)".into()
             },
+            total_source: "cuMemGetInfo total (this GPU)".into(),
         }
     }
 }

@@ -258,6 +258,11 @@ impl DeviceTimeline {
                 simulated: false,
                 mode: "snapshot".into(),
                 truth_source: unknown.into(),
+                total_source: if total_bytes > 0 {
+                    "--total (given by the user)".into()
+                } else {
+                    unknown.into()
+                },
             },
             settings: ProfileRequest {
                 model: ModelSource::Path {
