@@ -933,3 +933,172 @@ fn compute_mode_says_its_host_memory_and_time_before_it_starts() {
     assert!(err.contains("estimated host memory"), "{err}");
     assert!(err.contains("compute time about"), "{err}");
 }
+
+fn with_kv_dtype(dtype: &'static str) -> Vec<&'static str> {
+    let mut a = LLAMA_8B_DRY.to_vec();
+    a.extend(["--kv-cache-dtype", dtype]);
+    a
+}
+
+#[test]
+fn fp8_kv_cache_halves_the_block_and_about_doubles_the_blocks() {
+    let auto = profile_json(&LLAMA_8B_DRY);
+    // Llama-3-8B: 32 layers, 8 KV heads of 128; vLLM's block of 16 tokens; K and V.
+    let elements = 2 * 16 * 32 * 8 * 128;
+    assert_eq!(auto["settings"]["kv_cache_dtype"], "auto");
+    assert_eq!(int(&auto["kv_geometry"]["dtype_bytes"]), 2);
+    for name in ["fp8", "fp8_e4m3", "fp8_e5m2"] {
+        let fp8 = profile_json(&with_kv_dtype(name));
+        assert_eq!(fp8["settings"]["kv_cache_dtype"], name);
+        assert_eq!(int(&fp8["kv_geometry"]["dtype_bytes"]), 1, "{name}");
+        // The profile pass does not touch the cache: the same budget, twice the blocks.
+        let (a, f) = (formula(&auto, "pr9516"), formula(&fp8, "pr9516"));
+        assert_eq!(a["kv_bytes"], f["kv_bytes"], "{name}");
+        let kv = int(&a["kv_bytes"]);
+        assert_eq!(int(&a["kv_blocks"]), kv / (2 * elements));
+        assert_eq!(int(&f["kv_blocks"]), kv / elements);
+        let (ab, fb) = (int(&a["kv_blocks"]), int(&f["kv_blocks"]));
+        assert!(fb == 2 * ab || fb == 2 * ab + 1, "{ab} vs {fb}");
+        // The verify pass allocates exactly the blocks granted, one byte per element.
+        assert_eq!(int(&f["verify"]["kv_allocated_bytes"]), fb * elements);
+        assert_eq!(int(&a["verify"]["kv_allocated_bytes"]), ab * 2 * elements);
+    }
+}
+
+#[test]
+fn a_session_from_before_kv_cache_dtype_and_total_source_still_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("new.json");
+    let out = vramscope(&[
+        "profile",
+        "--model",
+        "preset:tiny",
+        "--device",
+        "sim:h100-80gb:dry",
+        "-q",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    v["settings"]
+        .as_object_mut()
+        .unwrap()
+        .remove("kv_cache_dtype")
+        .unwrap();
+    v["device"]
+        .as_object_mut()
+        .unwrap()
+        .remove("total_source")
+        .unwrap();
+    let old = dir.path().join("old.json");
+    std::fs::write(&old, serde_json::to_vec(&v).unwrap()).unwrap();
+    let r = vramscope::report::export::json::read(&old).unwrap();
+    assert_eq!(
+        r.settings.kv_cache_dtype,
+        vramscope::profile::request::KvCacheDtype::Auto
+    );
+    assert_eq!(r.settings.device.total_override(), None);
+}
+
+#[test]
+fn total_flag_sets_what_the_simulated_gpu_reports() {
+    let given = vramscope::base::units::parse_bytes("22.03GiB").unwrap();
+    let preset = profile_json(&["--model", "preset:tiny", "--device", "sim:l4:dry"]);
+    let custom = profile_json(&[
+        "--model",
+        "preset:tiny",
+        "--device",
+        "sim:l4:dry",
+        "--total",
+        "22.03GiB",
+    ]);
+    let l4 = vramscope::device::presets::find("l4").unwrap();
+    assert_eq!(
+        int(&preset["checkpoints"]["t0"]["total"]),
+        l4.total_bytes as i64
+    );
+    assert!(preset["device"]["total_source"]
+        .as_str()
+        .unwrap()
+        .contains("estimated"));
+    assert_eq!(int(&custom["checkpoints"]["t0"]["total"]), given as i64);
+    assert_eq!(int(&custom["settings"]["device"]["total"]), given as i64);
+    assert!(custom["device"]["total_source"]
+        .as_str()
+        .unwrap()
+        .contains("--total"));
+    // The same instance; only T·u moved.
+    let (p, c) = (formula(&preset, "pr9516"), formula(&custom, "pr9516"));
+    assert_eq!(p["non_kv_bytes"], c["non_kv_bytes"]);
+    assert_ne!(p["kv_bytes"], c["kv_bytes"]);
+}
+
+#[test]
+fn bad_total_and_kv_cache_dtype_are_one_line_errors_naming_the_flag() {
+    expect_clean_error(&["profile", "--total", "lots"], &["--total", "lots"]);
+    expect_clean_error(&["profile", "--total", "1KiB"], &["--total"]);
+    expect_clean_error(&["profile", "--total", "2PiB"], &["--total"]);
+    expect_clean_error(
+        &["profile", "--device", "cuda:0", "--total", "80GiB"],
+        &["--total", "cuda:0"],
+    );
+    expect_clean_error(
+        &["profile", "--kv-cache-dtype", "fp4"],
+        &["--kv-cache-dtype", "fp4"],
+    );
+}
+
+#[test]
+fn old_preset_names_keep_their_totals_and_new_ones_simulate_vllms() {
+    for (old, new) in [("h100-80gb", "h100-sxm"), ("h200-141gb", "h200")] {
+        let o = profile_json(&[
+            "--model",
+            "preset:tiny",
+            "--device",
+            &format!("sim:{old}:dry"),
+        ]);
+        let n = profile_json(&[
+            "--model",
+            "preset:tiny",
+            "--device",
+            &format!("sim:{new}:dry"),
+        ]);
+        let (op, np) = (
+            vramscope::device::presets::find(old).unwrap(),
+            vramscope::device::presets::find(new).unwrap(),
+        );
+        assert_eq!(int(&o["checkpoints"]["t0"]["total"]), op.smi_bytes as i64);
+        assert_eq!(
+            int(&n["checkpoints"]["t0"]["total"]),
+            np.mem_get_info_bytes as i64
+        );
+        assert_eq!(op.mem_get_info_bytes, np.mem_get_info_bytes);
+    }
+}
+
+#[test]
+fn devices_lists_every_preset_with_both_totals_and_the_source() {
+    let out = vramscope(&["devices"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    use vramscope::base::units::fmt_u;
+    for p in vramscope::device::presets::SIM_PRESETS {
+        let spec = format!("sim:{} ", p.id);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&spec))
+            .unwrap_or_else(|| panic!("{} not listed:\n{text}", p.id));
+        for part in [
+            fmt_u(p.mem_get_info_bytes),
+            fmt_u(p.smi_bytes),
+            p.total_source.into(),
+        ] {
+            assert!(line.contains(&part), "{part} not in: {line}");
+        }
+    }
+}
