@@ -174,6 +174,28 @@ vllm)
   run "$B" profile --model preset:llama-3-8b --quant fp16 --device cuda:0 --outside-before 16GiB --json /tmp/gpu-crowded.json
   summ /tmp/gpu-crowded.json
   ;;
+house)
+  # Issue 28: the GPU tests after the layers moved, then issue 21 on the H200: a release's
+  # profile on the GPU against the dry run, the true maximum with NVML, and an fp8 KV cache.
+  run nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
+  run "$G/cuda-tests" --ignored --test-threads 1
+  run "$G/cuda-opt-tests" --ignored --test-threads 1
+  if "$B" profile --help | grep -q -- --true-max; then
+    for d in cuda:0 sim:h200:dry; do
+      run "$B" profile --model preset:llama-3-8b --quant int8 --device $d --vllm 0.6.4 --true-max --json "/tmp/tm-${d%%:*}.json"
+      summ "/tmp/tm-${d%%:*}.json"
+    done
+    run "$B" profile --model preset:llama-3-8b --quant fp16 --device cuda:0 --kv-cache-dtype fp8 --json /tmp/fp8.json
+    summ /tmp/fp8.json
+    python3 - /tmp/fp8.json <<'PY' | tee -a "$O/log.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+kv = [e for e in r["events"] if e["kind"] == "alloc" and e["category"] in ("kv_cache", "kv-cache", "KvCache")]
+print("fp8 KV tensors:", len(kv), "first", kv[0]["tensor"] if kv else None, kv[0].get("bytes") if kv else None,
+      "block bytes", r["kv_geometry"]["block_size"], r["kv_geometry"]["dtype_bytes"])
+PY
+  fi
+  ;;
 correctness)
   run nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
   run "$B" devices
