@@ -178,6 +178,8 @@ house)
   # Issue 28: the GPU tests after the layers moved, then issue 21 on the H200: a release's
   # profile on the GPU against the dry run, the true maximum with NVML, and an fp8 KV cache.
   run nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
+  # The test binaries start the CLI from the path they were built with.
+  mkdir -p /work/target-rel/release && ln -sf "$PWD/$B" /work/target-rel/release/vramscope
   run "$G/cuda-tests" --ignored --test-threads 1
   run "$G/cuda-opt-tests" --ignored --test-threads 1
   if "$B" profile --help | grep -q -- --true-max; then
