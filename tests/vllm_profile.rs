@@ -395,3 +395,31 @@ fn the_true_maximum_fits_and_one_block_more_does_not() {
     assert!(plain.true_max.is_none());
     assert!(!serde_json::to_string(&plain).unwrap().contains("true_max"));
 }
+
+/// A model whose weights fit but leave no KV block gets a headline that says vLLM would not
+/// start, and what would fit; the `--util` it names does leave a block.
+#[test]
+fn a_model_that_does_not_fit_says_so_and_what_would() {
+    let mut req = request("preset:qwen2.5-7b", Quant::BF16, "sim:a10:dry");
+    req.util = 0.7;
+    req.max_model_len = 8192;
+    req.verify = false;
+    let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
+    assert_eq!(r.vllm_answer().unwrap().kv_blocks, 0);
+    let h = r.does_not_fit().expect("a headline");
+    assert!(
+        h.contains("would not start") && h.contains("--quant int8"),
+        "{h}"
+    );
+    let util: f64 = h
+        .split("--util ")
+        .nth(1)
+        .and_then(|t| t.split(',').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no --util in {h}"));
+    assert!(util > req.util && util <= 1.0, "{h}");
+    req.util = util;
+    let fits = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
+    assert!(fits.vllm_answer().unwrap().kv_blocks > 0);
+    assert!(fits.does_not_fit().is_none());
+}

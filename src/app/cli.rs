@@ -525,6 +525,9 @@ pub fn summary_text(r: &Report) -> String {
     for line in r.vllm_log_lines() {
         let _ = writeln!(s, "{line}");
     }
+    if let Some(h) = r.does_not_fit() {
+        let _ = writeln!(s, "{h}");
+    }
     if let Some(a) = r
         .vllm_answer()
         .filter(|a| a.release.name != profile::vllm::DEFAULT)

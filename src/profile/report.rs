@@ -299,6 +299,53 @@ impl Report {
             .flatten()
     }
 
+    /// When the release grants no KV block at all (weights + activation peak + non-torch
+    /// memory over T·u; vLLM then refuses to start: "No available memory for the cache
+    /// blocks"), a headline that says so and what would fit. `None` when blocks remain.
+    pub fn does_not_fit(&self) -> Option<String> {
+        let a = self.vllm_answer()?;
+        if a.kv_blocks > 0 {
+            return None;
+        }
+        let total = self.checkpoints.t0.total as f64;
+        let non_kv = a.formula.non_kv_bytes as f64;
+        let block = self.kv_geometry.block_bytes() as f64;
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        let mut fixes = Vec::new();
+        // The smallest gpu_memory_utilization that leaves one block.
+        let util = (non_kv + block) / total;
+        if util <= 1.0 {
+            fixes.push(format!("--util {:.2}", (util * 100.0).ceil() / 100.0));
+        }
+        let w = self.weights_bytes as f64;
+        let short = non_kv + block - total * self.settings.util;
+        if matches!(self.quant, Quant::F16 | Quant::BF16) {
+            // 8-bit weights take about half, 4-bit about a quarter (plus their scales).
+            for (q, share) in [("int8", 0.5), ("nf4", 0.28)] {
+                if w * (1.0 - share) >= short {
+                    fixes.push(format!(
+                        "--quant {q} (weights about {:.1} GiB)",
+                        gib(w * share)
+                    ));
+                    break;
+                }
+            }
+        }
+        if self.settings.tp < 8 && w / 2.0 >= short {
+            fixes.push(format!("--tp {}", self.settings.tp * 2));
+        }
+        fixes.push("a shorter --max-model-len or --max-num-batched-tokens".into());
+        Some(format!(
+            "vLLM {} would not start: weights, activation peak and non-torch memory take {:.2} GiB \
+             of T·u = {:.2} GiB, {:.2} GiB short of one KV block; what would fit: {}",
+            a.release.name,
+            gib(non_kv),
+            gib(total * self.settings.util),
+            gib(short),
+            fixes.join(", ")
+        ))
+    }
+
     /// The lines the release would log for this run, in its own words and rounding (GiB =
     /// 2^30 bytes, two decimals), then its block count.
     pub fn vllm_log_lines(&self) -> Vec<String> {

@@ -94,6 +94,9 @@ impl ComparisonView {
             ))
             .on_hover_text(a.release.changes);
         }
+        if let Some(h) = r.does_not_fit() {
+            ui.colored_label(ui.visuals().error_fg_color, h);
+        }
         if let Some(m) = &r.true_max {
             ui.label(format!(
                 "true maximum: {} KV blocks ({}) serve {} passes within floor(T·u)",
