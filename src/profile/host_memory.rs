@@ -99,6 +99,9 @@ fn host_bytes_per_weight(quant: Quant, two_d: bool) -> f64 {
 /// Estimates the host memory (and, in compute mode, the time) of `req` on model `cfg`
 /// (`None` for a synthetic workload).
 pub fn estimate(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> HostEstimate {
+    // The request the run will use: vLLM's defaults for what was left open (the batch of a
+    // "vLLM default" max_num_batched_tokens is max_model_len's, not zero).
+    let req = &req.resolved(cfg.map_or(0, |c| c.max_position_embeddings));
     let compute = matches!(req.device, DeviceSpec::Sim { dry: false, .. })
         && !matches!(req.model, ModelSource::Synthetic { .. });
     let verify = if req.verify {
@@ -106,7 +109,13 @@ pub fn estimate(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> HostEstimate
     } else {
         0
     };
-    let passes = req.passes as u64 + verify;
+    // A true-maximum search takes about 20 probes of its serving passes.
+    let search = if req.true_max {
+        20 * u64::from(super::procedure::TRUE_MAX_SERVING_PASSES)
+    } else {
+        0
+    };
+    let passes = req.passes as u64 + verify + search;
     let tokens = req.tokens as u64;
     let seqs = req.seqs as u64;
     let layers = cfg.map_or(0, |c| c.num_layers as u64);
@@ -293,6 +302,20 @@ pub fn estimate_request(req: &ProfileRequest) -> Result<HostEstimate> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With the batch left at vLLM's default, the estimate is the one of the batch the run
+    /// will use (max(max_model_len, 2048)), not of an empty one.
+    #[test]
+    fn the_default_batch_is_estimated_as_it_will_run() {
+        let cfg = crate::model::presets::preset("smollm2-135m").unwrap();
+        let open = req("preset:smollm2-135m", "sim:h100-80gb", 0);
+        let explicit = req("preset:smollm2-135m", "sim:h100-80gb", 8192);
+        let (a, b) = (estimate(&open, Some(&cfg)), estimate(&explicit, Some(&cfg)));
+        assert_eq!(a.total_bytes, b.total_bytes);
+        assert_eq!(a.batch_bytes, b.batch_bytes);
+        assert!(a.batch_bytes > 0);
+        assert_eq!(a.compute_s, b.compute_s);
+    }
 
     fn req(model: &str, device: &str, tokens: usize) -> ProfileRequest {
         ProfileRequest {
