@@ -111,7 +111,7 @@ pub fn estimate(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> HostEstimate
     };
     // A true-maximum search takes about 20 probes of its serving passes.
     let search = if req.true_max {
-        20 * u64::from(super::procedure::TRUE_MAX_SERVING_PASSES)
+        20 * u64::from(super::request::TRUE_MAX_SERVING_PASSES)
     } else {
         0
     };

@@ -10,7 +10,7 @@ use super::formulas::{self, Checkpoint, Checkpoints, FormulaId, KvGeometry};
 use super::report::{
     FormulaResult, ModelInfo, PassStats, Report, TopLogits, TrueMax, Truth, Verify, REPORT_FORMAT,
 };
-use super::request::ProfileRequest;
+use super::request::{ProfileRequest, TRUE_MAX_SERVING_PASSES};
 use super::vllm::Release;
 use crate::base::error::{Error, Result};
 use crate::device::tensor::DType;
@@ -849,9 +849,6 @@ fn true_maximum(
         one_more: above,
     })
 }
-
-/// Serving passes each true-maximum probe runs after allocating its cache.
-pub const TRUE_MAX_SERVING_PASSES: u32 = 2;
 
 /// What the worker's distributed setup keeps for the instance's life: framework tensors, and
 /// device memory outside the framework (freed when this is dropped).

@@ -178,6 +178,9 @@ fn yes() -> bool {
     true
 }
 
+/// Serving passes each true-maximum probe (`--true-max`) runs after allocating its cache.
+pub const TRUE_MAX_SERVING_PASSES: u32 = 2;
+
 /// vLLM's default `max_num_seqs` (vllm/engine/arg_utils.py L116).
 pub const VLLM_MAX_NUM_SEQS: usize = 256;
 
