@@ -15,6 +15,10 @@ pub const TRUTH: Rgb = Rgb(0, 158, 115);
 /// The other formulas (v0.6.3, #10511, #12126).
 pub const OTHER: [Rgb; 3] = [Rgb(204, 121, 167), Rgb(230, 159, 0), Rgb(86, 180, 233)];
 
+/// A budget broken: "over budget by …" and out of memory (a red that `legible` darkens or
+/// lightens to 4.5:1 in each theme; egui's own error red is 3.9:1 on the light panel).
+pub const OVER: Rgb = Rgb(215, 25, 28);
+
 /// Timeline series.
 pub const ALLOCATED: Rgb = Rgb(0, 114, 178);
 pub const RESERVED: Rgb = Rgb(86, 180, 233);
@@ -134,6 +138,7 @@ pub fn line_colours() -> Vec<Rgb> {
         PEAK,
         BUDGET,
         KEPT_OUTLINE,
+        OVER,
     ];
     v.extend(OTHER);
     v.extend(crate::memory::Category::ALL.map(category));
@@ -171,6 +176,9 @@ mod tests {
         assert!(contrast(RESERVED, Rgb(255, 255, 255)) < 2.5);
         assert!(contrast(legible(RESERVED, false), BG_LIGHT) >= MIN_CONTRAST);
         assert!(contrast(legible(NEW, true), BG_DARK) >= MIN_CONTRAST);
+        // And the verify cells' "over budget" in egui's pure error red, 3.9:1 on the light panel.
+        assert!(contrast(Rgb(255, 0, 0), BG_LIGHT) < MIN_CONTRAST);
+        assert!(contrast(legible(OVER, false), BG_LIGHT) >= MIN_CONTRAST);
     }
 
     #[test]

@@ -36,7 +36,7 @@ fn verify_colour(v: &Option<Verify>, ui: &egui::Ui) -> Color32 {
         Some(v) if v.ran && !v.oom && v.within_budget => {
             legible(palette::TRUTH, ui.visuals().dark_mode)
         }
-        Some(v) if v.ran => ui.visuals().error_fg_color,
+        Some(v) if v.ran => legible(palette::OVER, ui.visuals().dark_mode),
         _ => ui.visuals().text_color(),
     }
 }
@@ -95,7 +95,7 @@ impl ComparisonView {
             .on_hover_text(a.release.changes);
         }
         if let Some(h) = r.does_not_fit() {
-            ui.colored_label(ui.visuals().error_fg_color, h);
+            ui.colored_label(legible(palette::OVER, ui.visuals().dark_mode), h);
         }
         if let Some(m) = &r.true_max {
             ui.label(format!(
