@@ -665,19 +665,6 @@ pub fn summary_text(r: &Report) -> String {
             verify_text(&f.verify)
         );
     }
-    if let Some(m) = &r.true_max {
-        let _ = writeln!(s, "against the true maximum ({} blocks):", m.blocks);
-        for f in &r.formulas {
-            let d = f.kv_blocks as i64 - m.blocks as i64;
-            let _ = writeln!(
-                s,
-                "  {:<32} {:+} blocks ({})",
-                f.title,
-                d,
-                fmt_i(d * r.kv_geometry.block_bytes() as i64)
-            );
-        }
-    }
     let t = &r.truth;
     let _ = writeln!(
         s,
@@ -691,6 +678,19 @@ pub fn summary_text(r: &Report) -> String {
         "",
         verify_text(&t.verify)
     );
+    if let Some(m) = &r.true_max {
+        let _ = writeln!(s, "against the true maximum ({} blocks):", m.blocks);
+        for f in &r.formulas {
+            let d = f.kv_blocks as i64 - m.blocks as i64;
+            let _ = writeln!(
+                s,
+                "  {:<32} {:+} blocks ({})",
+                f.title,
+                d,
+                fmt_i(d * r.kv_geometry.block_bytes() as i64)
+            );
+        }
+    }
     let why = r.old_vs_new_explanation();
     if !why.is_empty() {
         let _ = writeln!(s, "\n{why}");

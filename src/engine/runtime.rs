@@ -326,7 +326,7 @@ impl Runtime {
     ) -> Result<Tensor> {
         let len = usize::try_from(bytes)
             .map_err(|_| Error::Request(format!("{bytes} bytes is too large")))?;
-        self.alloc_tensor(name.into(), category, &[len], DType::U8, HostData::Absent)
+        self.reserve(name, category, &[len], DType::U8)
     }
 
     /// A tensor of `shape` and `dtype` whose contents nothing reads (vLLM's KV cache in the

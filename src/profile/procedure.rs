@@ -485,7 +485,7 @@ pub(crate) fn run_rank(
                 int8_layout: layout,
             };
             let mut model = CausalLm::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
-            model.set_mlp_frees_gate_up(req.release()?.llama_mlp_frees_gate_up);
+            model.set_mlp_frees_gate_up(release.llama_mlp_frees_gate_up);
             let c = &opened.config;
             let info = ModelInfo {
                 name: opened.name.clone(),
@@ -791,55 +791,48 @@ fn true_maximum(
         )?;
         Ok(v)
     };
-    let fits = |v: &Verify| v.ran && v.within_budget;
-    // [lo, hi): lo fits (0 blocks trivially), hi does not.
-    let (mut lo, mut hi);
+    // lo fits (with its run in `at`; 0 blocks trivially), hi does not (with its run in
+    // `above` once probed; u64::MAX while unknown). Each probe narrows the bracket, and the
+    // two runs it ends on are the ones reported: no block count is run twice.
+    let (mut lo, mut hi) = (0u64, u64::MAX);
+    let (mut at, mut above): (Option<Verify>, Option<Verify>) = (None, None);
+    let mut record = |b: u64, v: Verify, lo: &mut u64, hi: &mut u64| {
+        if v.ran && v.within_budget {
+            *lo = b;
+            at = Some(v);
+        } else {
+            *hi = b;
+            above = Some(v);
+        }
+    };
     let first = start_blocks.max(1);
-    let v = probe(first)?;
-    if fits(&v) {
-        lo = first;
-        let mut step = 1u64;
-        loop {
-            let b = lo + step;
-            if b * block > budget {
-                hi = b;
-                break;
-            }
-            if fits(&probe(b)?) {
-                lo = b;
-                step *= 2;
-            } else {
-                hi = b;
-                break;
-            }
-        }
-    } else {
-        hi = first;
-        lo = 0;
-        let mut step = 1u64;
-        while hi > 1 {
-            let b = hi.saturating_sub(step).max(1);
-            if fits(&probe(b)?) {
-                lo = b;
-                break;
-            }
+    record(first, probe(first)?, &mut lo, &mut hi);
+    // Gallop away from the truth's count until the bracket closes on both sides.
+    let mut step = 1u64;
+    while hi == u64::MAX {
+        let b = lo + step;
+        if b * block > budget {
+            // More cache than the whole budget cannot fit: no run needed to know.
             hi = b;
-            if b == 1 {
-                break;
-            }
-            step *= 2;
+            break;
         }
+        record(b, probe(b)?, &mut lo, &mut hi);
+        step *= 2;
+    }
+    step = 1;
+    while lo == 0 && hi > 1 {
+        let b = hi.saturating_sub(step).max(1);
+        record(b, probe(b)?, &mut lo, &mut hi);
+        step *= 2;
     }
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if fits(&probe(mid)?) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
+        record(mid, probe(mid)?, &mut lo, &mut hi);
     }
-    let at = if lo > 0 { Some(probe(lo)?) } else { None };
-    let above = probe(lo + 1)?;
+    let above = match above.filter(|_| hi == lo + 1) {
+        Some(v) => v,
+        None => probe(lo + 1)?,
+    };
     Ok(TrueMax {
         blocks: lo,
         kv_bytes: lo * block,

@@ -324,7 +324,7 @@ impl Report {
             for (q, share) in [("int8", 0.5), ("nf4", 0.28)] {
                 if w * (1.0 - share) >= short {
                     fixes.push(format!(
-                        "--quant {q} (weights about {:.1} GiB)",
+                        "--quant {q} (weights about {:.1} GiB, estimated)",
                         gib(w * share)
                     ));
                     break;
@@ -372,9 +372,10 @@ impl Report {
             )),
             LogStyle::InstanceCanUse => {
                 let total = gib(c.t0.total as f64);
+                // The profile pass's own time (t1 to t2), as vLLM times `memory_profiling`.
+                let secs = c.t2.time_us.saturating_sub(c.t1.time_us) as f64 / 1e6;
                 out.push(format!(
-                    "INFO worker.py] Memory profiling takes {:.2} seconds",
-                    self.wall_time_s
+                    "INFO worker.py] Memory profiling takes {secs:.2} seconds"
                 ));
                 out.push(format!(
                     "the current vLLM instance can use total_gpu_memory ({total:.2}GiB) x gpu_memory_utilization ({:.2}) = {:.2}GiB",
