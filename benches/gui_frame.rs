@@ -26,6 +26,7 @@ fn dry_70b_report(passes: u32, quant: Quant) -> Report {
             preset: "h200-141gb".into(),
             dry: true,
             total: None,
+            topology: None,
         },
         passes,
         quant,

@@ -154,7 +154,15 @@ fn opt_ranks_compute_the_logits_of_one_device() {
 
 #[test]
 fn nccl_memory_and_the_custom_all_reduce_buffers_appear_per_rank() {
-    use vramscope::device::group::{CommSetup, NCCL_MODEL};
+    use vramscope::device::group::CommSetup;
+    use vramscope::device::nccl_model::{NcclModel, NcclRules, Topology};
+    // The default release keeps vramscope's own measured NCCL; h100-80gb is an H100 SXM.
+    let nccl = NcclModel::new(
+        Topology::Nvlink,
+        NcclRules::Nccl228Measured,
+        "Hopper",
+        132 * 2048,
+    );
     let r = run(
         "preset:llama-3-8b",
         Quant::F16,
@@ -176,7 +184,7 @@ fn nccl_memory_and_the_custom_all_reduce_buffers_appear_per_rank() {
             CommSetup::DeviceGroup,
             CommSetup::GatherP2p,
         ] {
-            let want = NCCL_MODEL.bytes(setup, k, 2);
+            let want = nccl.bytes(setup, k, 2);
             assert!(
                 outside.contains(&(setup.label(), want)),
                 "rank {k}: {setup:?} {want} not in {outside:?}"
@@ -355,4 +363,68 @@ fn the_csvs_carry_every_rank_and_the_engine_rows() {
     let cells: Vec<&str> = row.split(',').collect();
     assert_eq!(cells.last(), Some(&new.binding_rank.to_string().as_str()));
     assert!(cells.contains(&new.kv_blocks.to_string().as_str()), "{row}");
+}
+
+/// `--topology`: the NCCL entries of a simulated pair follow how the GPUs are connected, each
+/// report says where its numbers come from, and vLLM's custom all-reduce runs only where its
+/// peer-to-peer check would pass.
+#[test]
+fn nccl_memory_follows_the_topology_and_says_its_source() {
+    use vramscope::device::group::CommSetup;
+    use vramscope::device::nccl_model::{NcclModel, NcclRules, Topology};
+    let on = |topology: Topology| {
+        let req = ProfileRequest {
+            model: ModelSource::parse("preset:llama-3-8b").unwrap(),
+            quant: Quant::F16,
+            device: DeviceSpec::parse("sim:h100-80gb:dry")
+                .unwrap()
+                .with_topology(Some(topology))
+                .unwrap(),
+            tp: 2,
+            verify: false,
+            ..ProfileRequest::default()
+        };
+        profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap()
+    };
+    let mut totals = Vec::new();
+    for topology in Topology::ALL {
+        let r = on(topology);
+        let model = NcclModel::new(topology, NcclRules::Nccl228Measured, "Hopper", 132 * 2048);
+        for rank in &r.ranks {
+            let k = rank.rank as usize;
+            let nccl: Vec<(&str, u64)> = rank
+                .events
+                .iter()
+                .filter(|e| {
+                    e.kind == vramscope::memory::EventKind::OutsideAlloc
+                        && e.tensor.starts_with("nccl")
+                })
+                .map(|e| (e.tensor.as_str(), e.bytes))
+                .collect();
+            let want: Vec<(&str, u64)> = [
+                CommSetup::PyncclInit,
+                CommSetup::DeviceGroup,
+                CommSetup::GatherP2p,
+            ]
+            .iter()
+            .map(|&s| (s.label(), model.bytes(s, k, 2)))
+            .collect();
+            assert_eq!(nccl, want, "{topology:?} rank {k}");
+            let src = rank.nccl_source.as_deref().unwrap();
+            assert!(
+                src.contains(topology.name()) && src.contains(&model.source),
+                "{src}"
+            );
+            // Custom all-reduce buffers only where vLLM's check passes for two GPUs.
+            let custom = rank
+                .events
+                .iter()
+                .any(|e| e.tensor.starts_with("custom_all_reduce."));
+            assert_eq!(custom, topology != Topology::PcieNoP2p, "{topology:?}");
+        }
+        totals.push(r.ranks[0].nccl_bytes());
+    }
+    // NVLink's 24 channels take more than PCIe's, which keeps its buffers on the device; the
+    // shared-memory transport keeps them in host memory.
+    assert!(totals[0] > totals[1] && totals[1] > totals[2], "{totals:?}");
 }

@@ -256,6 +256,7 @@ fn run_rank(
         custom_ar: device.custom_all_reduce_for(size),
         // bench runs 380e1863's passes (in-place all-reduces above the custom kernel's size).
         all_reduce_out_of_place: false,
+        nccl: crate::device::nccl_model::NcclRules::Nccl228Measured,
         rank,
         size,
         group,
@@ -487,6 +488,7 @@ mod tests {
                 preset: "h100-80gb".into(),
                 dry: true,
                 total: None,
+                topology: None,
             },
             tokens: 4,
             seqs: 1,
@@ -506,6 +508,7 @@ mod tests {
                 preset: "h100-80gb".into(),
                 dry: false,
                 total: None,
+                topology: None,
             },
             op_times: true,
             ..req

@@ -157,6 +157,12 @@ pub struct ProfileArgs {
     /// architecture (context, cuBLAS workspace).
     #[arg(long, value_parser = size_arg, value_name = "SIZE")]
     pub total: Option<u64>,
+    /// How the simulated GPUs of `--tp` reach each other: nvlink, pcie (peer to peer) or
+    /// pcie-no-p2p (through host memory). Sets NCCL's memory and whether vLLM's custom
+    /// all-reduce runs. Default: the preset's (NVLink for SXM boards, pcie for data-center
+    /// PCIe cards, pcie-no-p2p for GeForce cards).
+    #[arg(long, value_name = "TOPOLOGY")]
+    pub topology: Option<String>,
     /// vLLM's --kv-cache-dtype: auto (the model's dtype), fp8, fp8_e4m3 or fp8_e5m2 (one byte
     /// per element).
     #[arg(long, default_value = "auto", value_name = "DTYPE")]
@@ -252,7 +258,14 @@ impl ProfileArgs {
         let r = ProfileRequest {
             model: ModelSource::parse(&self.work.model)?,
             quant: Quant::parse(&self.work.quant)?,
-            device: DeviceSpec::parse(&self.device)?.with_total(self.total)?,
+            device: DeviceSpec::parse(&self.device)?
+                .with_total(self.total)?
+                .with_topology(
+                    self.topology
+                        .as_deref()
+                        .map(crate::device::nccl_model::Topology::parse)
+                        .transpose()?,
+                )?,
             tokens: self.work.tokens.unwrap_or(0),
             // vLLM's 256, or fewer when the batch given is smaller (vLLM would refuse it).
             seqs: self.work.seqs.unwrap_or(match self.work.tokens {
@@ -617,6 +630,9 @@ pub fn summary_text(r: &Report) -> String {
                     .map_or(String::new(), |f| fmt_i(f.non_kv_bytes)),
                 k.formula(FormulaId::Pr9516).map_or(0, |f| f.kv_blocks),
             );
+        }
+        if let Some(src) = &r.nccl_source {
+            let _ = writeln!(s, "  NCCL: {src}");
         }
         let engine: Vec<String> = r
             .engine

@@ -216,6 +216,8 @@ pub struct TpRank {
     /// size pynccl, enabled from the worker's start, reduces into `torch.empty_like(input)`,
     /// so no torch.distributed communicator is made for it.
     pub all_reduce_out_of_place: bool,
+    /// Which NCCL the simulated device models (the release's).
+    pub nccl: super::nccl_model::NcclRules,
 }
 
 /// vLLM's custom all-reduce: inputs under this many bytes go through it
@@ -234,76 +236,8 @@ impl TpRank {
     }
 }
 
-/// What a collective library sets up by itself, outside the framework allocator, the first
-/// time each is needed on a rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CommSetup {
-    /// vLLM's `PyNcclCommunicator` when the worker starts (pynccl.py L85-102):
-    /// `ncclCommInitRank` and a one-element all-reduce as warm-up, which connects the rings.
-    PyncclInit,
-    /// torch.distributed's NCCL communicator of the device group: ProcessGroupNCCL makes it at
-    /// the group's first collective, the profile pass's first all-reduce (vLLM runs eager
-    /// all-reduces through `torch.distributed.all_reduce`, parallel_state.py L365-376).
-    DeviceGroup,
-    /// The point-to-point connections `torch.distributed.gather` opens for the logits
-    /// (parallel_state.py `gather`, to rank 0).
-    GatherP2p,
-}
-
-impl CommSetup {
-    pub fn label(self) -> &'static str {
-        match self {
-            CommSetup::PyncclInit => "nccl: pynccl communicator + warm-up all_reduce",
-            CommSetup::DeviceGroup => "nccl: device-group communicator (first all_reduce)",
-            CommSetup::GatherP2p => "nccl: point-to-point connections (logits gather)",
-        }
-    }
-}
-
-/// NCCL's device memory per rank, outside any allocator, as measured on two H200s over
-/// NVLink (NVLink SHARP off) with NCCL 2.28, one rank per GPU (docs/gpu-runs.md runs 32 and
-/// 34):
-/// - a process's first communicator, made and used once (vLLM's PyNcclCommunicator and its
-///   warm-up all-reduce): 862 MiB. Run 32 saw 840 MiB for PyTorch's communicator alone in its
-///   own process. NCCL's log there showed 24 collective channels and its buffers as 10 MiB
-///   shareable allocations (per connection: LL 512 KiB + LL128 4.7 MiB + Simple 4 MiB, rounded
-///   up to the 2 MiB granularity of `cuMem`), plus the communicator's own state;
-/// - a second communicator of the same process (torch.distributed's device group) at its
-///   first all-reduce: 486 MiB (part of NCCL's state is per process, not per communicator);
-/// - `gather` to rank 0 opening point-to-point connections (32 channels per peer, 512 KiB
-///   chunks): 382 MiB on the receiver, 126 MiB on each sender (the same in runs 32 and 34).
-///
-/// None of it grew with the message size. For more than two ranks the communicators are
-/// taken as measured (a ring or chain connects each rank to two peers whatever the count)
-/// and the receiver's share of the gather per peer: assumptions, not measured.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NcclModel {
-    pub first_communicator_bytes: u64,
-    pub second_communicator_bytes: u64,
-    pub p2p_receiver_bytes_per_peer: u64,
-    pub p2p_sender_bytes: u64,
-}
-
-pub const NCCL_MODEL: NcclModel = NcclModel {
-    first_communicator_bytes: 903_872_512,
-    second_communicator_bytes: 509_607_936,
-    p2p_receiver_bytes_per_peer: 400_556_032,
-    p2p_sender_bytes: 132_120_576,
-};
-
-impl NcclModel {
-    /// Bytes `setup` takes on `rank` of `size` ranks.
-    pub fn bytes(&self, setup: CommSetup, rank: usize, size: usize) -> u64 {
-        match setup {
-            CommSetup::PyncclInit => self.first_communicator_bytes,
-            CommSetup::DeviceGroup => self.second_communicator_bytes,
-            CommSetup::GatherP2p if rank == 0 => {
-                self.p2p_receiver_bytes_per_peer * (size.saturating_sub(1)) as u64
-            }
-            CommSetup::GatherP2p => self.p2p_sender_bytes,
-        }
-    }
-}
+/// What NCCL sets up the first time each is needed on a rank (its memory: `nccl_model`).
+pub use super::nccl_model::CommSetup;
 
 #[cfg(test)]
 mod tests {

@@ -12,6 +12,7 @@ pub mod cpu_sampler;
 pub(crate) mod cpu_vec;
 pub mod cuda;
 pub mod group;
+pub mod nccl_model;
 pub mod presets;
 pub mod sim;
 pub mod tensor;
@@ -35,6 +36,10 @@ pub enum DeviceSpec {
         /// `torch.cuda.mem_get_info()` says on the user's own GPU).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         total: Option<u64>,
+        /// How the simulated GPUs of a tensor-parallel instance reach each other instead of
+        /// the preset's default (`--topology`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topology: Option<nccl_model::Topology>,
     },
     Cuda {
         ordinal: usize,
@@ -63,6 +68,7 @@ impl DeviceSpec {
                     preset: preset.to_ascii_lowercase(),
                     dry,
                     total: None,
+                    topology: None,
                 })
             }
             ["cuda"] => Ok(DeviceSpec::Cuda { ordinal: 0 }),
@@ -97,6 +103,24 @@ impl DeviceSpec {
             }
             DeviceSpec::Cuda { .. } => Err(Error::Request(format!(
                 "--total: {self} reports its own total; --total is for a simulated device"
+            ))),
+        }
+    }
+
+    /// The spec with the simulated GPUs' topology set (`--topology`); GPUs run NCCL for real,
+    /// so asking for one there is an error naming the flag.
+    pub fn with_topology(mut self, t: Option<nccl_model::Topology>) -> Result<Self> {
+        let Some(t) = t else {
+            return Ok(self);
+        };
+        match &mut self {
+            DeviceSpec::Sim { topology, .. } => {
+                *topology = Some(t);
+                Ok(self)
+            }
+            DeviceSpec::Cuda { .. } => Err(Error::Request(format!(
+                "--topology: {self} runs NCCL over its own links and NVML measures what it \
+                 takes; --topology is for a simulated device"
             ))),
         }
     }
@@ -229,7 +253,12 @@ impl Device {
     /// Opens the device; for CUDA this creates the context (checkpoint t0 comes after).
     pub fn open(spec: &DeviceSpec) -> Result<Self> {
         match spec {
-            DeviceSpec::Sim { preset, dry, total } => {
+            DeviceSpec::Sim {
+                preset,
+                dry,
+                total,
+                topology,
+            } => {
                 let p = presets::find(preset).ok_or_else(|| Error::Device {
                     spec: spec.to_string(),
                     problem: "unknown simulated preset".into(),
@@ -237,6 +266,9 @@ impl Device {
                 let mut sim = SimDevice::new(p, !dry);
                 if let Some(t) = total {
                     sim.set_total(*t);
+                }
+                if let Some(t) = topology {
+                    sim.topology = *t;
                 }
                 Ok(Device::Sim(sim))
             }
@@ -401,7 +433,7 @@ impl Device {
     }
 
     /// Sets up what a collective library needs the first time `setup` is asked for on this
-    /// rank: the simulated device takes what `group::NCCL_MODEL` says (kept for the
+    /// rank: the simulated device takes what its topology's [`nccl_model::NcclModel`] says (kept for the
     /// instance's life, returned); a GPU makes the NCCL communicator (the runtime measures).
     pub fn comm_setup(
         &mut self,
@@ -409,8 +441,8 @@ impl Device {
         tp: &group::TpRank,
     ) -> Result<Option<OutsideAlloc>> {
         match self {
-            Device::Sim(_) => {
-                let bytes = group::NCCL_MODEL.bytes(setup, tp.rank, tp.size);
+            Device::Sim(s) => {
+                let bytes = s.nccl_model(tp.nccl).bytes(setup, tp.rank, tp.size);
                 Ok(Some(self.alloc_outside(bytes)?))
             }
             Device::Cuda(c) => {
@@ -420,15 +452,26 @@ impl Device {
         }
     }
 
+    /// Where a tensor-parallel rank's NCCL entries come from on this device.
+    pub fn nccl_source(&self, rules: nccl_model::NcclRules) -> String {
+        match self {
+            Device::Sim(s) => format!(
+                "simulated (--topology {}): {}",
+                s.topology.name(),
+                s.nccl_model(rules).source
+            ),
+            Device::Cuda(_) => {
+                "measured: NVML's per-process memory across each first use of NCCL".into()
+            }
+        }
+    }
+
     /// Whether the devices of a tensor-parallel instance would run vLLM's custom all-reduce
     /// (NVLink, or peer to peer for two GPUs; custom_all_reduce.py L50-98).
     pub fn custom_all_reduce_for(&self, size: usize) -> bool {
-        if !matches!(size, 2 | 4 | 6 | 8) {
-            return false;
-        }
         match self {
-            Device::Sim(s) => s.preset.nvlink,
-            Device::Cuda(c) => c.peers_reachable(size),
+            Device::Sim(s) => s.topology.custom_all_reduce(size),
+            Device::Cuda(c) => matches!(size, 2 | 4 | 6 | 8) && c.peers_reachable(size),
         }
     }
 

@@ -16,6 +16,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::nccl_model::Topology;
+
 const MIB: u64 = 1 << 20;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -35,11 +37,17 @@ pub struct SimPreset {
     /// Free memory reads as total − framework allocated, nothing else (vLLM's
     /// tests/worker/test_profile.py patches `torch.cuda.mem_get_info` so).
     pub free_is_total_minus_allocated: bool,
-    /// The card's SXM form has NVLink to its peers (what vLLM's custom all-reduce needs for
-    /// more than two GPUs); PCIe cards have not.
-    pub nvlink: bool,
+    /// How two or more of these cards reach each other by default: NVLink for SXM boards,
+    /// PCIe with peer-to-peer for data-center PCIe cards, PCIe without it for GeForce cards
+    /// (their driver refuses peer-to-peer over PCIe). `--topology` overrides it.
+    pub topology: Topology,
     /// GPU architecture ("Turing", "Ampere", "Ada", "Hopper", "Blackwell").
     pub arch: &'static str,
+    /// Threads the GPU holds resident at once: SMs × the most threads per SM (NVIDIA's
+    /// architecture specs). The driver reserves a kernel's stack for every one of them, which
+    /// is part of what NCCL's first kernels cost (`nccl_model`).
+    #[serde(default)]
+    pub resident_threads: u64,
     /// The framebuffer `nvidia-smi` prints.
     pub smi_bytes: u64,
     /// The total `cudaMemGetInfo` reports (vLLM's `total_gpu_memory`).
@@ -113,8 +121,9 @@ const fn card(
         cublaslt_workspace_bytes: MIB,
         cxb_row_pad: if ampere_or_ada { 32 } else { 8 },
         free_is_total_minus_allocated: false,
-        nvlink: false,
+        topology: Topology::Pcie,
         arch,
+        resident_threads: 0,
         smi_bytes: smi_mib * MIB,
         mem_get_info_bytes: estimated(smi_mib),
         total_measured: false,
@@ -133,7 +142,18 @@ const fn measured(mut p: SimPreset, bytes: u64, source: &'static str) -> SimPres
 }
 
 const fn nvlink(mut p: SimPreset) -> SimPreset {
-    p.nvlink = true;
+    p.topology = Topology::Nvlink;
+    p
+}
+
+/// `p` with `sms` streaming multiprocessors of `per_sm` resident threads each.
+const fn sms(mut p: SimPreset, sms: u64, per_sm: u64) -> SimPreset {
+    p.resident_threads = sms * per_sm;
+    p
+}
+
+const fn geforce(mut p: SimPreset) -> SimPreset {
+    p.topology = Topology::PcieNoP2p;
     p
 }
 
@@ -149,101 +169,135 @@ const fn kept(id: &'static str, name: &'static str, of: SimPreset) -> SimPreset 
 }
 
 const T4: SimPreset = measured(
-    card("t4", "NVIDIA Tesla T4 (simulated)", "Turing", 15360, 300),
+    sms(card("t4", "NVIDIA Tesla T4 (simulated)", "Turing", 15360, 300), 40, 1024),
     gib_hundredths(1456),
     "vLLM 0.7.2 log `total_gpu_memory=14.56GiB`, public Colab GRPO run (/work/shared/VLLM_LOGS_PUBLIC.md P3)",
 );
 const A10: SimPreset = measured(
-    card("a10", "NVIDIA A10 (simulated)", "Ampere", 23028, 300),
+    sms(card("a10", "NVIDIA A10 (simulated)", "Ampere", 23028, 300), 72, 1536),
     gib_hundredths(2206),
     "PyTorch OOM under vLLM on an A10 24G: `22.06 GiB total capacity`, https://github.com/vllm-project/vllm/issues/928",
 );
-const A10G: SimPreset = card("a10g", "NVIDIA A10G (simulated)", "Ampere", 23028, 300);
+const A10G: SimPreset = sms(
+    card("a10g", "NVIDIA A10G (simulated)", "Ampere", 23028, 300),
+    80,
+    1536,
+);
 const RTX3090: SimPreset = measured(
-    card("rtx3090", "NVIDIA GeForce RTX 3090 (simulated)", "Ampere", 24576, 300),
+    geforce(sms(card("rtx3090", "NVIDIA GeForce RTX 3090 (simulated)", "Ampere", 24576, 300), 82, 1536)),
     gib_hundredths(2358),
     "vLLM log `total_gpu_memory (23.58GiB)`, https://github.com/vllm-project/vllm/pull/14447 (also issue #10517)",
 );
 const RTX4090: SimPreset = measured(
-    card("rtx4090", "NVIDIA GeForce RTX 4090 (simulated)", "Ada", 24564, 300),
+    geforce(sms(card("rtx4090", "NVIDIA GeForce RTX 4090 (simulated)", "Ada", 24564, 300), 128, 1536)),
     gib_hundredths(2368),
     "PyTorch OOM on an RTX 4090: `23.68 GiB total capacity`, https://github.com/zai-org/CogVideo/issues/36",
 );
-const RTX5090: SimPreset = card(
-    "rtx5090",
-    "NVIDIA GeForce RTX 5090 (simulated)",
-    "Blackwell",
-    32607,
-    300,
+const RTX5090: SimPreset = geforce(sms(
+    card(
+        "rtx5090",
+        "NVIDIA GeForce RTX 5090 (simulated)",
+        "Blackwell",
+        32607,
+        300,
+    ),
+    170,
+    1536,
+));
+const L4: SimPreset = sms(
+    card("l4", "NVIDIA L4 (simulated)", "Ada", 23034, 300),
+    58,
+    1536,
 );
-const L4: SimPreset = card("l4", "NVIDIA L4 (simulated)", "Ada", 23034, 300);
 const L40S: SimPreset = measured(
-    card("l40s", "NVIDIA L40S (simulated)", "Ada", 46068, 300),
+    sms(card("l40s", "NVIDIA L40S (simulated)", "Ada", 46068, 300), 142, 1536),
     gib_hundredths(4442),
     "vLLM 0.7.1 log `total_gpu_memory` 44.42 GiB on 2× L40S, https://github.com/vllm-project/vllm/issues/15815",
 );
-const A100_PCIE_40GB: SimPreset = card(
-    "a100-pcie-40gb",
-    "NVIDIA A100-PCIE-40GB (simulated)",
-    "Ampere",
-    40960,
-    420,
+const A100_PCIE_40GB: SimPreset = sms(
+    card(
+        "a100-pcie-40gb",
+        "NVIDIA A100-PCIE-40GB (simulated)",
+        "Ampere",
+        40960,
+        420,
+    ),
+    108,
+    2048,
 );
-const A100_SXM4_40GB: SimPreset = nvlink(card(
-    "a100-sxm4-40gb",
-    "NVIDIA A100-SXM4-40GB (simulated)",
-    "Ampere",
-    40960,
-    420,
+const A100_SXM4_40GB: SimPreset = nvlink(sms(
+    card(
+        "a100-sxm4-40gb",
+        "NVIDIA A100-SXM4-40GB (simulated)",
+        "Ampere",
+        40960,
+        420,
+    ),
+    108,
+    2048,
 ));
-const A100_PCIE_80GB: SimPreset = card(
-    "a100-pcie-80gb",
-    "NVIDIA A100 80GB PCIe (simulated)",
-    "Ampere",
-    81920,
-    420,
+const A100_PCIE_80GB: SimPreset = sms(
+    card(
+        "a100-pcie-80gb",
+        "NVIDIA A100 80GB PCIe (simulated)",
+        "Ampere",
+        81920,
+        420,
+    ),
+    108,
+    2048,
 );
 const A100_SXM4_80GB: SimPreset = measured(
-    nvlink(card("a100-sxm4-80gb", "NVIDIA A100-SXM4-80GB (simulated)", "Ampere", 81920, 420)),
+    nvlink(sms(card("a100-sxm4-80gb", "NVIDIA A100-SXM4-80GB (simulated)", "Ampere", 81920, 420), 108, 2048)),
     gib_hundredths(7935),
     "PyTorch OOM under vLLM on 8× A100 80GB (form factor not stated): `total capacity of 79.35 GiB`, https://github.com/MoonshotAI/Kimi-VL/issues/54",
 );
-const H100_PCIE: SimPreset = card(
-    "h100-pcie",
-    "NVIDIA H100 PCIe (simulated)",
-    "Hopper",
-    81559,
-    512,
+const H100_PCIE: SimPreset = sms(
+    card(
+        "h100-pcie",
+        "NVIDIA H100 PCIe (simulated)",
+        "Hopper",
+        81559,
+        512,
+    ),
+    114,
+    2048,
 );
 const H100_SXM: SimPreset = measured(
-    nvlink(card("h100-sxm", "NVIDIA H100 80GB HBM3 (simulated, vLLM's total)", "Hopper", 81559, 512)),
+    nvlink(sms(card("h100-sxm", "NVIDIA H100 80GB HBM3 (simulated, vLLM's total)", "Hopper", 81559, 512), 132, 2048)),
     gib_hundredths(7922),
     "vLLM log `total_gpu_memory 79.22GiB`, https://github.com/vllm-project/vllm/pull/10511 (sanity-check comment)",
 );
 const H200: SimPreset = measured(
-    nvlink(card(
-        "h200",
-        "NVIDIA H200 (simulated, vLLM's total)",
-        "Hopper",
-        143771,
-        527,
+    nvlink(sms(
+        card(
+            "h200",
+            "NVIDIA H200 (simulated, vLLM's total)",
+            "Hopper",
+            143771,
+            527,
+        ),
+        132,
+        2048,
     )),
     150_109_880_320,
     "cuMemGetInfo on this project's H200, driver 580 (docs/gpu-runs.md)",
 );
-const GH200: SimPreset = card(
-    "gh200",
-    "NVIDIA GH200 96GB (simulated)",
-    "Hopper",
-    97871,
-    512,
+const GH200: SimPreset = sms(
+    card(
+        "gh200",
+        "NVIDIA GH200 96GB (simulated)",
+        "Hopper",
+        97871,
+        512,
+    ),
+    132,
+    2048,
 );
-const B200: SimPreset = nvlink(card(
-    "b200",
-    "NVIDIA B200 (simulated)",
-    "Blackwell",
-    183359,
-    527,
+const B200: SimPreset = nvlink(sms(
+    card("b200", "NVIDIA B200 (simulated)", "Blackwell", 183359, 527),
+    148,
+    2048,
 ));
 
 pub const SIM_PRESETS: &[SimPreset] = &[
@@ -261,8 +315,9 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         cublaslt_workspace_bytes: 0,
         cxb_row_pad: 8,
         free_is_total_minus_allocated: true,
-        nvlink: false,
+        topology: Topology::PcieNoP2p,
         arch: "mock",
+        resident_threads: 0,
         smi_bytes: 10 << 30,
         mem_get_info_bytes: 10 << 30,
         total_measured: true,

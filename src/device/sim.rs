@@ -11,6 +11,9 @@ pub const DRIVER_PAGE_BYTES: u64 = 2 << 20;
 pub struct SimDevice {
     pub preset: &'static SimPreset,
     pub compute: bool,
+    /// How this GPU reaches the others of a tensor-parallel instance (the preset's, or
+    /// `--topology`).
+    pub topology: super::nccl_model::Topology,
     /// What `cudaMemGetInfo` reports as the total (the preset's, or `--total`).
     total: u64,
     /// Memory held by other processes on the same GPU.
@@ -27,6 +30,7 @@ impl SimDevice {
         Self {
             preset,
             compute,
+            topology: preset.topology,
             total: preset.total_bytes,
             foreign: 0,
             process: 0,
@@ -34,6 +38,16 @@ impl SimDevice {
             next_handle: 0x7f00_0000_0000,
             segments: Default::default(),
         }
+    }
+
+    /// What NCCL takes on this GPU under `rules`, over its topology.
+    pub fn nccl_model(&self, rules: super::nccl_model::NcclRules) -> super::nccl_model::NcclModel {
+        super::nccl_model::NcclModel::new(
+            self.topology,
+            rules,
+            self.preset.arch,
+            self.preset.resident_threads,
+        )
     }
 
     pub fn total(&self) -> u64 {

@@ -507,7 +507,7 @@ impl Runtime {
     /// Starts the first use of `setup` on this rank (NCCL's communicator and the buffers its
     /// first collective connects). Call `comm_end` with the result after the collective: the
     /// device memory taken outside the framework is logged then, as its own entry. The
-    /// simulated device takes what `group::NCCL_MODEL` says; a GPU runs NCCL and NVML tells
+    /// simulated device takes what its topology's `nccl_model::NcclModel` says; a GPU runs NCCL and NVML tells
     /// what this process took across the whole first use.
     pub fn comm_begin(
         &self,

@@ -420,9 +420,11 @@ pub(crate) fn run_rank(
     let layout = device.int8_tile_layout();
     let context_bytes = device.simulated_context_bytes();
     let release = req.release()?;
+    let nccl_source = rank.as_ref().map(|_| device.nccl_source(release.nccl));
     let tp_rank = rank.map(|r| crate::device::group::TpRank {
         custom_ar: device.custom_all_reduce_for(r.size),
         all_reduce_out_of_place: release.all_reduce == super::vllm::AllReduce::OutOfPlace,
+        nccl: release.nccl,
         rank: r.rank,
         size: r.size,
         group: r.group,
@@ -755,6 +757,7 @@ pub(crate) fn run_rank(
         rank: rt.tp().map_or(0, |t| t.rank as u32),
         ranks: Vec::new(),
         engine: Vec::new(),
+        nccl_source,
     })
 }
 

@@ -236,6 +236,10 @@ pub struct Report {
     /// `min(b[0] for b in num_blocks)`), and which rank sets it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub engine: Vec<EngineBudget>,
+    /// With tensor parallel: where this rank's NCCL entries come from (the simulated
+    /// topology's model and its sources, or NVML's measurement on GPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl_source: Option<String>,
 }
 
 fn one() -> u32 {

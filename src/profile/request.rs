@@ -151,6 +151,7 @@ impl Default for ProfileRequest {
                 preset: "h100-80gb".into(),
                 dry: true,
                 total: None,
+                topology: None,
             },
             tokens: 0,
             seqs: VLLM_MAX_NUM_SEQS,

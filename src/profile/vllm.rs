@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::formulas::FormulaId;
 use crate::base::error::{Error, Result};
+use crate::device::nccl_model::NcclRules;
 
 /// The log lines a release prints after its profile run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,6 +74,10 @@ pub struct Release {
     pub log: LogStyle,
     /// The torch release its wheel pins (the caching allocator's rules are the same ones).
     pub torch: &'static str,
+    /// The NCCL a simulated tensor-parallel instance of this release models: the one its
+    /// PyTorch ships, with cuMem off as the release sets it. 380e1863 keeps vramscope's own,
+    /// measured NCCL, so its dry entries stay equal to the GPU runs'.
+    pub nccl: NcclRules,
     /// What changed in this release, for `--vllm list` and docs.
     pub changes: &'static str,
 }
@@ -94,6 +99,7 @@ pub const RELEASES: &[Release] = &[
         chunked_prefill_tokens: 512,
         log: LogStyle::BlocksOnly,
         torch: "2.4.0",
+        nccl: NcclRules::Nccl221CumemOff,
         changes: "free memory at init_device minus free memory right after the profile pass, \
                   read before empty_cache (worker/worker.py:205-254); no memory log line",
     },
@@ -108,6 +114,7 @@ pub const RELEASES: &[Release] = &[
         chunked_prefill_tokens: 512,
         log: LogStyle::MemoryProfilingResults { gib_typo: true },
         torch: "2.4.0",
+        nccl: NcclRules::Nccl228Measured,
         changes: "#9516 total-minus-torch: Â + max(0, U(t3) − A(t3)); Llama's gate_up alive \
                   through down_proj",
     },
@@ -122,6 +129,7 @@ pub const RELEASES: &[Release] = &[
         chunked_prefill_tokens: 512,
         log: LogStyle::MemoryProfilingResults { gib_typo: false },
         torch: "2.5.1",
+        nccl: NcclRules::Nccl221CumemOff,
         changes: "#9516's formula; #10339: Llama's MLP drops gate_up before down_proj \
                   (models/llama.py:92-96)",
     },
@@ -136,6 +144,7 @@ pub const RELEASES: &[Release] = &[
         chunked_prefill_tokens: 2048,
         log: LogStyle::InstanceCanUse,
         torch: "2.5.1",
+        nccl: NcclRules::Nccl221CumemOff,
         changes: "#10511 per-instance formula (worker/worker.py:177-248, utils.py:1661-1738); \
                   #10121: every all-reduce out of place through pynccl; chunked prefill's \
                   batch 2048",
@@ -151,6 +160,7 @@ pub const RELEASES: &[Release] = &[
         chunked_prefill_tokens: 2048,
         log: LogStyle::InstanceCanUse,
         torch: "2.5.1",
+        nccl: NcclRules::Nccl221CumemOff,
         changes: "#12126 reserved-based formula, V0 without the ceil (0.7.0 worker/worker.py:\
                   204-273, utils.py:1983-2056)",
     },
@@ -165,6 +175,7 @@ pub const RELEASES: &[Release] = &[
         chunked_prefill_tokens: 2048,
         log: LogStyle::InstanceCanUse,
         torch: "2.6.0 / 2.7.1",
+        nccl: NcclRules::Nccl221CumemOff,
         changes: "0.8 to 0.10, the V0 engine under VLLM_USE_V1=0 (bitsandbytes forced it onto V0): 0.7's \
                   profile run and formula (0.8.5 worker/worker.py:225-291)",
     },

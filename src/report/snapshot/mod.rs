@@ -317,6 +317,7 @@ impl DeviceTimeline {
             weights_tensor_bytes: 0,
             ranks: Vec::new(),
             engine: Vec::new(),
+            nccl_source: None,
         }
     }
 }
