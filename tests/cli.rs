@@ -1053,6 +1053,36 @@ fn bad_total_and_kv_cache_dtype_are_one_line_errors_naming_the_flag() {
         &["profile", "--kv-cache-dtype", "fp4"],
         &["--kv-cache-dtype", "fp4"],
     );
+    expect_clean_error(
+        &["profile", "--topology", "infiniband"],
+        &["--topology", "infiniband", "pcie-no-p2p"],
+    );
+    expect_clean_error(
+        &["profile", "--device", "cuda:0", "--topology", "pcie"],
+        &["--topology", "cuda:0"],
+    );
+}
+
+#[test]
+fn a_tensor_parallel_session_says_where_its_nccl_entries_come_from() {
+    let v = profile_json(&[
+        "--model",
+        "preset:tiny",
+        "--device",
+        "sim:l40s:dry",
+        "--tp",
+        "2",
+        "--topology",
+        "pcie-no-p2p",
+    ]);
+    let src = v["nccl_source"].as_str().unwrap();
+    assert!(
+        src.contains("--topology pcie-no-p2p") && src.contains("host memory"),
+        "{src}"
+    );
+    // One GPU: no NCCL, no key.
+    let one = profile_json(&["--model", "preset:tiny", "--device", "sim:l40s:dry"]);
+    assert!(one.get("nccl_source").is_none());
 }
 
 #[test]
