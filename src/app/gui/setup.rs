@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::base::error::{Error, Result};
 use crate::base::units::{fmt_u, parse_bytes};
+use crate::device::nccl_model::Topology;
 use crate::device::{DeviceListing, DeviceSpec};
 use crate::model::presets::PRESET_NAMES;
 use crate::model::ModelSource;
@@ -44,6 +45,10 @@ pub struct SetupForm {
     pub custom_total: String,
     /// vLLM's --kv-cache-dtype.
     pub kv_cache_dtype: KvCacheDtype,
+    /// Simulated tensor parallel: how the GPUs reach each other (`--topology`); `None`: the
+    /// preset's.
+    #[serde(default)]
+    pub topology: Option<Topology>,
     /// vLLM's max_num_batched_tokens; 0: vLLM's default.
     pub tokens: usize,
     /// vLLM's max_num_seqs.
@@ -111,6 +116,7 @@ impl Default for SetupForm {
             dry: true,
             custom_total: String::new(),
             kv_cache_dtype: r.kv_cache_dtype,
+            topology: None,
             tokens: r.tokens,
             seqs: r.seqs,
             passes: r.passes,
@@ -156,6 +162,9 @@ impl SetupForm {
         let custom_total = self.custom_total.trim();
         if device.is_sim() && !custom_total.is_empty() {
             device = device.with_total(Some(size("total", custom_total)?))?;
+        }
+        if device.is_sim() {
+            device = device.with_topology(self.topology)?;
         }
         let r = ProfileRequest {
             model,
@@ -395,6 +404,29 @@ impl SetupForm {
                 .response
                 .labelled_by(l.id);
             ui.end_row();
+            if self.tp > 1 && self.device.starts_with("sim:") {
+                let l = ui.label("GPU links").on_hover_text(
+                    "How the simulated GPUs reach each other (--topology): NCCL's memory and \
+                     whether vLLM's custom all-reduce runs follow it. The preset's: NVLink for \
+                     SXM boards, PCIe for data-center PCIe cards, PCIe without peer-to-peer for \
+                     GeForce cards.",
+                );
+                let label = |t: Option<Topology>| match t {
+                    None => "the preset's".to_string(),
+                    Some(t) => t.describe().to_string(),
+                };
+                egui::ComboBox::from_id_salt("topology")
+                    .selected_text(label(self.topology))
+                    .show_ui(ui, |ui| {
+                        ui.selectable_value(&mut self.topology, None, label(None));
+                        for t in Topology::ALL {
+                            ui.selectable_value(&mut self.topology, Some(t), label(Some(t)));
+                        }
+                    })
+                    .response
+                    .labelled_by(l.id);
+                ui.end_row();
+            }
             let l = ui.label("vLLM release").on_hover_text(
                 "The vLLM release whose profile run, defaults, formula and log lines to \
                  reproduce (vramscope's table of releases, read from each release's source).",
@@ -578,6 +610,35 @@ mod tests {
         };
         let e = bad.request().unwrap_err().to_string();
         assert!(e.contains("--total"), "{e}");
+    }
+
+    #[test]
+    fn a_chosen_topology_goes_to_the_simulated_devices() {
+        let f = SetupForm {
+            tp: 2,
+            topology: Some(Topology::PcieNoP2p),
+            ..SetupForm::default()
+        };
+        let r = f.request().unwrap();
+        assert!(
+            matches!(
+                r.device,
+                DeviceSpec::Sim {
+                    topology: Some(Topology::PcieNoP2p),
+                    ..
+                }
+            ),
+            "{:?}",
+            r.device
+        );
+        let preset = SetupForm {
+            tp: 2,
+            ..SetupForm::default()
+        };
+        assert!(matches!(
+            preset.request().unwrap().device,
+            DeviceSpec::Sim { topology: None, .. }
+        ));
     }
 
     #[test]
