@@ -181,7 +181,8 @@ pub struct ProfileArgs {
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub tp: u32,
     /// The vLLM release to reproduce: its profile run, defaults, formula and log lines
-    /// (0.6.3, 380e1863, 0.6.4, 0.6.5, 0.7, 0.8; aliases such as 0.6.4.post1 or 0.10.0).
+    /// (0.6.3, 380e1863, 0.6.4, 0.6.5, 0.7, 0.8; V1: 0.15, 0.19 on simulated devices; aliases
+    /// such as 0.6.4.post1, 0.10.0 or 0.19.0).
     #[arg(long, default_value = crate::profile::vllm::DEFAULT, value_name = "RELEASE")]
     pub vllm: String,
     /// vLLM's --enable-chunked-prefill (default: vLLM's rule, on above a 32k context; the
@@ -255,6 +256,11 @@ pub struct ReportArgs {
 
 impl ProfileArgs {
     pub fn request(&self) -> Result<ProfileRequest> {
+        if self.work.seqs == Some(0) {
+            return Err(crate::Error::Request(
+                "--max-num-seqs 0: it must be at least 1 (vLLM's max_num_seqs)".into(),
+            ));
+        }
         let r = ProfileRequest {
             model: ModelSource::parse(&self.work.model)?,
             quant: Quant::parse(&self.work.quant)?,
@@ -267,11 +273,9 @@ impl ProfileArgs {
                         .transpose()?,
                 )?,
             tokens: self.work.tokens.unwrap_or(0),
-            // vLLM's 256, or fewer when the batch given is smaller (vLLM would refuse it).
-            seqs: self.work.seqs.unwrap_or(match self.work.tokens {
-                Some(t) if t > 0 => t.min(crate::profile::request::VLLM_MAX_NUM_SEQS),
-                _ => crate::profile::request::VLLM_MAX_NUM_SEQS,
-            }),
+            // 0: the release's default for this GPU (V0: 256; fewer when the batch given is
+            // smaller, as vLLM takes), filled in with the batch.
+            seqs: self.work.seqs.unwrap_or(0),
             passes: self.passes,
             util: self.util,
             block_size: self.block_size,

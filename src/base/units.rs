@@ -46,6 +46,19 @@ pub fn fmt_bytes(bytes: i128) -> String {
     }
 }
 
+/// A count with a comma every three digits, as Python's `{:,}` writes it (`476,016`).
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
 pub fn fmt_u(bytes: u64) -> String {
     fmt_bytes(bytes as i128)
 }
@@ -57,6 +70,14 @@ pub fn fmt_i(bytes: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thousands_are_grouped_as_python_does() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(476_016), "476,016");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
 
     #[test]
     fn sizes_parse_in_binary_and_decimal_units() {

@@ -452,6 +452,14 @@ impl Device {
         }
     }
 
+    /// Streaming multiprocessors of a simulated GPU (its preset's); `None` on a CUDA GPU.
+    pub fn sm_count(&self) -> Option<u64> {
+        match self {
+            Device::Sim(s) => Some(s.preset.sm_count).filter(|&n| n > 0),
+            Device::Cuda(_) => None,
+        }
+    }
+
     /// Where a tensor-parallel rank's NCCL entries come from on this device.
     pub fn nccl_source(&self, rules: nccl_model::NcclRules) -> String {
         match self {

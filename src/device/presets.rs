@@ -48,6 +48,9 @@ pub struct SimPreset {
     /// is part of what NCCL's first kernels cost (`nccl_model`).
     #[serde(default)]
     pub resident_threads: u64,
+    /// Streaming multiprocessors (what `num_compute_units` reads in vLLM).
+    #[serde(default)]
+    pub sm_count: u64,
     /// The framebuffer `nvidia-smi` prints.
     pub smi_bytes: u64,
     /// The total `cudaMemGetInfo` reports (vLLM's `total_gpu_memory`).
@@ -124,6 +127,7 @@ const fn card(
         topology: Topology::Pcie,
         arch,
         resident_threads: 0,
+        sm_count: 0,
         smi_bytes: smi_mib * MIB,
         mem_get_info_bytes: estimated(smi_mib),
         total_measured: false,
@@ -149,6 +153,7 @@ const fn nvlink(mut p: SimPreset) -> SimPreset {
 /// `p` with `sms` streaming multiprocessors of `per_sm` resident threads each.
 const fn sms(mut p: SimPreset, sms: u64, per_sm: u64) -> SimPreset {
     p.resident_threads = sms * per_sm;
+    p.sm_count = sms;
     p
 }
 
@@ -318,6 +323,7 @@ pub const SIM_PRESETS: &[SimPreset] = &[
         topology: Topology::PcieNoP2p,
         arch: "mock",
         resident_threads: 0,
+        sm_count: 0,
         smi_bytes: 10 << 30,
         mem_get_info_bytes: 10 << 30,
         total_measured: true,

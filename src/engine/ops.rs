@@ -136,6 +136,15 @@ pub fn attention(
     Ok(out)
 }
 
+/// vLLM V1's attention in the profile run: with no attention metadata the layer's output
+/// (`torch.empty` of the query's shape, allocated by `Attention.forward`) is filled with zeros
+/// and no kernel runs (0.19.0 v1/attention/backends/flash_attn.py:666-668).
+pub fn attention_skipped(rt: &Runtime, q: &Tensor, name: &str) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("attention (skipped: profile run)");
+    rt.tensor(name, Category::Activation, &q.shape, q.dtype)
+}
+
 /// `out[offset..offset + src.numel()] = src` with a dtype cast, as PyTorch's `copy_` into a
 /// slice does: no allocation.
 pub fn copy_into(rt: &Runtime, out: &mut Tensor, offset: usize, src: &Tensor) -> Result<()> {

@@ -61,6 +61,8 @@ pub struct LlamaModel {
     /// (vLLM #10339, from 0.6.4 on; Qwen2's MLP never did). Off: 380e1863's MLP, which keeps
     /// it until the MLP returns.
     pub mlp_frees_gate_up: bool,
+    /// vLLM V1's profile run: attention layers return zeros without running (no metadata).
+    pub skip_attention: std::cell::Cell<bool>,
     generation: Cell<u32>,
 }
 
@@ -187,6 +189,7 @@ impl LlamaModel {
                 ..ld.stats
             },
             mlp_frees_gate_up: false,
+            skip_attention: std::cell::Cell::new(false),
             generation: Cell::new(0),
         })
     }
@@ -311,15 +314,19 @@ impl LlamaModel {
                 local.attn_shape(),
                 local.rope_theta,
             )?;
-            let a = ops::attention(
-                rt,
-                &q,
-                &k,
-                &v,
-                &batch.seq_lens,
-                local.attn_shape(),
-                &format!("{l}.attn"),
-            )?;
+            let a = if self.skip_attention.get() {
+                ops::attention_skipped(rt, &q, &format!("{l}.attn"))?
+            } else {
+                ops::attention(
+                    rt,
+                    &q,
+                    &k,
+                    &v,
+                    &batch.seq_lens,
+                    local.attn_shape(),
+                    &format!("{l}.attn"),
+                )?
+            };
             let o = layer
                 .attn
                 .o

@@ -1027,6 +1027,14 @@ impl CausalLm {
         }
     }
 
+    /// Runs attention as vLLM V1's profile run does (skipped: zeros of the output's shape), or
+    /// for real. OPT's attention always runs (V1's OPT is not modelled).
+    pub fn set_skip_attention(&self, yes: bool) {
+        if let CausalLm::Llama(m) = self {
+            m.skip_attention.set(yes);
+        }
+    }
+
     /// Loads the architecture `cfg.arch` names, every weight through the framework allocator.
     pub fn load(
         rt: &crate::engine::runtime::Runtime,

@@ -226,6 +226,9 @@ pub struct Sampler {
     calls: std::cell::Cell<u64>,
     /// How many rows of probs and logits to bring back for checks.
     pub head_rows: std::cell::Cell<usize>,
+    /// V1's Triton top-k/top-p buffer and tables, cached on the device after the first call
+    /// (`_TRITON_BUFFER_CACHE`, `_TRITON_TABLE_CACHE`).
+    v1_cache: RefCell<Vec<Tensor>>,
 }
 
 impl Sampler {
@@ -235,6 +238,7 @@ impl Sampler {
             seed,
             calls: std::cell::Cell::new(0),
             head_rows: std::cell::Cell::new(0),
+            v1_cache: RefCell::new(Vec::new()),
         }
     }
 
@@ -612,4 +616,343 @@ fn head(rt: &Runtime, x: &Tensor, rows: usize) -> Result<Vec<f32>> {
             v
         })
         .unwrap_or_default())
+}
+
+/// How V1's sampler applies top-k and top-p (vLLM v1/sample/ops/topk_topp_sampler.py).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum V1TopKTopP {
+    /// PyTorch's sort, scattered back into the logits in place (0.15.1 :243-300).
+    Sort,
+    /// 0.19.0's Triton kernel from 8 rows on (:245-255; topk_topp_triton.py:965-1040): in
+    /// place, with a cached `[min(pow2(min(SMs, R)), SMs), V]` buffer in the logits' dtype
+    /// and two cached 200-entry tables, which stay allocated. Below 8 rows, the sort.
+    Triton { sms: u64 },
+}
+
+/// V1's dummy sampling metadata (0.19.0 v1/worker/gpu_model_runner.py:5574-5594).
+const V1_TEMPERATURE: f32 = 0.5;
+const V1_TOP_P: f32 = 0.9;
+/// `_SAMPLING_EPS` (v1/sample/sampler.py).
+const V1_SAMPLING_EPS: f32 = 1e-5;
+/// `_NORMAL_CDF_TO_SIGMA_TABLE` and `_PERCENTILE_TO_STD_TABLE` (topk_topp_triton.py).
+const V1_TRITON_TABLE_LEN: usize = 200;
+
+/// Top-k then top-p on f32 rows, as `apply_top_k_top_p_pytorch` computes them, on the host
+/// (the values the Triton kernel produces in place; its working memory is its own buffer).
+fn top_k_top_p_host(logits: &mut [f32], vocab: usize, k: usize, p: f32) {
+    let rows = logits.len() / vocab;
+    let mut sorted = vec![0f32; logits.len()];
+    let mut idx = vec![0i32; logits.len()];
+    cpu::sort_rows(logits, vocab, &mut sorted, &mut idx);
+    let kth: Vec<f32> = sorted
+        .chunks_exact(vocab)
+        .map(|row| row[vocab - k])
+        .collect();
+    let mut mask = vec![0u8; logits.len()];
+    cpu::compare_rows(&sorted, vocab, &kth, false, &mut mask);
+    cpu::masked_fill(&mut sorted, &mask, f32::NEG_INFINITY);
+    let mut probs = vec![0f32; logits.len()];
+    cpu::softmax_rows(&sorted, vocab, &mut probs, false);
+    let mut sum = vec![0f32; logits.len()];
+    cpu::cumsum_rows(&probs, vocab, &mut sum);
+    cpu::compare_rows(&sum, vocab, &vec![1.0 - p; rows], true, &mut mask);
+    for row in mask.chunks_exact_mut(vocab) {
+        row[vocab - 1] = 0;
+    }
+    cpu::masked_fill(&mut sorted, &mask, f32::NEG_INFINITY);
+    cpu::scatter_rows(&sorted, &idx, vocab, logits);
+}
+
+impl Sampler {
+    /// vLLM V1's `Sampler.forward` on `_dummy_sampler_run`'s `[R, V]` logits in the model
+    /// dtype (0.15.1 and 0.19.0 v1/sample/sampler.py: `logits.to(float32)`, the greedy
+    /// argmax, the temperature divided in place, top-k/top-p, then `forward_native`'s
+    /// softmax and `random_sample`'s exponential draws, `probs.div_(q).argmax`, and the
+    /// `torch.where` of greedy and random). Simulated devices only (dry and CPU).
+    pub fn forward_v1(
+        &self,
+        rt: &Runtime,
+        logits_d: &Tensor,
+        vocab: usize,
+        top_k_top_p: V1TopKTopP,
+    ) -> Result<SamplerOutput> {
+        rt.check_cancel()?;
+        rt.set_layer(None);
+        let backend = rt.backend();
+        if backend == Backend::Cuda {
+            return Err(Error::Request(
+                "vLLM V1's sampler runs on simulated devices for now (dry or compute); on a \
+                 GPU use a V0 release (--vllm 0.8 or older)"
+                    .into(),
+            ));
+        }
+        let rows = logits_d.rows();
+        if vocab < 2 || vocab > logits_d.cols() {
+            return Err(Error::Request(format!(
+                "sampler: vocabulary {vocab} does not fit logits of {} columns",
+                logits_d.cols()
+            )));
+        }
+        let call = self.calls.get();
+        self.calls.set(call + 1);
+        let shape = [rows, vocab];
+        let cpu_on = backend == Backend::Cpu;
+
+        // The dummy metadata: `torch.full((num_reqs,), v)`, f32, top_k int64.
+        rt.set_op("sampler_v1.metadata");
+        let full = |name: &str, v: f32| -> Result<Tensor> {
+            let mut t = rt.tensor(name, Category::Sampler, &[rows], DType::F32)?;
+            upload_f32(rt, &mut t, &vec![v; rows])?;
+            Ok(t)
+        };
+        let temperature = full("sampling.temperature", V1_TEMPERATURE)?;
+        let top_p = full("sampling.top_p", V1_TOP_P)?;
+        let top_k = i64_tensor(
+            rt,
+            "sampling.top_k",
+            &vec![(vocab - 1) as i64; rows],
+            DType::I64,
+        )?;
+        let penalties = [
+            full("sampling.frequency_penalties", 0.1)?,
+            full("sampling.presence_penalties", 0.1)?,
+            full("sampling.repetition_penalties", 0.1)?,
+        ];
+
+        // `logits.to(torch.float32)`.
+        rt.set_op("sampler_v1.to_float");
+        let mut logits = rt.tensor("sampler.logits_f32", Category::Sampler, &shape, DType::F32)?;
+        if cpu_on {
+            cpu::narrow_cols(logits_d.f32(), logits_d.cols(), vocab, logits.f32_mut());
+        }
+        let mut out = SamplerOutput::default();
+        if self.head_rows.get() > 0 && cpu_on {
+            out.logits_head = head(rt, &logits, self.head_rows.get())?;
+        }
+        // `greedy_sample`: argmax.
+        rt.set_op("sampler_v1.greedy");
+        let mut greedy = rt.tensor(
+            "sampler.greedy_sampled",
+            Category::Sampler,
+            &[rows],
+            DType::I64,
+        )?;
+        if cpu_on {
+            cpu::argmax_rows(logits.f32(), vocab, greedy.i32_mut());
+        }
+        // `apply_temperature`: `torch.where(temp < eps, 1.0, temp)`, then `div_` in place.
+        rt.set_op("sampler_v1.temperature");
+        let below = rt.tensor(
+            "sampler.temp_below_eps",
+            Category::Sampler,
+            &[rows],
+            DType::U8,
+        )?;
+        let mut temp = rt.tensor("sampler.temp_where", Category::Sampler, &[rows], DType::F32)?;
+        drop(below);
+        if cpu_on {
+            temp.f32_mut().fill(V1_TEMPERATURE);
+            cpu::div_rows(logits.f32_mut(), vocab, temp.f32());
+        }
+        drop(temp);
+
+        match top_k_top_p {
+            V1TopKTopP::Triton { sms } if rows >= 8 => {
+                rt.set_op("sampler_v1.top_k_top_p_triton");
+                let k32 = rt.tensor(
+                    "sampler.top_k_int32",
+                    Category::Sampler,
+                    &[rows],
+                    DType::I32,
+                )?;
+                let mut cache = self.v1_cache.borrow_mut();
+                if cache.is_empty() {
+                    let programs = (sms.max(1) as usize).min(rows);
+                    let buf_rows = programs.next_power_of_two().min(sms.max(1) as usize);
+                    cache.push(rt.tensor(
+                        "sampler.triton_buffer (cached)",
+                        Category::Sampler,
+                        &[buf_rows, vocab],
+                        DType::F32,
+                    )?);
+                    for name in [
+                        "sampler.normal_cdf_to_sigma (cached)",
+                        "sampler.percentile_to_std (cached)",
+                    ] {
+                        cache.push(rt.tensor(
+                            name,
+                            Category::Sampler,
+                            &[V1_TRITON_TABLE_LEN],
+                            DType::F32,
+                        )?);
+                    }
+                }
+                if cpu_on {
+                    top_k_top_p_host(logits.f32_mut(), vocab, vocab - 1, V1_TOP_P);
+                }
+                drop(k32);
+            }
+            _ => {
+                rt.set_op("sampler_v1.sort");
+                let mut sorted =
+                    rt.tensor("sampler.logits_sort", Category::Sampler, &shape, DType::F32)?;
+                let mut idx =
+                    rt.tensor("sampler.logits_idx", Category::Sampler, &shape, DType::I64)?;
+                sort_rows(rt, &logits, &mut sorted, &mut idx)?;
+                rt.set_op("sampler_v1.top_k");
+                let kth_idx = i64_tensor(rt, "sampler.top_k.index", &vec![1; rows], DType::I64)?;
+                let mut kth = rt.tensor(
+                    "sampler.top_k.value",
+                    Category::Sampler,
+                    &[rows, 1],
+                    DType::F32,
+                )?;
+                if cpu_on {
+                    cpu::gather_cols(sorted.f32(), vocab, kth_idx.i32(), kth.f32_mut());
+                }
+                drop(kth_idx);
+                let mut top_k_mask =
+                    rt.tensor("sampler.top_k_mask", Category::Sampler, &shape, DType::U8)?;
+                compare(rt, &sorted, &kth, false, &mut top_k_mask)?;
+                drop(kth);
+                masked_fill(rt, &mut sorted, &top_k_mask)?;
+                rt.set_op("sampler_v1.top_p");
+                let mut probs_sort =
+                    rt.tensor("sampler.probs_sort", Category::Sampler, &shape, DType::F32)?;
+                if cpu_on {
+                    cpu::softmax_rows(sorted.f32(), vocab, probs_sort.f32_mut(), false);
+                    let copy = probs_sort.f32().to_vec();
+                    cpu::cumsum_rows(&copy, vocab, probs_sort.f32_mut());
+                }
+                let mut thr = rt.tensor(
+                    "sampler.top_p.one_minus_p",
+                    Category::Sampler,
+                    &[rows, 1],
+                    DType::F32,
+                )?;
+                upload_f32(rt, &mut thr, &vec![1.0 - V1_TOP_P; rows])?;
+                let mut top_p_mask =
+                    rt.tensor("sampler.top_p_mask", Category::Sampler, &shape, DType::U8)?;
+                compare(rt, &probs_sort, &thr, true, &mut top_p_mask)?;
+                drop(thr);
+                if cpu_on {
+                    for row in top_p_mask.u8_mut().chunks_exact_mut(vocab) {
+                        row[vocab - 1] = 0;
+                    }
+                }
+                masked_fill(rt, &mut sorted, &top_p_mask)?;
+                rt.set_op("sampler_v1.scatter");
+                if cpu_on {
+                    cpu::scatter_rows(sorted.f32(), idx.i32(), vocab, logits.f32_mut());
+                }
+                drop(sorted);
+                drop(idx);
+                drop(top_k_mask);
+                drop(probs_sort);
+                drop(top_p_mask);
+            }
+        }
+
+        // `forward_native`: probs in f32; `random_sample`: q, `probs.div_(q).argmax`.
+        rt.set_op("sampler_v1.softmax");
+        let mut probs = rt.tensor("sampler.probs", Category::Sampler, &shape, DType::F32)?;
+        if cpu_on {
+            cpu::softmax_rows(logits.f32(), vocab, probs.f32_mut(), false);
+        }
+        if self.head_rows.get() > 0 && cpu_on {
+            out.probs_head = head(rt, &probs, self.head_rows.get())?;
+        }
+        rt.set_op("sampler_v1.sample");
+        let mut q = rt.tensor("sampler.exponential", Category::Sampler, &shape, DType::F32)?;
+        let mut random = rt.tensor(
+            "sampler.random_sampled",
+            Category::Sampler,
+            &[rows],
+            DType::I64,
+        )?;
+        let seed = self.seed ^ call.wrapping_mul(0xD1B5_4A32_D192_ED03);
+        if cpu_on {
+            cpu::exponential(q.f32_mut(), seed);
+            cpu::div_assign(probs.f32_mut(), q.f32());
+            cpu::argmax_rows(probs.f32(), vocab, random.i32_mut());
+        }
+        drop(q);
+        drop(probs);
+        // `torch.where(temperature < eps, greedy, random)`: every row is random here.
+        rt.set_op("sampler_v1.where");
+        let below = rt.tensor(
+            "sampler.temp_below_eps",
+            Category::Sampler,
+            &[rows],
+            DType::U8,
+        )?;
+        let mut sampled = rt.tensor("sampler.sampled", Category::Sampler, &[rows], DType::I64)?;
+        drop(below);
+        if cpu_on {
+            let pick_greedy = V1_TEMPERATURE < V1_SAMPLING_EPS;
+            let src = if pick_greedy {
+                greedy.i32()
+            } else {
+                random.i32()
+            };
+            sampled.i32_mut().copy_from_slice(src);
+            out.ids = sampled.i32().iter().map(|&v| v as u32).collect();
+        }
+        drop(sampled);
+        drop(random);
+        drop(greedy);
+        drop(logits);
+        drop(penalties);
+        drop(top_k);
+        drop(top_p);
+        drop(temperature);
+        Ok(out)
+    }
+}
+
+/// V1's logits for the profile's sampler run (0.19.0 v1/worker/gpu_model_runner.py: the
+/// `_dummy_run` returns `hidden_states[logit_indices]`, the last token of each request, kept
+/// by `profile_run` as `last_hidden_states`; `_dummy_sampler_run` replaces it with
+/// `torch.rand_like` (:5569) and runs `compute_logits` on that (:5571)). Returns the kept
+/// last hidden states, the random ones and the `[R, Vp]` logits. In compute mode the random
+/// tensor holds the real hidden states, so the logits and sampled tokens mean something; its
+/// shape, dtype and lifetime are V1's.
+pub fn compute_logits_v1(
+    rt: &Runtime,
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    rows: &[u32],
+) -> Result<(Tensor, Tensor, Tensor)> {
+    rt.check_cancel()?;
+    rt.set_layer(None);
+    rt.set_op("logits_v1.last_hidden_states");
+    let cols = hidden.cols();
+    let mut last = rt.tensor(
+        "last_hidden_states",
+        Category::Sampler,
+        &[rows.len(), cols],
+        hidden.dtype,
+    )?;
+    rt.set_op("logits_v1.rand_like");
+    let mut random = rt.tensor(
+        "sampler_run.rand_like",
+        Category::Sampler,
+        &[rows.len(), cols],
+        hidden.dtype,
+    )?;
+    if rt.backend() == Backend::Cpu {
+        crate::device::cpu::embedding(rows, hidden.f32(), cols, last.f32_mut());
+        random.f32_mut().copy_from_slice(last.f32());
+    }
+    rt.set_op("logits_v1.lm_head");
+    let logits = crate::quant::dense_matmul_as(
+        rt,
+        &random,
+        lm_head,
+        "lm_head",
+        hidden.dtype,
+        "logits",
+        Category::Sampler,
+    )?;
+    Ok((last, random, logits))
 }

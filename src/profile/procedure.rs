@@ -32,6 +32,8 @@ enum Workload {
         model: Box<CausalLm>,
         batch: Batch,
         sampler: Option<Sampler>,
+        /// vLLM V1's sampler run and its top-k/top-p (a V1 release), else V0's.
+        v1: Option<sampler::V1TopKTopP>,
     },
     /// vLLM's `test_memory_profiling`: weights of a given size, a spike of activations.
     Synthetic { _weights: Tensor, spike_bytes: u64 },
@@ -59,6 +61,7 @@ impl Workload {
                 model,
                 batch,
                 sampler,
+                v1,
             } => {
                 let vocab = model.config().vocab_size;
                 let input = sampler::prepare_model_input(rt, batch)?;
@@ -67,6 +70,26 @@ impl Workload {
                     vocab,
                     ..Default::default()
                 };
+                if let (Some(s), Some(path)) = (sampler, v1) {
+                    // V1's profile_run: `last_hidden_states` and the sampler run on its
+                    // `rand_like`; the forward's hidden states stay alive meanwhile.
+                    let (last, random, logits) = sampler::compute_logits_v1(
+                        rt,
+                        &hidden,
+                        model.lm_head(),
+                        &input.selected_rows,
+                    )?;
+                    s.head_rows.set(if want_logits { LOGITS_ROWS } else { 0 });
+                    let o = s.forward_v1(rt, &logits, vocab, *path)?;
+                    out.logits_head = o.logits_head;
+                    out.sampled = o.ids;
+                    drop(logits);
+                    drop(random);
+                    drop(hidden);
+                    drop(last);
+                    drop(input);
+                    return Ok(out);
+                }
                 match sampler {
                     Some(s) => {
                         // With tensor parallel only rank 0 gets the logits and samples; the
@@ -419,6 +442,7 @@ pub(crate) fn run_rank(
     let device_info = device.info();
     let layout = device.int8_tile_layout();
     let context_bytes = device.simulated_context_bytes();
+    let sms = device.sm_count();
     let release = req.release()?;
     let nccl_source = rank.as_ref().map(|_| device.nccl_source(release.nccl));
     let tp_rank = rank.map(|r| crate::device::group::TpRank {
@@ -507,6 +531,16 @@ pub(crate) fn run_rank(
                     model: Box::new(model),
                     batch,
                     sampler: req.sampler.then(|| Sampler::new(req.seed)),
+                    v1: match release.engine {
+                        super::vllm::Engine::V0 => None,
+                        super::vllm::Engine::V1 { top_k_top_p } => Some(match top_k_top_p {
+                            super::vllm::TopKTopP::Sort => sampler::V1TopKTopP::Sort,
+                            super::vllm::TopKTopP::Triton => sampler::V1TopKTopP::Triton {
+                                // A preset without an SM count (the test mock): an H100's.
+                                sms: sms.unwrap_or(132),
+                            },
+                        }),
+                    },
                 },
                 info,
                 opened.config,
@@ -534,6 +568,12 @@ pub(crate) fn run_rank(
     let mut outside = None;
     let mut logits_top = Vec::new();
     let mut sampled = Vec::new();
+    // V1's profile run has no attention metadata: its attention layers return zeros. The
+    // serving passes after it (verify) attend for real.
+    let v1 = matches!(release.engine, super::vllm::Engine::V1 { .. });
+    if let (true, Workload::Model { model, .. }) = (v1, &work) {
+        model.set_skip_attention(true);
+    }
     for p in 1..=req.passes {
         rt.progress(Progress::Pass {
             pass: p,
@@ -557,6 +597,9 @@ pub(crate) fn run_rank(
             rt.set_op("nccl-free");
             rt.free_outside("nccl-like (--outside-during)", o);
         }
+    }
+    if let Workload::Model { model, .. } = &work {
+        model.set_skip_attention(false);
     }
     rt.set_pass(0);
     rt.synchronize()?;

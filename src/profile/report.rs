@@ -394,6 +394,39 @@ impl Report {
                     gib(a.kv_bytes as f64)
                 ));
             }
+            LogStyle::V1 => {
+                let secs = c.t2.time_us.saturating_sub(c.t1.time_us) as f64 / 1e6;
+                let requested = super::formulas::budget(c.t0.total, self.settings.util, true);
+                out.push(format!(
+                    "DEBUG gpu_worker.py] Initial free memory: {:.2} GiB; Requested memory: {:.2} (util), {:.2} GiB",
+                    gib(c.t0.free as f64),
+                    self.settings.util,
+                    gib(requested as f64)
+                ));
+                out.push(format!(
+                    "DEBUG gpu_worker.py] Memory profiling takes {secs:.2} seconds. Total non KV cache memory: {:.2}GiB; torch peak memory increase: {:.2}GiB; non-torch forward increase memory: {:.2}GiB; weights memory: {:.2}GiB.",
+                    gib(f.non_kv_bytes as f64),
+                    gib(f.torch_peak_bytes as f64),
+                    gib(f.non_torch_bytes as f64),
+                    gib(f.weights_term_bytes as f64)
+                ));
+                out.push(format!(
+                    "INFO gpu_worker.py] Available KV cache memory: {:.2} GiB",
+                    gib(a.kv_bytes as f64)
+                ));
+                let tokens = a.kv_blocks * self.kv_geometry.block_size;
+                out.push(format!(
+                    "INFO kv_cache_utils.py] GPU KV cache size: {} tokens",
+                    crate::base::units::thousands(tokens)
+                ));
+                let len = self.settings.max_model_len.max(1);
+                let per_request = len.div_ceil(self.kv_geometry.block_size);
+                out.push(format!(
+                    "INFO kv_cache_utils.py] Maximum concurrency for {} tokens per request: {:.2}x",
+                    crate::base::units::thousands(len),
+                    a.kv_blocks as f64 / per_request as f64
+                ));
+            }
         }
         out
     }

@@ -202,13 +202,34 @@ impl ProfileRequest {
     }
 
     /// The request with vLLM's defaults filled in for a model whose
-    /// `max_position_embeddings` is `max_positions`: max_model_len from the model; the batch
-    /// max(max_model_len, 2048), or with chunked prefill the release's chunk (512 up to
-    /// 0.6.4, 2048 after; config.py `SchedulerConfig.__init__`).
+    /// `max_position_embeddings` is `max_positions`: max_model_len from the model; V0: the
+    /// batch max(max_model_len, 2048), or with chunked prefill the release's chunk (512 up to
+    /// 0.6.4, 2048 after; config.py `SchedulerConfig.__init__`), and 256 sequences; V1:
+    /// chunked prefill always, the batch and sequences of `vllm serve` for this GPU
+    /// (`vllm::v1_default_batch`). 0 sequences means vLLM's default; fewer when the batch is
+    /// smaller (vLLM takes min(max_num_seqs, max_num_batched_tokens)).
     pub fn resolved(&self, max_positions: usize) -> ProfileRequest {
         let mut r = self.clone();
         if r.max_model_len == 0 {
             r.max_model_len = max_positions.max(1) as u64;
+        }
+        let v1 = matches!(
+            self.release().map(|rel| rel.engine),
+            Ok(super::vllm::Engine::V1 { .. })
+        );
+        if v1 {
+            r.chunked_prefill = Some(true);
+            let (tokens, seqs) = match self.device_total_and_name() {
+                Some((total, name)) => super::vllm::v1_default_batch(total, &name),
+                None => (2048, 256),
+            };
+            if r.tokens == 0 {
+                r.tokens = tokens;
+            }
+            if r.seqs == 0 {
+                r.seqs = seqs.min(r.tokens);
+            }
+            return r;
         }
         let chunked = r.chunked();
         if chunked {
@@ -220,7 +241,29 @@ impl ProfileRequest {
                 _ => (r.max_model_len as usize).max(VLLM_MIN_BATCHED_TOKENS),
             };
         }
+        if r.seqs == 0 {
+            r.seqs = VLLM_MAX_NUM_SEQS.min(r.tokens);
+        }
         r
+    }
+
+    /// The total the request's device reports and its name: a simulated preset's (or
+    /// `--total`), a GPU's as the driver lists it; `None` when the GPU cannot be opened.
+    pub fn device_total_and_name(&self) -> Option<(u64, String)> {
+        match &self.device {
+            DeviceSpec::Sim { preset, total, .. } => {
+                let p = crate::device::presets::find(preset)?;
+                Some((total.unwrap_or(p.total_bytes), p.name.to_string()))
+            }
+            DeviceSpec::Cuda { .. } => {
+                let spec = self.device.to_string();
+                crate::device::list_devices()
+                    .0
+                    .into_iter()
+                    .find(|d| d.spec == spec)
+                    .map(|d| (d.total_bytes, d.name))
+            }
+        }
     }
 
     /// Rejects settings that cannot work, naming the setting (0 tokens or max_model_len mean
@@ -241,13 +284,30 @@ impl ProfileRequest {
         ] {
             count(what, bytes, 0, crate::base::limits::MAX_BYTES)?;
         }
-        if self.seqs == 0 || (self.tokens > 0 && self.seqs > self.tokens) {
+        // 0 sequences: vLLM's default, filled in by `resolved`.
+        if self.tokens > 0 && self.seqs > self.tokens {
             return bad(format!(
                 "--max-num-seqs {} must be between 1 and --max-num-batched-tokens ({})",
                 self.seqs, self.tokens
             ));
         }
-        self.release()?;
+        let release = self.release()?;
+        if matches!(release.engine, super::vllm::Engine::V1 { .. }) {
+            if !self.device.is_sim() {
+                return bad(format!(
+                    "--vllm {}: vLLM V1's profile run is modelled on simulated devices for now \
+                     (sim:PRESET, dry or compute); on a GPU use a V0 release (--vllm 0.8 or older)",
+                    self.vllm
+                ));
+            }
+            if self.tp > 1 {
+                return bad(format!(
+                    "--vllm {} --tp {}: vLLM V1's tensor parallel (logits all-gathered, every \
+                     rank sampling) is not modelled yet; run one GPU or a V0 release",
+                    self.vllm, self.tp
+                ));
+            }
+        }
         if self.true_max && self.tp > 1 {
             return bad(format!(
                 "--true-max searches one GPU's cache; with --tp {} run it without",

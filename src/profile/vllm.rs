@@ -28,6 +28,42 @@ pub enum LogStyle {
     /// weights take …; non_torch_memory takes …; PyTorch activation peak memory takes …; the
     /// rest of the memory reserved for KV Cache is ….`
     InstanceCanUse,
+    /// The V1 engine (0.15.1 and 0.19.0 v1/worker/gpu_worker.py; v1/core/kv_cache_utils.py):
+    /// INFO `Available KV cache memory: … GiB`, `GPU KV cache size: N tokens`, `Maximum
+    /// concurrency for L tokens per request: X.XXx`, and at DEBUG the profiling result
+    /// (`Memory profiling takes … seconds. Total non KV cache memory: …GiB; torch peak memory
+    /// increase: …GiB; non-torch forward increase memory: …GiB; weights memory: …GiB.`).
+    V1,
+}
+
+/// Which engine a release profiles with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Engine {
+    /// `Worker.determine_num_available_blocks` with V0's `ModelRunner.profile_run`.
+    V0,
+    /// `Worker.determine_available_memory` with V1's `GPUModelRunner.profile_run`: chunked
+    /// prefill always on; one `_dummy_run` of max_num_batched_tokens split into
+    /// min(tokens, max_num_seqs) requests, attention skipped (no attention metadata: the
+    /// backend returns zeros, 0.19.0 v1/attention/backends/flash_attn.py:666-668); then
+    /// `_dummy_sampler_run` on the last token of each request, through `torch.rand_like`
+    /// of those hidden states (0.19.0 v1/worker/gpu_model_runner.py:5556-5601); the baseline
+    /// is taken after NCCL starts (0.19.0 v1/worker/gpu_worker.py:263, :282).
+    V1 { top_k_top_p: TopKTopP },
+}
+
+/// How V1's sampler applies top-k and top-p (v1/sample/ops/topk_topp_sampler.py).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TopKTopP {
+    /// PyTorch's sort (0.15.1 topk_topp_sampler.py:243-300): sorted values and their
+    /// indices, the masks, the sorted probabilities, scattered back in place.
+    Sort,
+    /// A Triton kernel from 8 rows on (0.19.0 topk_topp_sampler.py:245-255,
+    /// topk_topp_triton.py:965-1040): in place, with one cached `[min(pow2(R'), SMs), V]`
+    /// buffer in the logits' dtype (R' = min(SMs, rows)) that stays allocated; PyTorch's sort
+    /// below 8 rows.
+    Triton,
 }
 
 /// How a row-parallel layer's all-reduce allocates with tensor parallel.
@@ -80,6 +116,7 @@ pub struct Release {
     pub nccl: NcclRules,
     /// What changed in this release, for `--vllm list` and docs.
     pub changes: &'static str,
+    pub engine: Engine,
 }
 
 /// The release a request names when it names none: PR #9516's own commit, the seed's
@@ -102,6 +139,7 @@ pub const RELEASES: &[Release] = &[
         nccl: NcclRules::Nccl221CumemOff,
         changes: "free memory at init_device minus free memory right after the profile pass, \
                   read before empty_cache (worker/worker.py:205-254); no memory log line",
+        engine: Engine::V0,
     },
     Release {
         name: "380e1863",
@@ -117,6 +155,7 @@ pub const RELEASES: &[Release] = &[
         nccl: NcclRules::Nccl228Measured,
         changes: "#9516 total-minus-torch: Â + max(0, U(t3) − A(t3)); Llama's gate_up alive \
                   through down_proj",
+        engine: Engine::V0,
     },
     Release {
         name: "0.6.4",
@@ -132,6 +171,7 @@ pub const RELEASES: &[Release] = &[
         nccl: NcclRules::Nccl221CumemOff,
         changes: "#9516's formula; #10339: Llama's MLP drops gate_up before down_proj \
                   (models/llama.py:92-96)",
+        engine: Engine::V0,
     },
     Release {
         name: "0.6.5",
@@ -148,6 +188,7 @@ pub const RELEASES: &[Release] = &[
         changes: "#10511 per-instance formula (worker/worker.py:177-248, utils.py:1661-1738); \
                   #10121: every all-reduce out of place through pynccl; chunked prefill's \
                   batch 2048",
+        engine: Engine::V0,
     },
     Release {
         name: "0.7",
@@ -163,6 +204,7 @@ pub const RELEASES: &[Release] = &[
         nccl: NcclRules::Nccl221CumemOff,
         changes: "#12126 reserved-based formula, V0 without the ceil (0.7.0 worker/worker.py:\
                   204-273, utils.py:1983-2056)",
+        engine: Engine::V0,
     },
     Release {
         name: "0.8",
@@ -178,6 +220,50 @@ pub const RELEASES: &[Release] = &[
         nccl: NcclRules::Nccl221CumemOff,
         changes: "0.8 to 0.10, the V0 engine under VLLM_USE_V1=0 (bitsandbytes forced it onto V0): 0.7's \
                   profile run and formula (0.8.5 worker/worker.py:225-291)",
+        engine: Engine::V0,
+    },
+    Release {
+        name: "0.15",
+        aliases: &["0.15.0", "0.15.1"],
+        formula: FormulaId::Pr12126,
+        ceil_budget: true,
+        llama_mlp_frees_gate_up: true,
+        all_reduce: AllReduce::OutOfPlace,
+        custom_ar_ipc_buffers: true,
+        chunked_prefill_tokens: 2048,
+        log: LogStyle::V1,
+        torch: "2.9",
+        nccl: NcclRules::Nccl221CumemOff,
+        changes: "V1: requested = ceil(T·u) (v1/worker/utils.py:250-255); non-KV = weights + \
+                  torch peak increase + non-torch increase since the baseline after NCCL \
+                  (v1/worker/gpu_worker.py:218-340); profile batch 8192 tokens / 1024 \
+                  requests on a GPU of 70 GiB or more that is not an A100, else 2048 / 256 \
+                  (engine/arg_utils.py, `vllm serve`); attention skipped in the profile; the \
+                  sampler's top-k/top-p by PyTorch's sort; CUDA graphs after the KV cache, \
+                  outside the budget",
+        engine: Engine::V1 {
+            top_k_top_p: TopKTopP::Sort,
+        },
+    },
+    Release {
+        name: "0.19",
+        aliases: &["0.19.0"],
+        formula: FormulaId::Pr12126,
+        ceil_budget: true,
+        llama_mlp_frees_gate_up: true,
+        all_reduce: AllReduce::OutOfPlace,
+        custom_ar_ipc_buffers: true,
+        chunked_prefill_tokens: 2048,
+        log: LogStyle::V1,
+        torch: "2.10",
+        nccl: NcclRules::Nccl221CumemOff,
+        changes: "V1 as 0.15; the sampler's top-k/top-p by a Triton kernel from 8 rows \
+                  (v1/sample/ops/topk_topp_sampler.py:245-255) with a cached buffer; the CUDA \
+                  graph memory estimate computed but not subtracted \
+                  (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0, v1/worker/gpu_worker.py:379-399)",
+        engine: Engine::V1 {
+            top_k_top_p: TopKTopP::Triton,
+        },
     },
 ];
 
@@ -204,6 +290,19 @@ pub fn names() -> Vec<&'static str> {
 /// GPU, with no sliding window, speculative decoding, LoRA or prompt adapter, in every V0
 /// release here (0.6.4 engine/arg_utils.py:996-1020; 0.8.5 :1501-1532).
 pub const CHUNKED_PREFILL_ABOVE: u64 = 32768;
+
+/// V1's profile batch when the user gives none, for `vllm serve` (usage context
+/// OPENAI_API_SERVER, 0.15.1 and 0.19.0 engine/arg_utils.py:2053-2072): 8192 tokens and 1024
+/// sequences on a GPU whose total is 70 GiB or more and that is not an A100, else 2048 and
+/// 256.
+pub fn v1_default_batch(total_bytes: u64, device_name: &str) -> (usize, usize) {
+    let big = total_bytes >= 70 << 30 && !device_name.to_ascii_lowercase().contains("a100");
+    if big {
+        (8192, 1024)
+    } else {
+        (2048, 256)
+    }
+}
 
 #[cfg(test)]
 mod tests {
