@@ -456,6 +456,24 @@ impl Report {
         &self.events[..end]
     }
 
+    /// Bytes of the sampler's tensors still allocated after the profile (V1's cached Triton
+    /// buffer), if any.
+    fn sampler_cache_after(&self) -> Option<u64> {
+        let kept: i64 = self
+            .profile_events()
+            .iter()
+            .filter(|e| {
+                e.category == crate::memory::Category::Sampler && e.tensor.ends_with("(cached)")
+            })
+            .map(|e| match e.kind {
+                crate::memory::EventKind::Alloc => e.bytes as i64,
+                crate::memory::EventKind::Free => -(e.bytes as i64),
+                _ => 0,
+            })
+            .sum();
+        (kept > 0).then_some(kept as u64)
+    }
+
     /// One sentence on why the old (#9352) and new (#9516) budgets differ, from the numbers.
     pub fn old_vs_new_explanation(&self) -> String {
         let (Some(old), Some(new)) = (
@@ -480,6 +498,14 @@ impl Report {
                 "The old formula counts the {} of int8 state (CxB) that survives the pass twice: once in the torch peak and again in the free-memory drop; the new one subtracts live tensors, but also charges the {} the instance holds outside the framework ({outside}), so its budget is {} {}.",
                 mib(state),
                 mib(ctx_like),
+                mib(diff.abs()),
+                if diff >= 0 { "larger" } else { "smaller" }
+            )
+        } else if let Some(kept) = self.sampler_cache_after() {
+            format!(
+                "The sampler leaves {} cached on the device (V1's Triton top-k/top-p buffer and tables): the old formula counts it twice, in the torch peak and in the free-memory drop; the new one also charges the {} outside the framework ({outside}), so its budget is {} {}.",
+                mib(kept as i64),
+                mib(new.non_torch_bytes),
                 mib(diff.abs()),
                 if diff >= 0 { "larger" } else { "smaller" }
             )
