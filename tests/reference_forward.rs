@@ -128,6 +128,12 @@ fn reference_logits(dir: &Path, batch: &Batch) -> Vec<f64> {
         let mut q = linear(&hn, &w.get(&format!("{p}.self_attn.q_proj.weight")), h);
         let mut k = linear(&hn, &w.get(&format!("{p}.self_attn.k_proj.weight")), h);
         let v = linear(&hn, &w.get(&format!("{p}.self_attn.v_proj.weight")), h);
+        // Qwen3 (modeling_qwen3.py `Qwen3Attention.forward`): RMSNorm over each head of q
+        // and k before the rotary embedding.
+        if cfg.qk_norm() {
+            q = rms(&q, &w.get(&format!("{p}.self_attn.q_norm.weight")), eps);
+            k = rms(&k, &w.get(&format!("{p}.self_attn.k_norm.weight")), eps);
+        }
         rope(&mut q, nh, d, &pos, cfg.rope_theta);
         rope(&mut k, nkv, d, &pos, cfg.rope_theta);
         let mut att = vec![0.0; q.len()];
@@ -214,6 +220,67 @@ fn tiny_compute_mode_logits_match_f64_reference() {
     );
     let reference = reference_logits(dir.path(), &batch);
     assert_eq!(ours.len(), 2 * 1024);
+    let scale = reference.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let max_err = ours
+        .iter()
+        .zip(&reference)
+        .fold(0.0f64, |m, (a, b)| m.max((*a as f64 - b).abs()));
+    assert!(scale > 1e-3, "logits are all near zero: {scale}");
+    assert!(
+        max_err / scale < 1e-4,
+        "max relative error {} (scale {scale})",
+        max_err / scale
+    );
+}
+
+/// Qwen3: per-head q/k RMSNorm, no qkv bias, a head_dim (64) that is not hidden / heads (32),
+/// tied embeddings, as Qwen3-0.6B has them; compute mode against the f64 forward.
+#[test]
+fn qwen3_compute_mode_logits_match_f64_reference() {
+    let v = serde_json::json!({
+        "model_type": "qwen3",
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "vocab_size": 1024,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": true,
+        "max_position_embeddings": 2048,
+    });
+    let cfg = ModelConfig::from_hf_json(&v).unwrap();
+    assert!(cfg.qk_norm() && !cfg.attention_bias);
+    let dir = tempfile::tempdir().unwrap();
+    let opts = vramscope::model::GenOptions {
+        dtype: StoredDtype::F16,
+        seed: 5,
+        shards: 1,
+        bnb_int8: false,
+    };
+    vramscope::model::gen_model_config(&cfg, "qwen3-small", dir.path(), &opts).unwrap();
+    let names = safetensors::SafeTensors::deserialize(
+        &std::fs::read(dir.path().join("model.safetensors")).unwrap(),
+    )
+    .unwrap()
+    .names()
+    .iter()
+    .any(|n| n.ends_with("self_attn.q_norm.weight"));
+    assert!(names, "the generated checkpoint holds q_norm");
+    let batch = Batch::dummy(11, 2, 1024);
+    let ours = logits(
+        &ModelSource::Path {
+            path: dir.path().to_path_buf(),
+        },
+        Quant::F16,
+        0.0,
+        &DeviceSpec::parse("sim:h100-80gb").unwrap(),
+        11,
+        2,
+    );
+    let reference = reference_logits(dir.path(), &batch);
     let scale = reference.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     let max_err = ours
         .iter()

@@ -99,6 +99,12 @@ impl ModelConfig {
         }
     }
 
+    /// Qwen3's per-head RMSNorm of q and k before the rotary embedding (vLLM
+    /// model_executor/models/qwen3.py `Qwen3Attention`: `q_norm`, `k_norm` of `head_dim`).
+    pub fn qk_norm(&self) -> bool {
+        self.arch == "qwen3"
+    }
+
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
     }
@@ -137,6 +143,10 @@ impl ModelConfig {
                 out.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
             }
             out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
+            if self.qk_norm() {
+                out.push((format!("{p}.self_attn.q_norm.weight"), vec![self.head_dim]));
+                out.push((format!("{p}.self_attn.k_norm.weight"), vec![self.head_dim]));
+            }
             out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
             out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
             out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
@@ -245,20 +255,23 @@ impl ModelConfig {
         };
         let arch = match obj.get("model_type") {
             None => return Err(
-                "model_type is missing (expected llama, mistral, qwen2 or opt); is this a config.json?"
+                "model_type is missing (expected llama, mistral, qwen2, qwen3 or opt); is this a config.json?"
                     .into(),
             ),
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(other) => {
                 return Err(format!(
-                    "model_type is {other} (a {}), expected a string: llama, mistral, qwen2 or opt",
+                    "model_type is {other} (a {}), expected a string: llama, mistral, qwen2, qwen3 or opt",
                     crate::base::fsguard::json_kind(other)
                 ))
             }
         };
-        if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2" | "opt") {
+        if !matches!(
+            arch.as_str(),
+            "llama" | "mistral" | "qwen2" | "qwen3" | "opt"
+        ) {
             return Err(format!(
-                "model_type '{arch}' is not supported (expected llama, mistral, qwen2 or opt)"
+                "model_type '{arch}' is not supported (expected llama, mistral, qwen2, qwen3 or opt)"
             ));
         }
         let get = |k: &str| -> std::result::Result<usize, String> {
@@ -430,6 +443,7 @@ impl ModelConfig {
         let arch_class = match self.arch.as_str() {
             "mistral" => "MistralForCausalLM",
             "qwen2" => "Qwen2ForCausalLM",
+            "qwen3" => "Qwen3ForCausalLM",
             _ => "LlamaForCausalLM",
         };
         serde_json::json!({

@@ -24,6 +24,8 @@ pub struct Attention {
     pub o: Linear,
     /// The `[q + 2·kv]` bias of `qkv_proj` (Qwen2-style `attention_bias`).
     pub bias: Option<Tensor>,
+    /// Qwen3's `q_norm` and `k_norm` (`[head_dim]` each, whole on every rank).
+    pub qk_norm: Option<(Tensor, Tensor)>,
 }
 
 /// vLLM's `LlamaDecoderLayer`; `gate_up` is a `MergedColumnParallelLinear`.
@@ -137,6 +139,16 @@ impl LlamaModel {
             if rope_cache.is_none() {
                 rope_cache = Some(rotary_cache(rt, cfg, act)?);
             }
+            // Qwen3Attention.__init__ makes q_norm and k_norm after the attention layer.
+            let qk_norm = if cfg.qk_norm() {
+                let hd = cfg.head_dim;
+                Some((
+                    ld.dense(&format!("{p}.self_attn.q_norm.weight"), &[hd])?,
+                    ld.dense(&format!("{p}.self_attn.k_norm.weight"), &[hd])?,
+                ))
+            } else {
+                None
+            };
             let gate_up = ld.fused_parts(
                 &[
                     format!("{p}.mlp.gate_proj.weight"),
@@ -154,7 +166,12 @@ impl LlamaModel {
             let input_norm = ld.dense(&format!("{p}.input_layernorm.weight"), &[h])?;
             let post_norm = ld.dense(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
             layers.push(Layer {
-                attn: Attention { qkv, o: op, bias },
+                attn: Attention {
+                    qkv,
+                    o: op,
+                    bias,
+                    qk_norm,
+                },
                 gate_up,
                 down,
                 input_norm,
@@ -202,6 +219,11 @@ impl LlamaModel {
             b += l.attn.qkv.weight_bytes() + l.gate_up.weight_bytes();
             b += l.attn.o.weight_bytes() + l.down.weight_bytes();
             b += l.attn.bias.as_ref().map_or(0, |t| t.nbytes());
+            b += l
+                .attn
+                .qk_norm
+                .as_ref()
+                .map_or(0, |(q, k)| q.nbytes() + k.nbytes());
         }
         b + self.lm_head.as_ref().map_or(0, |t| t.nbytes())
     }
@@ -306,6 +328,24 @@ impl LlamaModel {
             let (Some(mut q), Some(mut k), Some(v)) = (it.next(), it.next(), it.next()) else {
                 return Err(Error::Request("qkv split".into()));
             };
+            // Qwen3Attention.forward: `q_norm` over each head of q (a new tensor), then
+            // `k_norm` over each head of k; the split views stay with qkv.
+            if let Some((qn, kn)) = &layer.attn.qk_norm {
+                q = ops::rms_norm(
+                    rt,
+                    &q,
+                    qn,
+                    local.rms_norm_eps as f32,
+                    &format!("{l}.q_norm"),
+                )?;
+                k = ops::rms_norm(
+                    rt,
+                    &k,
+                    kn,
+                    local.rms_norm_eps as f32,
+                    &format!("{l}.k_norm"),
+                )?;
+            }
             ops::rope(
                 rt,
                 &mut q,

@@ -1023,7 +1023,8 @@ impl CausalLm {
     /// the activation).
     pub fn set_mlp_frees_gate_up(&mut self, yes: bool) {
         if let CausalLm::Llama(m) = self {
-            m.mlp_frees_gate_up = yes && m.cfg.arch != "qwen2";
+            // Qwen3's MLP is Qwen2's (qwen3.py imports `Qwen2MLP`).
+            m.mlp_frees_gate_up = yes && !matches!(m.cfg.arch.as_str(), "qwen2" | "qwen3");
         }
     }
 

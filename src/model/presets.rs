@@ -67,7 +67,7 @@ fn opt(
     }
 }
 
-pub const PRESET_NAMES: [&str; 11] = [
+pub const PRESET_NAMES: [&str; 13] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
@@ -77,6 +77,8 @@ pub const PRESET_NAMES: [&str; 11] = [
     "qwen2.5-1.5b",
     "qwen2.5-7b",
     "qwen2.5-32b",
+    "qwen3-0.6b",
+    "qwen3-8b",
     "opt-125m",
     "opt-350m",
 ];
@@ -113,6 +115,17 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         "qwen2.5-32b" => cfg(
             "qwen2", 5120, 27648, 64, 40, 8, 152064, 1e6, 1e-6, false, 32768,
         ),
+        // Qwen/Qwen3-8B (config.json: head_dim 128, no attention bias, 40960 positions)
+        "qwen3-8b" => cfg(
+            "qwen3", 4096, 12288, 36, 32, 8, 151936, 1e6, 1e-6, false, 40960,
+        ),
+        // Qwen/Qwen3-0.6B: head_dim 128 over 16 heads of a 1024-wide model, tied embeddings.
+        "qwen3-0.6b" => ModelConfig {
+            head_dim: 128,
+            ..cfg(
+                "qwen3", 1024, 3072, 28, 16, 8, 151936, 1e6, 1e-6, true, 40960,
+            )
+        },
         // HuggingFaceTB/SmolLM2-135M
         "smollm2-135m" => cfg(
             "llama", 576, 1536, 30, 9, 3, 49152, 100000.0, 1e-5, true, 8192,

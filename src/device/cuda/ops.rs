@@ -142,8 +142,9 @@ impl CudaDevice {
         out: &mut TensorData,
     ) -> Result<()> {
         let dt = self.half(x)?;
-        let cols = x.cols() as i32;
-        let rows = (x.numel() / x.cols()) as u32;
+        // Rows of the weight's length: a model's hidden size, or one head (Qwen3's q/k norm).
+        let cols = w.numel() as i32;
+        let rows = (x.numel() / w.numel().max(1)) as u32;
         let (xp, wp, op) = (x.cuda_ptr(), w.cuda_ptr(), out.cuda_ptr());
         let f = if cols % 8 == 0 && aligned16(&[xp, wp, op]) {
             self.func("rms_norm_v8", dt)?
