@@ -371,6 +371,30 @@ pub(crate) struct RankSpec {
     pub group: Arc<crate::device::group::RankGroup>,
 }
 
+/// What vLLM refuses of a request on the model's own length, in vLLM's words
+/// (`_get_and_verify_max_len`, vllm/config.py), and a model length vramscope cannot take,
+/// said as the config's, not as a flag the user never gave.
+fn check_against_model(req: &ProfileRequest, max_positions: usize) -> Result<()> {
+    let allow_long = std::env::var("VLLM_ALLOW_LONG_MAX_MODEL_LEN").is_ok_and(|v| v == "1");
+    if req.max_model_len != 0
+        && max_positions > 0
+        && req.max_model_len > max_positions as u64
+        && !allow_long
+    {
+        return Err(Error::Request(format!(
+            "--max-model-len {}: vLLM refuses it: \"User-specified max_model_len ({}) is greater than the derived max_model_len (max_position_embeddings={max_positions} in model's config.json). This may lead to incorrect model outputs or CUDA errors. To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1\"",
+            req.max_model_len, req.max_model_len
+        )));
+    }
+    if req.max_model_len == 0 && max_positions as u64 > crate::base::limits::MAX_MODEL_LEN {
+        return Err(Error::Request(format!(
+            "the model's max_position_embeddings is {max_positions}, above the {} tokens vramscope takes as max_model_len; give --max-model-len (vLLM's serving length) explicitly",
+            crate::base::limits::MAX_MODEL_LEN
+        )));
+    }
+    Ok(())
+}
+
 /// The procedure on one GPU, or on one rank of a tensor-parallel instance.
 pub(crate) fn run_rank(
     req: &ProfileRequest,
@@ -402,6 +426,7 @@ pub(crate) fn run_rank(
     let max_positions = opened
         .as_ref()
         .map_or(0, |o| o.config.max_position_embeddings);
+    check_against_model(req, max_positions)?;
     let resolved = req.resolved(max_positions);
     resolved.validate()?;
     let req = &resolved;
@@ -413,7 +438,10 @@ pub(crate) fn run_rank(
     }
     if let (Some(r), DeviceSpec::Cuda { ordinal }) = (&rank, &mut spec) {
         // vLLM's worker i runs on the i-th GPU of the instance.
-        *ordinal += r.rank;
+        *ordinal = ordinal.checked_add(r.rank).ok_or_else(|| Error::Device {
+            spec: req.device.to_string(),
+            problem: format!("rank {} has no GPU index (past 2^64)", r.rank),
+        })?;
     }
     let device = Device::open(&spec)?;
     let device_info = device.info();

@@ -240,7 +240,10 @@ impl ProfileRequest {
         ] {
             count(what, bytes, 0, crate::base::limits::MAX_BYTES)?;
         }
-        if self.seqs == 0 || (self.tokens > 0 && self.seqs > self.tokens) {
+        if self.seqs == 0 {
+            return bad("--max-num-seqs 0: it must be at least 1 (vLLM's max_num_seqs)".into());
+        }
+        if self.tokens > 0 && self.seqs > self.tokens {
             return bad(format!(
                 "--max-num-seqs {} must be between 1 and --max-num-batched-tokens ({})",
                 self.seqs, self.tokens
