@@ -372,12 +372,27 @@ pub fn check_estimate(e: &HostEstimate) -> Result<()> {
     if insisted() {
         return Ok(());
     }
+    if let Some((available, source)) = available_bytes() {
+        if e.total_bytes > available {
+            return Err(Error::Request(format!(
+                "this run needs about {} of host memory (weights {}, activations {}, event log {}, exports {}; {} rank(s)) but {} leaves {}: use a dry run, fewer --tokens, --passes or --tp or a smaller model, or --allow-host-memory (VRAMSCOPE_ALLOW_HOST_MEMORY=1 in the app) to run anyway",
+                fmt_u(e.total_bytes),
+                fmt_u(e.weights_bytes),
+                fmt_u(e.activations_bytes),
+                fmt_u(e.event_log_bytes),
+                fmt_u(e.exports_bytes),
+                e.ranks,
+                source,
+                fmt_u(available)
+            )));
+        }
+    }
     // The address-space limit counts what threads reserve as well as what the run touches.
     if let Some((left, source)) = address_space_left() {
         let need = e.total_bytes.saturating_add(e.reserved_bytes);
         if need > left {
             return Err(Error::Request(format!(
-                "this run needs about {} of address space (memory {}, thread reservations {}, {} rank(s); event log {}, exports {}) but {source} leaves {}: raise the limit, use fewer --passes or --tp, or --allow-host-memory to run anyway",
+                "this run needs about {} of host memory and address space (memory {}, thread reservations {}, {} rank(s); event log {}, exports {}) but {source} leaves {}: raise the limit, use fewer --passes or --tp, or --allow-host-memory to run anyway",
                 fmt_u(need),
                 fmt_u(e.total_bytes),
                 fmt_u(e.reserved_bytes),
@@ -388,21 +403,7 @@ pub fn check_estimate(e: &HostEstimate) -> Result<()> {
             )));
         }
     }
-    let Some((available, source)) = available_bytes() else {
-        return Ok(());
-    };
-    if e.total_bytes <= available {
-        return Ok(());
-    }
-    Err(Error::Request(format!(
-        "this run needs about {} of host memory (weights {}, activations {}, event log {}) but {} leaves {}: use a dry run, fewer --tokens or a smaller model, or --allow-host-memory (VRAMSCOPE_ALLOW_HOST_MEMORY=1 in the app) to run anyway",
-        fmt_u(e.total_bytes),
-        fmt_u(e.weights_bytes),
-        fmt_u(e.activations_bytes),
-        fmt_u(e.event_log_bytes),
-        source,
-        fmt_u(available)
-    )))
+    Ok(())
 }
 
 /// `estimate` for a request whose model is not opened yet (the CLI and the app, before the

@@ -372,8 +372,8 @@ pub(crate) struct RankSpec {
 }
 
 /// What vLLM refuses of a request on the model's own length, in vLLM's words
-/// (`_get_and_verify_max_len`, vllm/config.py), and a model length vramscope cannot take,
-/// said as the config's, not as a flag the user never gave.
+/// (`_get_and_verify_max_len`, vllm/config.py), and a default batch vramscope cannot take,
+/// said as the config's doing, not as a flag the user never gave.
 fn check_against_model(req: &ProfileRequest, max_positions: usize) -> Result<()> {
     let allow_long = std::env::var("VLLM_ALLOW_LONG_MAX_MODEL_LEN").is_ok_and(|v| v == "1");
     if req.max_model_len != 0
@@ -386,10 +386,18 @@ fn check_against_model(req: &ProfileRequest, max_positions: usize) -> Result<()>
             req.max_model_len, req.max_model_len
         )));
     }
-    if req.max_model_len == 0 && max_positions as u64 > crate::base::limits::MAX_MODEL_LEN {
+    // The default batch follows the model's length: too large a one is the config's doing.
+    let resolved = req.resolved(max_positions);
+    let limit = crate::base::limits::MAX_TOKENS;
+    if req.tokens == 0 && resolved.tokens as u64 > limit {
+        let from = if req.max_model_len == 0 {
+            format!("the model's max_position_embeddings ({max_positions})")
+        } else {
+            format!("--max-model-len {}", req.max_model_len)
+        };
         return Err(Error::Request(format!(
-            "the model's max_position_embeddings is {max_positions}, above the {} tokens vramscope takes as max_model_len; give --max-model-len (vLLM's serving length) explicitly",
-            crate::base::limits::MAX_MODEL_LEN
+            "vLLM's default batch here is max(max_model_len, 2048) = {} tokens, with max_model_len from {from} and chunked prefill off; that is above the {limit} tokens vramscope profiles: give --max-num-batched-tokens, a smaller --max-model-len, or --enable-chunked-prefill true",
+            resolved.tokens
         )));
     }
     Ok(())
