@@ -23,6 +23,7 @@ use crate::memory::{Category, Event, EventKind};
 use crate::model::llama::{Batch, LoadOptions};
 use crate::model::sampler::{self, Sampler};
 use crate::model::{self, presets, CausalLm, ModelSource};
+use crate::quant::Quant;
 
 /// What runs in each pass.
 enum Workload {
@@ -403,6 +404,37 @@ fn check_against_model(req: &ProfileRequest, max_positions: usize) -> Result<()>
     Ok(())
 }
 
+/// A checkpoint stored as bitsandbytes 4-bit loads as stored whatever `--quant` says (as
+/// vLLM loads it): a `--quant` naming another quantization would be reported for weights
+/// that are not in it, so it is refused.
+fn check_quant_matches_checkpoint(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
+    let stored = o
+        .config
+        .tensor_shapes()
+        .into_iter()
+        .find_map(|(name, _)| o.source.bnb4(&name).map(|m| (name, m.quant_type)));
+    let Some((name, ty)) = stored else {
+        return Ok(());
+    };
+    let as_stored = match ty {
+        crate::quant::bnb4::Bnb4Type::Nf4 => Quant::Nf4,
+        crate::quant::bnb4::Bnb4Type::Fp4 => Quant::Fp4,
+    };
+    if matches!(req.quant, Quant::Int8 | Quant::Nf4 | Quant::Fp4) && req.quant != as_stored {
+        return Err(Error::model(
+            o.source.origin(),
+            format!(
+                "the checkpoint stores its weights as bitsandbytes 4-bit {} (tensor {name}); they load as stored, so --quant {} would be reported for weights that are not {}: use --quant {}",
+                ty.name(),
+                req.quant,
+                req.quant,
+                as_stored
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The procedure on one GPU, or on one rank of a tensor-parallel instance.
 pub(crate) fn run_rank(
     req: &ProfileRequest,
@@ -428,6 +460,9 @@ pub(crate) fn run_rank(
                 ),
             ));
         }
+    }
+    if let Some(o) = &opened {
+        check_quant_matches_checkpoint(req, o)?;
     }
     // vLLM's defaults for what the user left open: max_model_len from the model, the batch
     // max(max_model_len, 2048).
