@@ -1287,3 +1287,27 @@ fn a_long_max_model_len_runs_when_vllms_override_is_set() {
     assert_eq!(int(&r["settings"]["max_model_len"]), 16384);
     assert_eq!(int(&r["settings"]["tokens"]), 16384);
 }
+
+#[test]
+fn a_default_batch_too_large_is_said_as_the_configs_doing_not_a_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path());
+    let cfg = dir.path().join("config.json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    v["max_position_embeddings"] = (1u64 << 22).into();
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    expect_prompt_error(
+        &[
+            "profile",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--device",
+            "sim:h100-80gb:dry",
+            "--enable-chunked-prefill",
+            "false",
+        ],
+        &[
+            "vLLM's default batch here is max(max_model_len, 2048) = 4194304 tokens, with max_model_len from the model's max_position_embeddings (4194304)",
+        ],
+    );
+}

@@ -450,11 +450,11 @@ fn cmd_profile(args: &ProfileArgs) -> Result<()> {
         args.png.as_deref(),
     )?;
     if let Some(p) = &args.torch_snapshot {
-        let bytes = crate::report::snapshot::to_bytes(&report, p)?;
+        let report = &report;
         files.push((
             p.clone(),
             Box::new(move |w: &mut dyn std::io::Write| {
-                w.write_all(&bytes).map_err(|e| crate::Error::io(p, e))
+                crate::report::snapshot::write::write_to(report, p, w)
             }),
         ));
     }

@@ -45,11 +45,11 @@ const ARENA_BYTES: u64 = 64 << 20;
 const ANALYSIS_BYTES_PER_EVENT: u64 = 96;
 /// A PNG report while it is drawn and encoded (the bitmap and its encoder).
 const PNG_BYTES: u64 = 64 << 20;
-/// A `--torch-snapshot` export is pickled in memory: bytes per event.
-const TORCH_SNAPSHOT_BYTES_PER_EVENT: u64 = 256;
+/// A `--torch-snapshot` export's end state (segments and blocks) per event, at most.
+const TORCH_SNAPSHOT_BYTES_PER_EVENT: u64 = 64;
 
-/// The exports a run will write after it ends: the JSON and the CSV timeline stream to disk
-/// row by row; the rest is held in memory while written.
+/// The exports a run will write after it ends: the JSON, the CSV timeline and the PyTorch
+/// snapshot stream to disk entry by entry; the rest is held in memory while written.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Exports {
     pub json: bool,
@@ -232,8 +232,8 @@ impl HostEstimate {
     }
 
     /// The estimate with the exports the run will write counted: the lifetime analysis the
-    /// CSV summary and the PNG make, the PNG bitmap, a `--torch-snapshot` pickled in memory.
-    /// The JSON and the CSV timeline stream to disk and add nothing.
+    /// CSV summary and the PNG make, the PNG bitmap, a `--torch-snapshot`'s end state. The
+    /// JSON, the CSV timeline and the snapshot's trace stream to disk and add nothing.
     pub fn with_exports(mut self, x: Exports) -> Self {
         let events = self.event_log_bytes / EVENT_BYTES;
         let mut bytes = 0u64;
