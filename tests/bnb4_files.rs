@@ -371,6 +371,39 @@ fn cases() -> Vec<(
             vec![W, "absmax", "[254]"],
         ),
         (
+            // nf4 and fp4 states for one weight: which one won depended on hash order.
+            "a second quant state of the other type",
+            false,
+            Box::new(|e: &mut Vec<Entry>| {
+                let nf4 = e
+                    .iter()
+                    .find(|x| x.0 == format!("{W}.quant_state.bitsandbytes__nf4"))
+                    .unwrap()
+                    .clone();
+                let mut v: serde_json::Value = serde_json::from_slice(&nf4.3).unwrap();
+                v["quant_type"] = "fp4".into();
+                let bytes = v.to_string().into_bytes();
+                e.push((
+                    format!("{W}.quant_state.bitsandbytes__fp4"),
+                    nf4.1,
+                    vec![bytes.len()],
+                    bytes,
+                ));
+            }),
+            vec![
+                W,
+                "two quant states for one weight",
+                "bitsandbytes__nf4 and",
+                "bitsandbytes__fp4",
+            ],
+        ),
+        (
+            "a quant state that is a JSON array",
+            false,
+            Box::new(|e: &mut Vec<Entry>| set_blob(e, |v| *v = serde_json::json!(["nf4", 64]))),
+            vec![W, "quant state is a JSON array, expected a JSON object"],
+        ),
+        (
             "nested absmax missing",
             true,
             Box::new(|e: &mut Vec<Entry>| e.retain(|x| x.0 != format!("{W}.nested_absmax"))),
@@ -482,4 +515,94 @@ fn gen_model_writes_4bit_from_the_command_line() {
     let i = model::inspect(tmp.path()).unwrap();
     assert_eq!(i.parameters, i.config.param_count());
     assert!(i.by_dtype.iter().any(|(d, _, b)| d == "U8" && *b > 0));
+}
+
+/// config.json's quantization_config against itself and the weights: contradictions and
+/// values of the wrong type are errors naming config.json and the key.
+#[test]
+fn contradictory_or_mistyped_quantization_config_is_refused() {
+    let cases: [(&str, serde_json::Value, &str); 4] = [
+        (
+            "both 8-bit and 4-bit",
+            serde_json::json!({"quant_method": "bitsandbytes", "load_in_8bit": true, "load_in_4bit": true,
+                "bnb_4bit_quant_type": "nf4"}),
+            "sets both load_in_8bit and load_in_4bit",
+        ),
+        (
+            "4-bit as a string",
+            serde_json::json!({"quant_method": "bitsandbytes", "load_in_4bit": "true",
+                "bnb_4bit_quant_type": "nf4"}),
+            "quantization_config.load_in_4bit is \"true\", expected true or false",
+        ),
+        (
+            "double quant as a number",
+            serde_json::json!({"quant_method": "bitsandbytes", "load_in_4bit": true,
+                "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": 1}),
+            "quantization_config.bnb_4bit_use_double_quant is 1, expected true or false",
+        ),
+        (
+            "8-bit over 4-bit weights",
+            serde_json::json!({"quant_method": "bitsandbytes", "load_in_8bit": true}),
+            "is bitsandbytes 4-bit but config.json's quantization_config says 8-bit (load_in_8bit)",
+        ),
+    ];
+    for (name, q, words) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        write(tmp.path(), Bnb4Type::Nf4, false);
+        let cfg = tmp.path().join("config.json");
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+        v["quantization_config"] = q;
+        std::fs::write(&cfg, v.to_string()).unwrap();
+        let err = open(
+            &ModelSource::Path {
+                path: tmp.path().to_path_buf(),
+            },
+            0,
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{name}: opened"));
+        let text = err.to_string();
+        assert!(text.contains(words), "{name}: '{words}' not in: {text}");
+    }
+}
+
+#[test]
+fn quant_int8_on_an_nf4_checkpoint_is_refused_not_reported_as_int8() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(tmp.path(), Bnb4Type::Nf4, false);
+    let run = |quant: &str| {
+        Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args([
+                "profile",
+                "--model",
+                tmp.path().to_str().unwrap(),
+                "--device",
+                "sim:h100-80gb:dry",
+                "--quant",
+                quant,
+                "--tokens",
+                "16",
+                "--no-verify",
+                "-q",
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = run("int8");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("stores its weights as bitsandbytes 4-bit nf4")
+            && err.contains(
+                "--quant int8 would be reported for weights that are not int8: use --quant nf4"
+            ),
+        "{err}"
+    );
+    let ok = run("nf4");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
 }

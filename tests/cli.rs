@@ -1134,3 +1134,210 @@ fn devices_lists_every_preset_with_both_totals_and_the_source() {
         }
     }
 }
+
+/// Runs `vramscope ARGS` in `dir` (relative export paths resolve there).
+fn vramscope_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run vramscope")
+}
+
+const TINY_DRY: [&str; 7] = [
+    "profile",
+    "--model",
+    "preset:tiny",
+    "--device",
+    "sim:h100-80gb:dry",
+    "-q",
+    "--no-verify",
+];
+
+#[test]
+fn one_file_spelled_two_ways_by_two_exports_is_refused_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("out")).unwrap();
+    let mut args = TINY_DRY.to_vec();
+    args.extend(["--json", "out/o.json", "--png", "./out/o.json"]);
+    let out = vramscope_in(dir.path(), &args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("the same file is asked for by two exports (out/o.json and ./out/o.json)"),
+        "{err}"
+    );
+    assert!(names_in(&dir.path().join("out")).is_empty());
+}
+
+#[test]
+fn a_derived_name_past_name_max_is_refused_before_any_file_is_written() {
+    // The CSV's own name fits in 255 bytes; its summary's (NAME.summary.csv) does not.
+    let dir = tempfile::tempdir().unwrap();
+    let csv = format!("{}.csv", "t".repeat(247));
+    let mut args = TINY_DRY.to_vec();
+    args.extend(["--json", "ok.json", "--csv", &csv]);
+    let out = vramscope_in(dir.path(), &args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(
+            "the file name is 259 bytes, longer than the 255 a file name may have (NAME_MAX)"
+        ),
+        "{err}"
+    );
+    assert!(
+        names_in(dir.path()).is_empty(),
+        "{:?}",
+        names_in(dir.path())
+    );
+}
+
+/// Under an address-space limit, a dry run whose event logs (every rank's) do not fit is
+/// refused up front with the numbers, and one that fits runs: never an abort.
+#[test]
+fn a_dry_run_past_ulimit_v_is_refused_counting_every_rank_and_runs_when_it_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_vramscope");
+    let run = |args: &str| {
+        Command::new("bash")
+            .arg("-c")
+            .arg(format!("ulimit -v 1048576 && exec {bin} profile -q {args}"))
+            .env("MALLOC_ARENA_MAX", "2")
+            .current_dir(dir.path())
+            .output()
+            .unwrap()
+    };
+    let out = run(
+        "--model preset:llama-3-70b --device sim:h200:dry --passes 1000 --tp 8 --json big.json --csv big.csv",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("8 rank(s)"), "{err}");
+    assert!(err.contains("the address-space limit (ulimit -v)"), "{err}");
+    assert!(!err.contains("memory allocation of"), "{err}");
+    assert!(names_in(dir.path()).is_empty());
+    // A small run under the same limit is not refused.
+    let out = run("--model preset:tiny --device sim:h100-80gb:dry --tokens 16 --json small.json");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir.path().join("small.json").exists());
+}
+
+#[test]
+fn batch_settings_vllm_refuses_are_refused_with_vllms_reason() {
+    let dry = [
+        "--model",
+        "preset:llama-3-8b",
+        "--device",
+        "sim:h100-80gb:dry",
+    ];
+    let run = |extra: &[&str], words: &[&str]| {
+        let mut a = vec!["profile"];
+        a.extend_from_slice(&dry);
+        a.extend_from_slice(extra);
+        expect_prompt_error(&a, words);
+    };
+    run(
+        &["--max-model-len", "0"],
+        &["--max-model-len 0: it must be at least 1"],
+    );
+    run(
+        &["--max-num-batched-tokens", "0"],
+        &["--max-num-batched-tokens 0: it must be at least 1"],
+    );
+    run(
+        &["--max-num-seqs", "0"],
+        &["--max-num-seqs 0: it must be at least 1 (vLLM's max_num_seqs)"],
+    );
+    // Llama-3-8B's max_position_embeddings is 8192.
+    run(
+        &["--max-model-len", "16384"],
+        &[
+            "User-specified max_model_len (16384) is greater than the derived max_model_len (max_position_embeddings=8192",
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+        ],
+    );
+    run(
+        &[
+            "--max-num-batched-tokens",
+            "1024",
+            "--max-model-len",
+            "4096",
+        ],
+        &["ValueError: max_num_batched_tokens (1024) is smaller than max_model_len (4096)"],
+    );
+    // cuda:2^64-2 with --tp 2 used to wrap past the GPU count.
+    expect_prompt_error(
+        &[
+            "profile",
+            "--model",
+            "preset:tiny",
+            "--device",
+            "cuda:18446744073709551614",
+            "--tp",
+            "2",
+        ],
+        &["needs GPUs cuda:18446744073709551614..cuda:18446744073709551615"],
+    );
+}
+
+#[test]
+fn a_long_max_model_len_runs_when_vllms_override_is_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args([
+            "profile",
+            "--model",
+            "preset:llama-3-8b",
+            "--device",
+            "sim:h100-80gb:dry",
+            "--max-model-len",
+            "16384",
+            "--no-verify",
+            "-q",
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .env("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    assert_eq!(int(&r["settings"]["max_model_len"]), 16384);
+    assert_eq!(int(&r["settings"]["tokens"]), 16384);
+}
+
+#[test]
+fn a_default_batch_too_large_is_said_as_the_configs_doing_not_a_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path());
+    let cfg = dir.path().join("config.json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    v["max_position_embeddings"] = (1u64 << 22).into();
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    expect_prompt_error(
+        &[
+            "profile",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--device",
+            "sim:h100-80gb:dry",
+            "--enable-chunked-prefill",
+            "false",
+        ],
+        &[
+            "vLLM's default batch here is max(max_model_len, 2048) = 4194304 tokens, with max_model_len from the model's max_position_embeddings (4194304)",
+        ],
+    );
+}

@@ -556,6 +556,43 @@ fn hardening_cases(c: &mut Vec<Case>, g: &[u8]) {
             expect,
         }
     };
+    // Issue 26: OPT's keys hold their types too (they were read with a silent default).
+    let opt_case = |name: &'static str, key: &str, value: serde_json::Value, expect| {
+        let mut v = serde_json::json!({
+            "model_type": "opt", "hidden_size": 64, "ffn_dim": 256, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "vocab_size": 1000, "max_position_embeddings": 64,
+            "word_embed_proj_dim": 64, "do_layer_norm_before": true,
+        });
+        v[key] = value;
+        Case {
+            name,
+            files: vec![
+                ("config.json", v.to_string().into_bytes()),
+                ("model.safetensors", st_file(&honest(), same, 0)),
+            ],
+            open: ".",
+            blamed: "config.json",
+            expect,
+        }
+    };
+    c.push(opt_case(
+        "config_opt_enable_bias_string",
+        "enable_bias",
+        "false".into(),
+        vec!["'enable_bias' is \"false\" (a string), expected true or false"],
+    ));
+    c.push(opt_case(
+        "config_opt_do_layer_norm_before_number",
+        "do_layer_norm_before",
+        0.into(),
+        vec!["'do_layer_norm_before' is 0 (a whole number), expected true or false"],
+    ));
+    c.push(opt_case(
+        "config_opt_activation_function_number",
+        "activation_function",
+        1.into(),
+        vec!["'activation_function' is 1 (a whole number), expected a string"],
+    ));
     c.push(cfg_case(
         "config_tie_word_embeddings_yes",
         &|v| v["tie_word_embeddings"] = "yes".into(),

@@ -199,6 +199,66 @@ fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
             "'frames' is a string, expected a list",
         ),
         (
+            // One string or bytes object of 12 GiB declared: refused before it is read.
+            "one_huge_bytes_object",
+            {
+                let mut v = b"\x80\x04\x8e".to_vec();
+                v.extend((12u64 << 30).to_le_bytes());
+                v.extend([0u8; 64]);
+                v
+            },
+            "string or bytes object of 12884901888 bytes",
+        ),
+        (
+            // Two segments at one address would count its bytes twice as reserved.
+            "two_segments_at_one_address",
+            pickle(&json!({"segments": [seg(A, 2 * MIB, json!([])), seg(A, 2 * MIB, json!([]))],
+                "device_traces": []})),
+            "two segments at one address, 0x7f3a00000000",
+        ),
+        (
+            // Segments whose sizes overlap: reserved would pass 2^64 in the old sum.
+            "overlapping_segments_in_the_end_state",
+            pickle(&json!({"segments": [seg(A, 1 << 62, json!([])), seg(A + MIB, 1 << 62, json!([]))],
+                "device_traces": []})),
+            "overlaps segment 0x7f3a00100000",
+        ),
+        (
+            // Blocks older than the trace, freed at overlapping addresses with sizes of 2^62
+            // each: four of them wrapped `allocated` to 0.
+            "old_blocks_overlap_and_wrap_allocated",
+            with_trace(
+                json!([seg(A, i64::MAX as u64, json!([]))]),
+                (0..4)
+                    .map(|i| entry("free_requested", json!(A + i * 4096), 1 << 62))
+                    .collect(),
+            ),
+            "overlaps the live block",
+        ),
+        (
+            // An old block larger than the segment it lies in: allocated above reserved.
+            "old_block_larger_than_its_segment",
+            with_trace(
+                json!([seg(A, 8192, json!([]))]),
+                vec![entry("free_requested", json!(A + 4096), MIB)],
+            ),
+            "a block of 1048576 bytes at 0x7f3a00001000 (freed in the trace) runs past its segment",
+        ),
+        (
+            "double_free",
+            with_trace(
+                json!([]),
+                vec![
+                    seg_alloc.clone(),
+                    entry("alloc", json!(A), 512),
+                    entry("free_requested", json!(A), 512),
+                    entry("free_completed", json!(A), 512),
+                    entry("free_requested", json!(A), 512),
+                ],
+            ),
+            "double free at 0x7f3a00000000: entry 4 frees a block that entry 2 already freed",
+        ),
+        (
             "alloc_without_address",
             with_trace(
                 json!([]),
@@ -300,5 +360,63 @@ fn a_snapshot_path_that_is_a_fifo_or_a_directory_is_named_not_read() {
             stderr.contains(&format!("snapshot is {kind}, expected a regular file")),
             "{stderr}"
         );
+    }
+}
+
+/// Pickles that cost the reader memory far beyond their size (memo ids far apart, a file of
+/// empty dicts): under an address-space limit that the old reader ran out of, `report` must
+/// refuse them in one line (exit 2) or read them, never abort. The reader's bound is
+/// 16 x the file + 64 MiB (`READ_MULTIPLE`, `READ_BASE_BYTES`).
+#[test]
+fn memory_hungry_pickles_stay_within_the_readers_bound_under_ulimit_v() {
+    // Memo ids 4096 apart: a dense memo grows 4096 slots per 6-byte PUT (3 GiB for this
+    // 200 KB file); the sparse one grows by one entry.
+    let mut memo_ids = b"\x80\x04}".to_vec();
+    for i in 0..33_000u32 {
+        memo_ids.extend(b"N");
+        memo_ids.push(b'r');
+        memo_ids.extend((i * 4096).to_le_bytes());
+        memo_ids.push(b'0');
+    }
+    memo_ids.push(b'.');
+    // 8 MB of EMPTY_DICT in one list: ~110 bytes of memory each.
+    let mut dicts = b"\x80\x04](".to_vec();
+    dicts.extend(std::iter::repeat_n(b'}', 8 << 20));
+    dicts.extend(b"e.");
+    let cases: [(&str, Vec<u8>, &str); 2] = [
+        (
+            "memo_ids_far_apart",
+            memo_ids,
+            "neither 'segments' nor 'device_traces'",
+        ),
+        (
+            "empty_dicts",
+            dicts,
+            "decoding it would take more than 201326688 bytes of memory (16x the file's 8388614 bytes + 64 MiB)",
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (name, bytes, expect) in cases {
+        let file = dir.path().join(format!("{name}.pickle"));
+        std::fs::write(&file, &bytes).unwrap();
+        let json = dir.path().join(format!("{name}.json"));
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg("ulimit -v 1048576 && exec \"$0\" report \"$1\" --json \"$2\"")
+            .arg(env!("CARGO_BIN_EXE_vramscope"))
+            .arg(&file)
+            .arg(&json)
+            .env("MALLOC_ARENA_MAX", "2")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{name}: {stderr}");
+        assert!(stderr.contains(&format!("{name}.pickle:")), "{stderr}");
+        assert!(
+            stderr.contains(expect),
+            "{name}: expected '{expect}' in {stderr}"
+        );
+        assert!(!json.exists());
     }
 }

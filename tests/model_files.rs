@@ -282,7 +282,9 @@ fn bnb_config_with_4bit_over_int8_tensors_is_refused_by_name() {
     let p = tmp.path().join("config.json");
     let text = std::fs::read_to_string(&p)
         .unwrap()
-        .replace("\"load_in_4bit\": false", "\"load_in_4bit\": true");
+        .replace("\"load_in_4bit\": false", "\"load_in_4bit\": true")
+        // Both set is its own contradiction (refused on config.json alone): 4-bit only here.
+        .replace("\"load_in_8bit\": true", "\"load_in_8bit\": false");
     std::fs::write(&p, text).unwrap();
     let e = model::open(&ModelSource::Path { path: p.clone() }, 0)
         .err()

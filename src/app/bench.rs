@@ -247,7 +247,12 @@ fn run_rank(
     let opened = model::open(&req.model, req.seed)?;
     let mut spec = req.device.clone();
     if let (Some((r, _, _)), DeviceSpec::Cuda { ordinal }) = (&rank, &mut spec) {
-        *ordinal += r;
+        *ordinal = ordinal
+            .checked_add(*r)
+            .ok_or_else(|| crate::Error::Device {
+                spec: req.device.to_string(),
+                problem: format!("rank {r} has no GPU index (past 2^64)"),
+            })?;
     }
     let device = Device::open(&spec)?;
     let device_name = device.info().name;

@@ -261,6 +261,35 @@ impl ProfileArgs {
                 "--max-num-seqs 0: it must be at least 1 (vLLM's max_num_seqs)".into(),
             ));
         }
+        // 0 is not "vLLM's default" (that is the flag left out): vLLM refuses it.
+        for (flag, given) in [
+            (
+                "--max-num-batched-tokens",
+                self.work.tokens.map(|t| t as u64),
+            ),
+            ("--max-model-len", self.max_model_len),
+        ] {
+            if given == Some(0) {
+                return Err(crate::Error::Request(format!(
+                    "{flag} 0: it must be at least 1 (leave the flag out for vLLM's default)"
+                )));
+            }
+        }
+        // vLLM's SchedulerConfig check when both are given and chunked prefill is off.
+        if let (Some(tokens), Some(len)) = (self.work.tokens, self.max_model_len) {
+            // V1 releases always chunk.
+            let v1 = crate::profile::vllm::release(&self.vllm)
+                .is_ok_and(|r| matches!(r.engine, crate::profile::vllm::Engine::V1 { .. }));
+            let chunked = v1
+                || self
+                    .enable_chunked_prefill
+                    .unwrap_or(len > crate::profile::vllm::CHUNKED_PREFILL_ABOVE);
+            if !chunked && (tokens as u64) < len {
+                return Err(crate::Error::Request(format!(
+                    "--max-num-batched-tokens {tokens} with --max-model-len {len}: vLLM refuses it: \"ValueError: max_num_batched_tokens ({tokens}) is smaller than max_model_len ({len}). This effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer sequences. Please increase max_num_batched_tokens or decrease max_model_len.\""
+                )));
+            }
+        }
         let r = ProfileRequest {
             model: ModelSource::parse(&self.work.model)?,
             quant: Quant::parse(&self.work.quant)?,
@@ -367,20 +396,28 @@ fn one_line(s: &str) -> String {
 
 fn cmd_profile(args: &ProfileArgs) -> Result<()> {
     let req = args.request()?;
-    for p in [&args.json, &args.csv, &args.png, &args.torch_snapshot]
-        .into_iter()
-        .flatten()
-    {
-        export::check_writable(p)?;
-    }
+    // Every name checked (length, folder, no two exports naming one file) before the run.
+    let mut targets = export::report_targets(
+        args.json.as_deref(),
+        args.csv.as_deref(),
+        args.png.as_deref(),
+    );
+    targets.extend(args.torch_snapshot.clone());
+    export::check_targets(targets.iter().map(|p| p.as_path()))?;
     profile::host_memory::insist(args.allow_host_memory);
-    if matches!(req.device, DeviceSpec::Sim { dry: false, .. }) {
-        // Refused before the estimate is printed, so an error stays one line.
-        let estimate = profile::host_memory::estimate_request(&req)?;
-        profile::host_memory::check_estimate(&estimate)?;
-        if !args.quiet {
-            eprintln!("{}", estimate.summary());
-        }
+    // Every run, dry ones too: the event log of every rank and the exports are counted, and
+    // the address-space limit (ulimit -v) is respected; refused before the estimate is
+    // printed, so an error stays one line.
+    let estimate =
+        profile::host_memory::estimate_request(&req)?.with_exports(profile::host_memory::Exports {
+            json: args.json.is_some(),
+            csv: args.csv.is_some(),
+            png: args.png.is_some(),
+            torch_snapshot: args.torch_snapshot.is_some(),
+        });
+    profile::host_memory::check_estimate(&estimate)?;
+    if !args.quiet && matches!(req.device, DeviceSpec::Sim { dry: false, .. }) {
+        eprintln!("{}", estimate.summary());
     }
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(0);
@@ -425,19 +462,24 @@ fn cmd_profile(args: &ProfileArgs) -> Result<()> {
         b.finish_and_clear();
     }
     let report = report?;
-    // Render everything first, then write all or nothing: a failing export leaves no
-    // partial set behind.
-    let files = export::report_files(
+    // Each export streams into its temporary file; all are renamed only once every one was
+    // written: a failing export leaves no partial set behind.
+    let mut files = export::report_renders(
         &report,
         args.json.as_deref(),
         args.csv.as_deref(),
         args.png.as_deref(),
     )?;
-    let mut files = files;
     if let Some(p) = &args.torch_snapshot {
-        files.push((p.clone(), crate::report::snapshot::to_bytes(&report, p)?));
+        let report = &report;
+        files.push((
+            p.clone(),
+            Box::new(move |w: &mut dyn std::io::Write| {
+                crate::report::snapshot::write::write_to(report, p, w)
+            }),
+        ));
     }
-    export::write_all(&files)?;
+    export::write_streamed(files)?;
     if !args.quiet {
         print!("{}", summary_text(&report));
     }
@@ -447,9 +489,16 @@ fn cmd_profile(args: &ProfileArgs) -> Result<()> {
 /// `report SNAPSHOT.pickle`: read a PyTorch memory snapshot, print what it says, export one
 /// device's timeline. Every check runs before anything is written.
 fn cmd_report(args: &ReportArgs) -> Result<()> {
-    for p in [&args.json, &args.csv, &args.png].into_iter().flatten() {
-        export::check_writable(p)?;
-    }
+    // Every name checked (length, folder, no two exports naming one file) before the read.
+    export::check_targets(
+        export::report_targets(
+            args.json.as_deref(),
+            args.csv.as_deref(),
+            args.png.as_deref(),
+        )
+        .iter()
+        .map(|p| p.as_path()),
+    )?;
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(
@@ -492,13 +541,13 @@ fn cmd_report(args: &ReportArgs) -> Result<()> {
     drop(imported);
     if args.json.is_some() || args.csv.is_some() || args.png.is_some() {
         let report = timeline.into_report(&path, args.total);
-        let files = export::report_files(
+        let files = export::report_renders(
             &report,
             args.json.as_deref(),
             args.csv.as_deref(),
             args.png.as_deref(),
         )?;
-        export::write_all(&files)?;
+        export::write_streamed(files)?;
     }
     if !args.quiet {
         print!("{summary}");

@@ -167,7 +167,7 @@ pub(crate) fn json_kind(v: &serde_json::Value) -> &'static str {
     match v {
         serde_json::Value::Null => "null",
         serde_json::Value::Bool(_) => "boolean",
-        serde_json::Value::Number(n) if n.is_u64() || n.is_i64() => "integer",
+        serde_json::Value::Number(n) if n.is_u64() || n.is_i64() => "whole number",
         serde_json::Value::Number(_) => "number",
         serde_json::Value::String(_) => "string",
         serde_json::Value::Array(_) => "array",

@@ -369,21 +369,35 @@ impl ModelConfig {
                 "hidden_size {hidden_size} is not a multiple of num_attention_heads {num_heads}"
             ));
         }
-        let act = v["activation_function"].as_str().unwrap_or("relu");
+        // Every key present must hold its type, as for the Llama family: a string "false" or
+        // a number is an error naming the key, never the default.
+        let act = match &v["activation_function"] {
+            serde_json::Value::Null => "relu",
+            serde_json::Value::String(s) => s.as_str(),
+            other => {
+                return Err(format!(
+                    "'activation_function' is {other} (a {}), expected a string such as \"relu\"",
+                    crate::base::fsguard::json_kind(other)
+                ))
+            }
+        };
         if act != "relu" {
             return Err(format!(
                 "activation_function '{act}' is not supported for OPT (expected relu)"
             ));
         }
-        if v["layer_norm_elementwise_affine"].as_bool() == Some(false) {
+        if !boolean(v, "layer_norm_elementwise_affine", true)? {
             return Err("layer_norm_elementwise_affine false is not supported for OPT".into());
         }
-        if v["tie_word_embeddings"].as_bool() == Some(false) {
+        if !boolean(v, "tie_word_embeddings", true)? {
             return Err(
                 "tie_word_embeddings false is not supported for OPT (its lm_head is the embedding)"
                     .into(),
             );
         }
+        let enable_bias = boolean(v, "enable_bias", true)?;
+        let do_layer_norm_before = boolean(v, "do_layer_norm_before", true)?;
+        let remove_final_layer_norm = boolean(v, "_remove_final_layer_norm", false)?;
         let ffn = get("ffn_dim")?;
         let word_embed_proj_dim = if v["word_embed_proj_dim"].is_null() {
             hidden_size
@@ -402,14 +416,14 @@ impl ModelConfig {
             rope_theta: 0.0,
             rms_norm_eps: 0.0,
             tie_word_embeddings: true,
-            attention_bias: v["enable_bias"].as_bool().unwrap_or(true),
+            attention_bias: enable_bias,
             max_position_embeddings: get("max_position_embeddings")?,
             opt: Some(OptShape {
-                do_layer_norm_before: v["do_layer_norm_before"].as_bool().unwrap_or(true),
+                do_layer_norm_before,
                 word_embed_proj_dim,
-                enable_bias: v["enable_bias"].as_bool().unwrap_or(true),
+                enable_bias,
                 layer_norm_eps: 1e-5,
-                remove_final_layer_norm: v["_remove_final_layer_norm"].as_bool().unwrap_or(false),
+                remove_final_layer_norm,
             }),
         })
     }

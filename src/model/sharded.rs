@@ -72,16 +72,50 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
     if q.is_null() {
         return Ok(StoredQuant::None);
     }
-    let method = q["quant_method"].as_str().unwrap_or("bitsandbytes");
+    // Every key present must hold its type: "true" (a string) is not true.
+    let flag = |key: &str| -> Result<Option<bool>> {
+        match &q[key] {
+            serde_json::Value::Null => Ok(None),
+            serde_json::Value::Bool(b) => Ok(Some(*b)),
+            other => Err(Error::model(
+                path,
+                format!("quantization_config.{key} is {other}, expected true or false"),
+            )),
+        }
+    };
+    let text = |key: &str| -> Result<Option<&str>> {
+        match &q[key] {
+            serde_json::Value::Null => Ok(None),
+            serde_json::Value::String(s) => Ok(Some(s.as_str())),
+            other => Err(Error::model(
+                path,
+                format!("quantization_config.{key} is {other}, expected a string"),
+            )),
+        }
+    };
+    if !q.is_object() {
+        return Err(Error::model(
+            path,
+            format!("quantization_config is {q}, expected an object"),
+        ));
+    }
+    let method = text("quant_method")?.unwrap_or("bitsandbytes");
     if method != "bitsandbytes" {
         return Err(Error::model(
             path,
             format!("quantization_config.quant_method '{method}' is not supported (expected bitsandbytes)"),
         ));
     }
-    if q["load_in_4bit"].as_bool() == Some(true) {
+    let (in_8bit, in_4bit) = (flag("load_in_8bit")?, flag("load_in_4bit")?);
+    if in_8bit == Some(true) && in_4bit == Some(true) {
+        return Err(Error::model(
+            path,
+            "quantization_config sets both load_in_8bit and load_in_4bit: a checkpoint is one or the other",
+        ));
+    }
+    if in_4bit == Some(true) {
         // vLLM's BitsAndBytesConfig defaults (bitsandbytes.py L11-111): fp4, no double quant.
-        let name = q["bnb_4bit_quant_type"].as_str().unwrap_or("fp4");
+        let name = text("bnb_4bit_quant_type")?.unwrap_or("fp4");
         let quant_type = Bnb4Type::parse(name).ok_or_else(|| {
             Error::model(
                 path,
@@ -90,10 +124,10 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
         })?;
         return Ok(StoredQuant::Bnb4 {
             quant_type,
-            double_quant: q["bnb_4bit_use_double_quant"].as_bool().unwrap_or(false),
+            double_quant: flag("bnb_4bit_use_double_quant")?.unwrap_or(false),
         });
     }
-    if q["load_in_8bit"].as_bool() != Some(true) {
+    if in_8bit != Some(true) {
         return Err(Error::model(
             path,
             "quantization_config has neither load_in_8bit nor load_in_4bit set",
@@ -259,7 +293,15 @@ impl SafetensorsModel {
                     f32_len("nested_quant_map", 256)?;
                 }
             }
-            out.insert(weight.to_string(), meta);
+            // One weight, one quant state: two (nf4 and fp4) would make the weight's format
+            // depend on the order the names come out of a hash map.
+            if out.insert(weight.to_string(), meta).is_some() {
+                let blobs = QS_SUFFIXES.map(|(suf, _)| format!("{weight}{suf}"));
+                return Err(bad(format!(
+                    "two quant states for one weight, {} and {}: a 4-bit weight has exactly one",
+                    blobs[0], blobs[1]
+                )));
+            }
         }
         Ok(out)
     }
@@ -329,6 +371,12 @@ impl SafetensorsModel {
                     return Err(Error::model(
                         &s.path,
                         format!("tensor {name} is bitsandbytes 4-bit but config.json has no quantization_config"),
+                    ));
+                }
+                if let StoredQuant::BnbInt8 { .. } = self.stored_quant {
+                    return Err(Error::model(
+                        &s.path,
+                        format!("tensor {name} is bitsandbytes 4-bit but config.json's quantization_config says 8-bit (load_in_8bit)"),
                     ));
                 }
                 if meta.shape[..] != shape[..] {

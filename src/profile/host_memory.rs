@@ -37,6 +37,26 @@ const EVENTS_PER_LAYER: u64 = 40;
 const EVENTS_PER_PASS: u64 = 64;
 /// What a process needs besides the run (code, allocator, threads).
 const BASE_BYTES: u64 = 64 << 20;
+/// Address space each thread reserves without using it: its stack (8 MiB) and glibc's malloc
+/// arena (64 MiB on 64-bit). RSS never shows it, `ulimit -v` counts it.
+const THREAD_STACK_BYTES: u64 = 8 << 20;
+const ARENA_BYTES: u64 = 64 << 20;
+/// Lifetime analysis (CSV summary, PNG) per event: one lifetime record per allocation.
+const ANALYSIS_BYTES_PER_EVENT: u64 = 96;
+/// A PNG report while it is drawn and encoded (the bitmap and its encoder).
+const PNG_BYTES: u64 = 64 << 20;
+/// A `--torch-snapshot` export's end state (segments and blocks) per event, at most.
+const TORCH_SNAPSHOT_BYTES_PER_EVENT: u64 = 64;
+
+/// The exports a run will write after it ends: the JSON, the CSV timeline and the PyTorch
+/// snapshot stream to disk entry by entry; the rest is held in memory while written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Exports {
+    pub json: bool,
+    pub csv: bool,
+    pub png: bool,
+    pub torch_snapshot: bool,
+}
 
 /// The estimate, by part, in bytes; `compute_s` is the CPU time of compute mode's passes.
 #[derive(Clone, Debug, PartialEq)]
@@ -45,6 +65,13 @@ pub struct HostEstimate {
     pub activations_bytes: u64,
     pub event_log_bytes: u64,
     pub batch_bytes: u64,
+    /// Exports held in memory while written (`with_exports`).
+    pub exports_bytes: u64,
+    /// Address space reserved by the threads (counted against `ulimit -v` only).
+    pub reserved_bytes: u64,
+    /// Tensor-parallel ranks counted (each keeps its own event log; the instance's report
+    /// holds a copy of the binding rank's).
+    pub ranks: u64,
     pub total_bytes: u64,
     /// Forward passes the run makes (profile passes plus verify passes).
     pub passes: u64,
@@ -56,12 +83,15 @@ impl HostEstimate {
     /// One line for the CLI and the app.
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "estimated host memory {} (weights {}, activations {}, event log {}, batch {})",
+            "estimated host memory {} (weights {}, activations {}, event log {}, batch {}, exports {}, thread reservations {}; {} rank(s))",
             fmt_u(self.total_bytes),
             fmt_u(self.weights_bytes),
             fmt_u(self.activations_bytes),
             fmt_u(self.event_log_bytes),
-            fmt_u(self.batch_bytes)
+            fmt_u(self.batch_bytes),
+            fmt_u(self.exports_bytes),
+            fmt_u(self.reserved_bytes),
+            self.ranks
         );
         if let Some(t) = self.compute_s {
             s.push_str(&format!(
@@ -119,8 +149,12 @@ pub fn estimate(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> HostEstimate
     let tokens = req.tokens as u64;
     let seqs = req.seqs as u64;
     let layers = cfg.map_or(0, |c| c.num_layers as u64);
-    let event_log_bytes =
-        passes * (layers * EVENTS_PER_LAYER + EVENTS_PER_PASS) * EVENT_BYTES + (1 << 20);
+    // Every rank keeps its own log; with more than one, the instance's report copies the
+    // binding rank's at its top level.
+    let ranks = u64::from(req.tp.max(1));
+    let logs = if ranks > 1 { ranks + 1 } else { 1 };
+    let events = passes * (layers * EVENTS_PER_LAYER + EVENTS_PER_PASS);
+    let event_log_bytes = (events * EVENT_BYTES + (1 << 20)).saturating_mul(logs);
     // Ids and positions per token (the Batch, and the positions each pass builds).
     let batch_bytes = tokens * 12;
     let (weights_bytes, activations_bytes, compute_s) = match (compute, cfg) {
@@ -148,20 +182,73 @@ pub fn estimate(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> HostEstimate
             let linear = (c.forward_flops(&seq_lens) - attention).max(0.0);
             let (gemm_rate, attention_rate) = cpu_rates();
             let secs = passes as f64 * (linear / gemm_rate + attention / attention_rate);
-            (weights as u64, activations, Some(secs))
+            // Each rank holds its shard of the weights and its own activations.
+            (
+                weights as u64,
+                activations.saturating_mul(ranks),
+                Some(secs),
+            )
         }
         _ => (0, 0, None),
     };
-    let total_bytes =
-        BASE_BYTES + weights_bytes + activations_bytes + event_log_bytes + batch_bytes;
-    HostEstimate {
+    // Threads: the CPU kernels' pool (one per core) and one per rank, each with its stack;
+    // glibc gives threads their own malloc arena, up to MALLOC_ARENA_MAX when it is set.
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get() as u64) + ranks;
+    let arenas = std::env::var("MALLOC_ARENA_MAX")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(threads)
+        .min(threads);
+    let reserved_bytes = threads * THREAD_STACK_BYTES + arenas * ARENA_BYTES;
+    let mut e = HostEstimate {
         weights_bytes,
         activations_bytes,
         event_log_bytes,
         batch_bytes,
-        total_bytes,
+        exports_bytes: 0,
+        reserved_bytes,
+        ranks,
+        total_bytes: 0,
         passes,
         compute_s,
+    };
+    e.total_bytes = e.resident_bytes();
+    e
+}
+
+impl HostEstimate {
+    /// Memory the run touches (what MemAvailable and a cgroup limit are compared with).
+    fn resident_bytes(&self) -> u64 {
+        [
+            BASE_BYTES,
+            self.weights_bytes,
+            self.activations_bytes,
+            self.event_log_bytes,
+            self.batch_bytes,
+            self.exports_bytes,
+        ]
+        .into_iter()
+        .fold(0u64, u64::saturating_add)
+    }
+
+    /// The estimate with the exports the run will write counted: the lifetime analysis the
+    /// CSV summary and the PNG make, the PNG bitmap, a `--torch-snapshot`'s end state. The
+    /// JSON, the CSV timeline and the snapshot's trace stream to disk and add nothing.
+    pub fn with_exports(mut self, x: Exports) -> Self {
+        let events = self.event_log_bytes / EVENT_BYTES;
+        let mut bytes = 0u64;
+        if x.csv || x.png {
+            bytes += events * ANALYSIS_BYTES_PER_EVENT;
+        }
+        if x.png {
+            bytes += PNG_BYTES;
+        }
+        if x.torch_snapshot {
+            bytes += events * TORCH_SNAPSHOT_BYTES_PER_EVENT;
+        }
+        self.exports_bytes = bytes;
+        self.total_bytes = self.resident_bytes();
+        self
     }
 }
 
@@ -247,21 +334,31 @@ pub fn available_bytes() -> Option<(u64, &'static str)> {
             "the cgroup's memory.limit_in_bytes",
         );
     }
+    if let Some((left, what)) = address_space_left() {
+        take(left, what);
+    }
+    best
+}
+
+/// The address-space limit (`ulimit -v`, RLIMIT_AS, read from /proc/self/limits) less what
+/// this process has mapped already; `None` when there is no limit.
+pub fn address_space_left() -> Option<(u64, &'static str)> {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
     let limit = read("/proc/self/limits").and_then(|t| {
         t.lines()
             .find(|l| l.starts_with("Max address space"))
             .and_then(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok())
-    });
-    if let (Some(limit), Some(mapped)) = (
-        limit,
-        read("/proc/self/status").and_then(|t| kib_field(&t, "VmSize:")),
-    ) {
-        take(
-            limit.saturating_sub(mapped),
-            "the address-space limit (ulimit -v)",
-        );
-    }
-    best
+    })?;
+    let mapped = read("/proc/self/status").and_then(|t| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("VmSize:"))
+            .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
+            .map(|k| k * 1024)
+    })?;
+    Some((
+        limit.saturating_sub(mapped),
+        "the address-space limit (ulimit -v)",
+    ))
 }
 
 /// Refuses a run whose estimated host memory exceeds what the machine has, unless the user
@@ -272,21 +369,41 @@ pub fn check(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> Result<()> {
 
 /// `check` of an estimate already made (the CLI refuses before printing it).
 pub fn check_estimate(e: &HostEstimate) -> Result<()> {
-    let Some((available, source)) = available_bytes() else {
-        return Ok(());
-    };
-    if e.total_bytes <= available || insisted() {
+    if insisted() {
         return Ok(());
     }
-    Err(Error::Request(format!(
-        "this run needs about {} of host memory (weights {}, activations {}, event log {}) but {} leaves {}: use a dry run, fewer --tokens or a smaller model, or --allow-host-memory (VRAMSCOPE_ALLOW_HOST_MEMORY=1 in the app) to run anyway",
-        fmt_u(e.total_bytes),
-        fmt_u(e.weights_bytes),
-        fmt_u(e.activations_bytes),
-        fmt_u(e.event_log_bytes),
-        source,
-        fmt_u(available)
-    )))
+    if let Some((available, source)) = available_bytes() {
+        if e.total_bytes > available {
+            return Err(Error::Request(format!(
+                "this run needs about {} of host memory (weights {}, activations {}, event log {}, exports {}; {} rank(s)) but {} leaves {}: use a dry run, fewer --tokens, --passes or --tp or a smaller model, or --allow-host-memory (VRAMSCOPE_ALLOW_HOST_MEMORY=1 in the app) to run anyway",
+                fmt_u(e.total_bytes),
+                fmt_u(e.weights_bytes),
+                fmt_u(e.activations_bytes),
+                fmt_u(e.event_log_bytes),
+                fmt_u(e.exports_bytes),
+                e.ranks,
+                source,
+                fmt_u(available)
+            )));
+        }
+    }
+    // The address-space limit counts what threads reserve as well as what the run touches.
+    if let Some((left, source)) = address_space_left() {
+        let need = e.total_bytes.saturating_add(e.reserved_bytes);
+        if need > left {
+            return Err(Error::Request(format!(
+                "this run needs about {} of host memory and address space (memory {}, thread reservations {}, {} rank(s); event log {}, exports {}) but {source} leaves {}: raise the limit, use fewer --passes or --tp, or --allow-host-memory to run anyway",
+                fmt_u(need),
+                fmt_u(e.total_bytes),
+                fmt_u(e.reserved_bytes),
+                e.ranks,
+                fmt_u(e.event_log_bytes),
+                fmt_u(e.exports_bytes),
+                fmt_u(left)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `estimate` for a request whose model is not opened yet (the CLI and the app, before the

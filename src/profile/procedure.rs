@@ -23,6 +23,7 @@ use crate::memory::{Category, Event, EventKind};
 use crate::model::llama::{Batch, LoadOptions};
 use crate::model::sampler::{self, Sampler};
 use crate::model::{self, presets, CausalLm, ModelSource};
+use crate::quant::Quant;
 
 /// What runs in each pass.
 enum Workload {
@@ -394,6 +395,69 @@ pub(crate) struct RankSpec {
     pub group: Arc<crate::device::group::RankGroup>,
 }
 
+/// What vLLM refuses of a request on the model's own length, in vLLM's words
+/// (`_get_and_verify_max_len`, vllm/config.py), and a default batch vramscope cannot take,
+/// said as the config's doing, not as a flag the user never gave.
+fn check_against_model(req: &ProfileRequest, max_positions: usize) -> Result<()> {
+    let allow_long = std::env::var("VLLM_ALLOW_LONG_MAX_MODEL_LEN").is_ok_and(|v| v == "1");
+    if req.max_model_len != 0
+        && max_positions > 0
+        && req.max_model_len > max_positions as u64
+        && !allow_long
+    {
+        return Err(Error::Request(format!(
+            "--max-model-len {}: vLLM refuses it: \"User-specified max_model_len ({}) is greater than the derived max_model_len (max_position_embeddings={max_positions} in model's config.json). This may lead to incorrect model outputs or CUDA errors. To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1\"",
+            req.max_model_len, req.max_model_len
+        )));
+    }
+    // The default batch follows the model's length: too large a one is the config's doing.
+    let resolved = req.resolved(max_positions);
+    let limit = crate::base::limits::MAX_TOKENS;
+    if req.tokens == 0 && resolved.tokens as u64 > limit {
+        let from = if req.max_model_len == 0 {
+            format!("the model's max_position_embeddings ({max_positions})")
+        } else {
+            format!("--max-model-len {}", req.max_model_len)
+        };
+        return Err(Error::Request(format!(
+            "vLLM's default batch here is max(max_model_len, 2048) = {} tokens, with max_model_len from {from} and chunked prefill off; that is above the {limit} tokens vramscope profiles: give --max-num-batched-tokens, a smaller --max-model-len, or --enable-chunked-prefill true",
+            resolved.tokens
+        )));
+    }
+    Ok(())
+}
+
+/// A checkpoint stored as bitsandbytes 4-bit loads as stored whatever `--quant` says (as
+/// vLLM loads it): a `--quant` naming another quantization would be reported for weights
+/// that are not in it, so it is refused.
+fn check_quant_matches_checkpoint(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
+    let stored = o
+        .config
+        .tensor_shapes()
+        .into_iter()
+        .find_map(|(name, _)| o.source.bnb4(&name).map(|m| (name, m.quant_type)));
+    let Some((name, ty)) = stored else {
+        return Ok(());
+    };
+    let as_stored = match ty {
+        crate::quant::bnb4::Bnb4Type::Nf4 => Quant::Nf4,
+        crate::quant::bnb4::Bnb4Type::Fp4 => Quant::Fp4,
+    };
+    if matches!(req.quant, Quant::Int8 | Quant::Nf4 | Quant::Fp4) && req.quant != as_stored {
+        return Err(Error::model(
+            o.source.origin(),
+            format!(
+                "the checkpoint stores its weights as bitsandbytes 4-bit {} (tensor {name}); they load as stored, so --quant {} would be reported for weights that are not {}: use --quant {}",
+                ty.name(),
+                req.quant,
+                req.quant,
+                as_stored
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The procedure on one GPU, or on one rank of a tensor-parallel instance.
 pub(crate) fn run_rank(
     req: &ProfileRequest,
@@ -420,11 +484,15 @@ pub(crate) fn run_rank(
             ));
         }
     }
+    if let Some(o) = &opened {
+        check_quant_matches_checkpoint(req, o)?;
+    }
     // vLLM's defaults for what the user left open: max_model_len from the model, the batch
     // max(max_model_len, 2048).
     let max_positions = opened
         .as_ref()
         .map_or(0, |o| o.config.max_position_embeddings);
+    check_against_model(req, max_positions)?;
     let resolved = req.resolved(max_positions);
     resolved.validate()?;
     let req = &resolved;
@@ -436,7 +504,10 @@ pub(crate) fn run_rank(
     }
     if let (Some(r), DeviceSpec::Cuda { ordinal }) = (&rank, &mut spec) {
         // vLLM's worker i runs on the i-th GPU of the instance.
-        *ordinal += r.rank;
+        *ordinal = ordinal.checked_add(r.rank).ok_or_else(|| Error::Device {
+            spec: req.device.to_string(),
+            problem: format!("rank {} has no GPU index (past 2^64)", r.rank),
+        })?;
     }
     let device = Device::open(&spec)?;
     let device_info = device.info();

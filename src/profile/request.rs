@@ -284,7 +284,7 @@ impl ProfileRequest {
         ] {
             count(what, bytes, 0, crate::base::limits::MAX_BYTES)?;
         }
-        // 0 sequences: vLLM's default, filled in by `resolved`.
+        // 0 sequences: vLLM's default, filled in by `resolved` (the CLI refuses a given 0).
         if self.tokens > 0 && self.seqs > self.tokens {
             return bad(format!(
                 "--max-num-seqs {} must be between 1 and --max-num-batched-tokens ({})",

@@ -23,12 +23,13 @@ fn preflight(req: &ProfileRequest) -> Result<()> {
     if let DeviceSpec::Cuda { ordinal } = req.device {
         let (gpus, problem) = crate::device::list_devices();
         let count = gpus.iter().filter(|g| !g.spec.starts_with("sim:")).count();
-        if ordinal + n > count {
+        // Checked: cuda:18446744073709551614 --tp 2 must not wrap past the count.
+        if ordinal.checked_add(n).is_none_or(|end| end > count) {
             return Err(Error::Device {
                 spec: req.device.to_string(),
                 problem: format!(
                     "--tp {n} from cuda:{ordinal} needs GPUs cuda:{ordinal}..cuda:{}; this machine shows {count}{}",
-                    ordinal + n - 1,
+                    (ordinal as u128) + (n as u128) - 1,
                     problem.map(|p| format!(" ({p})")).unwrap_or_default()
                 ),
             });

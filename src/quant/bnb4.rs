@@ -175,7 +175,30 @@ impl Bnb4Meta {
     pub fn from_blob(bytes: &[u8], ty: Bnb4Type) -> std::result::Result<Self, String> {
         let v: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| format!("quant state is not JSON: {e}"))?;
-        let qt = v["quant_type"].as_str().unwrap_or("");
+        let kind = match &v {
+            serde_json::Value::Object(_) => None,
+            serde_json::Value::Array(_) => Some("a JSON array"),
+            serde_json::Value::String(_) => Some("a JSON string"),
+            serde_json::Value::Number(_) => Some("a JSON number"),
+            serde_json::Value::Bool(_) => Some("a JSON bool"),
+            serde_json::Value::Null => Some("JSON null"),
+        };
+        if let Some(kind) = kind {
+            return Err(format!(
+                "quant state is {kind}, expected a JSON object (bitsandbytes' QuantState.as_dict)"
+            ));
+        }
+        let qt = match &v["quant_type"] {
+            serde_json::Value::String(s) => s.as_str(),
+            serde_json::Value::Null => {
+                return Err("quant state has no 'quant_type' (expected \"nf4\" or \"fp4\")".into())
+            }
+            other => {
+                return Err(format!(
+                    "quant state's 'quant_type' is {other}, expected a string"
+                ))
+            }
+        };
         if qt != ty.name() {
             return Err(format!(
                 "quant state says quant_type '{qt}' but is stored as bitsandbytes__{}",

@@ -3,25 +3,18 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::base::error::{Error, Result};
+use crate::base::error::Result;
 use crate::profile::Report;
 use crate::report::lifetimes::Analysis;
 
-fn csv_err(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::Export {
-        path: path.to_path_buf(),
-        problem: e.to_string(),
-    }
-}
-
 /// Writes records with the tensor-parallel rank they belong to as a last column (0 with one
 /// GPU), so one file holds every rank.
-struct RankRows<'a> {
-    w: &'a mut csv::Writer<Vec<u8>>,
+struct RankRows<'a, W: std::io::Write> {
+    w: &'a mut csv::Writer<W>,
     rank: u32,
 }
 
-impl RankRows<'_> {
+impl<W: std::io::Write> RankRows<'_, W> {
     fn write_record<I, T>(&mut self, record: I) -> std::result::Result<(), csv::Error>
     where
         I: IntoIterator<Item = T>,
@@ -43,7 +36,17 @@ fn each_rank(report: &Report) -> Vec<&Report> {
 }
 
 pub fn timeline_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Error> {
-    let mut out = csv::Writer::from_writer(Vec::new());
+    let mut v = Vec::new();
+    write_timeline(report, &mut v)?;
+    Ok(v)
+}
+
+/// The timeline, streamed row by row into `to` (one event's row in memory at a time).
+pub fn write_timeline(
+    report: &Report,
+    to: impl std::io::Write,
+) -> std::result::Result<(), csv::Error> {
+    let mut out = csv::Writer::from_writer(to);
     let mut w = RankRows {
         w: &mut out,
         rank: 0,
@@ -87,11 +90,22 @@ pub fn timeline_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Erro
             ])?;
         }
     }
-    out.into_inner().map_err(|e| e.into_error().into())
+    out.flush()?;
+    Ok(())
 }
 
 pub fn summary_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Error> {
-    let mut out = csv::Writer::from_writer(Vec::new());
+    let mut v = Vec::new();
+    write_summary(report, &mut v)?;
+    Ok(v)
+}
+
+/// The summary, streamed into `to`.
+pub fn write_summary(
+    report: &Report,
+    to: impl std::io::Write,
+) -> std::result::Result<(), csv::Error> {
+    let mut out = csv::Writer::from_writer(to);
     let mut w = RankRows {
         w: &mut out,
         rank: 0,
@@ -137,11 +151,15 @@ pub fn summary_bytes(report: &Report) -> std::result::Result<Vec<u8>, csv::Error
         row.extend(std::iter::repeat_n(String::new(), 10));
         w.write_record(row)?;
     }
-    out.into_inner().map_err(|e| e.into_error().into())
+    out.flush()?;
+    Ok(())
 }
 
 /// One report's rows: a row per formula, the truth, then who owns the peak.
-fn summary_rows(report: &Report, w: &mut RankRows) -> std::result::Result<(), csv::Error> {
+fn summary_rows<W: std::io::Write>(
+    report: &Report,
+    w: &mut RankRows<W>,
+) -> std::result::Result<(), csv::Error> {
     let sim = report.device.simulated.to_string();
     for f in &report.formulas {
         let v = f.verify.as_ref();
@@ -254,12 +272,8 @@ pub fn summary_path(timeline: &Path) -> PathBuf {
 
 /// Writes the timeline to `path` and the summary beside it; returns both paths.
 pub fn write(report: &Report, path: &Path) -> Result<(PathBuf, PathBuf)> {
-    let timeline = timeline_bytes(report).map_err(|e| csv_err(path, e))?;
     let summary_file = summary_path(path);
-    let summary = summary_bytes(report).map_err(|e| csv_err(&summary_file, e))?;
-    super::write_all(&[
-        (path.to_path_buf(), timeline),
-        (summary_file.clone(), summary),
-    ])?;
+    let files = super::report_renders(report, None, Some(path), None)?;
+    super::write_streamed(files)?;
     Ok((path.to_path_buf(), summary_file))
 }

@@ -14,20 +14,30 @@ pub fn write(report: &Report, path: &Path) -> Result<()> {
         path: path.into(),
         problem: e.to_string(),
     };
-    let mut v = serde_json::to_value(report).map_err(err)?;
     let a = Analysis::of(report);
-    if let Some(o) = v.as_object_mut() {
-        o.insert(
-            "kept_across_passes".into(),
-            serde_json::to_value(&a.kept).map_err(err)?,
-        );
-        o.insert(
-            "peak_owners".into(),
-            serde_json::to_value(&a.peaks).map_err(err)?,
-        );
+    // Streamed into the file: the report's fields, then the analysis's two.
+    #[derive(serde::Serialize)]
+    struct Session<'a, K: serde::Serialize, P: serde::Serialize> {
+        #[serde(flatten)]
+        report: &'a Report,
+        kept_across_passes: &'a K,
+        peak_owners: &'a P,
     }
-    let text = serde_json::to_vec_pretty(&v).map_err(err)?;
-    super::atomic_write(path, &text)
+    let session = Session {
+        report,
+        kept_across_passes: &a.kept,
+        peak_owners: &a.peaks,
+    };
+    super::write_streamed(vec![(
+        path.to_path_buf(),
+        Box::new(move |w: &mut dyn std::io::Write| {
+            // A concrete buffer in front of the dynamic writer: serde_json's small writes stay
+            // inlined.
+            let mut w = std::io::BufWriter::with_capacity(1 << 16, w);
+            serde_json::to_writer_pretty(&mut w, &session).map_err(err)?;
+            std::io::Write::flush(&mut w).map_err(|e| Error::io(path, e))
+        }),
+    )])
 }
 
 pub fn read(path: &Path) -> Result<Report> {

@@ -16,6 +16,8 @@ pub(crate) enum GuardError {
     Global(&'static str, u64),
     Malformed(&'static str, u64),
     TooDeep(u64),
+    /// A string or bytes object longer than `MAX_ATOM_BYTES`: (its length, where).
+    TooLong(u64, u64),
 }
 
 impl std::fmt::Display for GuardError {
@@ -38,6 +40,11 @@ impl std::fmt::Display for GuardError {
             GuardError::TooDeep(at) => write!(
                 f,
                 "refused: values nested more than {MAX_DEPTH} levels deep at byte {at} (a memory snapshot nests about 6)"
+            ),
+            GuardError::TooLong(n, at) => write!(
+                f,
+                "refused: a string or bytes object of {n} bytes at byte {at}, more than the {} MiB a memory snapshot's names and paths ever take",
+                MAX_ATOM_BYTES >> 20
             ),
             GuardError::Global(what, at) => write!(
                 f,
@@ -92,6 +99,21 @@ impl<R: Read> Counting<R> {
 /// Deepest nesting of containers accepted: decoding (and dropping) nested values recurses, so
 /// a file of a million nested lists would overflow the stack.
 pub(crate) const MAX_DEPTH: u8 = 64;
+
+/// Longest string or bytes object accepted. A snapshot's strings are op names, file paths and
+/// actions (C++ symbols reach a few KiB); a longer one is refused before it is read, so a file
+/// that is one huge `BINBYTES8` is not read twice to the end.
+pub(crate) const MAX_ATOM_BYTES: u64 = 16 << 20;
+
+impl<R: Read> Counting<R> {
+    /// `skip` of an argument of `n` bytes, refused above `MAX_ATOM_BYTES`.
+    fn skip_atom(&mut self, n: u64, at: u64) -> Result<(), GuardError> {
+        if n > MAX_ATOM_BYTES {
+            return Err(GuardError::TooLong(n, at));
+        }
+        self.skip(n)
+    }
+}
 
 /// The nesting depth of each value on the pickle machine's stack (a shadow of the stack, no
 /// values), the MARK positions, and the depth of each memoized value.
@@ -239,7 +261,7 @@ pub(crate) fn check(reader: impl Read) -> Result<(), GuardError> {
             }
             b'T' | b'X' | b'B' => {
                 let n = r.le(4)?;
-                r.skip(n)?;
+                r.skip_atom(n, at)?;
                 sh.push(0, at)?
             }
             0x8b => {
@@ -247,12 +269,12 @@ pub(crate) fn check(reader: impl Read) -> Result<(), GuardError> {
                 if n < 0 {
                     return Err(GuardError::Malformed("negative length", at));
                 }
-                r.skip(n as u64)?;
+                r.skip_atom(n as u64, at)?;
                 sh.push(0, at)?
             }
             0x8d | 0x8e | 0x96 => {
                 let n = r.le(8)?;
-                r.skip(n)?;
+                r.skip_atom(n, at)?;
                 sh.push(0, at)?
             }
             b'I' | b'L' | b'F' | b'S' | b'V' => {

@@ -190,13 +190,16 @@ impl DeviceTimeline {
         );
         let total_bytes = total.unwrap_or(0);
         let mut passes: Vec<PassStats> = Vec::new();
+        // Pass number → its row: one lookup per event, so 10^5 passes stay linear.
+        let mut row_of: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
         for e in &self.events {
             if e.pass == 0 {
                 continue;
             }
-            let p = match passes.iter_mut().find(|p| p.index == e.pass) {
-                Some(p) => p,
+            let p = match row_of.get(&e.pass) {
+                Some(&i) => &mut passes[i],
                 None => {
+                    row_of.insert(e.pass, passes.len());
                     passes.push(PassStats {
                         index: e.pass,
                         verify_for: None,
@@ -213,9 +216,10 @@ impl DeviceTimeline {
             };
             p.end_us = e.time_us;
             p.peak_allocated = p.peak_allocated.max(e.allocated);
+            // Saturating: a snapshot's sizes were checked one by one, not their sums.
             match e.kind {
-                EventKind::Alloc => p.allocated_bytes += e.bytes,
-                EventKind::Free => p.freed_bytes += e.bytes,
+                EventKind::Alloc => p.allocated_bytes = p.allocated_bytes.saturating_add(e.bytes),
+                EventKind::Free => p.freed_bytes = p.freed_bytes.saturating_add(e.bytes),
                 _ => {}
             }
         }

@@ -9,6 +9,7 @@ use std::io::{BufReader, Read, Seek};
 use std::path::Path;
 
 use super::raw::{Frame, RawEntry, RawSegment, RawSnapshot, TopFrames};
+use super::unpickle::MemoryBudget;
 use super::{DeviceTimeline, Imported, VRAMSCOPE_FRAME};
 use crate::base::error::{Error, Result};
 use crate::memory::allocator::{
@@ -37,16 +38,17 @@ pub fn read(path: &Path, progress: Option<&mut dyn FnMut(u64, u64)>) -> Result<I
         next_report: 0,
         progress,
     };
-    let raw = super::unpickle::decode(BufReader::with_capacity(1 << 20, reader))
+    let (raw, budget) = super::unpickle::decode(BufReader::with_capacity(1 << 20, reader), size)
         .map_err(|e| bad(path, e.to_string()))?;
-    from_raw(path, raw, size)
+    from_raw(path, raw, size, budget)
 }
 
 /// `read` for bytes already in memory (fuzzing, tests).
 pub fn read_bytes(path: &Path, bytes: &[u8]) -> Result<Imported> {
     super::guard::check(bytes).map_err(|e| bad(path, e.to_string()))?;
-    let raw = super::unpickle::decode(bytes).map_err(|e| bad(path, e.to_string()))?;
-    from_raw(path, raw, bytes.len() as u64)
+    let (raw, budget) =
+        super::unpickle::decode(bytes, bytes.len() as u64).map_err(|e| bad(path, e.to_string()))?;
+    from_raw(path, raw, bytes.len() as u64, budget)
 }
 
 struct Progressing<'a, R> {
@@ -71,7 +73,23 @@ impl<R: Read> Read for Progressing<'_, R> {
     }
 }
 
-fn from_raw(path: &Path, raw: RawSnapshot, file_bytes: u64) -> Result<Imported> {
+/// Heap bytes of the event an entry becomes: the struct and, at most, its op and tensor
+/// names (the top frame's name and file name, and a line number).
+fn event_bytes(e: &RawEntry) -> u64 {
+    let names = e
+        .frames
+        .0
+        .first()
+        .map_or(0, |f| f.name.len() + f.filename.len() + 24);
+    std::mem::size_of::<Event>() as u64 + names as u64
+}
+
+fn from_raw(
+    path: &Path,
+    raw: RawSnapshot,
+    file_bytes: u64,
+    mut budget: MemoryBudget,
+) -> Result<Imported> {
     if !raw.recognised {
         return Err(bad(
             path,
@@ -109,6 +127,20 @@ fn from_raw(path: &Path, raw: RawSnapshot, file_bytes: u64) -> Result<Imported> 
                 (a.time_us.unwrap_or(0).max(0) as u64, label)
             })
             .collect();
+        // The event log is charged before it is built: entries repeated through the memo
+        // cost a few bytes of the file each but a whole event each.
+        let log_bytes = trace
+            .iter()
+            .map(|e| event_bytes(e))
+            .chain(
+                annotations
+                    .iter()
+                    .map(|a| std::mem::size_of::<Event>() as u64 + a.1.len() as u64),
+            )
+            .fold(0u64, u64::saturating_add);
+        budget
+            .charge(log_bytes, file_bytes)
+            .map_err(|e| bad(path, e.to_string()))?;
         let t = replay(
             d as u32,
             trace,
@@ -171,7 +203,7 @@ impl Model {
         let Some((base, seg)) = self.segment_of(addr) else {
             return Err(format!("alloc at 0x{addr:x} lies in no segment"));
         };
-        let seg_end = base + seg.size;
+        let seg_end = end_of(base, seg.size)?;
         let rounded = round_size(requested.max(1));
         if rounded > seg_end - addr {
             return Err(format!(
@@ -215,9 +247,35 @@ impl Model {
                 rounded
             }
         };
-        self.live.insert(addr, (size, true));
-        self.allocated += size;
+        self.place_live(addr, size)?;
         Ok(size)
+    }
+
+    /// A live block of `size` at `addr`, which must not overlap another live block; counted
+    /// as allocated (checked: a contradictory trace is refused, never wrapped).
+    fn place_live(&mut self, addr: u64, size: u64) -> std::result::Result<(), String> {
+        let end = end_of(addr, size)?;
+        if let Some((&p, &(psize, _))) = self.live.range(..addr).next_back() {
+            if p.saturating_add(psize) > addr {
+                return Err(format!(
+                    "impossible address: a block of {size} bytes at {} overlaps the live block of {psize} bytes at {}",
+                    hex(addr),
+                    hex(p)
+                ));
+            }
+        }
+        if let Some((&n, _)) = self.live.range(addr..).next() {
+            if n < end {
+                return Err(format!(
+                    "impossible address: a block of {size} bytes at {} overlaps the live block at {}",
+                    hex(addr),
+                    hex(n)
+                ));
+            }
+        }
+        self.allocated = add(self.allocated, size, "allocated bytes")?;
+        self.live.insert(addr, (size, true));
+        Ok(())
     }
 
     /// `free_requested`: the block stops counting as allocated.
@@ -227,7 +285,8 @@ impl Model {
             return None;
         }
         entry.1 = false;
-        self.allocated -= entry.0;
+        // Never below zero: every live block's size was added when it was placed.
+        self.allocated = self.allocated.saturating_sub(entry.0);
         Some(entry.0)
     }
 
@@ -249,17 +308,18 @@ impl Model {
         let mut start = addr;
         let prev = blocks.range(..addr).next_back().map(|(&p, &pb)| (p, pb));
         if let Some((p, pb)) = prev {
-            if !pb.active && p + pb.size == addr {
+            if !pb.active && p.checked_add(pb.size) == Some(addr) {
                 blocks.remove(&p);
                 start = p;
                 b.size += pb.size;
             }
         }
-        let next = start + b.size;
-        if let Some(&nb) = blocks.get(&next) {
-            if !nb.active {
-                blocks.remove(&next);
-                b.size += nb.size;
+        if let Some(next) = start.checked_add(b.size) {
+            if let Some(&nb) = blocks.get(&next) {
+                if !nb.active {
+                    blocks.remove(&next);
+                    b.size = b.size.saturating_add(nb.size);
+                }
             }
         }
         blocks.insert(start, b);
@@ -268,6 +328,23 @@ impl Model {
 
 fn hex(a: u64) -> String {
     format!("0x{a:x}")
+}
+
+/// `a + b` of a replay counter; a trace whose sizes add past 2^64 contradicts itself.
+fn add(a: u64, b: u64, what: &str) -> std::result::Result<u64, String> {
+    a.checked_add(b).ok_or_else(|| {
+        format!("impossible sizes: {what} add up past 2^64 bytes ({a} + {b}); the trace contradicts itself")
+    })
+}
+
+/// The end of `size` bytes at `addr`, which must lie below 2^64.
+fn end_of(addr: u64, size: u64) -> std::result::Result<u64, String> {
+    addr.checked_add(size).ok_or_else(|| {
+        format!(
+            "impossible address: {size} bytes at {} run past the end of the address space",
+            hex(addr)
+        )
+    })
 }
 
 /// Op, tensor, category, layer and pass of an entry, from its top frames: the ones a
@@ -339,6 +416,7 @@ fn replay(
     let mut end_blocks: HashMap<u64, u64> = HashMap::new();
     let mut final_allocated = 0u64;
     let mut final_reserved = 0u64;
+    let mut by_address: Vec<(u64, u64)> = Vec::with_capacity(segments.len());
     for s in segments {
         if s.total_size == 0 || s.address.checked_add(s.total_size).is_none() {
             return Err(format!(
@@ -347,7 +425,28 @@ fn replay(
                 s.total_size
             ));
         }
-        final_reserved += s.total_size;
+        by_address.push((s.address, s.total_size));
+    }
+    // Two segments at one address, or overlapping, would be counted twice.
+    by_address.sort_unstable();
+    for w in by_address.windows(2) {
+        let ((a, size), (b, _)) = (w[0], w[1]);
+        if a == b {
+            return Err(format!(
+                "two segments at one address, {}, in 'segments'",
+                hex(a)
+            ));
+        }
+        if a + size > b {
+            return Err(format!(
+                "impossible address: segment {} of {size} bytes overlaps segment {} in 'segments'",
+                hex(a),
+                hex(b)
+            ));
+        }
+    }
+    for s in segments {
+        final_reserved = add(final_reserved, s.total_size, "the segments' sizes")?;
         let mut addr = s.address;
         let mut covered = 0u64;
         for b in &s.blocks {
@@ -361,18 +460,17 @@ fn replay(
                 ));
             }
             if &*b.state == "active_allocated" {
-                final_allocated += b.size;
+                final_allocated = add(final_allocated, b.size, "the segments' blocks")?;
                 end_blocks.insert(a, b.size);
             }
-            addr = a + b.size;
+            addr = end_of(a, b.size)?;
         }
         if let Some(declared) = s.allocated_size {
-            let sum: u64 = s
+            let sum = s
                 .blocks
                 .iter()
                 .filter(|b| &*b.state == "active_allocated")
-                .map(|b| b.size)
-                .sum();
+                .try_fold(0u64, |t, b| add(t, b.size, "a segment's blocks"))?;
             if declared != sum {
                 return Err(format!(
                     "segment {} says {declared} bytes allocated but its blocks hold {sum}",
@@ -388,6 +486,7 @@ fn replay(
     let mut seg_seen: HashSet<u64> = HashSet::new();
     let mut pre_segments: BTreeMap<u64, u64> = BTreeMap::new();
     let mut live: HashSet<u64> = HashSet::new();
+    let mut freed_here: HashSet<u64> = HashSet::new();
     let mut pre_blocks: HashMap<u64, u64> = HashMap::new();
     for e in trace {
         let Some(addr) = e.addr else { continue };
@@ -401,11 +500,14 @@ fn replay(
             }
             "alloc" => {
                 live.insert(addr);
+                freed_here.remove(&addr);
             }
-            // A free (request) of a block the history never allocated: it predates it.
-            "free_requested" | "free_completed"
-                if !live.remove(&addr) && &*e.action == "free_requested" =>
-            {
+            // A free (request) of a block the history never allocated: it predates it. A
+            // second free of a block the history freed is a double free, said by the replay.
+            "free_requested" | "free_completed" if live.remove(&addr) => {
+                freed_here.insert(addr);
+            }
+            "free_requested" if !freed_here.contains(&addr) => {
                 pre_blocks.entry(addr).or_insert(round_size(e.size.max(1)));
             }
             _ => {}
@@ -424,7 +526,8 @@ fn replay(
     // A free of an unknown block is only possible inside a segment that predates the trace.
     let mut model = Model::default();
     for (&base, &size) in &pre_segments {
-        if model.segment_of(base).is_some() {
+        let end = end_of(base, size)?;
+        if model.segment_of(base).is_some() || model.segments.range(base..end).next().is_some() {
             return Err(format!("segments overlap at {}", hex(base)));
         }
         model.segments.insert(
@@ -435,7 +538,7 @@ fn replay(
                 blocks: None,
             },
         );
-        model.reserved += size;
+        model.reserved = add(model.reserved, size, "reserved bytes")?;
     }
     for (&a, &size) in &pre_blocks {
         if model.segment_of(a).is_none_or(|(_, s)| s.blocks.is_some()) {
@@ -444,8 +547,17 @@ fn replay(
                 hex(a)
             ));
         }
-        model.live.insert(a, (size, true));
-        model.allocated += size;
+        if let Some((base, seg)) = model.segment_of(a) {
+            if end_of(a, size)? > end_of(base, seg.size)? {
+                return Err(format!(
+                    "impossible size: a block of {size} bytes at {} (freed in the trace) runs past its segment {} of {} bytes",
+                    hex(a),
+                    hex(base),
+                    seg.size
+                ));
+            }
+        }
+        model.place_live(a, size)?;
     }
 
     let t0 = trace
@@ -504,7 +616,16 @@ fn replay(
     let mut ann = annotations.to_vec();
     ann.sort_by_key(|a| a.0);
     let mut ann = ann.into_iter().peekable();
-    for e in trace {
+    // Entry (index) of the last free of each address not allocated again since: a second
+    // free of it is a double free, said as such.
+    let mut freed: HashMap<u64, usize> = HashMap::new();
+    let double_free = |addr: u64, i: usize, earlier: usize| {
+        format!(
+            "double free at {}: entry {i} frees a block that entry {earlier} already freed, with no alloc at that address between them",
+            hex(addr)
+        )
+    };
+    for (i, e) in trace.iter().enumerate() {
         let time = rel(e.time_us);
         while let Some((t, label)) = ann.next_if(|a| a.0.saturating_sub(t0 as u64) <= time) {
             push(
@@ -525,6 +646,7 @@ fn replay(
             "alloc" => {
                 let addr = need_addr()?;
                 let size = model.alloc(addr, e.size)?;
+                freed.remove(&addr);
                 let n = names(&e.frames, e.category.as_deref());
                 push(
                     &mut events,
@@ -539,8 +661,15 @@ fn replay(
             "free_requested" => {
                 let addr = need_addr()?;
                 let Some(size) = model.free_requested(addr) else {
-                    return Err(format!("free of unknown address {}", hex(addr)));
+                    return Err(match freed.get(&addr) {
+                        Some(&earlier) => double_free(addr, i, earlier),
+                        None => format!(
+                            "free of unknown address {}: no alloc of it in the trace",
+                            hex(addr)
+                        ),
+                    });
                 };
+                freed.insert(addr, i);
                 let n = names(&e.frames, e.category.as_deref());
                 push(
                     &mut events,
@@ -559,6 +688,7 @@ fn replay(
                     // A completion with no request before it: both at once.
                     Some((_, true)) => {
                         let size = model.free_requested(addr).unwrap_or(0);
+                        freed.insert(addr, i);
                         model.free_completed(addr);
                         let n = names(&e.frames, e.category.as_deref());
                         push(
@@ -571,7 +701,15 @@ fn replay(
                             &model,
                         );
                     }
-                    None => return Err(format!("free of unknown address {}", hex(addr))),
+                    None => {
+                        return Err(match freed.get(&addr) {
+                            Some(&earlier) => double_free(addr, i, earlier),
+                            None => format!(
+                                "free of unknown address {}: no alloc of it in the trace",
+                                hex(addr)
+                            ),
+                        })
+                    }
                 }
             }
             "segment_alloc" | "segment_map" => {
@@ -592,8 +730,15 @@ fn replay(
                     .filter(|(b, s)| expandable_map && **b + s.size == addr)
                     .map(|(b, _)| *b);
                 if let Some(b) = grown {
+                    if model.segments.range(addr..addr + e.size).next().is_some() {
+                        return Err(format!(
+                            "impossible address: segment_map at {} of {} bytes overlaps a live segment",
+                            hex(addr),
+                            e.size
+                        ));
+                    }
                     if let Some(s) = model.segments.get_mut(&b) {
-                        s.size += e.size;
+                        s.size = add(s.size, e.size, "an expandable segment's maps")?;
                         s.blocks = None;
                     }
                 } else {
@@ -622,7 +767,7 @@ fn replay(
                         },
                     );
                 }
-                model.reserved += e.size;
+                model.reserved = add(model.reserved, e.size, "reserved bytes")?;
                 let n = names(&e.frames, Some("non-framework"));
                 push(
                     &mut events,
@@ -639,7 +784,7 @@ fn replay(
                 let Some((base, seg)) = model.segment_of(addr) else {
                     return Err(format!("segment_free of unknown segment {}", hex(addr)));
                 };
-                let seg_end = base + seg.size;
+                let seg_end = end_of(base, seg.size)?;
                 if e.size == 0 || e.size > seg_end - addr {
                     return Err(format!(
                         "impossible size: {} of {} bytes at {} runs past its segment",
@@ -672,7 +817,15 @@ fn replay(
                         },
                     );
                 }
-                model.reserved -= e.size;
+                model.reserved = model.reserved.checked_sub(e.size).ok_or_else(|| {
+                    format!(
+                        "impossible size: {} of {} bytes at {} frees more than is reserved ({} bytes)",
+                        e.action,
+                        e.size,
+                        hex(addr),
+                        model.reserved
+                    )
+                })?;
                 let n = names(&e.frames, Some("non-framework"));
                 push(
                     &mut events,

@@ -27,6 +27,8 @@ pub(crate) enum DecodeError {
     Shape(String),
     /// A pickle the guard let through but this machine cannot build (bad stack use).
     Malformed(&'static str, u64),
+    /// Decoding would take more memory than the reader allows for a file of this size.
+    OverBudget(MemoryBudget, u64),
 }
 
 impl std::fmt::Display for DecodeError {
@@ -38,9 +40,64 @@ impl std::fmt::Display for DecodeError {
             DecodeError::Malformed(what, at) => {
                 write!(f, "not a valid pickle: {what} at byte {at}")
             }
+            DecodeError::OverBudget(b, at) => write!(
+                f,
+                "refused at byte {at}: decoding it would take more than {} bytes of memory ({READ_MULTIPLE}x the file's {} bytes + {} MiB), the most the reader takes for a file this size; a PyTorch snapshot decodes to a fraction of its size",
+                b.limit,
+                b.file_bytes,
+                READ_BASE_BYTES >> 20
+            ),
         }
     }
 }
+
+/// The reader's memory bound: the decoded values and the event log built from them take at
+/// most `READ_MULTIPLE` × the file's size + `READ_BASE_BYTES` (counted in heap bytes of what
+/// is kept; vectors' growth slack comes on top, at most as much again). A real snapshot
+/// decodes to a fraction of its size, a hostile one (a file of empty dicts, memo ids far
+/// apart, one small entry repeated through the memo) is refused when it reaches the bound.
+pub(crate) const READ_MULTIPLE: u64 = 16;
+pub(crate) const READ_BASE_BYTES: u64 = 64 << 20;
+
+/// Heap bytes charged against the reader's bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MemoryBudget {
+    pub(crate) used: u64,
+    pub(crate) limit: u64,
+    pub(crate) file_bytes: u64,
+}
+
+impl MemoryBudget {
+    pub(crate) fn for_file(file_bytes: u64) -> Self {
+        MemoryBudget {
+            used: 0,
+            limit: file_bytes
+                .saturating_mul(READ_MULTIPLE)
+                .saturating_add(READ_BASE_BYTES),
+            file_bytes,
+        }
+    }
+
+    /// Takes `bytes` more; an error past the bound (`at`: the byte of the file reached).
+    pub(crate) fn charge(&mut self, bytes: u64, at: u64) -> Result<(), DecodeError> {
+        self.used = self.used.saturating_add(bytes);
+        if self.used > self.limit {
+            return Err(DecodeError::OverBudget(*self, at));
+        }
+        Ok(())
+    }
+
+    fn credit(&mut self, bytes: u64) {
+        self.used = self.used.saturating_sub(bytes);
+    }
+}
+
+/// Heap bytes of one value slot (on the stack, in a list, half a dict item).
+const VAL_BYTES: u64 = std::mem::size_of::<Val>() as u64;
+/// A container's own allocation: reference counts, the RefCell and the Vec header.
+const CONTAINER_BYTES: u64 = 64;
+/// A sparse memo entry or an interned string's set slot and header.
+const ENTRY_BYTES: u64 = 48;
 
 pub(crate) fn shape(what: impl Into<String>) -> DecodeError {
     DecodeError::Shape(what.into())
@@ -174,6 +231,9 @@ pub(crate) struct Machine {
     strings: HashSet<Rc<str>>,
     /// Top frames of stacks (frame lists) shared between entries, computed once.
     top_frames: HashMap<usize, (Val, Rc<raw::TopFrames>)>,
+    pub(crate) budget: MemoryBudget,
+    /// The byte of the file the machine is at (for the budget's message).
+    at: u64,
 }
 
 impl Drop for Machine {
@@ -211,8 +271,10 @@ fn empty(v: &Val) {
 }
 
 impl Machine {
-    fn new() -> Self {
+    fn new(budget: MemoryBudget) -> Self {
         Machine {
+            budget,
+            at: 0,
             stack: Vec::with_capacity(64),
             marks: Vec::new(),
             memo: Vec::new(),
@@ -256,6 +318,7 @@ impl Machine {
         if let Some(rc) = self.strings.get(s.as_str()) {
             return Ok(Val::Str(rc.clone()));
         }
+        self.budget.charge(s.len() as u64 + ENTRY_BYTES, at)?;
         let rc: Rc<str> = Rc::from(s);
         self.strings.insert(rc.clone());
         Ok(Val::Str(rc))
@@ -264,14 +327,22 @@ impl Machine {
     fn memoize(&mut self, id: u32, at: u64) -> Result<(), DecodeError> {
         let v = self.top(at)?.clone();
         let i = id as usize;
+        // Dense only while ids come in order (as pickle writes them): ids far apart go to
+        // the sparse map, so memory follows the entries stored, never the largest id.
         let replaced = if i < self.memo.len() {
             self.memo[i].replace(v)
-        } else if i <= self.memo.len() + 4096 {
+        } else if i <= self.memo.len() + 16 {
+            self.budget
+                .charge((i + 1 - self.memo.len()) as u64 * VAL_BYTES, at)?;
             self.memo.resize(i, None);
             self.memo.push(Some(v));
             None
         } else {
-            self.memo_sparse.insert(id, v)
+            let old = self.memo_sparse.insert(id, v);
+            if old.is_none() {
+                self.budget.charge(ENTRY_BYTES + VAL_BYTES, at)?;
+            }
+            old
         };
         match replaced {
             None => self.memo_count += 1,
@@ -307,18 +378,25 @@ impl Machine {
             let Dict::Items(items) = &*body else {
                 return Ok(());
             };
+            let items_bytes = items.len() as u64 * 2 * VAL_BYTES;
             let has = |k: &str| {
                 items
                     .iter()
                     .any(|(key, _)| matches!(key, Val::Str(s) if &**s == k))
             };
             if has("action") {
+                self.budget.credit(items_bytes);
+                self.budget
+                    .charge(std::mem::size_of::<raw::RawEntry>() as u64 + 16, self.at)?;
                 Some(Dict::Entry(Rc::new(raw::entry(items, self)?)))
             } else if !items.is_empty()
                 && items.iter().all(|(key, _)| {
                     matches!(key, Val::Str(s) if matches!(&**s, "filename" | "name" | "line"))
                 })
             {
+                self.budget.credit(items_bytes);
+                self.budget
+                    .charge(std::mem::size_of::<raw::Frame>() as u64 + 16, self.at)?;
                 Some(Dict::Frame(Rc::new(raw::frame(items)?)))
             } else {
                 None
@@ -346,6 +424,7 @@ impl Machine {
         }
         let t = Rc::new(raw::top_frames(&list.borrow())?);
         if shared {
+            self.budget.charge(CONTAINER_BYTES + ENTRY_BYTES, self.at)?;
             self.top_frames
                 .insert(key, (Val::List(list.clone()), t.clone()));
         }
@@ -451,11 +530,38 @@ impl Machine {
     fn run(&mut self, r: &mut Input<impl Read>) -> Result<Val, DecodeError> {
         loop {
             let at = r.pos;
+            self.at = at;
             let op = r.byte()?;
+            let depth = self.stack.len();
+            // A new container's own allocation, besides its slot on the stack.
+            if matches!(
+                op,
+                b'}' | b']' | 0x8f | b')' | b'l' | 0x91 | b't' | b'd' | 0x85..=0x87
+            ) {
+                self.budget.charge(CONTAINER_BYTES, at)?;
+            }
+            self.step(op, at, r)?;
+            if op == b'.' {
+                return self
+                    .stack
+                    .pop()
+                    .ok_or(DecodeError::Malformed("stack underflow", at));
+            }
+            // Every value pushed takes a slot, on the stack and then in its container.
+            if self.stack.len() > depth {
+                self.budget
+                    .charge((self.stack.len() - depth) as u64 * VAL_BYTES, at)?;
+            }
+        }
+    }
+
+    /// One opcode.
+    fn step(&mut self, op: u8, at: u64, r: &mut Input<impl Read>) -> Result<(), DecodeError> {
+        {
             match op {
                 b'.' => {
                     let v = self.pop(at)?;
-                    return Ok(v);
+                    self.stack.push(v);
                 }
                 0x80 => {
                     r.byte()?;
@@ -477,6 +583,7 @@ impl Machine {
                 b'2' => {
                     let v = self.top(at)?.clone();
                     if v.is_container() {
+                        self.budget.charge(VAL_BYTES, at)?;
                         self.duplicated.push(v.clone());
                     }
                     self.stack.push(v);
@@ -659,19 +766,26 @@ impl Machine {
                 _ => return Err(DecodeError::Malformed("an opcode the guard refuses", at)),
             }
         }
+        Ok(())
     }
 }
 
-/// Decodes one pickle (already checked by `guard::check`) into a snapshot.
-pub(crate) fn decode(reader: impl Read) -> Result<raw::RawSnapshot, DecodeError> {
+/// Decodes one pickle (already checked by `guard::check`) into a snapshot, within the
+/// memory bound of a file of `file_bytes`; the budget comes back with what the snapshot
+/// holds charged, for the replay to go on charging.
+pub(crate) fn decode(
+    reader: impl Read,
+    file_bytes: u64,
+) -> Result<(raw::RawSnapshot, MemoryBudget), DecodeError> {
     let mut input = Input {
         inner: reader,
         pos: 0,
     };
-    let mut m = Machine::new();
+    let mut m = Machine::new(MemoryBudget::for_file(file_bytes));
     let top = m.run(&mut input)?;
     m.stack.clear();
-    raw::snapshot(&top, input.pos)
+    let snapshot = raw::snapshot(&top, input.pos)?;
+    Ok((snapshot, m.budget))
 }
 
 #[cfg(test)]
@@ -706,7 +820,7 @@ mod tests {
 
     #[test]
     fn frames_shared_through_the_memo_reach_every_entry() {
-        let s = decode(SHARED).unwrap();
+        let (s, _) = decode(SHARED, SHARED.len() as u64).unwrap();
         let t = &s.device_traces[0];
         type Named<'a> = (&'a str, Vec<(&'a str, &'a str, i64)>);
         let top: Vec<Named> = t
@@ -741,7 +855,7 @@ mod tests {
     fn a_list_that_contains_itself_is_a_shape_error() {
         // l = []; l.append(l); {'segments': l}
         let bytes = b"\x80\x04}\x94\x8c\x08segments\x94]\x94h\x02as.";
-        let e = decode(&bytes[..]).unwrap_err();
+        let e = decode(&bytes[..], bytes.len() as u64).unwrap_err();
         assert_eq!(
             e.to_string(),
             "not a PyTorch memory snapshot: a segment is a list, expected a dict"
@@ -750,6 +864,9 @@ mod tests {
 
     #[test]
     fn a_stream_that_ends_early_is_truncated() {
-        assert_eq!(decode(&SHARED[..100]).unwrap_err(), DecodeError::Truncated);
+        assert_eq!(
+            decode(&SHARED[..100], 100).unwrap_err(),
+            DecodeError::Truncated
+        );
     }
 }

@@ -264,10 +264,19 @@ fn end_state(path: &Path, events: &[Event], device: i64) -> Result<Vec<OutSegmen
     Ok(out)
 }
 
-/// The report's trace as the bytes of a PyTorch memory snapshot (device 0; with tensor
-/// parallel, rank k as device k, one trace each, as PyTorch records one process's GPUs), for
-/// an all-or-nothing set of exports (`export::write_all`); `path` names the target in errors.
+/// The report's trace as the bytes of a PyTorch memory snapshot (`write_to` into memory).
 pub fn to_bytes(report: &Report, path: &Path) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    write_to(report, path, &mut out)?;
+    Ok(out)
+}
+
+/// The report's trace as a PyTorch memory snapshot (device 0; with tensor parallel, rank k as
+/// device k, one trace each, as PyTorch records one process's GPUs), streamed into `out` entry
+/// by entry, for an all-or-nothing set of exports (`export::write_streamed`); `path` names the
+/// target in errors.
+pub fn write_to(report: &Report, path: &Path, out: &mut dyn std::io::Write) -> Result<()> {
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, out);
     let ranks: Vec<&Report> = if report.ranks.is_empty() {
         vec![report]
     } else {
@@ -284,17 +293,19 @@ pub fn to_bytes(report: &Report, path: &Path) -> Result<Vec<u8>> {
             expandable_segments: false,
         },
     };
-    let mut out = Vec::new();
     serde_pickle::to_writer(&mut out, &snapshot, serde_pickle::SerOptions::new()).map_err(|e| {
         crate::Error::Export {
             path: path.to_path_buf(),
             problem: e.to_string(),
         }
     })?;
-    Ok(out)
+    std::io::Write::flush(&mut out).map_err(|e| crate::Error::io(path, e))
 }
 
 /// Writes the report's trace as a PyTorch memory snapshot (device 0), all or nothing.
 pub fn write(report: &Report, path: &Path) -> Result<()> {
-    crate::base::atomic::atomic_write(path, &to_bytes(report, path)?)
+    crate::base::atomic::write_streamed(vec![(
+        path.to_path_buf(),
+        Box::new(move |w: &mut dyn std::io::Write| write_to(report, path, w)),
+    )])
 }
