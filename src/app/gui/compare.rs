@@ -66,7 +66,8 @@ fn describe(r: &Report) -> String {
         r.model.name,
         r.quant,
         r.device.name,
-        if r.device.simulated {
+        // A simulated device's name says so already ("NVIDIA H100 80GB HBM3 (simulated)").
+        if r.device.simulated && !r.device.name.contains("simulated") {
             " (simulated)"
         } else {
             ""

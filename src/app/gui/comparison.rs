@@ -148,11 +148,7 @@ impl ComparisonView {
                     .filter_map(|id| r.formula(*id)),
             );
         }
-        egui::ScrollArea::horizontal()
-            .id_salt("cmp_table")
-            .show(ui, |ui| {
-                table(ui, r, &shown);
-            });
+        table(ui, r, &shown);
         ui.small("* inside the torch peak, not a separate term");
         ui.add_space(6.0);
         bars(ui, r, &shown);
@@ -162,112 +158,206 @@ impl ComparisonView {
 fn big_number(ui: &mut egui::Ui, title: &str, bytes: i64, colour: Color32) {
     ui.vertical(|ui| {
         ui.label(RichText::new(title).color(colour).strong());
-        ui.label(RichText::new(fmt_i(bytes)).size(BIG).color(colour).strong());
+        // As large as the column holds: a narrow panel (Present at 1280x720) shrinks the
+        // number rather than cut it.
+        let text = fmt_i(bytes);
+        let at_big = ui.fonts_mut(|f| {
+            f.layout_no_wrap(text.clone(), egui::FontId::proportional(BIG), colour)
+                .size()
+                .x
+        });
+        let size = (BIG * ui.available_width() / at_big.max(1.0))
+            .min(BIG)
+            .max(12.0);
+        ui.label(RichText::new(text).size(size).color(colour).strong());
         ui.label(RichText::new("KV-cache budget").small());
     });
 }
 
+/// One cell of the budget table.
+struct Cell {
+    text: String,
+    colour: Option<Color32>,
+    hover: Option<String>,
+}
+
+impl Cell {
+    fn plain(text: String) -> Cell {
+        Cell {
+            text,
+            colour: None,
+            hover: None,
+        }
+    }
+}
+
+/// The table's rows: a name (with what it means on hover) and one cell per formula, then the
+/// truth's.
+fn table_rows(
+    r: &Report,
+    shown: &[&FormulaResult],
+    ui: &egui::Ui,
+) -> Vec<(&'static str, Option<&'static str>, Vec<Cell>)> {
+    let t = &r.truth;
+    let per = |f: &dyn Fn(&FormulaResult) -> String, truth: String| -> Vec<Cell> {
+        shown
+            .iter()
+            .map(|x| Cell::plain(f(x)))
+            .chain([Cell::plain(truth)])
+            .collect()
+    };
+    let verify: Vec<Cell> = shown
+        .iter()
+        .map(|f| &f.verify)
+        .chain([&t.verify])
+        .map(|v| Cell {
+            text: verify_cell(v),
+            colour: Some(verify_colour(v, ui)),
+            hover: v.as_ref().map(|v| v.message.clone()),
+        })
+        .collect();
+    vec![
+        (
+            "weights",
+            Some("W, the framework memory the load added; marked * where a formula counts it inside the torch peak"),
+            per(
+                &|f| {
+                    if f.weights_term_bytes == 0 {
+                        format!("{}*", fmt_u(r.weights_bytes))
+                    } else {
+                        fmt_i(f.weights_term_bytes)
+                    }
+                },
+                fmt_u(r.weights_bytes),
+            ),
+        ),
+        ("torch peak", None, per(&|f| fmt_i(f.torch_peak_bytes), String::new())),
+        ("non-torch", None, per(&|f| fmt_i(f.non_torch_bytes), String::new())),
+        ("non-KV total", None, per(&|f| fmt_i(f.non_kv_bytes), fmt_i(t.non_kv_bytes))),
+        ("KV budget", None, per(&|f| fmt_i(f.kv_bytes), fmt_i(t.kv_bytes))),
+        ("blocks", None, per(&|f| f.kv_blocks.to_string(), t.kv_blocks.to_string())),
+        (
+            "max concurrency",
+            None,
+            per(
+                &|f| format!("{:.2}x", f.max_concurrency),
+                format!("{:.2}x", t.max_concurrency),
+            ),
+        ),
+        ("error vs truth", None, per(&|f| fmt_i(f.error_bytes), String::new())),
+        (
+            "verify",
+            Some("KV cache the budget grants + one more max-batch pass, inside T·u"),
+            verify,
+        ),
+    ]
+}
+
+/// Old, new (and the others when asked) beside the truth. Where the panel is too narrow for a
+/// name column and every value column on one line (Present at 1280x720), each row drops to two
+/// lines: its name, then its values, each column an equal share of the width, a long cell
+/// wrapping inside its share. No column is ever cut off.
 fn table(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
     let dark = ui.visuals().dark_mode;
-    // Narrow panels (1280x720) scroll the table sideways rather than cut the truth column off.
-    egui::ScrollArea::horizontal().id_salt("comparison-table").show(ui, |ui| {
-    egui::Grid::new("comparison")
-        .num_columns(shown.len() + 2)
-        .striped(true)
-        .spacing([8.0, 6.0])
-        .show(ui, |ui| {
-            ui.label("");
-            for f in shown {
-                ui.label(
-                    RichText::new(f.id.short())
-                        .color(legible(palette::formula(f.id), dark))
-                        .strong(),
-                )
-                .on_hover_text(f.title.as_str());
-            }
-            ui.label(RichText::new("truth").color(legible(palette::TRUTH, dark)).strong());
-            ui.end_row();
-
-            let t = &r.truth;
-            let row = |ui: &mut egui::Ui, name: &str, cells: Vec<String>, truth: String| {
-                ui.label(name);
-                for c in cells {
-                    ui.monospace(c);
-                }
-                ui.monospace(truth);
-                ui.end_row();
-            };
-            // Formulas without a separate weights term count the weights inside the torch peak.
-            ui.label("weights").on_hover_text(
-                "W, the framework memory the load added; marked * where a formula counts it inside the torch peak",
-            );
-            for f in shown {
-                ui.monospace(if f.weights_term_bytes == 0 {
-                    format!("{}*", fmt_u(r.weights_bytes))
-                } else {
-                    fmt_i(f.weights_term_bytes)
-                });
-            }
-            ui.monospace(fmt_u(r.weights_bytes));
-            ui.end_row();
-            row(
-                ui,
-                "torch peak",
-                shown.iter().map(|f| fmt_i(f.torch_peak_bytes)).collect(),
-                "".into(),
-            );
-            row(
-                ui,
-                "non-torch",
-                shown.iter().map(|f| fmt_i(f.non_torch_bytes)).collect(),
-                "".into(),
-            );
-            row(
-                ui,
-                "non-KV total",
-                shown.iter().map(|f| fmt_i(f.non_kv_bytes)).collect(),
-                fmt_i(t.non_kv_bytes),
-            );
-            row(
-                ui,
-                "KV budget",
-                shown.iter().map(|f| fmt_i(f.kv_bytes)).collect(),
-                fmt_i(t.kv_bytes),
-            );
-            row(
-                ui,
-                "blocks",
-                shown.iter().map(|f| f.kv_blocks.to_string()).collect(),
-                t.kv_blocks.to_string(),
-            );
-            row(
-                ui,
-                "max concurrency",
-                shown
-                    .iter()
-                    .map(|f| format!("{:.2}x", f.max_concurrency))
-                    .collect(),
-                format!("{:.2}x", t.max_concurrency),
-            );
-            row(
-                ui,
-                "error vs truth",
-                shown.iter().map(|f| fmt_i(f.error_bytes)).collect(),
-                "".into(),
-            );
-            ui.label("verify")
-                .on_hover_text("KV cache the budget grants + one more max-batch pass, inside T·u");
-            for v in shown.iter().map(|f| &f.verify).chain([&t.verify]) {
-                let c = verify_colour(v, ui);
-                let cell = ui.label(RichText::new(verify_cell(v)).color(c).monospace());
-                // The whole story (where it ran out of memory, cache given back) on hover.
-                if let Some(v) = v {
-                    cell.on_hover_text(&v.message);
-                }
-            }
-            ui.end_row();
-        });
+    let mut header: Vec<Cell> = shown
+        .iter()
+        .map(|f| Cell {
+            text: f.id.short().to_string(),
+            colour: Some(legible(palette::formula(f.id), dark)),
+            hover: Some(f.title.clone()),
+        })
+        .collect();
+    header.push(Cell {
+        text: "truth".into(),
+        colour: Some(legible(palette::TRUTH, dark)),
+        hover: None,
     });
+    let rows = table_rows(r, shown, ui);
+    let mono = egui::TextStyle::Monospace.resolve(ui.style());
+    let body = egui::TextStyle::Body.resolve(ui.style());
+    let width = |text: &str, font: &egui::FontId| {
+        ui.fonts_mut(|f| {
+            f.layout_no_wrap(text.to_string(), font.clone(), Color32::WHITE)
+                .size()
+                .x
+        })
+    };
+    let gap = 8.0;
+    let n = header.len();
+    let mut col_w: Vec<f32> = header.iter().map(|c| width(&c.text, &body)).collect();
+    for (_, _, cells) in &rows {
+        for (j, c) in cells.iter().enumerate() {
+            col_w[j] = col_w[j].max(width(&c.text, &mono));
+        }
+    }
+    let name_w = rows
+        .iter()
+        .map(|(name, _, _)| width(name, &body))
+        .fold(0.0, f32::max);
+    let avail = ui.available_width();
+    let one_line = name_w + col_w.iter().sum::<f32>() + gap * n as f32 + 4.0 <= avail;
+    let value = |ui: &mut egui::Ui, c: &Cell| {
+        let mut t = RichText::new(&c.text).monospace();
+        if let Some(col) = c.colour {
+            t = t.color(col);
+        }
+        let resp = ui.add(egui::Label::new(t).wrap());
+        if let Some(h) = &c.hover {
+            resp.on_hover_text(h);
+        }
+    };
+    let head = |ui: &mut egui::Ui, c: &Cell| {
+        let mut t = RichText::new(&c.text).strong();
+        if let Some(col) = c.colour {
+            t = t.color(col);
+        }
+        let resp = ui.label(t);
+        if let Some(h) = &c.hover {
+            resp.on_hover_text(h);
+        }
+    };
+    if one_line {
+        egui::Grid::new("comparison")
+            .num_columns(n + 1)
+            .striped(true)
+            .spacing([gap, 6.0])
+            .show(ui, |ui| {
+                ui.label("");
+                header.iter().for_each(|c| head(ui, c));
+                ui.end_row();
+                for (name, hover, cells) in &rows {
+                    let l = ui.label(*name);
+                    if let Some(h) = hover {
+                        l.on_hover_text(*h);
+                    }
+                    cells.iter().for_each(|c| value(ui, c));
+                    ui.end_row();
+                }
+            });
+    } else {
+        let share = ((avail - gap * (n as f32 - 1.0)) / n as f32)
+            .floor()
+            .max(40.0);
+        egui::Grid::new("comparison-two-lines")
+            .num_columns(n)
+            .striped(true)
+            .spacing([gap, 2.0])
+            .min_col_width(share)
+            .max_col_width(share)
+            .show(ui, |ui| {
+                header.iter().for_each(|c| head(ui, c));
+                ui.end_row();
+                for (name, hover, cells) in &rows {
+                    let l = ui.add(egui::Label::new(RichText::new(*name).weak()).wrap());
+                    if let Some(h) = hover {
+                        l.on_hover_text(*h);
+                    }
+                    ui.end_row();
+                    cells.iter().for_each(|c| value(ui, c));
+                    ui.end_row();
+                }
+            });
+    }
 }
 
 fn bars(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
@@ -380,9 +470,7 @@ pub fn waterfall(ui: &mut egui::Ui, r: &Report, a: &crate::report::lifetimes::An
     }
     ui.horizontal_wrapped(|ui| {
         for p in Piece::ALL {
-            let (r, _) = ui.allocate_exact_size(egui::vec2(14.0, 14.0), egui::Sense::hover());
-            ui.painter().rect_filled(r, 2.0, c32(p.colour()));
-            ui.label(p.label());
+            super::style::swatch(ui, c32(p.colour()), p.label());
         }
     });
     egui::Grid::new("waterfall_numbers")
@@ -422,10 +510,11 @@ pub fn peak_owners(ui: &mut egui::Ui, a: &crate::report::lifetimes::Analysis) {
         );
         ui.horizontal_wrapped(|ui| {
             for (cat, bytes) in &p.by_category {
-                let (r, _) = ui.allocate_exact_size(egui::vec2(12.0, 12.0), egui::Sense::hover());
-                ui.painter()
-                    .rect_filled(r, 2.0, c32(palette::category(*cat)));
-                ui.label(format!("{} {}", cat.label(), fmt_u(*bytes)));
+                super::style::swatch(
+                    ui,
+                    c32(palette::category(*cat)),
+                    format!("{} {}", cat.label(), fmt_u(*bytes)),
+                );
             }
         });
         egui::Grid::new(format!("top_{}", p.what))

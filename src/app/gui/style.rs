@@ -54,3 +54,15 @@ pub const BIG: f32 = 34.0;
 pub fn legible(c: Rgb, dark: bool) -> Color32 {
     c32(crate::report::palette::legible(c, dark))
 }
+
+/// A legend entry: a colour swatch and its label kept together (a wrapping row never puts
+/// the swatch at one line's end and its label at the next one's start).
+pub fn swatch(ui: &mut egui::Ui, fill: Color32, text: impl Into<egui::WidgetText>) {
+    ui.horizontal(|ui| {
+        ui.spacing_mut().item_spacing.x = 4.0;
+        let size = ui.text_style_height(&TextStyle::Body) * 0.75;
+        let (r, _) = ui.allocate_exact_size(egui::vec2(size, size), egui::Sense::hover());
+        ui.painter().rect_filled(r, 2.0, fill);
+        ui.label(text);
+    });
+}

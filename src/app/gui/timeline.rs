@@ -4,9 +4,10 @@
 //! (`crate::report::timeline::reduce`), and reductions are cached per view.
 
 use egui::{Align2, Color32, RichText};
-use egui_plot::{Legend, Line, LineStyle, PlotPoint, Span, Text, VLine};
+use egui_plot::{Line, LineStyle, PlotPoint, Span, Text, VLine};
 
-use super::plot::{axis_count, base_plot, wheel_zoom};
+use super::axis::AxisKind;
+use super::plot::{base_plot, wheel_zoom};
 use super::style::{c32, legible, on_bg};
 use crate::base::units::{fmt_i, fmt_u};
 use crate::memory::{Category, Event, EventKind};
@@ -135,6 +136,13 @@ impl TimelineView {
                 self.reset = true;
             }
         });
+        if self.stacked {
+            ui.horizontal_wrapped(|ui| {
+                for c in Category::ALL {
+                    super::style::swatch(ui, c32(palette::category(c)), c.label());
+                }
+            });
+        }
         if input.events.is_empty() {
             ui.centered_and_justified(|ui| {
                 ui.label("Click Profile (Ctrl+R) to record a timeline.");
@@ -149,21 +157,26 @@ impl TimelineView {
             input.events.last().map_or(0, |e| e.time_us) as f64 * 1e-6
         };
 
-        let mut plot = base_plot("timeline")
-            .legend(Legend::default().position(egui_plot::Corner::RightBottom))
+        // The series' checkboxes above name the lines in their colours: no legend over the
+        // plot. A finished run opens on its profile (t0..t3); the verify passes, with their
+        // KV caches, are to the right and set no axis until zoomed out to.
+        let x_kind = if by_event {
+            AxisKind::Events
+        } else {
+            AxisKind::Seconds
+        };
+        let mut plot = base_plot(ui, "timeline", x_kind)
             .include_y(0.0)
             .x_axis_label(if by_event {
                 "event order (index in the timeline)"
             } else {
                 "time since the run started"
-            })
-            .x_axis_formatter(move |m, range| {
-                if by_event {
-                    axis_count(m.value)
-                } else {
-                    axis_time(m.value, range.end() - range.start())
-                }
             });
+        if let Some((x_max, y_max)) = profile_extent(input.events, by_event) {
+            plot = plot
+                .default_x_bounds(0.0, x_max)
+                .default_y_bounds(0.0, y_max * 1.12);
+        }
         if self.reset {
             plot = plot.reset();
             self.reset = false;
@@ -595,12 +608,31 @@ fn event_tooltip(ui: &mut egui::Ui, e: &Event) {
     });
 }
 
-fn axis_time(s: f64, range_s: f64) -> String {
-    if range_s < 2.0 {
-        format!("{:.2} ms", s * 1e3)
-    } else {
-        format!("{s:.1} s")
+/// Where the profile ends (t3) on the x axis, and the highest total before it; `None` when
+/// there is no t3 (a live run) or nothing comes after it.
+pub(crate) fn profile_extent(events: &[Event], by_event: bool) -> Option<(f64, f64)> {
+    let t3 = events
+        .iter()
+        .rposition(|e| e.kind == EventKind::Marker && e.tensor == "t3")?;
+    if t3 + 1 >= events.len() {
+        return None;
     }
+    let top = events[..=t3]
+        .iter()
+        .map(|e| {
+            e.allocated
+                .max(e.reserved)
+                .max(e.device_used)
+                .max(e.process_used)
+        })
+        .max()
+        .unwrap_or(0);
+    let x = if by_event {
+        (t3 + 1) as f64
+    } else {
+        events[t3].time_us as f64 * 1e-6
+    };
+    Some((x.max(1e-6), (top as f64).max(1.0)))
 }
 
 #[cfg(test)]
