@@ -558,9 +558,14 @@ fn layout_at_720p_holds_when_tabs_bands_and_settings_change() {
         model: vramscope::model::ModelSource::parse("preset:llama-3-70b").unwrap(),
         ..SetupForm::default().request().expect("default request")
     });
-    let h = showing(1280.0, 720.0, egui::Theme::Light, &tp4, false);
-    let plot = h.state().lifetime_view().plot_rect().unwrap();
-    assert!(plot.height() >= 300.0, "--tp 4 leaves a plot of {plot:?}");
+    for present in [false, true] {
+        let h = showing(1280.0, 720.0, egui::Theme::Light, &tp4, present);
+        let plot = h.state().lifetime_view().plot_rect().unwrap();
+        assert!(
+            plot.height() >= 300.0,
+            "--tp 4 (present {present}) leaves a plot of {plot:?}"
+        );
+    }
 }
 
 /// Item 8: the memory lines open on the profile (the verify passes' KV caches set no axis),

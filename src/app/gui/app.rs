@@ -436,14 +436,24 @@ impl VramscopeApp {
                 let blocks = r
                     .formula(crate::profile::formulas::FormulaId::Pr9516)
                     .map_or(0, |f| f.kv_blocks);
+                // Short enough for one line over its multiple; the rest on hover.
                 let text = format!(
-                    "rank {} ({}): peak {}, NCCL {}, #9516 {} blocks{}",
+                    "rank {} ({} blocks){}",
                     r.rank,
+                    blocks,
+                    if binds { ", sets the budget" } else { "" }
+                );
+                let hover = format!(
+                    "{}: peak {}, NCCL {}, #9516 {} blocks. {}",
                     r.device.spec,
                     crate::base::units::fmt_u(r.checkpoints.t2.allocated_peak),
                     crate::base::units::fmt_u(r.nccl_bytes()),
                     blocks,
-                    if binds { " · sets the budget" } else { "" }
+                    if binds {
+                        "This rank has the fewest KV blocks under #9516: the engine takes its count for every rank."
+                    } else {
+                        "Click to show this rank in the views."
+                    }
                 );
                 ui.vertical(|ui| {
                     ui.set_width(width);
@@ -451,11 +461,7 @@ impl VramscopeApp {
                     let rt = if binds { rt.strong() } else { rt };
                     if ui
                         .selectable_label(shown == r.rank, rt)
-                        .on_hover_text(if binds {
-                            "This rank has the fewest KV blocks under #9516: the engine takes its count for every rank."
-                        } else {
-                            "Show this rank in the views."
-                        })
+                        .on_hover_text(hover)
                         .clicked()
                     {
                         clicked = Some(r.rank);
@@ -1062,13 +1068,6 @@ impl eframe::App for VramscopeApp {
                 ui.add_space(2.0);
             });
         }
-        // The banner is a strip of its own under the toolbar, across the window: it covers
-        // no control, whatever its length.
-        if self.banner.is_some() {
-            egui::Panel::top("banner")
-                .frame(egui::Frame::new())
-                .show(ui, |ui| self.banner_ui(ui));
-        }
         let window_w = ctx.content_rect().width();
         let mut show_setup = self.show_setup;
         egui::Panel::left("setup")
@@ -1124,6 +1123,14 @@ impl eframe::App for VramscopeApp {
                         }
                     });
             });
+        // The banner is a strip of its own at the top of the middle (added after the side
+        // panels, it spans the middle only): it covers no control whatever its length, and
+        // the setup and the budget never move for it; the plot below gives up the height.
+        if self.banner.is_some() {
+            egui::Panel::top("banner")
+                .frame(egui::Frame::new())
+                .show(ui, |ui| self.banner_ui(ui));
+        }
         egui::CentralPanel::default_margins().show(ui, |ui| {
             let running = self.worker.is_some();
             let shown = match (&self.report, &self.analysis) {

@@ -5,6 +5,7 @@
 use egui::{Color32, RichText};
 use egui_plot::{Bar, BarChart, Plot};
 
+use super::fit_table::{fit_table, Cell, Row};
 use super::style::{c32, legible, BIG};
 use crate::base::units::{fmt_i, fmt_u, GIB};
 use crate::profile::formulas::FormulaId;
@@ -174,190 +175,86 @@ fn big_number(ui: &mut egui::Ui, title: &str, bytes: i64, colour: Color32) {
     });
 }
 
-/// One cell of the budget table.
-struct Cell {
-    text: String,
-    colour: Option<Color32>,
-    hover: Option<String>,
-}
-
-impl Cell {
-    fn plain(text: String) -> Cell {
-        Cell {
-            text,
-            colour: None,
-            hover: None,
-        }
-    }
-}
-
-/// The table's rows: a name (with what it means on hover) and one cell per formula, then the
-/// truth's.
-fn table_rows(
-    r: &Report,
-    shown: &[&FormulaResult],
-    ui: &egui::Ui,
-) -> Vec<(&'static str, Option<&'static str>, Vec<Cell>)> {
-    let t = &r.truth;
-    let per = |f: &dyn Fn(&FormulaResult) -> String, truth: String| -> Vec<Cell> {
-        shown
-            .iter()
-            .map(|x| Cell::plain(f(x)))
-            .chain([Cell::plain(truth)])
-            .collect()
-    };
-    let verify: Vec<Cell> = shown
-        .iter()
-        .map(|f| &f.verify)
-        .chain([&t.verify])
-        .map(|v| Cell {
-            text: verify_cell(v),
-            colour: Some(verify_colour(v, ui)),
-            hover: v.as_ref().map(|v| v.message.clone()),
-        })
-        .collect();
-    vec![
-        (
-            "weights",
-            Some("W, the framework memory the load added; marked * where a formula counts it inside the torch peak"),
-            per(
-                &|f| {
-                    if f.weights_term_bytes == 0 {
-                        format!("{}*", fmt_u(r.weights_bytes))
-                    } else {
-                        fmt_i(f.weights_term_bytes)
-                    }
-                },
-                fmt_u(r.weights_bytes),
-            ),
-        ),
-        ("torch peak", None, per(&|f| fmt_i(f.torch_peak_bytes), String::new())),
-        ("non-torch", None, per(&|f| fmt_i(f.non_torch_bytes), String::new())),
-        ("non-KV total", None, per(&|f| fmt_i(f.non_kv_bytes), fmt_i(t.non_kv_bytes))),
-        ("KV budget", None, per(&|f| fmt_i(f.kv_bytes), fmt_i(t.kv_bytes))),
-        ("blocks", None, per(&|f| f.kv_blocks.to_string(), t.kv_blocks.to_string())),
-        (
-            "max concurrency",
-            None,
-            per(
-                &|f| format!("{:.2}x", f.max_concurrency),
-                format!("{:.2}x", t.max_concurrency),
-            ),
-        ),
-        ("error vs truth", None, per(&|f| fmt_i(f.error_bytes), String::new())),
-        (
-            "verify",
-            Some("KV cache the budget grants + one more max-batch pass, inside T·u"),
-            verify,
-        ),
-    ]
-}
-
-/// Old, new (and the others when asked) beside the truth. Where the panel is too narrow for a
-/// name column and every value column on one line (Present at 1280x720), each row drops to two
-/// lines: its name, then its values, each column an equal share of the width, a long cell
-/// wrapping inside its share. No column is ever cut off.
+/// Old, new (and the others when asked) beside the truth; where the panel is narrow, each
+/// row on two lines (`fit_table`), so no column is ever cut off.
 fn table(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
     let dark = ui.visuals().dark_mode;
-    let mut header: Vec<Cell> = shown
-        .iter()
-        .map(|f| Cell {
-            text: f.id.short().to_string(),
-            colour: Some(legible(palette::formula(f.id), dark)),
-            hover: Some(f.title.clone()),
-        })
-        .collect();
-    header.push(Cell {
-        text: "truth".into(),
-        colour: Some(legible(palette::TRUTH, dark)),
-        hover: None,
-    });
-    let rows = table_rows(r, shown, ui);
-    let mono = egui::TextStyle::Monospace.resolve(ui.style());
-    let body = egui::TextStyle::Body.resolve(ui.style());
-    let width = |text: &str, font: &egui::FontId| {
-        ui.fonts_mut(|f| {
-            f.layout_no_wrap(text.to_string(), font.clone(), Color32::WHITE)
-                .size()
-                .x
-        })
+    let mut header = vec![Cell::text("")];
+    header.extend(shown.iter().map(|f| {
+        Cell::text(f.id.short())
+            .strong()
+            .colour(legible(palette::formula(f.id), dark))
+            .hover(f.title.clone())
+    }));
+    header.push(
+        Cell::text("truth")
+            .strong()
+            .colour(legible(palette::TRUTH, dark)),
+    );
+    let t = &r.truth;
+    let row = |name: &str, f: &dyn Fn(&FormulaResult) -> String, truth: String| Row {
+        name: Cell::text(name),
+        cells: shown
+            .iter()
+            .map(|x| Cell::number(f(x)))
+            .chain([Cell::number(truth)])
+            .collect(),
     };
-    let gap = 8.0;
-    let n = header.len();
-    let mut col_w: Vec<f32> = header.iter().map(|c| width(&c.text, &body)).collect();
-    for (_, _, cells) in &rows {
-        for (j, c) in cells.iter().enumerate() {
-            col_w[j] = col_w[j].max(width(&c.text, &mono));
-        }
-    }
-    let name_w = rows
-        .iter()
-        .map(|(name, _, _)| width(name, &body))
-        .fold(0.0, f32::max);
-    let avail = ui.available_width();
-    let one_line = name_w + col_w.iter().sum::<f32>() + gap * n as f32 + 4.0 <= avail;
-    let value = |ui: &mut egui::Ui, c: &Cell| {
-        let mut t = RichText::new(&c.text).monospace();
-        if let Some(col) = c.colour {
-            t = t.color(col);
-        }
-        let resp = ui.add(egui::Label::new(t).wrap());
-        if let Some(h) = &c.hover {
-            resp.on_hover_text(h);
-        }
-    };
-    let head = |ui: &mut egui::Ui, c: &Cell| {
-        let mut t = RichText::new(&c.text).strong();
-        if let Some(col) = c.colour {
-            t = t.color(col);
-        }
-        let resp = ui.label(t);
-        if let Some(h) = &c.hover {
-            resp.on_hover_text(h);
-        }
-    };
-    if one_line {
-        egui::Grid::new("comparison")
-            .num_columns(n + 1)
-            .striped(true)
-            .spacing([gap, 6.0])
-            .show(ui, |ui| {
-                ui.label("");
-                header.iter().for_each(|c| head(ui, c));
-                ui.end_row();
-                for (name, hover, cells) in &rows {
-                    let l = ui.label(*name);
-                    if let Some(h) = hover {
-                        l.on_hover_text(*h);
-                    }
-                    cells.iter().for_each(|c| value(ui, c));
-                    ui.end_row();
+    let mut weights = row(
+        "weights",
+        &|f| {
+            if f.weights_term_bytes == 0 {
+                format!("{}*", fmt_u(r.weights_bytes))
+            } else {
+                fmt_i(f.weights_term_bytes)
+            }
+        },
+        fmt_u(r.weights_bytes),
+    );
+    weights.name = weights.name.hover(
+        "W, the framework memory the load added; marked * where a formula counts it inside the torch peak",
+    );
+    let verify = Row {
+        name: Cell::text("verify")
+            .hover("KV cache the budget grants + one more max-batch pass, inside T·u"),
+        cells: shown
+            .iter()
+            .map(|f| &f.verify)
+            .chain([&t.verify])
+            .map(|v| {
+                let c = Cell::number(verify_cell(v)).colour(verify_colour(v, ui));
+                // The whole story (where it ran out of memory, cache given back) on hover.
+                match v {
+                    Some(v) => c.hover(v.message.clone()),
+                    None => c,
                 }
-            });
-    } else {
-        let share = ((avail - gap * (n as f32 - 1.0)) / n as f32)
-            .floor()
-            .max(40.0);
-        egui::Grid::new("comparison-two-lines")
-            .num_columns(n)
-            .striped(true)
-            .spacing([gap, 2.0])
-            .min_col_width(share)
-            .max_col_width(share)
-            .show(ui, |ui| {
-                header.iter().for_each(|c| head(ui, c));
-                ui.end_row();
-                for (name, hover, cells) in &rows {
-                    let l = ui.add(egui::Label::new(RichText::new(*name).weak()).wrap());
-                    if let Some(h) = hover {
-                        l.on_hover_text(*h);
-                    }
-                    ui.end_row();
-                    cells.iter().for_each(|c| value(ui, c));
-                    ui.end_row();
-                }
-            });
-    }
+            })
+            .collect(),
+    };
+    let rows = vec![
+        weights,
+        row("torch peak", &|f| fmt_i(f.torch_peak_bytes), String::new()),
+        row("non-torch", &|f| fmt_i(f.non_torch_bytes), String::new()),
+        row(
+            "non-KV total",
+            &|f| fmt_i(f.non_kv_bytes),
+            fmt_i(t.non_kv_bytes),
+        ),
+        row("KV budget", &|f| fmt_i(f.kv_bytes), fmt_i(t.kv_bytes)),
+        row(
+            "blocks",
+            &|f| f.kv_blocks.to_string(),
+            t.kv_blocks.to_string(),
+        ),
+        row(
+            "max concurrency",
+            &|f| format!("{:.2}x", f.max_concurrency),
+            format!("{:.2}x", t.max_concurrency),
+        ),
+        row("error vs truth", &|f| fmt_i(f.error_bytes), String::new()),
+        verify,
+    ];
+    fit_table(ui, "comparison", &header, &rows);
 }
 
 fn bars(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
@@ -473,24 +370,25 @@ pub fn waterfall(ui: &mut egui::Ui, r: &Report, a: &crate::report::lifetimes::An
             super::style::swatch(ui, c32(p.colour()), p.label());
         }
     });
-    egui::Grid::new("waterfall_numbers")
-        .striped(true)
-        .num_columns(4)
-        .show(ui, |ui| {
-            ui.label("");
-            for h in ["peak above weights", "non-torch", "KV budget"] {
-                ui.label(RichText::new(h).strong());
+    let header: Vec<Cell> = ["", "peak above weights", "non-torch", "KV budget"]
+        .into_iter()
+        .map(|h| Cell::text(h).strong())
+        .collect();
+    let rows: Vec<Row> = bars
+        .iter()
+        .map(|b| {
+            let get = |p: Piece| b.pieces.iter().find(|x| x.0 == p).map_or(0, |x| x.1);
+            Row {
+                name: Cell::text(&b.label).colour(super::style::legible(b.colour, dark)),
+                cells: vec![
+                    Cell::number(fmt_i(get(Piece::Peak))),
+                    Cell::number(fmt_i(get(Piece::NonTorch) + get(Piece::CountedTwice))),
+                    Cell::number(fmt_i(b.kv_bytes)),
+                ],
             }
-            ui.end_row();
-            for b in &bars {
-                ui.label(RichText::new(&b.label).color(super::style::legible(b.colour, dark)));
-                let get = |p: Piece| b.pieces.iter().find(|x| x.0 == p).map_or(0, |x| x.1);
-                ui.monospace(fmt_i(get(Piece::Peak)));
-                ui.monospace(fmt_i(get(Piece::NonTorch) + get(Piece::CountedTwice)));
-                ui.monospace(fmt_i(b.kv_bytes));
-                ui.end_row();
-            }
-        });
+        })
+        .collect();
+    fit_table(ui, "waterfall_numbers", &header, &rows);
 }
 
 /// Who owns the framework peak and the process peak: bytes by category, the ten largest
@@ -517,28 +415,29 @@ pub fn peak_owners(ui: &mut egui::Ui, a: &crate::report::lifetimes::Analysis) {
                 );
             }
         });
-        egui::Grid::new(format!("top_{}", p.what))
-            .striped(true)
-            .num_columns(4)
-            .show(ui, |ui| {
-                for h in ["size", "tensor", "op", "layer"] {
-                    ui.label(RichText::new(h).strong());
-                }
-                ui.end_row();
-                for t in &p.top {
-                    ui.monospace(fmt_u(t.bytes));
-                    let name = RichText::new(&t.tensor);
-                    ui.label(if t.kept {
-                        name.background_color(c32(palette::KEPT))
-                            .color(c32(palette::KEPT_OUTLINE))
-                    } else {
-                        name
-                    });
-                    ui.label(&t.op);
-                    ui.label(t.layer.map_or("—".to_string(), |l| l.to_string()));
-                    ui.end_row();
-                }
-            });
+        let header: Vec<Cell> = ["tensor", "size", "op", "layer"]
+            .into_iter()
+            .map(|h| Cell::text(h).strong())
+            .collect();
+        let rows: Vec<Row> = p
+            .top
+            .iter()
+            .map(|t| Row {
+                name: if t.kept {
+                    Cell::text(&t.tensor)
+                        .background(c32(palette::KEPT))
+                        .colour(c32(palette::KEPT_OUTLINE))
+                } else {
+                    Cell::text(&t.tensor)
+                },
+                cells: vec![
+                    Cell::number(fmt_u(t.bytes)),
+                    Cell::text(&t.op),
+                    Cell::text(t.layer.map_or("—".to_string(), |l| l.to_string())),
+                ],
+            })
+            .collect();
+        fit_table(ui, &format!("top_{}", p.what), &header, &rows);
         ui.add_space(6.0);
     }
     egui::CollapsingHeader::new("Bytes made and freed per layer")

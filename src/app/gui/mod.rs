@@ -5,6 +5,7 @@ mod app;
 pub mod axis;
 mod compare;
 mod comparison;
+mod fit_table;
 mod lifetime;
 mod plot;
 mod setup;

@@ -175,7 +175,8 @@ impl TimelineView {
         if let Some((x_max, y_max)) = profile_extent(input.events, by_event) {
             plot = plot
                 .default_x_bounds(0.0, x_max)
-                .default_y_bounds(0.0, y_max * 1.12);
+                // Room above the top for the pass and checkpoint labels (at 1.04-1.13 of it).
+                .default_y_bounds(0.0, y_max * 1.25);
         }
         if self.reset {
             plot = plot.reset();
@@ -187,6 +188,8 @@ impl TimelineView {
         let samples = input
             .report
             .map_or(&[][..], |r| r.device_samples.as_slice());
+        // Pass and checkpoint labels grow with the text (Present).
+        let body = egui::TextStyle::Body.resolve(ui.style()).size;
         let cache = &mut self.cache;
         let stacked = self.stacked;
         let hidden = self.hidden;
@@ -227,12 +230,12 @@ impl TimelineView {
                 pui.span(Span::new("", sx..=ex).fill(colour).border_width(0.0));
                 // Label a pass only where its span is wide enough to hold the text.
                 let span_px = (ex - sx) * px_per_x;
-                if span_px >= p.label.len() as f64 * 6.5 + 4.0 {
+                if span_px >= p.label.len() as f64 * 0.45 * body as f64 + 4.0 {
                     pui.text(
                         Text::new(
                             "",
                             PlotPoint::new(sx, top * 1.04),
-                            RichText::new(&p.label).size(13.0),
+                            RichText::new(&p.label).size(body * 0.85),
                         )
                         .anchor(Align2::LEFT_BOTTOM),
                     );
@@ -252,7 +255,9 @@ impl TimelineView {
                     Text::new(
                         "",
                         PlotPoint::new(x, y),
-                        RichText::new(format!(" {label}")).strong().size(15.0),
+                        RichText::new(format!(" {label}"))
+                            .strong()
+                            .size(body * 0.95),
                     )
                     .anchor(Align2::LEFT_BOTTOM),
                 );
