@@ -167,9 +167,7 @@ fn big_number(ui: &mut egui::Ui, title: &str, bytes: i64, colour: Color32) {
                 .size()
                 .x
         });
-        let size = (BIG * ui.available_width() / at_big.max(1.0))
-            .min(BIG)
-            .max(12.0);
+        let size = (BIG * ui.available_width() / at_big.max(1.0)).clamp(12.0, BIG);
         ui.label(RichText::new(text).size(size).color(colour).strong());
         ui.label(RichText::new("KV-cache budget").small());
     });

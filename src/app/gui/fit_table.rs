@@ -69,8 +69,11 @@ impl Cell {
         t
     }
 
-    fn show(&self, ui: &mut egui::Ui) {
-        let resp = ui.add(egui::Label::new(self.rich()).wrap());
+    /// Draws the cell; `wrap` only where its width is known (a two-line row's share): a grid
+    /// cell has no width on the grid's first frame and would wrap letter by letter.
+    fn show(&self, ui: &mut egui::Ui, wrap: bool) {
+        let label = egui::Label::new(self.rich());
+        let resp = ui.add(if wrap { label.wrap() } else { label.extend() });
         if let Some(h) = &self.hover {
             resp.on_hover_text(h);
         }
@@ -121,11 +124,11 @@ pub(crate) fn fit_table(ui: &mut egui::Ui, id: &str, header: &[Cell], rows: &[Ro
             .striped(true)
             .spacing([gap, 6.0])
             .show(ui, |ui| {
-                header.iter().for_each(|c| c.show(ui));
+                header.iter().for_each(|c| c.show(ui, false));
                 ui.end_row();
                 for r in rows {
-                    r.name.show(ui);
-                    r.cells.iter().for_each(|c| c.show(ui));
+                    r.name.show(ui, false);
+                    r.cells.iter().for_each(|c| c.show(ui, false));
                     ui.end_row();
                 }
             });
@@ -143,7 +146,7 @@ pub(crate) fn fit_table(ui: &mut egui::Ui, id: &str, header: &[Cell], rows: &[Ro
                         egui::Layout::top_down(egui::Align::Min),
                         |ui| {
                             ui.set_width(share);
-                            c.show(ui);
+                            c.show(ui, true);
                         },
                     );
                 }
@@ -152,7 +155,7 @@ pub(crate) fn fit_table(ui: &mut egui::Ui, id: &str, header: &[Cell], rows: &[Ro
         ui.push_id((id, "two-lines"), |ui| {
             ui.spacing_mut().item_spacing.y = 1.0;
             if !header[0].text.is_empty() {
-                header[0].show(ui);
+                header[0].show(ui, true);
             }
             values(ui, &header[1..]);
             ui.add_space(4.0);
@@ -169,7 +172,7 @@ pub(crate) fn fit_table(ui: &mut egui::Ui, id: &str, header: &[Cell], rows: &[Ro
                 };
                 egui::Frame::new().fill(fill).show(ui, |ui| {
                     ui.set_width(avail);
-                    name.show(ui);
+                    name.show(ui, true);
                     values(ui, &r.cells);
                 });
             }

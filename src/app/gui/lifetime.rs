@@ -141,24 +141,27 @@ impl LifetimeView {
                 self.reset = true;
             }
             // One pass cannot show state made in one pass and freed in the next.
-            if self.part == Part::Profile && r.settings.passes == 1 && !is_snapshot(r) {
-                if ui
+            if self.part == Part::Profile
+                && r.settings.passes == 1
+                && !is_snapshot(r)
+                && ui
                     .button("Show 3 passes")
                     .on_hover_text(
                         "Profile again with three passes: state made in one pass and freed in the next",
                     )
                     .clicked()
-                {
-                    self.wants_three_passes = true;
-                }
+            {
+                self.wants_three_passes = true;
             }
         });
         // The band details take the hint's place, in a strip of fixed height: a click never
         // moves the plot.
         details_strip(ui, |ui| match self.selected {
-            Some(id) => details(ui, a, events, id),
+            Some(id) => {
+                ui.horizontal_wrapped(|ui| details(ui, a, events, id));
+            }
             None => {
-                ui.label(RichText::new("Scroll: zoom time · Shift/Ctrl+scroll: zoom memory · drag: pan · double-click: reset · click a band for details").small());
+                ui.add(egui::Label::new(RichText::new("Scroll: zoom time · Shift/Ctrl+scroll: zoom memory · drag: pan · double-click: reset · click a band for details").small()).wrap());
             }
         });
 
@@ -314,7 +317,7 @@ fn details_strip(ui: &mut egui::Ui, add: impl FnOnce(&mut egui::Ui)) {
     let mut child = ui.new_child(
         egui::UiBuilder::new()
             .max_rect(rect)
-            .layout(egui::Layout::left_to_right(egui::Align::Center).with_main_wrap(true)),
+            .layout(egui::Layout::top_down(egui::Align::Min)),
     );
     child.set_clip_rect(rect.intersect(ui.clip_rect()));
     add(&mut child);
