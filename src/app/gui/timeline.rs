@@ -174,8 +174,9 @@ impl TimelineView {
             });
         if let Some((x_max, y_max)) = profile_extent(input.events, by_event) {
             plot = plot
-                .default_x_bounds(0.0, x_max)
-                // Room above the top for the pass and checkpoint labels (at 1.04-1.13 of it).
+                // A little past t3, so the t2 and t3 labels (drawn right of their marks) show.
+                .default_x_bounds(0.0, x_max * 1.05)
+                // Room above the top for the pass and checkpoint labels hanging from it.
                 .default_y_bounds(0.0, y_max * 1.25);
         }
         if self.reset {
@@ -211,14 +212,10 @@ impl TimelineView {
                     t_us as f64 * 1e-6
                 }
             };
-            let top = cache
-                .view_lines
-                .iter()
-                .flatten()
-                .map(|p| p[1])
-                .fold(0.0, f64::max);
-
             let px_per_x = width_px as f64 / b.width().max(1e-12);
+            // Pass and checkpoint labels hang from the top of the view (wherever the data
+            // reaches), staggered so neighbours never overwrite each other.
+            let label_top = b.max()[1];
             for (i, p) in cache.passes.iter().enumerate() {
                 let fill = if i % 2 == 0 { 40 } else { 22 };
                 let colour = if dark {
@@ -234,17 +231,17 @@ impl TimelineView {
                     pui.text(
                         Text::new(
                             "",
-                            PlotPoint::new(sx, top * 1.04),
+                            PlotPoint::new(sx, label_top - 0.12 * b.height()),
                             RichText::new(&p.label).size(body * 0.85),
                         )
-                        .anchor(Align2::LEFT_BOTTOM),
+                        .anchor(Align2::LEFT_TOP),
                     );
                 }
             }
             for (k, (t, label)) in cache.markers.iter().enumerate() {
                 let x = xt(*t);
                 // Staggered heights, so neighbouring checkpoints do not overwrite each other.
-                let y = top * if k % 2 == 0 { 1.13 } else { 1.09 };
+                let y = label_top - if k % 2 == 0 { 0.0 } else { 0.06 * b.height() };
                 pui.vline(
                     VLine::new("", x)
                         .color(on_bg(palette::PROCESS_USED, dark))
@@ -259,7 +256,7 @@ impl TimelineView {
                             .strong()
                             .size(body * 0.95),
                     )
-                    .anchor(Align2::LEFT_BOTTOM),
+                    .anchor(Align2::LEFT_TOP),
                 );
             }
             if stacked {
