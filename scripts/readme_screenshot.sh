@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
 # Retakes assets/screenshot.png: the app under Xvfb on the simulated H100 with its first-launch
-# settings (Llama-3-8B int8, dry): the lifetime view with the CxB state kept across passes
-# highlighted. Needs xvfb-run, xdotool and libX11 (python3 ctypes grabs the root window). Run
-# from the repo root after `cargo build --release`.
+# settings (Llama-3-8B int8, dry), which it profiles by itself at launch: the lifetime view with
+# the CxB state kept across passes highlighted. Needs xvfb-run and libX11 (python3 ctypes grabs
+# the root window). Run from the repo root after `cargo build --release` (or name another
+# binary in VRAMSCOPE_BIN).
 set -euo pipefail
 if [ -z "${VRAMSCOPE_SHOT_INNER:-}" ]; then
   VRAMSCOPE_SHOT_INNER=1 exec xvfb-run -a -s "-screen 0 1600x1000x24" bash "$0"
 fi
 # A fresh settings folder, so the first-launch defaults are what is shown.
 export XDG_DATA_HOME="$(mktemp -d)" XDG_CONFIG_HOME="$(mktemp -d)"
-./target/release/vramscope &
+"${VRAMSCOPE_BIN:-./target/release/vramscope}" &
 app=$!
 trap 'kill $app' EXIT
-sleep 4
-xdotool mousemove 190 21 click 1; sleep 6      # Profile
-xdotool mousemove 1590 990; sleep 1            # pointer out of the way
+sleep 10                                        # opens, profiles the default case, draws
 python3 - assets/screenshot.png 1600 1000 <<'PY'
 import ctypes, ctypes.util, struct, sys, zlib
 x = ctypes.CDLL(ctypes.util.find_library("X11"))

@@ -139,3 +139,89 @@ fn tensor_parallel_ranks_match_their_snapshot() {
     harness.run_steps(4);
     harness.snapshot_options("tensor_parallel_1280x720_light", &options(w, h));
 }
+
+/// A presenter's window: 1280x720 with Present on, in both themes: the lifetime view and the
+/// budget (no column cut), a clicked band's details (in the strip above the plot), and the
+/// memory lines (scaled to the profile, no legend over them).
+#[test]
+fn present_mode_at_720p_matches_its_snapshots_in_both_themes() {
+    let report = first_launch_report();
+    let (w, h) = (1280.0, 720.0);
+    let opts = options(w, h);
+    let mut failed: Vec<String> = Vec::new();
+    for (theme, theme_name) in [(egui::Theme::Light, "light"), (egui::Theme::Dark, "dark")] {
+        let mut harness = Harness::builder()
+            .with_size(egui::vec2(w, h))
+            .with_theme(theme)
+            .wgpu()
+            .build_eframe(|cc| VramscopeApp::new(cc));
+        harness
+            .state_mut()
+            .without_gpus("no GPU in this picture (snapshot test)");
+        harness.state_mut().show_report(report.clone());
+        harness.run_steps(2);
+        harness.get_by_label("Present").click();
+        harness.run_steps(4);
+        let mut snap = |harness: &mut Harness<'_, VramscopeApp>, name: &str| {
+            failed.extend(
+                harness
+                    .try_snapshot_options(format!("present_{name}_1280x720_{theme_name}"), &opts)
+                    .err()
+                    .map(|e| e.to_string()),
+            );
+        };
+        snap(&mut harness, "lifetime_budget");
+
+        // Click the middle of the kept CxB band alive just before t3.
+        let pos = {
+            let app = harness.state();
+            let (r, a) = (app.report().unwrap(), app.analysis().unwrap());
+            let t3 = a.lifetimes.checkpoint("t3").unwrap();
+            let mut y = 0u64;
+            let mut at = None;
+            for id in a.lifetimes.live_after(t3 - 1) {
+                let l = &a.lifetimes.items[id as usize];
+                if at.is_none()
+                    && l.kept
+                    && r.events[l.alloc_event as usize].tensor.ends_with(".CxB")
+                {
+                    at = Some((y + l.bytes / 2) as f64);
+                }
+                y += l.bytes;
+            }
+            app.lifetime_view()
+                .screen_pos((t3 - 1) as f64 - 0.5, at.expect("a kept band"))
+                .unwrap()
+        };
+        harness
+            .input_mut()
+            .events
+            .push(egui::Event::PointerMoved(pos));
+        harness.step();
+        for pressed in [true, false] {
+            harness.input_mut().events.push(egui::Event::PointerButton {
+                pos,
+                button: egui::PointerButton::Primary,
+                pressed,
+                modifiers: egui::Modifiers::NONE,
+            });
+            harness.step();
+        }
+        // Move the pointer off the plot (no hover marks in the picture).
+        harness
+            .input_mut()
+            .events
+            .push(egui::Event::PointerMoved(egui::pos2(2.0, h - 2.0)));
+        harness.run_steps(3);
+        assert!(harness.state().lifetime_view().selected.is_some());
+        snap(&mut harness, "band_details");
+
+        harness.get_by_label("Memory lines").click();
+        harness.run_steps(2);
+        // Event order, not time: a dry run's timings change from run to run.
+        harness.get_by_label("x: event order").click();
+        harness.run_steps(4);
+        snap(&mut harness, "memory_lines");
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}

@@ -48,6 +48,8 @@ pub struct Banner {
 struct RunProgress {
     /// Profile passes asked for; the verify passes are counted apart.
     profile_passes: u32,
+    /// The run's quantization (what an out-of-memory hint may suggest depends on it).
+    quant: Option<crate::quant::Quant>,
     phase: Option<Phase>,
     load: Option<(u32, u32)>,
     pass: Option<(u32, u32, Option<String>)>,
@@ -191,6 +193,9 @@ pub struct VramscopeApp {
     files_pending: usize,
     /// Set when `--screenshot` fails, so the process exits non-zero.
     exit_error: Arc<Mutex<Option<String>>>,
+    /// The worker in flight is the app's own first-launch run of the default case: anything
+    /// the user asks for (a run, a session, a report) replaces it.
+    startup_run: bool,
 }
 
 impl VramscopeApp {
@@ -255,6 +260,30 @@ impl VramscopeApp {
             file_rx,
             files_pending: 0,
             exit_error,
+            startup_run: false,
+        }
+    }
+
+    /// The app as the window opens it: the saved setup, if it is quick to run (a preset on a
+    /// simulated device, dry: a fraction of a second), profiles by itself, so the window
+    /// opens on a result rather than "No results yet". Anything the user asks for replaces
+    /// that run.
+    pub fn launched(cc: &eframe::CreationContext<'_>) -> Self {
+        let mut app = Self::new(cc);
+        if app.setup.starts_by_itself() {
+            app.start_profile(&cc.egui_ctx);
+            app.startup_run = app.worker.is_some();
+        }
+        app
+    }
+
+    /// Drops the app's own first-launch run, if it is still going: the user asked for
+    /// something else.
+    fn drop_startup_run(&mut self) {
+        if self.startup_run {
+            self.startup_run = false;
+            self.worker = None;
+            self.live_events = Vec::new();
         }
     }
 
@@ -318,6 +347,7 @@ impl VramscopeApp {
 
     /// Shows a report as if a run had just produced it (sessions, benchmarks).
     pub fn show_report(&mut self, report: Report) {
+        self.drop_startup_run();
         let analysis = Analysis::of(&report);
         self.set_report(Arc::new(report), Arc::new(analysis));
     }
@@ -365,8 +395,9 @@ impl VramscopeApp {
         self.instance.clone().or_else(|| self.report.clone())
     }
 
-    /// One row per rank, the rank the engine's #9516 budget comes from marked; a click shows
-    /// that rank in the views.
+    /// One column per rank: its line (the rank the engine's #9516 budget comes from marked; a
+    /// click shows that rank in the views) over its small multiple, all on one scale. Short
+    /// windows get shorter multiples, so four ranks still leave the plot its room.
     fn ranks_ui(&mut self, ui: &mut egui::Ui) {
         let Some(inst) = self.instance.clone() else {
             return;
@@ -376,70 +407,70 @@ impl VramscopeApp {
             .engine
             .iter()
             .find(|e| e.key == crate::profile::formulas::FormulaId::Pr9516.key());
-        ui.horizontal_wrapped(|ui| {
-            ui.label(format!("Tensor parallel over {} GPUs:", inst.tp));
-            for k in &inst.ranks {
-                let binds = new.is_some_and(|e| e.binding_rank == k.rank);
-                let nccl = k.nccl_bytes();
-                let blocks = k
-                    .formula(crate::profile::formulas::FormulaId::Pr9516)
-                    .map_or(0, |f| f.kv_blocks);
-                let text = format!(
-                    "rank {} ({}): peak {}, NCCL {}, #9516 {} blocks{}",
-                    k.rank,
-                    k.device.spec,
-                    crate::base::units::fmt_u(k.checkpoints.t2.allocated_peak),
-                    crate::base::units::fmt_u(nccl),
-                    blocks,
-                    if binds { " · sets the budget" } else { "" }
-                );
-                let rt = if binds {
-                    egui::RichText::new(text).strong()
-                } else {
-                    egui::RichText::new(text)
-                };
-                if ui
-                    .selectable_label(shown == k.rank, rt)
-                    .on_hover_text(if binds {
-                        "This rank has the fewest KV blocks under #9516: the engine takes its count for every rank."
-                    } else {
-                        "Show this rank in the views."
-                    })
-                    .clicked()
-                {
-                    self.show_rank(k.rank);
-                }
-            }
-            if let Some(e) = new {
-                ui.label(format!("the engine takes {} blocks on every rank", e.kv_blocks));
-            }
+        ui.label(match new {
+            Some(e) => format!(
+                "Tensor parallel over {} GPUs: the engine takes {} blocks on every rank · device memory (dark), framework allocated (blue), GiB",
+                inst.tp, e.kv_blocks
+            ),
+            None => format!("Tensor parallel over {} GPUs", inst.tp),
         });
-        // Small multiples: every rank's profile on one scale, the binding rank's title bold.
         let y_max = self
             .rank_lines
             .iter()
             .flat_map(|l| l[0].iter().chain(&l[1]).map(|p| p[1]))
             .fold(0.0f64, f64::max)
             .max(0.1);
-        let n = self.rank_lines.len().max(1) as f32;
-        let width = (ui.available_width() - 8.0 * n) / n;
-        ui.horizontal(|ui| {
-            for (k, lines) in self.rank_lines.iter().enumerate() {
-                let binds = new.is_some_and(|e| e.binding_rank as usize == k);
+        let n = inst.ranks.len().max(1) as f32;
+        let gap = ui.spacing().item_spacing.x;
+        let width = ((ui.available_width() - gap * (n - 1.0)) / n).max(60.0);
+        let plot_h = if ui.ctx().content_rect().height() < 900.0 {
+            44.0
+        } else {
+            70.0
+        };
+        let dark = ui.visuals().dark_mode;
+        let mut clicked = None;
+        ui.horizontal_top(|ui| {
+            for (k, r) in inst.ranks.iter().enumerate() {
+                let binds = new.is_some_and(|e| e.binding_rank == r.rank);
+                let blocks = r
+                    .formula(crate::profile::formulas::FormulaId::Pr9516)
+                    .map_or(0, |f| f.kv_blocks);
+                // Short enough for one line over its multiple; the rest on hover.
+                let text = format!(
+                    "rank {} ({} blocks){}",
+                    r.rank,
+                    blocks,
+                    if binds { ", sets the budget" } else { "" }
+                );
+                let hover = format!(
+                    "{}: peak {}, NCCL {}, #9516 {} blocks. {}",
+                    r.device.spec,
+                    crate::base::units::fmt_u(r.checkpoints.t2.allocated_peak),
+                    crate::base::units::fmt_u(r.nccl_bytes()),
+                    blocks,
+                    if binds {
+                        "This rank has the fewest KV blocks under #9516: the engine takes its count for every rank."
+                    } else {
+                        "Click to show this rank in the views."
+                    }
+                );
                 ui.vertical(|ui| {
                     ui.set_width(width);
-                    let title = format!(
-                        "rank {k}{}: device memory (dark), framework allocated (blue), GiB",
-                        if binds { ", sets the budget" } else { "" }
-                    );
-                    ui.label(if binds {
-                        egui::RichText::new(title).strong().small()
-                    } else {
-                        egui::RichText::new(title).small()
-                    });
-                    let dark = ui.visuals().dark_mode;
+                    let rt = egui::RichText::new(text).small();
+                    let rt = if binds { rt.strong() } else { rt };
+                    if ui
+                        .selectable_label(shown == r.rank, rt)
+                        .on_hover_text(hover)
+                        .clicked()
+                    {
+                        clicked = Some(r.rank);
+                    }
+                    let Some(lines) = self.rank_lines.get(k) else {
+                        return;
+                    };
                     egui_plot::Plot::new(("rank-multiple", k))
-                        .height(70.0)
+                        .height(plot_h)
                         .width(width)
                         .show_axes([false, true])
                         .allow_drag(false)
@@ -469,6 +500,9 @@ impl VramscopeApp {
                 });
             }
         });
+        if let Some(k) = clicked {
+            self.show_rank(k);
+        }
     }
 
     /// Lifetimes, kept tensors and peak owners of the shown report.
@@ -490,6 +524,7 @@ impl VramscopeApp {
 
     /// Starts a run with the form's settings (Profile / Ctrl+R).
     pub fn start_profile(&mut self, ctx: &egui::Context) {
+        self.drop_startup_run();
         if self.worker.is_some() {
             return;
         }
@@ -515,6 +550,7 @@ impl VramscopeApp {
         self.generation += 1;
         self.progress = RunProgress {
             profile_passes: req.passes,
+            quant: Some(req.quant),
             started: Some(Instant::now()),
             ..RunProgress::default()
         };
@@ -561,6 +597,7 @@ impl VramscopeApp {
                 },
                 WorkerMsg::Finished(outcome) => {
                     self.worker = None;
+                    self.startup_run = false;
                     self.live_events = Vec::new();
                     self.generation += 1;
                     match outcome {
@@ -577,7 +614,10 @@ impl VramscopeApp {
                         Err(RunFailure::Cancelled) => {
                             self.info(RunFailure::Cancelled.message());
                         }
-                        Err(f) => self.error(with_oom_hint(&f.message())),
+                        Err(f) => self.error(with_oom_hint(
+                            &f.message(),
+                            self.progress.quant.unwrap_or(self.setup.quant),
+                        )),
                     }
                     break;
                 }
@@ -647,6 +687,7 @@ impl VramscopeApp {
     /// Reopens a saved session, or opens a PyTorch memory snapshot (`.pickle`), without
     /// running anything.
     pub fn open_session(&mut self, path: &Path) {
+        self.drop_startup_run();
         if self.worker.is_some() {
             self.error("A run is in progress: cancel it before opening a session.".into());
             return;
@@ -844,7 +885,7 @@ impl VramscopeApp {
             let running = self.worker.is_some();
             let profile = ui
                 .add_enabled(
-                    !running,
+                    !running || self.startup_run,
                     egui::Button::new(RichText::new("Profile").strong())
                         .min_size(egui::vec2(110.0, 30.0)),
                 )
@@ -906,40 +947,57 @@ impl VramscopeApp {
         });
     }
 
+    /// The banner's strip: an opaque fill, Dismiss at the right, the text wrapping in the
+    /// room left of it (so Dismiss never covers a word).
     fn banner_ui(&mut self, ui: &mut egui::Ui) {
         let Some(b) = &self.banner else { return };
         let (fill, text_colour) = match b.kind {
             BannerKind::Error => (Color32::from_rgb(160, 30, 30), Color32::WHITE),
             BannerKind::Info => (
-                ui.visuals().faint_bg_color,
+                ui.visuals().extreme_bg_color,
                 ui.visuals().strong_text_color(),
             ),
         };
+        let prefix = if b.kind == BannerKind::Error {
+            "Error: "
+        } else {
+            ""
+        };
+        let text = RichText::new(format!("{prefix}{}", b.text))
+            .color(text_colour)
+            .strong();
         let mut close = false;
         egui::Frame::new()
             .fill(fill)
+            .stroke(ui.visuals().widgets.noninteractive.bg_stroke)
             .inner_margin(egui::Margin::symmetric(10, 6))
-            .corner_radius(4.0)
             .show(ui, |ui| {
-                ui.horizontal(|ui| {
-                    let prefix = if b.kind == BannerKind::Error {
-                        "Error: "
-                    } else {
-                        ""
-                    };
-                    ui.add(
-                        egui::Label::new(
-                            RichText::new(format!("{prefix}{}", b.text))
-                                .color(text_colour)
-                                .strong(),
+                ui.set_width(ui.available_width());
+                ui.horizontal_top(|ui| {
+                    let dismiss = egui::Button::new("Dismiss");
+                    let dismiss_w = ui.fonts_mut(|f| {
+                        f.layout_no_wrap(
+                            "Dismiss".into(),
+                            egui::TextStyle::Button.resolve(ui.style()),
+                            Color32::WHITE,
                         )
-                        .wrap(),
+                        .size()
+                        .x
+                    }) + 2.0 * ui.spacing().button_padding.x;
+                    let text_w =
+                        (ui.available_width() - dismiss_w - 2.0 * ui.spacing().item_spacing.x)
+                            .max(100.0);
+                    ui.allocate_ui_with_layout(
+                        egui::vec2(text_w, 0.0),
+                        egui::Layout::top_down(egui::Align::Min),
+                        |ui| {
+                            ui.set_width(text_w);
+                            ui.add(egui::Label::new(text).wrap());
+                        },
                     );
-                    ui.with_layout(egui::Layout::right_to_left(egui::Align::Center), |ui| {
-                        if ui.button("Dismiss").clicked() {
-                            close = true;
-                        }
-                    });
+                    if ui.add(dismiss).clicked() {
+                        close = true;
+                    }
                 });
             });
         if close {
@@ -1010,18 +1068,6 @@ impl eframe::App for VramscopeApp {
                 ui.add_space(2.0);
             });
         }
-        // The banner floats over the top of the views: showing or dismissing it never moves
-        // the layout.
-        if self.banner.is_some() {
-            let width = (ctx.content_rect().width() - 40.0).clamp(300.0, 1100.0);
-            egui::Area::new(egui::Id::unique("vramscope-banner"))
-                .anchor(egui::Align2::CENTER_TOP, egui::vec2(0.0, 52.0))
-                .order(egui::Order::Foreground)
-                .show(&ctx, |ui| {
-                    ui.set_max_width(width);
-                    self.banner_ui(ui);
-                });
-        }
         let window_w = ctx.content_rect().width();
         let mut show_setup = self.show_setup;
         egui::Panel::left("setup")
@@ -1059,7 +1105,9 @@ impl eframe::App for VramscopeApp {
                     ui.selectable_value(&mut self.side_tab, SideTab::Compare, "Compare");
                 });
                 ui.separator();
-                egui::ScrollArea::vertical()
+                // Both ways: a wide table scrolls inside the panel instead of widening it for
+                // good (and taking the room of the band details).
+                egui::ScrollArea::both()
                     .auto_shrink([false, false])
                     .show(ui, |ui| {
                         let shown = self.report.as_ref().zip(self.analysis.as_ref());
@@ -1075,6 +1123,14 @@ impl eframe::App for VramscopeApp {
                         }
                     });
             });
+        // The banner is a strip of its own at the top of the middle (added after the side
+        // panels, it spans the middle only): it covers no control whatever its length, and
+        // the setup and the budget never move for it; the plot below gives up the height.
+        if self.banner.is_some() {
+            egui::Panel::top("banner")
+                .frame(egui::Frame::new())
+                .show(ui, |ui| self.banner_ui(ui));
+        }
         egui::CentralPanel::default_margins().show(ui, |ui| {
             let running = self.worker.is_some();
             let shown = match (&self.report, &self.analysis) {
@@ -1088,7 +1144,13 @@ impl eframe::App for VramscopeApp {
                     ui.selectable_value(&mut self.tab, CentralTab::Verify, "Verify passes");
                 });
                 match self.tab {
-                    CentralTab::Lifetimes => self.lifetime.ui(ui, r, a, self.generation),
+                    CentralTab::Lifetimes => {
+                        self.lifetime.ui(ui, r, a, self.generation);
+                        if std::mem::take(&mut self.lifetime.wants_three_passes) {
+                            self.setup.passes = 3;
+                            self.start_profile(&ctx);
+                        }
+                    }
                     CentralTab::Verify => self.verify_view.ui(ui, r, a, self.generation),
                     CentralTab::Lines => {
                         let input = TimelineInput {
@@ -1165,16 +1227,22 @@ pub fn write_png(path: &Path, img: &egui::ColorImage) -> Result<(), String> {
     export::atomic_write(path, &bytes).map_err(|e| e.to_string())
 }
 
-/// An out-of-memory message in GiB/MiB instead of raw byte counts, with what to try next.
-pub fn with_oom_hint(msg: &str) -> String {
+/// An out-of-memory message in GiB/MiB instead of raw byte counts (any "N bytes" or "N byte"
+/// a device or allocator wrote), with what would help this run: a smaller quantization only
+/// where there is one (fp16/bf16 → int8 or nf4, int8 → nf4), else fewer tokens or sequences,
+/// tensor parallel or a larger device.
+pub fn with_oom_hint(msg: &str, quant: crate::quant::Quant) -> String {
+    use crate::quant::Quant;
     let mut out = String::with_capacity(msg.len());
     let mut rest = msg;
-    // "<digits> bytes" → fmt_u(digits)
-    while let Some(p) = rest.find(" bytes") {
+    while let Some(p) = rest.find(" byte") {
         let head = &rest[..p];
         let start = head
             .rfind(|c: char| !c.is_ascii_digit())
             .map_or(0, |i| i + 1);
+        let after = &rest[p + " byte".len()..];
+        let plural = after.starts_with('s');
+        let tail = if plural { &after[1..] } else { after };
         match head[start..].parse::<u64>() {
             Ok(n) if start < head.len() => {
                 out.push_str(&head[..start]);
@@ -1182,16 +1250,36 @@ pub fn with_oom_hint(msg: &str) -> String {
             }
             _ => {
                 out.push_str(head);
-                out.push_str(" bytes");
+                out.push_str(if plural { " bytes" } else { " byte" });
             }
         }
-        rest = &rest[p + " bytes".len()..];
+        rest = tail;
     }
     out.push_str(rest);
-    if msg.contains("out of memory") {
-        out.push_str(" — try fewer tokens or sequences, int8 or nf4, or a larger device.");
+    if !msg.contains("out of memory") {
+        return out;
     }
-    out
+    // "of which 81627865088 are allocated": in an out-of-memory message a long bare count
+    // is bytes too.
+    let mut s = String::with_capacity(out.len());
+    for (i, word) in out.split(' ').enumerate() {
+        if i > 0 {
+            s.push(' ');
+        }
+        match word.parse::<u64>() {
+            Ok(n) if word.len() >= 5 => s.push_str(&crate::base::units::fmt_u(n)),
+            _ => s.push_str(word),
+        }
+    }
+    let smaller = match quant {
+        Quant::F16 | Quant::BF16 => "int8 or nf4 weights, ",
+        Quant::Int8 => "nf4 weights (half of int8's), ",
+        _ => "",
+    };
+    s.push_str(&format!(
+        " — try {smaller}fewer tokens or sequences, tensor parallel over more GPUs, or a larger device."
+    ));
+    s
 }
 
 /// A rank's profile (t0..t3) as two reduced lines, each bucket keeping its highest value:

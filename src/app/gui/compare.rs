@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use egui::RichText;
 
+use super::fit_table::{fit_table, Cell, Row};
+
 use crate::base::units::fmt_i;
 use crate::profile::formulas::FormulaId;
 use crate::profile::Report;
@@ -66,7 +68,8 @@ fn describe(r: &Report) -> String {
         r.model.name,
         r.quant,
         r.device.name,
-        if r.device.simulated {
+        // A simulated device's name says so already ("NVIDIA H100 80GB HBM3 (simulated)").
+        if r.device.simulated && !r.device.name.contains("simulated") {
             " (simulated)"
         } else {
             ""
@@ -105,23 +108,22 @@ impl CompareView {
                     }
                     Some((r, a)) => {
                         ui.label(RichText::new(format!("B (shown): {}", describe(r))).strong());
-                        egui::Grid::new("delta")
-                            .striped(true)
-                            .num_columns(4)
-                            .spacing([14.0, 4.0])
-                            .show(ui, |ui| {
-                                for h in ["", "A", "B", "B - A"] {
-                                    ui.label(RichText::new(h).strong());
-                                }
-                                ui.end_row();
-                                for row in delta_rows((pr, pa), (r, a)) {
-                                    ui.label(&row.what);
-                                    ui.monospace(fmt_i(row.a));
-                                    ui.monospace(fmt_i(row.b));
-                                    ui.monospace(fmt_i(row.delta()));
-                                    ui.end_row();
-                                }
-                            });
+                        let header: Vec<Cell> = ["", "A", "B", "B - A"]
+                            .into_iter()
+                            .map(|h| Cell::text(h).strong())
+                            .collect();
+                        let rows: Vec<Row> = delta_rows((pr, pa), (r, a))
+                            .into_iter()
+                            .map(|row| Row {
+                                name: Cell::text(&row.what),
+                                cells: vec![
+                                    Cell::number(fmt_i(row.a)),
+                                    Cell::number(fmt_i(row.b)),
+                                    Cell::number(fmt_i(row.delta())),
+                                ],
+                            })
+                            .collect();
+                        fit_table(ui, "delta", &header, &rows);
                     }
                     None => {
                         ui.label("B: waiting for a result.");

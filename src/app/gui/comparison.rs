@@ -5,6 +5,7 @@
 use egui::{Color32, RichText};
 use egui_plot::{Bar, BarChart, Plot};
 
+use super::fit_table::{fit_table, Cell, Row};
 use super::style::{c32, legible, BIG};
 use crate::base::units::{fmt_i, fmt_u, GIB};
 use crate::profile::formulas::FormulaId;
@@ -148,11 +149,7 @@ impl ComparisonView {
                     .filter_map(|id| r.formula(*id)),
             );
         }
-        egui::ScrollArea::horizontal()
-            .id_salt("cmp_table")
-            .show(ui, |ui| {
-                table(ui, r, &shown);
-            });
+        table(ui, r, &shown);
         ui.small("* inside the torch peak, not a separate term");
         ui.add_space(6.0);
         bars(ui, r, &shown);
@@ -162,112 +159,100 @@ impl ComparisonView {
 fn big_number(ui: &mut egui::Ui, title: &str, bytes: i64, colour: Color32) {
     ui.vertical(|ui| {
         ui.label(RichText::new(title).color(colour).strong());
-        ui.label(RichText::new(fmt_i(bytes)).size(BIG).color(colour).strong());
+        // As large as the column holds: a narrow panel (Present at 1280x720) shrinks the
+        // number rather than cut it.
+        let text = fmt_i(bytes);
+        let at_big = ui.fonts_mut(|f| {
+            f.layout_no_wrap(text.clone(), egui::FontId::proportional(BIG), colour)
+                .size()
+                .x
+        });
+        let size = (BIG * ui.available_width() / at_big.max(1.0)).clamp(12.0, BIG);
+        ui.label(RichText::new(text).size(size).color(colour).strong());
         ui.label(RichText::new("KV-cache budget").small());
     });
 }
 
+/// Old, new (and the others when asked) beside the truth; where the panel is narrow, each
+/// row on two lines (`fit_table`), so no column is ever cut off.
 fn table(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
     let dark = ui.visuals().dark_mode;
-    // Narrow panels (1280x720) scroll the table sideways rather than cut the truth column off.
-    egui::ScrollArea::horizontal().id_salt("comparison-table").show(ui, |ui| {
-    egui::Grid::new("comparison")
-        .num_columns(shown.len() + 2)
-        .striped(true)
-        .spacing([8.0, 6.0])
-        .show(ui, |ui| {
-            ui.label("");
-            for f in shown {
-                ui.label(
-                    RichText::new(f.id.short())
-                        .color(legible(palette::formula(f.id), dark))
-                        .strong(),
-                )
-                .on_hover_text(f.title.as_str());
+    let mut header = vec![Cell::text("")];
+    header.extend(shown.iter().map(|f| {
+        Cell::text(f.id.short())
+            .strong()
+            .colour(legible(palette::formula(f.id), dark))
+            .hover(f.title.clone())
+    }));
+    header.push(
+        Cell::text("truth")
+            .strong()
+            .colour(legible(palette::TRUTH, dark)),
+    );
+    let t = &r.truth;
+    let row = |name: &str, f: &dyn Fn(&FormulaResult) -> String, truth: String| Row {
+        name: Cell::text(name),
+        cells: shown
+            .iter()
+            .map(|x| Cell::number(f(x)))
+            .chain([Cell::number(truth)])
+            .collect(),
+    };
+    let mut weights = row(
+        "weights",
+        &|f| {
+            if f.weights_term_bytes == 0 {
+                format!("{}*", fmt_u(r.weights_bytes))
+            } else {
+                fmt_i(f.weights_term_bytes)
             }
-            ui.label(RichText::new("truth").color(legible(palette::TRUTH, dark)).strong());
-            ui.end_row();
-
-            let t = &r.truth;
-            let row = |ui: &mut egui::Ui, name: &str, cells: Vec<String>, truth: String| {
-                ui.label(name);
-                for c in cells {
-                    ui.monospace(c);
-                }
-                ui.monospace(truth);
-                ui.end_row();
-            };
-            // Formulas without a separate weights term count the weights inside the torch peak.
-            ui.label("weights").on_hover_text(
-                "W, the framework memory the load added; marked * where a formula counts it inside the torch peak",
-            );
-            for f in shown {
-                ui.monospace(if f.weights_term_bytes == 0 {
-                    format!("{}*", fmt_u(r.weights_bytes))
-                } else {
-                    fmt_i(f.weights_term_bytes)
-                });
-            }
-            ui.monospace(fmt_u(r.weights_bytes));
-            ui.end_row();
-            row(
-                ui,
-                "torch peak",
-                shown.iter().map(|f| fmt_i(f.torch_peak_bytes)).collect(),
-                "".into(),
-            );
-            row(
-                ui,
-                "non-torch",
-                shown.iter().map(|f| fmt_i(f.non_torch_bytes)).collect(),
-                "".into(),
-            );
-            row(
-                ui,
-                "non-KV total",
-                shown.iter().map(|f| fmt_i(f.non_kv_bytes)).collect(),
-                fmt_i(t.non_kv_bytes),
-            );
-            row(
-                ui,
-                "KV budget",
-                shown.iter().map(|f| fmt_i(f.kv_bytes)).collect(),
-                fmt_i(t.kv_bytes),
-            );
-            row(
-                ui,
-                "blocks",
-                shown.iter().map(|f| f.kv_blocks.to_string()).collect(),
-                t.kv_blocks.to_string(),
-            );
-            row(
-                ui,
-                "max concurrency",
-                shown
-                    .iter()
-                    .map(|f| format!("{:.2}x", f.max_concurrency))
-                    .collect(),
-                format!("{:.2}x", t.max_concurrency),
-            );
-            row(
-                ui,
-                "error vs truth",
-                shown.iter().map(|f| fmt_i(f.error_bytes)).collect(),
-                "".into(),
-            );
-            ui.label("verify")
-                .on_hover_text("KV cache the budget grants + one more max-batch pass, inside T·u");
-            for v in shown.iter().map(|f| &f.verify).chain([&t.verify]) {
-                let c = verify_colour(v, ui);
-                let cell = ui.label(RichText::new(verify_cell(v)).color(c).monospace());
+        },
+        fmt_u(r.weights_bytes),
+    );
+    weights.name = weights.name.hover(
+        "W, the framework memory the load added; marked * where a formula counts it inside the torch peak",
+    );
+    let verify = Row {
+        name: Cell::text("verify")
+            .hover("KV cache the budget grants + one more max-batch pass, inside T·u"),
+        cells: shown
+            .iter()
+            .map(|f| &f.verify)
+            .chain([&t.verify])
+            .map(|v| {
+                let c = Cell::number(verify_cell(v)).colour(verify_colour(v, ui));
                 // The whole story (where it ran out of memory, cache given back) on hover.
-                if let Some(v) = v {
-                    cell.on_hover_text(&v.message);
+                match v {
+                    Some(v) => c.hover(v.message.clone()),
+                    None => c,
                 }
-            }
-            ui.end_row();
-        });
-    });
+            })
+            .collect(),
+    };
+    let rows = vec![
+        weights,
+        row("torch peak", &|f| fmt_i(f.torch_peak_bytes), String::new()),
+        row("non-torch", &|f| fmt_i(f.non_torch_bytes), String::new()),
+        row(
+            "non-KV total",
+            &|f| fmt_i(f.non_kv_bytes),
+            fmt_i(t.non_kv_bytes),
+        ),
+        row("KV budget", &|f| fmt_i(f.kv_bytes), fmt_i(t.kv_bytes)),
+        row(
+            "blocks",
+            &|f| f.kv_blocks.to_string(),
+            t.kv_blocks.to_string(),
+        ),
+        row(
+            "max concurrency",
+            &|f| format!("{:.2}x", f.max_concurrency),
+            format!("{:.2}x", t.max_concurrency),
+        ),
+        row("error vs truth", &|f| fmt_i(f.error_bytes), String::new()),
+        verify,
+    ];
+    fit_table(ui, "comparison", &header, &rows);
 }
 
 fn bars(ui: &mut egui::Ui, r: &Report, shown: &[&FormulaResult]) {
@@ -380,29 +365,28 @@ pub fn waterfall(ui: &mut egui::Ui, r: &Report, a: &crate::report::lifetimes::An
     }
     ui.horizontal_wrapped(|ui| {
         for p in Piece::ALL {
-            let (r, _) = ui.allocate_exact_size(egui::vec2(14.0, 14.0), egui::Sense::hover());
-            ui.painter().rect_filled(r, 2.0, c32(p.colour()));
-            ui.label(p.label());
+            super::style::swatch(ui, c32(p.colour()), p.label());
         }
     });
-    egui::Grid::new("waterfall_numbers")
-        .striped(true)
-        .num_columns(4)
-        .show(ui, |ui| {
-            ui.label("");
-            for h in ["peak above weights", "non-torch", "KV budget"] {
-                ui.label(RichText::new(h).strong());
+    let header: Vec<Cell> = ["", "peak above weights", "non-torch", "KV budget"]
+        .into_iter()
+        .map(|h| Cell::text(h).strong())
+        .collect();
+    let rows: Vec<Row> = bars
+        .iter()
+        .map(|b| {
+            let get = |p: Piece| b.pieces.iter().find(|x| x.0 == p).map_or(0, |x| x.1);
+            Row {
+                name: Cell::text(&b.label).colour(super::style::legible(b.colour, dark)),
+                cells: vec![
+                    Cell::number(fmt_i(get(Piece::Peak))),
+                    Cell::number(fmt_i(get(Piece::NonTorch) + get(Piece::CountedTwice))),
+                    Cell::number(fmt_i(b.kv_bytes)),
+                ],
             }
-            ui.end_row();
-            for b in &bars {
-                ui.label(RichText::new(&b.label).color(super::style::legible(b.colour, dark)));
-                let get = |p: Piece| b.pieces.iter().find(|x| x.0 == p).map_or(0, |x| x.1);
-                ui.monospace(fmt_i(get(Piece::Peak)));
-                ui.monospace(fmt_i(get(Piece::NonTorch) + get(Piece::CountedTwice)));
-                ui.monospace(fmt_i(b.kv_bytes));
-                ui.end_row();
-            }
-        });
+        })
+        .collect();
+    fit_table(ui, "waterfall_numbers", &header, &rows);
 }
 
 /// Who owns the framework peak and the process peak: bytes by category, the ten largest
@@ -422,34 +406,36 @@ pub fn peak_owners(ui: &mut egui::Ui, a: &crate::report::lifetimes::Analysis) {
         );
         ui.horizontal_wrapped(|ui| {
             for (cat, bytes) in &p.by_category {
-                let (r, _) = ui.allocate_exact_size(egui::vec2(12.0, 12.0), egui::Sense::hover());
-                ui.painter()
-                    .rect_filled(r, 2.0, c32(palette::category(*cat)));
-                ui.label(format!("{} {}", cat.label(), fmt_u(*bytes)));
+                super::style::swatch(
+                    ui,
+                    c32(palette::category(*cat)),
+                    format!("{} {}", cat.label(), fmt_u(*bytes)),
+                );
             }
         });
-        egui::Grid::new(format!("top_{}", p.what))
-            .striped(true)
-            .num_columns(4)
-            .show(ui, |ui| {
-                for h in ["size", "tensor", "op", "layer"] {
-                    ui.label(RichText::new(h).strong());
-                }
-                ui.end_row();
-                for t in &p.top {
-                    ui.monospace(fmt_u(t.bytes));
-                    let name = RichText::new(&t.tensor);
-                    ui.label(if t.kept {
-                        name.background_color(c32(palette::KEPT))
-                            .color(c32(palette::KEPT_OUTLINE))
-                    } else {
-                        name
-                    });
-                    ui.label(&t.op);
-                    ui.label(t.layer.map_or("—".to_string(), |l| l.to_string()));
-                    ui.end_row();
-                }
-            });
+        let header: Vec<Cell> = ["tensor", "size", "op", "layer"]
+            .into_iter()
+            .map(|h| Cell::text(h).strong())
+            .collect();
+        let rows: Vec<Row> = p
+            .top
+            .iter()
+            .map(|t| Row {
+                name: if t.kept {
+                    Cell::text(&t.tensor)
+                        .background(c32(palette::KEPT))
+                        .colour(c32(palette::KEPT_OUTLINE))
+                } else {
+                    Cell::text(&t.tensor)
+                },
+                cells: vec![
+                    Cell::number(fmt_u(t.bytes)),
+                    Cell::text(&t.op),
+                    Cell::text(t.layer.map_or("—".to_string(), |l| l.to_string())),
+                ],
+            })
+            .collect();
+        fit_table(ui, &format!("top_{}", p.what), &header, &rows);
         ui.add_space(6.0);
     }
     egui::CollapsingHeader::new("Bytes made and freed per layer")

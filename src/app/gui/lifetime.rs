@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use egui::{Align2, Color32, FontId, Pos2, Rect, RichText, Shape, Stroke};
 use egui_plot::{PlotBounds, PlotGeometry, PlotItem, PlotItemBase, PlotPoint, PlotTransform};
 
-use super::plot::{axis_count, base_plot, wheel_zoom};
+use super::axis::AxisKind;
+use super::plot::{base_plot, wheel_zoom};
 use super::style::{c32, legible};
 use crate::base::units::fmt_u;
 use crate::memory::Event;
@@ -47,6 +48,8 @@ pub struct LifetimeView {
     reset: bool,
     /// Where the plot was last drawn, so tests can click a band by its data coordinates.
     last_transform: Option<PlotTransform>,
+    /// Set when the user asks for the three-pass view (the app profiles it).
+    pub(crate) wants_three_passes: bool,
 }
 
 impl LifetimeView {
@@ -67,6 +70,7 @@ impl LifetimeView {
             same_name: Arc::new(Vec::new()),
             reset: false,
             last_transform: None,
+            wants_three_passes: false,
         }
     }
 
@@ -136,8 +140,30 @@ impl LifetimeView {
             if ui.button("Reset view").clicked() {
                 self.reset = true;
             }
+            // One pass cannot show state made in one pass and freed in the next.
+            if self.part == Part::Profile
+                && r.settings.passes == 1
+                && !is_snapshot(r)
+                && ui
+                    .button("Show 3 passes")
+                    .on_hover_text(
+                        "Profile again with three passes: state made in one pass and freed in the next",
+                    )
+                    .clicked()
+            {
+                self.wants_three_passes = true;
+            }
         });
-        ui.small("Scroll: zoom time · Shift/Ctrl+scroll: zoom memory · drag: pan · double-click: reset · click a band for details");
+        // The band details take the hint's place, in a strip of fixed height: a click never
+        // moves the plot.
+        details_strip(ui, |ui| match self.selected {
+            Some(id) => {
+                ui.horizontal_wrapped(|ui| details(ui, a, events, id));
+            }
+            None => {
+                ui.add(egui::Label::new(RichText::new("Scroll: zoom time · Shift/Ctrl+scroll: zoom memory · drag: pan · double-click: reset · click a band for details").small()).wrap());
+            }
+        });
 
         let top = match self.part {
             Part::Profile => a.profile_top,
@@ -146,8 +172,8 @@ impl LifetimeView {
         // The budget lines set the y-axis only where they are near the data: T·u far above a
         // small model would squeeze its bands into a flat line (its label says where it is).
         let lines: Vec<(String, f64, Color32)> = if self.part == Part::Profile {
-            a.lines
-                .iter()
+            shown_lines(r, a)
+                .into_iter()
                 .map(|l| {
                     (
                         format!("{} {}", l.label, crate::base::units::fmt_i(l.bytes)),
@@ -166,16 +192,14 @@ impl LifetimeView {
             .fold(top as f64, f64::max)
             .max(1.0)
             * 1.12;
-        let details_h = if self.selected.is_some() { 190.0 } else { 0.0 };
-        let plot_h = (ui.available_height() - details_h).max(160.0);
-        let mut plot = base_plot(self.id)
+        let plot_h = ui.available_height().max(160.0);
+        let mut plot = base_plot(ui, self.id, AxisKind::Events)
             .height(plot_h)
             .allow_drag(true)
             .default_x_bounds(i0 as f64, i1 as f64)
             .default_y_bounds(0.0, y_top)
             .x_axis_label("event order (index in the timeline)")
-            .y_axis_label("framework allocations")
-            .x_axis_formatter(|m, _| axis_count(m.value));
+            .y_axis_label("framework allocations");
         if self.reset {
             plot = plot.reset();
             self.reset = false;
@@ -225,7 +249,10 @@ impl LifetimeView {
         });
         let (transform, pointer) = resp.inner;
         self.last_transform = Some(transform);
-        if resp.response.clicked() {
+        if resp.response.double_clicked() {
+            // The plot resets its view; the clicks that made the double-click select nothing.
+            self.select(None, a, events);
+        } else if resp.response.clicked() {
             let hit = pointer.and_then(|p| {
                 let at = p.x.floor();
                 if at < i0 as f64 || at >= i1 as f64 {
@@ -234,9 +261,6 @@ impl LifetimeView {
                 a.lifetimes.band_at(at as usize, p.y)
             });
             self.select(hit, a, events);
-        }
-        if let Some(id) = self.selected {
-            details(ui, a, events, id);
         }
     }
 
@@ -260,7 +284,47 @@ impl LifetimeView {
     }
 }
 
-/// The details of a clicked band.
+/// An imported PyTorch snapshot: framework events only, no device truth.
+fn is_snapshot(r: &Report) -> bool {
+    r.device.mode == "snapshot"
+}
+
+/// The budget lines this report can draw: a line whose number is unknown (a snapshot's truth
+/// and T·u) is left out rather than drawn at 0 B, and so is an Â that no event on screen
+/// reaches (a snapshot whose peak fell outside its recorded trace).
+pub fn shown_lines(r: &Report, a: &Analysis) -> Vec<crate::report::lifetimes::RefLine> {
+    let truth_known = !r.truth.source.starts_with("unknown") && r.truth.non_kv_bytes > 0;
+    let total_known = r.checkpoints.t0.total > 0;
+    a.lines
+        .iter()
+        .filter(|l| match l.colour {
+            c if c == palette::TRUTH => truth_known,
+            c if c == palette::BUDGET => total_known,
+            c if c == palette::PEAK => l.bytes <= a.profile_top as i64,
+            _ => true,
+        })
+        .cloned()
+        .collect()
+}
+
+/// A strip of fixed height (two lines of text) for the hint or a band's details, so a click
+/// never moves the plot; what does not fit is cut at the strip's edge.
+fn details_strip(ui: &mut egui::Ui, add: impl FnOnce(&mut egui::Ui)) {
+    let line = ui.text_style_height(&egui::TextStyle::Body);
+    let h = 2.0 * line + ui.spacing().item_spacing.y + 2.0;
+    let (rect, _) =
+        ui.allocate_exact_size(egui::vec2(ui.available_width(), h), egui::Sense::hover());
+    let mut child = ui.new_child(
+        egui::UiBuilder::new()
+            .max_rect(rect)
+            .layout(egui::Layout::top_down(egui::Align::Min)),
+    );
+    child.set_clip_rect(rect.intersect(ui.clip_rect()));
+    add(&mut child);
+}
+
+/// The details of a clicked band, most telling first: name, kept, size, the pass and op that
+/// made it and the one that freed it, lifetime, category, layer.
 fn details(ui: &mut egui::Ui, a: &Analysis, events: &[Event], id: u32) {
     let l = &a.lifetimes.items[id as usize];
     let made = &events[l.alloc_event as usize];
@@ -274,66 +338,43 @@ fn details(ui: &mut egui::Ui, a: &Analysis, events: &[Event], id: u32) {
             format!("pass {p}")
         }
     };
-    ui.separator();
-    ui.horizontal(|ui| {
-        ui.label(RichText::new("Selected allocation").strong());
-        if l.kept {
-            ui.label(
-                RichText::new("kept across passes")
-                    .strong()
-                    .color(c32(palette::KEPT_OUTLINE))
-                    .background_color(c32(palette::KEPT)),
-            );
-        }
+    ui.spacing_mut().item_spacing.x = 5.0;
+    let key = |ui: &mut egui::Ui, k: &str| {
+        ui.label(RichText::new(k).weak());
+    };
+    ui.label(RichText::new(&made.tensor).strong());
+    if l.kept {
+        ui.label(
+            RichText::new("kept across passes")
+                .strong()
+                .color(c32(palette::KEPT_OUTLINE))
+                .background_color(c32(palette::KEPT)),
+        );
+    }
+    ui.label(RichText::new(fmt_u(l.bytes)).strong());
+    key(ui, "· made in");
+    ui.label(pass(l.made_pass));
+    key(ui, "by");
+    ui.label(made.op.clone());
+    key(ui, "· freed in");
+    ui.label(match freed {
+        Some(f) => format!("{} · {}", pass(f.pass), f.op),
+        None => "never (alive at the end)".into(),
     });
-    egui::Grid::new("band_details")
-        .num_columns(4)
-        .spacing([14.0, 4.0])
-        .show(ui, |ui| {
-            let kv = |ui: &mut egui::Ui, k: &str, v: String| {
-                ui.label(RichText::new(k).weak());
-                ui.label(v);
-            };
-            kv(ui, "tensor", made.tensor.clone());
-            kv(ui, "category", l.category.label().into());
-            ui.end_row();
-            kv(ui, "size", fmt_u(l.bytes));
-            kv(
-                ui,
-                "layer",
-                made.layer.map_or_else(|| "—".into(), |x| x.to_string()),
-            );
-            ui.end_row();
-            kv(
-                ui,
-                "made in",
-                format!("{} · {}", pass(l.made_pass), made.op),
-            );
-            kv(
-                ui,
-                "freed in",
-                match freed {
-                    Some(f) => format!("{} · {}", pass(f.pass), f.op),
-                    None => "never (alive at the end)".into(),
-                },
-            );
-            ui.end_row();
-            let end = l
-                .free_event
-                .map_or(events.len().saturating_sub(1), |f| f as usize);
-            let span_us = events[end].time_us.saturating_sub(made.time_us);
-            kv(
-                ui,
-                "lifetime",
-                format!(
-                    "{} events · {:.3} ms",
-                    end - l.alloc_event as usize,
-                    span_us as f64 / 1000.0
-                ),
-            );
-            kv(ui, "op", made.op.clone());
-            ui.end_row();
-        });
+    let end = l
+        .free_event
+        .map_or(events.len().saturating_sub(1), |f| f as usize);
+    let span_us = events[end].time_us.saturating_sub(made.time_us);
+    key(ui, "· lifetime");
+    ui.label(format!(
+        "{} events · {:.3} ms",
+        end - l.alloc_event as usize,
+        span_us as f64 / 1000.0
+    ));
+    key(ui, "· category");
+    ui.label(l.category.label());
+    key(ui, "· layer");
+    ui.label(made.layer.map_or_else(|| "—".into(), |x| x.to_string()));
 }
 
 /// The bands, pass and checkpoint marks and budget lines, as one plot item.
@@ -442,7 +483,12 @@ impl PlotItem for BandsItem {
         }
 
         let text_colour = ui.visuals().strong_text_color();
-        let font = FontId::proportional(14.0);
+        // Labels grow with the text (Present): a shade smaller than body text.
+        let font = {
+            let body = egui::TextStyle::Body.resolve(ui.style());
+            FontId::proportional(body.size * 0.875)
+        };
+        let line_h = font.size + 6.0;
         let label_bg = ui.visuals().extreme_bg_color.gamma_multiply(0.92);
         let boxed =
             |shapes: &mut Vec<Shape>, pos: Pos2, anchor: Align2, text: String, colour: Color32| {
@@ -462,6 +508,8 @@ impl PlotItem for BandsItem {
         // Passes: a boundary line at each start, the label where it fits.
         let a = &self.analysis.lifetimes;
         let mut last_label_right = f32::NEG_INFINITY;
+        // The pass and checkpoint labels, which the budget line labels must not cover.
+        let mut obstacles: Vec<Rect> = Vec::new();
         let mut last_line_x = f32::NEG_INFINITY;
         let mark = legible(palette::PEAK, self.dark);
         for p in &a.passes {
@@ -486,12 +534,13 @@ impl PlotItem for BandsItem {
             if lx > last_label_right + 4.0 && x_end - lx > 40.0 {
                 let r = boxed(
                     shapes,
-                    Pos2::new(lx, frame.top() + 42.0),
+                    Pos2::new(lx, frame.top() + 2.0 * line_h + 2.0),
                     Align2::LEFT_TOP,
                     p.label.clone(),
                     text_colour,
                 );
                 last_label_right = r.right();
+                obstacles.push(r);
             }
         }
         if self.part == Part::Profile {
@@ -505,19 +554,21 @@ impl PlotItem for BandsItem {
                     Stroke::new(1.5, mark),
                 ));
                 // Staggered heights, so neighbouring checkpoints never overwrite each other.
-                let y = frame.top() + 2.0 + (k % 2) as f32 * 20.0;
-                boxed(
+                let y = frame.top() + 2.0 + (k % 2) as f32 * line_h;
+                let r = boxed(
                     shapes,
                     Pos2::new(x + 2.0, y),
                     Align2::LEFT_TOP,
                     label.clone(),
                     text_colour,
                 );
+                obstacles.push(r);
             }
         }
 
-        // Budget lines with their labels at the right edge, pushed apart so none overlap;
-        // a line above the view is named at the top edge with an arrow.
+        // Budget lines with their labels at the right edge, just above their lines; labels
+        // that would overlap are spread as little as they must (a leader joins a moved label
+        // to its line); a line above the view is named at the top edge, marked "(above)".
         let mut placed: Vec<(f32, String, Color32, bool)> = self
             .lines
             .iter()
@@ -530,16 +581,48 @@ impl PlotItem for BandsItem {
                         Stroke::new(2.0, *c),
                     ));
                 }
-                (sy.max(frame.top() + 80.0), label.clone(), *c, above)
+                (sy.max(frame.top()), label.clone(), *c, above)
             })
+            .filter(|p| p.0 <= frame.bottom())
             .collect();
+        // Each label goes just above its line, else just below it, else to the nearest free
+        // place under it: never over another label (the pass and checkpoint ones included).
         placed.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let mut next_free = f32::NEG_INFINITY;
-        for (y, label, c, above) in placed {
-            if y > frame.bottom() {
-                continue;
-            }
-            let y = y.max(next_free);
+        let mut taken: Vec<(f32, f32)> = Vec::new();
+        let mut bottoms = Vec::with_capacity(placed.len());
+        for (y, label, _, above) in &placed {
+            let w = ui
+                .ctx()
+                .fonts_mut(|f| f.layout_no_wrap(label.clone(), font.clone(), text_colour))
+                .size()
+                .x
+                + if *above { 80.0 } else { 4.0 };
+            let left = frame.right() - 8.0 - w;
+            let in_column = |r: &Rect| r.right() > left;
+            let free = |b: f32| {
+                b - line_h >= frame.top()
+                    && b <= frame.bottom()
+                    && !taken.iter().any(|(t0, b0)| b > *t0 && b - line_h < *b0)
+                    && !obstacles
+                        .iter()
+                        .filter(|r| in_column(r))
+                        .any(|r| b > r.top() && b - line_h < r.bottom())
+            };
+            let above_line = y - 1.0;
+            let below_line = y + 1.0 + line_h;
+            let b = [above_line, below_line]
+                .into_iter()
+                .find(|b| free(*b))
+                .or_else(|| {
+                    (0..(frame.height() as i32))
+                        .map(|k| below_line + k as f32)
+                        .find(|b| free(*b))
+                })
+                .unwrap_or(above_line);
+            taken.push((b - line_h, b));
+            bottoms.push(b);
+        }
+        for ((line_y, label, c, above), bottom) in placed.into_iter().zip(bottoms) {
             let text = if above {
                 format!("{label} (above)")
             } else {
@@ -547,12 +630,25 @@ impl PlotItem for BandsItem {
             };
             let r = boxed(
                 shapes,
-                Pos2::new(frame.right() - 4.0, y - 1.0),
+                Pos2::new(frame.right() - 4.0, bottom),
                 Align2::RIGHT_BOTTOM,
                 text,
                 c,
             );
-            next_free = r.bottom() + 20.0;
+            if !above && (r.bottom() - line_y).abs() > 4.0 {
+                let y = if r.bottom() < line_y {
+                    r.bottom()
+                } else {
+                    r.top()
+                };
+                shapes.push(Shape::line_segment(
+                    [
+                        Pos2::new(r.left() + 8.0, y),
+                        Pos2::new(r.left() + 2.0, line_y),
+                    ],
+                    Stroke::new(1.5, c),
+                ));
+            }
         }
         let _ = self.y_top;
     }

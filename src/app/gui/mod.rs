@@ -2,8 +2,10 @@
 //! middle, old-vs-new comparison on the right. Profiling runs on a worker thread.
 
 mod app;
+pub mod axis;
 mod compare;
 mod comparison;
+mod fit_table;
 mod lifetime;
 mod plot;
 mod setup;
@@ -49,9 +51,10 @@ pub fn run_app(screenshot: Option<PathBuf>) -> Result<()> {
         "vramscope",
         options,
         Box::new(move |cc| {
-            Ok(Box::new(VramscopeApp::with_screenshot(
-                cc, screenshot, app_error,
-            )))
+            Ok(Box::new(match screenshot {
+                None => VramscopeApp::launched(cc),
+                Some(_) => VramscopeApp::with_screenshot(cc, screenshot, app_error),
+            }))
         }),
     )
     .map_err(|e| Error::Device {

@@ -1,13 +1,20 @@
 //! What the lifetime view and the memory-lines timeline share: one plot set up the same way
-//! (no built-in scroll or zoom, box zoom, double-click reset, no hover readout, byte ticks),
-//! the wheel zoom, and the axis tick texts.
+//! (no built-in scroll or zoom, box zoom, double-click reset, no hover readout, byte ticks on
+//! 1-2-5 steps of a binary unit), the wheel zoom, and the x ticks of each kind.
 
 use egui_plot::{Plot, PlotUi};
 
-use crate::base::units::GIB;
+use super::axis::{self, AxisKind};
 
-/// A plot as both views configure it; `x_label` and the x ticks are the caller's.
-pub(crate) fn base_plot(id: &'static str) -> Plot<'static> {
+/// Pixels between two labels, in lines of body text: y labels stack, x labels sit side by
+/// side and need the room of their text ("12.50 ms").
+const Y_LABEL_LINES: f32 = 2.4;
+const X_LABEL_EMS: f32 = 6.5;
+
+/// A plot as both views configure it: a byte y-axis and an x-axis of `x` (the x label is the
+/// caller's). Tick spacing follows the body text size, so Present spaces them further apart.
+pub(crate) fn base_plot(ui: &egui::Ui, id: &'static str, x: AxisKind) -> Plot<'static> {
+    let body = egui::TextStyle::Body.resolve(ui.style()).size;
     Plot::new(id)
         .allow_scroll(false)
         .allow_zoom(false)
@@ -15,7 +22,10 @@ pub(crate) fn base_plot(id: &'static str) -> Plot<'static> {
         .allow_double_click_reset(true)
         .show_x(false)
         .show_y(false)
-        .y_axis_formatter(|m, _| axis_bytes(m.value))
+        .y_grid_spacer(axis::spacer(AxisKind::Bytes, body * Y_LABEL_LINES))
+        .y_axis_formatter(axis::formatter(AxisKind::Bytes))
+        .x_grid_spacer(axis::spacer(x, body * X_LABEL_EMS))
+        .x_axis_formatter(axis::formatter(x))
         .label_formatter(|_| None)
 }
 
@@ -43,42 +53,5 @@ pub(crate) fn wheel_zoom(pui: &mut PlotUi<'_>) {
     }
     if f != egui::vec2(1.0, 1.0) {
         pui.zoom_bounds_around_hovered(f);
-    }
-}
-
-/// An event-count tick: 950, 12k, 1.25M.
-pub(crate) fn axis_count(v: f64) -> String {
-    if v.abs() >= 1e6 {
-        format!("{:.2}M", v / 1e6)
-    } else if v.abs() >= 1e3 {
-        format!("{:.0}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
-    }
-}
-
-/// A byte tick in whole GiB, or MiB below one GiB.
-pub(crate) fn axis_bytes(v: f64) -> String {
-    if v == 0.0 {
-        "0".into()
-    } else if v.abs() >= GIB as f64 {
-        format!("{:.0} GiB", v / GIB as f64)
-    } else {
-        format!("{:.0} MiB", v / (1u64 << 20) as f64)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ticks_read_as_counts_and_bytes() {
-        assert_eq!(axis_count(950.0), "950");
-        assert_eq!(axis_count(12_400.0), "12k");
-        assert_eq!(axis_count(1_250_000.0), "1.25M");
-        assert_eq!(axis_bytes(0.0), "0");
-        assert_eq!(axis_bytes(512.0 * (1u64 << 20) as f64), "512 MiB");
-        assert_eq!(axis_bytes(19.0 * GIB as f64), "19 GiB");
     }
 }

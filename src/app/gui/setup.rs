@@ -100,6 +100,11 @@ where
     });
 }
 
+/// A popup's height: the window's, so every entry shows without a scroll where it fits.
+fn popup_height(ui: &egui::Ui) -> f32 {
+    ui.ctx().content_rect().height()
+}
+
 impl Default for SetupForm {
     fn default() -> Self {
         let r = ProfileRequest::default();
@@ -194,6 +199,12 @@ impl SetupForm {
     }
 
     /// Uses `path` as the model and remembers it.
+    /// Quick enough to profile at launch without being asked: a built-in preset on a
+    /// simulated device, dry (shapes and allocations only).
+    pub fn starts_by_itself(&self) -> bool {
+        self.model_kind == ModelKind::Preset && self.device.starts_with("sim:") && self.dry
+    }
+
     pub fn set_model_path(&mut self, path: PathBuf) {
         self.path = path.display().to_string();
         self.model_kind = ModelKind::File;
@@ -222,6 +233,8 @@ impl SetupForm {
                     egui::ComboBox::from_id_salt("preset")
                         .selected_text(self.preset.as_str())
                         .width(170.0)
+                        // Tall enough for every preset: none hides below a scroll.
+                        .height(popup_height(ui))
                         .show_ui(ui, |ui| {
                             for n in PRESET_NAMES {
                                 ui.selectable_value(&mut self.preset, n.to_string(), n);
@@ -258,10 +271,35 @@ impl SetupForm {
                         self.set_model_path(p);
                     }
                 });
-                if let Some(note) = &self.dialog_note {
-                    ui.colored_label(ui.visuals().warn_fg_color, note);
+                // The note that no file dialog exists takes the hint's place in a strip of
+                // fixed height: the settings below never jump.
+                let line = ui.text_style_height(&egui::TextStyle::Body);
+                let strip_h = 4.0 * line;
+                let (rect, _) = ui.allocate_exact_size(
+                    egui::vec2(ui.available_width(), strip_h),
+                    egui::Sense::hover(),
+                );
+                let mut strip = ui.new_child(
+                    egui::UiBuilder::new()
+                        .max_rect(rect)
+                        .layout(egui::Layout::top_down(egui::Align::Min)),
+                );
+                strip.set_clip_rect(rect.intersect(ui.clip_rect()));
+                match &self.dialog_note {
+                    Some(note) => {
+                        strip.add(
+                            egui::Label::new(
+                                RichText::new(note)
+                                    .small()
+                                    .color(strip.visuals().warn_fg_color),
+                            )
+                            .wrap(),
+                        );
+                    }
+                    None => {
+                        strip.small("Or drop a file on the window.");
+                    }
                 }
-                ui.small("Or drop a file on the window.");
             }
         }
         ui.add_space(6.0);
@@ -271,7 +309,9 @@ impl SetupForm {
                 ui.selectable_value(&mut self.quant, q, q.label());
             }
         });
-        if self.quant == Quant::Int8 {
+        // Always there (greyed out unless int8), so choosing a quantization never moves the
+        // settings below.
+        ui.add_enabled_ui(self.quant == Quant::Int8, |ui| {
             ui.horizontal(|ui| {
                 let l = ui.label("int8 threshold");
                 ui.add(
@@ -279,9 +319,10 @@ impl SetupForm {
                         .range(0.0..=100.0)
                         .speed(0.1),
                 )
-                .labelled_by(l.id);
+                .labelled_by(l.id)
+                .on_disabled_hover_text("LLM.int8's outlier threshold (int8 only)");
             });
-        }
+        });
         ui.add_space(6.0);
         let device_heading = ui.heading("Device");
         let current = devices
@@ -294,6 +335,7 @@ impl SetupForm {
             // A long device name is cut ("…") rather than widening the panel into the plot.
             .width(ui.available_width().min(330.0))
             .truncate()
+            .height(popup_height(ui))
             .show_ui(ui, |ui| {
                 for d in devices {
                     let text = format!("{}  ({})", d.name, fmt_u(d.total_bytes));

@@ -54,3 +54,30 @@ pub const BIG: f32 = 34.0;
 pub fn legible(c: Rgb, dark: bool) -> Color32 {
     c32(crate::report::palette::legible(c, dark))
 }
+
+/// A legend entry: a colour swatch and its label as one widget, so a wrapping row never puts
+/// the swatch at one line's end and its label at the next one's start.
+pub fn swatch(ui: &mut egui::Ui, fill: Color32, text: impl Into<String>) {
+    let text = text.into();
+    let colour = ui.visuals().text_color();
+    let font = TextStyle::Body.resolve(ui.style());
+    let galley = ui.fonts_mut(|f| f.layout_no_wrap(text.clone(), font, colour));
+    let side = ui.text_style_height(&TextStyle::Body) * 0.75;
+    let gap = 4.0;
+    let size = egui::vec2(side + gap + galley.size().x, galley.size().y.max(side));
+    let (rect, resp) = ui.allocate_exact_size(size, egui::Sense::hover());
+    let sq = egui::Rect::from_center_size(
+        egui::pos2(rect.left() + side / 2.0, rect.center().y),
+        egui::vec2(side, side),
+    );
+    ui.painter().rect_filled(sq, 2.0, fill);
+    ui.painter().galley(
+        egui::pos2(
+            rect.left() + side + gap,
+            rect.center().y - galley.size().y / 2.0,
+        ),
+        galley,
+        colour,
+    );
+    resp.widget_info(|| egui::WidgetInfo::labeled(egui::Role::Label, true, &text));
+}

@@ -4,9 +4,10 @@
 //! (`crate::report::timeline::reduce`), and reductions are cached per view.
 
 use egui::{Align2, Color32, RichText};
-use egui_plot::{Legend, Line, LineStyle, PlotPoint, Span, Text, VLine};
+use egui_plot::{Line, LineStyle, PlotPoint, Span, Text, VLine};
 
-use super::plot::{axis_count, base_plot, wheel_zoom};
+use super::axis::AxisKind;
+use super::plot::{base_plot, wheel_zoom};
 use super::style::{c32, legible, on_bg};
 use crate::base::units::{fmt_i, fmt_u};
 use crate::memory::{Category, Event, EventKind};
@@ -135,6 +136,13 @@ impl TimelineView {
                 self.reset = true;
             }
         });
+        if self.stacked {
+            ui.horizontal_wrapped(|ui| {
+                for c in Category::ALL {
+                    super::style::swatch(ui, c32(palette::category(c)), c.label());
+                }
+            });
+        }
         if input.events.is_empty() {
             ui.centered_and_justified(|ui| {
                 ui.label("Click Profile (Ctrl+R) to record a timeline.");
@@ -149,21 +157,28 @@ impl TimelineView {
             input.events.last().map_or(0, |e| e.time_us) as f64 * 1e-6
         };
 
-        let mut plot = base_plot("timeline")
-            .legend(Legend::default().position(egui_plot::Corner::RightBottom))
+        // The series' checkboxes above name the lines in their colours: no legend over the
+        // plot. A finished run opens on its profile (t0..t3); the verify passes, with their
+        // KV caches, are to the right and set no axis until zoomed out to.
+        let x_kind = if by_event {
+            AxisKind::Events
+        } else {
+            AxisKind::Seconds
+        };
+        let mut plot = base_plot(ui, "timeline", x_kind)
             .include_y(0.0)
             .x_axis_label(if by_event {
                 "event order (index in the timeline)"
             } else {
                 "time since the run started"
-            })
-            .x_axis_formatter(move |m, range| {
-                if by_event {
-                    axis_count(m.value)
-                } else {
-                    axis_time(m.value, range.end() - range.start())
-                }
             });
+        if let Some((x_max, y_max)) = profile_extent(input.events, by_event) {
+            plot = plot
+                // A little past t3, so the t2 and t3 labels (drawn right of their marks) show.
+                .default_x_bounds(0.0, x_max * 1.05)
+                // Room above the top for the pass and checkpoint labels hanging from it.
+                .default_y_bounds(0.0, y_max * 1.25);
+        }
         if self.reset {
             plot = plot.reset();
             self.reset = false;
@@ -174,6 +189,8 @@ impl TimelineView {
         let samples = input
             .report
             .map_or(&[][..], |r| r.device_samples.as_slice());
+        // Pass and checkpoint labels grow with the text (Present).
+        let body = egui::TextStyle::Body.resolve(ui.style()).size;
         let cache = &mut self.cache;
         let stacked = self.stacked;
         let hidden = self.hidden;
@@ -195,14 +212,10 @@ impl TimelineView {
                     t_us as f64 * 1e-6
                 }
             };
-            let top = cache
-                .view_lines
-                .iter()
-                .flatten()
-                .map(|p| p[1])
-                .fold(0.0, f64::max);
-
             let px_per_x = width_px as f64 / b.width().max(1e-12);
+            // Pass and checkpoint labels hang from the top of the view (wherever the data
+            // reaches), staggered so neighbours never overwrite each other.
+            let label_top = b.max()[1];
             for (i, p) in cache.passes.iter().enumerate() {
                 let fill = if i % 2 == 0 { 40 } else { 22 };
                 let colour = if dark {
@@ -214,21 +227,21 @@ impl TimelineView {
                 pui.span(Span::new("", sx..=ex).fill(colour).border_width(0.0));
                 // Label a pass only where its span is wide enough to hold the text.
                 let span_px = (ex - sx) * px_per_x;
-                if span_px >= p.label.len() as f64 * 6.5 + 4.0 {
+                if span_px >= p.label.len() as f64 * 0.45 * body as f64 + 4.0 {
                     pui.text(
                         Text::new(
                             "",
-                            PlotPoint::new(sx, top * 1.04),
-                            RichText::new(&p.label).size(13.0),
+                            PlotPoint::new(sx, label_top - 0.12 * b.height()),
+                            RichText::new(&p.label).size(body * 0.85),
                         )
-                        .anchor(Align2::LEFT_BOTTOM),
+                        .anchor(Align2::LEFT_TOP),
                     );
                 }
             }
             for (k, (t, label)) in cache.markers.iter().enumerate() {
                 let x = xt(*t);
                 // Staggered heights, so neighbouring checkpoints do not overwrite each other.
-                let y = top * if k % 2 == 0 { 1.13 } else { 1.09 };
+                let y = label_top - if k % 2 == 0 { 0.0 } else { 0.06 * b.height() };
                 pui.vline(
                     VLine::new("", x)
                         .color(on_bg(palette::PROCESS_USED, dark))
@@ -239,9 +252,11 @@ impl TimelineView {
                     Text::new(
                         "",
                         PlotPoint::new(x, y),
-                        RichText::new(format!(" {label}")).strong().size(15.0),
+                        RichText::new(format!(" {label}"))
+                            .strong()
+                            .size(body * 0.95),
                     )
-                    .anchor(Align2::LEFT_BOTTOM),
+                    .anchor(Align2::LEFT_TOP),
                 );
             }
             if stacked {
@@ -595,12 +610,31 @@ fn event_tooltip(ui: &mut egui::Ui, e: &Event) {
     });
 }
 
-fn axis_time(s: f64, range_s: f64) -> String {
-    if range_s < 2.0 {
-        format!("{:.2} ms", s * 1e3)
-    } else {
-        format!("{s:.1} s")
+/// Where the profile ends (t3) on the x axis, and the highest total before it; `None` when
+/// there is no t3 (a live run) or nothing comes after it.
+pub(crate) fn profile_extent(events: &[Event], by_event: bool) -> Option<(f64, f64)> {
+    let t3 = events
+        .iter()
+        .rposition(|e| e.kind == EventKind::Marker && e.tensor == "t3")?;
+    if t3 + 1 >= events.len() {
+        return None;
     }
+    let top = events[..=t3]
+        .iter()
+        .map(|e| {
+            e.allocated
+                .max(e.reserved)
+                .max(e.device_used)
+                .max(e.process_used)
+        })
+        .max()
+        .unwrap_or(0);
+    let x = if by_event {
+        (t3 + 1) as f64
+    } else {
+        events[t3].time_us as f64 * 1e-6
+    };
+    Some((x.max(1e-6), (top as f64).max(1.0)))
 }
 
 #[cfg(test)]
