@@ -8,6 +8,8 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+use crate::base::units::fmt_u;
+
 /// PyTorch's `kMinBlockSize`: every request is rounded up to a multiple of this.
 pub const MIN_BLOCK_BYTES: u64 = 512;
 /// PyTorch's `kSmallSize`: requests up to this size use the small pool.
@@ -75,7 +77,13 @@ pub struct LoggedAction {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("out of memory: tried to allocate {requested} bytes (a new {segment} byte segment); the framework holds {reserved} bytes of which {allocated} are allocated")]
+#[error(
+    "out of memory: tried to allocate {} (a new {} segment); the framework holds {} of which {} are allocated",
+    fmt_u(*requested),
+    fmt_u(*segment),
+    fmt_u(*reserved),
+    fmt_u(*allocated)
+)]
 pub struct OutOfMemory {
     pub requested: u64,
     pub segment: u64,

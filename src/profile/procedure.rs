@@ -493,6 +493,9 @@ pub(crate) fn run_rank(
         .as_ref()
         .map_or(0, |o| o.config.max_position_embeddings);
     check_against_model(req, max_positions)?;
+    if let Some(o) = &opened {
+        req.release()?.check_arch(&o.config.arch)?;
+    }
     let resolved = req.resolved(max_positions);
     resolved.validate()?;
     let req = &resolved;

@@ -267,6 +267,27 @@ pub const RELEASES: &[Release] = &[
     },
 ];
 
+/// Model types every release here has a model file for (vllm/model_executor/models/:
+/// llama.py, which Mistral uses too, qwen2.py, opt.py).
+const ALWAYS: &[&str] = &["llama", "mistral", "qwen2", "opt"];
+
+impl Release {
+    /// Whether this release can load a model of `model_type` `arch`: the 0.8.5 wheel has
+    /// vllm/model_executor/models/qwen3.py and the 0.7.3 wheel has not, so the rows from 0.8
+    /// on run Qwen3.
+    pub fn check_arch(&self, arch: &str) -> Result<()> {
+        let has_qwen3 = matches!(self.name, "0.8" | "0.15" | "0.19");
+        if ALWAYS.contains(&arch) || (arch == "qwen3" && has_qwen3) {
+            return Ok(());
+        }
+        Err(Error::Request(format!(
+            "--vllm {}: that release has no model file for model_type '{arch}' (qwen3.py is in \
+             vLLM 0.8.5, not in 0.7.3); use --vllm 0.8 or a V1 release (0.15, 0.19)",
+            self.name
+        )))
+    }
+}
+
 /// The release `name` means (a name or an alias), or an error that lists them.
 pub fn release(name: &str) -> Result<&'static Release> {
     let n = name.trim().trim_start_matches(['v', 'V']);
@@ -316,6 +337,19 @@ mod tests {
         assert_eq!(release(DEFAULT).unwrap().formula, FormulaId::Pr9516);
         let e = release("0.5.0").unwrap_err().to_string();
         assert!(e.contains("--vllm 0.5.0") && e.contains("380e1863"), "{e}");
+    }
+
+    #[test]
+    fn qwen3_needs_a_release_that_has_its_model_file() {
+        assert!(release("0.8.5").unwrap().check_arch("qwen3").is_ok());
+        assert!(release("0.19").unwrap().check_arch("qwen3").is_ok());
+        let e = release("0.7")
+            .unwrap()
+            .check_arch("qwen3")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--vllm 0.7") && e.contains("qwen3"), "{e}");
+        assert!(release(DEFAULT).unwrap().check_arch("llama").is_ok());
     }
 
     #[test]

@@ -100,6 +100,13 @@ where
     });
 }
 
+/// A popup list's rows packed close (the app's roomy button padding would push the last
+/// presets below the popup's reach at 1280x720).
+fn compact_list(ui: &mut egui::Ui) {
+    ui.spacing_mut().item_spacing.y = 0.0;
+    ui.spacing_mut().button_padding.y = 2.0;
+}
+
 /// A popup's height: the window's, so every entry shows without a scroll where it fits.
 fn popup_height(ui: &egui::Ui) -> f32 {
     ui.ctx().content_rect().height()
@@ -236,6 +243,7 @@ impl SetupForm {
                         // Tall enough for every preset: none hides below a scroll.
                         .height(popup_height(ui))
                         .show_ui(ui, |ui| {
+                            compact_list(ui);
                             for n in PRESET_NAMES {
                                 ui.selectable_value(&mut self.preset, n.to_string(), n);
                             }
@@ -337,6 +345,7 @@ impl SetupForm {
             .truncate()
             .height(popup_height(ui))
             .show_ui(ui, |ui| {
+                compact_list(ui);
                 for d in devices {
                     let text = format!("{}  ({})", d.name, fmt_u(d.total_bytes));
                     ui.selectable_value(&mut self.device, d.spec.clone(), text);
