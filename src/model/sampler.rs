@@ -139,21 +139,7 @@ pub fn compute_logits(
     rt.check_cancel()?;
     rt.set_layer(None);
     rt.set_op("logits.index_select");
-    let cols = hidden.cols();
-    let mut h_sel = rt.tensor(
-        "logits.hidden_selected",
-        Category::Sampler,
-        &[rows.len(), cols],
-        hidden.dtype,
-    )?;
-    match rt.backend() {
-        Backend::Dry => {}
-        Backend::Cpu => crate::device::cpu::embedding(rows, hidden.f32(), cols, h_sel.f32_mut()),
-        Backend::Cuda => rt.with_device(|d| match d.cuda() {
-            Some(c) => c.gather_rows(hidden, rows, &mut h_sel),
-            None => Ok(()),
-        })?,
-    }
+    let h_sel = select_rows(rt, hidden, rows, "logits.hidden_selected")?;
     let logits = crate::quant::dense_matmul_as(
         rt,
         &h_sel,
@@ -165,6 +151,21 @@ pub fn compute_logits(
     )?;
     drop(h_sel);
     crate::engine::ops_tp::gather_logits(rt, logits)
+}
+
+/// `hidden[rows]` (advanced indexing: a new `[rows, hidden]` tensor), on every backend.
+fn select_rows(rt: &Runtime, hidden: &Tensor, rows: &[u32], name: &str) -> Result<Tensor> {
+    let cols = hidden.cols();
+    let mut out = rt.tensor(name, Category::Sampler, &[rows.len(), cols], hidden.dtype)?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => crate::device::cpu::embedding(rows, hidden.f32(), cols, out.f32_mut()),
+        Backend::Cuda => rt.with_device(|d| match d.cuda() {
+            Some(c) => c.gather_rows(hidden, rows, &mut out),
+            None => Ok(()),
+        })?,
+    }
+    Ok(out)
 }
 
 /// Forward-only logits: `compute_logits`, then `[..., :vocab].to(torch.float)`, `[S, vocab]`
@@ -926,22 +927,15 @@ pub fn compute_logits_v1(
     rt.check_cancel()?;
     rt.set_layer(None);
     rt.set_op("logits_v1.last_hidden_states");
-    let cols = hidden.cols();
-    let mut last = rt.tensor(
-        "last_hidden_states",
-        Category::Sampler,
-        &[rows.len(), cols],
-        hidden.dtype,
-    )?;
+    let last = select_rows(rt, hidden, rows, "last_hidden_states")?;
     rt.set_op("logits_v1.rand_like");
     let mut random = rt.tensor(
         "sampler_run.rand_like",
         Category::Sampler,
-        &[rows.len(), cols],
+        &last.shape,
         hidden.dtype,
     )?;
     if rt.backend() == Backend::Cpu {
-        crate::device::cpu::embedding(rows, hidden.f32(), cols, last.f32_mut());
         random.f32_mut().copy_from_slice(last.f32());
     }
     rt.set_op("logits_v1.lm_head");

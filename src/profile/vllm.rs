@@ -117,6 +117,8 @@ pub struct Release {
     /// What changed in this release, for `--vllm list` and docs.
     pub changes: &'static str,
     pub engine: Engine,
+    /// The wheel has vllm/model_executor/models/qwen3.py (0.8.5's has, 0.7.3's has not).
+    pub has_qwen3: bool,
 }
 
 /// The release a request names when it names none: PR #9516's own commit, the seed's
@@ -140,6 +142,7 @@ pub const RELEASES: &[Release] = &[
         changes: "free memory at init_device minus free memory right after the profile pass, \
                   read before empty_cache (worker/worker.py:205-254); no memory log line",
         engine: Engine::V0,
+        has_qwen3: false,
     },
     Release {
         name: "380e1863",
@@ -156,6 +159,7 @@ pub const RELEASES: &[Release] = &[
         changes: "#9516 total-minus-torch: Â + max(0, U(t3) − A(t3)); Llama's gate_up alive \
                   through down_proj",
         engine: Engine::V0,
+        has_qwen3: false,
     },
     Release {
         name: "0.6.4",
@@ -172,6 +176,7 @@ pub const RELEASES: &[Release] = &[
         changes: "#9516's formula; #10339: Llama's MLP drops gate_up before down_proj \
                   (models/llama.py:92-96)",
         engine: Engine::V0,
+        has_qwen3: false,
     },
     Release {
         name: "0.6.5",
@@ -189,6 +194,7 @@ pub const RELEASES: &[Release] = &[
                   #10121: every all-reduce out of place through pynccl; chunked prefill's \
                   batch 2048",
         engine: Engine::V0,
+        has_qwen3: false,
     },
     Release {
         name: "0.7",
@@ -205,6 +211,7 @@ pub const RELEASES: &[Release] = &[
         changes: "#12126 reserved-based formula, V0 without the ceil (0.7.0 worker/worker.py:\
                   204-273, utils.py:1983-2056)",
         engine: Engine::V0,
+        has_qwen3: false,
     },
     Release {
         name: "0.8",
@@ -221,6 +228,7 @@ pub const RELEASES: &[Release] = &[
         changes: "0.8 to 0.10, the V0 engine under VLLM_USE_V1=0 (bitsandbytes forced it onto V0): 0.7's \
                   profile run and formula (0.8.5 worker/worker.py:225-291)",
         engine: Engine::V0,
+        has_qwen3: true,
     },
     Release {
         name: "0.15",
@@ -244,6 +252,7 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V1 {
             top_k_top_p: TopKTopP::Sort,
         },
+        has_qwen3: true,
     },
     Release {
         name: "0.19",
@@ -264,6 +273,7 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V1 {
             top_k_top_p: TopKTopP::Triton,
         },
+        has_qwen3: true,
     },
 ];
 
@@ -276,8 +286,7 @@ impl Release {
     /// vllm/model_executor/models/qwen3.py and the 0.7.3 wheel has not, so the rows from 0.8
     /// on run Qwen3.
     pub fn check_arch(&self, arch: &str) -> Result<()> {
-        let has_qwen3 = matches!(self.name, "0.8" | "0.15" | "0.19");
-        if ALWAYS.contains(&arch) || (arch == "qwen3" && has_qwen3) {
+        if ALWAYS.contains(&arch) || (arch == "qwen3" && self.has_qwen3) {
             return Ok(());
         }
         Err(Error::Request(format!(
