@@ -33,14 +33,19 @@ fn main() {
             .expect("estimate")
             .compute_s
             .expect("a compute run has a time estimate");
-        let t = Instant::now();
-        let r = run(&req, None, Arc::new(AtomicBool::new(false))).expect("run");
-        let measured = t.elapsed().as_secs_f64();
+        // The median of three runs: a shared machine's neighbours move single runs by 50 %.
+        let mut times = Vec::new();
+        let mut tokens = 0;
+        for _ in 0..3 {
+            let t = Instant::now();
+            let r = run(&req, None, Arc::new(AtomicBool::new(false))).expect("run");
+            times.push(t.elapsed().as_secs_f64());
+            tokens = r.settings.tokens;
+        }
+        times.sort_by(f64::total_cmp);
+        let measured = times[1];
         let ratio = measured / est;
-        println!(
-            "| {name} | {} tokens | {est:.2} | {measured:.2} | {ratio:.2} |",
-            r.settings.tokens
-        );
+        println!("| {name} | {tokens} tokens | {est:.2} | {measured:.2} | {ratio:.2} |");
         if !(0.5..=2.0).contains(&ratio) {
             off.push(format!("{name}: {ratio:.2}"));
         }

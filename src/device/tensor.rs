@@ -40,6 +40,32 @@ impl DType {
         }
     }
 
+    /// `round` of every value in place, eight at a time through the CPU's conversion
+    /// instructions (F16C where present): the same values as `round` one by one.
+    pub fn round_slice(self, xs: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        const CHUNK: usize = 1024;
+        match self {
+            DType::F16 => {
+                let mut buf = [half::f16::ZERO; CHUNK];
+                for c in xs.chunks_mut(CHUNK) {
+                    let b = &mut buf[..c.len()];
+                    b.convert_from_f32_slice(c);
+                    b.convert_to_f32_slice(c);
+                }
+            }
+            DType::BF16 => {
+                let mut buf = [half::bf16::ZERO; CHUNK];
+                for c in xs.chunks_mut(CHUNK) {
+                    let b = &mut buf[..c.len()];
+                    b.convert_from_f32_slice(c);
+                    b.convert_to_f32_slice(c);
+                }
+            }
+            _ => {}
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -131,5 +157,41 @@ impl TensorData {
     /// Length of the last dimension.
     pub fn cols(&self) -> usize {
         *self.shape.last().unwrap_or(&1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DType;
+
+    /// The vectorised rounding gives `round`'s values bit for bit, over normals, subnormals,
+    /// ties, overflow and a length that is not a multiple of the chunk.
+    #[test]
+    fn round_slice_is_round_value_by_value() {
+        let mut xs: Vec<f32> = (0..5000i32)
+            .map(|i| {
+                let t = i as f32;
+                (t * 0.377).sin() * 10f32.powi(i % 13 - 8)
+            })
+            .collect();
+        xs.extend([
+            65504.0,
+            65520.0,
+            1e6,
+            -1e6,
+            6e-8,
+            3e-8,
+            1.0 + 1.0 / 2048.0,
+            1.0 + 3.0 / 2048.0,
+            f32::INFINITY,
+            -0.0,
+        ]);
+        for dt in [DType::F16, DType::BF16, DType::F32] {
+            let mut v = xs.clone();
+            dt.round_slice(&mut v);
+            for (a, &x) in v.iter().zip(&xs) {
+                assert_eq!(a.to_bits(), dt.round(x).to_bits(), "{dt:?} {x}");
+            }
+        }
     }
 }

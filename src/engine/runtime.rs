@@ -109,13 +109,16 @@ pub struct CommFirstUse {
 }
 
 /// What a new tensor's host storage holds in compute mode on the CPU.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(PartialEq)]
 enum HostData {
     /// Nothing: bytes the host never reads or writes.
     Absent,
     Zeroed,
     /// Any values: the op that made it writes every one.
     Overwritten,
+    /// These values (a float tensor's, `numel` of them): a weight read or made on the host
+    /// becomes the tensor's storage without a copy.
+    Given(Vec<f32>),
 }
 
 /// Device and allocator numbers at one moment.
@@ -286,6 +289,20 @@ impl Runtime {
         self.alloc_tensor(name.into(), category, shape, dtype, HostData::Overwritten)
     }
 
+    /// `tensor` holding `values` on the host (compute mode on the CPU; other backends
+    /// allocate as `tensor` and ignore them). `values` must have the shape's element count,
+    /// or the tensor is zeroes.
+    pub(crate) fn tensor_with_values(
+        &self,
+        name: impl Into<String>,
+        category: Category,
+        shape: &[usize],
+        dtype: DType,
+        values: Vec<f32>,
+    ) -> Result<Tensor> {
+        self.alloc_tensor(name.into(), category, shape, dtype, HostData::Given(values))
+    }
+
     /// A host copy of `values` (a view's), in a recycled buffer when one of that length is
     /// kept.
     pub(crate) fn host_copy(&self, values: &[f32]) -> Vec<f32> {
@@ -360,6 +377,7 @@ impl Runtime {
                 DType::F32 | DType::F16 | DType::BF16 => Storage::F32(
                     match host_data {
                         HostData::Overwritten => self.take_host_buffer(numel),
+                        HostData::Given(v) if v.len() == numel => Some(v),
                         _ => None,
                     }
                     .unwrap_or_else(|| vec![0.0; numel]),

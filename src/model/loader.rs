@@ -52,23 +52,22 @@ pub(crate) fn upload(
     dtype: DType,
     data: Option<Vec<f32>>,
 ) -> Result<Tensor> {
-    let mut t = rt.tensor(name, Category::Weight, shape, dtype)?;
+    let numel: usize = shape.iter().product();
     match (rt.backend(), data) {
         // The host keeps f32; values are rounded to the dtype the weight is stored in, as a
-        // GPU's fp16/bf16 copy would be.
-        (Backend::Cpu, Some(d)) => {
-            for (dst, v) in t.f32_mut().iter_mut().zip(d) {
-                *dst = match dtype {
-                    DType::F16 => half::f16::from_f32(v).to_f32(),
-                    DType::BF16 => half::bf16::from_f32(v).to_f32(),
-                    _ => v,
-                };
-            }
+        // GPU's fp16/bf16 copy would be. The values become the tensor's storage.
+        (Backend::Cpu, Some(mut d)) if dtype.is_float() => {
+            d.resize(numel, 0.0);
+            dtype.round_slice(&mut d);
+            rt.tensor_with_values(name, Category::Weight, shape, dtype, d)
         }
-        (Backend::Cuda, Some(d)) => ops::upload_f32(rt, &mut t, &d)?,
-        _ => {}
+        (Backend::Cuda, Some(d)) => {
+            let mut t = rt.tensor(name, Category::Weight, shape, dtype)?;
+            ops::upload_f32(rt, &mut t, &d)?;
+            Ok(t)
+        }
+        _ => rt.tensor(name, Category::Weight, shape, dtype),
     }
-    Ok(t)
 }
 
 /// Reads weights one tensor at a time, reporting progress and honouring cancel.

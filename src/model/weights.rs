@@ -8,6 +8,7 @@ use rand::{Rng, SeedableRng};
 use safetensors::{Dtype, SafeTensors};
 
 use crate::base::error::{Error, Result};
+use crate::device::tensor::DType;
 
 /// Element type of a stored tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +99,15 @@ pub fn round_to(dtype: StoredDtype, x: f32) -> f32 {
     }
 }
 
+/// `round_to` of every value in place (the vectorised conversion; the same values).
+pub fn round_slice_to(dtype: StoredDtype, xs: &mut [f32]) {
+    match dtype {
+        StoredDtype::F16 => DType::F16.round_slice(xs),
+        StoredDtype::BF16 => DType::BF16.round_slice(xs),
+        StoredDtype::F32 | StoredDtype::I8 => {}
+    }
+}
+
 /// A word of the stream as a uniform in [0, 1): its top 24 bits times 2⁻²⁴, as rand's
 /// `StandardUniform` makes an f32 from `next_u32`.
 fn unit_f32(w: u32) -> f32 {
@@ -129,8 +139,9 @@ impl SyntheticWeights {
                 for (v, w) in out.iter_mut().zip(words.chunks_exact(3)) {
                     // Sum of uniforms: cheap, bell-shaped, std 0.02 (Irwin-Hall with 3 terms).
                     let u: f32 = w.iter().map(|&x| unit_f32(x) - 0.5).sum::<f32>() * 0.04;
-                    *v = round_to(dtype, if is_norm { 1.0 + u } else { u });
+                    *v = if is_norm { 1.0 + u } else { u };
                 }
+                round_slice_to(dtype, out);
             }
         };
         if numel <= SYNTHETIC_CHUNK {

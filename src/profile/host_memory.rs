@@ -177,11 +177,31 @@ pub fn estimate(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> HostEstimate
             );
             let per_token = 3 * h + 2 * q + 2 * kv + 3 * i;
             let activations = tokens * per_token * 4 + seqs * c.vocab_size as u64 * 12;
-            let seq_lens = crate::model::llama::Batch::dummy(req.tokens, req.seqs, 1).seq_lens;
-            let attention = c.attention_flops(&seq_lens);
-            let linear = (c.forward_flops(&seq_lens) - attention).max(0.0);
-            let (gemm_rate, attention_rate) = cpu_rates();
-            let secs = passes as f64 * (linear / gemm_rate + attention / attention_rate);
+            let t = model_timing(
+                c,
+                (req.tokens, req.seqs),
+                matches!(req.model, ModelSource::Preset { .. }),
+            );
+            // The layers' GEMMs, elementwise work and attention, lm_head on each sequence's
+            // last token, the sampler; the weights are made (or converted) once. V1's profile
+            // run skips attention (its serving passes attend).
+            let lm_head = 2.0 * (seqs * c.hidden_size as u64 * c.vocab_size as u64) as f64;
+            let v1 = req
+                .release()
+                .is_ok_and(|r| matches!(r.engine, super::vllm::Engine::V1 { .. }));
+            let layer = |attend: bool| {
+                tokens as f64 * (t.gemm_s_per_token + t.elementwise_s_per_token)
+                    + if attend { t.attention_s } else { 0.0 }
+            };
+            let pass = |attend: bool| {
+                layers as f64 * layer(attend)
+                    + lm_head / t.lm_head_rate
+                    + if req.sampler { t.sampler_s } else { 0.0 }
+            };
+            let profile_passes = req.passes as u64;
+            let per_pass_total = profile_passes as f64 * pass(!v1)
+                + passes.saturating_sub(profile_passes) as f64 * pass(true);
+            let secs = c.param_count() as f64 * t.setup_s_per_weight + per_pass_total;
             // Each rank holds its shard of the weights and its own activations.
             (
                 weights as u64,
@@ -252,50 +272,229 @@ impl HostEstimate {
     }
 }
 
-/// FLOP/s of this machine's GEMM and attention kernels, measured once for the process on
-/// shapes like a small model's pass (~30 ms): each kernel runs once to warm its threads and
-/// packing buffers, then the faster of two timed runs counts.
-fn cpu_rates() -> (f64, f64) {
-    static RATES: std::sync::OnceLock<(f64, f64)> = std::sync::OnceLock::new();
-    *RATES.get_or_init(|| {
-        use crate::device::cpu;
-        let best_rate = |flops: f64, f: &mut dyn FnMut()| {
+/// What one layer of a model costs on this CPU, measured on the model's own shapes.
+#[derive(Clone, Copy, Debug)]
+struct ModelTiming {
+    /// Seconds per token of one layer's GEMMs.
+    gemm_s_per_token: f64,
+    /// Seconds per token of one layer's elementwise work: the norms, the rotary embedding,
+    /// the activation, and the fresh activation buffers the pass allocates and fills.
+    elementwise_s_per_token: f64,
+    /// FLOP/s of lm_head's GEMM.
+    lm_head_rate: f64,
+    /// Seconds of one layer's attention over the batch's sequences.
+    attention_s: f64,
+    /// Seconds of the sampler's softmax, sort and cumulative sum over the sequences' logits.
+    sampler_s: f64,
+    /// Seconds to make one weight (a preset's synthetic values, rounded to the dtype) or to
+    /// convert one read from a file, and to upload it.
+    setup_s_per_weight: f64,
+}
+
+/// Largest side of a calibration GEMM, and its FLOPs: big models' shapes run at the rate of
+/// this size (the kernel is compute-bound there), small ones are timed whole.
+const CALIBRATION_SIDE: usize = 2048;
+const CALIBRATION_FLOPS: usize = 800_000_000;
+/// Rows of the elementwise calibration.
+const CALIBRATION_ROWS: usize = 256;
+
+/// One layer's GEMMs as `(k, n)` (in features, out features): its 2-D weights, with q/k/v and
+/// gate/up fused as vLLM fuses them (`QKVParallelLinear`, `MergedColumnParallelLinear`).
+fn layer_gemms(c: &ModelConfig) -> Vec<(usize, usize)> {
+    let group = |name: &str| {
+        ["q_proj.weight", "k_proj.weight", "v_proj.weight"]
+            .iter()
+            .any(|s| name.ends_with(s))
+            .then_some(1)
+            .or_else(|| {
+                ["gate_proj.weight", "up_proj.weight"]
+                    .iter()
+                    .any(|s| name.ends_with(s))
+                    .then_some(2)
+            })
+    };
+    let mut out: Vec<(usize, usize, Option<u8>)> = Vec::new();
+    for (name, shape) in c.tensor_shapes() {
+        if shape.len() != 2 || !name.contains("layers.0.") {
+            continue;
+        }
+        let (n, k, g) = (shape[0], shape[1], group(&name));
+        match out.last_mut() {
+            Some(last) if g.is_some() && last.2 == g && last.0 == k => last.1 += n,
+            _ => out.push((k, n, g)),
+        }
+    }
+    out.into_iter().map(|(k, n, _)| (k, n)).collect()
+}
+
+/// The median of three timed runs of `f` after a warm-up run: the run it estimates shares
+/// the machine with the same neighbours, so the typical time, not the best, predicts it.
+fn median_of_three(f: &mut dyn FnMut()) -> f64 {
+    f();
+    let mut t: Vec<f64> = (0..3)
+        .map(|_| {
+            let start = Instant::now();
             f();
-            let mut best = f64::INFINITY;
-            for _ in 0..2 {
-                let t = Instant::now();
-                f();
-                best = best.min(t.elapsed().as_secs_f64());
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[1].max(1e-9)
+}
+
+/// `ModelTiming` of `c`, measured once per shape for the process (~50 ms): each GEMM of a
+/// layer on the pass's own path at up to `CALIBRATION_SIDE`, the layer's elementwise kernels
+/// on `CALIBRATION_ROWS` rows with fresh buffers, and the making of 2²⁰ weights.
+fn model_timing(c: &ModelConfig, (tokens, seqs): (usize, usize), synthetic: bool) -> ModelTiming {
+    use crate::device::cpu;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static CACHE: Mutex<Option<HashMap<String, ModelTiming>>> = Mutex::new(None);
+    let gemms = layer_gemms(c);
+    let (h, i, q, kv) = (c.hidden_size, c.intermediate_size, c.q_dim(), c.kv_dim());
+    // The pass multiplies all its tokens at once; small shapes run slower on fewer rows, so
+    // the calibration takes the pass's own row count where its FLOPs allow.
+    let rows_for = |kc: usize, nc: usize, m: usize| {
+        (CALIBRATION_FLOPS / (2 * kc * nc).max(1))
+            .clamp(128, 16384)
+            .min(m.max(1))
+    };
+    let key = format!(
+        "{gemms:?} {h} {i} {q} {kv} {} {tokens} {seqs} {synthetic}",
+        c.vocab_size
+    );
+    if let Some(t) = CACHE
+        .lock()
+        .ok()
+        .and_then(|m| m.as_ref()?.get(&key).copied())
+    {
+        return t;
+    }
+    let never = AtomicBool::new(false);
+    // FLOP/s of the pass's GEMM path on a `(k, n)` weight.
+    let rate_of = |k: usize, n: usize, m: usize| {
+        let (kc, nc) = (k.min(CALIBRATION_SIDE), n.min(CALIBRATION_SIDE));
+        let rows = rows_for(kc, nc, m);
+        let x = vec![0.5f32; rows * kc];
+        let w = vec![0.25f32; nc * kc];
+        let mut out = vec![0f32; rows * nc];
+        let secs = median_of_three(&mut || {
+            let _ = cpu::matmul_nt_cancellable(&x, &w, &mut out, (rows, kc, nc), &never);
+        });
+        (2 * rows * kc * nc) as f64 / secs
+    };
+    let gemm_s_per_token = gemms
+        .iter()
+        .map(|&(k, n)| 2.0 * (k * n) as f64 / rate_of(k, n, tokens))
+        .sum();
+    let lm_head_rate = rate_of(h, c.vocab_size, seqs);
+    // One layer's attention over the batch's sequences (vLLM's dummy batch: equal lengths,
+    // the remainder spread one token each): as many sequences as the calibration's FLOPs
+    // allow, timed and scaled to all; a sequence longer than that is timed at the length
+    // that fits and scaled by the square of the lengths (the causal pairs).
+    let attention_s = {
+        let shape = c.attn_shape();
+        let len = tokens.div_ceil(seqs.max(1)).max(1);
+        let per_seq_flops = |l: usize| 4.0 * c.q_dim() as f64 * (l * (l + 1) / 2) as f64;
+        let budget = CALIBRATION_FLOPS as f64;
+        let (l, scale_len) = if per_seq_flops(len) <= budget {
+            (len, 1.0)
+        } else {
+            let l = ((2.0 * budget / (4.0 * c.q_dim() as f64)).sqrt() as usize).clamp(1, len);
+            (l, per_seq_flops(len) / per_seq_flops(l))
+        };
+        let n = ((budget / per_seq_flops(l)) as usize).clamp(1, seqs.max(1));
+        let lens = vec![l; n];
+        let rows = l * n;
+        let q = vec![0.01f32; rows * shape.heads * shape.head_dim];
+        let kv = vec![0.02f32; rows * shape.kv_heads * shape.head_dim];
+        let mut o = vec![0f32; q.len()];
+        let secs = median_of_three(&mut || {
+            let _ = cpu::attention(&q, &kv, &kv, &lens, shape, &mut o, &never);
+        });
+        secs * scale_len * seqs.max(1) as f64 / n as f64
+    };
+    // The sampler on a few rows of logits, scaled to every sequence.
+    let sampler_s = {
+        let v = c.vocab_size.max(1);
+        let rows = seqs.clamp(1, 8);
+        let logits: Vec<f32> = (0..rows * v).map(|j| ((j * 7919) % 1009) as f32).collect();
+        let mut probs = vec![0f32; rows * v];
+        let mut sorted = vec![0f32; rows * v];
+        let mut idx = vec![0i32; rows * v];
+        let mut cum = vec![0f32; rows * v];
+        let secs = median_of_three(&mut || {
+            crate::device::cpu_sampler::softmax_rows(&logits, v, &mut probs, false);
+            crate::device::cpu_sampler::sort_rows(&probs, v, &mut sorted, &mut idx);
+            crate::device::cpu_sampler::cumsum_rows(&sorted, v, &mut cum);
+        });
+        secs * seqs.max(1) as f64 / rows as f64
+    };
+    // A layer's elementwise work on `r` rows, each output in a fresh buffer as the pass
+    // allocates its activations (page faults and zeroing included).
+    let r = CALIBRATION_ROWS;
+    let mut x = vec![0.5f32; r * h];
+    let mut residual = vec![0.25f32; r * h];
+    let norm_w = vec![1.0f32; h];
+    let gate = vec![0.5f32; r * i];
+    let up = vec![0.25f32; r * i];
+    let positions: Vec<usize> = (0..r).collect();
+    let elementwise = median_of_three(&mut || {
+        cpu::add_rms_norm(&mut x, &mut residual, &norm_w, 1e-5);
+        let mut qkv = vec![0f32; r * (q + 2 * kv)];
+        qkv.iter_mut().for_each(|v| *v = 0.5);
+        cpu::rope(
+            &mut qkv[..r * q],
+            &positions,
+            c.num_heads,
+            c.head_dim,
+            10000.0,
+        );
+        let mut attn = vec![0f32; r * q];
+        attn.copy_from_slice(&qkv[..r * q]);
+        let mut o = vec![0f32; r * h];
+        o.copy_from_slice(&x);
+        cpu::add_rms_norm(&mut o, &mut residual, &norm_w, 1e-5);
+        let mut act = vec![0f32; r * i];
+        cpu::silu_mul_into(&gate, &up, &mut act);
+        let mut down = vec![0f32; r * h];
+        down.copy_from_slice(&o);
+        std::hint::black_box((&attn, &act, &down));
+    }) / r as f64;
+    // Making (or converting) weights, and the upload's rounding. The run keeps every weight,
+    // so each lands in memory never touched before: the samples are kept until all are
+    // timed, or the allocator would hand the first one's pages back warm.
+    let sample = 1usize << 21;
+    let mut kept = Vec::new();
+    let setup = median_of_three(&mut || {
+        let mut v = if synthetic {
+            model::weights::SyntheticWeights {
+                preset: String::new(),
+                seed: 0,
+                dtype: model::weights::StoredDtype::F16,
             }
-            flops / best.max(1e-6)
+            .generate("calibration.weight", sample)
+        } else {
+            let mut v = vec![0f32; sample];
+            v.iter_mut().enumerate().for_each(|(j, x)| *x = j as f32);
+            v
         };
-        let (m, k, n) = (512, 576, 1536);
-        let x = vec![0.5f32; m * k];
-        let w = vec![0.25f32; n * k];
-        let mut out = vec![0f32; m * n];
-        // The pass's own GEMM path (rows split over the threads, cancel checks between
-        // blocks), so the estimate follows what a pass does.
-        let never = std::sync::atomic::AtomicBool::new(false);
-        let gemm = best_rate(2.0 * (m * k * n) as f64, &mut || {
-            let _ = cpu::matmul_nt_cancellable(&x, &w, &mut out, (m, k, n), &never);
-        });
-        let (len, heads, hd) = (512, 4, 64);
-        let qkv: Vec<f32> = (0..len * heads * hd)
-            .map(|i| (i % 17) as f32 * 0.01)
-            .collect();
-        let mut o = vec![0f32; len * heads * hd];
-        let shape = cpu::AttnShape {
-            heads,
-            kv_heads: heads,
-            head_dim: hd,
-        };
-        let no = AtomicBool::new(false);
-        let pairs = (len * (len + 1) / 2) as f64;
-        let attention = best_rate(4.0 * (heads * hd) as f64 * pairs, &mut || {
-            let _ = cpu::attention(&qkv, &qkv, &qkv, &[len], shape, &mut o, &no);
-        });
-        (gemm, attention)
-    })
+        crate::device::tensor::DType::F16.round_slice(&mut v);
+        kept.push(v);
+    }) / sample as f64;
+    drop(kept);
+    let t = ModelTiming {
+        gemm_s_per_token,
+        elementwise_s_per_token: elementwise,
+        lm_head_rate,
+        attention_s,
+        sampler_s,
+        setup_s_per_weight: setup,
+    };
+    if let Ok(mut m) = CACHE.lock() {
+        m.get_or_insert_with(HashMap::new).insert(key, t);
+    }
+    t
 }
 
 /// Host memory this process may still take: the least of MemAvailable, the cgroup's limit
@@ -441,6 +640,57 @@ mod tests {
             tokens,
             ..ProfileRequest::default()
         }
+    }
+
+    /// One layer's GEMMs as the pass runs them: q/k/v and gate/up fused, OPT's fc1/fc2 apart.
+    #[test]
+    fn a_layer_has_the_fused_gemms_vllm_runs() {
+        let llama = crate::model::presets::preset("smollm2-135m").unwrap();
+        assert_eq!(
+            layer_gemms(&llama),
+            vec![
+                (576, 576 + 2 * 192),
+                (576, 576),
+                (576, 2 * 1536),
+                (1536, 576)
+            ]
+        );
+        let opt = crate::model::presets::preset("opt-125m").unwrap();
+        assert_eq!(
+            layer_gemms(&opt),
+            vec![(768, 3 * 768), (768, 768), (768, 3072), (3072, 768)]
+        );
+    }
+
+    /// The estimate's parts follow the run: V1's profile pass skips attention (the same
+    /// measured kernel times, so the estimate is lower), the sampler adds time, and a second
+    /// pass adds a pass's time without a second setup.
+    #[test]
+    fn the_time_estimate_follows_what_the_run_does() {
+        let cfg = crate::model::presets::preset("tiny").unwrap();
+        let base = ProfileRequest {
+            verify: false,
+            ..req("preset:tiny", "sim:h100-80gb:compute", 2048)
+        };
+        let t = |r: &ProfileRequest| estimate(r, Some(&cfg)).compute_s.unwrap();
+        let v0 = t(&base);
+        let v1 = t(&ProfileRequest {
+            vllm: "0.19".into(),
+            ..base.clone()
+        });
+        assert!(v1 < v0, "{v1} < {v0}");
+        let no_sampler = t(&ProfileRequest {
+            sampler: false,
+            ..base.clone()
+        });
+        assert!(no_sampler < v0, "{no_sampler} < {v0}");
+        let two = t(&ProfileRequest {
+            passes: 2,
+            ..base.clone()
+        });
+        let setup = cfg.param_count() as f64
+            * model_timing(&cfg, (base.tokens, base.seqs), true).setup_s_per_weight;
+        assert!((two - setup - 2.0 * (v0 - setup)).abs() < 1e-9 * two);
     }
 
     #[test]
