@@ -61,6 +61,51 @@ fn fp16_logits_on_the_gpu_match_cpu_compute_mode_on_smollm2() {
     assert!(gpu_vs_cpu("preset:smollm2-135m", Quant::F16, 96, 2, 0.0) < 1e-2);
 }
 
+/// Qwen3's per-head q/k RMSNorm on the GPU (the norm's row is one head: head_dim columns).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn qwen3_logits_on_the_gpu_match_cpu_compute_mode() {
+    assert!(gpu_vs_cpu("preset:qwen3-0.6b", Quant::F16, 96, 2, 0.0) < 1e-2);
+}
+
+/// Qwen3-0.6B's profile pass on the GPU allocates what the dry run allocates, pass by pass.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn qwen3_gpu_trace_matches_the_dry_run() {
+    let run = |device: &str| {
+        let req = ProfileRequest {
+            model: ModelSource::parse("preset:qwen3-0.6b").unwrap(),
+            quant: Quant::F16,
+            device: DeviceSpec::parse(device).unwrap(),
+            tokens: 2048,
+            seqs: 16,
+            passes: 2,
+            verify: false,
+            vllm: "0.8".into(),
+            ..ProfileRequest::default()
+        };
+        profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap()
+    };
+    let gpu = run("cuda:0");
+    let dry = run("sim:h200:dry");
+    assert_eq!(gpu.weights_bytes, dry.weights_bytes);
+    for (g, d) in gpu.passes.iter().zip(&dry.passes) {
+        eprintln!(
+            "qwen3 pass peak GPU {} dry {}",
+            g.peak_allocated, d.peak_allocated
+        );
+        assert_eq!(g.peak_allocated, d.peak_allocated);
+    }
+    let allocs = |r: &vramscope::profile::Report| {
+        r.events
+            .iter()
+            .filter(|e| e.kind == vramscope::memory::EventKind::Alloc)
+            .map(|e| e.bytes)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(allocs(&gpu), allocs(&dry));
+}
+
 // Sequences of several 64-token tiles, neither a multiple of 64: the fused attention's key
 // loop, its diagonal mask and its ragged last tile (head_dim 64, then 32).
 #[test]

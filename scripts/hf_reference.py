@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Reference logits for tests/hf_reference.rs: Hugging Face transformers' own model classes
+(LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, picked by the config's architectures)
+in PyTorch fp32 on the CPU, on the small checkpoints the test writes with gen-model (seeded
+synthetic weights, f16 safetensors, config.json as vramscope writes it).
+
+The batch is vramscope's `Batch::dummy(11, 2, 1024)`: ids (i*7919 + 13) % 1024, sequences of
+6 and 5 tokens, each run on its own (no padding, positions 0..n-1). Prints, per model and
+sequence, the last token's logits at ids 3, 19, ..., 1011 (every 16th) as Rust arrays.
+
+Fixtures:  VRAMSCOPE_HF_FIXTURES=DIR cargo test --test hf_reference -- --ignored write_fixtures
+Run:       python3 scripts/hf_reference.py DIR   (the GPU machine has torch and transformers)
+"""
+import os
+import sys
+from importlib.metadata import version
+
+import torch
+from transformers import AutoModelForCausalLM
+
+root = sys.argv[1]
+print(f"// torch {torch.__version__}, transformers {version('transformers')}, "
+      f"python {sys.version.split()[0]}")
+TOKENS, SEQS, VOCAB = 11, 2, 1024
+base = TOKENS // SEQS
+lens = [base + (1 if i < TOKENS % SEQS else 0) for i in range(SEQS)]
+ids = [(i * 7919 + 13) % VOCAB for i in range(TOKENS)]
+PICK = list(range(3, VOCAB, 16))
+for name in ["llama", "qwen2", "qwen3"]:
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(root, name), dtype=torch.float32,
+                                                 attn_implementation="eager")
+    model.eval()
+    print(f"// {name}: {type(model).__name__}")
+    print(f"const HF_{name.upper()}: [[f64; 64]; 2] = [")
+    start = 0
+    with torch.no_grad():
+        for n in lens:
+            x = torch.tensor([ids[start:start + n]])
+            out = model(x).logits[0, -1]
+            print("    [" + ", ".join(f"{out[i].item():.8e}" for i in PICK) + "],")
+            start += n
+    print("];")

@@ -1,0 +1,548 @@
+//! The Llama-family forwards (Llama, Qwen2 with its qkv bias, Qwen3 with its per-head q/k
+//! RMSNorm) against Hugging Face transformers in fp32 on small checkpoints this test writes:
+//! the reference logits come from `scripts/hf_reference.py` (its docstring says how) and are
+//! stored below with their provenance.
+
+use std::path::Path;
+
+use vramscope::app::bench::{self, relative_l2, BenchRequest};
+use vramscope::device::DeviceSpec;
+use vramscope::model::weights::StoredDtype;
+use vramscope::model::{gen_model_config, GenOptions, ModelConfig, ModelSource};
+use vramscope::quant::Quant;
+
+/// The batch: `Batch::dummy(TOKENS, SEQS, vocab)` (ids `(i·7919 + 13) mod vocab`, lengths 6
+/// and 5), each sequence's positions from 0, as the script builds it.
+const TOKENS: usize = 11;
+const SEQS: usize = 2;
+/// The logits compared: every 16th id below the vocabulary (1024), of each sequence's last
+/// token.
+fn ids() -> Vec<usize> {
+    (3..1024).step_by(16).collect()
+}
+
+/// The three small configurations (model_type, what each exercises).
+fn config(name: &str) -> ModelConfig {
+    let mut v = serde_json::json!({
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1024,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 2048,
+    });
+    let o = v.as_object_mut().unwrap();
+    match name {
+        // Untied lm_head, rope_theta 500000 (Llama-3's).
+        "llama" => {
+            o.insert("model_type".into(), "llama".into());
+            o.insert("rope_theta".into(), 500000.0.into());
+            o.insert("tie_word_embeddings".into(), false.into());
+        }
+        // q/k/v biases, tied embeddings (Qwen2.5-0.5B's layout).
+        "qwen2" => {
+            o.insert("model_type".into(), "qwen2".into());
+            o.insert("rope_theta".into(), 1000000.0.into());
+            o.insert("tie_word_embeddings".into(), true.into());
+        }
+        // q_norm/k_norm per head, head_dim 64 (not hidden / heads = 32), no bias.
+        "qwen3" => {
+            o.insert("model_type".into(), "qwen3".into());
+            o.insert("head_dim".into(), 64.into());
+            o.insert("rope_theta".into(), 1000000.0.into());
+            o.insert("tie_word_embeddings".into(), true.into());
+        }
+        _ => unreachable!(),
+    }
+    ModelConfig::from_hf_json(&v).unwrap()
+}
+
+fn write(dir: &Path, name: &str) {
+    let opts = GenOptions {
+        dtype: StoredDtype::F16,
+        seed: 11,
+        shards: 1,
+        bnb_int8: false,
+    };
+    gen_model_config(&config(name), name, dir, &opts).unwrap();
+}
+
+/// The product's own forward (`bench` with no timed pass) in compute mode on the CPU.
+fn logits(dir: &Path) -> Vec<f32> {
+    let req = BenchRequest {
+        model: ModelSource::Path {
+            path: dir.to_path_buf(),
+        },
+        quant: Quant::F16,
+        device: DeviceSpec::parse("sim:h100-80gb").unwrap(),
+        tokens: TOKENS,
+        seqs: SEQS,
+        iters: 0,
+        fast_weights: false,
+        int8_threshold: 0.0,
+        seed: 0,
+        op_times: false,
+        sampler_rows: 0,
+        sampler_seqs: 256,
+        tp: 1,
+    };
+    bench::run(&req).unwrap().logits
+}
+
+fn check(name: &str, reference: &[[f64; 64]; 2]) {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), name);
+    let ours = logits(dir.path());
+    assert_eq!(ours.len(), SEQS * 1024);
+    let picked: Vec<f32> = (0..SEQS)
+        .flat_map(|s| ids().into_iter().map(move |i| (s, i)))
+        .map(|(s, i)| ours[s * 1024 + i])
+        .collect();
+    let theirs: Vec<f32> = reference.iter().flatten().map(|&v| v as f32).collect();
+    let e = relative_l2(&picked, &theirs);
+    eprintln!("{name}: relative L2 against transformers {e:.3e}");
+    assert!(e < 1e-3, "{name}: relative L2 {e:.3e}");
+    // The logits are not trivially small (a forward that lost a layer would still be close
+    // to nothing).
+    let norm = theirs.iter().map(|v| v * v).sum::<f32>().sqrt();
+    assert!(norm > 1e-2, "{name}: reference norm {norm}");
+}
+
+/// Writes the fixtures `scripts/hf_reference.py` reads (set VRAMSCOPE_HF_FIXTURES).
+#[test]
+#[ignore]
+fn write_fixtures() {
+    let root = std::path::PathBuf::from(std::env::var("VRAMSCOPE_HF_FIXTURES").unwrap());
+    for name in ["llama", "qwen2", "qwen3"] {
+        write(&root.join(name), name);
+    }
+}
+
+#[test]
+fn llama_logits_match_hugging_face() {
+    check("llama", &HF_LLAMA);
+}
+
+#[test]
+fn qwen2_logits_match_hugging_face() {
+    check("qwen2", &HF_QWEN2);
+}
+
+#[test]
+fn qwen3_logits_match_hugging_face() {
+    check("qwen3", &HF_QWEN3);
+}
+
+// Hugging Face transformers in fp32 on the CPU (scripts/hf_reference.py, run on the GPU machine
+// 2026-12-02 04:38 UTC on fixtures written by `write_fixtures` at commit 4cd048a's tree):
+// torch 2.11.0+cu130, transformers 5.17.0, python 3.12.3
+
+// llama: LlamaForCausalLM
+const HF_LLAMA: [[f64; 64]; 2] = [
+    [
+        4.85577881e-01,
+        -1.55470401e-01,
+        9.34792012e-02,
+        8.37963074e-02,
+        -1.04103394e-01,
+        -8.12100768e-02,
+        -3.00008535e-01,
+        -3.27412844e-01,
+        -1.50802076e-01,
+        1.89424410e-01,
+        -1.41892344e-01,
+        -8.56479481e-02,
+        2.36716092e-01,
+        -3.23215336e-01,
+        2.07755603e-02,
+        8.99071321e-02,
+        -3.00682992e-01,
+        2.42821518e-02,
+        2.58289963e-01,
+        -5.30650377e-01,
+        -4.05031592e-01,
+        1.54806301e-01,
+        1.99859887e-01,
+        -4.20311987e-02,
+        -4.86264259e-01,
+        -2.93149296e-02,
+        6.96753561e-02,
+        1.65153980e-01,
+        4.55420136e-01,
+        -3.67379212e-03,
+        3.42380889e-02,
+        -3.98136377e-02,
+        -1.26512855e-01,
+        -1.74747810e-01,
+        -5.02049267e-01,
+        3.86045069e-01,
+        1.32010311e-01,
+        1.98391769e-02,
+        5.65485209e-02,
+        8.23984370e-02,
+        -8.46952870e-02,
+        1.42768726e-01,
+        -1.34813532e-01,
+        1.46858722e-01,
+        -3.10938451e-02,
+        3.08300614e-01,
+        -2.30596781e-01,
+        -2.73611426e-01,
+        -1.10924609e-01,
+        -3.62568758e-02,
+        -5.97464070e-02,
+        -1.87680256e-02,
+        2.10173190e-01,
+        -2.44631872e-01,
+        2.26015002e-01,
+        9.90202874e-02,
+        -7.07943812e-02,
+        7.27089867e-02,
+        -1.49599493e-01,
+        -1.23936059e-02,
+        -5.21655157e-02,
+        9.32296291e-02,
+        3.74218374e-02,
+        2.56872803e-01,
+    ],
+    [
+        -3.67722332e-01,
+        -3.93017381e-02,
+        7.68976137e-02,
+        -1.55761361e-01,
+        -1.67344511e-01,
+        1.00534558e-01,
+        -4.35611308e-01,
+        -1.14661679e-01,
+        -1.59747779e-01,
+        1.35337144e-01,
+        -3.45623493e-01,
+        4.51488853e-01,
+        -7.99959600e-02,
+        3.48179549e-01,
+        -8.42515379e-02,
+        5.14231443e-01,
+        1.33975506e-01,
+        1.90288812e-01,
+        -2.62792468e-01,
+        -3.06630701e-01,
+        3.51512432e-03,
+        3.70233387e-01,
+        -9.96674448e-02,
+        2.16410980e-02,
+        1.53139099e-01,
+        -2.91159093e-01,
+        -1.39683127e-01,
+        -2.30492145e-01,
+        1.36446118e-01,
+        1.04499072e-01,
+        2.73991913e-01,
+        -1.00092657e-01,
+        -1.00281663e-01,
+        -1.81912452e-01,
+        2.60606289e-01,
+        -8.84616375e-02,
+        -2.32211635e-01,
+        -3.27104896e-01,
+        3.72308791e-02,
+        2.91334838e-03,
+        -5.14400005e-02,
+        3.54060233e-02,
+        2.69630969e-01,
+        1.62422836e-01,
+        1.32639647e-01,
+        -4.35545743e-02,
+        1.99109599e-01,
+        6.28821254e-02,
+        -2.02220500e-01,
+        3.50707114e-01,
+        3.86191040e-01,
+        2.41309106e-02,
+        2.54964709e-01,
+        -4.84532043e-02,
+        -9.43747833e-02,
+        -2.21266910e-01,
+        4.99626175e-02,
+        -4.23236012e-01,
+        1.54403090e-01,
+        2.59288400e-01,
+        -2.35535800e-01,
+        1.22493938e-01,
+        -5.20935953e-02,
+        -2.58894682e-01,
+    ],
+];
+
+// qwen2: Qwen2ForCausalLM
+const HF_QWEN2: [[f64; 64]; 2] = [
+    [
+        1.44388556e-01,
+        -4.18456644e-01,
+        1.48461536e-01,
+        -4.45095330e-01,
+        4.29777466e-02,
+        -3.72690231e-01,
+        5.53617030e-02,
+        5.37636995e-01,
+        1.39153391e-01,
+        9.87810567e-02,
+        1.63234800e-01,
+        1.84929311e-01,
+        -2.19641134e-01,
+        5.25615871e-01,
+        6.09483607e-02,
+        -2.67071533e-03,
+        7.40603283e-02,
+        -2.44041774e-02,
+        -1.91657126e-01,
+        -2.27574065e-01,
+        3.91918808e-01,
+        -1.95557714e-01,
+        -1.07662246e-01,
+        7.73948282e-02,
+        -1.01775959e-01,
+        -2.97835711e-02,
+        -3.79586965e-01,
+        -5.48878126e-02,
+        -2.53968596e-01,
+        -6.84267133e-02,
+        -1.11384086e-01,
+        -2.82097101e-01,
+        -2.31362328e-01,
+        1.50137708e-01,
+        2.19152361e-01,
+        3.26777369e-01,
+        -2.80149519e-01,
+        2.44797722e-01,
+        -2.06195697e-01,
+        4.39117886e-02,
+        3.24999601e-01,
+        -7.03184307e-03,
+        -2.93785661e-01,
+        7.83114508e-02,
+        -5.26492536e-01,
+        -1.77726299e-01,
+        8.20803270e-02,
+        5.96987121e-02,
+        -3.09150428e-01,
+        -1.19092330e-01,
+        2.80071229e-01,
+        1.07884847e-01,
+        -2.70417452e-01,
+        -2.00889051e-01,
+        1.53094560e-01,
+        2.22311895e-02,
+        1.36367500e-01,
+        8.53392854e-02,
+        4.09236439e-02,
+        -2.55664587e-01,
+        1.65906876e-01,
+        1.16798870e-01,
+        2.64443806e-03,
+        7.48237520e-02,
+    ],
+    [
+        -5.52251101e-01,
+        1.31699312e-02,
+        -4.74792004e-01,
+        3.01277637e-03,
+        -9.61133316e-02,
+        -4.56132442e-02,
+        1.42378405e-01,
+        -4.29119349e-01,
+        2.44574234e-01,
+        5.75897098e-03,
+        9.50422734e-02,
+        -3.06798995e-01,
+        -3.68892312e-01,
+        -1.25404090e-01,
+        -1.04722008e-01,
+        3.89689147e-01,
+        9.79715735e-02,
+        3.13136101e-01,
+        -1.34663790e-01,
+        1.50105238e-01,
+        1.60818353e-01,
+        1.53627604e-01,
+        7.54585505e-01,
+        -1.54898793e-01,
+        -9.64519829e-02,
+        -1.35644674e-01,
+        1.93096399e-01,
+        -2.14014709e-01,
+        2.49481261e-01,
+        2.57133693e-03,
+        6.51848912e-02,
+        2.09501058e-01,
+        -8.48501921e-04,
+        -3.37933093e-01,
+        -2.19539702e-01,
+        -3.27823043e-01,
+        1.83294341e-01,
+        5.79220168e-02,
+        2.94711381e-01,
+        -5.76684996e-02,
+        1.66476429e-01,
+        2.20625162e-01,
+        3.92983437e-01,
+        1.14721656e-02,
+        8.92089084e-02,
+        3.26937497e-01,
+        3.64915133e-02,
+        2.45772555e-01,
+        -7.03140274e-02,
+        -2.83001542e-01,
+        -2.28064761e-01,
+        2.41496563e-01,
+        -2.39375800e-01,
+        3.58009279e-01,
+        -1.19073212e-01,
+        -1.64942160e-01,
+        -6.20036572e-03,
+        1.07292704e-01,
+        3.40521395e-01,
+        3.17317277e-01,
+        -3.37278992e-01,
+        2.08301321e-02,
+        -2.33014494e-01,
+        -2.02798247e-02,
+    ],
+];
+
+// qwen3: Qwen3ForCausalLM
+const HF_QWEN3: [[f64; 64]; 2] = [
+    [
+        3.14308703e-01,
+        5.82606420e-02,
+        4.26133543e-01,
+        7.84594268e-02,
+        -1.81374177e-01,
+        -4.34330016e-01,
+        2.52585895e-02,
+        4.98062700e-01,
+        -1.18811704e-01,
+        7.98956677e-03,
+        -1.62121534e-01,
+        1.34732723e-01,
+        -1.16153933e-01,
+        2.40523487e-01,
+        -3.39838505e-01,
+        -1.65534452e-01,
+        -3.46733987e-01,
+        1.96383111e-02,
+        -2.60649621e-01,
+        -1.70942515e-01,
+        -4.30759713e-02,
+        8.16548914e-02,
+        -5.13047814e-01,
+        -3.45166147e-01,
+        2.05715954e-01,
+        -8.00054744e-02,
+        -3.37039295e-04,
+        2.41692245e-01,
+        -4.90814708e-02,
+        -7.43707120e-02,
+        7.35388994e-02,
+        -4.28998955e-02,
+        1.15773872e-01,
+        3.53887796e-01,
+        4.04052287e-01,
+        -1.28740981e-01,
+        -3.06547493e-01,
+        -2.44938582e-03,
+        -1.09988883e-01,
+        2.79198587e-01,
+        5.17884679e-02,
+        -2.52417982e-01,
+        -3.61038864e-01,
+        -1.85595751e-01,
+        -1.80700973e-01,
+        -8.51932764e-02,
+        -1.48886323e-01,
+        9.29497704e-02,
+        -1.79141372e-01,
+        7.47070536e-02,
+        2.52944678e-01,
+        -3.02084208e-01,
+        5.62439859e-02,
+        -3.61556619e-01,
+        2.82124043e-01,
+        2.96629816e-01,
+        -3.32015783e-01,
+        -1.58495843e-01,
+        -4.18806195e-01,
+        -1.95221573e-01,
+        3.67686003e-01,
+        -1.34552613e-01,
+        1.17313080e-01,
+        -1.11890826e-02,
+    ],
+    [
+        -2.21080333e-02,
+        8.67010951e-02,
+        4.38647687e-01,
+        9.38163251e-02,
+        -6.16262481e-02,
+        7.27320313e-02,
+        5.17237931e-02,
+        -2.26512283e-01,
+        -9.44123119e-02,
+        -8.97876173e-03,
+        2.03060746e-01,
+        -5.54192401e-02,
+        -5.32716550e-02,
+        4.10886824e-01,
+        7.89934844e-02,
+        2.18585655e-02,
+        2.78070234e-02,
+        -2.17070028e-01,
+        -1.11362040e-02,
+        -2.86551453e-02,
+        2.32550770e-01,
+        -2.75263429e-01,
+        5.37499666e-01,
+        -3.45425084e-02,
+        5.22811189e-02,
+        -1.53857589e-01,
+        6.87875301e-02,
+        -2.91813105e-01,
+        -5.42258322e-02,
+        1.31825790e-01,
+        -2.83461720e-01,
+        -2.31429219e-01,
+        1.93626687e-01,
+        1.15765125e-01,
+        -5.91039397e-02,
+        -3.16536486e-01,
+        1.86201185e-01,
+        1.44963607e-01,
+        -1.51980013e-01,
+        -3.52641463e-01,
+        -1.50013864e-01,
+        6.10415451e-02,
+        1.31636485e-01,
+        -1.15728259e-01,
+        -1.14707798e-01,
+        6.56287074e-01,
+        -6.63801655e-03,
+        -2.54641503e-01,
+        3.59440446e-01,
+        8.15606862e-03,
+        -3.43469858e-01,
+        7.09920600e-02,
+        -3.32810819e-01,
+        5.91004789e-01,
+        4.33347374e-01,
+        -2.30796129e-01,
+        1.77247569e-01,
+        1.03289127e-01,
+        6.50839657e-02,
+        5.74252844e-01,
+        -1.03290565e-01,
+        -9.28410590e-02,
+        -6.64383173e-02,
+        8.12536180e-02,
+    ],
+];
