@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reference logits for tests/hf_reference.rs: Hugging Face transformers' own model classes
-(LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, picked by the config's architectures)
+(LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, picked by the config's architectures)
 in PyTorch fp32 on the CPU, on the small checkpoints the test writes with gen-model (seeded
 synthetic weights, f16 safetensors, config.json as vramscope writes it).
 
@@ -9,7 +9,7 @@ The batch is vramscope's `Batch::dummy(11, 2, 1024)`: ids (i*7919 + 13) % 1024, 
 sequence, the last token's logits at ids 3, 19, ..., 1011 (every 16th) as Rust arrays.
 
 Fixtures:  VRAMSCOPE_HF_FIXTURES=DIR cargo test --test hf_reference -- --ignored write_fixtures
-Run:       python3 scripts/hf_reference.py DIR   (the GPU machine has torch and transformers)
+Run:       python3 scripts/hf_reference.py DIR [NAMES, comma-separated]  (the GPU machine has torch and transformers)
 """
 import os
 import sys
@@ -26,7 +26,7 @@ base = TOKENS // SEQS
 lens = [base + (1 if i < TOKENS % SEQS else 0) for i in range(SEQS)]
 ids = [(i * 7919 + 13) % VOCAB for i in range(TOKENS)]
 PICK = list(range(3, VOCAB, 16))
-for name in ["llama", "qwen2", "qwen3"]:
+for name in sys.argv[2].split(",") if len(sys.argv) > 2 else ["llama", "qwen2", "qwen3", "phi3"]:
     model = AutoModelForCausalLM.from_pretrained(os.path.join(root, name), dtype=torch.float32,
                                                  attn_implementation="eager")
     model.eval()

@@ -1,5 +1,5 @@
 //! The Llama-family forwards (Llama, Qwen2 with its qkv bias, Qwen3 with its per-head q/k
-//! RMSNorm) against Hugging Face transformers in fp32 on small checkpoints this test writes:
+//! RMSNorm, Phi-3 with its fused checkpoint tensors) against Hugging Face transformers in fp32 on small checkpoints this test writes:
 //! the reference logits come from `scripts/hf_reference.py` (its docstring says how) and are
 //! stored below with their provenance.
 
@@ -53,6 +53,12 @@ fn config(name: &str) -> ModelConfig {
             o.insert("head_dim".into(), 64.into());
             o.insert("rope_theta".into(), 1000000.0.into());
             o.insert("tie_word_embeddings".into(), true.into());
+        }
+        // q/k/v and gate/up stored fused (qkv_proj, gate_up_proj), untied lm_head.
+        "phi3" => {
+            o.insert("model_type".into(), "phi3".into());
+            o.insert("rope_theta".into(), 10000.0.into());
+            o.insert("tie_word_embeddings".into(), false.into());
         }
         _ => unreachable!(),
     }
@@ -115,7 +121,7 @@ fn check(name: &str, reference: &[[f64; 64]; 2]) {
 #[ignore]
 fn write_fixtures() {
     let root = std::path::PathBuf::from(std::env::var("VRAMSCOPE_HF_FIXTURES").unwrap());
-    for name in ["llama", "qwen2", "qwen3"] {
+    for name in ["llama", "qwen2", "qwen3", "phi3"] {
         write(&root.join(name), name);
     }
 }
@@ -133,6 +139,11 @@ fn qwen2_logits_match_hugging_face() {
 #[test]
 fn qwen3_logits_match_hugging_face() {
     check("qwen3", &HF_QWEN3);
+}
+
+#[test]
+fn phi3_logits_match_hugging_face() {
+    check("phi3", &HF_PHI3);
 }
 
 // Hugging Face transformers in fp32 on the CPU (scripts/hf_reference.py, run on the GPU machine
@@ -544,5 +555,143 @@ const HF_QWEN3: [[f64; 64]; 2] = [
         -9.28410590e-02,
         -6.64383173e-02,
         8.12536180e-02,
+    ],
+];
+// Phi-3: the same script and versions, 2026-12-02 04:52 UTC (transformers warns that the
+// config's eos_token_id 32000 lies outside the 1024-token vocabulary; no forward reads it):
+
+// phi3: Phi3ForCausalLM
+const HF_PHI3: [[f64; 64]; 2] = [
+    [
+        -9.25555974e-02,
+        -5.64975664e-02,
+        -6.77265078e-02,
+        -4.18038443e-02,
+        -2.73537636e-01,
+        -2.85065562e-01,
+        -7.28903860e-02,
+        -1.57715350e-01,
+        6.16398305e-02,
+        3.38574886e-01,
+        6.29693568e-01,
+        2.32323050e-01,
+        1.96009696e-01,
+        3.58947180e-02,
+        4.43313122e-02,
+        3.63491885e-02,
+        -2.28494436e-01,
+        -8.86401907e-02,
+        6.88892826e-02,
+        -6.60254732e-02,
+        -9.67019945e-02,
+        4.79762346e-01,
+        -1.94596693e-01,
+        1.44782886e-01,
+        -3.18970859e-01,
+        2.07534194e-01,
+        2.51744986e-01,
+        3.90062258e-02,
+        1.84412867e-01,
+        -1.63771838e-01,
+        3.41649294e-01,
+        -3.76492083e-01,
+        -2.43597537e-01,
+        -2.50747532e-01,
+        -4.86467987e-01,
+        5.00171073e-03,
+        2.29886055e-01,
+        4.65894118e-03,
+        1.52678952e-01,
+        -1.14003710e-01,
+        1.49241909e-01,
+        1.56956702e-01,
+        7.68358335e-02,
+        2.61837896e-02,
+        5.90588972e-02,
+        -4.45476398e-02,
+        -6.99405894e-02,
+        4.58746813e-02,
+        7.82897323e-02,
+        -8.95333812e-02,
+        1.82517707e-01,
+        1.23552203e-01,
+        4.00051147e-01,
+        -4.10896242e-01,
+        2.32516125e-01,
+        9.80884358e-02,
+        3.91621083e-01,
+        -2.30760291e-01,
+        -1.35562360e-01,
+        -1.82234123e-01,
+        -2.00506434e-01,
+        1.06854387e-01,
+        8.14319924e-02,
+        5.06310090e-02,
+    ],
+    [
+        7.90619552e-02,
+        -5.63688517e-01,
+        -1.30544513e-01,
+        -3.30426991e-01,
+        -2.93587595e-02,
+        1.18886679e-03,
+        4.94421273e-02,
+        4.62072492e-02,
+        3.29842508e-01,
+        3.23091954e-01,
+        -2.48306766e-01,
+        3.90856594e-01,
+        -2.93907046e-01,
+        4.66262639e-01,
+        2.29556561e-02,
+        1.12251654e-01,
+        9.67090130e-02,
+        1.55619085e-02,
+        -1.63779914e-01,
+        -1.44545585e-01,
+        -2.46589452e-01,
+        6.36144727e-03,
+        1.39477938e-01,
+        3.74258518e-01,
+        -8.46609473e-02,
+        -2.24836487e-02,
+        -2.03420088e-01,
+        2.47449726e-01,
+        -6.77362084e-04,
+        -1.24244601e-01,
+        -3.38627368e-01,
+        -1.11442178e-01,
+        6.37586117e-02,
+        -1.53091550e-01,
+        2.63914287e-01,
+        3.97475779e-01,
+        1.74126744e-01,
+        -1.86654806e-01,
+        5.35257876e-01,
+        -5.73831424e-03,
+        -6.42708540e-02,
+        2.03081027e-01,
+        -6.30360246e-02,
+        2.66515136e-01,
+        -9.75000933e-02,
+        -8.54234546e-02,
+        3.58926326e-01,
+        1.96646601e-01,
+        -1.50473490e-01,
+        -1.46425247e-01,
+        -3.11124921e-01,
+        1.24415591e-01,
+        -1.53321773e-02,
+        4.93585318e-03,
+        -5.15046358e-01,
+        -2.55386233e-02,
+        2.72449017e-01,
+        2.66711041e-03,
+        4.76027951e-02,
+        9.19421315e-02,
+        8.32866505e-02,
+        9.61778462e-02,
+        -1.05791986e-02,
+        -2.39308059e-01,
     ],
 ];

@@ -115,6 +115,56 @@ fn sharded_ranks_compute_the_logits_of_one_device() {
     }
 }
 
+/// Phi-3 stores q/k/v and gate/up fused: each rank cuts its q, k and v rows (and its gate and
+/// up rows) out of the one stored tensor, as QKVParallelLinear's loader does without a shard
+/// id; the logits are one device's.
+#[test]
+fn phi3_ranks_cut_the_fused_checkpoint_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = serde_json::json!({
+        "model_type": "phi3", "hidden_size": 128, "intermediate_size": 256,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 512, "max_position_embeddings": 256, "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": false,
+    });
+    let cfg = vramscope::model::ModelConfig::from_hf_json(&v).unwrap();
+    let opts = vramscope::model::GenOptions {
+        dtype: vramscope::model::weights::StoredDtype::F16,
+        seed: 3,
+        shards: 1,
+        bnb_int8: false,
+    };
+    vramscope::model::gen_model_config(&cfg, "phi3-small", dir.path(), &opts).unwrap();
+    let run = |tp: u32| {
+        let req = ProfileRequest {
+            model: ModelSource::Path {
+                path: dir.path().to_path_buf(),
+            },
+            device: DeviceSpec::parse("sim:h100-80gb").unwrap(),
+            tokens: 64,
+            seqs: 2,
+            tp,
+            verify: false,
+            ..ProfileRequest::default()
+        };
+        profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap()
+    };
+    let one = run(1);
+    let values = |r: &Report| -> Vec<f32> {
+        r.logits
+            .iter()
+            .flat_map(|t| t.top.iter().map(|&(_, v)| v))
+            .collect()
+    };
+    assert!(!one.logits.is_empty());
+    for n in [2u32, 4] {
+        let r = run(n);
+        let e = relative_l2(&values(&r), &values(&one));
+        assert!(e < 1e-3, "tp {n}: relative L2 {e}");
+        assert_eq!(r.sampled_tokens, one.sampled_tokens, "tp {n}");
+    }
+}
+
 /// OPT as vLLM's opt.py splits it: biases of the column-parallel layers cut with their rows,
 /// the row-parallel layers' whole bias added by rank 0 only, the embedding tied to the lm_head.
 #[test]

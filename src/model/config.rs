@@ -105,6 +105,20 @@ impl ModelConfig {
         self.arch == "qwen3"
     }
 
+    /// Phi-3 (and Phi-4, a phi3 model) stores q/k/v as one `qkv_proj` and gate/up as one
+    /// `gate_up_proj` in the checkpoint; vLLM's `Phi3ForCausalLM` is its `LlamaForCausalLM`
+    /// with those names packed (model_executor/models/phi3.py, every release here).
+    pub fn fused_checkpoint(&self) -> bool {
+        self.arch == "phi3"
+    }
+
+    /// Tensors the loader reads: one per stored tensor, and for a checkpoint-fused one each
+    /// part (q, k, v; gate, up) read as its own rows.
+    pub fn loader_reads(&self) -> usize {
+        let extra = if self.fused_checkpoint() { 3 } else { 0 };
+        self.tensor_shapes().len() + extra * self.num_layers
+    }
+
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
     }
@@ -134,9 +148,16 @@ impl ModelConfig {
         for l in 0..self.num_layers {
             let p = format!("model.layers.{l}");
             out.push((format!("{p}.input_layernorm.weight"), vec![h]));
-            out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
-            out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
-            out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
+            if self.fused_checkpoint() {
+                out.push((
+                    format!("{p}.self_attn.qkv_proj.weight"),
+                    vec![q + 2 * kv, h],
+                ));
+            } else {
+                out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
+                out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
+                out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
+            }
             if self.attention_bias {
                 out.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
                 out.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
@@ -148,8 +169,12 @@ impl ModelConfig {
                 out.push((format!("{p}.self_attn.k_norm.weight"), vec![self.head_dim]));
             }
             out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
-            out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
-            out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
+            if self.fused_checkpoint() {
+                out.push((format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h]));
+            } else {
+                out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
+                out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
+            }
             out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
         }
         out.push(("model.norm.weight".to_string(), vec![h]));
@@ -255,23 +280,23 @@ impl ModelConfig {
         };
         let arch = match obj.get("model_type") {
             None => return Err(
-                "model_type is missing (expected llama, mistral, qwen2, qwen3 or opt); is this a config.json?"
+                "model_type is missing (expected llama, mistral, qwen2, qwen3, phi3 or opt); is this a config.json?"
                     .into(),
             ),
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(other) => {
                 return Err(format!(
-                    "model_type is {other} (a {}), expected a string: llama, mistral, qwen2, qwen3 or opt",
+                    "model_type is {other} (a {}), expected a string: llama, mistral, qwen2, qwen3, phi3 or opt",
                     crate::base::fsguard::json_kind(other)
                 ))
             }
         };
         if !matches!(
             arch.as_str(),
-            "llama" | "mistral" | "qwen2" | "qwen3" | "opt"
+            "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "opt"
         ) {
             return Err(format!(
-                "model_type '{arch}' is not supported (expected llama, mistral, qwen2, qwen3 or opt)"
+                "model_type '{arch}' is not supported (expected llama, mistral, qwen2, qwen3, phi3 or opt)"
             ));
         }
         let get = |k: &str| -> std::result::Result<usize, String> {
@@ -298,6 +323,33 @@ impl ModelConfig {
         let hidden_size = get("hidden_size")?;
         if arch == "opt" {
             return Self::opt_from_hf_json(v, hidden_size, &get);
+        }
+        if arch == "phi3" {
+            // Phi-3-mini-128k, Phi-3.5-mini and Phi-4-mini scale their rotary embedding
+            // (LongRoPE: two factor sets and a second cache) and Phi-4-mini rotates 3/4 of each
+            // head; vramscope's rotary cache is the plain one (Phi-3-mini-4k, Phi-4).
+            if let Some(rs) = v.get("rope_scaling").filter(|r| !r.is_null()) {
+                let kind = rs
+                    .get("type")
+                    .or_else(|| rs.get("rope_type"))
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or("?");
+                return Err(format!(
+                    "rope_scaling '{kind}' (Phi-3's LongRoPE) is not supported yet: only phi3 checkpoints with rope_scaling null (Phi-3-mini-4k, Phi-4) are"
+                ));
+            }
+            let partial = float(
+                v,
+                "partial_rotary_factor",
+                1.0,
+                |x| x > 0.0 && x <= 1.0,
+                "above 0 and at most 1",
+            )?;
+            if partial != 1.0 {
+                return Err(format!(
+                    "partial_rotary_factor {partial} is not supported yet (every head dimension is rotated)"
+                ));
+            }
         }
         let num_heads = get("num_attention_heads")?;
         let num_kv_heads = if v["num_key_value_heads"].is_null() {
@@ -458,9 +510,10 @@ impl ModelConfig {
             "mistral" => "MistralForCausalLM",
             "qwen2" => "Qwen2ForCausalLM",
             "qwen3" => "Qwen3ForCausalLM",
+            "phi3" => "Phi3ForCausalLM",
             _ => "LlamaForCausalLM",
         };
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "architectures": [arch_class],
             "model_type": self.arch,
             "hidden_size": self.hidden_size,
@@ -477,7 +530,20 @@ impl ModelConfig {
             "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": "silu",
             "torch_dtype": torch_dtype,
-        })
+        });
+        if self.arch == "phi3" {
+            // Phi3Config's defaults name token 32000 as padding (an embedding row a small
+            // vocabulary lacks) and a 2047-token sliding window; the plain rotary embedding.
+            let o = v.as_object_mut().expect("an object");
+            o.insert("pad_token_id".into(), 0.into());
+            o.insert("sliding_window".into(), serde_json::Value::Null);
+            o.insert("rope_scaling".into(), serde_json::Value::Null);
+            o.insert(
+                "original_max_position_embeddings".into(),
+                self.max_position_embeddings.into(),
+            );
+        }
+        v
     }
 }
 
@@ -547,6 +613,40 @@ fn json_as<T>(
 
 #[cfg(test)]
 mod tests {
+    /// Phi-3: fused checkpoint names; LongRoPE and a partial rotary factor refused by name.
+    #[test]
+    fn phi3_reads_with_fused_names_and_refuses_longrope() {
+        let base = serde_json::json!({
+            "model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+            "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 32,
+            "vocab_size": 32064, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 4096, "rope_scaling": null,
+        });
+        let c = ModelConfig::from_hf_json(&base).unwrap();
+        assert!(c.fused_checkpoint() && !c.attention_bias && c.head_dim == 96);
+        let names: Vec<String> = c.tensor_shapes().into_iter().map(|(n, _)| n).collect();
+        assert!(names.contains(&"model.layers.1.self_attn.qkv_proj.weight".to_string()));
+        assert!(names.contains(&"model.layers.0.mlp.gate_up_proj.weight".to_string()));
+        assert!(!names.iter().any(|n| n.ends_with("q_proj.weight")
+            || n.ends_with("up_proj.weight") && !n.ends_with("gate_up_proj.weight")));
+        assert_eq!(c.loader_reads(), c.tensor_shapes().len() + 3 * 2);
+        let mut long = base.clone();
+        long["rope_scaling"] =
+            serde_json::json!({"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]});
+        let e = ModelConfig::from_hf_json(&long).unwrap_err();
+        assert!(
+            e.contains("rope_scaling 'longrope'") && e.contains("not supported"),
+            "{e}"
+        );
+        let mut partial = base.clone();
+        partial["partial_rotary_factor"] = serde_json::json!(0.75);
+        let e = ModelConfig::from_hf_json(&partial).unwrap_err();
+        assert!(e.contains("partial_rotary_factor 0.75"), "{e}");
+        // gen-model's config.json reads back as the same shape.
+        let back = ModelConfig::from_hf_json(&c.to_hf_json("float16")).unwrap();
+        assert_eq!(back.tensor_shapes(), c.tensor_shapes());
+    }
+
     use super::*;
 
     fn base() -> serde_json::Value {

@@ -80,7 +80,7 @@ impl LlamaModel {
         let started = std::time::Instant::now();
         let shard = TpShard::of(rt, cfg)?;
         let local = shard.local_config(cfg);
-        let mut ld = Loader::new(rt, src, opts, cfg.tensor_shapes().len());
+        let mut ld = Loader::new(rt, src, opts, cfg.loader_reads());
         let act = ld.act;
         rt.set_op("load");
         rt.set_layer(None);
@@ -106,17 +106,35 @@ impl LlamaModel {
         for l in 0..cfg.num_layers {
             rt.set_layer(Some(l as u32));
             let p = format!("model.layers.{l}");
-            let qkv = ld.fused_parts(
-                &[
-                    format!("{p}.self_attn.q_proj.weight"),
-                    format!("{p}.self_attn.k_proj.weight"),
-                    format!("{p}.self_attn.v_proj.weight"),
-                ],
-                &[q, kv, kv],
-                &[q_part, kv_part, kv_part],
-                h,
-                &format!("{p}.self_attn.qkv_proj.weight"),
-            )?;
+            let qkv_name = format!("{p}.self_attn.qkv_proj.weight");
+            let qkv = if cfg.fused_checkpoint() {
+                // This rank's q, k and v rows of the stored [q + 2·kv, h] tensor
+                // (QKVParallelLinear.weight_loader with no shard id cuts it the same way).
+                let all = q + 2 * kv;
+                ld.fused_parts(
+                    &[qkv_name.clone(), qkv_name.clone(), qkv_name.clone()],
+                    &[all; 3],
+                    &[
+                        q_part,
+                        (q + kv_part.0, kv_part.1),
+                        (q + kv + kv_part.0, kv_part.1),
+                    ],
+                    h,
+                    &qkv_name,
+                )?
+            } else {
+                ld.fused_parts(
+                    &[
+                        format!("{p}.self_attn.q_proj.weight"),
+                        format!("{p}.self_attn.k_proj.weight"),
+                        format!("{p}.self_attn.v_proj.weight"),
+                    ],
+                    &[q, kv, kv],
+                    &[q_part, kv_part, kv_part],
+                    h,
+                    &qkv_name,
+                )?
+            };
             let bias = if cfg.attention_bias {
                 Some(ld.dense_concat_parts(
                     &[
@@ -149,16 +167,29 @@ impl LlamaModel {
             } else {
                 None
             };
-            let gate_up = ld.fused_parts(
-                &[
-                    format!("{p}.mlp.gate_proj.weight"),
-                    format!("{p}.mlp.up_proj.weight"),
-                ],
-                &[i, i],
-                &[i_part, i_part],
-                h,
-                &format!("{p}.mlp.gate_up_proj.weight"),
-            )?;
+            let gate_up_name = format!("{p}.mlp.gate_up_proj.weight");
+            let gate_up = if cfg.fused_checkpoint() {
+                // Gate rows first, then up (MergedColumnParallelLinear's order, and Phi-3's
+                // `gate, up = gate_up.chunk(2)`).
+                ld.fused_parts(
+                    &[gate_up_name.clone(), gate_up_name.clone()],
+                    &[2 * i; 2],
+                    &[i_part, (i + i_part.0, i_part.1)],
+                    h,
+                    &gate_up_name,
+                )?
+            } else {
+                ld.fused_parts(
+                    &[
+                        format!("{p}.mlp.gate_proj.weight"),
+                        format!("{p}.mlp.up_proj.weight"),
+                    ],
+                    &[i, i],
+                    &[i_part, i_part],
+                    h,
+                    &gate_up_name,
+                )?
+            };
             let down = ld.linear_slice(
                 &format!("{p}.mlp.down_proj.weight"),
                 Slice::cols(h, i, i_part.0, i_part.1),

@@ -67,7 +67,7 @@ fn opt(
     }
 }
 
-pub const PRESET_NAMES: [&str; 13] = [
+pub const PRESET_NAMES: [&str; 15] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
@@ -79,6 +79,8 @@ pub const PRESET_NAMES: [&str; 13] = [
     "qwen2.5-32b",
     "qwen3-0.6b",
     "qwen3-8b",
+    "phi-3-mini-4k",
+    "phi-4",
     "opt-125m",
     "opt-350m",
 ];
@@ -135,6 +137,14 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         // facebook/opt-350m: post-LN, 512-wide embedding with project_in/project_out.
         "opt-350m" => opt(1024, 4096, 24, 16, 512, false),
         // A few MB, for tests and compute mode on a laptop.
+        // microsoft/Phi-3-mini-4k-instruct (phi3: fused qkv_proj and gate_up_proj stored).
+        "phi-3-mini-4k" => cfg(
+            "phi3", 3072, 8192, 32, 32, 32, 32064, 10000.0, 1e-5, false, 4096,
+        ),
+        // microsoft/phi-4 (phi3, GQA 40/10, head_dim 128).
+        "phi-4" => cfg(
+            "phi3", 5120, 17920, 40, 40, 10, 100352, 250000.0, 1e-5, false, 16384,
+        ),
         "tiny" => cfg("llama", 128, 384, 4, 4, 2, 1024, 10000.0, 1e-5, false, 2048),
         _ => return None,
     })
@@ -157,6 +167,13 @@ mod tests {
         // Hugging Face's counts (unpadded embedding, tied lm_head).
         assert_eq!(preset("opt-125m").unwrap().param_count(), 125_239_296);
         assert_eq!(preset("opt-350m").unwrap().param_count(), 331_196_416);
+        // The total_size of their model.safetensors.index.json (bf16) halved: 7,642,159,104
+        // and 29,319,014,400 bytes.
+        assert_eq!(
+            preset("phi-3-mini-4k").unwrap().param_count(),
+            3_821_079_552
+        );
+        assert_eq!(preset("phi-4").unwrap().param_count(), 14_659_507_200);
     }
 
     #[test]

@@ -278,8 +278,9 @@ pub const RELEASES: &[Release] = &[
 ];
 
 /// Model types every release here has a model file for (vllm/model_executor/models/:
-/// llama.py, which Mistral uses too, qwen2.py, opt.py).
-const ALWAYS: &[&str] = &["llama", "mistral", "qwen2", "opt"];
+/// llama.py, which Mistral uses too, qwen2.py, opt.py, phi3.py: `Phi3ForCausalLM` is
+/// `LlamaForCausalLM` with its checkpoint names packed, in 0.6.3 through 0.19).
+const ALWAYS: &[&str] = &["llama", "mistral", "qwen2", "opt", "phi3"];
 
 impl Release {
     /// Whether this release can load a model of `model_type` `arch`: the 0.8.5 wheel has
