@@ -36,7 +36,7 @@ fn write_checkpoint(dir: &Path, cfg_json: &serde_json::Value) -> (ModelConfig, u
     }
     header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
     let mut h = serde_json::to_vec(&header).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let path = dir.join("model.safetensors");
