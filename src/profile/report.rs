@@ -271,6 +271,75 @@ pub struct VllmAnswer<'a> {
 }
 
 impl Report {
+    /// A copy of everything but the passes and the events (the JSON export writes those
+    /// itself). Every field is named, so a new one is not left out.
+    pub(crate) fn without_lists(&self) -> Report {
+        let Report {
+            format,
+            tool,
+            created_unix_s,
+            model,
+            quant,
+            device,
+            settings,
+            checkpoints,
+            weights_bytes,
+            weights_tensor_bytes,
+            kv_geometry,
+            formulas,
+            truth,
+            true_max,
+            passes: _,
+            quant_state_after_bytes,
+            outside_framework_bytes,
+            other_process_bytes,
+            logits,
+            sampled_tokens,
+            wall_time_s,
+            event_count,
+            events: _,
+            device_samples,
+            sample_rate_hz,
+            tp,
+            rank,
+            ranks,
+            engine,
+            nccl_source,
+        } = self;
+        Report {
+            format: format.clone(),
+            tool: tool.clone(),
+            created_unix_s: created_unix_s.clone(),
+            model: model.clone(),
+            quant: quant.clone(),
+            device: device.clone(),
+            settings: settings.clone(),
+            checkpoints: checkpoints.clone(),
+            weights_bytes: weights_bytes.clone(),
+            weights_tensor_bytes: weights_tensor_bytes.clone(),
+            kv_geometry: kv_geometry.clone(),
+            formulas: formulas.clone(),
+            truth: truth.clone(),
+            true_max: true_max.clone(),
+            passes: Vec::new(),
+            quant_state_after_bytes: quant_state_after_bytes.clone(),
+            outside_framework_bytes: outside_framework_bytes.clone(),
+            other_process_bytes: other_process_bytes.clone(),
+            logits: logits.clone(),
+            sampled_tokens: sampled_tokens.clone(),
+            wall_time_s: wall_time_s.clone(),
+            event_count: event_count.clone(),
+            events: Vec::new(),
+            device_samples: device_samples.clone(),
+            sample_rate_hz: sample_rate_hz.clone(),
+            tp: tp.clone(),
+            rank: rank.clone(),
+            ranks: ranks.clone(),
+            engine: engine.clone(),
+            nccl_source: nccl_source.clone(),
+        }
+    }
+
     /// The answer of the release in `settings.vllm` (`None` for a snapshot, which has no
     /// formulas, or a session naming a release this build does not know).
     pub fn vllm_answer(&self) -> Option<VllmAnswer<'_>> {

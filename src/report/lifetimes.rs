@@ -4,7 +4,9 @@
 //! pass that made them, who owns the peak, and bytes made and freed per layer. Pure functions
 //! of `Report.events`, shared by the app and the PNG report.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::{HashMap, HashMapExt};
 
 use serde::{Deserialize, Serialize};
 
@@ -23,7 +25,7 @@ const SNAPSHOT_MIN_EVERY: usize = 256;
 const SNAPSHOT_BUDGET_IDS: usize = 16 << 20;
 /// The framework total's maximum is kept per block of 8, 64 and 512 events, so a column
 /// finds its highest event reading a few dozen maxima instead of every event (events are
-/// large; reading one is a cache miss).
+/// large; reading one is a cache miss). Each size is a multiple of the one before.
 const MAX_BLOCKS: [usize; 3] = [8, 64, 512];
 const NONE: u32 = u32::MAX;
 
@@ -248,6 +250,9 @@ impl Lifetimes {
         let mut open: HashMap<(&str, u64, Category), VecDeque<u32>> = HashMap::new();
         let mut checkpoints = Vec::new();
         let mut passes: Vec<IndexSpan> = Vec::new();
+        // The pass of the last span: a span's label names its pass, so the label is made
+        // once per span, not once per event.
+        let mut span_pass = 0u32;
         for (i, e) in events.iter().enumerate() {
             match e.kind {
                 EventKind::Alloc => {
@@ -284,15 +289,16 @@ impl Lifetimes {
             }
             if e.pass > 0 {
                 match passes.last_mut() {
-                    Some(p) if p.end == i && p.label == pass_label(e.pass, profile_passes) => {
-                        p.end = i + 1
+                    Some(p) if p.end == i && span_pass == e.pass => p.end = i + 1,
+                    _ => {
+                        span_pass = e.pass;
+                        passes.push(IndexSpan {
+                            label: pass_label(e.pass, profile_passes),
+                            start: i,
+                            end: i + 1,
+                            verify: e.pass > profile_passes,
+                        })
                     }
-                    _ => passes.push(IndexSpan {
-                        label: pass_label(e.pass, profile_passes),
-                        start: i,
-                        end: i + 1,
-                        verify: e.pass > profile_passes,
-                    }),
                 }
             }
         }
@@ -309,20 +315,27 @@ impl Lifetimes {
             }
             apply(&items, &mut live, i, id);
         }
-        let block_max = MAX_BLOCKS.map(|size| {
-            events
-                .chunks(size)
-                .enumerate()
-                .map(|(k, block)| {
-                    let (at, e) = block
-                        .iter()
-                        .enumerate()
-                        .max_by_key(|(_, e)| e.allocated)
-                        .expect("chunks are not empty");
-                    (e.allocated, (k * size + at) as u32)
-                })
-                .collect()
-        });
+        // The smallest blocks from the events, each larger size from the one below (one pass
+        // over the events, which are large; the last of equal maxima, as `max_by_key` keeps).
+        let mut block_max: [Vec<(u64, u32)>; 3] = Default::default();
+        block_max[0] = events
+            .chunks(MAX_BLOCKS[0])
+            .enumerate()
+            .map(|(k, block)| {
+                let (at, e) = block
+                    .iter()
+                    .enumerate()
+                    .max_by_key(|(_, e)| e.allocated)
+                    .expect("chunks are not empty");
+                (e.allocated, (k * MAX_BLOCKS[0] + at) as u32)
+            })
+            .collect();
+        for l in 1..MAX_BLOCKS.len() {
+            block_max[l] = block_max[l - 1]
+                .chunks(MAX_BLOCKS[l] / MAX_BLOCKS[l - 1])
+                .map(|c| *c.iter().max_by_key(|(v, _)| *v).expect("chunks are not empty"))
+                .collect();
+        }
         Lifetimes {
             items,
             checkpoints,
@@ -854,8 +867,9 @@ impl Lifetimes {
             peak_of(|e| e.allocated).map(|i| self.owners_at(events, i, "framework peak (Â)"));
         let process =
             peak_of(|e| e.process_used).map(|i| self.owners_at(events, i, "process peak (truth)"));
-        let mut layers: Vec<LayerRollup> = Vec::new();
-        let mut index: HashMap<(u32, Option<u32>), usize> = HashMap::new();
+        // Sums per run of events of one layer (a layer's events come together), sorted by
+        // pass and layer, then the runs of one layer merged: no lookup per event.
+        let mut runs: Vec<LayerRollup> = Vec::new();
         for e in events {
             if e.pass == 0 || e.pass > self.profile_passes {
                 continue;
@@ -865,19 +879,30 @@ impl Lifetimes {
                 EventKind::Free => (0, e.bytes),
                 _ => continue,
             };
-            let k = *index.entry((e.pass, e.layer)).or_insert_with(|| {
-                layers.push(LayerRollup {
+            match runs.last_mut() {
+                Some(r) if r.pass == e.pass && r.layer == e.layer => {
+                    r.made_bytes += made;
+                    r.freed_bytes += freed;
+                }
+                _ => runs.push(LayerRollup {
                     pass: e.pass,
                     layer: e.layer,
-                    made_bytes: 0,
-                    freed_bytes: 0,
-                });
-                layers.len() - 1
-            });
-            layers[k].made_bytes += made;
-            layers[k].freed_bytes += freed;
+                    made_bytes: made,
+                    freed_bytes: freed,
+                }),
+            }
         }
-        layers.sort_by_key(|l| (l.pass, l.layer.map_or(u64::MAX, u64::from)));
+        runs.sort_by_key(|l| (l.pass, l.layer.map_or(u64::MAX, u64::from)));
+        let mut layers: Vec<LayerRollup> = Vec::with_capacity(runs.len());
+        for r in runs {
+            match layers.last_mut() {
+                Some(l) if l.pass == r.pass && l.layer == r.layer => {
+                    l.made_bytes += r.made_bytes;
+                    l.freed_bytes += r.freed_bytes;
+                }
+                _ => layers.push(r),
+            }
+        }
         PeakReport {
             framework,
             process,

@@ -31,11 +31,7 @@ pub fn write(report: &Report, path: &Path) -> Result<()> {
     super::write_streamed(vec![(
         path.to_path_buf(),
         Box::new(move |w: &mut dyn std::io::Write| {
-            // A concrete buffer in front of the dynamic writer: serde_json's small writes stay
-            // inlined.
-            let mut w = std::io::BufWriter::with_capacity(1 << 16, w);
-            serde_json::to_writer_pretty(&mut w, &session).map_err(err)?;
-            std::io::Write::flush(&mut w).map_err(|e| Error::io(path, e))
+            super::pretty::write_pretty(w, &session).map_err(err)
         }),
     )])
 }

@@ -4,11 +4,15 @@
 
 pub mod csv;
 pub mod json;
+mod pieces;
 pub mod png;
+pub mod pretty;
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 use crate::base::error::{Error, Result};
+use crate::report::lifetimes::Analysis;
 
 pub use crate::base::atomic::{
     atomic_write, check_targets, check_writable, write_all, write_streamed, Render,
@@ -28,16 +32,14 @@ pub fn report_renders<'a>(
         problem,
     };
     let mut out: Vec<(PathBuf, Render<'a>)> = Vec::new();
+    // The CSV summary and the PNG read one lifetime analysis, made by whichever needs it
+    // first (they are written side by side).
+    let analysis: Arc<OnceLock<Analysis>> = Arc::default();
     if let Some(p) = json {
         out.push((
             p.to_path_buf(),
             Box::new(move |w: &mut dyn std::io::Write| {
-                // serde_json writes a few bytes at a time: a concrete buffer in front of the
-                // dynamic writer keeps those writes inlined (3x faster on 10^5 events).
-                let mut w = std::io::BufWriter::with_capacity(1 << 16, w);
-                serde_json::to_writer_pretty(&mut w, report)
-                    .map_err(|e| failed(p, e.to_string()))?;
-                std::io::Write::flush(&mut w).map_err(|e| Error::io(p, e))
+                pretty::write_report(w, report).map_err(|e| failed(p, e.to_string()))
             }),
         ));
     }
@@ -49,10 +51,16 @@ pub fn report_renders<'a>(
                 csv::write_timeline(report, w).map_err(|e| failed(p, e.to_string()))
             }),
         ));
+        let analysis = analysis.clone();
         out.push((
             summary_path.clone(),
             Box::new(move |w: &mut dyn std::io::Write| {
-                csv::write_summary(report, w).map_err(|e| failed(&summary_path, e.to_string()))
+                let own = report
+                    .ranks
+                    .is_empty()
+                    .then(|| analysis.get_or_init(|| Analysis::of(report)));
+                csv::write_summary_with(report, own, w)
+                    .map_err(|e| failed(&summary_path, e.to_string()))
             }),
         ));
     }
@@ -60,7 +68,8 @@ pub fn report_renders<'a>(
         out.push((
             p.to_path_buf(),
             Box::new(move |w: &mut dyn std::io::Write| {
-                let bytes = png::render_png(report).map_err(|e| failed(p, e))?;
+                let a = analysis.get_or_init(|| Analysis::of(report));
+                let bytes = png::render_png_with(report, a).map_err(|e| failed(p, e))?;
                 w.write_all(&bytes).map_err(|e| Error::io(p, e))
             }),
         ));

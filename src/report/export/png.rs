@@ -98,6 +98,11 @@ pub fn render_png(report: &Report) -> std::result::Result<Vec<u8>, String> {
     encode(render_rgb(report)?)
 }
 
+/// `render_png` with the analysis already made (the CSV summary reads the same one).
+pub fn render_png_with(report: &Report, a: &Analysis) -> std::result::Result<Vec<u8>, String> {
+    encode(render_rgb_with(report, a)?)
+}
+
 fn encode(rgb: Vec<u8>) -> std::result::Result<Vec<u8>, String> {
     let h = (rgb.len() / (WIDTH as usize * 3)) as u32;
     let img = image::RgbImage::from_raw(WIDTH, h, rgb).ok_or("pixel buffer has the wrong size")?;
@@ -383,16 +388,24 @@ fn draw_lifetimes(area: &Area, r: &Report, a: &Analysis) -> std::result::Result<
     let y_px = |y: f64| py.end - (y / y_max * ph).round() as i32;
     let above = |x: f64, row: i32| (x_px(x), py.start - 24 - row * 22);
     let mut label_right = i32::MIN;
+    // The pixel column of the last boundary drawn: with more passes than pixels, most
+    // boundaries fall on a column already drawn, which the same opaque dashes would cover
+    // again to the same pixels (150,000 passes drew 150,000 lines).
+    let mut drawn_px = None;
     for p in a.lifetimes.passes.iter().filter(|p| !p.verify) {
         let x = p.start as f64;
-        chart
-            .draw_series(DashedLineSeries::new(
-                vec![(x, 0.0), (x, y_max)],
-                6,
-                4,
-                mark.stroke_width(1),
-            ))
-            .map_err(draw_err)?;
+        let column = chart.backend_coord(&(x, 0.0)).0;
+        if drawn_px != Some(column) {
+            drawn_px = Some(column);
+            chart
+                .draw_series(DashedLineSeries::new(
+                    vec![(x, 0.0), (x, y_max)],
+                    6,
+                    4,
+                    mark.stroke_width(1),
+                ))
+                .map_err(draw_err)?;
+        }
         let (bx, by) = above(x, 0);
         let (ex, _) = above(p.end as f64, 0);
         if bx > label_right + 4 && ex - bx > 50 {

@@ -6,6 +6,8 @@
 
 use std::io::Read;
 
+use super::input::{Input, InputError};
+
 /// Why the walk refused the stream.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum GuardError {
@@ -54,45 +56,12 @@ impl std::fmt::Display for GuardError {
     }
 }
 
-struct Counting<R> {
-    inner: R,
-    pos: u64,
-}
-
-impl<R: Read> Counting<R> {
-    fn byte(&mut self) -> Result<u8, GuardError> {
-        let mut b = [0u8; 1];
-        match self.inner.read(&mut b) {
-            Ok(1) => {
-                self.pos += 1;
-                Ok(b[0])
-            }
-            Ok(_) => Err(GuardError::Truncated(self.pos)),
-            Err(e) => Err(GuardError::Io(e.to_string())),
+impl From<InputError> for GuardError {
+    fn from(e: InputError) -> Self {
+        match e {
+            InputError::Truncated(at) => GuardError::Truncated(at),
+            InputError::Io(e) => GuardError::Io(e),
         }
-    }
-
-    fn skip(&mut self, n: u64) -> Result<(), GuardError> {
-        let copied = std::io::copy(&mut (&mut self.inner).take(n), &mut std::io::sink())
-            .map_err(|e| GuardError::Io(e.to_string()))?;
-        self.pos += copied;
-        if copied < n {
-            return Err(GuardError::Truncated(self.pos));
-        }
-        Ok(())
-    }
-
-    fn le(&mut self, n: usize) -> Result<u64, GuardError> {
-        let mut v = 0u64;
-        for i in 0..n {
-            v |= (self.byte()? as u64) << (8 * i);
-        }
-        Ok(v)
-    }
-
-    fn line(&mut self) -> Result<(), GuardError> {
-        while self.byte()? != b'\n' {}
-        Ok(())
     }
 }
 
@@ -105,14 +74,12 @@ pub(crate) const MAX_DEPTH: u8 = 64;
 /// that is one huge `BINBYTES8` is not read twice to the end.
 pub(crate) const MAX_ATOM_BYTES: u64 = 16 << 20;
 
-impl<R: Read> Counting<R> {
-    /// `skip` of an argument of `n` bytes, refused above `MAX_ATOM_BYTES`.
-    fn skip_atom(&mut self, n: u64, at: u64) -> Result<(), GuardError> {
-        if n > MAX_ATOM_BYTES {
-            return Err(GuardError::TooLong(n, at));
-        }
-        self.skip(n)
+/// `skip` of an argument of `n` bytes, refused above `MAX_ATOM_BYTES`.
+fn skip_atom(r: &mut Input<impl Read>, n: u64, at: u64) -> Result<(), GuardError> {
+    if n > MAX_ATOM_BYTES {
+        return Err(GuardError::TooLong(n, at));
     }
+    Ok(r.skip(n)?)
 }
 
 /// The nesting depth of each value on the pickle machine's stack (a shadow of the stack, no
@@ -126,6 +93,7 @@ struct Shadow {
 }
 
 impl Shadow {
+    #[inline]
     fn pop(&mut self, at: u64) -> Result<u8, GuardError> {
         if self.marks.last().is_some_and(|&m| m >= self.stack.len()) {
             return Err(GuardError::Malformed("stack underflow", at));
@@ -135,6 +103,7 @@ impl Shadow {
             .ok_or(GuardError::Malformed("stack underflow", at))
     }
 
+    #[inline]
     fn push(&mut self, depth: u8, at: u64) -> Result<(), GuardError> {
         if depth > MAX_DEPTH {
             return Err(GuardError::TooDeep(at));
@@ -155,11 +124,13 @@ impl Shadow {
     }
 
     /// Adds a child of `depth` to the container on top.
+    #[inline]
     fn add_to_top(&mut self, depth: u8, at: u64) -> Result<(), GuardError> {
         let top = self.pop(at)?;
         self.push(top.max(depth.saturating_add(1)), at)
     }
 
+    #[inline]
     fn memoize(&mut self, id: u32, at: u64) -> Result<(), GuardError> {
         let top = *self
             .stack
@@ -175,6 +146,7 @@ impl Shadow {
         Ok(())
     }
 
+    #[inline]
     fn get(&mut self, id: u32, at: u64) -> Result<(), GuardError> {
         let d = match self.memo.get(id as usize) {
             Some(&d) => d,
@@ -190,15 +162,12 @@ impl Shadow {
 /// Walks the opcodes of one pickle up to its STOP; `Ok` when nothing in it names Python code
 /// and its values nest at most `MAX_DEPTH` deep.
 pub(crate) fn check(reader: impl Read) -> Result<(), GuardError> {
-    let mut r = Counting {
-        inner: reader,
-        pos: 0,
-    };
+    let mut r = Input::new(reader);
     let mut sh = Shadow::default();
     let first = match r.byte() {
         Ok(b) => b,
-        Err(GuardError::Truncated(_)) => return Err(GuardError::NotPickle),
-        Err(e) => return Err(e),
+        Err(InputError::Truncated(_)) => return Err(GuardError::NotPickle),
+        Err(e) => return Err(e.into()),
     };
     // Protocol 2+ (every PyTorch version writes 2 or newer) begins with PROTO.
     if first != 0x80 {
@@ -206,7 +175,7 @@ pub(crate) fn check(reader: impl Read) -> Result<(), GuardError> {
     }
     r.byte()?;
     loop {
-        let at = r.pos;
+        let at = r.pos();
         let op = r.byte()?;
         match op {
             b'.' => {
@@ -255,30 +224,30 @@ pub(crate) fn check(reader: impl Read) -> Result<(), GuardError> {
                 sh.push(0, at)?
             }
             b'U' | 0x8c | b'C' | 0x8a => {
-                let n = r.le(1)?;
+                let n = r.byte()? as u64;
                 r.skip(n)?;
                 sh.push(0, at)?
             }
             b'T' | b'X' | b'B' => {
-                let n = r.le(4)?;
-                r.skip_atom(n, at)?;
+                let n = r.u32_le()? as u64;
+                skip_atom(&mut r, n, at)?;
                 sh.push(0, at)?
             }
             0x8b => {
-                let n = r.le(4)? as u32 as i32;
+                let n = r.u32_le()? as i32;
                 if n < 0 {
                     return Err(GuardError::Malformed("negative length", at));
                 }
-                r.skip_atom(n as u64, at)?;
+                skip_atom(&mut r, n as u64, at)?;
                 sh.push(0, at)?
             }
             0x8d | 0x8e | 0x96 => {
-                let n = r.le(8)?;
-                r.skip_atom(n, at)?;
+                let n = r.u64_le()?;
+                skip_atom(&mut r, n, at)?;
                 sh.push(0, at)?
             }
             b'I' | b'L' | b'F' | b'S' | b'V' => {
-                r.line()?;
+                r.skip_line()?;
                 sh.push(0, at)?
             }
             // Empty containers, and containers built from the items since MARK.
@@ -309,13 +278,13 @@ pub(crate) fn check(reader: impl Read) -> Result<(), GuardError> {
             }
             // Memo.
             // A text memo key: stored, but never readable (text GET is refused below).
-            b'p' => r.line()?,
+            b'p' => r.skip_line()?,
             b'q' => {
-                let id = r.le(1)? as u32;
+                let id = r.byte()? as u32;
                 sh.memoize(id, at)?
             }
             b'r' => {
-                let id = r.le(4)? as u32;
+                let id = r.u32_le()?;
                 sh.memoize(id, at)?
             }
             0x94 => {
@@ -323,18 +292,18 @@ pub(crate) fn check(reader: impl Read) -> Result<(), GuardError> {
                 sh.memoize(id, at)?
             }
             b'g' => {
-                r.line()?;
+                r.skip_line()?;
                 return Err(GuardError::Malformed(
                     "text memo keys are not supported",
                     at,
                 ));
             }
             b'h' => {
-                let id = r.le(1)? as u32;
+                let id = r.byte()? as u32;
                 sh.get(id, at)?
             }
             b'j' => {
-                let id = r.le(4)? as u32;
+                let id = r.u32_le()?;
                 sh.get(id, at)?
             }
             0x97 | 0x98 => return Err(GuardError::Malformed("out-of-band buffers", at)),

@@ -4,6 +4,7 @@
 //! PyTorch's viewer (`torch.cuda._memory_viz`, pytorch.org/memory_viz) opens.
 
 mod guard;
+mod input;
 mod raw;
 pub mod read;
 mod unpickle;
@@ -190,15 +191,25 @@ impl DeviceTimeline {
         );
         let total_bytes = total.unwrap_or(0);
         let mut passes: Vec<PassStats> = Vec::new();
-        // Pass number → its row: one lookup per event, so 10^5 passes stay linear.
-        let mut row_of: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+        // Pass number → its row: one lookup per event, so 10^5 passes stay linear; a pass's
+        // events come in runs, so the last row is tried first, without hashing.
+        let mut row_of: foldhash::HashMap<u32, usize> = foldhash::HashMap::default();
+        let mut last: Option<(u32, usize)> = None;
         for e in &self.events {
             if e.pass == 0 {
                 continue;
             }
-            let p = match row_of.get(&e.pass) {
-                Some(&i) => &mut passes[i],
+            let row = match last {
+                Some((pass, i)) if pass == e.pass => Some(i),
+                _ => row_of.get(&e.pass).copied(),
+            };
+            let p = match row {
+                Some(i) => {
+                    last = Some((e.pass, i));
+                    &mut passes[i]
+                }
                 None => {
+                    last = Some((e.pass, passes.len()));
                     row_of.insert(e.pass, passes.len());
                     passes.push(PassStats {
                         index: e.pass,

@@ -4,9 +4,12 @@
 //! `allocated` is what `torch.cuda.memory_allocated()` reported (it counts blocks, not
 //! requests).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufReader, Read, Seek};
+use std::collections::BTreeMap;
+use std::io::{Read, Seek};
 use std::path::Path;
+use std::rc::Rc;
+
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use super::raw::{Frame, RawEntry, RawSegment, RawSnapshot, TopFrames};
 use super::unpickle::MemoryBudget;
@@ -28,8 +31,10 @@ fn bad(path: &Path, problem: impl Into<String>) -> Error {
 pub fn read(path: &Path, progress: Option<&mut dyn FnMut(u64, u64)>) -> Result<Imported> {
     // A FIFO or a device would hang the guard's read or never end: regular files only.
     let (mut file, size) = crate::base::fsguard::open_regular(path, "snapshot")?;
-    super::guard::check(BufReader::with_capacity(1 << 20, &mut file))
+    let t = std::time::Instant::now(); // TIMING
+    super::guard::check(&mut file)
         .map_err(|e| bad(path, e.to_string()))?;
+    if std::env::var_os("VT").is_some() { eprintln!("TIMING guard {:.3}", t.elapsed().as_secs_f64()); } // TIMING
     file.rewind().map_err(|e| Error::io(path, e))?;
     let reader = Progressing {
         inner: file,
@@ -38,9 +43,26 @@ pub fn read(path: &Path, progress: Option<&mut dyn FnMut(u64, u64)>) -> Result<I
         next_report: 0,
         progress,
     };
-    let (raw, budget) = super::unpickle::decode(BufReader::with_capacity(1 << 20, reader), size)
+    if std::env::var("TWICE").is_ok() { // TIMING
+        let b = std::fs::read(path).unwrap(); // TIMING
+        let t = std::time::Instant::now(); // TIMING
+        let x = super::unpickle::decode(&b[..], size); // TIMING
+        if std::env::var_os("VT").is_some() { eprintln!("TIMING warm-up decode {:.3}", t.elapsed().as_secs_f64()); } // TIMING
+        drop(x); // TIMING
+        let t = std::time::Instant::now(); // TIMING
+        let x = super::unpickle::decode(&b[..], size); // TIMING
+        if std::env::var_os("VT").is_some() { eprintln!("TIMING second decode {:.3}", t.elapsed().as_secs_f64()); } // TIMING
+        std::mem::forget(x); // TIMING
+    } // TIMING
+    let t = std::time::Instant::now(); // TIMING
+    let (raw, budget) = super::unpickle::decode(reader, size)
         .map_err(|e| bad(path, e.to_string()))?;
-    from_raw(path, raw, size, budget)
+    if std::env::var_os("VT").is_some() { eprintln!("TIMING decode {:.3}", t.elapsed().as_secs_f64()); } // TIMING
+    let t = std::time::Instant::now(); // TIMING
+    let r = from_raw(path, raw, size, budget);
+    if std::env::var_os("VT").is_some() { eprintln!("TIMING   from_raw incl drop {:.3}", t.elapsed().as_secs_f64()); } // TIMING
+    if std::env::var_os("VT").is_some() { eprintln!("TIMING replay+drop raw {:.3}", t.elapsed().as_secs_f64()); } // TIMING
+    r
 }
 
 /// `read` for bytes already in memory (fuzzing, tests).
@@ -109,10 +131,15 @@ fn from_raw(
     if devices.iter().any(|&d| !(0..4096).contains(&d)) {
         return Err(bad(path, "impossible device index in 'segments'"));
     }
-    let empty = Vec::new();
     let mut timelines = Vec::new();
     for d in devices {
-        let trace = raw.device_traces.get(d as usize).unwrap_or(&empty);
+        let trace: Vec<&RawEntry> = raw
+            .device_traces
+            .get(d as usize)
+            .map_or(&[][..], |t| &t[..])
+            .iter()
+            .map(|&i| &raw.entries[i as usize])
+            .collect();
         let segments: Vec<&RawSegment> = raw.segments.iter().filter(|s| s.device == d).collect();
         let annotations: Vec<(u64, String)> = raw
             .annotations
@@ -143,7 +170,7 @@ fn from_raw(
             .map_err(|e| bad(path, e.to_string()))?;
         let t = replay(
             d as u32,
-            trace,
+            &trace,
             &segments,
             &annotations,
             raw.expandable_segments,
@@ -151,6 +178,9 @@ fn from_raw(
         .map_err(|p| bad(path, format!("device {d}: {p}")))?;
         timelines.push(t);
     }
+    let t = std::time::Instant::now(); // TIMING
+    drop(raw);
+    if std::env::var_os("VT").is_some() { eprintln!("TIMING   drop raw {:.3}", t.elapsed().as_secs_f64()); } // TIMING
     Ok(Imported {
         path: path.to_path_buf(),
         file_bytes,
@@ -373,14 +403,14 @@ fn names(frames: &TopFrames, category: Option<&str>) -> Names {
                 .map_or(0, |p| p.line.clamp(0, u32::MAX as i64) as u32);
             Names {
                 op,
-                tensor: f.name.to_string(),
+                tensor: String::from(&*f.name),
                 category,
                 layer: u32::try_from(f.line).ok(),
                 pass,
             }
         }
         Some(f) => Names {
-            op: f.name.to_string(),
+            op: String::from(&*f.name),
             tensor: format!("{}:{}", short_file(f), f.line),
             category: cat,
             layer: None,
@@ -396,6 +426,34 @@ fn names(frames: &TopFrames, category: Option<&str>) -> Names {
     }
 }
 
+/// The names of the last entry, by its stack and category: an alloc and its free share a
+/// stack, and often come one after the other. The names are those of the event made from
+/// it, which the caller pushes right after (`events[event]`).
+#[derive(Default)]
+struct LastNames {
+    last: Option<(Rc<TopFrames>, Option<Rc<str>>)>,
+    event: usize,
+}
+
+impl LastNames {
+    fn of(&mut self, e: &RawEntry, events: &[Event]) -> Names {
+        if let (Some((frames, category)), Some(made)) = (&self.last, events.get(self.event)) {
+            if Rc::ptr_eq(frames, &e.frames) && *category == e.category {
+                return Names {
+                    op: made.op.clone(),
+                    tensor: made.tensor.clone(),
+                    category: made.category,
+                    layer: made.layer,
+                    pass: made.pass,
+                };
+            }
+        }
+        self.last = Some((e.frames.clone(), e.category.clone()));
+        self.event = events.len();
+        names(&e.frames, e.category.as_deref())
+    }
+}
+
 fn short_file(f: &Frame) -> &str {
     f.filename.rsplit('/').next().unwrap_or(&f.filename)
 }
@@ -407,7 +465,7 @@ fn category_of(label: &str) -> Option<Category> {
 /// Replays one device's trace into vramscope's event log.
 fn replay(
     device: u32,
-    trace: &[std::rc::Rc<RawEntry>],
+    trace: &[&RawEntry],
     segments: &[&RawSegment],
     annotations: &[(u64, String)],
     expandable: bool,
@@ -625,6 +683,7 @@ fn replay(
             hex(addr)
         )
     };
+    let mut last_names = LastNames::default();
     for (i, e) in trace.iter().enumerate() {
         let time = rel(e.time_us);
         while let Some((t, label)) = ann.next_if(|a| a.0.saturating_sub(t0 as u64) <= time) {
@@ -647,7 +706,7 @@ fn replay(
                 let addr = need_addr()?;
                 let size = model.alloc(addr, e.size)?;
                 freed.remove(&addr);
-                let n = names(&e.frames, e.category.as_deref());
+                let n = last_names.of(e, &events);
                 push(
                     &mut events,
                     EventKind::Alloc,
@@ -670,7 +729,7 @@ fn replay(
                     });
                 };
                 freed.insert(addr, i);
-                let n = names(&e.frames, e.category.as_deref());
+                let n = last_names.of(e, &events);
                 push(
                     &mut events,
                     EventKind::Free,
@@ -690,7 +749,7 @@ fn replay(
                         let size = model.free_requested(addr).unwrap_or(0);
                         freed.insert(addr, i);
                         model.free_completed(addr);
-                        let n = names(&e.frames, e.category.as_deref());
+                        let n = last_names.of(e, &events);
                         push(
                             &mut events,
                             EventKind::Free,

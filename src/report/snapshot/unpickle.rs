@@ -7,16 +7,17 @@
 //! 10⁶-entry trace), and it counts references to memoized values by their occurrences in the
 //! stream rather than by how often a shared container is visited, so the frame dicts PyTorch
 //! shares between stacks came back as `None` after their first uses (most op and tensor names
-//! of a real snapshot were lost). Here memoized values are shared (`Rc`), strings are
-//! interned, and each trace entry and stack frame becomes a compact struct the moment it is
-//! appended to its list, so the decoded snapshot takes a fraction of the file's size.
+//! of a real snapshot were lost). Here containers live in one arena and values name them by
+//! index, so the memo shares them (and a container that contains itself is no leak), strings
+//! are interned, and each trace entry and stack frame becomes a compact struct the moment it
+//! is appended to its list, so the decoded snapshot takes a fraction of the file's size.
 
-use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::Read;
 use std::rc::Rc;
 
-use super::raw::{self, Frame, RawEntry};
+use super::input::{Input, InputError};
+use super::raw::{self, Frame, Keys, RawEntry, TopFrames};
 
 /// A decoding failure, as the text after "not a PyTorch memory snapshot: " or a whole line.
 #[derive(Debug, PartialEq, Eq)]
@@ -94,17 +95,32 @@ impl MemoryBudget {
 
 /// Heap bytes of one value slot (on the stack, in a list, half a dict item).
 const VAL_BYTES: u64 = std::mem::size_of::<Val>() as u64;
-/// A container's own allocation: reference counts, the RefCell and the Vec header.
+/// A container's own allocation: its slot in the arena and its Vec's header and slack.
 const CONTAINER_BYTES: u64 = 64;
-/// A sparse memo entry or an interned string's set slot and header.
+/// A sparse memo entry or an interned string's map slot and header.
 const ENTRY_BYTES: u64 = 48;
 
 pub(crate) fn shape(what: impl Into<String>) -> DecodeError {
     DecodeError::Shape(what.into())
 }
 
-/// A decoded value. Containers are shared, as the pickle's memo shares them.
-#[derive(Clone, Debug)]
+/// An interned string: its index in `Strings`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StrId(u32);
+
+impl StrId {
+    pub(crate) fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A container: its index in the machine's arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ContainerId(u32);
+
+/// A decoded value. Containers are named by their index in the arena, so the memo shares
+/// them (as the pickle does) and copying a value copies 16 bytes.
+#[derive(Clone, Copy, Debug)]
 pub(crate) enum Val {
     None,
     Bool(bool),
@@ -113,21 +129,31 @@ pub(crate) enum Val {
     BigInt,
     /// Floats are never used by a snapshot's fields read here.
     Float,
-    Str(Rc<str>),
+    Str(StrId),
     /// Bytes are never used by a snapshot: only their presence is kept.
     Bytes,
-    List(Rc<RefCell<Vec<Val>>>),
-    Tuple(Rc<[Val]>),
-    Dict(Rc<RefCell<Dict>>),
+    List(ContainerId),
+    Tuple(ContainerId),
+    Dict(ContainerId),
 }
 
-/// A dict's contents: its items while it is built, then, once appended to a list, the
-/// compact form of a trace entry or a stack frame when it is one.
+/// A container's contents: a list's or tuple's items, a dict's items while it is built, then,
+/// once appended to a list, the compact form of a trace entry or a stack frame when it is one.
 #[derive(Debug)]
-pub(crate) enum Dict {
-    Items(Vec<(Val, Val)>),
-    Entry(Rc<RawEntry>),
+pub(crate) enum Container {
+    /// `stack`: when the list is a stack of frames already read, 1 + the index of its top
+    /// frames in `Machine::stacks` (0 before), so the entries sharing it find them at once.
+    Items { items: Vec<Val>, stack: u32 },
+    Dict(Vec<(Val, Val)>),
+    /// Its index in `Machine::entries`.
+    Entry(u32),
     Frame(Rc<Frame>),
+}
+
+impl Container {
+    fn items(items: Vec<Val>) -> Container {
+        Container::Items { items, stack: 0 }
+    }
 }
 
 impl Val {
@@ -145,78 +171,52 @@ impl Val {
             Val::Dict(_) => "a dict",
         }
     }
+}
 
-    fn is_container(&self) -> bool {
-        matches!(self, Val::List(_) | Val::Dict(_))
+/// The strings of the pickle, each kept once.
+#[derive(Default)]
+pub(crate) struct Strings {
+    all: Vec<Rc<str>>,
+    ids: HashMap<Rc<str>, StrId>,
+}
+
+impl Strings {
+    /// The id of `s`, and whether it is new.
+    pub(crate) fn intern(&mut self, s: &str) -> (StrId, bool) {
+        if let Some(&id) = self.ids.get(s) {
+            return (id, false);
+        }
+        let id = StrId(self.all.len() as u32);
+        let rc: Rc<str> = Rc::from(s);
+        self.all.push(rc.clone());
+        self.ids.insert(rc, id);
+        (id, true)
+    }
+
+    pub(crate) fn get(&self, id: StrId) -> &Rc<str> {
+        &self.all[id.0 as usize]
     }
 }
 
-struct Input<R> {
-    inner: R,
-    pos: u64,
+/// A text argument up to its newline (protocol 0 opcodes), at most 4 KiB.
+fn text_line(r: &mut Input<impl Read>) -> Result<Vec<u8>, DecodeError> {
+    r.line(4096)?
+        .ok_or(DecodeError::Malformed("text argument too long", r.pos()))
 }
 
-impl<R: Read> Input<R> {
-    fn fill(&mut self, buf: &mut [u8]) -> Result<(), DecodeError> {
-        self.inner.read_exact(buf).map_err(|e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => DecodeError::Truncated,
-            _ => DecodeError::Io(e.to_string()),
-        })?;
-        self.pos += buf.len() as u64;
-        Ok(())
-    }
-
-    fn byte(&mut self) -> Result<u8, DecodeError> {
-        let mut b = [0u8; 1];
-        self.fill(&mut b)?;
-        Ok(b[0])
-    }
-
-    fn le(&mut self, n: usize) -> Result<u64, DecodeError> {
-        let mut b = [0u8; 8];
-        self.fill(&mut b[..n])?;
-        Ok(u64::from_le_bytes(b))
-    }
-
-    /// `n` bytes, read in pieces so a length field larger than the file allocates nothing.
-    fn bytes(&mut self, n: u64) -> Result<Vec<u8>, DecodeError> {
-        let mut v = Vec::new();
-        let got = (&mut self.inner)
-            .take(n)
-            .read_to_end(&mut v)
-            .map_err(|e| DecodeError::Io(e.to_string()))?;
-        self.pos += got as u64;
-        if (got as u64) < n {
-            return Err(DecodeError::Truncated);
-        }
-        Ok(v)
-    }
-
-    fn skip(&mut self, n: u64) -> Result<(), DecodeError> {
-        let got = std::io::copy(&mut (&mut self.inner).take(n), &mut std::io::sink())
-            .map_err(|e| DecodeError::Io(e.to_string()))?;
-        self.pos += got;
-        if got < n {
-            return Err(DecodeError::Truncated);
-        }
-        Ok(())
-    }
-
-    /// A text argument up to its newline (protocol 0 opcodes), at most 4 KiB.
-    fn line(&mut self) -> Result<Vec<u8>, DecodeError> {
-        let mut v = Vec::new();
-        loop {
-            let b = self.byte()?;
-            if b == b'\n' {
-                return Ok(v);
-            }
-            if v.len() >= 4096 {
-                return Err(DecodeError::Malformed("text argument too long", self.pos));
-            }
-            v.push(b);
+impl From<InputError> for DecodeError {
+    fn from(e: InputError) -> Self {
+        match e {
+            InputError::Truncated(_) => DecodeError::Truncated,
+            InputError::Io(e) => DecodeError::Io(e),
         }
     }
 }
+
+/// Spare items vectors kept (`Machine::spare_items`), and the most items one may hold: 512
+/// KiB at most outside the budget.
+const SPARE_VECTORS: usize = 1024;
+const SPARE_MAX_ITEMS: usize = 16;
 
 /// The pickle machine's state.
 pub(crate) struct Machine {
@@ -225,53 +225,29 @@ pub(crate) struct Machine {
     memo: Vec<Option<Val>>,
     memo_sparse: HashMap<u32, Val>,
     memo_count: usize,
-    /// Containers put on the stack twice by DUP: like memoized ones, they could be made into
-    /// a cycle, so they are emptied at the end (see `Drop`).
-    duplicated: Vec<Val>,
-    strings: HashSet<Rc<str>>,
-    /// Top frames of stacks (frame lists) shared between entries, computed once.
-    top_frames: HashMap<usize, (Val, Rc<raw::TopFrames>)>,
+    /// Every container made, by `ContainerId`. Nothing is freed before the machine is: the
+    /// budget charges a container when it is made, whether or not it is kept.
+    containers: Vec<Container>,
+    pub(crate) strings: Strings,
+    /// The ids of the keys a snapshot's dicts have.
+    pub(crate) keys: Keys,
+    /// The trace entries, by their index in `Container::Entry`.
+    pub(crate) entries: Vec<RawEntry>,
+    /// Top frames of the stacks (frame lists) read so far, each once.
+    stacks: Vec<Rc<TopFrames>>,
+    /// Items vectors of sealed dicts, emptied, for the next dicts to fill: a trace is a
+    /// million dicts of the same few keys, each read once and then sealed (a list's worth at
+    /// a time, as pickle appends in batches of 1000).
+    spare_items: Vec<Vec<(Val, Val)>>,
     pub(crate) budget: MemoryBudget,
-    /// The byte of the file the machine is at (for the budget's message).
+    /// The byte of the file the machine is at when it seals dicts (for the budget's message).
     at: u64,
-}
-
-impl Drop for Machine {
-    /// A hostile pickle can make containers that contain themselves (through the memo or
-    /// DUP), which reference counting never frees, and chains of them deeper than the guard
-    /// sees, which a recursive drop would overflow the stack on. Every such container went
-    /// through the memo or DUP, so emptying those one by one, without recursion, breaks every
-    /// cycle and every deep chain.
-    fn drop(&mut self) {
-        let memo = std::mem::take(&mut self.memo).into_iter().flatten();
-        let sparse = std::mem::take(&mut self.memo_sparse).into_values();
-        let dup = std::mem::take(&mut self.duplicated);
-        let cached = std::mem::take(&mut self.top_frames)
-            .into_values()
-            .map(|v| v.0);
-        for v in memo.chain(sparse).chain(dup).chain(cached) {
-            empty(&v);
-        }
-    }
-}
-
-fn empty(v: &Val) {
-    match v {
-        Val::List(l) => {
-            // Taken out first, then dropped: the borrow ends before children are dropped.
-            let items = std::mem::take(&mut *l.borrow_mut());
-            drop(items);
-        }
-        Val::Dict(d) => {
-            let body = std::mem::replace(&mut *d.borrow_mut(), Dict::Items(Vec::new()));
-            drop(body);
-        }
-        _ => {}
-    }
 }
 
 impl Machine {
     fn new(budget: MemoryBudget) -> Self {
+        let mut strings = Strings::default();
+        let keys = Keys::intern(&mut strings);
         Machine {
             budget,
             at: 0,
@@ -280,10 +256,27 @@ impl Machine {
             memo: Vec::new(),
             memo_sparse: HashMap::new(),
             memo_count: 0,
-            duplicated: Vec::new(),
-            strings: HashSet::new(),
-            top_frames: HashMap::new(),
+            containers: Vec::new(),
+            strings,
+            keys,
+            entries: Vec::new(),
+            stacks: Vec::new(),
+            spare_items: Vec::new(),
         }
+    }
+
+    /// A container's contents.
+    pub(crate) fn container(&self, id: ContainerId) -> &Container {
+        &self.containers[id.0 as usize]
+    }
+
+    /// A new container, charged for its own allocation (besides its slot on the stack).
+    fn make(&mut self, c: Container, at: u64) -> Result<ContainerId, DecodeError> {
+        self.budget.charge(CONTAINER_BYTES, at)?;
+        let id = u32::try_from(self.containers.len())
+            .map_err(|_| DecodeError::Malformed("more than 2^32 containers", at))?;
+        self.containers.push(c);
+        Ok(ContainerId(id))
     }
 
     fn pop(&mut self, at: u64) -> Result<Val, DecodeError> {
@@ -296,36 +289,40 @@ impl Machine {
     }
 
     fn pop_mark(&mut self, at: u64) -> Result<Vec<Val>, DecodeError> {
-        let m = self
-            .marks
-            .pop()
-            .ok_or(DecodeError::Malformed("no MARK", at))?;
+        let m = self.take_mark(at)?;
         Ok(self.stack.split_off(m))
     }
 
-    fn top(&self, at: u64) -> Result<&Val, DecodeError> {
-        if self.marks.last().is_some_and(|&m| m >= self.stack.len()) {
-            return Err(DecodeError::Malformed("stack underflow", at));
-        }
-        self.stack
-            .last()
-            .ok_or(DecodeError::Malformed("stack underflow", at))
+    fn take_mark(&mut self, at: u64) -> Result<usize, DecodeError> {
+        self.marks
+            .pop()
+            .ok_or(DecodeError::Malformed("no MARK", at))
     }
 
-    fn string(&mut self, bytes: Vec<u8>, at: u64) -> Result<Val, DecodeError> {
-        let s = String::from_utf8(bytes)
-            .map_err(|_| DecodeError::Malformed("a string that is not UTF-8", at))?;
-        if let Some(rc) = self.strings.get(s.as_str()) {
-            return Ok(Val::Str(rc.clone()));
+    /// The value under the items from stack index `m` on (what APPENDS and SETITEMS add to).
+    fn below(&self, m: usize, at: u64) -> Result<Val, DecodeError> {
+        if m == 0 || self.marks.last().is_some_and(|&k| k >= m) {
+            return Err(DecodeError::Malformed("stack underflow", at));
         }
-        self.budget.charge(s.len() as u64 + ENTRY_BYTES, at)?;
-        let rc: Rc<str> = Rc::from(s);
-        self.strings.insert(rc.clone());
-        Ok(Val::Str(rc))
+        Ok(self.stack[m - 1])
+    }
+
+    fn top(&self, at: u64) -> Result<Val, DecodeError> {
+        self.below(self.stack.len(), at)
+    }
+
+    fn string(&mut self, bytes: &[u8], at: u64) -> Result<Val, DecodeError> {
+        let s = std::str::from_utf8(bytes)
+            .map_err(|_| DecodeError::Malformed("a string that is not UTF-8", at))?;
+        let (id, new) = self.strings.intern(s);
+        if new {
+            self.budget.charge(s.len() as u64 + ENTRY_BYTES, at)?;
+        }
+        Ok(Val::Str(id))
     }
 
     fn memoize(&mut self, id: u32, at: u64) -> Result<(), DecodeError> {
-        let v = self.top(at)?.clone();
+        let v = self.top(at)?;
         let i = id as usize;
         // Dense only while ids come in order (as pickle writes them): ids far apart go to
         // the sparse map, so memory follows the entries stored, never the largest id.
@@ -344,23 +341,19 @@ impl Machine {
             }
             old
         };
-        match replaced {
-            None => self.memo_count += 1,
-            // A container that leaves the memo may still be part of a cycle: it is emptied
-            // at the end like the ones still in it.
-            Some(old) if old.is_container() => self.duplicated.push(old),
-            Some(_) => {}
+        if replaced.is_none() {
+            self.memo_count += 1;
         }
         Ok(())
     }
 
+    #[inline]
     fn get(&mut self, id: u32, at: u64) -> Result<(), DecodeError> {
         let v = match self.memo.get(id as usize) {
-            Some(Some(v)) => v.clone(),
-            _ => self
+            Some(Some(v)) => *v,
+            _ => *self
                 .memo_sparse
                 .get(&id)
-                .cloned()
                 .ok_or(DecodeError::Malformed("memo key never stored", at))?,
         };
         self.stack.push(v);
@@ -369,77 +362,87 @@ impl Machine {
 
     /// The value a list receives: a dict that is a trace entry or a stack frame becomes its
     /// compact form (in place, so the memo's reference sees it too).
-    fn seal(&mut self, v: &Val) -> Result<(), DecodeError> {
+    fn seal(&mut self, v: Val) -> Result<(), DecodeError> {
         let Val::Dict(d) = v else {
             return Ok(());
         };
-        let compact = {
-            let body = d.borrow();
-            let Dict::Items(items) = &*body else {
-                return Ok(());
-            };
-            let items_bytes = items.len() as u64 * 2 * VAL_BYTES;
-            let has = |k: &str| {
-                items
-                    .iter()
-                    .any(|(key, _)| matches!(key, Val::Str(s) if &**s == k))
-            };
-            if has("action") {
-                self.budget.credit(items_bytes);
-                self.budget
-                    .charge(std::mem::size_of::<raw::RawEntry>() as u64 + 16, self.at)?;
-                Some(Dict::Entry(Rc::new(raw::entry(items, self)?)))
-            } else if !items.is_empty()
-                && items.iter().all(|(key, _)| {
-                    matches!(key, Val::Str(s) if matches!(&**s, "filename" | "name" | "line"))
-                })
-            {
-                self.budget.credit(items_bytes);
-                self.budget
-                    .charge(std::mem::size_of::<raw::Frame>() as u64 + 16, self.at)?;
-                Some(Dict::Frame(Rc::new(raw::frame(items)?)))
-            } else {
-                None
-            }
+        let Container::Dict(items) = &self.containers[d.0 as usize] else {
+            return Ok(());
         };
-        if let Some(c) = compact {
-            *d.borrow_mut() = c;
+        let k = &self.keys;
+        let is = |key: &Val, want: raw::Key| matches!(key, Val::Str(s) if *s == want.id);
+        let entry = items.iter().any(|(key, _)| is(key, k.action));
+        let frame = !entry
+            && !items.is_empty()
+            && items
+                .iter()
+                .all(|(key, _)| is(key, k.filename) || is(key, k.name) || is(key, k.line));
+        if !entry && !frame {
+            return Ok(());
+        }
+        let items_bytes = items.len() as u64 * 2 * VAL_BYTES;
+        // Taken out while it is read: a frame list that holds the entry itself finds a
+        // trace entry, not a dict being read.
+        let placeholder = Container::Entry(u32::MAX);
+        let Container::Dict(mut items) =
+            std::mem::replace(&mut self.containers[d.0 as usize], placeholder)
+        else {
+            unreachable!("matched above");
+        };
+        self.budget.credit(items_bytes);
+        if entry {
+            self.budget
+                .charge(std::mem::size_of::<RawEntry>() as u64 + 16, self.at)?;
+            let e = raw::entry(&items, self)?;
+            let index = self.entries.len() as u32;
+            self.entries.push(e);
+            self.containers[d.0 as usize] = Container::Entry(index);
+        } else {
+            self.budget
+                .charge(std::mem::size_of::<Frame>() as u64 + 16, self.at)?;
+            let f = raw::frame(&items, self)?;
+            self.containers[d.0 as usize] = Container::Frame(Rc::new(f));
+        }
+        // Kept when small, and only so many: the budget no longer counts them.
+        if items.capacity() <= SPARE_MAX_ITEMS && self.spare_items.len() < SPARE_VECTORS {
+            items.clear();
+            self.spare_items.push(items);
         }
         Ok(())
     }
 
-    /// The top frames of a stack (a frame list), shared by every entry with the same list.
-    pub(crate) fn top_frames_of(
-        &mut self,
-        list: &Rc<RefCell<Vec<Val>>>,
-    ) -> Result<Rc<raw::TopFrames>, DecodeError> {
-        // Only a list something else holds (the memo) can be met again; caching others would
-        // let a freed list's address name a later one.
-        let shared = Rc::strong_count(list) > 1;
-        let key = Rc::as_ptr(list) as usize;
-        if shared {
-            if let Some((_, t)) = self.top_frames.get(&key) {
-                return Ok(t.clone());
-            }
+    /// The top frames of a stack (a frame list or tuple), shared by every entry with the
+    /// same one.
+    pub(crate) fn top_frames_of(&mut self, id: ContainerId) -> Result<Rc<TopFrames>, DecodeError> {
+        let Container::Items { items, stack } = self.container(id) else {
+            unreachable!("lists and tuples hold items");
+        };
+        if *stack > 0 {
+            return Ok(self.stacks[*stack as usize - 1].clone());
         }
-        let t = Rc::new(raw::top_frames(&list.borrow())?);
-        if shared {
-            self.budget.charge(CONTAINER_BYTES + ENTRY_BYTES, self.at)?;
-            self.top_frames
-                .insert(key, (Val::List(list.clone()), t.clone()));
+        let t = Rc::new(raw::top_frames(items, self)?);
+        self.budget.charge(CONTAINER_BYTES + ENTRY_BYTES, self.at)?;
+        self.stacks.push(t.clone());
+        let index = self.stacks.len() as u32;
+        if let Container::Items { stack, .. } = &mut self.containers[id.0 as usize] {
+            *stack = index;
         }
         Ok(t)
     }
 
-    fn append(&mut self, items: Vec<Val>, at: u64) -> Result<(), DecodeError> {
-        for v in &items {
-            self.seal(v)?;
+    /// APPEND and APPENDS: the stack's values from index `m` on go to the list under them.
+    fn append_from(&mut self, m: usize, at: u64) -> Result<(), DecodeError> {
+        self.at = at;
+        for i in m..self.stack.len() {
+            self.seal(self.stack[i])?;
         }
-        match self.top(at)? {
+        match self.below(m, at)? {
             Val::List(l) => {
-                l.try_borrow_mut()
-                    .map_err(|_| DecodeError::Malformed("a list appended to itself", at))?
-                    .extend(items);
+                let Container::Items { items, .. } = &mut self.containers[l.0 as usize] else {
+                    unreachable!("lists hold items");
+                };
+                items.extend_from_slice(&self.stack[m..]);
+                self.stack.truncate(m);
                 Ok(())
             }
             other => Err(shape(format!(
@@ -449,27 +452,35 @@ impl Machine {
         }
     }
 
-    fn set_items(&mut self, items: Vec<Val>, at: u64) -> Result<(), DecodeError> {
-        if !items.len().is_multiple_of(2) {
+    /// SETITEM and SETITEMS: the stack's keys and values from index `m` on go to the dict
+    /// under them.
+    fn set_items_from(&mut self, m: usize, at: u64) -> Result<(), DecodeError> {
+        if !(self.stack.len() - m).is_multiple_of(2) {
             return Err(DecodeError::Malformed(
                 "SETITEMS with an odd number of items",
                 at,
             ));
         }
-        match self.top(at)? {
+        match self.below(m, at)? {
             Val::Dict(d) => {
-                let mut body = d
-                    .try_borrow_mut()
-                    .map_err(|_| DecodeError::Malformed("a dict set into itself", at))?;
-                let Dict::Items(pairs) = &mut *body else {
+                let Container::Dict(pairs) = &mut self.containers[d.0 as usize] else {
                     return Err(shape(
                         "a trace entry or frame dict is changed after it was used",
                     ));
                 };
-                let mut it = items.into_iter();
-                while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                    pairs.push((k, v));
+                let items = &self.stack[m..];
+                let n = items.len() / 2;
+                // The spare vector only where it fits with at most as much again to spare
+                // (the slack the budget allows for).
+                if pairs.capacity() == 0 {
+                    let fits = |v: &Vec<(Val, Val)>| (n..=2 * n).contains(&v.capacity());
+                    if self.spare_items.last().is_some_and(fits) {
+                        *pairs = self.spare_items.pop().expect("checked");
+                    }
                 }
+                pairs.reserve_exact(n);
+                pairs.extend(items.chunks_exact(2).map(|kv| (kv[0], kv[1])));
+                self.stack.truncate(m);
                 Ok(())
             }
             other => Err(shape(format!(
@@ -529,17 +540,9 @@ impl Machine {
 
     fn run(&mut self, r: &mut Input<impl Read>) -> Result<Val, DecodeError> {
         loop {
-            let at = r.pos;
-            self.at = at;
+            let at = r.pos();
             let op = r.byte()?;
             let depth = self.stack.len();
-            // A new container's own allocation, besides its slot on the stack.
-            if matches!(
-                op,
-                b'}' | b']' | 0x8f | b')' | b'l' | 0x91 | b't' | b'd' | 0x85..=0x87
-            ) {
-                self.budget.charge(CONTAINER_BYTES, at)?;
-            }
             self.step(op, at, r)?;
             if op == b'.' {
                 return self
@@ -567,7 +570,7 @@ impl Machine {
                     r.byte()?;
                 }
                 0x95 => {
-                    r.le(8)?;
+                    r.u64_le()?;
                 }
                 b'(' => self.marks.push(self.stack.len()),
                 b'0' => {
@@ -581,52 +584,47 @@ impl Machine {
                     self.pop_mark(at)?;
                 }
                 b'2' => {
-                    let v = self.top(at)?.clone();
-                    if v.is_container() {
-                        self.budget.charge(VAL_BYTES, at)?;
-                        self.duplicated.push(v.clone());
-                    }
+                    let v = self.top(at)?;
                     self.stack.push(v);
                 }
                 b'N' => self.stack.push(Val::None),
                 0x88 => self.stack.push(Val::Bool(true)),
                 0x89 => self.stack.push(Val::Bool(false)),
                 b'K' => {
-                    let v = r.le(1)? as i64;
+                    let v = r.byte()? as i64;
                     self.stack.push(Val::Int(v));
                 }
                 b'M' => {
-                    let v = r.le(2)? as i64;
+                    let v = r.u16_le()? as i64;
                     self.stack.push(Val::Int(v));
                 }
                 b'J' => {
-                    let v = r.le(4)? as u32 as i32 as i64;
+                    let v = r.u32_le()? as i32 as i64;
                     self.stack.push(Val::Int(v));
                 }
                 b'G' => {
-                    let mut b = [0u8; 8];
-                    r.fill(&mut b)?;
+                    r.skip(8)?;
                     self.stack.push(Val::Float);
                 }
                 0x8a => {
-                    let n = r.le(1)?;
+                    let n = r.byte()? as u64;
                     let b = r.bytes(n)?;
-                    self.stack.push(Self::int_from_le(&b));
+                    self.stack.push(Self::int_from_le(b));
                 }
                 0x8b => {
-                    let n = r.le(4)? as u32 as i32;
+                    let n = r.u32_le()? as i32;
                     if n < 0 {
                         return Err(DecodeError::Malformed("negative length", at));
                     }
                     let b = r.bytes(n as u64)?;
-                    self.stack.push(Self::int_from_le(&b));
+                    self.stack.push(Self::int_from_le(b));
                 }
                 b'I' | b'L' => {
-                    let line = r.line()?;
+                    let line = text_line(r)?;
                     self.stack.push(Self::text_int(&line, at)?);
                 }
                 b'F' => {
-                    let line = r.line()?;
+                    let line = text_line(r)?;
                     std::str::from_utf8(&line)
                         .ok()
                         .and_then(|s| s.parse::<f64>().ok())
@@ -643,57 +641,65 @@ impl Machine {
                     ))
                 }
                 0x8c => {
-                    let n = r.le(1)?;
+                    let n = r.byte()? as u64;
                     let b = r.bytes(n)?;
                     let v = self.string(b, at)?;
                     self.stack.push(v);
                 }
                 b'X' => {
-                    let n = r.le(4)?;
+                    let n = r.u32_le()? as u64;
                     let b = r.bytes(n)?;
                     let v = self.string(b, at)?;
                     self.stack.push(v);
                 }
                 0x8d => {
-                    let n = r.le(8)?;
+                    let n = r.u64_le()?;
                     let b = r.bytes(n)?;
                     let v = self.string(b, at)?;
                     self.stack.push(v);
                 }
                 b'U' | b'C' => {
-                    let n = r.le(1)?;
+                    let n = r.byte()? as u64;
                     r.skip(n)?;
                     self.stack.push(Val::Bytes);
                 }
                 b'T' | b'B' => {
-                    let n = r.le(4)?;
+                    let n = r.u32_le()? as u64;
                     r.skip(n)?;
                     self.stack.push(Val::Bytes);
                 }
                 0x8e | 0x96 => {
-                    let n = r.le(8)?;
+                    let n = r.u64_le()?;
                     r.skip(n)?;
                     self.stack.push(Val::Bytes);
                 }
-                b'}' => self
-                    .stack
-                    .push(Val::Dict(Rc::new(RefCell::new(Dict::Items(Vec::new()))))),
+                b'}' => {
+                    let d = self.make(Container::Dict(Vec::new()), at)?;
+                    self.stack.push(Val::Dict(d));
+                }
                 // Sets are not part of a snapshot; kept as lists, so a set where a list is
                 // expected is read like one and anything else is a type error.
-                b']' | 0x8f => self
-                    .stack
-                    .push(Val::List(Rc::new(RefCell::new(Vec::new())))),
-                b')' => self.stack.push(Val::Tuple(Rc::from(Vec::new()))),
+                b']' | 0x8f => {
+                    let l = self.make(Container::items(Vec::new()), at)?;
+                    self.stack.push(Val::List(l));
+                }
+                b')' => {
+                    let t = self.make(Container::items(Vec::new()), at)?;
+                    self.stack.push(Val::Tuple(t));
+                }
                 b'l' | 0x91 => {
+                    self.at = at;
                     let items = self.pop_mark(at)?;
-                    for v in &items {
+                    for &v in &items {
                         self.seal(v)?;
                     }
-                    self.stack.push(Val::List(Rc::new(RefCell::new(items))));
+                    let l = self.make(Container::items(items), at)?;
+                    self.stack.push(Val::List(l));
                 }
                 b't' => {
                     let items = self.pop_mark(at)?;
-                    self.stack.push(Val::Tuple(Rc::from(items)));
+                    let t = self.make(Container::items(items), at)?;
+                    self.stack.push(Val::Tuple(t));
                 }
                 b'd' => {
                     let items = self.pop_mark(at)?;
@@ -703,13 +709,9 @@ impl Machine {
                             at,
                         ));
                     }
-                    let mut pairs = Vec::with_capacity(items.len() / 2);
-                    let mut it = items.into_iter();
-                    while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                        pairs.push((k, v));
-                    }
-                    self.stack
-                        .push(Val::Dict(Rc::new(RefCell::new(Dict::Items(pairs)))));
+                    let pairs = items.chunks_exact(2).map(|kv| (kv[0], kv[1])).collect();
+                    let d = self.make(Container::Dict(pairs), at)?;
+                    self.stack.push(Val::Dict(d));
                 }
                 0x85..=0x87 => {
                     let n = (op - 0x84) as usize;
@@ -718,35 +720,38 @@ impl Machine {
                         items.push(self.pop(at)?);
                     }
                     items.reverse();
-                    self.stack.push(Val::Tuple(Rc::from(items)));
+                    let t = self.make(Container::items(items), at)?;
+                    self.stack.push(Val::Tuple(t));
                 }
                 b'a' => {
                     let v = self.pop(at)?;
-                    self.append(vec![v], at)?;
+                    self.stack.push(v);
+                    self.append_from(self.stack.len() - 1, at)?;
                 }
                 b'e' | 0x90 => {
-                    let items = self.pop_mark(at)?;
-                    self.append(items, at)?;
+                    let m = self.take_mark(at)?;
+                    self.append_from(m, at)?;
                 }
                 b's' => {
                     let v = self.pop(at)?;
                     let k = self.pop(at)?;
-                    self.set_items(vec![k, v], at)?;
+                    self.stack.extend([k, v]);
+                    self.set_items_from(self.stack.len() - 2, at)?;
                 }
                 b'u' => {
-                    let items = self.pop_mark(at)?;
-                    self.set_items(items, at)?;
+                    let m = self.take_mark(at)?;
+                    self.set_items_from(m, at)?;
                 }
                 // A text memo key can never be read back (text GET is refused by the guard).
                 b'p' => {
-                    r.line()?;
+                    text_line(r)?;
                 }
                 b'q' => {
-                    let id = r.le(1)? as u32;
+                    let id = r.byte()? as u32;
                     self.memoize(id, at)?;
                 }
                 b'r' => {
-                    let id = r.le(4)? as u32;
+                    let id = r.u32_le()?;
                     self.memoize(id, at)?;
                 }
                 0x94 => {
@@ -755,11 +760,11 @@ impl Machine {
                     self.memoize(id, at)?;
                 }
                 b'h' => {
-                    let id = r.le(1)? as u32;
+                    let id = r.byte()? as u32;
                     self.get(id, at)?;
                 }
                 b'j' => {
-                    let id = r.le(4)? as u32;
+                    let id = r.u32_le()?;
                     self.get(id, at)?;
                 }
                 // Everything else was refused by the guard before this machine ran.
@@ -777,15 +782,20 @@ pub(crate) fn decode(
     reader: impl Read,
     file_bytes: u64,
 ) -> Result<(raw::RawSnapshot, MemoryBudget), DecodeError> {
-    let mut input = Input {
-        inner: reader,
-        pos: 0,
-    };
+    let mut input = Input::new(reader);
     let mut m = Machine::new(MemoryBudget::for_file(file_bytes));
+    let t = std::time::Instant::now(); // TIMING
     let top = m.run(&mut input)?;
+    if std::env::var_os("VT").is_some() { eprintln!("TIMING   run {:.3}", t.elapsed().as_secs_f64()); } // TIMING
+    let t = std::time::Instant::now(); // TIMING
     m.stack.clear();
-    let snapshot = raw::snapshot(&top, input.pos)?;
-    Ok((snapshot, m.budget))
+    let snapshot = raw::snapshot(top, &mut m, input.pos())?;
+    if std::env::var_os("VT").is_some() { eprintln!("TIMING   snapshot {:.3}", t.elapsed().as_secs_f64()); } // TIMING
+    let t = std::time::Instant::now(); // TIMING
+    let budget = m.budget;
+    drop(m);
+    if std::env::var_os("VT").is_some() { eprintln!("TIMING   drop machine {:.3}", t.elapsed().as_secs_f64()); } // TIMING
+    Ok((snapshot, budget))
 }
 
 #[cfg(test)]
@@ -821,7 +831,10 @@ mod tests {
     #[test]
     fn frames_shared_through_the_memo_reach_every_entry() {
         let (s, _) = decode(SHARED, SHARED.len() as u64).unwrap();
-        let t = &s.device_traces[0];
+        let t: Vec<&RawEntry> = s.device_traces[0]
+            .iter()
+            .map(|&i| &s.entries[i as usize])
+            .collect();
         type Named<'a> = (&'a str, Vec<(&'a str, &'a str, i64)>);
         let top: Vec<Named> = t
             .iter()
