@@ -489,7 +489,6 @@ fn cmd_profile(args: &ProfileArgs) -> Result<()> {
 /// `report SNAPSHOT.pickle`: read a PyTorch memory snapshot, print what it says, export one
 /// device's timeline. Every check runs before anything is written.
 fn cmd_report(args: &ReportArgs) -> Result<()> {
-    let t_all = std::time::Instant::now(); // TIMING
     // Every name checked (length, folder, no two exports naming one file) before the read.
     export::check_targets(
         export::report_targets(
@@ -516,9 +515,7 @@ fn cmd_report(args: &ReportArgs) -> Result<()> {
             b.set_position(read);
         }
     };
-    if std::env::var_os("VT").is_some() { eprintln!("TIMING @pre-read {:.3}", t_all.elapsed().as_secs_f64()); } // TIMING
     let imported = crate::report::snapshot::read(&args.snapshot, Some(&mut on_progress));
-    if std::env::var_os("VT").is_some() { eprintln!("TIMING @post-read {:.3}", t_all.elapsed().as_secs_f64()); } // TIMING
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
@@ -541,13 +538,9 @@ fn cmd_report(args: &ReportArgs) -> Result<()> {
                 None => "the snapshot holds no segments and no trace entries".into(),
             },
         })?;
-    let t = std::time::Instant::now(); // TIMING
     drop(imported);
-    if std::env::var_os("VT").is_some() { eprintln!("TIMING read total {:.3}", seconds); } // TIMING
     if args.json.is_some() || args.csv.is_some() || args.png.is_some() {
         let report = timeline.into_report(&path, args.total);
-        if std::env::var_os("VT").is_some() { eprintln!("TIMING into_report {:.3}", t.elapsed().as_secs_f64()); } // TIMING
-        if std::env::var_os("VT").is_some() { eprintln!("TIMING @renders {:.3}", t_all.elapsed().as_secs_f64()); } // TIMING
         let files = export::report_renders(
             &report,
             args.json.as_deref(),
@@ -555,7 +548,6 @@ fn cmd_report(args: &ReportArgs) -> Result<()> {
             args.png.as_deref(),
         )?;
         export::write_streamed(files)?;
-        if std::env::var_os("VT").is_some() { eprintln!("TIMING all {:.3}", t_all.elapsed().as_secs_f64()); } // TIMING
         // The process ends next: freeing a million events one by one would only delay it.
         std::mem::forget(report);
     } else {

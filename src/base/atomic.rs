@@ -135,7 +135,10 @@ pub fn write_streamed(files: Vec<(PathBuf, Render<'_>)>) -> Result<()> {
                 .collect();
             threads
                 .into_iter()
-                .flat_map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+                .flat_map(|t| {
+                    t.join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
                 .collect()
         });
         done.sort_by_key(|(i, _)| *i);
@@ -143,13 +146,11 @@ pub fn write_streamed(files: Vec<(PathBuf, Render<'_>)>) -> Result<()> {
     };
     debug_assert_eq!(staged.len(), count);
     let staged = staged.into_iter().collect::<Result<Vec<_>>>()?;
-    let t = std::time::Instant::now(); // TIMING
     // Renames within one folder are atomic and need no space; the names were checked above,
     // so past this point only a folder changed under us can fail.
     for (tmp, path) in staged {
         tmp.persist(&path).map_err(|e| Error::io(&path, e.error))?;
     }
-    if std::env::var_os("VT").is_some() { eprintln!("TIMING persist {:.3}", t.elapsed().as_secs_f64()); } // TIMING
     Ok(())
 }
 
@@ -161,17 +162,13 @@ fn stage(path: PathBuf, render: Render<'_>) -> Result<(NamedTempFile, PathBuf)> 
         .suffix(".tmp")
         .tempfile_in(dir)
         .map_err(|e| Error::io(&path, e))?;
-    let t = std::time::Instant::now(); // TIMING
     {
         let mut w = BufWriter::with_capacity(1 << 20, Writeback::new(tmp.as_file_mut()));
         render(&mut w)?;
         w.flush().map_err(|e| Error::io(&path, e))?;
     }
-    if std::env::var_os("VT").is_some() { eprintln!("TIMING render {} {:.3}", path.display(), t.elapsed().as_secs_f64()); } // TIMING
-    let t = std::time::Instant::now(); // TIMING
     let f = tmp.as_file_mut();
     f.sync_all().map_err(|e| Error::io(&path, e))?;
-    if std::env::var_os("VT").is_some() { eprintln!("TIMING fsync {:.3}", t.elapsed().as_secs_f64()); } // TIMING
     // Temporary files are private (0600); a report is an ordinary file.
     #[cfg(unix)]
     {

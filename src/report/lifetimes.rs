@@ -333,7 +333,11 @@ impl Lifetimes {
         for l in 1..MAX_BLOCKS.len() {
             block_max[l] = block_max[l - 1]
                 .chunks(MAX_BLOCKS[l] / MAX_BLOCKS[l - 1])
-                .map(|c| *c.iter().max_by_key(|(v, _)| *v).expect("chunks are not empty"))
+                .map(|c| {
+                    *c.iter()
+                        .max_by_key(|(v, _)| *v)
+                        .expect("chunks are not empty")
+                })
                 .collect();
         }
         Lifetimes {

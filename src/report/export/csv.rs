@@ -53,7 +53,10 @@ impl<W: std::io::Write> RankRows<W> {
     fn text(&mut self, field: &str) -> std::io::Result<()> {
         self.separate()?;
         let bytes = field.as_bytes();
-        if !bytes.iter().any(|b| matches!(b, b',' | b'"' | b'\n' | b'\r')) {
+        if !bytes
+            .iter()
+            .any(|b| matches!(b, b',' | b'"' | b'\n' | b'\r'))
+        {
             return self.out.write_all(bytes);
         }
         self.out.write_all(b"\"")?;
@@ -330,12 +333,7 @@ fn summary_rows<W: std::io::Write>(
     ] {
         let Some(p) = p else { continue };
         for (cat, bytes) in &p.by_category {
-            extra(
-                &format!("{prefix}_category"),
-                cat.label(),
-                *bytes,
-                None,
-            )?;
+            extra(&format!("{prefix}_category"), cat.label(), *bytes, None)?;
         }
         for t in &p.top {
             let layer = t.layer.map_or(String::new(), |l| format!(", layer {l}"));

@@ -388,7 +388,12 @@ mod tests {
             EventKind::OutsideFree,
             EventKind::Marker,
         ];
-        let names = ["", "x", "a \"quoted\" name, \\ with\nbreaks\t\u{1}", "é ünïcode 🚀"];
+        let names = [
+            "",
+            "x",
+            "a \"quoted\" name, \\ with\nbreaks\t\u{1}",
+            "é ünïcode 🚀",
+        ];
         for (i, e) in report.events.iter_mut().enumerate() {
             e.kind = kinds[i % kinds.len()];
             e.category = Category::ALL[i % Category::ALL.len()];

@@ -31,10 +31,7 @@ fn bad(path: &Path, problem: impl Into<String>) -> Error {
 pub fn read(path: &Path, progress: Option<&mut dyn FnMut(u64, u64)>) -> Result<Imported> {
     // A FIFO or a device would hang the guard's read or never end: regular files only.
     let (mut file, size) = crate::base::fsguard::open_regular(path, "snapshot")?;
-    let t = std::time::Instant::now(); // TIMING
-    super::guard::check(&mut file)
-        .map_err(|e| bad(path, e.to_string()))?;
-    if std::env::var_os("VT").is_some() { eprintln!("TIMING guard {:.3}", t.elapsed().as_secs_f64()); } // TIMING
+    super::guard::check(&mut file).map_err(|e| bad(path, e.to_string()))?;
     file.rewind().map_err(|e| Error::io(path, e))?;
     let reader = Progressing {
         inner: file,
@@ -43,26 +40,9 @@ pub fn read(path: &Path, progress: Option<&mut dyn FnMut(u64, u64)>) -> Result<I
         next_report: 0,
         progress,
     };
-    if std::env::var("TWICE").is_ok() { // TIMING
-        let b = std::fs::read(path).unwrap(); // TIMING
-        let t = std::time::Instant::now(); // TIMING
-        let x = super::unpickle::decode(&b[..], size); // TIMING
-        if std::env::var_os("VT").is_some() { eprintln!("TIMING warm-up decode {:.3}", t.elapsed().as_secs_f64()); } // TIMING
-        drop(x); // TIMING
-        let t = std::time::Instant::now(); // TIMING
-        let x = super::unpickle::decode(&b[..], size); // TIMING
-        if std::env::var_os("VT").is_some() { eprintln!("TIMING second decode {:.3}", t.elapsed().as_secs_f64()); } // TIMING
-        std::mem::forget(x); // TIMING
-    } // TIMING
-    let t = std::time::Instant::now(); // TIMING
-    let (raw, budget) = super::unpickle::decode(reader, size)
-        .map_err(|e| bad(path, e.to_string()))?;
-    if std::env::var_os("VT").is_some() { eprintln!("TIMING decode {:.3}", t.elapsed().as_secs_f64()); } // TIMING
-    let t = std::time::Instant::now(); // TIMING
-    let r = from_raw(path, raw, size, budget);
-    if std::env::var_os("VT").is_some() { eprintln!("TIMING   from_raw incl drop {:.3}", t.elapsed().as_secs_f64()); } // TIMING
-    if std::env::var_os("VT").is_some() { eprintln!("TIMING replay+drop raw {:.3}", t.elapsed().as_secs_f64()); } // TIMING
-    r
+    let (raw, budget) =
+        super::unpickle::decode(reader, size).map_err(|e| bad(path, e.to_string()))?;
+    from_raw(path, raw, size, budget)
 }
 
 /// `read` for bytes already in memory (fuzzing, tests).
@@ -178,9 +158,7 @@ fn from_raw(
         .map_err(|p| bad(path, format!("device {d}: {p}")))?;
         timelines.push(t);
     }
-    let t = std::time::Instant::now(); // TIMING
     drop(raw);
-    if std::env::var_os("VT").is_some() { eprintln!("TIMING   drop raw {:.3}", t.elapsed().as_secs_f64()); } // TIMING
     Ok(Imported {
         path: path.to_path_buf(),
         file_bytes,

@@ -143,7 +143,10 @@ pub(crate) enum Val {
 pub(crate) enum Container {
     /// `stack`: when the list is a stack of frames already read, 1 + the index of its top
     /// frames in `Machine::stacks` (0 before), so the entries sharing it find them at once.
-    Items { items: Vec<Val>, stack: u32 },
+    Items {
+        items: Vec<Val>,
+        stack: u32,
+    },
     Dict(Vec<(Val, Val)>),
     /// Its index in `Machine::entries`.
     Entry(u32),
@@ -784,17 +787,11 @@ pub(crate) fn decode(
 ) -> Result<(raw::RawSnapshot, MemoryBudget), DecodeError> {
     let mut input = Input::new(reader);
     let mut m = Machine::new(MemoryBudget::for_file(file_bytes));
-    let t = std::time::Instant::now(); // TIMING
     let top = m.run(&mut input)?;
-    if std::env::var_os("VT").is_some() { eprintln!("TIMING   run {:.3}", t.elapsed().as_secs_f64()); } // TIMING
-    let t = std::time::Instant::now(); // TIMING
     m.stack.clear();
     let snapshot = raw::snapshot(top, &mut m, input.pos())?;
-    if std::env::var_os("VT").is_some() { eprintln!("TIMING   snapshot {:.3}", t.elapsed().as_secs_f64()); } // TIMING
-    let t = std::time::Instant::now(); // TIMING
     let budget = m.budget;
     drop(m);
-    if std::env::var_os("VT").is_some() { eprintln!("TIMING   drop machine {:.3}", t.elapsed().as_secs_f64()); } // TIMING
     Ok((snapshot, budget))
 }
 
