@@ -148,6 +148,32 @@ fn timeline_shows_cxb_allocated_in_one_pass_and_freed_in_the_next() {
     assert!(dir.path().join("t.summary.csv").exists());
 }
 
+/// `--quant fp4` quantizes in flight to bitsandbytes FP4 (f32 absmax per 64, no double
+/// quantization): the tensors held are the 16-bit rest, the rotary cache, and per checkpoint
+/// linear its packed nibbles, its absmax and its 16-entry f32 code book, and NF4's are its
+/// nibbles, u8 absmax, nested f32 absmax per 256 blocks, code book and offset.
+#[test]
+fn fp4_in_flight_holds_nibbles_f32_absmax_and_a_code_book_per_linear() {
+    let (h, kv, i, layers, vocab) = (4096i64, 1024i64, 14336i64, 32i64, 128256i64);
+    let linears = [h * h, kv * h, kv * h, h * h, i * h, i * h, h * i];
+    let p: i64 = linears.iter().sum::<i64>() * layers;
+    let count = linears.len() as i64 * layers;
+    // Embedding and lm_head (untied), 2L + 1 norms, in fp16; cos/sin cache of 8192 x 128 fp16.
+    let rest = (2 * vocab * h + (2 * layers + 1) * h) * 2 + 8192 * 128 * 2;
+    let fp4 = profile_json(&with_quant("fp4"));
+    assert_eq!(fp4["quant"], "fp4");
+    assert_eq!(
+        int(&fp4["weights_tensor_bytes"]),
+        rest + p / 2 + p / 64 * 4 + count * 16 * 4
+    );
+    let nf4 = profile_json(&with_quant("nf4"));
+    assert_eq!(
+        int(&nf4["weights_tensor_bytes"]),
+        // nibbles, u8 absmax, f32 absmax of 256 absmax, code book, offset; one dynamic map
+        rest + p / 2 + p / 64 + p / 64 / 256 * 4 + count * (16 * 4 + 4) + 256 * 4
+    );
+}
+
 #[test]
 fn nf4_non_torch_terms_differ_only_by_memory_outside_the_framework() {
     let r = profile_json(&with_quant("nf4"));
