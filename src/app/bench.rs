@@ -325,7 +325,13 @@ fn run_rank(
         let hidden = model.forward_hidden(&rt, &batch)?;
         // Only rank 0 samples; the others send their shard of the logits.
         if let Some(logits) =
-            smp::compute_logits(&rt, &hidden, model.lm_head(), &input.selected_rows)?
+            smp::compute_logits(
+                &rt,
+                &hidden,
+                model.lm_head(),
+                &input.selected_rows,
+                opened.config.final_logit_softcap(),
+            )?
         {
             let s = Sampler::new(req.seed);
             s.head_rows.set(req.sampler_rows);
@@ -391,6 +397,7 @@ fn forward_logits(
         model.lm_head(),
         &rows,
         model.config().vocab_size,
+        model.config().final_logit_softcap(),
     )
 }
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
-pub use super::cpu_attention::{attention_strided, AttnShape, RowLayout};
+pub use super::cpu_attention::{attention_strided, AttnShape, RowLayout, ScoreMods};
 use super::cpu_vec;
 use crate::base::error::{Error, Result};
 
@@ -197,13 +197,26 @@ pub struct RopeTable {
 
 impl RopeTable {
     pub fn new(positions: &[usize], head_dim: usize, theta: f32) -> Self {
+        Self::linear_scaled(positions, head_dim, theta, 1.0)
+    }
+
+    /// Linear rope scaling (vLLM's `LinearScalingRotaryEmbedding`): position `p` turns by the
+    /// angles of `p / factor`.
+    pub fn linear_scaled(positions: &[usize], head_dim: usize, theta: f32, factor: f32) -> Self {
         let half = head_dim / 2;
         let inv_freq: Vec<f32> = (0..half)
             .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
             .collect();
         let cos_sin = positions
             .iter()
-            .flat_map(|&pos| inv_freq.iter().map(move |f| (pos as f32 * f).sin_cos()))
+            .flat_map(|&pos| {
+                let t = if factor == 1.0 {
+                    pos as f32
+                } else {
+                    pos as f32 / factor
+                };
+                inv_freq.iter().map(move |f| (t * f).sin_cos())
+            })
             .map(|(sin, cos)| (cos, sin))
             .collect();
         RopeTable { head_dim, cos_sin }
@@ -352,6 +365,7 @@ mod tests {
             heads: 2,
             kv_heads: 1,
             head_dim: 2,
+            mods: ScoreMods::default(),
         };
         let q = vec![1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.2, 0.1];
         let k = vec![1.0, 2.0, 3.0, 4.0];
@@ -452,6 +466,7 @@ mod tests {
             heads: 1,
             kv_heads: 1,
             head_dim: 2,
+            mods: ScoreMods::default(),
         };
         let r = attention(&[1.0; 4], &[1.0; 4], &[1.0; 4], &[2], s, &mut out, &yes);
         assert!(matches!(r, Err(Error::Cancelled)));

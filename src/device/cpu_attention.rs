@@ -20,6 +20,21 @@ pub struct AttnShape {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// How the scores differ from `softmax(q·kᵀ / √head_dim)` with a causal mask (Gemma).
+    pub mods: ScoreMods,
+}
+
+/// Gemma's changes to the attention scores (vLLM's `Attention(scale, logits_soft_cap,
+/// per_layer_sliding_window)`): all `None` is the plain causal softmax.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ScoreMods {
+    /// The score scale; `None` is `1 / √head_dim`.
+    pub scale: Option<f32>,
+    /// Scores become `tanh(s / cap) · cap` before the mask and softmax.
+    pub softcap: Option<f32>,
+    /// Query `i` sees keys `i − window + 1 ..= i` only (flash-attention's
+    /// `window_size = (window − 1, 0)`).
+    pub window: Option<usize>,
 }
 
 /// Query rows per task: large enough that the products run near the GEMM rate, small enough
@@ -112,7 +127,8 @@ pub fn attention_strided(
         "output rows overlap"
     );
     let group = s.heads / s.kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = s.mods.scale.unwrap_or(1.0 / (hd as f32).sqrt());
+    let (softcap, window) = (s.mods.softcap, s.mods.window.unwrap_or(usize::MAX));
 
     let mut tasks = Vec::new();
     let mut start = 0;
@@ -150,7 +166,9 @@ pub fn attention_strided(
             scr.max[..rows].fill(f32::NEG_INFINITY);
             scr.sum[..rows].fill(0.0);
             let q_blk = &q[q_at.at(t.start + t.q0, t.head, hd)..];
-            for j0 in (0..kv_end).step_by(KV_BLOCK) {
+            // The first key the task's first query row sees; blocks before it are skipped.
+            let kv_start = (t.q0 + 1).saturating_sub(window);
+            for j0 in (kv_start / KV_BLOCK * KV_BLOCK..kv_end).step_by(KV_BLOCK) {
                 if cancel.load(Ordering::Relaxed) {
                     return Err(Error::Cancelled);
                 }
@@ -184,13 +202,26 @@ pub fn attention_strided(
                     );
                 }
                 for r in 0..rows {
-                    // Query row i sees keys 0..=i (every row sees at least key j0 ≤ q0).
+                    // Query row i sees keys 0..=i (every row sees at least key j0 ≤ q0), or
+                    // with a window only the last `window` of them.
                     let valid = (t.q0 + r + 1 - j0).min(cols);
+                    let first = (t.q0 + r + 1).saturating_sub(window).saturating_sub(j0);
+                    let first = first.min(valid);
                     let row = &mut scores[r * cols..(r + 1) * cols];
-                    let m_old = scr.max[r];
-                    let m_new = cpu_vec::max_from(&row[..valid], m_old);
-                    let blk_sum = cpu_vec::exp_shifted_sum(&mut row[..valid], m_new);
+                    row[..first].fill(0.0);
                     row[valid..].fill(0.0);
+                    if first == valid {
+                        continue;
+                    }
+                    let seen = &mut row[first..valid];
+                    if let Some(cap) = softcap {
+                        for x in seen.iter_mut() {
+                            *x = (*x / cap).tanh() * cap;
+                        }
+                    }
+                    let m_old = scr.max[r];
+                    let m_new = cpu_vec::max_from(seen, m_old);
+                    let blk_sum = cpu_vec::exp_shifted_sum(seen, m_new);
                     let corr = cpu_vec::exp_lane(m_old - m_new);
                     scr.sum[r] = scr.sum[r] * corr + blk_sum;
                     scr.max[r] = m_new;
@@ -254,14 +285,23 @@ mod tests {
                 let kvh = h / (s.heads / s.kv_heads);
                 for i in 0..len {
                     let qi = &q[(start + i) * qw + h * hd..][..hd];
+                    let scale = s.mods.scale.map_or(1.0 / (hd as f64).sqrt(), f64::from);
+                    let lo = (i + 1).saturating_sub(s.mods.window.unwrap_or(usize::MAX));
                     let sc: Vec<f64> = (0..=i)
                         .map(|j| {
                             let kj = &k[(start + j) * kw + kvh * hd..][..hd];
-                            qi.iter()
+                            let x = qi
+                                .iter()
                                 .zip(kj)
                                 .map(|(a, b)| *a as f64 * *b as f64)
                                 .sum::<f64>()
-                                / (hd as f64).sqrt()
+                                * scale;
+                            let x = s.mods.softcap.map_or(x, |c| (x / c as f64).tanh() * c as f64);
+                            if j < lo {
+                                f64::NEG_INFINITY
+                            } else {
+                                x
+                            }
                         })
                         .collect();
                     let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -293,6 +333,7 @@ mod tests {
             heads: 6,
             kv_heads: 2,
             head_dim: 16,
+            mods: ScoreMods::default(),
         };
         let seq_lens = [300, 70, 1];
         let t: usize = seq_lens.iter().sum();
@@ -321,12 +362,61 @@ mod tests {
         assert!(worst < 2e-5, "worst abs error {worst:e}");
     }
 
+    /// Gemma 2's attention: its own scale, scores soft-capped by tanh, a sliding window that
+    /// crosses both block sizes (rows far down a 300-token sequence skip whole key blocks).
+    #[test]
+    fn windowed_soft_capped_attention_matches_the_f64_definition() {
+        for window in [1, 4, 70, 300] {
+            let s = AttnShape {
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 16,
+                mods: ScoreMods {
+                    scale: Some(0.3),
+                    softcap: Some(1.5),
+                    window: Some(window),
+                },
+            };
+            let seq_lens = [300, 5];
+            let t: usize = seq_lens.iter().sum();
+            let (q, k, v) = (values(t * 64, 7), values(t * 32, 8), values(t * 32, 9));
+            let mut out = vec![0f32; t * 64];
+            let (qa, ka) = (RowLayout::packed(64), RowLayout::packed(32));
+            let no = AtomicBool::new(false);
+            attention_strided(&q, qa, &k, ka, &v, ka, &mut out, qa, &seq_lens, s, &no).unwrap();
+            let want = naive(&q, &k, &v, &seq_lens, s);
+            let worst = out
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (*a as f64 - b).abs())
+                .fold(0f64, f64::max);
+            assert!(worst < 2e-5, "window {window}: worst abs error {worst:e}");
+        }
+        // A window of one: each token attends to itself only, so the output is its value.
+        let s = AttnShape {
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 2,
+            mods: ScoreMods {
+                window: Some(1),
+                ..ScoreMods::default()
+            },
+        };
+        let (q, kv) = (values(6, 1), values(6, 2));
+        let mut out = vec![0f32; 6];
+        let l = RowLayout::packed(2);
+        attention_strided(&q, l, &kv, l, &kv, l, &mut out, l, &[3], s, &AtomicBool::new(false))
+            .unwrap();
+        assert_eq!(out, kv);
+    }
+
     #[test]
     fn fused_qkv_columns_give_the_same_output_as_separate_tensors() {
         let s = AttnShape {
             heads: 4,
             kv_heads: 2,
             head_dim: 8,
+            mods: ScoreMods::default(),
         };
         let seq_lens = [90, 40];
         let t = 130;
@@ -385,6 +475,7 @@ mod tests {
             heads: 1,
             kv_heads: 1,
             head_dim: 2,
+            mods: ScoreMods::default(),
         };
         let mut out = vec![0f32; 4];
         let l = RowLayout::packed(2);

@@ -6,6 +6,7 @@
 //! May import: `device`, `memory`, `base`.
 
 pub mod ops;
+pub mod ops_gemma;
 pub mod ops_opt;
 pub mod ops_tp;
 pub mod progress;

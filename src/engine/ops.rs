@@ -67,13 +67,15 @@ pub fn add_bias(rt: &Runtime, x: &mut Tensor, bias: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// Rotary embedding of q and k in place; `(theta, linear_factor)` is the base and Gemma 3's
+/// linear position scaling (1 for every other model).
 pub fn rope(
     rt: &Runtime,
     q: &mut Tensor,
     k: &mut Tensor,
     positions: &[usize],
     shape: AttnShape,
-    theta: f64,
+    (theta, linear_factor): (f64, f64),
 ) -> Result<()> {
     rt.check_cancel()?;
     rt.set_op("rope");
@@ -82,13 +84,18 @@ pub fn rope(
         Backend::Dry => {}
         Backend::Cpu => {
             let (hd, heads, kv_heads) = (shape.head_dim, shape.heads, shape.kv_heads);
-            let table = cpu::RopeTable::new(positions, hd, theta);
+            let table = cpu::RopeTable::linear_scaled(positions, hd, theta, linear_factor as f32);
             let (q_at, k_at) = (
                 RowLayout::packed(heads * hd),
                 RowLayout::packed(kv_heads * hd),
             );
             cpu::rope_strided(q.f32_mut(), q_at, heads, &table);
             cpu::rope_strided(k.f32_mut(), k_at, kv_heads, &table);
+        }
+        Backend::Cuda if linear_factor != 1.0 => {
+            return Err(Error::Request(
+                "linear rope scaling has no CUDA kernel yet".into(),
+            ))
         }
         Backend::Cuda => cuda(rt, |c| c.rope(q, k, positions, shape, theta))?,
     }
@@ -129,6 +136,11 @@ pub fn attention(
         Backend::Cpu => {
             let (q, k, v, c) = (q.f32(), k.f32(), v.f32(), rt.cancel_flag());
             cpu::attention(q, k, v, seq_lens, shape, out.f32_mut(), &c)?
+        }
+        Backend::Cuda if shape.mods != cpu::ScoreMods::default() => {
+            return Err(Error::Request(format!(
+                "{name}: Gemma's attention (scale, soft-cap, sliding window) has no CUDA kernel yet"
+            )))
         }
         Backend::Cuda => cuda(rt, |c| c.attention(q, k, v, seq_lens, shape, &mut out))?,
     }

@@ -1,11 +1,12 @@
-//! Llama-family shapes: from a Hugging Face `config.json` (llama, mistral, qwen2) or a preset.
+//! Llama-family shapes: from a Hugging Face `config.json` (llama, mistral, qwen2, qwen3, phi3,
+//! gemma2, gemma3_text; opt) or a preset.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::base::error::{Error, Result};
-use crate::device::cpu::AttnShape;
+use crate::device::cpu::{AttnShape, ScoreMods};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
@@ -27,6 +28,43 @@ pub struct ModelConfig {
     /// OPT's extra shape (`model_type: "opt"`); `None` for the Llama family.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opt: Option<OptShape>,
+    /// Gemma 2 / Gemma 3's extra shape (`model_type: "gemma2"` or `"gemma3_text"`); `None`
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemma: Option<GemmaShape>,
+}
+
+/// What a Gemma 2 or Gemma 3 decoder has beyond the Llama fields (Hugging Face
+/// `Gemma2Config` / `Gemma3TextConfig`; vLLM 0.6.4 and 0.8.5 model_executor/models/gemma2.py,
+/// 0.8.5 gemma3.py read the same keys).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GemmaShape {
+    /// The attention scale is `query_pre_attn_scalar^-0.5`, not `head_dim^-0.5`
+    /// (gemma2.py L120 at 0.6.4, gemma3.py L125 at 0.8.5).
+    pub query_pre_attn_scalar: f64,
+    /// `tanh(s / cap) · cap` on the attention scores (Gemma 2: 50; Gemma 3: none).
+    pub attn_logit_softcapping: Option<f64>,
+    /// `tanh(l / cap) · cap` on the logits (Gemma 2: 30; Gemma 3: none), vLLM's
+    /// `LogitsProcessor(soft_cap=...)` (logits_processor.py L72-75 at 0.8.5).
+    pub final_logit_softcapping: Option<f64>,
+    /// Keys a sliding layer's query sees: itself and the `sliding_window − 1` before it.
+    pub sliding_window: Option<usize>,
+    /// Layer `l` is global when `(l + 1) % sliding_window_pattern == 0`, sliding otherwise:
+    /// 2 for Gemma 2 (even layers slide; HF `Gemma2Attention`), 6 for Gemma 3 (gemma3.py
+    /// L148-151 at 0.8.5).
+    pub sliding_window_pattern: usize,
+    /// Gemma 3's rotary base on sliding layers (`rope_local_base_freq`, with no scaling);
+    /// `None` for Gemma 2, whose layers all use `rope_theta` (gemma3.py L153-162 at 0.8.5).
+    pub rope_local_base_freq: Option<f64>,
+    /// Gemma 3's `rope_scaling: {"rope_type": "linear", "factor": f}` on global layers.
+    pub rope_linear_factor: Option<f64>,
+}
+
+impl GemmaShape {
+    /// Whether layer `layer` uses sliding-window attention.
+    pub fn is_sliding(&self, layer: usize) -> bool {
+        self.sliding_window.is_some() && !(layer + 1).is_multiple_of(self.sliding_window_pattern)
+    }
 }
 
 /// What an OPT decoder has beyond the Llama fields (Hugging Face `OPTConfig`; `ffn_dim` is
@@ -96,13 +134,14 @@ impl ModelConfig {
             heads: self.num_heads,
             kv_heads: self.num_kv_heads,
             head_dim: self.head_dim,
+            mods: ScoreMods::default(),
         }
     }
 
     /// Qwen3's per-head RMSNorm of q and k before the rotary embedding (vLLM
     /// model_executor/models/qwen3.py `Qwen3Attention`: `q_norm`, `k_norm` of `head_dim`).
     pub fn qk_norm(&self) -> bool {
-        self.arch == "qwen3"
+        self.arch == "qwen3" || self.arch == "gemma3_text"
     }
 
     /// Phi-3 (and Phi-4, a phi3 model) stores q/k/v as one `qkv_proj` and gate/up as one
@@ -110,6 +149,43 @@ impl ModelConfig {
     /// with those names packed (model_executor/models/phi3.py, every release here).
     pub fn fused_checkpoint(&self) -> bool {
         self.arch == "phi3"
+    }
+
+    /// Gemma 2 or Gemma 3: GemmaRMSNorm (`x · (1 + w)`), four norms per layer, GeGLU, the
+    /// embedding scaled by `√hidden` (vLLM gemma2.py, gemma3.py).
+    pub fn is_gemma(&self) -> bool {
+        self.gemma.is_some()
+    }
+
+    /// The attention math of layer `layer`: Gemma's scale, soft-cap and sliding window; the
+    /// plain causal softmax for every other architecture.
+    pub fn score_mods(&self, layer: usize) -> ScoreMods {
+        match &self.gemma {
+            None => ScoreMods::default(),
+            Some(g) => ScoreMods {
+                scale: Some((g.query_pre_attn_scalar as f32).powf(-0.5)),
+                softcap: g.attn_logit_softcapping.map(|c| c as f32),
+                window: g.sliding_window.filter(|_| g.is_sliding(layer)),
+            },
+        }
+    }
+
+    /// The rotary base and linear scaling factor of layer `layer`: Gemma 3's sliding layers
+    /// use `rope_local_base_freq` unscaled, its global ones `rope_theta` with the config's
+    /// linear factor (gemma3.py L153-162 at 0.8.5); every other model `(rope_theta, 1)`.
+    pub fn layer_rope(&self, layer: usize) -> (f64, f64) {
+        match &self.gemma {
+            Some(g) => match (g.rope_local_base_freq, g.is_sliding(layer)) {
+                (Some(local), true) => (local, 1.0),
+                _ => (self.rope_theta, g.rope_linear_factor.unwrap_or(1.0)),
+            },
+            None => (self.rope_theta, 1.0),
+        }
+    }
+
+    /// Gemma's final logit soft-cap, if any.
+    pub fn final_logit_softcap(&self) -> Option<f64> {
+        self.gemma.as_ref().and_then(|g| g.final_logit_softcapping)
     }
 
     /// Tensors the loader reads: one per stored tensor, and for a checkpoint-fused one each
@@ -169,6 +245,10 @@ impl ModelConfig {
                 out.push((format!("{p}.self_attn.k_norm.weight"), vec![self.head_dim]));
             }
             out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+            if self.is_gemma() {
+                out.push((format!("{p}.pre_feedforward_layernorm.weight"), vec![h]));
+                out.push((format!("{p}.post_feedforward_layernorm.weight"), vec![h]));
+            }
             if self.fused_checkpoint() {
                 out.push((format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h]));
             } else {
@@ -280,23 +360,34 @@ impl ModelConfig {
         };
         let arch = match obj.get("model_type") {
             None => return Err(
-                "model_type is missing (expected llama, mistral, qwen2, qwen3, phi3 or opt); is this a config.json?"
+                "model_type is missing (expected llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text or opt); is this a config.json?"
                     .into(),
             ),
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(other) => {
                 return Err(format!(
-                    "model_type is {other} (a {}), expected a string: llama, mistral, qwen2, qwen3, phi3 or opt",
+                    "model_type is {other} (a {}), expected a string: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text or opt",
                     crate::base::fsguard::json_kind(other)
                 ))
             }
         };
+        if arch == "gemma3" {
+            // Gemma3ForConditionalGeneration: its checkpoint stores the language model under
+            // `language_model.model.*` beside a vision tower; the text-only model is
+            // `gemma3_text` (Gemma3ForCausalLM, google/gemma-3-1b-it).
+            return Err(
+                "model_type 'gemma3' (Gemma3ForConditionalGeneration, text and vision) is not supported: \
+                 only its language model is modelled, as model_type gemma3_text (a Gemma3ForCausalLM \
+                 checkpoint, or the text_config of the multimodal one)"
+                    .into(),
+            );
+        }
         if !matches!(
             arch.as_str(),
-            "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "opt"
+            "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "gemma2" | "gemma3_text" | "opt"
         ) {
             return Err(format!(
-                "model_type '{arch}' is not supported (expected llama, mistral, qwen2, qwen3, phi3 or opt)"
+                "model_type '{arch}' is not supported (expected llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text or opt)"
             ));
         }
         let get = |k: &str| -> std::result::Result<usize, String> {
@@ -357,8 +448,18 @@ impl ModelConfig {
         } else {
             get("num_key_value_heads")?
         };
+        let gemma = if matches!(arch.as_str(), "gemma2" | "gemma3_text") {
+            Some(gemma_from_hf_json(v, &arch, get("num_hidden_layers")?)?)
+        } else {
+            None
+        };
         let head_dim = if v["head_dim"].is_null() {
-            hidden_size / num_heads
+            // Gemma2Config and Gemma3TextConfig default to 256 (every published Gemma 2/3).
+            if gemma.is_some() {
+                256
+            } else {
+                hidden_size / num_heads
+            }
         } else {
             get("head_dim")?
         };
@@ -385,7 +486,8 @@ impl ModelConfig {
             rope_theta: float(
                 v,
                 "rope_theta",
-                10000.0,
+                // Gemma3TextConfig's default; every other config's is 10000.
+                if arch == "gemma3_text" { 1e6 } else { 10000.0 },
                 |x| x > 1.0 && x <= 1e12,
                 "above 1 and at most 1e12",
             )?,
@@ -396,15 +498,20 @@ impl ModelConfig {
                 |x| x > 0.0 && x < 1.0,
                 "above 0 and below 1",
             )?,
-            tie_word_embeddings: boolean(v, "tie_word_embeddings", false)?,
+            tie_word_embeddings: boolean(v, "tie_word_embeddings", gemma.is_some())?,
             attention_bias: boolean(v, "attention_bias", arch == "qwen2")?,
             max_position_embeddings: if v["max_position_embeddings"].is_null() {
-                4096
+                match arch.as_str() {
+                    "gemma2" => 8192,
+                    "gemma3_text" => 131072,
+                    _ => 4096,
+                }
             } else {
                 get("max_position_embeddings")?
             },
             arch,
             opt: None,
+            gemma,
         })
     }
 
@@ -470,6 +577,7 @@ impl ModelConfig {
             tie_word_embeddings: true,
             attention_bias: enable_bias,
             max_position_embeddings: get("max_position_embeddings")?,
+            gemma: None,
             opt: Some(OptShape {
                 do_layer_norm_before,
                 word_embed_proj_dim,
@@ -511,6 +619,8 @@ impl ModelConfig {
             "qwen2" => "Qwen2ForCausalLM",
             "qwen3" => "Qwen3ForCausalLM",
             "phi3" => "Phi3ForCausalLM",
+            "gemma2" => "Gemma2ForCausalLM",
+            "gemma3_text" => "Gemma3ForCausalLM",
             _ => "LlamaForCausalLM",
         };
         let mut v = serde_json::json!({
@@ -543,8 +653,225 @@ impl ModelConfig {
                 self.max_position_embeddings.into(),
             );
         }
+        if let Some(g) = &self.gemma {
+            // The keys of google/gemma-2-9b's config.json and gemma-3-12b-it's text_config,
+            // with the interleaving also written as `layer_types` (transformers 4.53 on).
+            let o = v.as_object_mut().expect("an object");
+            let layer_types: Vec<&str> = (0..self.num_layers)
+                .map(|l| {
+                    if g.is_sliding(l) {
+                        "sliding_attention"
+                    } else {
+                        "full_attention"
+                    }
+                })
+                .collect();
+            let pairs = [
+                ("hidden_act", "gelu_pytorch_tanh".into()),
+                ("hidden_activation", "gelu_pytorch_tanh".into()),
+                ("query_pre_attn_scalar", g.query_pre_attn_scalar.into()),
+                ("attn_logit_softcapping", g.attn_logit_softcapping.into()),
+                ("final_logit_softcapping", g.final_logit_softcapping.into()),
+                ("sliding_window", g.sliding_window.into()),
+                ("layer_types", layer_types.into()),
+                ("attention_dropout", 0.0.into()),
+                ("pad_token_id", 0.into()),
+                ("bos_token_id", 2.into()),
+                ("eos_token_id", 1.into()),
+            ];
+            for (k, x) in pairs {
+                o.insert(k.into(), x);
+            }
+            if self.arch == "gemma3_text" {
+                o.insert(
+                    "sliding_window_pattern".into(),
+                    g.sliding_window_pattern.into(),
+                );
+                o.insert("rope_local_base_freq".into(), g.rope_local_base_freq.into());
+                o.insert(
+                    "rope_scaling".into(),
+                    g.rope_linear_factor.map_or(serde_json::Value::Null, |f| {
+                        serde_json::json!({"rope_type": "linear", "factor": f})
+                    }),
+                );
+            }
+        }
         v
     }
+}
+
+/// Gemma 2's and Gemma 3's keys, with Hugging Face's defaults for the ones a config leaves
+/// out (`Gemma2Config`, `Gemma3TextConfig`). Variants vLLM's model files do not run the way
+/// transformers does are refused by name.
+fn gemma_from_hf_json(
+    v: &serde_json::Value,
+    arch: &str,
+    num_layers: usize,
+) -> std::result::Result<GemmaShape, String> {
+    let gemma3 = arch == "gemma3_text";
+    // vLLM's Gemma2MLP requires hidden_act == hidden_activation == gelu_pytorch_tanh
+    // (gemma2.py L71-75 at 0.6.4); Gemma3MLP requires hidden_activation to be it (gemma3.py).
+    for key in ["hidden_activation", "hidden_act"] {
+        match &v[key] {
+            serde_json::Value::Null => {}
+            serde_json::Value::String(s) if s == "gelu_pytorch_tanh" => {}
+            serde_json::Value::String(s) => {
+                return Err(format!(
+                    "{key} '{s}' is not supported for {arch} (expected gelu_pytorch_tanh, as vLLM requires)"
+                ))
+            }
+            other => {
+                return Err(format!(
+                    "'{key}' is {other} (a {}), expected a string such as \"gelu_pytorch_tanh\"",
+                    crate::base::fsguard::json_kind(other)
+                ))
+            }
+        }
+    }
+    if !boolean(v, "tie_word_embeddings", true)? {
+        return Err(format!(
+            "tie_word_embeddings false is not supported for {arch} (vLLM's Gemma models assert it: the lm_head is the embedding)"
+        ));
+    }
+    if boolean(v, "attention_bias", false)? {
+        return Err(format!(
+            "attention_bias true is not supported for {arch} (no published Gemma has one)"
+        ));
+    }
+    let positive = |x: f64| x > 0.0 && x <= 1e9;
+    let query_pre_attn_scalar = float(
+        v,
+        "query_pre_attn_scalar",
+        256.0,
+        positive,
+        "above 0 and at most 1e9",
+    )?;
+    // A soft-cap key: absent gives the class default, null none.
+    let cap = |key: &str, default: Option<f64>| -> std::result::Result<Option<f64>, String> {
+        match v.get(key) {
+            None => Ok(default),
+            Some(serde_json::Value::Null) => Ok(None),
+            Some(_) => float(v, key, 0.0, positive, "above 0 and at most 1e9").map(Some),
+        }
+    };
+    let attn_logit_softcapping = cap("attn_logit_softcapping", (!gemma3).then_some(50.0))?;
+    if gemma3 {
+        if let Some(c) = attn_logit_softcapping {
+            // vLLM's Gemma3DecoderLayer passes attn_logits_soft_cap=None whatever the config
+            // says (gemma3.py L297 at 0.8.5); transformers would apply it.
+            return Err(format!(
+                "attn_logit_softcapping {c} is not supported for gemma3_text (vLLM ignores it; expected null)"
+            ));
+        }
+    }
+    let final_logit_softcapping = cap("final_logit_softcapping", (!gemma3).then_some(30.0))?;
+    let sliding_window = match v.get("sliding_window") {
+        None => Some(4096),
+        Some(serde_json::Value::Null) => None,
+        Some(x) => {
+            let n = json_as("sliding_window", x, serde_json::Value::as_u64, "a positive integer")?;
+            if n == 0 || n > crate::base::limits::MAX_MODEL_LEN {
+                return Err(format!(
+                    "'sliding_window' is {n}, expected 1 to {}",
+                    crate::base::limits::MAX_MODEL_LEN
+                ));
+            }
+            Some(n as usize)
+        }
+    };
+    let mut pattern = if gemma3 {
+        let p = json_as(
+            "sliding_window_pattern",
+            v.get("sliding_window_pattern").unwrap_or(&serde_json::json!(6)),
+            serde_json::Value::as_u64,
+            "a positive integer",
+        )?;
+        if p == 0 || p > 1 << 10 {
+            return Err(format!("'sliding_window_pattern' is {p}, expected 1 to 1024"));
+        }
+        p as usize
+    } else {
+        2
+    };
+    // transformers 4.53 on writes the pattern out as `layer_types`; it must be one vLLM's
+    // rule `(l + 1) % pattern` gives (gemma3.py L148-151 at 0.8.5).
+    if let Some(types) = v.get("layer_types").filter(|t| !t.is_null()) {
+        let Some(list) = types.as_array() else {
+            return Err(format!(
+                "'layer_types' is {types} (a {}), expected a list of \"sliding_attention\" and \"full_attention\"",
+                crate::base::fsguard::json_kind(types)
+            ));
+        };
+        if list.len() != num_layers {
+            return Err(format!(
+                "'layer_types' lists {} layers, num_hidden_layers is {num_layers}",
+                list.len()
+            ));
+        }
+        let mut sliding = Vec::with_capacity(list.len());
+        for t in list {
+            sliding.push(match t.as_str() {
+                Some("sliding_attention") => true,
+                Some("full_attention") => false,
+                _ => {
+                    return Err(format!(
+                        "'layer_types' holds {t}, expected \"sliding_attention\" or \"full_attention\""
+                    ))
+                }
+            });
+        }
+        pattern = sliding.iter().position(|s| !s).map_or(num_layers + 1, |i| i + 1);
+        if sliding
+            .iter()
+            .enumerate()
+            .any(|(l, &s)| s != !(l + 1).is_multiple_of(pattern))
+        {
+            return Err(format!(
+                "'layer_types' is not one global layer every {pattern} (the only interleaving vLLM's Gemma models build)"
+            ));
+        }
+    }
+    let rope_local_base_freq = if gemma3 {
+        Some(float(
+            v,
+            "rope_local_base_freq",
+            10000.0,
+            |x| x > 1.0 && x <= 1e12,
+            "above 1 and at most 1e12",
+        )?)
+    } else {
+        None
+    };
+    let rope_linear_factor = match v.get("rope_scaling").filter(|r| !r.is_null()) {
+        None => None,
+        Some(rs) => {
+            let kind = rs
+                .get("rope_type")
+                .or_else(|| rs.get("type"))
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("?");
+            if !gemma3 || kind != "linear" {
+                return Err(format!(
+                    "rope_scaling '{kind}' is not supported for {arch} (only gemma3_text's linear scaling is)"
+                ));
+            }
+            Some(float(rs, "factor", 1.0, |x| (1.0..=1024.0).contains(&x), "from 1 to 1024")?)
+        }
+    };
+    if v.get("rope_parameters").is_some_and(|r| !r.is_null()) {
+        return Err(format!(
+            "'rope_parameters' (transformers 5's form) is not read yet for {arch}: write rope_theta, rope_local_base_freq and rope_scaling as the published config.json does"
+        ));
+    }
+    Ok(GemmaShape {
+        query_pre_attn_scalar,
+        attn_logit_softcapping,
+        final_logit_softcapping,
+        sliding_window,
+        sliding_window_pattern: pattern,
+        rope_local_base_freq,
+        rope_linear_factor,
+    })
 }
 
 /// Reads `config.json` as a JSON object (bounded, regular file only).

@@ -1,6 +1,8 @@
 //! The Llama-family forward pass, written once over device-agnostic ops: embedding, RMSNorm,
 //! RoPE, causal GQA attention, SwiGLU MLP, final norm, lm_head on the last token of each
-//! sequence (as vLLM's profile run computes logits).
+//! sequence (as vLLM's profile run computes logits). Gemma 2 and 3 switch in their own norms
+//! (`x · (1 + w)`, four per layer), GeGLU, the scaled embedding and the attention's scale,
+//! soft-cap and sliding window (vLLM gemma2.py, gemma3.py).
 
 use std::cell::Cell;
 
@@ -10,7 +12,8 @@ pub use super::loader::{LoadOptions, LoadStats};
 use super::loader::{Loader, Slice};
 use super::weights::WeightSource;
 use crate::base::error::{Error, Result};
-use crate::engine::ops;
+use crate::device::cpu::AttnShape;
+use crate::engine::{ops, ops_gemma};
 use crate::engine::progress::Progress;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
@@ -35,6 +38,8 @@ pub struct Layer {
     pub down: Linear,
     pub input_norm: Tensor,
     pub post_norm: Tensor,
+    /// Gemma's `pre_feedforward_layernorm` and `post_feedforward_layernorm`.
+    pub ff_norms: Option<(Tensor, Tensor)>,
 }
 
 pub struct LlamaModel {
@@ -57,6 +62,12 @@ pub struct LlamaModel {
     /// `RotaryEmbedding.__init__`), one per model (`get_rope` caches it), and it stays. Our
     /// kernels compute cos and sin themselves; the buffer is here for its bytes.
     pub rope_cache: Tensor,
+    /// Gemma 3's second cache: its global layers' base and linear scaling differ from the
+    /// sliding layers', so `get_rope` makes another (rotary_embedding.py L1494-1497 at 0.8.5).
+    pub rope_cache_global: Option<Tensor>,
+    /// Gemma's `normalizer` buffer (`torch.tensor(hidden_size**0.5)` in the model dtype,
+    /// gemma2.py L269-270 at 0.6.4).
+    pub normalizer: Option<Tensor>,
     /// How fast the weights came off the source (zero on a dry run, which reads nothing).
     pub load_stats: LoadStats,
     /// The MLP drops `gate_up` as soon as the activation has read it, before `down_proj`
@@ -78,6 +89,12 @@ impl LlamaModel {
         opts: &LoadOptions,
     ) -> Result<Self> {
         let started = std::time::Instant::now();
+        if cfg.is_gemma() && rt.backend() == crate::device::Backend::Cuda {
+            return Err(Error::Request(format!(
+                "model_type {} is not supported on CUDA yet (GemmaRMSNorm, GeGLU, soft-capping and sliding-window attention have no kernels); run it on a simulated device (sim:...)",
+                cfg.arch
+            )));
+        }
         let shard = TpShard::of(rt, cfg)?;
         let local = shard.local_config(cfg);
         let mut ld = Loader::new(rt, src, opts, cfg.loader_reads());
@@ -100,6 +117,7 @@ impl LlamaModel {
             (shard.q_rows(cfg), shard.kv_rows(cfg), shard.mlp_rows(cfg));
         let mut layers = Vec::with_capacity(cfg.num_layers);
         let mut rope_cache = None;
+        let mut rope_cache_global = None;
         // In the order vLLM's constructors create the parameters (llama.py at 380e1863):
         // qkv_proj, o_proj (and the rotary cache, with the first layer), gate_up_proj,
         // down_proj, then the two norms.
@@ -154,19 +172,31 @@ impl LlamaModel {
                 &format!("{p}.self_attn.o_proj.weight"),
                 Slice::cols(h, q, q_part.0, q_part.1),
             )?;
-            if rope_cache.is_none() {
-                rope_cache = Some(rotary_cache(rt, cfg, act)?);
+            // Qwen3Attention.__init__ makes q_norm and k_norm after the attention layer,
+            // Gemma3Attention before the rotary embedding (gemma3.py L144-170 at 0.8.5).
+            let qk_norm_first = cfg.is_gemma();
+            let mut qk_norm = None;
+            for pass in [true, false] {
+                if pass == qk_norm_first && cfg.qk_norm() {
+                    let hd = cfg.head_dim;
+                    qk_norm = Some((
+                        ld.dense(&format!("{p}.self_attn.q_norm.weight"), &[hd])?,
+                        ld.dense(&format!("{p}.self_attn.k_norm.weight"), &[hd])?,
+                    ));
+                }
+                if pass == qk_norm_first {
+                    continue;
+                }
+                // One cache per distinct (base, scaling): Gemma 3's first sliding layer
+                // makes the local one, its first global layer the scaled global one.
+                let (theta, factor) = cfg.layer_rope(l);
+                let global = factor != 1.0 || theta != cfg.layer_rope(0).0;
+                if !global && rope_cache.is_none() {
+                    rope_cache = Some(rotary_cache(rt, cfg, act, (theta, factor))?);
+                } else if global && rope_cache_global.is_none() {
+                    rope_cache_global = Some(rotary_cache(rt, cfg, act, (theta, factor))?);
+                }
             }
-            // Qwen3Attention.__init__ makes q_norm and k_norm after the attention layer.
-            let qk_norm = if cfg.qk_norm() {
-                let hd = cfg.head_dim;
-                Some((
-                    ld.dense(&format!("{p}.self_attn.q_norm.weight"), &[hd])?,
-                    ld.dense(&format!("{p}.self_attn.k_norm.weight"), &[hd])?,
-                ))
-            } else {
-                None
-            };
             let gate_up_name = format!("{p}.mlp.gate_up_proj.weight");
             let gate_up = if cfg.fused_checkpoint() {
                 // Gate rows first, then up (MergedColumnParallelLinear's order, and Phi-3's
@@ -196,6 +226,14 @@ impl LlamaModel {
             )?;
             let input_norm = ld.dense(&format!("{p}.input_layernorm.weight"), &[h])?;
             let post_norm = ld.dense(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
+            let ff_norms = if cfg.is_gemma() {
+                Some((
+                    ld.dense(&format!("{p}.pre_feedforward_layernorm.weight"), &[h])?,
+                    ld.dense(&format!("{p}.post_feedforward_layernorm.weight"), &[h])?,
+                ))
+            } else {
+                None
+            };
             layers.push(Layer {
                 attn: Attention {
                     qkv,
@@ -207,14 +245,24 @@ impl LlamaModel {
                 down,
                 input_norm,
                 post_norm,
+                ff_norms,
             });
         }
-        let rope_cache = match rope_cache {
-            Some(c) => c,
-            None => rotary_cache(rt, cfg, act)?,
+        let (rope_cache, rope_cache_global) = match (rope_cache, rope_cache_global) {
+            (Some(c), g) => (c, g),
+            (None, Some(g)) => (g, None),
+            (None, None) => (rotary_cache(rt, cfg, act, cfg.layer_rope(0))?, None),
         };
         rt.set_layer(None);
         let norm = ld.dense("model.norm.weight", &[h])?;
+        // Gemma's `register_buffer("normalizer", ...)` after the final norm: one element in
+        // the model dtype.
+        let normalizer = if cfg.is_gemma() {
+            rt.set_op("load");
+            Some(rt.tensor("model.normalizer", Category::Weight, &[1], act)?)
+        } else {
+            None
+        };
         // bitsandbytes leaves lm_head in 16 bits.
         let lm_head = if cfg.tie_word_embeddings {
             None
@@ -232,6 +280,8 @@ impl LlamaModel {
             norm,
             lm_head,
             rope_cache,
+            rope_cache_global,
+            normalizer,
             load_stats: LoadStats {
                 total_seconds: started.elapsed().as_secs_f64(),
                 ..ld.stats
@@ -245,8 +295,11 @@ impl LlamaModel {
     /// Bytes of all weights as stored on the device.
     pub fn weight_bytes(&self) -> u64 {
         let mut b = self.embed.nbytes() + self.norm.nbytes() + self.rope_cache.nbytes();
+        b += self.rope_cache_global.as_ref().map_or(0, |t| t.nbytes());
+        b += self.normalizer.as_ref().map_or(0, |t| t.nbytes());
         for l in &self.layers {
             b += l.input_norm.nbytes() + l.post_norm.nbytes();
+            b += l.ff_norms.as_ref().map_or(0, |(a, c)| a.nbytes() + c.nbytes());
             b += l.attn.qkv.weight_bytes() + l.gate_up.weight_bytes();
             b += l.attn.o.weight_bytes() + l.down.weight_bytes();
             b += l.attn.bias.as_ref().map_or(0, |t| t.nbytes());
@@ -270,7 +323,14 @@ impl LlamaModel {
     pub fn forward(&self, rt: &Runtime, batch: &Batch) -> Result<Tensor> {
         let hidden = self.forward_hidden(rt, batch)?;
         let rows = super::sampler::last_token_rows(&batch.seq_lens);
-        super::sampler::logits_f32(rt, &hidden, self.lm_head(), &rows, self.cfg.vocab_size)?
+        super::sampler::logits_f32(
+            rt,
+            &hidden,
+            self.lm_head(),
+            &rows,
+            self.cfg.vocab_size,
+            self.cfg.final_logit_softcap(),
+        )?
             .ok_or_else(|| {
                 Error::Request("the logits were gathered to tensor-parallel rank 0".into())
             })
@@ -308,6 +368,15 @@ impl LlamaModel {
         } else {
             ops::embedding(rt, &batch.ids, &self.embed, act)?
         };
+        let gemma = cfg.is_gemma();
+        if gemma {
+            // `normalizer` is a tensor in the model dtype, so √hidden is rounded to it first.
+            let factor = act.round((cfg.hidden_size as f32).sqrt());
+            residual = ops_gemma::scale_embedding(rt, residual, factor, cfg.arch == "gemma2")?;
+        }
+        // Gemma's residual-sum outputs and its first layer's input (the embedding, held by
+        // the model's loop while layer 0 runs).
+        let mut gemma_prev_residual: Option<Tensor> = None;
         // What this rank computes: its heads, its KV heads, its part of the MLP.
         let local = &self.local;
         let mut hidden: Option<Tensor> = None;
@@ -323,17 +392,41 @@ impl LlamaModel {
             let l = format!("layers.{li}");
             // LlamaDecoderLayer.forward: `hidden_states` of the previous layer is held by the
             // model's loop until this layer returns.
-            let layer_in = match hidden.take() {
-                None => ops::rms_norm(
+            // Gemma2DecoderLayer.forward (gemma2.py L223-241 at 0.6.4): GemmaRMSNorm returns new
+            // tensors (the residual sum too); the caller's hidden states and residual live
+            // until the layer returns.
+            let mut gemma_prev_hidden = None;
+            let layer_in = match (hidden.take(), gemma) {
+                (None, false) => ops::rms_norm(
                     rt,
                     &residual,
                     &layer.input_norm,
                     eps,
                     &format!("{l}.input_norm"),
                 )?,
-                Some(mut h) => {
+                (Some(mut h), false) => {
                     ops::fused_add_rms_norm(rt, &mut h, &mut residual, &layer.input_norm, eps)?;
                     h
+                }
+                (None, true) => ops_gemma::rms_norm(
+                    rt,
+                    &residual,
+                    &layer.input_norm,
+                    eps,
+                    &format!("{l}.input_norm"),
+                )?,
+                (Some(h), true) => {
+                    let (out, sum) = ops_gemma::add_rms_norm(
+                        rt,
+                        &h,
+                        &residual,
+                        &layer.input_norm,
+                        eps,
+                        &format!("{l}.input_norm"),
+                    )?;
+                    gemma_prev_hidden = Some(h);
+                    gemma_prev_residual = Some(std::mem::replace(&mut residual, sum));
+                    out
                 }
             };
             // LlamaAttention.forward: qkv, its split views, rotary in place, attention, o_proj;
@@ -361,30 +454,18 @@ impl LlamaModel {
             };
             // Qwen3Attention.forward: `q_norm` over each head of q (a new tensor), then
             // `k_norm` over each head of k; the split views stay with qkv.
+            // Gemma3Attention.forward the same with GemmaRMSNorm (gemma3.py L192-197 at 0.8.5).
             if let Some((qn, kn)) = &layer.attn.qk_norm {
-                q = ops::rms_norm(
-                    rt,
-                    &q,
-                    qn,
-                    local.rms_norm_eps as f32,
-                    &format!("{l}.q_norm"),
-                )?;
-                k = ops::rms_norm(
-                    rt,
-                    &k,
-                    kn,
-                    local.rms_norm_eps as f32,
-                    &format!("{l}.k_norm"),
-                )?;
+                let norm = if gemma { ops_gemma::rms_norm } else { ops::rms_norm };
+                let eps = local.rms_norm_eps as f32;
+                q = norm(rt, &q, qn, eps, &format!("{l}.q_norm"))?;
+                k = norm(rt, &k, kn, eps, &format!("{l}.k_norm"))?;
             }
-            ops::rope(
-                rt,
-                &mut q,
-                &mut k,
-                &positions,
-                local.attn_shape(),
-                local.rope_theta,
-            )?;
+            let shape = AttnShape {
+                mods: cfg.score_mods(li),
+                ..local.attn_shape()
+            };
+            ops::rope(rt, &mut q, &mut k, &positions, shape, cfg.layer_rope(li))?;
             let a = if self.skip_attention.get() {
                 ops::attention_skipped(rt, &q, &format!("{l}.attn"))?
             } else {
@@ -394,7 +475,7 @@ impl LlamaModel {
                     &k,
                     &v,
                     &batch.seq_lens,
-                    local.attn_shape(),
+                    shape,
                     &format!("{l}.attn"),
                 )?
             };
@@ -410,13 +491,34 @@ impl LlamaModel {
             drop(a);
             // Layer 0's normalised input dies here (the decoder rebinds `hidden_states`); a
             // later layer's is the previous layer's output, held by the model's loop.
-            let layer_in_kept = if li == 0 {
+            // Gemma's normalised input is its own new tensor: it dies here at every layer.
+            let layer_in_kept = if li == 0 || gemma {
                 drop(layer_in);
                 None
             } else {
                 Some(layer_in)
             };
-            ops::fused_add_rms_norm(rt, &mut o, &mut residual, &layer.post_norm, eps)?;
+            let mlp_in = if let Some((pre_ff, _)) = &layer.ff_norms {
+                // post_attention_layernorm on the attention output (a new tensor; o_proj's
+                // output dies), then pre_feedforward_layernorm with the residual: two new
+                // tensors, the post-attention output and the old residual sum dying (layer 0's
+                // residual, the embedding, is still held by the model's loop).
+                let post = ops_gemma::rms_norm(rt, &o, &layer.post_norm, eps, &format!("{l}.post_attention_norm"))?;
+                drop(o);
+                let (x, sum) = ops_gemma::add_rms_norm(rt, &post, &residual, pre_ff, eps, &format!("{l}.pre_feedforward_norm"))?;
+                drop(post);
+                let old = std::mem::replace(&mut residual, sum);
+                if li == 0 {
+                    gemma_prev_residual = Some(old);
+                } else {
+                    drop(old);
+                }
+                x
+            } else {
+                ops::fused_add_rms_norm(rt, &mut o, &mut residual, &layer.post_norm, eps)?;
+                o
+            };
+            let o = mlp_in;
             // LlamaMLP.forward: gate_up, SiluAndMul's new output, down_proj; the activation dies
             // when `x` is rebound to down_proj's output, gate_up when the MLP returns (at
             // 380e1863), or as soon as `x` is rebound to the activation (#10339).
@@ -429,9 +531,15 @@ impl LlamaModel {
             let (Some(mut gate), Some(up)) = (it.next(), it.next()) else {
                 return Err(Error::Request("gate_up split".into()));
             };
-            let act_out = ops::silu_and_mul(rt, &mut gate, &up, &format!("{l}.act"))?;
+            // Gemma2MLP/Gemma3MLP keep `gate_up` named until they return, in every release
+            // (gemma2.py L78-82 at 0.6.4, L79-83 at 0.8.5; gemma3.py L85-89 at 0.8.5).
+            let act_out = if gemma {
+                ops_gemma::gelu_tanh_and_mul(rt, &gate, &up, &format!("{l}.act"))?
+            } else {
+                ops::silu_and_mul(rt, &mut gate, &up, &format!("{l}.act"))?
+            };
             drop((gate, up));
-            let gate_up = if self.mlp_frees_gate_up {
+            let gate_up = if self.mlp_frees_gate_up && !gemma {
                 drop(gate_up);
                 None
             } else {
@@ -448,9 +556,39 @@ impl LlamaModel {
             // then the model's loop rebinds its own: the previous layer's output dies.
             drop(o);
             drop(layer_in_kept);
+            let down = match &layer.ff_norms {
+                // post_feedforward_layernorm: a new tensor; down_proj's output dies. Then
+                // the model's loop rebinds its hidden states and residual: the previous
+                // layer's output and residual sum (layer 0: the embedding) die.
+                Some((_, post_ff)) => {
+                    let out = ops_gemma::rms_norm(rt, &down, post_ff, eps, &format!("{l}.post_feedforward_norm"))?;
+                    drop(down);
+                    drop(gemma_prev_hidden.take());
+                    drop(gemma_prev_residual.take());
+                    out
+                }
+                None => down,
+            };
             hidden = Some(down);
         }
         rt.set_layer(None);
+        if gemma {
+            // `hidden_states, _ = self.norm(hidden_states, residual)`: two new tensors; the
+            // last layer's output dies as the name is rebound, the residual and the sum (`_`)
+            // when the model returns.
+            let out = match hidden {
+                None => ops_gemma::rms_norm(rt, &residual, &self.norm, eps, "final.norm")?,
+                Some(h) => {
+                    let (out, sum) = ops_gemma::add_rms_norm(rt, &h, &residual, &self.norm, eps, "final.norm")?;
+                    drop(h);
+                    drop(residual);
+                    drop(sum);
+                    return Ok(out);
+                }
+            };
+            drop(residual);
+            return Ok(out);
+        }
         let mut out = match hidden {
             Some(h) => h,
             None => ops::rms_norm(rt, &residual, &self.norm, eps, "final.norm")?,
@@ -467,9 +605,20 @@ impl LlamaModel {
 /// 380e1863), run on the device as the model is built: inv_freq (arange, divide, power,
 /// reciprocal), t, the outer product, cos, sin, their concatenation in f32, then the cast; the
 /// f32 intermediates die, the cast stays.
-fn rotary_cache(rt: &Runtime, cfg: &ModelConfig, act: DType) -> Result<Tensor> {
+///
+/// With linear scaling (Gemma 3's global layers) the cache has `max_position · factor` rows
+/// (`LinearScalingRotaryEmbedding._compute_cos_sin_cache`, rotary_embedding.py L404-430 at
+/// 0.8.5: `t = arange(max_len) / factor`); the `t / factor` and the `torch.cat` of its one-entry
+/// list are modelled as the plain cache's steps.
+fn rotary_cache(
+    rt: &Runtime,
+    cfg: &ModelConfig,
+    act: DType,
+    (_theta, factor): (f64, f64),
+) -> Result<Tensor> {
     rt.set_op("rotary_emb.cos_sin_cache");
-    let (pos, rot) = (cfg.max_position_embeddings.max(1), cfg.head_dim);
+    let rows = (cfg.max_position_embeddings.max(1) as f64 * factor.max(1.0)) as usize;
+    let (pos, rot) = (rows, cfg.head_dim);
     let t32 = |name: &str, shape: &[usize]| {
         rt.tensor(
             format!("rotary_emb.{name}"),

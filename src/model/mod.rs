@@ -1100,7 +1100,14 @@ impl CausalLm {
     ) -> Result<crate::engine::tensor::Tensor> {
         let hidden = self.forward_hidden(rt, batch)?;
         let rows = sampler::last_token_rows(&batch.seq_lens);
-        sampler::logits_f32(rt, &hidden, self.lm_head(), &rows, self.config().vocab_size)?
+        sampler::logits_f32(
+            rt,
+            &hidden,
+            self.lm_head(),
+            &rows,
+            self.config().vocab_size,
+            self.config().final_logit_softcap(),
+        )?
             .ok_or_else(|| {
                 crate::base::error::Error::Request(
                     "the logits were gathered to tensor-parallel rank 0".into(),

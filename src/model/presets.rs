@@ -1,6 +1,6 @@
 //! Built-in model shapes, from each model's published `config.json`.
 
-use super::config::{ModelConfig, OptShape};
+use super::config::{GemmaShape, ModelConfig, OptShape};
 
 #[allow(clippy::too_many_arguments)]
 fn cfg(
@@ -31,6 +31,27 @@ fn cfg(
         attention_bias: arch == "qwen2",
         max_position_embeddings: max_pos,
         opt: None,
+        gemma: None,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+/// A Gemma 2 or Gemma 3 (text) shape: head_dim 256 over 16 heads, 8 KV heads, tied
+/// embeddings, eps 1e-6.
+fn gemma(
+    arch: &str,
+    hidden: usize,
+    inter: usize,
+    layers: usize,
+    vocab: usize,
+    theta: f64,
+    max_pos: usize,
+    shape: GemmaShape,
+) -> ModelConfig {
+    ModelConfig {
+        head_dim: 256,
+        gemma: Some(shape),
+        ..cfg(arch, hidden, inter, layers, 16, 8, vocab, theta, 1e-6, true, max_pos)
     }
 }
 
@@ -57,6 +78,7 @@ fn opt(
         tie_word_embeddings: true,
         attention_bias: true,
         max_position_embeddings: 2048,
+        gemma: None,
         opt: Some(OptShape {
             do_layer_norm_before: pre_norm,
             word_embed_proj_dim: proj,
@@ -67,7 +89,7 @@ fn opt(
     }
 }
 
-pub const PRESET_NAMES: [&str; 15] = [
+pub const PRESET_NAMES: [&str; 17] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
@@ -81,6 +103,8 @@ pub const PRESET_NAMES: [&str; 15] = [
     "qwen3-8b",
     "phi-3-mini-4k",
     "phi-4",
+    "gemma-2-9b",
+    "gemma-3-12b",
     "opt-125m",
     "opt-350m",
 ];
@@ -145,6 +169,54 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         "phi-4" => cfg(
             "phi3", 5120, 17920, 40, 40, 10, 100352, 250000.0, 1e-5, false, 16384,
         ),
+        // google/gemma-2-9b config.json: hidden 3584, 42 layers, 16 heads over 8 KV heads of
+        // 256, MLP 14336, vocabulary 256000, 8192 positions, rope_theta 10000,
+        // query_pre_attn_scalar 256, soft-caps 50 (attention) and 30 (logits), a 4096-token
+        // window on every other layer. 9,241,705,984 parameters from these shapes: the model
+        // card's 9.24B (bf16: 18,483,411,968 bytes).
+        "gemma-2-9b" => gemma(
+            "gemma2",
+            3584,
+            14336,
+            42,
+            256000,
+            10000.0,
+            8192,
+            GemmaShape {
+                query_pre_attn_scalar: 256.0,
+                attn_logit_softcapping: Some(50.0),
+                final_logit_softcapping: Some(30.0),
+                sliding_window: Some(4096),
+                sliding_window_pattern: 2,
+                rope_local_base_freq: None,
+                rope_linear_factor: None,
+            },
+        ),
+        // The language model of google/gemma-3-12b-it (its config.json's text_config, model_type
+        // gemma3_text): hidden 3840, 48 layers, 16 heads over 8 KV heads of 256, MLP 15360,
+        // vocabulary 262208, 131072 positions, rope_theta 1e6 with linear scaling 8 on the
+        // global layers and 10000 on the sliding ones, a 1024-token window on five layers of
+        // six, query_pre_attn_scalar 256, no soft-caps. 11,766,034,176 parameters from these
+        // shapes: the checkpoint's `language_model.*` tensors (its 12,187,325,040 in all add
+        // the SigLIP vision tower and the projector).
+        "gemma-3-12b" => gemma(
+            "gemma3_text",
+            3840,
+            15360,
+            48,
+            262208,
+            1e6,
+            131072,
+            GemmaShape {
+                query_pre_attn_scalar: 256.0,
+                attn_logit_softcapping: None,
+                final_logit_softcapping: None,
+                sliding_window: Some(1024),
+                sliding_window_pattern: 6,
+                rope_local_base_freq: Some(10000.0),
+                rope_linear_factor: Some(8.0),
+            },
+        ),
         "tiny" => cfg("llama", 128, 384, 4, 4, 2, 1024, 10000.0, 1e-5, false, 2048),
         _ => return None,
     })
@@ -174,6 +246,9 @@ mod tests {
             3_821_079_552
         );
         assert_eq!(preset("phi-4").unwrap().param_count(), 14_659_507_200);
+        // Computed from the published shapes (the presets' comments say where each is from).
+        assert_eq!(preset("gemma-2-9b").unwrap().param_count(), 9_241_705_984);
+        assert_eq!(preset("gemma-3-12b").unwrap().param_count(), 11_766_034_176);
     }
 
     #[test]

@@ -130,11 +130,13 @@ pub fn prepare_model_input(rt: &Runtime, batch: &Batch) -> Result<ModelInput> {
 /// `execute_model` keeps the logits alive until the sampler is done (model_runner.py
 /// L1691-1704). With tensor parallel each rank computes its shard of the vocabulary and
 /// `_get_logits` gathers them to rank 0; the other ranks get `None` and return (L1694-1695).
+/// `soft_cap` (Gemma 2's `final_logit_softcapping`) is applied on rank 0 after the gather.
 pub fn compute_logits(
     rt: &Runtime,
     hidden: &Tensor,
     lm_head: &Tensor,
     rows: &[u32],
+    soft_cap: Option<f64>,
 ) -> Result<Option<Tensor>> {
     rt.check_cancel()?;
     rt.set_layer(None);
@@ -150,7 +152,15 @@ pub fn compute_logits(
         Category::Sampler,
     )?;
     drop(h_sel);
-    crate::engine::ops_tp::gather_logits(rt, logits)
+    match (crate::engine::ops_tp::gather_logits(rt, logits)?, soft_cap) {
+        (Some(l), Some(cap)) => Ok(Some(crate::engine::ops_gemma::soft_cap_logits(
+            rt,
+            l,
+            cap as f32,
+            Category::Sampler,
+        )?)),
+        (l, _) => Ok(l),
+    }
 }
 
 /// `hidden[rows]` (advanced indexing: a new `[rows, hidden]` tensor), on every backend.
@@ -176,8 +186,9 @@ pub fn logits_f32(
     lm_head: &Tensor,
     rows: &[u32],
     vocab: usize,
+    soft_cap: Option<f64>,
 ) -> Result<Option<Tensor>> {
-    let Some(logits_d) = compute_logits(rt, hidden, lm_head, rows)? else {
+    let Some(logits_d) = compute_logits(rt, hidden, lm_head, rows, soft_cap)? else {
         return Ok(None);
     };
     rt.set_op("logits.to_float");
@@ -923,6 +934,7 @@ pub fn compute_logits_v1(
     hidden: &Tensor,
     lm_head: &Tensor,
     rows: &[u32],
+    soft_cap: Option<f64>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     rt.check_cancel()?;
     rt.set_layer(None);
@@ -948,5 +960,11 @@ pub fn compute_logits_v1(
         "logits",
         Category::Sampler,
     )?;
+    let logits = match soft_cap {
+        Some(cap) => {
+            crate::engine::ops_gemma::soft_cap_logits(rt, logits, cap as f32, Category::Sampler)?
+        }
+        None => logits,
+    };
     Ok((last, random, logits))
 }

@@ -79,6 +79,7 @@ impl Workload {
                         &hidden,
                         model.lm_head(),
                         &input.selected_rows,
+                        model.config().final_logit_softcap(),
                     )?;
                     s.head_rows.set(if want_logits { LOGITS_ROWS } else { 0 });
                     let o = s.forward_v1(rt, &logits, vocab, *path)?;
@@ -101,6 +102,7 @@ impl Workload {
                             &hidden,
                             model.lm_head(),
                             &input.selected_rows,
+                            model.config().final_logit_softcap(),
                         )? {
                             s.head_rows.set(if want_logits { LOGITS_ROWS } else { 0 });
                             let o = s.forward(rt, &logits, vocab, &input)?;
@@ -116,6 +118,7 @@ impl Workload {
                             model.lm_head(),
                             &input.selected_rows,
                             vocab,
+                            model.config().final_logit_softcap(),
                         )?;
                         if let (true, Some(logits)) = (want_logits, &logits) {
                             if let Some(mut v) = ops::read_f32(rt, logits)? {

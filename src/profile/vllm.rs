@@ -119,6 +119,8 @@ pub struct Release {
     pub engine: Engine,
     /// The wheel has vllm/model_executor/models/qwen3.py (0.8.5's has, 0.7.3's has not).
     pub has_qwen3: bool,
+    /// The wheel has vllm/model_executor/models/gemma3.py (0.8.5's has, 0.7.3's has not).
+    pub has_gemma3: bool,
 }
 
 /// The release a request names when it names none: PR #9516's own commit, the seed's
@@ -143,6 +145,7 @@ pub const RELEASES: &[Release] = &[
                   read before empty_cache (worker/worker.py:205-254); no memory log line",
         engine: Engine::V0,
         has_qwen3: false,
+        has_gemma3: false,
     },
     Release {
         name: "380e1863",
@@ -160,6 +163,7 @@ pub const RELEASES: &[Release] = &[
                   through down_proj",
         engine: Engine::V0,
         has_qwen3: false,
+        has_gemma3: false,
     },
     Release {
         name: "0.6.4",
@@ -177,6 +181,7 @@ pub const RELEASES: &[Release] = &[
                   (models/llama.py:92-96)",
         engine: Engine::V0,
         has_qwen3: false,
+        has_gemma3: false,
     },
     Release {
         name: "0.6.5",
@@ -195,6 +200,7 @@ pub const RELEASES: &[Release] = &[
                   batch 2048",
         engine: Engine::V0,
         has_qwen3: false,
+        has_gemma3: false,
     },
     Release {
         name: "0.7",
@@ -212,6 +218,7 @@ pub const RELEASES: &[Release] = &[
                   204-273, utils.py:1983-2056)",
         engine: Engine::V0,
         has_qwen3: false,
+        has_gemma3: false,
     },
     Release {
         name: "0.8",
@@ -229,6 +236,7 @@ pub const RELEASES: &[Release] = &[
                   profile run and formula (0.8.5 worker/worker.py:225-291)",
         engine: Engine::V0,
         has_qwen3: true,
+        has_gemma3: true,
     },
     Release {
         name: "0.15",
@@ -253,6 +261,7 @@ pub const RELEASES: &[Release] = &[
             top_k_top_p: TopKTopP::Sort,
         },
         has_qwen3: true,
+        has_gemma3: true,
     },
     Release {
         name: "0.19",
@@ -274,24 +283,30 @@ pub const RELEASES: &[Release] = &[
             top_k_top_p: TopKTopP::Triton,
         },
         has_qwen3: true,
+        has_gemma3: true,
     },
 ];
 
 /// Model types every release here has a model file for (vllm/model_executor/models/:
 /// llama.py, which Mistral uses too, qwen2.py, opt.py, phi3.py: `Phi3ForCausalLM` is
-/// `LlamaForCausalLM` with its checkpoint names packed, in 0.6.3 through 0.19).
-const ALWAYS: &[&str] = &["llama", "mistral", "qwen2", "opt", "phi3"];
+/// `LlamaForCausalLM` with its checkpoint names packed, in 0.6.3 through 0.19; gemma2.py, in
+/// 0.6.3.post1 through 0.10.0 here and in vLLM's tree since 0.5.1).
+const ALWAYS: &[&str] = &["llama", "mistral", "qwen2", "opt", "phi3", "gemma2"];
 
 impl Release {
     /// Whether this release can load a model of `model_type` `arch`: the 0.8.5 wheel has
     /// vllm/model_executor/models/qwen3.py and the 0.7.3 wheel has not, so the rows from 0.8
     /// on run Qwen3.
     pub fn check_arch(&self, arch: &str) -> Result<()> {
-        if ALWAYS.contains(&arch) || (arch == "qwen3" && self.has_qwen3) {
+        if ALWAYS.contains(&arch)
+            || (arch == "qwen3" && self.has_qwen3)
+            || (arch == "gemma3_text" && self.has_gemma3)
+        {
             return Ok(());
         }
+        let file = if arch == "gemma3_text" { "gemma3.py" } else { "qwen3.py" };
         Err(Error::Request(format!(
-            "--vllm {}: that release has no model file for model_type '{arch}' (qwen3.py is in \
+            "--vllm {}: that release has no model file for model_type '{arch}' ({file} is in \
              vLLM 0.8.5, not in 0.7.3); use --vllm 0.8 or a V1 release (0.15, 0.19)",
             self.name
         )))
@@ -360,6 +375,20 @@ mod tests {
             .to_string();
         assert!(e.contains("--vllm 0.7") && e.contains("qwen3"), "{e}");
         assert!(release(DEFAULT).unwrap().check_arch("llama").is_ok());
+    }
+
+    #[test]
+    fn gemma2_runs_everywhere_and_gemma3_from_0_8() {
+        for r in RELEASES {
+            assert!(r.check_arch("gemma2").is_ok(), "{}", r.name);
+        }
+        assert!(release("0.8").unwrap().check_arch("gemma3_text").is_ok());
+        let e = release("0.6.4")
+            .unwrap()
+            .check_arch("gemma3_text")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gemma3.py") && e.contains("gemma3_text"), "{e}");
     }
 
     #[test]
