@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Reference logits for tests/hf_reference.rs: Hugging Face transformers' own model classes
-(LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, picked by the config's architectures)
+(LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM,
+Gemma3ForCausalLM for model_type gemma3_text, picked by the config's architectures)
 in PyTorch fp32 on the CPU, on the small checkpoints the test writes with gen-model (seeded
 synthetic weights, f16 safetensors, config.json as vramscope writes it).
 
@@ -10,6 +11,8 @@ sequence, the last token's logits at ids 3, 19, ..., 1011 (every 16th) as Rust a
 
 Fixtures:  VRAMSCOPE_HF_FIXTURES=DIR cargo test --test hf_reference -- --ignored write_fixtures
 Run:       python3 scripts/hf_reference.py DIR [NAMES, comma-separated]  (the GPU machine has torch and transformers)
+Gemma:     python3 scripts/hf_reference.py DIR gemma2,gemma3  (prints, as comments, how transformers read
+           the window, soft-caps and rotary bases, so a silently ignored key shows)
 """
 import os
 import sys
@@ -26,11 +29,17 @@ base = TOKENS // SEQS
 lens = [base + (1 if i < TOKENS % SEQS else 0) for i in range(SEQS)]
 ids = [(i * 7919 + 13) % VOCAB for i in range(TOKENS)]
 PICK = list(range(3, VOCAB, 16))
-for name in sys.argv[2].split(",") if len(sys.argv) > 2 else ["llama", "qwen2", "qwen3", "phi3"]:
+for name in sys.argv[2].split(",") if len(sys.argv) > 2 else ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"]:
     model = AutoModelForCausalLM.from_pretrained(os.path.join(root, name), dtype=torch.float32,
                                                  attn_implementation="eager")
     model.eval()
     print(f"// {name}: {type(model).__name__}")
+    c = model.config
+    if c.model_type.startswith("gemma"):
+        keys = ["sliding_window", "layer_types", "query_pre_attn_scalar", "attn_logit_softcapping",
+                "final_logit_softcapping", "rope_theta", "rope_local_base_freq", "rope_scaling",
+                "rope_parameters"]
+        print("// " + ", ".join(f"{k}={getattr(c, k, None)!r}" for k in keys))
     print(f"const HF_{name.upper()}: [[f64; 64]; 2] = [")
     start = 0
     with torch.no_grad():

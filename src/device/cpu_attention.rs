@@ -296,7 +296,10 @@ mod tests {
                                 .map(|(a, b)| *a as f64 * *b as f64)
                                 .sum::<f64>()
                                 * scale;
-                            let x = s.mods.softcap.map_or(x, |c| (x / c as f64).tanh() * c as f64);
+                            let x = s
+                                .mods
+                                .softcap
+                                .map_or(x, |c| (x / c as f64).tanh() * c as f64);
                             if j < lo {
                                 f64::NEG_INFINITY
                             } else {
@@ -405,8 +408,20 @@ mod tests {
         let (q, kv) = (values(6, 1), values(6, 2));
         let mut out = vec![0f32; 6];
         let l = RowLayout::packed(2);
-        attention_strided(&q, l, &kv, l, &kv, l, &mut out, l, &[3], s, &AtomicBool::new(false))
-            .unwrap();
+        attention_strided(
+            &q,
+            l,
+            &kv,
+            l,
+            &kv,
+            l,
+            &mut out,
+            l,
+            &[3],
+            s,
+            &AtomicBool::new(false),
+        )
+        .unwrap();
         assert_eq!(out, kv);
     }
 

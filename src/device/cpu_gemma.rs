@@ -66,7 +66,14 @@ mod tests {
         let r = 12.5f32.sqrt();
         assert_eq!(out, [3.0 / r, 4.0 / r * 1.5]);
         let (mut sum, mut out) = ([0.0; 2], [0.0; 2]);
-        gemma_add_rms_norm(&[1.0, 1.0], &[2.0, 3.0], &[0.0, 0.5], 0.0, &mut sum, &mut out);
+        gemma_add_rms_norm(
+            &[1.0, 1.0],
+            &[2.0, 3.0],
+            &[0.0, 0.5],
+            0.0,
+            &mut sum,
+            &mut out,
+        );
         assert_eq!(sum, [3.0, 4.0]);
         assert_eq!(out, [3.0 / r, 4.0 / r * 1.5]);
     }
@@ -76,8 +83,17 @@ mod tests {
         // gelu_tanh(1) = 0.5·(1 + tanh(0.7978846·1.044715)) = 0.8411920; gelu_tanh(-1) = -0.1588080;
         // torch.nn.functional.gelu(torch.tensor([1., -1., 3.]), approximate="tanh") gives
         // [0.8411920, -0.1588080, 2.9963627].
-        for (x, want) in [(1.0, 0.841_192), (-1.0, -0.158_808), (3.0, 2.996_362_7), (0.0, 0.0)] {
-            assert!((gelu_tanh(x) - want).abs() < 1e-6, "gelu_tanh({x}) = {}", gelu_tanh(x));
+        for (x, want) in [
+            (1.0, 0.841_192),
+            (-1.0, -0.158_808),
+            (3.0, 2.996_362_7),
+            (0.0, 0.0),
+        ] {
+            assert!(
+                (gelu_tanh(x) - want).abs() < 1e-6,
+                "gelu_tanh({x}) = {}",
+                gelu_tanh(x)
+            );
         }
         let mut out = [0.0; 2];
         gelu_tanh_mul_into(&[1.0, -1.0], &[2.0, 3.0], &mut out);

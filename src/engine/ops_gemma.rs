@@ -110,7 +110,12 @@ pub fn scale_embedding(rt: &Runtime, x: Tensor, factor: f32, in_place: bool) -> 
 /// `tanh`, `· cap`, each out of place, each input dying as the name is rebound. Gemma's
 /// vocabularies (256000, 262208) are multiples of 64, so the `[..., :vocab]` view the
 /// division reads is every column.
-pub fn soft_cap_logits(rt: &Runtime, logits: Tensor, cap: f32, category: Category) -> Result<Tensor> {
+pub fn soft_cap_logits(
+    rt: &Runtime,
+    logits: Tensor,
+    cap: f32,
+    category: Category,
+) -> Result<Tensor> {
     rt.check_cancel()?;
     rt.set_op("logits.soft_cap");
     let mut x = logits;

@@ -690,9 +690,10 @@ impl ModelConfig {
                 o.insert("rope_local_base_freq".into(), g.rope_local_base_freq.into());
                 o.insert(
                     "rope_scaling".into(),
-                    g.rope_linear_factor.map_or(serde_json::Value::Null, |f| {
-                        serde_json::json!({"rope_type": "linear", "factor": f})
-                    }),
+                    g.rope_linear_factor.map_or(
+                        serde_json::Value::Null,
+                        |f| serde_json::json!({"rope_type": "linear", "factor": f}),
+                    ),
                 );
             }
         }
@@ -769,7 +770,12 @@ fn gemma_from_hf_json(
         None => Some(4096),
         Some(serde_json::Value::Null) => None,
         Some(x) => {
-            let n = json_as("sliding_window", x, serde_json::Value::as_u64, "a positive integer")?;
+            let n = json_as(
+                "sliding_window",
+                x,
+                serde_json::Value::as_u64,
+                "a positive integer",
+            )?;
             if n == 0 || n > crate::base::limits::MAX_MODEL_LEN {
                 return Err(format!(
                     "'sliding_window' is {n}, expected 1 to {}",
@@ -782,12 +788,15 @@ fn gemma_from_hf_json(
     let mut pattern = if gemma3 {
         let p = json_as(
             "sliding_window_pattern",
-            v.get("sliding_window_pattern").unwrap_or(&serde_json::json!(6)),
+            v.get("sliding_window_pattern")
+                .unwrap_or(&serde_json::json!(6)),
             serde_json::Value::as_u64,
             "a positive integer",
         )?;
         if p == 0 || p > 1 << 10 {
-            return Err(format!("'sliding_window_pattern' is {p}, expected 1 to 1024"));
+            return Err(format!(
+                "'sliding_window_pattern' is {p}, expected 1 to 1024"
+            ));
         }
         p as usize
     } else {
@@ -813,14 +822,15 @@ fn gemma_from_hf_json(
             sliding.push(match t.as_str() {
                 Some("sliding_attention") => true,
                 Some("full_attention") => false,
-                _ => {
-                    return Err(format!(
-                        "'layer_types' holds {t}, expected \"sliding_attention\" or \"full_attention\""
-                    ))
-                }
+                _ => return Err(format!(
+                    "'layer_types' holds {t}, expected \"sliding_attention\" or \"full_attention\""
+                )),
             });
         }
-        pattern = sliding.iter().position(|s| !s).map_or(num_layers + 1, |i| i + 1);
+        pattern = sliding
+            .iter()
+            .position(|s| !s)
+            .map_or(num_layers + 1, |i| i + 1);
         if sliding
             .iter()
             .enumerate()
@@ -855,7 +865,13 @@ fn gemma_from_hf_json(
                     "rope_scaling '{kind}' is not supported for {arch} (only gemma3_text's linear scaling is)"
                 ));
             }
-            Some(float(rs, "factor", 1.0, |x| (1.0..=1024.0).contains(&x), "from 1 to 1024")?)
+            Some(float(
+                rs,
+                "factor",
+                1.0,
+                |x| (1.0..=1024.0).contains(&x),
+                "from 1 to 1024",
+            )?)
         }
     };
     if v.get("rope_parameters").is_some_and(|r| !r.is_null()) {

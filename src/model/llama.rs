@@ -13,10 +13,10 @@ use super::loader::{Loader, Slice};
 use super::weights::WeightSource;
 use crate::base::error::{Error, Result};
 use crate::device::cpu::AttnShape;
-use crate::engine::{ops, ops_gemma};
 use crate::engine::progress::Progress;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
+use crate::engine::{ops, ops_gemma};
 use crate::memory::Category;
 use crate::quant::{FusedLinear, Linear, Quant};
 
@@ -299,7 +299,10 @@ impl LlamaModel {
         b += self.normalizer.as_ref().map_or(0, |t| t.nbytes());
         for l in &self.layers {
             b += l.input_norm.nbytes() + l.post_norm.nbytes();
-            b += l.ff_norms.as_ref().map_or(0, |(a, c)| a.nbytes() + c.nbytes());
+            b += l
+                .ff_norms
+                .as_ref()
+                .map_or(0, |(a, c)| a.nbytes() + c.nbytes());
             b += l.attn.qkv.weight_bytes() + l.gate_up.weight_bytes();
             b += l.attn.o.weight_bytes() + l.down.weight_bytes();
             b += l.attn.bias.as_ref().map_or(0, |t| t.nbytes());
@@ -331,9 +334,7 @@ impl LlamaModel {
             self.cfg.vocab_size,
             self.cfg.final_logit_softcap(),
         )?
-            .ok_or_else(|| {
-                Error::Request("the logits were gathered to tensor-parallel rank 0".into())
-            })
+        .ok_or_else(|| Error::Request("the logits were gathered to tensor-parallel rank 0".into()))
     }
 
     /// One forward pass over every token, as vLLM's `LlamaModel.forward`: the final hidden
@@ -456,7 +457,11 @@ impl LlamaModel {
             // `k_norm` over each head of k; the split views stay with qkv.
             // Gemma3Attention.forward the same with GemmaRMSNorm (gemma3.py L192-197 at 0.8.5).
             if let Some((qn, kn)) = &layer.attn.qk_norm {
-                let norm = if gemma { ops_gemma::rms_norm } else { ops::rms_norm };
+                let norm = if gemma {
+                    ops_gemma::rms_norm
+                } else {
+                    ops::rms_norm
+                };
                 let eps = local.rms_norm_eps as f32;
                 q = norm(rt, &q, qn, eps, &format!("{l}.q_norm"))?;
                 k = norm(rt, &k, kn, eps, &format!("{l}.k_norm"))?;
@@ -469,15 +474,7 @@ impl LlamaModel {
             let a = if self.skip_attention.get() {
                 ops::attention_skipped(rt, &q, &format!("{l}.attn"))?
             } else {
-                ops::attention(
-                    rt,
-                    &q,
-                    &k,
-                    &v,
-                    &batch.seq_lens,
-                    shape,
-                    &format!("{l}.attn"),
-                )?
+                ops::attention(rt, &q, &k, &v, &batch.seq_lens, shape, &format!("{l}.attn"))?
             };
             let o = layer
                 .attn
@@ -503,9 +500,22 @@ impl LlamaModel {
                 // output dies), then pre_feedforward_layernorm with the residual: two new
                 // tensors, the post-attention output and the old residual sum dying (layer 0's
                 // residual, the embedding, is still held by the model's loop).
-                let post = ops_gemma::rms_norm(rt, &o, &layer.post_norm, eps, &format!("{l}.post_attention_norm"))?;
+                let post = ops_gemma::rms_norm(
+                    rt,
+                    &o,
+                    &layer.post_norm,
+                    eps,
+                    &format!("{l}.post_attention_norm"),
+                )?;
                 drop(o);
-                let (x, sum) = ops_gemma::add_rms_norm(rt, &post, &residual, pre_ff, eps, &format!("{l}.pre_feedforward_norm"))?;
+                let (x, sum) = ops_gemma::add_rms_norm(
+                    rt,
+                    &post,
+                    &residual,
+                    pre_ff,
+                    eps,
+                    &format!("{l}.pre_feedforward_norm"),
+                )?;
                 drop(post);
                 let old = std::mem::replace(&mut residual, sum);
                 if li == 0 {
@@ -561,7 +571,13 @@ impl LlamaModel {
                 // the model's loop rebinds its hidden states and residual: the previous
                 // layer's output and residual sum (layer 0: the embedding) die.
                 Some((_, post_ff)) => {
-                    let out = ops_gemma::rms_norm(rt, &down, post_ff, eps, &format!("{l}.post_feedforward_norm"))?;
+                    let out = ops_gemma::rms_norm(
+                        rt,
+                        &down,
+                        post_ff,
+                        eps,
+                        &format!("{l}.post_feedforward_norm"),
+                    )?;
                     drop(down);
                     drop(gemma_prev_hidden.take());
                     drop(gemma_prev_residual.take());
@@ -579,7 +595,8 @@ impl LlamaModel {
             let out = match hidden {
                 None => ops_gemma::rms_norm(rt, &residual, &self.norm, eps, "final.norm")?,
                 Some(h) => {
-                    let (out, sum) = ops_gemma::add_rms_norm(rt, &h, &residual, &self.norm, eps, "final.norm")?;
+                    let (out, sum) =
+                        ops_gemma::add_rms_norm(rt, &h, &residual, &self.norm, eps, "final.norm")?;
                     drop(h);
                     drop(residual);
                     drop(sum);

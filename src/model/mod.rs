@@ -1108,10 +1108,10 @@ impl CausalLm {
             self.config().vocab_size,
             self.config().final_logit_softcap(),
         )?
-            .ok_or_else(|| {
-                crate::base::error::Error::Request(
-                    "the logits were gathered to tensor-parallel rank 0".into(),
-                )
-            })
+        .ok_or_else(|| {
+            crate::base::error::Error::Request(
+                "the logits were gathered to tensor-parallel rank 0".into(),
+            )
+        })
     }
 }

@@ -51,7 +51,9 @@ fn gemma(
     ModelConfig {
         head_dim: 256,
         gemma: Some(shape),
-        ..cfg(arch, hidden, inter, layers, 16, 8, vocab, theta, 1e-6, true, max_pos)
+        ..cfg(
+            arch, hidden, inter, layers, 16, 8, vocab, theta, 1e-6, true, max_pos,
+        )
     }
 }
 

@@ -304,7 +304,11 @@ impl Release {
         {
             return Ok(());
         }
-        let file = if arch == "gemma3_text" { "gemma3.py" } else { "qwen3.py" };
+        let file = if arch == "gemma3_text" {
+            "gemma3.py"
+        } else {
+            "qwen3.py"
+        };
         Err(Error::Request(format!(
             "--vllm {}: that release has no model file for model_type '{arch}' ({file} is in \
              vLLM 0.8.5, not in 0.7.3); use --vllm 0.8 or a V1 release (0.15, 0.19)",
