@@ -822,9 +822,11 @@ fn gemma_from_hf_json(
             sliding.push(match t.as_str() {
                 Some("sliding_attention") => true,
                 Some("full_attention") => false,
-                _ => return Err(format!(
+                _ => {
+                    return Err(format!(
                     "'layer_types' holds {t}, expected \"sliding_attention\" or \"full_attention\""
-                )),
+                ))
+                }
             });
         }
         pattern = sliding
@@ -991,6 +993,182 @@ mod tests {
     }
 
     use super::*;
+
+    /// google/gemma-2-9b's config.json (the keys that shape the model).
+    fn gemma2_9b() -> serde_json::Value {
+        serde_json::json!({
+            "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+            "hidden_size": 3584, "intermediate_size": 14336, "num_hidden_layers": 42,
+            "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+            "vocab_size": 256000, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0, "hidden_act": "gelu_pytorch_tanh",
+            "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+            "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+            "sliding_window": 4096, "attention_bias": false
+        })
+    }
+
+    #[test]
+    fn gemma2_reads_as_its_preset_with_the_window_on_even_layers() {
+        let c = ModelConfig::from_hf_json(&gemma2_9b()).unwrap();
+        assert_eq!(c, crate::model::presets::preset("gemma-2-9b").unwrap());
+        assert!(c.tie_word_embeddings && c.head_dim == 256 && c.is_gemma());
+        let m0 = c.score_mods(0);
+        assert_eq!(m0.window, Some(4096));
+        assert_eq!(c.score_mods(1).window, None);
+        assert_eq!(m0.softcap, Some(50.0));
+        assert_eq!(m0.scale, Some(1.0 / 16.0));
+        assert_eq!(c.final_logit_softcap(), Some(30.0));
+        assert_eq!(c.layer_rope(1), (10000.0, 1.0));
+        // Four norms a layer, no q/k norm.
+        let names: Vec<String> = c.tensor_shapes().into_iter().map(|(n, _)| n).collect();
+        assert!(names.contains(&"model.layers.41.pre_feedforward_layernorm.weight".into()));
+        assert!(names.contains(&"model.layers.0.post_feedforward_layernorm.weight".into()));
+        assert!(!names
+            .iter()
+            .any(|n| n.contains("q_norm") || n == "lm_head.weight"));
+        // Left out, the soft-caps and window take Gemma2Config's defaults; null removes them.
+        let mut v = gemma2_9b();
+        let o = v.as_object_mut().unwrap();
+        for k in [
+            "attn_logit_softcapping",
+            "final_logit_softcapping",
+            "sliding_window",
+            "head_dim",
+        ] {
+            o.remove(k);
+        }
+        let d = ModelConfig::from_hf_json(&v).unwrap();
+        assert_eq!(d, c);
+        v["final_logit_softcapping"] = serde_json::Value::Null;
+        v["sliding_window"] = serde_json::Value::Null;
+        let n = ModelConfig::from_hf_json(&v).unwrap();
+        assert_eq!(
+            (n.final_logit_softcap(), n.score_mods(0).window),
+            (None, None)
+        );
+        let back = ModelConfig::from_hf_json(&c.to_hf_json("bfloat16")).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn gemma_keys_must_hold_their_types_and_supported_values() {
+        let with = |k: &str, x: serde_json::Value| {
+            let mut v = gemma2_9b();
+            v[k] = x;
+            ModelConfig::from_hf_json(&v)
+        };
+        assert_eq!(
+            with("query_pre_attn_scalar", "256".into()).unwrap_err(),
+            "'query_pre_attn_scalar' is \"256\" (a string), expected a number above 0 and at most 1e9"
+        );
+        assert_eq!(
+            with("attn_logit_softcapping", 0.into()).unwrap_err(),
+            "'attn_logit_softcapping' is 0, expected a number above 0 and at most 1e9"
+        );
+        assert_eq!(
+            with("sliding_window", 4.5.into()).unwrap_err(),
+            "'sliding_window' is 4.5 (a number), expected a positive integer"
+        );
+        let e = with("hidden_activation", "gelu".into()).unwrap_err();
+        assert!(
+            e.starts_with("hidden_activation 'gelu' is not supported for gemma2"),
+            "{e}"
+        );
+        let e = with("hidden_act", true.into()).unwrap_err();
+        assert!(e.starts_with("'hidden_act' is true (a boolean)"), "{e}");
+        let e = with("tie_word_embeddings", false.into()).unwrap_err();
+        assert!(
+            e.starts_with("tie_word_embeddings false is not supported for gemma2"),
+            "{e}"
+        );
+        let e = with("attention_bias", true.into()).unwrap_err();
+        assert!(e.starts_with("attention_bias true is not supported"), "{e}");
+        let e = with(
+            "rope_scaling",
+            serde_json::json!({"rope_type": "linear", "factor": 2.0}),
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("rope_scaling 'linear' is not supported for gemma2"),
+            "{e}"
+        );
+        let e = with("layer_types", serde_json::json!(["full_attention"])).unwrap_err();
+        assert_eq!(e, "'layer_types' lists 1 layers, num_hidden_layers is 42");
+    }
+
+    fn gemma3_12b_text() -> serde_json::Value {
+        serde_json::json!({
+            "model_type": "gemma3_text", "hidden_size": 3840, "intermediate_size": 15360,
+            "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 8,
+            "head_dim": 256, "vocab_size": 262208, "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "query_pre_attn_scalar": 256, "sliding_window": 1024,
+            "sliding_window_pattern": 6, "final_logit_softcapping": null,
+            "attn_logit_softcapping": null, "hidden_activation": "gelu_pytorch_tanh"
+        })
+    }
+
+    #[test]
+    fn gemma3_slides_five_layers_of_six_with_a_local_rotary_base() {
+        let c = ModelConfig::from_hf_json(&gemma3_12b_text()).unwrap();
+        assert_eq!(c, crate::model::presets::preset("gemma-3-12b").unwrap());
+        let sliding: Vec<bool> = (0..12).map(|l| c.score_mods(l).window.is_some()).collect();
+        assert_eq!(
+            sliding,
+            [true, true, true, true, true, false, true, true, true, true, true, false]
+        );
+        assert_eq!(c.layer_rope(0), (10000.0, 1.0));
+        assert_eq!(c.layer_rope(5), (1e6, 8.0));
+        assert_eq!(
+            (c.score_mods(0).softcap, c.final_logit_softcap()),
+            (None, None)
+        );
+        assert!(c.qk_norm());
+        let names: Vec<String> = c.tensor_shapes().into_iter().map(|(n, _)| n).collect();
+        assert!(names.contains(&"model.layers.47.self_attn.k_norm.weight".into()));
+        // `layer_types` written out (transformers 4.53 on) must match the pattern.
+        let mut v = gemma3_12b_text();
+        v["layer_types"] = c.to_hf_json("bfloat16")["layer_types"].clone();
+        assert_eq!(ModelConfig::from_hf_json(&v).unwrap(), c);
+        let mut types = v["layer_types"].clone();
+        types[0] = "full_attention".into();
+        v["layer_types"] = types;
+        let e = ModelConfig::from_hf_json(&v).unwrap_err();
+        assert!(
+            e.starts_with("'layer_types' is not one global layer every 1"),
+            "{e}"
+        );
+        // vLLM's Gemma 3 ignores an attention soft-cap that transformers would apply.
+        let mut v = gemma3_12b_text();
+        v["attn_logit_softcapping"] = 50.0.into();
+        let e = ModelConfig::from_hf_json(&v).unwrap_err();
+        assert!(
+            e.starts_with("attn_logit_softcapping 50 is not supported for gemma3_text"),
+            "{e}"
+        );
+        let mut v = gemma3_12b_text();
+        v["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 8.0});
+        let e = ModelConfig::from_hf_json(&v).unwrap_err();
+        assert!(e.starts_with("rope_scaling 'yarn' is not supported"), "{e}");
+        let back = ModelConfig::from_hf_json(&c.to_hf_json("bfloat16")).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn the_multimodal_gemma3_config_is_refused_by_name() {
+        let v = serde_json::json!({
+            "model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+            "text_config": gemma3_12b_text(), "vision_config": {"model_type": "siglip_vision_model"}
+        });
+        let e = ModelConfig::from_hf_json(&v).unwrap_err();
+        assert!(
+            e.starts_with("model_type 'gemma3' (Gemma3ForConditionalGeneration"),
+            "{e}"
+        );
+        assert!(e.contains("gemma3_text"), "{e}");
+    }
 
     fn base() -> serde_json::Value {
         serde_json::json!({

@@ -772,3 +772,178 @@ impl TpShard {
         (self.rank * len, len)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Device, DeviceSpec};
+    use crate::memory::EventKind;
+    use crate::model::weights::{StoredDtype, SyntheticWeights};
+
+    /// A small Gemma 2 (or Gemma 3 with `arch = "gemma3_text"`): hidden 128, 4 heads over 2 KV
+    /// heads of 64, MLP 384, 3 layers, window 4.
+    fn small_gemma(arch: &str) -> ModelConfig {
+        ModelConfig::from_hf_json(&serde_json::json!({
+            "model_type": arch, "hidden_size": 128, "intermediate_size": 384,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 64, "vocab_size": 1024, "max_position_embeddings": 64,
+            "sliding_window": 4, "sliding_window_pattern": 2, "query_pre_attn_scalar": 32,
+        }))
+        .unwrap()
+    }
+
+    /// The allocations and frees of one dry pass of `tokens` tokens in 2 sequences, in fp16, as
+    /// (alloc?, tensor, bytes), for layer `layer` (or outside every layer with `None`).
+    fn dry_trace(cfg: &ModelConfig, tokens: usize, layer: Option<u32>) -> Vec<(bool, String, u64)> {
+        let device = Device::open(&DeviceSpec::parse("sim:h100-80gb:dry").unwrap()).unwrap();
+        let opts = LoadOptions {
+            quant: Quant::F16,
+            int8_threshold: 0.0,
+            int8_layout: device.int8_tile_layout(),
+        };
+        let rt = Runtime::new(device, std::sync::Arc::default(), None);
+        let src = SyntheticWeights {
+            preset: "gemma".into(),
+            seed: 1,
+            dtype: StoredDtype::F16,
+        };
+        let model = LlamaModel::load(&rt, cfg, &src, &opts).unwrap();
+        let from = rt.event_count();
+        rt.set_pass(1);
+        let batch = Batch::dummy(tokens, 2, cfg.vocab_size);
+        let out = model.forward(&rt, &batch).unwrap();
+        drop(out);
+        rt.events_since(from, |ev| {
+            ev.iter()
+                .filter(|e| {
+                    e.layer == layer && matches!(e.kind, EventKind::Alloc | EventKind::Free)
+                })
+                .map(|e| (e.kind == EventKind::Alloc, e.tensor.clone(), e.bytes))
+                .collect()
+        })
+    }
+
+    /// Gemma2DecoderLayer.forward at a layer after the first (gemma2.py L215-241 at 0.6.4):
+    /// GemmaRMSNorm's new residual sum and output, qkv and attention as for Llama,
+    /// post_attention_layernorm's new output, pre_feedforward_layernorm's two, GeGLU with
+    /// gate_up kept through down_proj, post_feedforward_layernorm's output; then the previous
+    /// layer's output and residual die.
+    #[test]
+    fn gemma2_layer_allocates_as_vllms_gemma2_decoder_layer() {
+        let t = 8u64;
+        let h = 128 * 2 * t; // [T, hidden] fp16
+        let got = dry_trace(&small_gemma("gemma2"), 8, Some(1));
+        let a = |n: &str, b: u64| (true, n.to_string(), b);
+        let f = |n: &str, b: u64| (false, n.to_string(), b);
+        let qkv = (256 + 2 * 128) * 2 * t;
+        let want = vec![
+            a("layers.1.input_norm.residual", h),
+            a("layers.1.input_norm", h),
+            a("layers.1.qkv_proj", qkv),
+            a("layers.1.attn", 256 * 2 * t),
+            a("layers.1.attn.softmax_lse", 4 * 4 * t),
+            a("layers.1.attn.rng_state", 16),
+            f("layers.1.attn.softmax_lse", 4 * 4 * t),
+            f("layers.1.attn.rng_state", 16),
+            a("layers.1.o_proj", h),
+            f("layers.1.qkv_proj", qkv),
+            f("layers.1.attn", 256 * 2 * t),
+            f("layers.1.input_norm", h),
+            a("layers.1.post_attention_norm", h),
+            f("layers.1.o_proj", h),
+            a("layers.1.pre_feedforward_norm.residual", h),
+            a("layers.1.pre_feedforward_norm", h),
+            f("layers.1.post_attention_norm", h),
+            f("layers.1.input_norm.residual", h),
+            a("layers.1.gate_up_proj", 2 * 384 * 2 * t),
+            a("layers.1.act", 384 * 2 * t),
+            a("layers.1.down_proj", h),
+            f("layers.1.act", 384 * 2 * t),
+            f("layers.1.gate_up_proj", 2 * 384 * 2 * t),
+            f("layers.1.pre_feedforward_norm", h),
+            a("layers.1.post_feedforward_norm", h),
+            f("layers.1.down_proj", h),
+            f("layers.0.post_feedforward_norm", h),
+            f("layers.0.pre_feedforward_norm.residual", h),
+        ];
+        assert_eq!(got, want);
+    }
+
+    /// Gemma 3 adds GemmaRMSNorm over each head of q and k (two new tensors) before the
+    /// rotary embedding; its embedding is scaled into a new tensor.
+    #[test]
+    fn gemma3_adds_per_head_norms_and_a_scaled_embedding_copy() {
+        let t = 8u64;
+        let got = dry_trace(&small_gemma("gemma3_text"), 8, Some(1));
+        let names: Vec<&str> = got.iter().filter(|e| e.0).map(|e| e.1.as_str()).collect();
+        assert_eq!(
+            &names[..5],
+            [
+                "layers.1.input_norm.residual",
+                "layers.1.input_norm",
+                "layers.1.qkv_proj",
+                "layers.1.q_norm",
+                "layers.1.k_norm",
+            ]
+        );
+        assert!(got.contains(&(true, "layers.1.q_norm".into(), 256 * 2 * t)));
+        let outside = dry_trace(&small_gemma("gemma3_text"), 8, None);
+        let names: Vec<(bool, &str)> = outside.iter().map(|e| (e.0, e.1.as_str())).collect();
+        let scaled = names
+            .iter()
+            .position(|e| *e == (true, "embed.scaled"))
+            .unwrap();
+        assert_eq!(names[scaled + 1], (false, "embed.out"));
+    }
+
+    /// Gemma 2's logits are soft-capped in three out-of-place steps on the `[seqs, vocab]`
+    /// logits; Gemma 3 (no final soft-cap) makes none.
+    #[test]
+    fn final_soft_cap_allocates_three_logit_sized_temporaries() {
+        let got = dry_trace(&small_gemma("gemma2"), 8, None);
+        let caps: Vec<(bool, &str, u64)> = got
+            .iter()
+            .filter(|e| e.1.starts_with("logits.soft_cap"))
+            .map(|e| (e.0, e.1.as_str(), e.2))
+            .collect();
+        let b = 2 * 1024 * 2;
+        assert_eq!(
+            caps,
+            [
+                (true, "logits.soft_cap.div", b),
+                (true, "logits.soft_cap.tanh", b),
+                (false, "logits.soft_cap.div", b),
+                (true, "logits.soft_cap.mul", b),
+                (false, "logits.soft_cap.tanh", b),
+                (false, "logits.soft_cap.mul", b),
+            ]
+        );
+        let g3 = dry_trace(&small_gemma("gemma3_text"), 8, None);
+        assert!(!g3.iter().any(|e| e.1.starts_with("logits.soft_cap")));
+    }
+
+    /// Gemma 3's global layers get their own rotary cache, `max_position · 8` rows long.
+    #[test]
+    fn gemma3_builds_a_second_scaled_rotary_cache() {
+        let mut cfg = small_gemma("gemma3_text");
+        cfg.gemma.as_mut().unwrap().rope_linear_factor = Some(8.0);
+        let device = Device::open(&DeviceSpec::parse("sim:h100-80gb:dry").unwrap()).unwrap();
+        let opts = LoadOptions {
+            quant: Quant::F16,
+            int8_threshold: 0.0,
+            int8_layout: device.int8_tile_layout(),
+        };
+        let rt = Runtime::new(device, std::sync::Arc::default(), None);
+        let src = SyntheticWeights {
+            preset: "gemma".into(),
+            seed: 1,
+            dtype: StoredDtype::F16,
+        };
+        let m = LlamaModel::load(&rt, &cfg, &src, &opts).unwrap();
+        assert_eq!(m.rope_cache.shape, [64, 64]);
+        assert_eq!(m.rope_cache_global.as_ref().unwrap().shape, [64 * 8, 64]);
+        assert_eq!(m.normalizer.as_ref().unwrap().nbytes(), 2);
+        let g2 = LlamaModel::load(&rt, &small_gemma("gemma2"), &src, &opts).unwrap();
+        assert!(g2.rope_cache_global.is_none());
+    }
+}
