@@ -88,15 +88,13 @@ pub fn scale_embedding(rt: &Runtime, x: Tensor, factor: f32, in_place: bool) -> 
     let mut out = if in_place {
         x
     } else {
-        let out =
+        // The new tensor first, then the embedding's output dies (as `x` leaves this block).
+        let mut out =
             rt.tensor_for_overwrite("embed.scaled", Category::Activation, &x.shape, x.dtype)?;
         if rt.backend() == Backend::Cpu {
-            let mut out = out;
             out.f32_mut().copy_from_slice(x.f32());
-            out
-        } else {
-            out
         }
+        out
     };
     match rt.backend() {
         Backend::Dry => {}

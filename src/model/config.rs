@@ -836,7 +836,7 @@ fn gemma_from_hf_json(
         if sliding
             .iter()
             .enumerate()
-            .any(|(l, &s)| s != !(l + 1).is_multiple_of(pattern))
+            .any(|(l, &s)| s == (l + 1).is_multiple_of(pattern))
         {
             return Err(format!(
                 "'layer_types' is not one global layer every {pattern} (the only interleaving vLLM's Gemma models build)"
