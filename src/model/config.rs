@@ -711,8 +711,18 @@ fn gemma_from_hf_json(
 ) -> std::result::Result<GemmaShape, String> {
     let gemma3 = arch == "gemma3_text";
     // vLLM's Gemma2MLP requires hidden_act == hidden_activation == gelu_pytorch_tanh
-    // (gemma2.py L71-75 at 0.6.4); Gemma3MLP requires hidden_activation to be it (gemma3.py).
+    // (gemma2.py L71-75 at 0.6.4); Gemma3MLP only hidden_activation (gemma3.py L78-82 at
+    // 0.8.5), the one key Gemma3TextConfig has (a stray `hidden_act` must still be a string).
     for key in ["hidden_activation", "hidden_act"] {
+        if gemma3 && key == "hidden_act" {
+            if let Some(x) = v.get(key).filter(|x| !x.is_null() && !x.is_string()) {
+                return Err(format!(
+                    "'{key}' is {x} (a {}), expected a string",
+                    crate::base::fsguard::json_kind(x)
+                ));
+            }
+            continue;
+        }
         match &v[key] {
             serde_json::Value::Null => {}
             serde_json::Value::String(s) if s == "gelu_pytorch_tanh" => {}
@@ -1148,6 +1158,10 @@ mod tests {
             e.starts_with("attn_logit_softcapping 50 is not supported for gemma3_text"),
             "{e}"
         );
+        // Gemma3MLP reads hidden_activation only.
+        let mut v = gemma3_12b_text();
+        v["hidden_act"] = "gelu".into();
+        assert_eq!(ModelConfig::from_hf_json(&v).unwrap(), c);
         let mut v = gemma3_12b_text();
         v["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 8.0});
         let e = ModelConfig::from_hf_json(&v).unwrap_err();
