@@ -669,7 +669,16 @@ impl ModelConfig {
             let pairs = [
                 ("hidden_act", "gelu_pytorch_tanh".into()),
                 ("hidden_activation", "gelu_pytorch_tanh".into()),
-                ("query_pre_attn_scalar", g.query_pre_attn_scalar.into()),
+                // An integer where it is one: transformers 5's config class types it `int`
+                // and refuses 256.0.
+                (
+                    "query_pre_attn_scalar",
+                    if g.query_pre_attn_scalar.fract() == 0.0 && g.query_pre_attn_scalar < 1e15 {
+                        (g.query_pre_attn_scalar as u64).into()
+                    } else {
+                        g.query_pre_attn_scalar.into()
+                    },
+                ),
                 ("attn_logit_softcapping", g.attn_logit_softcapping.into()),
                 ("final_logit_softcapping", g.final_logit_softcapping.into()),
                 ("sliding_window", g.sliding_window.into()),
