@@ -216,7 +216,7 @@ fn gemma_test_configs_exercise_window_softcaps_and_rope_bases() {
 }
 
 // Gemma 2 and Gemma 3 (text): Hugging Face transformers in fp32 on the CPU
-// (scripts/hf_reference.py DIR gemma2,gemma3, run on the GPU machine 2026-12-02 08:18 UTC on
+// (scripts/hf_reference.py DIR gemma2,gemma3, run on the GPU machine 2026-12-02 ~08:00 UTC on
 // fixtures written by `write_fixtures` on branch gemma): torch 2.11.0+cu130, transformers
 // 5.17.0, python 3.12.3. transformers read the configs as written: gemma2 sliding_window 4,
 // layer_types [sliding, full], query_pre_attn_scalar 32, soft-caps 0.25 / 0.4; gemma3
