@@ -195,3 +195,58 @@ fn v1_on_a_gpu_or_over_ranks_is_refused_with_the_reason() {
         .to_string();
     assert!(e.contains("--tp 2") && e.contains("V1"), "{e}");
 }
+
+/// Gemma 3 12B under V1 (0.19): the hybrid KV cache manager puts its 8 global and 40
+/// sliding layers in groups of 8 (one full group, five sliding), allocates 8 KV tensors
+/// (each shared by a layer of every group), logs the tokens one block of every group holds,
+/// and counts a 128k-token request's blocks with the sliding groups holding only their window.
+/// V0 (0.8) keeps every layer's cache whole: 48 tensors, and the same memory serves a fifth
+/// of the concurrency.
+#[test]
+fn gemma_3_under_v1_shares_kv_tensors_across_groups_and_windows_the_sliding_layers() {
+    let mut req = request(
+        "preset:gemma-3-12b",
+        Quant::BF16,
+        "sim:h100-sxm:dry",
+        "0.19",
+    );
+    req.verify = true;
+    let r = run(&req);
+    let h = r.kv_geometry.hybrid.expect("V1 groups Gemma 3's layers");
+    assert_eq!((h.group_size, h.full_groups, h.sliding_groups), (8, 1, 5));
+    assert_eq!((h.sliding_window, h.max_num_batched_tokens), (1024, 8192));
+    let a = r.vllm_answer().unwrap();
+    // A block: 8 layers' pages of 2 x 16 tokens x 8 KV heads x 256 x 2 bytes.
+    assert_eq!(r.kv_geometry.block_bytes(), 8 * 2 * 16 * 8 * 256 * 2);
+    assert_eq!(a.kv_blocks, a.kv_bytes as u64 / (1 << 20));
+    let log = r.vllm_log_lines().join("\n");
+    let tokens = a.kv_blocks / 6 * 16;
+    assert!(
+        log.contains(&format!(
+            "GPU KV cache size: {} tokens",
+            vramscope::base::units::thousands(tokens)
+        )),
+        "{log}"
+    );
+    // 131,072-token requests: 8192 full blocks + 5 x (ceil((1023 + 8192) / 16) + 1).
+    let per_request = 8192 + 5 * (9215u64.div_ceil(16) + 1);
+    assert!(log.contains(&format!(
+        "Maximum concurrency for 131,072 tokens per request: {:.2}x",
+        a.kv_blocks as f64 / per_request as f64
+    )));
+    // KV tensors per verify pass: the highest `kv-cache[LABEL].layerN` + 1.
+    let kv_tensors = |r: &Report| {
+        r.events
+            .iter()
+            .filter(|e| e.kind == EventKind::Alloc && e.tensor.starts_with("kv-cache["))
+            .filter_map(|e| e.tensor.rsplit(".layer").next()?.parse::<usize>().ok())
+            .max()
+            .map_or(0, |l| l + 1)
+    };
+    assert_eq!(kv_tensors(&r), 8);
+    let mut v0 = request("preset:gemma-3-12b", Quant::BF16, "sim:h100-sxm:dry", "0.8");
+    v0.verify = true;
+    let r0 = run(&v0);
+    assert_eq!(r0.kv_geometry.hybrid, None);
+    assert_eq!(kv_tensors(&r0), 48);
+}

@@ -177,12 +177,103 @@ pub struct KvGeometry {
     pub head_dim: u64,
     pub dtype_bytes: u64,
     pub max_model_len: u64,
+    /// V1's hybrid KV cache manager, for a model with sliding-window and full-attention
+    /// layers (absent: every layer holds every block, as V0 and V1 without sliding layers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hybrid: Option<HybridKv>,
+}
+
+/// V1's hybrid KV cache manager (on by default on a GPU since it exists; 0.15.1 and 0.19.0
+/// vllm/config/vllm.py L1190-1240) for a model whose layers are sliding-window and
+/// full attention of one page size (Gemma 2 and 3). The layers of each attention type are
+/// split into KV cache groups of `group_size` layers (0.19.0 v1/core/kv_cache_utils.py
+/// L1043-1078: the fewest layers of one type, or the most when those are under 1.5 times the
+/// fewest; the last group of a type padded); `group_size` tensors of `num_blocks` pages are
+/// allocated, each shared by one layer of every group (L1119-1144), so a block is
+/// `group_size` pages, and one block of every group holds `block_size` tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HybridKv {
+    pub group_size: u64,
+    pub full_groups: u64,
+    pub sliding_groups: u64,
+    pub sliding_window: u64,
+    /// The scheduler's `max_num_batched_tokens` (a sliding group's most blocks per request).
+    pub max_num_batched_tokens: u64,
+}
+
+impl HybridKv {
+    /// The groups of a model of `full` full-attention and `sliding` sliding-window layers
+    /// (`None` unless both kinds are there: a uniform model has one group).
+    pub fn of_layers(
+        full: u64,
+        sliding: u64,
+        sliding_window: u64,
+        max_num_batched_tokens: u64,
+    ) -> Option<HybridKv> {
+        if full == 0 || sliding == 0 {
+            return None;
+        }
+        let (fewest, most) = (full.min(sliding), full.max(sliding));
+        // `max_num_layers < min_num_layers * 1.5`, in integers.
+        let group_size = if 2 * most < 3 * fewest { most } else { fewest };
+        Some(HybridKv {
+            group_size,
+            full_groups: full.div_ceil(group_size),
+            sliding_groups: sliding.div_ceil(group_size),
+            sliding_window,
+            max_num_batched_tokens,
+        })
+    }
+
+    pub fn groups(&self) -> u64 {
+        self.full_groups + self.sliding_groups
+    }
 }
 
 impl KvGeometry {
-    /// 2 (K and V) × block_size × layers × kv_heads × head_dim × dtype bytes.
+    /// One layer's page: 2 (K and V) × block_size × kv_heads × head_dim × dtype bytes.
+    pub fn page_bytes(&self) -> u64 {
+        2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype_bytes
+    }
+
+    /// Bytes per block: a page of every layer (V0's `get_cache_block_size`), or of every
+    /// layer of one group under V1's hybrid manager (`available // page // group_size`).
     pub fn block_bytes(&self) -> u64 {
-        2 * self.block_size * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        self.page_bytes() * self.tensors()
+    }
+
+    /// KV cache tensors allocated: one per layer, or one per layer of a group (hybrid).
+    pub fn tensors(&self) -> u64 {
+        self.hybrid.map_or(self.num_layers, |h| h.group_size)
+    }
+
+    /// Tokens `blocks` hold as vLLM logs them: under the hybrid manager each group takes a
+    /// block per `block_size` tokens (`num_blocks // len(groups) * block_size`, 0.19.0
+    /// kv_cache_utils.py L1300-1304).
+    pub fn tokens_of_blocks(&self, blocks: u64) -> u64 {
+        match self.hybrid {
+            Some(h) => blocks / h.groups().max(1) * self.block_size,
+            None => blocks * self.block_size,
+        }
+    }
+
+    /// V1's "Maximum concurrency for N tokens per request": blocks over the blocks one
+    /// request of `max_model_len` tokens can hold, a sliding group holding at most
+    /// `window − 1 + max_num_batched_tokens` tokens plus one block (0.19.0
+    /// v1/kv_cache_interface.py L113-121, L251-270; kv_cache_utils.py L802-820).
+    pub fn v1_max_concurrency(&self, blocks: u64) -> f64 {
+        let bs = self.block_size.max(1);
+        let len = self.max_model_len.max(1);
+        let full = len.div_ceil(bs);
+        let per_request = match self.hybrid {
+            None => full,
+            Some(h) => {
+                let sliding_tokens =
+                    (h.sliding_window.saturating_sub(1) + h.max_num_batched_tokens).min(len);
+                h.full_groups * full + h.sliding_groups * (sliding_tokens.div_ceil(bs) + 1)
+            }
+        };
+        blocks as f64 / per_request.max(1) as f64
     }
 
     /// Blocks that fit in `kv_bytes` (0 when the budget is negative).
@@ -195,12 +286,16 @@ impl KvGeometry {
     }
 
     pub fn tokens(&self, kv_bytes: i64) -> u64 {
-        self.blocks(kv_bytes) * self.block_size
+        self.tokens_of_blocks(self.blocks(kv_bytes))
     }
 
-    /// Requests of `max_model_len` tokens that fit at once.
+    /// Requests of `max_model_len` tokens that fit at once (V0's tokens over length; under
+    /// V1's hybrid manager, V1's count, the sliding layers holding only their window).
     pub fn max_concurrency(&self, kv_bytes: i64) -> f64 {
-        self.tokens(kv_bytes) as f64 / self.max_model_len.max(1) as f64
+        match self.hybrid {
+            Some(_) => self.v1_max_concurrency(self.blocks(kv_bytes)),
+            None => self.tokens(kv_bytes) as f64 / self.max_model_len.max(1) as f64,
+        }
     }
 }
 
@@ -284,11 +379,60 @@ mod tests {
             head_dim: 128,
             dtype_bytes: 2,
             max_model_len: 8192,
+            hybrid: None,
         };
         assert_eq!(g.block_bytes(), 2 * MIB);
         assert_eq!(g.blocks(10 * GIB as i64 + 1), 5120);
         assert_eq!(g.tokens(10 * GIB as i64), 81920);
         assert_eq!(g.max_concurrency(10 * GIB as i64), 10.0);
         assert_eq!(g.blocks(-5), 0);
+    }
+
+    /// Gemma 3 12B under V1's hybrid manager: 8 global and 40 sliding layers (pattern 6) make
+    /// groups of 8 layers, 1 full and 5 sliding; a block is 8 pages of 128 KiB. The tokens
+    /// logged equal V0's (every group takes a block per 16 tokens), but a 128k-token request
+    /// needs 8192 full blocks and 5 × 577 sliding ones, not 48 layers' worth of 8192.
+    #[test]
+    fn hybrid_groups_share_blocks_and_sliding_groups_hold_only_their_window() {
+        let h = HybridKv::of_layers(8, 40, 1024, 8192).unwrap();
+        assert_eq!((h.group_size, h.full_groups, h.sliding_groups), (8, 1, 5));
+        let g = KvGeometry {
+            block_size: 16,
+            num_layers: 48,
+            num_kv_heads: 8,
+            head_dim: 256,
+            dtype_bytes: 2,
+            max_model_len: 131072,
+            hybrid: Some(h),
+        };
+        assert_eq!(g.page_bytes(), 128 * 1024);
+        assert_eq!(g.block_bytes(), MIB);
+        assert_eq!(g.tensors(), 8);
+        let kv = 10 * GIB as i64;
+        assert_eq!(g.blocks(kv), 10240);
+        assert_eq!(g.tokens(kv), 10240 / 6 * 16);
+        let v0 = KvGeometry { hybrid: None, ..g };
+        assert_eq!(v0.tokens(kv), g.tokens(kv));
+        // min(1023 + 8192, 131072) = 9215 tokens: 576 blocks, plus one for the window's start.
+        assert_eq!(
+            g.v1_max_concurrency(10240),
+            10240.0 / (8192.0 + 5.0 * 577.0)
+        );
+        assert_eq!(g.max_concurrency(kv), g.v1_max_concurrency(10240));
+        // Without the hybrid manager the same memory serves 1706 / 8192 of such a request.
+        assert_eq!(v0.blocks(kv), 1706);
+        assert_eq!(v0.v1_max_concurrency(1706), 1706.0 / 8192.0);
+        // Gemma 2 (21 + 21 layers) is one group of each; a uniform model has none.
+        let g2 = HybridKv::of_layers(21, 21, 4096, 2048).unwrap();
+        assert_eq!(
+            (g2.group_size, g2.full_groups, g2.sliding_groups),
+            (21, 1, 1)
+        );
+        // 12 + 13 layers: the most, 13, under 1.5 × 12, is the group size (gpt-oss's case).
+        assert_eq!(
+            HybridKv::of_layers(13, 12, 128, 8192).unwrap().group_size,
+            13
+        );
+        assert_eq!(HybridKv::of_layers(32, 0, 4096, 8192), None);
     }
 }

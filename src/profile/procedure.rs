@@ -295,7 +295,9 @@ fn verify(
     // `_allocate_kv_cache`: `torch.zeros(kv_cache_shape, dtype)` per layer, shape
     // [2, blocks, block_size, kv_heads, head_dim]; fp8 caches as torch.uint8), each in whole
     // segments.
-    let layers = geometry.num_layers.max(1);
+    // V1's hybrid manager allocates one tensor per layer of a group, shared by a layer of
+    // every group (kv_cache_utils.py L1119-1144 at 0.19.0): the same bytes in fewer tensors.
+    let layers = geometry.tensors().max(1);
     let shape = [
         2,
         blocks as usize,
@@ -706,6 +708,19 @@ pub(crate) fn run_rank(
         head_dim: cfg.head_dim as u64,
         dtype_bytes: kv_dtype.size_bytes(),
         max_model_len: req.max_model_len,
+        // V1 groups a model's sliding-window and full-attention layers (Gemma): see HybridKv.
+        hybrid: match (&cfg.gemma, v1) {
+            (Some(g), true) => g.sliding_window.and_then(|w| {
+                let sliding = (0..cfg.num_layers).filter(|&l| g.is_sliding(l)).count() as u64;
+                formulas::HybridKv::of_layers(
+                    cfg.num_layers as u64 - sliding,
+                    sliding,
+                    w as u64,
+                    req.tokens as u64,
+                )
+            }),
+            _ => None,
+        },
     };
     let budget = formulas::budget(t0.total, req.util, false);
     let truth_non_kv = truth_peak as i64;

@@ -483,17 +483,20 @@ impl Report {
                     "INFO gpu_worker.py] Available KV cache memory: {:.2} GiB",
                     gib(a.kv_bytes as f64)
                 ));
-                let tokens = a.kv_blocks * self.kv_geometry.block_size;
+                let tokens = self.kv_geometry.tokens_of_blocks(a.kv_blocks);
                 out.push(format!(
                     "INFO kv_cache_utils.py] GPU KV cache size: {} tokens",
                     crate::base::units::thousands(tokens)
                 ));
                 let len = self.settings.max_model_len.max(1);
-                let per_request = len.div_ceil(self.kv_geometry.block_size);
+                let geometry = KvGeometry {
+                    max_model_len: len,
+                    ..self.kv_geometry
+                };
                 out.push(format!(
                     "INFO kv_cache_utils.py] Maximum concurrency for {} tokens per request: {:.2}x",
                     crate::base::units::thousands(len),
-                    a.kv_blocks as f64 / per_request as f64
+                    geometry.v1_max_concurrency(a.kv_blocks)
                 ));
             }
         }

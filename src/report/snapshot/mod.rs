@@ -304,6 +304,7 @@ impl DeviceTimeline {
                 head_dim: 0,
                 dtype_bytes: 0,
                 max_model_len: 0,
+                hybrid: None,
             },
             formulas: Vec::new(),
             truth: Truth {
