@@ -12,6 +12,8 @@ pub enum DType {
     BF16,
     I8,
     U8,
+    /// float8_e4m3fn (vLLM's fp8 weights and activations); the host keeps its codes as u8.
+    F8E4M3,
     I32,
     I64,
 }
@@ -21,7 +23,7 @@ impl DType {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
-            DType::I8 | DType::U8 => 1,
+            DType::I8 | DType::U8 | DType::F8E4M3 => 1,
             DType::I64 => 8,
         }
     }
@@ -73,6 +75,7 @@ impl DType {
             DType::BF16 => "bf16",
             DType::I8 => "i8",
             DType::U8 => "u8",
+            DType::F8E4M3 => "f8_e4m3",
             DType::I32 => "i32",
             DType::I64 => "i64",
         }

@@ -383,7 +383,7 @@ impl Runtime {
                     .unwrap_or_else(|| vec![0.0; numel]),
                 ),
                 DType::I8 => Storage::I8(vec![0; numel]),
-                DType::U8 => Storage::U8(vec![0; numel]),
+                DType::U8 | DType::F8E4M3 => Storage::U8(vec![0; numel]),
                 DType::I32 | DType::I64 => Storage::I32(vec![0; numel]),
             },
         };

@@ -9,7 +9,7 @@ use std::cell::Cell;
 pub use super::batch::Batch;
 use super::config::ModelConfig;
 pub use super::loader::{LoadOptions, LoadStats};
-use super::loader::{Loader, Slice};
+use super::loader::{fp8_after_loading, fp8_fused_after_loading, Loader, Slice};
 use super::weights::WeightSource;
 use crate::base::error::{Error, Result};
 use crate::device::cpu::AttnShape;
@@ -269,6 +269,19 @@ impl LlamaModel {
         } else {
             Some(ld.vocab_shard("lm_head.weight", v, h, vp, v_first, v_len)?)
         };
+        if opts.quant == Quant::Fp8 {
+            // In flight, vLLM quantizes once every weight is loaded, in `named_modules` order.
+            let t = std::time::Instant::now();
+            for (l, layer) in layers.iter_mut().enumerate() {
+                rt.set_layer(Some(l as u32));
+                fp8_fused_after_loading(rt, &mut layer.attn.qkv)?;
+                fp8_after_loading(rt, &mut layer.attn.o)?;
+                fp8_fused_after_loading(rt, &mut layer.gate_up)?;
+                fp8_after_loading(rt, &mut layer.down)?;
+            }
+            rt.set_layer(None);
+            ld.stats.quantize_seconds += t.elapsed().as_secs_f64();
+        }
         Ok(LlamaModel {
             cfg: cfg.clone(),
             local,

@@ -11,6 +11,7 @@ use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
 use crate::quant::bnb4::{self, Absmax, Bnb4Meta, Bnb4Type};
+use crate::quant::fp8::Fp8Linear;
 use crate::quant::int8::{Int8Linear, TileLayout};
 use crate::quant::{Bnb4Linear, Bnb4Nested, FusedLinear, Linear, Quant};
 use std::rc::Rc;
@@ -304,7 +305,7 @@ impl<'a> Loader<'a> {
         let rows = &rows[..];
         let quantized = names.iter().any(|n| {
             self.src.bnb4(n).is_some() || (self.opts.quant == Quant::Int8 && self.src.is_int8(n))
-        }) || !matches!(self.opts.quant, Quant::F16 | Quant::BF16);
+        }) || !matches!(self.opts.quant, Quant::F16 | Quant::BF16 | Quant::Fp8);
         if quantized {
             let shards = names
                 .iter()
@@ -385,7 +386,9 @@ impl<'a> Loader<'a> {
             };
             return load_int8(self.rt, name, n, k, pre, self.opts);
         }
-        if !quantize || matches!(self.opts.quant, Quant::F16 | Quant::BF16) {
+        // fp8 in flight loads 16-bit first: vLLM quantizes after every weight is loaded
+        // (`quantize_fp8_after_loading`).
+        if !quantize || matches!(self.opts.quant, Quant::F16 | Quant::BF16 | Quant::Fp8) {
             let d = self.read(name, &[n, k])?;
             return Ok(Linear::Dense(upload(self.rt, name, &[n, k], self.act, d)?));
         }
@@ -623,6 +626,28 @@ impl<'a> Loader<'a> {
     }
 }
 
+/// vLLM's in-flight fp8 for one layer, run once every weight is loaded in 16 bits (0.6.4
+/// model_loader/loader.py L317-329 calls `process_weights_after_loading` module by module):
+/// the fp8 copy and its scale are allocated, then the 16-bit weight is freed (its blocks stay
+/// cached in the allocator).
+pub(crate) fn fp8_after_loading(rt: &Runtime, lin: &mut Linear) -> Result<()> {
+    if let Linear::Dense(w) = lin {
+        let q = Fp8Linear::quantize_in_flight(rt, w)?;
+        *lin = Linear::Fp8(q);
+    }
+    Ok(())
+}
+
+/// `fp8_after_loading` for a stacked parameter: quantized whole, one scale for its shards.
+pub(crate) fn fp8_fused_after_loading(rt: &Runtime, f: &mut FusedLinear) -> Result<()> {
+    if let FusedLinear::Dense { weight, rows } = f {
+        let linear = Fp8Linear::quantize_in_flight(rt, weight)?;
+        let rows = std::mem::take(rows);
+        *f = FusedLinear::Fp8 { linear, rows };
+    }
+    Ok(())
+}
+
 /// A weight-category u8 tensor, filled from `data` when given (compute modes).
 fn put_u8(rt: &Runtime, name: &str, shape: &[usize], data: Option<&[u8]>) -> Result<Tensor> {
     let mut t = rt.tensor(name, Category::Weight, shape, DType::U8)?;
@@ -701,7 +726,9 @@ pub(crate) fn load_linear(
         stats.quantize_seconds += t.elapsed().as_secs_f64();
     };
     match opts.quant {
-        Quant::F16 | Quant::BF16 => Ok(Linear::Dense(upload(rt, name, &[n, k], act, data)?)),
+        Quant::F16 | Quant::BF16 | Quant::Fp8 => {
+            Ok(Linear::Dense(upload(rt, name, &[n, k], act, data)?))
+        }
         Quant::Int8 => {
             let mut q = None;
             if let Some(w) = data {

@@ -118,11 +118,15 @@ fn fmt_seconds(t: f64) -> String {
 
 /// Host bytes of one weight element as compute mode stores it: floats as f32; LLM.int8 as
 /// i8 plus its row scales; NF4 and FP4 as packed nibbles plus one absmax per 64 (NF4's is
-/// a u8 after double quantization, FP4's an f32; the f32 counted for both, the larger).
+/// a u8 after double quantization, FP4's an f32; the f32 counted for both, the larger); fp8
+/// as floats at its load's peak.
 fn host_bytes_per_weight(quant: Quant, two_d: bool) -> f64 {
     match (quant, two_d) {
         (Quant::Int8, true) => 1.0 + 0.05,
         (Quant::Nf4 | Quant::Fp4, true) => 0.5 + 4.0 / 64.0,
+        // In flight, fp8 first holds every weight in 16 bits (f32 here), then keeps 1-byte
+        // codes: the load's peak is the f32 model.
+        (Quant::Fp8, _) => 4.0,
         _ => 4.0,
     }
 }

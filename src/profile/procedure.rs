@@ -463,6 +463,39 @@ fn check_quant_matches_checkpoint(req: &ProfileRequest, o: &model::OpenedModel) 
     Ok(())
 }
 
+/// What `--quant fp8` is reproduced for: CUTLASS's w8a8 path (a GPU of compute capability
+/// 8.9 or more), vLLM 0.6.3 to 0.6.5, Llama-family models without a qkv bias; on a CUDA
+/// device vramscope has no fp8 kernels yet. Each refusal says which and why.
+fn check_fp8(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
+    if req.quant != Quant::Fp8 {
+        return Ok(());
+    }
+    match &req.device {
+        DeviceSpec::Cuda { .. } => return Err(crate::quant::fp8::cuda_refused()),
+        DeviceSpec::Sim { preset, .. } => {
+            if let Some(p) = crate::device::presets::find(preset) {
+                crate::quant::fp8::check_gpu(p.arch, p.name)?;
+            }
+        }
+    }
+    crate::quant::fp8::check_release(req.release()?.name)?;
+    let c = &o.config;
+    let why = if c.arch == "opt" {
+        Some("OPT's linear layers carry biases that CUTLASS adds in its epilogue, not modelled yet")
+    } else if c.attention_bias {
+        Some("the qkv bias goes into CUTLASS's epilogue (no cuBLASLt workspace), not modelled yet")
+    } else {
+        None
+    };
+    match why {
+        Some(w) => Err(Error::model(
+            o.source.origin(),
+            format!("--quant fp8 with model_type '{}': {w}", c.arch),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The procedure on one GPU, or on one rank of a tensor-parallel instance.
 pub(crate) fn run_rank(
     req: &ProfileRequest,
@@ -491,6 +524,7 @@ pub(crate) fn run_rank(
     }
     if let Some(o) = &opened {
         check_quant_matches_checkpoint(req, o)?;
+        check_fp8(req, o)?;
     }
     // vLLM's defaults for what the user left open: max_model_len from the model, the batch
     // max(max_model_len, 2048).

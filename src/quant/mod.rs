@@ -3,6 +3,7 @@
 //! May import: `engine`, `device`, `memory`, `base`.
 
 pub mod bnb4;
+pub mod fp8;
 pub mod int8;
 pub mod nf4;
 
@@ -30,10 +31,20 @@ pub enum Quant {
     Nf4,
     /// bitsandbytes FP4, blocks of 64, f32 absmax (transformers' `load_in_4bit` default).
     Fp4,
+    /// vLLM's `--quantization fp8` on a 16-bit checkpoint: float8_e4m3fn weights, one f32
+    /// scale per linear layer, activations quantized per tensor on every forward.
+    Fp8,
 }
 
 impl Quant {
-    pub const ALL: [Quant; 5] = [Quant::F16, Quant::BF16, Quant::Int8, Quant::Nf4, Quant::Fp4];
+    pub const ALL: [Quant; 6] = [
+        Quant::F16,
+        Quant::BF16,
+        Quant::Int8,
+        Quant::Nf4,
+        Quant::Fp4,
+        Quant::Fp8,
+    ];
 
     pub fn parse(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
@@ -42,8 +53,9 @@ impl Quant {
             "int8" | "bnb8" | "llm.int8" => Ok(Quant::Int8),
             "nf4" | "bnb4" => Ok(Quant::Nf4),
             "fp4" => Ok(Quant::Fp4),
+            "fp8" => Ok(Quant::Fp8),
             _ => Err(Error::Request(format!(
-                "quantization '{s}': expected fp16, bf16, int8, nf4 or fp4"
+                "quantization '{s}': expected fp16, bf16, int8, nf4, fp4 or fp8"
             ))),
         }
     }
@@ -55,6 +67,7 @@ impl Quant {
             Quant::Int8 => "int8",
             Quant::Nf4 => "nf4",
             Quant::Fp4 => "fp4",
+            Quant::Fp8 => "fp8",
         }
     }
 
@@ -125,6 +138,7 @@ pub enum Linear {
     Dense(Tensor),
     Int8(int8::Int8Linear),
     Bnb4(Bnb4Linear),
+    Fp8(fp8::Fp8Linear),
 }
 
 impl Linear {
@@ -133,6 +147,7 @@ impl Linear {
             Linear::Dense(w) => w.shape[0],
             Linear::Int8(l) => l.out_features,
             Linear::Bnb4(l) => l.out_features,
+            Linear::Fp8(l) => l.out_features,
         }
     }
 
@@ -142,6 +157,7 @@ impl Linear {
             Linear::Dense(w) => w.nbytes(),
             Linear::Int8(l) => l.weight_bytes(),
             Linear::Bnb4(l) => l.weight_bytes(),
+            Linear::Fp8(l) => l.weight_bytes(),
         }
     }
 
@@ -157,6 +173,7 @@ impl Linear {
         rt.check_cancel()?;
         match self {
             Linear::Dense(w) => dense_matmul(rt, x, w, name, act),
+            Linear::Fp8(l) => l.forward(rt, x, name, act, &[l.out_features]),
             Linear::Int8(_) | Linear::Bnb4(_) => {
                 shard_loop(rt, std::slice::from_ref(self), x, name, generation, act)
             }
@@ -175,6 +192,12 @@ pub enum FusedLinear {
     /// keeps the shards' codes in one qweight; here each shard holds its own (the same bytes,
     /// in one allocation per shard).
     Shards(Vec<Linear>),
+    /// fp8: vLLM quantizes the stacked parameter as one tensor (one scale for all shards),
+    /// and one `apply_fp8_linear` writes the fused output.
+    Fp8 {
+        linear: fp8::Fp8Linear,
+        rows: Vec<usize>,
+    },
 }
 
 impl FusedLinear {
@@ -183,6 +206,7 @@ impl FusedLinear {
         match self {
             FusedLinear::Dense { rows, .. } => rows.clone(),
             FusedLinear::Shards(s) => s.iter().map(Linear::out_features).collect(),
+            FusedLinear::Fp8 { rows, .. } => rows.clone(),
         }
     }
 
@@ -190,6 +214,7 @@ impl FusedLinear {
         match self {
             FusedLinear::Dense { weight, .. } => weight.nbytes(),
             FusedLinear::Shards(s) => s.iter().map(Linear::weight_bytes).sum(),
+            FusedLinear::Fp8 { linear, .. } => linear.weight_bytes(),
         }
     }
 
@@ -246,6 +271,7 @@ impl FusedLinear {
                 Ok(out)
             }
             FusedLinear::Shards(shards) => shard_loop(rt, shards, x, name, generation, act),
+            FusedLinear::Fp8 { linear, rows } => linear.forward(rt, x, name, act, rows),
         }
     }
 
@@ -322,6 +348,7 @@ fn shard_loop(
             Linear::Int8(l) => l.forward(rt, xb, &sname, generation)?,
             Linear::Bnb4(l) => bnb4::shard_matmul(rt, l, xb, &sname)?,
             Linear::Dense(w) => dense_matmul(rt, xb, w, &sname, act)?,
+            Linear::Fp8(l) => l.forward(rt, xb, &sname, act, &[l.out_features])?,
         };
         let n = shard.out_features();
         crate::engine::ops::copy_into(rt, &mut out, m * r0, &y)?;

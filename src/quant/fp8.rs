@@ -1,0 +1,402 @@
+//! vLLM's fp8 (`--quantization fp8`, `Fp8LinearMethod`, 0.6.4 fp8.py): float8_e4m3fn
+//! weights with one f32 scale per linear layer; on every forward the activation is quantized
+//! per tensor (`ops.scaled_fp8_quant`) and CUTLASS multiplies the two into the activation
+//! dtype (`ops.cutlass_scaled_mm`, 0.6.4 utils/w8a8_utils.py L84-117).
+
+use std::sync::OnceLock;
+
+use crate::base::error::{Error, Result};
+use crate::device::{cpu, Backend};
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Tensor};
+use crate::memory::Category;
+
+/// The largest finite float8_e4m3fn (`torch.finfo(torch.float8_e4m3fn).max`).
+pub const E4M3_MAX: f32 = 448.0;
+
+/// c10's `fp8e4m3fn_from_fp32_value` (c10/util/Float8_e4m3fn.h), what a PyTorch cast to
+/// float8_e4m3fn does: round to nearest, ties to even; a magnitude of 480 or more (inf, NaN
+/// included) becomes NaN (`0x7F` with the sign). The kernels clamp to ±448 before it
+/// (`quantize_scaled`), so they never meet that case.
+pub fn encode(x: f32) -> u8 {
+    const FP8_MAX: u32 = 1087 << 20; // 480.0
+    const DENORM_MASK: u32 = 141 << 23; // 2^14: its ulp is e4m3's smallest subnormal, 2^-9
+    let mut bits = x.to_bits();
+    let sign = bits & 0x8000_0000;
+    bits ^= sign;
+    let code = if bits >= FP8_MAX {
+        0x7F
+    } else if bits < (121 << 23) {
+        // Below 2^-6, e4m3's smallest normal: the float addition rounds to a multiple of 2^-9.
+        let b = (f32::from_bits(bits) + f32::from_bits(DENORM_MASK)).to_bits();
+        b.wrapping_sub(DENORM_MASK) as u8
+    } else {
+        let mant_odd = (bits >> 20) & 1;
+        // Rebias the exponent (127 → 7) and round the 20 dropped mantissa bits to even.
+        let b = bits
+            .wrapping_add(((7i32 - 127) as u32) << 23)
+            .wrapping_add(0x7FFFF + mant_odd);
+        (b >> 20) as u8
+    };
+    code | (sign >> 24) as u8
+}
+
+/// The value of a float8_e4m3fn code: `0x7F`/`0xFF` are NaN, there is no infinity.
+pub fn decode(code: u8) -> f32 {
+    table()[code as usize]
+}
+
+fn table() -> &'static [f32; 256] {
+    static T: OnceLock<[f32; 256]> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = [0f32; 256];
+        for (c, v) in t.iter_mut().enumerate() {
+            let (e, m) = ((c >> 3) & 0xF, (c & 7) as f32);
+            let mag = if e == 15 && c & 7 == 7 {
+                f32::NAN
+            } else if e == 0 {
+                m * 2f32.powi(-9)
+            } else {
+                (8.0 + m) * 2f32.powi(e as i32 - 10)
+            };
+            *v = if c & 0x80 != 0 { -mag } else { mag };
+        }
+        t
+    })
+}
+
+/// `scaled_fp8_conversion<true>` (csrc/quantization/fp8/common.cu at 0.6.4): `x · inv_scale`
+/// clamped to ±448 with `fminf`/`fmaxf` (so a NaN product becomes +448), then converted.
+pub fn quantize_scaled(x: f32, inv_scale: f32) -> u8 {
+    encode((x * inv_scale).min(E4M3_MAX).max(-E4M3_MAX))
+}
+
+/// `dynamic_scaled_fp8_quant`'s scale: `segmented_max_reduction` writes `max|x| / 448` (f32
+/// division; `fmaxf` skips NaN).
+pub fn dynamic_scale(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |m, v| m.max(v.abs())) / E4M3_MAX
+}
+
+/// `scaled_fp8_quant_kernel`: every value at the scale's f32 inverse (`1.0f / *scale`).
+pub fn quantize_with_scale(x: &[f32], scale: f32, out: &mut [u8]) {
+    let inv = 1.0f32 / scale;
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = quantize_scaled(v, inv);
+    }
+}
+
+/// `ops.scaled_fp8_quant(x, scale=None)`: per-tensor dynamic quantization, codes and scale.
+pub fn quantize_per_tensor(x: &[f32]) -> (Vec<u8>, f32) {
+    let scale = dynamic_scale(x);
+    let mut codes = vec![0u8; x.len()];
+    quantize_with_scale(x, scale, &mut codes);
+    (codes, scale)
+}
+
+/// Codes back to values times `scale` (what `per_tensor_dequantize` computes, in f32).
+pub fn dequantize(codes: &[u8], scale: f32) -> Vec<f32> {
+    codes.iter().map(|&c| decode(c) * scale).collect()
+}
+
+/// A linear layer under vLLM's `Fp8LinearMethod` after `process_weights_after_loading`.
+pub struct Fp8Linear {
+    /// F8E4M3 `[n, k]`; vLLM keeps `qweight.t()`, a view of the same bytes.
+    pub qweight: Tensor,
+    /// F32 `[1]`, the per-tensor `weight_scale`.
+    pub weight_scale: Tensor,
+    pub weight_scale_value: f32,
+    /// The static activation scheme's `input_scale` (F32 `[1]`) and its value; `None` for
+    /// dynamic activations.
+    pub input_scale: Option<(Tensor, f32)>,
+    pub out_features: usize,
+    pub in_features: usize,
+}
+
+impl Fp8Linear {
+    pub fn weight_bytes(&self) -> u64 {
+        self.qweight.nbytes()
+            + self.weight_scale.nbytes()
+            + self.input_scale.as_ref().map_or(0, |(t, _)| t.nbytes())
+    }
+
+    /// vLLM's in-flight `process_weights_after_loading` for one layer (0.6.4 fp8.py
+    /// L182-201): `scaled_fp8_quant(layer.weight)` allocates the fp8 copy `[n, k]`, then a
+    /// zeroed f32 scale `[1]`; the caller then replaces the 16-bit weight, which frees it.
+    pub fn quantize_in_flight(rt: &Runtime, w: &Tensor) -> Result<Self> {
+        let (n, k) = (w.shape[0], w.cols());
+        rt.set_op("fp8.scaled_fp8_quant");
+        let base = w.name.trim_end_matches(".weight").to_string();
+        let mut qweight = rt.tensor(w.name.clone(), Category::Weight, &[n, k], DType::F8E4M3)?;
+        let mut weight_scale = rt.tensor(
+            format!("{base}.weight_scale"),
+            Category::Weight,
+            &[1],
+            DType::F32,
+        )?;
+        let mut value = 0.0;
+        match rt.backend() {
+            Backend::Dry => {}
+            Backend::Cpu => {
+                let (codes, s) = quantize_per_tensor(w.f32());
+                qweight.u8_mut().copy_from_slice(&codes);
+                weight_scale.f32_mut()[0] = s;
+                value = s;
+            }
+            Backend::Cuda => return Err(cuda_refused()),
+        }
+        Ok(Fp8Linear {
+            qweight,
+            weight_scale,
+            weight_scale_value: value,
+            input_scale: None,
+            out_features: n,
+            in_features: k,
+        })
+    }
+
+    /// `apply_fp8_linear` on the CUTLASS path (0.6.4 w8a8_utils.py L98-117): `x [m, k] →
+    /// [m, n]` in `act`. `scaled_fp8_quant` allocates the fp8 input `[m, k]` and, for dynamic
+    /// activations, a zeroed f32 scale `[1]`; `cutlass_scaled_mm` allocates the output; the
+    /// fp8 input and then its scale are freed when the function returns. `rows` are the
+    /// output features of a fused layer's shards: the host writes each shard's columns as one
+    /// contiguous block, as `FusedLinear` lays its output out (one `[n]` for a plain layer).
+    pub fn forward(
+        &self,
+        rt: &Runtime,
+        x: &Tensor,
+        name: &str,
+        act: DType,
+        rows: &[usize],
+    ) -> Result<Tensor> {
+        rt.check_cancel()?;
+        let (m, k, n) = (x.rows(), x.cols(), self.out_features);
+        if k != self.in_features {
+            return Err(Error::Request(format!(
+                "{name}: input has {k} features but the fp8 weight {} expects {}",
+                self.qweight.name, self.in_features
+            )));
+        }
+        if rt.backend() == Backend::Cuda {
+            return Err(cuda_refused());
+        }
+        rt.set_op("fp8.scaled_fp8_quant");
+        let mut qinput = rt.tensor(
+            format!("{name}.qinput"),
+            Category::Activation,
+            &[m, k],
+            DType::F8E4M3,
+        )?;
+        let mut x_scale = match self.input_scale {
+            Some(_) => None,
+            None => Some(rt.tensor(
+                format!("{name}.x_scale"),
+                Category::Activation,
+                &[1],
+                DType::F32,
+            )?),
+        };
+        let mut xs = 0.0;
+        if rt.backend() == Backend::Cpu {
+            xs = match &self.input_scale {
+                Some((_, s)) => *s,
+                None => dynamic_scale(x.f32()),
+            };
+            quantize_with_scale(x.f32(), xs, qinput.u8_mut());
+            if let Some(t) = &mut x_scale {
+                t.f32_mut()[0] = xs;
+            }
+        }
+        rt.set_op("fp8.cutlass_scaled_mm");
+        let mut out = rt.tensor_for_overwrite(
+            format!("{name}.out"),
+            Category::Activation,
+            &[m, n],
+            act,
+        )?;
+        if rt.backend() == Backend::Cpu {
+            self.cpu_scaled_mm(rt, &qinput, xs, &mut out, act, rows)?;
+        }
+        drop(qinput);
+        drop(x_scale);
+        Ok(out)
+    }
+
+    /// CUTLASS's fp8 GEMM on the host: the products of decoded codes summed in f32 (each is
+    /// exact: 4 + 4 significant bits), then the epilogue `scale_a · (scale_b · acc)`
+    /// (`ScaledEpilogue`) rounded to `act`. The weight is decoded a run of rows at a time.
+    fn cpu_scaled_mm(
+        &self,
+        rt: &Runtime,
+        qinput: &Tensor,
+        x_scale: f32,
+        out: &mut Tensor,
+        act: DType,
+        rows: &[usize],
+    ) -> Result<()> {
+        const CHUNK: usize = 256;
+        let (m, k) = (qinput.rows(), qinput.cols());
+        let lut = table();
+        let xv: Vec<f32> = qinput.u8().iter().map(|&c| lut[c as usize]).collect();
+        let w = self.qweight.u8();
+        let ws = self.weight_scale_value;
+        let cancel = rt.cancel_flag();
+        let o = out.f32_mut();
+        let (mut r0, mut block) = (0, 0);
+        let mut wbuf = vec![0f32; CHUNK * k];
+        let mut acc = vec![0f32; m * CHUNK];
+        for &shard in rows {
+            let mut c0 = 0;
+            while c0 < shard {
+                let c = CHUNK.min(shard - c0);
+                let first = (r0 + c0) * k;
+                for (d, &code) in wbuf[..c * k].iter_mut().zip(&w[first..first + c * k]) {
+                    *d = lut[code as usize];
+                }
+                cpu::matmul_nt_cancellable(&xv, &wbuf[..c * k], &mut acc[..m * c], (m, k, c), &cancel)?;
+                for r in 0..m {
+                    let dst = &mut o[block + r * shard + c0..block + r * shard + c0 + c];
+                    for (d, &a) in dst.iter_mut().zip(&acc[r * c..(r + 1) * c]) {
+                        *d = act.round(x_scale * (ws * a));
+                    }
+                }
+                c0 += c;
+            }
+            r0 += shard;
+            block += m * shard;
+        }
+        Ok(())
+    }
+}
+
+/// The one line `--quant fp8` on a real GPU gets until vramscope has the kernels.
+pub(crate) fn cuda_refused() -> Error {
+    Error::Request(
+        "--quant fp8 on a CUDA device: vramscope's GPU kernels for fp8 (scaled_fp8_quant, cutlass_scaled_mm) are not written yet; plan it on a simulated GPU (--device sim:h100-80gb:dry, or :compute for the math)".into(),
+    )
+}
+
+/// Whether vLLM runs fp8 on a GPU of this architecture as vramscope models it (CUTLASS,
+/// w8a8), with the reason when not: vLLM needs compute capability 8.0 at all
+/// (`Fp8Config.get_min_capability`) and 8.9 for fp8 tensor cores; below that it runs fp8
+/// Marlin, weight-only w8a16 (0.6.4 fp8.py L120-121: `not has_device_capability(89)`).
+pub fn check_gpu(arch: &str, gpu: &str) -> Result<()> {
+    let why = match arch {
+        "Ada" | "Hopper" | "Blackwell" => return Ok(()),
+        "Ampere" => "compute capability 8.0/8.6 is below the 8.9 that fp8 tensor cores need, so vLLM runs fp8 Marlin (weight-only, w8a16; fp8.py L120-121 at 0.6.4), which vramscope does not reproduce",
+        "Turing" => "vLLM refuses fp8 below compute capability 8.0 (Fp8Config.get_min_capability, fp8.py L63-65 at 0.6.4)",
+        _ => "its compute capability is not known to vramscope",
+    };
+    Err(Error::Request(format!(
+        "--quant fp8 on {gpu} ({arch}): {why}; use an Ada, Hopper or Blackwell preset (l4, l40s, rtx4090, h100-80gb, h200-141gb)"
+    )))
+}
+
+/// The releases whose fp8 path vramscope reproduces: 0.6.3 to 0.6.5 allocate alike (fp8.py
+/// and `apply_fp8_linear` read the same there); 0.7 adds `maybe_create_device_identity` at
+/// the first layer's `create_weights`, 0.8 `Fp8LinearOp`, V1 quantizes each layer as it
+/// loads (`Fp8OnlineLinearMethod`, meta device): not yet modelled.
+pub fn check_release(release: &str) -> Result<()> {
+    if matches!(release, "0.6.3" | "380e1863" | "0.6.4" | "0.6.5") {
+        return Ok(());
+    }
+    Err(Error::Request(format!(
+        "--quant fp8 with --vllm {release}: vramscope reproduces fp8 as vLLM 0.6.3 to 0.6.5 run it; from 0.7 on it allocates differently (a device identity scale at 0.7, Fp8LinearOp at 0.8, per-layer online quantization in V1), not yet modelled: use --vllm 0.6.4"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encode_matches_hand_worked_codes() {
+        // (value, code): sign | exponent (4 bits, bias 7) | mantissa (3 bits).
+        let cases: [(f32, u8); 14] = [
+            (0.0, 0x00),
+            (-0.0, 0x80),
+            (1.0, 0x38),           // 2^0: exponent 7
+            (-2.0, 0xC0),          // sign, exponent 8
+            (448.0, 0x7E),         // 1.75 · 2^8, the largest finite
+            (0.015625, 0x08),      // 2^-6, the smallest normal
+            (0.013671875, 0x07),   // 7 · 2^-9, the largest subnormal
+            (0.0019531, 0x01),     // ≈ 2^-9, the smallest subnormal
+            (0.0009765625, 0x00),  // 2^-10: a tie between 0 and 2^-9, to even (0)
+            (0.0029296875, 0x02),  // 1.5 · 2^-9: a tie between 1 and 2 (· 2^-9), to even
+            (1.0625, 0x38),        // halfway between 1 and 1.125: to even (1.0)
+            (1.1875, 0x3A),        // halfway between 1.125 and 1.25: to even (1.25)
+            (464.0, 0x7E),         // halfway between 448 and 480 (NaN's code): to even, 448
+            (-300.0, 0xF9),        // 1.171875 · 2^8: nearer 1.125 · 2^8 = 288
+        ];
+        for (v, c) in cases {
+            assert_eq!(encode(v), c, "{v}");
+        }
+    }
+
+    #[test]
+    fn encode_sends_480_and_above_and_nan_to_nan() {
+        for v in [470.0, 480.0, 1e6, f32::INFINITY, f32::NAN] {
+            assert_eq!(encode(v), 0x7F, "{v}");
+        }
+        assert_eq!(encode(-480.0), 0xFF);
+        assert!(decode(0x7F).is_nan() && decode(0xFF).is_nan());
+    }
+
+    #[test]
+    fn the_kernel_clamps_so_it_saturates_at_448() {
+        // scaled_fp8_conversion: fminf/fmaxf to ±448 before the cast.
+        assert_eq!(quantize_scaled(464.0, 1.0), 0x7E);
+        assert_eq!(quantize_scaled(1e9, 1.0), 0x7E);
+        assert_eq!(quantize_scaled(-1e9, 1.0), 0xFE);
+        assert_eq!(quantize_scaled(f32::INFINITY, 1.0), 0x7E);
+        // fminf(NaN, 448) is 448.
+        assert_eq!(quantize_scaled(f32::NAN, 1.0), 0x7E);
+    }
+
+    #[test]
+    fn every_finite_code_round_trips() {
+        for c in 0u8..=255 {
+            let v = decode(c);
+            if v.is_nan() {
+                assert_eq!(c & 0x7F, 0x7F);
+            } else {
+                assert_eq!(encode(v), c, "code {c:#04x} = {v}");
+            }
+        }
+        assert_eq!(decode(0x01), 2f32.powi(-9));
+        assert_eq!(decode(0x7E), 448.0);
+    }
+
+    #[test]
+    fn encode_is_round_to_nearest_even_on_every_interval() {
+        // Between consecutive finite codes, the midpoint goes to the even code, points
+        // either side of it to the nearer code.
+        for c in 0u8..0x7E {
+            let (a, b) = (decode(c), decode(c + 1));
+            let mid = (a + b) / 2.0;
+            let even = if c % 2 == 0 { c } else { c + 1 };
+            assert_eq!(encode(mid), even, "mid of {a} and {b}");
+            assert_eq!(encode(f32::from_bits(mid.to_bits() - 1)), c);
+            assert_eq!(encode(f32::from_bits(mid.to_bits() + 1)), c + 1);
+        }
+    }
+
+    #[test]
+    fn per_tensor_quantization_scales_the_absmax_to_448() {
+        let x = [0.5f32, -2.0, 1.0, 0.0];
+        let (q, s) = quantize_per_tensor(&x);
+        assert_eq!(s, 2.0 / 448.0);
+        // -2.0 · (1 / s) = -448 (up to f32 rounding of the inverse, then the clamp).
+        assert_eq!(q[1], 0xFE);
+        let back = dequantize(&q, s);
+        for (a, b) in back.iter().zip(&x) {
+            // e4m3 keeps 3 mantissa bits: within 1/16 relative, here exact or nearly.
+            assert!((a - b).abs() <= b.abs() / 16.0 + 1e-6, "{a} vs {b}");
+        }
+        // An all-zero tensor: scale 0, 1/0 = inf, 0 · inf = NaN → clamped to 448; the
+        // dequantized values are 448 · 0 = 0.
+        let (q, s) = quantize_per_tensor(&[0.0; 3]);
+        assert_eq!(s, 0.0);
+        assert_eq!(q, vec![0x7E; 3]);
+        assert_eq!(dequantize(&q, s), vec![0.0; 3]);
+    }
+}
