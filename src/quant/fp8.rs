@@ -399,4 +399,125 @@ mod tests {
         assert_eq!(q, vec![0x7E; 3]);
         assert_eq!(dequantize(&q, s), vec![0.0; 3]);
     }
+
+    fn runtime(mode: &str) -> Runtime {
+        let spec = crate::device::DeviceSpec::parse(&format!("sim:h100-80gb:{mode}")).unwrap();
+        Runtime::new(
+            crate::device::Device::open(&spec).unwrap(),
+            std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            None,
+        )
+    }
+
+    /// (kind, tensor, block bytes: rounded to 512) of the framework's allocs and frees from
+    /// `from` on.
+    fn trace(rt: &Runtime, from: usize) -> Vec<(&'static str, String, u64)> {
+        use crate::memory::EventKind;
+        rt.events_since(from, |evs| {
+            evs.iter()
+                .filter_map(|e| match e.kind {
+                    EventKind::Alloc => Some(("alloc", e.tensor.clone(), e.bytes)),
+                    EventKind::Free => Some(("free", e.tensor.clone(), e.bytes)),
+                    _ => None,
+                })
+                .collect()
+        })
+    }
+
+    #[test]
+    fn in_flight_quantization_allocates_codes_and_scale_then_frees_the_16_bit_weight() {
+        let rt = runtime("dry");
+        let w = rt
+            .tensor("l.qkv_proj.weight", Category::Weight, &[6144, 4096], DType::F16)
+            .unwrap();
+        let mut lin = super::super::Linear::Dense(w);
+        let from = rt.event_count();
+        crate::model::loader::fp8_after_loading(&rt, &mut lin).unwrap();
+        let t = trace(&rt, from);
+        assert_eq!(
+            t,
+            vec![
+                ("alloc", "l.qkv_proj.weight".into(), 6144 * 4096),
+                ("alloc", "l.qkv_proj.weight_scale".into(), 512),
+                ("free", "l.qkv_proj.weight".into(), 2 * 6144 * 4096),
+            ]
+        );
+        assert_eq!(lin.weight_bytes(), 6144 * 4096 + 4);
+        // The 4-byte scale takes a 512-byte block; the freed 16-bit weight stays cached.
+        let st = rt.stats();
+        assert_eq!(st.allocated, 6144 * 4096 + 512);
+        assert!(st.reserved >= 2 * 6144 * 4096 + 6144 * 4096);
+    }
+
+    #[test]
+    fn one_linear_forward_allocates_fp8_input_scale_and_output_then_frees_the_two() {
+        let rt = runtime("dry");
+        let w = rt
+            .tensor("o_proj.weight", Category::Weight, &[4096, 4096], DType::F16)
+            .unwrap();
+        let lin = Fp8Linear::quantize_in_flight(&rt, &w).unwrap();
+        drop(w);
+        let x = rt
+            .tensor("x", Category::Activation, &[2048, 4096], DType::F16)
+            .unwrap();
+        let from = rt.event_count();
+        let out = lin.forward(&rt, &x, "0.o_proj", DType::F16, &[4096]).unwrap();
+        assert_eq!(out.shape, vec![2048, 4096]);
+        assert_eq!(
+            trace(&rt, from),
+            vec![
+                ("alloc", "0.o_proj.qinput".into(), 2048 * 4096),
+                ("alloc", "0.o_proj.x_scale".into(), 512),
+                ("alloc", "0.o_proj.out".into(), 2 * 2048 * 4096),
+                ("free", "0.o_proj.qinput".into(), 2048 * 4096),
+                ("free", "0.o_proj.x_scale".into(), 512),
+            ]
+        );
+    }
+
+    #[test]
+    fn host_forward_is_the_scaled_product_of_the_codes() {
+        let rt = runtime("compute");
+        let (m, k, n) = (3, 40, 5);
+        let wv: Vec<f32> = (0..n * k)
+            .map(|i| DType::F16.round(((i * 37 % 101) as f32 - 50.0) / 64.0))
+            .collect();
+        let xv: Vec<f32> = (0..m * k)
+            .map(|i| DType::F16.round(((i * 53 % 97) as f32 - 48.0) / 16.0))
+            .collect();
+        let w = rt
+            .tensor_with_values("w.weight", Category::Weight, &[n, k], DType::F16, wv.clone())
+            .unwrap();
+        let lin = Fp8Linear::quantize_in_flight(&rt, &w).unwrap();
+        let x = rt
+            .tensor_with_values("x", Category::Activation, &[m, k], DType::F16, xv.clone())
+            .unwrap();
+        // Two shards (2 and 3 rows): each writes its own `[m, rows]` block.
+        let out = lin.forward(&rt, &x, "w", DType::F16, &[2, 3]).unwrap();
+        let (wq, ws) = quantize_per_tensor(&wv);
+        let (xq, xs) = quantize_per_tensor(&xv);
+        assert_eq!(ws, lin.weight_scale_value);
+        let mut want = vec![0f32; m * n];
+        let (mut block, mut r0) = (0, 0);
+        for shard in [2, 3] {
+            for r in 0..m {
+                for c in 0..shard {
+                    // Exact in f64: each product and the sum of 40 of them fit.
+                    let acc: f64 = (0..k)
+                        .map(|i| {
+                            decode(xq[r * k + i]) as f64 * decode(wq[(r0 + c) * k + i]) as f64
+                        })
+                        .sum();
+                    want[block + r * shard + c] =
+                        DType::F16.round(xs * (ws * acc as f32));
+                }
+            }
+            block += m * shard;
+            r0 += shard;
+        }
+        assert_eq!(out.f32(), &want[..]);
+        // And close to the 16-bit product it stands for (e4m3 keeps 3 mantissa bits).
+        let exact: f32 = (0..k).map(|i| xv[i] * wv[i]).sum();
+        assert!((out.f32()[0] - exact).abs() < 0.1 * exact.abs().max(1.0));
+    }
 }
