@@ -92,14 +92,18 @@ fn llama_3_8b_loads_in_fp8_to_one_byte_linears_after_holding_the_16_bit_model() 
     }
     assert_eq!(now, fp8);
     assert_eq!(st.allocated_peak - before, peak);
-    assert_eq!(peak, sixteen + linears[2] + 512 - (linears[0] + linears[1] - 1024));
+    assert_eq!(
+        peak,
+        sixteen + linears[2] + 512 - (linears[0] + linears[1] - 1024)
+    );
     assert_eq!(m.weight_bytes(), {
         let c = &opened.config;
         let lin = c.num_layers as u64
             * ((c.q_dim() + 2 * c.kv_dim()) * c.hidden_size
                 + c.hidden_size * c.q_dim()
                 + 3 * c.intermediate_size * c.hidden_size) as u64;
-        lin + 4 * 4 * c.num_layers as u64 + 2 * (c.param_count() - lin)
+        lin + 4 * 4 * c.num_layers as u64
+            + 2 * (c.param_count() - lin)
             + 2 * (c.max_position_embeddings * c.head_dim) as u64
     });
     // The freed 16-bit weights stay cached: reserved holds at least the 16-bit model.
@@ -124,7 +128,11 @@ fn the_dry_profile_reports_the_fp8_weights() {
         "--device",
         "sim:h100-80gb:dry",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
     let cfg = vramscope::model::presets::preset("llama-3-8b").unwrap();
     assert_eq!(r["weights_bytes"].as_u64().unwrap(), llama_bytes(&cfg).1);
@@ -146,7 +154,11 @@ fn bench_logits(quant: &str, dir: &std::path::Path) -> Vec<f64> {
         "--json",
         json.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
     r["logits"]
         .as_array()
@@ -171,10 +183,22 @@ fn tiny_fp8_logits_are_within_ten_percent_of_fp16s() {
         "--device",
         "sim:h100-80gb:compute",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let (a, b) = (bench_logits("fp16", dir.path()), bench_logits("fp8", dir.path()));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (a, b) = (
+        bench_logits("fp16", dir.path()),
+        bench_logits("fp8", dir.path()),
+    );
     assert_eq!(a.len(), b.len());
-    let diff: f64 = a.iter().zip(&b).map(|(x, y)| (x - y).powi(2)).sum::<f64>().sqrt();
+    let diff: f64 = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).powi(2))
+        .sum::<f64>()
+        .sqrt();
     let norm: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
     // Measured 6.8e-2 (e4m3 keeps 3 mantissa bits of weights and activations); int8's is
     // 1.5e-2.
@@ -203,7 +227,10 @@ fn fp8_on_a_cuda_device_is_refused_in_one_line() {
 #[test]
 fn fp8_on_an_a100_is_refused_naming_the_gpu_and_marlin() {
     let e = refused(&["--vllm", "0.6.4", "--device", "sim:a100-80gb:dry"]);
-    assert!(e.contains("A100") && e.contains("Marlin") && e.contains("8.9"), "{e}");
+    assert!(
+        e.contains("A100") && e.contains("Marlin") && e.contains("8.9"),
+        "{e}"
+    );
     let e = refused(&["--vllm", "0.6.4", "--device", "sim:t4:dry"]);
     assert!(e.contains("T4") && e.contains("8.0"), "{e}");
 }
@@ -212,10 +239,50 @@ fn fp8_on_an_a100_is_refused_naming_the_gpu_and_marlin() {
 fn fp8_is_refused_for_releases_and_models_not_reproduced() {
     let e = refused(&["--vllm", "0.8", "--device", "sim:h100-80gb:dry"]);
     assert!(e.contains("--vllm 0.8"), "{e}");
-    let mut all = vec!["profile", "-q", "--model", "preset:qwen2.5-1.5b", "--quant", "fp8"];
+    let mut all = vec![
+        "profile",
+        "-q",
+        "--model",
+        "preset:qwen2.5-1.5b",
+        "--quant",
+        "fp8",
+    ];
     all.extend_from_slice(&["--vllm", "0.6.4", "--device", "sim:h100-80gb:dry"]);
     let out = vramscope(&all);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("qkv bias"), "{err}");
+}
+
+#[test]
+fn a_pre_quantized_fp8_checkpoint_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    model::gen_model(
+        "tiny",
+        dir.path(),
+        vramscope::model::weights::StoredDtype::F16,
+        0,
+    )
+    .unwrap();
+    let cfg_path = dir.path().join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    cfg["quantization_config"] =
+        serde_json::json!({"quant_method": "fp8", "activation_scheme": "dynamic"});
+    std::fs::write(&cfg_path, serde_json::to_vec(&cfg).unwrap()).unwrap();
+    let out = vramscope(&[
+        "profile",
+        "-q",
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--device",
+        "sim:h100-80gb:dry",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("config.json") && err.contains("'fp8'") && err.contains("--quant fp8"),
+        "{err}"
+    );
 }

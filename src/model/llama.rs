@@ -8,8 +8,8 @@ use std::cell::Cell;
 
 pub use super::batch::Batch;
 use super::config::ModelConfig;
-pub use super::loader::{LoadOptions, LoadStats};
 use super::loader::{fp8_after_loading, fp8_fused_after_loading, Loader, Slice};
+pub use super::loader::{LoadOptions, LoadStats};
 use super::weights::WeightSource;
 use crate::base::error::{Error, Result};
 use crate::device::cpu::AttnShape;

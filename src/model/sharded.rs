@@ -100,6 +100,12 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
         ));
     }
     let method = text("quant_method")?.unwrap_or("bitsandbytes");
+    if method == "fp8" {
+        return Err(Error::model(
+            path,
+            "quantization_config.quant_method 'fp8': pre-quantized fp8 checkpoints (F8_E4M3 weights with their weight_scale) are not read yet; load the 16-bit checkpoint with --quant fp8, which quantizes in flight as vLLM does",
+        ));
+    }
     if method != "bitsandbytes" {
         return Err(Error::model(
             path,

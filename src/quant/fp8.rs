@@ -207,12 +207,8 @@ impl Fp8Linear {
             }
         }
         rt.set_op("fp8.cutlass_scaled_mm");
-        let mut out = rt.tensor_for_overwrite(
-            format!("{name}.out"),
-            Category::Activation,
-            &[m, n],
-            act,
-        )?;
+        let mut out =
+            rt.tensor_for_overwrite(format!("{name}.out"), Category::Activation, &[m, n], act)?;
         if rt.backend() == Backend::Cpu {
             self.cpu_scaled_mm(rt, &qinput, xs, &mut out, act, rows)?;
         }
@@ -252,7 +248,13 @@ impl Fp8Linear {
                 for (d, &code) in wbuf[..c * k].iter_mut().zip(&w[first..first + c * k]) {
                     *d = lut[code as usize];
                 }
-                cpu::matmul_nt_cancellable(&xv, &wbuf[..c * k], &mut acc[..m * c], (m, k, c), &cancel)?;
+                cpu::matmul_nt_cancellable(
+                    &xv,
+                    &wbuf[..c * k],
+                    &mut acc[..m * c],
+                    (m, k, c),
+                    &cancel,
+                )?;
                 for r in 0..m {
                     let dst = &mut o[block + r * shard + c0..block + r * shard + c0 + c];
                     for (d, &a) in dst.iter_mut().zip(&acc[r * c..(r + 1) * c]) {
@@ -314,18 +316,18 @@ mod tests {
         let cases: [(f32, u8); 14] = [
             (0.0, 0x00),
             (-0.0, 0x80),
-            (1.0, 0x38),           // 2^0: exponent 7
-            (-2.0, 0xC0),          // sign, exponent 8
-            (448.0, 0x7E),         // 1.75 · 2^8, the largest finite
-            (0.015625, 0x08),      // 2^-6, the smallest normal
-            (0.013671875, 0x07),   // 7 · 2^-9, the largest subnormal
-            (0.0019531, 0x01),     // ≈ 2^-9, the smallest subnormal
-            (0.0009765625, 0x00),  // 2^-10: a tie between 0 and 2^-9, to even (0)
-            (0.0029296875, 0x02),  // 1.5 · 2^-9: a tie between 1 and 2 (· 2^-9), to even
-            (1.0625, 0x38),        // halfway between 1 and 1.125: to even (1.0)
-            (1.1875, 0x3A),        // halfway between 1.125 and 1.25: to even (1.25)
-            (464.0, 0x7E),         // halfway between 448 and 480 (NaN's code): to even, 448
-            (-300.0, 0xF9),        // 1.171875 · 2^8: nearer 1.125 · 2^8 = 288
+            (1.0, 0x38),          // 2^0: exponent 7
+            (-2.0, 0xC0),         // sign, exponent 8
+            (448.0, 0x7E),        // 1.75 · 2^8, the largest finite
+            (0.015625, 0x08),     // 2^-6, the smallest normal
+            (0.013671875, 0x07),  // 7 · 2^-9, the largest subnormal
+            (0.0019531, 0x01),    // ≈ 2^-9, the smallest subnormal
+            (0.0009765625, 0x00), // 2^-10: a tie between 0 and 2^-9, to even (0)
+            (0.0029296875, 0x02), // 1.5 · 2^-9: a tie between 1 and 2 (· 2^-9), to even
+            (1.0625, 0x38),       // halfway between 1 and 1.125: to even (1.0)
+            (1.1875, 0x3A),       // halfway between 1.125 and 1.25: to even (1.25)
+            (464.0, 0x7E),        // halfway between 448 and 480 (NaN's code): to even, 448
+            (-300.0, 0xF9),       // 1.171875 · 2^8: nearer 1.125 · 2^8 = 288
         ];
         for (v, c) in cases {
             assert_eq!(encode(v), c, "{v}");
@@ -428,7 +430,12 @@ mod tests {
     fn in_flight_quantization_allocates_codes_and_scale_then_frees_the_16_bit_weight() {
         let rt = runtime("dry");
         let w = rt
-            .tensor("l.qkv_proj.weight", Category::Weight, &[6144, 4096], DType::F16)
+            .tensor(
+                "l.qkv_proj.weight",
+                Category::Weight,
+                &[6144, 4096],
+                DType::F16,
+            )
             .unwrap();
         let mut lin = super::super::Linear::Dense(w);
         let from = rt.event_count();
@@ -461,7 +468,9 @@ mod tests {
             .tensor("x", Category::Activation, &[2048, 4096], DType::F16)
             .unwrap();
         let from = rt.event_count();
-        let out = lin.forward(&rt, &x, "0.o_proj", DType::F16, &[4096]).unwrap();
+        let out = lin
+            .forward(&rt, &x, "0.o_proj", DType::F16, &[4096])
+            .unwrap();
         assert_eq!(out.shape, vec![2048, 4096]);
         assert_eq!(
             trace(&rt, from),
@@ -486,7 +495,13 @@ mod tests {
             .map(|i| DType::F16.round(((i * 53 % 97) as f32 - 48.0) / 16.0))
             .collect();
         let w = rt
-            .tensor_with_values("w.weight", Category::Weight, &[n, k], DType::F16, wv.clone())
+            .tensor_with_values(
+                "w.weight",
+                Category::Weight,
+                &[n, k],
+                DType::F16,
+                wv.clone(),
+            )
             .unwrap();
         let lin = Fp8Linear::quantize_in_flight(&rt, &w).unwrap();
         let x = rt
@@ -504,12 +519,9 @@ mod tests {
                 for c in 0..shard {
                     // Exact in f64: each product and the sum of 40 of them fit.
                     let acc: f64 = (0..k)
-                        .map(|i| {
-                            decode(xq[r * k + i]) as f64 * decode(wq[(r0 + c) * k + i]) as f64
-                        })
+                        .map(|i| decode(xq[r * k + i]) as f64 * decode(wq[(r0 + c) * k + i]) as f64)
                         .sum();
-                    want[block + r * shard + c] =
-                        DType::F16.round(xs * (ws * acc as f32));
+                    want[block + r * shard + c] = DType::F16.round(xs * (ws * acc as f32));
                 }
             }
             block += m * shard;
