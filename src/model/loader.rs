@@ -641,7 +641,7 @@ pub(crate) fn fp8_after_loading(rt: &Runtime, lin: &mut Linear) -> Result<()> {
 /// `fp8_after_loading` for a stacked parameter: quantized whole, one scale for its shards.
 pub(crate) fn fp8_fused_after_loading(rt: &Runtime, f: &mut FusedLinear) -> Result<()> {
     if let FusedLinear::Dense { weight, rows } = f {
-        let linear = Fp8Linear::quantize_in_flight(rt, weight)?;
+        let linear = Box::new(Fp8Linear::quantize_in_flight(rt, weight)?);
         let rows = std::mem::take(rows);
         *f = FusedLinear::Fp8 { linear, rows };
     }

@@ -67,6 +67,8 @@ fn table() -> &'static [f32; 256] {
 
 /// `scaled_fp8_conversion<true>` (csrc/quantization/fp8/common.cu at 0.6.4): `x · inv_scale`
 /// clamped to ±448 with `fminf`/`fmaxf` (so a NaN product becomes +448), then converted.
+// Not `clamp`: it passes NaN through, where `fminf` (and `f32::min`) gives 448.
+#[allow(clippy::manual_clamp)]
 pub fn quantize_scaled(x: f32, inv_scale: f32) -> u8 {
     encode((x * inv_scale).min(E4M3_MAX).max(-E4M3_MAX))
 }

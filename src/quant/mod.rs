@@ -195,7 +195,7 @@ pub enum FusedLinear {
     /// fp8: vLLM quantizes the stacked parameter as one tensor (one scale for all shards),
     /// and one `apply_fp8_linear` writes the fused output.
     Fp8 {
-        linear: fp8::Fp8Linear,
+        linear: Box<fp8::Fp8Linear>,
         rows: Vec<usize>,
     },
 }
