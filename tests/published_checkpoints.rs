@@ -126,21 +126,23 @@ fn phi_4_loads_its_stored_bytes() {
 #[test]
 fn gemma_2_9b_loads_its_stored_bytes() {
     let rotary = 8192 * 256 * 2;
-    check_with_device_extras(
-        serde_json::json!({
-            "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
-            "hidden_size": 3584, "intermediate_size": 14336, "num_hidden_layers": 42,
-            "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
-            "vocab_size": 256000, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
-            "rope_theta": 10000.0, "hidden_act": "gelu_pytorch_tanh",
-            "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
-            "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
-            "sliding_window": 4096, "attention_bias": false, "attention_dropout": 0.0,
-            "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2, "torch_dtype": "float32"
-        }),
-        9_241_705_984,
-        rotary + 2,
+    let published = serde_json::json!({
+        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+        "hidden_size": 3584, "intermediate_size": 14336, "num_hidden_layers": 42,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+        "vocab_size": 256000, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0, "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+        "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+        "sliding_window": 4096, "attention_bias": false, "attention_dropout": 0.0,
+        "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2, "torch_dtype": "float32"
+    });
+    // The preset is the published config.
+    assert_eq!(
+        ModelConfig::from_hf_json(&published).unwrap(),
+        vramscope::model::presets::preset("gemma-2-9b").unwrap()
     );
+    check_with_device_extras(published, 9_241_705_984, rotary + 2);
 }
 
 /// google/gemma-3-12b-it's `text_config` as a text-only (gemma3_text) checkpoint: the
@@ -151,20 +153,22 @@ fn gemma_2_9b_loads_its_stored_bytes() {
 fn gemma_3_12b_text_loads_its_stored_bytes() {
     let local = 131072 * 256 * 2;
     let global = 8 * local;
-    check_with_device_extras(
-        serde_json::json!({
-            "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
-            "hidden_size": 3840, "intermediate_size": 15360, "num_hidden_layers": 48,
-            "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
-            "vocab_size": 262208, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
-            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
-            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
-            "query_pre_attn_scalar": 256, "sliding_window": 1024, "sliding_window_pattern": 6,
-            "final_logit_softcapping": null, "attn_logit_softcapping": null,
-            "hidden_activation": "gelu_pytorch_tanh", "attention_bias": false,
-            "torch_dtype": "bfloat16"
-        }),
-        11_766_034_176,
-        local + global + 2,
+    let published = serde_json::json!({
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+        "hidden_size": 3840, "intermediate_size": 15360, "num_hidden_layers": 48,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+        "vocab_size": 262208, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "query_pre_attn_scalar": 256, "sliding_window": 1024, "sliding_window_pattern": 6,
+        "final_logit_softcapping": null, "attn_logit_softcapping": null,
+        "hidden_activation": "gelu_pytorch_tanh", "attention_bias": false,
+        "torch_dtype": "bfloat16"
+    });
+    // The preset is the published config.
+    assert_eq!(
+        ModelConfig::from_hf_json(&published).unwrap(),
+        vramscope::model::presets::preset("gemma-3-12b").unwrap()
     );
+    check_with_device_extras(published, 11_766_034_176, local + global + 2);
 }

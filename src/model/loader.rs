@@ -740,3 +740,40 @@ pub(crate) fn load_linear(
         Quant::Nf4 | Quant::Fp4 => unreachable!("4-bit weights load through Loader::linear"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::Category;
+    use crate::quant::fp8::tests::{runtime, trace};
+
+    #[test]
+    fn in_flight_quantization_allocates_codes_and_scale_then_frees_the_16_bit_weight() {
+        let rt = runtime("dry");
+        let w = rt
+            .tensor(
+                "l.qkv_proj.weight",
+                Category::Weight,
+                &[6144, 4096],
+                DType::F16,
+            )
+            .unwrap();
+        let mut lin = Linear::Dense(w);
+        let from = rt.event_count();
+        fp8_after_loading(&rt, &mut lin).unwrap();
+        let t = trace(&rt, from);
+        assert_eq!(
+            t,
+            vec![
+                ("alloc", "l.qkv_proj.weight".into(), 6144 * 4096),
+                ("alloc", "l.qkv_proj.weight_scale".into(), 512),
+                ("free", "l.qkv_proj.weight".into(), 2 * 6144 * 4096),
+            ]
+        );
+        assert_eq!(lin.weight_bytes(), 6144 * 4096 + 4);
+        // The 4-byte scale takes a 512-byte block; the freed 16-bit weight stays cached.
+        let st = rt.stats();
+        assert_eq!(st.allocated, 6144 * 4096 + 512);
+        assert!(st.reserved >= 2 * 6144 * 4096 + 6144 * 4096);
+    }
+}
