@@ -18,9 +18,13 @@ fuzz_target!(|data: &[u8]| {
     };
     if let Some(Command::Profile(p)) = cli.command {
         if let Ok(req) = p.request() {
-            // 0 tokens: vLLM's default batch, filled in when the run resolves the request.
+            // 0 tokens or 0 sequences: vLLM's defaults, filled in when the run resolves the
+            // request; resolved, the batch holds at least one sequence and no more sequences
+            // than tokens.
             assert!(req.tokens as u64 <= limits::MAX_TOKENS);
-            assert!(req.seqs >= 1 && (req.tokens == 0 || req.seqs <= req.tokens));
+            assert!(req.tokens == 0 || req.seqs <= req.tokens);
+            let r = req.resolved(8192);
+            assert!(r.seqs >= 1 && r.seqs <= r.tokens, "{} seqs, {} tokens", r.seqs, r.tokens);
             assert!(req.outside_before <= limits::MAX_BYTES);
             assert!(req.outside_during <= limits::MAX_BYTES);
             if let vramscope::model::ModelSource::Synthetic {
