@@ -276,6 +276,14 @@ mod tests {
     use super::*;
 
     /// Attention as written in the papers, in f64: scores, mask, softmax, weighted sum.
+    /// The largest absolute difference between `out` and the f64 reference `want`.
+    fn worst_abs(out: &[f32], want: &[f64]) -> f64 {
+        out.iter()
+            .zip(want)
+            .map(|(a, b)| (*a as f64 - b).abs())
+            .fold(0f64, f64::max)
+    }
+
     fn naive(q: &[f32], k: &[f32], v: &[f32], seq_lens: &[usize], s: AttnShape) -> Vec<f64> {
         let (hd, qw, kw) = (s.head_dim, s.heads * s.head_dim, s.kv_heads * s.head_dim);
         let mut out = vec![0f64; q.len()];
@@ -357,11 +365,7 @@ mod tests {
         )
         .unwrap();
         let want = naive(&q, &k, &v, &seq_lens, s);
-        let worst = out
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (*a as f64 - b).abs())
-            .fold(0f64, f64::max);
+        let worst = worst_abs(&out, &want);
         assert!(worst < 2e-5, "worst abs error {worst:e}");
     }
 
@@ -388,11 +392,7 @@ mod tests {
             let no = AtomicBool::new(false);
             attention_strided(&q, qa, &k, ka, &v, ka, &mut out, qa, &seq_lens, s, &no).unwrap();
             let want = naive(&q, &k, &v, &seq_lens, s);
-            let worst = out
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (*a as f64 - b).abs())
-                .fold(0f64, f64::max);
+            let worst = worst_abs(&out, &want);
             assert!(worst < 2e-5, "window {window}: worst abs error {worst:e}");
         }
         // A window of one: each token attends to itself only, so the output is its value.

@@ -805,9 +805,8 @@ mod tests {
         .unwrap()
     }
 
-    /// The allocations and frees (bytes as the allocator rounds them: 512 at least) of one dry pass of `tokens` tokens in 2 sequences, in fp16, as
-    /// (alloc?, tensor, bytes), for layer `layer` (or outside every layer with `None`).
-    fn dry_trace(cfg: &ModelConfig, tokens: usize, layer: Option<u32>) -> Vec<(bool, String, u64)> {
+    /// `cfg` loaded in fp16 with seeded weights on a dry simulated H100.
+    fn dry_load(cfg: &ModelConfig) -> (Runtime, LlamaModel) {
         let device = Device::open(&DeviceSpec::parse("sim:h100-80gb:dry").unwrap()).unwrap();
         let opts = LoadOptions {
             quant: Quant::F16,
@@ -821,6 +820,13 @@ mod tests {
             dtype: StoredDtype::F16,
         };
         let model = LlamaModel::load(&rt, cfg, &src, &opts).unwrap();
+        (rt, model)
+    }
+
+    /// The allocations and frees (bytes as the allocator rounds them: 512 at least) of one dry pass of `tokens` tokens in 2 sequences, in fp16, as
+    /// (alloc?, tensor, bytes), for layer `layer` (or outside every layer with `None`).
+    fn dry_trace(cfg: &ModelConfig, tokens: usize, layer: Option<u32>) -> Vec<(bool, String, u64)> {
+        let (rt, model) = dry_load(cfg);
         let from = rt.event_count();
         rt.set_pass(1);
         let batch = Batch::dummy(tokens, 2, cfg.vocab_size);
@@ -940,23 +946,11 @@ mod tests {
     fn gemma3_builds_a_second_scaled_rotary_cache() {
         let mut cfg = small_gemma("gemma3_text");
         cfg.gemma.as_mut().unwrap().rope_linear_factor = Some(8.0);
-        let device = Device::open(&DeviceSpec::parse("sim:h100-80gb:dry").unwrap()).unwrap();
-        let opts = LoadOptions {
-            quant: Quant::F16,
-            int8_threshold: 0.0,
-            int8_layout: device.int8_tile_layout(),
-        };
-        let rt = Runtime::new(device, std::sync::Arc::default(), None);
-        let src = SyntheticWeights {
-            preset: "gemma".into(),
-            seed: 1,
-            dtype: StoredDtype::F16,
-        };
-        let m = LlamaModel::load(&rt, &cfg, &src, &opts).unwrap();
+        let (_rt, m) = dry_load(&cfg);
         assert_eq!(m.rope_cache.shape, [64, 64]);
         assert_eq!(m.rope_cache_global.as_ref().unwrap().shape, [64 * 8, 64]);
         assert_eq!(m.normalizer.as_ref().unwrap().nbytes(), 2);
-        let g2 = LlamaModel::load(&rt, &small_gemma("gemma2"), &src, &opts).unwrap();
+        let (_rt2, g2) = dry_load(&small_gemma("gemma2"));
         assert!(g2.rope_cache_global.is_none());
     }
 }
