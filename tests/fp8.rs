@@ -254,8 +254,9 @@ fn fp8_is_refused_for_releases_and_models_not_reproduced() {
     assert!(err.contains("qkv bias"), "{err}");
 }
 
-#[test]
-fn a_pre_quantized_fp8_checkpoint_is_refused_by_name() {
+/// A tiny 16-bit checkpoint whose config.json declares `quantization_config`, profiled dry:
+/// the exit status and stderr.
+fn profile_with_quantization_config(q: serde_json::Value) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     model::gen_model(
         "tiny",
@@ -267,8 +268,7 @@ fn a_pre_quantized_fp8_checkpoint_is_refused_by_name() {
     let cfg_path = dir.path().join("config.json");
     let mut cfg: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
-    cfg["quantization_config"] =
-        serde_json::json!({"quant_method": "fp8", "activation_scheme": "dynamic"});
+    cfg["quantization_config"] = q;
     std::fs::write(&cfg_path, serde_json::to_vec(&cfg).unwrap()).unwrap();
     let out = vramscope(&[
         "profile",
@@ -278,11 +278,62 @@ fn a_pre_quantized_fp8_checkpoint_is_refused_by_name() {
         "--device",
         "sim:h100-80gb:dry",
     ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    (out.status.code(), err)
+}
+
+#[test]
+fn a_pre_quantized_fp8_checkpoint_is_refused_by_name() {
+    for scheme in ["dynamic", "static"] {
+        let (code, err) = profile_with_quantization_config(
+            serde_json::json!({"quant_method": "fp8", "activation_scheme": scheme}),
+        );
+        assert_eq!(code, Some(2), "{err}");
+        assert!(
+            err.contains("config.json")
+                && err.contains("'fp8'")
+                && err.contains(&format!("activation_scheme {scheme}"))
+                && err.contains("--quant fp8"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn an_fp8_config_without_a_known_activation_scheme_is_refused_naming_the_key() {
+    for (q, says) in [
+        (
+            serde_json::json!({"quant_method": "fp8"}),
+            "quantization_config.activation_scheme is missing",
+        ),
+        (
+            serde_json::json!({"quant_method": "fp8", "activation_scheme": "per_token"}),
+            "quantization_config.activation_scheme is \"per_token\", expected \"static\" or \"dynamic\"",
+        ),
+        (
+            serde_json::json!({"quant_method": "fp8", "activation_scheme": 1}),
+            "quantization_config.activation_scheme is 1,",
+        ),
+    ] {
+        let (code, err) = profile_with_quantization_config(q);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains("config.json") && err.contains(says), "{err}");
+    }
+}
+
+#[test]
+fn block_wise_fp8_is_refused_naming_weight_block_size_and_the_release() {
+    let (code, err) = profile_with_quantization_config(serde_json::json!({
+        "quant_method": "fp8",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+    }));
+    assert_eq!(code, Some(2), "{err}");
     assert!(
-        err.contains("config.json") && err.contains("'fp8'") && err.contains("--quant fp8"),
+        err.contains("config.json")
+            && err.contains("quantization_config.weight_block_size [128,128]")
+            && err.contains("0.6.6"),
         "{err}"
     );
 }

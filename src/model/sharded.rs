@@ -101,10 +101,7 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
     }
     let method = text("quant_method")?.unwrap_or("bitsandbytes");
     if method == "fp8" {
-        return Err(Error::model(
-            path,
-            "quantization_config.quant_method 'fp8': pre-quantized fp8 checkpoints (F8_E4M3 weights with their weight_scale) are not read yet; load the 16-bit checkpoint with --quant fp8, which quantizes in flight as vLLM does",
-        ));
+        return Err(fp8_refusal(q, path));
     }
     if method != "bitsandbytes" {
         return Err(Error::model(
@@ -150,6 +147,51 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
     .map_err(|p| Error::model(path, format!("quantization_config: {p}")))?
         as f32;
     Ok(StoredQuant::BnbInt8 { threshold })
+}
+
+/// Why a `quant_method: fp8` config is not read, checked as vLLM's `Fp8Config.from_config`
+/// reads it (0.6.4 fp8.py L31-79: `activation_scheme` is required, "static" or "dynamic").
+/// A block-wise checkpoint (`weight_block_size`, `weight_scale_inv`) is named apart: 0.6.4
+/// has no such key (block-wise fp8 arrived in 0.6.6's fp8.py), so that vLLM cannot load it.
+fn fp8_refusal(q: &serde_json::Value, path: &Path) -> Error {
+    let key = |k: &str| format!("quantization_config.{k}");
+    if !q["weight_block_size"].is_null() {
+        return Error::model(
+            path,
+            format!(
+                "{} {}: block-wise fp8 (weight_scale_inv per [128, 128] block) is not read; vLLM 0.6.3 to 0.6.5, which --quant fp8 reproduces, have no weight_block_size (it arrived in 0.6.6)",
+                key("weight_block_size"),
+                q["weight_block_size"]
+            ),
+        );
+    }
+    let scheme = match &q["activation_scheme"] {
+        serde_json::Value::String(s) if s == "static" || s == "dynamic" => s.as_str(),
+        serde_json::Value::Null => {
+            return Error::model(
+                path,
+                format!(
+                    "{} is missing: vLLM's Fp8Config requires it (\"static\" or \"dynamic\")",
+                    key("activation_scheme")
+                ),
+            )
+        }
+        other => {
+            return Error::model(
+                path,
+                format!(
+                    "{} is {other}, expected \"static\" or \"dynamic\"",
+                    key("activation_scheme")
+                ),
+            )
+        }
+    };
+    Error::model(
+        path,
+        format!(
+            "quantization_config.quant_method 'fp8' (activation_scheme {scheme}): pre-quantized fp8 checkpoints (F8_E4M3 weights with their weight_scale) are not read yet; load the 16-bit checkpoint with --quant fp8, which quantizes in flight as vLLM does"
+        ),
+    )
 }
 
 /// All shards of a checkpoint, with each tensor's shard.
