@@ -100,6 +100,61 @@ pub fn dequantize(codes: &[u8], scale: f32) -> Vec<f32> {
     codes.iter().map(|&c| decode(c) * scale).collect()
 }
 
+/// A checkpoint's per-tensor scale (`weight_scale`, `input_scale`) as vLLM's
+/// `PerTensorScaleParameter` takes it: F32 of shape `[]` or `[1]` (0.6.4 parameter.py
+/// `_load_into_shard_id` reshapes a 0-dim scale to `[1]`). A scale that is not finite and
+/// positive would make every value it multiplies NaN, infinite or zero, so it is refused;
+/// the message names the file and the tensor.
+pub fn checked_scale(
+    file: &std::path::Path,
+    tensor: &str,
+    shape: &[usize],
+    values: &[f32],
+) -> Result<f32> {
+    if !(shape.is_empty() || shape == [1]) || values.len() != 1 {
+        return Err(Error::model(
+            file,
+            format!(
+            "tensor {tensor} has shape {shape:?}, expected a per-tensor scale of shape [] or [1]"
+            ),
+        ));
+    }
+    let s = values[0];
+    if !(s.is_finite() && s > 0.0) {
+        return Err(Error::model(
+            file,
+            format!("tensor {tensor} is {s}, expected a finite scale above 0"),
+        ));
+    }
+    Ok(s)
+}
+
+/// vLLM's `requantize_with_max_scale` (0.6.4 utils/w8a8_utils.py L55-81) on the codes of a
+/// fused parameter whose shards (`rows[i]` rows of `k` each) were stored with `scales[i]`:
+/// each shard is dequantized to float16 (`per_tensor_dequantize`, L24-29: the code widened
+/// to f16, times the f32 scale, rounded to f16) and quantized again at the largest scale
+/// (`scaled_fp8_quant` with a given scale). Returns that scale, the one the forward uses.
+/// Every checkpoint scale is finite and positive (`checked_scale`), so the
+/// "unfused module in checkpoint" test (`weight_scale[-1] > finfo.min`) always holds.
+pub fn requantize_with_max_scale(
+    codes: &mut [u8],
+    k: usize,
+    rows: &[usize],
+    scales: &[f32],
+) -> f32 {
+    let max = scales.iter().fold(f32::MIN, |m, &s| m.max(s));
+    let inv = 1.0f32 / max;
+    let mut start = 0;
+    for (&n, &s) in rows.iter().zip(scales) {
+        for c in &mut codes[start * k..(start + n) * k] {
+            let dq = half::f16::from_f32(decode(*c) * s).to_f32();
+            *c = quantize_scaled(dq, inv);
+        }
+        start += n;
+    }
+    max
+}
+
 /// A linear layer under vLLM's `Fp8LinearMethod` after `process_weights_after_loading`.
 pub struct Fp8Linear {
     /// F8E4M3 `[n, k]`; vLLM keeps `qweight.t()`, a view of the same bytes.
@@ -311,6 +366,71 @@ pub fn check_release(release: &str) -> Result<()> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_scale_is_one_finite_positive_f32() {
+        let file = std::path::Path::new("ckpt/model.safetensors");
+        let one = |shape: &[usize]| checked_scale(file, "x.weight_scale", shape, &[0.25]);
+        assert_eq!(one(&[]).unwrap(), 0.25);
+        assert_eq!(one(&[1]).unwrap(), 0.25);
+        let err = |shape: &[usize], v: &[f32]| {
+            checked_scale(file, "m.o_proj.weight_scale", shape, v)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(err(&[2], &[1.0, 1.0]).starts_with("ckpt/model.safetensors"));
+        assert!(err(&[2], &[1.0, 1.0]).contains(
+            "tensor m.o_proj.weight_scale has shape [2], expected a per-tensor scale of shape [] or [1]"
+        ));
+        for (v, shown) in [
+            (f32::NAN, "NaN"),
+            (f32::INFINITY, "inf"),
+            (-0.5, "-0.5"),
+            (0.0, "0"),
+        ] {
+            assert!(
+                err(&[], &[v]).contains(&format!(
+                    "tensor m.o_proj.weight_scale is {shown}, expected a finite scale above 0"
+                )),
+                "{v}"
+            );
+        }
+    }
+
+    #[test]
+    fn requantizing_at_the_shards_own_scale_keeps_normal_codes() {
+        // A single shard (o_proj, down_proj): dequantized to f16 and back at the same scale.
+        // With scale 1 every finite code is exact in f16 and comes back unchanged.
+        let all: Vec<u8> = (0..=255u8).filter(|&c| c & 0x7F != 0x7F).collect();
+        let mut codes = all.clone();
+        let s = requantize_with_max_scale(&mut codes, all.len(), &[1], &[1.0]);
+        assert_eq!(s, 1.0);
+        assert_eq!(codes, all);
+    }
+
+    #[test]
+    fn a_shard_at_half_the_max_scale_requantizes_one_binade_down() {
+        // Shard 0 at scale 1/2, shard 1 at 1 (the max): shard 0's values halve in code space,
+        // an exponent step lower for normal codes (2.0 = 0x40 → 1.0 = 0x38); shard 1 stays.
+        let mut codes = vec![0x40, 0xC8, 0x40, 0xC8];
+        let s = requantize_with_max_scale(&mut codes, 2, &[1, 1], &[0.5, 1.0]);
+        assert_eq!(s, 1.0);
+        assert_eq!(codes, vec![0x38, 0xC0, 0x40, 0xC8]);
+        // The smallest subnormal halved (2^-10) is a tie between 0 and 2^-9: to even, 0.
+        let mut tiny = vec![0x01, 0x02];
+        requantize_with_max_scale(&mut tiny, 1, &[1, 1], &[0.5, 1.0]);
+        assert_eq!(tiny, vec![0x00, 0x02]);
+    }
+
+    #[test]
+    fn float16_dequantization_can_move_a_code_at_a_tiny_scale() {
+        // At scale 2^-24 a code's value falls among float16's subnormals (steps of 2^-24):
+        // code 0x01 (2^-9) times 2^-24 = 2^-33 rounds to 0 in f16, so it requantizes to 0.
+        let mut codes = vec![0x01, 0x7E];
+        let s = 2f32.powi(-24);
+        requantize_with_max_scale(&mut codes, 2, &[1], &[s]);
+        assert_eq!(codes, vec![0x00, 0x7E]);
+    }
 
     #[test]
     fn encode_matches_hand_worked_codes() {
