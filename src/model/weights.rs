@@ -188,6 +188,8 @@ pub struct SafetensorsFile {
     index: TensorIndex,
     /// Tensors stored as U8 (bitsandbytes 4-bit codes, absmax and quant-state blobs).
     u8_names: std::collections::HashSet<String>,
+    /// Tensors stored as F8_E4M3 (a pre-quantized fp8 checkpoint's linear weights).
+    f8_names: std::collections::HashSet<String>,
 }
 
 fn stored_dtype(d: Dtype) -> Option<StoredDtype> {
@@ -213,20 +215,24 @@ impl SafetensorsFile {
         }
         let index = parse_header(&mmap, path)?;
         // parse_header has validated the file, so this second read of the header succeeds.
-        let u8_names = SafeTensors::deserialize(&mmap)
-            .map(|st| {
-                st.tensors()
-                    .into_iter()
-                    .filter(|(_, v)| v.dtype() == Dtype::U8)
-                    .map(|(n, _)| n)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let names_of = |dtype: Dtype| {
+            SafeTensors::deserialize(&mmap)
+                .map(|st| {
+                    st.tensors()
+                        .into_iter()
+                        .filter(|(_, v)| v.dtype() == dtype)
+                        .map(|(n, _)| n)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let (u8_names, f8_names) = (names_of(Dtype::U8), names_of(Dtype::F8_E4M3));
         Ok(Self {
             path: path.to_path_buf(),
             mmap,
             index,
             u8_names,
+            f8_names,
         })
     }
 
@@ -277,6 +283,51 @@ impl SafetensorsFile {
         self.index
             .get(name)
             .map(|(_, s, r)| (s.as_slice(), &self.mmap[r.clone()]))
+    }
+
+    /// A float8_e4m3fn weight's codes (safetensors `F8_E4M3`, one byte an element), checked
+    /// to hold `shape`; any other stored dtype is refused naming the tensor.
+    pub fn raw_f8_e4m3(&self, name: &str, shape: &[usize]) -> Result<&[u8]> {
+        let (_, found, range) = self
+            .index
+            .get(name)
+            .ok_or_else(|| Error::model(&self.path, format!("tensor {name} is missing")))?;
+        if !self.f8_names.contains(name) {
+            return Err(Error::model(
+                &self.path,
+                format!(
+                    "tensor {name} is stored as {}, expected F8_E4M3 (quantization_config says fp8)",
+                    self.stored_dtype_name(name)
+                ),
+            ));
+        }
+        if found != shape {
+            return Err(Error::model(
+                &self.path,
+                format!("tensor {name} has shape {found:?}, expected {shape:?}"),
+            ));
+        }
+        Ok(&self.mmap[range.clone()])
+    }
+
+    /// A per-tensor fp8 scale (`weight_scale`, `input_scale`): F32 `[]` or `[1]`, finite and
+    /// above 0 (`fp8::checked_scale`); missing or otherwise stored, refused naming the tensor.
+    pub fn fp8_scale(&self, name: &str) -> Result<f32> {
+        let (dtype, shape) = self
+            .info(name)
+            .ok_or_else(|| Error::model(&self.path, format!("tensor {name} is missing")))?;
+        if dtype != Some(StoredDtype::F32) {
+            return Err(Error::model(
+                &self.path,
+                format!(
+                    "tensor {name} is stored as {}, expected F32",
+                    self.stored_dtype_name(name)
+                ),
+            ));
+        }
+        let shape = shape.to_vec();
+        let values = floats_to_f32(StoredDtype::F32, self.raw(name, StoredDtype::F32, &shape)?);
+        crate::quant::fp8::checked_scale(&self.path, name, &shape, &values)
     }
 
     /// The dtype a tensor's header entry names, as written there (for error messages; parses
@@ -552,5 +603,100 @@ mod synthetic_tests {
                 .collect();
             assert!(parallel == sequential, "{name} {dtype:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod f8_tests {
+    use super::*;
+    use safetensors::tensor::TensorView;
+
+    /// A file of (name, dtype, shape, bytes), opened.
+    fn file(dir: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) -> SafetensorsFile {
+        let path = dir.join("model.safetensors");
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .map(|(n, d, s, b)| (n.to_string(), TensorView::new(*d, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        SafetensorsFile::open(&path).unwrap()
+    }
+
+    #[test]
+    fn an_f8_e4m3_weight_reads_as_its_stored_codes_with_its_scalar_scale() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = file(
+            dir.path(),
+            &[
+                (
+                    "w.weight",
+                    Dtype::F8_E4M3,
+                    vec![2, 3],
+                    vec![0x38, 0xC0, 0x7E, 0, 1, 0x80],
+                ),
+                (
+                    "w.weight_scale",
+                    Dtype::F32,
+                    vec![],
+                    0.5f32.to_le_bytes().to_vec(),
+                ),
+                (
+                    "w.input_scale",
+                    Dtype::F32,
+                    vec![1],
+                    2f32.to_le_bytes().to_vec(),
+                ),
+            ],
+        );
+        assert_eq!(
+            f.raw_f8_e4m3("w.weight", &[2, 3]).unwrap(),
+            &[0x38, 0xC0, 0x7E, 0, 1, 0x80]
+        );
+        assert_eq!(f.fp8_scale("w.weight_scale").unwrap(), 0.5);
+        assert_eq!(f.fp8_scale("w.input_scale").unwrap(), 2.0);
+        assert_eq!(f.tensor_bytes("w.weight"), 6);
+    }
+
+    #[test]
+    fn an_fp8_weight_or_scale_stored_otherwise_is_refused_naming_the_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = file(
+            dir.path(),
+            &[
+                ("w.weight", Dtype::F16, vec![1, 2], vec![0; 4]),
+                ("v.weight", Dtype::F8_E4M3, vec![1, 2], vec![0; 2]),
+                ("w.weight_scale", Dtype::F16, vec![], vec![0, 0x38]),
+                (
+                    "v.weight_scale",
+                    Dtype::F32,
+                    vec![],
+                    (-1f32).to_le_bytes().to_vec(),
+                ),
+            ],
+        );
+        let err = |r: Result<()>| r.unwrap_err().to_string();
+        let e = err(f.raw_f8_e4m3("w.weight", &[1, 2]).map(drop));
+        assert!(
+            e.contains("model.safetensors")
+                && e.contains("tensor w.weight is stored as F16, expected F8_E4M3"),
+            "{e}"
+        );
+        let e = err(f.raw_f8_e4m3("v.weight", &[2, 1]).map(drop));
+        assert!(
+            e.contains("tensor v.weight has shape [1, 2], expected [2, 1]"),
+            "{e}"
+        );
+        let e = err(f.fp8_scale("w.weight_scale").map(drop));
+        assert!(
+            e.contains("tensor w.weight_scale is stored as F16, expected F32"),
+            "{e}"
+        );
+        let e = err(f.fp8_scale("v.weight_scale").map(drop));
+        assert!(
+            e.contains("tensor v.weight_scale is -1, expected a finite scale above 0"),
+            "{e}"
+        );
+        let e = err(f.fp8_scale("v.input_scale").map(drop));
+        assert!(e.contains("tensor v.input_scale is missing"), "{e}");
     }
 }
