@@ -211,6 +211,84 @@ impl Fp8Linear {
         })
     }
 
+    /// vLLM's `process_weights_after_loading` for a checkpoint stored in fp8 (0.6.4 fp8.py
+    /// L205-248, the w8a8 path): `qweight` holds the stored codes of `rows.len()` shards,
+    /// `weight_scales` their `[shards]` scales, `input_scales` the static scheme's. In order:
+    /// `weight_scale.max()` (a 0-dim f32) and the bool of `weight_scale[-1] > finfo.min`;
+    /// per shard `per_tensor_dequantize` (the f16 copy, the f16 product; the copy freed, then
+    /// the previous shard's product) and `scaled_fp8_quant` at the max scale (fp8 output,
+    /// copied into the weight, freed); on return the bool and the last product; the `[shards]`
+    /// weight scale replaced (freed); then `input_scale.max()` replacing the `[shards]` one.
+    pub fn requantize_stored(
+        rt: &Runtime,
+        mut qweight: Tensor,
+        weight_scales: (Tensor, &[f32]),
+        input_scales: Option<(Tensor, &[f32])>,
+        rows: &[usize],
+    ) -> Result<Self> {
+        let (n, k) = (qweight.shape[0], qweight.cols());
+        let base = qweight.name.trim_end_matches(".weight").to_string();
+        rt.set_op("fp8.requantize_with_max_scale");
+        let scalar = |name: String, dtype| rt.tensor(name, Category::Weight, &[], dtype);
+        let mut max_scale = scalar(format!("{base}.weight_scale"), DType::F32)?;
+        let unfused = scalar(format!("{base}.unfused_module_in_checkpoint"), DType::U8)?;
+        let mut last_dq: Option<Tensor> = None;
+        for &w in rows {
+            let fake = rt.tensor(
+                format!("{base}.fake_qweight"),
+                Category::Weight,
+                &[w, k],
+                DType::F16,
+            )?;
+            let dq = rt.tensor(
+                format!("{base}.weight_dq"),
+                Category::Weight,
+                &[w, k],
+                DType::F16,
+            )?;
+            drop(fake);
+            last_dq = Some(dq);
+            let out = rt.tensor(
+                format!("{base}.requantized"),
+                Category::Weight,
+                &[w, k],
+                DType::F8E4M3,
+            )?;
+            drop(out);
+        }
+        drop(unfused);
+        drop(last_dq);
+        let (old_scales, scales) = weight_scales;
+        let mut value = 0.0;
+        if rt.backend() == Backend::Cpu {
+            value = requantize_with_max_scale(qweight.u8_mut(), k, rows, scales);
+            max_scale.f32_mut()[0] = value;
+        } else if rt.backend() == Backend::Cuda {
+            return Err(cuda_refused());
+        }
+        drop(old_scales);
+        let input_scale = match input_scales {
+            None => None,
+            Some((old, values)) => {
+                let mut t = scalar(format!("{base}.input_scale"), DType::F32)?;
+                let m = values.iter().fold(f32::MIN, |m, &s| m.max(s));
+                if rt.backend() == Backend::Cpu {
+                    t.f32_mut()[0] = m;
+                }
+                drop(old);
+                Some((t, m))
+            }
+        };
+        Ok(Fp8Linear {
+            qweight,
+            weight_scale: max_scale,
+            weight_scale_value: value,
+            input_scale,
+            out_features: n,
+            in_features: k,
+        })
+    }
+
     /// `apply_fp8_linear` on the CUTLASS path (0.6.4 w8a8_utils.py L98-117): `x [m, k] →
     /// [m, n]` in `act`. `scaled_fp8_quant` allocates the fp8 input `[m, k]` and, for dynamic
     /// activations, a zeroed f32 scale `[1]`; `cutlass_scaled_mm` allocates the output; the
@@ -546,6 +624,81 @@ pub(crate) mod tests {
                 })
                 .collect()
         })
+    }
+
+    #[test]
+    fn a_stored_fused_fp8_weight_requantizes_shard_by_shard_at_the_max_scale() {
+        let rt = runtime("dry");
+        let w = |name: &str, shape: &[usize], dtype| {
+            rt.tensor(name, Category::Weight, shape, dtype).unwrap()
+        };
+        let qweight = w("l.qkv_proj.weight", &[6144, 4096], DType::F8E4M3);
+        let ws = w("l.qkv_proj.weight_scale", &[3], DType::F32);
+        let is = w("l.qkv_proj.input_scale", &[3], DType::F32);
+        let from = rt.event_count();
+        let lin = Fp8Linear::requantize_stored(
+            &rt,
+            qweight,
+            (ws, &[0.5, 1.0, 0.25]),
+            Some((is, &[2.0, 3.0, 1.0])),
+            &[4096, 1024, 1024],
+        )
+        .unwrap();
+        let (q, kv) = (4096 * 4096 * 2, 1024 * 4096 * 2);
+        let b = "l.qkv_proj";
+        let e = |kind, t: &str, bytes| (kind, format!("{b}.{t}"), bytes);
+        let mut want = vec![
+            e("alloc", "weight_scale", 512),
+            e("alloc", "unfused_module_in_checkpoint", 512),
+        ];
+        for (i, bytes) in [q, kv, kv].into_iter().enumerate() {
+            want.push(e("alloc", "fake_qweight", bytes));
+            want.push(e("alloc", "weight_dq", bytes));
+            want.push(e("free", "fake_qweight", bytes));
+            if i > 0 {
+                want.push(e("free", "weight_dq", if i == 1 { q } else { kv }));
+            }
+            want.push(e("alloc", "requantized", bytes / 2));
+            want.push(e("free", "requantized", bytes / 2));
+        }
+        want.extend([
+            e("free", "unfused_module_in_checkpoint", 512),
+            e("free", "weight_dq", kv),
+            e("free", "weight_scale", 512),
+            e("alloc", "input_scale", 512),
+            e("free", "input_scale", 512),
+        ]);
+        assert_eq!(trace(&rt, from), want);
+        assert_eq!(lin.weight_bytes(), 6144 * 4096 + 4 + 4);
+        assert_eq!(rt.stats().allocated, 6144 * 4096 + 512 + 512);
+    }
+
+    #[test]
+    fn a_stored_fp8_weight_on_the_host_computes_with_the_requantized_codes() {
+        let rt = runtime("compute");
+        let mut qweight = rt
+            .tensor(
+                "l.gate_up_proj.weight",
+                Category::Weight,
+                &[2, 2],
+                DType::F8E4M3,
+            )
+            .unwrap();
+        qweight.u8_mut().copy_from_slice(&[0x40, 0xC8, 0x40, 0xC8]);
+        let ws = rt
+            .tensor(
+                "l.gate_up_proj.weight_scale",
+                Category::Weight,
+                &[2],
+                DType::F32,
+            )
+            .unwrap();
+        let lin =
+            Fp8Linear::requantize_stored(&rt, qweight, (ws, &[0.5, 1.0]), None, &[1, 1]).unwrap();
+        assert_eq!(lin.qweight.u8(), &[0x38, 0xC0, 0x40, 0xC8]);
+        assert_eq!(lin.weight_scale_value, 1.0);
+        assert_eq!(lin.weight_scale.f32(), &[1.0]);
+        assert!(lin.input_scale.is_none());
     }
 
     #[test]
