@@ -383,6 +383,12 @@ impl LlamaModel {
             ops::embedding(rt, &batch.ids, &self.embed, act)?
         };
         let gemma = cfg.is_gemma();
+        // Gemma's RMSNorm (`x · (1 + w)`, a new tensor) or Llama's, for every plain norm below.
+        let norm = if gemma {
+            ops_gemma::rms_norm
+        } else {
+            ops::rms_norm
+        };
         if gemma {
             // `normalizer` is a tensor in the model dtype, so √hidden is rounded to it first.
             let factor = act.round((cfg.hidden_size as f32).sqrt());
@@ -411,7 +417,7 @@ impl LlamaModel {
             // until the layer returns.
             let mut gemma_prev_hidden = None;
             let layer_in = match (hidden.take(), gemma) {
-                (None, false) => ops::rms_norm(
+                (None, _) => norm(
                     rt,
                     &residual,
                     &layer.input_norm,
@@ -422,13 +428,6 @@ impl LlamaModel {
                     ops::fused_add_rms_norm(rt, &mut h, &mut residual, &layer.input_norm, eps)?;
                     h
                 }
-                (None, true) => ops_gemma::rms_norm(
-                    rt,
-                    &residual,
-                    &layer.input_norm,
-                    eps,
-                    &format!("{l}.input_norm"),
-                )?,
                 (Some(h), true) => {
                     let (out, sum) = ops_gemma::add_rms_norm(
                         rt,
@@ -470,11 +469,6 @@ impl LlamaModel {
             // `k_norm` over each head of k; the split views stay with qkv.
             // Gemma3Attention.forward the same with GemmaRMSNorm (gemma3.py L192-197 at 0.8.5).
             if let Some((qn, kn)) = &layer.attn.qk_norm {
-                let norm = if gemma {
-                    ops_gemma::rms_norm
-                } else {
-                    ops::rms_norm
-                };
                 let eps = local.rms_norm_eps as f32;
                 q = norm(rt, &q, qn, eps, &format!("{l}.q_norm"))?;
                 k = norm(rt, &k, kn, eps, &format!("{l}.k_norm"))?;
