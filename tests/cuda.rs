@@ -428,3 +428,209 @@ fn the_gpu_sampler_matches_the_cpu_sampler() {
     eprintln!("sampled tokens equal in {same} of {rows} rows");
     assert!(same >= rows - 2, "{same} of {rows}");
 }
+
+/// vLLM's in-flight fp8 on the GPU: the codes from the GPU's quantization kernels and the
+/// cuBLASLt fp8 GEMM give the logits CPU compute mode gives on the same model.
+#[test]
+#[ignore = "needs an NVIDIA GPU of compute capability 8.9 or more"]
+fn fp8_logits_on_the_gpu_match_cpu_compute_mode_on_tiny() {
+    assert!(gpu_vs_cpu("preset:tiny", Quant::Fp8, 100, 3, 0.0) < 1e-2);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU of compute capability 8.9 or more"]
+fn fp8_logits_on_the_gpu_match_cpu_compute_mode_on_smollm2() {
+    assert!(gpu_vs_cpu("preset:smollm2-135m", Quant::Fp8, 96, 2, 0.0) < 1e-2);
+}
+
+/// Llama-3-8B in fp8 on the GPU against CPU compute mode on the same quantized weights, and
+/// how far fp8 moves the logits from the 16-bit model's (reported).
+#[test]
+#[ignore = "needs an NVIDIA GPU of compute capability 8.9 or more, 40 GB of host memory"]
+fn fp8_llama_3_8b_logits_on_the_gpu_match_cpu_compute_mode() {
+    let gpu = logits("preset:llama-3-8b", Quant::Fp8, "cuda:0", 16, 1, 0.0);
+    let cpu = logits("preset:llama-3-8b", Quant::Fp8, "sim:h100-80gb", 16, 1, 0.0);
+    let fp16 = logits("preset:llama-3-8b", Quant::F16, "cuda:0", 16, 1, 0.0);
+    let e = relative_l2(&gpu, &cpu);
+    let from_fp16 = relative_l2(&gpu, &fp16);
+    eprintln!("llama-3-8b fp8: relative L2 GPU vs CPU {e:.3e}, fp8 vs fp16 (GPU) {from_fp16:.3e}");
+    assert!(gpu.iter().all(|v| v.is_finite()));
+    assert!(e < 1e-2, "{e}");
+    // fp8 moves the logits, but not as far as noise: the 16-bit model's are the nearest.
+    assert!(from_fp16 > e && from_fp16 < 0.5, "{from_fp16}");
+}
+
+/// Llama-3-8B's fp8 profile pass on the GPU allocates what the dry run allocates: the load
+/// (16-bit weights, then each layer's fp8 copy and scale, the 16-bit freed) and every
+/// `scaled_fp8_quant` / `cutlass_scaled_mm` of the pass, allocation for allocation.
+#[test]
+#[ignore = "needs an NVIDIA GPU of compute capability 8.9 or more with 40 GB free"]
+fn fp8_llama_3_8b_gpu_trace_matches_the_dry_run() {
+    let run = |device: &str| {
+        let req = ProfileRequest {
+            model: ModelSource::parse("preset:llama-3-8b").unwrap(),
+            quant: Quant::Fp8,
+            device: DeviceSpec::parse(device).unwrap(),
+            passes: 1,
+            verify: false,
+            ..ProfileRequest::default()
+        };
+        profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap()
+    };
+    let gpu = run("cuda:0");
+    let dry = run("sim:h200-141gb:dry");
+    eprintln!(
+        "fp8 llama-3-8b: weights GPU {} dry {}",
+        gpu.weights_bytes, dry.weights_bytes
+    );
+    assert_eq!(gpu.weights_bytes, dry.weights_bytes);
+    assert_eq!(gpu.weights_bytes, 9_083_363_328);
+    for (g, d) in gpu.passes.iter().zip(&dry.passes) {
+        eprintln!(
+            "fp8 llama-3-8b pass peak GPU {} dry {}",
+            g.peak_allocated, d.peak_allocated
+        );
+        assert_eq!(g.peak_allocated, d.peak_allocated);
+    }
+    let allocs = |r: &vramscope::profile::Report| {
+        r.events
+            .iter()
+            .filter(|e| e.kind == vramscope::memory::EventKind::Alloc)
+            .map(|e| (e.bytes, e.op.clone()))
+            .collect::<Vec<_>>()
+    };
+    let (g, d) = (allocs(&gpu), allocs(&dry));
+    eprintln!("fp8 llama-3-8b: {} allocations", g.len());
+    assert_eq!(g, d);
+}
+
+/// Values with magnitudes over several binades (and signs), rounded to f16, from a fixed LCG.
+fn f16_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = ((s >> 40) as f64 / (1u64 << 24) as f64) as f32;
+            let mag = (u * 8.0 - 6.0).exp2();
+            let v = if (s >> 20) & 1 == 1 { -mag } else { mag };
+            half::f16::from_f32(v).to_f32()
+        })
+        .collect()
+}
+
+fn cuda_runtime() -> vramscope::engine::runtime::Runtime {
+    vramscope::engine::runtime::Runtime::new(
+        Device::open(&DeviceSpec::parse("cuda:0").unwrap()).unwrap(),
+        Arc::new(AtomicBool::new(false)),
+        None,
+    )
+}
+
+/// One fp8 linear on the GPU against the host on the same values: the weight's codes and
+/// scale bit for bit (the GPU's `scaled_fp8_quant` kernels round as c10 does), and the
+/// cuBLASLt GEMM's output within one f16 rounding of the exact scaled product of the codes
+/// (the f32 accumulation order is cuBLASLt's own).
+#[test]
+#[ignore = "needs an NVIDIA GPU of compute capability 8.9 or more"]
+fn one_fp8_linear_on_the_gpu_equals_the_host_up_to_the_gemms_rounding() {
+    use vramscope::engine::tensor::DType;
+    use vramscope::memory::Category;
+    use vramscope::quant::fp8::{self, Fp8Linear};
+    let (m, k, n) = (37, 256, 96);
+    let (w, x) = (f16_values(n * k, 1), f16_values(m * k, 2));
+    let rt = cuda_runtime();
+    let cuda = |f: &mut dyn FnMut(&mut vramscope::device::cuda::CudaDevice)| {
+        rt.with_device(|d| f(d.cuda().unwrap()))
+    };
+    let mut wt = rt
+        .tensor("l.weight", Category::Weight, &[n, k], DType::F16)
+        .unwrap();
+    cuda(&mut |c| c.upload_f32(&mut wt, &w).unwrap());
+    let lin = Fp8Linear::quantize_in_flight(&rt, &wt).unwrap();
+    let (host_codes, host_scale) = fp8::quantize_per_tensor(&w);
+    let mut codes = Vec::new();
+    cuda(&mut |c| codes = c.download_bytes(&lin.qweight).unwrap());
+    assert_eq!(lin.weight_scale_value.to_bits(), host_scale.to_bits());
+    let same = codes
+        .iter()
+        .zip(&host_codes)
+        .filter(|(a, b)| a == b)
+        .count();
+    assert_eq!(same, n * k, "weight codes equal to the host's");
+    let mut xt = rt
+        .tensor("x", Category::Activation, &[m, k], DType::F16)
+        .unwrap();
+    cuda(&mut |c| c.upload_f32(&mut xt, &x).unwrap());
+    let out = lin.forward(&rt, &xt, "l", DType::F16, &[n]).unwrap();
+    let mut got = Vec::new();
+    cuda(&mut |c| got = c.download_f32(&out).unwrap());
+    let xs = fp8::dynamic_scale(&x);
+    let mut xc = vec![0u8; m * k];
+    fp8::quantize_with_scale(&x, xs, &mut xc);
+    let mut worst = 0f64;
+    for r in 0..m {
+        for j in 0..n {
+            let acc: f64 = (0..k)
+                .map(|i| {
+                    fp8::decode(xc[r * k + i]) as f64 * fp8::decode(host_codes[j * k + i]) as f64
+                })
+                .sum();
+            let exact = xs as f64 * host_scale as f64 * acc;
+            let ulp =
+                (half::f16::from_f64(exact.abs()).to_f64() * 2f64.powi(-10)).max(2f64.powi(-24));
+            worst = worst.max((got[r * n + j] as f64 - exact).abs() / ulp);
+        }
+    }
+    eprintln!("fp8 linear on the GPU: worst error {worst:.3} f16 ulps of the exact product");
+    assert!(worst <= 1.0, "{worst}");
+}
+
+/// A stored checkpoint's shards requantized at the largest scale on the GPU: the codes equal
+/// the host's `requantize_with_max_scale` bit for bit.
+#[test]
+#[ignore = "needs an NVIDIA GPU of compute capability 8.9 or more"]
+fn stored_fp8_shards_requantize_on_the_gpu_as_on_the_host() {
+    use vramscope::engine::tensor::DType;
+    use vramscope::memory::Category;
+    use vramscope::quant::fp8::{self, Fp8Linear};
+    let (rows, k) = ([64usize, 32, 32], 128);
+    let n: usize = rows.iter().sum();
+    let stored: Vec<u8> = (0..n * k).map(|i| ((i * 37 + i / 7) % 256) as u8).collect();
+    let stored: Vec<u8> = stored
+        .into_iter()
+        .map(|c| if c & 0x7f == 0x7f { c ^ 1 } else { c })
+        .collect();
+    let scales = [0.5f32, 0.0137, 2.25];
+    let rt = cuda_runtime();
+    let mut q = rt
+        .tensor(
+            "l.qkv_proj.weight",
+            Category::Weight,
+            &[n, k],
+            DType::F8E4M3,
+        )
+        .unwrap();
+    let s = rt
+        .tensor(
+            "l.qkv_proj.weight_scale",
+            Category::Weight,
+            &[3],
+            DType::F32,
+        )
+        .unwrap();
+    rt.with_device(|d| d.cuda().unwrap().upload_bytes(&mut q, &stored))
+        .unwrap();
+    let lin = Fp8Linear::requantize_stored(&rt, q, (s, &scales), None, &rows).unwrap();
+    let mut host = stored.clone();
+    let max = fp8::requantize_with_max_scale(&mut host, k, &rows, &scales);
+    let got = rt
+        .with_device(|d| d.cuda().unwrap().download_bytes(&lin.qweight))
+        .unwrap();
+    assert_eq!(lin.weight_scale_value, max);
+    let same = got.iter().zip(&host).filter(|(a, b)| a == b).count();
+    assert_eq!(same, n * k, "requantized codes equal to the host's");
+}

@@ -219,12 +219,6 @@ fn refused(args: &[&str]) -> String {
 }
 
 #[test]
-fn fp8_on_a_cuda_device_is_refused_in_one_line() {
-    let e = refused(&["--device", "cuda:0"]);
-    assert!(e.contains("--quant fp8 on a CUDA device"), "{e}");
-}
-
-#[test]
 fn fp8_on_an_a100_is_refused_naming_the_gpu_and_marlin() {
     let e = refused(&["--vllm", "0.6.4", "--device", "sim:a100-80gb:dry"]);
     assert!(

@@ -464,14 +464,15 @@ fn check_quant_matches_checkpoint(req: &ProfileRequest, o: &model::OpenedModel) 
 }
 
 /// What `--quant fp8` is reproduced for: CUTLASS's w8a8 path (a GPU of compute capability
-/// 8.9 or more), vLLM 0.6.3 to 0.6.5, Llama-family models without a qkv bias; on a CUDA
-/// device vramscope has no fp8 kernels yet. Each refusal says which and why.
+/// 8.9 or more: a simulated one's preset is checked here, a CUDA device's own capability when
+/// it quantizes), vLLM 0.6.3 to 0.6.5, Llama-family models without a qkv bias. Each refusal
+/// says which and why.
 fn check_fp8(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
     if req.quant != Quant::Fp8 {
         return Ok(());
     }
     match &req.device {
-        DeviceSpec::Cuda { .. } => return Err(crate::quant::fp8::cuda_refused()),
+        DeviceSpec::Cuda { .. } => {}
         DeviceSpec::Sim { preset, .. } => {
             if let Some(p) = crate::device::presets::find(preset) {
                 crate::quant::fp8::check_gpu(p.arch, p.name)?;

@@ -199,7 +199,13 @@ impl Fp8Linear {
                 weight_scale.f32_mut()[0] = s;
                 value = s;
             }
-            Backend::Cuda => return Err(cuda_refused()),
+            Backend::Cuda => {
+                value = crate::engine::ops::cuda(rt, |c| {
+                    c.check_fp8()?;
+                    c.fp8_quantize_dynamic(w, &mut weight_scale, &mut qweight)?;
+                    Ok(c.download_f32(&weight_scale)?[0])
+                })?;
+            }
         }
         Ok(Fp8Linear {
             qweight,
@@ -264,7 +270,16 @@ impl Fp8Linear {
             value = requantize_with_max_scale(qweight.u8_mut(), k, rows, scales);
             max_scale.f32_mut()[0] = value;
         } else if rt.backend() == Backend::Cuda {
-            return Err(cuda_refused());
+            value = scales.iter().fold(f32::MIN, |m, &s| m.max(s));
+            crate::engine::ops::cuda(rt, |c| {
+                c.check_fp8()?;
+                let mut r0 = 0;
+                for (&n, &s) in rows.iter().zip(scales) {
+                    c.fp8_requantize_rows(&mut qweight, r0, n, s, value)?;
+                    r0 += n;
+                }
+                c.upload_f32(&mut max_scale, &[value])
+            })?;
         }
         drop(old_scales);
         let input_scale = match input_scales {
@@ -272,8 +287,10 @@ impl Fp8Linear {
             Some((old, values)) => {
                 let mut t = scalar(format!("{base}.input_scale"), DType::F32)?;
                 let m = values.iter().fold(f32::MIN, |m, &s| m.max(s));
-                if rt.backend() == Backend::Cpu {
-                    t.f32_mut()[0] = m;
+                match rt.backend() {
+                    Backend::Cpu => t.f32_mut()[0] = m,
+                    Backend::Cuda => crate::engine::ops::cuda(rt, |c| c.upload_f32(&mut t, &[m]))?,
+                    Backend::Dry => {}
                 }
                 drop(old);
                 Some((t, m))
@@ -311,9 +328,6 @@ impl Fp8Linear {
                 self.qweight.name, self.in_features
             )));
         }
-        if rt.backend() == Backend::Cuda {
-            return Err(cuda_refused());
-        }
         rt.set_op("fp8.scaled_fp8_quant");
         let mut qinput = rt.tensor(
             format!("{name}.qinput"),
@@ -331,21 +345,43 @@ impl Fp8Linear {
             )?),
         };
         let mut xs = 0.0;
-        if rt.backend() == Backend::Cpu {
-            xs = match &self.input_scale {
-                Some((_, s)) => *s,
-                None => dynamic_scale(x.f32()),
-            };
-            quantize_with_scale(x.f32(), xs, qinput.u8_mut());
-            if let Some(t) = &mut x_scale {
-                t.f32_mut()[0] = xs;
+        match rt.backend() {
+            Backend::Cpu => {
+                xs = match &self.input_scale {
+                    Some((_, s)) => *s,
+                    None => dynamic_scale(x.f32()),
+                };
+                quantize_with_scale(x.f32(), xs, qinput.u8_mut());
+                if let Some(t) = &mut x_scale {
+                    t.f32_mut()[0] = xs;
+                }
             }
+            Backend::Cuda => {
+                crate::engine::ops::cuda(rt, |c| match (&mut x_scale, &self.input_scale) {
+                    (Some(t), _) => c.fp8_quantize_dynamic(x, t, &mut qinput),
+                    (None, Some((s, _))) => c.fp8_quantize_static(x, s, &mut qinput),
+                    (None, None) => unreachable!("a static layer has its input scale"),
+                })?
+            }
+            Backend::Dry => {}
         }
         rt.set_op("fp8.cutlass_scaled_mm");
         let mut out =
             rt.tensor_for_overwrite(format!("{name}.out"), Category::Activation, &[m, n], act)?;
-        if rt.backend() == Backend::Cpu {
-            self.cpu_scaled_mm(rt, &qinput, xs, &mut out, act, rows)?;
+        match rt.backend() {
+            Backend::Cpu => self.cpu_scaled_mm(rt, &qinput, xs, &mut out, act, rows)?,
+            Backend::Cuda => {
+                let scale = match (&x_scale, &self.input_scale) {
+                    (Some(t), _) => t,
+                    (None, Some((s, _))) => s,
+                    (None, None) => unreachable!("a static layer has its input scale"),
+                };
+                let (w, ws) = (&self.qweight, &self.weight_scale);
+                crate::engine::ops::cuda(rt, |c| {
+                    c.fp8_scaled_mm(&qinput, scale, w, ws, &mut out, rows)
+                })?
+            }
+            Backend::Dry => {}
         }
         drop(qinput);
         drop(x_scale);
@@ -403,13 +439,6 @@ impl Fp8Linear {
         }
         Ok(())
     }
-}
-
-/// The one line `--quant fp8` on a real GPU gets until vramscope has the kernels.
-pub(crate) fn cuda_refused() -> Error {
-    Error::Request(
-        "--quant fp8 on a CUDA device: vramscope's GPU kernels for fp8 (scaled_fp8_quant, cutlass_scaled_mm) are not written yet; plan it on a simulated GPU (--device sim:h100-80gb:dry, or :compute for the math)".into(),
-    )
 }
 
 /// Whether vLLM runs fp8 on a GPU of this architecture as vramscope models it (CUTLASS,

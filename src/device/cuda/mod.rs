@@ -7,11 +7,12 @@
 //! Rooms: this file opens and closes the device and holds the helpers every room shares;
 //! `memory` (context memory, segments, outside allocations, host copies), `gemm` (cuBLAS),
 //! `ops` (kernel compilation, norms, elementwise ops, RoPE), `attention`, `quant` (LLM.int8
-//! and bitsandbytes 4-bit kernels), `sampler`, `timing` (per-op GPU times), `nvml` and
-//! `loader`. Tensor parallel's collectives are in `collectives`, over the NCCL bindings of `nccl`.
+//! and bitsandbytes 4-bit kernels), `fp8` (vLLM's w8a8 fp8: its quantization kernels and the
+//! cuBLASLt GEMM), `sampler`, `timing` (per-op GPU times), `nvml` and `loader`. Tensor parallel's collectives are in `collectives`, over the NCCL bindings of `nccl`.
 
 mod attention;
 mod collectives;
+mod fp8;
 mod gemm;
 mod kernels;
 mod loader;
@@ -52,6 +53,9 @@ pub struct CudaDevice {
     blas: Option<bsys::cublasHandle_t>,
     /// The cuBLAS workspace: a framework block (address, bytes).
     blas_workspace: Option<(u64, u64)>,
+    /// cuBLASLt, for the fp8 GEMMs, made on first use, and the algorithm chosen per shape.
+    blaslt: Option<cudarc::cublaslt::sys::cublasLtHandle_t>,
+    lt_algos: HashMap<(usize, usize, usize, u32), cudarc::cublaslt::sys::cublasLtMatmulAlgo_t>,
     name: String,
     total: u64,
     cc: (i32, i32),
@@ -205,6 +209,8 @@ impl CudaDevice {
             funcs,
             blas: None,
             blas_workspace: None,
+            blaslt: None,
+            lt_algos: HashMap::new(),
             name,
             total,
             cc,
@@ -303,6 +309,7 @@ impl Drop for CudaDevice {
             // SAFETY: no work is pending; the handle is not used again.
             let _ = unsafe { blas::destroy_handle(h) };
         }
+        self.drop_blaslt();
         let ptrs: Vec<u64> = self
             .segments
             .keys()

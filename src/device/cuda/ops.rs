@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys as dsys, CudaContext, CudaFunction};
 
-use super::{aligned16, blocks, grid, kernels, sampler, CudaDevice};
+use super::{aligned16, blocks, fp8, grid, kernels, sampler, CudaDevice};
 use crate::base::error::Result;
 use crate::device::cpu::AttnShape;
 use crate::device::tensor::{DType, TensorData};
@@ -20,10 +20,11 @@ pub(super) fn compile_kernels(
         ..Default::default()
     };
     let source = format!(
-        "{}{}{}",
+        "{}{}{}{}",
         kernels::SOURCE,
         sampler::SOURCE,
-        kernels::OPT_BNB_SOURCE
+        kernels::OPT_BNB_SOURCE,
+        fp8::SOURCE
     );
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
         .map_err(|e| format!("NVRTC could not compile the kernels: {e}"))?;
@@ -34,12 +35,14 @@ pub(super) fn compile_kernels(
         .iter()
         .chain(sampler::UNTYPED)
         .chain(kernels::OPT_BNB_UNTYPED)
+        .chain(fp8::UNTYPED)
         .map(|s| s.to_string())
         .collect();
     for n in kernels::TYPED
         .iter()
         .chain(sampler::TYPED)
         .chain(kernels::OPT_BNB_TYPED)
+        .chain(fp8::TYPED)
     {
         names.push(format!("{n}_f16"));
         names.push(format!("{n}_bf16"));
