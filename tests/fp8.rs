@@ -430,7 +430,9 @@ fn dry_profile(dir: &std::path::Path, extra: &[&str]) -> serde_json::Value {
 }
 
 /// meta-llama/Meta-Llama-3-8B's config.json (bf16, untied lm_head, 8192 positions) with an
-/// AutoFP8 `quantization_config`.
+/// AutoFP8 `quantization_config`: with "static" it is
+/// neuralmagic/Meta-Llama-3-8B-Instruct-FP8's (per-tensor F8_E4M3 weights, 0-dim F32
+/// `weight_scale` and `input_scale` per linear, `ignored_layers: ["lm_head"]`).
 fn llama_3_8b_fp8_json(scheme: &str) -> serde_json::Value {
     serde_json::json!({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -450,6 +452,11 @@ fn a_stored_llama_3_8b_fp8_checkpoint_loads_its_codes_and_one_scale_per_module()
         let dir = tempfile::tempdir().unwrap();
         let cfg_json = llama_3_8b_fp8_json(scheme);
         let stored = write_fp8_headers(dir.path(), &cfg_json, static_act);
+        // By hand: 32 × 218103808 one-byte linear weights, 2 × 128256 × 4096 bf16 tables,
+        // 65 bf16 norms of 4096, and 32 × 7 scales of 4 bytes (twice under static): the
+        // 9.08 GB neuralmagic publishes.
+        let scale_bytes = if static_act { 1792 } else { 896 };
+        assert_eq!(stored, 6_979_321_856 + 2_101_346_304 + 532_480 + scale_bytes);
         let r = dry_profile(dir.path(), &[]);
         assert_eq!(r["quant"], "fp8", "a stored fp8 checkpoint runs as fp8");
         let cfg = vramscope::model::ModelConfig::from_hf_json(&cfg_json).unwrap();
@@ -750,4 +757,39 @@ fn a_dynamic_checkpoint_with_an_input_scale_is_refused() {
         e.contains(&format!("tensor {O_PROJ}.input_scale is stored but activation_scheme is dynamic")),
         "{e}"
     );
+}
+
+/// Qwen/Qwen3-8B-FP8's config.json: block-wise fp8 (`weight_block_size: [128, 128]`, an F32
+/// `weight_scale_inv` of `[ceil(N/128), ceil(K/128)]` per weight). Qwen3 needs vLLM 0.8.5
+/// or later and block-wise fp8 arrived in 0.6.6, while fp8 is reproduced for 0.6.3 to 0.6.5:
+/// refused by name, before any tensor is read, at any release.
+#[test]
+fn qwen3_8b_fp8_block_wise_is_refused_naming_weight_block_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "attention_bias": false,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {
+            "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+            "weight_block_size": [128, 128]
+        }
+    });
+    std::fs::write(
+        dir.path().join("config.json"),
+        serde_json::to_vec(&cfg).unwrap(),
+    )
+    .unwrap();
+    for release in ["0.6.4", "0.8"] {
+        let e = refused_checkpoint(dir.path(), "sim:h200:dry", &["--vllm", release]);
+        assert!(
+            e.contains("config.json")
+                && e.contains("quantization_config.weight_block_size [128,128]: block-wise fp8")
+                && e.contains("0.6.6"),
+            "{e}"
+        );
+    }
 }
