@@ -568,14 +568,95 @@ fn tiny_stored_fp8_logits_against_in_flight_fp8_and_fp16() {
     eprintln!("stored vs in-flight {d_in_flight:.3e}, vs fp16 {d_fp16:.3e}, static vs fp16 {d_static:.3e}");
     // The stored checkpoint holds what in-flight quantization computes for o_proj and
     // down_proj (one scale each, requantized at that scale through float16), and per-shard
-    // scales for q/k/v and gate/up that vLLM requantizes at their max: close to the
-    // in-flight model's logits, not equal.
-    assert!(d_in_flight > 0.0 && d_in_flight < 0.05, "{d_in_flight}");
-    // Against fp16 as the in-flight path is (its test: under 0.10).
-    assert!(d_fp16 < 0.10, "{d_fp16}");
-    // Static activations at one fixed scale (gen-model's 8/448) for every layer.
-    assert!(d_static > 0.0 && d_static < 0.15, "{d_static}");
+    // scales for q/k/v and gate/up that vLLM requantizes at their max: as close to the
+    // in-flight model's logits as far as either is from fp16 (the e4m3 errors of two
+    // different quantizations). Measured 7.8e-2.
+    assert!(d_in_flight > 0.0 && d_in_flight < 0.12, "{d_in_flight}");
+    // Against fp16 (measured 9.0e-2; the in-flight path's 6.8e-2).
+    assert!(d_fp16 < 0.12, "{d_fp16}");
+    // Static activations at one fixed scale (gen-model's 8/448) for every layer: measured
+    // 7.2e-2 from fp16.
+    assert!(d_static > 0.0 && d_static < 0.12, "{d_static}");
     assert_ne!(stored_static, stored);
+}
+
+/// A stored checkpoint holding exactly the codes in-flight quantization makes (each stacked
+/// layer's shards at the one scale `scaled_fp8_quant` gives the stack) must run as the
+/// in-flight model does: requantizing a shard at its own scale through float16 can only move
+/// a code whose value float16 cannot hold.
+#[test]
+fn a_stored_checkpoint_of_the_in_flight_codes_gives_the_in_flight_logits() {
+    use vramscope::quant::fp8::quantize_per_tensor;
+    let root = tempfile::tempdir().unwrap();
+    let (f16_dir, fp8_dir) = (root.path().join("f16"), root.path().join("fp8"));
+    gen_tiny(&f16_dir, &[]);
+    gen_tiny(&fp8_dir, &["--fp8"]);
+    let bytes = std::fs::read(f16_dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |name: &str| -> Vec<f32> {
+        st.tensor(name)
+            .unwrap()
+            .data()
+            .chunks(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect()
+    };
+    let mut replaced: Vec<(String, Vec<u8>)> = Vec::new();
+    for l in 0..4 {
+        let p = format!("model.layers.{l}");
+        let stacks: [&[&str]; 4] = [
+            &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+            &["self_attn.o_proj"],
+            &["mlp.gate_proj", "mlp.up_proj"],
+            &["mlp.down_proj"],
+        ];
+        for stack in stacks {
+            let parts: Vec<Vec<f32>> = stack
+                .iter()
+                .map(|m| f32s(&format!("{p}.{m}.weight")))
+                .collect();
+            let (codes, scale) = quantize_per_tensor(&parts.concat());
+            let mut at = 0;
+            for (m, w) in stack.iter().zip(&parts) {
+                replaced.push((format!("{p}.{m}.weight"), codes[at..at + w.len()].to_vec()));
+                replaced.push((format!("{p}.{m}.weight_scale"), scale.to_le_bytes().to_vec()));
+                at += w.len();
+            }
+        }
+    }
+    let path = fp8_dir.join("model.safetensors");
+    let fp8_bytes = std::fs::read(&path).unwrap();
+    let fst = safetensors::SafeTensors::deserialize(&fp8_bytes).unwrap();
+    let tensors: Vec<Stored> = fst
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| {
+            let data = replaced
+                .iter()
+                .find(|r| r.0 == n)
+                .map_or_else(|| v.data().to_vec(), |r| r.1.clone());
+            (n, v.dtype(), v.shape().to_vec(), data)
+        })
+        .collect();
+    assert_eq!(replaced.len(), 4 * 7 * 2);
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+    let in_flight = bench_dir_logits(&f16_dir, "fp8", "in-flight.json");
+    let stored = bench_dir_logits(&fp8_dir, "fp8", "stored.json");
+    let fp16 = bench_dir_logits(&f16_dir, "fp16", "fp16.json");
+    // Measured: equal, bit for bit (every code's value at these scales is a float16 normal,
+    // so the round trip through float16 at the same scale gives each code back), while the
+    // in-flight logits are 6.8e-2 from fp16's.
+    assert_eq!(stored, in_flight);
+    assert!(rel_l2(&in_flight, &fp16) > 0.01);
 }
 
 /// One stored tensor: name, dtype, shape, bytes.
