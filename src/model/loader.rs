@@ -442,7 +442,11 @@ impl<'a> Loader<'a> {
         fused_name: &str,
     ) -> Result<Fp8Linear> {
         let f = self.src.stored_fp8().expect("an fp8 checkpoint");
-        if let Some(sl) = slices.iter().chain(self.slice.as_ref()).find(|s| !s.is_whole()) {
+        if let Some(sl) = slices
+            .iter()
+            .chain(self.slice.as_ref())
+            .find(|s| !s.is_whole())
+        {
             return Err(Error::model(
                 self.src.origin(),
                 format!(
@@ -758,7 +762,11 @@ pub(crate) fn fp8_fused_after_loading(rt: &Runtime, f: &mut FusedLinear) -> Resu
 /// (`Fp8Linear::requantize_stored`), run once every weight is loaded, module by module
 /// (model_loader/loader.py L317-329). `rows` are the layer's shards (`[n]` for o_proj and
 /// down_proj). Anything but a layer `Loader::fp8_stored` made passes through.
-pub(crate) fn fp8_stored_after_loading(rt: &Runtime, lin: Fp8Linear, rows: &[usize]) -> Result<Fp8Linear> {
+pub(crate) fn fp8_stored_after_loading(
+    rt: &Runtime,
+    lin: Fp8Linear,
+    rows: &[usize],
+) -> Result<Fp8Linear> {
     let Fp8Linear {
         qweight,
         weight_scale,
@@ -1011,7 +1019,13 @@ mod tests {
         let mut ld = Loader::new(&rt, &src, &o, 2);
         let names = ["gate_proj", "up_proj"].map(|n| format!("l.mlp.{n}.weight"));
         let f = ld
-            .fused_parts(&names, &[1, 1], &[(0, 1), (0, 1)], 2, "l.mlp.gate_up_proj.weight")
+            .fused_parts(
+                &names,
+                &[1, 1],
+                &[(0, 1), (0, 1)],
+                2,
+                "l.mlp.gate_up_proj.weight",
+            )
             .unwrap();
         let f = fp8_stored_fused_after_loading(&rt, f).unwrap();
         let FusedLinear::Fp8 { linear, rows } = &f else {
@@ -1027,9 +1041,17 @@ mod tests {
         // x = (3, 6) at the static scale 3: codes 1.0 and 2.0; gate = 1·1 + 2·(−2) = −3,
         // up = 1·2 + 2·(−4) = −6, each times 3 · 1.
         let x = rt
-            .tensor_with_values("x", Category::Activation, &[1, 2], DType::BF16, vec![3.0, 6.0])
+            .tensor_with_values(
+                "x",
+                Category::Activation,
+                &[1, 2],
+                DType::BF16,
+                vec![3.0, 6.0],
+            )
             .unwrap();
-        let out = f.forward(&rt, &x, "l.mlp.gate_up_proj", 0, DType::BF16).unwrap();
+        let out = f
+            .forward(&rt, &x, "l.mlp.gate_up_proj", 0, DType::BF16)
+            .unwrap();
         assert_eq!(out.f32(), &[-9.0, -18.0]);
     }
 

@@ -701,9 +701,7 @@ impl safetensors::View for LazyTensor<'_> {
             LazyKind::Fp8Codes | LazyKind::Fp8Scale => {
                 // `ops.scaled_fp8_quant(w)` of the 16-bit weight: scale absmax / 448, codes
                 // by the kernel's clamp-and-round (what vLLM's in-flight fp8 computes).
-                let w = self
-                    .gen
-                    .generate(&self.source, self.shape.iter().product());
+                let w = self.gen.generate(&self.source, self.shape.iter().product());
                 let (codes, scale) = crate::quant::fp8::quantize_per_tensor(&w);
                 match self.kind {
                     LazyKind::Fp8Codes => out = codes,

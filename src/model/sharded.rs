@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use super::config::ModelConfig;
 use super::weights::{floats_to_f32, SafetensorsFile, StoredDtype, WeightSource};
-use crate::engine::tensor::DType;
 use crate::base::error::{Error, Result};
+use crate::engine::tensor::DType;
 use crate::quant::bnb4::{Absmax, Bnb4Meta, Bnb4Parts, Bnb4Type};
 use crate::quant::fp8::StoredFp8;
 
@@ -216,13 +216,19 @@ fn fp8_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
         other => {
             return Err(Error::model(
                 path,
-                format!("{} is {other}, expected a list of names", key("ignored_layers")),
+                format!(
+                    "{} is {other}, expected a list of names",
+                    key("ignored_layers")
+                ),
             ))
         }
     }
     // `--dtype auto` (0.6.4 config.py L1811-1836): a missing or float32 torch_dtype runs in
     // float16 (bfloat16 for Gemma 2), any other as it says.
-    let dtype = match (config["torch_dtype"].as_str(), config["model_type"].as_str()) {
+    let dtype = match (
+        config["torch_dtype"].as_str(),
+        config["model_type"].as_str(),
+    ) {
         (Some("bfloat16"), _) => DType::BF16,
         (None | Some("float32"), Some("gemma2")) => DType::BF16,
         _ => DType::F16,
@@ -682,7 +688,9 @@ impl WeightSource for SafetensorsModel {
         }
         if self.stored_fp8().is_some() && super::is_projection(name) {
             let base = name.trim_end_matches(".weight");
-            bytes(name) + bytes(&format!("{base}.weight_scale")) + bytes(&format!("{base}.input_scale"))
+            bytes(name)
+                + bytes(&format!("{base}.weight_scale"))
+                + bytes(&format!("{base}.input_scale"))
         } else if self.is_int8(name) {
             bytes(name) + bytes(&scb_name(name))
         } else {

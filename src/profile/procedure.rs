@@ -469,7 +469,10 @@ fn check_quant_matches_checkpoint(req: &ProfileRequest, o: &model::OpenedModel) 
 /// (fp16) or say fp8, or bf16 for a bf16 checkpoint; any other is refused, as are
 /// tensor-parallel runs (the fp8 shards' cut is not modelled) and checkpoints that store
 /// qkv_proj and gate_up_proj fused (Phi-3: one scale for three shards).
-fn stored_fp8_request(req: &ProfileRequest, o: &model::OpenedModel) -> Result<Option<ProfileRequest>> {
+fn stored_fp8_request(
+    req: &ProfileRequest,
+    o: &model::OpenedModel,
+) -> Result<Option<ProfileRequest>> {
     let Some(f) = o.source.stored_fp8() else {
         return Ok(None);
     };
