@@ -902,3 +902,28 @@ fn qwen3_8b_fp8_block_wise_is_refused_naming_weight_block_size() {
         );
     }
 }
+
+#[test]
+fn inspect_counts_an_fp8_checkpoints_codes_and_leaves_its_scales_out_of_the_parameters() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_tiny(dir.path(), &["--fp8", "--fp8-static"]);
+    let out = vramscope(&["inspect", dir.path().to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let cfg = vramscope::model::presets::preset("tiny").unwrap();
+    // 4 layers × (128·(128 + 64 + 64) + 128·128 + 3 · 384·128) one-byte codes.
+    let codes = 4 * (128 * 256 + 128 * 128 + 3 * 384 * 128);
+    assert!(
+        text.contains("F8_E4M3    28 tensors") && text.contains(&format!("({codes} bytes)")),
+        "{text}"
+    );
+    // 4 layers × 7 linears × 2 scales of 4 bytes.
+    assert!(
+        text.contains("F32      56 tensors        224 B (224 bytes)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("parameters {} in 95 tensors", cfg.param_count())),
+        "{text}"
+    );
+}

@@ -480,19 +480,26 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                 // 4-bit weight holds its quant state's shape.
                 if let Some(m) = &bnb4 {
                     params += m.numel() as u64;
-                } else if !name.ends_with(".SCB") && !name.contains(".weight.") {
+                } else if ![".SCB", ".weight_scale", ".input_scale"]
+                    .iter()
+                    .any(|s| name.ends_with(s))
+                    && !name.contains(".weight.")
+                {
+                    // fp8's scales are not parameters of the model either.
                     params += n;
                 }
                 count += 1;
-                let u8 = st.is_u8(name);
+                // U8 and F8_E4M3 (fp8 codes) take a byte an element.
+                let (u8, f8) = (st.is_u8(name), st.is_f8_e4m3(name));
                 let kind = match d {
                     Some(d) => d.name(),
                     None if u8 => "U8",
+                    None if f8 => "F8_E4M3",
                     None => "other",
                 };
                 let e = by.entry(kind.to_string()).or_default();
                 e.0 += 1;
-                e.1 += n * d.map_or(u64::from(u8), |d| d.size_bytes() as u64);
+                e.1 += n * d.map_or(u64::from(u8 || f8), |d| d.size_bytes() as u64);
             }
             let md = match json.get("quantization_config") {
                 Some(q) => vec![("quantization_config".to_string(), q.to_string())],

@@ -435,6 +435,12 @@ impl SafetensorsModel {
         self.which.keys()
     }
 
+    /// Whether a tensor is stored as F8_E4M3 (a pre-quantized fp8 checkpoint's codes).
+    pub fn is_f8_e4m3(&self, name: &str) -> bool {
+        self.shard_of(name)
+            .is_ok_and(|s| s.is_f8_e4m3(self.resolve(name)))
+    }
+
     /// Whether a tensor is stored as U8 (bitsandbytes 4-bit parts).
     pub fn is_u8(&self, name: &str) -> bool {
         self.u8_of(name).is_some()
