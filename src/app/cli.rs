@@ -62,6 +62,13 @@ pub enum Command {
         /// With --bnb-4bit: double-quantize the absmax (bnb_4bit_use_double_quant).
         #[arg(long, requires = "bnb_4bit")]
         double_quant: bool,
+        /// Write a pre-quantized per-tensor fp8 checkpoint (F8_E4M3 linear weights with their
+        /// weight_scale, quantization_config as AutoFP8 writes it).
+        #[arg(long, conflicts_with_all = ["bnb_int8", "bnb_4bit"])]
+        fp8: bool,
+        /// With --fp8: the static activation scheme (an input_scale per linear layer).
+        #[arg(long, requires = "fp8")]
+        fp8_static: bool,
     },
     /// Time forward passes on a device (GPU speed; logits for comparisons).
     Bench(BenchArgs),
@@ -374,6 +381,8 @@ pub fn main() -> i32 {
             bnb_int8,
             bnb_4bit,
             double_quant,
+            fp8,
+            fp8_static,
         }) => {
             let bnb4 = bnb_4bit.as_deref().and_then(|t| {
                 crate::quant::bnb4::Bnb4Type::parse(t).map(|quant_type| model::Bnb4Gen {
@@ -381,7 +390,8 @@ pub fn main() -> i32 {
                     double_quant,
                 })
             });
-            cmd_gen(&preset, &dir, &dtype, seed, shards, bnb_int8, bnb4)
+            let fp8 = fp8.then_some(fp8_static);
+            cmd_gen(&preset, &dir, &dtype, seed, shards, bnb_int8, bnb4, fp8)
         }
         Some(Command::Bench(args)) => cmd_bench(&args),
         Some(Command::Report(args)) => cmd_report(&args),
@@ -845,6 +855,7 @@ fn cmd_inspect(path: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn cmd_gen(
     preset: &str,
     dir: &std::path::Path,
@@ -853,6 +864,7 @@ fn cmd_gen(
     shards: usize,
     bnb_int8: bool,
     bnb4: Option<model::Bnb4Gen>,
+    fp8: Option<bool>,
 ) -> Result<()> {
     let d = match dtype {
         "f32" => StoredDtype::F32,
@@ -865,9 +877,10 @@ fn cmd_gen(
         shards,
         bnb_int8,
     };
-    let files = match bnb4 {
-        Some(g) => model::gen_model_bnb4(preset, dir, &opts, g)?,
-        None => model::gen_model_with(preset, dir, &opts)?,
+    let files = match (bnb4, fp8) {
+        (_, Some(static_act)) => model::gen_model_fp8(preset, dir, &opts, static_act)?,
+        (Some(g), None) => model::gen_model_bnb4(preset, dir, &opts, g)?,
+        (None, None) => model::gen_model_with(preset, dir, &opts)?,
     };
     for s in &files.shards {
         println!("wrote {}", s.display());

@@ -8,7 +8,10 @@ use std::cell::Cell;
 
 pub use super::batch::Batch;
 use super::config::ModelConfig;
-use super::loader::{fp8_after_loading, fp8_fused_after_loading, Loader, Slice};
+use super::loader::{
+    fp8_after_loading, fp8_fused_after_loading, fp8_stored_fused_after_loading,
+    fp8_stored_linear_after_loading, Loader, Slice,
+};
 pub use super::loader::{LoadOptions, LoadStats};
 use super::weights::WeightSource;
 use crate::base::error::{Error, Result};
@@ -118,6 +121,8 @@ impl LlamaModel {
         let mut layers = Vec::with_capacity(cfg.num_layers);
         let mut rope_cache = None;
         let mut rope_cache_global = None;
+        let fp8 = src.stored_fp8().is_some() || opts.quant == Quant::Fp8;
+        let mut kv_scales = Vec::new();
         // In the order vLLM's constructors create the parameters (llama.py at 380e1863):
         // qkv_proj, o_proj (and the rotary cache, with the first layer), gate_up_proj,
         // down_proj, then the two norms.
@@ -196,6 +201,22 @@ impl LlamaModel {
                 } else if global && rope_cache_global.is_none() {
                     rope_cache_global = Some(rotary_cache(rt, cfg, act, (theta, factor))?);
                 }
+                // Under fp8 the attention layer gets `Fp8KVCacheMethod`, whose
+                // `create_weights` makes `k_scale` and `v_scale` as `torch.tensor(-1.0)` on
+                // the device (0.6.4 kv_cache.py L22-31): two 0-dim f32 tensors, deleted
+                // by its `process_weights_after_loading` (L67-68).
+                if fp8 {
+                    rt.set_op("load");
+                    let s = |n: &str| {
+                        rt.tensor(
+                            format!("{p}.self_attn.attn.{n}"),
+                            Category::Weight,
+                            &[],
+                            DType::F32,
+                        )
+                    };
+                    kv_scales.push((s("k_scale")?, s("v_scale")?));
+                }
             }
             let gate_up_name = format!("{p}.mlp.gate_up_proj.weight");
             let gate_up = if cfg.fused_checkpoint() {
@@ -269,13 +290,35 @@ impl LlamaModel {
         } else {
             Some(ld.vocab_shard("lm_head.weight", v, h, vp, v_first, v_len)?)
         };
-        if opts.quant == Quant::Fp8 {
+        if src.stored_fp8().is_some() {
+            // A stored fp8 checkpoint: each layer's shards requantized at their largest
+            // scale, once every weight is loaded, in `named_modules` order.
+            let t = std::time::Instant::now();
+            layers = layers
+                .into_iter()
+                .enumerate()
+                .zip(kv_scales)
+                .map(|((l, mut layer), kv)| {
+                    rt.set_layer(Some(l as u32));
+                    layer.attn.qkv = fp8_stored_fused_after_loading(rt, layer.attn.qkv)?;
+                    layer.attn.o = fp8_stored_linear_after_loading(rt, layer.attn.o)?;
+                    // `named_modules`: qkv_proj, o_proj, rotary_emb, attn, then the MLP.
+                    drop(kv);
+                    layer.gate_up = fp8_stored_fused_after_loading(rt, layer.gate_up)?;
+                    layer.down = fp8_stored_linear_after_loading(rt, layer.down)?;
+                    Ok(layer)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            rt.set_layer(None);
+            ld.stats.quantize_seconds += t.elapsed().as_secs_f64();
+        } else if opts.quant == Quant::Fp8 {
             // In flight, vLLM quantizes once every weight is loaded, in `named_modules` order.
             let t = std::time::Instant::now();
-            for (l, layer) in layers.iter_mut().enumerate() {
+            for ((l, layer), kv) in layers.iter_mut().enumerate().zip(kv_scales) {
                 rt.set_layer(Some(l as u32));
                 fp8_fused_after_loading(rt, &mut layer.attn.qkv)?;
                 fp8_after_loading(rt, &mut layer.attn.o)?;
+                drop(kv);
                 fp8_fused_after_loading(rt, &mut layer.gate_up)?;
                 fp8_after_loading(rt, &mut layer.down)?;
             }

@@ -153,7 +153,10 @@ impl<'a> Loader<'a> {
             rt,
             src,
             opts,
-            act: opts.quant.activation_dtype(),
+            // A pre-quantized fp8 checkpoint runs in its own dtype (`StoredFp8::dtype`).
+            act: src
+                .stored_fp8()
+                .map_or(opts.quant.activation_dtype(), |f| f.dtype),
             needs_data: rt.backend() != Backend::Dry,
             count: count as u32,
             index: 0,
@@ -303,6 +306,24 @@ impl<'a> Loader<'a> {
     ) -> Result<FusedLinear> {
         let rows: Vec<usize> = parts.iter().map(|p| p.1).collect();
         let rows = &rows[..];
+        if self.src.stored_fp8().is_some() {
+            if names.iter().skip(1).any(|n| *n == names[0]) {
+                return Err(Error::model(
+                    self.src.origin(),
+                    format!("tensor {}: an fp8 checkpoint that stores a stacked layer fused (one weight_scale for its shards) is not read yet", names[0]),
+                ));
+            }
+            let slices: Vec<Slice> = full_rows
+                .iter()
+                .zip(parts)
+                .map(|(&full, &(first, len))| Slice::rows(full, k, first, len))
+                .collect();
+            let linear = Box::new(self.fp8_stored(names, &slices, k, fused_name)?);
+            return Ok(FusedLinear::Fp8 {
+                linear,
+                rows: rows.to_vec(),
+            });
+        }
         let quantized = names.iter().any(|n| {
             self.src.bnb4(n).is_some() || (self.opts.quant == Quant::Int8 && self.src.is_int8(n))
         }) || !matches!(self.opts.quant, Quant::F16 | Quant::BF16 | Quant::Fp8);
@@ -346,6 +367,11 @@ impl<'a> Loader<'a> {
         quantize: bool,
     ) -> Result<Linear> {
         let slice = self.slice.filter(|s| !s.is_whole());
+        if quantize && self.src.stored_fp8().is_some() {
+            let sl = self.slice.unwrap_or(Slice::whole(n, k));
+            let lin = self.fp8_stored(&[name.to_string()], &[sl], k, name)?;
+            return Ok(Linear::Fp8(lin));
+        }
         if let Some(meta) = self.src.bnb4(name) {
             if slice.is_some() {
                 return Err(Error::model(
@@ -397,6 +423,89 @@ impl<'a> Loader<'a> {
         }
         let d = self.read(name, &[n, k])?;
         load_linear(self.rt, name, n, k, d, self.opts, self.act, &mut self.stats)
+    }
+
+    /// A linear layer of a pre-quantized fp8 checkpoint as vLLM 0.6.4's `Fp8LinearMethod.
+    /// create_weights` makes it (fp8.py L137-177, `is_checkpoint_fp8_serialized`): the
+    /// float8_e4m3fn weight `[Σ nᵢ, k]`, then the `[shards]` f32 `weight_scale` and, under
+    /// the static scheme, the `[shards]` f32 `input_scale` (both filled with f32's lowest,
+    /// then each shard's scale written at its index by `PerTensorScaleParameter`,
+    /// parameter.py L232-250); the checkpoint's codes are copied in shard by shard
+    /// (`stacked_params_mapping`, llama.py L353-410). Until `fp8_stored_after_loading` the
+    /// returned layer holds the `[shards]` scales (their values in the tensors' host storage
+    /// in compute mode). A tensor-parallel cut is refused: vramscope does not shard it yet.
+    fn fp8_stored(
+        &mut self,
+        names: &[String],
+        slices: &[Slice],
+        k: usize,
+        fused_name: &str,
+    ) -> Result<Fp8Linear> {
+        let f = self.src.stored_fp8().expect("an fp8 checkpoint");
+        if let Some(sl) = slices
+            .iter()
+            .chain(self.slice.as_ref())
+            .find(|s| !s.is_whole())
+        {
+            return Err(Error::model(
+                self.src.origin(),
+                format!(
+                    "tensor {}: a tensor-parallel shard ({:?} of {:?}) of a pre-quantized fp8 checkpoint is not modelled yet; run it with --tp 1",
+                    names[0],
+                    sl.shape(),
+                    sl.full
+                ),
+            ));
+        }
+        let rt = self.rt;
+        let rows: Vec<usize> = slices.iter().map(|s| s.full[0]).collect();
+        let total: usize = rows.iter().sum();
+        let base = fused_name.trim_end_matches(".weight");
+        let shards = rows.len();
+        let mut qweight = rt.tensor(fused_name, Category::Weight, &[total, k], DType::F8E4M3)?;
+        let mut weight_scale = rt.tensor(
+            format!("{base}.weight_scale"),
+            Category::Weight,
+            &[shards],
+            DType::F32,
+        )?;
+        let mut input_scale = if f.static_activations {
+            Some(rt.tensor(
+                format!("{base}.input_scale"),
+                Category::Weight,
+                &[shards],
+                DType::F32,
+            )?)
+        } else {
+            None
+        };
+        let mut r0 = 0;
+        for (i, (name, &n)) in names.iter().zip(&rows).enumerate() {
+            self.tick(name, self.src.stored_bytes(name))?;
+            if self.needs_data {
+                if rt.backend() == Backend::Cuda {
+                    return Err(crate::quant::fp8::cuda_refused());
+                }
+                let t = std::time::Instant::now();
+                let (codes, ws, is) = self.src.read_fp8(name, &[n, k])?;
+                qweight.u8_mut()[r0 * k..(r0 + n) * k].copy_from_slice(&codes);
+                weight_scale.f32_mut()[i] = ws;
+                if let (Some(t), Some(v)) = (&mut input_scale, is) {
+                    t.f32_mut()[i] = v;
+                }
+                self.stats.read_seconds += t.elapsed().as_secs_f64();
+                self.stats.source_bytes += self.src.stored_bytes(name);
+            }
+            r0 += n;
+        }
+        Ok(Fp8Linear {
+            qweight,
+            weight_scale,
+            weight_scale_value: 0.0,
+            input_scale: input_scale.map(|t| (t, 0.0)),
+            out_features: total,
+            in_features: k,
+        })
     }
 
     /// A pre-quantized 4-bit weight as vLLM's `_quantized_4bit_generator` and
@@ -648,6 +757,67 @@ pub(crate) fn fp8_fused_after_loading(rt: &Runtime, f: &mut FusedLinear) -> Resu
     Ok(())
 }
 
+/// vLLM 0.6.4's `process_weights_after_loading` for a linear layer of a pre-quantized fp8
+/// checkpoint (fp8.py L205-248): its shards requantized at their largest scale
+/// (`Fp8Linear::requantize_stored`), run once every weight is loaded, module by module
+/// (model_loader/loader.py L317-329). `rows` are the layer's shards (`[n]` for o_proj and
+/// down_proj). Anything but a layer `Loader::fp8_stored` made passes through.
+pub(crate) fn fp8_stored_after_loading(
+    rt: &Runtime,
+    lin: Fp8Linear,
+    rows: &[usize],
+) -> Result<Fp8Linear> {
+    let Fp8Linear {
+        qweight,
+        weight_scale,
+        input_scale,
+        ..
+    } = lin;
+    let host = |t: &Tensor| -> Vec<f32> {
+        match rt.backend() {
+            Backend::Cpu => t.f32().to_vec(),
+            _ => Vec::new(),
+        }
+    };
+    let ws = host(&weight_scale);
+    let (is_t, is_v) = match input_scale {
+        Some((t, _)) => {
+            let v = host(&t);
+            (Some(t), v)
+        }
+        None => (None, Vec::new()),
+    };
+    Fp8Linear::requantize_stored(
+        rt,
+        qweight,
+        (weight_scale, &ws),
+        is_t.map(|t| (t, &is_v[..])),
+        rows,
+    )
+}
+
+/// `fp8_stored_after_loading` for a plain linear layer (one shard).
+pub(crate) fn fp8_stored_linear_after_loading(rt: &Runtime, lin: Linear) -> Result<Linear> {
+    match lin {
+        Linear::Fp8(l) => {
+            let rows = [l.out_features];
+            Ok(Linear::Fp8(fp8_stored_after_loading(rt, l, &rows)?))
+        }
+        other => Ok(other),
+    }
+}
+
+/// `fp8_stored_after_loading` for a stacked parameter (qkv_proj, gate_up_proj).
+pub(crate) fn fp8_stored_fused_after_loading(rt: &Runtime, f: FusedLinear) -> Result<FusedLinear> {
+    match f {
+        FusedLinear::Fp8 { linear, rows } => {
+            let linear = Box::new(fp8_stored_after_loading(rt, *linear, &rows)?);
+            Ok(FusedLinear::Fp8 { linear, rows })
+        }
+        other => Ok(other),
+    }
+}
+
 /// A weight-category u8 tensor, filled from `data` when given (compute modes).
 fn put_u8(rt: &Runtime, name: &str, shape: &[usize], data: Option<&[u8]>) -> Result<Tensor> {
     let mut t = rt.tensor(name, Category::Weight, shape, DType::U8)?;
@@ -746,6 +916,144 @@ mod tests {
     use super::*;
     use crate::memory::Category;
     use crate::quant::fp8::tests::{runtime, trace};
+    use crate::quant::int8::TileLayout;
+
+    /// An fp8 checkpoint in memory: each weight's codes, weight_scale and input_scale.
+    struct Fp8Source {
+        static_act: bool,
+        weights: Vec<(&'static str, Vec<u8>, f32, f32)>,
+    }
+
+    impl WeightSource for Fp8Source {
+        fn origin(&self) -> String {
+            "mem".into()
+        }
+        fn read_f32(&self, name: &str, _: &[usize]) -> Result<Vec<f32>> {
+            Err(Error::Request(format!("{name} is fp8")))
+        }
+        fn stored_fp8(&self) -> Option<crate::quant::fp8::StoredFp8> {
+            Some(crate::quant::fp8::StoredFp8 {
+                static_activations: self.static_act,
+                dtype: DType::BF16,
+            })
+        }
+        fn read_fp8(&self, name: &str, _: &[usize]) -> Result<(Vec<u8>, f32, Option<f32>)> {
+            let (_, c, w, i) = self.weights.iter().find(|w| w.0 == name).unwrap();
+            Ok((c.clone(), *w, self.static_act.then_some(*i)))
+        }
+    }
+
+    fn opts() -> LoadOptions {
+        LoadOptions {
+            quant: Quant::Fp8,
+            int8_threshold: 0.0,
+            int8_layout: TileLayout {
+                row_pad: 8,
+                col_pad: 32,
+            },
+        }
+    }
+
+    #[test]
+    fn a_stored_fp8_stack_allocates_its_weight_then_its_shard_scales() {
+        let rt = runtime("dry");
+        let src = Fp8Source {
+            static_act: true,
+            weights: vec![],
+        };
+        let o = opts();
+        let mut ld = Loader::new(&rt, &src, &o, 3);
+        assert_eq!(ld.act, DType::BF16, "the checkpoint's dtype");
+        let names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("l.self_attn.{n}.weight"));
+        let from = rt.event_count();
+        let f = ld
+            .fused_parts(
+                &names,
+                &[4096, 1024, 1024],
+                &[(0, 4096), (0, 1024), (0, 1024)],
+                4096,
+                "l.self_attn.qkv_proj.weight",
+            )
+            .unwrap();
+        assert_eq!(
+            trace(&rt, from),
+            vec![
+                ("alloc", "l.self_attn.qkv_proj.weight".into(), 6144 * 4096),
+                ("alloc", "l.self_attn.qkv_proj.weight_scale".into(), 512),
+                ("alloc", "l.self_attn.qkv_proj.input_scale".into(), 512),
+            ]
+        );
+        assert_eq!(f.shard_rows(), vec![4096, 1024, 1024]);
+        // The [3] scales as loaded, then one scalar each once processed.
+        assert_eq!(f.weight_bytes(), 6144 * 4096 + 12 + 12);
+        let f = fp8_stored_fused_after_loading(&rt, f).unwrap();
+        assert_eq!(f.weight_bytes(), 6144 * 4096 + 4 + 4);
+        assert_eq!(rt.stats().allocated, 6144 * 4096 + 512 + 512);
+        // A tensor-parallel cut is refused by name.
+        let e = ld
+            .linear_slice(
+                "l.self_attn.o_proj.weight",
+                Slice::cols(4096, 4096, 0, 2048),
+            )
+            .map(drop)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tensor l.self_attn.o_proj.weight: a tensor-parallel shard ([4096, 2048] of [4096, 4096]) of a pre-quantized fp8 checkpoint"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn stored_fp8_shards_on_the_host_come_out_at_the_max_scale_and_compute_with_it() {
+        let rt = runtime("compute");
+        // gate: codes 2.0 (0x40), -4.0 (0xC8) at scale 1/2; up: the same codes at scale 1.
+        let src = Fp8Source {
+            static_act: true,
+            weights: vec![
+                ("l.mlp.gate_proj.weight", vec![0x40, 0xC8], 0.5, 2.0),
+                ("l.mlp.up_proj.weight", vec![0x40, 0xC8], 1.0, 3.0),
+            ],
+        };
+        let o = opts();
+        let mut ld = Loader::new(&rt, &src, &o, 2);
+        let names = ["gate_proj", "up_proj"].map(|n| format!("l.mlp.{n}.weight"));
+        let f = ld
+            .fused_parts(
+                &names,
+                &[1, 1],
+                &[(0, 1), (0, 1)],
+                2,
+                "l.mlp.gate_up_proj.weight",
+            )
+            .unwrap();
+        let f = fp8_stored_fused_after_loading(&rt, f).unwrap();
+        let FusedLinear::Fp8 { linear, rows } = &f else {
+            panic!("not fp8")
+        };
+        assert_eq!(rows, &vec![1, 1]);
+        // gate's values (1, -2) at the max scale 1 are codes 0x38, 0xC0.
+        assert_eq!(linear.qweight.u8(), &[0x38, 0xC0, 0x40, 0xC8]);
+        assert_eq!(linear.weight_scale_value, 1.0);
+        assert_eq!(linear.weight_scale.shape, Vec::<usize>::new());
+        let (t, v) = linear.input_scale.as_ref().unwrap();
+        assert_eq!((t.f32(), *v), (&[3.0f32][..], 3.0));
+        // x = (3, 6) at the static scale 3: codes 1.0 and 2.0; gate = 1·1 + 2·(−2) = −3,
+        // up = 1·2 + 2·(−4) = −6, each times 3 · 1.
+        let x = rt
+            .tensor_with_values(
+                "x",
+                Category::Activation,
+                &[1, 2],
+                DType::BF16,
+                vec![3.0, 6.0],
+            )
+            .unwrap();
+        let out = f
+            .forward(&rt, &x, "l.mlp.gate_up_proj", 0, DType::BF16)
+            .unwrap();
+        assert_eq!(out.f32(), &[-9.0, -18.0]);
+    }
 
     #[test]
     fn in_flight_quantization_allocates_codes_and_scale_then_frees_the_16_bit_weight() {

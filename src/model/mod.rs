@@ -259,7 +259,7 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
             let (_, cfg, sq, st) = open_safetensors(files)?;
             let threshold = match sq {
                 sharded::StoredQuant::BnbInt8 { threshold } => Some(threshold),
-                sharded::StoredQuant::None | sharded::StoredQuant::Bnb4 { .. } => None,
+                _ => None,
             };
             Ok((cfg, Box::new(st), threshold))
         }
@@ -270,7 +270,11 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
             let sq = sharded::stored_quant(&json, &files.config)?;
             let threshold = match sq {
                 sharded::StoredQuant::BnbInt8 { threshold } => Some(threshold),
-                sharded::StoredQuant::None | sharded::StoredQuant::Bnb4 { .. } => None,
+                _ => None,
+            };
+            let fp8 = match sq {
+                sharded::StoredQuant::Fp8(f) => Some(f),
+                _ => None,
             };
             let bnb4 = match sq {
                 sharded::StoredQuant::Bnb4 {
@@ -305,6 +309,7 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
                     config: files.config.clone(),
                     int8: threshold.is_some(),
                     bnb4,
+                    fp8,
                 }),
                 threshold,
             ))
@@ -320,6 +325,8 @@ struct ConfigOnly {
     int8: bool,
     /// A bitsandbytes 4-bit checkpoint: what its quant states would say.
     bnb4: Option<ConfigOnlyBnb4>,
+    /// A pre-quantized fp8 checkpoint: its linear layers would be F8_E4M3 with their scales.
+    fp8: Option<crate::quant::fp8::StoredFp8>,
 }
 
 /// The 4-bit layout `quantization_config` implies for a config-only model: transformers'
@@ -363,6 +370,9 @@ impl WeightSource for ConfigOnly {
                 .then_some(crate::quant::bnb4::NESTED_BLOCKSIZE),
             offset: 0.0,
         })
+    }
+    fn stored_fp8(&self) -> Option<crate::quant::fp8::StoredFp8> {
+        self.fp8
     }
 }
 
@@ -470,19 +480,26 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                 // 4-bit weight holds its quant state's shape.
                 if let Some(m) = &bnb4 {
                     params += m.numel() as u64;
-                } else if !name.ends_with(".SCB") && !name.contains(".weight.") {
+                } else if ![".SCB", ".weight_scale", ".input_scale"]
+                    .iter()
+                    .any(|s| name.ends_with(s))
+                    && !name.contains(".weight.")
+                {
+                    // fp8's scales are not parameters of the model either.
                     params += n;
                 }
                 count += 1;
-                let u8 = st.is_u8(name);
+                // U8 and F8_E4M3 (fp8 codes) take a byte an element.
+                let (u8, f8) = (st.is_u8(name), st.is_f8_e4m3(name));
                 let kind = match d {
                     Some(d) => d.name(),
                     None if u8 => "U8",
+                    None if f8 => "F8_E4M3",
                     None => "other",
                 };
                 let e = by.entry(kind.to_string()).or_default();
                 e.0 += 1;
-                e.1 += n * d.map_or(u64::from(u8), |d| d.size_bytes() as u64);
+                e.1 += n * d.map_or(u64::from(u8 || f8), |d| d.size_bytes() as u64);
             }
             let md = match json.get("quantization_config") {
                 Some(q) => vec![("quantization_config".to_string(), q.to_string())],
@@ -514,7 +531,19 @@ enum LazyKind {
     Int8Scb,
     /// One part of the weight's bitsandbytes 4-bit form (`Linear4bit._save_to_state_dict`).
     Bnb4(Bnb4Part, Bnb4Gen),
+    /// The weight's float8_e4m3fn codes at its per-tensor scale (`gen_model_fp8`).
+    Fp8Codes,
+    /// Its `weight_scale`, F32 `[]`: absmax / 448.
+    Fp8Scale,
+    /// Its `input_scale`, F32 `[]`: `GEN_FP8_INPUT_SCALE`.
+    Fp8InputScale,
 }
+
+/// The `input_scale` `gen-model --fp8-static` stores for every linear layer: 8 / 448, so
+/// activations up to ±8 quantize without clipping (e4m3 keeps 3 mantissa bits down to
+/// 2^-6 · 8 / 448 ≈ 2.8e-4 and subnormals below). A calibrated checkpoint (AutoFP8) stores
+/// each layer's observed absmax / 448 instead; any positive value loads the same way.
+pub const GEN_FP8_INPUT_SCALE: f32 = 8.0 / 448.0;
 
 /// The tensors `QuantState.as_dict(packed=True)` writes for one weight, besides the codes.
 #[derive(Clone, Copy, PartialEq)]
@@ -559,6 +588,8 @@ impl LazyTensor<'_> {
             LazyKind::Float => float(self.gen.dtype),
             LazyKind::Int8Cb => (D::I8, 1),
             LazyKind::Int8Scb => (D::F32, 4),
+            LazyKind::Fp8Codes => (D::F8_E4M3, 1),
+            LazyKind::Fp8Scale | LazyKind::Fp8InputScale => (D::F32, 4),
             LazyKind::Bnb4(part, g) => match part {
                 Bnb4Part::Absmax if !g.double_quant => (D::F32, 4),
                 Bnb4Part::Packed | Bnb4Part::Absmax | Bnb4Part::Blob => (D::U8, 1),
@@ -585,6 +616,8 @@ impl LazyTensor<'_> {
         let blocks = || numel().div_ceil(crate::quant::bnb4::BLOCKSIZE);
         match self.kind {
             LazyKind::Int8Scb => vec![self.shape[0]],
+            // AutoFP8 saves its per-tensor scales as 0-dim tensors.
+            LazyKind::Fp8Scale | LazyKind::Fp8InputScale => vec![],
             LazyKind::Bnb4(part, g) => match part {
                 Bnb4Part::Packed => vec![numel().div_ceil(2), 1],
                 Bnb4Part::Absmax => vec![blocks()],
@@ -672,6 +705,17 @@ impl safetensors::View for LazyTensor<'_> {
                     }
                 }
             }
+            LazyKind::Fp8Codes | LazyKind::Fp8Scale => {
+                // `ops.scaled_fp8_quant(w)` of the 16-bit weight: scale absmax / 448, codes
+                // by the kernel's clamp-and-round (what vLLM's in-flight fp8 computes).
+                let w = self.gen.generate(&self.source, self.shape.iter().product());
+                let (codes, scale) = crate::quant::fp8::quantize_per_tensor(&w);
+                match self.kind {
+                    LazyKind::Fp8Codes => out = codes,
+                    _ => out.extend_from_slice(&scale.to_le_bytes()),
+                }
+            }
+            LazyKind::Fp8InputScale => out.extend_from_slice(&GEN_FP8_INPUT_SCALE.to_le_bytes()),
             LazyKind::Int8Cb | LazyKind::Int8Scb => {
                 // Both carry the weight's [n, k]; the scales are written as [n] (`OnDisk`).
                 let (n, k) = (self.shape[0], self.shape[1]);
@@ -775,6 +819,28 @@ pub fn gen_model_bnb4(
     gen_model_config_with(&config, preset, dir, opts, Some(bnb4))
 }
 
+/// `gen_model_with` writing a pre-quantized per-tensor fp8 checkpoint as AutoFP8 saves one
+/// (and vLLM 0.6.4's `Fp8Config` reads it): every linear layer of the decoder as F8_E4M3
+/// codes with a 0-dim F32 `weight_scale` (absmax / 448 of the 16-bit weight, the codes by the
+/// bit-exact encoder), plus a 0-dim `input_scale` (`GEN_FP8_INPUT_SCALE`) under
+/// `static_activations`; embeddings, norms and lm_head in `opts.dtype`;
+/// `quantization_config` `{"quant_method": "fp8", "activation_scheme": ..., "ignored_layers":
+/// ["lm_head"]}`.
+pub fn gen_model_fp8(
+    preset: &str,
+    dir: &Path,
+    opts: &GenOptions,
+    static_activations: bool,
+) -> Result<ModelFiles> {
+    let config = presets::preset(preset).ok_or_else(|| {
+        Error::Request(format!(
+            "model preset '{preset}' is unknown; presets: {}",
+            presets::PRESET_NAMES.join(", ")
+        ))
+    })?;
+    gen_model_inner(&config, preset, dir, opts, None, Some(static_activations))
+}
+
 /// `gen_model_config`, optionally as a pre-quantized bitsandbytes 4-bit checkpoint.
 pub fn gen_model_config_with(
     config: &ModelConfig,
@@ -783,6 +849,24 @@ pub fn gen_model_config_with(
     opts: &GenOptions,
     bnb4: Option<Bnb4Gen>,
 ) -> Result<ModelFiles> {
+    gen_model_inner(config, seed_name, dir, opts, bnb4, None)
+}
+
+/// The writer behind `gen_model_config_with` and `gen_model_fp8` (`fp8`: the static scheme
+/// or not).
+fn gen_model_inner(
+    config: &ModelConfig,
+    seed_name: &str,
+    dir: &Path,
+    opts: &GenOptions,
+    bnb4: Option<Bnb4Gen>,
+    fp8: Option<bool>,
+) -> Result<ModelFiles> {
+    if fp8.is_some() && (opts.bnb_int8 || bnb4.is_some()) {
+        return Err(Error::Request(
+            "a checkpoint is either fp8 or bitsandbytes, not both".into(),
+        ));
+    }
     if opts.bnb_int8 && bnb4.is_some() {
         return Err(Error::Request(
             "a checkpoint is either bitsandbytes 8-bit or 4-bit, not both".into(),
@@ -831,6 +915,26 @@ pub fn gen_model_config_with(
                         source: name.clone(),
                         shape: shape.clone(),
                         kind: LazyKind::Bnb4(part, g),
+                    },
+                ));
+            }
+        } else if let (Some(static_act), true) = (fp8, is_projection(&name)) {
+            let base = name.trim_end_matches(".weight").to_string();
+            let mut parts = vec![
+                (name.clone(), LazyKind::Fp8Codes),
+                (format!("{base}.weight_scale"), LazyKind::Fp8Scale),
+            ];
+            if static_act {
+                parts.push((format!("{base}.input_scale"), LazyKind::Fp8InputScale));
+            }
+            for (n, kind) in parts {
+                tensors.push((
+                    n,
+                    LazyTensor {
+                        gen: &gen,
+                        source: name.clone(),
+                        shape: shape.clone(),
+                        kind,
                     },
                 ));
             }
@@ -883,6 +987,14 @@ pub fn gen_model_config_with(
             "llm_int8_threshold": 6.0,
             "llm_int8_has_fp16_weight": false,
             "llm_int8_skip_modules": null,
+        });
+    }
+    if let Some(static_act) = fp8 {
+        // AutoFP8's `quantization_config` (what neuralmagic's fp8 checkpoints carry).
+        json["quantization_config"] = serde_json::json!({
+            "quant_method": "fp8",
+            "activation_scheme": if static_act { "static" } else { "dynamic" },
+            "ignored_layers": ["lm_head"],
         });
     }
     if let Some(g) = bnb4 {

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use super::config::ModelConfig;
 use super::weights::{floats_to_f32, SafetensorsFile, StoredDtype, WeightSource};
 use crate::base::error::{Error, Result};
+use crate::engine::tensor::DType;
 use crate::quant::bnb4::{Absmax, Bnb4Meta, Bnb4Parts, Bnb4Type};
+use crate::quant::fp8::StoredFp8;
 
 /// The `weight_map` of an index file: tensor → shard file name (inside the index's folder).
 pub fn parse_index(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
@@ -64,6 +66,9 @@ pub enum StoredQuant {
         quant_type: Bnb4Type,
         double_quant: bool,
     },
+    /// A pre-quantized per-tensor fp8 checkpoint (`quant_method: fp8`): F8_E4M3 linear
+    /// weights, each with its F32 `weight_scale` (and `input_scale` under the static scheme).
+    Fp8(StoredFp8),
 }
 
 /// Reads `quantization_config`; other methods are refused by name.
@@ -101,7 +106,7 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
     }
     let method = text("quant_method")?.unwrap_or("bitsandbytes");
     if method == "fp8" {
-        return Err(fp8_refusal(q, path));
+        return fp8_config(config, path).map(StoredQuant::Fp8);
     }
     if method != "bitsandbytes" {
         return Err(Error::model(
@@ -149,49 +154,89 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
     Ok(StoredQuant::BnbInt8 { threshold })
 }
 
-/// Why a `quant_method: fp8` config is not read, checked as vLLM's `Fp8Config.from_config`
-/// reads it (0.6.4 fp8.py L31-79: `activation_scheme` is required, "static" or "dynamic").
-/// A block-wise checkpoint (`weight_block_size`, `weight_scale_inv`) is named apart: 0.6.4
-/// has no such key (block-wise fp8 arrived in 0.6.6's fp8.py), so that vLLM cannot load it.
-fn fp8_refusal(q: &serde_json::Value, path: &Path) -> Error {
+/// A `quant_method: fp8` config read as vLLM's `Fp8Config.from_config` reads it (0.6.4
+/// fp8.py L70-79: `activation_scheme` is required, "static" or "dynamic"; `ignored_layers`
+/// optional). A block-wise checkpoint (`weight_block_size`, `weight_scale_inv`) is refused by
+/// name: 0.6.4 has no such key (block-wise fp8 arrived in 0.6.6's fp8.py), so that vLLM cannot
+/// load it. `ignored_layers` may name only the lm_head, which is never an fp8 layer (vLLM's
+/// `ParallelLMHead` is not a `LinearBase`, fp8.py L83-95); a linear layer left in 16 bits is
+/// not read yet.
+fn fp8_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
+    let q = &config["quantization_config"];
     let key = |k: &str| format!("quantization_config.{k}");
     if !q["weight_block_size"].is_null() {
-        return Error::model(
+        return Err(Error::model(
             path,
             format!(
-                "{} {}: block-wise fp8 (weight_scale_inv per [128, 128] block) is not read; vLLM 0.6.3 to 0.6.5, which --quant fp8 reproduces, have no weight_block_size (it arrived in 0.6.6)",
+                "{} {}: block-wise fp8 (weight_scale_inv per [128, 128] block) is not read; vLLM 0.6.3 to 0.6.5, which fp8 is reproduced for, have no weight_block_size (it arrived in 0.6.6)",
                 key("weight_block_size"),
                 q["weight_block_size"]
             ),
-        );
+        ));
     }
-    let scheme = match &q["activation_scheme"] {
-        serde_json::Value::String(s) if s == "static" || s == "dynamic" => s.as_str(),
+    let static_activations = match &q["activation_scheme"] {
+        serde_json::Value::String(s) if s == "static" || s == "dynamic" => s == "static",
         serde_json::Value::Null => {
-            return Error::model(
+            return Err(Error::model(
                 path,
                 format!(
                     "{} is missing: vLLM's Fp8Config requires it (\"static\" or \"dynamic\")",
                     key("activation_scheme")
                 ),
-            )
+            ))
         }
         other => {
-            return Error::model(
+            return Err(Error::model(
                 path,
                 format!(
                     "{} is {other}, expected \"static\" or \"dynamic\"",
                     key("activation_scheme")
                 ),
-            )
+            ))
         }
     };
-    Error::model(
-        path,
-        format!(
-            "quantization_config.quant_method 'fp8' (activation_scheme {scheme}): pre-quantized fp8 checkpoints (F8_E4M3 weights with their weight_scale) are not read yet; load the 16-bit checkpoint with --quant fp8, which quantizes in flight as vLLM does"
-        ),
-    )
+    match &q["ignored_layers"] {
+        serde_json::Value::Null => {}
+        serde_json::Value::Array(names) => {
+            for n in names {
+                match n.as_str() {
+                    Some(s) if s == "lm_head" || s.ends_with(".lm_head") => {}
+                    _ => {
+                        return Err(Error::model(
+                            path,
+                            format!(
+                                "{} lists {n}: a linear layer left in 16 bits inside an fp8 checkpoint is not read yet (only lm_head, which vLLM never quantizes)",
+                                key("ignored_layers")
+                            ),
+                        ))
+                    }
+                }
+            }
+        }
+        other => {
+            return Err(Error::model(
+                path,
+                format!(
+                    "{} is {other}, expected a list of names",
+                    key("ignored_layers")
+                ),
+            ))
+        }
+    }
+    // `--dtype auto` (0.6.4 config.py L1811-1836): a missing or float32 torch_dtype runs in
+    // float16 (bfloat16 for Gemma 2), any other as it says.
+    let dtype = match (
+        config["torch_dtype"].as_str(),
+        config["model_type"].as_str(),
+    ) {
+        (Some("bfloat16"), _) => DType::BF16,
+        (None | Some("float32"), Some("gemma2")) => DType::BF16,
+        _ => DType::F16,
+    };
+    Ok(StoredFp8 {
+        static_activations,
+        dtype,
+    })
 }
 
 /// All shards of a checkpoint, with each tensor's shard.
@@ -390,6 +435,12 @@ impl SafetensorsModel {
         self.which.keys()
     }
 
+    /// Whether a tensor is stored as F8_E4M3 (a pre-quantized fp8 checkpoint's codes).
+    pub fn is_f8_e4m3(&self, name: &str) -> bool {
+        self.shard_of(name)
+            .is_ok_and(|s| s.is_f8_e4m3(self.resolve(name)))
+    }
+
     /// Whether a tensor is stored as U8 (bitsandbytes 4-bit parts).
     pub fn is_u8(&self, name: &str) -> bool {
         self.u8_of(name).is_some()
@@ -414,6 +465,12 @@ impl SafetensorsModel {
                 )
             })?;
             let stored = self.resolve(&name);
+            if let StoredQuant::Fp8(f) = self.stored_quant {
+                if super::is_projection(&name) {
+                    self.check_fp8_linear(&name, &shape, f.static_activations)?;
+                    continue;
+                }
+            }
             if let Some(meta) = self.bnb4.get(stored) {
                 if self.stored_quant == StoredQuant::None {
                     return Err(Error::model(
@@ -504,6 +561,76 @@ impl SafetensorsModel {
         Ok(())
     }
 
+    /// A linear weight of an fp8 checkpoint: F8_E4M3 of the shape the config implies, its
+    /// `weight_scale` (and, under the static scheme, `input_scale`) F32 `[]` or `[1]`, as
+    /// vLLM 0.6.4's `PerTensorScaleParameter` loads them (parameter.py L232-250); under the
+    /// dynamic scheme a stored `input_scale` has no parameter to go to (fp8.py L167-177
+    /// registers `None`), so `load_weights` would fail on it. The scales' values are read (and
+    /// checked) when the weights are: a dry run reads headers only.
+    fn check_fp8_linear(&self, name: &str, shape: &[usize], static_act: bool) -> Result<()> {
+        let s = self.shard_of(name)?;
+        let stored = self.resolve(name);
+        let (_, found) = s.info(stored).expect("listed");
+        if !s.is_f8_e4m3(stored) {
+            return Err(Error::model(
+                &s.path,
+                format!(
+                    "tensor {name} is stored as {}, expected F8_E4M3 (quantization_config says fp8)",
+                    s.stored_dtype_name(stored)
+                ),
+            ));
+        }
+        if found != shape {
+            return Err(Error::model(
+                &s.path,
+                format!("tensor {name} has shape {found:?} but config.json implies {shape:?}"),
+            ));
+        }
+        let base = name.trim_end_matches(".weight");
+        for (part, needed) in [("weight_scale", true), ("input_scale", static_act)] {
+            let n = format!("{base}.{part}");
+            match (self.info(&n), needed) {
+                (None, false) => {}
+                (None, true) => {
+                    let why = if part == "input_scale" {
+                        "activation_scheme static quantizes activations with the stored scale"
+                    } else {
+                        "an fp8 weight needs its per-tensor scale"
+                    };
+                    return Err(Error::model(
+                        &s.path,
+                        format!("tensor {n} is missing: {why}"),
+                    ));
+                }
+                (Some(_), false) => {
+                    return Err(Error::model(
+                        &self.shard_of(&n)?.path,
+                        format!("tensor {n} is stored but activation_scheme is dynamic: vLLM has no input_scale parameter to load it into"),
+                    ))
+                }
+                (Some((dtype, sh)), true) => {
+                    let at = &self.shard_of(&n)?.path;
+                    if dtype != Some(StoredDtype::F32) {
+                        return Err(Error::model(
+                            at,
+                            format!(
+                                "tensor {n} is stored as {}, expected F32",
+                                self.dtype_name(&n)
+                            ),
+                        ));
+                    }
+                    if !(sh.is_empty() || sh == [1]) {
+                        return Err(Error::model(
+                            at,
+                            format!("tensor {n} has shape {sh:?}, expected a per-tensor scale of shape [] or [1]"),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes of all tensors as stored.
     pub fn total_bytes(&self) -> u64 {
         self.shards.iter().map(SafetensorsFile::total_bytes).sum()
@@ -565,7 +692,12 @@ impl WeightSource for SafetensorsModel {
                     .map(|k| bytes(k))
                     .sum::<u64>();
         }
-        if self.is_int8(name) {
+        if self.stored_fp8().is_some() && super::is_projection(name) {
+            let base = name.trim_end_matches(".weight");
+            bytes(name)
+                + bytes(&format!("{base}.weight_scale"))
+                + bytes(&format!("{base}.input_scale"))
+        } else if self.is_int8(name) {
             bytes(name) + bytes(&scb_name(name))
         } else {
             bytes(name)
@@ -628,6 +760,35 @@ impl WeightSource for SafetensorsModel {
 
     fn is_int8(&self, name: &str) -> bool {
         matches!(self.info(name), Some((Some(StoredDtype::I8), _)))
+    }
+
+    fn stored_fp8(&self) -> Option<StoredFp8> {
+        match self.stored_quant {
+            StoredQuant::Fp8(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    fn read_fp8(&self, name: &str, shape: &[usize]) -> Result<(Vec<u8>, f32, Option<f32>)> {
+        let f = self.stored_fp8().ok_or_else(|| {
+            Error::model(
+                &self.origin,
+                format!("tensor {name}: config.json's quantization_config is not fp8"),
+            )
+        })?;
+        let stored = self.resolve(name);
+        let codes = self.shard_of(name)?.raw_f8_e4m3(stored, shape)?.to_vec();
+        let base = stored.trim_end_matches(".weight");
+        let scale = |part: &str| -> Result<f32> {
+            let n = format!("{base}.{part}");
+            self.shard_of(&n)?.fp8_scale(&n)
+        };
+        let input = if f.static_activations {
+            Some(scale("input_scale")?)
+        } else {
+            None
+        };
+        Ok((codes, scale("weight_scale")?, input))
     }
 
     fn read_int8(&self, name: &str, shape: &[usize]) -> Result<(Vec<i8>, Vec<f32>)> {

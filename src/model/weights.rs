@@ -67,6 +67,19 @@ pub trait WeightSource {
             format!("tensor {name} is not stored as bitsandbytes 4-bit"),
         ))
     }
+    /// A pre-quantized per-tensor fp8 checkpoint's scheme and dtype (`None` otherwise).
+    fn stored_fp8(&self) -> Option<crate::quant::fp8::StoredFp8> {
+        None
+    }
+    /// Reads a linear weight of an fp8 checkpoint as stored: its float8_e4m3fn codes
+    /// `shape`, its `weight_scale` and, under the static scheme, its `input_scale` (each
+    /// checked finite and above 0).
+    fn read_fp8(&self, name: &str, _shape: &[usize]) -> Result<(Vec<u8>, f32, Option<f32>)> {
+        Err(Error::model(
+            self.origin(),
+            format!("tensor {name} is not stored as fp8"),
+        ))
+    }
     /// Reads a pre-quantized LLM.int8 weight as stored: `CB` `[n, k]` and `SCB` `[n]`.
     fn read_int8(&self, name: &str, _shape: &[usize]) -> Result<(Vec<i8>, Vec<f32>)> {
         Err(Error::model(
@@ -268,6 +281,11 @@ impl SafetensorsFile {
             ));
         }
         Ok(&self.mmap[range.clone()])
+    }
+
+    /// Whether a tensor is stored as F8_E4M3.
+    pub fn is_f8_e4m3(&self, name: &str) -> bool {
+        self.f8_names.contains(name)
     }
 
     /// Whether a tensor is stored as U8.

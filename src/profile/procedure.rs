@@ -463,6 +463,67 @@ fn check_quant_matches_checkpoint(req: &ProfileRequest, o: &model::OpenedModel) 
     Ok(())
 }
 
+/// A pre-quantized fp8 checkpoint: vLLM takes `Fp8Config` from its `quantization_config`
+/// whatever else it is told, so the run is an fp8 run (`check_fp8` then applies: the GPU,
+/// the release, the model), in the checkpoint's dtype. `--quant` may be left at its default
+/// (fp16) or say fp8, or bf16 for a bf16 checkpoint; any other is refused, as are
+/// tensor-parallel runs (the fp8 shards' cut is not modelled) and checkpoints that store
+/// qkv_proj and gate_up_proj fused (Phi-3: one scale for three shards).
+fn stored_fp8_request(
+    req: &ProfileRequest,
+    o: &model::OpenedModel,
+) -> Result<Option<ProfileRequest>> {
+    let Some(f) = o.source.stored_fp8() else {
+        return Ok(None);
+    };
+    let dtype = if f.dtype == crate::engine::tensor::DType::BF16 {
+        "bfloat16"
+    } else {
+        "float16"
+    };
+    let why = match req.quant {
+        Quant::F16 | Quant::Fp8 => None,
+        Quant::BF16 if dtype == "bfloat16" => None,
+        Quant::BF16 => Some(format!(
+            "its activations run in the checkpoint's {dtype}, not bf16"
+        )),
+        other => Some(format!(
+            "its linear layers load as stored (fp8), not as {other}"
+        )),
+    };
+    if let Some(why) = why {
+        return Err(Error::model(
+            o.source.origin(),
+            format!(
+                "--quant {} with a pre-quantized fp8 checkpoint: {why}; leave --quant out or say --quant fp8",
+                req.quant
+            ),
+        ));
+    }
+    if req.tp > 1 {
+        return Err(Error::model(
+            o.source.origin(),
+            format!(
+                "--tp {} with a pre-quantized fp8 checkpoint: cutting its fp8 weights and per-shard scales across ranks is not modelled yet; use --tp 1",
+                req.tp
+            ),
+        ));
+    }
+    if o.config.fused_checkpoint() {
+        return Err(Error::model(
+            o.source.origin(),
+            format!(
+                "a pre-quantized fp8 checkpoint of model_type '{}' stores qkv_proj and gate_up_proj fused (one weight_scale for the shards, vLLM's unfused_module_in_checkpoint case): not read yet",
+                o.config.arch
+            ),
+        ));
+    }
+    Ok(Some(ProfileRequest {
+        quant: Quant::Fp8,
+        ..req.clone()
+    }))
+}
+
 /// What `--quant fp8` is reproduced for: CUTLASS's w8a8 path (a GPU of compute capability
 /// 8.9 or more: a simulated one's preset is checked here, a CUDA device's own capability when
 /// it quantizes), vLLM 0.6.3 to 0.6.5, Llama-family models without a qkv bias. Each refusal
@@ -523,6 +584,12 @@ pub(crate) fn run_rank(
             ));
         }
     }
+    // A pre-quantized fp8 checkpoint runs as `--quant fp8` from here on.
+    let as_fp8 = match &opened {
+        Some(o) => stored_fp8_request(req, o)?,
+        None => None,
+    };
+    let req = as_fp8.as_ref().unwrap_or(req);
     if let Some(o) = &opened {
         check_quant_matches_checkpoint(req, o)?;
         check_fp8(req, o)?;

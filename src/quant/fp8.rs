@@ -155,6 +155,18 @@ pub fn requantize_with_max_scale(
     max
 }
 
+/// What a pre-quantized per-tensor fp8 checkpoint says about itself (vLLM 0.6.4's
+/// `Fp8Config.from_config` with `is_checkpoint_fp8_serialized`, fp8.py L70-79): whether its
+/// activations are quantized with stored `input_scale`s (`activation_scheme: static`) or per
+/// forward (`dynamic`), and the dtype of everything left unquantized and of the activations
+/// (config.json's `torch_dtype` as vLLM's `--dtype auto` takes it: bfloat16 stays, float32
+/// becomes float16, config.py `_get_and_verify_dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredFp8 {
+    pub static_activations: bool,
+    pub dtype: DType,
+}
+
 /// A linear layer under vLLM's `Fp8LinearMethod` after `process_weights_after_loading`.
 pub struct Fp8Linear {
     /// F8E4M3 `[n, k]`; vLLM keeps `qweight.t()`, a view of the same bytes.
