@@ -8,7 +8,10 @@ use std::cell::Cell;
 
 pub use super::batch::Batch;
 use super::config::ModelConfig;
-use super::loader::{fp8_after_loading, fp8_fused_after_loading, Loader, Slice};
+use super::loader::{
+    fp8_after_loading, fp8_fused_after_loading, marlin_after_loading, marlin_fused_after_loading,
+    Loader, Slice,
+};
 pub use super::loader::{LoadOptions, LoadStats};
 use super::weights::WeightSource;
 use crate::base::error::{Error, Result};
@@ -269,6 +272,20 @@ impl LlamaModel {
         } else {
             Some(ld.vocab_shard("lm_head.weight", v, h, vp, v_first, v_len)?)
         };
+        if src.packed4().is_some() {
+            // AWQ / GPTQ: each layer repacked for Marlin once every weight is loaded, in
+            // `named_modules` order.
+            let t = std::time::Instant::now();
+            for (l, layer) in layers.iter_mut().enumerate() {
+                rt.set_layer(Some(l as u32));
+                marlin_fused_after_loading(rt, &mut layer.attn.qkv, act)?;
+                marlin_after_loading(rt, &mut layer.attn.o, act)?;
+                marlin_fused_after_loading(rt, &mut layer.gate_up, act)?;
+                marlin_after_loading(rt, &mut layer.down, act)?;
+            }
+            rt.set_layer(None);
+            ld.stats.quantize_seconds += t.elapsed().as_secs_f64();
+        }
         if opts.quant == Quant::Fp8 {
             // In flight, vLLM quantizes once every weight is loaded, in `named_modules` order.
             let t = std::time::Instant::now();

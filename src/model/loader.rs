@@ -13,6 +13,7 @@ use crate::memory::Category;
 use crate::quant::bnb4::{self, Absmax, Bnb4Meta, Bnb4Type};
 use crate::quant::fp8::Fp8Linear;
 use crate::quant::int8::{Int8Linear, TileLayout};
+use crate::quant::marlin::{self, MarlinLinear};
 use crate::quant::{Bnb4Linear, Bnb4Nested, FusedLinear, Linear, Quant};
 use std::rc::Rc;
 
@@ -303,6 +304,17 @@ impl<'a> Loader<'a> {
     ) -> Result<FusedLinear> {
         let rows: Vec<usize> = parts.iter().map(|p| p.1).collect();
         let rows = &rows[..];
+        if let (Some(fmt), true) = (self.src.packed4(), names.iter().all(|n| super::is_projection(n))) {
+            let whole = full_rows.iter().zip(parts).all(|(&f, &(first, len))| first == 0 && len == f);
+            if !whole || names.windows(2).any(|w| w[0] == w[1]) {
+                return Err(packed4_unsplit(self.src, &names[0]));
+            }
+            let linear = self.packed4(fmt, names, rows, k, fused_name)?;
+            return Ok(FusedLinear::Marlin {
+                linear: Box::new(linear),
+                rows: rows.to_vec(),
+            });
+        }
         let quantized = names.iter().any(|n| {
             self.src.bnb4(n).is_some() || (self.opts.quant == Quant::Int8 && self.src.is_int8(n))
         }) || !matches!(self.opts.quant, Quant::F16 | Quant::BF16 | Quant::Fp8);
@@ -346,6 +358,13 @@ impl<'a> Loader<'a> {
         quantize: bool,
     ) -> Result<Linear> {
         let slice = self.slice.filter(|s| !s.is_whole());
+        if let (Some(fmt), true) = (self.src.packed4(), super::is_projection(name)) {
+            if slice.is_some() {
+                return Err(packed4_unsplit(self.src, name));
+            }
+            let l = self.packed4(fmt, &[name.to_string()], &[n], k, name)?;
+            return Ok(Linear::Marlin(Box::new(l)));
+        }
         if let Some(meta) = self.src.bnb4(name) {
             if slice.is_some() {
                 return Err(Error::model(
@@ -397,6 +416,48 @@ impl<'a> Loader<'a> {
         }
         let d = self.read(name, &[n, k])?;
         load_linear(self.rt, name, n, k, d, self.opts, self.act, &mut self.stats)
+    }
+
+    /// An AWQ / GPTQ linear (one layer, or the shards `names` of a stacked one with `ns`
+    /// outputs each) as `create_weights` allocates it and the weight loader fills it: the
+    /// shards' stored tensors in one set of parameters (`MarlinLinear::load`).
+    fn packed4(
+        &mut self,
+        fmt: marlin::Format,
+        names: &[String],
+        ns: &[usize],
+        k: usize,
+        fused_name: &str,
+    ) -> Result<MarlinLinear> {
+        let mut parts = Vec::with_capacity(names.len());
+        for (name, &n) in names.iter().zip(ns) {
+            self.tick(name, self.src.stored_bytes(name))?;
+            let t = std::time::Instant::now();
+            parts.push(self.src.read_packed4(name, n, k, self.needs_data)?);
+            if self.needs_data {
+                self.stats.read_seconds += t.elapsed().as_secs_f64();
+                self.stats.source_bytes += self.src.stored_bytes(name);
+            }
+        }
+        let total: usize = ns.iter().sum();
+        // vLLM checks the stacked parameter's shape (output_size_per_partition = Σ nᵢ).
+        if let Some(p) = fmt.shape_problem(total, k) {
+            return Err(Error::model(
+                self.src.origin(),
+                format!("{fused_name}: {p}"),
+            ));
+        }
+        let stacked = self
+            .needs_data
+            .then(|| marlin::Parts::stack(&fmt, parts, ns, k));
+        MarlinLinear::load(
+            self.rt,
+            fmt,
+            fused_name.trim_end_matches(".weight"),
+            (total, k),
+            stacked.as_ref(),
+            self.act,
+        )
     }
 
     /// A pre-quantized 4-bit weight as vLLM's `_quantized_4bit_generator` and
@@ -636,6 +697,38 @@ pub(crate) fn fp8_after_loading(rt: &Runtime, lin: &mut Linear) -> Result<()> {
         *lin = Linear::Fp8(q);
     }
     Ok(())
+}
+
+/// vLLM's `process_weights_after_loading` for an AWQ / GPTQ layer, run once every weight is
+/// loaded, module by module (0.6.4 model_loader/loader.py L317-329): the Marlin repack.
+pub(crate) fn marlin_after_loading(rt: &Runtime, lin: &mut Linear, act: DType) -> Result<()> {
+    if let Linear::Marlin(l) = lin {
+        l.after_loading(rt, act)?;
+    }
+    Ok(())
+}
+
+/// `marlin_after_loading` for a stacked parameter: repacked whole.
+pub(crate) fn marlin_fused_after_loading(
+    rt: &Runtime,
+    f: &mut FusedLinear,
+    act: DType,
+) -> Result<()> {
+    if let FusedLinear::Marlin { linear, .. } = f {
+        linear.after_loading(rt, act)?;
+    }
+    Ok(())
+}
+
+/// Why an AWQ / GPTQ weight is not cut: tensor parallelism and checkpoints that store a
+/// layer fused (Phi-3's `qkv_proj.qweight`) are not modelled for these formats.
+fn packed4_unsplit(src: &dyn WeightSource, name: &str) -> Error {
+    Error::model(
+        src.origin(),
+        format!(
+            "tensor {name}: AWQ / GPTQ weights are read whole, one checkpoint tensor per layer shard; cutting them across tensor-parallel ranks or out of a fused checkpoint tensor is not modelled: use --tp 1"
+        ),
+    )
 }
 
 /// `fp8_after_loading` for a stacked parameter: quantized whole, one scale for its shards.

@@ -9,6 +9,7 @@ use super::config::ModelConfig;
 use super::weights::{floats_to_f32, SafetensorsFile, StoredDtype, WeightSource};
 use crate::base::error::{Error, Result};
 use crate::quant::bnb4::{Absmax, Bnb4Meta, Bnb4Parts, Bnb4Type};
+use crate::quant::marlin::{Format, Method, Parts, MARLIN_GROUP_SIZES, PACK};
 
 /// The `weight_map` of an index file: tensor → shard file name (inside the index's folder).
 pub fn parse_index(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
@@ -64,6 +65,32 @@ pub enum StoredQuant {
         quant_type: Bnb4Type,
         double_quant: bool,
     },
+    /// AutoAWQ GEMM 4-bit (`quant_method: awq`, `zero_point: true`, `version: gemm`).
+    Awq { group_size: i64 },
+    /// AutoGPTQ symmetric 4-bit (`quant_method: gptq`, `sym: true`).
+    Gptq { group_size: i64, desc_act: bool },
+}
+
+impl StoredQuant {
+    /// The AWQ / GPTQ format every quantized linear of the checkpoint has.
+    pub fn packed4(&self) -> Option<Format> {
+        match *self {
+            StoredQuant::Awq { group_size } => Some(Format {
+                method: Method::Awq,
+                group_size,
+                desc_act: false,
+            }),
+            StoredQuant::Gptq {
+                group_size,
+                desc_act,
+            } => Some(Format {
+                method: Method::Gptq,
+                group_size,
+                desc_act,
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// Reads `quantization_config`; other methods are refused by name.
@@ -103,10 +130,13 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
     if method == "fp8" {
         return Err(fp8_refusal(q, path));
     }
+    if method == "awq" || method == "gptq" {
+        return packed4_config(q, method, path);
+    }
     if method != "bitsandbytes" {
         return Err(Error::model(
             path,
-            format!("quantization_config.quant_method '{method}' is not supported (expected bitsandbytes)"),
+            format!("quantization_config.quant_method '{method}' is not supported (expected bitsandbytes, awq or gptq)"),
         ));
     }
     let (in_8bit, in_4bit) = (flag("load_in_8bit")?, flag("load_in_4bit")?);
@@ -147,6 +177,148 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
     .map_err(|p| Error::model(path, format!("quantization_config: {p}")))?
         as f32;
     Ok(StoredQuant::BnbInt8 { threshold })
+}
+
+/// An AWQ or GPTQ `quantization_config`, read as vLLM 0.6.4 reads it: `AWQMarlinConfig` /
+/// `GPTQMarlinConfig.from_config` require `bits`, `group_size` and `zero_point` (AWQ) or
+/// `desc_act` and `sym` (GPTQ) (awq_marlin.py L88-97, gptq_marlin.py L86-95); the Marlin
+/// conversion happens when `is_awq_marlin_compatible` / `is_gptq_marlin_compatible` hold
+/// (awq_marlin.py L130-153, gptq_marlin.py L128-149). Everything else, vLLM runs with another
+/// kernel (or refuses), which vramscope does not reproduce: refused naming the key.
+fn packed4_config(q: &serde_json::Value, method: &str, path: &Path) -> Result<StoredQuant> {
+    let key = |k: &str| format!("quantization_config.{k}");
+    let missing = |k: &str| {
+        Error::model(
+            path,
+            format!(
+                "{} is missing: vLLM's {} config requires it",
+                key(k),
+                method.to_uppercase()
+            ),
+        )
+    };
+    let int = |k: &str| -> Result<i64> {
+        match &q[k] {
+            serde_json::Value::Null => Err(missing(k)),
+            v => v.as_i64().ok_or_else(|| {
+                Error::model(path, format!("{} is {v}, expected an integer", key(k)))
+            }),
+        }
+    };
+    let flag = |k: &str| -> Result<bool> {
+        match &q[k] {
+            serde_json::Value::Null => Err(missing(k)),
+            serde_json::Value::Bool(b) => Ok(*b),
+            v => Err(Error::model(
+                path,
+                format!("{} is {v}, expected true or false", key(k)),
+            )),
+        }
+    };
+    let bits = int("bits")?;
+    if bits != 4 {
+        return Err(Error::model(
+            path,
+            format!(
+                "{} is {bits}: vramscope reads 4-bit {} checkpoints only (Marlin's 8-bit types are not modelled)",
+                key("bits"),
+                method.to_uppercase()
+            ),
+        ));
+    }
+    let group_size = int("group_size")?;
+    if !MARLIN_GROUP_SIZES.contains(&group_size) {
+        return Err(Error::model(
+            path,
+            format!(
+                "{} is {group_size}: Marlin takes -1, 32, 64 or 128 (MARLIN_SUPPORTED_GROUP_SIZES, marlin_utils.py L17 at 0.6.4); vLLM runs other group sizes with its plain {method} kernel, which vramscope does not reproduce",
+                key("group_size")
+            ),
+        ));
+    }
+    let list_set = |k: &str| match &q[k] {
+        serde_json::Value::Null => false,
+        serde_json::Value::Array(a) => !a.is_empty(),
+        _ => true,
+    };
+    if flag_or(q, "lm_head") {
+        return Err(Error::model(
+            path,
+            format!(
+                "{} is true: a quantized lm_head is not modelled",
+                key("lm_head")
+            ),
+        ));
+    }
+    if method == "awq" {
+        if !flag("zero_point")? {
+            return Err(Error::model(
+                path,
+                format!(
+                    "{} is false: vLLM's Marlin takes AWQ with zero points only (uint4 with has_zp; marlin_utils.py L28-46), and runs this one with the plain awq kernel, which vramscope does not reproduce",
+                    key("zero_point")
+                ),
+            ));
+        }
+        match &q["version"] {
+            serde_json::Value::Null => {}
+            serde_json::Value::String(v) if v.eq_ignore_ascii_case("gemm") => {}
+            v => {
+                return Err(Error::model(
+                    path,
+                    format!(
+                        "{} is {v}: only AutoAWQ's GEMM layout (qweight [in, out/8]) is what vLLM's AWQ reads",
+                        key("version")
+                    ),
+                ))
+            }
+        }
+        if list_set("modules_to_not_convert") {
+            return Err(Error::model(
+                path,
+                format!(
+                    "{} is {}: layers left unquantized inside an AWQ checkpoint are not modelled",
+                    key("modules_to_not_convert"),
+                    q["modules_to_not_convert"]
+                ),
+            ));
+        }
+        return Ok(StoredQuant::Awq { group_size });
+    }
+    let desc_act = flag("desc_act")?;
+    if !flag("sym")? {
+        return Err(Error::model(
+            path,
+            format!(
+                "{} is false: vLLM's gptq_marlin takes symmetric GPTQ only (TYPE_MAP, gptq_marlin.py L35-38 at 0.6.4) and runs this one with the plain gptq kernel, which vramscope does not reproduce",
+                key("sym")
+            ),
+        ));
+    }
+    match &q["checkpoint_format"] {
+        serde_json::Value::Null => {}
+        // gptq_marlin never reads it: a symmetric checkpoint's zeros are ignored either way.
+        serde_json::Value::String(v) if v == "gptq" || v == "gptq_v2" => {}
+        v => {
+            return Err(Error::model(
+                path,
+                format!(
+                    "{} is {v}, expected \"gptq\" or \"gptq_v2\"",
+                    key("checkpoint_format")
+                ),
+            ))
+        }
+    }
+    // vLLM clears desc_act with one group (gptq_marlin.py L48-51).
+    Ok(StoredQuant::Gptq {
+        group_size,
+        desc_act: desc_act && group_size != -1,
+    })
+}
+
+/// A boolean key that defaults to false.
+fn flag_or(q: &serde_json::Value, k: &str) -> bool {
+    q[k].as_bool().unwrap_or(false)
 }
 
 /// Why a `quant_method: fp8` config is not read, checked as vLLM's `Fp8Config.from_config`
@@ -407,6 +579,13 @@ impl SafetensorsModel {
             .map_err(|p| Error::model(&s.path, p))?;
         }
         for (name, shape) in cfg.tensor_shapes() {
+            if self.stored_quant.packed4().is_some()
+                && super::is_projection(&name)
+                && shape.len() == 2
+            {
+                self.read_packed4(&name, shape[0], shape[1], false)?;
+                continue;
+            }
             let s = self.shard_of(&name).map_err(|_| {
                 Error::model(
                     &self.origin,
@@ -510,6 +689,43 @@ impl SafetensorsModel {
     }
 }
 
+impl SafetensorsModel {
+    /// The shard holding `t`, checked to be stored as `dtypes` (their safetensors names) with
+    /// `shape`; `why` says what the shape follows from.
+    fn checked(
+        &self,
+        t: &str,
+        shape: &[usize],
+        dtypes: &[&str],
+        why: &str,
+    ) -> Result<(&SafetensorsFile, String)> {
+        let s = self.shard_of(t)?;
+        let dtype = s.stored_dtype_name(t);
+        if !dtypes.contains(&dtype.as_str()) {
+            return Err(Error::model(
+                &s.path,
+                format!(
+                    "tensor {t} is stored as {dtype}, expected {}",
+                    dtypes.join(" or ")
+                ),
+            ));
+        }
+        let (_, found) = s.info(t).expect("listed");
+        if found != shape {
+            return Err(Error::model(
+                &s.path,
+                format!("tensor {t} has shape {found:?}, expected {shape:?} ({why})"),
+            ));
+        }
+        Ok((s, dtype))
+    }
+
+    fn packed4_names(name: &str) -> [String; 4] {
+        let base = name.strip_suffix(".weight").unwrap_or(name);
+        ["qweight", "qzeros", "scales", "g_idx"].map(|p| format!("{base}.{p}"))
+    }
+}
+
 fn scb_name(weight: &str) -> String {
     format!("{}.SCB", weight.trim_end_matches(".weight"))
 }
@@ -548,11 +764,101 @@ impl WeightSource for SafetensorsModel {
         }
     }
 
+    fn packed4(&self) -> Option<Format> {
+        self.stored_quant.packed4()
+    }
+
+    /// AWQ: `qweight` I32 `[k, n/8]`, `qzeros` I32 `[groups, n/8]`, `scales` F16/BF16
+    /// `[groups, n]`; GPTQ: `qweight` I32 `[k/8, n]`, the same `qzeros` and `scales`, and
+    /// `g_idx` I32 `[k]` (required under act-order: it gives each input's group; without it
+    /// vLLM drops it unread). The shape first meets Marlin's rules (`Format::shape_problem`).
+    fn read_packed4(&self, name: &str, n: usize, k: usize, data: bool) -> Result<Parts> {
+        let fmt = self.stored_quant.packed4().ok_or_else(|| {
+            Error::model(
+                &self.origin,
+                format!("tensor {name} is not stored as AWQ or GPTQ"),
+            )
+        })?;
+        let [qw, qz, sc, gi] = Self::packed4_names(name);
+        let s = self.shard_of(&qw).map_err(|_| {
+            Error::model(
+                &self.origin,
+                format!(
+                    "tensor {qw} is missing (config.json's quantization_config says {} and implies the [{n}, {k}] linear {name})",
+                    fmt.method.name()
+                ),
+            )
+        })?;
+        if let Some(p) = fmt.shape_problem(n, k) {
+            return Err(Error::model(&s.path, format!("tensor {qw}: {p}")));
+        }
+        let groups = fmt.groups(k);
+        let g = fmt.group(k);
+        let packed_why = match fmt.method {
+            Method::Awq => "8 output features a word",
+            Method::Gptq => "8 input features a word",
+        };
+        let group_why = format!("one row per group of {g} inputs");
+        let (sq, _) = self.checked(&qw, &fmt.qweight_shape(n, k), &["I32"], packed_why)?;
+        let (sz, _) = self.checked(
+            &qz,
+            &[groups, n / PACK],
+            &["I32"],
+            &format!("{group_why}, 8 output features a word"),
+        )?;
+        let (ss, scale_dtype) = self.checked(&sc, &[groups, n], &["F16", "BF16"], &group_why)?;
+        let g_idx_shard = match (fmt.method, self.shard_of(&gi)) {
+            (Method::Gptq, Ok(_)) => Some(self.checked(&gi, &[k], &["I32"], "one per input")?.0),
+            (Method::Gptq, Err(_)) if fmt.desc_act => {
+                return Err(Error::model(
+                    &s.path,
+                    format!("tensor {gi} is missing: quantization_config.desc_act is true, so each input's group comes from it"),
+                ))
+            }
+            _ => None,
+        };
+        if !data {
+            return Ok(Parts::default());
+        }
+        let dtype = if scale_dtype == "BF16" {
+            StoredDtype::BF16
+        } else {
+            StoredDtype::F16
+        };
+        let scales = floats_to_f32(dtype, ss.raw(&sc, dtype, &[groups, n])?);
+        let g_idx = match g_idx_shard {
+            Some(f) if fmt.desc_act => {
+                let v = f.raw_i32(&gi, &[k])?;
+                if let Some((i, bad)) = v
+                    .iter()
+                    .enumerate()
+                    .find(|(_, &x)| x < 0 || x as usize >= groups)
+                {
+                    return Err(Error::model(
+                        &f.path,
+                        format!("tensor {gi}[{i}] is {bad}, expected a group in 0..{groups}"),
+                    ));
+                }
+                Some(v)
+            }
+            _ => None,
+        };
+        Ok(Parts {
+            qweight: sq.raw_i32(&qw, &fmt.qweight_shape(n, k))?,
+            qzeros: sz.raw_i32(&qz, &[groups, n / PACK])?,
+            scales,
+            g_idx,
+        })
+    }
+
     fn stored_bytes(&self, name: &str) -> u64 {
         let bytes = |n: &str| {
             self.shard_of(n)
                 .map_or(0, |s| s.tensor_bytes(self.resolve(n)))
         };
+        if self.stored_quant.packed4().is_some() && super::is_projection(name) {
+            return Self::packed4_names(name).iter().map(|n| bytes(n)).sum();
+        }
         if self.bnb4(name).is_some() {
             // The packed codes and every `name.*` part (absmax, maps, quant-state blob).
             let stored = self.resolve(name);
