@@ -304,8 +304,14 @@ impl<'a> Loader<'a> {
     ) -> Result<FusedLinear> {
         let rows: Vec<usize> = parts.iter().map(|p| p.1).collect();
         let rows = &rows[..];
-        if let (Some(fmt), true) = (self.src.packed4(), names.iter().all(|n| super::is_projection(n))) {
-            let whole = full_rows.iter().zip(parts).all(|(&f, &(first, len))| first == 0 && len == f);
+        if let (Some(fmt), true) = (
+            self.src.packed4(),
+            names.iter().all(|n| super::is_projection(n)),
+        ) {
+            let whole = full_rows
+                .iter()
+                .zip(parts)
+                .all(|(&f, &(first, len))| first == 0 && len == f);
             if !whole || names.windows(2).any(|w| w[0] == w[1]) {
                 return Err(packed4_unsplit(self.src, &names[0]));
             }

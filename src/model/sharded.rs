@@ -66,9 +66,14 @@ pub enum StoredQuant {
         double_quant: bool,
     },
     /// AutoAWQ GEMM 4-bit (`quant_method: awq`, `zero_point: true`, `version: gemm`).
-    Awq { group_size: i64 },
+    Awq {
+        group_size: i64,
+    },
     /// AutoGPTQ symmetric 4-bit (`quant_method: gptq`, `sym: true`).
-    Gptq { group_size: i64, desc_act: bool },
+    Gptq {
+        group_size: i64,
+        desc_act: bool,
+    },
 }
 
 impl StoredQuant {

@@ -264,7 +264,8 @@ pub fn quantize(fmt: &Format, w: &[f32], n: usize, k: usize, scale_dtype: DType)
             scales[grp * n + c] = s;
             zeros[grp * n + c] = z as u8;
             for &i in cols {
-                codes[c * k + i] = ((w[c * k + i] / s).round_ties_even() + z).clamp(0.0, 15.0) as u8;
+                codes[c * k + i] =
+                    ((w[c * k + i] / s).round_ties_even() + z).clamp(0.0, 15.0) as u8;
             }
         }
     }
@@ -608,12 +609,7 @@ impl MarlinLinear {
         rt.set_op("marlin.gptq_marlin_gemm");
         let mut out =
             rt.tensor_for_overwrite(format!("{name}.out"), Category::Activation, &[m, n], act)?;
-        let a_tmp = rt.tensor(
-            format!("{name}.a_tmp"),
-            Category::Activation,
-            &[m, k],
-            act,
-        )?;
+        let a_tmp = rt.tensor(format!("{name}.a_tmp"), Category::Activation, &[m, k], act)?;
         let c_tmp = rt.tensor(
             format!("{name}.c_tmp"),
             Category::Activation,
@@ -824,7 +820,17 @@ mod tests {
         // Row 2 of qweight: codes c % 8 for c in 0..8.
         assert_eq!(p.qweight[2 * (n / PACK)] as u32, 0x7531_6420);
         let mut back = vec![0f32; n * k];
-        dequantize_rows(&fmt, &p.qweight, &p.qzeros, &p.scales, None, (n, k), (0, n), DType::F16, &mut back);
+        dequantize_rows(
+            &fmt,
+            &p.qweight,
+            &p.qzeros,
+            &p.scales,
+            None,
+            (n, k),
+            (0, n),
+            DType::F16,
+            &mut back,
+        );
         assert_eq!(back, w);
     }
 
@@ -838,7 +844,13 @@ mod tests {
         };
         // Each group's max |w| is 7.5 · s with s = 2: codes w/2 + 8.
         let w: Vec<f32> = (0..n * k)
-            .map(|j| if j % 32 == 0 { 15.0 } else { 2.0 * ((j % 15) as f32 - 7.0) })
+            .map(|j| {
+                if j % 32 == 0 {
+                    15.0
+                } else {
+                    2.0 * ((j % 15) as f32 - 7.0)
+                }
+            })
             .collect();
         let p = quantize(&fmt, &w, n, k, DType::F16);
         assert!(p.scales.iter().all(|&s| s == 2.0));
@@ -847,23 +859,41 @@ mod tests {
         // g_idx without act-order: i / 32.
         assert_eq!(p.g_idx.as_ref().unwrap()[33], 1);
         let mut back = vec![0f32; n * k];
-        dequantize_rows(&fmt, &p.qweight, &p.qzeros, &p.scales, None, (n, k), (0, n), DType::F16, &mut back);
+        dequantize_rows(
+            &fmt,
+            &p.qweight,
+            &p.qzeros,
+            &p.scales,
+            None,
+            (n, k),
+            (0, n),
+            DType::F16,
+            &mut back,
+        );
         // 15 is 7.5·2: 7.5 rounds to even (8) → code 16 clamps to 15 → (15 − 8)·2 = 14.
         for (j, (&a, &b)) in back.iter().zip(&w).enumerate() {
             let want = if j % 32 == 0 { 14.0 } else { b };
             assert_eq!(a, want, "{j}");
         }
         // Word 0 of column 0: inputs 0..8 at bits 0, 4, ..., 28.
-        let col0: Vec<u32> = (0..8).map(|j| (p.qweight[0] as u32 >> (4 * j)) & 0xF).collect();
-        let want: Vec<u32> = (0..8).map(|i| ((w[i] / 2.0).round_ties_even() + 8.0).clamp(0.0, 15.0) as u32).collect();
+        let col0: Vec<u32> = (0..8)
+            .map(|j| (p.qweight[0] as u32 >> (4 * j)) & 0xF)
+            .collect();
+        let want: Vec<u32> = (0..8)
+            .map(|i| ((w[i] / 2.0).round_ties_even() + 8.0).clamp(0.0, 15.0) as u32)
+            .collect();
         assert_eq!(col0, want);
     }
 
     #[test]
     fn stacking_concatenates_along_the_output() {
         let (k, n0, n1) = (128, 64, 128);
-        let w0: Vec<f32> = (0..n0 * k).map(|i| ((i * 7 % 31) as f32 - 15.0) / 64.0).collect();
-        let w1: Vec<f32> = (0..n1 * k).map(|i| ((i * 11 % 29) as f32 - 14.0) / 32.0).collect();
+        let w0: Vec<f32> = (0..n0 * k)
+            .map(|i| ((i * 7 % 31) as f32 - 15.0) / 64.0)
+            .collect();
+        let w1: Vec<f32> = (0..n1 * k)
+            .map(|i| ((i * 11 % 29) as f32 - 14.0) / 32.0)
+            .collect();
         for method in [Method::Awq, Method::Gptq] {
             let fmt = Format {
                 method,
@@ -876,7 +906,17 @@ mod tests {
             );
             let deq = |p: &Parts, n| {
                 let mut o = vec![0f32; n * k];
-                dequantize_rows(&fmt, &p.qweight, &p.qzeros, &p.scales, None, (n, k), (0, n), DType::F16, &mut o);
+                dequantize_rows(
+                    &fmt,
+                    &p.qweight,
+                    &p.qzeros,
+                    &p.scales,
+                    None,
+                    (n, k),
+                    (0, n),
+                    DType::F16,
+                    &mut o,
+                );
                 o
             };
             let mut want = deq(&p0, n0);
@@ -888,7 +928,17 @@ mod tests {
 
     #[test]
     fn reduce_buffer_rows_follow_determine_reduce_max_m() {
-        let cases = [(1, 16), (16, 16), (17, 32), (48, 48), (64, 64), (65, 128), (512, 512), (1024, 1024), (4096, 1024)];
+        let cases = [
+            (1, 16),
+            (16, 16),
+            (17, 32),
+            (48, 48),
+            (64, 64),
+            (65, 128),
+            (512, 512),
+            (1024, 1024),
+            (4096, 1024),
+        ];
         for (m, want) in cases {
             assert_eq!(reduce_max_m(m), want, "{m}");
         }
@@ -1001,7 +1051,9 @@ mod tests {
         ];
         assert_eq!(
             names,
-            want.iter().map(|(a, t)| (*a, t.to_string())).collect::<Vec<_>>()
+            want.iter()
+                .map(|(a, t)| (*a, t.to_string()))
+                .collect::<Vec<_>>()
         );
         // Kept: repacked codes, scales, the sorted g_idx and its indices, the workspace.
         assert_eq!(
@@ -1019,7 +1071,9 @@ mod tests {
             .tensor("x", Category::Activation, &[2048, 4096], DType::F16)
             .unwrap();
         let from = rt.event_count();
-        let out = l.forward(&rt, &x, "0.qkv_proj", DType::F16, &[4096]).unwrap();
+        let out = l
+            .forward(&rt, &x, "0.qkv_proj", DType::F16, &[4096])
+            .unwrap();
         assert_eq!(out.shape, vec![2048, 4096]);
         assert_eq!(
             trace(&rt, from),
@@ -1071,7 +1125,8 @@ mod tests {
                             .sum();
                         let got = out.f32()[s * m * 64 + r * 64 + c];
                         assert!(
-                            (got - DType::F16.round(acc as f32)).abs() <= 2e-3 * (acc.abs() as f32).max(1.0),
+                            (got - DType::F16.round(acc as f32)).abs()
+                                <= 2e-3 * (acc.abs() as f32).max(1.0),
                             "{fmt:?} {r} {c}: {got} vs {acc}"
                         );
                     }
