@@ -384,7 +384,7 @@ impl WeightSource for ConfigOnly {
                 format!("tensor {name} is not stored as AWQ or GPTQ"),
             )
         })?;
-        if let Some(p) = fmt.shape_problem(n, k) {
+        if let Some(p) = fmt.layout_problem(n, k) {
             return Err(Error::model(&self.config, format!("{name}: {p}")));
         }
         if data {

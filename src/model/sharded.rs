@@ -794,7 +794,8 @@ impl WeightSource for SafetensorsModel {
                 ),
             )
         })?;
-        if let Some(p) = fmt.shape_problem(n, k) {
+        // Marlin's own rules apply to the stacked layer (the loader checks them).
+        if let Some(p) = fmt.layout_problem(n, k) {
             return Err(Error::model(&s.path, format!("tensor {qw}: {p}")));
         }
         let groups = fmt.groups(k);

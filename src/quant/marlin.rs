@@ -86,15 +86,30 @@ impl Format {
         }
     }
 
-    /// Marlin's shape rules for one layer (`verify_marlin_supports_shape`, marlin_utils.py
-    /// L94-120), after the group first divides the input: the reason it cannot run, if any.
-    pub fn shape_problem(&self, n: usize, k: usize) -> Option<String> {
+    /// What the stored layout of one `[n, k]` linear needs: the group divides the inputs and
+    /// eight codes fill each packed int32 (along the output; GPTQ's also along the input).
+    pub fn layout_problem(&self, n: usize, k: usize) -> Option<String> {
         let g = self.group(k);
         if g == 0 || !k.is_multiple_of(g) {
             return Some(format!(
                 "quantization_config.group_size {} does not divide its {k} input features",
                 self.group_size
             ));
+        }
+        if !n.is_multiple_of(PACK) || (self.method == Method::Gptq && !k.is_multiple_of(PACK)) {
+            return Some(format!(
+                "its [{n}, {k}] weight does not fill int32 words of {PACK} codes"
+            ));
+        }
+        None
+    }
+
+    /// Marlin's shape rules for a layer as vLLM builds it (stacked q/k/v and gate/up count
+    /// as one; `verify_marlin_supports_shape`, marlin_utils.py L94-120), after the stored
+    /// layout's own (`layout_problem`): the reason it cannot run, if any.
+    pub fn shape_problem(&self, n: usize, k: usize) -> Option<String> {
+        if let Some(p) = self.layout_problem(n, k) {
+            return Some(p);
         }
         if !n.is_multiple_of(MIN_THREAD_N) {
             return Some(format!(
@@ -344,8 +359,7 @@ pub struct MarlinLinear {
     pub in_features: usize,
 }
 
-/// An activation-dtype copy of a tensor rounded to `act`: the host keeps values; other
-/// backends just the allocation.
+/// Host values of an I32 tensor (compute mode; other backends keep only the allocation).
 fn fill_i32(t: &mut Tensor, v: &[i32]) {
     if let Storage::I32(d) = &mut t.storage {
         if d.len() == v.len() {
@@ -378,16 +392,9 @@ impl MarlinLinear {
             Method::Gptq => Some(w("g_idx", &[k], DType::I32)?),
             Method::Awq => None,
         };
-        let (mut qzeros, mut scales) = match fmt.method {
-            Method::Awq => {
-                let z = w("qzeros", &[groups, n / PACK], DType::I32)?;
-                (z, w("scales", &[groups, n], act)?)
-            }
-            Method::Gptq => {
-                let z = w("qzeros", &[groups, n / PACK], DType::I32)?;
-                (z, w("scales", &[groups, n], act)?)
-            }
-        };
+        // Both methods make the zeros before the scales.
+        let mut qzeros = w("qzeros", &[groups, n / PACK], DType::I32)?;
+        let mut scales = w("scales", &[groups, n], act)?;
         if let (Some(p), Backend::Cpu) = (parts, rt.backend()) {
             fill_i32(&mut qweight, &p.qweight);
             fill_i32(&mut qzeros, &p.qzeros);
@@ -924,6 +931,36 @@ mod tests {
             let s = Parts::stack(&fmt, vec![p0, p1], &[n0, n1], k);
             assert_eq!(deq(&s, n0 + n1), want, "{method:?}");
         }
+    }
+
+    #[test]
+    fn marlin_shape_rules_apply_to_the_stacked_layer_the_layout_to_each_tensor() {
+        // A 32-row k_proj is a valid stored tensor; Marlin needs 64-multiples of the stacked
+        // qkv_proj's rows and 128-multiples of its inputs.
+        assert_eq!(AWQ128.layout_problem(32, 128), None);
+        assert_eq!(
+            AWQ128.shape_problem(32, 128).unwrap(),
+            "its 32 output features are not a multiple of Marlin's min_thread_n 64 (vLLM's verify_marlin_supports_shape refuses it)"
+        );
+        assert_eq!(AWQ128.shape_problem(96 + 32, 128), None);
+        assert_eq!(
+            AWQ128.layout_problem(128, 320).unwrap(),
+            "quantization_config.group_size 128 does not divide its 320 input features"
+        );
+        let gptq = Format {
+            method: Method::Gptq,
+            group_size: -1,
+            desc_act: false,
+        };
+        assert_eq!(gptq.groups(300), 1);
+        assert_eq!(
+            gptq.layout_problem(64, 300).unwrap(),
+            "its [64, 300] weight does not fill int32 words of 8 codes"
+        );
+        assert!(gptq
+            .shape_problem(64, 320)
+            .unwrap()
+            .contains("min_thread_k 128"));
     }
 
     #[test]
