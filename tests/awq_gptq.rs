@@ -118,7 +118,7 @@ fn write_packed_checkpoint(
     }
     header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
     let mut h = serde_json::to_vec(&header).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut f = std::fs::File::create(dir.join("model.safetensors")).unwrap();
@@ -586,7 +586,7 @@ fn rewrite(dir: &Path, edit: impl Fn(&str, &mut String, &mut Vec<usize>, &mut Ve
         data.extend_from_slice(bytes);
     }
     let mut h = serde_json::to_vec(&out_header).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut file = (h.len() as u64).to_le_bytes().to_vec();
