@@ -258,6 +258,10 @@ fn gen_model_awq_and_gptq_profile_dry_and_in_compute_mode_alike() {
     ] {
         let dir = tempfile::tempdir().unwrap();
         gen(dir.path(), flags);
+        // inspect counts the codes as parameters (8 an int32), not zeros, scales or g_idx.
+        let i = model::inspect(dir.path()).unwrap();
+        let tiny = vramscope::model::presets::preset("tiny").unwrap();
+        assert_eq!(i.parameters, tiny.param_count(), "{flags:?}");
         let dry = profile(dir.path(), &format!("{device}:dry"));
         let cpu = profile(dir.path(), &format!("{device}:compute"));
         for key in ["weights_bytes", "weights_tensor_bytes", "truth"] {

@@ -496,21 +496,34 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                 let bnb4 = st.bnb4(name);
                 // bitsandbytes' scales and quant states are not parameters of the model; a
                 // 4-bit weight holds its quant state's shape.
+                // An AWQ / GPTQ weight counts its codes (8 an int32); zeros, scales and
+                // g_idx are not parameters.
+                let packed = st.stored_quant.packed4().is_some();
+                let packed_part = packed
+                    && [".qzeros", ".scales", ".g_idx"]
+                        .iter()
+                        .any(|s| name.ends_with(s));
                 if let Some(m) = &bnb4 {
                     params += m.numel() as u64;
-                } else if !name.ends_with(".SCB") && !name.contains(".weight.") {
+                } else if packed && name.ends_with(".qweight") {
+                    params += n * crate::quant::marlin::PACK as u64;
+                } else if !name.ends_with(".SCB") && !name.contains(".weight.") && !packed_part {
                     params += n;
                 }
                 count += 1;
                 let u8 = st.is_u8(name);
+                let i32 = st.is_i32(name);
                 let kind = match d {
                     Some(d) => d.name(),
                     None if u8 => "U8",
+                    None if i32 => "I32",
                     None => "other",
                 };
                 let e = by.entry(kind.to_string()).or_default();
                 e.0 += 1;
-                e.1 += n * d.map_or(u64::from(u8), |d| d.size_bytes() as u64);
+                e.1 += n * d.map_or(if i32 { 4 } else { u64::from(u8) }, |d| {
+                    d.size_bytes() as u64
+                });
             }
             let md = match json.get("quantization_config") {
                 Some(q) => vec![("quantization_config".to_string(), q.to_string())],

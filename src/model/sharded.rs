@@ -567,6 +567,14 @@ impl SafetensorsModel {
         self.which.keys()
     }
 
+    /// Whether a tensor is stored as I32 (AWQ / GPTQ parts).
+    pub fn is_i32(&self, name: &str) -> bool {
+        let name = self.resolve(name);
+        self.which
+            .get(name)
+            .is_some_and(|&i| self.shards[i].is_i32(name))
+    }
+
     /// Whether a tensor is stored as U8 (bitsandbytes 4-bit parts).
     pub fn is_u8(&self, name: &str) -> bool {
         self.u8_of(name).is_some()
