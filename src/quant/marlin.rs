@@ -456,8 +456,9 @@ impl MarlinLinear {
     /// `marlin_sort_g_idx` (L169-172: `argsort`'s sort makes I32 values and I64 indices, the
     /// values freed; `.to(int)` copies the indices, the I64 ones freed; `g_idx[indices]`
     /// makes the sorted g_idx, which replaces the stored one; the sort's own scratch space,
-    /// which CUDA's sort takes from the caching allocator, is not modelled), otherwise the stored `g_idx`
-    /// replaced by an empty one (freed); the stored zeros replaced by an empty tensor (freed);
+    /// which CUDA's sort takes from the caching allocator, is not modelled), otherwise the
+    /// stored `g_idx` replaced by an empty one (freed); the stored zeros replaced by an empty
+    /// tensor (freed);
     /// `gptq_marlin_repack`'s `[k/16, 2n]` output (assigning `x.data` frees the stored
     /// qweight); the permuted scales (the stored ones freed).
     ///
