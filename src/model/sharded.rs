@@ -972,3 +972,72 @@ impl WeightSource for SafetensorsModel {
         Ok((cb, scb))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(q: serde_json::Value) -> Result<StoredQuant> {
+        stored_quant(
+            &serde_json::json!({ "quantization_config": q }),
+            Path::new("m/config.json"),
+        )
+    }
+
+    #[test]
+    fn awq_and_gptq_configs_parse_as_vllm_reads_them() {
+        let awq = parse(serde_json::json!({
+            "quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": true,
+            "version": "gemm", "modules_to_not_convert": null
+        }));
+        assert_eq!(awq.unwrap(), StoredQuant::Awq { group_size: 64 });
+        let gptq = |group_size: i64, desc_act: bool| {
+            parse(serde_json::json!({
+                "quant_method": "gptq", "bits": 4, "group_size": group_size,
+                "desc_act": desc_act, "sym": true, "checkpoint_format": "gptq"
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            gptq(32, true),
+            StoredQuant::Gptq {
+                group_size: 32,
+                desc_act: true
+            }
+        );
+        // One group over all inputs: vLLM clears act-order (gptq_marlin.py L48-51).
+        assert_eq!(
+            gptq(-1, true).packed4().unwrap(),
+            Format {
+                method: Method::Gptq,
+                group_size: -1,
+                desc_act: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_gptq_config_without_desc_act_names_the_key() {
+        let e = parse(serde_json::json!({
+            "quant_method": "gptq", "bits": 4, "group_size": 128, "sym": true
+        }))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("m/config.json")
+                && e.contains(
+                    "quantization_config.desc_act is missing: vLLM's GPTQ config requires it"
+                ),
+            "{e}"
+        );
+        let e = parse(serde_json::json!({
+            "quant_method": "gptq", "bits": "4", "group_size": 128, "sym": true, "desc_act": false
+        }))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("quantization_config.bits is \"4\", expected an integer"),
+            "{e}"
+        );
+    }
+}
