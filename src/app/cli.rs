@@ -64,11 +64,23 @@ pub enum Command {
         double_quant: bool,
         /// Write a pre-quantized per-tensor fp8 checkpoint (F8_E4M3 linear weights with their
         /// weight_scale, quantization_config as AutoFP8 writes it).
-        #[arg(long, conflicts_with_all = ["bnb_int8", "bnb_4bit"])]
+        #[arg(long, conflicts_with_all = ["bnb_int8", "bnb_4bit", "awq", "gptq"])]
         fp8: bool,
         /// With --fp8: the static activation scheme (an input_scale per linear layer).
         #[arg(long, requires = "fp8")]
         fp8_static: bool,
+        /// Write an AWQ 4-bit checkpoint (AutoAWQ GEMM: qweight, qzeros, scales).
+        #[arg(long, conflicts_with_all = ["gptq", "bnb_int8", "bnb_4bit"])]
+        awq: bool,
+        /// Write a GPTQ 4-bit checkpoint (AutoGPTQ, symmetric: qweight, qzeros, scales, g_idx).
+        #[arg(long, conflicts_with_all = ["bnb_int8", "bnb_4bit"])]
+        gptq: bool,
+        /// With --awq or --gptq: inputs per quantization group (32, 64, 128, or -1 for one).
+        #[arg(long, default_value_t = 128, allow_negative_numbers = true)]
+        group_size: i64,
+        /// With --gptq: act-order (desc_act), each input's group read from g_idx.
+        #[arg(long, requires = "gptq")]
+        desc_act: bool,
     },
     /// Time forward passes on a device (GPU speed; logits for comparisons).
     Bench(BenchArgs),
@@ -383,6 +395,10 @@ pub fn main() -> i32 {
             double_quant,
             fp8,
             fp8_static,
+            awq,
+            gptq,
+            group_size,
+            desc_act,
         }) => {
             let bnb4 = bnb_4bit.as_deref().and_then(|t| {
                 crate::quant::bnb4::Bnb4Type::parse(t).map(|quant_type| model::Bnb4Gen {
@@ -391,7 +407,28 @@ pub fn main() -> i32 {
                 })
             });
             let fp8 = fp8.then_some(fp8_static);
-            cmd_gen(&preset, &dir, &dtype, seed, shards, bnb_int8, bnb4, fp8)
+            use crate::quant::marlin::{Format, Method};
+            let method = match (awq, gptq) {
+                (true, _) => Some(Method::Awq),
+                (_, true) => Some(Method::Gptq),
+                _ => None,
+            };
+            let packed4 = method.map(|method| Format {
+                method,
+                group_size,
+                desc_act,
+            });
+            cmd_gen(
+                &preset,
+                &dir,
+                &dtype,
+                seed,
+                shards,
+                bnb_int8,
+                bnb4.map(Gen::Bnb4)
+                    .or(packed4.map(Gen::Packed4))
+                    .or(fp8.map(Gen::Fp8)),
+            )
         }
         Some(Command::Bench(args)) => cmd_bench(&args),
         Some(Command::Report(args)) => cmd_report(&args),
@@ -855,7 +892,14 @@ fn cmd_inspect(path: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A quantized checkpoint `gen-model` writes.
+enum Gen {
+    Bnb4(model::Bnb4Gen),
+    Packed4(crate::quant::marlin::Format),
+    /// Per-tensor fp8; `true` for the static activation scheme.
+    Fp8(bool),
+}
+
 fn cmd_gen(
     preset: &str,
     dir: &std::path::Path,
@@ -863,8 +907,7 @@ fn cmd_gen(
     seed: u64,
     shards: usize,
     bnb_int8: bool,
-    bnb4: Option<model::Bnb4Gen>,
-    fp8: Option<bool>,
+    quantized: Option<Gen>,
 ) -> Result<()> {
     let d = match dtype {
         "f32" => StoredDtype::F32,
@@ -877,10 +920,19 @@ fn cmd_gen(
         shards,
         bnb_int8,
     };
-    let files = match (bnb4, fp8) {
-        (_, Some(static_act)) => model::gen_model_fp8(preset, dir, &opts, static_act)?,
-        (Some(g), None) => model::gen_model_bnb4(preset, dir, &opts, g)?,
-        (None, None) => model::gen_model_with(preset, dir, &opts)?,
+    let files = match quantized {
+        Some(Gen::Fp8(static_act)) => model::gen_model_fp8(preset, dir, &opts, static_act)?,
+        Some(Gen::Bnb4(g)) => model::gen_model_bnb4(preset, dir, &opts, g)?,
+        Some(Gen::Packed4(f)) => {
+            if !crate::quant::marlin::MARLIN_GROUP_SIZES.contains(&f.group_size) {
+                return Err(crate::base::error::Error::Request(format!(
+                    "--group-size {}: expected 32, 64, 128 or -1 (the group sizes vLLM's Marlin runs)",
+                    f.group_size
+                )));
+            }
+            model::gen_model_packed4(preset, dir, &opts, f)?
+        }
+        None => model::gen_model_with(preset, dir, &opts)?,
     };
     for s in &files.shards {
         println!("wrote {}", s.display());

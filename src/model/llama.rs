@@ -10,7 +10,8 @@ pub use super::batch::Batch;
 use super::config::ModelConfig;
 use super::loader::{
     fp8_after_loading, fp8_fused_after_loading, fp8_stored_fused_after_loading,
-    fp8_stored_linear_after_loading, Loader, Slice,
+    fp8_stored_linear_after_loading, marlin_after_loading, marlin_fused_after_loading, Loader,
+    Slice,
 };
 pub use super::loader::{LoadOptions, LoadStats};
 use super::weights::WeightSource;
@@ -309,6 +310,19 @@ impl LlamaModel {
                     Ok(layer)
                 })
                 .collect::<Result<Vec<_>>>()?;
+            rt.set_layer(None);
+            ld.stats.quantize_seconds += t.elapsed().as_secs_f64();
+        } else if src.packed4().is_some() {
+            // AWQ / GPTQ: each layer repacked for Marlin once every weight is loaded, in
+            // `named_modules` order.
+            let t = std::time::Instant::now();
+            for (l, layer) in layers.iter_mut().enumerate() {
+                rt.set_layer(Some(l as u32));
+                marlin_fused_after_loading(rt, &mut layer.attn.qkv, act)?;
+                marlin_after_loading(rt, &mut layer.attn.o, act)?;
+                marlin_fused_after_loading(rt, &mut layer.gate_up, act)?;
+                marlin_after_loading(rt, &mut layer.down, act)?;
+            }
             rt.set_layer(None);
             ld.stats.quantize_seconds += t.elapsed().as_secs_f64();
         } else if opts.quant == Quant::Fp8 {

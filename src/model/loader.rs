@@ -13,6 +13,7 @@ use crate::memory::Category;
 use crate::quant::bnb4::{self, Absmax, Bnb4Meta, Bnb4Type};
 use crate::quant::fp8::Fp8Linear;
 use crate::quant::int8::{Int8Linear, TileLayout};
+use crate::quant::marlin::{self, MarlinLinear};
 use crate::quant::{Bnb4Linear, Bnb4Nested, FusedLinear, Linear, Quant};
 use std::rc::Rc;
 
@@ -324,6 +325,23 @@ impl<'a> Loader<'a> {
                 rows: rows.to_vec(),
             });
         }
+        if let (Some(fmt), true) = (
+            self.src.packed4(),
+            names.iter().all(|n| super::is_projection(n)),
+        ) {
+            let whole = full_rows
+                .iter()
+                .zip(parts)
+                .all(|(&f, &(first, len))| first == 0 && len == f);
+            if !whole || names.windows(2).any(|w| w[0] == w[1]) {
+                return Err(packed4_unsplit(self.src, &names[0]));
+            }
+            let linear = self.packed4(fmt, names, rows, k, fused_name)?;
+            return Ok(FusedLinear::Marlin {
+                linear: Box::new(linear),
+                rows: rows.to_vec(),
+            });
+        }
         let quantized = names.iter().any(|n| {
             self.src.bnb4(n).is_some() || (self.opts.quant == Quant::Int8 && self.src.is_int8(n))
         }) || !matches!(self.opts.quant, Quant::F16 | Quant::BF16 | Quant::Fp8);
@@ -371,6 +389,13 @@ impl<'a> Loader<'a> {
             let sl = self.slice.unwrap_or(Slice::whole(n, k));
             let lin = self.fp8_stored(&[name.to_string()], &[sl], k, name)?;
             return Ok(Linear::Fp8(lin));
+        }
+        if let (Some(fmt), true) = (self.src.packed4(), super::is_projection(name)) {
+            if slice.is_some() {
+                return Err(packed4_unsplit(self.src, name));
+            }
+            let l = self.packed4(fmt, &[name.to_string()], &[n], k, name)?;
+            return Ok(Linear::Marlin(Box::new(l)));
         }
         if let Some(meta) = self.src.bnb4(name) {
             if slice.is_some() {
@@ -480,23 +505,38 @@ impl<'a> Loader<'a> {
             None
         };
         let mut r0 = 0;
-        for (i, (name, &n)) in names.iter().zip(&rows).enumerate() {
+        let (mut ws_all, mut is_all) = (Vec::new(), Vec::new());
+        for (name, &n) in names.iter().zip(&rows) {
             self.tick(name, self.src.stored_bytes(name))?;
             if self.needs_data {
-                if rt.backend() == Backend::Cuda {
-                    return Err(crate::quant::fp8::cuda_refused());
-                }
                 let t = std::time::Instant::now();
                 let (codes, ws, is) = self.src.read_fp8(name, &[n, k])?;
-                qweight.u8_mut()[r0 * k..(r0 + n) * k].copy_from_slice(&codes);
-                weight_scale.f32_mut()[i] = ws;
-                if let (Some(t), Some(v)) = (&mut input_scale, is) {
-                    t.f32_mut()[i] = v;
+                if rt.backend() == Backend::Cuda {
+                    let mut rows_part = qweight.part(&qweight.name, r0 * k, &[n, k]);
+                    ops::upload_u8(rt, &mut rows_part, &codes)?;
+                } else {
+                    qweight.u8_mut()[r0 * k..(r0 + n) * k].copy_from_slice(&codes);
                 }
+                ws_all.push(ws);
+                is_all.extend(is);
                 self.stats.read_seconds += t.elapsed().as_secs_f64();
                 self.stats.source_bytes += self.src.stored_bytes(name);
             }
             r0 += n;
+        }
+        if self.needs_data {
+            // Every shard's scale written at its index (`PerTensorScaleParameter`).
+            let put = |t: &mut Tensor, v: &[f32]| match rt.backend() {
+                Backend::Cuda => ops::upload_f32(rt, t, v),
+                _ => {
+                    t.f32_mut().copy_from_slice(v);
+                    Ok(())
+                }
+            };
+            put(&mut weight_scale, &ws_all)?;
+            if let Some(t) = &mut input_scale {
+                put(t, &is_all)?;
+            }
         }
         Ok(Fp8Linear {
             qweight,
@@ -506,6 +546,48 @@ impl<'a> Loader<'a> {
             out_features: total,
             in_features: k,
         })
+    }
+
+    /// An AWQ / GPTQ linear (one layer, or the shards `names` of a stacked one with `ns`
+    /// outputs each) as `create_weights` allocates it and the weight loader fills it: the
+    /// shards' stored tensors in one set of parameters (`MarlinLinear::load`).
+    fn packed4(
+        &mut self,
+        fmt: marlin::Format,
+        names: &[String],
+        ns: &[usize],
+        k: usize,
+        fused_name: &str,
+    ) -> Result<MarlinLinear> {
+        let mut parts = Vec::with_capacity(names.len());
+        for (name, &n) in names.iter().zip(ns) {
+            self.tick(name, self.src.stored_bytes(name))?;
+            let t = std::time::Instant::now();
+            parts.push(self.src.read_packed4(name, n, k, self.needs_data)?);
+            if self.needs_data {
+                self.stats.read_seconds += t.elapsed().as_secs_f64();
+                self.stats.source_bytes += self.src.stored_bytes(name);
+            }
+        }
+        let total: usize = ns.iter().sum();
+        // vLLM checks the stacked parameter's shape (output_size_per_partition = Σ nᵢ).
+        if let Some(p) = fmt.shape_problem(total, k) {
+            return Err(Error::model(
+                self.src.origin(),
+                format!("{fused_name}: {p}"),
+            ));
+        }
+        let stacked = self
+            .needs_data
+            .then(|| marlin::Parts::stack(&fmt, parts, ns, k));
+        MarlinLinear::load(
+            self.rt,
+            fmt,
+            fused_name.trim_end_matches(".weight"),
+            (total, k),
+            stacked.as_ref(),
+            self.act,
+        )
     }
 
     /// A pre-quantized 4-bit weight as vLLM's `_quantized_4bit_generator` and
@@ -747,6 +829,38 @@ pub(crate) fn fp8_after_loading(rt: &Runtime, lin: &mut Linear) -> Result<()> {
     Ok(())
 }
 
+/// vLLM's `process_weights_after_loading` for an AWQ / GPTQ layer, run once every weight is
+/// loaded, module by module (0.6.4 model_loader/loader.py L317-329): the Marlin repack.
+pub(crate) fn marlin_after_loading(rt: &Runtime, lin: &mut Linear, act: DType) -> Result<()> {
+    if let Linear::Marlin(l) = lin {
+        l.after_loading(rt, act)?;
+    }
+    Ok(())
+}
+
+/// `marlin_after_loading` for a stacked parameter: repacked whole.
+pub(crate) fn marlin_fused_after_loading(
+    rt: &Runtime,
+    f: &mut FusedLinear,
+    act: DType,
+) -> Result<()> {
+    if let FusedLinear::Marlin { linear, .. } = f {
+        linear.after_loading(rt, act)?;
+    }
+    Ok(())
+}
+
+/// Why an AWQ / GPTQ weight is not cut: tensor parallelism and checkpoints that store a
+/// layer fused (Phi-3's `qkv_proj.qweight`) are not modelled for these formats.
+fn packed4_unsplit(src: &dyn WeightSource, name: &str) -> Error {
+    Error::model(
+        src.origin(),
+        format!(
+            "tensor {name}: AWQ / GPTQ weights are read whole, one checkpoint tensor per layer shard; cutting them across tensor-parallel ranks or out of a fused checkpoint tensor is not modelled: use --tp 1"
+        ),
+    )
+}
+
 /// `fp8_after_loading` for a stacked parameter: quantized whole, one scale for its shards.
 pub(crate) fn fp8_fused_after_loading(rt: &Runtime, f: &mut FusedLinear) -> Result<()> {
     if let FusedLinear::Dense { weight, rows } = f {
@@ -773,16 +887,17 @@ pub(crate) fn fp8_stored_after_loading(
         input_scale,
         ..
     } = lin;
-    let host = |t: &Tensor| -> Vec<f32> {
+    let host = |t: &Tensor| -> Result<Vec<f32>> {
         match rt.backend() {
-            Backend::Cpu => t.f32().to_vec(),
-            _ => Vec::new(),
+            Backend::Cpu => Ok(t.f32().to_vec()),
+            Backend::Cuda => ops::cuda(rt, |c| c.download_f32(t)),
+            Backend::Dry => Ok(Vec::new()),
         }
     };
-    let ws = host(&weight_scale);
+    let ws = host(&weight_scale)?;
     let (is_t, is_v) = match input_scale {
         Some((t, _)) => {
-            let v = host(&t);
+            let v = host(&t)?;
             (Some(t), v)
         }
         None => (None, Vec::new()),

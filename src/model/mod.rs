@@ -310,6 +310,7 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
                     int8: threshold.is_some(),
                     bnb4,
                     fp8,
+                    packed4: sq.packed4(),
                 }),
                 threshold,
             ))
@@ -327,6 +328,8 @@ struct ConfigOnly {
     bnb4: Option<ConfigOnlyBnb4>,
     /// A pre-quantized fp8 checkpoint: its linear layers would be F8_E4M3 with their scales.
     fp8: Option<crate::quant::fp8::StoredFp8>,
+    /// An AWQ / GPTQ checkpoint: every projection stored in that format.
+    packed4: Option<crate::quant::marlin::Format>,
 }
 
 /// The 4-bit layout `quantization_config` implies for a config-only model: transformers'
@@ -373,6 +376,31 @@ impl WeightSource for ConfigOnly {
     }
     fn stored_fp8(&self) -> Option<crate::quant::fp8::StoredFp8> {
         self.fp8
+    }
+    fn packed4(&self) -> Option<crate::quant::marlin::Format> {
+        self.packed4
+    }
+    /// The shapes config.json implies, checked against Marlin's rules; no values.
+    fn read_packed4(
+        &self,
+        name: &str,
+        n: usize,
+        k: usize,
+        data: bool,
+    ) -> Result<crate::quant::marlin::Parts> {
+        let fmt = self.packed4.ok_or_else(|| {
+            Error::model(
+                &self.config,
+                format!("tensor {name} is not stored as AWQ or GPTQ"),
+            )
+        })?;
+        if let Some(p) = fmt.layout_problem(n, k) {
+            return Err(Error::model(&self.config, format!("{name}: {p}")));
+        }
+        if data {
+            return self.read_f32(name, &[n, k]).map(|_| Default::default());
+        }
+        Ok(Default::default())
     }
 }
 
@@ -478,28 +506,41 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                 let bnb4 = st.bnb4(name);
                 // bitsandbytes' scales and quant states are not parameters of the model; a
                 // 4-bit weight holds its quant state's shape.
+                // An AWQ / GPTQ weight counts its codes (8 an int32); zeros, scales and
+                // g_idx are not parameters.
+                let packed = st.stored_quant.packed4().is_some();
+                let packed_part = packed
+                    && [".qzeros", ".scales", ".g_idx"]
+                        .iter()
+                        .any(|s| name.ends_with(s));
                 if let Some(m) = &bnb4 {
                     params += m.numel() as u64;
+                } else if packed && name.ends_with(".qweight") {
+                    params += n * crate::quant::marlin::PACK as u64;
                 } else if ![".SCB", ".weight_scale", ".input_scale"]
                     .iter()
                     .any(|s| name.ends_with(s))
                     && !name.contains(".weight.")
+                    && !packed_part
                 {
                     // fp8's scales are not parameters of the model either.
                     params += n;
                 }
                 count += 1;
-                // U8 and F8_E4M3 (fp8 codes) take a byte an element.
-                let (u8, f8) = (st.is_u8(name), st.is_f8_e4m3(name));
+                // U8 and F8_E4M3 (fp8 codes) take a byte an element, I32 four.
+                let (u8, f8, i32) = (st.is_u8(name), st.is_f8_e4m3(name), st.is_i32(name));
                 let kind = match d {
                     Some(d) => d.name(),
                     None if u8 => "U8",
                     None if f8 => "F8_E4M3",
+                    None if i32 => "I32",
                     None => "other",
                 };
                 let e = by.entry(kind.to_string()).or_default();
                 e.0 += 1;
-                e.1 += n * d.map_or(u64::from(u8 || f8), |d| d.size_bytes() as u64);
+                e.1 += n * d.map_or(if i32 { 4 } else { u64::from(u8 || f8) }, |d| {
+                    d.size_bytes() as u64
+                });
             }
             let md = match json.get("quantization_config") {
                 Some(q) => vec![("quantization_config".to_string(), q.to_string())],
@@ -537,6 +578,17 @@ enum LazyKind {
     Fp8Scale,
     /// Its `input_scale`, F32 `[]`: `GEN_FP8_INPUT_SCALE`.
     Fp8InputScale,
+    /// One stored tensor of the weight's AWQ / GPTQ form.
+    Packed4(Packed4Part, crate::quant::marlin::Format),
+}
+
+/// The tensors AutoAWQ / AutoGPTQ store for one linear (`g_idx`: GPTQ only).
+#[derive(Clone, Copy, PartialEq)]
+enum Packed4Part {
+    QWeight,
+    QZeros,
+    Scales,
+    GIdx,
 }
 
 /// The `input_scale` `gen-model --fp8-static` stores for every linear layer: 8 / 448, so
@@ -595,7 +647,17 @@ impl LazyTensor<'_> {
                 Bnb4Part::Packed | Bnb4Part::Absmax | Bnb4Part::Blob => (D::U8, 1),
                 _ => (D::F32, 4),
             },
+            LazyKind::Packed4(Packed4Part::Scales, _) => (D::F16, 2),
+            LazyKind::Packed4(..) => (D::I32, 4),
         }
+    }
+
+    /// The weight's AWQ / GPTQ tensors, quantized round-to-nearest from the stored values
+    /// (scales in f16, as AutoAWQ and AutoGPTQ store them).
+    fn packed4_parts(&self, fmt: crate::quant::marlin::Format) -> crate::quant::marlin::Parts {
+        let (n, k) = (self.shape[0], self.shape[1]);
+        let w = self.gen.generate(&self.source, n * k);
+        crate::quant::marlin::quantize(&fmt, &w, n, k, crate::engine::tensor::DType::F16)
     }
 
     /// The weight's 4-bit form, as `quantize_4bit` makes it from the stored 16-bit values.
@@ -628,6 +690,16 @@ impl LazyTensor<'_> {
                 Bnb4Part::NestedQuantMap => vec![256],
                 Bnb4Part::Blob => vec![self.blob(g).len()],
             },
+            LazyKind::Packed4(part, fmt) => {
+                let (n, k) = (self.shape[0], self.shape[1]);
+                let pack = crate::quant::marlin::PACK;
+                match part {
+                    Packed4Part::QWeight => fmt.qweight_shape(n, k).to_vec(),
+                    Packed4Part::QZeros => vec![fmt.groups(k), n / pack],
+                    Packed4Part::Scales => vec![fmt.groups(k), n],
+                    Packed4Part::GIdx => vec![k],
+                }
+            }
             _ => self.shape.clone(),
         }
     }
@@ -716,6 +788,20 @@ impl safetensors::View for LazyTensor<'_> {
                 }
             }
             LazyKind::Fp8InputScale => out.extend_from_slice(&GEN_FP8_INPUT_SCALE.to_le_bytes()),
+            LazyKind::Packed4(part, fmt) => {
+                let p = self.packed4_parts(fmt);
+                let i32s = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                out = match part {
+                    Packed4Part::QWeight => i32s(&p.qweight),
+                    Packed4Part::QZeros => i32s(&p.qzeros),
+                    Packed4Part::GIdx => i32s(p.g_idx.as_deref().unwrap_or(&[])),
+                    Packed4Part::Scales => p
+                        .scales
+                        .iter()
+                        .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                        .collect(),
+                };
+            }
             LazyKind::Int8Cb | LazyKind::Int8Scb => {
                 // Both carry the weight's [n, k]; the scales are written as [n] (`OnDisk`).
                 let (n, k) = (self.shape[0], self.shape[1]);
@@ -838,7 +924,46 @@ pub fn gen_model_fp8(
             presets::PRESET_NAMES.join(", ")
         ))
     })?;
-    gen_model_inner(&config, preset, dir, opts, None, Some(static_activations))
+    gen_model_inner(
+        &config,
+        preset,
+        dir,
+        opts,
+        None,
+        Some(static_activations),
+        None,
+    )
+}
+
+/// `gen_model_with` writing an AWQ (AutoAWQ GEMM) or GPTQ (AutoGPTQ, symmetric) 4-bit
+/// checkpoint: every decoder projection's `qweight`, `qzeros`, `scales` (and GPTQ's `g_idx`),
+/// quantized round-to-nearest per group from the seeded 16-bit values (`marlin::quantize`);
+/// embeddings, norms and lm_head in `opts.dtype`; `quantization_config` as AutoAWQ /
+/// AutoGPTQ write it.
+pub fn gen_model_packed4(
+    preset: &str,
+    dir: &Path,
+    opts: &GenOptions,
+    fmt: crate::quant::marlin::Format,
+) -> Result<ModelFiles> {
+    let config = presets::preset(preset).ok_or_else(|| {
+        Error::Request(format!(
+            "model preset '{preset}' is unknown; presets: {}",
+            presets::PRESET_NAMES.join(", ")
+        ))
+    })?;
+    gen_model_inner(&config, preset, dir, opts, None, None, Some(fmt))
+}
+
+/// `gen_model_packed4` for any shape, seeded by `seed_name`.
+pub fn gen_model_config_packed4(
+    config: &ModelConfig,
+    seed_name: &str,
+    dir: &Path,
+    opts: &GenOptions,
+    fmt: crate::quant::marlin::Format,
+) -> Result<ModelFiles> {
+    gen_model_inner(config, seed_name, dir, opts, None, None, Some(fmt))
 }
 
 /// `gen_model_config`, optionally as a pre-quantized bitsandbytes 4-bit checkpoint.
@@ -849,11 +974,11 @@ pub fn gen_model_config_with(
     opts: &GenOptions,
     bnb4: Option<Bnb4Gen>,
 ) -> Result<ModelFiles> {
-    gen_model_inner(config, seed_name, dir, opts, bnb4, None)
+    gen_model_inner(config, seed_name, dir, opts, bnb4, None, None)
 }
 
-/// The writer behind `gen_model_config_with` and `gen_model_fp8` (`fp8`: the static scheme
-/// or not).
+/// The writer behind `gen_model_config_with`, `gen_model_fp8` (`fp8`: the static scheme or
+/// not) and `gen_model_packed4`.
 fn gen_model_inner(
     config: &ModelConfig,
     seed_name: &str,
@@ -861,11 +986,38 @@ fn gen_model_inner(
     opts: &GenOptions,
     bnb4: Option<Bnb4Gen>,
     fp8: Option<bool>,
+    packed4: Option<crate::quant::marlin::Format>,
 ) -> Result<ModelFiles> {
-    if fp8.is_some() && (opts.bnb_int8 || bnb4.is_some()) {
+    if fp8.is_some() && (opts.bnb_int8 || bnb4.is_some() || packed4.is_some()) {
         return Err(Error::Request(
-            "a checkpoint is either fp8 or bitsandbytes, not both".into(),
+            "a checkpoint is either fp8, AWQ / GPTQ or bitsandbytes, not two of them".into(),
         ));
+    }
+    if packed4.is_some() && (bnb4.is_some() || opts.bnb_int8) {
+        return Err(Error::Request(
+            "a checkpoint is AWQ / GPTQ or bitsandbytes, not both".into(),
+        ));
+    }
+    if let (Some(fmt), true) = (packed4, config.arch == "opt" || config.fused_checkpoint()) {
+        return Err(Error::Request(format!(
+            "gen-model --{}: model_type '{}' is not written in that format (Llama-family models with separate projections only)",
+            fmt.method.name(),
+            config.arch
+        )));
+    }
+    if let Some(fmt) = packed4 {
+        for (name, shape) in config.tensor_shapes() {
+            if is_projection(&name) && shape.len() == 2 {
+                if let Some(p) = fmt.shape_problem(shape[0], shape[1]) {
+                    return Err(Error::Request(format!(
+                        "gen-model --{}: {name} [{}, {}]: {p}",
+                        fmt.method.name(),
+                        shape[0],
+                        shape[1]
+                    )));
+                }
+            }
+        }
     }
     if opts.bnb_int8 && bnb4.is_some() {
         return Err(Error::Request(
@@ -893,7 +1045,28 @@ fn gen_model_inner(
     };
     let mut tensors: Vec<(String, LazyTensor)> = Vec::new();
     for (name, shape) in config.tensor_shapes() {
-        if let (Some(g), true) = (bnb4, is_projection(&name)) {
+        if let (Some(fmt), true) = (packed4, is_projection(&name)) {
+            let base = name.trim_end_matches(".weight").to_string();
+            let mut parts = vec![
+                ("qweight", Packed4Part::QWeight),
+                ("qzeros", Packed4Part::QZeros),
+                ("scales", Packed4Part::Scales),
+            ];
+            if fmt.method == crate::quant::marlin::Method::Gptq {
+                parts.push(("g_idx", Packed4Part::GIdx));
+            }
+            for (suffix, part) in parts {
+                tensors.push((
+                    format!("{base}.{suffix}"),
+                    LazyTensor {
+                        gen: &gen,
+                        source: name.clone(),
+                        shape: shape.clone(),
+                        kind: LazyKind::Packed4(part, fmt),
+                    },
+                ));
+            }
+        } else if let (Some(g), true) = (bnb4, is_projection(&name)) {
             let mut parts = vec![
                 (String::new(), Bnb4Part::Packed),
                 (".absmax".into(), Bnb4Part::Absmax),
@@ -1014,6 +1187,31 @@ fn gen_model_inner(
             "llm_int8_skip_modules": null,
             "llm_int8_enable_fp32_cpu_offload": false,
         });
+    }
+    if let Some(fmt) = packed4 {
+        json["quantization_config"] = match fmt.method {
+            // transformers' AwqConfig.to_dict() as AutoAWQ saves it.
+            crate::quant::marlin::Method::Awq => serde_json::json!({
+                "quant_method": "awq",
+                "bits": 4,
+                "group_size": fmt.group_size,
+                "zero_point": true,
+                "version": "gemm",
+                "modules_to_not_convert": null,
+            }),
+            // AutoGPTQ's BaseQuantizeConfig (quantize_config.json) with its quant_method.
+            crate::quant::marlin::Method::Gptq => serde_json::json!({
+                "quant_method": "gptq",
+                "bits": 4,
+                "group_size": fmt.group_size,
+                "desc_act": fmt.desc_act,
+                "sym": true,
+                "damp_percent": 0.01,
+                "true_sequential": true,
+                "static_groups": false,
+                "checkpoint_format": "gptq",
+            }),
+        };
     }
     let text = serde_json::to_string_pretty(&json).expect("json");
     crate::base::atomic::atomic_write(&cfg_path, text.as_bytes())?;

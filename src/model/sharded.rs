@@ -11,6 +11,7 @@ use crate::base::error::{Error, Result};
 use crate::engine::tensor::DType;
 use crate::quant::bnb4::{Absmax, Bnb4Meta, Bnb4Parts, Bnb4Type};
 use crate::quant::fp8::StoredFp8;
+use crate::quant::marlin::{Format, Method, Parts, MARLIN_GROUP_SIZES, PACK};
 
 /// The `weight_map` of an index file: tensor → shard file name (inside the index's folder).
 pub fn parse_index(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
@@ -69,6 +70,37 @@ pub enum StoredQuant {
     /// A pre-quantized per-tensor fp8 checkpoint (`quant_method: fp8`): F8_E4M3 linear
     /// weights, each with its F32 `weight_scale` (and `input_scale` under the static scheme).
     Fp8(StoredFp8),
+    /// AutoAWQ GEMM 4-bit (`quant_method: awq`, `zero_point: true`, `version: gemm`).
+    Awq {
+        group_size: i64,
+    },
+    /// AutoGPTQ symmetric 4-bit (`quant_method: gptq`, `sym: true`).
+    Gptq {
+        group_size: i64,
+        desc_act: bool,
+    },
+}
+
+impl StoredQuant {
+    /// The AWQ / GPTQ format every quantized linear of the checkpoint has.
+    pub fn packed4(&self) -> Option<Format> {
+        match *self {
+            StoredQuant::Awq { group_size } => Some(Format {
+                method: Method::Awq,
+                group_size,
+                desc_act: false,
+            }),
+            StoredQuant::Gptq {
+                group_size,
+                desc_act,
+            } => Some(Format {
+                method: Method::Gptq,
+                group_size,
+                desc_act,
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// Reads `quantization_config`; other methods are refused by name.
@@ -108,10 +140,13 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
     if method == "fp8" {
         return fp8_config(config, path).map(StoredQuant::Fp8);
     }
+    if method == "awq" || method == "gptq" {
+        return packed4_config(q, method, path);
+    }
     if method != "bitsandbytes" {
         return Err(Error::model(
             path,
-            format!("quantization_config.quant_method '{method}' is not supported (expected bitsandbytes)"),
+            format!("quantization_config.quant_method '{method}' is not supported (expected bitsandbytes, awq or gptq)"),
         ));
     }
     let (in_8bit, in_4bit) = (flag("load_in_8bit")?, flag("load_in_4bit")?);
@@ -152,6 +187,148 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
     .map_err(|p| Error::model(path, format!("quantization_config: {p}")))?
         as f32;
     Ok(StoredQuant::BnbInt8 { threshold })
+}
+
+/// An AWQ or GPTQ `quantization_config`, read as vLLM 0.6.4 reads it: `AWQMarlinConfig` /
+/// `GPTQMarlinConfig.from_config` require `bits`, `group_size` and `zero_point` (AWQ) or
+/// `desc_act` and `sym` (GPTQ) (awq_marlin.py L88-97, gptq_marlin.py L86-95); the Marlin
+/// conversion happens when `is_awq_marlin_compatible` / `is_gptq_marlin_compatible` hold
+/// (awq_marlin.py L130-153, gptq_marlin.py L128-149). Everything else, vLLM runs with another
+/// kernel (or refuses), which vramscope does not reproduce: refused naming the key.
+fn packed4_config(q: &serde_json::Value, method: &str, path: &Path) -> Result<StoredQuant> {
+    let key = |k: &str| format!("quantization_config.{k}");
+    let missing = |k: &str| {
+        Error::model(
+            path,
+            format!(
+                "{} is missing: vLLM's {} config requires it",
+                key(k),
+                method.to_uppercase()
+            ),
+        )
+    };
+    let int = |k: &str| -> Result<i64> {
+        match &q[k] {
+            serde_json::Value::Null => Err(missing(k)),
+            v => v.as_i64().ok_or_else(|| {
+                Error::model(path, format!("{} is {v}, expected an integer", key(k)))
+            }),
+        }
+    };
+    let flag = |k: &str| -> Result<bool> {
+        match &q[k] {
+            serde_json::Value::Null => Err(missing(k)),
+            serde_json::Value::Bool(b) => Ok(*b),
+            v => Err(Error::model(
+                path,
+                format!("{} is {v}, expected true or false", key(k)),
+            )),
+        }
+    };
+    let bits = int("bits")?;
+    if bits != 4 {
+        return Err(Error::model(
+            path,
+            format!(
+                "{} is {bits}: vramscope reads 4-bit {} checkpoints only (Marlin's 8-bit types are not modelled)",
+                key("bits"),
+                method.to_uppercase()
+            ),
+        ));
+    }
+    let group_size = int("group_size")?;
+    if !MARLIN_GROUP_SIZES.contains(&group_size) {
+        return Err(Error::model(
+            path,
+            format!(
+                "{} is {group_size}: Marlin takes -1, 32, 64 or 128 (MARLIN_SUPPORTED_GROUP_SIZES, marlin_utils.py L17 at 0.6.4); vLLM runs other group sizes with its plain {method} kernel, which vramscope does not reproduce",
+                key("group_size")
+            ),
+        ));
+    }
+    let list_set = |k: &str| match &q[k] {
+        serde_json::Value::Null => false,
+        serde_json::Value::Array(a) => !a.is_empty(),
+        _ => true,
+    };
+    if flag_or(q, "lm_head") {
+        return Err(Error::model(
+            path,
+            format!(
+                "{} is true: a quantized lm_head is not modelled",
+                key("lm_head")
+            ),
+        ));
+    }
+    if method == "awq" {
+        if !flag("zero_point")? {
+            return Err(Error::model(
+                path,
+                format!(
+                    "{} is false: vLLM's Marlin takes AWQ with zero points only (uint4 with has_zp; marlin_utils.py L28-46), and runs this one with the plain awq kernel, which vramscope does not reproduce",
+                    key("zero_point")
+                ),
+            ));
+        }
+        match &q["version"] {
+            serde_json::Value::Null => {}
+            serde_json::Value::String(v) if v.eq_ignore_ascii_case("gemm") => {}
+            v => {
+                return Err(Error::model(
+                    path,
+                    format!(
+                        "{} is {v}: only AutoAWQ's GEMM layout (qweight [in, out/8]) is what vLLM's AWQ reads",
+                        key("version")
+                    ),
+                ))
+            }
+        }
+        if list_set("modules_to_not_convert") {
+            return Err(Error::model(
+                path,
+                format!(
+                    "{} is {}: layers left unquantized inside an AWQ checkpoint are not modelled",
+                    key("modules_to_not_convert"),
+                    q["modules_to_not_convert"]
+                ),
+            ));
+        }
+        return Ok(StoredQuant::Awq { group_size });
+    }
+    let desc_act = flag("desc_act")?;
+    if !flag("sym")? {
+        return Err(Error::model(
+            path,
+            format!(
+                "{} is false: vLLM's gptq_marlin takes symmetric GPTQ only (TYPE_MAP, gptq_marlin.py L35-38 at 0.6.4) and runs this one with the plain gptq kernel, which vramscope does not reproduce",
+                key("sym")
+            ),
+        ));
+    }
+    match &q["checkpoint_format"] {
+        serde_json::Value::Null => {}
+        // gptq_marlin never reads it: a symmetric checkpoint's zeros are ignored either way.
+        serde_json::Value::String(v) if v == "gptq" || v == "gptq_v2" => {}
+        v => {
+            return Err(Error::model(
+                path,
+                format!(
+                    "{} is {v}, expected \"gptq\" or \"gptq_v2\"",
+                    key("checkpoint_format")
+                ),
+            ))
+        }
+    }
+    // vLLM clears desc_act with one group (gptq_marlin.py L48-51).
+    Ok(StoredQuant::Gptq {
+        group_size,
+        desc_act: desc_act && group_size != -1,
+    })
+}
+
+/// A boolean key that defaults to false.
+fn flag_or(q: &serde_json::Value, k: &str) -> bool {
+    q[k].as_bool().unwrap_or(false)
 }
 
 /// A `quant_method: fp8` config read as vLLM's `Fp8Config.from_config` reads it (0.6.4
@@ -441,6 +618,14 @@ impl SafetensorsModel {
             .is_ok_and(|s| s.is_f8_e4m3(self.resolve(name)))
     }
 
+    /// Whether a tensor is stored as I32 (AWQ / GPTQ parts).
+    pub fn is_i32(&self, name: &str) -> bool {
+        let name = self.resolve(name);
+        self.which
+            .get(name)
+            .is_some_and(|&i| self.shards[i].is_i32(name))
+    }
+
     /// Whether a tensor is stored as U8 (bitsandbytes 4-bit parts).
     pub fn is_u8(&self, name: &str) -> bool {
         self.u8_of(name).is_some()
@@ -458,6 +643,13 @@ impl SafetensorsModel {
             .map_err(|p| Error::model(&s.path, p))?;
         }
         for (name, shape) in cfg.tensor_shapes() {
+            if self.stored_quant.packed4().is_some()
+                && super::is_projection(&name)
+                && shape.len() == 2
+            {
+                self.read_packed4(&name, shape[0], shape[1], false)?;
+                continue;
+            }
             let s = self.shard_of(&name).map_err(|_| {
                 Error::model(
                     &self.origin,
@@ -637,6 +829,43 @@ impl SafetensorsModel {
     }
 }
 
+impl SafetensorsModel {
+    /// The shard holding `t`, checked to be stored as `dtypes` (their safetensors names) with
+    /// `shape`; `why` says what the shape follows from.
+    fn checked(
+        &self,
+        t: &str,
+        shape: &[usize],
+        dtypes: &[&str],
+        why: &str,
+    ) -> Result<(&SafetensorsFile, String)> {
+        let s = self.shard_of(t)?;
+        let dtype = s.stored_dtype_name(t);
+        if !dtypes.contains(&dtype.as_str()) {
+            return Err(Error::model(
+                &s.path,
+                format!(
+                    "tensor {t} is stored as {dtype}, expected {}",
+                    dtypes.join(" or ")
+                ),
+            ));
+        }
+        let (_, found) = s.info(t).expect("listed");
+        if found != shape {
+            return Err(Error::model(
+                &s.path,
+                format!("tensor {t} has shape {found:?}, expected {shape:?} ({why})"),
+            ));
+        }
+        Ok((s, dtype))
+    }
+
+    fn packed4_names(name: &str) -> [String; 4] {
+        let base = name.strip_suffix(".weight").unwrap_or(name);
+        ["qweight", "qzeros", "scales", "g_idx"].map(|p| format!("{base}.{p}"))
+    }
+}
+
 fn scb_name(weight: &str) -> String {
     format!("{}.SCB", weight.trim_end_matches(".weight"))
 }
@@ -675,11 +904,102 @@ impl WeightSource for SafetensorsModel {
         }
     }
 
+    fn packed4(&self) -> Option<Format> {
+        self.stored_quant.packed4()
+    }
+
+    /// AWQ: `qweight` I32 `[k, n/8]`, `qzeros` I32 `[groups, n/8]`, `scales` F16/BF16
+    /// `[groups, n]`; GPTQ: `qweight` I32 `[k/8, n]`, the same `qzeros` and `scales`, and
+    /// `g_idx` I32 `[k]` (required under act-order: it gives each input's group; without it
+    /// vLLM drops it unread). The shape first meets Marlin's rules (`Format::shape_problem`).
+    fn read_packed4(&self, name: &str, n: usize, k: usize, data: bool) -> Result<Parts> {
+        let fmt = self.stored_quant.packed4().ok_or_else(|| {
+            Error::model(
+                &self.origin,
+                format!("tensor {name} is not stored as AWQ or GPTQ"),
+            )
+        })?;
+        let [qw, qz, sc, gi] = Self::packed4_names(name);
+        let s = self.shard_of(&qw).map_err(|_| {
+            Error::model(
+                &self.origin,
+                format!(
+                    "tensor {qw} is missing (config.json's quantization_config says {} and implies the [{n}, {k}] linear {name})",
+                    fmt.method.name()
+                ),
+            )
+        })?;
+        // Marlin's own rules apply to the stacked layer (the loader checks them).
+        if let Some(p) = fmt.layout_problem(n, k) {
+            return Err(Error::model(&s.path, format!("tensor {qw}: {p}")));
+        }
+        let groups = fmt.groups(k);
+        let g = fmt.group(k);
+        let packed_why = match fmt.method {
+            Method::Awq => "8 output features a word",
+            Method::Gptq => "8 input features a word",
+        };
+        let group_why = format!("one row per group of {g} inputs");
+        let (sq, _) = self.checked(&qw, &fmt.qweight_shape(n, k), &["I32"], packed_why)?;
+        let (sz, _) = self.checked(
+            &qz,
+            &[groups, n / PACK],
+            &["I32"],
+            &format!("{group_why}, 8 output features a word"),
+        )?;
+        let (ss, scale_dtype) = self.checked(&sc, &[groups, n], &["F16", "BF16"], &group_why)?;
+        let g_idx_shard = match (fmt.method, self.shard_of(&gi)) {
+            (Method::Gptq, Ok(_)) => Some(self.checked(&gi, &[k], &["I32"], "one per input")?.0),
+            (Method::Gptq, Err(_)) if fmt.desc_act => {
+                return Err(Error::model(
+                    &s.path,
+                    format!("tensor {gi} is missing: quantization_config.desc_act is true, so each input's group comes from it"),
+                ))
+            }
+            _ => None,
+        };
+        if !data {
+            return Ok(Parts::default());
+        }
+        let dtype = if scale_dtype == "BF16" {
+            StoredDtype::BF16
+        } else {
+            StoredDtype::F16
+        };
+        let scales = floats_to_f32(dtype, ss.raw(&sc, dtype, &[groups, n])?);
+        let g_idx = match g_idx_shard {
+            Some(f) if fmt.desc_act => {
+                let v = f.raw_i32(&gi, &[k])?;
+                if let Some((i, bad)) = v
+                    .iter()
+                    .enumerate()
+                    .find(|(_, &x)| x < 0 || x as usize >= groups)
+                {
+                    return Err(Error::model(
+                        &f.path,
+                        format!("tensor {gi}[{i}] is {bad}, expected a group in 0..{groups}"),
+                    ));
+                }
+                Some(v)
+            }
+            _ => None,
+        };
+        Ok(Parts {
+            qweight: sq.raw_i32(&qw, &fmt.qweight_shape(n, k))?,
+            qzeros: sz.raw_i32(&qz, &[groups, n / PACK])?,
+            scales,
+            g_idx,
+        })
+    }
+
     fn stored_bytes(&self, name: &str) -> u64 {
         let bytes = |n: &str| {
             self.shard_of(n)
                 .map_or(0, |s| s.tensor_bytes(self.resolve(n)))
         };
+        if self.stored_quant.packed4().is_some() && super::is_projection(name) {
+            return Self::packed4_names(name).iter().map(|n| bytes(n)).sum();
+        }
         if self.bnb4(name).is_some() {
             // The packed codes and every `name.*` part (absmax, maps, quant-state blob).
             let stored = self.resolve(name);
@@ -811,5 +1131,74 @@ impl WeightSource for SafetensorsModel {
                 .raw(&scb_n, StoredDtype::F32, &shape[..1])?,
         );
         Ok((cb, scb))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(q: serde_json::Value) -> Result<StoredQuant> {
+        stored_quant(
+            &serde_json::json!({ "quantization_config": q }),
+            Path::new("m/config.json"),
+        )
+    }
+
+    #[test]
+    fn awq_and_gptq_configs_parse_as_vllm_reads_them() {
+        let awq = parse(serde_json::json!({
+            "quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": true,
+            "version": "gemm", "modules_to_not_convert": null
+        }));
+        assert_eq!(awq.unwrap(), StoredQuant::Awq { group_size: 64 });
+        let gptq = |group_size: i64, desc_act: bool| {
+            parse(serde_json::json!({
+                "quant_method": "gptq", "bits": 4, "group_size": group_size,
+                "desc_act": desc_act, "sym": true, "checkpoint_format": "gptq"
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            gptq(32, true),
+            StoredQuant::Gptq {
+                group_size: 32,
+                desc_act: true
+            }
+        );
+        // One group over all inputs: vLLM clears act-order (gptq_marlin.py L48-51).
+        assert_eq!(
+            gptq(-1, true).packed4().unwrap(),
+            Format {
+                method: Method::Gptq,
+                group_size: -1,
+                desc_act: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_gptq_config_without_desc_act_names_the_key() {
+        let e = parse(serde_json::json!({
+            "quant_method": "gptq", "bits": 4, "group_size": 128, "sym": true
+        }))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("m/config.json")
+                && e.contains(
+                    "quantization_config.desc_act is missing: vLLM's GPTQ config requires it"
+                ),
+            "{e}"
+        );
+        let e = parse(serde_json::json!({
+            "quant_method": "gptq", "bits": "4", "group_size": 128, "sym": true, "desc_act": false
+        }))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("quantization_config.bits is \"4\", expected an integer"),
+            "{e}"
+        );
     }
 }

@@ -80,6 +80,24 @@ pub trait WeightSource {
             format!("tensor {name} is not stored as fp8"),
         ))
     }
+    /// The AWQ / GPTQ format of the checkpoint's quantized linears, when it has one.
+    fn packed4(&self) -> Option<crate::quant::marlin::Format> {
+        None
+    }
+    /// The stored AWQ / GPTQ tensors of the `[n, k]` linear `name` (its `….weight` name in
+    /// the config's naming), shapes and dtypes checked; their values when `data` is set.
+    fn read_packed4(
+        &self,
+        name: &str,
+        _n: usize,
+        _k: usize,
+        _data: bool,
+    ) -> Result<crate::quant::marlin::Parts> {
+        Err(Error::model(
+            self.origin(),
+            format!("tensor {name} is not stored as AWQ or GPTQ"),
+        ))
+    }
     /// Reads a pre-quantized LLM.int8 weight as stored: `CB` `[n, k]` and `SCB` `[n]`.
     fn read_int8(&self, name: &str, _shape: &[usize]) -> Result<(Vec<i8>, Vec<f32>)> {
         Err(Error::model(
@@ -203,6 +221,8 @@ pub struct SafetensorsFile {
     u8_names: std::collections::HashSet<String>,
     /// Tensors stored as F8_E4M3 (a pre-quantized fp8 checkpoint's linear weights).
     f8_names: std::collections::HashSet<String>,
+    /// Tensors stored as I32 (AWQ / GPTQ `qweight`, `qzeros`, `g_idx`).
+    i32_names: std::collections::HashSet<String>,
 }
 
 fn stored_dtype(d: Dtype) -> Option<StoredDtype> {
@@ -240,12 +260,14 @@ impl SafetensorsFile {
                 .unwrap_or_default()
         };
         let (u8_names, f8_names) = (names_of(Dtype::U8), names_of(Dtype::F8_E4M3));
+        let i32_names = names_of(Dtype::I32);
         Ok(Self {
             path: path.to_path_buf(),
             mmap,
             index,
             u8_names,
             f8_names,
+            i32_names,
         })
     }
 
@@ -326,6 +348,39 @@ impl SafetensorsFile {
             ));
         }
         Ok(&self.mmap[range.clone()])
+    }
+
+    /// An I32 tensor's values (AWQ / GPTQ packed words, `g_idx`), checked to hold `shape`;
+    /// missing or stored otherwise, refused naming the tensor.
+    pub fn raw_i32(&self, name: &str, shape: &[usize]) -> Result<Vec<i32>> {
+        let (_, found, range) = self
+            .index
+            .get(name)
+            .ok_or_else(|| Error::model(&self.path, format!("tensor {name} is missing")))?;
+        if !self.i32_names.contains(name) {
+            return Err(Error::model(
+                &self.path,
+                format!(
+                    "tensor {name} is stored as {}, expected I32",
+                    self.stored_dtype_name(name)
+                ),
+            ));
+        }
+        if found != shape {
+            return Err(Error::model(
+                &self.path,
+                format!("tensor {name} has shape {found:?}, expected {shape:?}"),
+            ));
+        }
+        Ok(self.mmap[range.clone()]
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+
+    /// Whether a tensor is stored as I32.
+    pub fn is_i32(&self, name: &str) -> bool {
+        self.i32_names.contains(name)
     }
 
     /// A per-tensor fp8 scale (`weight_scale`, `input_scale`): F32 `[]` or `[1]`, finite and

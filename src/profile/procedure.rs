@@ -558,6 +558,63 @@ fn check_fp8(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
     }
 }
 
+/// What an AWQ / GPTQ checkpoint is reproduced for: vLLM 0.6.4's Marlin path on a simulated
+/// GPU that runs it (`marlin::check_gpu`), one GPU, the Llama-family models whose layers the
+/// checkpoint stores apart, activations in fp16 or bf16. Each refusal says which and why.
+fn check_packed4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
+    use crate::quant::marlin;
+    let Some(fmt) = o.source.packed4() else {
+        return Ok(());
+    };
+    let what = format!("an {} checkpoint", fmt.method.name().to_uppercase());
+    if !matches!(req.quant, Quant::F16 | Quant::BF16) {
+        return Err(Error::model(
+            o.source.origin(),
+            format!(
+                "{what} loads as stored: --quant {} would be reported for weights that are not {}; use --quant fp16 or bf16 (the activation dtype)",
+                req.quant, req.quant
+            ),
+        ));
+    }
+    let c = &o.config;
+    if c.arch == "opt" || c.fused_checkpoint() {
+        return Err(Error::model(
+            o.source.origin(),
+            format!(
+                "{what} with model_type '{}': {}",
+                c.arch,
+                if c.arch == "opt" {
+                    "OPT's AWQ / GPTQ layers (with biases) are not modelled yet"
+                } else {
+                    "its qkv_proj and gate_up_proj are stored fused, which the AWQ / GPTQ reader does not cut yet"
+                }
+            ),
+        ));
+    }
+    if req.tp > 1 {
+        return Err(Error::Request(format!(
+            "{what} with --tp {}: cutting packed 4-bit weights across ranks is not modelled; use --tp 1",
+            req.tp
+        )));
+    }
+    match &req.device {
+        DeviceSpec::Cuda { .. } => return Err(marlin::cuda_refused()),
+        DeviceSpec::Sim { preset, .. } => {
+            if let Some(p) = crate::device::presets::find(preset) {
+                let (h, i) = (c.hidden_size, c.intermediate_size);
+                let layers = [
+                    (c.q_dim() + 2 * c.kv_dim(), h),
+                    (h, c.q_dim()),
+                    (2 * i, h),
+                    (h, i),
+                ];
+                marlin::check_gpu(&fmt, p.arch, p.name, &layers)?;
+            }
+        }
+    }
+    marlin::check_release(req.release()?.name)
+}
+
 /// The procedure on one GPU, or on one rank of a tensor-parallel instance.
 pub(crate) fn run_rank(
     req: &ProfileRequest,
@@ -593,6 +650,7 @@ pub(crate) fn run_rank(
     if let Some(o) = &opened {
         check_quant_matches_checkpoint(req, o)?;
         check_fp8(req, o)?;
+        check_packed4(req, o)?;
     }
     // vLLM's defaults for what the user left open: max_model_len from the model, the batch
     // max(max_model_len, 2048).

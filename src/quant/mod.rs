@@ -5,6 +5,7 @@
 pub mod bnb4;
 pub mod fp8;
 pub mod int8;
+pub mod marlin;
 pub mod nf4;
 
 use std::rc::Rc;
@@ -139,6 +140,8 @@ pub enum Linear {
     Int8(int8::Int8Linear),
     Bnb4(Bnb4Linear),
     Fp8(fp8::Fp8Linear),
+    /// AWQ or GPTQ 4-bit, repacked for Marlin after loading.
+    Marlin(Box<marlin::MarlinLinear>),
 }
 
 impl Linear {
@@ -148,6 +151,7 @@ impl Linear {
             Linear::Int8(l) => l.out_features,
             Linear::Bnb4(l) => l.out_features,
             Linear::Fp8(l) => l.out_features,
+            Linear::Marlin(l) => l.out_features,
         }
     }
 
@@ -158,6 +162,7 @@ impl Linear {
             Linear::Int8(l) => l.weight_bytes(),
             Linear::Bnb4(l) => l.weight_bytes(),
             Linear::Fp8(l) => l.weight_bytes(),
+            Linear::Marlin(l) => l.weight_bytes(),
         }
     }
 
@@ -174,6 +179,7 @@ impl Linear {
         match self {
             Linear::Dense(w) => dense_matmul(rt, x, w, name, act),
             Linear::Fp8(l) => l.forward(rt, x, name, act, &[l.out_features]),
+            Linear::Marlin(l) => l.forward(rt, x, name, act, &[l.out_features]),
             Linear::Int8(_) | Linear::Bnb4(_) => {
                 shard_loop(rt, std::slice::from_ref(self), x, name, generation, act)
             }
@@ -198,6 +204,13 @@ pub enum FusedLinear {
         linear: Box<fp8::Fp8Linear>,
         rows: Vec<usize>,
     },
+    /// AWQ / GPTQ: the shards' packed codes, zeros and scales stacked along the output in
+    /// one set of parameters (vLLM's `PackedvLLMParameter` with `output_partition_sizes`),
+    /// one `gptq_marlin_gemm` into the fused output.
+    Marlin {
+        linear: Box<marlin::MarlinLinear>,
+        rows: Vec<usize>,
+    },
 }
 
 impl FusedLinear {
@@ -207,6 +220,7 @@ impl FusedLinear {
             FusedLinear::Dense { rows, .. } => rows.clone(),
             FusedLinear::Shards(s) => s.iter().map(Linear::out_features).collect(),
             FusedLinear::Fp8 { rows, .. } => rows.clone(),
+            FusedLinear::Marlin { rows, .. } => rows.clone(),
         }
     }
 
@@ -215,6 +229,7 @@ impl FusedLinear {
             FusedLinear::Dense { weight, .. } => weight.nbytes(),
             FusedLinear::Shards(s) => s.iter().map(Linear::weight_bytes).sum(),
             FusedLinear::Fp8 { linear, .. } => linear.weight_bytes(),
+            FusedLinear::Marlin { linear, .. } => linear.weight_bytes(),
         }
     }
 
@@ -272,6 +287,7 @@ impl FusedLinear {
             }
             FusedLinear::Shards(shards) => shard_loop(rt, shards, x, name, generation, act),
             FusedLinear::Fp8 { linear, rows } => linear.forward(rt, x, name, act, rows),
+            FusedLinear::Marlin { linear, rows } => linear.forward(rt, x, name, act, rows),
         }
     }
 
@@ -349,6 +365,7 @@ fn shard_loop(
             Linear::Bnb4(l) => bnb4::shard_matmul(rt, l, xb, &sname)?,
             Linear::Dense(w) => dense_matmul(rt, xb, w, &sname, act)?,
             Linear::Fp8(l) => l.forward(rt, xb, &sname, act, &[l.out_features])?,
+            Linear::Marlin(l) => l.forward(rt, xb, &sname, act, &[l.out_features])?,
         };
         let n = shard.out_features();
         crate::engine::ops::copy_into(rt, &mut out, m * r0, &y)?;

@@ -1,0 +1,1183 @@
+//! AWQ and GPTQ 4-bit checkpoints as vLLM 0.6.4 runs them on a GPU of compute capability 8.0
+//! or more: both are repacked into Marlin's layout at load (`awq_marlin`, `gptq_marlin`) and
+//! multiplied by `gptq_marlin_gemm`. This module holds the stored format (packing, the
+//! dequantization rule, round-to-nearest quantization for `gen-model`), the layer after
+//! `process_weights_after_loading` with that step's allocations, and the forward's.
+//!
+//! The repacked tensors are allocated as vLLM allocates them (shape, dtype, order); the host
+//! keeps the checkpoint's own layout inside them (the allocation is vLLM's, the layout inside
+//! it ours), which is what the CPU forward dequantizes.
+
+use crate::base::error::{Error, Result};
+use crate::device::{cpu, Backend};
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Storage, Tensor};
+use crate::memory::Category;
+
+/// Codes per int32 word (4-bit).
+pub const PACK: usize = 8;
+
+/// AutoAWQ's packing order (`WQLinear_GEMM.from_linear`, awq/modules/linear/gemm.py): nibble
+/// `i` of a word (bits `4i..4i+4`) holds output column `8·word + AWQ_ORDER[i]`.
+pub const AWQ_ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+
+/// The inverse (`AWQ_REVERSE_ORDER` in AutoAWQ's packing_utils.py): column `c` of a word's
+/// eight sits in nibble `AWQ_NIBBLE[c]`.
+pub const AWQ_NIBBLE: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+
+/// Marlin's tile along k and n (`GPTQ_MARLIN_TILE`, 0.6.4 utils/marlin_utils.py L12).
+pub const MARLIN_TILE: usize = 16;
+/// `GPTQ_MARLIN_MIN_THREAD_N` / `_MIN_THREAD_K` / `_MAX_PARALLEL` (marlin_utils.py L13-15).
+pub const MIN_THREAD_N: usize = 64;
+pub const MIN_THREAD_K: usize = 128;
+pub const MAX_PARALLEL: usize = 16;
+/// `MARLIN_SUPPORTED_GROUP_SIZES` (marlin_utils.py L17); -1 is one group over all inputs.
+pub const MARLIN_GROUP_SIZES: [i64; 4] = [-1, 32, 64, 128];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// AutoAWQ GEMM: asymmetric uint4 with a zero point per group (`awq_marlin`).
+    Awq,
+    /// AutoGPTQ, symmetric (`uint4b8`: w = (q − 8)·s, `gptq_marlin`).
+    Gptq,
+}
+
+impl Method {
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Awq => "awq",
+            Method::Gptq => "gptq",
+        }
+    }
+}
+
+/// What `quantization_config` fixes for every quantized linear.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Format {
+    pub method: Method,
+    /// As stored: -1 is one group over the whole input.
+    pub group_size: i64,
+    /// GPTQ act-order (`desc_act`): each input feature's group comes from `g_idx`. vLLM
+    /// clears it when `group_size` is -1 (gptq_marlin.py L48-51).
+    pub desc_act: bool,
+}
+
+impl Format {
+    /// Input features per group for a layer of `k` inputs.
+    pub fn group(&self, k: usize) -> usize {
+        if self.group_size < 0 {
+            k
+        } else {
+            self.group_size as usize
+        }
+    }
+
+    /// Groups of a layer of `k` inputs (`k` a multiple of the group).
+    pub fn groups(&self, k: usize) -> usize {
+        k / self.group(k).max(1)
+    }
+
+    /// The stored `qweight` shape of an `[n, k]` linear: AWQ packs along the output
+    /// (`[k, n/8]`), GPTQ along the input (`[k/8, n]`).
+    pub fn qweight_shape(&self, n: usize, k: usize) -> [usize; 2] {
+        match self.method {
+            Method::Awq => [k, n / PACK],
+            Method::Gptq => [k / PACK, n],
+        }
+    }
+
+    /// What the stored layout of one `[n, k]` linear needs: the group divides the inputs and
+    /// eight codes fill each packed int32 (along the output; GPTQ's also along the input).
+    pub fn layout_problem(&self, n: usize, k: usize) -> Option<String> {
+        let g = self.group(k);
+        if g == 0 || !k.is_multiple_of(g) {
+            return Some(format!(
+                "quantization_config.group_size {} does not divide its {k} input features",
+                self.group_size
+            ));
+        }
+        if !n.is_multiple_of(PACK) || (self.method == Method::Gptq && !k.is_multiple_of(PACK)) {
+            return Some(format!(
+                "its [{n}, {k}] weight does not fill int32 words of {PACK} codes"
+            ));
+        }
+        None
+    }
+
+    /// Marlin's shape rules for a layer as vLLM builds it (stacked q/k/v and gate/up count
+    /// as one; `verify_marlin_supports_shape`, marlin_utils.py L94-120), after the stored
+    /// layout's own (`layout_problem`): the reason it cannot run, if any.
+    pub fn shape_problem(&self, n: usize, k: usize) -> Option<String> {
+        if let Some(p) = self.layout_problem(n, k) {
+            return Some(p);
+        }
+        if !n.is_multiple_of(MIN_THREAD_N) {
+            return Some(format!(
+                "its {n} output features are not a multiple of Marlin's min_thread_n {MIN_THREAD_N} (vLLM's verify_marlin_supports_shape refuses it)"
+            ));
+        }
+        if !k.is_multiple_of(MIN_THREAD_K) {
+            return Some(format!(
+                "its {k} input features are not a multiple of Marlin's min_thread_k {MIN_THREAD_K} (vLLM's verify_marlin_supports_shape refuses it)"
+            ));
+        }
+        None
+    }
+}
+
+/// One linear's stored tensors (host values; empty in a dry run): `qweight` and `qzeros` as
+/// int32 words, `scales` as their f16/bf16 values, GPTQ's `g_idx` when stored.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Parts {
+    pub qweight: Vec<i32>,
+    pub qzeros: Vec<i32>,
+    pub scales: Vec<f32>,
+    pub g_idx: Option<Vec<i32>>,
+}
+
+impl Parts {
+    /// Parts of several layers sharing the input (q/k/v, gate/up), `ns[i]` outputs each, as
+    /// vLLM's stacked parameter holds them: concatenated along the output dimension. GPTQ's
+    /// `g_idx` is one `[k]` parameter that every shard's loads into: the last one stays.
+    pub fn stack(fmt: &Format, parts: Vec<Parts>, ns: &[usize], k: usize) -> Parts {
+        if parts.len() == 1 {
+            return parts.into_iter().next().expect("one");
+        }
+        let groups = fmt.groups(k);
+        // Rows of each stored tensor, and its columns per output feature (words or values).
+        let cat = |pick: &dyn Fn(&Parts) -> &Vec<i32>, rows: usize, per_n: f64| -> Vec<i32> {
+            let mut out = Vec::new();
+            for r in 0..rows {
+                for (p, &n) in parts.iter().zip(ns) {
+                    let w = (n as f64 * per_n) as usize;
+                    out.extend_from_slice(&pick(p)[r * w..(r + 1) * w]);
+                }
+            }
+            out
+        };
+        let (qrows, qper) = match fmt.method {
+            Method::Awq => (k, 1.0 / PACK as f64),
+            Method::Gptq => (k / PACK, 1.0),
+        };
+        let qweight = cat(&|p| &p.qweight, qrows, qper);
+        let qzeros = cat(&|p| &p.qzeros, groups, 1.0 / PACK as f64);
+        let mut scales = Vec::new();
+        for r in 0..groups {
+            for (p, &n) in parts.iter().zip(ns) {
+                scales.extend_from_slice(&p.scales[r * n..(r + 1) * n]);
+            }
+        }
+        let g_idx = parts.iter().rev().find_map(|p| p.g_idx.clone());
+        Parts {
+            qweight,
+            qzeros,
+            scales,
+            g_idx,
+        }
+    }
+}
+
+/// A nibble of a word.
+fn nibble(word: i32, i: usize) -> i32 {
+    ((word as u32 >> (4 * i)) & 0xF) as i32
+}
+
+/// The format's dequantization of rows `r0..r1` of the `[n, k]` weight (output features),
+/// each value rounded to `act` as Marlin's half-precision multiply rounds it:
+/// AWQ `w = (q − z)·s` with q and z unpacked in AutoAWQ's order; GPTQ `w = (q − 8)·s`
+/// (vLLM's `uint4b8`: gptq_marlin ignores the stored zeros, which a symmetric AutoGPTQ
+/// checkpoint stores as 8 − 1 = 7), the group `g_idx[i]` under act-order, `i / group`
+/// otherwise. `scales` holds values already in `act`.
+#[allow(clippy::too_many_arguments)]
+pub fn dequantize_rows(
+    fmt: &Format,
+    qweight: &[i32],
+    qzeros: &[i32],
+    scales: &[f32],
+    g_idx: Option<&[i32]>,
+    (n, k): (usize, usize),
+    (r0, r1): (usize, usize),
+    act: DType,
+    out: &mut [f32],
+) {
+    let g = fmt.group(k);
+    let np = n / PACK;
+    for c in r0..r1 {
+        let row = &mut out[(c - r0) * k..(c - r0 + 1) * k];
+        for (i, w) in row.iter_mut().enumerate() {
+            let grp = match g_idx {
+                Some(gi) => gi[i] as usize,
+                None => i / g,
+            };
+            let s = scales[grp * n + c];
+            let v = match fmt.method {
+                Method::Awq => {
+                    let q = nibble(qweight[i * np + c / PACK], AWQ_NIBBLE[c % PACK]);
+                    let z = nibble(qzeros[grp * np + c / PACK], AWQ_NIBBLE[c % PACK]);
+                    (q - z) as f32 * s
+                }
+                Method::Gptq => {
+                    let q = nibble(qweight[(i / PACK) * n + c], i % PACK);
+                    (q - 8) as f32 * s
+                }
+            };
+            *w = act.round(v);
+        }
+    }
+}
+
+/// A deterministic act-order permutation of `k` inputs (the order GPTQ would have visited
+/// them; `gen-model --desc-act` needs one that every layer of the same input shares).
+fn act_order(k: usize) -> Vec<usize> {
+    let mut p: Vec<usize> = (0..k).collect();
+    let mut s = 0x9E37_79B9_7F4A_7C15u64 ^ k as u64;
+    for i in (1..k).rev() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        p.swap(i, (s % (i as u64 + 1)) as usize);
+    }
+    p
+}
+
+/// Round-to-nearest quantization of an `[n, k]` weight into a checkpoint's tensors, group by
+/// group along the input, as AutoAWQ's `pseudo_quantize_tensor` (zero point) and AutoGPTQ's
+/// `Quantizer` (symmetric) compute codes, then packed as they pack them. Scales are stored in
+/// `scale_dtype`; each code is taken against the stored scale.
+pub fn quantize(fmt: &Format, w: &[f32], n: usize, k: usize, scale_dtype: DType) -> Parts {
+    let g = fmt.group(k);
+    let groups = k / g;
+    // Input features of each group: in order, or act-order's permutation.
+    let perm: Vec<usize> = if fmt.desc_act {
+        act_order(k)
+    } else {
+        (0..k).collect()
+    };
+    let mut codes = vec![0u8; n * k];
+    let mut zeros = vec![0u8; n * groups];
+    let mut scales = vec![0f32; n * groups];
+    let mut g_idx = vec![0i32; k];
+    for (j, &i) in perm.iter().enumerate() {
+        g_idx[i] = (j / g) as i32;
+    }
+    for c in 0..n {
+        for grp in 0..groups {
+            let cols = &perm[grp * g..(grp + 1) * g];
+            let vals = cols.iter().map(|&i| w[c * k + i]);
+            let (lo, hi) = vals.fold((f32::MAX, f32::MIN), |(a, b), v| (a.min(v), b.max(v)));
+            let (s, z) = match fmt.method {
+                Method::Awq => {
+                    let s = scale_dtype.round(((hi - lo) / 15.0).max(1e-5));
+                    (s, (-(lo / s).round_ties_even()).clamp(0.0, 15.0))
+                }
+                Method::Gptq => {
+                    let m = lo.abs().max(hi.abs());
+                    let s = if m == 0.0 { 1.0 } else { 2.0 * m / 15.0 };
+                    (scale_dtype.round(s), 8.0)
+                }
+            };
+            scales[grp * n + c] = s;
+            zeros[grp * n + c] = z as u8;
+            for &i in cols {
+                codes[c * k + i] =
+                    ((w[c * k + i] / s).round_ties_even() + z).clamp(0.0, 15.0) as u8;
+            }
+        }
+    }
+    let np = n / PACK;
+    let pack_awq = |rows: usize, at: &dyn Fn(usize, usize) -> u8| -> Vec<i32> {
+        let mut out = vec![0i32; rows * np];
+        for r in 0..rows {
+            for j in 0..np {
+                let mut word = 0u32;
+                for (nib, &col) in AWQ_ORDER.iter().enumerate() {
+                    word |= (at(r, j * PACK + col) as u32) << (4 * nib);
+                }
+                out[r * np + j] = word as i32;
+            }
+        }
+        out
+    };
+    let (qweight, qzeros) = match fmt.method {
+        Method::Awq => (
+            pack_awq(k, &|i, c| codes[c * k + i]),
+            pack_awq(groups, &|grp, c| zeros[grp * n + c]),
+        ),
+        Method::Gptq => {
+            // AutoGPTQ `QuantLinear.pack`: eight input rows a word, row `8·r + j` at bits
+            // 4j; zeros stored minus one (v1 format) and packed along the output in order.
+            let mut qw = vec![0i32; (k / PACK) * n];
+            for r in 0..k / PACK {
+                for c in 0..n {
+                    let mut word = 0u32;
+                    for j in 0..PACK {
+                        word |= (codes[c * k + r * PACK + j] as u32) << (4 * j);
+                    }
+                    qw[r * n + c] = word as i32;
+                }
+            }
+            let mut qz = vec![0i32; groups * np];
+            for grp in 0..groups {
+                for j in 0..np {
+                    let mut word = 0u32;
+                    for b in 0..PACK {
+                        word |= ((zeros[grp * n + j * PACK + b] - 1) as u32) << (4 * b);
+                    }
+                    qz[grp * np + j] = word as i32;
+                }
+            }
+            (qw, qz)
+        }
+    };
+    Parts {
+        qweight,
+        qzeros,
+        scales,
+        g_idx: (fmt.method == Method::Gptq).then_some(g_idx),
+    }
+}
+
+/// An AWQ or GPTQ linear (one layer, or a stacked q/k/v or gate/up) as vLLM's
+/// `AWQMarlinLinearMethod` / `MarlinLinearKernel` hold it: first the parameters as loaded,
+/// then, after `after_loading`, Marlin's.
+pub struct MarlinLinear {
+    pub fmt: Format,
+    /// I32: stored `[k, n/8]` (AWQ) or `[k/8, n]` (GPTQ); repacked `[k/16, 2n]`.
+    pub qweight: Tensor,
+    /// `[groups, n]` in the activation dtype (vLLM's `params_dtype`).
+    pub scales: Tensor,
+    /// I32 `[groups, n/8]`: the stored zeros, then (AWQ) Marlin's; GPTQ's are dropped for
+    /// an empty tensor (`None`: a zero-byte tensor takes no block).
+    pub qzeros: Option<Tensor>,
+    /// GPTQ's I32 `[k]` `g_idx` as loaded, then under act-order the sorted one.
+    pub g_idx: Option<Tensor>,
+    /// Act-order's I32 `[k]` `g_idx_sort_indices`.
+    pub g_idx_sort_indices: Option<Tensor>,
+    /// Marlin's I32 workspace, `n / 64 · 16` (`marlin_make_workspace`).
+    pub workspace: Option<Tensor>,
+    pub out_features: usize,
+    pub in_features: usize,
+}
+
+/// Host values of an I32 tensor (compute mode; other backends keep only the allocation).
+fn fill_i32(t: &mut Tensor, v: &[i32]) {
+    if let Storage::I32(d) = &mut t.storage {
+        if d.len() == v.len() {
+            d.copy_from_slice(v);
+        }
+    }
+}
+
+impl MarlinLinear {
+    /// The parameters `create_weights` makes, filled by the weight loader: AWQ's `qweight`,
+    /// `qzeros`, `scales` (awq_marlin.py L192-229); GPTQ's `qweight`, `g_idx`, `qzeros`,
+    /// `scales` (gptq_marlin.py L221-260: the qzeros' data is made before the scales'). `base`
+    /// names them (`model.layers.0.self_attn.qkv_proj`); `parts` holds the values in compute
+    /// modes.
+    pub fn load(
+        rt: &Runtime,
+        fmt: Format,
+        base: &str,
+        (n, k): (usize, usize),
+        parts: Option<&Parts>,
+        act: DType,
+    ) -> Result<Self> {
+        rt.set_op("load");
+        let groups = fmt.groups(k);
+        let w = |name: &str, shape: &[usize], dtype| {
+            rt.tensor(format!("{base}.{name}"), Category::Weight, shape, dtype)
+        };
+        let mut qweight = w("qweight", &fmt.qweight_shape(n, k), DType::I32)?;
+        let mut g_idx = match fmt.method {
+            Method::Gptq => Some(w("g_idx", &[k], DType::I32)?),
+            Method::Awq => None,
+        };
+        // Both methods make the zeros before the scales.
+        let mut qzeros = w("qzeros", &[groups, n / PACK], DType::I32)?;
+        let mut scales = w("scales", &[groups, n], act)?;
+        if let (Some(p), Backend::Cpu) = (parts, rt.backend()) {
+            fill_i32(&mut qweight, &p.qweight);
+            fill_i32(&mut qzeros, &p.qzeros);
+            let s = scales.f32_mut();
+            s.copy_from_slice(&p.scales);
+            act.round_slice(s);
+            if let (Some(t), Some(v)) = (&mut g_idx, &p.g_idx) {
+                fill_i32(t, v);
+            }
+        } else if parts.is_some() && rt.backend() == Backend::Cuda {
+            return Err(cuda_refused());
+        }
+        Ok(MarlinLinear {
+            fmt,
+            qweight,
+            scales,
+            qzeros: Some(qzeros),
+            g_idx,
+            g_idx_sort_indices: None,
+            workspace: None,
+            out_features: n,
+            in_features: k,
+        })
+    }
+
+    pub fn weight_bytes(&self) -> u64 {
+        let opt = |t: &Option<Tensor>| t.as_ref().map_or(0, |t| t.nbytes());
+        self.qweight.nbytes()
+            + self.scales.nbytes()
+            + opt(&self.qzeros)
+            + opt(&self.g_idx)
+            + opt(&self.g_idx_sort_indices)
+            + opt(&self.workspace)
+    }
+
+    fn base(&self) -> String {
+        self.qweight
+            .name
+            .trim_end_matches(".qweight")
+            .trim_end_matches(".repacked")
+            .to_string()
+    }
+
+    /// `process_weights_after_loading`, allocation for allocation (vLLM 0.6.4):
+    ///
+    /// AWQ (awq_marlin.py L239-278): the zeroed workspace (`marlin_make_workspace`,
+    /// marlin_utils.py L136-144); `awq_marlin_repack`'s I32 `[k/16, 2n]` output (the C++ op's
+    /// `{size_k / tile_size, size_n * tile_size / pack_factor}`), replacing `qweight` (a plain
+    /// tensor is not the Parameter's type, so `replace_parameter` re-registers and the old
+    /// one is freed, layer_utils.py L20-37); `marlin_permute_scales`' output replacing the
+    /// scales (L186-196); `awq_to_marlin_zero_points` (L239-259): `unpack_cols`' device copy
+    /// `[groups, n]`, the un-interleaved copy (the unpacked one freed), the scale-permuted
+    /// and the interleaved copies (`marlin_zero_points`, L217-236, each freeing the one
+    /// before), `pack_cols`' `[groups, n/8]` device copy, then the interleaved copy and the
+    /// un-interleaved one freed on return, and the stored zeros replaced; `g_idx` and
+    /// `g_idx_sort_indices` empty (no block).
+    ///
+    /// GPTQ on Marlin (kernels/marlin.py L50-110): the workspace; under act-order
+    /// `marlin_sort_g_idx` (L169-172: `argsort`'s sort makes I32 values and I64 indices, the
+    /// values freed; `.to(int)` copies the indices, the I64 ones freed; `g_idx[indices]`
+    /// makes the sorted g_idx, which replaces the stored one; the sort's own scratch space,
+    /// which CUDA's sort takes from the caching allocator, is not modelled), otherwise the
+    /// stored `g_idx` replaced by an empty one (freed); the stored zeros replaced by an empty
+    /// tensor (freed);
+    /// `gptq_marlin_repack`'s `[k/16, 2n]` output (assigning `x.data` frees the stored
+    /// qweight); the permuted scales (the stored ones freed).
+    ///
+    /// Each `[:, perm]` indexing with a Python list or numpy array first copies the index to
+    /// the device (I64, 64 or 32 elements: a 512-byte block), freed after the op.
+    pub fn after_loading(&mut self, rt: &Runtime, act: DType) -> Result<()> {
+        if self.workspace.is_some() {
+            return Ok(());
+        }
+        if rt.backend() == Backend::Cuda {
+            return Err(cuda_refused());
+        }
+        let (n, k) = (self.out_features, self.in_features);
+        let groups = self.fmt.groups(k);
+        let base = self.base();
+        let t = |name: &str, shape: &[usize], dtype| {
+            rt.tensor(format!("{base}.{name}"), Category::Weight, shape, dtype)
+        };
+        rt.set_op("marlin.process_weights_after_loading");
+        let workspace = t("workspace", &[n / MIN_THREAD_N * MAX_PARALLEL], DType::I32)?;
+        let index = |len: usize| t("perm_index", &[len], DType::I64);
+        // The permutation of `marlin_permute_scales`: 64 wide with groups smaller than k,
+        // `scale_perm_single` (32) for one group.
+        let scale_perm_len = if self.fmt.group(k) < k { 64 } else { 32 };
+        let repacked_shape = [k / MARLIN_TILE, n * MARLIN_TILE / PACK];
+        match self.fmt.method {
+            Method::Awq => {
+                rt.set_op("marlin.awq_marlin_repack");
+                let mut q = t("repacked", &repacked_shape, DType::I32)?;
+                move_i32(&self.qweight, &mut q);
+                self.qweight = q;
+                rt.set_op("marlin.permute_scales");
+                let s = self.permuted_scales(rt, &base, scale_perm_len, act)?;
+                self.scales = s;
+                rt.set_op("marlin.awq_to_marlin_zero_points");
+                let unpacked = t("zp_unpacked", &[groups, n], DType::I32)?;
+                let i = index(PACK)?;
+                let uninterleaved = t("zp_uninterleaved", &[groups, n], DType::I32)?;
+                drop(i);
+                drop(unpacked);
+                let i = index(64)?;
+                let permuted = t("zp_permuted", &[groups, n], DType::I32)?;
+                drop(i);
+                let i = index(PACK)?;
+                let interleaved = t("zp_interleaved", &[groups, n], DType::I32)?;
+                drop(i);
+                drop(permuted);
+                let mut zp = t("marlin_zp", &[groups, n / PACK], DType::I32)?;
+                drop(interleaved);
+                drop(uninterleaved);
+                if let Some(old) = self.qzeros.take() {
+                    move_i32(&old, &mut zp);
+                }
+                self.qzeros = Some(zp);
+            }
+            Method::Gptq => {
+                if self.fmt.desc_act {
+                    rt.set_op("marlin.sort_g_idx");
+                    let values = t("g_idx_sort_values", &[k], DType::I32)?;
+                    let idx64 = t("g_idx_argsort", &[k], DType::I64)?;
+                    drop(values);
+                    let mut idx = t("g_idx_sort_indices", &[k], DType::I32)?;
+                    drop(idx64);
+                    let mut sorted = t("g_idx_sorted", &[k], DType::I32)?;
+                    if let (Some(g), Backend::Cpu) = (&self.g_idx, rt.backend()) {
+                        let g = g.i32();
+                        let mut order: Vec<usize> = (0..k).collect();
+                        order.sort_by_key(|&i| g[i]);
+                        for (j, &i) in order.iter().enumerate() {
+                            idx.i32_mut()[j] = i as i32;
+                            sorted.i32_mut()[j] = g[i];
+                        }
+                    }
+                    self.g_idx = Some(sorted);
+                    self.g_idx_sort_indices = Some(idx);
+                } else {
+                    self.g_idx = None;
+                }
+                self.qzeros = None;
+                rt.set_op("marlin.gptq_marlin_repack");
+                let mut q = t("repacked", &repacked_shape, DType::I32)?;
+                move_i32(&self.qweight, &mut q);
+                self.qweight = q;
+                rt.set_op("marlin.permute_scales");
+                let s = self.permuted_scales(rt, &base, scale_perm_len, act)?;
+                self.scales = s;
+            }
+        }
+        self.workspace = Some(workspace);
+        Ok(())
+    }
+
+    /// `marlin_permute_scales`: the index on the device, the permuted copy, the index freed;
+    /// the caller's replacement then frees the stored scales.
+    fn permuted_scales(
+        &self,
+        rt: &Runtime,
+        base: &str,
+        perm_len: usize,
+        act: DType,
+    ) -> Result<Tensor> {
+        let i = rt.tensor(
+            format!("{base}.perm_index"),
+            Category::Weight,
+            &[perm_len],
+            DType::I64,
+        )?;
+        let mut s = rt.tensor(
+            format!("{base}.marlin_scales"),
+            Category::Weight,
+            &self.scales.shape,
+            act,
+        )?;
+        drop(i);
+        if rt.backend() == Backend::Cpu {
+            s.f32_mut().copy_from_slice(self.scales.f32());
+        }
+        Ok(s)
+    }
+
+    /// `apply_awq_marlin_linear` / `apply_gptq_marlin_linear` (marlin_utils.py L276-348):
+    /// `x [m, k] → [m, n]` in `act`. The reshapes are views; `gptq_marlin_gemm` (csrc
+    /// gptq_marlin.cu at 0.6.4, `use_fp32_reduce` on by default, L22) allocates the output
+    /// `c [m, n]`, `a_tmp [m, k]` in the activation dtype and the f32 reduce buffer
+    /// `c_tmp [reduce_max_m, n]` (`determine_reduce_max_m`: m rounded up to 16, 32, 48 or
+    /// 64, beyond that 64 · min(⌈m/64⌉, 16)); the two temporaries are C++ locals, freed in
+    /// reverse order on return. `rows`: a stacked layer's shards, each written as one
+    /// contiguous block as `FusedLinear` lays its output out.
+    pub fn forward(
+        &self,
+        rt: &Runtime,
+        x: &Tensor,
+        name: &str,
+        act: DType,
+        rows: &[usize],
+    ) -> Result<Tensor> {
+        rt.check_cancel()?;
+        let (m, k, n) = (x.rows(), x.cols(), self.out_features);
+        if k != self.in_features {
+            return Err(Error::Request(format!(
+                "{name}: input has {k} features but the {} weight {} expects {}",
+                self.fmt.method.name(),
+                self.qweight.name,
+                self.in_features
+            )));
+        }
+        if rt.backend() == Backend::Cuda {
+            return Err(cuda_refused());
+        }
+        if self.workspace.is_none() {
+            return Err(Error::Request(format!(
+                "{name}: the {} weight {} was not repacked for Marlin (process_weights_after_loading did not run)",
+                self.fmt.method.name(),
+                self.qweight.name
+            )));
+        }
+        rt.set_op("marlin.gptq_marlin_gemm");
+        let mut out =
+            rt.tensor_for_overwrite(format!("{name}.out"), Category::Activation, &[m, n], act)?;
+        let a_tmp = rt.tensor(format!("{name}.a_tmp"), Category::Activation, &[m, k], act)?;
+        let c_tmp = rt.tensor(
+            format!("{name}.c_tmp"),
+            Category::Activation,
+            &[reduce_max_m(m), n],
+            DType::F32,
+        )?;
+        if rt.backend() == Backend::Cpu {
+            self.cpu_gemm(rt, x, &mut out, act, rows)?;
+        }
+        drop(c_tmp);
+        drop(a_tmp);
+        Ok(out)
+    }
+
+    /// The stored g_idx again from the sorted one and its sort indices (act-order only).
+    fn host_g_idx(&self) -> Option<Vec<i32>> {
+        let (sorted, idx) = (self.g_idx.as_ref()?, self.g_idx_sort_indices.as_ref()?);
+        let mut g = vec![0i32; self.in_features];
+        for (&i, &v) in idx.i32().iter().zip(sorted.i32()) {
+            g[i as usize] = v;
+        }
+        Some(g)
+    }
+
+    /// The dequantized weight on the host, a run of output rows at a time, multiplied in f32
+    /// and rounded to `act`.
+    fn cpu_gemm(
+        &self,
+        rt: &Runtime,
+        x: &Tensor,
+        out: &mut Tensor,
+        act: DType,
+        rows: &[usize],
+    ) -> Result<()> {
+        const CHUNK: usize = 256;
+        let (m, k, n) = (x.rows(), self.in_features, self.out_features);
+        let g_idx = self.host_g_idx();
+        let zeros: &[i32] = self.qzeros.as_ref().map_or(&[], |t| t.i32());
+        let cancel = rt.cancel_flag();
+        let o = out.f32_mut();
+        let mut wbuf = vec![0f32; CHUNK * k];
+        let mut acc = vec![0f32; m * CHUNK];
+        let (mut r0, mut block) = (0, 0);
+        for &shard in rows {
+            let mut c0 = 0;
+            while c0 < shard {
+                let c = CHUNK.min(shard - c0);
+                dequantize_rows(
+                    &self.fmt,
+                    self.qweight.i32(),
+                    zeros,
+                    self.scales.f32(),
+                    g_idx.as_deref(),
+                    (n, k),
+                    (r0 + c0, r0 + c0 + c),
+                    act,
+                    &mut wbuf[..c * k],
+                );
+                cpu::matmul_nt_cancellable(
+                    x.f32(),
+                    &wbuf[..c * k],
+                    &mut acc[..m * c],
+                    (m, k, c),
+                    &cancel,
+                )?;
+                for r in 0..m {
+                    let dst = &mut o[block + r * shard + c0..block + r * shard + c0 + c];
+                    for (d, &a) in dst.iter_mut().zip(&acc[r * c..(r + 1) * c]) {
+                        *d = act.round(a);
+                    }
+                }
+                c0 += c;
+            }
+            r0 += shard;
+            block += m * shard;
+        }
+        Ok(())
+    }
+
+    /// The whole `[n, k]` weight as the forward dequantizes it (compute mode; for tests and
+    /// the reference check).
+    pub fn dequantized(&self, act: DType) -> Vec<f32> {
+        let (n, k) = (self.out_features, self.in_features);
+        let mut w = vec![0f32; n * k];
+        let zeros: &[i32] = self.qzeros.as_ref().map_or(&[], |t| t.i32());
+        let g_idx = if self.workspace.is_some() {
+            self.host_g_idx()
+        } else {
+            self.g_idx
+                .as_ref()
+                .filter(|_| self.fmt.desc_act)
+                .map(|t| t.i32().to_vec())
+        };
+        dequantize_rows(
+            &self.fmt,
+            self.qweight.i32(),
+            zeros,
+            self.scales.f32(),
+            g_idx.as_deref(),
+            (n, k),
+            (0, n),
+            act,
+            &mut w,
+        );
+        w
+    }
+}
+
+/// The host keeps the stored words in the repacked allocation (same element count).
+fn move_i32(from: &Tensor, to: &mut Tensor) {
+    if let (Storage::I32(src), Storage::I32(dst)) = (&from.storage, &mut to.storage) {
+        if src.len() == dst.len() {
+            dst.copy_from_slice(src);
+        }
+    }
+}
+
+/// `marlin::determine_reduce_max_m(prob_m, max_par = 16)` (csrc gptq_marlin.cu at 0.6.4).
+pub fn reduce_max_m(m: usize) -> usize {
+    const TILE_M: usize = 16;
+    if m <= 4 * TILE_M {
+        m.div_ceil(TILE_M).max(1) * TILE_M
+    } else {
+        TILE_M * 4 * m.div_ceil(TILE_M * 4).min(MAX_PARALLEL)
+    }
+}
+
+/// The one line an AWQ or GPTQ checkpoint on a real GPU gets until vramscope has the kernels.
+pub(crate) fn cuda_refused() -> Error {
+    Error::Request(
+        "an AWQ or GPTQ checkpoint on a CUDA device: vramscope's GPU kernels for Marlin (awq_marlin_repack, gptq_marlin_repack, gptq_marlin_gemm) are not written yet; plan it on a simulated GPU (--device sim:h100-80gb:dry, or :compute for the math)".into(),
+    )
+}
+
+/// Whether vLLM 0.6.4 runs this checkpoint with Marlin on a GPU of architecture `arch`, as
+/// vramscope models it; the reason when not. Marlin needs compute capability 8.0
+/// (`get_min_capability`, awq_marlin.py L79-81, gptq_marlin.py L78-80). GPTQ goes through
+/// `choose_mp_linear_kernel` (kernels/__init__.py L15-74), which tries Machete first: on 9.0
+/// (Hopper) it takes a layer whose group size is 128 or -1 and whose shape tiles
+/// ([64, 128], utils/machete_utils.py L7-30): Machete's prepack is not modelled. `layers`
+/// are the `(n, k)` of every quantized linear.
+pub fn check_gpu(fmt: &Format, arch: &str, gpu: &str, layers: &[(usize, usize)]) -> Result<()> {
+    if matches!(arch, "Turing" | "Volta" | "Pascal") {
+        return Err(Error::Request(format!(
+            "an {} checkpoint on {gpu} ({arch}): vLLM's Marlin kernels need compute capability 8.0 (get_min_capability), below it vLLM runs its {} kernel, which vramscope does not reproduce; use an Ampere or later preset (a100-80gb, h100-80gb, h200)",
+            fmt.method.name().to_uppercase(),
+            fmt.method.name()
+        )));
+    }
+    let hopper = matches!(arch, "Hopper" | "Blackwell");
+    if fmt.method == Method::Gptq && hopper && matches!(fmt.group_size, -1 | 128) {
+        if let Some((n, k)) = layers
+            .iter()
+            .find(|(n, k)| k.is_multiple_of(64) && n.is_multiple_of(128))
+        {
+            return Err(Error::Request(format!(
+                "a GPTQ checkpoint with group_size {} on {gpu} ({arch}): vLLM 0.6.4 runs its [{n}, {k}] layers with MacheteLinearKernel (choose_mp_linear_kernel tries Machete first on compute capability 9.0; kernels/__init__.py L15-19), whose prepacked layout vramscope does not reproduce; plan it on an Ampere preset (a100-80gb), where it runs on Marlin",
+                fmt.group_size
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The releases whose AWQ/GPTQ path vramscope reproduces: 0.6.4 (the default, 380e1863).
+pub fn check_release(release: &str) -> Result<()> {
+    if matches!(release, "380e1863" | "0.6.4") {
+        return Ok(());
+    }
+    Err(Error::Request(format!(
+        "an AWQ or GPTQ checkpoint with --vllm {release}: vramscope reproduces vLLM 0.6.4's Marlin repack and GEMM (awq_marlin.py, kernels/marlin.py); other releases are not checked against it yet: use --vllm 0.6.4"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::fp8::tests::{runtime, trace};
+
+    const AWQ128: Format = Format {
+        method: Method::Awq,
+        group_size: 128,
+        desc_act: false,
+    };
+
+    #[test]
+    fn awq_packs_columns_in_its_interleaved_order() {
+        // Column c of a word in nibble AWQ_NIBBLE[c]: codes 0..7 across eight columns pack
+        // as 0x7531_6420 (nibbles 0..7 hold columns 0,2,4,6,1,3,5,7).
+        let n = 64;
+        let k = 128;
+        let fmt = AWQ128;
+        // One group a row spanning 0..15 (scale 1, zero 0); from input 2 on, column c holds
+        // code c % 8.
+        let mut w = vec![0f32; n * k];
+        for c in 0..n {
+            for i in 0..k {
+                w[c * k + i] = match i {
+                    0 => 15.0,
+                    1 => 0.0,
+                    _ => (c % 8) as f32,
+                };
+            }
+        }
+        let p = quantize(&fmt, &w, n, k, DType::F16);
+        assert_eq!(p.scales[0], 1.0);
+        assert_eq!(p.qzeros[0], 0);
+        // Row 2 of qweight: codes c % 8 for c in 0..8.
+        assert_eq!(p.qweight[2 * (n / PACK)] as u32, 0x7531_6420);
+        let mut back = vec![0f32; n * k];
+        dequantize_rows(
+            &fmt,
+            &p.qweight,
+            &p.qzeros,
+            &p.scales,
+            None,
+            (n, k),
+            (0, n),
+            DType::F16,
+            &mut back,
+        );
+        assert_eq!(back, w);
+    }
+
+    #[test]
+    fn gptq_packs_eight_inputs_a_word_and_subtracts_eight() {
+        let (n, k) = (64, 128);
+        let fmt = Format {
+            method: Method::Gptq,
+            group_size: 32,
+            desc_act: false,
+        };
+        // Each group's max |w| is 7.5 · s with s = 2: codes w/2 + 8.
+        let w: Vec<f32> = (0..n * k)
+            .map(|j| {
+                if j % 32 == 0 {
+                    15.0
+                } else {
+                    2.0 * ((j % 15) as f32 - 7.0)
+                }
+            })
+            .collect();
+        let p = quantize(&fmt, &w, n, k, DType::F16);
+        assert!(p.scales.iter().all(|&s| s == 2.0));
+        // Stored zeros: 8 − 1 = 7 in every nibble (AutoGPTQ v1).
+        assert!(p.qzeros.iter().all(|&z| z as u32 == 0x7777_7777));
+        // g_idx without act-order: i / 32.
+        assert_eq!(p.g_idx.as_ref().unwrap()[33], 1);
+        let mut back = vec![0f32; n * k];
+        dequantize_rows(
+            &fmt,
+            &p.qweight,
+            &p.qzeros,
+            &p.scales,
+            None,
+            (n, k),
+            (0, n),
+            DType::F16,
+            &mut back,
+        );
+        // 15 is 7.5·2: 7.5 rounds to even (8) → code 16 clamps to 15 → (15 − 8)·2 = 14.
+        for (j, (&a, &b)) in back.iter().zip(&w).enumerate() {
+            let want = if j % 32 == 0 { 14.0 } else { b };
+            assert_eq!(a, want, "{j}");
+        }
+        // Word 0 of column 0: inputs 0..8 at bits 0, 4, ..., 28.
+        let col0: Vec<u32> = (0..8)
+            .map(|j| (p.qweight[0] as u32 >> (4 * j)) & 0xF)
+            .collect();
+        let want: Vec<u32> = (0..8)
+            .map(|i| ((w[i] / 2.0).round_ties_even() + 8.0).clamp(0.0, 15.0) as u32)
+            .collect();
+        assert_eq!(col0, want);
+    }
+
+    #[test]
+    fn stacking_concatenates_along_the_output() {
+        let (k, n0, n1) = (128, 64, 128);
+        let w0: Vec<f32> = (0..n0 * k)
+            .map(|i| ((i * 7 % 31) as f32 - 15.0) / 64.0)
+            .collect();
+        let w1: Vec<f32> = (0..n1 * k)
+            .map(|i| ((i * 11 % 29) as f32 - 14.0) / 32.0)
+            .collect();
+        for method in [Method::Awq, Method::Gptq] {
+            let fmt = Format {
+                method,
+                group_size: 64,
+                desc_act: false,
+            };
+            let (p0, p1) = (
+                quantize(&fmt, &w0, n0, k, DType::F16),
+                quantize(&fmt, &w1, n1, k, DType::F16),
+            );
+            let deq = |p: &Parts, n| {
+                let mut o = vec![0f32; n * k];
+                dequantize_rows(
+                    &fmt,
+                    &p.qweight,
+                    &p.qzeros,
+                    &p.scales,
+                    None,
+                    (n, k),
+                    (0, n),
+                    DType::F16,
+                    &mut o,
+                );
+                o
+            };
+            let mut want = deq(&p0, n0);
+            want.extend(deq(&p1, n1));
+            let s = Parts::stack(&fmt, vec![p0, p1], &[n0, n1], k);
+            assert_eq!(deq(&s, n0 + n1), want, "{method:?}");
+        }
+    }
+
+    #[test]
+    fn marlin_shape_rules_apply_to_the_stacked_layer_the_layout_to_each_tensor() {
+        // A 32-row k_proj is a valid stored tensor; Marlin needs 64-multiples of the stacked
+        // qkv_proj's rows and 128-multiples of its inputs.
+        assert_eq!(AWQ128.layout_problem(32, 128), None);
+        assert_eq!(
+            AWQ128.shape_problem(32, 128).unwrap(),
+            "its 32 output features are not a multiple of Marlin's min_thread_n 64 (vLLM's verify_marlin_supports_shape refuses it)"
+        );
+        assert_eq!(AWQ128.shape_problem(96 + 32, 128), None);
+        assert_eq!(
+            AWQ128.layout_problem(128, 320).unwrap(),
+            "quantization_config.group_size 128 does not divide its 320 input features"
+        );
+        let gptq = Format {
+            method: Method::Gptq,
+            group_size: -1,
+            desc_act: false,
+        };
+        assert_eq!(gptq.groups(300), 1);
+        assert_eq!(
+            gptq.layout_problem(64, 300).unwrap(),
+            "its [64, 300] weight does not fill int32 words of 8 codes"
+        );
+        assert!(gptq
+            .shape_problem(64, 320)
+            .unwrap()
+            .contains("min_thread_k 128"));
+    }
+
+    #[test]
+    fn reduce_buffer_rows_follow_determine_reduce_max_m() {
+        let cases = [
+            (1, 16),
+            (16, 16),
+            (17, 32),
+            (48, 48),
+            (64, 64),
+            (65, 128),
+            (512, 512),
+            (1024, 1024),
+            (4096, 1024),
+        ];
+        for (m, want) in cases {
+            assert_eq!(reduce_max_m(m), want, "{m}");
+        }
+    }
+
+    fn stored(rt: &Runtime, fmt: Format, n: usize, k: usize) -> MarlinLinear {
+        MarlinLinear::load(rt, fmt, "l.qkv_proj", (n, k), None, DType::F16).unwrap()
+    }
+
+    #[test]
+    fn awq_after_loading_repacks_and_rebuilds_the_zero_points_as_vllm_does() {
+        let rt = runtime("dry");
+        let (n, k) = (4096, 4096);
+        let mut l = stored(&rt, AWQ128, n, k);
+        let from = rt.event_count();
+        l.after_loading(&rt, DType::F16).unwrap();
+        let e = |kind, t: &str, bytes| (kind, format!("l.qkv_proj.{t}"), bytes);
+        let (q, g) = ((k * n / 2) as u64, 32u64);
+        let zp = g * n as u64 * 4;
+        assert_eq!(
+            trace(&rt, from),
+            vec![
+                e("alloc", "workspace", 1024 * 4),
+                e("alloc", "repacked", q),
+                e("free", "qweight", q),
+                e("alloc", "perm_index", 512),
+                e("alloc", "marlin_scales", g * n as u64 * 2),
+                e("free", "perm_index", 512),
+                e("free", "scales", g * n as u64 * 2),
+                e("alloc", "zp_unpacked", zp),
+                e("alloc", "perm_index", 512),
+                e("alloc", "zp_uninterleaved", zp),
+                e("free", "perm_index", 512),
+                e("free", "zp_unpacked", zp),
+                e("alloc", "perm_index", 512),
+                e("alloc", "zp_permuted", zp),
+                e("free", "perm_index", 512),
+                e("alloc", "perm_index", 512),
+                e("alloc", "zp_interleaved", zp),
+                e("free", "perm_index", 512),
+                e("free", "zp_permuted", zp),
+                e("alloc", "marlin_zp", zp / 8),
+                e("free", "zp_interleaved", zp),
+                e("free", "zp_uninterleaved", zp),
+                e("free", "qzeros", zp / 8),
+            ]
+        );
+        assert_eq!(l.qweight.shape, vec![256, 8192]);
+        assert_eq!(l.weight_bytes(), q + g * n as u64 * 2 + zp / 8 + 4096);
+    }
+
+    #[test]
+    fn gptq_after_loading_drops_zeros_and_g_idx_without_act_order() {
+        let rt = runtime("dry");
+        let (n, k) = (4096, 4096);
+        let fmt = Format {
+            method: Method::Gptq,
+            group_size: 128,
+            desc_act: false,
+        };
+        let mut l = stored(&rt, fmt, n, k);
+        let from = rt.event_count();
+        l.after_loading(&rt, DType::F16).unwrap();
+        let e = |kind, t: &str, bytes| (kind, format!("l.qkv_proj.{t}"), bytes);
+        let q = (k * n / 2) as u64;
+        let s = 32 * n as u64 * 2;
+        assert_eq!(
+            trace(&rt, from),
+            vec![
+                e("alloc", "workspace", 4096),
+                e("free", "g_idx", 4096 * 4),
+                e("free", "qzeros", 32 * 512 * 4),
+                e("alloc", "repacked", q),
+                e("free", "qweight", q),
+                e("alloc", "perm_index", 512),
+                e("alloc", "marlin_scales", s),
+                e("free", "perm_index", 512),
+                e("free", "scales", s),
+            ]
+        );
+        assert_eq!(l.weight_bytes(), q + s + 4096);
+    }
+
+    #[test]
+    fn gptq_act_order_sorts_g_idx_on_the_device() {
+        let rt = runtime("dry");
+        let (n, k) = (512, 1024);
+        let fmt = Format {
+            method: Method::Gptq,
+            group_size: 128,
+            desc_act: true,
+        };
+        let mut l = stored(&rt, fmt, n, k);
+        let from = rt.event_count();
+        l.after_loading(&rt, DType::F16).unwrap();
+        let names: Vec<(&str, String)> = trace(&rt, from)
+            .into_iter()
+            .take(8)
+            .map(|(a, t, _)| (a, t.trim_start_matches("l.qkv_proj.").to_string()))
+            .collect();
+        let want = [
+            ("alloc", "workspace"),
+            ("alloc", "g_idx_sort_values"),
+            ("alloc", "g_idx_argsort"),
+            ("free", "g_idx_sort_values"),
+            ("alloc", "g_idx_sort_indices"),
+            ("free", "g_idx_argsort"),
+            ("alloc", "g_idx_sorted"),
+            ("free", "g_idx"),
+        ];
+        assert_eq!(
+            names,
+            want.iter()
+                .map(|(a, t)| (*a, t.to_string()))
+                .collect::<Vec<_>>()
+        );
+        // Kept: repacked codes, scales, the sorted g_idx and its indices, the workspace.
+        assert_eq!(
+            l.weight_bytes(),
+            (k * n / 2) as u64 + 8 * 512 * 2 + 2 * 1024 * 4 + 128 * 4
+        );
+    }
+
+    #[test]
+    fn the_forward_allocates_output_a_tmp_and_the_fp32_reduce_buffer() {
+        let rt = runtime("dry");
+        let mut l = stored(&rt, AWQ128, 4096, 4096);
+        l.after_loading(&rt, DType::F16).unwrap();
+        let x = rt
+            .tensor("x", Category::Activation, &[2048, 4096], DType::F16)
+            .unwrap();
+        let from = rt.event_count();
+        let out = l
+            .forward(&rt, &x, "0.qkv_proj", DType::F16, &[4096])
+            .unwrap();
+        assert_eq!(out.shape, vec![2048, 4096]);
+        assert_eq!(
+            trace(&rt, from),
+            vec![
+                ("alloc", "0.qkv_proj.out".into(), 2 * 2048 * 4096),
+                ("alloc", "0.qkv_proj.a_tmp".into(), 2 * 2048 * 4096),
+                ("alloc", "0.qkv_proj.c_tmp".into(), 4 * 1024 * 4096),
+                ("free", "0.qkv_proj.c_tmp".into(), 4 * 1024 * 4096),
+                ("free", "0.qkv_proj.a_tmp".into(), 2 * 2048 * 4096),
+            ]
+        );
+    }
+
+    #[test]
+    fn host_forward_multiplies_the_dequantized_weight() {
+        let rt = runtime("compute");
+        let (m, n, k) = (3, 128, 256);
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| DType::F16.round(((i * 37 % 101) as f32 - 50.0) / 256.0))
+            .collect();
+        let xv: Vec<f32> = (0..m * k)
+            .map(|i| DType::F16.round(((i * 53 % 97) as f32 - 48.0) / 16.0))
+            .collect();
+        for fmt in [
+            AWQ128,
+            Format {
+                method: Method::Gptq,
+                group_size: 64,
+                desc_act: true,
+            },
+        ] {
+            let p = quantize(&fmt, &w, n, k, DType::F16);
+            let mut l =
+                MarlinLinear::load(&rt, fmt, "l.o_proj", (n, k), Some(&p), DType::F16).unwrap();
+            let before = l.dequantized(DType::F16);
+            l.after_loading(&rt, DType::F16).unwrap();
+            let wq = l.dequantized(DType::F16);
+            assert_eq!(before, wq, "{fmt:?}: repacking keeps the weight");
+            let x = rt
+                .tensor_with_values("x", Category::Activation, &[m, k], DType::F16, xv.clone())
+                .unwrap();
+            // Two shards of 64 rows: each its own [m, 64] block.
+            let out = l.forward(&rt, &x, "o", DType::F16, &[64, 64]).unwrap();
+            for (s, r0) in [(0usize, 0usize), (1, 64)] {
+                for r in 0..m {
+                    for c in 0..64 {
+                        let acc: f64 = (0..k)
+                            .map(|i| xv[r * k + i] as f64 * wq[(r0 + c) * k + i] as f64)
+                            .sum();
+                        let got = out.f32()[s * m * 64 + r * 64 + c];
+                        assert!(
+                            (got - DType::F16.round(acc as f32)).abs()
+                                <= 2e-3 * (acc.abs() as f32).max(1.0),
+                            "{fmt:?} {r} {c}: {got} vs {acc}"
+                        );
+                    }
+                }
+            }
+            // And near the 16-bit product: 4-bit codes, within 10 % of the output's scale.
+            let exact: Vec<f32> = (0..n)
+                .map(|c| (0..k).map(|i| xv[i] * w[c * k + i]).sum())
+                .collect();
+            let num: f32 = (0..64).map(|c| (out.f32()[c] - exact[c]).powi(2)).sum();
+            let den: f32 = (0..64).map(|c| exact[c].powi(2)).sum();
+            assert!((num / den).sqrt() < 0.1, "{fmt:?}: {}", (num / den).sqrt());
+        }
+    }
+}
