@@ -429,35 +429,44 @@ fn the_gpu_sampler_matches_the_cpu_sampler() {
     assert!(same >= rows - 2, "{same} of {rows}");
 }
 
-/// vLLM's in-flight fp8 on the GPU: the codes from the GPU's quantization kernels and the
-/// cuBLASLt fp8 GEMM give the logits CPU compute mode gives on the same model.
+/// fp8 on the GPU against CPU compute mode on the same model: `(GPU fp8 vs CPU fp8, CPU fp8
+/// vs CPU fp16)`, relative L2 of the logits. The first is not held to fp16's 1e-2: Hopper's
+/// fp8 tensor cores accumulate with about 14 bits (see the one-linear test), and every
+/// activation quantized to e4m3 (3 mantissa bits) that lands on the other side of a rounding
+/// boundary moves a whole fp8 step; through the layers of a model with random weights these
+/// grow to a fraction of fp8's own distance from fp16. A wrong kernel (a shard, a scale, a
+/// layout) lands at fp8's distance or beyond; the bound is below it.
+fn gpu_vs_cpu_fp8(model: &str, tokens: usize, seqs: usize) -> (f64, f64) {
+    let gpu = logits(model, Quant::Fp8, "cuda:0", tokens, seqs, 0.0);
+    let cpu = logits(model, Quant::Fp8, "sim:h100-80gb", tokens, seqs, 0.0);
+    let cpu16 = logits(model, Quant::F16, "sim:h100-80gb", tokens, seqs, 0.0);
+    assert!(gpu.iter().all(|v| v.is_finite()));
+    let (e, q) = (relative_l2(&gpu, &cpu), relative_l2(&cpu, &cpu16));
+    eprintln!("{model} fp8: relative L2 GPU vs CPU {e:.3e}; fp8 vs fp16 on the CPU {q:.3e}");
+    (e, q)
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU of compute capability 8.9 or more"]
 fn fp8_logits_on_the_gpu_match_cpu_compute_mode_on_tiny() {
-    assert!(gpu_vs_cpu("preset:tiny", Quant::Fp8, 100, 3, 0.0) < 1e-2);
+    let (e, q) = gpu_vs_cpu_fp8("preset:tiny", 100, 3);
+    assert!(e < 0.75 * q, "{e} vs {q}");
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU of compute capability 8.9 or more"]
 fn fp8_logits_on_the_gpu_match_cpu_compute_mode_on_smollm2() {
-    assert!(gpu_vs_cpu("preset:smollm2-135m", Quant::Fp8, 96, 2, 0.0) < 1e-2);
+    let (e, q) = gpu_vs_cpu_fp8("preset:smollm2-135m", 96, 2);
+    assert!(e < 0.75 * q, "{e} vs {q}");
 }
 
 /// Llama-3-8B in fp8 on the GPU against CPU compute mode on the same quantized weights, and
 /// how far fp8 moves the logits from the 16-bit model's (reported).
 #[test]
-#[ignore = "needs an NVIDIA GPU of compute capability 8.9 or more, 40 GB of host memory"]
+#[ignore = "needs an NVIDIA GPU of compute capability 8.9 or more, 100 GB of host memory"]
 fn fp8_llama_3_8b_logits_on_the_gpu_match_cpu_compute_mode() {
-    let gpu = logits("preset:llama-3-8b", Quant::Fp8, "cuda:0", 16, 1, 0.0);
-    let cpu = logits("preset:llama-3-8b", Quant::Fp8, "sim:h100-80gb", 16, 1, 0.0);
-    let fp16 = logits("preset:llama-3-8b", Quant::F16, "cuda:0", 16, 1, 0.0);
-    let e = relative_l2(&gpu, &cpu);
-    let from_fp16 = relative_l2(&gpu, &fp16);
-    eprintln!("llama-3-8b fp8: relative L2 GPU vs CPU {e:.3e}, fp8 vs fp16 (GPU) {from_fp16:.3e}");
-    assert!(gpu.iter().all(|v| v.is_finite()));
-    assert!(e < 1e-2, "{e}");
-    // fp8 moves the logits, but not as far as noise: the 16-bit model's are the nearest.
-    assert!(from_fp16 > e && from_fp16 < 0.5, "{from_fp16}");
+    let (e, q) = gpu_vs_cpu_fp8("preset:llama-3-8b", 16, 1);
+    assert!(e < 0.75 * q, "{e} vs {q}");
 }
 
 /// Llama-3-8B's fp8 profile pass on the GPU allocates what the dry run allocates: the load
@@ -531,17 +540,21 @@ fn cuda_runtime() -> vramscope::engine::runtime::Runtime {
     )
 }
 
-/// One fp8 linear on the GPU against the host on the same values: the weight's codes and
-/// scale bit for bit (the GPU's `scaled_fp8_quant` kernels round as c10 does), and the
-/// cuBLASLt GEMM's output within one f16 rounding of the exact scaled product of the codes
-/// (the f32 accumulation order is cuBLASLt's own).
+/// One fused fp8 linear (three shards, as q/k/v) on the GPU against the host on the same
+/// values: the weight's codes and scale bit for bit (the GPU's `scaled_fp8_quant` kernels round
+/// as c10 does), and each output of the cuBLASLt GEMM within Hopper's fp8 accumulation of the
+/// exact scaled product of the codes. The fp8 tensor cores keep about 14 bits while they
+/// accumulate (cuBLASLt and CUTLASS promote to f32 every so many products; DeepSeek-V3's report,
+/// section 3.3.2), so an output's error is bounded by 2^-13 of the sum of its terms' magnitudes,
+/// not by its own size: a sum that cancels can be far off in its own ulps.
 #[test]
 #[ignore = "needs an NVIDIA GPU of compute capability 8.9 or more"]
-fn one_fp8_linear_on_the_gpu_equals_the_host_up_to_the_gemms_rounding() {
+fn one_fp8_linear_on_the_gpu_equals_the_host_within_fp8_accumulation() {
     use vramscope::engine::tensor::DType;
     use vramscope::memory::Category;
     use vramscope::quant::fp8::{self, Fp8Linear};
-    let (m, k, n) = (37, 256, 96);
+    let (m, k, rows) = (37, 256, [64usize, 16, 16]);
+    let n: usize = rows.iter().sum();
     let (w, x) = (f16_values(n * k, 1), f16_values(m * k, 2));
     let rt = cuda_runtime();
     let cuda = |f: &mut dyn FnMut(&mut vramscope::device::cuda::CudaDevice)| {
@@ -566,27 +579,36 @@ fn one_fp8_linear_on_the_gpu_equals_the_host_up_to_the_gemms_rounding() {
         .tensor("x", Category::Activation, &[m, k], DType::F16)
         .unwrap();
     cuda(&mut |c| c.upload_f32(&mut xt, &x).unwrap());
-    let out = lin.forward(&rt, &xt, "l", DType::F16, &[n]).unwrap();
+    let out = lin.forward(&rt, &xt, "l", DType::F16, &rows).unwrap();
     let mut got = Vec::new();
     cuda(&mut |c| got = c.download_f32(&out).unwrap());
     let xs = fp8::dynamic_scale(&x);
     let mut xc = vec![0u8; m * k];
     fp8::quantize_with_scale(&x, xs, &mut xc);
-    let mut worst = 0f64;
-    for r in 0..m {
-        for j in 0..n {
-            let acc: f64 = (0..k)
-                .map(|i| {
+    let (mut worst, mut worst_own, mut block, mut j0) = (0f64, 0f64, 0usize, 0usize);
+    for &rn in &rows {
+        for r in 0..m {
+            for jj in 0..rn {
+                let j = j0 + jj;
+                let terms = (0..k).map(|i| {
                     fp8::decode(xc[r * k + i]) as f64 * fp8::decode(host_codes[j * k + i]) as f64
-                })
-                .sum();
-            let exact = xs as f64 * host_scale as f64 * acc;
-            let ulp =
-                (half::f16::from_f64(exact.abs()).to_f64() * 2f64.powi(-10)).max(2f64.powi(-24));
-            worst = worst.max((got[r * n + j] as f64 - exact).abs() / ulp);
+                });
+                let (acc, mag) = terms.fold((0f64, 0f64), |(a, g), t| (a + t, g + t.abs()));
+                let s = xs as f64 * host_scale as f64;
+                let exact = s * acc;
+                let ulp = (exact.abs() * 2f64.powi(-10)).max(2f64.powi(-24));
+                // Shard blocks: `[m, rn]` each, one after the other.
+                let e = (got[block + r * rn + jj] as f64 - exact).abs();
+                worst = worst.max(e / (s * mag * 2f64.powi(-13) + ulp));
+                worst_own = worst_own.max(e / ulp);
+            }
         }
+        block += m * rn;
+        j0 += rn;
     }
-    eprintln!("fp8 linear on the GPU: worst error {worst:.3} f16 ulps of the exact product");
+    eprintln!(
+        "fp8 linear on the GPU: worst error {worst:.3} of the accumulation bound ({worst_own:.1} f16 ulps of the output itself)"
+    );
     assert!(worst <= 1.0, "{worst}");
 }
 
@@ -653,9 +675,11 @@ fn gen_fp8(preset: &str, dir: &std::path::Path) {
     vramscope::model::gen_model_fp8(preset, dir, &opts, false).unwrap();
 }
 
-/// The stored checkpoint loads its codes onto the GPU and requantizes them there: the logits
-/// equal the in-flight path's on the GPU (same codes, same scales), and CPU compute mode's on
-/// the same checkpoint within the fp8 rounding-flip distance of the in-flight tests.
+/// The stored checkpoint loads its codes onto the GPU and requantizes them there: its logits
+/// against CPU compute mode's on the same checkpoint land where the in-flight path's do
+/// (`fp8_logits_on_the_gpu_match_cpu_compute_mode_on_tiny`), and its distance from the
+/// in-flight path on the GPU is the CPU's (gen-model's codes come from the f32 values, the
+/// in-flight ones from the f16 weights: tests/fp8.rs measures 7.8e-2 on the host).
 #[test]
 #[ignore = "needs an NVIDIA GPU of compute capability 8.9 or more"]
 fn a_stored_fp8_checkpoint_on_the_gpu_gives_the_in_flight_logits() {
@@ -667,8 +691,8 @@ fn a_stored_fp8_checkpoint_on_the_gpu_gives_the_in_flight_logits() {
     let e_flight = relative_l2(&stored, &in_flight);
     let e_cpu = relative_l2(&stored, &cpu);
     eprintln!("stored fp8 tiny on the GPU: vs in flight {e_flight:.3e}, vs CPU {e_cpu:.3e}");
-    assert_eq!(e_flight, 0.0);
     assert!(e_cpu < 0.1, "{e_cpu}");
+    assert!(e_flight > 0.0 && e_flight < 0.12, "{e_flight}");
 }
 
 /// Llama-3-8B stored in fp8: the GPU's load (codes uploaded, shards requantized on the
