@@ -595,6 +595,33 @@ pub(crate) mod tests {
         assert_eq!(quantize_scaled(f32::NAN, 1.0), 0x7E);
     }
 
+    /// FNV-1a 64, as scripts/fp8_reference.py computes it.
+    fn fnv1a64(bytes: impl IntoIterator<Item = u8>) -> u64 {
+        bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
+    /// PyTorch's own conversion, run once by scripts/fp8_reference.py (torch 2.11.0+cu130 on
+    /// the GPU machine's CPU, 2026-12-02, docs/gpu-runs.md run 46): every float16 value cast
+    /// to float32 then float8_e4m3fn, and every code decoded to float32 (NaN as 0x7FC00000).
+    #[test]
+    fn encode_and_decode_equal_pytorchs_on_every_f16_and_every_code() {
+        let codes = (0..=u16::MAX).map(|h| encode(half::f16::from_bits(h).to_f32()));
+        assert_eq!(fnv1a64(codes), 0xbd57_1fcb_cd35_1aa5);
+        let bits = (0..=255u8).flat_map(|c| {
+            let v = decode(c);
+            let b = if v.is_nan() { 0x7FC0_0000 } else { v.to_bits() };
+            b.to_le_bytes()
+        });
+        assert_eq!(fnv1a64(bits), 0xdad1_d9c5_0f74_9ca5);
+        let sample = [
+            0x0000, 0x0001, 0x1c00, 0x3c00, 0x5f00, 0x5f80, 0x7bff, 0x7c00, 0x7e00, 0xbc00,
+        ]
+        .map(|h: u16| encode(half::f16::from_bits(h).to_f32()));
+        assert_eq!(sample, [0, 0, 2, 56, 126, 127, 127, 127, 127, 184]);
+    }
+
     #[test]
     fn every_finite_code_round_trips() {
         for c in 0u8..=255 {
