@@ -469,6 +469,17 @@ fn fp8_llama_3_8b_logits_on_the_gpu_match_cpu_compute_mode() {
     assert!(e < 0.75 * q, "{e} vs {q}");
 }
 
+/// The allocations (size, op) of the load and the first pass: the KV cache's, whose size is
+/// each run's own budget, and those of the verify passes after it left out.
+fn load_and_pass_allocs(r: &vramscope::profile::Report) -> Vec<(u64, String)> {
+    r.events
+        .iter()
+        .filter(|e| e.kind == vramscope::memory::EventKind::Alloc && e.op != "kv_cache")
+        .take_while(|e| e.pass <= 1)
+        .map(|e| (e.bytes, e.op.clone()))
+        .collect()
+}
+
 /// Llama-3-8B's fp8 profile pass on the GPU allocates what the dry run allocates: the load
 /// (16-bit weights, then each layer's fp8 copy and scale, the 16-bit freed) and every
 /// `scaled_fp8_quant` / `cutlass_scaled_mm` of the pass, allocation for allocation.
@@ -501,15 +512,7 @@ fn fp8_llama_3_8b_gpu_trace_matches_the_dry_run() {
         );
         assert_eq!(g.peak_allocated, d.peak_allocated);
     }
-    let allocs = |r: &vramscope::profile::Report| {
-        r.events
-            .iter()
-            .filter(|e| e.kind == vramscope::memory::EventKind::Alloc && e.op != "kv_cache")
-            .take_while(|e| e.pass <= 1)
-            .map(|e| (e.bytes, e.op.clone()))
-            .collect::<Vec<_>>()
-    };
-    let (g, d) = (allocs(&gpu), allocs(&dry));
+    let (g, d) = (load_and_pass_allocs(&gpu), load_and_pass_allocs(&dry));
     eprintln!("fp8 llama-3-8b: {} allocations", g.len());
     assert_eq!(g, d);
 }
@@ -725,13 +728,5 @@ fn stored_fp8_llama_3_8b_gpu_trace_matches_the_dry_run() {
     );
     assert_eq!(gpu.weights_bytes, dry.weights_bytes);
     assert_eq!(gpu.passes[0].peak_allocated, dry.passes[0].peak_allocated);
-    let allocs = |r: &vramscope::profile::Report| {
-        r.events
-            .iter()
-            .filter(|e| e.kind == vramscope::memory::EventKind::Alloc && e.op != "kv_cache")
-            .take_while(|e| e.pass <= 1)
-            .map(|e| (e.bytes, e.op.clone()))
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(allocs(&gpu), allocs(&dry));
+    assert_eq!(load_and_pass_allocs(&gpu), load_and_pass_allocs(&dry));
 }

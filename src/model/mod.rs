@@ -867,12 +867,7 @@ fn is_projection(name: &str) -> bool {
 /// Writes a preset with seeded synthetic weights: one file or `shards` files with an index,
 /// 16/32-bit or as a bitsandbytes 8-bit checkpoint.
 pub fn gen_model_with(preset: &str, dir: &Path, opts: &GenOptions) -> Result<ModelFiles> {
-    let config = presets::preset(preset).ok_or_else(|| {
-        Error::Request(format!(
-            "model preset '{preset}' is unknown; presets: {}",
-            presets::PRESET_NAMES.join(", ")
-        ))
-    })?;
+    let config = preset_config(preset)?;
     gen_model_config(&config, preset, dir, opts)
 }
 
@@ -887,6 +882,16 @@ pub fn gen_model_config(
     gen_model_config_with(config, seed_name, dir, opts, None)
 }
 
+/// A preset's shape for `gen-model`, or the error naming the presets.
+fn preset_config(preset: &str) -> Result<ModelConfig> {
+    presets::preset(preset).ok_or_else(|| {
+        Error::Request(format!(
+            "model preset '{preset}' is unknown; presets: {}",
+            presets::PRESET_NAMES.join(", ")
+        ))
+    })
+}
+
 /// `gen_model_with` writing a pre-quantized bitsandbytes 4-bit checkpoint, as transformers
 /// saves one (`Linear4bit._save_to_state_dict`, `quantization_config.load_in_4bit`): each
 /// linear's packed codes and quant state; embeddings, norms and lm_head in `opts.dtype`.
@@ -896,12 +901,7 @@ pub fn gen_model_bnb4(
     opts: &GenOptions,
     bnb4: Bnb4Gen,
 ) -> Result<ModelFiles> {
-    let config = presets::preset(preset).ok_or_else(|| {
-        Error::Request(format!(
-            "model preset '{preset}' is unknown; presets: {}",
-            presets::PRESET_NAMES.join(", ")
-        ))
-    })?;
+    let config = preset_config(preset)?;
     gen_model_config_with(&config, preset, dir, opts, Some(bnb4))
 }
 
@@ -918,12 +918,7 @@ pub fn gen_model_fp8(
     opts: &GenOptions,
     static_activations: bool,
 ) -> Result<ModelFiles> {
-    let config = presets::preset(preset).ok_or_else(|| {
-        Error::Request(format!(
-            "model preset '{preset}' is unknown; presets: {}",
-            presets::PRESET_NAMES.join(", ")
-        ))
-    })?;
+    let config = preset_config(preset)?;
     gen_model_inner(
         &config,
         preset,
@@ -946,12 +941,7 @@ pub fn gen_model_packed4(
     opts: &GenOptions,
     fmt: crate::quant::marlin::Format,
 ) -> Result<ModelFiles> {
-    let config = presets::preset(preset).ok_or_else(|| {
-        Error::Request(format!(
-            "model preset '{preset}' is unknown; presets: {}",
-            presets::PRESET_NAMES.join(", ")
-        ))
-    })?;
+    let config = preset_config(preset)?;
     gen_model_inner(&config, preset, dir, opts, None, None, Some(fmt))
 }
 
