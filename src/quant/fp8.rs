@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use crate::base::error::{Error, Result};
-use crate::device::{cpu, Backend};
+use crate::device::Backend;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
@@ -412,44 +412,19 @@ impl Fp8Linear {
         act: DType,
         rows: &[usize],
     ) -> Result<()> {
-        const CHUNK: usize = 256;
         let (m, k) = (qinput.rows(), qinput.cols());
         let lut = table();
         let xv: Vec<f32> = qinput.u8().iter().map(|&c| lut[c as usize]).collect();
         let w = self.qweight.u8();
         let ws = self.weight_scale_value;
-        let cancel = rt.cancel_flag();
-        let o = out.f32_mut();
-        let (mut r0, mut block) = (0, 0);
-        let mut wbuf = vec![0f32; CHUNK * k];
-        let mut acc = vec![0f32; m * CHUNK];
-        for &shard in rows {
-            let mut c0 = 0;
-            while c0 < shard {
-                let c = CHUNK.min(shard - c0);
-                let first = (r0 + c0) * k;
-                for (d, &code) in wbuf[..c * k].iter_mut().zip(&w[first..first + c * k]) {
-                    *d = lut[code as usize];
-                }
-                cpu::matmul_nt_cancellable(
-                    &xv,
-                    &wbuf[..c * k],
-                    &mut acc[..m * c],
-                    (m, k, c),
-                    &cancel,
-                )?;
-                for r in 0..m {
-                    let dst = &mut o[block + r * shard + c0..block + r * shard + c0 + c];
-                    for (d, &a) in dst.iter_mut().zip(&acc[r * c..(r + 1) * c]) {
-                        *d = act.round(x_scale * (ws * a));
-                    }
-                }
-                c0 += c;
+        let decode = |r: std::ops::Range<usize>, buf: &mut [f32]| {
+            for (d, &code) in buf.iter_mut().zip(&w[r.start * k..r.end * k]) {
+                *d = lut[code as usize];
             }
-            r0 += shard;
-            block += m * shard;
-        }
-        Ok(())
+        };
+        super::host_decoded_matmul(rt, &xv, (m, k), rows, out.f32_mut(), decode, |a| {
+            act.round(x_scale * (ws * a))
+        })
     }
 }
 

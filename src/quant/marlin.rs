@@ -9,7 +9,7 @@
 //! it ours), which is what the CPU forward dequantizes.
 
 use crate::base::error::{Error, Result};
-use crate::device::{cpu, Backend};
+use crate::device::Backend;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Storage, Tensor};
 use crate::memory::Category;
@@ -653,49 +653,25 @@ impl MarlinLinear {
         act: DType,
         rows: &[usize],
     ) -> Result<()> {
-        const CHUNK: usize = 256;
         let (m, k, n) = (x.rows(), self.in_features, self.out_features);
         let g_idx = self.host_g_idx();
         let zeros: &[i32] = self.qzeros.as_ref().map_or(&[], |t| t.i32());
-        let cancel = rt.cancel_flag();
-        let o = out.f32_mut();
-        let mut wbuf = vec![0f32; CHUNK * k];
-        let mut acc = vec![0f32; m * CHUNK];
-        let (mut r0, mut block) = (0, 0);
-        for &shard in rows {
-            let mut c0 = 0;
-            while c0 < shard {
-                let c = CHUNK.min(shard - c0);
-                dequantize_rows(
-                    &self.fmt,
-                    self.qweight.i32(),
-                    zeros,
-                    self.scales.f32(),
-                    g_idx.as_deref(),
-                    (n, k),
-                    (r0 + c0, r0 + c0 + c),
-                    act,
-                    &mut wbuf[..c * k],
-                );
-                cpu::matmul_nt_cancellable(
-                    x.f32(),
-                    &wbuf[..c * k],
-                    &mut acc[..m * c],
-                    (m, k, c),
-                    &cancel,
-                )?;
-                for r in 0..m {
-                    let dst = &mut o[block + r * shard + c0..block + r * shard + c0 + c];
-                    for (d, &a) in dst.iter_mut().zip(&acc[r * c..(r + 1) * c]) {
-                        *d = act.round(a);
-                    }
-                }
-                c0 += c;
-            }
-            r0 += shard;
-            block += m * shard;
-        }
-        Ok(())
+        let decode = |r: std::ops::Range<usize>, buf: &mut [f32]| {
+            dequantize_rows(
+                &self.fmt,
+                self.qweight.i32(),
+                zeros,
+                self.scales.f32(),
+                g_idx.as_deref(),
+                (n, k),
+                (r.start, r.end),
+                act,
+                buf,
+            )
+        };
+        super::host_decoded_matmul(rt, x.f32(), (m, k), rows, out.f32_mut(), decode, |a| {
+            act.round(a)
+        })
     }
 
     /// The whole `[n, k]` weight as the forward dequantizes it (compute mode; for tests and

@@ -323,6 +323,45 @@ impl FusedLinear {
 
 /// The per-shard loop of vLLM's bitsandbytes linear method: `bf_x = x.to(bf16)`;
 /// `out = empty(T, Σ nᵢ)` (fp16 for 8-bit, bf16 for 4-bit); each shard's matmul result copied
+
+/// A weight decoded on the host a run of output rows at a time (`decode(r0..r1, buf)` fills
+/// rows `r0..r1` of the `[n, k]` weight as f32), multiplied with `x [m, k]` in f32, and each
+/// product passed through `epilogue` into `out`, which holds each shard's columns as one
+/// contiguous `[m, rows[i]]` block (as `FusedLinear` lays it out). The host side of the
+/// formats whose weights are not kept as f32 (fp8, AWQ/GPTQ).
+pub(crate) fn host_decoded_matmul(
+    rt: &Runtime,
+    x: &[f32],
+    (m, k): (usize, usize),
+    rows: &[usize],
+    out: &mut [f32],
+    mut decode: impl FnMut(std::ops::Range<usize>, &mut [f32]),
+    epilogue: impl Fn(f32) -> f32,
+) -> Result<()> {
+    const CHUNK: usize = 256;
+    let cancel = rt.cancel_flag();
+    let mut wbuf = vec![0f32; CHUNK * k];
+    let mut acc = vec![0f32; m * CHUNK];
+    let (mut r0, mut block) = (0, 0);
+    for &shard in rows {
+        let mut c0 = 0;
+        while c0 < shard {
+            let c = CHUNK.min(shard - c0);
+            decode(r0 + c0..r0 + c0 + c, &mut wbuf[..c * k]);
+            cpu::matmul_nt_cancellable(x, &wbuf[..c * k], &mut acc[..m * c], (m, k, c), &cancel)?;
+            for r in 0..m {
+                let dst = &mut out[block + r * shard + c0..block + r * shard + c0 + c];
+                for (d, &a) in dst.iter_mut().zip(&acc[r * c..(r + 1) * c]) {
+                    *d = epilogue(a);
+                }
+            }
+            c0 += c;
+        }
+        r0 += shard;
+        block += m * shard;
+    }
+    Ok(())
+}
 /// into its columns of `out` and freed; `out.to(x.dtype)`.
 fn shard_loop(
     rt: &Runtime,
