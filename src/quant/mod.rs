@@ -321,9 +321,6 @@ impl FusedLinear {
     }
 }
 
-/// The per-shard loop of vLLM's bitsandbytes linear method: `bf_x = x.to(bf16)`;
-/// `out = empty(T, Σ nᵢ)` (fp16 for 8-bit, bf16 for 4-bit); each shard's matmul result copied
-
 /// A weight decoded on the host a run of output rows at a time (`decode(r0..r1, buf)` fills
 /// rows `r0..r1` of the `[n, k]` weight as f32), multiplied with `x [m, k]` in f32, and each
 /// product passed through `epilogue` into `out`, which holds each shard's columns as one
@@ -362,6 +359,9 @@ pub(crate) fn host_decoded_matmul(
     }
     Ok(())
 }
+
+/// The per-shard loop of vLLM's bitsandbytes linear method: `bf_x = x.to(bf16)`;
+/// `out = empty(T, Σ nᵢ)` (fp16 for 8-bit, bf16 for 4-bit); each shard's matmul result copied
 /// into its columns of `out` and freed; `out.to(x.dtype)`.
 fn shard_loop(
     rt: &Runtime,
