@@ -757,14 +757,9 @@ fn quantization_configs_vllm_does_not_run_on_marlin_are_refused_naming_the_key()
 }
 
 #[test]
-fn awq_on_a_cuda_device_turing_or_another_release_is_refused_in_one_line() {
+fn awq_on_turing_or_another_release_is_refused_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
     gen(dir.path(), &["--awq"]);
-    let e = refused(dir.path(), "cuda:0");
-    assert!(
-        e.contains("CUDA device") && e.contains("gptq_marlin_gemm"),
-        "{e}"
-    );
     let e = refused(dir.path(), "sim:t4:dry");
     assert!(e.contains("T4") && e.contains("8.0"), "{e}");
     let out = vramscope(&[

@@ -730,3 +730,183 @@ fn stored_fp8_llama_3_8b_gpu_trace_matches_the_dry_run() {
     assert_eq!(gpu.passes[0].peak_allocated, dry.passes[0].peak_allocated);
     assert_eq!(load_and_pass_allocs(&gpu), load_and_pass_allocs(&dry));
 }
+
+/// One AWQ or GPTQ linear (three shards, as q/k/v) loaded, repacked and multiplied on the GPU
+/// by the fused 4-bit kernel against the exact product of the host's dequantized weight (the
+/// format's own rule, `MarlinLinear::dequantized`): every output within one rounding of the
+/// 16-bit output plus f32 accumulation (2^-14 of the sum of its terms' magnitudes). Shards of
+/// 192 (one full and one partial 128-column tile) and 32, rows across three 128-row tiles, act
+/// order and one group over all inputs included.
+#[test]
+#[ignore = "needs an NVIDIA GPU of compute capability 8.0 or more"]
+fn one_awq_or_gptq_linear_on_the_gpu_equals_the_formats_dequantized_product() {
+    use vramscope::engine::runtime::Runtime;
+    use vramscope::engine::tensor::DType;
+    use vramscope::memory::Category;
+    use vramscope::quant::marlin::{self, Format, MarlinLinear, Method};
+    let (k, rows) = (256usize, [192usize, 32, 32]);
+    let n: usize = rows.iter().sum();
+    let host = Runtime::new(
+        Device::open(&DeviceSpec::parse("sim:h100-80gb").unwrap()).unwrap(),
+        Arc::new(AtomicBool::new(false)),
+        None,
+    );
+    let rt = cuda_runtime();
+    let cases = [
+        (Method::Awq, 64, false, DType::F16, 300),
+        (Method::Awq, -1, false, DType::BF16, 37),
+        (Method::Gptq, 32, true, DType::F16, 300),
+        (Method::Gptq, 64, false, DType::BF16, 129),
+    ];
+    for (method, group_size, desc_act, act, m) in cases {
+        let fmt = Format {
+            method,
+            group_size,
+            desc_act,
+        };
+        let w: Vec<f32> = f16_values(n * k, 3).iter().map(|v| v * 0.05).collect();
+        let x: Vec<f32> = f16_values(m * k, 4)
+            .iter()
+            .map(|&v| act.round(v * 0.5))
+            .collect();
+        let parts = marlin::quantize(&fmt, &w, n, k, act);
+        let load = |rt: &Runtime| {
+            let mut l = MarlinLinear::load(rt, fmt, "l", (n, k), Some(&parts), act).unwrap();
+            l.after_loading(rt, act).unwrap();
+            l
+        };
+        let wq = load(&host).dequantized(act);
+        let lin = load(&rt);
+        let mut xt = rt.tensor("x", Category::Activation, &[m, k], act).unwrap();
+        rt.with_device(|d| d.cuda().unwrap().upload_f32(&mut xt, &x))
+            .unwrap();
+        let out = lin.forward(&rt, &xt, "l", act, &rows).unwrap();
+        let got = rt
+            .with_device(|d| d.cuda().unwrap().download_f32(&out))
+            .unwrap();
+        let ulp = if act == DType::BF16 { -7 } else { -10 };
+        let (mut worst, mut block, mut j0) = (0f64, 0usize, 0usize);
+        for &rn in &rows {
+            for r in 0..m {
+                for jj in 0..rn {
+                    let j = j0 + jj;
+                    let (acc, mag) = (0..k)
+                        .map(|i| x[r * k + i] as f64 * wq[j * k + i] as f64)
+                        .fold((0f64, 0f64), |(a, g), t| (a + t, g + t.abs()));
+                    let bound = acc.abs() * 2f64.powi(ulp) + mag * 2f64.powi(-14) + 1e-30;
+                    let e = (got[block + r * rn + jj] as f64 - acc).abs();
+                    worst = worst.max(e / bound);
+                }
+            }
+            block += m * rn;
+            j0 += rn;
+        }
+        eprintln!(
+            "{} group {group_size} act-order {desc_act} {} m {m}: worst error {worst:.3} of the bound",
+            method.name(),
+            act.name()
+        );
+        assert!(worst <= 1.0, "{worst}");
+    }
+}
+
+/// `gen_model_packed4` of a preset into `dir`: AWQ with groups of `group` (GPTQ with act-order
+/// when `gptq`).
+fn gen_packed4(preset: &str, dir: &std::path::Path, gptq: bool, group: i64) {
+    use vramscope::quant::marlin::{Format, Method};
+    let opts = vramscope::model::GenOptions {
+        dtype: vramscope::model::weights::StoredDtype::F16,
+        seed: 0,
+        shards: 1,
+        bnb_int8: false,
+    };
+    let fmt = Format {
+        method: if gptq { Method::Gptq } else { Method::Awq },
+        group_size: group,
+        desc_act: gptq,
+    };
+    vramscope::model::gen_model_packed4(preset, dir, &opts, fmt).unwrap();
+}
+
+/// A 4-bit checkpoint's logits on the GPU against CPU compute mode on the same checkpoint
+/// (both dequantize by the format's rule to the same 16-bit values; only the order of the f32
+/// sums differs), and the CPU's distance from the preset's 16-bit model (reported).
+fn packed4_gpu_vs_cpu(preset: &str, gptq: bool, group: i64, tokens: usize, seqs: usize) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    gen_packed4(preset, dir.path(), gptq, group);
+    let model = dir.path().join("config.json");
+    let model = model.to_str().unwrap();
+    let gpu = logits(model, Quant::F16, "cuda:0", tokens, seqs, 0.0);
+    let cpu = logits(model, Quant::F16, "sim:h100-80gb", tokens, seqs, 0.0);
+    let cpu16 = logits(
+        &format!("preset:{preset}"),
+        Quant::F16,
+        "sim:h100-80gb",
+        tokens,
+        seqs,
+        0.0,
+    );
+    assert!(gpu.iter().all(|v| v.is_finite()));
+    let (e, q) = (relative_l2(&gpu, &cpu), relative_l2(&cpu, &cpu16));
+    eprintln!(
+        "{preset} {} group {group}: relative L2 GPU vs CPU {e:.3e}; 4-bit vs fp16 on the CPU {q:.3e}",
+        if gptq { "gptq act-order" } else { "awq" }
+    );
+    e
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU of compute capability 8.0 or more"]
+fn awq_and_gptq_logits_on_the_gpu_match_cpu_compute_mode_on_tiny() {
+    assert!(packed4_gpu_vs_cpu("tiny", false, 64, 100, 3) < 1e-2);
+    assert!(packed4_gpu_vs_cpu("tiny", true, 32, 100, 3) < 1e-2);
+}
+
+/// Llama-3-8B as an AWQ checkpoint (groups of 128, as AutoAWQ's default): the GPU's load
+/// (stored words uploaded, Marlin's repack allocations) and profile pass allocate what the dry
+/// run allocates, and its logits match CPU compute mode.
+#[test]
+#[ignore = "needs an NVIDIA GPU of compute capability 8.0 or more with 40 GB free, 100 GB of host memory, 10 GB of disk"]
+fn awq_llama_3_8b_on_the_gpu_matches_the_dry_run_and_cpu_compute_mode() {
+    // `AWQ_8B_DIR`: a checkpoint `gen-model llama-3-8b DIR --awq` already wrote (the device
+    // run times and benches it too).
+    let dir = tempfile::tempdir().unwrap();
+    let model = match std::env::var("AWQ_8B_DIR") {
+        Ok(d) => std::path::PathBuf::from(d).join("config.json"),
+        Err(_) => {
+            gen_packed4("llama-3-8b", dir.path(), false, 128);
+            dir.path().join("config.json")
+        }
+    };
+    let run = |device: &str| {
+        let req = ProfileRequest {
+            model: ModelSource::parse(model.to_str().unwrap()).unwrap(),
+            device: DeviceSpec::parse(device).unwrap(),
+            passes: 1,
+            verify: false,
+            ..ProfileRequest::default()
+        };
+        profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap()
+    };
+    let gpu = run("cuda:0");
+    let dry = run("sim:h200-141gb:dry");
+    eprintln!(
+        "awq llama-3-8b: weights GPU {} dry {}; pass peak GPU {} dry {}",
+        gpu.weights_bytes,
+        dry.weights_bytes,
+        gpu.passes[0].peak_allocated,
+        dry.passes[0].peak_allocated
+    );
+    assert_eq!(gpu.weights_bytes, dry.weights_bytes);
+    assert_eq!(gpu.passes[0].peak_allocated, dry.passes[0].peak_allocated);
+    let (g, d) = (load_and_pass_allocs(&gpu), load_and_pass_allocs(&dry));
+    eprintln!("awq llama-3-8b: {} allocations", g.len());
+    assert_eq!(g, d);
+    let m = model.to_str().unwrap();
+    let gl = logits(m, Quant::F16, "cuda:0", 16, 1, 0.0);
+    let cl = logits(m, Quant::F16, "sim:h100-80gb", 16, 1, 0.0);
+    let c16 = logits("preset:llama-3-8b", Quant::F16, "sim:h100-80gb", 16, 1, 0.0);
+    let (e, q) = (relative_l2(&gl, &cl), relative_l2(&cl, &c16));
+    eprintln!("awq llama-3-8b: relative L2 GPU vs CPU {e:.3e}; AWQ vs fp16 on the CPU {q:.3e}");
+    assert!(e < 1e-2, "{e}");
+}

@@ -286,6 +286,12 @@ pub fn upload_i8(rt: &Runtime, t: &mut Tensor, data: &[i8]) -> Result<()> {
     cuda(rt, |c| c.upload_bytes(t, bytes))
 }
 
+pub fn upload_i32(rt: &Runtime, t: &mut Tensor, data: &[i32]) -> Result<()> {
+    // SAFETY: i32 has no padding; the byte view covers exactly `data`.
+    let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), data.len() * 4) };
+    cuda(rt, |c| c.upload_bytes(t, bytes))
+}
+
 pub fn upload_u8(rt: &Runtime, t: &mut Tensor, data: &[u8]) -> Result<()> {
     cuda(rt, |c| c.upload_bytes(t, data))
 }

@@ -654,10 +654,40 @@ impl LazyTensor<'_> {
 
     /// The weight's AWQ / GPTQ tensors, quantized round-to-nearest from the stored values
     /// (scales in f16, as AutoAWQ and AutoGPTQ store them).
-    fn packed4_parts(&self, fmt: crate::quant::marlin::Format) -> crate::quant::marlin::Parts {
+    /// The tensors of one weight are written one after the other, so the last weight's parts
+    /// are kept (per writing thread) rather than made again for each tensor.
+    fn packed4_parts(
+        &self,
+        fmt: crate::quant::marlin::Format,
+    ) -> std::rc::Rc<crate::quant::marlin::Parts> {
+        use crate::quant::marlin::{Format, Parts};
+        use std::rc::Rc;
+        thread_local! {
+            static LAST: std::cell::RefCell<Option<(String, Format, Rc<Parts>)>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        let key = format!(
+            "{}/{:?}/{}/{:?}",
+            self.source, self.shape, self.gen.seed, self.gen.dtype
+        );
+        if let Some(p) = LAST.with_borrow(|l| {
+            l.as_ref()
+                .filter(|(s, f, _)| *s == key && *f == fmt)
+                .map(|(_, _, p)| p.clone())
+        }) {
+            return p;
+        }
         let (n, k) = (self.shape[0], self.shape[1]);
         let w = self.gen.generate(&self.source, n * k);
-        crate::quant::marlin::quantize(&fmt, &w, n, k, crate::engine::tensor::DType::F16)
+        let p = Rc::new(crate::quant::marlin::quantize(
+            &fmt,
+            &w,
+            n,
+            k,
+            crate::engine::tensor::DType::F16,
+        ));
+        LAST.with_borrow_mut(|l| *l = Some((key, fmt, p.clone())));
+        p
     }
 
     /// The weight's 4-bit form, as `quantize_4bit` makes it from the stored 16-bit values.

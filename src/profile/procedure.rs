@@ -558,8 +558,9 @@ fn check_fp8(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
     }
 }
 
-/// What an AWQ / GPTQ checkpoint is reproduced for: vLLM 0.6.4's Marlin path on a simulated
-/// GPU that runs it (`marlin::check_gpu`), one GPU, the Llama-family models whose layers the
+/// What an AWQ / GPTQ checkpoint is reproduced for: vLLM 0.6.4's Marlin path on a GPU that
+/// runs it (`marlin::check_gpu`: a simulated one's preset here, a CUDA device's own
+/// capability when it loads), one GPU, the Llama-family models whose layers the
 /// checkpoint stores apart, activations in fp16 or bf16. Each refusal says which and why.
 fn check_packed4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
     use crate::quant::marlin;
@@ -598,7 +599,8 @@ fn check_packed4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
         )));
     }
     match &req.device {
-        DeviceSpec::Cuda { .. } => return Err(marlin::cuda_refused()),
+        // A CUDA device checks its own capability when the first layer loads.
+        DeviceSpec::Cuda { .. } => {}
         DeviceSpec::Sim { preset, .. } => {
             if let Some(p) = crate::device::presets::find(preset) {
                 let (h, i) = (c.hidden_size, c.intermediate_size);

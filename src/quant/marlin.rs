@@ -5,8 +5,9 @@
 //! `process_weights_after_loading` with that step's allocations, and the forward's.
 //!
 //! The repacked tensors are allocated as vLLM allocates them (shape, dtype, order); the host
-//! keeps the checkpoint's own layout inside them (the allocation is vLLM's, the layout inside
-//! it ours), which is what the CPU forward dequantizes.
+//! and the GPU keep the checkpoint's own layout inside them (the allocation is vLLM's, the
+//! layout inside it ours), which is what the CPU forward and the GPU's fused 4-bit kernel
+//! (`device::cuda::w4`) dequantize.
 
 use crate::base::error::{Error, Result};
 use crate::device::Backend;
@@ -245,6 +246,7 @@ fn act_order(k: usize) -> Vec<usize> {
 /// `Quantizer` (symmetric) compute codes, then packed as they pack them. Scales are stored in
 /// `scale_dtype`; each code is taken against the stored scale.
 pub fn quantize(fmt: &Format, w: &[f32], n: usize, k: usize, scale_dtype: DType) -> Parts {
+    use rayon::prelude::*;
     let g = fmt.group(k);
     let groups = k / g;
     // Input features of each group: in order, or act-order's permutation.
@@ -253,49 +255,63 @@ pub fn quantize(fmt: &Format, w: &[f32], n: usize, k: usize, scale_dtype: DType)
     } else {
         (0..k).collect()
     };
-    let mut codes = vec![0u8; n * k];
-    let mut zeros = vec![0u8; n * groups];
-    let mut scales = vec![0f32; n * groups];
     let mut g_idx = vec![0i32; k];
     for (j, &i) in perm.iter().enumerate() {
         g_idx[i] = (j / g) as i32;
     }
-    for c in 0..n {
-        for grp in 0..groups {
-            let cols = &perm[grp * g..(grp + 1) * g];
-            let vals = cols.iter().map(|&i| w[c * k + i]);
-            let (lo, hi) = vals.fold((f32::MAX, f32::MIN), |(a, b), v| (a.min(v), b.max(v)));
-            let (s, z) = match fmt.method {
-                Method::Awq => {
-                    let s = scale_dtype.round(((hi - lo) / 15.0).max(1e-5));
-                    (s, (-(lo / s).round_ties_even()).clamp(0.0, 15.0))
-                }
-                Method::Gptq => {
-                    let m = lo.abs().max(hi.abs());
-                    let s = if m == 0.0 { 1.0 } else { 2.0 * m / 15.0 };
-                    (scale_dtype.round(s), 8.0)
-                }
-            };
+    // Each output feature's codes, and its (scale, zero) per group, on all cores.
+    let mut codes = vec![0u8; n * k];
+    let per_out: Vec<Vec<(f32, u8)>> = codes
+        .par_chunks_mut(k)
+        .enumerate()
+        .map(|(c, row)| {
+            let wr = &w[c * k..(c + 1) * k];
+            (0..groups)
+                .map(|grp| {
+                    let cols = &perm[grp * g..(grp + 1) * g];
+                    let (lo, hi) = cols
+                        .iter()
+                        .map(|&i| wr[i])
+                        .fold((f32::MAX, f32::MIN), |(a, b), v| (a.min(v), b.max(v)));
+                    let (s, z) = match fmt.method {
+                        Method::Awq => {
+                            let s = scale_dtype.round(((hi - lo) / 15.0).max(1e-5));
+                            (s, (-(lo / s).round_ties_even()).clamp(0.0, 15.0))
+                        }
+                        Method::Gptq => {
+                            let m = lo.abs().max(hi.abs());
+                            let s = if m == 0.0 { 1.0 } else { 2.0 * m / 15.0 };
+                            (scale_dtype.round(s), 8.0)
+                        }
+                    };
+                    for &i in cols {
+                        row[i] = ((wr[i] / s).round_ties_even() + z).clamp(0.0, 15.0) as u8;
+                    }
+                    (s, z as u8)
+                })
+                .collect()
+        })
+        .collect();
+    let mut zeros = vec![0u8; n * groups];
+    let mut scales = vec![0f32; n * groups];
+    for (c, sz) in per_out.iter().enumerate() {
+        for (grp, &(s, z)) in sz.iter().enumerate() {
             scales[grp * n + c] = s;
-            zeros[grp * n + c] = z as u8;
-            for &i in cols {
-                codes[c * k + i] =
-                    ((w[c * k + i] / s).round_ties_even() + z).clamp(0.0, 15.0) as u8;
-            }
+            zeros[grp * n + c] = z;
         }
     }
     let np = n / PACK;
-    let pack_awq = |rows: usize, at: &dyn Fn(usize, usize) -> u8| -> Vec<i32> {
+    let pack_awq = |rows: usize, at: &(dyn Fn(usize, usize) -> u8 + Sync)| -> Vec<i32> {
         let mut out = vec![0i32; rows * np];
-        for r in 0..rows {
-            for j in 0..np {
-                let mut word = 0u32;
+        out.par_chunks_mut(np).enumerate().for_each(|(r, words)| {
+            for (j, word) in words.iter_mut().enumerate() {
+                let mut v = 0u32;
                 for (nib, &col) in AWQ_ORDER.iter().enumerate() {
-                    word |= (at(r, j * PACK + col) as u32) << (4 * nib);
+                    v |= (at(r, j * PACK + col) as u32) << (4 * nib);
                 }
-                out[r * np + j] = word as i32;
+                *word = v as i32;
             }
-        }
+        });
         out
     };
     let (qweight, qzeros) = match fmt.method {
@@ -307,15 +323,15 @@ pub fn quantize(fmt: &Format, w: &[f32], n: usize, k: usize, scale_dtype: DType)
             // AutoGPTQ `QuantLinear.pack`: eight input rows a word, row `8·r + j` at bits
             // 4j; zeros stored minus one (v1 format) and packed along the output in order.
             let mut qw = vec![0i32; (k / PACK) * n];
-            for r in 0..k / PACK {
-                for c in 0..n {
-                    let mut word = 0u32;
+            qw.par_chunks_mut(n).enumerate().for_each(|(r, words)| {
+                for (c, word) in words.iter_mut().enumerate() {
+                    let mut v = 0u32;
                     for j in 0..PACK {
-                        word |= (codes[c * k + r * PACK + j] as u32) << (4 * j);
+                        v |= (codes[c * k + r * PACK + j] as u32) << (4 * j);
                     }
-                    qw[r * n + c] = word as i32;
+                    *word = v as i32;
                 }
-            }
+            });
             let mut qz = vec![0i32; groups * np];
             for grp in 0..groups {
                 for j in 0..np {
@@ -383,6 +399,9 @@ impl MarlinLinear {
         act: DType,
     ) -> Result<Self> {
         rt.set_op("load");
+        if rt.backend() == Backend::Cuda {
+            crate::engine::ops::cuda(rt, |c| check_gpu(&fmt, c.arch(), &c.info().name, &[(n, k)]))?;
+        }
         let groups = fmt.groups(k);
         let w = |name: &str, shape: &[usize], dtype| {
             rt.tensor(format!("{base}.{name}"), Category::Weight, shape, dtype)
@@ -404,8 +423,14 @@ impl MarlinLinear {
             if let (Some(t), Some(v)) = (&mut g_idx, &p.g_idx) {
                 fill_i32(t, v);
             }
-        } else if parts.is_some() && rt.backend() == Backend::Cuda {
-            return Err(cuda_refused());
+        } else if let (Some(p), Backend::Cuda) = (parts, rt.backend()) {
+            use crate::engine::ops::{upload_f32, upload_i32};
+            upload_i32(rt, &mut qweight, &p.qweight)?;
+            upload_i32(rt, &mut qzeros, &p.qzeros)?;
+            upload_f32(rt, &mut scales, &p.scales)?;
+            if let (Some(t), Some(v)) = (&mut g_idx, &p.g_idx) {
+                upload_i32(rt, t, v)?;
+            }
         }
         Ok(MarlinLinear {
             fmt,
@@ -468,9 +493,6 @@ impl MarlinLinear {
         if self.workspace.is_some() {
             return Ok(());
         }
-        if rt.backend() == Backend::Cuda {
-            return Err(cuda_refused());
-        }
         let (n, k) = (self.out_features, self.in_features);
         let groups = self.fmt.groups(k);
         let base = self.base();
@@ -488,7 +510,7 @@ impl MarlinLinear {
             Method::Awq => {
                 rt.set_op("marlin.awq_marlin_repack");
                 let mut q = t("repacked", &repacked_shape, DType::I32)?;
-                move_i32(&self.qweight, &mut q);
+                move_words(rt, &self.qweight, &mut q)?;
                 self.qweight = q;
                 rt.set_op("marlin.permute_scales");
                 let s = self.permuted_scales(rt, &base, scale_perm_len, act)?;
@@ -510,7 +532,7 @@ impl MarlinLinear {
                 drop(interleaved);
                 drop(uninterleaved);
                 if let Some(old) = self.qzeros.take() {
-                    move_i32(&old, &mut zp);
+                    move_words(rt, &old, &mut zp)?;
                 }
                 self.qzeros = Some(zp);
             }
@@ -523,6 +545,11 @@ impl MarlinLinear {
                     let mut idx = t("g_idx_sort_indices", &[k], DType::I32)?;
                     drop(idx64);
                     let mut sorted = t("g_idx_sorted", &[k], DType::I32)?;
+                    // The GPU keeps the stored g_idx in the sorted one's allocation: its kernel
+                    // looks each input's group up directly.
+                    if let (Some(g), Backend::Cuda) = (&self.g_idx, rt.backend()) {
+                        move_words(rt, g, &mut sorted)?;
+                    }
                     if let (Some(g), Backend::Cpu) = (&self.g_idx, rt.backend()) {
                         let g = g.i32();
                         let mut order: Vec<usize> = (0..k).collect();
@@ -540,7 +567,7 @@ impl MarlinLinear {
                 self.qzeros = None;
                 rt.set_op("marlin.gptq_marlin_repack");
                 let mut q = t("repacked", &repacked_shape, DType::I32)?;
-                move_i32(&self.qweight, &mut q);
+                move_words(rt, &self.qweight, &mut q)?;
                 self.qweight = q;
                 rt.set_op("marlin.permute_scales");
                 let s = self.permuted_scales(rt, &base, scale_perm_len, act)?;
@@ -573,8 +600,10 @@ impl MarlinLinear {
             act,
         )?;
         drop(i);
-        if rt.backend() == Backend::Cpu {
-            s.f32_mut().copy_from_slice(self.scales.f32());
+        match rt.backend() {
+            Backend::Cpu => s.f32_mut().copy_from_slice(self.scales.f32()),
+            Backend::Cuda => crate::engine::ops::cuda(rt, |c| c.copy_bytes(&self.scales, &mut s))?,
+            Backend::Dry => {}
         }
         Ok(s)
     }
@@ -605,9 +634,6 @@ impl MarlinLinear {
                 self.in_features
             )));
         }
-        if rt.backend() == Backend::Cuda {
-            return Err(cuda_refused());
-        }
         if self.workspace.is_none() {
             return Err(Error::Request(format!(
                 "{name}: the {} weight {} was not repacked for Marlin (process_weights_after_loading did not run)",
@@ -625,8 +651,22 @@ impl MarlinLinear {
             &[reduce_max_m(m), n],
             DType::F32,
         )?;
-        if rt.backend() == Backend::Cpu {
-            self.cpu_gemm(rt, x, &mut out, act, rows)?;
+        match rt.backend() {
+            Backend::Cpu => self.cpu_gemm(rt, x, &mut out, act, rows)?,
+            Backend::Cuda => {
+                let w = crate::device::cuda::W4Weights {
+                    awq: self.fmt.method == Method::Awq,
+                    qweight: &self.qweight,
+                    qzeros: self.qzeros.as_deref(),
+                    scales: &self.scales,
+                    g_idx: self.g_idx.as_deref().filter(|_| self.fmt.desc_act),
+                    group: self.fmt.group(k),
+                    n,
+                    k,
+                };
+                crate::engine::ops::cuda(rt, |c| c.w4_gemm(x, &w, &mut out, rows))?
+            }
+            Backend::Dry => {}
         }
         drop(c_tmp);
         drop(a_tmp);
@@ -703,12 +743,18 @@ impl MarlinLinear {
     }
 }
 
-/// The host keeps the stored words in the repacked allocation (same element count).
-fn move_i32(from: &Tensor, to: &mut Tensor) {
-    if let (Storage::I32(src), Storage::I32(dst)) = (&from.storage, &mut to.storage) {
-        if src.len() == dst.len() {
+/// The stored words kept in the allocation that replaces them (same element count): copied
+/// on the host, or on the GPU.
+fn move_words(rt: &Runtime, from: &Tensor, to: &mut Tensor) -> Result<()> {
+    match (&from.storage, &mut to.storage) {
+        (Storage::I32(src), Storage::I32(dst)) if src.len() == dst.len() => {
             dst.copy_from_slice(src);
+            Ok(())
         }
+        (Storage::Cuda(_), Storage::Cuda(_)) => {
+            crate::engine::ops::cuda(rt, |c| c.copy_bytes(from, to))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -720,13 +766,6 @@ pub fn reduce_max_m(m: usize) -> usize {
     } else {
         TILE_M * 4 * m.div_ceil(TILE_M * 4).min(MAX_PARALLEL)
     }
-}
-
-/// The one line an AWQ or GPTQ checkpoint on a real GPU gets until vramscope has the kernels.
-pub(crate) fn cuda_refused() -> Error {
-    Error::Request(
-        "an AWQ or GPTQ checkpoint on a CUDA device: vramscope's GPU kernels for Marlin (awq_marlin_repack, gptq_marlin_repack, gptq_marlin_gemm) are not written yet; plan it on a simulated GPU (--device sim:h100-80gb:dry, or :compute for the math)".into(),
-    )
 }
 
 /// Whether vLLM 0.6.4 runs this checkpoint with Marlin on a GPU of architecture `arch`, as

@@ -23,6 +23,9 @@ mod ops;
 mod quant;
 mod sampler;
 mod timing;
+mod w4;
+
+pub use w4::W4Weights;
 
 use std::collections::HashMap;
 use std::ffi::c_void;

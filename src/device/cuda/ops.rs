@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys as dsys, CudaContext, CudaFunction};
 
-use super::{aligned16, blocks, fp8, grid, kernels, sampler, CudaDevice};
+use super::{aligned16, blocks, fp8, grid, kernels, sampler, w4, CudaDevice};
 use crate::base::error::Result;
 use crate::device::cpu::AttnShape;
 use crate::device::tensor::{DType, TensorData};
@@ -72,7 +72,12 @@ pub(super) fn compile_kernels(
         let hopper = (cc == (9, 0))
             .then(|| {
                 compile(
-                    &format!("{}{}", kernels::FLASH_SOURCE, kernels::WGMMA_SOURCE),
+                    &format!(
+                        "{}{}{}",
+                        kernels::FLASH_SOURCE,
+                        w4::SOURCE,
+                        kernels::WGMMA_SOURCE
+                    ),
                     "compute_90a".into(),
                 )
                 .ok()
@@ -81,8 +86,20 @@ pub(super) fn compile_kernels(
         let with_wgmma = hopper.is_some();
         let module = match hopper {
             Some(m) => m,
-            None => compile(kernels::FLASH_SOURCE, format!("compute_{}{}", cc.0, cc.1))?,
+            None => compile(
+                &format!("{}{}", kernels::FLASH_SOURCE, w4::SOURCE),
+                format!("compute_{}{}", cc.0, cc.1),
+            )?,
         };
+        for n in w4::NAMES {
+            for suffix in ["f16", "bf16"] {
+                let name = format!("{n}_{suffix}");
+                let f = module
+                    .load_function(&name)
+                    .map_err(|e| format!("kernel {name}: {e}"))?;
+                funcs.insert(name, f);
+            }
+        }
         for k in kernels::FLASH.iter().filter(|k| with_wgmma || !k.sm90a) {
             for suffix in ["f16", "bf16"] {
                 let name = format!("{}_{suffix}", k.name);

@@ -1,0 +1,330 @@
+//! AWQ and GPTQ 4-bit weights on the GPU: one fused dequantize-and-multiply kernel on the
+//! tensor cores (`mma.sync` m16n8k16, f32 accumulation), reading the checkpoint's own packed
+//! layout from the allocations vLLM's Marlin repack makes (`quant::marlin` keeps the stored
+//! words inside them). Each 32-input slice of the weight is dequantized into shared memory as
+//! the format specifies, `(q − z)·s` (AWQ) or `(q − 8)·s` (GPTQ), rounded once to the
+//! activation's 16-bit type, which is the value Marlin multiplies; the kernel takes no
+//! workspace and allocates nothing, so the framework allocator sees exactly the tensors
+//! `gptq_marlin_gemm` allocates (its output and its two temporaries, made by the caller).
+
+use cudarc::driver::result as drv;
+use cudarc::driver::LaunchConfig;
+
+use super::CudaDevice;
+use crate::base::error::Result;
+use crate::device::tensor::TensorData;
+
+/// The kernels, each with an `_f16` and a `_bf16` flavour.
+pub(crate) const NAMES: &[&str] = &["w4_awq", "w4_gptq"];
+
+/// Output rows and columns of one thread block.
+const TILE: usize = 128;
+
+/// Appended to `kernels::FLASH_SOURCE` (uses its `smem_u32`, `mma16816` and `pack2`), which is
+/// built for compute capability 8.0 and later only, as Marlin itself is.
+pub(crate) const SOURCE: &str = r#"
+template <bool BF> __device__ __forceinline__ float w4_ld(u16 h) {
+  if (BF) return __uint_as_float(((unsigned)h) << 16);
+  float f; asm("{cvt.f32.f16 %0, %1;}" : "=f"(f) : "h"(h)); return f;
+}
+template <bool BF> __device__ __forceinline__ u16 w4_st(float f) {
+  u16 h;
+  if (BF) asm("{cvt.rn.bf16.f32 %0, %1;}" : "=h"(h) : "f"(f));
+  else asm("{cvt.rn.f16.f32 %0, %1;}" : "=h"(h) : "f"(f));
+  return h;
+}
+
+// out[m, ns] = x[m, k] . W[c0 .. c0 + ns, :]^T, W the [n, k] weight of the packed words `qw`
+// (AWQ: [k, n/8], nibble i of a word holding column 8w + {0,2,4,6,1,3,5,7}[i]; GPTQ: [k/8, n],
+// nibble j holding input 8r + j), zeros `qz` ([groups, n/8], AWQ's order; GPTQ's unused:
+// uint4b8), scales `sc` [groups, n], the group of input i `gidx[i]` when given, else i / group.
+// 128 x 128 output tiles, 8 warps of 64 x 32; 32 inputs a step, double-buffered in shared
+// memory: x through cp.async, the weight's words loaded while the step before multiplies and
+// dequantized into the other buffer after it.
+template <bool BF, bool AWQ> __device__ void w4_gemm(const u16* x, const unsigned* qw, const unsigned* qz, const u16* sc,
+                                                     const int* gidx, u16* out, int m, int n, int k, int c0, int ns,
+                                                     int group) {
+  constexpr int BM = 128, BN = 128, BK = 32, LD = BK + 8;
+  __shared__ __align__(16) u16 as[2][BM * LD];
+  __shared__ __align__(16) u16 bs[2][BN * LD];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int wm = warp >> 2, wn = warp & 3;
+  const int mi = lane >> 3, mr = lane & 7;
+  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  const int nk = k / BK, np = n / 8;
+
+  float acc[4][4][4];
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+
+  // x rows [m0, m0 + 128), inputs [k0, k0 + 32): 512 chunks of 16 bytes, rows past m zero.
+  auto load_a = [&](int buf, int k0) {
+#pragma unroll
+    for (int i = tid; i < BM * BK / 8; i += 256) {
+      int r = i >> 2, c = (i & 3) * 8, row = m0 + r;
+      const u16* s = x + (long long)(row < m ? row : 0) * k + k0 + c;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_u32(&as[buf][r * LD + c])), "l"(s),
+                   "r"(row < m ? 16 : 0));
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+  // The 512 words of a step's weight slice, two a thread (zero past the shard's columns).
+  auto load_w = [&](unsigned (&w)[2], int k0) {
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+      int i = tid + 256 * j;
+      if (AWQ) {
+        int r = i >> 4, col = n0 + (i & 15) * 8;
+        w[j] = col < ns ? qw[(long long)(k0 + r) * np + (c0 + col) / 8] : 0u;
+      } else {
+        int r = i >> 7, col = n0 + (i & 127);
+        w[j] = col < ns ? qw[(long long)((k0 >> 3) + r) * n + c0 + col] : 0u;
+      }
+    }
+  };
+  // The words dequantized into buffer `buf` as [column][input] 16-bit values.
+  auto store_w = [&](const unsigned (&w)[2], int buf, int k0) {
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+      int i = tid + 256 * j;
+      if (AWQ) {
+        int r = i >> 4, cl = (i & 15) * 8, col = n0 + cl;
+        u16* dst = &bs[buf][cl * LD + r];
+        if (col >= ns) {
+#pragma unroll
+          for (int c = 0; c < 8; c++) dst[c * LD] = 0;
+          continue;
+        }
+        int kk = k0 + r;
+        int grp = gidx ? gidx[kk] : kk / group;
+        unsigned z = qz[(long long)grp * np + (c0 + col) / 8];
+        const u16* s = sc + (long long)grp * n + c0 + col;
+#pragma unroll
+        for (int nib = 0; nib < 8; nib++) {
+          int c = ((nib & 3) << 1) | (nib >> 2);  // AutoAWQ's order: nibble nib holds column c
+          int q = (w[j] >> (4 * nib)) & 15, zz = (z >> (4 * nib)) & 15;
+          dst[c * LD] = w4_st<BF>((float)(q - zz) * w4_ld<BF>(s[c]));
+        }
+      } else {
+        int r = i >> 7, cl = i & 127, col = n0 + cl;
+        unsigned v[4] = {0u, 0u, 0u, 0u};
+        if (col < ns) {
+#pragma unroll
+          for (int e = 0; e < 8; e++) {
+            int kk = k0 + r * 8 + e;
+            int grp = gidx ? gidx[kk] : kk / group;
+            float s = w4_ld<BF>(sc[(long long)grp * n + c0 + col]);
+            unsigned h = w4_st<BF>((float)((int)((w[j] >> (4 * e)) & 15) - 8) * s);
+            v[e >> 1] |= h << (16 * (e & 1));
+          }
+        }
+        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" :: "r"(smem_u32(&bs[buf][cl * LD + r * 8])), "r"(v[0]),
+                     "r"(v[1]), "r"(v[2]), "r"(v[3]));
+      }
+    }
+  };
+
+  unsigned w[2];
+  load_a(0, 0);
+  load_w(w, 0);
+  store_w(w, 0, 0);
+  for (int kt = 0; kt < nk; kt++) {
+    const int buf = kt & 1;
+    const bool more = kt + 1 < nk;
+    if (more) {
+      load_a(buf ^ 1, (kt + 1) * BK);
+      load_w(w, (kt + 1) * BK);
+      asm volatile("cp.async.wait_group 1;");
+    } else {
+      asm volatile("cp.async.wait_group 0;");
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+      unsigned af[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const u16* src = &as[buf][(wm * 64 + i * 16 + (mi & 1) * 8 + mr) * LD + kk * 16 + (mi >> 1) * 8];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3]) : "r"(smem_u32(src)));
+      }
+#pragma unroll
+      for (int nn = 0; nn < 4; nn += 2) {
+        unsigned b0, b1, b2, b3;
+        const u16* src = &bs[buf][(wn * 32 + (nn + (mi >> 1)) * 8 + mr) * LD + kk * 16 + (mi & 1) * 8];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(smem_u32(src)));
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          mma16816<BF>(acc[i][nn], af[i], b0, b1);
+          mma16816<BF>(acc[i][nn + 1], af[i], b2, b3);
+        }
+      }
+    }
+    if (more) store_w(w, buf ^ 1, (kt + 1) * BK);
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int r = m0 + wm * 64 + i * 16 + g;
+#pragma unroll
+    for (int nn = 0; nn < 4; nn++) {
+      const int c = n0 + wn * 32 + nn * 8 + 2 * t;
+      if (c >= ns) continue;
+      if (r < m) *(unsigned*)(out + (long long)r * ns + c) = pack2<BF>(acc[i][nn][0], acc[i][nn][1]);
+      if (r + 8 < m) *(unsigned*)(out + (long long)(r + 8) * ns + c) = pack2<BF>(acc[i][nn][2], acc[i][nn][3]);
+    }
+  }
+}
+
+#define W4_EXPORT(NAME, BF, AWQ) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(const u16* x, const unsigned* qw, const unsigned* qz, \
+      const u16* sc, const int* gidx, u16* out, int m, int n, int k, int c0, int ns, int group) \
+  { w4_gemm<BF, AWQ>(x, qw, qz, sc, gidx, out, m, n, k, c0, ns, group); }
+W4_EXPORT(w4_awq_f16, false, true)
+W4_EXPORT(w4_awq_bf16, true, true)
+W4_EXPORT(w4_gptq_f16, false, false)
+W4_EXPORT(w4_gptq_bf16, true, false)
+"#;
+
+/// One AWQ or GPTQ linear's device tensors as the kernel reads them.
+pub struct W4Weights<'a> {
+    /// AWQ (zero points, output-packed words) or GPTQ (`uint4b8`, input-packed words).
+    pub awq: bool,
+    /// The packed words, in the checkpoint's layout (`[k, n/8]` or `[k/8, n]` words).
+    pub qweight: &'a TensorData,
+    /// AWQ's zero points `[groups, n/8]` (GPTQ: none).
+    pub qzeros: Option<&'a TensorData>,
+    /// `[groups, n]` in the activation's 16-bit type.
+    pub scales: &'a TensorData,
+    /// Act-order's stored `g_idx` `[k]` (the group of each input).
+    pub g_idx: Option<&'a TensorData>,
+    /// Inputs per group (`k` for one group).
+    pub group: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+impl CudaDevice {
+    /// `out = x · Wᵀ` for a 4-bit weight: `x [m, k]`, the output holding each shard's columns
+    /// (`rows`, summing to `n`) as one contiguous `[m, rows[i]]` block, as `FusedLinear` lays
+    /// it out. Needs compute capability 8.0 (checked by the caller's format check; the kernel
+    /// is not built below it).
+    pub fn w4_gemm(
+        &mut self,
+        x: &TensorData,
+        w: &W4Weights,
+        out: &mut TensorData,
+        rows: &[usize],
+    ) -> Result<()> {
+        let dt = self.half(x)?;
+        let (m, k, n) = (x.rows(), x.cols(), w.n);
+        let words = n * k / 8;
+        let fits = k == w.k
+            && rows.iter().sum::<usize>() == n
+            && out.numel() == m * n
+            && out.dtype == dt
+            && w.scales.dtype == dt
+            && w.qweight.nbytes() == (words * 4) as u64
+            && w.group > 0
+            && k.is_multiple_of(w.group)
+            && w.scales.numel() == (k / w.group) * n
+            && w.qzeros
+                .is_none_or(|z| z.nbytes() == ((k / w.group) * n / 2) as u64)
+            && w.g_idx.is_none_or(|g| g.numel() == k)
+            && (!w.awq || w.qzeros.is_some());
+        if !fits {
+            return Err(self.err(
+                "4-bit GEMM",
+                format!(
+                    "{} [{m}, {k}] · {} ({n} × {k}, group {}) into {} {:?} do not fit",
+                    x.name, w.qweight.name, w.group, out.name, out.shape
+                ),
+            ));
+        }
+        if !k.is_multiple_of(32) || rows.iter().any(|r| !r.is_multiple_of(8)) {
+            return Err(self.err(
+                "4-bit GEMM",
+                format!(
+                    "{}: the kernel takes inputs in steps of 32 and shards of whole words (k {k}, rows {rows:?})",
+                    w.qweight.name
+                ),
+            ));
+        }
+        let f = self
+            .func(if w.awq { "w4_awq" } else { "w4_gptq" }, dt)
+            .map_err(|_| {
+                self.err(
+                    "4-bit GEMM",
+                    format!(
+                        "the 4-bit kernels are not built on compute capability {}.{} (Marlin needs 8.0)",
+                        self.cc.0, self.cc.1
+                    ),
+                )
+            })?;
+        let (xp, qw, sc) = (x.cuda_ptr(), w.qweight.cuda_ptr(), w.scales.cuda_ptr());
+        let qz = w.qzeros.map_or(0u64, |t| t.cuda_ptr());
+        let gi = w.g_idx.map_or(0u64, |t| t.cuda_ptr());
+        let (mi, ni, ki, gr) = (m as i32, n as i32, k as i32, w.group as i32);
+        let mut c0 = 0usize;
+        for &ns in rows {
+            let op = out.cuda_ptr() + (m * c0 * 2) as u64;
+            let cfg = LaunchConfig {
+                grid_dim: (ns.div_ceil(TILE) as u32, m.div_ceil(TILE) as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (c0i, nsi) = (c0 as i32, ns as i32);
+            self.launch(
+                f,
+                cfg,
+                &[&xp, &qw, &qz, &sc, &gi, &op, &mi, &ni, &ki, &c0i, &nsi, &gr],
+            )?;
+            c0 += ns;
+        }
+        Ok(())
+    }
+
+    /// Copies all of `src`'s bytes into `dst` (same size) on the stream: a stored tensor into
+    /// the allocation that replaces it.
+    pub fn copy_bytes(&mut self, src: &TensorData, dst: &mut TensorData) -> Result<()> {
+        if src.nbytes() != dst.nbytes() {
+            return Err(self.err(
+                "copy",
+                format!(
+                    "{} has {} bytes, {} {}",
+                    src.name,
+                    src.nbytes(),
+                    dst.name,
+                    dst.nbytes()
+                ),
+            ));
+        }
+        // SAFETY: both tensors are live device allocations of `nbytes` bytes.
+        unsafe {
+            drv::memcpy_dtod_async(
+                dst.cuda_ptr(),
+                src.cuda_ptr(),
+                src.nbytes() as usize,
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| self.err("copy on the GPU", e))
+    }
+
+    /// The GPU's architecture as vLLM's capability checks name it (`marlin::check_gpu`).
+    pub fn arch(&self) -> &'static str {
+        match self.cc {
+            (..=6, _) => "Pascal",
+            (7, 0..=2) => "Volta",
+            (7, _) => "Turing",
+            (8, 9) => "Ada",
+            (8, _) => "Ampere",
+            (9, _) => "Hopper",
+            _ => "Blackwell",
+        }
+    }
+}
