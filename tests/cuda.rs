@@ -862,22 +862,27 @@ fn awq_and_gptq_logits_on_the_gpu_match_cpu_compute_mode_on_tiny() {
     assert!(packed4_gpu_vs_cpu("tiny", true, 32, 100, 3) < 1e-2);
 }
 
-/// Llama-3-8B as an AWQ checkpoint (groups of 128, as AutoAWQ's default): the GPU's load
-/// (stored words uploaded, Marlin's repack allocations) and profile pass allocate what the dry
-/// run allocates, and its logits match CPU compute mode.
-#[test]
-#[ignore = "needs an NVIDIA GPU of compute capability 8.0 or more with 40 GB free, 100 GB of host memory, 10 GB of disk"]
-fn awq_llama_3_8b_on_the_gpu_matches_the_dry_run_and_cpu_compute_mode() {
-    // `AWQ_8B_DIR`: a checkpoint `gen-model llama-3-8b DIR --awq` already wrote (the device
-    // run times and benches it too).
-    let dir = tempfile::tempdir().unwrap();
-    let model = match std::env::var("AWQ_8B_DIR") {
+/// Llama-3-8B as an AWQ checkpoint (groups of 128, as AutoAWQ's default): `AWQ_8B_DIR` if a
+/// device run already wrote it with `gen-model llama-3-8b DIR --awq` (and timed and benched
+/// it), else a fresh one in `dir`.
+fn awq_8b(dir: &std::path::Path) -> std::path::PathBuf {
+    match std::env::var("AWQ_8B_DIR") {
         Ok(d) => std::path::PathBuf::from(d).join("config.json"),
         Err(_) => {
-            gen_packed4("llama-3-8b", dir.path(), false, 128);
-            dir.path().join("config.json")
+            gen_packed4("llama-3-8b", dir, false, 128);
+            dir.join("config.json")
         }
-    };
+    }
+}
+
+/// Llama-3-8B AWQ: the GPU's load (stored words uploaded, Marlin's repack allocations) and
+/// profile pass allocate what the dry run allocates (run 50: 5,739,454,464 B of weights,
+/// 7,088,263,168 B peak, 2,550 allocations).
+#[test]
+#[ignore = "needs an NVIDIA GPU of compute capability 8.0 or more with 40 GB free, 10 GB of disk"]
+fn awq_llama_3_8b_gpu_trace_matches_the_dry_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = awq_8b(dir.path());
     let run = |device: &str| {
         let req = ProfileRequest {
             model: ModelSource::parse(model.to_str().unwrap()).unwrap(),
@@ -902,6 +907,17 @@ fn awq_llama_3_8b_on_the_gpu_matches_the_dry_run_and_cpu_compute_mode() {
     let (g, d) = (load_and_pass_allocs(&gpu), load_and_pass_allocs(&dry));
     eprintln!("awq llama-3-8b: {} allocations", g.len());
     assert_eq!(g, d);
+}
+
+/// Llama-3-8B AWQ's logits on the GPU against CPU compute mode on the same checkpoint, and
+/// AWQ's distance from the 16-bit model (reported). Not yet completed on the device: run 50
+/// gave it what was left of a 260 s limit after the trace test, and CPU compute of the 8B
+/// model (dequantizing every weight each pass) did not finish in it.
+#[test]
+#[ignore = "needs an NVIDIA GPU of compute capability 8.0 or more with 40 GB free, 100 GB of host memory, 10 GB of disk"]
+fn awq_llama_3_8b_logits_on_the_gpu_match_cpu_compute_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = awq_8b(dir.path());
     let m = model.to_str().unwrap();
     let gl = logits(m, Quant::F16, "cuda:0", 16, 1, 0.0);
     let cl = logits(m, Quant::F16, "sim:h100-80gb", 16, 1, 0.0);
