@@ -129,6 +129,22 @@ pub fn checked_scale(
     Ok(s)
 }
 
+/// A block-wise checkpoint's `weight_scale_inv` values: each a dequantization multiplier, so
+/// one that is not finite and positive would make its block's weights NaN, infinite or zero
+/// (vLLM loads it as it is); refused naming the file, the tensor and the block.
+pub fn check_block_scales(file: &std::path::Path, tensor: &str, values: &[f32]) -> Result<()> {
+    match values.iter().position(|s| !(s.is_finite() && *s > 0.0)) {
+        None => Ok(()),
+        Some(i) => Err(Error::model(
+            file,
+            format!(
+                "tensor {tensor} holds {} at element {i}, expected finite scales above 0",
+                values[i]
+            ),
+        )),
+    }
+}
+
 /// vLLM's `requantize_with_max_scale` (0.6.4 utils/w8a8_utils.py L55-81) on the codes of a
 /// fused parameter whose shards (`rows[i]` rows of `k` each) were stored with `scales[i]`:
 /// each shard is dequantized to float16 (`per_tensor_dequantize`, L24-29: the code widened
@@ -165,6 +181,9 @@ pub fn requantize_with_max_scale(
 pub struct StoredFp8 {
     pub static_activations: bool,
     pub dtype: DType,
+    /// `weight_block_size` of a block-wise checkpoint (vLLM 0.8.5): `weight_scale_inv` per
+    /// block instead of one `weight_scale` per tensor.
+    pub block: Option<super::fp8_block::BlockSize>,
 }
 
 /// A linear layer under vLLM's `Fp8LinearMethod` after `process_weights_after_loading`.
