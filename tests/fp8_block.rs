@@ -476,3 +476,299 @@ fn tiny_block_fp8_logits_stay_near_bf16s_and_a_transposed_scale_grid_does_not() 
 /// The logits' relative L2 distance a correct block-wise fp8 model of `tiny_qwen3` stays
 /// within: the measured 0.19 with a quarter of slack.
 const BOUND: f64 = 0.25;
+
+// ---- Refusals: one line naming the file (or setting) and the problem, exit status 2 ----
+
+/// The tiny Qwen3 as a block-wise fp8 checkpoint, its tensors rewritten by `edit` and its
+/// `quantization_config` by `edit_q`.
+fn hostile(
+    edit: impl FnOnce(&mut Vec<Stored>),
+    edit_q: impl FnOnce(&mut serde_json::Value),
+) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    model::gen_model_config_fp8_block(&tiny_qwen3(), "tiny-qwen3", dir.path(), &bf16_opts(), B128)
+        .unwrap();
+    let path = dir.path().join("model.safetensors");
+    let mut tensors = read_all(&path);
+    edit(&mut tensors);
+    write_all(&path, &tensors);
+    let cfg_path = dir.path().join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    edit_q(&mut cfg["quantization_config"]);
+    std::fs::write(&cfg_path, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
+    dir
+}
+
+/// `profile` of a refused checkpoint (at `--vllm 0.8` unless `extra` says): exit 2, one line
+/// on stderr, no panic, no report written.
+fn refused(dir: &Path, device: &str, extra: &[&str]) -> String {
+    let json = dir.join("r.json");
+    let mut args = vec![
+        "profile",
+        "-q",
+        "--json",
+        json.to_str().unwrap(),
+        "--model",
+        dir.to_str().unwrap(),
+        "--device",
+        device,
+    ];
+    if !extra.contains(&"--vllm") {
+        args.extend_from_slice(&["--vllm", "0.8"]);
+    }
+    args.extend_from_slice(extra);
+    let out = vramscope(&args);
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!json.exists(), "a refused run wrote {}", json.display());
+    err
+}
+
+fn set(tensors: &mut [Stored], name: &str, f: impl FnOnce(&mut Stored)) {
+    f(tensors.iter_mut().find(|t| t.0 == name).expect(name));
+}
+
+const O_SCALE: &str = "model.layers.1.self_attn.o_proj.weight_scale_inv";
+const QKV_Q: &str = "model.layers.0.self_attn.q_proj.weight_scale_inv";
+
+#[test]
+fn a_scale_grid_of_the_wrong_shape_is_refused_naming_the_tensor_and_the_blocks() {
+    // o_proj [256, 256]: 2 × 2 blocks, stored as 2 × 1.
+    let dir = hostile(
+        |t| {
+            set(t, O_SCALE, |s| {
+                s.2 = vec![2, 1];
+                s.3.truncate(8);
+            })
+        },
+        |_| {},
+    );
+    let e = refused(dir.path(), "sim:h100-80gb:dry", &[]);
+    assert!(
+        e.contains("model.safetensors")
+            && e.contains(&format!("tensor {O_SCALE} has shape [2, 1], expected [2, 2]: one scale per [128, 128] block of the [256, 256] weight")),
+        "{e}"
+    );
+    // q_proj [256, 256] of a stacked layer, its grid stored transposed from k_proj's [1, 2].
+    let dir = hostile(|t| set(t, QKV_Q, |s| s.2 = vec![1, 4]), |_| {});
+    let e = refused(dir.path(), "sim:h100-80gb:dry", &[]);
+    assert!(
+        e.contains(&format!("tensor {QKV_Q} has shape [1, 4], expected [2, 2]")),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_nan_or_non_positive_block_scale_is_refused_naming_the_tensor_and_the_element() {
+    for (v, shown) in [
+        (f32::NAN, "NaN"),
+        (0.0, "0"),
+        (-0.5, "-0.5"),
+        (f32::INFINITY, "inf"),
+    ] {
+        let dir = hostile(
+            |t| {
+                set(t, O_SCALE, |s| {
+                    s.3[12..16].copy_from_slice(&v.to_le_bytes())
+                })
+            },
+            |_| {},
+        );
+        // A dry run reads headers only; compute mode reads the values and refuses this one.
+        let e = refused(dir.path(), "sim:h100-80gb:compute", &[]);
+        assert!(
+            e.contains("model.safetensors")
+                && e.contains(&format!(
+                    "tensor {O_SCALE} holds {shown} at element 3, expected finite scales above 0"
+                )),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_scale_grid_or_a_per_tensor_scale_beside_it_is_refused_naming_it() {
+    let dir = hostile(|t| t.retain(|s| s.0 != O_SCALE), |_| {});
+    let e = refused(dir.path(), "sim:h100-80gb:dry", &[]);
+    assert!(
+        e.contains(&format!(
+            "tensor {O_SCALE} is missing: a block-wise fp8 weight needs its block scales"
+        )),
+        "{e}"
+    );
+    let stray = "model.layers.1.self_attn.o_proj.weight_scale";
+    let dir = hostile(
+        |t| {
+            t.push((
+                stray.into(),
+                safetensors::Dtype::F32,
+                vec![],
+                1f32.to_le_bytes().to_vec(),
+            ))
+        },
+        |_| {},
+    );
+    let e = refused(dir.path(), "sim:h100-80gb:dry", &[]);
+    assert!(
+        e.contains(&format!(
+            "tensor {stray} is stored but the checkpoint is block-wise"
+        )),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_weight_block_size_vllm_refuses_is_refused_naming_config_json() {
+    let cases: [(serde_json::Value, &str); 4] = [
+        (
+            serde_json::json!([128, 128, 128]),
+            "vLLM refuses it: \"The quantization block size of weight must have 2 dimensions, but got 3 dimensions\"",
+        ),
+        (
+            serde_json::json!([128, 0]),
+            "expected two positive integers [block_n, block_k]",
+        ),
+        (serde_json::json!("128x128"), "expected a list of two integers"),
+        // k_proj and v_proj have 128 rows: not whole blocks of 256.
+        (
+            serde_json::json!([256, 128]),
+            "qkv_proj (outputs [256, 128, 128], 256 inputs): vLLM refuses it: \"Weight output_partition_size = 128 is not divisible by weight quantization block_n = 256.\"",
+        ),
+    ];
+    for (size, says) in cases {
+        let dir = hostile(|_| {}, |q| q["weight_block_size"] = size.clone());
+        let e = refused(dir.path(), "sim:h100-80gb:dry", &[]);
+        assert!(e.contains("config.json") && e.contains(says), "{size}: {e}");
+    }
+    // Inputs that are not whole groups: per_token_group_quant_fp8 asserts.
+    let dir = hostile(
+        |_| {},
+        |q| q["weight_block_size"] = serde_json::json!([128, 512]),
+    );
+    let e = refused(dir.path(), "sim:h100-80gb:dry", &[]);
+    assert!(
+        e.contains("config.json")
+            && e.contains("its 256 inputs are not divisible by block_k = 512"),
+        "{e}"
+    );
+    let dir = hostile(|_| {}, |q| q["activation_scheme"] = "static".into());
+    let e = refused(dir.path(), "sim:h100-80gb:dry", &[]);
+    assert!(e.contains("only supports dynamic activation scheme"), "{e}");
+    let dir = hostile(|_| {}, |q| q["fmt"] = "e5m2".into());
+    let e = refused(dir.path(), "sim:h100-80gb:dry", &[]);
+    assert!(e.contains("quantization_config.fmt is \"e5m2\""), "{e}");
+}
+
+#[test]
+fn other_releases_gpus_cuda_and_an_fp8_kv_cache_are_refused_naming_what_runs() {
+    let dir = hostile(|_| {}, |_| {});
+    let e = refused(dir.path(), "sim:h100-80gb:dry", &["--vllm", "0.6.4"]);
+    assert!(
+        e.contains("block-wise fp8 (weight_block_size) with --vllm 0.6.4")
+            && e.contains("use --vllm 0.8"),
+        "{e}"
+    );
+    let e = refused(dir.path(), "sim:a100-80gb:dry", &[]);
+    assert!(e.contains("A100") && e.contains("8.9"), "{e}");
+    // A CUDA device is refused before it is opened: this runs without a GPU.
+    let e = refused(dir.path(), "cuda:0", &[]);
+    assert!(
+        e.contains("a block-wise fp8 checkpoint on a CUDA device")
+            && e.contains("--device sim:h100-80gb:dry"),
+        "{e}"
+    );
+    let e = refused(
+        dir.path(),
+        "sim:h100-80gb:dry",
+        &["--kv-cache-dtype", "fp8"],
+    );
+    assert!(
+        e.contains("--kv-cache-dtype fp8 with a block-wise fp8 checkpoint"),
+        "{e}"
+    );
+    let e = refused(dir.path(), "sim:h100-80gb:dry", &["--tp", "2"]);
+    assert!(
+        e.contains("--tp 2 with a pre-quantized fp8 checkpoint"),
+        "{e}"
+    );
+    // And gen-model writes no checkpoint vLLM would refuse (the tiny Llama's 64-row k, v).
+    let out = vramscope(&[
+        "gen-model",
+        "tiny",
+        dir.path().join("t").to_str().unwrap(),
+        "--fp8-block",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("gen-model --fp8-block") && err.contains("block_n = 128"),
+        "{err}"
+    );
+}
+
+#[test]
+fn ada_runs_it_as_hopper_does_and_a_hopper_stream_k_shape_is_refused() {
+    // Triton's path on Ada allocates what CUTLASS's does on Hopper: the same weights.
+    let dir = hostile(|_| {}, |_| {});
+    let h100 = dry_profile(dir.path(), &[]);
+    let json = dir.path().join("l40s.json");
+    let out = vramscope(&[
+        "profile",
+        "-q",
+        "--json",
+        json.to_str().unwrap(),
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--vllm",
+        "0.8",
+        "--device",
+        "sim:l40s:dry",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let l40s: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    assert_eq!(l40s["weights_bytes"], h100["weights_bytes"]);
+    // Llama-3-8B's down_proj (k 14336 > 3 × 4096) takes CUTLASS's stream-K scheduler.
+    let cfg = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+        "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+        "quantization_config": {
+            "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        serde_json::to_vec(&cfg).unwrap(),
+    )
+    .unwrap();
+    let e = refused(dir.path(), "sim:h100-80gb:dry", &[]);
+    assert!(e.contains("down_proj") && e.contains("stream-K"), "{e}");
+    let json = dir.path().join("ada.json");
+    let out = vramscope(&[
+        "profile",
+        "-q",
+        "--json",
+        json.to_str().unwrap(),
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--vllm",
+        "0.8",
+        "--device",
+        "sim:l40s:dry",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
