@@ -772,3 +772,73 @@ fn ada_runs_it_as_hopper_does_and_a_hopper_stream_k_shape_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn each_linear_of_the_pass_allocates_codes_group_scales_and_output_then_frees_the_two() {
+    let dir = hostile(|_| {}, |_| {});
+    let r = dry_profile(dir.path(), &["--max-num-batched-tokens", "2048"]);
+    let ev: Vec<(String, String, u64)> = r["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .skip_while(|e| e["tensor"] != "t1")
+        .filter(|e| {
+            (e["kind"] == "alloc" || e["kind"] == "free")
+                && e["layer"] == 0
+                && e["tensor"].as_str().unwrap().contains("o_proj")
+        })
+        .take(5)
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap().to_string(),
+                e["tensor"].as_str().unwrap().to_string(),
+                e["bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let t = |k: &str, n: &str, b: u64| (k.to_string(), n.to_string(), b);
+    // 2048 tokens × 256 inputs: fp8 codes, two f32 group scales a token, the bf16 output.
+    let p = ev[0].1.trim_end_matches(".qinput").to_string();
+    assert!(p.ends_with("o_proj"), "{ev:?}");
+    assert_eq!(
+        ev,
+        vec![
+            t("alloc", &format!("{p}.qinput"), 2048 * 256),
+            t("alloc", &format!("{p}.x_scale"), 2048 * 2 * 4),
+            t("alloc", &format!("{p}.out"), 2048 * 256 * 2),
+            t("free", &format!("{p}.qinput"), 2048 * 256),
+            t("free", &format!("{p}.x_scale"), 2048 * 2 * 4),
+        ]
+    );
+    // And the math runs through the whole profile on the host.
+    let json = dir.path().join("c.json");
+    let out = vramscope(&[
+        "profile",
+        "-q",
+        "--json",
+        json.to_str().unwrap(),
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--vllm",
+        "0.8",
+        "--device",
+        "sim:h100-80gb:compute",
+        "--max-num-batched-tokens",
+        "2048",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let c: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    assert_eq!(c["weights_bytes"], r["weights_bytes"]);
+    // Top logits of each sequence's last token, all finite.
+    let logits = c["logits"].as_array().unwrap();
+    assert!(!logits.is_empty());
+    for seq in logits {
+        for pair in seq["top"].as_array().unwrap() {
+            assert!(pair[1].as_f64().is_some_and(f64::is_finite), "{pair}");
+        }
+    }
+}
