@@ -171,7 +171,7 @@ pub fn requantize_with_max_scale(
     max
 }
 
-/// What a pre-quantized per-tensor fp8 checkpoint says about itself (vLLM 0.6.4's
+/// What a pre-quantized fp8 checkpoint says about itself (vLLM 0.6.4's
 /// `Fp8Config.from_config` with `is_checkpoint_fp8_serialized`, fp8.py L70-79): whether its
 /// activations are quantized with stored `input_scale`s (`activation_scheme: static`) or per
 /// forward (`dynamic`), and the dtype of everything left unquantized and of the activations
