@@ -842,3 +842,27 @@ fn each_linear_of_the_pass_allocates_codes_group_scales_and_output_then_frees_th
         }
     }
 }
+
+#[test]
+fn inspect_counts_the_codes_as_parameters_and_the_scale_grids_apart() {
+    let dir = hostile(|_| {}, |_| {});
+    let out = vramscope(&["inspect", dir.path().to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    // 2 layers × 7 linears: codes (256·(256 + 128 + 128) + 256·256 + 3 · 512·256 bytes),
+    // and their grids (q 2·2, k and v 1·2, o 2·2, gate and up 4·2, down 2·4: 36 scales of 4
+    // bytes a layer), which are not parameters.
+    let codes = 2 * (256 * 512 + 256 * 256 + 3 * 512 * 256);
+    assert!(
+        text.contains("F8_E4M3    14 tensors") && text.contains(&format!("({codes} bytes)")),
+        "{text}"
+    );
+    assert!(
+        text.contains("F32      14 tensors        288 B (288 bytes)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("parameters {} in", tiny_qwen3().param_count())),
+        "{text}"
+    );
+}

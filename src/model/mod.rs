@@ -518,7 +518,7 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                     params += m.numel() as u64;
                 } else if packed && name.ends_with(".qweight") {
                     params += n * crate::quant::marlin::PACK as u64;
-                } else if ![".SCB", ".weight_scale", ".input_scale"]
+                } else if ![".SCB", ".weight_scale", ".input_scale", ".weight_scale_inv"]
                     .iter()
                     .any(|s| name.ends_with(s))
                     && !name.contains(".weight.")
