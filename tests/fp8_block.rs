@@ -671,6 +671,12 @@ fn other_releases_gpus_cuda_and_an_fp8_kv_cache_are_refused_naming_what_runs() {
             && e.contains("use --vllm 0.8"),
         "{e}"
     );
+    // 0.10 shares the 0.8 row, but its block-wise linear is not 0.8.5's as checked.
+    let e = refused(dir.path(), "sim:h100-80gb:dry", &["--vllm", "0.10"]);
+    assert!(
+        e.contains("with --vllm 0.10") && e.contains("use --vllm 0.8"),
+        "{e}"
+    );
     let e = refused(dir.path(), "sim:a100-80gb:dry", &[]);
     assert!(e.contains("A100") && e.contains("8.9"), "{e}");
     // A CUDA device is refused before it is opened: this runs without a GPU.

@@ -568,7 +568,7 @@ fn check_fp8_block(
             None => false,
         },
     };
-    fp8_block::check_release(req.release()?.name)?;
+    fp8_block::check_release(req.release()?.name, &req.vllm)?;
     if req.kv_cache_dtype != super::request::KvCacheDtype::Auto {
         return Err(Error::Request(format!(
             "--kv-cache-dtype {} with a block-wise fp8 checkpoint: Fp8KVCacheMethod's handling of stored or unit k/v scales for an fp8 cache is not modelled yet; leave it auto",

@@ -286,15 +286,18 @@ pub fn check_gpu(arch: &str, gpu: &str) -> Result<()> {
     )))
 }
 
-/// The releases whose block-wise fp8 vramscope reproduces: vLLM 0.8.5 (the "0.8" row, V0).
-/// 0.6.3 to 0.6.5 have no `weight_block_size`; 0.6.6 (which shares the 0.6.5 row) reads it
-/// but runs Triton only and has no device identity tensor; 0.7 is not modelled.
-pub fn check_release(release: &str) -> Result<()> {
-    if release == "0.8" {
+/// The releases whose block-wise fp8 vramscope reproduces: vLLM 0.8.5, asked as `--vllm
+/// 0.8` or `0.8.5` (`asked`; `release` is the row it names). 0.6.3 to 0.6.5 have no
+/// `weight_block_size`; 0.6.6 (which shares the 0.6.5 row) reads it but runs Triton only and
+/// makes no device identity; 0.7 is not modelled; 0.9 and 0.10 share the 0.8 row for the
+/// profile run, but their block-wise linear was not checked against 0.8.5's, so they are
+/// refused rather than assumed alike.
+pub fn check_release(release: &str, asked: &str) -> Result<()> {
+    if release == "0.8" && matches!(asked, "0.8" | "0.8.5") {
         return Ok(());
     }
     Err(Error::Request(format!(
-        "block-wise fp8 (weight_block_size) with --vllm {release}: vramscope reproduces it as vLLM 0.8.5 loads and runs it, use --vllm 0.8 (0.6.3 to 0.6.5 cannot load it; 0.6.6 and 0.7 read it but allocate differently, not modelled)"
+        "block-wise fp8 (weight_block_size) with --vllm {asked}: vramscope reproduces it as vLLM 0.8.5 loads and runs it, use --vllm 0.8 (0.6.3 to 0.6.5 cannot load it; 0.6.6, 0.7 and 0.9 on read it but are not modelled)"
     )))
 }
 
