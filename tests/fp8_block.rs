@@ -872,3 +872,51 @@ fn inspect_counts_the_codes_as_parameters_and_the_scale_grids_apart() {
         "{text}"
     );
 }
+
+/// A Qwen3 of hidden 192 under `[128, 64]` blocks: o_proj and down_proj (192 outputs) end in
+/// a partial block of 64 rows, which vLLM 0.8.5 allows for a layer that is not stacked (its
+/// grid is `ceil`-shaped, fp8.py L266-271); their inputs are whole groups of 64, and with
+/// 192 not a multiple of 128 every linear takes Triton's path even on Hopper.
+#[test]
+fn partial_blocks_at_the_edge_load_with_ceil_shaped_grids_and_compute() {
+    let cfg_json = serde_json::json!({
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "hidden_size": 192, "intermediate_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128,
+        "vocab_size": 1024, "max_position_embeddings": 512, "rope_theta": 1000000,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "attention_bias": false,
+        "hidden_act": "silu", "torch_dtype": "bfloat16"
+    });
+    let cfg = ModelConfig::from_hf_json(&cfg_json).unwrap();
+    let block = BlockSize { n: 128, k: 64 };
+    let root = tempfile::tempdir().unwrap();
+    let (bf16_dir, fp8_dir) = (root.path().join("bf16"), root.path().join("fp8"));
+    model::gen_model_config(&cfg, "partial", &bf16_dir, &bf16_opts()).unwrap();
+    model::gen_model_config_fp8_block(&cfg, "partial", &fp8_dir, &bf16_opts(), block).unwrap();
+    let stored = read_all(&fp8_dir.join("model.safetensors"));
+    let shape = |n: &str| stored.iter().find(|t| t.0 == n).unwrap().2.clone();
+    // o_proj [192, 256]: 2 × 4 blocks, the second row of blocks 64 rows deep.
+    assert_eq!(
+        shape("model.layers.0.self_attn.o_proj.weight_scale_inv"),
+        vec![2, 4]
+    );
+    assert_eq!(
+        shape("model.layers.0.mlp.down_proj.weight_scale_inv"),
+        vec![2, 4]
+    );
+    assert_eq!(
+        shape("model.layers.0.self_attn.q_proj.weight_scale_inv"),
+        vec![2, 3]
+    );
+    let r = dry_profile(&fp8_dir, &[]);
+    let tensors = r["weights_tensor_bytes"].as_u64().unwrap();
+    let stored_bytes: u64 = stored.iter().map(|t| t.3.len() as u64).sum();
+    // The stored tensors, the rotary cache (512 × 128 bf16) and the identity.
+    assert_eq!(tensors, stored_bytes + 512 * 128 * 2 + 4);
+    let d = rel_l2(
+        &bench_logits(&fp8_dir, "fp8.json"),
+        &bench_logits(&bf16_dir, "bf16.json"),
+    );
+    eprintln!("partial blocks: block fp8 vs bf16 {d:.3e}");
+    assert!(d > 0.0 && d < BOUND, "{d}");
+}
