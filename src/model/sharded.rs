@@ -1222,7 +1222,7 @@ impl WeightSource for SafetensorsModel {
         let s = self.shard_of(&n)?;
         let grid = block.grid(shape[0], shape[1]);
         let scales = floats_to_f32(StoredDtype::F32, s.raw(&n, StoredDtype::F32, &grid)?);
-        crate::quant::fp8::check_block_scales(&s.path, &n, &scales)?;
+        crate::quant::fp8_block::check_block_scales(&s.path, &n, &scales)?;
         Ok((codes, scales))
     }
 

@@ -129,22 +129,6 @@ pub fn checked_scale(
     Ok(s)
 }
 
-/// A block-wise checkpoint's `weight_scale_inv` values: each a dequantization multiplier, so
-/// one that is not finite and positive would make its block's weights NaN, infinite or zero
-/// (vLLM loads it as it is); refused naming the file, the tensor and the block.
-pub fn check_block_scales(file: &std::path::Path, tensor: &str, values: &[f32]) -> Result<()> {
-    match values.iter().position(|s| !(s.is_finite() && *s > 0.0)) {
-        None => Ok(()),
-        Some(i) => Err(Error::model(
-            file,
-            format!(
-                "tensor {tensor} holds {} at element {i}, expected finite scales above 0",
-                values[i]
-            ),
-        )),
-    }
-}
-
 /// vLLM's `requantize_with_max_scale` (0.6.4 utils/w8a8_utils.py L55-81) on the codes of a
 /// fused parameter whose shards (`rows[i]` rows of `k` each) were stored with `scales[i]`:
 /// each shard is dequantized to float16 (`per_tensor_dequantize`, L24-29: the code widened
@@ -182,8 +166,23 @@ pub struct StoredFp8 {
     pub static_activations: bool,
     pub dtype: DType,
     /// `weight_block_size` of a block-wise checkpoint (vLLM 0.8.5): `weight_scale_inv` per
-    /// block instead of one `weight_scale` per tensor.
-    pub block: Option<super::fp8_block::BlockSize>,
+    /// block instead of one `weight_scale` per tensor (`fp8_block` runs it).
+    pub block: Option<BlockSize>,
+}
+
+/// `quantization_config.weight_block_size`: `[block_n, block_k]` (output rows, input columns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockSize {
+    pub n: usize,
+    pub k: usize,
+}
+
+impl BlockSize {
+    /// The `weight_scale_inv` shape of an `[n, k]` weight: `[ceil(n / block_n), ceil(k /
+    /// block_k)]` (`BlockQuantScaleParameter`, fp8.py L266-271 at 0.8.5).
+    pub fn grid(self, n: usize, k: usize) -> [usize; 2] {
+        [n.div_ceil(self.n), k.div_ceil(self.k)]
+    }
 }
 
 /// A linear layer under vLLM's `Fp8LinearMethod` after `process_weights_after_loading`.

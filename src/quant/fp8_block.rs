@@ -11,26 +11,12 @@ use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
 
+pub use super::fp8::BlockSize;
 use super::fp8::{decode, encode, E4M3_MAX};
 
 /// `per_token_group_quant_fp8`'s `eps` (fp8_utils.py L236 at 0.8.5): a group's absmax is at
 /// least this, so an all-zero group gets a tiny positive scale, not 0.
 pub const GROUP_EPS: f32 = 1e-10;
-
-/// `quantization_config.weight_block_size`: `[block_n, block_k]` (output rows, input columns).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BlockSize {
-    pub n: usize,
-    pub k: usize,
-}
-
-impl BlockSize {
-    /// The `weight_scale_inv` shape of an `[n, k]` weight: `[ceil(n / block_n), ceil(k /
-    /// block_k)]` (`BlockQuantScaleParameter`, fp8.py L266-271 at 0.8.5).
-    pub fn grid(self, n: usize, k: usize) -> [usize; 2] {
-        [n.div_ceil(self.n), k.div_ceil(self.k)]
-    }
-}
 
 /// One group of `per_token_group_quant_fp8` (the Triton kernel `_per_token_group_quant_fp8`,
 /// fp8_utils.py L133-176 at 0.8.5): `s = max(max|y|, eps) / 448`, each code
@@ -110,6 +96,22 @@ pub fn dequantize_rows(
         {
             *o = decode(code) * srow[c / block.k];
         }
+    }
+}
+
+/// A block-wise checkpoint's `weight_scale_inv` values: each a dequantization multiplier, so
+/// one that is not finite and positive would make its block's weights NaN, infinite or zero
+/// (vLLM loads it as it is); refused naming the file, the tensor and the block.
+pub fn check_block_scales(file: &std::path::Path, tensor: &str, values: &[f32]) -> Result<()> {
+    match values.iter().position(|s| !(s.is_finite() && *s > 0.0)) {
+        None => Ok(()),
+        Some(i) => Err(Error::model(
+            file,
+            format!(
+                "tensor {tensor} holds {} at element {i}, expected finite scales above 0",
+                values[i]
+            ),
+        )),
     }
 }
 
