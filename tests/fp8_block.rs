@@ -134,7 +134,10 @@ fn qwen3_8b_fp8_weighs_its_stored_tensors_plus_the_rotary_cache_and_the_device_i
     assert_eq!(r["quant"], "fp8", "a stored fp8 checkpoint runs as fp8");
     // vLLM 0.8.5 keeps every stored tensor as it is (block-wise process_weights_after_loading
     // re-wraps them; q/k/v and gate/up stacked: 48 and 192 scale rows), and adds the rotary
-    // cache (40960 × 128 in bf16) and the process's fp8 device identity (one f32).
+    // cache (40960 × 128 in bf16) and the process's fp8 device identity (one f32). Not here:
+    // 0.8.5's `Attention.__init__` also makes four 0-dim f32 tensors per layer for every
+    // model (`_k_scale`, `_v_scale`, `_q_scale`, `_prob_scale`, attention/layer.py L88-93),
+    // which vramscope's 0.8 row does not model yet (36 × 4 × 512 allocator bytes).
     let tensors = stored + 40960 * 128 * 2 + 4;
     assert_eq!(r["weights_tensor_bytes"].as_u64().unwrap(), tensors);
     assert_eq!(tensors, 9_447_884_804);
