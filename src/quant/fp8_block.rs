@@ -23,7 +23,8 @@ pub const GROUP_EPS: f32 = 1e-10;
 /// `clamp(y / s, -448, 448)` cast to float8_e4m3fn. Returns `s`. The kernel divides in f32
 /// as Triton lowers `/` (`div.full.f32`, within 2 ulp); the host divides exactly, so a value
 /// that lands within an ulp of a rounding midpoint could take the other code.
-// Not `clamp`: it passes NaN through, where `f32::min` gives 448 (`tl.clamp` is min/max too).
+// min/max, not `clamp`: a NaN becomes 448 as with PTX's min/max (which `tl.clamp` without
+// NaN propagation lowers to, like the per-tensor kernel's fminf/fmaxf), not a NaN code.
 #[allow(clippy::manual_clamp)]
 pub fn quantize_group(y: &[f32], codes: &mut [u8]) -> f32 {
     let amax = y.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(GROUP_EPS);
@@ -101,7 +102,8 @@ pub fn dequantize_rows(
 
 /// A block-wise checkpoint's `weight_scale_inv` values: each a dequantization multiplier, so
 /// one that is not finite and positive would make its block's weights NaN, infinite or zero
-/// (vLLM loads it as it is); refused naming the file, the tensor and the block.
+/// (vLLM loads it as it is); refused naming the file, the tensor and the element (the
+/// block, counted row-major).
 pub fn check_block_scales(file: &std::path::Path, tensor: &str, values: &[f32]) -> Result<()> {
     match values.iter().position(|s| !(s.is_finite() && *s > 0.0)) {
         None => Ok(()),
