@@ -280,7 +280,7 @@ pub fn model_problem(
 pub fn check_gpu(arch: &str, gpu: &str) -> Result<()> {
     let why = match arch {
         "Ada" | "Hopper" => return Ok(()),
-        "Blackwell" => "its blockwise GEMM (CUTLASS for compute capability 10.0) is not modelled yet",
+        "Blackwell" => "which blockwise GEMM vLLM 0.8.5 takes on compute capability 10.0 was not checked, so it is not modelled yet",
         "Ampere" => "compute capability 8.0/8.6 has no fp8 tensor cores, and vLLM 0.8.5 turns fp8 Marlin off for block-wise checkpoints (fp8.py L182-185), leaving Triton's fp8 matmul, which needs 8.9",
         "Turing" => "vLLM refuses fp8 below compute capability 8.0 (Fp8Config.get_min_capability, fp8.py L93-95 at 0.8.5)",
         _ => "its compute capability is not known to vramscope",
