@@ -336,8 +336,11 @@ fn an_fp8_config_without_a_known_activation_scheme_is_refused_naming_the_key() {
     }
 }
 
+/// The tiny preset's k and v (64 rows each) are not whole [128, 128] blocks: vLLM 0.8.5's
+/// `Fp8LinearMethod.create_weights` refuses a merged layer's partition that is not (fp8.py
+/// L221-229), before any tensor is read. (Block-wise fp8 itself: tests/fp8_block.rs.)
 #[test]
-fn block_wise_fp8_is_refused_naming_weight_block_size_and_the_release() {
+fn a_block_wise_config_whose_kv_rows_are_not_whole_blocks_is_refused_as_vllm_refuses_it() {
     let (code, err) = profile_with_quantization_config(serde_json::json!({
         "quant_method": "fp8",
         "activation_scheme": "dynamic",
@@ -346,8 +349,8 @@ fn block_wise_fp8_is_refused_naming_weight_block_size_and_the_release() {
     assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains("config.json")
-            && err.contains("quantization_config.weight_block_size [128,128]")
-            && err.contains("0.6.6"),
+            && err.contains("qkv_proj (outputs [128, 64, 64], 128 inputs)")
+            && err.contains("\"Weight output_partition_size = 64 is not divisible by weight quantization block_n = 128.\""),
         "{err}"
     );
 }
@@ -864,10 +867,10 @@ fn a_dynamic_checkpoint_with_an_input_scale_is_refused() {
 
 /// Qwen/Qwen3-8B-FP8's config.json: block-wise fp8 (`weight_block_size: [128, 128]`, an F32
 /// `weight_scale_inv` of `[ceil(N/128), ceil(K/128)]` per weight). Qwen3 needs vLLM 0.8.5
-/// or later and block-wise fp8 arrived in 0.6.6, while fp8 is reproduced for 0.6.3 to 0.6.5:
-/// refused by name, before any tensor is read, at any release.
+/// and block-wise fp8 is reproduced for it alone: `--vllm 0.6.4` is refused naming the
+/// release to use, `--vllm 0.8` plans it from the config alone.
 #[test]
-fn qwen3_8b_fp8_block_wise_is_refused_naming_weight_block_size() {
+fn qwen3_8b_fp8_block_wise_is_planned_at_0_8_and_refused_at_0_6_4() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = serde_json::json!({
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
@@ -886,15 +889,34 @@ fn qwen3_8b_fp8_block_wise_is_refused_naming_weight_block_size() {
         serde_json::to_vec(&cfg).unwrap(),
     )
     .unwrap();
-    for release in ["0.6.4", "0.8"] {
-        let e = refused_checkpoint(dir.path(), "sim:h200:dry", &["--vllm", release]);
-        assert!(
-            e.contains("config.json")
-                && e.contains("quantization_config.weight_block_size [128,128]: block-wise fp8")
-                && e.contains("0.6.6"),
-            "{e}"
-        );
-    }
+    let e = refused_checkpoint(dir.path(), "sim:h200:dry", &["--vllm", "0.6.4"]);
+    assert!(
+        e.contains("block-wise fp8 (weight_block_size) with --vllm 0.6.4")
+            && e.contains("use --vllm 0.8"),
+        "{e}"
+    );
+    let json = dir.path().join("r.json");
+    let out = vramscope(&[
+        "profile",
+        "-q",
+        "--json",
+        json.to_str().unwrap(),
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--vllm",
+        "0.8",
+        "--device",
+        "sim:h200:dry",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    // The stored tensors (codes, scale grids, bf16 tables and norms), the bf16 rotary cache
+    // and the fp8 device identity; tests/fp8_block.rs counts them.
+    assert_eq!(r["weights_tensor_bytes"].as_u64().unwrap(), 9_447_884_804);
 }
 
 #[test]

@@ -69,6 +69,10 @@ pub enum Command {
         /// With --fp8: the static activation scheme (an input_scale per linear layer).
         #[arg(long, requires = "fp8")]
         fp8_static: bool,
+        /// Write a block-wise fp8 checkpoint as Qwen/Qwen3-8B-FP8 is published (F8_E4M3
+        /// linear weights with an F32 weight_scale_inv per [128, 128] block, vLLM 0.8.5).
+        #[arg(long, conflicts_with_all = ["fp8", "bnb_int8", "bnb_4bit", "awq", "gptq"])]
+        fp8_block: bool,
         /// Write an AWQ 4-bit checkpoint (AutoAWQ GEMM: qweight, qzeros, scales).
         #[arg(long, conflicts_with_all = ["gptq", "bnb_int8", "bnb_4bit"])]
         awq: bool,
@@ -395,6 +399,7 @@ pub fn main() -> i32 {
             double_quant,
             fp8,
             fp8_static,
+            fp8_block,
             awq,
             gptq,
             group_size,
@@ -406,7 +411,14 @@ pub fn main() -> i32 {
                     double_quant,
                 })
             });
-            let fp8 = fp8.then_some(fp8_static);
+            let fp8 = match (fp8, fp8_block) {
+                (true, _) => Some(model::Fp8Gen::PerTensor(fp8_static)),
+                (_, true) => Some(model::Fp8Gen::Block(crate::quant::fp8_block::BlockSize {
+                    n: 128,
+                    k: 128,
+                })),
+                _ => None,
+            };
             use crate::quant::marlin::{Format, Method};
             let method = match (awq, gptq) {
                 (true, _) => Some(Method::Awq),
@@ -896,8 +908,8 @@ fn cmd_inspect(path: &std::path::Path) -> Result<()> {
 enum Gen {
     Bnb4(model::Bnb4Gen),
     Packed4(crate::quant::marlin::Format),
-    /// Per-tensor fp8; `true` for the static activation scheme.
-    Fp8(bool),
+    /// Per-tensor or block-wise fp8.
+    Fp8(model::Fp8Gen),
 }
 
 fn cmd_gen(
@@ -921,7 +933,12 @@ fn cmd_gen(
         bnb_int8,
     };
     let files = match quantized {
-        Some(Gen::Fp8(static_act)) => model::gen_model_fp8(preset, dir, &opts, static_act)?,
+        Some(Gen::Fp8(model::Fp8Gen::PerTensor(static_act))) => {
+            model::gen_model_fp8(preset, dir, &opts, static_act)?
+        }
+        Some(Gen::Fp8(model::Fp8Gen::Block(b))) => {
+            model::gen_model_fp8_block(preset, dir, &opts, b)?
+        }
         Some(Gen::Bnb4(g)) => model::gen_model_bnb4(preset, dir, &opts, g)?,
         Some(Gen::Packed4(f)) => {
             if !crate::quant::marlin::MARLIN_GROUP_SIZES.contains(&f.group_size) {

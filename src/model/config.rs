@@ -199,6 +199,23 @@ impl ModelConfig {
         self.num_heads * self.head_dim
     }
 
+    /// Each decoder layer's linear layers as vLLM stacks them: the name, the output
+    /// partitions (q, k, v; gate, up; or the one) and the inputs.
+    pub fn decoder_linears(&self) -> [(&'static str, Vec<usize>, usize); 4] {
+        let (h, i, q, kv) = (
+            self.hidden_size,
+            self.intermediate_size,
+            self.q_dim(),
+            self.kv_dim(),
+        );
+        [
+            ("qkv_proj", vec![q, kv, kv], h),
+            ("o_proj", vec![h], q),
+            ("gate_up_proj", vec![i, i], h),
+            ("down_proj", vec![h], i),
+        ]
+    }
+
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
     }

@@ -72,6 +72,9 @@ pub struct LlamaModel {
     /// Gemma's `normalizer` buffer (`torch.tensor(hidden_size**0.5)` in the model dtype,
     /// gemma2.py L269-270 at 0.6.4).
     pub normalizer: Option<Tensor>,
+    /// vLLM 0.8.5's process-wide fp8 device identity (f32 `[1]`), made with the first fp8
+    /// linear of a block-wise checkpoint and never freed.
+    pub fp8_identity: Option<Tensor>,
     /// How fast the weights came off the source (zero on a dry run, which reads nothing).
     pub load_stats: LoadStats,
     /// The MLP drops `gate_up` as soon as the activation has read it, before `down_proj`
@@ -123,6 +126,8 @@ impl LlamaModel {
         let mut rope_cache = None;
         let mut rope_cache_global = None;
         let fp8 = src.stored_fp8().is_some() || opts.quant == Quant::Fp8;
+        // Block-wise fp8 is reproduced for vLLM 0.8.5 only: its Fp8KVCacheMethod.
+        let block_fp8 = src.stored_fp8().is_some_and(|f| f.block.is_some());
         let mut kv_scales = Vec::new();
         // In the order vLLM's constructors create the parameters (llama.py at 380e1863):
         // qkv_proj, o_proj (and the rotary cache, with the first layer), gate_up_proj,
@@ -216,7 +221,19 @@ impl LlamaModel {
                             DType::F32,
                         )
                     };
-                    kv_scales.push((s("k_scale")?, s("v_scale")?));
+                    if block_fp8 {
+                        // 0.8.5's `BaseKVCacheMethod.create_weights` makes four, q, k, v and
+                        // prob (kv_cache.py L35-43); kept in the order L134-137 deletes them.
+                        let (q, k, v, prob) = (
+                            s("q_scale")?,
+                            s("k_scale")?,
+                            s("v_scale")?,
+                            s("prob_scale")?,
+                        );
+                        kv_scales.push(vec![k, v, q, prob]);
+                    } else {
+                        kv_scales.push(vec![s("k_scale")?, s("v_scale")?]);
+                    }
                 }
             }
             let gate_up_name = format!("{p}.mlp.gate_up_proj.weight");
@@ -291,7 +308,29 @@ impl LlamaModel {
         } else {
             Some(ld.vocab_shard("lm_head.weight", v, h, vp, v_first, v_len)?)
         };
-        if src.stored_fp8().is_some() {
+        if block_fp8 {
+            // Block-wise fp8 at 0.8.5: the linears keep what they loaded (fp8.py L306-323);
+            // each attention layer's `Fp8KVCacheMethod.process_weights_after_loading`
+            // (kv_cache.py L49-137, kv-cache dtype auto) compares `q_scale` and then
+            // `prob_scale` with 0 (a 0-dim bool on the device each, freed once read, L103 and
+            // L110), then deletes k, v, q and prob scales (L134-137), after qkv_proj and
+            // o_proj in `named_modules` order.
+            for (l, kv) in kv_scales.into_iter().enumerate() {
+                rt.set_layer(Some(l as u32));
+                rt.set_op("fp8.kv_cache_scales");
+                for n in ["q_scale_gt_0", "prob_scale_gt_0"] {
+                    let flag = rt.tensor(
+                        format!("model.layers.{l}.self_attn.attn.{n}"),
+                        Category::Weight,
+                        &[],
+                        DType::U8,
+                    )?;
+                    drop(flag);
+                }
+                drop(kv);
+            }
+            rt.set_layer(None);
+        } else if src.stored_fp8().is_some() {
             // A stored fp8 checkpoint: each layer's shards requantized at their largest
             // scale, once every weight is loaded, in `named_modules` order.
             let t = std::time::Instant::now();
@@ -352,6 +391,7 @@ impl LlamaModel {
             rope_cache,
             rope_cache_global,
             normalizer,
+            fp8_identity: ld.fp8_identity.take(),
             load_stats: LoadStats {
                 total_seconds: started.elapsed().as_secs_f64(),
                 ..ld.stats
@@ -367,6 +407,7 @@ impl LlamaModel {
         let mut b = self.embed.nbytes() + self.norm.nbytes() + self.rope_cache.nbytes();
         b += self.rope_cache_global.as_ref().map_or(0, |t| t.nbytes());
         b += self.normalizer.as_ref().map_or(0, |t| t.nbytes());
+        b += self.fp8_identity.as_ref().map_or(0, |t| t.nbytes());
         for l in &self.layers {
             b += l.input_norm.nbytes() + l.post_norm.nbytes();
             b += l

@@ -12,6 +12,7 @@ use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
 use crate::quant::bnb4::{self, Absmax, Bnb4Meta, Bnb4Type};
 use crate::quant::fp8::Fp8Linear;
+use crate::quant::fp8_block::{BlockSize, Fp8BlockLinear};
 use crate::quant::int8::{Int8Linear, TileLayout};
 use crate::quant::marlin::{self, MarlinLinear};
 use crate::quant::{Bnb4Linear, Bnb4Nested, FusedLinear, Linear, Quant};
@@ -88,6 +89,9 @@ pub(crate) struct Loader<'a> {
     /// While set, the tensor being read is a tensor-parallel shard of a larger checkpoint
     /// tensor: read whole, cut, and only the cut reaches the device.
     slice: Option<Slice>,
+    /// vLLM 0.8.5's `TORCH_DEVICE_IDENTITY` (w8a8_utils.py L129-133), made by the first
+    /// fp8 linear's `create_weights` (fp8.py L201) and kept by the process.
+    pub(crate) fp8_identity: Option<Tensor>,
 }
 
 /// The part of a `[rows, cols]` checkpoint tensor one tensor-parallel rank holds: a block of
@@ -164,6 +168,7 @@ impl<'a> Loader<'a> {
             stats: LoadStats::default(),
             dynamic_map: None,
             slice: None,
+            fp8_identity: None,
         }
     }
 
@@ -307,6 +312,14 @@ impl<'a> Loader<'a> {
     ) -> Result<FusedLinear> {
         let rows: Vec<usize> = parts.iter().map(|p| p.1).collect();
         let rows = &rows[..];
+        if let Some(block) = self.src.stored_fp8().and_then(|f| f.block) {
+            let slices = self.fp8_whole_slices(names, full_rows, parts, k)?;
+            let linear = Box::new(self.fp8_block_stored(names, &slices, k, fused_name, block)?);
+            return Ok(FusedLinear::Fp8Block {
+                linear,
+                rows: rows.to_vec(),
+            });
+        }
         if self.src.stored_fp8().is_some() {
             if names.iter().skip(1).any(|n| *n == names[0]) {
                 return Err(Error::model(
@@ -385,6 +398,11 @@ impl<'a> Loader<'a> {
         quantize: bool,
     ) -> Result<Linear> {
         let slice = self.slice.filter(|s| !s.is_whole());
+        if let (true, Some(block)) = (quantize, self.src.stored_fp8().and_then(|f| f.block)) {
+            let sl = self.slice.unwrap_or(Slice::whole(n, k));
+            let lin = self.fp8_block_stored(&[name.to_string()], &[sl], k, name, block)?;
+            return Ok(Linear::Fp8Block(Box::new(lin)));
+        }
         if quantize && self.src.stored_fp8().is_some() {
             let sl = self.slice.unwrap_or(Slice::whole(n, k));
             let lin = self.fp8_stored(&[name.to_string()], &[sl], k, name)?;
@@ -543,6 +561,110 @@ impl<'a> Loader<'a> {
             weight_scale,
             weight_scale_value: 0.0,
             input_scale: input_scale.map(|t| (t, 0.0)),
+            out_features: total,
+            in_features: k,
+        })
+    }
+
+    /// The shards of a stacked block-wise fp8 layer, each read whole: one stored tensor per
+    /// shard (a checkpoint storing the stack fused is refused by name).
+    fn fp8_whole_slices(
+        &self,
+        names: &[String],
+        full_rows: &[usize],
+        parts: &[(usize, usize)],
+        k: usize,
+    ) -> Result<Vec<Slice>> {
+        if names.iter().skip(1).any(|n| *n == names[0]) {
+            return Err(Error::model(
+                self.src.origin(),
+                format!("tensor {}: a block-wise fp8 checkpoint that stores a stacked layer fused is not read yet", names[0]),
+            ));
+        }
+        Ok(full_rows
+            .iter()
+            .zip(parts)
+            .map(|(&full, &(first, len))| Slice::rows(full, k, first, len))
+            .collect())
+    }
+
+    /// A linear layer of a block-wise fp8 checkpoint as vLLM 0.8.5's `Fp8LinearMethod.
+    /// create_weights` makes it (fp8.py L191-291, `block_quant`): on the first fp8 linear the
+    /// process-wide device identity (`maybe_create_device_identity`, L201: `torch.ones(1)`
+    /// f32 on the device), then the float8_e4m3fn weight `[Σ nᵢ, k]` and the f32
+    /// `weight_scale_inv` `[ceil(Σ nᵢ / bn), ceil(k / bk)]` (L266-279; filled with f32's
+    /// lowest in place); no `input_scale` (dynamic only). The checkpoint's shards are copied
+    /// in by the weight loader, each shard's scale rows at `ceil(offset / bn)`
+    /// (linear.py L760-773, L933-939). `process_weights_after_loading` then re-wraps both as
+    /// plain parameters (fp8.py L306-323): nothing more is allocated.
+    fn fp8_block_stored(
+        &mut self,
+        names: &[String],
+        slices: &[Slice],
+        k: usize,
+        fused_name: &str,
+        block: BlockSize,
+    ) -> Result<Fp8BlockLinear> {
+        if let Some(sl) = slices
+            .iter()
+            .chain(self.slice.as_ref())
+            .find(|s| !s.is_whole())
+        {
+            return Err(Error::model(
+                self.src.origin(),
+                format!(
+                    "tensor {}: a tensor-parallel shard ({:?} of {:?}) of a block-wise fp8 checkpoint is not modelled yet; run it with --tp 1",
+                    names[0],
+                    sl.shape(),
+                    sl.full
+                ),
+            ));
+        }
+        let rt = self.rt;
+        if rt.backend() == Backend::Cuda {
+            return Err(crate::quant::fp8_block::cuda_refused());
+        }
+        if self.fp8_identity.is_none() {
+            let mut one = rt.tensor(
+                "fp8.TORCH_DEVICE_IDENTITY",
+                Category::Weight,
+                &[1],
+                DType::F32,
+            )?;
+            if rt.backend() == Backend::Cpu {
+                one.f32_mut()[0] = 1.0;
+            }
+            self.fp8_identity = Some(one);
+        }
+        let rows: Vec<usize> = slices.iter().map(|s| s.full[0]).collect();
+        let total: usize = rows.iter().sum();
+        let base = fused_name.trim_end_matches(".weight");
+        let mut qweight = rt.tensor(fused_name, Category::Weight, &[total, k], DType::F8E4M3)?;
+        let [nb, kb] = block.grid(total, k);
+        let mut scale_inv = rt.tensor(
+            format!("{base}.weight_scale_inv"),
+            Category::Weight,
+            &[nb, kb],
+            DType::F32,
+        )?;
+        let mut r0 = 0;
+        for (name, &n) in names.iter().zip(&rows) {
+            self.tick(name, self.src.stored_bytes(name))?;
+            if self.needs_data {
+                let t = std::time::Instant::now();
+                let (codes, scales) = self.src.read_fp8_block(name, &[n, k])?;
+                qweight.u8_mut()[r0 * k..(r0 + n) * k].copy_from_slice(&codes);
+                let s0 = r0.div_ceil(block.n) * kb;
+                scale_inv.f32_mut()[s0..s0 + scales.len()].copy_from_slice(&scales);
+                self.stats.read_seconds += t.elapsed().as_secs_f64();
+                self.stats.source_bytes += self.src.stored_bytes(name);
+            }
+            r0 += n;
+        }
+        Ok(Fp8BlockLinear {
+            qweight,
+            scale_inv,
+            block,
             out_features: total,
             in_features: k,
         })
@@ -1048,6 +1170,7 @@ mod tests {
         }
         fn stored_fp8(&self) -> Option<crate::quant::fp8::StoredFp8> {
             Some(crate::quant::fp8::StoredFp8 {
+                block: None,
                 static_activations: self.static_act,
                 dtype: DType::BF16,
             })

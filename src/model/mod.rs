@@ -268,6 +268,7 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
             let cfg =
                 ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
             let sq = sharded::stored_quant(&json, &files.config)?;
+            check_fp8_blocks(sq, &cfg, &files.config)?;
             let threshold = match sq {
                 sharded::StoredQuant::BnbInt8 { threshold } => Some(threshold),
                 _ => None,
@@ -517,7 +518,7 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                     params += m.numel() as u64;
                 } else if packed && name.ends_with(".qweight") {
                     params += n * crate::quant::marlin::PACK as u64;
-                } else if ![".SCB", ".weight_scale", ".input_scale"]
+                } else if ![".SCB", ".weight_scale", ".input_scale", ".weight_scale_inv"]
                     .iter()
                     .any(|s| name.ends_with(s))
                     && !name.contains(".weight.")
@@ -578,6 +579,10 @@ enum LazyKind {
     Fp8Scale,
     /// Its `input_scale`, F32 `[]`: `GEN_FP8_INPUT_SCALE`.
     Fp8InputScale,
+    /// The weight's float8_e4m3fn codes at its blocks' scales (`gen_model_fp8_block`).
+    Fp8BlockCodes(crate::quant::fp8_block::BlockSize),
+    /// Its `weight_scale_inv`, F32 `[ceil(n / bn), ceil(k / bk)]`: each block's absmax / 448.
+    Fp8BlockScaleInv(crate::quant::fp8_block::BlockSize),
     /// One stored tensor of the weight's AWQ / GPTQ form.
     Packed4(Packed4Part, crate::quant::marlin::Format),
 }
@@ -589,6 +594,15 @@ enum Packed4Part {
     QZeros,
     Scales,
     GIdx,
+}
+
+/// The fp8 checkpoint `gen-model` writes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Fp8Gen {
+    /// AutoFP8's per-tensor scales; `true` for the static activation scheme.
+    PerTensor(bool),
+    /// Block-wise (`weight_block_size`), as Qwen3-FP8 and DeepSeek-V3 are published.
+    Block(crate::quant::fp8_block::BlockSize),
 }
 
 /// The `input_scale` `gen-model --fp8-static` stores for every linear layer: 8 / 448, so
@@ -642,6 +656,8 @@ impl LazyTensor<'_> {
             LazyKind::Int8Scb => (D::F32, 4),
             LazyKind::Fp8Codes => (D::F8_E4M3, 1),
             LazyKind::Fp8Scale | LazyKind::Fp8InputScale => (D::F32, 4),
+            LazyKind::Fp8BlockCodes(_) => (D::F8_E4M3, 1),
+            LazyKind::Fp8BlockScaleInv(_) => (D::F32, 4),
             LazyKind::Bnb4(part, g) => match part {
                 Bnb4Part::Absmax if !g.double_quant => (D::F32, 4),
                 Bnb4Part::Packed | Bnb4Part::Absmax | Bnb4Part::Blob => (D::U8, 1),
@@ -710,6 +726,7 @@ impl LazyTensor<'_> {
             LazyKind::Int8Scb => vec![self.shape[0]],
             // AutoFP8 saves its per-tensor scales as 0-dim tensors.
             LazyKind::Fp8Scale | LazyKind::Fp8InputScale => vec![],
+            LazyKind::Fp8BlockScaleInv(b) => b.grid(self.shape[0], self.shape[1]).to_vec(),
             LazyKind::Bnb4(part, g) => match part {
                 Bnb4Part::Packed => vec![numel().div_ceil(2), 1],
                 Bnb4Part::Absmax => vec![blocks()],
@@ -818,6 +835,17 @@ impl safetensors::View for LazyTensor<'_> {
                 }
             }
             LazyKind::Fp8InputScale => out.extend_from_slice(&GEN_FP8_INPUT_SCALE.to_le_bytes()),
+            LazyKind::Fp8BlockCodes(b) | LazyKind::Fp8BlockScaleInv(b) => {
+                let (n, k) = (self.shape[0], self.shape[1]);
+                let w = self.gen.generate(&self.source, n * k);
+                let (codes, scales) = crate::quant::fp8_block::quantize_weight(&w, n, k, b);
+                match self.kind {
+                    LazyKind::Fp8BlockCodes(_) => out = codes,
+                    _ => scales
+                        .iter()
+                        .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+                }
+            }
             LazyKind::Packed4(part, fmt) => {
                 let p = self.packed4_parts(fmt);
                 let i32s = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -955,7 +983,47 @@ pub fn gen_model_fp8(
         dir,
         opts,
         None,
-        Some(static_activations),
+        Some(Fp8Gen::PerTensor(static_activations)),
+        None,
+    )
+}
+
+/// `gen_model_with` writing a block-wise fp8 checkpoint as Qwen/Qwen3-8B-FP8 is published
+/// (and vLLM 0.8.5's `Fp8Config` reads it): every linear layer of the decoder as F8_E4M3
+/// codes with an F32 `weight_scale_inv` of one dequantization multiplier per `block`
+/// (`fp8_block::quantize_weight` of the seeded 16-bit values); embeddings, norms and lm_head
+/// in `opts.dtype`; `quantization_config` `{"quant_method": "fp8", "activation_scheme":
+/// "dynamic", "fmt": "e4m3", "weight_block_size": [bn, bk]}`. A shape vLLM refuses for
+/// that block size is refused here too (`fp8_block::model_problem`).
+pub fn gen_model_fp8_block(
+    preset: &str,
+    dir: &Path,
+    opts: &GenOptions,
+    block: crate::quant::fp8_block::BlockSize,
+) -> Result<ModelFiles> {
+    let config = preset_config(preset)?;
+    gen_model_config_fp8_block(&config, preset, dir, opts, block)
+}
+
+/// `gen_model_fp8_block` for any shape, seeded by `seed_name`.
+pub fn gen_model_config_fp8_block(
+    config: &ModelConfig,
+    seed_name: &str,
+    dir: &Path,
+    opts: &GenOptions,
+    block: crate::quant::fp8_block::BlockSize,
+) -> Result<ModelFiles> {
+    if let Some(p) = crate::quant::fp8_block::model_problem(block, &config.decoder_linears(), false)
+    {
+        return Err(Error::Request(format!("gen-model --fp8-block: {p}")));
+    }
+    gen_model_inner(
+        config,
+        seed_name,
+        dir,
+        opts,
+        None,
+        Some(Fp8Gen::Block(block)),
         None,
     )
 }
@@ -1005,9 +1073,16 @@ fn gen_model_inner(
     dir: &Path,
     opts: &GenOptions,
     bnb4: Option<Bnb4Gen>,
-    fp8: Option<bool>,
+    fp8: Option<Fp8Gen>,
     packed4: Option<crate::quant::marlin::Format>,
 ) -> Result<ModelFiles> {
+    if let (Some(Fp8Gen::Block(_)), true) = (fp8, config.arch == "opt" || config.fused_checkpoint())
+    {
+        return Err(Error::Request(format!(
+            "gen-model --fp8-block: model_type '{}' is not written in that format (Llama-family models with separate projections only)",
+            config.arch
+        )));
+    }
     if fp8.is_some() && (opts.bnb_int8 || bnb4.is_some() || packed4.is_some()) {
         return Err(Error::Request(
             "a checkpoint is either fp8, AWQ / GPTQ or bitsandbytes, not two of them".into(),
@@ -1111,13 +1186,22 @@ fn gen_model_inner(
                     },
                 ));
             }
-        } else if let (Some(static_act), true) = (fp8, is_projection(&name)) {
+        } else if let (Some(f), true) = (fp8, is_projection(&name)) {
             let base = name.trim_end_matches(".weight").to_string();
-            let mut parts = vec![
-                (name.clone(), LazyKind::Fp8Codes),
-                (format!("{base}.weight_scale"), LazyKind::Fp8Scale),
-            ];
-            if static_act {
+            let mut parts = match f {
+                Fp8Gen::Block(b) => vec![
+                    (name.clone(), LazyKind::Fp8BlockCodes(b)),
+                    (
+                        format!("{base}.weight_scale_inv"),
+                        LazyKind::Fp8BlockScaleInv(b),
+                    ),
+                ],
+                Fp8Gen::PerTensor(_) => vec![
+                    (name.clone(), LazyKind::Fp8Codes),
+                    (format!("{base}.weight_scale"), LazyKind::Fp8Scale),
+                ],
+            };
+            if f == Fp8Gen::PerTensor(true) {
                 parts.push((format!("{base}.input_scale"), LazyKind::Fp8InputScale));
             }
             for (n, kind) in parts {
@@ -1182,13 +1266,25 @@ fn gen_model_inner(
             "llm_int8_skip_modules": null,
         });
     }
-    if let Some(static_act) = fp8 {
+    match fp8 {
         // AutoFP8's `quantization_config` (what neuralmagic's fp8 checkpoints carry).
-        json["quantization_config"] = serde_json::json!({
-            "quant_method": "fp8",
-            "activation_scheme": if static_act { "static" } else { "dynamic" },
-            "ignored_layers": ["lm_head"],
-        });
+        Some(Fp8Gen::PerTensor(static_act)) => {
+            json["quantization_config"] = serde_json::json!({
+                "quant_method": "fp8",
+                "activation_scheme": if static_act { "static" } else { "dynamic" },
+                "ignored_layers": ["lm_head"],
+            })
+        }
+        // Qwen/Qwen3-8B-FP8's.
+        Some(Fp8Gen::Block(b)) => {
+            json["quantization_config"] = serde_json::json!({
+                "quant_method": "fp8",
+                "activation_scheme": "dynamic",
+                "fmt": "e4m3",
+                "weight_block_size": [b.n, b.k],
+            })
+        }
+        None => {}
     }
     if let Some(g) = bnb4 {
         // transformers' BitsAndBytesConfig.to_dict() for load_in_4bit.
@@ -1333,10 +1429,28 @@ fn open_safetensors(
     let json = read_config_json(&files.config)?;
     let cfg = ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
     let sq = sharded::stored_quant(&json, &files.config)?;
+    check_fp8_blocks(sq, &cfg, &files.config)?;
     let st =
         sharded::SafetensorsModel::open(&files.weights, &files.shards, files.index.as_deref(), sq)?;
     st.check_against(&cfg)?;
     Ok((json, cfg, sq, st))
+}
+
+/// A block-wise fp8 checkpoint whose shapes vLLM 0.8.5 refuses as it builds the model
+/// (`Fp8LinearMethod.create_weights`, fp8.py L206-229) or fails on in its first forward
+/// (`per_token_group_quant_fp8`'s assertion), refused naming config.json before any tensor
+/// is read. What depends on the GPU is the procedure's to check.
+fn check_fp8_blocks(sq: sharded::StoredQuant, cfg: &ModelConfig, config: &Path) -> Result<()> {
+    let sharded::StoredQuant::Fp8(crate::quant::fp8::StoredFp8 {
+        block: Some(block), ..
+    }) = sq
+    else {
+        return Ok(());
+    };
+    match crate::quant::fp8_block::model_problem(block, &cfg.decoder_linears(), false) {
+        Some(p) => Err(Error::model(config, p)),
+        None => Ok(()),
+    }
 }
 
 /// A loaded causal LM of an architecture vramscope runs, as vLLM's profile run drives it: the

@@ -11,6 +11,7 @@ use crate::base::error::{Error, Result};
 use crate::engine::tensor::DType;
 use crate::quant::bnb4::{Absmax, Bnb4Meta, Bnb4Parts, Bnb4Type};
 use crate::quant::fp8::StoredFp8;
+use crate::quant::fp8_block::BlockSize;
 use crate::quant::marlin::{Format, Method, Parts, MARLIN_GROUP_SIZES, PACK};
 
 /// The `weight_map` of an index file: tensor → shard file name (inside the index's folder).
@@ -333,23 +334,29 @@ fn flag_or(q: &serde_json::Value, k: &str) -> bool {
 
 /// A `quant_method: fp8` config read as vLLM's `Fp8Config.from_config` reads it (0.6.4
 /// fp8.py L70-79: `activation_scheme` is required, "static" or "dynamic"; `ignored_layers`
-/// optional). A block-wise checkpoint (`weight_block_size`, `weight_scale_inv`) is refused by
-/// name: 0.6.4 has no such key (block-wise fp8 arrived in 0.6.6's fp8.py), so that vLLM cannot
-/// load it. `ignored_layers` may name only the lm_head, which is never an fp8 layer (vLLM's
+/// optional). `weight_block_size` makes it block-wise (`weight_scale_inv` per block), read
+/// as 0.8.5's `Fp8Config.__init__` checks it (fp8.py L70-83: two dimensions, the dynamic
+/// scheme); which releases run it is the procedure's to say. `fmt` (DeepSeek-V3's and
+/// Qwen3-FP8's "e4m3") is ignored by vLLM, which makes every fp8 weight float8_e4m3fn; any
+/// other value would describe weights vLLM reads as something else, so it is refused.
+/// `ignored_layers` may name only the lm_head, which is never an fp8 layer (vLLM's
 /// `ParallelLMHead` is not a `LinearBase`, fp8.py L83-95); a linear layer left in 16 bits is
 /// not read yet.
 fn fp8_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
     let q = &config["quantization_config"];
     let key = |k: &str| format!("quantization_config.{k}");
-    if !q["weight_block_size"].is_null() {
-        return Err(Error::model(
-            path,
-            format!(
-                "{} {}: block-wise fp8 (weight_scale_inv per [128, 128] block) is not read; vLLM 0.6.3 to 0.6.5, which fp8 is reproduced for, have no weight_block_size (it arrived in 0.6.6)",
-                key("weight_block_size"),
-                q["weight_block_size"]
-            ),
-        ));
+    match &q["fmt"] {
+        serde_json::Value::Null => {}
+        serde_json::Value::String(s) if s == "e4m3" => {}
+        other => {
+            return Err(Error::model(
+                path,
+                format!(
+                    "{} is {other}: vLLM makes every fp8 weight float8_e4m3fn whatever it says, so only \"e4m3\" is read",
+                    key("fmt")
+                ),
+            ))
+        }
     }
     let static_activations = match &q["activation_scheme"] {
         serde_json::Value::String(s) if s == "static" || s == "dynamic" => s == "static",
@@ -372,6 +379,7 @@ fn fp8_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
             ))
         }
     };
+    let block = fp8_block_size(q, static_activations, path)?;
     match &q["ignored_layers"] {
         serde_json::Value::Null => {}
         serde_json::Value::Array(names) => {
@@ -413,7 +421,47 @@ fn fp8_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
     Ok(StoredFp8 {
         static_activations,
         dtype,
+        block,
     })
+}
+
+/// `quantization_config.weight_block_size` as vLLM 0.8.5's `Fp8Config.__init__` takes it
+/// (fp8.py L70-83): absent, or two dimensions `[block_n, block_k]` under the dynamic scheme.
+/// Each must be a positive integer (vLLM divides by them).
+fn fp8_block_size(
+    q: &serde_json::Value,
+    static_activations: bool,
+    path: &Path,
+) -> Result<Option<BlockSize>> {
+    let v = &q["weight_block_size"];
+    let bad = |why: String| {
+        Err(Error::model(
+            path,
+            format!("quantization_config.weight_block_size {v}: {why}"),
+        ))
+    };
+    let dims = match v {
+        serde_json::Value::Null => return Ok(None),
+        serde_json::Value::Array(d) => d,
+        _ => return bad("expected a list of two integers [block_n, block_k]".into()),
+    };
+    if dims.len() != 2 {
+        return bad(format!(
+            "vLLM refuses it: \"The quantization block size of weight must have 2 dimensions, but got {} dimensions\" (fp8.py L75-78 at 0.8.5)",
+            dims.len()
+        ));
+    }
+    let size = |d: &serde_json::Value| d.as_u64().filter(|&x| x > 0 && x <= 1 << 20);
+    let (Some(n), Some(k)) = (size(&dims[0]), size(&dims[1])) else {
+        return bad("expected two positive integers [block_n, block_k]".into());
+    };
+    if static_activations {
+        return bad("vLLM refuses it: \"The block-wise quantization only supports dynamic activation scheme for now, but got static activation scheme.\" (fp8.py L79-82 at 0.8.5)".into());
+    }
+    Ok(Some(BlockSize {
+        n: n as usize,
+        k: k as usize,
+    }))
 }
 
 /// All shards of a checkpoint, with each tensor's shard.
@@ -659,7 +707,7 @@ impl SafetensorsModel {
             let stored = self.resolve(&name);
             if let StoredQuant::Fp8(f) = self.stored_quant {
                 if super::is_projection(&name) {
-                    self.check_fp8_linear(&name, &shape, f.static_activations)?;
+                    self.check_fp8_linear(&name, &shape, f)?;
                     continue;
                 }
             }
@@ -753,13 +801,59 @@ impl SafetensorsModel {
         Ok(())
     }
 
+    /// A block-wise fp8 linear's scales (vLLM 0.8.5): its `weight_scale_inv` F32 of
+    /// `[ceil(n / block_n), ceil(k / block_k)]`, the shape `BlockQuantScaleParameter` has and
+    /// the weight loader copies into after asserting it (fp8.py L266-279, parameter.py
+    /// `load_qkv_weight` / `load_merged_column_weight` at 0.8.5); a `weight_scale` or
+    /// `input_scale` has no parameter to go to. Values are checked when read.
+    fn check_fp8_block_scales(&self, base: &str, shape: &[usize], block: BlockSize) -> Result<()> {
+        let n = format!("{base}.weight_scale_inv");
+        for other in ["weight_scale", "input_scale"] {
+            let o = format!("{base}.{other}");
+            if self.info(&o).is_some() {
+                return Err(Error::model(
+                    &self.shard_of(&o)?.path,
+                    format!("tensor {o} is stored but the checkpoint is block-wise (weight_block_size): vLLM has no {other} parameter to load it into"),
+                ));
+            }
+        }
+        let Some((dtype, found)) = self.info(&n) else {
+            return Err(Error::model(
+                &self.shard_of(&format!("{base}.weight"))?.path,
+                format!("tensor {n} is missing: a block-wise fp8 weight needs its block scales"),
+            ));
+        };
+        let at = &self.shard_of(&n)?.path;
+        if dtype != Some(StoredDtype::F32) {
+            return Err(Error::model(
+                at,
+                format!(
+                    "tensor {n} is stored as {}, expected F32",
+                    self.dtype_name(&n)
+                ),
+            ));
+        }
+        let want = block.grid(shape[0], shape[1]);
+        if found != want {
+            return Err(Error::model(
+                at,
+                format!(
+                    "tensor {n} has shape {found:?}, expected {want:?}: one scale per [{}, {}] block of the {shape:?} weight",
+                    block.n, block.k
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// A linear weight of an fp8 checkpoint: F8_E4M3 of the shape the config implies, its
     /// `weight_scale` (and, under the static scheme, `input_scale`) F32 `[]` or `[1]`, as
     /// vLLM 0.6.4's `PerTensorScaleParameter` loads them (parameter.py L232-250); under the
     /// dynamic scheme a stored `input_scale` has no parameter to go to (fp8.py L167-177
     /// registers `None`), so `load_weights` would fail on it. The scales' values are read (and
     /// checked) when the weights are: a dry run reads headers only.
-    fn check_fp8_linear(&self, name: &str, shape: &[usize], static_act: bool) -> Result<()> {
+    fn check_fp8_linear(&self, name: &str, shape: &[usize], f: StoredFp8) -> Result<()> {
+        let static_act = f.static_activations;
         let s = self.shard_of(name)?;
         let stored = self.resolve(name);
         let (_, found) = s.info(stored).expect("listed");
@@ -779,6 +873,9 @@ impl SafetensorsModel {
             ));
         }
         let base = name.trim_end_matches(".weight");
+        if let Some(block) = f.block {
+            return self.check_fp8_block_scales(base, shape, block);
+        }
         for (part, needed) in [("weight_scale", true), ("input_scale", static_act)] {
             let n = format!("{base}.{part}");
             match (self.info(&n), needed) {
@@ -1017,6 +1114,7 @@ impl WeightSource for SafetensorsModel {
             bytes(name)
                 + bytes(&format!("{base}.weight_scale"))
                 + bytes(&format!("{base}.input_scale"))
+                + bytes(&format!("{base}.weight_scale_inv"))
         } else if self.is_int8(name) {
             bytes(name) + bytes(&scb_name(name))
         } else {
@@ -1109,6 +1207,23 @@ impl WeightSource for SafetensorsModel {
             None
         };
         Ok((codes, scale("weight_scale")?, input))
+    }
+
+    fn read_fp8_block(&self, name: &str, shape: &[usize]) -> Result<(Vec<u8>, Vec<f32>)> {
+        let block = self.stored_fp8().and_then(|f| f.block).ok_or_else(|| {
+            Error::model(
+                &self.origin,
+                format!("tensor {name}: config.json's quantization_config is not block-wise fp8"),
+            )
+        })?;
+        let stored = self.resolve(name);
+        let codes = self.shard_of(name)?.raw_f8_e4m3(stored, shape)?.to_vec();
+        let n = format!("{}.weight_scale_inv", stored.trim_end_matches(".weight"));
+        let s = self.shard_of(&n)?;
+        let grid = block.grid(shape[0], shape[1]);
+        let scales = floats_to_f32(StoredDtype::F32, s.raw(&n, StoredDtype::F32, &grid)?);
+        crate::quant::fp8_block::check_block_scales(&s.path, &n, &scales)?;
+        Ok((codes, scales))
     }
 
     fn read_int8(&self, name: &str, shape: &[usize]) -> Result<(Vec<i8>, Vec<f32>)> {

@@ -80,6 +80,15 @@ pub trait WeightSource {
             format!("tensor {name} is not stored as fp8"),
         ))
     }
+    /// Reads a linear weight of a block-wise fp8 checkpoint as stored: its float8_e4m3fn
+    /// codes `shape` and its `weight_scale_inv` grid, row-major (each checked finite and
+    /// above 0).
+    fn read_fp8_block(&self, name: &str, _shape: &[usize]) -> Result<(Vec<u8>, Vec<f32>)> {
+        Err(Error::model(
+            self.origin(),
+            format!("tensor {name} is not stored as block-wise fp8"),
+        ))
+    }
     /// The AWQ / GPTQ format of the checkpoint's quantized linears, when it has one.
     fn packed4(&self) -> Option<crate::quant::marlin::Format> {
         None

@@ -532,6 +532,10 @@ fn check_fp8(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
     if req.quant != Quant::Fp8 {
         return Ok(());
     }
+    if let Some(block) = o.source.stored_fp8().and_then(|f| f.block) {
+        check_fp8_block(req, o, block)?;
+        return check_fp8_model(o);
+    }
     match &req.device {
         DeviceSpec::Cuda { .. } => {}
         DeviceSpec::Sim { preset, .. } => {
@@ -541,6 +545,44 @@ fn check_fp8(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
         }
     }
     crate::quant::fp8::check_release(req.release()?.name)?;
+    check_fp8_model(o)
+}
+
+/// What a block-wise fp8 checkpoint is reproduced for: vLLM 0.8.5 (`--vllm 0.8`) on a
+/// simulated Hopper (CUTLASS's blockwise GEMM) or Ada (Triton's) GPU, with the kv-cache in
+/// the model's dtype, its shapes as `fp8_block::model_problem` allows them on that GPU. A
+/// CUDA device is refused: the GPU kernels are not written yet.
+fn check_fp8_block(
+    req: &ProfileRequest,
+    o: &model::OpenedModel,
+    block: crate::quant::fp8_block::BlockSize,
+) -> Result<()> {
+    use crate::quant::fp8_block;
+    let hopper = match &req.device {
+        DeviceSpec::Cuda { .. } => return Err(fp8_block::cuda_refused()),
+        DeviceSpec::Sim { preset, .. } => match crate::device::presets::find(preset) {
+            Some(p) => {
+                fp8_block::check_gpu(p.arch, p.name)?;
+                p.arch == "Hopper"
+            }
+            None => false,
+        },
+    };
+    fp8_block::check_release(req.release()?.name, &req.vllm)?;
+    if req.kv_cache_dtype != super::request::KvCacheDtype::Auto {
+        return Err(Error::Request(format!(
+            "--kv-cache-dtype {} with a block-wise fp8 checkpoint: Fp8KVCacheMethod's handling of stored or unit k/v scales for an fp8 cache is not modelled yet; leave it auto",
+            req.kv_cache_dtype.name()
+        )));
+    }
+    match fp8_block::model_problem(block, &o.config.decoder_linears(), hopper) {
+        Some(p) => Err(Error::model(o.source.origin(), p)),
+        None => Ok(()),
+    }
+}
+
+/// The models fp8 is reproduced for: Llama-family without biases in the linear layers.
+fn check_fp8_model(o: &model::OpenedModel) -> Result<()> {
     let c = &o.config;
     let why = if c.arch == "opt" {
         Some("OPT's linear layers carry biases that CUTLASS adds in its epilogue, not modelled yet")

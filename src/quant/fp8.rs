@@ -155,7 +155,7 @@ pub fn requantize_with_max_scale(
     max
 }
 
-/// What a pre-quantized per-tensor fp8 checkpoint says about itself (vLLM 0.6.4's
+/// What a pre-quantized fp8 checkpoint says about itself (vLLM 0.6.4's
 /// `Fp8Config.from_config` with `is_checkpoint_fp8_serialized`, fp8.py L70-79): whether its
 /// activations are quantized with stored `input_scale`s (`activation_scheme: static`) or per
 /// forward (`dynamic`), and the dtype of everything left unquantized and of the activations
@@ -165,6 +165,24 @@ pub fn requantize_with_max_scale(
 pub struct StoredFp8 {
     pub static_activations: bool,
     pub dtype: DType,
+    /// `weight_block_size` of a block-wise checkpoint (vLLM 0.8.5): `weight_scale_inv` per
+    /// block instead of one `weight_scale` per tensor (`fp8_block` runs it).
+    pub block: Option<BlockSize>,
+}
+
+/// `quantization_config.weight_block_size`: `[block_n, block_k]` (output rows, input columns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockSize {
+    pub n: usize,
+    pub k: usize,
+}
+
+impl BlockSize {
+    /// The `weight_scale_inv` shape of an `[n, k]` weight: `[ceil(n / block_n), ceil(k /
+    /// block_k)]` (`BlockQuantScaleParameter`, fp8.py L266-271 at 0.8.5).
+    pub fn grid(self, n: usize, k: usize) -> [usize; 2] {
+        [n.div_ceil(self.n), k.div_ceil(self.k)]
+    }
 }
 
 /// A linear layer under vLLM's `Fp8LinearMethod` after `process_weights_after_loading`.

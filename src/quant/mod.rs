@@ -4,6 +4,7 @@
 
 pub mod bnb4;
 pub mod fp8;
+pub mod fp8_block;
 pub mod int8;
 pub mod marlin;
 pub mod nf4;
@@ -140,6 +141,8 @@ pub enum Linear {
     Int8(int8::Int8Linear),
     Bnb4(Bnb4Linear),
     Fp8(fp8::Fp8Linear),
+    /// Block-wise fp8 as stored (vLLM 0.8.5's `weight_block_size`).
+    Fp8Block(Box<fp8_block::Fp8BlockLinear>),
     /// AWQ or GPTQ 4-bit, repacked for Marlin after loading.
     Marlin(Box<marlin::MarlinLinear>),
 }
@@ -151,6 +154,7 @@ impl Linear {
             Linear::Int8(l) => l.out_features,
             Linear::Bnb4(l) => l.out_features,
             Linear::Fp8(l) => l.out_features,
+            Linear::Fp8Block(l) => l.out_features,
             Linear::Marlin(l) => l.out_features,
         }
     }
@@ -162,6 +166,7 @@ impl Linear {
             Linear::Int8(l) => l.weight_bytes(),
             Linear::Bnb4(l) => l.weight_bytes(),
             Linear::Fp8(l) => l.weight_bytes(),
+            Linear::Fp8Block(l) => l.weight_bytes(),
             Linear::Marlin(l) => l.weight_bytes(),
         }
     }
@@ -179,6 +184,7 @@ impl Linear {
         match self {
             Linear::Dense(w) => dense_matmul(rt, x, w, name, act),
             Linear::Fp8(l) => l.forward(rt, x, name, act, &[l.out_features]),
+            Linear::Fp8Block(l) => l.forward(rt, x, name, act, &[l.out_features]),
             Linear::Marlin(l) => l.forward(rt, x, name, act, &[l.out_features]),
             Linear::Int8(_) | Linear::Bnb4(_) => {
                 shard_loop(rt, std::slice::from_ref(self), x, name, generation, act)
@@ -204,6 +210,12 @@ pub enum FusedLinear {
         linear: Box<fp8::Fp8Linear>,
         rows: Vec<usize>,
     },
+    /// Block-wise fp8: the shards' codes and `weight_scale_inv` grids stacked along the
+    /// output in one parameter each, one `apply_w8a8_block_fp8_linear` into the fused output.
+    Fp8Block {
+        linear: Box<fp8_block::Fp8BlockLinear>,
+        rows: Vec<usize>,
+    },
     /// AWQ / GPTQ: the shards' packed codes, zeros and scales stacked along the output in
     /// one set of parameters (vLLM's `PackedvLLMParameter` with `output_partition_sizes`),
     /// one `gptq_marlin_gemm` into the fused output.
@@ -220,6 +232,7 @@ impl FusedLinear {
             FusedLinear::Dense { rows, .. } => rows.clone(),
             FusedLinear::Shards(s) => s.iter().map(Linear::out_features).collect(),
             FusedLinear::Fp8 { rows, .. } => rows.clone(),
+            FusedLinear::Fp8Block { rows, .. } => rows.clone(),
             FusedLinear::Marlin { rows, .. } => rows.clone(),
         }
     }
@@ -229,6 +242,7 @@ impl FusedLinear {
             FusedLinear::Dense { weight, .. } => weight.nbytes(),
             FusedLinear::Shards(s) => s.iter().map(Linear::weight_bytes).sum(),
             FusedLinear::Fp8 { linear, .. } => linear.weight_bytes(),
+            FusedLinear::Fp8Block { linear, .. } => linear.weight_bytes(),
             FusedLinear::Marlin { linear, .. } => linear.weight_bytes(),
         }
     }
@@ -287,6 +301,7 @@ impl FusedLinear {
             }
             FusedLinear::Shards(shards) => shard_loop(rt, shards, x, name, generation, act),
             FusedLinear::Fp8 { linear, rows } => linear.forward(rt, x, name, act, rows),
+            FusedLinear::Fp8Block { linear, rows } => linear.forward(rt, x, name, act, rows),
             FusedLinear::Marlin { linear, rows } => linear.forward(rt, x, name, act, rows),
         }
     }
@@ -404,6 +419,7 @@ fn shard_loop(
             Linear::Bnb4(l) => bnb4::shard_matmul(rt, l, xb, &sname)?,
             Linear::Dense(w) => dense_matmul(rt, xb, w, &sname, act)?,
             Linear::Fp8(l) => l.forward(rt, xb, &sname, act, &[l.out_features])?,
+            Linear::Fp8Block(l) => l.forward(rt, xb, &sname, act, &[l.out_features])?,
             Linear::Marlin(l) => l.forward(rt, xb, &sname, act, &[l.out_features])?,
         };
         let n = shard.out_features();

@@ -1,0 +1,487 @@
+//! vLLM 0.8.5's block-wise fp8 (`Fp8Config` with `weight_block_size`, as DeepSeek-V3 and
+//! Qwen/Qwen3-8B-FP8 store it): float8_e4m3fn weights with one f32 dequantization multiplier
+//! per `[block_n, block_k]` block (`weight_scale_inv`), activations quantized on every forward
+//! per token and group of `block_k` inputs (`per_token_group_quant_fp8`), then CUTLASS's
+//! blockwise GEMM on Hopper or Triton's `w8a8_block_fp8_matmul` elsewhere
+//! (`apply_w8a8_block_fp8_linear`, utils/fp8_utils.py L33-81 at 0.8.5).
+
+use crate::base::error::{Error, Result};
+use crate::device::Backend;
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Tensor};
+use crate::memory::Category;
+
+pub use super::fp8::BlockSize;
+use super::fp8::{decode, encode, E4M3_MAX};
+
+/// `per_token_group_quant_fp8`'s `eps` (fp8_utils.py L236 at 0.8.5): a group's absmax is at
+/// least this, so an all-zero group gets a tiny positive scale, not 0.
+pub const GROUP_EPS: f32 = 1e-10;
+
+/// One group of `per_token_group_quant_fp8` (the Triton kernel `_per_token_group_quant_fp8`,
+/// fp8_utils.py L133-176 at 0.8.5): `s = max(max|y|, eps) / 448`, each code
+/// `clamp(y / s, -448, 448)` cast to float8_e4m3fn. Returns `s`. The kernel divides in f32
+/// as Triton lowers `/` (`div.full.f32`, within 2 ulp); the host divides exactly, so a value
+/// that lands within an ulp of a rounding midpoint could take the other code.
+// min/max, not `clamp`: a NaN becomes 448 as with PTX's min/max (which `tl.clamp` without
+// NaN propagation lowers to, like the per-tensor kernel's fminf/fmaxf), not a NaN code.
+#[allow(clippy::manual_clamp)]
+pub fn quantize_group(y: &[f32], codes: &mut [u8]) -> f32 {
+    let amax = y.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(GROUP_EPS);
+    let s = amax / E4M3_MAX;
+    for (c, &v) in codes.iter_mut().zip(y) {
+        *c = encode((v / s).min(E4M3_MAX).max(-E4M3_MAX));
+    }
+    s
+}
+
+/// `per_token_group_quant_fp8(x [m, k], group)`: the codes `[m, k]` and the scales, row-major
+/// `[m, k / group]` (the GPU's column-major copy holds the same values).
+pub fn per_token_group_quant(x: &[f32], k: usize, group: usize) -> (Vec<u8>, Vec<f32>) {
+    let mut codes = vec![0u8; x.len()];
+    let scales = x
+        .chunks(group)
+        .zip(codes.chunks_mut(group))
+        .map(|(y, c)| quantize_group(y, c))
+        .collect();
+    debug_assert!(k.is_multiple_of(group));
+    (codes, scales)
+}
+
+/// A weight `[n, k]` quantized as the published block-wise checkpoints are (DeepSeek-V3's
+/// and Qwen3-FP8's): per block, `scale = max|w| / 448` (at least `GROUP_EPS / 448`, so an
+/// all-zero block keeps a positive scale), codes `clamp(w / scale)` in e4m3; returns the
+/// codes and the `weight_scale_inv` grid (the dequantization multipliers, row-major
+/// `[ceil(n / bn), ceil(k / bk)]`). Partial blocks at the edges take what is there.
+#[allow(clippy::manual_clamp)]
+pub fn quantize_weight(w: &[f32], n: usize, k: usize, block: BlockSize) -> (Vec<u8>, Vec<f32>) {
+    let [nb, kb] = block.grid(n, k);
+    let mut scales = vec![0f32; nb * kb];
+    for (r, row) in w.chunks(k).enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            let s = &mut scales[(r / block.n) * kb + c / block.k];
+            *s = s.max(v.abs());
+        }
+    }
+    for s in &mut scales {
+        *s = s.max(GROUP_EPS) / E4M3_MAX;
+    }
+    let codes = w
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let s = scales[(i / k / block.n) * kb + (i % k) / block.k];
+            encode((v / s).min(E4M3_MAX).max(-E4M3_MAX))
+        })
+        .collect();
+    (codes, scales)
+}
+
+/// Rows `rows` of an `[n, k]` block-quantized weight as values: each code decoded and
+/// multiplied by its block's `weight_scale_inv` in f32 (what the GEMM's `b_s` multiplies).
+pub fn dequantize_rows(
+    codes: &[u8],
+    scales: &[f32],
+    k: usize,
+    block: BlockSize,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    let kb = k.div_ceil(block.k);
+    for (i, r) in rows.enumerate() {
+        let srow = &scales[(r / block.n) * kb..(r / block.n + 1) * kb];
+        for (c, (o, &code)) in out[i * k..(i + 1) * k]
+            .iter_mut()
+            .zip(&codes[r * k..(r + 1) * k])
+            .enumerate()
+        {
+            *o = decode(code) * srow[c / block.k];
+        }
+    }
+}
+
+/// A block-wise checkpoint's `weight_scale_inv` values: each a dequantization multiplier, so
+/// one that is not finite and positive would make its block's weights NaN, infinite or zero
+/// (vLLM loads it as it is); refused naming the file, the tensor and the element (the
+/// block, counted row-major).
+pub fn check_block_scales(file: &std::path::Path, tensor: &str, values: &[f32]) -> Result<()> {
+    match values.iter().position(|s| !(s.is_finite() && *s > 0.0)) {
+        None => Ok(()),
+        Some(i) => Err(Error::model(
+            file,
+            format!(
+                "tensor {tensor} holds {} at element {i}, expected finite scales above 0",
+                values[i]
+            ),
+        )),
+    }
+}
+
+/// A linear layer under vLLM 0.8.5's `Fp8LinearMethod` with `block_quant`: after
+/// `process_weights_after_loading` (fp8.py L306-323, CUDA: the same storage re-wrapped as
+/// plain `Parameter`s, nothing allocated or copied) it holds what the checkpoint stored.
+pub struct Fp8BlockLinear {
+    /// F8E4M3 `[n, k]`.
+    pub qweight: Tensor,
+    /// F32 `[ceil(n / bn), ceil(k / bk)]`, the shards' grids stacked along the rows.
+    pub scale_inv: Tensor,
+    pub block: BlockSize,
+    pub out_features: usize,
+    pub in_features: usize,
+}
+
+impl Fp8BlockLinear {
+    pub fn weight_bytes(&self) -> u64 {
+        self.qweight.nbytes() + self.scale_inv.nbytes()
+    }
+
+    /// `apply_w8a8_block_fp8_linear` (fp8_utils.py L33-81 at 0.8.5), `x [m, k] → [m, n]` in
+    /// `act`: `per_token_group_quant_fp8` allocates the fp8 input `[m, k]` (`empty_like`,
+    /// L263) then its f32 scales, `k / bk` per token (column-major on the CUTLASS path,
+    /// L266-269, row-major on Triton's, L271-272: the same bytes); the GEMM allocates the
+    /// output (`cutlass_scaled_mm`, _custom_ops.py L566, or `w8a8_block_fp8_matmul`'s
+    /// `A.new_empty`, fp8_utils.py L476); `.to(input.dtype)` and `.view` allocate nothing
+    /// (no bias: refused before); the fp8 input and then its scales are freed as the
+    /// function returns (frame locals in order). `rows`: the output features of each shard,
+    /// written as contiguous blocks as `FusedLinear` lays them out.
+    pub fn forward(
+        &self,
+        rt: &Runtime,
+        x: &Tensor,
+        name: &str,
+        act: DType,
+        rows: &[usize],
+    ) -> Result<Tensor> {
+        rt.check_cancel()?;
+        let (m, k, n) = (x.rows(), x.cols(), self.out_features);
+        if k != self.in_features {
+            return Err(Error::Request(format!(
+                "{name}: input has {k} features but the fp8 weight {} expects {}",
+                self.qweight.name, self.in_features
+            )));
+        }
+        let bk = self.block.k;
+        if !k.is_multiple_of(bk) {
+            return Err(Error::Request(format!(
+                "{name}: per_token_group_quant_fp8 needs the input's {k} features divisible by block_k = {bk} (fp8_utils.py L254-256 at 0.8.5)"
+            )));
+        }
+        rt.set_op("fp8.per_token_group_quant_fp8");
+        let mut qinput = rt.tensor(
+            format!("{name}.qinput"),
+            Category::Activation,
+            &[m, k],
+            DType::F8E4M3,
+        )?;
+        let mut x_scale = rt.tensor(
+            format!("{name}.x_scale"),
+            Category::Activation,
+            &[m, k / bk],
+            DType::F32,
+        )?;
+        let mut xdq = Vec::new();
+        match rt.backend() {
+            Backend::Cpu => {
+                let (codes, scales) = per_token_group_quant(x.f32(), k, bk);
+                xdq = codes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &c)| decode(c) * scales[i / bk])
+                    .collect();
+                qinput.u8_mut().copy_from_slice(&codes);
+                x_scale.f32_mut().copy_from_slice(&scales);
+            }
+            Backend::Cuda => return Err(cuda_refused()),
+            Backend::Dry => {}
+        }
+        rt.set_op("fp8.block_scaled_mm");
+        let mut out =
+            rt.tensor_for_overwrite(format!("{name}.out"), Category::Activation, &[m, n], act)?;
+        if rt.backend() == Backend::Cpu {
+            let (codes, scales) = (self.qweight.u8(), self.scale_inv.f32());
+            let block = self.block;
+            let decode_rows = |r: std::ops::Range<usize>, buf: &mut [f32]| {
+                dequantize_rows(codes, scales, k, block, r, buf)
+            };
+            // The activations as their codes times their group's scale, the weights as
+            // theirs times their block's, summed in f32 and rounded to `act` (CUTLASS's
+            // `Sm90AccFetch` epilogue, Triton's `accumulator.to(...)`). The kernels sum each
+            // block of codes first and scale the partial sum: the same value up to f32
+            // rounding.
+            super::host_decoded_matmul(rt, &xdq, (m, k), rows, out.f32_mut(), decode_rows, |a| {
+                act.round(a)
+            })?;
+        }
+        drop(qinput);
+        drop(x_scale);
+        Ok(out)
+    }
+}
+
+/// What vLLM 0.8.5 refuses of a block-wise checkpoint's shapes, or what vramscope does not
+/// model, for one linear: `parts` its output partitions (q, k, v; gate, up; or the one),
+/// `k` its inputs; `hopper` when the GPU takes CUTLASS's path (`cutlass_block_fp8_supported`,
+/// compute capability 9.x). `None` when it runs as modelled.
+pub fn layer_problem(block: BlockSize, parts: &[usize], k: usize, hopper: bool) -> Option<String> {
+    let n: usize = parts.iter().sum();
+    if parts.len() > 1 {
+        // create_weights, "Required by column parallel or enabling merged weights".
+        if let Some(p) = parts.iter().find(|&&p| !p.is_multiple_of(block.n)) {
+            return Some(format!(
+                "vLLM refuses it: \"Weight output_partition_size = {p} is not divisible by weight quantization block_n = {}.\" (fp8.py L221-229 at 0.8.5)",
+                block.n
+            ));
+        }
+    }
+    if !k.is_multiple_of(block.k) {
+        return Some(format!(
+            "its {k} inputs are not divisible by block_k = {}: per_token_group_quant_fp8 asserts they are (fp8_utils.py L254-256 at 0.8.5), so vLLM fails in its profile run",
+            block.k
+        ));
+    }
+    // `shape_supported_by_cutlass` (fp8_utils.py L47-48) tests 128 whatever the block size.
+    if hopper && n.is_multiple_of(128) && k.is_multiple_of(128) {
+        if block != (BlockSize { n: 128, k: 128 }) {
+            return Some(format!(
+                "on Hopper this shape takes CUTLASS's blockwise GEMM, built for [128, 128] blocks only (its TORCH_CHECK on the scales' shape fails for [{}, {}])",
+                block.n, block.k
+            ));
+        }
+        if k > 3 * n {
+            return Some(format!(
+                "on Hopper CUTLASS's blockwise GEMM takes its stream-K scheduler when k > 3n ({k} > 3 × {n}), whose workspace vramscope does not model yet"
+            ));
+        }
+    }
+    None
+}
+
+/// `layer_problem` over a model's decoder linears (`(name, parts, k)` each), as one message
+/// naming the first layer vLLM refuses or vramscope does not model.
+pub fn model_problem(
+    block: BlockSize,
+    linears: &[(&str, Vec<usize>, usize)],
+    hopper: bool,
+) -> Option<String> {
+    linears.iter().find_map(|(name, parts, k)| {
+        layer_problem(block, parts, *k, hopper).map(|p| {
+            format!(
+                "block-wise fp8 with weight_block_size [{}, {}]: {name} (outputs {parts:?}, {k} inputs): {p}",
+                block.n, block.k
+            )
+        })
+    })
+}
+
+/// Whether vLLM 0.8.5 runs block-wise fp8 on a GPU of this architecture as vramscope models
+/// it. Block quantization turns fp8 Marlin off (fp8.py L182-185), so below compute capability
+/// 8.9 there is no kernel with fp8 tensor cores for it; Hopper takes CUTLASS, Ada Triton
+/// (`cutlass_scaled_mm_supports_block_fp8` holds on 9.x only); both allocate alike.
+pub fn check_gpu(arch: &str, gpu: &str) -> Result<()> {
+    let why = match arch {
+        "Ada" | "Hopper" => return Ok(()),
+        "Blackwell" => "which blockwise GEMM vLLM 0.8.5 takes on compute capability 10.0 was not checked, so it is not modelled yet",
+        "Ampere" => "compute capability 8.0/8.6 has no fp8 tensor cores, and vLLM 0.8.5 turns fp8 Marlin off for block-wise checkpoints (fp8.py L182-185), leaving Triton's fp8 matmul, which needs 8.9",
+        "Turing" => "vLLM refuses fp8 below compute capability 8.0 (Fp8Config.get_min_capability, fp8.py L93-95 at 0.8.5)",
+        _ => "its compute capability is not known to vramscope",
+    };
+    Err(Error::Request(format!(
+        "block-wise fp8 on {gpu} ({arch}): {why}; use a Hopper or Ada preset (h100-80gb, h200-141gb, l40s, l4, rtx4090)"
+    )))
+}
+
+/// The releases whose block-wise fp8 vramscope reproduces: vLLM 0.8.5, asked as `--vllm
+/// 0.8` or `0.8.5` (`asked`; `release` is the row it names). 0.6.3 to 0.6.5 have no
+/// `weight_block_size`; 0.6.6 (which shares the 0.6.5 row) reads it but runs Triton only and
+/// makes no device identity; 0.7 is not modelled; 0.9 and 0.10 share the 0.8 row for the
+/// profile run, but their block-wise linear was not checked against 0.8.5's, so they are
+/// refused rather than assumed alike.
+pub fn check_release(release: &str, asked: &str) -> Result<()> {
+    if release == "0.8" && matches!(asked, "0.8" | "0.8.5") {
+        return Ok(());
+    }
+    Err(Error::Request(format!(
+        "block-wise fp8 (weight_block_size) with --vllm {asked}: vramscope reproduces it as vLLM 0.8.5 loads and runs it, use --vllm 0.8 (0.6.3 to 0.6.5 cannot load it; 0.6.6, 0.7 and 0.9 on read it but are not modelled)"
+    )))
+}
+
+/// The refusal on a CUDA device: the block-wise kernels are not written yet.
+pub fn cuda_refused() -> Error {
+    Error::Request(
+        "a block-wise fp8 checkpoint on a CUDA device: vramscope's GPU kernels for it (per_token_group_quant_fp8, the blockwise fp8 GEMM) are not written yet; plan it on a simulated GPU (--device sim:h100-80gb:dry, or :compute for the math)".into(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::fp8::tests::{runtime, trace};
+
+    const B128: BlockSize = BlockSize { n: 128, k: 128 };
+
+    #[test]
+    fn a_group_is_scaled_so_its_absmax_is_448() {
+        let y = [0.5f32, -2.0, 1.0, 0.0];
+        let mut c = [0u8; 4];
+        let s = quantize_group(&y, &mut c);
+        assert_eq!(s, 2.0 / 448.0);
+        // -2 / (2 / 448) = -448 exactly: e4m3's most negative finite code.
+        assert_eq!(c[1], 0xFE);
+        assert_eq!(c[3], 0x00);
+        // All zero: eps / 448, and every code 0 (not the per-tensor kernel's NaN → 448).
+        let s = quantize_group(&[0.0; 3], &mut c[..3]);
+        assert_eq!(s, GROUP_EPS / 448.0);
+        assert_eq!(&c[..3], &[0, 0, 0]);
+    }
+
+    #[test]
+    fn each_token_and_group_gets_its_own_scale() {
+        // Two tokens of two groups of 2.
+        let x = [1.0f32, -4.0, 0.5, 0.25, 8.0, 2.0, -1.0, 3.0];
+        let (codes, s) = per_token_group_quant(&x, 4, 2);
+        assert_eq!(s, vec![4.0 / 448.0, 0.5 / 448.0, 8.0 / 448.0, 3.0 / 448.0]);
+        assert_eq!(codes[1], 0xFE);
+        assert_eq!(codes[2], 0x7E);
+        assert_eq!(codes[4], 0x7E);
+    }
+
+    #[test]
+    fn weight_blocks_use_their_own_absmax_with_partial_edge_blocks() {
+        // [3, 5] at blocks of [2, 4]: a 2 × 2 grid, the last row and column partial.
+        let w: Vec<f32> = (0..15).map(|i| (i as f32 - 7.0) / 4.0).collect();
+        let blk = BlockSize { n: 2, k: 4 };
+        let (codes, s) = quantize_weight(&w, 3, 5, blk);
+        assert_eq!(blk.grid(3, 5), [2, 2]);
+        // Block (0,0): rows 0-1, cols 0-3 → |w| of 0,1,2,3,5,6,7,8 → max 7/4.
+        assert_eq!(s[0], 1.75 / 448.0);
+        // Block (0,1): col 4 of rows 0-1 → (4-7)/4, (9-7)/4 → max 0.75.
+        assert_eq!(s[1], 0.75 / 448.0);
+        // Block (1,0): row 2 cols 0-3 → (10..13-7)/4 → max 1.5; block (1,1): (14-7)/4.
+        assert_eq!(s[2], 1.5 / 448.0);
+        assert_eq!(s[3], 1.75 / 448.0);
+        let mut back = vec![0f32; 15];
+        dequantize_rows(&codes, &s, 5, blk, 0..3, &mut back);
+        for (i, (a, b)) in back.iter().zip(&w).enumerate() {
+            assert_eq!(*a, decode(codes[i]) * s[(i / 5 / 2) * 2 + (i % 5) / 4]);
+            assert!((a - b).abs() <= b.abs() / 16.0 + 1e-6, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn vllms_shape_rules_for_block_wise_layers() {
+        // Merged: every partition divisible by block_n.
+        assert!(layer_problem(B128, &[4096, 1024, 1024], 4096, true).is_none());
+        let p = layer_problem(B128, &[128, 64, 64], 128, false).unwrap();
+        assert!(p.contains("Weight output_partition_size = 64 is not divisible by weight quantization block_n = 128."), "{p}");
+        // A single layer may end in a partial block; its inputs may not.
+        assert!(layer_problem(B128, &[200], 256, false).is_none());
+        let p = layer_problem(B128, &[256], 200, false).unwrap();
+        assert!(
+            p.contains("200 inputs are not divisible by block_k = 128"),
+            "{p}"
+        );
+        // Hopper's CUTLASS path: [128, 128] blocks only, no stream-K.
+        let p = layer_problem(BlockSize { n: 64, k: 64 }, &[256], 256, true).unwrap();
+        assert!(p.contains("[128, 128] blocks only"), "{p}");
+        assert!(layer_problem(BlockSize { n: 64, k: 64 }, &[256], 256, false).is_none());
+        let p = layer_problem(B128, &[4096], 14336, true).unwrap();
+        assert!(p.contains("stream-K"), "{p}");
+        // Qwen3-8B's down_proj: k = 3n exactly, the persistent scheduler.
+        assert!(layer_problem(B128, &[4096], 12288, true).is_none());
+    }
+
+    #[test]
+    fn the_forward_allocates_codes_group_scales_and_output_then_frees_the_two() {
+        let rt = runtime("dry");
+        let w = |name: &str, shape: &[usize], dtype| {
+            rt.tensor(name, Category::Weight, shape, dtype).unwrap()
+        };
+        let lin = Fp8BlockLinear {
+            qweight: w("o_proj.weight", &[4096, 4096], DType::F8E4M3),
+            scale_inv: w("o_proj.weight_scale_inv", &[32, 32], DType::F32),
+            block: B128,
+            out_features: 4096,
+            in_features: 4096,
+        };
+        assert_eq!(lin.weight_bytes(), 4096 * 4096 + 32 * 32 * 4);
+        let x = rt
+            .tensor("x", Category::Activation, &[2048, 4096], DType::BF16)
+            .unwrap();
+        let from = rt.event_count();
+        let out = lin
+            .forward(&rt, &x, "0.o_proj", DType::BF16, &[4096])
+            .unwrap();
+        assert_eq!(out.shape, vec![2048, 4096]);
+        assert_eq!(
+            trace(&rt, from),
+            vec![
+                ("alloc", "0.o_proj.qinput".into(), 2048 * 4096),
+                ("alloc", "0.o_proj.x_scale".into(), 2048 * 32 * 4),
+                ("alloc", "0.o_proj.out".into(), 2 * 2048 * 4096),
+                ("free", "0.o_proj.qinput".into(), 2048 * 4096),
+                ("free", "0.o_proj.x_scale".into(), 2048 * 32 * 4),
+            ]
+        );
+    }
+
+    #[test]
+    fn host_forward_is_the_product_of_the_dequantized_codes() {
+        let rt = runtime("compute");
+        let (m, k, n) = (3, 256, 5);
+        let blk = BlockSize { n: 2, k: 128 };
+        let wv: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+            .collect();
+        let xv: Vec<f32> = (0..m * k)
+            .map(|i| DType::BF16.round(((i * 53 % 97) as f32 - 48.0) / 16.0))
+            .collect();
+        let (codes, scales) = quantize_weight(&wv, n, k, blk);
+        let mut qweight = rt
+            .tensor("w.weight", Category::Weight, &[n, k], DType::F8E4M3)
+            .unwrap();
+        qweight.u8_mut().copy_from_slice(&codes);
+        let scale_inv = rt
+            .tensor_with_values(
+                "w.weight_scale_inv",
+                Category::Weight,
+                &[3, 2],
+                DType::F32,
+                scales.clone(),
+            )
+            .unwrap();
+        let lin = Fp8BlockLinear {
+            qweight,
+            scale_inv,
+            block: blk,
+            out_features: n,
+            in_features: k,
+        };
+        let x = rt
+            .tensor_with_values("x", Category::Activation, &[m, k], DType::BF16, xv.clone())
+            .unwrap();
+        let out = lin.forward(&rt, &x, "w", DType::BF16, &[n]).unwrap();
+        let (xq, xs) = per_token_group_quant(&xv, k, 128);
+        for r in 0..m {
+            for c in 0..n {
+                let terms: Vec<f64> = (0..k)
+                    .map(|i| {
+                        let a = decode(xq[r * k + i]) as f64 * xs[r * 2 + i / 128] as f64;
+                        let b =
+                            decode(codes[c * k + i]) as f64 * scales[(c / 2) * 2 + i / 128] as f64;
+                        a * b
+                    })
+                    .collect();
+                let acc: f64 = terms.iter().sum();
+                let size: f64 = terms.iter().map(|t| t.abs()).sum();
+                let got = out.f32()[r * n + c];
+                // bf16 rounding (half an ulp: at most 2^-8 relative, 8 significant bits) of an
+                // f32 sum of 256 products of f32-rounded factors (each within 2^-23).
+                assert!(
+                    (got as f64 - acc).abs() <= acc.abs() / 256.0 + size * 1e-5,
+                    "{got} vs {acc}"
+                );
+                assert_eq!(got, DType::BF16.round(got));
+            }
+        }
+    }
+}
