@@ -74,6 +74,7 @@ fn cpu_forward(c: &mut Criterion) {
             quant: Quant::F16,
             int8_threshold: 0.0,
             int8_layout: device.int8_tile_layout(),
+            attn_scalars: 0,
         };
         let rt = Runtime::new(device, Arc::new(AtomicBool::new(false)), None);
         let lm = CausalLm::load(&rt, &cfg, &fast_weights(0), &opts).unwrap();

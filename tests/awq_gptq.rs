@@ -401,6 +401,7 @@ fn digests(dir: &Path) -> Vec<(String, u64)> {
             row_pad: 8,
             col_pad: 32,
         },
+        attn_scalars: 0,
     };
     let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
     let mut out = Vec::new();

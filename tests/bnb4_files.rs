@@ -63,6 +63,7 @@ fn load(rt: &Runtime, dir: &Path, quant: Quant) -> OptModel {
             row_pad: 8,
             col_pad: 32,
         },
+        attn_scalars: 0,
     };
     OptModel::load(rt, &opened.config, opened.source.as_ref(), &opts).unwrap()
 }
@@ -237,6 +238,7 @@ fn in_flight_nf4_stores_what_bitsandbytes_stores() {
                 row_pad: 8,
                 col_pad: 32,
             },
+            attn_scalars: 0,
         };
         let m = OptModel::load(&rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
         if quant == Quant::Nf4 {

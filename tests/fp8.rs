@@ -71,6 +71,7 @@ fn llama_3_8b_loads_in_fp8_to_one_byte_linears_after_holding_the_16_bit_model() 
             row_pad: 8,
             col_pad: 32,
         },
+        attn_scalars: 0,
     };
     let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
     let (sixteen, fp8, linears) = llama_bytes(&opened.config);
@@ -914,9 +915,9 @@ fn qwen3_8b_fp8_block_wise_is_planned_at_0_8_and_refused_at_0_6_4() {
         String::from_utf8_lossy(&out.stderr)
     );
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
-    // The stored tensors (codes, scale grids, bf16 tables and norms), the bf16 rotary cache
-    // and the fp8 device identity; tests/fp8_block.rs counts them.
-    assert_eq!(r["weights_tensor_bytes"].as_u64().unwrap(), 9_447_884_804);
+    // The stored tensors (codes, scale grids, bf16 tables and norms), the bf16 rotary cache,
+    // the fp8 device identity and the attention scalars; tests/fp8_block.rs counts them.
+    assert_eq!(r["weights_tensor_bytes"].as_u64().unwrap(), 9_447_885_380);
 }
 
 #[test]

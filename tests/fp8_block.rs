@@ -134,19 +134,20 @@ fn qwen3_8b_fp8_weighs_its_stored_tensors_plus_the_rotary_cache_and_the_device_i
     assert_eq!(r["quant"], "fp8", "a stored fp8 checkpoint runs as fp8");
     // vLLM 0.8.5 keeps every stored tensor as it is (block-wise process_weights_after_loading
     // re-wraps them; q/k/v and gate/up stacked: 48 and 192 scale rows), and adds the rotary
-    // cache (40960 × 128 in bf16) and the process's fp8 device identity (one f32). Not here:
-    // 0.8.5's `Attention.__init__` also makes four 0-dim f32 tensors per layer for every
-    // model (`_k_scale`, `_v_scale`, `_q_scale`, `_prob_scale`, attention/layer.py L88-93),
-    // which vramscope's 0.8 row does not model yet (36 × 4 × 512 allocator bytes).
-    let tensors = stored + 40960 * 128 * 2 + 4;
+    // cache (40960 × 128 in bf16), the process's fp8 device identity (one f32) and the four
+    // 0-dim f32 tensors `Attention.__init__` makes in every layer for every model
+    // (`_k_scale`, `_v_scale`, `_q_scale`, `_prob_scale`, attention/layer.py L88-93).
+    let scalars = 36 * 4 * 4;
+    let tensors = stored + 40960 * 128 * 2 + 4 + scalars;
     assert_eq!(r["weights_tensor_bytes"].as_u64().unwrap(), tensors);
-    assert_eq!(tensors, 9_447_884_804);
-    // What the allocator holds: each tensor in 512-byte blocks (72 q/k norms of 256 bytes and
-    // the identity's 4 bytes take a block each), and embed_tokens and lm_head each keep their
-    // whole 2 MiB-rounded segment (1 MiB left over is not split off).
-    let blocks = tensors + 72 * 256 + 508 + 2 * (1 << 20);
+    assert_eq!(tensors, 9_447_885_380);
+    // What the allocator holds: each tensor in 512-byte blocks (72 q/k norms of 256 bytes,
+    // the identity's 4 bytes and the 144 scalars' 4 bytes take a block each), and
+    // embed_tokens and lm_head each keep their whole 2 MiB-rounded segment (1 MiB left over
+    // is not split off).
+    let blocks = tensors + 72 * 256 + 508 + 144 * 508 + 2 * (1 << 20);
     assert_eq!(r["weights_bytes"].as_u64().unwrap(), blocks);
-    assert_eq!(blocks, 9_450_000_896);
+    assert_eq!(blocks, 9_450_074_624);
 }
 
 /// `(kind, tensor)` of the load's allocs and frees in layer `layer` of a dry report.
@@ -184,6 +185,10 @@ fn the_load_makes_the_identity_once_and_the_four_attention_scales_it_deletes_aft
         for m in ["self_attn.qkv_proj", "self_attn.o_proj"] {
             want.push(a(&l(i, &format!("{m}.weight"))));
             want.push(a(&l(i, &format!("{m}.weight_scale_inv"))));
+        }
+        // `Attention.__init__`'s own scalars (kept), then its fp8 KV cache method's.
+        for s in ["_k_scale", "_v_scale", "_q_scale", "_prob_scale"] {
+            want.push(a(&l(i, &format!("self_attn.attn.{s}"))));
         }
         for s in ["q_scale", "k_scale", "v_scale", "prob_scale"] {
             want.push(a(&l(i, &format!("self_attn.attn.{s}"))));
@@ -306,6 +311,7 @@ fn a_stacked_layers_dequantized_weights_are_each_code_times_its_blocks_stored_sc
             row_pad: 8,
             col_pad: 32,
         },
+        attn_scalars: 0,
     };
     let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
     let FusedLinear::Fp8Block { linear, rows } = &m.layers[1].gate_up else {
@@ -914,8 +920,12 @@ fn partial_blocks_at_the_edge_load_with_ceil_shaped_grids_and_compute() {
     let r = dry_profile(&fp8_dir, &[]);
     let tensors = r["weights_tensor_bytes"].as_u64().unwrap();
     let stored_bytes: u64 = stored.iter().map(|t| t.3.len() as u64).sum();
-    // The stored tensors, the rotary cache (512 × 128 bf16) and the identity.
-    assert_eq!(tensors, stored_bytes + 512 * 128 * 2 + 4);
+    // The stored tensors, the rotary cache (512 × 128 bf16), the identity and each layer's
+    // four attention scalars.
+    assert_eq!(
+        tensors,
+        stored_bytes + 512 * 128 * 2 + 4 + cfg.num_layers as u64 * 16
+    );
     let d = rel_l2(
         &bench_logits(&fp8_dir, "fp8.json"),
         &bench_logits(&bf16_dir, "bf16.json"),

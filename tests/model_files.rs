@@ -33,6 +33,7 @@ fn opts(quant: Quant) -> LoadOptions {
             row_pad: 8,
             col_pad: 32,
         },
+        attn_scalars: 0,
     }
 }
 

@@ -71,6 +71,7 @@ fn logits(dir: &Path) -> Vec<Vec<f32>> {
             row_pad: 8,
             col_pad: 32,
         },
+        attn_scalars: 0,
     };
     let model = OptModel::load(&rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
     let batch = Batch {
@@ -435,6 +436,7 @@ fn opt_presets_weigh_what_vllm_allocates() {
                 row_pad: 8,
                 col_pad: 32,
             },
+            attn_scalars: 0,
         };
         let m = OptModel::load(&rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
         assert_eq!(m.weight_bytes(), 2 * params, "{name}");

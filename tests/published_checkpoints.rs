@@ -3,8 +3,8 @@
 //! at its published name, shape and dtype, with the data left as a sparse hole (a dry run reads
 //! headers only), then profiles it. The weights the run loads must be exactly the stored
 //! tensors' bytes plus what vLLM adds on the device (the rotary cos/sin cache,
-//! `max_position_embeddings × head_dim` in the model's dtype), and the parameter count the
-//! model card's.
+//! `max_position_embeddings × head_dim` in the model's dtype, and each attention layer's 0-dim
+//! scales), and the parameter count the model card's.
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -67,10 +67,16 @@ fn dry_weights(dir: &Path) -> (u64, u64) {
     (r.weights_tensor_bytes, r.weights_bytes)
 }
 
+/// The 0-dim f32 tensors 0.8.5's `Attention.__init__` makes on the device in every layer:
+/// `_k_scale`, `_v_scale`, `_q_scale`, `_prob_scale` (0.8.5 attention/layer.py L88-93).
+fn attention_scalars(cfg: &ModelConfig) -> u64 {
+    cfg.num_layers as u64 * 4 * 4
+}
+
 fn check(cfg_json: serde_json::Value, params: u64) {
     let cfg = ModelConfig::from_hf_json(&cfg_json).unwrap();
     let rotary = (cfg.max_position_embeddings * cfg.head_dim * 2) as u64;
-    check_with_device_extras(cfg_json, params, rotary);
+    check_with_device_extras(cfg_json, params, rotary + attention_scalars(&cfg));
 }
 
 /// `check` where vLLM adds `device_extras` bytes beyond the stored tensors.
@@ -122,7 +128,7 @@ fn phi_4_loads_its_stored_bytes() {
 }
 
 /// google/gemma-2-9b's config.json (9.24 B parameters; four norms a layer, tied embedding).
-/// vLLM adds the rotary cache and the one-element `normalizer` buffer.
+/// vLLM adds the rotary cache, the one-element `normalizer` buffer and the attention scalars.
 #[test]
 fn gemma_2_9b_loads_its_stored_bytes() {
     let rotary = 8192 * 256 * 2;
@@ -142,13 +148,15 @@ fn gemma_2_9b_loads_its_stored_bytes() {
         ModelConfig::from_hf_json(&published).unwrap(),
         vramscope::model::presets::preset("gemma-2-9b").unwrap()
     );
-    check_with_device_extras(published, 9_241_705_984, rotary + 2);
+    let scalars = attention_scalars(&ModelConfig::from_hf_json(&published).unwrap());
+    check_with_device_extras(published, 9_241_705_984, rotary + 2 + scalars);
 }
 
 /// google/gemma-3-12b-it's `text_config` as a text-only (gemma3_text) checkpoint: the
 /// language model's 11.77 B parameters. vLLM builds two rotary caches (gemma3.py L153-170 at
 /// 0.8.5): the sliding layers' (base 10000, 131072 rows) and the global layers' linear-scaled
-/// one (131072 × 8 rows), both `head_dim` wide in bf16, and the `normalizer` buffer.
+/// one (131072 × 8 rows), both `head_dim` wide in bf16, the `normalizer` buffer and the
+/// attention scalars.
 #[test]
 fn gemma_3_12b_text_loads_its_stored_bytes() {
     let local = 131072 * 256 * 2;
@@ -170,5 +178,6 @@ fn gemma_3_12b_text_loads_its_stored_bytes() {
         ModelConfig::from_hf_json(&published).unwrap(),
         vramscope::model::presets::preset("gemma-3-12b").unwrap()
     );
-    check_with_device_extras(published, 11_766_034_176, local + global + 2);
+    let scalars = attention_scalars(&ModelConfig::from_hf_json(&published).unwrap());
+    check_with_device_extras(published, 11_766_034_176, local + global + 2 + scalars);
 }

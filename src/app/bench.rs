@@ -281,6 +281,7 @@ fn run_rank(
         quant: req.quant,
         int8_threshold: req.int8_threshold,
         int8_layout: layout,
+        attn_scalars: 0,
     };
     let model = CausalLm::load(&rt, &opened.config, src, &opts)?;
     rt.synchronize()?;

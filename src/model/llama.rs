@@ -75,6 +75,8 @@ pub struct LlamaModel {
     /// vLLM 0.8.5's process-wide fp8 device identity (f32 `[1]`), made with the first fp8
     /// linear of a block-wise checkpoint and never freed.
     pub fp8_identity: Option<Tensor>,
+    /// Every attention layer's 0-dim f32 scale tensors (`LoadOptions::attn_scalars` each).
+    pub attn_scalars: Vec<Tensor>,
     /// How fast the weights came off the source (zero on a dry run, which reads nothing).
     pub load_stats: LoadStats,
     /// The MLP drops `gate_up` as soon as the activation has read it, before `down_proj`
@@ -129,6 +131,7 @@ impl LlamaModel {
         // Block-wise fp8 is reproduced for vLLM 0.8.5 only: its Fp8KVCacheMethod.
         let block_fp8 = src.stored_fp8().is_some_and(|f| f.block.is_some());
         let mut kv_scales = Vec::new();
+        let mut attn_scalars = Vec::new();
         // In the order vLLM's constructors create the parameters (llama.py at 380e1863):
         // qkv_proj, o_proj (and the rotary cache, with the first layer), gate_up_proj,
         // down_proj, then the two norms.
@@ -207,6 +210,13 @@ impl LlamaModel {
                 } else if global && rope_cache_global.is_none() {
                     rope_cache_global = Some(rotary_cache(rt, cfg, act, (theta, factor))?);
                 }
+                // `Attention.__init__`: the release's 0-dim scale tensors, then (fp8) its
+                // KV cache method's.
+                attn_scalars.extend(super::loader::attention_scalars(
+                    rt,
+                    &format!("{p}.self_attn.attn"),
+                    opts.attn_scalars,
+                )?);
                 // Under fp8 the attention layer gets `Fp8KVCacheMethod`, whose
                 // `create_weights` makes `k_scale` and `v_scale` as `torch.tensor(-1.0)` on
                 // the device (0.6.4 kv_cache.py L22-31): two 0-dim f32 tensors, deleted
@@ -392,6 +402,7 @@ impl LlamaModel {
             rope_cache_global,
             normalizer,
             fp8_identity: ld.fp8_identity.take(),
+            attn_scalars,
             load_stats: LoadStats {
                 total_seconds: started.elapsed().as_secs_f64(),
                 ..ld.stats
@@ -408,6 +419,7 @@ impl LlamaModel {
         b += self.rope_cache_global.as_ref().map_or(0, |t| t.nbytes());
         b += self.normalizer.as_ref().map_or(0, |t| t.nbytes());
         b += self.fp8_identity.as_ref().map_or(0, |t| t.nbytes());
+        b += self.attn_scalars.iter().map(|t| t.nbytes()).sum::<u64>();
         for l in &self.layers {
             b += l.input_norm.nbytes() + l.post_norm.nbytes();
             b += l
@@ -904,6 +916,7 @@ mod tests {
             quant: Quant::F16,
             int8_threshold: 0.0,
             int8_layout: device.int8_tile_layout(),
+            attn_scalars: 0,
         };
         let rt = Runtime::new(device, std::sync::Arc::default(), None);
         let src = SyntheticWeights {

@@ -46,6 +46,31 @@ pub struct LoadOptions {
     pub quant: Quant,
     pub int8_threshold: f32,
     pub int8_layout: TileLayout,
+    /// The 0-dim f32 tensors each attention layer makes when the release builds it
+    /// (`vllm::Release::attn_scalars`: 0 up to 0.6.6, 2, 4 or 7 after), kept as long as the
+    /// model.
+    pub attn_scalars: usize,
+}
+
+/// The names of an attention layer's 0-dim f32 tensors, in the order vLLM makes them
+/// (`Release::attn_scalars` of them).
+const ATTN_SCALARS: [&str; 7] = [
+    "_k_scale",
+    "_v_scale",
+    "_q_scale",
+    "_prob_scale",
+    "q_range",
+    "k_range",
+    "v_range",
+];
+
+/// `Attention.__init__`'s 0-dim f32 tensors for the attention module `attn`
+/// (`model.layers.0.self_attn.attn`), made on the device as vLLM makes them.
+pub(crate) fn attention_scalars(rt: &Runtime, attn: &str, n: usize) -> Result<Vec<Tensor>> {
+    ATTN_SCALARS[..n.min(ATTN_SCALARS.len())]
+        .iter()
+        .map(|s| rt.tensor(format!("{attn}.{s}"), Category::Weight, &[], DType::F32))
+        .collect()
 }
 
 pub(crate) fn upload(
@@ -1189,6 +1214,7 @@ mod tests {
                 row_pad: 8,
                 col_pad: 32,
             },
+            attn_scalars: 0,
         }
     }
 

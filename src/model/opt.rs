@@ -98,6 +98,8 @@ pub struct OptModel {
     pub project_in: Option<Linear>,
     pub final_layer_norm: Option<LayerNorm>,
     pub layers: Vec<OptLayer>,
+    /// Every attention layer's 0-dim f32 scale tensors (`LoadOptions::attn_scalars` each).
+    pub attn_scalars: Vec<Tensor>,
     pub load_stats: LoadStats,
     generation: Cell<u32>,
 }
@@ -208,6 +210,7 @@ impl OptModel {
             })
         };
         let mut layers = Vec::with_capacity(cfg.num_layers);
+        let mut attn_scalars = Vec::new();
         for l in 0..cfg.num_layers {
             rt.set_layer(Some(l as u32));
             let pre = format!("{d}.layers.{l}");
@@ -231,10 +234,17 @@ impl OptModel {
             } else {
                 None
             };
+            let out = row(&mut ld, &format!("{a}.out_proj"), h, h, q_first, q_len)?;
+            // OPTAttention.__init__ makes `self.attn` after out_proj (opt.py L92-104 at 0.8.5).
+            attn_scalars.extend(super::loader::attention_scalars(
+                rt,
+                &format!("{a}.attn"),
+                opts.attn_scalars,
+            )?);
             layers.push(OptLayer {
                 qkv,
                 qkv_bias,
-                out: row(&mut ld, &format!("{a}.out_proj"), h, h, q_first, q_len)?,
+                out,
                 self_attn_layer_norm: norm(&mut ld, &format!("{pre}.self_attn_layer_norm"))?,
                 fc1: col(&mut ld, &format!("{pre}.fc1"), f, h, f_first, f_len)?,
                 fc2: row(&mut ld, &format!("{pre}.fc2"), h, f, f_first, f_len)?,
@@ -255,6 +265,7 @@ impl OptModel {
             project_in,
             final_layer_norm,
             layers,
+            attn_scalars,
             load_stats: LoadStats {
                 total_seconds: started.elapsed().as_secs_f64(),
                 ..ld.stats
@@ -266,6 +277,7 @@ impl OptModel {
     /// Bytes of all weights as stored on the device (the embedding with its padded rows).
     pub fn weight_bytes(&self) -> u64 {
         let mut b = self.embed.nbytes() + self.positions.nbytes();
+        b += self.attn_scalars.iter().map(|t| t.nbytes()).sum::<u64>();
         b += [&self.project_out, &self.project_in]
             .iter()
             .filter_map(|l| l.as_ref())

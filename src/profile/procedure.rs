@@ -792,6 +792,7 @@ pub(crate) fn run_rank(
                 quant: req.quant,
                 int8_threshold: req.int8_threshold,
                 int8_layout: layout,
+                attn_scalars: release.attn_scalars,
             };
             let mut model = CausalLm::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
             model.set_mlp_frees_gate_up(release.llama_mlp_frees_gate_up);

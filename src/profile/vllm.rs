@@ -121,6 +121,14 @@ pub struct Release {
     pub has_qwen3: bool,
     /// The wheel has vllm/model_executor/models/gemma3.py (0.8.5's has, 0.7.3's has not).
     pub has_gemma3: bool,
+    /// 0-dim f32 tensors every attention layer makes on the device while the model is built
+    /// (under the loader's `with target_device`; `LoadOptions::attn_scalars`): none up to
+    /// 0.6.6 (`self._k_scale = 1.0`, a float: 0.6.6 attention/layer.py L72); `_k_scale`,
+    /// `_v_scale` in 0.7 (0.7.0 attention/layer.py L77-78, 0.7.3 L80-81); with `_q_scale`
+    /// and `_prob_scale` in 0.8.5 (L88-93); V1's `set_default_quant_scales` adds `q_range`,
+    /// `k_range`, `v_range` (0.15.0 attention/layer.py L60-81, 0.19.0
+    /// model_executor/layers/attention/attention.py L89-114).
+    pub attn_scalars: usize,
 }
 
 /// The release a request names when it names none: PR #9516's own commit, the seed's
@@ -146,6 +154,7 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
+        attn_scalars: 0,
     },
     Release {
         name: "380e1863",
@@ -164,6 +173,7 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
+        attn_scalars: 0,
     },
     Release {
         name: "0.6.4",
@@ -182,6 +192,7 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
+        attn_scalars: 0,
     },
     Release {
         name: "0.6.5",
@@ -201,6 +212,7 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
+        attn_scalars: 0,
     },
     Release {
         name: "0.7",
@@ -219,6 +231,7 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
+        attn_scalars: 2,
     },
     Release {
         name: "0.8",
@@ -237,6 +250,7 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: true,
         has_gemma3: true,
+        attn_scalars: 4,
     },
     Release {
         name: "0.15",
@@ -262,6 +276,7 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
+        attn_scalars: 7,
     },
     Release {
         name: "0.19",
@@ -284,6 +299,7 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
+        attn_scalars: 7,
     },
 ];
 
