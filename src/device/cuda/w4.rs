@@ -70,53 +70,63 @@ template <bool BF, bool AWQ> __device__ void w4_gemm(const u16* x, const unsigne
     }
     asm volatile("cp.async.commit_group;");
   };
-  // The 512 words of a step's weight slice, two a thread (zero past the shard's columns).
-  auto load_w = [&](unsigned (&w)[2], int k0) {
+  // A step's weight slice in registers: 512 words, two a thread, with what dequantizes them
+  // (AWQ: the zero word and the eight columns' scales; GPTQ without act-order: the column's
+  // scale), loaded before the step ahead multiplies so that their latency hides behind it.
+  // AWQ's threads of a warp take the 32 inputs of one word column (their shared-memory
+  // stores then fall in distinct banks); GPTQ's take 32 consecutive columns. Zero past the
+  // shard's columns.
+  struct __align__(16) Q4 { unsigned a, b, c, d; };
+  struct Regs { unsigned w[2], z[2]; Q4 s[2]; };
+  auto load_w = [&](Regs& R, int k0) {
 #pragma unroll
     for (int j = 0; j < 2; j++) {
       int i = tid + 256 * j;
+      R.w[j] = 0u;
+      R.z[j] = 0u;
+      R.s[j] = Q4{0u, 0u, 0u, 0u};
       if (AWQ) {
-        int r = i >> 4, col = n0 + (i & 15) * 8;
-        w[j] = col < ns ? qw[(long long)(k0 + r) * np + (c0 + col) / 8] : 0u;
+        int r = i & 31, col = n0 + (i >> 5) * 8;
+        if (col < ns) {
+          int kk = k0 + r, grp = kk / group;
+          R.w[j] = qw[(long long)kk * np + (c0 + col) / 8];
+          R.z[j] = qz[(long long)grp * np + (c0 + col) / 8];
+          R.s[j] = *(const Q4*)(sc + (long long)grp * n + c0 + col);
+        }
       } else {
         int r = i >> 7, col = n0 + (i & 127);
-        w[j] = col < ns ? qw[(long long)((k0 >> 3) + r) * n + c0 + col] : 0u;
+        if (col < ns) {
+          R.w[j] = qw[(long long)((k0 >> 3) + r) * n + c0 + col];
+          if (!gidx) R.s[j].a = sc[(long long)((k0 + r * 8) / group) * n + c0 + col];
+        }
       }
     }
   };
   // The words dequantized into buffer `buf` as [column][input] 16-bit values.
-  auto store_w = [&](const unsigned (&w)[2], int buf, int k0) {
+  auto store_w = [&](const Regs& R, int buf, int k0) {
 #pragma unroll
     for (int j = 0; j < 2; j++) {
       int i = tid + 256 * j;
       if (AWQ) {
-        int r = i >> 4, cl = (i & 15) * 8, col = n0 + cl;
+        int r = i & 31, cl = (i >> 5) * 8;
         u16* dst = &bs[buf][cl * LD + r];
-        if (col >= ns) {
-#pragma unroll
-          for (int c = 0; c < 8; c++) dst[c * LD] = 0;
-          continue;
-        }
-        int kk = k0 + r;
-        int grp = gidx ? gidx[kk] : kk / group;
-        unsigned z = qz[(long long)grp * np + (c0 + col) / 8];
-        const u16* s = sc + (long long)grp * n + c0 + col;
+        const unsigned sw[4] = {R.s[j].a, R.s[j].b, R.s[j].c, R.s[j].d};
 #pragma unroll
         for (int nib = 0; nib < 8; nib++) {
           int c = ((nib & 3) << 1) | (nib >> 2);  // AutoAWQ's order: nibble nib holds column c
-          int q = (w[j] >> (4 * nib)) & 15, zz = (z >> (4 * nib)) & 15;
-          dst[c * LD] = w4_st<BF>((float)(q - zz) * w4_ld<BF>(s[c]));
+          int q = (R.w[j] >> (4 * nib)) & 15, zz = (R.z[j] >> (4 * nib)) & 15;
+          float s = w4_ld<BF>((u16)(sw[c >> 1] >> (16 * (c & 1))));
+          dst[c * LD] = w4_st<BF>((float)(q - zz) * s);
         }
       } else {
         int r = i >> 7, cl = i & 127, col = n0 + cl;
         unsigned v[4] = {0u, 0u, 0u, 0u};
         if (col < ns) {
+          float s0 = w4_ld<BF>((u16)R.s[j].a);
 #pragma unroll
           for (int e = 0; e < 8; e++) {
-            int kk = k0 + r * 8 + e;
-            int grp = gidx ? gidx[kk] : kk / group;
-            float s = w4_ld<BF>(sc[(long long)grp * n + c0 + col]);
-            unsigned h = w4_st<BF>((float)((int)((w[j] >> (4 * e)) & 15) - 8) * s);
+            float s = gidx ? w4_ld<BF>(sc[(long long)gidx[k0 + r * 8 + e] * n + c0 + col]) : s0;
+            unsigned h = w4_st<BF>((float)((int)((R.w[j] >> (4 * e)) & 15) - 8) * s);
             v[e >> 1] |= h << (16 * (e & 1));
           }
         }
@@ -126,7 +136,7 @@ template <bool BF, bool AWQ> __device__ void w4_gemm(const u16* x, const unsigne
     }
   };
 
-  unsigned w[2];
+  Regs w;
   load_a(0, 0);
   load_w(w, 0);
   store_w(w, 0, 0);
