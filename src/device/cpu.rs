@@ -97,6 +97,11 @@ pub fn matmul_nt(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: u
     gemm_nt(x, w, out, m, k, n, gemm::Parallelism::Rayon(0));
 }
 
+/// `matmul_nt` on the calling thread alone (for callers that run one GEMM per pool thread).
+pub fn matmul_nt_serial(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
+    gemm_nt(x, w, out, m, k, n, gemm::Parallelism::None);
+}
+
 fn gemm_nt(
     x: &[f32],
     w: &[f32],

@@ -696,12 +696,13 @@ impl MarlinLinear {
         let (m, k, n) = (x.rows(), self.in_features, self.out_features);
         let g_idx = self.host_g_idx();
         let zeros: &[i32] = self.qzeros.as_ref().map_or(&[], |t| t.i32());
+        let (fmt, qweight, scales) = (&self.fmt, self.qweight.i32(), self.scales.f32());
         let decode = |r: std::ops::Range<usize>, buf: &mut [f32]| {
             dequantize_rows(
-                &self.fmt,
-                self.qweight.i32(),
+                fmt,
+                qweight,
                 zeros,
-                self.scales.f32(),
+                scales,
                 g_idx.as_deref(),
                 (n, k),
                 (r.start, r.end),
