@@ -11,7 +11,7 @@ use std::sync::Arc;
 use vramscope::device::{Device, DeviceSpec};
 use vramscope::engine::runtime::Runtime;
 use vramscope::engine::tensor::DType;
-use vramscope::model::llama::{LlamaModel, LoadOptions};
+use vramscope::model::llama::{LlamaModel, LoadOptions, Mlp};
 use vramscope::model::{self, ModelConfig, ModelSource};
 use vramscope::profile::{self, ProfileRequest};
 use vramscope::quant::int8::TileLayout;
@@ -414,9 +414,12 @@ fn digests(dir: &Path) -> Vec<(String, u64)> {
         add(&mut out, &a, qkv, rows, &["q_proj", "k_proj", "v_proj"]);
         let o = marlin_of(&layer.attn.o);
         add(&mut out, &a, o, &[o.out_features], &["o_proj"]);
-        let (gu, rows) = marlin_of_fused(&layer.gate_up);
+        let Mlp::Dense { gate_up, down } = &layer.mlp else {
+            panic!("layer {i} is not dense")
+        };
+        let (gu, rows) = marlin_of_fused(gate_up);
         add(&mut out, &m_, gu, rows, &["gate_proj", "up_proj"]);
-        let d = marlin_of(&layer.down);
+        let d = marlin_of(down);
         add(&mut out, &m_, d, &[d.out_features], &["down_proj"]);
     }
     out.sort();

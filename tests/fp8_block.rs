@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use vramscope::device::{Device, DeviceSpec};
 use vramscope::engine::runtime::Runtime;
-use vramscope::model::llama::{LlamaModel, LoadOptions};
+use vramscope::model::llama::{LlamaModel, LoadOptions, Mlp};
 use vramscope::model::{self, GenOptions, ModelConfig, ModelSource};
 use vramscope::quant::fp8::decode;
 use vramscope::quant::fp8_block::{dequantize_rows, quantize_weight, BlockSize};
@@ -314,7 +314,10 @@ fn a_stacked_layers_dequantized_weights_are_each_code_times_its_blocks_stored_sc
         attn_scalars: 0,
     };
     let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
-    let FusedLinear::Fp8Block { linear, rows } = &m.layers[1].gate_up else {
+    let Mlp::Dense { gate_up, .. } = &m.layers[1].mlp else {
+        panic!("layer 1 is not dense")
+    };
+    let FusedLinear::Fp8Block { linear, rows } = gate_up else {
         panic!("gate_up_proj is not block-wise fp8")
     };
     assert_eq!(rows, &vec![512, 512]);
@@ -344,7 +347,10 @@ fn a_stacked_layers_dequantized_weights_are_each_code_times_its_blocks_stored_sc
         want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
     );
     // And down_proj, a plain layer.
-    let Linear::Fp8Block(down) = &m.layers[0].down else {
+    let Mlp::Dense { down, .. } = &m.layers[0].mlp else {
+        panic!("layer 0 is not dense")
+    };
+    let Linear::Fp8Block(down) = down else {
         panic!("down_proj is not block-wise fp8")
     };
     assert_eq!(

@@ -1,6 +1,7 @@
 //! The Llama-family forwards (Llama, Qwen2 with its qkv bias, Qwen3 with its per-head q/k
 //! RMSNorm, Phi-3 with its fused checkpoint tensors, Gemma 2 with its soft-caps and sliding
-//! window, Gemma 3 with its local/global rotary bases) against Hugging Face transformers in fp32 on small checkpoints this test writes:
+//! window, Gemma 3 with its local/global rotary bases, Mixtral and Qwen3-MoE with their routers
+//! and experts) against Hugging Face transformers in fp32 on small checkpoints this test writes:
 //! the reference logits come from `scripts/hf_reference.py` (its docstring says how) and are
 //! stored below with their provenance.
 
@@ -90,6 +91,29 @@ fn config(name: &str) -> ModelConfig {
                 serde_json::json!({"rope_type": "linear", "factor": 8.0}),
             );
         }
+        // 4 experts of width 96, 2 per token, renormalised (Mixtral always renormalises).
+        "mixtral" => {
+            o.insert("model_type".into(), "mixtral".into());
+            o.insert("intermediate_size".into(), 96.into());
+            o.insert("num_local_experts".into(), 4.into());
+            o.insert("num_experts_per_tok".into(), 2.into());
+            o.insert("rope_theta".into(), 1000000.0.into());
+            o.insert("tie_word_embeddings".into(), false.into());
+        }
+        // 8 experts of width 64, 3 per token, not renormalised (norm_topk_prob false); layer 1
+        // dense (mlp_only_layers) with the 384-wide MLP; per-head q/k norms, head_dim 64.
+        "qwen3_moe" => {
+            o.insert("model_type".into(), "qwen3_moe".into());
+            o.insert("head_dim".into(), 64.into());
+            o.insert("num_experts".into(), 8.into());
+            o.insert("num_experts_per_tok".into(), 3.into());
+            o.insert("moe_intermediate_size".into(), 64.into());
+            o.insert("norm_topk_prob".into(), false.into());
+            o.insert("decoder_sparse_step".into(), 1.into());
+            o.insert("mlp_only_layers".into(), serde_json::json!([1]));
+            o.insert("rope_theta".into(), 1000000.0.into());
+            o.insert("tie_word_embeddings".into(), false.into());
+        }
         _ => unreachable!(),
     }
     ModelConfig::from_hf_json(&v).unwrap()
@@ -151,7 +175,16 @@ fn check(name: &str, reference: &[[f64; 64]; 2]) {
 #[ignore]
 fn write_fixtures() {
     let root = std::path::PathBuf::from(std::env::var("VRAMSCOPE_HF_FIXTURES").unwrap());
-    for name in ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"] {
+    for name in [
+        "llama",
+        "qwen2",
+        "qwen3",
+        "phi3",
+        "gemma2",
+        "gemma3",
+        "mixtral",
+        "qwen3_moe",
+    ] {
         write(&root.join(name), name);
     }
 }
@@ -184,6 +217,16 @@ fn gemma2_logits_match_hugging_face() {
 #[test]
 fn gemma3_logits_match_hugging_face() {
     check("gemma3", &HF_GEMMA3);
+}
+
+#[test]
+fn mixtral_logits_match_hugging_face() {
+    check("mixtral", &HF_MIXTRAL);
+}
+
+#[test]
+fn qwen3_moe_logits_match_hugging_face() {
+    check("qwen3_moe", &HF_QWEN3_MOE);
 }
 
 /// The small Gemma configurations exercise what they say: the window is shorter than the
@@ -1038,5 +1081,284 @@ const HF_PHI3: [[f64; 64]; 2] = [
         9.61778462e-02,
         -1.05791986e-02,
         -2.39308059e-01,
+    ],
+];
+
+// Mixtral and Qwen3-MoE: Hugging Face transformers in fp32 on the CPU
+// (scripts/hf_reference.py DIR mixtral,qwen3_moe, run on the GPU machine 2026-12-02 22:04 UTC,
+// run 52 of docs/gpu-runs.md, on fixtures written by `write_fixtures` at this file's
+// configurations): torch 2.11.0+cu130, transformers 5.17.0, python 3.12.3; MixtralForCausalLM
+// read num_local_experts 4, num_experts_per_tok 2; Qwen3MoeForCausalLM num_experts 8,
+// num_experts_per_tok 3, moe_intermediate_size 64, norm_topk_prob False, mlp_only_layers [1].
+// The smallest gap between a token's k-th and (k+1)-th routing probability, per MoE layer and
+// sequence (a forward whose router drifted by that much would pick other experts):
+// mixtral: [0.0027665793895721436, 0.00344984233379364]; [0.023424983024597168, 0.0010998398065567017]
+// qwen3_moe: [0.0007200688123703003]; [0.0005299001932144165]
+const HF_MIXTRAL: [[f64; 64]; 2] = [
+    [
+        4.72226828e-01,
+        -2.59773552e-01,
+        1.35747641e-02,
+        7.87633583e-02,
+        -1.30324841e-01,
+        -4.38984148e-02,
+        -3.66712689e-01,
+        -3.23439568e-01,
+        -2.58526802e-01,
+        1.05450302e-01,
+        -2.03603372e-01,
+        3.99414673e-02,
+        1.83876932e-01,
+        -2.86036044e-01,
+        4.47665267e-02,
+        -3.29327546e-02,
+        -2.66949445e-01,
+        2.39109211e-02,
+        1.47088736e-01,
+        -5.10645926e-01,
+        -3.37403864e-01,
+        2.08964631e-01,
+        -5.20999208e-02,
+        7.23953545e-02,
+        -5.82511485e-01,
+        -5.94229810e-02,
+        -3.24983113e-02,
+        2.16547921e-01,
+        3.62899452e-01,
+        -1.54863959e-02,
+        5.61998077e-02,
+        -7.51928985e-02,
+        -9.83293727e-02,
+        -1.69704497e-01,
+        -4.32499170e-01,
+        4.92593318e-01,
+        2.19327390e-01,
+        4.87722605e-02,
+        7.71154687e-02,
+        5.70696071e-02,
+        -1.77046448e-01,
+        1.96797356e-01,
+        -9.69575793e-02,
+        1.41389459e-01,
+        -1.22251995e-01,
+        1.32341489e-01,
+        -1.13218747e-01,
+        -1.90141112e-01,
+        -4.82195206e-02,
+        -7.65807405e-02,
+        -3.78919207e-02,
+        -3.69450189e-02,
+        2.61578202e-01,
+        -3.93253893e-01,
+        1.25360742e-01,
+        7.01122209e-02,
+        -5.94529733e-02,
+        2.62201484e-02,
+        -1.60797983e-01,
+        3.15778330e-02,
+        -1.04832895e-01,
+        1.39423292e-02,
+        -1.42901719e-01,
+        2.13558331e-01,
+    ],
+    [
+        -2.42135793e-01,
+        -1.16703287e-01,
+        6.29955977e-02,
+        -1.02388158e-01,
+        -2.04424322e-01,
+        1.44663796e-01,
+        -3.71497512e-01,
+        -2.98669189e-02,
+        -6.94093704e-02,
+        1.73421055e-01,
+        -2.37822086e-01,
+        5.52285254e-01,
+        -1.27311975e-01,
+        3.96112084e-01,
+        -1.35769397e-02,
+        5.31112373e-01,
+        2.45079055e-01,
+        2.39963472e-01,
+        -4.56382960e-01,
+        -2.60901839e-01,
+        -2.80876011e-02,
+        3.80404472e-01,
+        5.00763953e-03,
+        -6.79304823e-03,
+        1.21078975e-01,
+        -2.79215217e-01,
+        -2.56972089e-02,
+        -2.67630577e-01,
+        -2.88672149e-02,
+        1.24070928e-01,
+        3.26433510e-01,
+        3.40624116e-02,
+        -1.29336461e-01,
+        -1.26182288e-01,
+        4.13463771e-01,
+        -1.03559047e-01,
+        -2.96343327e-01,
+        -4.86543626e-01,
+        1.69097066e-01,
+        8.51025805e-02,
+        -1.72956139e-01,
+        7.24251419e-02,
+        3.62432927e-01,
+        -1.27772614e-02,
+        2.46717960e-01,
+        -1.23913400e-01,
+        2.06679970e-01,
+        1.74179226e-02,
+        -1.46525383e-01,
+        3.78736198e-01,
+        3.64378393e-01,
+        1.07914135e-01,
+        2.09546506e-01,
+        -1.57987028e-01,
+        -1.24035828e-01,
+        -1.91640824e-01,
+        1.91730842e-01,
+        -4.08978581e-01,
+        1.69548914e-01,
+        2.54097670e-01,
+        -1.47934869e-01,
+        1.23548605e-01,
+        -4.30286415e-02,
+        -2.83665419e-01,
+    ],
+];
+const HF_QWEN3_MOE: [[f64; 64]; 2] = [
+    [
+        3.28970939e-01,
+        -2.70933285e-02,
+        -4.93729077e-02,
+        4.65114951e-01,
+        2.43699044e-01,
+        -2.37502530e-01,
+        -4.34328392e-02,
+        -1.46484435e-01,
+        1.54580519e-01,
+        8.69916230e-02,
+        -8.50165188e-02,
+        -2.98214257e-01,
+        -1.83713049e-01,
+        -2.36552298e-01,
+        1.69232786e-01,
+        -2.54655451e-01,
+        -4.80114631e-02,
+        -7.43009374e-02,
+        2.43853047e-01,
+        -3.13750744e-01,
+        5.68496883e-02,
+        3.10262531e-01,
+        4.35473651e-01,
+        3.53767127e-01,
+        -4.05624248e-02,
+        1.39290085e-02,
+        3.39655399e-01,
+        1.17445454e-01,
+        1.61612973e-01,
+        -4.23588455e-02,
+        -3.42284739e-01,
+        8.70959759e-02,
+        -1.05527148e-01,
+        -5.28215282e-02,
+        1.60915253e-04,
+        -5.90808084e-03,
+        3.54074091e-01,
+        9.70709547e-02,
+        6.85376003e-02,
+        -2.94808567e-01,
+        1.45893656e-02,
+        2.16763377e-01,
+        1.19885802e-01,
+        5.88588834e-01,
+        -7.10999295e-02,
+        7.75207579e-02,
+        -4.01608169e-01,
+        3.73753496e-02,
+        -5.99125735e-02,
+        -2.26769850e-01,
+        -5.09378254e-01,
+        -3.41676801e-01,
+        -3.76070380e-01,
+        2.42648184e-01,
+        -1.74007371e-01,
+        -1.78856462e-01,
+        -3.34664553e-01,
+        2.20382482e-01,
+        -4.35873307e-02,
+        -7.81017661e-01,
+        -1.13625608e-01,
+        -2.39462793e-01,
+        -4.92535718e-02,
+        1.10927433e-01,
+    ],
+    [
+        -1.57041401e-02,
+        3.73740613e-01,
+        -1.81459069e-01,
+        -2.19152689e-01,
+        -3.38866711e-01,
+        -2.43223265e-01,
+        8.23465586e-02,
+        -7.68764764e-02,
+        4.34965312e-01,
+        3.97160649e-01,
+        6.46195710e-02,
+        5.64641505e-02,
+        5.00473142e-01,
+        3.13604355e-01,
+        -1.43089116e-01,
+        1.09539092e-01,
+        2.94061244e-01,
+        4.84938510e-02,
+        -8.16327110e-02,
+        1.50285885e-01,
+        1.36500016e-01,
+        1.13881707e-01,
+        -2.17050724e-02,
+        5.30005813e-01,
+        -5.39583266e-02,
+        9.84761715e-02,
+        1.60871476e-01,
+        -3.11758816e-01,
+        -2.55728036e-01,
+        -1.79870263e-01,
+        -2.19904929e-02,
+        -3.79421502e-01,
+        -8.43644962e-02,
+        1.07628070e-02,
+        2.22541243e-02,
+        -3.86387497e-01,
+        -3.15954626e-01,
+        -3.94480288e-01,
+        1.51497602e-01,
+        -7.80757815e-02,
+        2.46375024e-01,
+        1.05544791e-01,
+        2.98621237e-01,
+        1.03060231e-02,
+        2.52489150e-02,
+        2.24560313e-02,
+        5.46370924e-01,
+        1.80009782e-01,
+        5.50017133e-02,
+        3.73291075e-01,
+        -8.97292346e-02,
+        9.70782787e-02,
+        3.99774849e-01,
+        -2.83353180e-02,
+        2.67899558e-02,
+        -4.75282550e-01,
+        7.89350569e-02,
+        -3.35974008e-01,
+        -3.41548622e-01,
+        2.53502995e-01,
+        -6.33018389e-02,
+        -1.60026878e-01,
+        9.88991410e-02,
+        1.28102332e-01,
     ],
 ];

@@ -5,8 +5,10 @@
 //!
 //! May import: `device`, `memory`, `base`.
 
+pub(crate) mod moe_configs;
 pub mod ops;
 pub mod ops_gemma;
+pub mod ops_moe;
 pub mod ops_opt;
 pub mod ops_tp;
 pub mod progress;

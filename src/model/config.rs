@@ -32,6 +32,43 @@ pub struct ModelConfig {
     /// otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemma: Option<GemmaShape>,
+    /// A mixture-of-experts decoder's extra shape (`model_type: "mixtral"` or `"qwen3_moe"`);
+    /// `None` for a dense one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeShape>,
+}
+
+/// What a mixture-of-experts decoder has beyond the Llama fields (Hugging Face
+/// `MixtralConfig`, `Qwen3MoeConfig`; vLLM 0.8.5 model_executor/models/mixtral.py and
+/// qwen3_moe.py read the same keys).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MoeShape {
+    /// `num_local_experts` (Mixtral) or `num_experts` (Qwen3-MoE).
+    pub num_experts: usize,
+    /// `num_experts_per_tok`: the experts each token is routed to.
+    pub top_k: usize,
+    /// Each expert's MLP width: Mixtral's `intermediate_size`, Qwen3-MoE's
+    /// `moe_intermediate_size` (its `intermediate_size` is the dense layers').
+    pub expert_intermediate_size: usize,
+    /// The top-k routing weights divided by their sum: always for Mixtral (`renormalize=True`,
+    /// mixtral.py L93 at 0.8.5), `norm_topk_prob` for Qwen3-MoE (qwen3_moe.py L118).
+    pub renormalize: bool,
+    /// Layer `l` is a MoE layer when `(l + 1) % decoder_sparse_step == 0` and it is not in
+    /// `mlp_only_layers` (qwen3_moe.py L271-286 at 0.8.5); every Mixtral layer is.
+    pub decoder_sparse_step: usize,
+    pub mlp_only_layers: Vec<usize>,
+}
+
+impl MoeShape {
+    /// The checkpoint's name of layer `prefix`'s sparse block (`block_sparse_moe` for
+    /// Mixtral, `mlp` for Qwen3-MoE) and of its three expert projections (gate, up, down).
+    pub fn names(arch: &str) -> (&'static str, [&'static str; 3]) {
+        if arch == "mixtral" {
+            ("block_sparse_moe", ["w1", "w3", "w2"])
+        } else {
+            ("mlp", ["gate_proj", "up_proj", "down_proj"])
+        }
+    }
 }
 
 /// What a Gemma 2 or Gemma 3 decoder has beyond the Llama fields (Hugging Face
@@ -107,9 +144,18 @@ impl ModelConfig {
             self.q_dim() as f64,
             self.kv_dim() as f64,
         );
-        let linear = h * q + 2.0 * h * kv + q * h + 3.0 * h * i;
-        let layers = self.num_layers as f64;
-        layers * 2.0 * t * linear
+        let attn = h * q + 2.0 * h * kv + q * h;
+        // A MoE layer: the router, then `top_k` experts per token.
+        let mlp: f64 = (0..self.num_layers)
+            .map(|l| match &self.moe {
+                Some(m) if self.is_moe_layer(l) => {
+                    h * m.num_experts as f64
+                        + m.top_k as f64 * 3.0 * h * m.expert_intermediate_size as f64
+                }
+                _ => 3.0 * h * i,
+            })
+            .sum();
+        2.0 * t * (self.num_layers as f64 * attn + mlp)
             + self.attention_flops(seq_lens)
             + 2.0 * seq_lens.len() as f64 * h * self.vocab_size as f64
     }
@@ -128,6 +174,38 @@ impl ModelConfig {
             * causal_pairs
     }
 
+    /// Whether decoder layer `layer` routes its tokens to experts.
+    pub fn is_moe_layer(&self, layer: usize) -> bool {
+        self.moe.as_ref().is_some_and(|m| {
+            (layer + 1).is_multiple_of(m.decoder_sparse_step) && !m.mlp_only_layers.contains(&layer)
+        })
+    }
+
+    /// Weights each token multiplies with: every dense parameter, and of each MoE layer the
+    /// router and `top_k` of its experts (the "A3B" of Qwen3-30B-A3B).
+    pub fn active_param_count(&self) -> u64 {
+        let Some(m) = &self.moe else {
+            return self.param_count();
+        };
+        let per_expert = 3 * (self.hidden_size * m.expert_intermediate_size) as u64;
+        let moe_layers = (0..self.num_layers)
+            .filter(|&l| self.is_moe_layer(l))
+            .count() as u64;
+        self.param_count() - moe_layers * (m.num_experts - m.top_k) as u64 * per_expert
+    }
+
+    /// Bytes of the experts' weights at `bytes_per_param` (all experts of every MoE layer).
+    pub fn expert_param_count(&self) -> u64 {
+        let Some(m) = &self.moe else { return 0 };
+        let moe_layers = (0..self.num_layers)
+            .filter(|&l| self.is_moe_layer(l))
+            .count() as u64;
+        moe_layers
+            * m.num_experts as u64
+            * 3
+            * (self.hidden_size * m.expert_intermediate_size) as u64
+    }
+
     /// The attention heads' shape, as the engine's attention and rotary ops take it.
     pub fn attn_shape(&self) -> AttnShape {
         AttnShape {
@@ -141,7 +219,7 @@ impl ModelConfig {
     /// Qwen3's per-head RMSNorm of q and k before the rotary embedding (vLLM
     /// model_executor/models/qwen3.py `Qwen3Attention`: `q_norm`, `k_norm` of `head_dim`).
     pub fn qk_norm(&self) -> bool {
-        self.arch == "qwen3" || self.arch == "gemma3_text"
+        matches!(self.arch.as_str(), "qwen3" | "qwen3_moe" | "gemma3_text")
     }
 
     /// Phi-3 (and Phi-4, a phi3 model) stores q/k/v as one `qkv_proj` and gate/up as one
@@ -266,6 +344,18 @@ impl ModelConfig {
                 out.push((format!("{p}.pre_feedforward_layernorm.weight"), vec![h]));
                 out.push((format!("{p}.post_feedforward_layernorm.weight"), vec![h]));
             }
+            if let Some(m) = self.moe.as_ref().filter(|_| self.is_moe_layer(l)) {
+                let (block, [gate, up, down]) = MoeShape::names(&self.arch);
+                let ie = m.expert_intermediate_size;
+                out.push((format!("{p}.{block}.gate.weight"), vec![m.num_experts, h]));
+                for e in 0..m.num_experts {
+                    let x = format!("{p}.{block}.experts.{e}");
+                    out.push((format!("{x}.{gate}.weight"), vec![ie, h]));
+                    out.push((format!("{x}.{up}.weight"), vec![ie, h]));
+                    out.push((format!("{x}.{down}.weight"), vec![h, ie]));
+                }
+                continue;
+            }
             if self.fused_checkpoint() {
                 out.push((format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h]));
             } else {
@@ -377,13 +467,13 @@ impl ModelConfig {
         };
         let arch = match obj.get("model_type") {
             None => return Err(
-                "model_type is missing (expected llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text or opt); is this a config.json?"
+                "model_type is missing (expected llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen3_moe or opt); is this a config.json?"
                     .into(),
             ),
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(other) => {
                 return Err(format!(
-                    "model_type is {other} (a {}), expected a string: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text or opt",
+                    "model_type is {other} (a {}), expected a string: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen3_moe or opt",
                     crate::base::fsguard::json_kind(other)
                 ))
             }
@@ -399,12 +489,28 @@ impl ModelConfig {
                     .into(),
             );
         }
+        if arch == "qwen2_moe" {
+            return Err(
+                "model_type 'qwen2_moe' (Qwen1.5-MoE, Qwen2-57B-A14B) is not supported yet: its shared \
+                 expert and sigmoid gate are not modelled; mixtral and qwen3_moe are"
+                    .into(),
+            );
+        }
         if !matches!(
             arch.as_str(),
-            "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "gemma2" | "gemma3_text" | "opt"
+            "llama"
+                | "mistral"
+                | "qwen2"
+                | "qwen3"
+                | "phi3"
+                | "gemma2"
+                | "gemma3_text"
+                | "mixtral"
+                | "qwen3_moe"
+                | "opt"
         ) {
             return Err(format!(
-                "model_type '{arch}' is not supported (expected llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text or opt)"
+                "model_type '{arch}' is not supported (expected llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen3_moe or opt)"
             ));
         }
         let get = |k: &str| -> std::result::Result<usize, String> {
@@ -470,6 +576,10 @@ impl ModelConfig {
         } else {
             None
         };
+        let moe = match arch.as_str() {
+            "mixtral" | "qwen3_moe" => Some(moe_from_hf_json(v, &arch, &get)?),
+            _ => None,
+        };
         let head_dim = if v["head_dim"].is_null() {
             // Gemma2Config and Gemma3TextConfig default to 256 (every published Gemma 2/3).
             if gemma.is_some() {
@@ -529,6 +639,7 @@ impl ModelConfig {
             arch,
             opt: None,
             gemma,
+            moe,
         })
     }
 
@@ -595,6 +706,7 @@ impl ModelConfig {
             attention_bias: enable_bias,
             max_position_embeddings: get("max_position_embeddings")?,
             gemma: None,
+            moe: None,
             opt: Some(OptShape {
                 do_layer_norm_before,
                 word_embed_proj_dim,
@@ -638,6 +750,8 @@ impl ModelConfig {
             "phi3" => "Phi3ForCausalLM",
             "gemma2" => "Gemma2ForCausalLM",
             "gemma3_text" => "Gemma3ForCausalLM",
+            "mixtral" => "MixtralForCausalLM",
+            "qwen3_moe" => "Qwen3MoeForCausalLM",
             _ => "LlamaForCausalLM",
         };
         let mut v = serde_json::json!({
@@ -669,6 +783,25 @@ impl ModelConfig {
                 "original_max_position_embeddings".into(),
                 self.max_position_embeddings.into(),
             );
+        }
+        if let Some(m) = &self.moe {
+            // The keys of mistralai/Mixtral-8x7B-v0.1's and Qwen/Qwen3-30B-A3B's config.json.
+            let o = v.as_object_mut().expect("an object");
+            o.insert("num_experts_per_tok".into(), m.top_k.into());
+            o.insert("output_router_logits".into(), false.into());
+            if self.arch == "mixtral" {
+                o.insert("num_local_experts".into(), m.num_experts.into());
+                o.insert("sliding_window".into(), serde_json::Value::Null);
+            } else {
+                o.insert("num_experts".into(), m.num_experts.into());
+                o.insert(
+                    "moe_intermediate_size".into(),
+                    m.expert_intermediate_size.into(),
+                );
+                o.insert("norm_topk_prob".into(), m.renormalize.into());
+                o.insert("decoder_sparse_step".into(), m.decoder_sparse_step.into());
+                o.insert("mlp_only_layers".into(), m.mlp_only_layers.clone().into());
+            }
         }
         if let Some(g) = &self.gemma {
             // The keys of google/gemma-2-9b's config.json and gemma-3-12b-it's text_config,
@@ -725,6 +858,76 @@ impl ModelConfig {
         }
         v
     }
+}
+
+/// Mixtral's and Qwen3-MoE's keys, with Hugging Face's defaults for the ones a config leaves
+/// out (`MixtralConfig`: 8 experts, 2 per token; `Qwen3MoeConfig`: 128, 8, width 768,
+/// `norm_topk_prob` false, every layer sparse).
+fn moe_from_hf_json(
+    v: &serde_json::Value,
+    arch: &str,
+    get: &dyn Fn(&str) -> std::result::Result<usize, String>,
+) -> std::result::Result<MoeShape, String> {
+    let or = |k: &str, default: usize| {
+        if v[k].is_null() {
+            Ok(default)
+        } else {
+            get(k)
+        }
+    };
+    let layers = get("num_hidden_layers")?;
+    let (num_experts, top_k, width, renormalize) = if arch == "mixtral" {
+        (
+            or("num_local_experts", 8)?,
+            or("num_experts_per_tok", 2)?,
+            get("intermediate_size")?,
+            true,
+        )
+    } else {
+        (
+            or("num_experts", 128)?,
+            or("num_experts_per_tok", 8)?,
+            or("moe_intermediate_size", 768)?,
+            boolean(v, "norm_topk_prob", false)?,
+        )
+    };
+    if num_experts > 1024 {
+        return Err(format!(
+            "{num_experts} experts: expected at most 1024 (vLLM's topk_softmax kernels)"
+        ));
+    }
+    if top_k > num_experts {
+        return Err(format!(
+            "num_experts_per_tok {top_k} is more than the {num_experts} experts"
+        ));
+    }
+    let decoder_sparse_step = or("decoder_sparse_step", 1)?;
+    let mlp_only_layers = match v.get("mlp_only_layers") {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .map(|x| match x.as_u64() {
+                Some(l) if (l as usize) < layers => Ok(l as usize),
+                _ => Err(format!(
+                    "mlp_only_layers holds {x}: expected layer indices 0 to {}",
+                    layers - 1
+                )),
+            })
+            .collect::<std::result::Result<_, _>>()?,
+        Some(other) => {
+            return Err(format!(
+                "mlp_only_layers is {other}, expected a list of layer indices"
+            ))
+        }
+    };
+    Ok(MoeShape {
+        num_experts,
+        top_k,
+        expert_intermediate_size: width,
+        renormalize,
+        decoder_sparse_step,
+        mlp_only_layers,
+    })
 }
 
 /// Gemma 2's and Gemma 3's keys, with Hugging Face's defaults for the ones a config leaves

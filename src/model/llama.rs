@@ -20,7 +20,7 @@ use crate::device::cpu::AttnShape;
 use crate::engine::progress::Progress;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
-use crate::engine::{ops, ops_gemma};
+use crate::engine::{ops, ops_gemma, ops_moe};
 use crate::memory::Category;
 use crate::quant::{FusedLinear, Linear, Quant};
 
@@ -35,15 +35,32 @@ pub struct Attention {
     pub qk_norm: Option<(Tensor, Tensor)>,
 }
 
-/// vLLM's `LlamaDecoderLayer`; `gate_up` is a `MergedColumnParallelLinear`.
+/// vLLM's `LlamaDecoderLayer` (and `MixtralDecoderLayer`, `Qwen3MoeDecoderLayer`).
 pub struct Layer {
     pub attn: Attention,
-    pub gate_up: FusedLinear,
-    pub down: Linear,
+    pub mlp: Mlp,
     pub input_norm: Tensor,
     pub post_norm: Tensor,
     /// Gemma's `pre_feedforward_layernorm` and `post_feedforward_layernorm`.
     pub ff_norms: Option<(Tensor, Tensor)>,
+}
+
+/// A decoder layer's MLP: dense (`LlamaMLP`: `gate_up` a `MergedColumnParallelLinear`, `down`
+/// a `RowParallelLinear`) or a sparse block of experts. One per layer, so the dense variant's
+/// size (its quantized forms inline) costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
+pub enum Mlp {
+    Dense { gate_up: FusedLinear, down: Linear },
+    Moe(MoeBlock),
+}
+
+/// vLLM's `MixtralMoE` / `Qwen3MoeSparseMoeBlock`: the router (`ReplicatedLinear [E, H]`,
+/// whole on every rank) and `FusedMoE`'s two stacked parameters, `w13_weight [E, 2·I, H]`
+/// and `w2_weight [E, H, I]` (I: this rank's share of each expert's width).
+pub struct MoeBlock {
+    pub gate: Tensor,
+    pub w13: Tensor,
+    pub w2: Tensor,
 }
 
 pub struct LlamaModel {
@@ -104,19 +121,31 @@ impl LlamaModel {
                 cfg.arch
             )));
         }
+        if cfg.moe.is_some() {
+            // fused_moe's Triton kernels, and the quantized MoE methods, are not reproduced.
+            if rt.backend() == crate::device::Backend::Cuda {
+                return Err(Error::Request(format!(
+                    "model_type {} (mixture of experts) is not supported on CUDA yet (no grouped-GEMM kernel); run it on a simulated device (sim:...)",
+                    cfg.arch
+                )));
+            }
+            if !matches!(opts.quant, Quant::F16 | Quant::BF16)
+                || src.stored_fp8().is_some()
+                || src.packed4().is_some()
+            {
+                return Err(Error::Request(format!(
+                    "model_type {} (mixture of experts) runs in 16 bits only: vLLM's quantized fused-MoE methods are not modelled yet",
+                    cfg.arch
+                )));
+            }
+        }
         let shard = TpShard::of(rt, cfg)?;
         let local = shard.local_config(cfg);
         let mut ld = Loader::new(rt, src, opts, cfg.loader_reads());
         let act = ld.act;
         rt.set_op("load");
         rt.set_layer(None);
-        let (h, i, q, kv, v) = (
-            cfg.hidden_size,
-            cfg.intermediate_size,
-            cfg.q_dim(),
-            cfg.kv_dim(),
-            cfg.vocab_size,
-        );
+        let (h, q, kv, v) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.vocab_size);
         // vLLM's VocabParallelEmbedding and ParallelLMHead pad the vocabulary to 64 rows
         // (vocab_parallel_embedding.py L16, L47-50): the padding is allocated too.
         let vp = cfg.padded_vocab();
@@ -246,33 +275,11 @@ impl LlamaModel {
                     }
                 }
             }
-            let gate_up_name = format!("{p}.mlp.gate_up_proj.weight");
-            let gate_up = if cfg.fused_checkpoint() {
-                // Gate rows first, then up (MergedColumnParallelLinear's order, and Phi-3's
-                // `gate, up = gate_up.chunk(2)`).
-                ld.fused_parts(
-                    &[gate_up_name.clone(), gate_up_name.clone()],
-                    &[2 * i; 2],
-                    &[i_part, (i + i_part.0, i_part.1)],
-                    h,
-                    &gate_up_name,
-                )?
+            let mlp = if let Some(m) = cfg.moe.as_ref().filter(|_| cfg.is_moe_layer(l)) {
+                Mlp::Moe(load_moe_block(&mut ld, cfg, m, &shard, &p)?)
             } else {
-                ld.fused_parts(
-                    &[
-                        format!("{p}.mlp.gate_proj.weight"),
-                        format!("{p}.mlp.up_proj.weight"),
-                    ],
-                    &[i, i],
-                    &[i_part, i_part],
-                    h,
-                    &gate_up_name,
-                )?
+                load_dense_mlp(&mut ld, cfg, &p, i_part)?
             };
-            let down = ld.linear_slice(
-                &format!("{p}.mlp.down_proj.weight"),
-                Slice::cols(h, i, i_part.0, i_part.1),
-            )?;
             let input_norm = ld.dense(&format!("{p}.input_layernorm.weight"), &[h])?;
             let post_norm = ld.dense(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
             let ff_norms = if cfg.is_gemma() {
@@ -290,8 +297,7 @@ impl LlamaModel {
                     bias,
                     qk_norm,
                 },
-                gate_up,
-                down,
+                mlp,
                 input_norm,
                 post_norm,
                 ff_norms,
@@ -354,8 +360,13 @@ impl LlamaModel {
                     layer.attn.o = fp8_stored_linear_after_loading(rt, layer.attn.o)?;
                     // `named_modules`: qkv_proj, o_proj, rotary_emb, attn, then the MLP.
                     drop(kv);
-                    layer.gate_up = fp8_stored_fused_after_loading(rt, layer.gate_up)?;
-                    layer.down = fp8_stored_linear_after_loading(rt, layer.down)?;
+                    layer.mlp = match layer.mlp {
+                        Mlp::Dense { gate_up, down } => Mlp::Dense {
+                            gate_up: fp8_stored_fused_after_loading(rt, gate_up)?,
+                            down: fp8_stored_linear_after_loading(rt, down)?,
+                        },
+                        moe => moe,
+                    };
                     Ok(layer)
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -369,8 +380,10 @@ impl LlamaModel {
                 rt.set_layer(Some(l as u32));
                 marlin_fused_after_loading(rt, &mut layer.attn.qkv, act)?;
                 marlin_after_loading(rt, &mut layer.attn.o, act)?;
-                marlin_fused_after_loading(rt, &mut layer.gate_up, act)?;
-                marlin_after_loading(rt, &mut layer.down, act)?;
+                if let Mlp::Dense { gate_up, down } = &mut layer.mlp {
+                    marlin_fused_after_loading(rt, gate_up, act)?;
+                    marlin_after_loading(rt, down, act)?;
+                }
             }
             rt.set_layer(None);
             ld.stats.quantize_seconds += t.elapsed().as_secs_f64();
@@ -382,8 +395,10 @@ impl LlamaModel {
                 fp8_fused_after_loading(rt, &mut layer.attn.qkv)?;
                 fp8_after_loading(rt, &mut layer.attn.o)?;
                 drop(kv);
-                fp8_fused_after_loading(rt, &mut layer.gate_up)?;
-                fp8_after_loading(rt, &mut layer.down)?;
+                if let Mlp::Dense { gate_up, down } = &mut layer.mlp {
+                    fp8_fused_after_loading(rt, gate_up)?;
+                    fp8_after_loading(rt, down)?;
+                }
             }
             rt.set_layer(None);
             ld.stats.quantize_seconds += t.elapsed().as_secs_f64();
@@ -426,8 +441,11 @@ impl LlamaModel {
                 .ff_norms
                 .as_ref()
                 .map_or(0, |(a, c)| a.nbytes() + c.nbytes());
-            b += l.attn.qkv.weight_bytes() + l.gate_up.weight_bytes();
-            b += l.attn.o.weight_bytes() + l.down.weight_bytes();
+            b += l.attn.qkv.weight_bytes() + l.attn.o.weight_bytes();
+            b += match &l.mlp {
+                Mlp::Dense { gate_up, down } => gate_up.weight_bytes() + down.weight_bytes(),
+                Mlp::Moe(m) => m.gate.nbytes() + m.w13.nbytes() + m.w2.nbytes(),
+            };
             b += l.attn.bias.as_ref().map_or(0, |t| t.nbytes());
             b += l
                 .attn
@@ -463,6 +481,49 @@ impl LlamaModel {
     /// One forward pass over every token, as vLLM's `LlamaModel.forward`: the final hidden
     /// states `[tokens, hidden]` in the model dtype, after the last norm. The logits come from
     /// `sampler::compute_logits`.
+    /// `LlamaMLP.forward` (and Gemma's GeGLU MLP) on `o`: gate_up, the activation's new
+    /// output, down_proj and its all-reduce; the activation dies when `x` is rebound to
+    /// down_proj's output, gate_up when the MLP returns (at 380e1863), or as soon as `x` is
+    /// rebound to the activation (#10339). The decoder then rebinds `hidden_states` to the
+    /// MLP's output: `o` dies.
+    fn dense_mlp(
+        &self,
+        rt: &Runtime,
+        o: Tensor,
+        (gate_up, down): (&FusedLinear, &Linear),
+        l: &str,
+        gen: u32,
+    ) -> Result<Tensor> {
+        let (act, gemma) = (self.act, self.cfg.is_gemma());
+        let gate_up = gate_up.forward(rt, &o, &format!("{l}.gate_up_proj"), gen, act)?;
+        let i = self.local.intermediate_size;
+        let names = ["gate", "up"].map(|n| format!("{l}.{n}"));
+        let mut it = FusedLinear::split(&gate_up, &[i, i], &names).into_iter();
+        let (Some(mut gate), Some(up)) = (it.next(), it.next()) else {
+            return Err(Error::Request("gate_up split".into()));
+        };
+        // Gemma2MLP/Gemma3MLP keep `gate_up` named until they return, in every release
+        // (gemma2.py L78-82 at 0.6.4, L79-83 at 0.8.5; gemma3.py L85-89 at 0.8.5).
+        let act_out = if gemma {
+            ops_gemma::gelu_tanh_and_mul(rt, &gate, &up, &format!("{l}.act"))?
+        } else {
+            ops::silu_and_mul(rt, &mut gate, &up, &format!("{l}.act"))?
+        };
+        drop((gate, up));
+        let gate_up = if self.mlp_frees_gate_up && !gemma {
+            drop(gate_up);
+            None
+        } else {
+            Some(gate_up)
+        };
+        let out = down.forward(rt, &act_out, &format!("{l}.down_proj"), gen, act)?;
+        let out = crate::engine::ops_tp::all_reduce(rt, out, &format!("{l}.down_proj.all_reduce"))?;
+        drop(act_out);
+        drop(gate_up);
+        drop(o);
+        Ok(out)
+    }
+
     pub fn forward_hidden(&self, rt: &Runtime, batch: &Batch) -> Result<Tensor> {
         let cfg = &self.cfg;
         let gen = self.generation.get();
@@ -476,6 +537,8 @@ impl LlamaModel {
         let act = self.act;
         let eps = cfg.rms_norm_eps as f32;
         let positions: Vec<usize> = batch.seq_lens.iter().flat_map(|&n| 0..n).collect();
+        // The GPU's name picks fused MoE's tuned Triton config.
+        let gpu = rt.with_device(|d| d.info().name);
         rt.set_layer(None);
         // vLLM's LlamaModel.forward (llama.py at 380e1863): the embedding output becomes the
         // residual stream; layer 0 normalises into a new tensor, every later norm is
@@ -646,43 +709,23 @@ impl LlamaModel {
                 o
             };
             let o = mlp_in;
-            // LlamaMLP.forward: gate_up, SiluAndMul's new output, down_proj; the activation dies
-            // when `x` is rebound to down_proj's output, gate_up when the MLP returns (at
-            // 380e1863), or as soon as `x` is rebound to the activation (#10339).
-            let gate_up = layer
-                .gate_up
-                .forward(rt, &o, &format!("{l}.gate_up_proj"), gen, act)?;
-            let i = local.intermediate_size;
-            let names = ["gate", "up"].map(|n| format!("{l}.{n}"));
-            let mut it = FusedLinear::split(&gate_up, &[i, i], &names).into_iter();
-            let (Some(mut gate), Some(up)) = (it.next(), it.next()) else {
-                return Err(Error::Request("gate_up split".into()));
+            let down = match &layer.mlp {
+                Mlp::Dense { gate_up, down } => {
+                    let out = self.dense_mlp(rt, o, (gate_up, down), &l, gen)?;
+                    // The model's loop rebinds its own hidden states: the previous layer's
+                    // output dies.
+                    drop(layer_in_kept);
+                    out
+                }
+                Mlp::Moe(block) => {
+                    let m = local.moe.as_ref().ok_or_else(|| {
+                        Error::Request(format!("{l}: a sparse block in a model with no experts"))
+                    })?;
+                    let out = moe_block_forward(rt, o, block, m, act, &l, &gpu)?;
+                    drop(layer_in_kept);
+                    out
+                }
             };
-            // Gemma2MLP/Gemma3MLP keep `gate_up` named until they return, in every release
-            // (gemma2.py L78-82 at 0.6.4, L79-83 at 0.8.5; gemma3.py L85-89 at 0.8.5).
-            let act_out = if gemma {
-                ops_gemma::gelu_tanh_and_mul(rt, &gate, &up, &format!("{l}.act"))?
-            } else {
-                ops::silu_and_mul(rt, &mut gate, &up, &format!("{l}.act"))?
-            };
-            drop((gate, up));
-            let gate_up = if self.mlp_frees_gate_up && !gemma {
-                drop(gate_up);
-                None
-            } else {
-                Some(gate_up)
-            };
-            let down = layer
-                .down
-                .forward(rt, &act_out, &format!("{l}.down_proj"), gen, act)?;
-            let down =
-                crate::engine::ops_tp::all_reduce(rt, down, &format!("{l}.down_proj.all_reduce"))?;
-            drop(act_out);
-            drop(gate_up);
-            // The decoder rebinds `hidden_states` to the MLP's output: o_proj's output dies;
-            // then the model's loop rebinds its own: the previous layer's output dies.
-            drop(o);
-            drop(layer_in_kept);
             let down = match &layer.ff_norms {
                 // post_feedforward_layernorm: a new tensor; down_proj's output dies. Then
                 // the model's loop rebinds its hidden states and residual: the previous
@@ -733,6 +776,131 @@ impl LlamaModel {
         drop(residual);
         Ok(out)
     }
+}
+
+/// A sparse block on `x` as vLLM 0.8.5 runs it (`MixtralMoE.forward`, mixtral.py L99-106;
+/// `Qwen3MoeSparseMoeBlock.forward`, qwen3_moe.py L128-143): the router's logits, the top-k
+/// routing, the experts written into `x` in place (`inplace=True`), the routing's tensors
+/// dying as `forward_cuda` returns, the all-reduce over ranks (inside `FusedMoE` for Mixtral,
+/// in the block for Qwen3: the same point), then the logits as the block returns. The output
+/// is `x` itself (a new tensor when the all-reduce is out of place). `m` is this rank's
+/// shape (its share of each expert's width), `layer` names the tensors (`layers.3`), `gpu`
+/// picks the Triton config.
+pub fn moe_block_forward(
+    rt: &Runtime,
+    mut x: Tensor,
+    block: &MoeBlock,
+    m: &crate::model::config::MoeShape,
+    act: DType,
+    layer: &str,
+    gpu: &str,
+) -> Result<Tensor> {
+    let logits = crate::quant::dense_matmul_as(
+        rt,
+        &x,
+        &block.gate,
+        &format!("{layer}.gate"),
+        act,
+        &format!("{layer}.moe.router_logits"),
+        Category::Activation,
+    )?;
+    let name = format!("{layer}.moe");
+    let routing = ops_moe::fused_topk(rt, &logits, m.top_k, m.renormalize, &name)?;
+    let experts = ops_moe::Experts {
+        w13: &block.w13,
+        w2: &block.w2,
+        num_experts: m.num_experts,
+        width: m.expert_intermediate_size,
+    };
+    ops_moe::fused_experts(rt, &mut x, &experts, &routing, gpu, &name)?;
+    drop(routing);
+    let out = crate::engine::ops_tp::all_reduce(rt, x, &format!("{layer}.moe.all_reduce"))?;
+    drop(logits);
+    Ok(out)
+}
+
+/// `LlamaMLP`'s parameters: `gate_up_proj` (this rank's gate rows, then its up rows) and
+/// `down_proj` (its columns).
+fn load_dense_mlp(
+    ld: &mut Loader,
+    cfg: &ModelConfig,
+    p: &str,
+    i_part: (usize, usize),
+) -> Result<Mlp> {
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let gate_up_name = format!("{p}.mlp.gate_up_proj.weight");
+    let gate_up = if cfg.fused_checkpoint() {
+        // Gate rows first, then up (MergedColumnParallelLinear's order, and Phi-3's
+        // `gate, up = gate_up.chunk(2)`).
+        ld.fused_parts(
+            &[gate_up_name.clone(), gate_up_name.clone()],
+            &[2 * i; 2],
+            &[i_part, (i + i_part.0, i_part.1)],
+            h,
+            &gate_up_name,
+        )?
+    } else {
+        ld.fused_parts(
+            &[
+                format!("{p}.mlp.gate_proj.weight"),
+                format!("{p}.mlp.up_proj.weight"),
+            ],
+            &[i, i],
+            &[i_part, i_part],
+            h,
+            &gate_up_name,
+        )?
+    };
+    let down = ld.linear_slice(
+        &format!("{p}.mlp.down_proj.weight"),
+        Slice::cols(h, i, i_part.0, i_part.1),
+    )?;
+    Ok(Mlp::Dense { gate_up, down })
+}
+
+/// A sparse block's parameters in the order vLLM 0.8.5 creates them: Mixtral's router, then
+/// its experts (mixtral.py L80-97); Qwen3-MoE's experts, then its router (qwen3_moe.py
+/// L113-126). `w13_weight` holds each expert's gate rows then its up rows, `w2_weight` each
+/// expert's down columns, this rank's share of the width in both (`FusedMoE._load_w13`,
+/// `_load_w2`, layer.py L579-613); the checkpoint names map through
+/// `make_expert_params_mapping` (layer.py L890-906).
+fn load_moe_block(
+    ld: &mut Loader,
+    cfg: &ModelConfig,
+    m: &crate::model::config::MoeShape,
+    shard: &TpShard,
+    p: &str,
+) -> Result<MoeBlock> {
+    let h = cfg.hidden_size;
+    let (block, [gate_n, up_n, down_n]) = crate::model::config::MoeShape::names(&cfg.arch);
+    let width = m.expert_intermediate_size;
+    let (first, len) = shard.expert_rows(width);
+    let e = m.num_experts;
+    let router = |ld: &mut Loader| ld.dense(&format!("{p}.{block}.gate.weight"), &[e, h]);
+    let gate_first = cfg.arch == "mixtral";
+    let gate = if gate_first { Some(router(ld)?) } else { None };
+    let x = |ex: usize, n: &str| format!("{p}.{block}.experts.{ex}.{n}.weight");
+    let w13_parts: Vec<(String, Slice)> = (0..e)
+        .flat_map(|ex| [gate_n, up_n].map(|n| (x(ex, n), Slice::rows(width, h, first, len))))
+        .collect();
+    let w13 = ld.stacked(
+        &w13_parts,
+        &[e, 2 * len, h],
+        &format!("{p}.{block}.experts.w13_weight"),
+    )?;
+    let w2_parts: Vec<(String, Slice)> = (0..e)
+        .map(|ex| (x(ex, down_n), Slice::cols(h, width, first, len)))
+        .collect();
+    let w2 = ld.stacked(
+        &w2_parts,
+        &[e, h, len],
+        &format!("{p}.{block}.experts.w2_weight"),
+    )?;
+    let gate = match gate {
+        Some(g) => g,
+        None => router(ld)?,
+    };
+    Ok(MoeBlock { gate, w13, w2 })
 }
 
 /// vLLM's `RotaryEmbedding._compute_cos_sin_cache` then `.to(dtype)` (rotary_embedding.py at
@@ -831,6 +999,14 @@ impl TpShard {
                 cfg.intermediate_size
             ));
         }
+        if let Some(m) = cfg.moe.as_ref() {
+            if !m.expert_intermediate_size.is_multiple_of(n) {
+                return bad(format!(
+                    "each expert's width {} does not divide over {n} GPUs (FusedMoE asserts intermediate_size % tp_size == 0)",
+                    m.expert_intermediate_size
+                ));
+            }
+        }
         if !cfg.padded_vocab().is_multiple_of(n) {
             return bad(format!(
                 "the padded vocabulary ({} rows) does not divide over {n} GPUs",
@@ -856,6 +1032,9 @@ impl TpShard {
         c.num_heads = cfg.num_heads / self.size;
         c.num_kv_heads = self.local_kv_heads(cfg);
         c.intermediate_size = cfg.intermediate_size / self.size;
+        if let Some(m) = &mut c.moe {
+            m.expert_intermediate_size /= self.size;
+        }
         c
     }
 
@@ -875,6 +1054,14 @@ impl TpShard {
             self.rank / (self.size / cfg.num_kv_heads)
         };
         (first_head * cfg.head_dim, heads * cfg.head_dim)
+    }
+
+    /// (first row, rows) of each expert's gate and up projections (and its down projection's
+    /// columns) for an expert `width` wide: `intermediate_size_per_partition`
+    /// (fused_moe/layer.py L470-472 at 0.8.5).
+    pub fn expert_rows(&self, width: usize) -> (usize, usize) {
+        let len = width / self.size;
+        (self.rank * len, len)
     }
 
     /// (first row, rows) of gate_proj and up_proj.

@@ -321,6 +321,25 @@ impl<'a> Loader<'a> {
         upload(self.rt, fused_name, &[total], self.act, all)
     }
 
+    /// Checkpoint tensors read one after another, each cut to its slice (a tensor-parallel
+    /// rank's share), into one 16-bit parameter of `shape` (`FusedMoE`'s `w13_weight` and
+    /// `w2_weight`, filled expert by expert).
+    pub(crate) fn stacked(
+        &mut self,
+        parts: &[(String, Slice)],
+        shape: &[usize],
+        name: &str,
+    ) -> Result<Tensor> {
+        let mut all: Option<Vec<f32>> = None;
+        for (n, sl) in parts {
+            if let Some(d) = self.sliced(*sl, |ld| ld.read(n, &sl.shape()))? {
+                all.get_or_insert_with(|| Vec::with_capacity(shape.iter().product()))
+                    .extend_from_slice(&d);
+            }
+        }
+        upload(self.rt, name, shape, self.act, all)
+    }
+
     /// A stacked parameter (vLLM's `qkv_proj`, `gate_up_proj`, filled through
     /// `stacked_params_mapping`): one `[Σ nᵢ, k]` weight when it stays 16-bit, the checkpoint's
     /// shards read in order into it; one quantized linear per shard otherwise.

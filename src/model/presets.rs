@@ -1,6 +1,6 @@
 //! Built-in model shapes, from each model's published `config.json`.
 
-use super::config::{GemmaShape, ModelConfig, OptShape};
+use super::config::{GemmaShape, ModelConfig, MoeShape, OptShape};
 
 #[allow(clippy::too_many_arguments)]
 fn cfg(
@@ -32,6 +32,7 @@ fn cfg(
         max_position_embeddings: max_pos,
         opt: None,
         gemma: None,
+        moe: None,
     }
 }
 
@@ -51,6 +52,7 @@ fn gemma(
     ModelConfig {
         head_dim: 256,
         gemma: Some(shape),
+        moe: None,
         ..cfg(
             arch, hidden, inter, layers, 16, 8, vocab, theta, 1e-6, true, max_pos,
         )
@@ -81,6 +83,7 @@ fn opt(
         attention_bias: true,
         max_position_embeddings: 2048,
         gemma: None,
+        moe: None,
         opt: Some(OptShape {
             do_layer_norm_before: pre_norm,
             word_embed_proj_dim: proj,
@@ -91,7 +94,7 @@ fn opt(
     }
 }
 
-pub const PRESET_NAMES: [&str; 17] = [
+pub const PRESET_NAMES: [&str; 20] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
@@ -107,9 +110,24 @@ pub const PRESET_NAMES: [&str; 17] = [
     "phi-4",
     "gemma-2-9b",
     "gemma-3-12b",
+    "mixtral-8x7b",
+    "qwen3-30b-a3b",
+    "qwen3-235b-a22b",
     "opt-125m",
     "opt-350m",
 ];
+
+/// Every layer sparse, no dense-only layers (the published Mixtral and Qwen3-MoE configs).
+fn moe(num_experts: usize, top_k: usize, width: usize, renormalize: bool) -> MoeShape {
+    MoeShape {
+        num_experts,
+        top_k,
+        expert_intermediate_size: width,
+        renormalize,
+        decoder_sparse_step: 1,
+        mlp_only_layers: Vec::new(),
+    }
+}
 
 /// A built-in shape by name.
 pub fn preset(name: &str) -> Option<ModelConfig> {
@@ -219,6 +237,50 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
                 rope_linear_factor: Some(8.0),
             },
         ),
+        // mistralai/Mixtral-8x7B-v0.1: 8 experts of width 14336, 2 per token, every layer.
+        "mixtral-8x7b" => ModelConfig {
+            moe: Some(moe(8, 2, 14336, true)),
+            ..cfg(
+                "mixtral", 4096, 14336, 32, 32, 8, 32000, 1e6, 1e-5, false, 32768,
+            )
+        },
+        // Qwen/Qwen3-30B-A3B: 128 experts of width 768, 8 per token, renormalised; head_dim
+        // 128 over 32 heads of a 2048-wide model; the dense width (6144) no layer uses.
+        "qwen3-30b-a3b" => ModelConfig {
+            head_dim: 128,
+            moe: Some(moe(128, 8, 768, true)),
+            ..cfg(
+                "qwen3_moe",
+                2048,
+                6144,
+                48,
+                32,
+                4,
+                151936,
+                1e6,
+                1e-6,
+                false,
+                40960,
+            )
+        },
+        // Qwen/Qwen3-235B-A22B: 128 experts of width 1536, 8 per token, 94 layers.
+        "qwen3-235b-a22b" => ModelConfig {
+            head_dim: 128,
+            moe: Some(moe(128, 8, 1536, true)),
+            ..cfg(
+                "qwen3_moe",
+                4096,
+                12288,
+                94,
+                64,
+                4,
+                151936,
+                1e6,
+                1e-6,
+                false,
+                40960,
+            )
+        },
         "tiny" => cfg("llama", 128, 384, 4, 4, 2, 1024, 10000.0, 1e-5, false, 2048),
         _ => return None,
     })
@@ -251,6 +313,19 @@ mod tests {
         // Computed from the published shapes (the presets' comments say where each is from).
         assert_eq!(preset("gemma-2-9b").unwrap().param_count(), 9_241_705_984);
         assert_eq!(preset("gemma-3-12b").unwrap().param_count(), 11_766_034_176);
+        // The total_size of their model.safetensors.index.json (bf16) halved; Mixtral's
+        // 46.7 B, Qwen3's 30.5 B and 235 B of the model cards.
+        let mixtral = preset("mixtral-8x7b").unwrap();
+        assert_eq!(mixtral.param_count(), 46_702_792_704);
+        let q30 = preset("qwen3-30b-a3b").unwrap();
+        assert_eq!(q30.param_count(), 30_532_122_624);
+        assert_eq!(
+            preset("qwen3-235b-a22b").unwrap().param_count(),
+            235_093_634_560
+        );
+        // Active per token (embeddings and lm_head counted): the model cards' 12.9 B and 3.3 B.
+        assert_eq!(mixtral.active_param_count(), 12_879_925_248);
+        assert_eq!(q30.active_param_count(), 3_353_032_704);
     }
 
     #[test]

@@ -1,0 +1,283 @@
+//! Mixture-of-experts models (Mixtral, Qwen3-MoE) as vLLM 0.8.5 builds and runs them: the
+//! published shapes' weights, tensor parallel's shards of each expert, the fused MoE's
+//! allocations against PyTorch replaying them on the H200, and the refusals.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use vramscope::device::{Device, DeviceSpec};
+use vramscope::engine::runtime::Runtime;
+use vramscope::engine::tensor::DType;
+use vramscope::memory::Category;
+use vramscope::model::llama::{moe_block_forward, MoeBlock};
+use vramscope::model::presets::preset;
+use vramscope::model::ModelSource;
+use vramscope::profile::{self, ProfileRequest, Report};
+use vramscope::quant::Quant;
+use vramscope::Error;
+
+fn run(model: &str, quant: Quant, device: &str, tp: u32, vllm: &str) -> Result<Report, Error> {
+    let req = ProfileRequest {
+        model: ModelSource::parse(model).unwrap(),
+        quant,
+        device: DeviceSpec::parse(device).unwrap(),
+        tp,
+        verify: false,
+        vllm: vllm.into(),
+        ..ProfileRequest::default()
+    };
+    profile::run(&req, None, Arc::new(AtomicBool::new(false)))
+}
+
+/// Qwen3-235B-A22B's bf16 weights on one of `n` ranks, shard by shard as vLLM 0.8.5 cuts
+/// them (config: hidden 4096, 94 layers, 64 heads and 4 KV heads of 128, 128 experts of
+/// width 1536, vocabulary 151936, 40960 positions, lm_head untied): each expert's width split
+/// over the ranks (`intermediate_size_per_partition`), the router, norms and q/k norms whole,
+/// one KV head on each rank when there are more ranks than heads, the rotary cache, and the
+/// four 0-dim attention scalars of every layer.
+fn qwen3_235b_rank_bytes(n: u64) -> u64 {
+    let (h, layers, heads, kv, hd, experts, width, vocab, pos) = (
+        4096u64, 94u64, 64u64, 4u64, 128u64, 128u64, 1536u64, 151936u64, 40960u64,
+    );
+    let kv_local = if kv >= n { kv / n } else { 1 };
+    let qkv = (heads / n + 2 * kv_local) * hd * h;
+    let o = h * (heads / n) * hd;
+    let router = experts * h;
+    let w13 = experts * 2 * (width / n) * h;
+    let w2 = experts * h * (width / n);
+    let norms = 2 * h + 2 * hd;
+    let per_layer = qkv + o + router + w13 + w2 + norms;
+    let vocab_rows = vocab.div_ceil(64) * 64 / n;
+    let params = layers * per_layer + 2 * vocab_rows * h + h + pos * hd;
+    2 * params + layers * 4 * 4
+}
+
+#[test]
+fn qwen3_235b_over_8_gpus_holds_vllms_shards_on_every_rank() {
+    let started = std::time::Instant::now();
+    let r = run(
+        "preset:qwen3-235b-a22b",
+        Quant::BF16,
+        "sim:h200:dry",
+        8,
+        "0.8",
+    )
+    .unwrap();
+    assert_eq!(r.ranks.len(), 8);
+    for rank in &r.ranks {
+        assert_eq!(
+            rank.weights_tensor_bytes,
+            qwen3_235b_rank_bytes(8),
+            "rank {}",
+            rank.rank
+        );
+    }
+    // 471.8 GB of weights in all, 59.0 GB a rank.
+    assert_eq!(qwen3_235b_rank_bytes(8), 58_970_104_288);
+    eprintln!("qwen3-235b-a22b --tp 8 dry: {:?}", started.elapsed());
+}
+
+#[test]
+fn mixtral_and_qwen3_30b_weigh_their_published_parameters() {
+    for (name, params) in [
+        ("mixtral-8x7b", 46_702_792_704u64),
+        ("qwen3-30b-a3b", 30_532_122_624),
+    ] {
+        let cfg = preset(name).unwrap();
+        let r = run(
+            &format!("preset:{name}"),
+            Quant::BF16,
+            "sim:h200:dry",
+            1,
+            "0.8",
+        )
+        .unwrap();
+        // The stored parameters (vLLM pads neither vocabulary: 32000 and 151936 are
+        // multiples of 64), the rotary cache and the attention scalars.
+        let extras = (cfg.max_position_embeddings * cfg.head_dim * 2 + cfg.num_layers * 16) as u64;
+        assert_eq!(r.weights_tensor_bytes, 2 * params + extras, "{name}");
+        // Every MoE layer's three parameters, at their full shapes, in the load's events.
+        let m = cfg.moe.as_ref().unwrap();
+        let block = if name == "mixtral-8x7b" {
+            "block_sparse_moe"
+        } else {
+            "mlp"
+        };
+        let bytes = |t: &str| {
+            r.events
+                .iter()
+                .find(|e| e.kind == vramscope::memory::EventKind::Alloc && e.tensor == t)
+                .map(|e| e.bytes)
+                .unwrap_or_else(|| panic!("{name}: no allocation of {t}"))
+        };
+        let (e, h, i) = (m.num_experts, cfg.hidden_size, m.expert_intermediate_size);
+        let p = format!("model.layers.3.{block}");
+        assert_eq!(
+            bytes(&format!("{p}.experts.w13_weight")),
+            (e * 2 * i * h * 2) as u64
+        );
+        assert_eq!(
+            bytes(&format!("{p}.experts.w2_weight")),
+            (e * h * i * 2) as u64
+        );
+        assert_eq!(bytes(&format!("{p}.gate.weight")), (e * h * 2) as u64);
+    }
+}
+
+/// The order vLLM 0.8.5's constructors create a layer's MoE parameters: Mixtral's router
+/// before its experts (mixtral.py L80-97), Qwen3-MoE's after (qwen3_moe.py L113-126).
+#[test]
+fn the_router_comes_before_mixtrals_experts_and_after_qwen3s() {
+    for (name, block, router_first) in [
+        ("mixtral-8x7b", "block_sparse_moe", true),
+        ("qwen3-30b-a3b", "mlp", false),
+    ] {
+        let r = run(
+            &format!("preset:{name}"),
+            Quant::BF16,
+            "sim:h200:dry",
+            1,
+            "0.8",
+        )
+        .unwrap();
+        let order: Vec<&str> = r
+            .events
+            .iter()
+            .filter(|e| e.kind == vramscope::memory::EventKind::Alloc)
+            .map(|e| e.tensor.as_str())
+            .filter(|t| t.starts_with(&format!("model.layers.0.{block}.")))
+            .collect();
+        let want = if router_first {
+            ["gate.weight", "experts.w13_weight", "experts.w2_weight"]
+        } else {
+            ["experts.w13_weight", "experts.w2_weight", "gate.weight"]
+        }
+        .map(|s| format!("model.layers.0.{block}.{s}"));
+        assert_eq!(order, want, "{name}");
+    }
+}
+
+/// The fused MoE's tensors, named in the pass: the peak of Qwen3-30B-A3B's pass at 8192 tokens
+/// is owned by the shared cache1/cache3 buffer and cache2 (256 and 96 MiB), and each MoE layer
+/// makes its routing tensors and alignment buffers.
+#[test]
+fn the_fused_moe_buffers_appear_in_every_moe_layer() {
+    let req = ProfileRequest {
+        model: ModelSource::parse("preset:qwen3-30b-a3b").unwrap(),
+        quant: Quant::BF16,
+        device: DeviceSpec::parse("sim:h200:dry").unwrap(),
+        tokens: 8192,
+        seqs: 32,
+        verify: false,
+        vllm: "0.8".into(),
+        ..ProfileRequest::default()
+    };
+    let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
+    let allocs = |suffix: &str| -> Vec<u64> {
+        r.events
+            .iter()
+            .filter(|e| e.kind == vramscope::memory::EventKind::Alloc && e.tensor.ends_with(suffix))
+            .map(|e| e.bytes)
+            .collect()
+    };
+    // M·k·max(2I, H) = 8192 · 8 · 2048 bf16, and M·k·I = 8192 · 8 · 768.
+    assert_eq!(allocs("moe.intermediate_cache13"), vec![268_435_456; 48]);
+    assert_eq!(allocs("moe.intermediate_cache2"), vec![100_663_296; 48]);
+    // BLOCK_SIZE_M 128 from E=128,N=768,device_name=NVIDIA_H200.json: 65536 + 128·127
+    // sorted ids, 4 bytes each, in a 512-byte block.
+    assert_eq!(allocs("moe.sorted_ids"), vec![327_168; 48]);
+    assert_eq!(allocs("moe.topk_weights_renormalized").len(), 48);
+    // 128 experts is a power of two: no softmax workspace.
+    assert!(allocs("moe.topk_softmax_workspace").is_empty());
+}
+
+/// Replays one MoE block of preset `name` at 8192 tokens (bf16, one H200) on the allocator and
+/// returns the peak over what was allocated before it, as scripts/moe_replay.py measures it
+/// with PyTorch (the block's input and weights allocated, the cuBLAS workspace made by a first
+/// matmul, then the peak statistics reset).
+fn replayed_block_peak(name: &str) -> u64 {
+    let spec = DeviceSpec::parse("sim:h200:dry").unwrap();
+    let rt = Runtime::new(Device::open(&spec).unwrap(), Arc::default(), None);
+    let cfg = preset(name).unwrap();
+    let m = cfg.moe.clone().unwrap();
+    let (h, e, i, tokens) = (
+        cfg.hidden_size,
+        m.num_experts,
+        m.expert_intermediate_size,
+        8192,
+    );
+    let t = |n: &str, shape: &[usize]| rt.tensor(n, Category::Weight, shape, DType::BF16).unwrap();
+    let x = rt
+        .tensor("x", Category::Activation, &[tokens, h], DType::BF16)
+        .unwrap();
+    let block = MoeBlock {
+        gate: t("gate", &[e, h]),
+        w13: t("w13", &[e, 2 * i, h]),
+        w2: t("w2", &[e, h, i]),
+    };
+    rt.ensure_library_workspaces().unwrap();
+    rt.reset_peak();
+    let base = rt.stats().allocated;
+    let out =
+        moe_block_forward(&rt, x, &block, &m, DType::BF16, "layers.0", "NVIDIA H200").unwrap();
+    let peak = rt.stats().allocated_peak - base;
+    // The output is the input, written in place: dropping it frees the input, and nothing
+    // else is left.
+    assert_eq!(out.shape, vec![tokens, h]);
+    drop(out);
+    let input = (tokens * h * 2) as u64;
+    assert_eq!(rt.stats().allocated + input, base, "{name}");
+    peak
+}
+
+/// PyTorch 2.11 on the H200 replaying vLLM 0.8.5's block (scripts/moe_replay.py, run 52 of
+/// docs/gpu-runs.md): `peak_over_input` 372,050,432 B for Qwen3-30B-A3B
+/// (`128 8 2048 768 8192 1 128`) and 1,409,619,456 B for Mixtral-8x7B
+/// (`8 2 4096 14336 8192 1 128`), nothing left after.
+#[test]
+fn one_moe_block_peaks_where_pytorch_replaying_vllm_peaks() {
+    let peak = replayed_block_peak("qwen3-30b-a3b");
+    // At the peak (inside the experts): router logits [8192, 128] bf16 (2 MiB), the
+    // renormalised topk weights [8192, 8] f32 and topk ids [8192, 8] int32 (256 KiB each),
+    // cache13 (256 MiB), cache2 (96 MiB), sorted ids (327,168 B), expert ids (639 int32 in a
+    // 2,560-byte block) and num_tokens_post_pad (one 512-byte block). The f32 copy of the
+    // logits and the first weights died with the routing.
+    let expected = 2_097_152 + 2 * 262_144 + 268_435_456 + 100_663_296 + 327_168 + 2_560 + 512;
+    assert_eq!(expected, 372_050_432);
+    assert_eq!(peak, expected);
+    assert_eq!(replayed_block_peak("mixtral-8x7b"), 1_409_619_456);
+}
+
+#[test]
+fn moe_is_refused_where_it_is_not_modelled() {
+    let e = run("preset:mixtral-8x7b", Quant::Int8, "sim:h200:dry", 1, "0.8")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("16 bits only"), "{e}");
+    let e = run(
+        "preset:qwen3-30b-a3b",
+        Quant::BF16,
+        "sim:h200:dry",
+        1,
+        "0.19",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("--vllm 0.8"), "{e}");
+    // Each expert's width must divide over the GPUs: 768 over 5 does not.
+    let e = run(
+        "preset:qwen3-30b-a3b",
+        Quant::BF16,
+        "sim:h200:dry",
+        3,
+        "0.8",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("--tp 3"), "{e}");
+    let e = vramscope::model::ModelConfig::from_hf_json(&serde_json::json!({
+        "model_type": "qwen2_moe", "hidden_size": 64
+    }))
+    .unwrap_err();
+    assert!(e.contains("shared"), "{e}");
+}
