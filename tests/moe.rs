@@ -96,6 +96,16 @@ fn mixtral_and_qwen3_30b_weigh_their_published_parameters() {
         // multiples of 64), the rotary cache and the attention scalars.
         let extras = (cfg.max_position_embeddings * cfg.head_dim * 2 + cfg.num_layers * 16) as u64;
         assert_eq!(r.weights_tensor_bytes, 2 * params + extras, "{name}");
+        assert_eq!(r.model.parameters, params);
+        if name == "mixtral-8x7b" {
+            // 32 layers × 8 experts × 3 × 14336 × 4096 in the experts, 90.2 GB of bf16.
+            assert_eq!(r.model.expert_parameters, 45_097_156_608);
+            assert_eq!(
+                r.model.experts_sentence(1).unwrap(),
+                "mixture of experts: 45.1 B of its 46.7 B parameters are the experts' \
+                 (84.00 GiB of weights, all resident); 12.9 B are active per token"
+            );
+        }
         // Every MoE layer's three parameters, at their full shapes, in the load's events.
         let m = cfg.moe.as_ref().unwrap();
         let block = if name == "mixtral-8x7b" {

@@ -734,6 +734,9 @@ pub fn summary_text(r: &Report) -> String {
         fmt_u(r.outside_framework_bytes),
         fmt_i(r.truth.non_kv_bytes)
     );
+    if let Some(e) = r.model.experts_sentence(r.tp) {
+        let _ = writeln!(s, "{e}");
+    }
     if r.tp > 1 {
         let _ = writeln!(
             s,

@@ -808,6 +808,8 @@ pub(crate) fn run_rank(
                 num_kv_heads: c.num_kv_heads,
                 head_dim: c.head_dim,
                 vocab_size: c.vocab_size,
+                expert_parameters: c.expert_param_count(),
+                active_parameters: c.active_param_count(),
             };
             let batch = Batch::dummy(req.tokens, req.seqs, c.vocab_size);
             (

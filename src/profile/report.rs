@@ -24,9 +24,34 @@ pub struct ModelInfo {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub vocab_size: usize,
+    /// A mixture of experts' parameters in its experts (all resident; 0 for a dense model).
+    #[serde(default)]
+    pub expert_parameters: u64,
+    /// Parameters each token multiplies with (the router and `top_k` experts of each MoE
+    /// layer, everything else); `parameters` for a dense model.
+    #[serde(default)]
+    pub active_parameters: u64,
 }
 
 impl ModelInfo {
+    /// What a mixture of experts keeps resident and what each token uses, in one sentence
+    /// (`None` for a dense model): `tp` ranks share the experts' width, 16-bit weights.
+    pub fn experts_sentence(&self, tp: u32) -> Option<String> {
+        if self.expert_parameters == 0 {
+            return None;
+        }
+        let b = |n: u64| format!("{:.1} B", n as f64 / 1e9);
+        let per_rank = self.expert_parameters * 2 / u64::from(tp.max(1));
+        Some(format!(
+            "mixture of experts: {} of its {} parameters are the experts' ({} of weights{}, all resident); {} are active per token",
+            b(self.expert_parameters),
+            b(self.parameters),
+            crate::base::units::fmt_u(per_rank),
+            if tp > 1 { " a rank" } else { "" },
+            b(self.active_parameters),
+        ))
+    }
+
     /// A workload that is not a model (a synthetic scenario, a PyTorch snapshot): its name,
     /// where it came from and what it is, every shape zero.
     pub fn without_shapes(name: String, source: String, arch: &str) -> Self {
@@ -41,6 +66,8 @@ impl ModelInfo {
             num_kv_heads: 0,
             head_dim: 0,
             vocab_size: 0,
+            expert_parameters: 0,
+            active_parameters: 0,
         }
     }
 }

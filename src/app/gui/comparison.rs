@@ -322,6 +322,9 @@ pub fn waterfall(ui: &mut egui::Ui, r: &Report, a: &crate::report::lifetimes::An
             false
         ))
     ));
+    if let Some(e) = r.model.experts_sentence(r.tp) {
+        ui.label(e);
+    }
     let twice: u64 = a.kept.iter().map(|g| g.bytes_at_t3).sum();
     let bars = bars(r, twice);
     let total = r.checkpoints.t0.total.max(1) as f32;

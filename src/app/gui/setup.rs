@@ -244,9 +244,18 @@ impl SetupForm {
                         .height(popup_height(ui))
                         .show_ui(ui, |ui| {
                             compact_list(ui);
-                            for n in PRESET_NAMES {
-                                ui.selectable_value(&mut self.preset, n.to_string(), n);
-                            }
+                            // Two columns: twenty presets fit a 720-pixel window.
+                            egui::Grid::new("preset_grid")
+                                .num_columns(2)
+                                .spacing([8.0, 0.0])
+                                .show(ui, |ui| {
+                                    for (k, n) in PRESET_NAMES.iter().enumerate() {
+                                        ui.selectable_value(&mut self.preset, n.to_string(), *n);
+                                        if k % 2 == 1 {
+                                            ui.end_row();
+                                        }
+                                    }
+                                });
                         })
                         .response
                         .labelled_by(label.id);
