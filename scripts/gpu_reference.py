@@ -9,6 +9,8 @@
       Times one forward pass of that shape (random weights, one sequence, logits of the last
       token only), as `vramscope bench` does, and reports TFLOP/s with the same FLOP count.
       --kernels adds a profiled pass (GPU time per kernel and kind) and sdpa timed alone.
+      --preset qwen3-30b-a3b builds transformers' Qwen3MoeForCausalLM (128 experts of width
+      768, 8 a token; its experts loop over the experts a batch hits) as the MoE reference.
   compare A.json B.json
       Relative L2 error of A's logits against B's.
 """
@@ -24,6 +26,11 @@ PRESETS = {
     "smollm2-135m": (576, 1536, 30, 9, 3, 49152, 100000.0, 1e-5, True),
     "tiny": (128, 384, 4, 4, 2, 1024, 10000.0, 1e-5, False),
 }
+# Mixture of experts: the same fields (intermediate = each expert's width), then experts, top-k,
+# head_dim.
+MOE_PRESETS = {
+    "qwen3-30b-a3b": (2048, 768, 48, 32, 4, 151936, 1000000.0, 1e-6, False, 128, 8, 128),
+}
 
 
 def dummy_batch(tokens, seqs, vocab):
@@ -33,10 +40,12 @@ def dummy_batch(tokens, seqs, vocab):
     return ids, lens
 
 
-def flops(h, inter, layers, heads, kv, vocab, lens):
-    hd = h // heads
+def flops(h, inter, layers, heads, kv, vocab, lens, hd=None, topk=1, experts=0):
+    """The pass's FLOPs; for a MoE model `inter` is an expert's width, `topk` experts a token,
+    and the router's `experts` columns are counted."""
+    hd = hd or h // heads
     t = sum(lens)
-    linear = h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * inter
+    linear = h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * inter * topk + h * experts
     pairs = sum(n * (n + 1) / 2 for n in lens)
     attn = 4.0 * heads * hd * pairs
     return layers * (2.0 * t * linear + attn) + 2.0 * len(lens) * h * vocab
@@ -78,17 +87,32 @@ def cmd_bench(a):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    h, inter, layers, heads, kv, vocab, theta, eps, tied = PRESETS[a.preset]
-    cfg = LlamaConfig(hidden_size=h, intermediate_size=inter, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
-                      rope_theta=theta, rms_norm_eps=eps, tie_word_embeddings=tied,
-                      max_position_embeddings=max(8192, a.tokens))
+    moe = a.preset in MOE_PRESETS
+    if moe:
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        h, inter, layers, heads, kv, vocab, theta, eps, tied, experts, topk, hd = MOE_PRESETS[a.preset]
+        cfg = Qwen3MoeConfig(hidden_size=h, intermediate_size=6144, moe_intermediate_size=inter,
+                             num_hidden_layers=layers, num_attention_heads=heads,
+                             num_key_value_heads=kv, head_dim=hd, vocab_size=vocab,
+                             num_experts=experts, num_experts_per_tok=topk, norm_topk_prob=True,
+                             rope_theta=theta, rms_norm_eps=eps, tie_word_embeddings=tied,
+                             max_position_embeddings=max(40960, a.tokens))
+        build = Qwen3MoeForCausalLM
+    else:
+        h, inter, layers, heads, kv, vocab, theta, eps, tied = PRESETS[a.preset]
+        experts, topk, hd = 0, 1, h // heads
+        cfg = LlamaConfig(hidden_size=h, intermediate_size=inter, num_hidden_layers=layers,
+                          num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
+                          rope_theta=theta, rms_norm_eps=eps, tie_word_embeddings=tied,
+                          max_position_embeddings=max(8192, a.tokens))
+        build = LlamaForCausalLM
     cfg._attn_implementation = "sdpa"
     dt = torch_dtype(a.dtype)
     torch.set_default_dtype(dt)
     t0 = time.time()
     with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg)
+        model = build(cfg)
     model.eval()
     torch.set_default_dtype(torch.float32)
     torch.cuda.synchronize()
@@ -110,7 +134,7 @@ def cmd_bench(a):
     if a.kernels:
         kernel_table(lambda: model(input_ids=x, use_cache=False, logits_to_keep=1))
         sdpa_alone(h, heads, kv, a.tokens, dt)
-    f = flops(h, inter, layers, heads, kv, vocab, lens)
+    f = flops(h, inter, layers, heads, kv, vocab, lens, hd, topk, experts)
     res = {"source": "pytorch+transformers sdpa", "preset": a.preset, "dtype": a.dtype,
            "tokens": a.tokens, "pass_ms": times, "median_ms": med, "flops": f,
            "tflops": f / (med * 1e-3) / 1e12, "init_s": load_s,
@@ -202,7 +226,7 @@ def main():
     l.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
     l.add_argument("--json")
     b = sub.add_parser("bench")
-    b.add_argument("--preset", default="llama-3-8b", choices=sorted(PRESETS))
+    b.add_argument("--preset", default="llama-3-8b", choices=sorted(PRESETS) + sorted(MOE_PRESETS))
     b.add_argument("--tokens", type=int, default=8192)
     b.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     b.add_argument("--iters", type=int, default=3)

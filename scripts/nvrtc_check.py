@@ -1,36 +1,79 @@
 #!/usr/bin/env python3
-"""Compiles the CUDA kernel sources (kernels.rs SOURCE + sampler.rs SOURCE + kernels.rs
-OPT_BNB_SOURCE + fp8.rs SOURCE, concatenated as compile_kernels does) with NVRTC, without a GPU, and checks the
-OPT/4-bit entry points are in the PTX. NVRTC comes from the pip wheel `nvidia-cuda-nvrtc`
-(pulled in by `pip install torch`).
+"""Compiles the CUDA kernel sources with NVRTC, without a GPU, as compile_kernels
+(src/device/cuda/ops.rs) concatenates them, and checks that the entry points are in the PTX:
 
-Run: python3 scripts/nvrtc_check.py . [path/to/libnvrtc.so]
+  the main module   kernels.rs SOURCE + sampler.rs SOURCE + kernels.rs OPT_BNB_SOURCE + fp8.rs
+                    SOURCE + moe.rs SOURCE, for compute_90, compute_80 and compute_75;
+  the tensor-core   kernels.rs FLASH_SOURCE + w4.rs SOURCE + moe.rs GEMM_SOURCE (+ WGMMA_SOURCE
+  module            for compute_90a), for compute_90a and compute_80.
+
+NVRTC comes from the pip wheel `nvidia-cuda-nvrtc` (pulled in by `pip install torch`, or
+`pip download "nvidia-cuda-nvrtc>=13,<14" --no-deps` and unzip it).
+
+Run: python3 scripts/nvrtc_check.py . path/to/libnvrtc.so.13
 """
-import ctypes, re, sys
-lib = ctypes.CDLL(sys.argv[2] if len(sys.argv) > 2 else "/tmp/optref/lib/python3.11/site-packages/nvidia/cu13/lib/libnvrtc.so.13")
+import ctypes
+import re
+import sys
+
+root = sys.argv[1]
+lib = ctypes.CDLL(sys.argv[2] if len(sys.argv) > 2 else
+                  "/tmp/optref/lib/python3.11/site-packages/nvidia/cu13/lib/libnvrtc.so.13")
+
+
 def raw(path, name):
-    s = open(path).read()
+    s = open(root + "/src/device/cuda/" + path).read()
     m = re.search(r'(?:pub\((?:crate|super)\) )?const %s: &str = r#"(.*?)"#;' % name, s, re.S)
     return m.group(1)
-src = raw(sys.argv[1] + "/src/device/cuda/kernels.rs", "SOURCE") + raw(sys.argv[1] + "/src/device/cuda/sampler.rs", "SOURCE") + raw(sys.argv[1] + "/src/device/cuda/kernels.rs", "OPT_BNB_SOURCE") + raw(sys.argv[1] + "/src/device/cuda/fp8.rs", "SOURCE")
-# NVRTC 13.2 has no INFINITY without headers; defined here (if a source uses it) so the
-# rest can be checked.
-src = "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif\n" + src
-prog = ctypes.c_void_p()
-r = lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"k.cu", 0, None, None)
-assert r == 0, r
-for arch in [b"--gpu-architecture=compute_90", b"--gpu-architecture=compute_80", b"--gpu-architecture=compute_75"]:
-    opts = (ctypes.c_char_p * 1)(arch)
+
+
+def names(path, name):
+    s = open(root + "/src/device/cuda/" + path).read()
+    m = re.search(r'const %s: &\[&str\] =\s*&\[(.*?)\];' % name, s, re.S)
+    return re.findall(r'"([a-z0-9_]+)"', m.group(1))
+
+
+def compile_ptx(src, arch):
+    # NVRTC 13.2 on has no INFINITY without headers; defined here (if a source uses it) so the
+    # rest can be checked.
+    src = "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif\n" + src
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"k.cu", 0, None, None) == 0
+    opts = (ctypes.c_char_p * 1)(("--gpu-architecture=" + arch).encode())
     r = lib.nvrtcCompileProgram(prog, 1, opts)
     n = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
     log = ctypes.create_string_buffer(n.value)
     lib.nvrtcGetProgramLog(prog, log)
-    print(arch.decode(), "rc", r, log.value.decode()[:3000])
-    if r == 0:
-        n = ctypes.c_size_t(); lib.nvrtcGetPTXSize(prog, ctypes.byref(n))
-        ptx = ctypes.create_string_buffer(n.value); lib.nvrtcGetPTX(prog, ptx)
-        p = ptx.value.decode()
-        for k in ["layer_norm_f16", "layer_norm_bf16", "relu_f16", "add_out_bf16", "bnb4_dequant_f16", "bnb4_dequant_bf16", "bnb4_dequant_f32", "bnb4_nested_absmax", "convert_float", "fp8_absmax_f16", "fp8_absmax_bf16", "fp8_quant_f16", "fp8_quant_bf16", "fp8_requant"]:
-            assert (".entry " + k + "(") in p, k
-        print("  all OPT/bnb4/fp8 entries present; ptx bytes", len(p))
+    if r != 0:
+        sys.exit(f"{arch}: NVRTC failed ({r}):\n{log.value.decode()[:4000]}")
+    n = ctypes.c_size_t()
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(n))
+    ptx = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetPTX(prog, ptx)
+    return ptx.value.decode()
+
+
+def check(ptx, entries, what, arch):
+    missing = [k for k in entries if (".entry " + k + "(") not in ptx]
+    if missing:
+        sys.exit(f"{what} {arch}: missing entries {missing}")
+    print(f"{what} {arch}: {len(entries)} entries present, PTX {len(ptx)} bytes")
+
+
+main = (raw("kernels.rs", "SOURCE") + raw("sampler.rs", "SOURCE") + raw("kernels.rs", "OPT_BNB_SOURCE")
+        + raw("fp8.rs", "SOURCE") + raw("moe.rs", "SOURCE"))
+typed = (names("kernels.rs", "TYPED") + names("sampler.rs", "TYPED") + names("kernels.rs", "OPT_BNB_TYPED")
+         + names("fp8.rs", "TYPED") + names("moe.rs", "TYPED"))
+untyped = (names("kernels.rs", "UNTYPED") + names("sampler.rs", "UNTYPED")
+           + names("kernels.rs", "OPT_BNB_UNTYPED") + names("fp8.rs", "UNTYPED"))
+entries = untyped + [f"{n}_{s}" for n in typed for s in ("f16", "bf16")]
+for arch in ["compute_90", "compute_80", "compute_75"]:
+    check(compile_ptx(main, arch), entries, "main module", arch)
+
+tc = raw("kernels.rs", "FLASH_SOURCE") + raw("w4.rs", "SOURCE") + raw("moe.rs", "GEMM_SOURCE")
+tc_entries = [f"{n}_{s}" for n in names("w4.rs", "NAMES") + names("moe.rs", "GEMM_NAMES")
+              for s in ("f16", "bf16")]
+check(compile_ptx(tc + raw("kernels.rs", "WGMMA_SOURCE"), "compute_90a"), tc_entries, "tensor-core module",
+      "compute_90a")
+check(compile_ptx(tc, "compute_80"), tc_entries, "tensor-core module", "compute_80")

@@ -114,6 +114,20 @@ fn config(name: &str) -> ModelConfig {
             o.insert("rope_theta".into(), 1000000.0.into());
             o.insert("tie_word_embeddings".into(), false.into());
         }
+        // 6 experts of width 64 (not a power of two: topk_softmax's workspace), 2 per token,
+        // not renormalised, a shared expert of width 96 behind its sigmoid gate; q/k/v biases.
+        // Written for scripts/hf_reference.py; its reference logits are not taken yet (the
+        // block is checked against its model file written out by hand in tests/moe.rs).
+        "qwen2_moe" => {
+            o.insert("model_type".into(), "qwen2_moe".into());
+            o.insert("num_experts".into(), 6.into());
+            o.insert("num_experts_per_tok".into(), 2.into());
+            o.insert("moe_intermediate_size".into(), 64.into());
+            o.insert("shared_expert_intermediate_size".into(), 96.into());
+            o.insert("norm_topk_prob".into(), false.into());
+            o.insert("rope_theta".into(), 1000000.0.into());
+            o.insert("tie_word_embeddings".into(), false.into());
+        }
         _ => unreachable!(),
     }
     ModelConfig::from_hf_json(&v).unwrap()
@@ -184,6 +198,7 @@ fn write_fixtures() {
         "gemma3",
         "mixtral",
         "qwen3_moe",
+        "qwen2_moe",
     ] {
         write(&root.join(name), name);
     }

@@ -224,6 +224,7 @@ fn replayed_block_peak(name: &str) -> u64 {
         gate: t("gate", &[e, h]),
         w13: t("w13", &[e, 2 * i, h]),
         w2: t("w2", &[e, h, i]),
+        shared: None,
     };
     rt.ensure_library_workspaces().unwrap();
     rt.reset_peak();
@@ -285,9 +286,213 @@ fn moe_is_refused_where_it_is_not_modelled() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("--tp 3"), "{e}");
-    let e = vramscope::model::ModelConfig::from_hf_json(&serde_json::json!({
-        "model_type": "qwen2_moe", "hidden_size": 64
-    }))
-    .unwrap_err();
-    assert!(e.contains("shared"), "{e}");
+    // Qwen2-MoE's shared expert splits over the GPUs too: 96 over 5 does not.
+    let mut c = qwen1_5_moe_config();
+    c["shared_expert_intermediate_size"] = 96.into();
+    c["moe_intermediate_size"] = 640.into();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
+    let e = run(
+        dir.path().join("config.json").to_str().unwrap(),
+        Quant::BF16,
+        "sim:h200:dry",
+        5,
+        "0.8",
+    );
+    // 16 heads do not divide over 5 GPUs either: whichever check speaks, it names --tp 5.
+    assert!(e.unwrap_err().to_string().contains("--tp 5"));
+}
+
+/// Qwen/Qwen1.5-MoE-A2.7B's config.json (the keys vLLM 0.8.5's qwen2_moe.py reads).
+fn qwen1_5_moe_config() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe",
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "vocab_size": 151936,
+        "max_position_embeddings": 8192,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": false,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+        "norm_topk_prob": false,
+        "decoder_sparse_step": 1,
+        "torch_dtype": "bfloat16"
+    })
+}
+
+/// Qwen1.5-MoE-A2.7B planned from its config.json: the model card's 14.3 B parameters, 2.7 B
+/// active (the shared expert and its gate count in full); the bf16 weights vLLM 0.8.5 holds
+/// (each parameter, the rotary cache `[8192, 128]`, four 0-dim attention scalars a layer);
+/// per rank over 2 GPUs, each expert's and the shared expert's width halved, the router and the
+/// shared expert's gate whole; the shared expert's tensors in every layer's pass.
+#[test]
+fn qwen1_5_moe_from_its_config_weighs_its_published_parameters() {
+    let c = vramscope::model::ModelConfig::from_hf_json(&qwen1_5_moe_config()).unwrap();
+    let m = c.moe.clone().unwrap();
+    assert_eq!(m.shared_expert_intermediate_size, 5632);
+    assert!(c.attention_bias);
+    let (h, layers, vocab, e, i, s) = (2048u64, 24u64, 151936u64, 60u64, 1408u64, 5632u64);
+    let attn = 4 * h * h + 3 * h;
+    let per_layer = attn + e * 3 * h * i + 3 * h * s + h + e * h + 2 * h;
+    let params = layers * per_layer + 2 * vocab * h + h;
+    assert_eq!(params, 14_315_784_192);
+    assert_eq!(c.param_count(), params);
+    assert_eq!(c.active_param_count(), 2_689_173_504);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, qwen1_5_moe_config().to_string()).unwrap();
+    let one = run(
+        path.to_str().unwrap(),
+        Quant::BF16,
+        "sim:h200:dry",
+        1,
+        "0.8",
+    )
+    .unwrap();
+    assert_eq!(
+        one.weights_tensor_bytes,
+        2 * (params + 8192 * 128) + layers * 16
+    );
+    let two = run(
+        path.to_str().unwrap(),
+        Quant::BF16,
+        "sim:h200:dry",
+        2,
+        "0.8",
+    )
+    .unwrap();
+    let rank =
+        layers * (attn / 2 + e * 3 * h * i / 2 + 3 * h * s / 2 + h + e * h + 2 * h) + vocab * h + h;
+    assert_eq!(
+        two.weights_tensor_bytes,
+        2 * (rank + 8192 * 128) + layers * 16
+    );
+    for l in 0..layers {
+        for t in [
+            "shared_expert.act",
+            "shared_expert.gated",
+            "moe.plus_shared",
+        ] {
+            let name = format!("layers.{l}.{t}");
+            assert!(
+                one.events.iter().any(|ev| ev.tensor == name),
+                "no {name} in the pass"
+            );
+        }
+    }
+}
+
+/// Qwen2-MoE's sparse block in CPU compute mode against the block written out by hand from
+/// vLLM 0.8.5's qwen2_moe.py (L90-94, L140-160) and fused_moe's routing: for each token,
+/// `softmax(x·Gᵀ)` in f32, its top-k (not renormalised), `Σ p_e · W2_e(silu(W1_e x) ⊙ W3_e x)`,
+/// plus `sigmoid(x·gᵀ) · D(silu(A x) ⊙ B x)` for the shared expert; 6 experts (not a power of
+/// two: topk_softmax's workspace), 2 a token, widths 24 and 40 over 16 inputs, 5 tokens.
+#[test]
+fn qwen2_moe_block_computes_what_its_model_file_computes() {
+    use vramscope::model::config::MoeShape;
+    use vramscope::model::llama::SharedExpert;
+    use vramscope::quant::{FusedLinear, Linear};
+
+    let (h, e, i, s, k, m) = (16usize, 6usize, 24usize, 40usize, 2usize, 5usize);
+    let spec = DeviceSpec::parse("sim:h100-80gb").unwrap();
+    let rt = Runtime::new(Device::open(&spec).unwrap(), Arc::default(), None);
+    // Deterministic values in [-0.5, 0.5): a small LCG, independent of the product's seeding.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut vals = |n: usize, scale: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+            })
+            .collect()
+    };
+    let t = |name: &str, shape: &[usize], data: &[f32], cat: Category| {
+        let mut x = rt.tensor(name, cat, shape, DType::F32).unwrap();
+        x.f32_mut().copy_from_slice(data);
+        x
+    };
+    let (xv, gv) = (vals(m * h, 2.0), vals(e * h, 2.0));
+    let (w13v, w2v) = (vals(e * 2 * i * h, 1.0), vals(e * h * i, 1.0));
+    let (guv, dv, sgv) = (vals(2 * s * h, 1.0), vals(h * s, 1.0), vals(h, 2.0));
+    let block = MoeBlock {
+        gate: t("gate", &[e, h], &gv, Category::Weight),
+        w13: t("w13", &[e, 2 * i, h], &w13v, Category::Weight),
+        w2: t("w2", &[e, h, i], &w2v, Category::Weight),
+        shared: Some(SharedExpert {
+            gate_up: FusedLinear::Dense {
+                weight: t("gate_up", &[2 * s, h], &guv, Category::Weight),
+                rows: vec![s, s],
+            },
+            down: Linear::Dense(t("down", &[h, s], &dv, Category::Weight)),
+            gate: t("shared_gate", &[1, h], &sgv, Category::Weight),
+            width: s,
+        }),
+    };
+    let shape = MoeShape {
+        num_experts: e,
+        top_k: k,
+        expert_intermediate_size: i,
+        renormalize: false,
+        decoder_sparse_step: 1,
+        mlp_only_layers: Vec::new(),
+        shared_expert_intermediate_size: s,
+    };
+    let x = t("x", &[m, h], &xv, Category::Activation);
+    let out = moe_block_forward(&rt, x, &block, &shape, DType::F32, "layers.0", "cpu").unwrap();
+    let ours = out.f32().to_vec();
+
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| p * q).sum::<f32>();
+    let silu = |v: f32| v / (1.0 + (-v).exp());
+    // rows × [out, in] weight times x.
+    let mv = |w: &[f32], rows: usize, x: &[f32]| -> Vec<f32> {
+        (0..rows)
+            .map(|r| dot(&w[r * x.len()..(r + 1) * x.len()], x))
+            .collect()
+    };
+    let swiglu = |gate_up: &[f32], down: &[f32], width: usize, x: &[f32]| -> Vec<f32> {
+        let gu = mv(gate_up, 2 * width, x);
+        let a: Vec<f32> = (0..width).map(|j| silu(gu[j]) * gu[width + j]).collect();
+        mv(down, h, &a)
+    };
+    let mut expected = Vec::new();
+    let mut gaps = Vec::new();
+    for tok in 0..m {
+        let xr = &xv[tok * h..(tok + 1) * h];
+        let logits = mv(&gv, e, xr);
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let z: f32 = logits.iter().map(|l| (l - max).exp()).sum();
+        let p: Vec<f32> = logits.iter().map(|l| (l - max).exp() / z).collect();
+        let mut order: Vec<usize> = (0..e).collect();
+        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+        gaps.push(p[order[k - 1]] - p[order[k]]);
+        let mut y = vec![0f32; h];
+        for &ex in &order[..k] {
+            let w13 = &w13v[ex * 2 * i * h..(ex + 1) * 2 * i * h];
+            let w2 = &w2v[ex * h * i..(ex + 1) * h * i];
+            for (d, v) in y.iter_mut().zip(swiglu(w13, w2, i, xr)) {
+                *d += p[ex] * v;
+            }
+        }
+        let g = 1.0 / (1.0 + (-dot(&sgv, xr)).exp());
+        for (d, v) in y.iter_mut().zip(swiglu(&guv, &dv, s, xr)) {
+            *d += g * v;
+        }
+        expected.extend(y);
+    }
+    // The routing is not near a tie, so both pick the same experts.
+    assert!(gaps.iter().all(|&g| g > 1e-4), "{gaps:?}");
+    let err = vramscope::app::bench::relative_l2(&ours, &expected);
+    assert!(err < 1e-5, "relative L2 {err:.3e}");
+    let norm = expected.iter().map(|v| v * v).sum::<f32>().sqrt();
+    assert!(norm > 0.1, "{norm}");
 }

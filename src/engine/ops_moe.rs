@@ -1,11 +1,16 @@
 //! vLLM 0.8.5's fused mixture-of-experts (model_executor/layers/fused_moe/fused_moe.py, the
 //! V0 engine's eager path for 16-bit weights on CUDA): the routing (`fused_topk`), the two
 //! grouped GEMMs over the tokens sorted by expert (`fused_experts_impl`) and their buffers,
-//! allocated in vLLM's order, with the math on the CPU (dry: the allocations only).
+//! allocated in vLLM's order, with the math on the CPU or the GPU (dry: the allocations only).
+//! On the GPU the routing (a few values a token) is computed on the host from the router's
+//! logits and written into vLLM's routing tensors, the sorted slot layout likewise into
+//! `moe_align_block_size`'s; the GEMMs, `silu_and_mul` and `moe_sum` run as kernels.
 
 use crate::base::error::{Error, Result};
+use crate::device::cuda::{GroupedGemm, Sorted};
 use crate::device::{cpu, Backend};
 use crate::engine::moe_configs::TUNED;
+use crate::engine::ops;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
@@ -19,6 +24,38 @@ pub const CHUNK_TOKENS: usize = 32768;
 pub struct Routing {
     pub weights: Tensor,
     pub ids: Tensor,
+    /// The ids on the host too, on the GPU (the slot layout is built from them there).
+    pub host_ids: Option<Vec<i32>>,
+}
+
+/// Softmax of each row of `gating` (`e` wide) in f32, its `top_k` largest by value with ties
+/// to the lower expert index (`topk_softmax`'s "lower indices win"): weights and ids.
+fn host_topk(gating: &[f32], e: usize, top_k: usize) -> (Vec<f32>, Vec<i32>) {
+    let rows = gating.len() / e;
+    let (mut w, mut id) = (vec![0f32; rows * top_k], vec![0i32; rows * top_k]);
+    for (r, row) in gating.chunks_exact(e).enumerate() {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let exps: Vec<f32> = row.iter().map(|&x| (x - max).exp()).collect();
+        let sum: f32 = exps.iter().sum();
+        let mut order: Vec<usize> = (0..e).collect();
+        // Larger probability first; equal ones by the lower index.
+        order.sort_by(|&a, &b| exps[b].total_cmp(&exps[a]).then(a.cmp(&b)));
+        for (j, &x) in order[..top_k].iter().enumerate() {
+            w[r * top_k + j] = exps[x] / sum;
+            id[r * top_k + j] = x as i32;
+        }
+    }
+    (w, id)
+}
+
+/// Each row of `top_k` weights divided by its sum.
+fn host_renormalize(w: &[f32], top_k: usize) -> Vec<f32> {
+    w.chunks_exact(top_k)
+        .flat_map(|row| {
+            let s: f32 = row.iter().sum();
+            row.iter().map(move |&x| x / s)
+        })
+        .collect()
 }
 
 /// `fused_topk(hidden_states, gating_output, topk, renormalize)`: `topk_weights [M, k]` f32,
@@ -50,37 +87,39 @@ pub fn fused_topk(
     if !e.is_power_of_two() || e > 256 {
         drop(t("topk_softmax_workspace", &[m * e], DType::F32)?);
     }
-    if rt.backend() == Backend::Cpu {
-        gating.f32_mut().copy_from_slice(logits.f32());
-        let (w, id) = (weights.f32_mut(), ids.i32_mut());
-        for (r, row) in gating.f32().chunks_exact(e).enumerate() {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let exps: Vec<f32> = row.iter().map(|&x| (x - max).exp()).collect();
-            let sum: f32 = exps.iter().sum();
-            let mut order: Vec<usize> = (0..e).collect();
-            // Larger probability first; equal ones by the lower index.
-            order.sort_by(|&a, &b| exps[b].total_cmp(&exps[a]).then(a.cmp(&b)));
-            for (j, &x) in order[..top_k].iter().enumerate() {
-                w[r * top_k + j] = exps[x] / sum;
-                id[r * top_k + j] = x as i32;
-            }
+    let mut host: Option<(Vec<f32>, Vec<i32>)> = None;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            gating.f32_mut().copy_from_slice(logits.f32());
+            let (w, id) = host_topk(gating.f32(), e, top_k);
+            weights.f32_mut().copy_from_slice(&w);
+            ids.i32_mut().copy_from_slice(&id);
+        }
+        Backend::Cuda => {
+            // The router's logits come to the host; the routing goes back into vLLM's
+            // tensors (a few values a token).
+            let g = ops::cuda(rt, |c| c.download_f32(logits))?;
+            let (w, id) = host_topk(&g, e, top_k);
+            ops::cuda(rt, |c| c.to_f32(logits, &mut gating))?;
+            ops::upload_f32(rt, &mut weights, &w)?;
+            ops::upload_i32(rt, &mut ids, &id)?;
+            host = Some((w, id));
         }
     }
     if renormalize {
         rt.set_op("moe.renormalize");
         let sum = t("topk_weights_sum", &[m, 1], DType::F32)?;
         let mut renormed = t("topk_weights_renormalized", &[m, top_k], DType::F32)?;
-        if rt.backend() == Backend::Cpu {
-            let src = weights.f32();
-            for (o, row) in renormed
-                .f32_mut()
-                .chunks_exact_mut(top_k)
-                .zip(src.chunks_exact(top_k))
-            {
-                let s: f32 = row.iter().sum();
-                for (d, &x) in o.iter_mut().zip(row) {
-                    *d = x / s;
-                }
+        match rt.backend() {
+            Backend::Dry => {}
+            Backend::Cpu => {
+                let r = host_renormalize(weights.f32(), top_k);
+                renormed.f32_mut().copy_from_slice(&r);
+            }
+            Backend::Cuda => {
+                let w = host.as_ref().map_or(&[][..], |h| &h.0[..]);
+                ops::upload_f32(rt, &mut renormed, &host_renormalize(w, top_k))?;
             }
         }
         drop(sum);
@@ -88,7 +127,71 @@ pub fn fused_topk(
     }
     drop(token_expert_indicies);
     drop(gating);
-    Ok(Routing { weights, ids })
+    Ok(Routing {
+        weights,
+        ids,
+        host_ids: host.map(|h| h.1),
+    })
+}
+
+/// `F.sigmoid(gate) * shared` of Qwen2-MoE's shared expert (qwen2_moe.py L148-150 at 0.8.5):
+/// the sigmoid of the gate's `[M, 1]` logits (a new tensor; the logits die as the call
+/// returns), the product broadcast over the `[M, H]` shared output (a new tensor), then the
+/// sigmoid and the unscaled output die.
+pub fn sigmoid_scale(rt: &Runtime, gate: Tensor, shared: Tensor, name: &str) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("moe.shared_expert_gate");
+    let (m, h) = (shared.rows(), shared.cols());
+    if gate.numel() != m {
+        return Err(Error::Request(format!(
+            "{name}: a gate of {:?} for a shared output of {:?}",
+            gate.shape, shared.shape
+        )));
+    }
+    let act = shared.dtype;
+    let t = |n: &str, shape: &[usize]| {
+        rt.tensor_for_overwrite(format!("{name}.{n}"), Category::Activation, shape, act)
+    };
+    let mut sig = t("gate_sigmoid", &[m, 1])?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            for (o, &g) in sig.f32_mut().iter_mut().zip(gate.f32()) {
+                *o = 1.0 / (1.0 + (-g).exp());
+            }
+        }
+        Backend::Cuda => return Err(shared_expert_on_cuda()),
+    }
+    drop(gate);
+    let mut out = t("gated", &[m, h])?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            let sv = sig.f32();
+            for (r, (o, x)) in out
+                .f32_mut()
+                .chunks_exact_mut(h)
+                .zip(shared.f32().chunks_exact(h))
+                .enumerate()
+            {
+                for (d, &v) in o.iter_mut().zip(x) {
+                    *d = sv[r] * v;
+                }
+            }
+        }
+        Backend::Cuda => return Err(shared_expert_on_cuda()),
+    }
+    drop(sig);
+    drop(shared);
+    Ok(out)
+}
+
+/// Qwen2-MoE's shared-expert gate has no GPU kernels yet (the model is refused on CUDA at
+/// load, naming this).
+pub fn shared_expert_on_cuda() -> Error {
+    Error::Request(
+        "model_type qwen2_moe is not supported on CUDA yet (its shared expert's sigmoid gate has no kernel); run it on a simulated device (sim:...)".into(),
+    )
 }
 
 /// `BLOCK_SIZE_M` of the Triton config `try_get_optimal_moe_config` picks for `m` tokens
@@ -184,22 +287,138 @@ pub fn fused_experts(
         rt.set_op("moe.align_block_size");
         let (b, _) = block_size_m(gpu, e, i, tokens);
         let padded = tokens * top_k + e * (b - 1);
-        let next = [
+        let mut next = [
             t("sorted_ids", &[padded], DType::I32)?,
             t("expert_ids", &[padded.div_ceil(b)], DType::I32)?,
             t("num_tokens_post_pad", &[1], DType::I32)?,
         ];
-        drop(align.replace(next));
         rt.set_op("moe.fused_experts");
-        if rt.backend() == Backend::Cpu {
-            experts_cpu(rt, x, ex, routing, start..start + tokens)?;
+        match rt.backend() {
+            Backend::Dry => {}
+            Backend::Cpu => experts_cpu(rt, x, ex, routing, start..start + tokens)?,
+            Backend::Cuda => {
+                let ids = routing.host_ids.as_deref().ok_or_else(|| {
+                    Error::Request(format!("{name}: the routing has no host copy of its ids"))
+                })?;
+                let chunk = &ids[start * top_k..(start + tokens) * top_k];
+                let layout = align_block_size(chunk, e, b, padded);
+                let [sorted, expert_ids, post_pad] = &mut next;
+                ops::upload_i32(rt, sorted, &layout.sorted)?;
+                ops::upload_i32(rt, expert_ids, &layout.experts)?;
+                ops::upload_i32(rt, post_pad, &[layout.used as i32])?;
+                let bufs = CudaBuffers {
+                    x: x.cuda_ptr(),
+                    cache13: cache13.cuda_ptr(),
+                    cache2: cache2.cuda_ptr(),
+                    weights: routing.weights.cuda_ptr(),
+                };
+                let s = Sorted {
+                    sorted: sorted.cuda_ptr(),
+                    experts: expert_ids.cuda_ptr(),
+                    block_m: b,
+                    used: layout.used,
+                    total: tokens * top_k,
+                };
+                experts_cuda(rt, &bufs, ex, &s, (start, tokens, h, top_k), act)?;
+            }
         }
+        drop(align.replace(next));
         start += tokens;
     }
     drop(cache13);
     drop(align);
     drop(cache2);
     Ok(())
+}
+
+/// `moe_align_block_size`'s layout of a chunk's `ids` (`[T, k]` flattened: slot `t·k + j`):
+/// each expert's slots in slot order, its run padded to a multiple of `b` with the value
+/// T·k; `expert_ids` the expert of each block of `b`; the whole `sorted` (length `len`) filled
+/// with T·k first, `expert_ids` past the used blocks zero.
+pub struct AlignLayout {
+    pub sorted: Vec<i32>,
+    pub experts: Vec<i32>,
+    pub used: usize,
+}
+
+pub fn align_block_size(ids: &[i32], e: usize, b: usize, len: usize) -> AlignLayout {
+    let total = ids.len() as i32;
+    let mut per: Vec<Vec<i32>> = vec![Vec::new(); e];
+    for (slot, &x) in ids.iter().enumerate() {
+        per[x as usize].push(slot as i32);
+    }
+    let mut sorted = vec![total; len];
+    let mut experts = vec![0i32; len.div_ceil(b)];
+    let mut at = 0;
+    for (x, slots) in per.iter().enumerate() {
+        sorted[at..at + slots.len()].copy_from_slice(slots);
+        let run = slots.len().div_ceil(b) * b;
+        experts[at / b..(at + run) / b].fill(x as i32);
+        at += run;
+    }
+    AlignLayout {
+        sorted,
+        experts,
+        used: at,
+    }
+}
+
+/// Device addresses of a chunk's buffers.
+struct CudaBuffers {
+    x: u64,
+    cache13: u64,
+    cache2: u64,
+    weights: u64,
+}
+
+/// One chunk (`tokens` tokens from `start`, `h` wide, `k` experts each) through its experts on
+/// the GPU, in `fused_experts_impl`'s order (0.8.5 fused_moe.py L1340-1420): the grouped GEMM
+/// of the chunk's rows of `x` with `w13` into cache1 (cache13's first `T·k·2I` elements),
+/// `silu_and_mul` into cache2, the grouped GEMM of cache2 with `w2` into cache3 (cache13's
+/// first `T·k·H`) with each slot's routing weight, `moe_sum` into the chunk's rows of `x`.
+fn experts_cuda(
+    rt: &Runtime,
+    b: &CudaBuffers,
+    ex: &Experts,
+    s: &Sorted,
+    (start, tokens, h, k): (usize, usize, usize, usize),
+    act: DType,
+) -> Result<()> {
+    let i = ex.width;
+    let el = act.size_bytes();
+    let x = b.x + (start * h) as u64 * el;
+    let weights = b.weights + (start * k * 4) as u64;
+    ops::cuda(rt, |c| {
+        if !c.has_moe_gemm() {
+            return Err(Error::Request(
+                "the fused MoE on CUDA needs compute capability 8.0 or later (mma.sync)".into(),
+            ));
+        }
+        let g1 = GroupedGemm {
+            dtype: act,
+            a: x,
+            a_div: k,
+            w: ex.w13.cuda_ptr(),
+            c: b.cache13,
+            scale: 0,
+            n: 2 * i,
+            k: h,
+        };
+        c.moe_gemm(&g1, s)?;
+        c.moe_silu_mul(act, b.cache13, b.cache2, tokens * k, i)?;
+        let g2 = GroupedGemm {
+            dtype: act,
+            a: b.cache2,
+            a_div: 1,
+            w: ex.w2.cuda_ptr(),
+            c: b.cache13,
+            scale: weights,
+            n: h,
+            k: i,
+        };
+        c.moe_gemm(&g2, s)?;
+        c.moe_sum(act, b.cache13, x, (tokens, k, h))
+    })
 }
 
 /// Tokens `rows` of `x` through their experts on the CPU, written back into `x`: per expert,
@@ -260,6 +479,41 @@ fn experts_cpu(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn align_sorts_slots_by_expert_in_padded_runs() {
+        // 3 tokens, 2 experts each, 4 experts, blocks of 4: expert 0 has slots 1, 2; expert 1
+        // none; expert 2 slots 0, 3, 5; expert 3 slot 4. Padding is T·k = 6; the buffer
+        // holds T·k + E·(B − 1) = 18 entries.
+        let ids = [2, 0, 0, 2, 3, 2];
+        let l = align_block_size(&ids, 4, 4, 18);
+        assert_eq!(
+            l.sorted,
+            [1, 2, 6, 6, 0, 3, 5, 6, 4, 6, 6, 6, 6, 6, 6, 6, 6, 6]
+        );
+        assert_eq!(l.used, 12);
+        assert_eq!(l.experts, [0, 2, 3, 0, 0]);
+        // Every slot appears once; no run crosses a block of another expert.
+        let mut seen: Vec<i32> = l.sorted.iter().copied().filter(|&x| x < 6).collect();
+        seen.sort();
+        assert_eq!(seen, [0, 1, 2, 3, 4, 5]);
+        for (i, &slot) in l.sorted[..l.used].iter().enumerate() {
+            if slot < 6 {
+                assert_eq!(ids[slot as usize], l.experts[i / 4]);
+            }
+        }
+    }
+
+    #[test]
+    fn host_topk_and_renormalisation() {
+        // Softmax of [0, ln 2, ln 2, ln 4] is [1, 2, 2, 4] / 9: top 2 are expert 3, then the
+        // tie between 1 and 2 goes to the lower index.
+        let (w, id) = host_topk(&[0.0, 2f32.ln(), 2f32.ln(), 4f32.ln()], 4, 2);
+        assert_eq!(id, [3, 1]);
+        assert!((w[0] - 4.0 / 9.0).abs() < 1e-6 && (w[1] - 2.0 / 9.0).abs() < 1e-6);
+        let r = host_renormalize(&w, 2);
+        assert!((r[0] - 2.0 / 3.0).abs() < 1e-6 && (r[1] - 1.0 / 3.0).abs() < 1e-6);
+    }
 
     #[test]
     fn block_size_follows_the_tuned_file_nearest_key_or_the_default() {

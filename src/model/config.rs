@@ -32,7 +32,8 @@ pub struct ModelConfig {
     /// otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemma: Option<GemmaShape>,
-    /// A mixture-of-experts decoder's extra shape (`model_type: "mixtral"` or `"qwen3_moe"`);
+    /// A mixture-of-experts decoder's extra shape (`model_type: "mixtral"`, `"qwen2_moe"` or
+    /// `"qwen3_moe"`);
     /// `None` for a dense one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeShape>,
@@ -57,11 +58,17 @@ pub struct MoeShape {
     /// `mlp_only_layers` (qwen3_moe.py L271-286 at 0.8.5); every Mixtral layer is.
     pub decoder_sparse_step: usize,
     pub mlp_only_layers: Vec<usize>,
+    /// Qwen2-MoE's shared expert: a dense SwiGLU MLP of this width that every token passes
+    /// through, scaled by `sigmoid(shared_expert_gate(x))` (`[1, H]`) and added to the
+    /// experts' sum (qwen2_moe.py L126-160 at 0.8.5); 0 for none (Mixtral, Qwen3-MoE).
+    #[serde(default)]
+    pub shared_expert_intermediate_size: usize,
 }
 
 impl MoeShape {
     /// The checkpoint's name of layer `prefix`'s sparse block (`block_sparse_moe` for
-    /// Mixtral, `mlp` for Qwen3-MoE) and of its three expert projections (gate, up, down).
+    /// Mixtral, `mlp` for Qwen2-MoE and Qwen3-MoE) and of its three expert projections (gate,
+    /// up, down).
     pub fn names(arch: &str) -> (&'static str, [&'static str; 3]) {
         if arch == "mixtral" {
             ("block_sparse_moe", ["w1", "w3", "w2"])
@@ -187,6 +194,7 @@ impl ModelConfig {
         let Some(m) = &self.moe else {
             return self.param_count();
         };
+        // The shared expert and its gate are dense: counted in full, as the router is.
         let per_expert = 3 * (self.hidden_size * m.expert_intermediate_size) as u64;
         let moe_layers = (0..self.num_layers)
             .filter(|&l| self.is_moe_layer(l))
@@ -354,6 +362,14 @@ impl ModelConfig {
                     out.push((format!("{x}.{up}.weight"), vec![ie, h]));
                     out.push((format!("{x}.{down}.weight"), vec![h, ie]));
                 }
+                let se = m.shared_expert_intermediate_size;
+                if se > 0 {
+                    let x = format!("{p}.{block}.shared_expert");
+                    out.push((format!("{x}.gate_proj.weight"), vec![se, h]));
+                    out.push((format!("{x}.up_proj.weight"), vec![se, h]));
+                    out.push((format!("{x}.down_proj.weight"), vec![h, se]));
+                    out.push((format!("{p}.{block}.shared_expert_gate.weight"), vec![1, h]));
+                }
                 continue;
             }
             if self.fused_checkpoint() {
@@ -467,13 +483,13 @@ impl ModelConfig {
         };
         let arch = match obj.get("model_type") {
             None => return Err(
-                "model_type is missing (expected llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen3_moe or opt); is this a config.json?"
+                "model_type is missing (expected llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe or opt); is this a config.json?"
                     .into(),
             ),
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(other) => {
                 return Err(format!(
-                    "model_type is {other} (a {}), expected a string: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen3_moe or opt",
+                    "model_type is {other} (a {}), expected a string: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe or opt",
                     crate::base::fsguard::json_kind(other)
                 ))
             }
@@ -489,13 +505,6 @@ impl ModelConfig {
                     .into(),
             );
         }
-        if arch == "qwen2_moe" {
-            return Err(
-                "model_type 'qwen2_moe' (Qwen1.5-MoE, Qwen2-57B-A14B) is not supported yet: its shared \
-                 expert and sigmoid gate are not modelled; mixtral and qwen3_moe are"
-                    .into(),
-            );
-        }
         if !matches!(
             arch.as_str(),
             "llama"
@@ -506,11 +515,12 @@ impl ModelConfig {
                 | "gemma2"
                 | "gemma3_text"
                 | "mixtral"
+                | "qwen2_moe"
                 | "qwen3_moe"
                 | "opt"
         ) {
             return Err(format!(
-                "model_type '{arch}' is not supported (expected llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen3_moe or opt)"
+                "model_type '{arch}' is not supported (expected llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe or opt)"
             ));
         }
         let get = |k: &str| -> std::result::Result<usize, String> {
@@ -577,7 +587,7 @@ impl ModelConfig {
             None
         };
         let moe = match arch.as_str() {
-            "mixtral" | "qwen3_moe" => Some(moe_from_hf_json(v, &arch, &get)?),
+            "mixtral" | "qwen2_moe" | "qwen3_moe" => Some(moe_from_hf_json(v, &arch, &get)?),
             _ => None,
         };
         let head_dim = if v["head_dim"].is_null() {
@@ -626,7 +636,8 @@ impl ModelConfig {
                 "above 0 and below 1",
             )?,
             tie_word_embeddings: boolean(v, "tie_word_embeddings", gemma.is_some())?,
-            attention_bias: boolean(v, "attention_bias", arch == "qwen2")?,
+            // Qwen2-MoE's q/k/v always carry a bias in vLLM (qwen2_moe.py L207 at 0.8.5).
+            attention_bias: arch == "qwen2_moe" || boolean(v, "attention_bias", arch == "qwen2")?,
             max_position_embeddings: if v["max_position_embeddings"].is_null() {
                 match arch.as_str() {
                     "gemma2" => 8192,
@@ -751,6 +762,7 @@ impl ModelConfig {
             "gemma2" => "Gemma2ForCausalLM",
             "gemma3_text" => "Gemma3ForCausalLM",
             "mixtral" => "MixtralForCausalLM",
+            "qwen2_moe" => "Qwen2MoeForCausalLM",
             "qwen3_moe" => "Qwen3MoeForCausalLM",
             _ => "LlamaForCausalLM",
         };
@@ -801,6 +813,15 @@ impl ModelConfig {
                 o.insert("norm_topk_prob".into(), m.renormalize.into());
                 o.insert("decoder_sparse_step".into(), m.decoder_sparse_step.into());
                 o.insert("mlp_only_layers".into(), m.mlp_only_layers.clone().into());
+                if self.arch == "qwen2_moe" {
+                    // Qwen/Qwen1.5-MoE-A2.7B's keys; transformers' Qwen2MoeConfig reads the
+                    // q/k/v bias from `qkv_bias`.
+                    o.insert(
+                        "shared_expert_intermediate_size".into(),
+                        m.shared_expert_intermediate_size.into(),
+                    );
+                    o.insert("qkv_bias".into(), true.into());
+                }
             }
         }
         if let Some(g) = &self.gemma {
@@ -860,8 +881,9 @@ impl ModelConfig {
     }
 }
 
-/// Mixtral's and Qwen3-MoE's keys, with Hugging Face's defaults for the ones a config leaves
-/// out (`MixtralConfig`: 8 experts, 2 per token; `Qwen3MoeConfig`: 128, 8, width 768,
+/// Mixtral's, Qwen2-MoE's and Qwen3-MoE's keys, with Hugging Face's defaults for the ones a
+/// config leaves out (`MixtralConfig`: 8 experts, 2 per token; `Qwen2MoeConfig`: 60, 4, width
+/// 1408, a shared expert of 5632; `Qwen3MoeConfig`: 128, 8, width 768; both Qwen ones
 /// `norm_topk_prob` false, every layer sparse).
 fn moe_from_hf_json(
     v: &serde_json::Value,
@@ -883,6 +905,13 @@ fn moe_from_hf_json(
             get("intermediate_size")?,
             true,
         )
+    } else if arch == "qwen2_moe" {
+        (
+            or("num_experts", 60)?,
+            or("num_experts_per_tok", 4)?,
+            or("moe_intermediate_size", 1408)?,
+            boolean(v, "norm_topk_prob", false)?,
+        )
     } else {
         (
             or("num_experts", 128)?,
@@ -890,6 +919,16 @@ fn moe_from_hf_json(
             or("moe_intermediate_size", 768)?,
             boolean(v, "norm_topk_prob", false)?,
         )
+    };
+    let shared_expert_intermediate_size = if arch == "qwen2_moe" {
+        // 0 is a model without one (vLLM's `if config.shared_expert_intermediate_size > 0`).
+        match &v["shared_expert_intermediate_size"] {
+            serde_json::Value::Null => 5632,
+            x if x.as_u64() == Some(0) => 0,
+            _ => get("shared_expert_intermediate_size")?,
+        }
+    } else {
+        0
     };
     if num_experts > 1024 {
         return Err(format!(
@@ -927,6 +966,7 @@ fn moe_from_hf_json(
         renormalize,
         decoder_sparse_step,
         mlp_only_layers,
+        shared_expert_intermediate_size,
     })
 }
 

@@ -61,6 +61,19 @@ pub struct MoeBlock {
     pub gate: Tensor,
     pub w13: Tensor,
     pub w2: Tensor,
+    /// Qwen2-MoE's shared expert and its gate.
+    pub shared: Option<SharedExpert>,
+}
+
+/// Qwen2-MoE's `shared_expert` (a `Qwen2MoeMLP` with `reduce_results=False`: this rank's
+/// share of the width in `gate_up` and `down`) and `shared_expert_gate` (a plain
+/// `torch.nn.Linear(H, 1)`, whole on every rank, in the model dtype).
+pub struct SharedExpert {
+    pub gate_up: FusedLinear,
+    pub down: Linear,
+    pub gate: Tensor,
+    /// This rank's share of the shared expert's width.
+    pub width: usize,
 }
 
 pub struct LlamaModel {
@@ -122,13 +135,15 @@ impl LlamaModel {
             )));
         }
         if cfg.moe.is_some() {
-            // fused_moe's Triton kernels, and the quantized MoE methods, are not reproduced.
-            if rt.backend() == crate::device::Backend::Cuda {
-                return Err(Error::Request(format!(
-                    "model_type {} (mixture of experts) is not supported on CUDA yet (no grouped-GEMM kernel); run it on a simulated device (sim:...)",
-                    cfg.arch
-                )));
+            if cfg
+                .moe
+                .as_ref()
+                .is_some_and(|m| m.shared_expert_intermediate_size > 0)
+                && rt.backend() == crate::device::Backend::Cuda
+            {
+                return Err(ops_moe::shared_expert_on_cuda());
             }
+            // The quantized fused-MoE methods are not reproduced.
             if !matches!(opts.quant, Quant::F16 | Quant::BF16)
                 || src.stored_fp8().is_some()
                 || src.packed4().is_some()
@@ -444,7 +459,14 @@ impl LlamaModel {
             b += l.attn.qkv.weight_bytes() + l.attn.o.weight_bytes();
             b += match &l.mlp {
                 Mlp::Dense { gate_up, down } => gate_up.weight_bytes() + down.weight_bytes(),
-                Mlp::Moe(m) => m.gate.nbytes() + m.w13.nbytes() + m.w2.nbytes(),
+                Mlp::Moe(m) => {
+                    m.gate.nbytes()
+                        + m.w13.nbytes()
+                        + m.w2.nbytes()
+                        + m.shared.as_ref().map_or(0, |s| {
+                            s.gate_up.weight_bytes() + s.down.weight_bytes() + s.gate.nbytes()
+                        })
+                }
             };
             b += l.attn.bias.as_ref().map_or(0, |t| t.nbytes());
             b += l
@@ -795,6 +817,10 @@ pub fn moe_block_forward(
     layer: &str,
     gpu: &str,
 ) -> Result<Tensor> {
+    let shared = match &block.shared {
+        Some(se) => Some(shared_expert_forward(rt, &x, se, act, layer)?),
+        None => None,
+    };
     let logits = crate::quant::dense_matmul_as(
         rt,
         &x,
@@ -814,9 +840,62 @@ pub fn moe_block_forward(
     };
     ops_moe::fused_experts(rt, &mut x, &experts, &routing, gpu, &name)?;
     drop(routing);
-    let out = crate::engine::ops_tp::all_reduce(rt, x, &format!("{layer}.moe.all_reduce"))?;
+    let Some(shared) = shared else {
+        let out = crate::engine::ops_tp::all_reduce(rt, x, &format!("{layer}.moe.all_reduce"))?;
+        drop(logits);
+        return Ok(out);
+    };
+    // Qwen2-MoE: `final_hidden_states + shared_output`, a new tensor, then the all-reduce;
+    // as the block returns, the shared output, then the router's logits die; the input (the
+    // experts' output, in place) dies as the layer rebinds its hidden states.
+    let sum = crate::engine::ops_opt::add(rt, &x, &shared, &format!("{layer}.moe.plus_shared"))?;
+    let out = crate::engine::ops_tp::all_reduce(rt, sum, &format!("{layer}.moe.all_reduce"))?;
+    drop(shared);
     drop(logits);
+    drop(x);
     Ok(out)
+}
+
+/// Qwen2-MoE's shared expert on the block's input, scaled by its gate, as vLLM 0.8.5 runs it
+/// (qwen2_moe.py L90-94, L146-150): `gate_up_proj`, `SiluAndMul` into a new tensor, `down_proj`
+/// (no all-reduce: `reduce_results=False`), the activation dying as `x` is rebound and
+/// `gate_up` as the MLP returns; then `shared_expert_gate(x)` (`[M, 1]`), its sigmoid, the
+/// gate's logit dying, the product with the shared output (a new `[M, H]`), the sigmoid and the
+/// unscaled output dying. 16-bit weights only (MoE models are), so no quantized generation.
+fn shared_expert_forward(
+    rt: &Runtime,
+    x: &Tensor,
+    se: &SharedExpert,
+    act: DType,
+    layer: &str,
+) -> Result<Tensor> {
+    let l = format!("{layer}.shared_expert");
+    let gate_up = se
+        .gate_up
+        .forward(rt, x, &format!("{l}.gate_up_proj"), 0, act)?;
+    let w = se.width;
+    let names = ["gate", "up"].map(|n| format!("{l}.{n}"));
+    let mut it = FusedLinear::split(&gate_up, &[w, w], &names).into_iter();
+    let (Some(mut gate), Some(up)) = (it.next(), it.next()) else {
+        return Err(Error::Request(format!("{l}: gate_up split")));
+    };
+    let act_out = ops::silu_and_mul(rt, &mut gate, &up, &format!("{l}.act"))?;
+    drop((gate, up));
+    let out = se
+        .down
+        .forward(rt, &act_out, &format!("{l}.down_proj"), 0, act)?;
+    drop(act_out);
+    drop(gate_up);
+    let g = crate::quant::dense_matmul_as(
+        rt,
+        x,
+        &se.gate,
+        &format!("{layer}.shared_expert_gate"),
+        act,
+        &format!("{layer}.shared_expert_gate.out"),
+        Category::Activation,
+    )?;
+    ops_moe::sigmoid_scale(rt, g, out, &format!("{layer}.shared_expert"))
 }
 
 /// `LlamaMLP`'s parameters: `gate_up_proj` (this rank's gate rows, then its up rows) and
@@ -900,7 +979,41 @@ fn load_moe_block(
         Some(g) => g,
         None => router(ld)?,
     };
-    Ok(MoeBlock { gate, w13, w2 })
+    // Qwen2-MoE's shared expert, then its gate (qwen2_moe.py L126-138).
+    let shared = match m.shared_expert_intermediate_size {
+        0 => None,
+        width => {
+            let (first, len) = shard.expert_rows(width);
+            let x = format!("{p}.{block}.shared_expert");
+            let gate_up = ld.fused_parts(
+                &[
+                    format!("{x}.gate_proj.weight"),
+                    format!("{x}.up_proj.weight"),
+                ],
+                &[width, width],
+                &[(first, len), (first, len)],
+                h,
+                &format!("{x}.gate_up_proj.weight"),
+            )?;
+            let down = ld.linear_slice(
+                &format!("{x}.down_proj.weight"),
+                Slice::cols(h, width, first, len),
+            )?;
+            let gate = ld.dense(&format!("{p}.{block}.shared_expert_gate.weight"), &[1, h])?;
+            Some(SharedExpert {
+                gate_up,
+                down,
+                gate,
+                width: len,
+            })
+        }
+    };
+    Ok(MoeBlock {
+        gate,
+        w13,
+        w2,
+        shared,
+    })
 }
 
 /// vLLM's `RotaryEmbedding._compute_cos_sin_cache` then `.to(dtype)` (rotary_embedding.py at
@@ -1004,6 +1117,19 @@ impl TpShard {
                 return bad(format!(
                     "each expert's width {} does not divide over {n} GPUs (FusedMoE asserts intermediate_size % tp_size == 0)",
                     m.expert_intermediate_size
+                ));
+            }
+            if m.shared_expert_intermediate_size > 0 && n > m.num_experts {
+                // Qwen2MoeSparseMoeBlock.__init__ (qwen2_moe.py L108-111 at 0.8.5).
+                return bad(format!(
+                    "vLLM refuses it: \"Tensor parallel size {n} is greater than the number of experts {}.\"",
+                    m.num_experts
+                ));
+            }
+            if !m.shared_expert_intermediate_size.is_multiple_of(n) {
+                return bad(format!(
+                    "the shared expert's width {} does not divide over {n} GPUs (MergedColumnParallelLinear)",
+                    m.shared_expert_intermediate_size
                 ));
             }
         }

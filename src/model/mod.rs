@@ -1468,7 +1468,11 @@ impl CausalLm {
     pub fn set_mlp_frees_gate_up(&mut self, yes: bool) {
         if let CausalLm::Llama(m) = self {
             // Qwen3's MLP is Qwen2's (qwen3.py imports `Qwen2MLP`).
-            m.mlp_frees_gate_up = yes && !matches!(m.cfg.arch.as_str(), "qwen2" | "qwen3");
+            m.mlp_frees_gate_up = yes
+                && !matches!(
+                    m.cfg.arch.as_str(),
+                    "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe"
+                );
         }
     }
 

@@ -126,6 +126,7 @@ fn moe(num_experts: usize, top_k: usize, width: usize, renormalize: bool) -> Moe
         renormalize,
         decoder_sparse_step: 1,
         mlp_only_layers: Vec::new(),
+        shared_expert_intermediate_size: 0,
     }
 }
 

@@ -314,7 +314,7 @@ impl Release {
     /// vllm/model_executor/models/qwen3.py and the 0.7.3 wheel has not, so the rows from 0.8
     /// on run Qwen3.
     pub fn check_arch(&self, arch: &str) -> Result<()> {
-        if matches!(arch, "mixtral" | "qwen3_moe") {
+        if matches!(arch, "mixtral" | "qwen2_moe" | "qwen3_moe") {
             // Every release here has mixtral.py and 0.8.5 on has qwen3_moe.py, but the fused
             // MoE's allocations are reproduced from 0.8.5's fused_moe.py alone (V0, eager):
             // 0.6.x chunks and names differently, V1 keeps a persistent workspace.

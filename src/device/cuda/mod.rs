@@ -17,6 +17,7 @@ mod gemm;
 mod kernels;
 mod loader;
 mod memory;
+mod moe;
 mod nccl;
 mod nvml;
 mod ops;
@@ -25,6 +26,7 @@ mod sampler;
 mod timing;
 mod w4;
 
+pub use moe::{GroupedGemm, Sorted};
 pub use w4::W4Weights;
 
 use std::collections::HashMap;

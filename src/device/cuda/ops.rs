@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys as dsys, CudaContext, CudaFunction};
 
-use super::{aligned16, blocks, fp8, grid, kernels, sampler, w4, CudaDevice};
+use super::{aligned16, blocks, fp8, grid, kernels, moe, sampler, w4, CudaDevice};
 use crate::base::error::Result;
 use crate::device::cpu::AttnShape;
 use crate::device::tensor::{DType, TensorData};
@@ -20,11 +20,12 @@ pub(super) fn compile_kernels(
         ..Default::default()
     };
     let source = format!(
-        "{}{}{}{}",
+        "{}{}{}{}{}",
         kernels::SOURCE,
         sampler::SOURCE,
         kernels::OPT_BNB_SOURCE,
-        fp8::SOURCE
+        fp8::SOURCE,
+        moe::SOURCE
     );
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
         .map_err(|e| format!("NVRTC could not compile the kernels: {e}"))?;
@@ -43,6 +44,7 @@ pub(super) fn compile_kernels(
         .chain(sampler::TYPED)
         .chain(kernels::OPT_BNB_TYPED)
         .chain(fp8::TYPED)
+        .chain(moe::TYPED)
     {
         names.push(format!("{n}_f16"));
         names.push(format!("{n}_bf16"));
@@ -73,9 +75,10 @@ pub(super) fn compile_kernels(
             .then(|| {
                 compile(
                     &format!(
-                        "{}{}{}",
+                        "{}{}{}{}",
                         kernels::FLASH_SOURCE,
                         w4::SOURCE,
+                        moe::GEMM_SOURCE,
                         kernels::WGMMA_SOURCE
                     ),
                     "compute_90a".into(),
@@ -87,11 +90,16 @@ pub(super) fn compile_kernels(
         let module = match hopper {
             Some(m) => m,
             None => compile(
-                &format!("{}{}", kernels::FLASH_SOURCE, w4::SOURCE),
+                &format!(
+                    "{}{}{}",
+                    kernels::FLASH_SOURCE,
+                    w4::SOURCE,
+                    moe::GEMM_SOURCE
+                ),
                 format!("compute_{}{}", cc.0, cc.1),
             )?,
         };
-        for n in w4::NAMES {
+        for n in w4::NAMES.iter().chain(moe::GEMM_NAMES) {
             for suffix in ["f16", "bf16"] {
                 let name = format!("{n}_{suffix}");
                 let f = module

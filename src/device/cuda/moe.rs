@@ -1,0 +1,272 @@
+//! The fused MoE's math on the GPU, inside vLLM 0.8.5's own buffers: the tokens' expert slots
+//! sorted by expert into `sorted_ids` (each expert's run padded to `BLOCK_SIZE_M`, the
+//! padding marked `M·k`, as `moe_align_block_size` lays them out) with `expert_ids` naming each
+//! block's expert; a grouped GEMM on the tensor cores that gathers its rows through them and
+//! writes each slot's row of `intermediate_cache1` (then of cache3, the routing weight applied
+//! to the f32 sum before rounding, as the Triton kernel's `MUL_ROUTED_WEIGHT`);
+//! `silu_and_mul` from cache1 into cache2; and `moe_sum` of each token's k rows into the
+//! block's input. Nothing here allocates.
+
+use cudarc::driver::LaunchConfig;
+
+use super::CudaDevice;
+use crate::base::error::Result;
+use crate::device::tensor::DType;
+
+/// The elementwise MoE kernels, instantiated for both 16-bit types (in `kernels::SOURCE`'s
+/// module).
+pub(crate) const TYPED: &[&str] = &["moe_silu_mul", "moe_sum"];
+
+/// Appended to `kernels::SOURCE` (uses its `F16`, `BF16` and `INST`).
+pub(crate) const SOURCE: &str = r#"
+// cache2[r, j] = silu(cache1[r, j]) * cache1[r, i + j], the silu rounded to T first (vLLM's
+// silu_and_mul: its act_and_mul_kernel rounds ACT_FN's result to scalar_t).
+template <class T> __device__ void moe_silu_mul(const u16* c1, u16* c2, long long rows, int i) {
+  for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < rows * i;
+       x += (long long)gridDim.x * blockDim.x) {
+    long long r = x / i;
+    int j = (int)(x % i);
+    float g = T::ld(c1[r * 2 * i + j]);
+    float u = T::ld(c1[r * 2 * i + i + j]);
+    c2[x] = T::st(T::ld(T::st(g / (1.f + __expf(-g)))) * u);
+  }
+}
+
+// x[t, c] = the sum of the token's k rows of cache3. vLLM's moe_sum (csrc/moe/moe_align_sum_kernels.cu
+// at 0.8.5) adds in the 16-bit type for k = 2, 3, 4 (each partial sum rounded) and hands larger
+// k to at::sum_out, which accumulates in f32 and rounds once.
+template <class T> __device__ void moe_sum(const u16* c3, u16* x, long long m, int k, int h) {
+  for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < m * h;
+       q += (long long)gridDim.x * blockDim.x) {
+    long long t = q / h;
+    int c = (int)(q % h);
+    float s = 0.f;
+    for (int j = 0; j < k; j++) {
+      s += T::ld(c3[(t * k + j) * h + c]);
+      if (k <= 4) s = T::ld(T::st(s));
+    }
+    x[q] = T::st(s);
+  }
+}
+
+INST(moe_silu_mul, (const u16* c1, u16* c2, long long rows, int i), (c1, c2, rows, i))
+INST(moe_sum, (const u16* c3, u16* x, long long m, int k, int h), (c3, x, m, k, h))
+"#;
+
+/// The grouped GEMMs, `moe_gemm{16,64}_{f16,bf16}` (rows of a thread block), in the
+/// tensor-core module.
+pub(crate) const GEMM_NAMES: &[&str] = &["moe_gemm16", "moe_gemm64"];
+
+/// Appended to `kernels::FLASH_SOURCE` (uses its `smem_u32`, `mma16816` and `pack2`), which is
+/// built for compute capability 8.0 and later only.
+pub(crate) const GEMM_SOURCE: &str = r#"
+// C[id, c] = A[id / a_div, :] . W[e, c, :] (times scale[id] when scale is set, on the f32 sum),
+// for the BM sorted slots of tile blockIdx.y (ids >= total are padding and write nothing) and
+// the 64 outputs from blockIdx.x * 64; e = experts[tile * BM / block_m] (BM divides block_m).
+// W is [E, n, k] row-major. 4 warps; 32 inputs a step through cp.async, double-buffered;
+// mma.sync m16n8k16 with f32 accumulators. k must be a multiple of 8, n even.
+template <bool BF, int BM> __device__ void moe_gemm_t(const u16* A, const int* sorted, const int* experts, int block_m,
+                                                    int a_div, const u16* W, u16* C, const float* scale, int n, int k,
+                                                    int total) {
+  constexpr int BN = 64, BK = 32, LD = BK + 8;
+  constexpr int WM = BM >= 64 ? 2 : 1, WN = 4 / WM;
+  constexpr int MI = BM / WM / 16, NJ = BN / WN / 8;
+  __shared__ __align__(16) u16 as[2][BM * LD];
+  __shared__ __align__(16) u16 bs[2][BN * LD];
+  __shared__ int rows[BM];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int wm = warp / WN, wn = warp % WN;
+  const int mi = lane >> 3, mr = lane & 7;
+  const int tile0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  const u16* We = W + (long long)experts[tile0 / block_m] * n * k;
+  for (int r = tid; r < BM; r += 128) rows[r] = sorted[tile0 + r];
+  __syncthreads();
+  const int nk = (k + BK - 1) / BK;
+
+  float acc[MI][NJ][4];
+#pragma unroll
+  for (int i = 0; i < MI; i++)
+#pragma unroll
+    for (int j = 0; j < NJ; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+
+  // The tile's gathered rows and the expert's 64 weight rows, inputs [k0, k0 + 32), in 16-byte
+  // chunks; padding slots, rows past n and inputs past k read as zero.
+  auto load = [&](int buf, int k0) {
+    for (int i = tid; i < BM * 4; i += 128) {
+      int r = i >> 2, c = (i & 3) * 8, id = rows[r];
+      bool ok = id < total && k0 + c < k;
+      const u16* s = A + (ok ? (long long)(id / a_div) * k + k0 + c : 0);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_u32(&as[buf][r * LD + c])), "l"(s),
+                   "r"(ok ? 16 : 0));
+    }
+    for (int i = tid; i < BN * 4; i += 128) {
+      int r = i >> 2, c = (i & 3) * 8;
+      bool ok = n0 + r < n && k0 + c < k;
+      const u16* s = We + (ok ? (long long)(n0 + r) * k + k0 + c : 0);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_u32(&bs[buf][r * LD + c])), "l"(s),
+                   "r"(ok ? 16 : 0));
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+
+  load(0, 0);
+  for (int kt = 0; kt < nk; kt++) {
+    const int buf = kt & 1;
+    if (kt + 1 < nk) {
+      load(buf ^ 1, (kt + 1) * BK);
+      asm volatile("cp.async.wait_group 1;");
+    } else {
+      asm volatile("cp.async.wait_group 0;");
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+      unsigned af[MI][4];
+#pragma unroll
+      for (int i = 0; i < MI; i++) {
+        const u16* src = &as[buf][(wm * MI * 16 + i * 16 + (mi & 1) * 8 + mr) * LD + kk * 16 + (mi >> 1) * 8];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3]) : "r"(smem_u32(src)));
+      }
+#pragma unroll
+      for (int nn = 0; nn < NJ; nn += 2) {
+        unsigned b0, b1, b2, b3;
+        const u16* src = &bs[buf][(wn * NJ * 8 + (nn + (mi >> 1)) * 8 + mr) * LD + kk * 16 + (mi & 1) * 8];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(smem_u32(src)));
+#pragma unroll
+        for (int i = 0; i < MI; i++) {
+          mma16816<BF>(acc[i][nn], af[i], b0, b1);
+          mma16816<BF>(acc[i][nn + 1], af[i], b2, b3);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int i = 0; i < MI; i++) {
+    const int r = wm * MI * 16 + i * 16 + g;
+    const int id0 = rows[r], id1 = rows[r + 8];
+    const float s0 = (scale && id0 < total) ? scale[id0] : 1.f;
+    const float s1 = (scale && id1 < total) ? scale[id1] : 1.f;
+#pragma unroll
+    for (int nn = 0; nn < NJ; nn++) {
+      const int c = n0 + wn * NJ * 8 + nn * 8 + 2 * t;
+      if (c >= n) continue;
+      if (id0 < total) *(unsigned*)(C + (long long)id0 * n + c) = pack2<BF>(acc[i][nn][0] * s0, acc[i][nn][1] * s0);
+      if (id1 < total) *(unsigned*)(C + (long long)id1 * n + c) = pack2<BF>(acc[i][nn][2] * s1, acc[i][nn][3] * s1);
+    }
+  }
+}
+
+#define MOE_GEMM_EXPORT(NAME, BF, BM) \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const u16* A, const int* sorted, const int* experts, \
+      int block_m, int a_div, const u16* W, u16* C, const float* scale, int n, int k, int total) \
+  { moe_gemm_t<BF, BM>(A, sorted, experts, block_m, a_div, W, C, scale, n, k, total); }
+MOE_GEMM_EXPORT(moe_gemm16_f16, false, 16)
+MOE_GEMM_EXPORT(moe_gemm16_bf16, true, 16)
+MOE_GEMM_EXPORT(moe_gemm64_f16, false, 64)
+MOE_GEMM_EXPORT(moe_gemm64_bf16, true, 64)
+"#;
+
+/// One grouped GEMM, by device address: `a` rows by slot id / `a_div` (`k` wide), `w` the
+/// stacked experts `[E, n, k]`, `c` rows by slot id (`n` wide), `scale` (f32 per slot, 0 for
+/// none) applied to the sum.
+pub struct GroupedGemm {
+    pub dtype: DType,
+    pub a: u64,
+    pub a_div: usize,
+    pub w: u64,
+    pub c: u64,
+    pub scale: u64,
+    pub n: usize,
+    pub k: usize,
+}
+
+/// The slots' layout: `sorted` and `experts` (`moe_align_block_size`'s tensors), the block
+/// size, how many sorted entries are in use (`num_tokens_post_pad`), the real slots (M·k).
+pub struct Sorted {
+    pub sorted: u64,
+    pub experts: u64,
+    pub block_m: usize,
+    pub used: usize,
+    pub total: usize,
+}
+
+impl CudaDevice {
+    /// Whether the grouped GEMM was built (compute capability 8.0 and later).
+    pub fn has_moe_gemm(&self) -> bool {
+        self.funcs.contains_key("moe_gemm64_bf16")
+    }
+
+    /// One grouped GEMM over the `s.used` sorted slots.
+    pub fn moe_gemm(&mut self, g: &GroupedGemm, s: &Sorted) -> Result<()> {
+        if !g.k.is_multiple_of(8) || !g.n.is_multiple_of(2) || !s.block_m.is_multiple_of(16) {
+            return Err(self.err(
+                "grouped GEMM",
+                format!(
+                    "needs inputs a multiple of 8 ({}), outputs even ({}) and BLOCK_SIZE_M a multiple of 16 ({})",
+                    g.k, g.n, s.block_m
+                ),
+            ));
+        }
+        let bm = if s.block_m.is_multiple_of(64) { 64 } else { 16 };
+        let f = self.func(&format!("moe_gemm{bm}"), g.dtype)?;
+        let cfg = LaunchConfig {
+            grid_dim: (g.n.div_ceil(64) as u32, (s.used / bm) as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        if s.used == 0 {
+            return Ok(());
+        }
+        self.launch(
+            f,
+            cfg,
+            &[
+                &g.a,
+                &s.sorted,
+                &s.experts,
+                &(s.block_m as i32),
+                &(g.a_div as i32),
+                &g.w,
+                &g.c,
+                &g.scale,
+                &(g.n as i32),
+                &(g.k as i32),
+                &(s.total as i32),
+            ],
+        )
+    }
+
+    /// `silu_and_mul` over `rows` rows of `[gate | up]` (`2·i` wide) at `c1` into `c2`.
+    pub fn moe_silu_mul(
+        &mut self,
+        dt: DType,
+        c1: u64,
+        c2: u64,
+        rows: usize,
+        i: usize,
+    ) -> Result<()> {
+        let f = self.func("moe_silu_mul", dt)?;
+        let n = (rows * i) as u64;
+        self.launch(f, super::grid(n), &[&c1, &c2, &(rows as i64), &(i as i32)])
+    }
+
+    /// `moe_sum`: each of `m` tokens' `k` rows at `c3` (`h` wide) summed into `x`.
+    pub fn moe_sum(
+        &mut self,
+        dt: DType,
+        c3: u64,
+        x: u64,
+        (m, k, h): (usize, usize, usize),
+    ) -> Result<()> {
+        let f = self.func("moe_sum", dt)?;
+        self.launch(
+            f,
+            super::grid((m * h) as u64),
+            &[&c3, &x, &(m as i64), &(k as i32), &(h as i32)],
+        )
+    }
+}
