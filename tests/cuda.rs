@@ -68,30 +68,34 @@ fn qwen3_logits_on_the_gpu_match_cpu_compute_mode() {
     assert!(gpu_vs_cpu("preset:qwen3-0.6b", Quant::F16, 96, 2, 0.0) < 1e-2);
 }
 
-/// Qwen3-0.6B's profile pass on the GPU allocates what the dry run allocates, pass by pass.
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn qwen3_gpu_trace_matches_the_dry_run() {
+/// Profiles `model` (16-bit, `--vllm 0.8`, two passes) on cuda:0 and on a dry H200 and checks
+/// that they allocate alike: the weights, each pass's peak, every allocation's bytes and
+/// tensor name. Returns the number of allocations.
+fn gpu_trace_equals_dry(model: &str, quant: Quant, tokens: usize, seqs: usize, len: u64) -> usize {
     let run = |device: &str| {
         let req = ProfileRequest {
-            model: ModelSource::parse("preset:qwen3-0.6b").unwrap(),
-            quant: Quant::F16,
+            model: ModelSource::parse(model).unwrap(),
+            quant,
             device: DeviceSpec::parse(device).unwrap(),
-            tokens: 2048,
-            seqs: 16,
+            tokens,
+            seqs,
+            max_model_len: len,
             passes: 2,
             verify: false,
             vllm: "0.8".into(),
             ..ProfileRequest::default()
         };
-        profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap()
+        let t = std::time::Instant::now();
+        let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
+        eprintln!("{model} on {device}: {:.1} s", t.elapsed().as_secs_f64());
+        r
     };
     let gpu = run("cuda:0");
     let dry = run("sim:h200:dry");
     assert_eq!(gpu.weights_bytes, dry.weights_bytes);
     for (g, d) in gpu.passes.iter().zip(&dry.passes) {
         eprintln!(
-            "qwen3 pass peak GPU {} dry {}",
+            "{model} pass peak GPU {} dry {}",
             g.peak_allocated, d.peak_allocated
         );
         assert_eq!(g.peak_allocated, d.peak_allocated);
@@ -100,10 +104,21 @@ fn qwen3_gpu_trace_matches_the_dry_run() {
         r.events
             .iter()
             .filter(|e| e.kind == vramscope::memory::EventKind::Alloc)
-            .map(|e| e.bytes)
+            .map(|e| (e.bytes, e.tensor.clone()))
             .collect::<Vec<_>>()
     };
-    assert_eq!(allocs(&gpu), allocs(&dry));
+    let (g, d) = (allocs(&gpu), allocs(&dry));
+    eprintln!("{model}: {} allocations", g.len());
+    assert_eq!(g, d);
+    g.len()
+}
+
+/// Qwen3-0.6B's profile pass on the GPU allocates what the dry run allocates, pass by pass.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn qwen3_gpu_trace_matches_the_dry_run() {
+    let max_model_len = ProfileRequest::default().max_model_len;
+    gpu_trace_equals_dry("preset:qwen3-0.6b", Quant::F16, 2048, 16, max_model_len);
 }
 
 // Sequences of several 64-token tiles, neither a multiple of 64: the fused attention's key
@@ -991,45 +1006,5 @@ fn moe_logits_on_the_gpu_match_cpu_compute_mode() {
 #[test]
 #[ignore = "needs an NVIDIA GPU of compute capability 8.0 or more with 80 GB free, 130 GB of host memory"]
 fn qwen3_30b_a3b_gpu_trace_matches_the_dry_run() {
-    let run = |device: &str| {
-        let req = ProfileRequest {
-            model: ModelSource::parse("preset:qwen3-30b-a3b").unwrap(),
-            quant: Quant::BF16,
-            device: DeviceSpec::parse(device).unwrap(),
-            tokens: 8192,
-            seqs: 256,
-            max_model_len: 8192,
-            passes: 2,
-            verify: false,
-            vllm: "0.8".into(),
-            ..ProfileRequest::default()
-        };
-        let t = std::time::Instant::now();
-        let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
-        eprintln!(
-            "qwen3-30b-a3b on {device}: {:.1} s",
-            t.elapsed().as_secs_f64()
-        );
-        r
-    };
-    let gpu = run("cuda:0");
-    let dry = run("sim:h200:dry");
-    assert_eq!(gpu.weights_bytes, dry.weights_bytes);
-    for (g, d) in gpu.passes.iter().zip(&dry.passes) {
-        eprintln!(
-            "qwen3-30b-a3b pass peak GPU {} dry {}",
-            g.peak_allocated, d.peak_allocated
-        );
-        assert_eq!(g.peak_allocated, d.peak_allocated);
-    }
-    let allocs = |r: &vramscope::profile::Report| {
-        r.events
-            .iter()
-            .filter(|e| e.kind == vramscope::memory::EventKind::Alloc)
-            .map(|e| (e.bytes, e.tensor.clone()))
-            .collect::<Vec<_>>()
-    };
-    let (g, d) = (allocs(&gpu), allocs(&dry));
-    eprintln!("qwen3-30b-a3b: {} allocations", g.len());
-    assert_eq!(g, d);
+    gpu_trace_equals_dry("preset:qwen3-30b-a3b", Quant::BF16, 8192, 256, 8192);
 }

@@ -809,7 +809,11 @@ pub(crate) fn run_rank(
                 head_dim: c.head_dim,
                 vocab_size: c.vocab_size,
                 expert_parameters: c.expert_param_count(),
-                active_parameters: c.active_param_count(),
+                active_parameters: if c.moe.is_some() {
+                    c.active_param_count()
+                } else {
+                    0
+                },
             };
             let batch = Batch::dummy(req.tokens, req.seqs, c.vocab_size);
             (

@@ -24,13 +24,18 @@ pub struct ModelInfo {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub vocab_size: usize,
-    /// A mixture of experts' parameters in its experts (all resident; 0 for a dense model).
-    #[serde(default)]
+    /// A mixture of experts' parameters in its experts (all resident; 0 for a dense model,
+    /// and then not written: a dense model's report is what it was before MoE).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub expert_parameters: u64,
-    /// Parameters each token multiplies with (the router and `top_k` experts of each MoE
-    /// layer, everything else); `parameters` for a dense model.
-    #[serde(default)]
+    /// A mixture of experts' parameters each token multiplies with (the router and `top_k`
+    /// experts of each MoE layer, everything else); 0 (not written) for a dense model.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub active_parameters: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl ModelInfo {
