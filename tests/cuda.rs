@@ -1,6 +1,8 @@
 //! Checks that need an NVIDIA GPU (ignored: CI has none). On a GPU machine:
 //! `cargo test --release --test cuda -- --ignored --test-threads 1`.
 
+mod common;
+
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -942,47 +944,6 @@ fn awq_llama_3_8b_logits_on_the_gpu_match_cpu_compute_mode() {
     assert!(e < 1e-2, "{e}");
 }
 
-/// A small mixture-of-experts checkpoint: Mixtral's (4 experts of width 96, 2 a token,
-/// renormalised) or Qwen3-MoE's (8 of width 64, 3 a token, not renormalised, layer 1 dense),
-/// hidden 128, as tests/hf_reference.rs writes them for transformers.
-fn gen_tiny_moe(arch: &str, dir: &std::path::Path) {
-    let mut v = serde_json::json!({
-        "model_type": arch,
-        "hidden_size": 128,
-        "intermediate_size": 384,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 1024,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 2048,
-        "rope_theta": 1000000.0,
-        "tie_word_embeddings": false,
-    });
-    let o = v.as_object_mut().unwrap();
-    if arch == "mixtral" {
-        o.insert("intermediate_size".into(), 96.into());
-        o.insert("num_local_experts".into(), 4.into());
-        o.insert("num_experts_per_tok".into(), 2.into());
-    } else {
-        o.insert("head_dim".into(), 64.into());
-        o.insert("num_experts".into(), 8.into());
-        o.insert("num_experts_per_tok".into(), 3.into());
-        o.insert("moe_intermediate_size".into(), 64.into());
-        o.insert("norm_topk_prob".into(), false.into());
-        o.insert("decoder_sparse_step".into(), 1.into());
-        o.insert("mlp_only_layers".into(), serde_json::json!([1]));
-    }
-    let cfg = vramscope::model::ModelConfig::from_hf_json(&v).unwrap();
-    let opts = vramscope::model::GenOptions {
-        dtype: vramscope::model::weights::StoredDtype::F16,
-        seed: 11,
-        shards: 1,
-        bnb_int8: false,
-    };
-    vramscope::model::gen_model_config(&cfg, arch, dir, &opts).unwrap();
-}
-
 /// The fused MoE on the GPU (host routing, the grouped GEMMs on the tensor cores, silu_and_mul,
 /// moe_sum) against CPU compute mode on the same weights: few tokens (BLOCK_SIZE_M 16, the
 /// 16-row tiles) and many (64, the 64-row tiles), f16 and bf16.
@@ -991,7 +952,9 @@ fn gen_tiny_moe(arch: &str, dir: &std::path::Path) {
 fn moe_logits_on_the_gpu_match_cpu_compute_mode() {
     for arch in ["mixtral", "qwen3_moe"] {
         let dir = tempfile::tempdir().unwrap();
-        gen_tiny_moe(arch, dir.path());
+        // Mixtral: 4 experts of width 96, 2 a token, renormalised; Qwen3-MoE: 8 of width 64,
+        // 3 a token, not renormalised, layer 1 dense.
+        common::write_hf_test_model(dir.path(), arch);
         let model = dir.path().to_str().unwrap();
         for (quant, tokens, seqs) in [(Quant::F16, 4, 2), (Quant::BF16, 300, 3)] {
             let e = gpu_vs_cpu(model, quant, tokens, seqs, 0.0);

@@ -5,12 +5,14 @@
 //! the reference logits come from `scripts/hf_reference.py` (its docstring says how) and are
 //! stored below with their provenance.
 
+mod common;
+
 use std::path::Path;
 
+use common::write_hf_test_model as write;
 use vramscope::app::bench::{self, relative_l2, BenchRequest};
 use vramscope::device::DeviceSpec;
-use vramscope::model::weights::StoredDtype;
-use vramscope::model::{gen_model_config, GenOptions, ModelConfig, ModelSource};
+use vramscope::model::{ModelConfig, ModelSource};
 use vramscope::quant::Quant;
 
 /// The batch: `Batch::dummy(TOKENS, SEQS, vocab)` (ids `(i·7919 + 13) mod vocab`, lengths 6
@@ -21,126 +23,6 @@ const SEQS: usize = 2;
 /// token.
 fn ids() -> Vec<usize> {
     (3..1024).step_by(16).collect()
-}
-
-/// The three small configurations (model_type, what each exercises).
-fn config(name: &str) -> ModelConfig {
-    let mut v = serde_json::json!({
-        "hidden_size": 128,
-        "intermediate_size": 384,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 1024,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 2048,
-    });
-    let o = v.as_object_mut().unwrap();
-    match name {
-        // Untied lm_head, rope_theta 500000 (Llama-3's).
-        "llama" => {
-            o.insert("model_type".into(), "llama".into());
-            o.insert("rope_theta".into(), 500000.0.into());
-            o.insert("tie_word_embeddings".into(), false.into());
-        }
-        // q/k/v biases, tied embeddings (Qwen2.5-0.5B's layout).
-        "qwen2" => {
-            o.insert("model_type".into(), "qwen2".into());
-            o.insert("rope_theta".into(), 1000000.0.into());
-            o.insert("tie_word_embeddings".into(), true.into());
-        }
-        // q_norm/k_norm per head, head_dim 64 (not hidden / heads = 32), no bias.
-        "qwen3" => {
-            o.insert("model_type".into(), "qwen3".into());
-            o.insert("head_dim".into(), 64.into());
-            o.insert("rope_theta".into(), 1000000.0.into());
-            o.insert("tie_word_embeddings".into(), true.into());
-        }
-        // q/k/v and gate/up stored fused (qkv_proj, gate_up_proj), untied lm_head.
-        "phi3" => {
-            o.insert("model_type".into(), "phi3".into());
-            o.insert("rope_theta".into(), 10000.0.into());
-            o.insert("tie_word_embeddings".into(), false.into());
-        }
-        // GemmaRMSNorm (1 + w) four times a layer, GeGLU, √hidden embedding scale, head_dim 64
-        // with query_pre_attn_scalar 32 (not 64), a 4-token window on layer 0 (the 6- and
-        // 5-token sequences run past it), soft-caps small enough to bite on these weights
-        // (attention scores here are ~0.3, logits ~0.5).
-        "gemma2" => {
-            o.insert("model_type".into(), "gemma2".into());
-            o.insert("head_dim".into(), 64.into());
-            o.insert("query_pre_attn_scalar".into(), 32.into());
-            o.insert("sliding_window".into(), 4.into());
-            o.insert("attn_logit_softcapping".into(), 0.25.into());
-            o.insert("final_logit_softcapping".into(), 0.4.into());
-            o.insert("rope_theta".into(), 10000.0.into());
-        }
-        // Per-head q_norm/k_norm (Gemma style), layer 0 sliding (window 4, rotary base 10000),
-        // layer 1 global (rope_theta 1e6 with linear scaling 8), query_pre_attn_scalar 48, no
-        // soft-caps (Gemma 3's).
-        "gemma3" => {
-            o.insert("model_type".into(), "gemma3_text".into());
-            o.insert("head_dim".into(), 64.into());
-            o.insert("query_pre_attn_scalar".into(), 48.into());
-            o.insert("sliding_window".into(), 4.into());
-            o.insert("sliding_window_pattern".into(), 2.into());
-            o.insert("rope_theta".into(), 1000000.0.into());
-            o.insert("rope_local_base_freq".into(), 10000.0.into());
-            o.insert(
-                "rope_scaling".into(),
-                serde_json::json!({"rope_type": "linear", "factor": 8.0}),
-            );
-        }
-        // 4 experts of width 96, 2 per token, renormalised (Mixtral always renormalises).
-        "mixtral" => {
-            o.insert("model_type".into(), "mixtral".into());
-            o.insert("intermediate_size".into(), 96.into());
-            o.insert("num_local_experts".into(), 4.into());
-            o.insert("num_experts_per_tok".into(), 2.into());
-            o.insert("rope_theta".into(), 1000000.0.into());
-            o.insert("tie_word_embeddings".into(), false.into());
-        }
-        // 8 experts of width 64, 3 per token, not renormalised (norm_topk_prob false); layer 1
-        // dense (mlp_only_layers) with the 384-wide MLP; per-head q/k norms, head_dim 64.
-        "qwen3_moe" => {
-            o.insert("model_type".into(), "qwen3_moe".into());
-            o.insert("head_dim".into(), 64.into());
-            o.insert("num_experts".into(), 8.into());
-            o.insert("num_experts_per_tok".into(), 3.into());
-            o.insert("moe_intermediate_size".into(), 64.into());
-            o.insert("norm_topk_prob".into(), false.into());
-            o.insert("decoder_sparse_step".into(), 1.into());
-            o.insert("mlp_only_layers".into(), serde_json::json!([1]));
-            o.insert("rope_theta".into(), 1000000.0.into());
-            o.insert("tie_word_embeddings".into(), false.into());
-        }
-        // 6 experts of width 64 (not a power of two: topk_softmax's workspace), 2 per token,
-        // not renormalised, a shared expert of width 96 behind its sigmoid gate; q/k/v biases.
-        // Written for scripts/hf_reference.py; its reference logits are not taken yet (the
-        // block is checked against its model file written out by hand in tests/moe.rs).
-        "qwen2_moe" => {
-            o.insert("model_type".into(), "qwen2_moe".into());
-            o.insert("num_experts".into(), 6.into());
-            o.insert("num_experts_per_tok".into(), 2.into());
-            o.insert("moe_intermediate_size".into(), 64.into());
-            o.insert("shared_expert_intermediate_size".into(), 96.into());
-            o.insert("norm_topk_prob".into(), false.into());
-            o.insert("rope_theta".into(), 1000000.0.into());
-            o.insert("tie_word_embeddings".into(), false.into());
-        }
-        _ => unreachable!(),
-    }
-    ModelConfig::from_hf_json(&v).unwrap()
-}
-
-fn write(dir: &Path, name: &str) {
-    let opts = GenOptions {
-        dtype: StoredDtype::F16,
-        seed: 11,
-        shards: 1,
-        bnb_int8: false,
-    };
-    gen_model_config(&config(name), name, dir, &opts).unwrap();
 }
 
 /// The product's own forward (`bench` with no timed pass) in compute mode on the CPU.
@@ -249,7 +131,7 @@ fn qwen3_moe_logits_match_hugging_face() {
 /// config.json written for transformers reads back as the same shape.
 #[test]
 fn gemma_test_configs_exercise_window_softcaps_and_rope_bases() {
-    let g2 = config("gemma2");
+    let g2 = common::hf_test_config("gemma2");
     let s = g2.score_mods(0);
     assert_eq!(s.window, Some(4));
     assert_eq!(g2.score_mods(1).window, None);
@@ -258,7 +140,7 @@ fn gemma_test_configs_exercise_window_softcaps_and_rope_bases() {
         (Some(0.25), Some(0.4))
     );
     assert_eq!(s.scale, Some(32f32.powf(-0.5)));
-    let g3 = config("gemma3");
+    let g3 = common::hf_test_config("gemma3");
     assert!(g3.qk_norm());
     assert_eq!(g3.layer_rope(0), (10000.0, 1.0));
     assert_eq!(g3.layer_rope(1), (1e6, 8.0));

@@ -148,38 +148,34 @@ pub fn sigmoid_scale(rt: &Runtime, gate: Tensor, shared: Tensor, name: &str) -> 
             gate.shape, shared.shape
         )));
     }
+    if rt.backend() == Backend::Cuda {
+        return Err(shared_expert_on_cuda());
+    }
+    let compute = rt.backend() == Backend::Cpu;
     let act = shared.dtype;
     let t = |n: &str, shape: &[usize]| {
         rt.tensor_for_overwrite(format!("{name}.{n}"), Category::Activation, shape, act)
     };
     let mut sig = t("gate_sigmoid", &[m, 1])?;
-    match rt.backend() {
-        Backend::Dry => {}
-        Backend::Cpu => {
-            for (o, &g) in sig.f32_mut().iter_mut().zip(gate.f32()) {
-                *o = 1.0 / (1.0 + (-g).exp());
-            }
+    if compute {
+        for (o, &g) in sig.f32_mut().iter_mut().zip(gate.f32()) {
+            *o = 1.0 / (1.0 + (-g).exp());
         }
-        Backend::Cuda => return Err(shared_expert_on_cuda()),
     }
     drop(gate);
     let mut out = t("gated", &[m, h])?;
-    match rt.backend() {
-        Backend::Dry => {}
-        Backend::Cpu => {
-            let sv = sig.f32();
-            for (r, (o, x)) in out
-                .f32_mut()
-                .chunks_exact_mut(h)
-                .zip(shared.f32().chunks_exact(h))
-                .enumerate()
-            {
-                for (d, &v) in o.iter_mut().zip(x) {
-                    *d = sv[r] * v;
-                }
+    if compute {
+        let sv = sig.f32();
+        for (r, (o, x)) in out
+            .f32_mut()
+            .chunks_exact_mut(h)
+            .zip(shared.f32().chunks_exact(h))
+            .enumerate()
+        {
+            for (d, &v) in o.iter_mut().zip(x) {
+                *d = sv[r] * v;
             }
         }
-        Backend::Cuda => return Err(shared_expert_on_cuda()),
     }
     drop(sig);
     drop(shared);

@@ -516,32 +516,18 @@ impl LlamaModel {
         l: &str,
         gen: u32,
     ) -> Result<Tensor> {
-        let (act, gemma) = (self.act, self.cfg.is_gemma());
-        let gate_up = gate_up.forward(rt, &o, &format!("{l}.gate_up_proj"), gen, act)?;
-        let i = self.local.intermediate_size;
-        let names = ["gate", "up"].map(|n| format!("{l}.{n}"));
-        let mut it = FusedLinear::split(&gate_up, &[i, i], &names).into_iter();
-        let (Some(mut gate), Some(up)) = (it.next(), it.next()) else {
-            return Err(Error::Request("gate_up split".into()));
+        let gemma = self.cfg.is_gemma();
+        let how = MlpRun {
+            width: self.local.intermediate_size,
+            act: self.act,
+            gemma,
+            // Gemma2MLP/Gemma3MLP keep `gate_up` named until they return, in every release
+            // (gemma2.py L78-82 at 0.6.4, L79-83 at 0.8.5; gemma3.py L85-89 at 0.8.5).
+            frees_gate_up: self.mlp_frees_gate_up && !gemma,
+            all_reduce: true,
+            generation: gen,
         };
-        // Gemma2MLP/Gemma3MLP keep `gate_up` named until they return, in every release
-        // (gemma2.py L78-82 at 0.6.4, L79-83 at 0.8.5; gemma3.py L85-89 at 0.8.5).
-        let act_out = if gemma {
-            ops_gemma::gelu_tanh_and_mul(rt, &gate, &up, &format!("{l}.act"))?
-        } else {
-            ops::silu_and_mul(rt, &mut gate, &up, &format!("{l}.act"))?
-        };
-        drop((gate, up));
-        let gate_up = if self.mlp_frees_gate_up && !gemma {
-            drop(gate_up);
-            None
-        } else {
-            Some(gate_up)
-        };
-        let out = down.forward(rt, &act_out, &format!("{l}.down_proj"), gen, act)?;
-        let out = crate::engine::ops_tp::all_reduce(rt, out, &format!("{l}.down_proj.all_reduce"))?;
-        drop(act_out);
-        drop(gate_up);
+        let out = mlp_forward(rt, &o, (gate_up, down), &how, l)?;
         drop(o);
         Ok(out)
     }
@@ -800,6 +786,57 @@ impl LlamaModel {
     }
 }
 
+/// How a gated MLP runs: this rank's width, the activation dtype, GeGLU (Gemma) or SiLU,
+/// whether `gate_up` dies before `down_proj` (vLLM #10339's Llama MLP) or when the MLP returns,
+/// whether `down_proj` all-reduces (`reduce_results`), and the layer's forward count (for the
+/// quantized linears).
+struct MlpRun {
+    width: usize,
+    act: DType,
+    gemma: bool,
+    frees_gate_up: bool,
+    all_reduce: bool,
+    generation: u32,
+}
+
+/// A gated MLP on `x` (which stays alive): `gate_up_proj`, its two halves, the activation into
+/// a new tensor, `down_proj` (and its all-reduce over ranks), the activation dying as the name
+/// is rebound after `down_proj`, then `gate_up` as the MLP returns (or before `down_proj`).
+fn mlp_forward(
+    rt: &Runtime,
+    x: &Tensor,
+    (gate_up, down): (&FusedLinear, &Linear),
+    how: &MlpRun,
+    l: &str,
+) -> Result<Tensor> {
+    let (act, gen, i) = (how.act, how.generation, how.width);
+    let gate_up = gate_up.forward(rt, x, &format!("{l}.gate_up_proj"), gen, act)?;
+    let names = ["gate", "up"].map(|n| format!("{l}.{n}"));
+    let mut it = FusedLinear::split(&gate_up, &[i, i], &names).into_iter();
+    let (Some(mut gate), Some(up)) = (it.next(), it.next()) else {
+        return Err(Error::Request(format!("{l}: gate_up split")));
+    };
+    let act_out = if how.gemma {
+        ops_gemma::gelu_tanh_and_mul(rt, &gate, &up, &format!("{l}.act"))?
+    } else {
+        ops::silu_and_mul(rt, &mut gate, &up, &format!("{l}.act"))?
+    };
+    drop((gate, up));
+    let gate_up = if how.frees_gate_up {
+        drop(gate_up);
+        None
+    } else {
+        Some(gate_up)
+    };
+    let mut out = down.forward(rt, &act_out, &format!("{l}.down_proj"), gen, act)?;
+    if how.all_reduce {
+        out = crate::engine::ops_tp::all_reduce(rt, out, &format!("{l}.down_proj.all_reduce"))?;
+    }
+    drop(act_out);
+    drop(gate_up);
+    Ok(out)
+}
+
 /// A sparse block on `x` as vLLM 0.8.5 runs it (`MixtralMoE.forward`, mixtral.py L99-106;
 /// `Qwen3MoeSparseMoeBlock.forward`, qwen3_moe.py L128-143): the router's logits, the top-k
 /// routing, the experts written into `x` in place (`inplace=True`), the routing's tensors
@@ -869,23 +906,21 @@ fn shared_expert_forward(
     act: DType,
     layer: &str,
 ) -> Result<Tensor> {
-    let l = format!("{layer}.shared_expert");
-    let gate_up = se
-        .gate_up
-        .forward(rt, x, &format!("{l}.gate_up_proj"), 0, act)?;
-    let w = se.width;
-    let names = ["gate", "up"].map(|n| format!("{l}.{n}"));
-    let mut it = FusedLinear::split(&gate_up, &[w, w], &names).into_iter();
-    let (Some(mut gate), Some(up)) = (it.next(), it.next()) else {
-        return Err(Error::Request(format!("{l}: gate_up split")));
+    let how = MlpRun {
+        width: se.width,
+        act,
+        gemma: false,
+        frees_gate_up: false,
+        all_reduce: false,
+        generation: 0,
     };
-    let act_out = ops::silu_and_mul(rt, &mut gate, &up, &format!("{l}.act"))?;
-    drop((gate, up));
-    let out = se
-        .down
-        .forward(rt, &act_out, &format!("{l}.down_proj"), 0, act)?;
-    drop(act_out);
-    drop(gate_up);
+    let out = mlp_forward(
+        rt,
+        x,
+        (&se.gate_up, &se.down),
+        &how,
+        &format!("{layer}.shared_expert"),
+    )?;
     let g = crate::quant::dense_matmul_as(
         rt,
         x,

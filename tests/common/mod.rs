@@ -1,5 +1,6 @@
 //! Writers for small model files (GGUF, safetensors) used by the model-file and hostile-file
-//! tests. Written from the format descriptions, independently of the parsers under test.
+//! tests, written from the format descriptions, independently of the parsers under test; and
+//! the small checkpoints the transformers and GPU checks share.
 #![allow(dead_code)]
 
 /// A GGUF metadata value.
@@ -360,4 +361,127 @@ pub fn tiny_gguf_parts() -> Parts {
     }
     add("output_norm.weight", "model.norm.weight", 1, h, 0, false);
     (kvs, tensors, hf)
+}
+
+/// The small checkpoints tests/hf_reference.rs compares with transformers (and tests/cuda.rs
+/// runs on the GPU): hidden 128, two layers, vocabulary 1024, one per model_type (the comments
+/// say what each exercises).
+pub fn hf_test_config(name: &str) -> vramscope::model::ModelConfig {
+    let mut v = serde_json::json!({
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1024,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 2048,
+    });
+    let o = v.as_object_mut().unwrap();
+    match name {
+        // Untied lm_head, rope_theta 500000 (Llama-3's).
+        "llama" => {
+            o.insert("model_type".into(), "llama".into());
+            o.insert("rope_theta".into(), 500000.0.into());
+            o.insert("tie_word_embeddings".into(), false.into());
+        }
+        // q/k/v biases, tied embeddings (Qwen2.5-0.5B's layout).
+        "qwen2" => {
+            o.insert("model_type".into(), "qwen2".into());
+            o.insert("rope_theta".into(), 1000000.0.into());
+            o.insert("tie_word_embeddings".into(), true.into());
+        }
+        // q_norm/k_norm per head, head_dim 64 (not hidden / heads = 32), no bias.
+        "qwen3" => {
+            o.insert("model_type".into(), "qwen3".into());
+            o.insert("head_dim".into(), 64.into());
+            o.insert("rope_theta".into(), 1000000.0.into());
+            o.insert("tie_word_embeddings".into(), true.into());
+        }
+        // q/k/v and gate/up stored fused (qkv_proj, gate_up_proj), untied lm_head.
+        "phi3" => {
+            o.insert("model_type".into(), "phi3".into());
+            o.insert("rope_theta".into(), 10000.0.into());
+            o.insert("tie_word_embeddings".into(), false.into());
+        }
+        // GemmaRMSNorm (1 + w) four times a layer, GeGLU, √hidden embedding scale, head_dim 64
+        // with query_pre_attn_scalar 32 (not 64), a 4-token window on layer 0 (the 6- and
+        // 5-token sequences run past it), soft-caps small enough to bite on these weights
+        // (attention scores here are ~0.3, logits ~0.5).
+        "gemma2" => {
+            o.insert("model_type".into(), "gemma2".into());
+            o.insert("head_dim".into(), 64.into());
+            o.insert("query_pre_attn_scalar".into(), 32.into());
+            o.insert("sliding_window".into(), 4.into());
+            o.insert("attn_logit_softcapping".into(), 0.25.into());
+            o.insert("final_logit_softcapping".into(), 0.4.into());
+            o.insert("rope_theta".into(), 10000.0.into());
+        }
+        // Per-head q_norm/k_norm (Gemma style), layer 0 sliding (window 4, rotary base 10000),
+        // layer 1 global (rope_theta 1e6 with linear scaling 8), query_pre_attn_scalar 48, no
+        // soft-caps (Gemma 3's).
+        "gemma3" => {
+            o.insert("model_type".into(), "gemma3_text".into());
+            o.insert("head_dim".into(), 64.into());
+            o.insert("query_pre_attn_scalar".into(), 48.into());
+            o.insert("sliding_window".into(), 4.into());
+            o.insert("sliding_window_pattern".into(), 2.into());
+            o.insert("rope_theta".into(), 1000000.0.into());
+            o.insert("rope_local_base_freq".into(), 10000.0.into());
+            o.insert(
+                "rope_scaling".into(),
+                serde_json::json!({"rope_type": "linear", "factor": 8.0}),
+            );
+        }
+        // 4 experts of width 96, 2 per token, renormalised (Mixtral always renormalises).
+        "mixtral" => {
+            o.insert("model_type".into(), "mixtral".into());
+            o.insert("intermediate_size".into(), 96.into());
+            o.insert("num_local_experts".into(), 4.into());
+            o.insert("num_experts_per_tok".into(), 2.into());
+            o.insert("rope_theta".into(), 1000000.0.into());
+            o.insert("tie_word_embeddings".into(), false.into());
+        }
+        // 8 experts of width 64, 3 per token, not renormalised (norm_topk_prob false); layer 1
+        // dense (mlp_only_layers) with the 384-wide MLP; per-head q/k norms, head_dim 64.
+        "qwen3_moe" => {
+            o.insert("model_type".into(), "qwen3_moe".into());
+            o.insert("head_dim".into(), 64.into());
+            o.insert("num_experts".into(), 8.into());
+            o.insert("num_experts_per_tok".into(), 3.into());
+            o.insert("moe_intermediate_size".into(), 64.into());
+            o.insert("norm_topk_prob".into(), false.into());
+            o.insert("decoder_sparse_step".into(), 1.into());
+            o.insert("mlp_only_layers".into(), serde_json::json!([1]));
+            o.insert("rope_theta".into(), 1000000.0.into());
+            o.insert("tie_word_embeddings".into(), false.into());
+        }
+        // 6 experts of width 64 (not a power of two: topk_softmax's workspace), 2 per token,
+        // not renormalised, a shared expert of width 96 behind its sigmoid gate; q/k/v biases.
+        // Written for scripts/hf_reference.py; its reference logits are not taken yet (the
+        // block is checked against its model file written out by hand in tests/moe.rs).
+        "qwen2_moe" => {
+            o.insert("model_type".into(), "qwen2_moe".into());
+            o.insert("num_experts".into(), 6.into());
+            o.insert("num_experts_per_tok".into(), 2.into());
+            o.insert("moe_intermediate_size".into(), 64.into());
+            o.insert("shared_expert_intermediate_size".into(), 96.into());
+            o.insert("norm_topk_prob".into(), false.into());
+            o.insert("rope_theta".into(), 1000000.0.into());
+            o.insert("tie_word_embeddings".into(), false.into());
+        }
+        _ => unreachable!(),
+    }
+    vramscope::model::ModelConfig::from_hf_json(&v).unwrap()
+}
+
+/// `hf_test_config(name)` written into `dir` as f16 safetensors with seed 11.
+pub fn write_hf_test_model(dir: &std::path::Path, name: &str) {
+    let opts = vramscope::model::GenOptions {
+        dtype: vramscope::model::weights::StoredDtype::F16,
+        seed: 11,
+        shards: 1,
+        bnb_int8: false,
+    };
+    vramscope::model::gen_model_config(&hf_test_config(name), name, dir, &opts).unwrap();
 }

@@ -211,6 +211,9 @@ impl CudaDevice {
                 ),
             ));
         }
+        if s.used == 0 {
+            return Ok(());
+        }
         let bm = if s.block_m.is_multiple_of(64) { 64 } else { 16 };
         let f = self.func(&format!("moe_gemm{bm}"), g.dtype)?;
         let cfg = LaunchConfig {
@@ -218,9 +221,6 @@ impl CudaDevice {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        if s.used == 0 {
-            return Ok(());
-        }
         self.launch(
             f,
             cfg,
