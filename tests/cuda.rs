@@ -971,3 +971,87 @@ fn moe_logits_on_the_gpu_match_cpu_compute_mode() {
 fn qwen3_30b_a3b_gpu_trace_matches_the_dry_run() {
     gpu_trace_equals_dry("preset:qwen3-30b-a3b", Quant::BF16, 8192, 256, 8192);
 }
+
+/// vLLM 0.19's CUDA graphs for Llama-3-8B on the H200 with `vllm serve`'s defaults (8192
+/// tokens, 1024 sequences: 51 PIECEWISE sizes of 33 pieces and 51 FULL graphs): every graph
+/// captured after the KV cache, each replay's output equal to its eager warm-up's, and the
+/// graph pool's blocks and segments equal to the dry run's, allocation for allocation.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn llama3_cuda_graphs_replay_and_match_the_dry_pool() {
+    let run = |device: DeviceSpec| {
+        let req = ProfileRequest {
+            model: ModelSource::parse("preset:llama-3-8b").unwrap(),
+            quant: Quant::F16,
+            device,
+            tokens: 8192,
+            seqs: 1024,
+            max_model_len: 8192,
+            passes: 1,
+            verify: false,
+            vllm: "0.19".into(),
+            ..ProfileRequest::default()
+        };
+        let t = std::time::Instant::now();
+        let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
+        eprintln!("{}: {:.1} s", req.device, t.elapsed().as_secs_f64());
+        r
+    };
+    let gpu = run(DeviceSpec::parse("cuda:0").unwrap());
+    let g = gpu.graphs.clone().expect("the GPU run captured graphs");
+    for line in gpu
+        .vllm_graph_log_lines()
+        .iter()
+        .chain(&gpu.graph_summary())
+    {
+        eprintln!("{line}");
+    }
+    let per = |x: u64| x as f64 / g.graphs as f64;
+    eprintln!(
+        "graphs {} ops {} nodes {:?} pool {} exec {} ({:.0} B/graph, {:.1} B/op) side {} took {} capture {:.2} s",
+        g.graphs,
+        g.ops,
+        g.nodes,
+        g.pool_bytes,
+        g.exec_bytes,
+        per(g.exec_bytes),
+        g.exec_bytes as f64 / g.ops as f64,
+        g.side_stream_bytes,
+        g.took_bytes,
+        g.capture_s
+    );
+    let replay = g.replay.clone().expect("replays checked");
+    assert_eq!(g.graphs, 51 * 33 + 51);
+    assert_eq!(replay.checked, 102);
+    assert!(replay.worst_rel_l2 < 1e-3, "{replay:?}");
+    let dry = run(DeviceSpec::parse("sim:h200:dry")
+        .unwrap()
+        .with_total(Some(gpu.checkpoints.t0.total))
+        .unwrap());
+    let d = dry.graphs.clone().expect("the dry run captured graphs");
+    assert_eq!((g.graphs, g.ops), (d.graphs, d.ops));
+    assert_eq!(g.pool_bytes, d.pool_bytes);
+    assert_eq!(g.side_stream_bytes, d.side_stream_bytes);
+    let pool_allocs = |r: &vramscope::profile::Report| {
+        r.events
+            .iter()
+            .filter(|e| {
+                e.category == vramscope::memory::Category::CudaGraph
+                    && matches!(
+                        e.kind,
+                        vramscope::memory::EventKind::Alloc
+                            | vramscope::memory::EventKind::SegmentMap
+                    )
+            })
+            .map(|e| (e.kind, e.bytes, e.tensor.clone()))
+            .collect::<Vec<_>>()
+    };
+    let (ga, da) = (pool_allocs(&gpu), pool_allocs(&dry));
+    eprintln!("graph pool: {} allocations and segment maps", ga.len());
+    assert_eq!(ga, da);
+    let (ge, de) = (
+        g.estimate.clone().expect("0.19 estimates"),
+        d.estimate.clone().expect("0.19 estimates"),
+    );
+    eprintln!("estimate GPU {ge:?}\nestimate dry {de:?}");
+}

@@ -212,7 +212,7 @@ pub struct ProfileArgs {
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub tp: u32,
     /// The vLLM release to reproduce: its profile run, defaults, formula and log lines
-    /// (0.6.3, 380e1863, 0.6.4, 0.6.5, 0.7, 0.8; V1: 0.15, 0.19 on simulated devices; aliases
+    /// (0.6.3, 380e1863, 0.6.4, 0.6.5, 0.7, 0.8; V1: 0.15, 0.19, 0.21; aliases
     /// such as 0.6.4.post1, 0.10.0 or 0.19.0).
     #[arg(long, default_value = crate::profile::vllm::DEFAULT, value_name = "RELEASE")]
     pub vllm: String,
@@ -225,6 +225,11 @@ pub struct ProfileArgs {
     /// one GPU).
     #[arg(long)]
     pub true_max: bool,
+    /// vLLM's --enforce-eager: no CUDA graphs. Without it a V1 release (0.15 on) captures its
+    /// graphs after the KV cache, as the instance would, and reports their memory (0.19 on:
+    /// beside vLLM's own estimate; 0.21 on: the estimate comes off the KV budget).
+    #[arg(long)]
+    pub enforce_eager: bool,
     /// vLLM's max_model_len (default: the model's max_position_embeddings, as vLLM takes it).
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<u64>,
@@ -351,6 +356,7 @@ impl ProfileArgs {
             vllm: self.vllm.clone(),
             chunked_prefill: self.enable_chunked_prefill,
             true_max: self.true_max,
+            enforce_eager: self.enforce_eager,
             kv_cache_dtype: KvCacheDtype::parse(&self.kv_cache_dtype)?,
         };
         r.validate()?;
@@ -660,6 +666,12 @@ pub fn summary_text(r: &Report) -> String {
     // The release's own log lines (380e1863 by default: vllm/worker/worker.py L260-271), with
     // the numbers it would print, so a user can hold them against theirs.
     for line in r.vllm_log_lines() {
+        let _ = writeln!(s, "{line}");
+    }
+    for line in r.vllm_graph_log_lines() {
+        let _ = writeln!(s, "{line}");
+    }
+    for line in r.graph_summary() {
         let _ = writeln!(s, "{line}");
     }
     if let Some(h) = r.does_not_fit() {

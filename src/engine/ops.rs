@@ -125,12 +125,31 @@ pub fn attention(
         &[shape.heads, q.rows()],
         DType::F32,
     )?;
-    let rng = rt.tensor(
-        format!("{name}.rng_state"),
-        Category::Activation,
-        &[2],
-        DType::I64,
-    )?;
+    // FlashAttention 3 with splits (vLLM V1's FULL graphs) has no rng_state but two fp32
+    // accumulators, freed when the call returns.
+    let rng = match rt.attention_splits() {
+        Some(s) => {
+            let acc = rt.tensor(
+                format!("{name}.out_accum"),
+                Category::Activation,
+                &[s, shape.heads, q.rows(), shape.head_dim],
+                DType::F32,
+            )?;
+            let lse_acc = rt.tensor(
+                format!("{name}.softmax_lse_accum"),
+                Category::Activation,
+                &[s, shape.heads, q.rows()],
+                DType::F32,
+            )?;
+            vec![acc, lse_acc]
+        }
+        None => vec![rt.tensor(
+            format!("{name}.rng_state"),
+            Category::Activation,
+            &[2],
+            DType::I64,
+        )?],
+    };
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => {
@@ -151,10 +170,19 @@ pub fn attention(
 /// vLLM V1's attention in the profile run: with no attention metadata the layer's output
 /// (`torch.empty` of the query's shape, allocated by `Attention.forward`) is filled with zeros
 /// and no kernel runs (0.19.0 v1/attention/backends/flash_attn.py:666-668).
+///
+/// In a PIECEWISE capture the layer's attention is where vLLM splits the graph (its attention
+/// ops are `splitting_ops`, 0.19.0 config/compilation.py:703-718): the output buffer belongs to
+/// the piece before, the zero fill runs eagerly; here it opens the next piece.
 pub fn attention_skipped(rt: &Runtime, q: &Tensor, name: &str) -> Result<Tensor> {
     rt.check_cancel()?;
     rt.set_op("attention (skipped: profile run)");
-    rt.tensor(name, Category::Activation, &q.shape, q.dtype)
+    let mut out = rt.tensor(name, Category::Activation, &q.shape, q.dtype)?;
+    rt.capture_break()?;
+    if rt.backend() == Backend::Cuda {
+        cuda(rt, |c| c.zero(&mut out))?;
+    }
+    Ok(out)
 }
 
 /// `out[offset..offset + src.numel()] = src` with a dtype cast, as PyTorch's `copy_` into a

@@ -15,6 +15,9 @@ use crate::engine::tensor::{DType, Storage, Tensor, TensorData};
 use crate::memory::allocator::{AllocatorAction, LoggedAction, SegmentHandle, SegmentSource};
 use crate::memory::{AllocatorStats, BlockRef, CachingAllocator, Category, Event, EventKind};
 
+mod graphs;
+pub use graphs::{CaptureKind, GraphRecord, ESTIMATE_POOL, GRAPH_POOL};
+
 /// How often batches of new events go to the progress sink.
 const EVENT_FLUSH_INTERVAL: Duration = Duration::from_millis(50);
 
@@ -73,6 +76,8 @@ struct Inner {
     comm_memory: Vec<OutsideAlloc>,
     /// Host f32 buffers of dropped tensors, oldest first (see `HOST_POOL_BUFFERS`).
     host_pool: Vec<Vec<f32>>,
+    /// CUDA graph capture: the side stream, the open capture, the graphs' device memory.
+    graphs: graphs::GraphState,
 }
 
 /// The device as the allocator's segment source, refusing a segment that would take this
@@ -162,6 +167,7 @@ impl Runtime {
             comms: Vec::new(),
             comm_memory: Vec::new(),
             host_pool: Vec::new(),
+            graphs: graphs::GraphState::default(),
         })))
     }
 
@@ -187,6 +193,7 @@ impl Runtime {
     pub fn set_op_for(&self, op: &'static str, detail: &str) {
         let mut i = self.0.borrow_mut();
         i.op = op;
+        i.graphs.count_op();
         if let Some(c) = i.device.cuda() {
             c.mark_op(op, detail);
         }
@@ -698,7 +705,17 @@ impl Inner {
 
     fn record_actions(&mut self, tensor: &str, category: Category) {
         let actions = self.alloc.drain_actions();
-        for LoggedAction { action, stats } in actions {
+        for LoggedAction {
+            action,
+            stats,
+            pool,
+        } in actions
+        {
+            let category = if graphs::is_graph_pool(pool) {
+                Category::CudaGraph
+            } else {
+                category
+            };
             let (kind, bytes, addr) = match action {
                 AllocatorAction::SegmentMap { bytes, addr } => (EventKind::SegmentMap, bytes, addr),
                 AllocatorAction::SegmentUnmap { bytes, addr } => {

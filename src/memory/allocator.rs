@@ -74,6 +74,8 @@ pub enum AllocatorAction {
 pub struct LoggedAction {
     pub action: AllocatorAction,
     pub stats: AllocatorStats,
+    /// The pool of the block or segment (0: the default pool; see `set_capture_pool`).
+    pub pool: u16,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -91,10 +93,19 @@ pub struct OutOfMemory {
     pub reserved: u64,
 }
 
+/// A block pool: the small or the large blocks of the default pool (`private` 0) or of a
+/// private pool (PyTorch's `PrivatePool`, one per CUDA graph pool handle: what a capture
+/// allocates comes from its private pool's own segments, and goes back there).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Pool {
-    Small,
-    Large,
+struct Pool {
+    private: u16,
+    small: bool,
+}
+
+impl Pool {
+    fn index(self) -> usize {
+        self.private as usize * 2 + usize::from(!self.small)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -127,8 +138,13 @@ pub struct CachingAllocator {
     blocks: Vec<Block>,
     free_block_ids: Vec<u32>,
     segments: Vec<Segment>,
-    small_free: BTreeSet<FreeKey>,
-    large_free: BTreeSet<FreeKey>,
+    /// Free blocks per pool (`Pool::index`): the default pool's small, then large blocks first.
+    free: Vec<BTreeSet<FreeKey>>,
+    /// The private pool new blocks come from while a CUDA graph is being captured.
+    capture_pool: Option<u16>,
+    /// Private pools whose graphs are alive: `empty_cache` keeps their segments (PyTorch
+    /// releases a private pool's memory only once every graph using it is gone).
+    retained: BTreeSet<u16>,
     stats: AllocatorStats,
     actions: Vec<LoggedAction>,
     /// Where the next segment ends in the allocator's own address space: device-independent
@@ -178,26 +194,56 @@ impl CachingAllocator {
         std::mem::take(&mut self.actions)
     }
 
-    fn log(&mut self, action: AllocatorAction) {
+    fn log(&mut self, action: AllocatorAction, pool: Pool) {
         self.actions.push(LoggedAction {
             action,
             stats: self.stats,
+            pool: pool.private,
         });
     }
 
-    fn pool_of(bytes: u64) -> Pool {
-        if bytes <= SMALL_SIZE_BYTES {
-            Pool::Small
-        } else {
-            Pool::Large
+    fn pool_of(&self, bytes: u64) -> Pool {
+        Pool {
+            private: self.capture_pool.unwrap_or(0),
+            small: bytes <= SMALL_SIZE_BYTES,
         }
     }
 
     fn free_set(&mut self, pool: Pool) -> &mut BTreeSet<FreeKey> {
-        match pool {
-            Pool::Small => &mut self.small_free,
-            Pool::Large => &mut self.large_free,
+        let i = pool.index();
+        if self.free.len() <= i {
+            self.free.resize_with(i + 1, BTreeSet::new);
         }
+        &mut self.free[i]
+    }
+
+    /// Routes new blocks to private pool `pool` (≥ 1: a graph's pool while it is captured,
+    /// `torch.cuda.graph(pool=…)`, or another stream's blocks, which PyTorch never hands to
+    /// the default stream), or back to the default pool (`None`). Frees always go to the pool
+    /// the block came from.
+    pub fn set_capture_pool(&mut self, pool: Option<u16>) {
+        assert!(pool != Some(0), "private pools are numbered from 1");
+        self.capture_pool = pool;
+    }
+
+    /// Graphs use private pool `pool`: `empty_cache` keeps its segments until `release_pool`.
+    pub fn retain_pool(&mut self, pool: u16) {
+        self.retained.insert(pool);
+    }
+
+    /// The graphs of private pool `pool` are gone: its wholly free segments go back at the
+    /// next `empty_cache`.
+    pub fn release_pool(&mut self, pool: u16) {
+        self.retained.remove(&pool);
+    }
+
+    /// Bytes in segments of private pool `pool` (0: the default pool).
+    pub fn pool_reserved(&self, pool: u16) -> u64 {
+        self.segments
+            .iter()
+            .filter(|s| s.live && s.pool.private == pool)
+            .map(|s| s.size)
+            .sum()
     }
 
     fn key(&self, id: u32) -> FreeKey {
@@ -236,7 +282,7 @@ impl CachingAllocator {
         source: &mut dyn SegmentSource,
     ) -> Result<BlockRef, OutOfMemory> {
         let size = round_size(requested);
-        let pool = Self::pool_of(size);
+        let pool = self.pool_of(size);
         let found = self
             .free_set(pool)
             .range((size, 0, 0)..)
@@ -251,9 +297,10 @@ impl CachingAllocator {
             None => self.map_new_segment(size, pool, source)?,
         };
         let remaining = self.blocks[id as usize].size - size;
-        let split = match pool {
-            Pool::Small => remaining >= MIN_BLOCK_BYTES,
-            Pool::Large => remaining > SMALL_SIZE_BYTES,
+        let split = if pool.small {
+            remaining >= MIN_BLOCK_BYTES
+        } else {
+            remaining > SMALL_SIZE_BYTES
         };
         if split {
             let b = self.blocks[id as usize].clone();
@@ -287,7 +334,7 @@ impl CachingAllocator {
         };
         self.stats.allocated += bytes;
         self.stats.allocated_peak = self.stats.allocated_peak.max(self.stats.allocated);
-        self.log(AllocatorAction::Alloc { bytes, addr });
+        self.log(AllocatorAction::Alloc { bytes, addr }, pool);
         Ok(block)
     }
 
@@ -346,10 +393,13 @@ impl CachingAllocator {
         };
         self.stats.reserved += seg_bytes;
         self.stats.reserved_peak = self.stats.reserved_peak.max(self.stats.reserved);
-        self.log(AllocatorAction::SegmentMap {
-            bytes: seg_bytes,
-            addr: base,
-        });
+        self.log(
+            AllocatorAction::SegmentMap {
+                bytes: seg_bytes,
+                addr: base,
+            },
+            pool,
+        );
         Ok(self.new_block(Block {
             segment: seg_id,
             offset: 0,
@@ -364,9 +414,10 @@ impl CachingAllocator {
     /// Returns a block to its pool, merging it with free neighbours.
     pub fn free(&mut self, block: BlockRef) {
         let mut id = block.id;
-        let addr = {
+        let (addr, pool) = {
             let b = &self.blocks[block.id as usize];
-            self.segments[b.segment as usize].base + b.offset
+            let seg = &self.segments[b.segment as usize];
+            (seg.base + b.offset, seg.pool)
         };
         {
             let b = &mut self.blocks[id as usize];
@@ -374,10 +425,13 @@ impl CachingAllocator {
             b.allocated = false;
             self.stats.allocated -= b.size;
         }
-        self.log(AllocatorAction::Free {
-            bytes: block.bytes,
-            addr,
-        });
+        self.log(
+            AllocatorAction::Free {
+                bytes: block.bytes,
+                addr,
+            },
+            pool,
+        );
         if let Some(p) = self.blocks[id as usize].prev {
             if !self.blocks[p as usize].allocated {
                 self.remove_free(p);
@@ -407,12 +461,15 @@ impl CachingAllocator {
         self.free_block_ids.push(b);
     }
 
-    /// Gives every wholly free segment back to the device (`torch.cuda.empty_cache()`).
+    /// Gives every wholly free segment back to the device (`torch.cuda.empty_cache()`), but
+    /// for those of private pools whose graphs are alive.
     pub fn empty_cache(&mut self, source: &mut dyn SegmentSource) {
         let whole: Vec<u32> = self
-            .small_free
+            .free
             .iter()
-            .chain(self.large_free.iter())
+            .enumerate()
+            .filter(|(i, _)| !self.retained.contains(&((i / 2) as u16)))
+            .flat_map(|(_, set)| set.iter())
             .map(|k| k.2)
             .filter(|&id| {
                 let b = &self.blocks[id as usize];
@@ -426,10 +483,10 @@ impl CachingAllocator {
             self.free_block_ids.push(id);
             let seg = &mut self.segments[seg_id];
             seg.live = false;
-            let (handle, bytes, addr) = (seg.handle, seg.size, seg.base);
+            let (handle, bytes, addr, pool) = (seg.handle, seg.size, seg.base, seg.pool);
             source.unmap_segment(handle);
             self.stats.reserved -= bytes;
-            self.log(AllocatorAction::SegmentUnmap { bytes, addr });
+            self.log(AllocatorAction::SegmentUnmap { bytes, addr }, pool);
         }
     }
 
@@ -475,6 +532,43 @@ mod tests {
     }
 
     const MIB: u64 = 1 << 20;
+
+    /// A graph's private pool keeps its own segments: the default pool's cached blocks are
+    /// not used during capture, frees go back to the block's own pool, a later capture into
+    /// the same pool reuses them (vLLM captures its sizes largest first into one pool), and
+    /// `empty_cache` keeps them while the pool's graphs live.
+    #[test]
+    fn private_pools_keep_their_own_segments() {
+        let mut d = FakeDevice::default();
+        let mut a = CachingAllocator::new();
+        let x = a.allocate(30 * MIB, &mut d).unwrap();
+        a.free(x);
+        assert_eq!(a.stats().reserved, 30 * MIB);
+        a.set_capture_pool(Some(1));
+        a.retain_pool(1);
+        let y = a.allocate(30 * MIB, &mut d).unwrap();
+        assert_eq!(
+            d.maps, 2,
+            "the default pool's free 30 MiB block is not the graph's"
+        );
+        a.set_capture_pool(None);
+        a.free(y);
+        assert_eq!(a.pool_reserved(1), 30 * MIB);
+        assert_eq!(a.pool_reserved(0), 30 * MIB);
+        // A smaller capture into the same pool splits its cached block.
+        a.set_capture_pool(Some(1));
+        let z = a.allocate(12 * MIB, &mut d).unwrap();
+        a.free(z);
+        a.set_capture_pool(None);
+        assert_eq!(d.maps, 2);
+        a.empty_cache(&mut d);
+        assert_eq!(a.stats().reserved, 30 * MIB, "the live graph pool stays");
+        assert_eq!(a.pool_reserved(1), 30 * MIB);
+        a.release_pool(1);
+        a.empty_cache(&mut d);
+        assert_eq!(a.stats().reserved, 0);
+        assert_eq!(d.unmaps, 2);
+    }
 
     #[test]
     fn rounding_follows_pytorch() {

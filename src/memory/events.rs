@@ -14,18 +14,22 @@ pub enum Category {
     QuantState,
     KvCache,
     Workspace,
+    /// CUDA graphs: the blocks a capture takes from its graph pool, and the device memory
+    /// the instantiated graphs hold outside the framework.
+    CudaGraph,
     /// Memory the device holds outside the framework allocator.
     NonFramework,
 }
 
 impl Category {
-    pub const ALL: [Category; 7] = [
+    pub const ALL: [Category; 8] = [
         Category::Weight,
         Category::Activation,
         Category::Sampler,
         Category::QuantState,
         Category::KvCache,
         Category::Workspace,
+        Category::CudaGraph,
         Category::NonFramework,
     ];
 
@@ -37,6 +41,7 @@ impl Category {
             Category::QuantState => "quant-state",
             Category::KvCache => "kv-cache",
             Category::Workspace => "workspace",
+            Category::CudaGraph => "cuda-graph",
             Category::NonFramework => "non-framework",
         }
     }

@@ -690,14 +690,11 @@ impl Sampler {
     ) -> Result<SamplerOutput> {
         rt.check_cancel()?;
         rt.set_layer(None);
+        // On a GPU the sampler's buffers are allocated as vLLM's are and the steps with a
+        // CUDA op run (PyTorch's sort, the masks); the others (Triton's top-k/top-p, the
+        // softmax, the exponential draws) allocate only: vLLM discards the dummy run's
+        // tokens, and none are reported from it.
         let backend = rt.backend();
-        if backend == Backend::Cuda {
-            return Err(Error::Request(
-                "vLLM V1's sampler runs on simulated devices for now (dry or compute); on a \
-                 GPU use a V0 release (--vllm 0.8 or older)"
-                    .into(),
-            ));
-        }
         let rows = logits_d.rows();
         if vocab < 2 || vocab > logits_d.cols() {
             return Err(Error::Request(format!(
@@ -947,8 +944,10 @@ pub fn compute_logits_v1(
         &last.shape,
         hidden.dtype,
     )?;
-    if rt.backend() == Backend::Cpu {
-        random.f32_mut().copy_from_slice(last.f32());
+    match rt.backend() {
+        Backend::Cpu => random.f32_mut().copy_from_slice(last.f32()),
+        Backend::Cuda => crate::engine::ops::copy_into(rt, &mut random, 0, &last)?,
+        Backend::Dry => {}
     }
     rt.set_op("logits_v1.lm_head");
     let logits = crate::quant::dense_matmul_as(

@@ -6,6 +6,7 @@
 //! May import: `model` and everything below it.
 
 pub mod formulas;
+pub mod graphs;
 pub mod host_memory;
 pub mod procedure;
 pub mod report;

@@ -1004,6 +1004,43 @@ pub(crate) fn run_rank(
             None => own,
         }
     };
+    // V1's CUDA graphs: where they are reproduced, on dry and CUDA devices.
+    let release_graphs = matches!(release.graphs, super::vllm::Graphs::V1 { .. })
+        && !req.enforce_eager
+        && matches!(work, Workload::Model { .. });
+    let graphs_note = if !release_graphs {
+        None
+    } else if rt.backend() == crate::device::Backend::Cpu {
+        Some(
+            "CUDA graphs are captured on dry and CUDA devices; this compute run on the CPU has \
+             none (run it dry for their memory)"
+                .to_string(),
+        )
+    } else if rt.backend() == crate::device::Backend::Cuda && rt.tp().is_some() {
+        Some("CUDA graphs with tensor parallel are captured on dry devices only so far".into())
+    } else {
+        None
+    };
+    let plan = match (&work, release_graphs && graphs_note.is_none()) {
+        (Workload::Model { .. }, true) => release.capture_plan(req.seqs, req.tokens),
+        _ => Vec::new(),
+    };
+    let estimate = match (&work, release.estimator()) {
+        (Workload::Model { model, .. }, e)
+            if !plan.is_empty() && e != super::vllm::Estimator::Absent =>
+        {
+            rt.progress(Progress::Phase(Phase::Measuring));
+            Some(super::graphs::estimate(
+                &rt,
+                model,
+                &plan,
+                &geometry,
+                kv_dtype,
+                e == super::vllm::Estimator::Applied,
+            )?)
+        }
+        _ => None,
+    };
     if req.verify {
         rt.progress(Progress::Phase(Phase::Verifying));
         let mut index = req.passes;
@@ -1065,6 +1102,34 @@ pub(crate) fn run_rank(
     } else {
         None
     };
+    let graphs = match &work {
+        Workload::Model { model, .. } if !plan.is_empty() => {
+            rt.set_pass(0);
+            let applied = estimate
+                .as_ref()
+                .filter(|e| e.applied)
+                .map_or(0, |e| e.total_bytes);
+            let own = results
+                .iter()
+                .find(|r| r.id == release.formula)
+                .map_or(0, |r| {
+                    super::report::release_kv_bytes(
+                        release, r.kv_bytes, t0.total, req.util, applied,
+                    )
+                });
+            let mut blocks = geometry.blocks(own);
+            if let Some(t) = rt.tp() {
+                // Every rank allocates the engine's count: the fewest over the ranks.
+                let all = t.group.all_gather_u64(t.rank, &[blocks])?;
+                blocks = all.iter().map(|v| v[0]).min().unwrap_or(0);
+            }
+            rt.progress(Progress::Phase(Phase::Verifying));
+            Some(super::graphs::capture(
+                &rt, model, &plan, &geometry, kv_dtype, blocks, others, estimate,
+            )?)
+        }
+        _ => None,
+    };
     rt.set_pass(0);
     rt.progress(Progress::Phase(Phase::Done));
     let events = rt.take_events();
@@ -1104,6 +1169,8 @@ pub(crate) fn run_rank(
         ranks: Vec::new(),
         engine: Vec::new(),
         nccl_source,
+        graphs,
+        graphs_note,
     })
 }
 

@@ -272,6 +272,30 @@ pub struct Report {
     /// topology's model and its sources, or NVML's measurement on GPUs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nccl_source: Option<String>,
+    /// The CUDA graphs the release captures after its KV cache (V1 releases without
+    /// `--enforce-eager`), with its estimate where it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graphs: Option<super::graphs::GraphReport>,
+    /// Why no graphs were captured when the release would capture some.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graphs_note: Option<String>,
+}
+
+/// The KV bytes `release` grants from its formula's result `formula_kv` (computed with the
+/// formulas list's budget rounding): its own rounding of T·u, less the CUDA graph estimate it
+/// subtracts.
+pub fn release_kv_bytes(
+    release: &super::vllm::Release,
+    formula_kv: i64,
+    total: u64,
+    util: f64,
+    estimate_applied: u64,
+) -> i64 {
+    // The formulas list computes #12126 as V1 does (ceil); V0 releases floor.
+    let ceil_in_list = release.formula == FormulaId::Pr12126;
+    formula_kv + super::formulas::budget(total, util, release.ceil_budget)
+        - super::formulas::budget(total, util, ceil_in_list)
+        - estimate_applied as i64
 }
 
 fn one() -> u32 {
@@ -337,6 +361,8 @@ impl Report {
             ranks,
             engine,
             nccl_source,
+            graphs,
+            graphs_note,
         } = self;
         Report {
             format: *format,
@@ -369,6 +395,8 @@ impl Report {
             ranks: ranks.clone(),
             engine: engine.clone(),
             nccl_source: nccl_source.clone(),
+            graphs: graphs.clone(),
+            graphs_note: graphs_note.clone(),
         }
     }
 
@@ -379,16 +407,29 @@ impl Report {
         let formula = self.formula(release.formula)?;
         let total = self.checkpoints.t0.total;
         let util = self.settings.util;
-        // The formulas list computes #12126 as V1 does (ceil); V0 releases floor.
-        let ceil_in_list = release.formula == FormulaId::Pr12126;
-        let kv_bytes = formula.kv_bytes + super::formulas::budget(total, util, release.ceil_budget)
-            - super::formulas::budget(total, util, ceil_in_list);
+        let kv_bytes = release_kv_bytes(
+            release,
+            formula.kv_bytes,
+            total,
+            util,
+            self.graphs_estimate_applied(),
+        );
         Some(VllmAnswer {
             release,
             formula,
             kv_bytes,
             kv_blocks: self.kv_geometry.blocks(kv_bytes),
         })
+    }
+
+    /// The CUDA graph memory estimate the release subtracts from the KV budget (0 when it
+    /// subtracts none).
+    pub fn graphs_estimate_applied(&self) -> u64 {
+        self.graphs
+            .as_ref()
+            .and_then(|g| g.estimate.as_ref())
+            .filter(|e| e.applied)
+            .map_or(0, |e| e.total_bytes)
     }
 
     /// The blocks the release's engine takes: its answer on one GPU, the fewest over the ranks
@@ -515,20 +556,211 @@ impl Report {
                     "INFO gpu_worker.py] Available KV cache memory: {:.2} GiB",
                     gib(a.kv_bytes as f64)
                 ));
-                let tokens = self.kv_geometry.tokens_of_blocks(a.kv_blocks);
-                out.push(format!(
-                    "INFO kv_cache_utils.py] GPU KV cache size: {} tokens",
-                    crate::base::units::thousands(tokens)
-                ));
                 let len = self.settings.max_model_len.max(1);
                 let geometry = KvGeometry {
                     max_model_len: len,
                     ..self.kv_geometry
                 };
+                let tokens = if a.release.tokens_from_concurrency {
+                    (geometry.v1_max_concurrency(a.kv_blocks) * len as f64) as u64
+                } else {
+                    self.kv_geometry.tokens_of_blocks(a.kv_blocks)
+                };
+                out.push(format!(
+                    "INFO kv_cache_utils.py] GPU KV cache size: {} tokens",
+                    crate::base::units::thousands(tokens)
+                ));
                 out.push(format!(
                     "INFO kv_cache_utils.py] Maximum concurrency for {} tokens per request: {:.2}x",
                     crate::base::units::thousands(len),
                     geometry.v1_max_concurrency(a.kv_blocks)
+                ));
+            }
+        }
+        out
+    }
+
+    /// The CUDA graph lines the release logs (its estimator's, the capture's, the comparison,
+    /// the `--kv-cache-memory` suggestion), in its words; then none when no graphs ran.
+    pub fn vllm_graph_log_lines(&self) -> Vec<String> {
+        let (Some(g), Some(a)) = (&self.graphs, self.vllm_answer()) else {
+            return Vec::new();
+        };
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        let mib = |b: f64| b / (1u64 << 20) as f64;
+        // Python's round(x, 2) printed with str(): 0.9 prints as 0.9.
+        let r2 = |b: f64| {
+            let v = (gib(b) * 100.0).round() / 100.0;
+            let t = format!("{v:.2}");
+            let t = t.trim_end_matches('0');
+            if t.ends_with('.') {
+                format!("{t}0")
+            } else {
+                t.to_string()
+            }
+        };
+        let mut out = Vec::new();
+        if let Some(e) = &g.estimate {
+            out.push(format!(
+                "INFO gpu_model_runner.py] Profiling CUDA graph memory: {}",
+                e.modes
+                    .iter()
+                    .map(|m| format!("{}={} (largest={})", m.kind.name(), m.sizes, m.largest))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            for m in &e.modes {
+                out.push(format!(
+                    "DEBUG gpu_model_runner.py] Estimated {} CUDA graph memory: {:.2} MiB first-capture + ({}-1) × {:.2} MiB per-graph",
+                    m.kind.name(),
+                    mib(m.first_bytes as f64),
+                    m.sizes,
+                    mib((m.second_bytes.unwrap_or(0).max(1 << 20)) as f64)
+                ));
+            }
+            out.push(format!(
+                "INFO gpu_model_runner.py] Estimated CUDA graph memory: {:.2} GiB total",
+                gib(e.total_bytes as f64)
+            ));
+        }
+        if let Some(f) = &g.failed {
+            out.push(format!("(the capture stops: {f})"));
+            return out;
+        }
+        out.push(format!(
+            "INFO gpu_model_runner.py] Graph capturing finished in {:.0} secs, took {:.2} GiB",
+            g.capture_s,
+            gib(g.took_bytes as f64)
+        ));
+        let actual = g.took_bytes.max(0) as f64;
+        if let Some(e) = &g.estimate {
+            let diff = (actual - e.total_bytes as f64).abs();
+            out.push(format!(
+                "INFO gpu_worker.py] CUDA graph pool memory: {} GiB (actual), {} GiB (estimated), difference: {} GiB ({:.1}%).",
+                r2(actual),
+                r2(e.total_bytes as f64),
+                r2(diff),
+                100.0 * diff / actual.max(1.0)
+            ));
+        }
+        if let Some(f) = self.formula(a.release.formula) {
+            let c = &self.checkpoints;
+            let requested = super::formulas::budget(c.t0.total, self.settings.util, true) as f64;
+            let non_kv =
+                (f.weights_term_bytes + f.torch_peak_bytes + f.non_torch_bytes) as f64 + actual;
+            let margin = (150u64 << 20) as f64;
+            let to_req = (requested - non_kv - margin) as i64;
+            let to_gpu = (c.t0.free as f64 - non_kv - margin) as i64;
+            out.push(format!(
+                "DEBUG gpu_worker.py] Free memory on device ({}/{} GiB) on startup. Desired GPU memory utilization is ({}, {} GiB). Actual usage is {} GiB for weight, {} GiB for peak activation, {} GiB for non-torch memory, and {} GiB for CUDAGraph memory. Replace gpu_memory_utilization config with `--kv-cache-memory={to_req}` ({} GiB) to fit into requested memory, or `--kv-cache-memory={to_gpu}` ({} GiB) to fully utilize gpu memory. Current kv cache memory in use is {} GiB.",
+                r2(c.t0.free as f64),
+                r2(c.t0.total as f64),
+                self.settings.util,
+                r2(requested),
+                r2(f.weights_term_bytes as f64),
+                r2(f.torch_peak_bytes as f64),
+                r2(f.non_torch_bytes as f64),
+                r2(actual),
+                r2(to_req as f64),
+                r2(to_gpu as f64),
+                r2(a.kv_bytes as f64)
+            ));
+        }
+        if let Some(e) = &g.estimate {
+            let total = self.checkpoints.t0.total as f64;
+            let u = self.settings.util;
+            let delta = e.total_bytes as f64 / total;
+            let round4 = |x: f64| (x * 1e4).round() / 1e4;
+            let suggested = round4(u + delta).min(1.0);
+            out.push(if e.applied {
+                format!(
+                    "INFO gpu_worker.py] CUDA graph memory profiling is enabled (default since v0.21.0). The current --gpu-memory-utilization={u:.4} is equivalent to --gpu-memory-utilization={:.4} without CUDA graph memory profiling. To maintain the same effective KV cache size as before, increase --gpu-memory-utilization to {suggested:.4}. To disable, set VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.",
+                    round4(u - delta)
+                )
+            } else {
+                format!(
+                    "INFO gpu_worker.py] In v0.19, CUDA graph memory profiling will be enabled by default (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1), which more accurately accounts for CUDA graph memory during KV cache allocation. To try it now, set VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 and increase --gpu-memory-utilization from {u:.4} to {suggested:.4} to maintain the same effective KV cache size."
+                )
+            });
+        }
+        out
+    }
+
+    /// vramscope's account of the graphs: what they hold, measured or modelled, and what the
+    /// release's budget does with them, in one sentence computed from this run.
+    pub fn graph_summary(&self) -> Vec<String> {
+        let Some(g) = &self.graphs else {
+            return self
+                .graphs_note
+                .iter()
+                .map(|n| format!("CUDA graphs: {n}"))
+                .collect();
+        };
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        let mut out = Vec::new();
+        let sizes: Vec<String> = g
+            .plan
+            .iter()
+            .map(|(k, s)| format!("{} {} sizes", s.len(), k.name()))
+            .collect();
+        out.push(format!(
+            "CUDA graphs: {} graphs ({}), {} ops captured{}; graph pool {}, graphs' own memory {} ({}), side stream's cache {}; vLLM's \"took\" {:.2} GiB",
+            g.graphs,
+            sizes.join(" + "),
+            g.ops,
+            g.nodes.map_or(String::new(), |n| format!(", {n} graph nodes")),
+            crate::base::units::fmt_u(g.pool_bytes),
+            crate::base::units::fmt_u(g.exec_bytes),
+            if g.exec_measured {
+                "measured: free memory around each instantiation"
+            } else {
+                "modelled from the H200's driver, docs/gpu-runs.md run 54"
+            },
+            crate::base::units::fmt_u(g.side_stream_bytes),
+            gib(g.took_bytes as f64)
+        ));
+        if let Some(r) = &g.replay {
+            out.push(format!(
+                "replays: {} graph sets replayed, worst relative L2 against the eager pass {:.2e} ({})",
+                r.checked, r.worst_rel_l2, r.worst
+            ));
+        }
+        if let Some(f) = &g.failed {
+            out.push(format!(
+                "the instance would crash while capturing its graphs: {f}"
+            ));
+            return out;
+        }
+        let name = self.settings.release().map_or("?", |r| r.name);
+        let actual = g.took_bytes.max(0) as u64;
+        let block = self.kv_geometry.block_bytes().max(1);
+        match &g.estimate {
+            Some(e) if e.applied => {
+                let lost = e.total_bytes as i64 - actual as i64;
+                let blocks = lost.unsigned_abs() / block;
+                out.push(format!(
+                    "vLLM {name} reserves {:.2} GiB for graphs that take {:.2} GiB: {:.2} GiB of KV cache {} ({} blocks, {} tokens)",
+                    gib(e.total_bytes as f64),
+                    gib(actual as f64),
+                    gib(lost.unsigned_abs() as f64),
+                    if lost >= 0 { "lost" } else { "over-granted, taken from the device's margin" },
+                    crate::base::units::thousands(blocks),
+                    crate::base::units::thousands(self.kv_geometry.tokens_of_blocks(blocks))
+                ));
+            }
+            other => {
+                let est = other.as_ref().map_or(String::new(), |e| {
+                    format!(
+                        " (its estimate, {:.2} GiB, is only logged)",
+                        gib(e.total_bytes as f64)
+                    )
+                });
+                out.push(format!(
+                    "vLLM {name} leaves the graphs' {:.2} GiB out of its budget{est}: after the capture the instance holds {:.2} GiB, {:.2} GiB of the device left{}",
+                    gib(actual as f64),
+                    gib(g.peak_process_bytes as f64),
+                    gib(g.room_left_bytes as f64),
+                    if g.room_left_bytes < 0 { " — it would run out of memory" } else { "" }
                 ));
             }
         }

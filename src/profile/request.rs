@@ -63,6 +63,10 @@ pub struct ProfileRequest {
     /// vLLM's `--kv-cache-dtype` (sessions written before it existed load as "auto").
     #[serde(default, skip_serializing_if = "KvCacheDtype::is_auto")]
     pub kv_cache_dtype: KvCacheDtype,
+    /// vLLM's `--enforce-eager`: no CUDA graphs (a V1 release otherwise captures them after
+    /// the KV cache, and 0.19 on estimates their memory).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub enforce_eager: bool,
 }
 
 fn default_vllm() -> String {
@@ -170,6 +174,7 @@ impl Default for ProfileRequest {
             vllm: default_vllm(),
             chunked_prefill: None,
             true_max: false,
+            enforce_eager: false,
             kv_cache_dtype: KvCacheDtype::Auto,
         }
     }

@@ -82,6 +82,37 @@ pub enum AllReduce {
     OutOfPlace,
 }
 
+/// The CUDA graphs a release captures after its KV cache, and what its budget knows of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Graphs {
+    /// Not reproduced (V0's CUDAGraphRunner: one decode graph per batch size).
+    NotModelled,
+    /// V1: FULL_AND_PIECEWISE at the optimization level's default, sizes `[1, 2, 4] +
+    /// range(8, 256, 8) + range(256, max + 1, 16)` with max = min(2 · max_num_seqs, 512,
+    /// max_num_batched_tokens) (0.19.0 config/vllm.py:1352-1353, 1399-1403), PIECEWISE first,
+    /// each largest first (v1/cudagraph_dispatcher.py:325-349), one warm-up per size
+    /// (config/vllm.py:1023-1031).
+    V1 {
+        /// 0.21 adds max_num_batched_tokens itself when it is at most the largest size
+        /// (0.21.0 config/vllm.py:1526-1586).
+        adds_batch_size: bool,
+        estimator: Estimator,
+    },
+}
+
+/// vLLM's CUDA graph memory estimator (`profile_cudagraph_memory`, PR #37426's line).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Estimator {
+    /// Not in the release (0.15.1 has no `profile_cudagraph_memory`).
+    Absent,
+    /// Computed and logged, not subtracted: `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`
+    /// defaults to 0 (0.19.0 envs.py:1654-1655, v1/worker/gpu_worker.py:379-399).
+    Computed,
+    /// Subtracted from the KV budget: the variable defaults to 1 (0.21.0 envs.py:1768-1769,
+    /// gpu_worker.py:421-447).
+    Applied,
+}
+
 /// One vLLM release's profile run and budget.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Release {
@@ -129,6 +160,10 @@ pub struct Release {
     /// `k_range`, `v_range` (0.15.0 attention/layer.py L60-81, 0.19.0
     /// model_executor/layers/attention/attention.py L89-114).
     pub attn_scalars: usize,
+    pub graphs: Graphs,
+    /// V1's `GPU KV cache size` line: `int(max_concurrency · max_model_len)` tokens from 0.21
+    /// (0.21.0 v1/core/kv_cache_utils.py:1708-1715), blocks · block_size before.
+    pub tokens_from_concurrency: bool,
 }
 
 /// The release a request names when it names none: PR #9516's own commit, the seed's
@@ -155,6 +190,8 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         attn_scalars: 0,
+        graphs: Graphs::NotModelled,
+        tokens_from_concurrency: false,
     },
     Release {
         name: "380e1863",
@@ -174,6 +211,8 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         attn_scalars: 0,
+        graphs: Graphs::NotModelled,
+        tokens_from_concurrency: false,
     },
     Release {
         name: "0.6.4",
@@ -193,6 +232,8 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         attn_scalars: 0,
+        graphs: Graphs::NotModelled,
+        tokens_from_concurrency: false,
     },
     Release {
         name: "0.6.5",
@@ -213,6 +254,8 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         attn_scalars: 0,
+        graphs: Graphs::NotModelled,
+        tokens_from_concurrency: false,
     },
     Release {
         name: "0.7",
@@ -232,6 +275,8 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         attn_scalars: 2,
+        graphs: Graphs::NotModelled,
+        tokens_from_concurrency: false,
     },
     Release {
         name: "0.8",
@@ -251,6 +296,8 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: true,
         has_gemma3: true,
         attn_scalars: 4,
+        graphs: Graphs::NotModelled,
+        tokens_from_concurrency: false,
     },
     Release {
         name: "0.15",
@@ -270,13 +317,18 @@ pub const RELEASES: &[Release] = &[
                   requests on a GPU of 70 GiB or more that is not an A100, else 2048 / 256 \
                   (engine/arg_utils.py, `vllm serve`); attention skipped in the profile; the \
                   sampler's top-k/top-p by PyTorch's sort; CUDA graphs after the KV cache, \
-                  outside the budget",
+                  outside the budget, with no estimate",
         engine: Engine::V1 {
             top_k_top_p: TopKTopP::Sort,
         },
         has_qwen3: true,
         has_gemma3: true,
         attn_scalars: 7,
+        graphs: Graphs::V1 {
+            adds_batch_size: false,
+            estimator: Estimator::Absent,
+        },
+        tokens_from_concurrency: false,
     },
     Release {
         name: "0.19",
@@ -300,6 +352,42 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: true,
         has_gemma3: true,
         attn_scalars: 7,
+        graphs: Graphs::V1 {
+            adds_batch_size: false,
+            estimator: Estimator::Computed,
+        },
+        tokens_from_concurrency: false,
+    },
+    Release {
+        name: "0.21",
+        aliases: &["0.21.0"],
+        formula: FormulaId::Pr12126,
+        ceil_budget: true,
+        llama_mlp_frees_gate_up: true,
+        all_reduce: AllReduce::OutOfPlace,
+        custom_ar_ipc_buffers: true,
+        chunked_prefill_tokens: 2048,
+        log: LogStyle::V1,
+        torch: "2.10",
+        nccl: NcclRules::Nccl221CumemOff,
+        changes: "V1 as 0.19, with the CUDA graph memory estimate subtracted from the KV budget \
+                  by default (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, envs.py:1768-1769; \
+                  v1/worker/gpu_worker.py:421-447); max_num_batched_tokens joins the capture \
+                  sizes when it is at most the largest (config/vllm.py:1526-1586); KV tokens \
+                  int(max concurrency · max_model_len) (v1/core/kv_cache_utils.py:1708-1715); \
+                  the sampler's top-k/top-p as 0.19 (FlashInfer's, 0.21's default where \
+                  installed, is not modelled)",
+        engine: Engine::V1 {
+            top_k_top_p: TopKTopP::Triton,
+        },
+        has_qwen3: true,
+        has_gemma3: true,
+        attn_scalars: 7,
+        graphs: Graphs::V1 {
+            adds_batch_size: true,
+            estimator: Estimator::Applied,
+        },
+        tokens_from_concurrency: true,
     },
 ];
 
@@ -347,6 +435,54 @@ impl Release {
     }
 }
 
+impl Release {
+    /// The CUDA graphs this release captures, per mode, each list largest first (PIECEWISE
+    /// then FULL); empty for a release whose graphs are not reproduced. FULL graphs are the
+    /// uniform-decode batches: sizes up to max_num_seqs (0.19.0
+    /// v1/cudagraph_dispatcher.py:206-230).
+    pub fn capture_plan(
+        &self,
+        max_num_seqs: usize,
+        max_num_batched_tokens: usize,
+    ) -> Vec<(crate::engine::runtime::CaptureKind, Vec<usize>)> {
+        use crate::engine::runtime::CaptureKind;
+        let Graphs::V1 {
+            adds_batch_size, ..
+        } = self.graphs
+        else {
+            return Vec::new();
+        };
+        let max = (2 * max_num_seqs).min(512).min(max_num_batched_tokens);
+        let mut sizes: Vec<usize> = [1, 2, 4]
+            .into_iter()
+            .chain((8..256).step_by(8))
+            .chain((256..=max.max(256)).step_by(16))
+            .filter(|&n| n <= max)
+            .collect();
+        if adds_batch_size
+            && max_num_batched_tokens <= max
+            && !sizes.contains(&max_num_batched_tokens)
+        {
+            sizes.push(max_num_batched_tokens);
+            sizes.sort_unstable();
+        }
+        sizes.reverse();
+        let full: Vec<usize> = sizes
+            .iter()
+            .copied()
+            .filter(|&n| n <= max_num_seqs)
+            .collect();
+        vec![(CaptureKind::Piecewise, sizes), (CaptureKind::Full, full)]
+    }
+
+    pub fn estimator(&self) -> Estimator {
+        match self.graphs {
+            Graphs::V1 { estimator, .. } => estimator,
+            Graphs::NotModelled => Estimator::Absent,
+        }
+    }
+}
+
 /// The release `name` means (a name or an alias), or an error that lists them.
 pub fn release(name: &str) -> Result<&'static Release> {
     let n = name.trim().trim_start_matches(['v', 'V']);
@@ -387,6 +523,27 @@ pub fn v1_default_batch(total_bytes: u64, device_name: &str) -> (usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Q1's "51 PIECEWISE + 51 FULL capture sizes (largest 512)" with 1024 sequences and
+    /// 8192 tokens; a small max_num_seqs bounds both lists.
+    #[test]
+    fn capture_sizes_follow_each_release() {
+        use crate::engine::runtime::CaptureKind;
+        let plan = release("0.19").unwrap().capture_plan(1024, 8192);
+        assert_eq!(plan[0].0, CaptureKind::Piecewise);
+        assert_eq!(plan[0].1.len(), 51);
+        assert_eq!(plan[1].1.len(), 51);
+        assert_eq!(plan[0].1[..3], [512, 496, 480]);
+        assert_eq!(plan[0].1[48..], [4, 2, 1]);
+        let small = release("0.19").unwrap().capture_plan(4, 2048);
+        assert_eq!(small[0].1, [8, 4, 2, 1]);
+        assert_eq!(small[1].1, [4, 2, 1]);
+        // 0.21 adds a batch size at most the largest one.
+        let p21 = release("0.21").unwrap().capture_plan(256, 300);
+        assert_eq!(p21[0].1[..3], [300, 288, 272]);
+        assert!(release("0.19").unwrap().capture_plan(256, 300)[0].1[0] == 288);
+        assert!(release("0.8").unwrap().capture_plan(256, 2048).is_empty());
+    }
 
     #[test]
     fn names_and_aliases_find_their_release() {

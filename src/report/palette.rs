@@ -25,7 +25,8 @@ pub const RESERVED: Rgb = Rgb(86, 180, 233);
 pub const DEVICE_USED: Rgb = Rgb(120, 120, 120);
 pub const PROCESS_USED: Rgb = Rgb(0, 0, 0);
 
-/// Per-category stack colours (weight, activation, sampler, quant-state, kv-cache, workspace, non-framework).
+/// Per-category stack colours (weight, activation, sampler, quant-state, kv-cache, workspace, cuda-graph,
+/// non-framework).
 pub fn category(c: crate::memory::Category) -> Rgb {
     use crate::memory::Category::*;
     match c {
@@ -36,6 +37,8 @@ pub fn category(c: crate::memory::Category) -> Rgb {
         QuantState => Rgb(213, 94, 0),
         KvCache => Rgb(0, 158, 115),
         Workspace => Rgb(230, 159, 0),
+        // Yellow (Okabe-Ito): the graph pool's bands stand apart from the activations.
+        CudaGraph => Rgb(240, 228, 66),
         NonFramework => Rgb(204, 121, 167),
     }
 }

@@ -189,6 +189,7 @@ impl SetupForm {
             vllm: self.vllm.clone(),
             chunked_prefill: None,
             true_max: false,
+            enforce_eager: false,
             util: self.util,
             block_size: self.block_size,
             max_model_len: self.max_model_len,

@@ -83,6 +83,31 @@ impl CudaDevice {
         let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
         let (qp, kp, vp, op) = (q.cuda_ptr(), k.cuda_ptr(), v.cuda_ptr(), out.cuda_ptr());
         let tile = kern.tile;
+        // A uniform batch (every sequence of one length: the profile batch, a decode step's
+        // one-token requests) is one launch, a sequence per grid layer.
+        let uniform = seq_lens.len() > 1
+            && seq_lens.len() <= 65535
+            && seq_lens.iter().all(|&l| l == seq_lens[0] && l > 0)
+            && seq_lens[0].div_ceil(tile) <= 65535;
+        if uniform {
+            let len = seq_lens[0];
+            let f = self.func(kern.name, dt)?;
+            let lc = LaunchConfig {
+                grid_dim: (
+                    heads as u32,
+                    len.div_ceil(tile) as u32,
+                    seq_lens.len() as u32,
+                ),
+                block_dim: (kern.warps as u32 * 32, 1, 1),
+                shared_mem_bytes: kern.smem as u32,
+            };
+            let len32 = len as i32;
+            return self.launch(
+                f,
+                lc,
+                &[&qp, &kp, &vp, &op, &len32, &heads, &kvh, &scale_log2],
+            );
+        }
         let mut start = 0u64;
         for &len in seq_lens {
             if len > 0 {

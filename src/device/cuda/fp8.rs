@@ -182,6 +182,9 @@ impl CudaDevice {
         self.ctx
             .bind_to_thread()
             .map_err(|e| self.err("bind context", e))?;
+        if self.on_side_stream() {
+            self.synchronize()?;
+        }
         let mut v = vec![0u8; x.nbytes() as usize];
         // SAFETY: the tensor holds nbytes bytes; the copy waits for the kernels before it.
         unsafe { drv::memcpy_dtoh_sync(&mut v, x.cuda_ptr()) }

@@ -745,13 +745,16 @@ template <bool BF, int D, int WARPS, bool LDK> __device__ void flash_attn(const 
   fa_store_o<BF, D>(o, of, l0, l1, qw, h, r0, r1, t, len);
 }
 
-// Exports NAME_f16 and NAME_bf16: attention kernel template KERNEL<bf16?, ARGS...> with THREADS
-// threads per block.
-#define FA_EXPORT(NAME, THREADS, MINB, KERNEL, ...) \
+// Exports NAME_f16 and NAME_bf16: attention kernel template KERNEL<bf16?, D, ARGS...> with THREADS
+// threads per block. blockIdx.z picks one of gridDim.z sequences of `len` tokens each, laid one
+// after another (a uniform batch in one launch).
+#define FA_EXPORT(NAME, THREADS, MINB, KERNEL, D, ...) \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME##_f16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
-  { KERNEL<false, __VA_ARGS__>(q, k, v, o, len, heads, kvh, sl); } \
+  { const long long z = (long long)blockIdx.z * len; \
+    KERNEL<false, D, __VA_ARGS__>(q + z * heads * D, k + z * kvh * D, v + z * kvh * D, o + z * heads * D, len, heads, kvh, sl); } \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME##_bf16(const u16* q, const u16* k, const u16* v, u16* o, int len, int heads, int kvh, float sl) \
-  { KERNEL<true, __VA_ARGS__>(q, k, v, o, len, heads, kvh, sl); }
+  { const long long z = (long long)blockIdx.z * len; \
+    KERNEL<true, D, __VA_ARGS__>(q + z * heads * D, k + z * kvh * D, v + z * kvh * D, o + z * heads * D, len, heads, kvh, sl); }
 #define FA_INST(NAME, D, WARPS, LDK, MINB) FA_EXPORT(NAME, WARPS * 32, MINB, flash_attn, D, WARPS, LDK)
 // The default: 128-query tiles of 8 warps sharing each key/value tile, key fragments through
 // ldmatrix (fastest of the variants measured, docs/gpu-runs.md run 5).

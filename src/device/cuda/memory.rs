@@ -256,6 +256,9 @@ impl CudaDevice {
     /// Copies small host data (ids, positions, outlier columns) to a reused device buffer
     /// outside the framework; returns its pointer.
     pub(super) fn stage(&mut self, bytes: &[u8]) -> Result<u64> {
+        if self.on_side_stream() {
+            return self.stage_on_side(bytes);
+        }
         let need = (bytes.len() as u64).max(256);
         if self.staging.is_none_or(|(_, b)| b < need) {
             if let Some((p, _)) = self.staging.take() {
@@ -327,6 +330,10 @@ impl CudaDevice {
         self.ctx
             .bind_to_thread()
             .map_err(|e| self.err("bind context", e))?;
+        if self.on_side_stream() {
+            // The legacy stream's copies do not wait for the side stream's kernels.
+            self.synchronize()?;
+        }
         let (buf, cap) = self.pinned_buffer();
         if cap == 0 {
             // u32 storage: `fill` may view its bytes as 2- or 4-byte values.
@@ -381,6 +388,9 @@ impl CudaDevice {
         self.ctx
             .bind_to_thread()
             .map_err(|e| self.err("bind context", e))?;
+        if self.on_side_stream() {
+            self.synchronize()?;
+        }
         // SAFETY: the tensor holds n elements of its dtype; the copy waits for the kernels
         // before it on the default stream.
         unsafe {

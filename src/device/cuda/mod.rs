@@ -14,6 +14,7 @@ mod attention;
 mod collectives;
 mod fp8;
 mod gemm;
+mod graphs;
 mod kernels;
 mod loader;
 mod memory;
@@ -26,6 +27,7 @@ mod sampler;
 mod timing;
 mod w4;
 
+pub use graphs::GraphInfo;
 pub use moe::{GroupedGemm, Sorted};
 pub use w4::W4Weights;
 
@@ -88,6 +90,8 @@ pub struct CudaDevice {
     op_marks: Option<Vec<(String, CudaEvent)>>,
     /// NCCL communicators when this GPU is one rank of a tensor-parallel instance.
     comms: collectives::Comms,
+    /// CUDA graphs: the side stream, the captured graphs, their input arenas.
+    graphs: graphs::Graphs,
 }
 
 fn dev_err(ordinal: usize, problem: impl Into<String>) -> Error {
@@ -236,6 +240,7 @@ impl CudaDevice {
             attention_blas: std::env::var("VRAMSCOPE_ATTN").is_ok_and(|v| v == "blas"),
             op_marks: None,
             comms: collectives::Comms::default(),
+            graphs: graphs::Graphs::default(),
         };
         dev.sampler.reset_peak(dev.process_used());
         Ok(dev)
@@ -310,6 +315,8 @@ impl Drop for CudaDevice {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
         let _ = self.stream.synchronize();
+        let _ = self.side_stream(false);
+        self.drop_graph_arenas();
         if let Some(h) = self.blas.take() {
             // SAFETY: no work is pending; the handle is not used again.
             let _ = unsafe { blas::destroy_handle(h) };

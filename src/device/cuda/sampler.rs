@@ -457,6 +457,9 @@ impl CudaDevice {
         self.ctx
             .bind_to_thread()
             .map_err(|e| self.err("bind context", e))?;
+        if self.on_side_stream() {
+            self.synchronize()?;
+        }
         // SAFETY: the tensor holds numel int64 values; the copy waits for earlier kernels.
         unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut v, x.cuda_ptr()) }
             .map_err(|e| self.err("copy from GPU", e))?;

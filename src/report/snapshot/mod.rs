@@ -334,6 +334,8 @@ impl DeviceTimeline {
             ranks: Vec::new(),
             engine: Vec::new(),
             nccl_source: None,
+            graphs: None,
+            graphs_note: None,
         }
     }
 }

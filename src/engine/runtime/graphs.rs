@@ -1,0 +1,293 @@
+//! CUDA graph capture on a runtime, as vLLM V1 does it through PyTorch: warm-ups and captures
+//! on a side stream whose blocks the default stream never reuses, every capture opened by
+//! `torch.cuda.graph.__enter__`'s synchronize and `empty_cache`, the capture's blocks drawn from
+//! a private pool shared by all graphs (PyTorch's `graph_pool_handle`), kept while the graphs
+//! live. A GPU captures for real (cudarc's stream capture) and the driver says what each
+//! instantiated graph takes; the simulated device takes what `modelled_exec_bytes` says.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Inner, Runtime};
+use crate::base::error::{Error, Result};
+use crate::device::OutsideAlloc;
+use crate::memory::{Category, EventKind};
+
+/// vLLM's global graph pool (`current_platform.get_global_graph_pool()`).
+pub const GRAPH_POOL: u16 = 1;
+/// The throwaway pool of vLLM's CUDA graph memory estimator (`profile_cudagraph_memory`).
+pub const ESTIMATE_POOL: u16 = 2;
+/// The side stream's blocks in the default pool: PyTorch's caching allocator keys cached
+/// blocks by stream, so what the side stream frees is not the default stream's to reuse.
+const SIDE_POOL: u16 = 3;
+
+/// Whether blocks of `pool` belong to CUDA graphs (the timeline's cuda-graph category).
+pub(super) fn is_graph_pool(pool: u16) -> bool {
+    pool == GRAPH_POOL || pool == ESTIMATE_POOL
+}
+
+/// Device memory of one instantiated graph on the simulated device: a fixed part and a part
+/// per captured op, fitted to what the H200's driver took for vramscope's own graphs
+/// (docs/gpu-runs.md run 54: Llama-3-8B, vLLM 0.19's 51 PIECEWISE sizes × 33 pieces and 51
+/// FULL graphs).
+pub const EXEC_BYTES_PER_GRAPH: u64 = 0;
+pub const EXEC_BYTES_PER_OP: u64 = 0;
+
+pub fn modelled_exec_bytes(ops: u32) -> u64 {
+    EXEC_BYTES_PER_GRAPH + EXEC_BYTES_PER_OP * ops as u64
+}
+
+/// vLLM's CUDA graph runtime modes (`CUDAGraphMode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum CaptureKind {
+    /// One graph per piece between attention layers; attention runs eagerly between them.
+    Piecewise,
+    /// The whole forward, attention included, in one graph.
+    Full,
+}
+
+impl CaptureKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            CaptureKind::Piecewise => "PIECEWISE",
+            CaptureKind::Full => "FULL",
+        }
+    }
+}
+
+/// One graph: what was captured into it and the device memory it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphRecord {
+    /// Ops captured (the same count on every backend).
+    pub ops: u32,
+    /// Nodes in the instantiated graph (GPU only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u64>,
+    /// Device memory the instantiated graph took: measured on a GPU, modelled on the
+    /// simulated device.
+    pub exec_bytes: u64,
+    /// The device's index of the graph (GPU only), for replays.
+    #[serde(skip)]
+    pub device_index: Option<usize>,
+}
+
+#[derive(Default)]
+pub(super) struct GraphState {
+    /// FlashAttention 3's split count while vLLM's FULL graphs run attention (see
+    /// `Runtime::set_attention_splits`).
+    attn_splits: Option<usize>,
+    side: bool,
+    open: Option<Open>,
+    /// The simulated device's graph memory, given back when the graphs go.
+    sim_exec: Vec<OutsideAlloc>,
+    /// A GPU's graph memory (measured), logged as freed when the graphs go.
+    cuda_exec_bytes: u64,
+    records: Vec<GraphRecord>,
+}
+
+struct Open {
+    pool: u16,
+    kind: CaptureKind,
+    ops: u32,
+    first: usize,
+}
+
+impl GraphState {
+    pub(super) fn count_op(&mut self) {
+        if let Some(o) = &mut self.open {
+            o.ops += 1;
+        }
+    }
+}
+
+impl Runtime {
+    /// With `Some(s)`, attention allocates as FlashAttention 3 does with `num_splits = s`
+    /// (vLLM V1's FULL graphs on Hopper: `max_num_splits` 32, 0.19.0
+    /// v1/attention/backends/flash_attn.py:391-401): fp32 `out_accum [s, heads, T, d]` and
+    /// `softmax_lse_accum [s, heads, T]` per call (flash-attention hopper/flash_api.cpp
+    /// :1182-1191). `None`: FlashAttention 2's varlen call (V0's, and V1's eager passes).
+    pub fn set_attention_splits(&self, splits: Option<usize>) {
+        self.0.borrow_mut().graphs.attn_splits = splits;
+    }
+
+    pub fn attention_splits(&self) -> Option<usize> {
+        self.0.borrow().graphs.attn_splits
+    }
+
+    /// Moves the work to the side stream (`graph_capture()`), or back.
+    pub fn graph_side_stream(&self, on: bool) -> Result<()> {
+        let mut i = self.0.borrow_mut();
+        if i.graphs.open.is_some() {
+            return Err(Error::Request(
+                "the side stream cannot change while a graph is captured".into(),
+            ));
+        }
+        if let Some(c) = i.device.cuda() {
+            c.side_stream(on)?;
+        }
+        i.graphs.side = on;
+        i.alloc.set_capture_pool(on.then_some(SIDE_POOL));
+        Ok(())
+    }
+
+    /// Opens a capture into private pool `pool`.
+    pub fn capture_begin(&self, pool: u16, kind: CaptureKind) -> Result<()> {
+        {
+            let i = self.0.borrow();
+            if !i.graphs.side || i.graphs.open.is_some() {
+                return Err(Error::Request(
+                    "a capture needs the side stream and no other capture open".into(),
+                ));
+            }
+        }
+        let first = self.0.borrow().graphs.records.len();
+        self.open_piece(pool)?;
+        self.0.borrow_mut().graphs.open = Some(Open {
+            pool,
+            kind,
+            ops: 0,
+            first,
+        });
+        Ok(())
+    }
+
+    /// `torch.cuda.graph.__enter__` (synchronize, `empty_cache`), then the capture.
+    fn open_piece(&self, pool: u16) -> Result<()> {
+        self.synchronize()?;
+        self.empty_cache();
+        let mut i = self.0.borrow_mut();
+        i.alloc.retain_pool(pool);
+        i.alloc.set_capture_pool(Some(pool));
+        if let Some(c) = i.device.cuda() {
+            c.capture_begin()?;
+        }
+        Ok(())
+    }
+
+    /// Closes the open piece: the graph is instantiated and its memory logged.
+    fn close_piece(&self) -> Result<()> {
+        let mut i = self.0.borrow_mut();
+        let inner: &mut Inner = &mut i;
+        let Some(open) = &mut inner.graphs.open else {
+            return Ok(());
+        };
+        let ops = std::mem::take(&mut open.ops);
+        inner.alloc.set_capture_pool(Some(SIDE_POOL));
+        let record = match inner.device.cuda() {
+            Some(c) => {
+                let (index, info) = c.capture_end()?;
+                inner.graphs.cuda_exec_bytes += info.exec_bytes;
+                GraphRecord {
+                    ops,
+                    nodes: Some(info.nodes),
+                    exec_bytes: info.exec_bytes,
+                    device_index: Some(index),
+                }
+            }
+            None => {
+                let a = inner.device.alloc_outside(modelled_exec_bytes(ops))?;
+                let bytes = a.bytes;
+                inner.graphs.sim_exec.push(a);
+                GraphRecord {
+                    ops,
+                    nodes: None,
+                    exec_bytes: bytes,
+                    device_index: None,
+                }
+            }
+        };
+        inner.refresh_device();
+        let label = format!("cuda-graph #{}", inner.graphs.records.len());
+        inner.push_event(
+            EventKind::OutsideAlloc,
+            &label,
+            Category::CudaGraph,
+            record.exec_bytes,
+            None,
+        );
+        inner.graphs.records.push(record);
+        Ok(())
+    }
+
+    /// In a PIECEWISE capture: ends this piece's graph and opens the next one (vLLM splits at
+    /// every attention layer). Nothing otherwise.
+    pub fn capture_break(&self) -> Result<()> {
+        let pool = match &self.0.borrow().graphs.open {
+            Some(o) if o.kind == CaptureKind::Piecewise => o.pool,
+            _ => return Ok(()),
+        };
+        self.close_piece()?;
+        self.open_piece(pool)
+    }
+
+    /// Ends the capture; returns its graphs (one, or a PIECEWISE capture's pieces).
+    pub fn capture_end(&self) -> Result<Vec<GraphRecord>> {
+        self.close_piece()?;
+        let mut i = self.0.borrow_mut();
+        let first = i.graphs.open.take().map_or(0, |o| o.first);
+        Ok(i.graphs.records[first..].to_vec())
+    }
+
+    /// Replays `graphs` in order on the GPU (nothing elsewhere) and waits.
+    pub fn graphs_replay(&self, graphs: &[GraphRecord]) -> Result<()> {
+        let mut i = self.0.borrow_mut();
+        if let Some(c) = i.device.cuda() {
+            for g in graphs {
+                if let Some(idx) = g.device_index {
+                    c.graph_replay(idx)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Destroys every graph, gives their memory back and lets pool `pool` go at the next
+    /// `empty_cache`.
+    pub fn graphs_drop(&self, pool: u16) -> Result<()> {
+        let mut i = self.0.borrow_mut();
+        if let Some(c) = i.device.cuda() {
+            c.graphs_clear()?;
+        }
+        let sim: Vec<OutsideAlloc> = std::mem::take(&mut i.graphs.sim_exec);
+        let mut bytes = std::mem::take(&mut i.graphs.cuda_exec_bytes);
+        for a in sim {
+            bytes += a.bytes;
+            i.device.free_outside(a);
+        }
+        i.graphs.records.clear();
+        i.alloc.release_pool(pool);
+        i.refresh_device();
+        i.push_event(
+            EventKind::OutsideFree,
+            "cuda-graphs destroyed",
+            Category::CudaGraph,
+            bytes,
+            None,
+        );
+        Ok(())
+    }
+
+    /// Bytes in the segments of private pool `pool`.
+    pub fn pool_reserved(&self, pool: u16) -> u64 {
+        self.0.borrow().alloc.pool_reserved(pool)
+    }
+
+    /// Bytes the side stream's cached segments hold.
+    pub fn side_stream_reserved(&self) -> u64 {
+        self.0.borrow().alloc.pool_reserved(SIDE_POOL)
+    }
+
+    /// `numel` floats at `ptr` in `dtype` on a GPU (a graph's output after a replay).
+    pub fn download_at(
+        &self,
+        ptr: u64,
+        numel: usize,
+        dtype: crate::engine::tensor::DType,
+    ) -> Result<Option<Vec<f32>>> {
+        let mut i = self.0.borrow_mut();
+        match i.device.cuda() {
+            Some(c) => c.download_at(ptr, numel, dtype).map(Some),
+            None => Ok(None),
+        }
+    }
+}

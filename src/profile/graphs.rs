@@ -1,0 +1,423 @@
+//! vLLM V1's CUDA graphs, as a phase of the procedure: the memory estimator some releases run
+//! inside the profile (`profile_cudagraph_memory`) and the capture after the KV cache
+//! (`capture_model`), both from the same warm-up and capture sequence (0.19.0
+//! v1/worker/gpu_model_runner.py:5862-5960 and :6006-6086; reading notes in
+//! docs/reading/vllm-v1-graphs.md).
+//!
+//! Each capture size is a decode batch: n requests of one token. A PIECEWISE graph set runs
+//! the forward with attention skipped (no metadata: zeros) and is cut at every attention
+//! layer; a FULL graph holds the whole forward with attention, which on Hopper is
+//! FlashAttention 3 with 32 splits. Warm-ups and captures run on a side stream; captures draw
+//! on a graph pool shared by all sizes, captured largest first.
+
+use serde::{Deserialize, Serialize};
+
+use crate::base::error::{Error, Result};
+use crate::engine::runtime::{CaptureKind, GraphRecord, Runtime, ESTIMATE_POOL, GRAPH_POOL};
+use crate::engine::tensor::{DType, Tensor};
+use crate::memory::Category;
+use crate::model::llama::Batch;
+use crate::model::CausalLm;
+
+use super::formulas::KvGeometry;
+
+/// FlashAttention 3's split count in vLLM's FULL graphs (0.19.0 config/attention.py:27,
+/// `flash_attn_max_num_splits_for_cuda_graph`).
+pub const FA3_GRAPH_SPLITS: usize = 32;
+/// The estimator's floor per graph (`max(second, 1 MiB)`, 0.19.0 gpu_model_runner.py:5921-5935).
+const MIN_PER_GRAPH: u64 = 1 << 20;
+
+/// One mode's samples in vLLM's estimator.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EstimateMode {
+    pub kind: CaptureKind,
+    /// Sizes the release captures in this mode.
+    pub sizes: usize,
+    pub largest: usize,
+    /// Free memory taken by the first (largest) warm-up and capture.
+    pub first_bytes: u64,
+    /// By the second.
+    pub second_bytes: Option<u64>,
+}
+
+impl EstimateMode {
+    /// `max(second, 1 MiB) · (n − 1)`.
+    pub fn rest_bytes(&self) -> u64 {
+        self.second_bytes.unwrap_or(0).max(MIN_PER_GRAPH) * (self.sizes as u64).saturating_sub(1)
+    }
+}
+
+/// vLLM's CUDA graph memory estimate, from its own samples.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Estimate {
+    pub modes: Vec<EstimateMode>,
+    /// max over modes of the first sample + Σ over modes of the rest (0.19.0 :5949-5960).
+    pub total_bytes: u64,
+    /// Whether the release subtracts it from the KV budget.
+    pub applied: bool,
+}
+
+/// Each replayed graph set against its eager warm-up.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReplayCheck {
+    pub checked: usize,
+    /// The largest relative L2 distance of a replay's output hidden states from the eager
+    /// pass's, and where.
+    pub worst_rel_l2: f64,
+    pub worst: String,
+}
+
+/// The capture after the KV cache, as the instance would run it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GraphReport {
+    /// Sizes per mode, largest first.
+    pub plan: Vec<(CaptureKind, Vec<usize>)>,
+    pub graphs: u64,
+    /// Ops captured into them (the same on every backend).
+    pub ops: u64,
+    /// Nodes of the instantiated graphs (GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u64>,
+    /// The graph pool's segments after the capture.
+    pub pool_bytes: u64,
+    /// Device memory of the instantiated graphs: measured (GPU) or modelled.
+    pub exec_bytes: u64,
+    pub exec_measured: bool,
+    /// Segments the side stream's warm-ups left cached when vLLM reads free memory.
+    pub side_stream_bytes: u64,
+    /// vLLM's "took": free memory before the capture − after (before its last empty_cache).
+    pub took_bytes: i64,
+    pub capture_s: f64,
+    /// KV cache blocks allocated while capturing (the release's own grant).
+    pub kv_blocks: u64,
+    /// The instance's peak device memory while capturing, and what was left of the device.
+    pub peak_process_bytes: u64,
+    pub room_left_bytes: i64,
+    /// The estimator's samples (releases that have it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<Estimate>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<ReplayCheck>,
+    /// Why the capture stopped (out of memory), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
+}
+
+/// What one capture leaves for the replay check.
+struct Captured {
+    graphs: Vec<GraphRecord>,
+    label: String,
+    output: Option<(u64, usize, DType)>,
+    eager: Option<Vec<f32>>,
+}
+
+/// The KV cache as V1's `initialize_kv_cache` allocates it: one tensor per layer.
+fn allocate_kv(
+    rt: &Runtime,
+    geometry: &KvGeometry,
+    dtype: DType,
+    blocks: u64,
+    label: &str,
+) -> Result<Vec<Tensor>> {
+    rt.set_op("kv_cache");
+    rt.set_layer(None);
+    let shape = [
+        2,
+        blocks as usize,
+        geometry.block_size as usize,
+        geometry.num_kv_heads as usize,
+        geometry.head_dim as usize,
+    ];
+    (0..geometry.tensors().max(1))
+        .map(|l| {
+            rt.reserve(
+                format!("kv-cache[{label}].layer{l}"),
+                Category::KvCache,
+                &shape,
+                dtype,
+            )
+        })
+        .collect()
+}
+
+/// `hidden_states[logit_indices]` after each dummy run, eager on the side stream (0.19.0
+/// gpu_model_runner.py:5549-5553): the indices uploaded, the rows gathered, both dropped.
+fn gather_last(rt: &Runtime, hidden: &Tensor, n: usize) -> Result<()> {
+    rt.set_op("dummy_run.logit_indices");
+    let idx = rt.tensor("logit_indices", Category::Activation, &[n], DType::I64)?;
+    let rows = rt.tensor(
+        "last_hidden_states",
+        Category::Activation,
+        &[n, hidden.cols()],
+        hidden.dtype,
+    )?;
+    drop(rows);
+    drop(idx);
+    Ok(())
+}
+
+/// One `_warmup_and_capture`: an eager warm-up, then the capture into `pool`.
+fn warmup_and_capture(
+    rt: &Runtime,
+    model: &CausalLm,
+    kind: CaptureKind,
+    n: usize,
+    pool: u16,
+    keep_reference: bool,
+) -> Result<Captured> {
+    let vocab = model.config().vocab_size;
+    let batch = Batch::dummy(n, n, vocab);
+    model.set_skip_attention(kind == CaptureKind::Piecewise);
+    rt.set_attention_splits((kind == CaptureKind::Full).then_some(FA3_GRAPH_SPLITS));
+    let result = (|| {
+        rt.marker(&format!("warm-up {} {n}", kind.name()));
+        let h = model.forward_hidden(rt, &batch)?;
+        let eager = if keep_reference {
+            crate::engine::ops::read_f32(rt, &h)?
+        } else {
+            None
+        };
+        gather_last(rt, &h, n)?;
+        drop(h);
+        rt.marker(&format!("capture {} {n}", kind.name()));
+        rt.capture_begin(pool, kind)?;
+        let out = match model.forward_hidden(rt, &batch) {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = rt.capture_end();
+                return Err(e);
+            }
+        };
+        let output = match &out.storage {
+            crate::engine::tensor::Storage::Cuda(p) => Some((*p, out.numel(), out.dtype)),
+            _ => None,
+        };
+        let (cols, dtype) = (out.cols(), out.dtype);
+        // The output is a weak reference once captured: its block goes back to the pool.
+        drop(out);
+        let graphs = rt.capture_end()?;
+        rt.set_op("dummy_run.logit_indices");
+        let idx = rt.tensor("logit_indices", Category::Activation, &[n], DType::I64)?;
+        let rows = rt.tensor(
+            "last_hidden_states",
+            Category::Activation,
+            &[n, cols],
+            dtype,
+        )?;
+        drop((rows, idx));
+        Ok(Captured {
+            graphs,
+            label: format!("{} {n}", kind.name()),
+            output,
+            eager,
+        })
+    })();
+    model.set_skip_attention(false);
+    rt.set_attention_splits(None);
+    result
+}
+
+fn free_now(rt: &Runtime) -> u64 {
+    rt.snapshot().mem.free
+}
+
+/// vLLM's estimator (0.19.0 gpu_model_runner.py:5862-5960): a minimal KV cache of the largest
+/// capture size in blocks, a throwaway pool, then per mode the two largest sizes warmed up and
+/// captured, each measured by free memory; everything freed after.
+pub(crate) fn estimate(
+    rt: &Runtime,
+    model: &CausalLm,
+    plan: &[(CaptureKind, Vec<usize>)],
+    geometry: &KvGeometry,
+    kv_dtype: DType,
+    applied: bool,
+) -> Result<Estimate> {
+    let largest = plan
+        .iter()
+        .flat_map(|(_, s)| s.first().copied())
+        .max()
+        .unwrap_or(1);
+    rt.marker("cudagraph estimate");
+    let kv = allocate_kv(rt, geometry, kv_dtype, largest as u64, "estimator")?;
+    rt.graph_side_stream(true)?;
+    let result = (|| {
+        rt.synchronize()?;
+        rt.empty_cache();
+        let mut modes = Vec::new();
+        for (kind, sizes) in plan {
+            if sizes.is_empty() {
+                continue;
+            }
+            let mut samples = Vec::new();
+            for &n in sizes.iter().take(2) {
+                let before = free_now(rt);
+                warmup_and_capture(rt, model, *kind, n, ESTIMATE_POOL, false)?;
+                rt.synchronize()?;
+                samples.push(before.saturating_sub(free_now(rt)));
+            }
+            modes.push(EstimateMode {
+                kind: *kind,
+                sizes: sizes.len(),
+                largest: sizes[0],
+                first_bytes: samples[0],
+                second_bytes: samples.get(1).copied(),
+            });
+        }
+        Ok(modes)
+    })();
+    rt.graphs_drop(ESTIMATE_POOL)?;
+    rt.graph_side_stream(false)?;
+    drop(kv);
+    rt.empty_cache();
+    rt.marker("cudagraph estimate end");
+    let modes = result?;
+    let first = modes.iter().map(|m| m.first_bytes).max().unwrap_or(0);
+    let rest: u64 = modes.iter().map(EstimateMode::rest_bytes).sum();
+    Ok(Estimate {
+        total_bytes: first + rest,
+        modes,
+        applied,
+    })
+}
+
+/// `capture_model` with the KV cache of `kv_blocks` allocated: every size of every mode,
+/// each replayed afterwards against its warm-up on a GPU. An out-of-memory stops the capture
+/// and is reported in `failed` (the instance would crash there).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn capture(
+    rt: &Runtime,
+    model: &CausalLm,
+    plan: &[(CaptureKind, Vec<usize>)],
+    geometry: &KvGeometry,
+    kv_dtype: DType,
+    kv_blocks: u64,
+    others_bytes: u64,
+    estimate: Option<Estimate>,
+) -> Result<GraphReport> {
+    let total = rt.snapshot().mem.total;
+    rt.empty_cache();
+    rt.reset_process_peak();
+    rt.marker("cudagraph capture");
+    let mut report = GraphReport {
+        plan: plan.to_vec(),
+        graphs: 0,
+        ops: 0,
+        nodes: None,
+        pool_bytes: 0,
+        exec_bytes: 0,
+        exec_measured: rt.backend() == crate::device::Backend::Cuda,
+        side_stream_bytes: 0,
+        took_bytes: 0,
+        capture_s: 0.0,
+        kv_blocks,
+        peak_process_bytes: 0,
+        room_left_bytes: 0,
+        estimate,
+        replay: None,
+        failed: None,
+    };
+    let kv = match allocate_kv(rt, geometry, kv_dtype, kv_blocks, "graphs") {
+        Ok(kv) => kv,
+        Err(e @ Error::OutOfMemory { .. }) => {
+            report.failed = Some(format!("the KV cache itself: {e}"));
+            return Ok(report);
+        }
+        Err(e) => return Err(e),
+    };
+    let check = rt.backend() == crate::device::Backend::Cuda;
+    rt.graph_side_stream(true)?;
+    let started = std::time::Instant::now();
+    let mut captured = Vec::new();
+    let run = (|| {
+        rt.synchronize()?;
+        rt.empty_cache();
+        let start_free = free_now(rt);
+        for (kind, sizes) in plan {
+            for &n in sizes {
+                captured.push(warmup_and_capture(rt, model, *kind, n, GRAPH_POOL, check)?);
+            }
+            rt.synchronize()?;
+        }
+        rt.synchronize()?;
+        Ok::<i64, Error>(start_free as i64 - free_now(rt) as i64)
+    })();
+    report.capture_s = started.elapsed().as_secs_f64();
+    report.side_stream_bytes = rt.side_stream_reserved();
+    report.pool_bytes = rt.pool_reserved(GRAPH_POOL);
+    for c in &captured {
+        report.graphs += c.graphs.len() as u64;
+        for g in &c.graphs {
+            report.ops += g.ops as u64;
+            report.exec_bytes += g.exec_bytes;
+            if let Some(n) = g.nodes {
+                *report.nodes.get_or_insert(0) += n;
+            }
+        }
+    }
+    match run {
+        Ok(took) => report.took_bytes = took,
+        Err(e @ Error::OutOfMemory { .. }) => report.failed = Some(e.to_string()),
+        Err(e) => {
+            let _ = rt.graphs_drop(GRAPH_POOL);
+            let _ = rt.graph_side_stream(false);
+            return Err(e);
+        }
+    }
+    report.peak_process_bytes = rt.process_peak();
+    report.room_left_bytes = total as i64 - others_bytes as i64 - report.peak_process_bytes as i64;
+    if check && report.failed.is_none() {
+        report.replay = Some(replay_check(rt, &captured)?);
+    }
+    rt.graphs_drop(GRAPH_POOL)?;
+    rt.graph_side_stream(false)?;
+    drop(kv);
+    rt.empty_cache();
+    rt.marker("cudagraph capture end");
+    Ok(report)
+}
+
+/// Replays each capture's graphs and compares the output with the eager warm-up's.
+fn replay_check(rt: &Runtime, captured: &[Captured]) -> Result<ReplayCheck> {
+    let mut check = ReplayCheck {
+        checked: 0,
+        worst_rel_l2: 0.0,
+        worst: String::new(),
+    };
+    for c in captured {
+        let (Some((ptr, numel, dtype)), Some(eager)) = (c.output, &c.eager) else {
+            continue;
+        };
+        rt.graphs_replay(&c.graphs)?;
+        let Some(got) = rt.download_at(ptr, numel, dtype)? else {
+            continue;
+        };
+        let d = rel_l2(&got, eager);
+        check.checked += 1;
+        if !(d <= check.worst_rel_l2) {
+            check.worst_rel_l2 = d;
+            check.worst = c.label.clone();
+        }
+    }
+    Ok(check)
+}
+
+/// ‖a − b‖ / ‖b‖ (infinite when the lengths differ or b is zero and a is not).
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        num += (x as f64 - y as f64).powi(2);
+        den += (y as f64).powi(2);
+    }
+    if den == 0.0 {
+        if num == 0.0 {
+            0.0
+        } else {
+            f64::INFINITY
+        }
+    } else {
+        (num / den).sqrt()
+    }
+}
