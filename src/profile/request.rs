@@ -298,13 +298,6 @@ impl ProfileRequest {
         }
         let release = self.release()?;
         if matches!(release.engine, super::vllm::Engine::V1 { .. }) {
-            if !self.device.is_sim() {
-                return bad(format!(
-                    "--vllm {}: vLLM V1's profile run is modelled on simulated devices for now \
-                     (sim:PRESET, dry or compute); on a GPU use a V0 release (--vllm 0.8 or older)",
-                    self.vllm
-                ));
-            }
             if self.tp > 1 {
                 return bad(format!(
                     "--vllm {} --tp {}: vLLM V1's tensor parallel (logits all-gathered, every \
