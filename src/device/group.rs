@@ -188,6 +188,17 @@ impl RankGroup {
         self.wait()
     }
 
+    /// Every rank hands in `data` and gets all of them back in rank order (NCCL's all-gather).
+    pub fn all_gather_f32(&self, rank: usize, data: &[f32]) -> Result<Vec<Vec<f32>>> {
+        let mut s = self.lock();
+        s.slots[rank] = data.to_vec();
+        let s = self.barrier(s)?;
+        let out = s.slots.clone();
+        drop(s);
+        self.wait()?;
+        Ok(out)
+    }
+
     /// Every rank hands in `data`; rank 0 gets all of them in rank order, the others `None`
     /// (PyTorch's `torch.distributed.gather` to rank 0, as vLLM gathers the logits).
     pub fn gather_to_first(&self, rank: usize, data: &[f32]) -> Result<Option<Vec<Vec<f32>>>> {

@@ -158,6 +158,67 @@ pub fn vocab_parallel_embedding(
     Ok(out)
 }
 
+/// vLLM V1's `LogitsProcessor._gather_logits` with `use_all_gather` (every rank gets the
+/// whole vocabulary and runs the sampler): `GroupCoordinator.all_gather(logits, dim=-1)`
+/// allocates `[tp, rows, cols]`, all-gathers into it, and `movedim` + `reshape` copy it to
+/// `[rows, tp · cols]` (0.19.0 distributed/device_communicators/base_device_communicator.py
+/// `all_gather`); the stacked buffer and the shard die at return.
+pub fn all_gather_logits(rt: &Runtime, shard: Tensor) -> Result<Tensor> {
+    let Some(tp) = rt.tp() else {
+        return Ok(shard);
+    };
+    rt.check_cancel()?;
+    rt.set_op("logits.all_gather");
+    let (rows, cols) = (shard.rows(), shard.cols());
+    let mut stacked = rt.tensor(
+        "logits.all_gather",
+        Category::Sampler,
+        &[tp.size, rows, cols],
+        shard.dtype,
+    )?;
+    let first = rt.comm_begin(CommSetup::DeviceGroup)?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            let all = tp.group.all_gather_f32(tp.rank, shard.f32())?;
+            let o = stacked.f32_mut();
+            for (r, v) in all.iter().enumerate() {
+                if v.len() != rows * cols {
+                    return Err(Error::Request(
+                        "tensor-parallel all-gather: the ranks sent different sizes".into(),
+                    ));
+                }
+                o[r * rows * cols..(r + 1) * rows * cols].copy_from_slice(v);
+            }
+        }
+        Backend::Cuda => {
+            return Err(Error::Request(
+                "vLLM V1's logits all-gather has no GPU collective here yet".into(),
+            ))
+        }
+    }
+    rt.comm_end(first)?;
+    rt.set_op("logits.all_gather.reshape");
+    let mut out = rt.tensor(
+        "logits",
+        Category::Sampler,
+        &[rows, cols * tp.size],
+        shard.dtype,
+    )?;
+    if rt.backend() == Backend::Cpu {
+        let (o, s) = (out.f32_mut(), stacked.f32());
+        for r in 0..tp.size {
+            for row in 0..rows {
+                o[row * cols * tp.size + r * cols..row * cols * tp.size + (r + 1) * cols]
+                    .copy_from_slice(&s[(r * rows + row) * cols..(r * rows + row + 1) * cols]);
+            }
+        }
+    }
+    drop(stacked);
+    drop(shard);
+    Ok(out)
+}
+
 /// `tensor_model_parallel_gather` of the logits to rank 0 (parallel_state.py `gather`,
 /// logits_processor.py `_get_logits`): rank 0 allocates one `empty_like` per rank, receives
 /// every shard, and `torch.cat`s them along the vocabulary; the list dies at return. Every

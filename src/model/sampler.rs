@@ -959,6 +959,8 @@ pub fn compute_logits_v1(
         "logits",
         Category::Sampler,
     )?;
+    // With tensor parallel every rank gets the whole vocabulary (V1 all-gathers).
+    let logits = crate::engine::ops_tp::all_gather_logits(rt, logits)?;
     let logits = match soft_cap {
         Some(cap) => {
             crate::engine::ops_gemma::soft_cap_logits(rt, logits, cap as f32, Category::Sampler)?

@@ -73,8 +73,10 @@ pub struct GraphReport {
     /// Sizes per mode, largest first.
     pub plan: Vec<(CaptureKind, Vec<usize>)>,
     pub graphs: u64,
-    /// Ops captured into them (the same on every backend).
+    /// Ops captured into them (the same on every backend), and per mode.
     pub ops: u64,
+    #[serde(default)]
+    pub ops_by_mode: Vec<(CaptureKind, u64)>,
     /// Nodes of the instantiated graphs (GPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<u64>,
@@ -83,7 +85,8 @@ pub struct GraphReport {
     /// Device memory of the instantiated graphs: measured (GPU) or modelled.
     pub exec_bytes: u64,
     pub exec_measured: bool,
-    /// Segments the side stream's warm-ups left cached when vLLM reads free memory.
+    /// Segments the capture's side stream holds when vLLM reads free memory: its cuBLAS
+    /// workspace and what its warm-ups left cached.
     pub side_stream_bytes: u64,
     /// vLLM's "took": free memory before the capture − after (before its last empty_cache).
     pub took_bytes: i64,
@@ -105,6 +108,7 @@ pub struct GraphReport {
 
 /// What one capture leaves for the replay check.
 struct Captured {
+    kind: CaptureKind,
     graphs: Vec<GraphRecord>,
     label: String,
     output: Option<(u64, usize, DType)>,
@@ -206,6 +210,7 @@ fn warmup_and_capture(
         )?;
         drop((rows, idx));
         Ok(Captured {
+            kind,
             graphs,
             label: format!("{} {n}", kind.name()),
             output,
@@ -302,6 +307,7 @@ pub(crate) fn capture(
         plan: plan.to_vec(),
         graphs: 0,
         ops: 0,
+        ops_by_mode: Vec::new(),
         nodes: None,
         pool_bytes: 0,
         exec_bytes: 0,
@@ -325,6 +331,7 @@ pub(crate) fn capture(
         Err(e) => return Err(e),
     };
     let check = rt.backend() == crate::device::Backend::Cuda;
+    let side_before = rt.side_stream_reserved();
     rt.graph_side_stream(true)?;
     let started = std::time::Instant::now();
     let mut captured = Vec::new();
@@ -342,10 +349,15 @@ pub(crate) fn capture(
         Ok::<i64, Error>(start_free as i64 - free_now(rt) as i64)
     })();
     report.capture_s = started.elapsed().as_secs_f64();
-    report.side_stream_bytes = rt.side_stream_reserved();
+    report.side_stream_bytes = rt.side_stream_reserved().saturating_sub(side_before);
     report.pool_bytes = rt.pool_reserved(GRAPH_POOL);
     for c in &captured {
         report.graphs += c.graphs.len() as u64;
+        let ops: u64 = c.graphs.iter().map(|g| g.ops as u64).sum();
+        match report.ops_by_mode.iter_mut().find(|(k, _)| *k == c.kind) {
+            Some((_, n)) => *n += ops,
+            None => report.ops_by_mode.push((c.kind, ops)),
+        }
         for g in &c.graphs {
             report.ops += g.ops as u64;
             report.exec_bytes += g.exec_bytes;
@@ -393,7 +405,8 @@ fn replay_check(rt: &Runtime, captured: &[Captured]) -> Result<ReplayCheck> {
         };
         let d = rel_l2(&got, eager);
         check.checked += 1;
-        if !(d <= check.worst_rel_l2) {
+        // A NaN distance is the worst of all.
+        if d.is_nan() || d > check.worst_rel_l2 {
             check.worst_rel_l2 = d;
             check.worst = c.label.clone();
         }

@@ -704,7 +704,7 @@ impl Report {
             .map(|(k, s)| format!("{} {} sizes", s.len(), k.name()))
             .collect();
         out.push(format!(
-            "CUDA graphs: {} graphs ({}), {} ops captured{}; graph pool {}, graphs' own memory {} ({}), side stream's cache {}; vLLM's \"took\" {:.2} GiB",
+            "CUDA graphs: {} graphs ({}), {} ops captured{}; graph pool {}, graphs' own memory {} ({}), side stream {} (its cuBLAS workspace and cache); vLLM's \"took\" {:.2} GiB",
             g.graphs,
             sizes.join(" + "),
             g.ops,

@@ -297,14 +297,16 @@ impl ProfileRequest {
             ));
         }
         let release = self.release()?;
-        if matches!(release.engine, super::vllm::Engine::V1 { .. }) {
-            if self.tp > 1 {
-                return bad(format!(
-                    "--vllm {} --tp {}: vLLM V1's tensor parallel (logits all-gathered, every \
-                     rank sampling) is not modelled yet; run one GPU or a V0 release",
-                    self.vllm, self.tp
-                ));
-            }
+        if matches!(release.engine, super::vllm::Engine::V1 { .. })
+            && self.tp > 1
+            && !self.device.is_sim()
+        {
+            return bad(format!(
+                "--vllm {} --tp {}: vLLM V1's tensor parallel (logits all-gathered, every \
+                 rank sampling) runs on simulated devices only so far; run one GPU, a \
+                 simulated device or a V0 release",
+                self.vllm, self.tp
+            ));
         }
         if self.true_max && self.tp > 1 {
             return bad(format!(

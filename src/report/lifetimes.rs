@@ -253,6 +253,8 @@ impl Lifetimes {
         // The pass of the last span: a span's label names its pass, so the label is made
         // once per span, not once per event.
         let mut span_pass = 0u32;
+        // vLLM's CUDA graph phases (V1), between their markers: phases of their own.
+        let mut graph_phase: Option<(&'static str, usize)> = None;
         for (i, e) in events.iter().enumerate() {
             match e.kind {
                 EventKind::Alloc => {
@@ -284,6 +286,34 @@ impl Lifetimes {
                 }
                 EventKind::Marker if matches!(e.tensor.as_str(), "t0" | "t1" | "t2" | "t3") => {
                     checkpoints.push((e.tensor.clone(), i));
+                }
+                EventKind::Marker
+                    if matches!(
+                        e.tensor.as_str(),
+                        "cudagraph estimate" | "cudagraph capture"
+                    ) =>
+                {
+                    let label = if e.tensor == "cudagraph estimate" {
+                        "graph estimate"
+                    } else {
+                        "graph capture"
+                    };
+                    graph_phase = Some((label, i));
+                }
+                EventKind::Marker
+                    if matches!(
+                        e.tensor.as_str(),
+                        "cudagraph estimate end" | "cudagraph capture end"
+                    ) =>
+                {
+                    if let Some((label, start)) = graph_phase.take() {
+                        passes.push(IndexSpan {
+                            label: label.into(),
+                            start,
+                            end: i + 1,
+                            verify: true,
+                        });
+                    }
                 }
                 _ => {}
             }

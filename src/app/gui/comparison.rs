@@ -98,6 +98,18 @@ impl ComparisonView {
         if let Some(h) = r.does_not_fit() {
             ui.colored_label(legible(palette::OVER, ui.visuals().dark_mode), h);
         }
+        // The CUDA graphs the release captures: what they hold, its estimate, what it costs.
+        for line in r.graph_summary() {
+            ui.colored_label(
+                legible(
+                    palette::category(crate::memory::Category::CudaGraph),
+                    ui.visuals().dark_mode,
+                ),
+                "▮",
+            )
+            .on_hover_text("CUDA graphs: the graph pool's bands have this colour in the views");
+            ui.label(line);
+        }
         if let Some(m) = &r.true_max {
             ui.label(format!(
                 "true maximum: {} KV blocks ({}) serve {} passes within floor(T·u)",

@@ -70,6 +70,9 @@ pub struct SetupForm {
     pub outside_during: String,
     pub outside_during_freed: bool,
     pub verify: bool,
+    /// vLLM's `--enforce-eager`: no CUDA graphs (a V1 release captures them otherwise).
+    #[serde(default)]
+    pub enforce_eager: bool,
     pub seed: u64,
     /// Set when the last "Open…" showed no dialog.
     #[serde(skip)]
@@ -142,6 +145,7 @@ impl Default for SetupForm {
             outside_during: "0".into(),
             outside_during_freed: r.outside_during_freed,
             verify: r.verify,
+            enforce_eager: r.enforce_eager,
             seed: r.seed,
             dialog_note: None,
         }
@@ -189,7 +193,7 @@ impl SetupForm {
             vllm: self.vllm.clone(),
             chunked_prefill: None,
             true_max: false,
-            enforce_eager: false,
+            enforce_eager: self.enforce_eager,
             util: self.util,
             block_size: self.block_size,
             max_model_len: self.max_model_len,
@@ -557,6 +561,14 @@ impl SetupForm {
                 ui.end_row();
                 ui.label("");
                 ui.checkbox(&mut self.verify, "verify each budget");
+                ui.end_row();
+                ui.label("");
+                ui.checkbox(&mut self.enforce_eager, "enforce eager (no CUDA graphs)")
+                    .on_hover_text(
+                        "vLLM's --enforce-eager. Without it a V1 release (0.15 on) captures its \
+                         CUDA graphs after the KV cache; 0.19 estimates their memory, 0.21 \
+                         subtracts the estimate from the KV budget.",
+                    );
                 ui.end_row();
                 let l = ui.label("seed");
                 ui.add(egui::DragValue::new(&mut self.seed))

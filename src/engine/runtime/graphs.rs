@@ -27,10 +27,15 @@ pub(super) fn is_graph_pool(pool: u16) -> bool {
 
 /// Device memory of one instantiated graph on the simulated device: a fixed part and a part
 /// per captured op, fitted to what the H200's driver took for vramscope's own graphs
-/// (docs/gpu-runs.md run 54: Llama-3-8B, vLLM 0.19's 51 PIECEWISE sizes × 33 pieces and 51
-/// FULL graphs).
-pub const EXEC_BYTES_PER_GRAPH: u64 = 0;
-pub const EXEC_BYTES_PER_OP: u64 = 0;
+/// (docs/gpu-runs.md run 54, Llama-3-8B with vLLM 0.19's 51 PIECEWISE sizes × 33 pieces and
+/// 51 FULL graphs: 387,973,120 B for 1,734 graphs of 29,580 ops, and 6 MiB for the 33 pieces
+/// of 290 ops that the estimator's second PIECEWISE sample instantiates; the fit gives
+/// 387,090,000 B for the whole capture, 0.2 % under).
+pub const EXEC_BYTES_PER_GRAPH: u64 = 155_000;
+pub const EXEC_BYTES_PER_OP: u64 = 4_000;
+/// The driver's graph memory grows in steps of this size: every free-memory delta of run 54
+/// (the estimator's samples of 2 and 6 MiB, the whole capture's 370 MiB) is a multiple of it.
+pub const EXEC_CHUNK_BYTES: u64 = 2 << 20;
 
 pub fn modelled_exec_bytes(ops: u32) -> u64 {
     EXEC_BYTES_PER_GRAPH + EXEC_BYTES_PER_OP * ops as u64
@@ -77,9 +82,15 @@ pub(super) struct GraphState {
     /// `Runtime::set_attention_splits`).
     attn_splits: Option<usize>,
     side: bool,
+    /// The default stream's workspace flags while a side stream runs: PyTorch keeps a cuBLAS
+    /// (and cuBLASLt) workspace per handle and stream, so a new stream takes its own at its
+    /// first GEMM and keeps it.
+    main_workspaces_taken: Option<(bool, bool)>,
     open: Option<Open>,
-    /// The simulated device's graph memory, given back when the graphs go.
+    /// The simulated device's graph memory (whole chunks), given back when the graphs go,
+    /// and the bytes its graphs use of them.
     sim_exec: Vec<OutsideAlloc>,
+    sim_exec_used: u64,
     /// A GPU's graph memory (measured), logged as freed when the graphs go.
     cuda_exec_bytes: u64,
     records: Vec<GraphRecord>,
@@ -114,7 +125,10 @@ impl Runtime {
         self.0.borrow().graphs.attn_splits
     }
 
-    /// Moves the work to the side stream (`graph_capture()`), or back.
+    /// Moves the work to a new side stream (`graph_capture()` makes one each time), or back.
+    /// The side stream's first GEMM takes its own cuBLAS workspace, as PyTorch's
+    /// per-(handle, stream) workspaces do (aten/src/ATen/cuda/CublasHandlePool.cpp), kept for
+    /// the instance's life; the default stream's is set again on the way back.
     pub fn graph_side_stream(&self, on: bool) -> Result<()> {
         let mut i = self.0.borrow_mut();
         if i.graphs.open.is_some() {
@@ -122,11 +136,31 @@ impl Runtime {
                 "the side stream cannot change while a graph is captured".into(),
             ));
         }
+        if on == i.graphs.side {
+            return Ok(());
+        }
         if let Some(c) = i.device.cuda() {
             c.side_stream(on)?;
         }
         i.graphs.side = on;
         i.alloc.set_capture_pool(on.then_some(SIDE_POOL));
+        if on {
+            i.graphs.main_workspaces_taken = Some((i.workspaces_taken, i.lt_workspace_taken));
+            i.workspaces_taken = false;
+            i.lt_workspace_taken = false;
+        } else if let Some((ws, lt)) = i.graphs.main_workspaces_taken.take() {
+            i.workspaces_taken = ws;
+            i.lt_workspace_taken = lt;
+            let label = crate::device::LibraryWorkspace::Cublas.label();
+            let main = i
+                .workspaces
+                .iter()
+                .find(|(l, _)| *l == label)
+                .map(|(_, b)| (b.segment.0 + b.offset, b.bytes));
+            if let (Some((ptr, bytes)), Some(c)) = (main, i.device.cuda()) {
+                c.set_library_workspace(crate::device::LibraryWorkspace::Cublas, ptr, bytes);
+            }
+        }
         Ok(())
     }
 
@@ -185,9 +219,18 @@ impl Runtime {
                 }
             }
             None => {
-                let a = inner.device.alloc_outside(modelled_exec_bytes(ops))?;
-                let bytes = a.bytes;
-                inner.graphs.sim_exec.push(a);
+                let held: u64 = inner.graphs.sim_exec.iter().map(|a| a.bytes).sum();
+                inner.graphs.sim_exec_used += modelled_exec_bytes(ops);
+                let need =
+                    inner.graphs.sim_exec_used.div_ceil(EXEC_CHUNK_BYTES) * EXEC_CHUNK_BYTES - held;
+                let bytes = if need > 0 {
+                    let a = inner.device.alloc_outside(need)?;
+                    let b = a.bytes;
+                    inner.graphs.sim_exec.push(a);
+                    b
+                } else {
+                    0
+                };
                 GraphRecord {
                     ops,
                     nodes: None,
@@ -249,6 +292,7 @@ impl Runtime {
             c.graphs_clear()?;
         }
         let sim: Vec<OutsideAlloc> = std::mem::take(&mut i.graphs.sim_exec);
+        i.graphs.sim_exec_used = 0;
         let mut bytes = std::mem::take(&mut i.graphs.cuda_exec_bytes);
         for a in sim {
             bytes += a.bytes;

@@ -486,6 +486,19 @@ fn draw_footer(area: &Area, r: &Report, a: &Analysis) -> std::result::Result<(),
             .map_err(draw_err)?;
         y += 20;
     }
+    // The CUDA graphs' sentence (V1 releases), beside the pool's colour in the views.
+    if let Some(g) = r.graph_summary().last() {
+        area.draw(&Rectangle::new(
+            [(24, y + 4), (36, y + 16)],
+            c(palette::category(crate::memory::Category::CudaGraph)).filled(),
+        ))
+        .map_err(draw_err)?;
+        for line in wrap(g, 104) {
+            area.draw_text(&line, &text(16), (44, y))
+                .map_err(draw_err)?;
+            y += 20;
+        }
+    }
     y += 6;
     if let Some(p) = &a.peaks.framework {
         let cats: Vec<String> = p
