@@ -1008,7 +1008,7 @@ fn llama3_cuda_graphs_replay_and_match_the_dry_pool() {
     }
     let per = |x: u64| x as f64 / g.graphs as f64;
     eprintln!(
-        "graphs {} ops {} nodes {:?} pool {} exec {} ({:.0} B/graph, {:.1} B/op) side {} took {} capture {:.2} s",
+        "graphs {} ops {} nodes {:?} pool {} exec {} ({:.0} B/graph, {:.1} B/op) side {} took {} NVML process delta {} capture {:.2} s",
         g.graphs,
         g.ops,
         g.nodes,
@@ -1018,6 +1018,7 @@ fn llama3_cuda_graphs_replay_and_match_the_dry_pool() {
         g.exec_bytes as f64 / g.ops as f64,
         g.side_stream_bytes,
         g.took_bytes,
+        g.process_delta_bytes,
         g.capture_s
     );
     let replay = g.replay.clone().expect("replays checked");

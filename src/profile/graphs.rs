@@ -90,6 +90,10 @@ pub struct GraphReport {
     pub side_stream_bytes: u64,
     /// vLLM's "took": free memory before the capture − after (before its last empty_cache).
     pub took_bytes: i64,
+    /// This process's device memory after the capture − before, as NVML lists it (GPU) or
+    /// the simulated device's bookkeeping.
+    #[serde(default)]
+    pub process_delta_bytes: i64,
     pub capture_s: f64,
     /// KV cache blocks allocated while capturing (the release's own grant).
     pub kv_blocks: u64,
@@ -314,6 +318,7 @@ pub(crate) fn capture(
         exec_measured: rt.backend() == crate::device::Backend::Cuda,
         side_stream_bytes: 0,
         took_bytes: 0,
+        process_delta_bytes: 0,
         capture_s: 0.0,
         kv_blocks,
         peak_process_bytes: 0,
@@ -335,10 +340,12 @@ pub(crate) fn capture(
     rt.graph_side_stream(true)?;
     let started = std::time::Instant::now();
     let mut captured = Vec::new();
+    let (mut process_before, mut process_after) = (0u64, 0u64);
     let run = (|| {
         rt.synchronize()?;
         rt.empty_cache();
         let start_free = free_now(rt);
+        process_before = rt.snapshot().process_used;
         for (kind, sizes) in plan {
             for &n in sizes {
                 captured.push(warmup_and_capture(rt, model, *kind, n, GRAPH_POOL, check)?);
@@ -346,7 +353,9 @@ pub(crate) fn capture(
             rt.synchronize()?;
         }
         rt.synchronize()?;
-        Ok::<i64, Error>(start_free as i64 - free_now(rt) as i64)
+        let took = start_free as i64 - free_now(rt) as i64;
+        process_after = rt.snapshot().process_used;
+        Ok::<i64, Error>(took)
     })();
     report.capture_s = started.elapsed().as_secs_f64();
     report.side_stream_bytes = rt.side_stream_reserved().saturating_sub(side_before);
@@ -367,7 +376,10 @@ pub(crate) fn capture(
         }
     }
     match run {
-        Ok(took) => report.took_bytes = took,
+        Ok(took) => {
+            report.took_bytes = took;
+            report.process_delta_bytes = process_after as i64 - process_before as i64;
+        }
         Err(e @ Error::OutOfMemory { .. }) => report.failed = Some(e.to_string()),
         Err(e) => {
             let _ = rt.graphs_drop(GRAPH_POOL);

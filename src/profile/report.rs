@@ -704,7 +704,7 @@ impl Report {
             .map(|(k, s)| format!("{} {} sizes", s.len(), k.name()))
             .collect();
         out.push(format!(
-            "CUDA graphs: {} graphs ({}), {} ops captured{}; graph pool {}, graphs' own memory {} ({}), side stream {} (its cuBLAS workspace and cache); vLLM's \"took\" {:.2} GiB",
+            "CUDA graphs: {} graphs ({}), {} ops captured{}; graph pool {}, graphs' own memory {} ({}), side stream {} (its cuBLAS workspace and cache); vLLM's \"took\" {:.2} GiB, this process's memory {} more{}",
             g.graphs,
             sizes.join(" + "),
             g.ops,
@@ -717,7 +717,9 @@ impl Report {
                 "modelled from the H200's driver, docs/gpu-runs.md run 54"
             },
             crate::base::units::fmt_u(g.side_stream_bytes),
-            gib(g.took_bytes as f64)
+            gib(g.took_bytes as f64),
+            crate::base::units::fmt_i(g.process_delta_bytes),
+            if g.exec_measured { " (NVML)" } else { "" }
         ));
         if let Some(r) = &g.replay {
             out.push(format!(
