@@ -454,6 +454,14 @@ impl Device {
     }
 
     /// Streaming multiprocessors of a simulated GPU (its preset's); `None` on a CUDA GPU.
+    /// Whether the GPU is a Hopper (compute capability 9.x): FlashAttention 3's.
+    pub fn is_hopper(&self) -> bool {
+        match self {
+            Device::Sim(s) => s.preset.arch == "Hopper",
+            Device::Cuda(c) => c.compute_capability().0 == 9,
+        }
+    }
+
     pub fn sm_count(&self) -> Option<u64> {
         match self {
             Device::Sim(s) => Some(s.preset.sm_count).filter(|&n| n > 0),

@@ -125,24 +125,55 @@ pub fn attention(
         &[shape.heads, q.rows()],
         DType::F32,
     )?;
-    // FlashAttention 3 with splits (vLLM V1's FULL graphs) has no rng_state but two fp32
-    // accumulators, freed when the call returns.
-    let rng = match rt.attention_splits() {
-        Some(s) => {
-            let acc = rt.tensor(
+    // A graph's decode call (see `FlashCall`) has no rng_state; with splits it has fp32
+    // accumulators. All die when the call returns.
+    use crate::engine::runtime::FlashCall;
+    let t = q.rows();
+    // The two accumulators, `out_accum` first (FA3) or `softmax_lse_accum` first (FA2).
+    let acc = |rt: &Runtime, d: usize, s: usize, lse_first: bool| -> Result<Vec<Tensor>> {
+        let out = |rt: &Runtime| {
+            rt.tensor(
                 format!("{name}.out_accum"),
                 Category::Activation,
-                &[s, shape.heads, q.rows(), shape.head_dim],
+                &[s, shape.heads, t, d],
                 DType::F32,
-            )?;
-            let lse_acc = rt.tensor(
+            )
+        };
+        let lse = |rt: &Runtime| {
+            rt.tensor(
                 format!("{name}.softmax_lse_accum"),
                 Category::Activation,
-                &[s, shape.heads, q.rows()],
+                &[s, shape.heads, t],
                 DType::F32,
-            )?;
-            vec![acc, lse_acc]
+            )
+        };
+        Ok(if lse_first {
+            let l = lse(rt)?;
+            vec![l, out(rt)?]
+        } else {
+            let o = out(rt)?;
+            vec![o, lse(rt)?]
+        })
+    };
+    let rng = match rt.attention_splits() {
+        Some(FlashCall::Fa3 { splits }) if splits > 1 => acc(rt, shape.head_dim, splits, false)?,
+        Some(FlashCall::Fa3 { .. }) => Vec::new(),
+        Some(FlashCall::Fa3V0 { splits }) => {
+            let mut v = vec![rt.tensor(
+                format!("{name}.tile_count_semaphore"),
+                Category::Activation,
+                &[1 + t],
+                DType::I32,
+            )?];
+            if splits > 1 {
+                v.extend(acc(rt, shape.head_dim, splits, false)?);
+            }
+            v
         }
+        Some(FlashCall::Fa2Kvcache { splits }) if splits > 1 => {
+            acc(rt, shape.head_dim.next_multiple_of(32), splits, true)?
+        }
+        Some(FlashCall::Fa2Kvcache { .. }) => Vec::new(),
         None => vec![rt.tensor(
             format!("{name}.rng_state"),
             Category::Activation,

@@ -16,7 +16,7 @@ use crate::memory::allocator::{AllocatorAction, LoggedAction, SegmentHandle, Seg
 use crate::memory::{AllocatorStats, BlockRef, CachingAllocator, Category, Event, EventKind};
 
 mod graphs;
-pub use graphs::{CaptureKind, GraphRecord, ESTIMATE_POOL, GRAPH_POOL};
+pub use graphs::{CaptureKind, FlashCall, GraphRecord, ESTIMATE_POOL, GRAPH_POOL};
 
 /// How often batches of new events go to the progress sink.
 const EVENT_FLUSH_INTERVAL: Duration = Duration::from_millis(50);

@@ -13,7 +13,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::base::error::{Error, Result};
-use crate::engine::runtime::{CaptureKind, GraphRecord, Runtime, ESTIMATE_POOL, GRAPH_POOL};
+use crate::engine::runtime::{
+    CaptureKind, FlashCall, GraphRecord, Runtime, ESTIMATE_POOL, GRAPH_POOL,
+};
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
 use crate::model::llama::Batch;
@@ -150,43 +152,158 @@ fn allocate_kv(
 
 /// `hidden_states[logit_indices]` after each dummy run, eager on the side stream (0.19.0
 /// gpu_model_runner.py:5549-5553): the indices uploaded, the rows gathered, both dropped.
-fn gather_last(rt: &Runtime, hidden: &Tensor, n: usize) -> Result<()> {
+fn gather_last(rt: &Runtime, n: usize, cols: usize, dtype: DType) -> Result<()> {
     rt.set_op("dummy_run.logit_indices");
     let idx = rt.tensor("logit_indices", Category::Activation, &[n], DType::I64)?;
     let rows = rt.tensor(
         "last_hidden_states",
         Category::Activation,
-        &[n, hidden.cols()],
-        hidden.dtype,
+        &[n, cols],
+        dtype,
     )?;
-    drop(rows);
-    drop(idx);
+    drop((rows, idx));
     Ok(())
 }
 
-/// One `_warmup_and_capture`: an eager warm-up, then the capture into `pool`.
+/// Which engine's capture: what a size's warm-ups and graph look like.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Style {
+    /// V1: one warm-up, the gather after each run, FULL graphs with FlashAttention 3's 32
+    /// splits, PIECEWISE ones with attention skipped.
+    V1,
+    /// V0: two warm-ups (`_NUM_WARMUP_ITERS`), whole-model graphs, no gather; the decode
+    /// attention of `V0Attention` with its splits for this batch.
+    V0 {
+        attention: super::vllm::V0Attention,
+        /// SMs of the GPU, the key length the graphs are captured for (max_seq_len_to_capture
+        /// rounded up to whole blocks) and whether the GPU is a Hopper.
+        sms: usize,
+        keys: usize,
+        hopper: bool,
+    },
+}
+
+impl Style {
+    fn warmups(self) -> u32 {
+        match self {
+            Style::V1 => 1,
+            Style::V0 { .. } => 2,
+        }
+    }
+
+    /// The attention call of a FULL graph of `n` tokens of model shape `(heads, kv_heads, d)`.
+    fn attention(self, n: usize, heads: usize, kv_heads: usize, d: usize) -> FlashCall {
+        match self {
+            Style::V1 => FlashCall::Fa3 {
+                splits: FA3_GRAPH_SPLITS,
+            },
+            Style::V0 {
+                attention,
+                sms,
+                keys,
+                hopper,
+            } => {
+                if attention == super::vllm::V0Attention::Fa3OnHopper && hopper {
+                    FlashCall::Fa3V0 {
+                        splits: fa3_splits(kv_heads, sms, keys.div_ceil(128), keys * 2 * d * 2),
+                    }
+                } else {
+                    // Decode with grouped heads swaps the query heads of a KV head into rows
+                    // (`seqlenq_ngroups_swapped`): batch · kv_heads rows of one m-block.
+                    let rows = if heads > kv_heads {
+                        n * kv_heads
+                    } else {
+                        n * heads
+                    };
+                    let block_n = if d <= 64 {
+                        256
+                    } else if d <= 128 {
+                        128
+                    } else {
+                        64
+                    };
+                    FlashCall::Fa2Kvcache {
+                        splits: fa2_splits(rows, 2 * sms, keys.div_ceil(block_n)),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// FlashAttention 2's `num_splits_heuristic` (csrc/flash_attn/flash_api.cpp): no split when
+/// the blocks fill 80 % of the SMs, else the fewest splits within 85 % of the best wave
+/// efficiency, counting only split counts that change the blocks per split.
+pub fn fa2_splits(batch_nheads_mblocks: usize, sms: usize, n_blocks: usize) -> usize {
+    if batch_nheads_mblocks as f64 >= 0.8 * sms as f64 {
+        return 1;
+    }
+    let max = 128.min(sms).min(n_blocks).max(1);
+    let eligible = |s: usize| s == 1 || n_blocks.div_ceil(s) != n_blocks.div_ceil(s - 1);
+    let eff = |s: usize| {
+        let w = batch_nheads_mblocks as f64 * s as f64 / sms as f64;
+        w / w.ceil()
+    };
+    let best = (1..=max)
+        .filter(|&s| eligible(s))
+        .map(eff)
+        .fold(0.0, f64::max);
+    (1..=max)
+        .find(|&s| eligible(s) && eff(s) >= 0.85 * best)
+        .unwrap_or(1)
+}
+
+/// FlashAttention 3's heuristic for a decode call with dynamic splits (hopper/heuristics.h:
+/// the batch taken as 1): `total_mblocks` = KV heads, `size` the bytes of K and V of one
+/// sequence; causal.
+pub fn fa3_splits(total_mblocks: usize, sms: usize, n_blocks: usize, size: usize) -> usize {
+    if total_mblocks as f64 >= 0.8 * sms as f64 {
+        let _ = size;
+        return 1;
+    }
+    if n_blocks <= 4 {
+        return 1;
+    }
+    let max = 128.min(sms).min(n_blocks).max(1);
+    let eff = |s: usize| {
+        let w = total_mblocks as f64 * s as f64 / sms as f64;
+        w / w.ceil()
+    };
+    let best = (1..=max).map(eff).fold(0.0, f64::max);
+    (1..=max).find(|&s| eff(s) >= 0.85 * best).unwrap_or(1)
+}
+
+/// One size: its eager warm-ups, then the capture into `pool`.
 fn warmup_and_capture(
     rt: &Runtime,
     model: &CausalLm,
+    style: Style,
     kind: CaptureKind,
     n: usize,
     pool: u16,
     keep_reference: bool,
 ) -> Result<Captured> {
-    let vocab = model.config().vocab_size;
-    let batch = Batch::dummy(n, n, vocab);
+    let cfg = model.config();
+    let batch = Batch::dummy(n, n, cfg.vocab_size);
     model.set_skip_attention(kind == CaptureKind::Piecewise);
-    rt.set_attention_splits((kind == CaptureKind::Full).then_some(FA3_GRAPH_SPLITS));
+    rt.set_attention_splits(
+        (kind == CaptureKind::Full)
+            .then(|| style.attention(n, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)),
+    );
     let result = (|| {
-        rt.marker(&format!("warm-up {} {n}", kind.name()));
-        let h = model.forward_hidden(rt, &batch)?;
-        let eager = if keep_reference {
-            crate::engine::ops::read_f32(rt, &h)?
-        } else {
-            None
-        };
-        gather_last(rt, &h, n)?;
-        drop(h);
+        let mut eager = None;
+        for w in 0..style.warmups() {
+            rt.marker(&format!("warm-up {} {n}", kind.name()));
+            let h = model.forward_hidden(rt, &batch)?;
+            if keep_reference && w == 0 {
+                eager = crate::engine::ops::read_f32(rt, &h)?;
+            }
+            if matches!(style, Style::V1) {
+                gather_last(rt, n, h.cols(), h.dtype)?;
+            }
+            drop(h);
+        }
+        rt.synchronize()?;
         rt.marker(&format!("capture {} {n}", kind.name()));
         rt.capture_begin(pool, kind)?;
         let out = match model.forward_hidden(rt, &batch) {
@@ -204,15 +321,9 @@ fn warmup_and_capture(
         // The output is a weak reference once captured: its block goes back to the pool.
         drop(out);
         let graphs = rt.capture_end()?;
-        rt.set_op("dummy_run.logit_indices");
-        let idx = rt.tensor("logit_indices", Category::Activation, &[n], DType::I64)?;
-        let rows = rt.tensor(
-            "last_hidden_states",
-            Category::Activation,
-            &[n, cols],
-            dtype,
-        )?;
-        drop((rows, idx));
+        if matches!(style, Style::V1) {
+            gather_last(rt, n, cols, dtype)?;
+        }
         Ok(Captured {
             kind,
             graphs,
@@ -260,7 +371,7 @@ pub(crate) fn estimate(
             let mut samples = Vec::new();
             for &n in sizes.iter().take(2) {
                 let before = free_now(rt);
-                warmup_and_capture(rt, model, *kind, n, ESTIMATE_POOL, false)?;
+                warmup_and_capture(rt, model, Style::V1, *kind, n, ESTIMATE_POOL, false)?;
                 rt.synchronize()?;
                 samples.push(before.saturating_sub(free_now(rt)));
             }
@@ -302,6 +413,7 @@ pub(crate) fn capture(
     kv_blocks: u64,
     others_bytes: u64,
     estimate: Option<Estimate>,
+    style: Style,
 ) -> Result<GraphReport> {
     let total = rt.snapshot().mem.total;
     rt.empty_cache();
@@ -337,18 +449,53 @@ pub(crate) fn capture(
     };
     let check = rt.backend() == crate::device::Backend::Cuda;
     let side_before = rt.side_stream_reserved();
+    // V0 reads free memory first, then allocates the decode inputs every graph slices, on
+    // the default stream, kept for the instance's life (0.6.4.post1 worker/model_runner.py
+    // `capture_model`; docs/reading/vllm-v0-graphs.md).
+    let mut v0_inputs = Vec::new();
+    let v0_start = match style {
+        Style::V0 { keys, .. } => {
+            rt.synchronize()?;
+            let start = free_now(rt);
+            let b = plan
+                .iter()
+                .flat_map(|(_, s)| s.first().copied())
+                .max()
+                .unwrap_or(1);
+            let m = keys.div_ceil(geometry.block_size.max(1) as usize);
+            rt.set_op("capture_model.inputs");
+            for (name, shape, dtype) in [
+                ("graph_inputs.input_tokens", vec![b], DType::I64),
+                ("graph_inputs.input_positions", vec![b], DType::I64),
+                ("graph_inputs.slot_mapping", vec![b], DType::I64),
+                ("graph_inputs.seq_lens", vec![b], DType::I32),
+                ("graph_inputs.block_tables", vec![b, m], DType::I32),
+            ] {
+                v0_inputs.push(rt.tensor(name, Category::CudaGraph, &shape, dtype)?);
+            }
+            Some(start)
+        }
+        Style::V1 => None,
+    };
     rt.graph_side_stream(true)?;
     let started = std::time::Instant::now();
     let mut captured = Vec::new();
     let (mut process_before, mut process_after) = (0u64, 0u64);
     let run = (|| {
-        rt.synchronize()?;
-        rt.empty_cache();
-        let start_free = free_now(rt);
+        let start_free = match v0_start {
+            Some(s) => s,
+            None => {
+                rt.synchronize()?;
+                rt.empty_cache();
+                free_now(rt)
+            }
+        };
         process_before = rt.snapshot().process_used;
         for (kind, sizes) in plan {
             for &n in sizes {
-                captured.push(warmup_and_capture(rt, model, *kind, n, GRAPH_POOL, check)?);
+                captured.push(warmup_and_capture(
+                    rt, model, style, *kind, n, GRAPH_POOL, check,
+                )?);
             }
             rt.synchronize()?;
         }
@@ -394,6 +541,7 @@ pub(crate) fn capture(
     }
     rt.graphs_drop(GRAPH_POOL)?;
     rt.graph_side_stream(false)?;
+    drop(v0_inputs);
     drop(kv);
     rt.empty_cache();
     rt.marker("cudagraph capture end");

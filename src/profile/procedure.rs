@@ -726,6 +726,7 @@ pub(crate) fn run_rank(
     let layout = device.int8_tile_layout();
     let context_bytes = device.simulated_context_bytes();
     let sms = device.sm_count();
+    let hopper = device.is_hopper();
     let release = req.release()?;
     let nccl_source = rank.as_ref().map(|_| device.nccl_source(release.nccl));
     let tp_rank = rank.map(|r| crate::device::group::TpRank {
@@ -1005,7 +1006,7 @@ pub(crate) fn run_rank(
         }
     };
     // V1's CUDA graphs: where they are reproduced, on dry and CUDA devices.
-    let release_graphs = matches!(release.graphs, super::vllm::Graphs::V1 { .. })
+    let release_graphs = !matches!(release.graphs, super::vllm::Graphs::NotModelled)
         && !req.enforce_eager
         && matches!(work, Workload::Model { .. });
     let graphs_note = if !release_graphs {
@@ -1018,6 +1019,18 @@ pub(crate) fn run_rank(
         )
     } else if rt.backend() == crate::device::Backend::Cuda && rt.tp().is_some() {
         Some("CUDA graphs with tensor parallel are captured on dry devices only so far".into())
+    } else if rt.backend() == crate::device::Backend::Cuda
+        && (cfg.moe.is_some() || !matches!(req.quant, Quant::F16 | Quant::BF16))
+    {
+        Some(format!(
+            "CUDA graphs of {} are captured on dry devices only so far (their GPU path \
+             reads back to the host: MoE routing, int8 outliers)",
+            if cfg.moe.is_some() {
+                "a mixture of experts".to_string()
+            } else {
+                format!("--quant {}", req.quant)
+            }
+        ))
     } else {
         None
     };
@@ -1124,8 +1137,19 @@ pub(crate) fn run_rank(
                 blocks = all.iter().map(|v| v[0]).min().unwrap_or(0);
             }
             rt.progress(Progress::Phase(Phase::Verifying));
+            let style = match release.graphs {
+                super::vllm::Graphs::V0 { attention } => super::graphs::Style::V0 {
+                    attention,
+                    sms: sms.unwrap_or(132) as usize,
+                    // max_seq_len_to_capture = min(8192, max_model_len), in whole blocks.
+                    keys: (req.max_model_len.min(8192) as usize).div_ceil(req.block_size as usize)
+                        * req.block_size as usize,
+                    hopper,
+                },
+                _ => super::graphs::Style::V1,
+            };
             Some(super::graphs::capture(
-                &rt, model, &plan, &geometry, kv_dtype, blocks, others, estimate,
+                &rt, model, &plan, &geometry, kv_dtype, blocks, others, estimate, style,
             )?)
         }
         _ => None,

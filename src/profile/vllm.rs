@@ -85,19 +85,37 @@ pub enum AllReduce {
 /// The CUDA graphs a release captures after its KV cache, and what its budget knows of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Graphs {
-    /// Not reproduced (V0's CUDAGraphRunner: one decode graph per batch size).
+    /// Not reproduced: 380e1863, kept as the seed's reference (its reports stay byte for
+    /// byte), and 0.7 (its attention backend in decode is not read yet).
     NotModelled,
+    /// V0's `ModelRunner.capture_model` (0.6.4.post1 worker/model_runner.py; 0.8.5 the same
+    /// shape): the persistent decode inputs, then per batch size `[1, 2, 4] + 8k` up to
+    /// max_num_seqs rounded up to 8, largest first, two eager warm-ups and one whole-model
+    /// graph with attention (docs/reading/vllm-v0-graphs.md).
+    V0 { attention: V0Attention },
     /// V1: FULL_AND_PIECEWISE at the optimization level's default, sizes `[1, 2, 4] +
     /// range(8, 256, 8) + range(256, max + 1, 16)` with max = min(2 · max_num_seqs, 512,
     /// max_num_batched_tokens) (0.19.0 config/vllm.py:1352-1353, 1399-1403), PIECEWISE first,
     /// each largest first (v1/cudagraph_dispatcher.py:325-349), one warm-up per size
     /// (config/vllm.py:1023-1031).
     V1 {
+        /// 0.11 steps by 8 all the way: `[1, 2, 4] + range(8, max + 1, 8)` (0.11.0
+        /// config/__init__.py:592-606, 67 sizes for max 512).
+        step8: bool,
         /// 0.21 adds max_num_batched_tokens itself when it is at most the largest size
         /// (0.21.0 config/vllm.py:1526-1586).
         adds_batch_size: bool,
         estimator: Estimator,
     },
+}
+
+/// The attention kernel of V0's decode graphs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum V0Attention {
+    /// vllm-flash-attn 2's `flash_attn_with_kvcache`, its splits from FA2's heuristic.
+    Fa2,
+    /// FlashAttention 3 on Hopper (0.8.5's V0 backend; FA2 elsewhere).
+    Fa3OnHopper,
 }
 
 /// vLLM's CUDA graph memory estimator (`profile_cudagraph_memory`, PR #37426's line).
@@ -190,7 +208,9 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         attn_scalars: 0,
-        graphs: Graphs::NotModelled,
+        graphs: Graphs::V0 {
+            attention: V0Attention::Fa2,
+        },
         tokens_from_concurrency: false,
     },
     Release {
@@ -232,7 +252,9 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         attn_scalars: 0,
-        graphs: Graphs::NotModelled,
+        graphs: Graphs::V0 {
+            attention: V0Attention::Fa2,
+        },
         tokens_from_concurrency: false,
     },
     Release {
@@ -254,7 +276,9 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         attn_scalars: 0,
-        graphs: Graphs::NotModelled,
+        graphs: Graphs::V0 {
+            attention: V0Attention::Fa2,
+        },
         tokens_from_concurrency: false,
     },
     Release {
@@ -296,7 +320,40 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: true,
         has_gemma3: true,
         attn_scalars: 4,
-        graphs: Graphs::NotModelled,
+        graphs: Graphs::V0 {
+            attention: V0Attention::Fa3OnHopper,
+        },
+        tokens_from_concurrency: false,
+    },
+    Release {
+        name: "0.11",
+        aliases: &["0.11.0"],
+        formula: FormulaId::Pr12126,
+        ceil_budget: false,
+        llama_mlp_frees_gate_up: true,
+        all_reduce: AllReduce::OutOfPlace,
+        custom_ar_ipc_buffers: true,
+        chunked_prefill_tokens: 2048,
+        log: LogStyle::V1,
+        torch: "2.8",
+        nccl: NcclRules::Nccl221CumemOff,
+        changes: "V1 as 0.15 but requested = T·u as a float, not rounded up (v1/worker/\
+                  gpu_worker.py:182-184); capture sizes in steps of 8 up to 512 (67 for \
+                  1024 sequences, config/__init__.py:592-606); no graph estimate; the \
+                  sampler's sort, as `pip install vllm==0.11.0` runs it (FlashInfer, whose \
+                  sampler would take 14 bytes per logit instead of the sort's, is an optional \
+                  extra there: METADATA `extra == \"flashinfer\"`)",
+        engine: Engine::V1 {
+            top_k_top_p: TopKTopP::Sort,
+        },
+        has_qwen3: true,
+        has_gemma3: true,
+        attn_scalars: 7,
+        graphs: Graphs::V1 {
+            step8: true,
+            adds_batch_size: false,
+            estimator: Estimator::Absent,
+        },
         tokens_from_concurrency: false,
     },
     Release {
@@ -325,6 +382,7 @@ pub const RELEASES: &[Release] = &[
         has_gemma3: true,
         attn_scalars: 7,
         graphs: Graphs::V1 {
+            step8: false,
             adds_batch_size: false,
             estimator: Estimator::Absent,
         },
@@ -353,6 +411,7 @@ pub const RELEASES: &[Release] = &[
         has_gemma3: true,
         attn_scalars: 7,
         graphs: Graphs::V1 {
+            step8: false,
             adds_batch_size: false,
             estimator: Estimator::Computed,
         },
@@ -384,6 +443,7 @@ pub const RELEASES: &[Release] = &[
         has_gemma3: true,
         attn_scalars: 7,
         graphs: Graphs::V1 {
+            step8: false,
             adds_batch_size: true,
             estimator: Estimator::Applied,
         },
@@ -446,17 +506,32 @@ impl Release {
         max_num_batched_tokens: usize,
     ) -> Vec<(crate::engine::runtime::CaptureKind, Vec<usize>)> {
         use crate::engine::runtime::CaptureKind;
+        if let Graphs::V0 { .. } = self.graphs {
+            // `_BATCH_SIZES_TO_CAPTURE` up to `_get_graph_batch_size(max_num_seqs)`, capped at
+            // 8192 (0.6.4.post1 worker/model_runner.py: [1, 2, 4] + [8 · i]).
+            let candidates = [1usize, 2, 4].into_iter().chain((1..=1024).map(|i| 8 * i));
+            let top = candidates
+                .clone()
+                .find(|&c| c >= max_num_seqs.max(1))
+                .unwrap_or(8192);
+            let mut sizes: Vec<usize> = candidates.filter(|&c| c <= top).collect();
+            sizes.reverse();
+            return vec![(CaptureKind::Full, sizes)];
+        }
         let Graphs::V1 {
-            adds_batch_size, ..
+            step8,
+            adds_batch_size,
+            ..
         } = self.graphs
         else {
             return Vec::new();
         };
         let max = (2 * max_num_seqs).min(512).min(max_num_batched_tokens);
+        let (top8, step) = if step8 { (513, 8) } else { (256, 16) };
         let mut sizes: Vec<usize> = [1, 2, 4]
             .into_iter()
-            .chain((8..256).step_by(8))
-            .chain((256..=max.max(256)).step_by(16))
+            .chain((8..top8).step_by(8))
+            .chain((256..=max.max(256)).step_by(step).filter(|_| !step8))
             .filter(|&n| n <= max)
             .collect();
         if adds_batch_size
@@ -478,7 +553,7 @@ impl Release {
     pub fn estimator(&self) -> Estimator {
         match self.graphs {
             Graphs::V1 { estimator, .. } => estimator,
-            Graphs::NotModelled => Estimator::Absent,
+            Graphs::NotModelled | Graphs::V0 { .. } => Estimator::Absent,
         }
     }
 }
@@ -543,6 +618,10 @@ mod tests {
         assert_eq!(p21[0].1[..3], [300, 288, 272]);
         assert!(release("0.19").unwrap().capture_plan(256, 300)[0].1[0] == 288);
         assert!(release("0.8").unwrap().capture_plan(256, 2048).is_empty());
+        // 0.11: steps of 8 to 512, 67 sizes.
+        let p11 = release("0.11").unwrap().capture_plan(1024, 8192);
+        assert_eq!(p11[0].1.len(), 67);
+        assert_eq!(p11[0].1[..3], [512, 504, 496]);
     }
 
     #[test]

@@ -246,6 +246,10 @@ impl CudaDevice {
         Ok(dev)
     }
 
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.cc
+    }
+
     fn spec(&self) -> String {
         format!("cuda:{}", self.ordinal)
     }

@@ -41,6 +41,23 @@ pub fn modelled_exec_bytes(ops: u32) -> u64 {
     EXEC_BYTES_PER_GRAPH + EXEC_BYTES_PER_OP * ops as u64
 }
 
+/// The flash-attention call a decode step's graph makes, for what it allocates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlashCall {
+    /// FlashAttention 3 with `num_splits = splits` in vLLM V1's FULL graphs (32 on Hopper:
+    /// 0.19.0 v1/attention/backends/flash_attn.py:391-401): `softmax_lse`, then fp32
+    /// `out_accum [s, heads, T, d]` and `softmax_lse_accum [s, heads, T]` (flash-attention
+    /// hopper/flash_api.cpp:1182-1191); its tile semaphore is V1's persistent scheduler buffer.
+    Fa3 { splits: usize },
+    /// FlashAttention 3 under V0 (0.8.5 on Hopper): `softmax_lse`, a tile semaphore int32
+    /// `[1 + T]`, then the accumulators when splitting.
+    Fa3V0 { splits: usize },
+    /// vllm-flash-attn 2's `flash_attn_with_kvcache` (V0 0.6.x): `softmax_lse [T · heads]`,
+    /// then fp32 `softmax_lse_accum [s, T, heads]` and `out_accum [s, T, heads, d rounded up
+    /// to 32]` when splitting (docs/reading/vllm-v0-graphs.md).
+    Fa2Kvcache { splits: usize },
+}
+
 /// vLLM's CUDA graph runtime modes (`CUDAGraphMode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -80,7 +97,7 @@ pub struct GraphRecord {
 pub(super) struct GraphState {
     /// FlashAttention 3's split count while vLLM's FULL graphs run attention (see
     /// `Runtime::set_attention_splits`).
-    attn_splits: Option<usize>,
+    attn_splits: Option<FlashCall>,
     side: bool,
     /// The default stream's workspace flags while a side stream runs: PyTorch keeps a cuBLAS
     /// (and cuBLASLt) workspace per handle and stream, so a new stream takes its own at its
@@ -112,16 +129,13 @@ impl GraphState {
 }
 
 impl Runtime {
-    /// With `Some(s)`, attention allocates as FlashAttention 3 does with `num_splits = s`
-    /// (vLLM V1's FULL graphs on Hopper: `max_num_splits` 32, 0.19.0
-    /// v1/attention/backends/flash_attn.py:391-401): fp32 `out_accum [s, heads, T, d]` and
-    /// `softmax_lse_accum [s, heads, T]` per call (flash-attention hopper/flash_api.cpp
-    /// :1182-1191). `None`: FlashAttention 2's varlen call (V0's, and V1's eager passes).
-    pub fn set_attention_splits(&self, splits: Option<usize>) {
-        self.0.borrow_mut().graphs.attn_splits = splits;
+    /// With `Some(call)`, attention allocates as that decode call of a CUDA graph does (see
+    /// `FlashCall`). `None`: FlashAttention 2's varlen call (the profile passes).
+    pub fn set_attention_splits(&self, call: Option<FlashCall>) {
+        self.0.borrow_mut().graphs.attn_splits = call;
     }
 
-    pub fn attention_splits(&self) -> Option<usize> {
+    pub fn attention_splits(&self) -> Option<FlashCall> {
         self.0.borrow().graphs.attn_splits
     }
 
