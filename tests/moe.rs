@@ -183,8 +183,9 @@ fn the_fused_moe_buffers_appear_in_every_moe_layer() {
         ..ProfileRequest::default()
     };
     let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
+    // The profile pass's (the CUDA graph capture after the KV cache runs the layers again).
     let allocs = |suffix: &str| -> Vec<u64> {
-        r.events
+        r.profile_events()
             .iter()
             .filter(|e| e.kind == vramscope::memory::EventKind::Alloc && e.tensor.ends_with(suffix))
             .map(|e| e.bytes)

@@ -423,3 +423,44 @@ fn a_model_that_does_not_fit_says_so_and_what_would() {
     assert!(fits.vllm_answer().unwrap().kv_blocks > 0);
     assert!(fits.does_not_fit().is_none());
 }
+
+/// V0's CUDA graphs (0.6.4): after the KV cache, the decode inputs for the largest batch, then
+/// 35 whole-model graphs for 256 sequences (256 down to 8 in steps of 8, then 4, 2, 1), each
+/// after two warm-ups, with FlashAttention 2's split accumulators where its heuristic splits
+/// (32 at batch 1); the default release (380e1863) captures none.
+#[test]
+fn v0_captures_its_decode_graphs_after_the_kv_cache() {
+    let mut req = request("preset:llama-3-8b", Quant::F16, "sim:h200:dry");
+    req.vllm = "0.6.4".into();
+    let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
+    let g = r.graphs.as_ref().expect("0.6.4 captures graphs");
+    assert_eq!(g.graphs, 35);
+    assert!(g.estimate.is_none());
+    let allocs = |name: &str| -> Vec<u64> {
+        r.events
+            .iter()
+            .filter(|e| e.kind == EventKind::Alloc && e.tensor == name)
+            .map(|e| e.bytes)
+            .collect()
+    };
+    // Block tables [256, 8192 / 16] int32.
+    assert_eq!(allocs("graph_inputs.block_tables"), [256 * 512 * 4]);
+    // Splits × 32 heads × batch × 128 fp32, in both warm-ups and the capture: 32 × 1, 16 × 2,
+    // 4 × 8 and 2 × 16 all make 512 KiB; 7 × 4 and 4 × 24 their own; from 32 on no split.
+    let acc = |bytes: u64| {
+        allocs("layers.0.attn.out_accum")
+            .iter()
+            .filter(|&&b| b == bytes)
+            .count()
+    };
+    assert_eq!(acc(32 * 32 * 128 * 4), 4 * 3);
+    assert_eq!(acc(7 * 32 * 4 * 128 * 4), 3);
+    assert_eq!(acc(4 * 32 * 24 * 128 * 4), 3);
+    assert_eq!(allocs("layers.0.attn.out_accum").len(), 6 * 3);
+    let lines = r.vllm_graph_log_lines().join("\n");
+    assert!(lines.starts_with("INFO model_runner.py] Graph capturing finished in"));
+    let mut default = request("preset:llama-3-8b", Quant::F16, "sim:h200:dry");
+    default.vllm = profile::vllm::DEFAULT.into();
+    let d = profile::run(&default, None, Arc::new(AtomicBool::new(false))).unwrap();
+    assert!(d.graphs.is_none() && d.graphs_note.is_none());
+}

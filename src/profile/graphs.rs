@@ -594,3 +594,25 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
         (num / den).sqrt()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// FlashAttention 2's splits for Llama-3-8B's decode graphs on 132 SMs at 8192 keys (8 KV
+    /// heads, 64 blocks of 128 keys): as the heuristic in flash_api.cpp gives them
+    /// (docs/reading/vllm-v0-graphs.md).
+    #[test]
+    fn fa2_splits_follow_the_heuristic() {
+        let at = |batch: usize| fa2_splits(batch * 8, 2 * 132, 8192usize.div_ceil(128));
+        let got: Vec<usize> = [1, 2, 4, 8, 16, 24, 32, 256]
+            .iter()
+            .map(|&b| at(b))
+            .collect();
+        assert_eq!(got, [32, 16, 7, 4, 2, 4, 1, 1]);
+        // FlashAttention 3 under V0 0.8.5: 15 splits at 8192 keys, 14 at 2048 and 4096.
+        assert_eq!(fa3_splits(8, 132, 64, 8192 * 2 * 128 * 2), 15);
+        assert_eq!(fa3_splits(8, 132, 16, 2048 * 2 * 128 * 2), 14);
+        assert_eq!(fa3_splits(8, 132, 32, 4096 * 2 * 128 * 2), 14);
+    }
+}

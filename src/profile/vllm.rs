@@ -617,7 +617,18 @@ mod tests {
         let p21 = release("0.21").unwrap().capture_plan(256, 300);
         assert_eq!(p21[0].1[..3], [300, 288, 272]);
         assert!(release("0.19").unwrap().capture_plan(256, 300)[0].1[0] == 288);
-        assert!(release("0.8").unwrap().capture_plan(256, 2048).is_empty());
+        // V0: whole-model graphs for [1, 2, 4] + 8k up to max_num_seqs rounded up to 8; the
+        // default release keeps none.
+        let p08 = release("0.8").unwrap().capture_plan(256, 2048);
+        assert_eq!(p08.len(), 1);
+        assert_eq!(p08[0].0, CaptureKind::Full);
+        assert_eq!(p08[0].1.len(), 35);
+        assert_eq!(p08[0].1[..2], [256, 248]);
+        assert_eq!(
+            release("0.6.4").unwrap().capture_plan(3, 2048)[0].1,
+            [4, 2, 1]
+        );
+        assert!(release(DEFAULT).unwrap().capture_plan(256, 2048).is_empty());
         // 0.11: steps of 8 to 512, 67 sizes.
         let p11 = release("0.11").unwrap().capture_plan(1024, 8192);
         assert_eq!(p11[0].1.len(), 67);
