@@ -191,6 +191,24 @@ impl TimelineView {
             .map_or(&[][..], |r| r.device_samples.as_slice());
         // Pass and checkpoint labels grow with the text (Present).
         let body = egui::TextStyle::Body.resolve(ui.style()).size;
+        // vLLM's CUDA graph estimate and what the graphs took, as two levels over the capture
+        // phase: this process's memory when the capture began, plus each.
+        let graph_levels = input.report.and_then(|r| {
+            let g = r.graphs.as_ref()?;
+            let at = |name: &str| {
+                events
+                    .iter()
+                    .find(|e| e.kind == EventKind::Marker && e.tensor == name)
+            };
+            let (start, end) = (at("cudagraph capture")?, at("cudagraph capture end")?);
+            let base = start.process_used as f64;
+            Some((
+                start.time_us,
+                end.time_us,
+                base + g.took_bytes as f64,
+                g.estimate.as_ref().map(|e| base + e.total_bytes as f64),
+            ))
+        });
         let cache = &mut self.cache;
         let stacked = self.stacked;
         let hidden = self.hidden;
@@ -281,6 +299,23 @@ impl TimelineView {
                         .color(series_colour(*s, dark))
                         .width(if *s == Series::Allocated { 2.2 } else { 1.6 }),
                 );
+            }
+            if let Some((t0, t1, actual, estimate)) = graph_levels {
+                let (x0, x1) = (xt(t0), xt(t1));
+                let colour = on_bg(palette::category(Category::CudaGraph), dark);
+                pui.line(
+                    Line::new("CUDA graphs: actual", vec![[x0, actual], [x1, actual]])
+                        .color(colour)
+                        .width(2.0),
+                );
+                if let Some(e) = estimate {
+                    pui.line(
+                        Line::new("CUDA graphs: vLLM's estimate", vec![[x0, e], [x1, e]])
+                            .color(colour)
+                            .style(LineStyle::dashed_dense())
+                            .width(2.0),
+                    );
+                }
             }
             if !cache.view_samples.is_empty() {
                 pui.line(
