@@ -118,9 +118,9 @@ fn q1_llama_3_1_8b_on_an_h100_under_0_19() {
     assert!(glines.contains("In v0.19, CUDA graph memory profiling will be enabled"));
 }
 
-/// 0.21 subtracts its estimate from the KV budget; the same run under 0.19 only logs it, and
-/// `--enforce-eager` captures nothing. The profile pass is the same, so the KV bytes differ by
-/// the estimate exactly, and 0.21 counts tokens as int(concurrency · max_model_len).
+/// 0.21 subtracts its estimate from the KV budget, and `--enforce-eager` captures nothing:
+/// the profile pass is the same, so the KV bytes differ by the estimate exactly. 0.19 only
+/// logs its estimate; 0.21 counts tokens as int(concurrency · max_model_len).
 #[test]
 fn the_graph_estimate_comes_off_0_21s_budget() {
     let at = |vllm: &str, eager: bool| {
@@ -134,9 +134,12 @@ fn the_graph_estimate_comes_off_0_21s_budget() {
     assert!(est > 0);
     assert_eq!(r19.graphs_estimate_applied(), 0);
     let (a19, a21) = (r19.vllm_answer().unwrap(), r21.vllm_answer().unwrap());
-    assert_eq!(a19.kv_bytes - a21.kv_bytes, est as i64);
+    let a_eager = eager.vllm_answer().unwrap();
+    assert_eq!(a_eager.kv_bytes - a21.kv_bytes, est as i64);
     assert!(eager.graphs.is_none() && eager.vllm_graph_log_lines().is_empty());
-    assert_eq!(eager.vllm_answer().unwrap().kv_bytes, a19.kv_bytes);
+    // 0.21's first sampler run (FlashInfer) leaves its 1 MiB row-state buffer allocated
+    // through the second (Triton's), one MiB over 0.19's peak.
+    assert_eq!(a19.kv_bytes - a_eager.kv_bytes, 1 << 20);
     // 8000 tokens take 500 blocks of 16: int(blocks / 500 · 8000), as Python computes it.
     let lines = r21.vllm_log_lines().join("\n");
     let tokens = (a21.kv_blocks as f64 / 500.0 * 8000.0) as u64;

@@ -639,7 +639,17 @@ pub enum V1TopKTopP {
     /// place, with a cached `[min(pow2(min(SMs, R)), SMs), V]` buffer in the logits' dtype
     /// and two cached 200-entry tables, which stay allocated. Below 8 rows, the sort.
     Triton { sms: u64 },
+    /// FlashInfer 0.6.8.post1's `top_k_top_p_sampling_from_logits` (vLLM 0.21's default on
+    /// compute capability 7.5 to 12.1; topk_topp_sampler.py:132-157, 409-451): a 1 MiB row-state
+    /// buffer made once and cached, `k.int()`, the masked logits, their softmax, then the
+    /// int32 samples and a `valid` flag per row (flashinfer/sampling.py:540-561, 1286-1428,
+    /// 200-243; docs/reading/vllm-v011-flashinfer.md). It samples by itself: no exponential
+    /// draws.
+    FlashInfer,
 }
+
+/// FlashInfer's cached `top_k_mask_logits_row_states` buffer (1 MiB, uint8 zeros).
+const FLASHINFER_ROW_STATES: usize = 1 << 20;
 
 /// V1's dummy sampling metadata (0.19.0 v1/worker/gpu_model_runner.py:5574-5594).
 const V1_TEMPERATURE: f32 = 0.5;
@@ -775,7 +785,10 @@ impl Sampler {
                     DType::I32,
                 )?;
                 let mut cache = self.v1_cache.borrow_mut();
-                if cache.is_empty() {
+                if !cache
+                    .iter()
+                    .any(|t| t.name.starts_with("sampler.triton_buffer"))
+                {
                     let programs = (sms.max(1) as usize).min(rows);
                     let buf_rows = programs.next_power_of_two().min(sms.max(1) as usize);
                     cache.push(rt.tensor(
@@ -801,6 +814,7 @@ impl Sampler {
                 }
                 drop(k32);
             }
+            V1TopKTopP::FlashInfer => {}
             _ => {
                 rt.set_op("sampler_v1.sort");
                 let mut sorted =
@@ -862,6 +876,66 @@ impl Sampler {
             }
         }
 
+        if top_k_top_p == V1TopKTopP::FlashInfer {
+            rt.set_op("sampler_v1.flashinfer");
+            let mut cache = self.v1_cache.borrow_mut();
+            if !cache
+                .iter()
+                .any(|t| t.name.starts_with("sampler.flashinfer_row_states"))
+            {
+                cache.push(rt.tensor(
+                    "sampler.flashinfer_row_states (cached)",
+                    Category::Sampler,
+                    &[FLASHINFER_ROW_STATES],
+                    DType::U8,
+                )?);
+            }
+            drop(cache);
+            let k32 = rt.tensor(
+                "sampler.top_k_int32",
+                Category::Sampler,
+                &[rows],
+                DType::I32,
+            )?;
+            let masked = rt.tensor("sampler.mask_logits", Category::Sampler, &shape, DType::F32)?;
+            let probs = rt.tensor("sampler.probs", Category::Sampler, &shape, DType::F32)?;
+            let samples = rt.tensor(
+                "sampler.samples_int32",
+                Category::Sampler,
+                &[rows],
+                DType::I32,
+            )?;
+            let valid = rt.tensor("sampler.valid", Category::Sampler, &[rows], DType::U8)?;
+            drop((valid, probs, masked, k32));
+            // `.long()` of the samples, then the `torch.where` with the greedy ids.
+            rt.set_op("sampler_v1.where");
+            let random = rt.tensor(
+                "sampler.random_sampled",
+                Category::Sampler,
+                &[rows],
+                DType::I64,
+            )?;
+            drop(samples);
+            let below = rt.tensor(
+                "sampler.temp_below_eps",
+                Category::Sampler,
+                &[rows],
+                DType::U8,
+            )?;
+            let sampled = rt.tensor("sampler.sampled", Category::Sampler, &[rows], DType::I64)?;
+            drop((
+                below,
+                sampled,
+                random,
+                greedy,
+                logits,
+                penalties,
+                top_k,
+                top_p,
+                temperature,
+            ));
+            return Ok(out);
+        }
         // `forward_native`: probs in f32; `random_sample`: q, `probs.div_(q).argmax`.
         rt.set_op("sampler_v1.softmax");
         let mut probs = rt.tensor("sampler.probs", Category::Sampler, &shape, DType::F32)?;

@@ -34,7 +34,8 @@ enum Workload {
         batch: Batch,
         sampler: Option<Sampler>,
         /// vLLM V1's sampler run and its top-k/top-p (a V1 release), else V0's.
-        v1: Option<sampler::V1TopKTopP>,
+        /// The sampler runs of V1's `_dummy_sampler_run`, in order (0.21 runs two).
+        v1: Option<Vec<sampler::V1TopKTopP>>,
     },
     /// vLLM's `test_memory_profiling`: weights of a given size, a spike of activations.
     Synthetic { _weights: Tensor, spike_bytes: u64 },
@@ -82,7 +83,10 @@ impl Workload {
                         model.config().final_logit_softcap(),
                     )?;
                     s.head_rows.set(if want_logits { LOGITS_ROWS } else { 0 });
-                    let o = s.forward_v1(rt, &logits, vocab, *path)?;
+                    let mut o = Default::default();
+                    for p in path {
+                        o = s.forward_v1(rt, &logits, vocab, *p)?;
+                    }
                     out.logits_head = o.logits_head;
                     out.sampled = o.ids;
                     drop(logits);
@@ -824,13 +828,19 @@ pub(crate) fn run_rank(
                     sampler: req.sampler.then(|| Sampler::new(req.seed)),
                     v1: match release.engine {
                         super::vllm::Engine::V0 => None,
-                        super::vllm::Engine::V1 { top_k_top_p } => Some(match top_k_top_p {
-                            super::vllm::TopKTopP::Sort => sampler::V1TopKTopP::Sort,
-                            super::vllm::TopKTopP::Triton => sampler::V1TopKTopP::Triton {
-                                // A preset without an SM count (the test mock): an H100's.
+                        super::vllm::Engine::V1 { top_k_top_p } => {
+                            // A preset without an SM count (the test mock): an H100's.
+                            let triton = sampler::V1TopKTopP::Triton {
                                 sms: sms.unwrap_or(132),
-                            },
-                        }),
+                            };
+                            Some(match top_k_top_p {
+                                super::vllm::TopKTopP::Sort => vec![sampler::V1TopKTopP::Sort],
+                                super::vllm::TopKTopP::Triton => vec![triton],
+                                super::vllm::TopKTopP::FlashInferThenTriton => {
+                                    vec![sampler::V1TopKTopP::FlashInfer, triton]
+                                }
+                            })
+                        }
                     },
                 },
                 info,

@@ -64,6 +64,10 @@ pub enum TopKTopP {
     /// buffer in the logits' dtype (R' = min(SMs, rows)) that stays allocated; PyTorch's sort
     /// below 8 rows.
     Triton,
+    /// 0.21: the dummy sampler runs twice (0.21.0 v1/worker/gpu_model_runner.py:5746-5765):
+    /// first FlashInfer's top-k/top-p sampling (the default from 0.21 on compute capability
+    /// 7.5 to 12.1), then with a generator, which takes the native path, Triton's.
+    FlashInferThenTriton,
 }
 
 /// How a row-parallel layer's all-reduce allocates with tensor parallel.
@@ -434,10 +438,10 @@ pub const RELEASES: &[Release] = &[
                   v1/worker/gpu_worker.py:421-447); max_num_batched_tokens joins the capture \
                   sizes when it is at most the largest (config/vllm.py:1526-1586); KV tokens \
                   int(max concurrency · max_model_len) (v1/core/kv_cache_utils.py:1708-1715); \
-                  the sampler's top-k/top-p as 0.19 (FlashInfer's, 0.21's default where \
-                  installed, is not modelled)",
+                  the dummy sampler twice, FlashInfer's top-k/top-p sampling then Triton's \
+                  (gpu_model_runner.py:5746-5765)",
         engine: Engine::V1 {
-            top_k_top_p: TopKTopP::Triton,
+            top_k_top_p: TopKTopP::FlashInferThenTriton,
         },
         has_qwen3: true,
         has_gemma3: true,
