@@ -205,7 +205,7 @@ impl Style {
             } => {
                 if attention == super::vllm::V0Attention::Fa3OnHopper && hopper {
                     FlashCall::Fa3V0 {
-                        splits: fa3_splits(kv_heads, sms, keys.div_ceil(128), keys * 2 * d * 2),
+                        splits: fa3_splits(kv_heads, sms, keys.div_ceil(128)),
                     }
                 } else {
                     // Decode with grouped heads swaps the query heads of a KV head into rows
@@ -254,11 +254,10 @@ pub fn fa2_splits(batch_nheads_mblocks: usize, sms: usize, n_blocks: usize) -> u
 }
 
 /// FlashAttention 3's heuristic for a decode call with dynamic splits (hopper/heuristics.h:
-/// the batch taken as 1): `total_mblocks` = KV heads, `size` the bytes of K and V of one
-/// sequence; causal.
-pub fn fa3_splits(total_mblocks: usize, sms: usize, n_blocks: usize, size: usize) -> usize {
+/// the batch taken as 1): `total_mblocks` = KV heads. Causal, so its rule for large
+/// non-causal K/V (splits by 50 MiB of L2) never applies.
+pub fn fa3_splits(total_mblocks: usize, sms: usize, n_blocks: usize) -> usize {
     if total_mblocks as f64 >= 0.8 * sms as f64 {
-        let _ = size;
         return 1;
     }
     if n_blocks <= 4 {
@@ -471,7 +470,14 @@ pub(crate) fn capture(
                 ("graph_inputs.seq_lens", vec![b], DType::I32),
                 ("graph_inputs.block_tables", vec![b, m], DType::I32),
             ] {
-                v0_inputs.push(rt.tensor(name, Category::CudaGraph, &shape, dtype)?);
+                match rt.tensor(name, Category::CudaGraph, &shape, dtype) {
+                    Ok(t) => v0_inputs.push(t),
+                    Err(e @ Error::OutOfMemory { .. }) => {
+                        report.failed = Some(format!("the graphs' decode inputs: {e}"));
+                        return Ok(report);
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             Some(start)
         }
@@ -611,8 +617,8 @@ mod tests {
             .collect();
         assert_eq!(got, [32, 16, 7, 4, 2, 4, 1, 1]);
         // FlashAttention 3 under V0 0.8.5: 15 splits at 8192 keys, 14 at 2048 and 4096.
-        assert_eq!(fa3_splits(8, 132, 64, 8192 * 2 * 128 * 2), 15);
-        assert_eq!(fa3_splits(8, 132, 16, 2048 * 2 * 128 * 2), 14);
-        assert_eq!(fa3_splits(8, 132, 32, 4096 * 2 * 128 * 2), 14);
+        assert_eq!(fa3_splits(8, 132, 64), 15);
+        assert_eq!(fa3_splits(8, 132, 16), 14);
+        assert_eq!(fa3_splits(8, 132, 32), 14);
     }
 }
