@@ -356,6 +356,7 @@ pub(crate) fn estimate(
         .flat_map(|(_, s)| s.first().copied())
         .max()
         .unwrap_or(1);
+    rt.graph_prepare()?;
     rt.marker("cudagraph estimate");
     let kv = allocate_kv(rt, geometry, kv_dtype, largest as u64, "estimator")?;
     rt.graph_side_stream(true)?;
@@ -415,6 +416,7 @@ pub(crate) fn capture(
     style: Style,
 ) -> Result<GraphReport> {
     let total = rt.snapshot().mem.total;
+    rt.graph_prepare()?;
     rt.empty_cache();
     rt.reset_process_peak();
     rt.marker("cudagraph capture");

@@ -16,8 +16,12 @@ use cudarc::driver::{result as drv, sys as dsys, CudaGraph, CudaStream};
 use super::CudaDevice;
 use crate::base::error::Result;
 
-/// Bytes of each input arena (host and device): a capture's ids and positions take a few KiB.
-const ARENA_BYTES: usize = 8 << 20;
+/// Bytes of each input arena (host and device). Every captured op that reads host data keeps
+/// its own place: V0's 131 batch sizes up to 1024 stage about 10 MB of ids and positions.
+const ARENA_BYTES: usize = 64 << 20;
+/// The part of the arenas that eager (not captured) work on the side stream reuses, after a
+/// synchronize, so warm-ups take no permanent place.
+const SCRATCH_BYTES: usize = 1 << 20;
 
 #[derive(Default)]
 pub(super) struct Graphs {
@@ -78,7 +82,8 @@ impl CudaDevice {
         Ok(())
     }
 
-    fn ensure_arenas(&mut self) -> Result<()> {
+    /// Makes the input arenas now (before a measurement of free memory starts).
+    pub fn ensure_arenas(&mut self) -> Result<()> {
         if self.graphs.host.is_none() {
             // SAFETY: a plain page-locked host allocation, freed in `drop_graph_arenas`.
             let p = unsafe { drv::malloc_host(ARENA_BYTES, 0) }
@@ -97,13 +102,27 @@ impl CudaDevice {
         self.graphs.parked.is_some()
     }
 
-    /// `stage` on the side stream: the bytes go to the next free place of the host arena and
-    /// an asynchronous copy on the stream brings them to the device arena.
+    /// `stage` on the side stream: the bytes go to a place of the host arena and an
+    /// asynchronous copy on the stream brings them to the device arena. A capture's place is
+    /// its own until the graphs go; eager work waits for the stream and reuses the scratch
+    /// part at the arena's start.
     pub(super) fn stage_on_side(&mut self, bytes: &[u8]) -> Result<u64> {
         let (Some((host, cap)), Some((dev, _))) = (self.graphs.host, self.graphs.dev) else {
             return Err(self.err("graph inputs", "no input arena (side stream not entered)"));
         };
-        let at = self.graphs.used.next_multiple_of(256);
+        if !self.graphs.capturing && bytes.len() <= SCRATCH_BYTES {
+            self.stream
+                .synchronize()
+                .map_err(|e| self.err("synchronize", e))?;
+            // SAFETY: the scratch part lies inside the host arena; nothing reads it now.
+            let dst = unsafe { std::slice::from_raw_parts_mut(host as *mut u8, bytes.len()) };
+            dst.copy_from_slice(bytes);
+            // SAFETY: page-locked source, device destination inside the arena.
+            unsafe { drv::memcpy_htod_async(dev, &*dst, self.stream.cu_stream()) }
+                .map_err(|e| self.err("copy to GPU", e))?;
+            return Ok(dev);
+        }
+        let at = self.graphs.used.max(SCRATCH_BYTES).next_multiple_of(256);
         if at + bytes.len() > cap {
             return Err(self.err(
                 "graph inputs",

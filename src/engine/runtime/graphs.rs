@@ -178,6 +178,16 @@ impl Runtime {
         Ok(())
     }
 
+    /// Makes what captures need outside the framework before any memory is measured (a GPU's
+    /// input arenas for captured host copies).
+    pub fn graph_prepare(&self) -> Result<()> {
+        let mut i = self.0.borrow_mut();
+        if let Some(c) = i.device.cuda() {
+            c.ensure_arenas()?;
+        }
+        Ok(())
+    }
+
     /// Opens a capture into private pool `pool`.
     pub fn capture_begin(&self, pool: u16, kind: CaptureKind) -> Result<()> {
         {
