@@ -450,15 +450,7 @@ pub fn read_compare_logits(path: &Path) -> Result<Vec<f32>> {
         .collect()
 }
 
-/// Relative L2 error ‖a − b‖ / ‖b‖.
-pub fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
-    let (mut num, mut den) = (0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        num += (*x as f64 - *y as f64).powi(2);
-        den += (*y as f64).powi(2);
-    }
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
-}
+pub use crate::base::units::relative_l2;
 
 #[cfg(test)]
 mod tests {

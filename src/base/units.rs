@@ -67,6 +67,16 @@ pub fn fmt_i(bytes: i64) -> String {
     fmt_bytes(bytes as i128)
 }
 
+/// Relative L2 error ‖a − b‖ / ‖b‖.
+pub fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += (*x as f64 - *y as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -571,7 +571,11 @@ fn replay_check(rt: &Runtime, captured: &[Captured]) -> Result<ReplayCheck> {
         let Some(got) = rt.download_at(ptr, numel, dtype)? else {
             continue;
         };
-        let d = rel_l2(&got, eager);
+        let d = if got.len() == eager.len() {
+            crate::base::units::relative_l2(&got, eager)
+        } else {
+            f64::INFINITY
+        };
         check.checked += 1;
         // A NaN distance is the worst of all.
         if d.is_nan() || d > check.worst_rel_l2 {
@@ -580,27 +584,6 @@ fn replay_check(rt: &Runtime, captured: &[Captured]) -> Result<ReplayCheck> {
         }
     }
     Ok(check)
-}
-
-/// ‖a − b‖ / ‖b‖ (infinite when the lengths differ or b is zero and a is not).
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    if a.len() != b.len() {
-        return f64::INFINITY;
-    }
-    let (mut num, mut den) = (0f64, 0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        num += (x as f64 - y as f64).powi(2);
-        den += (y as f64).powi(2);
-    }
-    if den == 0.0 {
-        if num == 0.0 {
-            0.0
-        } else {
-            f64::INFINITY
-        }
-    } else {
-        (num / den).sqrt()
-    }
 }
 
 #[cfg(test)]
