@@ -30,7 +30,12 @@ pub(super) fn is_graph_pool(pool: u16) -> bool {
 /// (docs/gpu-runs.md run 54, Llama-3-8B with vLLM 0.19's 51 PIECEWISE sizes × 33 pieces and
 /// 51 FULL graphs: 387,973,120 B for 1,734 graphs of 29,580 ops, and 6 MiB for the 33 pieces
 /// of 290 ops that the estimator's second PIECEWISE sample instantiates; the fit gives
-/// 387,090,000 B for the whole capture, 0.2 % under).
+/// 387,090,000 B for the whole capture, 0.2 % under). The same driver took 8.6 % less for
+/// those graphs in run 55 (cuBLAS chose other kernels, fewer nodes) and, in run 56, 23 % more
+/// than this model for vLLM 0.6.4's 131 whole-model V0 graphs (226,492,416 B against
+/// 174,063,616 B): a graph of hundreds of ops costs more per op than a piece of nine. A
+/// linear fit of runs 55 and 56 (109,000 B + 5,600 B an op) would move the estimator's
+/// PIECEWISE sample from the GPU's 6 MiB to 4 MiB, so the fit of run 54 stays.
 pub const EXEC_BYTES_PER_GRAPH: u64 = 155_000;
 pub const EXEC_BYTES_PER_OP: u64 = 4_000;
 /// The driver's graph memory grows in steps of this size: every free-memory delta of run 54
