@@ -88,6 +88,11 @@ pub enum Command {
     },
     /// Time forward passes on a device (GPU speed; logits for comparisons).
     Bench(BenchArgs),
+    /// Profile a pasted `vllm serve` line: `vramscope plan -- vllm serve MODEL [vLLM flags]`.
+    Plan(PlanArgs),
+    /// Read a vLLM startup log, run the same profile with its release, and print vLLM's
+    /// numbers beside vramscope's, term by term.
+    Explain(ExplainArgs),
     /// Open a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) and report or export
     /// its timeline (framework allocator only).
     Report(ReportArgs),
@@ -203,14 +208,33 @@ pub struct ProfileArgs {
     #[arg(long, default_value_t = 1)]
     pub passes: u32,
     /// gpu_memory_utilization.
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, visible_alias = "gpu-memory-utilization", default_value_t = 0.9)]
     pub util: f64,
     #[arg(long, default_value_t = 16)]
     pub block_size: u64,
-    /// Tensor-parallel GPUs (vLLM's --tensor-parallel-size): cuda:N and the N-1 GPUs after it,
-    /// or that many simulated devices. The engine takes the fewest KV blocks over the ranks.
-    #[arg(long, default_value_t = 1, value_name = "N")]
+    /// Tensor-parallel GPUs (vLLM's --tensor-parallel-size, -tp): cuda:N and the N-1 GPUs
+    /// after it, or that many simulated devices. The engine takes the fewest KV blocks over
+    /// the ranks.
+    #[arg(
+        long,
+        visible_alias = "tensor-parallel-size",
+        default_value_t = 1,
+        value_name = "N"
+    )]
     pub tp: u32,
+    /// vLLM's --dtype: auto (config.json's torch_dtype, float32 as float16), half, float16,
+    /// bfloat16. Instead of --quant.
+    #[arg(long, value_name = "DTYPE", conflicts_with = "quant")]
+    pub dtype: Option<String>,
+    /// vLLM's --quantization: fp8, bitsandbytes (in-flight NF4), or awq, gptq, awq_marlin,
+    /// gptq_marlin, compressed-tensors for a checkpoint stored that way. Instead of --quant.
+    #[arg(long, value_name = "METHOD", conflicts_with = "quant")]
+    pub quantization: Option<String>,
+    /// vLLM's --kv-cache-memory (V1 releases, 0.11 on): the KV cache's size per GPU, given
+    /// (e.g. 57GiB or 61258029056); gpu_memory_utilization and the graph estimate then do not
+    /// set the budget.
+    #[arg(long, value_parser = size_arg, value_name = "SIZE")]
+    pub kv_cache_memory: Option<u64>,
     /// The vLLM release to reproduce: its profile run, defaults, formula and log lines
     /// (0.6.3, 380e1863, 0.6.4, 0.6.5, 0.7, 0.8; V1: 0.15, 0.19, 0.21; aliases
     /// such as 0.6.4.post1, 0.10.0 or 0.19.0).
@@ -265,6 +289,54 @@ pub struct ProfileArgs {
     /// Run even when the estimated host memory exceeds what the machine has.
     #[arg(long)]
     pub allow_host_memory: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PlanArgs {
+    /// sim:PRESET[:dry|:compute] or cuda:N.
+    #[arg(long, default_value = "sim:h100-80gb:dry")]
+    pub device: String,
+    /// The total the simulated GPU reports (as `profile --total`).
+    #[arg(long, value_parser = size_arg, value_name = "SIZE")]
+    pub total: Option<u64>,
+    /// The vLLM release the line runs on (as `profile --vllm`).
+    #[arg(long, default_value = crate::profile::vllm::DEFAULT, value_name = "RELEASE")]
+    pub vllm: String,
+    /// How the simulated GPUs of -tp reach each other (as `profile --topology`).
+    #[arg(long, value_name = "TOPOLOGY")]
+    pub topology: Option<String>,
+    #[arg(long)]
+    pub no_verify: bool,
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub png: Option<PathBuf>,
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// The pasted line, after `--`: `vllm serve MODEL [vLLM flags]`.
+    #[arg(last = true, required = true, value_name = "LINE")]
+    pub line: Vec<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ExplainArgs {
+    /// The log vLLM printed at startup (V0 or V1, TP workers' lines included).
+    pub log: PathBuf,
+    /// Where the log's model is, when it is not on disk under the name it logs (a folder or
+    /// config.json, or preset:NAME).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// The GPU as sim:PRESET (default: the preset whose total is nearest the log's).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// The release, when the log names none.
+    #[arg(long, value_name = "RELEASE")]
+    pub vllm: Option<String>,
+    /// Skip the runs that show what would change the answer.
+    #[arg(long)]
+    pub no_what_if: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -326,9 +398,16 @@ impl ProfileArgs {
                 )));
             }
         }
+        let model = ModelSource::parse(&self.work.model)?;
+        let quant = match (&self.dtype, &self.quantization) {
+            (None, None) => Quant::parse(&self.work.quant)?,
+            (dtype, method) => {
+                crate::profile::vllm_args::quant_of(&model, dtype.as_deref(), method.as_deref())?
+            }
+        };
         let r = ProfileRequest {
-            model: ModelSource::parse(&self.work.model)?,
-            quant: Quant::parse(&self.work.quant)?,
+            model,
+            quant,
             device: DeviceSpec::parse(&self.device)?
                 .with_total(self.total)?
                 .with_topology(
@@ -358,6 +437,7 @@ impl ProfileArgs {
             true_max: self.true_max,
             enforce_eager: self.enforce_eager,
             kv_cache_dtype: KvCacheDtype::parse(&self.kv_cache_dtype)?,
+            kv_cache_memory: self.kv_cache_memory,
         };
         r.validate()?;
         Ok(r)
@@ -366,7 +446,7 @@ impl ProfileArgs {
 
 /// Entry point; returns the process exit code.
 pub fn main() -> i32 {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(vllm_spellings(std::env::args_os())) {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
@@ -449,6 +529,15 @@ pub fn main() -> i32 {
             )
         }
         Some(Command::Bench(args)) => cmd_bench(&args),
+        Some(Command::Plan(args)) => plan_profile_args(&args).and_then(|(p, notes)| {
+            if !args.quiet {
+                for n in notes {
+                    eprintln!("vramscope: {n}");
+                }
+            }
+            cmd_profile(&p)
+        }),
+        Some(Command::Explain(args)) => super::explain::run(&args),
         Some(Command::Report(args)) => cmd_report(&args),
         Some(Command::HoldGpuMemory { ordinal, bytes }) => {
             device::cuda::hold_memory_child(ordinal, bytes)
@@ -461,6 +550,79 @@ pub fn main() -> i32 {
             2
         }
     }
+}
+
+/// A pasted `vllm serve` line as `profile` flags: the same parser reads both, so a vLLM flag
+/// means exactly what its vramscope spelling means. Returns the notes to print (the model's
+/// origin, flags that change nothing or are not modelled).
+pub fn plan_profile_args(p: &PlanArgs) -> Result<(ProfileArgs, Vec<String>)> {
+    let line = crate::profile::vllm_args::parse_serve(&p.line)?;
+    let (model, note) = crate::profile::vllm_args::resolve_model(&line.model)?;
+    let mut argv: Vec<String> = vec![
+        "vramscope".into(),
+        "profile".into(),
+        "--model".into(),
+        model,
+        "--device".into(),
+        p.device.clone(),
+        "--vllm".into(),
+        p.vllm.clone(),
+    ];
+    let opt =
+        |flag: &str, v: Option<String>| v.map(|v| vec![flag.to_string(), v]).unwrap_or_default();
+    argv.extend(opt("--total", p.total.map(|t| t.to_string())));
+    argv.extend(opt("--topology", p.topology.clone()));
+    for (flag, path) in [("--json", &p.json), ("--csv", &p.csv), ("--png", &p.png)] {
+        argv.extend(opt(flag, path.as_ref().map(|x| x.display().to_string())));
+    }
+    if p.no_verify {
+        argv.push("--no-verify".into());
+    }
+    if p.quiet {
+        argv.push("--quiet".into());
+    }
+    // vLLM's --dtype auto when the line gives neither dtype nor quantization.
+    if !line
+        .args
+        .iter()
+        .any(|a| a == "--dtype" || a == "--quantization")
+    {
+        argv.extend(["--dtype".to_string(), "auto".to_string()]);
+    }
+    argv.extend(line.args.iter().cloned());
+    let cli = Cli::try_parse_from(&argv).map_err(|e| {
+        let text = e.render().to_string();
+        crate::Error::Request(format!(
+            "the vLLM line: {}",
+            text.lines()
+                .next()
+                .unwrap_or("invalid")
+                .trim_start_matches("error: ")
+        ))
+    })?;
+    let Some(Command::Profile(args)) = cli.command else {
+        return Err(crate::Error::Request(
+            "the vLLM line did not read as a profile".into(),
+        ));
+    };
+    let mut notes: Vec<String> = note.into_iter().collect();
+    notes.extend(line.warnings.iter().map(|w| format!("warning: {w}")));
+    Ok((args, notes))
+}
+
+/// vLLM's one-dash `-tp N` (and `-tp=N`) read as `--tp`, up to a `--` (after which `plan`
+/// reads the pasted line itself).
+fn vllm_spellings(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut past = false;
+    args.map(|a| {
+        past |= a == "--";
+        match a.to_str() {
+            Some("-tp") if !past => "--tp".into(),
+            Some(t) if !past && t.starts_with("-tp=") => format!("--tp={}", &t[4..]).into(),
+            _ => a,
+        }
+    })
+    .collect()
 }
 
 fn one_line(s: &str) -> String {

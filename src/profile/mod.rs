@@ -5,6 +5,7 @@
 //!
 //! May import: `model` and everything below it.
 
+pub mod explain;
 pub mod formulas;
 pub mod graphs;
 pub mod host_memory;
@@ -13,6 +14,7 @@ pub mod report;
 pub mod request;
 pub mod tp;
 pub mod vllm;
+pub mod vllm_args;
 
 pub use report::Report;
 pub use request::ProfileRequest;

@@ -1050,7 +1050,10 @@ pub(crate) fn run_rank(
     };
     let estimate = match (&work, release.estimator()) {
         (Workload::Model { model, .. }, e)
-            if !plan.is_empty() && e != super::vllm::Estimator::Absent =>
+            // `--kv-cache-memory` skips vLLM's memory profiling, the estimator with it.
+            if !plan.is_empty()
+                && e != super::vllm::Estimator::Absent
+                && req.kv_cache_memory.is_none() =>
         {
             rt.progress(Progress::Phase(Phase::Measuring));
             Some(super::graphs::estimate(

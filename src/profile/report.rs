@@ -407,13 +407,16 @@ impl Report {
         let formula = self.formula(release.formula)?;
         let total = self.checkpoints.t0.total;
         let util = self.settings.util;
-        let kv_bytes = release_kv_bytes(
-            release,
-            formula.kv_bytes,
-            total,
-            util,
-            self.graphs_estimate_applied(),
-        );
+        let kv_bytes = match self.settings.kv_cache_memory {
+            Some(given) => given as i64,
+            None => release_kv_bytes(
+                release,
+                formula.kv_bytes,
+                total,
+                util,
+                self.graphs_estimate_applied(),
+            ),
+        };
         Some(VllmAnswer {
             release,
             formula,
@@ -536,6 +539,15 @@ impl Report {
                     gib(a.kv_bytes as f64)
                 ));
             }
+            LogStyle::V1 if self.settings.kv_cache_memory.is_some() => {
+                // 0.19.0 v1/worker/gpu_worker.py:349-361 (format_gib: two decimals).
+                out.push(format!(
+                    "INFO gpu_worker.py] Initial free memory {:.2} GiB, reserved {:.2} GiB memory for KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling. This does not respect the gpu_memory_utilization config. Only use kv_cache_memory_bytes config when you want manual control of KV cache memory size. If OOM'ed, check the difference of initial free memory between the current run and the previous run where kv_cache_memory_bytes is suggested and update it correspondingly.",
+                    gib(c.t0.free as f64),
+                    gib(a.kv_bytes as f64)
+                ));
+                out.extend(self.v1_kv_lines(&a));
+            }
             LogStyle::V1 => {
                 let secs = c.t2.time_us.saturating_sub(c.t1.time_us) as f64 / 1e6;
                 let requested = super::formulas::budget(c.t0.total, self.settings.util, true);
@@ -556,28 +568,48 @@ impl Report {
                     "INFO gpu_worker.py] Available KV cache memory: {:.2} GiB",
                     gib(a.kv_bytes as f64)
                 ));
-                let len = self.settings.max_model_len.max(1);
-                let geometry = KvGeometry {
-                    max_model_len: len,
-                    ..self.kv_geometry
-                };
-                let tokens = if a.release.tokens_from_concurrency {
-                    (geometry.v1_max_concurrency(a.kv_blocks) * len as f64) as u64
-                } else {
-                    self.kv_geometry.tokens_of_blocks(a.kv_blocks)
-                };
-                out.push(format!(
-                    "INFO kv_cache_utils.py] GPU KV cache size: {} tokens",
-                    crate::base::units::thousands(tokens)
-                ));
-                out.push(format!(
-                    "INFO kv_cache_utils.py] Maximum concurrency for {} tokens per request: {:.2}x",
-                    crate::base::units::thousands(len),
-                    geometry.v1_max_concurrency(a.kv_blocks)
-                ));
+                out.extend(self.v1_kv_lines(&a));
             }
         }
         out
+    }
+
+    /// V1's KV cache lines (kv_cache_utils.py): tokens and the maximum concurrency.
+    fn v1_kv_lines(&self, a: &VllmAnswer<'_>) -> Vec<String> {
+        let (tokens, concurrency) = self.kv_tokens_and_concurrency(a);
+        vec![
+            format!(
+                "INFO kv_cache_utils.py] GPU KV cache size: {} tokens",
+                crate::base::units::thousands(tokens)
+            ),
+            format!(
+                "INFO kv_cache_utils.py] Maximum concurrency for {} tokens per request: {:.2}x",
+                crate::base::units::thousands(self.settings.max_model_len.max(1)),
+                concurrency
+            ),
+        ]
+    }
+
+    /// The KV cache's tokens and the maximum concurrency at max_model_len as the release logs
+    /// them (V1: kv_cache_utils.py; V0: blocks × block size / max_model_len).
+    pub fn kv_tokens_and_concurrency(&self, a: &VllmAnswer<'_>) -> (u64, f64) {
+        let len = self.settings.max_model_len.max(1);
+        let geometry = KvGeometry {
+            max_model_len: len,
+            ..self.kv_geometry
+        };
+        if !matches!(a.release.engine, super::vllm::Engine::V1 { .. }) {
+            let blocks = self.vllm_engine_blocks().unwrap_or(a.kv_blocks);
+            let tokens = blocks * self.kv_geometry.block_size;
+            return (tokens, tokens as f64 / len as f64);
+        }
+        let concurrency = geometry.v1_max_concurrency(a.kv_blocks);
+        let tokens = if a.release.tokens_from_concurrency {
+            (concurrency * len as f64) as u64
+        } else {
+            self.kv_geometry.tokens_of_blocks(a.kv_blocks)
+        };
+        (tokens, concurrency)
     }
 
     /// The CUDA graph lines the release logs (its estimator's, the capture's, the comparison,
@@ -652,7 +684,9 @@ impl Report {
                 100.0 * diff / actual.max(1.0)
             ));
         }
-        if let Some(f) = self.formula(a.release.formula) {
+        // The suggestion only when the budget came from profiling (0.19.0 gpu_worker.py:606).
+        let profiled = self.settings.kv_cache_memory.is_none();
+        if let Some(f) = self.formula(a.release.formula).filter(|_| profiled) {
             let c = &self.checkpoints;
             let requested = super::formulas::budget(c.t0.total, self.settings.util, true) as f64;
             let non_kv =

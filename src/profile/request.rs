@@ -67,6 +67,12 @@ pub struct ProfileRequest {
     /// the KV cache, and 0.19 on estimates their memory).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub enforce_eager: bool,
+    /// vLLM's `--kv-cache-memory` (V1, 0.11 on): the KV cache's bytes per GPU, given. vLLM
+    /// still runs its profile pass but skips the memory profiling, so neither
+    /// gpu_memory_utilization nor the graph estimate sets the budget (0.19.0
+    /// v1/worker/gpu_worker.py:344-362).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_memory: Option<u64>,
 }
 
 fn default_vllm() -> String {
@@ -176,6 +182,7 @@ impl Default for ProfileRequest {
             true_max: false,
             enforce_eager: false,
             kv_cache_dtype: KvCacheDtype::Auto,
+            kv_cache_memory: None,
         }
     }
 }
@@ -331,6 +338,20 @@ impl ProfileRequest {
                 "--passes {} must be between 1 and 1000",
                 self.passes
             ));
+        }
+        if let Some(bytes) = self.kv_cache_memory {
+            if !matches!(release.engine, super::vllm::Engine::V1 { .. }) {
+                return bad(format!(
+                    "--kv-cache-memory: vLLM {} has no such flag (V1 releases have it, 0.11 on)",
+                    self.vllm
+                ));
+            }
+            count(
+                "--kv-cache-memory",
+                bytes,
+                1,
+                crate::base::limits::MAX_BYTES,
+            )?;
         }
         if !(self.util > 0.0 && self.util <= 1.0) {
             return bad(format!("--util {} must be in (0, 1]", self.util));

@@ -205,6 +205,7 @@ impl SetupForm {
             verify: self.verify,
             seed: self.seed,
             kv_cache_dtype: self.kv_cache_dtype,
+            kv_cache_memory: None,
         };
         r.validate()?;
         Ok(r)

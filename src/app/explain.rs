@@ -1,0 +1,145 @@
+//! `vramscope explain vllm.log`: the log's numbers beside vramscope's run of the same settings,
+//! the largest difference in words, and what would change the answer.
+
+use std::io::BufReader;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use crate::base::error::{Error, Result};
+use crate::profile::explain::{self, Explanation, LogFacts, Overrides};
+use crate::profile::{self, ProfileRequest, Report};
+
+use super::cli::ExplainArgs;
+
+/// Reads the log, runs it, prints the comparison.
+pub fn run(args: &ExplainArgs) -> Result<()> {
+    let name = args.log.display().to_string();
+    let file =
+        std::fs::File::open(&args.log).map_err(|e| Error::Request(format!("{name}: {e}")))?;
+    let facts = explain::read_log(&name, BufReader::new(file))?;
+    let overrides = Overrides {
+        model: args.model.clone(),
+        device: args.device.clone(),
+        vllm: args.vllm.clone(),
+    };
+    let (req, assumptions) = explain::request_of(&facts, &overrides)?;
+    let report = profile::run(&req, None, Arc::new(AtomicBool::new(false)))?;
+    let e = explain::compare(&facts, &report);
+    for line in text(&facts, &req, &assumptions, &report, &e) {
+        println!("{line}");
+    }
+    if !args.no_what_if {
+        println!();
+        println!("what would change the answer (the same run, one setting moved):");
+        let base = kv_of(&report);
+        for (label, v) in explain::variants(&req) {
+            match profile::run(&v, None, Arc::new(AtomicBool::new(false))) {
+                Ok(r) => println!("  {label:<32} {}", vs(&kv_of(&r), &base)),
+                Err(err) => println!("  {label:<32} {err}"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// KV GiB and blocks (or tokens) of a run, as the release counts them.
+fn kv_of(r: &Report) -> Option<(f64, u64, &'static str)> {
+    let a = r.vllm_answer()?;
+    let v1 = matches!(a.release.engine, profile::vllm::Engine::V1 { .. });
+    let (tokens, _) = r.kv_tokens_and_concurrency(&a);
+    let count = if v1 {
+        tokens
+    } else {
+        r.vllm_engine_blocks().unwrap_or(a.kv_blocks)
+    };
+    Some((
+        a.kv_bytes as f64 / (1u64 << 30) as f64,
+        count,
+        if v1 { "tokens" } else { "blocks" },
+    ))
+}
+
+fn vs(v: &Option<(f64, u64, &str)>, base: &Option<(f64, u64, &str)>) -> String {
+    match (v, base) {
+        (Some((g, n, unit)), Some((_, b, _))) => format!(
+            "KV {g:.2} GiB, {} {unit} ({:+.1} %)",
+            crate::base::units::thousands(*n),
+            (*n as f64 / (*b).max(1) as f64 - 1.0) * 100.0
+        ),
+        _ => "no answer".into(),
+    }
+}
+
+/// The comparison as printed.
+pub fn text(
+    f: &LogFacts,
+    req: &ProfileRequest,
+    assumptions: &[String],
+    r: &Report,
+    e: &Explanation,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    out.push(format!(
+        "the log: vLLM {}, {}, {}, TP {}, max_model_len {}, util {}, GPU {} GiB",
+        f.release.as_deref().unwrap_or("(no version)"),
+        f.model.as_deref().unwrap_or("(no model)"),
+        f.dtype.as_deref().unwrap_or("dtype not stated"),
+        f.tp.unwrap_or(1),
+        f.max_model_len
+            .map_or("not stated".into(), |l| l.to_string()),
+        f.util.map_or("not stated".into(), |u| format!("{u}")),
+        f.total
+            .as_ref()
+            .map_or("not stated".into(), |t| t.text.clone())
+    ));
+    out.push(format!(
+        "vramscope: vLLM {} on {}, {} ({}), {} tokens in {} sequences",
+        req.vllm,
+        req.device,
+        r.model.name,
+        r.quant.label(),
+        r.settings.tokens,
+        r.settings.seqs
+    ));
+    for a in assumptions {
+        out.push(format!("  assumed: {a}"));
+    }
+    out.push(String::new());
+    out.push(format!(
+        "{:<24} {:>12} {:>12} {:>10}",
+        "term", "vLLM log", "vramscope", "difference"
+    ));
+    for row in &e.rows {
+        let fmt = |v: f64| {
+            if row.gib {
+                format!("{v:.2} GiB")
+            } else if row.term == "max concurrency" {
+                format!("{v:.2}x")
+            } else {
+                crate::base::units::thousands(v as u64)
+            }
+        };
+        let logged = row.logged.as_ref().map_or("—".to_string(), |l| {
+            if row.gib {
+                format!("{} GiB", l.text)
+            } else if row.term == "max concurrency" {
+                format!("{}x", l.text)
+            } else {
+                l.text.clone()
+            }
+        });
+        let ours = row.ours.map_or("—".to_string(), fmt);
+        let diff = row
+            .relative()
+            .map_or(String::new(), |d| format!("{:+.1} %", d * 100.0));
+        out.push(format!(
+            "{:<24} {logged:>12} {ours:>12} {diff:>10}",
+            row.term
+        ));
+    }
+    if let Some(w) = &e.largest {
+        out.push(String::new());
+        out.push(format!("largest difference: {w}"));
+    }
+    out
+}

@@ -1,0 +1,476 @@
+//! vLLM's own spellings: a pasted `vllm serve MODEL [flags…]` line read into vramscope's
+//! `profile` flags, a Hugging Face model id found on disk (a folder, the hub cache) or as the
+//! built-in preset of the same shapes, and `--dtype` / `--quantization` read as vLLM reads
+//! them. Flags vramscope does not model are named, never dropped silently.
+
+use std::path::{Path, PathBuf};
+
+use crate::base::error::{Error, Result};
+use crate::model::ModelSource;
+use crate::quant::Quant;
+
+/// A `vllm serve` line read into vramscope's terms.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServeLine {
+    /// MODEL as the line gives it (a hub id or a path).
+    pub model: String,
+    /// The equivalent `vramscope profile` flags (without `--model`).
+    pub args: Vec<String>,
+    /// One line per flag that changes nothing vramscope models, or that it cannot model.
+    pub warnings: Vec<String>,
+}
+
+/// Flags that take a value and do not change GPU memory at startup (serving, tokenizer,
+/// logging, download). Named in a note, then skipped with their value.
+const NO_MEMORY_EFFECT: &[&str] = &[
+    "--host",
+    "--port",
+    "--api-key",
+    "--served-model-name",
+    "--uvicorn-log-level",
+    "--tokenizer",
+    "--tokenizer-mode",
+    "--revision",
+    "--tokenizer-revision",
+    "--download-dir",
+    "--seed",
+    "--chat-template",
+    "--response-role",
+    "--root-path",
+    "--middleware",
+    "--allowed-origins",
+    "--ssl-keyfile",
+    "--ssl-certfile",
+    "--load-format",
+    "--config-format",
+    "--max-logprobs",
+    "--generation-config",
+    "--tool-call-parser",
+    "--reasoning-parser",
+    "--hf-token",
+];
+
+/// Switches (no value) that do not change GPU memory at startup.
+const NO_MEMORY_EFFECT_SWITCHES: &[&str] = &[
+    "--trust-remote-code",
+    "--disable-log-requests",
+    "--disable-log-stats",
+    "--enable-log-requests",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--enable-auto-tool-choice",
+    "--disable-frontend-multiprocessing",
+    "--disable-fastapi-docs",
+];
+
+/// vLLM flags that take a value and map onto a `profile` flag of the same meaning.
+const MAPPED: &[(&str, &str)] = &[
+    ("--tensor-parallel-size", "--tp"),
+    ("-tp", "--tp"),
+    ("--gpu-memory-utilization", "--util"),
+    ("--max-model-len", "--max-model-len"),
+    ("--max-num-seqs", "--max-num-seqs"),
+    ("--max-num-batched-tokens", "--max-num-batched-tokens"),
+    ("--kv-cache-dtype", "--kv-cache-dtype"),
+    ("--quantization", "--quantization"),
+    ("-q", "--quantization"),
+    ("--dtype", "--dtype"),
+    ("--block-size", "--block-size"),
+    ("--kv-cache-memory", "--kv-cache-memory"),
+    ("--kv-cache-memory-bytes", "--kv-cache-memory"),
+];
+
+/// vLLM's human-readable lengths (`--max-model-len 32k`: k = 1000, K = 1024, m and M alike,
+/// as its `human_readable_int` takes them); plain integers as they are.
+fn human_int(flag: &str, v: &str) -> Result<String> {
+    let t = v.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1_000u64),
+        Some('K') => (&t[..t.len() - 1], 1 << 10),
+        Some('m') => (&t[..t.len() - 1], 1_000_000),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        _ => (t, 1),
+    };
+    let n: f64 = num.parse().map_err(|_| {
+        Error::Request(format!(
+            "{flag} '{v}': expected a number such as 8192 or 32k"
+        ))
+    })?;
+    if !(n.is_finite() && n > 0.0) {
+        return Err(Error::Request(format!("{flag} '{v}': must be positive")));
+    }
+    Ok(((n * mult as f64).round() as u64).to_string())
+}
+
+fn is_value(next: Option<&String>) -> bool {
+    next.is_some_and(|n| !n.starts_with('-') || n.parse::<f64>().is_ok())
+}
+
+/// Reads a pasted line: `vllm serve MODEL …`, `python -m vllm.entrypoints.openai.api_server
+/// --model MODEL …`, or just `MODEL …`; `--flag value` and `--flag=value` alike.
+pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
+    let mut i = 0;
+    let w = |i: usize| words.get(i).map(String::as_str);
+    if matches!(w(0), Some("python" | "python3")) && w(1) == Some("-m") {
+        i = 3;
+    } else if w(0).is_some_and(|s| s == "vllm" || s.ends_with("/vllm")) {
+        i = if w(1) == Some("serve") { 2 } else { 1 };
+    }
+    let mut model: Option<String> = None;
+    let mut args = Vec::new();
+    let mut warnings = Vec::new();
+    while i < words.len() {
+        let word = &words[i];
+        let (flag, inline) = match word.split_once('=') {
+            Some((f, v)) if f.starts_with('-') => (f.to_string(), Some(v.to_string())),
+            _ => (word.clone(), None),
+        };
+        // The value: inline, or the next word if it is one.
+        let take = |i: &mut usize| -> Option<String> {
+            if inline.is_some() {
+                return inline.clone();
+            }
+            if is_value(words.get(*i + 1)) {
+                *i += 1;
+                return Some(words[*i].clone());
+            }
+            None
+        };
+        if !flag.starts_with('-') {
+            if model.is_some() {
+                return Err(Error::Request(format!(
+                    "the line names two models ('{}' and '{word}')",
+                    model.unwrap_or_default()
+                )));
+            }
+            model = Some(word.clone());
+        } else if flag == "--model" {
+            let v = take(&mut i).ok_or_else(|| Error::Request("--model needs a value".into()))?;
+            if let Some(m) = &model {
+                if *m != v {
+                    return Err(Error::Request(format!(
+                        "the line names two models ('{m}' and '{v}')"
+                    )));
+                }
+            }
+            model = Some(v);
+        } else if flag == "--enforce-eager" {
+            args.push("--enforce-eager".into());
+        } else if flag == "--enable-chunked-prefill" {
+            let on = match inline.as_deref() {
+                Some(v) => v,
+                None => match words.get(i + 1).map(String::as_str) {
+                    Some(v @ ("true" | "True" | "false" | "False")) => {
+                        i += 1;
+                        v
+                    }
+                    _ => "true",
+                },
+            };
+            args.push("--enable-chunked-prefill".into());
+            args.push(on.to_ascii_lowercase());
+        } else if flag == "--no-enable-chunked-prefill" {
+            args.push("--enable-chunked-prefill".into());
+            args.push("false".into());
+        } else if let Some((_, to)) = MAPPED.iter().find(|(from, _)| *from == flag) {
+            let v = take(&mut i).ok_or_else(|| Error::Request(format!("{flag} needs a value")))?;
+            let v = match *to {
+                "--max-model-len" | "--max-num-batched-tokens" | "--max-num-seqs" => {
+                    human_int(&flag, &v)?
+                }
+                _ => v,
+            };
+            args.push(to.to_string());
+            args.push(v);
+        } else if NO_MEMORY_EFFECT_SWITCHES.contains(&flag.as_str()) {
+            warnings.push(format!("{flag}: no effect on the memory vramscope models"));
+        } else if NO_MEMORY_EFFECT.contains(&flag.as_str()) {
+            let v = take(&mut i).unwrap_or_default();
+            warnings.push(format!(
+                "{flag} {v}: no effect on the memory vramscope models"
+            ));
+        } else {
+            let v = take(&mut i);
+            warnings.push(format!(
+                "{flag}{}: not modelled by vramscope (left out of the run)",
+                v.map(|v| format!(" {v}")).unwrap_or_default()
+            ));
+        }
+        i += 1;
+    }
+    let model = model.ok_or_else(|| {
+        Error::Request("the line names no model: expected `vllm serve MODEL [flags]`".into())
+    })?;
+    Ok(ServeLine {
+        model,
+        args,
+        warnings,
+    })
+}
+
+/// Hub ids whose published config.json a built-in preset reproduces (the `-Instruct`, `-it`
+/// and `-chat` variants share their base's shapes).
+const HUB_PRESETS: &[(&str, &str)] = &[
+    ("meta-llama/meta-llama-3-8b", "llama-3-8b"),
+    ("meta-llama/llama-3.1-8b", "llama-3.1-8b"),
+    ("meta-llama/meta-llama-3.1-8b", "llama-3.1-8b"),
+    ("meta-llama/meta-llama-3-70b", "llama-3-70b"),
+    ("mistralai/mistral-7b-v0.3", "mistral-7b"),
+    ("mistralai/mistral-7b-instruct-v0.3", "mistral-7b"),
+    ("qwen/qwen2.5-1.5b", "qwen2.5-1.5b"),
+    ("qwen/qwen2.5-7b", "qwen2.5-7b"),
+    ("qwen/qwen2.5-32b", "qwen2.5-32b"),
+    ("qwen/qwen3-0.6b", "qwen3-0.6b"),
+    ("qwen/qwen3-8b", "qwen3-8b"),
+    ("qwen/qwen3-30b-a3b", "qwen3-30b-a3b"),
+    ("qwen/qwen3-235b-a22b", "qwen3-235b-a22b"),
+    ("huggingfacetb/smollm2-135m", "smollm2-135m"),
+    ("facebook/opt-125m", "opt-125m"),
+    ("facebook/opt-350m", "opt-350m"),
+    ("microsoft/phi-3-mini-4k-instruct", "phi-3-mini-4k"),
+    ("microsoft/phi-4", "phi-4"),
+    ("google/gemma-2-9b", "gemma-2-9b"),
+    ("google/gemma-3-12b", "gemma-3-12b"),
+    ("mistralai/mixtral-8x7b-v0.1", "mixtral-8x7b"),
+    ("mistralai/mixtral-8x7b-instruct-v0.1", "mixtral-8x7b"),
+];
+
+/// The preset whose shapes a hub id's published config has.
+pub fn preset_for_hub_id(id: &str) -> Option<&'static str> {
+    let id = id.trim().to_ascii_lowercase();
+    let base = ["-instruct", "-it", "-chat"]
+        .iter()
+        .find_map(|s| id.strip_suffix(s))
+        .unwrap_or(&id);
+    HUB_PRESETS
+        .iter()
+        .find(|(h, _)| *h == id || *h == base)
+        .map(|(_, p)| *p)
+}
+
+/// The Hugging Face hub cache folders to look in: $HF_HUB_CACHE, $HF_HOME/hub,
+/// ~/.cache/huggingface/hub.
+fn hub_caches() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(p) = std::env::var_os("HF_HUB_CACHE") {
+        out.push(PathBuf::from(p));
+    }
+    if let Some(p) = std::env::var_os("HF_HOME") {
+        out.push(PathBuf::from(p).join("hub"));
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        out.push(PathBuf::from(h).join(".cache/huggingface/hub"));
+    }
+    out
+}
+
+/// A hub id's snapshot folder holding config.json in `cache` (the `refs/main` one first).
+fn cached_snapshot(cache: &Path, id: &str) -> Option<PathBuf> {
+    let dir = cache.join(format!("models--{}", id.replace('/', "--")));
+    let snaps = dir.join("snapshots");
+    let main = std::fs::read_to_string(dir.join("refs/main")).ok();
+    if let Some(rev) = main {
+        let p = snaps.join(rev.trim());
+        if p.join("config.json").is_file() {
+            return Some(p);
+        }
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&snaps)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("config.json").is_file())
+        .collect();
+    found.sort();
+    found.into_iter().next()
+}
+
+/// MODEL as vLLM takes it, found without a network: a folder or file on disk, the hub cache's
+/// snapshot, or the built-in preset of the same shapes (said in the note). A hub id found
+/// nowhere says how to fetch its config.
+pub fn resolve_model(model: &str) -> Result<(String, Option<String>)> {
+    let m = model.trim();
+    if m.starts_with("preset:") || m.starts_with("synthetic:") || Path::new(m).exists() {
+        return Ok((m.to_string(), None));
+    }
+    let hub_like = m.split('/').count() == 2 && !m.starts_with('.') && !m.starts_with('/');
+    if hub_like {
+        for cache in hub_caches() {
+            if let Some(snap) = cached_snapshot(&cache, m) {
+                let note = format!("{m}: the hub cache's copy, {}", snap.display());
+                return Ok((snap.display().to_string(), Some(note)));
+            }
+        }
+        if let Some(p) = preset_for_hub_id(m) {
+            return Ok((
+                format!("preset:{p}"),
+                Some(format!(
+                    "{m} is not on disk: its shapes are the built-in preset {p} (seeded weights; \
+                     for the exact config: hf download {m} config.json, then pass its folder)"
+                )),
+            ));
+        }
+        return Err(Error::Request(format!(
+            "model '{m}' is not on disk (no folder, nothing in the Hugging Face cache) and no \
+             preset has its shapes: vramscope reads no network; fetch its config with \
+             `hf download {m} config.json --local-dir DIR` and pass DIR"
+        )));
+    }
+    Err(Error::Request(format!(
+        "model '{m}': no such file or folder"
+    )))
+}
+
+/// `--dtype auto` as vLLM takes it (0.6.4 config.py L1811-1836): config.json's torch_dtype,
+/// a missing or float32 one as float16 (bfloat16 for Gemma 2). Presets answer with their
+/// published config's dtype.
+pub fn auto_dtype(model: &ModelSource) -> Quant {
+    match model {
+        ModelSource::Preset { name } => {
+            if name.starts_with("opt-") || name == "tiny" {
+                Quant::F16
+            } else {
+                Quant::BF16
+            }
+        }
+        ModelSource::Path { path } => {
+            let config = if path.is_dir() {
+                path.join("config.json")
+            } else if path.file_name().is_some_and(|n| n == "config.json") {
+                path.clone()
+            } else {
+                path.parent()
+                    .map(|p| p.join("config.json"))
+                    .unwrap_or_default()
+            };
+            let json: serde_json::Value = std::fs::read(&config)
+                .ok()
+                .filter(|b| b.len() < (16 << 20))
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or_default();
+            let dtype = json["torch_dtype"].as_str().or(json["dtype"].as_str());
+            match (dtype, json["model_type"].as_str()) {
+                (Some("bfloat16"), _) => Quant::BF16,
+                (None | Some("float32"), Some("gemma2")) => Quant::BF16,
+                _ => Quant::F16,
+            }
+        }
+        ModelSource::Synthetic { .. } => Quant::F16,
+    }
+}
+
+/// vLLM's `--dtype` and `--quantization` as one vramscope quantization.
+pub fn quant_of(model: &ModelSource, dtype: Option<&str>, method: Option<&str>) -> Result<Quant> {
+    let base = match dtype.map(str::to_ascii_lowercase).as_deref() {
+        None | Some("auto") => auto_dtype(model),
+        Some("half" | "float16" | "fp16") => Quant::F16,
+        Some("bfloat16" | "bf16") => Quant::BF16,
+        Some(other) => {
+            return Err(Error::Request(format!(
+                "--dtype {other}: vramscope runs 16-bit weights (auto, half, float16, bfloat16)"
+            )))
+        }
+    };
+    match method.map(str::to_ascii_lowercase).as_deref() {
+        None | Some("none") => Ok(base),
+        Some("fp8") => Ok(Quant::Fp8),
+        // vLLM quantizes a 16-bit checkpoint in flight to NF4; a pre-quantized one loads as
+        // stored.
+        Some("bitsandbytes") => Ok(Quant::Nf4),
+        Some(
+            m @ ("awq" | "gptq" | "awq_marlin" | "gptq_marlin" | "marlin" | "compressed-tensors"),
+        ) => {
+            if matches!(model, ModelSource::Preset { .. }) {
+                return Err(Error::Request(format!(
+                    "--quantization {m} needs a checkpoint stored that way (a preset has 16-bit \
+                     weights): pass its folder as the model"
+                )));
+            }
+            Ok(base)
+        }
+        Some(other) => Err(Error::Request(format!(
+            "--quantization {other}: not modelled (vramscope models fp8, bitsandbytes, awq, \
+             gptq and their marlin kernels)"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn a_pasted_line_maps_flag_for_flag() {
+        let l = parse_serve(&words(
+            "vllm serve Qwen/Qwen2.5-32B-Instruct -tp 2 --max-model-len 10k --gpu-memory-utilization=0.9 --port 8000 --swap-space 4 --no-enable-chunked-prefill",
+        ))
+        .unwrap();
+        assert_eq!(l.model, "Qwen/Qwen2.5-32B-Instruct");
+        assert_eq!(
+            l.args,
+            words("--tp 2 --max-model-len 10000 --util 0.9 --enable-chunked-prefill false")
+        );
+        assert_eq!(l.warnings.len(), 2, "{:?}", l.warnings);
+        assert!(l.warnings[0].starts_with("--port 8000: no effect"));
+        assert!(l.warnings[1].starts_with("--swap-space 4: not modelled"));
+    }
+
+    #[test]
+    fn the_module_form_and_two_models() {
+        let l = parse_serve(&words(
+            "python -m vllm.entrypoints.openai.api_server --model facebook/opt-125m --enforce-eager --max-model-len 32K",
+        ))
+        .unwrap();
+        assert_eq!(l.model, "facebook/opt-125m");
+        assert_eq!(l.args, words("--enforce-eager --max-model-len 32768"));
+        let e = parse_serve(&words("vllm serve a/b c/d")).unwrap_err();
+        assert!(e.to_string().contains("two models"), "{e}");
+        assert!(parse_serve(&words("vllm serve --port 1")).is_err());
+    }
+
+    #[test]
+    fn hub_ids_find_their_presets() {
+        assert_eq!(
+            preset_for_hub_id("meta-llama/Llama-3.1-8B-Instruct"),
+            Some("llama-3.1-8b")
+        );
+        assert_eq!(
+            preset_for_hub_id("Qwen/Qwen2.5-32B-Instruct"),
+            Some("qwen2.5-32b")
+        );
+        assert_eq!(
+            preset_for_hub_id("google/gemma-2-9b-it"),
+            Some("gemma-2-9b")
+        );
+        assert_eq!(preset_for_hub_id("someone/unknown-7b"), None);
+        let e = resolve_model("someone/unknown-7b").unwrap_err().to_string();
+        assert!(
+            e.contains("hf download someone/unknown-7b config.json"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn dtype_and_quantization_read_as_vllm_reads_them() {
+        let llama = ModelSource::Preset {
+            name: "llama-3-8b".into(),
+        };
+        let opt = ModelSource::Preset {
+            name: "opt-125m".into(),
+        };
+        assert_eq!(quant_of(&llama, None, None).unwrap(), Quant::BF16);
+        assert_eq!(quant_of(&opt, Some("auto"), None).unwrap(), Quant::F16);
+        assert_eq!(quant_of(&llama, Some("half"), None).unwrap(), Quant::F16);
+        assert_eq!(quant_of(&llama, None, Some("fp8")).unwrap(), Quant::Fp8);
+        assert_eq!(
+            quant_of(&llama, None, Some("bitsandbytes")).unwrap(),
+            Quant::Nf4
+        );
+        assert!(quant_of(&llama, None, Some("awq")).is_err());
+        assert!(quant_of(&llama, Some("float32"), None).is_err());
+        assert!(quant_of(&llama, None, Some("gguf")).is_err());
+    }
+}
