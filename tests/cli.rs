@@ -1367,3 +1367,74 @@ fn a_default_batch_too_large_is_said_as_the_configs_doing_not_a_flags() {
         ],
     );
 }
+
+/// `explain` as a user runs it: a public log gives the table; a hostile one one line, exit 2.
+#[test]
+fn explain_prints_the_table_or_one_line_and_exit_2() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm-logs");
+    let p6 = fixtures.join("p6-0.6.4-llama-3.1-8b-rtx3090.log");
+    let out = vramscope(&["explain", p6.to_str().unwrap(), "--no-what-if"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("peak torch memory"), "{text}");
+    assert!(text.contains("17.06 GiB"), "{text}");
+    assert!(text.contains("largest difference: "), "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.log");
+    let two = std::fs::read_to_string(&p6).unwrap();
+    std::fs::write(
+        &bad,
+        format!(
+            "{two}{}",
+            two.replace("Llama-3.1-8B-Instruct", "Llama-3.1-70B")
+        ),
+    )
+    .unwrap();
+    for path in [bad.clone(), dir.path().join("missing.log")] {
+        let out = vramscope(&["explain", path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(
+            err.contains(path.file_name().unwrap().to_str().unwrap()),
+            "{err}"
+        );
+    }
+}
+
+/// `plan -- vllm serve …` runs the line and names what it cannot model.
+#[test]
+fn plan_runs_a_pasted_vllm_line() {
+    let out = vramscope(&[
+        "plan",
+        "--vllm",
+        "0.19",
+        "--no-verify",
+        "--",
+        "vllm",
+        "serve",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--max-model-len",
+        "8192",
+        "--gpu-memory-utilization",
+        "0.95",
+        "--speculative-config",
+        "{}",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--speculative-config {}: not modelled"),
+        "{err}"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Available KV cache memory"), "{text}");
+}

@@ -1236,3 +1236,120 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile_request(flags: &str) -> ProfileRequest {
+        let argv: Vec<&str> = ["vramscope", "profile"]
+            .into_iter()
+            .chain(flags.split_whitespace())
+            .collect();
+        let cli = Cli::try_parse_from(vllm_spellings(argv.into_iter().map(Into::into)))
+            .unwrap_or_else(|e| panic!("{flags}: {e}"));
+        let Some(Command::Profile(p)) = cli.command else {
+            panic!("not profile")
+        };
+        p.request().unwrap_or_else(|e| panic!("{flags}: {e}"))
+    }
+
+    fn plan(line: &str) -> (ProfileRequest, Vec<String>) {
+        let argv: Vec<&str> = ["vramscope", "plan", "--vllm", "0.19", "--"]
+            .into_iter()
+            .chain(line.split_whitespace())
+            .collect();
+        let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{line}: {e}"));
+        let Some(Command::Plan(p)) = cli.command else {
+            panic!("not plan")
+        };
+        let (args, notes) = plan_profile_args(&p).unwrap_or_else(|e| panic!("{line}: {e}"));
+        (args.request().unwrap(), notes)
+    }
+
+    /// Every vLLM flag `plan` reads gives the request its vramscope spelling gives.
+    #[test]
+    fn each_vllm_flag_plans_as_its_vramscope_spelling() {
+        let base = "--model preset:llama-3-8b --vllm 0.19 --quant bf16";
+        for (vllm, ours) in [
+            ("-tp 2", "--tp 2"),
+            ("--tensor-parallel-size 2", "--tp 2"),
+            ("--gpu-memory-utilization 0.95", "--util 0.95"),
+            ("--max-model-len 4096", "--max-model-len 4096"),
+            ("--max-model-len 4k", "--max-model-len 4000"),
+            ("--max-num-seqs 64", "--max-num-seqs 64"),
+            (
+                "--max-num-batched-tokens 4096",
+                "--max-num-batched-tokens 4096",
+            ),
+            (
+                "--enable-chunked-prefill --max-model-len 65536",
+                "--enable-chunked-prefill true --max-model-len 65536",
+            ),
+            ("--kv-cache-dtype fp8", "--kv-cache-dtype fp8"),
+            ("--enforce-eager", "--enforce-eager"),
+            ("--block-size 32", "--block-size 32"),
+            ("--kv-cache-memory 40GiB", "--kv-cache-memory 40GiB"),
+            ("--dtype half", "--quant fp16"),
+        ] {
+            let (planned, _) = plan(&format!("vllm serve meta-llama/Meta-Llama-3-8B {vllm}"));
+            let ours = profile_request(
+                &format!("{base} {ours}").replace("--quant bf16 --quant fp16", "--quant fp16"),
+            );
+            assert_eq!(planned, ours, "{vllm}");
+        }
+        // --quantization: fp8 on the preset, as `--quant fp8`.
+        let (planned, _) = plan("vllm serve meta-llama/Meta-Llama-3-8B --quantization fp8");
+        assert_eq!(
+            planned,
+            profile_request("--model preset:llama-3-8b --vllm 0.19 --quant fp8")
+        );
+        // vLLM's -tp on profile itself.
+        assert_eq!(
+            profile_request(&format!("{base} -tp 2")),
+            profile_request(&format!("{base} --tensor-parallel-size 2"))
+        );
+    }
+
+    #[test]
+    fn flags_vramscope_does_not_model_are_named() {
+        let (_, notes) =
+            plan("vllm serve meta-llama/Meta-Llama-3-8B --speculative-config x --port 8000");
+        assert!(notes[0].contains("built-in preset llama-3-8b"), "{notes:?}");
+        assert!(notes
+            .iter()
+            .any(|n| n.contains("--speculative-config x: not modelled")));
+        assert!(notes.iter().any(|n| n.contains("--port 8000: no effect")));
+    }
+
+    #[test]
+    fn kv_cache_memory_sets_the_budget_and_skips_the_estimate() {
+        let r = crate::profile::run(
+            &profile_request(
+                "--model preset:llama-3-8b --vllm 0.21 --kv-cache-memory 40GiB --no-verify",
+            ),
+            None,
+            Arc::new(AtomicBool::new(false)),
+        )
+        .unwrap();
+        let a = r.vllm_answer().unwrap();
+        assert_eq!(a.kv_bytes, 40 << 30);
+        assert_eq!(r.graphs_estimate_applied(), 0);
+        assert!(r.graphs.as_ref().unwrap().estimate.is_none());
+        let lines = r.vllm_log_lines().join("\n");
+        assert!(
+            lines.contains("reserved 40.00 GiB memory for KV Cache"),
+            "{lines}"
+        );
+        let cli = Cli::try_parse_from(
+            "vramscope profile --model preset:llama-3-8b --vllm 0.6.4 --kv-cache-memory 4GiB"
+                .split_whitespace(),
+        )
+        .unwrap();
+        let Some(Command::Profile(p)) = cli.command else {
+            panic!("not profile")
+        };
+        let e = p.request().unwrap_err().to_string();
+        assert!(e.contains("vLLM 0.6.4 has no such flag"), "{e}");
+    }
+}

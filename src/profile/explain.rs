@@ -828,11 +828,17 @@ fn words(row: &Row, diff: f64, r: &Report) -> String {
              GPUs'): --topology nvlink, pcie or pcie-no-p2p if yours differ",
             r.settings.device
         ),
-        "non-torch" => format!(
+        "non-torch" if diff < 0.0 => format!(
             "your log's non-torch {logged} GiB against vramscope's {ours:.2} GiB: memory outside \
              PyTorch that this release counts (the CUDA context's growth, kernels the first pass \
              loads, another process on the GPU); vramscope holds only what its own pass made \
              (--outside-before SIZE adds another process)"
+        ),
+        "non-torch" => format!(
+            "vramscope's non-torch {ours:.2} GiB against your log's {logged} GiB: the simulated \
+             {} takes its own CUDA context and cuBLAS workspace, which your GPU and driver size \
+             differently; --device sim:PRESET nearer your GPU",
+            r.settings.device
         ),
         "activation" | "peak torch memory" => format!(
             "the profile pass's peak: {logged} GiB logged, {ours:.2} GiB here. A lower log \
