@@ -810,3 +810,49 @@ fn tensor_parallel_ranks_are_shown_and_selectable() {
         "rank {other}'s #9516 non-KV is not on screen"
     );
 }
+
+/// A dropped vLLM log takes its settings, runs them, and the "vLLM log" tab shows the log's
+/// numbers beside the run's; a log that cannot be read says so in the banner and the app
+/// keeps its settings.
+#[test]
+fn a_dropped_vllm_log_runs_its_settings_and_shows_the_comparison() {
+    #[derive(Debug)]
+    struct Dropped(std::path::PathBuf);
+    impl egui::DroppedFile for Dropped {
+        fn path(&self) -> &std::path::Path {
+            &self.0
+        }
+        fn bytes(&self) -> Result<Vec<u8>, String> {
+            Ok(Vec::new())
+        }
+    }
+    let log = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vllm-logs/q1-0.19-llama-3.1-8b-h100.log");
+    let mut h = harness();
+    h.run_steps(2);
+    wait_for_run(&mut h, Duration::from_secs(120));
+    h.input_mut().dropped_files.push(Arc::new(Dropped(log)));
+    wait_for_run(&mut h, Duration::from_secs(120));
+    assert!(h.state().banner().is_none(), "{:?}", h.state().banner());
+    let r = h.state().report().expect("a report").clone();
+    assert_eq!(r.settings.vllm, "0.19");
+    assert_eq!(r.settings.util, 0.95);
+    assert_eq!(h.state().setup.preset, "llama-3.1-8b");
+    assert!(shows(&h, "vLLM log: q1-0.19-llama-3.1-8b-h100.log"));
+    assert!(shows(&h, "58.11 GiB"), "the log's KV cache");
+    assert!(shows(&h, "476,016"), "the log's tokens");
+    assert!(shows(&h, "Largest difference"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("notes.txt");
+    std::fs::write(&bad, "nothing vLLM printed\n").unwrap();
+    h.input_mut().dropped_files.push(Arc::new(Dropped(bad)));
+    h.run_steps(2);
+    let banner = h.state().banner().expect("an error banner");
+    assert!(
+        banner.text.contains("not a vLLM startup log"),
+        "{}",
+        banner.text
+    );
+    assert_eq!(h.state().setup.vllm, "0.19");
+}

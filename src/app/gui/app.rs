@@ -133,6 +133,8 @@ pub enum SideTab {
     Peak,
     /// Two runs side by side.
     Compare,
+    /// A dropped vLLM startup log beside the run of its settings.
+    VllmLog,
 }
 
 /// `--screenshot FILE`: profile the default preset, save the window, quit.
@@ -196,6 +198,8 @@ pub struct VramscopeApp {
     /// The worker in flight is the app's own first-launch run of the default case: anything
     /// the user asks for (a run, a session, a report) replaces it.
     startup_run: bool,
+    /// A vLLM startup log dropped on the window.
+    vllm_log: Option<super::vllm_log::LoadedLog>,
 }
 
 impl VramscopeApp {
@@ -261,6 +265,7 @@ impl VramscopeApp {
             files_pending: 0,
             exit_error,
             startup_run: false,
+            vllm_log: None,
         }
     }
 
@@ -746,6 +751,21 @@ impl VramscopeApp {
         }
     }
 
+    /// Reads a vLLM startup log, takes its settings and runs them; the "vLLM log" tab then
+    /// shows vLLM's numbers beside the run's. A log that cannot be read says why in the
+    /// banner, and the settings stay as they were.
+    pub fn open_vllm_log(&mut self, ctx: &egui::Context, path: &std::path::Path) {
+        match super::vllm_log::load(path) {
+            Ok(log) => {
+                self.setup.apply(&log.request);
+                self.side_tab = SideTab::VllmLog;
+                self.vllm_log = Some(log);
+                self.start_profile(ctx);
+            }
+            Err(e) => self.error(e.to_string()),
+        }
+    }
+
     fn pick_model_file(&mut self) {
         let t = Instant::now();
         let picked = rfd::FileDialog::new()
@@ -820,8 +840,12 @@ impl VramscopeApp {
         if save {
             self.save_png();
         }
-        if let Some(f) = dropped.first() {
-            self.use_file(f.path().to_path_buf());
+        if let Some(p) = dropped.first().map(|f| f.path().to_path_buf()) {
+            if super::vllm_log::is_log_path(&p) {
+                self.open_vllm_log(ctx, &p);
+            } else {
+                self.use_file(p);
+            }
         }
     }
 
@@ -1103,6 +1127,7 @@ impl eframe::App for VramscopeApp {
                     ui.selectable_value(&mut self.side_tab, SideTab::Waterfall, "Where it goes");
                     ui.selectable_value(&mut self.side_tab, SideTab::Peak, "Peak owners");
                     ui.selectable_value(&mut self.side_tab, SideTab::Compare, "Compare");
+                    ui.selectable_value(&mut self.side_tab, SideTab::VllmLog, "vLLM log");
                 });
                 ui.separator();
                 // Both ways: a wide table scrolls inside the panel instead of widening it for
@@ -1112,6 +1137,11 @@ impl eframe::App for VramscopeApp {
                     .show(ui, |ui| {
                         let shown = self.report.as_ref().zip(self.analysis.as_ref());
                         match (self.side_tab, shown) {
+                            (SideTab::VllmLog, _) => super::vllm_log::ui(
+                                ui,
+                                self.vllm_log.as_ref(),
+                                self.report.as_deref(),
+                            ),
                             (SideTab::Budget, _) | (_, None)
                                 if self.side_tab != SideTab::Compare =>
                             {

@@ -11,6 +11,7 @@ mod plot;
 mod setup;
 mod style;
 mod timeline;
+mod vllm_log;
 mod worker;
 
 use std::path::PathBuf;

@@ -211,6 +211,44 @@ impl SetupForm {
         Ok(r)
     }
 
+    /// Takes a request's settings (a vLLM log's): model, quantization, device and total,
+    /// and vLLM's settings.
+    pub fn apply(&mut self, r: &ProfileRequest) {
+        match &r.model {
+            ModelSource::Preset { name } => {
+                self.model_kind = ModelKind::Preset;
+                self.preset = name.clone();
+            }
+            ModelSource::Path { path } => {
+                self.model_kind = ModelKind::File;
+                self.path = path.display().to_string();
+            }
+            ModelSource::Synthetic { .. } => {}
+        }
+        self.quant = r.quant;
+        if let DeviceSpec::Sim {
+            preset,
+            dry,
+            total,
+            topology,
+        } = &r.device
+        {
+            self.device = format!("sim:{preset}");
+            self.dry = *dry;
+            self.custom_total = total.map_or(String::new(), |t| t.to_string());
+            self.topology = *topology;
+        }
+        self.kv_cache_dtype = r.kv_cache_dtype;
+        self.tokens = r.tokens;
+        self.seqs = r.seqs;
+        self.tp = r.tp;
+        self.vllm = r.vllm.clone();
+        self.util = r.util;
+        self.block_size = r.block_size;
+        self.max_model_len = r.max_model_len;
+        self.enforce_eager = r.enforce_eager;
+    }
+
     /// Uses `path` as the model and remembers it.
     /// Quick enough to profile at launch without being asked: a built-in preset on a
     /// simulated device, dry (shapes and allocations only).
