@@ -892,6 +892,15 @@ pub fn variants(req: &ProfileRequest) -> Vec<(String, ProfileRequest)> {
             },
         ));
     }
+    if matches!(req.quant, Quant::F16 | Quant::BF16) {
+        out.push((
+            "--quantization fp8".to_string(),
+            ProfileRequest {
+                quant: Quant::Fp8,
+                ..req.clone()
+            },
+        ));
+    }
     if req.tp * 2 <= 8 && req.device.is_sim() {
         out.push((
             format!("--tensor-parallel-size {}", req.tp * 2),
