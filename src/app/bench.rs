@@ -254,7 +254,10 @@ fn run_rank(
                 problem: format!("rank {r} has no GPU index (past 2^64)"),
             })?;
     }
-    let device = Device::open(&spec)?;
+    let device = {
+        let _t = crate::base::timing::span("open the device (all of it)");
+        Device::open(&spec)?
+    };
     let device_name = device.info().name;
     let layout = device.int8_tile_layout();
     let tp = rank.map(|(rank, size, group)| crate::device::group::TpRank {
@@ -283,8 +286,12 @@ fn run_rank(
         int8_layout: layout,
         attn_scalars: 0,
     };
-    let model = CausalLm::load(&rt, &opened.config, src, &opts)?;
-    rt.synchronize()?;
+    let model = {
+        let _t = crate::base::timing::span("load the model (all of it)");
+        let m = CausalLm::load(&rt, &opened.config, src, &opts)?;
+        rt.synchronize()?;
+        m
+    };
     let load_s = t_load.elapsed().as_secs_f64();
     let weights_bytes = model.weight_bytes();
     let batch = Batch::dummy(req.tokens, req.seqs, opened.config.vocab_size);
@@ -294,6 +301,12 @@ fn run_rank(
     let mut logits = Vec::new();
     for it in 0..=req.iters {
         rt.set_pass(it + 1);
+        if it == 0 {
+            crate::base::timing::add(
+                "process start to the first pass",
+                std::time::Duration::from_secs_f64(crate::base::timing::since_start()),
+            );
+        }
         let start = Instant::now();
         let out = forward_logits(&rt, &model, &batch)?;
         rt.synchronize()?;

@@ -169,6 +169,10 @@ pub struct BenchArgs {
     /// time went (CUDA only).
     #[arg(long)]
     pub op_times: bool,
+    /// Print where the time went, phase by phase (opening the GPU, making and uploading the
+    /// weights, the time to the first pass).
+    #[arg(long, short)]
+    pub verbose: bool,
     /// Compare the logits with those in this JSON (written by bench or gpu_reference.py).
     #[arg(long, value_name = "FILE")]
     pub compare: Option<PathBuf>,
@@ -288,6 +292,9 @@ pub struct ProfileArgs {
     /// Print nothing but errors.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Print where the time went, phase by phase, at the end (to stderr).
+    #[arg(long, short)]
+    pub verbose: bool,
     /// Run even when the estimated host memory exceeds what the machine has.
     #[arg(long)]
     pub allow_host_memory: bool,
@@ -448,6 +455,7 @@ impl ProfileArgs {
 
 /// Entry point; returns the process exit code.
 pub fn main() -> i32 {
+    crate::base::timing::mark_start();
     let cli = match Cli::try_parse_from(vllm_spellings(std::env::args_os())) {
         Ok(c) => c,
         Err(e) => {
@@ -539,7 +547,15 @@ pub fn main() -> i32 {
             }
             cmd_profile(&p)
         }),
-        Some(Command::Explain(args)) => super::explain::run(&args),
+        Some(Command::Explain(args)) => super::explain::run(
+            &args.log,
+            &crate::profile::explain::Overrides {
+                model: args.model.clone(),
+                device: args.device.clone(),
+                vllm: args.vllm.clone(),
+            },
+            args.no_what_if,
+        ),
         Some(Command::Report(args)) => cmd_report(&args),
         Some(Command::HoldGpuMemory { ordinal, bytes }) => {
             device::cuda::hold_memory_child(ordinal, bytes)
@@ -632,6 +648,17 @@ fn one_line(s: &str) -> String {
 }
 
 fn cmd_profile(args: &ProfileArgs) -> Result<()> {
+    if args.verbose {
+        crate::base::timing::enable();
+    }
+    let out = cmd_profile_inner(args);
+    if args.verbose {
+        print_timing();
+    }
+    out
+}
+
+fn cmd_profile_inner(args: &ProfileArgs) -> Result<()> {
     let req = args.request()?;
     // Every name checked (length, folder, no two exports naming one file) before the run.
     let mut targets = export::report_targets(
@@ -1140,7 +1167,23 @@ fn cmd_gen(
     Ok(())
 }
 
+/// `-v`: the phases, then the wall time since the process started.
+fn print_timing() {
+    eprintln!("where the time went (wall):");
+    for l in crate::base::timing::report() {
+        eprintln!("{l}");
+    }
+    eprintln!(
+        "  {:<44} {:>8.3} s",
+        "process start to now",
+        crate::base::timing::since_start()
+    );
+}
+
 fn cmd_bench(a: &BenchArgs) -> Result<()> {
+    if a.verbose {
+        crate::base::timing::enable();
+    }
     let req = crate::app::bench::BenchRequest {
         model: ModelSource::parse(&a.work.model)?,
         quant: Quant::parse(&a.work.quant)?,
@@ -1167,7 +1210,11 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     if let Some(p) = &a.json {
         export::check_writable(p)?;
     }
-    let r = crate::app::bench::run(&req)?;
+    let r = crate::app::bench::run(&req);
+    if a.verbose {
+        print_timing();
+    }
+    let r = r?;
     if let (Some(dir), Some(out)) = (&a.sampler_dump, &r.sampler) {
         std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
         let raw = |name: &str, v: &[f32]| -> Result<()> {

@@ -9,26 +9,19 @@ use crate::base::error::{Error, Result};
 use crate::profile::explain::{self, Explanation, LogFacts, Overrides};
 use crate::profile::{self, ProfileRequest, Report};
 
-use super::cli::ExplainArgs;
-
-/// Reads the log, runs it, prints the comparison.
-pub fn run(args: &ExplainArgs) -> Result<()> {
-    let name = args.log.display().to_string();
-    let file =
-        std::fs::File::open(&args.log).map_err(|e| Error::Request(format!("{name}: {e}")))?;
+/// Reads the log, runs it, prints the comparison (and, unless `no_what_if`, the runs that
+/// move one setting each).
+pub fn run(log: &std::path::Path, overrides: &Overrides, no_what_if: bool) -> Result<()> {
+    let name = log.display().to_string();
+    let file = std::fs::File::open(log).map_err(|e| Error::Request(format!("{name}: {e}")))?;
     let facts = explain::read_log(&name, BufReader::new(file))?;
-    let overrides = Overrides {
-        model: args.model.clone(),
-        device: args.device.clone(),
-        vllm: args.vllm.clone(),
-    };
-    let (req, assumptions) = explain::request_of(&facts, &overrides)?;
+    let (req, assumptions) = explain::request_of(&facts, overrides)?;
     let report = profile::run(&req, None, Arc::new(AtomicBool::new(false)))?;
     let e = explain::compare(&facts, &report);
     for line in text(&facts, &req, &assumptions, &report, &e) {
         println!("{line}");
     }
-    if !args.no_what_if {
+    if !no_what_if {
         println!();
         println!("what would change the answer (the same run, one setting moved):");
         let base = kv_of(&report);

@@ -6,4 +6,5 @@ pub mod atomic;
 pub mod error;
 pub(crate) mod fsguard;
 pub mod limits;
+pub mod timing;
 pub mod units;

@@ -16,6 +16,7 @@ pub mod group;
 pub mod nccl_model;
 pub mod presets;
 pub mod sim;
+pub mod synth;
 pub mod tensor;
 
 use serde::{Deserialize, Serialize};

@@ -335,6 +335,15 @@ pub fn read_f32(rt: &Runtime, x: &Tensor) -> Result<Option<Vec<f32>>> {
     })
 }
 
+/// A preset's seeded weights made on the GPU (`device::synth`), stretch by stretch.
+pub fn fill_synthetic(
+    rt: &Runtime,
+    t: &mut Tensor,
+    fills: &[crate::device::synth::SynthFill],
+) -> Result<()> {
+    cuda(rt, |c| c.fill_synthetic(t, fills))
+}
+
 pub fn upload_f32(rt: &Runtime, t: &mut Tensor, data: &[f32]) -> Result<()> {
     cuda(rt, |c| c.upload_f32(t, data))
 }

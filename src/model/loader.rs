@@ -4,6 +4,7 @@
 
 use super::weights::WeightSource;
 use crate::base::error::{Error, Result};
+use crate::device::synth::SynthFill;
 use crate::device::Backend;
 use crate::engine::ops;
 use crate::engine::progress::Progress;
@@ -90,7 +91,10 @@ pub(crate) fn upload(
             rt.tensor_with_values(name, Category::Weight, shape, dtype, d)
         }
         (Backend::Cuda, Some(d)) => {
+            let span = crate::base::timing::span("load: device allocation");
             let mut t = rt.tensor(name, Category::Weight, shape, dtype)?;
+            drop(span);
+            let _span = crate::base::timing::span("load: upload (all of it)");
             ops::upload_f32(rt, &mut t, &d)?;
             Ok(t)
         }
@@ -225,6 +229,7 @@ impl<'a> Loader<'a> {
             }
         }
         if self.needs_data {
+            let _span = crate::base::timing::span("load: making or reading the weights (host)");
             let t = std::time::Instant::now();
             let d = match slice {
                 Some(sl) => sl.cut(&self.src.read_f32(name, &sl.full)?),
@@ -236,6 +241,48 @@ impl<'a> Loader<'a> {
         } else {
             Ok(None)
         }
+    }
+
+    /// The stretch a preset's weight `name` of `shape` fills when the GPU makes it itself
+    /// (`device::synth`: no host values, no upload), honouring the slice being read; `None`
+    /// when the values come from the host (a file, a CPU or dry device, a quantization).
+    fn device_fill(&self, name: &str, shape: &[usize]) -> Option<SynthFill> {
+        if self.rt.backend() != Backend::Cuda || !matches!(self.act, DType::F16 | DType::BF16) {
+            return None;
+        }
+        let mut f = self.src.synthetic(name)?;
+        let numel: usize = shape.iter().product();
+        f.count = numel as u64;
+        match self.slice.filter(|s| !s.is_whole()) {
+            Some(sl) => {
+                f.elem0 = (sl.rows.0 * sl.full[1] + sl.cols.0) as u64;
+                f.row_len = (sl.cols.1 - sl.cols.0) as u64;
+                f.stride = sl.full[1] as u64;
+            }
+            None => {
+                let last = shape.last().copied().unwrap_or(1).max(1) as u64;
+                f.row_len = last;
+                f.stride = last;
+            }
+        }
+        Some(f)
+    }
+
+    /// A weight the GPU makes from its stretches (counted in the progress like a read one).
+    fn made_on_device(
+        &mut self,
+        tensor: &str,
+        names: &[&str],
+        shape: &[usize],
+        fills: &[SynthFill],
+    ) -> Result<Tensor> {
+        for (n, f) in names.iter().zip(fills) {
+            self.tick(n, f.count * self.act.size_bytes())?;
+        }
+        let _t = crate::base::timing::span("load: weights made on the GPU");
+        let mut t = self.rt.tensor(tensor, Category::Weight, shape, self.act)?;
+        ops::fill_synthetic(self.rt, &mut t, fills)?;
+        Ok(t)
     }
 
     /// `f` with the tensor it reads cut to `slice` (a tensor-parallel shard).
@@ -271,6 +318,11 @@ impl<'a> Loader<'a> {
         if first == 0 && len == padded_rows {
             return self.dense_padded(name, rows, cols, padded_rows);
         }
+        if let Some(mut f) = self.device_fill(name, &[len, cols]) {
+            f.elem0 = (first * cols) as u64;
+            f.valid_rows = rows.saturating_sub(first) as u64;
+            return self.made_on_device(name, &[name], &[len, cols], &[f]);
+        }
         let d = self.read(name, &[rows, cols])?.map(|mut d| {
             d.resize(padded_rows * cols, 0.0);
             d[first * cols..(first + len) * cols].to_vec()
@@ -279,6 +331,9 @@ impl<'a> Loader<'a> {
     }
 
     pub(crate) fn dense(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        if let Some(f) = self.device_fill(name, shape) {
+            return self.made_on_device(name, &[name], shape, &[f]);
+        }
         let d = self.read(name, shape)?;
         upload(self.rt, name, shape, self.act, d)
     }
@@ -293,6 +348,10 @@ impl<'a> Loader<'a> {
         cols: usize,
         padded_rows: usize,
     ) -> Result<Tensor> {
+        if let Some(mut f) = self.device_fill(name, &[padded_rows, cols]) {
+            f.valid_rows = rows as u64;
+            return self.made_on_device(name, &[name], &[padded_rows, cols], &[f]);
+        }
         let d = self.read(name, &[rows, cols])?.map(|mut d| {
             d.resize(padded_rows * cols, 0.0);
             d
@@ -412,6 +471,33 @@ impl<'a> Loader<'a> {
                 .collect::<Result<Vec<_>>>()?;
             return Ok(FusedLinear::Shards(shards));
         }
+        let total: usize = rows.iter().sum();
+        let fills: Option<Vec<SynthFill>> = names
+            .iter()
+            .zip(full_rows.iter().zip(parts))
+            .scan(0u64, |offset, (n, (&full, &(first, len)))| {
+                let f = self
+                    .sliced(Slice::rows(full, k, first, len), |ld| {
+                        Ok(ld.device_fill(n, &[len, k]))
+                    })
+                    .ok()
+                    .flatten()
+                    .map(|mut f| {
+                        f.offset = *offset;
+                        f
+                    });
+                *offset += (len * k) as u64;
+                Some(f)
+            })
+            .collect();
+        if let Some(fills) = fills {
+            let ns: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
+            let t = self.made_on_device(fused_name, &ns, &[total, k], &fills)?;
+            return Ok(FusedLinear::Dense {
+                weight: t,
+                rows: rows.to_vec(),
+            });
+        }
         let mut all: Option<Vec<f32>> = None;
         for (n, (&full, &(first, len))) in names.iter().zip(full_rows.iter().zip(parts)) {
             let d = self.sliced(Slice::rows(full, k, first, len), |ld| ld.read(n, &[len, k]))?;
@@ -419,7 +505,6 @@ impl<'a> Loader<'a> {
                 all.get_or_insert_with(Vec::new).extend(d);
             }
         }
-        let total: usize = rows.iter().sum();
         Ok(FusedLinear::Dense {
             weight: upload(self.rt, fused_name, &[total, k], self.act, all)?,
             rows: rows.to_vec(),
@@ -502,6 +587,14 @@ impl<'a> Loader<'a> {
         // fp8 in flight loads 16-bit first: vLLM quantizes after every weight is loaded
         // (`quantize_fp8_after_loading`).
         if !quantize || matches!(self.opts.quant, Quant::F16 | Quant::BF16 | Quant::Fp8) {
+            if let Some(f) = self.device_fill(name, &[n, k]) {
+                return Ok(Linear::Dense(self.made_on_device(
+                    name,
+                    &[name],
+                    &[n, k],
+                    &[f],
+                )?));
+            }
             let d = self.read(name, &[n, k])?;
             return Ok(Linear::Dense(upload(self.rt, name, &[n, k], self.act, d)?));
         }

@@ -43,6 +43,12 @@ pub trait WeightSource {
     fn origin(&self) -> String;
     /// Reads one tensor, converted to f32 (values exact: F16/BF16 widen losslessly).
     fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>>;
+    /// A preset's tensor a GPU can make itself (`device::synth`): its stream, whether it is a
+    /// norm, the dtype its values are rounded to; geometry left at zero for the loader to set.
+    /// `None` for weights that come from files.
+    fn synthetic(&self, _name: &str) -> Option<crate::device::synth::SynthFill> {
+        None
+    }
     /// Bytes `name` occupies in the source as stored (with its `.SCB` for int8); 0 when
     /// nothing is read from a file.
     fn stored_bytes(&self, _name: &str) -> u64 {
@@ -209,6 +215,34 @@ impl WeightSource for SyntheticWeights {
     }
     fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         Ok(self.generate(name, shape.iter().product()))
+    }
+    fn synthetic(&self, name: &str) -> Option<crate::device::synth::SynthFill> {
+        let rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed ^ fnv1a(name));
+        let seed = rng.get_seed();
+        let key = std::array::from_fn(|i| {
+            u32::from_le_bytes([
+                seed[4 * i],
+                seed[4 * i + 1],
+                seed[4 * i + 2],
+                seed[4 * i + 3],
+            ])
+        });
+        let round = match self.dtype {
+            StoredDtype::F16 => Some(DType::F16),
+            StoredDtype::BF16 => Some(DType::BF16),
+            StoredDtype::F32 | StoredDtype::I8 => None,
+        };
+        Some(crate::device::synth::SynthFill {
+            key,
+            is_norm: name.ends_with("norm.weight"),
+            round,
+            offset: 0,
+            count: 0,
+            elem0: 0,
+            row_len: 1,
+            stride: 1,
+            valid_rows: u64::MAX,
+        })
     }
 }
 
@@ -659,6 +693,55 @@ pub fn floats_to_f32(dtype: StoredDtype, bytes: &[u8]) -> Vec<f32> {
 #[cfg(test)]
 mod synthetic_tests {
     use super::*;
+
+    /// What the GPU makes (the kernel's host reference) is what the host makes: a whole
+    /// tensor, a row-parallel slice, a column-parallel slice, and zero padding rows.
+    #[test]
+    fn the_device_fill_makes_the_hosts_values() {
+        for (dtype, name) in [
+            (StoredDtype::BF16, "model.layers.3.mlp.down_proj.weight"),
+            (StoredDtype::F16, "model.layers.0.input_layernorm.weight"),
+        ] {
+            let w = SyntheticWeights {
+                preset: "tiny".into(),
+                seed: 5,
+                dtype,
+            };
+            let (n, k) = (24usize, 40usize);
+            let host = w.generate(name, n * k);
+            let base = w.synthetic(name).unwrap();
+            let whole = crate::device::synth::SynthFill {
+                count: (n * k) as u64,
+                row_len: k as u64,
+                stride: k as u64,
+                ..base.clone()
+            };
+            assert_eq!(crate::device::synth::reference_fill(&whole), host);
+            // Rows 5..9, columns 8..28 of the [24, 40] tensor.
+            let cut = crate::device::synth::SynthFill {
+                count: 4 * 20,
+                elem0: (5 * k + 8) as u64,
+                row_len: 20,
+                stride: k as u64,
+                ..base.clone()
+            };
+            let want: Vec<f32> = (5..9)
+                .flat_map(|r| host[r * k + 8..r * k + 28].to_vec())
+                .collect();
+            assert_eq!(crate::device::synth::reference_fill(&cut), want);
+            // Padded to 30 rows: the 6 after the 24 are zero.
+            let padded = crate::device::synth::SynthFill {
+                count: (30 * k) as u64,
+                row_len: k as u64,
+                stride: k as u64,
+                valid_rows: n as u64,
+                ..base
+            };
+            let got = crate::device::synth::reference_fill(&padded);
+            assert_eq!(&got[..n * k], &host[..]);
+            assert!(got[n * k..].iter().all(|&v| v == 0.0));
+        }
+    }
 
     #[test]
     fn synthetic_values_do_not_depend_on_how_many_threads_make_them() {

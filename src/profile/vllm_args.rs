@@ -454,6 +454,25 @@ mod tests {
     }
 
     #[test]
+    fn the_hub_caches_snapshot_is_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("models--Qwen--Qwen2.5-7B-Instruct");
+        let snap = repo.join("snapshots/abc123");
+        std::fs::create_dir_all(&snap).unwrap();
+        assert_eq!(
+            cached_snapshot(dir.path(), "Qwen/Qwen2.5-7B-Instruct"),
+            None
+        );
+        std::fs::write(snap.join("config.json"), "{}").unwrap();
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::write(repo.join("refs/main"), "abc123\n").unwrap();
+        assert_eq!(
+            cached_snapshot(dir.path(), "Qwen/Qwen2.5-7B-Instruct"),
+            Some(snap)
+        );
+    }
+
+    #[test]
     fn dtype_and_quantization_read_as_vllm_reads_them() {
         let llama = ModelSource::Preset {
             name: "llama-3-8b".into(),

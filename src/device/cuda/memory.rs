@@ -353,6 +353,7 @@ impl CudaDevice {
             // SAFETY: the pinned buffer holds `cap` bytes, used by this thread only, and the
             // previous chunk's copy finished (synchronous copies).
             let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) };
+            let t = crate::base::timing::span("load: weights into the pinned buffer (convert)");
             if len < 4 << 20 || threads == 1 {
                 fill(off, out);
             } else {
@@ -363,6 +364,8 @@ impl CudaDevice {
                     }
                 });
             }
+            drop(t);
+            let _t = crate::base::timing::span("load: pinned buffer to the GPU (DMA)");
             // SAFETY: `dst + off` holds `len` more bytes (checked by the caller).
             unsafe { drv::memcpy_htod_sync(dst + off as u64, out) }
                 .map_err(|e| self.err("copy to GPU", e))?;

@@ -186,9 +186,15 @@ fn nvml_index_of(nv: &nvml_wrapper::Nvml, ordinal: i32) -> std::result::Result<u
 impl CudaDevice {
     /// Loads the libraries, creates the context, compiles the kernels and starts the sampler.
     pub fn open(ordinal: usize) -> Result<Self> {
+        use crate::base::timing::span;
+        let t = span("open: find and load the CUDA libraries");
         let found = loader::ensure_loaded().map_err(|e| dev_err(ordinal, e))?;
+        drop(t);
+        let t = span("open: NVML");
         let nv = nvml::init(&found.nvml).map_err(|e| dev_err(ordinal, e))?;
+        drop(t);
         let d = |e: DriverError| dev_err(ordinal, format!("CUDA driver: {e}"));
+        let t = span("open: CUDA context");
         drv::init().map_err(d)?;
         let count = drv::device::get_count().map_err(d)?;
         if ordinal >= count.max(0) as usize {
@@ -206,7 +212,10 @@ impl CudaDevice {
         let cc = ctx.compute_capability().map_err(d)?;
         let name = ctx.name().map_err(d)?;
         let total = ctx.total_mem().map_err(d)? as u64;
+        drop(t);
+        let t = span("open: kernels (NVRTC, module load)");
         let funcs = compile_kernels(&ctx, cc).map_err(|e| dev_err(ordinal, e))?;
+        drop(t);
         let now = nvml::read(&nv, nvml_index, pid);
         let per_process = now.is_some_and(|r| r.process_used.is_some());
         let epoch = Instant::now();

@@ -20,12 +20,13 @@ pub(super) fn compile_kernels(
         ..Default::default()
     };
     let source = format!(
-        "{}{}{}{}{}",
+        "{}{}{}{}{}{}",
         kernels::SOURCE,
         sampler::SOURCE,
         kernels::OPT_BNB_SOURCE,
         fp8::SOURCE,
-        moe::SOURCE
+        moe::SOURCE,
+        crate::device::synth::SOURCE
     );
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
         .map_err(|e| format!("NVRTC could not compile the kernels: {e}"))?;
@@ -37,6 +38,7 @@ pub(super) fn compile_kernels(
         .chain(sampler::UNTYPED)
         .chain(kernels::OPT_BNB_UNTYPED)
         .chain(fp8::UNTYPED)
+        .chain([&crate::device::synth::NAME])
         .map(|s| s.to_string())
         .collect();
     for n in kernels::TYPED
@@ -259,6 +261,67 @@ impl CudaDevice {
         let (xp, op) = (x.cuda_ptr(), out.cuda_ptr());
         let f = self.func("to_f32", dt)?;
         self.launch(f, grid(n as u64), &[&xp, &op, &n])
+    }
+
+    /// Makes a preset's seeded weights in place: each stretch from its source tensor's
+    /// ChaCha8 stream, as the host makes them (`device::synth`), bit for bit.
+    pub fn fill_synthetic(
+        &mut self,
+        t: &mut TensorData,
+        fills: &[crate::device::synth::SynthFill],
+    ) -> Result<()> {
+        let out_dt = match self.half(t)? {
+            DType::BF16 => 2i32,
+            _ => 1,
+        };
+        let numel = t.numel() as u64;
+        let f = self.func(crate::device::synth::NAME, DType::I8)?;
+        for s in fills {
+            if s.offset.checked_add(s.count).is_none_or(|end| end > numel) || s.row_len == 0 {
+                return Err(self.err(
+                    "synthetic weights",
+                    format!(
+                        "{}: {} elements from {} in a tensor of {numel}",
+                        t.name, s.count, s.offset
+                    ),
+                ));
+            }
+            if s.count == 0 {
+                continue;
+            }
+            let round = match s.round {
+                Some(DType::F16) => 1i32,
+                Some(DType::BF16) => 2,
+                _ => 0,
+            };
+            let p = t.cuda_ptr() + 2 * s.offset;
+            let k = s.key;
+            let norm = i32::from(s.is_norm);
+            self.launch(
+                f,
+                grid(s.count),
+                &[
+                    &p,
+                    &s.count,
+                    &s.elem0,
+                    &s.row_len,
+                    &s.stride,
+                    &s.valid_rows,
+                    &k[0],
+                    &k[1],
+                    &k[2],
+                    &k[3],
+                    &k[4],
+                    &k[5],
+                    &k[6],
+                    &k[7],
+                    &norm,
+                    &round,
+                    &out_dt,
+                ],
+            )?;
+        }
+        Ok(())
     }
 
     /// Fills a 16-bit tensor with small deterministic values on the GPU (benchmark weights).
