@@ -15,6 +15,7 @@ mod collectives;
 mod fp8;
 mod gemm;
 mod graphs;
+mod kcache;
 mod kernels;
 mod loader;
 mod memory;

@@ -28,11 +28,16 @@ pub(super) fn compile_kernels(
         moe::SOURCE,
         crate::device::synth::SOURCE
     );
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
-        .map_err(|e| format!("NVRTC could not compile the kernels: {e}"))?;
-    let module = ctx
-        .load_module(ptx)
-        .map_err(|e| format!("loading the kernels: {e}"))?;
+    // A cubin for this GPU, cached on disk; PTX for the driver to JIT where NVRTC cannot.
+    let module = match super::kcache::load_cached(ctx, &source, &format!("sm_{}{}", cc.0, cc.1)) {
+        Ok(m) => m,
+        Err(_) => {
+            let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
+                .map_err(|e| format!("NVRTC could not compile the kernels: {e}"))?;
+            ctx.load_module(ptx)
+                .map_err(|e| format!("loading the kernels: {e}"))?
+        }
+    };
     let mut names: Vec<String> = kernels::UNTYPED
         .iter()
         .chain(sampler::UNTYPED)
@@ -62,6 +67,10 @@ pub(super) fn compile_kernels(
     // keep the cuBLAS attention.
     if cc.0 >= 8 {
         let compile = |src: &str, arch: String| {
+            // compute_XY → sm_XY for the cached cubin.
+            if let Ok(m) = super::kcache::load_cached(ctx, src, &arch.replace("compute_", "sm_")) {
+                return Ok(m);
+            }
             let opts = cudarc::nvrtc::CompileOptions {
                 options: vec![format!("--gpu-architecture={arch}")],
                 ..Default::default()
