@@ -308,9 +308,10 @@ pub struct PlanArgs {
     /// The total the simulated GPU reports (as `profile --total`).
     #[arg(long, value_parser = size_arg, value_name = "SIZE")]
     pub total: Option<u64>,
-    /// The vLLM release the line runs on (as `profile --vllm`).
-    #[arg(long, default_value = crate::profile::vllm::DEFAULT, value_name = "RELEASE")]
-    pub vllm: String,
+    /// The vLLM release the line runs on (as `profile --vllm`; default: vramscope's default
+    /// release, said in a note).
+    #[arg(long, value_name = "RELEASE")]
+    pub vllm: Option<String>,
     /// How the simulated GPUs of -tp reach each other (as `profile --topology`).
     #[arg(long, value_name = "TOPOLOGY")]
     pub topology: Option<String>,
@@ -584,7 +585,9 @@ pub fn plan_profile_args(p: &PlanArgs) -> Result<(ProfileArgs, Vec<String>)> {
         "--device".into(),
         p.device.clone(),
         "--vllm".into(),
-        p.vllm.clone(),
+        p.vllm
+            .clone()
+            .unwrap_or(crate::profile::vllm::DEFAULT.into()),
     ];
     let opt =
         |flag: &str, v: Option<String>| v.map(|v| vec![flag.to_string(), v]).unwrap_or_default();
@@ -624,6 +627,12 @@ pub fn plan_profile_args(p: &PlanArgs) -> Result<(ProfileArgs, Vec<String>)> {
         ));
     };
     let mut notes: Vec<String> = note.into_iter().collect();
+    if p.vllm.is_none() {
+        notes.push(format!(
+            "vLLM {} (vramscope's default release): --vllm RELEASE before the -- for the one you run",
+            crate::profile::vllm::DEFAULT
+        ));
+    }
     notes.extend(line.warnings.iter().map(|w| format!("warning: {w}")));
     Ok((args, notes))
 }
