@@ -268,6 +268,52 @@ impl<'a> Loader<'a> {
         Some(f)
     }
 
+    /// The stored bytes of `name` (of `shape`, under the slice being read) when the GPU can
+    /// take them as they are: a 16-bit tensor stored in the activation dtype, whole or a block
+    /// of whole rows. `None` sends the tensor through the host's f32 path.
+    fn stored_as_is(&self, name: &str, shape: &[usize]) -> Option<&'a [u8]> {
+        if self.rt.backend() != Backend::Cuda {
+            return None;
+        }
+        let src: &'a dyn WeightSource = self.src;
+        match self.slice.filter(|s| !s.is_whole()) {
+            None => src
+                .raw_16bit(name, shape)
+                .filter(|(_, d)| *d == self.act)
+                .map(|(b, _)| b),
+            Some(sl) if sl.cols == (0, sl.full[1]) => {
+                let (b, d) = src.raw_16bit(name, &sl.full)?;
+                let row = sl.full[1] * 2;
+                (d == self.act).then(|| &b[sl.rows.0 * row..sl.rows.1 * row])
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// A weight copied to the GPU as stored, part after part (counted in the progress and the
+    /// read statistics like a converted one).
+    fn copied_as_is(
+        &mut self,
+        tensor: &str,
+        parts: &[(&str, &[u8])],
+        shape: &[usize],
+    ) -> Result<Tensor> {
+        for (n, b) in parts {
+            self.tick(n, b.len() as u64)?;
+        }
+        let t0 = std::time::Instant::now();
+        let _t = crate::base::timing::span("load: 16-bit weights copied as stored");
+        let mut t = self.rt.tensor(tensor, Category::Weight, shape, self.act)?;
+        let mut offset = 0u64;
+        for (n, b) in parts {
+            ops::upload_bytes_at(self.rt, &mut t, offset, b)?;
+            offset += b.len() as u64;
+            self.stats.source_bytes += self.src.stored_bytes(n);
+        }
+        self.stats.read_seconds += t0.elapsed().as_secs_f64();
+        Ok(t)
+    }
+
     /// A weight the GPU makes from its stretches (counted in the progress like a read one).
     fn made_on_device(
         &mut self,
@@ -334,6 +380,9 @@ impl<'a> Loader<'a> {
         if let Some(f) = self.device_fill(name, shape) {
             return self.made_on_device(name, &[name], shape, &[f]);
         }
+        if let Some(b) = self.stored_as_is(name, shape) {
+            return self.copied_as_is(name, &[(name, b)], shape);
+        }
         let d = self.read(name, shape)?;
         upload(self.rt, name, shape, self.act, d)
     }
@@ -351,6 +400,11 @@ impl<'a> Loader<'a> {
         if let Some(mut f) = self.device_fill(name, &[padded_rows, cols]) {
             f.valid_rows = rows as u64;
             return self.made_on_device(name, &[name], &[padded_rows, cols], &[f]);
+        }
+        if padded_rows == rows {
+            if let Some(b) = self.stored_as_is(name, &[rows, cols]) {
+                return self.copied_as_is(name, &[(name, b)], &[rows, cols]);
+            }
         }
         let d = self.read(name, &[rows, cols])?.map(|mut d| {
             d.resize(padded_rows * cols, 0.0);
@@ -498,6 +552,25 @@ impl<'a> Loader<'a> {
                 rows: rows.to_vec(),
             });
         }
+        let stored: Option<Vec<(&str, &[u8])>> = names
+            .iter()
+            .zip(full_rows.iter().zip(parts))
+            .map(|(n, (&full, &(first, len)))| {
+                self.sliced(Slice::rows(full, k, first, len), |ld| {
+                    Ok(ld.stored_as_is(n, &[len, k]))
+                })
+                .ok()
+                .flatten()
+                .map(|b| (n.as_str(), b))
+            })
+            .collect();
+        if let Some(parts) = stored {
+            let t = self.copied_as_is(fused_name, &parts, &[total, k])?;
+            return Ok(FusedLinear::Dense {
+                weight: t,
+                rows: rows.to_vec(),
+            });
+        }
         let mut all: Option<Vec<f32>> = None;
         for (n, (&full, &(first, len))) in names.iter().zip(full_rows.iter().zip(parts)) {
             let d = self.sliced(Slice::rows(full, k, first, len), |ld| ld.read(n, &[len, k]))?;
@@ -593,6 +666,13 @@ impl<'a> Loader<'a> {
                     &[name],
                     &[n, k],
                     &[f],
+                )?));
+            }
+            if let Some(b) = self.stored_as_is(name, &[n, k]) {
+                return Ok(Linear::Dense(self.copied_as_is(
+                    name,
+                    &[(name, b)],
+                    &[n, k],
                 )?));
             }
             let d = self.read(name, &[n, k])?;

@@ -1005,6 +1005,20 @@ impl WeightSource for SafetensorsModel {
         self.stored_quant.packed4()
     }
 
+    fn raw_16bit(&self, name: &str, shape: &[usize]) -> Option<(&[u8], DType)> {
+        if self.bnb4(name).is_some() {
+            return None;
+        }
+        let s = self.shard_of(name).ok()?;
+        let name = self.resolve(name);
+        let (stored, dt) = match s.info(name)?.0? {
+            StoredDtype::F16 => (StoredDtype::F16, DType::F16),
+            StoredDtype::BF16 => (StoredDtype::BF16, DType::BF16),
+            StoredDtype::F32 | StoredDtype::I8 => return None,
+        };
+        s.raw(name, stored, shape).ok().map(|b| (b, dt))
+    }
+
     /// AWQ: `qweight` I32 `[k, n/8]`, `qzeros` I32 `[groups, n/8]`, `scales` F16/BF16
     /// `[groups, n]`; GPTQ: `qweight` I32 `[k/8, n]`, the same `qzeros` and `scales`, and
     /// `g_idx` I32 `[k]` (required under act-order: it gives each input's group; without it

@@ -43,6 +43,11 @@ pub trait WeightSource {
     fn origin(&self) -> String;
     /// Reads one tensor, converted to f32 (values exact: F16/BF16 widen losslessly).
     fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>>;
+    /// A tensor stored as F16 or BF16 (`name` of `shape`): its bytes as stored, for a copy
+    /// to the GPU without converting (`None` when it is stored otherwise, or not here).
+    fn raw_16bit(&self, _name: &str, _shape: &[usize]) -> Option<(&[u8], DType)> {
+        None
+    }
     /// A preset's tensor a GPU can make itself (`device::synth`): its stream, whether it is a
     /// norm, the dtype its values are rounded to; geometry left at zero for the loader to set.
     /// `None` for weights that come from files.

@@ -316,6 +316,28 @@ impl CudaDevice {
         })
     }
 
+    /// Copies `d` into `t` from byte `offset` on (a part of a fused weight, as stored).
+    pub fn upload_bytes_at(&mut self, t: &mut TensorData, offset: u64, d: &[u8]) -> Result<()> {
+        if offset
+            .checked_add(d.len() as u64)
+            .is_none_or(|end| end > t.nbytes())
+        {
+            return Err(self.err(
+                "upload",
+                format!(
+                    "{}: {} bytes at {offset} of {}",
+                    t.name,
+                    d.len(),
+                    t.nbytes()
+                ),
+            ));
+        }
+        let p = t.cuda_ptr() + offset;
+        self.upload_staged(p, d.len(), 1, &|off, out| {
+            out.copy_from_slice(&d[off..off + out.len()])
+        })
+    }
+
     /// Copies `bytes` to device address `dst` in chunks through the page-locked buffer:
     /// `fill(offset, out)` writes bytes [offset, offset + out.len()) of the data (converting if
     /// need be), on all cores for large chunks; then one DMA copy per chunk. Without a pinned
