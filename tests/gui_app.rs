@@ -57,6 +57,19 @@ fn profile_directly(req: ProfileRequest) -> Report {
     .unwrap()
 }
 
+/// A file dropped on the window, as a real drop event carries it.
+#[derive(Debug)]
+struct Dropped(std::path::PathBuf);
+
+impl egui::DroppedFile for Dropped {
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+    fn bytes(&self) -> Result<Vec<u8>, String> {
+        Ok(Vec::new())
+    }
+}
+
 fn shows(h: &Harness<'static, VramscopeApp>, text: &str) -> bool {
     h.query_all_by_label(text).next().is_some()
 }
@@ -256,16 +269,6 @@ fn a_dropped_session_reopens_without_running_and_a_dropped_model_becomes_the_pat
 
     // A real drop event goes through the same path.
     let model = dir.path().join("config.json");
-    #[derive(Debug)]
-    struct Dropped(std::path::PathBuf);
-    impl egui::DroppedFile for Dropped {
-        fn path(&self) -> &std::path::Path {
-            &self.0
-        }
-        fn bytes(&self) -> Result<Vec<u8>, String> {
-            Ok(Vec::new())
-        }
-    }
     h.input_mut()
         .dropped_files
         .push(Arc::new(Dropped(model.clone())));
@@ -816,16 +819,6 @@ fn tensor_parallel_ranks_are_shown_and_selectable() {
 /// keeps its settings.
 #[test]
 fn a_dropped_vllm_log_runs_its_settings_and_shows_the_comparison() {
-    #[derive(Debug)]
-    struct Dropped(std::path::PathBuf);
-    impl egui::DroppedFile for Dropped {
-        fn path(&self) -> &std::path::Path {
-            &self.0
-        }
-        fn bytes(&self) -> Result<Vec<u8>, String> {
-            Ok(Vec::new())
-        }
-    }
     let log = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/vllm-logs/q1-0.19-llama-3.1-8b-h100.log");
     let mut h = harness();

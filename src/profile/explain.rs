@@ -130,6 +130,47 @@ fn parse_bool(s: &str) -> Option<bool> {
     }
 }
 
+/// The memory facts a log states, by name.
+#[derive(Clone, Copy)]
+enum Field {
+    Total,
+    Requested,
+    Weights,
+    LoadedWeights,
+    PeakTorch,
+    Activation,
+    NonTorch,
+    Kv,
+}
+
+impl Field {
+    fn name(self) -> &'static str {
+        match self {
+            Field::Total => "total_gpu_memory",
+            Field::Requested => "requested memory",
+            Field::Weights => "weights",
+            Field::LoadedWeights => "loaded weights",
+            Field::PeakTorch => "peak_torch_memory",
+            Field::Activation => "activation",
+            Field::NonTorch => "non_torch_memory",
+            Field::Kv => "kv_cache_size",
+        }
+    }
+
+    fn slot(self, f: &mut LogFacts) -> &mut Option<Logged> {
+        match self {
+            Field::Total => &mut f.total,
+            Field::Requested => &mut f.requested,
+            Field::Weights => &mut f.weights,
+            Field::LoadedWeights => &mut f.loaded_weights,
+            Field::PeakTorch => &mut f.peak_torch,
+            Field::Activation => &mut f.activation,
+            Field::NonTorch => &mut f.non_torch,
+            Field::Kv => &mut f.kv,
+        }
+    }
+}
+
 struct Reader {
     facts: LogFacts,
     /// Whether a memory fact came from rank 0's own line (no worker prefix).
@@ -143,37 +184,30 @@ impl Reader {
         ))
     }
 
-    /// Sets a memory fact; a worker's line fills only what rank 0 did not say, and rank 0
+    /// Sets memory facts; a worker's line fills only what rank 0 did not say, and rank 0
     /// saying two different values means two startups in one log.
-    fn number(
-        &mut self,
-        key: &'static str,
-        slot: fn(&mut LogFacts) -> &mut Option<Logged>,
-        v: Logged,
-        worker: bool,
-        line_no: u64,
-    ) -> Result<()> {
-        let driver_had = self.from_driver.contains(key);
-        let cur = slot(&mut self.facts);
-        match (cur.as_ref(), worker) {
-            (None, _) => *cur = Some(v),
-            (Some(_), true) => {}
-            (Some(old), false) if !driver_had => {
-                let _ = old;
-                *cur = Some(v);
-            }
-            (Some(old), false) => {
-                if old.text != v.text {
-                    return Err(Error::Request(format!(
-                        "line {line_no}: {key} {} after {} earlier: the log holds two startups; \
-                         keep one",
-                        v.text, old.text
-                    )));
+    fn set(&mut self, items: &[(Field, Logged)], worker: bool, line_no: u64) -> Result<()> {
+        for (field, v) in items {
+            let key = field.name();
+            let driver_had = self.from_driver.contains(key);
+            let cur = field.slot(&mut self.facts);
+            match (cur.as_ref(), worker) {
+                (None, _) => *cur = Some(v.clone()),
+                (Some(_), true) => {}
+                (Some(_), false) if !driver_had => *cur = Some(v.clone()),
+                (Some(old), false) => {
+                    if old.text != v.text {
+                        return Err(Error::Request(format!(
+                            "line {line_no}: {key} {} after {} earlier: the log holds two \
+                             startups; keep one",
+                            v.text, old.text
+                        )));
+                    }
                 }
             }
-        }
-        if !worker {
-            self.from_driver.insert(key);
+            if !worker {
+                self.from_driver.insert(key);
+            }
         }
         Ok(())
     }
@@ -289,22 +323,16 @@ impl Reader {
             };
             f.style = Some(Style::MemoryProfilingResults);
             f.util = Some(u.value);
-            self.number("total_gpu_memory", |f| &mut f.total, total, worker, line_no)?;
-            self.number(
-                "peak_torch_memory",
-                |f| &mut f.peak_torch,
-                peak,
+            self.set(
+                &[
+                    (Field::Total, total),
+                    (Field::PeakTorch, peak),
+                    (Field::NonTorch, nt),
+                    (Field::Kv, kv),
+                ],
                 worker,
                 line_no,
             )?;
-            self.number(
-                "non_torch_memory",
-                |f| &mut f.non_torch,
-                nt,
-                worker,
-                line_no,
-            )?;
-            self.number("kv_cache_size", |f| &mut f.kv, kv, worker, line_no)?;
         } else if line.contains("the current vLLM instance can use total_gpu_memory (") {
             // 0.6.5-0.8 worker.py: "… total_gpu_memory (T GiB) x gpu_memory_utilization (u) = …".
             let (Some(total), Some(u)) = (
@@ -315,7 +343,7 @@ impl Reader {
             };
             f.style = Some(Style::InstanceCanUse);
             f.util = Some(u.value);
-            self.number("total_gpu_memory", |f| &mut f.total, total, worker, line_no)?;
+            self.set(&[(Field::Total, total)], worker, line_no)?;
         } else if line.contains("model weights take ") && line.contains("reserved for KV Cache is")
         {
             let (Some(w), Some(nt), Some(act), Some(kv)) = (
@@ -326,28 +354,22 @@ impl Reader {
             ) else {
                 return Err(Self::cut(line_no, "memory line"));
             };
-            self.number("weights", |f| &mut f.weights, w, worker, line_no)?;
-            self.number(
-                "non_torch_memory",
-                |f| &mut f.non_torch,
-                nt,
+            self.set(
+                &[
+                    (Field::Weights, w),
+                    (Field::NonTorch, nt),
+                    (Field::Activation, act),
+                    (Field::Kv, kv),
+                ],
                 worker,
                 line_no,
             )?;
-            self.number("activation", |f| &mut f.activation, act, worker, line_no)?;
-            self.number("kv_cache_size", |f| &mut f.kv, kv, worker, line_no)?;
         } else if let Some(w) = after(line, "Loading model weights took ") {
             // V0 model_runner.py:1077 ("%.4f GB", GiB in fact).
-            self.number(
-                "loaded weights",
-                |f| &mut f.loaded_weights,
-                w,
-                worker,
-                line_no,
-            )?;
+            self.set(&[(Field::LoadedWeights, w)], worker, line_no)?;
         } else if let Some(w) = after(line, "Model loading took ") {
             // V1 gpu_model_runner.py:4821.
-            self.number("weights", |f| &mut f.weights, w, worker, line_no)?;
+            self.set(&[(Field::Weights, w)], worker, line_no)?;
         } else if line.contains("Requested memory: ") && line.contains("(util)") {
             // V1 gpu_worker.py DEBUG "Initial free memory: F GiB; Requested memory: u (util), R GiB".
             let (Some(u), Some(r)) = (after(line, "Requested memory: "), after(line, "(util), "))
@@ -356,7 +378,7 @@ impl Reader {
             };
             f.style = Some(Style::V1);
             f.util = Some(u.value);
-            self.number("requested", |f| &mut f.requested, r, worker, line_no)?;
+            self.set(&[(Field::Requested, r)], worker, line_no)?;
         } else if line.contains("torch peak memory increase: ") {
             // V1 DEBUG "Memory profiling takes …; torch peak memory increase: …; non-torch
             // forward increase memory: …; weights memory: …".
@@ -367,20 +389,17 @@ impl Reader {
                 return Err(Self::cut(line_no, "memory profiling line"));
             };
             f.style = Some(Style::V1);
-            self.number("activation", |f| &mut f.activation, a, worker, line_no)?;
-            self.number(
-                "non_torch_memory",
-                |f| &mut f.non_torch,
-                nt,
+            self.set(
+                &[(Field::Activation, a), (Field::NonTorch, nt)],
                 worker,
                 line_no,
             )?;
             if let Some(w) = after(line, "weights memory: ") {
-                self.number("weights", |f| &mut f.weights, w, worker, line_no)?;
+                self.set(&[(Field::Weights, w)], worker, line_no)?;
             }
         } else if let Some(kv) = after(line, "Available KV cache memory: ") {
             f.style = Some(Style::V1);
-            self.number("kv_cache_size", |f| &mut f.kv, kv, worker, line_no)?;
+            self.set(&[(Field::Kv, kv)], worker, line_no)?;
         } else if let Some(t) = after(line, "GPU KV cache size: ") {
             let tokens = t.value as u64;
             if f.tokens.is_none() || !worker {
@@ -412,7 +431,7 @@ impl Reader {
             // V1 DEBUG "Free memory on device (F/T GiB) on startup".
             let rest = &line[i + "Free memory on device (".len()..];
             if let Some(t) = rest.split_once('/').and_then(|(_, t)| number_at(t)) {
-                self.number("total_gpu_memory", |f| &mut f.total, t, worker, line_no)?;
+                self.set(&[(Field::Total, t)], worker, line_no)?;
             }
         } else if line.contains("usage context") && line.contains(" max_num_") {
             // "Setting max_num_seqs to 1024 for OPENAI_API_SERVER usage context." (0.11.0
