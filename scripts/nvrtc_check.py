@@ -3,7 +3,8 @@
 (src/device/cuda/ops.rs) concatenates them, and checks that the entry points are in the PTX:
 
   the main module   kernels.rs SOURCE + sampler.rs SOURCE + kernels.rs OPT_BNB_SOURCE + fp8.rs
-                    SOURCE + moe.rs SOURCE, for compute_90, compute_80 and compute_75;
+                    SOURCE + moe.rs SOURCE + device/synth.rs SOURCE, for compute_90,
+                    compute_80 and compute_75, and as cubins for sm_90 and sm_80;
   the tensor-core   kernels.rs FLASH_SOURCE + w4.rs SOURCE + moe.rs GEMM_SOURCE (+ WGMMA_SOURCE
   module            for compute_90a), for compute_90a and compute_80.
 
@@ -61,13 +62,29 @@ def check(ptx, entries, what, arch):
     print(f"{what} {arch}: {len(entries)} entries present, PTX {len(ptx)} bytes")
 
 
+def compile_cubin(src, arch):
+    """NVRTC's cubin for a real architecture, as src/device/cuda/kcache.rs builds it."""
+    src = "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif\n" + src
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"k.cu", 0, None, None) == 0
+    opts = (ctypes.c_char_p * 1)(("--gpu-architecture=" + arch).encode())
+    if lib.nvrtcCompileProgram(prog, 1, opts) != 0:
+        sys.exit(f"{arch}: NVRTC could not build a cubin")
+    n = ctypes.c_size_t()
+    assert lib.nvrtcGetCUBINSize(prog, ctypes.byref(n)) == 0
+    print(f"cubin {arch}: {n.value} bytes")
+    return n.value
+
+
+synth = re.search(r'pub const SOURCE: &str = r#"(.*?)"#;',
+                  open(root + "/src/device/synth.rs").read(), re.S).group(1)
 main = (raw("kernels.rs", "SOURCE") + raw("sampler.rs", "SOURCE") + raw("kernels.rs", "OPT_BNB_SOURCE")
-        + raw("fp8.rs", "SOURCE") + raw("moe.rs", "SOURCE"))
+        + raw("fp8.rs", "SOURCE") + raw("moe.rs", "SOURCE") + synth)
 typed = (names("kernels.rs", "TYPED") + names("sampler.rs", "TYPED") + names("kernels.rs", "OPT_BNB_TYPED")
          + names("fp8.rs", "TYPED") + names("moe.rs", "TYPED"))
 untyped = (names("kernels.rs", "UNTYPED") + names("sampler.rs", "UNTYPED")
            + names("kernels.rs", "OPT_BNB_UNTYPED") + names("fp8.rs", "UNTYPED"))
-entries = untyped + [f"{n}_{s}" for n in typed for s in ("f16", "bf16")]
+entries = untyped + ["synth_weights"] + [f"{n}_{s}" for n in typed for s in ("f16", "bf16")]
 for arch in ["compute_90", "compute_80", "compute_75"]:
     check(compile_ptx(main, arch), entries, "main module", arch)
 
@@ -77,3 +94,7 @@ tc_entries = [f"{n}_{s}" for n in names("w4.rs", "NAMES") + names("moe.rs", "GEM
 check(compile_ptx(tc + raw("kernels.rs", "WGMMA_SOURCE"), "compute_90a"), tc_entries, "tensor-core module",
       "compute_90a")
 check(compile_ptx(tc, "compute_80"), tc_entries, "tensor-core module", "compute_80")
+# The kernel cache's cubins (the architectures the H200 and an A100 run).
+assert compile_cubin(main, "sm_90") > 0
+assert compile_cubin(tc + raw("kernels.rs", "WGMMA_SOURCE"), "sm_90a") > 0
+assert compile_cubin(main, "sm_80") > 0
