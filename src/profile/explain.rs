@@ -564,13 +564,25 @@ fn sane(name: &str, f: &LogFacts) -> Result<()> {
 /// belongs to (an assumption, said).
 fn release_of(f: &LogFacts, assumptions: &mut Vec<String>) -> Result<String> {
     if let Some(v) = &f.release {
-        let r = super::vllm::release(v).map_err(|_| {
-            Error::Request(format!(
-                "the log is vLLM {v}, which vramscope does not reproduce (it does {})",
-                super::vllm::names().join(", ")
-            ))
-        })?;
-        return Ok(r.name.to_string());
+        if let Ok(r) = super::vllm::release(v) {
+            return Ok(r.name.to_string());
+        }
+        // A patch or dev build of a modelled release ("0.19.1", "0.10.1.1", "0.7.3.dev12"):
+        // the release its major.minor names, said.
+        let parts: Vec<&str> = v.split(['.', '+']).collect();
+        for n in (2..parts.len()).rev() {
+            if let Ok(r) = super::vllm::release(&parts[..n].join(".")) {
+                assumptions.push(format!(
+                    "vLLM {}: the log's {v} is not modelled by itself; its series is",
+                    r.name
+                ));
+                return Ok(r.name.to_string());
+            }
+        }
+        return Err(Error::Request(format!(
+            "the log is vLLM {v}, which vramscope does not reproduce (it does {})",
+            super::vllm::names().join(", ")
+        )));
     }
     let (name, why) = match f.style {
         Some(Style::MemoryProfilingResults) => ("0.6.4", "its single memory line is 0.6.4's"),
@@ -945,6 +957,22 @@ mod tests {
         assert_eq!(field(line, "model="), Some("meta-llama/Llama-3.1-8B"));
         assert_eq!(field(line, "dtype="), Some("torch.bfloat16"));
         assert_eq!(field(line, "max_seq_len="), Some("20000"));
+    }
+
+    #[test]
+    fn a_patch_release_runs_as_its_series() {
+        let f = LogFacts {
+            release: Some("0.19.1".into()),
+            ..LogFacts::default()
+        };
+        let mut a = Vec::new();
+        assert_eq!(release_of(&f, &mut a).unwrap(), "0.19");
+        assert!(a[0].contains("0.19.1"), "{a:?}");
+        let f = LogFacts {
+            release: Some("0.33.0".into()),
+            ..LogFacts::default()
+        };
+        assert!(release_of(&f, &mut a).is_err());
     }
 
     #[test]
