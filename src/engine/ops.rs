@@ -360,6 +360,11 @@ pub fn upload_i32(rt: &Runtime, t: &mut Tensor, data: &[i32]) -> Result<()> {
     cuda(rt, |c| c.upload_bytes(t, bytes))
 }
 
+/// f32 values converted into `t`'s dtype from element `offset` on.
+pub fn upload_f32_at(rt: &Runtime, t: &mut Tensor, offset: usize, data: &[f32]) -> Result<()> {
+    cuda(rt, |c| c.upload_f32_at(t, offset, data))
+}
+
 /// Bytes as stored into `t` from byte `offset` on.
 pub fn upload_bytes_at(rt: &Runtime, t: &mut Tensor, offset: u64, data: &[u8]) -> Result<()> {
     cuda(rt, |c| c.upload_bytes_at(t, offset, data))

@@ -316,6 +316,38 @@ impl CudaDevice {
         })
     }
 
+    /// Converts `d` into `t`'s 16-bit dtype from element `offset` on (a part of a fused
+    /// weight).
+    pub fn upload_f32_at(&mut self, t: &mut TensorData, offset: usize, d: &[f32]) -> Result<()> {
+        if offset
+            .checked_add(d.len())
+            .is_none_or(|end| end > t.numel())
+        {
+            return Err(self.err(
+                "upload",
+                format!(
+                    "{}: {} values at {offset} of {}",
+                    t.name,
+                    d.len(),
+                    t.numel()
+                ),
+            ));
+        }
+        let p = t.cuda_ptr() + 2 * offset as u64;
+        match t.dtype {
+            DType::F16 => self.upload_staged(p, d.len() * 2, 2, &|off, out| {
+                to_halves::<half::f16>(out, &d[off / 2..])
+            }),
+            DType::BF16 => self.upload_staged(p, d.len() * 2, 2, &|off, out| {
+                to_halves::<half::bf16>(out, &d[off / 2..])
+            }),
+            other => Err(self.err(
+                "upload",
+                format!("{}: f32 values into a {} tensor", t.name, other.name()),
+            )),
+        }
+    }
+
     /// Copies `d` into `t` from byte `offset` on (a part of a fused weight, as stored).
     pub fn upload_bytes_at(&mut self, t: &mut TensorData, offset: u64, d: &[u8]) -> Result<()> {
         if offset
