@@ -84,27 +84,6 @@ pub fn report() -> Vec<String> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn spans_add_up_by_phase() {
-        enable();
-        for _ in 0..3 {
-            let _s = span("test phase a");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        add("test phase b", Duration::from_millis(5));
-        let p = phases();
-        let a = p.iter().find(|x| x.0 == "test phase a").unwrap();
-        assert_eq!(a.2, 3);
-        assert!(a.1 >= 0.006, "{a:?}");
-        let b = p.iter().find(|x| x.0 == "test phase b").unwrap();
-        assert!((b.1 - 0.005).abs() < 1e-9);
-    }
-}
-
 /// Frees `v` on a background thread: returning a large host buffer to the system (unmapping
 /// gigabytes of touched pages) costs about as much as filling it, and the loader need not
 /// wait. One buffer waits at most, so the host holds at most two more than it would.
@@ -133,5 +112,26 @@ pub fn drop_later<T: Send + 'static>(v: T) {
             }
         }
         None => drop(job),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_add_up_by_phase() {
+        enable();
+        for _ in 0..3 {
+            let _s = span("test phase a");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        add("test phase b", Duration::from_millis(5));
+        let p = phases();
+        let a = p.iter().find(|x| x.0 == "test phase a").unwrap();
+        assert_eq!(a.2, 3);
+        assert!(a.1 >= 0.006, "{a:?}");
+        let b = p.iter().find(|x| x.0 == "test phase b").unwrap();
+        assert!((b.1 - 0.005).abs() < 1e-9);
     }
 }
