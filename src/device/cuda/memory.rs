@@ -281,7 +281,40 @@ impl CudaDevice {
                 format!("{}: {} values for {} elements", t.name, d.len(), t.numel()),
             ));
         }
+        self.upload_f32_at(t, 0, d)
+    }
+
+    pub fn upload_bytes(&mut self, t: &mut TensorData, d: &[u8]) -> Result<()> {
+        if d.len() as u64 != t.nbytes() {
+            return Err(self.err(
+                "upload",
+                format!("{}: {} bytes for {}", t.name, d.len(), t.nbytes()),
+            ));
+        }
         let p = t.cuda_ptr();
+        self.upload_staged(p, d.len(), 1, &|off, out| {
+            out.copy_from_slice(&d[off..off + out.len()])
+        })
+    }
+
+    /// Converts `d` into `t`'s dtype (f32, f16, bf16) from element `offset` on (the whole
+    /// tensor, or a part of a fused weight).
+    pub fn upload_f32_at(&mut self, t: &mut TensorData, offset: usize, d: &[f32]) -> Result<()> {
+        if offset
+            .checked_add(d.len())
+            .is_none_or(|end| end > t.numel())
+        {
+            return Err(self.err(
+                "upload",
+                format!(
+                    "{}: {} values at {offset} of {}",
+                    t.name,
+                    d.len(),
+                    t.numel()
+                ),
+            ));
+        }
+        let p = t.cuda_ptr() + (offset as u64) * t.dtype.size_bytes();
         match t.dtype {
             DType::F32 => {
                 // SAFETY: f32 has no padding; the byte view covers exactly `d`.
@@ -299,51 +332,6 @@ impl CudaDevice {
             other => Err(self.err(
                 "upload",
                 format!("{}: f32 values for a {} tensor", t.name, other.name()),
-            )),
-        }
-    }
-
-    pub fn upload_bytes(&mut self, t: &mut TensorData, d: &[u8]) -> Result<()> {
-        if d.len() as u64 != t.nbytes() {
-            return Err(self.err(
-                "upload",
-                format!("{}: {} bytes for {}", t.name, d.len(), t.nbytes()),
-            ));
-        }
-        let p = t.cuda_ptr();
-        self.upload_staged(p, d.len(), 1, &|off, out| {
-            out.copy_from_slice(&d[off..off + out.len()])
-        })
-    }
-
-    /// Converts `d` into `t`'s 16-bit dtype from element `offset` on (a part of a fused
-    /// weight).
-    pub fn upload_f32_at(&mut self, t: &mut TensorData, offset: usize, d: &[f32]) -> Result<()> {
-        if offset
-            .checked_add(d.len())
-            .is_none_or(|end| end > t.numel())
-        {
-            return Err(self.err(
-                "upload",
-                format!(
-                    "{}: {} values at {offset} of {}",
-                    t.name,
-                    d.len(),
-                    t.numel()
-                ),
-            ));
-        }
-        let p = t.cuda_ptr() + 2 * offset as u64;
-        match t.dtype {
-            DType::F16 => self.upload_staged(p, d.len() * 2, 2, &|off, out| {
-                to_halves::<half::f16>(out, &d[off / 2..])
-            }),
-            DType::BF16 => self.upload_staged(p, d.len() * 2, 2, &|off, out| {
-                to_halves::<half::bf16>(out, &d[off / 2..])
-            }),
-            other => Err(self.err(
-                "upload",
-                format!("{}: f32 values into a {} tensor", t.name, other.name()),
             )),
         }
     }
