@@ -780,7 +780,7 @@ impl Report {
                  torch.compile made, vramscope its own eager kernels; on an H200 the same pieces \
                  compiled by Inductor took 28 % less than eager, their estimator sample 60 % \
                  more: docs/gpu-runs.md run 56; against vLLM 0.19's public log Q1 the graphs' \
-                 memory lands 22-24 % under: docs/vllm-versions.md)"
+                 memory lands 22-24 % under, held by tests/vllm_v1.rs: docs/vllm-versions.md)"
                     .into(),
             );
         }
