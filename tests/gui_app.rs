@@ -825,6 +825,8 @@ fn a_dropped_vllm_log_runs_its_settings_and_shows_the_comparison() {
     h.run_steps(2);
     wait_for_run(&mut h, Duration::from_secs(120));
     h.input_mut().dropped_files.push(Arc::new(Dropped(log)));
+    // The log is read off the UI thread; its run starts on the frame after.
+    wait_for_files(&mut h);
     wait_for_run(&mut h, Duration::from_secs(120));
     assert!(h.state().banner().is_none(), "{:?}", h.state().banner());
     let r = h.state().report().expect("a report").clone();
@@ -840,7 +842,7 @@ fn a_dropped_vllm_log_runs_its_settings_and_shows_the_comparison() {
     let bad = dir.path().join("notes.txt");
     std::fs::write(&bad, "nothing vLLM printed\n").unwrap();
     h.input_mut().dropped_files.push(Arc::new(Dropped(bad)));
-    h.run_steps(2);
+    wait_for_files(&mut h);
     let banner = h.state().banner().expect("an error banner");
     assert!(
         banner.text.contains("not a vLLM startup log"),

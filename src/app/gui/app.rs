@@ -154,6 +154,8 @@ enum FileDone {
     Saved(String),
     Failed(String),
     Opened(PathBuf, crate::Result<Box<(Report, Analysis)>>),
+    /// A vLLM log read (streamed: it may be large) and its settings worked out.
+    VllmLog(crate::Result<Box<super::vllm_log::LoadedLog>>),
 }
 
 pub struct VramscopeApp {
@@ -200,6 +202,8 @@ pub struct VramscopeApp {
     startup_run: bool,
     /// A vLLM startup log dropped on the window.
     vllm_log: Option<super::vllm_log::LoadedLog>,
+    /// A run to start on the next frame (a dropped log's settings, once read).
+    run_requested: bool,
 }
 
 impl VramscopeApp {
@@ -266,6 +270,7 @@ impl VramscopeApp {
             exit_error,
             startup_run: false,
             vllm_log: None,
+            run_requested: false,
         }
     }
 
@@ -334,6 +339,13 @@ impl VramscopeApp {
                     }
                 }
                 FileDone::Opened(_, Err(e)) => self.error(e.to_string()),
+                FileDone::VllmLog(Ok(log)) => {
+                    self.setup.apply(&log.request);
+                    self.side_tab = SideTab::VllmLog;
+                    self.vllm_log = Some(*log);
+                    self.run_requested = true;
+                }
+                FileDone::VllmLog(Err(e)) => self.error(e.to_string()),
             }
         }
     }
@@ -371,6 +383,14 @@ impl VramscopeApp {
         self.analysis = Some(analysis);
         self.live_events = Vec::new();
         self.generation += 1;
+        self.explain_log();
+    }
+
+    /// The dropped log against the report shown, once per report (not every frame).
+    fn explain_log(&mut self) {
+        if let Some(log) = &mut self.vllm_log {
+            log.explain(self.report.as_deref());
+        }
     }
 
     /// With tensor parallel: shows rank `k`'s own report in every view (the exports keep the
@@ -388,6 +408,7 @@ impl VramscopeApp {
         self.report = Some(Arc::new(r));
         self.analysis = Some(a);
         self.generation += 1;
+        self.explain_log();
     }
 
     /// The rank the views show (0 with one GPU).
@@ -751,19 +772,12 @@ impl VramscopeApp {
         }
     }
 
-    /// Reads a vLLM startup log, takes its settings and runs them; the "vLLM log" tab then
-    /// shows vLLM's numbers beside the run's. A log that cannot be read says why in the
-    /// banner, and the settings stay as they were.
-    pub fn open_vllm_log(&mut self, ctx: &egui::Context, path: &std::path::Path) {
-        match super::vllm_log::load(path) {
-            Ok(log) => {
-                self.setup.apply(&log.request);
-                self.side_tab = SideTab::VllmLog;
-                self.vllm_log = Some(log);
-                self.start_profile(ctx);
-            }
-            Err(e) => self.error(e.to_string()),
-        }
+    /// Reads a vLLM startup log off the UI thread, then takes its settings and runs them; the
+    /// "vLLM log" tab shows vLLM's numbers beside the run's. A log that cannot be read says
+    /// why in the banner, and the settings stay as they were.
+    pub fn open_vllm_log(&mut self, path: &std::path::Path) {
+        let path = path.to_path_buf();
+        self.spawn_file_job(move || FileDone::VllmLog(super::vllm_log::load(&path).map(Box::new)));
     }
 
     fn pick_model_file(&mut self) {
@@ -842,7 +856,7 @@ impl VramscopeApp {
         }
         if let Some(p) = dropped.first().map(|f| f.path().to_path_buf()) {
             if super::vllm_log::is_log_path(&p) {
-                self.open_vllm_log(ctx, &p);
+                self.open_vllm_log(&p);
             } else {
                 self.use_file(p);
             }
@@ -1071,6 +1085,9 @@ impl eframe::App for VramscopeApp {
         let ctx = ui.ctx().clone();
         self.pump_worker();
         self.pump_file_jobs();
+        if std::mem::take(&mut self.run_requested) {
+            self.start_profile(&ctx);
+        }
         self.pump_screenshots(&ctx);
         self.handle_input(&ctx);
         self.drive_screenshot_job(&ctx);
@@ -1137,11 +1154,9 @@ impl eframe::App for VramscopeApp {
                     .show(ui, |ui| {
                         let shown = self.report.as_ref().zip(self.analysis.as_ref());
                         match (self.side_tab, shown) {
-                            (SideTab::VllmLog, _) => super::vllm_log::ui(
-                                ui,
-                                self.vllm_log.as_ref(),
-                                self.report.as_deref(),
-                            ),
+                            (SideTab::VllmLog, _) => {
+                                super::vllm_log::ui(ui, self.vllm_log.as_ref())
+                            }
                             (SideTab::Budget, _) | (_, None)
                                 if self.side_tab != SideTab::Compare =>
                             {

@@ -7,7 +7,7 @@ use std::path::Path;
 use egui::RichText;
 
 use crate::base::error::{Error, Result};
-use crate::profile::explain::{self, LogFacts, Overrides};
+use crate::profile::explain::{self, Explanation, LogFacts, Overrides};
 use crate::profile::{ProfileRequest, Report};
 
 /// A log the user dropped: what it states, and the request that reproduces it.
@@ -16,6 +16,17 @@ pub struct LoadedLog {
     pub facts: LogFacts,
     pub request: ProfileRequest,
     pub assumptions: Vec<String>,
+    /// The comparison with the report shown, when that report ran the log's settings.
+    pub explanation: Option<Explanation>,
+}
+
+impl LoadedLog {
+    /// Compares the log with `report` (once per report shown).
+    pub fn explain(&mut self, report: Option<&Report>) {
+        self.explanation = report
+            .filter(|r| same_run(&r.settings, &self.request))
+            .map(|r| explain::compare(&self.facts, r));
+    }
 }
 
 /// Whether a dropped file is to be read as a vLLM log (by its name: `.log`, `.txt`, `.out`).
@@ -41,11 +52,12 @@ pub fn load(path: &Path) -> Result<LoadedLog> {
         facts,
         request,
         assumptions,
+        explanation: None,
     })
 }
 
 /// The tab: the comparison when the shown run has the log's settings.
-pub fn ui(ui: &mut egui::Ui, log: Option<&LoadedLog>, report: Option<&Report>) {
+pub fn ui(ui: &mut egui::Ui, log: Option<&LoadedLog>) {
     let Some(log) = log else {
         ui.label(
             "Already ran vLLM? Drop its startup log (.log or .txt) on the window: vramscope reads \
@@ -70,11 +82,10 @@ pub fn ui(ui: &mut egui::Ui, log: Option<&LoadedLog>, report: Option<&Report>) {
         ui.label(RichText::new(format!("assumed: {a}")).weak());
     }
     ui.separator();
-    let Some(r) = report.filter(|r| same_run(&r.settings, &log.request)) else {
-        ui.label("The run of the log's settings is not the one shown: profile again (F5) with the settings the log set.");
+    let Some(e) = &log.explanation else {
+        ui.label("The run of the log's settings is not the one shown: profile again (Ctrl+R) with the settings the log set.");
         return;
     };
-    let e = explain::compare(&log.facts, r);
     egui::Grid::new("vllm-log")
         .striped(true)
         .num_columns(4)
