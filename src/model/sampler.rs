@@ -254,6 +254,23 @@ impl Sampler {
         }
     }
 
+    /// Device buffers a V1 sampler makes on its first call and keeps (Triton's
+    /// `_TRITON_BUFFER_CACHE`, FlashInfer's row states): `make`'s tensors, unless one named
+    /// `key…` is kept already.
+    fn cache_once(&self, key: &str, make: impl FnOnce() -> Result<Vec<Tensor>>) -> Result<()> {
+        if self
+            .v1_cache
+            .borrow()
+            .iter()
+            .any(|t| t.name.starts_with(key))
+        {
+            return Ok(());
+        }
+        let made = make()?;
+        self.v1_cache.borrow_mut().extend(made);
+        Ok(())
+    }
+
     /// `SamplingTensors.from_lists` (sampling_metadata.py L487-587): per-row parameters in the
     /// logits dtype (top_ks in int32), copied to the device in this order; penalties are off,
     /// so `prompt_tokens`/`output_tokens` are empty (no allocation).
@@ -784,31 +801,23 @@ impl Sampler {
                     &[rows],
                     DType::I32,
                 )?;
-                let mut cache = self.v1_cache.borrow_mut();
-                if !cache
-                    .iter()
-                    .any(|t| t.name.starts_with("sampler.triton_buffer"))
-                {
+                self.cache_once("sampler.triton_buffer", || {
                     let programs = (sms.max(1) as usize).min(rows);
                     let buf_rows = programs.next_power_of_two().min(sms.max(1) as usize);
-                    cache.push(rt.tensor(
-                        "sampler.triton_buffer (cached)",
-                        Category::Sampler,
-                        &[buf_rows, vocab],
-                        DType::F32,
-                    )?);
-                    for name in [
-                        "sampler.normal_cdf_to_sigma (cached)",
-                        "sampler.percentile_to_std (cached)",
-                    ] {
-                        cache.push(rt.tensor(
-                            name,
+                    let table = |name| {
+                        rt.tensor(name, Category::Sampler, &[V1_TRITON_TABLE_LEN], DType::F32)
+                    };
+                    Ok(vec![
+                        rt.tensor(
+                            "sampler.triton_buffer (cached)",
                             Category::Sampler,
-                            &[V1_TRITON_TABLE_LEN],
+                            &[buf_rows, vocab],
                             DType::F32,
-                        )?);
-                    }
-                }
+                        )?,
+                        table("sampler.normal_cdf_to_sigma (cached)")?,
+                        table("sampler.percentile_to_std (cached)")?,
+                    ])
+                })?;
                 if cpu_on {
                     top_k_top_p_host(logits.f32_mut(), vocab, vocab - 1, V1_TOP_P);
                 }
@@ -878,19 +887,14 @@ impl Sampler {
 
         if top_k_top_p == V1TopKTopP::FlashInfer {
             rt.set_op("sampler_v1.flashinfer");
-            let mut cache = self.v1_cache.borrow_mut();
-            if !cache
-                .iter()
-                .any(|t| t.name.starts_with("sampler.flashinfer_row_states"))
-            {
-                cache.push(rt.tensor(
+            self.cache_once("sampler.flashinfer_row_states", || {
+                Ok(vec![rt.tensor(
                     "sampler.flashinfer_row_states (cached)",
                     Category::Sampler,
                     &[FLASHINFER_ROW_STATES],
                     DType::U8,
-                )?);
-            }
-            drop(cache);
+                )?])
+            })?;
             let k32 = rt.tensor(
                 "sampler.top_k_int32",
                 Category::Sampler,
