@@ -302,32 +302,28 @@ pub struct ProfileArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
-    /// sim:PRESET[:dry|:compute] or cuda:N.
-    #[arg(long, default_value = "sim:h100-80gb:dry")]
-    pub device: String,
-    /// The total the simulated GPU reports (as `profile --total`).
-    #[arg(long, value_parser = size_arg, value_name = "SIZE")]
-    pub total: Option<u64>,
-    /// The vLLM release the line runs on (as `profile --vllm`; default: vramscope's default
-    /// release, said in a note).
-    #[arg(long, value_name = "RELEASE")]
-    pub vllm: Option<String>,
-    /// How the simulated GPUs of -tp reach each other (as `profile --topology`).
-    #[arg(long, value_name = "TOPOLOGY")]
-    pub topology: Option<String>,
-    #[arg(long)]
-    pub no_verify: bool,
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
-    #[arg(long, value_name = "FILE")]
-    pub png: Option<PathBuf>,
-    #[arg(long, short)]
-    pub quiet: bool,
-    /// The pasted line, after `--`: `vllm serve MODEL [vLLM flags]`.
-    #[arg(last = true, required = true, value_name = "LINE")]
-    pub line: Vec<String>,
+    /// `profile` options (`--device`, `--total`, `--vllm`, `--json`, …), then `--`, then the
+    /// pasted line: `vllm serve MODEL [vLLM flags]`.
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required = true,
+        value_name = "[PROFILE OPTIONS] -- LINE"
+    )]
+    pub words: Vec<String>,
+}
+
+impl PlanArgs {
+    /// The `profile` options and the pasted line, split at the first `--`.
+    fn split(&self) -> Result<(&[String], &[String])> {
+        let at = self.words.iter().position(|w| w == "--").ok_or_else(|| {
+            crate::Error::Request(
+                "plan: the vLLM line goes after `--`: vramscope plan [profile options] -- vllm serve MODEL …"
+                    .into(),
+            )
+        })?;
+        Ok((&self.words[..at], &self.words[at + 1..]))
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -541,7 +537,7 @@ pub fn main() -> i32 {
         }
         Some(Command::Bench(args)) => cmd_bench(&args),
         Some(Command::Plan(args)) => plan_profile_args(&args).and_then(|(p, notes)| {
-            if !args.quiet {
+            if !p.quiet {
                 for n in notes {
                     eprintln!("vramscope: {n}");
                 }
@@ -575,38 +571,28 @@ pub fn main() -> i32 {
 /// means exactly what its vramscope spelling means. Returns the notes to print (the model's
 /// origin, flags that change nothing or are not modelled).
 pub fn plan_profile_args(p: &PlanArgs) -> Result<(ProfileArgs, Vec<String>)> {
-    let line = crate::profile::vllm_args::parse_serve(&p.line)?;
+    let (profile, pasted) = p.split()?;
+    let line = crate::profile::vllm_args::parse_serve(pasted)?;
     let (model, note) = crate::profile::vllm_args::resolve_model(&line.model)?;
+    let given = |flag: &str| {
+        profile
+            .iter()
+            .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+    };
+    let vllm_given = given("--vllm");
     let mut argv: Vec<String> = vec![
         "vramscope".into(),
         "profile".into(),
         "--model".into(),
         model,
-        "--device".into(),
-        p.device.clone(),
-        "--vllm".into(),
-        p.vllm
-            .clone()
-            .unwrap_or(crate::profile::vllm::DEFAULT.into()),
     ];
-    let opt =
-        |flag: &str, v: Option<String>| v.map(|v| vec![flag.to_string(), v]).unwrap_or_default();
-    argv.extend(opt("--total", p.total.map(|t| t.to_string())));
-    argv.extend(opt("--topology", p.topology.clone()));
-    for (flag, path) in [("--json", &p.json), ("--csv", &p.csv), ("--png", &p.png)] {
-        argv.extend(opt(flag, path.as_ref().map(|x| x.display().to_string())));
-    }
-    if p.no_verify {
-        argv.push("--no-verify".into());
-    }
-    if p.quiet {
-        argv.push("--quiet".into());
-    }
-    // vLLM's --dtype auto when the line gives neither dtype nor quantization.
-    if !line
-        .args
-        .iter()
-        .any(|a| a == "--dtype" || a == "--quantization")
+    argv.extend(profile.iter().cloned());
+    // vLLM's --dtype auto when nothing names the dtype or a quantization.
+    let named = |a: &String| a == "--dtype" || a == "--quantization";
+    if !line.args.iter().any(named)
+        && !["--dtype", "--quantization", "--quant"]
+            .iter()
+            .any(|f| given(f))
     {
         argv.extend(["--dtype".to_string(), "auto".to_string()]);
     }
@@ -614,7 +600,7 @@ pub fn plan_profile_args(p: &PlanArgs) -> Result<(ProfileArgs, Vec<String>)> {
     let cli = Cli::try_parse_from(&argv).map_err(|e| {
         let text = e.render().to_string();
         crate::Error::Request(format!(
-            "the vLLM line: {}",
+            "plan: {}",
             text.lines()
                 .next()
                 .unwrap_or("invalid")
@@ -627,7 +613,7 @@ pub fn plan_profile_args(p: &PlanArgs) -> Result<(ProfileArgs, Vec<String>)> {
         ));
     };
     let mut notes: Vec<String> = note.into_iter().collect();
-    if p.vllm.is_none() {
+    if !vllm_given {
         notes.push(format!(
             "vLLM {} (vramscope's default release): --vllm RELEASE before the -- for the one you run",
             crate::profile::vllm::DEFAULT
