@@ -3,6 +3,7 @@
 //! all-or-nothing writes). Imports nothing of the crate.
 
 pub mod atomic;
+pub mod background;
 pub mod error;
 pub(crate) mod fsguard;
 pub mod limits;

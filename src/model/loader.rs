@@ -97,7 +97,7 @@ pub(crate) fn upload(
             let span = crate::base::timing::span("load: upload (all of it)");
             ops::upload_f32(rt, &mut t, &d)?;
             drop(span);
-            crate::base::timing::drop_later(d);
+            crate::base::background::drop_later(d);
             Ok(t)
         }
         _ => rt.tensor(name, Category::Weight, shape, dtype),
@@ -589,7 +589,7 @@ impl<'a> Loader<'a> {
                 if let Some(d) = d {
                     let _t = crate::base::timing::span("load: upload (all of it)");
                     ops::upload_f32_at(self.rt, &mut t, offset, &d)?;
-                    crate::base::timing::drop_later(d);
+                    crate::base::background::drop_later(d);
                 }
                 offset += len * k;
             }
