@@ -103,31 +103,12 @@ pub fn text(
         "term", "vLLM log", "vramscope", "difference"
     ));
     for row in &e.rows {
-        let fmt = |v: f64| {
-            if row.gib {
-                format!("{v:.2} GiB")
-            } else if row.term == "max concurrency" {
-                format!("{v:.2}x")
-            } else {
-                crate::base::units::thousands(v as u64)
-            }
-        };
-        let logged = row.logged.as_ref().map_or("—".to_string(), |l| {
-            if row.gib {
-                format!("{} GiB", l.text)
-            } else if row.term == "max concurrency" {
-                format!("{}x", l.text)
-            } else {
-                l.text.clone()
-            }
-        });
-        let ours = row.ours.map_or("—".to_string(), fmt);
-        let diff = row
-            .relative()
-            .map_or(String::new(), |d| format!("{:+.1} %", d * 100.0));
         out.push(format!(
-            "{:<24} {logged:>12} {ours:>12} {diff:>10}",
-            row.term
+            "{:<24} {:>12} {:>12} {:>10}",
+            row.term,
+            row.logged_text(),
+            row.ours_text(),
+            row.difference_text()
         ));
     }
     if let Some(w) = &e.largest {

@@ -737,6 +737,40 @@ impl Row {
         let (l, o) = (self.logged.as_ref()?.value, self.ours?);
         (l != 0.0).then(|| o / l - 1.0)
     }
+
+    fn with_unit(&self, v: String) -> String {
+        if self.gib {
+            format!("{v} GiB")
+        } else if self.term == "max concurrency" {
+            format!("{v}x")
+        } else {
+            v
+        }
+    }
+
+    /// The log's value as it printed it, with its unit ("—" when the log does not state it).
+    pub fn logged_text(&self) -> String {
+        self.logged
+            .as_ref()
+            .map_or("—".into(), |l| self.with_unit(l.text.clone()))
+    }
+
+    /// vramscope's value, in the log's precision.
+    pub fn ours_text(&self) -> String {
+        self.ours.map_or("—".into(), |v| {
+            if self.gib || self.term == "max concurrency" {
+                self.with_unit(format!("{v:.2}"))
+            } else {
+                crate::base::units::thousands(v as u64)
+            }
+        })
+    }
+
+    /// vramscope against the log, in percent ("" when either is missing).
+    pub fn difference_text(&self) -> String {
+        self.relative()
+            .map_or(String::new(), |d| format!("{:+.1} %", d * 100.0))
+    }
 }
 
 /// The comparison of a log with vramscope's run of it.

@@ -95,32 +95,10 @@ pub fn ui(ui: &mut egui::Ui, log: Option<&LoadedLog>) {
             }
             ui.end_row();
             for row in &e.rows {
-                let unit = |v: String| {
-                    if row.gib {
-                        format!("{v} GiB")
-                    } else if row.term == "max concurrency" {
-                        format!("{v}x")
-                    } else {
-                        v
-                    }
-                };
                 ui.label(row.term);
-                ui.label(
-                    row.logged
-                        .as_ref()
-                        .map_or("—".into(), |l| unit(l.text.clone())),
-                );
-                ui.label(row.ours.map_or("—".into(), |v| {
-                    if row.gib || row.term == "max concurrency" {
-                        unit(format!("{v:.2}"))
-                    } else {
-                        crate::base::units::thousands(v as u64)
-                    }
-                }));
-                ui.label(
-                    row.relative()
-                        .map_or(String::new(), |d| format!("{:+.1} %", d * 100.0)),
-                );
+                ui.label(row.logged_text());
+                ui.label(row.ours_text());
+                ui.label(row.difference_text());
                 ui.end_row();
             }
         });
