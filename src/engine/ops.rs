@@ -253,19 +253,15 @@ pub fn fused_add_rms_norm(
         Backend::Cpu => {
             cpu::add_rms_norm(x.f32_mut(), residual.f32_mut(), w.f32(), eps);
         }
-        Backend::Cuda => cuda(rt, |c| {
-            c.add_assign(residual, x)?;
-            c.rms_norm(residual, w, eps, x)
-        })?,
+        Backend::Cuda => cuda(rt, |c| c.add_rms_norm(x, residual, w, eps))?,
     }
     Ok(())
 }
 
 /// vLLM's `SiluAndMul.forward_cuda` (activation.py): `out = empty([T, I])`, then
 /// `silu(gate) · up` from the two halves of the fused gate_up output (given as its views).
-/// On CUDA the gate view is used as scratch (gate_up dies after this); the host writes `out`
-/// directly.
-pub fn silu_and_mul(rt: &Runtime, gate: &mut Tensor, up: &Tensor, name: &str) -> Result<Tensor> {
+/// Both write `out` directly.
+pub fn silu_and_mul(rt: &Runtime, gate: &Tensor, up: &Tensor, name: &str) -> Result<Tensor> {
     rt.check_cancel()?;
     rt.set_op("silu_and_mul");
     let mut out = rt.tensor_for_overwrite(name, Category::Activation, &gate.shape, gate.dtype)?;
@@ -274,10 +270,7 @@ pub fn silu_and_mul(rt: &Runtime, gate: &mut Tensor, up: &Tensor, name: &str) ->
         Backend::Cpu => {
             cpu::silu_mul_into(gate.f32(), up.f32(), out.f32_mut());
         }
-        Backend::Cuda => cuda(rt, |c| {
-            c.silu_mul(gate, up)?;
-            c.convert_float(gate, &mut out)
-        })?,
+        Backend::Cuda => cuda(rt, |c| c.silu_mul_into(gate, up, &mut out))?,
     }
     Ok(out)
 }

@@ -813,13 +813,13 @@ fn mlp_forward(
     let gate_up = gate_up.forward(rt, x, &format!("{l}.gate_up_proj"), gen, act)?;
     let names = ["gate", "up"].map(|n| format!("{l}.{n}"));
     let mut it = FusedLinear::split(&gate_up, &[i, i], &names).into_iter();
-    let (Some(mut gate), Some(up)) = (it.next(), it.next()) else {
+    let (Some(gate), Some(up)) = (it.next(), it.next()) else {
         return Err(Error::Request(format!("{l}: gate_up split")));
     };
     let act_out = if how.gemma {
         ops_gemma::gelu_tanh_and_mul(rt, &gate, &up, &format!("{l}.act"))?
     } else {
-        ops::silu_and_mul(rt, &mut gate, &up, &format!("{l}.act"))?
+        ops::silu_and_mul(rt, &gate, &up, &format!("{l}.act"))?
     };
     drop((gate, up));
     let gate_up = if how.frees_gate_up {

@@ -267,11 +267,12 @@ mod tests {
         let all = |_: &str| true;
         let portable = |n: &str| kernels::FLASH.iter().any(|k| k.name == n && !k.sm90a);
         let name = |hd, v, avail: &dyn Fn(&str) -> bool| flash_kernel(hd, v, avail).map(|k| k.name);
-        assert_eq!(name(128, "", &all), Some("flash_attn_d128_wg"));
+        assert_eq!(name(128, "", &all), Some("flash_attn_d128_wgs"));
         assert_eq!(
             name(128, "no-such-variant", &all),
-            Some("flash_attn_d128_wg")
+            Some("flash_attn_d128_wgs")
         );
+        assert_eq!(name(128, "wg", &all), Some("flash_attn_d128_wg"));
         assert_eq!(name(128, "", &portable), Some("flash_attn_d128_w8l"));
         assert_eq!(name(128, "w4", &all), Some("flash_attn_d128_w4"));
         // A Hopper-only variant asked for elsewhere falls back to the portable default.
@@ -288,20 +289,33 @@ mod tests {
         // Every kernel listed for loading is instantiated once in the source with the shape
         // the dispatch launches it with.
         for k in kernels::FLASH {
-            let (src, macros, per) = if k.sm90a {
-                (kernels::WGMMA_SOURCE, &["FA_WG_INST"][..], k.warps / 4)
+            let src = if k.sm90a {
+                kernels::WGMMA_SOURCE
             } else {
-                (kernels::FLASH_SOURCE, &["FA_INST"][..], k.warps)
+                kernels::FLASH_SOURCE
             };
-            let args = format!("({}, {}, {}, ", k.name, k.head_dim, per);
-            let found: usize = macros
-                .iter()
-                .map(|m| src.matches(&format!("{m}{args}")).count())
-                .sum();
-            assert_eq!(found, 1, "{args}");
+            let head = format!("({}, {}, ", k.name, k.head_dim);
+            assert_eq!(src.matches(&head).count(), 1, "{head}");
+            // FA_INST takes warps, FA_WG_INST warpgroups; the overlapped kernels are two
+            // warpgroups of 64 rows by construction.
+            let shaped = if !k.sm90a {
+                format!("FA_INST{head}{}, ", k.warps)
+            } else if src.contains(&format!("FA_WG_INST{head}")) {
+                format!("FA_WG_INST{head}{}, ", k.warps / 4)
+            } else {
+                assert_eq!((k.warps, k.tile), (8, 128), "{}", k.name);
+                head.clone()
+            };
+            assert_eq!(src.matches(&shaped).count(), 1, "{shaped}");
             assert!(k.smem <= 227 * 1024, "{}", k.name);
         }
         let wg = flash_kernel(128, "wg", all).unwrap();
         assert_eq!((wg.tile, wg.warps, wg.smem), (128, 8, 4 * 128 * 128 * 2));
+        // Three stages of a 128-key K and V tile and the 1 KiB that aligns the swizzle atoms.
+        let wgs = flash_kernel(128, "", all).unwrap();
+        assert_eq!(
+            (wgs.tile, wgs.warps, wgs.smem),
+            (128, 8, 6 * 128 * 128 * 2 + 1024)
+        );
     }
 }

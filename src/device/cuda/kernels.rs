@@ -15,6 +15,9 @@ pub(crate) const TYPED: &[&str] = &[
     "add_assign_v8",
     "silu_mul_v8",
     "rms_norm_v8",
+    "silu_mul_out_v8",
+    "silu_mul_out",
+    "add_rms_norm_v8",
     "to_f32",
     "from_f32",
     "softmax_causal",
@@ -180,6 +183,69 @@ template <class T> __device__ void silu_mul_v8(u16* g, const u16* u, long long n
       a.h[e] = T::st(T::ld(T::st(f / (1.f + __expf(-f)))) * T::ld(b.h[e]));
     }
     ((uint4*)g)[i] = a.v;
+  }
+}
+
+// silu_mul_v8 into a third tensor (vLLM's SiluAndMul output), gate and up left as they are.
+template <class T> __device__ void silu_mul_out_v8(const u16* g, const u16* u, u16* out, long long n8) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n8; i += (long long)gridDim.x * blockDim.x) {
+    V8 a, b;
+    a.v = ((const uint4*)g)[i];
+    b.v = ((const uint4*)u)[i];
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      float f = T::ld(a.h[e]);
+      a.h[e] = T::st(T::ld(T::st(f / (1.f + __expf(-f)))) * T::ld(b.h[e]));
+    }
+    ((uint4*)out)[i] = a.v;
+  }
+}
+
+template <class T> __device__ void silu_mul_out(const u16* g, const u16* u, u16* out, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    float a = T::ld(g[i]);
+    out[i] = T::st(T::ld(T::st(a / (1.f + __expf(-a)))) * T::ld(u[i]));
+  }
+}
+
+// vLLM's fused_add_rms_norm in one read of each row: residual += x (rounded to the dtype), then
+// x = rms_norm(residual) * w, the row held in registers between the two. cols % 8 == 0, cols / 8
+// at most 4 * blockDim.x, rows 16-byte aligned.
+template <class T> __device__ void add_rms_norm_v8(u16* x, u16* res, const u16* w, int cols, float eps) {
+  __shared__ float sh[32];
+  uint4* xr = (uint4*)(x + (long long)blockIdx.x * cols);
+  uint4* rr = (uint4*)(res + (long long)blockIdx.x * cols);
+  const int c8 = cols / 8;
+  V8 v[4];
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const int c = threadIdx.x + j * blockDim.x;
+    if (c < c8) {
+      V8 a;
+      a.v = xr[c];
+      v[j].v = rr[c];
+#pragma unroll
+      for (int e = 0; e < 8; e++) {
+        v[j].h[e] = T::st(T::ld(v[j].h[e]) + T::ld(a.h[e]));
+        const float y = T::ld(v[j].h[e]);
+        s += y * y;
+      }
+      rr[c] = v[j].v;
+    }
+  }
+  s = block_sum(s, sh);
+  const float inv = rsqrtf(s / cols + eps);
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const int c = threadIdx.x + j * blockDim.x;
+    if (c < c8) {
+      V8 b;
+      b.v = ((const uint4*)w)[c];
+#pragma unroll
+      for (int e = 0; e < 8; e++) b.h[e] = T::st(T::ld(b.h[e]) * T::ld(T::st(T::ld(v[j].h[e]) * inv)));
+      xr[c] = b.v;
+    }
   }
 }
 
@@ -376,6 +442,9 @@ INST(silu_mul, (u16* g, const u16* u, long long n), (g, u, n))
 INST(add_assign_v8, (u16* x, const u16* y, long long n8), (x, y, n8))
 INST(silu_mul_v8, (u16* g, const u16* u, long long n8), (g, u, n8))
 INST(rms_norm_v8, (const u16* x, const u16* w, u16* o, int cols, float eps), (x, w, o, cols, eps))
+INST(silu_mul_out_v8, (const u16* g, const u16* u, u16* o, long long n8), (g, u, o, n8))
+INST(silu_mul_out, (const u16* g, const u16* u, u16* o, long long n), (g, u, o, n))
+INST(add_rms_norm_v8, (u16* x, u16* r, const u16* w, int cols, float eps), (x, r, w, cols, eps))
 INST(to_f32, (const u16* x, float* o, long long n), (x, o, n))
 INST(from_f32, (const float* x, u16* o, long long n), (x, o, n))
 INST(softmax_causal, (float* s, long long ld, int rows, int keys, int q0), (s, ld, rows, keys, q0))
@@ -491,7 +560,36 @@ const fn warpgroup(
     }
 }
 
+/// `flash_attn_wgo`: two warpgroups of 64 query rows, 128-key tiles in three stages (and 1 KiB
+/// to align the swizzle atoms), the two GEMMs of each warpgroup overlapped.
+const fn overlapped(name: &'static str, variant: &'static str) -> FlashKernel {
+    FlashKernel {
+        name,
+        variant,
+        head_dim: 128,
+        warps: 8,
+        tile: 128,
+        smem: 3 * 2 * 128 * 128 * 2 + 1024,
+        sm90a: true,
+    }
+}
+
+/// `flash_attn_wgp`: `flash_attn_wgo`'s tiles with the warpgroups in ping-pong, three K and
+/// four V stages (and 1 KiB to align the swizzle atoms).
+const PINGPONG: FlashKernel = FlashKernel {
+    name: "flash_attn_d128_wgp",
+    variant: "wgp",
+    head_dim: 128,
+    warps: 8,
+    tile: 128,
+    smem: 7 * 128 * 128 * 2 + 1024,
+    sm90a: true,
+};
+
 pub(crate) const FLASH: &[FlashKernel] = &[
+    PINGPONG,
+    overlapped("flash_attn_d128_wgo", "wgo"),
+    overlapped("flash_attn_d128_wgs", "wgs"),
     warpgroup("flash_attn_d128_wg", "wg", 128, 2, 128),
     one_tile("flash_attn_d32_w8l", "w8l", 32, 8),
     one_tile("flash_attn_d64_w8l", "w8l", 64, 8),
@@ -503,7 +601,7 @@ pub(crate) const FLASH: &[FlashKernel] = &[
 
 /// The variants tried, in order, when `VRAMSCOPE_FLASH` names none that is built for the head
 /// dimension (or none at all): the first one loaded on this GPU runs.
-pub(crate) const FLASH_DEFAULTS: &[&str] = &["wg", "w8l"];
+pub(crate) const FLASH_DEFAULTS: &[&str] = &["wgs", "w8l"];
 
 /// Head dimensions the fused attention kernel is instantiated for.
 #[cfg(test)]
@@ -881,6 +979,356 @@ template <bool BF, int D, int WG, int BN> __device__ void flash_attn_wg(const u1
 
   fa_store_o<BF, D>(o, of, l0, l1, qw, h, r0, r1, t, len);
 }
+
+// The online-softmax step of the overlapped kernel, split from the output's rescale: the raw
+// scores s become probabilities in place (floats, packed once the P·V still in flight has
+// landed), the running maxima and sums move on, and a0, a1 are the factors the output
+// accumulators must be multiplied by. The maxima and sums reduce as trees (four independent
+// chains a row) so that two warps a scheduler are not held on one long dependency chain.
+template <int NB> __device__ __forceinline__ void fa_softmax_p(float (&s)[NB][4], float& m0, float& m1, float& l0, float& l1,
+                                                            float& a0, float& a1, bool edge, int k0, int r0, int r1, int t,
+                                                            int len, float scale_log2) {
+  const float NEG = __int_as_float(0xff800000);
+  if (edge) {
+#pragma unroll
+    for (int n = 0; n < NB; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int kj = k0 + n * 8 + 2 * t + (e & 1);
+        if (kj > (e < 2 ? r0 : r1) || kj >= len) s[n][e] = NEG;
+      }
+    }
+  }
+  float x[2][4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) x[0][i] = x[1][i] = NEG;
+#pragma unroll
+  for (int n = 0; n < NB; n++) {
+    const int c = (n & 1) * 2;
+    x[0][c] = fmaxf(x[0][c], s[n][0]); x[0][c + 1] = fmaxf(x[0][c + 1], s[n][1]);
+    x[1][c] = fmaxf(x[1][c], s[n][2]); x[1][c + 1] = fmaxf(x[1][c + 1], s[n][3]);
+  }
+  float mx0 = fmaxf(fmaxf(x[0][0], x[0][1]), fmaxf(x[0][2], x[0][3]));
+  float mx1 = fmaxf(fmaxf(x[1][0], x[1][1]), fmaxf(x[1][2], x[1][3]));
+  mx0 = fmaxf(fmaxf(mx0, m0), __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx1 = fmaxf(fmaxf(mx1, m1), __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  a0 = ex2((m0 - mx0) * scale_log2);
+  a1 = ex2((m1 - mx1) * scale_log2);
+  m0 = mx0;
+  m1 = mx1;
+  const float c0 = -mx0 * scale_log2, c1 = -mx1 * scale_log2;
+#pragma unroll
+  for (int i = 0; i < 4; i++) x[0][i] = x[1][i] = 0.f;
+#pragma unroll
+  for (int n = 0; n < NB; n++) {
+    const int c = (n & 1) * 2;
+    s[n][0] = ex2(fmaf(s[n][0], scale_log2, c0)); s[n][1] = ex2(fmaf(s[n][1], scale_log2, c0));
+    s[n][2] = ex2(fmaf(s[n][2], scale_log2, c1)); s[n][3] = ex2(fmaf(s[n][3], scale_log2, c1));
+    x[0][c] += s[n][0]; x[0][c + 1] += s[n][1];
+    x[1][c] += s[n][2]; x[1][c + 1] += s[n][3];
+  }
+  l0 = fmaf(l0, a0, (x[0][0] + x[0][1]) + (x[0][2] + x[0][3]));
+  l1 = fmaf(l1, a1, (x[1][0] + x[1][1]) + (x[1][2] + x[1][3]));
+}
+
+template <int N> __device__ __forceinline__ void wg_keep_u(unsigned* r) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// K-major (K) or MN-major (V) operand descriptor; SW: 0 the no-swizzle core-matrix layout,
+// otherwise 128-byte swizzle (bits 62-63 = 1).
+template <int SW> __device__ __forceinline__ unsigned long long wgo_desc(unsigned a, unsigned lbo, unsigned sbo) {
+  return ((unsigned long long)(a & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
+         ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32) | (SW ? 1ull << 62 : 0ull);
+}
+
+// flash_attn_wg with the two GEMMs of a warpgroup overlapped (FlashAttention-3's intra-warpgroup
+// pipelining): each step issues S = Q·K_j and O += P_(j-1)·V_(j-1) together, runs the softmax
+// of S_j while the second is on the tensor cores, and only then rescales O. V_(j-1) and K_j are
+// in use while tile j+1 loads, so three stages of K and V (192 KiB). Each warp copies whole
+// core matrices (or whole 128-byte swizzled rows), 512 contiguous bytes of shared memory a
+// pass, so the copies do not conflict on banks.
+// SW 0: no swizzle (K: LBO next 8 dims, SBO next 8 keys; V: LBO next 8 keys, SBO next 8 dims).
+// SW 1: 128-byte swizzle, each operand in two 64-column halves of 16 KiB (8 rows of 128 bytes an
+// atom, row i's 16-byte chunks XORed with i). K: SBO 1 KiB (next 8 keys), LBO unused, 32 bytes a
+// k-step; V: LBO 16 KiB (the next 64 dims), SBO 1 KiB (next 8 keys): the other order gave
+// garbage on the H200 (docs/gpu-runs.md run 58).
+template <bool BF, int D, int SW> __device__ void flash_attn_wgo(const u16* q, const u16* k, const u16* v, u16* o,
+                                                    int len, int heads, int kvh, float scale_log2) {
+  constexpr int BN = 128, NT = 256, TILE = BN * D, STAGES = 3;
+  static_assert(D == 128, "both GEMMs are wgmma m64n128k16");
+  extern __shared__ __align__(128) u16 smem[];
+  const unsigned sm0 = (smem_u32(smem) + 1023) & ~1023u;  // swizzle atoms on 1 KiB boundaries
+  const int h = blockIdx.x;
+  const int tile = gridDim.y - 1 - blockIdx.y;  // the longest (diagonal-most) tiles first
+  const int q0 = tile * 128;
+  const int kh = h / (heads / kvh);
+  const long long qw = (long long)heads * D, kw = (long long)kvh * D;
+  const int wg = threadIdx.x >> 7, wid = threadIdx.x >> 5, warp = wid & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wq = q0 + wg * 64;
+  const int r0 = wq + warp * 16 + g, r1 = r0 + 8;
+  constexpr int CH = D / 8, RS = NT / CH, PASSES = BN / RS;
+  // Warp w copies rows 8 * (w / 4) + (lane % 8) (+ 16 a pass) and chunks 4 * (w % 4) + lane / 8.
+  const int lr = (wid >> 2) * 8 + (lane & 7), lc = (wid & 3) * 4 + (lane >> 3);
+  const unsigned soff = SW ? (lc >> 3) * (BN * 128) + lr * 128 + (((lc & 7) ^ (lr & 7)) * 16)
+                           : (((lr >> 3) * CH + lc) * 64 + (lr & 7) * 8) * 2;
+  const unsigned pass_bytes = SW ? RS * 128 : (RS / 8) * CH * 128;
+  const u16* kt = k + kh * D + (long long)lr * kw + lc * 8;
+  const u16* vt = v + kh * D + (long long)lr * kw + lc * 8;
+  auto load = [&](int buf, int k0) {
+#pragma unroll
+    for (int u = 0; u < PASSES; u++) {
+      const bool in = k0 + lr + u * RS < len;
+      const long long off = in ? (long long)(k0 + u * RS) * kw : 0;
+      const unsigned d = sm0 + buf * 4 * TILE + soff + u * pass_bytes;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(d), "l"(kt + off), "r"(in ? 16 : 0));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(d + TILE * 2), "l"(vt + off), "r"(in ? 16 : 0));
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+  const int qend = q0 + 128 < len ? q0 + 128 : len;
+  const int ntiles = (qend + BN - 1) / BN;
+  load(0, 0);
+  if (ntiles > 1) load(1, BN); else asm volatile("cp.async.commit_group;");
+
+  unsigned qf[D / 16][4];
+  float of[D / 8][4], m0, m1, l0, l1, a0, a1;
+  fa_start<D>(qf, of, m0, m1, l0, l1, q, qw, h, r0, r1, t, len);
+  float s[BN / 8][4];
+  unsigned pf[BN / 16][4];
+  auto qk = [&](int stage) {  // S = Q·K of the tile in `stage`, issued (not waited)
+    const unsigned ks = sm0 + stage * 4 * TILE;
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    wg_keep<BN / 2>(&s[0][0]);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+      wgmma_m64n128k16<BF, false>(&s[0][0], qf[kk],
+          SW ? wgo_desc<SW>(ks + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024)
+             : wgo_desc<SW>(ks + kk * 256, 128, D * 16));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  };
+  auto pv = [&](int stage) {  // O += P·V of the tile in `stage`, issued (not waited)
+    const unsigned vs = sm0 + stage * 4 * TILE + TILE * 2;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++)
+      wgmma_m64n128k16<BF, true>(&of[0][0], pf[kk],
+          SW ? wgo_desc<SW>(vs + kk * 2048, BN * 128, 1024) : wgo_desc<SW>(vs + kk * 2 * D * 16, D * 16, 128));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  };
+  auto pack = [&]() {
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) {
+      pf[n >> 1][(n & 1) * 2] = pack2<BF>(s[n][0], s[n][1]);
+      pf[n >> 1][(n & 1) * 2 + 1] = pack2<BF>(s[n][2], s[n][3]);
+    }
+  };
+
+  asm volatile("cp.async.wait_group 1;");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes → wgmma reads
+  __syncthreads();
+  qk(0);
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  wg_keep<BN / 2>(&s[0][0]);
+  fa_softmax_p<BN / 8>(s, m0, m1, l0, l1, a0, a1, true, 0, r0, r1, t, len, scale_log2);
+  pack();
+  for (int j = 1; j < ntiles; j++) {
+    const int k0 = j * BN;
+    asm volatile("cp.async.wait_group 0;");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();  // every warp is past step j-1: the stage of tile j-2 is free
+    if (j + 1 < ntiles) load((j + 1) % STAGES, k0 + BN);
+    qk(j % STAGES);
+    pv((j - 1) % STAGES);
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    wg_keep<BN / 2>(&s[0][0]);
+    const bool edge = k0 + BN > wq + warp * 16 || k0 + BN > len;
+    fa_softmax_p<BN / 8>(s, m0, m1, l0, l1, a0, a1, edge, k0, r0, r1, t, len, scale_log2);
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_keep<D / 2>(&of[0][0]);
+    wg_keep_u<BN / 4>(&pf[0][0]);
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) {
+      of[i][0] *= a0; of[i][1] *= a0; of[i][2] *= a1; of[i][3] *= a1;
+    }
+    pack();
+  }
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+  pv((ntiles - 1) % STAGES);
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  wg_keep<D / 2>(&of[0][0]);
+  wg_keep_u<BN / 4>(&pf[0][0]);
+  asm volatile("cp.async.wait_group 0;");
+
+  fa_store_o<BF, D>(o, of, l0, l1, qw, h, r0, r1, t, len);
+}
+
+// mbarrier helpers (shared::cta): initialise with an expected count, arrive, wait for the
+// completion of the phase of the given parity, and the arrive made when this thread's earlier
+// cp.async copies land (counted as one of the expected arrivals).
+__device__ __forceinline__ void mb_init(unsigned b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(b), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(unsigned b) {
+  asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" :: "r"(b) : "memory");
+}
+__device__ __forceinline__ void mb_arrive_cp(unsigned b) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(b) : "memory");
+}
+__device__ __forceinline__ void mb_wait(unsigned b, unsigned parity) {
+  asm volatile("{ .reg .pred p; W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra W; }"
+               :: "r"(b), "r"(parity) : "memory");
+}
+
+// flash_attn_wgo (128-byte swizzle) with the two warpgroups in ping-pong (FlashAttention-3):
+// they take turns issuing their GEMMs (named barriers 1 and 2), so one's softmax and
+// bookkeeping run while the other's GEMMs hold the tensor cores. No block-wide barrier in
+// the loop: each K and V stage has a "full" mbarrier (256 arrivals made as each thread's
+// cp.async copies land) and an "empty" one (256 arrivals as each thread's GEMM on it is
+// done). K_j is read at step j and V_j at step j + 1, so K_(j+2) and V_(j+1) load during step j
+// into three K stages and four V stages (224 KiB).
+template <bool BF, int D, int SW> __device__ void flash_attn_wgp(const u16* q, const u16* k, const u16* v, u16* o,
+                                                    int len, int heads, int kvh, float scale_log2) {
+  constexpr int BN = 128, NT = 256, TILE = BN * D, KS = 3, VS = 4;
+  static_assert(D == 128 && SW == 1, "both GEMMs are wgmma m64n128k16, operands swizzled");
+  extern __shared__ __align__(128) u16 smem[];
+  __shared__ __align__(8) unsigned long long bars[2 * (KS + VS)];
+  const unsigned sm0 = (smem_u32(smem) + 1023) & ~1023u;  // swizzle atoms on 1 KiB boundaries
+  const unsigned kfull = smem_u32(bars), kempty = kfull + 8 * KS, vfull = kempty + 8 * KS, vempty = vfull + 8 * VS;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 2 * (KS + VS); i++) mb_init(kfull + 8 * i, NT);
+  }
+  __syncthreads();
+  const int h = blockIdx.x;
+  const int tile = gridDim.y - 1 - blockIdx.y;  // the longest (diagonal-most) tiles first
+  const int q0 = tile * 128;
+  const int kh = h / (heads / kvh);
+  const long long qw = (long long)heads * D, kw = (long long)kvh * D;
+  const int wg = threadIdx.x >> 7, wid = threadIdx.x >> 5, warp = wid & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wq = q0 + wg * 64;
+  const int r0 = wq + warp * 16 + g, r1 = r0 + 8;
+  constexpr int CH = D / 8, RS = NT / CH, PASSES = BN / RS;
+  const int lr = (wid >> 2) * 8 + (lane & 7), lc = (wid & 3) * 4 + (lane >> 3);
+  const unsigned soff = (lc >> 3) * (BN * 128) + lr * 128 + (((lc & 7) ^ (lr & 7)) * 16);
+  const unsigned kbase = sm0, vbase = sm0 + KS * TILE * 2;
+  const u16* kt = k + kh * D + (long long)lr * kw + lc * 8;
+  const u16* vt = v + kh * D + (long long)lr * kw + lc * 8;
+  // This thread's share of tile `j` of K or V into its stage, then its arrival on the stage's
+  // full barrier once the copies land.
+  auto load = [&](const u16* src, unsigned dst, unsigned full, int j) {
+    const int k0 = j * BN;
+#pragma unroll
+    for (int u = 0; u < PASSES; u++) {
+      const bool in = k0 + lr + u * RS < len;
+      const long long off = in ? (long long)(k0 + u * RS) * kw : 0;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst + soff + u * RS * 128), "l"(src + off), "r"(in ? 16 : 0));
+    }
+    mb_arrive_cp(full);
+  };
+  auto load_k = [&](int j) {
+    if (j >= KS) mb_wait(kempty + 8 * (j % KS), ((j / KS) - 1) & 1);
+    load(kt, kbase + (j % KS) * TILE * 2, kfull + 8 * (j % KS), j);
+  };
+  auto load_v = [&](int j) {
+    if (j >= VS) mb_wait(vempty + 8 * (j % VS), ((j / VS) - 1) & 1);
+    load(vt, vbase + (j % VS) * TILE * 2, vfull + 8 * (j % VS), j);
+  };
+  const int qend = q0 + 128 < len ? q0 + 128 : len;
+  const int n = (qend + BN - 1) / BN;
+  load_k(0);
+  if (n > 1) load_k(1);
+  load_v(0);
+
+  unsigned qf[D / 16][4];
+  float of[D / 8][4], m0, m1, l0, l1, a0 = 1.f, a1 = 1.f;
+  fa_start<D>(qf, of, m0, m1, l0, l1, q, qw, h, r0, r1, t, len);
+  float s[BN / 8][4];
+  unsigned pf[BN / 16][4];
+  auto qk = [&](int j) {
+    const unsigned ks = kbase + (j % KS) * TILE * 2;
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    wg_keep<BN / 2>(&s[0][0]);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+      wgmma_m64n128k16<BF, false>(&s[0][0], qf[kk], wgo_desc<1>(ks + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  };
+  auto pv = [&](int j) {
+    const unsigned vs = vbase + (j % VS) * TILE * 2;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++)
+      wgmma_m64n128k16<BF, true>(&of[0][0], pf[kk], wgo_desc<1>(vs + kk * 2048, BN * 128, 1024));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  };
+  // Turns: warpgroup w issues after barrier 1 + w, then hands the turn to the other. The
+  // second warpgroup opens the first turn and does not hand over its last (no arrival is left
+  // pending at exit).
+  const int mine = 1 + wg, other = 2 - wg;
+  if (wg == 1) asm volatile("bar.arrive %0, 256;" :: "r"(other) : "memory");
+  auto turn_begin = [&]() { asm volatile("bar.sync %0, 256;" :: "r"(mine) : "memory"); };
+  auto turn_end = [&](bool last) {
+    if (!(last && wg == 1)) asm volatile("bar.arrive %0, 256;" :: "r"(other) : "memory");
+  };
+
+  for (int j = 0; j < n; j++) {
+    const int k0 = j * BN;
+    mb_wait(kfull + 8 * (j % KS), (j / KS) & 1);
+    if (j > 0) mb_wait(vfull + 8 * ((j - 1) % VS), ((j - 1) / VS) & 1);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes → wgmma reads
+    turn_begin();
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    qk(j);
+    if (j > 0) pv(j - 1);
+    turn_end(false);
+    if (j > 0) asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    else asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_keep<BN / 2>(&s[0][0]);
+    mb_arrive(kempty + 8 * (j % KS));
+    const bool edge = k0 + BN > wq + warp * 16 || k0 + BN > len;
+    fa_softmax_p<BN / 8>(s, m0, m1, l0, l1, a0, a1, edge, k0, r0, r1, t, len, scale_log2);
+    if (j + 2 < n) load_k(j + 2);
+    if (j + 1 < n) load_v(j + 1);
+    if (j > 0) {
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      wg_keep<D / 2>(&of[0][0]);
+      wg_keep_u<BN / 4>(&pf[0][0]);
+      mb_arrive(vempty + 8 * ((j - 1) % VS));
+#pragma unroll
+      for (int i = 0; i < D / 8; i++) {
+        of[i][0] *= a0; of[i][1] *= a0; of[i][2] *= a1; of[i][3] *= a1;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++) {
+      pf[i >> 1][(i & 1) * 2] = pack2<BF>(s[i][0], s[i][1]);
+      pf[i >> 1][(i & 1) * 2 + 1] = pack2<BF>(s[i][2], s[i][3]);
+    }
+  }
+  mb_wait(vfull + 8 * ((n - 1) % VS), ((n - 1) / VS) & 1);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  turn_begin();
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+  pv(n - 1);
+  turn_end(true);
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  wg_keep<D / 2>(&of[0][0]);
+  wg_keep_u<BN / 4>(&pf[0][0]);
+  asm volatile("cp.async.wait_all;" ::: "memory");
+
+  fa_store_o<BF, D>(o, of, l0, l1, qw, h, r0, r1, t, len);
+}
+
+#define FA_WGP_INST(NAME, D, SW) FA_EXPORT(NAME, 256, 1, flash_attn_wgp, D, SW)
+FA_WGP_INST(flash_attn_d128_wgp, 128, 1)
+
+#define FA_WGO_INST(NAME, D, SW) FA_EXPORT(NAME, 256, 1, flash_attn_wgo, D, SW)
+FA_WGO_INST(flash_attn_d128_wgo, 128, 0)
+FA_WGO_INST(flash_attn_d128_wgs, 128, 1)
 
 #define FA_WG_INST(NAME, D, WG, BN, MINB) FA_EXPORT(NAME, WG * 128, MINB, flash_attn_wg, D, WG, BN)
 // Two warpgroups (128-query tiles), 128-key tiles: the fastest of those measured (docs/gpu-runs.md

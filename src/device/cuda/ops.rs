@@ -264,6 +264,57 @@ impl CudaDevice {
         self.launch(f, grid(n as u64), &[&gp, &up, &n])
     }
 
+    /// `out = silu(g) · u` (vLLM's `SiluAndMul` into its new output), `g` and `u` unchanged.
+    pub fn silu_mul_into(
+        &mut self,
+        g: &TensorData,
+        u: &TensorData,
+        out: &mut TensorData,
+    ) -> Result<()> {
+        let dt = self.half(g)?;
+        let n = g.numel() as i64;
+        let (gp, up, op) = (g.cuda_ptr(), u.cuda_ptr(), out.cuda_ptr());
+        if n % 8 == 0 && aligned16(&[gp, up, op]) {
+            let n8 = n / 8;
+            let f = self.func("silu_mul_out_v8", dt)?;
+            return self.launch(f, grid(n8 as u64), &[&gp, &up, &op, &n8]);
+        }
+        let f = self.func("silu_mul_out", dt)?;
+        self.launch(f, grid(n as u64), &[&gp, &up, &op, &n])
+    }
+
+    /// vLLM's `fused_add_rms_norm`: `residual += x`, then `x = rms_norm(residual) · w`, in one
+    /// kernel where rows of up to 8192 values allow (otherwise the add, then the norm).
+    pub fn add_rms_norm(
+        &mut self,
+        x: &mut TensorData,
+        residual: &mut TensorData,
+        w: &TensorData,
+        eps: f32,
+    ) -> Result<()> {
+        let dt = self.half(x)?;
+        let cols = w.numel();
+        let (xp, rp, wp) = (x.cuda_ptr(), residual.cuda_ptr(), w.cuda_ptr());
+        const THREADS: usize = 256;
+        if cols > 0
+            && cols.is_multiple_of(8)
+            && cols / 8 <= 4 * THREADS
+            && x.numel().is_multiple_of(cols)
+            && aligned16(&[xp, rp, wp])
+        {
+            let rows = (x.numel() / cols) as u32;
+            let cols = cols as i32;
+            let f = self.func("add_rms_norm_v8", dt)?;
+            return self.launch(
+                f,
+                blocks(rows, THREADS as u32),
+                &[&xp, &rp, &wp, &cols, &eps],
+            );
+        }
+        self.add_assign(residual, x)?;
+        self.rms_norm(residual, w, eps, x)
+    }
+
     pub fn to_f32(&mut self, x: &TensorData, out: &mut TensorData) -> Result<()> {
         let dt = self.half(x)?;
         let n = x.numel() as i64;
