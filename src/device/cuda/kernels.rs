@@ -576,18 +576,21 @@ const fn overlapped(name: &'static str, variant: &'static str) -> FlashKernel {
 
 /// `flash_attn_wgp`: `flash_attn_wgo`'s tiles with the warpgroups in ping-pong, three K and
 /// four V stages (and 1 KiB to align the swizzle atoms).
-const PINGPONG: FlashKernel = FlashKernel {
-    name: "flash_attn_d128_wgp",
-    variant: "wgp",
-    head_dim: 128,
-    warps: 8,
-    tile: 128,
-    smem: 7 * 128 * 128 * 2 + 1024,
-    sm90a: true,
-};
+const fn pingpong(name: &'static str, variant: &'static str) -> FlashKernel {
+    FlashKernel {
+        name,
+        variant,
+        head_dim: 128,
+        warps: 8,
+        tile: 128,
+        smem: 7 * 128 * 128 * 2 + 1024,
+        sm90a: true,
+    }
+}
 
 pub(crate) const FLASH: &[FlashKernel] = &[
-    PINGPONG,
+    pingpong("flash_attn_d128_wgp", "wgp"),
+    pingpong("flash_attn_d128_wgz", "wgz"),
     overlapped("flash_attn_d128_wgo", "wgo"),
     overlapped("flash_attn_d128_wgs", "wgs"),
     warpgroup("flash_attn_d128_wg", "wg", 128, 2, 128),
@@ -877,6 +880,15 @@ pub(crate) const WGMMA_SOURCE: &str = r#"
 template <bool BF, bool TNSP> __device__ __forceinline__ void wgmma_m64n128k16(float* d, const unsigned* a, unsigned long long desc) {
   if (BF) { if (TNSP) WGMMA_M64N128K16("bf16", "1"); else WGMMA_M64N128K16("bf16", "0"); }
   else { if (TNSP) WGMMA_M64N128K16("f16", "1"); else WGMMA_M64N128K16("f16", "0"); }
+}
+// The same for K-major B with the accumulate flag at run time: acc 0 overwrites d, so the
+// scores need no zeroing before a tile's first k-step.
+#define WGMMA_M64N128K16_Z(TY) \
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %69, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0; }" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc))
+template <bool BF> __device__ __forceinline__ void wgmma_m64n128k16_z(float* d, const unsigned* a, unsigned long long desc, int acc) {
+  if (BF) WGMMA_M64N128K16_Z("bf16"); else WGMMA_M64N128K16_Z("f16");
 }
 
 // Hopper (sm_90a) fused causal GQA attention on warpgroup MMA (wgmma). A block of WG
@@ -1191,10 +1203,10 @@ __device__ __forceinline__ void mb_wait(unsigned b, unsigned parity) {
 // cp.async copies land) and an "empty" one (256 arrivals as each thread's GEMM on it is
 // done). K_j is read at step j and V_j at step j + 1, so K_(j+2) and V_(j+1) load during step j
 // into three K stages and four V stages (224 KiB).
-template <bool BF, int D, int SW> __device__ void flash_attn_wgp(const u16* q, const u16* k, const u16* v, u16* o,
+template <bool BF, int D, int Z> __device__ void flash_attn_wgp(const u16* q, const u16* k, const u16* v, u16* o,
                                                     int len, int heads, int kvh, float scale_log2) {
   constexpr int BN = 128, NT = 256, TILE = BN * D, KS = 3, VS = 4;
-  static_assert(D == 128 && SW == 1, "both GEMMs are wgmma m64n128k16, operands swizzled");
+  static_assert(D == 128, "both GEMMs are wgmma m64n128k16");
   extern __shared__ __align__(128) u16 smem[];
   __shared__ __align__(8) unsigned long long bars[2 * (KS + VS)];
   const unsigned sm0 = (smem_u32(smem) + 1023) & ~1023u;  // swizzle atoms on 1 KiB boundaries
@@ -1250,12 +1262,17 @@ template <bool BF, int D, int SW> __device__ void flash_attn_wgp(const u16* q, c
   unsigned pf[BN / 16][4];
   auto qk = [&](int j) {
     const unsigned ks = kbase + (j % KS) * TILE * 2;
+    if (!Z) {
 #pragma unroll
-    for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-    wg_keep<BN / 2>(&s[0][0]);
+      for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+      wg_keep<BN / 2>(&s[0][0]);
+    }
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
-      wgmma_m64n128k16<BF, false>(&s[0][0], qf[kk], wgo_desc<1>(ks + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024));
+    for (int kk = 0; kk < D / 16; kk++) {
+      const unsigned long long desc = wgo_desc<1>(ks + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
+      if (Z) wgmma_m64n128k16_z<BF>(&s[0][0], qf[kk], desc, kk);  // k-step 0 overwrites
+      else wgmma_m64n128k16<BF, false>(&s[0][0], qf[kk], desc);
+    }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
   };
   auto pv = [&](int j) {
@@ -1323,8 +1340,9 @@ template <bool BF, int D, int SW> __device__ void flash_attn_wgp(const u16* q, c
   fa_store_o<BF, D>(o, of, l0, l1, qw, h, r0, r1, t, len);
 }
 
-#define FA_WGP_INST(NAME, D, SW) FA_EXPORT(NAME, 256, 1, flash_attn_wgp, D, SW)
-FA_WGP_INST(flash_attn_d128_wgp, 128, 1)
+#define FA_WGP_INST(NAME, D, Z) FA_EXPORT(NAME, 256, 1, flash_attn_wgp, D, Z)
+FA_WGP_INST(flash_attn_d128_wgp, 128, 0)
+FA_WGP_INST(flash_attn_d128_wgz, 128, 1)
 
 #define FA_WGO_INST(NAME, D, SW) FA_EXPORT(NAME, 256, 1, flash_attn_wgo, D, SW)
 FA_WGO_INST(flash_attn_d128_wgo, 128, 0)
