@@ -192,7 +192,7 @@ impl CudaDevice {
         Ok(v)
     }
 
-    fn blaslt(&mut self) -> Result<ltsys::cublasLtHandle_t> {
+    pub(super) fn blaslt(&mut self) -> Result<ltsys::cublasLtHandle_t> {
         if let Some(h) = self.blaslt {
             return Ok(h);
         }

@@ -16,6 +16,7 @@ use crate::device::{LibraryWorkspace, WorkspaceBytes};
 const CUBLAS_WORKSPACE_BYTES: u64 = 32 << 20;
 
 /// One GEMM's operands (row-major view), see `CudaDevice::gemm`.
+#[derive(Clone, Copy)]
 pub(super) struct Gemm {
     pub(super) m: usize,
     pub(super) n: usize,
@@ -188,7 +189,7 @@ impl CudaDevice {
         let dt = self.half(x)?;
         let ty = blas_type(dt);
         let (m, k, n) = (x.rows(), x.cols(), w.shape[0]);
-        self.gemm(Gemm {
+        let g = Gemm {
             m,
             n,
             k,
@@ -209,7 +210,11 @@ impl CudaDevice {
             alpha: 1.0,
             beta: 0.0,
             compute: bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-        })
+        };
+        if self.tune_gemms {
+            return self.gemm_tuned(g);
+        }
+        self.gemm(g)
     }
 
     /// igemmlt: `out32 [m, n] = C32A [m, kp] · CxB [.., cp]ᵀ` in int8 with int32

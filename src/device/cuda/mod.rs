@@ -14,6 +14,7 @@ mod attention;
 mod collectives;
 mod fp8;
 mod gemm;
+mod gemm_tune;
 mod graphs;
 mod kcache;
 mod kernels;
@@ -64,6 +65,9 @@ pub struct CudaDevice {
     /// cuBLASLt, for the fp8 GEMMs, made on first use, and the algorithm chosen per shape.
     blaslt: Option<cudarc::cublaslt::sys::cublasLtHandle_t>,
     lt_algos: HashMap<(usize, usize, usize, u32), cudarc::cublaslt::sys::cublasLtMatmulAlgo_t>,
+    /// `VRAMSCOPE_GEMM=tuned`: 16-bit GEMMs take the fastest algorithm timed per shape.
+    tune_gemms: bool,
+    gemm_picks: HashMap<(usize, usize, usize, u32, u64), gemm_tune::Pick>,
     name: String,
     total: u64,
     cc: (i32, i32),
@@ -230,6 +234,8 @@ impl CudaDevice {
             blas_workspace: None,
             blaslt: None,
             lt_algos: HashMap::new(),
+            tune_gemms: gemm_tune::tuned_from_env(),
+            gemm_picks: HashMap::new(),
             name,
             total,
             cc,
