@@ -560,39 +560,21 @@ const fn warpgroup(
     }
 }
 
-/// `flash_attn_wgo`: two warpgroups of 64 query rows, 128-key tiles in three stages (and 1 KiB
-/// to align the swizzle atoms), the two GEMMs of each warpgroup overlapped.
-const fn overlapped(name: &'static str, variant: &'static str) -> FlashKernel {
-    FlashKernel {
-        name,
-        variant,
-        head_dim: 128,
-        warps: 8,
-        tile: 128,
-        smem: 3 * 2 * 128 * 128 * 2 + 1024,
-        sm90a: true,
-    }
-}
-
-/// `flash_attn_wgp`: `flash_attn_wgo`'s tiles with the warpgroups in ping-pong, three K and
-/// four V stages (and 1 KiB to align the swizzle atoms).
-const fn pingpong(name: &'static str, variant: &'static str) -> FlashKernel {
-    FlashKernel {
-        name,
-        variant,
-        head_dim: 128,
-        warps: 8,
-        tile: 128,
-        smem: 7 * 128 * 128 * 2 + 1024,
-        sm90a: true,
-    }
-}
+/// `flash_attn_wgs`: two warpgroups of 64 query rows, 128-key tiles of K and V in three
+/// stages in the 128-byte swizzled layout (and 1 KiB to align the swizzle atoms), the two GEMMs
+/// of each warpgroup overlapped.
+const OVERLAPPED: FlashKernel = FlashKernel {
+    name: "flash_attn_d128_wgs",
+    variant: "wgs",
+    head_dim: 128,
+    warps: 8,
+    tile: 128,
+    smem: 3 * 2 * 128 * 128 * 2 + 1024,
+    sm90a: true,
+};
 
 pub(crate) const FLASH: &[FlashKernel] = &[
-    pingpong("flash_attn_d128_wgp", "wgp"),
-    pingpong("flash_attn_d128_wgz", "wgz"),
-    overlapped("flash_attn_d128_wgo", "wgo"),
-    overlapped("flash_attn_d128_wgs", "wgs"),
+    OVERLAPPED,
     warpgroup("flash_attn_d128_wg", "wg", 128, 2, 128),
     one_tile("flash_attn_d32_w8l", "w8l", 32, 8),
     one_tile("flash_attn_d64_w8l", "w8l", 64, 8),
@@ -881,15 +863,6 @@ template <bool BF, bool TNSP> __device__ __forceinline__ void wgmma_m64n128k16(f
   if (BF) { if (TNSP) WGMMA_M64N128K16("bf16", "1"); else WGMMA_M64N128K16("bf16", "0"); }
   else { if (TNSP) WGMMA_M64N128K16("f16", "1"); else WGMMA_M64N128K16("f16", "0"); }
 }
-// The same for K-major B with the accumulate flag at run time: acc 0 overwrites d, so the
-// scores need no zeroing before a tile's first k-step.
-#define WGMMA_M64N128K16_Z(TY) \
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, %69, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0; }" \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc))
-template <bool BF> __device__ __forceinline__ void wgmma_m64n128k16_z(float* d, const unsigned* a, unsigned long long desc, int acc) {
-  if (BF) WGMMA_M64N128K16_Z("bf16"); else WGMMA_M64N128K16_Z("f16");
-}
 
 // Hopper (sm_90a) fused causal GQA attention on warpgroup MMA (wgmma). A block of WG
 // warpgroups (4 warps each) owns WG * 64 query rows; each warpgroup computes S = Q·Kᵀ for
@@ -1050,28 +1023,25 @@ template <int N> __device__ __forceinline__ void wg_keep_u(unsigned* r) {
   for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
 }
 
-// K-major (K) or MN-major (V) operand descriptor; SW: 0 the no-swizzle core-matrix layout,
-// otherwise 128-byte swizzle (bits 62-63 = 1).
-template <int SW> __device__ __forceinline__ unsigned long long wgo_desc(unsigned a, unsigned lbo, unsigned sbo) {
+// A shared-memory operand descriptor in the 128-byte swizzle mode (bits 62-63 = 1).
+__device__ __forceinline__ unsigned long long sw128_desc(unsigned a, unsigned lbo, unsigned sbo) {
   return ((unsigned long long)(a & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
-         ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32) | (SW ? 1ull << 62 : 0ull);
+         ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32) | 1ull << 62;
 }
 
 // flash_attn_wg with the two GEMMs of a warpgroup overlapped (FlashAttention-3's intra-warpgroup
 // pipelining): each step issues S = Q·K_j and O += P_(j-1)·V_(j-1) together, runs the softmax
 // of S_j while the second is on the tensor cores, and only then rescales O. V_(j-1) and K_j are
 // in use while tile j+1 loads, so three stages of K and V (192 KiB). Each warp copies whole
-// core matrices (or whole 128-byte swizzled rows), 512 contiguous bytes of shared memory a
-// pass, so the copies do not conflict on banks.
-// SW 0: no swizzle (K: LBO next 8 dims, SBO next 8 keys; V: LBO next 8 keys, SBO next 8 dims).
-// SW 1: 128-byte swizzle, each operand in two 64-column halves of 16 KiB (8 rows of 128 bytes an
-// atom, row i's 16-byte chunks XORed with i). K: SBO 1 KiB (next 8 keys), LBO unused, 32 bytes a
-// k-step; V: LBO 16 KiB (the next 64 dims), SBO 1 KiB (next 8 keys): the other order gave
-// garbage on the H200 (docs/gpu-runs.md run 58).
-template <bool BF, int D, int SW> __device__ void flash_attn_wgo(const u16* q, const u16* k, const u16* v, u16* o,
+// 128-byte swizzled rows, 512 bytes of shared memory a pass, so the copies do not conflict on
+// banks. Each operand is two 64-column halves of 16 KiB (atoms of 8 rows of 128 bytes, row i's
+// 16-byte chunks XORed with i). K: SBO 1 KiB (the next 8 keys), LBO unused, 32 bytes a k-step;
+// V: LBO 16 KiB (the next 64 dims), SBO 1 KiB (the next 8 keys); the other order gave garbage
+// on the H200 (docs/gpu-runs.md run 58). The swizzle is most of the gain over flash_attn_wg.
+template <bool BF, int D, int BN> __device__ void flash_attn_wgs(const u16* q, const u16* k, const u16* v, u16* o,
                                                     int len, int heads, int kvh, float scale_log2) {
-  constexpr int BN = 128, NT = 256, TILE = BN * D, STAGES = 3;
-  static_assert(D == 128, "both GEMMs are wgmma m64n128k16");
+  constexpr int NT = 256, TILE = BN * D, STAGES = 3;
+  static_assert(D == 128 && BN == 128, "both GEMMs are wgmma m64n128k16");
   extern __shared__ __align__(128) u16 smem[];
   const unsigned sm0 = (smem_u32(smem) + 1023) & ~1023u;  // swizzle atoms on 1 KiB boundaries
   const int h = blockIdx.x;
@@ -1085,9 +1055,8 @@ template <bool BF, int D, int SW> __device__ void flash_attn_wgo(const u16* q, c
   constexpr int CH = D / 8, RS = NT / CH, PASSES = BN / RS;
   // Warp w copies rows 8 * (w / 4) + (lane % 8) (+ 16 a pass) and chunks 4 * (w % 4) + lane / 8.
   const int lr = (wid >> 2) * 8 + (lane & 7), lc = (wid & 3) * 4 + (lane >> 3);
-  const unsigned soff = SW ? (lc >> 3) * (BN * 128) + lr * 128 + (((lc & 7) ^ (lr & 7)) * 16)
-                           : (((lr >> 3) * CH + lc) * 64 + (lr & 7) * 8) * 2;
-  const unsigned pass_bytes = SW ? RS * 128 : (RS / 8) * CH * 128;
+  const unsigned soff = (lc >> 3) * (BN * 128) + lr * 128 + (((lc & 7) ^ (lr & 7)) * 16);
+  constexpr unsigned pass_bytes = RS * 128;
   const u16* kt = k + kh * D + (long long)lr * kw + lc * 8;
   const u16* vt = v + kh * D + (long long)lr * kw + lc * 8;
   auto load = [&](int buf, int k0) {
@@ -1119,17 +1088,14 @@ template <bool BF, int D, int SW> __device__ void flash_attn_wgo(const u16* q, c
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
-      wgmma_m64n128k16<BF, false>(&s[0][0], qf[kk],
-          SW ? wgo_desc<SW>(ks + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024)
-             : wgo_desc<SW>(ks + kk * 256, 128, D * 16));
+      wgmma_m64n128k16<BF, false>(&s[0][0], qf[kk], sw128_desc(ks + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
   };
   auto pv = [&](int stage) {  // O += P·V of the tile in `stage`, issued (not waited)
     const unsigned vs = sm0 + stage * 4 * TILE + TILE * 2;
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++)
-      wgmma_m64n128k16<BF, true>(&of[0][0], pf[kk],
-          SW ? wgo_desc<SW>(vs + kk * 2048, BN * 128, 1024) : wgo_desc<SW>(vs + kk * 2 * D * 16, D * 16, 128));
+      wgmma_m64n128k16<BF, true>(&of[0][0], pf[kk], sw128_desc(vs + kk * 2048, BN * 128, 1024));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
   };
   auto pack = [&]() {
@@ -1179,174 +1145,8 @@ template <bool BF, int D, int SW> __device__ void flash_attn_wgo(const u16* q, c
   fa_store_o<BF, D>(o, of, l0, l1, qw, h, r0, r1, t, len);
 }
 
-// mbarrier helpers (shared::cta): initialise with an expected count, arrive, wait for the
-// completion of the phase of the given parity, and the arrive made when this thread's earlier
-// cp.async copies land (counted as one of the expected arrivals).
-__device__ __forceinline__ void mb_init(unsigned b, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(b), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mb_arrive(unsigned b) {
-  asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" :: "r"(b) : "memory");
-}
-__device__ __forceinline__ void mb_arrive_cp(unsigned b) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(b) : "memory");
-}
-__device__ __forceinline__ void mb_wait(unsigned b, unsigned parity) {
-  asm volatile("{ .reg .pred p; W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra W; }"
-               :: "r"(b), "r"(parity) : "memory");
-}
-
-// flash_attn_wgo (128-byte swizzle) with the two warpgroups in ping-pong (FlashAttention-3):
-// they take turns issuing their GEMMs (named barriers 1 and 2), so one's softmax and
-// bookkeeping run while the other's GEMMs hold the tensor cores. No block-wide barrier in
-// the loop: each K and V stage has a "full" mbarrier (256 arrivals made as each thread's
-// cp.async copies land) and an "empty" one (256 arrivals as each thread's GEMM on it is
-// done). K_j is read at step j and V_j at step j + 1, so K_(j+2) and V_(j+1) load during step j
-// into three K stages and four V stages (224 KiB).
-template <bool BF, int D, int Z> __device__ void flash_attn_wgp(const u16* q, const u16* k, const u16* v, u16* o,
-                                                    int len, int heads, int kvh, float scale_log2) {
-  constexpr int BN = 128, NT = 256, TILE = BN * D, KS = 3, VS = 4;
-  static_assert(D == 128, "both GEMMs are wgmma m64n128k16");
-  extern __shared__ __align__(128) u16 smem[];
-  __shared__ __align__(8) unsigned long long bars[2 * (KS + VS)];
-  const unsigned sm0 = (smem_u32(smem) + 1023) & ~1023u;  // swizzle atoms on 1 KiB boundaries
-  const unsigned kfull = smem_u32(bars), kempty = kfull + 8 * KS, vfull = kempty + 8 * KS, vempty = vfull + 8 * VS;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < 2 * (KS + VS); i++) mb_init(kfull + 8 * i, NT);
-  }
-  __syncthreads();
-  const int h = blockIdx.x;
-  const int tile = gridDim.y - 1 - blockIdx.y;  // the longest (diagonal-most) tiles first
-  const int q0 = tile * 128;
-  const int kh = h / (heads / kvh);
-  const long long qw = (long long)heads * D, kw = (long long)kvh * D;
-  const int wg = threadIdx.x >> 7, wid = threadIdx.x >> 5, warp = wid & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int wq = q0 + wg * 64;
-  const int r0 = wq + warp * 16 + g, r1 = r0 + 8;
-  constexpr int CH = D / 8, RS = NT / CH, PASSES = BN / RS;
-  const int lr = (wid >> 2) * 8 + (lane & 7), lc = (wid & 3) * 4 + (lane >> 3);
-  const unsigned soff = (lc >> 3) * (BN * 128) + lr * 128 + (((lc & 7) ^ (lr & 7)) * 16);
-  const unsigned kbase = sm0, vbase = sm0 + KS * TILE * 2;
-  const u16* kt = k + kh * D + (long long)lr * kw + lc * 8;
-  const u16* vt = v + kh * D + (long long)lr * kw + lc * 8;
-  // This thread's share of tile `j` of K or V into its stage, then its arrival on the stage's
-  // full barrier once the copies land.
-  auto load = [&](const u16* src, unsigned dst, unsigned full, int j) {
-    const int k0 = j * BN;
-#pragma unroll
-    for (int u = 0; u < PASSES; u++) {
-      const bool in = k0 + lr + u * RS < len;
-      const long long off = in ? (long long)(k0 + u * RS) * kw : 0;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst + soff + u * RS * 128), "l"(src + off), "r"(in ? 16 : 0));
-    }
-    mb_arrive_cp(full);
-  };
-  auto load_k = [&](int j) {
-    if (j >= KS) mb_wait(kempty + 8 * (j % KS), ((j / KS) - 1) & 1);
-    load(kt, kbase + (j % KS) * TILE * 2, kfull + 8 * (j % KS), j);
-  };
-  auto load_v = [&](int j) {
-    if (j >= VS) mb_wait(vempty + 8 * (j % VS), ((j / VS) - 1) & 1);
-    load(vt, vbase + (j % VS) * TILE * 2, vfull + 8 * (j % VS), j);
-  };
-  const int qend = q0 + 128 < len ? q0 + 128 : len;
-  const int n = (qend + BN - 1) / BN;
-  load_k(0);
-  if (n > 1) load_k(1);
-  load_v(0);
-
-  unsigned qf[D / 16][4];
-  float of[D / 8][4], m0, m1, l0, l1, a0 = 1.f, a1 = 1.f;
-  fa_start<D>(qf, of, m0, m1, l0, l1, q, qw, h, r0, r1, t, len);
-  float s[BN / 8][4];
-  unsigned pf[BN / 16][4];
-  auto qk = [&](int j) {
-    const unsigned ks = kbase + (j % KS) * TILE * 2;
-    if (!Z) {
-#pragma unroll
-      for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-      wg_keep<BN / 2>(&s[0][0]);
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-      const unsigned long long desc = wgo_desc<1>(ks + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
-      if (Z) wgmma_m64n128k16_z<BF>(&s[0][0], qf[kk], desc, kk);  // k-step 0 overwrites
-      else wgmma_m64n128k16<BF, false>(&s[0][0], qf[kk], desc);
-    }
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-  };
-  auto pv = [&](int j) {
-    const unsigned vs = vbase + (j % VS) * TILE * 2;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++)
-      wgmma_m64n128k16<BF, true>(&of[0][0], pf[kk], wgo_desc<1>(vs + kk * 2048, BN * 128, 1024));
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-  };
-  // Turns: warpgroup w issues after barrier 1 + w, then hands the turn to the other. The
-  // second warpgroup opens the first turn and does not hand over its last (no arrival is left
-  // pending at exit).
-  const int mine = 1 + wg, other = 2 - wg;
-  if (wg == 1) asm volatile("bar.arrive %0, 256;" :: "r"(other) : "memory");
-  auto turn_begin = [&]() { asm volatile("bar.sync %0, 256;" :: "r"(mine) : "memory"); };
-  auto turn_end = [&](bool last) {
-    if (!(last && wg == 1)) asm volatile("bar.arrive %0, 256;" :: "r"(other) : "memory");
-  };
-
-  for (int j = 0; j < n; j++) {
-    const int k0 = j * BN;
-    mb_wait(kfull + 8 * (j % KS), (j / KS) & 1);
-    if (j > 0) mb_wait(vfull + 8 * ((j - 1) % VS), ((j - 1) / VS) & 1);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes → wgmma reads
-    turn_begin();
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-    qk(j);
-    if (j > 0) pv(j - 1);
-    turn_end(false);
-    if (j > 0) asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-    else asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    wg_keep<BN / 2>(&s[0][0]);
-    mb_arrive(kempty + 8 * (j % KS));
-    const bool edge = k0 + BN > wq + warp * 16 || k0 + BN > len;
-    fa_softmax_p<BN / 8>(s, m0, m1, l0, l1, a0, a1, edge, k0, r0, r1, t, len, scale_log2);
-    if (j + 2 < n) load_k(j + 2);
-    if (j + 1 < n) load_v(j + 1);
-    if (j > 0) {
-      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-      wg_keep<D / 2>(&of[0][0]);
-      wg_keep_u<BN / 4>(&pf[0][0]);
-      mb_arrive(vempty + 8 * ((j - 1) % VS));
-#pragma unroll
-      for (int i = 0; i < D / 8; i++) {
-        of[i][0] *= a0; of[i][1] *= a0; of[i][2] *= a1; of[i][3] *= a1;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < BN / 8; i++) {
-      pf[i >> 1][(i & 1) * 2] = pack2<BF>(s[i][0], s[i][1]);
-      pf[i >> 1][(i & 1) * 2 + 1] = pack2<BF>(s[i][2], s[i][3]);
-    }
-  }
-  mb_wait(vfull + 8 * ((n - 1) % VS), ((n - 1) / VS) & 1);
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  turn_begin();
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-  pv(n - 1);
-  turn_end(true);
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-  wg_keep<D / 2>(&of[0][0]);
-  wg_keep_u<BN / 4>(&pf[0][0]);
-  asm volatile("cp.async.wait_all;" ::: "memory");
-
-  fa_store_o<BF, D>(o, of, l0, l1, qw, h, r0, r1, t, len);
-}
-
-#define FA_WGP_INST(NAME, D, Z) FA_EXPORT(NAME, 256, 1, flash_attn_wgp, D, Z)
-FA_WGP_INST(flash_attn_d128_wgp, 128, 0)
-FA_WGP_INST(flash_attn_d128_wgz, 128, 1)
-
-#define FA_WGO_INST(NAME, D, SW) FA_EXPORT(NAME, 256, 1, flash_attn_wgo, D, SW)
-FA_WGO_INST(flash_attn_d128_wgo, 128, 0)
-FA_WGO_INST(flash_attn_d128_wgs, 128, 1)
+#define FA_WGS_INST(NAME, D, BN) FA_EXPORT(NAME, 256, 1, flash_attn_wgs, D, BN)
+FA_WGS_INST(flash_attn_d128_wgs, 128, 128)
 
 #define FA_WG_INST(NAME, D, WG, BN, MINB) FA_EXPORT(NAME, WG * 128, MINB, flash_attn_wg, D, WG, BN)
 // Two warpgroups (128-query tiles), 128-key tiles: the fastest of those measured (docs/gpu-runs.md
