@@ -43,7 +43,7 @@ const Q_BLOCK: usize = 64;
 /// Key/value rows per step (a multiple of `Q_BLOCK`, so a step never starts past a task's
 /// first query row); the `[Q_BLOCK, KV_BLOCK]` scores stay in L2.
 const KV_BLOCK: usize = 256;
-const _: () = assert!(KV_BLOCK % Q_BLOCK == 0);
+const _: () = assert!(KV_BLOCK.is_multiple_of(Q_BLOCK));
 /// Query heads of one key/value head a task takes together, their query rows stacked: each
 /// step's key and value blocks are packed by `gemm` once for all of them instead of once per
 /// head (grouped-query attention).
