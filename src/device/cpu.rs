@@ -125,7 +125,8 @@ fn matmul_nt_col_split(
     assert_eq!(x.len(), m * k);
     assert_eq!(w.len(), n * k);
     assert_eq!(out.len(), m * n);
-    // Whole 16-column tiles per thread, as the crate's kernels take them.
+    // A multiple of 16 columns per thread: the AVX2 kernel's tile (16 rows of its transposed
+    // problem), and a width the AVX-512 kernel's 16-row variants cover exactly.
     let cols = n.div_ceil(threads).next_multiple_of(16);
     let dst = OutCols(out.as_mut_ptr());
     let dst = &dst;
