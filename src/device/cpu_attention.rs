@@ -43,6 +43,11 @@ const Q_BLOCK: usize = 64;
 /// Key/value rows per step (a multiple of `Q_BLOCK`, so a step never starts past a task's
 /// first query row); the `[Q_BLOCK, KV_BLOCK]` scores stay in L2.
 const KV_BLOCK: usize = 256;
+const _: () = assert!(KV_BLOCK.is_multiple_of(Q_BLOCK));
+/// Query heads of one key/value head a task takes together, their query rows stacked: each
+/// step's key and value blocks are packed by `gemm` once for all of them instead of once per
+/// head (grouped-query attention).
+const HEADS_PER_TASK: usize = 4;
 
 /// Where an operand's heads lie in its slice: head `h` of token `t` is the `head_dim` values
 /// from `off + t·ld + h·head_dim`.
@@ -72,14 +77,80 @@ impl RowLayout {
     }
 }
 
-/// One task: query rows `q0 .. q0 + rows` of head `head` in the sequence starting at token
-/// `start`.
+/// One task: query rows `q0 .. q0 + rows` of heads `head0 .. head0 + heads` (all reading one
+/// key/value head) in the sequence starting at token `start`.
 #[derive(Clone, Copy)]
 struct Task {
     start: usize,
     q0: usize,
     rows: usize,
-    head: usize,
+    head0: usize,
+    heads: usize,
+    /// Index in `KeysT::blocks` of the sequence's first key block.
+    block0: usize,
+}
+
+/// The keys transposed, block by block: for each key/value head and each `KV_BLOCK` keys of a
+/// sequence, `head_dim` rows of the block's keys. `gemm` reads such a block in place; the
+/// strided `[T, kv_heads·head_dim]` keys it would gather into a packed copy on every step,
+/// which took a fifth of attention's time.
+struct KeysT {
+    data: Vec<f32>,
+    /// Per block of one head: (first token, keys, offset in the head's part, row stride).
+    blocks: Vec<(usize, usize, usize, usize)>,
+    per_head: usize,
+}
+
+impl KeysT {
+    fn new(k: &[f32], k_at: RowLayout, seq_lens: &[usize], kv_heads: usize, hd: usize) -> Self {
+        let mut blocks = Vec::new();
+        let (mut start, mut per_head) = (0, 0);
+        for &len in seq_lens {
+            for j0 in (0..len).step_by(KV_BLOCK) {
+                let cols = KV_BLOCK.min(len - j0);
+                // Rows a multiple of 256 bytes apart would all fall in the same few L1 sets
+                // (a whole block's 1 KiB rows use 4 of 64): one cache line more spreads them.
+                let ld = if cols.is_multiple_of(64) {
+                    cols + 16
+                } else {
+                    cols
+                };
+                blocks.push((start + j0, cols, per_head, ld));
+                per_head += hd * ld;
+            }
+            start += len;
+        }
+        let mut data = vec![0f32; kv_heads * per_head];
+        let mut parts = Vec::with_capacity(kv_heads * blocks.len());
+        for (kvh, mut head) in data.chunks_mut(per_head.max(1)).enumerate() {
+            for &(tok0, cols, _, ld) in &blocks {
+                let (part, rest) = head.split_at_mut(hd * ld);
+                head = rest;
+                parts.push((kvh, tok0, cols, ld, part));
+            }
+        }
+        parts
+            .into_par_iter()
+            .for_each(|(kvh, tok0, cols, ld, part)| {
+                for t in 0..cols {
+                    let src = &k[k_at.at(tok0 + t, kvh, hd)..][..hd];
+                    for (d, &x) in src.iter().enumerate() {
+                        part[d * ld + t] = x;
+                    }
+                }
+            });
+        KeysT {
+            data,
+            blocks,
+            per_head,
+        }
+    }
+
+    /// Block `block` of head `kvh`: its transposed keys and their row stride.
+    fn block(&self, kvh: usize, block: usize) -> (&[f32], usize) {
+        let (_, _, off, ld) = self.blocks[block];
+        (&self.data[kvh * self.per_head + off..], ld)
+    }
 }
 
 /// The output, written by many tasks at once.
@@ -90,8 +161,10 @@ struct OutPtr(*mut f32);
 unsafe impl Sync for OutPtr {}
 unsafe impl Send for OutPtr {}
 
-/// A task's working memory, reused across the tasks one thread runs.
+/// A task's working memory, reused across the tasks one thread runs; rows are the task's
+/// query rows, head after head.
 struct Scratch {
+    q: Vec<f32>,
     scores: Vec<f32>,
     acc: Vec<f32>,
     max: Vec<f32>,
@@ -130,21 +203,30 @@ pub fn attention_strided(
     let scale = s.mods.scale.unwrap_or(1.0 / (hd as f32).sqrt());
     let (softcap, window) = (s.mods.softcap, s.mods.window.unwrap_or(usize::MAX));
 
+    let kt = KeysT::new(k, k_at, seq_lens, s.kv_heads, hd);
     let mut tasks = Vec::new();
-    let mut start = 0;
+    let (mut start, mut block0) = (0, 0);
+    let per_task = HEADS_PER_TASK.min(group);
     for &len in seq_lens {
-        for head in 0..s.heads {
+        // Each key/value head's query heads in chunks of `per_task`.
+        for (kvh, g0) in
+            (0..s.kv_heads).flat_map(|h| (0..group).step_by(per_task).map(move |g| (h, g)))
+        {
+            let (head0, heads) = (kvh * group + g0, per_task.min(group - g0));
             for q0 in (0..len).step_by(Q_BLOCK) {
                 let rows = Q_BLOCK.min(len - q0);
                 tasks.push(Task {
                     start,
                     q0,
                     rows,
-                    head,
+                    head0,
+                    heads,
+                    block0,
                 });
             }
         }
         start += len;
+        block0 += len.div_ceil(KV_BLOCK);
     }
     // The costliest tasks (far down a sequence) first, so the last ones to finish are short.
     tasks.sort_by_key(|t| std::cmp::Reverse(t.q0));
@@ -152,20 +234,30 @@ pub fn attention_strided(
     let out_ptr = OutPtr(out.as_mut_ptr());
     let out_ptr = &out_ptr;
     tasks.par_iter().try_for_each_init(
-        || Scratch {
-            scores: vec![0.0; Q_BLOCK * KV_BLOCK],
-            acc: vec![0.0; Q_BLOCK * hd],
-            max: vec![0.0; Q_BLOCK],
-            sum: vec![0.0; Q_BLOCK],
+        || {
+            let rows = per_task * Q_BLOCK;
+            Scratch {
+                q: vec![0.0; rows * hd],
+                scores: vec![0.0; rows * KV_BLOCK],
+                acc: vec![0.0; rows * hd],
+                max: vec![0.0; rows],
+                sum: vec![0.0; rows],
+            }
         },
         |scr, t| {
-            let kvh = t.head / group;
+            let kvh = t.head0 / group;
             let (rows, kv_end) = (t.rows, t.q0 + t.rows);
-            let acc = &mut scr.acc[..rows * hd];
+            // Stacked rows: row `g·rows + i` is query row `q0 + i` of head `head0 + g`.
+            let stacked = t.heads * rows;
+            let acc = &mut scr.acc[..stacked * hd];
             acc.fill(0.0);
-            scr.max[..rows].fill(f32::NEG_INFINITY);
-            scr.sum[..rows].fill(0.0);
-            let q_blk = &q[q_at.at(t.start + t.q0, t.head, hd)..];
+            scr.max[..stacked].fill(f32::NEG_INFINITY);
+            scr.sum[..stacked].fill(0.0);
+            let q_blk = &mut scr.q[..stacked * hd];
+            for (sr, dst) in q_blk.chunks_exact_mut(hd).enumerate() {
+                let (g, i) = (sr / rows, sr % rows);
+                dst.copy_from_slice(&q[q_at.at(t.start + t.q0 + i, t.head0 + g, hd)..][..hd]);
+            }
             // The first key the task's first query row sees; blocks before it are skipped.
             let kv_start = (t.q0 + 1).saturating_sub(window);
             for j0 in (kv_start / KV_BLOCK * KV_BLOCK..kv_end).step_by(KV_BLOCK) {
@@ -173,14 +265,14 @@ pub fn attention_strided(
                     return Err(Error::Cancelled);
                 }
                 let cols = KV_BLOCK.min(kv_end - j0);
-                let scores = &mut scr.scores[..rows * cols];
-                let k_blk = &k[k_at.at(t.start + j0, kvh, hd)..];
+                let scores = &mut scr.scores[..stacked * cols];
+                let (kt_blk, kt_ld) = kt.block(kvh, t.block0 + j0 / KV_BLOCK);
                 let v_blk = &v[v_at.at(t.start + j0, kvh, hd)..];
-                // SAFETY: q rows `q0..q0+rows` and k rows `j0..j0+cols` of these heads lie in
-                // the slices (the asserts above bound the last row of every head).
+                // SAFETY: the stacked queries are `stacked` rows of `head_dim`; the key block
+                // holds `head_dim` rows of `kt_ld ≥ cols` keys.
                 unsafe {
                     gemm::gemm(
-                        rows,
+                        stacked,
                         cols,
                         hd,
                         scores.as_mut_ptr(),
@@ -189,10 +281,10 @@ pub fn attention_strided(
                         false,
                         q_blk.as_ptr(),
                         1,
-                        q_at.ld as isize,
-                        k_blk.as_ptr(),
-                        k_at.ld as isize,
+                        hd as isize,
+                        kt_blk.as_ptr(),
                         1,
+                        kt_ld as isize,
                         0.0,
                         scale,
                         false,
@@ -201,11 +293,12 @@ pub fn attention_strided(
                         gemm::Parallelism::None,
                     );
                 }
-                for r in 0..rows {
+                for r in 0..stacked {
                     // Query row i sees keys 0..=i (every row sees at least key j0 ≤ q0), or
                     // with a window only the last `window` of them.
-                    let valid = (t.q0 + r + 1 - j0).min(cols);
-                    let first = (t.q0 + r + 1).saturating_sub(window).saturating_sub(j0);
+                    let i = t.q0 + r % rows;
+                    let valid = (i + 1 - j0).min(cols);
+                    let first = (i + 1).saturating_sub(window).saturating_sub(j0);
                     let first = first.min(valid);
                     let row = &mut scores[r * cols..(r + 1) * cols];
                     row[..first].fill(0.0);
@@ -234,7 +327,7 @@ pub fn attention_strided(
                 // SAFETY: v rows `j0..j0+cols` lie in the slice, as for k above.
                 unsafe {
                     gemm::gemm(
-                        rows,
+                        stacked,
                         hd,
                         cols,
                         acc.as_mut_ptr(),
@@ -256,9 +349,9 @@ pub fn attention_strided(
                     );
                 }
             }
-            for r in 0..rows {
+            for r in 0..stacked {
                 let inv = 1.0 / scr.sum[r];
-                let o = out_at.at(t.start + t.q0 + r, t.head, hd);
+                let o = out_at.at(t.start + t.q0 + r % rows, t.head0 + r / rows, hd);
                 // SAFETY: `o..o+hd` is this task's own (token, head) range of the output,
                 // in bounds by the asserts above and written by no other task.
                 let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(o), hd) };
@@ -367,6 +460,36 @@ mod tests {
         let want = naive(&q, &k, &v, &seq_lens, s);
         let worst = worst_abs(&out, &want);
         assert!(worst < 2e-5, "worst abs error {worst:e}");
+    }
+
+    #[test]
+    fn query_heads_taken_in_chunks_per_task_match_the_f64_definition() {
+        // Groups of 6 and 8 query heads per key/value head: more than `HEADS_PER_TASK`, so a
+        // group is split over tasks (6 = 4 + 2); 130 tokens cross a query block.
+        for (heads, kv_heads) in [(12, 2), (8, 1)] {
+            let s = AttnShape {
+                heads,
+                kv_heads,
+                head_dim: 8,
+                mods: ScoreMods::default(),
+            };
+            let seq_lens = [130, 3];
+            let t: usize = seq_lens.iter().sum();
+            let (qw, kw) = (heads * 8, kv_heads * 8);
+            let (q, k, v) = (values(t * qw, 10), values(t * kw, 11), values(t * kw, 12));
+            let mut out = vec![f32::NAN; t * qw];
+            let (qa, ka) = (RowLayout::packed(qw), RowLayout::packed(kw));
+            let no = AtomicBool::new(false);
+            attention_strided(&q, qa, &k, ka, &v, ka, &mut out, qa, &seq_lens, s, &no).unwrap();
+            // Every output row written (a NaN left over would escape the max below).
+            assert!(out.iter().all(|x| x.is_finite()));
+            let want = naive(&q, &k, &v, &seq_lens, s);
+            let worst = worst_abs(&out, &want);
+            assert!(
+                worst < 2e-5,
+                "{heads}/{kv_heads} heads: worst abs error {worst:e}"
+            );
+        }
     }
 
     /// Gemma 2's attention: its own scale, scores soft-capped by tanh, a sliding window that

