@@ -136,28 +136,14 @@ fn matmul_nt_col_split(
         // are [nc, k], and it writes columns c0..c0+nc of the [m, n] output, which no other
         // thread writes.
         unsafe {
-            gemm::gemm(
-                m,
-                nc,
-                k,
-                dst.0.add(c0),
-                1,
-                n as isize,
-                false,
+            gemm_nt_raw(
+                (m, k, nc),
                 x.as_ptr(),
-                1,
-                k as isize,
                 w.as_ptr(),
-                k as isize,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
+                (dst.0.add(c0), n),
                 gemm::Parallelism::None,
-            );
-        }
+            )
+        };
     });
 }
 
@@ -190,28 +176,48 @@ fn gemm_nt(
     // SAFETY: the asserts above bound every index the GEMM touches through these strides:
     // x is [m, k] row-major, w is [n, k] row-major read as its transpose, out is [m, n].
     unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
+        gemm_nt_raw(
+            (m, k, n),
             x.as_ptr(),
-            1,
-            k as isize,
             w.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
+            (out.as_mut_ptr(), n),
             threads,
-        );
-    }
+        )
+    };
+}
+
+/// `dst[m×n] = x[m×k] · w[n×k]ᵀ` with `dst`'s rows `ld` apart (row-major x and w).
+///
+/// # Safety
+/// `x` holds `m·k` values, `w` `n·k`, and `dst` rows `0..m` of `ld ≥ n` values each.
+unsafe fn gemm_nt_raw(
+    (m, k, n): (usize, usize, usize),
+    x: *const f32,
+    w: *const f32,
+    (dst, ld): (*mut f32, usize),
+    threads: gemm::Parallelism,
+) {
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst,
+        1,
+        ld as isize,
+        false,
+        x,
+        1,
+        k as isize,
+        w,
+        k as isize,
+        1,
+        0.0,
+        1.0,
+        false,
+        false,
+        false,
+        threads,
+    );
 }
 
 /// Values below which a row-wise or element-wise op stays on the calling thread: handing work
@@ -365,17 +371,6 @@ fn par_chunk_len(n: usize) -> Option<usize> {
     par_chunk_rows(n, 1)
 }
 
-/// `gate = silu(gate) * up`, in place.
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    match par_chunk_len(gate.len()) {
-        None => cpu_vec::silu_mul(gate, up),
-        Some(c) => gate
-            .par_chunks_mut(c)
-            .zip(up.par_chunks(c))
-            .for_each(|(g, u)| cpu_vec::silu_mul(g, u)),
-    }
-}
-
 /// `out = silu(gate) * up` (vLLM's `SiluAndMul` into its new output).
 pub fn silu_mul_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
     match par_chunk_len(out.len()) {
@@ -527,9 +522,9 @@ mod tests {
 
         let up = wavy(rows * cols, 5);
         silu_mul_into(&x, &up, &mut split);
-        let mut in_place = x.clone();
-        cpu_vec::silu_mul(&mut in_place, &up);
-        assert!(split == in_place);
+        let mut one = vec![0.0; rows * cols];
+        cpu_vec::silu_mul_into(&x, &up, &mut one);
+        assert!(split == one);
     }
 
     #[test]

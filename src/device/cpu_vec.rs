@@ -4,16 +4,14 @@
 //! and the portable build otherwise; all run the same IEEE operations (no fused multiply-add)
 //! and reductions sum in the same fixed lanes, so a result does not depend on which one ran.
 
-/// `e^x` for one lane; inlined into each caller's loop so the loop vectorises.
-/// Range reduction `x = n·ln2 + r` with ln2 split in two (Cody-Waite), a degree-5 polynomial for
-/// `e^r` on `[-ln2/2, ln2/2]`, then `2^n` through the exponent bits. Below −87.3 the result is
-/// 0 (as `exp` underflows there), above 88.7 it is +∞, and NaN stays NaN.
+/// What both exponentials share: `e^xc = y · 2^n` for a clamped `xc`, with `n` as an integer
+/// read from the low mantissa bits of the rounding sum (1.5·2^23 + n): `n as i32` would be a
+/// saturating cast, which the compiler does not vectorise.
 #[inline(always)]
-pub(crate) fn exp_lane(x: f32) -> f32 {
+fn exp_parts(xc: f32) -> (f32, i32) {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // Adding and subtracting 1.5·2^23 rounds to the nearest integer without a libm call.
     const ROUND: f32 = 12_582_912.0;
-    let xc = x.clamp(-87.33654, 88.72283);
     let shifted = xc * LOG2E + ROUND;
     let n = shifted - ROUND;
     let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
@@ -23,11 +21,21 @@ pub(crate) fn exp_lane(x: f32) -> f32 {
         * r
         + 0.5;
     let y = p * z + r + 1.0;
-    // n as an integer, read from the low mantissa bits of `shifted` (1.5·2^23 + n): `n as i32`
-    // would be a saturating cast, which the compiler does not vectorise. n is within
-    // [-126, 128]: 2^n splits in two factors so n = 128 (x near 88.7) does not overflow the
-    // exponent field before the multiply. (NaN gives garbage bits here; it is returned below.)
     let ni = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    (y, ni)
+}
+
+/// `e^x` for one lane; inlined into each caller's loop so the loop vectorises.
+/// Range reduction `x = n·ln2 + r` with ln2 split in two (Cody-Waite), a degree-5 polynomial for
+/// `e^r` on `[-ln2/2, ln2/2]`, then `2^n` through the exponent bits. Below −87.3 the result is
+/// 0 (as `exp` underflows there), above 88.7 it is +∞, and NaN stays NaN.
+#[inline(always)]
+pub(crate) fn exp_lane(x: f32) -> f32 {
+    let xc = x.clamp(-87.33654, 88.72283);
+    // n is within [-126, 128]: 2^n splits in two factors so n = 128 (x near 88.7) does not
+    // overflow the exponent field before the multiply. (NaN gives garbage bits here; it is
+    // returned below.)
+    let (y, ni) = exp_parts(xc);
     let half = ni >> 1;
     let a = f32::from_bits((half.wrapping_add(127) as u32) << 23);
     let b = f32::from_bits((ni.wrapping_sub(half).wrapping_add(127) as u32) << 23);
@@ -48,22 +56,11 @@ pub(crate) fn exp_lane(x: f32) -> f32 {
 /// `+∞`, `2^n` in two factors), which made a block's exponentials a quarter faster.
 #[inline(always)]
 pub(crate) fn exp_lane_below_88(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const ROUND: f32 = 12_582_912.0;
     // A NaN compares false here and stays NaN through the arithmetic below.
     let under = x < -87.33654;
     let xc = if under { -87.33654 } else { x };
-    let shifted = xc * LOG2E + ROUND;
-    let n = shifted - ROUND;
-    let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
-    let z = r * r;
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 1.666_666_5e-1)
-        * r
-        + 0.5;
-    let y = p * z + r + 1.0;
     // n within [-126, 127]: one exponent field holds 2^n.
-    let ni = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let (y, ni) = exp_parts(xc);
     let e = y * f32::from_bits((ni.wrapping_add(127) as u32) << 23);
     if under {
         0.0
@@ -109,16 +106,7 @@ macro_rules! dispatch {
 const LANES: usize = 16;
 
 dispatch! {
-    /// `gate = silu(gate) · up` in place (`x / (1 + e^−x) · up`).
-    pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
-        for (g, u) in gate.iter_mut().zip(up) {
-            *g = *g / (1.0 + exp_lane(-*g)) * u;
-        }
-    }
-}
-
-dispatch! {
-    /// `out = silu(gate) · up` (`x / (1 + e^−x) · up`), the same operations as `silu_mul`.
+    /// `out = silu(gate) · up` (`x / (1 + e^−x) · up`).
     pub(crate) fn silu_mul_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
         for ((o, &g), u) in out.iter_mut().zip(gate).zip(up) {
             *o = g / (1.0 + exp_lane(-g)) * u;

@@ -285,16 +285,6 @@ pub fn add_assign(rt: &Runtime, x: &mut Tensor, y: &Tensor) -> Result<()> {
     Ok(())
 }
 
-pub fn silu_mul(rt: &Runtime, gate: &mut Tensor, up: &Tensor) -> Result<()> {
-    rt.set_op("silu_mul");
-    match rt.backend() {
-        Backend::Dry => {}
-        Backend::Cpu => cpu::silu_mul(gate.f32_mut(), up.f32()),
-        Backend::Cuda => cuda(rt, |c| c.silu_mul(gate, up))?,
-    }
-    Ok(())
-}
-
 pub fn gather_rows(rt: &Runtime, x: &Tensor, rows: &[u32], name: &str) -> Result<Tensor> {
     rt.set_op("gather_last_tokens");
     let cols = x.cols();

@@ -11,9 +11,7 @@ pub(crate) const TYPED: &[&str] = &[
     "rope",
     "rope_qk",
     "add_assign",
-    "silu_mul",
     "add_assign_v8",
-    "silu_mul_v8",
     "rms_norm_v8",
     "silu_mul_out_v8",
     "silu_mul_out",
@@ -172,21 +170,8 @@ template <class T> __device__ void add_assign_v8(u16* x, const u16* y, long long
   }
 }
 
-template <class T> __device__ void silu_mul_v8(u16* g, const u16* u, long long n8) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n8; i += (long long)gridDim.x * blockDim.x) {
-    V8 a, b;
-    a.v = ((const uint4*)g)[i];
-    b.v = ((const uint4*)u)[i];
-#pragma unroll
-    for (int e = 0; e < 8; e++) {
-      float f = T::ld(a.h[e]);
-      a.h[e] = T::st(T::ld(T::st(f / (1.f + __expf(-f)))) * T::ld(b.h[e]));
-    }
-    ((uint4*)g)[i] = a.v;
-  }
-}
-
-// silu_mul_v8 into a third tensor (vLLM's SiluAndMul output), gate and up left as they are.
+// SiLU(gate) · up into `out` (vLLM's SiluAndMul output; `out` may be `g`), the activation
+// rounded to the dtype first as PyTorch does; 16-byte loads.
 template <class T> __device__ void silu_mul_out_v8(const u16* g, const u16* u, u16* out, long long n8) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n8; i += (long long)gridDim.x * blockDim.x) {
     V8 a, b;
@@ -201,6 +186,7 @@ template <class T> __device__ void silu_mul_out_v8(const u16* g, const u16* u, u
   }
 }
 
+// silu_mul_out_v8 with 2-byte loads (any length or alignment).
 template <class T> __device__ void silu_mul_out(const u16* g, const u16* u, u16* out, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     float a = T::ld(g[i]);
@@ -274,13 +260,6 @@ template <class T> __device__ void rms_norm_v8(const u16* x, const u16* w, u16* 
   }
 }
 
-// SiLU(gate) * up, the activation rounded to the dtype first as PyTorch does.
-template <class T> __device__ void silu_mul(u16* g, const u16* u, long long n) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    float a = T::ld(g[i]);
-    g[i] = T::st(T::ld(T::st(a / (1.f + __expf(-a)))) * T::ld(u[i]));
-  }
-}
 
 template <class T> __device__ void to_f32(const u16* x, float* out, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
@@ -438,9 +417,7 @@ INST(add_bias, (u16* x, const u16* b, long long n, int cols), (x, b, n, cols))
 INST(rope, (u16* x, const int* pos, int heads, int hd, float theta), (x, pos, heads, hd, theta))
 INST(rope_qk, (u16* q, u16* k, const int* pos, int heads, int kvh, int hd, float theta), (q, k, pos, heads, kvh, hd, theta))
 INST(add_assign, (u16* x, const u16* y, long long n), (x, y, n))
-INST(silu_mul, (u16* g, const u16* u, long long n), (g, u, n))
 INST(add_assign_v8, (u16* x, const u16* y, long long n8), (x, y, n8))
-INST(silu_mul_v8, (u16* g, const u16* u, long long n8), (g, u, n8))
 INST(rms_norm_v8, (const u16* x, const u16* w, u16* o, int cols, float eps), (x, w, o, cols, eps))
 INST(silu_mul_out_v8, (const u16* g, const u16* u, u16* o, long long n8), (g, u, o, n8))
 INST(silu_mul_out, (const u16* g, const u16* u, u16* o, long long n), (g, u, o, n))

@@ -251,19 +251,6 @@ impl CudaDevice {
         self.launch(f, grid(n as u64), &[&xp, &yp, &n])
     }
 
-    pub fn silu_mul(&mut self, g: &mut TensorData, u: &TensorData) -> Result<()> {
-        let dt = self.half(g)?;
-        let n = g.numel() as i64;
-        let (gp, up) = (g.cuda_ptr(), u.cuda_ptr());
-        if n % 8 == 0 && aligned16(&[gp, up]) {
-            let n8 = n / 8;
-            let f = self.func("silu_mul_v8", dt)?;
-            return self.launch(f, grid(n8 as u64), &[&gp, &up, &n8]);
-        }
-        let f = self.func("silu_mul", dt)?;
-        self.launch(f, grid(n as u64), &[&gp, &up, &n])
-    }
-
     /// `out = silu(g) · u` (vLLM's `SiluAndMul` into its new output), `g` and `u` unchanged.
     pub fn silu_mul_into(
         &mut self,
