@@ -1,7 +1,7 @@
 //! 16-bit GEMMs with their algorithm timed: the first `x · wᵀ` of each shape runs cuBLASLt's
 //! heuristic candidates and cuBLAS's default on its own operands and keeps the fastest for the
-//! process (as PyTorch's `TORCH_BLAS_PREFER_CUBLASLT` tuning does). The workspace is cuBLAS's
-//! framework block, so no memory is taken that the dry run does not count.
+//! process (the idea of PyTorch's TunableOp, `PYTORCH_TUNABLEOP_ENABLED=1`). The workspace is
+//! cuBLAS's framework block, so no memory is taken that the dry run does not count.
 //! `VRAMSCOPE_GEMM=tuned` turns it on.
 
 use std::ffi::c_void;
