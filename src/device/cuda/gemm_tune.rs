@@ -5,6 +5,7 @@
 //! `VRAMSCOPE_GEMM=tuned` turns it on.
 
 use std::ffi::c_void;
+use std::rc::Rc;
 
 use cudarc::cublaslt::{result as lt, sys as ltsys};
 use cudarc::driver::sys as dsys;
@@ -19,11 +20,12 @@ const CANDIDATES: usize = 8;
 const RUNS: usize = 3;
 
 /// The algorithm kept for one shape.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(super) enum Pick {
     /// `cublasGemmEx` with cuBLAS's own choice.
     Default,
-    Lt(ltsys::cublasLtMatmulAlgo_t),
+    /// cuBLASLt with this description (made once per shape) and algorithm.
+    Lt(Rc<(Desc, ltsys::cublasLtMatmulAlgo_t)>),
 }
 
 /// `VRAMSCOPE_GEMM=tuned`, read once per device.
@@ -33,7 +35,7 @@ pub(super) fn tuned_from_env() -> bool {
 
 /// One cuBLASLt matmul description of `g` (row-major `C[m, n] = A[m, k] · B[n, k]ᵀ`, i.e.
 /// column-major `Cᵀ = op_T(B) · Aᵀ`), destroyed on drop.
-struct Desc {
+pub(super) struct Desc {
     desc: ltsys::cublasLtMatmulDesc_t,
     b: ltsys::cublasLtMatrixLayout_t,
     a: ltsys::cublasLtMatrixLayout_t,
@@ -99,22 +101,20 @@ impl CudaDevice {
     pub(super) fn gemm_tuned(&mut self, g: Gemm) -> Result<()> {
         // Candidates were limited to the workspace at hand, so it is part of the key.
         let ws = self.blas_workspace.map_or(0, |w| w.1);
-        let key = (g.m, g.n, g.k, g.c_type as u32, ws);
+        let key = (g.m, g.n, g.k, g.b_type as u32, g.c_type as u32, ws);
         let pick = match self.gemm_picks.get(&key) {
-            Some(p) => *p,
+            Some(p) => p.clone(),
             None => {
                 let p = self.tune(&g)?;
-                self.gemm_picks.insert(key, p);
+                self.gemm_picks.insert(key, p.clone());
                 p
             }
         };
         match pick {
             Pick::Default => self.gemm(g),
-            Pick::Lt(algo) => {
-                let d = Desc::new(&g).map_err(|e| self.err("GEMM", e))?;
-                self.lt_gemm(&g, &d, &algo)
-                    .map_err(|e| self.err("cuBLASLt GEMM", e))
-            }
+            Pick::Lt(plan) => self
+                .lt_gemm(&g, &plan.0, &plan.1)
+                .map_err(|e| self.err("cuBLASLt GEMM", e)),
         }
     }
 
@@ -190,7 +190,7 @@ impl CudaDevice {
                 let _ = lt::destroy_matmul_pref(pref);
             }
         }
-        let mut best = (self.time_runs(|dev| dev.gemm(*g))?, Pick::Default);
+        let mut best = (self.time_runs(|dev| dev.gemm(*g))?, None);
         for r in found.iter().take(returned.max(0) as usize) {
             if r.state != ltsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
                 continue;
@@ -203,11 +203,13 @@ impl CudaDevice {
             // A candidate that fails to run is skipped; the default always remains.
             if let Ok(t) = t {
                 if t < best.0 {
-                    best = (t, Pick::Lt(algo));
+                    best = (t, Some(algo));
                 }
             }
         }
-        Ok(best.1)
+        Ok(best
+            .1
+            .map_or(Pick::Default, |algo| Pick::Lt(Rc::new((d, algo)))))
     }
 
     /// Milliseconds per run of `f` on the stream (one untimed run, then RUNS timed).

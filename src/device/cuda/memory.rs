@@ -291,10 +291,7 @@ impl CudaDevice {
                 format!("{}: {} bytes for {}", t.name, d.len(), t.nbytes()),
             ));
         }
-        let p = t.cuda_ptr();
-        self.upload_staged(p, d.len(), 1, &|off, out| {
-            out.copy_from_slice(&d[off..off + out.len()])
-        })
+        self.upload_bytes_at(t, 0, d)
     }
 
     /// Converts `d` into `t`'s dtype (f32, f16, bf16) from element `offset` on (the whole
