@@ -6,7 +6,8 @@ use super::timing::span;
 
 /// Frees `v` on a background thread: returning large host buffers to the system (unmapping
 /// touched pages) took 1.4-1.6 s of a Llama-3-8B load from host values (docs/gpu-runs.md
-/// run 57), and the loader need not wait for it. One buffer waits at most, so the host holds at most two more than it would.
+/// run 57), and the loader need not wait for it. One buffer waits at most, so the host holds
+/// at most two more than it would.
 pub fn drop_later<T: Send + 'static>(v: T) {
     use std::sync::mpsc::{sync_channel, SyncSender};
     type Job = Box<dyn Send>;
