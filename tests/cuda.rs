@@ -171,6 +171,10 @@ fn every_fused_attention_kernel_matches_cpu_compute_mode_at_head_dim_128() {
             eprintln!("VRAMSCOPE_FLASH={variant:?} {tokens} tokens in {seqs}: {e:.3e}");
             assert!(e < 1e-2, "variant {variant:?}: {e}");
         }
+        // bf16 through the same kernels (their other template instance).
+        let e = gpu_vs_cpu(&model, Quant::BF16, 333, 2, 0.0);
+        eprintln!("VRAMSCOPE_FLASH={variant:?} bf16 333 tokens in 2: {e:.3e}");
+        assert!(e < 3e-2, "variant {variant:?} bf16: {e}");
     }
     std::env::remove_var("VRAMSCOPE_FLASH");
 }

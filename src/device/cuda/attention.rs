@@ -267,11 +267,12 @@ mod tests {
         let all = |_: &str| true;
         let portable = |n: &str| kernels::FLASH.iter().any(|k| k.name == n && !k.sm90a);
         let name = |hd, v, avail: &dyn Fn(&str) -> bool| flash_kernel(hd, v, avail).map(|k| k.name);
-        assert_eq!(name(128, "", &all), Some("flash_attn_d128_wgs"));
+        assert_eq!(name(128, "", &all), Some("flash_attn_d128_ws"));
         assert_eq!(
             name(128, "no-such-variant", &all),
-            Some("flash_attn_d128_wgs")
+            Some("flash_attn_d128_ws")
         );
+        assert_eq!(name(128, "wgs", &all), Some("flash_attn_d128_wgs"));
         assert_eq!(name(128, "wg", &all), Some("flash_attn_d128_wg"));
         assert_eq!(name(128, "", &portable), Some("flash_attn_d128_w8l"));
         assert_eq!(name(128, "w4", &all), Some("flash_attn_d128_w4"));
@@ -296,12 +297,17 @@ mod tests {
             };
             let head = format!("({}, {}, ", k.name, k.head_dim);
             assert_eq!(src.matches(&head).count(), 1, "{head}");
-            // FA_INST takes warps, FA_WG_INST warpgroups; the overlapped kernels are two
-            // warpgroups of 64 rows by construction.
+            // FA_INST takes warps, FA_WG_INST warpgroups; the warp-specialized kernel is a
+            // producer and two consumer warpgroups, the overlapped one two warpgroups of 64 rows,
+            // by construction.
             let shaped = if !k.sm90a {
                 format!("FA_INST{head}{}, ", k.warps)
             } else if src.contains(&format!("FA_WG_INST{head}")) {
                 format!("FA_WG_INST{head}{}, ", k.warps / 4)
+            } else if src.contains(&format!("FA_WS_INST{head}")) {
+                assert_eq!((k.warps, k.tile), (12, 128), "{}", k.name);
+                assert!(src.contains("FA_EXPORT(NAME, 384, 1, flash_attn_ws,"));
+                format!("FA_WS_INST{head}")
             } else {
                 assert_eq!((k.warps, k.tile), (8, 128), "{}", k.name);
                 head.clone()
@@ -312,10 +318,16 @@ mod tests {
         let wg = flash_kernel(128, "wg", all).unwrap();
         assert_eq!((wg.tile, wg.warps, wg.smem), (128, 8, 4 * 128 * 128 * 2));
         // Three stages of a 128-key K and V tile and the 1 KiB that aligns the swizzle atoms.
-        let wgs = flash_kernel(128, "", all).unwrap();
+        let wgs = flash_kernel(128, "wgs", all).unwrap();
         assert_eq!(
             (wgs.tile, wgs.warps, wgs.smem),
             (128, 8, 6 * 128 * 128 * 2 + 1024)
+        );
+        // Three K and four V stages, the same alignment; three warpgroups.
+        let ws = flash_kernel(128, "", all).unwrap();
+        assert_eq!(
+            (ws.tile, ws.warps, ws.smem),
+            (128, 12, 7 * 128 * 128 * 2 + 1024)
         );
     }
 }

@@ -1,8 +1,8 @@
 //! 16-bit GEMMs with their algorithm timed: the first `x · wᵀ` of each shape runs cuBLASLt's
 //! heuristic candidates and cuBLAS's default on its own operands and keeps the fastest for the
 //! process (the idea of PyTorch's TunableOp, `PYTORCH_TUNABLEOP_ENABLED=1`). The workspace is
-//! cuBLAS's framework block, so no memory is taken that the dry run does not count.
-//! `VRAMSCOPE_GEMM=tuned` turns it on.
+//! cuBLAS's framework block, so no memory is taken that the dry run does not count. It is the
+//! default; `VRAMSCOPE_GEMM=default` keeps cuBLAS's own choice for every GEMM.
 
 use std::ffi::c_void;
 use std::rc::Rc;
@@ -28,9 +28,13 @@ pub(super) enum Pick {
     Lt(Rc<(Desc, ltsys::cublasLtMatmulAlgo_t)>),
 }
 
-/// `VRAMSCOPE_GEMM=tuned`, read once per device.
+/// Whether 16-bit GEMMs are tuned: yes unless `VRAMSCOPE_GEMM=default`. Read once per device.
 pub(super) fn tuned_from_env() -> bool {
-    std::env::var("VRAMSCOPE_GEMM").is_ok_and(|v| v == "tuned")
+    tuned(std::env::var("VRAMSCOPE_GEMM").ok().as_deref())
+}
+
+fn tuned(setting: Option<&str>) -> bool {
+    setting != Some("default")
 }
 
 /// One cuBLASLt matmul description of `g` (row-major `C[m, n] = A[m, k] · B[n, k]ᵀ`, i.e.
@@ -229,5 +233,15 @@ impl CudaDevice {
             .elapsed_ms(&end)
             .map_err(|e| self.err("GEMM timing", e))?;
         Ok(ms / RUNS as f32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn gemms_are_tuned_unless_the_default_is_asked_for() {
+        assert!(super::tuned(None));
+        assert!(super::tuned(Some("tuned")));
+        assert!(!super::tuned(Some("default")));
     }
 }

@@ -550,7 +550,21 @@ const OVERLAPPED: FlashKernel = FlashKernel {
     sm90a: true,
 };
 
+/// `flash_attn_ws`: `flash_attn_wgs`'s tiles, warp-specialized: two consumer warpgroups in
+/// ping-pong and a producer warpgroup, three K and four V stages (and 1 KiB to align the
+/// swizzle atoms).
+const WARP_SPECIALIZED: FlashKernel = FlashKernel {
+    name: "flash_attn_d128_ws",
+    variant: "ws",
+    head_dim: 128,
+    warps: 12,
+    tile: 128,
+    smem: 7 * 128 * 128 * 2 + 1024,
+    sm90a: true,
+};
+
 pub(crate) const FLASH: &[FlashKernel] = &[
+    WARP_SPECIALIZED,
     OVERLAPPED,
     warpgroup("flash_attn_d128_wg", "wg", 128, 2, 128),
     one_tile("flash_attn_d32_w8l", "w8l", 32, 8),
@@ -563,7 +577,7 @@ pub(crate) const FLASH: &[FlashKernel] = &[
 
 /// The variants tried, in order, when `VRAMSCOPE_FLASH` names none that is built for the head
 /// dimension (or none at all): the first one loaded on this GPU runs.
-pub(crate) const FLASH_DEFAULTS: &[&str] = &["wgs", "w8l"];
+pub(crate) const FLASH_DEFAULTS: &[&str] = &["ws", "w8l"];
 
 /// Head dimensions the fused attention kernel is instantiated for.
 #[cfg(test)]
@@ -1124,6 +1138,182 @@ template <bool BF, int D, int BN> __device__ void flash_attn_wgs(const u16* q, c
 
 #define FA_WGS_INST(NAME, D, BN) FA_EXPORT(NAME, 256, 1, flash_attn_wgs, D, BN)
 FA_WGS_INST(flash_attn_d128_wgs, 128, 128)
+
+// mbarrier helpers (shared::cta): initialise with an expected arrival count, arrive, wait for
+// the completion of the phase of the given parity, and the arrival made when this thread's
+// earlier cp.async copies land (one of the expected arrivals).
+__device__ __forceinline__ void mb_init(unsigned b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(b), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(unsigned b) {
+  asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" :: "r"(b) : "memory");
+}
+__device__ __forceinline__ void mb_arrive_cp(unsigned b) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(b) : "memory");
+}
+__device__ __forceinline__ void mb_wait(unsigned b, unsigned parity) {
+  asm volatile("{ .reg .pred p; W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra W; }"
+               :: "r"(b), "r"(parity) : "memory");
+}
+
+// flash_attn_wgs made warp-specialized (FlashAttention-3's structure): warpgroups 0 and 1 are
+// consumers of 64 query rows each, warpgroup 2 is a producer that only copies K and V tiles.
+// - The producer copies each 128-key tile into its stage (three K stages, four V stages, the
+//   128-byte swizzled layout of flash_attn_wgs) with cp.async; each copy arrives on the stage's
+//   "full" mbarrier when it lands. It waits on the stage's "empty" mbarrier (one arrival per
+//   consumer warp) before reusing it, so it runs up to two tiles ahead with no block-wide
+//   barrier. It keeps PREG registers and gives the rest to the consumers (setmaxnreg, CREG).
+// - The consumers take turns issuing their GEMMs (named barriers 1 and 2, ping-pong): one
+//   warpgroup's softmax runs while the other's S = Q·K_j and O += P_(j-1)·V_(j-1) hold the
+//   tensor cores. A wgmma issue only returns once the tensor cores have taken most of its work,
+//   so in flash_attn_wgs (both warpgroups in step, a block barrier per tile) the tensor cores
+//   sat idle through every softmax; here they idle far less (docs/gpu-runs.md run 63).
+template <bool BF, int D, int PREG, int CREG> __device__ void flash_attn_ws(const u16* q, const u16* k, const u16* v, u16* o,
+                                                    int len, int heads, int kvh, float scale_log2) {
+  constexpr int BN = 128, NTP = 128, TILE = BN * D, KS = 3, VS = 4;
+  static_assert(D == 128, "both GEMMs are wgmma m64n128k16");
+  extern __shared__ __align__(128) u16 smem[];
+  __shared__ __align__(8) unsigned long long bars[2 * (KS + VS)];
+  const unsigned sm0 = (smem_u32(smem) + 1023) & ~1023u;  // swizzle atoms on 1 KiB boundaries
+  const unsigned kfull = smem_u32(bars), kempty = kfull + 8 * KS, vfull = kempty + 8 * KS, vempty = vfull + 8 * VS;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < KS; i++) { mb_init(kfull + 8 * i, NTP); mb_init(kempty + 8 * i, 8); }
+    for (int i = 0; i < VS; i++) { mb_init(vfull + 8 * i, NTP); mb_init(vempty + 8 * i, 8); }
+  }
+  __syncthreads();
+  const int h = blockIdx.x;
+  const int tile = gridDim.y - 1 - blockIdx.y;  // the longest (diagonal-most) tiles first
+  const int q0 = tile * 128;
+  const int kh = h / (heads / kvh);
+  const long long qw = (long long)heads * D, kw = (long long)kvh * D;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const unsigned kbase = sm0, vbase = sm0 + KS * TILE * 2;
+  const int qend = q0 + 128 < len ? q0 + 128 : len;
+  const int n = (qend + BN - 1) / BN;  // both consumers need every tile up to the diagonal
+  if (wg == 2) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(PREG));
+    // Warp w copies rows lane % 8 (+ 8 a pass) and chunks 4 * w + lane / 8: whole 128-byte
+    // swizzled rows, so the shared-memory writes do not conflict on banks.
+    constexpr int CH = D / 8, RS = NTP / CH, PASSES = BN / RS;
+    const int lr = lane & 7, lc = warp * 4 + (lane >> 3);
+    const unsigned soff = (lc >> 3) * (BN * 128) + lr * 128 + (((lc & 7) ^ (lr & 7)) * 16);
+    const u16* kt = k + kh * D + (long long)lr * kw + lc * 8;
+    const u16* vt = v + kh * D + (long long)lr * kw + lc * 8;
+    auto load = [&](const u16* src, unsigned dst, unsigned full, int j) {  // rows past `len` zero-filled
+      const int k0 = j * BN;
+#pragma unroll
+      for (int u = 0; u < PASSES; u++) {
+        const bool in = k0 + lr + u * RS < len;
+        const long long off = in ? (long long)(k0 + u * RS) * kw : 0;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst + soff + u * RS * 128), "l"(src + off), "r"(in ? 16 : 0));
+      }
+      mb_arrive_cp(full);
+    };
+    for (int j = 0; j < n; j++) {
+      if (j >= KS) mb_wait(kempty + 8 * (j % KS), ((j / KS) - 1) & 1);
+      load(kt, kbase + (j % KS) * TILE * 2, kfull + 8 * (j % KS), j);
+      if (j >= VS) mb_wait(vempty + 8 * (j % VS), ((j / VS) - 1) & 1);
+      load(vt, vbase + (j % VS) * TILE * 2, vfull + 8 * (j % VS), j);
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(CREG));
+  const int wq = q0 + wg * 64;
+  const int r0 = wq + warp * 16 + g, r1 = r0 + 8;
+  const bool leader = lane == 0;  // one arrival a warp on the empty barriers
+  unsigned qf[D / 16][4];
+  float of[D / 8][4], m0, m1, l0, l1, a0, a1;
+  fa_start<D>(qf, of, m0, m1, l0, l1, q, qw, h, r0, r1, t, len);
+  float s[BN / 8][4];
+  unsigned pf[BN / 16][4];
+  auto qk = [&](int j) {  // S = Q·K_j, issued (not waited)
+    const unsigned ks = kbase + (j % KS) * TILE * 2;
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    wg_keep<BN / 2>(&s[0][0]);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+      wgmma_m64n128k16<BF, false>(&s[0][0], qf[kk], sw128_desc(ks + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  };
+  auto pv = [&](int j) {  // O += P·V_j, issued (not waited)
+    const unsigned vs = vbase + (j % VS) * TILE * 2;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++)
+      wgmma_m64n128k16<BF, true>(&of[0][0], pf[kk], sw128_desc(vs + kk * 2048, BN * 128, 1024));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  };
+  auto pack = [&]() {
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++) {
+      pf[i >> 1][(i & 1) * 2] = pack2<BF>(s[i][0], s[i][1]);
+      pf[i >> 1][(i & 1) * 2 + 1] = pack2<BF>(s[i][2], s[i][3]);
+    }
+  };
+  // Turns: warpgroup w issues after barrier 1 + w, then hands the turn to the other. The
+  // second warpgroup opens the first turn and does not hand over its last (no arrival is left
+  // pending at exit).
+  const int mine = 1 + wg, other = 2 - wg;
+  if (wg == 1) asm volatile("bar.arrive %0, 256;" :: "r"(other) : "memory");
+  auto turn_begin = [&]() { asm volatile("bar.sync %0, 256;" :: "r"(mine) : "memory"); };
+  auto turn_end = [&](bool last) {
+    if (!(last && wg == 1)) asm volatile("bar.arrive %0, 256;" :: "r"(other) : "memory");
+  };
+  // The first tile: S only. Kept out of the loop so that every wgmma wait in the loop has one
+  // shape (a conditional wait makes ptxas serialize the wgmmas).
+  mb_wait(kfull, 0);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes → wgmma reads
+  turn_begin();
+  qk(0);
+  turn_end(false);
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  wg_keep<BN / 2>(&s[0][0]);
+  if (leader) mb_arrive(kempty);
+  fa_softmax_p<BN / 8>(s, m0, m1, l0, l1, a0, a1, true, 0, r0, r1, t, len, scale_log2);
+  pack();
+  for (int j = 1; j < n; j++) {
+    const int k0 = j * BN;
+    mb_wait(kfull + 8 * (j % KS), (j / KS) & 1);
+    mb_wait(vfull + 8 * ((j - 1) % VS), ((j - 1) / VS) & 1);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    turn_begin();
+    qk(j);
+    pv(j - 1);
+    turn_end(false);
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    wg_keep<BN / 2>(&s[0][0]);
+    if (leader) mb_arrive(kempty + 8 * (j % KS));
+    const bool edge = k0 + BN > wq + warp * 16 || k0 + BN > len;
+    fa_softmax_p<BN / 8>(s, m0, m1, l0, l1, a0, a1, edge, k0, r0, r1, t, len, scale_log2);
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_keep<D / 2>(&of[0][0]);
+    wg_keep_u<BN / 4>(&pf[0][0]);
+    if (leader) mb_arrive(vempty + 8 * ((j - 1) % VS));
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) {
+      of[i][0] *= a0; of[i][1] *= a0; of[i][2] *= a1; of[i][3] *= a1;
+    }
+    pack();
+  }
+  mb_wait(vfull + 8 * ((n - 1) % VS), ((n - 1) / VS) & 1);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  turn_begin();
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+  pv(n - 1);
+  turn_end(true);
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  wg_keep<D / 2>(&of[0][0]);
+  wg_keep_u<BN / 4>(&pf[0][0]);
+
+  fa_store_o<BF, D>(o, of, l0, l1, qw, h, r0, r1, t, len);
+}
+
+// Three warpgroups; the producer keeps 40 registers and the consumers take 232 (128 × 40 +
+// 256 × 232 ≤ 64 Ki). Fewer for the producer spill more (24: 156 bytes).
+#define FA_WS_INST(NAME, D, PREG, CREG) FA_EXPORT(NAME, 384, 1, flash_attn_ws, D, PREG, CREG)
+FA_WS_INST(flash_attn_d128_ws, 128, 40, 232)
 
 #define FA_WG_INST(NAME, D, WG, BN, MINB) FA_EXPORT(NAME, WG * 128, MINB, flash_attn_wg, D, WG, BN)
 // Two warpgroups (128-query tiles), 128-key tiles: the fastest of those measured (docs/gpu-runs.md

@@ -65,7 +65,7 @@ pub struct CudaDevice {
     /// cuBLASLt, for the fp8 GEMMs, made on first use, and the algorithm chosen per shape.
     blaslt: Option<cudarc::cublaslt::sys::cublasLtHandle_t>,
     lt_algos: HashMap<(usize, usize, usize, u32), cudarc::cublaslt::sys::cublasLtMatmulAlgo_t>,
-    /// `VRAMSCOPE_GEMM=tuned`: 16-bit GEMMs take the fastest algorithm timed per shape.
+    /// 16-bit GEMMs take the fastest algorithm timed per shape (off with `VRAMSCOPE_GEMM=default`).
     tune_gemms: bool,
     gemm_picks: HashMap<(usize, usize, usize, u32, u32, u64), gemm_tune::Pick>,
     name: String,
