@@ -1020,6 +1020,33 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned a, unsigned lb
          ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32) | 1ull << 62;
 }
 
+// The two GEMMs of a warpgroup's step and the probabilities' packing, shared by the Hopper
+// kernels that keep K and V in the 128-byte swizzled layout (shared addresses ks, vs of the
+// tile's K and V). S = Q·K and O += P·V are issued, not waited.
+template <bool BF, int D, int BN> __device__ __forceinline__ void fa_qk_sw(float (&s)[BN / 8][4], unsigned (&qf)[D / 16][4], unsigned ks) {
+#pragma unroll
+  for (int n = 0; n < BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+  wg_keep<BN / 2>(&s[0][0]);
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++)
+    wgmma_m64n128k16<BF, false>(&s[0][0], qf[kk], sw128_desc(ks + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024));
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <bool BF, int D, int BN> __device__ __forceinline__ void fa_pv_sw(float (&of)[D / 8][4], unsigned (&pf)[BN / 16][4], unsigned vs) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; kk++)
+    wgmma_m64n128k16<BF, true>(&of[0][0], pf[kk], sw128_desc(vs + kk * 2048, BN * 128, 1024));
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <bool BF, int NB> __device__ __forceinline__ void fa_pack(unsigned (&pf)[NB / 2][4], float (&s)[NB][4]) {
+#pragma unroll
+  for (int n = 0; n < NB; n++) {
+    pf[n >> 1][(n & 1) * 2] = pack2<BF>(s[n][0], s[n][1]);
+    pf[n >> 1][(n & 1) * 2 + 1] = pack2<BF>(s[n][2], s[n][3]);
+  }
+}
+
 // flash_attn_wg with the two GEMMs of a warpgroup overlapped (FlashAttention-3's intra-warpgroup
 // pipelining): each step issues S = Q·K_j and O += P_(j-1)·V_(j-1) together, runs the softmax
 // of S_j while the second is on the tensor cores, and only then rescales O. V_(j-1) and K_j are
@@ -1071,31 +1098,9 @@ template <bool BF, int D, int BN> __device__ void flash_attn_wgs(const u16* q, c
   fa_start<D>(qf, of, m0, m1, l0, l1, q, qw, h, r0, r1, t, len);
   float s[BN / 8][4];
   unsigned pf[BN / 16][4];
-  auto qk = [&](int stage) {  // S = Q·K of the tile in `stage`, issued (not waited)
-    const unsigned ks = sm0 + stage * 4 * TILE;
-#pragma unroll
-    for (int n = 0; n < BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-    wg_keep<BN / 2>(&s[0][0]);
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
-      wgmma_m64n128k16<BF, false>(&s[0][0], qf[kk], sw128_desc(ks + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024));
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-  };
-  auto pv = [&](int stage) {  // O += P·V of the tile in `stage`, issued (not waited)
-    const unsigned vs = sm0 + stage * 4 * TILE + TILE * 2;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++)
-      wgmma_m64n128k16<BF, true>(&of[0][0], pf[kk], sw128_desc(vs + kk * 2048, BN * 128, 1024));
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-  };
-  auto pack = [&]() {
-#pragma unroll
-    for (int n = 0; n < BN / 8; n++) {
-      pf[n >> 1][(n & 1) * 2] = pack2<BF>(s[n][0], s[n][1]);
-      pf[n >> 1][(n & 1) * 2 + 1] = pack2<BF>(s[n][2], s[n][3]);
-    }
-  };
+  auto qk = [&](int stage) { fa_qk_sw<BF, D, BN>(s, qf, sm0 + stage * 4 * TILE); };
+  auto pv = [&](int stage) { fa_pv_sw<BF, D, BN>(of, pf, sm0 + stage * 4 * TILE + TILE * 2); };
+  auto pack = [&]() { fa_pack<BF, BN / 8>(pf, s); };
 
   asm volatile("cp.async.wait_group 1;");
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes → wgmma reads
@@ -1227,31 +1232,9 @@ template <bool BF, int D, int PREG, int CREG> __device__ void flash_attn_ws(cons
   fa_start<D>(qf, of, m0, m1, l0, l1, q, qw, h, r0, r1, t, len);
   float s[BN / 8][4];
   unsigned pf[BN / 16][4];
-  auto qk = [&](int j) {  // S = Q·K_j, issued (not waited)
-    const unsigned ks = kbase + (j % KS) * TILE * 2;
-#pragma unroll
-    for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-    wg_keep<BN / 2>(&s[0][0]);
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
-      wgmma_m64n128k16<BF, false>(&s[0][0], qf[kk], sw128_desc(ks + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024));
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-  };
-  auto pv = [&](int j) {  // O += P·V_j, issued (not waited)
-    const unsigned vs = vbase + (j % VS) * TILE * 2;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++)
-      wgmma_m64n128k16<BF, true>(&of[0][0], pf[kk], sw128_desc(vs + kk * 2048, BN * 128, 1024));
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-  };
-  auto pack = [&]() {
-#pragma unroll
-    for (int i = 0; i < BN / 8; i++) {
-      pf[i >> 1][(i & 1) * 2] = pack2<BF>(s[i][0], s[i][1]);
-      pf[i >> 1][(i & 1) * 2 + 1] = pack2<BF>(s[i][2], s[i][3]);
-    }
-  };
+  auto qk = [&](int j) { fa_qk_sw<BF, D, BN>(s, qf, kbase + (j % KS) * TILE * 2); };
+  auto pv = [&](int j) { fa_pv_sw<BF, D, BN>(of, pf, vbase + (j % VS) * TILE * 2); };
+  auto pack = [&]() { fa_pack<BF, BN / 8>(pf, s); };
   // Turns: warpgroup w issues after barrier 1 + w, then hands the turn to the other. The
   // second warpgroup opens the first turn and does not hand over its last (no arrival is left
   // pending at exit).
