@@ -211,7 +211,10 @@ impl CudaDevice {
             beta: 0.0,
             compute: bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
         };
-        if self.tune_gemms {
+        // Graph warm-ups and captures (the side stream) keep cuBLAS's own choice, as PyTorch's
+        // do: a tuned algorithm can launch other kernels and change what a graph holds, and
+        // timing runs must not be captured.
+        if self.tune_gemms && !self.on_side_stream() {
             return self.gemm_tuned(g);
         }
         self.gemm(g)

@@ -2,7 +2,8 @@
 //! heuristic candidates and cuBLAS's default on its own operands and keeps the fastest for the
 //! process (the idea of PyTorch's TunableOp, `PYTORCH_TUNABLEOP_ENABLED=1`). The workspace is
 //! cuBLAS's framework block, so no memory is taken that the dry run does not count. It is the
-//! default; `VRAMSCOPE_GEMM=default` keeps cuBLAS's own choice for every GEMM.
+//! default for eager passes; CUDA graph warm-ups and captures keep cuBLAS's own choice, and
+//! `VRAMSCOPE_GEMM=default` keeps it for every GEMM.
 
 use std::ffi::c_void;
 use std::rc::Rc;
