@@ -108,7 +108,6 @@ struct OutCols(*mut f32);
 // SAFETY: each thread writes its own columns of the output (disjoint), and the slice outlives
 // the parallel loop.
 unsafe impl Sync for OutCols {}
-unsafe impl Send for OutCols {}
 
 /// `matmul_nt` with the weight's rows (the output's columns) split into one contiguous range
 /// per pool thread, so each core packs only its part of the weight. Each output value is
@@ -469,31 +468,37 @@ mod tests {
         assert!(whole == blocks);
     }
 
+    /// Asserts that `split` writes every value of `x · wᵀ` bitwise as one whole GEMM does.
+    fn assert_bitwise_the_whole_gemm(
+        (m, k, n): (usize, usize, usize),
+        split: impl Fn(&[f32], &[f32], &mut [f32]),
+    ) {
+        let (x, w) = gemm_operands(m, k, n);
+        let mut whole = vec![0.0; m * n];
+        matmul_nt(&x, &w, &mut whole, m, k, n);
+        let mut out = vec![f32::NAN; m * n];
+        split(&x, &w, &mut out);
+        assert!(whole == out);
+    }
+
     #[test]
     fn gemm_split_over_threads_by_columns_is_bitwise_the_whole_gemm() {
         // k = 600 takes two k-blocks; 300 columns split unevenly over the threads.
         let (m, k, n) = (200, 600, 300);
-        let (x, w) = gemm_operands(m, k, n);
-        let mut whole = vec![0.0; m * n];
-        matmul_nt(&x, &w, &mut whole, m, k, n);
-        let mut split = vec![f32::NAN; m * n];
-        matmul_nt_col_split(&x, &w, &mut split, m, k, n, 2);
-        assert!(whole == split);
-        let mut split = vec![f32::NAN; m * n];
-        matmul_nt_col_split(&x, &w, &mut split, m, k, n, 3);
-        assert!(whole == split);
+        for threads in [2, 3] {
+            assert_bitwise_the_whole_gemm((m, k, n), |x, w, out| {
+                matmul_nt_col_split(x, w, out, m, k, n, threads)
+            });
+        }
     }
 
     #[test]
     fn gemm_split_over_threads_by_rows_is_bitwise_the_whole_gemm() {
         // k = 600 takes two k-blocks inside the crate; the row chunks must not change them.
         let (m, k, n) = (301, 600, 130);
-        let (x, w) = gemm_operands(m, k, n);
-        let mut whole = vec![0.0; m * n];
-        matmul_nt(&x, &w, &mut whole, m, k, n);
-        let mut split = vec![f32::NAN; m * n];
-        matmul_nt_row_split(&x, &w, &mut split, m, k, n);
-        assert!(whole == split);
+        assert_bitwise_the_whole_gemm((m, k, n), |x, w, out| {
+            matmul_nt_row_split(x, w, out, m, k, n)
+        });
     }
 
     fn wavy(n: usize, salt: usize) -> Vec<f32> {
