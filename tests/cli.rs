@@ -1438,3 +1438,25 @@ fn plan_runs_a_pasted_vllm_line() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("Available KV cache memory"), "{text}");
 }
+
+/// The plan lines README.md and docs/cli.md show, as written: with no profile option before
+/// it, the `--` is the argument parser's, and the words after it are still the pasted line.
+#[test]
+fn the_documented_plan_lines_run_as_written() {
+    let cache = tempfile::tempdir().unwrap();
+    for line in [
+        "plan -- vllm serve Qwen/Qwen2.5-32B-Instruct -tp 2 --max-model-len 10000 --gpu-memory-utilization 0.9",
+        "plan --vllm 0.19 --device sim:h100-sxm:dry -- vllm serve meta-llama/Llama-3.1-8B-Instruct",
+    ] {
+        let words: Vec<&str> = line.split(' ').collect();
+        let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args(&words)
+            .env("HF_HUB_CACHE", cache.path())
+            .output()
+            .expect("run vramscope");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{line}: {err}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("KV cache"), "{line}: {text}");
+    }
+}

@@ -314,15 +314,20 @@ pub struct PlanArgs {
 }
 
 impl PlanArgs {
-    /// The `profile` options and the pasted line, split at the first `--`.
+    /// The `profile` options and the pasted line, split at the first `--`. With no profile
+    /// option, `plan -- vllm serve MODEL` reaches here without its `--` (the argument parser
+    /// takes the first one as the end of its options): the words are then the line itself.
     fn split(&self) -> Result<(&[String], &[String])> {
-        let at = self.words.iter().position(|w| w == "--").ok_or_else(|| {
-            crate::Error::Request(
+        match self.words.iter().position(|w| w == "--") {
+            Some(at) => Ok((&self.words[..at], &self.words[at + 1..])),
+            None if self.words.first().is_some_and(|w| !w.starts_with('-')) => {
+                Ok((&[], &self.words[..]))
+            }
+            None => Err(crate::Error::Request(
                 "plan: the vLLM line goes after `--`: vramscope plan [profile options] -- vllm serve MODEL …"
                     .into(),
-            )
-        })?;
-        Ok((&self.words[..at], &self.words[at + 1..]))
+            )),
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::base::error::{Error, Result};
 use crate::device::cpu::{AttnShape, ScoreMods};
+use crate::model::models::registry::{self, Family, QkvBias};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
@@ -63,19 +64,6 @@ pub struct MoeShape {
     /// experts' sum (qwen2_moe.py L126-160 at 0.8.5); 0 for none (Mixtral, Qwen3-MoE).
     #[serde(default)]
     pub shared_expert_intermediate_size: usize,
-}
-
-impl MoeShape {
-    /// The checkpoint's name of layer `prefix`'s sparse block (`block_sparse_moe` for
-    /// Mixtral, `mlp` for Qwen2-MoE and Qwen3-MoE) and of its three expert projections (gate,
-    /// up, down).
-    pub fn names(arch: &str) -> (&'static str, [&'static str; 3]) {
-        if arch == "mixtral" {
-            ("block_sparse_moe", ["w1", "w3", "w2"])
-        } else {
-            ("mlp", ["gate_proj", "up_proj", "down_proj"])
-        }
-    }
 }
 
 /// What a Gemma 2 or Gemma 3 decoder has beyond the Llama fields (Hugging Face
@@ -224,17 +212,22 @@ impl ModelConfig {
         }
     }
 
+    /// The registry's entry for this `model_type`: its vLLM file, decoder and twists.
+    pub fn family(&self) -> Option<&'static Family> {
+        registry::family(&self.arch)
+    }
+
     /// Qwen3's per-head RMSNorm of q and k before the rotary embedding (vLLM
     /// model_executor/models/qwen3.py `Qwen3Attention`: `q_norm`, `k_norm` of `head_dim`).
     pub fn qk_norm(&self) -> bool {
-        matches!(self.arch.as_str(), "qwen3" | "qwen3_moe" | "gemma3_text")
+        self.family().is_some_and(|f| f.qk_norm)
     }
 
     /// Phi-3 (and Phi-4, a phi3 model) stores q/k/v as one `qkv_proj` and gate/up as one
     /// `gate_up_proj` in the checkpoint; vLLM's `Phi3ForCausalLM` is its `LlamaForCausalLM`
     /// with those names packed (model_executor/models/phi3.py, every release here).
     pub fn fused_checkpoint(&self) -> bool {
-        self.arch == "phi3"
+        self.family().is_some_and(|f| f.fused_checkpoint)
     }
 
     /// Gemma 2 or Gemma 3: GemmaRMSNorm (`x · (1 + w)`), four norms per layer, GeGLU, the
@@ -352,8 +345,11 @@ impl ModelConfig {
                 out.push((format!("{p}.pre_feedforward_layernorm.weight"), vec![h]));
                 out.push((format!("{p}.post_feedforward_layernorm.weight"), vec![h]));
             }
-            if let Some(m) = self.moe.as_ref().filter(|_| self.is_moe_layer(l)) {
-                let (block, [gate, up, down]) = MoeShape::names(&self.arch);
+            let names = self.family().and_then(|f| f.moe);
+            if let (Some(m), Some(names)) =
+                (self.moe.as_ref().filter(|_| self.is_moe_layer(l)), names)
+            {
+                let (block, [gate, up, down]) = (names.block, names.experts);
                 let ie = m.expert_intermediate_size;
                 out.push((format!("{p}.{block}.gate.weight"), vec![m.num_experts, h]));
                 for e in 0..m.num_experts {
@@ -482,47 +478,33 @@ impl ModelConfig {
             ));
         };
         let arch = match obj.get("model_type") {
-            None => return Err(
-                "model_type is missing (expected llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe or opt); is this a config.json?"
-                    .into(),
-            ),
+            None => {
+                return Err(format!(
+                    "model_type is missing (expected {}); is this a config.json?",
+                    registry::supported_list()
+                ))
+            }
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(other) => {
                 return Err(format!(
-                    "model_type is {other} (a {}), expected a string: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe or opt",
-                    crate::base::fsguard::json_kind(other)
+                    "model_type is {other} (a {}), expected a string: {}",
+                    crate::base::fsguard::json_kind(other),
+                    registry::supported_list()
                 ))
             }
         };
-        if arch == "gemma3" {
-            // Gemma3ForConditionalGeneration: its checkpoint stores the language model under
-            // `language_model.model.*` beside a vision tower; the text-only model is
-            // `gemma3_text` (Gemma3ForCausalLM, google/gemma-3-1b-it).
-            return Err(
-                "model_type 'gemma3' (Gemma3ForConditionalGeneration, text and vision) is not supported: \
-                 only its language model is modelled, as model_type gemma3_text (a Gemma3ForCausalLM \
-                 checkpoint, or the text_config of the multimodal one)"
-                    .into(),
-            );
+        // Model types vramscope knows and does not run yet: refused by name, with what
+        // running them would need (Gemma 3's multimodal checkpoint: its language model runs
+        // as gemma3_text).
+        if let Some(why) = registry::refusal(&arch) {
+            return Err(why);
         }
-        if !matches!(
-            arch.as_str(),
-            "llama"
-                | "mistral"
-                | "qwen2"
-                | "qwen3"
-                | "phi3"
-                | "gemma2"
-                | "gemma3_text"
-                | "mixtral"
-                | "qwen2_moe"
-                | "qwen3_moe"
-                | "opt"
-        ) {
+        let Some(family) = registry::family(&arch) else {
             return Err(format!(
-                "model_type '{arch}' is not supported (expected llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe or opt)"
+                "model_type '{arch}' is not supported (expected {})",
+                registry::supported_list()
             ));
-        }
+        };
         let get = |k: &str| -> std::result::Result<usize, String> {
             // Far above any published model, low enough that no shape or count derived
             // from them can overflow or size a huge allocation.
@@ -637,7 +619,10 @@ impl ModelConfig {
             )?,
             tie_word_embeddings: boolean(v, "tie_word_embeddings", gemma.is_some())?,
             // Qwen2-MoE's q/k/v always carry a bias in vLLM (qwen2_moe.py L207 at 0.8.5).
-            attention_bias: arch == "qwen2_moe" || boolean(v, "attention_bias", arch == "qwen2")?,
+            attention_bias: match family.qkv_bias {
+                QkvBias::Always => true,
+                QkvBias::Config { default } => boolean(v, "attention_bias", default)?,
+            },
             max_position_embeddings: if v["max_position_embeddings"].is_null() {
                 match arch.as_str() {
                     "gemma2" => 8192,
@@ -754,18 +739,7 @@ impl ModelConfig {
                 "torch_dtype": torch_dtype,
             });
         }
-        let arch_class = match self.arch.as_str() {
-            "mistral" => "MistralForCausalLM",
-            "qwen2" => "Qwen2ForCausalLM",
-            "qwen3" => "Qwen3ForCausalLM",
-            "phi3" => "Phi3ForCausalLM",
-            "gemma2" => "Gemma2ForCausalLM",
-            "gemma3_text" => "Gemma3ForCausalLM",
-            "mixtral" => "MixtralForCausalLM",
-            "qwen2_moe" => "Qwen2MoeForCausalLM",
-            "qwen3_moe" => "Qwen3MoeForCausalLM",
-            _ => "LlamaForCausalLM",
-        };
+        let arch_class = self.family().map_or("LlamaForCausalLM", |f| f.architecture);
         let mut v = serde_json::json!({
             "architectures": [arch_class],
             "model_type": self.arch,

@@ -1,15 +1,18 @@
-//! Model shapes, weight files and the forward passes:
-//! readers for Hugging Face folders, safetensors, GGUF and bitsandbytes checkpoints; the Llama and
-//! OPT forwards as vLLM's model files run them, and vLLM's logits processor and sampler.
+//! Model shapes, weight files and the forward passes: readers for Hugging Face folders,
+//! safetensors, GGUF and bitsandbytes checkpoints; the model families laid out as vLLM lays
+//! them out, one file each in `models/` (with the registry from `model_type` to family) over
+//! the layer kinds they share in `layers/`; vLLM's logits processor and sampler.
+//!
+//! `llama`, `opt` and `CausalLm` are re-exported from `models/` under their old paths.
 //!
 //! May import: `quant`, `engine`, `device`, `memory`, `base`.
 
 pub mod batch;
 pub mod config;
 pub mod gguf;
-pub mod llama;
+pub mod layers;
 pub(crate) mod loader;
-pub mod opt;
+pub mod models;
 pub mod presets;
 pub mod sampler;
 pub mod sharded;
@@ -21,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::base::error::{Error, Result};
 pub use config::ModelConfig;
+pub use models::{llama, opt, CausalLm};
 use weights::{StoredDtype, SyntheticWeights, WeightSource};
 
 /// What `--model` names.
@@ -1450,116 +1454,5 @@ fn check_fp8_blocks(sq: sharded::StoredQuant, cfg: &ModelConfig, config: &Path) 
     match crate::quant::fp8_block::model_problem(block, &cfg.decoder_linears(), false) {
         Some(p) => Err(Error::model(config, p)),
         None => Ok(()),
-    }
-}
-
-/// A loaded causal LM of an architecture vramscope runs, as vLLM's profile run drives it: the
-/// forward over every token, then the logits from `lm_head` (see `sampler`).
-pub enum CausalLm {
-    Llama(Box<llama::LlamaModel>),
-    Opt(Box<opt::OptModel>),
-}
-
-impl CausalLm {
-    /// Runs Llama's MLP as vLLM #10339 does (gate_up dropped before down_proj), where the
-    /// architecture's vLLM model file has it: Llama and Mistral (llama.py), not Qwen2
-    /// (qwen2.py keeps `gate_up` in every release) nor OPT (its fc1 output always dies at
-    /// the activation).
-    pub fn set_mlp_frees_gate_up(&mut self, yes: bool) {
-        if let CausalLm::Llama(m) = self {
-            // Qwen3's MLP is Qwen2's (qwen3.py imports `Qwen2MLP`).
-            m.mlp_frees_gate_up = yes
-                && !matches!(
-                    m.cfg.arch.as_str(),
-                    "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe"
-                );
-        }
-    }
-
-    /// Runs attention as vLLM V1's profile run does (skipped: zeros of the output's shape), or
-    /// for real. OPT's attention always runs (V1's OPT is not modelled).
-    pub fn set_skip_attention(&self, yes: bool) {
-        if let CausalLm::Llama(m) = self {
-            m.skip_attention.set(yes);
-        }
-    }
-
-    /// Loads the architecture `cfg.arch` names, every weight through the framework allocator.
-    pub fn load(
-        rt: &crate::engine::runtime::Runtime,
-        cfg: &ModelConfig,
-        src: &dyn WeightSource,
-        opts: &llama::LoadOptions,
-    ) -> Result<Self> {
-        Ok(if cfg.opt.is_some() {
-            CausalLm::Opt(Box::new(opt::OptModel::load(rt, cfg, src, opts)?))
-        } else {
-            CausalLm::Llama(Box::new(llama::LlamaModel::load(rt, cfg, src, opts)?))
-        })
-    }
-
-    pub fn config(&self) -> &ModelConfig {
-        match self {
-            CausalLm::Llama(m) => &m.cfg,
-            CausalLm::Opt(m) => &m.cfg,
-        }
-    }
-
-    pub fn weight_bytes(&self) -> u64 {
-        match self {
-            CausalLm::Llama(m) => m.weight_bytes(),
-            CausalLm::Opt(m) => m.weight_bytes(),
-        }
-    }
-
-    pub fn load_stats(&self) -> llama::LoadStats {
-        match self {
-            CausalLm::Llama(m) => m.load_stats,
-            CausalLm::Opt(m) => m.load_stats,
-        }
-    }
-
-    /// The model's output hidden states over every token, `[tokens, hidden]`.
-    pub fn forward_hidden(
-        &self,
-        rt: &crate::engine::runtime::Runtime,
-        batch: &llama::Batch,
-    ) -> Result<crate::engine::tensor::Tensor> {
-        match self {
-            CausalLm::Llama(m) => m.forward_hidden(rt, batch),
-            CausalLm::Opt(m) => m.forward_hidden(rt, batch),
-        }
-    }
-
-    /// The output projection over the padded vocabulary, `[Vp, hidden]`.
-    pub fn lm_head(&self) -> &crate::engine::tensor::Tensor {
-        match self {
-            CausalLm::Llama(m) => m.lm_head(),
-            CausalLm::Opt(m) => m.lm_head(),
-        }
-    }
-
-    /// One forward pass without the sampler: the f32 logits `[seqs, vocab]` of the last token
-    /// of each sequence.
-    pub fn forward(
-        &self,
-        rt: &crate::engine::runtime::Runtime,
-        batch: &llama::Batch,
-    ) -> Result<crate::engine::tensor::Tensor> {
-        let hidden = self.forward_hidden(rt, batch)?;
-        let rows = sampler::last_token_rows(&batch.seq_lens);
-        sampler::logits_f32(
-            rt,
-            &hidden,
-            self.lm_head(),
-            &rows,
-            self.config().vocab_size,
-            self.config().final_logit_softcap(),
-        )?
-        .ok_or_else(|| {
-            crate::base::error::Error::Request(
-                "the logits were gathered to tensor-parallel rank 0".into(),
-            )
-        })
     }
 }

@@ -18,7 +18,7 @@ use crate::engine::runtime::{
 };
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
-use crate::model::llama::Batch;
+use crate::model::batch::Batch;
 use crate::model::CausalLm;
 
 use super::formulas::KvGeometry;

@@ -20,7 +20,8 @@ use crate::engine::progress::{Phase, Progress, ProgressSink};
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::Tensor;
 use crate::memory::{Category, Event, EventKind};
-use crate::model::llama::{Batch, LoadOptions};
+use crate::model::batch::Batch;
+use crate::model::loader::LoadOptions;
 use crate::model::sampler::{self, Sampler};
 use crate::model::{self, presets, CausalLm, ModelSource};
 use crate::quant::Quant;
@@ -913,7 +914,7 @@ pub(crate) fn run_rank(
     let cps = Checkpoints { t0, t1, t2, t3 };
     // Each rank caches its own KV heads (vLLM's `get_num_kv_heads(parallel_config)`).
     let kv_heads = match rt.tp() {
-        Some(t) => crate::model::llama::TpShard {
+        Some(t) => crate::model::layers::tp::TpShard {
             rank: t.rank,
             size: t.size,
         }

@@ -41,7 +41,7 @@ fn preflight(req: &ProfileRequest) -> Result<()> {
     }
     if !matches!(req.model, ModelSource::Synthetic { .. }) {
         let opened = model::open(&req.model, req.seed)?;
-        crate::model::llama::TpShard { rank: 0, size: n }.check(&opened.config)?;
+        crate::model::layers::tp::TpShard { rank: 0, size: n }.check(&opened.config)?;
     }
     Ok(())
 }

@@ -11,10 +11,6 @@
 
 use std::cell::Cell;
 
-use super::config::{ModelConfig, OptShape, OPT_POSITION_OFFSET};
-use super::llama::Batch;
-use super::loader::{LoadOptions, LoadStats, Loader};
-use super::weights::WeightSource;
 use crate::base::error::{Error, Result};
 use crate::engine::ops;
 use crate::engine::ops_opt;
@@ -22,51 +18,13 @@ use crate::engine::progress::Progress;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
+use crate::model::batch::Batch;
+use crate::model::config::{ModelConfig, OptShape, OPT_POSITION_OFFSET};
+use crate::model::layers::linear::BiasedLinear;
+use crate::model::layers::norm::LayerNorm;
+use crate::model::loader::{LoadOptions, LoadStats, Loader};
+use crate::model::weights::WeightSource;
 use crate::quant::{FusedLinear, Linear, Quant};
-
-/// A linear layer and its optional bias (`enable_bias`).
-pub struct BiasedLinear {
-    pub w: Linear,
-    pub b: Option<Tensor>,
-    /// Whether this rank adds the bias: a row-parallel layer holds the whole bias on every
-    /// rank but only rank 0 adds it, before the all-reduce (linear.py L1077-1081).
-    pub adds_bias: bool,
-}
-
-impl BiasedLinear {
-    fn weight_bytes(&self) -> u64 {
-        self.w.weight_bytes() + self.b.as_ref().map_or(0, |t| t.nbytes())
-    }
-
-    /// vLLM's linear layers add the bias in the GEMM (unquantized `F.linear(x, w, b)`) or in
-    /// place after it (`out += bias`, bitsandbytes.py L266-270 and L312-314): one output.
-    fn forward(
-        &self,
-        rt: &Runtime,
-        x: &Tensor,
-        name: &str,
-        gen: u32,
-        act: DType,
-    ) -> Result<Tensor> {
-        let mut y = self.w.forward(rt, x, name, gen, act)?;
-        if let (Some(b), true) = (&self.b, self.adds_bias) {
-            ops::add_bias(rt, &mut y, b)?;
-        }
-        Ok(y)
-    }
-}
-
-/// `nn.LayerNorm`'s weight and bias.
-pub struct LayerNorm {
-    pub w: Tensor,
-    pub b: Tensor,
-}
-
-impl LayerNorm {
-    fn bytes(&self) -> u64 {
-        self.w.nbytes() + self.b.nbytes()
-    }
-}
 
 /// `OPTDecoderLayer` (opt.py L113-185).
 pub struct OptLayer {
@@ -127,7 +85,7 @@ impl OptModel {
         // vLLM's OPT is tensor parallel like its Llama (opt.py: QKVParallelLinear, a
         // RowParallelLinear out_proj and fc2, a ColumnParallelLinear fc1, the vocab-parallel
         // embedding tied to the lm_head); positions, project_in/out and the norms are whole.
-        let shard = super::llama::TpShard::of(rt, cfg)?;
+        let shard = crate::model::layers::tp::TpShard::of(rt, cfg)?;
         let local = shard.local_config(cfg);
         let mut ld = Loader::new(rt, src, opts, cfg.tensor_shapes().len());
         let act = ld.act;
@@ -179,7 +137,7 @@ impl OptModel {
             Ok::<_, Error>(BiasedLinear {
                 w: ld.linear_slice(
                     &format!("{name}.weight"),
-                    super::loader::Slice::rows(n, k, first, len),
+                    crate::model::loader::Slice::rows(n, k, first, len),
                 )?,
                 b: if bias {
                     Some(ld.dense_concat_parts(
@@ -199,7 +157,7 @@ impl OptModel {
             Ok::<_, Error>(BiasedLinear {
                 w: ld.linear_slice(
                     &format!("{name}.weight"),
-                    super::loader::Slice::cols(n, k, first, len),
+                    crate::model::loader::Slice::cols(n, k, first, len),
                 )?,
                 b: if bias {
                     Some(ld.dense(&format!("{name}.bias"), &[n])?)
@@ -236,7 +194,7 @@ impl OptModel {
             };
             let out = row(&mut ld, &format!("{a}.out_proj"), h, h, q_first, q_len)?;
             // OPTAttention.__init__ makes `self.attn` after out_proj (opt.py L92-104 at 0.8.5).
-            attn_scalars.extend(super::loader::attention_scalars(
+            attn_scalars.extend(crate::model::loader::attention_scalars(
                 rt,
                 &format!("{a}.attn"),
                 opts.attn_scalars,

@@ -1,0 +1,13 @@
+//! The layer kinds the family files compose, as vLLM's `model_executor/layers/` holds them:
+//! linear layers and their tensor-parallel cuts, attention, the gated MLP, the sparse
+//! mixture-of-experts block, norms and rotary embeddings. Each allocates through
+//! `engine::ops` in the order vLLM's layer does, so a dry run's trace equals the GPU's.
+
+pub mod attention;
+pub mod decoder;
+pub mod linear;
+pub mod mlp;
+pub mod moe;
+pub mod norm;
+pub mod rotary;
+pub mod tp;

@@ -1,0 +1,219 @@
+//! vLLM's sparse mixture-of-experts block (`model_executor/layers/fused_moe/`): the router, the
+//! top-k routing, the fused experts over `FusedMoE`'s two stacked parameters, and Qwen2-MoE's
+//! shared expert beside them.
+
+use super::mlp::{mlp_forward, GatedAct, MlpRun};
+use super::tp::TpShard;
+use crate::base::error::Result;
+use crate::engine::ops_moe;
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Tensor};
+use crate::memory::Category;
+use crate::model::config::{ModelConfig, MoeShape};
+use crate::model::loader::{Loader, Slice};
+use crate::model::models::registry::MoeNames;
+use crate::quant::{FusedLinear, Linear};
+
+/// vLLM's `MixtralMoE` / `Qwen3MoeSparseMoeBlock`: the router (`ReplicatedLinear [E, H]`,
+/// whole on every rank) and `FusedMoE`'s two stacked parameters, `w13_weight [E, 2·I, H]`
+/// and `w2_weight [E, H, I]` (I: this rank's share of each expert's width).
+pub struct MoeBlock {
+    pub gate: Tensor,
+    pub w13: Tensor,
+    pub w2: Tensor,
+    /// Qwen2-MoE's shared expert and its gate.
+    pub shared: Option<SharedExpert>,
+}
+
+/// Qwen2-MoE's `shared_expert` (a `Qwen2MoeMLP` with `reduce_results=False`: this rank's
+/// share of the width in `gate_up` and `down`) and `shared_expert_gate` (a plain
+/// `torch.nn.Linear(H, 1)`, whole on every rank, in the model dtype).
+pub struct SharedExpert {
+    pub gate_up: FusedLinear,
+    pub down: Linear,
+    pub gate: Tensor,
+    /// This rank's share of the shared expert's width.
+    pub width: usize,
+}
+
+/// A sparse block on `x` as vLLM 0.8.5 runs it (`MixtralMoE.forward`, mixtral.py L99-106;
+/// `Qwen3MoeSparseMoeBlock.forward`, qwen3_moe.py L128-143): the router's logits, the top-k
+/// routing, the experts written into `x` in place (`inplace=True`), the routing's tensors
+/// dying as `forward_cuda` returns, the all-reduce over ranks (inside `FusedMoE` for Mixtral,
+/// in the block for Qwen3: the same point), then the logits as the block returns. The output
+/// is `x` itself (a new tensor when the all-reduce is out of place). `m` is this rank's
+/// shape (its share of each expert's width), `layer` names the tensors (`layers.3`), `gpu`
+/// picks the Triton config.
+pub fn moe_block_forward(
+    rt: &Runtime,
+    mut x: Tensor,
+    block: &MoeBlock,
+    m: &MoeShape,
+    act: DType,
+    layer: &str,
+    gpu: &str,
+) -> Result<Tensor> {
+    let shared = match &block.shared {
+        Some(se) => Some(shared_expert_forward(rt, &x, se, act, layer)?),
+        None => None,
+    };
+    let logits = crate::quant::dense_matmul_as(
+        rt,
+        &x,
+        &block.gate,
+        &format!("{layer}.gate"),
+        act,
+        &format!("{layer}.moe.router_logits"),
+        Category::Activation,
+    )?;
+    let name = format!("{layer}.moe");
+    let routing = ops_moe::fused_topk(rt, &logits, m.top_k, m.renormalize, &name)?;
+    let experts = ops_moe::Experts {
+        w13: &block.w13,
+        w2: &block.w2,
+        num_experts: m.num_experts,
+        width: m.expert_intermediate_size,
+    };
+    ops_moe::fused_experts(rt, &mut x, &experts, &routing, gpu, &name)?;
+    drop(routing);
+    let Some(shared) = shared else {
+        let out = crate::engine::ops_tp::all_reduce(rt, x, &format!("{layer}.moe.all_reduce"))?;
+        drop(logits);
+        return Ok(out);
+    };
+    // Qwen2-MoE: `final_hidden_states + shared_output`, a new tensor, then the all-reduce;
+    // as the block returns, the shared output, then the router's logits die; the input (the
+    // experts' output, in place) dies as the layer rebinds its hidden states.
+    let sum = crate::engine::ops_opt::add(rt, &x, &shared, &format!("{layer}.moe.plus_shared"))?;
+    let out = crate::engine::ops_tp::all_reduce(rt, sum, &format!("{layer}.moe.all_reduce"))?;
+    drop(shared);
+    drop(logits);
+    drop(x);
+    Ok(out)
+}
+
+/// Qwen2-MoE's shared expert on the block's input, scaled by its gate, as vLLM 0.8.5 runs it
+/// (qwen2_moe.py L90-94, L146-150): `gate_up_proj`, `SiluAndMul` into a new tensor, `down_proj`
+/// (no all-reduce: `reduce_results=False`), the activation dying as `x` is rebound and
+/// `gate_up` as the MLP returns; then `shared_expert_gate(x)` (`[M, 1]`), its sigmoid, the
+/// gate's logit dying, the product with the shared output (a new `[M, H]`), the sigmoid and the
+/// unscaled output dying. 16-bit weights only (MoE models are), so no quantized generation.
+fn shared_expert_forward(
+    rt: &Runtime,
+    x: &Tensor,
+    se: &SharedExpert,
+    act: DType,
+    layer: &str,
+) -> Result<Tensor> {
+    let how = MlpRun {
+        width: se.width,
+        act,
+        activation: GatedAct::Silu,
+        frees_gate_up: false,
+        all_reduce: false,
+        generation: 0,
+    };
+    let out = mlp_forward(
+        rt,
+        x,
+        (&se.gate_up, &se.down),
+        &how,
+        &format!("{layer}.shared_expert"),
+    )?;
+    let g = crate::quant::dense_matmul_as(
+        rt,
+        x,
+        &se.gate,
+        &format!("{layer}.shared_expert_gate"),
+        act,
+        &format!("{layer}.shared_expert_gate.out"),
+        Category::Activation,
+    )?;
+    ops_moe::sigmoid_scale(rt, g, out, &format!("{layer}.shared_expert"))
+}
+
+/// A sparse block's parameters in the order vLLM 0.8.5 creates them: Mixtral's router, then
+/// its experts (mixtral.py L80-97); Qwen3-MoE's experts, then its router (qwen3_moe.py
+/// L113-126). `w13_weight` holds each expert's gate rows then its up rows, `w2_weight` each
+/// expert's down columns, this rank's share of the width in both (`FusedMoE._load_w13`,
+/// `_load_w2`, layer.py L579-613); the checkpoint names map through
+/// `make_expert_params_mapping` (layer.py L890-906).
+pub(crate) fn load_moe_block(
+    ld: &mut Loader,
+    cfg: &ModelConfig,
+    (m, names): (&MoeShape, MoeNames),
+    shard: &TpShard,
+    p: &str,
+) -> Result<MoeBlock> {
+    let h = cfg.hidden_size;
+    let MoeNames {
+        block,
+        experts: [gate_n, up_n, down_n],
+        router_first,
+    } = names;
+    let width = m.expert_intermediate_size;
+    let (first, len) = shard.expert_rows(width);
+    let e = m.num_experts;
+    let router = |ld: &mut Loader| ld.dense(&format!("{p}.{block}.gate.weight"), &[e, h]);
+    let gate = if router_first {
+        Some(router(ld)?)
+    } else {
+        None
+    };
+    let x = |ex: usize, n: &str| format!("{p}.{block}.experts.{ex}.{n}.weight");
+    let w13_parts: Vec<(String, Slice)> = (0..e)
+        .flat_map(|ex| [gate_n, up_n].map(|n| (x(ex, n), Slice::rows(width, h, first, len))))
+        .collect();
+    let w13 = ld.stacked(
+        &w13_parts,
+        &[e, 2 * len, h],
+        &format!("{p}.{block}.experts.w13_weight"),
+    )?;
+    let w2_parts: Vec<(String, Slice)> = (0..e)
+        .map(|ex| (x(ex, down_n), Slice::cols(h, width, first, len)))
+        .collect();
+    let w2 = ld.stacked(
+        &w2_parts,
+        &[e, h, len],
+        &format!("{p}.{block}.experts.w2_weight"),
+    )?;
+    let gate = match gate {
+        Some(g) => g,
+        None => router(ld)?,
+    };
+    // Qwen2-MoE's shared expert, then its gate (qwen2_moe.py L126-138).
+    let shared = match m.shared_expert_intermediate_size {
+        0 => None,
+        width => {
+            let (first, len) = shard.expert_rows(width);
+            let x = format!("{p}.{block}.shared_expert");
+            let gate_up = ld.fused_parts(
+                &[
+                    format!("{x}.gate_proj.weight"),
+                    format!("{x}.up_proj.weight"),
+                ],
+                &[width, width],
+                &[(first, len), (first, len)],
+                h,
+                &format!("{x}.gate_up_proj.weight"),
+            )?;
+            let down = ld.linear_slice(
+                &format!("{x}.down_proj.weight"),
+                Slice::cols(h, width, first, len),
+            )?;
+            let gate = ld.dense(&format!("{p}.{block}.shared_expert_gate.weight"), &[1, h])?;
+            Some(SharedExpert {
+                gate_up,
+                down,
+                gate,
+                width: len,
+            })
+        }
+    };
+    Ok(MoeBlock {
+        gate,
+        w13,
+        w2,
+        shared,
+    })
+}

@@ -1,0 +1,136 @@
+//! The model families, one file each, as vLLM's `model_executor/models/` holds them, and the
+//! registry from `model_type` to family (`registry.rs`). A family file composes the layer
+//! kinds of `model::layers` and names, in its head comment, the vLLM file and releases it
+//! follows:
+//!
+//! - `llama.rs`: Llama and the families vLLM builds the same way (Mistral, Qwen2, Qwen3,
+//!   Phi-3, Mixtral, Qwen2-MoE, Qwen3-MoE), their twists rows of the registry;
+//! - `gemma2.rs`: Gemma 2 and Gemma 3 (text);
+//! - `opt.rs`: OPT.
+
+pub mod gemma2;
+pub mod llama;
+pub mod opt;
+pub mod registry;
+
+use crate::base::error::Result;
+use crate::model::config::ModelConfig;
+use crate::model::sampler;
+use crate::model::weights::WeightSource;
+use registry::Decoder;
+
+/// A loaded causal LM of an architecture vramscope runs, as vLLM's profile run drives it: the
+/// forward over every token, then the logits from `lm_head` (see `sampler`).
+pub enum CausalLm {
+    Llama(Box<llama::LlamaModel>),
+    Opt(Box<opt::OptModel>),
+}
+
+impl CausalLm {
+    /// Runs Llama's MLP as vLLM #10339 does (gate_up dropped before down_proj), where the
+    /// architecture's vLLM model file has it: Llama and Mistral (llama.py), not Qwen2
+    /// (qwen2.py keeps `gate_up` in every release) nor OPT (its fc1 output always dies at
+    /// the activation).
+    pub fn set_mlp_frees_gate_up(&mut self, yes: bool) {
+        if let CausalLm::Llama(m) = self {
+            // The registry says whose MLP is Llama's (Qwen3's is Qwen2's: qwen3.py imports
+            // `Qwen2MLP`).
+            m.mlp_frees_gate_up = yes && m.family.mlp_frees_gate_up;
+        }
+    }
+
+    /// Runs attention as vLLM V1's profile run does (skipped: zeros of the output's shape), or
+    /// for real. OPT's attention always runs (V1's OPT is not modelled).
+    pub fn set_skip_attention(&self, yes: bool) {
+        if let CausalLm::Llama(m) = self {
+            m.skip_attention.set(yes);
+        }
+    }
+
+    /// Loads the architecture `cfg.arch` names, every weight through the framework allocator.
+    pub fn load(
+        rt: &crate::engine::runtime::Runtime,
+        cfg: &ModelConfig,
+        src: &dyn WeightSource,
+        opts: &llama::LoadOptions,
+    ) -> Result<Self> {
+        let family = cfg.family().ok_or_else(|| {
+            crate::base::error::Error::Request(format!(
+                "model_type '{}' has no model file here (expected {})",
+                cfg.arch,
+                registry::supported_list()
+            ))
+        })?;
+        Ok(match family.decoder {
+            Decoder::Opt => CausalLm::Opt(Box::new(opt::OptModel::load(rt, cfg, src, opts)?)),
+            Decoder::Llama | Decoder::Gemma => {
+                CausalLm::Llama(Box::new(llama::LlamaModel::load(rt, cfg, src, opts)?))
+            }
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            CausalLm::Llama(m) => &m.cfg,
+            CausalLm::Opt(m) => &m.cfg,
+        }
+    }
+
+    pub fn weight_bytes(&self) -> u64 {
+        match self {
+            CausalLm::Llama(m) => m.weight_bytes(),
+            CausalLm::Opt(m) => m.weight_bytes(),
+        }
+    }
+
+    pub fn load_stats(&self) -> llama::LoadStats {
+        match self {
+            CausalLm::Llama(m) => m.load_stats,
+            CausalLm::Opt(m) => m.load_stats,
+        }
+    }
+
+    /// The model's output hidden states over every token, `[tokens, hidden]`.
+    pub fn forward_hidden(
+        &self,
+        rt: &crate::engine::runtime::Runtime,
+        batch: &llama::Batch,
+    ) -> Result<crate::engine::tensor::Tensor> {
+        match self {
+            CausalLm::Llama(m) => m.forward_hidden(rt, batch),
+            CausalLm::Opt(m) => m.forward_hidden(rt, batch),
+        }
+    }
+
+    /// The output projection over the padded vocabulary, `[Vp, hidden]`.
+    pub fn lm_head(&self) -> &crate::engine::tensor::Tensor {
+        match self {
+            CausalLm::Llama(m) => m.lm_head(),
+            CausalLm::Opt(m) => m.lm_head(),
+        }
+    }
+
+    /// One forward pass without the sampler: the f32 logits `[seqs, vocab]` of the last token
+    /// of each sequence.
+    pub fn forward(
+        &self,
+        rt: &crate::engine::runtime::Runtime,
+        batch: &llama::Batch,
+    ) -> Result<crate::engine::tensor::Tensor> {
+        let hidden = self.forward_hidden(rt, batch)?;
+        let rows = sampler::last_token_rows(&batch.seq_lens);
+        sampler::logits_f32(
+            rt,
+            &hidden,
+            self.lm_head(),
+            &rows,
+            self.config().vocab_size,
+            self.config().final_logit_softcap(),
+        )?
+        .ok_or_else(|| {
+            crate::base::error::Error::Request(
+                "the logits were gathered to tensor-parallel rank 0".into(),
+            )
+        })
+    }
+}

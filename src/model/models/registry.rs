@@ -1,0 +1,298 @@
+//! The registry, as vLLM's `model_executor/models/registry.py` maps `architectures` to a model
+//! file: each `model_type` vramscope runs, the `architectures` name its checkpoints carry, the
+//! vLLM file it follows, the vramscope file that composes it, and the twists that file reads
+//! (which layer kinds, which checkpoint names). Model types vramscope knows but does not run
+//! are listed too, each with what running it would need.
+//!
+//! Data only: it imports nothing, so `config` and the family files can both read it.
+
+/// How a family's decoder is composed, one per vramscope family file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decoder {
+    /// `models/llama.rs`: pre-norm RMSNorm layers, fused add-norm in place, SiLU-gated MLP or
+    /// a sparse MoE block (vLLM's `LlamaDecoderLayer` and the files built like it).
+    Llama,
+    /// `models/gemma2.rs`: Gemma's `x · (1 + w)` norms as new tensors, four per layer, GeGLU,
+    /// the embedding scaled by √hidden (vLLM's `Gemma2DecoderLayer`, `Gemma3DecoderLayer`).
+    Gemma,
+    /// `models/opt.rs`: LayerNorm with bias, learned positions, ReLU MLP (vLLM's
+    /// `OPTDecoderLayer`).
+    Opt,
+}
+
+/// Where a sparse block's tensors sit in the checkpoint and in which order vLLM makes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeNames {
+    /// The block's module name (`block_sparse_moe` for Mixtral, `mlp` for the Qwen MoEs).
+    pub block: &'static str,
+    /// Each expert's gate, up and down projections.
+    pub experts: [&'static str; 3],
+    /// The router is made before the experts (Mixtral, mixtral.py L80-97 at 0.8.5) or after
+    /// them (Qwen3-MoE, qwen3_moe.py L113-126).
+    pub router_first: bool,
+}
+
+/// Whether q, k and v carry a bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkvBias {
+    /// As config.json's `attention_bias` says, with this default when it is absent.
+    Config { default: bool },
+    /// Always, whatever the config says (vLLM's Qwen2-MoE: qwen2_moe.py L207 at 0.8.5).
+    Always,
+}
+
+/// One model type vramscope runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Family {
+    /// config.json's `model_type`.
+    pub model_type: &'static str,
+    /// The class its checkpoints name in `architectures` (what `to_hf_json` writes).
+    pub architecture: &'static str,
+    /// vLLM's model file, under `vllm/model_executor/models/`.
+    pub vllm_file: &'static str,
+    pub decoder: Decoder,
+    /// Per-head RMSNorm of q and k (`q_norm`, `k_norm`).
+    pub qk_norm: bool,
+    /// q/k/v stored as one `qkv_proj`, gate/up as one `gate_up_proj` (Phi-3's checkpoints).
+    pub fused_checkpoint: bool,
+    /// Whether this family's MLP is Llama's, which drops `gate_up` before `down_proj` from
+    /// vLLM #10339 on (0.6.4); Qwen2's (and the files that import it) keeps it in every
+    /// release, Gemma's too.
+    pub mlp_frees_gate_up: bool,
+    pub qkv_bias: QkvBias,
+    /// The mixture-of-experts families' checkpoint layout.
+    pub moe: Option<MoeNames>,
+}
+
+const LLAMA: Family = Family {
+    model_type: "llama",
+    architecture: "LlamaForCausalLM",
+    vllm_file: "llama.py",
+    decoder: Decoder::Llama,
+    qk_norm: false,
+    fused_checkpoint: false,
+    mlp_frees_gate_up: true,
+    qkv_bias: QkvBias::Config { default: false },
+    moe: None,
+};
+
+const QWEN_MOE: MoeNames = MoeNames {
+    block: "mlp",
+    experts: ["gate_proj", "up_proj", "down_proj"],
+    router_first: false,
+};
+
+/// Every model type vramscope runs, in the order error messages list them.
+pub const FAMILIES: &[Family] = &[
+    LLAMA,
+    // vLLM maps MistralForCausalLM to llama.py.
+    Family {
+        model_type: "mistral",
+        architecture: "MistralForCausalLM",
+        ..LLAMA
+    },
+    Family {
+        model_type: "qwen2",
+        architecture: "Qwen2ForCausalLM",
+        vllm_file: "qwen2.py",
+        mlp_frees_gate_up: false,
+        qkv_bias: QkvBias::Config { default: true },
+        ..LLAMA
+    },
+    // qwen3.py: Qwen3Attention adds q_norm and k_norm; its MLP is Qwen2MLP.
+    Family {
+        model_type: "qwen3",
+        architecture: "Qwen3ForCausalLM",
+        vllm_file: "qwen3.py",
+        qk_norm: true,
+        mlp_frees_gate_up: false,
+        ..LLAMA
+    },
+    // phi3.py: `Phi3ForCausalLM` is `LlamaForCausalLM` with its checkpoint names packed.
+    Family {
+        model_type: "phi3",
+        architecture: "Phi3ForCausalLM",
+        vllm_file: "phi3.py",
+        fused_checkpoint: true,
+        ..LLAMA
+    },
+    Family {
+        model_type: "gemma2",
+        architecture: "Gemma2ForCausalLM",
+        vllm_file: "gemma2.py",
+        decoder: Decoder::Gemma,
+        mlp_frees_gate_up: false,
+        ..LLAMA
+    },
+    Family {
+        model_type: "gemma3_text",
+        architecture: "Gemma3ForCausalLM",
+        vllm_file: "gemma3.py",
+        decoder: Decoder::Gemma,
+        qk_norm: true,
+        mlp_frees_gate_up: false,
+        ..LLAMA
+    },
+    Family {
+        model_type: "mixtral",
+        architecture: "MixtralForCausalLM",
+        vllm_file: "mixtral.py",
+        moe: Some(MoeNames {
+            block: "block_sparse_moe",
+            experts: ["w1", "w3", "w2"],
+            router_first: true,
+        }),
+        ..LLAMA
+    },
+    Family {
+        model_type: "qwen2_moe",
+        architecture: "Qwen2MoeForCausalLM",
+        vllm_file: "qwen2_moe.py",
+        mlp_frees_gate_up: false,
+        qkv_bias: QkvBias::Always,
+        moe: Some(QWEN_MOE),
+        ..LLAMA
+    },
+    Family {
+        model_type: "qwen3_moe",
+        architecture: "Qwen3MoeForCausalLM",
+        vllm_file: "qwen3_moe.py",
+        qk_norm: true,
+        mlp_frees_gate_up: false,
+        moe: Some(QWEN_MOE),
+        ..LLAMA
+    },
+    Family {
+        model_type: "opt",
+        architecture: "OPTForCausalLM",
+        vllm_file: "opt.py",
+        decoder: Decoder::Opt,
+        mlp_frees_gate_up: false,
+        ..LLAMA
+    },
+];
+
+/// A model type vramscope knows and does not run yet.
+pub struct Refused {
+    pub model_type: &'static str,
+    /// The classes its checkpoints name.
+    pub architectures: &'static str,
+    /// What running it would take.
+    pub needs: &'static str,
+}
+
+/// Model types vramscope knows and refuses, each with what it would take to run it.
+pub const REFUSED: &[Refused] = &[
+    Refused {
+        model_type: "gemma3",
+        architectures: "Gemma3ForConditionalGeneration, text and vision",
+        needs: "only its language model is modelled, as model_type gemma3_text (a \
+                Gemma3ForCausalLM checkpoint, or the text_config of the multimodal one); the \
+                vision tower's weights and the encoder's profile pass are not",
+    },
+    Refused {
+        model_type: "deepseek_v2",
+        architectures: "DeepseekV2ForCausalLM",
+        needs: "multi-head latent attention (vLLM's deepseek_v2.py and its MLA backends: one \
+                latent of kv_lora_rank + qk_rope_head_dim values cached per token and layer) is \
+                not modelled yet",
+    },
+    Refused {
+        model_type: "deepseek_v3",
+        architectures: "DeepseekV3ForCausalLM: DeepSeek-V3, R1, Kimi-K2",
+        needs: "multi-head latent attention (vLLM's deepseek_v2.py runs it) is not modelled yet",
+    },
+    Refused {
+        model_type: "gpt_oss",
+        architectures: "GptOssForCausalLM",
+        needs: "attention sinks, alternating sliding-window layers and MXFP4 experts (vLLM's \
+                gpt_oss.py) are not modelled yet",
+    },
+    Refused {
+        model_type: "llama4",
+        architectures: "Llama4ForConditionalGeneration",
+        needs: "chunked local attention, no-RoPE global layers, MoE in every other layer and the \
+                vision encoder (vLLM's llama4.py, mllama4.py) are not modelled yet",
+    },
+    Refused {
+        model_type: "qwen3_next",
+        architectures: "Qwen3NextForCausalLM",
+        needs: "hybrid Gated DeltaNet layers with a per-sequence state beside the KV cache \
+                (vLLM's qwen3_next.py) are not modelled yet",
+    },
+];
+
+/// The family of `model_type`, if vramscope runs it.
+pub fn family(model_type: &str) -> Option<&'static Family> {
+    FAMILIES.iter().find(|f| f.model_type == model_type)
+}
+
+/// Why `model_type` is refused, when vramscope knows it: "model_type 'X' (its classes) is not
+/// supported: what it needs".
+pub fn refusal(model_type: &str) -> Option<String> {
+    REFUSED
+        .iter()
+        .find(|r| r.model_type == model_type)
+        .map(|r| {
+            format!(
+                "model_type '{}' ({}) is not supported: {}",
+                r.model_type, r.architectures, r.needs
+            )
+        })
+}
+
+/// The model types vramscope runs, as a message lists them ("llama, mistral, … or opt").
+pub fn supported_list() -> String {
+    let names: Vec<&str> = FAMILIES.iter().map(|f| f.model_type).collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => names.join(""),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::models::registry::{refusal, supported_list, Decoder, FAMILIES, REFUSED};
+
+    #[test]
+    fn every_model_type_appears_once_and_none_is_both_run_and_refused() {
+        let mut seen = std::collections::HashSet::new();
+        for f in FAMILIES {
+            assert!(seen.insert(f.model_type), "{} twice", f.model_type);
+            assert!(refusal(f.model_type).is_none(), "{}", f.model_type);
+            assert!(f.vllm_file.ends_with(".py"), "{}", f.model_type);
+        }
+        for r in REFUSED {
+            assert!(seen.insert(r.model_type), "{} twice", r.model_type);
+        }
+    }
+
+    #[test]
+    fn an_mla_model_is_refused_by_name_with_what_it_needs() {
+        let e = refusal("deepseek_v3").unwrap();
+        assert!(
+            e.starts_with("model_type 'deepseek_v3' (DeepseekV3ForCausalLM"),
+            "{e}"
+        );
+        assert!(e.contains("multi-head latent attention"), "{e}");
+        assert!(refusal("llama").is_none());
+    }
+
+    #[test]
+    fn the_list_reads_as_the_messages_always_did() {
+        assert_eq!(
+            supported_list(),
+            "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe or opt"
+        );
+    }
+
+    #[test]
+    fn only_the_llama_files_mlp_drops_gate_up_early() {
+        let early: Vec<&str> = FAMILIES
+            .iter()
+            .filter(|f| f.mlp_frees_gate_up && f.decoder == Decoder::Llama)
+            .map(|f| f.model_type)
+            .collect();
+        assert_eq!(early, ["llama", "mistral", "phi3", "mixtral"]);
+    }
+}
