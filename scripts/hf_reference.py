@@ -2,7 +2,7 @@
 """Reference logits for tests/hf_reference.rs: Hugging Face transformers' own model classes
 (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM,
 Gemma3ForCausalLM for model_type gemma3_text, MixtralForCausalLM, Qwen3MoeForCausalLM,
-Qwen2MoeForCausalLM, picked by the config's architectures)
+Qwen2MoeForCausalLM, GemmaForCausalLM, GraniteForCausalLM, picked by the config's architectures)
 in PyTorch fp32 on the CPU, on the small checkpoints the test writes with gen-model (seeded
 synthetic weights, f16 safetensors, config.json as vramscope writes it).
 
@@ -30,7 +30,7 @@ base = TOKENS // SEQS
 lens = [base + (1 if i < TOKENS % SEQS else 0) for i in range(SEQS)]
 ids = [(i * 7919 + 13) % VOCAB for i in range(TOKENS)]
 PICK = list(range(3, VOCAB, 16))
-for name in sys.argv[2].split(",") if len(sys.argv) > 2 else ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "qwen2_moe"]:
+for name in sys.argv[2].split(",") if len(sys.argv) > 2 else ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "qwen2_moe", "gemma", "granite"]:
     model = AutoModelForCausalLM.from_pretrained(os.path.join(root, name), dtype=torch.float32,
                                                  attn_implementation="eager")
     model.eval()
@@ -40,6 +40,13 @@ for name in sys.argv[2].split(",") if len(sys.argv) > 2 else ["llama", "qwen2", 
         keys = ["sliding_window", "layer_types", "query_pre_attn_scalar", "attn_logit_softcapping",
                 "final_logit_softcapping", "rope_theta", "rope_local_base_freq", "rope_scaling",
                 "rope_parameters"]
+        print("// " + ", ".join(f"{k}={getattr(c, k, None)!r}" for k in keys))
+    if c.model_type == "granite":
+        keys = ["embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling",
+                "tie_word_embeddings", "rope_theta"]
+        print("// " + ", ".join(f"{k}={getattr(c, k, None)!r}" for k in keys))
+    if c.model_type == "gemma":
+        keys = ["head_dim", "num_key_value_heads", "hidden_act", "hidden_activation"]
         print("// " + ", ".join(f"{k}={getattr(c, k, None)!r}" for k in keys))
     moe = c.model_type in ("mixtral", "qwen3_moe", "qwen2_moe")
     if moe:

@@ -344,7 +344,7 @@ fn run_rank(
             &hidden,
             model.lm_head(),
             &input.selected_rows,
-            opened.config.final_logit_softcap(),
+            opened.config.logits_mods(),
         )? {
             let s = Sampler::new(req.seed);
             s.head_rows.set(req.sampler_rows);
@@ -410,7 +410,7 @@ fn forward_logits(
         model.lm_head(),
         &rows,
         model.config().vocab_size,
-        model.config().final_logit_softcap(),
+        model.config().logits_mods(),
     )
 }
 

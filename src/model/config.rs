@@ -38,6 +38,32 @@ pub struct ModelConfig {
     /// `None` for a dense one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeShape>,
+    /// Granite's multipliers (`model_type: "granite"`); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granite: Option<GraniteShape>,
+}
+
+/// What a Granite decoder has beyond the Llama fields (Hugging Face `GraniteConfig`; vLLM's
+/// granite.py reads the same keys, 0.19 L141, L199, L307, L425-431).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GraniteShape {
+    /// The embedding is multiplied by it, in place.
+    pub embedding_multiplier: f64,
+    /// Each branch (attention, MLP) is multiplied by it before its residual add.
+    pub residual_multiplier: f64,
+    /// The attention's softmax scale, in place of `head_dim^-0.5`.
+    pub attention_multiplier: f64,
+    /// The logits are divided by it (`LogitsProcessor(scale=1/logits_scaling)`).
+    pub logits_scaling: f64,
+}
+
+/// What the logits processor does to the logits beyond `lm_head`: Gemma 2's soft-cap, then
+/// Granite's scale (vLLM's `LogitsProcessor._get_logits`, logits_processor.py L66-72 at 0.19).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LogitsMods {
+    pub soft_cap: Option<f64>,
+    /// `logits *= scale`, in place on the `[rows, vocab]` view.
+    pub scale: Option<f64>,
 }
 
 /// What a mixture-of-experts decoder has beyond the Llama fields (Hugging Face
@@ -240,7 +266,11 @@ impl ModelConfig {
     /// plain causal softmax for every other architecture.
     pub fn score_mods(&self, layer: usize) -> ScoreMods {
         match &self.gemma {
-            None => ScoreMods::default(),
+            None => ScoreMods {
+                // Granite's `attention_multiplier` is the softmax scale (granite.py L141).
+                scale: self.granite.as_ref().map(|g| g.attention_multiplier as f32),
+                ..ScoreMods::default()
+            },
             Some(g) => ScoreMods {
                 scale: Some((g.query_pre_attn_scalar as f32).powf(-0.5)),
                 softcap: g.attn_logit_softcapping.map(|c| c as f32),
@@ -265,6 +295,14 @@ impl ModelConfig {
     /// Gemma's final logit soft-cap, if any.
     pub fn final_logit_softcap(&self) -> Option<f64> {
         self.gemma.as_ref().and_then(|g| g.final_logit_softcapping)
+    }
+
+    /// What vLLM's logits processor applies to this model's logits.
+    pub fn logits_mods(&self) -> LogitsMods {
+        LogitsMods {
+            soft_cap: self.final_logit_softcap(),
+            scale: self.granite.as_ref().map(|g| 1.0 / g.logits_scaling),
+        }
     }
 
     /// Tensors the loader reads: one per stored tensor, and for a checkpoint-fused one each
@@ -341,7 +379,7 @@ impl ModelConfig {
                 out.push((format!("{p}.self_attn.k_norm.weight"), vec![self.head_dim]));
             }
             out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
-            if self.is_gemma() {
+            if self.family().is_some_and(|f| f.feedforward_norms) {
                 out.push((format!("{p}.pre_feedforward_layernorm.weight"), vec![h]));
                 out.push((format!("{p}.post_feedforward_layernorm.weight"), vec![h]));
             }
@@ -563,8 +601,15 @@ impl ModelConfig {
         } else {
             get("num_key_value_heads")?
         };
-        let gemma = if matches!(arch.as_str(), "gemma2" | "gemma3_text") {
-            Some(gemma_from_hf_json(v, &arch, get("num_hidden_layers")?)?)
+        let mut gemma = match arch.as_str() {
+            "gemma2" | "gemma3_text" => {
+                Some(gemma_from_hf_json(v, &arch, get("num_hidden_layers")?)?)
+            }
+            "gemma" => Some(gemma1_from_hf_json(v)?),
+            _ => None,
+        };
+        let granite = if arch == "granite" {
+            Some(granite_from_hf_json(v)?)
         } else {
             None
         };
@@ -591,6 +636,10 @@ impl ModelConfig {
             return Err(format!(
                 "head_dim {head_dim} must be even and positive for rotary embeddings"
             ));
+        }
+        if let (Some(g), "gemma") = (gemma.as_mut(), arch.as_str()) {
+            // GemmaAttention's scale is head_dim^-0.5 (gemma.py L156 at 0.19).
+            g.query_pre_attn_scalar = head_dim as f64;
         }
         Ok(ModelConfig {
             hidden_size,
@@ -625,7 +674,8 @@ impl ModelConfig {
             },
             max_position_embeddings: if v["max_position_embeddings"].is_null() {
                 match arch.as_str() {
-                    "gemma2" => 8192,
+                    "gemma" | "gemma2" => 8192,
+                    "granite" => 2048,
                     "gemma3_text" => 131072,
                     _ => 4096,
                 }
@@ -636,6 +686,7 @@ impl ModelConfig {
             opt: None,
             gemma,
             moe,
+            granite,
         })
     }
 
@@ -703,6 +754,7 @@ impl ModelConfig {
             max_position_embeddings: get("max_position_embeddings")?,
             gemma: None,
             moe: None,
+            granite: None,
             opt: Some(OptShape {
                 do_layer_norm_before,
                 word_embed_proj_dim,
@@ -836,6 +888,18 @@ impl ModelConfig {
             for (k, x) in pairs {
                 o.insert(k.into(), x);
             }
+            if self.arch == "gemma" {
+                // GemmaConfig has no window, caps or scalar; its scale is head_dim^-0.5.
+                for k in [
+                    "query_pre_attn_scalar",
+                    "attn_logit_softcapping",
+                    "final_logit_softcapping",
+                    "sliding_window",
+                    "layer_types",
+                ] {
+                    o.remove(k);
+                }
+            }
             if self.arch == "gemma3_text" {
                 o.insert(
                     "sliding_window_pattern".into(),
@@ -851,8 +915,98 @@ impl ModelConfig {
                 );
             }
         }
+        if let Some(g) = &self.granite {
+            let o = v.as_object_mut().expect("an object");
+            for (k, x) in [
+                ("embedding_multiplier", g.embedding_multiplier),
+                ("residual_multiplier", g.residual_multiplier),
+                ("attention_multiplier", g.attention_multiplier),
+                ("logits_scaling", g.logits_scaling),
+            ] {
+                o.insert(k.into(), x.into());
+            }
+            o.insert("mlp_bias".into(), false.into());
+        }
         v
     }
+}
+
+/// Granite's multipliers, with `GraniteConfig`'s defaults (1.0 each) for the ones a config
+/// leaves out; `hidden_act` must be silu (granite.py L93-96 raises on anything else) and
+/// `mlp_bias` false (no published Granite has one).
+fn granite_from_hf_json(v: &serde_json::Value) -> std::result::Result<GraniteShape, String> {
+    match &v["hidden_act"] {
+        serde_json::Value::Null => {}
+        serde_json::Value::String(s) if s == "silu" => {}
+        other => {
+            return Err(format!(
+                "hidden_act {other} is not supported for granite (vLLM's GraniteMLP requires silu)"
+            ))
+        }
+    }
+    if boolean(v, "mlp_bias", false)? {
+        return Err(
+            "mlp_bias true is not supported for granite (no published Granite has one)".into(),
+        );
+    }
+    let positive = |x: f64| x > 0.0 && x <= 1e6;
+    let m = |k: &str| float(v, k, 1.0, positive, "above 0 and at most 1e6");
+    Ok(GraniteShape {
+        embedding_multiplier: m("embedding_multiplier")?,
+        residual_multiplier: m("residual_multiplier")?,
+        attention_multiplier: m("attention_multiplier")?,
+        logits_scaling: m("logits_scaling")?,
+    })
+}
+
+/// Gemma 1's keys (`GemmaConfig`): GeGLU in its tanh form unless `hidden_activation` says
+/// exact `gelu` (vLLM's `_get_gemma_act_fn`, gemma.py L60-87 at 0.19: a missing
+/// `hidden_activation` is tanh whatever `hidden_act` says); tied embeddings (vLLM asserts it,
+/// L386); no window, no soft-caps.
+fn gemma1_from_hf_json(v: &serde_json::Value) -> std::result::Result<GemmaShape, String> {
+    if let Some(x) = v
+        .get("hidden_act")
+        .filter(|x| !x.is_null() && !x.is_string())
+    {
+        return Err(format!(
+            "'hidden_act' is {x} (a {}), expected a string",
+            crate::base::fsguard::json_kind(x)
+        ));
+    }
+    match &v["hidden_activation"] {
+        serde_json::Value::Null => {}
+        serde_json::Value::String(s) if s == "gelu_pytorch_tanh" => {}
+        serde_json::Value::String(s) if s == "gelu" => {
+            return Err(
+                "hidden_activation 'gelu' (vLLM's exact-erf GeluAndMul) is not modelled yet: only the tanh form (gelu_pytorch_tanh, or no hidden_activation, which every published Gemma 1 config has)"
+                    .into(),
+            )
+        }
+        other => {
+            return Err(format!(
+                "hidden_activation {other} is not supported for gemma (vLLM accepts gelu_pytorch_tanh or gelu)"
+            ))
+        }
+    }
+    if !boolean(v, "tie_word_embeddings", true)? {
+        return Err("tie_word_embeddings false is not supported for gemma (vLLM asserts it: the lm_head is the embedding)".into());
+    }
+    if boolean(v, "attention_bias", false)? {
+        return Err(
+            "attention_bias true is not supported for gemma (vLLM's GemmaAttention has no bias)"
+                .into(),
+        );
+    }
+    Ok(GemmaShape {
+        // Set to head_dim once it is known.
+        query_pre_attn_scalar: 256.0,
+        attn_logit_softcapping: None,
+        final_logit_softcapping: None,
+        sliding_window: None,
+        sliding_window_pattern: 1,
+        rope_local_base_freq: None,
+        rope_linear_factor: None,
+    })
 }
 
 /// Mixtral's, Qwen2-MoE's and Qwen3-MoE's keys, with Hugging Face's defaults for the ones a

@@ -1,6 +1,6 @@
 //! Built-in model shapes, from each model's published `config.json`.
 
-use super::config::{GemmaShape, ModelConfig, MoeShape, OptShape};
+use super::config::{GemmaShape, GraniteShape, ModelConfig, MoeShape, OptShape};
 
 #[allow(clippy::too_many_arguments)]
 fn cfg(
@@ -33,6 +33,7 @@ fn cfg(
         opt: None,
         gemma: None,
         moe: None,
+        granite: None,
     }
 }
 
@@ -84,6 +85,7 @@ fn opt(
         max_position_embeddings: 2048,
         gemma: None,
         moe: None,
+        granite: None,
         opt: Some(OptShape {
             do_layer_norm_before: pre_norm,
             word_embed_proj_dim: proj,
@@ -94,7 +96,50 @@ fn opt(
     }
 }
 
-pub const PRESET_NAMES: [&str; 20] = [
+/// A Granite 3.x shape: GQA 32/8, tied embeddings, eps 1e-5, 131072 positions, and the
+/// multipliers of its config.json (embedding 12, residual 0.22, logits `logits_scaling`).
+fn granite(
+    hidden: usize,
+    inter: usize,
+    vocab: usize,
+    theta: f64,
+    attention_multiplier: f64,
+    logits_scaling: f64,
+) -> ModelConfig {
+    ModelConfig {
+        granite: Some(GraniteShape {
+            embedding_multiplier: 12.0,
+            residual_multiplier: 0.22,
+            attention_multiplier,
+            logits_scaling,
+        }),
+        ..cfg(
+            "granite", hidden, inter, 40, 32, 8, vocab, theta, 1e-5, true, 131072,
+        )
+    }
+}
+
+/// A Gemma 1 shape (`google/gemma-*` config.json): head_dim 256, tied embeddings, eps 1e-6,
+/// 8192 positions, rope_theta 10000, no window or soft-cap (scale 256^-0.5).
+fn gemma1(hidden: usize, inter: usize, layers: usize, heads: usize, kv: usize) -> ModelConfig {
+    ModelConfig {
+        head_dim: 256,
+        gemma: Some(GemmaShape {
+            query_pre_attn_scalar: 256.0,
+            attn_logit_softcapping: None,
+            final_logit_softcapping: None,
+            sliding_window: None,
+            sliding_window_pattern: 1,
+            rope_local_base_freq: None,
+            rope_linear_factor: None,
+        }),
+        ..cfg(
+            "gemma", hidden, inter, layers, heads, kv, 256000, 10000.0, 1e-6, true, 8192,
+        )
+    }
+}
+
+pub const PRESET_NAMES: [&str; 24] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
@@ -110,6 +155,10 @@ pub const PRESET_NAMES: [&str; 20] = [
     "phi-4",
     "gemma-2-9b",
     "gemma-3-12b",
+    "gemma-2b",
+    "gemma-7b",
+    "granite-3.1-2b",
+    "granite-3.3-8b",
     "mixtral-8x7b",
     "qwen3-30b-a3b",
     "qwen3-235b-a22b",
@@ -282,6 +331,17 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
                 40960,
             )
         },
+        // google/gemma-2b: hidden 2048, 18 layers, 8 heads over one KV head of 256, MLP 16384.
+        "gemma-2b" => gemma1(2048, 16384, 18, 8, 1),
+        // google/gemma-7b: hidden 3072, 28 layers, 16 heads of 256 (4096 wide, not 3072),
+        // MLP 24576.
+        "gemma-7b" => gemma1(3072, 24576, 28, 16, 16),
+        // ibm-granite/granite-3.1-2b-instruct: hidden 2048, MLP 8192, vocabulary 49155,
+        // rope_theta 5e6, attention_multiplier 0.015625, logits_scaling 8.
+        "granite-3.1-2b" => granite(2048, 8192, 49155, 5e6, 0.015625, 8.0),
+        // ibm-granite/granite-3.3-8b-instruct: hidden 4096, MLP 12800, vocabulary 49159,
+        // rope_theta 1e7, attention_multiplier 0.0078125, logits_scaling 16.
+        "granite-3.3-8b" => granite(4096, 12800, 49159, 1e7, 0.0078125, 16.0),
         "tiny" => cfg("llama", 128, 384, 4, 4, 2, 1024, 10000.0, 1e-5, false, 2048),
         _ => return None,
     })
@@ -313,6 +373,20 @@ mod tests {
         assert_eq!(preset("phi-4").unwrap().param_count(), 14_659_507_200);
         // Computed from the published shapes (the presets' comments say where each is from).
         assert_eq!(preset("gemma-2-9b").unwrap().param_count(), 9_241_705_984);
+        // The model cards' 2.51B and 8.54B; Granite 3.3-8B's 8,170,864,640 as a third-party
+        // table of the checkpoint lists it; Granite 3.1-2B's 2.53B (vocabulary 49155). In
+        // bf16, twice these are the checkpoints' bytes (no tensor is stored twice: all four
+        // tie their lm_head to the embedding).
+        assert_eq!(preset("gemma-2b").unwrap().param_count(), 2_506_172_416);
+        assert_eq!(preset("gemma-7b").unwrap().param_count(), 8_537_680_896);
+        assert_eq!(
+            preset("granite-3.3-8b").unwrap().param_count(),
+            8_170_864_640
+        );
+        assert_eq!(
+            preset("granite-3.1-2b").unwrap().param_count(),
+            2_533_531_648
+        );
         assert_eq!(preset("gemma-3-12b").unwrap().param_count(), 11_766_034_176);
         // The total_size of their model.safetensors.index.json (bf16) halved; Mixtral's
         // 46.7 B, Qwen3's 30.5 B and 235 B of the model cards.

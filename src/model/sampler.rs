@@ -12,6 +12,7 @@
 use std::cell::RefCell;
 
 use super::batch::Batch;
+use super::config::LogitsMods;
 use crate::base::error::{Error, Result};
 use crate::device::{cpu_sampler as cpu, Backend};
 use crate::engine::ops::cuda;
@@ -130,13 +131,14 @@ pub fn prepare_model_input(rt: &Runtime, batch: &Batch) -> Result<ModelInput> {
 /// `execute_model` keeps the logits alive until the sampler is done (model_runner.py
 /// L1691-1704). With tensor parallel each rank computes its shard of the vocabulary and
 /// `_get_logits` gathers them to rank 0; the other ranks get `None` and return (L1694-1695).
-/// `soft_cap` (Gemma 2's `final_logit_softcapping`) is applied on rank 0 after the gather.
+/// `mods` (Gemma 2's `final_logit_softcapping`, Granite's `logits_scaling`) apply on rank 0
+/// after the gather.
 pub fn compute_logits(
     rt: &Runtime,
     hidden: &Tensor,
     lm_head: &Tensor,
     rows: &[u32],
-    soft_cap: Option<f64>,
+    mods: LogitsMods,
 ) -> Result<Option<Tensor>> {
     rt.check_cancel()?;
     rt.set_layer(None);
@@ -152,15 +154,26 @@ pub fn compute_logits(
         Category::Sampler,
     )?;
     drop(h_sel);
-    match (crate::engine::ops_tp::gather_logits(rt, logits)?, soft_cap) {
-        (Some(l), Some(cap)) => Ok(Some(crate::engine::ops_gemma::soft_cap_logits(
-            rt,
-            l,
-            cap as f32,
-            Category::Sampler,
-        )?)),
-        (l, _) => Ok(l),
+    match crate::engine::ops_tp::gather_logits(rt, logits)? {
+        Some(l) => Ok(Some(process_logits(rt, l, mods)?)),
+        None => Ok(None),
     }
+}
+
+/// vLLM's `LogitsProcessor._get_logits` after the gather (logits_processor.py L66-72 at
+/// 0.19): Gemma 2's soft-cap (three new tensors), then Granite's scale, in place on the
+/// `[..., :vocab]` view (no allocation).
+fn process_logits(rt: &Runtime, logits: Tensor, mods: LogitsMods) -> Result<Tensor> {
+    let mut logits = match mods.soft_cap {
+        Some(cap) => {
+            crate::engine::ops_gemma::soft_cap_logits(rt, logits, cap as f32, Category::Sampler)?
+        }
+        None => logits,
+    };
+    if let Some(scale) = mods.scale {
+        crate::engine::ops_granite::scale_in_place(rt, &mut logits, scale as f32, "logits.scale")?;
+    }
+    Ok(logits)
 }
 
 /// `hidden[rows]` (advanced indexing: a new `[rows, hidden]` tensor), on every backend.
@@ -186,9 +199,9 @@ pub fn logits_f32(
     lm_head: &Tensor,
     rows: &[u32],
     vocab: usize,
-    soft_cap: Option<f64>,
+    mods: LogitsMods,
 ) -> Result<Option<Tensor>> {
-    let Some(logits_d) = compute_logits(rt, hidden, lm_head, rows, soft_cap)? else {
+    let Some(logits_d) = compute_logits(rt, hidden, lm_head, rows, mods)? else {
         return Ok(None);
     };
     rt.set_op("logits.to_float");
@@ -1009,7 +1022,7 @@ pub fn compute_logits_v1(
     hidden: &Tensor,
     lm_head: &Tensor,
     rows: &[u32],
-    soft_cap: Option<f64>,
+    mods: LogitsMods,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     rt.check_cancel()?;
     rt.set_layer(None);
@@ -1039,11 +1052,6 @@ pub fn compute_logits_v1(
     )?;
     // With tensor parallel every rank gets the whole vocabulary (V1 all-gathers).
     let logits = crate::engine::ops_tp::all_gather_logits(rt, logits)?;
-    let logits = match soft_cap {
-        Some(cap) => {
-            crate::engine::ops_gemma::soft_cap_logits(rt, logits, cap as f32, Category::Sampler)?
-        }
-        None => logits,
-    };
+    let logits = process_logits(rt, logits, mods)?;
     Ok((last, random, logits))
 }

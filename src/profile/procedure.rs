@@ -81,7 +81,7 @@ impl Workload {
                         &hidden,
                         model.lm_head(),
                         &input.selected_rows,
-                        model.config().final_logit_softcap(),
+                        model.config().logits_mods(),
                     )?;
                     s.head_rows.set(if want_logits { LOGITS_ROWS } else { 0 });
                     let mut o = Default::default();
@@ -107,7 +107,7 @@ impl Workload {
                             &hidden,
                             model.lm_head(),
                             &input.selected_rows,
-                            model.config().final_logit_softcap(),
+                            model.config().logits_mods(),
                         )? {
                             s.head_rows.set(if want_logits { LOGITS_ROWS } else { 0 });
                             let o = s.forward(rt, &logits, vocab, &input)?;
@@ -123,7 +123,7 @@ impl Workload {
                             model.lm_head(),
                             &input.selected_rows,
                             vocab,
-                            model.config().final_logit_softcap(),
+                            model.config().logits_mods(),
                         )?;
                         if let (true, Some(logits)) = (want_logits, &logits) {
                             if let Some(mut v) = ops::read_f32(rt, logits)? {
@@ -802,6 +802,7 @@ pub(crate) fn run_rank(
             };
             let mut model = CausalLm::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
             model.set_mlp_frees_gate_up(release.llama_mlp_frees_gate_up);
+            model.set_normalizer_out_of_place(release.gemma_normalizer_out_of_place);
             let c = &opened.config;
             let info = ModelInfo {
                 name: opened.name.clone(),

@@ -151,6 +151,11 @@ pub struct Release {
     /// (#10339, in 0.6.4: 0.6.4.post1 model_executor/models/llama.py:92-96). Qwen2's MLP
     /// never did (qwen2.py in every release here).
     pub llama_mlp_frees_gate_up: bool,
+    /// Gemma 1's and 2's `embed_input_ids` return `embed_tokens(ids) * normalizer`, a new
+    /// tensor (0.19.0 gemma.py L296, gemma2.py L287; the same in 0.21.0); up to 0.15 the
+    /// forward scales in place (`hidden_states *= self.normalizer`, 0.15.1 gemma.py L310,
+    /// gemma2.py L304; 0.11.0 gemma.py L306).
+    pub gemma_normalizer_out_of_place: bool,
     pub all_reduce: AllReduce,
     /// The custom all-reduce's `meta` and `buffer` are `cudaMalloc`ed IPC buffers outside the
     /// caching allocator (#10030, in 0.6.4: 0.6.4 distributed/device_communicators/
@@ -200,6 +205,7 @@ pub const RELEASES: &[Release] = &[
         formula: FormulaId::V0_6_3,
         ceil_budget: false,
         llama_mlp_frees_gate_up: false,
+        gemma_normalizer_out_of_place: false,
         all_reduce: AllReduce::InPlaceAboveCustom,
         custom_ar_ipc_buffers: false,
         chunked_prefill_tokens: 512,
@@ -223,6 +229,7 @@ pub const RELEASES: &[Release] = &[
         formula: FormulaId::Pr9516,
         ceil_budget: false,
         llama_mlp_frees_gate_up: false,
+        gemma_normalizer_out_of_place: false,
         all_reduce: AllReduce::InPlaceAboveCustom,
         custom_ar_ipc_buffers: false,
         chunked_prefill_tokens: 512,
@@ -244,6 +251,7 @@ pub const RELEASES: &[Release] = &[
         formula: FormulaId::Pr9516,
         ceil_budget: false,
         llama_mlp_frees_gate_up: true,
+        gemma_normalizer_out_of_place: false,
         all_reduce: AllReduce::InPlaceAboveCustom,
         custom_ar_ipc_buffers: true,
         chunked_prefill_tokens: 512,
@@ -267,6 +275,7 @@ pub const RELEASES: &[Release] = &[
         formula: FormulaId::Pr10511,
         ceil_budget: false,
         llama_mlp_frees_gate_up: true,
+        gemma_normalizer_out_of_place: false,
         all_reduce: AllReduce::OutOfPlace,
         custom_ar_ipc_buffers: true,
         chunked_prefill_tokens: 2048,
@@ -291,6 +300,7 @@ pub const RELEASES: &[Release] = &[
         formula: FormulaId::Pr12126,
         ceil_budget: false,
         llama_mlp_frees_gate_up: true,
+        gemma_normalizer_out_of_place: false,
         all_reduce: AllReduce::OutOfPlace,
         custom_ar_ipc_buffers: true,
         chunked_prefill_tokens: 2048,
@@ -312,6 +322,7 @@ pub const RELEASES: &[Release] = &[
         formula: FormulaId::Pr12126,
         ceil_budget: false,
         llama_mlp_frees_gate_up: true,
+        gemma_normalizer_out_of_place: false,
         all_reduce: AllReduce::OutOfPlace,
         custom_ar_ipc_buffers: true,
         chunked_prefill_tokens: 2048,
@@ -335,6 +346,7 @@ pub const RELEASES: &[Release] = &[
         formula: FormulaId::Pr12126,
         ceil_budget: false,
         llama_mlp_frees_gate_up: true,
+        gemma_normalizer_out_of_place: false,
         all_reduce: AllReduce::OutOfPlace,
         custom_ar_ipc_buffers: true,
         chunked_prefill_tokens: 2048,
@@ -366,6 +378,7 @@ pub const RELEASES: &[Release] = &[
         formula: FormulaId::Pr12126,
         ceil_budget: true,
         llama_mlp_frees_gate_up: true,
+        gemma_normalizer_out_of_place: false,
         all_reduce: AllReduce::OutOfPlace,
         custom_ar_ipc_buffers: true,
         chunked_prefill_tokens: 2048,
@@ -398,6 +411,7 @@ pub const RELEASES: &[Release] = &[
         formula: FormulaId::Pr12126,
         ceil_budget: true,
         llama_mlp_frees_gate_up: true,
+        gemma_normalizer_out_of_place: true,
         all_reduce: AllReduce::OutOfPlace,
         custom_ar_ipc_buffers: true,
         chunked_prefill_tokens: 2048,
@@ -427,6 +441,7 @@ pub const RELEASES: &[Release] = &[
         formula: FormulaId::Pr12126,
         ceil_budget: true,
         llama_mlp_frees_gate_up: true,
+        gemma_normalizer_out_of_place: true,
         all_reduce: AllReduce::OutOfPlace,
         custom_ar_ipc_buffers: true,
         chunked_prefill_tokens: 2048,
@@ -458,8 +473,11 @@ pub const RELEASES: &[Release] = &[
 /// Model types every release here has a model file for (vllm/model_executor/models/:
 /// llama.py, which Mistral uses too, qwen2.py, opt.py, phi3.py: `Phi3ForCausalLM` is
 /// `LlamaForCausalLM` with its checkpoint names packed, in 0.6.3 through 0.19; gemma2.py, in
-/// 0.6.3.post1 through 0.10.0 here and in vLLM's tree since 0.5.1).
-const ALWAYS: &[&str] = &["llama", "mistral", "qwen2", "opt", "phi3", "gemma2"];
+/// 0.6.3.post1 through 0.10.0 here and in vLLM's tree since 0.5.1; gemma.py and granite.py,
+/// read in the 0.6.3.post1, 0.6.4, 0.8.5, 0.11.0, 0.15.1, 0.19.0 and 0.21.0 wheels).
+const ALWAYS: &[&str] = &[
+    "llama", "mistral", "qwen2", "opt", "phi3", "gemma", "gemma2", "granite",
+];
 
 impl Release {
     /// Whether this release can load a model of `model_type` `arch`: the 0.8.5 wheel has

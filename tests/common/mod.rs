@@ -433,6 +433,26 @@ pub fn hf_test_config(name: &str) -> vramscope::model::ModelConfig {
                 serde_json::json!({"rope_type": "linear", "factor": 8.0}),
             );
         }
+        // Gemma 1: one KV head (gemma-2b's MQA), head_dim 64 over 4 heads (256 wide, not the
+        // hidden 128, as gemma-7b's 4096 against 3072), scale 64^-0.5, no window or soft-cap.
+        "gemma" => {
+            o.insert("model_type".into(), "gemma".into());
+            o.insert("head_dim".into(), 64.into());
+            o.insert("num_key_value_heads".into(), 1.into());
+            o.insert("rope_theta".into(), 10000.0.into());
+        }
+        // Granite's four multipliers, each far enough from 1 to bite: the embedding x3, each
+        // branch x0.5 before its residual add, softmax scale 0.05 (not 32^-0.5 = 0.177),
+        // logits / 4; tied embeddings (every published Granite 3.x).
+        "granite" => {
+            o.insert("model_type".into(), "granite".into());
+            o.insert("rope_theta".into(), 10000.0.into());
+            o.insert("tie_word_embeddings".into(), true.into());
+            o.insert("embedding_multiplier".into(), 3.0.into());
+            o.insert("residual_multiplier".into(), 0.5.into());
+            o.insert("attention_multiplier".into(), 0.05.into());
+            o.insert("logits_scaling".into(), 4.0.into());
+        }
         // 4 experts of width 96, 2 per token, renormalised (Mixtral always renormalises).
         "mixtral" => {
             o.insert("model_type".into(), "mixtral".into());

@@ -4,7 +4,7 @@
 //! q/k norms, Qwen2's MLP), Phi-3 (phi3.py: packed checkpoint names), and the mixtures of
 //! experts Mixtral, Qwen2-MoE and Qwen3-MoE (mixtral.py, qwen2_moe.py, qwen3_moe.py at 0.8.5:
 //! a sparse block in place of the MLP). The model holds the weights of every Llama-shaped
-//! family; Gemma's decoder layers run in `gemma2.rs`.
+//! family; Gemma's decoder layers run in `gemma.rs`.
 //!
 //! The forward pass: embedding, pre-norm decoder layers (RMSNorm, RoPE, causal GQA attention,
 //! SwiGLU MLP or a sparse block), final norm; the logits of the last token of each sequence
@@ -78,6 +78,9 @@ pub struct LlamaModel {
     pub mlp_frees_gate_up: bool,
     /// vLLM V1's profile run: attention layers return zeros without running (no metadata).
     pub skip_attention: std::cell::Cell<bool>,
+    /// Gemma 1 and 2 scale the embedding by `normalizer` into a new tensor (vLLM 0.19 on),
+    /// not in place.
+    pub normalizer_out_of_place: bool,
     generation: Cell<u32>,
 }
 
@@ -104,6 +107,11 @@ impl LlamaModel {
                 "model_type {} is not supported on CUDA yet (GemmaRMSNorm, GeGLU, soft-capping and sliding-window attention have no kernels); run it on a simulated device (sim:...)",
                 cfg.arch
             )));
+        }
+        if family.decoder == Decoder::Granite && rt.backend() == crate::device::Backend::Cuda {
+            return Err(Error::Request(
+                "model_type granite is not supported on CUDA yet (its multipliers have no kernels); run it on a simulated device (sim:...)".into(),
+            ));
         }
         if cfg.moe.is_some() {
             if cfg
@@ -184,7 +192,7 @@ impl LlamaModel {
             };
             let input_norm = ld.dense(&format!("{p}.input_layernorm.weight"), &[h])?;
             let post_norm = ld.dense(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
-            let ff_norms = if gemma {
+            let ff_norms = if family.feedforward_norms {
                 Some((
                     ld.dense(&format!("{p}.pre_feedforward_layernorm.weight"), &[h])?,
                     ld.dense(&format!("{p}.post_feedforward_layernorm.weight"), &[h])?,
@@ -328,6 +336,7 @@ impl LlamaModel {
             },
             mlp_frees_gate_up: false,
             skip_attention: std::cell::Cell::new(false),
+            normalizer_out_of_place: false,
             generation: Cell::new(0),
         })
     }
@@ -360,7 +369,7 @@ impl LlamaModel {
             self.lm_head(),
             &rows,
             self.cfg.vocab_size,
-            self.cfg.final_logit_softcap(),
+            self.cfg.logits_mods(),
         )?
         .ok_or_else(|| Error::Request("the logits were gathered to tensor-parallel rank 0".into()))
     }
@@ -459,7 +468,14 @@ impl LlamaModel {
             eps: cfg.rms_norm_eps as f32,
         };
         match self.family.decoder {
-            Decoder::Gemma => super::gemma2::forward_layers(rt, &run, cfg, act, residual),
+            Decoder::Gemma => {
+                // Gemma 3 always scales into a new tensor; Gemma 1 and 2 in place up to 0.15
+                // and into a new one from 0.19 on (`embed_input_ids` returns
+                // `embed_tokens(ids) * normalizer`, gemma.py L296, gemma2.py L287 at 0.19).
+                let scale_new = cfg.arch == "gemma3_text" || self.normalizer_out_of_place;
+                super::gemma::forward_layers(rt, &run, cfg, act, residual, scale_new)
+            }
+            Decoder::Granite => super::granite::forward_layers(rt, &run, cfg, residual),
             Decoder::Llama | Decoder::Opt => forward_layers(rt, &run, residual),
         }
     }
@@ -522,7 +538,7 @@ fn forward_layers(rt: &Runtime, run: &DecoderRun, mut residual: Tensor) -> Resul
     Ok(out)
 }
 
-/// Gemma 2 and 3 through this model's weights and `gemma2.rs`'s decoder.
+/// Gemma 2 and 3 through this model's weights and `gemma.rs`'s decoder.
 #[cfg(test)]
 mod tests {
     use super::{Batch, LlamaModel, LoadOptions};
@@ -693,5 +709,189 @@ mod tests {
         assert_eq!(m.normalizer.as_ref().unwrap().nbytes(), 2);
         let (_rt2, g2) = dry_load(&small_gemma("gemma2"));
         assert!(g2.rope_cache_global.is_none());
+    }
+}
+
+/// Gemma 1 and Granite through this model's weights and their decoder files.
+#[cfg(test)]
+mod family_tests {
+    use super::{Batch, LlamaModel, LoadOptions};
+    use crate::device::{Device, DeviceSpec};
+    use crate::engine::runtime::Runtime;
+    use crate::memory::EventKind;
+    use crate::model::config::ModelConfig;
+    use crate::model::weights::{StoredDtype, SyntheticWeights};
+    use crate::quant::Quant;
+
+    /// hidden 128, 4 heads over 2 KV heads, MLP 384, 2 layers, 64 positions, and `extra`.
+    fn small(model_type: &str, extra: serde_json::Value) -> ModelConfig {
+        let mut v = serde_json::json!({
+            "model_type": model_type, "hidden_size": 128, "intermediate_size": 384,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 1024, "max_position_embeddings": 64,
+        });
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        ModelConfig::from_hf_json(&v).unwrap()
+    }
+
+    /// Layer 1's allocations and frees of one dry fp16 pass of 8 tokens in 2 sequences.
+    fn layer1_trace(cfg: &ModelConfig) -> Vec<(bool, String, u64)> {
+        let device = Device::open(&DeviceSpec::parse("sim:h100-80gb:dry").unwrap()).unwrap();
+        let opts = LoadOptions {
+            quant: Quant::F16,
+            int8_threshold: 0.0,
+            int8_layout: device.int8_tile_layout(),
+            attn_scalars: 0,
+        };
+        let rt = Runtime::new(device, std::sync::Arc::default(), None);
+        let src = SyntheticWeights {
+            preset: "family".into(),
+            seed: 1,
+            dtype: StoredDtype::F16,
+        };
+        let model = LlamaModel::load(&rt, cfg, &src, &opts).unwrap();
+        let from = rt.event_count();
+        rt.set_pass(1);
+        drop(model.forward(&rt, &Batch::dummy(8, 2, 1024)).unwrap());
+        rt.events_since(from, |ev| {
+            ev.iter()
+                .filter(|e| {
+                    e.layer == Some(1) && matches!(e.kind, EventKind::Alloc | EventKind::Free)
+                })
+                .map(|e| (e.kind == EventKind::Alloc, e.tensor.clone(), e.bytes))
+                .collect()
+        })
+    }
+
+    fn a(n: &str, b: u64) -> (bool, String, u64) {
+        (true, n.to_string(), b)
+    }
+    fn f(n: &str, b: u64) -> (bool, String, u64) {
+        (false, n.to_string(), b)
+    }
+
+    /// GraniteDecoderLayer.forward (granite.py L233-251 at 0.19): a plain norm into a new
+    /// tensor, attention, the branch times residual_multiplier and the sum (two new), the
+    /// post-attention norm (new), the MLP keeping gate_up through down_proj, the second
+    /// scaled sum; as the layer returns its attention sum dies, then the loop's input (layer
+    /// 0's output).
+    #[test]
+    fn granite_layer_allocates_as_vllms_granite_decoder_layer() {
+        let cfg = small(
+            "granite",
+            serde_json::json!({"residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
+                               "embedding_multiplier": 12.0, "logits_scaling": 16.0}),
+        );
+        let h = 128 * 2 * 8; // [T, hidden] fp16
+        let qkv = (128 + 2 * 64) * 2 * 8;
+        let want = vec![
+            a("layers.1.input_norm", h),
+            a("layers.1.qkv_proj.out", qkv),
+            a("layers.1.attn", h),
+            a("layers.1.attn.softmax_lse", 512),
+            a("layers.1.attn.rng_state", 512),
+            f("layers.1.attn.softmax_lse", 512),
+            f("layers.1.attn.rng_state", 512),
+            a("layers.1.o_proj.out", h),
+            f("layers.1.qkv_proj.out", qkv),
+            f("layers.1.attn", h),
+            f("layers.1.input_norm", h),
+            a("layers.1.residual_attn.scaled", h),
+            a("layers.1.residual_attn", h),
+            f("layers.1.residual_attn.scaled", h),
+            f("layers.1.o_proj.out", h),
+            a("layers.1.post_attention_norm", h),
+            a("layers.1.gate_up_proj.out", 2 * 384 * 2 * 8),
+            a("layers.1.act", 384 * 2 * 8),
+            a("layers.1.down_proj.out", h),
+            f("layers.1.act", 384 * 2 * 8),
+            f("layers.1.gate_up_proj.out", 2 * 384 * 2 * 8),
+            f("layers.1.post_attention_norm", h),
+            a("layers.1.residual_mlp.scaled", h),
+            a("layers.1.residual_mlp", h),
+            f("layers.1.residual_mlp.scaled", h),
+            f("layers.1.down_proj.out", h),
+            f("layers.1.residual_attn", h),
+            f("layers.0.residual_mlp", h),
+        ];
+        assert_eq!(layer1_trace(&cfg), want);
+    }
+
+    /// GemmaDecoderLayer.forward (gemma.py L238-258 at 0.19): the input add-norm's sum and
+    /// output (new), attention over 4 heads of 64 (256 wide, not the hidden 128), the
+    /// post-attention add-norm's two (new), GeGLU keeping gate_up through down_proj; then the
+    /// loop's hidden states and residual (layer 0's output and sum) die.
+    #[test]
+    fn gemma1_layer_allocates_as_vllms_gemma_decoder_layer() {
+        let cfg = small("gemma", serde_json::json!({"head_dim": 64}));
+        assert!(cfg
+            .gemma
+            .as_ref()
+            .is_some_and(|g| g.query_pre_attn_scalar == 64.0));
+        let h = 128 * 2 * 8;
+        let qkv = (256 + 2 * 128) * 2 * 8;
+        let want = vec![
+            a("layers.1.input_norm.residual", h),
+            a("layers.1.input_norm", h),
+            a("layers.1.qkv_proj.out", qkv),
+            a("layers.1.attn", 256 * 2 * 8),
+            a("layers.1.attn.softmax_lse", 512),
+            a("layers.1.attn.rng_state", 512),
+            f("layers.1.attn.softmax_lse", 512),
+            f("layers.1.attn.rng_state", 512),
+            a("layers.1.o_proj.out", h),
+            f("layers.1.qkv_proj.out", qkv),
+            f("layers.1.attn", 256 * 2 * 8),
+            f("layers.1.input_norm", h),
+            a("layers.1.post_attention_norm.residual", h),
+            a("layers.1.post_attention_norm", h),
+            f("layers.1.o_proj.out", h),
+            f("layers.1.input_norm.residual", h),
+            a("layers.1.gate_up_proj.out", 2 * 384 * 2 * 8),
+            a("layers.1.act", 384 * 2 * 8),
+            a("layers.1.down_proj.out", h),
+            f("layers.1.act", 384 * 2 * 8),
+            f("layers.1.gate_up_proj.out", 2 * 384 * 2 * 8),
+            f("layers.1.post_attention_norm", h),
+            f("layers.0.down_proj.out", h),
+            f("layers.0.post_attention_norm.residual", h),
+        ];
+        assert_eq!(layer1_trace(&cfg), want);
+    }
+
+    /// Gemma 1 has two norms a layer and no window, soft-cap or scalar of its own.
+    #[test]
+    fn gemma1_checkpoint_has_two_norms_a_layer_and_no_caps() {
+        let cfg = small("gemma", serde_json::json!({"head_dim": 64}));
+        let names: Vec<String> = cfg.tensor_shapes().into_iter().map(|(n, _)| n).collect();
+        assert!(!names.iter().any(|n| n.contains("feedforward_layernorm")));
+        assert_eq!(cfg.final_logit_softcap(), None);
+        assert_eq!(cfg.score_mods(0).window, None);
+        assert!(cfg.tie_word_embeddings);
+    }
+
+    /// The keys vLLM refuses or does not model are named.
+    #[test]
+    fn gemma_and_granite_refuse_what_vllm_would_not_run() {
+        let bad = |t: &str, extra: serde_json::Value| {
+            let mut v = serde_json::json!({
+                "model_type": t, "hidden_size": 128, "intermediate_size": 384,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 1024,
+            });
+            for (k, x) in extra.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            ModelConfig::from_hf_json(&v).unwrap_err()
+        };
+        let e = bad("gemma", serde_json::json!({"hidden_activation": "gelu"}));
+        assert!(e.contains("hidden_activation 'gelu'"), "{e}");
+        let e = bad("gemma", serde_json::json!({"tie_word_embeddings": false}));
+        assert!(e.contains("tie_word_embeddings false"), "{e}");
+        let e = bad("granite", serde_json::json!({"hidden_act": "gelu"}));
+        assert!(e.contains("requires silu"), "{e}");
+        let e = bad("granite", serde_json::json!({"logits_scaling": 0}));
+        assert!(e.contains("logits_scaling"), "{e}");
     }
 }

@@ -5,10 +5,12 @@
 //!
 //! - `llama.rs`: Llama and the families vLLM builds the same way (Mistral, Qwen2, Qwen3,
 //!   Phi-3, Mixtral, Qwen2-MoE, Qwen3-MoE), their twists rows of the registry;
-//! - `gemma2.rs`: Gemma 2 and Gemma 3 (text);
+//! - `gemma.rs`: Gemma 1, Gemma 2 and Gemma 3 (text);
+//! - `granite.rs`: Granite;
 //! - `opt.rs`: OPT.
 
-pub mod gemma2;
+pub mod gemma;
+pub mod granite;
 pub mod llama;
 pub mod opt;
 pub mod registry;
@@ -39,6 +41,13 @@ impl CausalLm {
         }
     }
 
+    /// Scales Gemma 1's and 2's embedding into a new tensor, as vLLM 0.19 on does, or in place.
+    pub fn set_normalizer_out_of_place(&mut self, yes: bool) {
+        if let CausalLm::Llama(m) = self {
+            m.normalizer_out_of_place = yes;
+        }
+    }
+
     /// Runs attention as vLLM V1's profile run does (skipped: zeros of the output's shape), or
     /// for real. OPT's attention always runs (V1's OPT is not modelled).
     pub fn set_skip_attention(&self, yes: bool) {
@@ -63,7 +72,7 @@ impl CausalLm {
         })?;
         Ok(match family.decoder {
             Decoder::Opt => CausalLm::Opt(Box::new(opt::OptModel::load(rt, cfg, src, opts)?)),
-            Decoder::Llama | Decoder::Gemma => {
+            Decoder::Llama | Decoder::Gemma | Decoder::Granite => {
                 CausalLm::Llama(Box::new(llama::LlamaModel::load(rt, cfg, src, opts)?))
             }
         })
@@ -125,7 +134,7 @@ impl CausalLm {
             self.lm_head(),
             &rows,
             self.config().vocab_size,
-            self.config().final_logit_softcap(),
+            self.config().logits_mods(),
         )?
         .ok_or_else(|| {
             crate::base::error::Error::Request(

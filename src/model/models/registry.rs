@@ -12,9 +12,12 @@ pub enum Decoder {
     /// `models/llama.rs`: pre-norm RMSNorm layers, fused add-norm in place, SiLU-gated MLP or
     /// a sparse MoE block (vLLM's `LlamaDecoderLayer` and the files built like it).
     Llama,
-    /// `models/gemma2.rs`: Gemma's `x · (1 + w)` norms as new tensors, four per layer, GeGLU,
+    /// `models/gemma.rs`: Gemma's `x · (1 + w)` norms as new tensors, four per layer, GeGLU,
     /// the embedding scaled by √hidden (vLLM's `Gemma2DecoderLayer`, `Gemma3DecoderLayer`).
     Gemma,
+    /// `models/granite.rs`: Llama's layers with a plain RMSNorm into a new tensor for every
+    /// norm and each branch scaled before its residual add (vLLM's `GraniteDecoderLayer`).
+    Granite,
     /// `models/opt.rs`: LayerNorm with bias, learned positions, ReLU MLP (vLLM's
     /// `OPTDecoderLayer`).
     Opt,
@@ -60,6 +63,9 @@ pub struct Family {
     /// release, Gemma's too.
     pub mlp_frees_gate_up: bool,
     pub qkv_bias: QkvBias,
+    /// `pre_feedforward_layernorm` and `post_feedforward_layernorm` around the MLP (Gemma 2
+    /// and 3).
+    pub feedforward_norms: bool,
     /// The mixture-of-experts families' checkpoint layout.
     pub moe: Option<MoeNames>,
 }
@@ -73,6 +79,7 @@ const LLAMA: Family = Family {
     fused_checkpoint: false,
     mlp_frees_gate_up: true,
     qkv_bias: QkvBias::Config { default: false },
+    feedforward_norms: false,
     moe: None,
 };
 
@@ -116,11 +123,21 @@ pub const FAMILIES: &[Family] = &[
         fused_checkpoint: true,
         ..LLAMA
     },
+    // gemma.py: Gemma 1, Gemma 2's layer without the feedforward norms, window or soft-caps.
+    Family {
+        model_type: "gemma",
+        architecture: "GemmaForCausalLM",
+        vllm_file: "gemma.py",
+        decoder: Decoder::Gemma,
+        mlp_frees_gate_up: false,
+        ..LLAMA
+    },
     Family {
         model_type: "gemma2",
         architecture: "Gemma2ForCausalLM",
         vllm_file: "gemma2.py",
         decoder: Decoder::Gemma,
+        feedforward_norms: true,
         mlp_frees_gate_up: false,
         ..LLAMA
     },
@@ -129,7 +146,18 @@ pub const FAMILIES: &[Family] = &[
         architecture: "Gemma3ForCausalLM",
         vllm_file: "gemma3.py",
         decoder: Decoder::Gemma,
+        feedforward_norms: true,
         qk_norm: true,
+        mlp_frees_gate_up: false,
+        ..LLAMA
+    },
+    // granite.py: Llama's weights; GraniteMLP keeps `gate_up` through down_proj in every
+    // release (0.6.4 L87-91, 0.19 L99-103).
+    Family {
+        model_type: "granite",
+        architecture: "GraniteForCausalLM",
+        vllm_file: "granite.py",
+        decoder: Decoder::Granite,
         mlp_frees_gate_up: false,
         ..LLAMA
     },
@@ -282,7 +310,7 @@ mod tests {
     fn the_list_reads_as_the_messages_always_did() {
         assert_eq!(
             supported_list(),
-            "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe or opt"
+            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe or opt"
         );
     }
 
