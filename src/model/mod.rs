@@ -437,6 +437,11 @@ pub fn open(source: &ModelSource, seed: u64) -> Result<OpenedModel> {
             }
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into());
+            let name = files
+                .config
+                .parent()
+                .and_then(hub_id_of_snapshot)
+                .unwrap_or(name);
             Ok(OpenedModel {
                 name,
                 config,
@@ -448,6 +453,20 @@ pub fn open(source: &ModelSource, seed: u64) -> Result<OpenedModel> {
             "a synthetic workload has no model config".into(),
         )),
     }
+}
+
+/// The hub id a Hugging Face cache snapshot folder holds (`…/models--ORG--NAME/snapshots/REV`
+/// is `ORG/NAME`), so a model found in the cache is named as the user named it, not by its
+/// revision hash.
+fn hub_id_of_snapshot(dir: &Path) -> Option<String> {
+    let snapshots = dir.parent()?;
+    if snapshots.file_name()? != "snapshots" {
+        return None;
+    }
+    let repo = snapshots.parent()?.file_name()?.to_str()?;
+    let id = repo.strip_prefix("models--")?;
+    let (org, name) = id.split_once("--")?;
+    (!org.is_empty() && !name.is_empty()).then(|| format!("{org}/{name}"))
 }
 
 /// What `vramscope inspect` prints.
@@ -1454,5 +1473,27 @@ fn check_fp8_blocks(sq: sharded::StoredQuant, cfg: &ModelConfig, config: &Path) 
     match crate::quant::fp8_block::model_problem(block, &cfg.decoder_linears(), false) {
         Some(p) => Err(Error::model(config, p)),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod hub_name_tests {
+    use std::path::Path;
+
+    #[test]
+    fn a_cache_snapshot_is_named_by_its_hub_id_not_its_revision() {
+        let snap = Path::new("/c/hub/models--meta-llama--Llama-3.1-8B-Instruct/snapshots/1f290537");
+        assert_eq!(
+            crate::model::hub_id_of_snapshot(snap).as_deref(),
+            Some("meta-llama/Llama-3.1-8B-Instruct")
+        );
+        assert_eq!(
+            crate::model::hub_id_of_snapshot(Path::new("/m/Llama-3.1-8B")),
+            None
+        );
+        assert_eq!(
+            crate::model::hub_id_of_snapshot(Path::new("/c/x/snapshots/abc")),
+            None
+        );
     }
 }
