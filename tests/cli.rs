@@ -1460,3 +1460,34 @@ fn the_documented_plan_lines_run_as_written() {
         assert!(text.contains("KV cache"), "{line}: {text}");
     }
 }
+
+/// A model of which only config.json is here runs dry on `--device sim:PRESET` (the form
+/// docs/cli.md shows); `:compute` still asks for its weights, naming the file.
+#[test]
+fn a_config_only_model_runs_dry_on_a_simulated_device_with_no_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 1024}"#,
+    )
+    .unwrap();
+    let model = dir.path().to_str().unwrap();
+    let r = profile_json(&["--model", model, "--device", "sim:h100-sxm", "--no-verify"]);
+    assert_eq!(r["device"]["mode"], "dry", "{}", r["device"]);
+    assert_eq!(r["device"]["spec"], "sim:h100-sxm:dry");
+    let out = vramscope(&[
+        "profile",
+        "--model",
+        model,
+        "--device",
+        "sim:h100-sxm:compute",
+        "--no-verify",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("config.json") && err.contains("needs the weights"),
+        "{err}"
+    );
+}

@@ -416,17 +416,27 @@ impl ProfileArgs {
                 crate::profile::vllm_args::quant_of(&model, dtype.as_deref(), method.as_deref())?
             }
         };
+        let mut device = DeviceSpec::parse(&self.device)?;
+        // `sim:PRESET` with no mode, for a model of which only config.json is here: there is
+        // nothing to compute with, so the run is dry, as `sim:PRESET:dry` would say
+        // (`:compute` still asks for the weights).
+        if let (DeviceSpec::Sim { dry, .. }, ModelSource::Path { path }) = (&mut device, &model) {
+            if self.device.split(':').count() == 2
+                && crate::model::resolve_files(path)
+                    .is_ok_and(|f| f.format == crate::model::FileFormat::ConfigOnly)
+            {
+                *dry = true;
+            }
+        }
         let r = ProfileRequest {
             model,
             quant,
-            device: DeviceSpec::parse(&self.device)?
-                .with_total(self.total)?
-                .with_topology(
-                    self.topology
-                        .as_deref()
-                        .map(crate::device::nccl_model::Topology::parse)
-                        .transpose()?,
-                )?,
+            device: device.with_total(self.total)?.with_topology(
+                self.topology
+                    .as_deref()
+                    .map(crate::device::nccl_model::Topology::parse)
+                    .transpose()?,
+            )?,
             tokens: self.work.tokens.unwrap_or(0),
             // 0: the release's default for this GPU (V0: 256; fewer when the batch given is
             // smaller, as vLLM takes), filled in with the batch.
