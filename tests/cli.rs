@@ -1144,6 +1144,10 @@ fn devices_lists_every_preset_with_both_totals_and_the_source() {
     let out = vramscope(&["devices"]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
+    // A source names a public document, never a path of the machine it was written on.
+    for machine in ["/work/", "/home/", "/root/", "/tmp/"] {
+        assert!(!text.contains(machine), "{machine} in:\n{text}");
+    }
     use vramscope::base::units::fmt_u;
     for p in vramscope::device::presets::SIM_PRESETS {
         let spec = format!("sim:{} ", p.id);

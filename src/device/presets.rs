@@ -176,7 +176,7 @@ const fn kept(id: &'static str, name: &'static str, of: SimPreset) -> SimPreset 
 const T4: SimPreset = measured(
     sms(card("t4", "NVIDIA Tesla T4 (simulated)", "Turing", 15360, 300), 40, 1024),
     gib_hundredths(1456),
-    "vLLM 0.7.2 log `total_gpu_memory=14.56GiB`, public Colab GRPO run (/work/shared/VLLM_LOGS_PUBLIC.md P3)",
+    "vLLM 0.7.2 log `total_gpu_memory=14.56GiB`, public Colab GRPO run log (P3 of the public vLLM logs vramscope is checked against)",
 );
 const A10: SimPreset = measured(
     sms(card("a10", "NVIDIA A10 (simulated)", "Ampere", 23028, 300), 72, 1536),
