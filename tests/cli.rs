@@ -1495,3 +1495,38 @@ fn a_config_only_model_runs_dry_on_a_simulated_device_with_no_mode() {
         "{err}"
     );
 }
+
+/// Each "what would change the answer" row is one line: a run's KV, or why it was not run in
+/// one clause (Q1 is a 0.19 log, where vramscope does not reproduce online fp8).
+#[test]
+fn explains_what_ifs_are_one_line_each() {
+    let q1 = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vllm-logs/q1-0.19-llama-3.1-8b-h100.log");
+    let out = vramscope(&["explain", q1.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("what would change"))
+        .skip(1)
+        .collect();
+    assert!(rows.len() >= 4, "{text}");
+    let fp8 = rows
+        .iter()
+        .find(|r| r.contains("--quantization fp8"))
+        .unwrap();
+    assert!(
+        fp8.contains("not run: ") && !fp8.contains("invalid setting"),
+        "{fp8}"
+    );
+    assert!(fp8.len() < 160, "{fp8}");
+    assert!(
+        rows.iter()
+            .all(|r| r.contains("KV ") || r.contains("not run: ")),
+        "{text}"
+    );
+}

@@ -28,11 +28,19 @@ pub fn run(log: &std::path::Path, overrides: &Overrides, no_what_if: bool) -> Re
         for (label, v) in explain::variants(&req) {
             match profile::run(&v, None, Arc::new(AtomicBool::new(false))) {
                 Ok(r) => println!("  {label:<32} {}", vs(&kv_of(&r), &base)),
-                Err(err) => println!("  {label:<32} {err}"),
+                Err(err) => println!("  {label:<32} not run: {}", first_clause(&err.to_string())),
             }
         }
     }
     Ok(())
+}
+
+/// A refusal's first clause, for a what-if row: the reason without the error kind's prefix or
+/// the paragraph after it ("--quant fp8 with --vllm 0.19: vramscope reproduces fp8 as vLLM
+/// 0.6.3 to 0.6.5 run it").
+fn first_clause(msg: &str) -> &str {
+    let m = msg.strip_prefix("invalid setting: ").unwrap_or(msg);
+    m.split(';').next().unwrap_or(m).trim_end_matches('.')
 }
 
 /// KV GiB and blocks (or tokens) of a run, as the release counts them.
@@ -116,4 +124,17 @@ pub fn text(
         out.push(format!("largest difference: {w}"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_what_if_refusal_is_one_clause() {
+        let m = "invalid setting: --quant fp8 with --vllm 0.19: vramscope reproduces fp8 as vLLM 0.6.3 to 0.6.5 run it; from 0.7 on it allocates differently";
+        assert_eq!(
+            super::first_clause(m),
+            "--quant fp8 with --vllm 0.19: vramscope reproduces fp8 as vLLM 0.6.3 to 0.6.5 run it"
+        );
+        assert_eq!(super::first_clause("out of memory"), "out of memory");
+    }
 }
