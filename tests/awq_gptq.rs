@@ -217,8 +217,25 @@ fn qwen2_5_7b_instruct_gptq_int4_loads_without_its_zeros_and_g_idx_on_marlin() {
         .err()
         .unwrap()
         .to_string();
+    // The GPU the user has stays the question: no other preset is suggested (issue 49).
     assert!(
-        err.contains("MacheteLinearKernel") && err.contains("a100-80gb"),
+        err.contains("MacheteLinearKernel") && !err.contains("a100-80gb"),
+        "{err}"
+    );
+    // Under a V1 release the refusal names that release, not 0.6.4's kernel choice.
+    let err = profile::run(
+        &ProfileRequest {
+            vllm: "0.19".into(),
+            ..req
+        },
+        None,
+        Arc::new(AtomicBool::new(false)),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        err.contains("--vllm 0.19") && !err.contains("Machete"),
         "{err}"
     );
 }

@@ -645,6 +645,9 @@ fn check_packed4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
             req.tp
         )));
     }
+    // The release first: a GPU check names 0.6.4's kernels, which say nothing of another
+    // release's choice.
+    marlin::check_release(req.release()?.name)?;
     match &req.device {
         // A CUDA device checks its own capability when the first layer loads.
         DeviceSpec::Cuda { .. } => {}
@@ -661,7 +664,7 @@ fn check_packed4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
             }
         }
     }
-    marlin::check_release(req.release()?.name)
+    Ok(())
 }
 
 /// The procedure on one GPU, or on one rank of a tensor-parallel instance.

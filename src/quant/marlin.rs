@@ -791,7 +791,7 @@ pub fn check_gpu(fmt: &Format, arch: &str, gpu: &str, layers: &[(usize, usize)])
             .find(|(n, k)| k.is_multiple_of(64) && n.is_multiple_of(128))
         {
             return Err(Error::Request(format!(
-                "a GPTQ checkpoint with group_size {} on {gpu} ({arch}): vLLM 0.6.4 runs its [{n}, {k}] layers with MacheteLinearKernel (choose_mp_linear_kernel tries Machete first on compute capability 9.0; kernels/__init__.py L15-19), whose prepacked layout vramscope does not reproduce; plan it on an Ampere preset (a100-80gb), where it runs on Marlin",
+                "a GPTQ checkpoint with group_size {} on {gpu} ({arch}): vLLM 0.6.4 runs its [{n}, {k}] layers with MacheteLinearKernel (choose_mp_linear_kernel tries Machete first on compute capability 9.0; kernels/__init__.py L15-19), whose prepacked layout vramscope does not reproduce yet; on an Ampere GPU the same checkpoint runs on Marlin, which it does",
                 fmt.group_size
             )));
         }
