@@ -362,3 +362,63 @@ fn gemma_3_under_v1_shares_kv_tensors_across_groups_and_windows_the_sliding_laye
     assert_eq!(r0.kv_geometry.hybrid, None);
     assert_eq!(kv_tensors(&r0), 48);
 }
+
+/// Mixtures of experts under V1 where the release runs 0.8.5's `fused_experts_impl` (0.11.0
+/// fused_moe.py L1484, in place, per-layer caches, chunks of 32768): a MoE block allocates what
+/// 0.8's does, byte for byte, except that `token_expert_indices` dies after the router logits'
+/// f32 copy (0.11.0 layer.py L1735: `select_experts` returns it up the stack). The releases with
+/// the modular kernel are refused naming why.
+#[test]
+fn moe_under_0_11_runs_0_8_5s_fused_moe_with_the_indices_freed_late() {
+    let block_events = |vllm: &str| {
+        let mut req = request(
+            "preset:qwen3-30b-a3b",
+            Quant::BF16,
+            "sim:h200-141gb:dry",
+            vllm,
+        );
+        req.tokens = 8192;
+        req.seqs = 256;
+        run(&req)
+            .events
+            .iter()
+            .filter(|e| e.pass == 1 && e.tensor.starts_with("layers.5.moe."))
+            .filter(|e| matches!(e.kind, EventKind::Alloc | EventKind::Free))
+            .map(|e| (e.kind == EventKind::Alloc, e.tensor.clone(), e.bytes))
+            .collect::<Vec<_>>()
+    };
+    let v0 = block_events("0.8");
+    let v1 = block_events("0.11");
+    assert!(v0.len() > 10, "{v0:?}");
+    let at = |ev: &[(bool, String, u64)], n: &str| {
+        ev.iter()
+            .position(|e| !e.0 && e.1.ends_with(n))
+            .unwrap_or_else(|| panic!("no free of {n}"))
+    };
+    let (idx, gating) = ("token_expert_indicies", "gating_output_float");
+    assert!(at(&v0, idx) < at(&v0, gating));
+    assert!(at(&v1, idx) > at(&v1, gating));
+    let mut swapped = v0.clone();
+    let (i, g) = (at(&v0, idx), at(&v0, gating));
+    swapped.swap(i, g);
+    assert_eq!(v1, swapped);
+    for vllm in ["0.15", "0.19", "0.21"] {
+        let err = profile::run(
+            &request(
+                "preset:qwen3-30b-a3b",
+                Quant::BF16,
+                "sim:h200-141gb:dry",
+                vllm,
+            ),
+            None,
+            Arc::new(AtomicBool::new(false)),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            err.contains(&format!("--vllm {vllm}")) && err.contains("0.8 and 0.11"),
+            "{err}"
+        );
+    }
+}

@@ -66,12 +66,14 @@ fn host_renormalize(w: &[f32], top_k: usize) -> Vec<f32> {
 /// sum into a new `[M, k]` tensor (`vllm_topk_softmax`, L839-840), the first one dying as the
 /// caller rebinds it; `token_expert_indicies` is deleted (L883), the f32 copy dies on return.
 /// Softmax in f32, top-k by value with ties to the lower expert index (the kernel's
-/// "lower indices win" argmax).
+/// "lower indices win" argmax). `indices_freed_late`: `token_expert_indices` dies after the
+/// f32 copy, as `select_experts` returns it up the stack (0.11.0 layer.py L1735).
 pub fn fused_topk(
     rt: &Runtime,
     logits: &Tensor,
     top_k: usize,
     renormalize: bool,
+    indices_freed_late: bool,
     name: &str,
 ) -> Result<Routing> {
     rt.check_cancel()?;
@@ -125,8 +127,13 @@ pub fn fused_topk(
         drop(sum);
         weights = renormed;
     }
-    drop(token_expert_indicies);
-    drop(gating);
+    if indices_freed_late {
+        drop(gating);
+        drop(token_expert_indicies);
+    } else {
+        drop(token_expert_indicies);
+        drop(gating);
+    }
     Ok(Routing {
         weights,
         ids,

@@ -806,6 +806,12 @@ pub(crate) fn run_rank(
             let mut model = CausalLm::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
             model.set_mlp_frees_gate_up(release.llama_mlp_frees_gate_up);
             model.set_normalizer_out_of_place(release.gemma_normalizer_out_of_place);
+            model.set_moe_indices_freed_late(matches!(
+                release.fused_moe,
+                crate::profile::vllm::FusedMoe::InPlace {
+                    indices_freed_late: true
+                }
+            ));
             let c = &opened.config;
             let info = ModelInfo {
                 name: opened.name.clone(),

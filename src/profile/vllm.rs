@@ -179,6 +179,9 @@ pub struct Release {
     pub has_qwen3: bool,
     /// The wheel has vllm/model_executor/models/gemma3.py (0.8.5's has, 0.7.3's has not).
     pub has_gemma3: bool,
+    /// How the release runs an unquantized mixture of experts on one GPU or with tensor
+    /// parallel (no expert parallel).
+    pub fused_moe: FusedMoe,
     /// 0-dim f32 tensors every attention layer makes on the device while the model is built
     /// (under the loader's `with target_device`; `LoadOptions::attn_scalars`): none up to
     /// 0.6.6 (`self._k_scale = 1.0`, a float: 0.6.6 attention/layer.py L72); `_k_scale`,
@@ -191,6 +194,21 @@ pub struct Release {
     /// V1's `GPU KV cache size` line: `int(max_concurrency · max_model_len)` tokens from 0.21
     /// (0.21.0 v1/core/kv_cache_utils.py:1708-1715), blocks · block_size before.
     pub tokens_from_concurrency: bool,
+}
+
+/// How a release runs an unquantized mixture of experts (no expert parallel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FusedMoe {
+    /// 0.8.5's `fused_experts_impl`, in place into the hidden states, its caches made and
+    /// freed in each layer (0.11.0 runs the same code: fused_moe.py L1484 there).
+    InPlace {
+        /// `token_expert_indices` lives until `select_experts` returns, after the f32 copy of
+        /// the router's logits dies (0.11.0 layer.py L1735); 0.8.5 deletes it inside
+        /// `fused_topk`, before.
+        indices_freed_late: bool,
+    },
+    /// Not reproduced, and why.
+    Unmodelled(&'static str),
 }
 
 /// The release a request names when it names none: PR #9516's own commit, the seed's
@@ -217,6 +235,7 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
+        fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
         attn_scalars: 0,
         graphs: Graphs::V0 {
             attention: V0Attention::Fa2,
@@ -241,6 +260,7 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
+        fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
         attn_scalars: 0,
         graphs: Graphs::NotModelled,
         tokens_from_concurrency: false,
@@ -263,6 +283,7 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
+        fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
         attn_scalars: 0,
         graphs: Graphs::V0 {
             attention: V0Attention::Fa2,
@@ -288,6 +309,7 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
+        fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
         attn_scalars: 0,
         graphs: Graphs::V0 {
             attention: V0Attention::Fa2,
@@ -312,6 +334,7 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
+        fused_moe: FusedMoe::Unmodelled("0.7.3's fused MoE is not checked against 0.8.5's yet"),
         attn_scalars: 2,
         graphs: Graphs::NotModelled,
         tokens_from_concurrency: false,
@@ -334,6 +357,9 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: true,
         has_gemma3: true,
+        fused_moe: FusedMoe::InPlace {
+            indices_freed_late: false,
+        },
         attn_scalars: 4,
         graphs: Graphs::V0 {
             attention: V0Attention::Fa3OnHopper,
@@ -364,6 +390,9 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
+        fused_moe: FusedMoe::InPlace {
+            indices_freed_late: true,
+        },
         attn_scalars: 7,
         graphs: Graphs::V1 {
             step8: true,
@@ -397,6 +426,9 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
+        fused_moe: FusedMoe::Unmodelled(
+            "its modular kernel (TritonExperts) keeps a persistent workspace and returns a new output (0.15.1 fused_moe/modular_kernel.py; docs/reading/vllm-v1-fused-moe.md)",
+        ),
         attn_scalars: 7,
         graphs: Graphs::V1 {
             step8: false,
@@ -427,6 +459,9 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
+        fused_moe: FusedMoe::Unmodelled(
+            "its modular kernel (TritonExperts) keeps a persistent workspace and returns a new output (0.19.0 fused_moe/modular_kernel.py; docs/reading/vllm-v1-fused-moe.md)",
+        ),
         attn_scalars: 7,
         graphs: Graphs::V1 {
             step8: false,
@@ -460,6 +495,9 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
+        fused_moe: FusedMoe::Unmodelled(
+            "it runs FlashInfer's CUTLASS MoE by default on Hopper (0.21.0 fused_moe/oracle/unquantized.py; docs/reading/vllm-v1-fused-moe.md)",
+        ),
         attn_scalars: 7,
         graphs: Graphs::V1 {
             step8: false,
@@ -485,17 +523,16 @@ impl Release {
     /// on run Qwen3.
     pub fn check_arch(&self, arch: &str) -> Result<()> {
         if matches!(arch, "mixtral" | "qwen2_moe" | "qwen3_moe") {
-            // Every release here has mixtral.py and 0.8.5 on has qwen3_moe.py, but the fused
-            // MoE's allocations are reproduced from 0.8.5's fused_moe.py alone (V0, eager):
-            // 0.6.x chunks and names differently, V1 keeps a persistent workspace.
-            return if self.name == "0.8" {
-                Ok(())
-            } else {
-                Err(Error::Request(format!(
-                    "--vllm {}: model_type '{arch}' (mixture of experts) is reproduced for --vllm 0.8 \
-                     (0.8.5's fused_moe.py, V0) only so far",
+            // Every release here has mixtral.py and 0.8.5 on has qwen3_moe.py; the fused MoE's
+            // allocations are reproduced where the release runs 0.8.5's `fused_experts_impl`.
+            return match self.fused_moe {
+                FusedMoe::InPlace { .. } => Ok(()),
+                FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
+                    "--vllm {}: model_type '{arch}' (mixture of experts) is not modelled under this \
+                     release: {why}; it is reproduced for --vllm 0.8 and 0.11 (0.8.5's and 0.11.0's \
+                     fused_experts_impl)",
                     self.name
-                )))
+                ))),
             };
         }
         if ALWAYS.contains(&arch)

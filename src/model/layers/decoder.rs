@@ -4,7 +4,7 @@
 
 use super::attention::{Attention, AttentionRun};
 use super::mlp::{mlp_forward, MlpRun};
-use super::moe::{moe_block_forward, MoeBlock};
+use super::moe::{moe_block_forward_as, MoeBlock};
 use crate::base::error::{Error, Result};
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
@@ -45,11 +45,13 @@ pub enum Mlp {
 }
 
 /// What a sparse block needs besides its weights: this rank's expert shape, the activation
-/// dtype and the GPU's name (it picks fused MoE's tuned Triton config).
+/// dtype, the GPU's name (it picks fused MoE's tuned Triton config) and the release's routing.
 pub struct MoeRun<'a> {
     pub shape: Option<&'a MoeShape>,
     pub act: DType,
     pub gpu: &'a str,
+    /// The release's routing frees `token_expert_indices` after the logits' f32 copy.
+    pub indices_freed_late: bool,
 }
 
 impl Mlp {
@@ -87,7 +89,15 @@ impl Mlp {
                 let m = moe.shape.ok_or_else(|| {
                     Error::Request(format!("{l}: a sparse block in a model with no experts"))
                 })?;
-                moe_block_forward(rt, x, block, m, moe.act, l, moe.gpu)
+                moe_block_forward_as(
+                    rt,
+                    x,
+                    block,
+                    m,
+                    (moe.act, moe.indices_freed_late),
+                    l,
+                    moe.gpu,
+                )
             }
         }
     }

@@ -46,10 +46,24 @@ pub struct SharedExpert {
 /// picks the Triton config.
 pub fn moe_block_forward(
     rt: &Runtime,
-    mut x: Tensor,
+    x: Tensor,
     block: &MoeBlock,
     m: &MoeShape,
     act: DType,
+    layer: &str,
+    gpu: &str,
+) -> Result<Tensor> {
+    moe_block_forward_as(rt, x, block, m, (act, false), layer, gpu)
+}
+
+/// `moe_block_forward` as a release runs it: `(act, indices_freed_late)`, the second as
+/// `ops_moe::fused_topk` takes it (0.11.0's routing).
+pub fn moe_block_forward_as(
+    rt: &Runtime,
+    mut x: Tensor,
+    block: &MoeBlock,
+    m: &MoeShape,
+    (act, indices_freed_late): (DType, bool),
     layer: &str,
     gpu: &str,
 ) -> Result<Tensor> {
@@ -67,7 +81,14 @@ pub fn moe_block_forward(
         Category::Activation,
     )?;
     let name = format!("{layer}.moe");
-    let routing = ops_moe::fused_topk(rt, &logits, m.top_k, m.renormalize, &name)?;
+    let routing = ops_moe::fused_topk(
+        rt,
+        &logits,
+        m.top_k,
+        m.renormalize,
+        indices_freed_late,
+        &name,
+    )?;
     let experts = ops_moe::Experts {
         w13: &block.w13,
         w2: &block.w2,

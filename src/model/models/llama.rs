@@ -81,6 +81,9 @@ pub struct LlamaModel {
     /// Gemma 1 and 2 scale the embedding by `normalizer` into a new tensor (vLLM 0.19 on),
     /// not in place.
     pub normalizer_out_of_place: bool,
+    /// The fused MoE's routing frees `token_expert_indices` after the logits' f32 copy (vLLM
+    /// 0.11).
+    pub moe_indices_freed_late: bool,
     generation: Cell<u32>,
 }
 
@@ -337,6 +340,7 @@ impl LlamaModel {
             mlp_frees_gate_up: false,
             skip_attention: std::cell::Cell::new(false),
             normalizer_out_of_place: false,
+            moe_indices_freed_late: false,
             generation: Cell::new(0),
         })
     }
@@ -463,6 +467,7 @@ impl LlamaModel {
                 shape: self.local.moe.as_ref(),
                 act,
                 gpu: &gpu,
+                indices_freed_late: self.moe_indices_freed_late,
             },
             final_norm: &self.norm,
             eps: cfg.rms_norm_eps as f32,

@@ -48,6 +48,14 @@ impl CausalLm {
         }
     }
 
+    /// Frees the fused MoE's `token_expert_indices` after the router logits' f32 copy, as
+    /// vLLM 0.11 does.
+    pub fn set_moe_indices_freed_late(&mut self, yes: bool) {
+        if let CausalLm::Llama(m) = self {
+            m.moe_indices_freed_late = yes;
+        }
+    }
+
     /// Runs attention as vLLM V1's profile run does (skipped: zeros of the output's shape), or
     /// for real. OPT's attention always runs (V1's OPT is not modelled).
     pub fn set_skip_attention(&self, yes: bool) {
