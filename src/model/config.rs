@@ -769,7 +769,7 @@ impl ModelConfig {
             "above 0 and at most 1",
         )?;
         let rotary = (head_dim as f64 * partial_rotary_factor) as usize;
-        if rotary == 0 || rotary % 2 != 0 {
+        if rotary == 0 || !rotary.is_multiple_of(2) {
             return Err(format!(
                 "partial_rotary_factor {partial_rotary_factor} of head_dim {head_dim} turns {rotary} dimensions: expected an even number above 0"
             ));
