@@ -2,7 +2,7 @@
 """Reference logits for tests/hf_reference.rs: Hugging Face transformers' own model classes
 (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM,
 Gemma3ForCausalLM for model_type gemma3_text, MixtralForCausalLM, Qwen3MoeForCausalLM,
-Qwen2MoeForCausalLM, GemmaForCausalLM, GraniteForCausalLM, picked by the config's architectures)
+Qwen2MoeForCausalLM, GemmaForCausalLM, GraniteForCausalLM, PhiForCausalLM, picked by the config's architectures)
 in PyTorch fp32 on the CPU, on the small checkpoints the test writes with gen-model (seeded
 synthetic weights, f16 safetensors, config.json as vramscope writes it).
 
@@ -30,7 +30,7 @@ base = TOKENS // SEQS
 lens = [base + (1 if i < TOKENS % SEQS else 0) for i in range(SEQS)]
 ids = [(i * 7919 + 13) % VOCAB for i in range(TOKENS)]
 PICK = list(range(3, VOCAB, 16))
-for name in sys.argv[2].split(",") if len(sys.argv) > 2 else ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "qwen2_moe", "gemma", "granite"]:
+for name in sys.argv[2].split(",") if len(sys.argv) > 2 else ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "qwen2_moe", "gemma", "granite", "phi"]:
     model = AutoModelForCausalLM.from_pretrained(os.path.join(root, name), dtype=torch.float32,
                                                  attn_implementation="eager")
     model.eval()

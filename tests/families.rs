@@ -73,10 +73,10 @@ fn granite_scales_logits_and_embedding_in_place() {
     assert!(names.contains(&"layers.39.residual_mlp.scaled"));
 }
 
-/// `plan` takes the new families' hub ids as pasted, through the presets of their published
+/// `plan` takes the new families' hub ids as pasted (Gemma 1, Granite, Phi-2), through the presets of their published
 /// shapes, and a model type vLLM runs but vramscope does not yet is refused by name.
 #[test]
-fn plan_accepts_gemma_and_granite_and_names_what_it_refuses() {
+fn plan_accepts_gemma_granite_and_phi_and_names_what_it_refuses() {
     let cache = tempfile::tempdir().unwrap();
     let plan = |line: &str| {
         let mut args = vec!["plan", "--vllm", "0.19", "--no-verify", "--"];
@@ -91,6 +91,7 @@ fn plan_accepts_gemma_and_granite_and_names_what_it_refuses() {
         "vllm serve google/gemma-7b --max-model-len 4096",
         "vllm serve google/gemma-1.1-2b-it",
         "vllm serve ibm-granite/granite-3.3-8b-instruct --max-model-len 32768",
+        "vllm serve microsoft/phi-2",
     ] {
         let out = plan(line);
         let err = String::from_utf8_lossy(&out.stderr);

@@ -181,3 +181,55 @@ fn gemma_3_12b_text_loads_its_stored_bytes() {
     let scalars = attention_scalars(&ModelConfig::from_hf_json(&published).unwrap());
     check_with_device_extras(published, 11_766_034_176, local + global + 2 + scalars);
 }
+
+/// microsoft/phi-2's config.json: 2.78 B parameters, every linear layer, LayerNorm and the
+/// lm_head with a bias. Its model.safetensors.index.json's total_size is 5,559,367,680 bytes
+/// (fp16; research §4). vLLM adds one rotary cache `[2048, rotary_dim = 80 · 0.4 = 32]`
+/// (phi.py L112 with get_rope's `rotary_dim`, research §3) in the model's dtype, and the
+/// attention scalars.
+#[test]
+fn phi_2_loads_its_stored_bytes() {
+    let published = serde_json::json!({
+        "architectures": ["PhiForCausalLM"], "model_type": "phi",
+        "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 51200,
+        "max_position_embeddings": 2048, "partial_rotary_factor": 0.4,
+        "layer_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": null,
+        "hidden_act": "gelu_new", "qk_layernorm": false, "tie_word_embeddings": false,
+        "resid_pdrop": 0.1, "embd_pdrop": 0.0, "attention_dropout": 0.0,
+        "bos_token_id": 50256, "eos_token_id": 50256, "initializer_range": 0.02,
+        "torch_dtype": "float16", "use_cache": true
+    });
+    let cfg = ModelConfig::from_hf_json(&published).unwrap();
+    assert_eq!(cfg, vramscope::model::presets::preset("phi-2").unwrap());
+    assert_eq!(cfg.param_count() * 2, 5_559_367_680);
+    let rotary = 2048 * 32 * 2;
+    check_with_device_extras(published, 2_779_683_840, rotary + attention_scalars(&cfg));
+}
+
+/// phi-2's KV cache per token as vLLM sizes it: 2 (K and V) × 32 layers × 32 heads (MHA:
+/// phi.py's QKVParallelLinear has no KV heads of its own, 0.19 L92-98) × head_size 80
+/// (hidden / heads, L88) × 2 bytes = 327,680; partial rotary does not narrow the cache
+/// (research §5). A page of one layer at block 16: 163,840 bytes.
+#[test]
+fn phi_2_caches_327680_bytes_per_token() {
+    for vllm in ["0.8", "0.19"] {
+        let req = ProfileRequest {
+            model: ModelSource::Preset {
+                name: "phi-2".into(),
+            },
+            quant: Quant::F16,
+            device: DeviceSpec::parse("sim:h100-80gb:dry").unwrap(),
+            tokens: 256,
+            seqs: 4,
+            verify: false,
+            vllm: vllm.into(),
+            ..ProfileRequest::default()
+        };
+        let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
+        let g = &r.kv_geometry;
+        assert_eq!(g.block_bytes() / g.block_size, 327_680, "--vllm {vllm}");
+        assert_eq!(g.page_bytes(), 163_840 * g.block_size / 16, "--vllm {vllm}");
+        assert_eq!((g.num_layers, g.num_kv_heads, g.head_dim), (32, 32, 80));
+    }
+}

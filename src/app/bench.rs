@@ -339,13 +339,9 @@ fn run_rank(
         let input = smp::prepare_model_input(&rt, &batch)?;
         let hidden = model.forward_hidden(&rt, &batch)?;
         // Only rank 0 samples; the others send their shard of the logits.
-        if let Some(logits) = smp::compute_logits(
-            &rt,
-            &hidden,
-            model.lm_head(),
-            &input.selected_rows,
-            opened.config.logits_mods(),
-        )? {
+        if let Some(logits) =
+            smp::compute_logits(&rt, &hidden, model.logits_head(), &input.selected_rows)?
+        {
             let s = Sampler::new(req.seed);
             s.head_rows.set(req.sampler_rows);
             // Warm the kernels once, then time.
@@ -407,10 +403,9 @@ fn forward_logits(
     crate::model::sampler::logits_f32(
         rt,
         &hidden,
-        model.lm_head(),
+        model.logits_head(),
         &rows,
         model.config().vocab_size,
-        model.config().logits_mods(),
     )
 }
 

@@ -271,7 +271,10 @@ pub fn rope(x: &mut [f32], positions: &[usize], heads: usize, head_dim: usize, t
 /// q and k and all heads (the angle is the same; only the vectors differ).
 pub struct RopeTable {
     head_dim: usize,
-    /// `[tokens, head_dim / 2]` pairs `(cos, sin)` of `position · θ^(−2i / head_dim)`.
+    /// The first dimensions of each head that turn (`head_dim` but for Phi's partial rotary);
+    /// the rest pass through.
+    rotary_dim: usize,
+    /// `[tokens, rotary_dim / 2]` pairs `(cos, sin)` of `position · θ^(−2i / rotary_dim)`.
     cos_sin: Vec<(f32, f32)>,
 }
 
@@ -283,9 +286,22 @@ impl RopeTable {
     /// Linear rope scaling (vLLM's `LinearScalingRotaryEmbedding`): position `p` turns by the
     /// angles of `p / factor`.
     pub fn linear_scaled(positions: &[usize], head_dim: usize, theta: f32, factor: f32) -> Self {
-        let half = head_dim / 2;
+        Self::partial(positions, head_dim, head_dim, theta, factor)
+    }
+
+    /// Only the first `rotary_dim` dimensions of each head turn, with the frequencies of a
+    /// `rotary_dim`-wide embedding (vLLM's `RotaryEmbedding` with `rotary_dim < head_size`,
+    /// Hugging Face's `apply_rotary_pos_emb` on `q[..., :rotary_dim]` for Phi).
+    pub fn partial(
+        positions: &[usize],
+        head_dim: usize,
+        rotary_dim: usize,
+        theta: f32,
+        factor: f32,
+    ) -> Self {
+        let half = rotary_dim / 2;
         let inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+            .map(|i| 1.0 / theta.powf((2 * i) as f32 / rotary_dim as f32))
             .collect();
         let cos_sin = positions
             .iter()
@@ -299,35 +315,46 @@ impl RopeTable {
             })
             .map(|(sin, cos)| (cos, sin))
             .collect();
-        RopeTable { head_dim, cos_sin }
+        RopeTable {
+            head_dim,
+            rotary_dim,
+            cos_sin,
+        }
     }
 }
 
 /// RoPE in place on `heads` heads of every token row of `x` laid out as `at` (so q and k may
 /// be column ranges of one fused tensor).
 pub fn rope_strided(x: &mut [f32], at: RowLayout, heads: usize, table: &RopeTable) {
-    let (hd, half) = (table.head_dim, table.head_dim / 2);
+    let (hd, rot, half) = (table.head_dim, table.rotary_dim, table.rotary_dim / 2);
     if half == 0 || table.cos_sin.is_empty() {
         return;
     }
     let x = &mut x[at.off..];
     match par_chunk_rows(table.cos_sin.len() / half, heads * hd) {
-        None => rope_rows(x, at.ld, heads, hd, &table.cos_sin),
+        None => rope_rows(x, at.ld, heads, (hd, rot), &table.cos_sin),
         Some(rows) => x
             .par_chunks_mut(rows * at.ld)
             .zip(table.cos_sin.par_chunks(rows * half))
-            .for_each(|(x, cs)| rope_rows(x, at.ld, heads, hd, cs)),
+            .for_each(|(x, cs)| rope_rows(x, at.ld, heads, (hd, rot), cs)),
     }
 }
 
-/// RoPE on the token rows `x` starts with (row `t` at `t · ld`), one row per `head_dim / 2`
-/// pairs of `cos_sin`.
-fn rope_rows(x: &mut [f32], ld: usize, heads: usize, hd: usize, cos_sin: &[(f32, f32)]) {
-    let half = hd / 2;
+/// RoPE on the token rows `x` starts with (row `t` at `t · ld`), one row per `rot / 2` pairs
+/// of `cos_sin`: the first `rot` of each head's `hd` dimensions turn, neox style (dimension
+/// `i` with `i + rot / 2`).
+fn rope_rows(
+    x: &mut [f32],
+    ld: usize,
+    heads: usize,
+    (hd, rot): (usize, usize),
+    cos_sin: &[(f32, f32)],
+) {
+    let half = rot / 2;
     for (t, cs) in cos_sin.chunks_exact(half).enumerate() {
         for h in 0..heads {
             let base = t * ld + h * hd;
-            let (a, b) = x[base..base + hd].split_at_mut(half);
+            let (a, b) = x[base..base + rot].split_at_mut(half);
             for ((a, b), &(cos, sin)) in a.iter_mut().zip(b.iter_mut()).zip(cs) {
                 let (x0, x1) = (*a, *b);
                 *a = x0 * cos - x1 * sin;
@@ -541,9 +568,37 @@ mod tests {
         let mut split = wavy(tokens * ld, 6);
         let mut one = split.clone();
         rope_strided(&mut split, RowLayout { off: 0, ld }, heads, &table);
-        rope_rows(&mut one, ld, heads, hd, &table.cos_sin);
+        rope_rows(&mut one, ld, heads, (hd, hd), &table.cos_sin);
         assert!(split == one);
         assert!(split != wavy(tokens * ld, 6));
+    }
+
+    /// Phi's partial rotary: the first `rotary_dim` dimensions of each head turn as a head of
+    /// that width would; the others are left as they were.
+    #[test]
+    fn partial_rope_turns_only_the_first_rotary_dims_of_each_head() {
+        let (tokens, heads, hd, rot) = (5, 3, 10, 4);
+        let positions: Vec<usize> = (0..tokens).collect();
+        let x = wavy(tokens * heads * hd, 3);
+        let mut got = x.clone();
+        let table = RopeTable::partial(&positions, hd, rot, 10_000.0, 1.0);
+        rope_strided(&mut got, RowLayout::packed(heads * hd), heads, &table);
+        let narrow = RopeTable::new(&positions, rot, 10_000.0);
+        for t in 0..tokens {
+            for h in 0..heads {
+                let at = t * heads * hd + h * hd;
+                let mut head = x[at..at + rot].to_vec();
+                rope_strided(
+                    &mut head,
+                    RowLayout::packed(rot),
+                    1,
+                    &RopeTable::new(&[t], rot, 10_000.0),
+                );
+                assert_eq!(got[at..at + rot], head[..], "token {t} head {h}");
+                assert_eq!(got[at + rot..at + hd], x[at + rot..at + hd]);
+            }
+        }
+        assert_eq!(narrow.cos_sin.len(), tokens * rot / 2);
     }
 
     #[test]

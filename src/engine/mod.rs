@@ -11,6 +11,7 @@ pub mod ops_gemma;
 pub mod ops_granite;
 pub mod ops_moe;
 pub mod ops_opt;
+pub mod ops_phi;
 pub mod ops_tp;
 pub mod progress;
 pub mod runtime;

@@ -75,7 +75,21 @@ pub fn rope(
     k: &mut Tensor,
     positions: &[usize],
     shape: AttnShape,
+    rope: (f64, f64),
+) -> Result<()> {
+    rope_partial(rt, q, k, positions, shape, rope, shape.head_dim)
+}
+
+/// `rope` turning only the first `rotary_dim` dimensions of each head (Phi's partial rotary,
+/// vLLM's `RotaryEmbedding` with `rotary_dim < head_size`): in place, no allocation.
+pub fn rope_partial(
+    rt: &Runtime,
+    q: &mut Tensor,
+    k: &mut Tensor,
+    positions: &[usize],
+    shape: AttnShape,
     (theta, linear_factor): (f64, f64),
+    rotary_dim: usize,
 ) -> Result<()> {
     rt.check_cancel()?;
     rt.set_op("rope");
@@ -84,7 +98,8 @@ pub fn rope(
         Backend::Dry => {}
         Backend::Cpu => {
             let (hd, heads, kv_heads) = (shape.head_dim, shape.heads, shape.kv_heads);
-            let table = cpu::RopeTable::linear_scaled(positions, hd, theta, linear_factor as f32);
+            let table =
+                cpu::RopeTable::partial(positions, hd, rotary_dim, theta, linear_factor as f32);
             let (q_at, k_at) = (
                 RowLayout::packed(heads * hd),
                 RowLayout::packed(kv_heads * hd),
@@ -95,6 +110,11 @@ pub fn rope(
         Backend::Cuda if linear_factor != 1.0 => {
             return Err(Error::Request(
                 "linear rope scaling has no CUDA kernel yet".into(),
+            ))
+        }
+        Backend::Cuda if rotary_dim != shape.head_dim => {
+            return Err(Error::Request(
+                "partial rotary embedding has no CUDA kernel yet".into(),
             ))
         }
         Backend::Cuda => cuda(rt, |c| c.rope(q, k, positions, shape, theta))?,

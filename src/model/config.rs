@@ -1,5 +1,5 @@
 //! Llama-family shapes: from a Hugging Face `config.json` (llama, mistral, qwen2, qwen3, phi3,
-//! gemma2, gemma3_text; opt) or a preset.
+//! gemma2, gemma3_text; opt; phi) or a preset.
 
 use std::path::Path;
 
@@ -29,6 +29,9 @@ pub struct ModelConfig {
     /// OPT's extra shape (`model_type: "opt"`); `None` for the Llama family.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opt: Option<OptShape>,
+    /// Phi's extra shape (`model_type: "phi"`: phi-1_5, phi-2); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phi: Option<PhiShape>,
     /// Gemma 2 / Gemma 3's extra shape (`model_type: "gemma2"` or `"gemma3_text"`); `None`
     /// otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -142,6 +145,17 @@ pub struct OptShape {
     pub remove_final_layer_norm: bool,
 }
 
+/// What a Phi decoder (`PhiConfig`, configuration_phi.py at transformers 4.57.0) has beyond
+/// the Llama fields; vLLM's phi.py reads the same keys.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PhiShape {
+    /// The share of each head the rotary embedding turns: `rotary_dim = int(head_size ·
+    /// partial_rotary_factor)` (vLLM rotary_embedding/__init__.py L62-66 at 0.19).
+    pub partial_rotary_factor: f64,
+    /// Both `nn.LayerNorm`s' eps (phi.py L182-184, L225-227 at 0.19).
+    pub layer_norm_eps: f64,
+}
+
 /// vLLM's `OPTLearnedPositionalEmbedding` offset (opt.py L48-58): the table has two rows more
 /// than `max_position_embeddings` and position p reads row p + 2.
 pub const OPT_POSITION_OFFSET: usize = 2;
@@ -235,6 +249,15 @@ impl ModelConfig {
             kv_heads: self.num_kv_heads,
             head_dim: self.head_dim,
             mods: ScoreMods::default(),
+        }
+    }
+
+    /// The head dimensions the rotary embedding turns (the first ones of each head), and the
+    /// width of its `cos_sin_cache`: all of them but for Phi's partial rotary.
+    pub fn rotary_dim(&self) -> usize {
+        match &self.phi {
+            Some(p) => (self.head_dim as f64 * p.partial_rotary_factor) as usize,
+            None => self.head_dim,
         }
     }
 
@@ -346,6 +369,9 @@ impl ModelConfig {
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
         if let Some(opt) = &self.opt {
             return self.opt_tensor_shapes(opt);
+        }
+        if self.phi.is_some() {
+            return self.phi_tensor_shapes();
         }
         let (h, i, q, kv, v) = (
             self.hidden_size,
@@ -467,6 +493,31 @@ impl ModelConfig {
         out
     }
 
+    /// Phi's tensors as `PhiForCausalLM.state_dict()` names them (microsoft/phi-2's index):
+    /// every linear layer and LayerNorm with its bias, the lm_head too.
+    fn phi_tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
+        let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
+        let lin = |out: &mut Vec<_>, name: String, n: usize, k: usize| {
+            out.push((format!("{name}.weight"), vec![n, k]));
+            out.push((format!("{name}.bias"), vec![n]));
+        };
+        for l in 0..self.num_layers {
+            let p = format!("model.layers.{l}");
+            out.push((format!("{p}.input_layernorm.weight"), vec![h]));
+            out.push((format!("{p}.input_layernorm.bias"), vec![h]));
+            for proj in ["q_proj", "k_proj", "v_proj", "dense"] {
+                lin(&mut out, format!("{p}.self_attn.{proj}"), h, h);
+            }
+            lin(&mut out, format!("{p}.mlp.fc1"), i, h);
+            lin(&mut out, format!("{p}.mlp.fc2"), h, i);
+        }
+        out.push(("model.final_layernorm.weight".to_string(), vec![h]));
+        out.push(("model.final_layernorm.bias".to_string(), vec![h]));
+        lin(&mut out, "lm_head".to_string(), v, h);
+        out
+    }
+
     /// Refuses weights that hold a layer the config does not count (`prefix` + index: the
     /// extra layers would be silently ignored). `key` names the count for the message.
     pub(crate) fn check_layers_present<'a>(
@@ -567,6 +618,9 @@ impl ModelConfig {
         let hidden_size = get("hidden_size")?;
         if arch == "opt" {
             return Self::opt_from_hf_json(v, hidden_size, &get);
+        }
+        if arch == "phi" {
+            return Self::phi_from_hf_json(v, hidden_size, &get);
         }
         if arch == "phi3" {
             // Phi-3-mini-128k, Phi-3.5-mini and Phi-4-mini scale their rotary embedding
@@ -684,9 +738,128 @@ impl ModelConfig {
             },
             arch,
             opt: None,
+            phi: None,
             gemma,
             moe,
             granite,
+        })
+    }
+
+    /// A `PhiConfig` as vLLM's phi.py reads it (0.19 L85-150), with Hugging Face's defaults
+    /// for the keys a config leaves out. What vLLM ignores and transformers uses
+    /// (`intermediate_size`, `num_key_value_heads`, `qk_layernorm`) must match what vLLM
+    /// assumes, or the checkpoint would run differently in the two: refused, naming the key.
+    fn phi_from_hf_json(
+        v: &serde_json::Value,
+        hidden_size: usize,
+        get: &dyn Fn(&str) -> std::result::Result<usize, String>,
+    ) -> std::result::Result<Self, String> {
+        let num_heads = get("num_attention_heads")?;
+        if !hidden_size.is_multiple_of(num_heads) {
+            return Err(format!(
+                "hidden_size {hidden_size} is not a multiple of num_attention_heads {num_heads}"
+            ));
+        }
+        // phi.py L149-150: `n_inner = getattr(config, "n_inner", None)`, else 4·hidden;
+        // PhiConfig has no n_inner.
+        let width = 4 * hidden_size;
+        let or = |k: &str, default: usize| {
+            if v[k].is_null() {
+                Ok(default)
+            } else {
+                get(k)
+            }
+        };
+        let inter = or("intermediate_size", 8192)?;
+        if inter != width {
+            return Err(format!(
+                "intermediate_size {inter} is not 4 × hidden_size ({width}): vLLM's phi.py sizes fc1 as 4 × hidden_size whatever the config says"
+            ));
+        }
+        let kv = or("num_key_value_heads", num_heads)?;
+        if kv != num_heads {
+            return Err(format!(
+                "num_key_value_heads {kv} differs from num_attention_heads {num_heads}: vLLM's phi.py runs multi-head attention only"
+            ));
+        }
+        if boolean(v, "qk_layernorm", false)? {
+            return Err("qk_layernorm true is not supported: vLLM's phi.py ignores it".into());
+        }
+        if boolean(v, "tie_word_embeddings", false)? {
+            return Err(
+                "tie_word_embeddings true is not supported for phi (vLLM's phi.py asserts it is false)"
+                    .into(),
+            );
+        }
+        let act = match &v["hidden_act"] {
+            serde_json::Value::Null => "gelu_new",
+            serde_json::Value::String(s) => s.as_str(),
+            other => {
+                return Err(format!(
+                    "'hidden_act' is {other} (a {}), expected a string such as \"gelu_new\"",
+                    crate::base::fsguard::json_kind(other)
+                ))
+            }
+        };
+        if act != "gelu_new" {
+            return Err(format!(
+                "hidden_act '{act}' is not supported for phi (expected gelu_new)"
+            ));
+        }
+        if let Some(rs) = v.get("rope_scaling").filter(|r| !r.is_null()) {
+            return Err(format!(
+                "rope_scaling {rs} is not supported for phi (only the plain rotary embedding)"
+            ));
+        }
+        let head_dim = hidden_size / num_heads;
+        let partial_rotary_factor = float(
+            v,
+            "partial_rotary_factor",
+            0.5,
+            |x| x > 0.0 && x <= 1.0,
+            "above 0 and at most 1",
+        )?;
+        let rotary = (head_dim as f64 * partial_rotary_factor) as usize;
+        if rotary == 0 || !rotary.is_multiple_of(2) {
+            return Err(format!(
+                "partial_rotary_factor {partial_rotary_factor} of head_dim {head_dim} turns {rotary} dimensions: expected an even number above 0"
+            ));
+        }
+        let layer_norm_eps = float(
+            v,
+            "layer_norm_eps",
+            1e-5,
+            |x| x > 0.0 && x < 1.0,
+            "above 0 and below 1",
+        )?;
+        Ok(ModelConfig {
+            arch: "phi".into(),
+            hidden_size,
+            intermediate_size: width,
+            num_layers: get("num_hidden_layers")?,
+            num_heads,
+            num_kv_heads: num_heads,
+            head_dim,
+            vocab_size: or("vocab_size", 51200)?,
+            rope_theta: float(
+                v,
+                "rope_theta",
+                10000.0,
+                |x| x > 1.0 && x <= 1e12,
+                "above 1 and at most 1e12",
+            )?,
+            rms_norm_eps: 0.0,
+            tie_word_embeddings: false,
+            attention_bias: true,
+            max_position_embeddings: or("max_position_embeddings", 2048)?,
+            opt: None,
+            phi: Some(PhiShape {
+                partial_rotary_factor,
+                layer_norm_eps,
+            }),
+            gemma: None,
+            moe: None,
+            granite: None,
         })
     }
 
@@ -755,6 +928,7 @@ impl ModelConfig {
             gemma: None,
             moe: None,
             granite: None,
+            phi: None,
             opt: Some(OptShape {
                 do_layer_norm_before,
                 word_embed_proj_dim,
@@ -788,6 +962,32 @@ impl ModelConfig {
                 "bos_token_id": 2,
                 "eos_token_id": 2,
                 "pad_token_id": 1,
+                "torch_dtype": torch_dtype,
+            });
+        }
+        if let Some(phi) = &self.phi {
+            // The keys of microsoft/phi-2's config.json (dropout off: the forward is
+            // compared at inference).
+            return serde_json::json!({
+                "architectures": ["PhiForCausalLM"],
+                "model_type": "phi",
+                "hidden_size": self.hidden_size,
+                "intermediate_size": self.intermediate_size,
+                "num_hidden_layers": self.num_layers,
+                "num_attention_heads": self.num_heads,
+                "num_key_value_heads": self.num_kv_heads,
+                "vocab_size": self.vocab_size,
+                "max_position_embeddings": self.max_position_embeddings,
+                "partial_rotary_factor": phi.partial_rotary_factor,
+                "layer_norm_eps": phi.layer_norm_eps,
+                "rope_theta": self.rope_theta,
+                "rope_scaling": null,
+                "hidden_act": "gelu_new",
+                "qk_layernorm": false,
+                "tie_word_embeddings": false,
+                "resid_pdrop": 0.0,
+                "embd_pdrop": 0.0,
+                "attention_dropout": 0.0,
                 "torch_dtype": torch_dtype,
             });
         }

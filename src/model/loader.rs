@@ -378,6 +378,23 @@ impl<'a> Loader<'a> {
         upload(self.rt, name, &[len, cols], self.act, d)
     }
 
+    /// This rank's elements `first..first + len` of a vocabulary bias `[rows]` zero-padded to
+    /// `padded_rows`, as the table it goes with (Phi's `ParallelLMHead(bias=True)`: its bias
+    /// has the padded partition's rows, vocab_parallel_embedding.py L539-551 at 0.19).
+    pub(crate) fn vocab_bias_shard(
+        &mut self,
+        name: &str,
+        rows: usize,
+        padded_rows: usize,
+        (first, len): (usize, usize),
+    ) -> Result<Tensor> {
+        let d = self.read(name, &[rows])?.map(|mut d| {
+            d.resize(padded_rows, 0.0);
+            d[first..first + len].to_vec()
+        });
+        upload(self.rt, name, &[len], self.act, d)
+    }
+
     pub(crate) fn dense(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
         if let Some(f) = self.device_fill(name, shape) {
             return self.made_on_device(name, &[name], shape, &[f]);

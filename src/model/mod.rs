@@ -1099,6 +1099,13 @@ fn gen_model_inner(
     fp8: Option<Fp8Gen>,
     packed4: Option<crate::quant::marlin::Format>,
 ) -> Result<ModelFiles> {
+    if config.phi.is_some()
+        && (fp8.is_some() || bnb4.is_some() || packed4.is_some() || opts.bnb_int8)
+    {
+        return Err(Error::Request(
+            "gen-model: model_type 'phi' is written in 16 bits only (its quantized linear layers, with biases, are not modelled yet)".into(),
+        ));
+    }
     if let (Some(Fp8Gen::Block(_)), true) = (fp8, config.arch == "opt" || config.fused_checkpoint())
     {
         return Err(Error::Request(format!(

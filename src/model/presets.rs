@@ -1,6 +1,6 @@
 //! Built-in model shapes, from each model's published `config.json`.
 
-use super::config::{GemmaShape, GraniteShape, ModelConfig, MoeShape, OptShape};
+use super::config::{GemmaShape, GraniteShape, ModelConfig, MoeShape, OptShape, PhiShape};
 
 #[allow(clippy::too_many_arguments)]
 fn cfg(
@@ -31,6 +31,7 @@ fn cfg(
         attention_bias: arch == "qwen2",
         max_position_embeddings: max_pos,
         opt: None,
+        phi: None,
         gemma: None,
         moe: None,
         granite: None,
@@ -86,6 +87,7 @@ fn opt(
         gemma: None,
         moe: None,
         granite: None,
+        phi: None,
         opt: Some(OptShape {
             do_layer_norm_before: pre_norm,
             word_embed_proj_dim: proj,
@@ -139,7 +141,7 @@ fn gemma1(hidden: usize, inter: usize, layers: usize, heads: usize, kv: usize) -
     }
 }
 
-pub const PRESET_NAMES: [&str; 24] = [
+pub const PRESET_NAMES: [&str; 25] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
@@ -164,6 +166,7 @@ pub const PRESET_NAMES: [&str; 24] = [
     "qwen3-235b-a22b",
     "opt-125m",
     "opt-350m",
+    "phi-2",
 ];
 
 /// Every layer sparse, no dense-only layers (the published Mixtral and Qwen3-MoE configs).
@@ -230,6 +233,21 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         "opt-125m" => opt(768, 3072, 12, 12, 768, true),
         // facebook/opt-350m: post-LN, 512-wide embedding with project_in/project_out.
         "opt-350m" => opt(1024, 4096, 24, 16, 512, false),
+        // microsoft/phi-2 config.json: hidden 2560, 32 layers of 32 heads of 80, MLP 10240 (4 ×
+        // hidden, as vLLM's phi.py sizes it), vocabulary 51200, 2048 positions, rotary on 0.4 of
+        // each head (32 dims), LayerNorm eps 1e-5, untied lm_head with a bias, fp16.
+        "phi-2" => ModelConfig {
+            arch: "phi".into(),
+            rms_norm_eps: 0.0,
+            attention_bias: true,
+            phi: Some(PhiShape {
+                partial_rotary_factor: 0.4,
+                layer_norm_eps: 1e-5,
+            }),
+            ..cfg(
+                "phi", 2560, 10240, 32, 32, 32, 51200, 10000.0, 0.0, false, 2048,
+            )
+        },
         // A few MB, for tests and compute mode on a laptop.
         // microsoft/Phi-3-mini-4k-instruct (phi3: fused qkv_proj and gate_up_proj stored).
         "phi-3-mini-4k" => cfg(
@@ -364,6 +382,9 @@ mod tests {
         // Hugging Face's counts (unpadded embedding, tied lm_head).
         assert_eq!(preset("opt-125m").unwrap().param_count(), 125_239_296);
         assert_eq!(preset("opt-350m").unwrap().param_count(), 331_196_416);
+        // microsoft/phi-2's model.safetensors.index.json total_size (fp16) halved:
+        // 5,559,367,680 bytes.
+        assert_eq!(preset("phi-2").unwrap().param_count(), 2_779_683_840);
         // The total_size of their model.safetensors.index.json (bf16) halved: 7,642,159,104
         // and 29,319,014,400 bytes.
         assert_eq!(

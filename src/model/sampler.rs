@@ -125,6 +125,35 @@ pub fn prepare_model_input(rt: &Runtime, batch: &Batch) -> Result<ModelInput> {
     })
 }
 
+/// What `LogitsProcessor` is handed: the lm_head's weight `[Vp, hidden]` (this rank's rows),
+/// its bias (Phi's `ParallelLMHead(bias=True)`, phi.py L326-332 and L358 at 0.19), and what it
+/// does to the logits after the gather (Gemma 2's final soft-cap, Granite's scale).
+#[derive(Clone, Copy)]
+pub struct LogitsHead<'a> {
+    pub weight: &'a Tensor,
+    pub bias: Option<&'a Tensor>,
+    pub mods: LogitsMods,
+}
+
+impl LogitsHead<'_> {
+    /// `F.linear(x, W, b)`: one new `[R, Vp]` output, the bias added in cuBLASLt's epilogue.
+    fn project(&self, rt: &Runtime, x: &Tensor, act: DType) -> Result<Tensor> {
+        let mut logits = crate::quant::dense_matmul_as(
+            rt,
+            x,
+            self.weight,
+            "lm_head",
+            act,
+            "logits",
+            Category::Sampler,
+        )?;
+        if let Some(b) = self.bias {
+            crate::engine::ops::add_bias(rt, &mut logits, b)?;
+        }
+        Ok(logits)
+    }
+}
+
 /// `LogitsProcessor.forward` (logits_processor.py L47-74): `_prune_hidden_states` keeps the
 /// rows of `selected_token_indices` (L108-113), then `lm_head` over the padded vocabulary
 /// (L83-85) gives `[S, Vp]` logits in the model dtype. The pruned rows are freed on return;
@@ -136,26 +165,17 @@ pub fn prepare_model_input(rt: &Runtime, batch: &Batch) -> Result<ModelInput> {
 pub fn compute_logits(
     rt: &Runtime,
     hidden: &Tensor,
-    lm_head: &Tensor,
+    head: LogitsHead<'_>,
     rows: &[u32],
-    mods: LogitsMods,
 ) -> Result<Option<Tensor>> {
     rt.check_cancel()?;
     rt.set_layer(None);
     rt.set_op("logits.index_select");
     let h_sel = select_rows(rt, hidden, rows, "logits.hidden_selected")?;
-    let logits = crate::quant::dense_matmul_as(
-        rt,
-        &h_sel,
-        lm_head,
-        "lm_head",
-        hidden.dtype,
-        "logits",
-        Category::Sampler,
-    )?;
+    let logits = head.project(rt, &h_sel, hidden.dtype)?;
     drop(h_sel);
     match crate::engine::ops_tp::gather_logits(rt, logits)? {
-        Some(l) => Ok(Some(process_logits(rt, l, mods)?)),
+        Some(l) => Ok(Some(process_logits(rt, l, head.mods)?)),
         None => Ok(None),
     }
 }
@@ -196,12 +216,11 @@ fn select_rows(rt: &Runtime, hidden: &Tensor, rows: &[u32], name: &str) -> Resul
 pub fn logits_f32(
     rt: &Runtime,
     hidden: &Tensor,
-    lm_head: &Tensor,
+    head: LogitsHead<'_>,
     rows: &[u32],
     vocab: usize,
-    mods: LogitsMods,
 ) -> Result<Option<Tensor>> {
-    let Some(logits_d) = compute_logits(rt, hidden, lm_head, rows, mods)? else {
+    let Some(logits_d) = compute_logits(rt, hidden, head, rows)? else {
         return Ok(None);
     };
     rt.set_op("logits.to_float");
@@ -1020,9 +1039,8 @@ impl Sampler {
 pub fn compute_logits_v1(
     rt: &Runtime,
     hidden: &Tensor,
-    lm_head: &Tensor,
+    head: LogitsHead<'_>,
     rows: &[u32],
-    mods: LogitsMods,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     rt.check_cancel()?;
     rt.set_layer(None);
@@ -1041,17 +1059,9 @@ pub fn compute_logits_v1(
         Backend::Dry => {}
     }
     rt.set_op("logits_v1.lm_head");
-    let logits = crate::quant::dense_matmul_as(
-        rt,
-        &random,
-        lm_head,
-        "lm_head",
-        hidden.dtype,
-        "logits",
-        Category::Sampler,
-    )?;
+    let logits = head.project(rt, &random, hidden.dtype)?;
     // With tensor parallel every rank gets the whole vocabulary (V1 all-gathers).
     let logits = crate::engine::ops_tp::all_gather_logits(rt, logits)?;
-    let logits = process_logits(rt, logits, mods)?;
+    let logits = process_logits(rt, logits, head.mods)?;
     Ok((last, random, logits))
 }

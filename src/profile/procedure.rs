@@ -79,9 +79,8 @@ impl Workload {
                     let (last, random, logits) = sampler::compute_logits_v1(
                         rt,
                         &hidden,
-                        model.lm_head(),
+                        model.logits_head(),
                         &input.selected_rows,
-                        model.config().logits_mods(),
                     )?;
                     s.head_rows.set(if want_logits { LOGITS_ROWS } else { 0 });
                     let mut o = Default::default();
@@ -105,9 +104,8 @@ impl Workload {
                         if let Some(logits) = sampler::compute_logits(
                             rt,
                             &hidden,
-                            model.lm_head(),
+                            model.logits_head(),
                             &input.selected_rows,
-                            model.config().logits_mods(),
                         )? {
                             s.head_rows.set(if want_logits { LOGITS_ROWS } else { 0 });
                             let o = s.forward(rt, &logits, vocab, &input)?;
@@ -120,10 +118,9 @@ impl Workload {
                         let logits = sampler::logits_f32(
                             rt,
                             &hidden,
-                            model.lm_head(),
+                            model.logits_head(),
                             &input.selected_rows,
                             vocab,
-                            model.config().logits_mods(),
                         )?;
                         if let (true, Some(logits)) = (want_logits, &logits) {
                             if let Some(mut v) = ops::read_f32(rt, logits)? {

@@ -511,10 +511,11 @@ pub const RELEASES: &[Release] = &[
 /// Model types every release here has a model file for (vllm/model_executor/models/:
 /// llama.py, which Mistral uses too, qwen2.py, opt.py, phi3.py: `Phi3ForCausalLM` is
 /// `LlamaForCausalLM` with its checkpoint names packed, in 0.6.3 through 0.19; gemma2.py, in
-/// 0.6.3.post1 through 0.10.0 here and in vLLM's tree since 0.5.1; gemma.py and granite.py,
-/// read in the 0.6.3.post1, 0.6.4, 0.8.5, 0.11.0, 0.15.1, 0.19.0 and 0.21.0 wheels).
+/// 0.6.3.post1 through 0.10.0 here and in vLLM's tree since 0.5.1; gemma.py, granite.py and
+/// phi.py, read in the 0.6.3.post1, 0.6.4, 0.8.5 and 0.19.0 wheels, gemma.py and granite.py in
+/// 0.11.0, 0.15.1 and 0.21.0 too).
 const ALWAYS: &[&str] = &[
-    "llama", "mistral", "qwen2", "opt", "phi3", "gemma", "gemma2", "granite",
+    "llama", "mistral", "qwen2", "opt", "phi3", "gemma", "gemma2", "granite", "phi",
 ];
 
 impl Release {
@@ -721,6 +722,7 @@ mod tests {
     fn gemma2_runs_everywhere_and_gemma3_from_0_8() {
         for r in RELEASES {
             assert!(r.check_arch("gemma2").is_ok(), "{}", r.name);
+            assert!(r.check_arch("phi").is_ok(), "{}", r.name);
         }
         assert!(release("0.8").unwrap().check_arch("gemma3_text").is_ok());
         for moe in ["mixtral", "qwen3_moe"] {

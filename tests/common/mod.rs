@@ -490,6 +490,18 @@ pub fn hf_test_config(name: &str) -> vramscope::model::ModelConfig {
             o.insert("rope_theta".into(), 1000000.0.into());
             o.insert("tie_word_embeddings".into(), false.into());
         }
+        // phi-2's layout scaled down: LayerNorm with bias, q/k/v/dense/fc1/fc2 and lm_head with
+        // biases, MLP 4 × hidden (vLLM's phi.py ignores intermediate_size), multi-head (4 of
+        // 32), rotary on half of each head (16 dims), gelu_new.
+        "phi" => {
+            o.insert("model_type".into(), "phi".into());
+            o.insert("intermediate_size".into(), 512.into());
+            o.insert("num_key_value_heads".into(), 4.into());
+            o.insert("partial_rotary_factor".into(), 0.5.into());
+            o.insert("layer_norm_eps".into(), 1e-5.into());
+            o.insert("rope_theta".into(), 10000.0.into());
+            o.insert("tie_word_embeddings".into(), false.into());
+        }
         _ => unreachable!(),
     }
     vramscope::model::ModelConfig::from_hf_json(&v).unwrap()

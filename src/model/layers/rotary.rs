@@ -25,7 +25,8 @@ pub fn rotary_cache(
 ) -> Result<Tensor> {
     rt.set_op("rotary_emb.cos_sin_cache");
     let rows = (cfg.max_position_embeddings.max(1) as f64 * factor.max(1.0)) as usize;
-    let (pos, rot) = (rows, cfg.head_dim);
+    // `rotary_dim` columns: the head size but for Phi's partial rotary (base.py L83-92 at 0.19).
+    let (pos, rot) = (rows, cfg.rotary_dim());
     let t32 = |name: &str, shape: &[usize]| {
         rt.tensor(
             format!("rotary_emb.{name}"),

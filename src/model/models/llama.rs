@@ -367,15 +367,15 @@ impl LlamaModel {
     pub fn forward(&self, rt: &Runtime, batch: &Batch) -> Result<Tensor> {
         let hidden = self.forward_hidden(rt, batch)?;
         let rows = crate::model::sampler::last_token_rows(&batch.seq_lens);
-        crate::model::sampler::logits_f32(
-            rt,
-            &hidden,
-            self.lm_head(),
-            &rows,
-            self.cfg.vocab_size,
-            self.cfg.logits_mods(),
-        )?
-        .ok_or_else(|| Error::Request("the logits were gathered to tensor-parallel rank 0".into()))
+        let head = crate::model::sampler::LogitsHead {
+            weight: self.lm_head(),
+            bias: None,
+            mods: self.cfg.logits_mods(),
+        };
+        crate::model::sampler::logits_f32(rt, &hidden, head, &rows, self.cfg.vocab_size)?
+            .ok_or_else(|| {
+                Error::Request("the logits were gathered to tensor-parallel rank 0".into())
+            })
     }
 
     /// How this model's dense MLPs run in generation `gen`.
@@ -481,7 +481,7 @@ impl LlamaModel {
                 super::gemma::forward_layers(rt, &run, cfg, act, residual, scale_new)
             }
             Decoder::Granite => super::granite::forward_layers(rt, &run, cfg, residual),
-            Decoder::Llama | Decoder::Opt => forward_layers(rt, &run, residual),
+            Decoder::Llama | Decoder::Opt | Decoder::Phi => forward_layers(rt, &run, residual),
         }
     }
 }

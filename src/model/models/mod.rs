@@ -7,12 +7,14 @@
 //!   Phi-3, Mixtral, Qwen2-MoE, Qwen3-MoE), their twists rows of the registry;
 //! - `gemma.rs`: Gemma 1, Gemma 2 and Gemma 3 (text);
 //! - `granite.rs`: Granite;
-//! - `opt.rs`: OPT.
+//! - `opt.rs`: OPT;
+//! - `phi.rs`: Phi (phi-1_5, phi-2).
 
 pub mod gemma;
 pub mod granite;
 pub mod llama;
 pub mod opt;
+pub mod phi;
 pub mod registry;
 
 use crate::base::error::Result;
@@ -26,6 +28,7 @@ use registry::Decoder;
 pub enum CausalLm {
     Llama(Box<llama::LlamaModel>),
     Opt(Box<opt::OptModel>),
+    Phi(Box<phi::PhiModel>),
 }
 
 impl CausalLm {
@@ -59,8 +62,10 @@ impl CausalLm {
     /// Runs attention as vLLM V1's profile run does (skipped: zeros of the output's shape), or
     /// for real. OPT's attention always runs (V1's OPT is not modelled).
     pub fn set_skip_attention(&self, yes: bool) {
-        if let CausalLm::Llama(m) = self {
-            m.skip_attention.set(yes);
+        match self {
+            CausalLm::Llama(m) => m.skip_attention.set(yes),
+            CausalLm::Phi(m) => m.skip_attention.set(yes),
+            CausalLm::Opt(_) => {}
         }
     }
 
@@ -80,6 +85,7 @@ impl CausalLm {
         })?;
         Ok(match family.decoder {
             Decoder::Opt => CausalLm::Opt(Box::new(opt::OptModel::load(rt, cfg, src, opts)?)),
+            Decoder::Phi => CausalLm::Phi(Box::new(phi::PhiModel::load(rt, cfg, src, opts)?)),
             Decoder::Llama | Decoder::Gemma | Decoder::Granite => {
                 CausalLm::Llama(Box::new(llama::LlamaModel::load(rt, cfg, src, opts)?))
             }
@@ -90,6 +96,7 @@ impl CausalLm {
         match self {
             CausalLm::Llama(m) => &m.cfg,
             CausalLm::Opt(m) => &m.cfg,
+            CausalLm::Phi(m) => &m.cfg,
         }
     }
 
@@ -97,6 +104,7 @@ impl CausalLm {
         match self {
             CausalLm::Llama(m) => m.weight_bytes(),
             CausalLm::Opt(m) => m.weight_bytes(),
+            CausalLm::Phi(m) => m.weight_bytes(),
         }
     }
 
@@ -104,6 +112,7 @@ impl CausalLm {
         match self {
             CausalLm::Llama(m) => m.load_stats,
             CausalLm::Opt(m) => m.load_stats,
+            CausalLm::Phi(m) => m.load_stats,
         }
     }
 
@@ -116,6 +125,7 @@ impl CausalLm {
         match self {
             CausalLm::Llama(m) => m.forward_hidden(rt, batch),
             CausalLm::Opt(m) => m.forward_hidden(rt, batch),
+            CausalLm::Phi(m) => m.forward_hidden(rt, batch),
         }
     }
 
@@ -124,6 +134,20 @@ impl CausalLm {
         match self {
             CausalLm::Llama(m) => m.lm_head(),
             CausalLm::Opt(m) => m.lm_head(),
+            CausalLm::Phi(m) => m.lm_head(),
+        }
+    }
+
+    /// What the logits are computed from: the lm_head, its bias (Phi's) and the final
+    /// soft-cap (Gemma 2's).
+    pub fn logits_head(&self) -> sampler::LogitsHead<'_> {
+        sampler::LogitsHead {
+            weight: self.lm_head(),
+            bias: match self {
+                CausalLm::Phi(m) => Some(&m.lm_head_bias),
+                CausalLm::Llama(_) | CausalLm::Opt(_) => None,
+            },
+            mods: self.config().logits_mods(),
         }
     }
 
@@ -139,10 +163,9 @@ impl CausalLm {
         sampler::logits_f32(
             rt,
             &hidden,
-            self.lm_head(),
+            self.logits_head(),
             &rows,
             self.config().vocab_size,
-            self.config().logits_mods(),
         )?
         .ok_or_else(|| {
             crate::base::error::Error::Request(

@@ -21,6 +21,9 @@ pub enum Decoder {
     /// `models/opt.rs`: LayerNorm with bias, learned positions, ReLU MLP (vLLM's
     /// `OPTDecoderLayer`).
     Opt,
+    /// `models/phi.rs`: LayerNorm with bias, attention and MLP side by side on one norm's
+    /// output, partial rotary, gelu_new MLP with biases (vLLM's `PhiLayer`).
+    Phi,
 }
 
 /// Where a sparse block's tensors sit in the checkpoint and in which order vLLM makes them.
@@ -198,6 +201,16 @@ pub const FAMILIES: &[Family] = &[
         mlp_frees_gate_up: false,
         ..LLAMA
     },
+    // phi.py: phi-1_5 and phi-2 (PhiForCausalLM), not the phi3 file's.
+    Family {
+        model_type: "phi",
+        architecture: "PhiForCausalLM",
+        vllm_file: "phi.py",
+        decoder: Decoder::Phi,
+        mlp_frees_gate_up: false,
+        qkv_bias: QkvBias::Always,
+        ..LLAMA
+    },
 ];
 
 /// A model type vramscope knows and does not run yet.
@@ -310,7 +323,7 @@ mod tests {
     fn the_list_reads_as_the_messages_always_did() {
         assert_eq!(
             supported_list(),
-            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe or opt"
+            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe, opt or phi"
         );
     }
 

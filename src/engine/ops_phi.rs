@@ -1,0 +1,72 @@
+//! The ops Phi (phi-1_5, phi-2) needs beyond OPT's and the Llama family's: `nn.LayerNorm` as
+//! PyTorch's CUDA kernel allocates it (the output and two f32 statistics) and `gelu_new` into a
+//! new tensor. Like `ops`, each allocates through the framework allocator and then runs on the
+//! CPU or not at all (dry); there are no CUDA kernels for them yet, so a Phi model is refused
+//! on CUDA when it loads.
+
+use crate::base::error::{Error, Result};
+use crate::device::{cpu_gemma, cpu_opt, Backend};
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Tensor};
+use crate::memory::Category;
+
+/// The one line a Phi op answers on CUDA (the model refuses CUDA before any op runs).
+fn no_cuda(op: &str) -> Error {
+    Error::Request(format!("{op}: Phi's ops have no CUDA kernels yet"))
+}
+
+/// `F.layer_norm(x, [H], w, b, eps)` as PyTorch's `layer_norm_cuda` runs it: `Y =
+/// empty_like(x)`, then `mean` and `rstd` as f32 `[T]` (the accumulate type); `F.layer_norm`
+/// keeps only `Y`, so the two statistics die as it returns, `mean` first (the tuple's
+/// elements in order). OPT's `ops_opt::layer_norm` allocates `Y` alone.
+pub fn layer_norm(
+    rt: &Runtime,
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    eps: f32,
+    name: &str,
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("layer_norm");
+    let mut out = rt.tensor_for_overwrite(name, Category::Activation, &x.shape, x.dtype)?;
+    let rows = [x.rows()];
+    let mean = rt.tensor(
+        format!("{name}.mean"),
+        Category::Activation,
+        &rows,
+        DType::F32,
+    )?;
+    let rstd = rt.tensor(
+        format!("{name}.rstd"),
+        Category::Activation,
+        &rows,
+        DType::F32,
+    )?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => cpu_opt::layer_norm(x.f32(), w.f32(), b.f32(), eps, out.f32_mut()),
+        Backend::Cuda => return Err(no_cuda("layer_norm")),
+    }
+    drop(mean);
+    drop(rstd);
+    Ok(out)
+}
+
+/// vLLM's `NewGELU.forward_cuda` (activation.py L379-400 at 0.19): `out = empty_like(x)`,
+/// then `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, Hugging Face's `gelu_new`.
+pub fn gelu_new(rt: &Runtime, x: &Tensor, name: &str) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("gelu_new");
+    let mut out = rt.tensor_for_overwrite(name, Category::Activation, &x.shape, x.dtype)?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            for (o, &v) in out.f32_mut().iter_mut().zip(x.f32()) {
+                *o = cpu_gemma::gelu_tanh(v);
+            }
+        }
+        Backend::Cuda => return Err(no_cuda("gelu_new")),
+    }
+    Ok(out)
+}
