@@ -497,3 +497,90 @@ fn qwen2_moe_block_computes_what_its_model_file_computes() {
     let norm = expected.iter().map(|v| v * v).sum::<f32>().sqrt();
     assert!(norm > 0.1, "{norm}");
 }
+
+/// V1's modular fused MoE (0.15, 0.19) computes what the in-place kernel computes: the same
+/// routing (renormalised inside the kernel instead of by two tensors) and the same experts,
+/// into a new output instead of the input; the input is left as it was, and the workspace
+/// is made once and kept.
+#[test]
+fn the_modular_kernel_computes_what_the_in_place_kernel_computes() {
+    use std::cell::RefCell;
+    use vramscope::engine::ops_moe_v1::{Modular, MoeKernel};
+    use vramscope::model::config::MoeShape;
+    use vramscope::model::layers::moe::moe_block_forward_as;
+
+    let (h, e, i, k, m) = (16usize, 8usize, 24usize, 2usize, 7usize);
+    let spec = DeviceSpec::parse("sim:h100-80gb").unwrap();
+    let rt = Runtime::new(Device::open(&spec).unwrap(), Arc::default(), None);
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut vals = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect()
+    };
+    let t = |name: &str, shape: &[usize], data: &[f32]| {
+        let mut x = rt
+            .tensor(name, Category::Weight, shape, DType::F32)
+            .unwrap();
+        x.f32_mut().copy_from_slice(data);
+        x
+    };
+    let (xv, gv, w13v, w2v) = (
+        vals(m * h),
+        vals(e * h),
+        vals(e * 2 * i * h),
+        vals(e * h * i),
+    );
+    let block = MoeBlock {
+        gate: t("gate", &[e, h], &gv),
+        w13: t("w13", &[e, 2 * i, h], &w13v),
+        w2: t("w2", &[e, h, i], &w2v),
+        shared: None,
+    };
+    let shape = MoeShape {
+        num_experts: e,
+        top_k: k,
+        expert_intermediate_size: i,
+        renormalize: true,
+        decoder_sparse_step: 1,
+        mlp_only_layers: Vec::new(),
+        shared_expert_intermediate_size: 0,
+    };
+    let in_place = moe_block_forward(
+        &rt,
+        t("x", &[m, h], &xv),
+        &block,
+        &shape,
+        DType::F32,
+        "layers.0",
+        "cpu",
+    )
+    .unwrap();
+    let workspace = RefCell::new(None);
+    let kernel = MoeKernel::Modular(Modular {
+        chunk_tokens: Some(4),
+        default_block_m_by_tokens: true,
+    });
+    let modular = moe_block_forward_as(
+        &rt,
+        t("x", &[m, h], &xv),
+        &block,
+        &shape,
+        (DType::F32, kernel, Some(&workspace)),
+        "layers.0",
+        "cpu",
+    )
+    .unwrap();
+    assert_eq!(in_place.f32(), modular.f32());
+    assert!(in_place.f32().iter().any(|v| v.abs() > 1e-3));
+    // Two chunks of at most 4 tokens: the workspace holds one chunk's caches and the output.
+    let r256 = |v: usize| v.div_ceil(256) * 256;
+    let want = r256(4 * 4 * k * i.max(h)) + r256(4 * 4 * k * (2 * i).max(h)) + r256(4 * m * h);
+    let ws = workspace.borrow();
+    assert!(ws.as_ref().unwrap().nbytes() >= want as u64);
+}

@@ -402,23 +402,96 @@ fn moe_under_0_11_runs_0_8_5s_fused_moe_with_the_indices_freed_late() {
     let (i, g) = (at(&v0, idx), at(&v0, gating));
     swapped.swap(i, g);
     assert_eq!(v1, swapped);
-    for vllm in ["0.15", "0.19", "0.21"] {
-        let err = profile::run(
-            &request(
-                "preset:qwen3-30b-a3b",
-                Quant::BF16,
-                "sim:h200-141gb:dry",
-                vllm,
+    let err = profile::run(
+        &request(
+            "preset:qwen3-30b-a3b",
+            Quant::BF16,
+            "sim:h200-141gb:dry",
+            "0.21",
+        ),
+        None,
+        Arc::new(AtomicBool::new(false)),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        err.contains("--vllm 0.21") && err.contains("FlashInfer"),
+        "{err}"
+    );
+}
+
+/// V1's modular fused MoE (0.19.0 modular_kernel.py over TritonExperts;
+/// docs/reading/vllm-v1-fused-moe.md §2.3): per MoE layer the routing's three `[M, k]` tensors
+/// (no f32 copy of the logits), a new `[M, H]` output and the alignment buffers; one uint8
+/// workspace of `r256(2·M·k·max(I, H)) + r256(2·M·k·max(2I, H))` bytes made in the first MoE
+/// layer and kept through the passes. Qwen3-30B-A3B at 8192 tokens: 512 MiB, where 0.8.5's
+/// per-layer caches were 352 MiB.
+#[test]
+fn moe_under_0_19_keeps_one_workspace_and_makes_a_new_output() {
+    let mut req = request(
+        "preset:qwen3-30b-a3b",
+        Quant::BF16,
+        "sim:h200-141gb:dry",
+        "0.19",
+    );
+    req.tokens = 8192;
+    req.seqs = 256;
+    let r = run(&req);
+    let ws: Vec<_> = r
+        .events
+        .iter()
+        .filter(|e| {
+            e.tensor == "moe.workspace" && matches!(e.kind, EventKind::Alloc | EventKind::Free)
+        })
+        .collect();
+    // One allocation, in layer 0 of the profile pass, never freed.
+    assert_eq!(ws.len(), 1, "{ws:?}");
+    assert_eq!(ws[0].kind, EventKind::Alloc);
+    assert_eq!((ws[0].pass, ws[0].layer), (1, Some(0)));
+    let (m, k, i, h) = (8192u64, 8u64, 768u64, 2048u64);
+    let r256 = |v: u64| v.div_ceil(256) * 256;
+    let want = r256(2 * m * k * i.max(h)) + r256(2 * m * k * (2 * i).max(h));
+    assert_eq!(ws[0].bytes, want);
+    assert_eq!(want, 512 << 20);
+    let layer5: Vec<(bool, &str, u64)> = r
+        .events
+        .iter()
+        .filter(|e| e.pass == 1 && e.tensor.starts_with("layers.5.moe."))
+        .filter(|e| matches!(e.kind, EventKind::Alloc | EventKind::Free))
+        .map(|e| (e.kind == EventKind::Alloc, e.tensor.as_str(), e.bytes))
+        .collect();
+    let mk = m * k * 4;
+    let p = m * k + 128 * (128 - 1);
+    assert_eq!(
+        layer5,
+        [
+            (true, "layers.5.moe.router_logits", m * 128 * 2),
+            (true, "layers.5.moe.topk_weights", mk),
+            (true, "layers.5.moe.topk_ids", mk),
+            (true, "layers.5.moe.token_expert_indices", mk),
+            (false, "layers.5.moe.token_expert_indices", mk),
+            (true, "layers.5.moe.output", m * h * 2),
+            (true, "layers.5.moe.sorted_ids", p * 4),
+            (
+                true,
+                "layers.5.moe.expert_ids",
+                (p.div_ceil(128) * 4).div_ceil(512) * 512
             ),
-            None,
-            Arc::new(AtomicBool::new(false)),
-        )
-        .err()
-        .unwrap()
-        .to_string();
-        assert!(
-            err.contains(&format!("--vllm {vllm}")) && err.contains("0.8 and 0.11"),
-            "{err}"
-        );
-    }
+            (true, "layers.5.moe.num_tokens_post_pad", 512),
+            (false, "layers.5.moe.sorted_ids", p * 4),
+            (
+                false,
+                "layers.5.moe.expert_ids",
+                (p.div_ceil(128) * 4).div_ceil(512) * 512
+            ),
+            (false, "layers.5.moe.num_tokens_post_pad", 512),
+            (false, "layers.5.moe.topk_weights", mk),
+            (false, "layers.5.moe.topk_ids", mk),
+            (false, "layers.5.moe.router_logits", m * 128 * 2),
+            // The output is layer 5's hidden states: it dies in layer 6, once the model's
+            // loop rebinds them.
+            (false, "layers.5.moe.output", m * h * 2),
+        ]
+    );
 }

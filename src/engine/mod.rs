@@ -10,6 +10,7 @@ pub mod ops;
 pub mod ops_gemma;
 pub mod ops_granite;
 pub mod ops_moe;
+pub mod ops_moe_v1;
 pub mod ops_opt;
 pub mod ops_phi;
 pub mod ops_tp;

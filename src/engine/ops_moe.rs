@@ -30,7 +30,7 @@ pub struct Routing {
 
 /// Softmax of each row of `gating` (`e` wide) in f32, its `top_k` largest by value with ties
 /// to the lower expert index (`topk_softmax`'s "lower indices win"): weights and ids.
-fn host_topk(gating: &[f32], e: usize, top_k: usize) -> (Vec<f32>, Vec<i32>) {
+pub(crate) fn host_topk(gating: &[f32], e: usize, top_k: usize) -> (Vec<f32>, Vec<i32>) {
     let rows = gating.len() / e;
     let (mut w, mut id) = (vec![0f32; rows * top_k], vec![0i32; rows * top_k]);
     for (r, row) in gating.chunks_exact(e).enumerate() {
@@ -49,7 +49,7 @@ fn host_topk(gating: &[f32], e: usize, top_k: usize) -> (Vec<f32>, Vec<i32>) {
 }
 
 /// Each row of `top_k` weights divided by its sum.
-fn host_renormalize(w: &[f32], top_k: usize) -> Vec<f32> {
+pub(crate) fn host_renormalize(w: &[f32], top_k: usize) -> Vec<f32> {
     w.chunks_exact(top_k)
         .flat_map(|row| {
             let s: f32 = row.iter().sum();
@@ -230,6 +230,26 @@ pub fn block_size_m(gpu: &str, e: usize, n: usize, m: usize) -> (usize, String) 
             format!("no {file} in vLLM 0.8.5: get_default_config"),
         ),
     }
+}
+
+/// `block_size_m` as vLLM 0.19 picks it: the tuned file's nearest key where there is one
+/// (0.8.5's files for these shapes), else 0.19's `get_default_config` (fused_moe.py
+/// L1276-1285): 16 up to 32 tokens, 32 up to 96, 64 up to 512, then 128.
+pub fn block_size_m_0_19(gpu: &str, e: usize, n: usize, m: usize) -> (usize, String) {
+    let (b, why) = block_size_m(gpu, e, n, m);
+    if !why.starts_with("no ") {
+        return (b, why);
+    }
+    let b = match m {
+        0..=32 => 16,
+        33..=96 => 32,
+        97..=512 => 64,
+        _ => 128,
+    };
+    (
+        b,
+        format!("E={e},N={n}: no tuned file, 0.19's get_default_config"),
+    )
 }
 
 /// The experts' weights of one layer, as `FusedMoE` holds them: `w13 [E, 2·I, H]` (each
@@ -427,6 +447,18 @@ fn experts_cuda(
 /// Tokens `rows` of `x` through their experts on the CPU, written back into `x`: per expert,
 /// its tokens gathered, the two GEMMs, each product scaled by its routing weight and added
 /// to the token's sum.
+/// `experts_cpu` for another module's kernel: the chunk `rows` of `x` through their experts,
+/// in place.
+pub(crate) fn experts_cpu_rows(
+    rt: &Runtime,
+    x: &mut Tensor,
+    ex: &Experts,
+    routing: &Routing,
+    rows: std::ops::Range<usize>,
+) -> Result<()> {
+    experts_cpu(rt, x, ex, routing, rows)
+}
+
 fn experts_cpu(
     rt: &Runtime,
     x: &mut Tensor,

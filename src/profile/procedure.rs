@@ -803,12 +803,9 @@ pub(crate) fn run_rank(
             let mut model = CausalLm::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
             model.set_mlp_frees_gate_up(release.llama_mlp_frees_gate_up);
             model.set_normalizer_out_of_place(release.gemma_normalizer_out_of_place);
-            model.set_moe_indices_freed_late(matches!(
-                release.fused_moe,
-                crate::profile::vllm::FusedMoe::InPlace {
-                    indices_freed_late: true
-                }
-            ));
+            if let crate::profile::vllm::FusedMoe::Kernel(k) = release.fused_moe {
+                model.set_moe_kernel(k);
+            }
             let c = &opened.config;
             let info = ModelInfo {
                 name: opened.name.clone(),

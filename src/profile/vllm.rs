@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::formulas::FormulaId;
 use crate::base::error::{Error, Result};
 use crate::device::nccl_model::NcclRules;
+use crate::engine::ops_moe_v1::{Modular, MoeKernel};
 
 /// The log lines a release prints after its profile run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -199,14 +200,8 @@ pub struct Release {
 /// How a release runs an unquantized mixture of experts (no expert parallel).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FusedMoe {
-    /// 0.8.5's `fused_experts_impl`, in place into the hidden states, its caches made and
-    /// freed in each layer (0.11.0 runs the same code: fused_moe.py L1484 there).
-    InPlace {
-        /// `token_expert_indices` lives until `select_experts` returns, after the f32 copy of
-        /// the router's logits dies (0.11.0 layer.py L1735); 0.8.5 deletes it inside
-        /// `fused_topk`, before.
-        indices_freed_late: bool,
-    },
+    /// Reproduced, with this kernel.
+    Kernel(MoeKernel),
     /// Not reproduced, and why.
     Unmodelled(&'static str),
 }
@@ -357,9 +352,9 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: true,
         has_gemma3: true,
-        fused_moe: FusedMoe::InPlace {
+        fused_moe: FusedMoe::Kernel(MoeKernel::InPlace {
             indices_freed_late: false,
-        },
+        }),
         attn_scalars: 4,
         graphs: Graphs::V0 {
             attention: V0Attention::Fa3OnHopper,
@@ -390,9 +385,9 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
-        fused_moe: FusedMoe::InPlace {
+        fused_moe: FusedMoe::Kernel(MoeKernel::InPlace {
             indices_freed_late: true,
-        },
+        }),
         attn_scalars: 7,
         graphs: Graphs::V1 {
             step8: true,
@@ -426,9 +421,12 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
-        fused_moe: FusedMoe::Unmodelled(
-            "its modular kernel (TritonExperts) keeps a persistent workspace and returns a new output (0.15.1 fused_moe/modular_kernel.py; docs/reading/vllm-v1-fused-moe.md)",
-        ),
+        // 0.15.1 fused_moe/modular_kernel.py over TritonExperts, chunks of 16384
+        // (VLLM_FUSED_MOE_CHUNK_SIZE with activation chunking on, envs.py).
+        fused_moe: FusedMoe::Kernel(MoeKernel::Modular(Modular {
+            chunk_tokens: Some(16384),
+            default_block_m_by_tokens: false,
+        })),
         attn_scalars: 7,
         graphs: Graphs::V1 {
             step8: false,
@@ -459,9 +457,12 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
-        fused_moe: FusedMoe::Unmodelled(
-            "its modular kernel (TritonExperts) keeps a persistent workspace and returns a new output (0.19.0 fused_moe/modular_kernel.py; docs/reading/vllm-v1-fused-moe.md)",
-        ),
+        // 0.19.0 fused_moe/modular_kernel.py over TritonExperts, no chunking (the setting is
+        // gone), get_default_config's new block sizes.
+        fused_moe: FusedMoe::Kernel(MoeKernel::Modular(Modular {
+            chunk_tokens: None,
+            default_block_m_by_tokens: true,
+        })),
         attn_scalars: 7,
         graphs: Graphs::V1 {
             step8: false,
@@ -527,11 +528,18 @@ impl Release {
             // Every release here has mixtral.py and 0.8.5 on has qwen3_moe.py; the fused MoE's
             // allocations are reproduced where the release runs 0.8.5's `fused_experts_impl`.
             return match self.fused_moe {
-                FusedMoe::InPlace { .. } => Ok(()),
+                FusedMoe::Kernel(MoeKernel::Modular(_)) if arch == "qwen2_moe" => {
+                    Err(Error::Request(format!(
+                        "--vllm {}: model_type 'qwen2_moe' is not modelled under this release: its \
+                         shared expert runs inside the modular fused MoE's op, before the routing \
+                         (docs/reading/vllm-v1-fused-moe.md); it is reproduced for --vllm 0.8 and 0.11",
+                        self.name
+                    )))
+                }
+                FusedMoe::Kernel(_) => Ok(()),
                 FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' (mixture of experts) is not modelled under this \
-                     release: {why}; it is reproduced for --vllm 0.8 and 0.11 (0.8.5's and 0.11.0's \
-                     fused_experts_impl)",
+                     release: {why}; it is reproduced for --vllm 0.8, 0.11, 0.15 and 0.19",
                     self.name
                 ))),
             };
@@ -726,15 +734,26 @@ mod tests {
         }
         assert!(release("0.8").unwrap().check_arch("gemma3_text").is_ok());
         for moe in ["mixtral", "qwen3_moe"] {
-            assert!(release("0.8.5").unwrap().check_arch(moe).is_ok());
-            let e = release("0.19")
+            for ok in ["0.8.5", "0.11", "0.15", "0.19"] {
+                assert!(release(ok).unwrap().check_arch(moe).is_ok(), "{ok}");
+            }
+            let e = release("0.21")
                 .unwrap()
                 .check_arch(moe)
                 .unwrap_err()
                 .to_string();
-            assert!(e.contains("reproduced for --vllm 0.8"), "{e}");
+            assert!(
+                e.contains("reproduced for --vllm 0.8") && e.contains("FlashInfer"),
+                "{e}"
+            );
             assert!(release(DEFAULT).unwrap().check_arch(moe).is_err());
         }
+        let e = release("0.19")
+            .unwrap()
+            .check_arch("qwen2_moe")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shared expert"), "{e}");
         let e = release("0.6.4")
             .unwrap()
             .check_arch("gemma3_text")

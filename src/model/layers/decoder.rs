@@ -5,7 +5,10 @@
 use super::attention::{Attention, AttentionRun};
 use super::mlp::{mlp_forward, MlpRun};
 use super::moe::{moe_block_forward_as, MoeBlock};
+use std::cell::RefCell;
+
 use crate::base::error::{Error, Result};
+use crate::engine::ops_moe_v1::MoeKernel;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::model::config::MoeShape;
@@ -50,8 +53,10 @@ pub struct MoeRun<'a> {
     pub shape: Option<&'a MoeShape>,
     pub act: DType,
     pub gpu: &'a str,
-    /// The release's routing frees `token_expert_indices` after the logits' f32 copy.
-    pub indices_freed_late: bool,
+    /// The release's fused MoE.
+    pub kernel: MoeKernel,
+    /// The modular kernel's persistent workspace, the model's for every layer and pass.
+    pub workspace: &'a RefCell<Option<Tensor>>,
 }
 
 impl Mlp {
@@ -94,7 +99,7 @@ impl Mlp {
                     x,
                     block,
                     m,
-                    (moe.act, moe.indices_freed_late),
+                    (moe.act, moe.kernel, Some(moe.workspace)),
                     l,
                     moe.gpu,
                 )

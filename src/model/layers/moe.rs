@@ -4,8 +4,11 @@
 
 use super::mlp::{mlp_forward, GatedAct, MlpRun};
 use super::tp::TpShard;
+use std::cell::RefCell;
+
 use crate::base::error::Result;
 use crate::engine::ops_moe;
+use crate::engine::ops_moe_v1::{self, Modular, MoeKernel};
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
@@ -53,20 +56,32 @@ pub fn moe_block_forward(
     layer: &str,
     gpu: &str,
 ) -> Result<Tensor> {
-    moe_block_forward_as(rt, x, block, m, (act, false), layer, gpu)
+    let kernel = MoeKernel::InPlace {
+        indices_freed_late: false,
+    };
+    moe_block_forward_as(rt, x, block, m, (act, kernel, None), layer, gpu)
 }
 
-/// `moe_block_forward` as a release runs it: `(act, indices_freed_late)`, the second as
-/// `ops_moe::fused_topk` takes it (0.11.0's routing).
+/// `moe_block_forward` as a release runs it: the activation dtype, the release's fused MoE
+/// and (for V1's modular kernel) the model's persistent workspace.
 pub fn moe_block_forward_as(
     rt: &Runtime,
     mut x: Tensor,
     block: &MoeBlock,
     m: &MoeShape,
-    (act, indices_freed_late): (DType, bool),
+    (act, kernel, workspace): (DType, MoeKernel, Option<&RefCell<Option<Tensor>>>),
     layer: &str,
     gpu: &str,
 ) -> Result<Tensor> {
+    if let MoeKernel::Modular(how) = kernel {
+        return modular_block_forward(rt, x, block, m, (act, how, workspace), layer, gpu);
+    }
+    let indices_freed_late = matches!(
+        kernel,
+        MoeKernel::InPlace {
+            indices_freed_late: true
+        }
+    );
     let shared = match &block.shared {
         Some(se) => Some(shared_expert_forward(rt, &x, se, act, layer)?),
         None => None,
@@ -108,6 +123,55 @@ pub fn moe_block_forward_as(
     let sum = crate::engine::ops_opt::add(rt, &x, &shared, &format!("{layer}.moe.plus_shared"))?;
     let out = crate::engine::ops_tp::all_reduce(rt, sum, &format!("{layer}.moe.all_reduce"))?;
     drop(shared);
+    drop(logits);
+    drop(x);
+    Ok(out)
+}
+
+/// Mixtral's and Qwen3-MoE's block as vLLM V1 runs it with the modular kernel (0.15.1, 0.19.0;
+/// docs/reading/vllm-v1-fused-moe.md §2.2-2.3): the router's logits outside the op, the
+/// routing (three `[M, k]` tensors), the experts into a new output over the persistent
+/// workspace, the routing dying as the op returns, the all-reduce outside the op, then the
+/// logits as the block returns and the input as the layer rebinds its hidden states.
+fn modular_block_forward(
+    rt: &Runtime,
+    x: Tensor,
+    block: &MoeBlock,
+    m: &MoeShape,
+    (act, how, workspace): (DType, Modular, Option<&RefCell<Option<Tensor>>>),
+    layer: &str,
+    gpu: &str,
+) -> Result<Tensor> {
+    if block.shared.is_some() {
+        return Err(crate::base::error::Error::Request(format!(
+            "{layer}: a shared expert under vLLM V1's modular fused MoE (it runs inside the op, before the routing) is not modelled yet"
+        )));
+    }
+    let workspace = workspace.ok_or_else(|| {
+        crate::base::error::Error::Request(format!(
+            "{layer}: the modular fused MoE needs the model's workspace"
+        ))
+    })?;
+    let logits = crate::quant::dense_matmul_as(
+        rt,
+        &x,
+        &block.gate,
+        &format!("{layer}.gate"),
+        act,
+        &format!("{layer}.moe.router_logits"),
+        Category::Activation,
+    )?;
+    let name = format!("{layer}.moe");
+    let routing = ops_moe_v1::fused_topk(rt, &logits, m.top_k, m.renormalize, &name)?;
+    let experts = ops_moe::Experts {
+        w13: &block.w13,
+        w2: &block.w2,
+        num_experts: m.num_experts,
+        width: m.expert_intermediate_size,
+    };
+    let out = ops_moe_v1::fused_experts(rt, &x, &experts, &routing, (how, gpu), workspace, &name)?;
+    drop(routing);
+    let out = crate::engine::ops_tp::all_reduce(rt, out, &format!("{layer}.moe.all_reduce"))?;
     drop(logits);
     drop(x);
     Ok(out)

@@ -81,9 +81,11 @@ pub struct LlamaModel {
     /// Gemma 1 and 2 scale the embedding by `normalizer` into a new tensor (vLLM 0.19 on),
     /// not in place.
     pub normalizer_out_of_place: bool,
-    /// The fused MoE's routing frees `token_expert_indices` after the logits' f32 copy (vLLM
-    /// 0.11).
-    pub moe_indices_freed_late: bool,
+    /// The release's fused MoE (0.8.5's in place unless set).
+    pub moe_kernel: crate::engine::ops_moe_v1::MoeKernel,
+    /// V1's modular fused MoE keeps one workspace for every layer, grown in the first MoE
+    /// layer of the profile run and never freed (0.19.0 v1/worker/workspace.py).
+    pub moe_workspace: std::cell::RefCell<Option<Tensor>>,
     generation: Cell<u32>,
 }
 
@@ -340,7 +342,10 @@ impl LlamaModel {
             mlp_frees_gate_up: false,
             skip_attention: std::cell::Cell::new(false),
             normalizer_out_of_place: false,
-            moe_indices_freed_late: false,
+            moe_kernel: crate::engine::ops_moe_v1::MoeKernel::InPlace {
+                indices_freed_late: false,
+            },
+            moe_workspace: std::cell::RefCell::new(None),
             generation: Cell::new(0),
         })
     }
@@ -467,7 +472,8 @@ impl LlamaModel {
                 shape: self.local.moe.as_ref(),
                 act,
                 gpu: &gpu,
-                indices_freed_late: self.moe_indices_freed_late,
+                kernel: self.moe_kernel,
+                workspace: &self.moe_workspace,
             },
             final_norm: &self.norm,
             eps: cfg.rms_norm_eps as f32,

@@ -51,11 +51,10 @@ impl CausalLm {
         }
     }
 
-    /// Frees the fused MoE's `token_expert_indices` after the router logits' f32 copy, as
-    /// vLLM 0.11 does.
-    pub fn set_moe_indices_freed_late(&mut self, yes: bool) {
+    /// Runs the mixture-of-experts layers with the release's fused MoE.
+    pub fn set_moe_kernel(&mut self, kernel: crate::engine::ops_moe_v1::MoeKernel) {
         if let CausalLm::Llama(m) = self {
-            m.moe_indices_freed_late = yes;
+            m.moe_kernel = kernel;
         }
     }
 

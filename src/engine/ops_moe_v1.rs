@@ -1,0 +1,192 @@
+//! vLLM V1's modular fused MoE for unquantized experts (`FusedMoEModularKernel` over
+//! `TritonExperts`, 0.15.1 and 0.19.0 `model_executor/layers/fused_moe/modular_kernel.py`;
+//! docs/reading/vllm-v1-fused-moe.md §2.2-2.3): the routing's three `[M, k]` tensors (the
+//! renormalisation inside `topk_softmax`, no f32 copy of the logits), a new output, one
+//! persistent workspace grown by the `WorkspaceManager` in the first MoE layer and never freed,
+//! and per chunk `moe_align_block_size`'s buffers. The math is the in-place kernel's, run on a
+//! copy of the input.
+
+use std::cell::RefCell;
+
+use crate::base::error::{Error, Result};
+use crate::device::Backend;
+use crate::engine::ops_moe::{self, Experts, Routing};
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Tensor};
+use crate::memory::Category;
+
+/// Which fused MoE a release runs for unquantized experts (no expert parallel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeKernel {
+    /// 0.8.5's `fused_experts_impl`, in place into the hidden states, its caches made and
+    /// freed in each layer (0.11.0 runs the same code: fused_moe.py L1484 there).
+    InPlace {
+        /// `token_expert_indices` lives until `select_experts` returns, after the f32 copy of
+        /// the router's logits dies (0.11.0 layer.py L1735); 0.8.5 deletes it inside
+        /// `fused_topk`, before.
+        indices_freed_late: bool,
+    },
+    /// The modular kernel (0.15.1, 0.19.0).
+    Modular(Modular),
+}
+
+/// How a release runs the modular kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Modular {
+    /// `VLLM_FUSED_MOE_CHUNK_SIZE` with activation chunking on (16384 in 0.15.1, envs.py);
+    /// `None` from 0.19, which removed it.
+    pub chunk_tokens: Option<usize>,
+    /// `get_default_config`'s block size for shapes with no tuned file: 0.19's rule (16, 32,
+    /// 64 or 128 by tokens, fused_moe.py L1276-1285) or the earlier one (16 if M ≤ E, else 64).
+    pub default_block_m_by_tokens: bool,
+}
+
+/// `fused_topk` as the V1 router runs it (0.19.0 router/fused_topk_router.py L78-90):
+/// `topk_weights [M, k]` f32, `topk_ids [M, k]` i32 and `token_expert_indices [M, k]` i32,
+/// renormalised inside the kernel; `token_expert_indices` dies as `_compute_routing` returns.
+pub fn fused_topk(
+    rt: &Runtime,
+    logits: &Tensor,
+    top_k: usize,
+    renormalize: bool,
+    name: &str,
+) -> Result<Routing> {
+    rt.check_cancel()?;
+    rt.set_op("moe.topk_softmax");
+    let (m, e) = (logits.rows(), logits.cols());
+    let t = |n: &str, shape: &[usize], dt: DType| {
+        rt.tensor_for_overwrite(format!("{name}.{n}"), Category::Activation, shape, dt)
+    };
+    let mut weights = t("topk_weights", &[m, top_k], DType::F32)?;
+    let mut ids = t("topk_ids", &[m, top_k], DType::I32)?;
+    let token_expert_indices = t("token_expert_indices", &[m, top_k], DType::I32)?;
+    if !e.is_power_of_two() || e > 256 {
+        drop(t("topk_softmax_workspace", &[m * e], DType::F32)?);
+    }
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            let (w, id) = ops_moe::host_topk(logits.f32(), e, top_k);
+            let w = if renormalize {
+                ops_moe::host_renormalize(&w, top_k)
+            } else {
+                w
+            };
+            weights.f32_mut().copy_from_slice(&w);
+            ids.i32_mut().copy_from_slice(&id);
+        }
+        Backend::Cuda => return Err(on_cuda()),
+    }
+    drop(token_expert_indices);
+    Ok(Routing {
+        weights,
+        ids,
+        host_ids: None,
+    })
+}
+
+fn on_cuda() -> Error {
+    Error::Request(
+        "vLLM V1's modular fused MoE (0.15, 0.19) runs on simulated devices only so far; on a GPU use --vllm 0.8 or 0.11"
+            .into(),
+    )
+}
+
+/// `FusedMoEModularKernel.forward` on `x` (which stays with the caller): the new output
+/// (`zeros_like` in 0.15.1 L1324, `empty_like` in 0.19.0 L1350), the workspace grown to
+/// `r256(b·M_c·k·max(I, H)) + r256(b·M_c·k·max(2I, H))` bytes (one chunk; with several,
+/// `+ r256(b·M·H)` for the output region: `_allocate_buffers`, 0.19.0 L1009-1070), the old
+/// buffer freed first (v1/worker/workspace.py L150-160); then per chunk the alignment
+/// buffers, freed as `apply` returns; `finalize` copies into the output (no allocation).
+pub fn fused_experts(
+    rt: &Runtime,
+    x: &Tensor,
+    ex: &Experts,
+    routing: &Routing,
+    (how, gpu): (Modular, &str),
+    workspace: &RefCell<Option<Tensor>>,
+    name: &str,
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("moe.fused_experts");
+    let (m, h) = (x.rows(), x.cols());
+    let top_k = routing.ids.cols();
+    let (e, i) = (ex.num_experts, ex.width);
+    if ex.w13.numel() != e * 2 * i * h || ex.w2.numel() != e * h * i {
+        return Err(Error::Request(format!(
+            "{name}: experts {} and {} do not hold {e} experts of width {i} over {h} inputs",
+            ex.w13.name, ex.w2.name
+        )));
+    }
+    if rt.backend() == Backend::Cuda {
+        return Err(on_cuda());
+    }
+    let mut out = rt.tensor_for_overwrite(
+        format!("{name}.output"),
+        Category::Activation,
+        &x.shape,
+        x.dtype,
+    )?;
+    if rt.backend() == Backend::Cpu {
+        out.f32_mut().copy_from_slice(x.f32());
+    }
+    let chunk = how.chunk_tokens.map_or(m, |c| m.min(c)).max(1);
+    let b = x.dtype.size_bytes();
+    let r256 = |v: u64| v.div_ceil(256) * 256;
+    let (mc, k) = (chunk as u64, top_k as u64);
+    let mut need =
+        r256(b * mc * k * (i.max(h) as u64)) + r256(b * mc * k * ((2 * i).max(h) as u64));
+    if chunk < m {
+        need += r256(b * (m * h) as u64);
+    }
+    rt.set_op("moe.workspace");
+    {
+        let mut ws = workspace.borrow_mut();
+        if ws.as_ref().is_none_or(|t| t.nbytes() < need) {
+            drop(ws.take());
+            *ws = Some(rt.tensor_for_overwrite(
+                "moe.workspace",
+                Category::Activation,
+                &[need as usize],
+                DType::U8,
+            )?);
+        }
+    }
+    let mut start = 0;
+    while start < m {
+        let tokens = (m - start).min(chunk);
+        rt.set_op("moe.align_block_size");
+        let (bm, _) = if how.default_block_m_by_tokens {
+            ops_moe::block_size_m_0_19(gpu, e, i, tokens)
+        } else {
+            ops_moe::block_size_m(gpu, e, i, tokens)
+        };
+        // `moe_align_block_size`: the padded slots, capped when fewer slots than experts
+        // (0.15.1 moe_align_block_size.py).
+        let slots = tokens * top_k;
+        let mut padded = slots + e * (bm - 1);
+        if slots < e {
+            padded = padded.min(slots * bm);
+        }
+        let t = |nm: &str, shape: &[usize]| {
+            rt.tensor_for_overwrite(
+                format!("{name}.{nm}"),
+                Category::Activation,
+                shape,
+                DType::I32,
+            )
+        };
+        let align = [
+            t("sorted_ids", &[padded])?,
+            t("expert_ids", &[padded.div_ceil(bm)])?,
+            t("num_tokens_post_pad", &[1])?,
+        ];
+        rt.set_op("moe.fused_experts");
+        if rt.backend() == Backend::Cpu {
+            ops_moe::experts_cpu_rows(rt, &mut out, ex, routing, start..start + tokens)?;
+        }
+        drop(align);
+        start += tokens;
+    }
+    Ok(out)
+}
