@@ -1530,3 +1530,308 @@ fn explains_what_ifs_are_one_line_each() {
         "{text}"
     );
 }
+
+// ---- hardening, third round (issue 50): every file `plan` and `explain` open goes through
+// the guarded reads; each case returns within 10 s, under a 2 GiB address-space limit, with
+// exit 2 and one stderr line naming the file and the problem ----
+
+/// Runs vramscope under `ulimit -v` 2 GiB (as CI does) with `HF_HUB_CACHE` set to `cache`,
+/// killed after 10 s; expects exit 2 and one stderr line holding each of `must_contain`.
+fn expect_guarded_refusal(cache: &Path, args: &[&str], must_contain: &[&str]) {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 2097152 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_vramscope"))
+        .args(args)
+        .env("HF_HUB_CACHE", cache)
+        .env("HOME", cache)
+        .env_remove("HF_HOME")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run vramscope");
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed().as_secs() >= 10 {
+            child.kill().unwrap();
+            panic!("vramscope {args:?} still running after 10 s (blocked on a read?)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: stderr: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    for m in must_contain {
+        assert!(err.contains(m), "'{m}' not in: {err}");
+    }
+}
+
+/// A model folder `m` in `dir` whose config.json is made by `make`.
+fn model_dir_with_config(dir: &Path, make: impl FnOnce(&Path)) -> String {
+    let m = dir.join("m");
+    std::fs::create_dir(&m).unwrap();
+    make(&m.join("config.json"));
+    m.to_str().unwrap().to_string()
+}
+
+#[test]
+fn plan_with_a_fifo_as_config_json_is_refused_not_blocked_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model_dir_with_config(dir.path(), mkfifo);
+    expect_guarded_refusal(
+        dir.path(),
+        &["plan", "-q", "--", "vllm", "serve", &m],
+        &[
+            "config.json",
+            "a FIFO (named pipe), expected a regular file",
+        ],
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn plan_with_config_json_linked_to_dev_zero_is_refused_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model_dir_with_config(dir.path(), |c| {
+        std::os::unix::fs::symlink("/dev/zero", c).unwrap()
+    });
+    expect_guarded_refusal(
+        dir.path(),
+        &["plan", "-q", "--", "vllm", "serve", &m],
+        &["config.json", "a character device"],
+    );
+}
+
+#[test]
+fn plan_with_a_sparse_2_gib_config_json_is_refused_before_reading() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model_dir_with_config(dir.path(), |c| {
+        std::fs::File::create(c).unwrap().set_len(2 << 30).unwrap()
+    });
+    expect_guarded_refusal(
+        dir.path(),
+        &["plan", "-q", "--", "vllm", "serve", &m],
+        &["config.json is 2.00 GiB", "more than the 16.0 MiB"],
+    );
+}
+
+#[test]
+fn explain_of_dev_zero_is_refused_as_a_device() {
+    let dir = tempfile::tempdir().unwrap();
+    expect_guarded_refusal(
+        dir.path(),
+        &["explain", "/dev/zero", "--no-what-if"],
+        &["/dev/zero", "log is a character device"],
+    );
+}
+
+#[test]
+fn explain_of_a_fifo_log_is_refused_not_blocked_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("f.log");
+    mkfifo(&log);
+    expect_guarded_refusal(
+        dir.path(),
+        &["explain", log.to_str().unwrap(), "--no-what-if"],
+        &["f.log", "log is a FIFO (named pipe)"],
+    );
+}
+
+#[test]
+fn explain_with_the_models_config_json_a_fifo_is_refused_not_blocked_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model_dir_with_config(dir.path(), mkfifo);
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm-logs");
+    // q1's log with its dtype left out: the dtype is then config.json's.
+    let q1 = std::fs::read_to_string(fixtures.join("q1-0.19-llama-3.1-8b-h100.log")).unwrap();
+    let log = dir.path().join("no-dtype.log");
+    std::fs::write(&log, q1.replace("dtype=torch.bfloat16, ", "")).unwrap();
+    expect_guarded_refusal(
+        dir.path(),
+        &[
+            "explain",
+            log.to_str().unwrap(),
+            "--model",
+            &m,
+            "--no-what-if",
+        ],
+        &["config.json", "a FIFO (named pipe)"],
+    );
+}
+
+/// An HF cache folder holding `models--someone--model` whose `refs/main` is made by `make`.
+fn hub_cache_with_ref(cache: &Path, make: impl FnOnce(&Path)) {
+    let repo = cache.join("models--someone--model");
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::create_dir_all(repo.join("snapshots/abc")).unwrap();
+    make(&repo.join("refs/main"));
+}
+
+#[test]
+fn a_fifo_as_the_hub_caches_refs_main_is_refused_not_blocked_on() {
+    let cache = tempfile::tempdir().unwrap();
+    hub_cache_with_ref(cache.path(), mkfifo);
+    expect_guarded_refusal(
+        cache.path(),
+        &["plan", "-q", "--", "vllm", "serve", "someone/model"],
+        &["refs/main is a FIFO (named pipe), expected a regular file"],
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn the_hub_caches_refs_main_linked_to_dev_zero_is_refused_not_read() {
+    let cache = tempfile::tempdir().unwrap();
+    hub_cache_with_ref(cache.path(), |r| {
+        std::os::unix::fs::symlink("/dev/zero", r).unwrap()
+    });
+    expect_guarded_refusal(
+        cache.path(),
+        &["plan", "-q", "--", "vllm", "serve", "someone/model"],
+        &["refs/main is a character device"],
+    );
+}
+
+#[test]
+fn a_fifo_as_a_hub_snapshots_config_json_is_refused_not_skipped_for_the_preset() {
+    let cache = tempfile::tempdir().unwrap();
+    let snap = cache
+        .path()
+        .join("models--meta-llama--Llama-3.1-8B-Instruct/snapshots/abc");
+    std::fs::create_dir_all(&snap).unwrap();
+    mkfifo(&snap.join("config.json"));
+    expect_guarded_refusal(
+        cache.path(),
+        &[
+            "plan",
+            "-q",
+            "--",
+            "vllm",
+            "serve",
+            "meta-llama/Llama-3.1-8B-Instruct",
+        ],
+        &["snapshots/abc/config.json", "a FIFO (named pipe)"],
+    );
+}
+
+// ---- numbers in a log read exactly, and a log cut inside a number line (issue 50) ----
+
+fn public_log(name: &str) -> String {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm-logs");
+    std::fs::read_to_string(fixtures.join(name)).unwrap()
+}
+
+/// `explain` of `log` (written to a file) exits 2 with one line holding each of `must_contain`.
+fn explain_refuses(log: &str, must_contain: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vllm.log");
+    std::fs::write(&path, log).unwrap();
+    expect_guarded_refusal(
+        dir.path(),
+        &["explain", path.to_str().unwrap(), "--no-what-if"],
+        must_contain,
+    );
+}
+
+/// The 0.6.4 log (p6) with its memory line's `key=VALUE` changed.
+fn p6_with(key: &str, old: &str, new: &str) -> String {
+    let log = public_log("p6-0.6.4-llama-3.1-8b-rtx3090.log");
+    let (from, to) = (format!("{key}={old}"), format!("{key}={new}"));
+    assert!(log.contains(&from), "{from}");
+    log.replace(&from, &to)
+}
+
+#[test]
+fn a_kv_cache_size_past_f64_is_refused_as_an_overflow_not_read_as_one() {
+    explain_refuses(
+        &p6_with("kv_cache_size", "3.81GiB", "1e309GiB"),
+        &["vllm.log: line 8: kv_cache_size '1e309GiB' is too large to be a size (overflow)"],
+    );
+}
+
+#[test]
+fn a_kv_cache_size_with_an_exponent_is_read_whole_and_checked() {
+    explain_refuses(
+        &p6_with("kv_cache_size", "3.81GiB", "1e3GiB"),
+        &["KV cache 1e3 GiB on a 23.58 GiB GPU"],
+    );
+}
+
+#[test]
+fn a_tiny_utilization_is_read_exactly_not_as_one() {
+    // 0.6.4: one memory line; util 1e-300 leaves no room for its 3.81 GiB of KV cache.
+    explain_refuses(
+        &p6_with("gpu_memory_utilization", "0.90", "1e-300"),
+        &["KV cache 3.81 GiB is more than gpu_memory_utilization 1e-300"],
+    );
+    // V1: the non-default args say 1e-300, the requested-memory line 0.95.
+    let q1 = public_log("q1-0.19-llama-3.1-8b-h100.log").replace(
+        "'gpu_memory_utilization': 0.95",
+        "'gpu_memory_utilization': 1e-300",
+    );
+    explain_refuses(
+        &q1,
+        &["line 7: gpu_memory_utilization 0.95, but 1e-300 earlier"],
+    );
+}
+
+#[test]
+fn a_block_count_past_64_bits_is_refused_not_saturated() {
+    let log = public_log("p6-0.6.4-llama-3.1-8b-rtx3090.log").replace(
+        "# GPU blocks: 1952",
+        "# GPU blocks: 99999999999999999999999",
+    );
+    explain_refuses(
+        &log,
+        &["line 9: # GPU blocks '99999999999999999999999' does not fit a 64-bit count (overflow)"],
+    );
+}
+
+#[test]
+fn nan_and_negative_numbers_are_named_not_called_cut_short() {
+    explain_refuses(
+        &p6_with("kv_cache_size", "3.81GiB", "nanGiB"),
+        &["line 8: kv_cache_size 'nanGiB' is NaN"],
+    );
+    explain_refuses(
+        &p6_with("non_torch_memory", "0.35GiB", "-0.35GiB"),
+        &["line 8: non_torch_memory '-0.35GiB' is negative"],
+    );
+    let log = public_log("p6-0.6.4-llama-3.1-8b-rtx3090.log")
+        .replace("# GPU blocks: 1952", "# GPU blocks: -1952");
+    explain_refuses(&log, &["line 9: # GPU blocks '-1952' is negative"]);
+}
+
+/// The log up to and including `keep` of its first line holding `keep`, with no newline after.
+fn cut_after(log: &str, keep: &str) -> String {
+    let at = log.find(keep).unwrap_or_else(|| panic!("{keep}")) + keep.len();
+    log[..at].to_string()
+}
+
+#[test]
+fn a_last_block_count_line_without_its_newline_is_refused_as_cut() {
+    let log = cut_after(
+        &public_log("p6-0.6.4-llama-3.1-8b-rtx3090.log"),
+        "# GPU blocks: 19",
+    );
+    explain_refuses(
+        &log,
+        &[
+            "line 9 is cut short: the log ends inside it",
+            "# GPU blocks: 19",
+        ],
+    );
+}
+
+#[test]
+fn a_v1_log_ending_inside_its_kv_memory_line_is_refused_as_cut() {
+    let log = cut_after(
+        &public_log("q1-0.19-llama-3.1-8b-h100.log"),
+        "Available KV cache memory: 58.",
+    );
+    explain_refuses(
+        &log,
+        &["line 11 is cut short", "Available KV cache memory: 58."],
+    );
+}

@@ -5,7 +5,8 @@ use std::io::BufReader;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use crate::base::error::{Error, Result};
+use crate::base::error::Result;
+use crate::base::fsguard;
 use crate::profile::explain::{self, Explanation, LogFacts, Overrides};
 use crate::profile::{self, ProfileRequest, Report};
 
@@ -13,7 +14,7 @@ use crate::profile::{self, ProfileRequest, Report};
 /// move one setting each).
 pub fn run(log: &std::path::Path, overrides: &Overrides, no_what_if: bool) -> Result<()> {
     let name = log.display().to_string();
-    let file = std::fs::File::open(log).map_err(|e| Error::Request(format!("{name}: {e}")))?;
+    let file = fsguard::open_bounded(log, "log", fsguard::LOG_LIMIT)?;
     let facts = explain::read_log(&name, BufReader::new(file))?;
     let (req, assumptions) = explain::request_of(&facts, overrides)?;
     let report = profile::run(&req, None, Arc::new(AtomicBool::new(false)))?;

@@ -19,6 +19,11 @@ pub(crate) const INDEX_LIMIT: u64 = 64 * MIB;
 pub(crate) const SESSION_LIMIT: u64 = 512 * MIB;
 /// Largest `--compare` logits file (a 256k vocabulary as JSON floats is ~6 MiB).
 pub(crate) const COMPARE_LIMIT: u64 = 64 * MIB;
+/// Largest Hugging Face cache `refs/main` read (it holds one 40-hex revision).
+pub(crate) const REF_LIMIT: u64 = 4096;
+/// Largest vLLM log `explain` opens (a startup log is tens of KiB; a server's log with
+/// request lines can grow, but past 1 GiB its startup is better cut out with `head`).
+pub(crate) const LOG_LIMIT: u64 = 1 << 30;
 
 /// What a path is when it is not a regular file, in the words a user knows.
 fn kind_of(meta: &std::fs::Metadata) -> Option<&'static str> {
@@ -99,6 +104,43 @@ pub(crate) fn open_regular(path: &Path, what: &str) -> Result<(File, u64)> {
     Ok((file, meta.len()))
 }
 
+/// Opens a regular file for streaming (a log read line by line), refusing one longer than
+/// `limit` before any byte is read.
+pub(crate) fn open_bounded(path: &Path, what: &str, limit: u64) -> Result<File> {
+    let (file, len) = open_regular(path, what)?;
+    if len > limit {
+        return Err(too_big(path, what, len, limit));
+    }
+    Ok(file)
+}
+
+/// Checks, without opening it, that `path` is a regular file of at most `limit` bytes (a
+/// file found now and read later by the guarded reads, such as a hub snapshot's config.json).
+pub(crate) fn check_regular(path: &Path, what: &str, limit: u64) -> Result<()> {
+    let meta = stat(path, what)?;
+    if let Some(kind) = kind_of(&meta) {
+        return Err(Error::model(
+            path,
+            format!("{what} is {kind}, expected a regular file"),
+        ));
+    }
+    if meta.len() > limit {
+        return Err(too_big(path, what, meta.len(), limit));
+    }
+    Ok(())
+}
+
+fn too_big(path: &Path, what: &str, n: u64, limit: u64) -> Error {
+    Error::model(
+        path,
+        format!(
+            "{what} is {} ({n} bytes), more than the {} this tool reads for it",
+            fmt_u(n),
+            fmt_u(limit)
+        ),
+    )
+}
+
 /// O_NONBLOCK on Linux (x86, ARM, RISC-V); a regular file ignores it.
 #[cfg(unix)]
 fn libc_o_nonblock() -> i32 {
@@ -108,16 +150,7 @@ fn libc_o_nonblock() -> i32 {
 /// Reads a whole regular file of at most `limit` bytes.
 pub(crate) fn read_bounded(path: &Path, what: &str, limit: u64) -> Result<Vec<u8>> {
     let (file, len) = open_regular(path, what)?;
-    let too_big = |n: u64| {
-        Error::model(
-            path,
-            format!(
-                "{what} is {} ({n} bytes), more than the {} this tool reads for it",
-                fmt_u(n),
-                fmt_u(limit)
-            ),
-        )
-    };
+    let too_big = |n: u64| too_big(path, what, n, limit);
     if len > limit {
         return Err(too_big(len));
     }

@@ -21,12 +21,8 @@ pub const MAX_LINE: usize = 64 << 10;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// A number as the log printed it: its value and its text.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Logged {
-    pub value: f64,
-    pub text: String,
-}
+use super::log_numbers;
+pub use super::log_numbers::Logged;
 
 /// What a vLLM startup log states.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -82,25 +78,61 @@ pub enum Style {
     V1,
 }
 
-/// The number at the start of `s` (digits, one point, thousands commas), with its text.
-fn number_at(s: &str) -> Option<Logged> {
-    let s = s.trim_start();
-    let end = s
-        .char_indices()
-        .find(|(_, c)| !(c.is_ascii_digit() || *c == '.' || *c == ','))
-        .map_or(s.len(), |(i, _)| i);
-    let text = s[..end].trim_end_matches(['.', ',']);
-    let value: f64 = text.replace(',', "").parse().ok()?;
-    value.is_finite().then(|| Logged {
-        value,
-        text: text.to_string(),
-    })
+/// A number that does not fit its kind, refused naming the line and the field (`key` as the
+/// line prints it, less its punctuation).
+fn misread(line_no: u64, key: &str, problem: String) -> Error {
+    let field = key.trim_matches(|c: char| " =:('\",".contains(c));
+    Error::Request(format!("line {line_no}: {field} {problem}"))
 }
 
-/// The number after the first `key` in `line`.
-fn after(line: &str, key: &str) -> Option<Logged> {
-    let i = line.find(key)?;
-    number_at(&line[i + key.len()..])
+/// The size after the first `key` in `line`; `None` where the key or its number is missing.
+fn size_after(line: &str, key: &str, line_no: u64) -> Result<Option<Logged>> {
+    let Some(i) = line.find(key) else {
+        return Ok(None);
+    };
+    log_numbers::size(&line[i + key.len()..]).map_err(|p| misread(line_no, key, p))
+}
+
+/// The ratio after the first `key` in `line`; `None` where the key or its number is missing.
+fn ratio_after(line: &str, key: &str, line_no: u64) -> Result<Option<Logged>> {
+    let Some(i) = line.find(key) else {
+        return Ok(None);
+    };
+    log_numbers::ratio(&line[i + key.len()..]).map_err(|p| misread(line_no, key, p))
+}
+
+/// The count after the first `key` in `line`, as `T` (a count past `T` is refused as one
+/// past 64 bits is); `None` where the key or its number is missing.
+fn count_after<T: TryFrom<u64>>(line: &str, key: &str, line_no: u64) -> Result<Option<T>> {
+    let Some(i) = line.find(key) else {
+        return Ok(None);
+    };
+    narrow(log_numbers::count(&line[i + key.len()..]), key, line_no)
+}
+
+/// A config field's count (`max_seq_len=8192`); `None` where the field is missing.
+fn count_field<T: TryFrom<u64>>(line: &str, key: &str, line_no: u64) -> Result<Option<T>> {
+    let Some(v) = field(line, key) else {
+        return Ok(None);
+    };
+    narrow(log_numbers::count(v), key, line_no)
+}
+
+fn narrow<T: TryFrom<u64>>(
+    n: std::result::Result<Option<u64>, String>,
+    key: &str,
+    line_no: u64,
+) -> Result<Option<T>> {
+    match n.map_err(|p| misread(line_no, key, p))? {
+        None => Ok(None),
+        Some(n) => T::try_from(n).map(Some).map_err(|_| {
+            misread(
+                line_no,
+                key,
+                format!("'{n}' is larger than this count can be"),
+            )
+        }),
+    }
 }
 
 /// A config field `key=value` (value up to ", " or the end; quotes dropped).
@@ -230,6 +262,21 @@ impl Reader {
         }
     }
 
+    /// `same` for the utilization, shown as the shortest text that reads back exactly
+    /// (`1e-300`, not three hundred zeros).
+    fn same_util(slot: &mut Option<f64>, v: f64, line_no: u64) -> Result<()> {
+        match slot {
+            Some(old) if *old != v => Err(Error::Request(format!(
+                "line {line_no}: gpu_memory_utilization {v:?}, but {old:?} earlier: the log \
+                 holds two different instances; keep one"
+            ))),
+            _ => {
+                *slot = Some(v);
+                Ok(())
+            }
+        }
+    }
+
     fn line(&mut self, line: &str, line_no: u64) -> Result<()> {
         let f = &mut self.facts;
         // TP workers prefix their lines: "(VllmWorkerProcess pid=…)", "(Worker_TP1 pid=…)".
@@ -251,10 +298,10 @@ impl Reader {
             if let Some(d) = field(line, "dtype=") {
                 f.dtype = Some(d.trim_start_matches("torch.").to_string());
             }
-            if let Some(n) = field(line, "max_seq_len=").and_then(|v| v.parse().ok()) {
+            if let Some(n) = count_field(line, "max_seq_len=", line_no)? {
                 Self::same(&mut f.max_model_len, n, "max_model_len", line_no)?;
             }
-            if let Some(n) = field(line, "tensor_parallel_size=").and_then(|v| v.parse().ok()) {
+            if let Some(n) = count_field(line, "tensor_parallel_size=", line_no)? {
                 Self::same(&mut f.tp, n, "tensor_parallel_size", line_no)?;
             }
             if let Some(q) = field(line, "quantization=").filter(|q| *q != "None") {
@@ -277,27 +324,27 @@ impl Reader {
             Self::same(&mut f.release, v, "vLLM version", line_no)?;
         } else if line.contains("non-default args: {") {
             // V1's api_server: a Python dict of what the user set.
-            let num = |k: &str| after(line, &format!("'{k}': ")).map(|l| l.value);
-            if let Some(u) = num("gpu_memory_utilization") {
-                f.util = Some(u);
+            let key = |k: &str| format!("'{k}': ");
+            if let Some(u) = ratio_after(line, &key("gpu_memory_utilization"), line_no)? {
+                Self::same_util(&mut f.util, u.value, line_no)?;
             }
-            if let Some(n) = num("max_num_seqs") {
-                f.max_num_seqs = Some(n as usize);
+            if let Some(n) = count_after(line, &key("max_num_seqs"), line_no)? {
+                f.max_num_seqs = Some(n);
             }
-            if let Some(n) = num("max_num_batched_tokens") {
-                f.max_num_batched_tokens = Some(n as usize);
+            if let Some(n) = count_after(line, &key("max_num_batched_tokens"), line_no)? {
+                f.max_num_batched_tokens = Some(n);
             }
-            if let Some(n) = num("block_size") {
-                f.block_size = Some(n as u64);
+            if let Some(n) = count_after(line, &key("block_size"), line_no)? {
+                f.block_size = Some(n);
             }
-            if let Some(n) = num("kv_cache_memory_bytes") {
-                f.kv_cache_memory = Some(n as u64);
+            if let Some(n) = count_after(line, &key("kv_cache_memory_bytes"), line_no)? {
+                f.kv_cache_memory = Some(n);
             }
-            if let Some(n) = num("tensor_parallel_size") {
-                Self::same(&mut f.tp, n as u32, "tensor_parallel_size", line_no)?;
+            if let Some(n) = count_after(line, &key("tensor_parallel_size"), line_no)? {
+                Self::same(&mut f.tp, n, "tensor_parallel_size", line_no)?;
             }
-            if let Some(n) = num("max_model_len") {
-                Self::same(&mut f.max_model_len, n as u64, "max_model_len", line_no)?;
+            if let Some(n) = count_after(line, &key("max_model_len"), line_no)? {
+                Self::same(&mut f.max_model_len, n, "max_model_len", line_no)?;
             }
             if line.contains("'enforce_eager': True") {
                 f.enforce_eager = Some(true);
@@ -311,18 +358,18 @@ impl Reader {
             }
         } else if line.contains("Memory profiling results: total_gpu_memory=") {
             // 0.6.4 worker.py:233-244: every field, gpu_memory_utilization last.
-            let g = |k: &str| after(line, &format!("{k}="));
+            let g = |k: &str| size_after(line, &format!("{k}="), line_no);
             let (Some(total), Some(peak), Some(nt), Some(kv), Some(u)) = (
-                g("total_gpu_memory"),
-                g("peak_torch_memory"),
-                g("non_torch_memory"),
-                g("kv_cache_size"),
-                g("gpu_memory_utilization"),
+                g("total_gpu_memory")?,
+                g("peak_torch_memory")?,
+                g("non_torch_memory")?,
+                g("kv_cache_size")?,
+                ratio_after(line, "gpu_memory_utilization=", line_no)?,
             ) else {
                 return Err(Self::cut(line_no, "memory profiling line"));
             };
             f.style = Some(Style::MemoryProfilingResults);
-            f.util = Some(u.value);
+            Self::same_util(&mut f.util, u.value, line_no)?;
             self.set(
                 &[
                     (Field::Total, total),
@@ -336,21 +383,22 @@ impl Reader {
         } else if line.contains("the current vLLM instance can use total_gpu_memory (") {
             // 0.6.5-0.8 worker.py: "… total_gpu_memory (T GiB) x gpu_memory_utilization (u) = …".
             let (Some(total), Some(u)) = (
-                after(line, "total_gpu_memory ("),
-                after(line, "gpu_memory_utilization ("),
+                size_after(line, "total_gpu_memory (", line_no)?,
+                ratio_after(line, "gpu_memory_utilization (", line_no)?,
             ) else {
                 return Err(Self::cut(line_no, "memory line"));
             };
             f.style = Some(Style::InstanceCanUse);
-            f.util = Some(u.value);
+            Self::same_util(&mut f.util, u.value, line_no)?;
             self.set(&[(Field::Total, total)], worker, line_no)?;
         } else if line.contains("model weights take ") && line.contains("reserved for KV Cache is")
         {
+            let g = |k: &str| size_after(line, k, line_no);
             let (Some(w), Some(nt), Some(act), Some(kv)) = (
-                after(line, "model weights take "),
-                after(line, "non_torch_memory takes "),
-                after(line, "PyTorch activation peak memory takes "),
-                after(line, "reserved for KV Cache is "),
+                g("model weights take ")?,
+                g("non_torch_memory takes ")?,
+                g("PyTorch activation peak memory takes ")?,
+                g("reserved for KV Cache is ")?,
             ) else {
                 return Err(Self::cut(line_no, "memory line"));
             };
@@ -364,27 +412,29 @@ impl Reader {
                 worker,
                 line_no,
             )?;
-        } else if let Some(w) = after(line, "Loading model weights took ") {
+        } else if let Some(w) = size_after(line, "Loading model weights took ", line_no)? {
             // V0 model_runner.py:1077 ("%.4f GB", GiB in fact).
             self.set(&[(Field::LoadedWeights, w)], worker, line_no)?;
-        } else if let Some(w) = after(line, "Model loading took ") {
+        } else if let Some(w) = size_after(line, "Model loading took ", line_no)? {
             // V1 gpu_model_runner.py:4821.
             self.set(&[(Field::Weights, w)], worker, line_no)?;
         } else if line.contains("Requested memory: ") && line.contains("(util)") {
             // V1 gpu_worker.py DEBUG "Initial free memory: F GiB; Requested memory: u (util), R GiB".
-            let (Some(u), Some(r)) = (after(line, "Requested memory: "), after(line, "(util), "))
-            else {
+            let (Some(u), Some(r)) = (
+                ratio_after(line, "Requested memory: ", line_no)?,
+                size_after(line, "(util), ", line_no)?,
+            ) else {
                 return Err(Self::cut(line_no, "requested-memory line"));
             };
             f.style = Some(Style::V1);
-            f.util = Some(u.value);
+            Self::same_util(&mut f.util, u.value, line_no)?;
             self.set(&[(Field::Requested, r)], worker, line_no)?;
         } else if line.contains("torch peak memory increase: ") {
             // V1 DEBUG "Memory profiling takes …; torch peak memory increase: …; non-torch
             // forward increase memory: …; weights memory: …".
             let (Some(a), Some(nt)) = (
-                after(line, "torch peak memory increase: "),
-                after(line, "non-torch forward increase memory: "),
+                size_after(line, "torch peak memory increase: ", line_no)?,
+                size_after(line, "non-torch forward increase memory: ", line_no)?,
             ) else {
                 return Err(Self::cut(line_no, "memory profiling line"));
             };
@@ -394,52 +444,55 @@ impl Reader {
                 worker,
                 line_no,
             )?;
-            if let Some(w) = after(line, "weights memory: ") {
+            if let Some(w) = size_after(line, "weights memory: ", line_no)? {
                 self.set(&[(Field::Weights, w)], worker, line_no)?;
             }
-        } else if let Some(kv) = after(line, "Available KV cache memory: ") {
+        } else if let Some(kv) = size_after(line, "Available KV cache memory: ", line_no)? {
             f.style = Some(Style::V1);
             self.set(&[(Field::Kv, kv)], worker, line_no)?;
-        } else if let Some(t) = after(line, "GPU KV cache size: ") {
-            let tokens = t.value as u64;
+        } else if let Some(tokens) = count_after(line, "GPU KV cache size: ", line_no)? {
             if f.tokens.is_none() || !worker {
                 f.tokens = Some(tokens);
             }
-        } else if let Some(b) = ["# GPU blocks: ", "# CUDA blocks: ", "# cuda blocks: "]
-            .iter()
-            .find_map(|k| after(line, k))
+        } else if let Some(key) = ["# GPU blocks: ", "# CUDA blocks: ", "# cuda blocks: "]
+            .into_iter()
+            .find(|k| line.contains(k))
         {
-            let blocks = b.value as u64;
+            let Some(blocks) = count_after(line, key, line_no)? else {
+                return Err(Self::cut(line_no, "block count"));
+            };
             Self::same(&mut f.blocks, blocks, "GPU blocks", line_no)?;
         } else if let Some(i) = line.find("Maximum concurrency for ") {
             let rest = &line[i..];
-            let Some(x) = rest
-                .find("per request: ")
-                .and_then(|j| number_at(&rest[j + 13..]))
-            else {
+            let Some(x) = ratio_after(rest, "per request: ", line_no)? else {
                 return Err(Self::cut(line_no, "concurrency line"));
             };
             f.concurrency = Some(x);
-        } else if let Some(e) = after(line, "Estimated CUDA graph memory: ") {
+        } else if let Some(e) = size_after(line, "Estimated CUDA graph memory: ", line_no)? {
             f.graph_estimate = Some(e);
         } else if line.contains("Graph capturing finished in ") {
-            let Some(t) = after(line, ", took ") else {
+            let Some(t) = size_after(line, ", took ", line_no)? else {
                 return Err(Self::cut(line_no, "graph capture line"));
             };
             f.graph_took = Some(t);
         } else if let Some(i) = line.find("Free memory on device (") {
             // V1 DEBUG "Free memory on device (F/T GiB) on startup".
             let rest = &line[i + "Free memory on device (".len()..];
-            if let Some(t) = rest.split_once('/').and_then(|(_, t)| number_at(t)) {
+            let total = match rest.split_once('/') {
+                Some((_, t)) => log_numbers::size(t)
+                    .map_err(|p| misread(line_no, "Free memory on device", p))?,
+                None => None,
+            };
+            if let Some(t) = total {
                 self.set(&[(Field::Total, t)], worker, line_no)?;
             }
         } else if line.contains("usage context") && line.contains(" max_num_") {
             // "Setting max_num_seqs to 1024 for OPENAI_API_SERVER usage context." (0.11.0
             // engine/arg_utils.py:1672-1681, DEBUG); later releases say "Defaulting".
-            let n = |k: &str| after(line, &format!("max_num_{k} to ")).map(|l| l.value as usize);
-            if let Some(n) = n("seqs") {
+            let n = |k: &str| count_after(line, &format!("max_num_{k} to "), line_no);
+            if let Some(n) = n("seqs")? {
                 f.max_num_seqs = f.max_num_seqs.or(Some(n));
-            } else if let Some(n) = n("batched_tokens") {
+            } else if let Some(n) = n("batched_tokens")? {
                 f.max_num_batched_tokens = f.max_num_batched_tokens.or(Some(n));
             } else {
                 known = false;
@@ -490,8 +543,23 @@ pub fn read_log(name: &str, mut input: impl BufRead) -> Result<LogFacts> {
             continue;
         }
         let line = String::from_utf8_lossy(&buf);
-        r.line(line.trim_end(), r.facts.lines)
-            .map_err(|e| Error::Request(format!("{name}: {e}")))?;
+        let line_no = r.facts.lines;
+        let recognised = r.facts.recognised;
+        let read = r.line(line.trim_end(), line_no);
+        // No newline: the log ends inside this line. A line of numbers cut there may have lost
+        // digits ("# GPU blocks: 368" of 3686), so it is refused rather than read.
+        if buf.last() != Some(&b'\n') && (read.is_err() || r.facts.recognised > recognised) {
+            return Err(Error::Request(format!(
+                "{name}: line {line_no} is cut short: the log ends inside it, with no newline \
+                 (a truncated log?): {}",
+                line.trim().chars().take(160).collect::<String>()
+            )));
+        }
+        read.map_err(|e| match e {
+            // The line's own message, prefixed once with the log's name.
+            Error::Request(m) => Error::Request(format!("{name}: {m}")),
+            other => other,
+        })?;
     }
     let mut f = r.facts;
     if f.weights.is_none() {
@@ -524,7 +592,7 @@ fn sane(name: &str, f: &LogFacts) -> Result<()> {
     }
     if let Some(u) = f.util {
         if !(u > 0.0 && u <= 1.0) {
-            return bad(format!("gpu_memory_utilization {u}"));
+            return bad(format!("gpu_memory_utilization {u:?}"));
         }
     }
     for (what, v) in [
@@ -545,6 +613,26 @@ fn sane(name: &str, f: &LogFacts) -> Result<()> {
                         .unwrap_or_default()
                 ));
             }
+        }
+    }
+    // vLLM sizes the KV cache inside util × total (V1: the requested memory), unless
+    // --kv-cache-memory gave it; a log's KV cache past that contradicts its own util.
+    if let (Some(kv), None) = (&f.kv, f.kv_cache_memory) {
+        let budget = match (&f.requested, total, f.util) {
+            (Some(r), _, _) => Some((r.value, format!("the requested {} GiB", r.text))),
+            (None, Some(t), Some(u)) => Some((
+                t * u,
+                format!("gpu_memory_utilization {u:?} of the {t} GiB GPU"),
+            )),
+            _ => None,
+        };
+        // Each figure is printed to 0.01 GiB.
+        if let Some((budget, what)) = budget.filter(|(b, _)| kv.value > b + 0.02) {
+            return Err(Error::Request(format!(
+                "{name}: KV cache {} GiB is more than {what} allows ({budget:.2} GiB): the log \
+                 contradicts itself",
+                kv.text
+            )));
         }
     }
     if let Some(tp) = f.tp {
@@ -984,9 +1072,11 @@ mod tests {
 
     #[test]
     fn numbers_and_fields_read_as_printed() {
-        assert_eq!(number_at("476,016 tokens").unwrap().value, 476016.0);
-        assert_eq!(number_at("53.29GiB.").unwrap().text, "53.29");
-        assert!(number_at("abc").is_none());
+        let l = "INFO GPU KV cache size: 476,016 tokens";
+        assert_eq!(
+            count_after::<u64>(l, "GPU KV cache size: ", 1).unwrap(),
+            Some(476_016)
+        );
         let line = "config: model='meta-llama/Llama-3.1-8B', dtype=torch.bfloat16, max_seq_len=20000, quantization=None";
         assert_eq!(field(line, "model="), Some("meta-llama/Llama-3.1-8B"));
         assert_eq!(field(line, "dtype="), Some("torch.bfloat16"));

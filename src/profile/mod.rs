@@ -9,6 +9,7 @@ pub mod explain;
 pub mod formulas;
 pub mod graphs;
 pub mod host_memory;
+mod log_numbers;
 pub mod procedure;
 pub mod report;
 pub mod request;

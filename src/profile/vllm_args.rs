@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::base::error::{Error, Result};
+use crate::base::fsguard;
 use crate::model::ModelSource;
 use crate::quant::Quant;
 
@@ -274,23 +275,51 @@ fn hub_caches() -> Vec<PathBuf> {
 }
 
 /// A hub id's snapshot folder holding config.json in `cache` (the `refs/main` one first).
-fn cached_snapshot(cache: &Path, id: &str) -> Option<PathBuf> {
+/// `refs/main` and the snapshot's config.json go through the guarded reads: a FIFO or a
+/// device there is refused, naming it, instead of hanging or filling memory.
+fn cached_snapshot(cache: &Path, id: &str) -> Result<Option<PathBuf>> {
     let dir = cache.join(format!("models--{}", id.replace('/', "--")));
     let snaps = dir.join("snapshots");
-    let main = std::fs::read_to_string(dir.join("refs/main")).ok();
-    if let Some(rev) = main {
-        let p = snaps.join(rev.trim());
-        if p.join("config.json").is_file() {
-            return Some(p);
+    let refs_main = dir.join("refs/main");
+    // A missing ref is an ordinary cache (a download by revision); anything else there is read
+    // through the guard.
+    if std::fs::symlink_metadata(&refs_main).is_ok() {
+        let rev = fsguard::read_text(&refs_main, "refs/main", fsguard::REF_LIMIT)?;
+        let rev = rev.trim();
+        // A revision is one folder name: never a path out of the snapshots folder.
+        if rev.is_empty() || rev.contains(['/', '\\']) || rev == "." || rev == ".." {
+            return Err(Error::model(
+                &refs_main,
+                format!("refs/main holds '{rev}', expected a revision (one folder name)"),
+            ));
+        }
+        let p = snaps.join(rev);
+        if let Some(found) = snapshot_with_config(p)? {
+            return Ok(Some(found));
         }
     }
-    let mut found: Vec<PathBuf> = std::fs::read_dir(&snaps)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("config.json").is_file())
-        .collect();
+    let Ok(entries) = std::fs::read_dir(&snaps) else {
+        return Ok(None);
+    };
+    let mut found: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
     found.sort();
-    found.into_iter().next()
+    for p in found {
+        if let Some(found) = snapshot_with_config(p)? {
+            return Ok(Some(found));
+        }
+    }
+    Ok(None)
+}
+
+/// `snap` when it holds a config.json; one that is there but not a regular file of a
+/// config's size is refused.
+fn snapshot_with_config(snap: PathBuf) -> Result<Option<PathBuf>> {
+    let config = snap.join("config.json");
+    if std::fs::symlink_metadata(&config).is_err() {
+        return Ok(None);
+    }
+    fsguard::check_regular(&config, "config.json", fsguard::CONFIG_LIMIT)?;
+    Ok(Some(snap))
 }
 
 /// MODEL as vLLM takes it, found without a network: a folder or file on disk, the hub cache's
@@ -304,7 +333,7 @@ pub fn resolve_model(model: &str) -> Result<(String, Option<String>)> {
     let hub_like = m.split('/').count() == 2 && !m.starts_with('.') && !m.starts_with('/');
     if hub_like {
         for cache in hub_caches() {
-            if let Some(snap) = cached_snapshot(&cache, m) {
+            if let Some(snap) = cached_snapshot(&cache, m)? {
                 let note = format!("{m}: the hub cache's copy, {}", snap.display());
                 return Ok((snap.display().to_string(), Some(note)));
             }
@@ -331,16 +360,16 @@ pub fn resolve_model(model: &str) -> Result<(String, Option<String>)> {
 
 /// `--dtype auto` as vLLM takes it (0.6.4 config.py L1811-1836): config.json's torch_dtype,
 /// a missing or float32 one as float16 (bfloat16 for Gemma 2). Presets answer with their
-/// published config's dtype.
-pub fn auto_dtype(model: &ModelSource) -> Quant {
+/// published config's dtype. config.json is read through the guarded read (a FIFO, a device
+/// or a multi-GB file is refused, naming it); a missing or unparsable one is left to the
+/// model loader, which names what is wrong with it.
+pub fn auto_dtype(model: &ModelSource) -> Result<Quant> {
     match model {
-        ModelSource::Preset { name } => {
-            if name.starts_with("opt-") || name == "tiny" {
-                Quant::F16
-            } else {
-                Quant::BF16
-            }
-        }
+        ModelSource::Preset { name } => Ok(if name.starts_with("opt-") || name == "tiny" {
+            Quant::F16
+        } else {
+            Quant::BF16
+        }),
         ModelSource::Path { path } => {
             let config = if path.is_dir() {
                 path.join("config.json")
@@ -351,26 +380,27 @@ pub fn auto_dtype(model: &ModelSource) -> Quant {
                     .map(|p| p.join("config.json"))
                     .unwrap_or_default()
             };
-            let json: serde_json::Value = std::fs::read(&config)
-                .ok()
-                .filter(|b| b.len() < (16 << 20))
-                .and_then(|b| serde_json::from_slice(&b).ok())
-                .unwrap_or_default();
+            let json: serde_json::Value = if std::fs::symlink_metadata(&config).is_ok() {
+                let text = fsguard::read_text(&config, "config.json", fsguard::CONFIG_LIMIT)?;
+                serde_json::from_str(&text).unwrap_or_default()
+            } else {
+                serde_json::Value::Null
+            };
             let dtype = json["torch_dtype"].as_str().or(json["dtype"].as_str());
-            match (dtype, json["model_type"].as_str()) {
+            Ok(match (dtype, json["model_type"].as_str()) {
                 (Some("bfloat16"), _) => Quant::BF16,
                 (None | Some("float32"), Some("gemma2")) => Quant::BF16,
                 _ => Quant::F16,
-            }
+            })
         }
-        ModelSource::Synthetic { .. } => Quant::F16,
+        ModelSource::Synthetic { .. } => Ok(Quant::F16),
     }
 }
 
 /// vLLM's `--dtype` and `--quantization` as one vramscope quantization.
 pub fn quant_of(model: &ModelSource, dtype: Option<&str>, method: Option<&str>) -> Result<Quant> {
     let base = match dtype.map(str::to_ascii_lowercase).as_deref() {
-        None | Some("auto") => auto_dtype(model),
+        None | Some("auto") => auto_dtype(model)?,
         Some("half" | "float16" | "fp16") => Quant::F16,
         Some("bfloat16" | "bf16") => Quant::BF16,
         Some(other) => {
@@ -469,14 +499,14 @@ mod tests {
         let snap = repo.join("snapshots/abc123");
         std::fs::create_dir_all(&snap).unwrap();
         assert_eq!(
-            cached_snapshot(dir.path(), "Qwen/Qwen2.5-7B-Instruct"),
+            cached_snapshot(dir.path(), "Qwen/Qwen2.5-7B-Instruct").unwrap(),
             None
         );
         std::fs::write(snap.join("config.json"), "{}").unwrap();
         std::fs::create_dir_all(repo.join("refs")).unwrap();
         std::fs::write(repo.join("refs/main"), "abc123\n").unwrap();
         assert_eq!(
-            cached_snapshot(dir.path(), "Qwen/Qwen2.5-7B-Instruct"),
+            cached_snapshot(dir.path(), "Qwen/Qwen2.5-7B-Instruct").unwrap(),
             Some(snap)
         );
     }

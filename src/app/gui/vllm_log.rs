@@ -6,7 +6,7 @@ use std::path::Path;
 
 use egui::RichText;
 
-use crate::base::error::{Error, Result};
+use crate::base::error::Result;
 use crate::profile::explain::{self, Explanation, LogFacts, Overrides};
 use crate::profile::{ProfileRequest, Report};
 
@@ -43,8 +43,7 @@ pub fn load(path: &Path) -> Result<LoadedLog> {
     let name = path
         .file_name()
         .map_or(path.display().to_string(), |n| n.to_string_lossy().into());
-    let file = std::fs::File::open(path)
-        .map_err(|e| Error::Request(format!("{}: {e}", path.display())))?;
+    let file = crate::base::fsguard::open_bounded(path, "log", crate::base::fsguard::LOG_LIMIT)?;
     let facts = explain::read_log(&name, BufReader::new(file))?;
     let (request, assumptions) = explain::request_of(&facts, &Overrides::default())?;
     Ok(LoadedLog {
