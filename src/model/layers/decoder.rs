@@ -9,10 +9,23 @@ use std::cell::RefCell;
 
 use crate::base::error::{Error, Result};
 use crate::engine::ops_moe_v1::MoeKernel;
+use crate::engine::progress::Progress;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::model::config::MoeShape;
 use crate::quant::{FusedLinear, Linear};
+
+/// Enters layer `li` of `of` in a pass: a cancel is taken here, what follows is tagged with the
+/// layer, progress is reported, and the layer's tensor prefix (`layers.3`) comes back.
+pub fn enter_layer(rt: &Runtime, li: usize, of: usize) -> Result<String> {
+    rt.check_cancel()?;
+    rt.set_layer(Some(li as u32));
+    rt.progress(Progress::Layer {
+        layer: li as u32,
+        of: of as u32,
+    });
+    Ok(format!("layers.{li}"))
+}
 
 /// vLLM's `LlamaDecoderLayer` (and `MixtralDecoderLayer`, `Qwen3MoeDecoderLayer`,
 /// `Gemma2DecoderLayer`).

@@ -8,12 +8,11 @@
 
 use crate::base::error::Result;
 use crate::engine::ops_gemma;
-use crate::engine::progress::Progress;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::model::config::ModelConfig;
 use crate::model::layers::attention;
-use crate::model::layers::decoder::DecoderRun;
+use crate::model::layers::decoder::{enter_layer, DecoderRun};
 
 /// `Gemma2Model.forward` (gemma2.py L260-290 at 0.6.4) from the embedding on: the scaled
 /// embedding, each `Gemma2DecoderLayer`, the final norm.
@@ -33,15 +32,8 @@ pub fn forward_layers(
     // model's loop while layer 0 runs).
     let mut prev_residual: Option<Tensor> = None;
     let mut hidden: Option<Tensor> = None;
-    let n_layers = run.layers.len() as u32;
     for (li, layer) in run.layers.iter().enumerate() {
-        rt.check_cancel()?;
-        rt.set_layer(Some(li as u32));
-        rt.progress(Progress::Layer {
-            layer: li as u32,
-            of: n_layers,
-        });
-        let l = format!("layers.{li}");
+        let l = enter_layer(rt, li, run.layers.len())?;
         // Gemma2DecoderLayer.forward (gemma2.py L223-241 at 0.6.4): GemmaRMSNorm returns new
         // tensors (the residual sum too); the caller's hidden states and residual live until
         // the layer returns.

@@ -9,12 +9,11 @@
 use crate::base::error::{Error, Result};
 use crate::engine::ops;
 use crate::engine::ops_granite;
-use crate::engine::progress::Progress;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::Tensor;
 use crate::model::config::ModelConfig;
 use crate::model::layers::attention;
-use crate::model::layers::decoder::DecoderRun;
+use crate::model::layers::decoder::{enter_layer, DecoderRun};
 
 /// `GraniteModel.forward` (granite.py L294-323 at 0.19) from the embedding on.
 pub fn forward_layers(
@@ -34,15 +33,8 @@ pub fn forward_layers(
         g.embedding_multiplier as f32,
         "embed.multiplier",
     )?;
-    let n_layers = run.layers.len() as u32;
     for (li, layer) in run.layers.iter().enumerate() {
-        rt.check_cancel()?;
-        rt.set_layer(Some(li as u32));
-        rt.progress(Progress::Layer {
-            layer: li as u32,
-            of: n_layers,
-        });
-        let l = format!("layers.{li}");
+        let l = enter_layer(rt, li, run.layers.len())?;
         // GraniteDecoderLayer.forward (L233-251): `residual = hidden_states` (the model's
         // loop holds it until the layer returns), the norm into a new tensor, attention;
         // the norm's output dies as the name is rebound to the attention's.

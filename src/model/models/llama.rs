@@ -13,7 +13,6 @@
 use std::cell::Cell;
 
 use crate::base::error::{Error, Result};
-use crate::engine::progress::Progress;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::engine::{ops, ops_moe};
@@ -21,7 +20,7 @@ use crate::memory::Category;
 pub use crate::model::batch::Batch;
 use crate::model::config::ModelConfig;
 use crate::model::layers::attention::{self, AttentionBuild, AttentionRun, AttentionState};
-use crate::model::layers::decoder::{DecoderRun, MoeRun};
+use crate::model::layers::decoder::{enter_layer, DecoderRun, MoeRun};
 pub use crate::model::layers::decoder::{Layer, Mlp};
 use crate::model::layers::mlp::{self, GatedAct, MlpRun};
 pub use crate::model::layers::moe::{moe_block_forward, MoeBlock, SharedExpert};
@@ -498,15 +497,8 @@ impl LlamaModel {
 fn forward_layers(rt: &Runtime, run: &DecoderRun, mut residual: Tensor) -> Result<Tensor> {
     let eps = run.eps;
     let mut hidden: Option<Tensor> = None;
-    let n_layers = run.layers.len() as u32;
     for (li, layer) in run.layers.iter().enumerate() {
-        rt.check_cancel()?;
-        rt.set_layer(Some(li as u32));
-        rt.progress(Progress::Layer {
-            layer: li as u32,
-            of: n_layers,
-        });
-        let l = format!("layers.{li}");
+        let l = enter_layer(rt, li, run.layers.len())?;
         // LlamaDecoderLayer.forward: `hidden_states` of the previous layer is held by the
         // model's loop until this layer returns.
         let layer_in = match hidden.take() {
@@ -573,7 +565,7 @@ mod tests {
     }
 
     /// `cfg` loaded in fp16 with seeded weights on a dry simulated H100.
-    fn dry_load(cfg: &ModelConfig) -> (Runtime, LlamaModel) {
+    pub(super) fn dry_load(cfg: &ModelConfig) -> (Runtime, LlamaModel) {
         let device = Device::open(&DeviceSpec::parse("sim:h100-80gb:dry").unwrap()).unwrap();
         let opts = LoadOptions {
             quant: Quant::F16,
@@ -593,7 +585,11 @@ mod tests {
 
     /// The allocations and frees (bytes as the allocator rounds them: 512 at least) of one dry pass of `tokens` tokens in 2 sequences, in fp16, as
     /// (alloc?, tensor, bytes), for layer `layer` (or outside every layer with `None`).
-    fn dry_trace(cfg: &ModelConfig, tokens: usize, layer: Option<u32>) -> Vec<(bool, String, u64)> {
+    pub(super) fn dry_trace(
+        cfg: &ModelConfig,
+        tokens: usize,
+        layer: Option<u32>,
+    ) -> Vec<(bool, String, u64)> {
         let (rt, model) = dry_load(cfg);
         let from = rt.event_count();
         rt.set_pass(1);
@@ -726,13 +722,7 @@ mod tests {
 /// Gemma 1 and Granite through this model's weights and their decoder files.
 #[cfg(test)]
 mod family_tests {
-    use super::{Batch, LlamaModel, LoadOptions};
-    use crate::device::{Device, DeviceSpec};
-    use crate::engine::runtime::Runtime;
-    use crate::memory::EventKind;
     use crate::model::config::ModelConfig;
-    use crate::model::weights::{StoredDtype, SyntheticWeights};
-    use crate::quant::Quant;
 
     /// hidden 128, 4 heads over 2 KV heads, MLP 384, 2 layers, 64 positions, and `extra`.
     fn small(model_type: &str, extra: serde_json::Value) -> ModelConfig {
@@ -749,31 +739,7 @@ mod family_tests {
 
     /// Layer 1's allocations and frees of one dry fp16 pass of 8 tokens in 2 sequences.
     fn layer1_trace(cfg: &ModelConfig) -> Vec<(bool, String, u64)> {
-        let device = Device::open(&DeviceSpec::parse("sim:h100-80gb:dry").unwrap()).unwrap();
-        let opts = LoadOptions {
-            quant: Quant::F16,
-            int8_threshold: 0.0,
-            int8_layout: device.int8_tile_layout(),
-            attn_scalars: 0,
-        };
-        let rt = Runtime::new(device, std::sync::Arc::default(), None);
-        let src = SyntheticWeights {
-            preset: "family".into(),
-            seed: 1,
-            dtype: StoredDtype::F16,
-        };
-        let model = LlamaModel::load(&rt, cfg, &src, &opts).unwrap();
-        let from = rt.event_count();
-        rt.set_pass(1);
-        drop(model.forward(&rt, &Batch::dummy(8, 2, 1024)).unwrap());
-        rt.events_since(from, |ev| {
-            ev.iter()
-                .filter(|e| {
-                    e.layer == Some(1) && matches!(e.kind, EventKind::Alloc | EventKind::Free)
-                })
-                .map(|e| (e.kind == EventKind::Alloc, e.tensor.clone(), e.bytes))
-                .collect()
-        })
+        super::tests::dry_trace(cfg, 8, Some(1))
     }
 
     fn a(n: &str, b: u64) -> (bool, String, u64) {

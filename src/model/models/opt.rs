@@ -14,7 +14,6 @@ use std::cell::Cell;
 use crate::base::error::{Error, Result};
 use crate::engine::ops;
 use crate::engine::ops_opt;
-use crate::engine::progress::Progress;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
@@ -317,14 +316,8 @@ impl OptModel {
         };
         // L262. inputs_embeds and pos_embeds stay alive as locals until forward returns.
         let mut hidden = ops_opt::add(rt, &inputs_embeds, &pos_embeds, "embed.sum")?;
-        let n_layers = self.layers.len() as u32;
         for (li, layer) in self.layers.iter().enumerate() {
-            rt.check_cancel()?;
-            rt.set_layer(Some(li as u32));
-            rt.progress(Progress::Layer {
-                layer: li as u32,
-                of: n_layers,
-            });
+            crate::model::layers::decoder::enter_layer(rt, li, self.layers.len())?;
             // L268-271: the layer's input lives until `hidden_states` is rebound to its output.
             let out = self.layer_forward(rt, layer, &hidden, li, gen, batch)?;
             drop(hidden);

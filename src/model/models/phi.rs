@@ -11,7 +11,6 @@ use std::cell::Cell;
 
 use crate::base::error::{Error, Result};
 use crate::device::Backend;
-use crate::engine::progress::Progress;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::engine::{ops, ops_opt, ops_phi, ops_tp};
@@ -272,14 +271,8 @@ impl PhiModel {
         } else {
             ops::embedding(rt, &batch.ids, &self.embed, self.act)?
         };
-        let n_layers = self.layers.len() as u32;
         for (li, layer) in self.layers.iter().enumerate() {
-            rt.check_cancel()?;
-            rt.set_layer(Some(li as u32));
-            rt.progress(Progress::Layer {
-                layer: li as u32,
-                of: n_layers,
-            });
+            crate::model::layers::decoder::enter_layer(rt, li, self.layers.len())?;
             // The loop's rebinding of hidden_states frees the layer's input.
             let out = self.layer_forward(rt, layer, &hidden, li, gen, &positions, batch)?;
             drop(hidden);
