@@ -495,3 +495,42 @@ fn moe_under_0_19_keeps_one_workspace_and_makes_a_new_output() {
         ]
     );
 }
+
+/// `--kv-cache-memory` skips vLLM's profile, so the checks after it decide: a cache that holds
+/// less than one request of max_model_len is refused in vLLM's words, with its estimated
+/// maximum length (0.19.0 v1/core/kv_cache_utils.py L633-653: Llama-3-8B's 8192 tokens need
+/// 1.00 GiB, and half of that holds 4096); one larger than what is free once the model is
+/// loaded runs out of memory allocating the cache.
+#[test]
+fn kv_cache_memory_too_small_or_too_large_does_not_start() {
+    let at = |kv: u64| {
+        let mut req = request(
+            "preset:llama-3-8b",
+            Quant::BF16,
+            "sim:h100-80gb:dry",
+            "0.19",
+        );
+        req.kv_cache_memory = Some(kv);
+        req.max_model_len = 8192;
+        run(&req).does_not_fit()
+    };
+    assert_eq!(at(1 << 30), None);
+    let half = at(512 << 20).unwrap();
+    assert!(
+        half.contains("(1.00 GiB KV cache is needed, which is larger than the available KV cache memory (0.50 GiB)")
+            && half.contains("the estimated maximum model length is 4096")
+            && half.contains("--kv-cache-memory of at least 1.00 GiB, or --max-model-len 4096"),
+        "{half}"
+    );
+    let byte = at(1).unwrap();
+    assert!(
+        byte.contains("To serve at least one request") && !byte.contains("estimated maximum"),
+        "{byte}"
+    );
+    let over = at(200 << 30).unwrap();
+    assert!(
+        over.contains("--kv-cache-memory 200.00 GiB is more than the")
+            && over.contains("OutOfMemoryError"),
+        "{over}"
+    );
+}

@@ -262,18 +262,52 @@ impl KvGeometry {
     /// `window − 1 + max_num_batched_tokens` tokens plus one block (0.19.0
     /// v1/kv_cache_interface.py L113-121, L251-270; kv_cache_utils.py L802-820).
     pub fn v1_max_concurrency(&self, blocks: u64) -> f64 {
+        blocks as f64 / self.v1_request_blocks().max(1) as f64
+    }
+
+    /// The blocks one request of `max_model_len` tokens takes under V1 (every group's).
+    pub fn v1_request_blocks(&self) -> u64 {
         let bs = self.block_size.max(1);
         let len = self.max_model_len.max(1);
         let full = len.div_ceil(bs);
-        let per_request = match self.hybrid {
+        match self.hybrid {
             None => full,
             Some(h) => {
                 let sliding_tokens =
                     (h.sliding_window.saturating_sub(1) + h.max_num_batched_tokens).min(len);
                 h.full_groups * full + h.sliding_groups * (sliding_tokens.div_ceil(bs) + 1)
             }
+        }
+    }
+
+    /// V1's `_check_enough_kv_cache_memory` (0.19.0 v1/core/kv_cache_utils.py L619-653): the
+    /// bytes one request of `max_model_len` tokens needs, and, when `kv_bytes` holds less, the
+    /// longest `max_model_len` it would hold (`estimate_max_model_len`, a search over lengths;
+    /// 0 when not even one token fits).
+    pub fn v1_one_request(&self, kv_bytes: i64) -> (u64, Option<u64>) {
+        let blocks = self.blocks(kv_bytes);
+        let fits = |len: u64| {
+            KvGeometry {
+                max_model_len: len,
+                ..*self
+            }
+            .v1_request_blocks()
+                <= blocks
         };
-        blocks as f64 / per_request.max(1) as f64
+        let needed = self.v1_request_blocks() * self.block_bytes();
+        if fits(self.max_model_len) {
+            return (needed, None);
+        }
+        let (mut lo, mut hi) = (0u64, self.max_model_len);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        (needed, Some(lo))
     }
 
     /// Blocks that fit in `kv_bytes` (0 when the budget is negative).

@@ -453,8 +453,10 @@ impl Report {
     /// blocks"), a headline that says so and what would fit. `None` when blocks remain.
     pub fn does_not_fit(&self) -> Option<String> {
         let a = self.vllm_answer()?;
-        if a.kv_blocks > 0 {
-            return None;
+        // With `--kv-cache-memory` vLLM skips the profile: a budget of a byte is available
+        // memory all the same, and the one-request check is the one that refuses it.
+        if a.kv_blocks > 0 || self.settings.kv_cache_memory.is_some() {
+            return self.v1_request_does_not_fit(&a);
         }
         let total = self.checkpoints.t0.total as f64;
         let non_kv = a.formula.non_kv_bytes as f64;
@@ -492,6 +494,59 @@ impl Report {
             gib(total * self.settings.util),
             gib(short),
             fixes.join(", ")
+        ))
+    }
+
+    /// A V1 release that grants blocks, but fewer than one request of `max_model_len` needs,
+    /// refuses to start (`_check_enough_kv_cache_memory`, 0.19.0 v1/core/kv_cache_utils.py
+    /// L633-653): its message, and what would fit. With `--kv-cache-memory` the budget is the
+    /// user's, and so is the fix.
+    fn v1_request_does_not_fit(&self, a: &VllmAnswer) -> Option<String> {
+        if !matches!(a.release.engine, super::vllm::Engine::V1 { .. }) {
+            return None;
+        }
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        // `--kv-cache-memory` skips the profile, so nothing checks it against the GPU before
+        // `initialize_kv_cache` allocates it: more than is free after the model loads runs out
+        // of memory there.
+        let free = self.checkpoints.t3.free;
+        if self.settings.kv_cache_memory.is_some() && a.kv_bytes > free as i64 {
+            return Some(format!(
+                "vLLM {} would not start: --kv-cache-memory {:.2} GiB is more than the {:.2} GiB free on the GPU once the model is loaded and profiled, so allocating the KV cache raises torch.OutOfMemoryError (CUDA out of memory) in initialize_kv_cache; what would fit: --kv-cache-memory of at most {:.2} GiB",
+                a.release.name,
+                gib(a.kv_bytes as f64),
+                gib(free as f64),
+                gib(free as f64),
+            ));
+        }
+        let (needed, longest) = self.kv_geometry.v1_one_request(a.kv_bytes);
+        let longest = longest?;
+        let estimate = if longest > 0 {
+            format!(
+                "Based on the available memory, the estimated maximum model length is {longest}. "
+            )
+        } else {
+            String::new()
+        };
+        let shorter = if longest > 0 {
+            format!(", or --max-model-len {longest}")
+        } else {
+            String::new()
+        };
+        let fix = if self.settings.kv_cache_memory.is_some() {
+            format!(
+                "--kv-cache-memory of at least {:.2} GiB{shorter}",
+                gib(needed as f64)
+            )
+        } else {
+            format!("a higher --util{shorter}")
+        };
+        Some(format!(
+            "vLLM {} would not start: \"To serve at least one request with the models's max seq len ({}), ({:.2} GiB KV cache is needed, which is larger than the available KV cache memory ({:.2} GiB). {estimate}Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.\"; what would fit: {fix}",
+            a.release.name,
+            self.kv_geometry.max_model_len,
+            gib(needed as f64),
+            gib(a.kv_bytes as f64),
         ))
     }
 
