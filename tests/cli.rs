@@ -1835,3 +1835,43 @@ fn a_v1_log_ending_inside_its_kv_memory_line_is_refused_as_cut() {
         &["line 11 is cut short", "Available KV cache memory: 58."],
     );
 }
+
+/// `explain --json FILE` writes what it prints as data: the log's release, vramscope's run,
+/// every term side by side (Q1: 476,016 logged KV tokens against vramscope's), the largest
+/// difference and the what-ifs.
+#[test]
+fn explain_writes_its_comparison_as_json() {
+    let q1 = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vllm-logs/q1-0.19-llama-3.1-8b-h100.log");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("q1.json");
+    let out = vramscope(&[
+        "explain",
+        q1.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["release"], "0.19.0");
+    let terms = v["terms"].as_array().unwrap();
+    let tokens = terms.iter().find(|t| t["term"] == "KV tokens").unwrap();
+    assert_eq!(tokens["vllm"].as_f64(), Some(476_016.0));
+    assert_eq!(tokens["unit"], "count");
+    let ours = tokens["vramscope"].as_f64().unwrap();
+    assert_eq!(v["vramscope"]["kv"]["count"].as_f64(), Some(ours));
+    assert!((ours / 476_016.0 - 1.0).abs() < 0.01, "{ours}");
+    assert!(v["largest_difference"].as_str().is_some());
+    let what_if = v["what_if"].as_array().unwrap();
+    assert!(what_if.len() >= 4);
+    assert!(what_if
+        .iter()
+        .any(|w| w["change"] == "--quantization fp8" && w["not_run"].is_string()));
+    // The printed table is the same with or without the file.
+    let plain = vramscope(&["explain", q1.to_str().unwrap()]);
+    assert_eq!(plain.stdout, out.stdout);
+}

@@ -348,6 +348,10 @@ pub struct ExplainArgs {
     /// Skip the runs that show what would change the answer.
     #[arg(long)]
     pub no_what_if: bool,
+    /// Also write the comparison as JSON: the log's settings, each term side by side, the
+    /// largest difference and the what-ifs.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -567,6 +571,7 @@ pub fn main() -> i32 {
                 vllm: args.vllm.clone(),
             },
             args.no_what_if,
+            args.json.as_deref(),
         ),
         Some(Command::Report(args)) => cmd_report(&args),
         Some(Command::HoldGpuMemory { ordinal, bytes }) => {

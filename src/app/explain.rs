@@ -5,35 +5,114 @@ use std::io::BufReader;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use crate::base::error::Result;
+use crate::base::error::{Error, Result};
 use crate::base::fsguard;
 use crate::profile::explain::{self, Explanation, LogFacts, Overrides};
 use crate::profile::{self, ProfileRequest, Report};
 
 /// Reads the log, runs it, prints the comparison (and, unless `no_what_if`, the runs that
-/// move one setting each).
-pub fn run(log: &std::path::Path, overrides: &Overrides, no_what_if: bool) -> Result<()> {
+/// move one setting each); with `json`, writes the same as a JSON document too.
+pub fn run(
+    log: &std::path::Path,
+    overrides: &Overrides,
+    no_what_if: bool,
+    json: Option<&std::path::Path>,
+) -> Result<()> {
     let name = log.display().to_string();
     let file = fsguard::open_bounded(log, "log", fsguard::LOG_LIMIT)?;
     let facts = explain::read_log(&name, BufReader::new(file))?;
     let (req, assumptions) = explain::request_of(&facts, overrides)?;
     let report = profile::run(&req, None, Arc::new(AtomicBool::new(false)))?;
     let e = explain::compare(&facts, &report);
+    // Every run first, so that a JSON file is written whole or not at all.
+    let base = kv_of(&report);
+    let what_ifs: Vec<WhatIf> = if no_what_if {
+        Vec::new()
+    } else {
+        explain::variants(&req)
+            .into_iter()
+            .map(|(label, v)| {
+                let r = profile::run(&v, None, Arc::new(AtomicBool::new(false)))
+                    .map(|r| kv_of(&r))
+                    .map_err(|err| first_clause(&err.to_string()).to_string());
+                (label.to_string(), r)
+            })
+            .collect()
+    };
+    if let Some(path) = json {
+        let doc = json_doc(&name, &facts, &assumptions, &report, &e, (&base, &what_ifs));
+        let bytes = serde_json::to_vec_pretty(&doc)
+            .map_err(|err| Error::Request(format!("{}: {err}", path.display())))?;
+        crate::base::atomic::atomic_write(path, &bytes)?;
+    }
     for line in text(&facts, &req, &assumptions, &report, &e) {
         println!("{line}");
     }
     if !no_what_if {
         println!();
         println!("what would change the answer (the same run, one setting moved):");
-        let base = kv_of(&report);
-        for (label, v) in explain::variants(&req) {
-            match profile::run(&v, None, Arc::new(AtomicBool::new(false))) {
-                Ok(r) => println!("  {label:<32} {}", vs(&kv_of(&r), &base)),
-                Err(err) => println!("  {label:<32} not run: {}", first_clause(&err.to_string())),
+        for (label, r) in &what_ifs {
+            match r {
+                Ok(kv) => println!("  {label:<32} {}", vs(kv, &base)),
+                Err(why) => println!("  {label:<32} not run: {why}"),
             }
         }
     }
     Ok(())
+}
+
+/// A run's KV GiB and blocks (or tokens), as `kv_of` gives it.
+type Kv = Option<(f64, u64, &'static str)>;
+
+/// A what-if: the change, and its run's KV or why it was not run.
+type WhatIf = (String, std::result::Result<Kv, String>);
+
+/// The base run's KV and the what-ifs.
+type WhatIfs<'a> = (&'a Kv, &'a [WhatIf]);
+
+/// `explain --json`: the log's settings, vramscope's run of them, each term side by side
+/// (vLLM's value as logged and as a number, vramscope's, the relative difference), the
+/// largest difference in words and the what-ifs.
+fn json_doc(
+    log: &str,
+    f: &LogFacts,
+    assumptions: &[String],
+    r: &Report,
+    e: &Explanation,
+    (base, what_ifs): WhatIfs,
+) -> serde_json::Value {
+    let kv = |v: &Option<(f64, u64, &str)>| match v {
+        Some((g, n, unit)) => serde_json::json!({"kv_gib": g, "count": n, "unit": unit}),
+        None => serde_json::Value::Null,
+    };
+    serde_json::json!({
+        "log": log,
+        "release": f.release,
+        "model": f.model,
+        "vramscope": {
+            "vllm": r.settings.vllm,
+            "device": r.device.spec,
+            "model": r.model.name,
+            "quant": r.quant.label(),
+            "tokens": r.settings.tokens,
+            "seqs": r.settings.seqs,
+            "kv": kv(base),
+        },
+        "assumed": assumptions,
+        "terms": e.rows.iter().map(|row| serde_json::json!({
+            "term": row.term,
+            "unit": if row.gib { "GiB" } else { "count" },
+            "vllm_logged": row.logged.as_ref().map(|l| l.text.clone()),
+            "vllm": row.logged.as_ref().map(|l| l.value),
+            "vramscope": row.ours,
+            "relative": row.relative(),
+        })).collect::<Vec<_>>(),
+        "largest_difference": e.largest,
+        "what_if": what_ifs.iter().map(|(label, res)| match res {
+            Ok(v) => serde_json::json!({"change": label, "result": kv(v)}),
+            Err(why) => serde_json::json!({"change": label, "not_run": why}),
+        }).collect::<Vec<_>>(),
+    })
 }
 
 /// A refusal's first clause, for a what-if row: the reason without the error kind's prefix or
