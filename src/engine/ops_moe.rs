@@ -82,9 +82,8 @@ pub fn fused_topk(
     let t = |n: &str, shape: &[usize], dt: DType| {
         rt.tensor_for_overwrite(format!("{name}.{n}"), Category::Activation, shape, dt)
     };
-    let mut weights = t("topk_weights", &[m, top_k], DType::F32)?;
-    let mut ids = t("topk_ids", &[m, top_k], DType::I32)?;
-    let token_expert_indicies = t("token_expert_indicies", &[m, top_k], DType::I32)?;
+    let [mut weights, mut ids, token_expert_indicies] =
+        routing_tensors(rt, m, top_k, "token_expert_indicies", name)?;
     let mut gating = t("gating_output_float", &[m, e], DType::F32)?;
     if !e.is_power_of_two() || e > 256 {
         drop(t("topk_softmax_workspace", &[m * e], DType::F32)?);
@@ -139,6 +138,26 @@ pub fn fused_topk(
         ids,
         host_ids: host.map(|h| h.1),
     })
+}
+
+/// `topk_weights [M, k]` f32, `topk_ids [M, k]` i32 and the token-expert indices `[M, k]`
+/// i32 (named `indices`: 0.8.5 spells it `token_expert_indicies`), as every release's
+/// `fused_topk` makes them first.
+pub(crate) fn routing_tensors(
+    rt: &Runtime,
+    m: usize,
+    top_k: usize,
+    indices: &str,
+    name: &str,
+) -> Result<[Tensor; 3]> {
+    let t = |n: &str, dt: DType| {
+        rt.tensor_for_overwrite(format!("{name}.{n}"), Category::Activation, &[m, top_k], dt)
+    };
+    Ok([
+        t("topk_weights", DType::F32)?,
+        t("topk_ids", DType::I32)?,
+        t(indices, DType::I32)?,
+    ])
 }
 
 /// `F.sigmoid(gate) * shared` of Qwen2-MoE's shared expert (qwen2_moe.py L148-150 at 0.8.5):

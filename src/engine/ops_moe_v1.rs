@@ -57,9 +57,8 @@ pub fn fused_topk(
     let t = |n: &str, shape: &[usize], dt: DType| {
         rt.tensor_for_overwrite(format!("{name}.{n}"), Category::Activation, shape, dt)
     };
-    let mut weights = t("topk_weights", &[m, top_k], DType::F32)?;
-    let mut ids = t("topk_ids", &[m, top_k], DType::I32)?;
-    let token_expert_indices = t("token_expert_indices", &[m, top_k], DType::I32)?;
+    let [mut weights, mut ids, token_expert_indices] =
+        ops_moe::routing_tensors(rt, m, top_k, "token_expert_indices", name)?;
     if !e.is_power_of_two() || e > 256 {
         drop(t("topk_softmax_workspace", &[m * e], DType::F32)?);
     }

@@ -5,7 +5,7 @@
 //! on CUDA when it loads.
 
 use crate::base::error::{Error, Result};
-use crate::device::{cpu_gemma, cpu_opt, Backend};
+use crate::device::{cpu_gemma, Backend};
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
@@ -27,27 +27,21 @@ pub fn layer_norm(
     eps: f32,
     name: &str,
 ) -> Result<Tensor> {
-    rt.check_cancel()?;
-    rt.set_op("layer_norm");
-    let mut out = rt.tensor_for_overwrite(name, Category::Activation, &x.shape, x.dtype)?;
-    let rows = [x.rows()];
-    let mean = rt.tensor(
-        format!("{name}.mean"),
-        Category::Activation,
-        &rows,
-        DType::F32,
-    )?;
-    let rstd = rt.tensor(
-        format!("{name}.rstd"),
-        Category::Activation,
-        &rows,
-        DType::F32,
-    )?;
-    match rt.backend() {
-        Backend::Dry => {}
-        Backend::Cpu => cpu_opt::layer_norm(x.f32(), w.f32(), b.f32(), eps, out.f32_mut()),
-        Backend::Cuda => return Err(no_cuda("layer_norm")),
+    if rt.backend() == Backend::Cuda {
+        return Err(no_cuda("layer_norm"));
     }
+    // `Y` and the norm itself are OPT's; the statistics come after `Y` and die at once.
+    let out = crate::engine::ops_opt::layer_norm(rt, x, w, b, eps, name)?;
+    let rows = [x.rows()];
+    let stat = |n: &str| {
+        rt.tensor_for_overwrite(
+            format!("{name}.{n}"),
+            Category::Activation,
+            &rows,
+            DType::F32,
+        )
+    };
+    let (mean, rstd) = (stat("mean")?, stat("rstd")?);
     drop(mean);
     drop(rstd);
     Ok(out)

@@ -39,6 +39,32 @@ pub struct SharedExpert {
     pub width: usize,
 }
 
+impl MoeBlock {
+    /// The router's logits `[M, E]` (`self.gate(hidden_states)`, outside the fused op in
+    /// every release here).
+    fn router_logits(&self, rt: &Runtime, x: &Tensor, act: DType, layer: &str) -> Result<Tensor> {
+        crate::quant::dense_matmul_as(
+            rt,
+            x,
+            &self.gate,
+            &format!("{layer}.gate"),
+            act,
+            &format!("{layer}.moe.router_logits"),
+            Category::Activation,
+        )
+    }
+
+    /// The experts' weights as the fused kernels take them, for this rank's shape `m`.
+    fn experts(&self, m: &MoeShape) -> ops_moe::Experts<'_> {
+        ops_moe::Experts {
+            w13: &self.w13,
+            w2: &self.w2,
+            num_experts: m.num_experts,
+            width: m.expert_intermediate_size,
+        }
+    }
+}
+
 /// A sparse block on `x` as vLLM 0.8.5 runs it (`MixtralMoE.forward`, mixtral.py L99-106;
 /// `Qwen3MoeSparseMoeBlock.forward`, qwen3_moe.py L128-143): the router's logits, the top-k
 /// routing, the experts written into `x` in place (`inplace=True`), the routing's tensors
@@ -86,15 +112,7 @@ pub fn moe_block_forward_as(
         Some(se) => Some(shared_expert_forward(rt, &x, se, act, layer)?),
         None => None,
     };
-    let logits = crate::quant::dense_matmul_as(
-        rt,
-        &x,
-        &block.gate,
-        &format!("{layer}.gate"),
-        act,
-        &format!("{layer}.moe.router_logits"),
-        Category::Activation,
-    )?;
+    let logits = block.router_logits(rt, &x, act, layer)?;
     let name = format!("{layer}.moe");
     let routing = ops_moe::fused_topk(
         rt,
@@ -104,12 +122,7 @@ pub fn moe_block_forward_as(
         indices_freed_late,
         &name,
     )?;
-    let experts = ops_moe::Experts {
-        w13: &block.w13,
-        w2: &block.w2,
-        num_experts: m.num_experts,
-        width: m.expert_intermediate_size,
-    };
+    let experts = block.experts(m);
     ops_moe::fused_experts(rt, &mut x, &experts, &routing, gpu, &name)?;
     drop(routing);
     let Some(shared) = shared else {
@@ -152,23 +165,10 @@ fn modular_block_forward(
             "{layer}: the modular fused MoE needs the model's workspace"
         ))
     })?;
-    let logits = crate::quant::dense_matmul_as(
-        rt,
-        &x,
-        &block.gate,
-        &format!("{layer}.gate"),
-        act,
-        &format!("{layer}.moe.router_logits"),
-        Category::Activation,
-    )?;
+    let logits = block.router_logits(rt, &x, act, layer)?;
     let name = format!("{layer}.moe");
     let routing = ops_moe_v1::fused_topk(rt, &logits, m.top_k, m.renormalize, &name)?;
-    let experts = ops_moe::Experts {
-        w13: &block.w13,
-        w2: &block.w2,
-        num_experts: m.num_experts,
-        width: m.expert_intermediate_size,
-    };
+    let experts = block.experts(m);
     let out = ops_moe_v1::fused_experts(rt, &x, &experts, &routing, (how, gpu), workspace, &name)?;
     drop(routing);
     let out = crate::engine::ops_tp::all_reduce(rt, out, &format!("{layer}.moe.all_reduce"))?;
