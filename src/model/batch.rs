@@ -24,4 +24,14 @@ impl Batch {
     pub fn tokens(&self) -> usize {
         self.ids.len()
     }
+
+    /// Refuses a token id outside a vocabulary of `vocab` rows, naming it.
+    pub fn check_ids(&self, vocab: usize) -> crate::base::error::Result<()> {
+        match self.ids.iter().find(|&&id| id as usize >= vocab) {
+            Some(&id) => Err(crate::base::error::Error::Request(format!(
+                "token id {id} out of range for vocab size {vocab}"
+            ))),
+            None => Ok(()),
+        }
+    }
 }

@@ -438,12 +438,7 @@ impl LlamaModel {
         let cfg = &self.cfg;
         let gen = self.generation.get();
         self.generation.set(gen + 1);
-        if batch.ids.iter().any(|&id| id as usize >= cfg.vocab_size) {
-            return Err(Error::Request(format!(
-                "token id out of range for vocab size {}",
-                cfg.vocab_size
-            )));
-        }
+        batch.check_ids(cfg.vocab_size)?;
         let act = self.act;
         let positions: Vec<usize> = batch.seq_lens.iter().flat_map(|&n| 0..n).collect();
         // The GPU's name picks fused MoE's tuned Triton config.

@@ -263,12 +263,7 @@ impl OptModel {
         let cfg = &self.cfg;
         let gen = self.generation.get();
         self.generation.set(gen + 1);
-        if let Some(&id) = batch.ids.iter().find(|&&id| id as usize >= cfg.vocab_size) {
-            return Err(Error::Request(format!(
-                "token id {id} out of range for vocab size {}",
-                cfg.vocab_size
-            )));
-        }
+        batch.check_ids(cfg.vocab_size)?;
         if let Some(&n) = batch
             .seq_lens
             .iter()

@@ -250,12 +250,7 @@ impl PhiModel {
         let cfg = &self.cfg;
         let gen = self.generation.get();
         self.generation.set(gen + 1);
-        if let Some(&id) = batch.ids.iter().find(|&&id| id as usize >= cfg.vocab_size) {
-            return Err(Error::Request(format!(
-                "token id {id} out of range for vocab size {}",
-                cfg.vocab_size
-            )));
-        }
+        batch.check_ids(cfg.vocab_size)?;
         let positions: Vec<usize> = batch.seq_lens.iter().flat_map(|&n| 0..n).collect();
         rt.set_layer(None);
         // embed_tokens(input_ids): a new [T, H], neither scaled nor kept as a residual.
