@@ -44,6 +44,99 @@ pub struct ModelConfig {
     /// Granite's multipliers (`model_type: "granite"`); `None` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub granite: Option<GraniteShape>,
+    /// DeepSeek-V2/V3's and Kimi-K2's multi-head latent attention and MoE routing
+    /// (`model_type: "deepseek_v2"`, `"deepseek_v3"`, `"kimi_k2"`); `None` otherwise. Their
+    /// routed experts are `moe` too (its `mlp_only_layers` the dense first layers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deepseek: Option<DeepseekShape>,
+}
+
+/// What a DeepSeek-V2/V3 decoder has beyond the Llama fields (Hugging Face
+/// `DeepseekV2Config` / `DeepseekV3Config`; vLLM's deepseek_v2.py reads the same keys, 0.19
+/// L820-997 for the attention, L240-380 for the MoE; docs/reading/vllm-mla.md).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeepseekShape {
+    /// The query's low-rank projection (`q_a_proj`, `q_a_layernorm`, `q_b_proj`); `None`:
+    /// one `q_proj` (DeepSeek-V2-Lite).
+    pub q_lora_rank: Option<usize>,
+    /// The latent's width: what the cache holds per token and layer, with the rope key.
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// `rope_scaling` of type yarn (every published DeepSeek and Kimi); `None`: plain rotary.
+    pub yarn: Option<YarnScaling>,
+    /// Multi-token-prediction layers after `num_hidden_layers` in the checkpoint: vLLM's main
+    /// model skips their weights (0.19 deepseek_v2.py L1468-1470) and gives them no KV cache.
+    pub num_nextn_predict_layers: usize,
+    /// `n_shared_experts`: a dense MLP of `n_shared_experts · moe_intermediate_size` every
+    /// token of a MoE layer passes through, added to the routed experts' sum.
+    pub n_shared_experts: usize,
+    /// "greedy" (V2: top-k of the softmax), "group_limited_greedy" or "noaux_tc" (V3: sigmoid
+    /// scores plus `e_score_correction_bias` choose, within the best `topk_group` groups).
+    pub topk_method: String,
+    /// "softmax" or "sigmoid".
+    pub scoring_func: String,
+    pub n_group: usize,
+    pub topk_group: usize,
+    /// The routed experts' output is multiplied by it before the shared experts' is added.
+    pub routed_scaling_factor: f64,
+    /// The dense MLP layers before the first MoE layer.
+    pub first_k_dense_replace: usize,
+}
+
+/// DeepSeek's YaRN rotary scaling (`rope_scaling: {"type": "yarn", ...}`; vLLM's
+/// `DeepseekScalingRotaryEmbedding`, rotary_embedding/deepseek_scaling_rope.py at 0.19).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct YarnScaling {
+    pub factor: f64,
+    pub original_max_position_embeddings: usize,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub mscale: f64,
+    pub mscale_all_dim: f64,
+}
+
+impl YarnScaling {
+    /// `yarn_get_mscale(scale, mscale)`: `0.1 · mscale · ln(scale) + 1` above scale 1.
+    pub fn get_mscale(scale: f64, mscale: f64) -> f64 {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * mscale * scale.ln() + 1.0
+        }
+    }
+
+    /// The cos/sin multiplier: `get_mscale(f, mscale) / get_mscale(f, mscale_all_dim)`
+    /// (deepseek_scaling_rope.py L55-59 at 0.19; `attn_factor` 1).
+    pub fn cos_sin_mscale(&self) -> f64 {
+        Self::get_mscale(self.factor, self.mscale)
+            / Self::get_mscale(self.factor, self.mscale_all_dim)
+    }
+}
+
+impl DeepseekShape {
+    /// Each head's query and key width: the part without rotary, then the rotary part.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// What the latent cache holds per token and layer: `kv_lora_rank + qk_rope_head_dim`
+    /// values, one "head" with no separate V (`MLAAttentionSpec`, 0.19
+    /// v1/kv_cache_interface.py L191-206; 576 for every published model).
+    pub fn latent_dim(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
+    /// The softmax scale MLA runs with: `qk_head_dim^-0.5 · m²`, `m` YaRN's
+    /// `get_mscale(factor, mscale_all_dim)` (0.19 deepseek_v2.py L936-939).
+    pub fn softmax_scale(&self) -> f64 {
+        let m = self
+            .yarn
+            .as_ref()
+            .map_or(1.0, |y| YarnScaling::get_mscale(y.factor, y.mscale_all_dim));
+        (self.qk_head_dim() as f64).powf(-0.5) * m * m
+    }
 }
 
 /// What a Granite decoder has beyond the Llama fields (Hugging Face `GraniteConfig`; vLLM's
@@ -373,6 +466,9 @@ impl ModelConfig {
         if self.phi.is_some() {
             return self.phi_tensor_shapes();
         }
+        if let Some(d) = &self.deepseek {
+            return self.deepseek_tensor_shapes(d);
+        }
         let (h, i, q, kv, v) = (
             self.hidden_size,
             self.intermediate_size,
@@ -490,6 +586,79 @@ impl ModelConfig {
                 out.push((format!("{pre}.{norm}.bias"), vec![h]));
             }
         }
+        out
+    }
+
+    /// DeepSeek's tensors as `DeepseekV2ForCausalLM.state_dict()` names them
+    /// (deepseek-ai/DeepSeek-V2-Lite's index; V3's adds the low-rank query and
+    /// `e_score_correction_bias`), the main model's layers only: the multi-token-prediction
+    /// layers a checkpoint may hold after them are skipped by vLLM's main model.
+    fn deepseek_tensor_shapes(&self, d: &DeepseekShape) -> Vec<(String, Vec<usize>)> {
+        let (h, i, v, heads) = (
+            self.hidden_size,
+            self.intermediate_size,
+            self.vocab_size,
+            self.num_heads,
+        );
+        let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
+        let q_out = heads * d.qk_head_dim();
+        for l in 0..self.num_layers {
+            let p = format!("model.layers.{l}");
+            let a = format!("{p}.self_attn");
+            out.push((format!("{p}.input_layernorm.weight"), vec![h]));
+            match d.q_lora_rank {
+                None => out.push((format!("{a}.q_proj.weight"), vec![q_out, h])),
+                Some(r) => {
+                    out.push((format!("{a}.q_a_proj.weight"), vec![r, h]));
+                    out.push((format!("{a}.q_a_layernorm.weight"), vec![r]));
+                    out.push((format!("{a}.q_b_proj.weight"), vec![q_out, r]));
+                }
+            }
+            out.push((
+                format!("{a}.kv_a_proj_with_mqa.weight"),
+                vec![d.latent_dim(), h],
+            ));
+            out.push((format!("{a}.kv_a_layernorm.weight"), vec![d.kv_lora_rank]));
+            out.push((
+                format!("{a}.kv_b_proj.weight"),
+                vec![heads * (d.qk_nope_head_dim + d.v_head_dim), d.kv_lora_rank],
+            ));
+            out.push((format!("{a}.o_proj.weight"), vec![h, heads * d.v_head_dim]));
+            out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+            let mlp = |out: &mut Vec<(String, Vec<usize>)>, x: String, w: usize| {
+                out.push((format!("{x}.gate_proj.weight"), vec![w, h]));
+                out.push((format!("{x}.up_proj.weight"), vec![w, h]));
+                out.push((format!("{x}.down_proj.weight"), vec![h, w]));
+            };
+            match self.moe.as_ref().filter(|_| self.is_moe_layer(l)) {
+                Some(m) => {
+                    out.push((format!("{p}.mlp.gate.weight"), vec![m.num_experts, h]));
+                    if d.topk_method == "noaux_tc" {
+                        out.push((
+                            format!("{p}.mlp.gate.e_score_correction_bias"),
+                            vec![m.num_experts],
+                        ));
+                    }
+                    for e in 0..m.num_experts {
+                        mlp(
+                            &mut out,
+                            format!("{p}.mlp.experts.{e}"),
+                            m.expert_intermediate_size,
+                        );
+                    }
+                    if d.n_shared_experts > 0 {
+                        mlp(
+                            &mut out,
+                            format!("{p}.mlp.shared_experts"),
+                            d.n_shared_experts * m.expert_intermediate_size,
+                        );
+                    }
+                }
+                None => mlp(&mut out, format!("{p}.mlp"), i),
+            }
+        }
+        out.push(("model.norm.weight".to_string(), vec![h]));
+        out.push(("lm_head.weight".to_string(), vec![v, h]));
         out
     }
 
@@ -622,6 +791,9 @@ impl ModelConfig {
         if arch == "phi" {
             return Self::phi_from_hf_json(v, hidden_size, &get);
         }
+        if family.decoder == registry::Decoder::Deepseek {
+            return Self::deepseek_from_hf_json(v, arch, hidden_size, &get);
+        }
         if arch == "phi3" {
             // Phi-3-mini-128k, Phi-3.5-mini and Phi-4-mini scale their rotary embedding
             // (LongRoPE: two factor sets and a second cache) and Phi-4-mini rotates 3/4 of each
@@ -742,6 +914,176 @@ impl ModelConfig {
             gemma,
             moe,
             granite,
+            deepseek: None,
+        })
+    }
+
+    /// A `DeepseekV2Config` / `DeepseekV3Config` as vLLM's deepseek_v2.py reads it (0.19
+    /// L820-1080), with Hugging Face's defaults for the keys a config leaves out (V2's greedy
+    /// softmax routing; V3's sigmoid `noaux_tc` in 8 groups, 4 kept, scaled by 2.5).
+    /// `kimi_k2` is V3's shape (vLLM maps it to `DeepseekV3Config`).
+    fn deepseek_from_hf_json(
+        v: &serde_json::Value,
+        arch: String,
+        hidden_size: usize,
+        get: &dyn Fn(&str) -> std::result::Result<usize, String>,
+    ) -> std::result::Result<Self, String> {
+        let v2 = arch == "deepseek_v2";
+        let or = |k: &str, default: usize| {
+            if v[k].is_null() {
+                Ok(default)
+            } else {
+                get(k)
+            }
+        };
+        let string = |k: &str, default: &str| match &v[k] {
+            serde_json::Value::Null => Ok(default.to_string()),
+            serde_json::Value::String(s) => Ok(s.clone()),
+            other => Err(format!(
+                "'{k}' is {other} (a {}), expected a string",
+                crate::base::fsguard::json_kind(other)
+            )),
+        };
+        let num_layers = get("num_hidden_layers")?;
+        let num_heads = get("num_attention_heads")?;
+        let q_lora_rank = if v["q_lora_rank"].is_null() {
+            None
+        } else {
+            Some(get("q_lora_rank")?)
+        };
+        let (kv_lora_rank, qk_nope, qk_rope, v_head) = (
+            get("kv_lora_rank")?,
+            get("qk_nope_head_dim")?,
+            get("qk_rope_head_dim")?,
+            get("v_head_dim")?,
+        );
+        if qk_rope % 2 != 0 {
+            return Err(format!(
+                "qk_rope_head_dim {qk_rope} must be even for rotary embeddings"
+            ));
+        }
+        let moe_layer_freq = or("moe_layer_freq", 1)?;
+        if moe_layer_freq != 1 {
+            return Err(format!(
+                "moe_layer_freq {moe_layer_freq} is not supported yet (every published DeepSeek and Kimi has 1)"
+            ));
+        }
+        let first_k_dense_replace = or("first_k_dense_replace", if v2 { 0 } else { 3 })?;
+        let topk_method = string("topk_method", if v2 { "greedy" } else { "noaux_tc" })?;
+        let scoring_func = string("scoring_func", if v2 { "softmax" } else { "sigmoid" })?;
+        if !matches!(
+            topk_method.as_str(),
+            "greedy" | "group_limited_greedy" | "noaux_tc"
+        ) {
+            return Err(format!(
+                "topk_method '{topk_method}' is not supported (expected greedy, group_limited_greedy or noaux_tc)"
+            ));
+        }
+        if !matches!(scoring_func.as_str(), "softmax" | "sigmoid") {
+            return Err(format!(
+                "scoring_func '{scoring_func}' is not supported (expected softmax or sigmoid)"
+            ));
+        }
+        let (n_group, topk_group) = (
+            or("n_group", if v2 { 1 } else { 8 })?,
+            or("topk_group", if v2 { 1 } else { 4 })?,
+        );
+        let moe = if v["n_routed_experts"].is_null() {
+            None
+        } else {
+            let num_experts = get("n_routed_experts")?;
+            let top_k = get("num_experts_per_tok")?;
+            if top_k > num_experts || topk_group > n_group || num_experts % n_group != 0 {
+                return Err(format!(
+                    "num_experts_per_tok {top_k}, n_group {n_group} and topk_group {topk_group} do not fit n_routed_experts {num_experts}"
+                ));
+            }
+            Some(MoeShape {
+                num_experts,
+                top_k,
+                expert_intermediate_size: get("moe_intermediate_size")?,
+                renormalize: boolean(v, "norm_topk_prob", !v2)?,
+                decoder_sparse_step: 1,
+                mlp_only_layers: (0..first_k_dense_replace.min(num_layers)).collect(),
+                shared_expert_intermediate_size: 0,
+            })
+        };
+        let max_position_embeddings = or("max_position_embeddings", 2048)?;
+        let yarn = deepseek_yarn(v)?;
+        let deepseek = DeepseekShape {
+            q_lora_rank,
+            kv_lora_rank,
+            qk_nope_head_dim: qk_nope,
+            qk_rope_head_dim: qk_rope,
+            v_head_dim: v_head,
+            yarn,
+            num_nextn_predict_layers: if v["num_nextn_predict_layers"].is_null() {
+                0
+            } else {
+                json_as(
+                    "num_nextn_predict_layers",
+                    &v["num_nextn_predict_layers"],
+                    serde_json::Value::as_u64,
+                    "a count",
+                )? as usize
+            },
+            n_shared_experts: or("n_shared_experts", 0).or_else(|e| {
+                (v["n_shared_experts"] == serde_json::json!(0))
+                    .then_some(0)
+                    .ok_or(e)
+            })?,
+            topk_method,
+            scoring_func,
+            n_group,
+            topk_group,
+            routed_scaling_factor: float(
+                v,
+                "routed_scaling_factor",
+                if v2 { 1.0 } else { 2.5 },
+                |x| x > 0.0 && x <= 1e3,
+                "above 0 and at most 1000",
+            )?,
+            first_k_dense_replace,
+        };
+        if boolean(v, "tie_word_embeddings", false)? {
+            return Err(format!(
+                "tie_word_embeddings true is not supported for {arch} (vLLM's deepseek_v2.py always makes its own lm_head)"
+            ));
+        }
+        Ok(ModelConfig {
+            hidden_size,
+            intermediate_size: get("intermediate_size")?,
+            num_layers,
+            num_heads,
+            // Every head has its own key and value after kv_b_proj; the cache holds one
+            // latent (`kv_cache_layout`).
+            num_kv_heads: num_heads,
+            head_dim: deepseek.qk_head_dim(),
+            vocab_size: get("vocab_size")?,
+            rope_theta: float(
+                v,
+                "rope_theta",
+                10000.0,
+                |x| x > 1.0 && x <= 1e12,
+                "above 1 and at most 1e12",
+            )?,
+            rms_norm_eps: float(
+                v,
+                "rms_norm_eps",
+                1e-6,
+                |x| x > 0.0 && x < 1.0,
+                "above 0 and below 1",
+            )?,
+            tie_word_embeddings: false,
+            attention_bias: false,
+            max_position_embeddings,
+            arch,
+            opt: None,
+            phi: None,
+            gemma: None,
+            moe,
+            granite: None,
+            deepseek: Some(deepseek),
         })
     }
 
@@ -860,6 +1202,7 @@ impl ModelConfig {
             gemma: None,
             moe: None,
             granite: None,
+            deepseek: None,
         })
     }
 
@@ -928,6 +1271,7 @@ impl ModelConfig {
             gemma: None,
             moe: None,
             granite: None,
+            deepseek: None,
             phi: None,
             opt: Some(OptShape {
                 do_layer_norm_before,
@@ -1207,6 +1551,65 @@ fn gemma1_from_hf_json(v: &serde_json::Value) -> std::result::Result<GemmaShape,
         rope_local_base_freq: None,
         rope_linear_factor: None,
     })
+}
+
+/// DeepSeek's `rope_scaling` (or transformers 5's `rope_parameters`): `None` when absent,
+/// YaRN's factors when its type is yarn (DeepseekScalingRotaryEmbedding's defaults for the keys
+/// left out: beta_fast 32, beta_slow 1, mscale 1, mscale_all_dim 0), refused otherwise.
+fn deepseek_yarn(v: &serde_json::Value) -> std::result::Result<Option<YarnScaling>, String> {
+    let rs = match (&v["rope_scaling"], &v["rope_parameters"]) {
+        (serde_json::Value::Null, serde_json::Value::Null) => return Ok(None),
+        (serde_json::Value::Null, p) => p,
+        (s, _) => s,
+    };
+    if !rs.is_object() {
+        return Err(format!("rope_scaling is {rs}, expected an object or null"));
+    }
+    let kind = rs
+        .get("type")
+        .or_else(|| rs.get("rope_type"))
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("default");
+    match kind {
+        "yarn" | "deepseek_yarn" => {}
+        "default" if rs.get("factor").is_none() => return Ok(None),
+        other => {
+            return Err(format!(
+                "rope_scaling '{other}' is not supported for DeepSeek (expected yarn)"
+            ))
+        }
+    }
+    let f = |k: &str, default: f64| {
+        float(
+            rs,
+            k,
+            default,
+            |x| x.is_finite() && (0.0..=1e6).contains(&x),
+            "from 0 to 1e6",
+        )
+    };
+    let factor = f("factor", 1.0)?;
+    if factor < 1.0 {
+        return Err(format!("rope_scaling factor {factor} is below 1"));
+    }
+    let orig = f("original_max_position_embeddings", 4096.0)?;
+    if orig < 1.0
+        || orig.fract() != 0.0
+        || orig * factor > crate::base::limits::MAX_MODEL_LEN as f64
+    {
+        return Err(format!(
+            "rope_scaling original_max_position_embeddings {orig} × factor {factor} is not a position count vramscope can cache (1 to {})",
+            crate::base::limits::MAX_MODEL_LEN
+        ));
+    }
+    Ok(Some(YarnScaling {
+        factor,
+        original_max_position_embeddings: orig as usize,
+        beta_fast: f("beta_fast", 32.0)?,
+        beta_slow: f("beta_slow", 1.0)?,
+        mscale: f("mscale", 1.0)?,
+        mscale_all_dim: f("mscale_all_dim", 0.0)?,
+    }))
 }
 
 /// Mixtral's, Qwen2-MoE's and Qwen3-MoE's keys, with Hugging Face's defaults for the ones a

@@ -35,6 +35,7 @@ fn cfg(
         gemma: None,
         moe: None,
         granite: None,
+        deepseek: None,
     }
 }
 
@@ -87,6 +88,7 @@ fn opt(
         gemma: None,
         moe: None,
         granite: None,
+        deepseek: None,
         phi: None,
         opt: Some(OptShape {
             do_layer_norm_before: pre_norm,

@@ -181,6 +181,11 @@ pub struct KvGeometry {
     /// layers (absent: every layer holds every block, as V0 and V1 without sliding layers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hybrid: Option<HybridKv>,
+    /// Multi-head latent attention (DeepSeek, Kimi): a page holds one latent per token
+    /// (`num_kv_heads` 1, `head_dim` the latent's width) and no separate V
+    /// (`MLAAttentionSpec`, 0.19 v1/kv_cache_interface.py L191-206).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub latent: bool,
 }
 
 /// V1's hybrid KV cache manager (on by default on a GPU since it exists; 0.15.1 and 0.19.0
@@ -231,9 +236,11 @@ impl HybridKv {
 }
 
 impl KvGeometry {
-    /// One layer's page: 2 (K and V) × block_size × kv_heads × head_dim × dtype bytes.
+    /// One layer's page: 2 (K and V) × block_size × kv_heads × head_dim × dtype bytes; MLA's
+    /// one latent plane: block_size × latent width × dtype bytes.
     pub fn page_bytes(&self) -> u64 {
-        2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        let planes = if self.latent { 1 } else { 2 };
+        planes * self.block_size * self.num_kv_heads * self.head_dim * self.dtype_bytes
     }
 
     /// Bytes per block: a page of every layer (V0's `get_cache_block_size`), or of every
@@ -414,12 +421,32 @@ mod tests {
             dtype_bytes: 2,
             max_model_len: 8192,
             hybrid: None,
+            latent: false,
         };
         assert_eq!(g.block_bytes(), 2 * MIB);
         assert_eq!(g.blocks(10 * GIB as i64 + 1), 5120);
         assert_eq!(g.tokens(10 * GIB as i64), 81920);
         assert_eq!(g.max_concurrency(10 * GIB as i64), 10.0);
         assert_eq!(g.blocks(-5), 0);
+    }
+
+    /// DeepSeek-V2-Lite's latent cache: 27 layers × 576 values × 2 bytes = 31,104 bytes a
+    /// token (0.19 v1/kv_cache_interface.py L191-206: one plane, no V), a ninth of what 16
+    /// heads of K and V at 192 would take.
+    #[test]
+    fn an_mla_page_holds_one_latent_per_token() {
+        let g = KvGeometry {
+            block_size: 64,
+            num_layers: 27,
+            num_kv_heads: 1,
+            head_dim: 576,
+            dtype_bytes: 2,
+            max_model_len: 8192,
+            hybrid: None,
+            latent: true,
+        };
+        assert_eq!(g.page_bytes(), 73_728);
+        assert_eq!(g.block_bytes() / g.block_size, 31_104);
     }
 
     /// Gemma 3 12B under V1's hybrid manager: 8 global and 40 sliding layers (pattern 6) make
@@ -438,6 +465,7 @@ mod tests {
             dtype_bytes: 2,
             max_model_len: 131072,
             hybrid: Some(h),
+            latent: false,
         };
         assert_eq!(g.page_bytes(), 128 * 1024);
         assert_eq!(g.block_bytes(), MIB);

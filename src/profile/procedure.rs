@@ -928,12 +928,19 @@ pub(crate) fn run_rank(
     let kv_dtype = req
         .kv_cache_dtype
         .storage_dtype(req.quant.activation_dtype());
+    // MLA caches one latent per token and layer, whole on every rank (its `num_kv_heads`
+    // is 1 whatever the tensor parallelism: 0.19 config/model.py L1217-1221).
+    let (kv_heads, kv_dim) = match &cfg.deepseek {
+        Some(d) => (1, d.latent_dim()),
+        None => (kv_heads, cfg.head_dim),
+    };
     let geometry = KvGeometry {
         block_size: req.block_size,
         num_layers: cfg.num_layers as u64,
         num_kv_heads: kv_heads as u64,
-        head_dim: cfg.head_dim as u64,
+        head_dim: kv_dim as u64,
         dtype_bytes: kv_dtype.size_bytes(),
+        latent: cfg.deepseek.is_some(),
         max_model_len: req.max_model_len,
         // V1 groups a model's sliding-window and full-attention layers (Gemma): see HybridKv.
         hybrid: match (&cfg.gemma, v1) {

@@ -481,7 +481,9 @@ impl LlamaModel {
                 super::gemma::forward_layers(rt, &run, cfg, act, residual, scale_new)
             }
             Decoder::Granite => super::granite::forward_layers(rt, &run, cfg, residual),
-            Decoder::Llama | Decoder::Opt | Decoder::Phi => forward_layers(rt, &run, residual),
+            Decoder::Llama | Decoder::Opt | Decoder::Phi | Decoder::Deepseek => {
+                forward_layers(rt, &run, residual)
+            }
         }
     }
 }

@@ -85,6 +85,11 @@ impl CausalLm {
         Ok(match family.decoder {
             Decoder::Opt => CausalLm::Opt(Box::new(opt::OptModel::load(rt, cfg, src, opts)?)),
             Decoder::Phi => CausalLm::Phi(Box::new(phi::PhiModel::load(rt, cfg, src, opts)?)),
+            Decoder::Deepseek => {
+                return Err(crate::base::error::Error::Request(
+                    "deepseek: the model file is being written".into(),
+                ))
+            }
             Decoder::Llama | Decoder::Gemma | Decoder::Granite => {
                 CausalLm::Llama(Box::new(llama::LlamaModel::load(rt, cfg, src, opts)?))
             }

@@ -24,6 +24,10 @@ pub enum Decoder {
     /// `models/phi.rs`: LayerNorm with bias, attention and MLP side by side on one norm's
     /// output, partial rotary, gelu_new MLP with biases (vLLM's `PhiLayer`).
     Phi,
+    /// `models/deepseek_v2.rs`: Llama's pre-norm layers with multi-head latent attention
+    /// (one latent per token cached) and DeepSeek's MoE (shared experts beside grouped
+    /// top-k routed ones) after the dense first layers (vLLM's `DeepseekV2DecoderLayer`).
+    Deepseek,
 }
 
 /// Where a sparse block's tensors sit in the checkpoint and in which order vLLM makes them.
@@ -211,6 +215,32 @@ pub const FAMILIES: &[Family] = &[
         qkv_bias: QkvBias::Always,
         ..LLAMA
     },
+    // deepseek_v2.py runs V2, V3 (`DeepseekV3ForCausalLM` is a subclass) and Kimi-K2 (its
+    // config is mapped to `DeepseekV3Config`: 0.19 transformers_utils/config.py L95).
+    Family {
+        model_type: "deepseek_v2",
+        architecture: "DeepseekV2ForCausalLM",
+        vllm_file: "deepseek_v2.py",
+        decoder: Decoder::Deepseek,
+        mlp_frees_gate_up: false,
+        ..LLAMA
+    },
+    Family {
+        model_type: "deepseek_v3",
+        architecture: "DeepseekV3ForCausalLM",
+        vllm_file: "deepseek_v2.py",
+        decoder: Decoder::Deepseek,
+        mlp_frees_gate_up: false,
+        ..LLAMA
+    },
+    Family {
+        model_type: "kimi_k2",
+        architecture: "DeepseekV3ForCausalLM",
+        vllm_file: "deepseek_v2.py",
+        decoder: Decoder::Deepseek,
+        mlp_frees_gate_up: false,
+        ..LLAMA
+    },
 ];
 
 /// A model type vramscope knows and does not run yet.
@@ -230,18 +260,6 @@ pub const REFUSED: &[Refused] = &[
         needs: "only its language model is modelled, as model_type gemma3_text (a \
                 Gemma3ForCausalLM checkpoint, or the text_config of the multimodal one); the \
                 vision tower's weights and the encoder's profile pass are not",
-    },
-    Refused {
-        model_type: "deepseek_v2",
-        architectures: "DeepseekV2ForCausalLM",
-        needs: "multi-head latent attention (vLLM's deepseek_v2.py and its MLA backends: one \
-                latent of kv_lora_rank + qk_rope_head_dim values cached per token and layer) is \
-                not modelled yet",
-    },
-    Refused {
-        model_type: "deepseek_v3",
-        architectures: "DeepseekV3ForCausalLM: DeepSeek-V3, R1, Kimi-K2",
-        needs: "multi-head latent attention (vLLM's deepseek_v2.py runs it) is not modelled yet",
     },
     Refused {
         model_type: "gpt_oss",
@@ -309,21 +327,22 @@ mod tests {
     }
 
     #[test]
-    fn an_mla_model_is_refused_by_name_with_what_it_needs() {
-        let e = refusal("deepseek_v3").unwrap();
+    fn a_model_type_not_run_is_refused_by_name_with_what_it_needs() {
+        let e = refusal("qwen3_next").unwrap();
         assert!(
-            e.starts_with("model_type 'deepseek_v3' (DeepseekV3ForCausalLM"),
+            e.starts_with("model_type 'qwen3_next' (Qwen3NextForCausalLM"),
             "{e}"
         );
-        assert!(e.contains("multi-head latent attention"), "{e}");
+        assert!(e.contains("Gated DeltaNet"), "{e}");
         assert!(refusal("llama").is_none());
+        assert!(refusal("deepseek_v3").is_none());
     }
 
     #[test]
     fn the_list_reads_as_the_messages_always_did() {
         assert_eq!(
             supported_list(),
-            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe, opt or phi"
+            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3 or kimi_k2"
         );
     }
 

@@ -305,6 +305,7 @@ impl DeviceTimeline {
                 dtype_bytes: 0,
                 max_model_len: 0,
                 hybrid: None,
+                latent: false,
             },
             formulas: Vec::new(),
             truth: Truth {
