@@ -456,6 +456,20 @@ impl Device {
 
     /// Streaming multiprocessors of a simulated GPU (its preset's); `None` on a CUDA GPU.
     /// Whether the GPU is a Hopper (compute capability 9.x): FlashAttention 3's.
+    /// The compute capability's major version: the GPU's, or a simulated preset's
+    /// architecture's (Ampere and Ada 8, Hopper 9, Blackwell 10, older 7).
+    pub fn compute_major(&self) -> u32 {
+        match self {
+            Device::Sim(s) => match s.preset.arch {
+                "Hopper" => 9,
+                "Blackwell" => 10,
+                "Ampere" | "Ada" => 8,
+                _ => 7,
+            },
+            Device::Cuda(c) => c.compute_capability().0 as u32,
+        }
+    }
+
     pub fn is_hopper(&self) -> bool {
         match self {
             Device::Sim(s) => s.preset.arch == "Hopper",

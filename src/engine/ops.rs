@@ -236,6 +236,13 @@ pub fn attention_skipped(rt: &Runtime, q: &Tensor, name: &str) -> Result<Tensor>
     Ok(out)
 }
 
+/// `x.clone()`: a new tensor of `x`'s shape and dtype holding its values.
+pub fn clone(rt: &Runtime, x: &Tensor, name: &str) -> Result<Tensor> {
+    let mut out = rt.tensor_for_overwrite(name, Category::Activation, &x.shape, x.dtype)?;
+    copy_into(rt, &mut out, 0, x)?;
+    Ok(out)
+}
+
 /// `out[offset..offset + src.numel()] = src` with a dtype cast, as PyTorch's `copy_` into a
 /// slice does: no allocation.
 pub fn copy_into(rt: &Runtime, out: &mut Tensor, offset: usize, src: &Tensor) -> Result<()> {

@@ -243,6 +243,19 @@ impl KvGeometry {
         planes * self.block_size * self.num_kv_heads * self.head_dim * self.dtype_bytes
     }
 
+    /// One KV cache tensor of `blocks` blocks: `[2, blocks, block_size, kv_heads, head_dim]`,
+    /// or MLA's one plane `[1, blocks, block_size, 1, 576]` (0.19 mla_attention.py
+    /// L1130-1137: `(blocks, block_size, 576)`).
+    pub fn tensor_shape(&self, blocks: u64) -> [usize; 5] {
+        [
+            if self.latent { 1 } else { 2 },
+            blocks as usize,
+            self.block_size as usize,
+            self.num_kv_heads as usize,
+            self.head_dim as usize,
+        ]
+    }
+
     /// Bytes per block: a page of every layer (V0's `get_cache_block_size`), or of every
     /// layer of one group under V1's hybrid manager (`available // page // group_size`).
     pub fn block_bytes(&self) -> u64 {

@@ -131,13 +131,7 @@ fn allocate_kv(
 ) -> Result<Vec<Tensor>> {
     rt.set_op("kv_cache");
     rt.set_layer(None);
-    let shape = [
-        2,
-        blocks as usize,
-        geometry.block_size as usize,
-        geometry.num_kv_heads as usize,
-        geometry.head_dim as usize,
-    ];
+    let shape = geometry.tensor_shape(blocks);
     (0..geometry.tensors().max(1))
         .map(|l| {
             rt.reserve(

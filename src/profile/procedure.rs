@@ -300,13 +300,7 @@ fn verify(
     // V1's hybrid manager allocates one tensor per layer of a group, shared by a layer of
     // every group (kv_cache_utils.py L1119-1144 at 0.19.0): the same bytes in fewer tensors.
     let layers = geometry.tensors().max(1);
-    let shape = [
-        2,
-        blocks as usize,
-        geometry.block_size as usize,
-        geometry.num_kv_heads as usize,
-        geometry.head_dim as usize,
-    ];
+    let shape = geometry.tensor_shape(blocks);
     debug_assert_eq!(
         shape.iter().product::<usize>() as u64 * kv_dtype.size_bytes(),
         kv_allocated / layers
@@ -733,6 +727,22 @@ pub(crate) fn run_rank(
     let sms = device.sm_count();
     let hopper = device.is_hopper();
     let release = req.release()?;
+    // Multi-head latent attention: the release's backend for this GPU fixes the KV block size
+    // and the buffers its modules make while the model is built.
+    let mla_backend = match opened.as_ref().and_then(|o| o.config.deepseek.as_ref()) {
+        Some(_) => {
+            let kv_fp8 = req
+                .kv_cache_dtype
+                .storage_dtype(req.quant.activation_dtype())
+                .size_bytes()
+                == 1;
+            Some(release.mla_backend(device.compute_major(), kv_fp8, req.block_size)?)
+        }
+        None => None,
+    };
+    let block_size = mla_backend
+        .as_ref()
+        .map_or(req.block_size, |b| b.block_size);
     let nccl_source = rank.as_ref().map(|_| device.nccl_source(release.nccl));
     let tp_rank = rank.map(|r| crate::device::group::TpRank {
         custom_ar: device.custom_all_reduce_for(r.size),
@@ -805,6 +815,14 @@ pub(crate) fn run_rank(
             model.set_normalizer_out_of_place(release.gemma_normalizer_out_of_place);
             if let crate::profile::vllm::FusedMoe::Kernel(k) = release.fused_moe {
                 model.set_moe_kernel(k);
+            }
+            if let Some(b) = &mla_backend {
+                let w = super::vllm::Release::mla_workspace_tokens(
+                    req.max_model_len,
+                    req.seqs as u64,
+                    b.block_size,
+                );
+                model.set_mla_backend(&rt, w as usize, &b.buffers)?;
             }
             let c = &opened.config;
             let info = ModelInfo {
@@ -935,7 +953,7 @@ pub(crate) fn run_rank(
         None => (kv_heads, cfg.head_dim),
     };
     let geometry = KvGeometry {
-        block_size: req.block_size,
+        block_size,
         num_layers: cfg.num_layers as u64,
         num_kv_heads: kv_heads as u64,
         head_dim: kv_dim as u64,

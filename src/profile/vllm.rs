@@ -183,6 +183,9 @@ pub struct Release {
     /// How the release runs an unquantized mixture of experts on one GPU or with tensor
     /// parallel (no expert parallel).
     pub fused_moe: FusedMoe,
+    /// How the release runs multi-head latent attention (DeepSeek, Kimi); `None`: not
+    /// modelled (the V0 releases).
+    pub mla: Option<MlaEra>,
     /// 0-dim f32 tensors every attention layer makes on the device while the model is built
     /// (under the loader's `with target_device`; `LoadOptions::attn_scalars`): none up to
     /// 0.6.6 (`self._k_scale = 1.0`, a float: 0.6.6 attention/layer.py L72); `_k_scale`,
@@ -231,6 +234,7 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
+        mla: None,
         attn_scalars: 0,
         graphs: Graphs::V0 {
             attention: V0Attention::Fa2,
@@ -256,6 +260,7 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
+        mla: None,
         attn_scalars: 0,
         graphs: Graphs::NotModelled,
         tokens_from_concurrency: false,
@@ -279,6 +284,7 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
+        mla: None,
         attn_scalars: 0,
         graphs: Graphs::V0 {
             attention: V0Attention::Fa2,
@@ -305,6 +311,7 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
+        mla: None,
         attn_scalars: 0,
         graphs: Graphs::V0 {
             attention: V0Attention::Fa2,
@@ -330,6 +337,7 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         fused_moe: FusedMoe::Unmodelled("0.7.3's fused MoE is not checked against 0.8.5's yet"),
+        mla: None,
         attn_scalars: 2,
         graphs: Graphs::NotModelled,
         tokens_from_concurrency: false,
@@ -355,6 +363,7 @@ pub const RELEASES: &[Release] = &[
         fused_moe: FusedMoe::Kernel(MoeKernel::InPlace {
             indices_freed_late: false,
         }),
+        mla: None,
         attn_scalars: 4,
         graphs: Graphs::V0 {
             attention: V0Attention::Fa3OnHopper,
@@ -388,6 +397,7 @@ pub const RELEASES: &[Release] = &[
         fused_moe: FusedMoe::Kernel(MoeKernel::InPlace {
             indices_freed_late: true,
         }),
+        mla: Some(MlaEra::V0_11),
         attn_scalars: 7,
         graphs: Graphs::V1 {
             step8: true,
@@ -427,6 +437,7 @@ pub const RELEASES: &[Release] = &[
             chunk_tokens: Some(16384),
             default_block_m_by_tokens: false,
         })),
+        mla: Some(MlaEra::V0_15),
         attn_scalars: 7,
         graphs: Graphs::V1 {
             step8: false,
@@ -463,6 +474,7 @@ pub const RELEASES: &[Release] = &[
             chunk_tokens: None,
             default_block_m_by_tokens: true,
         })),
+        mla: Some(MlaEra::V0_19),
         attn_scalars: 7,
         graphs: Graphs::V1 {
             step8: false,
@@ -499,6 +511,7 @@ pub const RELEASES: &[Release] = &[
         fused_moe: FusedMoe::Unmodelled(
             "it runs FlashInfer's CUTLASS MoE by default on Hopper (0.21.0 fused_moe/oracle/unquantized.py; docs/reading/vllm-v1-fused-moe.md)",
         ),
+        mla: Some(MlaEra::V0_19),
         attn_scalars: 7,
         graphs: Graphs::V1 {
             step8: false,
@@ -524,7 +537,12 @@ impl Release {
     /// vllm/model_executor/models/qwen3.py and the 0.7.3 wheel has not, so the rows from 0.8
     /// on run Qwen3.
     pub fn check_arch(&self, arch: &str) -> Result<()> {
-        if matches!(arch, "mixtral" | "qwen2_moe" | "qwen3_moe") {
+        let mla = matches!(arch, "deepseek_v2" | "deepseek_v3" | "kimi_k2");
+        if mla {
+            // The V0 releases are refused with what they would need.
+            self.mla_backend(9, false, 16)?;
+        }
+        if mla || matches!(arch, "mixtral" | "qwen2_moe" | "qwen3_moe") {
             // Every release here has mixtral.py and 0.8.5 on has qwen3_moe.py; the fused MoE's
             // allocations are reproduced where the release runs 0.8.5's `fused_experts_impl`.
             return match self.fused_moe {
@@ -560,6 +578,100 @@ impl Release {
              vLLM 0.8.5, not in 0.7.3); use --vllm 0.8 or a V1 release (0.15, 0.19)",
             self.name
         )))
+    }
+}
+
+/// How a V1 release picks and sizes multi-head latent attention's backend
+/// (docs/reading/vllm-mla.md §2-3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlaEra {
+    /// 0.11: `check_and_update_config` forces FlashMLA's 64 on Hopper, CUTLASS-MLA's 128 on
+    /// Blackwell; only the chosen backend's module is imported (platforms/cuda.py L108-183,
+    /// L240-300).
+    V0_11,
+    /// 0.15: 64 still forced on Hopper (FLASH_ATTN_MLA then takes it), FlashInfer-MLA at 64
+    /// on Blackwell; every backend of the priority list is imported, FlashInfer-MLA's module
+    /// making its 128 MiB workspace (platforms/cuda.py L150-245; flashinfer_mla.py L97).
+    V0_15,
+    /// 0.19 and 0.21: no forcing; the backend's preferred block size (FLASH_ATTN_MLA keeps
+    /// 16 on Hopper, FlashInfer-MLA takes 32 on Blackwell), set after the model loads
+    /// (platforms/interface.py L427-472); FlashInfer-MLA's and, on Blackwell, CUTLASS-MLA's
+    /// modules make 128 MiB each.
+    V0_19,
+}
+
+/// The MLA backend a release runs on a GPU, its KV block size and the buffers importing the
+/// backends makes while the model is built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MlaBackend {
+    pub name: &'static str,
+    pub block_size: u64,
+    /// Module-level workspaces (`g_fi_workspace`, `g_sm100_workspace`): name and bytes.
+    pub buffers: Vec<(&'static str, u64)>,
+    /// What vLLM logs when it overrides the block size asked for.
+    pub note: Option<String>,
+}
+
+/// FlashInfer-MLA's and CUTLASS-MLA's module workspaces: 128 MiB each.
+const MLA_MODULE_WORKSPACE: u64 = 128 << 20;
+
+impl Release {
+    /// The MLA backend this release picks on a GPU of compute capability `major`, with an fp8
+    /// KV cache or not, for `block_size` asked (16 when not given): docs/reading/vllm-mla.md
+    /// §2 holds the table and its sources. A V0 release is refused by name.
+    pub fn mla_backend(&self, major: u32, kv_fp8: bool, block_size: u64) -> Result<MlaBackend> {
+        let Some(era) = self.mla else {
+            return Err(Error::Request(format!(
+                "--vllm {}: multi-head latent attention under this release's V0 engine is not modelled (it runs the prefill attention in the profile pass and sizes its workspace at 128k tokens); it is reproduced for --vllm 0.11, 0.15 and 0.19",
+                self.name
+            )));
+        };
+        let fi = ("flashinfer_mla.g_fi_workspace", MLA_MODULE_WORKSPACE);
+        let cutlass = ("cutlass_mla.g_sm100_workspace", MLA_MODULE_WORKSPACE);
+        let forced = |name: &'static str, b: u64, buffers: Vec<(&'static str, u64)>| {
+            MlaBackend {
+            name,
+            block_size: b,
+            buffers,
+            note: (block_size != b).then(|| {
+                format!("Forcing kv cache block size to {b} for {name} backend (--block-size {block_size} asked)")
+            }),
+        }
+        };
+        let kept = |name: &'static str, b: u64, buffers: Vec<(&'static str, u64)>| MlaBackend {
+            name,
+            block_size: b,
+            buffers,
+            note: None,
+        };
+        Ok(match (era, major) {
+            (MlaEra::V0_11, 9) => forced("FLASHMLA", 64, vec![]),
+            (MlaEra::V0_11, 10) => forced("CUTLASS_MLA", 128, vec![cutlass]),
+            (MlaEra::V0_11, _) => kept("TRITON_MLA", block_size, vec![]),
+            (MlaEra::V0_15, 9) if kv_fp8 => forced("FLASHMLA", 64, vec![fi]),
+            (MlaEra::V0_15, 9) => forced("FLASH_ATTN_MLA", 64, vec![fi]),
+            (MlaEra::V0_15, 10) => forced("FLASHINFER_MLA", 64, vec![fi]),
+            (MlaEra::V0_15, _) => kept("TRITON_MLA", block_size, vec![fi]),
+            (MlaEra::V0_19, 9) if kv_fp8 => forced("FLASHMLA", 64, vec![fi]),
+            (MlaEra::V0_19, 9) => kept("FLASH_ATTN_MLA", block_size, vec![fi]),
+            (MlaEra::V0_19, 10) => kept(
+                "FLASHINFER_MLA",
+                if block_size == 16 { 32 } else { block_size },
+                vec![fi, cutlass],
+            ),
+            (MlaEra::V0_19, _) => kept("TRITON_MLA", block_size, vec![fi]),
+        })
+    }
+
+    /// The tokens of MLA's chunked-prefill workspace, which the profile run allocates per
+    /// layer: `max(min(max(8 · max_model_len, 4 · max_num_seqs · B), 65536), max_num_seqs ·
+    /// B)` with the final block size (0.19 mla_attention.py L1393-1421; 0.11
+    /// v1/attention/backends/mla/common.py L442-467).
+    pub fn mla_workspace_tokens(max_model_len: u64, max_num_seqs: u64, block_size: u64) -> u64 {
+        let chunked = (8 * max_model_len)
+            .max(4 * max_num_seqs * block_size)
+            .min(64 * 1024);
+        chunked.max(max_num_seqs * block_size)
     }
 }
 

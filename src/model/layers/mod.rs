@@ -6,8 +6,10 @@
 pub mod attention;
 pub mod decoder;
 pub mod linear;
+pub mod mla;
 pub mod mlp;
 pub mod moe;
+pub mod moe_deepseek;
 pub mod norm;
 pub mod rotary;
 pub mod tp;

@@ -23,10 +23,17 @@ pub fn rotary_cache(
     act: DType,
     (_theta, factor): (f64, f64),
 ) -> Result<Tensor> {
-    rt.set_op("rotary_emb.cos_sin_cache");
     let rows = (cfg.max_position_embeddings.max(1) as f64 * factor.max(1.0)) as usize;
     // `rotary_dim` columns: the head size but for Phi's partial rotary (base.py L83-92 at 0.19).
-    let (pos, rot) = (rows, cfg.rotary_dim());
+    rotary_cache_sized(rt, rows, cfg.rotary_dim(), act)
+}
+
+/// `rotary_cache`'s steps for a cache of `pos` positions and `rot` columns: also DeepSeek's
+/// (`DeepseekScalingRotaryEmbedding._compute_cos_sin_cache`, deepseek_scaling_rope.py
+/// L103-114 at 0.19: `original_max_position · factor` rows of `qk_rope_head_dim`, cos and sin
+/// times mscale, which is 1 for every published model, modelled as the plain cache's steps).
+pub fn rotary_cache_sized(rt: &Runtime, pos: usize, rot: usize, act: DType) -> Result<Tensor> {
+    rt.set_op("rotary_emb.cos_sin_cache");
     let t32 = |name: &str, shape: &[usize]| {
         rt.tensor(
             format!("rotary_emb.{name}"),

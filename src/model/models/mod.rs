@@ -8,8 +8,10 @@
 //! - `gemma.rs`: Gemma 1, Gemma 2 and Gemma 3 (text);
 //! - `granite.rs`: Granite;
 //! - `opt.rs`: OPT;
-//! - `phi.rs`: Phi (phi-1_5, phi-2).
+//! - `phi.rs`: Phi (phi-1_5, phi-2);
+//! - `deepseek_v2.rs`: DeepSeek-V2, V3/R1 and Kimi-K2 (multi-head latent attention).
 
+pub mod deepseek_v2;
 pub mod gemma;
 pub mod granite;
 pub mod llama;
@@ -29,6 +31,7 @@ pub enum CausalLm {
     Llama(Box<llama::LlamaModel>),
     Opt(Box<opt::OptModel>),
     Phi(Box<phi::PhiModel>),
+    Deepseek(Box<deepseek_v2::DeepseekModel>),
 }
 
 impl CausalLm {
@@ -53,9 +56,36 @@ impl CausalLm {
 
     /// Runs the mixture-of-experts layers with the release's fused MoE.
     pub fn set_moe_kernel(&mut self, kernel: crate::engine::ops_moe_v1::MoeKernel) {
-        if let CausalLm::Llama(m) = self {
-            m.moe_kernel = kernel;
+        match self {
+            CausalLm::Llama(m) => m.moe_kernel = kernel,
+            CausalLm::Deepseek(m) => m.moe_kernel.set(kernel),
+            CausalLm::Opt(_) | CausalLm::Phi(_) => {}
         }
+    }
+
+    /// Multi-head latent attention as the release runs it: the profile run's workspace
+    /// transient of `workspace_tokens` tokens, and the buffers its backend selection makes
+    /// while the model is built (`(name, bytes)`, made now). Nothing for other models.
+    pub fn set_mla_backend(
+        &self,
+        rt: &crate::engine::runtime::Runtime,
+        workspace_tokens: usize,
+        buffers: &[(&str, u64)],
+    ) -> Result<()> {
+        if let CausalLm::Deepseek(m) = self {
+            m.workspace_tokens.set(workspace_tokens);
+            rt.set_op("load");
+            for &(name, bytes) in buffers {
+                let t = rt.tensor(
+                    name,
+                    crate::memory::Category::Weight,
+                    &[bytes as usize],
+                    crate::engine::tensor::DType::U8,
+                )?;
+                m.backend_buffers.borrow_mut().push(t);
+            }
+        }
+        Ok(())
     }
 
     /// Runs attention as vLLM V1's profile run does (skipped: zeros of the output's shape), or
@@ -64,6 +94,7 @@ impl CausalLm {
         match self {
             CausalLm::Llama(m) => m.skip_attention.set(yes),
             CausalLm::Phi(m) => m.skip_attention.set(yes),
+            CausalLm::Deepseek(m) => m.skip_attention.set(yes),
             CausalLm::Opt(_) => {}
         }
     }
@@ -85,11 +116,9 @@ impl CausalLm {
         Ok(match family.decoder {
             Decoder::Opt => CausalLm::Opt(Box::new(opt::OptModel::load(rt, cfg, src, opts)?)),
             Decoder::Phi => CausalLm::Phi(Box::new(phi::PhiModel::load(rt, cfg, src, opts)?)),
-            Decoder::Deepseek => {
-                return Err(crate::base::error::Error::Request(
-                    "deepseek: the model file is being written".into(),
-                ))
-            }
+            Decoder::Deepseek => CausalLm::Deepseek(Box::new(deepseek_v2::DeepseekModel::load(
+                rt, cfg, src, opts,
+            )?)),
             Decoder::Llama | Decoder::Gemma | Decoder::Granite => {
                 CausalLm::Llama(Box::new(llama::LlamaModel::load(rt, cfg, src, opts)?))
             }
@@ -101,6 +130,7 @@ impl CausalLm {
             CausalLm::Llama(m) => &m.cfg,
             CausalLm::Opt(m) => &m.cfg,
             CausalLm::Phi(m) => &m.cfg,
+            CausalLm::Deepseek(m) => &m.cfg,
         }
     }
 
@@ -109,6 +139,7 @@ impl CausalLm {
             CausalLm::Llama(m) => m.weight_bytes(),
             CausalLm::Opt(m) => m.weight_bytes(),
             CausalLm::Phi(m) => m.weight_bytes(),
+            CausalLm::Deepseek(m) => m.weight_bytes(),
         }
     }
 
@@ -117,6 +148,7 @@ impl CausalLm {
             CausalLm::Llama(m) => m.load_stats,
             CausalLm::Opt(m) => m.load_stats,
             CausalLm::Phi(m) => m.load_stats,
+            CausalLm::Deepseek(m) => m.load_stats,
         }
     }
 
@@ -130,6 +162,7 @@ impl CausalLm {
             CausalLm::Llama(m) => m.forward_hidden(rt, batch),
             CausalLm::Opt(m) => m.forward_hidden(rt, batch),
             CausalLm::Phi(m) => m.forward_hidden(rt, batch),
+            CausalLm::Deepseek(m) => m.forward_hidden(rt, batch),
         }
     }
 
@@ -139,6 +172,7 @@ impl CausalLm {
             CausalLm::Llama(m) => m.lm_head(),
             CausalLm::Opt(m) => m.lm_head(),
             CausalLm::Phi(m) => m.lm_head(),
+            CausalLm::Deepseek(m) => m.lm_head(),
         }
     }
 
@@ -149,7 +183,7 @@ impl CausalLm {
             weight: self.lm_head(),
             bias: match self {
                 CausalLm::Phi(m) => Some(&m.lm_head_bias),
-                CausalLm::Llama(_) | CausalLm::Opt(_) => None,
+                CausalLm::Llama(_) | CausalLm::Opt(_) | CausalLm::Deepseek(_) => None,
             },
             mods: self.config().logits_mods(),
         }
