@@ -1335,6 +1335,60 @@ impl ModelConfig {
                 "torch_dtype": torch_dtype,
             });
         }
+        if let Some(d) = &self.deepseek {
+            // The keys of deepseek-ai/DeepSeek-V2-Lite's (and V3's) config.json.
+            let m = self.moe.as_ref();
+            let mut v = serde_json::json!({
+                "architectures": [self.family().map_or("DeepseekV2ForCausalLM", |f| f.architecture)],
+                "model_type": self.arch,
+                "hidden_size": self.hidden_size,
+                "intermediate_size": self.intermediate_size,
+                "num_hidden_layers": self.num_layers,
+                "num_attention_heads": self.num_heads,
+                "num_key_value_heads": self.num_heads,
+                "vocab_size": self.vocab_size,
+                "q_lora_rank": d.q_lora_rank,
+                "kv_lora_rank": d.kv_lora_rank,
+                "qk_nope_head_dim": d.qk_nope_head_dim,
+                "qk_rope_head_dim": d.qk_rope_head_dim,
+                "v_head_dim": d.v_head_dim,
+                "n_routed_experts": m.map(|m| m.num_experts),
+                "num_experts_per_tok": m.map(|m| m.top_k),
+                "moe_intermediate_size": m.map(|m| m.expert_intermediate_size),
+                "norm_topk_prob": m.is_some_and(|m| m.renormalize),
+                "n_shared_experts": d.n_shared_experts,
+                "topk_method": d.topk_method,
+                "scoring_func": d.scoring_func,
+                "n_group": d.n_group,
+                "topk_group": d.topk_group,
+                "routed_scaling_factor": d.routed_scaling_factor,
+                "first_k_dense_replace": d.first_k_dense_replace,
+                "moe_layer_freq": 1,
+                "num_nextn_predict_layers": d.num_nextn_predict_layers,
+                "rope_theta": self.rope_theta,
+                "rms_norm_eps": self.rms_norm_eps,
+                "max_position_embeddings": self.max_position_embeddings,
+                "tie_word_embeddings": false,
+                "attention_bias": false,
+                "hidden_act": "silu",
+                "torch_dtype": torch_dtype,
+            });
+            if let Some(y) = &d.yarn {
+                v.as_object_mut().expect("an object").insert(
+                    "rope_scaling".into(),
+                    serde_json::json!({
+                        "type": "yarn",
+                        "factor": y.factor,
+                        "original_max_position_embeddings": y.original_max_position_embeddings,
+                        "beta_fast": y.beta_fast,
+                        "beta_slow": y.beta_slow,
+                        "mscale": y.mscale,
+                        "mscale_all_dim": y.mscale_all_dim,
+                    }),
+                );
+            }
+            return v;
+        }
         let arch_class = self.family().map_or("LlamaForCausalLM", |f| f.architecture);
         let mut v = serde_json::json!({
             "architectures": [arch_class],

@@ -502,6 +502,68 @@ pub fn hf_test_config(name: &str) -> vramscope::model::ModelConfig {
             o.insert("rope_theta".into(), 10000.0.into());
             o.insert("tie_word_embeddings".into(), false.into());
         }
+        // Multi-head latent attention with DeepSeek-V2-Lite's layout at a small shape: one
+        // q_proj, a 64-wide latent, 32 + 16 query/key dims, 32-wide values, YaRN (factor 4
+        // over 512 positions, V2-Lite's mscales), a dense first layer, then MoE layers of 8
+        // softmax-routed experts (2 a token, unnormalised) beside 2 shared ones.
+        "deepseek_v2" | "deepseek_v2_dense" => {
+            o.insert("model_type".into(), "deepseek_v2".into());
+            o.insert("num_hidden_layers".into(), 3.into());
+            o.insert("num_key_value_heads".into(), 4.into());
+            o.insert("q_lora_rank".into(), serde_json::Value::Null);
+            o.insert("kv_lora_rank".into(), 64.into());
+            o.insert("qk_nope_head_dim".into(), 32.into());
+            o.insert("qk_rope_head_dim".into(), 16.into());
+            o.insert("v_head_dim".into(), 32.into());
+            o.insert("n_routed_experts".into(), 8.into());
+            o.insert("num_experts_per_tok".into(), 2.into());
+            o.insert("moe_intermediate_size".into(), 64.into());
+            o.insert("n_shared_experts".into(), 2.into());
+            let dense = if name == "deepseek_v2_dense" { 3 } else { 1 };
+            o.insert("first_k_dense_replace".into(), dense.into());
+            o.insert("topk_method".into(), "greedy".into());
+            o.insert("scoring_func".into(), "softmax".into());
+            o.insert("norm_topk_prob".into(), false.into());
+            o.insert("routed_scaling_factor".into(), 1.0.into());
+            o.insert("rope_theta".into(), 10000.0.into());
+            o.insert(
+                "rope_scaling".into(),
+                serde_json::json!({"type": "yarn", "factor": 4.0,
+                    "original_max_position_embeddings": 512, "beta_fast": 32.0,
+                    "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}),
+            );
+        }
+        // DeepSeek-V3's layout: the low-rank query (96), sigmoid scores chosen with a
+        // correction bias within the best 2 of 4 groups, renormalised and scaled by 2.5, one
+        // shared expert.
+        "deepseek_v3" => {
+            o.insert("model_type".into(), "deepseek_v3".into());
+            o.insert("num_hidden_layers".into(), 3.into());
+            o.insert("num_key_value_heads".into(), 4.into());
+            o.insert("q_lora_rank".into(), 96.into());
+            o.insert("kv_lora_rank".into(), 64.into());
+            o.insert("qk_nope_head_dim".into(), 32.into());
+            o.insert("qk_rope_head_dim".into(), 16.into());
+            o.insert("v_head_dim".into(), 32.into());
+            o.insert("n_routed_experts".into(), 8.into());
+            o.insert("num_experts_per_tok".into(), 2.into());
+            o.insert("moe_intermediate_size".into(), 64.into());
+            o.insert("n_shared_experts".into(), 1.into());
+            o.insert("first_k_dense_replace".into(), 1.into());
+            o.insert("topk_method".into(), "noaux_tc".into());
+            o.insert("scoring_func".into(), "sigmoid".into());
+            o.insert("n_group".into(), 4.into());
+            o.insert("topk_group".into(), 2.into());
+            o.insert("norm_topk_prob".into(), true.into());
+            o.insert("routed_scaling_factor".into(), 2.5.into());
+            o.insert("rope_theta".into(), 10000.0.into());
+            o.insert(
+                "rope_scaling".into(),
+                serde_json::json!({"type": "yarn", "factor": 4.0,
+                    "original_max_position_embeddings": 512, "beta_fast": 32.0,
+                    "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}),
+            );
+        }
         _ => unreachable!(),
     }
     vramscope::model::ModelConfig::from_hf_json(&v).unwrap()
