@@ -99,22 +99,99 @@ fn plan_accepts_gemma_granite_and_phi_and_names_what_it_refuses() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("GPU KV cache size"), "{line}: {text}");
     }
-    // A DeepSeek config on disk: refused naming its model type and what it needs.
+    // A Qwen3-Next config on disk: refused naming its model type and what it needs.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("config.json"),
-        r#"{"model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"],
-            "hidden_size": 2048, "num_hidden_layers": 27, "num_attention_heads": 16,
-            "kv_lora_rank": 512, "vocab_size": 102400, "intermediate_size": 10944}"#,
+        r#"{"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"],
+            "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16,
+            "vocab_size": 151936, "intermediate_size": 5120}"#,
     )
     .unwrap();
     let out = plan(&format!("vllm serve {}", dir.path().display()));
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("model_type 'deepseek_v2' (DeepseekV2ForCausalLM)"),
+        err.contains("model_type 'qwen3_next' (Qwen3NextForCausalLM)"),
         "{err}"
     );
-    assert!(err.contains("multi-head latent attention"), "{err}");
+    assert!(err.contains("Gated DeltaNet"), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
+
+/// DeepSeek-V2-Lite's latent cache: one plane of `kv_lora_rank + qk_rope_head_dim` = 576
+/// values per token and layer, 27 × 576 × 2 = 31,104 bytes a token in bf16, under every V1
+/// release (`MLAAttentionSpec`: 0.11 v1/kv_cache_interface.py L142-153, 0.19 L191-206), whole
+/// on every tensor-parallel rank (`num_kv_heads` 1); the block is FlashMLA's forced 64 on a
+/// Hopper under 0.11 and 0.15 (platforms/cuda.py L165 at 0.11, L223 at 0.15.1), FA-MLA's 16
+/// under 0.19. The V0 releases are refused by name.
+#[test]
+fn mla_caches_one_latent_per_token_whole_on_every_rank() {
+    for (vllm, block) in [("0.11", 64), ("0.15", 64), ("0.19", 16)] {
+        let r = run("preset:deepseek-v2-lite", vllm, 1);
+        let g = &r.kv_geometry;
+        assert!(g.latent, "{vllm}");
+        assert_eq!(g.block_size, block, "{vllm}");
+        assert_eq!(g.block_bytes() / g.block_size, 31_104, "{vllm}");
+        // The profile run's workspace transient: 65536 tokens × 16 heads × 256 × 2 bytes in
+        // every MLA layer.
+        let ws: Vec<u64> = r
+            .events
+            .iter()
+            .filter(|e| e.tensor.ends_with("attn.chunked_prefill_workspace"))
+            .map(|e| e.bytes)
+            .collect();
+        assert!(ws.len() >= 27, "{vllm}: {}", ws.len());
+        assert!(ws.iter().all(|&b| b == 512 << 20), "{vllm}");
+    }
+    let tp2 = run("preset:deepseek-v2-lite", "0.19", 2);
+    for rank in std::iter::once(&tp2).chain(tp2.ranks.iter()) {
+        let g = &rank.kv_geometry;
+        assert_eq!((g.num_kv_heads, g.head_dim), (1, 576));
+        assert_eq!(g.block_bytes() / g.block_size, 31_104);
+    }
+    let req = ProfileRequest {
+        model: ModelSource::parse("preset:deepseek-v2-lite").unwrap(),
+        quant: Quant::BF16,
+        device: DeviceSpec::parse("sim:h200-141gb:dry").unwrap(),
+        vllm: "0.8".into(),
+        verify: false,
+        ..ProfileRequest::default()
+    };
+    let err = profile::run(&req, None, Arc::new(AtomicBool::new(false)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--vllm 0.8: multi-head latent attention"),
+        "{err}"
+    );
+}
+
+/// `plan` takes DeepSeek-V2-Lite's hub id as pasted and answers in vLLM's words.
+#[test]
+fn plan_accepts_deepseek_v2_lite() {
+    let cache = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args([
+            "plan",
+            "--vllm",
+            "0.19",
+            "--no-verify",
+            "--",
+            "vllm",
+            "serve",
+            "deepseek-ai/DeepSeek-V2-Lite",
+            "--max-model-len",
+            "32768",
+        ])
+        .env("HF_HUB_CACHE", cache.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("GPU KV cache size"), "{text}");
 }

@@ -695,11 +695,17 @@ impl ModelConfig {
         prefix: &str,
         key: &str,
     ) -> std::result::Result<(), String> {
+        // DeepSeek's multi-token-prediction layers follow the main model's in the checkpoint;
+        // vLLM's main model skips them (0.19 deepseek_v2.py L1468-1470).
+        let mtp = self
+            .deepseek
+            .as_ref()
+            .map_or(0, |d| d.num_nextn_predict_layers);
         let beyond = names
             .filter_map(|n| {
                 let rest = n.strip_prefix(prefix)?;
                 let layer: usize = rest.split('.').next()?.parse().ok()?;
-                (layer >= self.num_layers).then_some((layer, n))
+                (layer >= self.num_layers + mtp).then_some((layer, n))
             })
             .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(a.1)));
         match beyond {

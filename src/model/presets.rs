@@ -169,7 +169,23 @@ pub const PRESET_NAMES: [&str; 25] = [
     "opt-125m",
     "opt-350m",
     "phi-2",
+    "deepseek-v2-lite",
 ];
+
+/// deepseek-ai/DeepSeek-V2-Lite's config.json (DeepSeek-V2-Lite-Chat's is the same), the keys
+/// vLLM's deepseek_v2.py reads.
+const DEEPSEEK_V2_LITE: &str = r#"{"model_type": "deepseek_v2", "hidden_size": 2048,
+    "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 27,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "n_shared_experts": 2,
+    "n_routed_experts": 64, "num_experts_per_tok": 6, "routed_scaling_factor": 1.0,
+    "kv_lora_rank": 512, "q_lora_rank": null, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "qk_nope_head_dim": 128, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
+    "moe_layer_freq": 1, "first_k_dense_replace": 1, "norm_topk_prob": false,
+    "scoring_func": "softmax", "hidden_act": "silu", "max_position_embeddings": 163840,
+    "rms_norm_eps": 1e-06, "tie_word_embeddings": false, "rope_theta": 10000,
+    "vocab_size": 102400, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40,
+    "mscale": 0.707, "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+    "type": "yarn"}, "torch_dtype": "bfloat16"}"#;
 
 /// Every layer sparse, no dense-only layers (the published Mixtral and Qwen3-MoE configs).
 fn moe(num_experts: usize, top_k: usize, width: usize, renormalize: bool) -> MoeShape {
@@ -235,6 +251,13 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         "opt-125m" => opt(768, 3072, 12, 12, 768, true),
         // facebook/opt-350m: post-LN, 512-wide embedding with project_in/project_out.
         "opt-350m" => opt(1024, 4096, 24, 16, 512, false),
+        // deepseek-ai/DeepSeek-V2-Lite: multi-head latent attention (a 512-wide latent, 16
+        // heads of 128 + 64 for q/k, 128 for v, one q_proj), a dense first layer, then 26 MoE
+        // layers of 64 experts of 1408 (6 a token) beside 2 shared ones.
+        "deepseek-v2-lite" => ModelConfig::from_hf_json(
+            &serde_json::from_str(DEEPSEEK_V2_LITE).expect("the preset is JSON"),
+        )
+        .expect("the preset is a DeepSeek-V2 config"),
         // microsoft/phi-2 config.json: hidden 2560, 32 layers of 32 heads of 80, MLP 10240 (4 ×
         // hidden, as vLLM's phi.py sizes it), vocabulary 51200, 2048 positions, rotary on 0.4 of
         // each head (32 dims), LayerNorm eps 1e-5, untied lm_head with a bias, fp16.
@@ -387,6 +410,12 @@ mod tests {
         // microsoft/phi-2's model.safetensors.index.json total_size (fp16) halved:
         // 5,559,367,680 bytes.
         assert_eq!(preset("phi-2").unwrap().param_count(), 2_779_683_840);
+        // deepseek-ai/DeepSeek-V2-Lite's model.safetensors.index.json total_size, 31,412,968,448
+        // (bf16), halved.
+        assert_eq!(
+            preset("deepseek-v2-lite").unwrap().param_count(),
+            31_412_968_448 / 2
+        );
         // The total_size of their model.safetensors.index.json (bf16) halved: 7,642,159,104
         // and 29,319,014,400 bytes.
         assert_eq!(

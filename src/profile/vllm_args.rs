@@ -231,6 +231,7 @@ const HUB_PRESETS: &[(&str, &str)] = &[
     ("microsoft/phi-3-mini-4k-instruct", "phi-3-mini-4k"),
     ("microsoft/phi-4", "phi-4"),
     ("microsoft/phi-2", "phi-2"),
+    ("deepseek-ai/deepseek-v2-lite", "deepseek-v2-lite"),
     ("google/gemma-2-9b", "gemma-2-9b"),
     ("google/gemma-3-12b", "gemma-3-12b"),
     ("google/gemma-2b", "gemma-2b"),
