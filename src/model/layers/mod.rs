@@ -8,6 +8,7 @@ pub mod decoder;
 pub mod linear;
 pub mod mlp;
 pub mod moe;
+pub mod moe_deepseek;
 pub mod norm;
 pub mod rotary;
 pub mod tp;
