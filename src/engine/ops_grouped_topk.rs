@@ -337,3 +337,117 @@ pub fn scale_in_place(rt: &Runtime, x: &mut Tensor, factor: f64) -> Result<()> {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (id, weight) pairs of each token, by id (the order within a token is free).
+    fn by_id(w: &[f32], id: &[i32], k: usize) -> Vec<Vec<(i32, f32)>> {
+        w.chunks_exact(k)
+            .zip(id.chunks_exact(k))
+            .map(|(w, id)| {
+                let mut p: Vec<(i32, f32)> = id.iter().copied().zip(w.iter().copied()).collect();
+                p.sort_by_key(|x| x.0);
+                p
+            })
+            .collect()
+    }
+
+    fn assert_routes(got: (Vec<f32>, Vec<i32>), ids: &[[i32; 3]], w: &[[f32; 3]], k: usize) {
+        let got = by_id(&got.0, &got.1, k);
+        let flat_w: Vec<f32> = w.iter().flat_map(|r| r[..k].to_vec()).collect();
+        let flat_id: Vec<i32> = ids.iter().flat_map(|r| r[..k].to_vec()).collect();
+        let want = by_id(&flat_w, &flat_id, k);
+        for (g, w) in got.iter().zip(&want) {
+            for ((gi, gw), (wi, ww)) in g.iter().zip(w) {
+                assert_eq!(gi, wi, "{got:?} vs {want:?}");
+                assert!((gw - ww).abs() < 1e-6, "{got:?} vs {want:?}");
+            }
+        }
+    }
+
+    /// transformers 5's `DeepseekV3TopkRouter` (identity router weight, so the logits are the
+    /// input) on 3 tokens, 8 experts in 4 groups, 2 groups kept, top 3, norm_topk_prob,
+    /// routed_scaling_factor 2.5 (/tmp/ds_ref.py, seed 0).
+    #[test]
+    fn noaux_tc_routing_equals_hugging_faces_deepseek_v3_router() {
+        #[rustfmt::skip]
+        let logits = [
+            -1.69, -1.73, -0.38, -0.65, 1.27, 1.04, -0.47, -3.17,
+            0.70, -0.24, 2.17, 0.40, 0.25, 1.31, -0.22, -0.17,
+            1.40, 1.89, 3.01, 0.08, 0.93, -0.62, -1.26, -3.47f32,
+        ];
+        let bias = [0.11, 0.44, 0.28, 0.23, 0.06, 0.38, -0.39, -0.24f32];
+        let r = GroupedTopk {
+            top_k: 3,
+            n_group: 4,
+            topk_group: 2,
+            scoring: Scoring::Sigmoid,
+            renormalize: true,
+            bias: None,
+        };
+        let got = host_grouped_topk(&logits, 8, &r, Some(&bias), 2.5);
+        assert_routes(
+            got,
+            &[[4, 5, 2], [2, 5, 3], [2, 1, 0]],
+            &[
+                [1.013_572_7, 0.959_186_85, 0.527_240_4],
+                [0.982_521_4, 0.862_093_2, 0.655_385_3],
+                [0.908_000_4, 0.827_713_1, 0.764_286_6],
+            ],
+            3,
+        );
+    }
+
+    /// transformers 5's `DeepseekV2TopkRouter` with `group_limited_greedy`: 6 experts in 3
+    /// groups, 2 kept (a group's score its best softmax score), top 2, no renormalisation,
+    /// scaled by 1.5. Token 1's second expert (5) is chosen over expert 1 only because expert
+    /// 1's group is dropped.
+    #[test]
+    fn group_limited_greedy_equals_hugging_faces_deepseek_v2_router() {
+        #[rustfmt::skip]
+        let logits = [
+            0.31, -0.68, 2.56, 3.57, -1.69, -0.48,
+            -1.64, -0.13, -0.14, 1.03, -2.40, 0.03,
+            -1.13, 0.28, 0.93, 0.96, -0.37, 3.45f32,
+        ];
+        let r = GroupedTopk {
+            top_k: 2,
+            n_group: 3,
+            topk_group: 2,
+            scoring: Scoring::Softmax,
+            renormalize: false,
+            bias: None,
+        };
+        let got = host_grouped_topk(&logits, 6, &r, None, 1.5);
+        assert_routes(
+            got,
+            &[[3, 2, 0], [3, 5, 0], [5, 3, 0]],
+            &[
+                [1.042_036_3, 0.379_529_36, 0.0],
+                [0.716_547_4, 0.263_603_06, 0.0],
+                [1.212_066_4, 0.100_492_39, 0.0],
+            ],
+            2,
+        );
+    }
+
+    /// V2's greedy routing is the plain top-k of the softmax (one group): what
+    /// `ops_moe::host_topk` computes, times the scaling factor.
+    #[test]
+    fn greedy_routing_is_the_softmax_top_k() {
+        let logits = [0.0, 2f32.ln(), 2f32.ln(), 4f32.ln()];
+        let r = GroupedTopk {
+            top_k: 2,
+            n_group: 1,
+            topk_group: 1,
+            scoring: Scoring::Softmax,
+            renormalize: false,
+            bias: None,
+        };
+        let (w, id) = host_grouped_topk(&logits, 4, &r, None, 1.0);
+        assert_eq!(id, [3, 1]);
+        assert!((w[0] - 4.0 / 9.0).abs() < 1e-6 && (w[1] - 2.0 / 9.0).abs() < 1e-6);
+    }
+}

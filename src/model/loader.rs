@@ -408,6 +408,7 @@ impl<'a> Loader<'a> {
 
     /// A whole tensor kept in `dtype` whatever the activation dtype (DeepSeek's
     /// `e_score_correction_bias`, an f32 `nn.Parameter` in vLLM).
+    #[allow(dead_code)] // load_deepseek_moe's, until models/deepseek_v2.rs calls it
     pub(crate) fn dense_as(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
         let d = self.read(name, shape)?;
         upload(self.rt, name, shape, dtype, d)
