@@ -60,7 +60,10 @@ impl DeepseekMoe {
             .as_ref()
             .map_or(0, |s| s.gate_up.weight_bytes() + s.down.weight_bytes());
         self.gate.nbytes()
-            + self.e_score_correction_bias.as_ref().map_or(0, |b| b.nbytes())
+            + self
+                .e_score_correction_bias
+                .as_ref()
+                .map_or(0, |b| b.nbytes())
             + self.w13.nbytes()
             + self.w2.nbytes()
             + shared
@@ -151,7 +154,11 @@ pub(crate) fn load_deepseek_moe(
     let w2_parts: Vec<(String, Slice)> = (0..e)
         .map(|ex| (x(ex, "down_proj"), Slice::cols(h, width, first, len)))
         .collect();
-    let w2 = ld.stacked(&w2_parts, &[e, h, len], &format!("{p}.mlp.experts.w2_weight"))?;
+    let w2 = ld.stacked(
+        &w2_parts,
+        &[e, h, len],
+        &format!("{p}.mlp.experts.w2_weight"),
+    )?;
     Ok(DeepseekMoe {
         gate,
         e_score_correction_bias,
@@ -315,4 +322,167 @@ fn shared_experts_forward(
         &how,
         &format!("{layer}.shared_experts"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Device, DeviceSpec};
+    use crate::engine::ops_moe_v1::Modular;
+    use crate::memory::EventKind;
+    use std::sync::Arc;
+
+    /// A small DeepSeek-V3: 16 experts in 4 groups (2 kept), top 4, width 32, one shared
+    /// expert, noaux_tc over sigmoid scores, hidden 256.
+    fn small_v3() -> ModelConfig {
+        ModelConfig::from_hf_json(&serde_json::json!({
+            "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
+            "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 32,
+            "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
+            "n_routed_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 32,
+            "n_shared_experts": 1, "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1,
+            "vocab_size": 1024, "torch_dtype": "bfloat16"
+        }))
+        .unwrap()
+    }
+
+    /// One MoE layer at `tokens` tokens on a simulated H200 (dry): (alloc?, name, bytes).
+    fn trace(kernel: MoeKernel, tokens: usize) -> Vec<(bool, String, u64)> {
+        let cfg = small_v3();
+        let rt = Runtime::new(
+            Device::open(&DeviceSpec::parse("sim:h200:dry").unwrap()).unwrap(),
+            Arc::default(),
+            None,
+        );
+        let (h, e, i) = (256, 16, 32);
+        let w = |n: &str, shape: &[usize], dt: DType| {
+            rt.tensor(n, Category::Weight, shape, dt).unwrap()
+        };
+        let moe = DeepseekMoe {
+            gate: w("gate", &[e, h], DType::BF16),
+            e_score_correction_bias: Some(w("bias", &[e], DType::F32)),
+            w13: w("w13", &[e, 2 * i, h], DType::BF16),
+            w2: w("w2", &[e, h, i], DType::BF16),
+            shared: Some(DeepseekShared {
+                gate_up: FusedLinear::Dense {
+                    weight: w("gate_up", &[2 * i, h], DType::BF16),
+                    rows: vec![i, i],
+                },
+                down: Linear::Dense(w("down", &[h, i], DType::BF16)),
+                width: i,
+            }),
+        };
+        let x = rt
+            .tensor("x", Category::Activation, &[tokens, h], DType::BF16)
+            .unwrap();
+        rt.ensure_library_workspaces().unwrap();
+        let workspace = RefCell::new(None);
+        let from = rt.event_count();
+        let how = (DType::BF16, kernel, Some(&workspace));
+        let out = deepseek_moe_forward(&rt, x, &moe, &cfg, how, "layers.1", "NVIDIA H200").unwrap();
+        assert_eq!(out.shape, vec![tokens, h]);
+        rt.events_since(from, |ev| {
+            ev.iter()
+                .filter(|e| matches!(e.kind, EventKind::Alloc | EventKind::Free))
+                .map(|e| (e.kind == EventKind::Alloc, e.tensor.clone(), e.bytes))
+                .collect()
+        })
+    }
+
+    fn a(n: &str, b: u64) -> (bool, String, u64) {
+        (true, format!("layers.1.{n}"), b)
+    }
+    fn f(n: &str, b: u64) -> (bool, String, u64) {
+        (false, format!("layers.1.{n}"), b)
+    }
+
+    /// The gate, then the shared experts (gate_up [M, 2I], the forward_native `silu` [M, I]
+    /// dying after the product, down [M, H]), both before the routing. M = 512, E = 16, bf16.
+    fn gate_and_shared_experts() -> Vec<(bool, String, u64)> {
+        vec![
+            a("moe.router_logits", 512 * 16 * 2),
+            a("shared_experts.gate_up_proj.out", 512 * 64 * 2),
+            a("shared_experts.act.silu", 512 * 32 * 2),
+            a("shared_experts.act", 512 * 32 * 2),
+            f("shared_experts.act.silu", 512 * 32 * 2),
+            a("shared_experts.down_proj.out", 512 * 256 * 2),
+            f("shared_experts.act", 512 * 32 * 2),
+            f("shared_experts.gate_up_proj.out", 512 * 64 * 2),
+        ]
+    }
+
+    /// vLLM 0.11.0: fused_grouped_topk's scores (bf16), scores + bias (f32), its bf16 copy,
+    /// the kernel's group_scores [M, 4], topk_values [M, 4] bf16 and ids; the f32 weights;
+    /// then fused_experts_impl in place (cache13 M·k·max(2I, H), cache2 M·k·I, the alignment
+    /// buffers with BLOCK_SIZE_M 64: 2048 + 16·63 slots); the routing dies with the op, the
+    /// logits and the shared output as the block returns.
+    #[test]
+    fn v0_11_layer_allocates_as_deepseek_v2_moe_in_place() {
+        let mut want = gate_and_shared_experts();
+        want.extend([
+            a("moe.scores", 16384),
+            a("moe.scores_with_bias", 32768),
+            a("moe.scores_with_bias.to", 16384),
+            a("moe.group_scores", 4096),
+            a("moe.topk_values", 4096),
+            a("moe.topk_ids", 8192),
+            f("moe.group_scores", 4096),
+            f("moe.scores_with_bias.to", 16384),
+            a("moe.topk_weights", 8192),
+            f("moe.scores", 16384),
+            f("moe.scores_with_bias", 32768),
+            f("moe.topk_values", 4096),
+            a("moe.intermediate_cache13", 512 * 4 * 256 * 2),
+            a("moe.intermediate_cache2", 512 * 4 * 32 * 2),
+            a("moe.sorted_ids", 12288),
+            a("moe.expert_ids", 512),
+            a("moe.num_tokens_post_pad", 512),
+            f("moe.intermediate_cache13", 512 * 4 * 256 * 2),
+            f("moe.sorted_ids", 12288),
+            f("moe.expert_ids", 512),
+            f("moe.num_tokens_post_pad", 512),
+            f("moe.intermediate_cache2", 512 * 4 * 32 * 2),
+            f("moe.topk_weights", 8192),
+            f("moe.topk_ids", 8192),
+            f("moe.router_logits", 16384),
+            f("shared_experts.down_proj.out", 262144),
+        ]);
+        let kernel = MoeKernel::InPlace {
+            indices_freed_late: true,
+        };
+        assert_eq!(trace(kernel, 512), want);
+    }
+
+    /// vLLM 0.19.0: the gate and shared experts inside the op, the fused kernel's f32 weights
+    /// and i32 ids, the new output, the workspace (r256(2·M·k·max(I, H)) + r256(2·M·k·max(2I,
+    /// H)), made in this first MoE layer and kept), the alignment buffers; the routing dies as
+    /// `_apply_quant_method` returns, then the logits; the shared output after the in-place
+    /// scale and sum, the input as the layer rebinds it.
+    #[test]
+    fn v0_19_layer_allocates_as_deepseek_v2_moe_modular() {
+        let mut want = gate_and_shared_experts();
+        want.extend([
+            a("moe.topk_weights", 8192),
+            a("moe.topk_ids", 8192),
+            a("moe.output", 262144),
+            (true, "moe.workspace".to_string(), 2 * 2 * 512 * 4 * 256),
+            a("moe.sorted_ids", 12288),
+            a("moe.expert_ids", 512),
+            a("moe.num_tokens_post_pad", 512),
+            f("moe.sorted_ids", 12288),
+            f("moe.expert_ids", 512),
+            f("moe.num_tokens_post_pad", 512),
+            f("moe.topk_weights", 8192),
+            f("moe.topk_ids", 8192),
+            f("moe.router_logits", 16384),
+            f("shared_experts.down_proj.out", 262144),
+            (false, "x".to_string(), 262144),
+        ]);
+        let kernel = MoeKernel::Modular(Modular {
+            chunk_tokens: None,
+            default_block_m_by_tokens: true,
+        });
+        assert_eq!(trace(kernel, 512), want);
+    }
 }
