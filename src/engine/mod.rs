@@ -9,6 +9,7 @@ pub(crate) mod moe_configs;
 pub mod ops;
 pub mod ops_gemma;
 pub mod ops_granite;
+pub mod ops_grouped_topk;
 pub mod ops_mla;
 pub mod ops_moe;
 pub mod ops_moe_v1;

@@ -302,6 +302,22 @@ pub fn silu_and_mul(rt: &Runtime, gate: &Tensor, up: &Tensor, name: &str) -> Res
     Ok(out)
 }
 
+/// `SiluAndMul.forward_native` (activation.py: `F.silu(x[..., :d]) * x[..., d:]`), what runs
+/// with vLLM's custom ops off (torch.compile's default) inside an opaque op: `silu(gate)` into
+/// a new tensor, the product into another, the first dying as the expression ends.
+pub fn silu_and_mul_native(rt: &Runtime, gate: &Tensor, up: &Tensor, name: &str) -> Result<Tensor> {
+    rt.check_cancel()?;
+    let silu = rt.tensor_for_overwrite(
+        format!("{name}.silu"),
+        Category::Activation,
+        &gate.shape,
+        gate.dtype,
+    )?;
+    let out = silu_and_mul(rt, gate, up, name)?;
+    drop(silu);
+    Ok(out)
+}
+
 pub fn add_assign(rt: &Runtime, x: &mut Tensor, y: &Tensor) -> Result<()> {
     rt.set_op("residual_add");
     match rt.backend() {

@@ -406,6 +406,13 @@ impl<'a> Loader<'a> {
         upload(self.rt, name, shape, self.act, d)
     }
 
+    /// A whole tensor kept in `dtype` whatever the activation dtype (DeepSeek's
+    /// `e_score_correction_bias`, an f32 `nn.Parameter` in vLLM).
+    pub(crate) fn dense_as(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let d = self.read(name, shape)?;
+        upload(self.rt, name, shape, dtype, d)
+    }
+
     /// A `[rows, cols]` table stored as `[padded_rows, cols]` with zero rows after it
     /// (vLLM's VocabParallelEmbedding and ParallelLMHead pad the vocabulary to 64 and
     /// zero-fill the padding, vocab_parallel_embedding.py L16, L47-50).

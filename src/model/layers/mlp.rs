@@ -16,6 +16,9 @@ use crate::quant::{FusedLinear, Linear};
 pub enum GatedAct {
     /// `SiluAndMul` (Llama, Qwen, Mixtral's experts).
     Silu,
+    /// `SiluAndMul.forward_native`: a `silu` temporary before the product (DeepSeek's shared
+    /// experts inside V1's fused-MoE op, custom ops off).
+    SiluNative,
     /// `GeluAndMul(approximate="tanh")` (Gemma's GeGLU).
     GeluTanh,
 }
@@ -53,6 +56,7 @@ pub fn mlp_forward(
     let act_out = match how.activation {
         GatedAct::GeluTanh => ops_gemma::gelu_tanh_and_mul(rt, &gate, &up, &format!("{l}.act"))?,
         GatedAct::Silu => ops::silu_and_mul(rt, &gate, &up, &format!("{l}.act"))?,
+        GatedAct::SiluNative => ops::silu_and_mul_native(rt, &gate, &up, &format!("{l}.act"))?,
     };
     drop((gate, up));
     let gate_up = if how.frees_gate_up {
