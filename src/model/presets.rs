@@ -143,7 +143,7 @@ fn gemma1(hidden: usize, inter: usize, layers: usize, heads: usize, kv: usize) -
     }
 }
 
-pub const PRESET_NAMES: [&str; 25] = [
+pub const PRESET_NAMES: [&str; 26] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",

@@ -536,7 +536,7 @@ pub fn hf_test_config(name: &str) -> vramscope::model::ModelConfig {
         // DeepSeek-V3's layout: the low-rank query (96), sigmoid scores chosen with a
         // correction bias within the best 2 of 4 groups, renormalised and scaled by 2.5, one
         // shared expert.
-        "deepseek_v3" => {
+        "deepseek_v3" | "deepseek_v3_dense" => {
             o.insert("model_type".into(), "deepseek_v3".into());
             o.insert("num_hidden_layers".into(), 3.into());
             o.insert("num_key_value_heads".into(), 4.into());
@@ -549,7 +549,8 @@ pub fn hf_test_config(name: &str) -> vramscope::model::ModelConfig {
             o.insert("num_experts_per_tok".into(), 2.into());
             o.insert("moe_intermediate_size".into(), 64.into());
             o.insert("n_shared_experts".into(), 1.into());
-            o.insert("first_k_dense_replace".into(), 1.into());
+            let dense = if name == "deepseek_v3_dense" { 3 } else { 1 };
+            o.insert("first_k_dense_replace".into(), dense.into());
             o.insert("topk_method".into(), "noaux_tc".into());
             o.insert("scoring_func".into(), "sigmoid".into());
             o.insert("n_group".into(), 4.into());

@@ -16,7 +16,7 @@ use crate::engine::ops_mla::YarnRope;
 use crate::engine::ops_moe_v1::MoeKernel;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
-use crate::engine::{ops, ops_tp};
+use crate::engine::{ops, ops_grouped_topk, ops_tp};
 use crate::model::batch::Batch;
 use crate::model::config::{DeepseekShape, ModelConfig};
 use crate::model::layers::decoder::enter_layer;
@@ -346,6 +346,17 @@ impl DeepseekModel {
             // The attention's input dies as `hidden_states` is rebound to its output.
             drop(layer_in);
             let r = residual.as_mut().expect("set in layer 0");
+            // "Fix FP16 overflow" (L1114-1124): in fp16 the attention's output, and in layer 0
+            // the residual, are scaled by 1 / routed_scaling_factor in place (the MoE and the
+            // dense MLPs keep the stream at that scale; the norms undo it).
+            let fp16 = self.act == DType::F16;
+            let unscale = 1.0 / self.shape.routed_scaling_factor;
+            if fp16 {
+                ops_grouped_topk::scale_in_place(rt, &mut o, unscale)?;
+                if li == 0 {
+                    ops_grouped_topk::scale_in_place(rt, r, unscale)?;
+                }
+            }
             ops::fused_add_rms_norm(rt, &mut o, r, &layer.post_attention_layernorm, eps)?;
             let out = match &layer.mlp {
                 DeepseekMlp::Dense {
@@ -361,8 +372,13 @@ impl DeepseekModel {
                         all_reduce: true,
                         generation: gen,
                     };
-                    let out = mlp_forward(rt, &o, (gate_up, down), &how, &format!("{l}.mlp"))?;
+                    let mut out =
+                        mlp_forward(rt, &o, (gate_up, down), &how, &format!("{l}.mlp"))?;
                     drop(o);
+                    // L1131-1137: a dense MLP's output scaled too, in fp16.
+                    if fp16 {
+                        ops_grouped_topk::scale_in_place(rt, &mut out, unscale)?;
+                    }
                     out
                 }
                 DeepseekMlp::Moe(m) => moe_deepseek::deepseek_moe_forward(
