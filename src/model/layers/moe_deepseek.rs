@@ -5,12 +5,12 @@
 //! place, the all-reduce over ranks.
 //!
 //! Per layer, M tokens (> 256, so no shared-experts stream and no clone), unquantized:
-//! - 0.11.0: the gate outside the op (deepseek_v2.py L256); inside `moe_forward_shared`
+//! - 0.11.0: the gate outside the op (deepseek_v2.py L254); inside `moe_forward_shared`
 //!   (fused_moe/layer.py L2164) the shared experts first (L2007-2011), then `select_experts`
 //!   → `grouped_topk` (L1709-1721), then `fused_experts(inplace=True)` into the input;
-//!   after the op `*=`, `+=` and the all-reduce (deepseek_v2.py L269-285).
+//!   after the op `*=`, `+=` and the all-reduce (deepseek_v2.py L266-285).
 //! - 0.15.1: SharedFusedMoE with `gate=self.gate` runs the gate inside the op
-//!   (`is_internal_router`, deepseek_v2.py L334-343; layer.py L1785-1786), then the shared
+//!   (`is_internal_router`, deepseek_v2.py L338-343; layer.py L1785-1786), then the shared
 //!   experts (L1846-1848), the routing (L1877) and the modular kernel; the router's logits
 //!   die as `forward_impl` returns, before the routing's tensors.
 //! - 0.19.0: the same through `DefaultMoERunner.forward_impl` (runner/default_moe_runner.py
@@ -270,7 +270,7 @@ pub fn deepseek_moe_forward(
     }
 }
 
-/// After the op (deepseek_v2.py 0.19.0 L376-395, 0.11.0 L269-285): `final_hidden_states *=
+/// After the op (deepseek_v2.py 0.19.0 L376-395, 0.11.0 L266-285): `final_hidden_states *=
 /// routed_scaling_factor` in place (in fp16 instead `shared_output *= 1 / factor`, the decoder
 /// layer rescaling its residual), `+= shared_output` in place, then the all-reduce over ranks
 /// (out of place: the op's output dies as the tuple holding it does, just after). Returns the
@@ -297,8 +297,9 @@ fn finish(
 
 /// The shared experts on the op's input as vLLM runs them inside the fused-MoE op
 /// (`DeepseekV2MLP.forward`, deepseek_v2.py 0.19.0 L228-232): `gate_up_proj`, `SiluAndMul`
-/// (its `forward_native` under torch.compile's default custom ops: a `silu` temporary, then
-/// the product), `down_proj` without all-reduce; the activation dies as `x` is rebound, then
+/// (its `forward_native` under torch.compile's default custom ops, `custom_ops=["none"]`:
+/// a `silu` temporary, then the product; `--enforce-eager` would run `_C.silu_and_mul`, one
+/// tensor), `down_proj` without all-reduce; the activation dies as `x` is rebound, then
 /// `gate_up` as the MLP returns.
 fn shared_experts_forward(
     rt: &Runtime,
