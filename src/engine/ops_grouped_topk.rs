@@ -112,6 +112,10 @@ pub fn grouped_topk(
         (true, TopkRelease::V1) => {
             // fused_grouped_topk (0.19.0 grouped_topk_router.py L42-72): the kernel on the raw
             // logits (sigmoid) or on `torch.softmax(logits)`, f32 values and i32 indices.
+            // UNVERIFIED for 0.15.1: the csrc at its tag was not read; after vLLM PR #31781
+            // (2026-01) the op still made a `group_scores [M, n_group]` scratch in the logits'
+            // dtype, the single-kernel version read here (csrc/moe/grouped_topk_kernels.cu on
+            // main) makes only its two outputs.
             let scores = match r.scoring {
                 Scoring::Softmax => Some(t("scores", &[m, e], act)?),
                 Scoring::Sigmoid => None,

@@ -5,12 +5,12 @@
 //! place, the all-reduce over ranks.
 //!
 //! Per layer, M tokens (> 256, so no shared-experts stream and no clone), unquantized:
-//! - 0.11.0: the gate outside the op (deepseek_v2.py L256); inside `moe_forward_shared`
+//! - 0.11.0: the gate outside the op (deepseek_v2.py L254); inside `moe_forward_shared`
 //!   (fused_moe/layer.py L2164) the shared experts first (L2007-2011), then `select_experts`
 //!   → `grouped_topk` (L1709-1721), then `fused_experts(inplace=True)` into the input;
-//!   after the op `*=`, `+=` and the all-reduce (deepseek_v2.py L269-285).
+//!   after the op `*=`, `+=` and the all-reduce (deepseek_v2.py L266-285).
 //! - 0.15.1: SharedFusedMoE with `gate=self.gate` runs the gate inside the op
-//!   (`is_internal_router`, deepseek_v2.py L334-343; layer.py L1785-1786), then the shared
+//!   (`is_internal_router`, deepseek_v2.py L338-343; layer.py L1785-1786), then the shared
 //!   experts (L1846-1848), the routing (L1877) and the modular kernel; the router's logits
 //!   die as `forward_impl` returns, before the routing's tensors.
 //! - 0.19.0: the same through `DefaultMoERunner.forward_impl` (runner/default_moe_runner.py
@@ -270,7 +270,7 @@ pub fn deepseek_moe_forward(
     }
 }
 
-/// After the op (deepseek_v2.py 0.19.0 L376-395, 0.11.0 L269-285): `final_hidden_states *=
+/// After the op (deepseek_v2.py 0.19.0 L376-395, 0.11.0 L266-285): `final_hidden_states *=
 /// routed_scaling_factor` in place (in fp16 instead `shared_output *= 1 / factor`, the decoder
 /// layer rescaling its residual), `+= shared_output` in place, then the all-reduce over ranks
 /// (out of place: the op's output dies as the tuple holding it does, just after). Returns the
@@ -297,8 +297,9 @@ fn finish(
 
 /// The shared experts on the op's input as vLLM runs them inside the fused-MoE op
 /// (`DeepseekV2MLP.forward`, deepseek_v2.py 0.19.0 L228-232): `gate_up_proj`, `SiluAndMul`
-/// (its `forward_native` under torch.compile's default custom ops: a `silu` temporary, then
-/// the product), `down_proj` without all-reduce; the activation dies as `x` is rebound, then
+/// (its `forward_native` under torch.compile's default custom ops, `custom_ops=["none"]`:
+/// a `silu` temporary, then the product; `--enforce-eager` would run `_C.silu_and_mul`, one
+/// tensor), `down_proj` without all-reduce; the activation dies as `x` is rebound, then
 /// `gate_up` as the MLP returns.
 fn shared_experts_forward(
     rt: &Runtime,
@@ -347,9 +348,25 @@ mod tests {
         .unwrap()
     }
 
+    /// V2-Lite's routing on the same shapes: greedy top-4 of the softmax, one group, no
+    /// correction bias, no renormalisation.
+    fn small_v2() -> ModelConfig {
+        let mut cfg = small_v3();
+        let d = cfg.deepseek.as_mut().unwrap();
+        d.topk_method = "greedy".into();
+        d.scoring_func = "softmax".into();
+        (d.n_group, d.topk_group) = (1, 1);
+        cfg.moe.as_mut().unwrap().renormalize = false;
+        cfg
+    }
+
     /// One MoE layer at `tokens` tokens on a simulated H200 (dry): (alloc?, name, bytes).
     fn trace(kernel: MoeKernel, tokens: usize) -> Vec<(bool, String, u64)> {
-        let cfg = small_v3();
+        trace_of(&small_v3(), kernel, tokens)
+    }
+
+    fn trace_of(cfg: &ModelConfig, kernel: MoeKernel, tokens: usize) -> Vec<(bool, String, u64)> {
+        let noaux = cfg.deepseek.as_ref().unwrap().topk_method == "noaux_tc";
         let rt = Runtime::new(
             Device::open(&DeviceSpec::parse("sim:h200:dry").unwrap()).unwrap(),
             Arc::default(),
@@ -361,7 +378,7 @@ mod tests {
         };
         let moe = DeepseekMoe {
             gate: w("gate", &[e, h], DType::BF16),
-            e_score_correction_bias: Some(w("bias", &[e], DType::F32)),
+            e_score_correction_bias: noaux.then(|| w("bias", &[e], DType::F32)),
             w13: w("w13", &[e, 2 * i, h], DType::BF16),
             w2: w("w2", &[e, h, i], DType::BF16),
             shared: Some(DeepseekShared {
@@ -380,7 +397,7 @@ mod tests {
         let workspace = RefCell::new(None);
         let from = rt.event_count();
         let how = (DType::BF16, kernel, Some(&workspace));
-        let out = deepseek_moe_forward(&rt, x, &moe, &cfg, how, "layers.1", "NVIDIA H200").unwrap();
+        let out = deepseek_moe_forward(&rt, x, &moe, cfg, how, "layers.1", "NVIDIA H200").unwrap();
         assert_eq!(out.shape, vec![tokens, h]);
         rt.events_since(from, |ev| {
             ev.iter()
@@ -484,5 +501,190 @@ mod tests {
             default_block_m_by_tokens: true,
         });
         assert_eq!(trace(kernel, 512), want);
+    }
+
+    /// 0.15.1 runs the same op as 0.19.0 but its router's logits die before the routing's
+    /// tensors (both locals of `forward_impl`, layer.py L1758-1944), and its output is
+    /// `zeros_like` (same bytes).
+    #[test]
+    fn v0_15_frees_the_router_logits_before_the_routing() {
+        let kernel = MoeKernel::Modular(Modular {
+            chunk_tokens: Some(16384),
+            default_block_m_by_tokens: false,
+        });
+        let frees: Vec<String> = trace(kernel, 512)
+            .into_iter()
+            .filter(|(alloc, n, _)| !alloc && (n.contains("topk") || n.contains("router")))
+            .map(|(_, n, _)| n)
+            .collect();
+        assert_eq!(
+            frees,
+            [
+                "layers.1.moe.router_logits",
+                "layers.1.moe.topk_weights",
+                "layers.1.moe.topk_ids"
+            ]
+        );
+    }
+
+    /// V2-Lite's greedy softmax routing has no correction bias, so every release runs the
+    /// torch-native grouped_topk (0.19.0 grouped_topk_router.py L113-162), statement by
+    /// statement: softmax [M, E] bf16, the group max (values [M, 1], its int64 indices dying),
+    /// topk over groups (values dying, int64 indices kept), the group mask, no score-mask copy
+    /// (one group: the expand reshapes as a view), the bool mask and its inverse, the masked
+    /// scores, topk (bf16 values, int64 ids), their f32 and int32 copies, then the locals.
+    #[test]
+    fn greedy_routing_runs_the_native_chain() {
+        let kernel = MoeKernel::Modular(Modular {
+            chunk_tokens: None,
+            default_block_m_by_tokens: true,
+        });
+        let got: Vec<(bool, String, u64)> = trace_of(&small_v2(), kernel, 512)
+            .into_iter()
+            .skip(gate_and_shared_experts().len())
+            .take_while(|(_, n, _)| n != "layers.1.moe.output")
+            .collect();
+        let me = 512 * 16 * 2;
+        let want = vec![
+            a("moe.scores", me),
+            a("moe.group_scores", 1024),
+            a("moe.group_max.indices", 4096),
+            f("moe.group_max.indices", 4096),
+            a("moe.group_topk.values", 1024),
+            a("moe.group_idx", 4096),
+            f("moe.group_topk.values", 1024),
+            a("moe.group_mask", 1024),
+            a("moe.score_mask.bool", 512 * 16),
+            a("moe.score_mask.inverted", 512 * 16),
+            f("moe.score_mask.bool", 512 * 16),
+            a("moe.tmp_scores", me),
+            f("moe.score_mask.inverted", 512 * 16),
+            a("moe.topk.values", 512 * 4 * 2),
+            a("moe.topk.indices", 512 * 4 * 8),
+            a("moe.topk_weights", 512 * 4 * 4),
+            a("moe.topk_ids", 512 * 4 * 4),
+            f("moe.scores", me),
+            f("moe.group_scores", 1024),
+            f("moe.group_idx", 4096),
+            f("moe.group_mask", 1024),
+            f("moe.tmp_scores", me),
+            f("moe.topk.indices", 512 * 4 * 8),
+            f("moe.topk.values", 512 * 4 * 2),
+        ];
+        assert_eq!(got, want);
+    }
+
+    /// On the CPU the block computes Hugging Face's `DeepseekV3MoE`: each token's experts
+    /// chosen by sigmoid + bias within the kept groups, weighted by the renormalised unbiased
+    /// scores times `routed_scaling_factor` (2.5), plus the shared expert; the in-place
+    /// (0.11.0) and modular (0.19.0) kernels agree.
+    #[test]
+    fn v3_block_computes_hugging_faces_deepseek_v3_moe() {
+        use crate::engine::ops_grouped_topk::host_grouped_topk;
+        let cfg = small_v3();
+        let (h, e, i, k, m) = (256usize, 16usize, 32usize, 4usize, 5usize);
+        let rt = Runtime::new(
+            Device::open(&DeviceSpec::parse("sim:h100-80gb").unwrap()).unwrap(),
+            Arc::default(),
+            None,
+        );
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut vals = |n: usize, scale: f32| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+                })
+                .collect()
+        };
+        let t = |name: &str, shape: &[usize], data: &[f32]| {
+            let mut x = rt
+                .tensor(name, Category::Weight, shape, DType::F32)
+                .unwrap();
+            x.f32_mut().copy_from_slice(data);
+            x
+        };
+        let (xv, gv, bv) = (vals(m * h, 1.0), vals(e * h, 0.5), vals(e, 0.4));
+        let (w13v, w2v) = (vals(e * 2 * i * h, 0.2), vals(e * h * i, 0.2));
+        let (guv, dv) = (vals(2 * i * h, 0.2), vals(h * i, 0.2));
+        let moe = DeepseekMoe {
+            gate: t("gate", &[e, h], &gv),
+            e_score_correction_bias: Some(t("bias", &[e], &bv)),
+            w13: t("w13", &[e, 2 * i, h], &w13v),
+            w2: t("w2", &[e, h, i], &w2v),
+            shared: Some(DeepseekShared {
+                gate_up: FusedLinear::Dense {
+                    weight: t("gate_up", &[2 * i, h], &guv),
+                    rows: vec![i, i],
+                },
+                down: Linear::Dense(t("down", &[h, i], &dv)),
+                width: i,
+            }),
+        };
+        let run = |kernel: MoeKernel| {
+            let ws = RefCell::new(None);
+            let x = t("x", &[m, h], &xv);
+            let out = deepseek_moe_forward(
+                &rt,
+                x,
+                &moe,
+                &cfg,
+                (DType::F32, kernel, Some(&ws)),
+                "layers.1",
+                "cpu",
+            )
+            .unwrap();
+            out.f32().to_vec()
+        };
+        let in_place = run(MoeKernel::InPlace {
+            indices_freed_late: true,
+        });
+        let modular = run(MoeKernel::Modular(Modular {
+            chunk_tokens: None,
+            default_block_m_by_tokens: true,
+        }));
+
+        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| p * q).sum::<f32>();
+        let silu = |v: f32| v / (1.0 + (-v).exp());
+        let mv = |w: &[f32], rows: usize, x: &[f32]| -> Vec<f32> {
+            (0..rows)
+                .map(|r| dot(&w[r * x.len()..(r + 1) * x.len()], x))
+                .collect()
+        };
+        let swiglu = |gate_up: &[f32], down: &[f32], x: &[f32]| -> Vec<f32> {
+            let gu = mv(gate_up, 2 * i, x);
+            let a: Vec<f32> = (0..i).map(|j| silu(gu[j]) * gu[i + j]).collect();
+            mv(down, h, &a)
+        };
+        let routing = GroupedTopk {
+            top_k: k,
+            n_group: 4,
+            topk_group: 2,
+            scoring: Scoring::Sigmoid,
+            renormalize: true,
+            bias: None,
+        };
+        let mut want = Vec::new();
+        for tok in 0..m {
+            let xr = &xv[tok * h..(tok + 1) * h];
+            let (w, ids) = host_grouped_topk(&mv(&gv, e, xr), e, &routing, Some(&bv), 2.5);
+            let mut y = swiglu(&guv, &dv, xr);
+            for (&ex, &wt) in ids.iter().zip(&w) {
+                let ex = ex as usize;
+                let w13 = &w13v[ex * 2 * i * h..(ex + 1) * 2 * i * h];
+                let w2 = &w2v[ex * h * i..(ex + 1) * h * i];
+                for (d, v) in y.iter_mut().zip(swiglu(w13, w2, xr)) {
+                    *d += wt * v;
+                }
+            }
+            want.extend(y);
+        }
+        for got in [&in_place, &modular] {
+            let err = crate::app::bench::relative_l2(got, &want);
+            assert!(err < 1e-5, "relative L2 {err:.3e}");
+        }
+        assert!(want.iter().map(|v| v * v).sum::<f32>().sqrt() > 0.1);
     }
 }
