@@ -93,8 +93,6 @@ fn shapes<'a>(cfg: &'a ModelConfig, p: &str) -> Result<(&'a MoeShape, &'a Deepse
 /// (`torch.empty(E, dtype=float32)`, L268-273), the shared experts' `gate_up_proj` and
 /// `down_proj` (L293-306), then `FusedMoE`'s `w13_weight` and `w2_weight` (L308-336). `p` is
 /// the layer's prefix (`model.layers.3`).
-// Called by models/deepseek_v2.rs, being written beside this.
-#[allow(dead_code)]
 pub(crate) fn load_deepseek_moe(
     ld: &mut Loader,
     cfg: &ModelConfig,

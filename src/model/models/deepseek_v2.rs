@@ -372,8 +372,7 @@ impl DeepseekModel {
                         all_reduce: true,
                         generation: gen,
                     };
-                    let mut out =
-                        mlp_forward(rt, &o, (gate_up, down), &how, &format!("{l}.mlp"))?;
+                    let mut out = mlp_forward(rt, &o, (gate_up, down), &how, &format!("{l}.mlp"))?;
                     drop(o);
                     // L1131-1137: a dense MLP's output scaled too, in fp16.
                     if fp16 {
