@@ -1357,7 +1357,12 @@ mod tests {
             ("--kv-cache-dtype fp8", "--kv-cache-dtype fp8"),
             ("--enforce-eager", "--enforce-eager"),
             ("--block-size 32", "--block-size 32"),
-            ("--kv-cache-memory 40GiB", "--kv-cache-memory 40GiB"),
+            // human_readable_int: G is 2^30 (vLLM refuses "40GiB").
+            ("--kv-cache-memory 40G", "--kv-cache-memory 40GiB"),
+            (
+                "--kv-cache-memory-bytes 42949672960",
+                "--kv-cache-memory 40GiB",
+            ),
             ("--dtype half", "--quant fp16"),
         ] {
             let (planned, _) = plan(&format!("vllm serve meta-llama/Meta-Llama-3-8B {vllm}"));
