@@ -797,8 +797,11 @@ fn release_of(f: &LogFacts, assumptions: &mut Vec<String>) -> Result<String> {
                 return Ok(r.name.to_string());
             }
         }
+        let at =
+            f.at.get("vLLM version")
+                .map_or(String::new(), |n| format!("line {n}: "));
         return Err(Error::Request(format!(
-            "the log is vLLM {v}, which vramscope does not reproduce (it does {})",
+            "{at}the log is vLLM {v}, which vramscope does not reproduce (it does {})",
             super::vllm::names().join(", ")
         )));
     }
@@ -1284,6 +1287,27 @@ mod tests {
             ..LogFacts::default()
         };
         assert!(release_of(&f, &mut a).is_err());
+    }
+
+    #[test]
+    fn a_request_refusal_is_said_in_the_logs_names_and_lines() {
+        let mut f = LogFacts::default();
+        f.at.insert("max_num_seqs", 12);
+        f.at.insert("max_num_batched_tokens", 3);
+        let e = in_log_terms(
+            Error::Request(
+                "--max-num-seqs 512 must be between 1 and --max-num-batched-tokens (256)".into(),
+            ),
+            &f,
+        );
+        assert_eq!(
+            e.to_string(),
+            "invalid setting: line 3, line 12: max_num_seqs 512 must be between 1 and \
+             max_num_batched_tokens (256)"
+        );
+        // A flag that only starts like one of the table's is left alone.
+        let e = in_log_terms(Error::Request("--tpx 2".into()), &f);
+        assert_eq!(e.to_string(), "invalid setting: --tpx 2");
     }
 
     #[test]
