@@ -8,7 +8,7 @@ set -u
 cd "$(dirname "$0")"
 SECS=${SECS:-600}
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
-TARGETS=${*:-"config index cli_args gguf safetensors torch_snapshot"}
+TARGETS=${*:-"config index cli_args gguf safetensors torch_snapshot vllm_log vllm_line"}
 BIN="$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release"
 if [ "${NO_BUILD:-0}" != 1 ]; then
     RUSTC_BOOTSTRAP=1 nice -n 19 cargo fuzz build || exit 1
@@ -20,6 +20,10 @@ for t in $TARGETS; do
     # The snapshot target starts from the test fixtures (synthetic and recorded by PyTorch).
     if [ "$t" = torch_snapshot ]; then
         cp -n ../tests/fixtures/*.pickle ../tests/fixtures/torch_2_11/*.pickle "corpus/$t/"
+    fi
+    # The log target starts from the public vLLM logs (V0 and V1).
+    if [ "$t" = vllm_log ]; then
+        cp -n ../tests/fixtures/vllm-logs/*.log "corpus/$t/"
     fi
     start=$(date -u +%FT%TZ)
     # -malloc_limit_mb: any single allocation over 256 MiB is a crash (an allocation sized by

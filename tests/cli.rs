@@ -1875,3 +1875,289 @@ fn explain_writes_its_comparison_as_json() {
     let plain = vramscope(&["explain", q1.to_str().unwrap()]);
     assert_eq!(plain.stdout, out.stdout);
 }
+
+// ---- vLLM's grammar, contradictions and one-line refusals (issue 50, the rest) ----
+
+/// Runs vramscope as `expect_guarded_refusal` does (2 GiB address space, 10 s, `HF_HUB_CACHE`
+/// = `cache`), with the data segment (the heap and anonymous maps) also limited to `data_kib`
+/// where given.
+fn run_bounded(cache: &Path, args: &[&str], data_kib: Option<u64>) -> Output {
+    let limits = match data_kib {
+        Some(kib) => format!("ulimit -v 2097152 && ulimit -d {kib}"),
+        None => "ulimit -v 2097152".to_string(),
+    };
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("{limits} && exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_vramscope"))
+        .args(args)
+        .env("HF_HUB_CACHE", cache)
+        .env("HOME", cache)
+        .env_remove("HF_HOME")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run vramscope");
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed().as_secs() >= 10 {
+            child.kill().unwrap();
+            panic!("vramscope {args:?} still running after 10 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// `plan --json` of a pasted line (after `--`): the settings of the run it made.
+fn plan_settings(line: &str) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("plan.json");
+    let mut args = vec![
+        "plan",
+        "-q",
+        "--device",
+        "sim:h100-80gb:dry",
+        "--json",
+        json.to_str().unwrap(),
+        "--",
+    ];
+    args.extend(line.split(' '));
+    let out = run_bounded(dir.path(), &args, None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{line}: {err}");
+    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    v["settings"].clone()
+}
+
+#[test]
+fn plan_takes_a_repeated_flags_last_value_as_vllms_argparse_does() {
+    let s = plan_settings(
+        "vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 4096 --max_model_len 2k \
+         -tp 1 --tensor-parallel-size 2 --gpu-memory-utilization 0.8 --gpu-memory-utilization=0.85",
+    );
+    assert_eq!(s["max_model_len"], 2000, "{s}");
+    assert_eq!(s["tp"], 2, "{s}");
+    assert_eq!(s["util"], 0.85, "{s}");
+}
+
+#[test]
+fn plan_reads_lengths_with_vllms_human_readable_int() {
+    let s = plan_settings("vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 8K");
+    assert_eq!(s["max_model_len"], 8192, "{s}");
+    let s = plan_settings("vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 8k");
+    assert_eq!(s["max_model_len"], 8000, "{s}");
+    let dir = tempfile::tempdir().unwrap();
+    for (v, words) in [
+        (
+            "1.5K",
+            "--max-model-len '1.5K': vLLM refuses it (argument --max-model-len: Decimals are not allowed with binary suffixes like K. Did you mean to use 1.5k instead?)",
+        ),
+        (
+            "1e3",
+            "--max-model-len '1e3': vLLM refuses it (argument --max-model-len: invalid human_readable_int value: '1e3')",
+        ),
+    ] {
+        expect_guarded_refusal(
+            dir.path(),
+            &[
+                "plan",
+                "--",
+                "vllm",
+                "serve",
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "--max-model-len",
+                v,
+            ],
+            &[words],
+        );
+    }
+}
+
+/// A model folder `m` in `dir` holding `config` as its config.json.
+fn model_with_config(dir: &Path, config: &str) -> String {
+    model_dir_with_config(dir, |c| std::fs::write(c, config).unwrap())
+}
+
+#[test]
+fn plan_refuses_a_4bit_method_on_a_16_bit_checkpoint_as_vllm_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny_model(&dir.path().join("m16"));
+    let m = m.to_str().unwrap();
+    for method in ["-q=awq_marlin", "--quantization=gptq"] {
+        let name = &method[method.find('=').unwrap() + 1..];
+        expect_guarded_refusal(
+            dir.path(),
+            &["plan", "--", "vllm", "serve", m, method],
+            &[&format!(
+                "vLLM refuses it: the checkpoint is not quantized (config.json has no quantization_config, no quantize_config.json beside it): \"ValueError: Cannot find the config file for {name}\""
+            )],
+        );
+    }
+}
+
+#[test]
+fn compressed_tensors_is_refused_up_front_as_not_modelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model_with_config(
+        dir.path(),
+        r#"{"model_type": "llama", "quantization_config": {"quant_method": "compressed-tensors"}}"#,
+    );
+    expect_guarded_refusal(
+        dir.path(),
+        &[
+            "plan",
+            "--",
+            "vllm",
+            "serve",
+            &m,
+            "--quantization",
+            "compressed-tensors",
+        ],
+        &["--quantization compressed-tensors: compressed-tensors is not modelled yet"],
+    );
+    let help = vramscope(&["profile", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("(compressed-tensors is not") && help.contains("modelled yet)"),
+        "{help}"
+    );
+}
+
+#[test]
+fn a_plan_refusal_is_one_line_without_the_notes_before_it() {
+    // The hub id's preset and the default release are notes; the batch below max_model_len
+    // with chunked prefill off is refused after them.
+    let dir = tempfile::tempdir().unwrap();
+    expect_guarded_refusal(
+        dir.path(),
+        &[
+            "plan",
+            "--vllm",
+            "0.6.4",
+            "--",
+            "vllm",
+            "serve",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--max-model-len",
+            "8192",
+            "--max-num-batched-tokens",
+            "4096",
+            "--no-enable-chunked-prefill",
+        ],
+        &["max_num_batched_tokens (4096) is smaller than max_model_len (8192)"],
+    );
+}
+
+#[test]
+fn a_log_mixing_v0_and_v1_memory_lines_is_refused_naming_both() {
+    let kv_line = public_log("q1-0.19-llama-3.1-8b-h100.log")
+        .lines()
+        .find(|l| l.contains("Available KV cache memory"))
+        .unwrap()
+        .to_string();
+    let log = format!(
+        "{}{kv_line}\n",
+        public_log("p6-0.6.4-llama-3.1-8b-rtx3090.log")
+    );
+    explain_refuses(
+        &log,
+        &[
+            "vllm.log: line 12: a V1 memory line",
+            "after line 8's V0 memory line of 0.6.4 (\"Memory profiling results\")",
+        ],
+    );
+}
+
+#[test]
+fn a_log_stating_two_values_for_one_quantity_is_refused_naming_both_lines() {
+    let log = format!(
+        "{}INFO 12-02 09:41:47 gpu_executor.py:113] # GPU blocks: 1953, # CPU blocks: 2048\n",
+        public_log("p6-0.6.4-llama-3.1-8b-rtx3090.log")
+    );
+    explain_refuses(
+        &log,
+        &["vllm.log: line 12: GPU blocks 1953, but 1952 earlier (line 9): the log contradicts itself"],
+    );
+}
+
+#[test]
+fn max_num_batched_tokens_0_in_a_log_is_refused_at_its_line() {
+    let log = public_log("q1-0.19-llama-3.1-8b-h100.log").replace(
+        "'max_model_len': 8192",
+        "'max_model_len': 8192, 'max_num_batched_tokens': 0",
+    );
+    explain_refuses(
+        &log,
+        &["vllm.log: line 2: max_num_batched_tokens 0: vLLM refuses 0"],
+    );
+}
+
+/// `explain`'s refusals of what a log states name its lines and its own names for the
+/// settings, with the log's name once and no flag the user never gave.
+#[test]
+fn explain_refusals_name_the_logs_lines_not_flags() {
+    let q1 = public_log("q1-0.19-llama-3.1-8b-h100.log");
+    let p6 = public_log("p6-0.6.4-llama-3.1-8b-rtx3090.log");
+    let cases = [
+        (
+            q1.replace(
+                "'max_model_len': 8192",
+                "'max_model_len': 8192, 'max_num_seqs': 99999",
+            ),
+            "vllm.log: line 2, line 3: max_num_seqs 99999 must be between 1 and max_num_batched_tokens (8192)",
+        ),
+        (
+            p6.replace("quantization=None", "quantization=gguf"),
+            "vllm.log: line 4: quantization gguf: not modelled",
+        ),
+        (
+            p6.replace("kv_cache_dtype=auto", "kv_cache_dtype=int4"),
+            "vllm.log: line 4: kv_cache_dtype 'int4': expected auto, fp8",
+        ),
+        (
+            p6.replace("dtype=torch.bfloat16", "dtype=torch.float32"),
+            "vllm.log: line 4: dtype float32: vramscope runs 16-bit weights",
+        ),
+    ];
+    for (log, words) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vllm.log");
+        std::fs::write(&path, log).unwrap();
+        let out = run_bounded(
+            dir.path(),
+            &["explain", path.to_str().unwrap(), "--no-what-if"],
+            None,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains(words), "'{words}' not in: {err}");
+        assert_eq!(err.matches("invalid setting").count(), 1, "{err}");
+        assert_eq!(err.matches("vllm.log").count(), 1, "{err}");
+        assert!(!err.contains(" --"), "a flag named: {err}");
+    }
+}
+
+/// 7.6 MiB of nested arrays in config.json: refused by counting before anything is built,
+/// within 16x the file + 64 MiB of data segment (serde's values took 350 MiB).
+#[test]
+fn a_config_json_of_nested_arrays_is_refused_in_bounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let chunk = format!("{}0{},", "[".repeat(50), "]".repeat(50));
+    let n = (76 << 20) / 10 / chunk.len();
+    let config = format!(
+        "{{\"model_type\": \"llama\", \"x\": [{}0]}}",
+        chunk.repeat(n)
+    );
+    let m = model_with_config(dir.path(), &config);
+    let kib = (16 * config.len() as u64 + (64 << 20)) >> 10;
+    let out = run_bounded(dir.path(), &["plan", "--", "vllm", "serve", &m], Some(kib));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("config.json holds 3906452 arrays and objects"),
+        "{err}"
+    );
+}

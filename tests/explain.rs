@@ -277,8 +277,12 @@ fn hostile_logs_get_one_line_each() {
         "{p6}\n{}",
         p6.replace("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B")
     );
+    // Both lines named: the second model's and the first's.
     assert!(
-        refused(&two).contains("two different instances"),
+        refused(&two).contains(
+            "line 16: model Qwen/Qwen2.5-7B, but meta-llama/Llama-3.1-8B-Instruct earlier \
+             (line 4): the log contradicts itself"
+        ),
         "{}",
         refused(&two)
     );

@@ -103,6 +103,26 @@ fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
             with_trace(json!([]), vec![entry("alloc", json!(-4096), 512)]),
             "not a PyTorch memory snapshot",
         ),
+        // Two segments of 4 EiB each, side by side: 8 EiB, within 2^64 (a pickle's integers
+        // stop at 2^63), far past any GPU.
+        (
+            "segments_of_8_eib",
+            pickle(&json!({"segments": [seg(0, 1 << 62, json!([])),
+                seg(1 << 62, (1u64 << 62) - 1, json!([]))], "device_traces": []})),
+            "the segments' sizes reach 4611686018427387904 bytes, more than any GPU holds",
+        ),
+        // The same in the trace: segment_alloc after segment_alloc.
+        (
+            "segment_allocs_of_8_eib",
+            with_trace(
+                json!([]),
+                vec![
+                    entry("segment_alloc", json!(0), 1 << 62),
+                    entry("segment_alloc", json!(1u64 << 62), 1 << 62),
+                ],
+            ),
+            "reserved bytes reach 4611686018427387904 bytes, more than any GPU holds",
+        ),
         (
             "segment_of_zero_bytes",
             pickle(&json!({"segments": [seg(A, 0, json!([]))], "device_traces": []})),
@@ -225,12 +245,13 @@ fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
         ),
         (
             // Blocks older than the trace, freed at overlapping addresses with sizes of 2^62
-            // each: four of them wrapped `allocated` to 0.
+            // each: four of them wrapped `allocated` to 0. (The segment is now the largest a
+            // device can hold, 1 PiB, and the blocks 2^48: they still overlap.)
             "old_blocks_overlap_and_wrap_allocated",
             with_trace(
-                json!([seg(A, i64::MAX as u64, json!([]))]),
+                json!([seg(A, 1 << 50, json!([]))]),
                 (0..4)
-                    .map(|i| entry("free_requested", json!(A + i * 4096), 1 << 62))
+                    .map(|i| entry("free_requested", json!(A + i * 4096), 1 << 48))
                     .collect(),
             ),
             "overlaps the live block",

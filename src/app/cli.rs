@@ -233,7 +233,8 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "DTYPE", conflicts_with = "quant")]
     pub dtype: Option<String>,
     /// vLLM's --quantization: fp8, bitsandbytes (in-flight NF4), or awq, gptq, awq_marlin,
-    /// gptq_marlin, compressed-tensors for a checkpoint stored that way. Instead of --quant.
+    /// gptq_marlin, marlin for a checkpoint stored that way (compressed-tensors is not
+    /// modelled yet). Instead of --quant.
     #[arg(long, value_name = "METHOD", conflicts_with = "quant")]
     pub quantization: Option<String>,
     /// vLLM's --kv-cache-memory (V1 releases, 0.11 on): the KV cache's size per GPU, given
@@ -555,13 +556,16 @@ pub fn main() -> i32 {
             )
         }
         Some(Command::Bench(args)) => cmd_bench(&args),
+        // The notes (the model's origin, the release, flags not modelled) follow a run that
+        // worked: a refusal stays one line.
         Some(Command::Plan(args)) => plan_profile_args(&args).and_then(|(p, notes)| {
+            cmd_profile(&p)?;
             if !p.quiet {
                 for n in notes {
                     eprintln!("vramscope: {n}");
                 }
             }
-            cmd_profile(&p)
+            Ok(())
         }),
         Some(Command::Explain(args)) => super::explain::run(
             &args.log,
@@ -1353,7 +1357,12 @@ mod tests {
             ("--kv-cache-dtype fp8", "--kv-cache-dtype fp8"),
             ("--enforce-eager", "--enforce-eager"),
             ("--block-size 32", "--block-size 32"),
-            ("--kv-cache-memory 40GiB", "--kv-cache-memory 40GiB"),
+            // human_readable_int: G is 2^30 (vLLM refuses "40GiB").
+            ("--kv-cache-memory 40G", "--kv-cache-memory 40GiB"),
+            (
+                "--kv-cache-memory-bytes 42949672960",
+                "--kv-cache-memory 40GiB",
+            ),
             ("--dtype half", "--quant fp16"),
         ] {
             let (planned, _) = plan(&format!("vllm serve meta-llama/Meta-Llama-3-8B {vllm}"));

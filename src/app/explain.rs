@@ -21,8 +21,13 @@ pub fn run(
     let name = log.display().to_string();
     let file = fsguard::open_bounded(log, "log", fsguard::LOG_LIMIT)?;
     let facts = explain::read_log(&name, BufReader::new(file))?;
-    let (req, assumptions) = explain::request_of(&facts, overrides)?;
-    let report = profile::run(&req, None, Arc::new(AtomicBool::new(false)))?;
+    // A refusal of what the log states names the log (its line is in the message).
+    let in_log = |e: Error| match e {
+        Error::Request(m) => Error::Request(format!("{name}: {m}")),
+        other => other,
+    };
+    let (req, assumptions) = explain::request_of(&facts, overrides).map_err(in_log)?;
+    let report = profile::run(&req, None, Arc::new(AtomicBool::new(false))).map_err(in_log)?;
     let e = explain::compare(&facts, &report);
     // Every run first, so that a JSON file is written whole or not at all.
     let base = kv_of(&report);

@@ -184,8 +184,7 @@ pub(crate) fn read_text(path: &Path, what: &str, limit: u64) -> Result<String> {
 /// JSON array or a string is reported as what it is rather than as a missing key.
 pub(crate) fn read_json_object(path: &Path, what: &str, limit: u64) -> Result<serde_json::Value> {
     let text = read_text(path, what, limit)?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::model(path, format!("{what} is not valid JSON: {e}")))?;
+    let v = parse_json_bounded(&text).map_err(|e| Error::model(path, format!("{what} {e}")))?;
     if !v.is_object() {
         return Err(Error::model(
             path,
@@ -193,6 +192,61 @@ pub(crate) fn read_json_object(path: &Path, what: &str, limit: u64) -> Result<se
         ));
     }
     Ok(v)
+}
+
+/// Deepest nesting of arrays and objects read (a real config.json nests four or five).
+const MAX_JSON_DEPTH: usize = 64;
+/// Most arrays and objects in one JSON document read (a config.json has tens).
+const MAX_JSON_CONTAINERS: u64 = 1 << 16;
+/// Most values in one JSON document read (a 256k-vocabulary `--compare` file has 256k).
+const MAX_JSON_VALUES: u64 = 1 << 20;
+
+/// Parses JSON text whose parsed form stays within a bound of its size: before serde builds
+/// anything, one pass counts the nesting, the arrays and objects and the values, and refuses
+/// a document past the limits above. A parsed `[0]` takes a 4-element vector (128 bytes) and a
+/// `{"a":0}` a B-tree node (~600 bytes), so 7 MiB of nested arrays or small objects would
+/// otherwise take hundreds of MiB; within these limits it is at most ~40 MiB of containers and
+/// 64 MiB of values (with the vectors' doubling), beside the text. The error is what follows
+/// the file's name ("is not valid JSON: …", "nests arrays and objects 100 deep, …").
+pub(crate) fn parse_json_bounded(text: &str) -> std::result::Result<serde_json::Value, String> {
+    let (mut depth, mut deepest, mut containers, mut values) = (0usize, 0usize, 0u64, 1u64);
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in text.as_bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+                containers += 1;
+                values += 1;
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            b',' | b':' => values += 1,
+            _ => {}
+        }
+        if deepest > MAX_JSON_DEPTH {
+            return Err(format!(
+                "nests arrays and objects more than {MAX_JSON_DEPTH} deep: not a file this tool \
+                 reads (a config.json nests a few levels)"
+            ));
+        }
+    }
+    if containers > MAX_JSON_CONTAINERS || values > MAX_JSON_VALUES {
+        return Err(format!(
+            "holds {containers} arrays and objects and about {values} values, more than the \
+             {MAX_JSON_CONTAINERS} and {MAX_JSON_VALUES} this tool reads"
+        ));
+    }
+    serde_json::from_str(text).map_err(|e| format!("is not valid JSON: {e}"))
 }
 
 /// The JSON type of a value, for messages ("found a string, expected a number").
@@ -217,6 +271,24 @@ mod tests {
             Error::Model { problem, .. } => problem,
             other => panic!("expected a model error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn deep_or_countless_json_is_refused_before_it_is_built() {
+        let deep = format!("{}{}", "[".repeat(65), "]".repeat(65));
+        assert!(parse_json_bounded(&deep)
+            .unwrap_err()
+            .contains("more than 64 deep"));
+        let many = format!("[{}[0]]", "[0],".repeat(1 << 16));
+        assert!(parse_json_bounded(&many)
+            .unwrap_err()
+            .contains("arrays and objects"));
+        let values = format!("[{}0]", "0,".repeat(1 << 20));
+        assert!(parse_json_bounded(&values).unwrap_err().contains("values"));
+        // Brackets inside strings are text.
+        let v = parse_json_bounded(r#"{"a": "[[[[\\\"{{", "b": [1, 2]}"#).unwrap();
+        assert_eq!(v["b"][1], 2);
+        assert_eq!(v["a"], "[[[[\\\"{{");
     }
 
     #[test]

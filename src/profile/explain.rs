@@ -66,6 +66,9 @@ pub struct LogFacts {
     pub style: Option<Style>,
     pub lines: u64,
     pub recognised: u64,
+    /// The line each fact was read from, by its name as the log prints it
+    /// ("max_num_batched_tokens", "kv_cache_size"): errors about a setting name its line.
+    pub at: std::collections::BTreeMap<&'static str, u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +80,56 @@ pub enum Style {
     /// V1's gpu_worker.py and kv_cache_utils.py lines.
     V1,
 }
+
+impl Style {
+    /// The format in words, for a log that mixes two.
+    fn words(self) -> &'static str {
+        match self {
+            Style::MemoryProfilingResults => "V0 memory line of 0.6.4 (\"Memory profiling results\")",
+            Style::InstanceCanUse => "V0 memory line of 0.6.5-0.8 (\"the current vLLM instance can use\", \"model weights take\")",
+            Style::V1 => "V1 memory line (\"Requested memory\", \"torch peak memory increase\", \"Available KV cache memory\")",
+        }
+    }
+}
+
+/// A fact's value as the log printed it, and whether two are the same.
+trait Fact: Clone {
+    fn shown(&self) -> String;
+    fn same(&self, other: &Self) -> bool;
+}
+
+impl Fact for Logged {
+    fn shown(&self) -> String {
+        self.text.clone()
+    }
+    fn same(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Fact for f64 {
+    /// The shortest text that reads back exactly (`1e-300`, not three hundred zeros).
+    fn shown(&self) -> String {
+        format!("{self:?}")
+    }
+    fn same(&self, other: &Self) -> bool {
+        self == other
+    }
+}
+
+macro_rules! plain_fact {
+    ($($t:ty),*) => {$(
+        impl Fact for $t {
+            fn shown(&self) -> String {
+                self.to_string()
+            }
+            fn same(&self, other: &Self) -> bool {
+                self == other
+            }
+        }
+    )*};
+}
+plain_fact!(String, u64, u32, usize, bool);
 
 /// A number that does not fit its kind, refused naming the line and the field (`key` as the
 /// line prints it, less its punctuation).
@@ -189,23 +242,23 @@ impl Field {
         }
     }
 
-    fn slot(self, f: &mut LogFacts) -> &mut Option<Logged> {
+    fn slot_fn(self) -> fn(&mut LogFacts) -> &mut Option<Logged> {
         match self {
-            Field::Total => &mut f.total,
-            Field::Requested => &mut f.requested,
-            Field::Weights => &mut f.weights,
-            Field::LoadedWeights => &mut f.loaded_weights,
-            Field::PeakTorch => &mut f.peak_torch,
-            Field::Activation => &mut f.activation,
-            Field::NonTorch => &mut f.non_torch,
-            Field::Kv => &mut f.kv,
+            Field::Total => |f| &mut f.total,
+            Field::Requested => |f| &mut f.requested,
+            Field::Weights => |f| &mut f.weights,
+            Field::LoadedWeights => |f| &mut f.loaded_weights,
+            Field::PeakTorch => |f| &mut f.peak_torch,
+            Field::Activation => |f| &mut f.activation,
+            Field::NonTorch => |f| &mut f.non_torch,
+            Field::Kv => |f| &mut f.kv,
         }
     }
 }
 
 struct Reader {
     facts: LogFacts,
-    /// Whether a memory fact came from rank 0's own line (no worker prefix).
+    /// The memory facts rank 0's own lines (no worker prefix) stated.
     from_driver: std::collections::HashSet<&'static str>,
 }
 
@@ -216,69 +269,100 @@ impl Reader {
         ))
     }
 
-    /// Sets memory facts; a worker's line fills only what rank 0 did not say, and rank 0
-    /// saying two different values means two startups in one log.
-    fn set(&mut self, items: &[(Field, Logged)], worker: bool, line_no: u64) -> Result<()> {
-        for (field, v) in items {
-            let key = field.name();
-            let driver_had = self.from_driver.contains(key);
-            let cur = field.slot(&mut self.facts);
-            match (cur.as_ref(), worker) {
-                (None, _) => *cur = Some(v.clone()),
-                (Some(_), true) => {}
-                (Some(_), false) if !driver_had => *cur = Some(v.clone()),
-                (Some(old), false) => {
-                    if old.text != v.text {
-                        return Err(Error::Request(format!(
-                            "line {line_no}: {key} {} after {} earlier: the log holds two \
-                             startups; keep one",
-                            v.text, old.text
-                        )));
-                    }
-                }
+    /// Records `v` as the fact `key` (its slot in `LogFacts` is `slot`). A TP worker's line
+    /// fills only what rank 0 did not say; rank 0 (or, for a setting, any line) saying two
+    /// different values is a log that contradicts itself, refused naming both lines.
+    fn put<T: Fact>(
+        &mut self,
+        key: &'static str,
+        slot: fn(&mut LogFacts) -> &mut Option<T>,
+        v: T,
+        worker: bool,
+        line_no: u64,
+    ) -> Result<()> {
+        let driver_had = self.from_driver.contains(key);
+        let earlier = self.facts.at.get(key).copied();
+        let cur = slot(&mut self.facts);
+        match (cur.as_ref(), worker) {
+            (Some(_), true) => return Ok(()),
+            (Some(old), false) if driver_had && !old.same(&v) => {
+                return Err(Error::Request(format!(
+                    "line {line_no}: {key} {}, but {} earlier (line {}): the log contradicts \
+                     itself (two startups or two instances in one log); keep one",
+                    v.shown(),
+                    old.shown(),
+                    earlier.unwrap_or(0)
+                )));
             }
-            if !worker {
-                self.from_driver.insert(key);
-            }
+            (Some(_), false) if driver_had => return Ok(()),
+            _ => *cur = Some(v),
+        }
+        self.facts.at.insert(key, line_no);
+        if !worker {
+            self.from_driver.insert(key);
         }
         Ok(())
     }
 
-    fn same<T: PartialEq + std::fmt::Display + Clone>(
-        slot: &mut Option<T>,
+    /// `put` for a setting: any line states it for the whole instance.
+    fn setting<T: Fact>(
+        &mut self,
+        key: &'static str,
+        slot: fn(&mut LogFacts) -> &mut Option<T>,
         v: T,
-        what: &str,
         line_no: u64,
     ) -> Result<()> {
-        match slot {
-            Some(old) if *old != v => Err(Error::Request(format!(
-                "line {line_no}: {what} {v}, but {old} earlier: the log holds two different \
-                 instances; keep one"
-            ))),
-            _ => {
-                *slot = Some(v);
-                Ok(())
-            }
-        }
+        self.put(key, slot, v, false, line_no)
     }
 
-    /// `same` for the utilization, shown as the shortest text that reads back exactly
-    /// (`1e-300`, not three hundred zeros).
-    fn same_util(slot: &mut Option<f64>, v: f64, line_no: u64) -> Result<()> {
-        match slot {
-            Some(old) if *old != v => Err(Error::Request(format!(
-                "line {line_no}: gpu_memory_utilization {v:?}, but {old:?} earlier: the log \
-                 holds two different instances; keep one"
+    /// A count vLLM refuses at 0 (max_num_batched_tokens, max_num_seqs, block_size, TP,
+    /// max_model_len): a log stating 0 is not one vLLM printed at startup.
+    fn positive<T: Fact + Default + PartialEq>(
+        &mut self,
+        key: &'static str,
+        slot: fn(&mut LogFacts) -> &mut Option<T>,
+        v: T,
+        line_no: u64,
+    ) -> Result<()> {
+        if v == T::default() {
+            return Err(Error::Request(format!(
+                "line {line_no}: {key} 0: vLLM refuses 0 (it must be at least 1), so no vLLM \
+                 instance started with it"
+            )));
+        }
+        self.setting(key, slot, v, line_no)
+    }
+
+    /// Sets memory facts (see `put`).
+    fn set(&mut self, items: &[(Field, Logged)], worker: bool, line_no: u64) -> Result<()> {
+        for (field, v) in items {
+            self.put(field.name(), field.slot_fn(), v.clone(), worker, line_no)?;
+        }
+        Ok(())
+    }
+
+    /// The memory lines' format: one log holds one release's, so a V1 line after a V0 one (or
+    /// 0.6.4's after 0.6.5's) is refused naming both lines.
+    fn style(&mut self, style: Style, line_no: u64) -> Result<()> {
+        match self.facts.style {
+            Some(old) if old != style => Err(Error::Request(format!(
+                "line {line_no}: a {} after line {}'s {}: the log mixes two engines' or \
+                 releases' startups; keep one",
+                style.words(),
+                self.facts.at.get("memory format").copied().unwrap_or(0),
+                old.words()
             ))),
-            _ => {
-                *slot = Some(v);
+            Some(_) => Ok(()),
+            None => {
+                self.facts.style = Some(style);
+                self.facts.at.insert("memory format", line_no);
                 Ok(())
             }
         }
     }
 
     fn line(&mut self, line: &str, line_no: u64) -> Result<()> {
-        let f = &mut self.facts;
+        let n = line_no;
         // TP workers prefix their lines: "(VllmWorkerProcess pid=…)", "(Worker_TP1 pid=…)".
         let worker = line.trim_start().starts_with('(')
             && (line.contains("Worker") || line.contains("pid="))
@@ -291,85 +375,96 @@ impl Reader {
             // llm_engine.py:250 (0.6.4), :235 (0.7.2); V1 v1/engine/core.py:106.
             let rest = &line[i + "LLM engine (v".len()..];
             let v = rest.split(')').next().unwrap_or("").to_string();
-            Self::same(&mut f.release, v, "vLLM version", line_no)?;
+            self.setting("vLLM version", |f| &mut f.release, v, n)?;
             if let Some(m) = field(line, "model=") {
-                Self::same(&mut f.model, m.to_string(), "model", line_no)?;
+                self.setting("model", |f| &mut f.model, m.to_string(), n)?;
             }
             if let Some(d) = field(line, "dtype=") {
-                f.dtype = Some(d.trim_start_matches("torch.").to_string());
+                let d = d.trim_start_matches("torch.").to_string();
+                self.setting("dtype", |f| &mut f.dtype, d, n)?;
             }
-            if let Some(n) = count_field(line, "max_seq_len=", line_no)? {
-                Self::same(&mut f.max_model_len, n, "max_model_len", line_no)?;
+            if let Some(len) = count_field(line, "max_seq_len=", n)? {
+                self.positive("max_model_len", |f| &mut f.max_model_len, len, n)?;
             }
-            if let Some(n) = count_field(line, "tensor_parallel_size=", line_no)? {
-                Self::same(&mut f.tp, n, "tensor_parallel_size", line_no)?;
+            if let Some(tp) = count_field(line, "tensor_parallel_size=", n)? {
+                self.positive("tensor_parallel_size", |f| &mut f.tp, tp, n)?;
             }
             if let Some(q) = field(line, "quantization=").filter(|q| *q != "None") {
-                f.quantization = Some(q.to_string());
+                self.setting("quantization", |f| &mut f.quantization, q.to_string(), n)?;
             }
             if let Some(b) = field(line, "enforce_eager=").and_then(parse_bool) {
-                f.enforce_eager = Some(b);
+                self.setting("enforce_eager", |f| &mut f.enforce_eager, b, n)?;
             }
             if let Some(d) = field(line, "kv_cache_dtype=") {
-                f.kv_cache_dtype = Some(d.to_string());
+                self.setting(
+                    "kv_cache_dtype",
+                    |f| &mut f.kv_cache_dtype,
+                    d.to_string(),
+                    n,
+                )?;
             }
             if let Some(b) = field(line, "chunked_prefill_enabled=")
                 .or_else(|| field(line, "enable_chunked_prefill="))
                 .and_then(|v| parse_bool(v.split_whitespace().next().unwrap_or(v)))
             {
-                f.chunked_prefill = Some(b);
+                self.setting("enable_chunked_prefill", |f| &mut f.chunked_prefill, b, n)?;
             }
         } else if let Some(i) = line.find("API server version ") {
             let v = line[i + "API server version ".len()..].trim().to_string();
-            Self::same(&mut f.release, v, "vLLM version", line_no)?;
+            self.setting("vLLM version", |f| &mut f.release, v, n)?;
         } else if line.contains("non-default args: {") {
             // V1's api_server: a Python dict of what the user set.
             let key = |k: &str| format!("'{k}': ");
-            if let Some(u) = ratio_after(line, &key("gpu_memory_utilization"), line_no)? {
-                Self::same_util(&mut f.util, u.value, line_no)?;
+            if let Some(u) = ratio_after(line, &key("gpu_memory_utilization"), n)? {
+                self.setting("gpu_memory_utilization", |f| &mut f.util, u.value, n)?;
             }
-            if let Some(n) = count_after(line, &key("max_num_seqs"), line_no)? {
-                f.max_num_seqs = Some(n);
+            if let Some(v) = count_after(line, &key("max_num_seqs"), n)? {
+                self.positive("max_num_seqs", |f| &mut f.max_num_seqs, v, n)?;
             }
-            if let Some(n) = count_after(line, &key("max_num_batched_tokens"), line_no)? {
-                f.max_num_batched_tokens = Some(n);
+            if let Some(v) = count_after(line, &key("max_num_batched_tokens"), n)? {
+                self.positive(
+                    "max_num_batched_tokens",
+                    |f| &mut f.max_num_batched_tokens,
+                    v,
+                    n,
+                )?;
             }
-            if let Some(n) = count_after(line, &key("block_size"), line_no)? {
-                f.block_size = Some(n);
+            if let Some(v) = count_after(line, &key("block_size"), n)? {
+                self.positive("block_size", |f| &mut f.block_size, v, n)?;
             }
-            if let Some(n) = count_after(line, &key("kv_cache_memory_bytes"), line_no)? {
-                f.kv_cache_memory = Some(n);
+            if let Some(v) = count_after(line, &key("kv_cache_memory_bytes"), n)? {
+                self.positive("kv_cache_memory_bytes", |f| &mut f.kv_cache_memory, v, n)?;
             }
-            if let Some(n) = count_after(line, &key("tensor_parallel_size"), line_no)? {
-                Self::same(&mut f.tp, n, "tensor_parallel_size", line_no)?;
+            if let Some(tp) = count_after(line, &key("tensor_parallel_size"), n)? {
+                self.positive("tensor_parallel_size", |f| &mut f.tp, tp, n)?;
             }
-            if let Some(n) = count_after(line, &key("max_model_len"), line_no)? {
-                Self::same(&mut f.max_model_len, n, "max_model_len", line_no)?;
+            if let Some(len) = count_after(line, &key("max_model_len"), n)? {
+                self.positive("max_model_len", |f| &mut f.max_model_len, len, n)?;
             }
             if line.contains("'enforce_eager': True") {
-                f.enforce_eager = Some(true);
+                self.setting("enforce_eager", |f| &mut f.enforce_eager, true, n)?;
             }
             for k in ["model_tag", "model"] {
                 if let Some(m) = field(line, &format!("'{k}': ")) {
                     let m = m.trim_matches(['\'', '}']).to_string();
-                    Self::same(&mut f.model, m, "model", line_no)?;
+                    self.setting("model", |f| &mut f.model, m, n)?;
                     break;
                 }
             }
         } else if line.contains("Memory profiling results: total_gpu_memory=") {
             // 0.6.4 worker.py:233-244: every field, gpu_memory_utilization last.
-            let g = |k: &str| size_after(line, &format!("{k}="), line_no);
+            let g = |k: &str| size_after(line, &format!("{k}="), n);
             let (Some(total), Some(peak), Some(nt), Some(kv), Some(u)) = (
                 g("total_gpu_memory")?,
                 g("peak_torch_memory")?,
                 g("non_torch_memory")?,
                 g("kv_cache_size")?,
-                ratio_after(line, "gpu_memory_utilization=", line_no)?,
+                ratio_after(line, "gpu_memory_utilization=", n)?,
             ) else {
-                return Err(Self::cut(line_no, "memory profiling line"));
+                return Err(Self::cut(n, "memory profiling line"));
             };
-            f.style = Some(Style::MemoryProfilingResults);
-            Self::same_util(&mut f.util, u.value, line_no)?;
+            self.style(Style::MemoryProfilingResults, n)?;
+            self.setting("gpu_memory_utilization", |f| &mut f.util, u.value, n)?;
             self.set(
                 &[
                     (Field::Total, total),
@@ -378,30 +473,31 @@ impl Reader {
                     (Field::Kv, kv),
                 ],
                 worker,
-                line_no,
+                n,
             )?;
         } else if line.contains("the current vLLM instance can use total_gpu_memory (") {
             // 0.6.5-0.8 worker.py: "… total_gpu_memory (T GiB) x gpu_memory_utilization (u) = …".
             let (Some(total), Some(u)) = (
-                size_after(line, "total_gpu_memory (", line_no)?,
-                ratio_after(line, "gpu_memory_utilization (", line_no)?,
+                size_after(line, "total_gpu_memory (", n)?,
+                ratio_after(line, "gpu_memory_utilization (", n)?,
             ) else {
-                return Err(Self::cut(line_no, "memory line"));
+                return Err(Self::cut(n, "memory line"));
             };
-            f.style = Some(Style::InstanceCanUse);
-            Self::same_util(&mut f.util, u.value, line_no)?;
-            self.set(&[(Field::Total, total)], worker, line_no)?;
+            self.style(Style::InstanceCanUse, n)?;
+            self.setting("gpu_memory_utilization", |f| &mut f.util, u.value, n)?;
+            self.set(&[(Field::Total, total)], worker, n)?;
         } else if line.contains("model weights take ") && line.contains("reserved for KV Cache is")
         {
-            let g = |k: &str| size_after(line, k, line_no);
+            let g = |k: &str| size_after(line, k, n);
             let (Some(w), Some(nt), Some(act), Some(kv)) = (
                 g("model weights take ")?,
                 g("non_torch_memory takes ")?,
                 g("PyTorch activation peak memory takes ")?,
                 g("reserved for KV Cache is ")?,
             ) else {
-                return Err(Self::cut(line_no, "memory line"));
+                return Err(Self::cut(n, "memory line"));
             };
+            self.style(Style::InstanceCanUse, n)?;
             self.set(
                 &[
                     (Field::Weights, w),
@@ -410,90 +506,101 @@ impl Reader {
                     (Field::Kv, kv),
                 ],
                 worker,
-                line_no,
+                n,
             )?;
-        } else if let Some(w) = size_after(line, "Loading model weights took ", line_no)? {
+        } else if let Some(w) = size_after(line, "Loading model weights took ", n)? {
             // V0 model_runner.py:1077 ("%.4f GB", GiB in fact).
-            self.set(&[(Field::LoadedWeights, w)], worker, line_no)?;
-        } else if let Some(w) = size_after(line, "Model loading took ", line_no)? {
+            self.set(&[(Field::LoadedWeights, w)], worker, n)?;
+        } else if let Some(w) = size_after(line, "Model loading took ", n)? {
             // V1 gpu_model_runner.py:4821.
-            self.set(&[(Field::Weights, w)], worker, line_no)?;
+            self.set(&[(Field::Weights, w)], worker, n)?;
         } else if line.contains("Requested memory: ") && line.contains("(util)") {
             // V1 gpu_worker.py DEBUG "Initial free memory: F GiB; Requested memory: u (util), R GiB".
             let (Some(u), Some(r)) = (
-                ratio_after(line, "Requested memory: ", line_no)?,
-                size_after(line, "(util), ", line_no)?,
+                ratio_after(line, "Requested memory: ", n)?,
+                size_after(line, "(util), ", n)?,
             ) else {
-                return Err(Self::cut(line_no, "requested-memory line"));
+                return Err(Self::cut(n, "requested-memory line"));
             };
-            f.style = Some(Style::V1);
-            Self::same_util(&mut f.util, u.value, line_no)?;
-            self.set(&[(Field::Requested, r)], worker, line_no)?;
+            self.style(Style::V1, n)?;
+            self.setting("gpu_memory_utilization", |f| &mut f.util, u.value, n)?;
+            self.set(&[(Field::Requested, r)], worker, n)?;
         } else if line.contains("torch peak memory increase: ") {
             // V1 DEBUG "Memory profiling takes …; torch peak memory increase: …; non-torch
             // forward increase memory: …; weights memory: …".
             let (Some(a), Some(nt)) = (
-                size_after(line, "torch peak memory increase: ", line_no)?,
-                size_after(line, "non-torch forward increase memory: ", line_no)?,
+                size_after(line, "torch peak memory increase: ", n)?,
+                size_after(line, "non-torch forward increase memory: ", n)?,
             ) else {
-                return Err(Self::cut(line_no, "memory profiling line"));
+                return Err(Self::cut(n, "memory profiling line"));
             };
-            f.style = Some(Style::V1);
-            self.set(
-                &[(Field::Activation, a), (Field::NonTorch, nt)],
-                worker,
-                line_no,
-            )?;
-            if let Some(w) = size_after(line, "weights memory: ", line_no)? {
-                self.set(&[(Field::Weights, w)], worker, line_no)?;
+            self.style(Style::V1, n)?;
+            self.set(&[(Field::Activation, a), (Field::NonTorch, nt)], worker, n)?;
+            if let Some(w) = size_after(line, "weights memory: ", n)? {
+                self.set(&[(Field::Weights, w)], worker, n)?;
             }
-        } else if let Some(kv) = size_after(line, "Available KV cache memory: ", line_no)? {
-            f.style = Some(Style::V1);
-            self.set(&[(Field::Kv, kv)], worker, line_no)?;
-        } else if let Some(tokens) = count_after(line, "GPU KV cache size: ", line_no)? {
-            if f.tokens.is_none() || !worker {
-                f.tokens = Some(tokens);
-            }
+        } else if let Some(kv) = size_after(line, "Available KV cache memory: ", n)? {
+            self.style(Style::V1, n)?;
+            self.set(&[(Field::Kv, kv)], worker, n)?;
+        } else if let Some(tokens) = count_after(line, "GPU KV cache size: ", n)? {
+            self.put("GPU KV cache size", |f| &mut f.tokens, tokens, worker, n)?;
         } else if let Some(key) = ["# GPU blocks: ", "# CUDA blocks: ", "# cuda blocks: "]
             .into_iter()
             .find(|k| line.contains(k))
         {
-            let Some(blocks) = count_after(line, key, line_no)? else {
-                return Err(Self::cut(line_no, "block count"));
+            let Some(blocks) = count_after(line, key, n)? else {
+                return Err(Self::cut(n, "block count"));
             };
-            Self::same(&mut f.blocks, blocks, "GPU blocks", line_no)?;
+            self.setting("GPU blocks", |f| &mut f.blocks, blocks, n)?;
         } else if let Some(i) = line.find("Maximum concurrency for ") {
             let rest = &line[i..];
-            let Some(x) = ratio_after(rest, "per request: ", line_no)? else {
-                return Err(Self::cut(line_no, "concurrency line"));
+            let Some(x) = ratio_after(rest, "per request: ", n)? else {
+                return Err(Self::cut(n, "concurrency line"));
             };
-            f.concurrency = Some(x);
-        } else if let Some(e) = size_after(line, "Estimated CUDA graph memory: ", line_no)? {
-            f.graph_estimate = Some(e);
+            self.put("maximum concurrency", |f| &mut f.concurrency, x, worker, n)?;
+        } else if let Some(e) = size_after(line, "Estimated CUDA graph memory: ", n)? {
+            self.put(
+                "estimated CUDA graph memory",
+                |f| &mut f.graph_estimate,
+                e,
+                worker,
+                n,
+            )?;
         } else if line.contains("Graph capturing finished in ") {
-            let Some(t) = size_after(line, ", took ", line_no)? else {
-                return Err(Self::cut(line_no, "graph capture line"));
+            let Some(t) = size_after(line, ", took ", n)? else {
+                return Err(Self::cut(n, "graph capture line"));
             };
-            f.graph_took = Some(t);
+            self.put("graph capturing took", |f| &mut f.graph_took, t, worker, n)?;
         } else if let Some(i) = line.find("Free memory on device (") {
             // V1 DEBUG "Free memory on device (F/T GiB) on startup".
             let rest = &line[i + "Free memory on device (".len()..];
             let total = match rest.split_once('/') {
-                Some((_, t)) => log_numbers::size(t)
-                    .map_err(|p| misread(line_no, "Free memory on device", p))?,
+                Some((_, t)) => {
+                    log_numbers::size(t).map_err(|p| misread(n, "Free memory on device", p))?
+                }
                 None => None,
             };
             if let Some(t) = total {
-                self.set(&[(Field::Total, t)], worker, line_no)?;
+                self.set(&[(Field::Total, t)], worker, n)?;
             }
         } else if line.contains("usage context") && line.contains(" max_num_") {
             // "Setting max_num_seqs to 1024 for OPENAI_API_SERVER usage context." (0.11.0
-            // engine/arg_utils.py:1672-1681, DEBUG); later releases say "Defaulting".
-            let n = |k: &str| count_after(line, &format!("max_num_{k} to "), line_no);
-            if let Some(n) = n("seqs")? {
-                f.max_num_seqs = f.max_num_seqs.or(Some(n));
-            } else if let Some(n) = n("batched_tokens")? {
-                f.max_num_batched_tokens = f.max_num_batched_tokens.or(Some(n));
+            // engine/arg_utils.py:1672-1681, DEBUG); later releases say "Defaulting". The
+            // default applies where the user set none.
+            let count = |k: &str| count_after(line, &format!("max_num_{k} to "), n);
+            if let Some(v) = count("seqs")? {
+                if self.facts.max_num_seqs.is_none() {
+                    self.positive("max_num_seqs", |f| &mut f.max_num_seqs, v, n)?;
+                }
+            } else if let Some(v) = count("batched_tokens")? {
+                if self.facts.max_num_batched_tokens.is_none() {
+                    self.positive(
+                        "max_num_batched_tokens",
+                        |f| &mut f.max_num_batched_tokens,
+                        v,
+                        n,
+                    )?;
+                }
             } else {
                 known = false;
             }
@@ -579,39 +686,55 @@ pub fn read_log(name: &str, mut input: impl BufRead) -> Result<LogFacts> {
 
 /// Numbers no GPU and no vLLM produce.
 fn sane(name: &str, f: &LogFacts) -> Result<()> {
-    let bad = |what: String| {
+    // "line N: " of the fact `key`, where the log stated it.
+    let at = |key: &str| {
+        f.at.get(key)
+            .map_or(String::new(), |n| format!("line {n}: "))
+    };
+    let on = |key: &str| {
+        f.at.get(key)
+            .map_or(String::new(), |n| format!(" (line {n})"))
+    };
+    let bad = |key: &str, what: String| {
         Err(Error::Request(format!(
-            "{name}: {what}: not a number a vLLM startup prints"
+            "{name}: {}{what}: not a number a vLLM startup prints",
+            at(key)
         )))
     };
     let total = f.total.as_ref().map(|t| t.value);
     if let Some(t) = total {
         if !(0.5..=4096.0).contains(&t) {
-            return bad(format!("total_gpu_memory {t} GiB"));
+            return bad("total_gpu_memory", format!("total_gpu_memory {t} GiB"));
         }
     }
     if let Some(u) = f.util {
         if !(u > 0.0 && u <= 1.0) {
-            return bad(format!("gpu_memory_utilization {u:?}"));
+            return bad(
+                "gpu_memory_utilization",
+                format!("gpu_memory_utilization {u:?}"),
+            );
         }
     }
-    for (what, v) in [
-        ("weights", &f.weights),
-        ("peak torch memory", &f.peak_torch),
-        ("activation", &f.activation),
-        ("non-torch memory", &f.non_torch),
-        ("KV cache", &f.kv),
+    for (what, key, v) in [
+        ("weights", "weights", &f.weights),
+        ("peak torch memory", "peak_torch_memory", &f.peak_torch),
+        ("activation", "activation", &f.activation),
+        ("non-torch memory", "non_torch_memory", &f.non_torch),
+        ("KV cache", "kv_cache_size", &f.kv),
     ] {
         if let Some(v) = v {
             let over = total.is_some_and(|t| v.value > t) || v.value > 4096.0;
             if over {
-                return bad(format!(
-                    "{what} {} GiB{}",
-                    v.text,
-                    total
-                        .map(|t| format!(" on a {t} GiB GPU"))
-                        .unwrap_or_default()
-                ));
+                return bad(
+                    key,
+                    format!(
+                        "{what} {} GiB{}",
+                        v.text,
+                        total
+                            .map(|t| format!(" on a {t} GiB GPU"))
+                            .unwrap_or_default()
+                    ),
+                );
             }
         }
     }
@@ -619,30 +742,37 @@ fn sane(name: &str, f: &LogFacts) -> Result<()> {
     // --kv-cache-memory gave it; a log's KV cache past that contradicts its own util.
     if let (Some(kv), None) = (&f.kv, f.kv_cache_memory) {
         let budget = match (&f.requested, total, f.util) {
-            (Some(r), _, _) => Some((r.value, format!("the requested {} GiB", r.text))),
+            (Some(r), _, _) => Some((
+                r.value,
+                format!("the requested {} GiB{}", r.text, on("requested memory")),
+            )),
             (None, Some(t), Some(u)) => Some((
                 t * u,
-                format!("gpu_memory_utilization {u:?} of the {t} GiB GPU"),
+                format!(
+                    "gpu_memory_utilization {u:?} of the {t} GiB GPU{}",
+                    on("gpu_memory_utilization")
+                ),
             )),
             _ => None,
         };
         // Each figure is printed to 0.01 GiB.
         if let Some((budget, what)) = budget.filter(|(b, _)| kv.value > b + 0.02) {
             return Err(Error::Request(format!(
-                "{name}: KV cache {} GiB is more than {what} allows ({budget:.2} GiB): the log \
+                "{name}: {}KV cache {} GiB is more than {what} allows ({budget:.2} GiB): the log \
                  contradicts itself",
+                at("kv_cache_size"),
                 kv.text
             )));
         }
     }
     if let Some(tp) = f.tp {
-        if tp == 0 || tp > super::request::MAX_TP {
-            return bad(format!("tensor_parallel_size {tp}"));
+        if tp > super::request::MAX_TP {
+            return bad("tensor_parallel_size", format!("tensor_parallel_size {tp}"));
         }
     }
     if let Some(len) = f.max_model_len {
-        if len == 0 || len > crate::base::limits::MAX_MODEL_LEN {
-            return bad(format!("max_model_len {len}"));
+        if len > crate::base::limits::MAX_MODEL_LEN {
+            return bad("max_model_len", format!("max_model_len {len}"));
         }
     }
     Ok(())
@@ -667,8 +797,11 @@ fn release_of(f: &LogFacts, assumptions: &mut Vec<String>) -> Result<String> {
                 return Ok(r.name.to_string());
             }
         }
+        let at =
+            f.at.get("vLLM version")
+                .map_or(String::new(), |n| format!("line {n}: "));
         return Err(Error::Request(format!(
-            "the log is vLLM {v}, which vramscope does not reproduce (it does {})",
+            "{at}the log is vLLM {v}, which vramscope does not reproduce (it does {})",
             super::vllm::names().join(", ")
         )));
     }
@@ -724,8 +857,16 @@ pub fn request_of(f: &LogFacts, o: &Overrides) -> Result<(ProfileRequest, Vec<St
     let (model, note) = super::vllm_args::resolve_model(&named)?;
     assumptions.extend(note);
     let model = ModelSource::parse(&model)?;
-    let quant: Quant =
-        super::vllm_args::quant_of(&model, f.dtype.as_deref(), f.quantization.as_deref())?;
+    // Errors name the log's line that states the setting, not a flag.
+    let named = |key: &str| match f.at.get(key) {
+        Some(n) => format!("line {n}: {key}"),
+        None => key.to_string(),
+    };
+    let quant: Quant = super::vllm_args::quant_named(
+        &model,
+        (f.dtype.as_deref(), &named("dtype")),
+        (f.quantization.as_deref(), &named("quantization")),
+    )?;
     // The total: stated (V0, V1's DEBUG line), else V1's requested memory over util.
     let total_gib = match (&f.total, &f.requested, f.util) {
         (Some(t), _, _) => t.value,
@@ -785,7 +926,12 @@ pub fn request_of(f: &LogFacts, o: &Overrides) -> Result<(ProfileRequest, Vec<St
     }
     let kv_cache_dtype = match f.kv_cache_dtype.as_deref() {
         None | Some("auto") => KvCacheDtype::Auto,
-        Some(d) => KvCacheDtype::parse(d)?,
+        Some(d) => KvCacheDtype::parse(d).map_err(|_| {
+            Error::Request(format!(
+                "{} '{d}': expected auto, fp8, fp8_e4m3 or fp8_e5m2",
+                named("kv_cache_dtype")
+            ))
+        })?,
     };
     let req = ProfileRequest {
         model,
@@ -805,8 +951,52 @@ pub fn request_of(f: &LogFacts, o: &Overrides) -> Result<(ProfileRequest, Vec<St
         verify: false,
         ..ProfileRequest::default()
     };
-    req.validate()?;
+    req.validate().map_err(|e| in_log_terms(e, f))?;
     Ok((req, assumptions))
+}
+
+/// The request's flags and the log's names for the same settings.
+const LOG_NAMES: &[(&str, &str)] = &[
+    ("--max-num-batched-tokens", "max_num_batched_tokens"),
+    ("--max-num-seqs", "max_num_seqs"),
+    ("--max-model-len", "max_model_len"),
+    ("--kv-cache-memory", "kv_cache_memory_bytes"),
+    ("--kv-cache-dtype", "kv_cache_dtype"),
+    ("--block-size", "block_size"),
+    ("--util", "gpu_memory_utilization"),
+    ("--tp", "tensor_parallel_size"),
+];
+
+/// A refusal of the request a log describes, in the log's terms: each flag named by the
+/// setting the log prints, and the lines that state them first (`explain` takes no such
+/// flags, so naming them would point the user at something they never gave).
+pub fn in_log_terms(e: Error, f: &LogFacts) -> Error {
+    let Error::Request(mut m) = e else {
+        return e;
+    };
+    let mut lines = Vec::new();
+    for (flag, key) in LOG_NAMES {
+        let mut from = 0;
+        while let Some(i) = m[from..].find(flag).map(|i| from + i) {
+            let end = i + flag.len();
+            let whole = !m[end..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-');
+            if whole {
+                m.replace_range(i..end, key);
+                lines.extend(f.at.get(key).copied());
+                from = i + key.len();
+            } else {
+                from = end;
+            }
+        }
+    }
+    lines.sort();
+    lines.dedup();
+    let lines: Vec<String> = lines.iter().map(|n| format!("line {n}")).collect();
+    if lines.is_empty() {
+        Error::Request(m)
+    } else {
+        Error::Request(format!("{}: {m}", lines.join(", ")))
+    }
 }
 
 /// One term: vLLM's logged value (as printed) and vramscope's, in GiB (or a count).
@@ -1097,6 +1287,27 @@ mod tests {
             ..LogFacts::default()
         };
         assert!(release_of(&f, &mut a).is_err());
+    }
+
+    #[test]
+    fn a_request_refusal_is_said_in_the_logs_names_and_lines() {
+        let mut f = LogFacts::default();
+        f.at.insert("max_num_seqs", 12);
+        f.at.insert("max_num_batched_tokens", 3);
+        let e = in_log_terms(
+            Error::Request(
+                "--max-num-seqs 512 must be between 1 and --max-num-batched-tokens (256)".into(),
+            ),
+            &f,
+        );
+        assert_eq!(
+            e.to_string(),
+            "invalid setting: line 3, line 12: max_num_seqs 512 must be between 1 and \
+             max_num_batched_tokens (256)"
+        );
+        // A flag that only starts like one of the table's is left alone.
+        let e = in_log_terms(Error::Request("--tpx 2".into()), &f);
+        assert_eq!(e.to_string(), "invalid setting: --tpx 2");
     }
 
     #[test]

@@ -81,34 +81,140 @@ const MAPPED: &[(&str, &str)] = &[
     ("--kv-cache-memory-bytes", "--kv-cache-memory"),
 ];
 
-/// vLLM's human-readable lengths (`--max-model-len 32k`: k = 1000, K = 1024, m and M alike,
-/// as its `human_readable_int` takes them); plain integers as they are.
-fn human_int(flag: &str, v: &str) -> Result<String> {
-    let t = v.trim();
-    let (num, mult) = match t.chars().last() {
-        Some('k') => (&t[..t.len() - 1], 1_000u64),
-        Some('K') => (&t[..t.len() - 1], 1 << 10),
-        Some('m') => (&t[..t.len() - 1], 1_000_000),
-        Some('M') => (&t[..t.len() - 1], 1 << 20),
-        _ => (t, 1),
+/// The flags whose value vLLM reads with `human_readable_int` (0.11.0 engine/arg_utils.py
+/// L233-239: max_model_len, max_num_batched_tokens, kv_cache_memory_bytes).
+const HUMAN_READABLE: &[&str] = &[
+    "--max-model-len",
+    "--max-num-batched-tokens",
+    "--kv-cache-memory",
+];
+
+/// vLLM's refusal of a flag's value, in argparse's words.
+fn refused(flag: &str, v: &str, why: String) -> Error {
+    Error::Request(format!(
+        "{flag} '{v}': vLLM refuses it (argument {flag}: {why})"
+    ))
+}
+
+/// Python's `int(text)` for a base-10 string: surrounding whitespace, an optional sign, ASCII
+/// digits with single underscores between them. `None` where Python raises ValueError.
+fn python_int(text: &str) -> Option<i128> {
+    let t = text.trim();
+    let (neg, digits) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
     };
-    let n: f64 = num.parse().map_err(|_| {
-        Error::Request(format!(
-            "{flag} '{v}': expected a number such as 8192 or 32k"
-        ))
-    })?;
-    if !(n.is_finite() && n > 0.0) {
-        return Err(Error::Request(format!("{flag} '{v}': must be positive")));
+    let ok = !digits.is_empty()
+        && !digits.starts_with('_')
+        && !digits.ends_with('_')
+        && !digits.contains("__")
+        && digits.bytes().all(|b| b.is_ascii_digit() || b == b'_');
+    if !ok {
+        return None;
     }
-    Ok(((n * mult as f64).round() as u64).to_string())
+    // Past i128 is past any count here: saturate, the bound below refuses it.
+    let n = digits
+        .bytes()
+        .filter(u8::is_ascii_digit)
+        .fold(0i128, |n, d| {
+            n.saturating_mul(10).saturating_add((d - b'0') as i128)
+        });
+    Some(if neg { -n } else { n })
+}
+
+/// vLLM's `human_readable_int` (0.11.0 engine/arg_utils.py L1740-1778): `\d+(\.\d+)?` then one
+/// of k, m, g (powers of 1000, a fraction allowed: `int(float(number) * mult)`, truncated) or
+/// K, M, G (powers of 1024, whole numbers only); anything else is Python's `int(value)`, so
+/// `1e3`, `1.5`, `1t` and `1.5K` are refused as vLLM refuses them (the error is argparse's
+/// message).
+fn human_readable_int(v: &str) -> std::result::Result<i128, String> {
+    let t = v.trim();
+    let invalid = || format!("invalid human_readable_int value: '{v}'");
+    if let Some(suffix) = t.chars().last().filter(|c| "kKmMgGtT".contains(*c)) {
+        let number = &t[..t.len() - 1];
+        let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if digits(whole) && (!number.contains('.') || digits(frac)) {
+            let decimal = match suffix {
+                'k' => Some(1e3),
+                'm' => Some(1e6),
+                'g' => Some(1e9),
+                _ => None,
+            };
+            let binary = match suffix {
+                'K' => Some(1i128 << 10),
+                'M' => Some(1 << 20),
+                'G' => Some(1 << 30),
+                _ => None,
+            };
+            if let Some(mult) = decimal {
+                // Python's float(number) * mult, then int(): both correctly rounded IEEE
+                // doubles, truncated toward zero.
+                let x: f64 = number.parse().map_err(|_| invalid())?;
+                let y = (x * mult).trunc();
+                return if y.is_finite() && y < 1e30 {
+                    Ok(y as i128)
+                } else {
+                    Err(invalid())
+                };
+            }
+            if let Some(mult) = binary {
+                if number.contains('.') {
+                    return Err(format!(
+                        "Decimals are not allowed with binary suffixes like {suffix}. Did you \
+                         mean to use {number}{} instead?",
+                        suffix.to_ascii_lowercase()
+                    ));
+                }
+                return python_int(number)
+                    .map(|n| n.saturating_mul(mult))
+                    .ok_or_else(invalid);
+            }
+            // t and T match vLLM's pattern but have no multiplier: int(value) raises.
+        }
+    }
+    python_int(t).ok_or_else(invalid)
+}
+
+/// A count flag's value as vLLM reads it (`human_readable_int` for the lengths and the KV
+/// cache bytes, Python's `int` otherwise), as the whole number `profile` takes.
+fn count_value(flag: &str, v: &str) -> Result<String> {
+    let n = if HUMAN_READABLE.contains(&flag) {
+        human_readable_int(v).map_err(|why| refused(flag, v, why))?
+    } else {
+        python_int(v).ok_or_else(|| refused(flag, v, format!("invalid int value: '{v}'")))?
+    };
+    if n < 1 {
+        return Err(Error::Request(format!(
+            "{flag} '{v}': it must be at least 1"
+        )));
+    }
+    u64::try_from(n)
+        .map(|n| n.to_string())
+        .map_err(|_| Error::Request(format!("{flag} '{v}': too large (past 64 bits)")))
 }
 
 fn is_value(next: Option<&String>) -> bool {
     next.is_some_and(|n| !n.starts_with('-') || n.parse::<f64>().is_ok())
 }
 
+/// A flag as vLLM's FlexibleArgumentParser reads it: underscores in a `--` flag's name (up to
+/// its first `.`) are dashes (0.11.0 utils/__init__.py L1870-1890).
+fn flag_name(word: &str) -> String {
+    match word.strip_prefix("--") {
+        Some(rest) => {
+            let (name, dotted) = rest.split_at(rest.find('.').unwrap_or(rest.len()));
+            format!("--{}{dotted}", name.replace('_', "-"))
+        }
+        None => word.to_string(),
+    }
+}
+
 /// Reads a pasted line: `vllm serve MODEL …`, `python -m vllm.entrypoints.openai.api_server
-/// --model MODEL …`, or just `MODEL …`; `--flag value` and `--flag=value` alike.
+/// --model MODEL …`, or just `MODEL …`; `--flag value` and `--flag=value` alike. A flag given
+/// twice takes its last value, as vLLM's argparse does (both spellings of one setting, such
+/// as `-tp` and `--tensor-parallel-size`, are one flag).
 pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
     let mut i = 0;
     let w = |i: usize| words.get(i).map(String::as_str);
@@ -118,13 +224,19 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
         i = if w(1) == Some("serve") { 2 } else { 1 };
     }
     let mut model: Option<String> = None;
-    let mut args = Vec::new();
+    // Each profile flag once, in the order first given, with the last value given.
+    let mut set: Vec<(&'static str, Option<String>)> = Vec::new();
+    let mut put = |to: &'static str, v: Option<String>| match set.iter_mut().find(|(f, _)| *f == to)
+    {
+        Some(slot) => slot.1 = v,
+        None => set.push((to, v)),
+    };
     let mut warnings = Vec::new();
     while i < words.len() {
         let word = &words[i];
         let (flag, inline) = match word.split_once('=') {
-            Some((f, v)) if f.starts_with('-') => (f.to_string(), Some(v.to_string())),
-            _ => (word.clone(), None),
+            Some((f, v)) if f.starts_with('-') => (flag_name(f), Some(v.to_string())),
+            _ => (flag_name(word), None),
         };
         // The value: inline, or the next word if it is one.
         let take = |i: &mut usize| -> Option<String> {
@@ -155,34 +267,36 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
                 }
             }
             model = Some(v);
-        } else if flag == "--enforce-eager" {
-            args.push("--enforce-eager".into());
+        } else if flag == "--enforce-eager" || flag == "--no-enforce-eager" {
+            // 0.11.0: a BooleanOptionalAction, so --no-enforce-eager too (engine/arg_utils.py L206-208).
+            put(
+                "--enforce-eager",
+                (flag == "--enforce-eager").then(String::new),
+            );
         } else if flag == "--enable-chunked-prefill" {
             let on = match inline.as_deref() {
-                Some(v) => v,
+                Some(v) => v.to_string(),
                 None => match words.get(i + 1).map(String::as_str) {
                     Some(v @ ("true" | "True" | "false" | "False")) => {
                         i += 1;
-                        v
+                        v.to_string()
                     }
-                    _ => "true",
+                    _ => "true".into(),
                 },
             };
-            args.push("--enable-chunked-prefill".into());
-            args.push(on.to_ascii_lowercase());
+            put("--enable-chunked-prefill", Some(on.to_ascii_lowercase()));
         } else if flag == "--no-enable-chunked-prefill" {
-            args.push("--enable-chunked-prefill".into());
-            args.push("false".into());
+            put("--enable-chunked-prefill", Some("false".into()));
         } else if let Some((_, to)) = MAPPED.iter().find(|(from, _)| *from == flag) {
             let v = take(&mut i).ok_or_else(|| Error::Request(format!("{flag} needs a value")))?;
             let v = match *to {
-                "--max-model-len" | "--max-num-batched-tokens" | "--max-num-seqs" => {
-                    human_int(&flag, &v)?
-                }
+                "--max-model-len"
+                | "--max-num-batched-tokens"
+                | "--max-num-seqs"
+                | "--kv-cache-memory" => count_value(to, &v)?,
                 _ => v,
             };
-            args.push(to.to_string());
-            args.push(v);
+            put(to, Some(v));
         } else if NO_MEMORY_EFFECT_SWITCHES.contains(&flag.as_str()) {
             warnings.push(format!("{flag}: no effect on the memory vramscope models"));
         } else if NO_MEMORY_EFFECT.contains(&flag.as_str()) {
@@ -202,6 +316,15 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
     let model = model.ok_or_else(|| {
         Error::Request("the line names no model: expected `vllm serve MODEL [flags]`".into())
     })?;
+    let mut args = Vec::new();
+    for (flag, value) in set {
+        match (flag, value) {
+            // --no-enforce-eager last: the switch is off, so it is not passed.
+            ("--enforce-eager", None) => {}
+            ("--enforce-eager", Some(_)) => args.push(flag.to_string()),
+            (_, v) => args.extend([flag.to_string(), v.unwrap_or_default()]),
+        }
+    }
     Ok(ServeLine {
         model,
         args,
@@ -359,11 +482,29 @@ pub fn resolve_model(model: &str) -> Result<(String, Option<String>)> {
     )))
 }
 
+/// config.json of a model on disk (the folder's, or the file itself), read through the
+/// guarded read (a FIFO, a device or a multi-GB file is refused, naming it); `Null` when there
+/// is none or it is not JSON (the model loader names what is wrong with it).
+fn config_json(path: &Path) -> Result<serde_json::Value> {
+    let config = if path.is_dir() {
+        path.join("config.json")
+    } else if path.file_name().is_some_and(|n| n == "config.json") {
+        path.to_path_buf()
+    } else {
+        path.parent()
+            .map(|p| p.join("config.json"))
+            .unwrap_or_default()
+    };
+    if std::fs::symlink_metadata(&config).is_err() {
+        return Ok(serde_json::Value::Null);
+    }
+    let text = fsguard::read_text(&config, "config.json", fsguard::CONFIG_LIMIT)?;
+    Ok(fsguard::parse_json_bounded(&text).unwrap_or_default())
+}
+
 /// `--dtype auto` as vLLM takes it (0.6.4 config.py L1811-1836): config.json's torch_dtype,
 /// a missing or float32 one as float16 (bfloat16 for Gemma 2). Presets answer with their
-/// published config's dtype. config.json is read through the guarded read (a FIFO, a device
-/// or a multi-GB file is refused, naming it); a missing or unparsable one is left to the
-/// model loader, which names what is wrong with it.
+/// published config's dtype.
 pub fn auto_dtype(model: &ModelSource) -> Result<Quant> {
     match model {
         ModelSource::Preset { name } => Ok(if name.starts_with("opt-") || name == "tiny" {
@@ -372,21 +513,7 @@ pub fn auto_dtype(model: &ModelSource) -> Result<Quant> {
             Quant::BF16
         }),
         ModelSource::Path { path } => {
-            let config = if path.is_dir() {
-                path.join("config.json")
-            } else if path.file_name().is_some_and(|n| n == "config.json") {
-                path.clone()
-            } else {
-                path.parent()
-                    .map(|p| p.join("config.json"))
-                    .unwrap_or_default()
-            };
-            let json: serde_json::Value = if std::fs::symlink_metadata(&config).is_ok() {
-                let text = fsguard::read_text(&config, "config.json", fsguard::CONFIG_LIMIT)?;
-                serde_json::from_str(&text).unwrap_or_default()
-            } else {
-                serde_json::Value::Null
-            };
+            let json = config_json(path)?;
             let dtype = json["torch_dtype"].as_str().or(json["dtype"].as_str());
             Ok(match (dtype, json["model_type"].as_str()) {
                 (Some("bfloat16"), _) => Quant::BF16,
@@ -398,38 +525,117 @@ pub fn auto_dtype(model: &ModelSource) -> Result<Quant> {
     }
 }
 
-/// vLLM's `--dtype` and `--quantization` as one vramscope quantization.
+/// The 4-bit methods that read a checkpoint stored that way.
+const STORED_4BIT: &[&str] = &["awq", "gptq", "awq_marlin", "gptq_marlin", "marlin"];
+
+/// What vLLM does with `--quantization method` on a checkpoint on disk whose config.json has
+/// no quantization_config (a 16-bit checkpoint): a 4-bit method looks for its own config file
+/// beside it (AWQ: quant_config.json or quantize_config.json, GPTQ and the marlin kernels:
+/// quantize_config.json) and, finding none, raises "Cannot find the config file for METHOD"
+/// (0.11.0 model_executor/model_loader/weight_utils.py L275-289; the names: awq.py L65-70,
+/// gptq.py L111-112, awq_marlin.py L94-95, gptq_marlin.py L160-161). A stored method that is
+/// another than the one asked for is _verify_quantization's mismatch (0.11.0
+/// config/model.py L948-957; awq_marlin and gptq_marlin are the marlin kernels of awq and
+/// gptq checkpoints, L905-946).
+fn check_stored(path: &Path, method: &str, named: &str) -> Result<()> {
+    let json = config_json(path)?;
+    let stored = json
+        .get("quantization_config")
+        .or_else(|| json.get("compression_config"))
+        .filter(|q| !q.is_null());
+    let Some(q) = stored else {
+        if !STORED_4BIT.contains(&method) {
+            return Ok(());
+        }
+        let dir = if path.is_dir() {
+            path.to_path_buf()
+        } else {
+            path.parent().map(Path::to_path_buf).unwrap_or_default()
+        };
+        let files: &[&str] = if method == "awq" {
+            &["quant_config.json", "quantize_config.json"]
+        } else {
+            &["quantize_config.json"]
+        };
+        if files.iter().any(|f| dir.join(f).exists()) {
+            return Ok(());
+        }
+        return Err(Error::Request(format!(
+            "{named} {method}: vLLM refuses it: the checkpoint is not quantized (config.json \
+             has no quantization_config, no {} beside it): \"ValueError: Cannot find the \
+             config file for {method}\"",
+            files.join(" or ")
+        )));
+    };
+    let stored = q["quant_method"]
+        .as_str()
+        .unwrap_or("")
+        .to_ascii_lowercase()
+        .replace("compressed_tensors", "compressed-tensors");
+    let same = stored == method
+        || (stored == "awq" && matches!(method, "awq_marlin" | "marlin"))
+        || (stored == "gptq" && matches!(method, "gptq_marlin" | "marlin"));
+    if stored.is_empty() || same {
+        return Ok(());
+    }
+    Err(Error::Request(format!(
+        "{named} {method}: vLLM refuses it: \"ValueError: Quantization method specified in \
+         the model config ({stored}) does not match the quantization method specified in the \
+         `quantization` argument ({method}).\""
+    )))
+}
+
+/// vLLM's `--dtype` and `--quantization` as one vramscope quantization (errors name them as
+/// the flags `--dtype` and `--quantization`).
 pub fn quant_of(model: &ModelSource, dtype: Option<&str>, method: Option<&str>) -> Result<Quant> {
+    quant_named(model, (dtype, "--dtype"), (method, "--quantization"))
+}
+
+/// `quant_of` with the names its errors give the two settings (`explain`: the log's line).
+pub fn quant_named(
+    model: &ModelSource,
+    (dtype, dtype_named): (Option<&str>, &str),
+    (method, named): (Option<&str>, &str),
+) -> Result<Quant> {
     let base = match dtype.map(str::to_ascii_lowercase).as_deref() {
         None | Some("auto") => auto_dtype(model)?,
         Some("half" | "float16" | "fp16") => Quant::F16,
         Some("bfloat16" | "bf16") => Quant::BF16,
         Some(other) => {
             return Err(Error::Request(format!(
-                "--dtype {other}: vramscope runs 16-bit weights (auto, half, float16, bfloat16)"
+                "{dtype_named} {other}: vramscope runs 16-bit weights (auto, half, float16, \
+                 bfloat16)"
             )))
         }
     };
-    match method.map(str::to_ascii_lowercase).as_deref() {
+    let method = method.map(str::to_ascii_lowercase);
+    if let (Some(m), ModelSource::Path { path }) = (method.as_deref(), model) {
+        if m != "none" {
+            check_stored(path, m, named)?;
+        }
+    }
+    match method.as_deref() {
         None | Some("none") => Ok(base),
         Some("fp8") => Ok(Quant::Fp8),
         // vLLM quantizes a 16-bit checkpoint in flight to NF4; a pre-quantized one loads as
         // stored.
         Some("bitsandbytes") => Ok(Quant::Nf4),
-        Some(
-            m @ ("awq" | "gptq" | "awq_marlin" | "gptq_marlin" | "marlin" | "compressed-tensors"),
-        ) => {
+        Some(m) if STORED_4BIT.contains(&m) => {
             if matches!(model, ModelSource::Preset { .. }) {
                 return Err(Error::Request(format!(
-                    "--quantization {m} needs a checkpoint stored that way (a preset has 16-bit \
+                    "{named} {m} needs a checkpoint stored that way (a preset has 16-bit \
                      weights): pass its folder as the model"
                 )));
             }
             Ok(base)
         }
+        Some("compressed-tensors") => Err(Error::Request(format!(
+            "{named} compressed-tensors: compressed-tensors is not modelled yet (vramscope \
+             models fp8, bitsandbytes, awq, gptq, awq_marlin, gptq_marlin and marlin)"
+        ))),
         Some(other) => Err(Error::Request(format!(
-            "--quantization {other}: not modelled (vramscope models fp8, bitsandbytes, awq, \
-             gptq and their marlin kernels)"
+            "{named} {other}: not modelled (vramscope models fp8, bitsandbytes, awq, gptq, \
+             awq_marlin, gptq_marlin and marlin)"
         ))),
     }
 }
@@ -469,6 +675,55 @@ mod tests {
         let e = parse_serve(&words("vllm serve a/b c/d")).unwrap_err();
         assert!(e.to_string().contains("two models"), "{e}");
         assert!(parse_serve(&words("vllm serve --port 1")).is_err());
+    }
+
+    #[test]
+    fn a_repeated_flag_takes_its_last_value_as_vllms_argparse_does() {
+        let l = parse_serve(&words(
+            "vllm serve m --max-model-len 4096 -tp 2 --max_model_len=8k --tensor-parallel-size 4 \
+             --enforce-eager --no-enforce-eager --no-enable-chunked-prefill --enable-chunked-prefill",
+        ))
+        .unwrap();
+        assert_eq!(
+            l.args,
+            words("--max-model-len 8000 --tp 4 --enable-chunked-prefill true")
+        );
+        let l = parse_serve(&words("vllm serve m -q awq --quantization gptq")).unwrap();
+        assert_eq!(l.args, words("--quantization gptq"));
+    }
+
+    #[test]
+    fn lengths_follow_vllms_human_readable_int() {
+        let len = |v: &str| count_value("--max-model-len", v).map_err(|e| e.to_string());
+        assert_eq!(len("1k").unwrap(), "1000");
+        assert_eq!(len("1K").unwrap(), "1024");
+        assert_eq!(len("1m").unwrap(), "1000000");
+        assert_eq!(len("2M").unwrap(), "2097152");
+        assert_eq!(len("25.6k").unwrap(), "25600");
+        // int(float("1.0001") * 1000) truncates.
+        assert_eq!(len("1.0001k").unwrap(), "1000");
+        assert_eq!(len(" 8192 ").unwrap(), "8192");
+        assert_eq!(len("1_024").unwrap(), "1024");
+        assert!(len("1.5K").unwrap_err().contains(
+            "Decimals are not allowed with binary suffixes like K. Did you mean to use 1.5k instead?"
+        ));
+        for bad in [
+            "1e3", "1.5", "1t", "1T", "k", "1__0", "_1", "1 k", "0x10", "1.k",
+        ] {
+            assert!(
+                len(bad)
+                    .unwrap_err()
+                    .contains("invalid human_readable_int value"),
+                "{bad}"
+            );
+        }
+        assert!(len("0").unwrap_err().contains("at least 1"));
+        assert!(len("99999999999999999999999")
+            .unwrap_err()
+            .contains("64 bits"));
+        // max_num_seqs is a plain int in vLLM: no suffixes.
+        let seqs = count_value("--max-num-seqs", "1k").unwrap_err().to_string();
+        assert!(seqs.contains("invalid int value: '1k'"), "{seqs}");
     }
 
     #[test]
@@ -531,5 +786,47 @@ mod tests {
         assert!(quant_of(&llama, None, Some("awq")).is_err());
         assert!(quant_of(&llama, Some("float32"), None).is_err());
         assert!(quant_of(&llama, None, Some("gguf")).is_err());
+        let ct = quant_of(&llama, None, Some("compressed-tensors"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            ct.contains("compressed-tensors is not modelled yet"),
+            "{ct}"
+        );
+    }
+
+    #[test]
+    fn a_4bit_method_on_a_16_bit_checkpoint_is_refused_as_vllm_refuses_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"torch_dtype": "float16"}"#,
+        )
+        .unwrap();
+        let m = ModelSource::Path {
+            path: dir.path().to_path_buf(),
+        };
+        for method in ["awq", "awq_marlin", "gptq", "gptq_marlin", "marlin"] {
+            let e = quant_of(&m, None, Some(method)).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("Cannot find the config file for {method}")),
+                "{e}"
+            );
+        }
+        // fp8 and bitsandbytes quantize a 16-bit checkpoint in flight.
+        assert_eq!(quant_of(&m, None, Some("fp8")).unwrap(), Quant::Fp8);
+        assert_eq!(
+            quant_of(&m, None, Some("bitsandbytes")).unwrap(),
+            Quant::Nf4
+        );
+        // Another method's checkpoint: _verify_quantization's mismatch.
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"quantization_config": {"quant_method": "awq"}}"#,
+        )
+        .unwrap();
+        let e = quant_of(&m, None, Some("gptq")).unwrap_err().to_string();
+        assert!(e.contains("model config (awq) does not match"), "{e}");
+        assert_eq!(quant_of(&m, None, Some("awq_marlin")).unwrap(), Quant::F16);
     }
 }

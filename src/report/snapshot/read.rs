@@ -345,6 +345,21 @@ fn add(a: u64, b: u64, what: &str) -> std::result::Result<u64, String> {
     })
 }
 
+/// Reserved bytes after adding `b`: within 2^64 (`add`) and within what any device holds
+/// (`limits::MAX_BYTES`, 1 PiB), so a snapshot claiming exabytes of segments is refused
+/// rather than reported.
+fn reserve(a: u64, b: u64, what: &str) -> std::result::Result<u64, String> {
+    let total = add(a, b, what)?;
+    let max = crate::base::limits::MAX_BYTES;
+    if total > max {
+        return Err(format!(
+            "impossible sizes: {what} reach {total} bytes, more than any GPU holds ({max} bytes, \
+             1 PiB)"
+        ));
+    }
+    Ok(total)
+}
+
 /// The end of `size` bytes at `addr`, which must lie below 2^64.
 fn end_of(addr: u64, size: u64) -> std::result::Result<u64, String> {
     addr.checked_add(size).ok_or_else(|| {
@@ -482,7 +497,7 @@ fn replay(
         }
     }
     for s in segments {
-        final_reserved = add(final_reserved, s.total_size, "the segments' sizes")?;
+        final_reserved = reserve(final_reserved, s.total_size, "the segments' sizes")?;
         let mut addr = s.address;
         let mut covered = 0u64;
         for b in &s.blocks {
@@ -574,7 +589,7 @@ fn replay(
                 blocks: None,
             },
         );
-        model.reserved = add(model.reserved, size, "reserved bytes")?;
+        model.reserved = reserve(model.reserved, size, "reserved bytes")?;
     }
     for (&a, &size) in &pre_blocks {
         if model.segment_of(a).is_none_or(|(_, s)| s.blocks.is_some()) {
@@ -804,7 +819,7 @@ fn replay(
                         },
                     );
                 }
-                model.reserved = add(model.reserved, e.size, "reserved bytes")?;
+                model.reserved = reserve(model.reserved, e.size, "reserved bytes")?;
                 let n = names(&e.frames, Some("non-framework"));
                 push(
                     &mut events,
