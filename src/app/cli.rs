@@ -121,8 +121,8 @@ pub struct WorkloadArgs {
     /// L928-931 at 0.6.4, so an FP4 run is what a pre-quantized FP4 checkpoint serves as).
     /// A pre-quantized bitsandbytes checkpoint loads as stored. fp8: vLLM's `--quantization
     /// fp8` on a 16-bit checkpoint (float8_e4m3fn weights with a per-tensor scale, dynamic
-    /// per-tensor activation scales; 0.6.3 to 0.6.5, GPUs of compute capability 8.9 or more,
-    /// real or simulated).
+    /// activation scales per tensor under 0.6.3 to 0.6.5, per token under the V1 releases,
+    /// simulated there; GPUs of compute capability 8.9 or more).
     #[arg(long, default_value = "fp16", value_parser = ["fp16", "bf16", "int8", "nf4", "fp4", "fp8"])]
     pub quant: String,
     /// vLLM's max_num_batched_tokens: tokens in the profile batch. Default for profile: vLLM's,

@@ -78,6 +78,9 @@ struct Inner {
     host_pool: Vec<Vec<f32>>,
     /// CUDA graph capture: the side stream, the open capture, the graphs' device memory.
     graphs: graphs::GraphState,
+    /// fp8 linear layers quantize dynamic activations per token (`[T, 1]` scales), as vLLM V1
+    /// does where CUTLASS runs fp8; per tensor (`[1]`) before.
+    fp8_act_per_token: bool,
 }
 
 /// The device as the allocator's segment source, refusing a segment that would take this
@@ -168,6 +171,7 @@ impl Runtime {
             comm_memory: Vec::new(),
             host_pool: Vec::new(),
             graphs: graphs::GraphState::default(),
+            fp8_act_per_token: false,
         })))
     }
 
@@ -242,6 +246,17 @@ impl Runtime {
     }
 
     /// The cancel flag itself, for long CPU kernels that check it between row blocks.
+    /// Quantize fp8 layers' dynamic activations per token (vLLM V1's `Fp8LinearMethod` with
+    /// CUTLASS: `kFp8DynamicTokenSym`, 0.19 quantization/fp8.py L289-296; 0.11 fp8.py
+    /// L245-249: `GroupShape.PER_TOKEN`), or per tensor (the V0 releases').
+    pub fn set_fp8_act_per_token(&self, yes: bool) {
+        self.0.borrow_mut().fp8_act_per_token = yes;
+    }
+
+    pub fn fp8_act_per_token(&self) -> bool {
+        self.0.borrow().fp8_act_per_token
+    }
+
     pub(crate) fn cancel_flag(&self) -> Arc<AtomicBool> {
         self.0.borrow().cancel.clone()
     }

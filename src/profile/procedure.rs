@@ -540,7 +540,11 @@ fn check_fp8(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
             }
         }
     }
-    crate::quant::fp8::check_release(req.release()?.name)?;
+    let release = req.release()?;
+    crate::quant::fp8::check_release(
+        release.name,
+        matches!(release.engine, super::vllm::Engine::V1 { .. }),
+    )?;
     check_fp8_model(o)
 }
 
@@ -582,6 +586,8 @@ fn check_fp8_model(o: &model::OpenedModel) -> Result<()> {
     let c = &o.config;
     let why = if c.arch == "opt" {
         Some("OPT's linear layers carry biases that CUTLASS adds in its epilogue, not modelled yet")
+    } else if c.moe.is_some() {
+        Some("fp8 experts (Fp8MoEMethod's weights, scales and fused-MoE kernels) are not modelled yet")
     } else if c.attention_bias {
         Some("the qkv bias goes into CUTLASS's epilogue (no cuBLASLt workspace), not modelled yet")
     } else {
@@ -756,6 +762,7 @@ pub(crate) fn run_rank(
     if let Some(t) = tp_rank {
         rt.set_tp(t);
     }
+    rt.set_fp8_act_per_token(matches!(release.engine, super::vllm::Engine::V1 { .. }));
     rt.progress(Progress::Phase(Phase::Starting));
     rt.set_op("instance");
     let other_process_bytes = if req.outside_before > 0 {

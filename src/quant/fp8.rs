@@ -359,23 +359,41 @@ impl Fp8Linear {
             )));
         }
         rt.set_op("fp8.scaled_fp8_quant");
+        // V1: dynamic activations get one scale per token (`scaled_fp8_quant(x,
+        // use_per_token_if_dynamic=True)`: `torch.empty((T, 1), float32)`, 0.19
+        // _custom_ops.py L1845-1850), static ones keep the stored per-tensor scale.
+        let per_token = self.input_scale.is_none() && rt.fp8_act_per_token();
         let mut qinput = rt.tensor(
             format!("{name}.qinput"),
             Category::Activation,
             &[m, k],
             DType::F8E4M3,
         )?;
+        let scale_shape: &[usize] = if per_token { &[m, 1] } else { &[1] };
         let mut x_scale = match self.input_scale {
             Some(_) => None,
             None => Some(rt.tensor(
                 format!("{name}.x_scale"),
                 Category::Activation,
-                &[1],
+                scale_shape,
                 DType::F32,
             )?),
         };
         let mut xs = 0.0;
+        let mut row_scales = Vec::new();
         match rt.backend() {
+            Backend::Cpu if per_token => {
+                // `dynamic_per_token_scaled_fp8_quant`: each row at max|row| / 448.
+                let (xv, q) = (x.f32(), qinput.u8_mut());
+                for (r, (row, qr)) in xv.chunks_exact(k).zip(q.chunks_exact_mut(k)).enumerate() {
+                    let s = dynamic_scale(row);
+                    quantize_with_scale(row, s, qr);
+                    row_scales.push(s);
+                    if let Some(t) = &mut x_scale {
+                        t.f32_mut()[r] = s;
+                    }
+                }
+            }
             Backend::Cpu => {
                 xs = match &self.input_scale {
                     Some((_, s)) => *s,
@@ -385,6 +403,11 @@ impl Fp8Linear {
                 if let Some(t) = &mut x_scale {
                     t.f32_mut()[0] = xs;
                 }
+            }
+            Backend::Cuda if per_token => {
+                return Err(Error::Request(format!(
+                    "{name}: vLLM V1's per-token fp8 activation quantization has no CUDA kernel here yet; run it on a simulated device (sim:PRESET) or with --vllm 0.6.4"
+                )))
             }
             Backend::Cuda => {
                 crate::engine::ops::cuda(rt, |c| match (&mut x_scale, &self.input_scale) {
@@ -399,7 +422,10 @@ impl Fp8Linear {
         let mut out =
             rt.tensor_for_overwrite(format!("{name}.out"), Category::Activation, &[m, n], act)?;
         match rt.backend() {
-            Backend::Cpu => self.cpu_scaled_mm(rt, &qinput, xs, &mut out, act, rows)?,
+            Backend::Cpu if per_token => {
+                self.cpu_scaled_mm(rt, &qinput, &row_scales, &mut out, act, rows)?
+            }
+            Backend::Cpu => self.cpu_scaled_mm(rt, &qinput, &[xs], &mut out, act, rows)?,
             Backend::Cuda => {
                 let scale = match (&x_scale, &self.input_scale) {
                     (Some(t), _) => t,
@@ -421,11 +447,12 @@ impl Fp8Linear {
     /// CUTLASS's fp8 GEMM on the host: the products of decoded codes summed in f32 (each is
     /// exact: 4 + 4 significant bits), then the epilogue `scale_a · (scale_b · acc)`
     /// (`ScaledEpilogue`) rounded to `act`. The weight is decoded a run of rows at a time.
+    /// `x_scales`: one per tensor, or one per token (row of the input and of the output).
     fn cpu_scaled_mm(
         &self,
         rt: &Runtime,
         qinput: &Tensor,
-        x_scale: f32,
+        x_scales: &[f32],
         out: &mut Tensor,
         act: DType,
         rows: &[usize],
@@ -440,9 +467,26 @@ impl Fp8Linear {
                 *d = lut[code as usize];
             }
         };
-        super::host_decoded_matmul(rt, &xv, (m, k), rows, out.f32_mut(), decode, |a| {
-            act.round(x_scale * (ws * a))
-        })
+        if let [x_scale] = x_scales {
+            return super::host_decoded_matmul(rt, &xv, (m, k), rows, out.f32_mut(), decode, |a| {
+                act.round(x_scale * (ws * a))
+            });
+        }
+        // Per token: the product unscaled by the activation, then each row by its own scale
+        // (the epilogue's `scale_a[row] · (scale_b · acc)`).
+        let o = out.f32_mut();
+        super::host_decoded_matmul(rt, &xv, (m, k), rows, o, decode, |a| ws * a)?;
+        // `out` holds each shard's columns as its own `[m, rows[i]]` block.
+        let mut at = 0;
+        for &n in rows {
+            for (r, row) in o[at..at + m * n].chunks_exact_mut(n).enumerate() {
+                for v in row {
+                    *v = act.round(x_scales[r] * *v);
+                }
+            }
+            at += m * n;
+        }
+        Ok(())
     }
 }
 
@@ -464,14 +508,20 @@ pub fn check_gpu(arch: &str, gpu: &str) -> Result<()> {
 
 /// The releases whose fp8 path vramscope reproduces: 0.6.3 to 0.6.5 allocate alike (fp8.py
 /// and `apply_fp8_linear` read the same there); 0.7 adds `maybe_create_device_identity` at
-/// the first layer's `create_weights`, 0.8 `Fp8LinearOp`, V1 quantizes each layer as it
-/// loads (`Fp8OnlineLinearMethod`, meta device): not yet modelled.
-pub fn check_release(release: &str) -> Result<()> {
-    if matches!(release, "0.6.3" | "380e1863" | "0.6.4" | "0.6.5") {
+/// the first layer's `create_weights` and 0.8 `Fp8LinearOp`: not yet modelled. The V1
+/// releases run the same weights (e4m3, one f32 scale a layer, `scaled_fp8_quant(weight,
+/// scale=None)`: 0.19 fp8.py L539-556) with per-token dynamic activations (the runtime's
+/// `fp8_act_per_token`; static checkpoints keep their per-tensor input scale). Each layer
+/// is quantized as it loads here, as 0.19's `Fp8OnlineLinearMethod` does (meta device); 0.11
+/// holds the whole 16-bit model until `process_weights_after_loading` (a load-time peak not
+/// modelled) and makes a 4-byte `TORCH_DEVICE_IDENTITY` (w8a8_utils.py L139-143), not
+/// modelled either.
+pub fn check_release(release: &str, v1: bool) -> Result<()> {
+    if v1 || matches!(release, "0.6.3" | "380e1863" | "0.6.4" | "0.6.5") {
         return Ok(());
     }
     Err(Error::Request(format!(
-        "--quant fp8 with --vllm {release}: vramscope reproduces fp8 as vLLM 0.6.3 to 0.6.5 run it; from 0.7 on it allocates differently (a device identity scale at 0.7, Fp8LinearOp at 0.8, per-layer online quantization in V1), not yet modelled: use --vllm 0.6.4"
+        "--quant fp8 with --vllm {release}: vramscope reproduces fp8 as vLLM 0.6.3 to 0.6.5 and the V1 releases run it; 0.7 and 0.8 allocate differently (a device identity scale at 0.7, Fp8LinearOp at 0.8), not yet modelled: use --vllm 0.6.4 or a V1 release (0.11, 0.15, 0.19, 0.21)"
     )))
 }
 
@@ -837,5 +887,65 @@ pub(crate) mod tests {
         // And close to the 16-bit product it stands for (e4m3 keeps 3 mantissa bits).
         let exact: f32 = (0..k).map(|i| xv[i] * wv[i]).sum();
         assert!((out.f32()[0] - exact).abs() < 0.1 * exact.abs().max(1.0));
+    }
+
+    /// vLLM V1's dynamic activations: one scale per token (`[T, 1]` f32, freed with the fp8
+    /// input after the GEMM), each row quantized at its own max / 448 and each output row
+    /// scaled back by it, so a row 1000 times smaller than its neighbour keeps its digits
+    /// (one per-tensor scale would flush it to e4m3's subnormals).
+    #[test]
+    fn v1_quantizes_dynamic_activations_per_token() {
+        let rt = runtime("compute");
+        rt.set_fp8_act_per_token(true);
+        let (m, k, n) = (2, 40, 3);
+        let wv: Vec<f32> = (0..n * k)
+            .map(|i| DType::F16.round(((i * 37 % 101) as f32 - 50.0) / 64.0))
+            .collect();
+        // Row 1 is row 0 divided by 1024.
+        let xv: Vec<f32> = (0..m * k)
+            .map(|i| {
+                let v = ((i % k * 53 % 97) as f32 - 48.0) / 16.0;
+                DType::F16.round(if i < k { v } else { v / 1024.0 })
+            })
+            .collect();
+        let w = rt
+            .tensor_with_values(
+                "w.weight",
+                Category::Weight,
+                &[n, k],
+                DType::F16,
+                wv.clone(),
+            )
+            .unwrap();
+        let lin = Fp8Linear::quantize_in_flight(&rt, &w).unwrap();
+        let x = rt
+            .tensor_with_values("x", Category::Activation, &[m, k], DType::F16, xv.clone())
+            .unwrap();
+        let from = rt.event_count();
+        let out = lin.forward(&rt, &x, "w", DType::F16, &[n]).unwrap();
+        let (wq, ws) = quantize_per_tensor(&wv);
+        for r in 0..m {
+            let (xq, xs) = quantize_per_tensor(&xv[r * k..(r + 1) * k]);
+            for c in 0..n {
+                let acc: f64 = (0..k)
+                    .map(|i| decode(xq[i]) as f64 * decode(wq[c * k + i]) as f64)
+                    .sum();
+                let want = DType::F16.round(xs * (ws * acc as f32));
+                assert_eq!(out.f32()[r * n + c], want, "row {r} col {c}");
+            }
+        }
+        // Both rows as close to the 16-bit product as e4m3 allows.
+        for r in 0..m {
+            let exact: f32 = (0..k).map(|i| xv[r * k + i] * wv[i]).sum();
+            let got = out.f32()[r * n];
+            assert!(
+                (got - exact).abs() < 0.1 * exact.abs(),
+                "row {r}: {got} vs {exact}"
+            );
+        }
+        let t = trace(&rt, from);
+        assert_eq!(t[0], ("alloc", "w.qinput".to_string(), 512));
+        assert_eq!(t[1], ("alloc", "w.x_scale".to_string(), 512));
+        assert!(t.contains(&("free", "w.x_scale".to_string(), 512)));
     }
 }
