@@ -1245,6 +1245,11 @@ pub(crate) fn run_rank(
         nccl_source,
         graphs,
         graphs_note,
+        vllm_notes: mla_backend
+            .as_ref()
+            .and_then(|b| b.note.clone())
+            .into_iter()
+            .collect(),
     })
 }
 

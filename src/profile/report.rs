@@ -279,6 +279,10 @@ pub struct Report {
     /// Why no graphs were captured when the release would capture some.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub graphs_note: Option<String>,
+    /// What the release logs about this start before it profiles, in its words (MLA's
+    /// "Forcing kv cache block size to 64 for FlashMLA backend.").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vllm_notes: Vec<String>,
 }
 
 /// The KV bytes `release` grants from its formula's result `formula_kv` (computed with the
@@ -363,6 +367,7 @@ impl Report {
             nccl_source,
             graphs,
             graphs_note,
+            vllm_notes,
         } = self;
         Report {
             format: *format,
@@ -397,6 +402,7 @@ impl Report {
             nccl_source: nccl_source.clone(),
             graphs: graphs.clone(),
             graphs_note: graphs_note.clone(),
+            vllm_notes: vllm_notes.clone(),
         }
     }
 
@@ -604,6 +610,7 @@ impl Report {
                 out.extend(self.v1_kv_lines(&a));
             }
             LogStyle::V1 => {
+                out.extend(self.vllm_notes.iter().cloned());
                 let secs = c.t2.time_us.saturating_sub(c.t1.time_us) as f64 / 1e6;
                 let requested = super::formulas::budget(c.t0.total, self.settings.util, true);
                 out.push(format!(

@@ -628,38 +628,60 @@ impl Release {
         };
         let fi = ("flashinfer_mla.g_fi_workspace", MLA_MODULE_WORKSPACE);
         let cutlass = ("cutlass_mla.g_sm100_workspace", MLA_MODULE_WORKSPACE);
-        let forced = |name: &'static str, b: u64, buffers: Vec<(&'static str, u64)>| {
-            MlaBackend {
-            name,
-            block_size: b,
-            buffers,
-            note: (block_size != b).then(|| {
-                format!("Forcing kv cache block size to {b} for {name} backend (--block-size {block_size} asked)")
-            }),
-        }
-        };
-        let kept = |name: &'static str, b: u64, buffers: Vec<(&'static str, u64)>| MlaBackend {
-            name,
-            block_size: b,
-            buffers,
-            note: None,
-        };
+        // `check_and_update_config` overrides a block size the backend cannot take, and says
+        // so (0.11 platforms/cuda.py L163-178, 0.15.1 L218-242, in these words).
+        let pick =
+            |name: &'static str, forced: Option<(u64, &str)>, buffers: Vec<(&'static str, u64)>| {
+                match forced {
+                    Some((b, label)) => MlaBackend {
+                        name,
+                        block_size: b,
+                        buffers,
+                        note: Some(format!(
+                            "INFO cuda.py] Forcing kv cache block size to {b} for {label} backend."
+                        )),
+                    },
+                    None => MlaBackend {
+                        name,
+                        block_size,
+                        buffers,
+                        note: None,
+                    },
+                }
+            };
+        let b = block_size;
         Ok(match (era, major) {
-            (MlaEra::V0_11, 9) => forced("FLASHMLA", 64, vec![]),
-            (MlaEra::V0_11, 10) => forced("CUTLASS_MLA", 128, vec![cutlass]),
-            (MlaEra::V0_11, _) => kept("TRITON_MLA", block_size, vec![]),
-            (MlaEra::V0_15, 9) if kv_fp8 => forced("FLASHMLA", 64, vec![fi]),
-            (MlaEra::V0_15, 9) => forced("FLASH_ATTN_MLA", 64, vec![fi]),
-            (MlaEra::V0_15, 10) => forced("FLASHINFER_MLA", 64, vec![fi]),
-            (MlaEra::V0_15, _) => kept("TRITON_MLA", block_size, vec![fi]),
-            (MlaEra::V0_19, 9) if kv_fp8 => forced("FLASHMLA", 64, vec![fi]),
-            (MlaEra::V0_19, 9) => kept("FLASH_ATTN_MLA", block_size, vec![fi]),
-            (MlaEra::V0_19, 10) => kept(
-                "FLASHINFER_MLA",
-                if block_size == 16 { 32 } else { block_size },
-                vec![fi, cutlass],
+            (MlaEra::V0_11, 9) => pick("FLASHMLA", (b != 64).then_some((64, "FlashMLA")), vec![]),
+            (MlaEra::V0_11, 10) => pick(
+                "CUTLASS_MLA",
+                (b != 128).then_some((128, "CUTLASS_MLA")),
+                vec![cutlass],
             ),
-            (MlaEra::V0_19, _) => kept("TRITON_MLA", block_size, vec![fi]),
+            (MlaEra::V0_11, _) => pick("TRITON_MLA", None, vec![]),
+            // 0.15.1: FlashMLA's rule forces a multiple of 64 on Hopper; FLASH_ATTN_MLA, first
+            // in the priority list, then runs at it (FLASHMLA with an fp8 cache).
+            (MlaEra::V0_15, 9) => pick(
+                if kv_fp8 { "FLASHMLA" } else { "FLASH_ATTN_MLA" },
+                (b % 64 != 0).then_some((64, "FlashMLA")),
+                vec![fi],
+            ),
+            (MlaEra::V0_15, 10) => pick(
+                "FLASHINFER_MLA",
+                (b != 32 && b % 64 != 0).then_some((64, "FlashInferMLA")),
+                vec![fi],
+            ),
+            (MlaEra::V0_15, _) => pick("TRITON_MLA", None, vec![fi]),
+            (MlaEra::V0_19, 9) if kv_fp8 => MlaBackend {
+                block_size: if b % 64 == 0 { b } else { 64 },
+                ..pick("FLASHMLA", None, vec![fi])
+            },
+            (MlaEra::V0_19, 9) => pick("FLASH_ATTN_MLA", None, vec![fi]),
+            // FlashInfer-MLA takes 32 or 64: the default 16 becomes its smallest, 32.
+            (MlaEra::V0_19, 10) => MlaBackend {
+                block_size: if b == 16 { 32 } else { b },
+                ..pick("FLASHINFER_MLA", None, vec![fi, cutlass])
+            },
+            (MlaEra::V0_19, _) => pick("TRITON_MLA", None, vec![fi]),
         })
     }
 

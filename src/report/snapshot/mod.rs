@@ -337,6 +337,7 @@ impl DeviceTimeline {
             nccl_source: None,
             graphs: None,
             graphs_note: None,
+            vllm_notes: Vec::new(),
         }
     }
 }
