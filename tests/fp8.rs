@@ -944,3 +944,129 @@ fn inspect_counts_an_fp8_checkpoints_codes_and_leaves_its_scales_out_of_the_para
         "{text}"
     );
 }
+
+/// compressed-tensors' FP8_DYNAMIC scheme as LLM Compressor writes it (`gen-model
+/// --fp8-channel`: one F32 scale per output channel, `[n, 1]`, dynamic per-token
+/// activations): it loads as vLLM's CompressedTensorsW8A8Fp8 does (codes and channel scales
+/// kept as stored, no requantization), weighs one byte a linear weight plus four a channel,
+/// and its logits are as close to the 16-bit model's as fp8's error allows.
+#[test]
+fn a_compressed_tensors_fp8_dynamic_checkpoint_runs_channel_scales_and_per_token_activations() {
+    let root = tempfile::tempdir().unwrap();
+    let (f16_dir, ct_dir) = (root.path().join("f16"), root.path().join("ct"));
+    gen_tiny(&f16_dir, &[]);
+    gen_tiny(&ct_dir, &["--fp8-channel"]);
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ct_dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        config["quantization_config"]["quant_method"],
+        "compressed-tensors"
+    );
+    let fp16 = bench_dir_logits(&f16_dir, "fp16", "fp16.json");
+    let ct = bench_dir_logits(&ct_dir, "fp8", "ct.json");
+    let in_flight = bench_dir_logits(&f16_dir, "fp8", "in-flight.json");
+    let (d_fp16, d_in_flight) = (rel_l2(&ct, &fp16), rel_l2(&ct, &in_flight));
+    eprintln!(
+        "compressed-tensors fp8 vs fp16 {d_fp16:.3e}, vs in-flight per-tensor {d_in_flight:.3e}"
+    );
+    assert!(d_fp16 > 0.0 && d_fp16 < 0.12, "{d_fp16}");
+    assert!(d_in_flight > 0.0, "{d_in_flight}");
+    // Dry under 0.19: every linear's codes (a byte an element) and its `[n, 1]` f32 scales.
+    let c = vramscope::model::presets::preset("tiny").unwrap();
+    let (_, _, linears) = llama_bytes(&c);
+    let json = root.path().join("ct-dry.json");
+    let out = vramscope(&[
+        "profile",
+        "-q",
+        "--json",
+        json.to_str().unwrap(),
+        "--model",
+        ct_dir.to_str().unwrap(),
+        "--vllm",
+        "0.19",
+        "--device",
+        "sim:h100-80gb:dry",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    let (h, i, q, kv) = (
+        c.hidden_size as u64,
+        c.intermediate_size as u64,
+        c.q_dim() as u64,
+        c.kv_dim() as u64,
+    );
+    let rows = [q + 2 * kv, h, 2 * i, h];
+    let quantized: u64 = linears
+        .iter()
+        .zip(rows)
+        .map(|(&n, r)| block(n) + block(4 * r))
+        .sum::<u64>()
+        * c.num_layers as u64;
+    let (sixteen, _, _) = llama_bytes(&c);
+    let sixteen_linears: u64 =
+        linears.iter().map(|&n| block(2 * n)).sum::<u64>() * c.num_layers as u64;
+    // 0.19's attention layers add seven 0-dim f32 scale tensors each (a block apiece).
+    let scalars = 7 * 512 * c.num_layers as u64;
+    assert_eq!(
+        r["weights_bytes"].as_u64().unwrap(),
+        sixteen - sixteen_linears + quantized + scalars
+    );
+    // V0 releases are not modelled for this format: one line naming it.
+    let out = vramscope(&[
+        "profile",
+        "-q",
+        "--model",
+        ct_dir.to_str().unwrap(),
+        "--device",
+        "sim:h100-80gb:dry",
+        "--vllm",
+        "0.6.4",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("compressed-tensors fp8 checkpoint is modelled under the V1 releases"),
+        "{err}"
+    );
+}
+
+/// The compressed-tensors schemes that are not fp8 w8a8 are refused naming what they are.
+#[test]
+fn compressed_tensors_schemes_not_modelled_are_named() {
+    let group = |weights: serde_json::Value, acts: serde_json::Value| {
+        serde_json::json!({
+            "quant_method": "compressed-tensors", "format": "pack-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                "input_activations": acts}},
+            "ignore": ["lm_head"],
+        })
+    };
+    let int4 = serde_json::json!({"type": "int", "num_bits": 4, "strategy": "group",
+        "group_size": 128, "symmetric": true, "dynamic": false});
+    let (code, err) = profile_with_quantization_config(group(int4, serde_json::Value::Null));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("format 'pack-quantized' is not modelled yet"),
+        "{err}"
+    );
+    let mut q = group(
+        serde_json::json!({"type": "int", "num_bits": 8, "strategy": "channel",
+            "symmetric": true, "dynamic": false}),
+        serde_json::json!({"type": "int", "num_bits": 8, "strategy": "token",
+            "symmetric": true, "dynamic": true}),
+    );
+    q["format"] = "int-quantized".into();
+    let (code, err) = profile_with_quantization_config(q.clone());
+    assert_eq!(code, Some(2), "{err}");
+    q["format"] = "float-quantized".into();
+    let (code, err) = profile_with_quantization_config(q);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("only fp8 (type float, num_bits 8) is modelled yet"),
+        "{err}"
+    );
+}

@@ -75,6 +75,11 @@ pub enum Command {
         /// linear weights with an F32 weight_scale_inv per [128, 128] block, vLLM 0.8.5).
         #[arg(long, conflicts_with_all = ["fp8", "bnb_int8", "bnb_4bit", "awq", "gptq"])]
         fp8_block: bool,
+        /// Write a compressed-tensors FP8_DYNAMIC checkpoint as LLM Compressor saves one
+        /// (F8_E4M3 linear weights with an F32 [n, 1] weight_scale per output channel, dynamic
+        /// per-token activations; RedHatAI's …-FP8-dynamic).
+        #[arg(long, conflicts_with_all = ["fp8", "fp8_block", "bnb_int8", "bnb_4bit", "awq", "gptq"])]
+        fp8_channel: bool,
         /// Write an AWQ 4-bit checkpoint (AutoAWQ GEMM: qweight, qzeros, scales).
         #[arg(long, conflicts_with_all = ["gptq", "bnb_int8", "bnb_4bit"])]
         awq: bool,
@@ -233,8 +238,8 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "DTYPE", conflicts_with = "quant")]
     pub dtype: Option<String>,
     /// vLLM's --quantization: fp8, bitsandbytes (in-flight NF4), or awq, gptq, awq_marlin,
-    /// gptq_marlin, marlin for a checkpoint stored that way (compressed-tensors is not
-    /// modelled yet). Instead of --quant.
+    /// gptq_marlin, marlin, compressed-tensors for a checkpoint stored that way
+    /// (compressed-tensors: its fp8 w8a8 schemes, V1 releases). Instead of --quant.
     #[arg(long, value_name = "METHOD", conflicts_with = "quant")]
     pub quantization: Option<String>,
     /// vLLM's --kv-cache-memory (V1 releases, 0.11 on): the KV cache's size per GPU, given
@@ -513,6 +518,7 @@ pub fn main() -> i32 {
             fp8,
             fp8_static,
             fp8_block,
+            fp8_channel,
             awq,
             gptq,
             group_size,
@@ -524,12 +530,13 @@ pub fn main() -> i32 {
                     double_quant,
                 })
             });
-            let fp8 = match (fp8, fp8_block) {
-                (true, _) => Some(model::Fp8Gen::PerTensor(fp8_static)),
-                (_, true) => Some(model::Fp8Gen::Block(crate::quant::fp8_block::BlockSize {
+            let fp8 = match (fp8, fp8_block, fp8_channel) {
+                (true, _, _) => Some(model::Fp8Gen::PerTensor(fp8_static)),
+                (_, true, _) => Some(model::Fp8Gen::Block(crate::quant::fp8_block::BlockSize {
                     n: 128,
                     k: 128,
                 })),
+                (_, _, true) => Some(model::Fp8Gen::Channel),
                 _ => None,
             };
             use crate::quant::marlin::{Format, Method};
@@ -1163,6 +1170,12 @@ fn cmd_gen(
         }
         Some(Gen::Fp8(model::Fp8Gen::Block(b))) => {
             model::gen_model_fp8_block(preset, dir, &opts, b)?
+        }
+        Some(Gen::Fp8(model::Fp8Gen::Channel)) => {
+            let config = model::presets::preset(preset).ok_or_else(|| {
+                crate::base::error::Error::Request(format!("unknown preset '{preset}'"))
+            })?;
+            model::gen_model_config_fp8_channel(&config, preset, dir, &opts)?
         }
         Some(Gen::Bnb4(g)) => model::gen_model_bnb4(preset, dir, &opts, g)?,
         Some(Gen::Packed4(f)) => {

@@ -769,15 +769,24 @@ impl<'a> Loader<'a> {
             ));
         }
         let rt = self.rt;
+        // A compressed-tensors checkpoint names its activations' scheme: dynamic per token
+        // (`strategy: token`) is what vLLM's CompressedTensorsW8A8Fp8 runs whatever the
+        // release (`act_q_group_shape` PER_TOKEN).
+        if f.compressed_tensors && !f.static_activations {
+            rt.set_fp8_act_per_token(true);
+        }
         let rows: Vec<usize> = slices.iter().map(|s| s.full[0]).collect();
         let total: usize = rows.iter().sum();
         let base = fused_name.trim_end_matches(".weight");
         let shards = rows.len();
         let mut qweight = rt.tensor(fused_name, Category::Weight, &[total, k], DType::F8E4M3)?;
+        // `PerTensorScaleParameter` (one scale a shard), or compressed-tensors' channel-wise
+        // `ChannelQuantScaleParameter` (`[rows, 1]`).
+        let scale_shape: &[usize] = if f.channel { &[total, 1] } else { &[shards] };
         let mut weight_scale = rt.tensor(
             format!("{base}.weight_scale"),
             Category::Weight,
-            &[shards],
+            scale_shape,
             DType::F32,
         )?;
         let mut input_scale = if f.static_activations {
@@ -803,7 +812,7 @@ impl<'a> Loader<'a> {
                 } else {
                     qweight.u8_mut()[r0 * k..(r0 + n) * k].copy_from_slice(&codes);
                 }
-                ws_all.push(ws);
+                ws_all.extend(ws);
                 is_all.extend(is);
                 self.stats.read_seconds += t.elapsed().as_secs_f64();
                 self.stats.source_bytes += self.src.stored_bytes(name);
@@ -828,9 +837,10 @@ impl<'a> Loader<'a> {
             qweight,
             weight_scale,
             weight_scale_value: 0.0,
-            input_scale: input_scale.map(|t| (t, 0.0)),
+            input_scale: input_scale.map(|t| (t, is_all.iter().copied().fold(0.0, f32::max))),
             out_features: total,
             in_features: k,
+            per_channel: f.channel,
         })
     }
 
@@ -1271,6 +1281,9 @@ pub(crate) fn fp8_stored_after_loading(
     lin: Fp8Linear,
     rows: &[usize],
 ) -> Result<Fp8Linear> {
+    if lin.per_channel {
+        return fp8_channel_after_loading(rt, lin);
+    }
     let Fp8Linear {
         qweight,
         weight_scale,
@@ -1299,6 +1312,25 @@ pub(crate) fn fp8_stored_after_loading(
         is_t.map(|t| (t, &is_v[..])),
         rows,
     )
+}
+
+/// compressed-tensors' channel-wise fp8 after loading (`CompressedTensorsW8A8Fp8.
+/// process_weights_after_loading`, 0.19 compressed_tensors_w8a8_fp8.py): the weight and its
+/// `[rows, 1]` scales kept as loaded (`weight.t()` is a view); a static input scale becomes
+/// `input_scale.max()`, a new 0-dim tensor replacing the per-shard one.
+fn fp8_channel_after_loading(rt: &Runtime, mut lin: Fp8Linear) -> Result<Fp8Linear> {
+    if let Some((old, value)) = lin.input_scale.take() {
+        rt.set_op("fp8.input_scale_max");
+        let mut t = rt.tensor(old.name.clone(), Category::Weight, &[], DType::F32)?;
+        match rt.backend() {
+            Backend::Cpu => t.f32_mut()[0] = value,
+            Backend::Cuda => ops::upload_f32(rt, &mut t, &[value])?,
+            Backend::Dry => {}
+        }
+        drop(old);
+        lin.input_scale = Some((t, value));
+    }
+    Ok(lin)
 }
 
 /// `fp8_stored_after_loading` for a plain linear layer (one shard).
@@ -1441,11 +1473,13 @@ mod tests {
                 block: None,
                 static_activations: self.static_act,
                 dtype: DType::BF16,
+                channel: false,
+                compressed_tensors: false,
             })
         }
-        fn read_fp8(&self, name: &str, _: &[usize]) -> Result<(Vec<u8>, f32, Option<f32>)> {
+        fn read_fp8(&self, name: &str, _: &[usize]) -> Result<(Vec<u8>, Vec<f32>, Option<f32>)> {
             let (_, c, w, i) = self.weights.iter().find(|w| w.0 == name).unwrap();
-            Ok((c.clone(), *w, self.static_act.then_some(*i)))
+            Ok((c.clone(), vec![*w], self.static_act.then_some(*i)))
         }
     }
 

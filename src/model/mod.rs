@@ -606,6 +606,10 @@ enum LazyKind {
     Fp8BlockCodes(crate::quant::fp8_block::BlockSize),
     /// Its `weight_scale_inv`, F32 `[ceil(n / bn), ceil(k / bk)]`: each block's absmax / 448.
     Fp8BlockScaleInv(crate::quant::fp8_block::BlockSize),
+    /// The weight's float8_e4m3fn codes, each row at its own scale (`Fp8Gen::Channel`).
+    Fp8ChannelCodes,
+    /// Its `weight_scale`, F32 `[n, 1]`: each row's absmax / 448.
+    Fp8ChannelScale,
     /// One stored tensor of the weight's AWQ / GPTQ form.
     Packed4(Packed4Part, crate::quant::marlin::Format),
 }
@@ -626,6 +630,9 @@ pub enum Fp8Gen {
     PerTensor(bool),
     /// Block-wise (`weight_block_size`), as Qwen3-FP8 and DeepSeek-V3 are published.
     Block(crate::quant::fp8_block::BlockSize),
+    /// compressed-tensors' `FP8_DYNAMIC` scheme (LLM Compressor, RedHatAI's `…-FP8-dynamic`):
+    /// one scale per output channel (`[n, 1]` F32), dynamic per-token activations.
+    Channel,
 }
 
 /// The `input_scale` `gen-model --fp8-static` stores for every linear layer: 8 / 448, so
@@ -681,6 +688,8 @@ impl LazyTensor<'_> {
             LazyKind::Fp8Scale | LazyKind::Fp8InputScale => (D::F32, 4),
             LazyKind::Fp8BlockCodes(_) => (D::F8_E4M3, 1),
             LazyKind::Fp8BlockScaleInv(_) => (D::F32, 4),
+            LazyKind::Fp8ChannelCodes => (D::F8_E4M3, 1),
+            LazyKind::Fp8ChannelScale => (D::F32, 4),
             LazyKind::Bnb4(part, g) => match part {
                 Bnb4Part::Absmax if !g.double_quant => (D::F32, 4),
                 Bnb4Part::Packed | Bnb4Part::Absmax | Bnb4Part::Blob => (D::U8, 1),
@@ -750,6 +759,7 @@ impl LazyTensor<'_> {
             // AutoFP8 saves its per-tensor scales as 0-dim tensors.
             LazyKind::Fp8Scale | LazyKind::Fp8InputScale => vec![],
             LazyKind::Fp8BlockScaleInv(b) => b.grid(self.shape[0], self.shape[1]).to_vec(),
+            LazyKind::Fp8ChannelScale => vec![self.shape[0], 1],
             LazyKind::Bnb4(part, g) => match part {
                 Bnb4Part::Packed => vec![numel().div_ceil(2), 1],
                 Bnb4Part::Absmax => vec![blocks()],
@@ -858,6 +868,18 @@ impl safetensors::View for LazyTensor<'_> {
                 }
             }
             LazyKind::Fp8InputScale => out.extend_from_slice(&GEN_FP8_INPUT_SCALE.to_le_bytes()),
+            LazyKind::Fp8ChannelCodes | LazyKind::Fp8ChannelScale => {
+                // LLM Compressor's channel-wise fp8: each output row at its absmax / 448.
+                let (n, k) = (self.shape[0], self.shape[1]);
+                let w = self.gen.generate(&self.source, n * k);
+                for row in w.chunks_exact(k) {
+                    let (codes, scale) = crate::quant::fp8::quantize_per_tensor(row);
+                    match self.kind {
+                        LazyKind::Fp8ChannelCodes => out.extend_from_slice(&codes),
+                        _ => out.extend_from_slice(&scale.to_le_bytes()),
+                    }
+                }
+            }
             LazyKind::Fp8BlockCodes(b) | LazyKind::Fp8BlockScaleInv(b) => {
                 let (n, k) = (self.shape[0], self.shape[1]);
                 let w = self.gen.generate(&self.source, n * k);
@@ -1009,6 +1031,19 @@ pub fn gen_model_fp8(
         Some(Fp8Gen::PerTensor(static_activations)),
         None,
     )
+}
+
+/// `gen_model_config_with` writing a compressed-tensors `FP8_DYNAMIC` checkpoint as LLM
+/// Compressor saves one (RedHatAI's `…-FP8-dynamic`): every linear layer of the decoder as
+/// F8_E4M3 codes with an F32 `[n, 1]` `weight_scale` (each row's absmax / 448 of the seeded
+/// 16-bit weight); embeddings, norms and lm_head in `opts.dtype`; its `quantization_config`.
+pub fn gen_model_config_fp8_channel(
+    config: &ModelConfig,
+    name: &str,
+    dir: &Path,
+    opts: &GenOptions,
+) -> Result<ModelFiles> {
+    gen_model_inner(config, name, dir, opts, None, Some(Fp8Gen::Channel), None)
 }
 
 /// `gen_model_with` writing a block-wise fp8 checkpoint as Qwen/Qwen3-8B-FP8 is published
@@ -1230,6 +1265,10 @@ fn gen_model_inner(
                     (name.clone(), LazyKind::Fp8Codes),
                     (format!("{base}.weight_scale"), LazyKind::Fp8Scale),
                 ],
+                Fp8Gen::Channel => vec![
+                    (name.clone(), LazyKind::Fp8ChannelCodes),
+                    (format!("{base}.weight_scale"), LazyKind::Fp8ChannelScale),
+                ],
             };
             if f == Fp8Gen::PerTensor(true) {
                 parts.push((format!("{base}.input_scale"), LazyKind::Fp8InputScale));
@@ -1303,6 +1342,29 @@ fn gen_model_inner(
                 "quant_method": "fp8",
                 "activation_scheme": if static_act { "static" } else { "dynamic" },
                 "ignored_layers": ["lm_head"],
+            })
+        }
+        // What LLM Compressor writes for the FP8_DYNAMIC scheme (RedHatAI's
+        // `…-FP8-dynamic` checkpoints).
+        Some(Fp8Gen::Channel) => {
+            json["quantization_config"] = serde_json::json!({
+                "quant_method": "compressed-tensors",
+                "format": "float-quantized",
+                "quantization_status": "compressed",
+                "global_compression_ratio": null,
+                "kv_cache_scheme": null,
+                "sparsity_config": {},
+                "ignore": ["lm_head"],
+                "config_groups": {"group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"type": "float", "num_bits": 8, "strategy": "channel",
+                        "symmetric": true, "dynamic": false, "group_size": null,
+                        "observer": "minmax", "actorder": null, "block_structure": null},
+                    "input_activations": {"type": "float", "num_bits": 8, "strategy": "token",
+                        "symmetric": true, "dynamic": true, "group_size": null,
+                        "observer": null, "actorder": null, "block_structure": null},
+                    "output_activations": null,
+                }},
             })
         }
         // Qwen/Qwen3-8B-FP8's.

@@ -141,6 +141,9 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
     if method == "fp8" {
         return fp8_config(config, path).map(StoredQuant::Fp8);
     }
+    if method == "compressed-tensors" {
+        return compressed_tensors_config(config, path).map(StoredQuant::Fp8);
+    }
     if method == "awq" || method == "gptq" {
         return packed4_config(q, method, path);
     }
@@ -422,6 +425,139 @@ fn fp8_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
         static_activations,
         dtype,
         block,
+        channel: false,
+        compressed_tensors: false,
+    })
+}
+
+/// A `quant_method: compressed-tensors` config (LLM Compressor's, RedHatAI's `…-FP8-dynamic`
+/// and `…-FP8`) read as vLLM's `CompressedTensorsConfig` picks `CompressedTensorsW8A8Fp8`
+/// (0.19 compressed_tensors.py `_is_fp8_w8a8`): `format` "float-quantized" (or
+/// "naive-quantized"), one config group targeting `Linear`, weights `type: float`,
+/// `num_bits: 8`, symmetric, static, `strategy` "channel" or "tensor"; input activations
+/// `float` 8-bit, dynamic per token or static per tensor. `ignore` may name only the lm_head.
+/// Everything else (int8 w8a8, w4a16, NVFP4, block or 2:4 schemes, weight-only fp8, a KV
+/// cache scheme) is refused naming what it is.
+fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
+    let q = &config["quantization_config"];
+    let refuse = |what: String| -> Result<StoredFp8> {
+        Err(Error::model(
+            path,
+            format!("quantization_config (compressed-tensors): {what}"),
+        ))
+    };
+    match q["format"].as_str() {
+        Some("float-quantized" | "naive-quantized") | None => {}
+        Some(f) => {
+            return refuse(format!(
+                "format '{f}' is not modelled yet (only fp8 w8a8, format float-quantized)"
+            ))
+        }
+    }
+    if !q["kv_cache_scheme"].is_null() {
+        return refuse("a kv_cache_scheme (stored fp8 KV scales) is not modelled yet".into());
+    }
+    // LLM Compressor writes `{}` (or format "dense") for a dense model.
+    let sparse = &q["sparsity_config"];
+    let dense = sparse.is_null()
+        || sparse.as_object().is_some_and(|o| o.is_empty())
+        || sparse["format"].as_str() == Some("dense");
+    if !dense {
+        return refuse(format!(
+            "sparsity_config {sparse} (2:4 sparse) is not modelled yet"
+        ));
+    }
+    let groups = match q["config_groups"].as_object() {
+        Some(g) if g.len() == 1 => g,
+        Some(g) => {
+            return refuse(format!(
+                "{} config_groups: only one scheme for every Linear layer is modelled",
+                g.len()
+            ))
+        }
+        None => return refuse("config_groups is missing or not an object".into()),
+    };
+    let (name, g) = groups.iter().next().expect("one group");
+    let targets_linear = g["targets"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|x| x.as_str() == Some("Linear")));
+    if !targets_linear {
+        return refuse(format!(
+            "config_groups.{name}.targets is {}, expected [\"Linear\"]",
+            g["targets"]
+        ));
+    }
+    let w = &g["weights"];
+    let is = |v: &serde_json::Value, k: &str, want: serde_json::Value| v[k] == want;
+    let float8 =
+        |v: &serde_json::Value| is(v, "type", "float".into()) && is(v, "num_bits", 8.into());
+    if !float8(w) {
+        return refuse(format!(
+            "config_groups.{name}.weights is {} {}-bit: only fp8 (type float, num_bits 8) is modelled yet (int8 w8a8, w4a16 and NVFP4 are not)",
+            w["type"], w["num_bits"]
+        ));
+    }
+    if !is(w, "symmetric", true.into()) || is(w, "dynamic", true.into()) {
+        return refuse(format!(
+            "config_groups.{name}.weights: only symmetric static fp8 weights are modelled"
+        ));
+    }
+    let channel = match w["strategy"].as_str() {
+        Some("channel") => true,
+        Some("tensor") => false,
+        other => {
+            return refuse(format!(
+                "config_groups.{name}.weights.strategy {other:?} is not modelled yet (channel or tensor)"
+            ))
+        }
+    };
+    let a = &g["input_activations"];
+    if a.is_null() {
+        return refuse(format!(
+            "config_groups.{name} has no input_activations: fp8 weight-only (w8a16, FP8 Marlin) is not modelled yet"
+        ));
+    }
+    if !float8(a) {
+        return refuse(format!(
+            "config_groups.{name}.input_activations is {} {}-bit: only fp8 activations are modelled",
+            a["type"], a["num_bits"]
+        ));
+    }
+    let static_activations = match (a["strategy"].as_str(), a["dynamic"].as_bool()) {
+        (Some("token"), Some(true)) => false,
+        (Some("tensor"), Some(false)) => true,
+        (s, d) => {
+            return refuse(format!(
+                "config_groups.{name}.input_activations strategy {s:?} with dynamic {d:?} is not modelled yet (dynamic per token, or static per tensor)"
+            ))
+        }
+    };
+    match &q["ignore"] {
+        serde_json::Value::Null => {}
+        serde_json::Value::Array(names) => {
+            for n in names {
+                match n.as_str() {
+                    Some(s) if s == "lm_head" || s.ends_with("lm_head") => {}
+                    _ => {
+                        return refuse(format!(
+                            "ignore lists {n}: a linear layer left in 16 bits is not read yet (only lm_head)"
+                        ))
+                    }
+                }
+            }
+        }
+        other => return refuse(format!("ignore is {other}, expected a list of names")),
+    }
+    let dtype = match config["torch_dtype"].as_str() {
+        Some("bfloat16") => DType::BF16,
+        _ => DType::F16,
+    };
+    Ok(StoredFp8 {
+        static_activations,
+        dtype,
+        block: None,
+        channel,
+        compressed_tensors: true,
     })
 }
 
@@ -897,6 +1033,19 @@ impl SafetensorsModel {
                         format!("tensor {n} is stored but activation_scheme is dynamic: vLLM has no input_scale parameter to load it into"),
                     ))
                 }
+                // compressed-tensors' channel-wise scales: `[n, 1]`, F32 or the checkpoint's
+                // 16-bit dtype (checked, with their values, as the weights are read).
+                (Some((_, sh)), true) if f.channel && part == "weight_scale" => {
+                    if sh != [shape[0], 1] && sh != [shape[0]] {
+                        return Err(Error::model(
+                            &self.shard_of(&n)?.path,
+                            format!(
+                                "tensor {n} has shape {sh:?}, expected [{}, 1] (one scale per output channel)",
+                                shape[0]
+                            ),
+                        ));
+                    }
+                }
                 (Some((dtype, sh)), true) => {
                     let at = &self.shard_of(&n)?.path;
                     if dtype != Some(StoredDtype::F32) {
@@ -1201,7 +1350,7 @@ impl WeightSource for SafetensorsModel {
         }
     }
 
-    fn read_fp8(&self, name: &str, shape: &[usize]) -> Result<(Vec<u8>, f32, Option<f32>)> {
+    fn read_fp8(&self, name: &str, shape: &[usize]) -> Result<(Vec<u8>, Vec<f32>, Option<f32>)> {
         let f = self.stored_fp8().ok_or_else(|| {
             Error::model(
                 &self.origin,
@@ -1220,7 +1369,13 @@ impl WeightSource for SafetensorsModel {
         } else {
             None
         };
-        Ok((codes, scale("weight_scale")?, input))
+        let weight = if f.channel {
+            let n = format!("{base}.weight_scale");
+            self.shard_of(&n)?.fp8_channel_scales(&n, shape[0])?
+        } else {
+            vec![scale("weight_scale")?]
+        };
+        Ok((codes, weight, input))
     }
 
     fn read_fp8_block(&self, name: &str, shape: &[usize]) -> Result<(Vec<u8>, Vec<f32>)> {

@@ -83,9 +83,9 @@ pub trait WeightSource {
         None
     }
     /// Reads a linear weight of an fp8 checkpoint as stored: its float8_e4m3fn codes
-    /// `shape`, its `weight_scale` and, under the static scheme, its `input_scale` (each
-    /// checked finite and above 0).
-    fn read_fp8(&self, name: &str, _shape: &[usize]) -> Result<(Vec<u8>, f32, Option<f32>)> {
+    /// `shape`, its `weight_scale` (one, or one per output row for channel-wise weights) and,
+    /// under the static scheme, its `input_scale` (each checked finite and above 0).
+    fn read_fp8(&self, name: &str, _shape: &[usize]) -> Result<(Vec<u8>, Vec<f32>, Option<f32>)> {
         Err(Error::model(
             self.origin(),
             format!("tensor {name} is not stored as fp8"),
@@ -449,6 +449,39 @@ impl SafetensorsFile {
         let shape = shape.to_vec();
         let values = floats_to_f32(StoredDtype::F32, self.raw(name, StoredDtype::F32, &shape)?);
         crate::quant::fp8::checked_scale(&self.path, name, &shape, &values)
+    }
+
+    /// A channel-wise fp8 `weight_scale` of `rows` output rows (`[rows, 1]` or `[rows]`),
+    /// stored as F32, BF16 or F16 (LLM Compressor writes the checkpoint dtype; vLLM's
+    /// `ChannelQuantScaleParameter` holds f32), each checked finite and above 0.
+    pub fn fp8_channel_scales(&self, name: &str, rows: usize) -> Result<Vec<f32>> {
+        let (dtype, shape) = self
+            .info(name)
+            .ok_or_else(|| Error::model(&self.path, format!("tensor {name} is missing")))?;
+        if shape != [rows, 1] && shape != [rows] {
+            return Err(Error::model(
+                &self.path,
+                format!("tensor {name} has shape {shape:?}, expected [{rows}, 1] (one scale per output channel)"),
+            ));
+        }
+        let dtype = match dtype {
+            Some(d @ (StoredDtype::F32 | StoredDtype::BF16 | StoredDtype::F16)) => d,
+            _ => {
+                return Err(Error::model(
+                    &self.path,
+                    format!(
+                        "tensor {name} is stored as {}, expected F32, BF16 or F16",
+                        self.stored_dtype_name(name)
+                    ),
+                ))
+            }
+        };
+        let shape = shape.to_vec();
+        let values = floats_to_f32(dtype, self.raw(name, dtype, &shape)?);
+        for &v in &values {
+            crate::quant::fp8::checked_scale(&self.path, name, &[], &[v])?;
+        }
+        Ok(values)
     }
 
     /// The dtype a tensor's header entry names, as written there (for error messages; parses

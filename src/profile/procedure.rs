@@ -532,6 +532,17 @@ fn check_fp8(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
         check_fp8_block(req, o, block)?;
         return check_fp8_model(o);
     }
+    let release = req.release()?;
+    let v1 = matches!(release.engine, super::vllm::Engine::V1 { .. });
+    if o.source.stored_fp8().is_some_and(|f| f.compressed_tensors) && !v1 {
+        return Err(Error::model(
+            o.source.origin(),
+            format!(
+                "a compressed-tensors fp8 checkpoint is modelled under the V1 releases (0.11, 0.15, 0.19, 0.21; per-token activations), not --vllm {}",
+                release.name
+            ),
+        ));
+    }
     match &req.device {
         DeviceSpec::Cuda { .. } => {}
         DeviceSpec::Sim { preset, .. } => {
@@ -540,11 +551,7 @@ fn check_fp8(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
             }
         }
     }
-    let release = req.release()?;
-    crate::quant::fp8::check_release(
-        release.name,
-        matches!(release.engine, super::vllm::Engine::V1 { .. }),
-    )?;
+    crate::quant::fp8::check_release(release.name, v1)?;
     check_fp8_model(o)
 }
 

@@ -662,17 +662,17 @@ impl Release {
             // in the priority list, then runs at it (FLASHMLA with an fp8 cache).
             (MlaEra::V0_15, 9) => pick(
                 if kv_fp8 { "FLASHMLA" } else { "FLASH_ATTN_MLA" },
-                (b % 64 != 0).then_some((64, "FlashMLA")),
+                (!b.is_multiple_of(64)).then_some((64, "FlashMLA")),
                 vec![fi],
             ),
             (MlaEra::V0_15, 10) => pick(
                 "FLASHINFER_MLA",
-                (b != 32 && b % 64 != 0).then_some((64, "FlashInferMLA")),
+                (b != 32 && !b.is_multiple_of(64)).then_some((64, "FlashInferMLA")),
                 vec![fi],
             ),
             (MlaEra::V0_15, _) => pick("TRITON_MLA", None, vec![fi]),
             (MlaEra::V0_19, 9) if kv_fp8 => MlaBackend {
-                block_size: if b % 64 == 0 { b } else { 64 },
+                block_size: if b.is_multiple_of(64) { b } else { 64 },
                 ..pick("FLASHMLA", None, vec![fi])
             },
             (MlaEra::V0_19, 9) => pick("FLASH_ATTN_MLA", None, vec![fi]),

@@ -629,9 +629,12 @@ pub fn quant_named(
             }
             Ok(base)
         }
+        // A compressed-tensors checkpoint (check_stored has seen its config say so); which
+        // of its schemes runs is the loader's to say (fp8 w8a8 is modelled).
+        Some("compressed-tensors") if matches!(model, ModelSource::Path { .. }) => Ok(base),
         Some("compressed-tensors") => Err(Error::Request(format!(
-            "{named} compressed-tensors: compressed-tensors is not modelled yet (vramscope \
-             models fp8, bitsandbytes, awq, gptq, awq_marlin, gptq_marlin and marlin)"
+            "{named} compressed-tensors needs a checkpoint stored that way (a preset has \
+             16-bit weights): pass its folder as the model"
         ))),
         Some(other) => Err(Error::Request(format!(
             "{named} {other}: not modelled (vramscope models fp8, bitsandbytes, awq, gptq, \
@@ -790,7 +793,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            ct.contains("compressed-tensors is not modelled yet"),
+            ct.contains("compressed-tensors needs a checkpoint stored that way"),
             "{ct}"
         );
     }

@@ -168,6 +168,12 @@ pub struct StoredFp8 {
     /// `weight_block_size` of a block-wise checkpoint (vLLM 0.8.5): `weight_scale_inv` per
     /// block instead of one `weight_scale` per tensor (`fp8_block` runs it).
     pub block: Option<BlockSize>,
+    /// compressed-tensors' `strategy: "channel"` weights: one f32 `weight_scale` per output
+    /// row (`[n, 1]`, vLLM's `ChannelQuantScaleParameter`), never requantized
+    /// (CompressedTensorsW8A8Fp8, 0.19 compressed_tensors_w8a8_fp8.py).
+    pub channel: bool,
+    /// A compressed-tensors checkpoint (modelled under the V1 releases only).
+    pub compressed_tensors: bool,
 }
 
 /// `quantization_config.weight_block_size`: `[block_n, block_k]` (output rows, input columns).
@@ -197,6 +203,9 @@ pub struct Fp8Linear {
     pub input_scale: Option<(Tensor, f32)>,
     pub out_features: usize,
     pub in_features: usize,
+    /// `weight_scale` holds one scale per output row (`[n, 1]`, compressed-tensors'
+    /// channel strategy) instead of one.
+    pub per_channel: bool,
 }
 
 impl Fp8Linear {
@@ -244,6 +253,7 @@ impl Fp8Linear {
             input_scale: None,
             out_features: n,
             in_features: k,
+            per_channel: false,
         })
     }
 
@@ -333,6 +343,7 @@ impl Fp8Linear {
             input_scale,
             out_features: n,
             in_features: k,
+            per_channel: false,
         })
     }
 
@@ -356,6 +367,11 @@ impl Fp8Linear {
             return Err(Error::Request(format!(
                 "{name}: input has {k} features but the fp8 weight {} expects {}",
                 self.qweight.name, self.in_features
+            )));
+        }
+        if self.per_channel && rt.backend() == Backend::Cuda {
+            return Err(Error::Request(format!(
+                "{name}: channel-wise fp8 weights (compressed-tensors) have no CUDA kernel here yet; run them on a simulated device (sim:PRESET)"
             )));
         }
         rt.set_op("fp8.scaled_fp8_quant");
@@ -467,24 +483,32 @@ impl Fp8Linear {
                 *d = lut[code as usize];
             }
         };
-        if let [x_scale] = x_scales {
+        if let ([x_scale], false) = (x_scales, self.per_channel) {
             return super::host_decoded_matmul(rt, &xv, (m, k), rows, out.f32_mut(), decode, |a| {
                 act.round(x_scale * (ws * a))
             });
         }
-        // Per token: the product unscaled by the activation, then each row by its own scale
-        // (the epilogue's `scale_a[row] · (scale_b · acc)`).
+        // Per token or per channel: the plain product, then the epilogue's `scale_a[row] ·
+        // (scale_b[col] · acc)` element by element.
+        let w_scales: Vec<f32> = if self.per_channel {
+            self.weight_scale.f32().to_vec()
+        } else {
+            vec![ws]
+        };
         let o = out.f32_mut();
-        super::host_decoded_matmul(rt, &xv, (m, k), rows, o, decode, |a| ws * a)?;
+        super::host_decoded_matmul(rt, &xv, (m, k), rows, o, decode, |a| a)?;
         // `out` holds each shard's columns as its own `[m, rows[i]]` block.
-        let mut at = 0;
+        let (mut at, mut c0) = (0, 0);
         for &n in rows {
             for (r, row) in o[at..at + m * n].chunks_exact_mut(n).enumerate() {
-                for v in row {
-                    *v = act.round(x_scales[r] * *v);
+                let xs = x_scales[if x_scales.len() == 1 { 0 } else { r }];
+                for (c, v) in row.iter_mut().enumerate() {
+                    let wsc = w_scales[if w_scales.len() == 1 { 0 } else { c0 + c }];
+                    *v = act.round(xs * (wsc * *v));
                 }
             }
             at += m * n;
+            c0 += n;
         }
         Ok(())
     }
