@@ -42,6 +42,16 @@ enum Workload {
     Synthetic { _weights: Tensor, spike_bytes: u64 },
 }
 
+/// The formulas a report lists: `FormulaId::ALL`, and the release's own where it is not
+/// among them (#49208 for 0.27 on).
+pub(crate) fn listed_formulas(release: &super::vllm::Release) -> Vec<FormulaId> {
+    let mut ids = FormulaId::ALL.to_vec();
+    if !ids.contains(&release.formula) {
+        ids.push(release.formula);
+    }
+    ids
+}
+
 /// What a pass hands back: the f32 logits of the first sequences (`rows × vocab`) and the
 /// sampled tokens (empty on a dry run).
 #[derive(Default)]
@@ -76,16 +86,24 @@ impl Workload {
                 if let (Some(s), Some(path)) = (sampler, v1) {
                     // V1's profile_run: `last_hidden_states` and the sampler run on its
                     // `rand_like`; the forward's hidden states stay alive meanwhile.
+                    // Model Runner V2 computes the logits on those hidden states themselves.
+                    let v2 = path.contains(&sampler::V1TopKTopP::V2Gumbel);
                     let (last, random, logits) = sampler::compute_logits_v1(
                         rt,
                         &hidden,
                         model.logits_head(),
                         &input.selected_rows,
+                        !v2,
                     )?;
                     s.head_rows.set(if want_logits { LOGITS_ROWS } else { 0 });
                     let mut o = Default::default();
                     for p in path {
-                        o = s.forward_v1(rt, &logits, vocab, *p)?;
+                        o = match p {
+                            sampler::V1TopKTopP::V2Gumbel => {
+                                s.forward_v2_dummy(rt, &logits, vocab)?
+                            }
+                            _ => s.forward_v1(rt, &logits, vocab, *p)?,
+                        };
                     }
                     out.logits_head = o.logits_head;
                     out.sampled = o.ids;
@@ -684,6 +702,15 @@ pub(crate) fn run_rank(
             ));
         }
     }
+    // Model Runner V2 where the release runs this model on it by default.
+    let v2 = match (&opened, req.release()?.engine) {
+        (Some(o), super::vllm::Engine::V1 { .. }) => req.release()?.runs_v2(
+            &o.config.arch,
+            !matches!(req.quant, Quant::F16 | Quant::BF16) || o.source.packed4().is_some(),
+            o.config.moe.is_some() || o.config.deepseek.is_some(),
+        ),
+        _ => false,
+    };
     // A pre-quantized fp8 checkpoint runs as `--quant fp8` from here on.
     let as_fp8 = match &opened {
         Some(o) => stored_fp8_request(req, o)?,
@@ -773,6 +800,14 @@ pub(crate) fn run_rank(
         Some(b) if b > 0 => Some(rt.alloc_outside("cuda-context", b)?),
         _ => None,
     };
+    if release.cublas_before_baseline {
+        // 0.33 makes its cuBLAS and cuBLASLt handles before the baseline snapshot (`torch.mm`,
+        // `F.linear` with a bias: 0.33.0 v1/worker/gpu_worker.py:518-529).
+        rt.set_op("cublas-handles");
+        rt.ensure_library_workspaces()?;
+        rt.ensure_lt_workspace()?;
+        rt.set_op("instance");
+    }
     let t0 = checkpoint(&rt, "t0");
     let _distributed = init_distributed(&rt, release)?;
     let before_load = rt.stats().allocated;
@@ -857,6 +892,8 @@ pub(crate) fn run_rank(
                                 sms: sms.unwrap_or(132),
                             };
                             Some(match top_k_top_p {
+                                // V2's dummy sampler has no request state: the Gumbel argmax.
+                                _ if v2 => vec![sampler::V1TopKTopP::V2Gumbel],
                                 super::vllm::TopKTopP::Sort => vec![sampler::V1TopKTopP::Sort],
                                 super::vllm::TopKTopP::Triton => vec![triton],
                                 super::vllm::TopKTopP::FlashInferThenTriton => {
@@ -873,6 +910,31 @@ pub(crate) fn run_rank(
         (_, None) => unreachable!("non-synthetic models are opened above"),
     };
     let weights_bytes = rt.stats().allocated - before_load;
+    // Model Runner V2's sampler state, made with the runner after the weights are measured
+    // and kept: `prompt_bin_mask` [max_num_reqs, ⌈V/32⌉] and `output_bin_counts`
+    // [max_num_reqs, V], int32 (0.22.1 v1/worker/gpu/sample/penalties.py:32-42, made in
+    // `__init__`; from 0.25.1 in `load_model` after `DeviceMemoryProfiler`).
+    let _v2_state = match (&work, v2) {
+        (Workload::Model { model, .. }, true) => {
+            rt.set_op("model_runner_v2.sampler_state");
+            let v = model.config().vocab_size;
+            Some([
+                rt.tensor(
+                    "penalties.prompt_bin_mask",
+                    Category::Sampler,
+                    &[req.seqs, v.div_ceil(32)],
+                    DType::I32,
+                )?,
+                rt.tensor(
+                    "penalties.output_bin_counts",
+                    Category::Sampler,
+                    &[req.seqs, v],
+                    DType::I32,
+                )?,
+            ])
+        }
+        _ => None,
+    };
     let weights_tensor_bytes = match &work {
         Workload::Model { model, .. } => model.weight_bytes(),
         Workload::Synthetic { .. } => weights_bytes,
@@ -884,7 +946,7 @@ pub(crate) fn run_rank(
 
     rt.progress(Progress::Phase(Phase::Profiling));
     let verify_count = if req.verify {
-        FormulaId::ALL.len() as u32 + 1
+        listed_formulas(release).len() as u32 + 1
     } else {
         0
     };
@@ -976,7 +1038,7 @@ pub(crate) fn run_rank(
     };
     let budget = formulas::budget(t0.total, req.util, false);
     let truth_non_kv = truth_peak as i64;
-    let mut results: Vec<FormulaResult> = FormulaId::ALL
+    let mut results: Vec<FormulaResult> = listed_formulas(release)
         .iter()
         .map(|&id| {
             let t = formulas::evaluate(id, &cps, weights_bytes, req.util);
@@ -1078,7 +1140,7 @@ pub(crate) fn run_rank(
         (Workload::Model { .. }, true) => release.capture_plan(req.seqs, req.tokens),
         _ => Vec::new(),
     };
-    let estimate = match (&work, release.estimator()) {
+    let estimate = match (&work, release.estimator_for(v2)) {
         (Workload::Model { model, .. }, e)
             // `--kv-cache-memory` skips vLLM's memory profiling, the estimator with it.
             if !plan.is_empty()
@@ -1133,7 +1195,7 @@ pub(crate) fn run_rank(
             &work,
             &geometry,
             kv_dtype,
-            engine_kv(FormulaId::ALL.len(), truth.kv_bytes),
+            engine_kv(listed_formulas(release).len(), truth.kv_bytes),
             budget as u64,
             others,
             index,
