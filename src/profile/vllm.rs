@@ -733,6 +733,9 @@ const R0_22: Release = Release {
               (gpu/model_runner.py:620-622), so nothing comes off the budget for graphs. \
               V1's runner (every other model) as 0.21. Not modelled: MoE (as 0.21), \
               the model files are 0.21's (not re-read)",
+    fused_moe: FusedMoe::Unmodelled(
+        "its fused MoE is not read for 0.22 and later (0.21's default on Hopper is FlashInfer's CUTLASS MoE, 0.21.0 fused_moe/oracle/unquantized.py)",
+    ),
     runner_v2: RunnerV2::DenseUnquantized(&["qwen3"]),
     v2: Some(V2 {
         estimates_graphs: false,
