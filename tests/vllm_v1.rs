@@ -551,7 +551,10 @@ fn q4_qwen3_14b_on_an_l40s_under_0_28() {
     assert_eq!((r.settings.tokens, r.settings.seqs), (2048, 256));
     assert_eq!(r.settings.max_model_len, 40960);
     let a = r.vllm_answer().unwrap();
-    assert_eq!(a.formula.id, vramscope::profile::formulas::FormulaId::Pr49208);
+    assert_eq!(
+        a.formula.id,
+        vramscope::profile::formulas::FormulaId::Pr49208
+    );
     let weights = r.weights_bytes as f64 / GIB;
     let kv = a.kv_bytes as f64 / GIB;
     let (tokens, concurrency) = r.kv_tokens_and_concurrency(&a);
@@ -576,7 +579,10 @@ fn q4_qwen3_14b_on_an_l40s_under_0_28() {
     // V2's `output_bin_counts` [256, 151936] int32 is in the consumption.
     assert!(a.formula.non_torch_bytes >= 256 * 151_936 * 4);
     let lines = r.vllm_log_lines().join("\n");
-    assert!(lines.contains("total consumed (from mem_get_info)"), "{lines}");
+    assert!(
+        lines.contains("total consumed (from mem_get_info)"),
+        "{lines}"
+    );
     assert!(
         lines.contains(&format!(
             "GPU KV cache size: {} tokens, Maximum concurrency for 40,960 tokens per request",
@@ -594,7 +600,12 @@ fn q4_qwen3_14b_on_an_l40s_under_0_28() {
 /// (8.0 − 7.37 = 0.48 + 0.15).
 #[test]
 fn q8_suggestion_under_0_26_subtracts_graphs_that_were_never_reserved() {
-    let mut req = request("preset:qwen2.5-1.5b", Quant::BF16, "sim:rtx4090:dry", "0.26");
+    let mut req = request(
+        "preset:qwen2.5-1.5b",
+        Quant::BF16,
+        "sim:rtx4090:dry",
+        "0.26",
+    );
     req.device = req.device.with_total(Some((15.99 * GIB) as u64)).unwrap();
     req.max_model_len = 32768;
     let r = run(&req);

@@ -801,7 +801,6 @@ const R0_31: Release = Release {
     ..R0_29
 };
 
-
 /// Model types every release here has a model file for (vllm/model_executor/models/:
 /// llama.py, which Mistral uses too, qwen2.py, opt.py, phi3.py: `Phi3ForCausalLM` is
 /// `LlamaForCausalLM` with its checkpoint names packed, in 0.6.3 through 0.19; gemma2.py, in
@@ -972,10 +971,13 @@ impl Release {
     /// The graph-memory estimator this release runs for a model on V2 (`v2`) or V1's runner.
     pub fn estimator_for(&self, v2: bool) -> Estimator {
         match (v2, self.v2) {
-            (true, Some(V2 {
-                estimates_graphs: false,
-                ..
-            })) => Estimator::Absent,
+            (
+                true,
+                Some(V2 {
+                    estimates_graphs: false,
+                    ..
+                }),
+            ) => Estimator::Absent,
             _ => self.estimator(),
         }
     }
