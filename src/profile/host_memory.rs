@@ -140,9 +140,8 @@ pub fn estimate(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> HostEstimate
     let compute = matches!(req.device, DeviceSpec::Sim { dry: false, .. })
         && !matches!(req.model, ModelSource::Synthetic { .. });
     let verify = if req.verify {
-        req.release().map_or(FormulaId::ALL.len(), |r| {
-            super::procedure::listed_formulas(r).len()
-        }) as u64
+        req.release()
+            .map_or(FormulaId::ALL.len(), |r| r.listed_formulas().len()) as u64
             + 1
     } else {
         0

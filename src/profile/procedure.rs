@@ -42,16 +42,6 @@ enum Workload {
     Synthetic { _weights: Tensor, spike_bytes: u64 },
 }
 
-/// The formulas a report lists: `FormulaId::ALL`, and the release's own where it is not
-/// among them (#49208 for 0.27 on).
-pub(crate) fn listed_formulas(release: &super::vllm::Release) -> Vec<FormulaId> {
-    let mut ids = FormulaId::ALL.to_vec();
-    if !ids.contains(&release.formula) {
-        ids.push(release.formula);
-    }
-    ids
-}
-
 /// What a pass hands back: the f32 logits of the first sequences (`rows × vocab`) and the
 /// sampled tokens (empty on a dry run).
 #[derive(Default)]
@@ -946,7 +936,7 @@ pub(crate) fn run_rank(
 
     rt.progress(Progress::Phase(Phase::Profiling));
     let verify_count = if req.verify {
-        listed_formulas(release).len() as u32 + 1
+        release.listed_formulas().len() as u32 + 1
     } else {
         0
     };
@@ -1038,7 +1028,8 @@ pub(crate) fn run_rank(
     };
     let budget = formulas::budget(t0.total, req.util, false);
     let truth_non_kv = truth_peak as i64;
-    let mut results: Vec<FormulaResult> = listed_formulas(release)
+    let mut results: Vec<FormulaResult> = release
+        .listed_formulas()
         .iter()
         .map(|&id| {
             let t = formulas::evaluate(id, &cps, weights_bytes, req.util);
@@ -1195,7 +1186,7 @@ pub(crate) fn run_rank(
             &work,
             &geometry,
             kv_dtype,
-            engine_kv(listed_formulas(release).len(), truth.kv_bytes),
+            engine_kv(release.listed_formulas().len(), truth.kv_bytes),
             budget as u64,
             others,
             index,

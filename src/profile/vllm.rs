@@ -955,6 +955,16 @@ impl Release {
 }
 
 impl Release {
+    /// The formulas a report of this release lists: `FormulaId::ALL`, and the release's own
+    /// where it is not among them (#49208 for 0.27 on).
+    pub fn listed_formulas(&self) -> Vec<FormulaId> {
+        let mut ids = FormulaId::ALL.to_vec();
+        if !ids.contains(&self.formula) {
+            ids.push(self.formula);
+        }
+        ids
+    }
+
     /// Whether this release profiles a model of type `arch` on Model Runner V2 by default
     /// (`RunnerV2`): `quantized` for a checkpoint's quantization (AWQ, GPTQ, FP8,
     /// bitsandbytes), `moe` for a mixture of experts.
