@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::formulas::{self, Checkpoint, Checkpoints, FormulaId, KvGeometry};
+use super::formulas::{self, Checkpoint, Checkpoints, KvGeometry};
 use super::report::{
     FormulaResult, ModelInfo, PassStats, Report, TopLogits, TrueMax, Truth, Verify, REPORT_FORMAT,
 };
