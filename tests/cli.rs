@@ -1451,6 +1451,7 @@ fn the_documented_plan_lines_run_as_written() {
     for line in [
         "plan -- vllm serve Qwen/Qwen2.5-32B-Instruct -tp 2 --max-model-len 10000 --gpu-memory-utilization 0.9",
         "plan --vllm 0.19 --device sim:h100-sxm:dry -- vllm serve meta-llama/Llama-3.1-8B-Instruct",
+        "plan --vllm 0.33 -- vllm serve meta-llama/Llama-3.1-8B-Instruct",
     ] {
         let words: Vec<&str> = line.split(' ').collect();
         let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))

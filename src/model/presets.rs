@@ -143,7 +143,7 @@ fn gemma1(hidden: usize, inter: usize, layers: usize, heads: usize, kv: usize) -
     }
 }
 
-pub const PRESET_NAMES: [&str; 26] = [
+pub const PRESET_NAMES: [&str; 27] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
@@ -155,6 +155,7 @@ pub const PRESET_NAMES: [&str; 26] = [
     "qwen2.5-32b",
     "qwen3-0.6b",
     "qwen3-8b",
+    "qwen3-14b",
     "phi-3-mini-4k",
     "phi-4",
     "gemma-2-9b",
@@ -235,6 +236,11 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         // Qwen/Qwen3-8B (config.json: head_dim 128, no attention bias, 40960 positions)
         "qwen3-8b" => cfg(
             "qwen3", 4096, 12288, 36, 32, 8, 151936, 1e6, 1e-6, false, 40960,
+        ),
+        // Qwen/Qwen3-14B (config.json: 40 layers of 40 heads of 128, 8 KV heads, 40960
+        // positions, untied embeddings)
+        "qwen3-14b" => cfg(
+            "qwen3", 5120, 17408, 40, 40, 8, 151936, 1e6, 1e-6, false, 40960,
         ),
         // Qwen/Qwen3-0.6B: head_dim 128 over 16 heads of a 1024-wide model, tied embeddings.
         "qwen3-0.6b" => ModelConfig {

@@ -695,6 +695,12 @@ pub enum V1TopKTopP {
     /// 200-243; docs/reading/vllm-v011-flashinfer.md). It samples by itself: no exponential
     /// draws.
     FlashInfer,
+    /// Model Runner V2's dummy sampler (0.22.1-0.33.0 v1/worker/gpu/model_runner.py
+    /// `_dummy_sampler_run`, gpu/sample/sampler.py): no request holds sampling parameters, so
+    /// the logits stay in the model dtype (no fp32 copy, no top-k/top-p) and
+    /// `gumbel_sample` takes the per-block argmax and maximum, `[R, ⌈V/1024⌉]` int64 and
+    /// f32 (gumbel.py:194-215 in 0.22.1, :233-279 in 0.28.0).
+    V2Gumbel,
 }
 
 /// FlashInfer's cached `top_k_mask_logits_row_states` buffer (1 MiB, uint8 zeros).
@@ -1029,23 +1035,92 @@ impl Sampler {
     }
 }
 
+/// Model Runner V2's Gumbel block width (`BLOCK_SIZE = 1024`, gpu/sample/gumbel.py).
+const V2_GUMBEL_BLOCK: usize = 1024;
+
+impl Sampler {
+    /// Model Runner V2's `_dummy_sampler_run` after `compute_logits`: `gumbel_sample` on the
+    /// `[R, V]` logits as they are (`V1TopKTopP::V2Gumbel`). The dummy requests hold no
+    /// temperature, so the draw is the greedy argmax, which a CPU run computes.
+    pub fn forward_v2_dummy(
+        &self,
+        rt: &Runtime,
+        logits_d: &Tensor,
+        vocab: usize,
+    ) -> Result<SamplerOutput> {
+        rt.check_cancel()?;
+        rt.set_layer(None);
+        let rows = logits_d.rows();
+        if vocab < 2 || vocab > logits_d.cols() {
+            return Err(Error::Request(format!(
+                "sampler: vocabulary {vocab} does not fit logits of {} columns",
+                logits_d.cols()
+            )));
+        }
+        let blocks = vocab.div_ceil(V2_GUMBEL_BLOCK);
+        rt.set_op("sampler_v2.gumbel");
+        let local_argmax = rt.tensor(
+            "sampler.local_argmax",
+            Category::Sampler,
+            &[rows, blocks],
+            DType::I64,
+        )?;
+        let local_max = rt.tensor(
+            "sampler.local_max",
+            Category::Sampler,
+            &[rows, blocks],
+            DType::F32,
+        )?;
+        // `local_max.argmax(dim=-1, keepdim=True)`, then the gather into `sampled`.
+        let block_idx = rt.tensor(
+            "sampler.max_block_idx",
+            Category::Sampler,
+            &[rows, 1],
+            DType::I64,
+        )?;
+        let mut sampled = rt.tensor("sampler.sampled", Category::Sampler, &[rows], DType::I64)?;
+        let mut out = SamplerOutput::default();
+        if rt.backend() == Backend::Cpu {
+            let mut f = vec![0f32; rows * vocab];
+            cpu::narrow_cols(logits_d.f32(), logits_d.cols(), vocab, &mut f);
+            cpu::argmax_rows(&f, vocab, sampled.i32_mut());
+            out.ids = sampled.i32().iter().map(|&v| v as u32).collect();
+            if self.head_rows.get() > 0 {
+                f.truncate(self.head_rows.get().min(rows) * vocab);
+                out.logits_head = f;
+            }
+        }
+        drop((block_idx, local_max, local_argmax, sampled));
+        Ok(out)
+    }
+}
+
 /// V1's logits for the profile's sampler run (0.19.0 v1/worker/gpu_model_runner.py: the
 /// `_dummy_run` returns `hidden_states[logit_indices]`, the last token of each request, kept
 /// by `profile_run` as `last_hidden_states`; `_dummy_sampler_run` replaces it with
 /// `torch.rand_like` (:5569) and runs `compute_logits` on that (:5571)). Returns the kept
 /// last hidden states, the random ones and the `[R, Vp]` logits. In compute mode the random
 /// tensor holds the real hidden states, so the logits and sampled tokens mean something; its
-/// shape, dtype and lifetime are V1's.
+/// shape, dtype and lifetime are V1's. Without `rand_like` (Model Runner V2, 0.22.1
+/// v1/worker/gpu/model_runner.py:569-571) the logits are those of the last hidden states.
 pub fn compute_logits_v1(
     rt: &Runtime,
     hidden: &Tensor,
     head: LogitsHead<'_>,
     rows: &[u32],
-) -> Result<(Tensor, Tensor, Tensor)> {
+    rand_like: bool,
+) -> Result<(Tensor, Option<Tensor>, Tensor)> {
     rt.check_cancel()?;
     rt.set_layer(None);
     rt.set_op("logits_v1.last_hidden_states");
     let last = select_rows(rt, hidden, rows, "last_hidden_states")?;
+    if !rand_like {
+        rt.set_op("logits_v1.lm_head");
+        let logits = head.project(rt, &last, hidden.dtype)?;
+        let logits = crate::engine::ops_tp::all_gather_logits(rt, logits)?;
+        let logits = process_logits(rt, logits, head.mods)?;
+        return Ok((last, None, logits));
+    }
     rt.set_op("logits_v1.rand_like");
     let mut random = rt.tensor(
         "sampler_run.rand_like",
@@ -1063,5 +1138,5 @@ pub fn compute_logits_v1(
     // With tensor parallel every rank gets the whole vocabulary (V1 all-gathers).
     let logits = crate::engine::ops_tp::all_gather_logits(rt, logits)?;
     let logits = process_logits(rt, logits, head.mods)?;
-    Ok((last, random, logits))
+    Ok((last, Some(random), logits))
 }

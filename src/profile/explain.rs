@@ -1283,10 +1283,16 @@ mod tests {
         assert_eq!(release_of(&f, &mut a).unwrap(), "0.19");
         assert!(a[0].contains("0.19.1"), "{a:?}");
         let f = LogFacts {
-            release: Some("0.33.0".into()),
+            release: Some("0.34.0".into()),
             ..LogFacts::default()
         };
         assert!(release_of(&f, &mut a).is_err());
+        // 0.33.0 is a row of its own.
+        let f = LogFacts {
+            release: Some("0.33.0".into()),
+            ..LogFacts::default()
+        };
+        assert_eq!(release_of(&f, &mut a).unwrap(), "0.33");
     }
 
     #[test]

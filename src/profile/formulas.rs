@@ -47,6 +47,9 @@ pub enum FormulaId {
     Pr9516,
     Pr10511,
     Pr12126,
+    /// Not in `ALL`: listed only in a report of a release that applies it (0.27 on), so the
+    /// reports of every earlier release keep their five formulas.
+    Pr49208,
 }
 
 impl FormulaId {
@@ -65,6 +68,7 @@ impl FormulaId {
             FormulaId::Pr9516 => "pr9516",
             FormulaId::Pr10511 => "pr10511",
             FormulaId::Pr12126 => "pr12126",
+            FormulaId::Pr49208 => "pr49208",
         }
     }
 
@@ -75,6 +79,7 @@ impl FormulaId {
             FormulaId::Pr9516 => "#9516 total-minus-torch (new)",
             FormulaId::Pr10511 => "#10511 per-instance",
             FormulaId::Pr12126 => "#12126 reserved-based (V1)",
+            FormulaId::Pr49208 => "#49208 consumed + transient headroom (V1, 0.27 on)",
         }
     }
 
@@ -85,7 +90,13 @@ impl FormulaId {
             FormulaId::Pr9516 => "#9516 new",
             FormulaId::Pr10511 => "#10511",
             FormulaId::Pr12126 => "#12126",
+            FormulaId::Pr49208 => "#49208",
         }
+    }
+
+    /// Whether the budget is ceil(T·u) (V1's `request_memory`) rather than floored.
+    pub fn ceils_budget(self) -> bool {
+        matches!(self, FormulaId::Pr12126 | FormulaId::Pr49208)
     }
 }
 
@@ -153,6 +164,19 @@ pub fn evaluate(id: FormulaId, c: &Checkpoints, weights: u64, util: f64) -> Term
             (
                 i(t3.allocated_peak) - i(t1.allocated),
                 nt(t3) - nt(t0),
+                i(weights),
+                true,
+            )
+        }
+        // #49208 (0.27.1 utils/mem_utils.py:314-326): total consumed = free memory at the
+        // baseline minus after the profile (weights, every tensor that survives, the
+        // allocator's cached segments, memory outside PyTorch), plus the transient headroom
+        // Â − A(t3). Held as weights + the rest, so the terms add up as the others do.
+        FormulaId::Pr49208 => {
+            let consumed = i(t0.free) - i(t3.free);
+            (
+                i(t3.allocated_peak) - i(t3.allocated),
+                consumed - i(weights),
                 i(weights),
                 true,
             )

@@ -140,7 +140,9 @@ pub fn estimate(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> HostEstimate
     let compute = matches!(req.device, DeviceSpec::Sim { dry: false, .. })
         && !matches!(req.model, ModelSource::Synthetic { .. });
     let verify = if req.verify {
-        FormulaId::ALL.len() as u64 + 1
+        req.release()
+            .map_or(FormulaId::ALL.len(), |r| r.listed_formulas().len()) as u64
+            + 1
     } else {
         0
     };

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::formulas::{self, Checkpoint, Checkpoints, FormulaId, KvGeometry};
+use super::formulas::{self, Checkpoint, Checkpoints, KvGeometry};
 use super::report::{
     FormulaResult, ModelInfo, PassStats, Report, TopLogits, TrueMax, Truth, Verify, REPORT_FORMAT,
 };
@@ -76,16 +76,24 @@ impl Workload {
                 if let (Some(s), Some(path)) = (sampler, v1) {
                     // V1's profile_run: `last_hidden_states` and the sampler run on its
                     // `rand_like`; the forward's hidden states stay alive meanwhile.
+                    // Model Runner V2 computes the logits on those hidden states themselves.
+                    let v2 = path.contains(&sampler::V1TopKTopP::V2Gumbel);
                     let (last, random, logits) = sampler::compute_logits_v1(
                         rt,
                         &hidden,
                         model.logits_head(),
                         &input.selected_rows,
+                        !v2,
                     )?;
                     s.head_rows.set(if want_logits { LOGITS_ROWS } else { 0 });
                     let mut o = Default::default();
                     for p in path {
-                        o = s.forward_v1(rt, &logits, vocab, *p)?;
+                        o = match p {
+                            sampler::V1TopKTopP::V2Gumbel => {
+                                s.forward_v2_dummy(rt, &logits, vocab)?
+                            }
+                            _ => s.forward_v1(rt, &logits, vocab, *p)?,
+                        };
                     }
                     out.logits_head = o.logits_head;
                     out.sampled = o.ids;
@@ -697,6 +705,15 @@ pub(crate) fn run_rank(
             ));
         }
     }
+    // Model Runner V2 where the release runs this model on it by default.
+    let v2 = match (&opened, req.release()?.engine) {
+        (Some(o), super::vllm::Engine::V1 { .. }) => req.release()?.runs_v2(
+            &o.config.arch,
+            !matches!(req.quant, Quant::F16 | Quant::BF16) || o.source.packed4().is_some(),
+            o.config.moe.is_some() || o.config.deepseek.is_some(),
+        ),
+        _ => false,
+    };
     // A pre-quantized fp8 checkpoint runs as `--quant fp8` from here on.
     let as_fp8 = match &opened {
         Some(o) => stored_fp8_request(req, o)?,
@@ -787,6 +804,14 @@ pub(crate) fn run_rank(
         Some(b) if b > 0 => Some(rt.alloc_outside("cuda-context", b)?),
         _ => None,
     };
+    if release.cublas_before_baseline {
+        // 0.33 makes its cuBLAS and cuBLASLt handles before the baseline snapshot (`torch.mm`,
+        // `F.linear` with a bias: 0.33.0 v1/worker/gpu_worker.py:518-529).
+        rt.set_op("cublas-handles");
+        rt.ensure_library_workspaces()?;
+        rt.ensure_lt_workspace()?;
+        rt.set_op("instance");
+    }
     let t0 = checkpoint(&rt, "t0");
     let _distributed = init_distributed(&rt, release)?;
     let before_load = rt.stats().allocated;
@@ -871,6 +896,8 @@ pub(crate) fn run_rank(
                                 sms: sms.unwrap_or(132),
                             };
                             Some(match top_k_top_p {
+                                // V2's dummy sampler has no request state: the Gumbel argmax.
+                                _ if v2 => vec![sampler::V1TopKTopP::V2Gumbel],
                                 super::vllm::TopKTopP::Sort => vec![sampler::V1TopKTopP::Sort],
                                 super::vllm::TopKTopP::Triton => vec![triton],
                                 super::vllm::TopKTopP::FlashInferThenTriton => {
@@ -887,6 +914,31 @@ pub(crate) fn run_rank(
         (_, None) => unreachable!("non-synthetic models are opened above"),
     };
     let weights_bytes = rt.stats().allocated - before_load;
+    // Model Runner V2's sampler state, made with the runner after the weights are measured
+    // and kept: `prompt_bin_mask` [max_num_reqs, ⌈V/32⌉] and `output_bin_counts`
+    // [max_num_reqs, V], int32 (0.22.1 v1/worker/gpu/sample/penalties.py:32-42, made in
+    // `__init__`; from 0.25.1 in `load_model` after `DeviceMemoryProfiler`).
+    let _v2_state = match (&work, v2) {
+        (Workload::Model { model, .. }, true) => {
+            rt.set_op("model_runner_v2.sampler_state");
+            let v = model.config().vocab_size;
+            Some([
+                rt.tensor(
+                    "penalties.prompt_bin_mask",
+                    Category::Sampler,
+                    &[req.seqs, v.div_ceil(32)],
+                    DType::I32,
+                )?,
+                rt.tensor(
+                    "penalties.output_bin_counts",
+                    Category::Sampler,
+                    &[req.seqs, v],
+                    DType::I32,
+                )?,
+            ])
+        }
+        _ => None,
+    };
     let weights_tensor_bytes = match &work {
         Workload::Model { model, .. } => model.weight_bytes(),
         Workload::Synthetic { .. } => weights_bytes,
@@ -898,7 +950,7 @@ pub(crate) fn run_rank(
 
     rt.progress(Progress::Phase(Phase::Profiling));
     let verify_count = if req.verify {
-        FormulaId::ALL.len() as u32 + 1
+        release.listed_formulas().len() as u32 + 1
     } else {
         0
     };
@@ -990,7 +1042,8 @@ pub(crate) fn run_rank(
     };
     let budget = formulas::budget(t0.total, req.util, false);
     let truth_non_kv = truth_peak as i64;
-    let mut results: Vec<FormulaResult> = FormulaId::ALL
+    let mut results: Vec<FormulaResult> = release
+        .listed_formulas()
         .iter()
         .map(|&id| {
             let t = formulas::evaluate(id, &cps, weights_bytes, req.util);
@@ -1092,7 +1145,7 @@ pub(crate) fn run_rank(
         (Workload::Model { .. }, true) => release.capture_plan(req.seqs, req.tokens),
         _ => Vec::new(),
     };
-    let estimate = match (&work, release.estimator()) {
+    let estimate = match (&work, release.estimator_for(v2)) {
         (Workload::Model { model, .. }, e)
             // `--kv-cache-memory` skips vLLM's memory profiling, the estimator with it.
             if !plan.is_empty()
@@ -1147,7 +1200,7 @@ pub(crate) fn run_rank(
             &work,
             &geometry,
             kv_dtype,
-            engine_kv(FormulaId::ALL.len(), truth.kv_bytes),
+            engine_kv(release.listed_formulas().len(), truth.kv_bytes),
             budget as u64,
             others,
             index,

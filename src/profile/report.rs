@@ -296,7 +296,7 @@ pub fn release_kv_bytes(
     estimate_applied: u64,
 ) -> i64 {
     // The formulas list computes #12126 as V1 does (ceil); V0 releases floor.
-    let ceil_in_list = release.formula == FormulaId::Pr12126;
+    let ceil_in_list = release.formula.ceils_budget();
     formula_kv + super::formulas::budget(total, util, release.ceil_budget)
         - super::formulas::budget(total, util, ceil_in_list)
         - estimate_applied as i64
@@ -318,6 +318,21 @@ pub struct EngineBudget {
     pub binding_rank: u32,
     /// Each rank's own count, in rank order.
     pub rank_blocks: Vec<u64>,
+}
+
+/// The numbers of a release's `--kv-cache-memory` suggestion line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvCacheMemorySuggestion {
+    /// ceil(T·u).
+    pub requested_bytes: i64,
+    /// Weights + non-torch (#49208: total consumed).
+    pub consumed_bytes: i64,
+    /// What the line calls peak activation.
+    pub peak_activation_bytes: i64,
+    /// `--kv-cache-memory` to fit into the requested memory.
+    pub to_requested: i64,
+    /// To fully use the free memory at start.
+    pub to_gpu: i64,
 }
 
 /// What the vLLM release a run reproduces grants: its formula's KV budget, with T·u rounded
@@ -619,13 +634,25 @@ impl Report {
                     self.settings.util,
                     gib(requested as f64)
                 ));
-                out.push(format!(
-                    "DEBUG gpu_worker.py] Memory profiling takes {secs:.2} seconds. Total non KV cache memory: {:.2}GiB; torch peak memory increase: {:.2}GiB; non-torch forward increase memory: {:.2}GiB; weights memory: {:.2}GiB.",
-                    gib(f.non_kv_bytes as f64),
-                    gib(f.torch_peak_bytes as f64),
-                    gib(f.non_torch_bytes as f64),
-                    gib(f.weights_term_bytes as f64)
-                ));
+                if f.id == FormulaId::Pr49208 {
+                    // 0.27.1 utils/mem_utils.py:220-230: the increase is still printed, beside
+                    // what #49208 counts instead of the non-torch increase.
+                    out.push(format!(
+                        "DEBUG gpu_worker.py] Memory profiling takes {secs:.2} seconds. Total non KV cache memory: {:.2}GiB; torch peak memory increase: {:.2}GiB; total consumed (from mem_get_info): {:.2}GiB; weights memory: {:.2}GiB.",
+                        gib(f.non_kv_bytes as f64),
+                        gib(c.t3.allocated_peak as f64 - c.t1.allocated as f64),
+                        gib((f.non_torch_bytes + f.weights_term_bytes) as f64),
+                        gib(f.weights_term_bytes as f64)
+                    ));
+                } else {
+                    out.push(format!(
+                        "DEBUG gpu_worker.py] Memory profiling takes {secs:.2} seconds. Total non KV cache memory: {:.2}GiB; torch peak memory increase: {:.2}GiB; non-torch forward increase memory: {:.2}GiB; weights memory: {:.2}GiB.",
+                        gib(f.non_kv_bytes as f64),
+                        gib(f.torch_peak_bytes as f64),
+                        gib(f.non_torch_bytes as f64),
+                        gib(f.weights_term_bytes as f64)
+                    ));
+                }
                 out.push(format!(
                     "INFO gpu_worker.py] Available KV cache memory: {:.2} GiB",
                     gib(a.kv_bytes as f64)
@@ -639,6 +666,15 @@ impl Report {
     /// V1's KV cache lines (kv_cache_utils.py): tokens and the maximum concurrency.
     fn v1_kv_lines(&self, a: &VllmAnswer<'_>) -> Vec<String> {
         let (tokens, concurrency) = self.kv_tokens_and_concurrency(a);
+        if a.release.kv_line_combined {
+            // 0.28.0 v1/core/kv_cache_utils.py:1869-1875.
+            return vec![format!(
+                "INFO kv_cache_utils.py] GPU KV cache size: {} tokens, Maximum concurrency for {} tokens per request: {:.2}x",
+                crate::base::units::thousands(tokens),
+                crate::base::units::thousands(self.settings.max_model_len.max(1)),
+                concurrency
+            )];
+        }
         vec![
             format!(
                 "INFO kv_cache_utils.py] GPU KV cache size: {} tokens",
@@ -750,24 +786,38 @@ impl Report {
         let profiled = self.settings.kv_cache_memory.is_none();
         if let Some(f) = self.formula(a.release.formula).filter(|_| profiled) {
             let c = &self.checkpoints;
-            let requested = super::formulas::budget(c.t0.total, self.settings.util, true) as f64;
-            let non_kv =
-                (f.weights_term_bytes + f.torch_peak_bytes + f.non_torch_bytes) as f64 + actual;
-            let margin = (150u64 << 20) as f64;
-            let to_req = (requested - non_kv - margin) as i64;
-            let to_gpu = (c.t0.free as f64 - non_kv - margin) as i64;
+            let s = self.kv_cache_memory_suggestion(&a, f, actual);
+            let level = match a.release.suggestion {
+                super::vllm::Suggestion::Debug => "DEBUG",
+                super::vllm::Suggestion::Info | super::vllm::Suggestion::Consumed => "INFO",
+            };
+            let usage = if a.release.suggestion == super::vllm::Suggestion::Consumed {
+                // 0.27.1 v1/worker/gpu_worker.py:766-786.
+                format!(
+                    "{} GiB for consumed memory (weights + non-torch), {} GiB for peak activation, and {} GiB for CUDAGraph memory",
+                    r2(s.consumed_bytes as f64),
+                    r2(s.peak_activation_bytes as f64),
+                    r2(actual)
+                )
+            } else {
+                format!(
+                    "{} GiB for weight, {} GiB for peak activation, {} GiB for non-torch memory, and {} GiB for CUDAGraph memory",
+                    r2(f.weights_term_bytes as f64),
+                    r2(s.peak_activation_bytes as f64),
+                    r2(f.non_torch_bytes as f64),
+                    r2(actual)
+                )
+            };
             out.push(format!(
-                "DEBUG gpu_worker.py] Free memory on device ({}/{} GiB) on startup. Desired GPU memory utilization is ({}, {} GiB). Actual usage is {} GiB for weight, {} GiB for peak activation, {} GiB for non-torch memory, and {} GiB for CUDAGraph memory. Replace gpu_memory_utilization config with `--kv-cache-memory={to_req}` ({} GiB) to fit into requested memory, or `--kv-cache-memory={to_gpu}` ({} GiB) to fully utilize gpu memory. Current kv cache memory in use is {} GiB.",
+                "{level} gpu_worker.py] Free memory on device ({}/{} GiB) on startup. Desired GPU memory utilization is ({}, {} GiB). Actual usage is {usage}. Replace gpu_memory_utilization config with `--kv-cache-memory={}` ({} GiB) to fit into requested memory, or `--kv-cache-memory={}` ({} GiB) to fully utilize gpu memory. Current kv cache memory in use is {} GiB.",
                 r2(c.t0.free as f64),
                 r2(c.t0.total as f64),
                 self.settings.util,
-                r2(requested),
-                r2(f.weights_term_bytes as f64),
-                r2(f.torch_peak_bytes as f64),
-                r2(f.non_torch_bytes as f64),
-                r2(actual),
-                r2(to_req as f64),
-                r2(to_gpu as f64),
+                r2(s.requested_bytes as f64),
+                s.to_requested,
+                r2(s.to_requested as f64),
+                s.to_gpu,
+                r2(s.to_gpu as f64),
                 r2(a.kv_bytes as f64)
             ));
         }
@@ -789,6 +839,37 @@ impl Report {
             });
         }
         out
+    }
+
+    /// The `--kv-cache-memory` suggestion's arithmetic (0.19.0 v1/worker/gpu_worker.py:
+    /// 620-660; 0.27.1 :740-786): requested (and free memory at start) less the non-KV
+    /// memory it sums, less a 150 MiB margin. From 0.27 its peak activation holds the
+    /// estimate the budget applied, and the graphs' actual memory is added on top of it.
+    pub fn kv_cache_memory_suggestion(
+        &self,
+        a: &VllmAnswer<'_>,
+        f: &FormulaResult,
+        graphs_actual: f64,
+    ) -> KvCacheMemorySuggestion {
+        let c = &self.checkpoints;
+        let requested = super::formulas::budget(c.t0.total, self.settings.util, true);
+        let consumed = f.weights_term_bytes + f.non_torch_bytes;
+        let (peak, non_kv) = match a.release.suggestion {
+            super::vllm::Suggestion::Consumed => {
+                let peak = f.torch_peak_bytes + self.graphs_estimate_applied() as i64;
+                (peak, consumed + peak)
+            }
+            _ => (f.torch_peak_bytes, consumed + f.torch_peak_bytes),
+        };
+        let non_kv = non_kv as f64 + graphs_actual;
+        let margin = (150u64 << 20) as f64;
+        KvCacheMemorySuggestion {
+            requested_bytes: requested,
+            consumed_bytes: consumed,
+            peak_activation_bytes: peak,
+            to_requested: (requested as f64 - non_kv - margin) as i64,
+            to_gpu: (c.t0.free as f64 - non_kv - margin) as i64,
+        }
     }
 
     /// vramscope's account of the graphs: what they hold, measured or modelled, and what the

@@ -225,14 +225,14 @@ impl ProfileRequest {
         if r.max_model_len == 0 {
             r.max_model_len = max_positions.max(1) as u64;
         }
-        let v1 = matches!(
-            self.release().map(|rel| rel.engine),
-            Ok(super::vllm::Engine::V1 { .. })
-        );
-        if v1 {
+        let v1 = self
+            .release()
+            .ok()
+            .filter(|rel| matches!(rel.engine, super::vllm::Engine::V1 { .. }));
+        if let Some(rel) = v1 {
             r.chunked_prefill = Some(true);
             let (tokens, seqs) = match self.device_total_and_name() {
-                Some((total, name)) => super::vllm::v1_default_batch(total, &name),
+                Some((total, name)) => super::vllm::v1_default_batch(total, &name, rel),
                 None => (2048, 256),
             };
             if r.tokens == 0 {

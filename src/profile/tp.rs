@@ -160,7 +160,9 @@ fn engine_min(key: &str, title: &str, blocks: Vec<u64>) -> EngineBudget {
 /// The instance's report: the engine's budget per formula, and the rank that binds #9516's at
 /// the top level with every rank's report under `ranks`.
 pub(crate) fn combine(reports: Vec<Report>) -> Report {
-    let mut engine: Vec<EngineBudget> = FormulaId::ALL
+    // The formulas the ranks list: `ALL`, and the release's own where it is not among them.
+    let ids: Vec<FormulaId> = reports[0].formulas.iter().map(|f| f.id).collect();
+    let mut engine: Vec<EngineBudget> = ids
         .iter()
         .map(|&id| {
             let blocks = reports

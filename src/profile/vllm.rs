@@ -198,6 +198,73 @@ pub struct Release {
     /// V1's `GPU KV cache size` line: `int(max_concurrency · max_model_len)` tokens from 0.21
     /// (0.21.0 v1/core/kv_cache_utils.py:1708-1715), blocks · block_size before.
     pub tokens_from_concurrency: bool,
+    /// Which models the release runs on Model Runner V2 when `VLLM_USE_V2_MODEL_RUNNER` is
+    /// unset.
+    pub runner_v2: RunnerV2,
+    /// What Model Runner V2 does in this release where it differs from V1's runner (`None`:
+    /// the release has no V2 runner by default).
+    pub v2: Option<V2>,
+    /// How the release words its `--kv-cache-memory` suggestion and what it sums.
+    pub suggestion: Suggestion,
+    /// `vllm serve` takes 16384 tokens and 1024 sequences on a GPU of 160 GiB or more
+    /// (0.28.0 engine/arg_utils.py:2582-2591; not in 0.27.1 :2544).
+    pub serve_batch_160gib: bool,
+    /// The worker makes its cuBLAS and cuBLASLt handles (and PyTorch their workspaces) before
+    /// the baseline snapshot, so they are not in the instance's consumption (0.33.0
+    /// v1/worker/gpu_worker.py:518-529; not in 0.32.0).
+    pub cublas_before_baseline: bool,
+    /// One `GPU KV cache size: N tokens, Maximum concurrency for L tokens per request: X.XXx`
+    /// line (0.28.0 v1/core/kv_cache_utils.py:1869-1875) instead of two.
+    pub kv_line_combined: bool,
+}
+
+/// Which models run on Model Runner V2 (`vllm/v1/worker/gpu/model_runner.py`) by default:
+/// `VllmConfig.use_v2_model_runner` with `VLLM_USE_V2_MODEL_RUNNER` unset. The names are
+/// vramscope's model types (config.json `model_type`) for vLLM's architectures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunnerV2 {
+    /// Never (the variable defaults to off: 0.21.0 envs.py, `VLLM_USE_V2_MODEL_RUNNER`).
+    Off,
+    /// Dense, unquantized models of these types (0.22.1 config/vllm.py:69, :518-532;
+    /// 0.23.0 :69-75, :544-558).
+    DenseUnquantized(&'static [&'static str]),
+    /// Models of these types, quantized or not (0.24.0 config/vllm.py:68-77, :550-561).
+    Listed(&'static [&'static str]),
+    /// Every model without experts, quantized or not, that is neither hybrid nor
+    /// attention-free, and a few listed mixtures of experts (0.25.1 config/vllm.py:557-574;
+    /// 0.26.0 :605-622; 0.27.1 :637-660; 0.28.0 :691-714).
+    EveryDense,
+    /// Every model, unless a feature V2 lacks is asked for (0.29.0 config/vllm.py:645-677;
+    /// 0.33.0 the same shape).
+    Every,
+}
+
+/// Model Runner V2's profile run, where it differs from V1's (`GPUModelRunner`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct V2 {
+    /// `profile_cudagraph_memory` measures the graphs (`_profile_cudagraph_memory`, from
+    /// 0.29.0 v1/worker/gpu/model_runner.py:896-898); before, it returns 0 (0.22.1
+    /// :620-622 … 0.28.0 :843-845), so nothing comes off the KV budget for the graphs.
+    pub estimates_graphs: bool,
+    /// 0.33 runs the dummy sampler a second time with `SamplingParams.for_sampler_warmup()`
+    /// for every request (0.33.0 v1/worker/gpu/model_runner.py:1008-1014). Not modelled:
+    /// vramscope runs the first, default pass only.
+    pub warmup_sampler_pass: bool,
+}
+
+/// The `--kv-cache-memory` suggestion `compile_or_warm_up_model` prints after the capture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Suggestion {
+    /// DEBUG, weights + torch peak increase + non-torch increase + the graphs' actual memory
+    /// (0.19.0 v1/worker/gpu_worker.py:620-660; 0.25.1 :796-835).
+    Debug,
+    /// The same sum at INFO (0.26.0 v1/worker/gpu_worker.py:857).
+    Info,
+    /// #49208's terms at INFO: total consumed + peak activation + the graphs' actual memory,
+    /// where peak activation is the transient headroom *plus the estimate applied*, so the
+    /// graphs count twice (0.27.1 v1/worker/gpu_worker.py:526-529, :751-782; vLLM issue
+    /// #57936).
+    Consumed,
 }
 
 /// How a release runs an unquantized mixture of experts (no expert parallel).
@@ -240,6 +307,12 @@ pub const RELEASES: &[Release] = &[
             attention: V0Attention::Fa2,
         },
         tokens_from_concurrency: false,
+        runner_v2: RunnerV2::Off,
+        v2: None,
+        suggestion: Suggestion::Debug,
+        serve_batch_160gib: false,
+        cublas_before_baseline: false,
+        kv_line_combined: false,
     },
     Release {
         name: "380e1863",
@@ -264,6 +337,12 @@ pub const RELEASES: &[Release] = &[
         attn_scalars: 0,
         graphs: Graphs::NotModelled,
         tokens_from_concurrency: false,
+        runner_v2: RunnerV2::Off,
+        v2: None,
+        suggestion: Suggestion::Debug,
+        serve_batch_160gib: false,
+        cublas_before_baseline: false,
+        kv_line_combined: false,
     },
     Release {
         name: "0.6.4",
@@ -290,6 +369,12 @@ pub const RELEASES: &[Release] = &[
             attention: V0Attention::Fa2,
         },
         tokens_from_concurrency: false,
+        runner_v2: RunnerV2::Off,
+        v2: None,
+        suggestion: Suggestion::Debug,
+        serve_batch_160gib: false,
+        cublas_before_baseline: false,
+        kv_line_combined: false,
     },
     Release {
         name: "0.6.5",
@@ -317,6 +402,12 @@ pub const RELEASES: &[Release] = &[
             attention: V0Attention::Fa2,
         },
         tokens_from_concurrency: false,
+        runner_v2: RunnerV2::Off,
+        v2: None,
+        suggestion: Suggestion::Debug,
+        serve_batch_160gib: false,
+        cublas_before_baseline: false,
+        kv_line_combined: false,
     },
     Release {
         name: "0.7",
@@ -341,6 +432,12 @@ pub const RELEASES: &[Release] = &[
         attn_scalars: 2,
         graphs: Graphs::NotModelled,
         tokens_from_concurrency: false,
+        runner_v2: RunnerV2::Off,
+        v2: None,
+        suggestion: Suggestion::Debug,
+        serve_batch_160gib: false,
+        cublas_before_baseline: false,
+        kv_line_combined: false,
     },
     Release {
         name: "0.8",
@@ -369,6 +466,12 @@ pub const RELEASES: &[Release] = &[
             attention: V0Attention::Fa3OnHopper,
         },
         tokens_from_concurrency: false,
+        runner_v2: RunnerV2::Off,
+        v2: None,
+        suggestion: Suggestion::Debug,
+        serve_batch_160gib: false,
+        cublas_before_baseline: false,
+        kv_line_combined: false,
     },
     Release {
         name: "0.11",
@@ -405,6 +508,12 @@ pub const RELEASES: &[Release] = &[
             estimator: Estimator::Absent,
         },
         tokens_from_concurrency: false,
+        runner_v2: RunnerV2::Off,
+        v2: None,
+        suggestion: Suggestion::Debug,
+        serve_batch_160gib: false,
+        cublas_before_baseline: false,
+        kv_line_combined: false,
     },
     Release {
         name: "0.15",
@@ -445,6 +554,12 @@ pub const RELEASES: &[Release] = &[
             estimator: Estimator::Absent,
         },
         tokens_from_concurrency: false,
+        runner_v2: RunnerV2::Off,
+        v2: None,
+        suggestion: Suggestion::Debug,
+        serve_batch_160gib: false,
+        cublas_before_baseline: false,
+        kv_line_combined: false,
     },
     Release {
         name: "0.19",
@@ -482,45 +597,209 @@ pub const RELEASES: &[Release] = &[
             estimator: Estimator::Computed,
         },
         tokens_from_concurrency: false,
+        runner_v2: RunnerV2::Off,
+        v2: None,
+        suggestion: Suggestion::Debug,
+        serve_batch_160gib: false,
+        cublas_before_baseline: false,
+        kv_line_combined: false,
+    },
+    R0_21,
+    R0_22,
+    Release {
+        name: "0.23",
+        aliases: &["0.23.0"],
+        changes: "as 0.22, with Model Runner V2 the default for Llama and Mistral too, dense \
+                  and unquantized (config/vllm.py:69-75, :544-558); its graph estimate still \
+                  0 (gpu/model_runner.py:660-662)",
+        runner_v2: RunnerV2::DenseUnquantized(&["llama", "mistral", "qwen3"]),
+        ..R0_22
     },
     Release {
-        name: "0.21",
-        aliases: &["0.21.0"],
-        formula: FormulaId::Pr12126,
-        ceil_budget: true,
-        llama_mlp_frees_gate_up: true,
-        gemma_normalizer_out_of_place: true,
-        all_reduce: AllReduce::OutOfPlace,
-        custom_ar_ipc_buffers: true,
-        chunked_prefill_tokens: 2048,
-        log: LogStyle::V1,
-        torch: "2.10",
-        nccl: NcclRules::Nccl221CumemOff,
-        changes: "V1 as 0.19, with the CUDA graph memory estimate subtracted from the KV budget \
-                  by default (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, envs.py:1768-1769; \
-                  v1/worker/gpu_worker.py:421-447); max_num_batched_tokens joins the capture \
-                  sizes when it is at most the largest (config/vllm.py:1526-1586); KV tokens \
-                  int(max concurrency · max_model_len) (v1/core/kv_cache_utils.py:1708-1715); \
-                  the dummy sampler twice, FlashInfer's top-k/top-p sampling then Triton's \
-                  (gpu_model_runner.py:5746-5765)",
-        engine: Engine::V1 {
-            top_k_top_p: TopKTopP::FlashInferThenTriton,
-        },
-        has_qwen3: true,
-        has_gemma3: true,
-        fused_moe: FusedMoe::Unmodelled(
-            "it runs FlashInfer's CUTLASS MoE by default on Hopper (0.21.0 fused_moe/oracle/unquantized.py; docs/reading/vllm-v1-fused-moe.md)",
-        ),
-        mla: Some(MlaEra::V0_19),
-        attn_scalars: 7,
-        graphs: Graphs::V1 {
-            step8: false,
-            adds_batch_size: true,
-            estimator: Estimator::Applied,
-        },
-        tokens_from_concurrency: true,
+        name: "0.24",
+        aliases: &["0.24.0"],
+        changes: "as 0.23, with Model Runner V2 for Qwen3, Llama and Mistral quantized or not \
+                  and three mixtures of experts (config/vllm.py:68-77, :550-561; the MoE \
+                  stay unmodelled); its graph estimate 0 (gpu/model_runner.py:684-686); \
+                  the snapshot keeps `torch_allocated` (utils/mem_utils.py), unused by the \
+                  budget yet",
+        runner_v2: RunnerV2::Listed(&["llama", "mistral", "qwen3", "qwen2_moe", "deepseek_v2"]),
+        ..R0_22
+    },
+    Release {
+        name: "0.25",
+        aliases: &["0.25.0", "0.25.1"],
+        changes: "as 0.24, with Model Runner V2 the default for every model without experts \
+                  that is neither hybrid nor attention-free, quantized or not (0.25.1 \
+                  config/vllm.py:557-574); the sampler state now made in load_model after \
+                  the weights are measured (gpu/model_runner.py:273-325); its graph \
+                  estimate 0 (:680-682)",
+        runner_v2: RunnerV2::EveryDense,
+        ..R0_22
+    },
+    Release {
+        name: "0.26",
+        aliases: &["0.26.0"],
+        changes: "as 0.25; the `--kv-cache-memory` suggestion at INFO (v1/worker/\
+                  gpu_worker.py:857; the sum unchanged, :818-850). Under Model Runner V2 \
+                  the graph estimate is 0 (gpu/model_runner.py:705-707), so the suggestion, \
+                  which subtracts the graphs' actual memory, comes out below the KV cache \
+                  allocated: the graphs were never reserved (Q8)",
+        runner_v2: RunnerV2::EveryDense,
+        suggestion: Suggestion::Info,
+        ..R0_22
+    },
+    R0_27,
+    R0_28,
+    R0_29,
+    R0_31,
+    Release {
+        name: "0.33",
+        aliases: &["0.33.0"],
+        changes: "as 0.31; the cuBLAS and cuBLASLt handles, with PyTorch's workspaces, made \
+                  before the baseline snapshot, so outside the consumption (v1/worker/\
+                  gpu_worker.py:518-529); V2's dummy sampler runs a second time with \
+                  `SamplingParams.for_sampler_warmup()` (gpu/model_runner.py:993-1014; \
+                  sampling_params.py:1477-1493: top-k 50, top-p, min-p, penalties, logit \
+                  bias, bad words, logprobs 5): not modelled, vramscope runs the first \
+                  pass only, so its peak is under 0.33's by that pass's fp32 pipeline",
+        cublas_before_baseline: true,
+        v2: Some(V2 {
+            estimates_graphs: true,
+            warmup_sampler_pass: true,
+        }),
+        ..R0_31
     },
 ];
+
+/// 0.21, the row the later ones start from.
+const R0_21: Release = Release {
+        name: "0.21",
+    aliases: &["0.21.0"],
+    formula: FormulaId::Pr12126,
+    ceil_budget: true,
+    llama_mlp_frees_gate_up: true,
+    gemma_normalizer_out_of_place: true,
+    all_reduce: AllReduce::OutOfPlace,
+    custom_ar_ipc_buffers: true,
+    chunked_prefill_tokens: 2048,
+    log: LogStyle::V1,
+    torch: "2.10",
+    nccl: NcclRules::Nccl221CumemOff,
+    changes: "V1 as 0.19, with the CUDA graph memory estimate subtracted from the KV budget \
+              by default (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, envs.py:1768-1769; \
+              v1/worker/gpu_worker.py:421-447); max_num_batched_tokens joins the capture \
+              sizes when it is at most the largest (config/vllm.py:1526-1586); KV tokens \
+              int(max concurrency · max_model_len) (v1/core/kv_cache_utils.py:1708-1715); \
+              the dummy sampler twice, FlashInfer's top-k/top-p sampling then Triton's \
+              (gpu_model_runner.py:5746-5765)",
+    engine: Engine::V1 {
+        top_k_top_p: TopKTopP::FlashInferThenTriton,
+    },
+    has_qwen3: true,
+    has_gemma3: true,
+    fused_moe: FusedMoe::Unmodelled(
+        "it runs FlashInfer's CUTLASS MoE by default on Hopper (0.21.0 fused_moe/oracle/unquantized.py; docs/reading/vllm-v1-fused-moe.md)",
+    ),
+    mla: Some(MlaEra::V0_19),
+    attn_scalars: 7,
+    graphs: Graphs::V1 {
+        step8: false,
+        adds_batch_size: true,
+        estimator: Estimator::Applied,
+    },
+    tokens_from_concurrency: true,
+    runner_v2: RunnerV2::Off,
+    v2: None,
+    suggestion: Suggestion::Debug,
+    serve_batch_160gib: false,
+    cublas_before_baseline: false,
+    kv_line_combined: false,
+};
+
+const R0_22: Release = Release {
+    name: "0.22",
+    aliases: &["0.22.0", "0.22.1"],
+    changes: "V1 as 0.21 (v1/worker/gpu_worker.py:392-451 and utils/mem_utils.py read \
+              unchanged in 0.22.1), but Model Runner V2 by default for Qwen3, dense and \
+              unquantized (config/vllm.py:69, :493-532). V2's profile run: the sampler \
+              state `output_bin_counts` [max_num_seqs, V] int32 made with the runner, \
+              outside the weights and before the profile (v1/worker/gpu/sample/\
+              penalties.py:40-42), which this accounting does not see; logits on the \
+              last hidden states themselves, no rand_like (gpu/model_runner.py:569-580); \
+              the dummy sampler with no request state: no fp32 copy, no top-k/top-p, \
+              only the Gumbel argmax's [R, V/1024] int64 and f32 partials \
+              (gpu/sample/sampler.py, gumbel.py:194-215); its graph estimate returns 0 \
+              (gpu/model_runner.py:620-622), so nothing comes off the budget for graphs. \
+              V1's runner (every other model) as 0.21. Not modelled: MoE (as 0.21), \
+              the model files are 0.21's (not re-read)",
+    fused_moe: FusedMoe::Unmodelled(
+        "its fused MoE is not read for 0.22 and later (0.21's default on Hopper is FlashInfer's CUTLASS MoE, 0.21.0 fused_moe/oracle/unquantized.py)",
+    ),
+    runner_v2: RunnerV2::DenseUnquantized(&["qwen3"]),
+    v2: Some(V2 {
+        estimates_graphs: false,
+        warmup_sampler_pass: false,
+    }),
+    ..R0_21
+};
+
+const R0_27: Release = Release {
+    name: "0.27",
+    aliases: &["0.27.0", "0.27.1"],
+    formula: FormulaId::Pr49208,
+    changes: "#49208's accounting: non-KV = total consumed (free memory at the baseline \
+              minus after the profile, so every persistent tensor, V2's sampler state \
+              included) + the transient headroom (torch peak − torch allocated after the \
+              profile) (0.27.1 utils/mem_utils.py:314-326; v1/worker/gpu_worker.py:\
+              500-548); the DEBUG result says `total consumed (from mem_get_info)` \
+              (mem_utils.py:220-230); the suggestion sums consumed + peak activation \
+              (headroom + the estimate applied) + the graphs' actual memory, so with an \
+              estimate the graphs count twice (gpu_worker.py:526-529, :751-782; vLLM \
+              issue #57936). V2's graph estimate still 0 (gpu/model_runner.py:749-751)",
+    runner_v2: RunnerV2::EveryDense,
+    suggestion: Suggestion::Consumed,
+    ..R0_22
+};
+
+const R0_28: Release = Release {
+    name: "0.28",
+    aliases: &["0.28.0"],
+    changes: "as 0.27; `vllm serve` takes 16384 tokens / 1024 sequences on a GPU of \
+              160 GiB or more (engine/arg_utils.py:2582-2591); one KV line `GPU KV cache \
+              size: N tokens, Maximum concurrency for …` (v1/core/kv_cache_utils.py:\
+              1869-1875); V2's graph estimate still 0 (gpu/model_runner.py:843-845)",
+    serve_batch_160gib: true,
+    kv_line_combined: true,
+    ..R0_27
+};
+
+const R0_29: Release = Release {
+    name: "0.29",
+    aliases: &["0.29.0", "0.30", "0.30.0"],
+    changes: "as 0.28, with Model Runner V2 for every model unless a feature it lacks \
+              is asked for (0.29.0 config/vllm.py:645-677; 0.30.0 :675-720); V2 \
+              estimates its graphs (gpu/model_runner.py:896-898, cudagraph_utils.py: \
+              PIECEWISE captured whole in a throwaway pool, FULL from its two largest \
+              sizes), applied by default (envs.py VLLM_MEMORY_PROFILER_ESTIMATE_\
+              CUDAGRAPHS=1); vramscope forms it as V1's estimator does (two largest \
+              sizes per mode), which extrapolates PIECEWISE too",
+    runner_v2: RunnerV2::Every,
+    v2: Some(V2 {
+        estimates_graphs: true,
+        warmup_sampler_pass: false,
+    }),
+    ..R0_28
+};
+
+const R0_31: Release = Release {
+    name: "0.31",
+    aliases: &["0.31.0", "0.32", "0.32.0"],
+    changes: "as 0.29; the profile run under max_split_size_mb=20 (0.31.0 v1/worker/\
+              gpu_worker.py:616-626: blocks over 20 MiB are never split), which \
+              vramscope's allocator does not model (it splits as PyTorch's default)",
+    ..R0_29
+};
 
 /// Model types every release here has a model file for (vllm/model_executor/models/:
 /// llama.py, which Mistral uses too, qwen2.py, opt.py, phi3.py: `Phi3ForCausalLM` is
@@ -698,6 +977,43 @@ impl Release {
 }
 
 impl Release {
+    /// The formulas a report of this release lists: `FormulaId::ALL`, and the release's own
+    /// where it is not among them (#49208 for 0.27 on).
+    pub fn listed_formulas(&self) -> Vec<FormulaId> {
+        let mut ids = FormulaId::ALL.to_vec();
+        if !ids.contains(&self.formula) {
+            ids.push(self.formula);
+        }
+        ids
+    }
+
+    /// Whether this release profiles a model of type `arch` on Model Runner V2 by default
+    /// (`RunnerV2`): `quantized` for a checkpoint's quantization (AWQ, GPTQ, FP8,
+    /// bitsandbytes), `moe` for a mixture of experts.
+    pub fn runs_v2(&self, arch: &str, quantized: bool, moe: bool) -> bool {
+        match self.runner_v2 {
+            RunnerV2::Off => false,
+            RunnerV2::DenseUnquantized(types) => types.contains(&arch) && !quantized && !moe,
+            RunnerV2::Listed(types) => types.contains(&arch),
+            RunnerV2::EveryDense => !moe || matches!(arch, "qwen2_moe" | "deepseek_v2"),
+            RunnerV2::Every => true,
+        }
+    }
+
+    /// The graph-memory estimator this release runs for a model on V2 (`v2`) or V1's runner.
+    pub fn estimator_for(&self, v2: bool) -> Estimator {
+        match (v2, self.v2) {
+            (
+                true,
+                Some(V2 {
+                    estimates_graphs: false,
+                    ..
+                }),
+            ) => Estimator::Absent,
+            _ => self.estimator(),
+        }
+    }
+
     /// The CUDA graphs this release captures, per mode, each list largest first (PIECEWISE
     /// then FULL); empty for a release whose graphs are not reproduced. FULL graphs are the
     /// uniform-decode batches: sizes up to max_num_seqs (0.19.0
@@ -787,10 +1103,12 @@ pub const CHUNKED_PREFILL_ABOVE: u64 = 32768;
 /// V1's profile batch when the user gives none, for `vllm serve` (usage context
 /// OPENAI_API_SERVER, 0.15.1 and 0.19.0 engine/arg_utils.py:2053-2072): 8192 tokens and 1024
 /// sequences on a GPU whose total is 70 GiB or more and that is not an A100, else 2048 and
-/// 256.
-pub fn v1_default_batch(total_bytes: u64, device_name: &str) -> (usize, usize) {
+/// 256; from 0.28, 16384 and 1024 on 160 GiB or more (0.28.0 engine/arg_utils.py:2582-2591).
+pub fn v1_default_batch(total_bytes: u64, device_name: &str, release: &Release) -> (usize, usize) {
     let big = total_bytes >= 70 << 30 && !device_name.to_ascii_lowercase().contains("a100");
-    if big {
+    if release.serve_batch_160gib && total_bytes >= 160 << 30 {
+        (16384, 1024)
+    } else if big {
         (8192, 1024)
     } else {
         (2048, 256)

@@ -346,6 +346,7 @@ const HUB_PRESETS: &[(&str, &str)] = &[
     ("qwen/qwen2.5-32b", "qwen2.5-32b"),
     ("qwen/qwen3-0.6b", "qwen3-0.6b"),
     ("qwen/qwen3-8b", "qwen3-8b"),
+    ("qwen/qwen3-14b", "qwen3-14b"),
     ("qwen/qwen3-30b-a3b", "qwen3-30b-a3b"),
     ("qwen/qwen3-235b-a22b", "qwen3-235b-a22b"),
     ("huggingfacetb/smollm2-135m", "smollm2-135m"),

@@ -81,7 +81,7 @@ pub fn bars(r: &Report, counted_twice: u64) -> Vec<Bar> {
         .formulas
         .iter()
         .map(|f| {
-            let ceil = f.id == FormulaId::Pr12126;
+            let ceil = f.id.ceils_budget();
             let cap = budget(total as u64, r.settings.util, ceil);
             // v0.6.3 has no torch term: its free-memory drop holds the weights too.
             let (peak, non_torch) = if f.id == FormulaId::V0_6_3 {

@@ -70,6 +70,7 @@ pub fn formula(id: crate::profile::formulas::FormulaId) -> Rgb {
         V0_6_3 => OTHER[0],
         Pr10511 => OTHER[1],
         Pr12126 => OTHER[2],
+        Pr49208 => OTHER[0],
     }
 }
 
