@@ -2004,7 +2004,10 @@ fn compressed_tensors_names_what_its_config_lacks() {
     let dir = tempfile::tempdir().unwrap();
     let m = model_with_config(
         dir.path(),
-        r#"{"model_type": "llama", "quantization_config": {"quant_method": "compressed-tensors"}}"#,
+        r#"{"model_type": "llama", "hidden_size": 128, "intermediate_size": 384,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 1024,
+            "torch_dtype": "bfloat16",
+            "quantization_config": {"quant_method": "compressed-tensors"}}"#,
     );
     expect_guarded_refusal(
         dir.path(),
