@@ -227,7 +227,10 @@ fn public_logs_come_back_exactly_with_vramscope_beside_them() {
     assert!(failures.is_empty(), "{failures:?}");
 }
 
-/// Q1's largest difference is its non-torch memory, and the V1 graph lines are read.
+/// Q1's V1 graph lines are read, and its largest difference is the graphs' memory (the
+/// pieces torch.compile made, against vramscope's eager kernels), no longer the non-torch
+/// memory: the kernel modules PyTorch loads on first use (0.17 GiB, measured) bring that
+/// term within 0.08 GiB of the log's 0.25.
 #[test]
 fn q1_names_its_largest_difference_and_its_graphs() {
     let f = facts("q1-0.19-llama-3.1-8b-h100.log");
@@ -243,7 +246,7 @@ fn q1_names_its_largest_difference_and_its_graphs() {
     let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
     let e = explain::compare(&f, &r);
     let w = e.largest.unwrap();
-    assert!(w.starts_with("non-torch"), "{w}");
+    assert!(w.starts_with("CUDA graphs"), "{w}");
 }
 
 fn refused(log: &str) -> String {

@@ -59,17 +59,20 @@ fn q1_llama_3_1_8b_on_an_h100_under_0_19() {
     let weights = r.weights_bytes as f64 / GIB;
     let activation = a.formula.torch_peak_bytes as f64 / GIB;
     let tokens = a.kv_blocks * r.kv_geometry.block_size;
+    let non_torch = a.formula.non_torch_bytes as f64 / GIB;
     println!(
-        "Q1 | weights 14.99 / {weights:.2} | activation 1.89 / {activation:.2} | non-torch 0.25 / {:.2} (not modelled) | KV tokens 476,016 / {tokens}",
-        a.formula.non_torch_bytes as f64 / GIB
+        "Q1 | weights 14.99 / {weights:.2} | activation 1.89 / {activation:.2} | non-torch 0.25 / {non_torch:.2} (PyTorch's kernel modules; vLLM's own not modelled) | KV tokens 476,016 / {tokens}"
     );
+    // The kernel modules PyTorch loads on first use, measured on the H200: 92 + 77 MiB, the
+    // driver's 2 MiB pages making the second 78.
+    assert_eq!(a.formula.non_torch_bytes, (92 + 78) << 20);
     assert!((weights / 14.99 - 1.0).abs() < 0.005, "weights {weights}");
     assert!(
         (activation / 1.89 - 1.0).abs() < 0.05,
         "activation {activation}"
     );
     assert!(
-        (tokens as f64 / 476_016.0 - 1.0).abs() < 0.03,
+        (tokens as f64 / 476_016.0 - 1.0).abs() < 0.005,
         "tokens {tokens}"
     );
     // The log lines in V1's words.
