@@ -2001,19 +2001,25 @@ fn plan_refuses_a_4bit_method_on_a_16_bit_checkpoint_as_vllm_does() {
 /// is refused naming what it lacks, and the help says which schemes run.
 #[test]
 fn compressed_tensors_names_what_its_config_lacks() {
+    // The tiny model's whole config, so that the shapes read and the quantization_config is
+    // what is refused.
     let dir = tempfile::tempdir().unwrap();
-    let m = model_with_config(
-        dir.path(),
-        r#"{"model_type": "llama", "quantization_config": {"quant_method": "compressed-tensors"}}"#,
-    );
+    let m = dir.path().join("m");
+    tiny_model(&m);
+    let config = m.join("config.json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    v["quantization_config"] = serde_json::json!({"quant_method": "compressed-tensors"});
+    std::fs::write(&config, v.to_string()).unwrap();
     expect_guarded_refusal(
         dir.path(),
         &[
             "plan",
+            "--vllm",
+            "0.19",
             "--",
             "vllm",
             "serve",
-            &m,
+            m.to_str().unwrap(),
             "--quantization",
             "compressed-tensors",
         ],
