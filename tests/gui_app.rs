@@ -851,3 +851,108 @@ fn a_dropped_vllm_log_runs_its_settings_and_shows_the_comparison() {
     );
     assert_eq!(h.state().setup.vllm, "0.19");
 }
+
+/// Issue 51, item 3: a dropped log that does not state max_num_seqs leaves the field at
+/// "vLLM default" (it showed 1, the widget's floor under the log's 0), and profiling again
+/// gives the same answer as the log's own run.
+#[test]
+fn a_dropped_log_without_max_num_seqs_keeps_vllms_default_and_a_second_run_agrees() {
+    let log = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vllm-logs/p3-0.7.2-qwen2.5-1.5b-t4.log");
+    let mut h = harness();
+    h.run_steps(2);
+    h.input_mut().dropped_files.push(Arc::new(Dropped(log)));
+    wait_for_files(&mut h);
+    wait_for_run(&mut h, Duration::from_secs(120));
+    assert!(h.state().banner().is_none(), "{:?}", h.state().banner());
+    let first = h.state().report().expect("the log's run").clone();
+    assert_eq!(first.settings.vllm, "0.7");
+    // V0's default, 256, as the log tab's assumption says.
+    assert_eq!(first.settings.seqs, 256);
+    assert!(shows(
+        &h,
+        "assumed: max_num_seqs 256: the release's default (the log does not say)"
+    ));
+    // The field says "vLLM default" (drawn for some frames), not a number.
+    h.run_steps(5);
+    assert_eq!(h.state().setup.seqs, 0, "max_num_seqs is vLLM's default");
+
+    h.get_by_label("Profile").click();
+    wait_for_run(&mut h, Duration::from_secs(120));
+    let second = h.state().report().expect("the second run").clone();
+    assert_eq!(second.settings.seqs, first.settings.seqs);
+    assert_eq!(second.settings.tokens, first.settings.tokens);
+    for id in [FormulaId::Pr9352, FormulaId::Pr9516] {
+        assert_eq!(
+            second.formula(id).unwrap().kv_blocks,
+            first.formula(id).unwrap().kv_blocks,
+            "{id:?}"
+        );
+    }
+    assert!(shows(&h, "Largest difference"), "the log still compares");
+}
+
+/// Issue 51, item 4: for the same settings the app asks for what the CLI asks for, under
+/// every release; "vLLM default" batch fields are resolved once, by the request, as the CLI's
+/// flags left out are (V1 on an H100: 8192 tokens in 1024 sequences).
+#[test]
+fn the_apps_request_is_the_clis_for_the_same_settings_under_every_release() {
+    use clap::Parser;
+    use vramscope::app::cli::{Cli, Command};
+    use vramscope::app::gui::SetupForm;
+    for rel in vramscope::profile::vllm::RELEASES {
+        for (device, cli_device) in [
+            ("sim:h100-80gb", "sim:h100-80gb:dry"),
+            ("sim:l40s", "sim:l40s:dry"),
+        ] {
+            let form = SetupForm {
+                vllm: rel.name.to_string(),
+                device: device.to_string(),
+                ..SetupForm::default()
+            };
+            let cli = Cli::try_parse_from([
+                "vramscope",
+                "profile",
+                "--quant",
+                "int8",
+                "--device",
+                cli_device,
+                "--vllm",
+                rel.name,
+            ])
+            .unwrap();
+            let Some(Command::Profile(args)) = cli.command else {
+                panic!("not a profile command")
+            };
+            let (app, cli) = (form.request().unwrap(), args.request().unwrap());
+            assert_eq!(app, cli, "{} on {device}", rel.name);
+            assert_eq!(app.resolved(8192), cli.resolved(8192), "{}", rel.name);
+        }
+    }
+}
+
+/// Issue 51, item 4: the app's run under 0.21 on a simulated H100 is the CLI's (it took 256
+/// sequences where `vllm serve` and the CLI take 1024: 28,147 blocks against 27,548).
+#[test]
+fn the_apps_v1_run_on_an_h100_takes_vllm_serves_batch_as_the_cli_does() {
+    let mut h = harness();
+    h.run_steps(2);
+    h.state_mut().setup.vllm = "0.21".into();
+    h.run_steps(2);
+    h.get_by_label("Profile").click();
+    wait_for_run(&mut h, Duration::from_secs(120));
+    assert!(h.state().banner().is_none(), "{:?}", h.state().banner());
+    let r = h.state().report().expect("a report").clone();
+    assert_eq!((r.settings.tokens, r.settings.seqs), (8192, 1024));
+    use clap::Parser;
+    use vramscope::app::cli::{Cli, Command};
+    let parsed =
+        Cli::try_parse_from(["vramscope", "profile", "--quant", "int8", "--vllm", "0.21"]).unwrap();
+    let Some(Command::Profile(args)) = parsed.command else {
+        panic!("not a profile command")
+    };
+    let direct = profile_directly(args.request().unwrap());
+    assert_eq!(direct.settings, r.settings);
+    let (ours, cli) = (r.vllm_answer().unwrap(), direct.vllm_answer().unwrap());
+    assert_eq!(ours.kv_blocks, cli.kv_blocks);
+}

@@ -429,10 +429,12 @@ impl VramscopeApp {
             return;
         };
         let shown = self.shown_rank();
-        let new = inst
-            .engine
-            .iter()
-            .find(|e| e.key == crate::profile::formulas::FormulaId::Pr9516.key());
+        // The engine's count under the release's own formula (#9516 for the default release).
+        let formula = inst
+            .settings
+            .release()
+            .map_or(crate::profile::formulas::FormulaId::Pr9516, |r| r.formula);
+        let new = inst.engine.iter().find(|e| e.key == formula.key());
         ui.label(match new {
             Some(e) => format!(
                 "Tensor parallel over {} GPUs: the engine takes {} blocks on every rank · device memory (dark), framework allocated (blue), GiB",
@@ -459,9 +461,7 @@ impl VramscopeApp {
         ui.horizontal_top(|ui| {
             for (k, r) in inst.ranks.iter().enumerate() {
                 let binds = new.is_some_and(|e| e.binding_rank == r.rank);
-                let blocks = r
-                    .formula(crate::profile::formulas::FormulaId::Pr9516)
-                    .map_or(0, |f| f.kv_blocks);
+                let blocks = r.formula(formula).map_or(0, |f| f.kv_blocks);
                 // Short enough for one line over its multiple; the rest on hover.
                 let text = format!(
                     "rank {} ({} blocks){}",
@@ -470,15 +470,16 @@ impl VramscopeApp {
                     if binds { ", sets the budget" } else { "" }
                 );
                 let hover = format!(
-                    "{}: peak {}, NCCL {}, #9516 {} blocks. {}",
+                    "{}: peak {}, NCCL {}, {} {} blocks. {}",
                     r.device.spec,
                     crate::base::units::fmt_u(r.checkpoints.t2.allocated_peak),
                     crate::base::units::fmt_u(r.nccl_bytes()),
+                    formula.short(),
                     blocks,
                     if binds {
-                        "This rank has the fewest KV blocks under #9516: the engine takes its count for every rank."
+                        format!("This rank has the fewest KV blocks under {}: the engine takes its count for every rank.", formula.short())
                     } else {
-                        "Click to show this rank in the views."
+                        "Click to show this rank in the views.".to_string()
                     }
                 );
                 ui.vertical(|ui| {
@@ -546,6 +547,11 @@ impl VramscopeApp {
     /// The lifetime view of the profile passes (selection, click positions).
     pub fn lifetime_view(&self) -> &LifetimeView {
         &self.lifetime
+    }
+
+    /// The memory-lines view (live while a run is in flight).
+    pub fn timeline_view(&self) -> &TimelineView {
+        &self.timeline
     }
 
     /// Starts a run with the form's settings (Profile / Ctrl+R).

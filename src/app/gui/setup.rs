@@ -51,7 +51,8 @@ pub struct SetupForm {
     pub topology: Option<Topology>,
     /// vLLM's max_num_batched_tokens; 0: vLLM's default.
     pub tokens: usize,
-    /// vLLM's max_num_seqs.
+    /// vLLM's max_num_seqs; 0: vLLM's default (by release, and under V1 by GPU), resolved
+    /// when the run starts as the CLI resolves a flag left out.
     pub seqs: usize,
     pub passes: u32,
     /// Tensor-parallel GPUs (vLLM's --tensor-parallel-size).
@@ -133,7 +134,8 @@ impl Default for SetupForm {
             kv_cache_dtype: r.kv_cache_dtype,
             topology: None,
             tokens: r.tokens,
-            seqs: r.seqs,
+            // vLLM's default, as the CLI leaves it when --max-num-seqs is not given.
+            seqs: 0,
             passes: r.passes,
             tp: r.tp,
             vllm: r.vllm.clone(),
@@ -465,17 +467,20 @@ impl SetupForm {
         settings_rows(ui, "settings", narrow, |ui| {
             ui.label("max_num_batched_tokens").on_hover_text(
                 "vLLM's --max-num-batched-tokens: the tokens of the profile batch. vLLM's default \
-                 with chunked prefill off is max(max_model_len, 2048) (vllm/config.py, \
-                 SchedulerConfig).",
+                 in V0 with chunked prefill off is max(max_model_len, 2048) (vllm/config.py, \
+                 SchedulerConfig); in V1 `vllm serve` takes 8192 on a GPU of 70 GiB or more that \
+                 is not an A100, else 2048 (engine/arg_utils.py).",
             );
             defaulted(ui, &mut self.tokens, 8192, 1..=1_048_576);
             ui.end_row();
-            let l = ui.label("max_num_seqs").on_hover_text(
-                "vLLM's --max-num-seqs (default 256): the profile batch is split into this many \
-                 dummy sequences, and the sampler runs on one row of logits per sequence.",
+            ui.label("max_num_seqs").on_hover_text(
+                "vLLM's --max-num-seqs: the profile batch is split into this many dummy \
+                 sequences, and the sampler runs on one row of logits per sequence. vLLM's \
+                 default: 256 in V0 (up to 0.8); in V1 (0.11 on) `vllm serve` takes 1024 on a \
+                 GPU of 70 GiB or more that is not an A100, else 256 (engine/arg_utils.py), as \
+                 `vramscope profile` does without the flag.",
             );
-            ui.add(egui::DragValue::new(&mut self.seqs).range(1..=65_536))
-                .labelled_by(l.id);
+            defaulted(ui, &mut self.seqs, 256, 1..=65_536);
             ui.end_row();
             let l = ui.label("sampler").on_hover_text(
                 "vLLM's profile run samples with top_p=0.99, top_k=vocab-1 after the forward \
@@ -673,11 +678,12 @@ mod tests {
     }
 
     #[test]
-    fn default_form_is_the_default_request_in_int8() {
+    fn default_form_is_the_default_request_in_int8_with_vllms_default_sequences() {
         assert_eq!(
             SetupForm::default().request().unwrap(),
             ProfileRequest {
                 quant: Quant::Int8,
+                seqs: 0,
                 ..ProfileRequest::default()
             }
         );
