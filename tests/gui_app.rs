@@ -956,3 +956,133 @@ fn the_apps_v1_run_on_an_h100_takes_vllm_serves_batch_as_the_cli_does() {
     let (ours, cli) = (r.vllm_answer().unwrap(), direct.vllm_answer().unwrap());
     assert_eq!(ours.kv_blocks, cli.kv_blocks);
 }
+
+fn log_fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vllm-logs")
+        .join(name)
+}
+
+/// Issue 51, item 8: *Open vLLM log…* sits with the model's choice, and a log typed into
+/// *Model file* is read as the log it is (it got "not a model file").
+#[test]
+fn open_vllm_log_sits_by_the_model_and_a_log_typed_as_the_model_file_opens_as_a_log() {
+    let mut h = harness();
+    h.run_steps(2);
+    let button = h.get_by_label("Open vLLM log…").rect();
+    let model = h.get_by_label("Model").rect();
+    let quant = h.get_by_label("Quantization").rect();
+    assert!(
+        button.top() > model.bottom() && button.bottom() < quant.top(),
+        "Open vLLM log… {button:?} is not in the Model section ({model:?} .. {quant:?})"
+    );
+    h.get_by_label("File").click();
+    h.run_steps(2);
+    h.state_mut().setup.path = log_fixture("q1-0.19-llama-3.1-8b-h100.log")
+        .display()
+        .to_string();
+    h.get_by_label("Profile").click();
+    wait_for_files(&mut h);
+    wait_for_run(&mut h, Duration::from_secs(120));
+    assert!(h.state().banner().is_none(), "{:?}", h.state().banner());
+    assert_eq!(h.state().report().unwrap().settings.vllm, "0.19");
+    assert!(shows(&h, "vLLM log: q1-0.19-llama-3.1-8b-h100.log"));
+    assert!(shows(&h, "58.11 GiB"), "the log's KV cache");
+}
+
+/// Issue 51, item 8: a pasted `vllm serve` line is read by the CLI's own parser (`vramscope
+/// plan`, with the device and release chosen in the app) and profiled: the app's run is the
+/// CLI's.
+#[test]
+fn a_pasted_vllm_serve_line_runs_what_vramscope_plan_runs() {
+    use clap::Parser;
+    use vramscope::app::cli::{plan_profile_args, Cli, Command};
+    let line = "vllm serve Qwen/Qwen2.5-32B-Instruct \\\n  --tensor-parallel-size 2 --max-model-len 8192 --gpu-memory-utilization 0.95 --port 8000";
+    let mut h = harness();
+    h.run_steps(2);
+    h.state_mut().setup.vllm = "0.19".into();
+    h.get_by_label("or paste a vllm serve line").click();
+    h.run_steps(2);
+    h.input_mut().events.push(egui::Event::Paste(line.into()));
+    h.run_steps(2);
+    assert_eq!(h.state().setup.serve_line, line);
+    h.get_by_label("Use line").click();
+    wait_for_run(&mut h, Duration::from_secs(120));
+    let banner = h.state().banner().expect("the line's note").clone();
+    assert_eq!(banner.kind, BannerKind::Info, "{}", banner.text);
+    assert!(banner.text.contains("--port 8000"), "{}", banner.text);
+    let r = h.state().report().expect("a report").clone();
+
+    let cli = Cli::try_parse_from([
+        "vramscope",
+        "plan",
+        "--device",
+        "sim:h100-80gb:dry",
+        "--vllm",
+        "0.19",
+        "--",
+        "vllm",
+        "serve",
+        "Qwen/Qwen2.5-32B-Instruct",
+        "--tensor-parallel-size",
+        "2",
+        "--max-model-len",
+        "8192",
+        "--gpu-memory-utilization",
+        "0.95",
+        "--port",
+        "8000",
+    ])
+    .unwrap();
+    let Some(Command::Plan(p)) = cli.command else {
+        panic!("not a plan command")
+    };
+    let (args, _) = plan_profile_args(&p).unwrap();
+    let want = args.request().unwrap();
+    assert_eq!(h.state().setup.request().unwrap(), want);
+    let direct = profile_directly(want);
+    assert_eq!(r.settings, direct.settings);
+    assert_eq!((r.tp, r.settings.max_model_len), (2, 8192));
+    assert_eq!(
+        r.vllm_engine_blocks(),
+        direct.vllm_engine_blocks(),
+        "the app's blocks are the CLI's"
+    );
+}
+
+/// Issue 51, item 8: the release popup shows every release, V1 ones included (they hid below
+/// an invisible scroll), and what a release changed shows under the list, covering no
+/// neighbour (it was a tooltip over the next entries).
+#[test]
+fn the_release_popup_shows_every_release_and_its_note_covers_no_entry() {
+    let mut h = Harness::builder()
+        .with_size(egui::vec2(1920.0, 1080.0))
+        .build_eframe(|cc| VramscopeApp::new(cc));
+    h.run_steps(2);
+    h.get_by_role_and_label(Role::ComboBox, "vLLM release")
+        .click();
+    h.run_steps(3);
+    let screen = egui::Rect::from_min_size(egui::Pos2::ZERO, h.ctx.content_rect().size());
+    let combo = h
+        .get_by_role_and_label(Role::ComboBox, "vLLM release")
+        .rect();
+    let mut entries = Vec::new();
+    for r in vramscope::profile::vllm::RELEASES {
+        let rect = h
+            .query_all_by_label(r.name)
+            .map(|n| n.rect())
+            .find(|rect| *rect != combo && screen.contains_rect(*rect))
+            .unwrap_or_else(|| panic!("release {} is not in view", r.name));
+        entries.push((r.name, rect));
+    }
+    let (name, at) = entries[4];
+    h.hover_at(at.center());
+    h.run_steps(3);
+    let rel = vramscope::profile::vllm::release(name).unwrap();
+    let note = h
+        .get_by_label(&format!("{}: {}", rel.name, rel.changes))
+        .rect();
+    for (other, rect) in &entries {
+        assert!(!note.intersects(*rect), "the note of {name} covers {other}");
+    }
+}

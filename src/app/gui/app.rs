@@ -12,7 +12,7 @@ use egui::{Color32, Key, KeyboardShortcut, Modifiers, RichText};
 use super::compare::CompareView;
 use super::comparison::{self, ComparisonView};
 use super::lifetime::{LifetimeView, Part};
-use super::setup::SetupForm;
+use super::setup::{SetupAction, SetupForm};
 use super::timeline::{TimelineInput, TimelineView};
 use super::worker::{RunFailure, Worker, WorkerMsg};
 use crate::device::DeviceListing;
@@ -204,6 +204,8 @@ pub struct VramscopeApp {
     vllm_log: Option<super::vllm_log::LoadedLog>,
     /// A run to start on the next frame (a dropped log's settings, once read).
     run_requested: bool,
+    /// What the banner says once the run in flight succeeds (a pasted line's notes).
+    run_note: Option<String>,
 }
 
 impl VramscopeApp {
@@ -271,6 +273,7 @@ impl VramscopeApp {
             startup_run: false,
             vllm_log: None,
             run_requested: false,
+            run_note: None,
         }
     }
 
@@ -560,6 +563,15 @@ impl VramscopeApp {
         if self.worker.is_some() {
             return;
         }
+        self.run_note = None;
+        // A vLLM log typed into Model file is read as a log (it is no model file).
+        if self.setup.model_kind == super::setup::ModelKind::File {
+            let typed = PathBuf::from(self.setup.path.trim());
+            if super::vllm_log::is_log_path(&typed) && typed.is_file() {
+                self.open_vllm_log(&typed);
+                return;
+            }
+        }
         let req = match self.setup.request() {
             Ok(r) => r,
             Err(e) => {
@@ -641,7 +653,10 @@ impl VramscopeApp {
                             }
                             let analysis = Arc::new(Analysis::of(&report));
                             self.set_report(Arc::from(report), analysis);
-                            self.banner = None;
+                            self.banner = self.run_note.take().map(|text| Banner {
+                                kind: BannerKind::Info,
+                                text,
+                            });
                         }
                         Err(RunFailure::Cancelled) => {
                             self.info(RunFailure::Cancelled.message());
@@ -808,6 +823,55 @@ impl VramscopeApp {
                 );
             }
             None => {}
+        }
+    }
+
+    fn pick_log_file(&mut self) {
+        let t = Instant::now();
+        let picked = rfd::FileDialog::new()
+            .set_title("Open a vLLM startup log")
+            .add_filter("vLLM log", &["log", "txt", "out", "err"])
+            .add_filter("All files", &["*"])
+            .pick_file();
+        match picked {
+            Some(p) => self.open_vllm_log(&p),
+            None if t.elapsed() < NO_DIALOG_WITHIN => {
+                self.error(
+                    "No file dialog is available here (no desktop portal or zenity): type the log's path into Model file (File) and click Profile, or drop the log on the window."
+                        .into(),
+                );
+            }
+            None => {}
+        }
+    }
+
+    /// "Use line": the pasted `vllm serve …` line read as `vramscope plan` reads it (the
+    /// device and release from the form), taken into the setup and profiled; what the line
+    /// sets that vramscope does not model is said in the banner.
+    pub fn use_serve_line(&mut self, ctx: &egui::Context) {
+        let read =
+            crate::profile::vllm_args::split_words(&self.setup.serve_line).and_then(|line| {
+                let mut words = self.setup.plan_options();
+                words.push("--".into());
+                words.extend(line);
+                crate::app::cli::plan_profile_args(&crate::app::cli::PlanArgs { words })
+                    .and_then(|(args, notes)| Ok((args.request()?, notes)))
+            });
+        match read {
+            Ok((req, notes)) => {
+                self.setup.apply(&req);
+                self.start_profile(ctx);
+                // The notes of what the line set that is not modelled (plan's own words, not
+                // the release note: the release is the form's).
+                let notes: Vec<String> = notes
+                    .into_iter()
+                    .filter(|n| !n.contains("vramscope's default release"))
+                    .collect();
+                if !notes.is_empty() && self.worker.is_some() {
+                    self.run_note = Some(format!("From the vllm serve line: {}", notes.join("; ")));
+                }
+            }
+            Err(e) => self.error(e.to_string()),
         }
     }
 
@@ -1128,9 +1192,11 @@ impl eframe::App for VramscopeApp {
                 egui::ScrollArea::vertical()
                     .auto_shrink([false, false])
                     .show(ui, |ui| {
-                        let open = self.setup.ui(ui, &self.devices, self.no_gpu.as_deref());
-                        if open {
-                            self.pick_model_file();
+                        match self.setup.ui(ui, &self.devices, self.no_gpu.as_deref()) {
+                            SetupAction::None => {}
+                            SetupAction::OpenModel => self.pick_model_file(),
+                            SetupAction::OpenLog => self.pick_log_file(),
+                            SetupAction::UseServeLine => self.use_serve_line(&ctx),
                         }
                         ui.add_space(8.0);
                         ui.separator();
