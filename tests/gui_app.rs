@@ -70,6 +70,14 @@ impl egui::DroppedFile for Dropped {
     }
 }
 
+/// Clicks a button of the setup panel's Export section, scrolled into view first (the panel
+/// scrolls; at 1600x1000 the section is below its fold).
+fn click_export(h: &mut Harness<'static, VramscopeApp>, label: &str) {
+    h.get_by_label(label).scroll_to_me();
+    h.run_steps(3);
+    h.get_by_label(label).click();
+}
+
 fn shows(h: &Harness<'static, VramscopeApp>, text: &str) -> bool {
     h.query_all_by_label(text).next().is_some()
 }
@@ -289,9 +297,9 @@ fn csv_and_session_exports_are_written_where_the_export_field_says() {
     let stem = dir.path().join("out");
     h.state_mut().export_path = stem.display().to_string();
     h.run_steps(1);
-    h.get_by_label("Save session").click();
+    click_export(&mut h, "Save session");
     wait_for_files(&mut h);
-    h.get_by_label("Save CSV").click();
+    click_export(&mut h, "Save CSV");
     wait_for_files(&mut h);
     let session = dir.path().join("out.json");
     let reread = vramscope::report::export::json::read(&session).unwrap();
@@ -473,7 +481,7 @@ fn the_apps_png_report_is_the_clis_report_for_the_same_settings() {
     wait_for_run(&mut h, Duration::from_secs(120));
     h.state_mut().export_path = dir.path().join("app").display().to_string();
     h.run_steps(1);
-    h.get_by_label("Save PNG report").click();
+    click_export(&mut h, "Save PNG report");
     wait_for_files(&mut h);
     let app_png = std::fs::read(dir.path().join("app.png")).unwrap();
     assert!(app_png.starts_with(b"\x89PNG"));
