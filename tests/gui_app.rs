@@ -70,6 +70,14 @@ impl egui::DroppedFile for Dropped {
     }
 }
 
+/// Clicks a button of the setup panel's Export section, scrolled into view first (the panel
+/// scrolls; at 1600x1000 the section is below its fold).
+fn click_export(h: &mut Harness<'static, VramscopeApp>, label: &str) {
+    h.get_by_label(label).scroll_to_me();
+    h.run_steps(3);
+    h.get_by_label(label).click();
+}
+
 fn shows(h: &Harness<'static, VramscopeApp>, text: &str) -> bool {
     h.query_all_by_label(text).next().is_some()
 }
@@ -289,9 +297,9 @@ fn csv_and_session_exports_are_written_where_the_export_field_says() {
     let stem = dir.path().join("out");
     h.state_mut().export_path = stem.display().to_string();
     h.run_steps(1);
-    h.get_by_label("Save session").click();
+    click_export(&mut h, "Save session");
     wait_for_files(&mut h);
-    h.get_by_label("Save CSV").click();
+    click_export(&mut h, "Save CSV");
     wait_for_files(&mut h);
     let session = dir.path().join("out.json");
     let reread = vramscope::report::export::json::read(&session).unwrap();
@@ -473,7 +481,7 @@ fn the_apps_png_report_is_the_clis_report_for_the_same_settings() {
     wait_for_run(&mut h, Duration::from_secs(120));
     h.state_mut().export_path = dir.path().join("app").display().to_string();
     h.run_steps(1);
-    h.get_by_label("Save PNG report").click();
+    click_export(&mut h, "Save PNG report");
     wait_for_files(&mut h);
     let app_png = std::fs::read(dir.path().join("app.png")).unwrap();
     assert!(app_png.starts_with(b"\x89PNG"));
@@ -850,4 +858,239 @@ fn a_dropped_vllm_log_runs_its_settings_and_shows_the_comparison() {
         banner.text
     );
     assert_eq!(h.state().setup.vllm, "0.19");
+}
+
+/// Issue 51, item 3: a dropped log that does not state max_num_seqs leaves the field at
+/// "vLLM default" (it showed 1, the widget's floor under the log's 0), and profiling again
+/// gives the same answer as the log's own run.
+#[test]
+fn a_dropped_log_without_max_num_seqs_keeps_vllms_default_and_a_second_run_agrees() {
+    let log = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vllm-logs/p3-0.7.2-qwen2.5-1.5b-t4.log");
+    let mut h = harness();
+    h.run_steps(2);
+    h.input_mut().dropped_files.push(Arc::new(Dropped(log)));
+    wait_for_files(&mut h);
+    wait_for_run(&mut h, Duration::from_secs(120));
+    assert!(h.state().banner().is_none(), "{:?}", h.state().banner());
+    let first = h.state().report().expect("the log's run").clone();
+    assert_eq!(first.settings.vllm, "0.7");
+    // V0's default, 256, as the log tab's assumption says.
+    assert_eq!(first.settings.seqs, 256);
+    assert!(shows(
+        &h,
+        "assumed: max_num_seqs 256: the release's default (the log does not say)"
+    ));
+    // The field says "vLLM default" (drawn for some frames), not a number.
+    h.run_steps(5);
+    assert_eq!(h.state().setup.seqs, 0, "max_num_seqs is vLLM's default");
+
+    h.get_by_label("Profile").click();
+    wait_for_run(&mut h, Duration::from_secs(120));
+    let second = h.state().report().expect("the second run").clone();
+    assert_eq!(second.settings.seqs, first.settings.seqs);
+    assert_eq!(second.settings.tokens, first.settings.tokens);
+    for id in [FormulaId::Pr9352, FormulaId::Pr9516] {
+        assert_eq!(
+            second.formula(id).unwrap().kv_blocks,
+            first.formula(id).unwrap().kv_blocks,
+            "{id:?}"
+        );
+    }
+    assert!(shows(&h, "Largest difference"), "the log still compares");
+}
+
+/// Issue 51, item 4: for the same settings the app asks for what the CLI asks for, under
+/// every release; "vLLM default" batch fields are resolved once, by the request, as the CLI's
+/// flags left out are (V1 on an H100: 8192 tokens in 1024 sequences).
+#[test]
+fn the_apps_request_is_the_clis_for_the_same_settings_under_every_release() {
+    use clap::Parser;
+    use vramscope::app::cli::{Cli, Command};
+    use vramscope::app::gui::SetupForm;
+    for rel in vramscope::profile::vllm::RELEASES {
+        for (device, cli_device) in [
+            ("sim:h100-80gb", "sim:h100-80gb:dry"),
+            ("sim:l40s", "sim:l40s:dry"),
+        ] {
+            let form = SetupForm {
+                vllm: rel.name.to_string(),
+                device: device.to_string(),
+                ..SetupForm::default()
+            };
+            let cli = Cli::try_parse_from([
+                "vramscope",
+                "profile",
+                "--quant",
+                "int8",
+                "--device",
+                cli_device,
+                "--vllm",
+                rel.name,
+            ])
+            .unwrap();
+            let Some(Command::Profile(args)) = cli.command else {
+                panic!("not a profile command")
+            };
+            let (app, cli) = (form.request().unwrap(), args.request().unwrap());
+            assert_eq!(app, cli, "{} on {device}", rel.name);
+            assert_eq!(app.resolved(8192), cli.resolved(8192), "{}", rel.name);
+        }
+    }
+}
+
+/// Issue 51, item 4: the app's run under 0.21 on a simulated H100 is the CLI's (it took 256
+/// sequences where `vllm serve` and the CLI take 1024: 28,147 blocks against 27,548).
+#[test]
+fn the_apps_v1_run_on_an_h100_takes_vllm_serves_batch_as_the_cli_does() {
+    let mut h = harness();
+    h.run_steps(2);
+    h.state_mut().setup.vllm = "0.21".into();
+    h.run_steps(2);
+    h.get_by_label("Profile").click();
+    wait_for_run(&mut h, Duration::from_secs(120));
+    assert!(h.state().banner().is_none(), "{:?}", h.state().banner());
+    let r = h.state().report().expect("a report").clone();
+    assert_eq!((r.settings.tokens, r.settings.seqs), (8192, 1024));
+    use clap::Parser;
+    use vramscope::app::cli::{Cli, Command};
+    let parsed =
+        Cli::try_parse_from(["vramscope", "profile", "--quant", "int8", "--vllm", "0.21"]).unwrap();
+    let Some(Command::Profile(args)) = parsed.command else {
+        panic!("not a profile command")
+    };
+    let direct = profile_directly(args.request().unwrap());
+    assert_eq!(direct.settings, r.settings);
+    let (ours, cli) = (r.vllm_answer().unwrap(), direct.vllm_answer().unwrap());
+    assert_eq!(ours.kv_blocks, cli.kv_blocks);
+}
+
+fn log_fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vllm-logs")
+        .join(name)
+}
+
+/// Issue 51, item 8: *Open vLLM log…* sits with the model's choice, and a log typed into
+/// *Model file* is read as the log it is (it got "not a model file").
+#[test]
+fn open_vllm_log_sits_by_the_model_and_a_log_typed_as_the_model_file_opens_as_a_log() {
+    let mut h = harness();
+    h.run_steps(2);
+    let button = h.get_by_label("Open vLLM log…").rect();
+    let model = h.get_by_label("Model").rect();
+    let quant = h.get_by_label("Quantization").rect();
+    assert!(
+        button.top() > model.bottom() && button.bottom() < quant.top(),
+        "Open vLLM log… {button:?} is not in the Model section ({model:?} .. {quant:?})"
+    );
+    h.get_by_label("File").click();
+    h.run_steps(2);
+    h.state_mut().setup.path = log_fixture("q1-0.19-llama-3.1-8b-h100.log")
+        .display()
+        .to_string();
+    h.get_by_label("Profile").click();
+    wait_for_files(&mut h);
+    wait_for_run(&mut h, Duration::from_secs(120));
+    assert!(h.state().banner().is_none(), "{:?}", h.state().banner());
+    assert_eq!(h.state().report().unwrap().settings.vllm, "0.19");
+    assert!(shows(&h, "vLLM log: q1-0.19-llama-3.1-8b-h100.log"));
+    assert!(shows(&h, "58.11 GiB"), "the log's KV cache");
+}
+
+/// Issue 51, item 8: a pasted `vllm serve` line is read by the CLI's own parser (`vramscope
+/// plan`, with the device and release chosen in the app) and profiled: the app's run is the
+/// CLI's.
+#[test]
+fn a_pasted_vllm_serve_line_runs_what_vramscope_plan_runs() {
+    use clap::Parser;
+    use vramscope::app::cli::{plan_profile_args, Cli, Command};
+    let line = "vllm serve Qwen/Qwen2.5-32B-Instruct \\\n  --tensor-parallel-size 2 --max-model-len 8192 --gpu-memory-utilization 0.95 --port 8000";
+    let mut h = harness();
+    h.run_steps(2);
+    h.state_mut().setup.vllm = "0.19".into();
+    h.get_by_label("or paste a vllm serve line").click();
+    h.run_steps(2);
+    h.input_mut().events.push(egui::Event::Paste(line.into()));
+    h.run_steps(2);
+    assert_eq!(h.state().setup.serve_line, line);
+    h.get_by_label("Use line").click();
+    wait_for_run(&mut h, Duration::from_secs(120));
+    let banner = h.state().banner().expect("the line's note").clone();
+    assert_eq!(banner.kind, BannerKind::Info, "{}", banner.text);
+    assert!(banner.text.contains("--port 8000"), "{}", banner.text);
+    let r = h.state().report().expect("a report").clone();
+
+    let cli = Cli::try_parse_from([
+        "vramscope",
+        "plan",
+        "--device",
+        "sim:h100-80gb:dry",
+        "--vllm",
+        "0.19",
+        "--",
+        "vllm",
+        "serve",
+        "Qwen/Qwen2.5-32B-Instruct",
+        "--tensor-parallel-size",
+        "2",
+        "--max-model-len",
+        "8192",
+        "--gpu-memory-utilization",
+        "0.95",
+        "--port",
+        "8000",
+    ])
+    .unwrap();
+    let Some(Command::Plan(p)) = cli.command else {
+        panic!("not a plan command")
+    };
+    let (args, _) = plan_profile_args(&p).unwrap();
+    let want = args.request().unwrap();
+    assert_eq!(h.state().setup.request().unwrap(), want);
+    let direct = profile_directly(want);
+    assert_eq!(r.settings, direct.settings);
+    assert_eq!((r.tp, r.settings.max_model_len), (2, 8192));
+    assert_eq!(
+        r.vllm_engine_blocks(),
+        direct.vllm_engine_blocks(),
+        "the app's blocks are the CLI's"
+    );
+}
+
+/// Issue 51, item 8: the release popup shows every release, V1 ones included (they hid below
+/// an invisible scroll), and what a release changed shows under the list, covering no
+/// neighbour (it was a tooltip over the next entries).
+#[test]
+fn the_release_popup_shows_every_release_and_its_note_covers_no_entry() {
+    let mut h = Harness::builder()
+        .with_size(egui::vec2(1920.0, 1080.0))
+        .build_eframe(|cc| VramscopeApp::new(cc));
+    h.run_steps(2);
+    h.get_by_role_and_label(Role::ComboBox, "vLLM release")
+        .click();
+    h.run_steps(3);
+    let screen = egui::Rect::from_min_size(egui::Pos2::ZERO, h.ctx.content_rect().size());
+    let combo = h
+        .get_by_role_and_label(Role::ComboBox, "vLLM release")
+        .rect();
+    let mut entries = Vec::new();
+    for r in vramscope::profile::vllm::RELEASES {
+        let rect = h
+            .query_all_by_label(r.name)
+            .map(|n| n.rect())
+            .find(|rect| *rect != combo && screen.contains_rect(*rect))
+            .unwrap_or_else(|| panic!("release {} is not in view", r.name));
+        entries.push((r.name, rect));
+    }
+    let (name, at) = entries[4];
+    h.hover_at(at.center());
+    h.run_steps(3);
+    let rel = vramscope::profile::vllm::release(name).unwrap();
+    let note = h
+        .get_by_label(&format!("{}: {}", rel.name, rel.changes))
+        .rect();
+    for (other, rect) in &entries {
+        assert!(!note.intersects(*rect), "the note of {name} covers {other}");
+    }
 }

@@ -724,3 +724,138 @@ fn polish_compare_double_click_popups_and_line_labels() {
         assert!(shown, "preset '{name}' is hidden in its popup");
     }
 }
+
+/// Issue 51, item 2: during a compute run the live Memory-lines axis follows the data. It ran
+/// away (35 GiB, 2.8 TiB, then "25000000000 TiB" for data under 1 GiB): the labels hanging
+/// from the top of the view entered egui_plot's automatic bounds, which then grew by their
+/// margin every frame.
+#[test]
+fn the_live_memory_lines_axis_follows_the_data_during_a_compute_run() {
+    let mut h = app(1280.0, 720.0, egui::Theme::Dark);
+    h.run_steps(2);
+    h.get_by_role_and_label(Role::ComboBox, "Preset model")
+        .click();
+    h.run_steps(2);
+    h.get_by_label("smollm2-135m").click();
+    h.run_steps(2);
+    h.get_by_label("compute (CPU math)").click();
+    // Long enough to stay in flight for the frames below.
+    h.state_mut().setup.tokens = 4096;
+    h.run_steps(2);
+    h.get_by_label("Profile").click();
+    h.step();
+    // Frames as the window paints them while the events arrive, past the first checkpoint
+    // (whose label hangs from the top of the view).
+    let t = Instant::now();
+    let mut frames = 0;
+    while frames < 300
+        || !h
+            .state()
+            .timeline_events()
+            .iter()
+            .any(|e| e.kind == vramscope::memory::EventKind::Marker)
+    {
+        assert!(h.state().is_running(), "{:?}", h.state().banner());
+        assert!(t.elapsed() < Duration::from_secs(300), "no checkpoint yet");
+        std::thread::sleep(Duration::from_millis(2));
+        h.step();
+        frames += 1;
+    }
+    assert!(h.state().is_running(), "the run ended before the check");
+    let top = h
+        .state()
+        .timeline_events()
+        .iter()
+        .map(|e| {
+            e.allocated
+                .max(e.reserved)
+                .max(e.device_used)
+                .max(e.process_used)
+        })
+        .max()
+        .unwrap() as f64;
+    let plot = h.state().timeline_view().plot_rect().expect("a live plot");
+    let ticks: Vec<f64> = painted(&h)
+        .iter()
+        .filter(|(_, r, _)| r.right() <= plot.left() + 1.0 && r.left() >= plot.left() - 120.0)
+        .filter(|(_, r, _)| r.center().y >= plot.top() - 2.0 && r.center().y <= plot.bottom() + 2.0)
+        .filter_map(|(s, _, _)| parse_bytes(s))
+        .map(|(v, _)| v)
+        .collect();
+    let highest = ticks.iter().copied().fold(0.0, f64::max);
+    assert!(ticks.len() >= 3, "y ticks {ticks:?}");
+    assert!(
+        highest <= 1.5 * top && highest >= 0.5 * top,
+        "after {frames} live frames the y ticks reach {:.3} GiB; the data's top is {:.3} GiB",
+        highest / GIB as f64,
+        top / GIB as f64
+    );
+    h.state_mut().cancel();
+    wait_while(&mut h, Duration::from_secs(60), |a| a.is_running());
+}
+
+/// A label with exactly `text` lies wholly inside the window (no scrolling needed).
+fn on_first_screen(h: &H, text: &str) -> bool {
+    let screen = Rect::from_min_size(Pos2::ZERO, h.ctx.content_rect().size());
+    h.query_all_by_label(text)
+        .any(|n| screen.contains_rect(n.rect()))
+}
+
+/// Issue 51, item 1: for a V1 release the Budget panel's headline is the release's own answer
+/// in vLLM's terms (KV GiB, tokens, max concurrency, fits after the graphs, the verify of its
+/// formula), on the first screen at 1280x720 with Present on; the #9352/#9516 comparison is
+/// one click away. For the default release the comparison stays the headline. The question:
+/// "will Qwen2.5-32B bf16 fit on 2× L40S with vLLM 0.19, and with how much KV?"
+#[test]
+fn a_v1_release_answers_first_in_vllms_terms_with_the_formulas_one_click_away() {
+    let report = profile(ProfileRequest {
+        model: vramscope::model::ModelSource::parse("preset:qwen2.5-32b").unwrap(),
+        quant: vramscope::quant::Quant::BF16,
+        device: vramscope::device::DeviceSpec::parse("sim:l40s:dry").unwrap(),
+        tp: 2,
+        vllm: "0.19".into(),
+        ..SetupForm::default().request().expect("default request")
+    });
+    for theme in [egui::Theme::Light, egui::Theme::Dark] {
+        let mut h = showing(1280.0, 720.0, theme, &report, true);
+        let shown = h.state().report().unwrap().clone();
+        let a = shown.vllm_answer().unwrap();
+        let (tokens, concurrency) = shown.kv_tokens_and_concurrency(&a);
+        let verify = vramscope::app::gui::verify_cell(&a.formula.verify).replace('\n', " ");
+        for text in [
+            "vLLM 0.19: KV cache".to_string(),
+            fmt_i(a.kv_bytes),
+            vramscope::base::units::thousands(tokens),
+            format!("{concurrency:.2}x"),
+            verify,
+        ] {
+            assert!(
+                on_first_screen(&h, &text),
+                "{theme:?}: '{text}' is not on the first screen"
+            );
+        }
+        let fits = h
+            .query_all_by_label_contains("of the device left after the capture")
+            .next()
+            .expect("fits after the graphs");
+        assert!(
+            fits.rect().bottom() <= 720.0,
+            "{theme:?}: fits line below the fold"
+        );
+        // The formula comparison is folded, one click away on the same screen.
+        assert!(h.query_all_by_label("#9352 old").next().is_none());
+        assert!(on_first_screen(&h, "Formulas: #9352 vs #9516"));
+        h.get_by_label("Formulas: #9352 vs #9516").click();
+        h.run_steps(10);
+        assert!(h.query_all_by_label("#9352 old").next().is_some());
+        let old = shown.formula(FormulaId::Pr9352).unwrap();
+        assert!(h.query_all_by_label(&fmt_i(old.kv_bytes)).next().is_some());
+    }
+    // The default release: old against new is the answer, and the headline.
+    let h = showing(1280.0, 720.0, egui::Theme::Dark, &three_pass_report(), true);
+    assert!(on_first_screen(&h, "#9352 old"));
+    assert!(h
+        .query_all_by_label("Formulas: #9352 vs #9516")
+        .next()
+        .is_none());
+}

@@ -211,6 +211,67 @@ fn flag_name(word: &str) -> String {
     }
 }
 
+/// A pasted command line split into words as a POSIX shell splits it before vLLM sees them:
+/// blanks separate, '…' is literal, "…" keeps its blanks (a backslash escapes `"`, `\`, `$`
+/// and a backquote in it), a backslash outside quotes escapes the next character, and a
+/// backslash before a line break continues the line (a command copied from a README). A `$ `
+/// prompt before the command is dropped.
+pub fn split_words(text: &str) -> Result<Vec<String>> {
+    let text = text.trim_start();
+    let text = text.strip_prefix("$ ").unwrap_or(text);
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some('\n') => {}
+                Some(n) => word.get_or_insert_with(String::new).push(n),
+                None => {}
+            },
+            '\'' => {
+                let w = word.get_or_insert_with(String::new);
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(q) => w.push(q),
+                        None => return Err(unterminated("'")),
+                    }
+                }
+            }
+            '"' => {
+                let w = word.get_or_insert_with(String::new);
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => match chars.next() {
+                            Some(e @ ('"' | '\\' | '$' | '`')) => w.push(e),
+                            Some('\n') => {}
+                            Some(e) => {
+                                w.push('\\');
+                                w.push(e);
+                            }
+                            None => return Err(unterminated("\"")),
+                        },
+                        Some(q) => w.push(q),
+                        None => return Err(unterminated("\"")),
+                    }
+                }
+            }
+            c if c.is_whitespace() => words.extend(word.take()),
+            c => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    Ok(words)
+}
+
+fn unterminated(quote: &str) -> Error {
+    Error::Request(format!(
+        "the pasted line opens a {quote} quote and never closes it"
+    ))
+}
+
 /// Reads a pasted line: `vllm serve MODEL …`, `python -m vllm.entrypoints.openai.api_server
 /// --model MODEL …`, or just `MODEL …`; `--flag value` and `--flag=value` alike. A flag given
 /// twice takes its last value, as vLLM's argparse does (both spellings of one setting, such
@@ -650,6 +711,32 @@ mod tests {
 
     fn words(s: &str) -> Vec<String> {
         s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn a_pasted_line_splits_as_a_shell_splits_it() {
+        let w = split_words(
+            "$ vllm serve 'Qwen/Qwen2.5-32B-Instruct' \\\n  --served-model-name \"my model\" -tp=2 a\\ b",
+        )
+        .unwrap();
+        assert_eq!(
+            w,
+            [
+                "vllm",
+                "serve",
+                "Qwen/Qwen2.5-32B-Instruct",
+                "--served-model-name",
+                "my model",
+                "-tp=2",
+                "a b"
+            ]
+        );
+        assert_eq!(
+            split_words("vllm serve m ''").unwrap(),
+            ["vllm", "serve", "m", ""]
+        );
+        let e = split_words("vllm serve 'm").unwrap_err().to_string();
+        assert!(e.contains("never closes"), "{e}");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use egui::{Color32, Key, KeyboardShortcut, Modifiers, RichText};
 use super::compare::CompareView;
 use super::comparison::{self, ComparisonView};
 use super::lifetime::{LifetimeView, Part};
-use super::setup::SetupForm;
+use super::setup::{SetupAction, SetupForm};
 use super::timeline::{TimelineInput, TimelineView};
 use super::worker::{RunFailure, Worker, WorkerMsg};
 use crate::device::DeviceListing;
@@ -204,6 +204,8 @@ pub struct VramscopeApp {
     vllm_log: Option<super::vllm_log::LoadedLog>,
     /// A run to start on the next frame (a dropped log's settings, once read).
     run_requested: bool,
+    /// What the banner says once the run in flight succeeds (a pasted line's notes).
+    run_note: Option<String>,
 }
 
 impl VramscopeApp {
@@ -271,6 +273,7 @@ impl VramscopeApp {
             startup_run: false,
             vllm_log: None,
             run_requested: false,
+            run_note: None,
         }
     }
 
@@ -429,10 +432,12 @@ impl VramscopeApp {
             return;
         };
         let shown = self.shown_rank();
-        let new = inst
-            .engine
-            .iter()
-            .find(|e| e.key == crate::profile::formulas::FormulaId::Pr9516.key());
+        // The engine's count under the release's own formula (#9516 for the default release).
+        let formula = inst
+            .settings
+            .release()
+            .map_or(crate::profile::formulas::FormulaId::Pr9516, |r| r.formula);
+        let new = inst.engine.iter().find(|e| e.key == formula.key());
         ui.label(match new {
             Some(e) => format!(
                 "Tensor parallel over {} GPUs: the engine takes {} blocks on every rank · device memory (dark), framework allocated (blue), GiB",
@@ -459,9 +464,7 @@ impl VramscopeApp {
         ui.horizontal_top(|ui| {
             for (k, r) in inst.ranks.iter().enumerate() {
                 let binds = new.is_some_and(|e| e.binding_rank == r.rank);
-                let blocks = r
-                    .formula(crate::profile::formulas::FormulaId::Pr9516)
-                    .map_or(0, |f| f.kv_blocks);
+                let blocks = r.formula(formula).map_or(0, |f| f.kv_blocks);
                 // Short enough for one line over its multiple; the rest on hover.
                 let text = format!(
                     "rank {} ({} blocks){}",
@@ -470,15 +473,16 @@ impl VramscopeApp {
                     if binds { ", sets the budget" } else { "" }
                 );
                 let hover = format!(
-                    "{}: peak {}, NCCL {}, #9516 {} blocks. {}",
+                    "{}: peak {}, NCCL {}, {} {} blocks. {}",
                     r.device.spec,
                     crate::base::units::fmt_u(r.checkpoints.t2.allocated_peak),
                     crate::base::units::fmt_u(r.nccl_bytes()),
+                    formula.short(),
                     blocks,
                     if binds {
-                        "This rank has the fewest KV blocks under #9516: the engine takes its count for every rank."
+                        format!("This rank has the fewest KV blocks under {}: the engine takes its count for every rank.", formula.short())
                     } else {
-                        "Click to show this rank in the views."
+                        "Click to show this rank in the views.".to_string()
                     }
                 );
                 ui.vertical(|ui| {
@@ -548,11 +552,25 @@ impl VramscopeApp {
         &self.lifetime
     }
 
+    /// The memory-lines view (live while a run is in flight).
+    pub fn timeline_view(&self) -> &TimelineView {
+        &self.timeline
+    }
+
     /// Starts a run with the form's settings (Profile / Ctrl+R).
     pub fn start_profile(&mut self, ctx: &egui::Context) {
         self.drop_startup_run();
         if self.worker.is_some() {
             return;
+        }
+        self.run_note = None;
+        // A vLLM log typed into Model file is read as a log (it is no model file).
+        if self.setup.model_kind == super::setup::ModelKind::File {
+            let typed = PathBuf::from(self.setup.path.trim());
+            if super::vllm_log::is_log_path(&typed) && typed.is_file() {
+                self.open_vllm_log(&typed);
+                return;
+            }
         }
         let req = match self.setup.request() {
             Ok(r) => r,
@@ -635,7 +653,10 @@ impl VramscopeApp {
                             }
                             let analysis = Arc::new(Analysis::of(&report));
                             self.set_report(Arc::from(report), analysis);
-                            self.banner = None;
+                            self.banner = self.run_note.take().map(|text| Banner {
+                                kind: BannerKind::Info,
+                                text,
+                            });
                         }
                         Err(RunFailure::Cancelled) => {
                             self.info(RunFailure::Cancelled.message());
@@ -802,6 +823,55 @@ impl VramscopeApp {
                 );
             }
             None => {}
+        }
+    }
+
+    fn pick_log_file(&mut self) {
+        let t = Instant::now();
+        let picked = rfd::FileDialog::new()
+            .set_title("Open a vLLM startup log")
+            .add_filter("vLLM log", &["log", "txt", "out", "err"])
+            .add_filter("All files", &["*"])
+            .pick_file();
+        match picked {
+            Some(p) => self.open_vllm_log(&p),
+            None if t.elapsed() < NO_DIALOG_WITHIN => {
+                self.error(
+                    "No file dialog is available here (no desktop portal or zenity): type the log's path into Model file (File) and click Profile, or drop the log on the window."
+                        .into(),
+                );
+            }
+            None => {}
+        }
+    }
+
+    /// "Use line": the pasted `vllm serve …` line read as `vramscope plan` reads it (the
+    /// device and release from the form), taken into the setup and profiled; what the line
+    /// sets that vramscope does not model is said in the banner.
+    pub fn use_serve_line(&mut self, ctx: &egui::Context) {
+        let read =
+            crate::profile::vllm_args::split_words(&self.setup.serve_line).and_then(|line| {
+                let mut words = self.setup.plan_options();
+                words.push("--".into());
+                words.extend(line);
+                crate::app::cli::plan_profile_args(&crate::app::cli::PlanArgs { words })
+                    .and_then(|(args, notes)| Ok((args.request()?, notes)))
+            });
+        match read {
+            Ok((req, notes)) => {
+                self.setup.apply(&req);
+                self.start_profile(ctx);
+                // The notes of what the line set that is not modelled (plan's own words, not
+                // the release note: the release is the form's).
+                let notes: Vec<String> = notes
+                    .into_iter()
+                    .filter(|n| !n.contains("vramscope's default release"))
+                    .collect();
+                if !notes.is_empty() && self.worker.is_some() {
+                    self.run_note = Some(format!("From the vllm serve line: {}", notes.join("; ")));
+                }
+            }
+            Err(e) => self.error(e.to_string()),
         }
     }
 
@@ -1122,9 +1192,11 @@ impl eframe::App for VramscopeApp {
                 egui::ScrollArea::vertical()
                     .auto_shrink([false, false])
                     .show(ui, |ui| {
-                        let open = self.setup.ui(ui, &self.devices, self.no_gpu.as_deref());
-                        if open {
-                            self.pick_model_file();
+                        match self.setup.ui(ui, &self.devices, self.no_gpu.as_deref()) {
+                            SetupAction::None => {}
+                            SetupAction::OpenModel => self.pick_model_file(),
+                            SetupAction::OpenLog => self.pick_log_file(),
+                            SetupAction::UseServeLine => self.use_serve_line(&ctx),
                         }
                         ui.add_space(8.0);
                         ui.separator();

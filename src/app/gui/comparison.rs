@@ -7,9 +7,9 @@ use egui_plot::{Bar, BarChart, Plot};
 
 use super::fit_table::{fit_table, Cell, Row};
 use super::style::{c32, legible, BIG};
-use crate::base::units::{fmt_i, fmt_u, GIB};
+use crate::base::units::{fmt_i, fmt_u, thousands, GIB};
 use crate::profile::formulas::FormulaId;
-use crate::profile::report::{FormulaResult, Verify};
+use crate::profile::report::{FormulaResult, Verify, VllmAnswer};
 use crate::profile::Report;
 use crate::report::palette;
 
@@ -43,12 +43,48 @@ fn verify_colour(v: &Option<Verify>, ui: &egui::Ui) -> Color32 {
 }
 
 impl ComparisonView {
+    /// The Budget tab. For a release other than the default, its own answer in vLLM's terms
+    /// comes first and the formula comparison is one click below; for the default release the
+    /// old/new comparison is the answer and stays the headline.
     pub fn ui(&mut self, ui: &mut egui::Ui, report: Option<&Report>) {
         let Some(r) = report else {
             ui.heading("Old vs new KV-cache budget");
             ui.label("No results yet: click Profile (Ctrl+R) or open a saved session.");
             return;
         };
+        match r
+            .vllm_answer()
+            .filter(|a| a.release.name != crate::profile::vllm::DEFAULT)
+        {
+            Some(a) => {
+                release_answer(ui, r, &a);
+                egui::CollapsingHeader::new("Formulas: #9352 vs #9516")
+                    .id_salt("formula_comparison")
+                    .default_open(false)
+                    .show(ui, |ui| self.formulas(ui, r))
+                    .header_response
+                    .on_hover_text(
+                        "The old (#9352) and new (#9516) budget formulas beside the measured \
+                         truth, with vLLM's other formulas on request",
+                    );
+                graphs_section(ui, r);
+                true_max_line(ui, r);
+            }
+            None => {
+                heading(ui, r, "Old vs new KV-cache budget", None);
+                context_line(ui, r);
+                if let Some(h) = r.does_not_fit() {
+                    ui.colored_label(legible(palette::OVER, ui.visuals().dark_mode), h);
+                }
+                graphs_section(ui, r);
+                true_max_line(ui, r);
+                self.formulas(ui, r);
+            }
+        }
+    }
+
+    /// Old against new beside the truth: big numbers, the reason, the table, the bars.
+    fn formulas(&mut self, ui: &mut egui::Ui, r: &Report) {
         let (Some(old), Some(new)) = (r.formula(FormulaId::Pr9352), r.formula(FormulaId::Pr9516))
         else {
             ui.colored_label(
@@ -58,88 +94,27 @@ impl ComparisonView {
             return;
         };
         let dark = ui.visuals().dark_mode;
-        ui.horizontal_wrapped(|ui| {
-            ui.heading("Old vs new KV-cache budget");
-            if r.device.simulated {
-                ui.label(
-                    RichText::new(format!("simulated device ({})", r.device.mode))
-                        .color(ui.visuals().warn_fg_color),
-                )
-                .on_hover_text(format!("ground truth: {}", r.device.truth_source));
-            }
-        });
-        ui.label(format!(
-            "{} · {} · {} · {} tokens × {} seq · util {:.2}",
-            r.model.name,
-            r.quant,
-            r.device.name,
-            r.settings.tokens,
-            r.settings.seqs,
-            r.settings.util
-        ));
-        if let Some(a) = r
-            .vllm_answer()
-            .filter(|a| a.release.name != crate::profile::vllm::DEFAULT)
-        {
-            ui.label(format!(
-                "vLLM {} ({}): {} KV blocks, {}{}",
-                a.release.name,
-                a.formula.id.short(),
-                a.kv_blocks,
-                fmt_i(a.kv_bytes),
-                if r.settings.chunked_prefill == Some(true) {
-                    " · chunked prefill"
-                } else {
-                    ""
-                }
-            ))
-            .on_hover_text(a.release.changes);
-        }
-        if let Some(h) = r.does_not_fit() {
-            ui.colored_label(legible(palette::OVER, ui.visuals().dark_mode), h);
-        }
-        // The CUDA graphs the release captures: what they hold, its estimate, what it costs.
-        for line in r.graph_summary() {
-            ui.colored_label(
-                legible(
-                    palette::category(crate::memory::Category::CudaGraph),
-                    ui.visuals().dark_mode,
-                ),
-                "▮",
-            )
-            .on_hover_text("CUDA graphs: the graph pool's bands have this colour in the views");
-            ui.label(line);
-        }
-        if let Some(m) = &r.true_max {
-            ui.label(format!(
-                "true maximum: {} KV blocks ({}) serve {} passes within floor(T·u)",
-                m.blocks,
-                fmt_u(m.kv_bytes),
-                m.serving_passes
-            ))
-            .on_hover_text(format!(
-                "one block more: {} ({} verify runs)",
-                m.one_more.message, m.probes
-            ));
-        }
         ui.add_space(4.0);
         ui.columns(3, |cols| {
             big_number(
                 &mut cols[0],
                 "#9352 old",
-                old.kv_bytes,
+                &fmt_i(old.kv_bytes),
+                "KV-cache budget",
                 legible(palette::OLD, dark),
             );
             big_number(
                 &mut cols[1],
                 "#9516 new",
-                new.kv_bytes,
+                &fmt_i(new.kv_bytes),
+                "KV-cache budget",
                 legible(palette::NEW, dark),
             );
             big_number(
                 &mut cols[2],
                 "measured truth",
-                r.truth.kv_bytes,
+                &fmt_i(r.truth.kv_bytes),
+                "KV-cache budget",
                 legible(palette::TRUTH, dark),
             );
         });
@@ -168,20 +143,214 @@ impl ComparisonView {
     }
 }
 
-fn big_number(ui: &mut egui::Ui, title: &str, bytes: i64, colour: Color32) {
+/// The tab's heading, with the simulated-device warning beside it.
+/// The release's changes, where given, on hover of the title.
+fn heading(ui: &mut egui::Ui, r: &Report, title: &str, hover: Option<&str>) {
+    ui.horizontal_wrapped(|ui| {
+        let h = ui.heading(title);
+        if let Some(text) = hover {
+            h.on_hover_text(text);
+        }
+        if r.device.simulated {
+            ui.label(
+                RichText::new(format!("simulated device ({})", r.device.mode))
+                    .color(ui.visuals().warn_fg_color),
+            )
+            .on_hover_text(format!("ground truth: {}", r.device.truth_source));
+        }
+    });
+}
+
+/// Model, quantization, device and the batch that ran.
+fn context_line(ui: &mut egui::Ui, r: &Report) {
+    ui.label(format!(
+        "{} · {} · {}{} · {} tokens × {} seq · util {:.2}{}",
+        r.model.name,
+        r.quant,
+        r.device.name,
+        if r.tp > 1 {
+            format!(" × {}", r.tp)
+        } else {
+            String::new()
+        },
+        r.settings.tokens,
+        r.settings.seqs,
+        r.settings.util,
+        if r.settings.chunked_prefill == Some(true) {
+            " · chunked prefill"
+        } else {
+            ""
+        }
+    ));
+}
+
+/// The chosen release's answer as its log would give it: the KV cache, its tokens, the
+/// maximum concurrency, whether the instance still fits once its CUDA graphs are captured,
+/// and the verify of the release's own budget.
+fn release_answer(ui: &mut egui::Ui, r: &Report, a: &VllmAnswer<'_>) {
+    let dark = ui.visuals().dark_mode;
+    heading(
+        ui,
+        r,
+        &format!("vLLM {}: KV cache", a.release.name),
+        Some(a.release.changes),
+    );
+    context_line(ui, r);
+    if let Some(h) = r.does_not_fit() {
+        ui.colored_label(legible(palette::OVER, dark), h);
+    }
+    let (tokens, concurrency) = r.kv_tokens_and_concurrency(a);
+    let colour = legible(palette::formula(a.formula.id), dark);
+    let strong = ui.visuals().strong_text_color();
+    ui.add_space(4.0);
+    ui.columns(3, |cols| {
+        big_number(
+            &mut cols[0],
+            "KV cache",
+            &fmt_i(a.kv_bytes),
+            &match engine_blocks(r, a) {
+                Some(n) if n != a.kv_blocks => format!(
+                    "{} blocks on this rank; the engine takes {} on every rank",
+                    thousands(a.kv_blocks),
+                    thousands(n)
+                ),
+                Some(_) => format!("{} blocks on every rank", thousands(a.kv_blocks)),
+                None => format!("{} blocks", thousands(a.kv_blocks)),
+            },
+            colour,
+        );
+        big_number(
+            &mut cols[1],
+            "tokens",
+            &thousands(tokens),
+            "in the KV cache",
+            strong,
+        );
+        big_number(
+            &mut cols[2],
+            "max concurrency",
+            &format!("{concurrency:.2}x"),
+            &format!(
+                "at {} tokens per request",
+                thousands(r.settings.max_model_len.max(1))
+            ),
+            strong,
+        );
+    });
+    ui.add_space(2.0);
+    if let Some((text, ok)) = fits_after_graphs(r) {
+        ui.horizontal_wrapped(|ui| {
+            ui.label("fits after its CUDA graphs:");
+            ui.colored_label(
+                legible(if ok { palette::TRUTH } else { palette::OVER }, dark),
+                text,
+            );
+        });
+    }
+    ui.horizontal_wrapped(|ui| {
+        ui.label(format!("verify of its budget ({}):", a.formula.id.short()))
+            .on_hover_text(format!(
+                "{}: the KV cache it grants, then one more max-batch pass, inside T·u",
+                a.formula.title
+            ));
+        let v = &a.formula.verify;
+        let resp = ui.colored_label(verify_colour(v, ui), verify_cell(v).replace('\n', " "));
+        if let Some(v) = v {
+            resp.on_hover_text(v.message.clone());
+        }
+    });
+}
+
+/// Whether the instance still fits on the device once its CUDA graphs are captured (after
+/// the KV cache, as vLLM captures them), and the words for it; `None` without graphs.
+fn fits_after_graphs(r: &Report) -> Option<(String, bool)> {
+    let g = r.graphs.as_ref()?;
+    if let Some(f) = &g.failed {
+        return Some((format!("no, the capture runs out of memory ({f})"), false));
+    }
+    Some(if g.room_left_bytes >= 0 {
+        (
+            format!(
+                "yes, {} of the device left after the capture",
+                fmt_u(g.room_left_bytes as u64)
+            ),
+            true,
+        )
+    } else {
+        (
+            format!(
+                "no, {} short after the capture",
+                fmt_u(g.room_left_bytes.unsigned_abs())
+            ),
+            false,
+        )
+    })
+}
+
+/// What the release does with its CUDA graphs, folded (its sentences would push the numbers
+/// below the fold), the header in the graphs' colour.
+fn graphs_section(ui: &mut egui::Ui, r: &Report) {
+    let lines = r.graph_summary();
+    if lines.is_empty() {
+        return;
+    }
+    egui::CollapsingHeader::new("CUDA graphs in detail")
+        .id_salt("graph_summary")
+        .default_open(false)
+        .show(ui, |ui| {
+            super::style::swatch(
+                ui,
+                c32(palette::category(crate::memory::Category::CudaGraph)),
+                "the graph pool's bands in the views",
+            );
+            for line in &lines {
+                ui.label(line);
+            }
+        });
+}
+
+/// With tensor parallel, the blocks the engine takes on every rank under the release's
+/// formula (the fewest over the ranks); `None` on one GPU.
+fn engine_blocks(r: &Report, a: &VllmAnswer<'_>) -> Option<u64> {
+    // The engine's counts are the formula's; a release that takes its graph estimate off
+    // the budget (0.21) grants fewer, so the formula's minimum is not its answer.
+    if r.tp < 2 || r.graphs_estimate_applied() > 0 {
+        return None;
+    }
+    r.engine
+        .iter()
+        .find(|e| e.key == a.formula.id.key())
+        .map(|e| e.kv_blocks)
+}
+
+fn true_max_line(ui: &mut egui::Ui, r: &Report) {
+    if let Some(m) = &r.true_max {
+        ui.label(format!(
+            "true maximum: {} KV blocks ({}) serve {} passes within floor(T·u)",
+            m.blocks,
+            fmt_u(m.kv_bytes),
+            m.serving_passes
+        ))
+        .on_hover_text(format!(
+            "one block more: {} ({} verify runs)",
+            m.one_more.message, m.probes
+        ));
+    }
+}
+
+fn big_number(ui: &mut egui::Ui, title: &str, text: &str, subtitle: &str, colour: Color32) {
     ui.vertical(|ui| {
         ui.label(RichText::new(title).color(colour).strong());
         // As large as the column holds: a narrow panel (Present at 1280x720) shrinks the
         // number rather than cut it.
-        let text = fmt_i(bytes);
         let at_big = ui.fonts_mut(|f| {
-            f.layout_no_wrap(text.clone(), egui::FontId::proportional(BIG), colour)
+            f.layout_no_wrap(text.to_string(), egui::FontId::proportional(BIG), colour)
                 .size()
                 .x
         });
         let size = (BIG * ui.available_width() / at_big.max(1.0)).clamp(12.0, BIG);
         ui.label(RichText::new(text).size(size).color(colour).strong());
-        ui.label(RichText::new("KV-cache budget").small());
+        ui.add(egui::Label::new(RichText::new(subtitle).small()).wrap());
     });
 }
 

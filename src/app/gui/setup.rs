@@ -51,7 +51,8 @@ pub struct SetupForm {
     pub topology: Option<Topology>,
     /// vLLM's max_num_batched_tokens; 0: vLLM's default.
     pub tokens: usize,
-    /// vLLM's max_num_seqs.
+    /// vLLM's max_num_seqs; 0: vLLM's default (by release, and under V1 by GPU), resolved
+    /// when the run starts as the CLI resolves a flag left out.
     pub seqs: usize,
     pub passes: u32,
     /// Tensor-parallel GPUs (vLLM's --tensor-parallel-size).
@@ -73,6 +74,16 @@ pub struct SetupForm {
     /// vLLM's `--enforce-eager`: no CUDA graphs (a V1 release captures them otherwise).
     #[serde(default)]
     pub enforce_eager: bool,
+    /// vLLM's `--enable-chunked-prefill`; `None`: the release's rule (V1 always chunks).
+    #[serde(default)]
+    pub chunked_prefill: Option<bool>,
+    /// vLLM's `--kv-cache-memory` (V1): the KV cache's size per GPU, given; empty: vLLM
+    /// profiles it.
+    #[serde(default)]
+    pub kv_cache_memory: String,
+    /// A pasted `vllm serve …` line, read with the CLI's `plan` parser on "Use line".
+    #[serde(skip)]
+    pub serve_line: String,
     pub seed: u64,
     /// Set when the last "Open…" showed no dialog.
     #[serde(skip)]
@@ -133,7 +144,8 @@ impl Default for SetupForm {
             kv_cache_dtype: r.kv_cache_dtype,
             topology: None,
             tokens: r.tokens,
-            seqs: r.seqs,
+            // vLLM's default, as the CLI leaves it when --max-num-seqs is not given.
+            seqs: 0,
             passes: r.passes,
             tp: r.tp,
             vllm: r.vllm.clone(),
@@ -146,6 +158,9 @@ impl Default for SetupForm {
             outside_during_freed: r.outside_during_freed,
             verify: r.verify,
             enforce_eager: r.enforce_eager,
+            chunked_prefill: r.chunked_prefill,
+            kv_cache_memory: String::new(),
+            serve_line: String::new(),
             seed: r.seed,
             dialog_note: None,
         }
@@ -191,7 +206,7 @@ impl SetupForm {
             passes: self.passes,
             tp: self.tp,
             vllm: self.vllm.clone(),
-            chunked_prefill: None,
+            chunked_prefill: self.chunked_prefill,
             true_max: false,
             enforce_eager: self.enforce_eager,
             util: self.util,
@@ -205,7 +220,10 @@ impl SetupForm {
             verify: self.verify,
             seed: self.seed,
             kv_cache_dtype: self.kv_cache_dtype,
-            kv_cache_memory: None,
+            kv_cache_memory: match self.kv_cache_memory.trim() {
+                "" => None,
+                given => Some(size("kv_cache_memory", given)?),
+            },
         };
         r.validate()?;
         Ok(r)
@@ -247,6 +265,31 @@ impl SetupForm {
         self.block_size = r.block_size;
         self.max_model_len = r.max_model_len;
         self.enforce_eager = r.enforce_eager;
+        self.chunked_prefill = r.chunked_prefill;
+        self.kv_cache_memory = r.kv_cache_memory.map_or(String::new(), |b| b.to_string());
+    }
+
+    /// The `vramscope plan` options that say what the form says beyond a pasted line: the
+    /// device (and its total and links) and the release, which a `vllm serve` line never names.
+    pub fn plan_options(&self) -> Vec<String> {
+        let mut o = vec!["--device".to_string()];
+        if self.device.starts_with("sim:") {
+            o.push(format!(
+                "{}:{}",
+                self.device,
+                if self.dry { "dry" } else { "compute" }
+            ));
+            if !self.custom_total.trim().is_empty() {
+                o.extend(["--total".into(), self.custom_total.trim().to_string()]);
+            }
+            if let Some(t) = self.topology {
+                o.extend(["--topology".into(), t.name().to_string()]);
+            }
+        } else {
+            o.push(self.device.clone());
+        }
+        o.extend(["--vllm".into(), self.vllm.clone()]);
+        o
     }
 
     /// Uses `path` as the model and remembers it.
@@ -264,18 +307,29 @@ impl SetupForm {
         self.recent.truncate(RECENT_MAX);
     }
 
-    /// Draws the form. Returns true when the user asked to open a file dialog.
+    /// Draws the form; returns what the user asked of the app (a dialog, a pasted line).
     pub fn ui(
         &mut self,
         ui: &mut egui::Ui,
         devices: &[DeviceListing],
         no_gpu: Option<&str>,
-    ) -> bool {
-        let mut open_dialog = false;
+    ) -> SetupAction {
+        let mut action = SetupAction::None;
         ui.heading("Model");
-        ui.horizontal(|ui| {
+        ui.horizontal_wrapped(|ui| {
             ui.radio_value(&mut self.model_kind, ModelKind::Preset, "Preset");
             ui.radio_value(&mut self.model_kind, ModelKind::File, "File");
+            if ui
+                .button("Open vLLM log…")
+                .on_hover_text(
+                    "A vLLM startup log (.log, .txt): its release, model and settings are \
+                     taken into the setup and run, and the vLLM log tab sets its numbers \
+                     beside the run's (vramscope explain)",
+                )
+                .clicked()
+            {
+                action = SetupAction::OpenLog;
+            }
         });
         match self.model_kind {
             ModelKind::Preset => {
@@ -316,7 +370,7 @@ impl SetupForm {
                 .labelled_by(label.id);
                 ui.horizontal(|ui| {
                     if ui.button("Open…").clicked() {
-                        open_dialog = true;
+                        action = SetupAction::OpenModel;
                     }
                     let mut picked = None;
                     ui.add_enabled_ui(!self.recent.is_empty(), |ui| {
@@ -363,6 +417,26 @@ impl SetupForm {
                 }
             }
         }
+        let l = ui.label("or paste a vllm serve line").on_hover_text(
+            "The command you run, e.g. vllm serve Qwen/Qwen2.5-32B-Instruct \
+             --tensor-parallel-size 2 --max-model-len 8192: read as vramscope plan reads it \
+             (the device and the release stay the ones chosen here), then profiled.",
+        );
+        ui.horizontal(|ui| {
+            let use_w = 80.0;
+            // Multi-line, so a command pasted from a README keeps its `\` line breaks.
+            ui.add(
+                egui::TextEdit::multiline(&mut self.serve_line)
+                    .hint_text("vllm serve MODEL …")
+                    .desired_rows(1)
+                    .desired_width((ui.available_width() - use_w).max(80.0)),
+            )
+            .labelled_by(l.id);
+            let has = !self.serve_line.trim().is_empty();
+            if ui.add_enabled(has, egui::Button::new("Use line")).clicked() {
+                action = SetupAction::UseServeLine;
+            }
+        });
         ui.add_space(6.0);
         ui.heading("Quantization");
         ui.horizontal_wrapped(|ui| {
@@ -465,17 +539,20 @@ impl SetupForm {
         settings_rows(ui, "settings", narrow, |ui| {
             ui.label("max_num_batched_tokens").on_hover_text(
                 "vLLM's --max-num-batched-tokens: the tokens of the profile batch. vLLM's default \
-                 with chunked prefill off is max(max_model_len, 2048) (vllm/config.py, \
-                 SchedulerConfig).",
+                 in V0 with chunked prefill off is max(max_model_len, 2048) (vllm/config.py, \
+                 SchedulerConfig); in V1 `vllm serve` takes 8192 on a GPU of 70 GiB or more that \
+                 is not an A100, else 2048 (engine/arg_utils.py).",
             );
             defaulted(ui, &mut self.tokens, 8192, 1..=1_048_576);
             ui.end_row();
-            let l = ui.label("max_num_seqs").on_hover_text(
-                "vLLM's --max-num-seqs (default 256): the profile batch is split into this many \
-                 dummy sequences, and the sampler runs on one row of logits per sequence.",
+            ui.label("max_num_seqs").on_hover_text(
+                "vLLM's --max-num-seqs: the profile batch is split into this many dummy \
+                 sequences, and the sampler runs on one row of logits per sequence. vLLM's \
+                 default: 256 in V0 (up to 0.8); in V1 (0.11 on) `vllm serve` takes 1024 on a \
+                 GPU of 70 GiB or more that is not an A100, else 256 (engine/arg_utils.py), as \
+                 `vramscope profile` does without the flag.",
             );
-            ui.add(egui::DragValue::new(&mut self.seqs).range(1..=65_536))
-                .labelled_by(l.id);
+            defaulted(ui, &mut self.seqs, 256, 1..=65_536);
             ui.end_row();
             let l = ui.label("sampler").on_hover_text(
                 "vLLM's profile run samples with top_p=0.99, top_k=vocab-1 after the forward \
@@ -535,13 +612,54 @@ impl SetupForm {
                 "The vLLM release whose profile run, defaults, formula and log lines to \
                  reproduce (vramscope's table of releases, read from each release's source).",
             );
+            // Every release in view (the V1 ones hid below the popup's default height), V0
+            // and V1 apart, and what the one under the pointer changed in a box below the
+            // list rather than a tooltip over its neighbours.
             egui::ComboBox::from_id_salt("vllm")
                 .selected_text(self.vllm.as_str())
+                .height(popup_height(ui))
                 .show_ui(ui, |ui| {
-                    for r in crate::profile::vllm::RELEASES {
-                        ui.selectable_value(&mut self.vllm, r.name.to_string(), r.name)
-                            .on_hover_text(r.changes);
-                    }
+                    compact_list(ui);
+                    ui.horizontal_top(|ui| {
+                        let mut hovered = None;
+                        ui.vertical(|ui| {
+                            for (v1, title) in [(false, "V0 engine"), (true, "V1 engine")] {
+                                ui.label(RichText::new(title).small().strong());
+                                for r in crate::profile::vllm::RELEASES.iter().filter(|r| {
+                                    matches!(r.engine, crate::profile::vllm::Engine::V1 { .. })
+                                        == v1
+                                }) {
+                                    let item = ui.selectable_value(
+                                        &mut self.vllm,
+                                        r.name.to_string(),
+                                        r.name,
+                                    );
+                                    if item.hovered() {
+                                        hovered = Some(r);
+                                    }
+                                }
+                            }
+                        });
+                        let note =
+                            hovered.or_else(|| crate::profile::vllm::release(&self.vllm).ok());
+                        if let Some(r) = note {
+                            ui.separator();
+                            ui.allocate_ui_with_layout(
+                                egui::vec2(RELEASE_NOTE_PX, 0.0),
+                                egui::Layout::top_down(egui::Align::Min),
+                                |ui| {
+                                    ui.set_width(RELEASE_NOTE_PX);
+                                    ui.add(
+                                        egui::Label::new(
+                                            RichText::new(format!("{}: {}", r.name, r.changes))
+                                                .small(),
+                                        )
+                                        .wrap(),
+                                    );
+                                },
+                            );
+                        }
+                    });
                 })
                 .response
                 .labelled_by(l.id);
@@ -609,15 +727,60 @@ impl SetupForm {
                          subtracts the estimate from the KV budget.",
                     );
                 ui.end_row();
+                let l = ui.label("chunked prefill").on_hover_text(
+                    "vLLM's --enable-chunked-prefill. The release's rule: V0 chunks above a \
+                     32k context (the batch is then the release's chunk), V1 always.",
+                );
+                let label = |c: Option<bool>| match c {
+                    None => "the release's rule",
+                    Some(true) => "on",
+                    Some(false) => "off",
+                };
+                egui::ComboBox::from_id_salt("chunked_prefill")
+                    .selected_text(label(self.chunked_prefill))
+                    .show_ui(ui, |ui| {
+                        for c in [None, Some(true), Some(false)] {
+                            ui.selectable_value(&mut self.chunked_prefill, c, label(c));
+                        }
+                    })
+                    .response
+                    .labelled_by(l.id);
+                ui.end_row();
+                let l = ui.label("kv_cache_memory").on_hover_text(
+                    "vLLM's --kv-cache-memory (V1, 0.11 on): the KV cache's size per GPU, \
+                     e.g. 40GiB; vLLM then skips its memory profiling. Empty: profiled.",
+                );
+                ui.add(
+                    egui::TextEdit::singleline(&mut self.kv_cache_memory)
+                        .hint_text("profiled")
+                        .desired_width(90.0),
+                )
+                .labelled_by(l.id);
+                ui.end_row();
                 let l = ui.label("seed");
                 ui.add(egui::DragValue::new(&mut self.seed))
                     .labelled_by(l.id);
                 ui.end_row();
             });
         });
-        open_dialog
+        action
     }
 }
+
+/// What the setup panel asks of the app this frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetupAction {
+    None,
+    /// The model file dialog.
+    OpenModel,
+    /// The vLLM log dialog.
+    OpenLog,
+    /// Read the pasted `vllm serve` line and profile it.
+    UseServeLine,
+}
+
+/// Width of the release popup's note on what the release changed.
+const RELEASE_NOTE_PX: f32 = 320.0;
 
 /// Below this width the settings flow instead of standing in a two-column grid.
 const NARROW_PX: f32 = 330.0;
@@ -673,11 +836,12 @@ mod tests {
     }
 
     #[test]
-    fn default_form_is_the_default_request_in_int8() {
+    fn default_form_is_the_default_request_in_int8_with_vllms_default_sequences() {
         assert_eq!(
             SetupForm::default().request().unwrap(),
             ProfileRequest {
                 quant: Quant::Int8,
+                seqs: 0,
                 ..ProfileRequest::default()
             }
         );

@@ -62,6 +62,8 @@ pub struct TimelineView {
     pub hidden: [bool; 4],
     reset: bool,
     cache: Cache,
+    /// Where the last frame drew the plot (for tests that read its axis back).
+    last_transform: Option<egui_plot::PlotTransform>,
 }
 
 #[derive(Default)]
@@ -72,6 +74,8 @@ struct Cache {
     fresh: bool,
     passes: Vec<PassSpan>,
     markers: Vec<(u64, String)>,
+    /// The highest total (allocated, reserved, device used, process used) of the events seen.
+    top_bytes: u64,
     /// Full-range reductions per `LEVELS` entry; [time axis, event axis].
     levels: [Vec<Option<SeriesPoints>>; 2],
     view_key: Option<ViewKey>,
@@ -109,6 +113,17 @@ impl TimelineView {
     /// Resets zoom and pan on the next frame (the plot's own double-click does the same).
     pub fn reset_view(&mut self) {
         self.reset = true;
+    }
+
+    /// The plot's rectangle on screen in the last frame.
+    pub fn plot_rect(&self) -> Option<egui::Rect> {
+        self.last_transform.map(|t| *t.frame())
+    }
+
+    /// Where (time in s or event index, bytes) landed on screen in the last frame.
+    pub fn screen_pos(&self, x: f64, bytes: f64) -> Option<egui::Pos2> {
+        self.last_transform
+            .map(|t| t.position_from_point(&PlotPoint::new(x, bytes)))
     }
 
     pub fn ui(&mut self, ui: &mut egui::Ui, input: &TimelineInput<'_>) {
@@ -172,13 +187,20 @@ impl TimelineView {
             } else {
                 "time since the run started"
             });
-        if let Some((x_max, y_max)) = profile_extent(input.events, by_event) {
-            plot = plot
-                // A little past t3, so the t2 and t3 labels (drawn right of their marks) show.
-                .default_x_bounds(0.0, x_max * 1.05)
-                // Room above the top for the pass and checkpoint labels hanging from it.
-                .default_y_bounds(0.0, y_max * 1.25);
-        }
+        // The bounds always come from the data, never from the plot's own items: the pass and
+        // checkpoint labels hang from the top of the view, and egui_plot's automatic bounds
+        // count text, so each frame of a live run grew the axis by its margin (35 GiB, then
+        // TiB, for data under 1 GiB). A finished run opens on its profile (to t3); a live run
+        // shows everything so far.
+        let (x_max, y_max) = match profile_extent(input.events, by_event) {
+            // A little past t3, so the t2 and t3 labels (drawn right of their marks) show.
+            Some((x, y)) => (x * 1.05, y),
+            None => (x_end.max(1e-6), (self.cache.top_bytes as f64).max(1.0)),
+        };
+        plot = plot
+            .default_x_bounds(0.0, x_max)
+            // Room above the top for the pass and checkpoint labels hanging from it.
+            .default_y_bounds(0.0, y_max * 1.25);
         if self.reset {
             plot = plot.reset();
             self.reset = false;
@@ -334,6 +356,7 @@ impl TimelineView {
                 }
             })
         });
+        self.last_transform = Some(resp.transform);
         if let Some(i) = resp.inner {
             let e = &events[i];
             resp.response
@@ -354,6 +377,16 @@ impl TimelineView {
             return;
         }
         c.fresh = true;
+        let seen = c.len.min(input.events.len());
+        c.top_bytes = input.events[seen..]
+            .iter()
+            .map(|e| {
+                e.allocated
+                    .max(e.reserved)
+                    .max(e.device_used)
+                    .max(e.process_used)
+            })
+            .fold(c.top_bytes, u64::max);
         c.len = input.events.len();
         c.levels = [vec![None; LEVELS.len()], vec![None; LEVELS.len()]];
         c.view_key = None;
