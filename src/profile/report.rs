@@ -279,6 +279,28 @@ pub struct Report {
     /// Why no graphs were captured when the release would capture some.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub graphs_note: Option<String>,
+    /// Pipeline stages of the instance (vLLM's `--pipeline-parallel-size`; 1 without). The
+    /// ranks are `tp × pp`, rank `stage × tp + tp_rank`, as vLLM numbers its workers.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub pp: u32,
+    /// This rank's pipeline stage and its layers (`None` without pipeline parallel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<StageInfo>,
+}
+
+/// A pipeline-parallel rank's stage: which decoder layers it holds (`get_pp_indices`), and its
+/// rank in the stage's tensor-parallel group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageInfo {
+    pub stage: u32,
+    pub first_layer: u32,
+    /// One past the last layer.
+    pub end_layer: u32,
+    pub tp_rank: u32,
+}
+
+fn is_one(v: &u32) -> bool {
+    *v == 1
 }
 
 /// The KV bytes `release` grants from its formula's result `formula_kv` (computed with the
@@ -363,6 +385,8 @@ impl Report {
             nccl_source,
             graphs,
             graphs_note,
+            pp,
+            stage,
         } = self;
         Report {
             format: *format,
@@ -397,6 +421,8 @@ impl Report {
             nccl_source: nccl_source.clone(),
             graphs: graphs.clone(),
             graphs_note: graphs_note.clone(),
+            pp: *pp,
+            stage: *stage,
         }
     }
 
@@ -658,11 +684,14 @@ impl Report {
             let tokens = blocks * self.kv_geometry.block_size;
             return (tokens, tokens as f64 / len as f64);
         }
-        let concurrency = geometry.v1_max_concurrency(a.kv_blocks);
+        // The engine's count: this GPU's, or the fewest over every rank (V1 sets each
+        // worker's num_blocks to the minimum: kv_cache_utils.py 0.19 L1599-1612).
+        let blocks = self.vllm_engine_blocks().unwrap_or(a.kv_blocks);
+        let concurrency = geometry.v1_max_concurrency(blocks);
         let tokens = if a.release.tokens_from_concurrency {
             (concurrency * len as f64) as u64
         } else {
-            self.kv_geometry.tokens_of_blocks(a.kv_blocks)
+            self.kv_geometry.tokens_of_blocks(blocks)
         };
         (tokens, concurrency)
     }

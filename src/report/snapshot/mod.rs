@@ -337,6 +337,8 @@ impl DeviceTimeline {
             nccl_source: None,
             graphs: None,
             graphs_note: None,
+            pp: 1,
+            stage: None,
         }
     }
 }
