@@ -1436,7 +1436,8 @@ fn plan_runs_a_pasted_vllm_line() {
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("--speculative-config {}: not modelled"),
+        err.contains("assumed: --speculative-config {} (a draft model")
+            && err.contains(": not modelled"),
         "{err}"
     );
     let text = String::from_utf8_lossy(&out.stdout);
