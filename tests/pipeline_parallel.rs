@@ -81,7 +81,11 @@ fn two_stages_hold_vllms_layers_embedding_and_head() {
             "intermediate_tensors.hidden_states",
             "intermediate_tensors.residual",
         ] {
-            assert_eq!(allocated(s1, name), vec![tokens * 4096 * 2], "{vllm} {name}");
+            assert_eq!(
+                allocated(s1, name),
+                vec![tokens * 4096 * 2],
+                "{vllm} {name}"
+            );
             assert!(allocated(s0, name).is_empty());
             assert!(!s1
                 .events
@@ -94,9 +98,11 @@ fn two_stages_hold_vllms_layers_embedding_and_head() {
         let sampler = |k: &Report| !allocated(k, "sampler_run.rand_like").is_empty();
         assert!(!sampler(s0) && sampler(s1), "{vllm}");
         let logits = |k: &Report| {
-            k.events
-                .iter()
-                .any(|e| e.kind == EventKind::Alloc && e.category == Category::Sampler && e.tensor.contains("logits"))
+            k.events.iter().any(|e| {
+                e.kind == EventKind::Alloc
+                    && e.category == Category::Sampler
+                    && e.tensor.contains("logits")
+            })
         };
         assert!(!logits(s0) && logits(s1), "{vllm}");
     }
@@ -201,7 +207,10 @@ fn families_and_releases_without_stages_are_refused_by_name() {
             .to_string()
     };
     let e = run_err(request("preset:gemma-2-9b", "sim:l4:dry", "0.19", 1, 2));
-    assert!(e.contains("model_type 'gemma2'") && e.contains("Llama-shaped"), "{e}");
+    assert!(
+        e.contains("model_type 'gemma2'") && e.contains("Llama-shaped"),
+        "{e}"
+    );
     let e = run_err(request("preset:opt-125m", "sim:l4:dry", "0.19", 1, 2));
     assert!(e.contains("model_type 'opt'"), "{e}");
     let e = run_err(request("preset:qwen3-8b", "sim:l4:dry", "0.8", 1, 2));

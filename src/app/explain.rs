@@ -184,8 +184,7 @@ pub fn text(
         f.model.as_deref().unwrap_or("(no model)"),
         f.dtype.as_deref().unwrap_or("dtype not stated"),
         f.tp.unwrap_or(1),
-        f.pp
-            .filter(|&p| p > 1)
+        f.pp.filter(|&p| p > 1)
             .map_or(String::new(), |p| format!(", PP {p}")),
         f.max_model_len
             .map_or("not stated".into(), |l| l.to_string()),

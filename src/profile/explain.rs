@@ -274,17 +274,53 @@ fn dict_items(text: &str) -> Vec<(String, String)> {
 /// The non-default args vramscope reads (or that change nothing it models): every other key
 /// of that line is named as not modelled.
 const ARGS_READ: &[&str] = &[
-    "model", "model_tag", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
-    "block_size", "kv_cache_memory_bytes", "tensor_parallel_size", "pipeline_parallel_size",
-    "max_model_len", "enforce_eager", "dtype", "quantization", "kv_cache_dtype",
-    "enable_chunked_prefill", "host", "port", "api_key", "served_model_name",
-    "trust_remote_code", "tokenizer", "tokenizer_mode", "revision", "tokenizer_revision",
-    "download_dir", "seed", "chat_template", "response_role", "disable_log_requests",
-    "disable_log_stats", "enable_log_requests", "enable_auto_tool_choice", "tool_call_parser",
-    "reasoning_parser", "uvicorn_log_level", "load_format", "config_format",
-    "generation_config", "max_logprobs", "disable_frontend_multiprocessing",
-    "disable_fastapi_docs", "allowed_origins", "root_path", "middleware", "ssl_keyfile",
-    "ssl_certfile", "hf_token",
+    "model",
+    "model_tag",
+    "gpu_memory_utilization",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "kv_cache_memory_bytes",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "max_model_len",
+    "enforce_eager",
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "enable_chunked_prefill",
+    "host",
+    "port",
+    "api_key",
+    "served_model_name",
+    "trust_remote_code",
+    "tokenizer",
+    "tokenizer_mode",
+    "revision",
+    "tokenizer_revision",
+    "download_dir",
+    "seed",
+    "chat_template",
+    "response_role",
+    "disable_log_requests",
+    "disable_log_stats",
+    "enable_log_requests",
+    "enable_auto_tool_choice",
+    "tool_call_parser",
+    "reasoning_parser",
+    "uvicorn_log_level",
+    "load_format",
+    "config_format",
+    "generation_config",
+    "max_logprobs",
+    "disable_frontend_multiprocessing",
+    "disable_fastapi_docs",
+    "allowed_origins",
+    "root_path",
+    "middleware",
+    "ssl_keyfile",
+    "ssl_certfile",
+    "hf_token",
 ];
 
 fn parse_bool(s: &str) -> Option<bool> {
@@ -896,7 +932,10 @@ fn sane(name: &str, f: &LogFacts) -> Result<()> {
     }
     if let Some(pp) = f.pp {
         if pp > super::request::MAX_TP {
-            return bad("pipeline_parallel_size", format!("pipeline_parallel_size {pp}"));
+            return bad(
+                "pipeline_parallel_size",
+                format!("pipeline_parallel_size {pp}"),
+            );
         }
     }
     if let Some(len) = f.max_model_len {

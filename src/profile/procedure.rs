@@ -774,14 +774,16 @@ pub(crate) fn run_rank(
         .map_or(req.block_size, |b| b.block_size);
     let nccl_source = rank.as_ref().map(|_| device.nccl_source(release.nccl));
     let pp_stage = rank.as_ref().and_then(|r| r.pp.clone());
-    let tp_rank = rank.filter(|r| r.size > 1).map(|r| crate::device::group::TpRank {
-        custom_ar: device.custom_all_reduce_for(r.size),
-        all_reduce_out_of_place: release.all_reduce == super::vllm::AllReduce::OutOfPlace,
-        nccl: release.nccl,
-        rank: r.rank,
-        size: r.size,
-        group: r.group,
-    });
+    let tp_rank = rank
+        .filter(|r| r.size > 1)
+        .map(|r| crate::device::group::TpRank {
+            custom_ar: device.custom_all_reduce_for(r.size),
+            all_reduce_out_of_place: release.all_reduce == super::vllm::AllReduce::OutOfPlace,
+            nccl: release.nccl,
+            rank: r.rank,
+            size: r.size,
+            group: r.group,
+        });
     let rt = Runtime::new(device, cancel, sink);
     if let Some(t) = tp_rank {
         rt.set_tp(t);
@@ -1268,9 +1270,9 @@ pub(crate) fn run_rank(
         device_samples,
         sample_rate_hz,
         tp: req.tp,
-        rank: rt
-            .pp()
-            .map_or(rt.tp().map_or(0, |t| t.rank as u32), |p| p.world_rank as u32),
+        rank: rt.pp().map_or(rt.tp().map_or(0, |t| t.rank as u32), |p| {
+            p.world_rank as u32
+        }),
         pp: req.pp,
         stage: rt.pp().map(|p| super::report::StageInfo {
             stage: p.stage as u32,
@@ -1461,4 +1463,3 @@ fn init_pipeline_group(
     d.outside.push((label, a));
     Ok(())
 }
-

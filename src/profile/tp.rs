@@ -109,13 +109,15 @@ pub(crate) fn run_tp(
         rank: rank % tp,
         size: tp,
         group: groups[rank / tp].clone(),
-        pp: partition.as_ref().map(|parts| crate::device::group::PpStage {
-            stage: rank / tp,
-            stages: pp,
-            layers: crate::model::layers::pp::stage_layers(parts, rank / tp),
-            world_rank: rank,
-            world: world.clone(),
-        }),
+        pp: partition
+            .as_ref()
+            .map(|parts| crate::device::group::PpStage {
+                stage: rank / tp,
+                stages: pp,
+                layers: crate::model::layers::pp::stage_layers(parts, rank / tp),
+                world_rank: rank,
+                world: world.clone(),
+            }),
     };
     // A rank that fails stops its group and every rank's meeting point.
     let abort = |rank: usize, why: &str| {

@@ -291,7 +291,9 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
         .get(env_from)
         .and_then(|w| w.split_once('='))
         .is_some_and(|(k, _)| {
-            !k.is_empty() && k.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            !k.is_empty()
+                && k.bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
         })
     {
         env_from += 1;

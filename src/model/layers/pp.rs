@@ -64,10 +64,7 @@ pub fn stage_layers(parts: &[usize], stage: usize) -> Range<usize> {
 }
 
 fn join(p: &[usize]) -> String {
-    p.iter()
-        .map(usize::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
+    p.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// Reads `VLLM_PP_LAYER_PARTITION`'s text ("20,20") as vLLM does (`int()` of each part).
@@ -132,9 +129,15 @@ mod tests {
     fn a_given_partition_is_checked_as_vllm_checks_it() {
         assert_eq!(partition(40, 2, Some(&[24, 16])).unwrap(), vec![24, 16]);
         let e = partition(40, 2, Some(&[20, 19])).unwrap_err().to_string();
-        assert!(e.contains("sum(partitions)=39 does not match num_hidden_layers=40"), "{e}");
+        assert!(
+            e.contains("sum(partitions)=39 does not match num_hidden_layers=40"),
+            "{e}"
+        );
         let e = partition(40, 2, Some(&[40])).unwrap_err().to_string();
-        assert!(e.contains("len(partitions)=1 does not match pp_size=2"), "{e}");
+        assert!(
+            e.contains("len(partitions)=1 does not match pp_size=2"),
+            "{e}"
+        );
         assert!(parse_partition("20, x").is_err());
         assert_eq!(parse_partition("24,16").unwrap(), vec![24, 16]);
         assert!(partition(1, 2, None).is_err());

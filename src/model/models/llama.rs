@@ -176,14 +176,7 @@ impl LlamaModel {
         let vp = cfg.padded_vocab();
         let (v_first, v_len) = shard.vocab_rows(vp);
         let embed = if builds_embedding {
-            Some(ld.vocab_shard(
-                "model.embed_tokens.weight",
-                v,
-                h,
-                vp,
-                v_first,
-                v_len,
-            )?)
+            Some(ld.vocab_shard("model.embed_tokens.weight", v, h, vp, v_first, v_len)?)
         } else {
             None
         };
@@ -489,7 +482,8 @@ impl LlamaModel {
     pub fn forward_hidden(&self, rt: &Runtime, batch: &Batch) -> Result<Tensor> {
         // A stage before the last sends its residual on with the hidden states; only the
         // hidden states are asked for here.
-        self.forward_stage(rt, batch).map(|(hidden, _residual)| hidden)
+        self.forward_stage(rt, batch)
+            .map(|(hidden, _residual)| hidden)
     }
 
     /// One pass of this model, or of this pipeline stage: the final hidden states after the
@@ -601,7 +595,10 @@ impl LlamaModel {
 
 /// A stage before the last asked for logits.
 fn no_lm_head() -> Error {
-    Error::Request("a pipeline stage before the last has no lm_head: the last stage computes the logits".into())
+    Error::Request(
+        "a pipeline stage before the last has no lm_head: the last stage computes the logits"
+            .into(),
+    )
 }
 
 /// The families whose pipeline-parallel stages vramscope does not build.
@@ -611,8 +608,7 @@ pub fn pp_refused(arch: &str) -> Error {
     ))
 }
 
-impl LlamaModel {
-}
+impl LlamaModel {}
 
 /// vLLM's `LlamaModel.forward` (llama.py at 380e1863) from the embedding on: layer 0
 /// normalises into a new tensor, every later norm is `fused_add_rms_norm` in place, the final
