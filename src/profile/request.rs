@@ -329,7 +329,7 @@ impl ProfileRequest {
                 self.vllm, self.tp
             ));
         }
-        if self.pp == 0 || self.tp.saturating_mul(self.pp) > MAX_TP {
+        if self.pp == 0 || (self.pp > 1 && self.tp.saturating_mul(self.pp) > MAX_TP) {
             return bad(format!(
                 "--pp {} with --tp {}: {} GPUs; vramscope runs the GPUs of one host, {MAX_TP} at most (tp × pp)",
                 self.pp,

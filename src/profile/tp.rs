@@ -57,7 +57,7 @@ fn preflight(req: &ProfileRequest) -> Result<Option<Vec<usize>>> {
     if c.family()
         .is_some_and(|f| f.decoder != crate::model::models::registry::Decoder::Llama)
     {
-        return Err(crate::model::models::llama::pp_refused(&c.arch));
+        return Err(crate::model::layers::pp::refused(&c.arch));
     }
     crate::model::layers::pp::partition(
         c.num_layers,

@@ -80,6 +80,13 @@ pub fn parse_partition(text: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
+/// The refusal for a family whose pipeline-parallel stages vramscope does not build.
+pub fn refused(arch: &str) -> Error {
+    Error::Request(format!(
+        "--pp with model_type '{arch}': pipeline-parallel stages are modelled for the Llama-shaped families (Llama, Mistral, Qwen2, Qwen3, Phi-3, Mixtral, Qwen2-MoE, Qwen3-MoE) only so far"
+    ))
+}
+
 /// What one stage builds besides its layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StageParts {

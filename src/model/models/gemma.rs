@@ -26,7 +26,7 @@ pub fn forward_layers(
 ) -> Result<Tensor> {
     let final_norm = run
         .final_norm
-        .ok_or_else(|| super::llama::pp_refused(&cfg.arch))?;
+        .ok_or_else(|| crate::model::layers::pp::refused(&cfg.arch))?;
     let eps = run.eps;
     // `normalizer` is a tensor in the model dtype, so √hidden is rounded to it first.
     let factor = act.round((cfg.hidden_size as f32).sqrt());

@@ -24,7 +24,7 @@ pub fn forward_layers(
 ) -> Result<Tensor> {
     let final_norm = run
         .final_norm
-        .ok_or_else(|| super::llama::pp_refused(&cfg.arch))?;
+        .ok_or_else(|| crate::model::layers::pp::refused(&cfg.arch))?;
     let g = cfg.granite.as_ref().ok_or_else(|| {
         Error::Request(format!("model_type {}: no Granite multipliers", cfg.arch))
     })?;

@@ -541,7 +541,7 @@ impl LlamaModel {
             eps: cfg.rms_norm_eps as f32,
         };
         if self.stage.is_some() && self.family.decoder != Decoder::Llama {
-            return Err(pp_refused(&cfg.arch));
+            return Err(crate::model::layers::pp::refused(&cfg.arch));
         }
         match self.family.decoder {
             Decoder::Gemma => {
@@ -599,13 +599,6 @@ fn no_lm_head() -> Error {
         "a pipeline stage before the last has no lm_head: the last stage computes the logits"
             .into(),
     )
-}
-
-/// The families whose pipeline-parallel stages vramscope does not build.
-pub fn pp_refused(arch: &str) -> Error {
-    Error::Request(format!(
-        "--pp with model_type '{arch}': pipeline-parallel stages are modelled for the Llama-shaped families (Llama, Mistral, Qwen2, Qwen3, Phi-3, Mixtral, Qwen2-MoE, Qwen3-MoE) only so far"
-    ))
 }
 
 impl LlamaModel {}

@@ -116,7 +116,7 @@ impl CausalLm {
         // Pipeline stages are built for the Llama-shaped families; the others are refused by
         // name rather than loaded whole on every stage.
         if rt.pp().is_some() && family.decoder != Decoder::Llama {
-            return Err(llama::pp_refused(&cfg.arch));
+            return Err(crate::model::layers::pp::refused(&cfg.arch));
         }
         Ok(match family.decoder {
             Decoder::Opt => CausalLm::Opt(Box::new(opt::OptModel::load(rt, cfg, src, opts)?)),
