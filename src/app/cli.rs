@@ -1431,9 +1431,13 @@ mod tests {
         let (_, notes) =
             plan("vllm serve meta-llama/Meta-Llama-3-8B --speculative-config x --port 8000");
         assert!(notes[0].contains("built-in preset llama-3-8b"), "{notes:?}");
-        assert!(notes
-            .iter()
-            .any(|n| n.contains("--speculative-config x: not modelled")));
+        let assumed: Vec<&String> = notes.iter().filter(|n| n.starts_with("assumed:")).collect();
+        assert_eq!(assumed.len(), 1, "{notes:?}");
+        assert!(
+            assumed[0].contains("--speculative-config x (a draft model"),
+            "{notes:?}"
+        );
+        assert!(assumed[0].ends_with("not modelled, so their memory is not in vramscope's answer"));
         assert!(notes.iter().any(|n| n.contains("--port 8000: no effect")));
     }
 
