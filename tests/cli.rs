@@ -1436,7 +1436,8 @@ fn plan_runs_a_pasted_vllm_line() {
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("--speculative-config {}: not modelled"),
+        err.contains("assumed: --speculative-config {} (a draft model")
+            && err.contains(": not modelled"),
         "{err}"
     );
     let text = String::from_utf8_lossy(&out.stdout);
@@ -1452,6 +1453,7 @@ fn the_documented_plan_lines_run_as_written() {
         "plan -- vllm serve Qwen/Qwen2.5-32B-Instruct -tp 2 --max-model-len 10000 --gpu-memory-utilization 0.9",
         "plan --vllm 0.19 --device sim:h100-sxm:dry -- vllm serve meta-llama/Llama-3.1-8B-Instruct",
         "plan --vllm 0.33 -- vllm serve meta-llama/Llama-3.1-8B-Instruct",
+        "plan --vllm 0.19 --device sim:l4:dry -- VLLM_PP_LAYER_PARTITION=20,16 vllm serve Qwen/Qwen3-8B -pp 2 --max-model-len 8192",
     ] {
         let words: Vec<&str> = line.split(' ').collect();
         let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
@@ -2163,4 +2165,197 @@ fn a_config_json_of_nested_arrays_is_refused_in_bounded_memory() {
         err.contains("config.json holds 3906452 arrays and objects"),
         "{err}"
     );
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vllm-logs")
+        .join(name)
+}
+
+/// `--pp 2 --tp 2` (and vLLM's spellings) list every rank with its stage and layers, as
+/// docs/cli.md and docs/tensor-parallel.md show.
+#[test]
+fn profile_pp_lists_each_rank_with_its_stage() {
+    for spelling in [
+        &["--pp", "2"][..],
+        &["--pipeline-parallel-size", "2"],
+        &["-pp", "2"],
+    ] {
+        let mut args = vec![
+            "profile",
+            "--model",
+            "preset:llama-3-70b",
+            "--quant",
+            "fp16",
+            "--device",
+            "sim:h100-80gb:dry",
+            "--vllm",
+            "0.19",
+            "--tp",
+            "2",
+        ];
+        // As docs/cli.md and docs/tensor-parallel.md show it (the first spelling).
+        args.extend_from_slice(spelling);
+        args.push("--no-verify");
+        let out = vramscope(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("pipeline parallel over 2 stages of 2 GPU(s) (4 ranks)"),
+            "{text}"
+        );
+        assert!(text.contains("rank 0 (stage 0, layers 0-39,"), "{text}");
+        assert!(text.contains("rank 3 (stage 1, layers 40-79,"), "{text}");
+        assert!(text.contains("GPU KV cache size"), "{text}");
+    }
+}
+
+/// A pasted line's `-pp` and `VLLM_PP_LAYER_PARTITION` run as stages; every flag that changes
+/// memory and is not modelled is named in one "assumed" line.
+#[test]
+fn plan_reads_pipeline_parallel_and_names_what_it_does_not_model() {
+    let cache = tempfile::tempdir().unwrap();
+    let line = "plan --vllm 0.19 --no-verify -- VLLM_PP_LAYER_PARTITION=20,16 vllm serve Qwen/Qwen3-8B -pp 2 --max-model-len 8192 --enable-lora --max-loras 4 --swap-space 4 --port 8000";
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(line.split(' '))
+        .env("HF_HUB_CACHE", cache.path())
+        .output()
+        .expect("run vramscope");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("rank 0 (stage 0, layers 0-19,"), "{text}");
+    assert!(text.contains("rank 1 (stage 1, layers 20-35,"), "{text}");
+    let assumed: Vec<&str> = err.lines().filter(|l| l.contains("assumed:")).collect();
+    assert_eq!(assumed.len(), 1, "{err}");
+    for flag in ["--enable-lora (", "--max-loras 4 (", "--swap-space 4 ("] {
+        assert!(assumed[0].contains(flag), "{flag}: {err}");
+    }
+    assert!(assumed[0].contains("not modelled"), "{err}");
+    assert!(!assumed[0].contains("--port"), "{err}");
+}
+
+/// `explain` on a pipeline-parallel log states PP and answers stage by stage.
+#[test]
+fn explain_states_pp_and_answers_per_stage() {
+    let log = fixture("pp2-0.19-qwen3-8b-2xl4.log");
+    let cache = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args([
+            "explain",
+            log.to_str().unwrap(),
+            "--device",
+            "sim:l4:dry",
+            "--no-what-if",
+        ])
+        .env("HF_HUB_CACHE", cache.path())
+        .output()
+        .expect("run vramscope");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("TP 1, PP 2"), "{text}");
+    assert!(text.contains("pipeline parallel: 2 stages"), "{text}");
+    let stage = |s: &str| {
+        text.lines()
+            .find(|l| l.starts_with(s))
+            .unwrap_or_else(|| panic!("{s}: {text}"))
+            .to_string()
+    };
+    assert!(stage("0 (layers 0-17)").contains("11.88 GiB"), "{text}");
+    assert!(
+        stage("1 (layers 18-35)").contains("(the engine's)"),
+        "{text}"
+    );
+    assert!(!text.contains("assumed: enable"), "{text}");
+}
+
+/// A log that sets what vramscope does not model (LoRA, speculative decoding) names it in one
+/// "assumed" line, and the largest difference is not blamed on anything else.
+#[test]
+fn explain_names_a_setting_it_does_not_model() {
+    let text = std::fs::read_to_string(fixture("pp2-0.19-qwen3-8b-2xl4.log")).unwrap();
+    let text = text
+        .replace(
+            "'pipeline_parallel_size': 2}",
+            "'pipeline_parallel_size': 2, 'enable_lora': True, 'max_loras': 4, 'speculative_config': {'method': 'ngram', 'num_speculative_tokens': 3}}",
+        )
+        .replace("Model loading took 7.64 GiB", "Model loading took 8.64 GiB");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("lora.log");
+    std::fs::write(&log, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args([
+            "explain",
+            log.to_str().unwrap(),
+            "--device",
+            "sim:l4:dry",
+            "--no-what-if",
+        ])
+        .env("HF_HUB_CACHE", dir.path())
+        .output()
+        .expect("run vramscope");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let assumed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("not modelled"))
+        .collect();
+    assert_eq!(assumed.len(), 1, "{text}");
+    for s in ["enable_lora=True", "max_loras=4", "speculative_config={"] {
+        assert!(assumed[0].contains(s), "{s}: {text}");
+    }
+    assert!(!assumed[0].contains("num_speculative_tokens=3 ("), "{text}");
+    let largest = text
+        .lines()
+        .find(|l| l.starts_with("largest difference"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        largest.contains("which vramscope does not model") && !largest.contains("tied embeddings"),
+        "{largest}"
+    );
+}
+
+/// With TP 2, the what-ifs include the same GPUs as two stages.
+#[test]
+fn explains_what_ifs_include_half_the_tp_twice_the_pp() {
+    let text = std::fs::read_to_string(fixture("pp2-0.19-qwen3-8b-2xl4.log")).unwrap();
+    let text = text
+        .replace("'pipeline_parallel_size': 2", "'tensor_parallel_size': 2")
+        .replace(
+            "tensor_parallel_size=1, pipeline_parallel_size=2",
+            "tensor_parallel_size=2, pipeline_parallel_size=1",
+        )
+        .replace("Worker_PP", "Worker_TP");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("tp2.log");
+    std::fs::write(&log, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(["explain", log.to_str().unwrap(), "--device", "sim:l4:dry"])
+        .env("HF_HUB_CACHE", dir.path())
+        .output()
+        .expect("run vramscope");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = text
+        .lines()
+        .find(|l| l.contains("--tensor-parallel-size 1 --pipeline-parallel-size 2"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(row.contains("KV ") && row.contains("tokens"), "{row}");
 }

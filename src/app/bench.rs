@@ -340,7 +340,7 @@ fn run_rank(
         let hidden = model.forward_hidden(&rt, &batch)?;
         // Only rank 0 samples; the others send their shard of the logits.
         if let Some(logits) =
-            smp::compute_logits(&rt, &hidden, model.logits_head(), &input.selected_rows)?
+            smp::compute_logits(&rt, &hidden, model.logits_head()?, &input.selected_rows)?
         {
             let s = Sampler::new(req.seed);
             s.head_rows.set(req.sampler_rows);
@@ -403,7 +403,7 @@ fn forward_logits(
     crate::model::sampler::logits_f32(
         rt,
         &hidden,
-        model.logits_head(),
+        model.logits_head()?,
         &rows,
         model.config().vocab_size,
     )

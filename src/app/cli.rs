@@ -233,6 +233,20 @@ pub struct ProfileArgs {
         value_name = "N"
     )]
     pub tp: u32,
+    /// Pipeline stages (vLLM's --pipeline-parallel-size, -pp): the layers cut over N stages
+    /// as vLLM cuts them, each stage --tp GPUs (tp × pp simulated devices, V1 releases). The
+    /// engine takes the fewest KV blocks over every rank.
+    #[arg(
+        long,
+        visible_alias = "pipeline-parallel-size",
+        default_value_t = 1,
+        value_name = "N"
+    )]
+    pub pp: u32,
+    /// vLLM's VLLM_PP_LAYER_PARTITION: the layers of each stage, e.g. 24,16 (default: vLLM's
+    /// own partition).
+    #[arg(long, value_name = "LIST")]
+    pub pp_layer_partition: Option<String>,
     /// vLLM's --dtype: auto (config.json's torch_dtype, float32 as float16), half, float16,
     /// bfloat16. Instead of --quant.
     #[arg(long, value_name = "DTYPE", conflicts_with = "quant")]
@@ -463,6 +477,12 @@ impl ProfileArgs {
             verify: !self.no_verify,
             seed: self.work.seed,
             tp: self.tp,
+            pp: self.pp,
+            pp_layer_partition: self
+                .pp_layer_partition
+                .as_deref()
+                .map(crate::model::layers::pp::parse_partition)
+                .transpose()?,
             vllm: self.vllm.clone(),
             chunked_prefill: self.enable_chunked_prefill,
             true_max: self.true_max,
@@ -651,6 +671,7 @@ pub fn plan_profile_args(p: &PlanArgs) -> Result<(ProfileArgs, Vec<String>)> {
         ));
     }
     notes.extend(line.warnings.iter().map(|w| format!("warning: {w}")));
+    notes.extend(crate::profile::vllm_args::assumed_line(&line.unmodelled));
     Ok((args, notes))
 }
 
@@ -663,6 +684,8 @@ fn vllm_spellings(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ff
         match a.to_str() {
             Some("-tp") if !past => "--tp".into(),
             Some(t) if !past && t.starts_with("-tp=") => format!("--tp={}", &t[4..]).into(),
+            Some("-pp") if !past => "--pp".into(),
+            Some(t) if !past && t.starts_with("-pp=") => format!("--pp={}", &t[4..]).into(),
             _ => a,
         }
     })
@@ -966,16 +989,35 @@ pub fn summary_text(r: &Report) -> String {
     if let Some(e) = r.model.experts_sentence(r.tp) {
         let _ = writeln!(s, "{e}");
     }
-    if r.tp > 1 {
+    if r.pp > 1 {
+        let _ = writeln!(
+            s,
+            "pipeline parallel over {} stages of {} GPU(s) ({} ranks): the lines above and the table below are rank {}'s, the rank with the fewest #9516 blocks",
+            r.pp,
+            r.tp,
+            r.pp * r.tp,
+            r.rank
+        );
+    } else if r.tp > 1 {
         let _ = writeln!(
             s,
             "tensor parallel over {} GPUs: the lines above and the table below are rank {}'s, the rank with the fewest #9516 blocks",
             r.tp, r.rank
         );
+    }
+    if r.tp > 1 || r.pp > 1 {
         for k in &r.ranks {
+            let stage = k.stage.map_or(String::new(), |st| {
+                format!(
+                    "stage {}, layers {}-{}, ",
+                    st.stage,
+                    st.first_layer,
+                    st.end_layer.saturating_sub(1)
+                )
+            });
             let _ = writeln!(
                 s,
-                "  rank {} ({}): weights {}, framework peak {}, NCCL {}, truth non-KV {}, #9516 non-KV {} ({} blocks)",
+                "  rank {} ({stage}{}): weights {}, framework peak {}, NCCL {}, truth non-KV {}, #9516 non-KV {} ({} blocks)",
                 k.rank,
                 k.device.spec,
                 fmt_u(k.weights_bytes),
@@ -1402,9 +1444,13 @@ mod tests {
         let (_, notes) =
             plan("vllm serve meta-llama/Meta-Llama-3-8B --speculative-config x --port 8000");
         assert!(notes[0].contains("built-in preset llama-3-8b"), "{notes:?}");
-        assert!(notes
-            .iter()
-            .any(|n| n.contains("--speculative-config x: not modelled")));
+        let assumed: Vec<&String> = notes.iter().filter(|n| n.starts_with("assumed:")).collect();
+        assert_eq!(assumed.len(), 1, "{notes:?}");
+        assert!(
+            assumed[0].contains("--speculative-config x (a draft model"),
+            "{notes:?}"
+        );
+        assert!(assumed[0].ends_with("not modelled, so their memory is not in vramscope's answer"));
         assert!(notes.iter().any(|n| n.contains("--port 8000: no effect")));
     }
 

@@ -104,6 +104,19 @@ fn json_doc(
             "kv": kv(base),
         },
         "assumed": assumptions,
+        "not_modelled": f.unmodelled,
+        "pp": f.pp.unwrap_or(1),
+        "stages": e.stages.iter().map(|st| serde_json::json!({
+            "stage": st.stage,
+            "first_layer": st.first_layer,
+            "end_layer": st.end_layer,
+            "weights_vllm": st.weights.logged.as_ref().map(|l| l.value),
+            "weights_vramscope": st.weights.ours,
+            "kv_vllm": st.kv.logged.as_ref().map(|l| l.value),
+            "kv_vramscope": st.kv.ours,
+            "kv_blocks": st.kv_blocks,
+            "binding": st.binding,
+        })).collect::<Vec<_>>(),
         "terms": e.rows.iter().map(|row| serde_json::json!({
             "term": row.term,
             "unit": if row.gib { "GiB" } else { "count" },
@@ -166,11 +179,13 @@ pub fn text(
 ) -> Vec<String> {
     let mut out = Vec::new();
     out.push(format!(
-        "the log: vLLM {}, {}, {}, TP {}, max_model_len {}, util {}, GPU {} GiB",
+        "the log: vLLM {}, {}, {}, TP {}{}, max_model_len {}, util {}, GPU {} GiB",
         f.release.as_deref().unwrap_or("(no version)"),
         f.model.as_deref().unwrap_or("(no model)"),
         f.dtype.as_deref().unwrap_or("dtype not stated"),
         f.tp.unwrap_or(1),
+        f.pp.filter(|&p| p > 1)
+            .map_or(String::new(), |p| format!(", PP {p}")),
         f.max_model_len
             .map_or("not stated".into(), |l| l.to_string()),
         f.util.map_or("not stated".into(), |u| format!("{u}")),
@@ -190,6 +205,19 @@ pub fn text(
     for a in assumptions {
         out.push(format!("  assumed: {a}"));
     }
+    if let Some(line) = crate::profile::vllm_args::assumed_line(&f.unmodelled) {
+        out.push(format!("  {line}"));
+    }
+    if let Some(st) = r.stage.filter(|_| r.pp > 1) {
+        out.push(format!(
+            "pipeline parallel: {} stages of {} GPU(s); the table is stage {}'s (layers {}-{}), the stage whose KV blocks the engine takes; every stage below",
+            r.pp,
+            r.tp,
+            st.stage,
+            st.first_layer,
+            st.end_layer.saturating_sub(1)
+        ));
+    }
     out.push(String::new());
     out.push(format!(
         "{:<24} {:>12} {:>12} {:>10}",
@@ -203,6 +231,30 @@ pub fn text(
             row.ours_text(),
             row.difference_text()
         ));
+    }
+    if !e.stages.is_empty() {
+        out.push(String::new());
+        out.push(format!(
+            "{:<20} {:>12} {:>12} {:>12} {:>12} {:>10}",
+            "stage", "weights log", "vramscope", "KV log", "vramscope", "blocks"
+        ));
+        for st in &e.stages {
+            out.push(format!(
+                "{:<20} {:>12} {:>12} {:>12} {:>12} {:>10}{}",
+                format!(
+                    "{} (layers {}-{})",
+                    st.stage,
+                    st.first_layer,
+                    st.end_layer.saturating_sub(1)
+                ),
+                st.weights.logged_text(),
+                st.weights.ours_text(),
+                st.kv.logged_text(),
+                st.kv.ours_text(),
+                st.kv_blocks,
+                if st.binding { "  (the engine's)" } else { "" }
+            ));
+        }
     }
     if let Some(w) = &e.largest {
         out.push(String::new());

@@ -231,6 +231,32 @@ pub struct TpRank {
     pub nccl: super::nccl_model::NcclRules,
 }
 
+/// One stage of a pipeline-parallel instance (vLLM's `--pipeline-parallel-size`): which
+/// decoder layers it holds, and where every rank of the instance meets (the engine's minimum
+/// over all workers, tensor- and pipeline-parallel alike: `get_kv_cache_configs`,
+/// v1/core/kv_cache_utils.py 0.19 L1599-1612).
+#[derive(Clone)]
+pub struct PpStage {
+    pub stage: usize,
+    pub stages: usize,
+    /// The decoder layers this stage builds and runs (`get_pp_indices`).
+    pub layers: std::ops::Range<usize>,
+    /// This rank among all `tp × pp` ranks (vLLM's global rank: `pp_rank × tp + tp_rank`,
+    /// parallel_state.py `initialize_model_parallel`).
+    pub world_rank: usize,
+    pub world: std::sync::Arc<RankGroup>,
+}
+
+impl PpStage {
+    pub fn is_first(&self) -> bool {
+        self.stage == 0
+    }
+
+    pub fn is_last(&self) -> bool {
+        self.stage + 1 == self.stages
+    }
+}
+
 /// vLLM's custom all-reduce: inputs under this many bytes go through it
 /// (custom_all_reduce.py `max_size=8192 * 1024`).
 pub const CUSTOM_AR_MAX_BYTES: u64 = 8192 * 1024;

@@ -437,6 +437,20 @@ impl Device {
     /// Sets up what a collective library needs the first time `setup` is asked for on this
     /// rank: the simulated device takes what its topology's [`nccl_model::NcclModel`] says (kept for the
     /// instance's life, returned); a GPU makes the NCCL communicator (the runtime measures).
+    /// What the pipeline group's NCCL communicator takes on a simulated GPU under `rules`
+    /// (`NcclModel::pipeline_communicator`); `None` on a CUDA GPU, where pipeline stages are
+    /// not run yet.
+    pub fn pipeline_comm_bytes(
+        &self,
+        rules: nccl_model::NcclRules,
+        first_in_process: bool,
+    ) -> Option<u64> {
+        match self {
+            Device::Sim(s) => Some(s.nccl_model(rules).pipeline_communicator(first_in_process)),
+            Device::Cuda(_) => None,
+        }
+    }
+
     pub fn comm_setup(
         &mut self,
         setup: group::CommSetup,

@@ -270,6 +270,21 @@ impl NcclModel {
             + self.communicator_bytes
     }
 
+    /// The pipeline group's PyNcclCommunicator and its warm-up all-reduce (vLLM makes one per
+    /// group of more than one rank: cuda_communicator.py 0.19 L74-80; the custom all-reduce
+    /// only for the tensor-parallel group, L44-48). The process's first communicator when there
+    /// is no tensor-parallel one before it (parallel_state.py `initialize_model_parallel`
+    /// makes the TP group first): then NCCL's once-per-process image and kernel stack too.
+    /// Its ring over two stages is the two-rank ring the rules give; more stages are counted
+    /// as two (assumed, as for tensor parallel).
+    pub fn pipeline_communicator(&self, first_in_process: bool) -> u64 {
+        if first_in_process {
+            self.bytes(CommSetup::PyncclInit, 0, 2)
+        } else {
+            self.communicator()
+        }
+    }
+
     /// Bytes `setup` takes on `rank` of `size` ranks.
     pub fn bytes(&self, setup: CommSetup, rank: usize, size: usize) -> u64 {
         let p2p_stack = self.stack_after_p2p_bytes - self.stack_after_collective_bytes;

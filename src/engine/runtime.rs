@@ -71,6 +71,8 @@ struct Inner {
     segment_cap: Option<u64>,
     /// This rank of a tensor-parallel instance (`None`: one GPU).
     tp: Option<crate::device::group::TpRank>,
+    /// This stage of a pipeline-parallel instance (`None`: no pipeline parallel).
+    pp: Option<crate::device::group::PpStage>,
     /// Collective-library setups done on this rank, and the simulated memory they hold.
     comms: Vec<crate::device::group::CommSetup>,
     comm_memory: Vec<OutsideAlloc>,
@@ -167,6 +169,7 @@ impl Runtime {
             process_used,
             segment_cap: None,
             tp: None,
+            pp: None,
             comms: Vec::new(),
             comm_memory: Vec::new(),
             host_pool: Vec::new(),
@@ -542,6 +545,27 @@ impl Runtime {
     /// This rank, when the instance is tensor parallel.
     pub fn tp(&self) -> Option<crate::device::group::TpRank> {
         self.0.borrow().tp.clone()
+    }
+
+    /// Makes this runtime one stage of a pipeline-parallel instance.
+    pub fn set_pp(&self, pp: crate::device::group::PpStage) {
+        self.0.borrow_mut().pp = Some(pp);
+    }
+
+    /// This stage, when the instance is pipeline parallel.
+    pub fn pp(&self) -> Option<crate::device::group::PpStage> {
+        self.0.borrow().pp.clone()
+    }
+
+    /// Where every rank of the instance meets, and this rank's index there: all `tp × pp`
+    /// ranks with pipeline parallel, the tensor-parallel group without; `None` on one GPU.
+    pub fn world(&self) -> Option<(usize, std::sync::Arc<crate::device::group::RankGroup>)> {
+        let i = self.0.borrow();
+        match (&i.pp, &i.tp) {
+            (Some(p), _) => Some((p.world_rank, p.world.clone())),
+            (None, Some(t)) => Some((t.rank, t.group.clone())),
+            (None, None) => None,
+        }
     }
 
     /// Starts the first use of `setup` on this rank (NCCL's communicator and the buffers its

@@ -35,6 +35,8 @@ pub struct LogFacts {
     pub quantization: Option<String>,
     pub max_model_len: Option<u64>,
     pub tp: Option<u32>,
+    /// `pipeline_parallel_size`.
+    pub pp: Option<u32>,
     pub enforce_eager: Option<bool>,
     pub kv_cache_dtype: Option<String>,
     pub chunked_prefill: Option<bool>,
@@ -64,6 +66,13 @@ pub struct LogFacts {
     pub graph_took: Option<Logged>,
     /// Which format the memory lines were in.
     pub style: Option<Style>,
+    /// With pipeline parallel, each stage's own lines (its first worker's, `Worker_PP{k}`):
+    /// "Model loading took" and "Available KV cache memory".
+    pub stage_weights: std::collections::BTreeMap<u32, Logged>,
+    pub stage_kv: std::collections::BTreeMap<u32, Logged>,
+    /// Settings the log states that change memory and that vramscope does not model, each
+    /// as the log prints it with what it changes and its line.
+    pub unmodelled: Vec<String>,
     pub lines: u64,
     pub recognised: u64,
     /// The line each fact was read from, by its name as the log prints it
@@ -207,6 +216,113 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     None
 }
 
+/// The pipeline stage a V1 worker's prefix names: "(Worker_PP1 pid=…)", "(Worker_PP0_TP1
+/// pid=…)" (v1/executor/multiproc_executor.py 0.19 L978-990).
+fn stage_of(line: &str) -> Option<u32> {
+    let prefix = &line[..line.find(')')?];
+    let at = prefix.find("_PP")? + 3;
+    let digits: String = prefix[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// The top-level `'key': value` pairs of a Python dict as vLLM prints its non-default args
+/// (`{'model': 'x', 'speculative_config': {'num_speculative_tokens': 3}}`): nested braces,
+/// brackets and quoted strings are stepped over, values kept as printed.
+fn dict_items(text: &str) -> Vec<(String, String)> {
+    let Some(open) = text.find('{') else {
+        return Vec::new();
+    };
+    let mut items = Vec::new();
+    let (mut depth, mut quote, mut start) = (0i32, None::<char>, open + 1);
+    for (i, c) in text.char_indices().skip_while(|(i, _)| *i < open) {
+        if let Some(q) = quote {
+            if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        match c {
+            '\'' | '"' => quote = Some(c),
+            '{' | '[' | '(' => depth += 1,
+            '}' | ']' | ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    items.push(&text[start..i]);
+                    break;
+                }
+            }
+            ',' if depth == 1 => {
+                items.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items
+        .into_iter()
+        .filter_map(|item| {
+            let (k, v) = item.split_once(':')?;
+            let k = k.trim().trim_matches(['\'', '"']);
+            (!k.is_empty()).then(|| (k.to_string(), v.trim().to_string()))
+        })
+        .collect()
+}
+
+/// The non-default args vramscope reads (or that change nothing it models): every other key
+/// of that line is named as not modelled.
+const ARGS_READ: &[&str] = &[
+    "model",
+    "model_tag",
+    "gpu_memory_utilization",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "kv_cache_memory_bytes",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "max_model_len",
+    "enforce_eager",
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "enable_chunked_prefill",
+    "host",
+    "port",
+    "api_key",
+    "served_model_name",
+    "trust_remote_code",
+    "tokenizer",
+    "tokenizer_mode",
+    "revision",
+    "tokenizer_revision",
+    "download_dir",
+    "seed",
+    "chat_template",
+    "response_role",
+    "disable_log_requests",
+    "disable_log_stats",
+    "enable_log_requests",
+    "enable_auto_tool_choice",
+    "tool_call_parser",
+    "reasoning_parser",
+    "uvicorn_log_level",
+    "load_format",
+    "config_format",
+    "generation_config",
+    "max_logprobs",
+    "disable_frontend_multiprocessing",
+    "disable_fastapi_docs",
+    "allowed_origins",
+    "root_path",
+    "middleware",
+    "ssl_keyfile",
+    "ssl_certfile",
+    "hf_token",
+];
+
 fn parse_bool(s: &str) -> Option<bool> {
     match s {
         "True" | "true" => Some(true),
@@ -304,6 +420,19 @@ impl Reader {
         Ok(())
     }
 
+    /// Names a setting vramscope does not model (once, at its first line).
+    fn unmodelled(&mut self, name: &str, value: &str, line_no: u64) {
+        let value: String = value.chars().take(80).collect();
+        let text = format!(
+            "{name}={value} ({}; line {line_no})",
+            super::vllm_args::not_modelled_why(name)
+        );
+        let named = |u: &String| u.starts_with(&format!("{name}="));
+        if !self.facts.unmodelled.iter().any(named) {
+            self.facts.unmodelled.push(text);
+        }
+    }
+
     /// `put` for a setting: any line states it for the whole instance.
     fn setting<T: Fact>(
         &mut self,
@@ -389,6 +518,22 @@ impl Reader {
             if let Some(tp) = count_field(line, "tensor_parallel_size=", n)? {
                 self.positive("tensor_parallel_size", |f| &mut f.tp, tp, n)?;
             }
+            if let Some(pp) = count_field(line, "pipeline_parallel_size=", n)? {
+                self.positive("pipeline_parallel_size", |f| &mut f.pp, pp, n)?;
+            }
+            // The engine config's settings that change memory and are not modelled
+            // (config/vllm.py 0.19 `__str__`), named where they differ from vLLM's default.
+            if let Some(v) = field(line, "speculative_config=").filter(|v| *v != "None") {
+                self.unmodelled("speculative_config", v, n);
+            }
+            for k in ["data_parallel_size", "decode_context_parallel_size"] {
+                if let Some(v) = field(line, &format!("{k}=")).filter(|v| *v != "1") {
+                    self.unmodelled(k, v, n);
+                }
+            }
+            if field(line, "disable_custom_all_reduce=") == Some("True") {
+                self.unmodelled("disable_custom_all_reduce", "True", n);
+            }
             if let Some(q) = field(line, "quantization=").filter(|q| *q != "None") {
                 self.setting("quantization", |f| &mut f.quantization, q.to_string(), n)?;
             }
@@ -437,6 +582,15 @@ impl Reader {
             }
             if let Some(tp) = count_after(line, &key("tensor_parallel_size"), n)? {
                 self.positive("tensor_parallel_size", |f| &mut f.tp, tp, n)?;
+            }
+            if let Some(pp) = count_after(line, &key("pipeline_parallel_size"), n)? {
+                self.positive("pipeline_parallel_size", |f| &mut f.pp, pp, n)?;
+            }
+            let at = line.find("non-default args: {").unwrap_or(0);
+            for (k, v) in dict_items(&line[at..]) {
+                if !ARGS_READ.contains(&k.as_str()) {
+                    self.unmodelled(&k, &v, n);
+                }
             }
             if let Some(len) = count_after(line, &key("max_model_len"), n)? {
                 self.positive("max_model_len", |f| &mut f.max_model_len, len, n)?;
@@ -513,6 +667,9 @@ impl Reader {
             self.set(&[(Field::LoadedWeights, w)], worker, n)?;
         } else if let Some(w) = size_after(line, "Model loading took ", n)? {
             // V1 gpu_model_runner.py:4821.
+            if let Some(st) = stage_of(line).filter(|_| worker) {
+                self.facts.stage_weights.entry(st).or_insert(w.clone());
+            }
             self.set(&[(Field::Weights, w)], worker, n)?;
         } else if line.contains("Requested memory: ") && line.contains("(util)") {
             // V1 gpu_worker.py DEBUG "Initial free memory: F GiB; Requested memory: u (util), R GiB".
@@ -541,6 +698,9 @@ impl Reader {
             }
         } else if let Some(kv) = size_after(line, "Available KV cache memory: ", n)? {
             self.style(Style::V1, n)?;
+            if let Some(st) = stage_of(line).filter(|_| worker) {
+                self.facts.stage_kv.entry(st).or_insert(kv.clone());
+            }
             self.set(&[(Field::Kv, kv)], worker, n)?;
         } else if let Some(tokens) = count_after(line, "GPU KV cache size: ", n)? {
             self.put("GPU KV cache size", |f| &mut f.tokens, tokens, worker, n)?;
@@ -770,6 +930,14 @@ fn sane(name: &str, f: &LogFacts) -> Result<()> {
             return bad("tensor_parallel_size", format!("tensor_parallel_size {tp}"));
         }
     }
+    if let Some(pp) = f.pp {
+        if pp > super::request::MAX_TP {
+            return bad(
+                "pipeline_parallel_size",
+                format!("pipeline_parallel_size {pp}"),
+            );
+        }
+    }
     if let Some(len) = f.max_model_len {
         if len > crate::base::limits::MAX_MODEL_LEN {
             return bad("max_model_len", format!("max_model_len {len}"));
@@ -907,6 +1075,7 @@ pub fn request_of(f: &LogFacts, o: &Overrides) -> Result<(ProfileRequest, Vec<St
         0.9
     });
     let tp = f.tp.unwrap_or(1);
+    let pp = f.pp.unwrap_or(1);
     let max_model_len = f.max_model_len.unwrap_or_else(|| {
         default(
             "max_model_len",
@@ -943,6 +1112,7 @@ pub fn request_of(f: &LogFacts, o: &Overrides) -> Result<(ProfileRequest, Vec<St
         block_size: f.block_size.unwrap_or(16),
         max_model_len,
         tp,
+        pp,
         vllm,
         chunked_prefill: if v1 { None } else { f.chunked_prefill },
         enforce_eager: f.enforce_eager.unwrap_or(false),
@@ -965,6 +1135,7 @@ const LOG_NAMES: &[(&str, &str)] = &[
     ("--block-size", "block_size"),
     ("--util", "gpu_memory_utilization"),
     ("--tp", "tensor_parallel_size"),
+    ("--pp", "pipeline_parallel_size"),
 ];
 
 /// A refusal of the request a log describes, in the log's terms: each flag named by the
@@ -1057,6 +1228,22 @@ pub struct Explanation {
     pub rows: Vec<Row>,
     /// The largest difference, in words.
     pub largest: Option<String>,
+    /// With pipeline parallel, each stage's answer beside the log's lines for it.
+    pub stages: Vec<StageRow>,
+}
+
+/// One pipeline stage: its layers, and its weights and KV cache, logged and vramscope's
+/// (GiB), with the KV blocks vramscope's stage grants before the engine's minimum.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageRow {
+    pub stage: u32,
+    pub first_layer: u32,
+    pub end_layer: u32,
+    pub weights: Row,
+    pub kv: Row,
+    pub kv_blocks: u64,
+    /// This stage's blocks are the engine's (the fewest over every rank).
+    pub binding: bool,
 }
 
 /// Term by term, and the largest difference in words.
@@ -1065,14 +1252,24 @@ pub fn compare(f: &LogFacts, r: &Report) -> Explanation {
         return Explanation {
             rows: Vec::new(),
             largest: None,
+            stages: Vec::new(),
         };
     };
+    // With pipeline parallel the top-level report is one stage's (the binding one): its
+    // lines are held against the log's lines of the same stage where the log has them.
+    let own_stage = r.stage.map(|st| st.stage);
+    let logged_weights = own_stage
+        .and_then(|st| f.stage_weights.get(&st).cloned())
+        .or(f.weights.clone());
+    let logged_kv = own_stage
+        .and_then(|st| f.stage_kv.get(&st).cloned())
+        .or(f.kv.clone());
     let gib = |b: f64| b / GIB;
     let fm = a.formula;
     let (tokens, concurrency) = r.kv_tokens_and_concurrency(&a);
     let mut rows = vec![Row {
         term: "weights",
-        logged: f.weights.clone(),
+        logged: logged_weights,
         ours: Some(gib(r.weights_bytes as f64)),
         gib: true,
     }];
@@ -1113,7 +1310,7 @@ pub fn compare(f: &LogFacts, r: &Report) -> Explanation {
     }
     rows.push(Row {
         term: "KV cache",
-        logged: f.kv.clone(),
+        logged: logged_kv,
         ours: Some(gib(a.kv_bytes as f64)),
         gib: true,
     });
@@ -1152,8 +1349,63 @@ pub fn compare(f: &LogFacts, r: &Report) -> Explanation {
         .filter_map(|row| Some((row, row.ours? - row.logged.as_ref()?.value)))
         .max_by(|x, y| x.1.abs().total_cmp(&y.1.abs()))
         .filter(|(_, d)| d.abs() >= 0.01)
-        .map(|(row, d)| words(row, d, r));
-    Explanation { rows, largest }
+        .map(|(row, d)| match f.unmodelled.is_empty() {
+            true => words(row, d, r),
+            // A setting the run leaves out changes memory: the difference is not put down to
+            // anything else.
+            false => format!(
+                "{} ({:+.2} GiB): the log sets {}, which vramscope does not model; its memory \
+                 is not in vramscope's numbers, so this difference is not put down to anything \
+                 else until it is",
+                row.term,
+                d,
+                f.unmodelled
+                    .iter()
+                    .map(|u| u.split(" (").next().unwrap_or(u))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
+    let stages = stage_rows(f, r);
+    Explanation {
+        rows,
+        largest,
+        stages,
+    }
+}
+
+/// Each pipeline stage's answer (its first tensor-parallel rank's) beside the log's lines for
+/// that stage; empty without pipeline parallel.
+fn stage_rows(f: &LogFacts, r: &Report) -> Vec<StageRow> {
+    let engine = r.vllm_engine_blocks();
+    let gib = |b: f64| b / GIB;
+    r.ranks
+        .iter()
+        .filter_map(|k| Some((k, k.stage?)))
+        .filter(|(_, st)| st.tp_rank == 0)
+        .filter_map(|(k, st)| {
+            let a = k.vllm_answer()?;
+            Some(StageRow {
+                stage: st.stage,
+                first_layer: st.first_layer,
+                end_layer: st.end_layer,
+                weights: Row {
+                    term: "weights",
+                    logged: f.stage_weights.get(&st.stage).cloned(),
+                    ours: Some(gib(k.weights_bytes as f64)),
+                    gib: true,
+                },
+                kv: Row {
+                    term: "KV cache",
+                    logged: f.stage_kv.get(&st.stage).cloned(),
+                    ours: Some(gib(a.kv_bytes as f64)),
+                    gib: true,
+                },
+                kv_blocks: a.kv_blocks,
+                binding: engine == Some(a.kv_blocks),
+            })
+        })
+        .collect()
 }
 
 fn words(row: &Row, diff: f64, r: &Report) -> String {
@@ -1244,11 +1496,28 @@ pub fn variants(req: &ProfileRequest) -> Vec<(String, ProfileRequest)> {
             },
         ));
     }
-    if req.tp * 2 <= 8 && req.device.is_sim() {
+    if req.tp * 2 * req.pp <= super::request::MAX_TP && req.device.is_sim() {
         out.push((
             format!("--tensor-parallel-size {}", req.tp * 2),
             ProfileRequest {
                 tp: req.tp * 2,
+                ..req.clone()
+            },
+        ));
+    }
+    if req.tp >= 2 && req.device.is_sim() {
+        // The same GPUs as stages: half the ranks per stage, twice the stages (a given
+        // partition no longer fits, so vLLM's own is taken).
+        out.push((
+            format!(
+                "--tensor-parallel-size {} --pipeline-parallel-size {}",
+                req.tp / 2,
+                req.pp * 2
+            ),
+            ProfileRequest {
+                tp: req.tp / 2,
+                pp: req.pp * 2,
+                pp_layer_partition: None,
                 ..req.clone()
             },
         ));

@@ -145,10 +145,16 @@ fn allocate_kv(
 }
 
 /// `hidden_states[logit_indices]` after each dummy run, eager on the side stream (0.19.0
-/// gpu_model_runner.py:5549-5553): the indices uploaded, the rows gathered, both dropped.
+/// gpu_model_runner.py:5549-5553): the indices uploaded, the rows gathered, both dropped. A
+/// pipeline stage before the last uploads the indices only (its output is
+/// `IntermediateTensors`, whose `__getitem__` of a tensor gathers nothing: sequence.py L41-45).
 fn gather_last(rt: &Runtime, n: usize, cols: usize, dtype: DType) -> Result<()> {
     rt.set_op("dummy_run.logit_indices");
     let idx = rt.tensor("logit_indices", Category::Activation, &[n], DType::I64)?;
+    if rt.pp().is_some_and(|p| !p.is_last()) {
+        drop(idx);
+        return Ok(());
+    }
     let rows = rt.tensor(
         "last_hidden_states",
         Category::Activation,

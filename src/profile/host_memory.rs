@@ -158,7 +158,7 @@ pub fn estimate(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> HostEstimate
     let layers = cfg.map_or(0, |c| c.num_layers as u64);
     // Every rank keeps its own log; with more than one, the instance's report copies the
     // binding rank's at its top level.
-    let ranks = u64::from(req.tp.max(1));
+    let ranks = u64::from(req.tp.max(1)) * u64::from(req.pp.max(1));
     let logs = if ranks > 1 { ranks + 1 } else { 1 };
     let events = passes * (layers * EVENTS_PER_LAYER + EVENTS_PER_PASS);
     let event_log_bytes = (events * EVENT_BYTES + (1 << 20)).saturating_mul(logs);

@@ -68,11 +68,21 @@ impl Workload {
             } => {
                 let vocab = model.config().vocab_size;
                 let input = sampler::prepare_model_input(rt, batch)?;
-                let hidden = model.forward_hidden(rt, batch)?;
+                let (hidden, sent) = model.forward_stage(rt, batch)?;
                 let mut out = PassOutput {
                     vocab,
                     ..Default::default()
                 };
+                if rt.pp().is_some_and(|p| !p.is_last()) {
+                    // A stage before the last: no logits, no sampler (gpu_model_runner.py
+                    // 0.19 L5785-5791: `_dummy_sampler_run` on the last rank only); what it
+                    // would send goes when `profile_run` returns.
+                    drop(sent);
+                    drop(hidden);
+                    drop(input);
+                    return Ok(out);
+                }
+                drop(sent);
                 if let (Some(s), Some(path)) = (sampler, v1) {
                     // V1's profile_run: `last_hidden_states` and the sampler run on its
                     // `rand_like`; the forward's hidden states stay alive meanwhile.
@@ -81,7 +91,7 @@ impl Workload {
                     let (last, random, logits) = sampler::compute_logits_v1(
                         rt,
                         &hidden,
-                        model.logits_head(),
+                        model.logits_head()?,
                         &input.selected_rows,
                         !v2,
                     )?;
@@ -112,7 +122,7 @@ impl Workload {
                         if let Some(logits) = sampler::compute_logits(
                             rt,
                             &hidden,
-                            model.logits_head(),
+                            model.logits_head()?,
                             &input.selected_rows,
                         )? {
                             s.head_rows.set(if want_logits { LOGITS_ROWS } else { 0 });
@@ -126,7 +136,7 @@ impl Workload {
                         let logits = sampler::logits_f32(
                             rt,
                             &hidden,
-                            model.logits_head(),
+                            model.logits_head()?,
                             &input.selected_rows,
                             vocab,
                         )?;
@@ -335,13 +345,22 @@ fn verify(
         }
     }
     drop(kv);
-    if let Some(t) = rt.tp() {
+    if let Some((world_rank, world)) = rt.world() {
         // A rank out of memory stops this verify pass on every rank (the others would wait
-        // in its collectives); all meet again before the next one.
+        // in its collectives); all meet again before the next one. With pipeline parallel
+        // the stage's tensor-parallel group meets first, then every rank.
+        let stage_tp = rt.tp().filter(|_| rt.pp().is_some());
         if let Err(e @ Error::OutOfMemory { .. }) = &result {
-            t.group.abort_step(t.rank, &e.to_string());
+            if let Some(t) = &stage_tp {
+                t.group.abort_step(t.rank, &e.to_string());
+            }
+            world.abort_step(world_rank, &e.to_string());
         }
-        let peer = t.group.recover()?;
+        let mut peer = None;
+        if let Some(t) = &stage_tp {
+            peer = t.group.recover()?;
+        }
+        let peer = world.recover()?.or(peer);
         if let (Ok(_), Some((rank, why))) = (&result, peer) {
             result = Err(Error::PeerStopped { rank, why });
         }
@@ -397,11 +416,20 @@ fn verify(
     ))
 }
 
-/// This rank of a tensor-parallel instance: its index, and where it meets the others.
+/// This rank of a parallel instance: its index in its tensor-parallel group (of `size`, 1
+/// without tensor parallel), where that group meets, and its pipeline stage.
 pub(crate) struct RankSpec {
     pub rank: usize,
     pub size: usize,
     pub group: Arc<crate::device::group::RankGroup>,
+    pub pp: Option<crate::device::group::PpStage>,
+}
+
+impl RankSpec {
+    /// This rank among every rank of the instance (its GPU's offset from the first).
+    fn world_rank(&self) -> usize {
+        self.pp.as_ref().map_or(self.rank, |p| p.world_rank)
+    }
 }
 
 /// What vLLM refuses of a request on the model's own length, in vLLM's words
@@ -751,9 +779,10 @@ pub(crate) fn run_rank(
     }
     if let (Some(r), DeviceSpec::Cuda { ordinal }) = (&rank, &mut spec) {
         // vLLM's worker i runs on the i-th GPU of the instance.
-        *ordinal = ordinal.checked_add(r.rank).ok_or_else(|| Error::Device {
+        let w = r.world_rank();
+        *ordinal = ordinal.checked_add(w).ok_or_else(|| Error::Device {
             spec: req.device.to_string(),
-            problem: format!("rank {} has no GPU index (past 2^64)", r.rank),
+            problem: format!("rank {w} has no GPU index (past 2^64)"),
         })?;
     }
     let device = Device::open(&spec)?;
@@ -780,19 +809,25 @@ pub(crate) fn run_rank(
         .as_ref()
         .map_or(req.block_size, |b| b.block_size);
     let nccl_source = rank.as_ref().map(|_| device.nccl_source(release.nccl));
-    let tp_rank = rank.map(|r| crate::device::group::TpRank {
-        custom_ar: device.custom_all_reduce_for(r.size),
-        all_reduce_out_of_place: release.all_reduce == super::vllm::AllReduce::OutOfPlace,
-        nccl: release.nccl,
-        rank: r.rank,
-        size: r.size,
-        group: r.group,
-    });
+    let pp_stage = rank.as_ref().and_then(|r| r.pp.clone());
+    let tp_rank = rank
+        .filter(|r| r.size > 1)
+        .map(|r| crate::device::group::TpRank {
+            custom_ar: device.custom_all_reduce_for(r.size),
+            all_reduce_out_of_place: release.all_reduce == super::vllm::AllReduce::OutOfPlace,
+            nccl: release.nccl,
+            rank: r.rank,
+            size: r.size,
+            group: r.group,
+        });
     let rt = Runtime::new(device, cancel, sink);
     if let Some(t) = tp_rank {
         rt.set_tp(t);
     }
     rt.set_fp8_act_per_token(matches!(release.engine, super::vllm::Engine::V1 { .. }));
+    if let Some(p) = pp_stage {
+        rt.set_pp(p);
+    }
     rt.progress(Progress::Phase(Phase::Starting));
     rt.set_op("instance");
     let other_process_bytes = if req.outside_before > 0 {
@@ -1051,9 +1086,12 @@ pub(crate) fn run_rank(
         Some(d) => (1, d.latent_dim()),
         None => (kv_heads, cfg.head_dim),
     };
+    // Each pipeline stage caches its own layers (its KV cache spec holds only them:
+    // gpu_model_runner.py `get_kv_cache_spec` over the stage's attention layers).
+    let cached_layers = rt.pp().map_or(cfg.num_layers, |p| p.layers.len());
     let geometry = KvGeometry {
         block_size,
-        num_layers: cfg.num_layers as u64,
+        num_layers: cached_layers as u64,
         num_kv_heads: kv_heads as u64,
         head_dim: kv_dim as u64,
         dtype_bytes: kv_dtype.size_bytes(),
@@ -1123,14 +1161,14 @@ pub(crate) fn run_rank(
     let others = (t0.total - t0.free).saturating_sub(t0.process_used);
     // With tensor parallel the engine takes the fewest blocks over the ranks, and every rank
     // then allocates that many: the verify passes run with the engine's count.
-    let engine_blocks: Option<Vec<u64>> = match rt.tp() {
-        Some(t) => {
+    let engine_blocks: Option<Vec<u64>> = match rt.world() {
+        Some((world_rank, world)) => {
             let mine: Vec<u64> = results
                 .iter()
                 .map(|r| r.kv_blocks)
                 .chain([truth.kv_blocks])
                 .collect();
-            let all = t.group.all_gather_u64(t.rank, &mine)?;
+            let all = world.all_gather_u64(world_rank, &mine)?;
             Some(
                 (0..mine.len())
                     .map(|i| all.iter().map(|v| v[i]).min().unwrap_or(0))
@@ -1274,9 +1312,9 @@ pub(crate) fn run_rank(
                     )
                 });
             let mut blocks = geometry.blocks(own);
-            if let Some(t) = rt.tp() {
+            if let Some((world_rank, world)) = rt.world() {
                 // Every rank allocates the engine's count: the fewest over the ranks.
-                let all = t.group.all_gather_u64(t.rank, &[blocks])?;
+                let all = world.all_gather_u64(world_rank, &[blocks])?;
                 blocks = all.iter().map(|v| v[0]).min().unwrap_or(0);
             }
             rt.progress(Progress::Phase(Phase::Verifying));
@@ -1332,7 +1370,16 @@ pub(crate) fn run_rank(
         device_samples,
         sample_rate_hz,
         tp: req.tp,
-        rank: rt.tp().map_or(0, |t| t.rank as u32),
+        rank: rt.pp().map_or(rt.tp().map_or(0, |t| t.rank as u32), |p| {
+            p.world_rank as u32
+        }),
+        pp: req.pp,
+        stage: rt.pp().map(|p| super::report::StageInfo {
+            stage: p.stage as u32,
+            first_layer: p.layers.start as u32,
+            end_layer: p.layers.end as u32,
+            tp_rank: rt.tp().map_or(0, |t| t.rank as u32),
+        }),
         ranks: Vec::new(),
         engine: Vec::new(),
         nccl_source,
@@ -1459,11 +1506,12 @@ fn init_distributed<'a>(rt: &'a Runtime, release: &Release) -> Result<Distribute
         _kept: Vec::new(),
         outside: Vec::new(),
     };
-    let Some(tp) = rt.tp() else {
-        return Ok(d);
-    };
     rt.set_op("init_distributed");
     rt.set_layer(None);
+    let Some(tp) = rt.tp() else {
+        init_pipeline_group(rt, release, &mut d, true)?;
+        return Ok(d);
+    };
     rt.ensure_comm(crate::device::group::CommSetup::PyncclInit)?;
     if tp.custom_ar {
         use crate::device::group::{CUSTOM_AR_MAX_BYTES, CUSTOM_AR_META_BYTES};
@@ -1489,5 +1537,34 @@ fn init_distributed<'a>(rt: &'a Runtime, release: &Release) -> Result<Distribute
             }
         }
     }
+    init_pipeline_group(rt, release, &mut d, false)?;
     Ok(d)
+}
+
+/// The pipeline group's communicator, made after the tensor-parallel group's (parallel_state.py
+/// `initialize_model_parallel`: TP, then PP), kept for the instance's life. Nothing without
+/// pipeline parallel. Its send/recv connections open at the first served step, after the KV
+/// cache is sized (gpu_worker.py 0.19 L790-825, `irecv_tensor_dict`/`isend_tensor_dict`):
+/// they are in no budget.
+fn init_pipeline_group(
+    rt: &Runtime,
+    release: &Release,
+    d: &mut Distributed<'_>,
+    first_in_process: bool,
+) -> Result<()> {
+    if rt.pp().is_none() {
+        return Ok(());
+    }
+    let bytes = rt
+        .with_device(|dev| dev.pipeline_comm_bytes(release.nccl, first_in_process))
+        .ok_or_else(|| {
+            Error::Request(
+                "--pp runs on simulated devices only so far (no GPU was lent to measure NCCL's pipeline group)"
+                    .into(),
+            )
+        })?;
+    let label = "nccl: pipeline group pynccl communicator + warm-up all_reduce";
+    let a = rt.alloc_outside(label, bytes)?;
+    d.outside.push((label, a));
+    Ok(())
 }

@@ -283,6 +283,28 @@ pub struct Report {
     /// "Forcing kv cache block size to 64 for FlashMLA backend.").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub vllm_notes: Vec<String>,
+    /// Pipeline stages of the instance (vLLM's `--pipeline-parallel-size`; 1 without). The
+    /// ranks are `tp × pp`, rank `stage × tp + tp_rank`, as vLLM numbers its workers.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub pp: u32,
+    /// This rank's pipeline stage and its layers (`None` without pipeline parallel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<StageInfo>,
+}
+
+/// A pipeline-parallel rank's stage: which decoder layers it holds (`get_pp_indices`), and its
+/// rank in the stage's tensor-parallel group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageInfo {
+    pub stage: u32,
+    pub first_layer: u32,
+    /// One past the last layer.
+    pub end_layer: u32,
+    pub tp_rank: u32,
+}
+
+fn is_one(v: &u32) -> bool {
+    *v == 1
 }
 
 /// The KV bytes `release` grants from its formula's result `formula_kv` (computed with the
@@ -383,6 +405,8 @@ impl Report {
             graphs,
             graphs_note,
             vllm_notes,
+            pp,
+            stage,
         } = self;
         Report {
             format: *format,
@@ -418,6 +442,8 @@ impl Report {
             graphs: graphs.clone(),
             graphs_note: graphs_note.clone(),
             vllm_notes: vllm_notes.clone(),
+            pp: *pp,
+            stage: *stage,
         }
     }
 
@@ -701,11 +727,14 @@ impl Report {
             let tokens = blocks * self.kv_geometry.block_size;
             return (tokens, tokens as f64 / len as f64);
         }
-        let concurrency = geometry.v1_max_concurrency(a.kv_blocks);
+        // The engine's count: this GPU's, or the fewest over every rank (V1 sets each
+        // worker's num_blocks to the minimum: kv_cache_utils.py 0.19 L1599-1612).
+        let blocks = self.vllm_engine_blocks().unwrap_or(a.kv_blocks);
+        let concurrency = geometry.v1_max_concurrency(blocks);
         let tokens = if a.release.tokens_from_concurrency {
             (concurrency * len as f64) as u64
         } else {
-            self.kv_geometry.tokens_of_blocks(a.kv_blocks)
+            self.kv_geometry.tokens_of_blocks(blocks)
         };
         (tokens, concurrency)
     }

@@ -47,6 +47,14 @@ pub struct ProfileRequest {
     /// the N − 1 GPUs after it, or that many simulated devices.
     #[serde(default = "one")]
     pub tp: u32,
+    /// Pipeline stages (vLLM's `--pipeline-parallel-size`): the model's layers cut over `pp`
+    /// stages of `tp` GPUs each, `tp × pp` GPUs in all (simulated devices, V1 releases).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub pp: u32,
+    /// vLLM's `VLLM_PP_LAYER_PARTITION`: the layers of each stage, given (`None`: vLLM's own
+    /// partition, `get_pp_indices`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pp_layer_partition: Option<Vec<usize>>,
     /// The vLLM release whose profile run, defaults and formula to reproduce (`--vllm`;
     /// `super::vllm::RELEASES`). Left out of a session when it is the default, so sessions
     /// of the default release read as they always did.
@@ -146,6 +154,10 @@ fn one() -> u32 {
     1
 }
 
+fn is_one(v: &u32) -> bool {
+    *v == 1
+}
+
 /// The most tensor-parallel ranks a request may ask for (vLLM's largest custom all-reduce
 /// group; larger instances span hosts, which vramscope does not model).
 pub const MAX_TP: u32 = 8;
@@ -177,6 +189,8 @@ impl Default for ProfileRequest {
             verify: true,
             seed: 0,
             tp: 1,
+            pp: 1,
+            pp_layer_partition: None,
             vllm: default_vllm(),
             chunked_prefill: None,
             true_max: false,
@@ -314,6 +328,50 @@ impl ProfileRequest {
                  simulated device or a V0 release",
                 self.vllm, self.tp
             ));
+        }
+        if self.pp == 0 || (self.pp > 1 && self.tp.saturating_mul(self.pp) > MAX_TP) {
+            return bad(format!(
+                "--pp {} with --tp {}: {} GPUs; vramscope runs the GPUs of one host, {MAX_TP} at most (tp × pp)",
+                self.pp,
+                self.tp,
+                self.tp as u64 * self.pp as u64
+            ));
+        }
+        if self.pp > 1 {
+            if !matches!(release.engine, super::vllm::Engine::V1 { .. }) {
+                return bad(format!(
+                    "--pp {} with --vllm {}: pipeline parallel is modelled for the V1 releases (0.11 on) so far",
+                    self.pp, self.vllm
+                ));
+            }
+            if !self.device.is_sim() {
+                return bad(format!(
+                    "--pp {}: pipeline stages run on simulated devices only so far",
+                    self.pp
+                ));
+            }
+            if self.true_max {
+                return bad(format!(
+                    "--true-max searches one GPU's cache; with --pp {} run it without",
+                    self.pp
+                ));
+            }
+            if matches!(self.model, ModelSource::Synthetic { .. }) {
+                return bad(format!(
+                    "--pp {}: the synthetic workload (vLLM's test_memory_profiling) runs on one GPU",
+                    self.pp
+                ));
+            }
+        }
+        if let Some(p) = &self.pp_layer_partition {
+            if p.len() != self.pp as usize {
+                return bad(format!(
+                    "VLLM_PP_LAYER_PARTITION {}: vLLM refuses it: \"ValueError: len(partitions)={} does not match pp_size={}.\"",
+                    p.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+                    p.len(),
+                    self.pp
+                ));
+            }
         }
         if self.true_max && self.tp > 1 {
             return bad(format!(

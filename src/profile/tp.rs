@@ -3,6 +3,12 @@
 //! the engine taking the fewest KV blocks over them (distributed_gpu_executor.py L28-47).
 //! Every rank is a thread with its own runtime and device; rank 0 runs on the caller's thread
 //! (it feeds the progress sink, as vLLM's driver worker is the one that logs).
+//!
+//! Pipeline parallel (`--pp`) runs here too: `tp × pp` ranks, rank `stage × tp + tp_rank` as
+//! vLLM numbers them (parallel_state.py `initialize_model_parallel`), each stage's ranks one
+//! tensor-parallel group with the stage's layers (`model::layers::pp`), and every rank in one
+//! world group where the engine takes the fewest KV blocks (`get_kv_cache_configs`,
+//! v1/core/kv_cache_utils.py 0.19 L1599-1612).
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -18,7 +24,7 @@ use crate::engine::progress::ProgressSink;
 use crate::model::{self, ModelSource};
 
 /// Checks what can be checked before any rank starts: enough GPUs, a model that divides.
-fn preflight(req: &ProfileRequest) -> Result<()> {
+fn preflight(req: &ProfileRequest) -> Result<Option<Vec<usize>>> {
     let n = req.tp as usize;
     if let DeviceSpec::Cuda { ordinal } = req.device {
         let (gpus, problem) = crate::device::list_devices();
@@ -39,11 +45,26 @@ fn preflight(req: &ProfileRequest) -> Result<()> {
             problem: format!("--tp {n} needs NCCL: {problem}"),
         })?;
     }
-    if !matches!(req.model, ModelSource::Synthetic { .. }) {
-        let opened = model::open(&req.model, req.seed)?;
-        crate::model::layers::tp::TpShard { rank: 0, size: n }.check(&opened.config)?;
+    if matches!(req.model, ModelSource::Synthetic { .. }) {
+        return Ok(None);
     }
-    Ok(())
+    let opened = model::open(&req.model, req.seed)?;
+    crate::model::layers::tp::TpShard { rank: 0, size: n }.check(&opened.config)?;
+    if req.pp <= 1 {
+        return Ok(None);
+    }
+    let c = &opened.config;
+    if c.family()
+        .is_some_and(|f| f.decoder != crate::model::models::registry::Decoder::Llama)
+    {
+        return Err(crate::model::layers::pp::refused(&c.arch));
+    }
+    crate::model::layers::pp::partition(
+        c.num_layers,
+        req.pp as usize,
+        req.pp_layer_partition.as_deref(),
+    )
+    .map(Some)
 }
 
 /// The error to show for a failed instance: the first rank's own failure (not the "another
@@ -77,37 +98,52 @@ pub(crate) fn run_tp(
     sink: Option<ProgressSink>,
     cancel: Arc<AtomicBool>,
 ) -> Result<Report> {
-    preflight(req)?;
-    let n = req.tp as usize;
-    let group = Arc::new(RankGroup::new(n));
+    let partition = preflight(req)?;
+    let tp = req.tp as usize;
+    let pp = req.pp as usize;
+    let n = tp * pp;
+    // One tensor-parallel group per stage, and (with stages) the world of every rank.
+    let groups: Vec<Arc<RankGroup>> = (0..pp).map(|_| Arc::new(RankGroup::new(tp))).collect();
+    let world = Arc::new(RankGroup::new(n));
+    let spec_of = |rank: usize| RankSpec {
+        rank: rank % tp,
+        size: tp,
+        group: groups[rank / tp].clone(),
+        pp: partition
+            .as_ref()
+            .map(|parts| crate::device::group::PpStage {
+                stage: rank / tp,
+                stages: pp,
+                layers: crate::model::layers::pp::stage_layers(parts, rank / tp),
+                world_rank: rank,
+                world: world.clone(),
+            }),
+    };
+    // A rank that fails stops its group and every rank's meeting point.
+    let abort = |rank: usize, why: &str| {
+        groups[rank / tp].abort(rank % tp, why);
+        world.abort(rank, why);
+    };
     let results: Vec<Result<Report>> = std::thread::scope(|s| {
         let handles: Vec<_> = (1..n)
             .map(|rank| {
-                let (group, cancel) = (group.clone(), cancel.clone());
+                let cancel = cancel.clone();
+                let spec = spec_of(rank);
+                let abort = &abort;
                 std::thread::Builder::new()
                     .name(format!("vramscope-rank{rank}"))
                     .spawn_scoped(s, move || {
-                        let spec = RankSpec {
-                            rank,
-                            size: n,
-                            group: group.clone(),
-                        };
                         let r = run_rank(req, None, cancel, Some(spec));
                         if let Err(e) = &r {
-                            group.abort(rank, &e.to_string());
+                            abort(rank, &e.to_string());
                         }
                         r
                     })
             })
             .collect();
-        let spec = RankSpec {
-            rank: 0,
-            size: n,
-            group: group.clone(),
-        };
-        let first = run_rank(req, sink, cancel.clone(), Some(spec));
+        let first = run_rank(req, sink, cancel.clone(), Some(spec_of(0)));
         if let Err(e) = &first {
-            group.abort(0, &e.to_string());
+            abort(0, &e.to_string());
         }
         let mut all = vec![first];
         for (i, h) in handles.into_iter().enumerate() {
@@ -182,7 +218,8 @@ pub(crate) fn combine(reports: Vec<Report>) -> Report {
         .find(|e| e.key == FormulaId::Pr9516.key())
         .map_or(0, |e| e.binding_rank as usize);
     let mut top = reports[binding].clone();
-    top.tp = reports.len() as u32;
+    top.tp = top.settings.tp;
+    top.pp = top.settings.pp;
     top.ranks = reports;
     top.engine = engine;
     top

@@ -17,8 +17,65 @@ pub struct ServeLine {
     pub model: String,
     /// The equivalent `vramscope profile` flags (without `--model`).
     pub args: Vec<String>,
-    /// One line per flag that changes nothing vramscope models, or that it cannot model.
+    /// One line per flag that changes nothing vramscope models.
     pub warnings: Vec<String>,
+    /// The settings of the line that change memory and that vramscope does not model, each
+    /// as given with what it changes: said together in one "assumed" line, never dropped.
+    pub unmodelled: Vec<String>,
+}
+
+/// Flags and engine settings that change GPU memory and that vramscope does not model, with
+/// what each changes (a flag not in this list and not mapped is named as not read).
+const NOT_MODELLED: &[(&str, &str)] = &[
+    ("speculative-config", "a draft model or speculative heads, their weights, KV cache and graphs"),
+    ("speculative-model", "a draft model's weights and KV cache"),
+    ("num-speculative-tokens", "speculative decoding's extra tokens per step"),
+    ("enable-lora", "LoRA adapters' weights and the punica buffers"),
+    ("max-loras", "LoRA slots held on the GPU"),
+    ("max-lora-rank", "the size of each LoRA slot"),
+    ("max-cpu-loras", "LoRA adapters cached in host memory"),
+    ("lora-modules", "LoRA adapters loaded at startup"),
+    ("fully-sharded-loras", "how LoRA weights are cut over the GPUs"),
+    ("enable-prefix-caching", "blocks shared between requests: the startup budget is the same, the requests it serves are not"),
+    ("swap-space", "host memory for preempted requests' KV blocks"),
+    ("cpu-offload-gb", "weights kept in host memory instead of the GPU"),
+    ("kv-offloading-size", "KV blocks offloaded to host memory"),
+    ("kv-transfer-config", "a KV connector's buffers (disaggregated prefill)"),
+    ("data-parallel-size", "data-parallel replicas, each with its own KV cache"),
+    ("dp", "data-parallel replicas, each with its own KV cache"),
+    ("enable-expert-parallel", "experts split over the GPUs instead of each expert cut"),
+    ("enable-eplb", "redundant experts for load balancing"),
+    ("decode-context-parallel-size", "the KV cache split over decode context-parallel ranks"),
+    ("disable-custom-all-reduce", "the custom all-reduce's buffers (NCCL only)"),
+    ("num-gpu-blocks-override", "the KV block count, set by hand"),
+    ("cuda-graph-sizes", "which CUDA graphs are captured"),
+    ("max-seq-len-to-capture", "which CUDA graphs are captured"),
+    ("compilation-config", "torch.compile and CUDA graph settings"),
+    ("limit-mm-per-prompt", "the multimodal encoder's profile"),
+    ("hf-overrides", "the model's config"),
+    ("rope-scaling", "the rotary cache's length"),
+    ("enable-sleep-mode", "how weights and KV cache are allocated (CuMemAllocator)"),
+    ("calculate-kv-scales", "fp8 KV scales computed at startup"),
+];
+
+/// What a setting vramscope does not model changes, by its name in a flag (`--max-loras`)
+/// or an engine config (`max_loras`).
+pub fn not_modelled_why(name: &str) -> &'static str {
+    let key = name.trim_start_matches('-').replace('_', "-");
+    NOT_MODELLED
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map_or("not read by vramscope", |(_, why)| why)
+}
+
+/// The one line that names every setting vramscope left out of its answer.
+pub fn assumed_line(unmodelled: &[String]) -> Option<String> {
+    (!unmodelled.is_empty()).then(|| {
+        format!(
+            "assumed: {}: not modelled, so their memory is not in vramscope's answer",
+            unmodelled.join("; ")
+        )
+    })
 }
 
 /// Flags that take a value and do not change GPU memory at startup (serving, tokenizer,
@@ -57,7 +114,6 @@ const NO_MEMORY_EFFECT_SWITCHES: &[&str] = &[
     "--disable-log-requests",
     "--disable-log-stats",
     "--enable-log-requests",
-    "--enable-prefix-caching",
     "--no-enable-prefix-caching",
     "--enable-auto-tool-choice",
     "--disable-frontend-multiprocessing",
@@ -68,6 +124,8 @@ const NO_MEMORY_EFFECT_SWITCHES: &[&str] = &[
 const MAPPED: &[(&str, &str)] = &[
     ("--tensor-parallel-size", "--tp"),
     ("-tp", "--tp"),
+    ("--pipeline-parallel-size", "--pp"),
+    ("-pp", "--pp"),
     ("--gpu-memory-utilization", "--util"),
     ("--max-model-len", "--max-model-len"),
     ("--max-num-seqs", "--max-num-seqs"),
@@ -277,13 +335,7 @@ fn unterminated(quote: &str) -> Error {
 /// twice takes its last value, as vLLM's argparse does (both spellings of one setting, such
 /// as `-tp` and `--tensor-parallel-size`, are one flag).
 pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
-    let mut i = 0;
-    let w = |i: usize| words.get(i).map(String::as_str);
-    if matches!(w(0), Some("python" | "python3")) && w(1) == Some("-m") {
-        i = 3;
-    } else if w(0).is_some_and(|s| s == "vllm" || s.ends_with("/vllm")) {
-        i = if w(1) == Some("serve") { 2 } else { 1 };
-    }
+    let mut i;
     let mut model: Option<String> = None;
     // Each profile flag once, in the order first given, with the last value given.
     let mut set: Vec<(&'static str, Option<String>)> = Vec::new();
@@ -293,6 +345,38 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
         None => set.push((to, v)),
     };
     let mut warnings = Vec::new();
+    let mut unmodelled = Vec::new();
+    // `NAME=value vllm serve …`: the environment vLLM starts in.
+    let mut env_from = 0;
+    while words
+        .get(env_from)
+        .and_then(|w| w.split_once('='))
+        .is_some_and(|(k, _)| {
+            !k.is_empty()
+                && k.bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+        })
+    {
+        env_from += 1;
+    }
+    for word in &words[..env_from] {
+        let (k, v) = word.split_once('=').unwrap_or((word, ""));
+        if k == "VLLM_PP_LAYER_PARTITION" {
+            put("--pp-layer-partition", Some(v.to_string()));
+        } else if k.starts_with("VLLM_") || k.starts_with("NCCL_") || k.starts_with("PYTORCH_") {
+            unmodelled.push(format!("{k}={v} (not read by vramscope)"));
+        } else {
+            warnings.push(format!("{k}={v}: no effect on the memory vramscope models"));
+        }
+    }
+    let w = |i: usize| words.get(env_from + i).map(String::as_str);
+    i = if matches!(w(0), Some("python" | "python3")) && w(1) == Some("-m") {
+        env_from + 3
+    } else if w(0).is_some_and(|s| s == "vllm" || s.ends_with("/vllm")) {
+        env_from + if w(1) == Some("serve") { 2 } else { 1 }
+    } else {
+        env_from
+    };
     while i < words.len() {
         let word = &words[i];
         let (flag, inline) = match word.split_once('=') {
@@ -367,9 +451,10 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
             ));
         } else {
             let v = take(&mut i);
-            warnings.push(format!(
-                "{flag}{}: not modelled by vramscope (left out of the run)",
-                v.map(|v| format!(" {v}")).unwrap_or_default()
+            unmodelled.push(format!(
+                "{flag}{} ({})",
+                v.map(|v| format!(" {v}")).unwrap_or_default(),
+                not_modelled_why(&flag)
             ));
         }
         i += 1;
@@ -390,6 +475,7 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
         model,
         args,
         warnings,
+        unmodelled,
     })
 }
 
@@ -750,9 +836,12 @@ mod tests {
             l.args,
             words("--tp 2 --max-model-len 10000 --util 0.9 --enable-chunked-prefill false")
         );
-        assert_eq!(l.warnings.len(), 2, "{:?}", l.warnings);
+        assert_eq!(l.warnings.len(), 1, "{:?}", l.warnings);
         assert!(l.warnings[0].starts_with("--port 8000: no effect"));
-        assert!(l.warnings[1].starts_with("--swap-space 4: not modelled"));
+        assert_eq!(
+            l.unmodelled,
+            vec!["--swap-space 4 (host memory for preempted requests' KV blocks)"]
+        );
     }
 
     #[test]

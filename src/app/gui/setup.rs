@@ -57,6 +57,9 @@ pub struct SetupForm {
     pub passes: u32,
     /// Tensor-parallel GPUs (vLLM's --tensor-parallel-size).
     pub tp: u32,
+    /// Pipeline stages (vLLM's --pipeline-parallel-size).
+    #[serde(default = "one_stage")]
+    pub pp: u32,
     /// The vLLM release to reproduce (`--vllm`).
     #[serde(default = "default_vllm")]
     pub vllm: String,
@@ -92,6 +95,10 @@ pub struct SetupForm {
 
 fn yes() -> bool {
     true
+}
+
+fn one_stage() -> u32 {
+    1
 }
 
 fn default_vllm() -> String {
@@ -148,6 +155,7 @@ impl Default for SetupForm {
             seqs: 0,
             passes: r.passes,
             tp: r.tp,
+            pp: r.pp,
             vllm: r.vllm.clone(),
             util: r.util,
             block_size: r.block_size,
@@ -205,6 +213,8 @@ impl SetupForm {
             seqs: self.seqs,
             passes: self.passes,
             tp: self.tp,
+            pp: self.pp,
+            pp_layer_partition: None,
             vllm: self.vllm.clone(),
             chunked_prefill: self.chunked_prefill,
             true_max: false,
@@ -260,6 +270,7 @@ impl SetupForm {
         self.tokens = r.tokens;
         self.seqs = r.seqs;
         self.tp = r.tp;
+        self.pp = r.pp;
         self.vllm = r.vllm.clone();
         self.util = r.util;
         self.block_size = r.block_size;
@@ -580,6 +591,19 @@ impl SetupForm {
                 .show_ui(ui, |ui| {
                     for n in [1u32, 2, 4, 8] {
                         ui.selectable_value(&mut self.tp, n, format!("{n}"));
+                    }
+                })
+                .response
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("pipeline stages").on_hover_text(
+                "vLLM's --pipeline-parallel-size: the layers cut over stages as vLLM cuts them                  (tensor-parallel GPUs each; simulated devices, V1 releases); the engine takes                  the fewest KV blocks over every rank.",
+            );
+            egui::ComboBox::from_id_salt("pp")
+                .selected_text(format!("{}", self.pp))
+                .show_ui(ui, |ui| {
+                    for n in [1u32, 2, 4, 8] {
+                        ui.selectable_value(&mut self.pp, n, format!("{n}"));
                     }
                 })
                 .response

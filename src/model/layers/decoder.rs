@@ -126,9 +126,12 @@ impl Mlp {
 /// the norms' eps.
 pub struct DecoderRun<'a> {
     pub layers: &'a [Layer],
+    /// The model's index of `layers[0]` (a pipeline stage's first layer; 0 without).
+    pub first_layer: usize,
     pub attention: &'a dyn Fn(usize) -> AttentionRun<'a>,
     pub dense: MlpRun,
     pub moe: MoeRun<'a>,
-    pub final_norm: &'a Tensor,
+    /// `None` on a pipeline stage before the last, which sends its residual on unnormed.
+    pub final_norm: Option<&'a Tensor>,
     pub eps: f32,
 }

@@ -11,5 +11,6 @@ pub mod mlp;
 pub mod moe;
 pub mod moe_deepseek;
 pub mod norm;
+pub mod pp;
 pub mod rotary;
 pub mod tp;

@@ -24,6 +24,9 @@ pub fn forward_layers(
     residual: Tensor,
     scale_new: bool,
 ) -> Result<Tensor> {
+    let final_norm = run
+        .final_norm
+        .ok_or_else(|| crate::model::layers::pp::refused(&cfg.arch))?;
     let eps = run.eps;
     // `normalizer` is a tensor in the model dtype, so √hidden is rounded to it first.
     let factor = act.round((cfg.hidden_size as f32).sqrt());
@@ -138,10 +141,10 @@ pub fn forward_layers(
     // layer's output dies as the name is rebound, the residual and the sum (`_`) when the
     // model returns.
     let out = match hidden {
-        None => ops_gemma::rms_norm(rt, &residual, run.final_norm, eps, "final.norm")?,
+        None => ops_gemma::rms_norm(rt, &residual, final_norm, eps, "final.norm")?,
         Some(h) => {
             let (out, sum) =
-                ops_gemma::add_rms_norm(rt, &h, &residual, run.final_norm, eps, "final.norm")?;
+                ops_gemma::add_rms_norm(rt, &h, &residual, final_norm, eps, "final.norm")?;
             drop(h);
             drop(residual);
             drop(sum);

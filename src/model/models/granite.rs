@@ -22,6 +22,9 @@ pub fn forward_layers(
     cfg: &ModelConfig,
     mut hidden: Tensor,
 ) -> Result<Tensor> {
+    let final_norm = run
+        .final_norm
+        .ok_or_else(|| crate::model::layers::pp::refused(&cfg.arch))?;
     let g = cfg.granite.as_ref().ok_or_else(|| {
         Error::Request(format!("model_type {}: no Granite multipliers", cfg.arch))
     })?;
@@ -70,7 +73,7 @@ pub fn forward_layers(
     }
     rt.set_layer(None);
     // `hidden_states = self.norm(hidden_states)`: a new tensor; the last output dies.
-    let out = ops::rms_norm(rt, &hidden, run.final_norm, eps, "final.norm")?;
+    let out = ops::rms_norm(rt, &hidden, final_norm, eps, "final.norm")?;
     drop(hidden);
     Ok(out)
 }

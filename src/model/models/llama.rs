@@ -47,9 +47,20 @@ pub struct LlamaModel {
     pub vocab_first_row: usize,
     pub quant: Quant,
     pub act: DType,
-    pub embed: Tensor,
+    /// `None` on a pipeline stage that neither embeds nor ties its lm_head to the embedding.
+    pub embed: Option<Tensor>,
+    /// This stage's decoder layers (every layer without pipeline parallel); `layers[0]` is the
+    /// model's layer `first_layer`.
     pub layers: Vec<Layer>,
-    pub norm: Tensor,
+    pub first_layer: usize,
+    /// The final norm: `None` on a pipeline stage before the last.
+    pub norm: Option<Tensor>,
+    /// What this pipeline stage builds besides its layers (`None`: no pipeline parallel).
+    pub stage: Option<crate::model::layers::pp::StageParts>,
+    /// A stage after the first: the runner's `intermediate_tensors`, hidden states and
+    /// residual `[max_num_tokens, hidden]` each in the model dtype, made at its first pass and
+    /// kept (gpu_model_runner.py 0.19 L5437-5451, `make_empty_intermediate_tensors`).
+    pub stage_input: std::cell::RefCell<Option<(Tensor, Tensor)>>,
     /// `[Vp, hidden]`, 16-bit (bitsandbytes leaves it unquantized); `None` when tied to the
     /// embedding.
     pub lm_head: Option<Tensor>,
@@ -139,6 +150,22 @@ impl LlamaModel {
         }
         let shard = TpShard::of(rt, cfg)?;
         let local = shard.local_config(cfg);
+        // A pipeline stage builds its own layers, and the embedding, norm and lm_head only
+        // where vLLM does (`PPMissingLayer` elsewhere).
+        let pp = rt.pp();
+        let (layer_range, stage) = match &pp {
+            Some(p) => (
+                p.layers.clone(),
+                Some(crate::model::layers::pp::StageParts::of(
+                    p.stage,
+                    p.stages,
+                    cfg.tie_word_embeddings,
+                )),
+            ),
+            None => (0..cfg.num_layers, None),
+        };
+        let builds_embedding = stage.is_none_or(|s| s.embedding);
+        let last_stage = stage.is_none_or(|s| s.last);
         let mut ld = Loader::new(rt, src, opts, cfg.loader_reads());
         let act = ld.act;
         rt.set_op("load");
@@ -148,7 +175,11 @@ impl LlamaModel {
         // (vocab_parallel_embedding.py L16, L47-50): the padding is allocated too.
         let vp = cfg.padded_vocab();
         let (v_first, v_len) = shard.vocab_rows(vp);
-        let embed = ld.vocab_shard("model.embed_tokens.weight", v, h, vp, v_first, v_len)?;
+        let embed = if builds_embedding {
+            Some(ld.vocab_shard("model.embed_tokens.weight", v, h, vp, v_first, v_len)?)
+        } else {
+            None
+        };
         let i_part = shard.mlp_rows(cfg);
         let mut layers = Vec::with_capacity(cfg.num_layers);
         let fp8 = src.stored_fp8().is_some() || opts.quant == Quant::Fp8;
@@ -170,7 +201,7 @@ impl LlamaModel {
         // In the order vLLM's constructors create the parameters (llama.py at 380e1863):
         // qkv_proj, o_proj (and the rotary cache, with the first layer), gate_up_proj,
         // down_proj, then the two norms.
-        for l in 0..cfg.num_layers {
+        for l in layer_range.clone() {
             rt.set_layer(Some(l as u32));
             let p = format!("model.layers.{l}");
             let attn = attention::load(&mut ld, rt, cfg, l, &build, &mut attn_state)?;
@@ -224,7 +255,11 @@ impl LlamaModel {
             (None, None) => (rotary_cache(rt, cfg, act, cfg.layer_rope(0))?, None),
         };
         rt.set_layer(None);
-        let norm = ld.dense("model.norm.weight", &[h])?;
+        let norm = if last_stage {
+            Some(ld.dense("model.norm.weight", &[h])?)
+        } else {
+            None
+        };
         // Gemma's `register_buffer("normalizer", ...)` after the final norm: one element in
         // the model dtype.
         let normalizer = if gemma {
@@ -234,11 +269,12 @@ impl LlamaModel {
             None
         };
         // bitsandbytes leaves lm_head in 16 bits.
-        let lm_head = if cfg.tie_word_embeddings {
+        let lm_head = if cfg.tie_word_embeddings || !last_stage {
             None
         } else {
             Some(ld.vocab_shard("lm_head.weight", v, h, vp, v_first, v_len)?)
         };
+        let first = layer_range.start;
         if block_fp8 {
             // Block-wise fp8 at 0.8.5: the linears keep what they loaded (fp8.py L306-323);
             // each attention layer's `Fp8KVCacheMethod.process_weights_after_loading`
@@ -247,11 +283,11 @@ impl LlamaModel {
             // L110), then deletes k, v, q and prob scales (L134-137), after qkv_proj and
             // o_proj in `named_modules` order.
             for (l, kv) in kv_scales.into_iter().enumerate() {
-                rt.set_layer(Some(l as u32));
+                rt.set_layer(Some((first + l) as u32));
                 rt.set_op("fp8.kv_cache_scales");
                 for n in ["q_scale_gt_0", "prob_scale_gt_0"] {
                     let flag = rt.tensor(
-                        format!("model.layers.{l}.self_attn.attn.{n}"),
+                        format!("model.layers.{}.self_attn.attn.{n}", first + l),
                         Category::Weight,
                         &[],
                         DType::U8,
@@ -270,7 +306,7 @@ impl LlamaModel {
                 .enumerate()
                 .zip(kv_scales)
                 .map(|((l, mut layer), kv)| {
-                    rt.set_layer(Some(l as u32));
+                    rt.set_layer(Some((first + l) as u32));
                     layer.attn.qkv = fp8_stored_fused_after_loading(rt, layer.attn.qkv)?;
                     layer.attn.o = fp8_stored_linear_after_loading(rt, layer.attn.o)?;
                     // `named_modules`: qkv_proj, o_proj, rotary_emb, attn, then the MLP.
@@ -292,7 +328,7 @@ impl LlamaModel {
             // `named_modules` order.
             let t = std::time::Instant::now();
             for (l, layer) in layers.iter_mut().enumerate() {
-                rt.set_layer(Some(l as u32));
+                rt.set_layer(Some((first + l) as u32));
                 marlin_fused_after_loading(rt, &mut layer.attn.qkv, act)?;
                 marlin_after_loading(rt, &mut layer.attn.o, act)?;
                 if let Mlp::Dense { gate_up, down } = &mut layer.mlp {
@@ -306,7 +342,7 @@ impl LlamaModel {
             // In flight, vLLM quantizes once every weight is loaded, in `named_modules` order.
             let t = std::time::Instant::now();
             for ((l, layer), kv) in layers.iter_mut().enumerate().zip(kv_scales) {
-                rt.set_layer(Some(l as u32));
+                rt.set_layer(Some((first + l) as u32));
                 fp8_fused_after_loading(rt, &mut layer.attn.qkv)?;
                 fp8_after_loading(rt, &mut layer.attn.o)?;
                 drop(kv);
@@ -327,7 +363,10 @@ impl LlamaModel {
             act,
             embed,
             layers,
+            first_layer: first,
             norm,
+            stage,
+            stage_input: std::cell::RefCell::new(None),
             lm_head,
             rope_cache,
             rope_cache_global,
@@ -351,7 +390,9 @@ impl LlamaModel {
 
     /// Bytes of all weights as stored on the device.
     pub fn weight_bytes(&self) -> u64 {
-        let mut b = self.embed.nbytes() + self.norm.nbytes() + self.rope_cache.nbytes();
+        let mut b = self.embed.as_ref().map_or(0, |t| t.nbytes())
+            + self.norm.as_ref().map_or(0, |t| t.nbytes())
+            + self.rope_cache.nbytes();
         b += self.rope_cache_global.as_ref().map_or(0, |t| t.nbytes());
         b += self.normalizer.as_ref().map_or(0, |t| t.nbytes());
         b += self.fp8_identity.as_ref().map_or(0, |t| t.nbytes());
@@ -360,9 +401,13 @@ impl LlamaModel {
         b + self.lm_head.as_ref().map_or(0, |t| t.nbytes())
     }
 
-    /// The output projection over the padded vocabulary, `[Vp, hidden]`.
-    pub fn lm_head(&self) -> &Tensor {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+    /// The output projection over the padded vocabulary, `[Vp, hidden]`: `None` on a
+    /// pipeline stage before the last.
+    pub fn lm_head(&self) -> Option<&Tensor> {
+        if self.stage.is_some_and(|s| !s.last) {
+            return None;
+        }
+        self.lm_head.as_ref().or(self.embed.as_ref())
     }
 
     /// One forward pass without the sampler: the f32 logits `[seqs, vocab]` of the last token of
@@ -372,7 +417,7 @@ impl LlamaModel {
         let hidden = self.forward_hidden(rt, batch)?;
         let rows = crate::model::sampler::last_token_rows(&batch.seq_lens);
         let head = crate::model::sampler::LogitsHead {
-            weight: self.lm_head(),
+            weight: self.lm_head().ok_or_else(no_lm_head)?,
             bias: None,
             mods: self.cfg.logits_mods(),
         };
@@ -435,6 +480,16 @@ impl LlamaModel {
     /// states `[tokens, hidden]` in the model dtype, after the last norm. The logits come from
     /// `sampler::compute_logits`.
     pub fn forward_hidden(&self, rt: &Runtime, batch: &Batch) -> Result<Tensor> {
+        // A stage before the last sends its residual on with the hidden states; only the
+        // hidden states are asked for here.
+        self.forward_stage(rt, batch)
+            .map(|(hidden, _residual)| hidden)
+    }
+
+    /// One pass of this model, or of this pipeline stage: the final hidden states after the
+    /// last norm, or on a stage before the last the hidden states and the residual it sends
+    /// to the next stage (llama.py 0.19 L430-433: `IntermediateTensors`, no final norm).
+    pub fn forward_stage(&self, rt: &Runtime, batch: &Batch) -> Result<(Tensor, Option<Tensor>)> {
         let cfg = &self.cfg;
         let gen = self.generation.get();
         self.generation.set(gen + 1);
@@ -444,22 +499,35 @@ impl LlamaModel {
         // The GPU's name picks fused MoE's tuned Triton config.
         let gpu = rt.with_device(|d| d.info().name);
         rt.set_layer(None);
-        // The embedding output becomes the residual stream.
-        let residual = if rt.tp().is_some() {
-            crate::engine::ops_tp::vocab_parallel_embedding(
-                rt,
-                &batch.ids,
-                &self.embed,
-                self.vocab_first_row,
-                cfg.vocab_size,
-                act,
-            )?
+        let receives = self.stage.is_some_and(|s| s.receives);
+        // A later stage starts from what the previous one sent: its runner's persistent
+        // buffers, sliced to the batch (`sync_and_slice_intermediate_tensors`, views).
+        let (residual, received) = if receives {
+            let (h, r) = self.stage_input(rt, batch.tokens())?;
+            (r, Some(h))
         } else {
-            ops::embedding(rt, &batch.ids, &self.embed, act)?
+            let embed = self.embed.as_ref().ok_or_else(|| {
+                Error::Request("the first pipeline stage has no embedding".into())
+            })?;
+            // The embedding output becomes the residual stream.
+            let residual = if rt.tp().is_some() {
+                crate::engine::ops_tp::vocab_parallel_embedding(
+                    rt,
+                    &batch.ids,
+                    embed,
+                    self.vocab_first_row,
+                    cfg.vocab_size,
+                    act,
+                )?
+            } else {
+                ops::embedding(rt, &batch.ids, embed, act)?
+            };
+            (residual, None)
         };
         let attention = |li| self.attention_run(li, &positions, batch, gen);
         let run = DecoderRun {
             layers: &self.layers,
+            first_layer: self.first_layer,
             attention: &attention,
             dense: self.mlp_run(gen),
             moe: MoeRun {
@@ -469,9 +537,12 @@ impl LlamaModel {
                 kernel: self.moe_kernel,
                 workspace: &self.moe_workspace,
             },
-            final_norm: &self.norm,
+            final_norm: self.norm.as_ref(),
             eps: cfg.rms_norm_eps as f32,
         };
+        if self.stage.is_some() && self.family.decoder != Decoder::Llama {
+            return Err(crate::model::layers::pp::refused(&cfg.arch));
+        }
         match self.family.decoder {
             Decoder::Gemma => {
                 // Gemma 3 always scales into a new tensor; Gemma 1 and 2 in place up to 0.15
@@ -479,23 +550,77 @@ impl LlamaModel {
                 // `embed_tokens(ids) * normalizer`, gemma.py L296, gemma2.py L287 at 0.19).
                 let scale_new = cfg.arch == "gemma3_text" || self.normalizer_out_of_place;
                 super::gemma::forward_layers(rt, &run, cfg, act, residual, scale_new)
+                    .map(|h| (h, None))
             }
-            Decoder::Granite => super::granite::forward_layers(rt, &run, cfg, residual),
+            Decoder::Granite => {
+                super::granite::forward_layers(rt, &run, cfg, residual).map(|h| (h, None))
+            }
             Decoder::Llama | Decoder::Opt | Decoder::Phi | Decoder::Deepseek => {
-                forward_layers(rt, &run, residual)
+                forward_layers(rt, &run, residual, received)
             }
         }
     }
+
+    /// Views of this stage's received hidden states and residual for `tokens` tokens; the
+    /// buffers are made at the first pass, `tokens` rows each (the profile pass's
+    /// max_num_tokens), and kept.
+    fn stage_input(&self, rt: &Runtime, tokens: usize) -> Result<(Tensor, Tensor)> {
+        let h = self.cfg.hidden_size;
+        let mut cell = self.stage_input.borrow_mut();
+        if cell.is_none() {
+            rt.set_op("make_empty_intermediate_tensors");
+            let make = |name: &str| {
+                rt.tensor(
+                    format!("intermediate_tensors.{name}"),
+                    Category::Activation,
+                    &[tokens, h],
+                    self.act,
+                )
+            };
+            *cell = Some((make("hidden_states")?, make("residual")?));
+        }
+        let (hb, rb) = cell.as_ref().expect("made above");
+        if tokens > hb.rows() {
+            return Err(Error::Request(format!(
+                "pipeline stage input: {tokens} tokens, more than the {} of max_num_tokens",
+                hb.rows()
+            )));
+        }
+        Ok((
+            hb.part("intermediate_tensors.hidden_states", 0, &[tokens, h]),
+            rb.part("intermediate_tensors.residual", 0, &[tokens, h]),
+        ))
+    }
 }
+
+/// A stage before the last asked for logits.
+fn no_lm_head() -> Error {
+    Error::Request(
+        "a pipeline stage before the last has no lm_head: the last stage computes the logits"
+            .into(),
+    )
+}
+
+impl LlamaModel {}
 
 /// vLLM's `LlamaModel.forward` (llama.py at 380e1863) from the embedding on: layer 0
 /// normalises into a new tensor, every later norm is `fused_add_rms_norm` in place, the final
 /// one too.
-fn forward_layers(rt: &Runtime, run: &DecoderRun, mut residual: Tensor) -> Result<Tensor> {
+fn forward_layers(
+    rt: &Runtime,
+    run: &DecoderRun,
+    mut residual: Tensor,
+    received: Option<Tensor>,
+) -> Result<(Tensor, Option<Tensor>)> {
     let eps = run.eps;
-    let mut hidden: Option<Tensor> = None;
-    for (li, layer) in run.layers.iter().enumerate() {
-        let l = enter_layer(rt, li, run.layers.len())?;
+    // A later pipeline stage's first layer finds `residual` given (`intermediate_tensors`)
+    // and normalises into it in place, as every later layer does.
+    let mut hidden: Option<Tensor> = received;
+    let of = run.first_layer + run.layers.len();
+    for (i, layer) in run.layers.iter().enumerate() {
+        let li = run.first_layer + i;
+        let fresh = hidden.is_none();
+        let l = enter_layer(rt, li, of)?;
         // LlamaDecoderLayer.forward: `hidden_states` of the previous layer is held by the
         // model's loop until this layer returns.
         let layer_in = match hidden.take() {
@@ -514,7 +639,7 @@ fn forward_layers(rt: &Runtime, run: &DecoderRun, mut residual: Tensor) -> Resul
         let mut o = attention::forward(rt, &layer.attn, &layer_in, &(run.attention)(li), &l)?;
         // Layer 0's normalised input dies here (the decoder rebinds `hidden_states`); a later
         // layer's is the previous layer's output, held by the model's loop.
-        let layer_in_kept = if li == 0 {
+        let layer_in_kept = if fresh {
             drop(layer_in);
             None
         } else {
@@ -527,15 +652,21 @@ fn forward_layers(rt: &Runtime, run: &DecoderRun, mut residual: Tensor) -> Resul
         hidden = Some(down);
     }
     rt.set_layer(None);
+    let Some(final_norm) = run.final_norm else {
+        // A stage before the last: hidden states and residual go to the next stage as they
+        // are (llama.py 0.19 L430-433).
+        let out = hidden.ok_or_else(|| Error::Request("a pipeline stage with no layers".into()))?;
+        return Ok((out, Some(residual)));
+    };
     let mut out = match hidden {
         Some(h) => h,
-        None => ops::rms_norm(rt, &residual, run.final_norm, eps, "final.norm")?,
+        None => ops::rms_norm(rt, &residual, final_norm, eps, "final.norm")?,
     };
     if !run.layers.is_empty() {
-        ops::fused_add_rms_norm(rt, &mut out, &mut residual, run.final_norm, eps)?;
+        ops::fused_add_rms_norm(rt, &mut out, &mut residual, final_norm, eps)?;
     }
     drop(residual);
-    Ok(out)
+    Ok((out, None))
 }
 
 /// Gemma 2 and 3 through this model's weights and `gemma.rs`'s decoder.

@@ -113,6 +113,11 @@ impl CausalLm {
                 registry::supported_list()
             ))
         })?;
+        // Pipeline stages are built for the Llama-shaped families; the others are refused by
+        // name rather than loaded whole on every stage.
+        if rt.pp().is_some() && family.decoder != Decoder::Llama {
+            return Err(crate::model::layers::pp::refused(&cfg.arch));
+        }
         Ok(match family.decoder {
             Decoder::Opt => CausalLm::Opt(Box::new(opt::OptModel::load(rt, cfg, src, opts)?)),
             Decoder::Phi => CausalLm::Phi(Box::new(phi::PhiModel::load(rt, cfg, src, opts)?)),
@@ -166,27 +171,50 @@ impl CausalLm {
         }
     }
 
-    /// The output projection over the padded vocabulary, `[Vp, hidden]`.
-    pub fn lm_head(&self) -> &crate::engine::tensor::Tensor {
+    /// The output projection over the padded vocabulary, `[Vp, hidden]`: `None` on a
+    /// pipeline stage before the last.
+    pub fn lm_head(&self) -> Option<&crate::engine::tensor::Tensor> {
         match self {
             CausalLm::Llama(m) => m.lm_head(),
-            CausalLm::Opt(m) => m.lm_head(),
-            CausalLm::Phi(m) => m.lm_head(),
-            CausalLm::Deepseek(m) => m.lm_head(),
+            CausalLm::Opt(m) => Some(m.lm_head()),
+            CausalLm::Phi(m) => Some(m.lm_head()),
+            CausalLm::Deepseek(m) => Some(m.lm_head()),
+        }
+    }
+
+    /// One pass of this model or pipeline stage: the final hidden states, or on a stage
+    /// before the last its hidden states and the residual it sends on.
+    pub fn forward_stage(
+        &self,
+        rt: &crate::engine::runtime::Runtime,
+        batch: &llama::Batch,
+    ) -> Result<(
+        crate::engine::tensor::Tensor,
+        Option<crate::engine::tensor::Tensor>,
+    )> {
+        match self {
+            CausalLm::Llama(m) => m.forward_stage(rt, batch),
+            other => other.forward_hidden(rt, batch).map(|h| (h, None)),
         }
     }
 
     /// What the logits are computed from: the lm_head, its bias (Phi's) and the final
-    /// soft-cap (Gemma 2's).
-    pub fn logits_head(&self) -> sampler::LogitsHead<'_> {
-        sampler::LogitsHead {
-            weight: self.lm_head(),
+    /// soft-cap (Gemma 2's). A pipeline stage before the last has none.
+    pub fn logits_head(&self) -> Result<sampler::LogitsHead<'_>> {
+        let weight = self.lm_head().ok_or_else(|| {
+            crate::base::error::Error::Request(
+                "a pipeline stage before the last has no lm_head: the last stage computes the logits"
+                    .into(),
+            )
+        })?;
+        Ok(sampler::LogitsHead {
+            weight,
             bias: match self {
                 CausalLm::Phi(m) => Some(&m.lm_head_bias),
                 CausalLm::Llama(_) | CausalLm::Opt(_) | CausalLm::Deepseek(_) => None,
             },
             mods: self.config().logits_mods(),
-        }
+        })
     }
 
     /// One forward pass without the sampler: the f32 logits `[seqs, vocab]` of the last token
@@ -201,7 +229,7 @@ impl CausalLm {
         sampler::logits_f32(
             rt,
             &hidden,
-            self.logits_head(),
+            self.logits_head()?,
             &rows,
             self.config().vocab_size,
         )?

@@ -338,6 +338,8 @@ impl DeviceTimeline {
             graphs: None,
             graphs_note: None,
             vllm_notes: Vec::new(),
+            pp: 1,
+            stage: None,
         }
     }
 }
