@@ -984,18 +984,34 @@ fn release_of(f: &LogFacts, assumptions: &mut Vec<String>) -> Result<String> {
     Ok(name.to_string())
 }
 
-/// The simulated GPU whose total is nearest the log's.
-fn device_of(total_gib: f64) -> &'static str {
-    crate::device::presets::SIM_PRESETS
+/// Totals closer than this to the log's cannot tell two GPUs apart: the log's two decimals
+/// and an estimated total's error are both about this size.
+const SAME_TOTAL_GIB: f64 = 0.05;
+
+/// The simulated GPU whose total is nearest the log's, and the others as near (within
+/// `SAME_TOTAL_GIB` of it). Among those, a preset whose total was measured (a vLLM log, a
+/// driver's `cudaMemGetInfo`) goes before one whose total is estimated from nvidia-smi: an
+/// H100 SXM's measured 79.22 GiB before an H100 PCIe's estimated 79.21 for a 79.19 GiB log.
+fn device_of(total_gib: f64) -> (&'static str, Vec<&'static str>) {
+    use crate::device::presets::SimPreset;
+    let d = |p: &SimPreset| (p.total_bytes as f64 / GIB - total_gib).abs();
+    let mut all: Vec<&SimPreset> = crate::device::presets::SIM_PRESETS
         .iter()
-        .filter(|p| !p.id.starts_with("mock"))
-        .min_by(|a, b| {
-            let d = |p: &crate::device::presets::SimPreset| {
-                (p.total_bytes as f64 / GIB - total_gib).abs()
-            };
-            d(a).total_cmp(&d(b))
-        })
-        .map_or("h100-80gb", |p| p.id)
+        .filter(|p| !p.id.starts_with("mock") && p.superseded_by.is_none())
+        .collect();
+    all.sort_by(|a, b| d(a).total_cmp(&d(b)));
+    let Some(best) = all.first().map(|p| d(p)) else {
+        return ("h100-80gb", Vec::new());
+    };
+    let mut near: Vec<&SimPreset> = all
+        .into_iter()
+        .filter(|p| d(p) <= best + SAME_TOTAL_GIB)
+        .collect();
+    // Stable: measured totals first, each group nearest first.
+    near.sort_by_key(|p| !p.total_measured);
+    let mut ids = near.iter().map(|p| p.id);
+    let first = ids.next().unwrap_or("h100-80gb");
+    (first, ids.collect())
 }
 
 /// What the explain run is given besides the log.
@@ -1056,10 +1072,23 @@ pub fn request_of(f: &LogFacts, o: &Overrides) -> Result<(ProfileRequest, Vec<St
     let device = match &o.device {
         Some(d) => DeviceSpec::parse(d)?,
         None => {
-            let name = device_of(total_gib);
+            let (name, as_near) = device_of(total_gib);
+            let others = if as_near.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; as near: {} (another board, and another topology under --tp)",
+                    as_near
+                        .iter()
+                        .map(|p| format!("sim:{p}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
             assumptions.push(format!(
-                "GPU sim:{name}: the preset nearest the log's {total_gib:.2} GiB (its context and \
-                 cuBLAS workspace; the total is the log's): --device sim:PRESET to say which"
+                "GPU sim:{name}: the preset nearest the log's {total_gib:.2} GiB, a measured total \
+                 before an estimated one (its context and cuBLAS workspace; the total is the \
+                 log's){others}: --device sim:PRESET to say which"
             ));
             DeviceSpec::parse(&format!("sim:{name}:dry"))?
         }
@@ -1528,6 +1557,17 @@ pub fn variants(req: &ProfileRequest) -> Vec<(String, ProfileRequest)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A 79.19 GiB log (Q1's H100) is as near the H100 PCIe's estimated 79.21 GiB as the SXM
+    /// board's measured 79.22: the measured one is taken, the other named; an H200's total
+    /// has no rival.
+    #[test]
+    fn a_total_two_boards_share_takes_the_measured_one_and_names_the_other() {
+        assert_eq!(device_of(79.19), ("h100-sxm", vec!["h100-pcie"]));
+        let (h200, rivals) = device_of(139.81);
+        assert_eq!(h200, "h200");
+        assert!(rivals.is_empty(), "{rivals:?}");
+    }
 
     #[test]
     fn numbers_and_fields_read_as_printed() {
