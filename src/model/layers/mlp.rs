@@ -97,20 +97,39 @@ pub(crate) fn load_dense(
             &gate_up_name,
         )?
     } else {
-        ld.fused_parts(
-            &[
-                format!("{p}.mlp.gate_proj.weight"),
-                format!("{p}.mlp.up_proj.weight"),
-            ],
-            &[i, i],
-            &[i_part, i_part],
-            h,
-            &gate_up_name,
-        )?
+        return load_gated(ld, &format!("{p}.mlp"), (h, i), i_part);
     };
     let down = ld.linear_slice(
         &format!("{p}.mlp.down_proj.weight"),
         Slice::cols(h, i, i_part.0, i_part.1),
+    )?;
+    Ok((gate_up, down))
+}
+
+/// A gated MLP stored as `{x}.gate_proj`, `{x}.up_proj` and `{x}.down_proj` (`[width, h]`,
+/// `[width, h]`, `[h, width]`): this rank's `part` of the width, gate and up stacked into one
+/// `gate_up_proj` (`MergedColumnParallelLinear`), then `down_proj`'s columns
+/// (`RowParallelLinear`). Llama's MLP, Qwen2-MoE's shared expert, DeepSeek's dense MLPs and
+/// shared experts.
+pub(crate) fn load_gated(
+    ld: &mut Loader,
+    x: &str,
+    (h, width): (usize, usize),
+    part: (usize, usize),
+) -> Result<(FusedLinear, Linear)> {
+    let gate_up = ld.fused_parts(
+        &[
+            format!("{x}.gate_proj.weight"),
+            format!("{x}.up_proj.weight"),
+        ],
+        &[width, width],
+        &[part, part],
+        h,
+        &format!("{x}.gate_up_proj.weight"),
+    )?;
+    let down = ld.linear_slice(
+        &format!("{x}.down_proj.weight"),
+        Slice::cols(h, width, part.0, part.1),
     )?;
     Ok((gate_up, down))
 }

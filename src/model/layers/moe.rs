@@ -270,22 +270,14 @@ pub(crate) fn load_moe_block(
     let shared = match m.shared_expert_intermediate_size {
         0 => None,
         width => {
-            let (first, len) = shard.expert_rows(width);
-            let x = format!("{p}.{block}.shared_expert");
-            let gate_up = ld.fused_parts(
-                &[
-                    format!("{x}.gate_proj.weight"),
-                    format!("{x}.up_proj.weight"),
-                ],
-                &[width, width],
-                &[(first, len), (first, len)],
-                h,
-                &format!("{x}.gate_up_proj.weight"),
+            let part = shard.expert_rows(width);
+            let (gate_up, down) = super::mlp::load_gated(
+                ld,
+                &format!("{p}.{block}.shared_expert"),
+                (h, width),
+                part,
             )?;
-            let down = ld.linear_slice(
-                &format!("{x}.down_proj.weight"),
-                Slice::cols(h, width, first, len),
-            )?;
+            let len = part.1;
             let gate = ld.dense(&format!("{p}.{block}.shared_expert_gate.weight"), &[1, h])?;
             Some(SharedExpert {
                 gate_up,

@@ -114,26 +114,13 @@ pub(crate) fn load_deepseek_moe(
     let shared = match d.n_shared_experts * width {
         0 => None,
         sw => {
-            let (first, len) = shard.expert_rows(sw);
-            let x = format!("{p}.mlp.shared_experts");
-            let gate_up = ld.fused_parts(
-                &[
-                    format!("{x}.gate_proj.weight"),
-                    format!("{x}.up_proj.weight"),
-                ],
-                &[sw, sw],
-                &[(first, len), (first, len)],
-                h,
-                &format!("{x}.gate_up_proj.weight"),
-            )?;
-            let down = ld.linear_slice(
-                &format!("{x}.down_proj.weight"),
-                Slice::cols(h, sw, first, len),
-            )?;
+            let part = shard.expert_rows(sw);
+            let (gate_up, down) =
+                super::mlp::load_gated(ld, &format!("{p}.mlp.shared_experts"), (h, sw), part)?;
             Some(DeepseekShared {
                 gate_up,
                 down,
-                width: len,
+                width: part.1,
             })
         }
     };

@@ -21,11 +21,11 @@ use crate::model::batch::Batch;
 use crate::model::config::{DeepseekShape, ModelConfig};
 use crate::model::layers::decoder::enter_layer;
 use crate::model::layers::mla::{self, MlaAttention, MlaRun};
-use crate::model::layers::mlp::{mlp_forward, GatedAct, MlpRun};
+use crate::model::layers::mlp::{load_gated, mlp_forward, GatedAct, MlpRun};
 use crate::model::layers::moe_deepseek::{self, DeepseekMoe};
 use crate::model::layers::rotary::rotary_cache_sized;
 use crate::model::layers::tp::TpShard;
-use crate::model::loader::{LoadOptions, LoadStats, Loader, Slice};
+use crate::model::loader::{LoadOptions, LoadStats, Loader};
 use crate::model::weights::WeightSource;
 use crate::quant::{FusedLinear, Linear, Quant};
 
@@ -156,21 +156,11 @@ impl DeepseekModel {
             let mlp = if cfg.is_moe_layer(l) {
                 DeepseekMlp::Moe(moe_deepseek::load_deepseek_moe(&mut ld, cfg, &shard, &p)?)
             } else {
-                let x = format!("{p}.mlp");
-                let i = cfg.intermediate_size;
-                let gate_up = ld.fused_parts(
-                    &[
-                        format!("{x}.gate_proj.weight"),
-                        format!("{x}.up_proj.weight"),
-                    ],
-                    &[i, i],
-                    &[(f_first, f_len), (f_first, f_len)],
-                    h,
-                    &format!("{x}.gate_up_proj.weight"),
-                )?;
-                let down = ld.linear_slice(
-                    &format!("{x}.down_proj.weight"),
-                    Slice::cols(h, i, f_first, f_len),
+                let (gate_up, down) = load_gated(
+                    &mut ld,
+                    &format!("{p}.mlp"),
+                    (h, cfg.intermediate_size),
+                    (f_first, f_len),
                 )?;
                 DeepseekMlp::Dense {
                     gate_up,
