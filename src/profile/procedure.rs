@@ -971,6 +971,7 @@ pub(crate) fn run_rank(
             "CUDA kernel modules loaded with the weights (PyTorch, measured: +0.090 GiB)",
             LOAD_MODULE_BYTES,
         )?;
+        rt.set_op("load");
     }
     let weights_bytes = rt.stats().allocated - before_load;
     // Model Runner V2's sampler state, made with the runner after the weights are measured
