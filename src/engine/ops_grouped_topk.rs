@@ -373,7 +373,7 @@ mod tests {
 
     /// transformers 5's `DeepseekV3TopkRouter` (identity router weight, so the logits are the
     /// input) on 3 tokens, 8 experts in 4 groups, 2 groups kept, top 3, norm_topk_prob,
-    /// routed_scaling_factor 2.5 (/tmp/ds_ref.py, seed 0).
+    /// routed_scaling_factor 2.5 (a seed-0 run of that router in PyTorch on the CPU).
     #[test]
     fn noaux_tc_routing_equals_hugging_faces_deepseek_v3_router() {
         #[rustfmt::skip]
