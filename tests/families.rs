@@ -180,31 +180,28 @@ fn mla_caches_one_latent_per_token_whole_on_every_rank() {
     );
 }
 
-/// `plan` takes DeepSeek-V2-Lite's hub id as pasted and answers in vLLM's words.
+/// `plan` takes DeepSeek-V2-Lite's and DeepSeek-V2-Chat's hub ids as pasted (the latter over
+/// 8 GPUs) and answers in vLLM's words.
 #[test]
-fn plan_accepts_deepseek_v2_lite() {
+fn plan_accepts_deepseek_v2_lite_and_v2() {
     let cache = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramscope"))
-        .args([
-            "plan",
-            "--vllm",
-            "0.19",
-            "--no-verify",
-            "--",
-            "vllm",
-            "serve",
-            "deepseek-ai/DeepSeek-V2-Lite",
-            "--max-model-len",
-            "32768",
-        ])
-        .env("HF_HUB_CACHE", cache.path())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(text.contains("GPU KV cache size"), "{text}");
+    for line in [
+        "vllm serve deepseek-ai/DeepSeek-V2-Lite --max-model-len 32768",
+        "vllm serve deepseek-ai/DeepSeek-V2-Chat -tp 8 --max-model-len 8192",
+    ] {
+        let mut args = vec!["plan", "--vllm", "0.19", "--no-verify", "--"];
+        args.extend(line.split(' '));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args(&args)
+            .env("HF_HUB_CACHE", cache.path())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{line}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("GPU KV cache size"), "{line}: {text}");
+    }
 }

@@ -143,7 +143,7 @@ fn gemma1(hidden: usize, inter: usize, layers: usize, heads: usize, kv: usize) -
     }
 }
 
-pub const PRESET_NAMES: [&str; 27] = [
+pub const PRESET_NAMES: [&str; 28] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
@@ -171,6 +171,7 @@ pub const PRESET_NAMES: [&str; 27] = [
     "opt-350m",
     "phi-2",
     "deepseek-v2-lite",
+    "deepseek-v2",
 ];
 
 /// deepseek-ai/DeepSeek-V2-Lite's config.json (DeepSeek-V2-Lite-Chat's is the same), the keys
@@ -182,6 +183,22 @@ const DEEPSEEK_V2_LITE: &str = r#"{"model_type": "deepseek_v2", "hidden_size": 2
     "kv_lora_rank": 512, "q_lora_rank": null, "qk_rope_head_dim": 64, "v_head_dim": 128,
     "qk_nope_head_dim": 128, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
     "moe_layer_freq": 1, "first_k_dense_replace": 1, "norm_topk_prob": false,
+    "scoring_func": "softmax", "hidden_act": "silu", "max_position_embeddings": 163840,
+    "rms_norm_eps": 1e-06, "tie_word_embeddings": false, "rope_theta": 10000,
+    "vocab_size": 102400, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40,
+    "mscale": 0.707, "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+    "type": "yarn"}, "torch_dtype": "bfloat16"}"#;
+
+/// deepseek-ai/DeepSeek-V2's config.json (DeepSeek-V2-Chat and DeepSeek-Coder-V2-Instruct
+/// have the same shape): the low-rank query, 160 routed experts in 8 groups (3 kept) beside
+/// 2 shared ones, routed output × 16.
+const DEEPSEEK_V2: &str = r#"{"model_type": "deepseek_v2", "hidden_size": 5120,
+    "intermediate_size": 12288, "moe_intermediate_size": 1536, "num_hidden_layers": 60,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 2,
+    "n_routed_experts": 160, "num_experts_per_tok": 6, "routed_scaling_factor": 16.0,
+    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "qk_nope_head_dim": 128, "topk_method": "group_limited_greedy", "n_group": 8,
+    "topk_group": 3, "moe_layer_freq": 1, "first_k_dense_replace": 1, "norm_topk_prob": false,
     "scoring_func": "softmax", "hidden_act": "silu", "max_position_embeddings": 163840,
     "rms_norm_eps": 1e-06, "tie_word_embeddings": false, "rope_theta": 10000,
     "vocab_size": 102400, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40,
@@ -262,6 +279,13 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         // layers of 64 experts of 1408 (6 a token) beside 2 shared ones.
         "deepseek-v2-lite" => ModelConfig::from_hf_json(
             &serde_json::from_str(DEEPSEEK_V2_LITE).expect("the preset is JSON"),
+        )
+        .expect("the preset is a DeepSeek-V2 config"),
+        // deepseek-ai/DeepSeek-V2: 60 layers of MLA (a 1536-wide low-rank query, 128 heads),
+        // a dense first layer, then 59 MoE layers of 160 experts of 1536 (6 a token, in 3 of
+        // 8 groups) beside 2 shared ones.
+        "deepseek-v2" => ModelConfig::from_hf_json(
+            &serde_json::from_str(DEEPSEEK_V2).expect("the preset is JSON"),
         )
         .expect("the preset is a DeepSeek-V2 config"),
         // microsoft/phi-2 config.json: hidden 2560, 32 layers of 32 heads of 80, MLP 10240 (4 ×
@@ -422,6 +446,10 @@ mod tests {
             preset("deepseek-v2-lite").unwrap().param_count(),
             31_412_968_448 / 2
         );
+        // DeepSeek-V2: its model card's "236B total parameters" (the index's total_size is
+        // not checked here).
+        let v2 = preset("deepseek-v2").unwrap().param_count() as f64;
+        assert_eq!((v2 / 1e9).round(), 236.0, "{v2}");
         // The total_size of their model.safetensors.index.json (bf16) halved: 7,642,159,104
         // and 29,319,014,400 bytes.
         assert_eq!(

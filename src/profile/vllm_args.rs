@@ -503,6 +503,8 @@ const HUB_PRESETS: &[(&str, &str)] = &[
     ("microsoft/phi-4", "phi-4"),
     ("microsoft/phi-2", "phi-2"),
     ("deepseek-ai/deepseek-v2-lite", "deepseek-v2-lite"),
+    ("deepseek-ai/deepseek-v2", "deepseek-v2"),
+    ("deepseek-ai/deepseek-coder-v2-instruct", "deepseek-v2"),
     ("google/gemma-2-9b", "gemma-2-9b"),
     ("google/gemma-3-12b", "gemma-3-12b"),
     ("google/gemma-2b", "gemma-2b"),
