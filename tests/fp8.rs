@@ -406,6 +406,11 @@ fn write_fp8_headers(dir: &std::path::Path, cfg_json: &serde_json::Value, static
 
 /// A dry `profile --json` of the model in `dir` at `--vllm 0.6.4`: the report.
 fn dry_profile(dir: &std::path::Path, extra: &[&str]) -> serde_json::Value {
+    dry_profile_at(dir, "0.6.4", extra)
+}
+
+/// `dry_profile` under the release `vllm`.
+fn dry_profile_at(dir: &std::path::Path, vllm: &str, extra: &[&str]) -> serde_json::Value {
     let json = dir.join("r.json");
     let mut args = vec![
         "profile",
@@ -415,7 +420,7 @@ fn dry_profile(dir: &std::path::Path, extra: &[&str]) -> serde_json::Value {
         "--model",
         dir.to_str().unwrap(),
         "--vllm",
-        "0.6.4",
+        vllm,
         "--device",
         "sim:h100-80gb:dry",
     ];
@@ -974,25 +979,7 @@ fn a_compressed_tensors_fp8_dynamic_checkpoint_runs_channel_scales_and_per_token
     // Dry under 0.19: every linear's codes (a byte an element) and its `[n, 1]` f32 scales.
     let c = vramscope::model::presets::preset("tiny").unwrap();
     let (_, _, linears) = llama_bytes(&c);
-    let json = root.path().join("ct-dry.json");
-    let out = vramscope(&[
-        "profile",
-        "-q",
-        "--json",
-        json.to_str().unwrap(),
-        "--model",
-        ct_dir.to_str().unwrap(),
-        "--vllm",
-        "0.19",
-        "--device",
-        "sim:h100-80gb:dry",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    let r = dry_profile_at(&ct_dir, "0.19", &[]);
     let (h, i, q, kv) = (
         c.hidden_size as u64,
         c.intermediate_size as u64,

@@ -942,14 +942,7 @@ impl ModelConfig {
                 get(k)
             }
         };
-        let string = |k: &str, default: &str| match &v[k] {
-            serde_json::Value::Null => Ok(default.to_string()),
-            serde_json::Value::String(s) => Ok(s.clone()),
-            other => Err(format!(
-                "'{k}' is {other} (a {}), expected a string",
-                crate::base::fsguard::json_kind(other)
-            )),
-        };
+        let string = |k: &str, default: &str| text_or(v, k, default).map(str::to_string);
         let num_layers = get("num_hidden_layers")?;
         let num_heads = get("num_attention_heads")?;
         let q_lora_rank = if v["q_lora_rank"].is_null() {
@@ -1139,16 +1132,7 @@ impl ModelConfig {
                     .into(),
             );
         }
-        let act = match &v["hidden_act"] {
-            serde_json::Value::Null => "gelu_new",
-            serde_json::Value::String(s) => s.as_str(),
-            other => {
-                return Err(format!(
-                    "'hidden_act' is {other} (a {}), expected a string such as \"gelu_new\"",
-                    crate::base::fsguard::json_kind(other)
-                ))
-            }
-        };
+        let act = text_or(v, "hidden_act", "gelu_new")?;
         if act != "gelu_new" {
             return Err(format!(
                 "hidden_act '{act}' is not supported for phi (expected gelu_new)"
@@ -1227,16 +1211,7 @@ impl ModelConfig {
         }
         // Every key present must hold its type, as for the Llama family: a string "false" or
         // a number is an error naming the key, never the default.
-        let act = match &v["activation_function"] {
-            serde_json::Value::Null => "relu",
-            serde_json::Value::String(s) => s.as_str(),
-            other => {
-                return Err(format!(
-                    "'activation_function' is {other} (a {}), expected a string such as \"relu\"",
-                    crate::base::fsguard::json_kind(other)
-                ))
-            }
-        };
+        let act = text_or(v, "activation_function", "relu")?;
         if act != "relu" {
             return Err(format!(
                 "activation_function '{act}' is not supported for OPT (expected relu)"
@@ -2012,6 +1987,22 @@ pub(crate) fn float(
 
 /// `x` (the value of `k` in config.json) as the type `conv` reads, or the error that says what
 /// it is instead.
+/// A string key, `default` when absent; any other JSON type is an error naming the key.
+fn text_or<'a>(
+    v: &'a serde_json::Value,
+    k: &str,
+    default: &'a str,
+) -> std::result::Result<&'a str, String> {
+    match &v[k] {
+        serde_json::Value::Null => Ok(default),
+        serde_json::Value::String(s) => Ok(s.as_str()),
+        other => Err(format!(
+            "'{k}' is {other} (a {}), expected a string such as \"{default}\"",
+            crate::base::fsguard::json_kind(other)
+        )),
+    }
+}
+
 fn json_as<T>(
     k: &str,
     x: &serde_json::Value,

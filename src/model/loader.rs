@@ -53,6 +53,28 @@ pub struct LoadOptions {
     pub attn_scalars: usize,
 }
 
+impl LoadOptions {
+    /// Refuses a load that is not 16-bit for a family whose quantized layers are not
+    /// modelled: a `--quant` other than fp16/bf16, or a checkpoint stored as fp8 or 4-bit.
+    /// `why` ends the message ("model_type phi runs in 16 bits only: {why}").
+    pub(crate) fn require_16bit(
+        &self,
+        src: &dyn WeightSource,
+        model_type: &str,
+        why: &str,
+    ) -> Result<()> {
+        if matches!(self.quant, Quant::F16 | Quant::BF16)
+            && src.stored_fp8().is_none()
+            && src.packed4().is_none()
+        {
+            return Ok(());
+        }
+        Err(Error::Request(format!(
+            "model_type {model_type} runs in 16 bits only: {why}"
+        )))
+    }
+}
+
 /// The names of an attention layer's 0-dim f32 tensors, in the order vLLM makes them
 /// (`Release::attn_scalars` of them).
 const ATTN_SCALARS: [&str; 7] = [

@@ -805,9 +805,13 @@ pub(crate) fn run_rank(
         }
         None => None,
     };
-    let block_size = mla_backend
-        .as_ref()
-        .map_or(req.block_size, |b| b.block_size);
+    // The block size that runs is the report's (and the graphs' and the KV cache's): the
+    // backend's where it overrides the one asked.
+    let ran = mla_backend.as_ref().map(|b| ProfileRequest {
+        block_size: b.block_size,
+        ..req.clone()
+    });
+    let req = ran.as_ref().unwrap_or(req);
     let nccl_source = rank.as_ref().map(|_| device.nccl_source(release.nccl));
     let pp_stage = rank.as_ref().and_then(|r| r.pp.clone());
     let tp_rank = rank
@@ -1091,7 +1095,7 @@ pub(crate) fn run_rank(
     // gpu_model_runner.py `get_kv_cache_spec` over the stage's attention layers).
     let cached_layers = rt.pp().map_or(cfg.num_layers, |p| p.layers.len());
     let geometry = KvGeometry {
-        block_size,
+        block_size: req.block_size,
         num_layers: cached_layers as u64,
         num_kv_heads: kv_heads as u64,
         head_dim: kv_dim as u64,

@@ -27,7 +27,7 @@ use crate::model::layers::rotary::rotary_cache_sized;
 use crate::model::layers::tp::TpShard;
 use crate::model::loader::{LoadOptions, LoadStats, Loader};
 use crate::model::weights::WeightSource;
-use crate::quant::{FusedLinear, Linear, Quant};
+use crate::quant::{FusedLinear, Linear};
 
 /// A DeepSeek layer's MLP: `DeepseekV2MLP` (`gate_up_proj`, `down_proj`) or `DeepseekV2MoE`.
 #[allow(clippy::large_enum_variant)]
@@ -113,15 +113,11 @@ impl DeepseekModel {
         if rt.backend() == Backend::Cuda {
             return Err(crate::engine::ops_mla::on_cuda());
         }
-        if !matches!(opts.quant, Quant::F16 | Quant::BF16)
-            || src.stored_fp8().is_some()
-            || src.packed4().is_some()
-        {
-            return Err(Error::Request(format!(
-                "model_type {} runs in 16 bits only so far: its fp8 block-quantized checkpoints (DeepSeek-V3, R1, Kimi-K2 as published) and other quantized forms are not modelled yet",
-                cfg.arch
-            )));
-        }
+        opts.require_16bit(
+            src,
+            &cfg.arch,
+            "its fp8 block-quantized checkpoints (DeepSeek-V3, R1, Kimi-K2 as published) and other quantized forms are not modelled yet",
+        )?;
         let started = std::time::Instant::now();
         let shard = TpShard::of(rt, cfg)?;
         let mut ld = Loader::new(rt, src, opts, cfg.tensor_shapes().len());

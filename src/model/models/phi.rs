@@ -97,14 +97,11 @@ impl PhiModel {
                 "model_type phi is not supported on CUDA yet (LayerNorm with its statistics, gelu_new and partial rotary have no kernels); run it on a simulated device (sim:...)".into(),
             ));
         }
-        if !matches!(opts.quant, Quant::F16 | Quant::BF16)
-            || src.stored_fp8().is_some()
-            || src.packed4().is_some()
-        {
-            return Err(Error::Request(
-                "model_type phi runs in 16 bits only: its quantized linear layers (with biases) are not modelled yet".into(),
-            ));
-        }
+        opts.require_16bit(
+            src,
+            "phi",
+            "its quantized linear layers (with biases) are not modelled yet",
+        )?;
         let started = std::time::Instant::now();
         // vLLM's phi is tensor parallel as its Llama (QKVParallelLinear, RowParallelLinear
         // dense and fc2, ColumnParallelLinear fc1, vocab-parallel embedding and lm_head);
