@@ -35,6 +35,7 @@ fn write(dir: &Path, ty: Bnb4Type, double_quant: bool) {
         seed: 7,
         shards: 1,
         bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
     };
     let g = Bnb4Gen {
         quant_type: ty,
@@ -606,5 +607,143 @@ fn quant_int8_on_an_nf4_checkpoint_is_refused_not_reported_as_int8() {
         ok.status.success(),
         "{}",
         String::from_utf8_lossy(&ok.stderr)
+    );
+}
+
+/// Every tensor of a gen-model checkpoint: (stored bytes, JSON blob bytes, nested absmax
+/// count, names stored as U8 4-bit codes).
+fn stored_parts(dir: &Path) -> (u64, u64, u64, Vec<String>) {
+    let buf = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&buf).unwrap();
+    let (mut stored, mut blobs, mut nested, mut packed) = (0u64, 0u64, 0u64, Vec::new());
+    for (n, v) in st.tensors() {
+        stored += v.data().len() as u64;
+        if n.contains(".quant_state.bitsandbytes__") {
+            blobs += v.data().len() as u64;
+        }
+        if n.ends_with(".nested_absmax") {
+            nested += 1;
+        }
+        if n.ends_with("_proj.weight") && v.dtype() == Dtype::U8 {
+            packed.push(n.clone());
+        }
+    }
+    packed.sort();
+    (stored, blobs, nested, packed)
+}
+
+fn device_weight_bytes(dir: &Path, spec: &str) -> u64 {
+    let opened = open(
+        &ModelSource::Path {
+            path: dir.to_path_buf(),
+        },
+        0,
+    )
+    .unwrap();
+    let rt = runtime(spec);
+    let opts = LoadOptions {
+        quant: Quant::Nf4,
+        int8_threshold: 6.0,
+        int8_layout: TileLayout {
+            row_pad: 8,
+            col_pad: 32,
+        },
+        attn_scalars: 0,
+    };
+    let m = vramscope::model::models::CausalLm::load(
+        &rt,
+        &opened.config,
+        opened.source.as_ref(),
+        &opts,
+    )
+    .unwrap();
+    m.weight_bytes()
+}
+
+/// Unsloth's dynamic 4-bit checkpoints keep some modules 16-bit and list them in
+/// `llm_int8_skip_modules`; vLLM loads those unquantized (bitsandbytes.py L164-186 at 0.19.0),
+/// so the model weighs what its safetensors hold, with a config.json alone too.
+#[test]
+fn skip_modules_stay_16_bit_as_stored_and_in_a_dry_plan() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (plain, skip) = (tmp.path().join("plain"), tmp.path().join("skip"));
+    for (dir, extra) in [
+        (&plain, None),
+        (
+            &skip,
+            Some("model.layers.0.self_attn,model.layers.1.mlp,lm_head"),
+        ),
+    ] {
+        let mut args = vec![
+            "gen-model".to_string(),
+            "tiny".into(),
+            dir.to_str().unwrap().into(),
+            "--bnb-4bit".into(),
+            "nf4".into(),
+            "--double-quant".into(),
+        ];
+        if let Some(e) = extra {
+            args.push("--bnb-skip-modules".into());
+            args.push(e.into());
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(skip.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        cfg["quantization_config"]["llm_int8_skip_modules"],
+        serde_json::json!(["model.layers.0.self_attn", "model.layers.1.mlp", "lm_head"])
+    );
+    let (p_stored, p_blobs, p_nested, p_packed) = stored_parts(&plain);
+    let (s_stored, s_blobs, s_nested, s_packed) = stored_parts(&skip);
+    // Layer 0's q/k/v/o and layer 1's gate/up/down are stored 16-bit; the rest 4-bit.
+    assert_eq!(p_packed.len() - s_packed.len(), 7);
+    assert!(!s_packed
+        .iter()
+        .any(|n| n.starts_with("model.layers.0.self_attn") || n.starts_with("model.layers.1.mlp")));
+    assert!(s_packed.contains(&"model.layers.0.mlp.down_proj.weight".to_string()));
+    // The device holds what is stored but the host-side JSON blobs, plus one offset scalar
+    // per double-quantized weight; the same padding in both (the vocabulary's).
+    let pad =
+        device_weight_bytes(&plain, "sim:h100-80gb:dry") - (p_stored - p_blobs + 4 * p_nested);
+    for spec in ["sim:h100-80gb:dry", "sim:h100-80gb:compute"] {
+        assert_eq!(
+            device_weight_bytes(&skip, spec),
+            s_stored - s_blobs + 4 * s_nested + pad,
+            "{spec}"
+        );
+    }
+    // config.json alone: the same bytes (the skipped layers are not planned as 4-bit).
+    let only = tmp.path().join("only");
+    std::fs::create_dir(&only).unwrap();
+    std::fs::copy(skip.join("config.json"), only.join("config.json")).unwrap();
+    assert_eq!(
+        device_weight_bytes(&only, "sim:h100-80gb:dry"),
+        device_weight_bytes(&skip, "sim:h100-80gb:dry")
+    );
+    // Skip modules without a bitsandbytes format are refused by gen-model.
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args([
+            "gen-model",
+            "tiny",
+            tmp.path().join("bad").to_str().unwrap(),
+            "--bnb-skip-modules",
+            "lm_head",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("llm_int8_skip_modules") && err.lines().count() == 1,
+        "{err}"
     );
 }

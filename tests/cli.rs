@@ -748,6 +748,7 @@ fn an_int8_threshold_word_is_an_error() {
             seed: 0,
             shards: 1,
             bnb_int8: true,
+            bnb_skip_modules: Vec::new(),
         },
     )
     .unwrap();

@@ -159,6 +159,7 @@ fn every_fused_attention_kernel_matches_cpu_compute_mode_at_head_dim_128() {
         seed: 0,
         shards: 1,
         bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
     };
     vramscope::model::gen_model_config(&c, "d128", dir.path(), &opts).unwrap();
     let model = dir.path().to_str().unwrap().to_string();
@@ -698,6 +699,7 @@ fn gen_fp8(preset: &str, dir: &std::path::Path) {
         seed: 0,
         shards: 1,
         bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
     };
     vramscope::model::gen_model_fp8(preset, dir, &opts, false).unwrap();
 }
@@ -842,6 +844,7 @@ fn gen_packed4(preset: &str, dir: &std::path::Path, gptq: bool, group: i64) {
         seed: 0,
         shards: 1,
         bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
     };
     let fmt = Format {
         method: if gptq { Method::Gptq } else { Method::Awq },

@@ -110,6 +110,7 @@ fn write_4bit(dir: &Path, ty: Bnb4Type, double_quant: bool) -> ModelSource {
         seed: 3,
         shards: 1,
         bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
     };
     let g = Bnb4Gen {
         quant_type: ty,

@@ -242,6 +242,7 @@ fn bf16_opts() -> GenOptions {
         seed: 0,
         shards: 1,
         bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
     }
 }
 

@@ -97,6 +97,7 @@ fn gen(dir: &std::path::Path, dtype: StoredDtype, shards: usize, bnb_int8: bool)
             seed: 7,
             shards,
             bnb_int8,
+            bnb_skip_modules: Vec::new(),
         },
     )
     .unwrap();

@@ -48,6 +48,7 @@ fn write(dir: &Path, pre_ln: bool) {
         seed: 7,
         shards: 1,
         bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
     };
     gen_model_config(&small_opt(pre_ln), "opt-small", dir, &opts).unwrap();
 }
@@ -126,6 +127,7 @@ fn write_fixtures() {
             seed: 7,
             shards: 1,
             bnb_int8: false,
+            bnb_skip_modules: Vec::new(),
         };
         let g = vramscope::model::Bnb4Gen {
             quant_type: vramscope::quant::bnb4::Bnb4Type::parse(ty).unwrap(),

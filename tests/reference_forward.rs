@@ -259,6 +259,7 @@ fn qwen3_compute_mode_logits_match_f64_reference() {
         seed: 5,
         shards: 1,
         bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
     };
     vramscope::model::gen_model_config(&cfg, "qwen3-small", dir.path(), &opts).unwrap();
     let names = safetensors::SafeTensors::deserialize(

@@ -133,6 +133,7 @@ fn phi3_ranks_cut_the_fused_checkpoint_tensors() {
         seed: 3,
         shards: 1,
         bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
     };
     vramscope::model::gen_model_config(&cfg, "phi3-small", dir.path(), &opts).unwrap();
     let run = |tp: u32| {

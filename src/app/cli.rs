@@ -92,6 +92,11 @@ pub enum Command {
         /// With --gptq: act-order (desc_act), each input's group read from g_idx.
         #[arg(long, requires = "gptq")]
         desc_act: bool,
+        /// With --bnb-4bit or --bnb-int8: modules kept 16-bit and listed in
+        /// llm_int8_skip_modules, comma-separated (as Unsloth's dynamic 4-bit checkpoints
+        /// keep some), e.g. model.layers.0.self_attn,model.layers.1.mlp.
+        #[arg(long, value_delimiter = ',')]
+        bnb_skip_modules: Vec<String>,
     },
     /// Time forward passes on a device (GPU speed; logits for comparisons).
     Bench(BenchArgs),
@@ -543,6 +548,7 @@ pub fn main() -> i32 {
             gptq,
             group_size,
             desc_act,
+            bnb_skip_modules,
         }) => {
             let bnb4 = bnb_4bit.as_deref().and_then(|t| {
                 crate::quant::bnb4::Bnb4Type::parse(t).map(|quant_type| model::Bnb4Gen {
@@ -570,13 +576,21 @@ pub fn main() -> i32 {
                 group_size,
                 desc_act,
             });
-            cmd_gen(
-                &preset,
-                &dir,
-                &dtype,
+            let opts = model::GenOptions {
+                dtype: match dtype.as_str() {
+                    "f32" => StoredDtype::F32,
+                    "bf16" => StoredDtype::BF16,
+                    _ => StoredDtype::F16,
+                },
                 seed,
                 shards,
                 bnb_int8,
+                bnb_skip_modules,
+            };
+            cmd_gen(
+                &preset,
+                &dir,
+                opts,
                 bnb4.map(Gen::Bnb4)
                     .or(packed4.map(Gen::Packed4))
                     .or(fp8.map(Gen::Fp8)),
@@ -1189,23 +1203,9 @@ enum Gen {
 fn cmd_gen(
     preset: &str,
     dir: &std::path::Path,
-    dtype: &str,
-    seed: u64,
-    shards: usize,
-    bnb_int8: bool,
+    opts: model::GenOptions,
     quantized: Option<Gen>,
 ) -> Result<()> {
-    let d = match dtype {
-        "f32" => StoredDtype::F32,
-        "bf16" => StoredDtype::BF16,
-        _ => StoredDtype::F16,
-    };
-    let opts = model::GenOptions {
-        dtype: d,
-        seed,
-        shards,
-        bnb_int8,
-    };
     let files = match quantized {
         Some(Gen::Fp8(model::Fp8Gen::PerTensor(static_act))) => {
             model::gen_model_fp8(preset, dir, &opts, static_act)?

@@ -560,9 +560,13 @@ impl<'a> Loader<'a> {
                 rows: rows.to_vec(),
             });
         }
-        let quantized = names.iter().any(|n| {
-            self.src.bnb4(n).is_some() || (self.opts.quant == Quant::Int8 && self.src.is_int8(n))
-        }) || !matches!(self.opts.quant, Quant::F16 | Quant::BF16 | Quant::Fp8);
+        // Shards of one vLLM module: skipped together or not at all.
+        let skipped = names.iter().any(|n| self.src.bnb_skipped(n));
+        let quantized = !skipped
+            && (names.iter().any(|n| {
+                self.src.bnb4(n).is_some()
+                    || (self.opts.quant == Quant::Int8 && self.src.is_int8(n))
+            }) || !matches!(self.opts.quant, Quant::F16 | Quant::BF16 | Quant::Fp8));
         if quantized {
             let shards = names
                 .iter()
@@ -672,6 +676,9 @@ impl<'a> Loader<'a> {
         k: usize,
         quantize: bool,
     ) -> Result<Linear> {
+        // A bitsandbytes checkpoint's skip modules load 16-bit (vLLM's
+        // UnquantizedLinearMethod for them: bitsandbytes.py L164 at 0.19.0).
+        let quantize = quantize && !self.src.bnb_skipped(name);
         let slice = self.slice.filter(|s| !s.is_whole());
         if let (true, Some(block)) = (quantize, self.src.stored_fp8().and_then(|f| f.block)) {
             let sl = self.slice.unwrap_or(Slice::whole(n, k));

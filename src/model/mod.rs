@@ -308,10 +308,12 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
                 }
                 _ => None,
             };
+            let bnb_skip = bnb_skip_of(&json, sq, &files.config)?;
             Ok((
                 cfg,
                 Box::new(ConfigOnly {
                     config: files.config.clone(),
+                    bnb_skip,
                     int8: threshold.is_some(),
                     bnb4,
                     fp8,
@@ -327,6 +329,8 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
 /// clear error for anything that needs values.
 struct ConfigOnly {
     config: PathBuf,
+    /// A bitsandbytes checkpoint's `llm_int8_skip_modules` (linear layers kept 16-bit).
+    bnb_skip: Vec<String>,
     /// A bitsandbytes 8-bit checkpoint (its linear layers would be stored as int8).
     int8: bool,
     /// A bitsandbytes 4-bit checkpoint: what its quant states would say.
@@ -358,15 +362,19 @@ impl WeightSource for ConfigOnly {
     fn has_weights(&self) -> bool {
         false
     }
+    fn bnb_skipped(&self, name: &str) -> bool {
+        crate::quant::bnb_skip::weight_skipped(name, &self.bnb_skip)
+    }
     fn is_int8(&self, name: &str) -> bool {
         // The linear layers of the decoder, as bitsandbytes stores them.
         self.int8
+            && !self.bnb_skipped(name)
             && name.contains(".layers.")
             && name.ends_with(".weight")
             && !name.contains("norm")
     }
     fn bnb4(&self, name: &str) -> Option<crate::quant::bnb4::Bnb4Meta> {
-        let b = self.bnb4.as_ref()?;
+        let b = self.bnb4.as_ref().filter(|_| !self.bnb_skipped(name))?;
         Some(crate::quant::bnb4::Bnb4Meta {
             quant_type: b.gen.quant_type,
             blocksize: crate::quant::bnb4::BLOCKSIZE,
@@ -935,6 +943,9 @@ pub struct GenOptions {
     /// Store the projection weights as a bitsandbytes 8-bit checkpoint (int8 `CB` + `SCB`,
     /// `quantization_config.load_in_8bit`); embeddings, norms and lm_head stay 16-bit.
     pub bnb_int8: bool,
+    /// With a bitsandbytes checkpoint: modules kept in `dtype` and listed in
+    /// `llm_int8_skip_modules` (as Unsloth's dynamic 4-bit checkpoints keep some layers).
+    pub bnb_skip_modules: Vec<String>,
 }
 
 /// Writes `model.safetensors` + `config.json` of a preset with seeded synthetic weights.
@@ -947,6 +958,7 @@ pub fn gen_model(preset: &str, dir: &Path, dtype: StoredDtype, seed: u64) -> Res
             seed,
             shards: 1,
             bnb_int8: false,
+            bnb_skip_modules: Vec::new(),
         },
     )
 }
@@ -1197,6 +1209,13 @@ fn gen_model_inner(
                 .into(),
         ));
     }
+    if !opts.bnb_skip_modules.is_empty() && !opts.bnb_int8 && bnb4.is_none() {
+        return Err(Error::Request(
+            "gen-model: skip modules (llm_int8_skip_modules) belong to a bitsandbytes checkpoint: add --bnb-4bit or --bnb-int8".into(),
+        ));
+    }
+    let kept_16bit =
+        |name: &str| crate::quant::bnb_skip::weight_skipped(name, &opts.bnb_skip_modules);
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let gen = SyntheticWeights {
         preset: seed_name.to_string(),
@@ -1226,7 +1245,7 @@ fn gen_model_inner(
                     },
                 ));
             }
-        } else if let (Some(g), true) = (bnb4, is_projection(&name)) {
+        } else if let (Some(g), true) = (bnb4, is_projection(&name) && !kept_16bit(&name)) {
             let mut parts = vec![
                 (String::new(), Bnb4Part::Packed),
                 (".absmax".into(), Bnb4Part::Absmax),
@@ -1284,7 +1303,7 @@ fn gen_model_inner(
                     },
                 ));
             }
-        } else if opts.bnb_int8 && is_projection(&name) {
+        } else if opts.bnb_int8 && is_projection(&name) && !kept_16bit(&name) {
             let base = name.trim_end_matches(".weight").to_string();
             tensors.push((
                 name.clone(),
@@ -1325,6 +1344,11 @@ fn gen_model_inner(
     let (weights, shards, index) = write_shards(dir, tensors, opts.shards)?;
     let cfg_path = dir.join("config.json");
     let mut json = config.to_hf_json(torch_dtype);
+    let skip_json = if opts.bnb_skip_modules.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::json!(opts.bnb_skip_modules)
+    };
     if opts.bnb_int8 {
         json["quantization_config"] = serde_json::json!({
             "quant_method": "bitsandbytes",
@@ -1332,7 +1356,7 @@ fn gen_model_inner(
             "load_in_4bit": false,
             "llm_int8_threshold": 6.0,
             "llm_int8_has_fp16_weight": false,
-            "llm_int8_skip_modules": null,
+            "llm_int8_skip_modules": skip_json,
         });
     }
     match fp8 {
@@ -1392,7 +1416,7 @@ fn gen_model_inner(
             "bnb_4bit_quant_storage": "uint8",
             "llm_int8_threshold": 6.0,
             "llm_int8_has_fp16_weight": false,
-            "llm_int8_skip_modules": null,
+            "llm_int8_skip_modules": skip_json,
             "llm_int8_enable_fp32_cpu_offload": false,
         });
     }
@@ -1522,10 +1546,26 @@ fn open_safetensors(
     let cfg = ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
     let sq = sharded::stored_quant(&json, &files.config)?;
     check_fp8_blocks(sq, &cfg, &files.config)?;
-    let st =
+    let mut st =
         sharded::SafetensorsModel::open(&files.weights, &files.shards, files.index.as_deref(), sq)?;
+    st.bnb_skip = bnb_skip_of(&json, sq, &files.config)?;
     st.check_against(&cfg)?;
     Ok((json, cfg, sq, st))
+}
+
+/// The linear layers a bitsandbytes checkpoint keeps in 16 bits (`llm_int8_skip_modules`;
+/// read for bitsandbytes only, as vLLM's `BitsAndBytesConfig` alone reads it).
+fn bnb_skip_of(
+    json: &serde_json::Value,
+    sq: sharded::StoredQuant,
+    config: &Path,
+) -> Result<Vec<String>> {
+    match sq {
+        sharded::StoredQuant::Bnb4 { .. } | sharded::StoredQuant::BnbInt8 { .. } => {
+            crate::quant::bnb_skip::skip_modules(json, config)
+        }
+        _ => Ok(Vec::new()),
+    }
 }
 
 /// A block-wise fp8 checkpoint whose shapes vLLM 0.8.5 refuses as it builds the model

@@ -612,6 +612,8 @@ pub struct SafetensorsModel {
     alias: HashMap<String, String>,
     /// Weights stored as bitsandbytes 4-bit, by their stored name, with their quant state.
     bnb4: HashMap<String, Bnb4Meta>,
+    /// A bitsandbytes checkpoint's `llm_int8_skip_modules` (its 16-bit linear layers).
+    pub bnb_skip: Vec<String>,
 }
 
 /// The quant-state blob suffixes `QuantState.as_dict(packed=True)` writes.
@@ -671,6 +673,7 @@ impl SafetensorsModel {
             stored_quant,
             alias,
             bnb4: HashMap::new(),
+            bnb_skip: Vec::new(),
         };
         m.bnb4 = m.read_quant_states()?;
         Ok(m)
@@ -1119,6 +1122,10 @@ fn scb_name(weight: &str) -> String {
 impl WeightSource for SafetensorsModel {
     fn origin(&self) -> String {
         self.origin.display().to_string()
+    }
+
+    fn bnb_skipped(&self, name: &str) -> bool {
+        crate::quant::bnb_skip::weight_skipped(name, &self.bnb_skip)
     }
 
     fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {

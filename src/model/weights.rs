@@ -67,6 +67,11 @@ pub trait WeightSource {
     fn is_int8(&self, _name: &str) -> bool {
         false
     }
+    /// Whether the linear weight `name` is one a bitsandbytes checkpoint keeps in 16 bits
+    /// (its `llm_int8_skip_modules`, matched as vLLM matches them: `quant::bnb_skip`).
+    fn bnb_skipped(&self, _name: &str) -> bool {
+        false
+    }
     /// The quant state of `name` when the checkpoint stores it as bitsandbytes 4-bit.
     fn bnb4(&self, _name: &str) -> Option<crate::quant::bnb4::Bnb4Meta> {
         None

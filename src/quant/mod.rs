@@ -3,6 +3,7 @@
 //! May import: `engine`, `device`, `memory`, `base`.
 
 pub mod bnb4;
+pub mod bnb_skip;
 pub mod fp8;
 pub mod fp8_block;
 pub mod int8;

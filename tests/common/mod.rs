@@ -577,6 +577,7 @@ pub fn write_hf_test_model(dir: &std::path::Path, name: &str) {
         seed: 11,
         shards: 1,
         bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
     };
     vramscope::model::gen_model_config(&hf_test_config(name), name, dir, &opts).unwrap();
 }
