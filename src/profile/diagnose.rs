@@ -92,11 +92,9 @@ pub enum StartFailure {
         numerator: u64,
         denominator: u64,
     },
-    /// TP × PP above the GPUs of the node.
-    WorldOverGpus {
-        world: u32,
-        gpus: u32,
-    },
+    /// TP × PP above the GPUs of the node (`tp`: the tensor-parallel size, 0 where the
+    /// message does not give it).
+    WorldOverGpus { world: u32, tp: u32, gpus: u32 },
     /// A data-parallel rank with no GPU left for it.
     DataParallelOverGpus {
         range: String,
@@ -207,7 +205,7 @@ impl StartFailure {
                 "a parallel layer's {numerator} rows (vocabulary, MLP width or KV heads) do not \
                  divide over {denominator} GPUs."
             ),
-            StartFailure::WorldOverGpus { world, gpus } => {
+            StartFailure::WorldOverGpus { world, gpus, .. } => {
                 format!("tensor × pipeline parallel asks for {world} GPUs and the node has {gpus}.")
             }
             StartFailure::DataParallelOverGpus { range, visible } => format!(
@@ -441,13 +439,18 @@ impl StartFailure {
                 numerator,
                 denominator,
             } => format!("AssertionError: {numerator} is not divisible by {denominator}"),
-            StartFailure::WorldOverGpus { world, gpus } if v1 => format!(
+            StartFailure::WorldOverGpus { world, gpus, .. } if v1 => format!(
                 "ValueError: World size ({world}) is larger than the number of available GPUs \
                  ({gpus}) in this node. If this is intentional and you are using: - ray, set \
                  '--distributed-executor-backend ray'. - multiprocessing, set '--nnodes' \
                  appropriately."
             ),
-            StartFailure::WorldOverGpus { world, gpus } => format!(
+            // The TP-only message first (multiproc_gpu_executor.py L137-139), then the world's.
+            StartFailure::WorldOverGpus { tp, gpus, .. } if tp > gpus && !v1 => format!(
+                "AssertionError: please set tensor_parallel_size ({tp}) to less than max local \
+                 gpu count ({gpus})"
+            ),
+            StartFailure::WorldOverGpus { world, gpus, .. } => format!(
                 "AssertionError: please ensure that world_size ({world}) is less than than max \
                  local gpu count ({gpus})"
             ),
@@ -662,18 +665,22 @@ pub fn read_failure(line: &str, after_kv: bool) -> Option<StartFailure> {
     if line.contains("is larger than the number of available GPUs") {
         return Some(StartFailure::WorldOverGpus {
             world: count_after(line, "World size (")? as u32,
+            tp: 0,
             gpus: count_after(line, "available GPUs (")? as u32,
         });
     }
     if line.contains("please ensure that world_size (") {
         return Some(StartFailure::WorldOverGpus {
             world: count_after(line, "world_size (")? as u32,
+            tp: 0,
             gpus: count_after(line, "max local gpu count (")? as u32,
         });
     }
     if line.contains("please set tensor_parallel_size (") {
+        let tp = count_after(line, "tensor_parallel_size (")? as u32;
         return Some(StartFailure::WorldOverGpus {
-            world: count_after(line, "tensor_parallel_size (")? as u32,
+            world: tp,
+            tp,
             gpus: count_after(line, "max local gpu count (")? as u32,
         });
     }
@@ -828,7 +835,11 @@ pub fn before_start(
     if let Some(g) = gpus {
         let world = tp * req.pp.max(1);
         if world > g {
-            return Some(StartFailure::WorldOverGpus { world, gpus: g });
+            return Some(StartFailure::WorldOverGpus {
+                world,
+                tp,
+                gpus: g,
+            });
         }
     }
     None
@@ -1024,6 +1035,20 @@ pub fn candidates(
                     }));
                 }
             }
+            // V0: the tokens the blocks hold (its batch shrinks with max_model_len too);
+            // no block at all: half the length.
+            let v0_len = match failure {
+                StartFailure::KvBelowMaxModelLen {
+                    kv_tokens: Some(t), ..
+                } => Some(*t),
+                StartFailure::NoCacheBlocks if req.max_model_len >= 4096 => {
+                    Some(req.max_model_len / 2)
+                }
+                _ => None,
+            };
+            if let Some(n) = v0_len.filter(|n| *n > 0) {
+                out.push(with(format!("--max-model-len {n}"), &|r| r.max_model_len = n));
+            }
             if let StartFailure::KvBelowMaxModelLen {
                 estimated_max_len: Some(n),
                 ..
@@ -1083,11 +1108,33 @@ pub fn would_start(
     kv_gib: Option<f64>,
 ) -> Vec<String> {
     let mut out = Vec::new();
-    for (label, r) in candidates(req, failure, shortfall_gib, total_gib) {
-        if let Ok(o) = try_run(&r) {
-            if o.starts() {
-                out.push(format!("{label:<34} {}", o.kv_words()));
+    for (label, mut r) in candidates(req, failure, shortfall_gib, total_gib) {
+        let Ok(mut o) = try_run(&r) else { continue };
+        // A length from the log's estimate that vramscope's KV cache holds a little less of:
+        // its own estimate instead.
+        if let (
+            Some(StartFailure::KvBelowMaxModelLen {
+                estimated_max_len: Some(m),
+                ..
+            }),
+            true,
+        ) = (&o.failure, label.starts_with("--max-model-len"))
+        {
+            if *m > 0 && *m < r.max_model_len {
+                r.max_model_len = *m;
+                match try_run(&r) {
+                    Ok(again) => o = again,
+                    Err(_) => continue,
+                }
             }
+        }
+        if o.starts() {
+            let label = if label.starts_with("--max-model-len") {
+                format!("--max-model-len {}", r.max_model_len)
+            } else {
+                label
+            };
+            out.push(format!("{label:<34} {}", o.kv_words()));
         }
     }
     // --kv-cache-memory skips the profile: the KV the failed start had less the shortfall.
