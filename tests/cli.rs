@@ -2375,7 +2375,11 @@ fn plan_runs_the_line_as_typed_with_or_without_the_double_dash() {
         .unwrap();
     assert!(out.status.success());
     std::fs::create_dir(dir.path().join("cfg")).unwrap();
-    std::fs::copy(dir.path().join("model/config.json"), dir.path().join("cfg/config.json")).unwrap();
+    std::fs::copy(
+        dir.path().join("model/config.json"),
+        dir.path().join("cfg/config.json"),
+    )
+    .unwrap();
     let run = |line: &str| {
         let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
             .args(line.split(' '))
@@ -2391,7 +2395,12 @@ fn plan_runs_the_line_as_typed_with_or_without_the_double_dash() {
         let without = run(&format!("plan vllm serve {m} --max-model-len 2048"));
         assert!(with.contains("KV cache blocks"), "{with}");
         // The same run (the event count and time line aside).
-        let table = |t: &str| t.lines().filter(|l| !l.contains(" events, ")).collect::<Vec<_>>().join("\n");
+        let table = |t: &str| {
+            t.lines()
+                .filter(|l| !l.contains(" events, "))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
         assert_eq!(table(&with), table(&without));
     }
     let dry = run("plan --device sim:h100-sxm -- vllm serve ./cfg --max-model-len 2048");
@@ -2416,19 +2425,33 @@ fn explain_diagnoses_a_failed_start() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm-logs/failed");
     // As docs/cli.md writes it, from the repository's root.
     let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
-        .args("explain tests/fixtures/vllm-logs/failed/0.19-free-memory-llama-3.1-8b-h100.log".split(' '))
+        .args(
+            "explain tests/fixtures/vllm-logs/failed/0.19-free-memory-llama-3.1-8b-h100.log"
+                .split(' '),
+        )
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("vLLM 0.19 would not start (line 9): another process held GPU memory"),
         "{text}"
     );
-    assert!(text.contains("(vLLM 0.19.0 v1/worker/utils.py L412-420)"), "{text}");
+    assert!(
+        text.contains("(vLLM 0.19.0 v1/worker/utils.py L412-420)"),
+        "{text}"
+    );
     assert!(text.contains("short by 11.15 GiB"), "{text}");
-    assert!(text.contains("--gpu-memory-utilization 0.75      KV "), "{text}");
+    assert!(
+        text.contains("--gpu-memory-utilization 0.75      KV "),
+        "{text}"
+    );
     assert!(!text.contains("not run"), "{text}");
     // A V0 log names its own release's words.
     let log = dir.join("0.6.4-tp2-one-gpu-llama-3.1-8b.log");
@@ -2453,23 +2476,40 @@ fn plan_says_what_vllm_would_refuse_before_the_start() {
             String::from_utf8_lossy(&out.stdout).to_string(),
         )
     };
-    let (code, text) = plan("plan --vllm 0.19 -- vllm serve meta-llama/Llama-3.1-8B-Instruct -tp 3");
+    let (code, text) =
+        plan("plan --vllm 0.19 -- vllm serve meta-llama/Llama-3.1-8B-Instruct -tp 3");
     assert_eq!(code, Some(3), "{text}");
     assert!(text.contains("vLLM 0.19 says: \"ValueError: Total number of attention heads (32) must be divisible by tensor parallel size (3).\""), "{text}");
-    assert!(text.contains("--tensor-parallel-size 1 or 2 or 4"), "{text}");
-    let (code, text) = plan("plan --vllm 0.6.4 -- vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 200000");
+    assert!(
+        text.contains("--tensor-parallel-size 1 or 2 or 4"),
+        "{text}"
+    );
+    let (code, text) = plan(
+        "plan --vllm 0.6.4 -- vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 200000",
+    );
     assert_eq!(code, Some(3), "{text}");
-    assert!(text.contains("This may lead to incorrect model outputs or CUDA errors."), "{text}");
-    let (code, text) = plan("plan --vllm 0.19 --outside-before 20GiB -- vllm serve meta-llama/Llama-3.1-8B-Instruct");
+    assert!(
+        text.contains("This may lead to incorrect model outputs or CUDA errors."),
+        "{text}"
+    );
+    let (code, text) = plan(
+        "plan --vllm 0.19 --outside-before 20GiB -- vllm serve meta-llama/Llama-3.1-8B-Instruct",
+    );
     assert_eq!(code, Some(3), "{text}");
-    assert!(text.contains("on startup is less than desired GPU memory utilization (0.9, "), "{text}");
+    assert!(
+        text.contains("on startup is less than desired GPU memory utilization (0.9, "),
+        "{text}"
+    );
     assert!(text.contains("short by 12.08 GiB"), "{text}");
     // Llama-3.1-8B at util 0.99 with 512 sequences on an H100: the graphs no longer fit.
     let (code, text) = plan(
         "plan --vllm 0.19 --device sim:h100-sxm:dry --no-verify -- vllm serve meta-llama/Llama-3.1-8B-Instruct --gpu-memory-utilization 0.99 --max-num-seqs 512 --max-model-len 8192",
     );
     assert_eq!(code, Some(3), "{text}");
-    assert!(text.contains("ran out of memory in the CUDA graph capture after the KV cache"), "{text}");
+    assert!(
+        text.contains("ran out of memory in the CUDA graph capture after the KV cache"),
+        "{text}"
+    );
     let short: f64 = text
         .split("short by ")
         .nth(1)
@@ -2478,7 +2518,10 @@ fn plan_says_what_vllm_would_refuse_before_the_start() {
         .parse()
         .unwrap();
     assert!(short > 0.0 && short < 1.0, "{short}");
-    assert!(text.contains("    --gpu-memory-utilization 0.98 "), "{text}");
+    assert!(
+        text.contains("    --gpu-memory-utilization 0.98 "),
+        "{text}"
+    );
     // And at 0.98 it starts: exit 0, no diagnosis.
     let (code, text) = plan(
         "plan --vllm 0.19 --device sim:h100-sxm:dry --no-verify -- vllm serve meta-llama/Llama-3.1-8B-Instruct --gpu-memory-utilization 0.98 --max-num-seqs 512 --max-model-len 8192",
@@ -2492,7 +2535,8 @@ fn plan_says_what_vllm_would_refuse_before_the_start() {
 #[test]
 fn explain_and_plan_json_round_trip_and_match_their_documented_schema() {
     use vramscope::app::explain::{ExplainDoc, PlanDoc};
-    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/json.md")).unwrap();
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/json.md"))
+        .unwrap();
     let documented = |section: &str| -> Vec<String> {
         let part = doc.split(&format!("## {section}")).nth(1).unwrap();
         let part = part.split("\n## ").next().unwrap();
@@ -2503,13 +2547,29 @@ fn explain_and_plan_json_round_trip_and_match_their_documented_schema() {
     };
     let dir = tempfile::tempdir().unwrap();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm-logs");
-    for log in ["q1-0.19-llama-3.1-8b-h100.log", "failed/0.19-sampler-oom-llama-3.1-8b-h100.log"] {
+    for log in [
+        "q1-0.19-llama-3.1-8b-h100.log",
+        "failed/0.19-sampler-oom-llama-3.1-8b-h100.log",
+    ] {
         let json = dir.path().join("e.json");
-        let out = vramscope(&["explain", fixtures.join(log).to_str().unwrap(), "--json", json.to_str().unwrap()]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = vramscope(&[
+            "explain",
+            fixtures.join(log).to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let text = std::fs::read_to_string(&json).unwrap();
         let parsed: ExplainDoc = serde_json::from_str(&text).unwrap();
-        assert_eq!(serde_json::to_string_pretty(&parsed).unwrap(), text, "{log}");
+        assert_eq!(
+            serde_json::to_string_pretty(&parsed).unwrap(),
+            text,
+            "{log}"
+        );
         let v: Value = serde_json::from_str(&text).unwrap();
         let mut keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
         let mut want = documented("explain --json");
@@ -2520,8 +2580,20 @@ fn explain_and_plan_json_round_trip_and_match_their_documented_schema() {
     }
     let json = dir.path().join("p.json");
     let out = vramscope(&[
-        "plan", "-q", "--vllm", "0.19", "--device", "sim:h100-sxm:dry", "--json", json.to_str().unwrap(),
-        "--", "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "-tp", "3",
+        "plan",
+        "-q",
+        "--vllm",
+        "0.19",
+        "--device",
+        "sim:h100-sxm:dry",
+        "--json",
+        json.to_str().unwrap(),
+        "--",
+        "vllm",
+        "serve",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "-tp",
+        "3",
     ]);
     assert_eq!(out.status.code(), Some(3));
     let text = std::fs::read_to_string(&json).unwrap();

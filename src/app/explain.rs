@@ -178,8 +178,9 @@ fn compare_started(
     no_what_if: bool,
 ) -> Result<ExplainDoc> {
     let (req, assumptions) = request(facts, overrides, name)?;
-    let report =
-        profile::run(&req, None, Arc::new(AtomicBool::new(false))).map_err(in_log(name))?;
+    let report = profile::run(&req, None, Arc::new(AtomicBool::new(false)))
+        .map_err(|e| explain::in_log_terms(e, facts))
+        .map_err(in_log(name))?;
     let e = explain::compare(facts, &report);
     let base = diagnose::outcome(&report);
     // What-ifs vramscope cannot run (a quantization this release's reproduction lacks, a TP

@@ -94,7 +94,11 @@ pub enum StartFailure {
     },
     /// TP × PP above the GPUs of the node (`tp`: the tensor-parallel size, 0 where the
     /// message does not give it).
-    WorldOverGpus { world: u32, tp: u32, gpus: u32 },
+    WorldOverGpus {
+        world: u32,
+        tp: u32,
+        gpus: u32,
+    },
     /// A data-parallel rank with no GPU left for it.
     DataParallelOverGpus {
         range: String,
@@ -835,11 +839,7 @@ pub fn before_start(
     if let Some(g) = gpus {
         let world = tp * req.pp.max(1);
         if world > g {
-            return Some(StartFailure::WorldOverGpus {
-                world,
-                tp,
-                gpus: g,
-            });
+            return Some(StartFailure::WorldOverGpus { world, tp, gpus: g });
         }
     }
     None
@@ -1047,7 +1047,9 @@ pub fn candidates(
                 _ => None,
             };
             if let Some(n) = v0_len.filter(|n| *n > 0) {
-                out.push(with(format!("--max-model-len {n}"), &|r| r.max_model_len = n));
+                out.push(with(format!("--max-model-len {n}"), &|r| {
+                    r.max_model_len = n
+                }));
             }
             if let StartFailure::KvBelowMaxModelLen {
                 estimated_max_len: Some(n),

@@ -1290,6 +1290,28 @@ pub fn in_log_terms(e: Error, f: &LogFacts) -> Error {
     let Error::Request(mut m) = e else {
         return e;
     };
+    // A refusal that names a release names the log's, and gives no advice to pass a flag
+    // explain does not take ("with --vllm 0.19 … ; use --vllm 0.6.4").
+    if let Some(r) = &f.release {
+        for (from, to) in [("with --vllm ", "under vLLM "), ("--vllm ", "vLLM ")] {
+            if let Some(i) = m.find(from) {
+                let tail: String = m[i + from.len()..]
+                    .chars()
+                    .take_while(|c| !c.is_whitespace() && *c != ':' && *c != ',')
+                    .collect();
+                if !tail.is_empty() && r.starts_with(&tail) {
+                    m = format!(
+                        "{}{to}{tail} (the release the log ran){}",
+                        &m[..i],
+                        &m[i + from.len() + tail.len()..]
+                    );
+                }
+            }
+        }
+        if let Some(i) = m.find("; use --vllm ") {
+            m.truncate(i);
+        }
+    }
     let mut lines = Vec::new();
     for (flag, key) in LOG_NAMES {
         let mut from = 0;
@@ -1735,6 +1757,24 @@ mod tests {
             e.to_string(),
             "invalid setting: line 3, line 12: max_num_seqs 512 must be between 1 and \
              max_num_batched_tokens (256)"
+        );
+        // A refusal naming the release names the log's, without advice to pass --vllm.
+        let g = LogFacts {
+            release: Some("0.19.0".into()),
+            ..LogFacts::default()
+        };
+        let e = in_log_terms(
+            Error::Request(
+                "an AWQ or GPTQ checkpoint with --vllm 0.19: vramscope reproduces vLLM 0.6.4's \
+                 Marlin repack; use --vllm 0.6.4"
+                    .into(),
+            ),
+            &g,
+        );
+        assert_eq!(
+            e.to_string(),
+            "invalid setting: an AWQ or GPTQ checkpoint under vLLM 0.19 (the release the log \
+             ran): vramscope reproduces vLLM 0.6.4's Marlin repack"
         );
         // A flag that only starts like one of the table's is left alone.
         let e = in_log_terms(Error::Request("--tpx 2".into()), &f);
