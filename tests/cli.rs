@@ -2360,3 +2360,261 @@ fn explains_what_ifs_include_half_the_tp_twice_the_pp() {
         .unwrap_or_else(|| panic!("{text}"));
     assert!(row.contains("KV ") && row.contains("tokens"), "{row}");
 }
+
+// ---- failed starts (issue 49) ----
+
+/// `plan -- vllm serve ./model --max-model-len 2048` exactly as a user types it, on a
+/// gen-model folder and on a config-only one (which runs dry, and says so in its device), and
+/// `plan vllm serve …` without the `--`, `-tp` included: the same answer.
+#[test]
+fn plan_runs_the_line_as_typed_with_or_without_the_double_dash() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(["gen-model", "tiny", "model"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    std::fs::create_dir(dir.path().join("cfg")).unwrap();
+    std::fs::copy(
+        dir.path().join("model/config.json"),
+        dir.path().join("cfg/config.json"),
+    )
+    .unwrap();
+    let run = |line: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args(line.split(' '))
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{line}: {err}");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    for m in ["./model", "./cfg"] {
+        let with = run(&format!("plan -- vllm serve {m} --max-model-len 2048"));
+        let without = run(&format!("plan vllm serve {m} --max-model-len 2048"));
+        assert!(with.contains("KV cache blocks"), "{with}");
+        // The same run (the event count and time line aside).
+        let table = |t: &str| {
+            t.lines()
+                .filter(|l| !l.contains(" events, "))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        assert_eq!(table(&with), table(&without));
+    }
+    let dry = run("plan --device sim:h100-sxm -- vllm serve ./cfg --max-model-len 2048");
+    assert!(dry.contains("[simulated device]"), "{dry}");
+    // -tp after the line's first word is the line's, not vramscope's spelling.
+    let tp = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args("plan --vllm 0.19 vllm serve ./cfg -tp 2 --max-model-len 2048".split(' '))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&tp.stderr);
+    assert!(tp.status.success(), "{err}");
+    assert!(!err.contains("--tp 2 (not read"), "{err}");
+    assert!(String::from_utf8_lossy(&tp.stdout).contains("tensor parallel over 2 GPUs"));
+}
+
+/// `explain` of a failed start: exit 0, the cause in one sentence naming the release and the
+/// log's line, vLLM's own message with its source, the shortfall in GiB, and settings that
+/// would start (each with its KV); no what-if printed as an error.
+#[test]
+fn explain_diagnoses_a_failed_start() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm-logs/failed");
+    // As docs/cli.md writes it, from the repository's root.
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(
+            "explain tests/fixtures/vllm-logs/failed/0.19-free-memory-llama-3.1-8b-h100.log"
+                .split(' '),
+        )
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("vLLM 0.19 would not start (line 9): another process held GPU memory"),
+        "{text}"
+    );
+    assert!(
+        text.contains("(vLLM 0.19.0 v1/worker/utils.py L412-420)"),
+        "{text}"
+    );
+    assert!(text.contains("short by 11.15 GiB"), "{text}");
+    assert!(
+        text.contains("--gpu-memory-utilization 0.75      KV "),
+        "{text}"
+    );
+    assert!(!text.contains("not run"), "{text}");
+    // A V0 log names its own release's words.
+    let log = dir.join("0.6.4-tp2-one-gpu-llama-3.1-8b.log");
+    let out = vramscope(&["explain", log.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("vLLM 0.6.4 says: \"AssertionError: please set tensor_parallel_size (2) to less than max local gpu count (1)\""),
+        "{text}"
+    );
+}
+
+/// `plan` says what vLLM would say before the start: a TP that does not divide the heads and a
+/// max_model_len over the model's positions get vLLM's text for that release and exit 3;
+/// another process's memory below util × total too; and a start that runs out of memory in
+/// the CUDA graph capture after its KV cache says by how much, and that one step lower starts.
+#[test]
+fn plan_says_what_vllm_would_refuse_before_the_start() {
+    let plan = |args: &str| {
+        let out = vramscope(&args.split(' ').collect::<Vec<_>>());
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (code, text) =
+        plan("plan --vllm 0.19 -- vllm serve meta-llama/Llama-3.1-8B-Instruct -tp 3");
+    assert_eq!(code, Some(3), "{text}");
+    assert!(text.contains("vLLM 0.19 says: \"ValueError: Total number of attention heads (32) must be divisible by tensor parallel size (3).\""), "{text}");
+    assert!(
+        text.contains("--tensor-parallel-size 1 or 2 or 4"),
+        "{text}"
+    );
+    let (code, text) = plan(
+        "plan --vllm 0.6.4 -- vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 200000",
+    );
+    assert_eq!(code, Some(3), "{text}");
+    assert!(
+        text.contains("This may lead to incorrect model outputs or CUDA errors."),
+        "{text}"
+    );
+    let (code, text) = plan(
+        "plan --vllm 0.19 --outside-before 20GiB -- vllm serve meta-llama/Llama-3.1-8B-Instruct",
+    );
+    assert_eq!(code, Some(3), "{text}");
+    assert!(
+        text.contains("on startup is less than desired GPU memory utilization (0.9, "),
+        "{text}"
+    );
+    assert!(text.contains("short by 12.08 GiB"), "{text}");
+    // Llama-3.1-8B at util 0.99 with 512 sequences on an H100: the graphs no longer fit.
+    let (code, text) = plan(
+        "plan --vllm 0.19 --device sim:h100-sxm:dry --no-verify -- vllm serve meta-llama/Llama-3.1-8B-Instruct --gpu-memory-utilization 0.99 --max-num-seqs 512 --max-model-len 8192",
+    );
+    assert_eq!(code, Some(3), "{text}");
+    assert!(
+        text.contains("ran out of memory in the CUDA graph capture after the KV cache"),
+        "{text}"
+    );
+    let short: f64 = text
+        .split("short by ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(short > 0.0 && short < 1.0, "{short}");
+    assert!(
+        text.contains("    --gpu-memory-utilization 0.98 "),
+        "{text}"
+    );
+    // And at 0.98 it starts: exit 0, no diagnosis.
+    let (code, text) = plan(
+        "plan --vllm 0.19 --device sim:h100-sxm:dry --no-verify -- vllm serve meta-llama/Llama-3.1-8B-Instruct --gpu-memory-utilization 0.98 --max-num-seqs 512 --max-model-len 8192",
+    );
+    assert_eq!(code, Some(0), "{text}");
+    assert!(!text.contains("would not start"), "{text}");
+}
+
+/// `explain --json` and `plan --json` read back into the documented types unchanged, and
+/// their keys are the ones docs/json.md lists.
+#[test]
+fn explain_and_plan_json_round_trip_and_match_their_documented_schema() {
+    use vramscope::app::explain::{ExplainDoc, PlanDoc};
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/json.md"))
+        .unwrap();
+    let documented = |section: &str| -> Vec<String> {
+        let part = doc.split(&format!("## {section}")).nth(1).unwrap();
+        let part = part.split("\n## ").next().unwrap();
+        part.lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .map(|l| l.split('`').next().unwrap().to_string())
+            .collect()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm-logs");
+    for log in [
+        "q1-0.19-llama-3.1-8b-h100.log",
+        "failed/0.19-sampler-oom-llama-3.1-8b-h100.log",
+    ] {
+        let json = dir.path().join("e.json");
+        let out = vramscope(&[
+            "explain",
+            fixtures.join(log).to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = std::fs::read_to_string(&json).unwrap();
+        let parsed: ExplainDoc = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            serde_json::to_string_pretty(&parsed).unwrap(),
+            text,
+            "{log}"
+        );
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let mut keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        let mut want = documented("explain --json");
+        keys.sort();
+        want.sort();
+        assert_eq!(keys, want, "{log}");
+        assert_eq!(v["started"], log.starts_with("q1"));
+    }
+    let json = dir.path().join("p.json");
+    let out = vramscope(&[
+        "plan",
+        "-q",
+        "--vllm",
+        "0.19",
+        "--device",
+        "sim:h100-sxm:dry",
+        "--json",
+        json.to_str().unwrap(),
+        "--",
+        "vllm",
+        "serve",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "-tp",
+        "3",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    let text = std::fs::read_to_string(&json).unwrap();
+    let parsed: PlanDoc = serde_json::from_str(&text).unwrap();
+    assert_eq!(serde_json::to_string_pretty(&parsed).unwrap(), text);
+    assert!(!parsed.starts);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let mut keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+    let mut want = documented("plan --json");
+    keys.sort();
+    want.sort();
+    assert_eq!(keys, want);
+}
+
+/// `vramscope devices` names each preset's source without a path of anyone's machine.
+#[test]
+fn devices_prints_no_local_path() {
+    let out = vramscope(&["devices"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for p in ["/home/", "/Users/", "/root/", "/tmp/", "C:\\"] {
+        assert!(!text.contains(p), "{p} in: {text}");
+    }
+}

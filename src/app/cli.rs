@@ -339,6 +339,17 @@ pub struct PlanArgs {
 }
 
 impl PlanArgs {
+    /// The first word of a pasted serve line: `vllm`, `python`/`python3` (`-m vllm…`), or an
+    /// environment assignment (`NAME=VALUE`, never a `profile` option or its value).
+    fn starts_a_line(w: &str) -> bool {
+        matches!(w, "vllm" | "python" | "python3")
+            || w.split_once('=').is_some_and(|(k, _)| {
+                !k.is_empty()
+                    && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && k.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+            })
+    }
+
     /// The `profile` options and the pasted line, split at the first `--`. With no profile
     /// option, `plan -- vllm serve MODEL` reaches here without its `--` (the argument parser
     /// takes the first one as the end of its options): the words are then the line itself.
@@ -347,6 +358,16 @@ impl PlanArgs {
             Some(at) => Ok((&self.words[..at], &self.words[at + 1..])),
             None if self.words.first().is_some_and(|w| !w.starts_with('-')) => {
                 Ok((&[], &self.words[..]))
+            }
+            // `plan --vllm 0.19 vllm serve …`: the profile options, then the line from its
+            // first word.
+            None if self.words.iter().any(|w| Self::starts_a_line(w)) => {
+                let at = self
+                    .words
+                    .iter()
+                    .position(|w| Self::starts_a_line(w))
+                    .unwrap_or(0);
+                Ok((&self.words[..at], &self.words[at..]))
             }
             None => Err(crate::Error::Request(
                 "plan: the vLLM line goes after `--`: vramscope plan [profile options] -- vllm serve MODEL …"
@@ -599,15 +620,12 @@ pub fn main() -> i32 {
         Some(Command::Bench(args)) => cmd_bench(&args),
         // The notes (the model's origin, the release, flags not modelled) follow a run that
         // worked: a refusal stays one line.
-        Some(Command::Plan(args)) => plan_profile_args(&args).and_then(|(p, notes)| {
-            cmd_profile(&p)?;
-            if !p.quiet {
-                for n in notes {
-                    eprintln!("vramscope: {n}");
-                }
-            }
-            Ok(())
-        }),
+        Some(Command::Plan(args)) => match cmd_plan(&args) {
+            Ok(true) => Ok(()),
+            // vLLM would not start: the diagnosis is printed; exit 3.
+            Ok(false) => return 3,
+            Err(e) => Err(e),
+        },
         Some(Command::Explain(args)) => super::explain::run(
             &args.log,
             &crate::profile::explain::Overrides {
@@ -689,21 +707,27 @@ pub fn plan_profile_args(p: &PlanArgs) -> Result<(ProfileArgs, Vec<String>)> {
     Ok((args, notes))
 }
 
-/// vLLM's one-dash `-tp N` (and `-tp=N`) read as `--tp`, up to a `--` (after which `plan`
-/// reads the pasted line itself).
+/// vLLM's one-dash `-tp N` (and `-tp=N`) read as `--tp`, up to where `plan`'s pasted line
+/// starts: a `--`, or with none the line's first word (`vllm`, `python`, `python3`, or an
+/// environment assignment such as `VLLM_PP_LAYER_PARTITION=20,16`); `plan` reads the line
+/// itself.
 fn vllm_spellings(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     let mut past = false;
-    args.map(|a| {
-        past |= a == "--";
-        match a.to_str() {
-            Some("-tp") if !past => "--tp".into(),
-            Some(t) if !past && t.starts_with("-tp=") => format!("--tp={}", &t[4..]).into(),
-            Some("-pp") if !past => "--pp".into(),
-            Some(t) if !past && t.starts_with("-pp=") => format!("--pp={}", &t[4..]).into(),
-            _ => a,
-        }
-    })
-    .collect()
+    let mut plan = false;
+    args.enumerate()
+        .map(|(i, a)| {
+            plan |= i == 1 && a == "plan";
+            past |=
+                a == "--" || (plan && i >= 2 && a.to_str().is_some_and(PlanArgs::starts_a_line));
+            match a.to_str() {
+                Some("-tp") if !past => "--tp".into(),
+                Some(t) if !past && t.starts_with("-tp=") => format!("--tp={}", &t[4..]).into(),
+                Some("-pp") if !past => "--pp".into(),
+                Some(t) if !past && t.starts_with("-pp=") => format!("--pp={}", &t[4..]).into(),
+                _ => a,
+            }
+        })
+        .collect()
 }
 
 fn one_line(s: &str) -> String {
@@ -711,17 +735,94 @@ fn one_line(s: &str) -> String {
 }
 
 fn cmd_profile(args: &ProfileArgs) -> Result<()> {
+    run_profile(args, None).map(|_| ())
+}
+
+/// `profile` as a command: the run, its exports and its summary (`model_name`: the name the
+/// summary gives the model, a pasted line's hub id instead of the hub cache's folder).
+fn run_profile(args: &ProfileArgs, model_name: Option<&str>) -> Result<Report> {
     if args.verbose {
         crate::base::timing::enable();
     }
-    let out = cmd_profile_inner(args);
+    let out = cmd_profile_inner(args, model_name);
     if args.verbose {
         print_timing();
     }
     out
 }
 
-fn cmd_profile_inner(args: &ProfileArgs) -> Result<()> {
+/// The hub id a pasted line names, where the run reads it from the hub cache's snapshot
+/// folder (whose name is a commit hash, not the model's).
+fn plan_hub_id(p: &PlanArgs) -> Option<String> {
+    let (_, pasted) = p.split().ok()?;
+    let line = crate::profile::vllm_args::parse_serve(pasted).ok()?;
+    let (resolved, _) = crate::profile::vllm_args::resolve_model(&line.model).ok()?;
+    (resolved != line.model && !resolved.starts_with("preset:")).then_some(line.model)
+}
+
+/// `plan`: vLLM's checks before the start, the run, then its checks after the profile. Prints
+/// the summary (or only the diagnosis of a configuration vLLM refuses) and, where vLLM would
+/// not start, the diagnosis; `--json` writes the plan document (`PlanDoc`). `Ok(false)`: vLLM
+/// would not start.
+fn cmd_plan(args: &PlanArgs) -> Result<bool> {
+    use crate::app::explain::{plan_doc, PlanDoc};
+    use crate::profile::diagnose;
+    let (mut p, notes) = plan_profile_args(args)?;
+    let hub_id = plan_hub_id(args);
+    let json = p.json.take();
+    if let Some(j) = &json {
+        export::check_writable(j)?;
+    }
+    let req = p.request()?;
+    let print_notes = |quiet: bool| {
+        if !quiet {
+            for n in &notes {
+                eprintln!("vramscope: {n}");
+            }
+        }
+    };
+    let write = |doc: &PlanDoc| -> Result<()> {
+        if let Some(path) = &json {
+            let bytes = serde_json::to_vec_pretty(doc)
+                .map_err(|err| crate::Error::Request(format!("{}: {err}", path.display())))?;
+            crate::base::atomic::atomic_write(path, &bytes)?;
+        }
+        Ok(())
+    };
+    if let Some(d) = diagnose::before_run(&req, None)? {
+        write(&plan_doc(
+            &req,
+            None,
+            Some(d.clone()),
+            &notes,
+            json.is_some(),
+        ))?;
+        for l in d.lines() {
+            println!("{l}");
+        }
+        print_notes(p.quiet);
+        return Ok(false);
+    }
+    let report = run_profile(&p, hub_id.as_deref())?;
+    let d = diagnose::of_run(&req, &report);
+    write(&plan_doc(
+        &req,
+        Some(&report),
+        d.clone(),
+        &notes,
+        json.is_some(),
+    ))?;
+    if let Some(d) = &d {
+        println!();
+        for l in d.lines() {
+            println!("{l}");
+        }
+    }
+    print_notes(p.quiet);
+    Ok(d.is_none())
+}
+
+fn cmd_profile_inner(args: &ProfileArgs, model_name: Option<&str>) -> Result<Report> {
     let req = args.request()?;
     // Every name checked (length, folder, no two exports naming one file) before the run.
     let mut targets = export::report_targets(
@@ -808,9 +909,20 @@ fn cmd_profile_inner(args: &ProfileArgs) -> Result<()> {
     }
     export::write_streamed(files)?;
     if !args.quiet {
-        print!("{}", summary_text(&report));
+        match model_name {
+            // The first line opens with the model's name.
+            Some(name) => print!(
+                "{}",
+                summary_text(&report).replacen(
+                    &report.model.name,
+                    &format!("{name} (the hub cache's copy)"),
+                    1
+                )
+            ),
+            None => print!("{}", summary_text(&report)),
+        }
     }
-    Ok(())
+    Ok(report)
 }
 
 /// `report SNAPSHOT.pickle`: read a PyTorch memory snapshot, print what it says, export one

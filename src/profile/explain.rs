@@ -73,6 +73,14 @@ pub struct LogFacts {
     /// Settings the log states that change memory and that vramscope does not model, each
     /// as the log prints it with what it changes and its line.
     pub unmodelled: Vec<String>,
+    /// The failure the log shows, if the start failed, and its line (the first exception
+    /// vLLM raised; a later message about the same failure completes it).
+    pub failure: Option<super::diagnose::StartFailure>,
+    pub failure_line: Option<u64>,
+    /// A line shows the Hugging Face hub could not be reached.
+    pub network_error: bool,
+    /// The warm-up the last traceback frame named (`_dummy_sampler_run`, `capture_model`).
+    pub warm_up: Option<super::diagnose::WarmUp>,
     pub lines: u64,
     pub recognised: u64,
     /// The line each fact was read from, by its name as the log prints it
@@ -153,6 +161,25 @@ fn size_after(line: &str, key: &str, line_no: u64) -> Result<Option<Logged>> {
         return Ok(None);
     };
     log_numbers::size(&line[i + key.len()..]).map_err(|p| misread(line_no, key, p))
+}
+
+/// `size_after` for a figure a failed start prints below zero (V1's "Available KV cache
+/// memory: -0.32 GiB", 0.6.4's "kv_cache_size=-0.85GiB": the profile left no room, and the
+/// exception follows).
+fn signed_size_after(line: &str, key: &str, line_no: u64) -> Result<Option<Logged>> {
+    let Some(i) = line.find(key) else {
+        return Ok(None);
+    };
+    let rest = &line[i + key.len()..];
+    match rest.trim_start().strip_prefix('-') {
+        Some(abs) => Ok(log_numbers::size(abs)
+            .map_err(|p| misread(line_no, key, p))?
+            .map(|l| Logged {
+                value: -l.value,
+                text: format!("-{}", l.text),
+            })),
+        None => size_after(line, key, line_no),
+    }
 }
 
 /// The ratio after the first `key` in `line`; `None` where the key or its number is missing.
@@ -490,8 +517,51 @@ impl Reader {
         }
     }
 
+    /// A failed start's lines: the exception vLLM raised (the first one, completed by a later
+    /// message about the same failure), the warm-up its traceback names, a network error.
+    fn failure(&mut self, line: &str, line_no: u64) {
+        use super::diagnose::{self, StartFailure, WarmUp};
+        self.facts.network_error |= diagnose::is_network_error(line);
+        if let Some(w) = diagnose::warm_up_of(line) {
+            self.facts.warm_up = Some(w);
+        }
+        let after_kv =
+            self.facts.kv.is_some() || self.facts.tokens.is_some() || self.facts.blocks.is_some();
+        let Some(mut f) = diagnose::read_failure(line, after_kv) else {
+            return;
+        };
+        if let StartFailure::OutOfMemoryAfterKv { phase, .. } = &mut f {
+            if *phase == WarmUp::Unplaced {
+                *phase = self.facts.warm_up.unwrap_or(WarmUp::Unplaced);
+            }
+        }
+        match (&mut self.facts.failure, f) {
+            (None, f) => {
+                self.facts.failure = Some(f);
+                self.facts.failure_line = Some(line_no);
+            }
+            // torch's error first, then the sampler's message raised from it: one failure,
+            // with the numbers of the first and the phase and requests of the second.
+            (
+                Some(StartFailure::OutOfMemoryAfterKv {
+                    phase, num_reqs, ..
+                }),
+                StartFailure::OutOfMemoryAfterKv {
+                    phase: p,
+                    num_reqs: n,
+                    ..
+                },
+            ) if p != WarmUp::Unplaced => {
+                *phase = p;
+                *num_reqs = num_reqs.or(n);
+            }
+            _ => {}
+        }
+    }
+
     fn line(&mut self, line: &str, line_no: u64) -> Result<()> {
         let n = line_no;
+        self.failure(line, n);
         // TP workers prefix their lines: "(VllmWorkerProcess pid=…)", "(Worker_TP1 pid=…)".
         let worker = line.trim_start().starts_with('(')
             && (line.contains("Worker") || line.contains("pid="))
@@ -554,6 +624,28 @@ impl Reader {
             {
                 self.setting("enable_chunked_prefill", |f| &mut f.chunked_prefill, b, n)?;
             }
+        } else if line.contains("args: Namespace(") {
+            // V0's api_server prints its argparse Namespace (0.6.4 entrypoints/openai/
+            // api_server.py L586, "args: %s"): the settings a failed start never got to
+            // print in its engine line.
+            if let Some(m) = field(line, "model=") {
+                self.setting("model", |f| &mut f.model, m.to_string(), n)?;
+            }
+            if let Some(tp) = count_field(line, "tensor_parallel_size=", n)? {
+                self.positive("tensor_parallel_size", |f| &mut f.tp, tp, n)?;
+            }
+            if let Some(len) = field(line, "max_model_len=").filter(|v| *v != "None") {
+                let len = log_numbers::count(len).map_err(|p| misread(n, "max_model_len", p))?;
+                if let Some(len) = len {
+                    self.positive("max_model_len", |f| &mut f.max_model_len, len, n)?;
+                }
+            }
+            if let Some(u) = ratio_after(line, "gpu_memory_utilization=", n)? {
+                self.setting("gpu_memory_utilization", |f| &mut f.util, u.value, n)?;
+            }
+            if let Some(q) = field(line, "quantization=").filter(|q| *q != "None") {
+                self.setting("quantization", |f| &mut f.quantization, q.to_string(), n)?;
+            }
         } else if let Some(i) = line.find("API server version ") {
             let v = line[i + "API server version ".len()..].trim().to_string();
             self.setting("vLLM version", |f| &mut f.release, v, n)?;
@@ -607,7 +699,7 @@ impl Reader {
             }
         } else if line.contains("Memory profiling results: total_gpu_memory=") {
             // 0.6.4 worker.py:233-244: every field, gpu_memory_utilization last.
-            let g = |k: &str| size_after(line, &format!("{k}="), n);
+            let g = |k: &str| signed_size_after(line, &format!("{k}="), n);
             let (Some(total), Some(peak), Some(nt), Some(kv), Some(u)) = (
                 g("total_gpu_memory")?,
                 g("peak_torch_memory")?,
@@ -642,7 +734,7 @@ impl Reader {
             self.set(&[(Field::Total, total)], worker, n)?;
         } else if line.contains("model weights take ") && line.contains("reserved for KV Cache is")
         {
-            let g = |k: &str| size_after(line, k, n);
+            let g = |k: &str| signed_size_after(line, k, n);
             let (Some(w), Some(nt), Some(act), Some(kv)) = (
                 g("model weights take ")?,
                 g("non_torch_memory takes ")?,
@@ -696,7 +788,7 @@ impl Reader {
             if let Some(w) = size_after(line, "weights memory: ", n)? {
                 self.set(&[(Field::Weights, w)], worker, n)?;
             }
-        } else if let Some(kv) = size_after(line, "Available KV cache memory: ", n)? {
+        } else if let Some(kv) = signed_size_after(line, "Available KV cache memory: ", n)? {
             self.style(Style::V1, n)?;
             if let Some(st) = stage_of(line).filter(|_| worker) {
                 self.facts.stage_kv.entry(st).or_insert(kv.clone());
@@ -832,7 +924,31 @@ pub fn read_log(name: &str, mut input: impl BufRead) -> Result<LogFacts> {
     if f.weights.is_none() {
         f.weights = f.loaded_weights.clone();
     }
-    if f.style.is_none() && f.kv.is_none() && f.blocks.is_none() {
+    use super::diagnose::StartFailure;
+    match &mut f.failure {
+        Some(StartFailure::ModelNotFound { network, .. }) => *network |= f.network_error,
+        // V0 (0.6.4) asks the hub with file_exists and stops at the connection error itself.
+        None if f.network_error => {
+            f.failure = Some(StartFailure::ModelNotFound {
+                model: f.model.clone().unwrap_or_else(|| "(the model)".into()),
+                network: true,
+            });
+        }
+        // The free-memory message states the total and util the run asked for.
+        Some(StartFailure::FreeMemoryBelowUtil {
+            total_gib, util, ..
+        }) => {
+            if f.total.is_none() {
+                f.total = Some(Logged {
+                    value: *total_gib,
+                    text: super::diagnose::py_round2(*total_gib),
+                });
+            }
+            f.util = f.util.or(Some(*util));
+        }
+        _ => {}
+    }
+    if f.failure.is_none() && f.style.is_none() && f.kv.is_none() && f.blocks.is_none() {
         return Err(Error::Request(format!(
             "{name} is not a vLLM startup log: none of its {} lines is a memory line vLLM \
              prints (\"Memory profiling results\", \"the rest of the memory reserved for KV \
@@ -948,7 +1064,7 @@ fn sane(name: &str, f: &LogFacts) -> Result<()> {
 
 /// The release a log's version names; without one, the release its memory lines' format
 /// belongs to (an assumption, said).
-fn release_of(f: &LogFacts, assumptions: &mut Vec<String>) -> Result<String> {
+pub fn release_of(f: &LogFacts, assumptions: &mut Vec<String>) -> Result<String> {
     if let Some(v) = &f.release {
         if let Ok(r) = super::vllm::release(v) {
             return Ok(r.name.to_string());
@@ -1174,6 +1290,28 @@ pub fn in_log_terms(e: Error, f: &LogFacts) -> Error {
     let Error::Request(mut m) = e else {
         return e;
     };
+    // A refusal that names a release names the log's, and gives no advice to pass a flag
+    // explain does not take ("with --vllm 0.19 … ; use --vllm 0.6.4").
+    if let Some(r) = &f.release {
+        for (from, to) in [("with --vllm ", "under vLLM "), ("--vllm ", "vLLM ")] {
+            if let Some(i) = m.find(from) {
+                let tail: String = m[i + from.len()..]
+                    .chars()
+                    .take_while(|c| !c.is_whitespace() && *c != ':' && *c != ',')
+                    .collect();
+                if !tail.is_empty() && r.starts_with(&tail) {
+                    m = format!(
+                        "{}{to}{tail} (the release the log ran){}",
+                        &m[..i],
+                        &m[i + from.len() + tail.len()..]
+                    );
+                }
+            }
+        }
+        if let Some(i) = m.find("; use --vllm ") {
+            m.truncate(i);
+        }
+    }
     let mut lines = Vec::new();
     for (flag, key) in LOG_NAMES {
         let mut from = 0;
@@ -1619,6 +1757,24 @@ mod tests {
             e.to_string(),
             "invalid setting: line 3, line 12: max_num_seqs 512 must be between 1 and \
              max_num_batched_tokens (256)"
+        );
+        // A refusal naming the release names the log's, without advice to pass --vllm.
+        let g = LogFacts {
+            release: Some("0.19.0".into()),
+            ..LogFacts::default()
+        };
+        let e = in_log_terms(
+            Error::Request(
+                "an AWQ or GPTQ checkpoint with --vllm 0.19: vramscope reproduces vLLM 0.6.4's \
+                 Marlin repack; use --vllm 0.6.4"
+                    .into(),
+            ),
+            &g,
+        );
+        assert_eq!(
+            e.to_string(),
+            "invalid setting: an AWQ or GPTQ checkpoint under vLLM 0.19 (the release the log \
+             ran): vramscope reproduces vLLM 0.6.4's Marlin repack"
         );
         // A flag that only starts like one of the table's is left alone.
         let e = in_log_terms(Error::Request("--tpx 2".into()), &f);

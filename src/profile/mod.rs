@@ -5,6 +5,7 @@
 //!
 //! May import: `model` and everything below it.
 
+pub mod diagnose;
 pub mod explain;
 pub mod formulas;
 pub mod graphs;
