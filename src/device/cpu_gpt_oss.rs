@@ -10,7 +10,14 @@ use super::cpu_attention::AttnShape;
 /// head, `sinks[h]`, in the denominator only (Hugging Face's `eager_attention_forward` for
 /// gpt-oss; vLLM's FlashAttention `s_aux`): with `lse = log Σ exp(scores)` of the row, the
 /// output becomes `out · 1 / (1 + exp(sink − lse))`.
-pub fn apply_sinks(q: &[f32], k: &[f32], seq_lens: &[usize], s: AttnShape, sinks: &[f32], out: &mut [f32]) {
+pub fn apply_sinks(
+    q: &[f32],
+    k: &[f32],
+    seq_lens: &[usize],
+    s: AttnShape,
+    sinks: &[f32],
+    out: &mut [f32],
+) {
     let (hd, heads, kvh) = (s.head_dim, s.heads, s.kv_heads);
     let group = heads / kvh;
     let scale = s.mods.scale.unwrap_or(1.0 / (hd as f32).sqrt());
@@ -27,29 +34,27 @@ pub fn apply_sinks(q: &[f32], k: &[f32], seq_lens: &[usize], s: AttnShape, sinks
     for &(start, n) in &starts {
         seq_of.extend(std::iter::repeat_n(start, n));
     }
-    out.par_chunks_mut(qw)
-        .enumerate()
-        .for_each(|(t, row)| {
-            let start = seq_of[t];
-            let i = t - start;
-            let first = (i + 1).saturating_sub(window);
-            for h in 0..heads {
-                let qh = &q[t * qw + h * hd..][..hd];
-                let kv = h / group;
-                let scores: Vec<f64> = (first..=i)
-                    .map(|j| {
-                        let kj = &k[(start + j) * kw + kv * hd..][..hd];
-                        qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() as f64 * scale as f64
-                    })
-                    .collect();
-                let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let lse = m + scores.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
-                let f = (1.0 / (1.0 + (sinks[h] as f64 - lse).exp())) as f32;
-                for x in &mut row[h * hd..(h + 1) * hd] {
-                    *x *= f;
-                }
+    out.par_chunks_mut(qw).enumerate().for_each(|(t, row)| {
+        let start = seq_of[t];
+        let i = t - start;
+        let first = (i + 1).saturating_sub(window);
+        for h in 0..heads {
+            let qh = &q[t * qw + h * hd..][..hd];
+            let kv = h / group;
+            let scores: Vec<f64> = (first..=i)
+                .map(|j| {
+                    let kj = &k[(start + j) * kw + kv * hd..][..hd];
+                    qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() as f64 * scale as f64
+                })
+                .collect();
+            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let lse = m + scores.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+            let f = (1.0 / (1.0 + (sinks[h] as f64 - lse).exp())) as f32;
+            for x in &mut row[h * hd..(h + 1) * hd] {
+                *x *= f;
             }
-        });
+        }
+    });
 }
 
 /// `swigluoai` on one row of `gate_up` (`2·I` values, gate and up interleaved: gate `j` at

@@ -86,7 +86,14 @@ pub fn attention_with_sinks(
     }
     let mut out = ops::attention(rt, q, k, v, seq_lens, shape, name)?;
     if rt.backend() == Backend::Cpu {
-        cpu_gpt_oss::apply_sinks(q.f32(), k.f32(), seq_lens, shape, sinks.f32(), out.f32_mut());
+        cpu_gpt_oss::apply_sinks(
+            q.f32(),
+            k.f32(),
+            seq_lens,
+            shape,
+            sinks.f32(),
+            out.f32_mut(),
+        );
     }
     Ok(out)
 }

@@ -196,7 +196,8 @@ impl ModelConfig {
             },
         };
         if mxfp4
-            && (!hidden_size.is_multiple_of(MX_BLOCK) || !intermediate_size.is_multiple_of(MX_BLOCK))
+            && (!hidden_size.is_multiple_of(MX_BLOCK)
+                || !intermediate_size.is_multiple_of(MX_BLOCK))
         {
             return Err(format!(
                 "hidden_size {hidden_size} and intermediate_size {intermediate_size} must be multiples of {MX_BLOCK} for MXFP4 blocks"

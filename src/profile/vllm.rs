@@ -1143,11 +1143,15 @@ mod tests {
     /// whatever max_num_seqs says (256 here).
     #[test]
     fn gpt_oss_captures_its_own_sizes() {
-        let p19 = release("0.19").unwrap().capture_plan_for(256, 8192, Some(1024));
+        let p19 = release("0.19")
+            .unwrap()
+            .capture_plan_for(256, 8192, Some(1024));
         assert_eq!(p19[0].1.len(), 83);
         assert_eq!(p19[0].1[..2], [1024, 1008]);
         assert_eq!(p19[1].1[0], 256);
-        let p11 = release("0.11").unwrap().capture_plan_for(256, 8192, Some(992));
+        let p11 = release("0.11")
+            .unwrap()
+            .capture_plan_for(256, 8192, Some(992));
         assert_eq!(p11[0].1.len(), 81);
         assert_eq!(p11[0].1[0], 992);
     }

@@ -60,10 +60,14 @@ impl Backend {
     /// becomes 3072 under Marlin and TRT-LLM).
     pub fn round_up(self, hidden: usize, intermediate: usize) -> (usize, usize) {
         match self {
-            Backend::Marlin => (hidden.next_multiple_of(256), intermediate.next_multiple_of(128)),
-            Backend::FlashInferTrtllm => {
-                (hidden.next_multiple_of(256), intermediate.next_multiple_of(256))
-            }
+            Backend::Marlin => (
+                hidden.next_multiple_of(256),
+                intermediate.next_multiple_of(128),
+            ),
+            Backend::FlashInferTrtllm => (
+                hidden.next_multiple_of(256),
+                intermediate.next_multiple_of(256),
+            ),
             Backend::Triton => (hidden, intermediate.next_multiple_of(64)),
         }
     }

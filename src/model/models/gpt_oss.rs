@@ -67,10 +67,17 @@ impl GptOssLayer {
             + a.qkv_bias.nbytes()
             + a.o.weight_bytes()
             + a.o_bias.nbytes()
-            + [&m.router, &m.router_bias, &m.w13, &m.w13_bias, &m.w2, &m.w2_bias]
-                .iter()
-                .map(|t| t.nbytes())
-                .sum::<u64>()
+            + [
+                &m.router,
+                &m.router_bias,
+                &m.w13,
+                &m.w13_bias,
+                &m.w2,
+                &m.w2_bias,
+            ]
+            .iter()
+            .map(|t| t.nbytes())
+            .sum::<u64>()
             + self.input_layernorm.nbytes()
             + self.post_attention_layernorm.nbytes()
     }
@@ -111,9 +118,10 @@ impl GptOssModel {
         src: &dyn WeightSource,
         opts: &LoadOptions,
     ) -> Result<Self> {
-        let shape = cfg.gpt_oss.clone().ok_or_else(|| {
-            Error::Request(format!("model_type '{}' is not gpt_oss", cfg.arch))
-        })?;
+        let shape = cfg
+            .gpt_oss
+            .clone()
+            .ok_or_else(|| Error::Request(format!("model_type '{}' is not gpt_oss", cfg.arch)))?;
         if shape.mxfp4 {
             return Err(Error::Request(
                 "gpt_oss with MXFP4 experts (quantization_config quant_method mxfp4, as openai/gpt-oss-20b and -120b are published) is not modelled yet: only 16-bit experts run".into(),
@@ -191,7 +199,13 @@ impl GptOssModel {
             let w13 = ld
                 .read_host(&w13_name, &[e, h, 2 * i])?
                 .map(|d| permute_last_two(&d, e, h, 2 * i));
-            let w13 = upload(rt, &format!("{x}.experts.w13_weight"), &[e, 2 * i, h], act, w13)?;
+            let w13 = upload(
+                rt,
+                &format!("{x}.experts.w13_weight"),
+                &[e, 2 * i, h],
+                act,
+                w13,
+            )?;
             let w13_bias = ld.dense(&format!("{x}.experts.gate_up_proj_bias"), &[e, 2 * i])?;
             let w2 = ld
                 .read_host(&format!("{x}.experts.down_proj"), &[e, i, h])?
@@ -321,7 +335,16 @@ impl GptOssModel {
                     hidden
                 }
             };
-            let mut o = self.attention(rt, layer, &layer_in, (&positions, &batch.seq_lens), li, gen, &rope, &l)?;
+            let mut o = self.attention(
+                rt,
+                layer,
+                &layer_in,
+                (&positions, &batch.seq_lens),
+                li,
+                gen,
+                &rope,
+                &l,
+            )?;
             drop(layer_in);
             let r = residual.as_mut().expect("set in layer 0");
             ops::fused_add_rms_norm(rt, &mut o, r, &layer.post_attention_layernorm, eps)?;
@@ -377,7 +400,14 @@ impl GptOssModel {
                 ..ScoreMods::default()
             },
         };
-        ops_gpt_oss::rope_yarn(rt, &mut q, &mut k, positions, shape, (rope, self.shape.truncate))?;
+        ops_gpt_oss::rope_yarn(
+            rt,
+            &mut q,
+            &mut k,
+            positions,
+            shape,
+            (rope, self.shape.truncate),
+        )?;
         let attn = if self.skip_attention.get() {
             ops::attention_skipped(rt, &q, &format!("{l}.attn"))?
         } else {
@@ -458,7 +488,10 @@ fn rope_rows(g: &GptOssShape) -> usize {
 fn permute_last_two(d: &[f32], b: usize, r: usize, c: usize) -> Vec<f32> {
     let mut out = vec![0f32; d.len()];
     for bi in 0..b {
-        let (src, dst) = (&d[bi * r * c..(bi + 1) * r * c], &mut out[bi * r * c..(bi + 1) * r * c]);
+        let (src, dst) = (
+            &d[bi * r * c..(bi + 1) * r * c],
+            &mut out[bi * r * c..(bi + 1) * r * c],
+        );
         for ri in 0..r {
             for ci in 0..c {
                 dst[ci * r + ri] = src[ri * c + ci];
