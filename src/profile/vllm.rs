@@ -821,6 +821,23 @@ impl Release {
             // The V0 releases are refused with what they would need.
             self.mla_backend(9, false, 16)?;
         }
+        if arch == "gpt_oss" {
+            // gpt_oss.py arrived with vLLM 0.10.1, V1 only; its 16-bit experts run the
+            // release's fused MoE (with biases and swigluoai).
+            return match (self.engine, self.fused_moe) {
+                (Engine::V1 { .. }, FusedMoe::Kernel(_)) => Ok(()),
+                (Engine::V0, _) => Err(Error::Request(format!(
+                    "--vllm {}: that release has no model file for model_type 'gpt_oss' \
+                     (gpt_oss.py arrived in vLLM 0.10.1, for V1 only); use --vllm 0.11 or later",
+                    self.name
+                ))),
+                (_, FusedMoe::Unmodelled(why)) => Err(Error::Request(format!(
+                    "--vllm {}: model_type 'gpt_oss' (mixture of experts) is not modelled under \
+                     this release: {why}",
+                    self.name
+                ))),
+            };
+        }
         if mla || matches!(arch, "mixtral" | "qwen2_moe" | "qwen3_moe") {
             // Every release here has mixtral.py and 0.8.5 on has qwen3_moe.py; the fused MoE's
             // allocations are reproduced where the release runs 0.8.5's `fused_experts_impl`.
