@@ -8,6 +8,7 @@
 pub(crate) mod moe_configs;
 pub mod ops;
 pub mod ops_gemma;
+pub mod ops_gpt_oss;
 pub mod ops_granite;
 pub mod ops_grouped_topk;
 pub mod ops_mla;

@@ -33,6 +33,13 @@ impl YarnRope {
     /// the fast dimensions, the interpolated one (`/ factor`) on the slow ones, a linear ramp
     /// between the correction range's ends.
     pub fn inv_freq(&self) -> Vec<f64> {
+        self.inv_freq_with(true)
+    }
+
+    /// `inv_freq` with the correction range's ends rounded to whole dimensions (`truncate`,
+    /// DeepSeek's and 0.11.0's YaRN) or not (gpt-oss's `truncate: false` under 0.19,
+    /// rotary_embedding/common.py `yarn_find_correction_range`).
+    pub fn inv_freq_with(&self, truncate: bool) -> Vec<f64> {
         let d = self.rotary_dim;
         let pos: Vec<f64> = (0..d / 2)
             .map(|i| self.base.powf((2 * i) as f64 / d as f64))
@@ -47,8 +54,13 @@ impl YarnRope {
                     .ln()
                 / (2.0 * self.base.ln())
         };
-        let low = dim_of(self.beta_fast).floor().max(0.0);
-        let high = dim_of(self.beta_slow).ceil().min(d as f64 - 1.0);
+        let (low, high) = (dim_of(self.beta_fast), dim_of(self.beta_slow));
+        let (low, high) = if truncate {
+            (low.floor(), high.ceil())
+        } else {
+            (low, high)
+        };
+        let (low, high) = (low.max(0.0), high.min(d as f64 - 1.0));
         let high = if low == high { high + 0.001 } else { high };
         pos.iter()
             .enumerate()

@@ -49,7 +49,15 @@ pub struct ModelConfig {
     /// routed experts are `moe` too (its `mlp_only_layers` the dense first layers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deepseek: Option<DeepseekShape>,
+    /// gpt-oss's sliding layers, attention sinks, YaRN and clamped SwiGLU experts
+    /// (`model_type: "gpt_oss"`, `config_gpt_oss.rs`); `None` otherwise. Its experts are `moe`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpt_oss: Option<GptOssShape>,
 }
+
+#[path = "config_gpt_oss.rs"]
+mod gpt_oss;
+pub use gpt_oss::GptOssShape;
 
 /// What a DeepSeek-V2/V3 decoder has beyond the Llama fields (Hugging Face
 /// `DeepseekV2Config` / `DeepseekV3Config`; vLLM's deepseek_v2.py reads the same keys, 0.19
@@ -469,6 +477,9 @@ impl ModelConfig {
         if let Some(d) = &self.deepseek {
             return self.deepseek_tensor_shapes(d);
         }
+        if let Some(g) = &self.gpt_oss {
+            return self.gpt_oss_tensor_shapes(g);
+        }
         let (h, i, q, kv, v) = (
             self.hidden_size,
             self.intermediate_size,
@@ -800,6 +811,9 @@ impl ModelConfig {
         if family.decoder == registry::Decoder::Deepseek {
             return Self::deepseek_from_hf_json(v, arch, hidden_size, &get);
         }
+        if family.decoder == registry::Decoder::GptOss {
+            return Self::gpt_oss_from_hf_json(v, hidden_size, &get);
+        }
         if arch == "phi3" {
             // Phi-3-mini-128k, Phi-3.5-mini and Phi-4-mini scale their rotary embedding
             // (LongRoPE: two factor sets and a second cache) and Phi-4-mini rotates 3/4 of each
@@ -921,6 +935,7 @@ impl ModelConfig {
             moe,
             granite,
             deepseek: None,
+            gpt_oss: None,
         })
     }
 
@@ -1083,6 +1098,7 @@ impl ModelConfig {
             moe,
             granite: None,
             deepseek: Some(deepseek),
+            gpt_oss: None,
         })
     }
 
@@ -1193,6 +1209,7 @@ impl ModelConfig {
             moe: None,
             granite: None,
             deepseek: None,
+            gpt_oss: None,
         })
     }
 
@@ -1253,6 +1270,7 @@ impl ModelConfig {
             moe: None,
             granite: None,
             deepseek: None,
+            gpt_oss: None,
             phi: None,
             opt: Some(OptShape {
                 do_layer_norm_before,
@@ -1315,6 +1333,9 @@ impl ModelConfig {
                 "attention_dropout": 0.0,
                 "torch_dtype": torch_dtype,
             });
+        }
+        if let Some(g) = &self.gpt_oss {
+            return self.gpt_oss_hf_json(g, torch_dtype);
         }
         if let Some(d) = &self.deepseek {
             // The keys of deepseek-ai/DeepSeek-V2-Lite's (and V3's) config.json.

@@ -267,6 +267,13 @@ impl<'a> Loader<'a> {
         }
     }
 
+    /// A checkpoint tensor's values on the host (`None` on a dry device, which reads nothing),
+    /// counted in the progress and read statistics: for a parameter that re-lays them out
+    /// before it is made (gpt-oss's experts, permuted as vLLM's loader does).
+    pub(crate) fn read_host(&mut self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>> {
+        self.read(name, shape)
+    }
+
     /// The stretch a preset's weight `name` of `shape` fills when the GPU makes it itself
     /// (`device::synth`: no host values, no upload), honouring the slice being read; `None`
     /// when the values come from the host (a file, a CPU or dry device, a quantization).

@@ -36,6 +36,7 @@ fn cfg(
         moe: None,
         granite: None,
         deepseek: None,
+        gpt_oss: None,
     }
 }
 
@@ -89,6 +90,7 @@ fn opt(
         moe: None,
         granite: None,
         deepseek: None,
+        gpt_oss: None,
         phi: None,
         opt: Some(OptShape {
             do_layer_norm_before: pre_norm,
@@ -143,7 +145,7 @@ fn gemma1(hidden: usize, inter: usize, layers: usize, heads: usize, kv: usize) -
     }
 }
 
-pub const PRESET_NAMES: [&str; 28] = [
+pub const PRESET_NAMES: [&str; 30] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
@@ -172,6 +174,8 @@ pub const PRESET_NAMES: [&str; 28] = [
     "phi-2",
     "deepseek-v2-lite",
     "deepseek-v2",
+    "gpt-oss-20b",
+    "gpt-oss-120b",
 ];
 
 /// deepseek-ai/DeepSeek-V2-Lite's config.json (DeepSeek-V2-Lite-Chat's is the same), the keys
@@ -204,6 +208,40 @@ const DEEPSEEK_V2: &str = r#"{"model_type": "deepseek_v2", "hidden_size": 5120,
     "vocab_size": 102400, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40,
     "mscale": 0.707, "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
     "type": "yarn"}, "torch_dtype": "bfloat16"}"#;
+
+/// openai/gpt-oss-20b's config.json, the keys vLLM's gpt_oss.py reads: 24 layers (even ones
+/// sliding over 128 tokens), 64 heads of 64 over 8 KV heads, 32 experts of 2880 (4 a token),
+/// YaRN ×32 over 4096 positions, MXFP4 experts. gpt-oss-120b's is the same but 36 layers of
+/// 128 experts.
+const GPT_OSS_20B: &str = r#"{"model_type": "gpt_oss", "hidden_size": 2880,
+    "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
+    "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
+    "num_experts_per_tok": 4, "experts_per_token": 4, "sliding_window": 128,
+    "vocab_size": 201088, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05,
+    "rope_theta": 150000, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0,
+    "factor": 32.0, "original_max_position_embeddings": 4096, "rope_type": "yarn",
+    "truncate": false}, "swiglu_limit": 7.0, "attention_bias": true,
+    "tie_word_embeddings": false, "quantization_config": {"quant_method": "mxfp4"},
+    "torch_dtype": "bfloat16"}"#;
+
+/// `GPT_OSS_20B` with gpt-oss-120b's depth and experts.
+fn gpt_oss(layers: usize, experts: usize) -> ModelConfig {
+    let mut v: serde_json::Value = serde_json::from_str(GPT_OSS_20B).expect("the preset is JSON");
+    let layer_types: Vec<&str> = (0..layers)
+        .map(|l| {
+            if l % 2 == 0 {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
+    let o = v.as_object_mut().expect("an object");
+    o.insert("num_hidden_layers".into(), layers.into());
+    o.insert("num_local_experts".into(), experts.into());
+    o.insert("layer_types".into(), layer_types.into());
+    ModelConfig::from_hf_json(&v).expect("the preset is a gpt_oss config")
+}
 
 /// Every layer sparse, no dense-only layers (the published Mixtral and Qwen3-MoE configs).
 fn moe(num_experts: usize, top_k: usize, width: usize, renormalize: bool) -> MoeShape {
@@ -288,6 +326,9 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
             &serde_json::from_str(DEEPSEEK_V2).expect("the preset is JSON"),
         )
         .expect("the preset is a DeepSeek-V2 config"),
+        // openai/gpt-oss-20b and openai/gpt-oss-120b (MXFP4 experts, as published).
+        "gpt-oss-20b" => gpt_oss(24, 32),
+        "gpt-oss-120b" => gpt_oss(36, 128),
         // microsoft/phi-2 config.json: hidden 2560, 32 layers of 32 heads of 80, MLP 10240 (4 ×
         // hidden, as vLLM's phi.py sizes it), vocabulary 51200, 2048 positions, rotary on 0.4 of
         // each head (32 dims), LayerNorm eps 1e-5, untied lm_head with a bias, fp16.
@@ -487,6 +528,21 @@ mod tests {
         // Active per token (embeddings and lm_head counted): the model cards' 12.9 B and 3.3 B.
         assert_eq!(mixtral.active_param_count(), 12_879_925_248);
         assert_eq!(q30.active_param_count(), 3_353_032_704);
+    }
+
+    /// The `total_size` of openai/gpt-oss-20b's model.safetensors.index.json,
+    /// 13,761,264,768 bytes, and of gpt-oss-120b's, 65,248,815,744: MXFP4 experts (a byte per
+    /// two values plus a byte per 32), everything else bf16. The model cards' 20.9 B and
+    /// 116.8 B parameters count each expert value once.
+    #[test]
+    fn gpt_oss_checkpoints_weigh_their_index_total_size() {
+        let small = preset("gpt-oss-20b").unwrap();
+        assert_eq!(small.gpt_oss_checkpoint_bytes(), 13_761_264_768);
+        let large = preset("gpt-oss-120b").unwrap();
+        assert_eq!(large.gpt_oss_checkpoint_bytes(), 65_248_815_744);
+        let g = small.gpt_oss.as_ref().unwrap();
+        assert!(g.mxfp4 && !g.truncate && g.sliding_window == 128);
+        assert!(g.is_sliding(0) && !g.is_sliding(1) && g.is_sliding(22));
     }
 
     #[test]

@@ -1113,6 +1113,17 @@ pub(crate) fn run_rank(
                     req.tokens as u64,
                 )
             }),
+            // gpt-oss: the even layers slide (its sinks leave the page as it is: the same
+            // `SlidingWindowSpec` and `FullAttentionSpec` pages, 0.19 attention.py).
+            (None, true) => cfg.gpt_oss.as_ref().and_then(|g| {
+                let sliding = (0..cfg.num_layers).filter(|&l| g.is_sliding(l)).count() as u64;
+                formulas::HybridKv::of_layers(
+                    cfg.num_layers as u64 - sliding,
+                    sliding,
+                    g.sliding_window as u64,
+                    req.tokens as u64,
+                )
+            }),
             _ => None,
         },
     };
@@ -1218,7 +1229,18 @@ pub(crate) fn run_rank(
         None
     };
     let plan = match (&work, release_graphs && graphs_note.is_none()) {
-        (Workload::Model { .. }, true) => release.capture_plan(req.seqs, req.tokens),
+        (Workload::Model { model, .. }, true) => release.capture_plan_for(
+            req.seqs,
+            req.tokens,
+            model.config().gpt_oss.as_ref().map(|_| {
+                // gpt-oss's config class: 1024 from 0.11.1 on, 0.11.0's list up to 992.
+                if release.name == "0.11" {
+                    992
+                } else {
+                    1024
+                }
+            }),
+        ),
         _ => Vec::new(),
     };
     let estimate = match (&work, release.estimator_for(v2)) {

@@ -821,6 +821,23 @@ impl Release {
             // The V0 releases are refused with what they would need.
             self.mla_backend(9, false, 16)?;
         }
+        if arch == "gpt_oss" {
+            // gpt_oss.py arrived with vLLM 0.10.1, V1 only; its 16-bit experts run the
+            // release's fused MoE (with biases and swigluoai).
+            return match (self.engine, self.fused_moe) {
+                (Engine::V1 { .. }, FusedMoe::Kernel(_)) => Ok(()),
+                (Engine::V0, _) => Err(Error::Request(format!(
+                    "--vllm {}: that release has no model file for model_type 'gpt_oss' \
+                     (gpt_oss.py arrived in vLLM 0.10.1, for V1 only); use --vllm 0.11 or later",
+                    self.name
+                ))),
+                (_, FusedMoe::Unmodelled(why)) => Err(Error::Request(format!(
+                    "--vllm {}: model_type 'gpt_oss' (mixture of experts) is not modelled under \
+                     this release: {why}",
+                    self.name
+                ))),
+            };
+        }
         if mla || matches!(arch, "mixtral" | "qwen2_moe" | "qwen3_moe") {
             // Every release here has mixtral.py and 0.8.5 on has qwen3_moe.py; the fused MoE's
             // allocations are reproduced where the release runs 0.8.5's `fused_experts_impl`.
@@ -1023,6 +1040,21 @@ impl Release {
         max_num_seqs: usize,
         max_num_batched_tokens: usize,
     ) -> Vec<(crate::engine::runtime::CaptureKind, Vec<usize>)> {
+        self.capture_plan_for(max_num_seqs, max_num_batched_tokens, None)
+    }
+
+    /// `capture_plan` for a model whose vLLM config class sets its own largest capture size
+    /// (`model_max`; `None`: the release's default): gpt-oss's `GptOssForCausalLMConfig`
+    /// (0.19 model_executor/models/config.py L113-133: `max_cudagraph_capture_size = 1024`,
+    /// 83 sizes, taken as set rather than as min(2·max_num_seqs, 512), config/vllm.py
+    /// L1388-1403; 0.11.0 config.py L248-273: the list 1, 2, 4, 8…248 by 8, 256…992 by 16).
+    /// Sizes above 256 step by 16 in both.
+    pub fn capture_plan_for(
+        &self,
+        max_num_seqs: usize,
+        max_num_batched_tokens: usize,
+        model_max: Option<usize>,
+    ) -> Vec<(crate::engine::runtime::CaptureKind, Vec<usize>)> {
         use crate::engine::runtime::CaptureKind;
         if let Graphs::V0 { .. } = self.graphs {
             // `_BATCH_SIZES_TO_CAPTURE` up to `_get_graph_batch_size(max_num_seqs)`, capped at
@@ -1044,7 +1076,10 @@ impl Release {
         else {
             return Vec::new();
         };
-        let max = (2 * max_num_seqs).min(512).min(max_num_batched_tokens);
+        let max = model_max
+            .unwrap_or((2 * max_num_seqs).min(512))
+            .min(max_num_batched_tokens);
+        let step8 = step8 && model_max.is_none();
         let (top8, step) = if step8 { (513, 8) } else { (256, 16) };
         let mut sizes: Vec<usize> = [1, 2, 4]
             .into_iter()
@@ -1121,6 +1156,23 @@ mod tests {
 
     /// Q1's "51 PIECEWISE + 51 FULL capture sizes (largest 512)" with 1024 sequences and
     /// 8192 tokens; a small max_num_seqs bounds both lists.
+    /// The issue's "83 up to 1024" for gpt-oss under 0.19, 81 up to 992 under 0.11.0,
+    /// whatever max_num_seqs says (256 here).
+    #[test]
+    fn gpt_oss_captures_its_own_sizes() {
+        let p19 = release("0.19")
+            .unwrap()
+            .capture_plan_for(256, 8192, Some(1024));
+        assert_eq!(p19[0].1.len(), 83);
+        assert_eq!(p19[0].1[..2], [1024, 1008]);
+        assert_eq!(p19[1].1[0], 256);
+        let p11 = release("0.11")
+            .unwrap()
+            .capture_plan_for(256, 8192, Some(992));
+        assert_eq!(p11[0].1.len(), 81);
+        assert_eq!(p11[0].1[0], 992);
+    }
+
     #[test]
     fn capture_sizes_follow_each_release() {
         use crate::engine::runtime::CaptureKind;

@@ -505,6 +505,8 @@ const HUB_PRESETS: &[(&str, &str)] = &[
     ("deepseek-ai/deepseek-v2-lite", "deepseek-v2-lite"),
     ("deepseek-ai/deepseek-v2", "deepseek-v2"),
     ("deepseek-ai/deepseek-coder-v2-instruct", "deepseek-v2"),
+    ("openai/gpt-oss-20b", "gpt-oss-20b"),
+    ("openai/gpt-oss-120b", "gpt-oss-120b"),
     ("google/gemma-2-9b", "gemma-2-9b"),
     ("google/gemma-3-12b", "gemma-3-12b"),
     ("google/gemma-2b", "gemma-2b"),

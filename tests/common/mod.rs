@@ -565,6 +565,29 @@ pub fn hf_test_config(name: &str) -> vramscope::model::ModelConfig {
                     "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}),
             );
         }
+        // gpt-oss's layout at a small shape: 4 layers (even ones sliding over a 4-token
+        // window, which the 6- and 5-token sequences run past), head_dim 32 over 4 heads and
+        // 2 KV heads, q/k/v/o biases, sinks, YaRN (factor 4 over 512 positions, untruncated),
+        // 8 experts of 96 (2 a token) with a swiglu limit of 0.05 small enough to clamp these
+        // weights' activations.
+        "gpt_oss" => {
+            o.insert("model_type".into(), "gpt_oss".into());
+            o.insert("num_hidden_layers".into(), 4.into());
+            o.insert("head_dim".into(), 32.into());
+            o.insert("intermediate_size".into(), 96.into());
+            o.insert("num_local_experts".into(), 8.into());
+            o.insert("num_experts_per_tok".into(), 2.into());
+            o.insert("sliding_window".into(), 4.into());
+            o.insert("rms_norm_eps".into(), 1e-5.into());
+            o.insert("swiglu_limit".into(), 0.05.into());
+            o.insert("rope_theta".into(), 150000.0.into());
+            o.insert(
+                "rope_scaling".into(),
+                serde_json::json!({"rope_type": "yarn", "factor": 4.0,
+                    "original_max_position_embeddings": 512, "beta_fast": 32.0,
+                    "beta_slow": 1.0, "truncate": false}),
+            );
+        }
         _ => unreachable!(),
     }
     vramscope::model::ModelConfig::from_hf_json(&v).unwrap()

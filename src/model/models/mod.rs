@@ -9,10 +9,12 @@
 //! - `granite.rs`: Granite;
 //! - `opt.rs`: OPT;
 //! - `phi.rs`: Phi (phi-1_5, phi-2);
-//! - `deepseek_v2.rs`: DeepSeek-V2, V3/R1 and Kimi-K2 (multi-head latent attention).
+//! - `deepseek_v2.rs`: DeepSeek-V2, V3/R1 and Kimi-K2 (multi-head latent attention);
+//! - `gpt_oss.rs`: gpt-oss (attention sinks, sliding layers, clamped-SwiGLU experts).
 
 pub mod deepseek_v2;
 pub mod gemma;
+pub mod gpt_oss;
 pub mod granite;
 pub mod llama;
 pub mod opt;
@@ -32,6 +34,7 @@ pub enum CausalLm {
     Opt(Box<opt::OptModel>),
     Phi(Box<phi::PhiModel>),
     Deepseek(Box<deepseek_v2::DeepseekModel>),
+    GptOss(Box<gpt_oss::GptOssModel>),
 }
 
 impl CausalLm {
@@ -59,6 +62,7 @@ impl CausalLm {
         match self {
             CausalLm::Llama(m) => m.moe_kernel = kernel,
             CausalLm::Deepseek(m) => m.moe_kernel.set(kernel),
+            CausalLm::GptOss(m) => m.moe_kernel.set(kernel),
             CausalLm::Opt(_) | CausalLm::Phi(_) => {}
         }
     }
@@ -95,6 +99,7 @@ impl CausalLm {
             CausalLm::Llama(m) => m.skip_attention.set(yes),
             CausalLm::Phi(m) => m.skip_attention.set(yes),
             CausalLm::Deepseek(m) => m.skip_attention.set(yes),
+            CausalLm::GptOss(m) => m.skip_attention.set(yes),
             CausalLm::Opt(_) => {}
         }
     }
@@ -124,6 +129,9 @@ impl CausalLm {
             Decoder::Deepseek => CausalLm::Deepseek(Box::new(deepseek_v2::DeepseekModel::load(
                 rt, cfg, src, opts,
             )?)),
+            Decoder::GptOss => {
+                CausalLm::GptOss(Box::new(gpt_oss::GptOssModel::load(rt, cfg, src, opts)?))
+            }
             Decoder::Llama | Decoder::Gemma | Decoder::Granite => {
                 CausalLm::Llama(Box::new(llama::LlamaModel::load(rt, cfg, src, opts)?))
             }
@@ -136,6 +144,7 @@ impl CausalLm {
             CausalLm::Opt(m) => &m.cfg,
             CausalLm::Phi(m) => &m.cfg,
             CausalLm::Deepseek(m) => &m.cfg,
+            CausalLm::GptOss(m) => &m.cfg,
         }
     }
 
@@ -145,6 +154,7 @@ impl CausalLm {
             CausalLm::Opt(m) => m.weight_bytes(),
             CausalLm::Phi(m) => m.weight_bytes(),
             CausalLm::Deepseek(m) => m.weight_bytes(),
+            CausalLm::GptOss(m) => m.weight_bytes(),
         }
     }
 
@@ -154,6 +164,7 @@ impl CausalLm {
             CausalLm::Opt(m) => m.load_stats,
             CausalLm::Phi(m) => m.load_stats,
             CausalLm::Deepseek(m) => m.load_stats,
+            CausalLm::GptOss(m) => m.load_stats,
         }
     }
 
@@ -168,6 +179,7 @@ impl CausalLm {
             CausalLm::Opt(m) => m.forward_hidden(rt, batch),
             CausalLm::Phi(m) => m.forward_hidden(rt, batch),
             CausalLm::Deepseek(m) => m.forward_hidden(rt, batch),
+            CausalLm::GptOss(m) => m.forward_hidden(rt, batch),
         }
     }
 
@@ -179,6 +191,7 @@ impl CausalLm {
             CausalLm::Opt(m) => Some(m.lm_head()),
             CausalLm::Phi(m) => Some(m.lm_head()),
             CausalLm::Deepseek(m) => Some(m.lm_head()),
+            CausalLm::GptOss(m) => Some(m.lm_head()),
         }
     }
 
@@ -211,7 +224,10 @@ impl CausalLm {
             weight,
             bias: match self {
                 CausalLm::Phi(m) => Some(&m.lm_head_bias),
-                CausalLm::Llama(_) | CausalLm::Opt(_) | CausalLm::Deepseek(_) => None,
+                CausalLm::Llama(_)
+                | CausalLm::Opt(_)
+                | CausalLm::Deepseek(_)
+                | CausalLm::GptOss(_) => None,
             },
             mods: self.config().logits_mods(),
         })

@@ -28,6 +28,10 @@ pub enum Decoder {
     /// (one latent per token cached) and DeepSeek's MoE (shared experts beside grouped
     /// top-k routed ones) after the dense first layers (vLLM's `DeepseekV2DecoderLayer`).
     Deepseek,
+    /// `models/gpt_oss.rs`: pre-norm layers of attention with sinks (sliding-window on even
+    /// layers), biased q/k/v/o, YaRN, and a MoE of clamped-SwiGLU experts with biases after a
+    /// biased router (vLLM's `TransformerBlock` in gpt_oss.py).
+    GptOss,
 }
 
 /// Where a sparse block's tensors sit in the checkpoint and in which order vLLM makes them.
@@ -241,6 +245,16 @@ pub const FAMILIES: &[Family] = &[
         mlp_frees_gate_up: false,
         ..LLAMA
     },
+    // gpt_oss.py (0.11.0 on): OAIAttention and MLPBlock; its experts are MXFP4 as published.
+    Family {
+        model_type: "gpt_oss",
+        architecture: "GptOssForCausalLM",
+        vllm_file: "gpt_oss.py",
+        decoder: Decoder::GptOss,
+        mlp_frees_gate_up: false,
+        qkv_bias: QkvBias::Always,
+        ..LLAMA
+    },
 ];
 
 /// A model type vramscope knows and does not run yet.
@@ -260,12 +274,6 @@ pub const REFUSED: &[Refused] = &[
         needs: "only its language model is modelled, as model_type gemma3_text (a \
                 Gemma3ForCausalLM checkpoint, or the text_config of the multimodal one); the \
                 vision tower's weights and the encoder's profile pass are not",
-    },
-    Refused {
-        model_type: "gpt_oss",
-        architectures: "GptOssForCausalLM",
-        needs: "attention sinks, alternating sliding-window layers and MXFP4 experts (vLLM's \
-                gpt_oss.py) are not modelled yet",
     },
     Refused {
         model_type: "llama4",
@@ -342,7 +350,7 @@ mod tests {
     fn the_list_reads_as_the_messages_always_did() {
         assert_eq!(
             supported_list(),
-            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3 or kimi_k2"
+            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3, kimi_k2 or gpt_oss"
         );
     }
 

@@ -1,0 +1,193 @@
+//! gpt-oss's ops (vLLM 0.11.0 and 0.19.0 model_executor/models/gpt_oss.py): YaRN in neox
+//! style on q and k in place, attention with sinks (a learned logit per head in each row's
+//! softmax denominator) on sliding-window or full layers, and the experts' clamped SwiGLU with
+//! biases. Each allocates as the kernel vLLM runs in its place does (FlashAttention's output
+//! and softmax_lse, the fused MoE's buffers), then computes on the CPU or not at all (dry).
+
+use std::cell::RefCell;
+
+use crate::base::error::{Error, Result};
+use crate::device::cpu::AttnShape;
+use crate::device::{cpu_gpt_oss, Backend};
+use crate::engine::ops_mla::YarnRope;
+use crate::engine::ops_moe::{Experts, Routing};
+use crate::engine::ops_moe_v1::{self, MoeKernel};
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::Tensor;
+use crate::engine::{ops, ops_moe};
+
+fn on_cuda(what: &str) -> Error {
+    Error::Request(format!(
+        "gpt-oss's {what} has no CUDA kernel here yet: run it on a simulated device (sim:…)"
+    ))
+}
+
+/// `YaRNScalingRotaryEmbedding` with `is_neox_style=True` (0.19 rotary_embedding/
+/// yarn_scaling_rope.py L12-80): dimension `i` turns with `i + head_dim / 2` by the YaRN
+/// frequency of pair `i`, cos and sin scaled by `rope.mscale`; q and k in place.
+pub fn rope_yarn(
+    rt: &Runtime,
+    q: &mut Tensor,
+    k: &mut Tensor,
+    positions: &[usize],
+    shape: AttnShape,
+    (rope, truncate): (&YarnRope, bool),
+) -> Result<()> {
+    rt.check_cancel()?;
+    rt.set_op("rotary_emb (yarn)");
+    match rt.backend() {
+        Backend::Dry => Ok(()),
+        Backend::Cuda => Err(on_cuda("YaRN rotary embedding")),
+        Backend::Cpu => {
+            let inv = rope.inv_freq_with(truncate);
+            let half = rope.rotary_dim / 2;
+            let table: Vec<(f32, f32)> = positions
+                .iter()
+                .flat_map(|&p| {
+                    inv.iter().map(move |f| {
+                        let (s, c) = (p as f64 * f).sin_cos();
+                        ((c * rope.mscale) as f32, (s * rope.mscale) as f32)
+                    })
+                })
+                .collect();
+            let hd = shape.head_dim;
+            for (x, heads) in [(q, shape.heads), (k, shape.kv_heads)] {
+                let data = x.f32_mut();
+                for (t, cs) in table.chunks_exact(half.max(1)).enumerate() {
+                    for h in 0..heads {
+                        let base = t * heads * hd + h * hd;
+                        for (i, &(cos, sin)) in cs.iter().enumerate() {
+                            let (a, b) = (data[base + i], data[base + i + half]);
+                            data[base + i] = a * cos - b * sin;
+                            data[base + i + half] = b * cos + a * sin;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// vLLM's `Attention(..., per_layer_sliding_window, sinks=self.sinks)` (0.19 gpt_oss.py
+/// L131-143) outside the profile run: FlashAttention's allocations (`ops::attention`: the
+/// output, `softmax_lse`, `rng_state`), the window in `shape.mods.window`, each row's softmax
+/// with the head's sink logit in its denominator.
+pub fn attention_with_sinks(
+    rt: &Runtime,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    seq_lens: &[usize],
+    shape: AttnShape,
+    sinks: &Tensor,
+    name: &str,
+) -> Result<Tensor> {
+    if rt.backend() == Backend::Cuda {
+        return Err(on_cuda("attention with sinks"));
+    }
+    let mut out = ops::attention(rt, q, k, v, seq_lens, shape, name)?;
+    if rt.backend() == Backend::Cpu {
+        cpu_gpt_oss::apply_sinks(
+            q.f32(),
+            k.f32(),
+            seq_lens,
+            shape,
+            sinks.f32(),
+            out.f32_mut(),
+        );
+    }
+    Ok(out)
+}
+
+/// The experts' weights and biases of one MoE layer as vLLM's `FusedMoE(has_bias=True,
+/// activation="swigluoai")` holds them: `w13 [E, 2I, H]` (gate and up rows interleaved, as
+/// the checkpoint's `gate_up_proj` after its permute, 0.19 gpt_oss.py L988-998), `w13_bias
+/// [E, 2I]`, `w2 [E, H, I]`, `w2_bias [E, H]`.
+pub struct OaiExperts<'a> {
+    pub experts: Experts<'a>,
+    pub w13_bias: &'a Tensor,
+    pub w2_bias: &'a Tensor,
+    pub alpha: f32,
+    pub limit: f32,
+}
+
+/// The routing and experts of one MoE layer as the release's fused MoE runs them for 16-bit
+/// experts (0.19: the modular kernel's new output over its persistent workspace; 0.11.0: the
+/// in-place kernel into `x`'s copy): the allocations are that kernel's (`ops_moe_v1`,
+/// `ops_moe`), the math on the CPU is gpt-oss's: for each token its `top_k` experts
+/// (softmax over the chosen logits: `topk_softmax` with `renormalize=True` gives the same
+/// weights as transformers' top-k then softmax), `swigluoai(x·W13ᵀ + b13)·W2ᵀ + b2`, weighted
+/// and summed. Returns the output `[M, H]`; the routing dies before it returns.
+pub fn moe_experts(
+    rt: &Runtime,
+    x: Tensor,
+    logits: &Tensor,
+    ex: &OaiExperts,
+    (top_k, kernel, workspace, gpu): (usize, MoeKernel, &RefCell<Option<Tensor>>, &str),
+    name: &str,
+) -> Result<Tensor> {
+    if rt.backend() == Backend::Cuda {
+        return Err(on_cuda("fused MoE with biases and swigluoai"));
+    }
+    let host_x = (rt.backend() == Backend::Cpu).then(|| x.f32().to_vec());
+    let (mut out, routing, x_left) = match kernel {
+        MoeKernel::Modular(how) => {
+            let routing = ops_moe_v1::fused_topk(rt, logits, top_k, true, name)?;
+            let out = ops_moe_v1::fused_experts(
+                rt,
+                &x,
+                &ex.experts,
+                &routing,
+                (how, gpu),
+                workspace,
+                name,
+            )?;
+            (out, routing, Some(x))
+        }
+        MoeKernel::InPlace { indices_freed_late } => {
+            let routing = ops_moe::fused_topk(rt, logits, top_k, true, indices_freed_late, name)?;
+            let mut x = x;
+            ops_moe::fused_experts(rt, &mut x, &ex.experts, &routing, gpu, name)?;
+            (x, routing, None)
+        }
+    };
+    if let Some(xs) = host_x {
+        experts_cpu(&xs, &routing, ex, out.f32_mut());
+    }
+    drop(routing);
+    drop(x_left);
+    Ok(out)
+}
+
+/// The experts' math on the host into `out` (`[M, H]`), in f32.
+fn experts_cpu(x: &[f32], routing: &Routing, ex: &OaiExperts, out: &mut [f32]) {
+    use rayon::prelude::*;
+    let h = ex.experts.w2.shape[1];
+    let i = ex.experts.width;
+    let top_k = routing.ids.cols();
+    let (w13, w2) = (ex.experts.w13.f32(), ex.experts.w2.f32());
+    let (b13, b2) = (ex.w13_bias.f32(), ex.w2_bias.f32());
+    let (ids, weights) = (routing.ids.i32(), routing.weights.f32());
+    let (alpha, limit) = (ex.alpha, ex.limit);
+    out.par_chunks_mut(h).enumerate().for_each(|(t, o)| {
+        o.fill(0.0);
+        let xt = &x[t * h..(t + 1) * h];
+        let mut gu = vec![0f32; 2 * i];
+        let mut act = vec![0f32; i];
+        for j in 0..top_k {
+            let e = ids[t * top_k + j] as usize;
+            let w = weights[t * top_k + j];
+            let w13e = &w13[e * 2 * i * h..(e + 1) * 2 * i * h];
+            for (r, g) in gu.iter_mut().enumerate() {
+                let row = &w13e[r * h..(r + 1) * h];
+                *g = row.iter().zip(xt).map(|(a, b)| a * b).sum::<f32>() + b13[e * 2 * i + r];
+            }
+            cpu_gpt_oss::swiglu_oai(&gu, alpha, limit, &mut act);
+            let w2e = &w2[e * h * i..(e + 1) * h * i];
+            for (c, oc) in o.iter_mut().enumerate() {
+                let row = &w2e[c * i..(c + 1) * i];
+                let d = row.iter().zip(&act).map(|(a, b)| a * b).sum::<f32>() + b2[e * h + c];
+                *oc += w * d;
+            }
+        }
+    });
+}
