@@ -9,6 +9,9 @@ use crate::base::error::{Error, Result};
 use crate::device::cpu::{AttnShape, ScoreMods};
 use crate::model::models::registry::{self, Family, QkvBias};
 
+mod llama4;
+pub use llama4::{Llama3Rope, Llama4Shape, VisionTower};
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
     /// `model_type` of the config ("llama", "mistral", "qwen2").
@@ -49,6 +52,11 @@ pub struct ModelConfig {
     /// routed experts are `moe` too (its `mlp_only_layers` the dense first layers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deepseek: Option<DeepseekShape>,
+    /// Llama 4's chunked and NoPE layers, interleaved MoE and vision tower
+    /// (`model_type: "llama4_text"`, `"llama4"`); `None` otherwise. Its routed experts are
+    /// `moe` too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llama4: Option<Llama4Shape>,
 }
 
 /// What a DeepSeek-V2/V3 decoder has beyond the Llama fields (Hugging Face
@@ -469,6 +477,9 @@ impl ModelConfig {
         if let Some(d) = &self.deepseek {
             return self.deepseek_tensor_shapes(d);
         }
+        if let Some(s) = &self.llama4 {
+            return self.llama4_tensor_shapes(s);
+        }
         let (h, i, q, kv, v) = (
             self.hidden_size,
             self.intermediate_size,
@@ -790,6 +801,9 @@ impl ModelConfig {
             }
             Ok(n as usize)
         };
+        if family.decoder == registry::Decoder::Llama4 {
+            return Self::llama4_from_hf_json(v, arch);
+        }
         let hidden_size = get("hidden_size")?;
         if arch == "opt" {
             return Self::opt_from_hf_json(v, hidden_size, &get);
@@ -921,6 +935,7 @@ impl ModelConfig {
             moe,
             granite,
             deepseek: None,
+            llama4: None,
         })
     }
 
@@ -1083,6 +1098,7 @@ impl ModelConfig {
             moe,
             granite: None,
             deepseek: Some(deepseek),
+            llama4: None,
         })
     }
 
@@ -1193,6 +1209,7 @@ impl ModelConfig {
             moe: None,
             granite: None,
             deepseek: None,
+            llama4: None,
         })
     }
 
@@ -1253,6 +1270,7 @@ impl ModelConfig {
             moe: None,
             granite: None,
             deepseek: None,
+            llama4: None,
             phi: None,
             opt: Some(OptShape {
                 do_layer_norm_before,
@@ -1266,6 +1284,9 @@ impl ModelConfig {
 
     /// The `config.json` a Hugging Face loader reads for this shape.
     pub fn to_hf_json(&self, torch_dtype: &str) -> serde_json::Value {
+        if let Some(s) = &self.llama4 {
+            return self.llama4_to_hf_json(s, torch_dtype);
+        }
         if let Some(opt) = &self.opt {
             // The keys of facebook/opt-125m's config.json.
             return serde_json::json!({

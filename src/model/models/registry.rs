@@ -28,6 +28,11 @@ pub enum Decoder {
     /// (one latent per token cached) and DeepSeek's MoE (shared experts beside grouped
     /// top-k routed ones) after the dense first layers (vLLM's `DeepseekV2DecoderLayer`).
     Deepseek,
+    /// `models/llama4.rs`: Llama's pre-norm layers with chunked local attention on RoPE
+    /// layers and global NoPE layers, the L2 q/k norm and temperature tuning, a sigmoid
+    /// top-1 MoE with a shared expert in every `interleave_moe_layer_step`-th layer (vLLM's
+    /// `Llama4DecoderLayer`).
+    Llama4,
 }
 
 /// Where a sparse block's tensors sit in the checkpoint and in which order vLLM makes them.
@@ -241,6 +246,25 @@ pub const FAMILIES: &[Family] = &[
         mlp_frees_gate_up: false,
         ..LLAMA
     },
+    // llama4.py: `Llama4ForCausalLM`; mllama4.py wraps it as the language model of
+    // `Llama4ForConditionalGeneration` (its text_config), whose vision tower is weighed, not
+    // run.
+    Family {
+        model_type: "llama4_text",
+        architecture: "Llama4ForCausalLM",
+        vllm_file: "llama4.py",
+        decoder: Decoder::Llama4,
+        mlp_frees_gate_up: true,
+        ..LLAMA
+    },
+    Family {
+        model_type: "llama4",
+        architecture: "Llama4ForConditionalGeneration",
+        vllm_file: "mllama4.py",
+        decoder: Decoder::Llama4,
+        mlp_frees_gate_up: true,
+        ..LLAMA
+    },
 ];
 
 /// A model type vramscope knows and does not run yet.
@@ -266,12 +290,6 @@ pub const REFUSED: &[Refused] = &[
         architectures: "GptOssForCausalLM",
         needs: "attention sinks, alternating sliding-window layers and MXFP4 experts (vLLM's \
                 gpt_oss.py) are not modelled yet",
-    },
-    Refused {
-        model_type: "llama4",
-        architectures: "Llama4ForConditionalGeneration",
-        needs: "chunked local attention, no-RoPE global layers, MoE in every other layer and the \
-                vision encoder (vLLM's llama4.py, mllama4.py) are not modelled yet",
     },
     Refused {
         model_type: "qwen3_next",
@@ -342,7 +360,7 @@ mod tests {
     fn the_list_reads_as_the_messages_always_did() {
         assert_eq!(
             supported_list(),
-            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3 or kimi_k2"
+            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3, kimi_k2, llama4_text or llama4"
         );
     }
 
