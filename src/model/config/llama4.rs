@@ -429,7 +429,12 @@ impl ModelConfig {
             "attention_chunk_size": s.attention_chunk_size,
             "use_qk_norm": s.use_qk_norm,
             "attn_temperature_tuning": s.attn_temperature_tuning,
-            "floor_scale": s.floor_scale,
+            // `Llama4TextConfig.floor_scale` is an int in transformers (strict).
+            "floor_scale": if s.floor_scale.fract() == 0.0 {
+                serde_json::json!(s.floor_scale as u64)
+            } else {
+                serde_json::json!(s.floor_scale)
+            },
             "attn_scale": s.attn_scale,
             "rope_theta": self.rope_theta,
             "rope_scaling": s.rope_llama3.map(|r| serde_json::json!({
