@@ -3,7 +3,7 @@
 (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM,
 Gemma3ForCausalLM for model_type gemma3_text, MixtralForCausalLM, Qwen3MoeForCausalLM,
 Qwen2MoeForCausalLM, GemmaForCausalLM, GraniteForCausalLM, PhiForCausalLM, DeepseekV2ForCausalLM,
-DeepseekV3ForCausalLM, GptOssForCausalLM, picked by the config's architectures)
+DeepseekV3ForCausalLM, GptOssForCausalLM, Llama4ForCausalLM, picked by the config's architectures)
 in PyTorch fp32 on the CPU, on the small checkpoints the test writes with gen-model (seeded
 synthetic weights, f16 safetensors, config.json as vramscope writes it).
 

@@ -11,6 +11,7 @@ pub mod ops_gemma;
 pub mod ops_gpt_oss;
 pub mod ops_granite;
 pub mod ops_grouped_topk;
+pub mod ops_llama4;
 pub mod ops_mla;
 pub mod ops_moe;
 pub mod ops_moe_v1;

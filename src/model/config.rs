@@ -9,6 +9,9 @@ use crate::base::error::{Error, Result};
 use crate::device::cpu::{AttnShape, ScoreMods};
 use crate::model::models::registry::{self, Family, QkvBias};
 
+mod llama4;
+pub use llama4::{Llama3Rope, Llama4Shape, VisionTower};
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
     /// `model_type` of the config ("llama", "mistral", "qwen2").
@@ -53,6 +56,11 @@ pub struct ModelConfig {
     /// (`model_type: "gpt_oss"`, `config_gpt_oss.rs`); `None` otherwise. Its experts are `moe`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpt_oss: Option<GptOssShape>,
+    /// Llama 4's chunked and NoPE layers, interleaved MoE and vision tower
+    /// (`model_type: "llama4_text"`, `"llama4"`); `None` otherwise. Its routed experts are
+    /// `moe` too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llama4: Option<Llama4Shape>,
 }
 
 #[path = "config_gpt_oss.rs"]
@@ -480,6 +488,9 @@ impl ModelConfig {
         if let Some(g) = &self.gpt_oss {
             return self.gpt_oss_tensor_shapes(g);
         }
+        if let Some(s) = &self.llama4 {
+            return self.llama4_tensor_shapes(s);
+        }
         let (h, i, q, kv, v) = (
             self.hidden_size,
             self.intermediate_size,
@@ -801,6 +812,9 @@ impl ModelConfig {
             }
             Ok(n as usize)
         };
+        if family.decoder == registry::Decoder::Llama4 {
+            return Self::llama4_from_hf_json(v, arch);
+        }
         let hidden_size = get("hidden_size")?;
         if arch == "opt" {
             return Self::opt_from_hf_json(v, hidden_size, &get);
@@ -936,6 +950,7 @@ impl ModelConfig {
             granite,
             deepseek: None,
             gpt_oss: None,
+            llama4: None,
         })
     }
 
@@ -1099,6 +1114,7 @@ impl ModelConfig {
             granite: None,
             deepseek: Some(deepseek),
             gpt_oss: None,
+            llama4: None,
         })
     }
 
@@ -1210,6 +1226,7 @@ impl ModelConfig {
             granite: None,
             deepseek: None,
             gpt_oss: None,
+            llama4: None,
         })
     }
 
@@ -1271,6 +1288,7 @@ impl ModelConfig {
             granite: None,
             deepseek: None,
             gpt_oss: None,
+            llama4: None,
             phi: None,
             opt: Some(OptShape {
                 do_layer_norm_before,
@@ -1284,6 +1302,9 @@ impl ModelConfig {
 
     /// The `config.json` a Hugging Face loader reads for this shape.
     pub fn to_hf_json(&self, torch_dtype: &str) -> serde_json::Value {
+        if let Some(s) = &self.llama4 {
+            return self.llama4_to_hf_json(s, torch_dtype);
+        }
         if let Some(opt) = &self.opt {
             // The keys of facebook/opt-125m's config.json.
             return serde_json::json!({

@@ -233,6 +233,7 @@ impl ModelConfig {
             }),
             granite: None,
             deepseek: None,
+            llama4: None,
             gpt_oss: Some(GptOssShape {
                 sliding_window,
                 yarn,

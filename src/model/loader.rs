@@ -668,6 +668,36 @@ impl<'a> Loader<'a> {
         })
     }
 
+    /// Experts stored fused over all of them as `[E, A, B]` (`x · W` layout: Llama 4's
+    /// `experts.gate_up_proj [E, H, 2I]` and `experts.down_proj [E, I, H]`), made into
+    /// `FusedMoE`'s `[E, Σ rows, cols]` as vLLM's loader does (transposed, llama4.py 0.19
+    /// L441-450, then each shard's rows narrowed): per expert, the transposed `[B, A]`'s rows
+    /// `b_parts` (this rank's gate rows, then its up rows) and columns `a_part`.
+    pub(crate) fn experts_transposed(
+        &mut self,
+        name: &str,
+        [e, a, b]: [usize; 3],
+        b_parts: &[(usize, usize)],
+        a_part: (usize, usize),
+        out_name: &str,
+    ) -> Result<Tensor> {
+        let rows: usize = b_parts.iter().map(|p| p.1).sum();
+        let shape = [e, rows, a_part.1];
+        let d = self.read(name, &[e, a, b])?.map(|d| {
+            let mut out = Vec::with_capacity(e * rows * a_part.1);
+            for ex in 0..e {
+                let w = &d[ex * a * b..(ex + 1) * a * b];
+                for &(first, len) in b_parts {
+                    for r in first..first + len {
+                        out.extend((a_part.0..a_part.0 + a_part.1).map(|c| w[c * b + r]));
+                    }
+                }
+            }
+            out
+        });
+        upload(self.rt, out_name, &shape, self.act, d)
+    }
+
     pub(crate) fn linear(&mut self, name: &str, n: usize, k: usize) -> Result<Linear> {
         self.linear_as(name, n, k, true)
     }

@@ -37,6 +37,7 @@ fn cfg(
         granite: None,
         deepseek: None,
         gpt_oss: None,
+        llama4: None,
     }
 }
 
@@ -91,6 +92,7 @@ fn opt(
         granite: None,
         deepseek: None,
         gpt_oss: None,
+        llama4: None,
         phi: None,
         opt: Some(OptShape {
             do_layer_norm_before: pre_norm,
@@ -145,7 +147,7 @@ fn gemma1(hidden: usize, inter: usize, layers: usize, heads: usize, kv: usize) -
     }
 }
 
-pub const PRESET_NAMES: [&str; 30] = [
+pub const PRESET_NAMES: [&str; 32] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
@@ -176,7 +178,56 @@ pub const PRESET_NAMES: [&str; 30] = [
     "deepseek-v2",
     "gpt-oss-20b",
     "gpt-oss-120b",
+    "llama-4-scout",
+    "llama-4-maverick",
 ];
+
+/// The `vision_config` meta-llama/Llama-4-Scout-17B-16E-Instruct and
+/// Llama-4-Maverick-17B-128E-Instruct share (weighed, not run: only the language model is
+/// modelled).
+const LLAMA4_VISION: &str = r#"{"model_type": "llama4_vision_model", "hidden_size": 1408,
+    "intermediate_size": 5632, "num_hidden_layers": 34, "num_attention_heads": 16,
+    "image_size": 336, "patch_size": 14, "num_channels": 3, "vision_output_dim": 4096,
+    "projector_input_dim": 4096, "projector_output_dim": 4096,
+    "multi_modal_projector_bias": false, "pixel_shuffle_ratio": 0.5}"#;
+
+/// meta-llama/Llama-4-Scout-17B-16E-Instruct's config.json: the keys of its text_config that
+/// vLLM's llama4.py reads (48 layers, every one MoE of 16 experts with a shared expert, RoPE
+/// layers chunked by 8192 with the L2 q/k norm, every 4th layer NoPE, Llama 3 rope scaling,
+/// 10M positions) and its vision_config.
+fn llama4_scout() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+        "text_config": {"model_type": "llama4_text", "hidden_size": 5120,
+            "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+            "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8,
+            "head_dim": 128, "vocab_size": 202048, "num_local_experts": 16,
+            "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
+            "attention_chunk_size": 8192, "use_qk_norm": true, "attn_temperature_tuning": 4,
+            "floor_scale": 8192, "attn_scale": 0.1, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+            "rms_norm_eps": 1e-05, "max_position_embeddings": 10485760,
+            "tie_word_embeddings": false, "attention_bias": false, "hidden_act": "silu"},
+        "vision_config": serde_json::from_str::<serde_json::Value>(LLAMA4_VISION)
+            .expect("the preset is JSON"),
+        "tie_word_embeddings": false, "torch_dtype": "bfloat16"
+    })
+}
+
+/// meta-llama/Llama-4-Maverick-17B-128E-Instruct's config.json: Scout's layers with 128
+/// experts in every other layer (dense layers of 16384 between), no q/k norm, no rope
+/// scaling, 1M positions.
+fn llama4_maverick() -> serde_json::Value {
+    let mut v = llama4_scout();
+    let t = &mut v["text_config"];
+    t["num_local_experts"] = 128.into();
+    t["interleave_moe_layer_step"] = 2.into();
+    t["use_qk_norm"] = false.into();
+    t["rope_scaling"] = serde_json::Value::Null;
+    t["max_position_embeddings"] = 1048576.into();
+    v
+}
 
 /// deepseek-ai/DeepSeek-V2-Lite's config.json (DeepSeek-V2-Lite-Chat's is the same), the keys
 /// vLLM's deepseek_v2.py reads.
@@ -322,6 +373,13 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         // deepseek-ai/DeepSeek-V2: 60 layers of MLA (a 1536-wide low-rank query, 128 heads),
         // a dense first layer, then 59 MoE layers of 160 experts of 1536 (6 a token, in 3 of
         // 8 groups) beside 2 shared ones.
+        // Llama 4's language model (the vision tower is weighed, not run).
+        "llama-4-scout" => {
+            ModelConfig::from_hf_json(&llama4_scout()).expect("the preset is a Llama 4 config")
+        }
+        "llama-4-maverick" => {
+            ModelConfig::from_hf_json(&llama4_maverick()).expect("the preset is a Llama 4 config")
+        }
         "deepseek-v2" => ModelConfig::from_hf_json(
             &serde_json::from_str(DEEPSEEK_V2).expect("the preset is JSON"),
         )
@@ -487,6 +545,22 @@ mod tests {
             preset("deepseek-v2-lite").unwrap().param_count(),
             31_412_968_448 / 2
         );
+        // Llama 4, computed from the configs (config.json and the HF classes'
+        // shapes): Scout's language model 107,769,861,120 parameters and its vision tower and
+        // projector 871,932,416 (108.6 B in all: the card's "109B"; bf16 checkpoint
+        // 217,283,587,072 bytes); Maverick's 400,711,848,960 and the same tower (401.6 B: the
+        // card's "400B"; 803,167,562,752 bytes).
+        let scout = preset("llama-4-scout").unwrap();
+        let vision = |c: &ModelConfig| {
+            let l = c.llama4.as_ref().unwrap();
+            l.vision.as_ref().unwrap().param_count(c.hidden_size)
+        };
+        assert_eq!(scout.param_count(), 107_769_861_120);
+        assert_eq!(vision(&scout), 871_932_416);
+        let maverick = preset("llama-4-maverick").unwrap();
+        assert_eq!(maverick.param_count(), 400_711_848_960);
+        assert_eq!(vision(&maverick), 871_932_416);
+        assert_eq!((scout.param_count() + vision(&scout)) * 2, 217_283_587_072);
         // DeepSeek-V2: its model card's "236B total parameters" (the index's total_size is
         // not checked here).
         let v2 = preset("deepseek-v2").unwrap().param_count() as f64;

@@ -1067,11 +1067,9 @@ pub fn candidates(
                 out.push(with(format!("--max-num-seqs {seqs}"), &|r| r.seqs = seqs));
             }
         }
-        StartFailure::OutOfMemory { .. } => {
-            if req.seqs > 16 {
-                let seqs = req.seqs / 4;
-                out.push(with(format!("--max-num-seqs {seqs}"), &|r| r.seqs = seqs));
-            }
+        StartFailure::OutOfMemory { .. } if req.seqs > 16 => {
+            let seqs = req.seqs / 4;
+            out.push(with(format!("--max-num-seqs {seqs}"), &|r| r.seqs = seqs));
         }
         _ => {}
     }

@@ -228,6 +228,21 @@ pub struct HybridKv {
     pub sliding_window: u64,
     /// The scheduler's `max_num_batched_tokens` (a sliding group's most blocks per request).
     pub max_num_batched_tokens: u64,
+    /// Groups of chunked local attention layers (`ChunkedLocalAttentionSpec`, Llama 4's RoPE
+    /// layers), each a separate type from the full ones (0.19.0 v1/core/kv_cache_utils.py
+    /// L1043-1078): Scout's 36 chunked and 12 full layers make groups of 12, three chunked
+    /// and one full (the grouping #21761 describes). 0 for sliding-window models.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub chunked_groups: u64,
+    /// `attention_chunk_size`: a chunked group holds at most `chunk + max_num_batched_tokens`
+    /// tokens of a request (`ChunkedLocalAttentionSpec.max_memory_usage_bytes`, 0.19.0
+    /// v1/kv_cache_interface.py L229-244; no extra block, unlike a window).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attention_chunk_size: u64,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
 }
 
 impl HybridKv {
@@ -251,11 +266,31 @@ impl HybridKv {
             sliding_groups: sliding.div_ceil(group_size),
             sliding_window,
             max_num_batched_tokens,
+            chunked_groups: 0,
+            attention_chunk_size: 0,
+        })
+    }
+
+    /// The groups of a model of `full` full-attention and `chunked` chunked local attention
+    /// layers (Llama 4), by the same rule as `of_layers`; `None` unless both kinds are there.
+    pub fn of_chunked_layers(
+        full: u64,
+        chunked: u64,
+        attention_chunk_size: u64,
+        max_num_batched_tokens: u64,
+    ) -> Option<HybridKv> {
+        let h = HybridKv::of_layers(full, chunked, 1, max_num_batched_tokens)?;
+        Some(HybridKv {
+            chunked_groups: h.sliding_groups,
+            sliding_groups: 0,
+            sliding_window: 0,
+            attention_chunk_size,
+            ..h
         })
     }
 
     pub fn groups(&self) -> u64 {
-        self.full_groups + self.sliding_groups
+        self.full_groups + self.sliding_groups + self.chunked_groups
     }
 }
 
@@ -319,7 +354,10 @@ impl KvGeometry {
             Some(h) => {
                 let sliding_tokens =
                     (h.sliding_window.saturating_sub(1) + h.max_num_batched_tokens).min(len);
-                h.full_groups * full + h.sliding_groups * (sliding_tokens.div_ceil(bs) + 1)
+                let chunked_tokens = (h.attention_chunk_size + h.max_num_batched_tokens).min(len);
+                h.full_groups * full
+                    + h.sliding_groups * (sliding_tokens.div_ceil(bs) + 1)
+                    + h.chunked_groups * chunked_tokens.div_ceil(bs)
             }
         }
     }
@@ -533,5 +571,41 @@ mod tests {
             13
         );
         assert_eq!(HybridKv::of_layers(32, 0, 4096, 8192), None);
+    }
+
+    /// Llama 4 Scout under 0.19's hybrid manager: 36 chunked and 12 full layers make four
+    /// groups of 12 (three chunked, one full: #21761's listing), 12 tensors; a request of
+    /// 131072 tokens takes 8192 blocks in the full group and (8192 + 8192) / 16 = 1024 in
+    /// each chunked one.
+    #[test]
+    fn chunked_local_groups_hold_at_most_a_chunk_and_a_batch() {
+        let h = HybridKv::of_chunked_layers(12, 36, 8192, 8192).unwrap();
+        assert_eq!(
+            (
+                h.group_size,
+                h.full_groups,
+                h.chunked_groups,
+                h.sliding_groups
+            ),
+            (12, 1, 3, 0)
+        );
+        let g = KvGeometry {
+            block_size: 16,
+            num_layers: 48,
+            num_kv_heads: 8,
+            head_dim: 128,
+            dtype_bytes: 2,
+            max_model_len: 131072,
+            hybrid: Some(h),
+            latent: false,
+        };
+        assert_eq!(g.tensors(), 12);
+        assert_eq!(g.v1_request_blocks(), 8192 + 3 * 1024);
+        assert_eq!(g.tokens_of_blocks(4000), 1000 * 16);
+        // Without the manager (0.11.0) every layer holds every token.
+        assert_eq!(KvGeometry { hybrid: None, ..g }.v1_request_blocks(), 8192);
+        // A sliding model's groups serialize as before: no chunked keys.
+        let s = serde_json::to_string(&HybridKv::of_layers(8, 40, 1024, 8192).unwrap()).unwrap();
+        assert!(!s.contains("chunk"), "{s}");
     }
 }

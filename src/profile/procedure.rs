@@ -1115,15 +1115,21 @@ pub(crate) fn run_rank(
             }),
             // gpt-oss: the even layers slide (its sinks leave the page as it is: the same
             // `SlidingWindowSpec` and `FullAttentionSpec` pages, 0.19 attention.py).
-            (None, true) => cfg.gpt_oss.as_ref().and_then(|g| {
-                let sliding = (0..cfg.num_layers).filter(|&l| g.is_sliding(l)).count() as u64;
-                formulas::HybridKv::of_layers(
-                    cfg.num_layers as u64 - sliding,
-                    sliding,
-                    g.sliding_window as u64,
-                    req.tokens as u64,
-                )
-            }),
+            (None, true) => cfg
+                .gpt_oss
+                .as_ref()
+                .and_then(|g| {
+                    let sliding = (0..cfg.num_layers).filter(|&l| g.is_sliding(l)).count() as u64;
+                    formulas::HybridKv::of_layers(
+                        cfg.num_layers as u64 - sliding,
+                        sliding,
+                        g.sliding_window as u64,
+                        req.tokens as u64,
+                    )
+                })
+                // Llama 4's chunked local and full layers, when the release keeps the hybrid
+                // manager on for them.
+                .or_else(|| llama4_chunked_hybrid(&cfg, release, req.tokens as u64)),
             _ => None,
         },
     };
@@ -1416,8 +1422,49 @@ pub(crate) fn run_rank(
             .as_ref()
             .and_then(|b| b.note.clone())
             .into_iter()
+            .chain(llama4_notes(&cfg, release))
             .collect(),
     })
+}
+
+/// V1's KV cache groups for Llama 4 (its RoPE layers `ChunkedLocalAttentionSpec`, its NoPE
+/// layers full) when the release keeps the hybrid manager on for chunked local attention;
+/// `None` otherwise: every layer then holds every token (`unify_hybrid_kv_cache_specs`).
+fn llama4_chunked_hybrid(
+    cfg: &model::ModelConfig,
+    release: &super::vllm::Release,
+    max_num_batched_tokens: u64,
+) -> Option<formulas::HybridKv> {
+    let l4 = cfg.llama4.as_ref()?;
+    let chunk = l4.attention_chunk_size?;
+    if !release.chunked_local_hybrid {
+        return None;
+    }
+    let chunked = (0..cfg.num_layers).filter(|&l| l4.uses_rope(l)).count() as u64;
+    formulas::HybridKv::of_chunked_layers(
+        cfg.num_layers as u64 - chunked,
+        chunked,
+        chunk as u64,
+        max_num_batched_tokens,
+    )
+}
+
+/// What a V1 release logs for Llama 4 before it sizes the KV cache, in its words: with the
+/// hybrid manager off for chunked local attention (0.11.0), its warning
+/// (config/__init__.py L520-526) and `unify_hybrid_kv_cache_specs`'s (v1/core/
+/// kv_cache_utils.py L1111-1115), every layer then full-size.
+fn llama4_notes(cfg: &model::ModelConfig, release: &super::vllm::Release) -> Vec<String> {
+    let v1 = matches!(release.engine, super::vllm::Engine::V1 { .. });
+    let chunked = cfg.llama4.as_ref().is_some_and(|l| {
+        l.attention_chunk_size.is_some() && (0..cfg.num_layers).any(|i| l.uses_rope(i))
+    });
+    if !v1 || !chunked || release.chunked_local_hybrid {
+        return Vec::new();
+    }
+    vec![
+        "WARNING config/__init__.py] There is a latency regression when using chunked local attention with the hybrid KV cache manager. Disabling it, by default. To enable it, set the environment VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1.".into(),
+        "WARNING kv_cache_utils.py] Hybrid KV cache manager is disabled for this hybrid model, This means we do not enable any optimizations for saving KV cache memory (e.g., dropping the KV cache outside the sliding window). The compute of layers like sliding window is still saved.".into(),
+    ]
 }
 
 /// The largest KV cache that really serves: the most whole blocks with which, after the

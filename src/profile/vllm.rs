@@ -216,6 +216,13 @@ pub struct Release {
     /// One `GPU KV cache size: N tokens, Maximum concurrency for L tokens per request: X.XXx`
     /// line (0.28.0 v1/core/kv_cache_utils.py:1869-1875) instead of two.
     pub kv_line_combined: bool,
+    /// The hybrid KV cache manager stays on for a model with chunked local attention (Llama 4):
+    /// `VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE` defaults to 1 (0.15.1 envs.py
+    /// L1472-1474, 0.19.0 L1459-1461); 0.11.0 defaults it to 0 (envs.py L1389-1391) and turns
+    /// the manager off with a warning (config/__init__.py L512-528, #21761), every layer then
+    /// holding every token (`unify_hybrid_kv_cache_specs`, v1/core/kv_cache_utils.py
+    /// L1096-1145).
+    pub chunked_local_hybrid: bool,
 }
 
 /// Which models run on Model Runner V2 (`vllm/v1/worker/gpu/model_runner.py`) by default:
@@ -313,6 +320,7 @@ pub const RELEASES: &[Release] = &[
         serve_batch_160gib: false,
         cublas_before_baseline: false,
         kv_line_combined: false,
+        chunked_local_hybrid: false,
     },
     Release {
         name: "380e1863",
@@ -343,6 +351,7 @@ pub const RELEASES: &[Release] = &[
         serve_batch_160gib: false,
         cublas_before_baseline: false,
         kv_line_combined: false,
+        chunked_local_hybrid: false,
     },
     Release {
         name: "0.6.4",
@@ -375,6 +384,7 @@ pub const RELEASES: &[Release] = &[
         serve_batch_160gib: false,
         cublas_before_baseline: false,
         kv_line_combined: false,
+        chunked_local_hybrid: false,
     },
     Release {
         name: "0.6.5",
@@ -408,6 +418,7 @@ pub const RELEASES: &[Release] = &[
         serve_batch_160gib: false,
         cublas_before_baseline: false,
         kv_line_combined: false,
+        chunked_local_hybrid: false,
     },
     Release {
         name: "0.7",
@@ -438,6 +449,7 @@ pub const RELEASES: &[Release] = &[
         serve_batch_160gib: false,
         cublas_before_baseline: false,
         kv_line_combined: false,
+        chunked_local_hybrid: false,
     },
     Release {
         name: "0.8",
@@ -472,6 +484,7 @@ pub const RELEASES: &[Release] = &[
         serve_batch_160gib: false,
         cublas_before_baseline: false,
         kv_line_combined: false,
+        chunked_local_hybrid: false,
     },
     Release {
         name: "0.11",
@@ -514,6 +527,7 @@ pub const RELEASES: &[Release] = &[
         serve_batch_160gib: false,
         cublas_before_baseline: false,
         kv_line_combined: false,
+        chunked_local_hybrid: false,
     },
     Release {
         name: "0.15",
@@ -560,6 +574,7 @@ pub const RELEASES: &[Release] = &[
         serve_batch_160gib: false,
         cublas_before_baseline: false,
         kv_line_combined: false,
+        chunked_local_hybrid: true,
     },
     Release {
         name: "0.19",
@@ -603,6 +618,7 @@ pub const RELEASES: &[Release] = &[
         serve_batch_160gib: false,
         cublas_before_baseline: false,
         kv_line_combined: false,
+        chunked_local_hybrid: true,
     },
     R0_21,
     R0_22,
@@ -715,6 +731,7 @@ const R0_21: Release = Release {
     serve_batch_160gib: false,
     cublas_before_baseline: false,
     kv_line_combined: false,
+    chunked_local_hybrid: true,
 };
 
 const R0_22: Release = Release {

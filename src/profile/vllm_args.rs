@@ -504,6 +504,8 @@ const HUB_PRESETS: &[(&str, &str)] = &[
     ("microsoft/phi-2", "phi-2"),
     ("deepseek-ai/deepseek-v2-lite", "deepseek-v2-lite"),
     ("deepseek-ai/deepseek-v2", "deepseek-v2"),
+    ("meta-llama/llama-4-scout-17b-16e", "llama-4-scout"),
+    ("meta-llama/llama-4-maverick-17b-128e", "llama-4-maverick"),
     ("deepseek-ai/deepseek-coder-v2-instruct", "deepseek-v2"),
     ("openai/gpt-oss-20b", "gpt-oss-20b"),
     ("openai/gpt-oss-120b", "gpt-oss-120b"),
@@ -615,11 +617,14 @@ pub fn resolve_model(model: &str) -> Result<(String, Option<String>)> {
             }
         }
         if let Some(p) = preset_for_hub_id(m) {
+            let unmodelled = crate::model::presets::preset(p)
+                .and_then(|c| c.unmodelled_towers())
+                .map_or(String::new(), |t| format!("; {t}"));
             return Ok((
                 format!("preset:{p}"),
                 Some(format!(
                     "{m} is not on disk: its shapes are the built-in preset {p} (seeded weights; \
-                     for the exact config: hf download {m} config.json, then pass its folder)"
+                     for the exact config: hf download {m} config.json, then pass its folder){unmodelled}"
                 )),
             ));
         }

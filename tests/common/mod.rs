@@ -588,6 +588,35 @@ pub fn hf_test_config(name: &str) -> vramscope::model::ModelConfig {
                     "beta_slow": 1.0, "truncate": false}),
             );
         }
+        // Llama 4's text model at a small shape with every mechanism in reach of 6- and
+        // 5-token sequences: 4 layers, MoE in every 2nd (Maverick's interleave: dense layers
+        // of width 192, experts of 64) with a shared expert, 4 experts routed top-1 by
+        // sigmoid; RoPE layers 0 and 2 attending in chunks of 4 positions with the L2 q/k norm
+        // and Llama 3's rope scaling (Scout's, over 64 positions); NoPE layers 1 and 3 global
+        // with the attention temperature at floor_scale 2 (scale 0.5).
+        "llama4" => {
+            o.insert("model_type".into(), "llama4_text".into());
+            o.insert("num_hidden_layers".into(), 4.into());
+            o.insert("intermediate_size".into(), 64.into());
+            o.insert("intermediate_size_mlp".into(), 192.into());
+            o.insert("num_local_experts".into(), 4.into());
+            o.insert("num_experts_per_tok".into(), 1.into());
+            o.insert("interleave_moe_layer_step".into(), 2.into());
+            o.insert("no_rope_layers".into(), serde_json::json!([1, 0, 1, 0]));
+            o.insert("attention_chunk_size".into(), 4.into());
+            o.insert("use_qk_norm".into(), true.into());
+            o.insert("attn_temperature_tuning".into(), true.into());
+            o.insert("floor_scale".into(), 2.into());
+            o.insert("attn_scale".into(), 0.5.into());
+            o.insert("rope_theta".into(), 500000.0.into());
+            o.insert(
+                "rope_scaling".into(),
+                serde_json::json!({"rope_type": "llama3", "factor": 8.0,
+                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64}),
+            );
+            o.insert("tie_word_embeddings".into(), false.into());
+        }
         _ => unreachable!(),
     }
     vramscope::model::ModelConfig::from_hf_json(&v).unwrap()

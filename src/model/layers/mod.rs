@@ -4,12 +4,14 @@
 //! `engine::ops` in the order vLLM's layer does, so a dry run's trace equals the GPU's.
 
 pub mod attention;
+pub mod attention_llama4;
 pub mod decoder;
 pub mod linear;
 pub mod mla;
 pub mod mlp;
 pub mod moe;
 pub mod moe_deepseek;
+pub mod moe_llama4;
 pub mod norm;
 pub mod pp;
 pub mod rotary;

@@ -555,9 +555,12 @@ impl LlamaModel {
             Decoder::Granite => {
                 super::granite::forward_layers(rt, &run, cfg, residual).map(|h| (h, None))
             }
-            Decoder::Llama | Decoder::Opt | Decoder::Phi | Decoder::Deepseek | Decoder::GptOss => {
-                forward_layers(rt, &run, residual, received)
-            }
+            Decoder::Llama
+            | Decoder::Opt
+            | Decoder::Phi
+            | Decoder::Deepseek
+            | Decoder::GptOss
+            | Decoder::Llama4 => forward_layers(rt, &run, residual, received),
         }
     }
 

@@ -11,12 +11,14 @@
 //! - `phi.rs`: Phi (phi-1_5, phi-2);
 //! - `deepseek_v2.rs`: DeepSeek-V2, V3/R1 and Kimi-K2 (multi-head latent attention);
 //! - `gpt_oss.rs`: gpt-oss (attention sinks, sliding layers, clamped-SwiGLU experts).
+//! - `llama4.rs`: Llama 4 Scout and Maverick, the language model (chunked local attention).
 
 pub mod deepseek_v2;
 pub mod gemma;
 pub mod gpt_oss;
 pub mod granite;
 pub mod llama;
+pub mod llama4;
 pub mod opt;
 pub mod phi;
 pub mod registry;
@@ -35,6 +37,7 @@ pub enum CausalLm {
     Phi(Box<phi::PhiModel>),
     Deepseek(Box<deepseek_v2::DeepseekModel>),
     GptOss(Box<gpt_oss::GptOssModel>),
+    Llama4(Box<llama4::Llama4Model>),
 }
 
 impl CausalLm {
@@ -63,6 +66,7 @@ impl CausalLm {
             CausalLm::Llama(m) => m.moe_kernel = kernel,
             CausalLm::Deepseek(m) => m.moe_kernel.set(kernel),
             CausalLm::GptOss(m) => m.moe_kernel.set(kernel),
+            CausalLm::Llama4(m) => m.moe_kernel.set(kernel),
             CausalLm::Opt(_) | CausalLm::Phi(_) => {}
         }
     }
@@ -100,6 +104,7 @@ impl CausalLm {
             CausalLm::Phi(m) => m.skip_attention.set(yes),
             CausalLm::Deepseek(m) => m.skip_attention.set(yes),
             CausalLm::GptOss(m) => m.skip_attention.set(yes),
+            CausalLm::Llama4(m) => m.skip_attention.set(yes),
             CausalLm::Opt(_) => {}
         }
     }
@@ -132,6 +137,9 @@ impl CausalLm {
             Decoder::GptOss => {
                 CausalLm::GptOss(Box::new(gpt_oss::GptOssModel::load(rt, cfg, src, opts)?))
             }
+            Decoder::Llama4 => {
+                CausalLm::Llama4(Box::new(llama4::Llama4Model::load(rt, cfg, src, opts)?))
+            }
             Decoder::Llama | Decoder::Gemma | Decoder::Granite => {
                 CausalLm::Llama(Box::new(llama::LlamaModel::load(rt, cfg, src, opts)?))
             }
@@ -145,6 +153,7 @@ impl CausalLm {
             CausalLm::Phi(m) => &m.cfg,
             CausalLm::Deepseek(m) => &m.cfg,
             CausalLm::GptOss(m) => &m.cfg,
+            CausalLm::Llama4(m) => &m.cfg,
         }
     }
 
@@ -155,6 +164,7 @@ impl CausalLm {
             CausalLm::Phi(m) => m.weight_bytes(),
             CausalLm::Deepseek(m) => m.weight_bytes(),
             CausalLm::GptOss(m) => m.weight_bytes(),
+            CausalLm::Llama4(m) => m.weight_bytes(),
         }
     }
 
@@ -165,6 +175,7 @@ impl CausalLm {
             CausalLm::Phi(m) => m.load_stats,
             CausalLm::Deepseek(m) => m.load_stats,
             CausalLm::GptOss(m) => m.load_stats,
+            CausalLm::Llama4(m) => m.load_stats,
         }
     }
 
@@ -180,6 +191,7 @@ impl CausalLm {
             CausalLm::Phi(m) => m.forward_hidden(rt, batch),
             CausalLm::Deepseek(m) => m.forward_hidden(rt, batch),
             CausalLm::GptOss(m) => m.forward_hidden(rt, batch),
+            CausalLm::Llama4(m) => m.forward_hidden(rt, batch),
         }
     }
 
@@ -192,6 +204,7 @@ impl CausalLm {
             CausalLm::Phi(m) => Some(m.lm_head()),
             CausalLm::Deepseek(m) => Some(m.lm_head()),
             CausalLm::GptOss(m) => Some(m.lm_head()),
+            CausalLm::Llama4(m) => Some(m.lm_head()),
         }
     }
 
@@ -228,6 +241,7 @@ impl CausalLm {
                 | CausalLm::Opt(_)
                 | CausalLm::Deepseek(_)
                 | CausalLm::GptOss(_) => None,
+                CausalLm::Llama4(_) => None,
             },
             mods: self.config().logits_mods(),
         })

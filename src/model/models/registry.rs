@@ -32,6 +32,11 @@ pub enum Decoder {
     /// layers), biased q/k/v/o, YaRN, and a MoE of clamped-SwiGLU experts with biases after a
     /// biased router (vLLM's `TransformerBlock` in gpt_oss.py).
     GptOss,
+    /// `models/llama4.rs`: Llama's pre-norm layers with chunked local attention on RoPE
+    /// layers and global NoPE layers, the L2 q/k norm and temperature tuning, a sigmoid
+    /// top-1 MoE with a shared expert in every `interleave_moe_layer_step`-th layer (vLLM's
+    /// `Llama4DecoderLayer`).
+    Llama4,
 }
 
 /// Where a sparse block's tensors sit in the checkpoint and in which order vLLM makes them.
@@ -255,6 +260,25 @@ pub const FAMILIES: &[Family] = &[
         qkv_bias: QkvBias::Always,
         ..LLAMA
     },
+    // llama4.py: `Llama4ForCausalLM`; mllama4.py wraps it as the language model of
+    // `Llama4ForConditionalGeneration` (its text_config), whose vision tower is weighed, not
+    // run.
+    Family {
+        model_type: "llama4_text",
+        architecture: "Llama4ForCausalLM",
+        vllm_file: "llama4.py",
+        decoder: Decoder::Llama4,
+        mlp_frees_gate_up: true,
+        ..LLAMA
+    },
+    Family {
+        model_type: "llama4",
+        architecture: "Llama4ForConditionalGeneration",
+        vllm_file: "mllama4.py",
+        decoder: Decoder::Llama4,
+        mlp_frees_gate_up: true,
+        ..LLAMA
+    },
 ];
 
 /// A model type vramscope knows and does not run yet.
@@ -274,12 +298,6 @@ pub const REFUSED: &[Refused] = &[
         needs: "only its language model is modelled, as model_type gemma3_text (a \
                 Gemma3ForCausalLM checkpoint, or the text_config of the multimodal one); the \
                 vision tower's weights and the encoder's profile pass are not",
-    },
-    Refused {
-        model_type: "llama4",
-        architectures: "Llama4ForConditionalGeneration",
-        needs: "chunked local attention, no-RoPE global layers, MoE in every other layer and the \
-                vision encoder (vLLM's llama4.py, mllama4.py) are not modelled yet",
     },
     Refused {
         model_type: "qwen3_next",
@@ -350,7 +368,7 @@ mod tests {
     fn the_list_reads_as_the_messages_always_did() {
         assert_eq!(
             supported_list(),
-            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3, kimi_k2 or gpt_oss"
+            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, llama4_text or llama4"
         );
     }
 
