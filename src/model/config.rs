@@ -743,7 +743,18 @@ impl ModelConfig {
     pub fn param_count(&self) -> u64 {
         self.tensor_shapes()
             .iter()
-            .map(|(_, s)| s.iter().product::<usize>() as u64)
+            .map(|(n, s)| {
+                let numel = s.iter().product::<usize>() as u64;
+                // gpt-oss's MXFP4 blocks hold two values a byte; their scales are not
+                // parameters.
+                if n.ends_with("_blocks") {
+                    2 * numel
+                } else if n.ends_with("_scales") {
+                    0
+                } else {
+                    numel
+                }
+            })
             .sum()
     }
 

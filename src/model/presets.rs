@@ -614,6 +614,9 @@ mod tests {
         assert_eq!(small.gpt_oss_checkpoint_bytes(), 13_761_264_768);
         let large = preset("gpt-oss-120b").unwrap();
         assert_eq!(large.gpt_oss_checkpoint_bytes(), 65_248_815_744);
+        // The model cards' 20.9 B and 116.8 B: two values a block byte, scales not counted.
+        assert_eq!(small.param_count(), 20_914_757_184);
+        assert_eq!(large.param_count(), 116_829_156_672);
         let g = small.gpt_oss.as_ref().unwrap();
         assert!(g.mxfp4 && !g.truncate && g.sliding_window == 128);
         assert!(g.is_sliding(0) && !g.is_sliding(1) && g.is_sliding(22));
