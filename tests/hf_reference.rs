@@ -88,6 +88,7 @@ fn write_fixtures() {
         "deepseek_v2",
         "deepseek_v3_dense",
         "deepseek_v3",
+        "qwen3_next",
     ] {
         write(&root.join(name), name);
     }

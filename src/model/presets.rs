@@ -36,6 +36,7 @@ fn cfg(
         moe: None,
         granite: None,
         deepseek: None,
+        qwen3_next: None,
     }
 }
 
@@ -89,6 +90,7 @@ fn opt(
         moe: None,
         granite: None,
         deepseek: None,
+        qwen3_next: None,
         phi: None,
         opt: Some(OptShape {
             do_layer_norm_before: pre_norm,
@@ -143,7 +145,7 @@ fn gemma1(hidden: usize, inter: usize, layers: usize, heads: usize, kv: usize) -
     }
 }
 
-pub const PRESET_NAMES: [&str; 28] = [
+pub const PRESET_NAMES: [&str; 29] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
@@ -172,6 +174,7 @@ pub const PRESET_NAMES: [&str; 28] = [
     "phi-2",
     "deepseek-v2-lite",
     "deepseek-v2",
+    "qwen3-next-80b-a3b",
 ];
 
 /// deepseek-ai/DeepSeek-V2-Lite's config.json (DeepSeek-V2-Lite-Chat's is the same), the keys
@@ -204,6 +207,23 @@ const DEEPSEEK_V2: &str = r#"{"model_type": "deepseek_v2", "hidden_size": 5120,
     "vocab_size": 102400, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40,
     "mscale": 0.707, "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
     "type": "yarn"}, "torch_dtype": "bfloat16"}"#;
+
+/// Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (the Thinking model's is the same): 48
+/// layers, every fourth gated full attention (16 heads of 256, 2 KV heads, a quarter of each
+/// head rotated), the others Gated DeltaNet (16 key heads and 32 value heads of 128, a 4-tap
+/// conv); every layer a sparse block of 512 experts of 512 (10 a token) beside a shared
+/// expert of 512; 262,144 positions.
+const QWEN3_NEXT_80B_A3B: &str = r#"{"model_type": "qwen3_next", "hidden_size": 2048,
+    "intermediate_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 256, "full_attention_interval": 4,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_value_head_dim": 128, "num_experts": 512,
+    "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "norm_topk_prob": true, "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "hidden_act": "silu", "max_position_embeddings": 262144,
+    "partial_rotary_factor": 0.25, "rope_theta": 10000000, "rope_scaling": null,
+    "rms_norm_eps": 1e-06, "tie_word_embeddings": false, "vocab_size": 151936,
+    "torch_dtype": "bfloat16"}"#;
 
 /// Every layer sparse, no dense-only layers (the published Mixtral and Qwen3-MoE configs).
 fn moe(num_experts: usize, top_k: usize, width: usize, renormalize: bool) -> MoeShape {
@@ -288,6 +308,12 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
             &serde_json::from_str(DEEPSEEK_V2).expect("the preset is JSON"),
         )
         .expect("the preset is a DeepSeek-V2 config"),
+        // Qwen/Qwen3-Next-80B-A3B-Instruct (and -Thinking): 36 Gated DeltaNet and 12 gated
+        // attention layers, each with 512 experts beside a shared one.
+        "qwen3-next-80b-a3b" => ModelConfig::from_hf_json(
+            &serde_json::from_str(QWEN3_NEXT_80B_A3B).expect("the preset is JSON"),
+        )
+        .expect("the preset is a Qwen3-Next config"),
         // microsoft/phi-2 config.json: hidden 2560, 32 layers of 32 heads of 80, MLP 10240 (4 ×
         // hidden, as vLLM's phi.py sizes it), vocabulary 51200, 2048 positions, rotary on 0.4 of
         // each head (32 dims), LayerNorm eps 1e-5, untied lm_head with a bias, fp16.

@@ -5,6 +5,7 @@
 
 pub mod attention;
 pub mod decoder;
+pub mod gdn;
 pub mod linear;
 pub mod mla;
 pub mod mlp;

@@ -555,7 +555,11 @@ impl LlamaModel {
             Decoder::Granite => {
                 super::granite::forward_layers(rt, &run, cfg, residual).map(|h| (h, None))
             }
-            Decoder::Llama | Decoder::Opt | Decoder::Phi | Decoder::Deepseek => {
+            Decoder::Llama
+            | Decoder::Opt
+            | Decoder::Phi
+            | Decoder::Deepseek
+            | Decoder::Qwen3Next => {
                 forward_layers(rt, &run, residual, received)
             }
         }

@@ -9,7 +9,8 @@
 //! - `granite.rs`: Granite;
 //! - `opt.rs`: OPT;
 //! - `phi.rs`: Phi (phi-1_5, phi-2);
-//! - `deepseek_v2.rs`: DeepSeek-V2, V3/R1 and Kimi-K2 (multi-head latent attention).
+//! - `deepseek_v2.rs`: DeepSeek-V2, V3/R1 and Kimi-K2 (multi-head latent attention);
+//! - `qwen3_next.rs`: Qwen3-Next (Gated DeltaNet layers beside gated full attention).
 
 pub mod deepseek_v2;
 pub mod gemma;
@@ -17,6 +18,7 @@ pub mod granite;
 pub mod llama;
 pub mod opt;
 pub mod phi;
+pub mod qwen3_next;
 pub mod registry;
 
 use crate::base::error::Result;
@@ -32,6 +34,7 @@ pub enum CausalLm {
     Opt(Box<opt::OptModel>),
     Phi(Box<phi::PhiModel>),
     Deepseek(Box<deepseek_v2::DeepseekModel>),
+    Qwen3Next(Box<qwen3_next::Qwen3NextModel>),
 }
 
 impl CausalLm {
@@ -59,6 +62,7 @@ impl CausalLm {
         match self {
             CausalLm::Llama(m) => m.moe_kernel = kernel,
             CausalLm::Deepseek(m) => m.moe_kernel.set(kernel),
+            CausalLm::Qwen3Next(m) => m.moe_kernel.set(kernel),
             CausalLm::Opt(_) | CausalLm::Phi(_) => {}
         }
     }
@@ -95,6 +99,7 @@ impl CausalLm {
             CausalLm::Llama(m) => m.skip_attention.set(yes),
             CausalLm::Phi(m) => m.skip_attention.set(yes),
             CausalLm::Deepseek(m) => m.skip_attention.set(yes),
+            CausalLm::Qwen3Next(m) => m.skip_attention.set(yes),
             CausalLm::Opt(_) => {}
         }
     }
@@ -124,6 +129,9 @@ impl CausalLm {
             Decoder::Deepseek => CausalLm::Deepseek(Box::new(deepseek_v2::DeepseekModel::load(
                 rt, cfg, src, opts,
             )?)),
+            Decoder::Qwen3Next => CausalLm::Qwen3Next(Box::new(
+                qwen3_next::Qwen3NextModel::load(rt, cfg, src, opts)?,
+            )),
             Decoder::Llama | Decoder::Gemma | Decoder::Granite => {
                 CausalLm::Llama(Box::new(llama::LlamaModel::load(rt, cfg, src, opts)?))
             }
@@ -136,6 +144,7 @@ impl CausalLm {
             CausalLm::Opt(m) => &m.cfg,
             CausalLm::Phi(m) => &m.cfg,
             CausalLm::Deepseek(m) => &m.cfg,
+            CausalLm::Qwen3Next(m) => &m.cfg,
         }
     }
 
@@ -145,6 +154,7 @@ impl CausalLm {
             CausalLm::Opt(m) => m.weight_bytes(),
             CausalLm::Phi(m) => m.weight_bytes(),
             CausalLm::Deepseek(m) => m.weight_bytes(),
+            CausalLm::Qwen3Next(m) => m.weight_bytes(),
         }
     }
 
@@ -154,6 +164,7 @@ impl CausalLm {
             CausalLm::Opt(m) => m.load_stats,
             CausalLm::Phi(m) => m.load_stats,
             CausalLm::Deepseek(m) => m.load_stats,
+            CausalLm::Qwen3Next(m) => m.load_stats,
         }
     }
 
@@ -168,6 +179,7 @@ impl CausalLm {
             CausalLm::Opt(m) => m.forward_hidden(rt, batch),
             CausalLm::Phi(m) => m.forward_hidden(rt, batch),
             CausalLm::Deepseek(m) => m.forward_hidden(rt, batch),
+            CausalLm::Qwen3Next(m) => m.forward_hidden(rt, batch),
         }
     }
 
@@ -179,6 +191,7 @@ impl CausalLm {
             CausalLm::Opt(m) => Some(m.lm_head()),
             CausalLm::Phi(m) => Some(m.lm_head()),
             CausalLm::Deepseek(m) => Some(m.lm_head()),
+            CausalLm::Qwen3Next(m) => Some(m.lm_head()),
         }
     }
 
@@ -211,7 +224,10 @@ impl CausalLm {
             weight,
             bias: match self {
                 CausalLm::Phi(m) => Some(&m.lm_head_bias),
-                CausalLm::Llama(_) | CausalLm::Opt(_) | CausalLm::Deepseek(_) => None,
+                CausalLm::Llama(_)
+                | CausalLm::Opt(_)
+                | CausalLm::Deepseek(_)
+                | CausalLm::Qwen3Next(_) => None,
             },
             mods: self.config().logits_mods(),
         })

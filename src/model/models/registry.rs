@@ -28,6 +28,11 @@ pub enum Decoder {
     /// (one latent per token cached) and DeepSeek's MoE (shared experts beside grouped
     /// top-k routed ones) after the dense first layers (vLLM's `DeepseekV2DecoderLayer`).
     Deepseek,
+    /// `models/qwen3_next.rs`: Gated DeltaNet layers (a conv state and a recurrent state per
+    /// sequence) with a gated full-attention layer every fourth, zero-centred `(1 + w)`
+    /// norms, Qwen2-MoE's sparse block with its gated shared expert (vLLM's
+    /// `Qwen3NextDecoderLayer`).
+    Qwen3Next,
 }
 
 /// Where a sparse block's tensors sit in the checkpoint and in which order vLLM makes them.
@@ -241,6 +246,17 @@ pub const FAMILIES: &[Family] = &[
         mlp_frees_gate_up: false,
         ..LLAMA
     },
+    // qwen3_next.py: Qwen3-Next (the Qwen3.5 family follows it in qwen3_5.py, not modelled).
+    Family {
+        model_type: "qwen3_next",
+        architecture: "Qwen3NextForCausalLM",
+        vllm_file: "qwen3_next.py",
+        decoder: Decoder::Qwen3Next,
+        qk_norm: true,
+        mlp_frees_gate_up: false,
+        moe: Some(QWEN_MOE),
+        ..LLAMA
+    },
 ];
 
 /// A model type vramscope knows and does not run yet.
@@ -272,12 +288,6 @@ pub const REFUSED: &[Refused] = &[
         architectures: "Llama4ForConditionalGeneration",
         needs: "chunked local attention, no-RoPE global layers, MoE in every other layer and the \
                 vision encoder (vLLM's llama4.py, mllama4.py) are not modelled yet",
-    },
-    Refused {
-        model_type: "qwen3_next",
-        architectures: "Qwen3NextForCausalLM",
-        needs: "hybrid Gated DeltaNet layers with a per-sequence state beside the KV cache \
-                (vLLM's qwen3_next.py) are not modelled yet",
     },
 ];
 
@@ -328,12 +338,10 @@ mod tests {
 
     #[test]
     fn a_model_type_not_run_is_refused_by_name_with_what_it_needs() {
-        let e = refusal("qwen3_next").unwrap();
-        assert!(
-            e.starts_with("model_type 'qwen3_next' (Qwen3NextForCausalLM"),
-            "{e}"
-        );
-        assert!(e.contains("Gated DeltaNet"), "{e}");
+        let e = refusal("gpt_oss").unwrap();
+        assert!(e.starts_with("model_type 'gpt_oss' (GptOssForCausalLM"), "{e}");
+        assert!(e.contains("attention sinks"), "{e}");
+        assert!(refusal("qwen3_next").is_none());
         assert!(refusal("llama").is_none());
         assert!(refusal("deepseek_v3").is_none());
     }
@@ -342,7 +350,7 @@ mod tests {
     fn the_list_reads_as_the_messages_always_did() {
         assert_eq!(
             supported_list(),
-            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3 or kimi_k2"
+            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3, kimi_k2 or qwen3_next"
         );
     }
 
