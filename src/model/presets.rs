@@ -450,6 +450,18 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
 mod tests {
     use super::*;
 
+    /// Qwen3-Next-80B-A3B's main model, computed from its config.json (the hub index's
+    /// total_size adds the `mtp.*` tensors, one more attention layer with its sparse block,
+    /// which vLLM's main model skips): 79,674,391,296 parameters, 159,348,782,592 bytes in
+    /// bf16; the model card's "80B".
+    #[test]
+    fn qwen3_next_80b_weighs_its_main_model() {
+        let c = preset("qwen3-next-80b-a3b").unwrap();
+        assert_eq!(c.param_count(), 79_674_391_296);
+        assert_eq!(c.qwen3_next.as_ref().unwrap().layer_counts(), (12, 36));
+        assert!(c.tensor_shapes().iter().all(|(n, _)| !n.starts_with("mtp.")));
+    }
+
     #[test]
     fn published_parameter_counts() {
         assert_eq!(preset("llama-3-8b").unwrap().param_count(), 8_030_261_248);
