@@ -163,5 +163,8 @@ fn a_v0_release_is_refused_for_state_layers() {
     let err = profile::run(&req, None, Arc::new(AtomicBool::new(false)))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("--vllm 0.19: model_type 'qwen3_next'"), "{err}");
+    assert!(
+        err.contains("--vllm 0.19: model_type 'qwen3_next'"),
+        "{err}"
+    );
 }

@@ -2604,8 +2604,14 @@ impl ModelConfig {
                     format!("{a}.q_proj.weight"),
                     vec![self.num_heads * hd * 2, h],
                 ));
-                out.push((format!("{a}.k_proj.weight"), vec![self.num_kv_heads * hd, h]));
-                out.push((format!("{a}.v_proj.weight"), vec![self.num_kv_heads * hd, h]));
+                out.push((
+                    format!("{a}.k_proj.weight"),
+                    vec![self.num_kv_heads * hd, h],
+                ));
+                out.push((
+                    format!("{a}.v_proj.weight"),
+                    vec![self.num_kv_heads * hd, h],
+                ));
                 out.push((format!("{a}.o_proj.weight"), vec![h, self.num_heads * hd]));
                 out.push((format!("{a}.q_norm.weight"), vec![hd]));
                 out.push((format!("{a}.k_norm.weight"), vec![hd]));

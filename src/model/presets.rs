@@ -459,7 +459,10 @@ mod tests {
         let c = preset("qwen3-next-80b-a3b").unwrap();
         assert_eq!(c.param_count(), 79_674_391_296);
         assert_eq!(c.qwen3_next.as_ref().unwrap().layer_counts(), (12, 36));
-        assert!(c.tensor_shapes().iter().all(|(n, _)| !n.starts_with("mtp.")));
+        assert!(c
+            .tensor_shapes()
+            .iter()
+            .all(|(n, _)| !n.starts_with("mtp.")));
     }
 
     #[test]

@@ -330,8 +330,7 @@ pub fn hybrid_pages(attn_bytes_per_token: u64, mamba: MambaPage, requested: u64)
         block_size,
         block_size_set,
         page_bytes,
-        padding_pct: (page_bytes != m && m > 0)
-            .then(|| 100.0 * (page_bytes - m) as f64 / m as f64),
+        padding_pct: (page_bytes != m && m > 0).then(|| 100.0 * (page_bytes - m) as f64 / m as f64),
     }
 }
 

@@ -161,7 +161,9 @@ pub fn gdn_forward(
     }
     let (gen, act) = (run.generation, run.act);
     let d = g.dims;
-    let proj = g.in_proj.forward(rt, x, &format!("{l}.in_proj"), gen, act)?;
+    let proj = g
+        .in_proj
+        .forward(rt, x, &format!("{l}.in_proj"), gen, act)?;
     let mut parts = FusedLinear::split(
         &proj,
         &[g.qkvz, g.ba],
@@ -172,7 +174,9 @@ pub fn gdn_forward(
         unreachable!("two parts");
     };
     let (mixed, z, b, a) = ops_gdn::reorder_qkvz(rt, &qkvz, &ba, d, l)?;
-    let w = g.conv1d.part(format!("{l}.conv1d.w"), 0, &[d.conv_dim(), d.kernel]);
+    let w = g
+        .conv1d
+        .part(format!("{l}.conv1d.w"), 0, &[d.conv_dim(), d.kernel]);
     let conv = ops_gdn::causal_conv1d(
         rt,
         &mixed,

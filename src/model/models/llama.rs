@@ -559,9 +559,7 @@ impl LlamaModel {
             | Decoder::Opt
             | Decoder::Phi
             | Decoder::Deepseek
-            | Decoder::Qwen3Next => {
-                forward_layers(rt, &run, residual, received)
-            }
+            | Decoder::Qwen3Next => forward_layers(rt, &run, residual, received),
         }
     }
 

@@ -129,9 +129,9 @@ impl CausalLm {
             Decoder::Deepseek => CausalLm::Deepseek(Box::new(deepseek_v2::DeepseekModel::load(
                 rt, cfg, src, opts,
             )?)),
-            Decoder::Qwen3Next => CausalLm::Qwen3Next(Box::new(
-                qwen3_next::Qwen3NextModel::load(rt, cfg, src, opts)?,
-            )),
+            Decoder::Qwen3Next => CausalLm::Qwen3Next(Box::new(qwen3_next::Qwen3NextModel::load(
+                rt, cfg, src, opts,
+            )?)),
             Decoder::Llama | Decoder::Gemma | Decoder::Granite => {
                 CausalLm::Llama(Box::new(llama::LlamaModel::load(rt, cfg, src, opts)?))
             }

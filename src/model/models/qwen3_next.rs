@@ -383,7 +383,8 @@ impl Qwen3NextModel {
         rt.set_layer(None);
         match residual {
             Some(r) => {
-                let (n, sum) = ops_gemma::add_rms_norm(rt, &hidden, &r, &self.norm, eps, "final.norm")?;
+                let (n, sum) =
+                    ops_gemma::add_rms_norm(rt, &hidden, &r, &self.norm, eps, "final.norm")?;
                 drop((sum, r, hidden));
                 Ok(n)
             }

@@ -339,7 +339,10 @@ mod tests {
     #[test]
     fn a_model_type_not_run_is_refused_by_name_with_what_it_needs() {
         let e = refusal("gpt_oss").unwrap();
-        assert!(e.starts_with("model_type 'gpt_oss' (GptOssForCausalLM"), "{e}");
+        assert!(
+            e.starts_with("model_type 'gpt_oss' (GptOssForCausalLM"),
+            "{e}"
+        );
         assert!(e.contains("attention sinks"), "{e}");
         assert!(refusal("qwen3_next").is_none());
         assert!(refusal("llama").is_none());
