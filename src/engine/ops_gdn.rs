@@ -317,16 +317,19 @@ pub fn chunk_gated_delta_rule(
                         let decay = gd[i * h + head].exp();
                         let b = bd[i * h + head];
                         s.iter_mut().for_each(|e| *e *= decay);
-                        for c in 0..v {
-                            let mem: f32 = (0..k).map(|r| s[r * v + c] * kk[r]).sum();
-                            let delta = (vv[c] - mem) * b;
-                            for r in 0..k {
-                                s[r * v + c] += kk[r] * delta;
+                        for (c, &vc) in vv.iter().enumerate() {
+                            let mem: f32 =
+                                kk.iter().enumerate().map(|(r, kr)| s[r * v + c] * kr).sum();
+                            let delta = (vc - mem) * b;
+                            for (r, &kr) in kk.iter().enumerate() {
+                                s[r * v + c] += kr * delta;
                             }
                         }
-                        for c in 0..v {
-                            let y: f32 = (0..k).map(|r| s[r * v + c] * q[r]).sum();
-                            od[i * h * v + head * v + c] = y * scale;
+                        let base = i * h * v + head * v;
+                        for (c, o) in od[base..base + v].iter_mut().enumerate() {
+                            let y: f32 =
+                                q.iter().enumerate().map(|(r, qr)| s[r * v + c] * qr).sum();
+                            *o = y * scale;
                         }
                     }
                     fd[(si * h + head) * k * v..(si * h + head + 1) * k * v].copy_from_slice(&s);
@@ -367,9 +370,11 @@ pub fn gated_rms_norm(
                 let xs = &xd[r * dim..(r + 1) * dim];
                 let ms = xs.iter().map(|a| a * a).sum::<f32>() / dim as f32;
                 let inv = 1.0 / (ms + eps).sqrt();
-                for c in 0..dim {
-                    let i = r * dim + c;
-                    od[i] = xs[c] * inv * wd[c] * silu(zd[i]);
+                let span = r * dim..(r + 1) * dim;
+                for (((o, &x), &w), &z) in
+                    od[span.clone()].iter_mut().zip(xs).zip(wd).zip(&zd[span])
+                {
+                    *o = x * inv * w * silu(z);
                 }
             }
         }
