@@ -3,7 +3,8 @@
 (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM,
 Gemma3ForCausalLM for model_type gemma3_text, MixtralForCausalLM, Qwen3MoeForCausalLM,
 Qwen2MoeForCausalLM, GemmaForCausalLM, GraniteForCausalLM, PhiForCausalLM, DeepseekV2ForCausalLM,
-DeepseekV3ForCausalLM, GptOssForCausalLM, Llama4ForCausalLM, picked by the config's architectures)
+DeepseekV3ForCausalLM, GptOssForCausalLM, Llama4ForCausalLM, Qwen3NextForCausalLM (its torch
+fallbacks for the causal conv and the chunked delta rule), picked by the config's architectures)
 in PyTorch fp32 on the CPU, on the small checkpoints the test writes with gen-model (seeded
 synthetic weights, f16 safetensors, config.json as vramscope writes it).
 
@@ -49,7 +50,11 @@ for name in sys.argv[2].split(",") if len(sys.argv) > 2 else ["llama", "qwen2", 
     if c.model_type == "gemma":
         keys = ["head_dim", "num_key_value_heads", "hidden_act", "hidden_activation"]
         print("// " + ", ".join(f"{k}={getattr(c, k, None)!r}" for k in keys))
-    moe = c.model_type in ("mixtral", "qwen3_moe", "qwen2_moe")
+    if c.model_type == "qwen3_next":
+        keys = ["layer_types", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                "linear_value_head_dim", "linear_conv_kernel_dim", "head_dim", "rope_parameters"]
+        print("// " + ", ".join(f"{k}={getattr(c, k, None)!r}" for k in keys))
+    moe = c.model_type in ("mixtral", "qwen3_moe", "qwen2_moe", "qwen3_next")
     if moe:
         keys = ["num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                 "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",

@@ -351,10 +351,13 @@ fn failed(name: &str) -> LogFacts {
     facts(&format!("failed/{name}"))
 }
 
+/// A failed log's file name and the test of the failure read from it.
+type FailedCase = (&'static str, fn(&StartFailure) -> bool);
+
 /// Every failed log reads, its failure and line found, and its cause is one sentence.
 #[test]
 fn each_failed_start_is_named_in_one_sentence() {
-    let cases: &[(&str, fn(&StartFailure) -> bool)] = &[
+    let cases: &[FailedCase] = &[
         ("0.19-free-memory-llama-3.1-8b-h100.log", |f| {
             matches!(f, StartFailure::FreeMemoryBelowUtil { free_gib, requested_gib, .. }
                 if *free_gib == 60.12 && *requested_gib == 71.27)

@@ -7,6 +7,7 @@
 
 pub(crate) mod moe_configs;
 pub mod ops;
+pub mod ops_gdn;
 pub mod ops_gemma;
 pub mod ops_gpt_oss;
 pub mod ops_granite;

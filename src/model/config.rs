@@ -61,6 +61,10 @@ pub struct ModelConfig {
     /// `moe` too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llama4: Option<Llama4Shape>,
+    /// Qwen3-Next's hybrid layers (`model_type: "qwen3_next"`): Gated DeltaNet and gated
+    /// full attention; `None` otherwise. Its experts are `moe` (with the shared expert).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qwen3_next: Option<Qwen3NextShape>,
 }
 
 #[path = "config_gpt_oss.rs"]
@@ -364,9 +368,10 @@ impl ModelConfig {
     /// The head dimensions the rotary embedding turns (the first ones of each head), and the
     /// width of its `cos_sin_cache`: all of them but for Phi's partial rotary.
     pub fn rotary_dim(&self) -> usize {
-        match &self.phi {
-            Some(p) => (self.head_dim as f64 * p.partial_rotary_factor) as usize,
-            None => self.head_dim,
+        match (&self.phi, &self.qwen3_next) {
+            (Some(p), _) => (self.head_dim as f64 * p.partial_rotary_factor) as usize,
+            (None, Some(q)) => (self.head_dim as f64 * q.partial_rotary_factor) as usize,
+            (None, None) => self.head_dim,
         }
     }
 
@@ -490,6 +495,9 @@ impl ModelConfig {
         }
         if let Some(s) = &self.llama4 {
             return self.llama4_tensor_shapes(s);
+        }
+        if let Some(q) = &self.qwen3_next {
+            return self.qwen3_next_tensor_shapes(q);
         }
         let (h, i, q, kv, v) = (
             self.hidden_size,
@@ -839,6 +847,9 @@ impl ModelConfig {
         if family.decoder == registry::Decoder::GptOss {
             return Self::gpt_oss_from_hf_json(v, hidden_size, &get);
         }
+        if family.decoder == registry::Decoder::Qwen3Next {
+            return Self::qwen3_next_from_hf_json(v, hidden_size, &get);
+        }
         if arch == "phi3" {
             // Phi-3-mini-128k, Phi-3.5-mini and Phi-4-mini scale their rotary embedding
             // (LongRoPE: two factor sets and a second cache) and Phi-4-mini rotates 3/4 of each
@@ -962,6 +973,7 @@ impl ModelConfig {
             deepseek: None,
             gpt_oss: None,
             llama4: None,
+            qwen3_next: None,
         })
     }
 
@@ -1126,6 +1138,7 @@ impl ModelConfig {
             deepseek: Some(deepseek),
             gpt_oss: None,
             llama4: None,
+            qwen3_next: None,
         })
     }
 
@@ -1238,6 +1251,7 @@ impl ModelConfig {
             deepseek: None,
             gpt_oss: None,
             llama4: None,
+            qwen3_next: None,
         })
     }
 
@@ -1300,6 +1314,7 @@ impl ModelConfig {
             deepseek: None,
             gpt_oss: None,
             llama4: None,
+            qwen3_next: None,
             phi: None,
             opt: Some(OptShape {
                 do_layer_norm_before,
@@ -1315,6 +1330,9 @@ impl ModelConfig {
     pub fn to_hf_json(&self, torch_dtype: &str) -> serde_json::Value {
         if let Some(s) = &self.llama4 {
             return self.llama4_to_hf_json(s, torch_dtype);
+        }
+        if let Some(q) = &self.qwen3_next {
+            return self.qwen3_next_hf_json(q, torch_dtype);
         }
         if let Some(opt) = &self.opt {
             // The keys of facebook/opt-125m's config.json.
@@ -2357,5 +2375,406 @@ mod tests {
         let e =
             ModelConfig::from_hf_json(&serde_json::json!({"format": 3, "events": []})).unwrap_err();
         assert!(e.starts_with("model_type is missing"), "{e}");
+    }
+}
+
+/// What a Qwen3-Next decoder has beyond the Llama fields (Hugging Face `Qwen3NextConfig`;
+/// vLLM's qwen3_next.py reads the same keys, 0.10.2 L183-320 for the Gated DeltaNet, L622-700
+/// for the gated attention): which layers are full attention, the linear-attention heads and
+/// the partial rotary factor. Layers not listed as full are Gated DeltaNet layers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Qwen3NextShape {
+    /// `layer_types[l] == "full_attention"` for each layer (from `full_attention_interval`
+    /// when the config has no `layer_types`: every `interval`-th layer).
+    pub full_attention: Vec<bool>,
+    pub linear_num_key_heads: usize,
+    pub linear_num_value_heads: usize,
+    pub linear_key_head_dim: usize,
+    pub linear_value_head_dim: usize,
+    pub linear_conv_kernel_dim: usize,
+    /// The share of each attention head the rotary embedding turns (0.25 published).
+    pub partial_rotary_factor: f64,
+}
+
+impl Qwen3NextShape {
+    /// `key_dim`: the query's (and the key's) width, all key heads.
+    pub fn key_dim(&self) -> usize {
+        self.linear_num_key_heads * self.linear_key_head_dim
+    }
+
+    /// `value_dim`: the value's (and z's) width, all value heads.
+    pub fn value_dim(&self) -> usize {
+        self.linear_num_value_heads * self.linear_value_head_dim
+    }
+
+    /// `conv_dim = key_dim · 2 + value_dim`: the channels the causal convolution mixes.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    pub fn is_full(&self, layer: usize) -> bool {
+        self.full_attention.get(layer).copied().unwrap_or(false)
+    }
+
+    /// Full-attention layers and Gated DeltaNet layers.
+    pub fn layer_counts(&self) -> (usize, usize) {
+        let full = self.full_attention.iter().filter(|&&f| f).count();
+        (full, self.full_attention.len() - full)
+    }
+
+    /// One sequence's state elements on a rank of `tp`: the conv state
+    /// `(kernel − 1, conv_dim / tp)` and the recurrent state `(v_heads / tp, k_dim, v_dim)`
+    /// (`MambaStateShapeCalculator.gated_delta_net_state_shape`, 0.10.2
+    /// layers/mamba/mamba_utils.py L177-202, V1 layout; no speculative tokens).
+    pub fn state_elements(&self, tp: usize) -> (u64, u64) {
+        let tp = tp.max(1);
+        let conv = (self.linear_conv_kernel_dim - 1) * (self.conv_dim() / tp);
+        let ssm = (self.linear_num_value_heads / tp)
+            * self.linear_key_head_dim
+            * self.linear_value_head_dim;
+        (conv as u64, ssm as u64)
+    }
+}
+
+impl ModelConfig {
+    /// A `Qwen3NextConfig` as vLLM's qwen3_next.py reads it (0.10.2, 0.11.0, 0.19.0), with
+    /// Hugging Face's defaults for the keys a config leaves out. The rotary base and partial
+    /// factor are read at the top level (the published config.json) or from
+    /// `rope_parameters` (transformers 5).
+    fn qwen3_next_from_hf_json(
+        v: &serde_json::Value,
+        hidden_size: usize,
+        get: &dyn Fn(&str) -> std::result::Result<usize, String>,
+    ) -> std::result::Result<Self, String> {
+        let or = |k: &str, default: usize| {
+            if v[k].is_null() {
+                Ok(default)
+            } else {
+                get(k)
+            }
+        };
+        let num_layers = get("num_hidden_layers")?;
+        let num_heads = get("num_attention_heads")?;
+        let num_kv_heads = or("num_key_value_heads", 2)?;
+        if num_heads % num_kv_heads != 0 {
+            return Err(format!(
+                "num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}"
+            ));
+        }
+        let head_dim = or("head_dim", 256)?;
+        let act = text_or(v, "hidden_act", "silu")?;
+        if act != "silu" {
+            return Err(format!(
+                "hidden_act '{act}' is not supported for qwen3_next (expected silu)"
+            ));
+        }
+        if boolean(v, "attention_bias", false)? {
+            return Err(
+                "attention_bias true is not supported for qwen3_next (vLLM's qwen3_next.py makes qkv_proj without a bias)"
+                    .into(),
+            );
+        }
+        if let Some(rs) = v.get("rope_scaling").filter(|r| !r.is_null()) {
+            return Err(format!(
+                "rope_scaling {rs} is not supported for qwen3_next yet (only the plain partial rotary embedding)"
+            ));
+        }
+        let rope = v.get("rope_parameters").filter(|r| r.is_object());
+        if let Some(kind) = rope.and_then(|r| r["rope_type"].as_str()) {
+            if kind != "default" {
+                return Err(format!(
+                    "rope_parameters.rope_type '{kind}' is not supported for qwen3_next yet (only default)"
+                ));
+            }
+        }
+        let from_rope = |k: &str| rope.map(|r| r[k].clone()).filter(|x| !x.is_null());
+        let top_or_rope = |k: &str| -> serde_json::Value {
+            let mut o = serde_json::Map::new();
+            if let Some(x) = v.get(k).filter(|x| !x.is_null()).cloned().or(from_rope(k)) {
+                o.insert(k.into(), x);
+            }
+            serde_json::Value::Object(o)
+        };
+        let rope_theta = float(
+            &top_or_rope("rope_theta"),
+            "rope_theta",
+            10000.0,
+            |x| x > 1.0 && x <= 1e12,
+            "above 1 and at most 1e12",
+        )?;
+        let partial_rotary_factor = float(
+            &top_or_rope("partial_rotary_factor"),
+            "partial_rotary_factor",
+            0.25,
+            |x| x > 0.0 && x <= 1.0,
+            "above 0 and at most 1",
+        )?;
+        let rotary = (head_dim as f64 * partial_rotary_factor) as usize;
+        if rotary == 0 || !rotary.is_multiple_of(2) {
+            return Err(format!(
+                "partial_rotary_factor {partial_rotary_factor} of head_dim {head_dim} turns {rotary} dimensions: expected an even number above 0"
+            ));
+        }
+        let full_attention: Vec<bool> = match v.get("layer_types").filter(|x| !x.is_null()) {
+            Some(serde_json::Value::Array(a)) => {
+                if a.len() != num_layers {
+                    return Err(format!(
+                        "layer_types lists {} layers, num_hidden_layers is {num_layers}",
+                        a.len()
+                    ));
+                }
+                a.iter()
+                    .map(|t| match t.as_str() {
+                        Some("full_attention") => Ok(true),
+                        Some("linear_attention") => Ok(false),
+                        _ => Err(format!(
+                            "layer_types holds {t}, expected \"full_attention\" or \"linear_attention\""
+                        )),
+                    })
+                    .collect::<std::result::Result<_, _>>()?
+            }
+            Some(other) => {
+                return Err(format!(
+                    "'layer_types' is {other}, expected a list of layer kinds"
+                ))
+            }
+            None => {
+                // Qwen3NextConfig (transformers 4.57): every `full_attention_interval`-th
+                // layer is full attention.
+                let interval = or("full_attention_interval", 4)?;
+                (0..num_layers).map(|l| (l + 1) % interval == 0).collect()
+            }
+        };
+        let shape = Qwen3NextShape {
+            full_attention,
+            linear_num_key_heads: or("linear_num_key_heads", 16)?,
+            linear_num_value_heads: or("linear_num_value_heads", 32)?,
+            linear_key_head_dim: or("linear_key_head_dim", 128)?,
+            linear_value_head_dim: or("linear_value_head_dim", 128)?,
+            linear_conv_kernel_dim: or("linear_conv_kernel_dim", 4)?,
+            partial_rotary_factor,
+        };
+        if shape.linear_conv_kernel_dim < 2
+            || !shape
+                .linear_num_value_heads
+                .is_multiple_of(shape.linear_num_key_heads)
+        {
+            return Err(format!(
+                "linear_conv_kernel_dim {} (at least 2) and linear_num_value_heads {} (a multiple of linear_num_key_heads {}) do not fit",
+                shape.linear_conv_kernel_dim,
+                shape.linear_num_value_heads,
+                shape.linear_num_key_heads
+            ));
+        }
+        let num_experts = if v["num_experts"] == serde_json::json!(0) {
+            0
+        } else {
+            or("num_experts", 512)?
+        };
+        let moe = if num_experts == 0 {
+            None
+        } else {
+            let top_k = or("num_experts_per_tok", 10)?;
+            if top_k > num_experts {
+                return Err(format!(
+                    "num_experts_per_tok {top_k} is more than num_experts {num_experts}"
+                ));
+            }
+            let mlp_only_layers = match v.get("mlp_only_layers").filter(|x| !x.is_null()) {
+                None => Vec::new(),
+                Some(x) => x
+                    .as_array()
+                    .and_then(|a| {
+                        a.iter()
+                            .map(|n| n.as_u64().map(|n| n as usize))
+                            .collect::<Option<Vec<_>>>()
+                    })
+                    .ok_or_else(|| {
+                        format!("'mlp_only_layers' is {x}, expected a list of layer indices")
+                    })?,
+            };
+            Some(MoeShape {
+                num_experts,
+                top_k,
+                expert_intermediate_size: or("moe_intermediate_size", 512)?,
+                renormalize: boolean(v, "norm_topk_prob", true)?,
+                decoder_sparse_step: or("decoder_sparse_step", 1)?,
+                mlp_only_layers,
+                shared_expert_intermediate_size: if v["shared_expert_intermediate_size"]
+                    == serde_json::json!(0)
+                {
+                    0
+                } else {
+                    or("shared_expert_intermediate_size", 512)?
+                },
+            })
+        };
+        Ok(ModelConfig {
+            arch: "qwen3_next".into(),
+            hidden_size,
+            intermediate_size: or("intermediate_size", 5632)?,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size: or("vocab_size", 151936)?,
+            rope_theta,
+            rms_norm_eps: float(
+                v,
+                "rms_norm_eps",
+                1e-6,
+                |x| x > 0.0 && x < 1.0,
+                "above 0 and below 1",
+            )?,
+            tie_word_embeddings: boolean(v, "tie_word_embeddings", false)?,
+            attention_bias: false,
+            max_position_embeddings: or("max_position_embeddings", 32768)?,
+            opt: None,
+            phi: None,
+            gemma: None,
+            moe,
+            granite: None,
+            deepseek: None,
+            gpt_oss: None,
+            llama4: None,
+            qwen3_next: Some(shape),
+        })
+    }
+
+    /// Qwen3-Next's tensors as the published checkpoints name them (Qwen/Qwen3-Next-80B-A3B-
+    /// Instruct's index): per layer `linear_attn.*` (in_proj_qkvz, in_proj_ba, conv1d `[C, 1,
+    /// K]`, dt_bias, A_log, norm, out_proj) or `self_attn.*` (q_proj holding each head's query
+    /// and gate, k/v/o, q_norm, k_norm), the MLP or sparse block with its shared expert, two
+    /// norms. The multi-token-prediction tensors (`mtp.*`) vLLM's main model skips (0.10.2
+    /// qwen3_next.py L993-994) are not listed.
+    fn qwen3_next_tensor_shapes(&self, q: &Qwen3NextShape) -> Vec<(String, Vec<usize>)> {
+        let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
+        let hd = self.head_dim;
+        let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
+        for l in 0..self.num_layers {
+            let p = format!("model.layers.{l}");
+            if q.is_full(l) {
+                let a = format!("{p}.self_attn");
+                out.push((
+                    format!("{a}.q_proj.weight"),
+                    vec![self.num_heads * hd * 2, h],
+                ));
+                out.push((
+                    format!("{a}.k_proj.weight"),
+                    vec![self.num_kv_heads * hd, h],
+                ));
+                out.push((
+                    format!("{a}.v_proj.weight"),
+                    vec![self.num_kv_heads * hd, h],
+                ));
+                out.push((format!("{a}.o_proj.weight"), vec![h, self.num_heads * hd]));
+                out.push((format!("{a}.q_norm.weight"), vec![hd]));
+                out.push((format!("{a}.k_norm.weight"), vec![hd]));
+            } else {
+                let a = format!("{p}.linear_attn");
+                let hv = q.linear_num_value_heads;
+                out.push((
+                    format!("{a}.in_proj_qkvz.weight"),
+                    vec![2 * q.key_dim() + 2 * q.value_dim(), h],
+                ));
+                out.push((format!("{a}.in_proj_ba.weight"), vec![2 * hv, h]));
+                out.push((
+                    format!("{a}.conv1d.weight"),
+                    vec![q.conv_dim(), 1, q.linear_conv_kernel_dim],
+                ));
+                out.push((format!("{a}.dt_bias"), vec![hv]));
+                out.push((format!("{a}.A_log"), vec![hv]));
+                out.push((format!("{a}.norm.weight"), vec![q.linear_value_head_dim]));
+                out.push((format!("{a}.out_proj.weight"), vec![h, q.value_dim()]));
+            }
+            let mlp = |out: &mut Vec<(String, Vec<usize>)>, x: String, w: usize| {
+                out.push((format!("{x}.gate_proj.weight"), vec![w, h]));
+                out.push((format!("{x}.up_proj.weight"), vec![w, h]));
+                out.push((format!("{x}.down_proj.weight"), vec![h, w]));
+            };
+            match self.moe.as_ref().filter(|_| self.is_moe_layer(l)) {
+                Some(m) => {
+                    out.push((format!("{p}.mlp.gate.weight"), vec![m.num_experts, h]));
+                    for e in 0..m.num_experts {
+                        mlp(
+                            &mut out,
+                            format!("{p}.mlp.experts.{e}"),
+                            m.expert_intermediate_size,
+                        );
+                    }
+                    if m.shared_expert_intermediate_size > 0 {
+                        mlp(
+                            &mut out,
+                            format!("{p}.mlp.shared_expert"),
+                            m.shared_expert_intermediate_size,
+                        );
+                        out.push((format!("{p}.mlp.shared_expert_gate.weight"), vec![1, h]));
+                    }
+                }
+                None => mlp(&mut out, format!("{p}.mlp"), i),
+            }
+            out.push((format!("{p}.input_layernorm.weight"), vec![h]));
+            out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        }
+        out.push(("model.norm.weight".to_string(), vec![h]));
+        if !self.tie_word_embeddings {
+            out.push(("lm_head.weight".to_string(), vec![v, h]));
+        }
+        out
+    }
+
+    /// The keys of Qwen/Qwen3-Next-80B-A3B-Instruct's config.json, with the interleaving
+    /// also written as `layer_types` and the rotary keys as transformers 5's
+    /// `rope_parameters`.
+    fn qwen3_next_hf_json(&self, q: &Qwen3NextShape, torch_dtype: &str) -> serde_json::Value {
+        let m = self.moe.as_ref();
+        let layer_types: Vec<&str> = q
+            .full_attention
+            .iter()
+            .map(|&f| {
+                if f {
+                    "full_attention"
+                } else {
+                    "linear_attention"
+                }
+            })
+            .collect();
+        serde_json::json!({
+            "architectures": ["Qwen3NextForCausalLM"],
+            "model_type": "qwen3_next",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "partial_rotary_factor": q.partial_rotary_factor,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": self.rope_theta,
+                "partial_rotary_factor": q.partial_rotary_factor,
+            },
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": false,
+            "hidden_act": "silu",
+            "layer_types": layer_types,
+            "linear_num_key_heads": q.linear_num_key_heads,
+            "linear_num_value_heads": q.linear_num_value_heads,
+            "linear_key_head_dim": q.linear_key_head_dim,
+            "linear_value_head_dim": q.linear_value_head_dim,
+            "linear_conv_kernel_dim": q.linear_conv_kernel_dim,
+            "num_experts": m.map_or(0, |m| m.num_experts),
+            "num_experts_per_tok": m.map_or(1, |m| m.top_k),
+            "moe_intermediate_size": m.map_or(1, |m| m.expert_intermediate_size),
+            "shared_expert_intermediate_size": m.map_or(0, |m| m.shared_expert_intermediate_size),
+            "norm_topk_prob": m.is_none_or(|m| m.renormalize),
+            "decoder_sparse_step": m.map_or(1, |m| m.decoder_sparse_step),
+            "mlp_only_layers": m.map_or(Vec::new(), |m| m.mlp_only_layers.clone()),
+            "torch_dtype": torch_dtype,
+        })
     }
 }

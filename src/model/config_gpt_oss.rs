@@ -234,6 +234,7 @@ impl ModelConfig {
             granite: None,
             deepseek: None,
             llama4: None,
+            qwen3_next: None,
             gpt_oss: Some(GptOssShape {
                 sliding_window,
                 yarn,

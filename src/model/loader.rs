@@ -435,6 +435,29 @@ impl<'a> Loader<'a> {
         upload(self.rt, name, shape, self.act, d)
     }
 
+    /// Rows of a tensor of any rank (`full`, rows along its first dimension) taken in runs
+    /// `parts` (first row, rows) into one parameter of `shape` in `dtype`: the Gated
+    /// DeltaNet's `conv1d.weight` `[C, 1, K]` cut into this rank's q, k and v channels
+    /// (`mamba_v2_sharded_weight_loader`, 0.10.2 layers/mamba/mamba_mixer2.py), its `A_log`
+    /// (f32) and `dt_bias` cut to this rank's heads (`sharded_weight_loader(0)`).
+    pub(crate) fn dense_row_parts(
+        &mut self,
+        name: &str,
+        full: &[usize],
+        parts: &[(usize, usize)],
+        (shape, dtype): (&[usize], DType),
+        out_name: &str,
+    ) -> Result<Tensor> {
+        let row: usize = full.iter().skip(1).product();
+        let d = self.read(name, full)?.map(|d| {
+            parts
+                .iter()
+                .flat_map(|&(first, len)| d[first * row..(first + len) * row].to_vec())
+                .collect::<Vec<f32>>()
+        });
+        upload(self.rt, out_name, shape, dtype, d)
+    }
+
     /// A whole tensor kept in `dtype` whatever the activation dtype (DeepSeek's
     /// `e_score_correction_bias`, an f32 `nn.Parameter` in vLLM).
     pub(crate) fn dense_as(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {

@@ -38,6 +38,7 @@ fn cfg(
         deepseek: None,
         gpt_oss: None,
         llama4: None,
+        qwen3_next: None,
     }
 }
 
@@ -93,6 +94,7 @@ fn opt(
         deepseek: None,
         gpt_oss: None,
         llama4: None,
+        qwen3_next: None,
         phi: None,
         opt: Some(OptShape {
             do_layer_norm_before: pre_norm,
@@ -147,7 +149,7 @@ fn gemma1(hidden: usize, inter: usize, layers: usize, heads: usize, kv: usize) -
     }
 }
 
-pub const PRESET_NAMES: [&str; 32] = [
+pub const PRESET_NAMES: [&str; 33] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
@@ -180,6 +182,7 @@ pub const PRESET_NAMES: [&str; 32] = [
     "gpt-oss-120b",
     "llama-4-scout",
     "llama-4-maverick",
+    "qwen3-next-80b-a3b",
 ];
 
 /// The `vision_config` meta-llama/Llama-4-Scout-17B-16E-Instruct and
@@ -294,6 +297,23 @@ fn gpt_oss(layers: usize, experts: usize) -> ModelConfig {
     ModelConfig::from_hf_json(&v).expect("the preset is a gpt_oss config")
 }
 
+/// Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (the Thinking model's is the same): 48
+/// layers, every fourth gated full attention (16 heads of 256, 2 KV heads, a quarter of each
+/// head rotated), the others Gated DeltaNet (16 key heads and 32 value heads of 128, a 4-tap
+/// conv); every layer a sparse block of 512 experts of 512 (10 a token) beside a shared
+/// expert of 512; 262,144 positions.
+const QWEN3_NEXT_80B_A3B: &str = r#"{"model_type": "qwen3_next", "hidden_size": 2048,
+    "intermediate_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 256, "full_attention_interval": 4,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_value_head_dim": 128, "num_experts": 512,
+    "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "norm_topk_prob": true, "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "hidden_act": "silu", "max_position_embeddings": 262144,
+    "partial_rotary_factor": 0.25, "rope_theta": 10000000, "rope_scaling": null,
+    "rms_norm_eps": 1e-06, "tie_word_embeddings": false, "vocab_size": 151936,
+    "torch_dtype": "bfloat16"}"#;
+
 /// Every layer sparse, no dense-only layers (the published Mixtral and Qwen3-MoE configs).
 fn moe(num_experts: usize, top_k: usize, width: usize, renormalize: bool) -> MoeShape {
     MoeShape {
@@ -387,6 +407,12 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         // openai/gpt-oss-20b and openai/gpt-oss-120b (MXFP4 experts, as published).
         "gpt-oss-20b" => gpt_oss(24, 32),
         "gpt-oss-120b" => gpt_oss(36, 128),
+        // Qwen/Qwen3-Next-80B-A3B-Instruct (and -Thinking): 36 Gated DeltaNet and 12 gated
+        // attention layers, each with 512 experts beside a shared one.
+        "qwen3-next-80b-a3b" => ModelConfig::from_hf_json(
+            &serde_json::from_str(QWEN3_NEXT_80B_A3B).expect("the preset is JSON"),
+        )
+        .expect("the preset is a Qwen3-Next config"),
         // microsoft/phi-2 config.json: hidden 2560, 32 layers of 32 heads of 80, MLP 10240 (4 ×
         // hidden, as vLLM's phi.py sizes it), vocabulary 51200, 2048 positions, rotary on 0.4 of
         // each head (32 dims), LayerNorm eps 1e-5, untied lm_head with a bias, fp16.
@@ -522,6 +548,21 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Qwen3-Next-80B-A3B's main model, computed from its config.json (the hub index's
+    /// total_size adds the `mtp.*` tensors, one more attention layer with its sparse block,
+    /// which vLLM's main model skips): 79,674,391,296 parameters, 159,348,782,592 bytes in
+    /// bf16; the model card's "80B".
+    #[test]
+    fn qwen3_next_80b_weighs_its_main_model() {
+        let c = preset("qwen3-next-80b-a3b").unwrap();
+        assert_eq!(c.param_count(), 79_674_391_296);
+        assert_eq!(c.qwen3_next.as_ref().unwrap().layer_counts(), (12, 36));
+        assert!(c
+            .tensor_shapes()
+            .iter()
+            .all(|(n, _)| !n.starts_with("mtp.")));
+    }
 
     #[test]
     fn published_parameter_counts() {

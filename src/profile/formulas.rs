@@ -239,6 +239,12 @@ pub struct HybridKv {
     /// v1/kv_cache_interface.py L229-244; no extra block, unlike a window).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attention_chunk_size: u64,
+    /// Groups of state layers (mamba-like: Qwen3-Next's Gated DeltaNet), each layer's page
+    /// one sequence's conv and recurrent state padded to the attention page
+    /// (`MambaSpec`, 0.10.2 v1/kv_cache_interface.py L192-213): a request holds one block of
+    /// each such group whatever its length.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub mamba_groups: u64,
 }
 
 fn is_zero(x: &u64) -> bool {
@@ -268,6 +274,7 @@ impl HybridKv {
             max_num_batched_tokens,
             chunked_groups: 0,
             attention_chunk_size: 0,
+            mamba_groups: 0,
         })
     }
 
@@ -289,8 +296,93 @@ impl HybridKv {
         })
     }
 
+    /// The groups of a hybrid model of `full` full-attention and `state` state layers
+    /// (Qwen3-Next: 12 and 36), the group size chosen as for sliding layers (0.10.2
+    /// v1/core/kv_cache_utils.py L981: the fewest layers of one type; 0.19.0's 1.5× rule
+    /// gives the same for every published hybrid) and the last group of a type padded.
+    /// `None` unless both kinds are there.
+    pub fn of_state_layers(full: u64, state: u64, max_num_batched_tokens: u64) -> Option<HybridKv> {
+        let base = HybridKv::of_layers(full, state, 0, max_num_batched_tokens)?;
+        Some(HybridKv {
+            mamba_groups: base.sliding_groups,
+            sliding_groups: 0,
+            ..base
+        })
+    }
+
     pub fn groups(&self) -> u64 {
-        self.full_groups + self.sliding_groups + self.chunked_groups
+        self.full_groups + self.sliding_groups + self.chunked_groups + self.mamba_groups
+    }
+}
+
+/// One state layer's page for one sequence as V1's `MambaSpec.page_size_bytes` counts it
+/// (0.10.2 v1/kv_cache_interface.py L199-207): the conv state and the recurrent state, each
+/// `elements × dtype bytes`, before any padding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MambaPage {
+    pub conv_elements: u64,
+    pub ssm_elements: u64,
+    pub dtype_bytes: u64,
+}
+
+impl MambaPage {
+    pub fn bytes(&self) -> u64 {
+        (self.conv_elements + self.ssm_elements) * self.dtype_bytes
+    }
+}
+
+/// What `HybridAttentionMambaModelConfig.verify_and_update_config` decides (0.10.2
+/// model_executor/models/config.py L327-414; 0.11.0 L314-401): the attention block size and
+/// the state page padded to the attention page.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HybridPages {
+    pub block_size: u64,
+    /// The block size was raised to it ("Setting attention block size to N tokens").
+    pub block_size_set: bool,
+    /// The attention page, which every state page is padded to.
+    pub page_bytes: u64,
+    /// `100 · (attention page − state page) / state page`, when they differ.
+    pub padding_pct: Option<f64>,
+}
+
+/// The attention block size a hybrid model runs with: the smallest multiple of 16 tokens whose
+/// attention page (`attn_bytes_per_token` × tokens) holds a state page (`16 ·
+/// cdiv(mamba_page, 16 · attn_page_1_token)`, L381-382; FlashAttention takes block sizes in
+/// multiples of 16), taken when the block size asked (`requested`) is smaller (L387-389); then
+/// the state page padded to the attention page.
+pub fn hybrid_pages(attn_bytes_per_token: u64, mamba: MambaPage, requested: u64) -> HybridPages {
+    let m = mamba.bytes();
+    let per16 = 16 * attn_bytes_per_token.max(1);
+    let needed = 16 * m.div_ceil(per16);
+    let block_size_set = requested < needed;
+    let block_size = if block_size_set { needed } else { requested };
+    let page_bytes = block_size * attn_bytes_per_token;
+    HybridPages {
+        block_size,
+        block_size_set,
+        page_bytes,
+        padding_pct: (page_bytes != m && m > 0).then(|| 100.0 * (page_bytes - m) as f64 / m as f64),
+    }
+}
+
+impl HybridPages {
+    /// The lines vLLM logs for it, as it words them (L310-311, L390-393, L411-414).
+    pub fn log_lines(&self) -> Vec<String> {
+        let mut out = vec![
+            "Hybrid or mamba-based model detected: disabling prefix caching since it is not yet supported.".to_string(),
+        ];
+        if self.block_size_set {
+            out.push(format!(
+                "Setting attention block size to {} tokens to ensure that attention page size is >= mamba page size.",
+                self.block_size
+            ));
+        }
+        if let Some(p) = self.padding_pct {
+            out.push(format!(
+                "Padding mamba page size by {p:.2}% to ensure that mamba page size and attention page size are exactly equal."
+            ));
+        }
+        out
     }
 }
 
@@ -358,6 +450,7 @@ impl KvGeometry {
                 h.full_groups * full
                     + h.sliding_groups * (sliding_tokens.div_ceil(bs) + 1)
                     + h.chunked_groups * chunked_tokens.div_ceil(bs)
+                    + h.mamba_groups
             }
         }
     }

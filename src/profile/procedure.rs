@@ -805,12 +805,27 @@ pub(crate) fn run_rank(
         }
         None => None,
     };
+    // A hybrid model of attention and state layers (Qwen3-Next): V1 raises the attention
+    // block size until its page holds one sequence's state and pads the state page to it.
+    let hybrid_pages = match opened.as_ref().and_then(|o| o.config.qwen3_next.as_ref()) {
+        Some(q) => Some(hybrid_state_pages(
+            &opened.as_ref().expect("opened").config,
+            q,
+            req,
+            (rank.as_ref().map_or(1, |r| r.size), release),
+        )?),
+        None => None,
+    };
     // The block size that runs is the report's (and the graphs' and the KV cache's): the
     // backend's where it overrides the one asked.
-    let ran = mla_backend.as_ref().map(|b| ProfileRequest {
-        block_size: b.block_size,
-        ..req.clone()
-    });
+    let ran = mla_backend
+        .as_ref()
+        .map(|b| b.block_size)
+        .or(hybrid_pages.as_ref().map(|h| h.block_size))
+        .map(|block_size| ProfileRequest {
+            block_size,
+            ..req.clone()
+        });
     let req = ran.as_ref().unwrap_or(req);
     let nccl_source = rank.as_ref().map(|_| device.nccl_source(release.nccl));
     let pp_stage = rank.as_ref().and_then(|r| r.pp.clone());
@@ -1102,8 +1117,13 @@ pub(crate) fn run_rank(
         dtype_bytes: kv_dtype.size_bytes(),
         latent: cfg.deepseek.is_some(),
         max_model_len: req.max_model_len,
-        // V1 groups a model's sliding-window and full-attention layers (Gemma): see HybridKv.
+        // V1 groups a model's sliding-window and full-attention layers (Gemma), or its
+        // full-attention and state layers (Qwen3-Next): see HybridKv.
         hybrid: match (&cfg.gemma, v1) {
+            _ if cfg.qwen3_next.is_some() && v1 => cfg.qwen3_next.as_ref().and_then(|q| {
+                let (full, state) = q.layer_counts();
+                formulas::HybridKv::of_state_layers(full as u64, state as u64, req.tokens as u64)
+            }),
             (Some(g), true) => g.sliding_window.and_then(|w| {
                 let sliding = (0..cfg.num_layers).filter(|&l| g.is_sliding(l)).count() as u64;
                 formulas::HybridKv::of_layers(
@@ -1423,6 +1443,7 @@ pub(crate) fn run_rank(
             .and_then(|b| b.note.clone())
             .into_iter()
             .chain(llama4_notes(&cfg, release))
+            .chain(hybrid_pages.iter().flat_map(|h| h.log_lines()))
             .collect(),
     })
 }
@@ -1641,4 +1662,37 @@ fn init_pipeline_group(
     let a = rt.alloc_outside(label, bytes)?;
     d.outside.push((label, a));
     Ok(())
+}
+
+/// `HybridAttentionMambaModelConfig.verify_and_update_config` for a Qwen3-Next model on a
+/// rank of `tp` (0.10.2 model_executor/models/config.py L327-414, 0.11.0 L314-401): the
+/// attention page of one token (`FullAttentionSpec(block_size=1)`: K and V of this rank's KV
+/// heads in the KV cache dtype), one sequence's state page (`gated_delta_net_state_shape`
+/// and `_dtype`: `mamba_cache_dtype` auto is the model dtype), and the block size and padding
+/// they give. V0 ran these models with its own `MambaCacheManager`, which is not modelled.
+fn hybrid_state_pages(
+    cfg: &crate::model::config::ModelConfig,
+    q: &crate::model::config::Qwen3NextShape,
+    req: &ProfileRequest,
+    (tp, release): (usize, &super::vllm::Release),
+) -> Result<formulas::HybridPages> {
+    if !matches!(release.engine, super::vllm::Engine::V1 { .. }) {
+        return Err(Error::Request(format!(
+            "model_type {} under vLLM {}: V0's MambaCacheManager for state layers is not modelled; choose a V1 release (0.11 or later)",
+            cfg.arch, release.name
+        )));
+    }
+    let kv_heads = crate::model::layers::tp::TpShard { rank: 0, size: tp }.local_kv_heads(cfg);
+    let act = req.quant.activation_dtype();
+    let kv_bytes = req.kv_cache_dtype.storage_dtype(act).size_bytes();
+    let (conv, ssm) = q.state_elements(tp);
+    Ok(formulas::hybrid_pages(
+        2 * kv_heads as u64 * cfg.head_dim as u64 * kv_bytes,
+        formulas::MambaPage {
+            conv_elements: conv,
+            ssm_elements: ssm,
+            dtype_bytes: act.size_bytes(),
+        },
+        req.block_size,
+    ))
 }

@@ -855,6 +855,27 @@ impl Release {
                 ))),
             };
         }
+        if arch == "qwen3_next" {
+            // qwen3_next.py is in 0.10.2 on; V0 ran it with its MambaCacheManager.
+            if !matches!(self.engine, Engine::V1 { .. }) {
+                return Err(Error::Request(format!(
+                    "--vllm {}: model_type 'qwen3_next' under V0 (its MambaCacheManager for the \
+                     Gated DeltaNet states) is not modelled; it is reproduced for --vllm 0.11",
+                    self.name
+                )));
+            }
+            return match self.fused_moe {
+                FusedMoe::Kernel(MoeKernel::InPlace { .. }) => Ok(()),
+                _ => Err(Error::Request(format!(
+                    "--vllm {}: model_type 'qwen3_next' is not modelled under this release: its \
+                     shared expert runs inside the modular fused MoE's op, before the routing \
+                     (docs/reading/vllm-v1-fused-moe.md), and its Gated DeltaNet runs its \
+                     projections and a prefill-kernel warm-up in the profile run (0.19.0 \
+                     layers/mamba/gdn_linear_attn.py L489-665); it is reproduced for --vllm 0.11",
+                    self.name
+                ))),
+            };
+        }
         if mla || matches!(arch, "mixtral" | "qwen2_moe" | "qwen3_moe") {
             // Every release here has mixtral.py and 0.8.5 on has qwen3_moe.py; the fused MoE's
             // allocations are reproduced where the release runs 0.8.5's `fused_experts_impl`.

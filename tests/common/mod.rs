@@ -617,6 +617,30 @@ pub fn hf_test_config(name: &str) -> vramscope::model::ModelConfig {
             );
             o.insert("tie_word_embeddings".into(), false.into());
         }
+        // Qwen3-Next's layout at a small shape: three Gated DeltaNet layers (2 key heads and
+        // 4 value heads of 32, a 4-tap conv) and one gated full-attention layer (heads of 64,
+        // a quarter of each rotated), MoE layers of 8 experts (2 a token, renormalised) beside
+        // a gated shared expert, layer 1 a dense MLP.
+        "qwen3_next" => {
+            o.insert("model_type".into(), "qwen3_next".into());
+            o.insert("num_hidden_layers".into(), 4.into());
+            o.insert("head_dim".into(), 64.into());
+            o.insert("rope_theta".into(), 10000.0.into());
+            o.insert("partial_rotary_factor".into(), 0.25.into());
+            o.insert("tie_word_embeddings".into(), false.into());
+            o.insert("full_attention_interval".into(), 4.into());
+            o.insert("linear_num_key_heads".into(), 2.into());
+            o.insert("linear_num_value_heads".into(), 4.into());
+            o.insert("linear_key_head_dim".into(), 32.into());
+            o.insert("linear_value_head_dim".into(), 32.into());
+            o.insert("linear_conv_kernel_dim".into(), 4.into());
+            o.insert("num_experts".into(), 8.into());
+            o.insert("num_experts_per_tok".into(), 2.into());
+            o.insert("moe_intermediate_size".into(), 64.into());
+            o.insert("shared_expert_intermediate_size".into(), 64.into());
+            o.insert("norm_topk_prob".into(), true.into());
+            o.insert("mlp_only_layers".into(), serde_json::json!([1]));
+        }
         _ => unreachable!(),
     }
     vramscope::model::ModelConfig::from_hf_json(&v).unwrap()

@@ -340,6 +340,7 @@ impl ModelConfig {
             phi: None,
             gemma: None,
             gpt_oss: None,
+            qwen3_next: None,
             moe: Some(MoeShape {
                 num_experts,
                 top_k,

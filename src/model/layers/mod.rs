@@ -6,6 +6,7 @@
 pub mod attention;
 pub mod attention_llama4;
 pub mod decoder;
+pub mod gdn;
 pub mod linear;
 pub mod mla;
 pub mod mlp;

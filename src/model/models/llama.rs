@@ -560,7 +560,8 @@ impl LlamaModel {
             | Decoder::Phi
             | Decoder::Deepseek
             | Decoder::GptOss
-            | Decoder::Llama4 => forward_layers(rt, &run, residual, received),
+            | Decoder::Llama4
+            | Decoder::Qwen3Next => forward_layers(rt, &run, residual, received),
         }
     }
 

@@ -12,6 +12,7 @@
 //! - `deepseek_v2.rs`: DeepSeek-V2, V3/R1 and Kimi-K2 (multi-head latent attention);
 //! - `gpt_oss.rs`: gpt-oss (attention sinks, sliding layers, clamped-SwiGLU experts).
 //! - `llama4.rs`: Llama 4 Scout and Maverick, the language model (chunked local attention).
+//! - `qwen3_next.rs`: Qwen3-Next (Gated DeltaNet layers beside gated full attention).
 
 pub mod deepseek_v2;
 pub mod gemma;
@@ -21,6 +22,7 @@ pub mod llama;
 pub mod llama4;
 pub mod opt;
 pub mod phi;
+pub mod qwen3_next;
 pub mod registry;
 
 use crate::base::error::Result;
@@ -38,6 +40,7 @@ pub enum CausalLm {
     Deepseek(Box<deepseek_v2::DeepseekModel>),
     GptOss(Box<gpt_oss::GptOssModel>),
     Llama4(Box<llama4::Llama4Model>),
+    Qwen3Next(Box<qwen3_next::Qwen3NextModel>),
 }
 
 impl CausalLm {
@@ -67,6 +70,7 @@ impl CausalLm {
             CausalLm::Deepseek(m) => m.moe_kernel.set(kernel),
             CausalLm::GptOss(m) => m.moe_kernel.set(kernel),
             CausalLm::Llama4(m) => m.moe_kernel.set(kernel),
+            CausalLm::Qwen3Next(m) => m.moe_kernel.set(kernel),
             CausalLm::Opt(_) | CausalLm::Phi(_) => {}
         }
     }
@@ -105,6 +109,7 @@ impl CausalLm {
             CausalLm::Deepseek(m) => m.skip_attention.set(yes),
             CausalLm::GptOss(m) => m.skip_attention.set(yes),
             CausalLm::Llama4(m) => m.skip_attention.set(yes),
+            CausalLm::Qwen3Next(m) => m.skip_attention.set(yes),
             CausalLm::Opt(_) => {}
         }
     }
@@ -140,6 +145,9 @@ impl CausalLm {
             Decoder::Llama4 => {
                 CausalLm::Llama4(Box::new(llama4::Llama4Model::load(rt, cfg, src, opts)?))
             }
+            Decoder::Qwen3Next => CausalLm::Qwen3Next(Box::new(qwen3_next::Qwen3NextModel::load(
+                rt, cfg, src, opts,
+            )?)),
             Decoder::Llama | Decoder::Gemma | Decoder::Granite => {
                 CausalLm::Llama(Box::new(llama::LlamaModel::load(rt, cfg, src, opts)?))
             }
@@ -154,6 +162,7 @@ impl CausalLm {
             CausalLm::Deepseek(m) => &m.cfg,
             CausalLm::GptOss(m) => &m.cfg,
             CausalLm::Llama4(m) => &m.cfg,
+            CausalLm::Qwen3Next(m) => &m.cfg,
         }
     }
 
@@ -165,6 +174,7 @@ impl CausalLm {
             CausalLm::Deepseek(m) => m.weight_bytes(),
             CausalLm::GptOss(m) => m.weight_bytes(),
             CausalLm::Llama4(m) => m.weight_bytes(),
+            CausalLm::Qwen3Next(m) => m.weight_bytes(),
         }
     }
 
@@ -176,6 +186,7 @@ impl CausalLm {
             CausalLm::Deepseek(m) => m.load_stats,
             CausalLm::GptOss(m) => m.load_stats,
             CausalLm::Llama4(m) => m.load_stats,
+            CausalLm::Qwen3Next(m) => m.load_stats,
         }
     }
 
@@ -192,6 +203,7 @@ impl CausalLm {
             CausalLm::Deepseek(m) => m.forward_hidden(rt, batch),
             CausalLm::GptOss(m) => m.forward_hidden(rt, batch),
             CausalLm::Llama4(m) => m.forward_hidden(rt, batch),
+            CausalLm::Qwen3Next(m) => m.forward_hidden(rt, batch),
         }
     }
 
@@ -205,6 +217,7 @@ impl CausalLm {
             CausalLm::Deepseek(m) => Some(m.lm_head()),
             CausalLm::GptOss(m) => Some(m.lm_head()),
             CausalLm::Llama4(m) => Some(m.lm_head()),
+            CausalLm::Qwen3Next(m) => Some(m.lm_head()),
         }
     }
 
@@ -242,6 +255,7 @@ impl CausalLm {
                 | CausalLm::Deepseek(_)
                 | CausalLm::GptOss(_) => None,
                 CausalLm::Llama4(_) => None,
+                CausalLm::Qwen3Next(_) => None,
             },
             mods: self.config().logits_mods(),
         })

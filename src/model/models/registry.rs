@@ -37,6 +37,11 @@ pub enum Decoder {
     /// top-1 MoE with a shared expert in every `interleave_moe_layer_step`-th layer (vLLM's
     /// `Llama4DecoderLayer`).
     Llama4,
+    /// `models/qwen3_next.rs`: Gated DeltaNet layers (a conv state and a recurrent state per
+    /// sequence) with a gated full-attention layer every fourth, zero-centred `(1 + w)`
+    /// norms, Qwen2-MoE's sparse block with its gated shared expert (vLLM's
+    /// `Qwen3NextDecoderLayer`).
+    Qwen3Next,
 }
 
 /// Where a sparse block's tensors sit in the checkpoint and in which order vLLM makes them.
@@ -279,6 +284,17 @@ pub const FAMILIES: &[Family] = &[
         mlp_frees_gate_up: true,
         ..LLAMA
     },
+    // qwen3_next.py: Qwen3-Next (the Qwen3.5 family follows it in qwen3_5.py, not modelled).
+    Family {
+        model_type: "qwen3_next",
+        architecture: "Qwen3NextForCausalLM",
+        vllm_file: "qwen3_next.py",
+        decoder: Decoder::Qwen3Next,
+        qk_norm: true,
+        mlp_frees_gate_up: false,
+        moe: Some(QWEN_MOE),
+        ..LLAMA
+    },
 ];
 
 /// A model type vramscope knows and does not run yet.
@@ -291,21 +307,13 @@ pub struct Refused {
 }
 
 /// Model types vramscope knows and refuses, each with what it would take to run it.
-pub const REFUSED: &[Refused] = &[
-    Refused {
-        model_type: "gemma3",
-        architectures: "Gemma3ForConditionalGeneration, text and vision",
-        needs: "only its language model is modelled, as model_type gemma3_text (a \
+pub const REFUSED: &[Refused] = &[Refused {
+    model_type: "gemma3",
+    architectures: "Gemma3ForConditionalGeneration, text and vision",
+    needs: "only its language model is modelled, as model_type gemma3_text (a \
                 Gemma3ForCausalLM checkpoint, or the text_config of the multimodal one); the \
                 vision tower's weights and the encoder's profile pass are not",
-    },
-    Refused {
-        model_type: "qwen3_next",
-        architectures: "Qwen3NextForCausalLM",
-        needs: "hybrid Gated DeltaNet layers with a per-sequence state beside the KV cache \
-                (vLLM's qwen3_next.py) are not modelled yet",
-    },
-];
+}];
 
 /// The family of `model_type`, if vramscope runs it.
 pub fn family(model_type: &str) -> Option<&'static Family> {
@@ -354,12 +362,13 @@ mod tests {
 
     #[test]
     fn a_model_type_not_run_is_refused_by_name_with_what_it_needs() {
-        let e = refusal("qwen3_next").unwrap();
+        let e = refusal("gpt_oss").unwrap();
         assert!(
-            e.starts_with("model_type 'qwen3_next' (Qwen3NextForCausalLM"),
+            e.starts_with("model_type 'gpt_oss' (GptOssForCausalLM"),
             "{e}"
         );
-        assert!(e.contains("Gated DeltaNet"), "{e}");
+        assert!(e.contains("attention sinks"), "{e}");
+        assert!(refusal("qwen3_next").is_none());
         assert!(refusal("llama").is_none());
         assert!(refusal("deepseek_v3").is_none());
     }
@@ -368,7 +377,7 @@ mod tests {
     fn the_list_reads_as_the_messages_always_did() {
         assert_eq!(
             supported_list(),
-            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, llama4_text or llama4"
+            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, llama4_text, llama4 or qwen3_next"
         );
     }
 
