@@ -699,12 +699,14 @@ impl Reader {
             }
         } else if line.contains("Memory profiling results: total_gpu_memory=") {
             // 0.6.4 worker.py:233-244: every field, gpu_memory_utilization last.
-            let g = |k: &str| signed_size_after(line, &format!("{k}="), n);
+            // Only the KV size goes below zero (a start with no room left); the others are
+            // device and allocator readings (worker.py:205-215).
+            let g = |k: &str| size_after(line, &format!("{k}="), n);
             let (Some(total), Some(peak), Some(nt), Some(kv), Some(u)) = (
                 g("total_gpu_memory")?,
                 g("peak_torch_memory")?,
                 g("non_torch_memory")?,
-                g("kv_cache_size")?,
+                signed_size_after(line, "kv_cache_size=", n)?,
                 ratio_after(line, "gpu_memory_utilization=", n)?,
             ) else {
                 return Err(Self::cut(n, "memory profiling line"));
@@ -734,12 +736,14 @@ impl Reader {
             self.set(&[(Field::Total, total)], worker, n)?;
         } else if line.contains("model weights take ") && line.contains("reserved for KV Cache is")
         {
-            let g = |k: &str| signed_size_after(line, k, n);
+            let g = |k: &str| size_after(line, k, n);
             let (Some(w), Some(nt), Some(act), Some(kv)) = (
                 g("model weights take ")?,
-                g("non_torch_memory takes ")?,
+                // An increase between two readings (#12126): below zero when other
+                // processes freed memory meanwhile.
+                signed_size_after(line, "non_torch_memory takes ", n)?,
                 g("PyTorch activation peak memory takes ")?,
-                g("reserved for KV Cache is ")?,
+                signed_size_after(line, "reserved for KV Cache is ", n)?,
             ) else {
                 return Err(Self::cut(n, "memory line"));
             };

@@ -362,13 +362,15 @@ mod tests {
 
     #[test]
     fn a_model_type_not_run_is_refused_by_name_with_what_it_needs() {
-        let e = refusal("gpt_oss").unwrap();
+        let e = refusal("gemma3").unwrap();
         assert!(
-            e.starts_with("model_type 'gpt_oss' (GptOssForCausalLM"),
+            e.starts_with("model_type 'gemma3' (Gemma3ForConditionalGeneration"),
             "{e}"
         );
-        assert!(e.contains("attention sinks"), "{e}");
-        assert!(refusal("qwen3_next").is_none());
+        assert!(e.contains("encoder's profile pass"), "{e}");
+        for runs in ["qwen3_next", "gpt_oss", "llama4", "llama4_text"] {
+            assert!(refusal(runs).is_none(), "{runs}");
+        }
         assert!(refusal("llama").is_none());
         assert!(refusal("deepseek_v3").is_none());
     }
