@@ -53,7 +53,7 @@ pub struct ModelConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deepseek: Option<DeepseekShape>,
     /// gpt-oss's sliding layers, attention sinks, YaRN and clamped SwiGLU experts
-    /// (`model_type: "gpt_oss"`, `config_gpt_oss.rs`); `None` otherwise. Its experts are `moe`.
+    /// (`model_type: "gpt_oss"`, `config/gpt_oss.rs`); `None` otherwise. Its experts are `moe`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpt_oss: Option<GptOssShape>,
     /// Llama 4's chunked and NoPE layers, interleaved MoE and vision tower
@@ -67,7 +67,6 @@ pub struct ModelConfig {
     pub qwen3_next: Option<Qwen3NextShape>,
 }
 
-#[path = "config_gpt_oss.rs"]
 mod gpt_oss;
 pub use gpt_oss::GptOssShape;
 
