@@ -507,6 +507,8 @@ const HUB_PRESETS: &[(&str, &str)] = &[
     ("meta-llama/llama-4-scout-17b-16e", "llama-4-scout"),
     ("meta-llama/llama-4-maverick-17b-128e", "llama-4-maverick"),
     ("deepseek-ai/deepseek-coder-v2-instruct", "deepseek-v2"),
+    ("qwen/qwen3-next-80b-a3b", "qwen3-next-80b-a3b"),
+    ("qwen/qwen3-next-80b-a3b-thinking", "qwen3-next-80b-a3b"),
     ("openai/gpt-oss-20b", "gpt-oss-20b"),
     ("openai/gpt-oss-120b", "gpt-oss-120b"),
     ("google/gemma-2-9b", "gemma-2-9b"),
@@ -929,6 +931,12 @@ mod tests {
             preset_for_hub_id("google/gemma-2-9b-it"),
             Some("gemma-2-9b")
         );
+        for id in [
+            "Qwen/Qwen3-Next-80B-A3B-Instruct",
+            "Qwen/Qwen3-Next-80B-A3B-Thinking",
+        ] {
+            assert_eq!(preset_for_hub_id(id), Some("qwen3-next-80b-a3b"), "{id}");
+        }
         assert_eq!(preset_for_hub_id("someone/unknown-7b"), None);
         let e = resolve_model("someone/unknown-7b").unwrap_err().to_string();
         assert!(
