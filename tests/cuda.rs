@@ -74,6 +74,15 @@ fn qwen3_logits_on_the_gpu_match_cpu_compute_mode() {
 /// that they allocate alike: the weights, each pass's peak, every allocation's bytes and
 /// tensor name. Returns the number of allocations.
 fn gpu_trace_equals_dry(model: &str, quant: Quant, tokens: usize, seqs: usize, len: u64) -> usize {
+    gpu_trace_equals_dry_under(model, quant, (tokens, seqs, len), "0.8")
+}
+
+fn gpu_trace_equals_dry_under(
+    model: &str,
+    quant: Quant,
+    (tokens, seqs, len): (usize, usize, u64),
+    vllm: &str,
+) -> usize {
     let run = |device: &str| {
         let req = ProfileRequest {
             model: ModelSource::parse(model).unwrap(),
@@ -84,12 +93,15 @@ fn gpu_trace_equals_dry(model: &str, quant: Quant, tokens: usize, seqs: usize, l
             max_model_len: len,
             passes: 2,
             verify: false,
-            vllm: "0.8".into(),
+            vllm: vllm.into(),
             ..ProfileRequest::default()
         };
         let t = std::time::Instant::now();
         let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
-        eprintln!("{model} on {device}: {:.1} s", t.elapsed().as_secs_f64());
+        eprintln!(
+            "{model} under {vllm} on {device}: {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
         r
     };
     let gpu = run("cuda:0");
@@ -115,6 +127,64 @@ fn gpu_trace_equals_dry(model: &str, quant: Quant, tokens: usize, seqs: usize, l
     eprintln!("{model}: {} allocations", g.len());
     assert_eq!(g, d);
     g.len()
+}
+
+/// A family's small seeded checkpoint (tests/common's reference shapes, the ones its logits
+/// are held against transformers with), written to a temporary folder.
+fn family_fixture(name: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_hf_test_model(dir.path(), name);
+    let path = dir.path().display().to_string();
+    (dir, path)
+}
+
+/// Multi-head latent attention (DeepSeek-V2's layout, and V3's low-rank query), Gemma 1, 2
+/// and 3 (GemmaRMSNorm, GeGLU, soft-caps, a 4-token sliding window, scaled rotary), Granite's
+/// multipliers and Phi-2's LayerNorm, gelu_new and partial rotary: the GPU's logits against
+/// the CPU's on the same seeded weights.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn the_mla_gemma_granite_and_phi_logits_on_the_gpu_match_cpu_compute_mode() {
+    let mut worst = Vec::new();
+    for name in [
+        "deepseek_v2_dense",
+        "deepseek_v3_dense",
+        "gemma",
+        "gemma2",
+        "gemma3",
+        "granite",
+        "phi",
+    ] {
+        let (_dir, path) = family_fixture(name);
+        let e = gpu_vs_cpu(&path, Quant::F16, 100, 3, 0.0);
+        eprintln!("{name}: relative L2 GPU vs CPU {e:.3e}");
+        worst.push((name, e));
+    }
+    for (name, e) in worst {
+        assert!(e < 1e-2, "{name}: relative L2 {e:.3e}");
+    }
+}
+
+/// An MLA model (DeepSeek-V2's dense layout at the reference shape) under V1 0.19: its
+/// profile pass on the GPU allocates what the dry run allocates, allocation for allocation.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn an_mla_model_on_the_gpu_allocates_what_the_dry_run_allocates() {
+    let (_dir, path) = family_fixture("deepseek_v2_dense");
+    for vllm in ["0.19", "0.11"] {
+        let n = gpu_trace_equals_dry_under(&path, Quant::F16, (1024, 4, 1024), vllm);
+        assert!(n > 50, "{n} allocations");
+    }
+}
+
+/// Gemma 2 at the reference shape (sliding-window and full layers alternating: V1's hybrid
+/// KV groups) under V1 0.19: GPU = dry, allocation for allocation.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_sliding_window_model_on_the_gpu_allocates_what_the_dry_run_allocates() {
+    let (_dir, path) = family_fixture("gemma2");
+    let n = gpu_trace_equals_dry_under(&path, Quant::F16, (1024, 4, 1024), "0.19");
+    assert!(n > 50, "{n} allocations");
 }
 
 /// Qwen3-0.6B's profile pass on the GPU allocates what the dry run allocates, pass by pass.

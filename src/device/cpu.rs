@@ -275,7 +275,7 @@ pub struct RopeTable {
     /// the rest pass through.
     rotary_dim: usize,
     /// `[tokens, rotary_dim / 2]` pairs `(cos, sin)` of `position · θ^(−2i / rotary_dim)`.
-    cos_sin: Vec<(f32, f32)>,
+    pub(crate) cos_sin: Vec<(f32, f32)>,
 }
 
 impl RopeTable {

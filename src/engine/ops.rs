@@ -107,15 +107,17 @@ pub fn rope_partial(
             cpu::rope_strided(q.f32_mut(), q_at, heads, &table);
             cpu::rope_strided(k.f32_mut(), k_at, kv_heads, &table);
         }
-        Backend::Cuda if linear_factor != 1.0 => {
-            return Err(Error::Request(
-                "linear rope scaling has no CUDA kernel yet".into(),
-            ))
-        }
-        Backend::Cuda if rotary_dim != shape.head_dim => {
-            return Err(Error::Request(
-                "partial rotary embedding has no CUDA kernel yet".into(),
-            ))
+        // Gemma 3's scaled positions and Phi's partial rotary from the host's own table.
+        Backend::Cuda if linear_factor != 1.0 || rotary_dim != shape.head_dim => {
+            let table = cpu::RopeTable::partial(
+                positions,
+                shape.head_dim,
+                rotary_dim,
+                theta,
+                linear_factor as f32,
+            );
+            let dims = (shape.heads, shape.kv_heads, shape.head_dim, rotary_dim);
+            cuda(rt, |c| c.rope_table((q, k), dims, &table.cos_sin))?
         }
         Backend::Cuda => cuda(rt, |c| c.rope(q, k, positions, shape, theta))?,
     }
@@ -206,11 +208,6 @@ pub fn attention(
         Backend::Cpu => {
             let (q, k, v, c) = (q.f32(), k.f32(), v.f32(), rt.cancel_flag());
             cpu::attention(q, k, v, seq_lens, shape, out.f32_mut(), &c)?
-        }
-        Backend::Cuda if shape.mods != cpu::ScoreMods::default() => {
-            return Err(Error::Request(format!(
-                "{name}: Gemma's attention (scale, soft-cap, sliding window) has no CUDA kernel yet"
-            )))
         }
         Backend::Cuda => cuda(rt, |c| c.attention(q, k, v, seq_lens, shape, &mut out))?,
     }

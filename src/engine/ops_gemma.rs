@@ -1,20 +1,15 @@
 //! The ops Gemma 2 and Gemma 3 need beyond the Llama family's: GemmaRMSNorm (whose outputs
 //! are new tensors, the residual sum too), GeGLU, the embedding's `√hidden` normalizer and
 //! tanh soft-capping. Like `ops`, each allocates through the framework allocator and then runs
-//! on the CPU or not at all (dry); there are no CUDA kernels for them yet, so a Gemma model is
-//! refused on CUDA when it loads.
+//! on the CPU, on CUDA (src/device/cuda/families.rs) or not at all (dry).
 
-use crate::base::error::{Error, Result};
+use crate::base::error::Result;
 use crate::device::cpu_gemma;
 use crate::device::Backend;
+use crate::engine::ops::cuda;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::Tensor;
 use crate::memory::Category;
-
-/// The one line a Gemma op answers on CUDA (the model refuses CUDA before any op runs).
-fn no_cuda(op: &str) -> Error {
-    Error::Request(format!("{op}: Gemma's ops have no CUDA kernels yet"))
-}
 
 /// `GemmaRMSNorm(x)` with no residual: one new output (vLLM compiles `forward_static` with
 /// torch.compile, layernorm.py L193-205 at 0.6.4, so the f32 intermediates live inside one
@@ -26,7 +21,7 @@ pub fn rms_norm(rt: &Runtime, x: &Tensor, w: &Tensor, eps: f32, name: &str) -> R
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => cpu_gemma::gemma_rms_norm(x.f32(), w.f32(), eps, out.f32_mut()),
-        Backend::Cuda => return Err(no_cuda("gemma_rms_norm")),
+        Backend::Cuda => cuda(rt, |c| c.gemma_rms_norm(x, w, eps, &mut out))?,
     }
     Ok(out)
 }
@@ -61,7 +56,9 @@ pub fn add_rms_norm(
             sum.f32_mut(),
             out.f32_mut(),
         ),
-        Backend::Cuda => return Err(no_cuda("gemma_add_rms_norm")),
+        Backend::Cuda => cuda(rt, |c| {
+            c.gemma_add_rms_norm(x, residual, w, eps, (&mut sum, &mut out))
+        })?,
     }
     Ok((out, sum))
 }
@@ -75,7 +72,7 @@ pub fn gelu_tanh_and_mul(rt: &Runtime, gate: &Tensor, up: &Tensor, name: &str) -
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => cpu_gemma::gelu_tanh_mul_into(gate.f32(), up.f32(), out.f32_mut()),
-        Backend::Cuda => return Err(no_cuda("gelu_tanh_and_mul")),
+        Backend::Cuda => cuda(rt, |c| c.gelu_tanh_mul(gate, up, &mut out))?,
     }
     Ok(out)
 }
@@ -85,22 +82,28 @@ pub fn gelu_tanh_and_mul(rt: &Runtime, gate: &Tensor, up: &Tensor, name: &str) -
 /// 0.6.4); Gemma 3 into a new tensor, the embedding's output dying (gemma3.py L380 at 0.8.5).
 pub fn scale_embedding(rt: &Runtime, x: Tensor, factor: f32, in_place: bool) -> Result<Tensor> {
     rt.set_op("embed.normalizer");
-    let mut out = if in_place {
-        x
-    } else {
-        // The new tensor first, then the embedding's output dies (as `x` leaves this block).
-        let mut out =
-            rt.tensor_for_overwrite("embed.scaled", Category::Activation, &x.shape, x.dtype)?;
-        if rt.backend() == Backend::Cpu {
-            out.f32_mut().copy_from_slice(x.f32());
+    if in_place {
+        let mut x = x;
+        match rt.backend() {
+            Backend::Dry => {}
+            Backend::Cpu => x.f32_mut().iter_mut().for_each(|v| *v *= factor),
+            Backend::Cuda => cuda(rt, |c| c.scale_in_place(&mut x, factor))?,
         }
-        out
-    };
+        return Ok(x);
+    }
+    // The new tensor first, then the embedding's output dies (as `x` leaves this function).
+    let mut out =
+        rt.tensor_for_overwrite("embed.scaled", Category::Activation, &x.shape, x.dtype)?;
     match rt.backend() {
         Backend::Dry => {}
-        Backend::Cpu => out.f32_mut().iter_mut().for_each(|v| *v *= factor),
-        Backend::Cuda => return Err(no_cuda("embed.normalizer")),
+        Backend::Cpu => {
+            for (o, &v) in out.f32_mut().iter_mut().zip(x.f32()) {
+                *o = v * factor;
+            }
+        }
+        Backend::Cuda => cuda(rt, |c| c.scale_into(&x, factor, &mut out))?,
     }
+    drop(x);
     Ok(out)
 }
 
@@ -130,7 +133,14 @@ pub fn soft_cap_logits(
             // The three steps are computed at once by the last; the first two stand for
             // their allocations.
             (Backend::Cpu, _) => out.f32_mut().copy_from_slice(x.f32()),
-            (Backend::Cuda, _) => return Err(no_cuda("logits.soft_cap")),
+            (Backend::Cuda, _) => {
+                let n = match step {
+                    "div" => 0,
+                    "tanh" => 1,
+                    _ => 2,
+                };
+                cuda(rt, |c| c.softcap_step(&x, n, cap, &mut out))?
+            }
         }
         x = out;
     }

@@ -1,16 +1,13 @@
 //! The ops Granite needs beyond Llama's: its multipliers (vLLM granite.py). Like `ops`, each
-//! allocates its output through the framework allocator and then runs on the CPU or not at all
-//! (dry); there are no CUDA kernels for them yet.
+//! allocates its output through the framework allocator and then runs on the CPU, on CUDA or
+//! not at all (dry).
 
 use crate::base::error::{Error, Result};
 use crate::device::Backend;
+use crate::engine::ops::cuda;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::Tensor;
 use crate::memory::Category;
-
-fn no_cuda(op: &str) -> Error {
-    Error::Request(format!("{op}: Granite's ops have no CUDA kernels yet"))
-}
 
 /// `x *= factor` in place (a Python float: no allocation), as granite.py L307 scales the
 /// embedding by `embedding_multiplier` (0.19; L316 at 0.6.4).
@@ -22,7 +19,7 @@ pub fn scale_in_place(rt: &Runtime, x: &mut Tensor, factor: f32, op: &'static st
             x.f32_mut().iter_mut().for_each(|v| *v *= factor);
             Ok(())
         }
-        Backend::Cuda => Err(no_cuda(op)),
+        Backend::Cuda => cuda(rt, |c| c.scale_in_place(x, factor)),
     }
 }
 
@@ -57,10 +54,13 @@ pub fn scaled_residual_add(
                 *o = b * m;
             }
         }
-        Backend::Cuda => return Err(no_cuda("residual_multiplier")),
+        Backend::Cuda => cuda(rt, |c| c.scale_into(branch, m, &mut scaled))?,
     }
     let mut sum =
         rt.tensor_for_overwrite(name, Category::Activation, &residual.shape, residual.dtype)?;
+    if rt.backend() == Backend::Cuda {
+        cuda(rt, |c| c.add(residual, &scaled, &mut sum))?;
+    }
     if rt.backend() == Backend::Cpu {
         for ((o, r), t) in sum
             .f32_mut()

@@ -336,9 +336,7 @@ pub fn scale_in_place(rt: &Runtime, x: &mut Tensor, factor: f64) -> Result<()> {
             }
             Ok(())
         }
-        Backend::Cuda => Err(Error::Request(
-            "DeepSeek's MoE block runs on simulated devices only so far".into(),
-        )),
+        Backend::Cuda => crate::engine::ops::cuda(rt, |c| c.scale_in_place(x, factor as f32)),
     }
 }
 

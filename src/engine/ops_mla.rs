@@ -7,7 +7,9 @@
 
 use crate::base::error::{Error, Result};
 use crate::device::cpu::{self, AttnShape, ScoreMods};
+use crate::device::cuda::MlaKvDims;
 use crate::device::Backend;
+use crate::engine::ops::cuda;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::Tensor;
 use crate::memory::Category;
@@ -119,13 +121,21 @@ pub fn rope_interleaved(
             }
             Ok(())
         }
-        Backend::Cuda => Err(on_cuda()),
+        Backend::Cuda => {
+            let table = rope.table(positions);
+            let half = rope.rotary_dim / 2;
+            cuda(rt, |c| {
+                c.rope_pairs(x, (heads, head_stride, offset), half, &table)
+            })
+        }
     }
 }
 
-pub(crate) fn on_cuda() -> Error {
+/// What DeepSeek's MoE layers answer on CUDA: MLA, the dense MLPs and the fp16 scaling run
+/// there, the grouped top-k routing and the shared experts do not yet.
+pub(crate) fn moe_on_cuda() -> Error {
     Error::Request(
-        "multi-head latent attention (DeepSeek, Kimi) runs on simulated devices only so far: its rotary, latent and MoE kernels have no CUDA implementation here; run it on sim:PRESET"
+        "DeepSeek's MoE layers (grouped top-k routing, shared experts) have no CUDA kernels here yet: on CUDA only MLA models whose layers are all dense run (first_k_dense_replace >= num_hidden_layers); run this one on sim:PRESET"
             .into(),
     )
 }
@@ -251,7 +261,19 @@ pub fn prefill_attention(
                 }
             }
         }
-        Backend::Cuda => return Err(on_cuda()),
+        Backend::Cuda => {
+            let dims = MlaKvDims {
+                heads: d.heads,
+                nope: d.qk_nope,
+                rope: d.qk_rope,
+                v_head: d.v_head,
+            };
+            cuda(rt, |c| {
+                c.mla_kv(kv, k_pe, (&mut k, &mut v), dims)?;
+                c.attention(q, &k, &v, seq_lens, shape, &mut full)?;
+                c.mla_take_v(&full, &mut out, (d.heads, qk, d.v_head))
+            })?;
+        }
     }
     drop(full);
     drop((k, v));

@@ -1,19 +1,13 @@
 //! The ops Phi (phi-1_5, phi-2) needs beyond OPT's and the Llama family's: `nn.LayerNorm` as
 //! PyTorch's CUDA kernel allocates it (the output and two f32 statistics) and `gelu_new` into a
 //! new tensor. Like `ops`, each allocates through the framework allocator and then runs on the
-//! CPU or not at all (dry); there are no CUDA kernels for them yet, so a Phi model is refused
-//! on CUDA when it loads.
+//! CPU, on CUDA or not at all (dry).
 
-use crate::base::error::{Error, Result};
+use crate::base::error::Result;
 use crate::device::{cpu_gemma, Backend};
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
-
-/// The one line a Phi op answers on CUDA (the model refuses CUDA before any op runs).
-fn no_cuda(op: &str) -> Error {
-    Error::Request(format!("{op}: Phi's ops have no CUDA kernels yet"))
-}
 
 /// `F.layer_norm(x, [H], w, b, eps)` as PyTorch's `layer_norm_cuda` runs it: `Y =
 /// empty_like(x)`, then `mean` and `rstd` as f32 `[T]` (the accumulate type); `F.layer_norm`
@@ -27,9 +21,6 @@ pub fn layer_norm(
     eps: f32,
     name: &str,
 ) -> Result<Tensor> {
-    if rt.backend() == Backend::Cuda {
-        return Err(no_cuda("layer_norm"));
-    }
     // `Y` and the norm itself are OPT's; the statistics come after `Y` and die at once.
     let out = crate::engine::ops_opt::layer_norm(rt, x, w, b, eps, name)?;
     let rows = [x.rows()];
@@ -60,7 +51,7 @@ pub fn gelu_new(rt: &Runtime, x: &Tensor, name: &str) -> Result<Tensor> {
                 *o = cpu_gemma::gelu_tanh(v);
             }
         }
-        Backend::Cuda => return Err(no_cuda("gelu_new")),
+        Backend::Cuda => crate::engine::ops::cuda(rt, |c| c.gelu_tanh(x, &mut out))?,
     }
     Ok(out)
 }

@@ -54,6 +54,15 @@ pub(super) fn flash_variant_from_env() -> String {
     v
 }
 
+/// The score scale: the layer's own (Gemma's `query_pre_attn_scalar`, Granite's
+/// `attention_multiplier`, MLA's YaRN-scaled one) or `1 / √head_dim`.
+fn score_scale(shape: &AttnShape) -> f32 {
+    shape
+        .mods
+        .scale
+        .unwrap_or(1.0 / (shape.head_dim as f32).sqrt())
+}
+
 impl CudaDevice {
     /// Causal GQA attention. On compute capability 8.0+ with a head dimension the fused kernel
     /// is built for, one kernel per sequence keeps the scores on chip (flash attention, no
@@ -72,15 +81,19 @@ impl CudaDevice {
         let kernel = flash_kernel(hd, &self.flash_variant, |n| {
             self.funcs.contains_key(&format!("{n}_f16"))
         });
+        // A soft-cap or a sliding window (Gemma) runs through the cuBLAS path's softmax; the
+        // score scale alone is the fused kernel's too.
         let fused = shape.kv_heads > 0
             && shape.heads.is_multiple_of(shape.kv_heads)
+            && shape.mods.softcap.is_none()
+            && shape.mods.window.is_none()
             && !self.attention_blas;
         let Some(kern) = kernel.filter(|_| fused) else {
             return self.attention_blas(q, k, v, seq_lens, shape, out);
         };
         let (heads, kvh) = (shape.heads as i32, shape.kv_heads as i32);
         let (qw, kw) = ((shape.heads * hd) as u64, (shape.kv_heads * hd) as u64);
-        let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
+        let scale_log2 = std::f32::consts::LOG2_E * score_scale(&shape);
         let (qp, kp, vp, op) = (q.cuda_ptr(), k.cuda_ptr(), v.cuda_ptr(), out.cuda_ptr());
         let tile = kern.tile;
         // A uniform batch (every sequence of one length: the profile batch, a decode step's
@@ -162,7 +175,15 @@ impl CudaDevice {
         let (qw, kw) = (heads * hd, kvh * hd);
         let ty = blas_type(dt);
         let esz = 2u64;
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = score_scale(&shape);
+        let (cap, window) = (
+            shape.mods.softcap.unwrap_or(0.0),
+            shape
+                .mods
+                .window
+                .map_or(0, |w| w.min(i32::MAX as usize) as i32),
+        );
+        let plain = cap == 0.0 && window == 0;
         let max_len = seq_lens.iter().copied().max().unwrap_or(0);
         if max_len == 0 {
             return Ok(());
@@ -214,7 +235,9 @@ impl CudaDevice {
                     let (ld64, rows32, keys32, q0) =
                         (ld as i64, rows as i32, keys as i32, r0 as i32);
                     // Up to 8192 keys the row fits in registers (one read of the scores).
-                    let name = if keys <= 256 * 32 {
+                    let name = if !plain {
+                        "softmax_mods"
+                    } else if keys <= 256 * 32 {
                         "softmax_causal_reg"
                     } else {
                         "softmax_causal"
@@ -225,7 +248,11 @@ impl CudaDevice {
                         block_dim: (256, 1, 1),
                         shared_mem_bytes: 0,
                     };
-                    self.launch(f, shape, &[&s, &ld64, &rows32, &keys32, &q0])?;
+                    if plain {
+                        self.launch(f, shape, &[&s, &ld64, &rows32, &keys32, &q0])?;
+                    } else {
+                        self.launch(f, shape, &[&s, &ld64, &rows32, &keys32, &q0, &cap, &window])?;
+                    }
                     // O_b[rows, hd] = P_b · V_b, P with 16-bit rows of 2·ld elements
                     self.gemm(Gemm {
                         m: rows,

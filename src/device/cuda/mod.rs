@@ -12,6 +12,8 @@
 
 mod attention;
 mod collectives;
+mod families;
+pub use families::MlaKvDims;
 mod fp8;
 mod gemm;
 mod gemm_tune;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys as dsys, CudaContext, CudaFunction};
 
-use super::{aligned16, blocks, fp8, grid, kernels, moe, sampler, w4, CudaDevice};
+use super::{aligned16, blocks, families, fp8, grid, kernels, moe, sampler, w4, CudaDevice};
 use crate::base::error::Result;
 use crate::device::cpu::AttnShape;
 use crate::device::tensor::{DType, TensorData};
@@ -20,8 +20,9 @@ pub(super) fn compile_kernels(
         ..Default::default()
     };
     let source = format!(
-        "{}{}{}{}{}{}",
+        "{}{}{}{}{}{}{}",
         kernels::SOURCE,
+        families::SOURCE,
         sampler::SOURCE,
         kernels::OPT_BNB_SOURCE,
         fp8::SOURCE,
@@ -43,6 +44,7 @@ pub(super) fn compile_kernels(
         .chain(sampler::UNTYPED)
         .chain(kernels::OPT_BNB_UNTYPED)
         .chain(fp8::UNTYPED)
+        .chain(families::UNTYPED)
         .chain([&crate::device::synth::NAME])
         .map(|s| s.to_string())
         .collect();
@@ -52,6 +54,7 @@ pub(super) fn compile_kernels(
         .chain(kernels::OPT_BNB_TYPED)
         .chain(fp8::TYPED)
         .chain(moe::TYPED)
+        .chain(families::TYPED)
     {
         names.push(format!("{n}_f16"));
         names.push(format!("{n}_bf16"));

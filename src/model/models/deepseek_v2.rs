@@ -110,8 +110,8 @@ impl DeepseekModel {
                 cfg.arch
             ))
         })?;
-        if rt.backend() == Backend::Cuda {
-            return Err(crate::engine::ops_mla::on_cuda());
+        if rt.backend() == Backend::Cuda && (0..cfg.num_layers).any(|l| cfg.is_moe_layer(l)) {
+            return Err(crate::engine::ops_mla::moe_on_cuda());
         }
         opts.require_16bit(
             src,

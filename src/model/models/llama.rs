@@ -117,17 +117,6 @@ impl LlamaModel {
             ))
         })?;
         let gemma = family.decoder == Decoder::Gemma;
-        if gemma && rt.backend() == crate::device::Backend::Cuda {
-            return Err(Error::Request(format!(
-                "model_type {} is not supported on CUDA yet (GemmaRMSNorm, GeGLU, soft-capping and sliding-window attention have no kernels); run it on a simulated device (sim:...)",
-                cfg.arch
-            )));
-        }
-        if family.decoder == Decoder::Granite && rt.backend() == crate::device::Backend::Cuda {
-            return Err(Error::Request(
-                "model_type granite is not supported on CUDA yet (its multipliers have no kernels); run it on a simulated device (sim:...)".into(),
-            ));
-        }
         if cfg.moe.is_some() {
             if cfg
                 .moe

@@ -10,7 +10,6 @@
 use std::cell::Cell;
 
 use crate::base::error::{Error, Result};
-use crate::device::Backend;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::engine::{ops, ops_opt, ops_phi, ops_tp};
@@ -92,11 +91,6 @@ impl PhiModel {
                 cfg.arch
             ))
         })?;
-        if rt.backend() == Backend::Cuda {
-            return Err(Error::Request(
-                "model_type phi is not supported on CUDA yet (LayerNorm with its statistics, gelu_new and partial rotary have no kernels); run it on a simulated device (sim:...)".into(),
-            ));
-        }
         opts.require_16bit(
             src,
             "phi",
