@@ -60,6 +60,8 @@ pub struct TimelineView {
     pub by_event: bool,
     /// Which of `SERIES` are drawn.
     pub hidden: [bool; 4],
+    /// The NVML samples' line (a GPU run's) not drawn.
+    pub hide_nvml: bool,
     reset: bool,
     cache: Cache,
     /// Where the last frame drew the plot (for tests that read its axis back).
@@ -145,6 +147,19 @@ impl TimelineView {
                     .strong();
                 if ui.checkbox(&mut shown, text).changed() {
                     self.hidden[i] = !shown;
+                }
+            }
+            // A GPU run's NVML readings are a fifth line, named beside the four.
+            if input
+                .report
+                .is_some_and(|r| !r.device_samples.is_empty())
+            {
+                let mut shown = !self.hide_nvml;
+                let text = RichText::new(NVML_LABEL)
+                    .color(series_colour(Series::ProcessUsed, dark))
+                    .strong();
+                if ui.checkbox(&mut shown, text).changed() {
+                    self.hide_nvml = !shown;
                 }
             }
             if ui.button("Reset view").clicked() {
@@ -339,7 +354,7 @@ impl TimelineView {
                     );
                 }
             }
-            if !cache.view_samples.is_empty() {
+            if !cache.view_samples.is_empty() && !self.hide_nvml {
                 pui.line(
                     Line::new(NVML_LABEL, cache.view_samples.clone())
                         .color(series_colour(Series::ProcessUsed, dark))
