@@ -1420,7 +1420,7 @@ pub(crate) fn run_rank(
     };
     // `_dummy_run(max_num_reqs, cudagraph_runtime_mode=NONE)`: no attention metadata, so
     // attention returns zeros, as in the profile; then `_dummy_sampler_run`.
-    let mut warm_pass = |batch: &Batch| -> Result<()> {
+    let warm_pass = |batch: &Batch| -> Result<()> {
         if let Workload::Model { model, .. } = &work {
             model.set_skip_attention(true);
         }

@@ -369,7 +369,7 @@ mod tests {
             tried_gib: Some(t),
             free_gib: Some(fr),
             num_reqs: Some(1024),
-        } = failure
+        } = &failure
         else {
             panic!("{failure:?}")
         };
