@@ -1413,9 +1413,13 @@ pub(crate) fn run_rank(
     // The warm-up runs on the last pipeline rank only (gpu_worker.py 0.19.0 L666).
     let warm_reqs = warm_reqs.filter(|_| rt.pp().is_none_or(|p| p.is_last()));
     let warm_batch = match &work {
-        Workload::Model { model, .. } => {
-            warm_reqs.map(|n| (n, model.config().vocab_size, Batch::dummy(n, n, model.config().vocab_size)))
-        }
+        Workload::Model { model, .. } => warm_reqs.map(|n| {
+            (
+                n,
+                model.config().vocab_size,
+                Batch::dummy(n, n, model.config().vocab_size),
+            )
+        }),
         Workload::Synthetic { .. } => None,
     };
     // `_dummy_run(max_num_reqs, cudagraph_runtime_mode=NONE)`: no attention metadata, so
@@ -1470,8 +1474,7 @@ pub(crate) fn run_rank(
             if let Some(spec) = warm_spec {
                 rt.set_pass(0);
                 rt.progress(Progress::Phase(Phase::Verifying));
-                warm_up =
-                    super::warmup::eager(&rt, &geometry, kv_dtype, kv_blocks, others, spec)?;
+                warm_up = super::warmup::eager(&rt, &geometry, kv_dtype, kv_blocks, others, spec)?;
             }
             None
         }

@@ -313,7 +313,11 @@ mod tests {
     fn each_v1_release_warms_up_min_seqs_tokens_and_v0_and_runner_v2_do_not() {
         for name in ["0.11", "0.15", "0.19", "0.21", "0.22", "0.33"] {
             let r = crate::profile::vllm::release(name).unwrap();
-            assert_eq!(r.sampler_warm_up_reqs(false, 1024, 8192), Some(1024), "{name}");
+            assert_eq!(
+                r.sampler_warm_up_reqs(false, 1024, 8192),
+                Some(1024),
+                "{name}"
+            );
             assert_eq!(r.sampler_warm_up_reqs(false, 256, 128), Some(128), "{name}");
             assert_eq!(r.sampler_warm_up_reqs(true, 1024, 8192), None, "{name}");
         }
@@ -321,8 +325,12 @@ mod tests {
             let r = crate::profile::vllm::release(name).unwrap();
             assert_eq!(r.sampler_warm_up_reqs(false, 256, 2048), None, "{name}");
         }
-        assert!(crate::profile::vllm::release("0.19").unwrap().empties_cache_after_capture());
-        assert!(!crate::profile::vllm::release("0.15").unwrap().empties_cache_after_capture());
+        assert!(crate::profile::vllm::release("0.19")
+            .unwrap()
+            .empties_cache_after_capture());
+        assert!(!crate::profile::vllm::release("0.15")
+            .unwrap()
+            .empties_cache_after_capture());
         assert!(source("0.15").starts_with("vLLM 0.15.1 "));
     }
 
@@ -333,7 +341,10 @@ mod tests {
     fn llama_3_8b_warm_up_fits_at_0_90_and_runs_out_at_0_99() {
         let ok = run(&llama(0.90));
         let w = ok.warm_up.clone().expect("0.19 runs the warm-up");
-        assert_eq!(w.num_reqs as usize, ok.settings.seqs.min(ok.settings.tokens));
+        assert_eq!(
+            w.num_reqs as usize,
+            ok.settings.seqs.min(ok.settings.tokens)
+        );
         assert_eq!((w.num_reqs, w.vocab), (1024, 128256));
         assert_eq!(w.logits_f32_bytes(), 1024 * 128256 * 4);
         assert!(w.failed.is_none(), "{w:?}");
@@ -348,7 +359,10 @@ mod tests {
         let total = ok.checkpoints.t0.total as i64;
         assert_eq!(w.peak_process_bytes, w.process_before_bytes + w.need_bytes);
         assert_eq!(w.room_left_bytes, total - w.peak_process_bytes as i64);
-        assert_eq!(w.room_left_bytes, w.free_before_bytes as i64 - w.need_bytes as i64);
+        assert_eq!(
+            w.room_left_bytes,
+            w.free_before_bytes as i64 - w.need_bytes as i64
+        );
         assert!(w.room_left_bytes > 0);
         assert_eq!(diagnose::after_profile(&ok), None);
 
