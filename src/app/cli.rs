@@ -1040,6 +1040,9 @@ pub fn summary_text(r: &Report) -> String {
     for line in r.graph_summary() {
         let _ = writeln!(s, "{line}");
     }
+    for line in r.warm_up_summary() {
+        let _ = writeln!(s, "{line}");
+    }
     if let Some(h) = r.does_not_fit() {
         let _ = writeln!(s, "{h}");
     }

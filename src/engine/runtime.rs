@@ -206,6 +206,11 @@ impl Runtime {
         }
     }
 
+    /// The op the events are tagged with now (after an error: the op it happened in).
+    pub fn op(&self) -> &'static str {
+        self.0.borrow().op
+    }
+
     /// Tags the events that follow with a layer (`None` outside the decoder layers).
     pub fn set_layer(&self, layer: Option<u32>) {
         self.0.borrow_mut().layer = layer;

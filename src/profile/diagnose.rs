@@ -262,10 +262,7 @@ impl StartFailure {
             StartFailure::OutOfMemoryAfterKv {
                 phase: WarmUp::Sampler,
                 ..
-            } => (
-                "vLLM 0.19.0 v1/worker/gpu_model_runner.py L5594-5607 (_dummy_sampler_run, from gpu_worker.py L686)",
-                "",
-            ),
+            } => (super::warmup::source(release.name), ""),
             StartFailure::OutOfMemoryAfterKv {
                 phase: WarmUp::CudaGraphs,
                 ..
@@ -394,11 +391,7 @@ impl StartFailure {
                 phase: WarmUp::Sampler,
                 num_reqs: Some(n),
                 ..
-            } if v1 => format!(
-                "RuntimeError: CUDA out of memory occurred when warming up sampler with {n} \
-                 dummy requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization` \
-                 when initializing the engine."
-            ),
+            } if v1 => super::warmup::vllm_message(*n),
             StartFailure::OutOfMemoryAfterKv {
                 tried_gib,
                 free_gib,
@@ -926,8 +919,8 @@ pub fn after_profile(r: &super::Report) -> Option<StartFailure> {
             estimated_max_len: None,
         });
     }
-    // The warm-ups after the KV cache: the graph capture (the sampler's, once the report
-    // carries it, goes here in the order of gpu_worker.py L588 then L686).
+    // The warm-ups after the KV cache, in the worker's order: the graph capture, then the
+    // sampler's (0.19.0 v1/worker/gpu_worker.py L588, then L686).
     if r.graphs.as_ref().is_some_and(|gr| gr.failed.is_some()) {
         return Some(StartFailure::OutOfMemoryAfterKv {
             phase: WarmUp::CudaGraphs,
@@ -935,6 +928,56 @@ pub fn after_profile(r: &super::Report) -> Option<StartFailure> {
             free_gib: None,
             num_reqs: None,
         });
+    }
+    if let Some((w, f)) = failed_warm_up(r) {
+        // What it takes beyond what it had, against what was free when it started.
+        return Some(StartFailure::OutOfMemoryAfterKv {
+            phase: if f.in_sampler {
+                WarmUp::Sampler
+            } else {
+                WarmUp::Unplaced
+            },
+            tried_gib: Some(w.need_bytes as f64 / GIB),
+            free_gib: Some(w.free_before_bytes as f64 / GIB),
+            num_reqs: Some(w.num_reqs),
+        });
+    }
+    None
+}
+
+/// The sampler warm-up that ran out of memory, on this rank or another (the last pipeline
+/// stage runs it).
+fn failed_warm_up(
+    r: &super::Report,
+) -> Option<(&super::warmup::SamplerWarmUp, &super::warmup::WarmUpOom)> {
+    std::iter::once(r)
+        .chain(r.ranks.iter())
+        .filter_map(|x| x.warm_up.as_ref())
+        .find_map(|w| w.failed.as_ref().map(|f| (w, f)))
+}
+
+/// The largest utilization, in hundredths, at which the sampler warm-up that was `short`
+/// bytes short starts: the KV cache grows with T·u and the warm-up does not, so it is
+/// `util − short/T` rounded down, checked by a run of it (and 0.01 lower while it does not
+/// start, a few times: the KV cache is allocated in whole blocks).
+pub fn warm_up_fit(
+    req: &super::ProfileRequest,
+    short_bytes: f64,
+    total_bytes: f64,
+) -> Option<(f64, Outcome)> {
+    let mut util = ((req.util - short_bytes / total_bytes) * 100.0).floor() / 100.0;
+    for _ in 0..5 {
+        if util <= 0.0 {
+            return None;
+        }
+        let r = super::ProfileRequest {
+            util,
+            ..req.clone()
+        };
+        if let Some(o) = try_run(&r).ok().filter(Outcome::starts) {
+            return Some((util, o));
+        }
+        util = ((util - 0.01) * 100.0).round() / 100.0;
     }
     None
 }
@@ -1257,6 +1300,41 @@ pub fn of_run(req: &super::ProfileRequest, r: &super::Report) -> Option<Diagnosi
                 "weights, activation peak and non-torch memory take {non_kv:.2} GiB of T·u =                  {:.2} GiB",
                 total_gib * r.settings.util
             ));
+        }
+        StartFailure::OutOfMemoryAfterKv { .. } if failed_warm_up(r).is_some() => {
+            let (w, f) = failed_warm_up(r)?;
+            let short = -w.room_left_bytes;
+            let fit = warm_up_fit(req, short as f64, r.checkpoints.t0.total as f64);
+            let fmt = crate::base::units::fmt_u;
+            d.reproduced = Some(format!(
+                "the sampler warm-up ({} dummy requests, [{}, {}] logits) would run out of \
+                 memory after the KV cache is allocated ({}): {} short, needing {}{} with {} \
+                 free{}{}",
+                w.num_reqs,
+                w.num_reqs,
+                w.vocab,
+                o.kv_words(),
+                crate::base::units::fmt_i(short),
+                if w.need_at_least { "at least " } else { "" },
+                fmt(w.need_bytes),
+                fmt(w.free_before_bytes),
+                if f.in_sampler {
+                    ""
+                } else {
+                    " (in the dummy forward before the sampler: torch's own error)"
+                },
+                match &fit {
+                    Some((u, _)) => format!("; --gpu-memory-utilization {u:.2} leaves it room"),
+                    None => "; no utilization down to 0.05 below leaves it room".into(),
+                }
+            ));
+            if let Some((util, ok)) = fit {
+                d.would_start.push(format!(
+                    "{:<34} {}",
+                    format!("--gpu-memory-utilization {util:.2}"),
+                    ok.kv_words()
+                ));
+            }
         }
         StartFailure::OutOfMemoryAfterKv { .. } => {
             d.reproduced = Some(format!(

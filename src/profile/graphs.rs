@@ -122,7 +122,7 @@ struct Captured {
 }
 
 /// The KV cache as V1's `initialize_kv_cache` allocates it: one tensor per layer.
-fn allocate_kv(
+pub(crate) fn allocate_kv(
     rt: &Runtime,
     geometry: &KvGeometry,
     dtype: DType,
@@ -402,7 +402,9 @@ pub(crate) fn estimate(
 
 /// `capture_model` with the KV cache of `kv_blocks` allocated: every size of every mode,
 /// each replayed afterwards against its warm-up on a GPU. An out-of-memory stops the capture
-/// and is reported in `failed` (the instance would crash there).
+/// and is reported in `failed` (the instance would crash there). Then, with the graphs and
+/// the KV cache still alive, V1's sampler warm-up where `warm_up` asks for it (vLLM runs it
+/// right after `capture_model`: 0.19.0 v1/worker/gpu_worker.py L588, L663-686).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn capture(
     rt: &Runtime,
@@ -414,7 +416,8 @@ pub(crate) fn capture(
     others_bytes: u64,
     estimate: Option<Estimate>,
     style: Style,
-) -> Result<GraphReport> {
+    warm_up: Option<super::warmup::WarmUpSpec<'_>>,
+) -> Result<(GraphReport, Option<super::warmup::SamplerWarmUp>)> {
     let total = rt.snapshot().mem.total;
     rt.graph_prepare()?;
     rt.empty_cache();
@@ -444,7 +447,7 @@ pub(crate) fn capture(
         Ok(kv) => kv,
         Err(e @ Error::OutOfMemory { .. }) => {
             report.failed = Some(format!("the KV cache itself: {e}"));
-            return Ok(report);
+            return Ok((report, None));
         }
         Err(e) => return Err(e),
     };
@@ -476,7 +479,7 @@ pub(crate) fn capture(
                     Ok(t) => v0_inputs.push(t),
                     Err(e @ Error::OutOfMemory { .. }) => {
                         report.failed = Some(format!("the graphs' decode inputs: {e}"));
-                        return Ok(report);
+                        return Ok((report, None));
                     }
                     Err(e) => return Err(e),
                 }
@@ -547,13 +550,32 @@ pub(crate) fn capture(
     if check && report.failed.is_none() {
         report.replay = Some(replay_check(rt, &captured)?);
     }
+    // The sampler's warm-up on the default stream, once `graph_capture()` is left, the graphs
+    // and the KV cache alive.
+    let mut kv = Some(kv);
+    let warmed = match warm_up {
+        Some(spec) if report.failed.is_none() => {
+            rt.graph_side_stream(false)?;
+            rt.marker("cudagraph capture end");
+            Some(super::warmup::run(
+                rt,
+                spec,
+                total,
+                others_bytes,
+                &mut || drop(kv.take()),
+            ))
+        }
+        _ => None,
+    };
     rt.graphs_drop(GRAPH_POOL)?;
     rt.graph_side_stream(false)?;
     drop(v0_inputs);
     drop(kv);
     rt.empty_cache();
-    rt.marker("cudagraph capture end");
-    Ok(report)
+    if warmed.is_none() {
+        rt.marker("cudagraph capture end");
+    }
+    Ok((report, warmed.transpose()?))
 }
 
 /// Replays each capture's graphs and compares the output with the eager warm-up's.

@@ -17,6 +17,7 @@ pub mod request;
 pub mod tp;
 pub mod vllm;
 pub mod vllm_args;
+pub mod warmup;
 
 pub use report::Report;
 pub use request::ProfileRequest;

@@ -59,13 +59,24 @@ impl Workload {
     /// `prepare_model_input`, `execute_model` (forward L1657-1666, `compute_logits` L1691,
     /// `sample` L1701), then the model input goes when the run returns.
     fn forward(&self, rt: &Runtime, want_logits: bool) -> Result<PassOutput> {
+        self.forward_batch(rt, None, want_logits)
+    }
+
+    /// `forward` on `batch` instead of the profile's (V1's sampler warm-up after the KV cache).
+    fn forward_batch(
+        &self,
+        rt: &Runtime,
+        batch: Option<&Batch>,
+        want_logits: bool,
+    ) -> Result<PassOutput> {
         match self {
             Workload::Model {
                 model,
-                batch,
+                batch: profile_batch,
                 sampler,
                 v1,
             } => {
+                let batch = batch.unwrap_or(profile_batch);
                 let vocab = model.config().vocab_size;
                 let input = sampler::prepare_model_input(rt, batch)?;
                 let (hidden, sent) = model.forward_stage(rt, batch)?;
@@ -1349,27 +1360,97 @@ pub(crate) fn run_rank(
     } else {
         None
     };
+    // V1's sampler warm-up after the KV cache (and the graphs): where the release runs it,
+    // with the sampler on, on dry and CUDA devices (as the graphs).
+    let warm_reqs = release.sampler_warm_up_reqs(v2, req.seqs, req.tokens);
+    let (warm_reqs, warm_up_note) = match (&work, warm_reqs) {
+        (Workload::Model { .. }, None) if v2 => (
+            None,
+            Some(
+                "Model Runner V2 warms up with `warmup_kernels` after the KV cache (two \
+                 scheduler steps with SamplingParams.for_sampler_warmup(), 0.21.0 \
+                 v1/worker/gpu_worker.py L687-689, gpu/warmup.py): not modelled"
+                    .to_string(),
+            ),
+        ),
+        (Workload::Model { sampler: None, .. }, Some(_)) => (
+            None,
+            Some("the sampler is off (--no-sampler): no sampler warm-up after the KV cache".into()),
+        ),
+        (Workload::Model { .. }, Some(_)) if rt.backend() == crate::device::Backend::Cpu => (
+            None,
+            Some(
+                "the sampler warm-up after the KV cache runs on dry and CUDA devices; this \
+                 compute run on the CPU has none (run it dry for its memory)"
+                    .to_string(),
+            ),
+        ),
+        (Workload::Model { .. }, n) => (n, None),
+        _ => (None, None),
+    };
+    // The KV cache of the release's own grant, as the instance allocates it after the
+    // profile: every rank the engine's count, the fewest over the ranks.
+    let kv_blocks = if plan.is_empty() && warm_reqs.is_none() {
+        0
+    } else {
+        let applied = estimate
+            .as_ref()
+            .filter(|e| e.applied)
+            .map_or(0, |e| e.total_bytes);
+        let own = results
+            .iter()
+            .find(|r| r.id == release.formula)
+            .map_or(0, |r| {
+                super::report::release_kv_bytes(release, r.kv_bytes, t0.total, req.util, applied)
+            });
+        let mut blocks = geometry.blocks(own);
+        if let Some((world_rank, world)) = rt.world() {
+            let all = world.all_gather_u64(world_rank, &[blocks])?;
+            blocks = all.iter().map(|v| v[0]).min().unwrap_or(0);
+        }
+        blocks
+    };
+    // The warm-up runs on the last pipeline rank only (gpu_worker.py 0.19.0 L666).
+    let warm_reqs = warm_reqs.filter(|_| rt.pp().is_none_or(|p| p.is_last()));
+    let warm_batch = match &work {
+        Workload::Model { model, .. } => warm_reqs.map(|n| {
+            (
+                n,
+                model.config().vocab_size,
+                Batch::dummy(n, n, model.config().vocab_size),
+            )
+        }),
+        Workload::Synthetic { .. } => None,
+    };
+    // `_dummy_run(max_num_reqs, cudagraph_runtime_mode=NONE)`: no attention metadata, so
+    // attention returns zeros, as in the profile; then `_dummy_sampler_run`.
+    let warm_pass = |batch: &Batch| -> Result<()> {
+        if let Workload::Model { model, .. } = &work {
+            model.set_skip_attention(true);
+        }
+        let out = work.forward_batch(&rt, Some(batch), false);
+        if let Workload::Model { model, .. } = &work {
+            model.set_skip_attention(false);
+        }
+        out.map(drop)
+    };
+    let mut warm_fn;
+    let warm_spec = match &warm_batch {
+        Some((n, vocab, batch)) => {
+            warm_fn = || warm_pass(batch);
+            Some(super::warmup::WarmUpSpec {
+                num_reqs: *n,
+                vocab: *vocab,
+                empty_first: release.empties_cache_after_capture(),
+                pass: &mut warm_fn,
+            })
+        }
+        None => None,
+    };
+    let mut warm_up = None;
     let graphs = match &work {
         Workload::Model { model, .. } if !plan.is_empty() => {
             rt.set_pass(0);
-            let applied = estimate
-                .as_ref()
-                .filter(|e| e.applied)
-                .map_or(0, |e| e.total_bytes);
-            let own = results
-                .iter()
-                .find(|r| r.id == release.formula)
-                .map_or(0, |r| {
-                    super::report::release_kv_bytes(
-                        release, r.kv_bytes, t0.total, req.util, applied,
-                    )
-                });
-            let mut blocks = geometry.blocks(own);
-            if let Some((world_rank, world)) = rt.world() {
-                // Every rank allocates the engine's count: the fewest over the ranks.
-                let all = world.all_gather_u64(world_rank, &[blocks])?;
-                blocks = all.iter().map(|v| v[0]).min().unwrap_or(0);
-            }
             rt.progress(Progress::Phase(Phase::Verifying));
             let style = match release.graphs {
                 super::vllm::Graphs::V0 { attention } => super::graphs::Style::V0 {
@@ -1382,11 +1463,21 @@ pub(crate) fn run_rank(
                 },
                 _ => super::graphs::Style::V1,
             };
-            Some(super::graphs::capture(
-                &rt, model, &plan, &geometry, kv_dtype, blocks, others, estimate, style,
-            )?)
+            let (g, w) = super::graphs::capture(
+                &rt, model, &plan, &geometry, kv_dtype, kv_blocks, others, estimate, style,
+                warm_spec,
+            )?;
+            warm_up = w;
+            Some(g)
         }
-        _ => None,
+        _ => {
+            if let Some(spec) = warm_spec {
+                rt.set_pass(0);
+                rt.progress(Progress::Phase(Phase::Verifying));
+                warm_up = super::warmup::eager(&rt, &geometry, kv_dtype, kv_blocks, others, spec)?;
+            }
+            None
+        }
     };
     rt.set_pass(0);
     rt.progress(Progress::Phase(Phase::Done));
@@ -1438,6 +1529,8 @@ pub(crate) fn run_rank(
         nccl_source,
         graphs,
         graphs_note,
+        warm_up,
+        warm_up_note,
         vllm_notes: mla_backend
             .as_ref()
             .and_then(|b| b.note.clone())

@@ -279,6 +279,12 @@ pub struct Report {
     /// Why no graphs were captured when the release would capture some.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub graphs_note: Option<String>,
+    /// V1's sampler warm-up after the KV cache and the graphs (`compile_or_warm_up_model`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_up: Option<super::warmup::SamplerWarmUp>,
+    /// Why it did not run where the release runs one (or runs another, not modelled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_up_note: Option<String>,
     /// What the release logs about this start before it profiles, in its words (MLA's
     /// "Forcing kv cache block size to 64 for FlashMLA backend.").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -404,6 +410,8 @@ impl Report {
             nccl_source,
             graphs,
             graphs_note,
+            warm_up,
+            warm_up_note,
             vllm_notes,
             pp,
             stage,
@@ -441,6 +449,8 @@ impl Report {
             nccl_source: nccl_source.clone(),
             graphs: graphs.clone(),
             graphs_note: graphs_note.clone(),
+            warm_up: warm_up.clone(),
+            warm_up_note: warm_up_note.clone(),
             vllm_notes: vllm_notes.clone(),
             pp: *pp,
             stage: *stage,
@@ -996,6 +1006,20 @@ impl Report {
             }
         }
         out
+    }
+
+    /// V1's sampler warm-up after the KV cache, in one line (or why it did not run); with
+    /// pipeline parallel the last stage's.
+    pub fn warm_up_summary(&self) -> Vec<String> {
+        let name = self.settings.release().map_or("?", |r| r.name);
+        let w = std::iter::once(self)
+            .chain(self.ranks.iter())
+            .find_map(|r| r.warm_up.as_ref());
+        match (w, &self.warm_up_note) {
+            (Some(w), _) => vec![w.summary(name)],
+            (None, Some(n)) => vec![format!("sampler warm-up: {n}")],
+            (None, None) => Vec::new(),
+        }
     }
 
     pub fn formula(&self, id: FormulaId) -> Option<&FormulaResult> {

@@ -111,6 +111,11 @@ pub enum Graphs {
         /// (0.21.0 config/vllm.py:1526-1586).
         adds_batch_size: bool,
         estimator: Estimator,
+        /// `capture_model` ends with `synchronize()` and `empty_cache()` (0.19.0
+        /// v1/worker/gpu_model_runner.py L6035-6036; 0.21.0 L6232-6233), so the segments its
+        /// side stream cached are gone before the sampler's warm-up; 0.11.0 (L3466-3482) and
+        /// 0.15.1 (L5045-5069) keep them.
+        empties_cache: bool,
     },
 }
 
@@ -519,6 +524,7 @@ pub const RELEASES: &[Release] = &[
             step8: true,
             adds_batch_size: false,
             estimator: Estimator::Absent,
+            empties_cache: false,
         },
         tokens_from_concurrency: false,
         runner_v2: RunnerV2::Off,
@@ -566,6 +572,7 @@ pub const RELEASES: &[Release] = &[
             step8: false,
             adds_batch_size: false,
             estimator: Estimator::Absent,
+            empties_cache: false,
         },
         tokens_from_concurrency: false,
         runner_v2: RunnerV2::Off,
@@ -610,6 +617,7 @@ pub const RELEASES: &[Release] = &[
             step8: false,
             adds_batch_size: false,
             estimator: Estimator::Computed,
+            empties_cache: true,
         },
         tokens_from_concurrency: false,
         runner_v2: RunnerV2::Off,
@@ -723,6 +731,7 @@ const R0_21: Release = Release {
         step8: false,
         adds_batch_size: true,
         estimator: Estimator::Applied,
+        empties_cache: true,
     },
     tokens_from_concurrency: true,
     runner_v2: RunnerV2::Off,
@@ -1139,6 +1148,37 @@ impl Release {
             .filter(|&n| n <= max_num_seqs)
             .collect();
         vec![(CaptureKind::Piecewise, sizes), (CaptureKind::Full, full)]
+    }
+
+    /// The dummy requests of the sampler warm-up V1's `compile_or_warm_up_model` runs after
+    /// the KV cache and the CUDA graphs: `_dummy_run(min(max_num_seqs,
+    /// max_num_batched_tokens))`, then `_dummy_sampler_run` on its last hidden states, on the
+    /// last pipeline rank (0.11.0 v1/worker/gpu_worker.py L395-414; 0.15.1 L510-530; 0.19.0
+    /// L667-686; 0.21.0 L691-710; profile/warmup.rs). `None` where the release runs none of
+    /// it: V0 (its `_warm_up_model` only captures), and a model on Model Runner V2 (`v2`),
+    /// which runs `warmup_kernels` instead (0.21.0 gpu_worker.py L687-689, gpu/warmup.py:
+    /// two scheduler steps with `SamplingParams.for_sampler_warmup()`; not modelled).
+    pub fn sampler_warm_up_reqs(
+        &self,
+        v2: bool,
+        max_num_seqs: usize,
+        max_num_batched_tokens: usize,
+    ) -> Option<usize> {
+        match self.engine {
+            Engine::V1 { .. } if !v2 => Some(max_num_seqs.min(max_num_batched_tokens)),
+            _ => None,
+        }
+    }
+
+    /// Whether `capture_model` empties the cache after its graphs (`Graphs::V1::empties_cache`).
+    pub fn empties_cache_after_capture(&self) -> bool {
+        matches!(
+            self.graphs,
+            Graphs::V1 {
+                empties_cache: true,
+                ..
+            }
+        )
     }
 
     pub fn estimator(&self) -> Estimator {

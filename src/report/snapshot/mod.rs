@@ -337,6 +337,8 @@ impl DeviceTimeline {
             nccl_source: None,
             graphs: None,
             graphs_note: None,
+            warm_up: None,
+            warm_up_note: None,
             vllm_notes: Vec::new(),
             pp: 1,
             stage: None,
