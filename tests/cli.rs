@@ -2449,8 +2449,10 @@ fn explain_diagnoses_a_failed_start() {
         "{text}"
     );
     assert!(text.contains("short by 11.15 GiB"), "{text}");
+    // The free memory allows 0.75 at start, but at 0.75 the sampler's warm-up after the KV
+    // cache finds too little beside the other process's 19.07 GiB: one step lower starts.
     assert!(
-        text.contains("--gpu-memory-utilization 0.75      KV "),
+        text.contains("--gpu-memory-utilization 0.74      KV "),
         "{text}"
     );
     assert!(!text.contains("not run"), "{text}");

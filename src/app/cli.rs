@@ -695,6 +695,12 @@ pub fn plan_profile_args(p: &PlanArgs) -> Result<(ProfileArgs, Vec<String>)> {
             "the vLLM line did not read as a profile".into(),
         ));
     };
+    // A plan needs the allocations, not the logits: a simulated device named without a mode
+    // runs dry (the same bytes, seconds instead of a CPU forward of the whole model).
+    let mut args = args;
+    if args.device.starts_with("sim:") && args.device.split(':').count() == 2 {
+        args.device.push_str(":dry");
+    }
     let mut notes: Vec<String> = note.into_iter().collect();
     if !vllm_given {
         notes.push(format!(

@@ -1171,9 +1171,34 @@ pub fn would_start(
                 }
             }
         }
+        // A utilization that passes the check at start but leaves the warm-up after the KV
+        // cache too little (another process holding memory, the sampler's 1024 dummy
+        // requests): the next lower ones, as a user would step down.
+        if label.starts_with("--gpu-memory-utilization")
+            && matches!(o.failure, Some(StartFailure::OutOfMemoryAfterKv { .. }))
+        {
+            for step in [0.01, 0.02, 0.03, 0.05, 0.10] {
+                let u = ((r.util - step) * 100.0).round() / 100.0;
+                if u <= 0.0 {
+                    break;
+                }
+                let lower = super::ProfileRequest {
+                    util: u,
+                    ..r.clone()
+                };
+                if let Ok(again) = try_run(&lower) {
+                    if again.starts() {
+                        (r, o) = (lower, again);
+                        break;
+                    }
+                }
+            }
+        }
         if o.starts() {
             let label = if label.starts_with("--max-model-len") {
                 format!("--max-model-len {}", r.max_model_len)
+            } else if label.starts_with("--gpu-memory-utilization") {
+                format!("--gpu-memory-utilization {:.2}", r.util)
             } else {
                 label
             };

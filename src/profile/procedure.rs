@@ -1397,12 +1397,18 @@ pub(crate) fn run_rank(
             .as_ref()
             .filter(|e| e.applied)
             .map_or(0, |e| e.total_bytes);
-        let own = results
-            .iter()
-            .find(|r| r.id == release.formula)
-            .map_or(0, |r| {
-                super::report::release_kv_bytes(release, r.kv_bytes, t0.total, req.util, applied)
-            });
+        // `--kv-cache-memory` is the grant itself (the report's answer reads it the same way).
+        let own = match req.kv_cache_memory {
+            Some(given) => given as i64,
+            None => results
+                .iter()
+                .find(|r| r.id == release.formula)
+                .map_or(0, |r| {
+                    super::report::release_kv_bytes(
+                        release, r.kv_bytes, t0.total, req.util, applied,
+                    )
+                }),
+        };
         let mut blocks = geometry.blocks(own);
         if let Some((world_rank, world)) = rt.world() {
             let all = world.all_gather_u64(world_rank, &[blocks])?;

@@ -150,10 +150,7 @@ impl TimelineView {
                 }
             }
             // A GPU run's NVML readings are a fifth line, named beside the four.
-            if input
-                .report
-                .is_some_and(|r| !r.device_samples.is_empty())
-            {
+            if input.report.is_some_and(|r| !r.device_samples.is_empty()) {
                 let mut shown = !self.hide_nvml;
                 let text = RichText::new(NVML_LABEL)
                     .color(series_colour(Series::ProcessUsed, dark))
