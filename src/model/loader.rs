@@ -315,7 +315,7 @@ impl<'a> Loader<'a> {
             Some(sl) if sl.cols == (0, sl.full[1]) => {
                 let (b, d) = src.raw_16bit(name, &sl.full)?;
                 let row = sl.full[1] * 2;
-                (d == self.act).then(|| &b[sl.rows.0 * row..sl.rows.1 * row])
+                (d == self.act).then(|| &b[sl.rows.0 * row..(sl.rows.0 + sl.rows.1) * row])
             }
             Some(_) => None,
         }
