@@ -186,3 +186,43 @@ fn mxfp4_experts_compute_the_logits_of_their_dequantized_16_bit_model() {
     let norm = b.iter().map(|v| v * v).sum::<f32>().sqrt();
     assert!(norm > 1e-2, "logits norm {norm}");
 }
+
+/// transformers 5.25's GptOssForCausalLM on the same checkpoint (`gen-model gpt-oss-tiny DIR
+/// --dtype bf16 --seed 5`), which on a CPU dequantizes the MXFP4 experts itself (its
+/// `Mxfp4HfQuantizer` falls back to `dequantize`: "We will default to dequantizing the model
+/// to bf16"), in fp32 otherwise: the last token's logits at ids 3, 19, ..., 1011 of the two
+/// sequences, from `python3 scripts/hf_reference.py DIR gpt_oss_mxfp4` (torch 2.15.0,
+/// transformers 5.25.0, accelerate installed, which its MXFP4 quantizer requires).
+#[test]
+fn mxfp4_logits_match_transformers_dequantizing_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = vramscope::model::GenOptions {
+        dtype: vramscope::model::weights::StoredDtype::BF16,
+        seed: 5,
+        shards: 1,
+        bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
+    };
+    vramscope::model::gen_model_with("gpt-oss-tiny", dir.path(), &opts).unwrap();
+    let ours = cpu_logits(dir.path());
+    let picked: Vec<f32> = (0..2)
+        .flat_map(|s| (3..1024).step_by(16).map(move |i| (s, i)))
+        .map(|(s, i)| ours[s * 1024 + i])
+        .collect();
+    let theirs: Vec<f32> = HF_GPT_OSS_MXFP4
+        .iter()
+        .flatten()
+        .map(|&v| v as f32)
+        .collect();
+    let e = vramscope::app::bench::relative_l2(&picked, &theirs);
+    eprintln!("gpt-oss-tiny MXFP4 against transformers: relative L2 {e:.3e}");
+    assert!(e < 1e-3, "relative L2 {e:.3e}");
+}
+
+// gpt_oss_mxfp4: GptOssForCausalLM
+#[rustfmt::skip]
+#[allow(clippy::excessive_precision)]
+const HF_GPT_OSS_MXFP4: [[f64; 64]; 2] = [
+    [7.40633532e-02, -2.11009793e-02, 2.17660218e-01, -9.68313813e-02, -5.94566762e-02, -3.79366018e-02, -3.58418256e-01, -7.77272582e-02, -7.76054859e-02, -2.73446292e-01, 6.05058484e-03, 5.18249944e-02, -2.45057091e-01, 1.30755514e-01, -1.02984995e-01, -1.07979231e-01, -1.32828295e-01, 2.06706077e-01, 1.84701145e-01, -5.38592264e-02, 3.72110195e-02, 9.40666273e-02, 5.72565556e-01, 6.92469031e-02, -1.66148126e-01, 1.46646455e-01, -1.37482658e-01, -7.27394149e-02, 9.11235437e-02, 3.61262172e-01, 1.61260128e-01, 1.68753073e-01, -6.61798045e-02, -1.64286196e-02, -8.74523148e-02, 2.46791139e-01, 3.51819322e-02, 7.60730077e-03, 5.67194596e-02, -1.21618792e-01, 1.16727225e-01, -1.28377080e-01, 1.70683205e-01, 1.30918771e-01, -4.04695094e-01, -3.59104984e-02, -4.19203863e-02, -8.03930983e-02, 1.05795518e-01, -1.96583718e-01, 2.04768758e-02, 4.00574833e-01, 3.82351667e-01, -7.52301812e-01, 9.29766744e-02, 1.77918658e-01, 2.89280295e-01, 2.91770428e-01, 6.99849054e-02, 5.16642667e-02, 7.82032236e-02, -2.36931607e-01, -1.68986097e-02, 6.24628723e-01],
+    [3.25183719e-01, 1.92901894e-01, 1.10585131e-01, -1.56531587e-01, -9.30048451e-02, 3.32496673e-01, -1.97310925e-01, 1.65811360e-01, -1.88643873e-01, -6.59683645e-02, 1.07149862e-01, -4.53401268e-01, -3.65788847e-01, 2.92994291e-01, 1.67078495e-01, -3.79830264e-02, -3.34175110e-01, -3.69950175e-01, 4.58349437e-02, -5.21053910e-01, -1.60613388e-01, 2.63445795e-01, 6.98514059e-02, -3.70170593e-01, -1.54352680e-01, -6.90806806e-02, -2.02945188e-01, 3.14386457e-01, -3.39034766e-01, 3.64188313e-01, -4.15700637e-02, 1.34152815e-01, -1.82767540e-01, -1.04284473e-01, 4.93966527e-02, 2.50999153e-01, -2.30323318e-02, 2.36474738e-01, -1.99228555e-01, 2.90754259e-01, -7.49095529e-02, 9.16340947e-02, 8.95355269e-02, 2.07237288e-01, -1.14264682e-01, -2.41078258e-01, -4.80049431e-01, -1.38212591e-01, -2.31145322e-03, 8.10000449e-02, 6.46222532e-02, -1.72876969e-01, 8.35989118e-02, 2.42960677e-02, 2.60709375e-02, -1.24745369e-01, 1.53749790e-02, 4.50105369e-01, 1.03059411e-01, 7.75164589e-02, -2.57297993e-01, 4.98396188e-01, -1.36819184e-01, -1.10449068e-01],
+];
