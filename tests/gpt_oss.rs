@@ -117,7 +117,12 @@ fn dequantized_copy(dir: &std::path::Path, out: &std::path::Path) {
                 .iter()
                 .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
                 .collect();
-            owned.push((base.to_string(), vec![e, cols, rows], data, safetensors::Dtype::BF16));
+            owned.push((
+                base.to_string(),
+                vec![e, cols, rows],
+                data,
+                safetensors::Dtype::BF16,
+            ));
         } else {
             owned.push((
                 name.clone(),

@@ -144,13 +144,7 @@ impl Backend {
     /// - TRT-LLM: per expert the rows shuffled (same bytes), the scales interleaved by
     ///   `nvfp4_block_scale_interleave` (no padding at the 256-rounded sizes: its result is
     ///   reshaped back to `[E, 2I, H/32]`, oracle L551-556), the biases f32; all six replaced.
-    pub fn after_loading(
-        self,
-        swizzle: bool,
-        experts: usize,
-        h: usize,
-        i: usize,
-    ) -> AfterLoading {
+    pub fn after_loading(self, swizzle: bool, experts: usize, h: usize, i: usize) -> AfterLoading {
         let e = experts;
         let t = |name, shape: Vec<usize>, dtype| KernelTensor { name, shape, dtype };
         let same = |bias: DType| {
@@ -183,10 +177,26 @@ impl Backend {
                 made: vec![
                     t("w13_bias", vec![e, 2 * i], DType::F32),
                     t("w2_bias", vec![e, h], DType::F32),
-                    t("w13_weight (HOPPER_VALUE)", hopper_value_shape(e, 2 * i, h), DType::U8),
-                    t("w13_scale (HOPPER_SCALE)", hopper_scale_shape(e, 2 * i, h), DType::U8),
-                    t("w2_weight (HOPPER_VALUE)", hopper_value_shape(e, h, i), DType::U8),
-                    t("w2_scale (HOPPER_SCALE)", hopper_scale_shape(e, h, i), DType::U8),
+                    t(
+                        "w13_weight (HOPPER_VALUE)",
+                        hopper_value_shape(e, 2 * i, h),
+                        DType::U8,
+                    ),
+                    t(
+                        "w13_scale (HOPPER_SCALE)",
+                        hopper_scale_shape(e, 2 * i, h),
+                        DType::U8,
+                    ),
+                    t(
+                        "w2_weight (HOPPER_VALUE)",
+                        hopper_value_shape(e, h, i),
+                        DType::U8,
+                    ),
+                    t(
+                        "w2_scale (HOPPER_SCALE)",
+                        hopper_scale_shape(e, h, i),
+                        DType::U8,
+                    ),
                 ],
                 // The bf16 biases, then the loaded w13 and w2 values.
                 freed: vec![4, 5, 0, 2],
@@ -309,7 +319,14 @@ mod tests {
     fn each_backend_leaves_the_bytes_its_conversion_makes() {
         let (h, i) = (2880, 2880);
         for (e, loaded, swizzled, strided, marlin, trtllm) in [
-            (32, 423_567_360, 458_772_480, 424_120_320, 461_815_808, 482_476_032),
+            (
+                32,
+                423_567_360,
+                458_772_480,
+                424_120_320,
+                461_815_808,
+                482_476_032,
+            ),
             (
                 128,
                 1_694_269_440,

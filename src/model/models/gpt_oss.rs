@@ -51,7 +51,9 @@ pub struct OaiMoe {
     pub experts: ExpertWeights,
 }
 
-/// A `FusedMoE`'s parameters as its quant method leaves them after loading.
+/// A `FusedMoE`'s parameters as its quant method leaves them after loading (one per layer:
+/// the variants' sizes do not matter).
+#[allow(clippy::large_enum_variant)]
 pub enum ExpertWeights {
     /// `UnquantizedFusedMoEMethod`: `w13 [E, 2I, H]`, `w2 [E, H, I]` and their biases in the
     /// model dtype.
@@ -96,7 +98,10 @@ impl OaiMoe {
                 w13_bias,
                 w2,
                 w2_bias,
-            } => [w13, w13_bias, w2, w2_bias].iter().map(|t| t.nbytes()).sum(),
+            } => [w13, w13_bias, w2, w2_bias]
+                .iter()
+                .map(|t| t.nbytes())
+                .sum(),
             ExpertWeights::Mxfp4(x) => x.params.iter().map(|t| t.nbytes()).sum(),
         }
     }
@@ -612,28 +617,39 @@ fn load_mxfp4(
 ) -> Result<Mxfp4Experts> {
     let (hp, ip) = backend.round_up(h, i);
     let b = mxfp4::BLOCK;
-    let mut read = |name: &str, shape: &[usize]| ld.read_u8_host(&format!("{x}.experts.{name}"), shape);
+    let mut read =
+        |name: &str, shape: &[usize]| ld.read_u8_host(&format!("{x}.experts.{name}"), shape);
     let w13_blocks = read("gate_up_proj_blocks", &[e, 2 * i, h / b, b / 2])?;
     let w13_scales = read("gate_up_proj_scales", &[e, 2 * i, h / b])?;
     let w2_blocks = read("down_proj_blocks", &[e, h, i / b, b / 2])?;
     let w2_scales = read("down_proj_scales", &[e, h, i / b])?;
     let u8_param = |name: &str, shape: [usize; 3], from: Option<&Vec<u8>>, src: [usize; 2]| {
-        let mut t = rt.tensor(
-            format!("{x}.{name}"),
-            Category::Weight,
-            &shape,
-            DType::U8,
-        )?;
+        let mut t = rt.tensor(format!("{x}.{name}"), Category::Weight, &shape, DType::U8)?;
         if let (Some(d), crate::engine::tensor::Storage::U8(dst)) = (from, &mut t.storage) {
             pad_into(d, e, src, [shape[1], shape[2]], dst);
         }
         Ok::<Tensor, Error>(t)
     };
     let params = vec![
-        u8_param("w13_weight", [e, 2 * ip, hp / 2], w13_blocks.as_ref(), [2 * i, h / 2])?,
-        u8_param("w13_weight_scale", [e, 2 * ip, hp / b], w13_scales.as_ref(), [2 * i, h / b])?,
+        u8_param(
+            "w13_weight",
+            [e, 2 * ip, hp / 2],
+            w13_blocks.as_ref(),
+            [2 * i, h / 2],
+        )?,
+        u8_param(
+            "w13_weight_scale",
+            [e, 2 * ip, hp / b],
+            w13_scales.as_ref(),
+            [2 * i, h / b],
+        )?,
         u8_param("w2_weight", [e, hp, ip / 2], w2_blocks.as_ref(), [h, i / 2])?,
-        u8_param("w2_weight_scale", [e, hp, ip / b], w2_scales.as_ref(), [h, i / b])?,
+        u8_param(
+            "w2_weight_scale",
+            [e, hp, ip / b],
+            w2_scales.as_ref(),
+            [h, i / b],
+        )?,
     ];
     let b13 = ld.read_host(&format!("{x}.experts.gate_up_proj_bias"), &[e, 2 * i])?;
     let b2 = ld.read_host(&format!("{x}.experts.down_proj_bias"), &[e, h])?;
@@ -681,7 +697,13 @@ fn load_mxfp4(
 
 /// Copies `e` row-major `[rows, cols]` blocks of `src` into the leading corner of `e`
 /// `[to_rows, to_cols]` blocks of `dst` (zeros elsewhere).
-fn pad_into(src: &[u8], e: usize, [rows, cols]: [usize; 2], [to_rows, to_cols]: [usize; 2], dst: &mut [u8]) {
+fn pad_into(
+    src: &[u8],
+    e: usize,
+    [rows, cols]: [usize; 2],
+    [to_rows, to_cols]: [usize; 2],
+    dst: &mut [u8],
+) {
     for ex in 0..e {
         for r in 0..rows {
             let s = (ex * rows + r) * cols;
