@@ -58,3 +58,226 @@ fn a_release_without_gpt_oss_py_is_refused_by_name() {
         "{text}"
     );
 }
+
+/// Issue 44, item 3: the hub id as published (MXFP4 experts) plans on a dry H100 under 0.19
+/// and prints vLLM's KV cache line.
+#[test]
+fn openai_gpt_oss_20b_plans_with_its_mxfp4_experts_on_an_h100() {
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args([
+            "plan",
+            "--vllm",
+            "0.19",
+            "--device",
+            "sim:h100-80gb:dry",
+            "--",
+            "vllm",
+            "serve",
+            "openai/gpt-oss-20b",
+        ])
+        .output()
+        .expect("run vramscope");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("GPU KV cache size:"), "{text}");
+}
+
+/// Writes `dir`'s MXFP4 checkpoint again with 16-bit experts holding the dequantized values
+/// (`gate_up_proj [E, H, 2I]`, `down_proj [E, I, H]`, as transformers dequantizes them), every
+/// other tensor as it is, and config.json without its quantization_config.
+fn dequantized_copy(dir: &std::path::Path, out: &std::path::Path) {
+    use safetensors::tensor::TensorView;
+    use vramscope::quant::mxfp4::{dequantize, BLOCK};
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, Vec<usize>, Vec<u8>, safetensors::Dtype)> = Vec::new();
+    for (name, view) in st.tensors() {
+        if name.ends_with("_scales") {
+            continue;
+        }
+        if let Some(base) = name.strip_suffix("_blocks") {
+            let scales = st.tensor(&format!("{base}_scales")).unwrap();
+            let s = view.shape();
+            let (e, rows, cols) = (s[0], s[1], s[2] * BLOCK);
+            let w = dequantize(view.data(), scales.data(), e * rows, cols);
+            // [E, rows, cols] to [E, cols, rows].
+            let mut t = vec![0f32; w.len()];
+            for x in 0..e {
+                for r in 0..rows {
+                    for c in 0..cols {
+                        t[x * rows * cols + c * rows + r] = w[x * rows * cols + r * cols + c];
+                    }
+                }
+            }
+            let data = t
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect();
+            owned.push((
+                base.to_string(),
+                vec![e, cols, rows],
+                data,
+                safetensors::Dtype::BF16,
+            ));
+        } else {
+            owned.push((
+                name.clone(),
+                view.shape().to_vec(),
+                view.data().to_vec(),
+                view.dtype(),
+            ));
+        }
+    }
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(n, s, d, dt)| (n.clone(), TensorView::new(*dt, s.clone(), d).unwrap()))
+        .collect();
+    std::fs::create_dir_all(out).unwrap();
+    safetensors::serialize_to_file(views, None, &out.join("model.safetensors")).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    cfg.as_object_mut().unwrap().remove("quantization_config");
+    std::fs::write(out.join("config.json"), cfg.to_string()).unwrap();
+}
+
+fn cpu_logits(dir: &std::path::Path) -> Vec<f32> {
+    use vramscope::app::bench::{self, BenchRequest};
+    let req = BenchRequest {
+        model: vramscope::model::ModelSource::Path {
+            path: dir.to_path_buf(),
+        },
+        quant: vramscope::quant::Quant::BF16,
+        device: vramscope::device::DeviceSpec::parse("sim:h100-80gb").unwrap(),
+        tokens: 11,
+        seqs: 2,
+        iters: 0,
+        fast_weights: false,
+        int8_threshold: 0.0,
+        seed: 0,
+        op_times: false,
+        sampler_rows: 0,
+        sampler_seqs: 256,
+        tp: 1,
+    };
+    bench::run(&req).unwrap().logits
+}
+
+/// A small seeded MXFP4 checkpoint (`gen-model gpt-oss-tiny`) computes on the CPU the logits
+/// of the same model with its experts dequantized into a 16-bit checkpoint: the experts'
+/// values are the same (e2m1 · 2^scale is exact in bf16), so only the layout differs.
+#[test]
+fn mxfp4_experts_compute_the_logits_of_their_dequantized_16_bit_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let mx = dir.path().join("mxfp4");
+    let opts = vramscope::model::GenOptions {
+        dtype: vramscope::model::weights::StoredDtype::BF16,
+        seed: 5,
+        shards: 1,
+        bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
+    };
+    vramscope::model::gen_model_with("gpt-oss-tiny", &mx, &opts).unwrap();
+    let dense = dir.path().join("bf16");
+    dequantized_copy(&mx, &dense);
+    let (a, b) = (cpu_logits(&mx), cpu_logits(&dense));
+    assert_eq!(a.len(), b.len());
+    let e = vramscope::app::bench::relative_l2(&a, &b);
+    eprintln!("gpt-oss-tiny MXFP4 against its dequantized bf16 copy: relative L2 {e:.3e}");
+    assert!(e < 1e-6, "relative L2 {e:.3e}");
+    let norm = b.iter().map(|v| v * v).sum::<f32>().sqrt();
+    assert!(norm > 1e-2, "logits norm {norm}");
+}
+
+/// transformers 5.25's GptOssForCausalLM on the same checkpoint (`gen-model gpt-oss-tiny DIR
+/// --dtype bf16 --seed 5`), which on a CPU dequantizes the MXFP4 experts itself (its
+/// `Mxfp4HfQuantizer` falls back to `dequantize`: "We will default to dequantizing the model
+/// to bf16"), in fp32 otherwise: the last token's logits at ids 3, 19, ..., 1011 of the two
+/// sequences, from `python3 scripts/hf_reference.py DIR gpt_oss_mxfp4` (torch 2.15.0,
+/// transformers 5.25.0, accelerate installed, which its MXFP4 quantizer requires).
+#[test]
+fn mxfp4_logits_match_transformers_dequantizing_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = vramscope::model::GenOptions {
+        dtype: vramscope::model::weights::StoredDtype::BF16,
+        seed: 5,
+        shards: 1,
+        bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
+    };
+    vramscope::model::gen_model_with("gpt-oss-tiny", dir.path(), &opts).unwrap();
+    let ours = cpu_logits(dir.path());
+    let picked: Vec<f32> = (0..2)
+        .flat_map(|s| (3..1024).step_by(16).map(move |i| (s, i)))
+        .map(|(s, i)| ours[s * 1024 + i])
+        .collect();
+    let theirs: Vec<f32> = HF_GPT_OSS_MXFP4
+        .iter()
+        .flatten()
+        .map(|&v| v as f32)
+        .collect();
+    let e = vramscope::app::bench::relative_l2(&picked, &theirs);
+    eprintln!("gpt-oss-tiny MXFP4 against transformers: relative L2 {e:.3e}");
+    assert!(e < 1e-3, "relative L2 {e:.3e}");
+}
+
+// gpt_oss_mxfp4: GptOssForCausalLM
+#[rustfmt::skip]
+#[allow(clippy::excessive_precision)]
+const HF_GPT_OSS_MXFP4: [[f64; 64]; 2] = [
+    [7.40633532e-02, -2.11009793e-02, 2.17660218e-01, -9.68313813e-02, -5.94566762e-02, -3.79366018e-02, -3.58418256e-01, -7.77272582e-02, -7.76054859e-02, -2.73446292e-01, 6.05058484e-03, 5.18249944e-02, -2.45057091e-01, 1.30755514e-01, -1.02984995e-01, -1.07979231e-01, -1.32828295e-01, 2.06706077e-01, 1.84701145e-01, -5.38592264e-02, 3.72110195e-02, 9.40666273e-02, 5.72565556e-01, 6.92469031e-02, -1.66148126e-01, 1.46646455e-01, -1.37482658e-01, -7.27394149e-02, 9.11235437e-02, 3.61262172e-01, 1.61260128e-01, 1.68753073e-01, -6.61798045e-02, -1.64286196e-02, -8.74523148e-02, 2.46791139e-01, 3.51819322e-02, 7.60730077e-03, 5.67194596e-02, -1.21618792e-01, 1.16727225e-01, -1.28377080e-01, 1.70683205e-01, 1.30918771e-01, -4.04695094e-01, -3.59104984e-02, -4.19203863e-02, -8.03930983e-02, 1.05795518e-01, -1.96583718e-01, 2.04768758e-02, 4.00574833e-01, 3.82351667e-01, -7.52301812e-01, 9.29766744e-02, 1.77918658e-01, 2.89280295e-01, 2.91770428e-01, 6.99849054e-02, 5.16642667e-02, 7.82032236e-02, -2.36931607e-01, -1.68986097e-02, 6.24628723e-01],
+    [3.25183719e-01, 1.92901894e-01, 1.10585131e-01, -1.56531587e-01, -9.30048451e-02, 3.32496673e-01, -1.97310925e-01, 1.65811360e-01, -1.88643873e-01, -6.59683645e-02, 1.07149862e-01, -4.53401268e-01, -3.65788847e-01, 2.92994291e-01, 1.67078495e-01, -3.79830264e-02, -3.34175110e-01, -3.69950175e-01, 4.58349437e-02, -5.21053910e-01, -1.60613388e-01, 2.63445795e-01, 6.98514059e-02, -3.70170593e-01, -1.54352680e-01, -6.90806806e-02, -2.02945188e-01, 3.14386457e-01, -3.39034766e-01, 3.64188313e-01, -4.15700637e-02, 1.34152815e-01, -1.82767540e-01, -1.04284473e-01, 4.93966527e-02, 2.50999153e-01, -2.30323318e-02, 2.36474738e-01, -1.99228555e-01, 2.90754259e-01, -7.49095529e-02, 9.16340947e-02, 8.95355269e-02, 2.07237288e-01, -1.14264682e-01, -2.41078258e-01, -4.80049431e-01, -1.38212591e-01, -2.31145322e-03, 8.10000449e-02, 6.46222532e-02, -1.72876969e-01, 8.35989118e-02, 2.42960677e-02, 2.60709375e-02, -1.24745369e-01, 1.53749790e-02, 4.50105369e-01, 1.03059411e-01, 7.75164589e-02, -2.57297993e-01, 4.98396188e-01, -1.36819184e-01, -1.10449068e-01],
+];
+
+/// The MXFP4 experts weigh what each GPU class's backend leaves after loading: Marlin's
+/// repack at 3072 × 2944 on an A100 gives the 13.72 GiB public vLLM logs print for
+/// gpt-oss-20b with the MARLIN backend ("Model loading took 13.72 GiB"); triton_kernels'
+/// swizzled layouts on an H100 under 0.19 13.64 GiB, its strided one under 0.11's torch 2.8.0
+/// 12.88 GiB.
+#[test]
+fn gpt_oss_20b_weighs_what_each_backend_leaves() {
+    for (device, vllm, weights) in [
+        ("sim:a100-80gb:dry", "0.19", "weights memory: 13.72GiB"),
+        ("sim:h100-80gb:dry", "0.19", "weights memory: 13.64GiB"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args([
+                "plan",
+                "--vllm",
+                vllm,
+                "--device",
+                device,
+                "--",
+                "vllm",
+                "serve",
+                "openai/gpt-oss-20b",
+            ])
+            .output()
+            .expect("run vramscope");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success() && text.contains(weights),
+            "{device}: {text}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args([
+            "profile",
+            "--model",
+            "preset:gpt-oss-20b",
+            "--device",
+            "sim:h200:dry",
+            "--vllm",
+            "0.11",
+        ])
+        .output()
+        .expect("run vramscope");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        text.contains("weights 12.88 GiB (13834954752 bytes)"),
+        "{text}"
+    );
+}

@@ -15,6 +15,7 @@ use crate::engine::ops_moe_v1::{self, MoeKernel};
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::Tensor;
 use crate::engine::{ops, ops_moe};
+use crate::memory::Category;
 
 fn on_cuda(what: &str) -> Error {
     Error::Request(format!(
@@ -160,14 +161,42 @@ pub fn moe_experts(
 
 /// The experts' math on the host into `out` (`[M, H]`), in f32.
 fn experts_cpu(x: &[f32], routing: &Routing, ex: &OaiExperts, out: &mut [f32]) {
+    let w = HostExpertsRef {
+        w13: ex.experts.w13.f32(),
+        w2: ex.experts.w2.f32(),
+        b13: ex.w13_bias.f32(),
+        b2: ex.w2_bias.f32(),
+        hidden: ex.experts.w2.shape[1],
+        width: ex.experts.width,
+    };
+    experts_host(x, routing, &w, (ex.alpha, ex.limit), out);
+}
+
+/// One layer's experts on the host in f32: `w13 [E, 2I, H]` (gate and up rows interleaved),
+/// `b13 [E, 2I]`, `w2 [E, H, I]`, `b2 [E, H]`.
+pub struct HostExpertsRef<'a> {
+    pub w13: &'a [f32],
+    pub w2: &'a [f32],
+    pub b13: &'a [f32],
+    pub b2: &'a [f32],
+    pub hidden: usize,
+    pub width: usize,
+}
+
+/// For each token its `top_k` experts, `swigluoai(x·W13ᵀ + b13)·W2ᵀ + b2`, weighted and
+/// summed into `out` (`[M, H]`).
+fn experts_host(
+    x: &[f32],
+    routing: &Routing,
+    w: &HostExpertsRef,
+    (alpha, limit): (f32, f32),
+    out: &mut [f32],
+) {
     use rayon::prelude::*;
-    let h = ex.experts.w2.shape[1];
-    let i = ex.experts.width;
+    let (h, i) = (w.hidden, w.width);
     let top_k = routing.ids.cols();
-    let (w13, w2) = (ex.experts.w13.f32(), ex.experts.w2.f32());
-    let (b13, b2) = (ex.w13_bias.f32(), ex.w2_bias.f32());
+    let (w13, w2, b13, b2) = (w.w13, w.w2, w.b13, w.b2);
     let (ids, weights) = (routing.ids.i32(), routing.weights.f32());
-    let (alpha, limit) = (ex.alpha, ex.limit);
     out.par_chunks_mut(h).enumerate().for_each(|(t, o)| {
         o.fill(0.0);
         let xt = &x[t * h..(t + 1) * h];
@@ -190,4 +219,53 @@ fn experts_cpu(x: &[f32], routing: &Routing, ex: &OaiExperts, out: &mut [f32]) {
             }
         }
     });
+}
+
+/// gpt-oss's MXFP4 experts as vLLM 0.19's triton_kernels path runs them
+/// (`OAITritonMxfp4ExpertsMonolithic.apply` → `triton_kernel_moe_forward`,
+/// fused_moe/gpt_oss_triton_kernels_moe.py L198-400): the routing, `output =
+/// torch.empty_like(hidden_states)` `[M, H]` (L280), `intermediate_cache [M·k, N/2]` in the
+/// activation dtype (L346-350, N the swizzled w13's `2I` rounded), the two `matmul_ogs` into
+/// them, the intermediate dying as it returns. The routing is taken as `fused_topk`'s
+/// `[M, k]` weights and ids: triton_kernels' own topk and ragged metadata (`SparseMatrix`,
+/// `make_ragged_tensor_metadata`) are smaller index tensors not reproduced one by one, and
+/// Marlin's and TRT-LLM's experts are taken to allocate as this path does (their
+/// workspaces are not modelled yet). On the CPU the math runs on the dequantized experts
+/// (`host`, exact: e2m1 · 2^scale).
+pub fn moe_experts_mxfp4(
+    rt: &Runtime,
+    x: Tensor,
+    logits: &Tensor,
+    host: Option<&HostExpertsRef>,
+    (top_k, width, alpha, limit): (usize, usize, f32, f32),
+    name: &str,
+) -> Result<Tensor> {
+    if rt.backend() == Backend::Cuda {
+        return Err(on_cuda("MXFP4 fused MoE"));
+    }
+    let routing = ops_moe_v1::fused_topk(rt, logits, top_k, true, name)?;
+    rt.set_op("moe.matmul_ogs (mxfp4)");
+    let (m, h) = (x.rows(), x.cols());
+    let mut out = rt.tensor_for_overwrite(
+        format!("{name}.output"),
+        Category::Activation,
+        &[m, h],
+        x.dtype,
+    )?;
+    let cache = rt.tensor_for_overwrite(
+        format!("{name}.intermediate_cache"),
+        Category::Activation,
+        &[m * top_k, width],
+        x.dtype,
+    )?;
+    if rt.backend() == Backend::Cpu {
+        let w = host.ok_or_else(|| {
+            Error::Request(format!("{name}: MXFP4 experts without their host values"))
+        })?;
+        experts_host(x.f32(), &routing, w, (alpha, limit), out.f32_mut());
+    }
+    drop(cache);
+    drop(routing);
+    drop(x);
+    Ok(out)
 }

@@ -83,6 +83,7 @@ struct Inner {
     /// fp8 linear layers quantize dynamic activations per token (`[T, 1]` scales), as vLLM V1
     /// does where CUTLASS runs fp8; per tensor (`[1]`) before.
     fp8_act_per_token: bool,
+    mxfp4_hopper_swizzle: bool,
 }
 
 /// The device as the allocator's segment source, refusing a segment that would take this
@@ -175,6 +176,7 @@ impl Runtime {
             host_pool: Vec::new(),
             graphs: graphs::GraphState::default(),
             fp8_act_per_token: false,
+            mxfp4_hopper_swizzle: true,
         })))
     }
 
@@ -263,6 +265,16 @@ impl Runtime {
 
     pub fn fp8_act_per_token(&self) -> bool {
         self.0.borrow().fp8_act_per_token
+    }
+
+    /// Whether triton_kernels swizzles MXFP4 experts on Hopper under the release's torch
+    /// (`quant::mxfp4::hopper_swizzles`; on unless the procedure says otherwise).
+    pub fn set_mxfp4_hopper_swizzle(&self, yes: bool) {
+        self.0.borrow_mut().mxfp4_hopper_swizzle = yes;
+    }
+
+    pub fn mxfp4_hopper_swizzle(&self) -> bool {
+        self.0.borrow().mxfp4_hopper_swizzle
     }
 
     pub(crate) fn cancel_flag(&self) -> Arc<AtomicBool> {

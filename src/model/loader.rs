@@ -274,6 +274,20 @@ impl<'a> Loader<'a> {
         self.read(name, shape)
     }
 
+    /// A U8 checkpoint tensor's bytes (gpt-oss's MXFP4 blocks and scales), `None` on a dry
+    /// device, counted as `read_host` counts.
+    pub(crate) fn read_u8_host(&mut self, name: &str, shape: &[usize]) -> Result<Option<Vec<u8>>> {
+        self.tick(name, shape.iter().product::<usize>() as u64)?;
+        if !self.needs_data {
+            return Ok(None);
+        }
+        let t = std::time::Instant::now();
+        let d = self.src.read_u8(name, shape)?;
+        self.stats.read_seconds += t.elapsed().as_secs_f64();
+        self.stats.source_bytes += d.len() as u64;
+        Ok(Some(d))
+    }
+
     /// The stretch a preset's weight `name` of `shape` fills when the GPU makes it itself
     /// (`device::synth`: no host values, no upload), honouring the slice being read; `None`
     /// when the values come from the host (a file, a CPU or dry device, a quantization).

@@ -620,6 +620,8 @@ enum LazyKind {
     Fp8ChannelScale,
     /// One stored tensor of the weight's AWQ / GPTQ form.
     Packed4(Packed4Part, crate::quant::marlin::Format),
+    /// gpt-oss's MXFP4 `*_blocks` or `*_scales`, U8 (`quant::mxfp4::synthetic_bytes`).
+    Mxfp4,
 }
 
 /// The tensors AutoAWQ / AutoGPTQ store for one linear (`g_idx`: GPTQ only).
@@ -705,6 +707,7 @@ impl LazyTensor<'_> {
             },
             LazyKind::Packed4(Packed4Part::Scales, _) => (D::F16, 2),
             LazyKind::Packed4(..) => (D::I32, 4),
+            LazyKind::Mxfp4 => (D::U8, 1),
         }
     }
 
@@ -912,6 +915,13 @@ impl safetensors::View for LazyTensor<'_> {
                         .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
                         .collect(),
                 };
+            }
+            LazyKind::Mxfp4 => {
+                out = crate::quant::mxfp4::synthetic_bytes(
+                    self.gen.seed,
+                    &self.source,
+                    self.shape.iter().product(),
+                )
             }
             LazyKind::Int8Cb | LazyKind::Int8Scb => {
                 // Both carry the weight's [n, k]; the scales are written as [n] (`OnDisk`).
@@ -1325,13 +1335,19 @@ fn gen_model_inner(
                 },
             ));
         } else {
+            let mxfp4 = config.gpt_oss.as_ref().is_some_and(|g| g.mxfp4)
+                && (name.ends_with("_blocks") || name.ends_with("_scales"));
             tensors.push((
                 name.clone(),
                 LazyTensor {
                     gen: &gen,
                     source: name,
                     shape,
-                    kind: LazyKind::Float,
+                    kind: if mxfp4 {
+                        LazyKind::Mxfp4
+                    } else {
+                        LazyKind::Float
+                    },
                 },
             ));
         }

@@ -297,6 +297,34 @@ fn gpt_oss(layers: usize, experts: usize) -> ModelConfig {
     ModelConfig::from_hf_json(&v).expect("the preset is a gpt_oss config")
 }
 
+fn gpt_oss_tiny() -> ModelConfig {
+    let mut v: serde_json::Value = serde_json::from_str(GPT_OSS_20B).expect("the preset is JSON");
+    let o = v.as_object_mut().expect("an object");
+    for (k, n) in [
+        ("hidden_size", 128),
+        ("intermediate_size", 96),
+        ("num_hidden_layers", 4),
+        ("num_attention_heads", 4),
+        ("num_key_value_heads", 2),
+        ("head_dim", 32),
+        ("num_local_experts", 8),
+        ("num_experts_per_tok", 2),
+        ("experts_per_token", 2),
+        ("sliding_window", 4),
+        ("vocab_size", 1024),
+        ("max_position_embeddings", 2048),
+    ] {
+        o.insert(k.into(), n.into());
+    }
+    o.insert(
+        "rope_scaling".into(),
+        serde_json::json!({"rope_type": "yarn", "factor": 4.0,
+            "original_max_position_embeddings": 512, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": false}),
+    );
+    ModelConfig::from_hf_json(&v).expect("the preset is a gpt_oss config")
+}
+
 /// Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (the Thinking model's is the same): 48
 /// layers, every fourth gated full attention (16 heads of 256, 2 KV heads, a quarter of each
 /// head rotated), the others Gated DeltaNet (16 key heads and 32 value heads of 128, a 4-tap
@@ -407,6 +435,11 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         // openai/gpt-oss-20b and openai/gpt-oss-120b (MXFP4 experts, as published).
         "gpt-oss-20b" => gpt_oss(24, 32),
         "gpt-oss-120b" => gpt_oss(36, 128),
+        // A gpt-oss small enough to compute on the CPU, MXFP4 experts as published: 4
+        // layers of hidden 128 (4 heads of 32 over 2 KV heads, a 4-token window on the even
+        // ones), 8 experts of 96 (2 a token), 1024 words, YaRN ×4 over 512 positions. For
+        // `gen-model` and tests; not in `PRESET_NAMES` (the app's list).
+        "gpt-oss-tiny" => gpt_oss_tiny(),
         // Qwen/Qwen3-Next-80B-A3B-Instruct (and -Thinking): 36 Gated DeltaNet and 12 gated
         // attention layers, each with 512 experts beside a shared one.
         "qwen3-next-80b-a3b" => ModelConfig::from_hf_json(

@@ -80,6 +80,9 @@ pub enum StoredQuant {
         group_size: i64,
         desc_act: bool,
     },
+    /// gpt-oss's MXFP4 experts (`quant_method: mxfp4`): U8 `*_blocks` and `*_scales`, the
+    /// rest 16-bit (model_type gpt_oss only).
+    Mxfp4,
 }
 
 impl StoredQuant {
@@ -146,6 +149,18 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
     }
     if method == "awq" || method == "gptq" {
         return packed4_config(q, method, path);
+    }
+    if method == "mxfp4" {
+        if config["model_type"].as_str() != Some("gpt_oss") {
+            return Err(Error::model(
+                path,
+                format!(
+                    "quantization_config.quant_method 'mxfp4' is modelled for model_type gpt_oss only (found {})",
+                    config["model_type"]
+                ),
+            ));
+        }
+        return Ok(StoredQuant::Mxfp4);
     }
     if method != "bitsandbytes" {
         return Err(Error::model(
@@ -850,6 +865,12 @@ impl SafetensorsModel {
                     continue;
                 }
             }
+            if self.stored_quant == StoredQuant::Mxfp4
+                && (name.ends_with("_blocks") || name.ends_with("_scales"))
+            {
+                self.checked(&name, &shape, &["U8"], "MXFP4: e2m1 pairs and e8m0 scales")?;
+                continue;
+            }
             if let Some(meta) = self.bnb4.get(stored) {
                 if self.stored_quant == StoredQuant::None {
                     return Err(Error::model(
@@ -1159,6 +1180,14 @@ impl WeightSource for SafetensorsModel {
 
     fn packed4(&self) -> Option<Format> {
         self.stored_quant.packed4()
+    }
+
+    fn read_u8(&self, name: &str, shape: &[usize]) -> Result<Vec<u8>> {
+        let (s, _) = self.checked(name, shape, &["U8"], "MXFP4: e2m1 pairs and e8m0 scales")?;
+        let stored = self.resolve(name);
+        s.raw_u8(stored)
+            .map(|(_, b)| b.to_vec())
+            .ok_or_else(|| Error::model(&s.path, format!("tensor {name} is not U8")))
     }
 
     fn raw_16bit(&self, name: &str, shape: &[usize]) -> Option<(&[u8], DType)> {

@@ -123,6 +123,14 @@ pub trait WeightSource {
             format!("tensor {name} is not stored as AWQ or GPTQ"),
         ))
     }
+    /// Reads a U8 tensor as stored (gpt-oss's MXFP4 `*_blocks` and `*_scales`), checked to
+    /// hold `shape`.
+    fn read_u8(&self, name: &str, _shape: &[usize]) -> Result<Vec<u8>> {
+        Err(Error::model(
+            self.origin(),
+            format!("tensor {name} is not stored as U8 here"),
+        ))
+    }
     /// Reads a pre-quantized LLM.int8 weight as stored: `CB` `[n, k]` and `SCB` `[n]`.
     fn read_int8(&self, name: &str, _shape: &[usize]) -> Result<(Vec<i8>, Vec<f32>)> {
         Err(Error::model(
@@ -225,6 +233,13 @@ impl WeightSource for SyntheticWeights {
     }
     fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         Ok(self.generate(name, shape.iter().product()))
+    }
+    fn read_u8(&self, name: &str, shape: &[usize]) -> Result<Vec<u8>> {
+        Ok(crate::quant::mxfp4::synthetic_bytes(
+            self.seed,
+            name,
+            shape.iter().product(),
+        ))
     }
     fn synthetic(&self, name: &str) -> Option<crate::device::synth::SynthFill> {
         let rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed ^ fnv1a(name));

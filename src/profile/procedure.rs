@@ -855,6 +855,7 @@ pub(crate) fn run_rank(
         rt.set_tp(t);
     }
     rt.set_fp8_act_per_token(matches!(release.engine, super::vllm::Engine::V1 { .. }));
+    rt.set_mxfp4_hopper_swizzle(crate::quant::mxfp4::hopper_swizzles(release.torch));
     if let Some(p) = pp_stage {
         rt.set_pp(p);
     }

@@ -7,13 +7,17 @@
 //! embedding itself as its residual (`residual = hidden_states`, 0.19 L237-239: no clone);
 //! later layers add and normalise in place.
 //!
-//! 16-bit experts only so far: the published MXFP4 experts are refused by name.
+//! The experts are 16-bit (`UnquantizedFusedMoEMethod`) or MXFP4 as published
+//! (`Mxfp4MoEMethod`: u8 blocks and scales, rounded and converted per GPU class as
+//! `quant::mxfp4::Backend` says); attention, router, embedding and lm_head stay bf16 either
+//! way (`Mxfp4Config.get_quant_method` gives linear layers `UnquantizedLinearMethod`, 0.19
+//! quantization/mxfp4.py L62-89).
 
 use std::cell::{Cell, RefCell};
 
 use crate::base::error::{Error, Result};
 use crate::device::cpu::{AttnShape, ScoreMods};
-use crate::engine::ops_gpt_oss::{self, OaiExperts};
+use crate::engine::ops_gpt_oss::{self, HostExpertsRef, OaiExperts};
 use crate::engine::ops_mla::YarnRope;
 use crate::engine::ops_moe::Experts;
 use crate::engine::ops_moe_v1::MoeKernel;
@@ -27,7 +31,7 @@ use crate::model::layers::decoder::enter_layer;
 use crate::model::layers::rotary::rotary_cache_sized;
 use crate::model::loader::{upload, LoadOptions, LoadStats, Loader, Slice};
 use crate::model::weights::WeightSource;
-use crate::quant::{FusedLinear, Linear};
+use crate::quant::{mxfp4, FusedLinear, Linear};
 
 /// `OAIAttention` (0.19 L66-155): its parameters in the order its constructor makes them.
 pub struct OaiAttention {
@@ -39,15 +43,42 @@ pub struct OaiAttention {
     pub o_bias: Tensor,
 }
 
-/// `MLPBlock` (0.19 L158-221): the router (`GateLinear(bias=True)`) and `FusedMoE`'s four
+/// `MLPBlock` (0.19 L158-221): the router (`GateLinear(bias=True)`) and `FusedMoE`'s
 /// parameters.
 pub struct OaiMoe {
     pub router: Tensor,
     pub router_bias: Tensor,
-    pub w13: Tensor,
-    pub w13_bias: Tensor,
-    pub w2: Tensor,
-    pub w2_bias: Tensor,
+    pub experts: ExpertWeights,
+}
+
+/// A `FusedMoE`'s parameters as its quant method leaves them after loading (one per layer:
+/// the variants' sizes do not matter).
+#[allow(clippy::large_enum_variant)]
+pub enum ExpertWeights {
+    /// `UnquantizedFusedMoEMethod`: `w13 [E, 2I, H]`, `w2 [E, H, I]` and their biases in the
+    /// model dtype.
+    Dense {
+        w13: Tensor,
+        w13_bias: Tensor,
+        w2: Tensor,
+        w2_bias: Tensor,
+    },
+    Mxfp4(Mxfp4Experts),
+}
+
+/// `Mxfp4MoEMethod`'s experts on one layer.
+pub struct Mxfp4Experts {
+    pub backend: mxfp4::Backend,
+    /// The expert sizes after `maybe_roundup_sizes`: hidden, intermediate.
+    pub hidden: usize,
+    pub width: usize,
+    /// What the device holds: the six parameters `create_weights` makes (u8 blocks and
+    /// scales, bf16 biases) until `process_after_loading` converts them, then what is left
+    /// of them and the backend's new tensors.
+    pub params: Vec<Tensor>,
+    /// The dequantized experts at the checkpoint's sizes, f32 on the host (CPU compute only):
+    /// `w13 [E, 2I, H]`, `w2 [E, H, I]`, the biases.
+    pub host: Option<[Vec<f32>; 4]>,
 }
 
 /// `TransformerBlock` (0.19 L224-258).
@@ -56,6 +87,24 @@ pub struct GptOssLayer {
     pub mlp: OaiMoe,
     pub input_layernorm: Tensor,
     pub post_attention_layernorm: Tensor,
+}
+
+impl OaiMoe {
+    /// Bytes of the experts' tensors on the device.
+    pub fn expert_bytes(&self) -> u64 {
+        match &self.experts {
+            ExpertWeights::Dense {
+                w13,
+                w13_bias,
+                w2,
+                w2_bias,
+            } => [w13, w13_bias, w2, w2_bias]
+                .iter()
+                .map(|t| t.nbytes())
+                .sum(),
+            ExpertWeights::Mxfp4(x) => x.params.iter().map(|t| t.nbytes()).sum(),
+        }
+    }
 }
 
 impl GptOssLayer {
@@ -67,17 +116,9 @@ impl GptOssLayer {
             + a.qkv_bias.nbytes()
             + a.o.weight_bytes()
             + a.o_bias.nbytes()
-            + [
-                &m.router,
-                &m.router_bias,
-                &m.w13,
-                &m.w13_bias,
-                &m.w2,
-                &m.w2_bias,
-            ]
-            .iter()
-            .map(|t| t.nbytes())
-            .sum::<u64>()
+            + m.router.nbytes()
+            + m.router_bias.nbytes()
+            + m.expert_bytes()
             + self.input_layernorm.nbytes()
             + self.post_attention_layernorm.nbytes()
     }
@@ -122,9 +163,9 @@ impl GptOssModel {
             .gpt_oss
             .clone()
             .ok_or_else(|| Error::Request(format!("model_type '{}' is not gpt_oss", cfg.arch)))?;
-        if shape.mxfp4 {
+        if shape.mxfp4 && rt.backend() == crate::device::Backend::Cuda {
             return Err(Error::Request(
-                "gpt_oss with MXFP4 experts (quantization_config quant_method mxfp4, as openai/gpt-oss-20b and -120b are published) is not modelled yet: only 16-bit experts run".into(),
+                "gpt_oss's MXFP4 experts have no CUDA kernels in vramscope yet (vLLM runs them through triton_kernels, Marlin or FlashInfer): run on a simulated device (sim:…)".into(),
             ));
         }
         if rt.tp().is_some() {
@@ -153,6 +194,7 @@ impl GptOssModel {
             cfg.intermediate_size,
             m.num_experts,
         );
+        let backend = mxfp4::Backend::for_capability((rt.with_device(|d| d.compute_major()), 0));
         let embed = ld.vocab_shard("model.embed_tokens.weight", v, h, vp, 0, vp)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         let mut attn_scalars = Vec::new();
@@ -193,25 +235,11 @@ impl GptOssModel {
             let x = format!("{p}.mlp");
             let router = ld.dense(&format!("{x}.router.weight"), &[e, h])?;
             let router_bias = ld.dense(&format!("{x}.router.bias"), &[e])?;
-            // `gate_up_proj [E, H, 2I]` permuted to `w13_weight [E, 2I, H]`, `down_proj
-            // [E, I, H]` to `w2_weight [E, H, I]` (0.19 gpt_oss.py L984-1012, on the host).
-            let w13_name = format!("{x}.experts.gate_up_proj");
-            let w13 = ld
-                .read_host(&w13_name, &[e, h, 2 * i])?
-                .map(|d| permute_last_two(&d, e, h, 2 * i));
-            let w13 = upload(
-                rt,
-                &format!("{x}.experts.w13_weight"),
-                &[e, 2 * i, h],
-                act,
-                w13,
-            )?;
-            let w13_bias = ld.dense(&format!("{x}.experts.gate_up_proj_bias"), &[e, 2 * i])?;
-            let w2 = ld
-                .read_host(&format!("{x}.experts.down_proj"), &[e, i, h])?
-                .map(|d| permute_last_two(&d, e, i, h));
-            let w2 = upload(rt, &format!("{x}.experts.w2_weight"), &[e, h, i], act, w2)?;
-            let w2_bias = ld.dense(&format!("{x}.experts.down_proj_bias"), &[e, h])?;
+            let experts = if shape.mxfp4 {
+                ExpertWeights::Mxfp4(load_mxfp4(&mut ld, rt, &x, (e, h, i), backend)?)
+            } else {
+                load_dense(&mut ld, rt, &x, (e, h, i), act)?
+            };
             let input_layernorm = ld.dense(&format!("{p}.input_layernorm.weight"), &[h])?;
             let post_attention_layernorm =
                 ld.dense(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
@@ -226,10 +254,7 @@ impl GptOssModel {
                 mlp: OaiMoe {
                     router,
                     router_bias,
-                    w13,
-                    w13_bias,
-                    w2,
-                    w2_bias,
+                    experts,
                 },
                 input_layernorm,
                 post_attention_layernorm,
@@ -242,6 +267,17 @@ impl GptOssModel {
             Some(c) => c,
             None => rotary_cache_sized(rt, rope_rows(&shape), cfg.head_dim, DType::F32)?,
         };
+        // `process_weights_after_loading` runs over the modules once every weight is in
+        // (0.19 model_loader/utils.py `process_weights_after_loading`, after `load_weights`).
+        rt.set_op("process_weights_after_loading");
+        let swizzle = rt.mxfp4_hopper_swizzle();
+        for (l, layer) in layers.iter_mut().enumerate() {
+            if let ExpertWeights::Mxfp4(x) = &mut layer.mlp.experts {
+                rt.set_layer(Some(l as u32));
+                x.process_after_loading(rt, swizzle, e, &format!("model.layers.{l}.mlp.experts"))?;
+            }
+        }
+        rt.set_layer(None);
         Ok(GptOssModel {
             cfg: cfg.clone(),
             shape,
@@ -451,26 +487,57 @@ impl GptOssModel {
             Category::Activation,
         )?;
         ops::add_bias(rt, &mut logits, &m.router_bias)?;
-        let ex = OaiExperts {
-            experts: Experts {
-                w13: &m.w13,
-                w2: &m.w2,
-                num_experts: m.router.shape[0],
-                width: self.cfg.intermediate_size,
-            },
-            w13_bias: &m.w13_bias,
-            w2_bias: &m.w2_bias,
-            alpha: self.shape.swiglu_alpha as f32,
-            limit: self.shape.swiglu_limit as f32,
+        let (alpha, limit) = (
+            self.shape.swiglu_alpha as f32,
+            self.shape.swiglu_limit as f32,
+        );
+        let out = match &m.experts {
+            ExpertWeights::Dense {
+                w13,
+                w13_bias,
+                w2,
+                w2_bias,
+            } => {
+                let ex = OaiExperts {
+                    experts: Experts {
+                        w13,
+                        w2,
+                        num_experts: m.router.shape[0],
+                        width: self.cfg.intermediate_size,
+                    },
+                    w13_bias,
+                    w2_bias,
+                    alpha,
+                    limit,
+                };
+                ops_gpt_oss::moe_experts(
+                    rt,
+                    x,
+                    &logits,
+                    &ex,
+                    (top_k, self.moe_kernel.get(), &self.moe_workspace, gpu),
+                    &format!("{l}.moe"),
+                )?
+            }
+            ExpertWeights::Mxfp4(ex) => {
+                let host = ex.host.as_ref().map(|[w13, w2, b13, b2]| HostExpertsRef {
+                    w13,
+                    w2,
+                    b13,
+                    b2,
+                    hidden: self.cfg.hidden_size,
+                    width: self.cfg.intermediate_size,
+                });
+                ops_gpt_oss::moe_experts_mxfp4(
+                    rt,
+                    x,
+                    &logits,
+                    host.as_ref(),
+                    (top_k, ex.width, alpha, limit),
+                    &format!("{l}.moe"),
+                )?
+            }
         };
-        let out = ops_gpt_oss::moe_experts(
-            rt,
-            x,
-            &logits,
-            &ex,
-            (top_k, self.moe_kernel.get(), &self.moe_workspace, gpu),
-            &format!("{l}.moe"),
-        )?;
         let out = ops_tp::all_reduce(rt, out, &format!("{l}.moe.all_reduce"))?;
         drop(logits);
         Ok(out)
@@ -499,4 +566,190 @@ fn permute_last_two(d: &[f32], b: usize, r: usize, c: usize) -> Vec<f32> {
         }
     }
     out
+}
+
+/// `UnquantizedFusedMoEMethod`'s experts: `gate_up_proj [E, H, 2I]` permuted to `w13_weight
+/// [E, 2I, H]`, `down_proj [E, I, H]` to `w2_weight [E, H, I]` (0.19 gpt_oss.py L984-1012, on
+/// the host), each followed by its bias.
+fn load_dense(
+    ld: &mut Loader,
+    rt: &Runtime,
+    x: &str,
+    (e, h, i): (usize, usize, usize),
+    act: DType,
+) -> Result<ExpertWeights> {
+    let w13 = ld
+        .read_host(&format!("{x}.experts.gate_up_proj"), &[e, h, 2 * i])?
+        .map(|d| permute_last_two(&d, e, h, 2 * i));
+    let w13 = upload(
+        rt,
+        &format!("{x}.experts.w13_weight"),
+        &[e, 2 * i, h],
+        act,
+        w13,
+    )?;
+    let w13_bias = ld.dense(&format!("{x}.experts.gate_up_proj_bias"), &[e, 2 * i])?;
+    let w2 = ld
+        .read_host(&format!("{x}.experts.down_proj"), &[e, i, h])?
+        .map(|d| permute_last_two(&d, e, i, h));
+    let w2 = upload(rt, &format!("{x}.experts.w2_weight"), &[e, h, i], act, w2)?;
+    let w2_bias = ld.dense(&format!("{x}.experts.down_proj_bias"), &[e, h])?;
+    Ok(ExpertWeights::Dense {
+        w13,
+        w13_bias,
+        w2,
+        w2_bias,
+    })
+}
+
+/// `Mxfp4MoEMethod.create_weights` at the backend's rounded sizes (0.19
+/// quantization/mxfp4.py L138-228: `w13_weight`, `w13_weight_scale`, `w2_weight`,
+/// `w2_weight_scale` u8, then `w13_bias`, `w2_bias` bf16) filled by `_load_weights_mxfp4`
+/// (gpt_oss.py L341-520: `gate_up_proj_blocks [E, 2I, H/32, 16]` viewed as `[E, 2I, H/2]`
+/// and copied into the leading rows and columns; the padding stays zero). On the CPU the
+/// experts are also dequantized to f32 for the math.
+fn load_mxfp4(
+    ld: &mut Loader,
+    rt: &Runtime,
+    x: &str,
+    (e, h, i): (usize, usize, usize),
+    backend: mxfp4::Backend,
+) -> Result<Mxfp4Experts> {
+    let (hp, ip) = backend.round_up(h, i);
+    let b = mxfp4::BLOCK;
+    let mut read =
+        |name: &str, shape: &[usize]| ld.read_u8_host(&format!("{x}.experts.{name}"), shape);
+    let w13_blocks = read("gate_up_proj_blocks", &[e, 2 * i, h / b, b / 2])?;
+    let w13_scales = read("gate_up_proj_scales", &[e, 2 * i, h / b])?;
+    let w2_blocks = read("down_proj_blocks", &[e, h, i / b, b / 2])?;
+    let w2_scales = read("down_proj_scales", &[e, h, i / b])?;
+    let u8_param = |name: &str, shape: [usize; 3], from: Option<&Vec<u8>>, src: [usize; 2]| {
+        let mut t = rt.tensor(format!("{x}.{name}"), Category::Weight, &shape, DType::U8)?;
+        if let (Some(d), crate::engine::tensor::Storage::U8(dst)) = (from, &mut t.storage) {
+            pad_into(d, e, src, [shape[1], shape[2]], dst);
+        }
+        Ok::<Tensor, Error>(t)
+    };
+    let params = vec![
+        u8_param(
+            "w13_weight",
+            [e, 2 * ip, hp / 2],
+            w13_blocks.as_ref(),
+            [2 * i, h / 2],
+        )?,
+        u8_param(
+            "w13_weight_scale",
+            [e, 2 * ip, hp / b],
+            w13_scales.as_ref(),
+            [2 * i, h / b],
+        )?,
+        u8_param("w2_weight", [e, hp, ip / 2], w2_blocks.as_ref(), [h, i / 2])?,
+        u8_param(
+            "w2_weight_scale",
+            [e, hp, ip / b],
+            w2_scales.as_ref(),
+            [h, i / b],
+        )?,
+    ];
+    let b13 = ld.read_host(&format!("{x}.experts.gate_up_proj_bias"), &[e, 2 * i])?;
+    let b2 = ld.read_host(&format!("{x}.experts.down_proj_bias"), &[e, h])?;
+    let pad_f32 = |d: &Option<Vec<f32>>, rows: usize, to: usize| {
+        d.as_ref().map(|v| {
+            let mut out = vec![0f32; e * to];
+            for (ex, chunk) in v.chunks_exact(rows).enumerate() {
+                out[ex * to..ex * to + rows].copy_from_slice(chunk);
+            }
+            out
+        })
+    };
+    let mut params = params;
+    params.push(upload(
+        rt,
+        &format!("{x}.w13_bias"),
+        &[e, 2 * ip],
+        DType::BF16,
+        pad_f32(&b13, 2 * i, 2 * ip),
+    )?);
+    params.push(upload(
+        rt,
+        &format!("{x}.w2_bias"),
+        &[e, hp],
+        DType::BF16,
+        pad_f32(&b2, h, hp),
+    )?);
+    let host = match (w13_blocks, w13_scales, w2_blocks, w2_scales, b13, b2) {
+        (Some(a), Some(sa), Some(c), Some(sc), Some(b13), Some(b2)) => Some([
+            mxfp4::dequantize(&a, &sa, e * 2 * i, h),
+            mxfp4::dequantize(&c, &sc, e * h, i),
+            b13,
+            b2,
+        ]),
+        _ => None,
+    };
+    Ok(Mxfp4Experts {
+        backend,
+        hidden: hp,
+        width: ip,
+        params,
+        host: host.filter(|_| rt.backend() == crate::device::Backend::Cpu),
+    })
+}
+
+/// Copies `e` row-major `[rows, cols]` blocks of `src` into the leading corner of `e`
+/// `[to_rows, to_cols]` blocks of `dst` (zeros elsewhere).
+fn pad_into(
+    src: &[u8],
+    e: usize,
+    [rows, cols]: [usize; 2],
+    [to_rows, to_cols]: [usize; 2],
+    dst: &mut [u8],
+) {
+    for ex in 0..e {
+        for r in 0..rows {
+            let s = (ex * rows + r) * cols;
+            let d = (ex * to_rows + r) * to_cols;
+            dst[d..d + cols].copy_from_slice(&src[s..s + cols]);
+        }
+    }
+}
+
+impl Mxfp4Experts {
+    /// `Mxfp4MoEMethod.process_weights_after_loading` on this layer: the backend's new
+    /// tensors (`Backend::after_loading`) are made while the loaded ones are still referenced
+    /// (the method's locals hold them until it returns), then the replaced ones die.
+    fn process_after_loading(
+        &mut self,
+        rt: &Runtime,
+        swizzle: bool,
+        experts: usize,
+        prefix: &str,
+    ) -> Result<()> {
+        let plan = self
+            .backend
+            .after_loading(swizzle, experts, self.hidden, self.width);
+        let mut made = Vec::with_capacity(plan.made.len());
+        for t in &plan.made {
+            made.push(rt.tensor(
+                format!("{prefix}.{} ({})", t.name, self.backend.name()),
+                Category::Weight,
+                &t.shape,
+                t.dtype,
+            )?);
+        }
+        let loaded = std::mem::take(&mut self.params);
+        let mut kept = Vec::new();
+        let mut dying = Vec::new();
+        for (k, t) in loaded.into_iter().enumerate() {
+            if plan.freed.contains(&k) {
+                dying.push((plan.freed.iter().position(|&f| f == k), t));
+            } else {
+                kept.push(t);
+            }
+        }
+        dying.sort_by_key(|(p, _)| *p);
+        drop(dying);
+        kept.extend(made);
+        self.params = kept;
+        Ok(())
+    }
 }
