@@ -2737,6 +2737,9 @@ fn plan_sees_gpt_oss_20b_run_out_warming_up_its_sampler_at_0_95_on_an_h100() {
         .lines()
         .find(|l| l.starts_with("sampler warm-up after the KV cache (vLLM 0.19"))
         .unwrap_or_else(|| panic!("{text}"));
-    assert!(ok.contains("[1024, 201088] logits, 785.5 MiB per f32 copy"), "{ok}");
+    assert!(
+        ok.contains("[1024, 201088] logits, 785.5 MiB per f32 copy"),
+        "{ok}"
+    );
     assert!(ok.contains(" of the device left"), "{ok}");
 }

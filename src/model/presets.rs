@@ -595,6 +595,23 @@ mod tests {
             .tensor_shapes()
             .iter()
             .all(|(n, _)| !n.starts_with("mtp.")));
+        // The published checkpoint (Qwen/Qwen3-Next-80B-A3B-Instruct: Hugging Face's
+        // safetensors total, 81,324,862,720 parameters, 162,649,725,440 bytes in bf16) is the
+        // main model and the MTP module vLLM's main model skips: one more full-attention
+        // layer with its sparse block (`mtp.layers.0.*`), `mtp.fc` [h, 2h] and three norms
+        // (`pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `norm`).
+        let q = c.qwen3_next.as_ref().unwrap();
+        let full = (0..c.num_layers).find(|&l| q.is_full(l)).unwrap();
+        let prefix = format!("model.layers.{full}.");
+        let layer: u64 = c
+            .tensor_shapes()
+            .iter()
+            .filter(|(n, _)| n.starts_with(&prefix))
+            .map(|(_, s)| s.iter().product::<usize>() as u64)
+            .sum();
+        let h = c.hidden_size as u64;
+        let mtp = layer + 2 * h * h + 3 * h;
+        assert_eq!(c.param_count() + mtp, 81_324_862_720);
     }
 
     #[test]
@@ -621,9 +638,10 @@ mod tests {
         );
         // Llama 4, computed from the configs (config.json and the HF classes'
         // shapes): Scout's language model 107,769,861,120 parameters and its vision tower and
-        // projector 871,932,416 (108.6 B in all: the card's "109B"; bf16 checkpoint
-        // 217,283,587,072 bytes); Maverick's 400,711,848,960 and the same tower (401.6 B: the
-        // card's "400B"; 803,167,562,752 bytes).
+        // projector 871,932,416, Maverick's 400,711,848,960 and the same tower. In all they are
+        // the published checkpoints' Hugging Face safetensors totals, 108,641,793,536
+        // (meta-llama/Llama-4-Scout-17B-16E-Instruct, bf16: 217,283,587,072 bytes) and
+        // 401,583,781,376 (…-Maverick-17B-128E-Instruct: 803,167,562,752 bytes).
         let scout = preset("llama-4-scout").unwrap();
         let vision = |c: &ModelConfig| {
             let l = c.llama4.as_ref().unwrap();
@@ -634,6 +652,8 @@ mod tests {
         let maverick = preset("llama-4-maverick").unwrap();
         assert_eq!(maverick.param_count(), 400_711_848_960);
         assert_eq!(vision(&maverick), 871_932_416);
+        assert_eq!(scout.param_count() + vision(&scout), 108_641_793_536);
+        assert_eq!(maverick.param_count() + vision(&maverick), 401_583_781_376);
         assert_eq!((scout.param_count() + vision(&scout)) * 2, 217_283_587_072);
         // DeepSeek-V2: its model card's "236B total parameters" (the index's total_size is
         // not checked here).

@@ -1474,3 +1474,144 @@ mod tests {
         );
     }
 }
+
+/// The sampler warm-up after the KV cache (src/profile/warmup.rs), through the runs and
+/// diagnoses that read it.
+#[cfg(test)]
+mod warm_up_tests {
+    use crate::profile::diagnose::{self, StartFailure, WarmUp};
+    use crate::profile::warmup::*;
+    use crate::profile::ProfileRequest;
+
+    const MIB: u64 = 1 << 20;
+
+    /// `vllm serve meta-llama/Meta-Llama-3-8B --max-model-len 8192` under 0.19 on a simulated
+    /// H100 80GB, dry: `vllm serve`'s 8192 tokens and 1024 sequences on a GPU of 70 GiB or more.
+    fn llama(util: f64) -> ProfileRequest {
+        ProfileRequest {
+            model: crate::model::ModelSource::parse("preset:llama-3-8b").unwrap(),
+            quant: crate::quant::Quant::BF16,
+            device: crate::device::DeviceSpec::parse("sim:h100-80gb:dry").unwrap(),
+            vllm: "0.19".into(),
+            util,
+            tokens: 0,
+            seqs: 0,
+            max_model_len: 8192,
+            verify: false,
+            ..ProfileRequest::default()
+        }
+    }
+
+    fn run(req: &ProfileRequest) -> crate::profile::Report {
+        crate::profile::run(
+            req,
+            None,
+            std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        )
+        .unwrap()
+    }
+
+    /// What the sampler holds at once at its peak, from its shapes (0.19's Triton path,
+    /// `random_sample`): the `[R, V]` logits of `compute_logits` in bf16, their fp32 copy,
+    /// the probabilities and the exponential draws, fp32 each.
+    fn sampler_peak_bytes(r: u64, v: u64) -> u64 {
+        r * v * 2 + 3 * r * v * 4
+    }
+
+    #[test]
+    fn each_v1_release_warms_up_min_seqs_tokens_and_v0_and_runner_v2_do_not() {
+        for name in ["0.11", "0.15", "0.19", "0.21", "0.22", "0.33"] {
+            let r = crate::profile::vllm::release(name).unwrap();
+            assert_eq!(
+                r.sampler_warm_up_reqs(false, 1024, 8192),
+                Some(1024),
+                "{name}"
+            );
+            assert_eq!(r.sampler_warm_up_reqs(false, 256, 128), Some(128), "{name}");
+            assert_eq!(r.sampler_warm_up_reqs(true, 1024, 8192), None, "{name}");
+        }
+        for name in ["0.6.4", "0.8", "380e1863"] {
+            let r = crate::profile::vllm::release(name).unwrap();
+            assert_eq!(r.sampler_warm_up_reqs(false, 256, 2048), None, "{name}");
+        }
+        assert!(crate::profile::vllm::release("0.19")
+            .unwrap()
+            .empties_cache_after_capture());
+        assert!(!crate::profile::vllm::release("0.15")
+            .unwrap()
+            .empties_cache_after_capture());
+        assert!(source("0.15").starts_with("vLLM 0.15.1 "));
+    }
+
+    /// Llama-3-8B at util 0.90 leaves the warm-up room; at 0.99 its sampler runs out after
+    /// the KV cache, short by exactly what it needs less what is free, in vLLM's words; the
+    /// utilization the plan offers starts and 0.01 above it does not.
+    #[test]
+    fn llama_3_8b_warm_up_fits_at_0_90_and_runs_out_at_0_99() {
+        let ok = run(&llama(0.90));
+        let w = ok.warm_up.clone().expect("0.19 runs the warm-up");
+        assert_eq!(
+            w.num_reqs as usize,
+            ok.settings.seqs.min(ok.settings.tokens)
+        );
+        assert_eq!((w.num_reqs, w.vocab), (1024, 128256));
+        assert_eq!(w.logits_f32_bytes(), 1024 * 128256 * 4);
+        assert!(w.failed.is_none(), "{w:?}");
+        let floor = sampler_peak_bytes(w.num_reqs, w.vocab);
+        // The sampler's tensors, each in new segments; the dummy forward's of 1024 tokens
+        // (its MLP's [1024, 2·14336] bf16 the largest) stay cached below 128 MiB.
+        assert!(
+            w.need_bytes >= floor && w.need_bytes < floor + 128 * MIB,
+            "need {} against the sampler's {floor}",
+            w.need_bytes
+        );
+        let total = ok.checkpoints.t0.total as i64;
+        assert_eq!(w.peak_process_bytes, w.process_before_bytes + w.need_bytes);
+        assert_eq!(w.room_left_bytes, total - w.peak_process_bytes as i64);
+        assert_eq!(
+            w.room_left_bytes,
+            w.free_before_bytes as i64 - w.need_bytes as i64
+        );
+        assert!(w.room_left_bytes > 0);
+        assert_eq!(diagnose::after_profile(&ok), None);
+
+        let req = llama(0.99);
+        let bad = run(&req);
+        let b = bad.warm_up.clone().unwrap();
+        let f = b.failed.as_ref().expect("out of memory at 0.99");
+        assert!(f.in_sampler, "{f:?}");
+        // Its need does not depend on the KV cache.
+        assert_eq!(b.need_bytes, w.need_bytes);
+        assert!(!b.need_at_least);
+        let short = b.need_bytes as i64 - b.free_before_bytes as i64;
+        assert_eq!(-b.room_left_bytes, short);
+        assert!(short > 0);
+        let failure = diagnose::after_profile(&bad).unwrap();
+        let StartFailure::OutOfMemoryAfterKv {
+            phase: WarmUp::Sampler,
+            tried_gib: Some(t),
+            free_gib: Some(fr),
+            num_reqs: Some(1024),
+        } = &failure
+        else {
+            panic!("{failure:?}")
+        };
+        assert!(((t - fr) * GIB_F - short as f64).abs() < 1.0);
+        let release = crate::profile::vllm::release("0.19").unwrap();
+        assert_eq!(
+            failure.vllm_text(release).unwrap(),
+            "RuntimeError: CUDA out of memory occurred when warming up sampler with 1024 dummy \
+             requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization` when \
+             initializing the engine."
+        );
+        // The KV cache grows by T·Δu and the warm-up does not.
+        let (u, o) = diagnose::warm_up_fit(&req, short as f64, total as f64).unwrap();
+        let expect = ((0.99 - short as f64 / total as f64) * 100.0).floor() / 100.0;
+        assert!(u <= expect + 1e-9 && u > expect - 0.05, "{u} {expect}");
+        assert!(o.starts());
+        let above = run(&llama(((u + 0.01) * 100.0).round() / 100.0));
+        assert!(above.warm_up.unwrap().failed.is_some());
+    }
+
+    const GIB_F: f64 = (1u64 << 30) as f64;
+}

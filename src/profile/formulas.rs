@@ -387,6 +387,30 @@ impl HybridPages {
 }
 
 impl KvGeometry {
+    /// The KV cache as V1's `initialize_kv_cache` allocates it: one tensor per layer (the
+    /// graph capture's, the estimator's and the warm-up's caches).
+    pub(crate) fn allocate(
+        &self,
+        rt: &crate::engine::runtime::Runtime,
+        dtype: crate::engine::tensor::DType,
+        blocks: u64,
+        label: &str,
+    ) -> crate::base::error::Result<Vec<crate::engine::tensor::Tensor>> {
+        rt.set_op("kv_cache");
+        rt.set_layer(None);
+        let shape = self.tensor_shape(blocks);
+        (0..self.tensors().max(1))
+            .map(|l| {
+                rt.reserve(
+                    format!("kv-cache[{label}].layer{l}"),
+                    crate::memory::Category::KvCache,
+                    &shape,
+                    dtype,
+                )
+            })
+            .collect()
+    }
+
     /// One layer's page: 2 (K and V) × block_size × kv_heads × head_dim × dtype bytes; MLA's
     /// one latent plane: block_size × latent width × dtype bytes.
     pub fn page_bytes(&self) -> u64 {

@@ -16,7 +16,7 @@ use crate::base::error::{Error, Result};
 use crate::engine::runtime::{
     CaptureKind, FlashCall, GraphRecord, Runtime, ESTIMATE_POOL, GRAPH_POOL,
 };
-use crate::engine::tensor::{DType, Tensor};
+use crate::engine::tensor::DType;
 use crate::memory::Category;
 use crate::model::batch::Batch;
 use crate::model::CausalLm;
@@ -119,29 +119,6 @@ struct Captured {
     label: String,
     output: Option<(u64, usize, DType)>,
     eager: Option<Vec<f32>>,
-}
-
-/// The KV cache as V1's `initialize_kv_cache` allocates it: one tensor per layer.
-pub(crate) fn allocate_kv(
-    rt: &Runtime,
-    geometry: &KvGeometry,
-    dtype: DType,
-    blocks: u64,
-    label: &str,
-) -> Result<Vec<Tensor>> {
-    rt.set_op("kv_cache");
-    rt.set_layer(None);
-    let shape = geometry.tensor_shape(blocks);
-    (0..geometry.tensors().max(1))
-        .map(|l| {
-            rt.reserve(
-                format!("kv-cache[{label}].layer{l}"),
-                Category::KvCache,
-                &shape,
-                dtype,
-            )
-        })
-        .collect()
 }
 
 /// `hidden_states[logit_indices]` after each dummy run, eager on the side stream (0.19.0
@@ -358,7 +335,7 @@ pub(crate) fn estimate(
         .unwrap_or(1);
     rt.graph_prepare()?;
     rt.marker("cudagraph estimate");
-    let kv = allocate_kv(rt, geometry, kv_dtype, largest as u64, "estimator")?;
+    let kv = geometry.allocate(rt, kv_dtype, largest as u64, "estimator")?;
     rt.graph_side_stream(true)?;
     let result = (|| {
         rt.synchronize()?;
@@ -443,7 +420,7 @@ pub(crate) fn capture(
         replay: None,
         failed: None,
     };
-    let kv = match allocate_kv(rt, geometry, kv_dtype, kv_blocks, "graphs") {
+    let kv = match geometry.allocate(rt, kv_dtype, kv_blocks, "graphs") {
         Ok(kv) => kv,
         Err(e @ Error::OutOfMemory { .. }) => {
             report.failed = Some(format!("the KV cache itself: {e}"));

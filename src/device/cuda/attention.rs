@@ -190,7 +190,8 @@ impl CudaDevice {
         }
         let ld_max = max_len.div_ceil(8) * 8;
         let row_bytes = (kvh * ld_max * 4) as u64;
-        let chunk = ((attn_scratch_bound() / row_bytes) as usize / 16 * 16).clamp(16.min(ld_max), ld_max);
+        let chunk =
+            ((attn_scratch_bound() / row_bytes) as usize / 16 * 16).clamp(16.min(ld_max), ld_max);
         let need = row_bytes * chunk as u64;
         if self.attn_scratch.is_none_or(|(_, b)| b < need) {
             if let Some((p, _)) = self.attn_scratch.take() {
