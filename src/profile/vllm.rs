@@ -838,6 +838,24 @@ impl Release {
             // The V0 releases are refused with what they would need.
             self.mla_backend(9, false, 16)?;
         }
+        if matches!(arch, "llama4" | "llama4_text") {
+            // llama4.py is in vLLM from 0.8.3; vramscope follows its V1 forms (0.11.0, 0.15.1,
+            // 0.19.0) and their fused MoE.
+            if !matches!(self.engine, Engine::V1 { .. }) {
+                return Err(Error::Request(format!(
+                    "--vllm {}: model_type '{arch}' is modelled under the V1 releases only (0.11, 0.15, 0.19)",
+                    self.name
+                )));
+            }
+            return match self.fused_moe {
+                FusedMoe::Kernel(_) => Ok(()),
+                FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
+                    "--vllm {}: model_type '{arch}' (mixture of experts) is not modelled under this \
+                     release: {why}; it is reproduced for --vllm 0.11, 0.15 and 0.19",
+                    self.name
+                ))),
+            };
+        }
         if mla || matches!(arch, "mixtral" | "qwen2_moe" | "qwen3_moe") {
             // Every release here has mixtral.py and 0.8.5 on has qwen3_moe.py; the fused MoE's
             // allocations are reproduced where the release runs 0.8.5's `fused_experts_impl`.
