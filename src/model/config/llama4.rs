@@ -24,8 +24,8 @@ pub struct Llama4Shape {
     /// `use_qk_norm`: the weightless RMS ("L2") norm over each head of q and k, RoPE layers
     /// only (llama4.py 0.19 L190, L206-215; Scout has it, Maverick not).
     pub use_qk_norm: bool,
-    /// `attn_temperature_tuning` on NoPE layers: q times `log(floor((p + 1) / floor_scale) +
-    /// 1) · attn_scale + 1`. Transformers reads it from the config (Scout's says 4, truthy);
+    /// `attn_temperature_tuning` on NoPE layers: q times
+    /// `log(floor((p + 1) / floor_scale) + 1) · attn_scale + 1`. Transformers reads it from the config (Scout's says 4, truthy);
     /// vLLM overrides it from generation_config.json or `max_model_len > 32768`
     /// (llama4.py 0.19 L715-721): this is the config's value.
     pub attn_temperature_tuning: bool,
