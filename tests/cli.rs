@@ -2743,3 +2743,46 @@ fn plan_sees_gpt_oss_20b_run_out_warming_up_its_sampler_at_0_95_on_an_h100() {
     );
     assert!(ok.contains(" of the device left"), "{ok}");
 }
+
+/// Llama 4 Scout (text) plans under the V1 releases whose fused MoE is modelled, and a V0
+/// release or 0.21 is refused by name, never with another family's message.
+#[test]
+fn plan_answers_llama_4_scout_under_v1_and_names_what_it_refuses() {
+    let line = "plan --vllm 0.19 --device sim:h200 --tp 4 --max-model-len 131072 -- vllm serve meta-llama/Llama-4-Scout-17B-16E-Instruct";
+    let run = |line: &str| {
+        let args: Vec<&str> = line.split(' ').collect();
+        let out = vramscope(&args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, text, err) = run(line);
+    assert_eq!(code, Some(0), "{text}{err}");
+    // 3 chunked groups and 1 full group of 12 layers each: tokens are blocks of the group
+    // times 16, a multiple of 16.
+    let tokens: u64 = text
+        .lines()
+        .find_map(|l| l.split("GPU KV cache size: ").nth(1))
+        .and_then(|s| s.split(" tokens").next())
+        .map(|s| s.replace(',', ""))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(tokens % 16, 0, "{tokens}");
+    assert!((1_000_000..2_000_000).contains(&tokens), "{tokens}");
+    assert!(
+        err.contains("vision tower and projector (871,932,416 parameters"),
+        "{err}{text}"
+    );
+    for (vllm, why) in [
+        ("0.8", "modelled under the V1 releases only"),
+        ("0.21", "it is reproduced for --vllm 0.11, 0.15 and 0.19"),
+    ] {
+        let (code, _, err) = run(&line.replace("0.19", vllm));
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains("'llama4'") && err.contains(why), "{err}");
+        assert!(!err.contains("qwen3.py"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}

@@ -864,6 +864,24 @@ impl Release {
                 ))),
             };
         }
+        if matches!(arch, "llama4" | "llama4_text") {
+            // llama4.py is in vLLM from 0.8.3; vramscope follows its V1 forms (0.11.0, 0.15.1,
+            // 0.19.0) and their fused MoE.
+            if !matches!(self.engine, Engine::V1 { .. }) {
+                return Err(Error::Request(format!(
+                    "--vllm {}: model_type '{arch}' is modelled under the V1 releases only (0.11, 0.15, 0.19)",
+                    self.name
+                )));
+            }
+            return match self.fused_moe {
+                FusedMoe::Kernel(_) => Ok(()),
+                FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
+                    "--vllm {}: model_type '{arch}' (mixture of experts) is not modelled under this \
+                     release: {why}; it is reproduced for --vllm 0.11, 0.15 and 0.19",
+                    self.name
+                ))),
+            };
+        }
         if arch == "qwen3_next" {
             // qwen3_next.py is in 0.10.2 on; V0 ran it with its MambaCacheManager.
             if !matches!(self.engine, Engine::V1 { .. }) {
@@ -911,10 +929,15 @@ impl Release {
         {
             return Ok(());
         }
-        let file = if arch == "gemma3_text" {
-            "gemma3.py"
-        } else {
-            "qwen3.py"
+        let file = match arch {
+            "gemma3_text" => "gemma3.py",
+            "qwen3" => "qwen3.py",
+            _ => {
+                return Err(Error::Request(format!(
+                    "--vllm {}: model_type '{arch}' is not modelled under this release",
+                    self.name
+                )))
+            }
         };
         Err(Error::Request(format!(
             "--vllm {}: that release has no model file for model_type '{arch}' ({file} is in \
