@@ -75,6 +75,7 @@ fn cpu_forward(c: &mut Criterion) {
             int8_threshold: 0.0,
             int8_layout: device.int8_tile_layout(),
             attn_scalars: 0,
+            marlin: Default::default(),
         };
         let rt = Runtime::new(device, Arc::new(AtomicBool::new(false)), None);
         let lm = CausalLm::load(&rt, &cfg, &fast_weights(0), &opts).unwrap();

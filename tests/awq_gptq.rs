@@ -222,7 +222,7 @@ fn qwen2_5_7b_instruct_gptq_int4_loads_without_its_zeros_and_g_idx_on_marlin() {
         err.contains("MacheteLinearKernel") && !err.contains("a100-80gb"),
         "{err}"
     );
-    // Under a V1 release the refusal names that release, not 0.6.4's kernel choice.
+    // Under a V1 release the refusal names that release's kernel choice, not 0.6.4's.
     let err = profile::run(
         &ProfileRequest {
             vllm: "0.19".into(),
@@ -235,7 +235,7 @@ fn qwen2_5_7b_instruct_gptq_int4_loads_without_its_zeros_and_g_idx_on_marlin() {
     .unwrap()
     .to_string();
     assert!(
-        err.contains("--vllm 0.19") && !err.contains("Machete"),
+        err.contains("vLLM 0.19 and later runs") && err.contains("MacheteLinearKernel"),
         "{err}"
     );
 }
@@ -244,6 +244,10 @@ fn qwen2_5_7b_instruct_gptq_int4_loads_without_its_zeros_and_g_idx_on_marlin() {
 // gen-model checkpoints, end to end.
 
 fn profile(dir: &Path, device: &str) -> serde_json::Value {
+    profile_under(dir, device, "0.6.4")
+}
+
+fn profile_under(dir: &Path, device: &str, vllm: &str) -> serde_json::Value {
     let out_dir = tempfile::tempdir().unwrap();
     let json = out_dir.path().join("r.json");
     ok(&vramscope(&[
@@ -254,7 +258,7 @@ fn profile(dir: &Path, device: &str) -> serde_json::Value {
         "--model",
         dir.to_str().unwrap(),
         "--vllm",
-        "0.6.4",
+        vllm,
         "--device",
         device,
         "--tokens",
@@ -292,6 +296,39 @@ fn gen_model_awq_and_gptq_profile_dry_and_in_compute_mode_alike() {
                 );
             }
         }
+    }
+}
+
+/// Under the V1 releases (0.11's refactored kernel, 0.19's AWQ rewritten into GPTQ's layout
+/// first) dry and compute runs allocate alike too, on an Ada GPU where Marlin runs both.
+#[test]
+fn awq_and_gptq_under_v1_releases_profile_dry_and_in_compute_mode_alike() {
+    for (flags, vllm) in [
+        (&["--awq", "--group-size", "64"][..], "0.19"),
+        (&["--awq", "--group-size", "64"][..], "0.11"),
+        (&["--gptq", "--group-size", "32", "--desc-act"][..], "0.19"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        gen(dir.path(), flags);
+        let dry = profile_under(dir.path(), "sim:l40s:dry", vllm);
+        let cpu = profile_under(dir.path(), "sim:l40s:compute", vllm);
+        let old = profile_under(dir.path(), "sim:l40s:dry", "0.6.4");
+        for key in ["weights_bytes", "weights_tensor_bytes", "truth"] {
+            assert_eq!(dry[key], cpu[key], "{flags:?} {vllm} {key}");
+        }
+        for t in ["t0", "t1", "t2", "t3"] {
+            for key in ["allocated", "allocated_peak", "reserved", "free"] {
+                assert_eq!(
+                    dry["checkpoints"][t][key], cpu["checkpoints"][t][key],
+                    "{flags:?} {vllm} {t} {key}"
+                );
+            }
+        }
+        // The workspace is one int32 per SM (142 on an L40S), not 0.6.4's n / 64 · 16.
+        assert_ne!(
+            dry["weights_bytes"], old["weights_bytes"],
+            "{flags:?} {vllm}"
+        );
     }
 }
 
@@ -419,6 +456,7 @@ fn digests(dir: &Path) -> Vec<(String, u64)> {
             col_pad: 32,
         },
         attn_scalars: 0,
+        marlin: Default::default(),
     };
     let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
     let mut out = Vec::new();

@@ -65,6 +65,7 @@ fn load(rt: &Runtime, dir: &Path, quant: Quant) -> OptModel {
             col_pad: 32,
         },
         attn_scalars: 0,
+        marlin: Default::default(),
     };
     OptModel::load(rt, &opened.config, opened.source.as_ref(), &opts).unwrap()
 }
@@ -240,6 +241,7 @@ fn in_flight_nf4_stores_what_bitsandbytes_stores() {
                 col_pad: 32,
             },
             attn_scalars: 0,
+            marlin: Default::default(),
         };
         let m = OptModel::load(&rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
         if quant == Quant::Nf4 {
@@ -649,6 +651,7 @@ fn device_weight_bytes(dir: &Path, spec: &str) -> u64 {
             col_pad: 32,
         },
         attn_scalars: 0,
+        marlin: Default::default(),
     };
     let m = vramscope::model::models::CausalLm::load(
         &rt,

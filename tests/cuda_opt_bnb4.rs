@@ -31,6 +31,7 @@ fn load(rt: &Runtime, source: &ModelSource, quant: Quant) -> (OptModel, usize) {
         int8_threshold: 6.0,
         int8_layout: layout,
         attn_scalars: 0,
+        marlin: Default::default(),
     };
     let m = OptModel::load(rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
     (m, opened.config.vocab_size)

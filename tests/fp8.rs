@@ -72,6 +72,7 @@ fn llama_3_8b_loads_in_fp8_to_one_byte_linears_after_holding_the_16_bit_model() 
             col_pad: 32,
         },
         attn_scalars: 0,
+        marlin: Default::default(),
     };
     let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
     let (sixteen, fp8, linears) = llama_bytes(&opened.config);

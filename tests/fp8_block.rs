@@ -313,6 +313,7 @@ fn a_stacked_layers_dequantized_weights_are_each_code_times_its_blocks_stored_sc
             col_pad: 32,
         },
         attn_scalars: 0,
+        marlin: Default::default(),
     };
     let m = LlamaModel::load(&rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
     let Mlp::Dense { gate_up, .. } = &m.layers[1].mlp else {

@@ -34,6 +34,7 @@ fn opts(quant: Quant) -> LoadOptions {
             col_pad: 32,
         },
         attn_scalars: 0,
+        marlin: Default::default(),
     }
 }
 

@@ -73,6 +73,7 @@ fn logits(dir: &Path) -> Vec<Vec<f32>> {
             col_pad: 32,
         },
         attn_scalars: 0,
+        marlin: Default::default(),
     };
     let model = OptModel::load(&rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
     let batch = Batch {
@@ -439,6 +440,7 @@ fn opt_presets_weigh_what_vllm_allocates() {
                 col_pad: 32,
             },
             attn_scalars: 0,
+            marlin: Default::default(),
         };
         let m = OptModel::load(&rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
         assert_eq!(m.weight_bytes(), 2 * params, "{name}");

@@ -222,9 +222,8 @@ fn families_and_releases_without_stages_are_refused_by_name() {
 /// Q7 of ../shared/VLLM_LOGS_PUBLIC.md: Qwen3-14B-AWQ on two L4s under 0.28.0 with
 /// `--pipeline-parallel-size 2` logs 14.04 GiB of KV cache per GPU and 184,000 tokens
 /// (40 layers, 8 KV heads of 128: 20 layers a stage, 80 KiB a token, so 14.04 GiB is
-/// 184,025 tokens, 11,500 blocks of 16). Within 3 % of the tokens once the release is there.
+/// 184,025 tokens, 11,500 blocks of 16). Within 3 % of the tokens.
 #[test]
-#[ignore = "needs release 0.28 (added on another branch) and AWQ checkpoints under V1 releases (vramscope's Marlin path is 0.6.4's)"]
 fn q7_pipeline_parallel_row_within_three_percent() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(

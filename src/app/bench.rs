@@ -286,6 +286,7 @@ fn run_rank(
         int8_threshold: req.int8_threshold,
         int8_layout: layout,
         attn_scalars: 0,
+        marlin: Default::default(),
     };
     let model = {
         let _t = crate::base::timing::span("load the model (all of it)");

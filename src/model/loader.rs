@@ -51,6 +51,8 @@ pub struct LoadOptions {
     /// (`vllm::Release::attn_scalars`: 0 up to 0.6.6, 2, 4 or 7 after), kept as long as the
     /// model.
     pub attn_scalars: usize,
+    /// The release's Marlin generation and the GPU's SMs, for AWQ / GPTQ checkpoints.
+    pub marlin: marlin::Kernel,
 }
 
 impl LoadOptions {
@@ -591,14 +593,15 @@ impl<'a> Loader<'a> {
             self.src.packed4(),
             names.iter().all(|n| super::is_projection(n)),
         ) {
-            let whole = full_rows
-                .iter()
-                .zip(parts)
-                .all(|(&f, &(first, len))| first == 0 && len == f);
-            if !whole || names.windows(2).any(|w| w[0] == w[1]) {
+            if names.windows(2).any(|w| w[0] == w[1]) {
                 return Err(packed4_unsplit(self.src, &names[0]));
             }
-            let linear = self.packed4(fmt, names, rows, k, fused_name)?;
+            let slices: Vec<Slice> = full_rows
+                .iter()
+                .zip(parts)
+                .map(|(&full, &(first, len))| Slice::rows(full, k, first, len))
+                .collect();
+            let linear = self.packed4(fmt, names, &slices, fused_name)?;
             return Ok(FusedLinear::Marlin {
                 linear: Box::new(linear),
                 rows: rows.to_vec(),
@@ -765,10 +768,8 @@ impl<'a> Loader<'a> {
             return Ok(Linear::Fp8(lin));
         }
         if let (Some(fmt), true) = (self.src.packed4(), super::is_projection(name)) {
-            if slice.is_some() {
-                return Err(packed4_unsplit(self.src, name));
-            }
-            let l = self.packed4(fmt, &[name.to_string()], &[n], k, name)?;
+            let sl = slice.unwrap_or(Slice::whole(n, k));
+            let l = self.packed4(fmt, &[name.to_string()], &[sl], name)?;
             return Ok(Linear::Marlin(Box::new(l)));
         }
         if let Some(meta) = self.src.bnb4(name) {
@@ -1051,22 +1052,65 @@ impl<'a> Loader<'a> {
         })
     }
 
-    /// An AWQ / GPTQ linear (one layer, or the shards `names` of a stacked one with `ns`
-    /// outputs each) as `create_weights` allocates it and the weight loader fills it: the
-    /// shards' stored tensors in one set of parameters (`MarlinLinear::load`).
+    /// An AWQ / GPTQ linear (one layer, or the shards `names` of a stacked one) as
+    /// `create_weights` allocates it and the weight loader fills it: each shard's stored
+    /// tensors, narrowed to this rank's `slices` (rows: outputs, cols: inputs, as the
+    /// `[n, k]` of the layer), in one set of parameters (`MarlinLinear::load`). A cut must
+    /// fall on whole 4-bit words and quantization groups, as vLLM's packed and grouped
+    /// parameters narrow them; GPTQ's act-order across ranks is refused.
     fn packed4(
         &mut self,
         fmt: marlin::Format,
         names: &[String],
-        ns: &[usize],
-        k: usize,
+        slices: &[Slice],
         fused_name: &str,
     ) -> Result<MarlinLinear> {
+        let k = slices.first().map_or(0, |s| s.cols.1);
         let mut parts = Vec::with_capacity(names.len());
-        for (name, &n) in names.iter().zip(ns) {
+        let mut ns = Vec::with_capacity(names.len());
+        for (name, sl) in names.iter().zip(slices) {
+            let [full_n, full_k] = sl.full;
+            if fmt.group_size == -1 && sl.cols.1 != full_k {
+                return Err(Error::model(
+                    self.src.origin(),
+                    format!(
+                        "tensor {name}: a group_size -1 checkpoint split along its {full_k} inputs (vLLM keeps its one group of scales whole on every rank) is not modelled; use --tp 1"
+                    ),
+                ));
+            }
+            if !sl.is_whole() {
+                let g = fmt.group(full_k);
+                let bad = !sl.rows.0.is_multiple_of(PACK4)
+                    || !sl.rows.1.is_multiple_of(PACK4)
+                    || !sl.cols.0.is_multiple_of(g.max(PACK4))
+                    || !sl.cols.1.is_multiple_of(g.max(PACK4))
+                    || (fmt.desc_act && sl.cols.1 != full_k);
+                if bad {
+                    return Err(Error::model(
+                        self.src.origin(),
+                        format!(
+                            "tensor {name}: this rank's part of the [{full_n}, {full_k}] layer (outputs {}..{}, inputs {}..{}) does not fall on whole 4-bit words and groups of {g}{}; vLLM refuses such a split too",
+                            sl.rows.0,
+                            sl.rows.0 + sl.rows.1,
+                            sl.cols.0,
+                            sl.cols.0 + sl.cols.1,
+                            if fmt.desc_act { " (act-order GPTQ keeps its inputs whole here)" } else { "" }
+                        ),
+                    ));
+                }
+            }
             self.tick(name, self.src.stored_bytes(name))?;
             let t = std::time::Instant::now();
-            parts.push(self.src.read_packed4(name, n, k, self.needs_data)?);
+            let whole = self
+                .src
+                .read_packed4(name, full_n, full_k, self.needs_data)?;
+            let p = if self.needs_data && !sl.is_whole() {
+                whole.cut(&fmt, (full_n, full_k), sl.rows, sl.cols)
+            } else {
+                whole
+            };
+            parts.push(p);
+            ns.push(sl.rows.1);
             if self.needs_data {
                 self.stats.read_seconds += t.elapsed().as_secs_f64();
                 self.stats.source_bytes += self.src.stored_bytes(name);
@@ -1082,7 +1126,7 @@ impl<'a> Loader<'a> {
         }
         let stacked = self
             .needs_data
-            .then(|| marlin::Parts::stack(&fmt, parts, ns, k));
+            .then(|| marlin::Parts::stack(&fmt, parts, &ns, k));
         MarlinLinear::load(
             self.rt,
             fmt,
@@ -1090,6 +1134,7 @@ impl<'a> Loader<'a> {
             (total, k),
             stacked.as_ref(),
             self.act,
+            self.opts.marlin,
         )
     }
 
@@ -1355,6 +1400,9 @@ pub(crate) fn marlin_fused_after_loading(
 
 /// Why an AWQ / GPTQ weight is not cut: tensor parallelism and checkpoints that store a
 /// layer fused (Phi-3's `qkv_proj.qweight`) are not modelled for these formats.
+/// Codes per int32 word of a 4-bit checkpoint.
+const PACK4: usize = marlin::PACK;
+
 fn packed4_unsplit(src: &dyn WeightSource, name: &str) -> Error {
     Error::model(
         src.origin(),
@@ -1595,6 +1643,7 @@ mod tests {
                 col_pad: 32,
             },
             attn_scalars: 0,
+            marlin: Default::default(),
         }
     }
 

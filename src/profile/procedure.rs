@@ -658,7 +658,8 @@ fn check_fp8_model(o: &model::OpenedModel) -> Result<()> {
 
 /// What an AWQ / GPTQ checkpoint is reproduced for: vLLM 0.6.4's Marlin path on a GPU that
 /// runs it (`marlin::check_gpu`: a simulated one's preset here, a CUDA device's own
-/// capability when it loads), one GPU, the Llama-family models whose layers the
+/// capability when it loads), any tensor-parallel size whose cuts fall on whole words and
+/// groups (the loader checks each), the Llama-family models whose layers the
 /// checkpoint stores apart, activations in fp16 or bf16. Each refusal says which and why.
 fn check_packed4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
     use crate::quant::marlin;
@@ -690,15 +691,9 @@ fn check_packed4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
             ),
         ));
     }
-    if req.tp > 1 {
-        return Err(Error::Request(format!(
-            "{what} with --tp {}: cutting packed 4-bit weights across ranks is not modelled; use --tp 1",
-            req.tp
-        )));
-    }
     // The release first: a GPU check names 0.6.4's kernels, which say nothing of another
     // release's choice.
-    marlin::check_release(req.release()?.name)?;
+    let era = marlin::check_release(req.release()?.name)?;
     match &req.device {
         // A CUDA device checks its own capability when the first layer loads.
         DeviceSpec::Cuda { .. } => {}
@@ -711,7 +706,7 @@ fn check_packed4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
                     (2 * i, h),
                     (h, i),
                 ];
-                marlin::check_gpu(&fmt, p.arch, p.name, &layers)?;
+                marlin::check_gpu(&fmt, era, p.arch, p.name, &layers)?;
             }
         }
     }
@@ -920,6 +915,10 @@ pub(crate) fn run_rank(
                 int8_threshold: req.int8_threshold,
                 int8_layout: layout,
                 attn_scalars: release.attn_scalars,
+                marlin: crate::quant::marlin::Kernel {
+                    era: crate::quant::marlin::Era::of_release(release.name).unwrap_or_default(),
+                    sms: sms.unwrap_or(0) as usize,
+                },
             };
             let mut model = CausalLm::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
             model.set_mlp_frees_gate_up(release.llama_mlp_frees_gate_up);

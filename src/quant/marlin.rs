@@ -35,6 +35,65 @@ pub const MAX_PARALLEL: usize = 16;
 /// `MARLIN_SUPPORTED_GROUP_SIZES` (marlin_utils.py L17); -1 is one group over all inputs.
 pub const MARLIN_GROUP_SIZES: [i64; 4] = [-1, 32, 64, 128];
 
+/// `max_thread_n` of the refactored Marlin kernel (csrc/quantization/marlin/marlin.cuh): the
+/// widest n tile, which sizes its fp32 reduce buffer.
+pub const MAX_THREAD_N: usize = 256;
+
+/// Which generation of vLLM's Marlin path a release runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Era {
+    /// vLLM 0.6.4 (and 380e1863): `marlin_make_workspace`'s `n / 64 · 16` int32 per layer;
+    /// `gptq_marlin_gemm` makes `a_tmp [m, k]` always and a `[reduce_max_m(m), n]` f32
+    /// reduce buffer.
+    #[default]
+    V0_6_4,
+    /// 0.11 and 0.15: `awq_marlin.py` still repacks AWQ itself (0.11.0 L268-309, 0.15.1
+    /// L375), GPTQ goes through `MarlinLinearKernel`; the refactored kernel: one int32 per
+    /// SM of workspace (`marlin_make_workspace_new`, 0.11.0 marlin_utils.py L201-209), an
+    /// `a_tmp` only under act-order and an f32 reduce buffer of
+    /// `sms · min(⌈m/16⌉·16, 64) · 256` values (csrc marlin.cu `marlin_gemm`, "Alloc C tmp
+    /// buffer").
+    Refactored,
+    /// 0.19 on: AWQ is first rewritten into GPTQ's layout (`_convert_awq_to_standard_format`,
+    /// 0.19.0 awq_marlin.py L463-471; 0.28.0 auto_awq.py L93-169, L503-511), then both
+    /// methods go through `choose_mp_linear_kernel` and `MarlinLinearKernel` (0.28.0
+    /// kernels/linear/mixed_precision/marlin.py L86-221), the kernel as in `Refactored`.
+    Converted,
+}
+
+impl Era {
+    /// The era of a release vramscope names (`vllm::Release::name`); `None` for the V0
+    /// releases other than 0.6.4, whose AWQ/GPTQ paths are not reproduced.
+    pub fn of_release(name: &str) -> Option<Era> {
+        if matches!(name, "380e1863" | "0.6.4") {
+            return Some(Era::V0_6_4);
+        }
+        let minor: u32 = name.strip_prefix("0.")?.split('.').next()?.parse().ok()?;
+        match minor {
+            11..=18 => Some(Era::Refactored),
+            19.. => Some(Era::Converted),
+            _ => None,
+        }
+    }
+}
+
+/// The release's Marlin generation and the GPU's streaming multiprocessors (its workspace
+/// and reduce buffer scale with them; 0 where the device does not say).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Kernel {
+    pub era: Era,
+    pub sms: usize,
+}
+
+impl Kernel {
+    /// The refactored kernel's f32 reduce buffer for `m` rows (`use_fp32_reduce`, on by
+    /// default: `USE_FP32_REDUCE_DEFAULT`).
+    pub fn c_tmp_len(&self, m: usize) -> usize {
+        let rows = m.div_ceil(16) * 16;
+        self.sms * rows.min(64) * MAX_THREAD_N
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Method {
     /// AutoAWQ GEMM: asymmetric uint4 with a zero point per group (`awq_marlin`).
@@ -137,6 +196,60 @@ pub struct Parts {
 }
 
 impl Parts {
+    /// One tensor-parallel rank's part of a layer stored `[n, k]`-wise: outputs
+    /// `rows = (first, len)` (a column-parallel layer) and inputs `cols = (first, len)` (a
+    /// row-parallel one), as vLLM's `PackedvLLMParameter` / `GroupQuantScaleParameter` loaders
+    /// narrow the stored tensors (AWQ: `qweight [k, n/8]`, `qzeros [groups, n/8]`, `scales
+    /// [groups, n]`; GPTQ: `qweight [k/8, n]`, `qzeros [groups, n/8]`, `scales [groups, n]`,
+    /// `g_idx [k]`). The caller has checked that the cuts fall on whole words and groups.
+    pub fn cut(
+        &self,
+        fmt: &Format,
+        (n, k): (usize, usize),
+        rows: (usize, usize),
+        cols: (usize, usize),
+    ) -> Parts {
+        let grid = |data: &[i32], width: usize, r: (usize, usize), c: (usize, usize)| {
+            let mut out = Vec::with_capacity(r.1 * c.1);
+            for row in r.0..r.0 + r.1 {
+                out.extend_from_slice(&data[row * width + c.0..row * width + c.0 + c.1]);
+            }
+            out
+        };
+        let gridf = |data: &[f32], width: usize, r: (usize, usize), c: (usize, usize)| {
+            let mut out = Vec::with_capacity(r.1 * c.1);
+            for row in r.0..r.0 + r.1 {
+                out.extend_from_slice(&data[row * width + c.0..row * width + c.0 + c.1]);
+            }
+            out
+        };
+        let g = fmt.group(k);
+        let groups = (cols.0 / g, cols.1.div_ceil(g));
+        let qweight = match fmt.method {
+            Method::Awq => grid(
+                &self.qweight,
+                n / PACK,
+                cols,
+                (rows.0 / PACK, rows.1 / PACK),
+            ),
+            Method::Gptq => grid(&self.qweight, n, (cols.0 / PACK, cols.1 / PACK), rows),
+        };
+        Parts {
+            qweight,
+            qzeros: grid(
+                &self.qzeros,
+                n / PACK,
+                groups,
+                (rows.0 / PACK, rows.1 / PACK),
+            ),
+            scales: gridf(&self.scales, n, groups, rows),
+            g_idx: self
+                .g_idx
+                .as_ref()
+                .map(|v| v[cols.0..cols.0 + cols.1].to_vec()),
+        }
+    }
+
     /// Parts of several layers sharing the input (q/k/v, gate/up), `ns[i]` outputs each, as
     /// vLLM's stacked parameter holds them: concatenated along the output dimension. GPTQ's
     /// `g_idx` is one `[k]` parameter that every shard's loads into: the last one stays.
@@ -369,10 +482,13 @@ pub struct MarlinLinear {
     pub g_idx: Option<Tensor>,
     /// Act-order's I32 `[k]` `g_idx_sort_indices`.
     pub g_idx_sort_indices: Option<Tensor>,
-    /// Marlin's I32 workspace, `n / 64 · 16` (`marlin_make_workspace`).
+    /// Marlin's I32 workspace, `n / 64 · 16` (`marlin_make_workspace`) under 0.6.4, one per
+    /// SM from 0.11 (`marlin_make_workspace_new`).
     pub workspace: Option<Tensor>,
     pub out_features: usize,
     pub in_features: usize,
+    /// The release's kernel generation and the GPU's SMs.
+    pub kernel: Kernel,
 }
 
 /// Host values of an I32 tensor (compute mode; other backends keep only the allocation).
@@ -397,10 +513,13 @@ impl MarlinLinear {
         (n, k): (usize, usize),
         parts: Option<&Parts>,
         act: DType,
+        kernel: Kernel,
     ) -> Result<Self> {
         rt.set_op("load");
         if rt.backend() == Backend::Cuda {
-            crate::engine::ops::cuda(rt, |c| check_gpu(&fmt, c.arch(), &c.info().name, &[(n, k)]))?;
+            crate::engine::ops::cuda(rt, |c| {
+                check_gpu(&fmt, kernel.era, c.arch(), &c.info().name, &[(n, k)])
+            })?;
         }
         let groups = fmt.groups(k);
         let w = |name: &str, shape: &[usize], dtype| {
@@ -442,6 +561,7 @@ impl MarlinLinear {
             workspace: None,
             out_features: n,
             in_features: k,
+            kernel,
         })
     }
 
@@ -500,13 +620,50 @@ impl MarlinLinear {
             rt.tensor(format!("{base}.{name}"), Category::Weight, shape, dtype)
         };
         rt.set_op("marlin.process_weights_after_loading");
-        let workspace = t("workspace", &[n / MIN_THREAD_N * MAX_PARALLEL], DType::I32)?;
+        let era = self.kernel.era;
+        if era == Era::Converted && self.fmt.method == Method::Awq {
+            self.convert_awq_to_standard(rt, &base)?;
+        }
+        let workspace_len = match era {
+            Era::V0_6_4 => n / MIN_THREAD_N * MAX_PARALLEL,
+            Era::Refactored | Era::Converted => self.kernel.sms,
+        };
+        let workspace = t("workspace", &[workspace_len], DType::I32)?;
         let index = |len: usize| t("perm_index", &[len], DType::I64);
         // The permutation of `marlin_permute_scales`: 64 wide with groups smaller than k,
         // `scale_perm_single` (32) for one group.
         let scale_perm_len = if self.fmt.group(k) < k { 64 } else { 32 };
         let repacked_shape = [k / MARLIN_TILE, n * MARLIN_TILE / PACK];
         match self.fmt.method {
+            Method::Awq if era == Era::Converted => {
+                // MarlinLinearKernel (0.28.0 mixed_precision/marlin.py L183-215): the zero
+                // points (`unpack_cols` of the transposed GPTQ-layout zeros, then
+                // `marlin_zero_points`' permuted and interleaved copies and `pack_cols`),
+                // then `gptq_marlin_repack`, then the permuted scales.
+                rt.set_op("marlin.marlin_zero_points");
+                let unpacked = t("zp_unpacked", &[groups, n], DType::I32)?;
+                let i = index(64)?;
+                let permuted = t("zp_permuted", &[groups, n], DType::I32)?;
+                drop(i);
+                drop(unpacked);
+                let i = index(PACK)?;
+                let interleaved = t("zp_interleaved", &[groups, n], DType::I32)?;
+                drop(i);
+                drop(permuted);
+                let mut zp = t("marlin_zp", &[groups, n / PACK], DType::I32)?;
+                drop(interleaved);
+                if let Some(old) = self.qzeros.take() {
+                    move_words(rt, &old, &mut zp)?;
+                }
+                self.qzeros = Some(zp);
+                rt.set_op("marlin.gptq_marlin_repack");
+                let mut q = t("repacked", &repacked_shape, DType::I32)?;
+                move_words(rt, &self.qweight, &mut q)?;
+                self.qweight = q;
+                rt.set_op("marlin.permute_scales");
+                let s = self.permuted_scales(rt, &base, scale_perm_len, act)?;
+                self.scales = s;
+            }
             Method::Awq => {
                 rt.set_op("marlin.awq_marlin_repack");
                 let mut q = t("repacked", &repacked_shape, DType::I32)?;
@@ -578,6 +735,64 @@ impl MarlinLinear {
         Ok(())
     }
 
+    /// `_convert_awq_to_standard_format` (0.19.0 awq_marlin.py, 0.28.0 auto_awq.py L93-169):
+    /// AWQ's `[k, n/8]` words unpacked to `[k, n/8, 8]` int32 (`>> shifts`, then `& mask`,
+    /// then the reorder's index copy, each freeing the one before), shifted back into
+    /// `[k/8, 8, n]` and summed into GPTQ's `[k/8, n]` layout; the zeros the same way into
+    /// `[n/8, groups]` (their transpose copied before the shift). The reorder index (8 i64)
+    /// and the shifts (8 i32) are made first; the unpacked and stored tensors stay referenced
+    /// by the function's locals until it returns, when they are freed in the order CPython
+    /// clears them. The words keep their AWQ order inside (the layout is ours, the
+    /// allocations vLLM's).
+    fn convert_awq_to_standard(&mut self, rt: &Runtime, base: &str) -> Result<()> {
+        let (n, k) = (self.out_features, self.in_features);
+        let groups = self.fmt.groups(k);
+        let t = |name: &str, shape: &[usize], dtype| {
+            rt.tensor(format!("{base}.{name}"), Category::Weight, shape, dtype)
+        };
+        rt.set_op("marlin.convert_awq_to_standard_format");
+        let reverse_order = t("awq_reverse_order", &[PACK], DType::I64)?;
+        let shifts = t("awq_shifts", &[PACK], DType::I32)?;
+        let shifted = t("awq_unpacked_shift", &[k, n / PACK, PACK], DType::I32)?;
+        let masked = t("awq_unpacked_mask", &[k, n / PACK, PACK], DType::I32)?;
+        drop(shifted);
+        let unpacked = t("awq_unpacked", &[k, n / PACK, PACK], DType::I32)?;
+        drop(masked);
+        let packed = t("awq_repacked_shift", &[k / PACK, PACK, n], DType::I32)?;
+        let mut new_qw = t("qweight_standard", &[k / PACK, n], DType::I32)?;
+        drop(packed);
+        move_words(rt, &self.qweight, &mut new_qw)?;
+        let old_qw = std::mem::replace(&mut self.qweight, new_qw);
+        let mut zp_locals = Vec::new();
+        if let Some(qz) = self.qzeros.take() {
+            let shifted = t("awq_zp_shift", &[groups, n / PACK, PACK], DType::I32)?;
+            let masked = t("awq_zp_mask", &[groups, n / PACK, PACK], DType::I32)?;
+            drop(shifted);
+            let unpacked_zp = t("awq_zp_unpacked", &[groups, n / PACK, PACK], DType::I32)?;
+            drop(masked);
+            let transposed = t("awq_zp_transposed", &[n / PACK, PACK, groups], DType::I32)?;
+            drop(unpacked_zp);
+            let packed = t(
+                "awq_zp_repacked_shift",
+                &[n / PACK, PACK, groups],
+                DType::I32,
+            )?;
+            let mut new_qz = t("qzeros_standard", &[n / PACK, groups], DType::I32)?;
+            drop(packed);
+            move_words(rt, &qz, &mut new_qz)?;
+            self.qzeros = Some(new_qz);
+            zp_locals.push(qz);
+            zp_locals.push(transposed);
+        }
+        // The frame's locals in order: reverse_order, shifts, qw, unpacked, …, qz, unpacked_zp.
+        drop(reverse_order);
+        drop(shifts);
+        drop(old_qw);
+        drop(unpacked);
+        drop(zp_locals);
+        Ok(())
+    }
+
     /// `marlin_permute_scales`: the index on the device, the permuted copy, the index freed;
     /// the caller's replacement then frees the stored scales.
     fn permuted_scales(
@@ -644,13 +859,39 @@ impl MarlinLinear {
         rt.set_op("marlin.gptq_marlin_gemm");
         let mut out =
             rt.tensor_for_overwrite(format!("{name}.out"), Category::Activation, &[m, n], act)?;
-        let a_tmp = rt.tensor(format!("{name}.a_tmp"), Category::Activation, &[m, k], act)?;
-        let c_tmp = rt.tensor(
-            format!("{name}.c_tmp"),
-            Category::Activation,
-            &[reduce_max_m(m), n],
-            DType::F32,
-        )?;
+        let (a_tmp, c_tmp) = match self.kernel.era {
+            Era::V0_6_4 => {
+                let a_tmp =
+                    rt.tensor(format!("{name}.a_tmp"), Category::Activation, &[m, k], act)?;
+                let c_tmp = rt.tensor(
+                    format!("{name}.c_tmp"),
+                    Category::Activation,
+                    &[reduce_max_m(m), n],
+                    DType::F32,
+                )?;
+                (Some(a_tmp), c_tmp)
+            }
+            // The refactored kernel: the reduce buffer first, `a_tmp` only under act-order
+            // (a C++ local declared after it, so freed before it).
+            Era::Refactored | Era::Converted => {
+                let c_tmp = rt.tensor(
+                    format!("{name}.c_tmp"),
+                    Category::Activation,
+                    &[self.kernel.c_tmp_len(m)],
+                    DType::F32,
+                )?;
+                let a_tmp = match self.g_idx_sort_indices {
+                    Some(_) => Some(rt.tensor(
+                        format!("{name}.a_tmp"),
+                        Category::Activation,
+                        &[m, k],
+                        act,
+                    )?),
+                    None => None,
+                };
+                (a_tmp, c_tmp)
+            }
+        };
         match rt.backend() {
             Backend::Cpu => self.cpu_gemm(rt, x, &mut out, act, rows)?,
             Backend::Cuda => {
@@ -668,8 +909,16 @@ impl MarlinLinear {
             }
             Backend::Dry => {}
         }
-        drop(c_tmp);
-        drop(a_tmp);
+        match self.kernel.era {
+            Era::V0_6_4 => {
+                drop(c_tmp);
+                drop(a_tmp);
+            }
+            Era::Refactored | Era::Converted => {
+                drop(a_tmp);
+                drop(c_tmp);
+            }
+        }
         Ok(out)
     }
 
@@ -769,14 +1018,25 @@ pub fn reduce_max_m(m: usize) -> usize {
     }
 }
 
-/// Whether vLLM 0.6.4 runs this checkpoint with Marlin on a GPU of architecture `arch`, as
-/// vramscope models it; the reason when not. Marlin needs compute capability 8.0
-/// (`get_min_capability`, awq_marlin.py L79-81, gptq_marlin.py L78-80). GPTQ goes through
-/// `choose_mp_linear_kernel` (kernels/__init__.py L15-74), which tries Machete first: on 9.0
-/// (Hopper) it takes a layer whose group size is 128 or -1 and whose shape tiles
-/// ([64, 128], utils/machete_utils.py L7-30): Machete's prepack is not modelled. `layers`
-/// are the `(n, k)` of every quantized linear.
-pub fn check_gpu(fmt: &Format, arch: &str, gpu: &str, layers: &[(usize, usize)]) -> Result<()> {
+/// Whether the release (its Marlin `era`) runs this checkpoint with Marlin on a GPU of
+/// architecture `arch`, as vramscope models it; the reason when not. Marlin needs compute
+/// capability 8.0 (`get_min_capability`, awq_marlin.py L79-81, gptq_marlin.py L78-80).
+/// GPTQ goes through `choose_mp_linear_kernel` (0.6.4 kernels/__init__.py L15-74), which
+/// tries Machete first: on 9.0 (Hopper) it takes a layer whose group size is 128 or -1 and
+/// whose shape tiles ([64, 128], utils/machete_utils.py L7-30); from 0.19 AWQ goes through it
+/// too, with zero points, which Machete takes (`query_machete_supported_quant_types(True)`:
+/// uint4, uint8; 0.19.0 machete_utils.py L12-16). Machete's prepack is not modelled. From 0.11
+/// AllSpark comes before Marlin in the list (0.11.0 kernels/mixed_precision/__init__.py
+/// L28-37) and takes GPTQ without act-order or zero points on Ampere and Ada
+/// (allspark.py `can_implement`): not modelled either. `layers` are the `(n, k)` of every
+/// quantized linear.
+pub fn check_gpu(
+    fmt: &Format,
+    era: Era,
+    arch: &str,
+    gpu: &str,
+    layers: &[(usize, usize)],
+) -> Result<()> {
     if matches!(arch, "Turing" | "Volta" | "Pascal") {
         return Err(Error::Request(format!(
             "an {} checkpoint on {gpu} ({arch}): vLLM's Marlin kernels need compute capability 8.0 (get_min_capability), below it vLLM runs its {} kernel, which vramscope does not reproduce; use an Ampere or later preset (a100-80gb, h100-80gb, h200)",
@@ -784,29 +1044,52 @@ pub fn check_gpu(fmt: &Format, arch: &str, gpu: &str, layers: &[(usize, usize)])
             fmt.method.name()
         )));
     }
-    let hopper = matches!(arch, "Hopper" | "Blackwell");
-    if fmt.method == Method::Gptq && hopper && matches!(fmt.group_size, -1 | 128) {
+    let machete_takes_it = match era {
+        Era::V0_6_4 => fmt.method == Method::Gptq && matches!(arch, "Hopper" | "Blackwell"),
+        Era::Refactored => fmt.method == Method::Gptq && arch == "Hopper",
+        Era::Converted => arch == "Hopper",
+    };
+    if machete_takes_it && matches!(fmt.group_size, -1 | 128) {
         if let Some((n, k)) = layers
             .iter()
             .find(|(n, k)| k.is_multiple_of(64) && n.is_multiple_of(128))
         {
+            let name = match fmt.method {
+                Method::Awq => "an AWQ",
+                Method::Gptq => "a GPTQ",
+            };
             return Err(Error::Request(format!(
-                "a GPTQ checkpoint with group_size {} on {gpu} ({arch}): vLLM 0.6.4 runs its [{n}, {k}] layers with MacheteLinearKernel (choose_mp_linear_kernel tries Machete first on compute capability 9.0; kernels/__init__.py L15-19), whose prepacked layout vramscope does not reproduce yet; on an Ampere GPU the same checkpoint runs on Marlin, which it does",
-                fmt.group_size
+                "{name} checkpoint with group_size {} on {gpu} ({arch}): {} runs its [{n}, {k}] layers with MacheteLinearKernel (choose_mp_linear_kernel tries Machete first on compute capability 9.0), whose prepacked layout vramscope does not reproduce yet; on an Ampere or Ada GPU the same checkpoint runs on Marlin, which it does",
+                fmt.group_size,
+                match era {
+                    Era::V0_6_4 => "vLLM 0.6.4",
+                    Era::Refactored => "vLLM 0.11 and 0.15",
+                    Era::Converted => "vLLM 0.19 and later",
+                }
             )));
         }
+    }
+    if era != Era::V0_6_4
+        && fmt.method == Method::Gptq
+        && fmt.group_size == -1
+        && !fmt.desc_act
+        && matches!(arch, "Ampere" | "Ada")
+    {
+        return Err(Error::Request(format!(
+            "a GPTQ checkpoint with group_size -1 and no act-order on {gpu} ({arch}): vLLM 0.11 and later try AllSparkLinearKernel before Marlin (kernels/mixed_precision/__init__.py), which takes such layers; its buffers are not modelled"
+        )));
     }
     Ok(())
 }
 
-/// The releases whose AWQ/GPTQ path vramscope reproduces: 0.6.4 (the default, 380e1863).
-pub fn check_release(release: &str) -> Result<()> {
-    if matches!(release, "380e1863" | "0.6.4") {
-        return Ok(());
-    }
-    Err(Error::Request(format!(
-        "an AWQ or GPTQ checkpoint with --vllm {release}: vramscope reproduces vLLM 0.6.4's Marlin repack and GEMM (awq_marlin.py, kernels/marlin.py); other releases are not checked against it yet: use --vllm 0.6.4"
-    )))
+/// The releases whose AWQ/GPTQ path vramscope reproduces, with their Marlin generation:
+/// 0.6.4 (the default, 380e1863) and the V1 releases from 0.11.
+pub fn check_release(release: &str) -> Result<Era> {
+    Era::of_release(release).ok_or_else(|| {
+        Error::Request(format!(
+            "an AWQ or GPTQ checkpoint with --vllm {release}: vramscope reproduces vLLM 0.6.4's Marlin repack and GEMM (awq_marlin.py, kernels/marlin.py) and those of the V1 releases from 0.11; this release's are not checked: use --vllm 0.6.4 or a V1 release"
+        ))
+    })
 }
 
 #[cfg(test)]
@@ -1000,7 +1283,16 @@ mod tests {
     }
 
     fn stored(rt: &Runtime, fmt: Format, n: usize, k: usize) -> MarlinLinear {
-        MarlinLinear::load(rt, fmt, "l.qkv_proj", (n, k), None, DType::F16).unwrap()
+        MarlinLinear::load(
+            rt,
+            fmt,
+            "l.qkv_proj",
+            (n, k),
+            None,
+            DType::F16,
+            Kernel::default(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -1142,6 +1434,71 @@ mod tests {
         );
     }
 
+    /// From 0.11 the kernel makes its reduce buffer per SM (an L40S's 142 × 64 rows × 256)
+    /// and no `a_tmp` without act-order; 0.19's AWQ is first rewritten into GPTQ's layout,
+    /// whose `[k, n/8, 8]` int32 unpackings are freed by the time the repacked layer stands.
+    #[test]
+    fn v1_releases_allocate_the_refactored_kernels_buffers() {
+        let rt = runtime("dry");
+        let kernel = Kernel {
+            era: Era::Converted,
+            sms: 142,
+        };
+        let mut l = MarlinLinear::load(
+            &rt,
+            AWQ128,
+            "l.o_proj",
+            (4096, 4096),
+            None,
+            DType::F16,
+            kernel,
+        )
+        .unwrap();
+        let from = rt.event_count();
+        l.after_loading(&rt, DType::F16).unwrap();
+        let t = trace(&rt, from);
+        let unpacked = 4096 * 512 * 8 * 4;
+        assert!(
+            t.contains(&("alloc", "l.o_proj.awq_unpacked".into(), unpacked)),
+            "{t:?}"
+        );
+        assert!(
+            t.contains(&("free", "l.o_proj.awq_unpacked".into(), unpacked)),
+            "{t:?}"
+        );
+        // 142 int32, a block of 1024 bytes (the allocator's 512-byte rounding).
+        assert!(
+            t.contains(&("alloc", "l.o_proj.workspace".into(), 1024)),
+            "{t:?}"
+        );
+        // What stays: the repacked words, the scales, the zero points and the workspace.
+        assert_eq!(
+            l.weight_bytes(),
+            (4096 / 16 * 2 * 4096 * 4 + 32 * 4096 * 2 + 32 * 512 * 4 + 142 * 4) as u64
+        );
+        let x = rt
+            .tensor("x", Category::Activation, &[2048, 4096], DType::F16)
+            .unwrap();
+        let from = rt.event_count();
+        let out = l.forward(&rt, &x, "0.o_proj", DType::F16, &[4096]).unwrap();
+        assert_eq!(out.shape, vec![2048, 4096]);
+        assert_eq!(
+            trace(&rt, from),
+            vec![
+                ("alloc", "0.o_proj.out".into(), 2 * 2048 * 4096),
+                ("alloc", "0.o_proj.c_tmp".into(), 4 * 142 * 64 * 256),
+                ("free", "0.o_proj.c_tmp".into(), 4 * 142 * 64 * 256),
+            ]
+        );
+        assert_eq!(Era::of_release("0.11"), Some(Era::Refactored));
+        assert_eq!(Era::of_release("0.15"), Some(Era::Refactored));
+        assert_eq!(Era::of_release("0.33"), Some(Era::Converted));
+        assert_eq!(Era::of_release("0.8"), None);
+        assert_eq!(Era::of_release("380e1863"), Some(Era::V0_6_4));
+        // Eight rows round up to 16.
+        assert_eq!(kernel.c_tmp_len(8), 142 * 16 * 256);
+    }
+
     #[test]
     fn host_forward_multiplies_the_dequantized_weight() {
         let rt = runtime("compute");
@@ -1161,8 +1518,16 @@ mod tests {
             },
         ] {
             let p = quantize(&fmt, &w, n, k, DType::F16);
-            let mut l =
-                MarlinLinear::load(&rt, fmt, "l.o_proj", (n, k), Some(&p), DType::F16).unwrap();
+            let mut l = MarlinLinear::load(
+                &rt,
+                fmt,
+                "l.o_proj",
+                (n, k),
+                Some(&p),
+                DType::F16,
+                Kernel::default(),
+            )
+            .unwrap();
             let before = l.dequantized(DType::F16);
             l.after_loading(&rt, DType::F16).unwrap();
             let wq = l.dequantized(DType::F16);

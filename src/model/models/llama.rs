@@ -693,6 +693,7 @@ mod tests {
             int8_threshold: 0.0,
             int8_layout: device.int8_tile_layout(),
             attn_scalars: 0,
+            marlin: Default::default(),
         };
         let rt = Runtime::new(device, std::sync::Arc::default(), None);
         let src = SyntheticWeights {
