@@ -495,7 +495,7 @@ impl Device {
     pub fn sm_count(&self) -> Option<u64> {
         match self {
             Device::Sim(s) => Some(s.preset.sm_count).filter(|&n| n > 0),
-            Device::Cuda(_) => None,
+            Device::Cuda(c) => Some(c.sm_count()),
         }
     }
 

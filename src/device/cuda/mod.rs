@@ -58,6 +58,9 @@ use ops::compile_kernels;
 
 pub struct CudaDevice {
     ordinal: usize,
+    /// Streaming multiprocessors (`CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`, what vLLM's
+    /// `num_compute_units` reads).
+    sms: u64,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     funcs: HashMap<String, CudaFunction>,
@@ -219,6 +222,11 @@ impl CudaDevice {
         let cc = ctx.compute_capability().map_err(d)?;
         let name = ctx.name().map_err(d)?;
         let total = ctx.total_mem().map_err(d)? as u64;
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(d)? as u64;
         drop(t);
         let t = span("open: kernels (NVRTC, module load)");
         let funcs = compile_kernels(&ctx, cc).map_err(|e| dev_err(ordinal, e))?;
@@ -228,6 +236,7 @@ impl CudaDevice {
         let epoch = Instant::now();
         let sampler = nvml::Sampler::start(nv.clone(), nvml_index, before.device_used, epoch);
         let dev = CudaDevice {
+            sms,
             ordinal,
             ctx,
             stream,
@@ -266,6 +275,10 @@ impl CudaDevice {
 
     pub fn compute_capability(&self) -> (i32, i32) {
         self.cc
+    }
+
+    pub fn sm_count(&self) -> u64 {
+        self.sms
     }
 
     fn spec(&self) -> String {
