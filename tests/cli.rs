@@ -1455,6 +1455,7 @@ fn the_documented_plan_lines_run_as_written() {
         "plan --vllm 0.19 --device sim:h100-sxm:dry -- vllm serve meta-llama/Llama-3.1-8B-Instruct",
         "plan --vllm 0.33 -- vllm serve meta-llama/Llama-3.1-8B-Instruct",
         "plan --vllm 0.19 --device sim:l4:dry -- VLLM_PP_LAYER_PARTITION=20,16 vllm serve Qwen/Qwen3-8B -pp 2 --max-model-len 8192",
+        "plan --vllm 0.26 --device sim:l4:dry -- vllm bench latency --model Qwen/Qwen2.5-7B-Instruct --max-model-len 32768",
     ] {
         let words: Vec<&str> = line.split(' ').collect();
         let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))

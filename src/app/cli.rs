@@ -285,6 +285,11 @@ pub struct ProfileArgs {
     /// beside vLLM's own estimate; 0.21 on: the estimate comes off the KV budget).
     #[arg(long)]
     pub enforce_eager: bool,
+    /// V1's batch defaults of vLLM's Python `LLM` class (`LLM(...)`, `vllm bench latency`,
+    /// `vllm bench throughput`): 8192 tokens and 256 sequences below 70 GiB, 16384 and 1024
+    /// above, where `vllm serve` takes 2048/256 and 8192/1024.
+    #[arg(long)]
+    pub llm_class: bool,
     /// vLLM's max_model_len (default: the model's max_position_embeddings, as vLLM takes it).
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<u64>,
@@ -515,6 +520,7 @@ impl ProfileArgs {
             enforce_eager: self.enforce_eager,
             kv_cache_dtype: KvCacheDtype::parse(&self.kv_cache_dtype)?,
             kv_cache_memory: self.kv_cache_memory,
+            llm_class: self.llm_class,
         };
         r.validate()?;
         Ok(r)
@@ -707,6 +713,14 @@ pub fn plan_profile_args(p: &PlanArgs) -> Result<(ProfileArgs, Vec<String>)> {
             "vLLM {} (vramscope's default release): --vllm RELEASE before the -- for the one you run",
             crate::profile::vllm::DEFAULT
         ));
+    }
+    if args.llm_class {
+        notes.push(
+            "the LLM class's batch defaults (`vllm bench latency|throughput` start vLLM through \
+             Python's `LLM`): 8192 tokens and 256 sequences below 70 GiB, 16384 and 1024 above, \
+             where `vllm serve` takes 2048/256 and 8192/1024"
+                .into(),
+        );
     }
     notes.extend(line.warnings.iter().map(|w| format!("warning: {w}")));
     notes.extend(crate::profile::vllm_args::assumed_line(&line.unmodelled));

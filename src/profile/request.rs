@@ -81,6 +81,11 @@ pub struct ProfileRequest {
     /// v1/worker/gpu_worker.py:344-362).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache_memory: Option<u64>,
+    /// V1's batch defaults of the Python `LLM` class (usage context `LLM_CLASS`: `LLM(...)`,
+    /// `vllm bench latency`, `vllm bench throughput`) instead of `vllm serve`'s
+    /// (`vllm::v1_default_batch`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub llm_class: bool,
 }
 
 fn default_vllm() -> String {
@@ -197,6 +202,7 @@ impl Default for ProfileRequest {
             enforce_eager: false,
             kv_cache_dtype: KvCacheDtype::Auto,
             kv_cache_memory: None,
+            llm_class: false,
         }
     }
 }
@@ -231,8 +237,8 @@ impl ProfileRequest {
     /// `max_position_embeddings` is `max_positions`: max_model_len from the model; V0: the
     /// batch max(max_model_len, 2048), or with chunked prefill the release's chunk (512 up to
     /// 0.6.4, 2048 after; config.py `SchedulerConfig.__init__`), and 256 sequences; V1:
-    /// chunked prefill always, the batch and sequences of `vllm serve` for this GPU
-    /// (`vllm::v1_default_batch`). 0 sequences means vLLM's default; fewer when the batch is
+    /// chunked prefill always, the batch and sequences of `vllm serve` (or of the `LLM` class)
+    /// for this GPU (`vllm::v1_default_batch`). 0 sequences means vLLM's default; fewer when the batch is
     /// smaller (vLLM takes min(max_num_seqs, max_num_batched_tokens)).
     pub fn resolved(&self, max_positions: usize) -> ProfileRequest {
         let mut r = self.clone();
@@ -246,7 +252,10 @@ impl ProfileRequest {
         if let Some(rel) = v1 {
             r.chunked_prefill = Some(true);
             let (tokens, seqs) = match self.device_total_and_name() {
-                Some((total, name)) => super::vllm::v1_default_batch(total, &name, rel),
+                Some((total, name)) => {
+                    super::vllm::v1_default_batch(total, &name, rel, self.llm_class)
+                }
+                None if self.llm_class => (8192, 256),
                 None => (2048, 256),
             };
             if r.tokens == 0 {

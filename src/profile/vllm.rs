@@ -1240,14 +1240,25 @@ pub const CHUNKED_PREFILL_ABOVE: u64 = 32768;
 /// OPENAI_API_SERVER, 0.15.1 and 0.19.0 engine/arg_utils.py:2053-2072): 8192 tokens and 1024
 /// sequences on a GPU whose total is 70 GiB or more and that is not an A100, else 2048 and
 /// 256; from 0.28, 16384 and 1024 on 160 GiB or more (0.28.0 engine/arg_utils.py:2582-2591).
-pub fn v1_default_batch(total_bytes: u64, device_name: &str, release: &Release) -> (usize, usize) {
+/// For the Python `LLM` class (`llm_class`: usage context LLM_CLASS, which `vllm bench
+/// latency` and `vllm bench throughput` start through `LLM.from_engine_args`, 0.26.0
+/// entrypoints/llm.py L339 and L376-378): 16384 and 1024 on the large GPUs, 8192 and 256
+/// below, in every V1 release (0.11.0 engine/arg_utils.py L1605-1622, 0.19.0 L2053-2070,
+/// 0.26.0 L2460-2478, 0.28.0 L2582-2609).
+pub fn v1_default_batch(
+    total_bytes: u64,
+    device_name: &str,
+    release: &Release,
+    llm_class: bool,
+) -> (usize, usize) {
     let big = total_bytes >= 70 << 30 && !device_name.to_ascii_lowercase().contains("a100");
-    if release.serve_batch_160gib && total_bytes >= 160 << 30 {
-        (16384, 1024)
-    } else if big {
-        (8192, 1024)
-    } else {
-        (2048, 256)
+    let huge = release.serve_batch_160gib && total_bytes >= 160 << 30;
+    match (llm_class, big || huge) {
+        (true, true) => (16384, 1024),
+        (true, false) => (8192, 256),
+        (false, _) if huge => (16384, 1024),
+        (false, true) => (8192, 1024),
+        (false, false) => (2048, 256),
     }
 }
 

@@ -120,6 +120,38 @@ const NO_MEMORY_EFFECT_SWITCHES: &[&str] = &[
     "--disable-fastapi-docs",
 ];
 
+/// `vllm bench latency` / `throughput` flags that take a value and shape the benchmark's
+/// workload, not the engine's startup (0.26.0 benchmarks/latency.py L34-75,
+/// benchmarks/throughput.py `add_cli_args`).
+const BENCH_NO_MEMORY_EFFECT: &[&str] = &[
+    "--input-len",
+    "--output-len",
+    "--batch-size",
+    "--n",
+    "--num-iters-warmup",
+    "--num-iters",
+    "--output-json",
+    "--num-prompts",
+    "--dataset-name",
+    "--dataset-path",
+    "--dataset",
+    "--hf-max-batch-size",
+    "--hf-subset",
+    "--hf-split",
+    "--random-input-len",
+    "--random-output-len",
+    "--random-range-ratio",
+    "--prefix-len",
+];
+
+/// `vllm bench latency` / `throughput` switches of the same kind.
+const BENCH_NO_MEMORY_EFFECT_SWITCHES: &[&str] = &[
+    "--use-beam-search",
+    "--profile",
+    "--disable-detokenize",
+    "--prequeue-requests",
+];
+
 /// vLLM flags that take a value and map onto a `profile` flag of the same meaning.
 const MAPPED: &[(&str, &str)] = &[
     ("--tensor-parallel-size", "--tp"),
@@ -331,7 +363,8 @@ fn unterminated(quote: &str) -> Error {
 }
 
 /// Reads a pasted line: `vllm serve MODEL …`, `python -m vllm.entrypoints.openai.api_server
-/// --model MODEL …`, or just `MODEL …`; `--flag value` and `--flag=value` alike. A flag given
+/// --model MODEL …`, `vllm bench latency|throughput --model MODEL …` (the `LLM` class's
+/// defaults), or just `MODEL …`; `--flag value` and `--flag=value` alike. A flag given
 /// twice takes its last value, as vLLM's argparse does (both spellings of one setting, such
 /// as `-tp` and `--tensor-parallel-size`, are one flag).
 pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
@@ -370,10 +403,40 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
         }
     }
     let w = |i: usize| words.get(env_from + i).map(String::as_str);
+    let vllm_cli = w(0).is_some_and(|s| s == "vllm" || s.ends_with("/vllm"));
+    // `vllm bench latency|throughput` start the engine through the Python `LLM` class
+    // (`LLM.from_engine_args`, usage context LLM_CLASS: 0.26.0 benchmarks/latency.py L88,
+    // benchmarks/throughput.py L61, entrypoints/llm.py L339), whose batch defaults differ
+    // from `vllm serve`'s.
+    let bench = vllm_cli && w(1) == Some("bench");
+    if bench {
+        match w(2) {
+            Some("latency" | "throughput") => put("--llm-class", Some(String::new())),
+            Some("serve") => {
+                return Err(Error::Request(
+                    "`vllm bench serve` is a client of a running server: plan the server's \
+                     `vllm serve` line"
+                        .into(),
+                ))
+            }
+            other => {
+                return Err(Error::Request(format!(
+                    "`vllm bench {}`: of the bench commands only `latency` and `throughput` \
+                     start an engine",
+                    other.unwrap_or("")
+                )))
+            }
+        }
+    }
     i = if matches!(w(0), Some("python" | "python3")) && w(1) == Some("-m") {
         env_from + 3
-    } else if w(0).is_some_and(|s| s == "vllm" || s.ends_with("/vllm")) {
-        env_from + if w(1) == Some("serve") { 2 } else { 1 }
+    } else if vllm_cli {
+        env_from
+            + match w(1) {
+                Some("serve") => 2,
+                Some("bench") => 3,
+                _ => 1,
+            }
     } else {
         env_from
     };
@@ -442,6 +505,24 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
                 _ => v,
             };
             put(to, Some(v));
+        } else if bench && flag == "--async-engine" {
+            // `vllm bench throughput --async-engine`: the API server's engine client, with
+            // `vllm serve`'s usage context (0.26.0 entrypoints/openai/api_server.py L148-151).
+            put("--llm-class", None);
+        } else if bench && flag == "--backend" {
+            let v = take(&mut i).unwrap_or_default();
+            if !matches!(v.as_str(), "vllm" | "vllm-chat") {
+                return Err(Error::Request(format!(
+                    "--backend {v}: the benchmark does not start vLLM's engine"
+                )));
+            }
+        } else if bench && BENCH_NO_MEMORY_EFFECT_SWITCHES.contains(&flag.as_str()) {
+            warnings.push(format!("{flag}: no effect on the memory vramscope models"));
+        } else if bench && BENCH_NO_MEMORY_EFFECT.contains(&flag.as_str()) {
+            let v = take(&mut i).unwrap_or_default();
+            warnings.push(format!(
+                "{flag} {v}: the benchmark's workload, no effect on the KV budget"
+            ));
         } else if NO_MEMORY_EFFECT_SWITCHES.contains(&flag.as_str()) {
             warnings.push(format!("{flag}: no effect on the memory vramscope models"));
         } else if NO_MEMORY_EFFECT.contains(&flag.as_str()) {
@@ -468,6 +549,8 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
             // --no-enforce-eager last: the switch is off, so it is not passed.
             ("--enforce-eager", None) => {}
             ("--enforce-eager", Some(_)) => args.push(flag.to_string()),
+            ("--llm-class", None) => {}
+            ("--llm-class", Some(_)) => args.push(flag.to_string()),
             (_, v) => args.extend([flag.to_string(), v.unwrap_or_default()]),
         }
     }
@@ -834,6 +917,43 @@ mod tests {
         );
         let e = split_words("vllm serve 'm").unwrap_err().to_string();
         assert!(e.contains("never closes"), "{e}");
+    }
+
+    /// `vllm bench latency|throughput` read as the `LLM` class's start; the other bench
+    /// commands and backends start no engine and are refused in one line.
+    #[test]
+    fn bench_lines_take_the_llm_class_defaults() {
+        let l = parse_serve(&words(
+            "vllm bench latency --model m --input-len 1024 --use-beam-search -tp 2",
+        ))
+        .unwrap();
+        assert_eq!(l.model, "m");
+        assert_eq!(l.args, words("--llm-class --tp 2"));
+        assert_eq!(l.warnings.len(), 2, "{:?}", l.warnings);
+        assert!(l.unmodelled.is_empty(), "{:?}", l.unmodelled);
+        let l = parse_serve(&words(
+            "vllm bench throughput --model m --num-prompts 100 --backend vllm --async-engine",
+        ))
+        .unwrap();
+        assert_eq!(l.args, Vec::<String>::new());
+        // A workload flag outside bench is not vLLM's.
+        let l = parse_serve(&words("vllm serve m --input-len 5")).unwrap();
+        assert_eq!(l.unmodelled.len(), 1, "{:?}", l.unmodelled);
+        for (line, want) in [
+            ("vllm bench serve --model m", "client of a running server"),
+            (
+                "vllm bench sweep --model m",
+                "only `latency` and `throughput`",
+            ),
+            (
+                "vllm bench throughput --model m --backend hf",
+                "--backend hf: the benchmark does not start",
+            ),
+        ] {
+            let e = parse_serve(&words(line)).unwrap_err().to_string();
+            assert!(e.contains(want), "{line}: {e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
     }
 
     #[test]

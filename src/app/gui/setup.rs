@@ -234,6 +234,7 @@ impl SetupForm {
                 "" => None,
                 given => Some(size("kv_cache_memory", given)?),
             },
+            llm_class: false,
         };
         r.validate()?;
         Ok(r)
