@@ -402,7 +402,8 @@ impl ProfileRequest {
             ));
         }
         let gpus = self.tp as u64 * self.pp as u64 * self.dp as u64;
-        if gpus > (MAX_TP * self.nodes()) as u64 {
+        // A tensor-parallel group larger than a host is refused below, as it always was.
+        if self.tp <= MAX_TP && gpus > (MAX_TP * self.nodes()) as u64 {
             return bad(format!(
                 "--tp {} × --pp {} × --data-parallel-size {}: {gpus} GPUs; {} node(s) of {MAX_TP} hold {} (give --nodes)",
                 self.tp,
