@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use vramscope::device::nccl_model::{NetModel, Network, NcclRules};
+use vramscope::device::nccl_model::{NcclRules, NetModel, Network};
 use vramscope::device::{Device, DeviceSpec};
 use vramscope::engine::runtime::Runtime;
 use vramscope::engine::tensor::DType;
@@ -94,7 +94,11 @@ fn qwen3_235b_tp4_with_expert_parallel_holds_32_whole_experts_a_rank() {
     let ep = run(&req);
     assert_eq!(ep.ranks.len(), 4);
     for (k, rank) in ep.ranks.iter().enumerate() {
-        assert_eq!(rank.weights_tensor_bytes, qwen3_235b_ep_rank_bytes(4, 7), "rank {k}");
+        assert_eq!(
+            rank.weights_tensor_bytes,
+            qwen3_235b_ep_rank_bytes(4, 7),
+            "rank {k}"
+        );
         assert_eq!(
             rank.weights_tensor_bytes - plain.ranks[k].weights_tensor_bytes,
             94 * 128 * 4,
@@ -249,14 +253,23 @@ fn experts_split_over_two_ranks_sum_to_the_whole() {
 /// communicators; each replica sizes its own KV cache.
 #[test]
 fn data_parallel_replicas_gather_their_tokens_around_every_moe_layer() {
-    let mut req = request("preset:qwen3-30b-a3b", "sim:h100-80gb:dry", "0.19", (1, 1, 2));
+    let mut req = request(
+        "preset:qwen3-30b-a3b",
+        "sim:h100-80gb:dry",
+        "0.19",
+        (1, 1, 2),
+    );
     req.enable_expert_parallel = true;
     let r = run(&req);
     assert_eq!(r.ranks.len(), 2);
     let m = r.settings.tokens as u64;
     for (k, rank) in r.ranks.iter().enumerate() {
         let w13 = allocated(rank, "model.layers.0.mlp.experts.w13_weight");
-        assert_eq!(w13, vec![(64 * 2 * 768 * 2048 * 2, Category::Weight)], "rank {k}");
+        assert_eq!(
+            w13,
+            vec![(64 * 2 * 768 * 2048 * 2, Category::Weight)],
+            "rank {k}"
+        );
         // The profile pass's (the graph captures after it dispatch their own batches).
         let first = |name: &str| allocated(rank, name)[0];
         let hidden = first("layers.0.moe.dispatched_hidden_states");
@@ -278,19 +291,26 @@ fn data_parallel_replicas_gather_their_tokens_around_every_moe_layer() {
     let cut = run(&req);
     let w13 = allocated(&cut.ranks[1], "model.layers.0.mlp.experts.w13_weight");
     assert_eq!(w13, vec![(128 * 2 * 384 * 2048 * 2, Category::Weight)]);
-    assert!(outside(
-        &cut.ranks[1],
-        "nccl: expert-parallel group pynccl communicator + warm-up all_reduce"
-    )
-    .len()
-        == 1);
+    assert!(
+        outside(
+            &cut.ranks[1],
+            "nccl: expert-parallel group pynccl communicator + warm-up all_reduce"
+        )
+        .len()
+            == 1
+    );
 }
 
 /// A dense model's replicas are independent engines: one replica runs for all, and no data-
 /// or expert-parallel communicator is made.
 #[test]
 fn a_dense_models_replicas_are_independent_engines() {
-    let r = run(&request("preset:qwen3-8b", "sim:h100-80gb:dry", "0.19", (2, 1, 2)));
+    let r = run(&request(
+        "preset:qwen3-8b",
+        "sim:h100-80gb:dry",
+        "0.19",
+        (2, 1, 2),
+    ));
     assert_eq!(r.ranks.len(), 2);
     for rank in &r.ranks {
         assert!(rank
@@ -325,7 +345,10 @@ fn the_network_transport_keeps_its_buffers_on_the_gpu_only_with_gpudirect() {
 /// stays inside one; dry, timed.
 #[test]
 fn llama_405b_over_two_hosts_of_eight_h200s() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/configs/llama-3.1-405b");
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/configs/llama-3.1-405b"
+    );
     let mut req = request(dir, "sim:h200:dry", "0.19", (8, 2, 1));
     req.nodes = 2;
     req.quant = Quant::BF16;
@@ -343,7 +366,9 @@ fn llama_405b_over_two_hosts_of_eight_h200s() {
     // 126 layers cut 63 + 63; every stage holds its 63 layers' eighth, stage 0 the
     // embedding's eighth, stage 1 the lm_head's.
     let per_layer = 2
-        * ((128 / 8 + 2) * 128 * 16384 + 16384 * (128 / 8) * 128 + 3 * (53248 / 8) * 16384
+        * ((128 / 8 + 2) * 128 * 16384
+            + 16384 * (128 / 8) * 128
+            + 3 * (53248 / 8) * 16384
             + 2 * 16384) as u64;
     let vocab = 2 * (128256 / 8 * 16384) as u64;
     for rank in &r.ranks {
@@ -358,7 +383,9 @@ fn llama_405b_over_two_hosts_of_eight_h200s() {
     eprintln!("llama-3.1-405b tp8 x pp2 on 2 x 8 h200, dry: {took:?}");
     // Without --nodes the 16 GPUs do not fit one host.
     req.nodes = 1;
-    let e = profile::run(&req, None, Arc::default()).unwrap_err().to_string();
+    let e = profile::run(&req, None, Arc::default())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("--nodes"), "{e}");
 }
 
@@ -392,7 +419,9 @@ fn the_documented_expert_parallel_plan_runs() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{out}\n{err}");
     assert!(
-        out.contains("expert parallel over 2 GPUs (tp 2 × dp 1): each holds whole experts, 64 of the 128"),
+        out.contains(
+            "expert parallel over 2 GPUs (tp 2 × dp 1): each holds whole experts, 64 of the 128"
+        ),
         "{out}"
     );
     assert!(!out.contains("enable-expert-parallel (experts"), "{out}");
@@ -418,9 +447,19 @@ fn the_documented_data_parallel_profile_runs() {
         "--no-verify",
     ]);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
-    assert!(out.contains("data parallel: 2 replicas of 1 GPU(s)"), "{out}");
-    assert!(out.contains("  rank 0 (") && out.contains("  rank 1 ("), "{out}");
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("data parallel: 2 replicas of 1 GPU(s)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("  rank 0 (") && out.contains("  rank 1 ("),
+        "{out}"
+    );
 }
 
 /// docs/tensor-parallel.md's two-host line, as written.
@@ -428,21 +467,58 @@ fn the_documented_data_parallel_profile_runs() {
 fn the_documented_two_host_plan_runs() {
     let dir = "tests/fixtures/configs/llama-3.1-405b";
     let o = vramscope(&[
-        "profile", "--model", dir, "--dtype", "bfloat16", "--device", "sim:h200:dry", "--vllm",
-        "0.19", "--tp", "8", "--pp", "2", "--nodes", "2", "--no-verify",
+        "profile",
+        "--model",
+        dir,
+        "--dtype",
+        "bfloat16",
+        "--device",
+        "sim:h200:dry",
+        "--vllm",
+        "0.19",
+        "--tp",
+        "8",
+        "--pp",
+        "2",
+        "--nodes",
+        "2",
+        "--no-verify",
     ]);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(out.contains("2 hosts of 8"), "{out}");
     assert!(out.contains("  rank 15 ("), "{out}");
-    assert!(out.contains("across hosts: network transport over ib"), "{out}");
+    assert!(
+        out.contains("across hosts: network transport over ib"),
+        "{out}"
+    );
     let bad = vramscope(&[
-        "profile", "--model", dir, "--device", "sim:h200:dry", "--vllm", "0.19", "--tp", "8",
-        "--pp", "2", "--nodes", "2", "--network", "ethernet",
+        "profile",
+        "--model",
+        dir,
+        "--device",
+        "sim:h200:dry",
+        "--vllm",
+        "0.19",
+        "--tp",
+        "8",
+        "--pp",
+        "2",
+        "--nodes",
+        "2",
+        "--network",
+        "ethernet",
     ]);
     let err = String::from_utf8_lossy(&bad.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("--network 'ethernet': expected ib, roce, tcp"), "{err}");
+    assert!(
+        err.contains("--network 'ethernet': expected ib, roce, tcp"),
+        "{err}"
+    );
 }
 
 /// The public Q3 line (../shared/VLLM_LOGS_PUBLIC.md: Qwen3-235B-A22B-Instruct-2507-FP8, its
@@ -498,12 +574,61 @@ fn explain_reads_data_and_expert_parallel_and_names_what_it_does_not_model() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains("TP 1, PP 2, DP 2, expert parallel"), "{text}");
     assert!(text.contains("data parallel over 2 replicas"), "{text}");
-    let assumed: Vec<&str> = text.lines().filter(|l| l.contains("not modelled")).collect();
+    let assumed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("not modelled"))
+        .collect();
     assert_eq!(assumed.len(), 1, "{text}");
-    assert!(assumed[0].contains("decode_context_parallel_size=2"), "{text}");
+    assert!(
+        assumed[0].contains("decode_context_parallel_size=2"),
+        "{text}"
+    );
     assert!(!assumed[0].contains("data_parallel_size=2 ("), "{text}");
     assert!(text.contains("pipeline parallel: 2 stages"), "{text}");
+}
+
+/// Every modelled MoE family under TP 2 with expert parallel: half the routed experts whole
+/// in `w13_weight` (`[E/2, 2·I, H]`), an int32 `expert_map [E]` per MoE layer, and the run
+/// through both of vLLM's kernels (0.11's in place, 0.19's modular).
+#[test]
+fn every_moe_family_holds_half_its_experts_whole_on_two_ranks() {
+    // (preset, release, routed experts, expert width, hidden)
+    for (model, vllm, e, i, h) in [
+        ("mixtral-8x7b", "0.11", 8u64, 14336u64, 4096u64),
+        ("qwen3-30b-a3b", "0.11", 128, 768, 2048),
+        ("qwen3-30b-a3b", "0.19", 128, 768, 2048),
+        ("deepseek-v2-lite", "0.19", 64, 1408, 2048),
+        ("llama-4-scout", "0.19", 16, 8192, 5120),
+    ] {
+        let mut req = request(&format!("preset:{model}"), "sim:h200:dry", vllm, (2, 1, 1));
+        req.enable_expert_parallel = true;
+        let r = run(&req);
+        for rank in &r.ranks {
+            let first = |suffix: &str| {
+                rank.events
+                    .iter()
+                    .find(|ev| ev.kind == EventKind::Alloc && ev.tensor.ends_with(suffix))
+                    .map(|ev| (ev.bytes, ev.category))
+                    .unwrap_or_else(|| panic!("{model} {vllm}: no {suffix}"))
+            };
+            assert_eq!(
+                first("experts.w13_weight"),
+                (e / 2 * 2 * i * h * 2, Category::Weight),
+                "{model} {vllm} rank {}",
+                rank.rank
+            );
+            assert_eq!(
+                first("experts.expert_map"),
+                ((e * 4).next_multiple_of(512), Category::Weight),
+                "{model} {vllm}"
+            );
+        }
+    }
 }

@@ -66,7 +66,10 @@ pub struct ProfileRequest {
     pub nodes: u32,
     /// How the hosts reach each other (`--network`): InfiniBand or RoCE with GPUDirect RDMA,
     /// or TCP sockets.
-    #[serde(default, skip_serializing_if = "crate::device::nccl_model::Network::is_default")]
+    #[serde(
+        default,
+        skip_serializing_if = "crate::device::nccl_model::Network::is_default"
+    )]
     pub network: crate::device::nccl_model::Network,
     /// vLLM's `VLLM_PP_LAYER_PARTITION`: the layers of each stage, given (`None`: vLLM's own
     /// partition, `get_pp_indices`).
@@ -440,7 +443,9 @@ impl ProfileRequest {
                 ));
             }
         }
-        if self.pp == 0 || (self.pp > 1 && self.nodes() == 1 && self.tp.saturating_mul(self.pp) > MAX_TP) {
+        if self.pp == 0
+            || (self.pp > 1 && self.nodes() == 1 && self.tp.saturating_mul(self.pp) > MAX_TP)
+        {
             return bad(format!(
                 "--pp {} with --tp {}: {} GPUs; vramscope runs the GPUs of one host, {MAX_TP} at most (tp × pp)",
                 self.pp,

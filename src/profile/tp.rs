@@ -44,7 +44,8 @@ fn preflight(req: &ProfileRequest) -> Result<Preflight> {
         let c = &opened.config;
         let moe_group = req.dp as usize * req.tp as usize;
         for r in 0..moe_group {
-            let mut shard = crate::model::layers::tp::TpShard::new(r % req.tp as usize, req.tp as usize);
+            let mut shard =
+                crate::model::layers::tp::TpShard::new(r % req.tp as usize, req.tp as usize);
             shard.moe = crate::model::layers::tp::MoeSplit {
                 rank: r,
                 size: moe_group,

@@ -251,7 +251,10 @@ fn modular_block_forward(
     // With data parallel the op runs on every replica's tokens (the naive dispatch of
     // `FusedMoE.forward_impl`, 0.19.0 fused_moe/layer.py), and combines back to this one's.
     let gathered = match crate::engine::ops_tp::moe_dp(rt) {
-        Some(dp) => Some((crate::engine::ops_tp::dp_dispatch(rt, &x, &logits, dp, &name)?, dp)),
+        Some(dp) => Some((
+            crate::engine::ops_tp::dp_dispatch(rt, &x, &logits, dp, &name)?,
+            dp,
+        )),
         None => None,
     };
     let (xin, lin) = match &gathered {
@@ -260,7 +263,8 @@ fn modular_block_forward(
     };
     let routing = ops_moe_v1::fused_topk(rt, lin, m.top_k, m.renormalize, &name)?;
     let experts = block.experts(m);
-    let mut out = ops_moe_v1::fused_experts(rt, xin, &experts, &routing, (how, gpu), workspace, &name)?;
+    let mut out =
+        ops_moe_v1::fused_experts(rt, xin, &experts, &routing, (how, gpu), workspace, &name)?;
     drop(routing);
     if let Some((_, dp)) = &gathered {
         let combined = crate::engine::ops_tp::dp_combine(rt, &out, *dp, &name)?;
