@@ -233,10 +233,10 @@ pub struct TpRank {
 
 /// Where a rank's fused-MoE layers sit among the ranks that share the experts: vLLM's
 /// `FusedMoEParallelConfig.make` (0.11.0 fused_moe/config.py L622-730; 0.15 and 0.19 the same)
-/// flattens tensor parallel across data parallel (`tp_size = dp × tp`, `tp_rank = dp_rank × tp
-/// + tp_rank`); with `--enable-expert-parallel` that flattened group becomes the
-/// expert-parallel one (`ep_size`, `ep_rank`) and each rank holds whole experts, else it cuts
-/// every expert's width over it.
+/// flattens tensor parallel across data parallel (`tp_size = dp × tp`, and `tp_rank` is
+/// `dp_rank × tp` plus the TP rank); with `--enable-expert-parallel` that flattened group
+/// becomes the expert-parallel one (`ep_size`, `ep_rank`) and each rank holds whole experts,
+/// else it cuts every expert's width over it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MoeGroup {
     /// This rank in the flattened group (`dp_rank × tp + tp_rank`).
