@@ -424,7 +424,7 @@ fn the_documented_expert_parallel_plan_runs() {
         ),
         "{out}"
     );
-    assert!(!out.contains("enable-expert-parallel (experts"), "{out}");
+    assert!(!err.contains("enable-expert-parallel"), "{err}");
     assert!(out.contains("    vLLM 0.19"), "{out}");
 }
 
@@ -454,6 +454,10 @@ fn the_documented_data_parallel_profile_runs() {
     );
     assert!(
         out.contains("data parallel: 2 replicas of 1 GPU(s)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("each data-parallel replica is its own engine") && out.contains("replica 1 "),
         "{out}"
     );
     assert!(
@@ -630,5 +634,40 @@ fn every_moe_family_holds_half_its_experts_whole_on_two_ranks() {
                 "{model} {vllm}"
             );
         }
+    }
+}
+
+/// A pasted line's `-dp 2 -ep` (and the long spellings) run data and expert parallel, named
+/// on stdout and never in the assumed line.
+#[test]
+fn plan_reads_vllms_data_and_expert_parallel_flags() {
+    for flags in [
+        &["-dp", "2", "-ep"][..],
+        &["--data-parallel-size", "2", "--enable-expert-parallel"],
+        &["--data-parallel-size=2", "--enable_expert_parallel"],
+    ] {
+        let mut args = vec![
+            "plan",
+            "--vllm",
+            "0.19",
+            "--device",
+            "sim:h100-80gb",
+            "--",
+            "vllm",
+            "serve",
+            "Qwen/Qwen3-30B-A3B",
+            "--max-model-len",
+            "8192",
+        ];
+        args.extend_from_slice(flags);
+        let o = vramscope(&args);
+        let out = String::from_utf8_lossy(&o.stdout);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{flags:?}: {out}\n{err}");
+        assert!(
+            out.contains("expert parallel over 2 GPUs (tp 1 × dp 2)"),
+            "{flags:?}: {out}"
+        );
+        assert!(!err.contains("not modelled"), "{flags:?}: {err}");
     }
 }

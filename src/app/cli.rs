@@ -1280,6 +1280,30 @@ pub fn summary_text(r: &Report) -> String {
             "  the engine takes the fewest blocks over the ranks: {}",
             engine.join(", ")
         );
+        // Each data-parallel replica is its own engine (v1/engine/core.py 0.19.0
+        // L1049-1082): the fewest blocks over its own ranks.
+        let per_replica = (r.tp.max(1) * r.pp.max(1)) as usize;
+        if r.settings.dp > 1 && r.ranks.len() > per_replica {
+            let replicas: Vec<String> = r
+                .ranks
+                .chunks(per_replica)
+                .enumerate()
+                .map(|(d, ks)| {
+                    let blocks = ks
+                        .iter()
+                        .filter_map(|k| k.vllm_answer().map(|a| a.kv_blocks))
+                        .min()
+                        .unwrap_or(0);
+                    format!("replica {d} {blocks}")
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                "  each data-parallel replica is its own engine, its blocks the fewest over its ranks (vLLM {}): {}",
+                r.settings.vllm,
+                replicas.join(", ")
+            );
+        }
     }
     if r.other_process_bytes > 0 {
         let _ = writeln!(
