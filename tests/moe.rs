@@ -9,6 +9,7 @@ use vramscope::device::{Device, DeviceSpec};
 use vramscope::engine::runtime::Runtime;
 use vramscope::engine::tensor::DType;
 use vramscope::memory::Category;
+use vramscope::model::layers::tp::ExpertPlacement;
 use vramscope::model::llama::{moe_block_forward, MoeBlock};
 use vramscope::model::presets::preset;
 use vramscope::model::ModelSource;
@@ -226,6 +227,8 @@ fn replayed_block_peak(name: &str) -> u64 {
         w13: t("w13", &[e, 2 * i, h]),
         w2: t("w2", &[e, h, i]),
         shared: None,
+        placement: ExpertPlacement::all(e),
+        expert_map: None,
     };
     rt.ensure_library_workspaces().unwrap();
     rt.reset_peak();
@@ -440,6 +443,8 @@ fn qwen2_moe_block_computes_what_its_model_file_computes() {
             gate: t("shared_gate", &[1, h], &sgv, Category::Weight),
             width: s,
         }),
+        placement: ExpertPlacement::all(e),
+        expert_map: None,
     };
     let shape = MoeShape {
         num_experts: e,
@@ -543,6 +548,8 @@ fn the_modular_kernel_computes_what_the_in_place_kernel_computes() {
         w13: t("w13", &[e, 2 * i, h], &w13v),
         w2: t("w2", &[e, h, i], &w2v),
         shared: None,
+        placement: ExpertPlacement::all(e),
+        expert_map: None,
     };
     let shape = MoeShape {
         num_experts: e,

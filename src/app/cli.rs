@@ -252,6 +252,30 @@ pub struct ProfileArgs {
     /// own partition).
     #[arg(long, value_name = "LIST")]
     pub pp_layer_partition: Option<String>,
+    /// vLLM's --enable-expert-parallel (-ep): a MoE model's routed experts spread whole over
+    /// the tp × dp GPUs of each stage (E / (tp × dp) each, the remainder on the first),
+    /// instead of every expert cut over them (V1 releases, simulated devices).
+    #[arg(long = "enable-expert-parallel", visible_alias = "ep")]
+    pub enable_expert_parallel: bool,
+    /// vLLM's --data-parallel-size (-dp): replicas of the tp × pp instance, each with its own
+    /// KV cache; a MoE model's experts span the replicas, which exchange tokens around every
+    /// MoE layer (V1 releases, dry).
+    #[arg(
+        long = "data-parallel-size",
+        visible_alias = "dp",
+        default_value_t = 1,
+        value_name = "N"
+    )]
+    pub dp: u32,
+    /// Hosts of 8 GPUs of the --device kind the instance spans (dry plans): ranks fill one
+    /// host after another in vLLM's order, and a group across hosts talks through NCCL's
+    /// network transport.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub nodes: u32,
+    /// How the hosts reach each other with --nodes: ib (default), roce (both GPUDirect RDMA)
+    /// or tcp.
+    #[arg(long, value_name = "NETWORK")]
+    pub network: Option<String>,
     /// vLLM's --dtype: auto (config.json's torch_dtype, float32 as float16), half, float16,
     /// bfloat16. Instead of --quant.
     #[arg(long, value_name = "DTYPE", conflicts_with = "quant")]
@@ -509,6 +533,15 @@ impl ProfileArgs {
             seed: self.work.seed,
             tp: self.tp,
             pp: self.pp,
+            enable_expert_parallel: self.enable_expert_parallel,
+            dp: self.dp,
+            nodes: self.nodes,
+            network: self
+                .network
+                .as_deref()
+                .map(crate::device::nccl_model::Network::parse)
+                .transpose()?
+                .unwrap_or_default(),
             pp_layer_partition: self
                 .pp_layer_partition
                 .as_deref()
@@ -727,6 +760,32 @@ pub fn plan_profile_args(p: &PlanArgs) -> Result<(ProfileArgs, Vec<String>)> {
     Ok((args, notes))
 }
 
+/// Where the routed experts are on each rank, with expert or data parallel.
+fn moe_parallel_sentence(r: &Report) -> String {
+    let n = (r.tp.max(1) * r.settings.dp.max(1)) as usize;
+    let e = r.model.num_experts;
+    if r.settings.enable_expert_parallel && n > 1 {
+        let (base, rem) = (e / n, e % n);
+        format!(
+            "expert parallel over {n} GPUs (tp {} × dp {}): each holds whole experts, {}{} of the {e} (determine_expert_map, linear), with an int32 expert_map of {e} entries per MoE layer",
+            r.tp.max(1),
+            r.settings.dp.max(1),
+            base,
+            if rem > 0 {
+                format!(" (the first {rem}: {})", base + 1)
+            } else {
+                String::new()
+            }
+        )
+    } else {
+        format!(
+            "experts cut over {n} GPUs (tp {} × dp {}): each holds 1/{n} of every expert's width (FusedMoE's tp_size is dp × tp)",
+            r.tp.max(1),
+            r.settings.dp.max(1)
+        )
+    }
+}
+
 /// vLLM's one-dash `-tp N` (and `-tp=N`) read as `--tp`, up to where `plan`'s pasted line
 /// starts: a `--`, or with none the line's first word (`vllm`, `python`, `python3`, or an
 /// environment assignment such as `VLLM_PP_LAYER_PARTITION=20,16`); `plan` reads the line
@@ -744,6 +803,9 @@ fn vllm_spellings(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ff
                 Some(t) if !past && t.starts_with("-tp=") => format!("--tp={}", &t[4..]).into(),
                 Some("-pp") if !past => "--pp".into(),
                 Some(t) if !past && t.starts_with("-pp=") => format!("--pp={}", &t[4..]).into(),
+                Some("-dp") if !past => "--dp".into(),
+                Some(t) if !past && t.starts_with("-dp=") => format!("--dp={}", &t[4..]).into(),
+                Some("-ep") if !past => "--ep".into(),
                 _ => a,
             }
         })
@@ -1135,8 +1197,36 @@ pub fn summary_text(r: &Report) -> String {
         fmt_u(r.outside_framework_bytes),
         fmt_i(r.truth.non_kv_bytes)
     );
-    if let Some(e) = r.model.experts_sentence(r.tp) {
+    let moe_ranks = r.tp.max(1) * r.settings.dp.max(1);
+    if let Some(e) = r.model.experts_sentence(moe_ranks) {
         let _ = writeln!(s, "{e}");
+    }
+    if r.model.expert_parameters > 0 && (r.settings.enable_expert_parallel || r.settings.dp > 1) {
+        let _ = writeln!(s, "{}", moe_parallel_sentence(r));
+    }
+    if r.settings.dp > 1 {
+        let _ = writeln!(
+            s,
+            "data parallel: {} replicas of {} GPU(s), each its own engine with its own KV cache{}",
+            r.settings.dp,
+            r.tp.max(1) * r.pp.max(1),
+            if r.model.expert_parameters > 0 {
+                "; the replicas exchange their tokens around every MoE layer (all-gather before the experts, reduce-scatter after: VLLM_ALL2ALL_BACKEND's default allgather_reducescatter), and every replica's ranks run below"
+            } else {
+                "; a dense model's replicas are independent engines (vLLM runs each as data_parallel_size 1), so one replica's ranks stand for all"
+            }
+        );
+    }
+    if r.settings.nodes() > 1 {
+        let _ = writeln!(
+            s,
+            "{} hosts of {} {} GPUs ({} used), over {}: ranks fill one host after another",
+            r.settings.nodes(),
+            crate::profile::request::MAX_TP,
+            r.device.name,
+            r.settings.gpus(),
+            r.settings.network.name()
+        );
     }
     if r.pp > 1 {
         let _ = writeln!(
@@ -1154,7 +1244,7 @@ pub fn summary_text(r: &Report) -> String {
             r.tp, r.rank
         );
     }
-    if r.tp > 1 || r.pp > 1 {
+    if r.tp > 1 || r.pp > 1 || r.settings.dp > 1 {
         for k in &r.ranks {
             let stage = k.stage.map_or(String::new(), |st| {
                 format!(
@@ -1177,6 +1267,19 @@ pub fn summary_text(r: &Report) -> String {
                     .map_or(String::new(), |f| fmt_i(f.non_kv_bytes)),
                 k.formula(FormulaId::Pr9516).map_or(0, |f| f.kv_blocks),
             );
+            if let Some(a) = k.vllm_answer() {
+                let f = a.formula;
+                let _ = writeln!(
+                    s,
+                    "    vLLM {}: weights {}, activation {}, non-torch {}, KV {} ({} blocks)",
+                    a.release.name,
+                    fmt_i(f.weights_term_bytes),
+                    fmt_i(f.non_kv_bytes - f.non_torch_bytes - f.weights_term_bytes),
+                    fmt_i(f.non_torch_bytes),
+                    fmt_i(a.kv_bytes),
+                    a.kv_blocks
+                );
+            }
         }
         if let Some(src) = &r.nccl_source {
             let _ = writeln!(s, "  NCCL: {src}");
@@ -1191,6 +1294,30 @@ pub fn summary_text(r: &Report) -> String {
             "  the engine takes the fewest blocks over the ranks: {}",
             engine.join(", ")
         );
+        // Each data-parallel replica is its own engine (v1/engine/core.py 0.19.0
+        // L1049-1082): the fewest blocks over its own ranks.
+        let per_replica = (r.tp.max(1) * r.pp.max(1)) as usize;
+        if r.settings.dp > 1 && r.ranks.len() > per_replica {
+            let replicas: Vec<String> = r
+                .ranks
+                .chunks(per_replica)
+                .enumerate()
+                .map(|(d, ks)| {
+                    let blocks = ks
+                        .iter()
+                        .filter_map(|k| k.vllm_answer().map(|a| a.kv_blocks))
+                        .min()
+                        .unwrap_or(0);
+                    format!("replica {d} {blocks}")
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                "  each data-parallel replica is its own engine, its blocks the fewest over its ranks (vLLM {}): {}",
+                r.settings.vllm,
+                replicas.join(", ")
+            );
+        }
     }
     if r.other_process_bytes > 0 {
         let _ = writeln!(

@@ -561,8 +561,16 @@ pub fn text(
         f.model.as_deref().unwrap_or("(no model)"),
         f.dtype.as_deref().unwrap_or("dtype not stated"),
         f.tp.unwrap_or(1),
-        f.pp.filter(|&p| p > 1)
-            .map_or(String::new(), |p| format!(", PP {p}")),
+        [
+            f.pp.filter(|&p| p > 1).map(|p| format!(", PP {p}")),
+            f.dp.filter(|&d| d > 1).map(|d| format!(", DP {d}")),
+            f.enable_expert_parallel
+                .filter(|&e| e)
+                .map(|_| ", expert parallel".to_string()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<String>(),
         f.max_model_len
             .map_or("not stated".into(), |l| l.to_string()),
         f.util.map_or("not stated".into(), |u| format!("{u}")),
@@ -592,6 +600,36 @@ pub fn text(
     }
     if let Some(line) = crate::profile::vllm_args::assumed_line(&f.unmodelled) {
         out.push(format!("  {line}"));
+    }
+    if r.model.expert_parameters > 0 && (req.enable_expert_parallel || req.dp > 1) {
+        out.push(format!(
+            "{}{}: the MoE layers span tp × dp = {} GPUs; the table is the rank whose KV blocks the engine takes",
+            if req.enable_expert_parallel {
+                "expert parallel (each GPU holds whole experts)"
+            } else {
+                "experts cut over the replicas"
+            },
+            if req.dp > 1 {
+                format!(", data parallel over {} replicas (each its own engine and KV cache)", req.dp)
+            } else {
+                String::new()
+            },
+            req.tp * req.dp
+        ));
+    } else if req.dp > 1 || req.enable_expert_parallel {
+        out.push(format!(
+            "{}{}",
+            if req.dp > 1 {
+                format!("data parallel over {} replicas (each its own engine and KV cache; a dense model's replicas are independent, so one runs for all)", req.dp)
+            } else {
+                String::new()
+            },
+            if req.enable_expert_parallel {
+                "; enable_expert_parallel: the model has no routed experts, so it changes nothing (vLLM makes no expert-parallel group)"
+            } else {
+                ""
+            }
+        ).trim_start_matches("; ").to_string());
     }
     if let Some(st) = r.stage.filter(|_| r.pp > 1) {
         out.push(format!(

@@ -231,6 +231,26 @@ pub struct TpRank {
     pub nccl: super::nccl_model::NcclRules,
 }
 
+/// Where a rank's fused-MoE layers sit among the ranks that share the experts: vLLM's
+/// `FusedMoEParallelConfig.make` (0.11.0 fused_moe/config.py L622-730; 0.15 and 0.19 the same)
+/// flattens tensor parallel across data parallel (`tp_size = dp × tp`, and `tp_rank` is
+/// `dp_rank × tp` plus the TP rank); with `--enable-expert-parallel` that flattened group
+/// becomes the expert-parallel one (`ep_size`, `ep_rank`) and each rank holds whole experts,
+/// else it cuts every expert's width over it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeGroup {
+    /// This rank in the flattened group (`dp_rank × tp + tp_rank`).
+    pub rank: usize,
+    /// `dp × tp`.
+    pub size: usize,
+    /// `--enable-expert-parallel` with `dp × tp > 1` (`use_ep`).
+    pub ep: bool,
+    /// `--data-parallel-size`: with more than one, each MoE layer gathers the tokens of every
+    /// data-parallel rank before its experts and reduce-scatters them after
+    /// (`do_naive_dispatch_combine`, fused_moe/layer.py 0.11.0 L2001-2004).
+    pub dp: usize,
+}
+
 /// One stage of a pipeline-parallel instance (vLLM's `--pipeline-parallel-size`): which
 /// decoder layers it holds, and where every rank of the instance meets (the engine's minimum
 /// over all workers, tensor- and pipeline-parallel alike: `get_kv_cache_configs`,

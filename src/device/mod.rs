@@ -87,6 +87,11 @@ impl DeviceSpec {
         matches!(self, DeviceSpec::Sim { .. })
     }
 
+    /// A simulated device that allocates without computing (`sim:PRESET:dry`).
+    pub fn is_dry(&self) -> bool {
+        matches!(self, DeviceSpec::Sim { dry: true, .. })
+    }
+
     /// The spec with the simulated device's total set (`--total`); a CUDA device reports its
     /// own, so asking for one there is an error naming the flag.
     pub fn with_total(mut self, bytes: Option<u64>) -> Result<Self> {
@@ -435,23 +440,30 @@ impl Device {
         }
     }
 
-    /// Sets up what a collective library needs the first time `setup` is asked for on this
-    /// rank: the simulated device takes what its topology's [`nccl_model::NcclModel`] says (kept for the
-    /// instance's life, returned); a GPU makes the NCCL communicator (the runtime measures).
-    /// What the pipeline group's NCCL communicator takes on a simulated GPU under `rules`
-    /// (`NcclModel::pipeline_communicator`); `None` on a CUDA GPU, where pipeline stages are
-    /// not run yet.
-    pub fn pipeline_comm_bytes(
+    /// A pipeline, data-parallel or expert-parallel group's communicator on this simulated
+    /// rank (`nccl_model::NcclModel::group_communicator`); `across`: the network between its
+    /// hosts when its ranks span several. `None` on a GPU.
+    pub fn group_comm_bytes(
         &self,
         rules: nccl_model::NcclRules,
         first_in_process: bool,
+        across: Option<nccl_model::Network>,
     ) -> Option<u64> {
         match self {
-            Device::Sim(s) => Some(s.nccl_model(rules).pipeline_communicator(first_in_process)),
+            Device::Sim(s) => {
+                let net = across.map(|n| nccl_model::NetModel::new(n, rules));
+                Some(
+                    s.nccl_model(rules)
+                        .group_communicator(first_in_process, net.as_ref()),
+                )
+            }
             Device::Cuda(_) => None,
         }
     }
 
+    /// Sets up what a collective library needs the first time `setup` is asked for on this
+    /// rank: the simulated device takes what its topology's [`nccl_model::NcclModel`] says (kept for the
+    /// instance's life, returned); a GPU makes the NCCL communicator (the runtime measures).
     pub fn comm_setup(
         &mut self,
         setup: group::CommSetup,

@@ -103,6 +103,114 @@ impl Topology {
     }
 }
 
+/// How the hosts of a multi-node instance reach each other (`--network`): what NCCL's network
+/// transport (`src/transport/net.cc`) does with a connection's buffers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Network {
+    /// InfiniBand through the IB verbs plugin, the NIC reading and writing GPU memory
+    /// (GPUDirect RDMA: `ncclTopoCheckGdr` on, as on DGX/HGX hosts with a NIC per GPU).
+    #[default]
+    Ib,
+    /// RoCE: the same IB verbs plugin and GPUDirect RDMA as InfiniBand.
+    Roce,
+    /// TCP sockets (`NCCL_NET=Socket`): no GPUDirect, every buffer in host memory.
+    Tcp,
+}
+
+impl Network {
+    pub const ALL: [Network; 3] = [Network::Ib, Network::Roce, Network::Tcp];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Network::Ib => "ib",
+            Network::Roce => "roce",
+            Network::Tcp => "tcp",
+        }
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == Network::Ib
+    }
+
+    pub fn parse(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| {
+                Error::Request(format!(
+                    "--network '{s}': expected {}",
+                    Self::ALL.map(Network::name).join(", ")
+                ))
+            })
+    }
+
+    /// Whether the NIC reads and writes the GPU's buffers (GPUDirect RDMA).
+    pub fn gdr(self) -> bool {
+        self != Network::Tcp
+    }
+}
+
+/// NCCL's memory on one rank of a communicator whose peers are on another host, through the
+/// network transport (NVIDIA/nccl `src/transport/net.cc`, the same in v2.21.5-1 and v2.28.3-1):
+/// - a ring or tree connection (never shared: `sendSetup`/`recvSetup`, `shared = graph ||
+///   connIndex == 0 ? 0 : …`) maps its protocol buffers with `NCCL_NET_MAP_ADD_POINTER`: the
+///   receiver all three (LL 512 KiB, LL128 4.69 MiB, Simple 4 MiB) on the device under
+///   GPUDirect (`recvProxyConnect`), the sender LL128 and Simple on the device and LL in host
+///   memory (`sendProxyConnect`: `p != NCCL_PROTO_LL && useGdr`); each rounded to 2 MiB
+///   (`ALIGN_SIZE(…, CUDA_IPC_MIN)` with cuMem, cudaMalloc's 2 MiB rounding without): 10 MiB
+///   received and 10 MiB sent per channel. Without GPUDirect (TCP) every buffer is host memory;
+/// - channels: the inter-node ring search finds one channel per NIC at the NIC's speed and
+///   `ncclTopoPostset` doubles it (`src/graph/connect.cc`): 2 channels with one NIC per GPU
+///   (DGX/HGX H100 and H200), assumed for every GPU here; two ranks' ring and tree share the
+///   connections as inside a host;
+/// - with runtime connection off (cuMem off), `sharedNetBuffersInit`'s point-to-point pool of
+///   p2p channels × 16 × 128 KiB (`NCCL_P2P_NET_CHUNKSIZE`), on the device under GPUDirect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetModel {
+    pub network: Network,
+    pub channels: u64,
+    pub recv_connection_bytes: u64,
+    pub send_connection_bytes: u64,
+    pub pool_bytes: u64,
+}
+
+impl NetModel {
+    pub fn new(network: Network, rules: NcclRules) -> Self {
+        let channels = 2;
+        let gdr = network.gdr();
+        let (recv, send) = if gdr { (10 * MIB, 10 * MIB) } else { (0, 0) };
+        let pool = match (rules, gdr) {
+            (NcclRules::Nccl221CumemOff, true) => channels * 16 * 128 * 1024,
+            _ => 0,
+        };
+        NetModel {
+            network,
+            channels,
+            recv_connection_bytes: recv,
+            send_connection_bytes: send,
+            pool_bytes: pool,
+        }
+    }
+
+    /// One communicator's device memory on a rank whose ring peers are across the network.
+    pub fn communicator(&self) -> u64 {
+        self.channels * (self.recv_connection_bytes + self.send_connection_bytes) + self.pool_bytes
+    }
+
+    pub fn source(&self) -> String {
+        format!(
+            "network transport over {} ({}): {} channels x ({} MiB received + {} MiB sent) + {} MiB pool per communicator across hosts (NCCL src/transport/net.cc; one NIC per GPU assumed)",
+            self.network.name(),
+            if self.network.gdr() { "GPUDirect RDMA, buffers on the GPU" } else { "no GPUDirect, buffers in host memory" },
+            self.channels,
+            self.recv_connection_bytes / MIB,
+            self.send_connection_bytes / MIB,
+            self.pool_bytes / MIB
+        )
+    }
+}
+
 /// Which NCCL, set up how: the rules differ between the releases in what a communicator keeps
 /// on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -283,6 +391,22 @@ impl NcclModel {
         } else {
             self.communicator()
         }
+    }
+
+    /// Another group's PyNcclCommunicator (pipeline, data-parallel or expert-parallel group:
+    /// vLLM makes one per group of more than one rank, cuda_communicator.py 0.11.0 L55-60), as
+    /// [`Self::pipeline_communicator`]; with its ring peers on other hosts (`net`), the network
+    /// transport's connections instead of the ones inside a host.
+    pub fn group_communicator(&self, first_in_process: bool, net: Option<&NetModel>) -> u64 {
+        let Some(net) = net else {
+            return self.pipeline_communicator(first_in_process);
+        };
+        let once = if first_in_process {
+            self.process_bytes + self.stack_after_collective_bytes
+        } else {
+            0
+        };
+        once + net.communicator()
     }
 
     /// Bytes `setup` takes on `rank` of `size` ranks.

@@ -277,8 +277,38 @@ pub fn block_size_m_0_19(gpu: &str, e: usize, n: usize, m: usize) -> (usize, Str
 pub struct Experts<'a> {
     pub w13: &'a Tensor,
     pub w2: &'a Tensor,
+    /// The experts this rank holds (`local_num_experts`).
     pub num_experts: usize,
     pub width: usize,
+    /// With expert parallel: the global index of the first local expert, and every expert
+    /// the router picks from (`global_num_experts`); without, 0 and `num_experts`.
+    pub first: usize,
+    pub global: usize,
+    /// vLLM passes an `expert_map` to the kernels (expert parallel): `moe_align_block_size`
+    /// pads for the global experts and maps its `expert_ids` through the map into a new
+    /// tensor (`expert_ids = expert_map[expert_ids]`, 0.11.0 moe_align_block_size.py L84-85,
+    /// 0.19.0 L100-101), the unmapped one dying as the function returns.
+    pub mapped: bool,
+}
+
+impl Experts<'_> {
+    /// The global expert of local expert `local`.
+    pub fn global_id(&self, local: usize) -> usize {
+        self.first + local
+    }
+}
+
+/// `expert_ids = expert_map[expert_ids]`: a new int32 tensor of the same length, the unmapped
+/// one replaced (it dies as `moe_align_block_size` returns).
+pub(crate) fn map_expert_ids(rt: &Runtime, ids: &mut Tensor, name: &str) -> Result<()> {
+    let mapped = rt.tensor_for_overwrite(
+        format!("{name}.expert_ids_mapped"),
+        Category::Activation,
+        &ids.shape,
+        DType::I32,
+    )?;
+    drop(std::mem::replace(ids, mapped));
+    Ok(())
 }
 
 /// `fused_experts(x, w13, w2, topk_weights, topk_ids, inplace=True)` into `x`
@@ -328,16 +358,25 @@ pub fn fused_experts(
         let tokens = (m - start).min(CHUNK_TOKENS);
         rt.set_op("moe.align_block_size");
         let (b, _) = block_size_m(gpu, e, i, tokens);
-        let padded = tokens * top_k + e * (b - 1);
+        // Padded for every expert the router may pick (`global_num_experts`).
+        let padded = tokens * top_k + ex.global * (b - 1);
         let mut next = [
             t("sorted_ids", &[padded], DType::I32)?,
             t("expert_ids", &[padded.div_ceil(b)], DType::I32)?,
             t("num_tokens_post_pad", &[1], DType::I32)?,
         ];
+        if ex.mapped {
+            map_expert_ids(rt, &mut next[1], name)?;
+        }
         rt.set_op("moe.fused_experts");
         match rt.backend() {
             Backend::Dry => {}
             Backend::Cpu => experts_cpu(rt, x, ex, routing, start..start + tokens)?,
+            Backend::Cuda if ex.mapped => {
+                return Err(Error::Request(format!(
+                    "{name}: expert parallel runs on simulated devices only so far"
+                )))
+            }
             Backend::Cuda => {
                 let ids = routing.host_ids.as_deref().ok_or_else(|| {
                     Error::Request(format!("{name}: the routing has no host copy of its ids"))
@@ -494,11 +533,13 @@ fn experts_cpu(
     let xs = x.f32_mut();
     let mut sums = vec![0f32; rows.len() * h];
     for expert in 0..e {
-        // (token, routing weight) of every token routed to this expert.
+        // (token, routing weight) of every token routed to this expert (its global index:
+        // the others are another rank's, and add nothing here).
+        let global = ex.global_id(expert);
         let picked: Vec<(usize, f32)> = rows
             .clone()
             .flat_map(|r| (0..top_k).map(move |j| (r, j)))
-            .filter(|&(r, j)| ids[r * top_k + j] as usize == expert)
+            .filter(|&(r, j)| ids[r * top_k + j] as usize == global)
             .map(|(r, j)| (r, weights[r * top_k + j]))
             .collect();
         if picked.is_empty() {

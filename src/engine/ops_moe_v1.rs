@@ -161,10 +161,12 @@ pub fn fused_experts(
             ops_moe::block_size_m(gpu, e, i, tokens)
         };
         // `moe_align_block_size`: the padded slots, capped when fewer slots than experts
-        // (0.15.1 moe_align_block_size.py).
+        // (0.15.1 moe_align_block_size.py), over every expert the router may pick
+        // (`global_num_experts`, TritonExperts.apply 0.19.0 fused_moe.py L2069-2071).
         let slots = tokens * top_k;
-        let mut padded = slots + e * (bm - 1);
-        if slots < e {
+        let ge = ex.global;
+        let mut padded = slots + ge * (bm - 1);
+        if slots < ge {
             padded = padded.min(slots * bm);
         }
         let t = |nm: &str, shape: &[usize]| {
@@ -175,11 +177,14 @@ pub fn fused_experts(
                 DType::I32,
             )
         };
-        let align = [
+        let mut align = [
             t("sorted_ids", &[padded])?,
             t("expert_ids", &[padded.div_ceil(bm)])?,
             t("num_tokens_post_pad", &[1])?,
         ];
+        if ex.mapped {
+            ops_moe::map_expert_ids(rt, &mut align[1], name)?;
+        }
         rt.set_op("moe.fused_experts");
         if rt.backend() == Backend::Cpu {
             ops_moe::experts_cpu_rows(rt, &mut out, ex, routing, start..start + tokens)?;

@@ -293,3 +293,61 @@ pub fn gather_logits(rt: &Runtime, shard: Tensor) -> Result<Option<Tensor>> {
     drop(parts);
     Ok(Some(out))
 }
+
+/// The data-parallel replicas this rank's MoE layers exchange tokens with (`dp > 1`), else
+/// `None`.
+pub fn moe_dp(rt: &Runtime) -> Option<usize> {
+    rt.moe_group().map(|g| g.dp).filter(|&dp| dp > 1)
+}
+
+/// `All2AllManager.dispatch` with `VLLM_ALL2ALL_BACKEND`'s default in 0.11 (envs.py L1240-1245)
+/// and `ParallelConfig.all2all_backend`'s in 0.15 and 0.19 (config/parallel.py L154, L160):
+/// `allgather_reducescatter`. `AgRsAll2AllManager.dispatch` (0.11.0 all2all.py L106-125)
+/// all-gathers the hidden states and the router's logits of every data-parallel rank
+/// (`all_gatherv([hidden_states, router_logits])`, cuda_communicator.py L260-300: one
+/// `torch.empty` output each, in that order): `[dp·M, H]` and `[dp·M, E]`, every replica's
+/// profile batch being the same size. Runs dry only (the replicas' values are not exchanged).
+pub fn dp_dispatch(
+    rt: &Runtime,
+    x: &Tensor,
+    logits: &Tensor,
+    dp: usize,
+    name: &str,
+) -> Result<(Tensor, Tensor)> {
+    rt.check_cancel()?;
+    rt.set_op("moe.dispatch (all_gatherv)");
+    if rt.backend() != Backend::Dry {
+        return Err(Error::Request(
+            "data parallel's token exchange runs dry only so far".into(),
+        ));
+    }
+    let gathered = |t: &Tensor, what: &str| {
+        let mut shape = t.shape.clone();
+        shape[0] *= dp;
+        rt.tensor_for_overwrite(
+            format!("{name}.{what}"),
+            Category::Activation,
+            &shape,
+            t.dtype,
+        )
+    };
+    let h = gathered(x, "dispatched_hidden_states")?;
+    let l = gathered(logits, "dispatched_router_logits")?;
+    Ok((h, l))
+}
+
+/// `AgRsAll2AllManager.combine` (0.11.0 all2all.py L127-140): `reduce_scatterv` of the experts'
+/// output over the data-parallel ranks into a new `[M, H]` (`torch.empty`,
+/// cuda_communicator.py L186-220); the gathered output dies as the caller rebinds.
+pub fn dp_combine(rt: &Runtime, out: &Tensor, dp: usize, name: &str) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("moe.combine (reduce_scatterv)");
+    let mut shape = out.shape.clone();
+    shape[0] /= dp;
+    rt.tensor_for_overwrite(
+        format!("{name}.combined"),
+        Category::Activation,
+        &shape,
+        out.dtype,
+    )
+}

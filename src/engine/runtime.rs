@@ -73,6 +73,9 @@ struct Inner {
     tp: Option<crate::device::group::TpRank>,
     /// This stage of a pipeline-parallel instance (`None`: no pipeline parallel).
     pp: Option<crate::device::group::PpStage>,
+    /// Where this rank's fused-MoE layers sit with data or expert parallel (`None`: the
+    /// tensor-parallel group alone).
+    moe_group: Option<crate::device::group::MoeGroup>,
     /// Collective-library setups done on this rank, and the simulated memory they hold.
     comms: Vec<crate::device::group::CommSetup>,
     comm_memory: Vec<OutsideAlloc>,
@@ -171,6 +174,7 @@ impl Runtime {
             segment_cap: None,
             tp: None,
             pp: None,
+            moe_group: None,
             comms: Vec::new(),
             comm_memory: Vec::new(),
             host_pool: Vec::new(),
@@ -567,6 +571,16 @@ impl Runtime {
     /// Makes this runtime one stage of a pipeline-parallel instance.
     pub fn set_pp(&self, pp: crate::device::group::PpStage) {
         self.0.borrow_mut().pp = Some(pp);
+    }
+
+    /// Makes this runtime's MoE layers span data-parallel ranks or hold whole experts.
+    pub fn set_moe_group(&self, g: crate::device::group::MoeGroup) {
+        self.0.borrow_mut().moe_group = Some(g);
+    }
+
+    /// This rank's MoE group, when data or expert parallel is on.
+    pub fn moe_group(&self) -> Option<crate::device::group::MoeGroup> {
+        self.0.borrow().moe_group
     }
 
     /// This stage, when the instance is pipeline parallel.

@@ -717,15 +717,15 @@ impl<'a> Loader<'a> {
         &mut self,
         name: &str,
         [e, a, b]: [usize; 3],
-        b_parts: &[(usize, usize)],
-        a_part: (usize, usize),
+        (b_parts, a_part): (&[(usize, usize)], (usize, usize)),
+        experts: std::ops::Range<usize>,
         out_name: &str,
     ) -> Result<Tensor> {
         let rows: usize = b_parts.iter().map(|p| p.1).sum();
-        let shape = [e, rows, a_part.1];
+        let shape = [experts.len(), rows, a_part.1];
         let d = self.read(name, &[e, a, b])?.map(|d| {
-            let mut out = Vec::with_capacity(e * rows * a_part.1);
-            for ex in 0..e {
+            let mut out = Vec::with_capacity(experts.len() * rows * a_part.1);
+            for ex in experts.clone() {
                 let w = &d[ex * a * b..(ex + 1) * a * b];
                 for &(first, len) in b_parts {
                     for r in first..first + len {
@@ -740,6 +740,13 @@ impl<'a> Loader<'a> {
 
     pub(crate) fn linear(&mut self, name: &str, n: usize, k: usize) -> Result<Linear> {
         self.linear_as(name, n, k, true)
+    }
+
+    /// A buffer the model makes on the device while it is built, not read from the
+    /// checkpoint (vLLM's `register_buffer` under the model's device context): counted with
+    /// the weights.
+    pub(crate) fn buffer(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        self.rt.tensor(name, Category::Weight, shape, dtype)
     }
 
     /// A linear layer's weight: as stored when the checkpoint holds it quantized

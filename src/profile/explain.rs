@@ -37,6 +37,10 @@ pub struct LogFacts {
     pub tp: Option<u32>,
     /// `pipeline_parallel_size`.
     pub pp: Option<u32>,
+    /// `data_parallel_size`.
+    pub dp: Option<u32>,
+    /// `enable_expert_parallel` (the non-default args' dict; the engine line does not print it).
+    pub enable_expert_parallel: Option<bool>,
     pub enforce_eager: Option<bool>,
     pub kv_cache_dtype: Option<String>,
     pub chunked_prefill: Option<bool>,
@@ -310,6 +314,8 @@ const ARGS_READ: &[&str] = &[
     "kv_cache_memory_bytes",
     "tensor_parallel_size",
     "pipeline_parallel_size",
+    "data_parallel_size",
+    "enable_expert_parallel",
     "max_model_len",
     "enforce_eager",
     "dtype",
@@ -596,10 +602,11 @@ impl Reader {
             if let Some(v) = field(line, "speculative_config=").filter(|v| *v != "None") {
                 self.unmodelled("speculative_config", v, n);
             }
-            for k in ["data_parallel_size", "decode_context_parallel_size"] {
-                if let Some(v) = field(line, &format!("{k}=")).filter(|v| *v != "1") {
-                    self.unmodelled(k, v, n);
-                }
+            if let Some(dp) = count_field(line, "data_parallel_size=", n)? {
+                self.positive("data_parallel_size", |f| &mut f.dp, dp, n)?;
+            }
+            if let Some(v) = field(line, "decode_context_parallel_size=").filter(|v| *v != "1") {
+                self.unmodelled("decode_context_parallel_size", v, n);
             }
             if field(line, "disable_custom_all_reduce=") == Some("True") {
                 self.unmodelled("disable_custom_all_reduce", "True", n);
@@ -677,6 +684,19 @@ impl Reader {
             }
             if let Some(pp) = count_after(line, &key("pipeline_parallel_size"), n)? {
                 self.positive("pipeline_parallel_size", |f| &mut f.pp, pp, n)?;
+            }
+            if let Some(dp) = count_after(line, &key("data_parallel_size"), n)? {
+                self.positive("data_parallel_size", |f| &mut f.dp, dp, n)?;
+            }
+            if let Some(b) = field(line, &key("enable_expert_parallel"))
+                .and_then(|v| parse_bool(v.trim_end_matches([',', '}'])))
+            {
+                self.setting(
+                    "enable_expert_parallel",
+                    |f| &mut f.enable_expert_parallel,
+                    b,
+                    n,
+                )?;
             }
             let at = line.find("non-default args: {").unwrap_or(0);
             for (k, v) in dict_items(&line[at..]) {
@@ -1262,6 +1282,8 @@ pub fn request_of(f: &LogFacts, o: &Overrides) -> Result<(ProfileRequest, Vec<St
         max_model_len,
         tp,
         pp,
+        dp: f.dp.unwrap_or(1),
+        enable_expert_parallel: f.enable_expert_parallel.unwrap_or(false),
         vllm,
         chunked_prefill: if v1 { None } else { f.chunked_prefill },
         enforce_eager: f.enforce_eager.unwrap_or(false),
@@ -1285,6 +1307,8 @@ const LOG_NAMES: &[(&str, &str)] = &[
     ("--util", "gpu_memory_utilization"),
     ("--tp", "tensor_parallel_size"),
     ("--pp", "pipeline_parallel_size"),
+    ("--data-parallel-size", "data_parallel_size"),
+    ("--enable-expert-parallel", "enable_expert_parallel"),
 ];
 
 /// A refusal of the request a log describes, in the log's terms: each flag named by the

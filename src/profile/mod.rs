@@ -31,7 +31,7 @@ pub fn run(
     cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> crate::base::error::Result<Report> {
     req.validate()?;
-    if req.tp > 1 || req.pp > 1 {
+    if req.tp > 1 || req.pp > 1 || req.dp > 1 {
         return tp::run_tp(req, sink, cancel);
     }
     procedure::run_rank(req, sink, cancel, None)

@@ -434,6 +434,19 @@ pub(crate) struct RankSpec {
     pub size: usize,
     pub group: Arc<crate::device::group::RankGroup>,
     pub pp: Option<crate::device::group::PpStage>,
+    /// Where the MoE layers sit with data or expert parallel.
+    pub moe: Option<crate::device::group::MoeGroup>,
+    /// The communicators vLLM makes after the tensor-parallel group's, in
+    /// `initialize_model_parallel`'s order (pipeline, data parallel, expert parallel), each
+    /// with the network between its hosts when its ranks span several.
+    pub comms: Vec<GroupComm>,
+}
+
+/// One process group's PyNcclCommunicator beyond the tensor-parallel one.
+#[derive(Clone, Debug)]
+pub(crate) struct GroupComm {
+    pub label: &'static str,
+    pub across: Option<crate::device::nccl_model::Network>,
 }
 
 impl RankSpec {
@@ -833,8 +846,18 @@ pub(crate) fn run_rank(
             ..req.clone()
         });
     let req = ran.as_ref().unwrap_or(req);
-    let nccl_source = rank.as_ref().map(|_| device.nccl_source(release.nccl));
+    let nccl_source = rank.as_ref().map(|r| {
+        let mut src = device.nccl_source(release.nccl);
+        if let Some(net) = r.comms.iter().find_map(|c| c.across) {
+            let m = crate::device::nccl_model::NetModel::new(net, release.nccl);
+            src.push_str("; across hosts: ");
+            src.push_str(&m.source());
+        }
+        src
+    });
     let pp_stage = rank.as_ref().and_then(|r| r.pp.clone());
+    let moe_group = rank.as_ref().and_then(|r| r.moe);
+    let group_comms = rank.as_ref().map(|r| r.comms.clone()).unwrap_or_default();
     let tp_rank = rank
         .filter(|r| r.size > 1)
         .map(|r| crate::device::group::TpRank {
@@ -853,6 +876,9 @@ pub(crate) fn run_rank(
     rt.set_mxfp4_hopper_swizzle(crate::quant::mxfp4::hopper_swizzles(release.torch));
     if let Some(p) = pp_stage {
         rt.set_pp(p);
+    }
+    if let Some(g) = moe_group {
+        rt.set_moe_group(g);
     }
     rt.progress(Progress::Phase(Phase::Starting));
     rt.set_op("instance");
@@ -880,7 +906,7 @@ pub(crate) fn run_rank(
         rt.set_op("instance");
     }
     let t0 = checkpoint(&rt, "t0");
-    let _distributed = init_distributed(&rt, release)?;
+    let _distributed = init_distributed(&rt, release, &group_comms)?;
     let before_load = rt.stats().allocated;
 
     rt.progress(Progress::Phase(Phase::Loading));
@@ -947,6 +973,7 @@ pub(crate) fn run_rank(
                 head_dim: c.head_dim,
                 vocab_size: c.vocab_size,
                 expert_parameters: c.expert_param_count(),
+                num_experts: c.moe.as_ref().map_or(0, |m| m.num_experts),
                 active_parameters: if c.moe.is_some() {
                     c.active_param_count()
                 } else {
@@ -1101,11 +1128,7 @@ pub(crate) fn run_rank(
     let cps = Checkpoints { t0, t1, t2, t3 };
     // Each rank caches its own KV heads (vLLM's `get_num_kv_heads(parallel_config)`).
     let kv_heads = match rt.tp() {
-        Some(t) => crate::model::layers::tp::TpShard {
-            rank: t.rank,
-            size: t.size,
-        }
-        .local_kv_heads(&cfg),
+        Some(t) => crate::model::layers::tp::TpShard::new(t.rank, t.size).local_kv_heads(&cfg),
         None => cfg.num_kv_heads,
     };
     let kv_dtype = req
@@ -1520,8 +1543,12 @@ pub(crate) fn run_rank(
         device_samples,
         sample_rate_hz,
         tp: req.tp,
+        // vLLM's global rank: the data-parallel replica's ranks after the replicas before it
+        // (`initialize_model_parallel`: dp × pp × tp).
         rank: rt.pp().map_or(rt.tp().map_or(0, |t| t.rank as u32), |p| {
             p.world_rank as u32
+        }) + rt.moe_group().map_or(0, |g| {
+            (g.rank / req.tp.max(1) as usize) as u32 * req.tp * req.pp
         }),
         pp: req.pp,
         stage: rt.pp().map(|p| super::report::StageInfo {
@@ -1694,7 +1721,11 @@ impl Drop for Distributed<'_> {
 /// `buffer` and `rank_data` of 8 MiB): all three from the caching allocator up to 380e1863,
 /// `meta` and `buffer` from `cudaMalloc` from 0.6.4 (`Release::custom_ar_ipc_buffers`).
 /// Nothing with one GPU.
-fn init_distributed<'a>(rt: &'a Runtime, release: &Release) -> Result<Distributed<'a>> {
+fn init_distributed<'a>(
+    rt: &'a Runtime,
+    release: &Release,
+    comms: &[GroupComm],
+) -> Result<Distributed<'a>> {
     let mut d = Distributed {
         rt,
         _kept: Vec::new(),
@@ -1703,7 +1734,7 @@ fn init_distributed<'a>(rt: &'a Runtime, release: &Release) -> Result<Distribute
     rt.set_op("init_distributed");
     rt.set_layer(None);
     let Some(tp) = rt.tp() else {
-        init_pipeline_group(rt, release, &mut d, true)?;
+        init_groups(rt, release, &mut d, true, comms)?;
         return Ok(d);
     };
     rt.ensure_comm(crate::device::group::CommSetup::PyncclInit)?;
@@ -1731,35 +1762,37 @@ fn init_distributed<'a>(rt: &'a Runtime, release: &Release) -> Result<Distribute
             }
         }
     }
-    init_pipeline_group(rt, release, &mut d, false)?;
+    init_groups(rt, release, &mut d, false, comms)?;
     Ok(d)
 }
 
-/// The pipeline group's communicator, made after the tensor-parallel group's (parallel_state.py
-/// `initialize_model_parallel`: TP, then PP), kept for the instance's life. Nothing without
-/// pipeline parallel. Its send/recv connections open at the first served step, after the KV
-/// cache is sized (gpu_worker.py 0.19 L790-825, `irecv_tensor_dict`/`isend_tensor_dict`):
-/// they are in no budget.
-fn init_pipeline_group(
+/// The communicators of the other groups, made after the tensor-parallel group's in
+/// `initialize_model_parallel`'s order (0.11.0 parallel_state.py L1152-1206, 0.19.0
+/// L1575-1685: TP, PP, DP, EP), each a PyNcclCommunicator with its warm-up all-reduce kept for
+/// the instance's life; the first of the process carries NCCL's once-per-process image and
+/// kernel stack. The pipeline group's send/recv connections open at the first served step,
+/// after the KV cache is sized (gpu_worker.py 0.19 L790-825, `irecv_tensor_dict` /
+/// `isend_tensor_dict`): in no budget.
+fn init_groups(
     rt: &Runtime,
     release: &Release,
     d: &mut Distributed<'_>,
     first_in_process: bool,
+    comms: &[GroupComm],
 ) -> Result<()> {
-    if rt.pp().is_none() {
-        return Ok(());
+    for (i, c) in comms.iter().enumerate() {
+        let first = first_in_process && i == 0;
+        let bytes = rt
+            .with_device(|dev| dev.group_comm_bytes(release.nccl, first, c.across))
+            .ok_or_else(|| {
+                Error::Request(format!(
+                    "{}: pipeline, data and expert parallel groups run on simulated devices only so far (no GPU was lent to measure their NCCL)",
+                    c.label
+                ))
+            })?;
+        let a = rt.alloc_outside(c.label, bytes)?;
+        d.outside.push((c.label, a));
     }
-    let bytes = rt
-        .with_device(|dev| dev.pipeline_comm_bytes(release.nccl, first_in_process))
-        .ok_or_else(|| {
-            Error::Request(
-                "--pp runs on simulated devices only so far (no GPU was lent to measure NCCL's pipeline group)"
-                    .into(),
-            )
-        })?;
-    let label = "nccl: pipeline group pynccl communicator + warm-up all_reduce";
-    let a = rt.alloc_outside(label, bytes)?;
-    d.outside.push((label, a));
     Ok(())
 }
 
@@ -1781,7 +1814,7 @@ fn hybrid_state_pages(
             cfg.arch, release.name
         )));
     }
-    let kv_heads = crate::model::layers::tp::TpShard { rank: 0, size: tp }.local_kv_heads(cfg);
+    let kv_heads = crate::model::layers::tp::TpShard::new(0, tp).local_kv_heads(cfg);
     let act = req.quant.activation_dtype();
     let kv_bytes = req.kv_cache_dtype.storage_dtype(act).size_bytes();
     let (conv, ssm) = q.state_elements(tp);

@@ -32,6 +32,14 @@ pub struct ModelInfo {
     /// experts of each MoE layer, everything else); 0 (not written) for a dense model.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub active_parameters: u64,
+    /// A mixture of experts' routed experts per MoE layer (0, not written, for a dense
+    /// model).
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub num_experts: usize,
+}
+
+fn is_zero_usize(n: &usize) -> bool {
+    *n == 0
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -72,6 +80,7 @@ impl ModelInfo {
             head_dim: 0,
             vocab_size: 0,
             expert_parameters: 0,
+            num_experts: 0,
             active_parameters: 0,
         }
     }

@@ -51,6 +51,26 @@ pub struct ProfileRequest {
     /// stages of `tp` GPUs each, `tp × pp` GPUs in all (simulated devices, V1 releases).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub pp: u32,
+    /// vLLM's `--enable-expert-parallel`: a MoE model's routed experts spread whole over the
+    /// `dp × tp` ranks of each stage instead of every expert cut over them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub enable_expert_parallel: bool,
+    /// vLLM's `--data-parallel-size`: replicas of the `tp × pp` instance, each its own engine
+    /// with its own KV cache; a MoE model's experts span the replicas (`dp × tp` ranks).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub dp: u32,
+    /// Hosts the instance spans (`--nodes`), each with [`MAX_TP`] GPUs of the device's kind:
+    /// ranks fill one host after another in vLLM's order (global rank = dp × pp × tp order),
+    /// and a group whose ranks sit on different hosts talks through NCCL's network transport.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub nodes: u32,
+    /// How the hosts reach each other (`--network`): InfiniBand or RoCE with GPUDirect RDMA,
+    /// or TCP sockets.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::device::nccl_model::Network::is_default"
+    )]
+    pub network: crate::device::nccl_model::Network,
     /// vLLM's `VLLM_PP_LAYER_PARTITION`: the layers of each stage, given (`None`: vLLM's own
     /// partition, `get_pp_indices`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -167,6 +187,9 @@ fn is_one(v: &u32) -> bool {
 /// group; larger instances span hosts, which vramscope does not model).
 pub const MAX_TP: u32 = 8;
 
+/// The most hosts a dry plan may span (`--nodes`).
+pub const MAX_NODES: u32 = 16;
+
 impl Default for ProfileRequest {
     fn default() -> Self {
         ProfileRequest {
@@ -195,6 +218,10 @@ impl Default for ProfileRequest {
             seed: 0,
             tp: 1,
             pp: 1,
+            enable_expert_parallel: false,
+            dp: 1,
+            nodes: 1,
+            network: Default::default(),
             pp_layer_partition: None,
             vllm: default_vllm(),
             chunked_prefill: None,
@@ -224,6 +251,22 @@ impl ProfileRequest {
     /// The release this request reproduces (`--vllm`).
     pub fn release(&self) -> Result<&'static super::vllm::Release> {
         super::vllm::release(&self.vllm)
+    }
+
+    /// Hosts, at least one.
+    pub fn nodes(&self) -> u32 {
+        self.nodes.max(1)
+    }
+
+    /// Every GPU of the deployment: `dp × pp × tp`.
+    pub fn gpus(&self) -> u32 {
+        self.dp * self.pp * self.tp
+    }
+
+    /// Whether data or expert parallel changes the MoE layers (vLLM's `use_ep` needs
+    /// `dp × tp > 1`).
+    pub fn moe_spans_ranks(&self) -> bool {
+        self.dp > 1 || (self.enable_expert_parallel && self.tp > 1)
     }
 
     /// Whether the profile batch is chunked prefill's: as asked, else vLLM's rule (on when
@@ -338,7 +381,80 @@ impl ProfileRequest {
                 self.vllm, self.tp
             ));
         }
-        if self.pp == 0 || (self.pp > 1 && self.tp.saturating_mul(self.pp) > MAX_TP) {
+        if self.dp == 0 || self.dp > MAX_TP * MAX_NODES {
+            return bad(format!(
+                "--data-parallel-size {} must be between 1 and {}",
+                self.dp,
+                MAX_TP * MAX_NODES
+            ));
+        }
+        let v1 = matches!(release.engine, super::vllm::Engine::V1 { .. });
+        if (self.dp > 1 || self.enable_expert_parallel) && !v1 {
+            return bad(format!(
+                "{} with --vllm {}: expert and data parallel are modelled for the V1 releases (0.11 on) so far",
+                if self.dp > 1 { "--data-parallel-size" } else { "--enable-expert-parallel" },
+                self.vllm
+            ));
+        }
+        if (self.dp > 1 || self.enable_expert_parallel) && !self.device.is_sim() {
+            return bad(
+                "expert and data parallel run on simulated devices only so far".to_string(),
+            );
+        }
+        if self.dp > 1 && !self.device.is_dry() {
+            return bad(format!(
+                "--data-parallel-size {}: the replicas' token exchange (all-gather and reduce-scatter around each MoE layer) runs dry only so far: use sim:PRESET:dry",
+                self.dp
+            ));
+        }
+        if self.dp > 1 && (self.true_max || matches!(self.model, ModelSource::Synthetic { .. })) {
+            return bad(format!(
+                "--data-parallel-size {}: run it without --true-max, on a model (not the synthetic workload)",
+                self.dp
+            ));
+        }
+        let gpus = self.tp as u64 * self.pp as u64 * self.dp as u64;
+        // A tensor-parallel group larger than a host is refused below, as it always was.
+        if self.tp <= MAX_TP && gpus > (MAX_TP * self.nodes()) as u64 {
+            return bad(format!(
+                "--tp {} × --pp {} × --data-parallel-size {}: {gpus} GPUs; {} node(s) of {MAX_TP} hold {} (give --nodes)",
+                self.tp,
+                self.pp,
+                self.dp,
+                self.nodes(),
+                MAX_TP * self.nodes()
+            ));
+        }
+        if self.nodes == 0 || self.nodes > MAX_NODES {
+            return bad(format!(
+                "--nodes {} must be between 1 and {MAX_NODES}",
+                self.nodes
+            ));
+        }
+        if self.nodes > 1 {
+            if !self.device.is_sim() || !self.device.is_dry() {
+                return bad(format!(
+                    "--nodes {}: a plan across hosts runs dry on simulated devices (sim:PRESET:dry)",
+                    self.nodes
+                ));
+            }
+            if !v1 {
+                return bad(format!(
+                    "--nodes {} with --vllm {}: plans across hosts are modelled for the V1 releases (0.11 on)",
+                    self.nodes, self.vllm
+                ));
+            }
+            if gpus <= ((self.nodes() - 1) * MAX_TP) as u64 {
+                return bad(format!(
+                    "--nodes {}: {gpus} GPUs fill {} host(s) of {MAX_TP}; ask for fewer nodes",
+                    self.nodes,
+                    gpus.div_ceil(MAX_TP as u64)
+                ));
+            }
+        }
+        if self.pp == 0
+            || (self.pp > 1 && self.nodes() == 1 && self.tp.saturating_mul(self.pp) > MAX_TP)
+        {
             return bad(format!(
                 "--pp {} with --tp {}: {} GPUs; vramscope runs the GPUs of one host, {MAX_TP} at most (tp × pp)",
                 self.pp,

@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use super::formulas::FormulaId;
-use super::procedure::{run_rank, RankSpec};
+use super::procedure::{run_rank, GroupComm, RankSpec};
 use super::report::{EngineBudget, Report};
 use super::request::ProfileRequest;
 use crate::base::error::{Error, Result};
@@ -23,8 +23,41 @@ use crate::device::DeviceSpec;
 use crate::engine::progress::ProgressSink;
 use crate::model::{self, ModelSource};
 
+/// What the preflight learnt of the model: the pipeline partition, and whether it has
+/// routed experts.
+struct Preflight {
+    partition: Option<Vec<usize>>,
+    moe: bool,
+}
+
 /// Checks what can be checked before any rank starts: enough GPUs, a model that divides.
-fn preflight(req: &ProfileRequest) -> Result<Option<Vec<usize>>> {
+fn preflight(req: &ProfileRequest) -> Result<Preflight> {
+    let partition = preflight_partition(req)?;
+    let moe = match &req.model {
+        ModelSource::Synthetic { .. } => false,
+        m => model::open(m, req.seed)?.config.moe.is_some(),
+    };
+    // A dense model: vLLM makes no expert-parallel group (0.19.0 parallel_state.py
+    // L1661-1662) and `--enable-expert-parallel` changes nothing.
+    if (req.enable_expert_parallel || req.dp > 1) && moe {
+        let opened = model::open(&req.model, req.seed)?;
+        let c = &opened.config;
+        let moe_group = req.dp as usize * req.tp as usize;
+        for r in 0..moe_group {
+            let mut shard =
+                crate::model::layers::tp::TpShard::new(r % req.tp as usize, req.tp as usize);
+            shard.moe = crate::model::layers::tp::MoeSplit {
+                rank: r,
+                size: moe_group,
+                ep: req.enable_expert_parallel && moe_group > 1,
+            };
+            shard.check(c)?;
+        }
+    }
+    Ok(Preflight { partition, moe })
+}
+
+fn preflight_partition(req: &ProfileRequest) -> Result<Option<Vec<usize>>> {
     let n = req.tp as usize;
     if let DeviceSpec::Cuda { ordinal } = req.device {
         let (gpus, problem) = crate::device::list_devices();
@@ -49,7 +82,7 @@ fn preflight(req: &ProfileRequest) -> Result<Option<Vec<usize>>> {
         return Ok(None);
     }
     let opened = model::open(&req.model, req.seed)?;
-    crate::model::layers::tp::TpShard { rank: 0, size: n }.check(&opened.config)?;
+    crate::model::layers::tp::TpShard::new(0, n).check(&opened.config)?;
     if req.pp <= 1 {
         return Ok(None);
     }
@@ -98,31 +131,81 @@ pub(crate) fn run_tp(
     sink: Option<ProgressSink>,
     cancel: Arc<AtomicBool>,
 ) -> Result<Report> {
-    let partition = preflight(req)?;
+    let Preflight { partition, moe } = preflight(req)?;
     let tp = req.tp as usize;
     let pp = req.pp as usize;
-    let n = tp * pp;
-    // One tensor-parallel group per stage, and (with stages) the world of every rank.
-    let groups: Vec<Arc<RankGroup>> = (0..pp).map(|_| Arc::new(RankGroup::new(tp))).collect();
-    let world = Arc::new(RankGroup::new(n));
-    let spec_of = |rank: usize| RankSpec {
-        rank: rank % tp,
-        size: tp,
-        group: groups[rank / tp].clone(),
-        pp: partition
-            .as_ref()
-            .map(|parts| crate::device::group::PpStage {
-                stage: rank / tp,
-                stages: pp,
-                layers: crate::model::layers::pp::stage_layers(parts, rank / tp),
-                world_rank: rank,
-                world: world.clone(),
+    // A dense model's data-parallel replicas are independent engines (0.19.0 v1/engine/core.py
+    // L1071-1082 runs them as DP = 1): one replica runs, standing for every one. A MoE
+    // model's replicas share their MoE layers: all of them run.
+    let dp = if moe { req.dp as usize } else { 1 };
+    let per_replica = tp * pp;
+    let n = per_replica * dp;
+    // One tensor-parallel group per stage of each replica, and the world of each replica.
+    let groups: Vec<Arc<RankGroup>> = (0..pp * dp).map(|_| Arc::new(RankGroup::new(tp))).collect();
+    let worlds: Vec<Arc<RankGroup>> = (0..dp)
+        .map(|_| Arc::new(RankGroup::new(per_replica)))
+        .collect();
+    let host = |rank: usize| rank / crate::profile::request::MAX_TP as usize;
+    let across = |ranks: &[usize]| {
+        ranks
+            .iter()
+            .any(|&r| host(r) != host(ranks[0]))
+            .then_some(req.network)
+    };
+    let spec_of = |rank: usize| {
+        let (replica, within) = (rank / per_replica, rank % per_replica);
+        let (stage, tp_rank) = (within / tp, within % tp);
+        let at = |d: usize, s: usize, t: usize| d * per_replica + s * tp + t;
+        let mut comms = Vec::new();
+        if pp > 1 {
+            comms.push(GroupComm {
+                label: "nccl: pipeline group pynccl communicator + warm-up all_reduce",
+                across: across(&(0..pp).map(|s| at(replica, s, tp_rank)).collect::<Vec<_>>()),
+            });
+        }
+        let moe_spans = moe && req.moe_spans_ranks();
+        if moe && dp > 1 {
+            comms.push(GroupComm {
+                label: "nccl: data-parallel group pynccl communicator + warm-up all_reduce",
+                across: across(&(0..dp).map(|d| at(d, stage, tp_rank)).collect::<Vec<_>>()),
+            });
+        }
+        if moe_spans {
+            let ranks: Vec<usize> = (0..dp)
+                .flat_map(|d| (0..tp).map(move |t| (d, t)))
+                .map(|(d, t)| at(d, stage, t))
+                .collect();
+            comms.push(GroupComm {
+                label: "nccl: expert-parallel group pynccl communicator + warm-up all_reduce",
+                across: across(&ranks),
+            });
+        }
+        RankSpec {
+            rank: tp_rank,
+            size: tp,
+            group: groups[rank / tp].clone(),
+            pp: partition
+                .as_ref()
+                .map(|parts| crate::device::group::PpStage {
+                    stage,
+                    stages: pp,
+                    layers: crate::model::layers::pp::stage_layers(parts, stage),
+                    world_rank: within,
+                    world: worlds[replica].clone(),
+                }),
+            moe: moe_spans.then_some(crate::device::group::MoeGroup {
+                rank: replica * tp + tp_rank,
+                size: req.dp as usize * tp,
+                ep: req.enable_expert_parallel,
+                dp: req.dp as usize,
             }),
+            comms,
+        }
     };
     // A rank that fails stops its group and every rank's meeting point.
     let abort = |rank: usize, why: &str| {
         groups[rank / tp].abort(rank % tp, why);
-        world.abort(rank, why);
+        worlds[rank / per_replica].abort(rank % per_replica, why);
     };
     let results: Vec<Result<Report>> = std::thread::scope(|s| {
         let handles: Vec<_> = (1..n)

@@ -41,9 +41,6 @@ const NOT_MODELLED: &[(&str, &str)] = &[
     ("cpu-offload-gb", "weights kept in host memory instead of the GPU"),
     ("kv-offloading-size", "KV blocks offloaded to host memory"),
     ("kv-transfer-config", "a KV connector's buffers (disaggregated prefill)"),
-    ("data-parallel-size", "data-parallel replicas, each with its own KV cache"),
-    ("dp", "data-parallel replicas, each with its own KV cache"),
-    ("enable-expert-parallel", "experts split over the GPUs instead of each expert cut"),
     ("enable-eplb", "redundant experts for load balancing"),
     ("decode-context-parallel-size", "the KV cache split over decode context-parallel ranks"),
     ("disable-custom-all-reduce", "the custom all-reduce's buffers (NCCL only)"),
@@ -158,6 +155,8 @@ const MAPPED: &[(&str, &str)] = &[
     ("-tp", "--tp"),
     ("--pipeline-parallel-size", "--pp"),
     ("-pp", "--pp"),
+    ("--data-parallel-size", "--dp"),
+    ("-dp", "--dp"),
     ("--gpu-memory-utilization", "--util"),
     ("--max-model-len", "--max-model-len"),
     ("--max-num-seqs", "--max-num-seqs"),
@@ -493,6 +492,11 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
                 },
             };
             put("--enable-chunked-prefill", Some(on.to_ascii_lowercase()));
+        } else if flag == "--enable-expert-parallel" || flag == "-ep" {
+            // A switch (0.11.0 arg_utils.py L698, 0.19.0 L925-926 `-ep`).
+            put("--enable-expert-parallel", Some(String::new()));
+        } else if flag == "--no-enable-expert-parallel" {
+            put("--enable-expert-parallel", None);
         } else if flag == "--no-enable-chunked-prefill" {
             put("--enable-chunked-prefill", Some("false".into()));
         } else if let Some((_, to)) = MAPPED.iter().find(|(from, _)| *from == flag) {
@@ -551,6 +555,8 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
             ("--enforce-eager", Some(_)) => args.push(flag.to_string()),
             ("--llm-class", None) => {}
             ("--llm-class", Some(_)) => args.push(flag.to_string()),
+            ("--enable-expert-parallel", None) => {}
+            ("--enable-expert-parallel", Some(_)) => args.push(flag.to_string()),
             (_, v) => args.extend([flag.to_string(), v.unwrap_or_default()]),
         }
     }

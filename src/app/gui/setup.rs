@@ -214,6 +214,11 @@ impl SetupForm {
             passes: self.passes,
             tp: self.tp,
             pp: self.pp,
+            // Expert and data parallel, hosts: the command line's (`--ep`, `--dp`, `--nodes`).
+            enable_expert_parallel: false,
+            dp: 1,
+            nodes: 1,
+            network: Default::default(),
             pp_layer_partition: None,
             vllm: self.vllm.clone(),
             chunked_prefill: self.chunked_prefill,

@@ -79,6 +79,7 @@ impl Mlp {
             Mlp::Moe(m) => {
                 m.gate.nbytes()
                     + m.w13.nbytes()
+                    + m.expert_map.as_ref().map_or(0, |t| t.nbytes())
                     + m.w2.nbytes()
                     + m.shared.as_ref().map_or(0, |s| {
                         s.gate_up.weight_bytes() + s.down.weight_bytes() + s.gate.nbytes()

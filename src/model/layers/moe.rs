@@ -3,7 +3,7 @@
 //! shared expert beside them.
 
 use super::mlp::{mlp_forward, GatedAct, MlpRun};
-use super::tp::TpShard;
+use super::tp::{ExpertPlacement, TpShard};
 use std::cell::RefCell;
 
 use crate::base::error::Result;
@@ -26,6 +26,48 @@ pub struct MoeBlock {
     pub w2: Tensor,
     /// Qwen2-MoE's shared expert and its gate.
     pub shared: Option<SharedExpert>,
+    /// The routed experts this rank holds (all of them without expert parallel).
+    pub placement: ExpertPlacement,
+    /// `FusedMoE`'s `expert_map` (int32 `[E]`) with expert parallel.
+    pub expert_map: Option<Tensor>,
+}
+
+/// `FusedMoE.__init__`'s `expert_map` with expert parallel, made before `create_weights`
+/// (0.11.0 fused_moe/layer.py L1043-1051, 0.19.0 L383-393): `torch.full((E,), -1, int32)`
+/// under the model's device context, so on the GPU, `[E]` int32 per MoE layer; `None` without
+/// expert parallel.
+pub(crate) fn load_expert_map(
+    ld: &mut Loader,
+    placement: &ExpertPlacement,
+    prefix: &str,
+) -> Result<Option<Tensor>> {
+    if !placement.mapped {
+        return Ok(None);
+    }
+    ld.buffer(
+        &format!("{prefix}.expert_map"),
+        &[placement.global],
+        DType::I32,
+    )
+    .map(Some)
+}
+
+/// The fused kernels' view of a rank's routed experts.
+pub(crate) fn experts_of<'a>(
+    w13: &'a Tensor,
+    w2: &'a Tensor,
+    width: usize,
+    p: &ExpertPlacement,
+) -> ops_moe::Experts<'a> {
+    ops_moe::Experts {
+        w13,
+        w2,
+        num_experts: p.local,
+        width,
+        first: p.first,
+        global: p.global,
+        mapped: p.mapped,
+    }
 }
 
 /// Qwen2-MoE's `shared_expert` (a `Qwen2MoeMLP` with `reduce_results=False`: this rank's
@@ -56,12 +98,12 @@ impl MoeBlock {
 
     /// The experts' weights as the fused kernels take them, for this rank's shape `m`.
     fn experts(&self, m: &MoeShape) -> ops_moe::Experts<'_> {
-        ops_moe::Experts {
-            w13: &self.w13,
-            w2: &self.w2,
-            num_experts: m.num_experts,
-            width: m.expert_intermediate_size,
-        }
+        experts_of(
+            &self.w13,
+            &self.w2,
+            m.expert_intermediate_size,
+            &self.placement,
+        )
     }
 }
 
@@ -108,6 +150,9 @@ pub fn moe_block_forward_as(
             indices_freed_late: true
         }
     );
+    if let Some(dp) = crate::engine::ops_tp::moe_dp(rt) {
+        return in_place_dp_forward(rt, x, block, m, (act, indices_freed_late, dp), layer, gpu);
+    }
     let shared = match &block.shared {
         Some(se) => Some(shared_expert_forward(rt, &x, se, act, layer)?),
         None => None,
@@ -141,6 +186,42 @@ pub fn moe_block_forward_as(
     Ok(out)
 }
 
+/// The in-place block (0.11.0) with data parallel: the router's logits on this replica's
+/// tokens, then `FusedMoE.forward_impl`'s naive dispatch (`do_naive_dispatch_combine`,
+/// 0.11.0 fused_moe/layer.py L2001-2021: every replica's hidden states and logits gathered),
+/// the routing and the experts in place over the gathered tokens, the combine into this
+/// replica's `[M, H]` (the gathered tensors dying as `forward_impl` returns), then the
+/// tensor-parallel all-reduce (L2066-2069).
+fn in_place_dp_forward(
+    rt: &Runtime,
+    x: Tensor,
+    block: &MoeBlock,
+    m: &MoeShape,
+    (act, indices_freed_late, dp): (DType, bool, usize),
+    layer: &str,
+    gpu: &str,
+) -> Result<Tensor> {
+    if block.shared.is_some() {
+        return Err(crate::base::error::Error::Request(format!(
+            "{layer}: a shared expert with data parallel is not modelled yet"
+        )));
+    }
+    let logits = block.router_logits(rt, &x, act, layer)?;
+    let name = format!("{layer}.moe");
+    let (mut xg, lg) = crate::engine::ops_tp::dp_dispatch(rt, &x, &logits, dp, &name)?;
+    let routing = ops_moe::fused_topk(rt, &lg, m.top_k, m.renormalize, indices_freed_late, &name)?;
+    let experts = block.experts(m);
+    ops_moe::fused_experts(rt, &mut xg, &experts, &routing, gpu, &name)?;
+    drop(routing);
+    let out = crate::engine::ops_tp::dp_combine(rt, &xg, dp, &name)?;
+    drop(xg);
+    drop(lg);
+    let out = crate::engine::ops_tp::all_reduce(rt, out, &format!("{layer}.moe.all_reduce"))?;
+    drop(logits);
+    drop(x);
+    Ok(out)
+}
+
 /// Mixtral's and Qwen3-MoE's block as vLLM V1 runs it with the modular kernel (0.15.1, 0.19.0;
 /// docs/reading/vllm-v1-fused-moe.md §2.2-2.3): the router's logits outside the op, the
 /// routing (three `[M, k]` tensors), the experts into a new output over the persistent
@@ -167,10 +248,29 @@ fn modular_block_forward(
     })?;
     let logits = block.router_logits(rt, &x, act, layer)?;
     let name = format!("{layer}.moe");
-    let routing = ops_moe_v1::fused_topk(rt, &logits, m.top_k, m.renormalize, &name)?;
+    // With data parallel the op runs on every replica's tokens (the naive dispatch of
+    // `FusedMoE.forward_impl`, 0.19.0 fused_moe/layer.py), and combines back to this one's.
+    let gathered = match crate::engine::ops_tp::moe_dp(rt) {
+        Some(dp) => Some((
+            crate::engine::ops_tp::dp_dispatch(rt, &x, &logits, dp, &name)?,
+            dp,
+        )),
+        None => None,
+    };
+    let (xin, lin) = match &gathered {
+        Some(((xg, lg), _)) => (xg, lg),
+        None => (&x, &logits),
+    };
+    let routing = ops_moe_v1::fused_topk(rt, lin, m.top_k, m.renormalize, &name)?;
     let experts = block.experts(m);
-    let out = ops_moe_v1::fused_experts(rt, &x, &experts, &routing, (how, gpu), workspace, &name)?;
+    let mut out =
+        ops_moe_v1::fused_experts(rt, xin, &experts, &routing, (how, gpu), workspace, &name)?;
     drop(routing);
+    if let Some((_, dp)) = &gathered {
+        let combined = crate::engine::ops_tp::dp_combine(rt, &out, *dp, &name)?;
+        drop(std::mem::replace(&mut out, combined));
+    }
+    drop(gathered);
     let out = crate::engine::ops_tp::all_reduce(rt, out, &format!("{layer}.moe.all_reduce"))?;
     drop(logits);
     drop(x);
@@ -239,27 +339,33 @@ pub(crate) fn load_moe_block(
     let width = m.expert_intermediate_size;
     let (first, len) = shard.expert_rows(width);
     let e = m.num_experts;
+    let placement = shard.experts(e);
+    let local = placement.first..placement.first + placement.local;
     let router = |ld: &mut Loader| ld.dense(&format!("{p}.{block}.gate.weight"), &[e, h]);
     let gate = if router_first {
         Some(router(ld)?)
     } else {
         None
     };
+    let expert_map = load_expert_map(ld, &placement, &format!("{p}.{block}.experts"))?;
+    // With expert parallel a rank reads only its own experts (`FusedMoE.weight_loader` skips
+    // an expert whose `expert_map` entry is −1: `_map_global_expert_id_to_local_expert_id`).
     let x = |ex: usize, n: &str| format!("{p}.{block}.experts.{ex}.{n}.weight");
-    let w13_parts: Vec<(String, Slice)> = (0..e)
+    let w13_parts: Vec<(String, Slice)> = local
+        .clone()
         .flat_map(|ex| [gate_n, up_n].map(|n| (x(ex, n), Slice::rows(width, h, first, len))))
         .collect();
     let w13 = ld.stacked(
         &w13_parts,
-        &[e, 2 * len, h],
+        &[placement.local, 2 * len, h],
         &format!("{p}.{block}.experts.w13_weight"),
     )?;
-    let w2_parts: Vec<(String, Slice)> = (0..e)
+    let w2_parts: Vec<(String, Slice)> = local
         .map(|ex| (x(ex, down_n), Slice::cols(h, width, first, len)))
         .collect();
     let w2 = ld.stacked(
         &w2_parts,
-        &[e, h, len],
+        &[placement.local, h, len],
         &format!("{p}.{block}.experts.w2_weight"),
     )?;
     let gate = match gate {
@@ -270,7 +376,7 @@ pub(crate) fn load_moe_block(
     let shared = match m.shared_expert_intermediate_size {
         0 => None,
         width => {
-            let part = shard.expert_rows(width);
+            let part = shard.shared_rows(width);
             let (gate_up, down) = super::mlp::load_gated(
                 ld,
                 &format!("{p}.{block}.shared_expert"),
@@ -292,5 +398,7 @@ pub(crate) fn load_moe_block(
         w13,
         w2,
         shared,
+        placement,
+        expert_map,
     })
 }

@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 
 use super::mlp::{load_gated, mlp_forward, GatedAct, MlpRun};
-use super::tp::TpShard;
+use super::tp::{ExpertPlacement, TpShard};
 use crate::base::error::{Error, Result};
 use crate::engine::ops_llama4;
 use crate::engine::ops_moe::{self, Experts};
@@ -32,6 +32,9 @@ pub struct Llama4Moe {
     /// `FusedMoE`'s `w13_weight [E, 2·I, H]` and `w2_weight [E, H, I]`.
     pub w13: Tensor,
     pub w2: Tensor,
+    /// The routed experts this rank holds, and their `expert_map` with expert parallel.
+    pub placement: ExpertPlacement,
+    pub expert_map: Option<Tensor>,
 }
 
 impl Llama4Moe {
@@ -41,15 +44,16 @@ impl Llama4Moe {
             + self.shared_down.weight_bytes()
             + self.w13.nbytes()
             + self.w2.nbytes()
+            + self.expert_map.as_ref().map_or(0, |t| t.nbytes())
     }
 
-    fn experts(&self, m: &MoeShape) -> Experts<'_> {
-        Experts {
-            w13: &self.w13,
-            w2: &self.w2,
-            num_experts: m.num_experts,
-            width: self.w2.shape.last().copied().unwrap_or(0),
-        }
+    fn experts(&self, _m: &MoeShape) -> Experts<'_> {
+        super::moe::experts_of(
+            &self.w13,
+            &self.w2,
+            self.w2.shape.last().copied().unwrap_or(0),
+            &self.placement,
+        )
     }
 }
 
@@ -70,31 +74,37 @@ pub(crate) fn load(
         .ok_or_else(|| Error::Request(format!("{f}: a Llama 4 MoE layer with no experts")))?;
     let (h, e, i) = (cfg.hidden_size, m.num_experts, m.expert_intermediate_size);
     let router = ld.dense(&format!("{f}.router.weight"), &[e, h])?;
-    let part = shard.expert_rows(i);
+    let part = shard.shared_rows(i);
     let (shared_gate_up, shared_down) =
         load_gated(ld, &format!("{f}.shared_expert"), (h, i), part)?;
-    let (first, len) = part;
+    let shared_width = part.1;
+    let (first, len) = shard.expert_rows(i);
+    let placement = shard.experts(e);
+    let local = placement.first..placement.first + placement.local;
+    let expert_map = super::moe::load_expert_map(ld, &placement, &format!("{f}.experts"))?;
     let w13 = ld.experts_transposed(
         &format!("{f}.experts.gate_up_proj"),
         [e, h, 2 * i],
-        &[(first, len), (i + first, len)],
-        (0, h),
+        (&[(first, len), (i + first, len)], (0, h)),
+        local.clone(),
         &format!("{f}.experts.w13_weight"),
     )?;
     let w2 = ld.experts_transposed(
         &format!("{f}.experts.down_proj"),
         [e, i, h],
-        &[(0, h)],
-        (first, len),
+        (&[(0, h)], (first, len)),
+        local,
         &format!("{f}.experts.w2_weight"),
     )?;
     Ok(Llama4Moe {
         router,
         shared_gate_up,
         shared_down,
-        shared_width: len,
+        shared_width,
         w13,
         w2,
+        placement,
+        expert_map,
     })
 }
 
@@ -113,6 +123,11 @@ pub fn forward(
     layer: &str,
     gpu: &str,
 ) -> Result<Tensor> {
+    if crate::engine::ops_tp::moe_dp(rt).is_some() {
+        return Err(Error::Request(format!(
+            "{layer}: data parallel's token exchange around Llama 4's MoE layers is not modelled yet (expert parallel without data parallel is)"
+        )));
+    }
     let name = format!("{layer}.moe");
     let logits = crate::quant::dense_matmul_as(
         rt,

@@ -70,6 +70,7 @@ impl Qwen3NextLayer {
             NextMlp::Moe(m) => {
                 m.gate.nbytes()
                     + m.w13.nbytes()
+                    + m.expert_map.as_ref().map_or(0, |t| t.nbytes())
                     + m.w2.nbytes()
                     + m.shared.as_ref().map_or(0, |s| {
                         s.gate_up.weight_bytes() + s.down.weight_bytes() + s.gate.nbytes()
