@@ -859,3 +859,192 @@ fn a_v1_release_answers_first_in_vllms_terms_with_the_formulas_one_click_away() 
         .next()
         .is_none());
 }
+
+/// The budget line labels painted in the lifetime plot, each with the bytes its text names
+/// and whether it names a line above the view ("(above)").
+fn line_labels(h: &H) -> Vec<(String, Rect, f64, bool)> {
+    let plot = h.state().lifetime_view().plot_rect().unwrap();
+    painted(h)
+        .into_iter()
+        .filter(|(s, r, _)| {
+            ["Â", "truth", "T·u"].iter().any(|p| s.starts_with(p)) && plot.intersects(*r)
+        })
+        .filter_map(|(s, r, _)| {
+            let above = s.ends_with(" (above)");
+            let t = s.trim_end_matches(" (above)");
+            let tail: Vec<&str> = t.rsplitn(3, ' ').take(2).collect();
+            let (bytes, _) = parse_bytes(&format!("{} {}", tail.get(1)?, tail.first()?))?;
+            Some((s, r, bytes, above))
+        })
+        .collect()
+}
+
+/// Issue 51, item 7: no budget line label sits on another budget line (the off-screen
+/// "T·u … (above)" sat on the #9352 line on the first screen, and on the truth line under
+/// 0.19 and 0.21 in Present): a label on a line reads as that line's.
+#[test]
+fn no_line_label_sits_on_another_budget_line() {
+    let check = |h: &H, when: &str| {
+        let view = h.state().lifetime_view();
+        let plot = view.plot_rect().unwrap();
+        let labels = line_labels(h);
+        assert!(labels.len() >= 4, "{when}: labels {labels:?}");
+        assert!(
+            labels.iter().any(|l| l.3),
+            "{when}: no line above the view to name (the case of the issue): {labels:?}"
+        );
+        for (s, r, _, _) in &labels {
+            for (other, _, bytes, above) in &labels {
+                if other == s || *above {
+                    continue;
+                }
+                let y = view.screen_pos(0.0, *bytes).unwrap().y;
+                if y < plot.top() || y > plot.bottom() {
+                    continue;
+                }
+                // The label's box is drawn 2 px past its text.
+                assert!(
+                    y < r.top() - 2.0 || y > r.bottom() + 2.0,
+                    "{when}: '{s}' ({:.0}..{:.0}) sits on the line of '{other}' (y {y:.0})",
+                    r.top(),
+                    r.bottom()
+                );
+            }
+        }
+    };
+    let mut h = launched(1280.0, 720.0, egui::Theme::Dark);
+    wait_while(&mut h, Duration::from_secs(120), |a| {
+        a.is_running() || a.report().is_none()
+    });
+    check(&h, "first screen");
+    for release in ["0.19", "0.21"] {
+        let report = profile(ProfileRequest {
+            vllm: release.into(),
+            ..SetupForm::default().request().expect("default request")
+        });
+        for theme in [egui::Theme::Light, egui::Theme::Dark] {
+            let h = showing(1280.0, 720.0, theme, &report, true);
+            check(&h, &format!("{release}, Present, {theme:?}"));
+        }
+    }
+}
+
+/// Zooms the time axis out over the plot at `rect` until `x` is inside it.
+fn zoom_out_to(h: &mut H, rect: Rect, inside: impl Fn(&H) -> bool) {
+    for _ in 0..40 {
+        if inside(h) {
+            return;
+        }
+        wheel(h, rect.center(), -300.0, false);
+        h.run_steps(3);
+    }
+    assert!(inside(h), "zooming out never reached it");
+}
+
+/// Issue 51, item 5: the CUDA graph phase is a labelled band in Lifetimes and in Memory lines
+/// (named at the right edge while it lies right of the view, labelled at its start when
+/// zoomed out to), and in Verify passes it no longer takes the x-axis: the verify passes fill
+/// it (the graph capture's events took 90 % and squeezed six passes into 20 px).
+#[test]
+fn the_cuda_graph_phase_is_a_labelled_band_and_never_crowds_the_verify_passes() {
+    use vramscope::app::gui::CentralTab;
+    let report = profile(ProfileRequest {
+        vllm: "0.19".into(),
+        ..SetupForm::default().request().expect("default request")
+    });
+    let capture = |r: &Report| {
+        let at = |name: &str| {
+            r.events
+                .iter()
+                .position(|e| e.kind == vramscope::memory::EventKind::Marker && e.tensor == name)
+                .expect(name)
+        };
+        (at("cudagraph capture"), at("cudagraph capture end"))
+    };
+    let (c0, c1) = capture(&report);
+    let labelled = |h: &H, plot: Rect| {
+        painted(h)
+            .into_iter()
+            .filter(|(s, r, _)| s.contains("CUDA graph capture") && plot.intersects(*r))
+            .map(|(s, r, _)| (s, r))
+            .collect::<Vec<_>>()
+    };
+    let mut h = showing(1280.0, 720.0, egui::Theme::Dark, &report, false);
+
+    // Lifetimes: named at the right edge on the first screen, then a band with its label.
+    let plot = h.state().lifetime_view().plot_rect().unwrap();
+    let names = labelled(&h, plot);
+    assert!(
+        names.iter().any(|(s, r)| s.ends_with("→ (zoom out)") && r.right() >= plot.right() - 12.0),
+        "Lifetimes' first screen names no graph capture at its edge: {names:?}"
+    );
+    zoom_out_to(&mut h, plot, |h| {
+        let v = h.state().lifetime_view();
+        v.screen_pos(c1 as f64, 0.0).unwrap().x <= v.plot_rect().unwrap().right()
+    });
+    let x = h.state().lifetime_view().screen_pos(c0 as f64, 0.0).unwrap().x;
+    let names = labelled(&h, plot);
+    assert!(
+        names
+            .iter()
+            .any(|(s, r)| s == "CUDA graph capture" && (r.left() - x).abs() <= 8.0),
+        "Lifetimes zoomed out: no label at the capture (x {x:.0}): {names:?}"
+    );
+
+    // Memory lines, over event order as over time.
+    h.state_mut().tab = CentralTab::Lines;
+    h.run_steps(4);
+    let plot = h.state().timeline_view().plot_rect().unwrap();
+    let names = labelled(&h, plot);
+    assert!(
+        names.iter().any(|(s, _)| s.ends_with("→ (zoom out)")),
+        "Memory lines names no graph capture right of its view: {names:?}"
+    );
+    let end_s = report.events[c1].time_us as f64 * 1e-6;
+    zoom_out_to(&mut h, plot, |h| {
+        let v = h.state().timeline_view();
+        v.screen_pos(end_s, 0.0).unwrap().x <= v.plot_rect().unwrap().right()
+    });
+    let x = h
+        .state()
+        .timeline_view()
+        .screen_pos(report.events[c0].time_us as f64 * 1e-6, 0.0)
+        .unwrap()
+        .x;
+    let names = labelled(&h, plot);
+    assert!(
+        names
+            .iter()
+            .any(|(s, r)| s == "CUDA graph capture" && (r.left() - x).abs() <= 8.0),
+        "Memory lines zoomed out: no label at the capture (x {x:.0}): {names:?}"
+    );
+
+    // Verify passes: the passes fill the axis; the capture is not on it.
+    h.state_mut().tab = CentralTab::Verify;
+    h.run_steps(4);
+    let verify: Vec<(usize, usize)> = h
+        .state()
+        .analysis()
+        .unwrap()
+        .lifetimes
+        .passes
+        .iter()
+        .filter(|p| p.verify)
+        .map(|p| (p.start, p.end))
+        .collect();
+    let v = h.state().verify_view();
+    let plot = v.plot_rect().unwrap();
+    assert!(verify.len() >= 5, "{verify:?}");
+    let (first, last) = (verify[0].0, verify.last().unwrap().1);
+    let width = v.screen_pos(last as f64, 0.0).unwrap().x - v.screen_pos(first as f64, 0.0).unwrap().x;
+    assert!(
+        width >= 0.9 * plot.width(),
+        "{} verify passes take {width:.0} of {:.0} px",
+        verify.len(),
+        plot.width()
+    );
+    assert!(
+        v.screen_pos(c0 as f64, 0.0).unwrap().x >= plot.right(),
+        "the graph capture is on the verify passes' axis"
+    );
+}

@@ -1075,6 +1075,15 @@ impl Report {
         };
         let diff = new.kv_bytes - old.kv_bytes;
         let mib = |b: i64| crate::base::units::fmt_i(b);
+        // Two budgets below zero: neither leaves a KV cache, and which is "larger" says
+        // nothing.
+        if old.kv_bytes <= 0 && new.kv_bytes <= 0 {
+            return format!(
+                "Neither formula leaves room for a KV cache: the old one is {} short of it, the new one {}.",
+                mib(-old.kv_bytes),
+                mib(-new.kv_bytes)
+            );
+        }
         let state = self.quant_state_after_bytes as i64;
         let ctx_like = self.outside_framework_bytes as i64;
         // What lives outside the framework: with tensor parallel, NCCL's buffers beside the

@@ -74,6 +74,9 @@ pub struct SetupForm {
     pub outside_during: String,
     pub outside_during_freed: bool,
     pub verify: bool,
+    /// Search the largest KV cache that really serves (the CLI's `--true-max`; one GPU).
+    #[serde(default)]
+    pub true_max: bool,
     /// vLLM's `--enforce-eager`: no CUDA graphs (a V1 release captures them otherwise).
     #[serde(default)]
     pub enforce_eager: bool,
@@ -165,6 +168,7 @@ impl Default for SetupForm {
             outside_during: "0".into(),
             outside_during_freed: r.outside_during_freed,
             verify: r.verify,
+            true_max: false,
             enforce_eager: r.enforce_eager,
             chunked_prefill: r.chunked_prefill,
             kv_cache_memory: String::new(),
@@ -217,7 +221,8 @@ impl SetupForm {
             pp_layer_partition: None,
             vllm: self.vllm.clone(),
             chunked_prefill: self.chunked_prefill,
-            true_max: false,
+            // One GPU's search: greyed out (and off) with more.
+            true_max: self.true_max && self.tp * self.pp == 1,
             enforce_eager: self.enforce_eager,
             util: self.util,
             block_size: self.block_size,
@@ -276,6 +281,7 @@ impl SetupForm {
         self.block_size = r.block_size;
         self.max_model_len = r.max_model_len;
         self.enforce_eager = r.enforce_eager;
+        self.true_max = r.true_max;
         self.chunked_prefill = r.chunked_prefill;
         self.kv_cache_memory = r.kv_cache_memory.map_or(String::new(), |b| b.to_string());
     }
@@ -609,7 +615,9 @@ impl SetupForm {
                 .response
                 .labelled_by(l.id);
             ui.end_row();
-            if self.tp > 1 && self.device.starts_with("sim:") {
+            // Always there for simulated GPUs (greyed out on one), so choosing tensor
+            // parallel never moves the settings below.
+            if self.device.starts_with("sim:") {
                 let l = ui.label("GPU links").on_hover_text(
                     "How the simulated GPUs reach each other (--topology): NCCL's memory and \
                      whether vLLM's custom all-reduce runs follow it. The preset's: NVLink for \
@@ -620,16 +628,21 @@ impl SetupForm {
                     None => "the preset's".to_string(),
                     Some(t) => t.describe().to_string(),
                 };
-                egui::ComboBox::from_id_salt("topology")
-                    .selected_text(label(self.topology))
-                    .show_ui(ui, |ui| {
-                        ui.selectable_value(&mut self.topology, None, label(None));
-                        for t in Topology::ALL {
-                            ui.selectable_value(&mut self.topology, Some(t), label(Some(t)));
-                        }
-                    })
-                    .response
-                    .labelled_by(l.id);
+                let several = self.tp * self.pp > 1;
+                let topology = &mut self.topology;
+                ui.add_enabled_ui(several, |ui| {
+                    egui::ComboBox::from_id_salt("topology")
+                        .selected_text(label(*topology))
+                        .show_ui(ui, |ui| {
+                            ui.selectable_value(topology, None, label(None));
+                            for t in Topology::ALL {
+                                ui.selectable_value(topology, Some(t), label(Some(t)));
+                            }
+                        })
+                        .response
+                        .labelled_by(l.id)
+                        .on_disabled_hover_text("one GPU: no links");
+                });
                 ui.end_row();
             }
             let l = ui.label("vLLM release").on_hover_text(
@@ -742,6 +755,17 @@ impl SetupForm {
                 ui.end_row();
                 ui.label("");
                 ui.checkbox(&mut self.verify, "verify each budget");
+                ui.end_row();
+                ui.label("");
+                let one_gpu = self.tp * self.pp == 1;
+                ui.add_enabled(
+                    one_gpu,
+                    egui::Checkbox::new(&mut self.true_max, "find the true maximum"),
+                )
+                .on_hover_text(
+                    "Also search the largest KV cache that really serves: the most blocks with                      which two max-batch passes after the profile stay within floor(T·u)                      without running out of memory (verify runs; one GPU).",
+                )
+                .on_disabled_hover_text("one GPU's search: with tensor parallel or pipeline stages it does not run");
                 ui.end_row();
                 ui.label("");
                 ui.checkbox(&mut self.enforce_eager, "enforce eager (no CUDA graphs)")
