@@ -585,7 +585,7 @@ impl PlotItem for BandsItem {
                 shapes,
                 Pos2::new(frame.right() - 4.0, frame.top() + 2.0 * line_h + 2.0),
                 Align2::RIGHT_TOP,
-                format!("{} → (zoom out)", graphs_right.join(", ")),
+                format!("{} right of the view (zoom out)", graphs_right.join(", ")),
                 graph_colour,
             );
             obstacles.push(r);
@@ -636,7 +636,9 @@ impl PlotItem for BandsItem {
         // place under it (then over it): never over another label (the pass and checkpoint
         // ones included), and never across another budget line, where there is room (a label
         // on a line reads as that line's: "T·u … (above)" sat on the #9352 line).
-        placed.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // The lines in view first, top down; a line above the view, which has no place to
+        // keep near, last.
+        placed.sort_by(|a, b| a.3.cmp(&b.3).then(a.0.total_cmp(&b.0)));
         let drawn: Vec<f32> = placed
             .iter()
             .filter(|p| !p.3)
@@ -645,12 +647,11 @@ impl PlotItem for BandsItem {
         let mut taken: Vec<(f32, f32)> = Vec::new();
         let mut bottoms = Vec::with_capacity(placed.len());
         for (y, label, _, above) in &placed {
-            let w = ui
+            let size = ui
                 .ctx()
                 .fonts_mut(|f| f.layout_no_wrap(label.clone(), font.clone(), text_colour))
-                .size()
-                .x
-                + if *above { 80.0 } else { 4.0 };
+                .size();
+            let w = size.x + if *above { 80.0 } else { 4.0 };
             let left = frame.right() - 8.0 - w;
             let in_column = |r: &Rect| r.right() > left;
             let own = (!*above).then_some(*y);
@@ -676,7 +677,12 @@ impl PlotItem for BandsItem {
             let h = frame.height() as i32;
             // Off its line, a label keeps within a label's height of it; a label of a line
             // above the view has no line to keep to.
-            let reach = if *above { h } else { line_h as i32 };
+            // (Within a label and a half of the line, text to line.)
+            let reach = if *above {
+                h
+            } else {
+                (1.5 * size.y - 5.0).max(0.0) as i32
+            };
             let search = |strict: bool, reach: i32| {
                 [above_line, below_line]
                     .into_iter()

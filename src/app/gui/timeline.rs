@@ -324,7 +324,7 @@ impl TimelineView {
                     Text::new(
                         "",
                         PlotPoint::new(b.max()[0], graph_y),
-                        RichText::new(format!("{} → (zoom out)", right_of_view.join(", ")))
+                        RichText::new(format!("{} right of the view (zoom out)", right_of_view.join(", ")))
                             .size(body * 0.85)
                             .color(graph_colour),
                     )
