@@ -385,12 +385,14 @@ fn out_of_memory_banner_formats_bytes_suggests_what_helps_and_dismiss_covers_not
         .any(|run| run.len() >= 5);
     assert!(!long_number, "raw byte counts in '{}'", b.text);
     assert!(!b.text.contains("int8 or nf4"), "{}", b.text);
+    // Issue 51, item 6: the headline says it does not fit, and the fit offered was run.
+    assert!(b.text.starts_with("Does not fit: llama-3-70b in int8"), "{}", b.text);
     assert!(
-        b.text.contains("nf4"),
+        b.text.contains("What fits, each checked by a dry run: nf4 weights"),
         "an int8 run is offered nf4: {}",
         b.text
     );
-    assert_banner_covers_nothing(&h, "Error: out of memory", "OOM");
+    assert_banner_covers_nothing(&h, "Error: Does not fit", "OOM");
 }
 
 /// Item 10: a PyTorch snapshot has no device truth: the lifetime view draws no truth line
