@@ -1271,9 +1271,9 @@ fn the_true_maximum_runs_from_the_app() {
     h.get_by_label("Advanced").click();
     h.run_steps(2);
     h.get_by_label("find the true maximum").scroll_to_me();
-    h.run_steps(2);
+    h.run_steps(10);
     h.get_by_label("find the true maximum").click();
-    h.run_steps(2);
+    h.run_steps(3);
     assert!(h.state().setup.true_max);
     h.get_by_label("Profile").click();
     wait_for_run(&mut h, Duration::from_secs(300));
