@@ -1059,3 +1059,44 @@ fn the_cuda_graph_phase_is_a_labelled_band_and_never_crowds_the_verify_passes() 
         "the graph capture is on the verify passes' axis"
     );
 }
+
+/// Issue 51, item 9: "why did my log say 58.11 GiB" is answered on the log tab: the
+/// release's arithmetic from the log's own numbers, the GPU total in GiB (not bytes), and at
+/// 1280x720 with Present on no column of the term table is cut.
+#[test]
+fn the_log_tab_shows_the_arithmetic_behind_vllms_kv_number_and_cuts_no_column() {
+    let log = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vllm-logs/q1-0.19-llama-3.1-8b-h100.log");
+    let mut h = app(1280.0, 720.0, egui::Theme::Light);
+    h.run_steps(2);
+    h.get_by_label("Present").click();
+    h.run_steps(2);
+    h.state_mut().open_vllm_log(&log);
+    wait_while(&mut h, Duration::from_secs(120), |a| {
+        a.file_job_pending() || a.is_running() || a.report().is_none()
+    });
+    h.get_by_label("vLLM log").click();
+    h.run_steps(4);
+    let sum = "vLLM's KV cache from the log's numbers: requested 75.23 GiB, less weights 14.99 GiB, \
+               activation peak 1.89 GiB, non-torch 0.25 GiB = 58.10 GiB; the log prints 58.11 GiB \
+               (its figures are rounded to 0.01 GiB)";
+    assert!(
+        h.query_all_by_label(sum).next().is_some(),
+        "no arithmetic; labels: {:?}",
+        h.query_all_by_label_contains("KV cache from")
+            .map(|n| n.label().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+    );
+    assert!(h
+        .query_all_by_label_contains("GPU 79.19 GiB")
+        .next()
+        .is_some());
+    for cell in ["difference", " %"] {
+        let widest = h
+            .query_all_by_label_contains(cell)
+            .map(|n| n.rect().right())
+            .fold(0.0f32, f32::max);
+        assert!(widest > 0.0, "'{cell}' is not shown");
+        assert!(widest <= 1280.0, "'{cell}' is cut at the window's edge ({widest})");
+    }
+}

@@ -155,15 +155,22 @@ fn kv_arithmetic(f: &LogFacts, request: &ProfileRequest) -> Option<String> {
         _ => unreachable!("checked above"),
     };
     let rest: f64 = budget - terms.iter().map(|(_, v)| v).sum::<f64>();
+    // Each figure is printed rounded to 0.01 GiB: their sum may miss by as many hundredths.
+    let rounding = (rest - kv.value).abs() <= 0.005 * (terms.len() + 2) as f64;
     Some(format!(
-        "vLLM's KV cache from the log's numbers: {head}, less {} = {} (the log: {})",
+        "vLLM's KV cache from the log's numbers: {head}, less {} = {}; the log prints {}{}",
         terms
             .iter()
             .map(|(n, v)| format!("{n} {}", gib_text(*v)))
             .collect::<Vec<_>>()
             .join(", "),
         gib_text(rest),
-        gib_text(kv.value)
+        gib_text(kv.value),
+        if rounding {
+            " (its figures are rounded to 0.01 GiB)"
+        } else {
+            ", the difference is memory these lines do not name"
+        }
     ))
 }
 
