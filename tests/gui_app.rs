@@ -1103,7 +1103,11 @@ fn assert_starts(f: &vramscope::app::gui::Fit) {
     }
     let r = profile_directly(req);
     let o = vramscope::profile::diagnose::outcome(&r).expect("an answer");
-    assert!(o.starts(), "'{}' is shown but would not start: {o:?}", f.change);
+    assert!(
+        o.starts(),
+        "'{}' is shown but would not start: {o:?}",
+        f.change
+    );
 }
 
 /// Issue 51, item 6: 70B fp16 on one 24 GB card runs out of memory while loading: the app
@@ -1128,7 +1132,9 @@ fn what_does_not_fit_says_so_and_every_suggestion_is_checked_by_a_run() {
     let banner = h.state().banner().expect("a banner").clone();
     assert_eq!(banner.kind, BannerKind::Error);
     assert!(
-        banner.text.starts_with("Does not fit: llama-3-70b in fp16 on one NVIDIA GeForce RTX 4090"),
+        banner
+            .text
+            .starts_with("Does not fit: llama-3-70b in fp16 on one NVIDIA GeForce RTX 4090"),
         "{}",
         banner.text
     );
@@ -1230,7 +1236,10 @@ fn compare_of_auto_against_fp8_kv_shows_the_blocks_and_tokens_it_gains() {
     let tokens = rows.iter().find(|r| r.what == "vLLM's KV tokens").unwrap();
     assert!(shows(&h, "vLLM's KV tokens"));
     assert!(
-        shows(&h, &vramscope::base::units::thousands(tokens.delta() as u64)),
+        shows(
+            &h,
+            &vramscope::base::units::thousands(tokens.delta() as u64)
+        ),
         "B − A of the tokens is not shown"
     );
 }

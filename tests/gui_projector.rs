@@ -386,9 +386,14 @@ fn out_of_memory_banner_formats_bytes_suggests_what_helps_and_dismiss_covers_not
     assert!(!long_number, "raw byte counts in '{}'", b.text);
     assert!(!b.text.contains("int8 or nf4"), "{}", b.text);
     // Issue 51, item 6: the headline says it does not fit, and the fit offered was run.
-    assert!(b.text.starts_with("Does not fit: llama-3-70b in int8"), "{}", b.text);
     assert!(
-        b.text.contains("What fits, each checked by a dry run: nf4 weights"),
+        b.text.starts_with("Does not fit: llama-3-70b in int8"),
+        "{}",
+        b.text
+    );
+    assert!(
+        b.text
+            .contains("What fits, each checked by a dry run: nf4 weights"),
         "an int8 run is offered nf4: {}",
         b.text
     );
@@ -986,14 +991,22 @@ fn the_cuda_graph_phase_is_a_labelled_band_and_never_crowds_the_verify_passes() 
     let plot = h.state().lifetime_view().plot_rect().unwrap();
     let names = labelled(&h, plot);
     assert!(
-        names.iter().any(|(s, r)| s.ends_with("right of the view (zoom out)") && r.right() >= plot.right() - 12.0),
+        names
+            .iter()
+            .any(|(s, r)| s.ends_with("right of the view (zoom out)")
+                && r.right() >= plot.right() - 12.0),
         "Lifetimes' first screen names no graph capture at its edge: {names:?}"
     );
     zoom_out_to(&mut h, plot, |h| {
         let v = h.state().lifetime_view();
         v.screen_pos(c1 as f64, 0.0).unwrap().x <= v.plot_rect().unwrap().right()
     });
-    let x = h.state().lifetime_view().screen_pos(c0 as f64, 0.0).unwrap().x;
+    let x = h
+        .state()
+        .lifetime_view()
+        .screen_pos(c0 as f64, 0.0)
+        .unwrap()
+        .x;
     let names = labelled(&h, plot);
     assert!(
         names
@@ -1008,7 +1021,9 @@ fn the_cuda_graph_phase_is_a_labelled_band_and_never_crowds_the_verify_passes() 
     let plot = h.state().timeline_view().plot_rect().unwrap();
     let names = labelled(&h, plot);
     assert!(
-        names.iter().any(|(s, _)| s.ends_with("right of the view (zoom out)")),
+        names
+            .iter()
+            .any(|(s, _)| s.ends_with("right of the view (zoom out)")),
         "Memory lines names no graph capture right of its view: {names:?}"
     );
     let end_s = report.events[c1].time_us as f64 * 1e-6;
@@ -1047,7 +1062,8 @@ fn the_cuda_graph_phase_is_a_labelled_band_and_never_crowds_the_verify_passes() 
     let plot = v.plot_rect().unwrap();
     assert!(verify.len() >= 5, "{verify:?}");
     let (first, last) = (verify[0].0, verify.last().unwrap().1);
-    let width = v.screen_pos(last as f64, 0.0).unwrap().x - v.screen_pos(first as f64, 0.0).unwrap().x;
+    let width =
+        v.screen_pos(last as f64, 0.0).unwrap().x - v.screen_pos(first as f64, 0.0).unwrap().x;
     assert!(
         width >= 0.9 * plot.width(),
         "{} verify passes take {width:.0} of {:.0} px",
@@ -1077,7 +1093,8 @@ fn the_log_tab_shows_the_arithmetic_behind_vllms_kv_number_and_cuts_no_column() 
     });
     // The log's tab opens by itself.
     h.run_steps(4);
-    let sum = "vLLM's KV cache from the log's numbers: requested 75.23 GiB, less weights 14.99 GiB, \
+    let sum =
+        "vLLM's KV cache from the log's numbers: requested 75.23 GiB, less weights 14.99 GiB, \
                activation peak 1.89 GiB, non-torch 0.25 GiB = 58.10 GiB; the log prints 58.11 GiB \
                (its figures are rounded to 0.01 GiB)";
     assert!(
@@ -1099,6 +1116,9 @@ fn the_log_tab_shows_the_arithmetic_behind_vllms_kv_number_and_cuts_no_column() 
             .map(|n| n.rect().right())
             .fold(0.0f32, f32::max);
         assert!(widest > 0.0, "'{cell}' is not shown");
-        assert!(widest <= 1280.0, "'{cell}' is cut at the window's edge ({widest})");
+        assert!(
+            widest <= 1280.0,
+            "'{cell}' is cut at the window's edge ({widest})"
+        );
     }
 }

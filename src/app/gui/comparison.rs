@@ -329,7 +329,9 @@ fn does_not_fit(
 /// "What fits, each checked by a dry run:", a *Use* button per fit.
 fn fits_list(ui: &mut egui::Ui, fits: &[Fit], chosen: &mut Option<ProfileRequest>) {
     if fits.is_empty() {
-        ui.label("Nothing tried fits (smaller weights, up to 8 GPUs of tensor parallel, each run dry).");
+        ui.label(
+            "Nothing tried fits (smaller weights, up to 8 GPUs of tensor parallel, each run dry).",
+        );
         return;
     }
     ui.label("What fits, each checked by a dry run:");

@@ -53,13 +53,19 @@ fn first_that_start(
     cancel: &Arc<AtomicBool>,
 ) -> Vec<Fit> {
     let mut out: Vec<Fit> = Vec::new();
-    let kind = |change: &str| change.split_whitespace().next().unwrap_or_default().to_string();
+    let kind = |change: &str| {
+        change
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
     for group in candidates {
         // A kind of change already found (more GPUs) is not tried again.
-        if group
-            .first()
-            .is_some_and(|c| out.iter().any(|f| kind(&f.change) == kind(&change_words(req, c))))
-        {
+        if group.first().is_some_and(|c| {
+            out.iter()
+                .any(|f| kind(&f.change) == kind(&change_words(req, c)))
+        }) {
             continue;
         }
         for r in group {
@@ -159,10 +165,7 @@ fn more_gpus(req: &ProfileRequest, factors: &[u32]) -> Vec<ProfileRequest> {
         .iter()
         .map(|k| req.tp * k)
         .filter(|tp| tp * req.pp <= crate::profile::request::MAX_TP)
-        .map(|tp| ProfileRequest {
-            tp,
-            ..req.clone()
-        })
+        .map(|tp| ProfileRequest { tp, ..req.clone() })
         .collect()
 }
 
@@ -224,7 +227,10 @@ mod tests {
             tp: 4,
             ..from.clone()
         };
-        assert_eq!(change_words(&from, &to), "nf4 weights with tensor parallel 4");
+        assert_eq!(
+            change_words(&from, &to),
+            "nf4 weights with tensor parallel 4"
+        );
         let util = ProfileRequest {
             util: 0.95,
             ..from.clone()

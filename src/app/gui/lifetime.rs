@@ -525,7 +525,10 @@ impl PlotItem for BandsItem {
         let mut obstacles: Vec<Rect> = Vec::new();
         let mut last_line_x = f32::NEG_INFINITY;
         let mark = legible(palette::PEAK, self.dark);
-        let graph_colour = legible(palette::category(crate::memory::Category::CudaGraph), self.dark);
+        let graph_colour = legible(
+            palette::category(crate::memory::Category::CudaGraph),
+            self.dark,
+        );
         // The CUDA graph phases right of the view, named at its right edge.
         let mut graphs_right: Vec<&str> = Vec::new();
         for p in &a.passes {
@@ -639,11 +642,7 @@ impl PlotItem for BandsItem {
         // The lines in view first, top down; a line above the view, which has no place to
         // keep near, last.
         placed.sort_by(|a, b| a.3.cmp(&b.3).then(a.0.total_cmp(&b.0)));
-        let drawn: Vec<f32> = placed
-            .iter()
-            .filter(|p| !p.3)
-            .map(|p| p.0)
-            .collect();
+        let drawn: Vec<f32> = placed.iter().filter(|p| !p.3).map(|p| p.0).collect();
         let mut taken: Vec<(f32, f32)> = Vec::new();
         let mut bottoms = Vec::with_capacity(placed.len());
         for (y, label, _, above) in &placed {

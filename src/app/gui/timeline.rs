@@ -313,7 +313,9 @@ impl TimelineView {
                         Text::new(
                             "",
                             PlotPoint::new(sx.max(b.min()[0]), graph_y),
-                            RichText::new(&g.label).size(body * 0.85).color(graph_colour),
+                            RichText::new(&g.label)
+                                .size(body * 0.85)
+                                .color(graph_colour),
                         )
                         .anchor(Align2::LEFT_TOP),
                     );
@@ -324,9 +326,12 @@ impl TimelineView {
                     Text::new(
                         "",
                         PlotPoint::new(b.max()[0], graph_y),
-                        RichText::new(format!("{} right of the view (zoom out)", right_of_view.join(", ")))
-                            .size(body * 0.85)
-                            .color(graph_colour),
+                        RichText::new(format!(
+                            "{} right of the view (zoom out)",
+                            right_of_view.join(", ")
+                        ))
+                        .size(body * 0.85)
+                        .color(graph_colour),
                     )
                     .anchor(Align2::RIGHT_TOP),
                 );
