@@ -1299,3 +1299,39 @@ fn the_true_maximum_runs_from_the_app() {
     h.run_steps(2);
     assert!(!h.state().setup.request().unwrap().true_max);
 }
+
+/// Issue 51, item 9: the key and the sentence agree. Llama-3-70B fp16 over two GPUs keeps a
+/// 32 MiB workspace across passes; the key said "workspace kept across passes … counted twice
+/// by #9352" beside "No framework tensor survives the pass". The sentence now names what the
+/// key names, with the same bytes.
+#[test]
+fn the_kept_tensors_key_and_the_old_vs_new_sentence_agree() {
+    use vramscope::app::gui::SetupForm;
+    use vramscope::report::lifetimes::Analysis;
+    let r = profile_directly(ProfileRequest {
+        tp: 2,
+        quant: vramscope::quant::Quant::F16,
+        model: vramscope::model::ModelSource::parse("preset:llama-3-70b").unwrap(),
+        ..SetupForm::default().request().expect("default request")
+    });
+    let a = Analysis::of(&r);
+    let key = a.headline.clone().expect("a kept-tensors key");
+    assert!(key.starts_with("workspace kept across passes: "), "{key}");
+    assert!(key.ends_with("counted twice by #9352"), "{key}");
+    let kept: u64 = a.kept.iter().map(|g| g.bytes_at_t3).sum();
+    let why = r.old_vs_new_explanation();
+    assert!(!why.contains("No framework tensor survives"), "{why}");
+    assert!(
+        why.starts_with(&format!(
+            "The pass leaves {} of framework tensors (workspace the largest) alive: the old formula counts them twice",
+            fmt_i(kept as i64)
+        )),
+        "{why}"
+    );
+    let mut h = harness();
+    h.run_steps(2);
+    h.state_mut().show_report(r);
+    h.run_steps(4);
+    assert!(shows(&h, &key));
+    assert!(shows(&h, &why));
+}
