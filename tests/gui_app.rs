@@ -1335,3 +1335,35 @@ fn the_kept_tensors_key_and_the_old_vs_new_sentence_agree() {
     assert!(shows(&h, &key));
     assert!(shows(&h, &why));
 }
+
+/// Issue 51, item 9: the app's messages name the app's fields, not the CLI's flags (`--pp`,
+/// `--vllm`, `--util` in a banner name nothing the window shows).
+#[test]
+fn a_refused_setting_is_named_by_its_field_in_the_banner() {
+    let mut h = harness();
+    h.run_steps(2);
+    wait_for_run(&mut h, Duration::from_secs(120));
+    h.state_mut().setup.vllm = "0.7".into();
+    h.state_mut().setup.pp = 2;
+    h.run_steps(2);
+    h.get_by_label("Profile").click();
+    h.run_steps(2);
+    wait_for_run(&mut h, Duration::from_secs(120));
+    let banner = h.state().banner().expect("a refusal").clone();
+    assert_eq!(banner.kind, BannerKind::Error);
+    assert!(
+        banner
+            .text
+            .contains("pipeline stages 2 with vLLM release 0.7"),
+        "{}",
+        banner.text
+    );
+    assert!(!banner.text.contains("--"), "{}", banner.text);
+    h.run_steps(2);
+    assert!(
+        h.query_all_by_label_contains("pipeline stages 2 with vLLM release 0.7")
+            .next()
+            .is_some(),
+        "the banner is not drawn"
+    );
+}

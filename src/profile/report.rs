@@ -1077,7 +1077,10 @@ impl Report {
         for e in self.profile_events() {
             let key = (e.tensor.as_str(), e.bytes, e.category);
             match e.kind {
-                EventKind::Alloc => open.entry(key).or_default().push_back(passes.contains(&e.pass)),
+                EventKind::Alloc => open
+                    .entry(key)
+                    .or_default()
+                    .push_back(passes.contains(&e.pass)),
                 EventKind::Free => {
                     open.get_mut(&key).and_then(|q| q.pop_front());
                 }

@@ -360,7 +360,7 @@ impl VramscopeApp {
                     self.vllm_log = Some(*log);
                     self.run_requested = true;
                 }
-                FileDone::VllmLog(Err(e)) => self.error(e.to_string()),
+                FileDone::VllmLog(Err(e)) => self.error(super::in_app_words(&e.to_string())),
             }
         }
     }
@@ -601,7 +601,7 @@ impl VramscopeApp {
         let req = match self.setup.request() {
             Ok(r) => r,
             Err(e) => {
-                self.error(e.to_string());
+                self.error(super::in_app_words(&e.to_string()));
                 return;
             }
         };
@@ -691,7 +691,9 @@ impl VramscopeApp {
                             self.info(RunFailure::Cancelled.message());
                         }
                         Err(f) => {
-                            let msg = f.message();
+                            // The profiler's message names the CLI's flags; the window's
+                            // fields are what the user can change.
+                            let msg = super::in_app_words(&f.message());
                             let req = self.running.take();
                             match req.filter(|r| {
                                 r.device.is_sim() && super::fits::is_out_of_memory(&msg)

@@ -13,6 +13,7 @@ mod setup;
 mod style;
 mod timeline;
 mod vllm_log;
+mod words;
 mod worker;
 
 use std::path::PathBuf;
@@ -25,6 +26,7 @@ pub use fits::Fit;
 pub use lifetime::{LifetimeView, Part};
 pub use setup::{ModelKind, SetupForm};
 pub use timeline::{TimelineInput, TimelineView};
+pub use words::in_app_words;
 
 use crate::base::error::{Error, Result};
 
