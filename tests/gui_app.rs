@@ -1367,3 +1367,32 @@ fn a_refused_setting_is_named_by_its_field_in_the_banner() {
         "the banner is not drawn"
     );
 }
+
+/// Issue 51, item 9: no two GPUs of the device list share a name (a preset kept from before,
+/// simulating the `nvidia-smi` total, had its newer preset's name: "NVIDIA L4 (simulated)"
+/// twice with two totals); the setup's device box shows which total the default simulates.
+#[test]
+fn every_gpu_in_the_device_list_has_its_own_name() {
+    use vramscope::app::gui::device_name;
+    let (devices, _) = vramscope::device::list_devices();
+    let mut names: Vec<String> = devices.iter().map(device_name).collect();
+    let n = names.len();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), n, "{names:?}");
+    assert!(names.contains(&"NVIDIA L4 (simulated, nvidia-smi total)".to_string()));
+    assert!(names.contains(&"NVIDIA L4 (simulated)".to_string()));
+    let mut h = harness();
+    h.run_steps(2);
+    let combo = h.get_by_role_and_label(Role::ComboBox, "Device");
+    assert_eq!(
+        combo.value().as_deref(),
+        Some("NVIDIA H100 80GB HBM3 (simulated, nvidia-smi total)")
+    );
+    combo.click();
+    h.run_steps(3);
+    assert!(h
+        .query_all_by_label_contains("NVIDIA H100 80GB HBM3 (simulated, vLLM's total)")
+        .next()
+        .is_some());
+}

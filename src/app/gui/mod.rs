@@ -24,7 +24,7 @@ pub use compare::{delta_rows, DeltaRow};
 pub use comparison::verify_cell;
 pub use fits::Fit;
 pub use lifetime::{LifetimeView, Part};
-pub use setup::{ModelKind, SetupForm};
+pub use setup::{device_name, ModelKind, SetupForm};
 pub use timeline::{TimelineInput, TimelineView};
 pub use words::in_app_words;
 

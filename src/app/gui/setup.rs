@@ -480,7 +480,7 @@ impl SetupForm {
         let current = devices
             .iter()
             .find(|d| d.spec == self.device)
-            .map(|d| d.name.clone())
+            .map(device_name)
             .unwrap_or_else(|| self.device.clone());
         egui::ComboBox::from_id_salt("device")
             .selected_text(current)
@@ -491,7 +491,7 @@ impl SetupForm {
             .show_ui(ui, |ui| {
                 compact_list(ui);
                 for d in devices {
-                    let text = format!("{}  ({})", d.name, fmt_u(d.total_bytes));
+                    let text = format!("{}  ({})", device_name(d), fmt_u(d.total_bytes));
                     ui.selectable_value(&mut self.device, d.spec.clone(), text);
                 }
             })
@@ -860,6 +860,20 @@ fn first_line(s: &str) -> String {
         "{}… (hover for more)",
         l[..cut].trim_end_matches([',', ':', ';'])
     )
+}
+
+/// A device's name in the setup, one per entry: a preset kept from before (it simulates the
+/// `nvidia-smi` total) carries the card's name as its newer preset does (which simulates the
+/// total vLLM divides), so it says which total it is ("NVIDIA L4 (simulated)" twice, 22.49 and
+/// 22.06 GiB, was two entries of one name).
+pub fn device_name(d: &crate::device::DeviceListing) -> String {
+    match d.preset {
+        Some(p) if p.superseded_by.is_some() => match d.name.strip_suffix(')') {
+            Some(head) => format!("{head}, nvidia-smi total)"),
+            None => format!("{} (nvidia-smi total)", d.name),
+        },
+        _ => d.name.clone(),
+    }
 }
 
 #[cfg(test)]
