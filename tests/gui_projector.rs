@@ -1122,3 +1122,50 @@ fn the_log_tab_shows_the_arithmetic_behind_vllms_kv_number_and_cuts_no_column() 
         );
     }
 }
+
+/// Issue 51, item 9: at 1280x720 the Verify passes view names every verify pass (the labels of
+/// #9516 and #12126 were left out where they would have met their neighbour's); with Present
+/// on as well.
+#[test]
+fn every_verify_pass_is_labelled_at_1280() {
+    use vramscope::app::gui::CentralTab;
+    for (vllm, present) in [("380e1863", false), ("380e1863", true), ("0.19", true)] {
+        let report = profile(ProfileRequest {
+            vllm: vllm.into(),
+            ..SetupForm::default().request().expect("default request")
+        });
+        let mut h = showing(1280.0, 720.0, egui::Theme::Light, &report, present);
+        h.state_mut().tab = CentralTab::Verify;
+        h.run_steps(4);
+        let plot = h.state().verify_view().plot_rect().unwrap();
+        let want: Vec<String> = h
+            .state()
+            .analysis()
+            .unwrap()
+            .lifetimes
+            .passes
+            .iter()
+            .filter(|p| p.verify)
+            .map(|p| p.label.clone())
+            .collect();
+        assert!(want.len() >= 2, "{want:?}");
+        let shown: Vec<(String, Rect)> = painted(&h)
+            .into_iter()
+            .filter(|(s, r, clip)| {
+                s.starts_with("verify ") && plot.contains_rect(*r) && clip.contains_rect(*r)
+            })
+            .map(|(s, r, _)| (s, r))
+            .collect();
+        for label in &want {
+            assert!(
+                shown.iter().any(|(s, _)| s == label),
+                "{vllm} present {present}: '{label}' is not drawn: {shown:?}"
+            );
+        }
+        for (i, (a, ra)) in shown.iter().enumerate() {
+            for (b, rb) in &shown[i + 1..] {
+                assert!(!ra.intersects(*rb), "'{a}' and '{b}' overlap");
+            }
+        }
+    }
+}

@@ -520,7 +520,9 @@ impl PlotItem for BandsItem {
 
         // Passes: a boundary line at each start, the label where it fits.
         let a = &self.analysis.lifetimes;
-        let mut last_label_right = f32::NEG_INFINITY;
+        // Pass labels go in two rows: one that would meet its neighbour's goes a row down (at
+        // 1280 px the verify labels of #9516 and #12126 were left out).
+        let mut last_label_right = [f32::NEG_INFINITY; 2];
         // The pass and checkpoint labels, which the budget line labels must not cover.
         let mut obstacles: Vec<Rect> = Vec::new();
         let mut last_line_x = f32::NEG_INFINITY;
@@ -571,15 +573,19 @@ impl PlotItem for BandsItem {
                 ));
             }
             let lx = x.max(frame.left()) + 3.0;
-            if lx > last_label_right + 4.0 && x_end - lx > 40.0 {
+            let row = last_label_right.iter().position(|right| lx > right + 4.0);
+            if let (Some(row), true) = (row, x_end - lx > 40.0) {
                 let r = boxed(
                     shapes,
-                    Pos2::new(lx, frame.top() + 2.0 * line_h + 2.0),
+                    Pos2::new(
+                        lx,
+                        frame.top() + 2.0 * line_h + 2.0 + row as f32 * (line_h + 2.0),
+                    ),
                     Align2::LEFT_TOP,
                     p.label.clone(),
                     if p.graph { graph_colour } else { text_colour },
                 );
-                last_label_right = r.right();
+                last_label_right[row] = r.right();
                 obstacles.push(r);
             }
         }
