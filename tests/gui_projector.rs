@@ -1169,3 +1169,38 @@ fn every_verify_pass_is_labelled_at_1280() {
         }
     }
 }
+
+/// Issue 51, item 9: the export buttons are whole at 1280x720, Present on or off ("Save as
+/// P…" was cut at the setup panel's edge).
+#[test]
+fn export_buttons_are_not_cut_at_1280() {
+    for present in [false, true] {
+        let mut h = showing(
+            1280.0,
+            720.0,
+            egui::Theme::Dark,
+            &three_pass_report(),
+            present,
+        );
+        if present {
+            // Present hides the setup: back to it, Present's sizes kept.
+            h.get_by_label("Setup").click();
+            h.run_steps(4);
+        }
+        for label in [
+            "Save PNG report",
+            "Save CSV",
+            "Save session",
+            "Save as PyTorch snapshot",
+            "Open session…",
+        ] {
+            h.get_by_label(label).scroll_to_me();
+            h.run_steps(6);
+            let button = h.get_by_label(label).rect();
+            let whole = painted(&h).iter().any(|(s, r, clip)| {
+                s == label && clip.contains_rect(*r) && button.contains_rect(*r)
+            });
+            assert!(whole, "present {present}: '{label}' is cut or not drawn");
+        }
+    }
+}
