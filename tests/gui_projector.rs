@@ -1204,3 +1204,53 @@ fn export_buttons_are_not_cut_at_1280() {
         }
     }
 }
+
+/// Issue 51, item 9: the CUDA graphs' swatch is a square filled with the graphs' colour (it
+/// rendered as an empty box, a glyph the font lacks), left of its words.
+#[test]
+fn the_graph_swatch_is_a_filled_square_of_the_graphs_colour() {
+    fn filled(shape: &egui::Shape, out: &mut Vec<(Rect, egui::Color32)>) {
+        match shape {
+            egui::Shape::Vec(v) => v.iter().for_each(|s| filled(s, out)),
+            egui::Shape::Rect(r) => out.push((r.rect, r.fill)),
+            _ => {}
+        }
+    }
+    let report = profile(ProfileRequest {
+        vllm: "0.19".into(),
+        ..SetupForm::default().request().expect("default request")
+    });
+    let mut h = showing(1280.0, 720.0, egui::Theme::Light, &report, false);
+    h.get_by_label("CUDA graphs in detail").scroll_to_me();
+    h.run_steps(4);
+    h.get_by_label("CUDA graphs in detail").click();
+    h.run_steps(6);
+    let words = "the graph pool's bands in the views";
+    h.get_by_label(words).scroll_to_me();
+    h.run_steps(6);
+    let text = painted(&h)
+        .into_iter()
+        .find(|(s, _, _)| s == words)
+        .map(|(_, r, _)| r)
+        .expect("the swatch's words are drawn");
+    // No glyph stands in for the square.
+    assert!(!painted(&h)
+        .iter()
+        .any(|(s, _, _)| s.contains('□') || s.contains('■')));
+    let want = vramscope::report::palette::category(vramscope::memory::Category::CudaGraph);
+    let mut rects = Vec::new();
+    for c in &h.output().shapes {
+        filled(&c.shape, &mut rects);
+    }
+    let square = rects.iter().find(|(r, fill)| {
+        (fill.r(), fill.g(), fill.b()) == (want.0, want.1, want.2)
+            && r.right() <= text.left()
+            && text.left() - r.right() <= 8.0
+            && (r.center().y - text.center().y).abs() <= 3.0
+    });
+    let (r, _) = square.expect("a square of the graphs' colour beside the words");
+    assert!(
+        r.width() >= 6.0 && (r.width() - r.height()).abs() < 0.5,
+        "{r:?}"
+    );
+}
