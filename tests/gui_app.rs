@@ -1396,3 +1396,22 @@ fn every_gpu_in_the_device_list_has_its_own_name() {
         .next()
         .is_some());
 }
+
+/// The key names a V1 sampler's cached buffer once bracketed ("sampler (triton_buffer
+/// (cached)) kept across passes" under 0.19).
+#[test]
+fn the_kept_key_of_a_v1_run_brackets_once() {
+    use vramscope::app::gui::SetupForm;
+    use vramscope::report::lifetimes::Analysis;
+    let r = profile_directly(ProfileRequest {
+        vllm: "0.19".into(),
+        quant: vramscope::quant::Quant::F16,
+        ..SetupForm::default().request().expect("default request")
+    });
+    let key = Analysis::of(&r).headline.expect("a kept-tensors key");
+    assert!(
+        key.starts_with("sampler triton_buffer (cached) kept across passes: "),
+        "{key}"
+    );
+    assert!(!key.contains("))"), "{key}");
+}

@@ -794,6 +794,9 @@ fn kept_name(c: Category, tensor: &str) -> String {
         Category::QuantState if suffix == "CxB" || suffix == "subB" => {
             format!("int8 state ({suffix})")
         }
+        // "sampler triton_buffer (cached)": a suffix with its own brackets is not bracketed
+        // again.
+        _ if suffix != tensor && suffix.contains('(') => format!("{} {suffix}", c.label()),
         _ if suffix != tensor => format!("{} ({suffix})", c.label()),
         _ => c.label().to_string(),
     }
