@@ -1094,3 +1094,324 @@ fn the_release_popup_shows_every_release_and_its_note_covers_no_entry() {
         assert!(!note.intersects(*rect), "the note of {name} covers {other}");
     }
 }
+
+/// A fit the app shows, run dry outside the app: vLLM would start it.
+fn assert_starts(f: &vramscope::app::gui::Fit) {
+    let mut req = f.request.clone();
+    if let vramscope::device::DeviceSpec::Sim { dry, .. } = &mut req.device {
+        *dry = true;
+    }
+    let r = profile_directly(req);
+    let o = vramscope::profile::diagnose::outcome(&r).expect("an answer");
+    assert!(
+        o.starts(),
+        "'{}' is shown but would not start: {o:?}",
+        f.change
+    );
+}
+
+/// Issue 51, item 6: 70B fp16 on one 24 GB card runs out of memory while loading: the app
+/// says it does not fit, as a headline, and what fits, each checked by a dry run (the hint
+/// "try int8 or nf4" fitted neither). For 70B int8 on an H200 (no KV block left) no
+/// suggestion is a guess (`--util 0.99` left one block) and no sentence compares two negative
+/// budgets.
+#[test]
+fn what_does_not_fit_says_so_and_every_suggestion_is_checked_by_a_run() {
+    use vramscope::app::gui::SetupForm;
+    let mut h = harness();
+    h.run_steps(2);
+    h.state_mut().setup = SetupForm {
+        preset: "llama-3-70b".into(),
+        quant: vramscope::quant::Quant::F16,
+        device: "sim:rtx4090".into(),
+        ..SetupForm::default()
+    };
+    h.run_steps(2);
+    h.get_by_label("Profile").click();
+    wait_for_run(&mut h, Duration::from_secs(600));
+    let banner = h.state().banner().expect("a banner").clone();
+    assert_eq!(banner.kind, BannerKind::Error);
+    assert!(
+        banner
+            .text
+            .starts_with("Does not fit: llama-3-70b in fp16 on one NVIDIA GeForce RTX 4090"),
+        "{}",
+        banner.text
+    );
+    assert!(!banner.text.contains("try int8"), "{}", banner.text);
+    let fits = h.state().fits().expect("fits were tried").to_vec();
+    assert!(!fits.is_empty(), "{}", banner.text);
+    assert!(
+        fits.iter().any(|f| f.change.contains("tensor parallel")),
+        "{fits:?}"
+    );
+    for f in &fits {
+        assert!(banner.text.contains(&f.change), "{}", banner.text);
+        assert_starts(f);
+    }
+    assert!(h
+        .query_all_by_label_contains("Does not fit: llama-3-70b")
+        .any(|n| n.rect().left() > 1000.0));
+    // *Use* takes the first fit into the setup and profiles it: it starts.
+    h.get_all_by_label("Use").next().unwrap().click();
+    h.run_steps(2);
+    wait_for_run(&mut h, Duration::from_secs(600));
+    let r = h.state().report().expect("the fit's run").clone();
+    assert_eq!(r.settings.tp, fits[0].request.tp);
+    assert_eq!(r.quant, fits[0].request.quant);
+    assert!(vramscope::profile::diagnose::outcome(&r).unwrap().starts());
+
+    // 70B int8 on an H200: no KV block left under the default release.
+    h.state_mut().setup = SetupForm {
+        preset: "llama-3-70b".into(),
+        quant: vramscope::quant::Quant::Int8,
+        device: "sim:h200".into(),
+        ..SetupForm::default()
+    };
+    h.run_steps(2);
+    h.get_by_label("Profile").click();
+    wait_for_run(&mut h, Duration::from_secs(600));
+    let r = h.state().report().expect("the H200 run").clone();
+    assert!(r.does_not_fit().is_some(), "the case of the issue");
+    assert!(h
+        .query_all_by_label_contains("Does not fit. vLLM 380e1863 would not start")
+        .next()
+        .is_some());
+    assert!(h.query_all_by_label_contains("--util").next().is_none());
+    assert!(h
+        .query_all_by_label_contains("so its budget is")
+        .next()
+        .is_none());
+    assert!(h
+        .query_all_by_label_contains("Neither formula leaves room for a KV cache")
+        .next()
+        .is_some());
+    let fits = h.state().fits().expect("fits were tried").to_vec();
+    assert!(!fits.is_empty());
+    for f in &fits {
+        assert!(shows(&h, &f.change), "{} is not shown", f.change);
+        assert_starts(f);
+    }
+}
+
+/// Issue 51, item 9: Compare of an auto KV cache against fp8 showed B − A = 0 on every row
+/// (the budgets are bytes, which the dtype does not change); the release's blocks and tokens
+/// are rows of their own, and they about double.
+#[test]
+fn compare_of_auto_against_fp8_kv_shows_the_blocks_and_tokens_it_gains() {
+    use vramscope::app::gui::{delta_rows, SetupForm};
+    use vramscope::profile::request::KvCacheDtype;
+    use vramscope::report::lifetimes::Analysis;
+    let base = SetupForm {
+        vllm: "0.19".into(),
+        ..SetupForm::default()
+    }
+    .request()
+    .unwrap();
+    let a = profile_directly(base.clone());
+    let b = profile_directly(ProfileRequest {
+        kv_cache_dtype: KvCacheDtype::Fp8,
+        ..base
+    });
+    let rows = delta_rows((&a, &Analysis::of(&a)), (&b, &Analysis::of(&b)));
+    for what in ["vLLM's KV blocks", "vLLM's KV tokens"] {
+        let row = rows.iter().find(|r| r.what == what).expect(what);
+        assert!(row.count);
+        assert!(
+            row.b as f64 >= 1.8 * row.a as f64,
+            "{what}: {} → {}",
+            row.a,
+            row.b
+        );
+    }
+    let mut h = harness();
+    h.run_steps(2);
+    h.state_mut().show_report(a);
+    h.run_steps(2);
+    h.state_mut().pin_current();
+    h.state_mut().show_report(b);
+    h.run_steps(2);
+    h.get_by_label("Compare").click();
+    h.run_steps(4);
+    let tokens = rows.iter().find(|r| r.what == "vLLM's KV tokens").unwrap();
+    assert!(shows(&h, "vLLM's KV tokens"));
+    assert!(
+        shows(
+            &h,
+            &vramscope::base::units::thousands(tokens.delta() as u64)
+        ),
+        "B − A of the tokens is not shown"
+    );
+}
+
+/// Issue 51, item 9: choosing tensor parallel moves no setting below it (the GPU links row
+/// appeared with a second GPU and pushed every row under it down by 56 px).
+#[test]
+fn choosing_tensor_parallel_moves_no_setting_below() {
+    let mut h = harness();
+    h.run_steps(2);
+    let top = |h: &Harness<'static, VramscopeApp>, label: &str| {
+        h.query_all_by_label(label)
+            .map(|n| n.rect().top())
+            .fold(f32::INFINITY, f32::min)
+    };
+    let before: Vec<f32> = ["vLLM release", "block_size", "kv_cache_dtype"]
+        .iter()
+        .map(|l| top(&h, l))
+        .collect();
+    assert!(before.iter().all(|y| y.is_finite()), "{before:?}");
+    for tp in [2u32, 4, 1] {
+        h.state_mut().setup.tp = tp;
+        h.run_steps(3);
+        let after: Vec<f32> = ["vLLM release", "block_size", "kv_cache_dtype"]
+            .iter()
+            .map(|l| top(&h, l))
+            .collect();
+        assert_eq!(before, after, "tensor parallel {tp} moved the settings");
+    }
+}
+
+/// Issue 51, item 8: the true maximum runs from the app (the CLI's `--true-max`): *find the
+/// true maximum* under *Advanced*, and the Budget tab says how many blocks really serve.
+#[test]
+fn the_true_maximum_runs_from_the_app() {
+    let mut h = harness();
+    h.run_steps(2);
+    h.get_by_label("Advanced").click();
+    h.run_steps(2);
+    h.get_by_label("find the true maximum").scroll_to_me();
+    h.run_steps(10);
+    h.get_by_label("find the true maximum").click();
+    h.run_steps(3);
+    assert!(h.state().setup.true_max);
+    h.get_by_label("Profile").click();
+    wait_for_run(&mut h, Duration::from_secs(300));
+    assert!(h.state().banner().is_none(), "{:?}", h.state().banner());
+    let r = h.state().report().unwrap().clone();
+    let m = r.true_max.as_ref().expect("the search ran");
+    assert!(m.blocks > 0);
+    assert!(h
+        .query_all_by_label_contains(&format!("true maximum: {} KV blocks", m.blocks))
+        .next()
+        .is_some());
+    // With two GPUs the search does not run, and the box is greyed out rather than refused.
+    h.state_mut().setup.tp = 2;
+    h.run_steps(2);
+    assert!(!h.state().setup.request().unwrap().true_max);
+}
+
+/// Issue 51, item 9: the key and the sentence agree. Llama-3-70B fp16 over two GPUs keeps a
+/// 32 MiB workspace across passes; the key said "workspace kept across passes … counted twice
+/// by #9352" beside "No framework tensor survives the pass". The sentence now names what the
+/// key names, with the same bytes.
+#[test]
+fn the_kept_tensors_key_and_the_old_vs_new_sentence_agree() {
+    use vramscope::app::gui::SetupForm;
+    use vramscope::report::lifetimes::Analysis;
+    let r = profile_directly(ProfileRequest {
+        tp: 2,
+        quant: vramscope::quant::Quant::F16,
+        model: vramscope::model::ModelSource::parse("preset:llama-3-70b").unwrap(),
+        ..SetupForm::default().request().expect("default request")
+    });
+    let a = Analysis::of(&r);
+    let key = a.headline.clone().expect("a kept-tensors key");
+    assert!(key.starts_with("workspace kept across passes: "), "{key}");
+    assert!(key.ends_with("counted twice by #9352"), "{key}");
+    let kept: u64 = a.kept.iter().map(|g| g.bytes_at_t3).sum();
+    let why = r.old_vs_new_explanation();
+    assert!(!why.contains("No framework tensor survives"), "{why}");
+    assert!(
+        why.starts_with(&format!(
+            "The pass leaves {} of framework tensors (workspace the largest) alive: the old formula counts them twice",
+            fmt_i(kept as i64)
+        )),
+        "{why}"
+    );
+    let mut h = harness();
+    h.run_steps(2);
+    h.state_mut().show_report(r);
+    h.run_steps(4);
+    assert!(shows(&h, &key));
+    assert!(shows(&h, &why));
+}
+
+/// Issue 51, item 9: the app's messages name the app's fields, not the CLI's flags (`--pp`,
+/// `--vllm`, `--util` in a banner name nothing the window shows).
+#[test]
+fn a_refused_setting_is_named_by_its_field_in_the_banner() {
+    let mut h = harness();
+    h.run_steps(2);
+    wait_for_run(&mut h, Duration::from_secs(120));
+    h.state_mut().setup.vllm = "0.7".into();
+    h.state_mut().setup.pp = 2;
+    h.run_steps(2);
+    h.get_by_label("Profile").click();
+    h.run_steps(2);
+    wait_for_run(&mut h, Duration::from_secs(120));
+    let banner = h.state().banner().expect("a refusal").clone();
+    assert_eq!(banner.kind, BannerKind::Error);
+    assert!(
+        banner
+            .text
+            .contains("pipeline stages 2 with vLLM release 0.7"),
+        "{}",
+        banner.text
+    );
+    assert!(!banner.text.contains("--"), "{}", banner.text);
+    h.run_steps(2);
+    assert!(
+        h.query_all_by_label_contains("pipeline stages 2 with vLLM release 0.7")
+            .next()
+            .is_some(),
+        "the banner is not drawn"
+    );
+}
+
+/// Issue 51, item 9: no two GPUs of the device list share a name (a preset kept from before,
+/// simulating the `nvidia-smi` total, had its newer preset's name: "NVIDIA L4 (simulated)"
+/// twice with two totals); the setup's device box shows which total the default simulates.
+#[test]
+fn every_gpu_in_the_device_list_has_its_own_name() {
+    use vramscope::app::gui::device_name;
+    let (devices, _) = vramscope::device::list_devices();
+    let mut names: Vec<String> = devices.iter().map(device_name).collect();
+    let n = names.len();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), n, "{names:?}");
+    assert!(names.contains(&"NVIDIA L4 (simulated, nvidia-smi total)".to_string()));
+    assert!(names.contains(&"NVIDIA L4 (simulated)".to_string()));
+    let mut h = harness();
+    h.run_steps(2);
+    let combo = h.get_by_role_and_label(Role::ComboBox, "Device");
+    assert_eq!(
+        combo.value().as_deref(),
+        Some("NVIDIA H100 80GB HBM3 (simulated, nvidia-smi total)")
+    );
+    combo.click();
+    h.run_steps(3);
+    assert!(h
+        .query_all_by_label_contains("NVIDIA H100 80GB HBM3 (simulated, vLLM's total)")
+        .next()
+        .is_some());
+}
+
+/// The key names a V1 sampler's cached buffer once bracketed ("sampler (triton_buffer
+/// (cached)) kept across passes" under 0.19).
+#[test]
+fn the_kept_key_of_a_v1_run_brackets_once() {
+    use vramscope::app::gui::SetupForm;
+    use vramscope::report::lifetimes::Analysis;
+    let r = profile_directly(ProfileRequest {
+        vllm: "0.19".into(),
+        quant: vramscope::quant::Quant::F16,
+        ..SetupForm::default().request().expect("default request")
+    });
+    let key = Analysis::of(&r).headline.expect("a kept-tensors key");
+    assert!(
+        key.starts_with("sampler triton_buffer (cached) kept across passes: "),
+        "{key}"
+    );
+    assert!(!key.contains("))"), "{key}");
+}

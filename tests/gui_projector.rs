@@ -385,12 +385,19 @@ fn out_of_memory_banner_formats_bytes_suggests_what_helps_and_dismiss_covers_not
         .any(|run| run.len() >= 5);
     assert!(!long_number, "raw byte counts in '{}'", b.text);
     assert!(!b.text.contains("int8 or nf4"), "{}", b.text);
+    // Issue 51, item 6: the headline says it does not fit, and the fit offered was run.
     assert!(
-        b.text.contains("nf4"),
+        b.text.starts_with("Does not fit: llama-3-70b in int8"),
+        "{}",
+        b.text
+    );
+    assert!(
+        b.text
+            .contains("What fits, each checked by a dry run: nf4 weights"),
         "an int8 run is offered nf4: {}",
         b.text
     );
-    assert_banner_covers_nothing(&h, "Error: out of memory", "OOM");
+    assert_banner_covers_nothing(&h, "Error: Does not fit", "OOM");
 }
 
 /// Item 10: a PyTorch snapshot has no device truth: the lifetime view draws no truth line
@@ -858,4 +865,392 @@ fn a_v1_release_answers_first_in_vllms_terms_with_the_formulas_one_click_away() 
         .query_all_by_label("Formulas: #9352 vs #9516")
         .next()
         .is_none());
+}
+
+/// The budget line labels painted in the lifetime plot, each with the bytes its text names
+/// and whether it names a line above the view ("(above)").
+fn line_labels(h: &H) -> Vec<(String, Rect, f64, bool)> {
+    let plot = h.state().lifetime_view().plot_rect().unwrap();
+    painted(h)
+        .into_iter()
+        .filter(|(s, r, _)| {
+            ["Â", "truth", "T·u"].iter().any(|p| s.starts_with(p)) && plot.intersects(*r)
+        })
+        .filter_map(|(s, r, _)| {
+            let above = s.ends_with(" (above)");
+            let t = s.trim_end_matches(" (above)");
+            let tail: Vec<&str> = t.rsplitn(3, ' ').take(2).collect();
+            let (bytes, _) = parse_bytes(&format!("{} {}", tail.get(1)?, tail.first()?))?;
+            Some((s, r, bytes, above))
+        })
+        .collect()
+}
+
+/// Issue 51, item 7: no budget line label sits on another budget line (the off-screen
+/// "T·u … (above)" sat on the #9352 line on the first screen, and on the truth line under
+/// 0.19 and 0.21 in Present): a label on a line reads as that line's.
+#[test]
+fn no_line_label_sits_on_another_budget_line() {
+    let check = |h: &H, when: &str| {
+        let view = h.state().lifetime_view();
+        let plot = view.plot_rect().unwrap();
+        let labels = line_labels(h);
+        assert!(labels.len() >= 4, "{when}: labels {labels:?}");
+        assert!(
+            labels.iter().any(|l| l.3),
+            "{when}: no line above the view to name (the case of the issue): {labels:?}"
+        );
+        for (s, r, _, _) in &labels {
+            for (other, _, bytes, above) in &labels {
+                if other == s || *above {
+                    continue;
+                }
+                let y = view.screen_pos(0.0, *bytes).unwrap().y;
+                if y < plot.top() || y > plot.bottom() {
+                    continue;
+                }
+                // Through the text: the label reads as that line's. (Lines closer than a
+                // label's height leave no room between them, so a label may touch one.)
+                assert!(
+                    y <= r.top() + 1.0 || y >= r.bottom() - 1.0,
+                    "{when}: '{s}' ({:.0}..{:.0}) sits on the line of '{other}' (y {y:.0}); labels {:?}",
+                    r.top(),
+                    r.bottom(),
+                    labels
+                        .iter()
+                        .map(|l| (
+                            l.0.clone(),
+                            l.1.top(),
+                            view.screen_pos(0.0, l.2).unwrap().y
+                        ))
+                        .collect::<Vec<_>>()
+                );
+            }
+        }
+    };
+    let mut h = launched(1280.0, 720.0, egui::Theme::Dark);
+    wait_while(&mut h, Duration::from_secs(120), |a| {
+        a.is_running() || a.report().is_none()
+    });
+    check(&h, "first screen");
+    for release in ["0.19", "0.21"] {
+        let report = profile(ProfileRequest {
+            vllm: release.into(),
+            ..SetupForm::default().request().expect("default request")
+        });
+        for theme in [egui::Theme::Light, egui::Theme::Dark] {
+            let h = showing(1280.0, 720.0, theme, &report, true);
+            check(&h, &format!("{release}, Present, {theme:?}"));
+        }
+    }
+}
+
+/// Zooms the time axis out over the plot at `rect` until `x` is inside it.
+fn zoom_out_to(h: &mut H, rect: Rect, inside: impl Fn(&H) -> bool) {
+    for _ in 0..40 {
+        if inside(h) {
+            return;
+        }
+        wheel(h, rect.center(), -300.0, false);
+        h.run_steps(3);
+    }
+    assert!(inside(h), "zooming out never reached it");
+}
+
+/// Issue 51, item 5: the CUDA graph phase is a labelled band in Lifetimes and in Memory lines
+/// (named at the right edge while it lies right of the view, labelled at its start when
+/// zoomed out to), and in Verify passes it no longer takes the x-axis: the verify passes fill
+/// it (the graph capture's events took 90 % and squeezed six passes into 20 px).
+#[test]
+fn the_cuda_graph_phase_is_a_labelled_band_and_never_crowds_the_verify_passes() {
+    use vramscope::app::gui::CentralTab;
+    let report = profile(ProfileRequest {
+        vllm: "0.19".into(),
+        ..SetupForm::default().request().expect("default request")
+    });
+    let capture = |r: &Report| {
+        let at = |name: &str| {
+            r.events
+                .iter()
+                .position(|e| e.kind == vramscope::memory::EventKind::Marker && e.tensor == name)
+                .expect(name)
+        };
+        (at("cudagraph capture"), at("cudagraph capture end"))
+    };
+    let (c0, c1) = capture(&report);
+    let labelled = |h: &H, plot: Rect| {
+        painted(h)
+            .into_iter()
+            .filter(|(s, r, _)| s.contains("CUDA graph capture") && plot.intersects(*r))
+            .map(|(s, r, _)| (s, r))
+            .collect::<Vec<_>>()
+    };
+    let mut h = showing(1280.0, 720.0, egui::Theme::Dark, &report, false);
+
+    // Lifetimes: named at the right edge on the first screen, then a band with its label.
+    let plot = h.state().lifetime_view().plot_rect().unwrap();
+    let names = labelled(&h, plot);
+    assert!(
+        names
+            .iter()
+            .any(|(s, r)| s.ends_with("right of the view (zoom out)")
+                && r.right() >= plot.right() - 12.0),
+        "Lifetimes' first screen names no graph capture at its edge: {names:?}"
+    );
+    zoom_out_to(&mut h, plot, |h| {
+        let v = h.state().lifetime_view();
+        v.screen_pos(c1 as f64, 0.0).unwrap().x <= v.plot_rect().unwrap().right()
+    });
+    let x = h
+        .state()
+        .lifetime_view()
+        .screen_pos(c0 as f64, 0.0)
+        .unwrap()
+        .x;
+    let names = labelled(&h, plot);
+    assert!(
+        names
+            .iter()
+            .any(|(s, r)| s == "CUDA graph capture" && (r.left() - x).abs() <= 8.0),
+        "Lifetimes zoomed out: no label at the capture (x {x:.0}): {names:?}"
+    );
+
+    // Memory lines, over event order as over time.
+    h.state_mut().tab = CentralTab::Lines;
+    h.run_steps(4);
+    let plot = h.state().timeline_view().plot_rect().unwrap();
+    let names = labelled(&h, plot);
+    assert!(
+        names
+            .iter()
+            .any(|(s, _)| s.ends_with("right of the view (zoom out)")),
+        "Memory lines names no graph capture right of its view: {names:?}"
+    );
+    let end_s = report.events[c1].time_us as f64 * 1e-6;
+    zoom_out_to(&mut h, plot, |h| {
+        let v = h.state().timeline_view();
+        v.screen_pos(end_s, 0.0).unwrap().x <= v.plot_rect().unwrap().right()
+    });
+    let x = h
+        .state()
+        .timeline_view()
+        .screen_pos(report.events[c0].time_us as f64 * 1e-6, 0.0)
+        .unwrap()
+        .x;
+    let names = labelled(&h, plot);
+    assert!(
+        names
+            .iter()
+            .any(|(s, r)| s == "CUDA graph capture" && (r.left() - x).abs() <= 8.0),
+        "Memory lines zoomed out: no label at the capture (x {x:.0}): {names:?}"
+    );
+
+    // Verify passes: the passes fill the axis; the capture is not on it.
+    h.state_mut().tab = CentralTab::Verify;
+    h.run_steps(4);
+    let verify: Vec<(usize, usize)> = h
+        .state()
+        .analysis()
+        .unwrap()
+        .lifetimes
+        .passes
+        .iter()
+        .filter(|p| p.verify)
+        .map(|p| (p.start, p.end))
+        .collect();
+    let v = h.state().verify_view();
+    let plot = v.plot_rect().unwrap();
+    assert!(verify.len() >= 5, "{verify:?}");
+    let (first, last) = (verify[0].0, verify.last().unwrap().1);
+    let width =
+        v.screen_pos(last as f64, 0.0).unwrap().x - v.screen_pos(first as f64, 0.0).unwrap().x;
+    assert!(
+        width >= 0.9 * plot.width(),
+        "{} verify passes take {width:.0} of {:.0} px",
+        verify.len(),
+        plot.width()
+    );
+    assert!(
+        v.screen_pos(c0 as f64, 0.0).unwrap().x >= plot.right(),
+        "the graph capture is on the verify passes' axis"
+    );
+}
+
+/// Issue 51, item 9: "why did my log say 58.11 GiB" is answered on the log tab: the
+/// release's arithmetic from the log's own numbers, the GPU total in GiB (not bytes), and at
+/// 1280x720 with Present on no column of the term table is cut.
+#[test]
+fn the_log_tab_shows_the_arithmetic_behind_vllms_kv_number_and_cuts_no_column() {
+    let log = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vllm-logs/q1-0.19-llama-3.1-8b-h100.log");
+    let mut h = app(1280.0, 720.0, egui::Theme::Light);
+    h.run_steps(2);
+    h.get_by_label("Present").click();
+    h.run_steps(2);
+    h.state_mut().open_vllm_log(&log);
+    wait_while(&mut h, Duration::from_secs(120), |a| {
+        a.file_job_pending() || a.is_running() || a.report().is_none()
+    });
+    // The log's tab opens by itself.
+    h.run_steps(4);
+    let sum =
+        "vLLM's KV cache from the log's numbers: requested 75.23 GiB, less weights 14.99 GiB, \
+               activation peak 1.89 GiB, non-torch 0.25 GiB = 58.10 GiB; the log prints 58.11 GiB \
+               (its figures are rounded to 0.01 GiB)";
+    assert!(
+        h.query_all_by_label(sum).next().is_some(),
+        "no arithmetic; painted: {:?}",
+        painted(&h)
+            .into_iter()
+            .filter(|(s, _, _)| s.contains("KV cache from"))
+            .map(|(s, _, _)| s)
+            .collect::<Vec<_>>()
+    );
+    assert!(h
+        .query_all_by_label_contains("GPU 79.19 GiB")
+        .next()
+        .is_some());
+    for cell in ["difference", " %"] {
+        let widest = h
+            .query_all_by_label_contains(cell)
+            .map(|n| n.rect().right())
+            .fold(0.0f32, f32::max);
+        assert!(widest > 0.0, "'{cell}' is not shown");
+        assert!(
+            widest <= 1280.0,
+            "'{cell}' is cut at the window's edge ({widest})"
+        );
+    }
+}
+
+/// Issue 51, item 9: at 1280x720 the Verify passes view names every verify pass (the labels of
+/// #9516 and #12126 were left out where they would have met their neighbour's); with Present
+/// on as well.
+#[test]
+fn every_verify_pass_is_labelled_at_1280() {
+    use vramscope::app::gui::CentralTab;
+    for (vllm, present) in [("380e1863", false), ("380e1863", true), ("0.19", true)] {
+        let report = profile(ProfileRequest {
+            vllm: vllm.into(),
+            ..SetupForm::default().request().expect("default request")
+        });
+        let mut h = showing(1280.0, 720.0, egui::Theme::Light, &report, present);
+        h.state_mut().tab = CentralTab::Verify;
+        h.run_steps(4);
+        let plot = h.state().verify_view().plot_rect().unwrap();
+        let want: Vec<String> = h
+            .state()
+            .analysis()
+            .unwrap()
+            .lifetimes
+            .passes
+            .iter()
+            .filter(|p| p.verify)
+            .map(|p| p.label.clone())
+            .collect();
+        assert!(want.len() >= 2, "{want:?}");
+        let shown: Vec<(String, Rect)> = painted(&h)
+            .into_iter()
+            .filter(|(s, r, clip)| {
+                s.starts_with("verify ") && plot.contains_rect(*r) && clip.contains_rect(*r)
+            })
+            .map(|(s, r, _)| (s, r))
+            .collect();
+        for label in &want {
+            assert!(
+                shown.iter().any(|(s, _)| s == label),
+                "{vllm} present {present}: '{label}' is not drawn: {shown:?}"
+            );
+        }
+        for (i, (a, ra)) in shown.iter().enumerate() {
+            for (b, rb) in &shown[i + 1..] {
+                assert!(!ra.intersects(*rb), "'{a}' and '{b}' overlap");
+            }
+        }
+    }
+}
+
+/// Issue 51, item 9: the export buttons are whole at 1280x720, Present on or off ("Save as
+/// P…" was cut at the setup panel's edge).
+#[test]
+fn export_buttons_are_not_cut_at_1280() {
+    for present in [false, true] {
+        let mut h = showing(
+            1280.0,
+            720.0,
+            egui::Theme::Dark,
+            &three_pass_report(),
+            present,
+        );
+        if present {
+            // Present hides the setup: back to it, Present's sizes kept.
+            h.get_by_label("Setup").click();
+            h.run_steps(4);
+        }
+        for label in [
+            "Save PNG report",
+            "Save CSV",
+            "Save session",
+            "Save as PyTorch snapshot",
+            "Open session…",
+        ] {
+            h.get_by_label(label).scroll_to_me();
+            h.run_steps(6);
+            let button = h.get_by_label(label).rect();
+            let whole = painted(&h).iter().any(|(s, r, clip)| {
+                s == label && clip.contains_rect(*r) && button.contains_rect(*r)
+            });
+            assert!(whole, "present {present}: '{label}' is cut or not drawn");
+        }
+    }
+}
+
+/// Issue 51, item 9: the CUDA graphs' swatch is a square filled with the graphs' colour (it
+/// rendered as an empty box, a glyph the font lacks), left of its words.
+#[test]
+fn the_graph_swatch_is_a_filled_square_of_the_graphs_colour() {
+    fn filled(shape: &egui::Shape, out: &mut Vec<(Rect, egui::Color32)>) {
+        match shape {
+            egui::Shape::Vec(v) => v.iter().for_each(|s| filled(s, out)),
+            egui::Shape::Rect(r) => out.push((r.rect, r.fill)),
+            _ => {}
+        }
+    }
+    let report = profile(ProfileRequest {
+        vllm: "0.19".into(),
+        ..SetupForm::default().request().expect("default request")
+    });
+    let mut h = showing(1280.0, 720.0, egui::Theme::Light, &report, false);
+    h.get_by_label("CUDA graphs in detail").scroll_to_me();
+    h.run_steps(4);
+    h.get_by_label("CUDA graphs in detail").click();
+    h.run_steps(6);
+    let words = "the graph pool's bands in the views";
+    h.get_by_label(words).scroll_to_me();
+    h.run_steps(6);
+    let text = painted(&h)
+        .into_iter()
+        .find(|(s, _, _)| s == words)
+        .map(|(_, r, _)| r)
+        .expect("the swatch's words are drawn");
+    // No glyph stands in for the square.
+    assert!(!painted(&h)
+        .iter()
+        .any(|(s, _, _)| s.contains('□') || s.contains('■')));
+    let want = vramscope::report::palette::category(vramscope::memory::Category::CudaGraph);
+    let mut rects = Vec::new();
+    for c in &h.output().shapes {
+        filled(&c.shape, &mut rects);
+    }
+    let square = rects.iter().find(|(r, fill)| {
+        (fill.r(), fill.g(), fill.b()) == (want.0, want.1, want.2)
+            && r.right() <= text.left()
+            && text.left() - r.right() <= 8.0
+            && (r.center().y - text.center().y).abs() <= 3.0
+    });
+    let (r, _) = square.expect("a square of the graphs' colour beside the words");
+    assert!(
+        r.width() >= 6.0 && (r.width() - r.height()).abs() < 0.5,
+        "{r:?}"
+    );
 }

@@ -1074,6 +1074,42 @@ impl Report {
         (kept > 0).then_some(kept as u64)
     }
 
+    /// Framework tensors made in a profile pass and still alive at t3 (other than int8 state
+    /// and the sampler's cache, which have sentences of their own), as the lifetime view's key
+    /// finds them: each free paired with the oldest live allocation of the same tensor name,
+    /// size and category. The largest category and all their bytes.
+    fn kept_after_profile(&self) -> Option<(crate::memory::Category, u64)> {
+        use crate::memory::{Category, EventKind};
+        use std::collections::{HashMap, VecDeque};
+        let passes = 1..=self.settings.passes;
+        let mut open: HashMap<(&str, u64, Category), VecDeque<bool>> = HashMap::new();
+        for e in self.profile_events() {
+            let key = (e.tensor.as_str(), e.bytes, e.category);
+            match e.kind {
+                EventKind::Alloc => open
+                    .entry(key)
+                    .or_default()
+                    .push_back(passes.contains(&e.pass)),
+                EventKind::Free => {
+                    open.get_mut(&key).and_then(|q| q.pop_front());
+                }
+                _ => {}
+            }
+        }
+        let mut by: HashMap<Category, u64> = HashMap::new();
+        for ((tensor, bytes, category), q) in &open {
+            if *category == Category::QuantState
+                || (*category == Category::Sampler && tensor.ends_with("(cached)"))
+            {
+                continue;
+            }
+            *by.entry(*category).or_default() += bytes * q.iter().filter(|k| **k).count() as u64;
+        }
+        let total: u64 = by.values().sum();
+        let (category, _) = by.into_iter().max_by_key(|(c, b)| (*b, c.label()))?;
+        (total > 0).then_some((category, total))
+    }
+
     /// One sentence on why the old (#9352) and new (#9516) budgets differ, from the numbers.
     pub fn old_vs_new_explanation(&self) -> String {
         let (Some(old), Some(new)) = (
@@ -1084,6 +1120,15 @@ impl Report {
         };
         let diff = new.kv_bytes - old.kv_bytes;
         let mib = |b: i64| crate::base::units::fmt_i(b);
+        // Two budgets below zero: neither leaves a KV cache, and which is "larger" says
+        // nothing.
+        if old.kv_bytes <= 0 && new.kv_bytes <= 0 {
+            return format!(
+                "Neither formula leaves room for a KV cache: the old one is {} short of it, the new one {}.",
+                mib(-old.kv_bytes),
+                mib(-new.kv_bytes)
+            );
+        }
         let state = self.quant_state_after_bytes as i64;
         let ctx_like = self.outside_framework_bytes as i64;
         // What lives outside the framework: with tensor parallel, NCCL's buffers beside the
@@ -1105,6 +1150,15 @@ impl Report {
             format!(
                 "The sampler leaves {} cached on the device (V1's Triton top-k/top-p buffer and tables): the old formula counts it twice, in the torch peak and in the free-memory drop; the new one also charges the {} outside the framework ({outside}), so its budget is {} {}.",
                 mib(kept as i64),
+                mib(new.non_torch_bytes),
+                mib(diff.abs()),
+                if diff >= 0 { "larger" } else { "smaller" }
+            )
+        } else if let Some((category, kept)) = self.kept_after_profile() {
+            format!(
+                "The pass leaves {} of framework tensors ({} the largest) alive: the old formula counts them twice, in the torch peak and in the free-memory drop; the new one subtracts live tensors but charges the {} outside the framework ({outside}, cached segments, other processes), so its budget is {} {}.",
+                mib(kept as i64),
+                category.label(),
                 mib(new.non_torch_bytes),
                 mib(diff.abs()),
                 if diff >= 0 { "larger" } else { "smaller" }

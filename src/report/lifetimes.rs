@@ -53,8 +53,11 @@ pub struct IndexSpan {
     pub start: usize,
     /// One past the last event.
     pub end: usize,
-    /// `Some(formula)` for verify passes.
+    /// A verify pass.
     pub verify: bool,
+    /// One of vLLM's CUDA graph phases (the estimate in the profile, the capture after the
+    /// KV cache): neither a profile nor a verify pass.
+    pub graph: bool,
 }
 
 /// Every allocation's lifetime, in allocation order (which is also stack order).
@@ -294,9 +297,9 @@ impl Lifetimes {
                     ) =>
                 {
                     let label = if e.tensor == "cudagraph estimate" {
-                        "graph estimate"
+                        GRAPH_ESTIMATE
                     } else {
-                        "graph capture"
+                        GRAPH_CAPTURE
                     };
                     graph_phase = Some((label, i));
                 }
@@ -311,7 +314,8 @@ impl Lifetimes {
                             label: label.into(),
                             start,
                             end: i + 1,
-                            verify: true,
+                            verify: false,
+                            graph: true,
                         });
                     }
                 }
@@ -327,6 +331,7 @@ impl Lifetimes {
                             start: i,
                             end: i + 1,
                             verify: e.pass > profile_passes,
+                            graph: false,
                         })
                     }
                 }
@@ -438,6 +443,35 @@ impl Lifetimes {
     pub fn profile_end(&self, events: &[Event]) -> usize {
         self.checkpoint("t3")
             .map_or(events.len(), |i| (i + 1).min(events.len()))
+    }
+
+    /// The events of the verify passes: after the profile and the CUDA graph estimate, before
+    /// the graph capture (which records far more events than the passes: on its axis they
+    /// were squeezed into a few pixels). Empty without verify passes.
+    pub fn verify_range(&self, events: &[Event]) -> (usize, usize) {
+        let mut a = self.profile_end(events);
+        let verify = self.passes.iter().filter(|p| p.verify);
+        let (Some(first), Some(last)) = (
+            verify.clone().map(|p| p.start).min(),
+            verify.map(|p| p.end).max(),
+        ) else {
+            return (a, a);
+        };
+        let mut b = events.len();
+        for g in self.passes.iter().filter(|p| p.graph) {
+            if g.end <= first {
+                a = a.max(g.end);
+            }
+            if g.start >= last {
+                b = b.min(g.start);
+            }
+        }
+        (a, b.max(a))
+    }
+
+    /// The CUDA graph phases (label, first event, one past the last).
+    pub fn graph_phases(&self) -> impl Iterator<Item = &IndexSpan> {
+        self.passes.iter().filter(|p| p.graph)
     }
 
     /// Live lifetime ids right after event `at`, bottom of the stack first.
@@ -733,6 +767,10 @@ fn apply(items: &[Lifetime], live: &mut Vec<u32>, event: usize, id: u32) {
     }
 }
 
+/// The labels of vLLM's CUDA graph phases in the views.
+pub const GRAPH_ESTIMATE: &str = "CUDA graph estimate";
+pub const GRAPH_CAPTURE: &str = "CUDA graph capture";
+
 fn pass_label(pass: u32, profile_passes: u32) -> String {
     if pass > profile_passes {
         format!("verify {}", pass - profile_passes)
@@ -756,6 +794,9 @@ fn kept_name(c: Category, tensor: &str) -> String {
         Category::QuantState if suffix == "CxB" || suffix == "subB" => {
             format!("int8 state ({suffix})")
         }
+        // "sampler triton_buffer (cached)": a suffix with its own brackets is not bracketed
+        // again.
+        _ if suffix != tensor && suffix.contains('(') => format!("{} {suffix}", c.label()),
         _ if suffix != tensor => format!("{} ({suffix})", c.label()),
         _ => c.label().to_string(),
     }

@@ -206,6 +206,14 @@ pub struct VramscopeApp {
     run_requested: bool,
     /// What the banner says once the run in flight succeeds (a pasted line's notes).
     run_note: Option<String>,
+    /// The run in flight.
+    running: Option<crate::profile::ProfileRequest>,
+    /// What would fit, each checked by a dry run, as the worker found it for the run in
+    /// flight; then of the report shown, or of the run that did not fit (`unfit`).
+    pending_fits: Option<Vec<super::fits::Fit>>,
+    fits: Option<Vec<super::fits::Fit>>,
+    /// The last run ran out of memory before it had a result: the headline saying so.
+    unfit: Option<String>,
 }
 
 impl VramscopeApp {
@@ -274,6 +282,10 @@ impl VramscopeApp {
             vllm_log: None,
             run_requested: false,
             run_note: None,
+            running: None,
+            pending_fits: None,
+            fits: None,
+            unfit: None,
         }
     }
 
@@ -348,7 +360,7 @@ impl VramscopeApp {
                     self.vllm_log = Some(*log);
                     self.run_requested = true;
                 }
-                FileDone::VllmLog(Err(e)) => self.error(e.to_string()),
+                FileDone::VllmLog(Err(e)) => self.error(super::in_app_words(&e.to_string())),
             }
         }
     }
@@ -386,7 +398,16 @@ impl VramscopeApp {
         self.analysis = Some(analysis);
         self.live_events = Vec::new();
         self.generation += 1;
+        // The fits the worker found for this run (none for a session or a report shown).
+        self.fits = std::mem::take(&mut self.pending_fits);
+        self.unfit = None;
         self.explain_log();
+    }
+
+    /// What would fit for the report shown, or for the last run that did not fit, each
+    /// checked by a dry run.
+    pub fn fits(&self) -> Option<&[super::fits::Fit]> {
+        self.fits.as_deref()
     }
 
     /// The dropped log against the report shown, once per report (not every frame).
@@ -552,6 +573,11 @@ impl VramscopeApp {
         &self.lifetime
     }
 
+    /// The lifetime view of the verify passes.
+    pub fn verify_view(&self) -> &LifetimeView {
+        &self.verify_view
+    }
+
     /// The memory-lines view (live while a run is in flight).
     pub fn timeline_view(&self) -> &TimelineView {
         &self.timeline
@@ -575,7 +601,7 @@ impl VramscopeApp {
         let req = match self.setup.request() {
             Ok(r) => r,
             Err(e) => {
-                self.error(e.to_string());
+                self.error(super::in_app_words(&e.to_string()));
                 return;
             }
         };
@@ -599,6 +625,8 @@ impl VramscopeApp {
             ..RunProgress::default()
         };
         let ctx = ctx.clone();
+        self.pending_fits = None;
+        self.running = Some(req.clone());
         self.worker = Some(Worker::spawn(req, move || ctx.request_repaint()));
     }
 
@@ -639,6 +667,7 @@ impl VramscopeApp {
                     Progress::Layer { layer, of } => self.progress.layer = Some((layer, of)),
                     Progress::Events(mut batch) => self.live_events.append(&mut batch),
                 },
+                WorkerMsg::Fits(fits) => self.pending_fits = Some(fits),
                 WorkerMsg::Finished(outcome) => {
                     self.worker = None;
                     self.startup_run = false;
@@ -661,11 +690,34 @@ impl VramscopeApp {
                         Err(RunFailure::Cancelled) => {
                             self.info(RunFailure::Cancelled.message());
                         }
-                        Err(f) => self.error(with_oom_hint(
-                            &f.message(),
-                            self.progress.quant.unwrap_or(self.setup.quant),
-                        )),
+                        Err(f) => {
+                            // The profiler's message names the CLI's flags; the window's
+                            // fields are what the user can change.
+                            let msg = super::in_app_words(&f.message());
+                            let req = self.running.take();
+                            match req.filter(|r| {
+                                r.device.is_sim() && super::fits::is_out_of_memory(&msg)
+                            }) {
+                                // A simulated device: the fits were tried, so the hint is
+                                // what a dry run showed to start, not a guess.
+                                Some(r) => {
+                                    let head = self.does_not_fit_headline(&r);
+                                    self.fits = std::mem::take(&mut self.pending_fits);
+                                    self.unfit = Some(head.clone());
+                                    self.error(format!(
+                                        "{head}: {}. {}",
+                                        with_bytes(&msg),
+                                        fits_sentence(self.fits.as_deref().unwrap_or_default())
+                                    ));
+                                }
+                                None => self.error(with_oom_hint(
+                                    &msg,
+                                    self.progress.quant.unwrap_or(self.setup.quant),
+                                )),
+                            }
+                        }
                     }
+                    self.running = None;
                     break;
                 }
             }
@@ -1232,7 +1284,15 @@ impl eframe::App for VramscopeApp {
                             (SideTab::Budget, _) | (_, None)
                                 if self.side_tab != SideTab::Compare =>
                             {
-                                self.comparison.ui(ui, self.report.as_deref())
+                                if let Some(r) = self.comparison.ui(
+                                    ui,
+                                    self.report.as_deref(),
+                                    self.fits.as_deref(),
+                                    self.unfit.as_deref(),
+                                ) {
+                                    self.setup.apply(&r);
+                                    self.run_requested = true;
+                                }
                             }
                             (SideTab::Waterfall, Some((r, a))) => comparison::waterfall(ui, r, a),
                             (SideTab::Peak, Some((_, a))) => comparison::peak_owners(ui, a),
@@ -1344,12 +1404,73 @@ pub fn write_png(path: &Path, img: &egui::ColorImage) -> Result<(), String> {
     export::atomic_write(path, &bytes).map_err(|e| e.to_string())
 }
 
+/// What was tried after a run that did not fit, in one sentence: the fits each dry run
+/// showed to start, or that none did.
+fn fits_sentence(fits: &[super::fits::Fit]) -> String {
+    if fits.is_empty() {
+        return "Nothing tried fits (smaller weights, up to 8 GPUs of tensor parallel, each run dry).".into();
+    }
+    format!(
+        "What fits, each checked by a dry run: {}.",
+        fits.iter()
+            .map(|f| format!("{} ({})", f.change, f.answer))
+            .collect::<Vec<_>>()
+            .join("; ")
+    )
+}
+
+impl VramscopeApp {
+    /// "Does not fit: llama-3-70b in fp16 on one NVIDIA GeForce RTX 4090 (simulated)".
+    fn does_not_fit_headline(&self, r: &crate::profile::ProfileRequest) -> String {
+        let model = match &r.model {
+            crate::model::ModelSource::Preset { name } => name.clone(),
+            crate::model::ModelSource::Path { path } => path
+                .file_name()
+                .map_or(path.display().to_string(), |n| n.to_string_lossy().into()),
+            other => format!("{other:?}"),
+        };
+        let spec = r.device.to_string();
+        let spec = spec.trim_end_matches(":dry").trim_end_matches(":compute");
+        let device = self
+            .devices
+            .iter()
+            .find(|d| d.spec == spec)
+            .map_or(spec.to_string(), |d| d.name.clone());
+        let gpus = match r.tp * r.pp {
+            1 => "one".to_string(),
+            n => format!("{n} ×"),
+        };
+        format!(
+            "Does not fit: {model} in {} on {gpus} {device}",
+            r.quant.label()
+        )
+    }
+}
+
 /// An out-of-memory message in GiB/MiB instead of raw byte counts (any "N bytes" or "N byte"
 /// a device or allocator wrote), with what would help this run: a smaller quantization only
 /// where there is one (fp16/bf16 → int8 or nf4, int8 → nf4), else fewer tokens or sequences,
 /// tensor parallel or a larger device.
 pub fn with_oom_hint(msg: &str, quant: crate::quant::Quant) -> String {
     use crate::quant::Quant;
+    let s = with_bytes(msg);
+    if !msg.contains("out of memory") {
+        return s;
+    }
+    let mut s = s;
+    let smaller = match quant {
+        Quant::F16 | Quant::BF16 => "int8 or nf4 weights, ",
+        Quant::Int8 => "nf4 weights (half of int8's), ",
+        _ => "",
+    };
+    s.push_str(&format!(
+        " — try {smaller}fewer tokens or sequences, tensor parallel over more GPUs, or a larger device."
+    ));
+    s
+}
+
+/// A device's or allocator's message in GiB/MiB instead of raw byte counts.
+fn with_bytes(msg: &str) -> String {
     let mut out = String::with_capacity(msg.len());
     let mut rest = msg;
     while let Some(p) = rest.find(" byte") {
@@ -1388,14 +1509,6 @@ pub fn with_oom_hint(msg: &str, quant: crate::quant::Quant) -> String {
             _ => s.push_str(word),
         }
     }
-    let smaller = match quant {
-        Quant::F16 | Quant::BF16 => "int8 or nf4 weights, ",
-        Quant::Int8 => "nf4 weights (half of int8's), ",
-        _ => "",
-    };
-    s.push_str(&format!(
-        " — try {smaller}fewer tokens or sequences, tensor parallel over more GPUs, or a larger device."
-    ));
     s
 }
 

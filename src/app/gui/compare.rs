@@ -19,6 +19,8 @@ pub struct DeltaRow {
     pub what: String,
     pub a: i64,
     pub b: i64,
+    /// A count (blocks, tokens) rather than bytes.
+    pub count: bool,
 }
 
 impl DeltaRow {
@@ -30,15 +32,29 @@ impl DeltaRow {
 /// The numbers two runs are compared on, read from their reports and analyses.
 pub fn delta_rows(a: (&Report, &Analysis), b: (&Report, &Analysis)) -> Vec<DeltaRow> {
     let mut rows = Vec::new();
-    let mut push = |what: &str, f: &dyn Fn(&Report, &Analysis) -> Option<i64>| {
+    let mut add = |what: &str, count: bool, f: &dyn Fn(&Report, &Analysis) -> Option<i64>| {
         if let (Some(x), Some(y)) = (f(a.0, a.1), f(b.0, b.1)) {
             rows.push(DeltaRow {
                 what: what.to_string(),
                 a: x,
                 b: y,
+                count,
             });
         }
     };
+    // The release's own answer first: its KV cache, blocks and tokens (an fp8 KV cache keeps
+    // the bytes and doubles the blocks and tokens, which bytes alone showed as no change).
+    add("vLLM's KV cache", false, &|r, _| {
+        r.vllm_answer().map(|v| v.kv_bytes)
+    });
+    add("vLLM's KV blocks", true, &|r, _| {
+        r.vllm_engine_blocks().map(|n| n as i64)
+    });
+    add("vLLM's KV tokens", true, &|r, _| {
+        let v = r.vllm_answer()?;
+        Some(r.kv_tokens_and_concurrency(&v).0 as i64)
+    });
+    let mut push = |what: &str, f: &dyn Fn(&Report, &Analysis) -> Option<i64>| add(what, false, f);
     push("weights", &|r, _| Some(r.weights_bytes as i64));
     push("framework peak Â", &|r, _| {
         Some(r.checkpoints.t3.allocated_peak as i64)
@@ -60,6 +76,16 @@ pub fn delta_rows(a: (&Report, &Analysis), b: (&Report, &Analysis)) -> Vec<Delta
         Some(r.formula(FormulaId::Pr9516)?.kv_bytes - r.formula(FormulaId::Pr9352)?.kv_bytes)
     });
     rows
+}
+
+/// A count with thousands separators, "-" below zero.
+fn signed_count(v: i64) -> String {
+    let t = crate::base::units::thousands(v.unsigned_abs());
+    if v < 0 {
+        format!("-{t}")
+    } else {
+        t
+    }
 }
 
 fn describe(r: &Report) -> String {
@@ -116,11 +142,16 @@ impl CompareView {
                             .into_iter()
                             .map(|row| Row {
                                 name: Cell::text(&row.what),
-                                cells: vec![
-                                    Cell::number(fmt_i(row.a)),
-                                    Cell::number(fmt_i(row.b)),
-                                    Cell::number(fmt_i(row.delta())),
-                                ],
+                                cells: [row.a, row.b, row.delta()]
+                                    .into_iter()
+                                    .map(|v| {
+                                        Cell::number(if row.count {
+                                            signed_count(v)
+                                        } else {
+                                            fmt_i(v)
+                                        })
+                                    })
+                                    .collect(),
                             })
                             .collect();
                         fit_table(ui, "delta", &header, &rows);
@@ -150,7 +181,8 @@ mod tests {
         assert!(rows.iter().all(|x| x.delta() == 0));
         let kv = rows.iter().find(|x| x.what == "truth KV budget").unwrap();
         assert_eq!(kv.a, r.truth.kv_bytes);
-        assert_eq!(rows[0].what, "weights");
-        assert_eq!(rows[0].b, r.weights_bytes as i64);
+        let w = rows.iter().find(|x| x.what == "weights").unwrap();
+        assert_eq!(w.b, r.weights_bytes as i64);
+        assert!(!w.count);
     }
 }

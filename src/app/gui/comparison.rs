@@ -6,11 +6,12 @@ use egui::{Color32, RichText};
 use egui_plot::{Bar, BarChart, Plot};
 
 use super::fit_table::{fit_table, Cell, Row};
+use super::fits::Fit;
 use super::style::{c32, legible, BIG};
 use crate::base::units::{fmt_i, fmt_u, thousands, GIB};
 use crate::profile::formulas::FormulaId;
 use crate::profile::report::{FormulaResult, Verify, VllmAnswer};
-use crate::profile::Report;
+use crate::profile::{ProfileRequest, Report};
 use crate::report::palette;
 
 #[derive(Default)]
@@ -46,18 +47,46 @@ impl ComparisonView {
     /// The Budget tab. For a release other than the default, its own answer in vLLM's terms
     /// comes first and the formula comparison is one click below; for the default release the
     /// old/new comparison is the answer and stays the headline.
-    pub fn ui(&mut self, ui: &mut egui::Ui, report: Option<&Report>) {
+    /// `fits`: what would fit, each checked by a dry run, for the report shown or for the
+    /// last run, which ran out of memory before it had a report (`unfit`, its headline).
+    /// Returns the fit whose *Use* was clicked.
+    pub fn ui(
+        &mut self,
+        ui: &mut egui::Ui,
+        report: Option<&Report>,
+        fits: Option<&[Fit]>,
+        unfit: Option<&str>,
+    ) -> Option<ProfileRequest> {
+        let mut chosen = None;
+        if let Some(h) = unfit {
+            ui.label(
+                RichText::new(h)
+                    .heading()
+                    .color(legible(palette::OVER, ui.visuals().dark_mode)),
+            );
+            if let Some(fits) = fits {
+                fits_list(ui, fits, &mut chosen);
+            }
+            if report.is_some() {
+                ui.separator();
+                ui.label(RichText::new("The last run that started:").weak());
+            }
+        }
+        // The fits found were the failed run's, not the report's below.
+        let fits = if unfit.is_some() { None } else { fits };
         let Some(r) = report else {
-            ui.heading("Old vs new KV-cache budget");
-            ui.label("No results yet: click Profile (Ctrl+R) or open a saved session.");
-            return;
+            if unfit.is_none() {
+                ui.heading("Old vs new KV-cache budget");
+                ui.label("No results yet: click Profile (Ctrl+R) or open a saved session.");
+            }
+            return chosen;
         };
         match r
             .vllm_answer()
             .filter(|a| a.release.name != crate::profile::vllm::DEFAULT)
         {
             Some(a) => {
-                release_answer(ui, r, &a);
+                release_answer(ui, r, &a, fits, &mut chosen);
                 egui::CollapsingHeader::new("Formulas: #9352 vs #9516")
                     .id_salt("formula_comparison")
                     .default_open(false)
@@ -73,14 +102,13 @@ impl ComparisonView {
             None => {
                 heading(ui, r, "Old vs new KV-cache budget", None);
                 context_line(ui, r);
-                if let Some(h) = r.does_not_fit() {
-                    ui.colored_label(legible(palette::OVER, ui.visuals().dark_mode), h);
-                }
+                does_not_fit(ui, r, fits, &mut chosen);
                 graphs_section(ui, r);
                 true_max_line(ui, r);
                 self.formulas(ui, r);
             }
         }
+        chosen
     }
 
     /// Old against new beside the truth: big numbers, the reason, the table, the bars.
@@ -187,7 +215,13 @@ fn context_line(ui: &mut egui::Ui, r: &Report) {
 /// The chosen release's answer as its log would give it: the KV cache, its tokens, the
 /// maximum concurrency, whether the instance still fits once its CUDA graphs are captured,
 /// and the verify of the release's own budget.
-fn release_answer(ui: &mut egui::Ui, r: &Report, a: &VllmAnswer<'_>) {
+fn release_answer(
+    ui: &mut egui::Ui,
+    r: &Report,
+    a: &VllmAnswer<'_>,
+    fits: Option<&[Fit]>,
+    chosen: &mut Option<ProfileRequest>,
+) {
     let dark = ui.visuals().dark_mode;
     heading(
         ui,
@@ -196,9 +230,7 @@ fn release_answer(ui: &mut egui::Ui, r: &Report, a: &VllmAnswer<'_>) {
         Some(a.release.changes),
     );
     context_line(ui, r);
-    if let Some(h) = r.does_not_fit() {
-        ui.colored_label(legible(palette::OVER, dark), h);
-    }
+    does_not_fit(ui, r, fits, chosen);
     let (tokens, concurrency) = r.kv_tokens_and_concurrency(a);
     let colour = legible(palette::formula(a.formula.id), dark);
     let strong = ui.visuals().strong_text_color();
@@ -259,6 +291,63 @@ fn release_answer(ui: &mut egui::Ui, r: &Report, a: &VllmAnswer<'_>) {
             resp.on_hover_text(v.message.clone());
         }
     });
+}
+
+/// Where the release would not start the run: its headline, then what would, each checked
+/// by a dry run (the report's own list of fixes is left out: it is unchecked, and its
+/// `--util` could leave a single block).
+fn does_not_fit(
+    ui: &mut egui::Ui,
+    r: &Report,
+    fits: Option<&[Fit]>,
+    chosen: &mut Option<ProfileRequest>,
+) {
+    let Some(h) = r.does_not_fit() else {
+        // A start that fails later (a warm-up after the KV cache runs out of memory): the
+        // fits the worker found say what starts.
+        if let Some(fits) = fits.filter(|f| !f.is_empty()) {
+            ui.label(
+                RichText::new("Does not fit: vLLM would stop after allocating this KV cache.")
+                    .strong()
+                    .color(legible(palette::OVER, ui.visuals().dark_mode)),
+            );
+            fits_list(ui, fits, chosen);
+        }
+        return;
+    };
+    let head = h.split("; what would fit:").next().unwrap_or(&h);
+    ui.label(
+        RichText::new(format!("Does not fit. {head}"))
+            .strong()
+            .color(legible(palette::OVER, ui.visuals().dark_mode)),
+    );
+    if let Some(fits) = fits {
+        fits_list(ui, fits, chosen);
+    }
+}
+
+/// "What fits, each checked by a dry run:", a *Use* button per fit.
+fn fits_list(ui: &mut egui::Ui, fits: &[Fit], chosen: &mut Option<ProfileRequest>) {
+    if fits.is_empty() {
+        ui.label(
+            "Nothing tried fits (smaller weights, up to 8 GPUs of tensor parallel, each run dry).",
+        );
+        return;
+    }
+    ui.label("What fits, each checked by a dry run:");
+    for f in fits {
+        ui.horizontal_wrapped(|ui| {
+            if ui
+                .button("Use")
+                .on_hover_text("Take these settings into the setup and profile them")
+                .clicked()
+            {
+                *chosen = Some(f.request.clone());
+            }
+            ui.label(RichText::new(&f.change).strong());
+            ui.label(&f.answer);
+        });
+    }
 }
 
 /// Whether the instance still fits on the device once its CUDA graphs are captured (after

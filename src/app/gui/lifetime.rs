@@ -89,11 +89,17 @@ impl LifetimeView {
         self.last_transform.map(|t| *t.frame())
     }
 
-    fn range(&self, a: &Analysis, events: &[Event]) -> (usize, usize) {
-        let end = a.lifetimes.profile_end(events);
+    /// The events this view draws, and the part of them it opens on: the profile view
+    /// holds the whole run (the CUDA graph phases and the verify passes to the right of t3,
+    /// there when zoomed out to) and opens on t0..t3; the verify view holds the verify passes
+    /// alone (the graph capture's many events squeezed them into a few pixels).
+    fn range(&self, a: &Analysis, events: &[Event]) -> ((usize, usize), (usize, usize)) {
         match self.part {
-            Part::Profile => (0, end),
-            Part::Verify => (end, events.len()),
+            Part::Profile => ((0, events.len()), (0, a.lifetimes.profile_end(events))),
+            Part::Verify => {
+                let r = a.lifetimes.verify_range(events);
+                (r, r)
+            }
         }
     }
 
@@ -108,8 +114,8 @@ impl LifetimeView {
         }
         let dark = ui.visuals().dark_mode;
         let events = &r.events;
-        let (i0, i1) = self.range(a, events);
-        if i0 >= i1 {
+        let ((i0, i1), (v0, v1)) = self.range(a, events);
+        if v0 >= v1 {
             ui.label(match self.part {
                 Part::Profile => "No events recorded.",
                 Part::Verify => "No verify passes in this run (turn on \"verify each budget\").",
@@ -136,6 +142,9 @@ impl LifetimeView {
                 ui.label(
                     "Verify passes: the KV cache each budget grants, then one more max-batch pass inside T·u.",
                 );
+                if a.lifetimes.graph_phases().next().is_some() {
+                    ui.label("The CUDA graph phases are in Lifetimes and Memory lines.");
+                }
             }
             if ui.button("Reset view").clicked() {
                 self.reset = true;
@@ -196,7 +205,7 @@ impl LifetimeView {
         let mut plot = base_plot(ui, self.id, AxisKind::Events)
             .height(plot_h)
             .allow_drag(true)
-            .default_x_bounds(i0 as f64, i1 as f64)
+            .default_x_bounds(v0 as f64, v1 as f64)
             .default_y_bounds(0.0, y_top)
             .x_axis_label("event order (index in the timeline)")
             .y_axis_label("framework allocations");
@@ -242,7 +251,8 @@ impl LifetimeView {
                 lines,
                 part,
                 dark,
-                x_range: (i0, i1),
+                x_range: (v0, v1),
+                data_range: (i0, i1),
                 y_top,
             });
             (t, pui.pointer_coordinate())
@@ -391,7 +401,10 @@ struct BandsItem {
     lines: Vec<(String, f64, Color32)>,
     part: Part,
     dark: bool,
+    /// The events the view opens on (its default bounds).
     x_range: (usize, usize),
+    /// The events it draws.
+    data_range: (usize, usize),
     y_top: f64,
 }
 
@@ -507,18 +520,47 @@ impl PlotItem for BandsItem {
 
         // Passes: a boundary line at each start, the label where it fits.
         let a = &self.analysis.lifetimes;
-        let mut last_label_right = f32::NEG_INFINITY;
+        // Pass labels go in two rows: one that would meet its neighbour's goes a row down (at
+        // 1280 px the verify labels of #9516 and #12126 were left out).
+        let mut last_label_right = [f32::NEG_INFINITY; 2];
         // The pass and checkpoint labels, which the budget line labels must not cover.
         let mut obstacles: Vec<Rect> = Vec::new();
         let mut last_line_x = f32::NEG_INFINITY;
         let mark = legible(palette::PEAK, self.dark);
+        let graph_colour = legible(
+            palette::category(crate::memory::Category::CudaGraph),
+            self.dark,
+        );
+        // The CUDA graph phases right of the view, named at its right edge.
+        let mut graphs_right: Vec<&str> = Vec::new();
         for p in &a.passes {
-            let verify = self.part == Part::Verify;
-            if p.verify != verify || p.end <= self.x_range.0 || p.start >= self.x_range.1 {
+            let shown = match self.part {
+                Part::Verify => p.verify,
+                Part::Profile => true,
+            };
+            if !shown || p.end <= self.data_range.0 || p.start >= self.data_range.1 {
                 continue;
             }
             let x = t.position_from_point_x(p.start as f64);
             let x_end = t.position_from_point_x(p.end as f64);
+            if p.graph {
+                if x > frame.right() {
+                    graphs_right.push(&p.label);
+                    continue;
+                }
+                // A band of its own, in the graphs' colour, under the bands' outlines.
+                let band = Rect::from_x_y_ranges(
+                    x.max(frame.left())..=x_end.min(frame.right()),
+                    frame.y_range(),
+                );
+                if band.width() > 0.0 {
+                    shapes.push(Shape::rect_filled(
+                        band,
+                        0.0,
+                        graph_colour.gamma_multiply(0.16),
+                    ));
+                }
+            }
             // Hundreds of passes zoomed out would hatch the plot (and cost a frame): a
             // boundary closer than a few pixels to the last one drawn is left out.
             if x >= frame.left() && x <= frame.right() && x - last_line_x >= 6.0 {
@@ -531,17 +573,31 @@ impl PlotItem for BandsItem {
                 ));
             }
             let lx = x.max(frame.left()) + 3.0;
-            if lx > last_label_right + 4.0 && x_end - lx > 40.0 {
+            let row = last_label_right.iter().position(|right| lx > right + 4.0);
+            if let (Some(row), true) = (row, x_end - lx > 40.0) {
                 let r = boxed(
                     shapes,
-                    Pos2::new(lx, frame.top() + 2.0 * line_h + 2.0),
+                    Pos2::new(
+                        lx,
+                        frame.top() + 2.0 * line_h + 2.0 + row as f32 * (line_h + 2.0),
+                    ),
                     Align2::LEFT_TOP,
                     p.label.clone(),
-                    text_colour,
+                    if p.graph { graph_colour } else { text_colour },
                 );
-                last_label_right = r.right();
+                last_label_right[row] = r.right();
                 obstacles.push(r);
             }
+        }
+        if !graphs_right.is_empty() {
+            let r = boxed(
+                shapes,
+                Pos2::new(frame.right() - 4.0, frame.top() + 2.0 * line_h + 2.0),
+                Align2::RIGHT_TOP,
+                format!("{} right of the view (zoom out)", graphs_right.join(", ")),
+                graph_colour,
+            );
+            obstacles.push(r);
         }
         if self.part == Part::Profile {
             for (k, (label, i)) in a.checkpoints.iter().enumerate() {
@@ -586,20 +642,32 @@ impl PlotItem for BandsItem {
             .filter(|p| p.0 <= frame.bottom())
             .collect();
         // Each label goes just above its line, else just below it, else to the nearest free
-        // place under it: never over another label (the pass and checkpoint ones included).
-        placed.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // place under it (then over it): never over another label (the pass and checkpoint
+        // ones included), and never across another budget line, where there is room (a label
+        // on a line reads as that line's: "T·u … (above)" sat on the #9352 line).
+        // The lines in view first, top down; a line above the view, which has no place to
+        // keep near, last.
+        placed.sort_by(|a, b| a.3.cmp(&b.3).then(a.0.total_cmp(&b.0)));
+        let drawn: Vec<f32> = placed.iter().filter(|p| !p.3).map(|p| p.0).collect();
         let mut taken: Vec<(f32, f32)> = Vec::new();
         let mut bottoms = Vec::with_capacity(placed.len());
         for (y, label, _, above) in &placed {
-            let w = ui
+            let size = ui
                 .ctx()
                 .fonts_mut(|f| f.layout_no_wrap(label.clone(), font.clone(), text_colour))
-                .size()
-                .x
-                + if *above { 80.0 } else { 4.0 };
+                .size();
+            let w = size.x + if *above { 80.0 } else { 4.0 };
             let left = frame.right() - 8.0 - w;
             let in_column = |r: &Rect| r.right() > left;
-            let free = |b: f32| {
+            let own = (!*above).then_some(*y);
+            // The box is drawn 2 px past the text on each side (`boxed`).
+            let crosses_a_line = |b: f32| {
+                drawn
+                    .iter()
+                    .filter(|ly| Some(**ly) != own)
+                    .any(|ly| *ly >= b - line_h - 3.0 && *ly <= b + 3.0)
+            };
+            let free = |b: f32, strict: bool| {
                 b - line_h >= frame.top()
                     && b <= frame.bottom()
                     && !taken.iter().any(|(t0, b0)| b > *t0 && b - line_h < *b0)
@@ -607,17 +675,36 @@ impl PlotItem for BandsItem {
                         .iter()
                         .filter(|r| in_column(r))
                         .any(|r| b > r.top() && b - line_h < r.bottom())
+                    && !(strict && crosses_a_line(b))
             };
             let above_line = y - 1.0;
             let below_line = y + 1.0 + line_h;
-            let b = [above_line, below_line]
-                .into_iter()
-                .find(|b| free(*b))
-                .or_else(|| {
-                    (0..(frame.height() as i32))
-                        .map(|k| below_line + k as f32)
-                        .find(|b| free(*b))
-                })
+            let h = frame.height() as i32;
+            // Off its line, a label keeps within a label's height of it; a label of a line
+            // above the view has no line to keep to.
+            // (Within a label and a half of the line, text to line.)
+            let reach = if *above {
+                h
+            } else {
+                (1.5 * size.y - 5.0).max(0.0) as i32
+            };
+            let search = |strict: bool, reach: i32| {
+                [above_line, below_line]
+                    .into_iter()
+                    .find(|b| free(*b, strict))
+                    .or_else(|| {
+                        (0..reach)
+                            .map(|k| below_line + k as f32)
+                            .find(|b| free(*b, strict))
+                    })
+                    .or_else(|| {
+                        (0..reach)
+                            .map(|k| above_line - k as f32)
+                            .find(|b| free(*b, strict))
+                    })
+            };
+            let b = search(true, reach)
+                .or_else(|| search(false, h))
                 .unwrap_or(above_line);
             taken.push((b - line_h, b));
             bottoms.push(b);

@@ -6,12 +6,14 @@ pub mod axis;
 mod compare;
 mod comparison;
 mod fit_table;
+mod fits;
 mod lifetime;
 mod plot;
 mod setup;
 mod style;
 mod timeline;
 mod vllm_log;
+mod words;
 mod worker;
 
 use std::path::PathBuf;
@@ -20,9 +22,11 @@ use std::sync::{Arc, Mutex};
 pub use app::{Banner, BannerKind, CentralTab, VramscopeApp};
 pub use compare::{delta_rows, DeltaRow};
 pub use comparison::verify_cell;
+pub use fits::Fit;
 pub use lifetime::{LifetimeView, Part};
-pub use setup::{ModelKind, SetupForm};
+pub use setup::{device_name, ModelKind, SetupForm};
 pub use timeline::{TimelineInput, TimelineView};
+pub use words::in_app_words;
 
 use crate::base::error::{Error, Result};
 

@@ -74,6 +74,9 @@ pub struct SetupForm {
     pub outside_during: String,
     pub outside_during_freed: bool,
     pub verify: bool,
+    /// Search the largest KV cache that really serves (the CLI's `--true-max`; one GPU).
+    #[serde(default)]
+    pub true_max: bool,
     /// vLLM's `--enforce-eager`: no CUDA graphs (a V1 release captures them otherwise).
     #[serde(default)]
     pub enforce_eager: bool,
@@ -165,6 +168,7 @@ impl Default for SetupForm {
             outside_during: "0".into(),
             outside_during_freed: r.outside_during_freed,
             verify: r.verify,
+            true_max: false,
             enforce_eager: r.enforce_eager,
             chunked_prefill: r.chunked_prefill,
             kv_cache_memory: String::new(),
@@ -222,7 +226,8 @@ impl SetupForm {
             pp_layer_partition: None,
             vllm: self.vllm.clone(),
             chunked_prefill: self.chunked_prefill,
-            true_max: false,
+            // One GPU's search: greyed out (and off) with more.
+            true_max: self.true_max && self.tp * self.pp == 1,
             enforce_eager: self.enforce_eager,
             util: self.util,
             block_size: self.block_size,
@@ -282,6 +287,7 @@ impl SetupForm {
         self.block_size = r.block_size;
         self.max_model_len = r.max_model_len;
         self.enforce_eager = r.enforce_eager;
+        self.true_max = r.true_max;
         self.chunked_prefill = r.chunked_prefill;
         self.kv_cache_memory = r.kv_cache_memory.map_or(String::new(), |b| b.to_string());
     }
@@ -480,7 +486,7 @@ impl SetupForm {
         let current = devices
             .iter()
             .find(|d| d.spec == self.device)
-            .map(|d| d.name.clone())
+            .map(device_name)
             .unwrap_or_else(|| self.device.clone());
         egui::ComboBox::from_id_salt("device")
             .selected_text(current)
@@ -491,7 +497,7 @@ impl SetupForm {
             .show_ui(ui, |ui| {
                 compact_list(ui);
                 for d in devices {
-                    let text = format!("{}  ({})", d.name, fmt_u(d.total_bytes));
+                    let text = format!("{}  ({})", device_name(d), fmt_u(d.total_bytes));
                     ui.selectable_value(&mut self.device, d.spec.clone(), text);
                 }
             })
@@ -615,7 +621,9 @@ impl SetupForm {
                 .response
                 .labelled_by(l.id);
             ui.end_row();
-            if self.tp > 1 && self.device.starts_with("sim:") {
+            // Always there for simulated GPUs (greyed out on one), so choosing tensor
+            // parallel never moves the settings below.
+            if self.device.starts_with("sim:") {
                 let l = ui.label("GPU links").on_hover_text(
                     "How the simulated GPUs reach each other (--topology): NCCL's memory and \
                      whether vLLM's custom all-reduce runs follow it. The preset's: NVLink for \
@@ -626,16 +634,21 @@ impl SetupForm {
                     None => "the preset's".to_string(),
                     Some(t) => t.describe().to_string(),
                 };
-                egui::ComboBox::from_id_salt("topology")
-                    .selected_text(label(self.topology))
-                    .show_ui(ui, |ui| {
-                        ui.selectable_value(&mut self.topology, None, label(None));
-                        for t in Topology::ALL {
-                            ui.selectable_value(&mut self.topology, Some(t), label(Some(t)));
-                        }
-                    })
-                    .response
-                    .labelled_by(l.id);
+                let several = self.tp * self.pp > 1;
+                let topology = &mut self.topology;
+                ui.add_enabled_ui(several, |ui| {
+                    egui::ComboBox::from_id_salt("topology")
+                        .selected_text(label(*topology))
+                        .show_ui(ui, |ui| {
+                            ui.selectable_value(topology, None, label(None));
+                            for t in Topology::ALL {
+                                ui.selectable_value(topology, Some(t), label(Some(t)));
+                            }
+                        })
+                        .response
+                        .labelled_by(l.id)
+                        .on_disabled_hover_text("one GPU: no links");
+                });
                 ui.end_row();
             }
             let l = ui.label("vLLM release").on_hover_text(
@@ -750,6 +763,17 @@ impl SetupForm {
                 ui.checkbox(&mut self.verify, "verify each budget");
                 ui.end_row();
                 ui.label("");
+                let one_gpu = self.tp * self.pp == 1;
+                ui.add_enabled(
+                    one_gpu,
+                    egui::Checkbox::new(&mut self.true_max, "find the true maximum"),
+                )
+                .on_hover_text(
+                    "Also search the largest KV cache that really serves: the most blocks with                      which two max-batch passes after the profile stay within floor(T·u)                      without running out of memory (verify runs; one GPU).",
+                )
+                .on_disabled_hover_text("one GPU's search: with tensor parallel or pipeline stages it does not run");
+                ui.end_row();
+                ui.label("");
                 ui.checkbox(&mut self.enforce_eager, "enforce eager (no CUDA graphs)")
                     .on_hover_text(
                         "vLLM's --enforce-eager. Without it a V1 release (0.15 on) captures its \
@@ -842,6 +866,20 @@ fn first_line(s: &str) -> String {
         "{}… (hover for more)",
         l[..cut].trim_end_matches([',', ':', ';'])
     )
+}
+
+/// A device's name in the setup, one per entry: a preset kept from before (it simulates the
+/// `nvidia-smi` total) carries the card's name as its newer preset does (which simulates the
+/// total vLLM divides), so it says which total it is ("NVIDIA L4 (simulated)" twice, 22.49 and
+/// 22.06 GiB, was two entries of one name).
+pub fn device_name(d: &crate::device::DeviceListing) -> String {
+    match d.preset {
+        Some(p) if p.superseded_by.is_some() => match d.name.strip_suffix(')') {
+            Some(head) => format!("{head}, nvidia-smi total)"),
+            None => format!("{} (nvidia-smi total)", d.name),
+        },
+        _ => d.name.clone(),
+    }
 }
 
 #[cfg(test)]

@@ -75,6 +75,8 @@ struct Cache {
     len: usize,
     fresh: bool,
     passes: Vec<PassSpan>,
+    /// vLLM's CUDA graph phases (estimate, capture), from their markers.
+    graph_phases: Vec<PassSpan>,
     markers: Vec<(u64, String)>,
     /// The highest total (allocated, reserved, device used, process used) of the events seen.
     top_bytes: u64,
@@ -290,6 +292,50 @@ impl TimelineView {
                     );
                 }
             }
+            // The CUDA graph phases: bands of their own in the graphs' colour, labelled; one
+            // right of the view is named at its right edge.
+            let graph_colour = on_bg(palette::category(Category::CudaGraph), dark);
+            let graph_y = label_top - 0.18 * b.height();
+            let mut right_of_view: Vec<&str> = Vec::new();
+            for g in &cache.graph_phases {
+                let (sx, ex) = (xt(g.start_us), xt(g.end_us.saturating_add(1)));
+                if sx > b.max()[0] {
+                    right_of_view.push(&g.label);
+                    continue;
+                }
+                pui.span(
+                    Span::new("", sx..=ex)
+                        .fill(graph_colour.gamma_multiply(0.16))
+                        .border_width(0.0),
+                );
+                if ex >= b.min()[0] {
+                    pui.text(
+                        Text::new(
+                            "",
+                            PlotPoint::new(sx.max(b.min()[0]), graph_y),
+                            RichText::new(&g.label)
+                                .size(body * 0.85)
+                                .color(graph_colour),
+                        )
+                        .anchor(Align2::LEFT_TOP),
+                    );
+                }
+            }
+            if !right_of_view.is_empty() {
+                pui.text(
+                    Text::new(
+                        "",
+                        PlotPoint::new(b.max()[0], graph_y),
+                        RichText::new(format!(
+                            "{} right of the view (zoom out)",
+                            right_of_view.join(", ")
+                        ))
+                        .size(body * 0.85)
+                        .color(graph_colour),
+                    )
+                    .anchor(Align2::RIGHT_TOP),
+                );
+            }
             for (k, (t, label)) in cache.markers.iter().enumerate() {
                 let x = xt(*t);
                 // Staggered heights, so neighbouring checkpoints do not overwrite each other.
@@ -403,6 +449,7 @@ impl TimelineView {
         c.levels = [vec![None; LEVELS.len()], vec![None; LEVELS.len()]];
         c.view_key = None;
         c.passes = pass_spans(input.events, input.report);
+        c.graph_phases = graph_spans(input.events);
         c.markers = input
             .events
             .iter()
@@ -501,6 +548,38 @@ impl Cache {
             reduce_samples(samples, t0, t1.max(t0 + 1), width_px)
         };
     }
+}
+
+/// vLLM's CUDA graph phases between their markers (a phase still open ends at the last
+/// event: a live run).
+fn graph_spans(events: &[Event]) -> Vec<PassSpan> {
+    use crate::report::lifetimes::{GRAPH_CAPTURE, GRAPH_ESTIMATE};
+    let mut out = Vec::new();
+    let mut open: Option<(&str, u64)> = None;
+    for e in events.iter().filter(|e| e.kind == EventKind::Marker) {
+        match e.tensor.as_str() {
+            "cudagraph estimate" => open = Some((GRAPH_ESTIMATE, e.time_us)),
+            "cudagraph capture" => open = Some((GRAPH_CAPTURE, e.time_us)),
+            "cudagraph estimate end" | "cudagraph capture end" => {
+                if let Some((label, start_us)) = open.take() {
+                    out.push(PassSpan {
+                        label: label.into(),
+                        start_us,
+                        end_us: e.time_us,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    if let (Some((label, start_us)), Some(last)) = (open, events.last()) {
+        out.push(PassSpan {
+            label: label.into(),
+            start_us,
+            end_us: last.time_us,
+        });
+    }
+    out
 }
 
 fn is_checkpoint(label: &str) -> bool {

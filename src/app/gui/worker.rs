@@ -7,6 +7,7 @@ use std::sync::mpsc::{channel, Receiver, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use super::fits::{self, Fit};
 use crate::engine::progress::{Progress, ProgressSink};
 use crate::profile::{self, ProfileRequest, Report};
 
@@ -15,6 +16,9 @@ pub enum WorkerMsg {
     Progress(Progress),
     /// The run ended: its report, or the error / panic message to show in the banner.
     Finished(Result<Box<Report>, RunFailure>),
+    /// Sent before `Finished` where vLLM would not start the run: the settings that would,
+    /// each checked by a dry run (`fits::checked`).
+    Fits(Vec<Fit>),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -44,14 +48,20 @@ impl Worker {
     /// Starts a profile run; `wake` is called after every message so the UI repaints.
     pub fn spawn(req: ProfileRequest, wake: impl Fn() + Send + Clone + 'static) -> Worker {
         Self::spawn_job(
-            move |sink, cancel| profile::run(&req, Some(sink), cancel),
+            move |sink, cancel| {
+                let out = profile::run(&req, Some(sink), cancel.clone());
+                let fits = fits::checked(&req, &out, &cancel);
+                (out, fits)
+            },
             wake,
         )
     }
 
     /// Runs `job` on a new thread, with a progress sink into this worker's channel.
     fn spawn_job(
-        job: impl FnOnce(ProgressSink, Arc<AtomicBool>) -> crate::Result<Report> + Send + 'static,
+        job: impl FnOnce(ProgressSink, Arc<AtomicBool>) -> (crate::Result<Report>, Option<Vec<Fit>>)
+            + Send
+            + 'static,
         wake: impl Fn() + Send + Clone + 'static,
     ) -> Worker {
         let (tx, rx) = channel();
@@ -69,9 +79,16 @@ impl Worker {
                 });
                 let outcome = catch_unwind(AssertUnwindSafe(|| job(sink, flag)));
                 let msg = match outcome {
-                    Ok(Ok(report)) => Ok(Box::new(report)),
-                    Ok(Err(crate::Error::Cancelled)) => Err(RunFailure::Cancelled),
-                    Ok(Err(e)) => Err(RunFailure::Error(e.to_string())),
+                    Ok((result, fits)) => {
+                        if let Some(fits) = fits {
+                            let _ = tx.send(WorkerMsg::Fits(fits));
+                        }
+                        match result {
+                            Ok(report) => Ok(Box::new(report)),
+                            Err(crate::Error::Cancelled) => Err(RunFailure::Cancelled),
+                            Err(e) => Err(RunFailure::Error(e.to_string())),
+                        }
+                    }
                     Err(payload) => Err(RunFailure::Panic(panic_text(payload.as_ref()))),
                 };
                 let _ = tx.send(WorkerMsg::Finished(msg));
@@ -174,7 +191,7 @@ mod tests {
                 while !cancel.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                Err(crate::Error::Cancelled)
+                (Err(crate::Error::Cancelled), None)
             },
             || {},
         );
