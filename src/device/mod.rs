@@ -8,6 +8,7 @@
 pub mod cpu;
 pub mod cpu_attention;
 pub mod cpu_gemma;
+pub mod cpu_siglip;
 pub mod cpu_gpt_oss;
 pub mod cpu_opt;
 pub mod cpu_sampler;

@@ -81,6 +81,11 @@ pub struct ProfileRequest {
     /// v1/worker/gpu_worker.py:344-362).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache_memory: Option<u64>,
+    /// vLLM's `--limit-mm-per-prompt` (`{"image": 0}` or `image=0`): images per prompt; 0
+    /// turns the encoder's profile off (and from 0.15 the vision tower's weights). `None`:
+    /// vLLM's default (999 under V1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_mm_images: Option<u64>,
 }
 
 fn default_vllm() -> String {
@@ -197,6 +202,7 @@ impl Default for ProfileRequest {
             enforce_eager: false,
             kv_cache_dtype: KvCacheDtype::Auto,
             kv_cache_memory: None,
+            limit_mm_images: None,
         }
     }
 }

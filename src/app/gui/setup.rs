@@ -234,6 +234,7 @@ impl SetupForm {
                 "" => None,
                 given => Some(size("kv_cache_memory", given)?),
             },
+            limit_mm_images: None,
         };
         r.validate()?;
         Ok(r)
