@@ -8,10 +8,10 @@
 pub mod cpu;
 pub mod cpu_attention;
 pub mod cpu_gemma;
-pub mod cpu_siglip;
 pub mod cpu_gpt_oss;
 pub mod cpu_opt;
 pub mod cpu_sampler;
+pub mod cpu_siglip;
 pub(crate) mod cpu_vec;
 pub mod cuda;
 pub mod group;

@@ -36,8 +36,12 @@ pub fn patch_embed(
     rt.set_op("conv2d");
     let g = size / patch;
     let d = b.numel();
-    let mut out =
-        rt.tensor_for_overwrite(name, Category::Activation, &[images * g * g, d], pixels.dtype)?;
+    let mut out = rt.tensor_for_overwrite(
+        name,
+        Category::Activation,
+        &[images * g * g, d],
+        pixels.dtype,
+    )?;
     if rt.backend() == Backend::Cpu {
         cpu_siglip::patch_embed(
             pixels.f32(),
@@ -118,7 +122,8 @@ pub fn transpose_copy(
     name: &str,
 ) -> Result<Tensor> {
     rt.set_op("transpose_copy");
-    let mut out = rt.tensor_for_overwrite(name, Category::Activation, &[images * cols, rows], x.dtype)?;
+    let mut out =
+        rt.tensor_for_overwrite(name, Category::Activation, &[images * cols, rows], x.dtype)?;
     if rt.backend() == Backend::Cpu {
         cpu_siglip::transpose_12(x.f32(), (images, rows, cols), out.f32_mut());
     }

@@ -2355,11 +2355,22 @@ mod tests {
         assert!(e.contains("vision_use_head"), "{e}");
         let mut v = v;
         v["vision_config"]["vision_use_head"] = false.into();
+        // SiglipVisionConfig's 224-pixel images in 14 × 14 patches do not pool to 16 × 16.
+        let e = ModelConfig::from_hf_json(&v).unwrap_err();
+        assert!(e.contains("mm_tokens_per_image 256"), "{e}");
+        v["vision_config"]["image_size"] = 896.into();
+        v["vision_config"]["patch_size"] = 14.into();
         let c = ModelConfig::from_hf_json(&v).unwrap();
         assert_eq!(c.arch, "gemma3_text");
         let text = ModelConfig::from_hf_json(&gemma3_12b_text()).unwrap();
-        assert_eq!(ModelConfig { gemma3_mm: None, ..c.clone() }, text);
-        assert_eq!(c.gemma3_mm.unwrap().vision.num_patches(), 196);
+        assert_eq!(
+            ModelConfig {
+                gemma3_mm: None,
+                ..c.clone()
+            },
+            text
+        );
+        assert_eq!(c.gemma3_mm.unwrap().vision.num_patches(), 4096);
     }
 
     fn base() -> serde_json::Value {

@@ -731,13 +731,22 @@ mod tests {
             let mm = c.gemma3_mm.as_ref().unwrap();
             assert_eq!(mm.tower_param_count(), 416_866_032, "{name}");
             assert_eq!(c.param_count() - mm.param_count(c.hidden_size), {
-                let text = ModelConfig { gemma3_mm: None, ..c.clone() };
+                let text = ModelConfig {
+                    gemma3_mm: None,
+                    ..c.clone()
+                };
                 text.param_count()
             });
         }
         // The 12B's language model is the text-only preset's.
         let it = preset("gemma-3-12b-it").unwrap();
-        assert_eq!(ModelConfig { gemma3_mm: None, ..it }, preset("gemma-3-12b").unwrap());
+        assert_eq!(
+            ModelConfig {
+                gemma3_mm: None,
+                ..it
+            },
+            preset("gemma-3-12b").unwrap()
+        );
         // The total_size of their model.safetensors.index.json (bf16) halved; Mixtral's
         // 46.7 B, Qwen3's 30.5 B and 235 B of the model cards.
         let mixtral = preset("mixtral-8x7b").unwrap();

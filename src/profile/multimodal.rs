@@ -89,7 +89,9 @@ pub fn parse_limit(v: &str) -> Result<Option<u64>> {
     if t.starts_with('{') {
         let j: serde_json::Value =
             serde_json::from_str(t).map_err(|e| bad(format!("not JSON ({e})")))?;
-        let obj = j.as_object().ok_or_else(|| bad("expected a JSON object".into()))?;
+        let obj = j
+            .as_object()
+            .ok_or_else(|| bad("expected a JSON object".into()))?;
         for (k, x) in obj {
             let n = match x {
                 serde_json::Value::Number(n) => n.as_u64(),
@@ -132,7 +134,9 @@ pub fn check_processor_kwargs(v: &str) -> Result<()> {
     let bad = |why: String| Error::Request(format!("--mm-processor-kwargs '{v}': {why}"));
     let j: serde_json::Value =
         serde_json::from_str(v.trim()).map_err(|e| bad(format!("not JSON ({e})")))?;
-    let obj = j.as_object().ok_or_else(|| bad("expected a JSON object".into()))?;
+    let obj = j
+        .as_object()
+        .ok_or_else(|| bad("expected a JSON object".into()))?;
     for (k, x) in obj {
         match (k.as_str(), x) {
             ("do_pan_and_scan", serde_json::Value::Bool(false)) => {}
@@ -174,7 +178,10 @@ mod tests {
     fn the_budget_is_the_batch_and_the_items_what_fits_in_it() {
         // 0.11 counts the 260-token placeholder: 16384 // 260 = 63 images.
         let p = plan(&gemma3(), R011, (16384, 1024, 131072), true, None).unwrap();
-        assert_eq!((p.budget_tokens, p.items, p.tokens_per_item), (16384, 63, 260));
+        assert_eq!(
+            (p.budget_tokens, p.items, p.tokens_per_item),
+            (16384, 63, 260)
+        );
         // 0.19 counts the 256 embeddings: 8192 // 256 = 32.
         let p = plan(&gemma3(), R019, (8192, 1024, 131072), true, None).unwrap();
         assert_eq!((p.budget_tokens, p.items), (8192, 32));

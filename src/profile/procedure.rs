@@ -83,7 +83,11 @@ impl Encoder {
                     &[p.budget_tokens as usize, hidden],
                     out.dtype,
                 )?;
-                let part = out.part(format!("encoder_output.{i}"), i * per * hidden, &[per, hidden]);
+                let part = out.part(
+                    format!("encoder_output.{i}"),
+                    i * per * hidden,
+                    &[per, hidden],
+                );
                 ops::copy_into(rt, &mut z, 0, &part)?;
                 cache.push(z);
             }
@@ -1025,8 +1029,7 @@ pub(crate) fn run_rank(
                             opened.source.as_ref(),
                             &opts,
                         )?;
-                        v.varlen_attention =
-                            !(profile.sdpa_on_blackwell && device_major >= 10);
+                        v.varlen_attention = !(profile.sdpa_on_blackwell && device_major >= 10);
                         Some(v)
                     };
                     Some(Encoder {
@@ -1654,7 +1657,11 @@ pub(crate) fn run_rank(
                 plan: e.plan.clone(),
                 phase_peak_bytes: phase_peak,
                 held_bytes: held,
-                peak_share_bytes: if phase_peak >= pass_peak { phase_peak } else { held },
+                peak_share_bytes: if phase_peak >= pass_peak {
+                    phase_peak
+                } else {
+                    held
+                },
                 attention: match e.vision.as_ref().map(|v| v.varlen_attention) {
                     Some(true) => "FlashAttention varlen".into(),
                     Some(false) => "PyTorch SDPA".into(),

@@ -325,19 +325,25 @@ pub struct EncoderReport {
 /// torch peak increase (the encoder phase's own peak, or what it holds under the text pass).
 impl Report {
     pub fn encoder_sentence(&self) -> Option<String> {
-    let r = self;
-    let e = self.encoder.as_ref()?;
-    let t1 = r.checkpoints.t1.allocated;
-    let peak = r.checkpoints.t2.allocated_peak.saturating_sub(t1);
-    let pct = |a: u64, b: u64| if b == 0 { 0.0 } else { 100.0 * a as f64 / b as f64 };
-    let non_kv = r
-        .formulas
-        .iter()
-        .find(|f| f.id == super::formulas::FormulaId::Pr12126)
-        .or(r.formulas.last())
-        .map_or(0, |f| f.non_kv_bytes.max(0) as u64);
-    let share = e.weights_bytes + e.peak_share_bytes;
-    Some(match &e.plan {
+        let r = self;
+        let e = self.encoder.as_ref()?;
+        let t1 = r.checkpoints.t1.allocated;
+        let peak = r.checkpoints.t2.allocated_peak.saturating_sub(t1);
+        let pct = |a: u64, b: u64| {
+            if b == 0 {
+                0.0
+            } else {
+                100.0 * a as f64 / b as f64
+            }
+        };
+        let non_kv = r
+            .formulas
+            .iter()
+            .find(|f| f.id == super::formulas::FormulaId::Pr12126)
+            .or(r.formulas.last())
+            .map_or(0, |f| f.non_kv_bytes.max(0) as u64);
+        let share = e.weights_bytes + e.peak_share_bytes;
+        Some(match &e.plan {
         Some(p) => format!(
             "encoder (vision tower + projector): weights {} ({:.1} % of the weights); profile of {} images of {} tokens into a budget of {} tokens ({} attention): its phase peaks at {}, it holds {} (pixel values and the encoder cache) under the text pass, so {} of the {} peak activation ({:.1} %) is the encoder's; with its weights {} of the non-KV {} ({:.1} %)",
             crate::base::units::fmt_u(e.weights_bytes),
@@ -360,7 +366,7 @@ impl Report {
             crate::base::units::fmt_u(e.weights_bytes)
         ),
     })
-}
+    }
 }
 
 /// A pipeline-parallel rank's stage: which decoder layers it holds (`get_pp_indices`), and its

@@ -184,12 +184,10 @@ impl ModelConfig {
     ) -> std::result::Result<Self, String> {
         let text = match v.get("text_config") {
             Some(t @ serde_json::Value::Object(_)) => t,
-            _ => {
-                return Err(
-                    "model_type gemma3 needs a text_config object (its language model, gemma3_text)"
-                        .into(),
-                )
-            }
+            _ => return Err(
+                "model_type gemma3 needs a text_config object (its language model, gemma3_text)"
+                    .into(),
+            ),
         };
         let mut text = text.clone();
         match text.get("model_type").and_then(serde_json::Value::as_str) {
@@ -241,7 +239,8 @@ impl ModelConfig {
                 ));
             }
         }
-        let e = |r: std::result::Result<usize, String>| r.map_err(|e| format!("vision_config: {e}"));
+        let e =
+            |r: std::result::Result<usize, String>| r.map_err(|e| format!("vision_config: {e}"));
         let vision = SiglipShape {
             hidden_size: e(count_or(vis, "hidden_size", 768, 1 << 16))?,
             intermediate_size: e(count_or(vis, "intermediate_size", 3072, 1 << 18))?,
@@ -277,9 +276,7 @@ impl ModelConfig {
             image_token_index: count_or(v, "image_token_index", 262144, 1 << 24)?,
         };
         let side = mm.tokens_per_side();
-        if side * side != mm.mm_tokens_per_image
-            || mm.vision.patches_per_side() % side != 0
-        {
+        if side * side != mm.mm_tokens_per_image || mm.vision.patches_per_side() % side != 0 {
             return Err(format!(
                 "mm_tokens_per_image {} must be a square whose side divides the {} patches per side",
                 mm.mm_tokens_per_image,

@@ -80,7 +80,8 @@ impl Gemma3Vision {
             let (rank, size) = rt.tp().map_or((0, 1), |t| (t.rank, t.size));
             TpShard { rank, size }
         };
-        if !s.num_heads.is_multiple_of(shard.size) || !s.intermediate_size.is_multiple_of(shard.size)
+        if !s.num_heads.is_multiple_of(shard.size)
+            || !s.intermediate_size.is_multiple_of(shard.size)
         {
             return Err(Error::Request(format!(
                 "--tp {}: the vision tower's {} heads or MLP of {} do not divide over the GPUs",
@@ -131,8 +132,12 @@ impl Gemma3Vision {
                 d,
                 &format!("{a}.qkv_proj.weight"),
             )?;
-            let qkv_bias =
-                ld.dense_concat_parts(&proj("bias"), &[d; 3], &part, &format!("{a}.qkv_proj.bias"))?;
+            let qkv_bias = ld.dense_concat_parts(
+                &proj("bias"),
+                &[d; 3],
+                &part,
+                &format!("{a}.qkv_proj.bias"),
+            )?;
             let row = |ld: &mut Loader, name: &str, k: usize, first: usize, len: usize| {
                 Ok::<_, Error>(BiasedLinear {
                     w: ld.linear_slice(&format!("{name}.weight"), Slice::cols(d, k, first, len))?,
@@ -144,7 +149,10 @@ impl Gemma3Vision {
             let layer_norm1 = norm(&mut ld, &format!("{p}.layer_norm1"))?;
             let fc1_name = format!("{p}.mlp.fc1");
             let fc1 = BiasedLinear {
-                w: ld.linear_slice(&format!("{fc1_name}.weight"), Slice::rows(i, d, f_first, f_len))?,
+                w: ld.linear_slice(
+                    &format!("{fc1_name}.weight"),
+                    Slice::rows(i, d, f_first, f_len),
+                )?,
                 b: Some(ld.dense_concat_parts(
                     &[format!("{fc1_name}.bias")],
                     &[i],
@@ -225,7 +233,14 @@ impl Gemma3Vision {
         )?;
         let ids: Vec<u32> = (0..np as u32).collect();
         let pos = if rt.tp().is_some() {
-            ops_tp::vocab_parallel_embedding(rt, &ids, &self.pos_embed, self.pos_first_row, np, self.act)?
+            ops_tp::vocab_parallel_embedding(
+                rt,
+                &ids,
+                &self.pos_embed,
+                self.pos_first_row,
+                np,
+                self.act,
+            )?
         } else {
             ops::embedding(rt, &ids, &self.pos_embed, self.act)?
         };
@@ -250,7 +265,11 @@ impl Gemma3Vision {
             // The embeddings are `[N, D, g²]` transposed: `layer_norm_cuda` copies them to a
             // contiguous tensor first (`input.expect_contiguous()`), freed as it returns.
             let staged = if li == 0 {
-                Some(ops::clone(rt, input, &format!("{l}.layer_norm1.contiguous"))?)
+                Some(ops::clone(
+                    rt,
+                    input,
+                    &format!("{l}.layer_norm1.contiguous"),
+                )?)
             } else {
                 None
             };
@@ -277,7 +296,9 @@ impl Gemma3Vision {
                 &format!("{l}.layer_norm2"),
             )?;
             let act = self.act;
-            let h = layer.fc1.forward(rt, &ln2, &format!("{l}.mlp.fc1"), 0, act)?;
+            let h = layer
+                .fc1
+                .forward(rt, &ln2, &format!("{l}.mlp.fc1"), 0, act)?;
             let g = ops_phi::gelu_new(rt, &h, &format!("{l}.mlp.act"))?;
             drop(h);
             // RowParallelLinear reduces before fc2 returns; the activation dies at the rebind.
@@ -328,7 +349,9 @@ impl Gemma3Vision {
             self.varlen_attention,
             &format!("{l}.attn"),
         )?;
-        let out = layer.out_proj.forward(rt, &o, &format!("{l}.out_proj"), 0, act)?;
+        let out = layer
+            .out_proj
+            .forward(rt, &o, &format!("{l}.out_proj"), 0, act)?;
         let out = ops_tp::all_reduce(rt, out, &format!("{l}.out_proj.all_reduce"))?;
         // Locals die as `SiglipAttention.forward` returns: `qkv_states` (its views with it),
         // then `out`.
@@ -361,7 +384,8 @@ impl Gemma3Vision {
             (images, d, t),
             "projector.mm_soft_emb_norm",
         )?;
-        let out = ops_siglip::matmul_nn(rt, &normed, &self.proj_w, "projector.mm_input_projection")?;
+        let out =
+            ops_siglip::matmul_nn(rt, &normed, &self.proj_w, "projector.mm_input_projection")?;
         // The projector's locals die in order as it returns (the reshaped copy, the pool, the
         // norm); the tower's output when `_process_image_input` returns.
         drop(shaped);
@@ -377,7 +401,12 @@ impl Gemma3Vision {
 /// (`group_mm_kwargs_by_modality`, multimodal/utils.py 0.11 L426-455), already in the model
 /// dtype (the processor casts it, multimodal/processing.py 0.11 L1016-1029); then `num_crops`
 /// (int64 `[N]`).
-pub fn dummy_pixels(rt: &Runtime, shape: &Gemma3MmShape, images: usize, act: DType) -> Result<(Tensor, Tensor)> {
+pub fn dummy_pixels(
+    rt: &Runtime,
+    shape: &Gemma3MmShape,
+    images: usize,
+    act: DType,
+) -> Result<(Tensor, Tensor)> {
     let s = &shape.vision;
     rt.set_op("mm_dummy_batch");
     let px = rt.tensor(
@@ -409,7 +438,10 @@ pub fn encode_test_images(dir: &std::path::Path, images: usize) -> Result<Vec<f3
     };
     let opened = crate::model::open(&source, 0)?;
     let shape = opened.config.gemma3_mm.clone().ok_or_else(|| {
-        Error::Request(format!("{}: not a gemma3 (multimodal) checkpoint", dir.display()))
+        Error::Request(format!(
+            "{}: not a gemma3 (multimodal) checkpoint",
+            dir.display()
+        ))
     })?;
     let device = crate::device::Device::open(&crate::device::DeviceSpec::parse("sim:h100-80gb")?)?;
     let layout = device.int8_tile_layout();
@@ -436,4 +468,39 @@ pub fn encode_test_images(dir: &std::path::Path, images: usize) -> Result<Vec<f3
     let out = v.encode(&rt, &px, images)?;
     ops::read_f32(&rt, &out)?
         .ok_or_else(|| Error::Request("the embeddings were not computed (a dry device)".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tower and projector of google/gemma-3-4b-it weigh their parameters in bf16: the
+    /// checkpoint's 416,866,032 + 2,950,272 parameters, two bytes each.
+    #[test]
+    fn the_tower_weighs_its_parameters() {
+        let cfg = crate::model::presets::preset("gemma-3-4b-it").unwrap();
+        let device = crate::device::Device::open(
+            &crate::device::DeviceSpec::parse("sim:h100-sxm:dry").unwrap(),
+        )
+        .unwrap();
+        let layout = device.int8_tile_layout();
+        let rt = Runtime::new(
+            device,
+            std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            None,
+        );
+        let src = crate::model::open(
+            &crate::model::ModelSource::parse("preset:gemma-3-4b-it").unwrap(),
+            0,
+        )
+        .unwrap();
+        let opts = LoadOptions {
+            quant: crate::quant::Quant::BF16,
+            int8_threshold: 0.0,
+            int8_layout: layout,
+            attn_scalars: 0,
+        };
+        let v = Gemma3Vision::load(&rt, &cfg, src.source.as_ref(), &opts).unwrap();
+        assert_eq!(v.weight_bytes(), (416_866_032 + 2_950_272) * 2);
+    }
 }

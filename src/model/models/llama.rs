@@ -553,8 +553,7 @@ impl LlamaModel {
                     true => None,
                     false => Some(scale_new),
                 };
-                super::gemma::forward_layers(rt, &run, cfg, act, residual, scale)
-                    .map(|h| (h, None))
+                super::gemma::forward_layers(rt, &run, cfg, act, residual, scale).map(|h| (h, None))
             }
             Decoder::Granite => {
                 super::granite::forward_layers(rt, &run, cfg, residual).map(|h| (h, None))
