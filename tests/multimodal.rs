@@ -234,3 +234,90 @@ fn plan_names_the_encoders_share_for_gemma_3_27b() {
     assert!(!ok);
     assert!(err.contains("pan-and-scan"), "{err}");
 }
+
+/// A line of docs/cli.md as a shell splits it: words on spaces, `'…'` kept whole.
+fn shell_words(line: &str) -> Vec<String> {
+    let (mut words, mut cur, mut quoted, mut any) = (Vec::new(), String::new(), false, false);
+    for ch in line.chars() {
+        match ch {
+            '\'' => {
+                quoted = !quoted;
+                any = true;
+            }
+            ' ' if !quoted => {
+                if any {
+                    words.push(std::mem::take(&mut cur));
+                    any = false;
+                }
+            }
+            c => {
+                cur.push(c);
+                any = true;
+            }
+        }
+    }
+    if any {
+        words.push(cur);
+    }
+    words
+}
+
+/// docs/cli.md's "Multimodal models (Gemma 3)" lines, read from the file and run as written,
+/// with the numbers its text quotes.
+#[test]
+fn the_documented_multimodal_lines_run_as_written() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+    let section = doc
+        .split("### Multimodal models (Gemma 3)")
+        .nth(1)
+        .unwrap()
+        .split("\n### ")
+        .next()
+        .unwrap();
+    let lines: Vec<&str> = section
+        .lines()
+        .filter(|l| l.starts_with("vramscope "))
+        .collect();
+    assert_eq!(lines.len(), 3, "{section}");
+    let outs: Vec<String> = lines
+        .iter()
+        .map(|line| {
+            let words = shell_words(line);
+            let args: Vec<&str> = words[1..].iter().map(String::as_str).collect();
+            let (ok, out, err) = vramscope(&args);
+            assert!(ok, "{line}: {err}");
+            out
+        })
+        .collect();
+    // The 27B with images, then text-only: the numbers the section quotes.
+    for (out, want) in [
+        (
+            &outs[0],
+            [
+                "Actual usage is 51.45 GiB for weight, 6.53 GiB for peak activation",
+                "Available KV cache memory: 13.53 GiB",
+            ],
+        ),
+        (
+            &outs[1],
+            [
+                "Actual usage is 50.65 GiB for weight, 3.76 GiB for peak activation",
+                "Available KV cache memory: 17.10 GiB",
+            ],
+        ),
+        (
+            &outs[2],
+            [
+                "Actual usage is 8.58 GiB for weight, 14.83 GiB for peak activation",
+                "profiled with 63 image items",
+            ],
+        ),
+    ] {
+        for w in want {
+            assert!(out.contains(w), "{w}: {out}");
+        }
+    }
+    assert!(outs[0].contains("Encoder cache will be initialized"));
+    assert!(!outs[1].contains("Encoder cache will be initialized"));
+    assert!(outs[1].contains("no encoder profile"), "{}", outs[1]);
+}
