@@ -38,7 +38,7 @@ enum Workload {
         /// The sampler runs of V1's `_dummy_sampler_run`, in order (0.21 runs two).
         v1: Option<Vec<sampler::V1TopKTopP>>,
         /// A multimodal model's vision tower and encoder profile (Gemma 3).
-        encoder: Option<Encoder>,
+        encoder: Option<Box<Encoder>>,
     },
     /// vLLM's `test_memory_profiling`: weights of a given size, a spike of activations.
     Synthetic { _weights: Tensor, spike_bytes: u64 },
@@ -1032,12 +1032,12 @@ pub(crate) fn run_rank(
                         v.varlen_attention = !(profile.sdpa_on_blackwell && device_major >= 10);
                         Some(v)
                     };
-                    Some(Encoder {
+                    Some(Box::new(Encoder {
                         vision,
                         plan,
                         armed: std::cell::Cell::new(false),
                         stats: std::cell::Cell::new(None),
-                    })
+                    }))
                 }
                 None => None,
             };
@@ -1133,19 +1133,21 @@ pub(crate) fn run_rank(
     // and embeds its tokens as a text model does.
     if let Workload::Model {
         model,
-        encoder: Some(Encoder { plan: Some(_), .. }),
+        encoder: Some(e),
         ..
     } = &work
     {
-        rt.set_op("model_runner.inputs_embeds");
-        let c = model.config();
-        let buf = rt.tensor(
-            "model_runner.inputs_embeds",
-            Category::Activation,
-            &[req.tokens, c.hidden_size],
-            req.quant.activation_dtype(),
-        )?;
-        model.set_inputs_embeds(buf)?;
+        if e.plan.is_some() {
+            rt.set_op("model_runner.inputs_embeds");
+            let c = model.config();
+            let buf = rt.tensor(
+                "model_runner.inputs_embeds",
+                Category::Activation,
+                &[req.tokens, c.hidden_size],
+                req.quant.activation_dtype(),
+            )?;
+            model.set_inputs_embeds(buf)?;
+        }
     }
     // Model Runner V2's sampler state, made with the runner after the weights are measured
     // and kept: `prompt_bin_mask` [max_num_reqs, ⌈V/32⌉] and `output_bin_counts`

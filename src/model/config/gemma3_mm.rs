@@ -258,13 +258,15 @@ impl ModelConfig {
             )
             .map_err(|e| format!("vision_config: {e}"))?,
         };
-        if vision.hidden_size % vision.num_heads != 0 {
+        if !vision.hidden_size.is_multiple_of(vision.num_heads) {
             return Err(format!(
                 "vision_config: hidden_size {} is not a multiple of num_attention_heads {}",
                 vision.hidden_size, vision.num_heads
             ));
         }
-        if vision.patch_size > vision.image_size || vision.image_size % vision.patch_size != 0 {
+        if vision.patch_size > vision.image_size
+            || !vision.image_size.is_multiple_of(vision.patch_size)
+        {
             return Err(format!(
                 "vision_config: image_size {} is not a multiple of patch_size {}",
                 vision.image_size, vision.patch_size
@@ -276,7 +278,9 @@ impl ModelConfig {
             image_token_index: count_or(v, "image_token_index", 262144, 1 << 24)?,
         };
         let side = mm.tokens_per_side();
-        if side * side != mm.mm_tokens_per_image || mm.vision.patches_per_side() % side != 0 {
+        if side * side != mm.mm_tokens_per_image
+            || !mm.vision.patches_per_side().is_multiple_of(side)
+        {
             return Err(format!(
                 "mm_tokens_per_image {} must be a square whose side divides the {} patches per side",
                 mm.mm_tokens_per_image,
