@@ -321,3 +321,26 @@ fn the_documented_multimodal_lines_run_as_written() {
     assert!(!outs[1].contains("Encoder cache will be initialized"));
     assert!(outs[1].contains("no encoder profile"), "{}", outs[1]);
 }
+
+/// Mistral 3 / Pixtral (`Mistral3ForConditionalGeneration`) is not modelled: a config of it
+/// gets one line naming what is missing, through the binary.
+#[test]
+fn mistral3_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+            "text_config": {"model_type": "mistral", "hidden_size": 5120},
+            "vision_config": {"model_type": "pixtral", "hidden_size": 1024}}"#,
+    )
+    .unwrap();
+    let path = dir.path().to_str().unwrap();
+    let (ok, _, err) = vramscope(&["plan", "--vllm", "0.19", "--", "vllm", "serve", path]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("model_type 'mistral3' (Mistral3ForConditionalGeneration"),
+        "{err}"
+    );
+    assert!(err.contains("Pixtral vision tower"), "{err}");
+}
