@@ -290,6 +290,14 @@ pub struct ProfileArgs {
     /// set the budget.
     #[arg(long, value_parser = size_arg, value_name = "SIZE")]
     pub kv_cache_memory: Option<u64>,
+    /// vLLM's --limit-mm-per-prompt for a multimodal model (`{"image": 0}` or `image=0`):
+    /// images per prompt; 0 runs it text-only (no encoder profile; from 0.15 no vision tower).
+    #[arg(long, value_name = "JSON")]
+    pub limit_mm_per_prompt: Option<String>,
+    /// vLLM's --mm-processor-kwargs: `{"do_pan_and_scan": false}` (Gemma 3's default) is
+    /// modelled; pan-and-scan and other keys are refused by name.
+    #[arg(long, value_name = "JSON")]
+    pub mm_processor_kwargs: Option<String>,
     /// The vLLM release to reproduce: its profile run, defaults, formula and log lines
     /// (0.6.3, 380e1863, 0.6.4, 0.6.5, 0.7, 0.8; V1: 0.15, 0.19, 0.21; aliases
     /// such as 0.6.4.post1, 0.10.0 or 0.19.0).
@@ -554,7 +562,14 @@ impl ProfileArgs {
             kv_cache_dtype: KvCacheDtype::parse(&self.kv_cache_dtype)?,
             kv_cache_memory: self.kv_cache_memory,
             llm_class: self.llm_class,
+            limit_mm_images: match &self.limit_mm_per_prompt {
+                Some(v) => crate::profile::multimodal::parse_limit(v)?,
+                None => None,
+            },
         };
+        if let Some(v) = &self.mm_processor_kwargs {
+            crate::profile::multimodal::check_processor_kwargs(v)?;
+        }
         r.validate()?;
         Ok(r)
     }
@@ -1197,6 +1212,9 @@ pub fn summary_text(r: &Report) -> String {
         fmt_u(r.outside_framework_bytes),
         fmt_i(r.truth.non_kv_bytes)
     );
+    if let Some(e) = r.encoder_sentence() {
+        let _ = writeln!(s, "{e}");
+    }
     let moe_ranks = r.tp.max(1) * r.settings.dp.max(1);
     if let Some(e) = r.model.experts_sentence(moe_ranks) {
         let _ = writeln!(s, "{e}");

@@ -683,6 +683,10 @@ pub fn text(
         out.push(String::new());
         out.push(format!("largest difference: {w}"));
     }
+    // A multimodal model: the encoder's share of the non-KV memory vramscope computed.
+    if let Some(enc) = r.encoder_sentence() {
+        out.push(enc);
+    }
     out
 }
 

@@ -9,7 +9,9 @@ use crate::base::error::{Error, Result};
 use crate::device::cpu::{AttnShape, ScoreMods};
 use crate::model::models::registry::{self, Family, QkvBias};
 
+pub mod gemma3_mm;
 mod llama4;
+pub use gemma3_mm::{Gemma3MmShape, SiglipShape};
 pub use llama4::{Llama3Rope, Llama4Shape, VisionTower};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -65,6 +67,11 @@ pub struct ModelConfig {
     /// full attention; `None` otherwise. Its experts are `moe` (with the shared expert).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qwen3_next: Option<Qwen3NextShape>,
+    /// Gemma 3's vision tower and projector (`model_type: "gemma3"`,
+    /// `Gemma3ForConditionalGeneration`, `config/gemma3_mm.rs`): the language model is the
+    /// rest of this config (gemma3_text); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemma3_mm: Option<Gemma3MmShape>,
 }
 
 mod gpt_oss;
@@ -480,6 +487,16 @@ impl ModelConfig {
 
     /// The tensors a checkpoint of this shape holds, in Hugging Face names, with shapes.
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        if let Some(mm) = &self.gemma3_mm {
+            // The language model's tensors, then the vision tower's and the projector's.
+            let text = ModelConfig {
+                gemma3_mm: None,
+                ..self.clone()
+            };
+            let mut out = text.tensor_shapes();
+            out.extend(mm.tensor_shapes(self.hidden_size));
+            return out;
+        }
         if let Some(opt) = &self.opt {
             return self.opt_tensor_shapes(opt);
         }
@@ -797,9 +814,13 @@ impl ModelConfig {
                 ))
             }
         };
+        // Gemma 3's multimodal checkpoint: its text_config is the language model (gemma3_text),
+        // its vision_config the SigLIP tower (config/gemma3_mm.rs).
+        if arch == "gemma3" {
+            return Self::gemma3_mm_from_hf_json(v);
+        }
         // Model types vramscope knows and does not run yet: refused by name, with what
-        // running them would need (Gemma 3's multimodal checkpoint: its language model runs
-        // as gemma3_text).
+        // running them would need.
         if let Some(why) = registry::refusal(&arch) {
             return Err(why);
         }
@@ -973,6 +994,7 @@ impl ModelConfig {
             gpt_oss: None,
             llama4: None,
             qwen3_next: None,
+            gemma3_mm: None,
         })
     }
 
@@ -1138,6 +1160,7 @@ impl ModelConfig {
             gpt_oss: None,
             llama4: None,
             qwen3_next: None,
+            gemma3_mm: None,
         })
     }
 
@@ -1251,6 +1274,7 @@ impl ModelConfig {
             gpt_oss: None,
             llama4: None,
             qwen3_next: None,
+            gemma3_mm: None,
         })
     }
 
@@ -1314,6 +1338,7 @@ impl ModelConfig {
             gpt_oss: None,
             llama4: None,
             qwen3_next: None,
+            gemma3_mm: None,
             phi: None,
             opt: Some(OptShape {
                 do_layer_norm_before,
@@ -1327,6 +1352,36 @@ impl ModelConfig {
 
     /// The `config.json` a Hugging Face loader reads for this shape.
     pub fn to_hf_json(&self, torch_dtype: &str) -> serde_json::Value {
+        if let Some(mm) = &self.gemma3_mm {
+            // A `Gemma3Config`: the language model as its text_config, the tower's keys.
+            let text = ModelConfig {
+                gemma3_mm: None,
+                ..self.clone()
+            }
+            .to_hf_json(torch_dtype);
+            let v = &mm.vision;
+            return serde_json::json!({
+                "architectures": ["Gemma3ForConditionalGeneration"],
+                "model_type": "gemma3",
+                "mm_tokens_per_image": mm.mm_tokens_per_image,
+                "image_token_index": mm.image_token_index,
+                "text_config": text,
+                "vision_config": {
+                    "model_type": "siglip_vision_model",
+                    "hidden_size": v.hidden_size,
+                    "intermediate_size": v.intermediate_size,
+                    "num_hidden_layers": v.num_layers,
+                    "num_attention_heads": v.num_heads,
+                    "num_channels": v.num_channels,
+                    "image_size": v.image_size,
+                    "patch_size": v.patch_size,
+                    "layer_norm_eps": v.layer_norm_eps,
+                    "hidden_act": "gelu_pytorch_tanh",
+                    "vision_use_head": false,
+                },
+                "torch_dtype": torch_dtype,
+            });
+        }
         if let Some(s) = &self.llama4 {
             return self.llama4_to_hf_json(s, torch_dtype);
         }
@@ -2290,17 +2345,32 @@ mod tests {
     }
 
     #[test]
-    fn the_multimodal_gemma3_config_is_refused_by_name() {
+    fn the_multimodal_gemma3_config_reads_its_text_model_and_its_tower() {
         let v = serde_json::json!({
             "model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
             "text_config": gemma3_12b_text(), "vision_config": {"model_type": "siglip_vision_model"}
         });
+        // SiglipVisionConfig defaults to a pooling head Gemma 3 has not: refused by name.
         let e = ModelConfig::from_hf_json(&v).unwrap_err();
-        assert!(
-            e.starts_with("model_type 'gemma3' (Gemma3ForConditionalGeneration"),
-            "{e}"
+        assert!(e.contains("vision_use_head"), "{e}");
+        let mut v = v;
+        v["vision_config"]["vision_use_head"] = false.into();
+        // SiglipVisionConfig's 224-pixel images in 14 × 14 patches do not pool to 16 × 16.
+        let e = ModelConfig::from_hf_json(&v).unwrap_err();
+        assert!(e.contains("mm_tokens_per_image 256"), "{e}");
+        v["vision_config"]["image_size"] = 896.into();
+        v["vision_config"]["patch_size"] = 14.into();
+        let c = ModelConfig::from_hf_json(&v).unwrap();
+        assert_eq!(c.arch, "gemma3_text");
+        let text = ModelConfig::from_hf_json(&gemma3_12b_text()).unwrap();
+        assert_eq!(
+            ModelConfig {
+                gemma3_mm: None,
+                ..c.clone()
+            },
+            text
         );
-        assert!(e.contains("gemma3_text"), "{e}");
+        assert_eq!(c.gemma3_mm.unwrap().vision.num_patches(), 4096);
     }
 
     fn base() -> serde_json::Value {
@@ -2637,6 +2707,7 @@ impl ModelConfig {
             gpt_oss: None,
             llama4: None,
             qwen3_next: Some(shape),
+            gemma3_mm: None,
         })
     }
 

@@ -39,6 +39,7 @@ fn cfg(
         gpt_oss: None,
         llama4: None,
         qwen3_next: None,
+        gemma3_mm: None,
     }
 }
 
@@ -95,6 +96,7 @@ fn opt(
         gpt_oss: None,
         llama4: None,
         qwen3_next: None,
+        gemma3_mm: None,
         phi: None,
         opt: Some(OptShape {
             do_layer_norm_before: pre_norm,
@@ -149,7 +151,7 @@ fn gemma1(hidden: usize, inter: usize, layers: usize, heads: usize, kv: usize) -
     }
 }
 
-pub const PRESET_NAMES: [&str; 33] = [
+pub const PRESET_NAMES: [&str; 36] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
@@ -166,6 +168,9 @@ pub const PRESET_NAMES: [&str; 33] = [
     "phi-4",
     "gemma-2-9b",
     "gemma-3-12b",
+    "gemma-3-4b-it",
+    "gemma-3-12b-it",
+    "gemma-3-27b-it",
     "gemma-2b",
     "gemma-7b",
     "granite-3.1-2b",
@@ -184,6 +189,22 @@ pub const PRESET_NAMES: [&str; 33] = [
     "llama-4-maverick",
     "qwen3-next-80b-a3b",
 ];
+
+/// google/gemma-3-4b-it's config.json as published (its sparse `text_config` takes
+/// `Gemma3TextConfig`'s defaults: 8 heads over 4 KV heads of 256, vocabulary 262208); -12b-it
+/// and -27b-it differ in `text_config` only.
+fn gemma3_mm(text: serde_json::Value) -> ModelConfig {
+    let v = serde_json::json!({
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "boi_token_index": 255999, "eoi_token_index": 256000, "image_token_index": 262144,
+        "mm_tokens_per_image": 256, "text_config": text,
+        "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+            "model_type": "siglip_vision_model", "num_attention_heads": 16,
+            "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": false},
+        "torch_dtype": "bfloat16"
+    });
+    ModelConfig::from_hf_json(&v).expect("the preset is a Gemma 3 config")
+}
 
 /// The `vision_config` meta-llama/Llama-4-Scout-17B-16E-Instruct and
 /// Llama-4-Maverick-17B-128E-Instruct share (weighed, not run: only the language model is
@@ -421,6 +442,20 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         // deepseek-ai/DeepSeek-V2: 60 layers of MLA (a 1536-wide low-rank query, 128 heads),
         // a dense first layer, then 59 MoE layers of 160 experts of 1536 (6 a token, in 3 of
         // 8 groups) beside 2 shared ones.
+        // google/gemma-3-4b-it, -12b-it, -27b-it (Gemma3ForConditionalGeneration): the
+        // language model of each text_config, the SigLIP tower (27 layers of 1152, MLP 4304,
+        // 4096 patches of 14 over 896-pixel images) and the projector to 256 tokens an image.
+        "gemma-3-4b-it" => gemma3_mm(serde_json::json!({"hidden_size": 2560,
+            "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024})),
+        "gemma-3-12b-it" => gemma3_mm(serde_json::json!({"hidden_size": 3840,
+            "intermediate_size": 15360, "model_type": "gemma3_text", "num_attention_heads": 16,
+            "num_hidden_layers": 48, "num_key_value_heads": 8,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024})),
+        "gemma-3-27b-it" => gemma3_mm(serde_json::json!({"head_dim": 128, "hidden_size": 5376,
+            "intermediate_size": 21504, "model_type": "gemma3_text", "num_attention_heads": 32,
+            "num_hidden_layers": 62, "num_key_value_heads": 16, "query_pre_attn_scalar": 168,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024})),
         // Llama 4's language model (the vision tower is weighed, not run).
         "llama-4-scout" => {
             ModelConfig::from_hf_json(&llama4_scout()).expect("the preset is a Llama 4 config")
@@ -683,6 +718,35 @@ mod tests {
             2_533_531_648
         );
         assert_eq!(preset("gemma-3-12b").unwrap().param_count(), 11_766_034_176);
+        // Gemma3ForConditionalGeneration in bf16, language model + SigLIP tower + projector:
+        // google/gemma-3-4b-it's safetensors total 4,300,079,472 parameters (its index's
+        // total_size 8,600,158,944 bytes), -12b-it's 12,187,325,040, -27b-it's 27,432,406,640.
+        for (name, params) in [
+            ("gemma-3-4b-it", 4_300_079_472u64),
+            ("gemma-3-12b-it", 12_187_325_040),
+            ("gemma-3-27b-it", 27_432_406_640),
+        ] {
+            let c = preset(name).unwrap();
+            assert_eq!(c.param_count(), params, "{name}");
+            let mm = c.gemma3_mm.as_ref().unwrap();
+            assert_eq!(mm.tower_param_count(), 416_866_032, "{name}");
+            assert_eq!(c.param_count() - mm.param_count(c.hidden_size), {
+                let text = ModelConfig {
+                    gemma3_mm: None,
+                    ..c.clone()
+                };
+                text.param_count()
+            });
+        }
+        // The 12B's language model is the text-only preset's.
+        let it = preset("gemma-3-12b-it").unwrap();
+        assert_eq!(
+            ModelConfig {
+                gemma3_mm: None,
+                ..it
+            },
+            preset("gemma-3-12b").unwrap()
+        );
         // The total_size of their model.safetensors.index.json (bf16) halved; Mixtral's
         // 46.7 B, Qwen3's 30.5 B and 235 B of the model cards.
         let mixtral = preset("mixtral-8x7b").unwrap();

@@ -11,6 +11,7 @@ pub mod formulas;
 pub mod graphs;
 pub mod host_memory;
 mod log_numbers;
+pub mod multimodal;
 pub mod procedure;
 pub mod report;
 pub mod request;

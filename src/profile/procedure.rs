@@ -37,9 +37,71 @@ enum Workload {
         /// vLLM V1's sampler run and its top-k/top-p (a V1 release), else V0's.
         /// The sampler runs of V1's `_dummy_sampler_run`, in order (0.21 runs two).
         v1: Option<Vec<sampler::V1TopKTopP>>,
+        /// A multimodal model's vision tower and encoder profile (Gemma 3).
+        encoder: Option<Box<Encoder>>,
     },
     /// vLLM's `test_memory_profiling`: weights of a given size, a spike of activations.
     Synthetic { _weights: Tensor, spike_bytes: u64 },
+}
+
+/// A multimodal model's encoder side: the vision tower (absent where the release skips it)
+/// and the profile V1's `profile_run` runs with it before the language model's dummy pass
+/// (gpu_model_runner.py 0.11 L3325-3403).
+struct Encoder {
+    vision: Option<crate::model::models::gemma3_mm::Gemma3Vision>,
+    plan: Option<super::multimodal::EncoderPlan>,
+    /// Encodes in the profile passes only (the verify passes serve text).
+    armed: std::cell::Cell<bool>,
+    /// The encoder phase's framework peak and what it left allocated, absolute bytes.
+    stats: std::cell::Cell<Option<(u64, u64)>>,
+}
+
+impl Encoder {
+    /// The dummy images, the tower and projector on all of them in one call, then each
+    /// output copied into a new zero tensor `[budget, hidden]` (L3369-3388); the pixel
+    /// values and those copies stay allocated through the text pass.
+    fn run(&self, rt: &Runtime) -> Result<Option<(Tensor, Tensor, Vec<Tensor>)>> {
+        let (Some(v), Some(p), true) = (&self.vision, &self.plan, self.armed.get()) else {
+            return Ok(None);
+        };
+        rt.set_layer(None);
+        rt.marker("mm encoder");
+        let before = rt.stats().allocated;
+        let items = p.items as usize;
+        let (px, crops) =
+            crate::model::models::gemma3_mm::dummy_pixels(rt, &v.shape, items, v.act)?;
+        let out = v.encode(rt, &px, items)?;
+        let per = p.embeds_per_item as usize;
+        let hidden = out.cols();
+        let mut cache = Vec::with_capacity(items);
+        if (per as u64) < p.budget_tokens {
+            rt.set_op("encoder_cache.expand");
+            for i in 0..items {
+                let mut z = rt.tensor(
+                    format!("encoder_cache.{i}"),
+                    Category::Activation,
+                    &[p.budget_tokens as usize, hidden],
+                    out.dtype,
+                )?;
+                let part = out.part(
+                    format!("encoder_output.{i}"),
+                    i * per * hidden,
+                    &[per, hidden],
+                );
+                ops::copy_into(rt, &mut z, 0, &part)?;
+                cache.push(z);
+            }
+            // The per-image views die with the list they were in: the projector's output.
+            drop(out);
+        } else {
+            cache.push(out);
+        }
+        let s = rt.stats();
+        self.stats
+            .set(Some((s.allocated_peak, s.allocated.saturating_sub(before))));
+        rt.marker("mm encoder end");
+        Ok(Some((px, crops, cache)))
+    }
 }
 
 /// What a pass hands back: the f32 logits of the first sequences (`rows × vocab`) and the
@@ -75,7 +137,13 @@ impl Workload {
                 batch: profile_batch,
                 sampler,
                 v1,
+                encoder,
             } => {
+                // V1's profile_run encodes the dummy images first (profile batch only).
+                let encoded = match (batch, encoder) {
+                    (None, Some(e)) => e.run(rt)?,
+                    _ => None,
+                };
                 let batch = batch.unwrap_or(profile_batch);
                 let vocab = model.config().vocab_size;
                 let input = sampler::prepare_model_input(rt, batch)?;
@@ -123,6 +191,13 @@ impl Workload {
                     drop(hidden);
                     drop(last);
                     drop(input);
+                    // `encoder_cache.clear()` after the sampler, then the dummy inputs as
+                    // `profile_run` returns.
+                    if let Some((px, crops, cache)) = encoded {
+                        drop(cache);
+                        drop(px);
+                        drop(crops);
+                    }
                     return Ok(out);
                 }
                 match sampler {
@@ -810,6 +885,7 @@ pub(crate) fn run_rank(
     let context_bytes = device.simulated_context_bytes();
     let sms = device.sm_count();
     let hopper = device.is_hopper();
+    let device_major = device.compute_major();
     let release = req.release()?;
     // Multi-head latent attention: the release's backend for this GPU fixes the KV block size
     // and the buffers its modules make while the model is built.
@@ -946,6 +1022,50 @@ pub(crate) fn run_rank(
                     sms: sms.unwrap_or(0) as usize,
                 },
             };
+            if opened.config.gemma3_mm.is_some() && matches!(req.device, DeviceSpec::Cuda { .. }) {
+                return Err(Error::Request(
+                    "model_type gemma3 (multimodal): its SigLIP vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
+                ));
+            }
+            // Gemma3ForConditionalGeneration builds its vision tower and projector before the
+            // language model (gemma3_mm.py 0.11 L505-517).
+            let encoder = match &opened.config.gemma3_mm {
+                Some(mm) => {
+                    let Some(profile) = release.mm else {
+                        return Err(Error::Request(format!(
+                            "model_type gemma3 (multimodal): vLLM {}'s multimodal profile is not modelled; use a V1 release (0.11, 0.15, 0.19)",
+                            release.name
+                        )));
+                    };
+                    let plan = super::multimodal::plan(
+                        mm,
+                        profile,
+                        (req.tokens as u64, req.seqs as u64, req.max_model_len),
+                        req.chunked_prefill.unwrap_or(true),
+                        req.limit_mm_images,
+                    );
+                    let skipped = plan.is_none() && profile.tower_skipped_at_zero;
+                    let vision = if skipped {
+                        None
+                    } else {
+                        let mut v = crate::model::models::gemma3_mm::Gemma3Vision::load(
+                            &rt,
+                            &opened.config,
+                            opened.source.as_ref(),
+                            &opts,
+                        )?;
+                        v.varlen_attention = !(profile.sdpa_on_blackwell && device_major >= 10);
+                        Some(v)
+                    };
+                    Some(Box::new(Encoder {
+                        vision,
+                        plan,
+                        armed: std::cell::Cell::new(false),
+                        stats: std::cell::Cell::new(None),
+                    }))
+                }
+                None => None,
+            };
             let mut model = CausalLm::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
             model.set_mlp_frees_gate_up(release.llama_mlp_frees_gate_up);
             model.set_normalizer_out_of_place(release.gemma_normalizer_out_of_place);
@@ -986,6 +1106,7 @@ pub(crate) fn run_rank(
                     model: Box::new(model),
                     batch,
                     sampler: req.sampler.then(|| Sampler::new(req.seed)),
+                    encoder,
                     v1: match release.engine {
                         super::vllm::Engine::V0 => None,
                         super::vllm::Engine::V1 { top_k_top_p } => {
@@ -1031,6 +1152,29 @@ pub(crate) fn run_rank(
         rt.set_op("load");
     }
     let weights_bytes = rt.stats().allocated - before_load;
+    // A multimodal model's runner buffer `inputs_embeds [max_num_tokens, hidden]`: made with
+    // the runner, outside the weights and before the profile (gpu_model_runner.py 0.11
+    // L355-358), so in no term of vLLM's non-KV memory. A model whose every modality is
+    // limited to 0 runs text-only (`supports_multimodal_inputs`, multimodal/registry.py 0.11)
+    // and embeds its tokens as a text model does.
+    if let Workload::Model {
+        model,
+        encoder: Some(e),
+        ..
+    } = &work
+    {
+        if e.plan.is_some() {
+            rt.set_op("model_runner.inputs_embeds");
+            let c = model.config();
+            let buf = rt.tensor(
+                "model_runner.inputs_embeds",
+                Category::Activation,
+                &[req.tokens, c.hidden_size],
+                req.quant.activation_dtype(),
+            )?;
+            model.set_inputs_embeds(buf)?;
+        }
+    }
     // Model Runner V2's sampler state, made with the runner after the weights are measured
     // and kept: `prompt_bin_mask` [max_num_reqs, ⌈V/32⌉] and `output_bin_counts`
     // [max_num_reqs, V], int32 (0.22.1 v1/worker/gpu/sample/penalties.py:32-42, made in
@@ -1057,7 +1201,13 @@ pub(crate) fn run_rank(
         _ => None,
     };
     let weights_tensor_bytes = match &work {
-        Workload::Model { model, .. } => model.weight_bytes(),
+        Workload::Model { model, encoder, .. } => {
+            model.weight_bytes()
+                + encoder
+                    .as_ref()
+                    .and_then(|e| e.vision.as_ref())
+                    .map_or(0, |v| v.weight_bytes())
+        }
         Workload::Synthetic { .. } => weights_bytes,
     };
     rt.empty_cache();
@@ -1080,6 +1230,12 @@ pub(crate) fn run_rank(
     let v1 = matches!(release.engine, super::vllm::Engine::V1 { .. });
     if let (true, Workload::Model { model, .. }) = (v1, &work) {
         model.set_skip_attention(true);
+    }
+    if let Workload::Model {
+        encoder: Some(e), ..
+    } = &work
+    {
+        e.armed.set(true);
     }
     for p in 1..=req.passes {
         rt.progress(Progress::Pass {
@@ -1114,8 +1270,11 @@ pub(crate) fn run_rank(
             rt.free_outside("nccl-like (--outside-during)", o);
         }
     }
-    if let Workload::Model { model, .. } = &work {
+    if let Workload::Model { model, encoder, .. } = &work {
         model.set_skip_attention(false);
+        if let Some(e) = encoder {
+            e.armed.set(false);
+        }
     }
     rt.set_pass(0);
     rt.synchronize()?;
@@ -1510,6 +1669,32 @@ pub(crate) fn run_rank(
     };
     rt.set_pass(0);
     rt.progress(Progress::Phase(Phase::Done));
+    let encoder = match &work {
+        Workload::Model {
+            encoder: Some(e), ..
+        } => {
+            let (peak, held) = e.stats.get().unwrap_or((t1.allocated, 0));
+            let phase_peak = peak.saturating_sub(t1.allocated);
+            let pass_peak = t2.allocated_peak.saturating_sub(t1.allocated);
+            Some(super::report::EncoderReport {
+                weights_bytes: e.vision.as_ref().map_or(0, |v| v.weight_bytes()),
+                plan: e.plan.clone(),
+                phase_peak_bytes: phase_peak,
+                held_bytes: held,
+                peak_share_bytes: if phase_peak >= pass_peak {
+                    phase_peak
+                } else {
+                    held
+                },
+                attention: match e.vision.as_ref().map(|v| v.varlen_attention) {
+                    Some(true) => "FlashAttention varlen".into(),
+                    Some(false) => "PyTorch SDPA".into(),
+                    None => "none (tower not built)".into(),
+                },
+            })
+        }
+        _ => None,
+    };
     let events = rt.take_events();
     let (device_samples, sample_rate_hz) = rt.device_samples();
     drop(work);
@@ -1570,7 +1755,14 @@ pub(crate) fn run_rank(
             .into_iter()
             .chain(llama4_notes(&cfg, release))
             .chain(hybrid_pages.iter().flat_map(|h| h.log_lines()))
+            .chain(
+                encoder
+                    .as_ref()
+                    .and_then(|e| e.plan.as_ref())
+                    .map(|p| format!("INFO gpu_model_runner.py] {}", p.log_line())),
+            )
             .collect(),
+        encoder,
     })
 }
 

@@ -305,6 +305,77 @@ pub struct Report {
     /// This rank's pipeline stage and its layers (`None` without pipeline parallel).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage: Option<StageInfo>,
+    /// A multimodal model's vision tower and its encoder profile (Gemma 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoder: Option<EncoderReport>,
+}
+
+/// The encoder's share of a multimodal model's non-KV memory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EncoderReport {
+    /// The vision tower's and projector's weights on this rank (0 when the release skips
+    /// them: `--limit-mm-per-prompt '{"image":0}'` from 0.15).
+    pub weights_bytes: u64,
+    /// The profile V1 runs; `None`: no encoder profile (every image limit 0).
+    pub plan: Option<super::multimodal::EncoderPlan>,
+    /// The framework's peak during the encoder phase over its level at t1.
+    pub phase_peak_bytes: u64,
+    /// What the encoder phase leaves allocated under the language model's pass: the dummy
+    /// pixel values and the encoder cache's outputs.
+    pub held_bytes: u64,
+    /// The encoder's bytes in the profile's torch peak increase: all of it when the peak is
+    /// the encoder phase's, else what it holds under the text pass.
+    pub peak_share_bytes: u64,
+    /// The vision attention backend (FlashAttention's varlen call or PyTorch's SDPA).
+    pub attention: String,
+}
+
+/// The encoder's share of the non-KV memory: its weights, and its part of the profile's
+/// torch peak increase (the encoder phase's own peak, or what it holds under the text pass).
+impl Report {
+    pub fn encoder_sentence(&self) -> Option<String> {
+        let r = self;
+        let e = self.encoder.as_ref()?;
+        let t1 = r.checkpoints.t1.allocated;
+        let peak = r.checkpoints.t2.allocated_peak.saturating_sub(t1);
+        let pct = |a: u64, b: u64| {
+            if b == 0 {
+                0.0
+            } else {
+                100.0 * a as f64 / b as f64
+            }
+        };
+        let non_kv = r
+            .formulas
+            .iter()
+            .find(|f| f.id == super::formulas::FormulaId::Pr12126)
+            .or(r.formulas.last())
+            .map_or(0, |f| f.non_kv_bytes.max(0) as u64);
+        let share = e.weights_bytes + e.peak_share_bytes;
+        Some(match &e.plan {
+        Some(p) => format!(
+            "encoder (vision tower + projector): weights {} ({:.1} % of the weights); profile of {} images of {} tokens into a budget of {} tokens ({} attention): its phase peaks at {}, it holds {} (pixel values and the encoder cache) under the text pass, so {} of the {} peak activation ({:.1} %) is the encoder's; with its weights {} of the non-KV {} ({:.1} %)",
+            crate::base::units::fmt_u(e.weights_bytes),
+            pct(e.weights_bytes, r.weights_bytes),
+            p.items,
+            p.tokens_per_item,
+            p.budget_tokens,
+            e.attention,
+            crate::base::units::fmt_u(e.phase_peak_bytes),
+            crate::base::units::fmt_u(e.held_bytes),
+            crate::base::units::fmt_u(e.peak_share_bytes),
+            crate::base::units::fmt_u(peak),
+            pct(e.peak_share_bytes, peak),
+            crate::base::units::fmt_u(share),
+            crate::base::units::fmt_u(non_kv),
+            pct(share, non_kv),
+        ),
+        None => format!(
+            "encoder (vision tower + projector): weights {}; no encoder profile (every image limit 0: text-only, as vLLM runs it)",
+            crate::base::units::fmt_u(e.weights_bytes)
+        ),
+    })
+    }
 }
 
 /// A pipeline-parallel rank's stage: which decoder layers it holds (`get_pp_indices`), and its
@@ -424,6 +495,7 @@ impl Report {
             vllm_notes,
             pp,
             stage,
+            encoder,
         } = self;
         Report {
             format: *format,
@@ -463,6 +535,7 @@ impl Report {
             vllm_notes: vllm_notes.clone(),
             pp: *pp,
             stage: *stage,
+            encoder: encoder.clone(),
         }
     }
 

@@ -106,6 +106,11 @@ pub struct ProfileRequest {
     /// (`vllm::v1_default_batch`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub llm_class: bool,
+    /// vLLM's `--limit-mm-per-prompt` (`{"image": 0}` or `image=0`): images per prompt; 0
+    /// turns the encoder's profile off (and from 0.15 the vision tower's weights). `None`:
+    /// vLLM's default (999 under V1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_mm_images: Option<u64>,
 }
 
 fn default_vllm() -> String {
@@ -230,6 +235,7 @@ impl Default for ProfileRequest {
             kv_cache_dtype: KvCacheDtype::Auto,
             kv_cache_memory: None,
             llm_class: false,
+            limit_mm_images: None,
         }
     }
 }

@@ -228,6 +228,26 @@ pub struct Release {
     /// holding every token (`unify_hybrid_kv_cache_specs`, v1/core/kv_cache_utils.py
     /// L1096-1145).
     pub chunked_local_hybrid: bool,
+    /// How the release profiles a multimodal model's encoder (V1's `profile_run`); `None`:
+    /// not modelled (V0).
+    pub mm: Option<MmProfile>,
+}
+
+/// A V1 release's multimodal profile, as far as it differs between releases
+/// (docs/reading/vllm-multimodal-profile.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmProfile {
+    /// An item's tokens for the encoder budget count its whole placeholder (0.11:
+    /// `get_mm_max_contiguous_tokens`, multimodal/profiling.py L266-284; Gemma 3's
+    /// `\n\n<boi>` + 256 image tokens + `<eoi>\n\n`: 260) rather than its embeddings (0.15:
+    /// multimodal/registry.py L195; 0.19: multimodal/encoder_budget.py `get_num_embeds`: 256).
+    pub placeholder_tokens: bool,
+    /// `--limit-mm-per-prompt` 0 for every modality also skips building the tower
+    /// (`_mark_tower_model`, 0.15 and 0.19 models/interfaces.py L249-288); 0.11 builds it.
+    pub tower_skipped_at_zero: bool,
+    /// The vision attention is PyTorch's SDPA on Blackwell (0.11 platforms/cuda.py L217-220:
+    /// "force TORCH_SDPA for now"), FlashAttention's varlen call elsewhere.
+    pub sdpa_on_blackwell: bool,
 }
 
 /// Which models run on Model Runner V2 (`vllm/v1/worker/gpu/model_runner.py`) by default:
@@ -326,6 +346,7 @@ pub const RELEASES: &[Release] = &[
         cublas_before_baseline: false,
         kv_line_combined: false,
         chunked_local_hybrid: false,
+        mm: None,
     },
     Release {
         name: "380e1863",
@@ -357,6 +378,7 @@ pub const RELEASES: &[Release] = &[
         cublas_before_baseline: false,
         kv_line_combined: false,
         chunked_local_hybrid: false,
+        mm: None,
     },
     Release {
         name: "0.6.4",
@@ -390,6 +412,7 @@ pub const RELEASES: &[Release] = &[
         cublas_before_baseline: false,
         kv_line_combined: false,
         chunked_local_hybrid: false,
+        mm: None,
     },
     Release {
         name: "0.6.5",
@@ -424,6 +447,7 @@ pub const RELEASES: &[Release] = &[
         cublas_before_baseline: false,
         kv_line_combined: false,
         chunked_local_hybrid: false,
+        mm: None,
     },
     Release {
         name: "0.7",
@@ -455,6 +479,7 @@ pub const RELEASES: &[Release] = &[
         cublas_before_baseline: false,
         kv_line_combined: false,
         chunked_local_hybrid: false,
+        mm: None,
     },
     Release {
         name: "0.8",
@@ -490,6 +515,7 @@ pub const RELEASES: &[Release] = &[
         cublas_before_baseline: false,
         kv_line_combined: false,
         chunked_local_hybrid: false,
+        mm: None,
     },
     Release {
         name: "0.11",
@@ -534,6 +560,11 @@ pub const RELEASES: &[Release] = &[
         cublas_before_baseline: false,
         kv_line_combined: false,
         chunked_local_hybrid: false,
+        mm: Some(MmProfile {
+            placeholder_tokens: true,
+            tower_skipped_at_zero: false,
+    sdpa_on_blackwell: true,
+        }),
     },
     Release {
         name: "0.15",
@@ -582,6 +613,11 @@ pub const RELEASES: &[Release] = &[
         cublas_before_baseline: false,
         kv_line_combined: false,
         chunked_local_hybrid: true,
+        mm: Some(MmProfile {
+            placeholder_tokens: false,
+            tower_skipped_at_zero: true,
+            sdpa_on_blackwell: false,
+        }),
     },
     Release {
         name: "0.19",
@@ -627,6 +663,11 @@ pub const RELEASES: &[Release] = &[
         cublas_before_baseline: false,
         kv_line_combined: false,
         chunked_local_hybrid: true,
+        mm: Some(MmProfile {
+            placeholder_tokens: false,
+            tower_skipped_at_zero: true,
+            sdpa_on_blackwell: false,
+        }),
     },
     R0_21,
     R0_22,
@@ -741,6 +782,11 @@ const R0_21: Release = Release {
     cublas_before_baseline: false,
     kv_line_combined: false,
     chunked_local_hybrid: true,
+    mm: Some(MmProfile {
+        placeholder_tokens: false,
+        tower_skipped_at_zero: true,
+        sdpa_on_blackwell: false,
+    }),
 };
 
 const R0_22: Release = Release {

@@ -48,7 +48,6 @@ const NOT_MODELLED: &[(&str, &str)] = &[
     ("cuda-graph-sizes", "which CUDA graphs are captured"),
     ("max-seq-len-to-capture", "which CUDA graphs are captured"),
     ("compilation-config", "torch.compile and CUDA graph settings"),
-    ("limit-mm-per-prompt", "the multimodal encoder's profile"),
     ("hf-overrides", "the model's config"),
     ("rope-scaling", "the rotary cache's length"),
     ("enable-sleep-mode", "how weights and KV cache are allocated (CuMemAllocator)"),
@@ -115,6 +114,8 @@ const NO_MEMORY_EFFECT_SWITCHES: &[&str] = &[
     "--enable-auto-tool-choice",
     "--disable-frontend-multiprocessing",
     "--disable-fastapi-docs",
+    // The processor's cache of preprocessed items lives in host memory (multimodal/cache.py).
+    "--disable-mm-preprocessor-cache",
 ];
 
 /// `vllm bench latency` / `throughput` flags that take a value and shape the benchmark's
@@ -168,6 +169,8 @@ const MAPPED: &[(&str, &str)] = &[
     ("--block-size", "--block-size"),
     ("--kv-cache-memory", "--kv-cache-memory"),
     ("--kv-cache-memory-bytes", "--kv-cache-memory"),
+    ("--limit-mm-per-prompt", "--limit-mm-per-prompt"),
+    ("--mm-processor-kwargs", "--mm-processor-kwargs"),
 ];
 
 /// The flags whose value vLLM reads with `human_readable_int` (0.11.0 engine/arg_utils.py
@@ -601,6 +604,12 @@ const HUB_PRESETS: &[(&str, &str)] = &[
     ("openai/gpt-oss-20b", "gpt-oss-20b"),
     ("openai/gpt-oss-120b", "gpt-oss-120b"),
     ("google/gemma-2-9b", "gemma-2-9b"),
+    ("google/gemma-3-4b-it", "gemma-3-4b-it"),
+    ("google/gemma-3-4b-pt", "gemma-3-4b-it"),
+    ("google/gemma-3-12b-it", "gemma-3-12b-it"),
+    ("google/gemma-3-12b-pt", "gemma-3-12b-it"),
+    ("google/gemma-3-27b-it", "gemma-3-27b-it"),
+    ("google/gemma-3-27b-pt", "gemma-3-27b-it"),
     ("google/gemma-3-12b", "gemma-3-12b"),
     ("google/gemma-2b", "gemma-2b"),
     ("google/gemma-1.1-2b", "gemma-2b"),

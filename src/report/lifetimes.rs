@@ -258,6 +258,9 @@ impl Lifetimes {
         let mut span_pass = 0u32;
         // vLLM's CUDA graph phases (V1), between their markers: phases of their own.
         let mut graph_phase: Option<(&'static str, usize)> = None;
+        // A multimodal model's encoder pass inside the profile pass (V1's `profile_run`
+        // encodes its dummy images first): a span of its own between its markers.
+        let mut in_encoder = false;
         for (i, e) in events.iter().enumerate() {
             match e.kind {
                 EventKind::Alloc => {
@@ -290,6 +293,25 @@ impl Lifetimes {
                 EventKind::Marker if matches!(e.tensor.as_str(), "t0" | "t1" | "t2" | "t3") => {
                     checkpoints.push((e.tensor.clone(), i));
                 }
+                EventKind::Marker if e.tensor == "mm encoder" => {
+                    in_encoder = true;
+                    passes.push(IndexSpan {
+                        label: "encoder pass".into(),
+                        start: i,
+                        end: i + 1,
+                        verify: false,
+                    });
+                    continue;
+                }
+                EventKind::Marker if e.tensor == "mm encoder end" => {
+                    if let Some(p) = passes.last_mut().filter(|_| in_encoder) {
+                        p.end = i + 1;
+                    }
+                    in_encoder = false;
+                    // The profile pass goes on after it: a new span of the pass.
+                    span_pass = 0;
+                    continue;
+                }
                 EventKind::Marker
                     if matches!(
                         e.tensor.as_str(),
@@ -320,6 +342,12 @@ impl Lifetimes {
                     }
                 }
                 _ => {}
+            }
+            if in_encoder {
+                if let Some(p) = passes.last_mut() {
+                    p.end = i + 1;
+                }
+                continue;
             }
             if e.pass > 0 {
                 match passes.last_mut() {

@@ -245,6 +245,7 @@ impl SetupForm {
                 given => Some(size("kv_cache_memory", given)?),
             },
             llm_class: false,
+            limit_mm_images: None,
         };
         r.validate()?;
         Ok(r)

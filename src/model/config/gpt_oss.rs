@@ -235,6 +235,7 @@ impl ModelConfig {
             deepseek: None,
             llama4: None,
             qwen3_next: None,
+            gemma3_mm: None,
             gpt_oss: Some(GptOssShape {
                 sliding_window,
                 yarn,

@@ -341,6 +341,7 @@ impl ModelConfig {
             gemma: None,
             gpt_oss: None,
             qwen3_next: None,
+            gemma3_mm: None,
             moe: Some(MoeShape {
                 num_experts,
                 top_k,

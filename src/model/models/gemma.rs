@@ -22,7 +22,7 @@ pub fn forward_layers(
     cfg: &ModelConfig,
     act: DType,
     residual: Tensor,
-    scale_new: bool,
+    scale_new: Option<bool>,
 ) -> Result<Tensor> {
     let final_norm = run
         .final_norm
@@ -30,7 +30,11 @@ pub fn forward_layers(
     let eps = run.eps;
     // `normalizer` is a tensor in the model dtype, so √hidden is rounded to it first.
     let factor = act.round((cfg.hidden_size as f32).sqrt());
-    let mut residual = ops_gemma::scale_embedding(rt, residual, factor, !scale_new)?;
+    // `None`: the runner's `inputs_embeds`, which the model takes as they are.
+    let mut residual = match scale_new {
+        Some(new) => ops_gemma::scale_embedding(rt, residual, factor, !new)?,
+        None => residual,
+    };
     // The residual-sum outputs and the first layer's input (the embedding, held by the
     // model's loop while layer 0 runs).
     let mut prev_residual: Option<Tensor> = None;

@@ -91,6 +91,11 @@ pub struct LlamaModel {
     /// Gemma 1 and 2 scale the embedding by `normalizer` into a new tensor (vLLM 0.19 on),
     /// not in place.
     pub normalizer_out_of_place: bool,
+    /// A multimodal model's runner buffer `inputs_embeds [max_num_tokens, hidden]` (V1's
+    /// `GPUModelRunner.inputs_embeds`, gpu_model_runner.py 0.11 L355-358): when set, a pass
+    /// starts from a view of it instead of the embedding (`_dummy_run` L3087-3094 with
+    /// `supports_mm_inputs`), unscaled (gemma3.py 0.11 L401-402).
+    pub inputs_embeds: std::cell::RefCell<Option<Tensor>>,
     /// The release's fused MoE (0.8.5's in place unless set).
     pub moe_kernel: crate::engine::ops_moe_v1::MoeKernel,
     /// V1's modular fused MoE keeps one workspace for every layer, grown in the first MoE
@@ -369,6 +374,7 @@ impl LlamaModel {
             mlp_frees_gate_up: false,
             skip_attention: std::cell::Cell::new(false),
             normalizer_out_of_place: false,
+            inputs_embeds: std::cell::RefCell::new(None),
             moe_kernel: crate::engine::ops_moe_v1::MoeKernel::InPlace {
                 indices_freed_late: false,
             },
@@ -494,6 +500,11 @@ impl LlamaModel {
         let (residual, received) = if receives {
             let (h, r) = self.stage_input(rt, batch.tokens())?;
             (r, Some(h))
+        } else if let Some(buf) = self.inputs_embeds.borrow().as_ref() {
+            (
+                buf.part("inputs_embeds", 0, &[batch.tokens(), cfg.hidden_size]),
+                None,
+            )
         } else {
             let embed = self.embed.as_ref().ok_or_else(|| {
                 Error::Request("the first pipeline stage has no embedding".into())
@@ -538,8 +549,11 @@ impl LlamaModel {
                 // and into a new one from 0.19 on (`embed_input_ids` returns
                 // `embed_tokens(ids) * normalizer`, gemma.py L296, gemma2.py L287 at 0.19).
                 let scale_new = cfg.arch == "gemma3_text" || self.normalizer_out_of_place;
-                super::gemma::forward_layers(rt, &run, cfg, act, residual, scale_new)
-                    .map(|h| (h, None))
+                let scale = match self.inputs_embeds.borrow().is_some() {
+                    true => None,
+                    false => Some(scale_new),
+                };
+                super::gemma::forward_layers(rt, &run, cfg, act, residual, scale).map(|h| (h, None))
             }
             Decoder::Granite => {
                 super::granite::forward_layers(rt, &run, cfg, residual).map(|h| (h, None))

@@ -16,6 +16,7 @@
 
 pub mod deepseek_v2;
 pub mod gemma;
+pub mod gemma3_mm;
 pub mod gpt_oss;
 pub mod granite;
 pub mod llama;
@@ -60,6 +61,20 @@ impl CausalLm {
     pub fn set_normalizer_out_of_place(&mut self, yes: bool) {
         if let CausalLm::Llama(m) = self {
             m.normalizer_out_of_place = yes;
+        }
+    }
+
+    /// A multimodal model's runner buffer `inputs_embeds`: its passes start from it instead
+    /// of the embedding. Gemma 3 only (the Llama-shaped decoders).
+    pub fn set_inputs_embeds(&self, buffer: crate::engine::tensor::Tensor) -> Result<()> {
+        match self {
+            CausalLm::Llama(m) => {
+                *m.inputs_embeds.borrow_mut() = Some(buffer);
+                Ok(())
+            }
+            _ => Err(crate::base::error::Error::Request(
+                "the runner's inputs_embeds are modelled for Gemma 3 only".into(),
+            )),
         }
     }
 

@@ -306,13 +306,12 @@ pub struct Refused {
     pub needs: &'static str,
 }
 
-/// Model types vramscope knows and refuses, each with what it would take to run it.
+/// Model types vramscope knows and refuses, each with what it would take to run it (Gemma 3's
+/// multimodal checkpoint runs, `config/gemma3_mm.rs`).
 pub const REFUSED: &[Refused] = &[Refused {
-    model_type: "gemma3",
-    architectures: "Gemma3ForConditionalGeneration, text and vision",
-    needs: "only its language model is modelled, as model_type gemma3_text (a \
-                Gemma3ForCausalLM checkpoint, or the text_config of the multimodal one); the \
-                vision tower's weights and the encoder's profile pass are not",
+    model_type: "mistral3",
+    architectures: "Mistral3ForConditionalGeneration, e.g. mistralai/Mistral-Small-3.1-24B-Instruct-2503",
+    needs: "its Pixtral vision tower, patch merger and projector (their weights and V1's encoder profile, vLLM mistral3.py and pixtral.py) are not modelled; the multimodal family modelled is gemma3",
 }];
 
 /// The family of `model_type`, if vramscope runs it.
@@ -336,7 +335,18 @@ pub fn refusal(model_type: &str) -> Option<String> {
 
 /// The model types vramscope runs, as a message lists them ("llama, mistral, … or opt").
 pub fn supported_list() -> String {
-    let names: Vec<&str> = FAMILIES.iter().map(|f| f.model_type).collect();
+    // gemma3 (multimodal) reads its text_config as gemma3_text before the families.
+    let names: Vec<&str> = FAMILIES
+        .iter()
+        .map(|f| f.model_type)
+        .flat_map(|t| {
+            if t == "gemma3_text" {
+                vec![t, "gemma3"]
+            } else {
+                vec![t]
+            }
+        })
+        .collect();
     match names.split_last() {
         Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
         _ => names.join(""),
@@ -361,14 +371,9 @@ mod tests {
     }
 
     #[test]
-    fn a_model_type_not_run_is_refused_by_name_with_what_it_needs() {
-        let e = refusal("gemma3").unwrap();
-        assert!(
-            e.starts_with("model_type 'gemma3' (Gemma3ForConditionalGeneration"),
-            "{e}"
-        );
-        assert!(e.contains("encoder's profile pass"), "{e}");
-        for runs in ["qwen3_next", "gpt_oss", "llama4", "llama4_text"] {
+    fn a_model_type_that_runs_is_not_refused() {
+        // gemma3 (multimodal) runs since its tower and encoder profile are modelled.
+        for runs in ["qwen3_next", "gpt_oss", "llama4", "llama4_text", "gemma3"] {
             assert!(refusal(runs).is_none(), "{runs}");
         }
         assert!(refusal("llama").is_none());
@@ -379,8 +384,14 @@ mod tests {
     fn the_list_reads_as_the_messages_always_did() {
         assert_eq!(
             supported_list(),
-            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, granite, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, llama4_text, llama4 or qwen3_next"
+            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, gemma3, granite, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, llama4_text, llama4 or qwen3_next"
         );
+        let e = refusal("mistral3").unwrap();
+        assert!(
+            e.starts_with("model_type 'mistral3' (Mistral3ForConditionalGeneration"),
+            "{e}"
+        );
+        assert!(e.contains("Pixtral vision tower"), "{e}");
     }
 
     #[test]

@@ -342,6 +342,7 @@ impl DeviceTimeline {
             vllm_notes: Vec::new(),
             pp: 1,
             stage: None,
+            encoder: None,
         }
     }
 }

@@ -1,0 +1,506 @@
+//! Gemma 3's vision side as vLLM builds and runs it: the SigLIP vision tower
+//! (`model_executor/models/siglip.py` `SiglipVisionModel`) and `Gemma3MultiModalProjector`
+//! (`gemma3_mm.py`), op-identical in 0.11.0, 0.15.0 and 0.19.0 for what is allocated. The
+//! language model is gemma3_text's (`llama.rs` with `gemma.rs`).
+//!
+//! Weights (made before the language model's: `Gemma3ForConditionalGeneration.__init__`,
+//! gemma3_mm.py 0.11 L505-517): the patch embedding (`nn.Conv2d`, whole on every rank), the
+//! position embedding (`VocabParallelEmbedding`, rows split over tensor-parallel ranks), per
+//! layer `layer_norm1`, `qkv_proj` (QKVParallelLinear with bias), `out_proj`
+//! (RowParallelLinear), `layer_norm2`, `fc1` (ColumnParallelLinear), `fc2` (RowParallelLinear)
+//! (siglip.py 0.11 L146-262), `post_layernorm` (kept: every layer is used, L396-404), then the
+//! projector's `mm_input_projection_weight [D, H]` and `mm_soft_emb_norm` (whole on every rank).
+//! All in the model dtype.
+
+use crate::base::error::{Error, Result};
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Tensor};
+use crate::engine::{ops, ops_phi, ops_siglip, ops_tp};
+use crate::memory::Category;
+use crate::model::config::gemma3_mm::{PROJECTOR, TOWER};
+use crate::model::config::{Gemma3MmShape, ModelConfig};
+use crate::model::layers::linear::BiasedLinear;
+use crate::model::layers::norm::LayerNorm;
+use crate::model::layers::tp::TpShard;
+use crate::model::loader::{LoadOptions, Loader, Slice};
+use crate::model::weights::WeightSource;
+use crate::quant::FusedLinear;
+
+/// One `SiglipEncoderLayer`.
+pub struct SiglipLayer {
+    pub layer_norm1: LayerNorm,
+    pub qkv: FusedLinear,
+    pub qkv_bias: Tensor,
+    pub out_proj: BiasedLinear,
+    pub layer_norm2: LayerNorm,
+    pub fc1: BiasedLinear,
+    pub fc2: BiasedLinear,
+}
+
+/// The vision tower and the projector of a `Gemma3ForConditionalGeneration`.
+pub struct Gemma3Vision {
+    pub shape: Gemma3MmShape,
+    pub act: DType,
+    /// This rank's heads (all of them with one GPU).
+    pub local_heads: usize,
+    /// `[D, C, p, p]` and `[D]`.
+    pub patch_w: Tensor,
+    pub patch_b: Tensor,
+    /// This rank's rows of `[num_patches, D]`.
+    pub pos_embed: Tensor,
+    pub pos_first_row: usize,
+    pub layers: Vec<SiglipLayer>,
+    pub post_layernorm: LayerNorm,
+    /// `[D, text_hidden]`.
+    pub proj_w: Tensor,
+    pub soft_emb_norm: Tensor,
+    /// FlashAttention's varlen call (its `cu_seqlens`) or SDPA (none): the release's vision
+    /// attention backend on this GPU.
+    pub varlen_attention: bool,
+}
+
+impl Gemma3Vision {
+    /// Loads the tower and projector through the framework allocator, in vLLM's order.
+    pub fn load(
+        rt: &Runtime,
+        cfg: &ModelConfig,
+        src: &dyn WeightSource,
+        opts: &LoadOptions,
+    ) -> Result<Self> {
+        let shape = cfg.gemma3_mm.clone().ok_or_else(|| {
+            Error::Request("this config has no vision tower (model_type gemma3)".into())
+        })?;
+        opts.require_16bit(
+            src,
+            "gemma3 (multimodal)",
+            "its SigLIP vision tower's quantized linear layers are not modelled",
+        )?;
+        let s = &shape.vision;
+        let shard = {
+            let (rank, size) = rt.tp().map_or((0, 1), |t| (t.rank, t.size));
+            TpShard { rank, size }
+        };
+        if !s.num_heads.is_multiple_of(shard.size)
+            || !s.intermediate_size.is_multiple_of(shard.size)
+        {
+            return Err(Error::Request(format!(
+                "--tp {}: the vision tower's {} heads or MLP of {} do not divide over the GPUs",
+                shard.size, s.num_heads, s.intermediate_size
+            )));
+        }
+        let mut ld = Loader::new(rt, src, opts, shape.tensor_shapes(cfg.hidden_size).len());
+        let act = ld.act;
+        rt.set_op("load");
+        rt.set_layer(None);
+        let (d, i) = (s.hidden_size, s.intermediate_size);
+        let e = format!("{TOWER}.embeddings");
+        let patch_w = ld.dense(
+            &format!("{e}.patch_embedding.weight"),
+            &[d, s.num_channels, s.patch_size, s.patch_size],
+        )?;
+        let patch_b = ld.dense(&format!("{e}.patch_embedding.bias"), &[d])?;
+        let np = s.num_patches();
+        let padded = np.div_ceil(64) * 64;
+        let (pos_first_row, pos_len) = shard.vocab_rows(padded);
+        let pos_embed = ld.vocab_shard(
+            &format!("{e}.position_embedding.weight"),
+            np,
+            d,
+            padded,
+            pos_first_row,
+            pos_len,
+        )?;
+        let norm = |ld: &mut Loader, name: &str| -> Result<LayerNorm> {
+            Ok(LayerNorm {
+                w: ld.dense(&format!("{name}.weight"), &[d])?,
+                b: ld.dense(&format!("{name}.bias"), &[d])?,
+            })
+        };
+        let (q_first, q_len) = (shard.rank * d / shard.size, d / shard.size);
+        let (f_first, f_len) = (shard.rank * i / shard.size, i / shard.size);
+        let mut layers = Vec::with_capacity(s.num_layers);
+        for l in 0..s.num_layers {
+            rt.set_layer(Some(l as u32));
+            let p = format!("{TOWER}.encoder.layers.{l}");
+            let a = format!("{p}.self_attn");
+            let proj = |x: &str| ["q_proj", "k_proj", "v_proj"].map(|n| format!("{a}.{n}.{x}"));
+            let part = [(q_first, q_len); 3];
+            let qkv = ld.fused_parts(
+                &proj("weight"),
+                &[d; 3],
+                &part,
+                d,
+                &format!("{a}.qkv_proj.weight"),
+            )?;
+            let qkv_bias = ld.dense_concat_parts(
+                &proj("bias"),
+                &[d; 3],
+                &part,
+                &format!("{a}.qkv_proj.bias"),
+            )?;
+            let row = |ld: &mut Loader, name: &str, k: usize, first: usize, len: usize| {
+                Ok::<_, Error>(BiasedLinear {
+                    w: ld.linear_slice(&format!("{name}.weight"), Slice::cols(d, k, first, len))?,
+                    b: Some(ld.dense(&format!("{name}.bias"), &[d])?),
+                    adds_bias: shard.rank == 0,
+                })
+            };
+            let out_proj = row(&mut ld, &format!("{a}.out_proj"), d, q_first, q_len)?;
+            let layer_norm1 = norm(&mut ld, &format!("{p}.layer_norm1"))?;
+            let fc1_name = format!("{p}.mlp.fc1");
+            let fc1 = BiasedLinear {
+                w: ld.linear_slice(
+                    &format!("{fc1_name}.weight"),
+                    Slice::rows(i, d, f_first, f_len),
+                )?,
+                b: Some(ld.dense_concat_parts(
+                    &[format!("{fc1_name}.bias")],
+                    &[i],
+                    &[(f_first, f_len)],
+                    &format!("{fc1_name}.bias"),
+                )?),
+                adds_bias: true,
+            };
+            let fc2 = row(&mut ld, &format!("{p}.mlp.fc2"), i, f_first, f_len)?;
+            let layer_norm2 = norm(&mut ld, &format!("{p}.layer_norm2"))?;
+            layers.push(SiglipLayer {
+                layer_norm1,
+                qkv,
+                qkv_bias,
+                out_proj,
+                layer_norm2,
+                fc1,
+                fc2,
+            });
+        }
+        rt.set_layer(None);
+        let post_layernorm = norm(&mut ld, &format!("{TOWER}.post_layernorm"))?;
+        let proj_w = ld.dense(
+            &format!("{PROJECTOR}.mm_input_projection_weight"),
+            &[d, cfg.hidden_size],
+        )?;
+        let soft_emb_norm = ld.dense(&format!("{PROJECTOR}.mm_soft_emb_norm.weight"), &[d])?;
+        Ok(Gemma3Vision {
+            local_heads: s.num_heads / shard.size,
+            shape,
+            act,
+            patch_w,
+            patch_b,
+            pos_embed,
+            pos_first_row,
+            layers,
+            post_layernorm,
+            proj_w,
+            soft_emb_norm,
+            varlen_attention: true,
+        })
+    }
+
+    pub fn weight_bytes(&self) -> u64 {
+        let ln = |n: &LayerNorm| n.bytes();
+        let mut b = self.patch_w.nbytes() + self.patch_b.nbytes() + self.pos_embed.nbytes();
+        for l in &self.layers {
+            b += ln(&l.layer_norm1)
+                + l.qkv.weight_bytes()
+                + l.qkv_bias.nbytes()
+                + l.out_proj.weight_bytes()
+                + ln(&l.layer_norm2)
+                + l.fc1.weight_bytes()
+                + l.fc2.weight_bytes();
+        }
+        b + ln(&self.post_layernorm) + self.proj_w.nbytes() + self.soft_emb_norm.nbytes()
+    }
+
+    /// `get_multimodal_embeddings` on `images` images already on the device (`pixel_values
+    /// [N, C, S, S]`): the tower (`SiglipVisionTransformer.forward`, siglip.py 0.11 L425-446)
+    /// and the projector (gemma3_mm.py 0.11 L440-461). Returns the projected embeddings
+    /// `[N · tokens_per_image, text_hidden]` (vLLM splits them into per-image views).
+    pub fn encode(&self, rt: &Runtime, pixels: &Tensor, images: usize) -> Result<Tensor> {
+        let s = &self.shape.vision;
+        let (d, np) = (s.hidden_size, s.num_patches());
+        let eps = s.layer_norm_eps as f32;
+        let tokens = images * np;
+        rt.set_layer(None);
+        // SiglipVisionEmbeddings.forward (L126-138): the convolution, then `embeddings +=
+        // position_embedding(position_ids)` in place (the lookup's output dies at once).
+        let mut emb = ops_siglip::patch_embed(
+            rt,
+            pixels,
+            &self.patch_w,
+            &self.patch_b,
+            (images, s.num_channels, s.image_size, s.patch_size),
+            "vision.embeddings",
+        )?;
+        let ids: Vec<u32> = (0..np as u32).collect();
+        let pos = if rt.tp().is_some() {
+            ops_tp::vocab_parallel_embedding(
+                rt,
+                &ids,
+                &self.pos_embed,
+                self.pos_first_row,
+                np,
+                self.act,
+            )?
+        } else {
+            ops::embedding(rt, &ids, &self.pos_embed, self.act)?
+        };
+        rt.set_op("add_position_embedding");
+        if rt.backend() == crate::device::Backend::Cpu {
+            let p = pos.f32().to_vec();
+            for row in emb.f32_mut().chunks_mut(np * d) {
+                for (x, y) in row.iter_mut().zip(&p) {
+                    *x += y;
+                }
+            }
+        }
+        drop(pos);
+        // SiglipEncoder.forward (L286-301): `hidden_states_pool = [inputs_embeds]` holds the
+        // embeddings through every layer; the loop's `hidden_states` holds each layer's input
+        // while it runs.
+        let mut hidden: Option<Tensor> = None;
+        for (li, layer) in self.layers.iter().enumerate() {
+            rt.set_layer(Some(li as u32));
+            let l = format!("vision.layers.{li}");
+            let input = hidden.as_ref().unwrap_or(&emb);
+            // The embeddings are `[N, D, g²]` transposed: `layer_norm_cuda` copies them to a
+            // contiguous tensor first (`input.expect_contiguous()`), freed as it returns.
+            let staged = if li == 0 {
+                Some(ops::clone(
+                    rt,
+                    input,
+                    &format!("{l}.layer_norm1.contiguous"),
+                )?)
+            } else {
+                None
+            };
+            let ln1 = ops_phi::layer_norm(
+                rt,
+                input,
+                &layer.layer_norm1.w,
+                &layer.layer_norm1.b,
+                eps,
+                &format!("{l}.layer_norm1"),
+            )?;
+            drop(staged);
+            let mut out = self.attention(rt, layer, &ln1, images, &l)?;
+            // `hidden_states += residual` in place; the normed input dies as the caller's
+            // `hidden_states` is rebound.
+            drop(ln1);
+            ops::add_assign(rt, &mut out, input)?;
+            let ln2 = ops_phi::layer_norm(
+                rt,
+                &out,
+                &layer.layer_norm2.w,
+                &layer.layer_norm2.b,
+                eps,
+                &format!("{l}.layer_norm2"),
+            )?;
+            let act = self.act;
+            let h = layer
+                .fc1
+                .forward(rt, &ln2, &format!("{l}.mlp.fc1"), 0, act)?;
+            let g = ops_phi::gelu_new(rt, &h, &format!("{l}.mlp.act"))?;
+            drop(h);
+            // RowParallelLinear reduces before fc2 returns; the activation dies at the rebind.
+            let y = layer.fc2.forward(rt, &g, &format!("{l}.mlp.fc2"), 0, act)?;
+            let mut y = ops_tp::all_reduce(rt, y, &format!("{l}.mlp.fc2.all_reduce"))?;
+            drop(g);
+            drop(ln2);
+            ops::add_assign(rt, &mut y, &out)?;
+            drop(out);
+            // The encoder's loop rebinds `hidden_states`: the previous layer's output dies
+            // (layer 0's input, the embeddings, stays in the pool).
+            hidden = Some(y);
+        }
+        rt.set_layer(None);
+        // `resolve_visual_encoder_outputs`: post_layernorm into a new tensor; the last
+        // layer's output dies as `encoder_outputs` is rebound (vision.py 0.11); the
+        // embeddings (the transformer's `hidden_states`) when its forward returns.
+        let post = ops_phi::layer_norm(
+            rt,
+            hidden.as_ref().unwrap_or(&emb),
+            &self.post_layernorm.w,
+            &self.post_layernorm.b,
+            eps,
+            "vision.post_layernorm",
+        )?;
+        drop(hidden);
+        drop(emb);
+        let _ = tokens;
+        self.project(rt, post, images)
+    }
+
+    fn attention(
+        &self,
+        rt: &Runtime,
+        layer: &SiglipLayer,
+        x: &Tensor,
+        images: usize,
+        l: &str,
+    ) -> Result<Tensor> {
+        let s = &self.shape.vision;
+        let act = self.act;
+        let mut qkv = layer.qkv.forward(rt, x, &format!("{l}.qkv_proj"), 0, act)?;
+        ops::add_bias(rt, &mut qkv, &layer.qkv_bias)?;
+        let o = ops_siglip::vit_attention(
+            rt,
+            &qkv,
+            (images, s.num_patches(), self.local_heads, s.head_dim()),
+            self.varlen_attention,
+            &format!("{l}.attn"),
+        )?;
+        let out = layer
+            .out_proj
+            .forward(rt, &o, &format!("{l}.out_proj"), 0, act)?;
+        let out = ops_tp::all_reduce(rt, out, &format!("{l}.out_proj.all_reduce"))?;
+        // Locals die as `SiglipAttention.forward` returns: `qkv_states` (its views with it),
+        // then `out`.
+        drop(qkv);
+        drop(o);
+        Ok(out)
+    }
+
+    /// `Gemma3MultiModalProjector.forward`: the transposed copy `[N, D, g, g]`, the average
+    /// pool, `mm_soft_emb_norm`, the matmul with `mm_input_projection_weight`.
+    fn project(&self, rt: &Runtime, post: Tensor, images: usize) -> Result<Tensor> {
+        let s = &self.shape.vision;
+        let d = s.hidden_size;
+        let np = s.num_patches();
+        let shaped = ops_siglip::transpose_copy(rt, &post, (images, np, d), "projector.reshape")?;
+        // The tower's output dies when `_process_image_input` returns; the reshaped copy
+        // when the projector's forward does.
+        let pooled = ops_siglip::avg_pool(
+            rt,
+            &shaped,
+            (images * d, s.patches_per_side(), self.shape.pool_kernel()),
+            "projector.avg_pool",
+        )?;
+        let t = self.shape.mm_tokens_per_image;
+        let normed = ops_siglip::gemma_rms_norm_transposed(
+            rt,
+            &pooled,
+            &self.soft_emb_norm,
+            s.layer_norm_eps as f32,
+            (images, d, t),
+            "projector.mm_soft_emb_norm",
+        )?;
+        let out =
+            ops_siglip::matmul_nn(rt, &normed, &self.proj_w, "projector.mm_input_projection")?;
+        // The projector's locals die in order as it returns (the reshaped copy, the pool, the
+        // norm); the tower's output when `_process_image_input` returns.
+        drop(shaped);
+        drop(pooled);
+        drop(normed);
+        drop(post);
+        Ok(out)
+    }
+}
+
+/// The runner's `pixel_values [N, C, S, S]` on the device: the dummy image of the maximum
+/// feature size repeated `images` times, batched on the host and moved in one copy
+/// (`group_mm_kwargs_by_modality`, multimodal/utils.py 0.11 L426-455), already in the model
+/// dtype (the processor casts it, multimodal/processing.py 0.11 L1016-1029); then `num_crops`
+/// (int64 `[N]`).
+pub fn dummy_pixels(
+    rt: &Runtime,
+    shape: &Gemma3MmShape,
+    images: usize,
+    act: DType,
+) -> Result<(Tensor, Tensor)> {
+    let s = &shape.vision;
+    rt.set_op("mm_dummy_batch");
+    let px = rt.tensor(
+        "pixel_values",
+        Category::Activation,
+        &[images, s.num_channels, s.image_size, s.image_size],
+        act,
+    )?;
+    let crops = rt.tensor("num_crops", Category::Activation, &[images], DType::I64)?;
+    Ok((px, crops))
+}
+
+/// The test images of tests/siglip_reference.rs and scripts/siglip_reference.py: image `n`,
+/// channel `c`, row `y`, column `x` holds `sin(0.013 · ((c · S + y) · S + x) + 0.5 · n)`.
+pub fn test_pixels(shape: &Gemma3MmShape, images: usize) -> Vec<f32> {
+    let s = &shape.vision;
+    let per = s.num_channels * s.image_size * s.image_size;
+    (0..images * per)
+        .map(|i| (0.013 * (i % per) as f64 + 0.5 * (i / per) as f64).sin() as f32)
+        .collect()
+}
+
+/// The image embeddings `[images · tokens, text_hidden]` of the test images through the
+/// vision tower and projector of the checkpoint at `dir`, computed on the CPU (fp32) by the
+/// same load and ops a profile runs.
+pub fn encode_test_images(dir: &std::path::Path, images: usize) -> Result<Vec<f32>> {
+    let source = crate::model::ModelSource::Path {
+        path: dir.to_path_buf(),
+    };
+    let opened = crate::model::open(&source, 0)?;
+    let shape = opened.config.gemma3_mm.clone().ok_or_else(|| {
+        Error::Request(format!(
+            "{}: not a gemma3 (multimodal) checkpoint",
+            dir.display()
+        ))
+    })?;
+    let device = crate::device::Device::open(&crate::device::DeviceSpec::parse("sim:h100-80gb")?)?;
+    let layout = device.int8_tile_layout();
+    let rt = Runtime::new(
+        device,
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        None,
+    );
+    let opts = LoadOptions {
+        quant: crate::quant::Quant::F16,
+        int8_threshold: 0.0,
+        int8_layout: layout,
+        attn_scalars: 0,
+    };
+    let v = Gemma3Vision::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
+    let s = &shape.vision;
+    let px = rt.tensor_with_values(
+        "pixel_values",
+        Category::Activation,
+        &[images, s.num_channels, s.image_size, s.image_size],
+        v.act,
+        test_pixels(&shape, images),
+    )?;
+    let out = v.encode(&rt, &px, images)?;
+    ops::read_f32(&rt, &out)?
+        .ok_or_else(|| Error::Request("the embeddings were not computed (a dry device)".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tower and projector of google/gemma-3-4b-it weigh their parameters in bf16: the
+    /// checkpoint's 416,866,032 + 2,950,272 parameters, two bytes each.
+    #[test]
+    fn the_tower_weighs_its_parameters() {
+        let cfg = crate::model::presets::preset("gemma-3-4b-it").unwrap();
+        let device = crate::device::Device::open(
+            &crate::device::DeviceSpec::parse("sim:h100-sxm:dry").unwrap(),
+        )
+        .unwrap();
+        let layout = device.int8_tile_layout();
+        let rt = Runtime::new(
+            device,
+            std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            None,
+        );
+        let src = crate::model::open(
+            &crate::model::ModelSource::parse("preset:gemma-3-4b-it").unwrap(),
+            0,
+        )
+        .unwrap();
+        let opts = LoadOptions {
+            quant: crate::quant::Quant::BF16,
+            int8_threshold: 0.0,
+            int8_layout: layout,
+            attn_scalars: 0,
+        };
+        let v = Gemma3Vision::load(&rt, &cfg, src.source.as_ref(), &opts).unwrap();
+        assert_eq!(v.weight_bytes(), (416_866_032 + 2_950_272) * 2);
+    }
+}

@@ -1,0 +1,214 @@
+//! V1's multimodal profile plan: the encoder cache budget and how many dummy items of the
+//! maximum feature size `profile_run` encodes (`MultiModalBudget`, v1/worker/utils.py 0.11
+//! L24-127; `compute_mm_encoder_budget`, v1/core/encoder_cache_manager.py 0.11 L292-333;
+//! multimodal/encoder_budget.py 0.19), and the `vllm serve` flags that change it.
+
+use serde::{Deserialize, Serialize};
+
+use super::vllm::MmProfile;
+use crate::base::error::{Error, Result};
+use crate::model::config::Gemma3MmShape;
+
+/// What the encoder's profile does, for the report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EncoderPlan {
+    /// Tokens one image counts for the budget (its placeholder's or its embeddings').
+    pub tokens_per_item: u64,
+    /// Embeddings one image's encoder output holds (`mm_tokens_per_image`).
+    pub embeds_per_item: u64,
+    /// `min(compute budget, cache size)`: the rows of each dummy output held in the encoder
+    /// cache (vLLM's log line's "budget of N tokens").
+    pub budget_tokens: u64,
+    /// Dummy images encoded in one call ("profiled with N image items").
+    pub items: u64,
+}
+
+impl EncoderPlan {
+    /// vLLM's log line (gpu_model_runner.py 0.11 L3344-3351).
+    pub fn log_line(&self) -> String {
+        format!(
+            "Encoder cache will be initialized with a budget of {} tokens, and profiled with {} image items of the maximum feature size.",
+            self.budget_tokens, self.items
+        )
+    }
+}
+
+/// The images per prompt `--limit-mm-per-prompt` allows (V1's default 999, config/multimodal.py
+/// 0.11 L106-114).
+pub const DEFAULT_LIMIT: u64 = 999;
+
+/// The encoder profile V1 runs for Gemma 3's images, or `None` when every modality is
+/// limited to 0 ("All non-text modalities supported by the model have been explicitly
+/// disabled via limit_mm_per_prompt. Encoder cache will not be initialized.").
+/// `tokens` is `max_num_batched_tokens` (the scheduler's `max_num_encoder_input_tokens` and
+/// `encoder_cache_size`, config/scheduler.py 0.11 L201-202), `seqs` `max_num_seqs`.
+pub fn plan(
+    mm: &Gemma3MmShape,
+    profile: MmProfile,
+    (tokens, seqs, max_model_len): (u64, u64, u64),
+    chunked_prefill: bool,
+    limit: Option<u64>,
+) -> Option<EncoderPlan> {
+    let limit = limit.unwrap_or(DEFAULT_LIMIT);
+    if limit == 0 {
+        return None;
+    }
+    let embeds = mm.mm_tokens_per_image as u64;
+    // Gemma 3's placeholder: "\n\n<start_of_image>" + the image tokens + "<end_of_image>\n\n"
+    // (`full_image_sequence`, gemma3_mm.py 0.11 L166-195), pan-and-scan off.
+    let per_item = if profile.placeholder_tokens {
+        embeds + 4
+    } else {
+        embeds
+    };
+    let compute = tokens.max(per_item);
+    let cache = tokens.max(per_item);
+    let budget = compute.min(cache);
+    let per_prompt = limit.min(max_model_len / per_item).max(1);
+    let reqs = if chunked_prefill {
+        seqs
+    } else {
+        seqs.min(tokens / per_item)
+    };
+    let items = (budget / per_item).min(reqs * per_prompt).max(1);
+    Some(EncoderPlan {
+        tokens_per_item: per_item,
+        embeds_per_item: embeds,
+        budget_tokens: budget,
+        items,
+    })
+}
+
+/// `--limit-mm-per-prompt`'s value as vLLM takes it: JSON (`{"image": 0}`, or 0.11's
+/// `{"image": {"count": 0}}`) or the legacy `image=0,video=1`. Returns the images allowed
+/// (`None` when the value does not name images: V1's default).
+pub fn parse_limit(v: &str) -> Result<Option<u64>> {
+    let bad = |why: String| Error::Request(format!("--limit-mm-per-prompt '{v}': {why}"));
+    let t = v.trim();
+    let mut image = None;
+    if t.starts_with('{') {
+        let j: serde_json::Value =
+            serde_json::from_str(t).map_err(|e| bad(format!("not JSON ({e})")))?;
+        let obj = j
+            .as_object()
+            .ok_or_else(|| bad("expected a JSON object".into()))?;
+        for (k, x) in obj {
+            let n = match x {
+                serde_json::Value::Number(n) => n.as_u64(),
+                serde_json::Value::Object(o) => {
+                    if let Some(extra) = o.keys().find(|k| k.as_str() != "count") {
+                        return Err(bad(format!(
+                            "'{k}.{extra}' (a dummy item's size) is not modelled; give a count"
+                        )));
+                    }
+                    o.get("count").and_then(serde_json::Value::as_u64)
+                }
+                _ => None,
+            }
+            .ok_or_else(|| bad(format!("'{k}' needs a count of 0 or more")))?;
+            if k == "image" {
+                image = Some(n);
+            }
+        }
+    } else {
+        for part in t.split(',').filter(|p| !p.trim().is_empty()) {
+            let (k, n) = part
+                .split_once('=')
+                .ok_or_else(|| bad(format!("'{part}' is not MODALITY=COUNT")))?;
+            let n: u64 = n
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("'{n}' is not a count")))?;
+            if k.trim() == "image" {
+                image = Some(n);
+            }
+        }
+    }
+    Ok(image)
+}
+
+/// `--mm-processor-kwargs`: Gemma 3's processor options. `do_pan_and_scan: false` (the
+/// default) is what is modelled; pan-and-scan's crops (more tokens per image, a taller dummy
+/// image) and any other key are refused by name.
+pub fn check_processor_kwargs(v: &str) -> Result<()> {
+    let bad = |why: String| Error::Request(format!("--mm-processor-kwargs '{v}': {why}"));
+    let j: serde_json::Value =
+        serde_json::from_str(v.trim()).map_err(|e| bad(format!("not JSON ({e})")))?;
+    let obj = j
+        .as_object()
+        .ok_or_else(|| bad("expected a JSON object".into()))?;
+    for (k, x) in obj {
+        match (k.as_str(), x) {
+            ("do_pan_and_scan", serde_json::Value::Bool(false)) => {}
+            ("do_pan_and_scan", _) => {
+                return Err(bad(
+                    "pan-and-scan's crops ((crops + 1) × 256 tokens an image) are not modelled"
+                        .into(),
+                ))
+            }
+            _ => return Err(bad(format!("'{k}' is not modelled"))),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gemma3() -> Gemma3MmShape {
+        crate::model::presets::preset("gemma-3-4b-it")
+            .unwrap()
+            .gemma3_mm
+            .unwrap()
+    }
+
+    const R011: MmProfile = MmProfile {
+        placeholder_tokens: true,
+        tower_skipped_at_zero: false,
+        sdpa_on_blackwell: true,
+    };
+    const R019: MmProfile = MmProfile {
+        placeholder_tokens: false,
+        tower_skipped_at_zero: true,
+        sdpa_on_blackwell: false,
+    };
+
+    #[test]
+    fn the_budget_is_the_batch_and_the_items_what_fits_in_it() {
+        // 0.11 counts the 260-token placeholder: 16384 // 260 = 63 images.
+        let p = plan(&gemma3(), R011, (16384, 1024, 131072), true, None).unwrap();
+        assert_eq!(
+            (p.budget_tokens, p.items, p.tokens_per_item),
+            (16384, 63, 260)
+        );
+        // 0.19 counts the 256 embeddings: 8192 // 256 = 32.
+        let p = plan(&gemma3(), R019, (8192, 1024, 131072), true, None).unwrap();
+        assert_eq!((p.budget_tokens, p.items), (8192, 32));
+        assert_eq!(
+            p.log_line(),
+            "Encoder cache will be initialized with a budget of 8192 tokens, and profiled with 32 image items of the maximum feature size."
+        );
+        // A batch smaller than one image: the budget is one image, one item.
+        let p = plan(&gemma3(), R019, (128, 4, 131072), true, None).unwrap();
+        assert_eq!((p.budget_tokens, p.items), (256, 1));
+        // Two requests of 2 images each bound the items below the budget's 32.
+        let p = plan(&gemma3(), R019, (8192, 2, 131072), true, Some(2)).unwrap();
+        assert_eq!(p.items, 4);
+        assert!(plan(&gemma3(), R019, (8192, 2, 131072), true, Some(0)).is_none());
+    }
+
+    #[test]
+    fn limits_parse_as_vllm_takes_them() {
+        assert_eq!(parse_limit(r#"{"image":0}"#).unwrap(), Some(0));
+        assert_eq!(parse_limit(r#"{"image": {"count": 3}}"#).unwrap(), Some(3));
+        assert_eq!(parse_limit("image=2,video=1").unwrap(), Some(2));
+        assert_eq!(parse_limit(r#"{"video":1}"#).unwrap(), None);
+        let e = parse_limit(r#"{"image": {"count": 1, "width": 512}}"#).unwrap_err();
+        assert!(e.to_string().contains("image.width"), "{e}");
+        assert!(parse_limit("image").is_err());
+        check_processor_kwargs(r#"{"do_pan_and_scan": false}"#).unwrap();
+        let e = check_processor_kwargs(r#"{"do_pan_and_scan": true}"#).unwrap_err();
+        assert!(e.to_string().contains("pan-and-scan"), "{e}");
+    }
+}

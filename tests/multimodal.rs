@@ -1,0 +1,346 @@
+//! Gemma 3's multimodal checkpoint (`Gemma3ForConditionalGeneration`) as vLLM V1 loads and
+//! profiles it: the SigLIP vision tower and projector among the weights, the encoder's profile
+//! pass before the language model's (its budget, its dummy images, their outputs held in the
+//! encoder cache under the text pass), `--limit-mm-per-prompt`, the public log line Q10
+//! (../shared/VLLM_LOGS_PUBLIC.md) and `plan` through the binary.
+
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use vramscope::device::DeviceSpec;
+use vramscope::model::ModelSource;
+use vramscope::profile::{self, ProfileRequest, Report};
+use vramscope::quant::Quant;
+use vramscope::report::lifetimes::Lifetimes;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn run(req: &ProfileRequest) -> Report {
+    profile::run(req, None, Arc::new(AtomicBool::new(false))).unwrap()
+}
+
+fn request(model: &str, device: &str, vllm: &str) -> ProfileRequest {
+    ProfileRequest {
+        model: ModelSource::parse(model).unwrap(),
+        quant: Quant::BF16,
+        device: DeviceSpec::parse(device).unwrap(),
+        vllm: vllm.into(),
+        tokens: 0,
+        seqs: 0,
+        verify: false,
+        ..ProfileRequest::default()
+    }
+}
+
+/// Q10: vLLM PR #21489's `vllm bench latency` of google/gemma-3-4b-it on a B200 (178.36 GiB,
+/// main ≈ 0.10, util 0.9, the LLM class: 16384 tokens and 1024 sequences on a GPU of 70 GiB or
+/// more, 0.11.0 engine/arg_utils.py L1605-1613): "8.58 GiB for weight, 9.96 GiB for peak
+/// activation". Run under 0.11, the V1 release closest that vramscope models: 63 images of
+/// 260 placeholder tokens into a budget of 16384, each output copied into a [16384, 2560]
+/// tensor held under the text pass (0.11 gpu_model_runner.py L3370-3385), SDPA on Blackwell.
+/// The weights land on the log; the activation does not, and cannot under 0.11: the PR's
+/// main (0.10.0, gpu_model_runner.py L2342-2417) counted an image's 256 embeddings (64
+/// images), did not copy the outputs into budget-sized tensors, and so held only the pixel
+/// values and the [64 × 256, 2560] embeddings under the text pass. The text-only pass of the
+/// same model (vramscope's, `--limit-mm-per-prompt '{"image":0}'`) plus those two tensors is
+/// the 0.10.0 profile's peak, and lands within 1 % of the log.
+#[test]
+fn q10_gemma_3_4b_it_on_a_b200() {
+    let mut req = request("preset:gemma-3-4b-it", "sim:b200:dry", "0.11");
+    req.device = req.device.with_total(Some((178.36 * GIB) as u64)).unwrap();
+    req.util = 0.9;
+    req.tokens = 16384;
+    req.seqs = 1024;
+    let r = run(&req);
+    let a = r.vllm_answer().unwrap();
+    let weights = r.weights_bytes as f64 / GIB;
+    let activation = a.formula.torch_peak_bytes as f64 / GIB;
+    let e = r.encoder.as_ref().unwrap();
+    let p = e.plan.as_ref().unwrap();
+    eprintln!(
+        "Q10: weights {weights:.3} GiB (log 8.58), activation {activation:.3} GiB (log 9.96); encoder: {} images, phase peak {:.3} GiB, held {:.3} GiB, share {:.3} GiB",
+        p.items,
+        e.phase_peak_bytes as f64 / GIB,
+        e.held_bytes as f64 / GIB,
+        e.peak_share_bytes as f64 / GIB
+    );
+    assert_eq!(
+        (p.budget_tokens, p.items, p.tokens_per_item),
+        (16384, 63, 260)
+    );
+    assert_eq!(e.attention, "PyTorch SDPA");
+    // The checkpoint's 8,600,158,944 bytes and the rounding buffers vLLM makes with them.
+    assert!((weights / 8.58 - 1.0).abs() < 0.03, "weights {weights}");
+    // The encoder cache alone: 63 × 16384 × 2560 × 2 bytes.
+    assert!(e.held_bytes >= 63 * 16384 * 2560 * 2);
+    assert!(e.peak_share_bytes > 0 && e.peak_share_bytes <= a.formula.torch_peak_bytes as u64);
+    assert!(
+        r.vllm_notes.iter().any(|n| n
+            .ends_with("] Encoder cache will be initialized with a budget of 16384 tokens, and profiled with 63 image items of the maximum feature size.")),
+        "{:?}",
+        r.vllm_notes
+    );
+    // 0.11's peak: the text pass's 9.62 GiB (below) under the 63 budget-sized outputs.
+    assert_eq!(
+        a.formula.torch_peak_bytes, 15_921_383_424,
+        "activation {activation}"
+    );
+    // 0.10.0's profile: the same text pass, the pixel values [64, 3, 896, 896] and the
+    // embeddings [64 × 256, 2560] in bf16 held under it (the encoder's own pass peaks lower).
+    req.limit_mm_images = Some(0);
+    let text = run(&req);
+    let text_peak = text.vllm_answer().unwrap().formula.torch_peak_bytes as u64;
+    let held_010 = 64 * 3 * 896 * 896 * 2 + 64 * 256 * 2560 * 2;
+    let act_010 = (text_peak + held_010) as f64 / GIB;
+    eprintln!(
+        "Q10: text-only pass {:.3} GiB; with 0.10.0's held encoder tensors {act_010:.3} GiB (log 9.96, {:+.1} %); 0.11 {:+.1} %",
+        text_peak as f64 / GIB,
+        (act_010 / 9.96 - 1.0) * 100.0,
+        (activation / 9.96 - 1.0) * 100.0
+    );
+    assert!(e.phase_peak_bytes < a.formula.torch_peak_bytes as u64);
+    assert!(
+        (act_010 / 9.96 - 1.0).abs() < 0.01,
+        "0.10.0 activation {act_010}"
+    );
+}
+
+/// The encoder's pass is a phase of its own in the lifetime view, inside the profile pass.
+#[test]
+fn the_encoder_pass_is_its_own_phase() {
+    let mut req = request("preset:gemma-3-4b-it", "sim:h100-sxm:dry", "0.19");
+    req.tokens = 2048;
+    req.seqs = 64;
+    let r = run(&req);
+    let l = Lifetimes::build(&r.events, r.settings.passes);
+    let enc: Vec<_> = l
+        .passes
+        .iter()
+        .filter(|p| p.label == "encoder pass")
+        .collect();
+    assert_eq!(enc.len(), 1);
+    // Its events are the vision tower's and the encoder cache's, and the pass goes on after.
+    let names: Vec<&str> = r.events[enc[0].start..enc[0].end]
+        .iter()
+        .map(|e| e.tensor.as_str())
+        .collect();
+    assert!(names.contains(&"pixel_values"));
+    assert!(names
+        .iter()
+        .any(|n| n.starts_with("vision.layers.26.mlp.act")));
+    assert!(names.contains(&"encoder_cache.7"));
+    assert!(l
+        .passes
+        .iter()
+        .any(|p| p.start >= enc[0].end && p.label != "encoder pass"));
+    // 0.19 counts the 256 embeddings: 2048 / 256 = 8 images, FlashAttention on Hopper.
+    let e = r.encoder.unwrap();
+    assert_eq!(e.plan.unwrap().items, 8);
+    assert_eq!(e.attention, "FlashAttention varlen");
+}
+
+/// `--limit-mm-per-prompt '{"image":0}'`: no encoder profile (text-only, the runner embeds
+/// its tokens); 0.11 still builds the tower, 0.15 and 0.19 skip it (`_mark_tower_model`).
+#[test]
+fn images_limited_to_zero_run_text_only() {
+    let base = |vllm: &str, limit: Option<u64>| {
+        let mut req = request("preset:gemma-3-4b-it", "sim:h100-sxm:dry", vllm);
+        req.tokens = 2048;
+        req.seqs = 64;
+        req.limit_mm_images = limit;
+        run(&req)
+    };
+    let tower = 416_866_032u64 * 2 + (1152 * 2560 + 1152) * 2;
+    let full19 = base("0.19", None);
+    let text19 = base("0.19", Some(0));
+    let text11 = base("0.11", Some(0));
+    assert_eq!(full19.encoder.as_ref().unwrap().weights_bytes, tower);
+    assert_eq!(text19.encoder.as_ref().unwrap().weights_bytes, 0);
+    // The weights line is the allocator's growth, not the parameters' bytes: 26 of the 27
+    // fused q/k/v weights take a cached block whose remainder is too small to split
+    // (8,400,896 bytes for 7,962,624) and small tensors round up to 512 bytes, so text-only
+    // serving saves 12,016,416 bytes more than the tower's parameters.
+    assert_eq!(full19.weights_bytes - text19.weights_bytes, 851_649_024);
+    assert_eq!(851_649_024 - tower, 12_016_416);
+    assert_eq!(text11.encoder.as_ref().unwrap().weights_bytes, tower);
+    assert!(text19.encoder.as_ref().unwrap().plan.is_none());
+    let act = |r: &Report| r.vllm_answer().unwrap().formula.torch_peak_bytes;
+    assert!(act(&full19) > act(&text19));
+    assert!(!text19.events.iter().any(|e| e.tensor == "pixel_values"));
+}
+
+fn vramscope(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// docs/models.md: `vramscope plan --vllm 0.19 -- vllm serve google/gemma-3-27b-it
+/// --max-model-len 8192` resolves to the preset and names the encoder's share.
+#[test]
+fn plan_names_the_encoders_share_for_gemma_3_27b() {
+    let (ok, out, err) = vramscope(&[
+        "plan",
+        "--vllm",
+        "0.19",
+        "--",
+        "vllm",
+        "serve",
+        "google/gemma-3-27b-it",
+        "--max-model-len",
+        "8192",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("gemma-3-27b-it bf16"), "{out}");
+    assert!(
+        out.contains("encoder (vision tower + projector): weights"),
+        "{out}"
+    );
+    assert!(out.contains("Encoder cache will be initialized with a budget of 8192 tokens, and profiled with 32 image items"), "{out}");
+    let (ok, out, err) = vramscope(&[
+        "plan",
+        "--vllm",
+        "0.19",
+        "--",
+        "vllm",
+        "serve",
+        "google/gemma-3-27b-it",
+        "--max-model-len",
+        "8192",
+        "--limit-mm-per-prompt",
+        r#"{"image":0}"#,
+        "--disable-mm-preprocessor-cache",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("no encoder profile"), "{out}");
+    let (ok, _, err) = vramscope(&[
+        "plan",
+        "--vllm",
+        "0.19",
+        "--",
+        "vllm",
+        "serve",
+        "google/gemma-3-27b-it",
+        "--mm-processor-kwargs",
+        r#"{"do_pan_and_scan": true}"#,
+    ]);
+    assert!(!ok);
+    assert!(err.contains("pan-and-scan"), "{err}");
+}
+
+/// A line of docs/cli.md as a shell splits it: words on spaces, `'…'` kept whole.
+fn shell_words(line: &str) -> Vec<String> {
+    let (mut words, mut cur, mut quoted, mut any) = (Vec::new(), String::new(), false, false);
+    for ch in line.chars() {
+        match ch {
+            '\'' => {
+                quoted = !quoted;
+                any = true;
+            }
+            ' ' if !quoted => {
+                if any {
+                    words.push(std::mem::take(&mut cur));
+                    any = false;
+                }
+            }
+            c => {
+                cur.push(c);
+                any = true;
+            }
+        }
+    }
+    if any {
+        words.push(cur);
+    }
+    words
+}
+
+/// docs/cli.md's "Multimodal models (Gemma 3)" lines, read from the file and run as written,
+/// with the numbers its text quotes.
+#[test]
+fn the_documented_multimodal_lines_run_as_written() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+    let section = doc
+        .split("### Multimodal models (Gemma 3)")
+        .nth(1)
+        .unwrap()
+        .split("\n### ")
+        .next()
+        .unwrap();
+    let lines: Vec<&str> = section
+        .lines()
+        .filter(|l| l.starts_with("vramscope "))
+        .collect();
+    assert_eq!(lines.len(), 3, "{section}");
+    let outs: Vec<String> = lines
+        .iter()
+        .map(|line| {
+            let words = shell_words(line);
+            let args: Vec<&str> = words[1..].iter().map(String::as_str).collect();
+            let (ok, out, err) = vramscope(&args);
+            assert!(ok, "{line}: {err}");
+            out
+        })
+        .collect();
+    // The 27B with images, then text-only: the numbers the section quotes.
+    for (out, want) in [
+        (
+            &outs[0],
+            [
+                "Actual usage is 51.45 GiB for weight, 6.53 GiB for peak activation",
+                "Available KV cache memory: 13.53 GiB",
+            ],
+        ),
+        (
+            &outs[1],
+            [
+                "Actual usage is 50.65 GiB for weight, 3.76 GiB for peak activation",
+                "Available KV cache memory: 17.10 GiB",
+            ],
+        ),
+        (
+            &outs[2],
+            [
+                "Actual usage is 8.58 GiB for weight, 14.83 GiB for peak activation",
+                "profiled with 63 image items",
+            ],
+        ),
+    ] {
+        for w in want {
+            assert!(out.contains(w), "{w}: {out}");
+        }
+    }
+    assert!(outs[0].contains("Encoder cache will be initialized"));
+    assert!(!outs[1].contains("Encoder cache will be initialized"));
+    assert!(outs[1].contains("no encoder profile"), "{}", outs[1]);
+}
+
+/// Mistral 3 / Pixtral (`Mistral3ForConditionalGeneration`) is not modelled: a config of it
+/// gets one line naming what is missing, through the binary.
+#[test]
+fn mistral3_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+            "text_config": {"model_type": "mistral", "hidden_size": 5120},
+            "vision_config": {"model_type": "pixtral", "hidden_size": 1024}}"#,
+    )
+    .unwrap();
+    let path = dir.path().to_str().unwrap();
+    let (ok, _, err) = vramscope(&["plan", "--vllm", "0.19", "--", "vllm", "serve", path]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("model_type 'mistral3' (Mistral3ForConditionalGeneration"),
+        "{err}"
+    );
+    assert!(err.contains("Pixtral vision tower"), "{err}");
+}
