@@ -300,6 +300,7 @@ impl Lifetimes {
                         start: i,
                         end: i + 1,
                         verify: false,
+                        graph: false,
                     });
                     continue;
                 }

@@ -366,14 +366,14 @@ impl SetupForm {
                         .height(popup_height(ui))
                         .show_ui(ui, |ui| {
                             compact_list(ui);
-                            // Two columns: twenty presets fit a 720-pixel window.
+                            // Three columns: the 36 presets fit a 720-pixel window.
                             egui::Grid::new("preset_grid")
-                                .num_columns(2)
+                                .num_columns(3)
                                 .spacing([8.0, 0.0])
                                 .show(ui, |ui| {
                                     for (k, n) in PRESET_NAMES.iter().enumerate() {
                                         ui.selectable_value(&mut self.preset, n.to_string(), *n);
-                                        if k % 2 == 1 {
+                                        if k % 3 == 2 {
                                             ui.end_row();
                                         }
                                     }

@@ -78,7 +78,7 @@ impl Gemma3Vision {
         let s = &shape.vision;
         let shard = {
             let (rank, size) = rt.tp().map_or((0, 1), |t| (t.rank, t.size));
-            TpShard { rank, size }
+            TpShard::new(rank, size)
         };
         if !s.num_heads.is_multiple_of(shard.size)
             || !s.intermediate_size.is_multiple_of(shard.size)
@@ -455,6 +455,7 @@ pub fn encode_test_images(dir: &std::path::Path, images: usize) -> Result<Vec<f3
         int8_threshold: 0.0,
         int8_layout: layout,
         attn_scalars: 0,
+        marlin: Default::default(),
     };
     let v = Gemma3Vision::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
     let s = &shape.vision;
@@ -499,6 +500,7 @@ mod tests {
             int8_threshold: 0.0,
             int8_layout: layout,
             attn_scalars: 0,
+            marlin: Default::default(),
         };
         let v = Gemma3Vision::load(&rt, &cfg, src.source.as_ref(), &opts).unwrap();
         assert_eq!(v.weight_bytes(), (416_866_032 + 2_950_272) * 2);
