@@ -977,7 +977,9 @@ impl<'a> Loader<'a> {
     /// lowest in place); no `input_scale` (dynamic only). The checkpoint's shards are copied
     /// in by the weight loader, each shard's scale rows at `ceil(offset / bn)`
     /// (linear.py L760-773, L933-939). `process_weights_after_loading` then re-wraps both as
-    /// plain parameters (fp8.py L306-323): nothing more is allocated.
+    /// plain parameters (fp8.py L306-323): nothing more is allocated. 0.11.0 makes the
+    /// identity too (fp8.py L265); 0.15.1 and 0.19.0 do not (their `create_weights` has no
+    /// `maybe_create_device_identity`), the runtime's `Fp8BlockPath::Op`.
     fn fp8_block_stored(
         &mut self,
         names: &[String],
@@ -1005,7 +1007,11 @@ impl<'a> Loader<'a> {
         if rt.backend() == Backend::Cuda {
             return Err(crate::quant::fp8_block::cuda_refused());
         }
-        if self.fp8_identity.is_none() {
+        let identity = !matches!(
+            rt.fp8_block_path(),
+            crate::engine::runtime::Fp8BlockPath::Op { .. }
+        );
+        if identity && self.fp8_identity.is_none() {
             let mut one = rt.tensor(
                 "fp8.TORCH_DEVICE_IDENTITY",
                 Category::Weight,
@@ -1048,6 +1054,7 @@ impl<'a> Loader<'a> {
             block,
             out_features: total,
             in_features: k,
+            scales_transposed: false,
         })
     }
 
@@ -1443,6 +1450,10 @@ pub(crate) fn fp8_stored_linear_after_loading(rt: &Runtime, lin: Linear) -> Resu
             let rows = [l.out_features];
             Ok(Linear::Fp8(fp8_stored_after_loading(rt, l, &rows)?))
         }
+        Linear::Fp8Block(mut l) => {
+            l.after_loading(rt)?;
+            Ok(Linear::Fp8Block(l))
+        }
         other => Ok(other),
     }
 }
@@ -1453,6 +1464,10 @@ pub(crate) fn fp8_stored_fused_after_loading(rt: &Runtime, f: FusedLinear) -> Re
         FusedLinear::Fp8 { linear, rows } => {
             let linear = Box::new(fp8_stored_after_loading(rt, *linear, &rows)?);
             Ok(FusedLinear::Fp8 { linear, rows })
+        }
+        FusedLinear::Fp8Block { mut linear, rows } => {
+            linear.after_loading(rt)?;
+            Ok(FusedLinear::Fp8Block { linear, rows })
         }
         other => Ok(other),
     }

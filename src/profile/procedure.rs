@@ -602,36 +602,45 @@ fn check_fp8(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
     check_fp8_model(o)
 }
 
-/// What a block-wise fp8 checkpoint is reproduced for: vLLM 0.8.5 (`--vllm 0.8`) on a
-/// simulated Hopper (CUTLASS's blockwise GEMM) or Ada (Triton's) GPU, with the kv-cache in
-/// the model's dtype, its shapes as `fp8_block::model_problem` allows them on that GPU. A
-/// CUDA device is refused: the GPU kernels are not written yet.
+/// What a block-wise fp8 checkpoint is reproduced for: the release's `fp8_block` era (vLLM
+/// 0.8.5, 0.11.0, 0.15.1, 0.19.0) on a simulated Hopper (CUTLASS's blockwise GEMM) or Ada
+/// (Triton's) GPU, with the kv-cache in the model's dtype, its shapes as
+/// `fp8_block::model_problem` allows them on that GPU. A CUDA device is refused: the GPU
+/// kernels are not written yet.
 fn check_fp8_block(
     req: &ProfileRequest,
     o: &model::OpenedModel,
     block: crate::quant::fp8_block::BlockSize,
 ) -> Result<()> {
     use crate::quant::fp8_block;
-    let hopper = match &req.device {
-        DeviceSpec::Cuda { .. } => return Err(fp8_block::cuda_refused()),
-        DeviceSpec::Sim { preset, .. } => match crate::device::presets::find(preset) {
-            Some(p) => {
-                fp8_block::check_gpu(p.arch, p.name)?;
-                p.arch == "Hopper"
-            }
-            None => false,
-        },
-    };
-    fp8_block::check_release(req.release()?.name, &req.vllm)?;
+    let hopper = fp8_block_hopper(req)?;
+    let release = req.release()?;
+    let era = fp8_block::check_release(release.fp8_block, release.name, &req.vllm)?;
     if req.kv_cache_dtype != super::request::KvCacheDtype::Auto {
         return Err(Error::Request(format!(
             "--kv-cache-dtype {} with a block-wise fp8 checkpoint: Fp8KVCacheMethod's handling of stored or unit k/v scales for an fp8 cache is not modelled yet; leave it auto",
             req.kv_cache_dtype.name()
         )));
     }
-    match fp8_block::model_problem(block, &o.config.decoder_linears(), hopper) {
+    match fp8_block::model_problem(block, &o.config.decoder_linears(), (hopper, era)) {
         Some(p) => Err(Error::model(o.source.origin(), p)),
         None => Ok(()),
+    }
+}
+
+/// Whether a block-wise fp8 checkpoint runs on Hopper (CUTLASS) here: the simulated GPU's
+/// preset, checked to be one that runs it (`fp8_block::check_gpu`); a CUDA device refused.
+fn fp8_block_hopper(req: &ProfileRequest) -> Result<bool> {
+    use crate::quant::fp8_block;
+    match &req.device {
+        DeviceSpec::Cuda { .. } => Err(fp8_block::cuda_refused()),
+        DeviceSpec::Sim { preset, .. } => match crate::device::presets::find(preset) {
+            Some(p) => {
+                fp8_block::check_gpu(p.arch, p.name)?;
+                Ok(p.arch == "Hopper")
+            }
+            None => Ok(false),
+        },
     }
 }
 
@@ -855,6 +864,10 @@ pub(crate) fn run_rank(
         rt.set_tp(t);
     }
     rt.set_fp8_act_per_token(matches!(release.engine, super::vllm::Engine::V1 { .. }));
+    if let (Some(era), DeviceSpec::Sim { preset, .. }) = (release.fp8_block, &req.device) {
+        let hopper = crate::device::presets::find(preset).is_some_and(|p| p.arch == "Hopper");
+        rt.set_fp8_block_path(era.path(hopper));
+    }
     rt.set_mxfp4_hopper_swizzle(crate::quant::mxfp4::hopper_swizzles(release.torch));
     if let Some(p) = pp_stage {
         rt.set_pp(p);
