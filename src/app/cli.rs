@@ -1121,7 +1121,7 @@ pub fn summary_text(r: &Report) -> String {
         fmt_u(r.outside_framework_bytes),
         fmt_i(r.truth.non_kv_bytes)
     );
-    if let Some(e) = r.model.experts_sentence(r.tp) {
+    if let Some(e) = r.model.experts_sentence_as(r.tp, r.quant) {
         let _ = writeln!(s, "{e}");
     }
     if r.pp > 1 {

@@ -545,6 +545,73 @@ impl<'a> Loader<'a> {
         upload(self.rt, name, shape, self.act, all)
     }
 
+    /// The block size of a block-wise fp8 checkpoint.
+    pub(crate) fn fp8_block(&self) -> Option<BlockSize> {
+        self.src.stored_fp8().and_then(|f| f.block)
+    }
+
+    /// Block-wise fp8 experts as `Fp8MoEMethod.create_weights` makes them (`block_quant`,
+    /// fp8.py L609-718 at 0.19.0; 0.11.0 L496-590 the same order): `w13_weight [E, 2·I, H]`
+    /// and `w2_weight [E, H, I]` in float8_e4m3fn (`torch.empty`), then
+    /// `w13_weight_scale_inv [E, 2·⌈I/bn⌉, ⌈H/bk⌉]` and `w2_weight_scale_inv [E, ⌈H/bn⌉,
+    /// ⌈I/bk⌉]` in f32 (`torch.ones`); the checkpoint's experts are copied in and
+    /// `process_weights_after_loading` re-wraps them (TRITON backend: nothing converted,
+    /// oracle/fp8.py L457-467 at 0.19.0; 0.11.0 fp8.py L612-660 likewise without DeepGEMM).
+    /// `I` is this rank's share of the expert width; vLLM refuses one that is not a
+    /// multiple of `bn` (L632-643). Dry only: the codes are not read. Returns
+    /// `[w13, w2, w13_scale_inv, w2_scale_inv]`.
+    pub(crate) fn experts_fp8_block(
+        &mut self,
+        (w13_parts, w2_parts): (&[(String, Slice)], &[(String, Slice)]),
+        (e, i, h): (usize, usize, usize),
+        prefix: &str,
+        block: BlockSize,
+    ) -> Result<[Tensor; 4]> {
+        if !i.is_multiple_of(block.n) {
+            return Err(Error::model(
+                self.src.origin(),
+                format!(
+                    "{prefix}: vLLM refuses it: \"The output_size of gate's and up's weight = {i} is not divisible by weight quantization block_n = {}.\" (Fp8MoEMethod.create_weights, fp8.py L632-638 at 0.19.0, L507-512 at 0.11.0)",
+                    block.n
+                ),
+            ));
+        }
+        let tp = self.rt.tp().map_or(1, |t| t.size);
+        if tp > 1 && !i.is_multiple_of(block.k) {
+            return Err(Error::model(
+                self.src.origin(),
+                format!(
+                    "{prefix}: vLLM refuses it: \"The input_size of down's weight = {i} is not divisible by weight quantization block_k = {}.\" (fp8.py L639-644 at 0.19.0)",
+                    block.k
+                ),
+            ));
+        }
+        if self.needs_data {
+            return Err(crate::engine::ops_moe::fp8_block_experts_refused(prefix));
+        }
+        let rt = self.rt;
+        let t = |name: String, shape: &[usize], dt: DType| rt.tensor(name, Category::Weight, shape, dt);
+        let w13 = t(format!("{prefix}.w13_weight"), &[e, 2 * i, h], DType::F8E4M3)?;
+        let w2 = t(format!("{prefix}.w2_weight"), &[e, h, i], DType::F8E4M3)?;
+        let (ib_n, ib_k) = (i.div_ceil(block.n), i.div_ceil(block.k));
+        let (hb_n, hb_k) = (h.div_ceil(block.n), h.div_ceil(block.k));
+        let s13 = t(
+            format!("{prefix}.w13_weight_scale_inv"),
+            &[e, 2 * ib_n, hb_k],
+            DType::F32,
+        )?;
+        let s2 = t(
+            format!("{prefix}.w2_weight_scale_inv"),
+            &[e, hb_n, ib_k],
+            DType::F32,
+        )?;
+        for (name, sl) in w13_parts.iter().chain(w2_parts) {
+            let [n, k] = sl.shape();
+            self.tick(name, (n * k) as u64)?;
+        }
+        Ok([w13, w2, s13, s2])
+    }
+
     /// A stacked parameter (vLLM's `qkv_proj`, `gate_up_proj`, filled through
     /// `stacked_params_mapping`): one `[Σ nᵢ, k]` weight when it stays 16-bit, the checkpoint's
     /// shards read in order into it; one quantized linear per shard otherwise.
@@ -859,7 +926,7 @@ impl<'a> Loader<'a> {
         if let Some(sl) = slices
             .iter()
             .chain(self.slice.as_ref())
-            .find(|s| !s.is_whole())
+            .find(|s| !s.is_whole() && self.needs_data)
         {
             return Err(Error::model(
                 self.src.origin(),
@@ -991,7 +1058,7 @@ impl<'a> Loader<'a> {
         if let Some(sl) = slices
             .iter()
             .chain(self.slice.as_ref())
-            .find(|s| !s.is_whole())
+            .find(|s| !s.is_whole() && self.needs_data)
         {
             return Err(Error::model(
                 self.src.origin(),
@@ -1023,7 +1090,29 @@ impl<'a> Loader<'a> {
             }
             self.fp8_identity = Some(one);
         }
-        let rows: Vec<usize> = slices.iter().map(|s| s.full[0]).collect();
+        // A tensor-parallel shard (dry): vLLM's `validate_fp8_block_shape` (utils/fp8_utils.py
+        // L1425-1473 at 0.19.0, L750-782 at 0.11.0) wants a row-parallel rank's inputs a
+        // multiple of block_k and a column-parallel rank's outputs a multiple of block_n;
+        // the shard's grid is then its own blocks.
+        for sl in slices.iter().filter(|s| !s.is_whole()) {
+            let [n, kk] = sl.shape();
+            let (what, size, b) = if kk != sl.full[1] {
+                ("input_size_per_partition", kk, block.k)
+            } else {
+                ("output_partition_size", n, block.n)
+            };
+            if !size.is_multiple_of(b) {
+                return Err(Error::model(
+                    self.src.origin(),
+                    format!(
+                        "tensor {}: vLLM refuses it: \"Weight {what} = {size} is not divisible by weight quantization block_{} = {b}.\" (validate_fp8_block_shape, utils/fp8_utils.py L1425-1473 at 0.19.0)",
+                        names[0],
+                        if what.starts_with("input") { "k" } else { "n" }
+                    ),
+                ));
+            }
+        }
+        let rows: Vec<usize> = slices.iter().map(|s| s.shape()[0]).collect();
         let total: usize = rows.iter().sum();
         let base = fused_name.trim_end_matches(".weight");
         let mut qweight = rt.tensor(fused_name, Category::Weight, &[total, k], DType::F8E4M3)?;
@@ -1443,16 +1532,28 @@ fn fp8_channel_after_loading(rt: &Runtime, mut lin: Fp8Linear) -> Result<Fp8Line
     Ok(lin)
 }
 
+/// `Fp8BlockLinear::after_loading` for a block-wise layer; anything else passes through.
+pub(crate) fn fp8_block_after_loading(rt: &Runtime, lin: &mut Linear) -> Result<()> {
+    if let Linear::Fp8Block(l) = lin {
+        l.after_loading(rt)?;
+    }
+    Ok(())
+}
+
+/// `fp8_block_after_loading` for a stacked parameter: its one grid.
+pub(crate) fn fp8_block_after_loading_fused(rt: &Runtime, f: &mut FusedLinear) -> Result<()> {
+    if let FusedLinear::Fp8Block { linear, .. } = f {
+        linear.after_loading(rt)?;
+    }
+    Ok(())
+}
+
 /// `fp8_stored_after_loading` for a plain linear layer (one shard).
 pub(crate) fn fp8_stored_linear_after_loading(rt: &Runtime, lin: Linear) -> Result<Linear> {
     match lin {
         Linear::Fp8(l) => {
             let rows = [l.out_features];
             Ok(Linear::Fp8(fp8_stored_after_loading(rt, l, &rows)?))
-        }
-        Linear::Fp8Block(mut l) => {
-            l.after_loading(rt)?;
-            Ok(Linear::Fp8Block(l))
         }
         other => Ok(other),
     }
@@ -1464,10 +1565,6 @@ pub(crate) fn fp8_stored_fused_after_loading(rt: &Runtime, f: FusedLinear) -> Re
         FusedLinear::Fp8 { linear, rows } => {
             let linear = Box::new(fp8_stored_after_loading(rt, *linear, &rows)?);
             Ok(FusedLinear::Fp8 { linear, rows })
-        }
-        FusedLinear::Fp8Block { mut linear, rows } => {
-            linear.after_loading(rt)?;
-            Ok(FusedLinear::Fp8Block { linear, rows })
         }
         other => Ok(other),
     }
@@ -1593,6 +1690,7 @@ mod tests {
                 dtype: DType::BF16,
                 channel: false,
                 compressed_tensors: false,
+                routers_unquantized: false,
             })
         }
         fn read_fp8(&self, name: &str, _: &[usize]) -> Result<(Vec<u8>, Vec<f32>, Option<f32>)> {

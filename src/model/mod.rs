@@ -1598,11 +1598,14 @@ fn check_fp8_blocks(sq: sharded::StoredQuant, cfg: &ModelConfig, config: &Path) 
     else {
         return Ok(());
     };
-    match crate::quant::fp8_block::model_problem(
-        block,
-        &cfg.decoder_linears(),
-        (false, crate::quant::fp8_block::Fp8BlockEra::V0_8),
-    ) {
+    // Multi-head latent attention runs under the V1 releases only, whose merged layers may
+    // end in a partial block (the fused A projection's 576 rows).
+    let era = if cfg.deepseek.is_some() {
+        crate::quant::fp8_block::Fp8BlockEra::V0_11
+    } else {
+        crate::quant::fp8_block::Fp8BlockEra::V0_8
+    };
+    match crate::quant::fp8_block::model_problem(block, &cfg.decoder_linears(), (false, era)) {
         Some(p) => Err(Error::model(config, p)),
         None => Ok(()),
     }

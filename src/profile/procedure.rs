@@ -576,8 +576,8 @@ fn check_fp8(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
         return Ok(());
     }
     if let Some(block) = o.source.stored_fp8().and_then(|f| f.block) {
-        check_fp8_block(req, o, block)?;
-        return check_fp8_model(o);
+        let gpu = check_fp8_block(req, o, block)?;
+        return check_fp8_block_model(o, gpu);
     }
     let release = req.release()?;
     let v1 = matches!(release.engine, super::vllm::Engine::V1 { .. });
@@ -611,7 +611,7 @@ fn check_fp8_block(
     req: &ProfileRequest,
     o: &model::OpenedModel,
     block: crate::quant::fp8_block::BlockSize,
-) -> Result<()> {
+) -> Result<(bool, crate::quant::fp8_block::Fp8BlockEra)> {
     use crate::quant::fp8_block;
     let hopper = fp8_block_hopper(req)?;
     let release = req.release()?;
@@ -624,7 +624,40 @@ fn check_fp8_block(
     }
     match fp8_block::model_problem(block, &o.config.decoder_linears(), (hopper, era)) {
         Some(p) => Err(Error::model(o.source.origin(), p)),
-        None => Ok(()),
+        None => Ok((hopper, era)),
+    }
+}
+
+/// The models block-wise fp8 is reproduced for: `check_fp8_model`'s, and experts under the V1
+/// releases on Hopper (Triton's fused MoE: 0.19.0's oracle puts TRITON first there for
+/// block fp8 without expert parallel, fused_moe/oracle/fp8.py L85-95; 0.11.0 runs
+/// `fused_experts_impl`) for Mixtral, Qwen3-MoE with its routers kept 16-bit, and
+/// DeepSeek-V2/V3 and Kimi-K2 (whose routers vLLM never quantizes).
+fn check_fp8_block_model(
+    o: &model::OpenedModel,
+    (hopper, era): (bool, crate::quant::fp8_block::Fp8BlockEra),
+) -> Result<()> {
+    let c = &o.config;
+    let Some(_) = c.moe.as_ref() else {
+        return check_fp8_model(o);
+    };
+    let bad = |w: String| {
+        Err(Error::model(
+            o.source.origin(),
+            format!("block-wise fp8 with model_type '{}': {w}", c.arch),
+        ))
+    };
+    if era == crate::quant::fp8_block::Fp8BlockEra::V0_8 {
+        return bad("its fp8 experts are modelled under the V1 releases (--vllm 0.11, 0.15, 0.19), not 0.8.5".into());
+    }
+    if !hopper {
+        return bad("fp8 experts off Hopper are not modelled (0.19.0's fused-MoE oracle tries FlashInfer CUTLASS before Triton there, fused_moe/oracle/fp8.py L68-80, not checked); use a Hopper preset (h100-80gb, h200-141gb)".into());
+    }
+    match c.arch.as_str() {
+        "mixtral" | "deepseek_v2" | "deepseek_v3" | "kimi_k2" => Ok(()),
+        "qwen3_moe" if o.source.stored_fp8().is_some_and(|f| f.routers_unquantized) => Ok(()),
+        "qwen3_moe" => bad("vLLM makes the router (mlp.gate) an fp8 layer too unless quantization_config.modules_to_not_convert (or ignored_layers) names every layer's mlp.gate, as Qwen's published FP8 MoE configs do (qwen3_moe.py L176-182 at 0.19.0 passes quant_config); an fp8 router is not modelled".into()),
+        _ => bad("its fp8 experts are not modelled yet (Mixtral, Qwen3-MoE and DeepSeek-V2/V3/Kimi-K2 are)".into()),
     }
 }
 

@@ -201,6 +201,67 @@ impl Fp8BlockLinear {
         Ok(())
     }
 
+    /// The 16-bit copy of this layer's weight that MLA keeps after loading (W_UK and W_UV are
+    /// views of it; docs/reading/vllm-mla.md §4), with the transients that make it, as the
+    /// runtime's path says:
+    /// - 0.11.0 (`PadAlways`, `Plain`): `get_and_maybe_dequant_weights` runs the layer on an
+    ///   identity (v1/attention/backends/mla/common.py L996-1008): `torch.eye(k)` in `act`,
+    ///   the block-wise linear's forward on it (on Hopper the input padded by 4 rows: its
+    ///   output `[k + 4, n]`, sliced, keeps the padded storage), then `del eye`. The output
+    ///   is kept.
+    /// - 0.15.1, 0.19.0 (`Op`): `scaled_dequantize` (quantization/utils/quant_utils.py
+    ///   L303-314 at 0.15.1, L320-332 at 0.19.0): `group_broadcast` expands the grid along
+    ///   the rows (a copy `[n, kb]` f32) then the columns (a copy `[n, k]` f32, the first
+    ///   freed as it is rebound), the codes `.to(float32)` (`[n, k]`), their product with the
+    ///   expanded scales (`[n, k]` f32, the codes' copy freed), `.to(act)` (`[n, k]`, kept;
+    ///   the product freed), and the expanded scales die as the function returns.
+    pub fn mla_dequantized(&self, rt: &Runtime, act: DType) -> Result<Tensor> {
+        rt.check_cancel()?;
+        let (n, k) = (self.out_features, self.in_features);
+        let base = self.qweight.name.trim_end_matches(".weight").to_string();
+        let t = |nm: &str, shape: &[usize], dt: DType| {
+            rt.tensor_for_overwrite(format!("{base}.{nm}"), Category::Weight, shape, dt)
+        };
+        rt.set_op("mla.kv_b_proj_dequantize");
+        let kept = match rt.fp8_block_path() {
+            Fp8BlockPath::Op { .. } => {
+                let kb = k.div_ceil(self.block.k);
+                let rows = t("scale_rows_expanded", &[n, kb], DType::F32)?;
+                let expanded = t("scale_expanded", &[n, k], DType::F32)?;
+                drop(rows);
+                let codes = t("weight_f32", &[n, k], DType::F32)?;
+                let product = t("weight_dequantized_f32", &[n, k], DType::F32)?;
+                drop(codes);
+                let kept = t("weight_dequantized", &[n, k], act)?;
+                drop(product);
+                drop(expanded);
+                kept
+            }
+            path => {
+                let eye = t("eye", &[k, k], act)?;
+                let pad = if path == Fp8BlockPath::PadAlways {
+                    4 - k % 4
+                } else {
+                    0
+                };
+                let padded = if pad > 0 {
+                    Some(t("eye_padded", &[k + pad, k], act)?)
+                } else {
+                    None
+                };
+                let codes = t("eye_qinput", &[k + pad, k], DType::F8E4M3)?;
+                let scales = t("eye_x_scale", &[k + pad, k / self.block.k], DType::F32)?;
+                let kept = t("weight_dequantized", &[k + pad, n], act)?;
+                drop(padded);
+                drop(codes);
+                drop(scales);
+                drop(eye);
+                kept
+            }
+        };
+        Ok(kept)
+    }
+
     /// The scale grid row-major `[nb, kb]` on the host, as the checkpoint stores it.
     fn host_scales(&self) -> std::borrow::Cow<'_, [f32]> {
         let s = self.scale_inv.f32();

@@ -41,6 +41,8 @@ pub struct DeepseekMoe {
     pub e_score_correction_bias: Option<Tensor>,
     pub w13: Tensor,
     pub w2: Tensor,
+    /// Block-wise fp8 experts' `w13_weight_scale_inv` and `w2_weight_scale_inv`.
+    pub fp8_scales: Option<[Tensor; 2]>,
     pub shared: Option<DeepseekShared>,
 }
 
@@ -66,6 +68,10 @@ impl DeepseekMoe {
                 .map_or(0, |b| b.nbytes())
             + self.w13.nbytes()
             + self.w2.nbytes()
+            + self
+                .fp8_scales
+                .as_ref()
+                .map_or(0, |[a, b]| a.nbytes() + b.nbytes())
             + shared
     }
 
@@ -75,6 +81,10 @@ impl DeepseekMoe {
             w2: &self.w2,
             num_experts: m.num_experts,
             width: self.w2.shape.last().copied().unwrap_or(0),
+            fp8_block: self
+                .fp8_scales
+                .as_ref()
+                .map(|[w13, w2]| crate::engine::ops_moe::Fp8BlockScales { w13, w2 }),
         }
     }
 }
@@ -131,24 +141,28 @@ pub(crate) fn load_deepseek_moe(
             ["gate_proj", "up_proj"].map(|n| (x(ex, n), Slice::rows(width, h, first, len)))
         })
         .collect();
-    let w13 = ld.stacked(
-        &w13_parts,
-        &[e, 2 * len, h],
-        &format!("{p}.mlp.experts.w13_weight"),
-    )?;
     let w2_parts: Vec<(String, Slice)> = (0..e)
         .map(|ex| (x(ex, "down_proj"), Slice::cols(h, width, first, len)))
         .collect();
-    let w2 = ld.stacked(
-        &w2_parts,
-        &[e, h, len],
-        &format!("{p}.mlp.experts.w2_weight"),
-    )?;
+    let prefix = format!("{p}.mlp.experts");
+    let (w13, w2, fp8_scales) = match ld.fp8_block() {
+        Some(b) => {
+            let [w13, w2, s13, s2] =
+                ld.experts_fp8_block((&w13_parts, &w2_parts), (e, len, h), &prefix, b)?;
+            (w13, w2, Some([s13, s2]))
+        }
+        None => (
+            ld.stacked(&w13_parts, &[e, 2 * len, h], &format!("{prefix}.w13_weight"))?,
+            ld.stacked(&w2_parts, &[e, h, len], &format!("{prefix}.w2_weight"))?,
+            None,
+        ),
+    };
     Ok(DeepseekMoe {
         gate,
         e_score_correction_bias,
         w13,
         w2,
+        fp8_scales,
         shared,
     })
 }
@@ -366,6 +380,7 @@ mod tests {
             e_score_correction_bias: noaux.then(|| w("bias", &[e], DType::F32)),
             w13: w("w13", &[e, 2 * i, h], DType::BF16),
             w2: w("w2", &[e, h, i], DType::BF16),
+            fp8_scales: None,
             shared: Some(DeepseekShared {
                 gate_up: FusedLinear::Dense {
                     weight: w("gate_up", &[2 * i, h], DType::BF16),
@@ -599,6 +614,7 @@ mod tests {
             e_score_correction_bias: Some(t("bias", &[e], &bv)),
             w13: t("w13", &[e, 2 * i, h], &w13v),
             w2: t("w2", &[e, h, i], &w2v),
+            fp8_scales: None,
             shared: Some(DeepseekShared {
                 gate_up: FusedLinear::Dense {
                     weight: t("gate_up", &[2 * i, h], &guv),

@@ -49,6 +49,7 @@ impl Llama4Moe {
             w2: &self.w2,
             num_experts: m.num_experts,
             width: self.w2.shape.last().copied().unwrap_or(0),
+            fp8_block: None,
         }
     }
 }

@@ -504,6 +504,7 @@ impl GptOssModel {
                         w2,
                         num_experts: m.router.shape[0],
                         width: self.cfg.intermediate_size,
+                        fp8_block: None,
                     },
                     w13_bias,
                     w2_bias,
