@@ -233,7 +233,12 @@ fn fp8_experts_quantize_their_inputs_as_each_release_does() {
         assert!(m >= 2048, "{v}: {m}");
         assert_eq!(bytes(a1s), m * 16 * 4, "{v}");
         assert_eq!(bytes(a2), m * 8 * 768, "{v}");
-        assert_eq!(bytes(a2s), m * 8 * 6 * 4, "{v}");
+        // 1.5 MiB for 8192 tokens: the caching allocator hands it a 2 MiB segment's block
+        // whose remainder (under 1 MiB) it does not split off.
+        assert!(
+            (m * 8 * 6 * 4..m * 8 * 6 * 4 + (1 << 20)).contains(&bytes(a2s)),
+            "{v}"
+        );
         // No tuned block-wise file for E=128, N=768 on the H100 in any of the three:
         // get_default_config's BLOCK_SIZE_M is 64 (0.19: 64 above 64 tokens).
         assert_eq!(bytes("sorted_ids"), (m * 8 + 128 * 63) * 4, "{v}");
@@ -360,15 +365,33 @@ fn deepseek_v3_at_tp8_holds_its_fp8_shards_and_a_16_bit_kv_b_copy_per_layer() {
             weights(&r16) - 5 * a16 - 3 * d16 - 2 * m16,
             "{v}"
         );
-        // The full model: 56 more MoE layers on each rank.
-        if v == "0.19" {
-            let full = config_dir(&deepseek_v3_json(61));
-            let rf = profile(full.path(), v, "sim:h200-141gb:dry", &["--tp", "8"]);
-            assert_eq!(weights(&rf) - weights(&r), 56 * (a8 + kept + m8));
-            // 79.5 GiB a rank in all.
-            let gib = weights(&rf) as f64 / (1u64 << 30) as f64;
-            assert!((79.0..80.0).contains(&gib), "{gib}");
-        }
+        // The full model (`plan`, whose report is the text: a JSON of 8 ranks' events would
+        // be millions of lines): 56 more MoE layers on each rank; 79.6 GiB a rank under 0.11,
+        // 79.7 GiB under 0.15 and 0.19 (FlashInfer-MLA's 128 MiB workspace).
+        let full = config_dir(&deepseek_v3_json(61));
+        let d = full.path().to_str().unwrap();
+        let out = vramscope(&[
+            "plan", "--vllm", v, "--device", "sim:h200-141gb:dry", "--no-verify", "--",
+            "vllm", "serve", d, "-tp", "8", "--max-model-len", "8192",
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{v}: {}", String::from_utf8_lossy(&out.stderr));
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("weights "))
+            .unwrap_or_else(|| panic!("{v}: {text}"));
+        let bytes: u64 = line[line.find('(').unwrap() + 1..line.find(" bytes)").unwrap()]
+            .parse()
+            .unwrap();
+        // The line counts the allocator's blocks (a tensor's tail to 512 bytes, a 1.5 MiB
+        // one its whole 2 MiB block): 32 MiB over the tensors' own bytes.
+        let tensors = weights(&r) + 56 * (a8 + kept + m8);
+        assert!(bytes >= tensors && bytes - tensors < 40 << 20, "{v}: {bytes} {tensors}");
+        let expect = match v {
+            "0.11" => 85_452_517_888u64,
+            _ => 85_584_736_256,
+        };
+        assert_eq!(bytes, expect, "{v}");
     }
 }
 
@@ -434,11 +457,12 @@ fn deepseek_v3_keeps_kv_b_proj_dequantized_as_each_release_makes_it() {
             s("alloc", "eye", k * k * 2),
             s("alloc", "eye_padded", (k + 4) * k * 2),
             s("alloc", "eye_qinput", (k + 4) * k),
-            s("alloc", "eye_x_scale", (k + 4) * 4 * 4),
+            // Blocks of 512 bytes: 516 × 4 × 4 = 8256 takes 8704.
+            s("alloc", "eye_x_scale", ((k + 4) * 4 * 4).div_ceil(512) * 512),
             s("alloc", "weight_dequantized", (k + 4) * n * 2),
             s("free", "eye_padded", (k + 4) * k * 2),
             s("free", "eye_qinput", (k + 4) * k),
-            s("free", "eye_x_scale", (k + 4) * 4 * 4),
+            s("free", "eye_x_scale", ((k + 4) * 4 * 4).div_ceil(512) * 512),
             s("free", "eye", k * k * 2),
         ]
     );

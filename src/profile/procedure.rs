@@ -543,7 +543,10 @@ fn stored_fp8_request(
             ),
         ));
     }
-    if req.tp > 1 {
+    // Block-wise fp8 shards by whole blocks (dry; `Loader::fp8_block_stored` checks them as
+    // `validate_fp8_block_shape` does, and refuses reading values of a shard).
+    let block = o.source.stored_fp8().is_some_and(|f| f.block.is_some());
+    if req.tp > 1 && !block {
         return Err(Error::model(
             o.source.origin(),
             format!(

@@ -89,6 +89,9 @@ pub struct DeepseekModel {
     /// The release's fused MoE and the modular kernel's persistent workspace.
     pub moe_kernel: Cell<MoeKernel>,
     pub moe_workspace: RefCell<Option<Tensor>>,
+    /// 0.11.0's process-wide fp8 device identity (f32 `[1]`, fp8.py L265), made with the
+    /// first block-wise linear and never freed.
+    pub fp8_identity: Option<Tensor>,
     generation: Cell<u32>,
 }
 
@@ -212,6 +215,7 @@ impl DeepseekModel {
                 indices_freed_late: true,
             }),
             moe_workspace: RefCell::new(None),
+            fp8_identity: ld.fp8_identity.take(),
             generation: Cell::new(0),
         })
     }
@@ -229,6 +233,7 @@ impl DeepseekModel {
             + self.norm.nbytes()
             + self.lm_head.nbytes()
             + self.attn_scalars.iter().map(|t| t.nbytes()).sum::<u64>()
+            + self.fp8_identity.as_ref().map_or(0, |t| t.nbytes())
             + self
                 .backend_buffers
                 .borrow()
