@@ -224,7 +224,12 @@ fn fp8_experts_quantize_their_inputs_as_each_release_does() {
         let names: Vec<&str> = ev.iter().map(|e| e.1.as_str()).collect();
         let bytes = |n: &str| ev.iter().find(|e| e.1 == n).map(|e| e.2).unwrap();
         let (a1, a1s, a2, a2s) = if v == "0.11" {
-            ("qcurr_hidden_states", "a1q_scale", "qintermediate_cache2", "a2q_scale")
+            (
+                "qcurr_hidden_states",
+                "a1q_scale",
+                "qintermediate_cache2",
+                "a2q_scale",
+            )
         } else {
             ("a1q", "a1q_scale", "qintermediate_cache2", "a2q_scale")
         };
@@ -252,8 +257,14 @@ fn fp8_experts_quantize_their_inputs_as_each_release_does() {
         assert!(pos("alloc", "sorted_ids") < pos("alloc", a2), "{v}");
         if v == "0.11" {
             // fused_experts_impl's locals die in declaration order at its return.
-            assert!(pos("free", a1s) < pos("free", "sorted_ids"), "{v}: {names:?}");
-            assert!(pos("free", "sorted_ids") < pos("free", a2), "{v}: {names:?}");
+            assert!(
+                pos("free", a1s) < pos("free", "sorted_ids"),
+                "{v}: {names:?}"
+            );
+            assert!(
+                pos("free", "sorted_ids") < pos("free", a2),
+                "{v}: {names:?}"
+            );
         } else {
             // `prepare` quantizes before the workspace; TritonExperts.apply frees the
             // alignment buffers, then a2q_scale, then the codes; forward frees a1q last.
@@ -261,7 +272,10 @@ fn fp8_experts_quantize_their_inputs_as_each_release_does() {
             if let Some(w) = ws {
                 assert!(pos("alloc", a1s) < w, "{v}");
             }
-            assert!(pos("free", "sorted_ids") < pos("free", a2s), "{v}: {names:?}");
+            assert!(
+                pos("free", "sorted_ids") < pos("free", a2s),
+                "{v}: {names:?}"
+            );
             assert!(pos("free", a2s) < pos("free", a2), "{v}: {names:?}");
             assert!(pos("free", a2) < pos("free", a1), "{v}: {names:?}");
         }
@@ -274,8 +288,16 @@ fn plan_answers_for_fp8_moe_and_deepseek_v3_configs() {
     let qwen = config_dir(&qwen3_30b_a3b_fp8_json(48));
     let v3 = config_dir(&deepseek_v3_json(61));
     let cases = [
-        (qwen.path(), "sim:h100-80gb:dry", vec!["--max-model-len", "32768"]),
-        (v3.path(), "sim:h200-141gb:dry", vec!["-tp", "8", "--max-model-len", "32768"]),
+        (
+            qwen.path(),
+            "sim:h100-80gb:dry",
+            vec!["--max-model-len", "32768"],
+        ),
+        (
+            v3.path(),
+            "sim:h200-141gb:dry",
+            vec!["-tp", "8", "--max-model-len", "32768"],
+        ),
     ];
     for (dir, device, flags) in cases {
         for v in ["0.11", "0.15", "0.19"] {
@@ -371,11 +393,27 @@ fn deepseek_v3_at_tp8_holds_its_fp8_shards_and_a_16_bit_kv_b_copy_per_layer() {
         let full = config_dir(&deepseek_v3_json(61));
         let d = full.path().to_str().unwrap();
         let out = vramscope(&[
-            "plan", "--vllm", v, "--device", "sim:h200-141gb:dry", "--no-verify", "--",
-            "vllm", "serve", d, "-tp", "8", "--max-model-len", "8192",
+            "plan",
+            "--vllm",
+            v,
+            "--device",
+            "sim:h200-141gb:dry",
+            "--no-verify",
+            "--",
+            "vllm",
+            "serve",
+            d,
+            "-tp",
+            "8",
+            "--max-model-len",
+            "8192",
         ]);
         let text = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(out.status.success(), "{v}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{v}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let line = text
             .lines()
             .find(|l| l.starts_with("weights "))
@@ -386,7 +424,10 @@ fn deepseek_v3_at_tp8_holds_its_fp8_shards_and_a_16_bit_kv_b_copy_per_layer() {
         // The line counts the allocator's blocks (a tensor's tail to 512 bytes, a 1.5 MiB
         // one its whole 2 MiB block): 32 MiB over the tensors' own bytes.
         let tensors = weights(&r) + 56 * (a8 + kept + m8);
-        assert!(bytes >= tensors && bytes - tensors < 40 << 20, "{v}: {bytes} {tensors}");
+        assert!(
+            bytes >= tensors && bytes - tensors < 40 << 20,
+            "{v}: {bytes} {tensors}"
+        );
         let expect = match v {
             "0.11" => 85_452_517_888u64,
             _ => 85_584_736_256,
@@ -458,7 +499,11 @@ fn deepseek_v3_keeps_kv_b_proj_dequantized_as_each_release_makes_it() {
             s("alloc", "eye_padded", (k + 4) * k * 2),
             s("alloc", "eye_qinput", (k + 4) * k),
             // Blocks of 512 bytes: 516 × 4 × 4 = 8256 takes 8704.
-            s("alloc", "eye_x_scale", ((k + 4) * 4 * 4).div_ceil(512) * 512),
+            s(
+                "alloc",
+                "eye_x_scale",
+                ((k + 4) * 4 * 4).div_ceil(512) * 512
+            ),
             s("alloc", "weight_dequantized", (k + 4) * n * 2),
             s("free", "eye_padded", (k + 4) * k * 2),
             s("free", "eye_qinput", (k + 4) * k),

@@ -4,7 +4,13 @@
 //! `(M key, BLOCK_SIZE_M)` pairs in file order.
 
 /// One tuned file: the release, experts, N, the device name, its (M key, BLOCK_SIZE_M) pairs.
-pub(crate) type TunedFp8BlockFile = (&'static str, usize, usize, &'static str, &'static [(usize, usize)]);
+pub(crate) type TunedFp8BlockFile = (
+    &'static str,
+    usize,
+    usize,
+    &'static str,
+    &'static [(usize, usize)],
+);
 
 #[rustfmt::skip]
 pub(crate) const TUNED_FP8_BLOCK: &[TunedFp8BlockFile] = &[

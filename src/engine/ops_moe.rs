@@ -354,8 +354,15 @@ pub fn block_size_m_fp8_block(
             (best.1, format!("{file} in vLLM {release}, key {}", best.0))
         }
         None => {
-            let b = if release == "0.19.0" && m <= 64 { 16 } else { 64 };
-            (b, format!("no {file} in vLLM {release}: get_default_config"))
+            let b = if release == "0.19.0" && m <= 64 {
+                16
+            } else {
+                64
+            };
+            (
+                b,
+                format!("no {file} in vLLM {release}: get_default_config"),
+            )
         }
     }
 }

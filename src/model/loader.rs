@@ -147,6 +147,9 @@ pub(crate) struct Loader<'a> {
     pub(crate) fp8_identity: Option<Tensor>,
 }
 
+/// A checkpoint tensor's name and the part of it a rank loads.
+pub(crate) type NamedSlice = (String, Slice);
+
 /// The part of a `[rows, cols]` checkpoint tensor one tensor-parallel rank holds: a block of
 /// rows (column-parallel layers: vLLM's `ColumnParallelLinear.weight_loader` narrows dim 0) or
 /// of columns (row-parallel layers: `RowParallelLinear.weight_loader` narrows dim 1).
@@ -562,7 +565,7 @@ impl<'a> Loader<'a> {
     /// `[w13, w2, w13_scale_inv, w2_scale_inv]`.
     pub(crate) fn experts_fp8_block(
         &mut self,
-        (w13_parts, w2_parts): (&[(String, Slice)], &[(String, Slice)]),
+        (w13_parts, w2_parts): (&[NamedSlice], &[NamedSlice]),
         (e, i, h): (usize, usize, usize),
         prefix: &str,
         block: BlockSize,
@@ -590,8 +593,13 @@ impl<'a> Loader<'a> {
             return Err(crate::engine::ops_moe::fp8_block_experts_refused(prefix));
         }
         let rt = self.rt;
-        let t = |name: String, shape: &[usize], dt: DType| rt.tensor(name, Category::Weight, shape, dt);
-        let w13 = t(format!("{prefix}.w13_weight"), &[e, 2 * i, h], DType::F8E4M3)?;
+        let t =
+            |name: String, shape: &[usize], dt: DType| rt.tensor(name, Category::Weight, shape, dt);
+        let w13 = t(
+            format!("{prefix}.w13_weight"),
+            &[e, 2 * i, h],
+            DType::F8E4M3,
+        )?;
         let w2 = t(format!("{prefix}.w2_weight"), &[e, h, i], DType::F8E4M3)?;
         let (ib_n, ib_k) = (i.div_ceil(block.n), i.div_ceil(block.k));
         let (hb_n, hb_k) = (h.div_ceil(block.n), h.div_ceil(block.k));

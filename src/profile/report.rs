@@ -52,7 +52,11 @@ impl ModelInfo {
             return None;
         }
         let b = |n: u64| format!("{:.1} B", n as f64 / 1e9);
-        let bytes = if quant == crate::quant::Quant::Fp8 { 1 } else { 2 };
+        let bytes = if quant == crate::quant::Quant::Fp8 {
+            1
+        } else {
+            2
+        };
         let per_rank = self.expert_parameters * bytes / u64::from(tp.max(1));
         Some(format!(
             "mixture of experts: {} of its {} parameters are the experts' ({} of weights{}, all resident); {} are active per token",

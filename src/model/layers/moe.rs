@@ -266,7 +266,11 @@ pub(crate) fn load_moe_block(
             (w13, w2, Some([s13, s2]))
         }
         None => (
-            ld.stacked(&w13_parts, &[e, 2 * len, h], &format!("{prefix}.w13_weight"))?,
+            ld.stacked(
+                &w13_parts,
+                &[e, 2 * len, h],
+                &format!("{prefix}.w13_weight"),
+            )?,
             ld.stacked(&w2_parts, &[e, h, len], &format!("{prefix}.w2_weight"))?,
             None,
         ),

@@ -130,10 +130,9 @@ impl LlamaModel {
             // The quantized fused-MoE methods are not reproduced, but for block-wise fp8
             // experts (`Fp8MoEMethod` with `block_quant`, dry: `Loader::experts_fp8_block`).
             let block_fp8 = src.stored_fp8().is_some_and(|f| f.block.is_some());
-            if !(matches!(opts.quant, Quant::F16 | Quant::BF16) || block_fp8)
-                || (src.stored_fp8().is_some() && !block_fp8)
-                || src.packed4().is_some()
-            {
+            let sixteen = matches!(opts.quant, Quant::F16 | Quant::BF16);
+            let other_fp8 = src.stored_fp8().is_some() && !block_fp8;
+            if (!sixteen && !block_fp8) || other_fp8 || src.packed4().is_some() {
                 return Err(Error::Request(format!(
                     "model_type {} (mixture of experts) runs in 16 bits only: vLLM's quantized fused-MoE methods are not modelled yet",
                     cfg.arch
