@@ -543,10 +543,12 @@ fn stored_fp8_request(
             ),
         ));
     }
-    // Block-wise fp8 shards by whole blocks (dry; `Loader::fp8_block_stored` checks them as
-    // `validate_fp8_block_shape` does, and refuses reading values of a shard).
-    let block = o.source.stored_fp8().is_some_and(|f| f.block.is_some());
-    if req.tp > 1 && !block {
+    // Block-wise fp8 under the V1 releases shards by whole blocks (dry;
+    // `Loader::fp8_block_stored` checks them as `validate_fp8_block_shape` does, and refuses
+    // reading values of a shard).
+    let v1_block = o.source.stored_fp8().is_some_and(|f| f.block.is_some())
+        && matches!(req.release()?.engine, super::vllm::Engine::V1 { .. });
+    if req.tp > 1 && !v1_block {
         return Err(Error::model(
             o.source.origin(),
             format!(
