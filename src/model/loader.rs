@@ -934,7 +934,7 @@ impl<'a> Loader<'a> {
         if let Some(sl) = slices
             .iter()
             .chain(self.slice.as_ref())
-            .find(|s| !s.is_whole() && self.needs_data)
+            .find(|s| !s.is_whole())
         {
             return Err(Error::model(
                 self.src.origin(),
