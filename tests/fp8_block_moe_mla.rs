@@ -559,3 +559,137 @@ fn fp8_experts_refusals_name_what_is_missing() {
     let e = refused(dir.path(), "0.19", "sim:h200-141gb:compute", &["--tp", "8"]);
     assert!(!e.is_empty());
 }
+
+/// moonshotai/Kimi-K2-Instruct's config.json: DeepSeek-V3's layout with 64 heads, 384 routed
+/// experts, one dense layer and a 163840-token vocabulary.
+fn kimi_k2_json() -> serde_json::Value {
+    let mut j = deepseek_v3_json(61);
+    for (k, v) in [
+        ("model_type", serde_json::json!("kimi_k2")),
+        ("num_attention_heads", 64.into()),
+        ("num_key_value_heads", 64.into()),
+        ("n_routed_experts", 384.into()),
+        ("first_k_dense_replace", 1.into()),
+        ("vocab_size", 163840.into()),
+        ("max_position_embeddings", 131072.into()),
+        ("n_group", 1.into()),
+        ("topk_group", 1.into()),
+        ("rope_theta", 50000.into()),
+        ("routed_scaling_factor", serde_json::json!(2.827)),
+        ("num_nextn_predict_layers", 0.into()),
+        (
+            "rope_scaling",
+            serde_json::json!({"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0,
+                "mscale": 1.0, "mscale_all_dim": 1.0,
+                "original_max_position_embeddings": 4096, "type": "yarn"}),
+        ),
+    ] {
+        j[k] = v;
+    }
+    j
+}
+
+/// Kimi-K2 over 8 H200s under 0.19: 121.1 GiB of weights a rank, which leaves the KV cache
+/// nothing at the default 0.9 utilization and 102,256 tokens at 0.95.
+#[test]
+fn kimi_k2_plans_over_eight_h200s_at_095() {
+    // Per rank at TP 8: MLA with 8 of 64 heads and its kv_b copy ([2048, 512] bf16), one
+    // dense layer, 60 MoE layers of 384 experts of 256, the tables' 20480 rows.
+    let attn = fp8(2112, 7168)
+        + 1536 * 2
+        + fp8(1536, 1536)
+        + 512 * 2
+        + fp8(2048, 512)
+        + fp8(7168, 1024)
+        + 2 * 7168 * 2
+        + 2048 * 512 * 2;
+    let dense = fp8(2 * 2304, 7168) + fp8(7168, 2304);
+    let moe = 384 * 7168 * 2 + 384 * 4 + 385 * (fp8(512, 7168) + fp8(7168, 256));
+    let tensors = 61 * attn + dense + 60 * moe + 2 * 20480 * 7168 * 2 + 7168 * 2;
+    assert_eq!(tensors, 129_873_676_000);
+    let dir = config_dir(&kimi_k2_json());
+    let d = dir.path().to_str().unwrap();
+    let plan = |util: &str| {
+        let out = vramscope(&[
+            "plan",
+            "--vllm",
+            "0.19",
+            "--device",
+            "sim:h200-141gb:dry",
+            "--no-verify",
+            "--",
+            "vllm",
+            "serve",
+            d,
+            "-tp",
+            "8",
+            "--max-model-len",
+            "32768",
+            "--gpu-memory-utilization",
+            util,
+        ]);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (ok, text) = plan("0.95");
+    assert!(ok, "{text}");
+    assert!(text.contains("GPU KV cache size: 102,256 tokens"), "{text}");
+    let line = text.lines().find(|l| l.starts_with("weights ")).unwrap();
+    let bytes: u64 = line[line.find('(').unwrap() + 1..line.find(" bytes)").unwrap()]
+        .parse()
+        .unwrap();
+    assert_eq!(bytes, 130_042_278_912);
+    // Beyond the tensors: FlashInfer-MLA's 128 MiB workspace, the 131072 × 64 bf16 rotary
+    // cache (16 MiB), the attention scalars and the allocator's rounding.
+    assert!(
+        (144 << 20..180 << 20).contains(&(bytes - tensors)),
+        "{}",
+        bytes - tensors
+    );
+    // At 0.9 vLLM would not start: the plan says so and exits non-zero.
+    let (ok, text) = plan("0.9");
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("Available KV cache memory: -0.33 GiB"),
+        "{text}"
+    );
+}
+
+/// Under 0.11 on Hopper `process_weights_after_loading` runs module by module: each layer's
+/// qkv_proj and o_proj grids transposed, its attention's KV-cache scales checked and deleted,
+/// then its MLP's, before the next layer's (0.11.0 model_loader/utils.py, `named_modules`).
+#[test]
+fn v0_11_transposes_each_layers_grids_in_module_order() {
+    let dir = config_dir(&qwen3_30b_a3b_fp8_json(2));
+    let r = profile(dir.path(), "0.11", "sim:h100-80gb:dry", &[]);
+    let seq: Vec<String> = r["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take_while(|e| e["tensor"] != "t1")
+        .filter(|e| {
+            let t = e["tensor"].as_str().unwrap();
+            (e["kind"] == "alloc" && (t.ends_with(".weight_scale") || t.ends_with("_gt_0")))
+                || (e["kind"] == "free" && t.ends_with(".attn.prob_scale"))
+        })
+        .map(|e| {
+            let t = e["tensor"].as_str().unwrap();
+            format!(
+                "{} {}",
+                e["kind"].as_str().unwrap(),
+                &t["model.layers.".len()..]
+            )
+        })
+        .collect();
+    let mut want = Vec::new();
+    for l in 0..2 {
+        want.push(format!("alloc {l}.self_attn.qkv_proj.weight_scale"));
+        want.push(format!("alloc {l}.self_attn.o_proj.weight_scale"));
+        want.push(format!("alloc {l}.self_attn.attn.q_scale_gt_0"));
+        want.push(format!("alloc {l}.self_attn.attn.prob_scale_gt_0"));
+        want.push(format!("free {l}.self_attn.attn.prob_scale"));
+    }
+    assert_eq!(seq, want);
+}
