@@ -941,3 +941,171 @@ fn partial_blocks_at_the_edge_load_with_ceil_shaped_grids_and_compute() {
     eprintln!("partial blocks: block fp8 vs bf16 {d:.3e}");
     assert!(d > 0.0 && d < BOUND, "{d}");
 }
+
+// ---- The V1 releases (0.11.0, 0.15.1, 0.19.0) ----
+
+/// A `profile --json` of the model in `dir` under `--vllm vllm` on `device`: the report.
+fn profile_as(dir: &Path, vllm: &str, device: &str, extra: &[&str]) -> serde_json::Value {
+    let json = dir.join(format!("{vllm}-{}.json", device.replace(':', "-")));
+    let mut args = vec![
+        "profile",
+        "-q",
+        "--json",
+        json.to_str().unwrap(),
+        "--model",
+        dir.to_str().unwrap(),
+        "--vllm",
+        vllm,
+        "--device",
+        device,
+    ];
+    args.extend_from_slice(extra);
+    let out = vramscope(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap()
+}
+
+/// The pass's first `n` allocs and frees of layer 0's o_proj (its fp8 input, scales, padded
+/// copies and output): `(kind, tensor name after "o_proj.", block bytes)`.
+fn o_proj_pass(r: &serde_json::Value, n: usize) -> Vec<(String, String, u64)> {
+    r["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .skip_while(|e| e["tensor"] != "t1")
+        .filter(|e| {
+            (e["kind"] == "alloc" || e["kind"] == "free")
+                && e["layer"] == 0
+                && e["tensor"].as_str().unwrap().contains("o_proj.")
+        })
+        .take(n)
+        .map(|e| {
+            let t = e["tensor"].as_str().unwrap();
+            (
+                e["kind"].as_str().unwrap().to_string(),
+                t[t.find("o_proj.").unwrap() + 7..].to_string(),
+                e["bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn r512(bytes: u64) -> u64 {
+    bytes.div_ceil(512) * 512
+}
+
+#[test]
+fn v1_releases_pad_the_block_fp8_gemm_on_hopper_as_each_release_does() {
+    let dir = hostile(|_| {}, |_| {});
+    // 2046 tokens: not a multiple of 4. The tiny o_proj has 256 inputs and outputs.
+    let tok = ["--max-num-batched-tokens", "2046", "--max-num-seqs", "256"];
+    let t = |k: &str, n: &str, b: u64| (k.to_string(), n.to_string(), r512(b));
+    // 0.11.0 on Hopper: `F.pad` by 4 - 2046 % 4 = 2 rows first, everything at 2048 rows.
+    let r11 = profile_as(dir.path(), "0.11", "sim:h100-80gb:dry", &tok);
+    assert_eq!(
+        o_proj_pass(&r11, 7),
+        vec![
+            t("alloc", "padded_input", 2048 * 256 * 2),
+            t("alloc", "qinput", 2048 * 256),
+            t("alloc", "x_scale", 2048 * 2 * 4),
+            t("alloc", "out", 2048 * 256 * 2),
+            t("free", "padded_input", 2048 * 256 * 2),
+            t("free", "qinput", 2048 * 256),
+            t("free", "x_scale", 2048 * 2 * 4),
+        ]
+    );
+    // 0.15.1 and 0.19.0 on Hopper: quantize at 2046, `padded_cutlass`'s copies at 2048.
+    for v in ["0.15", "0.19"] {
+        let r = profile_as(dir.path(), v, "sim:h100-80gb:dry", &tok);
+        assert_eq!(
+            o_proj_pass(&r, 9),
+            vec![
+                t("alloc", "qinput", 2046 * 256),
+                t("alloc", "x_scale", 2046 * 2 * 4),
+                t("alloc", "padded_qx", 2048 * 256),
+                t("alloc", "padded_x_scale", 2048 * 2 * 4),
+                t("alloc", "out", 2048 * 256 * 2),
+                t("free", "padded_qx", 2048 * 256),
+                t("free", "padded_x_scale", 2048 * 2 * 4),
+                t("free", "x_scale", 2046 * 2 * 4),
+                t("free", "qinput", 2046 * 256),
+            ],
+            "--vllm {v}"
+        );
+    }
+    // Ada (Triton) pads nothing; the scales still go first.
+    let ada = profile_as(dir.path(), "0.19", "sim:l40s:dry", &tok);
+    assert_eq!(
+        o_proj_pass(&ada, 5),
+        vec![
+            t("alloc", "qinput", 2046 * 256),
+            t("alloc", "x_scale", 2046 * 2 * 4),
+            t("alloc", "out", 2046 * 256 * 2),
+            t("free", "x_scale", 2046 * 2 * 4),
+            t("free", "qinput", 2046 * 256),
+        ]
+    );
+}
+
+#[test]
+fn v1_releases_hold_the_stored_tensors_0_11_with_its_identity_and_transposed_scales() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg_json = qwen3_8b_fp8_json();
+    cfg_json["num_hidden_layers"] = 2.into();
+    let stored = write_block_headers(dir.path(), &cfg_json);
+    let w = |r: &serde_json::Value| r["weights_tensor_bytes"].as_u64().unwrap();
+    let r11 = profile_as(dir.path(), "0.11", "sim:h100-80gb:dry", &[]);
+    let r15 = profile_as(dir.path(), "0.15", "sim:h100-80gb:dry", &[]);
+    let r19 = profile_as(dir.path(), "0.19", "sim:h200-141gb:dry", &[]);
+    // Every stored tensor, the rotary cache (40960 × 128 bf16) and the seven 0-dim f32
+    // scalars V1's attention makes in each layer less the three it re-creates... as the
+    // 16-bit model holds them: the fp8 part is exactly what the checkpoint stores.
+    assert_eq!(w(&r15), w(&r19));
+    // 0.11 adds `TORCH_DEVICE_IDENTITY` (fp8.py L265), 4 bytes.
+    assert_eq!(w(&r11), w(&r15) + 4);
+    assert!(w(&r15) > stored && w(&r15) - stored < 40960 * 128 * 2 + 4096);
+    // 0.11 on Hopper: after loading each layer's grids become `[kb, nb]` copies, the stored
+    // grid freed (one alloc and one free a linear, four linears a layer).
+    let ev = r11["events"].as_array().unwrap();
+    let load: Vec<_> = ev.iter().take_while(|e| e["tensor"] != "t1").collect();
+    let made: Vec<&str> = load
+        .iter()
+        .filter(|e| {
+            e["kind"] == "alloc" && e["tensor"].as_str().unwrap().ends_with(".weight_scale")
+        })
+        .map(|e| e["tensor"].as_str().unwrap())
+        .collect();
+    assert_eq!(made.len(), 2 * 4, "{made:?}");
+    assert!(made[0].ends_with("qkv_proj.weight_scale"), "{made:?}");
+    let freed = load
+        .iter()
+        .filter(|e| {
+            e["kind"] == "free" && e["tensor"].as_str().unwrap().ends_with(".weight_scale_inv")
+        })
+        .count();
+    assert_eq!(freed, 2 * 4);
+    // 0.15.1 keeps the stored grids as they are.
+    let ev15 = r15["events"].as_array().unwrap();
+    assert!(!ev15.iter().any(|e| e["tensor"]
+        .as_str()
+        .unwrap_or("")
+        .ends_with(".weight_scale")));
+    assert!(!ev15
+        .iter()
+        .any(|e| e["tensor"] == "fp8.TORCH_DEVICE_IDENTITY"));
+}
+
+#[test]
+fn v1_padding_and_transposed_scales_leave_the_logits_as_they_were() {
+    let dir = hostile(|_| {}, |_| {});
+    let tok = ["--max-num-batched-tokens", "2046", "--max-num-seqs", "256"];
+    let logits = |v: &str, dev: &str| profile_as(dir.path(), v, dev, &tok)["logits"].clone();
+    let r11 = logits("0.11", "sim:h100-80gb:compute");
+    assert!(!r11.as_array().unwrap().is_empty());
+    assert_eq!(r11, logits("0.19", "sim:h100-80gb:compute"));
+    assert_eq!(r11, logits("0.19", "sim:l40s:compute"));
+}

@@ -226,6 +226,7 @@ fn replayed_block_peak(name: &str) -> u64 {
         gate: t("gate", &[e, h]),
         w13: t("w13", &[e, 2 * i, h]),
         w2: t("w2", &[e, h, i]),
+        fp8_scales: None,
         shared: None,
         placement: ExpertPlacement::all(e),
         expert_map: None,
@@ -434,6 +435,7 @@ fn qwen2_moe_block_computes_what_its_model_file_computes() {
         gate: t("gate", &[e, h], &gv, Category::Weight),
         w13: t("w13", &[e, 2 * i, h], &w13v, Category::Weight),
         w2: t("w2", &[e, h, i], &w2v, Category::Weight),
+        fp8_scales: None,
         shared: Some(SharedExpert {
             gate_up: FusedLinear::Dense {
                 weight: t("gate_up", &[2 * s, h], &guv, Category::Weight),
@@ -547,6 +549,7 @@ fn the_modular_kernel_computes_what_the_in_place_kernel_computes() {
         gate: t("gate", &[e, h], &gv),
         w13: t("w13", &[e, 2 * i, h], &w13v),
         w2: t("w2", &[e, h, i], &w2v),
+        fp8_scales: None,
         shared: None,
         placement: ExpertPlacement::all(e),
         expert_map: None,

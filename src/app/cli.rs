@@ -1216,7 +1216,7 @@ pub fn summary_text(r: &Report) -> String {
         let _ = writeln!(s, "{e}");
     }
     let moe_ranks = r.tp.max(1) * r.settings.dp.max(1);
-    if let Some(e) = r.model.experts_sentence(moe_ranks) {
+    if let Some(e) = r.model.experts_sentence_as(moe_ranks, r.quant) {
         let _ = writeln!(s, "{e}");
     }
     if r.model.expert_parameters > 0 && (r.settings.enable_expert_parallel || r.settings.dp > 1) {

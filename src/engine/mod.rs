@@ -6,6 +6,7 @@
 //! May import: `device`, `memory`, `base`.
 
 pub(crate) mod moe_configs;
+pub(crate) mod moe_configs_fp8_block;
 pub mod ops;
 pub mod ops_gdn;
 pub mod ops_gemma;

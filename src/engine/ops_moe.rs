@@ -289,6 +289,9 @@ pub struct Experts<'a> {
     /// tensor (`expert_ids = expert_map[expert_ids]`, 0.11.0 moe_align_block_size.py L84-85,
     /// 0.19.0 L100-101), the unmapped one dying as the function returns.
     pub mapped: bool,
+    /// Block-wise fp8 experts (`Fp8MoEMethod` with `block_quant`): `w13` and `w2` hold
+    /// float8_e4m3fn codes and these their f32 `weight_scale_inv` grids.
+    pub fp8_block: Option<Fp8BlockScales<'a>>,
 }
 
 impl Experts<'_> {
@@ -309,6 +312,89 @@ pub(crate) fn map_expert_ids(rt: &Runtime, ids: &mut Tensor, name: &str) -> Resu
     )?;
     drop(std::mem::replace(ids, mapped));
     Ok(())
+}
+
+/// A block-wise fp8 layer's expert scales: `w13_weight_scale_inv [E, 2·⌈I/128⌉, ⌈H/128⌉]` and
+/// `w2_weight_scale_inv [E, ⌈H/128⌉, ⌈I/128⌉]` (fp8.py L700-712 at 0.19.0).
+#[derive(Clone, Copy)]
+pub struct Fp8BlockScales<'a> {
+    pub w13: &'a Tensor,
+    pub w2: &'a Tensor,
+}
+
+/// `per_token_group_quant_fp8(A, 128)` as the fused MoE quantizes its inputs
+/// (`moe_kernel_quantize_input` → `_fp8_quantize`, fused_moe/utils.py L114-136 at 0.11.0,
+/// L125-148 at 0.19.0): the codes `[rows, k]` in float8_e4m3fn (`empty_like`), then the f32
+/// group scales `[rows, k / 128]`.
+pub(crate) fn group_quant(
+    rt: &Runtime,
+    rows: usize,
+    k: usize,
+    names: [&str; 2],
+    name: &str,
+) -> Result<[Tensor; 2]> {
+    rt.set_op("moe.per_token_group_quant_fp8");
+    let t = |nm: &str, shape: &[usize], dt: DType| {
+        rt.tensor_for_overwrite(format!("{name}.{nm}"), Category::Activation, shape, dt)
+    };
+    let codes = t(names[0], &[rows, k], DType::F8E4M3)?;
+    let scales = t(names[1], &[rows, k.div_ceil(128)], DType::F32)?;
+    Ok([codes, scales])
+}
+
+/// The refusal for block-wise fp8 experts off the dry path: their math is not written.
+pub(crate) fn fp8_block_experts_refused(name: &str) -> Error {
+    Error::Request(format!(
+        "{name}: block-wise fp8 experts run dry only so far (their fp8 fused-MoE math is not written for the CPU or the GPU); use a :dry simulated device"
+    ))
+}
+
+/// `BLOCK_SIZE_M` of the Triton config a V1 release picks for block-wise fp8 experts
+/// (`try_get_optimal_moe_config` with dtype `fp8_w8a8` and block shape [128, 128]:
+/// 0.11.0 fused_moe.py L922-, 0.15.1 L1289-, 0.19.0 L1323-1352): the release's tuned file
+/// `E={e},N={n},device_name={gpu},dtype=fp8_w8a8,block_shape=[128,128].json` at the key
+/// nearest `m` (ties to the earlier key), else `get_default_config`'s block-wise rule: 64
+/// (0.11.0 L877-889, 0.15.1 L1242-1252), or 16 up to 64 tokens and 64 above (0.19.0
+/// L1244-1258).
+pub fn block_size_m_fp8_block(
+    release: &str,
+    gpu: &str,
+    e: usize,
+    n: usize,
+    m: usize,
+) -> (usize, String) {
+    let gpu = gpu
+        .split(" (")
+        .next()
+        .unwrap_or(gpu)
+        .trim()
+        .replace(' ', "_");
+    let file = format!("E={e},N={n},device_name={gpu},dtype=fp8_w8a8,block_shape=[128,128].json");
+    let tuned = crate::engine::moe_configs_fp8_block::TUNED_FP8_BLOCK
+        .iter()
+        .find(|(r, fe, fn_, fd, _)| *r == release && *fe == e && *fn_ == n && *fd == gpu);
+    match tuned {
+        Some((_, _, _, _, keys)) => {
+            let mut best = keys[0];
+            for &k in &keys[1..] {
+                if k.0.abs_diff(m) < best.0.abs_diff(m) {
+                    best = k;
+                }
+            }
+            (best.1, format!("{file} in vLLM {release}, key {}", best.0))
+        }
+        None => {
+            let b = if release == "0.19.0" && m <= 64 {
+                16
+            } else {
+                64
+            };
+            (
+                b,
+                format!("no {file} in vLLM {release}: get_default_config"),
+            )
+        }
+    }
 }
 
 /// `fused_experts(x, w13, w2, topk_weights, topk_ids, inplace=True)` into `x`
@@ -347,6 +433,9 @@ pub fn fused_experts(
     }
     let m_c = m.min(CHUNK_TOKENS);
     let act = x.dtype;
+    if ex.fp8_block.is_some() {
+        return fused_experts_fp8_block(rt, x, ex, (top_k, gpu), name);
+    }
     let t = |nm: &str, shape: &[usize], dt: DType| {
         rt.tensor_for_overwrite(format!("{name}.{nm}"), Category::Activation, shape, dt)
     };
@@ -409,6 +498,75 @@ pub fn fused_experts(
     drop(cache13);
     drop(align);
     drop(cache2);
+    Ok(())
+}
+
+/// `fused_experts_impl` over block-wise fp8 experts as vLLM 0.11.0 runs it in place
+/// (fused_moe.py L1484-1700, `use_fp8_w8a8` with block shape [128, 128]; dry only):
+/// `cache13 [M_c·k·max(2I, H)]` and `intermediate_cache2 [M_c·k, I]` in the activation dtype
+/// as for 16-bit experts; per chunk of T tokens the input quantized (`qcurr_hidden_states
+/// [T, H]` fp8 and `a1q_scale [T, H/128]` f32, L1621-1626), `moe_align_block_size`'s three
+/// buffers (`BLOCK_SIZE_M` from the block-wise config, [`block_size_m_fp8_block`]), then
+/// after the first GEMM and `silu_and_mul` the activation quantized (`qintermediate_cache2
+/// [T·k, I]` fp8, `a2q_scale [T·k, I/128]` f32, L1674-1679); a chunk's tensors die as the next
+/// rebinds them. On return the locals die in the order the function declares them
+/// (`co_varnames`): the cache buffer (with its last view, `intermediate_cache3`),
+/// `intermediate_cache2`, `qcurr_hidden_states`, `a1q_scale`, the alignment buffers,
+/// `qintermediate_cache2`, `a2q_scale`.
+fn fused_experts_fp8_block(
+    rt: &Runtime,
+    x: &mut Tensor,
+    ex: &Experts,
+    (top_k, gpu): (usize, &str),
+    name: &str,
+) -> Result<()> {
+    if rt.backend() != Backend::Dry {
+        return Err(fp8_block_experts_refused(name));
+    }
+    let (m, h) = (x.rows(), x.cols());
+    let (e, i) = (ex.num_experts, ex.width);
+    let m_c = m.min(CHUNK_TOKENS);
+    let act = x.dtype;
+    let t = |nm: &str, shape: &[usize], dt: DType| {
+        rt.tensor_for_overwrite(format!("{name}.{nm}"), Category::Activation, shape, dt)
+    };
+    let cache13 = t("intermediate_cache13", &[m_c * top_k * (2 * i).max(h)], act)?;
+    let cache2 = t("intermediate_cache2", &[m_c * top_k, i], act)?;
+    // Each of a chunk's tensors dies as the next chunk's is assigned over it (the new ones
+    // made first: a tuple unpacked name by name).
+    let mut q1: Option<[Tensor; 2]> = None;
+    let mut align: Option<[Tensor; 3]> = None;
+    let mut q2: Option<[Tensor; 2]> = None;
+    let mut start = 0;
+    while start < m {
+        let tokens = (m - start).min(CHUNK_TOKENS);
+        let next = group_quant(rt, tokens, h, ["qcurr_hidden_states", "a1q_scale"], name)?;
+        drop(q1.replace(next));
+        rt.set_op("moe.align_block_size");
+        let (b, _) = block_size_m_fp8_block("0.11.0", gpu, e, i, tokens);
+        let padded = tokens * top_k + e * (b - 1);
+        let next = [
+            t("sorted_ids", &[padded], DType::I32)?,
+            t("expert_ids", &[padded.div_ceil(b)], DType::I32)?,
+            t("num_tokens_post_pad", &[1], DType::I32)?,
+        ];
+        drop(align.replace(next));
+        let next = group_quant(
+            rt,
+            tokens * top_k,
+            i,
+            ["qintermediate_cache2", "a2q_scale"],
+            name,
+        )?;
+        drop(q2.replace(next));
+        rt.set_op("moe.fused_experts");
+        start += tokens;
+    }
+    drop(cache13);
+    drop(cache2);
+    drop(q1);
+    drop(align);
+    drop(q2);
     Ok(())
 }
 

@@ -129,6 +129,22 @@ pub fn fused_experts(
     if rt.backend() == Backend::Cpu {
         out.f32_mut().copy_from_slice(x.f32());
     }
+    // Block-wise fp8 experts: `prepare` quantizes the whole input once (no_dp_ep.py L27-34 and
+    // L67 at 0.19.0: `a1q [M, H]` fp8, `a1q_scale [M, H/128]` f32), before the workspace;
+    // both die as `forward` returns.
+    let release = match how.chunk_tokens {
+        Some(_) => "0.15.1",
+        None => "0.19.0",
+    };
+    let a1q = match ex.fp8_block {
+        Some(_) => {
+            if rt.backend() != Backend::Dry {
+                return Err(ops_moe::fp8_block_experts_refused(name));
+            }
+            Some(ops_moe::group_quant(rt, m, h, ["a1q", "a1q_scale"], name)?)
+        }
+        None => None,
+    };
     let chunk = how.chunk_tokens.map_or(m, |c| m.min(c)).max(1);
     let b = x.dtype.size_bytes();
     let r256 = |v: u64| v.div_ceil(256) * 256;
@@ -155,7 +171,9 @@ pub fn fused_experts(
     while start < m {
         let tokens = (m - start).min(chunk);
         rt.set_op("moe.align_block_size");
-        let (bm, _) = if how.default_block_m_by_tokens {
+        let (bm, _) = if ex.fp8_block.is_some() {
+            ops_moe::block_size_m_fp8_block(release, gpu, e, i, tokens)
+        } else if how.default_block_m_by_tokens {
             ops_moe::block_size_m_0_19(gpu, e, i, tokens)
         } else {
             ops_moe::block_size_m(gpu, e, i, tokens)
@@ -185,12 +203,31 @@ pub fn fused_experts(
         if ex.mapped {
             ops_moe::map_expert_ids(rt, &mut align[1], name)?;
         }
+        // `TritonExperts.apply` quantizes the activation's output after the first GEMM
+        // (fused_moe.py L2102-2108 at 0.19.0: `qintermediate_cache2 [T·k, I]` fp8,
+        // `a2q_scale [T·k, I/128]` f32); as it returns its locals die in declaration order:
+        // the alignment buffers, `a2q_scale`, `qintermediate_cache2`.
+        let q2 = match ex.fp8_block {
+            Some(_) => Some(ops_moe::group_quant(
+                rt,
+                tokens * top_k,
+                i,
+                ["qintermediate_cache2", "a2q_scale"],
+                name,
+            )?),
+            None => None,
+        };
         rt.set_op("moe.fused_experts");
         if rt.backend() == Backend::Cpu {
             ops_moe::experts_cpu_rows(rt, &mut out, ex, routing, start..start + tokens)?;
         }
         drop(align);
+        if let Some([codes, scales]) = q2 {
+            drop(scales);
+            drop(codes);
+        }
         start += tokens;
     }
+    drop(a1q);
     Ok(out)
 }

@@ -87,6 +87,33 @@ struct Inner {
     /// does where CUTLASS runs fp8; per tensor (`[1]`) before.
     fp8_act_per_token: bool,
     mxfp4_hopper_swizzle: bool,
+    fp8_block_path: Fp8BlockPath,
+}
+
+/// How a release runs a block-wise fp8 linear (`weight_block_size`) on this GPU, as far as
+/// its allocations differ (`quant::fp8_block`). No release here runs DeepGEMM: `pip install
+/// vllm` does not install `deep_gemm` (`has_deep_gemm`, 0.11.0 utils/__init__.py L3425,
+/// 0.19.0 utils/import_utils.py L410; not in the wheels' METADATA), so `is_deep_gemm_supported`
+/// is false and neither DeepGEMM's nor FlashInfer's block GEMM (which needs it) runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Fp8BlockPath {
+    /// Quantize (codes `[m, k]`, then group scales `[m, k / bk]`), GEMM into a new `[m, n]`,
+    /// free the codes then the scales: 0.8.5 on Hopper and Ada, 0.11.0's Triton path (Ada).
+    #[default]
+    Plain,
+    /// 0.11.0 on Hopper (`apply_w8a8_block_fp8_linear`, utils/fp8_utils.py L157-172): the
+    /// input padded by `4 - m % 4` rows (1 to 4: a multiple of 4 gets 4) before quantizing,
+    /// the GEMM's output sliced back (its storage kept); the padded input, the codes and the
+    /// scales freed as the function returns; the weight scales transposed after loading.
+    PadAlways,
+    /// 0.15.1 and 0.19.0 (`W8A8BlockFp8LinearOp`): quantize, GEMM, then the scales freed
+    /// before the codes (`input_scale` is an argument of `_run_cutlass` / `_run_triton`,
+    /// reassigned, so it is cleared first). On Hopper (`pad_to_four`), `padded_cutlass`
+    /// (utils/fp8_utils.py L114-149 at 0.19.0, L115-149 at 0.15.1) makes a zeroed fp8 copy
+    /// and a ones-filled scale copy padded to a multiple of 4 tokens when `m % 4 != 0`, runs
+    /// the GEMM on them and frees them as it returns. These releases make no device identity
+    /// (no `maybe_create_device_identity` in their fp8.py).
+    Op { pad_to_four: bool },
 }
 
 /// The device as the allocator's segment source, refusing a segment that would take this
@@ -181,6 +208,7 @@ impl Runtime {
             graphs: graphs::GraphState::default(),
             fp8_act_per_token: false,
             mxfp4_hopper_swizzle: true,
+            fp8_block_path: Fp8BlockPath::Plain,
         })))
     }
 
@@ -279,6 +307,16 @@ impl Runtime {
 
     pub fn mxfp4_hopper_swizzle(&self) -> bool {
         self.0.borrow().mxfp4_hopper_swizzle
+    }
+
+    /// How block-wise fp8 linears run under the release on this GPU (`Plain` unless the
+    /// procedure says otherwise).
+    pub fn set_fp8_block_path(&self, path: Fp8BlockPath) {
+        self.0.borrow_mut().fp8_block_path = path;
+    }
+
+    pub fn fp8_block_path(&self) -> Fp8BlockPath {
+        self.0.borrow().fp8_block_path
     }
 
     pub(crate) fn cancel_flag(&self) -> Arc<AtomicBool> {

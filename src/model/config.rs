@@ -461,14 +461,48 @@ impl ModelConfig {
 
     /// Each decoder layer's linear layers as vLLM stacks them: the name, the output
     /// partitions (q, k, v; gate, up; or the one) and the inputs.
-    pub fn decoder_linears(&self) -> [(&'static str, Vec<usize>, usize); 4] {
+    pub fn decoder_linears(&self) -> Vec<(&'static str, Vec<usize>, usize)> {
         let (h, i, q, kv) = (
             self.hidden_size,
             self.intermediate_size,
             self.q_dim(),
             self.kv_dim(),
         );
-        [
+        if let Some(d) = &self.deepseek {
+            // MLA's linears (deepseek_v2.py L867-916 at 0.19.0), whole: the A projection
+            // (fused with the low-rank query's), the query's, kv_b_proj, o_proj; the dense
+            // first layers' MLP and the shared experts' (the routed experts are checked as
+            // FusedMoE makes them).
+            let heads = self.num_heads;
+            let latent = d.kv_lora_rank + d.qk_rope_head_dim;
+            let mut out = match d.q_lora_rank {
+                Some(r) => vec![
+                    ("fused_qkv_a_proj", vec![r, latent], h),
+                    ("q_b_proj", vec![heads * d.qk_head_dim()], r),
+                ],
+                None => vec![
+                    ("kv_a_proj_with_mqa", vec![latent], h),
+                    ("q_proj", vec![heads * d.qk_head_dim()], h),
+                ],
+            };
+            out.push((
+                "kv_b_proj",
+                vec![heads * (d.qk_nope_head_dim + d.v_head_dim)],
+                d.kv_lora_rank,
+            ));
+            out.push(("o_proj", vec![h], heads * d.v_head_dim));
+            if d.first_k_dense_replace > 0 {
+                out.push(("gate_up_proj", vec![i, i], h));
+                out.push(("down_proj", vec![h], i));
+            }
+            if let Some(m) = self.moe.as_ref().filter(|_| d.n_shared_experts > 0) {
+                let w = d.n_shared_experts * m.expert_intermediate_size;
+                out.push(("shared_experts.gate_up_proj", vec![w, w], h));
+                out.push(("shared_experts.down_proj", vec![h], w));
+            }
+            return out;
+        }
+        vec![
             ("qkv_proj", vec![q, kv, kv], h),
             ("o_proj", vec![h], q),
             ("gate_up_proj", vec![i, i], h),

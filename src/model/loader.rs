@@ -149,6 +149,9 @@ pub(crate) struct Loader<'a> {
     pub(crate) fp8_identity: Option<Tensor>,
 }
 
+/// A checkpoint tensor's name and the part of it a rank loads.
+pub(crate) type NamedSlice = (String, Slice);
+
 /// The part of a `[rows, cols]` checkpoint tensor one tensor-parallel rank holds: a block of
 /// rows (column-parallel layers: vLLM's `ColumnParallelLinear.weight_loader` narrows dim 0) or
 /// of columns (row-parallel layers: `RowParallelLinear.weight_loader` narrows dim 1).
@@ -545,6 +548,78 @@ impl<'a> Loader<'a> {
             }
         }
         upload(self.rt, name, shape, self.act, all)
+    }
+
+    /// The block size of a block-wise fp8 checkpoint.
+    pub(crate) fn fp8_block(&self) -> Option<BlockSize> {
+        self.src.stored_fp8().and_then(|f| f.block)
+    }
+
+    /// Block-wise fp8 experts as `Fp8MoEMethod.create_weights` makes them (`block_quant`,
+    /// fp8.py L609-718 at 0.19.0; 0.11.0 L496-590 the same order): `w13_weight [E, 2·I, H]`
+    /// and `w2_weight [E, H, I]` in float8_e4m3fn (`torch.empty`), then
+    /// `w13_weight_scale_inv [E, 2·⌈I/bn⌉, ⌈H/bk⌉]` and `w2_weight_scale_inv [E, ⌈H/bn⌉,
+    /// ⌈I/bk⌉]` in f32 (`torch.ones`); the checkpoint's experts are copied in and
+    /// `process_weights_after_loading` re-wraps them (TRITON backend: nothing converted,
+    /// oracle/fp8.py L457-467 at 0.19.0; 0.11.0 fp8.py L612-660 likewise without DeepGEMM).
+    /// `I` is this rank's share of the expert width; vLLM refuses one that is not a
+    /// multiple of `bn` (L632-643). Dry only: the codes are not read. Returns
+    /// `[w13, w2, w13_scale_inv, w2_scale_inv]`.
+    pub(crate) fn experts_fp8_block(
+        &mut self,
+        (w13_parts, w2_parts): (&[NamedSlice], &[NamedSlice]),
+        (e, i, h): (usize, usize, usize),
+        prefix: &str,
+        block: BlockSize,
+    ) -> Result<[Tensor; 4]> {
+        if !i.is_multiple_of(block.n) {
+            return Err(Error::model(
+                self.src.origin(),
+                format!(
+                    "{prefix}: vLLM refuses it: \"The output_size of gate's and up's weight = {i} is not divisible by weight quantization block_n = {}.\" (Fp8MoEMethod.create_weights, fp8.py L632-638 at 0.19.0, L507-512 at 0.11.0)",
+                    block.n
+                ),
+            ));
+        }
+        let tp = self.rt.tp().map_or(1, |t| t.size);
+        if tp > 1 && !i.is_multiple_of(block.k) {
+            return Err(Error::model(
+                self.src.origin(),
+                format!(
+                    "{prefix}: vLLM refuses it: \"The input_size of down's weight = {i} is not divisible by weight quantization block_k = {}.\" (fp8.py L639-644 at 0.19.0)",
+                    block.k
+                ),
+            ));
+        }
+        if self.needs_data {
+            return Err(crate::engine::ops_moe::fp8_block_experts_refused(prefix));
+        }
+        let rt = self.rt;
+        let t =
+            |name: String, shape: &[usize], dt: DType| rt.tensor(name, Category::Weight, shape, dt);
+        let w13 = t(
+            format!("{prefix}.w13_weight"),
+            &[e, 2 * i, h],
+            DType::F8E4M3,
+        )?;
+        let w2 = t(format!("{prefix}.w2_weight"), &[e, h, i], DType::F8E4M3)?;
+        let (ib_n, ib_k) = (i.div_ceil(block.n), i.div_ceil(block.k));
+        let (hb_n, hb_k) = (h.div_ceil(block.n), h.div_ceil(block.k));
+        let s13 = t(
+            format!("{prefix}.w13_weight_scale_inv"),
+            &[e, 2 * ib_n, hb_k],
+            DType::F32,
+        )?;
+        let s2 = t(
+            format!("{prefix}.w2_weight_scale_inv"),
+            &[e, hb_n, ib_k],
+            DType::F32,
+        )?;
+        for (name, sl) in w13_parts.iter().chain(w2_parts) {
+            let [n, k] = sl.shape();
+            self.tick(name, (n * k) as u64)?;
+        }
+        Ok([w13, w2, s13, s2])
     }
 
     /// A stacked parameter (vLLM's `qkv_proj`, `gate_up_proj`, filled through
@@ -985,7 +1060,9 @@ impl<'a> Loader<'a> {
     /// lowest in place); no `input_scale` (dynamic only). The checkpoint's shards are copied
     /// in by the weight loader, each shard's scale rows at `ceil(offset / bn)`
     /// (linear.py L760-773, L933-939). `process_weights_after_loading` then re-wraps both as
-    /// plain parameters (fp8.py L306-323): nothing more is allocated.
+    /// plain parameters (fp8.py L306-323): nothing more is allocated. 0.11.0 makes the
+    /// identity too (fp8.py L265); 0.15.1 and 0.19.0 do not (their `create_weights` has no
+    /// `maybe_create_device_identity`), the runtime's `Fp8BlockPath::Op`.
     fn fp8_block_stored(
         &mut self,
         names: &[String],
@@ -997,7 +1074,7 @@ impl<'a> Loader<'a> {
         if let Some(sl) = slices
             .iter()
             .chain(self.slice.as_ref())
-            .find(|s| !s.is_whole())
+            .find(|s| !s.is_whole() && self.needs_data)
         {
             return Err(Error::model(
                 self.src.origin(),
@@ -1013,7 +1090,11 @@ impl<'a> Loader<'a> {
         if rt.backend() == Backend::Cuda {
             return Err(crate::quant::fp8_block::cuda_refused());
         }
-        if self.fp8_identity.is_none() {
+        let identity = !matches!(
+            rt.fp8_block_path(),
+            crate::engine::runtime::Fp8BlockPath::Op { .. }
+        );
+        if identity && self.fp8_identity.is_none() {
             let mut one = rt.tensor(
                 "fp8.TORCH_DEVICE_IDENTITY",
                 Category::Weight,
@@ -1025,7 +1106,29 @@ impl<'a> Loader<'a> {
             }
             self.fp8_identity = Some(one);
         }
-        let rows: Vec<usize> = slices.iter().map(|s| s.full[0]).collect();
+        // A tensor-parallel shard (dry): vLLM's `validate_fp8_block_shape` (utils/fp8_utils.py
+        // L1425-1473 at 0.19.0, L750-782 at 0.11.0) wants a row-parallel rank's inputs a
+        // multiple of block_k and a column-parallel rank's outputs a multiple of block_n;
+        // the shard's grid is then its own blocks.
+        for sl in slices.iter().filter(|s| !s.is_whole()) {
+            let [n, kk] = sl.shape();
+            let (what, size, b) = if kk != sl.full[1] {
+                ("input_size_per_partition", kk, block.k)
+            } else {
+                ("output_partition_size", n, block.n)
+            };
+            if !size.is_multiple_of(b) {
+                return Err(Error::model(
+                    self.src.origin(),
+                    format!(
+                        "tensor {}: vLLM refuses it: \"Weight {what} = {size} is not divisible by weight quantization block_{} = {b}.\" (validate_fp8_block_shape, utils/fp8_utils.py L1425-1473 at 0.19.0)",
+                        names[0],
+                        if what.starts_with("input") { "k" } else { "n" }
+                    ),
+                ));
+            }
+        }
+        let rows: Vec<usize> = slices.iter().map(|s| s.shape()[0]).collect();
         let total: usize = rows.iter().sum();
         let base = fused_name.trim_end_matches(".weight");
         let mut qweight = rt.tensor(fused_name, Category::Weight, &[total, k], DType::F8E4M3)?;
@@ -1056,6 +1159,7 @@ impl<'a> Loader<'a> {
             block,
             out_features: total,
             in_features: k,
+            scales_transposed: false,
         })
     }
 
@@ -1491,6 +1595,22 @@ fn fp8_channel_after_loading(rt: &Runtime, mut lin: Fp8Linear) -> Result<Fp8Line
     Ok(lin)
 }
 
+/// `Fp8BlockLinear::after_loading` for a block-wise layer; anything else passes through.
+pub(crate) fn fp8_block_after_loading(rt: &Runtime, lin: &mut Linear) -> Result<()> {
+    if let Linear::Fp8Block(l) = lin {
+        l.after_loading(rt)?;
+    }
+    Ok(())
+}
+
+/// `fp8_block_after_loading` for a stacked parameter: its one grid.
+pub(crate) fn fp8_block_after_loading_fused(rt: &Runtime, f: &mut FusedLinear) -> Result<()> {
+    if let FusedLinear::Fp8Block { linear, .. } = f {
+        linear.after_loading(rt)?;
+    }
+    Ok(())
+}
+
 /// `fp8_stored_after_loading` for a plain linear layer (one shard).
 pub(crate) fn fp8_stored_linear_after_loading(rt: &Runtime, lin: Linear) -> Result<Linear> {
     match lin {
@@ -1633,6 +1753,7 @@ mod tests {
                 dtype: DType::BF16,
                 channel: false,
                 compressed_tensors: false,
+                routers_unquantized: false,
             })
         }
         fn read_fp8(&self, name: &str, _: &[usize]) -> Result<(Vec<u8>, Vec<f32>, Option<f32>)> {

@@ -1093,8 +1093,11 @@ pub fn gen_model_config_fp8_block(
     opts: &GenOptions,
     block: crate::quant::fp8_block::BlockSize,
 ) -> Result<ModelFiles> {
-    if let Some(p) = crate::quant::fp8_block::model_problem(block, &config.decoder_linears(), false)
-    {
+    if let Some(p) = crate::quant::fp8_block::model_problem(
+        block,
+        &config.decoder_linears(),
+        (false, crate::quant::fp8_block::Fp8BlockEra::V0_8),
+    ) {
         return Err(Error::Request(format!("gen-model --fp8-block: {p}")));
     }
     gen_model_inner(
@@ -1595,7 +1598,14 @@ fn check_fp8_blocks(sq: sharded::StoredQuant, cfg: &ModelConfig, config: &Path) 
     else {
         return Ok(());
     };
-    match crate::quant::fp8_block::model_problem(block, &cfg.decoder_linears(), false) {
+    // Multi-head latent attention runs under the V1 releases only, whose merged layers may
+    // end in a partial block (the fused A projection's 576 rows).
+    let era = if cfg.deepseek.is_some() {
+        crate::quant::fp8_block::Fp8BlockEra::V0_11
+    } else {
+        crate::quant::fp8_block::Fp8BlockEra::V0_8
+    };
+    match crate::quant::fp8_block::model_problem(block, &cfg.decoder_linears(), (false, era)) {
         Some(p) => Err(Error::model(config, p)),
         None => Ok(()),
     }

@@ -398,34 +398,48 @@ fn fp8_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
         }
     };
     let block = fp8_block_size(q, static_activations, path)?;
-    match &q["ignored_layers"] {
-        serde_json::Value::Null => {}
-        serde_json::Value::Array(names) => {
+    // `ignored_layers`, or `modules_to_not_convert` when it is absent (0.19.0 fp8.py
+    // L161-166; Qwen's FP8 MoE checkpoints list their routers and norms there).
+    let ignored_key = match (&q["ignored_layers"], &q["modules_to_not_convert"]) {
+        (serde_json::Value::Null, serde_json::Value::Null) => None,
+        (serde_json::Value::Null, _) => Some("modules_to_not_convert"),
+        _ => Some("ignored_layers"),
+    };
+    let mut gates = std::collections::HashSet::new();
+    match ignored_key.map(|k| (k, &q[k])) {
+        None => {}
+        Some((k, serde_json::Value::Array(names))) => {
             for n in names {
                 match n.as_str() {
                     Some(s) if s == "lm_head" || s.ends_with(".lm_head") => {}
+                    // Not linear layers: vLLM's skip list never reaches them.
+                    Some(s) if s.ends_with("norm") || s.ends_with("embed_tokens") => {}
+                    // A MoE block's router: left 16-bit, as vramscope loads it.
+                    Some(s) if s.ends_with(".mlp.gate") => {
+                        gates.insert(s.to_string());
+                    }
                     _ => {
                         return Err(Error::model(
                             path,
                             format!(
-                                "{} lists {n}: a linear layer left in 16 bits inside an fp8 checkpoint is not read yet (only lm_head, which vLLM never quantizes)",
-                                key("ignored_layers")
+                                "{} lists {n}: a linear layer left in 16 bits inside an fp8 checkpoint is not read yet (only lm_head, embed_tokens, norms and MoE routers mlp.gate)",
+                                key(k)
                             ),
                         ))
                     }
                 }
             }
         }
-        other => {
+        Some((k, other)) => {
             return Err(Error::model(
                 path,
-                format!(
-                    "{} is {other}, expected a list of names",
-                    key("ignored_layers")
-                ),
+                format!("{} is {other}, expected a list of names", key(k)),
             ))
         }
     }
+    let layers = config["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+    let routers_unquantized =
+        layers > 0 && (0..layers).all(|l| gates.contains(&format!("model.layers.{l}.mlp.gate")));
     // `--dtype auto` (0.6.4 config.py L1811-1836): a missing or float32 torch_dtype runs in
     // float16 (bfloat16 for Gemma 2), any other as it says.
     let dtype = match (
@@ -442,6 +456,7 @@ fn fp8_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
         block,
         channel: false,
         compressed_tensors: false,
+        routers_unquantized,
     })
 }
 
@@ -573,6 +588,7 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
         block: None,
         channel,
         compressed_tensors: true,
+        routers_unquantized: false,
     })
 }
 

@@ -631,7 +631,12 @@ fn stored_fp8_request(
             ),
         ));
     }
-    if req.tp > 1 {
+    // Block-wise fp8 under the V1 releases shards by whole blocks (dry;
+    // `Loader::fp8_block_stored` checks them as `validate_fp8_block_shape` does, and refuses
+    // reading values of a shard).
+    let v1_block = o.source.stored_fp8().is_some_and(|f| f.block.is_some())
+        && matches!(req.release()?.engine, super::vllm::Engine::V1 { .. });
+    if req.tp > 1 && !v1_block {
         return Err(Error::model(
             o.source.origin(),
             format!(
@@ -664,8 +669,8 @@ fn check_fp8(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
         return Ok(());
     }
     if let Some(block) = o.source.stored_fp8().and_then(|f| f.block) {
-        check_fp8_block(req, o, block)?;
-        return check_fp8_model(o);
+        let gpu = check_fp8_block(req, o, block)?;
+        return check_fp8_block_model(o, gpu);
     }
     let release = req.release()?;
     let v1 = matches!(release.engine, super::vllm::Engine::V1 { .. });
@@ -690,36 +695,78 @@ fn check_fp8(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
     check_fp8_model(o)
 }
 
-/// What a block-wise fp8 checkpoint is reproduced for: vLLM 0.8.5 (`--vllm 0.8`) on a
-/// simulated Hopper (CUTLASS's blockwise GEMM) or Ada (Triton's) GPU, with the kv-cache in
-/// the model's dtype, its shapes as `fp8_block::model_problem` allows them on that GPU. A
-/// CUDA device is refused: the GPU kernels are not written yet.
+/// What a block-wise fp8 checkpoint is reproduced for: the release's `fp8_block` era (vLLM
+/// 0.8.5, 0.11.0, 0.15.1, 0.19.0) on a simulated Hopper (CUTLASS's blockwise GEMM) or Ada
+/// (Triton's) GPU, with the kv-cache in the model's dtype, its shapes as
+/// `fp8_block::model_problem` allows them on that GPU. A CUDA device is refused: the GPU
+/// kernels are not written yet.
 fn check_fp8_block(
     req: &ProfileRequest,
     o: &model::OpenedModel,
     block: crate::quant::fp8_block::BlockSize,
-) -> Result<()> {
+) -> Result<(bool, crate::quant::fp8_block::Fp8BlockEra)> {
     use crate::quant::fp8_block;
-    let hopper = match &req.device {
-        DeviceSpec::Cuda { .. } => return Err(fp8_block::cuda_refused()),
-        DeviceSpec::Sim { preset, .. } => match crate::device::presets::find(preset) {
-            Some(p) => {
-                fp8_block::check_gpu(p.arch, p.name)?;
-                p.arch == "Hopper"
-            }
-            None => false,
-        },
-    };
-    fp8_block::check_release(req.release()?.name, &req.vllm)?;
+    let hopper = fp8_block_hopper(req)?;
+    let release = req.release()?;
+    let era = fp8_block::check_release(release.fp8_block, release.name, &req.vllm)?;
     if req.kv_cache_dtype != super::request::KvCacheDtype::Auto {
         return Err(Error::Request(format!(
             "--kv-cache-dtype {} with a block-wise fp8 checkpoint: Fp8KVCacheMethod's handling of stored or unit k/v scales for an fp8 cache is not modelled yet; leave it auto",
             req.kv_cache_dtype.name()
         )));
     }
-    match fp8_block::model_problem(block, &o.config.decoder_linears(), hopper) {
+    match fp8_block::model_problem(block, &o.config.decoder_linears(), (hopper, era)) {
         Some(p) => Err(Error::model(o.source.origin(), p)),
-        None => Ok(()),
+        None => Ok((hopper, era)),
+    }
+}
+
+/// The models block-wise fp8 is reproduced for: `check_fp8_model`'s, and experts under the V1
+/// releases on Hopper (Triton's fused MoE: 0.19.0's oracle puts TRITON first there for
+/// block fp8 without expert parallel, fused_moe/oracle/fp8.py L85-95; 0.11.0 runs
+/// `fused_experts_impl`) for Mixtral, Qwen3-MoE with its routers kept 16-bit, and
+/// DeepSeek-V2/V3 and Kimi-K2 (whose routers vLLM never quantizes).
+fn check_fp8_block_model(
+    o: &model::OpenedModel,
+    (hopper, era): (bool, crate::quant::fp8_block::Fp8BlockEra),
+) -> Result<()> {
+    let c = &o.config;
+    let Some(_) = c.moe.as_ref() else {
+        return check_fp8_model(o);
+    };
+    let bad = |w: String| {
+        Err(Error::model(
+            o.source.origin(),
+            format!("block-wise fp8 with model_type '{}': {w}", c.arch),
+        ))
+    };
+    if era == crate::quant::fp8_block::Fp8BlockEra::V0_8 {
+        return bad("its fp8 experts are modelled under the V1 releases (--vllm 0.11, 0.15, 0.19), not 0.8.5".into());
+    }
+    if !hopper {
+        return bad("fp8 experts off Hopper are not modelled (0.19.0's fused-MoE oracle tries FlashInfer CUTLASS before Triton there, fused_moe/oracle/fp8.py L68-80, not checked); use a Hopper preset (h100-80gb, h200-141gb)".into());
+    }
+    match c.arch.as_str() {
+        "mixtral" | "deepseek_v2" | "deepseek_v3" | "kimi_k2" => Ok(()),
+        "qwen3_moe" if o.source.stored_fp8().is_some_and(|f| f.routers_unquantized) => Ok(()),
+        "qwen3_moe" => bad("vLLM makes the router (mlp.gate) an fp8 layer too unless quantization_config.modules_to_not_convert (or ignored_layers) names every layer's mlp.gate, as Qwen's published FP8 MoE configs do (qwen3_moe.py L176-182 at 0.19.0 passes quant_config); an fp8 router is not modelled".into()),
+        _ => bad("its fp8 experts are not modelled yet (Mixtral, Qwen3-MoE and DeepSeek-V2/V3/Kimi-K2 are)".into()),
+    }
+}
+
+/// Whether a block-wise fp8 checkpoint runs on Hopper (CUTLASS) here: the simulated GPU's
+/// preset, checked to be one that runs it (`fp8_block::check_gpu`); a CUDA device refused.
+fn fp8_block_hopper(req: &ProfileRequest) -> Result<bool> {
+    use crate::quant::fp8_block;
+    match &req.device {
+        DeviceSpec::Cuda { .. } => Err(fp8_block::cuda_refused()),
+        DeviceSpec::Sim { preset, .. } => match crate::device::presets::find(preset) {
+            Some(p) => {
+                fp8_block::check_gpu(p.arch, p.name)?;
+                Ok(p.arch == "Hopper")
+            }
+            None => Ok(false),
+        },
     }
 }
 
@@ -949,6 +996,10 @@ pub(crate) fn run_rank(
         rt.set_tp(t);
     }
     rt.set_fp8_act_per_token(matches!(release.engine, super::vllm::Engine::V1 { .. }));
+    if let (Some(era), DeviceSpec::Sim { preset, .. }) = (release.fp8_block, &req.device) {
+        let hopper = crate::device::presets::find(preset).is_some_and(|p| p.arch == "Hopper");
+        rt.set_fp8_block_path(era.path(hopper));
+    }
     rt.set_mxfp4_hopper_swizzle(crate::quant::mxfp4::hopper_swizzles(release.torch));
     if let Some(p) = pp_stage {
         rt.set_pp(p);

@@ -50,11 +50,22 @@ impl ModelInfo {
     /// What a mixture of experts keeps resident and what each token uses, in one sentence
     /// (`None` for a dense model): `tp` ranks share the experts' width, 16-bit weights.
     pub fn experts_sentence(&self, tp: u32) -> Option<String> {
+        self.experts_sentence_as(tp, crate::quant::Quant::BF16)
+    }
+
+    /// `experts_sentence` for experts stored as `quant` says (fp8: one byte a parameter,
+    /// the block scales left out).
+    pub fn experts_sentence_as(&self, tp: u32, quant: crate::quant::Quant) -> Option<String> {
         if self.expert_parameters == 0 {
             return None;
         }
         let b = |n: u64| format!("{:.1} B", n as f64 / 1e9);
-        let per_rank = self.expert_parameters * 2 / u64::from(tp.max(1));
+        let bytes = if quant == crate::quant::Quant::Fp8 {
+            1
+        } else {
+            2
+        };
+        let per_rank = self.expert_parameters * bytes / u64::from(tp.max(1));
         Some(format!(
             "mixture of experts: {} of its {} parameters are the experts' ({} of weights{}, all resident); {} are active per token",
             b(self.expert_parameters),

@@ -13,6 +13,7 @@ use super::formulas::FormulaId;
 use crate::base::error::{Error, Result};
 use crate::device::nccl_model::NcclRules;
 use crate::engine::ops_moe_v1::{Modular, MoeKernel};
+use crate::quant::fp8_block::Fp8BlockEra;
 
 /// The log lines a release prints after its profile run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -191,6 +192,9 @@ pub struct Release {
     /// How the release runs multi-head latent attention (DeepSeek, Kimi); `None`: not
     /// modelled (the V0 releases).
     pub mla: Option<MlaEra>,
+    /// How the release runs block-wise fp8 linears (`weight_block_size`); `None`: not
+    /// modelled (refused by name).
+    pub fp8_block: Option<Fp8BlockEra>,
     /// 0-dim f32 tensors every attention layer makes on the device while the model is built
     /// (under the loader's `with target_device`; `LoadOptions::attn_scalars`): none up to
     /// 0.6.6 (`self._k_scale = 1.0`, a float: 0.6.6 attention/layer.py L72); `_k_scale`,
@@ -334,6 +338,7 @@ pub const RELEASES: &[Release] = &[
         has_gemma3: false,
         fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
         mla: None,
+        fp8_block: None,
         attn_scalars: 0,
         graphs: Graphs::V0 {
             attention: V0Attention::Fa2,
@@ -368,6 +373,7 @@ pub const RELEASES: &[Release] = &[
         has_gemma3: false,
         fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
         mla: None,
+        fp8_block: None,
         attn_scalars: 0,
         graphs: Graphs::NotModelled,
         tokens_from_concurrency: false,
@@ -400,6 +406,7 @@ pub const RELEASES: &[Release] = &[
         has_gemma3: false,
         fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
         mla: None,
+        fp8_block: None,
         attn_scalars: 0,
         graphs: Graphs::V0 {
             attention: V0Attention::Fa2,
@@ -435,6 +442,7 @@ pub const RELEASES: &[Release] = &[
         has_gemma3: false,
         fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
         mla: None,
+        fp8_block: None,
         attn_scalars: 0,
         graphs: Graphs::V0 {
             attention: V0Attention::Fa2,
@@ -469,6 +477,7 @@ pub const RELEASES: &[Release] = &[
         has_gemma3: false,
         fused_moe: FusedMoe::Unmodelled("0.7.3's fused MoE is not checked against 0.8.5's yet"),
         mla: None,
+        fp8_block: None,
         attn_scalars: 2,
         graphs: Graphs::NotModelled,
         tokens_from_concurrency: false,
@@ -503,6 +512,7 @@ pub const RELEASES: &[Release] = &[
             indices_freed_late: false,
         }),
         mla: None,
+        fp8_block: Some(Fp8BlockEra::V0_8),
         attn_scalars: 4,
         graphs: Graphs::V0 {
             attention: V0Attention::Fa3OnHopper,
@@ -545,6 +555,7 @@ pub const RELEASES: &[Release] = &[
             indices_freed_late: true,
         }),
         mla: Some(MlaEra::V0_11),
+        fp8_block: Some(Fp8BlockEra::V0_11),
         attn_scalars: 7,
         graphs: Graphs::V1 {
             step8: true,
@@ -598,6 +609,7 @@ pub const RELEASES: &[Release] = &[
             default_block_m_by_tokens: false,
         })),
         mla: Some(MlaEra::V0_15),
+        fp8_block: Some(Fp8BlockEra::V0_15),
         attn_scalars: 7,
         graphs: Graphs::V1 {
             step8: false,
@@ -648,6 +660,7 @@ pub const RELEASES: &[Release] = &[
             default_block_m_by_tokens: true,
         })),
         mla: Some(MlaEra::V0_19),
+        fp8_block: Some(Fp8BlockEra::V0_15),
         attn_scalars: 7,
         graphs: Graphs::V1 {
             step8: false,
@@ -767,6 +780,7 @@ const R0_21: Release = Release {
         "it runs FlashInfer's CUTLASS MoE by default on Hopper (0.21.0 fused_moe/oracle/unquantized.py; docs/reading/vllm-v1-fused-moe.md)",
     ),
     mla: Some(MlaEra::V0_19),
+    fp8_block: None,
     attn_scalars: 7,
     graphs: Graphs::V1 {
         step8: false,

@@ -174,6 +174,10 @@ pub struct StoredFp8 {
     pub channel: bool,
     /// A compressed-tensors checkpoint (modelled under the V1 releases only).
     pub compressed_tensors: bool,
+    /// `ignored_layers` / `modules_to_not_convert` names every layer's `mlp.gate`: the MoE
+    /// routers stay 16-bit (Qwen3-MoE passes its quant_config to the router, qwen3_moe.py
+    /// L176-182 at 0.19.0, so without this vLLM would make them fp8).
+    pub routers_unquantized: bool,
 }
 
 /// `quantization_config.weight_block_size`: `[block_n, block_k]` (output rows, input columns).

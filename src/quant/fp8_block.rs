@@ -1,13 +1,15 @@
-//! vLLM 0.8.5's block-wise fp8 (`Fp8Config` with `weight_block_size`, as DeepSeek-V3 and
+//! Block-wise fp8 (`Fp8Config` with `weight_block_size`, as DeepSeek-V3 and
 //! Qwen/Qwen3-8B-FP8 store it): float8_e4m3fn weights with one f32 dequantization multiplier
 //! per `[block_n, block_k]` block (`weight_scale_inv`), activations quantized on every forward
 //! per token and group of `block_k` inputs (`per_token_group_quant_fp8`), then CUTLASS's
-//! blockwise GEMM on Hopper or Triton's `w8a8_block_fp8_matmul` elsewhere
-//! (`apply_w8a8_block_fp8_linear`, utils/fp8_utils.py L33-81 at 0.8.5).
+//! blockwise GEMM on Hopper or Triton's `w8a8_block_fp8_matmul` elsewhere, as vLLM 0.8.5
+//! (`apply_w8a8_block_fp8_linear`, utils/fp8_utils.py L33-81 at 0.8.5) and the V1 releases
+//! 0.11.0, 0.15.1 and 0.19.0 run it (`Fp8BlockEra`; the V1 forms differ in how Hopper's GEMM
+//! pads the tokens: `engine::runtime::Fp8BlockPath`).
 
 use crate::base::error::{Error, Result};
 use crate::device::Backend;
-use crate::engine::runtime::Runtime;
+use crate::engine::runtime::{Fp8BlockPath, Runtime};
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
 
@@ -17,6 +19,36 @@ use super::fp8::{decode, encode, E4M3_MAX};
 /// `per_token_group_quant_fp8`'s `eps` (fp8_utils.py L236 at 0.8.5): a group's absmax is at
 /// least this, so an all-zero group gets a tiny positive scale, not 0.
 pub const GROUP_EPS: f32 = 1e-10;
+
+/// Which release's block-wise fp8 linear runs (a field of `profile::vllm::Release`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8BlockEra {
+    /// 0.8.5: `apply_w8a8_block_fp8_linear` (utils/fp8_utils.py L33-81); CUTLASS's blockwise
+    /// GEMM on Hopper takes stream-K when k > 3n.
+    V0_8,
+    /// 0.11.0: the same function (utils/fp8_utils.py L118-184), on Hopper padding the input
+    /// by `4 - m % 4` rows first (L157-166) and the weight scales made `[kb, nb]` contiguous
+    /// after loading (`maybe_post_process_fp8_weight_block`, L904-925).
+    V0_11,
+    /// 0.15.1 and 0.19.0: `W8A8BlockFp8LinearOp` (utils/fp8_utils.py L350-593 at 0.19.0,
+    /// L351-600 at 0.15.1): quantize with column-major scales, then on Hopper
+    /// `padded_cutlass` (L114-149), which pads only a token count that is not a multiple of
+    /// 4; the scales stay as stored (`maybe_post_process_fp8_weight_block` runs for DeepGEMM
+    /// only, fp8.py L438-439 at 0.19.0, L1604-1629 at 0.15.1).
+    V0_15,
+}
+
+impl Fp8BlockEra {
+    /// The allocations' form on a GPU: Hopper takes CUTLASS (`cutlass_block_fp8_supported`,
+    /// 9.x), Ada Triton with row-major scales (the same bytes, nothing padded).
+    pub fn path(self, hopper: bool) -> Fp8BlockPath {
+        match (self, hopper) {
+            (Fp8BlockEra::V0_8, _) | (Fp8BlockEra::V0_11, false) => Fp8BlockPath::Plain,
+            (Fp8BlockEra::V0_11, true) => Fp8BlockPath::PadAlways,
+            (Fp8BlockEra::V0_15, pad_to_four) => Fp8BlockPath::Op { pad_to_four },
+        }
+    }
+}
 
 /// One group of `per_token_group_quant_fp8` (the Triton kernel `_per_token_group_quant_fp8`,
 /// fp8_utils.py L133-176 at 0.8.5): `s = max(max|y|, eps) / 448`, each code
@@ -128,11 +160,122 @@ pub struct Fp8BlockLinear {
     pub block: BlockSize,
     pub out_features: usize,
     pub in_features: usize,
+    /// `scale_inv` holds the grid transposed, `[ceil(k / bk), ceil(n / bn)]` (0.11.0 on
+    /// Hopper after loading).
+    pub scales_transposed: bool,
 }
 
 impl Fp8BlockLinear {
     pub fn weight_bytes(&self) -> u64 {
         self.qweight.nbytes() + self.scale_inv.nbytes()
+    }
+
+    /// `process_weights_after_loading` for a block-wise layer, as the runtime's path says:
+    /// 0.11.0 on Hopper makes the scales row-major for CUTLASS,
+    /// `Parameter(weight_scale.data.T.contiguous())` (`maybe_post_process_fp8_weight_block`,
+    /// utils/fp8_utils.py L921-925): a new `[kb, nb]` grid, then the stored one freed as the
+    /// parameter is replaced. Elsewhere both are re-wrapped as they are (0.8.5 fp8.py
+    /// L306-323; 0.15.1 and 0.19.0 `replace_parameter` of the same data, 0.19.0 fp8.py
+    /// L398-406).
+    pub fn after_loading(&mut self, rt: &Runtime) -> Result<()> {
+        if rt.fp8_block_path() != Fp8BlockPath::PadAlways || self.scales_transposed {
+            return Ok(());
+        }
+        let [nb, kb] = self.block.grid(self.out_features, self.in_features);
+        rt.set_op("fp8.weight_scale_transpose");
+        let name = self
+            .scale_inv
+            .name
+            .replace("weight_scale_inv", "weight_scale");
+        let mut t = rt.tensor(name, Category::Weight, &[kb, nb], DType::F32)?;
+        if rt.backend() == Backend::Cpu {
+            let (src, dst) = (self.scale_inv.f32(), t.f32_mut());
+            for r in 0..nb {
+                for c in 0..kb {
+                    dst[c * nb + r] = src[r * kb + c];
+                }
+            }
+        }
+        drop(std::mem::replace(&mut self.scale_inv, t));
+        self.scales_transposed = true;
+        Ok(())
+    }
+
+    /// The 16-bit copy of this layer's weight that MLA keeps after loading (W_UK and W_UV are
+    /// views of it; docs/reading/vllm-mla.md §4), with the transients that make it, as the
+    /// runtime's path says:
+    /// - 0.11.0 (`PadAlways`, `Plain`): `get_and_maybe_dequant_weights` runs the layer on an
+    ///   identity (v1/attention/backends/mla/common.py L996-1008): `torch.eye(k)` in `act`,
+    ///   the block-wise linear's forward on it (on Hopper the input padded by 4 rows: its
+    ///   output `[k + 4, n]`, sliced, keeps the padded storage), then `del eye`. The output
+    ///   is kept.
+    /// - 0.15.1, 0.19.0 (`Op`): `scaled_dequantize` (quantization/utils/quant_utils.py
+    ///   L303-314 at 0.15.1, L320-332 at 0.19.0): `group_broadcast` expands the grid along
+    ///   the rows (a copy `[n, kb]` f32) then the columns (a copy `[n, k]` f32, the first
+    ///   freed as it is rebound), the codes `.to(float32)` (`[n, k]`), their product with the
+    ///   expanded scales (`[n, k]` f32, the codes' copy freed), `.to(act)` (`[n, k]`, kept;
+    ///   the product freed), and the expanded scales die as the function returns.
+    pub fn mla_dequantized(&self, rt: &Runtime, act: DType) -> Result<Tensor> {
+        rt.check_cancel()?;
+        let (n, k) = (self.out_features, self.in_features);
+        let base = self.qweight.name.trim_end_matches(".weight").to_string();
+        let t = |nm: &str, shape: &[usize], dt: DType| {
+            rt.tensor_for_overwrite(format!("{base}.{nm}"), Category::Weight, shape, dt)
+        };
+        rt.set_op("mla.kv_b_proj_dequantize");
+        let kept = match rt.fp8_block_path() {
+            Fp8BlockPath::Op { .. } => {
+                let kb = k.div_ceil(self.block.k);
+                let rows = t("scale_rows_expanded", &[n, kb], DType::F32)?;
+                let expanded = t("scale_expanded", &[n, k], DType::F32)?;
+                drop(rows);
+                let codes = t("weight_f32", &[n, k], DType::F32)?;
+                let product = t("weight_dequantized_f32", &[n, k], DType::F32)?;
+                drop(codes);
+                let kept = t("weight_dequantized", &[n, k], act)?;
+                drop(product);
+                drop(expanded);
+                kept
+            }
+            path => {
+                let eye = t("eye", &[k, k], act)?;
+                let pad = if path == Fp8BlockPath::PadAlways {
+                    4 - k % 4
+                } else {
+                    0
+                };
+                let padded = if pad > 0 {
+                    Some(t("eye_padded", &[k + pad, k], act)?)
+                } else {
+                    None
+                };
+                let codes = t("eye_qinput", &[k + pad, k], DType::F8E4M3)?;
+                let scales = t("eye_x_scale", &[k + pad, k / self.block.k], DType::F32)?;
+                let kept = t("weight_dequantized", &[k + pad, n], act)?;
+                drop(padded);
+                drop(codes);
+                drop(scales);
+                drop(eye);
+                kept
+            }
+        };
+        Ok(kept)
+    }
+
+    /// The scale grid row-major `[nb, kb]` on the host, as the checkpoint stores it.
+    fn host_scales(&self) -> std::borrow::Cow<'_, [f32]> {
+        let s = self.scale_inv.f32();
+        if !self.scales_transposed {
+            return std::borrow::Cow::Borrowed(s);
+        }
+        let [nb, kb] = self.block.grid(self.out_features, self.in_features);
+        let mut out = vec![0f32; nb * kb];
+        for r in 0..nb {
+            for c in 0..kb {
+                out[r * kb + c] = s[c * nb + r];
+            }
+        }
+        std::borrow::Cow::Owned(out)
     }
 
     /// `apply_w8a8_block_fp8_linear` (fp8_utils.py L33-81 at 0.8.5), `x [m, k] → [m, n]` in
@@ -142,8 +285,9 @@ impl Fp8BlockLinear {
     /// output (`cutlass_scaled_mm`, _custom_ops.py L566, or `w8a8_block_fp8_matmul`'s
     /// `A.new_empty`, fp8_utils.py L476); `.to(input.dtype)` and `.view` allocate nothing
     /// (no bias: refused before); the fp8 input and then its scales are freed as the
-    /// function returns (frame locals in order). `rows`: the output features of each shard,
-    /// written as contiguous blocks as `FusedLinear` lays them out.
+    /// function returns (frame locals in order). The V1 releases differ as the runtime's
+    /// `Fp8BlockPath` says (padding on Hopper, the order of the frees). `rows`: the output
+    /// features of each shard, written as contiguous blocks as `FusedLinear` lays them out.
     pub fn forward(
         &self,
         rt: &Runtime,
@@ -166,39 +310,69 @@ impl Fp8BlockLinear {
                 "{name}: per_token_group_quant_fp8 needs the input's {k} features divisible by block_k = {bk} (fp8_utils.py L254-256 at 0.8.5)"
             )));
         }
-        rt.set_op("fp8.per_token_group_quant_fp8");
-        let mut qinput = rt.tensor(
-            format!("{name}.qinput"),
-            Category::Activation,
-            &[m, k],
-            DType::F8E4M3,
-        )?;
-        let mut x_scale = rt.tensor(
-            format!("{name}.x_scale"),
-            Category::Activation,
-            &[m, k / bk],
-            DType::F32,
-        )?;
-        let mut xdq = Vec::new();
-        match rt.backend() {
-            Backend::Cpu => {
-                let (codes, scales) = per_token_group_quant(x.f32(), k, bk);
-                xdq = codes
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &c)| decode(c) * scales[i / bk])
-                    .collect();
-                qinput.u8_mut().copy_from_slice(&codes);
-                x_scale.f32_mut().copy_from_slice(&scales);
-            }
-            Backend::Cuda => return Err(cuda_refused()),
-            Backend::Dry => {}
+        if rt.backend() == Backend::Cuda {
+            return Err(cuda_refused());
         }
-        rt.set_op("fp8.block_scaled_mm");
-        let mut out =
-            rt.tensor_for_overwrite(format!("{name}.out"), Category::Activation, &[m, n], act)?;
+        let path = rt.fp8_block_path();
+        let act_t = |nm: &str, shape: &[usize], dt: DType| {
+            rt.tensor(format!("{name}.{nm}"), Category::Activation, shape, dt)
+        };
+        // 0.11.0 on Hopper: `F.pad(input_2d, (0, 0, 0, num_pad))` with `num_pad = 4 - m % 4`
+        // (utils/fp8_utils.py L157-166): a new `[m + num_pad, k]` input in `act`, zeros below.
+        let pad_rows = match path {
+            Fp8BlockPath::PadAlways => 4 - m % 4,
+            _ => 0,
+        };
+        let padded_input = if pad_rows > 0 {
+            rt.set_op("fp8.pad");
+            let mut t = act_t("padded_input", &[m + pad_rows, k], act)?;
+            if rt.backend() == Backend::Cpu {
+                t.f32_mut()[..m * k].copy_from_slice(x.f32());
+            }
+            Some(t)
+        } else {
+            None
+        };
+        let mq = m + pad_rows;
+        rt.set_op("fp8.per_token_group_quant_fp8");
+        let mut qinput = act_t("qinput", &[mq, k], DType::F8E4M3)?;
+        let mut x_scale = act_t("x_scale", &[mq, k / bk], DType::F32)?;
+        let mut xdq = Vec::new();
         if rt.backend() == Backend::Cpu {
-            let (codes, scales) = (self.qweight.u8(), self.scale_inv.f32());
+            let (codes, scales) = per_token_group_quant(x.f32(), k, bk);
+            xdq = codes
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| decode(c) * scales[i / bk])
+                .collect();
+            qinput.u8_mut()[..m * k].copy_from_slice(&codes);
+            x_scale.f32_mut()[..scales.len()].copy_from_slice(&scales);
+            // Padded rows are zeros: every code 0 at `eps / 448`.
+            x_scale.f32_mut()[scales.len()..].fill(GROUP_EPS / E4M3_MAX);
+        }
+        // 0.15.1 / 0.19.0 `padded_cutlass` on Hopper: `torch.zeros` codes and `torch.ones`
+        // scales (`[k / bk, m4]`, permuted) at the next multiple of 4, only when m is not one.
+        let m4 = m.next_multiple_of(4);
+        let pad_copies = if matches!(path, Fp8BlockPath::Op { pad_to_four: true }) && m4 > m {
+            rt.set_op("fp8.padded_cutlass");
+            Some((
+                act_t("padded_qx", &[m4, k], DType::F8E4M3)?,
+                act_t("padded_x_scale", &[m4, k / bk], DType::F32)?,
+            ))
+        } else {
+            None
+        };
+        let out_rows = if pad_copies.is_some() { m4 } else { mq };
+        rt.set_op("fp8.block_scaled_mm");
+        let mut out = rt.tensor_for_overwrite(
+            format!("{name}.out"),
+            Category::Activation,
+            &[out_rows, n],
+            act,
+        )?;
+        if rt.backend() == Backend::Cpu {
+            let host_scales = self.host_scales();
+            let (codes, scales) = (self.qweight.u8(), &host_scales[..]);
             let block = self.block;
             let decode_rows = |r: std::ops::Range<usize>, buf: &mut [f32]| {
                 dequantize_rows(codes, scales, k, block, r, buf)
@@ -207,29 +381,65 @@ impl Fp8BlockLinear {
             // theirs times their block's, summed in f32 and rounded to `act` (CUTLASS's
             // `Sm90AccFetch` epilogue, Triton's `accumulator.to(...)`). The kernels sum each
             // block of codes first and scale the partial sum: the same value up to f32
-            // rounding.
-            super::host_decoded_matmul(rt, &xdq, (m, k), rows, out.f32_mut(), decode_rows, |a| {
-                act.round(a)
-            })?;
+            // rounding. Padded rows are zeros and are sliced away.
+            let o = &mut out.f32_mut()[..m * n];
+            super::host_decoded_matmul(rt, &xdq, (m, k), rows, o, decode_rows, |a| act.round(a))?;
         }
-        drop(qinput);
-        drop(x_scale);
+        // `output[:m]` is a view: the padded rows' storage stays with it.
+        if out_rows > m {
+            out.data.shape = vec![m, n];
+            if let crate::engine::tensor::Storage::F32(v) = &mut out.data.storage {
+                v.truncate(m * n);
+            }
+        }
+        match path {
+            Fp8BlockPath::Plain => {
+                drop(qinput);
+                drop(x_scale);
+            }
+            Fp8BlockPath::PadAlways => {
+                drop(padded_input);
+                drop(qinput);
+                drop(x_scale);
+            }
+            Fp8BlockPath::Op { .. } => {
+                drop(pad_copies);
+                drop(x_scale);
+                drop(qinput);
+            }
+        }
         Ok(out)
     }
 }
 
-/// What vLLM 0.8.5 refuses of a block-wise checkpoint's shapes, or what vramscope does not
-/// model, for one linear: `parts` its output partitions (q, k, v; gate, up; or the one),
-/// `k` its inputs; `hopper` when the GPU takes CUTLASS's path (`cutlass_block_fp8_supported`,
-/// compute capability 9.x). `None` when it runs as modelled.
-pub fn layer_problem(block: BlockSize, parts: &[usize], k: usize, hopper: bool) -> Option<String> {
+/// What vLLM refuses of a block-wise checkpoint's shapes, or what vramscope does not model,
+/// for one linear under `era`: `parts` its output partitions (q, k, v; gate, up; or the
+/// one), `k` its inputs; `hopper` when the GPU takes CUTLASS's path
+/// (`cutlass_block_fp8_supported`, compute capability 9.x). `None` when it runs as modelled.
+pub fn layer_problem(
+    block: BlockSize,
+    parts: &[usize],
+    k: usize,
+    (hopper, era): (bool, Fp8BlockEra),
+) -> Option<String> {
     let n: usize = parts.iter().sum();
     if parts.len() > 1 {
-        // create_weights, "Required by column parallel or enabling merged weights".
-        if let Some(p) = parts.iter().find(|&&p| !p.is_multiple_of(block.n)) {
+        // create_weights, "Required by column parallel or enabling merged weights"; the V1
+        // releases let a merged layer's last partition end in a partial block when it is
+        // not split over ranks (`validate_fp8_block_shape`, 0.11.0 utils/fp8_utils.py
+        // L768-782, 0.19.0 L1458-1473: MLA's fused q_a / kv_a projection, 1536 + 576).
+        let checked = match era {
+            Fp8BlockEra::V0_8 => parts,
+            _ => &parts[..parts.len() - 1],
+        };
+        if let Some(p) = checked.iter().find(|&&p| !p.is_multiple_of(block.n)) {
             return Some(format!(
-                "vLLM refuses it: \"Weight output_partition_size = {p} is not divisible by weight quantization block_n = {}.\" (fp8.py L221-229 at 0.8.5)",
-                block.n
+                "vLLM refuses it: \"Weight output_partition_size = {p} is not divisible by weight quantization block_n = {}.\" ({})",
+                block.n,
+                match era {
+                    Fp8BlockEra::V0_8 => "fp8.py L221-229 at 0.8.5",
+                    _ => "validate_fp8_block_shape, utils/fp8_utils.py L1425-1473 at 0.19.0, L750-782 at 0.11.0",
+                }
             ));
         }
     }
@@ -238,6 +448,22 @@ pub fn layer_problem(block: BlockSize, parts: &[usize], k: usize, hopper: bool) 
             "its {k} inputs are not divisible by block_k = {}: per_token_group_quant_fp8 asserts they are (fp8_utils.py L254-256 at 0.8.5), so vLLM fails in its profile run",
             block.k
         ));
+    }
+    if era != Fp8BlockEra::V0_8 {
+        if block != (BlockSize { n: 128, k: 128 }) {
+            return Some(format!(
+                "the V1 releases' block-wise linear is modelled for [128, 128] blocks only (CUTLASS's blockwise GEMM is built for them, and 0.19.0 keys the layer as kFp8Static128BlockSym, fp8.py L298-301); [{}, {}] is not modelled",
+                block.n, block.k
+            ));
+        }
+        // `cutlass_scaled_mm` (_custom_ops.py L657-664 at 0.11.0, L836-844 at 0.19.0) sends
+        // a weight whose sides are not multiples of 16 to `triton_scaled_mm`, not modelled.
+        if hopper && !(n.is_multiple_of(16) && k.is_multiple_of(16)) {
+            return Some(format!(
+                "on Hopper a weight of {n} × {k} (not multiples of 16) goes to triton_scaled_mm (_custom_ops.py L836-844 at 0.19.0), not modelled"
+            ));
+        }
+        return None;
     }
     // `shape_supported_by_cutlass` (fp8_utils.py L47-48) tests 128 whatever the block size.
     if hopper && n.is_multiple_of(128) && k.is_multiple_of(128) {
@@ -261,10 +487,10 @@ pub fn layer_problem(block: BlockSize, parts: &[usize], k: usize, hopper: bool) 
 pub fn model_problem(
     block: BlockSize,
     linears: &[(&str, Vec<usize>, usize)],
-    hopper: bool,
+    gpu: (bool, Fp8BlockEra),
 ) -> Option<String> {
     linears.iter().find_map(|(name, parts, k)| {
-        layer_problem(block, parts, *k, hopper).map(|p| {
+        layer_problem(block, parts, *k, gpu).map(|p| {
             format!(
                 "block-wise fp8 with weight_block_size [{}, {}]: {name} (outputs {parts:?}, {k} inputs): {p}",
                 block.n, block.k
@@ -290,18 +516,20 @@ pub fn check_gpu(arch: &str, gpu: &str) -> Result<()> {
     )))
 }
 
-/// The releases whose block-wise fp8 vramscope reproduces: vLLM 0.8.5, asked as `--vllm
-/// 0.8` or `0.8.5` (`asked`; `release` is the row it names). 0.6.3 to 0.6.5 have no
-/// `weight_block_size`; 0.6.6 (which shares the 0.6.5 row) reads it but runs Triton only and
-/// makes no device identity; 0.7 is not modelled; 0.9 and 0.10 share the 0.8 row for the
-/// profile run, but their block-wise linear was not checked against 0.8.5's, so they are
-/// refused rather than assumed alike.
-pub fn check_release(release: &str, asked: &str) -> Result<()> {
-    if release == "0.8" && matches!(asked, "0.8" | "0.8.5") {
-        return Ok(());
+/// The releases whose block-wise fp8 vramscope reproduces: the release's `fp8_block` era
+/// (`era`), 0.8.5 asked as `--vllm 0.8` or `0.8.5` (0.9 and 0.10 share the 0.8 row for the
+/// profile run, but their block-wise linear was not checked against 0.8.5's), and the V1
+/// releases 0.11, 0.15 and 0.19. 0.6.3 to 0.6.5 have no `weight_block_size`; 0.6.6 (which
+/// shares the 0.6.5 row) reads it but runs Triton only and makes no device identity; 0.7 and
+/// 0.21 on are not read.
+pub fn check_release(era: Option<Fp8BlockEra>, release: &str, asked: &str) -> Result<Fp8BlockEra> {
+    match era {
+        Some(Fp8BlockEra::V0_8) if !matches!(asked, "0.8" | "0.8.5") => {}
+        Some(e) => return Ok(e),
+        None => {}
     }
     Err(Error::Request(format!(
-        "block-wise fp8 (weight_block_size) with --vllm {asked}: vramscope reproduces it as vLLM 0.8.5 loads and runs it, use --vllm 0.8 (0.6.3 to 0.6.5 cannot load it; 0.6.6, 0.7 and 0.9 on read it but are not modelled)"
+        "block-wise fp8 (weight_block_size) with --vllm {asked} (the {release} row): vramscope reproduces it as vLLM 0.8.5, 0.11.0, 0.15.1 and 0.19.0 load and run it, use --vllm 0.8, 0.11, 0.15 or 0.19 (0.6.3 to 0.6.5 cannot load it; 0.6.6, 0.7, 0.9, 0.10 and 0.21 on read it but are not modelled)"
     )))
 }
 
@@ -370,24 +598,38 @@ mod tests {
     #[test]
     fn vllms_shape_rules_for_block_wise_layers() {
         // Merged: every partition divisible by block_n.
-        assert!(layer_problem(B128, &[4096, 1024, 1024], 4096, true).is_none());
-        let p = layer_problem(B128, &[128, 64, 64], 128, false).unwrap();
+        assert!(
+            layer_problem(B128, &[4096, 1024, 1024], 4096, (true, Fp8BlockEra::V0_8)).is_none()
+        );
+        let p = layer_problem(B128, &[128, 64, 64], 128, (false, Fp8BlockEra::V0_8)).unwrap();
         assert!(p.contains("Weight output_partition_size = 64 is not divisible by weight quantization block_n = 128."), "{p}");
         // A single layer may end in a partial block; its inputs may not.
-        assert!(layer_problem(B128, &[200], 256, false).is_none());
-        let p = layer_problem(B128, &[256], 200, false).unwrap();
+        assert!(layer_problem(B128, &[200], 256, (false, Fp8BlockEra::V0_8)).is_none());
+        let p = layer_problem(B128, &[256], 200, (false, Fp8BlockEra::V0_8)).unwrap();
         assert!(
             p.contains("200 inputs are not divisible by block_k = 128"),
             "{p}"
         );
         // Hopper's CUTLASS path: [128, 128] blocks only, no stream-K.
-        let p = layer_problem(BlockSize { n: 64, k: 64 }, &[256], 256, true).unwrap();
+        let p = layer_problem(
+            BlockSize { n: 64, k: 64 },
+            &[256],
+            256,
+            (true, Fp8BlockEra::V0_8),
+        )
+        .unwrap();
         assert!(p.contains("[128, 128] blocks only"), "{p}");
-        assert!(layer_problem(BlockSize { n: 64, k: 64 }, &[256], 256, false).is_none());
-        let p = layer_problem(B128, &[4096], 14336, true).unwrap();
+        assert!(layer_problem(
+            BlockSize { n: 64, k: 64 },
+            &[256],
+            256,
+            (false, Fp8BlockEra::V0_8)
+        )
+        .is_none());
+        let p = layer_problem(B128, &[4096], 14336, (true, Fp8BlockEra::V0_8)).unwrap();
         assert!(p.contains("stream-K"), "{p}");
         // Qwen3-8B's down_proj: k = 3n exactly, the persistent scheduler.
-        assert!(layer_problem(B128, &[4096], 12288, true).is_none());
+        assert!(layer_problem(B128, &[4096], 12288, (true, Fp8BlockEra::V0_8)).is_none());
     }
 
     #[test]
@@ -402,6 +644,7 @@ mod tests {
             block: B128,
             out_features: 4096,
             in_features: 4096,
+            scales_transposed: false,
         };
         assert_eq!(lin.weight_bytes(), 4096 * 4096 + 32 * 32 * 4);
         let x = rt
@@ -455,6 +698,7 @@ mod tests {
             block: blk,
             out_features: n,
             in_features: k,
+            scales_transposed: false,
         };
         let x = rt
             .tensor_with_values("x", Category::Activation, &[m, k], DType::BF16, xv.clone())
@@ -483,5 +727,175 @@ mod tests {
                 assert_eq!(got, DType::BF16.round(got));
             }
         }
+    }
+
+    fn o_proj(rt: &Runtime) -> Fp8BlockLinear {
+        let w = |name: &str, shape: &[usize], dtype| {
+            rt.tensor(name, Category::Weight, shape, dtype).unwrap()
+        };
+        Fp8BlockLinear {
+            qweight: w("o_proj.weight", &[512, 256], DType::F8E4M3),
+            scale_inv: w("o_proj.weight_scale_inv", &[4, 2], DType::F32),
+            block: B128,
+            out_features: 512,
+            in_features: 256,
+            scales_transposed: false,
+        }
+    }
+
+    fn r(bytes: u64) -> u64 {
+        bytes.div_ceil(512) * 512
+    }
+
+    fn forward_trace(path: Fp8BlockPath, m: usize) -> Vec<(&'static str, String, u64)> {
+        let rt = runtime("dry");
+        rt.set_fp8_block_path(path);
+        let lin = o_proj(&rt);
+        let x = rt
+            .tensor("x", Category::Activation, &[m, 256], DType::BF16)
+            .unwrap();
+        let from = rt.event_count();
+        let out = lin.forward(&rt, &x, "o", DType::BF16, &[512]).unwrap();
+        assert_eq!(out.shape, vec![m, 512]);
+        drop(out);
+        trace(&rt, from)
+    }
+
+    #[test]
+    fn v0_11_on_hopper_pads_every_token_count_by_one_to_four_rows_before_quantizing() {
+        // 4 - m % 4: 2048 tokens get 4 more rows, 2046 get 2.
+        for (m, p) in [(2048u64, 4u64), (2046, 2)] {
+            let rows = m + p;
+            assert_eq!(
+                forward_trace(Fp8BlockPath::PadAlways, m as usize),
+                vec![
+                    ("alloc", "o.padded_input".into(), r(2 * rows * 256)),
+                    ("alloc", "o.qinput".into(), r(rows * 256)),
+                    ("alloc", "o.x_scale".into(), r(rows * 2 * 4)),
+                    ("alloc", "o.out".into(), r(2 * rows * 512)),
+                    ("free", "o.padded_input".into(), r(2 * rows * 256)),
+                    ("free", "o.qinput".into(), r(rows * 256)),
+                    ("free", "o.x_scale".into(), r(rows * 2 * 4)),
+                    // The sliced output keeps its padded storage.
+                    ("free", "o.out".into(), r(2 * rows * 512)),
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn v0_15_frees_the_scales_first_and_pads_on_hopper_only_off_a_multiple_of_four() {
+        let plain = |m: u64| {
+            vec![
+                ("alloc", "o.qinput".into(), r(m * 256)),
+                ("alloc", "o.x_scale".into(), r(m * 2 * 4)),
+                ("alloc", "o.out".into(), r(2 * m * 512)),
+                ("free", "o.x_scale".into(), r(m * 2 * 4)),
+                ("free", "o.qinput".into(), r(m * 256)),
+                ("free", "o.out".into(), r(2 * m * 512)),
+            ]
+        };
+        for pad_to_four in [false, true] {
+            let path = Fp8BlockPath::Op { pad_to_four };
+            assert_eq!(forward_trace(path, 2048), plain(2048));
+        }
+        assert_eq!(
+            forward_trace(Fp8BlockPath::Op { pad_to_four: false }, 2046),
+            plain(2046)
+        );
+        assert_eq!(
+            forward_trace(Fp8BlockPath::Op { pad_to_four: true }, 2046),
+            vec![
+                ("alloc", "o.qinput".into(), r(2046 * 256)),
+                ("alloc", "o.x_scale".into(), r(2046 * 2 * 4)),
+                ("alloc", "o.padded_qx".into(), r(2048 * 256)),
+                ("alloc", "o.padded_x_scale".into(), r(2048 * 2 * 4)),
+                ("alloc", "o.out".into(), r(2 * 2048 * 512)),
+                ("free", "o.padded_qx".into(), r(2048 * 256)),
+                ("free", "o.padded_x_scale".into(), r(2048 * 2 * 4)),
+                ("free", "o.x_scale".into(), r(2046 * 2 * 4)),
+                ("free", "o.qinput".into(), r(2046 * 256)),
+                ("free", "o.out".into(), r(2 * 2048 * 512)),
+            ]
+        );
+    }
+
+    #[test]
+    fn eras_pick_the_path_by_gpu() {
+        use Fp8BlockEra::*;
+        assert_eq!(V0_8.path(true), Fp8BlockPath::Plain);
+        assert_eq!(V0_11.path(true), Fp8BlockPath::PadAlways);
+        assert_eq!(V0_11.path(false), Fp8BlockPath::Plain);
+        assert_eq!(V0_15.path(true), Fp8BlockPath::Op { pad_to_four: true });
+        assert_eq!(V0_15.path(false), Fp8BlockPath::Op { pad_to_four: false });
+        // V1: no stream-K refusal (the padded kernel), but [128, 128] blocks only.
+        assert!(layer_problem(B128, &[4096], 14336, (true, V0_11)).is_none());
+        let p = layer_problem(BlockSize { n: 64, k: 64 }, &[256], 256, (false, V0_15)).unwrap();
+        assert!(p.contains("[128, 128] blocks only"), "{p}");
+        // A merged layer's last partition may end in a partial block from 0.11 on.
+        assert!(layer_problem(B128, &[1536, 576], 7168, (true, V0_15)).is_none());
+        assert!(layer_problem(B128, &[1536, 576], 7168, (true, V0_8)).is_some());
+        assert!(layer_problem(B128, &[576, 1536], 7168, (true, V0_11)).is_some());
+    }
+
+    #[test]
+    fn v0_11_transposes_the_scale_grid_after_loading_and_computes_the_same() {
+        let run = |path: Fp8BlockPath| {
+            let rt = runtime("compute");
+            rt.set_fp8_block_path(path);
+            let (n, k) = (256, 256);
+            let wv: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 29 % 83) as f32 - 41.0) / (1 + i / 9000) as f32)
+                .collect();
+            let (codes, scales) = quantize_weight(&wv, n, k, B128);
+            let mut qweight = rt
+                .tensor("w.weight", Category::Weight, &[n, k], DType::F8E4M3)
+                .unwrap();
+            qweight.u8_mut().copy_from_slice(&codes);
+            let scale_inv = rt
+                .tensor_with_values(
+                    "w.weight_scale_inv",
+                    Category::Weight,
+                    &[2, 2],
+                    DType::F32,
+                    scales.clone(),
+                )
+                .unwrap();
+            let mut lin = Fp8BlockLinear {
+                qweight,
+                scale_inv,
+                block: B128,
+                out_features: n,
+                in_features: k,
+                scales_transposed: false,
+            };
+            let from = rt.event_count();
+            lin.after_loading(&rt).unwrap();
+            let loaded = trace(&rt, from);
+            let xv: Vec<f32> = (0..3 * k)
+                .map(|i| DType::BF16.round(((i * 53 % 97) as f32 - 48.0) / 16.0))
+                .collect();
+            let x = rt
+                .tensor_with_values("x", Category::Activation, &[3, k], DType::BF16, xv)
+                .unwrap();
+            let out = lin
+                .forward(&rt, &x, "w", DType::BF16, &[n])
+                .unwrap()
+                .f32()
+                .to_vec();
+            (loaded, lin.scale_inv.f32().to_vec(), scales, out)
+        };
+        let (loaded, grid, stored, out) = run(Fp8BlockPath::PadAlways);
+        assert_eq!(
+            loaded,
+            vec![
+                ("alloc", "w.weight_scale".into(), 512),
+                ("free", "w.weight_scale_inv".into(), 512),
+            ]
+        );
+        assert_eq!(grid, vec![stored[0], stored[2], stored[1], stored[3]]);
+        let (loaded, _, _, plain) = run(Fp8BlockPath::Plain);
+        assert!(loaded.is_empty());
+        assert_eq!(out, plain);
     }
 }

@@ -81,6 +81,9 @@ impl Mlp {
                     + m.w13.nbytes()
                     + m.expert_map.as_ref().map_or(0, |t| t.nbytes())
                     + m.w2.nbytes()
+                    + m.fp8_scales
+                        .as_ref()
+                        .map_or(0, |[a, b]| a.nbytes() + b.nbytes())
                     + m.shared.as_ref().map_or(0, |s| {
                         s.gate_up.weight_bytes() + s.down.weight_bytes() + s.gate.nbytes()
                     })

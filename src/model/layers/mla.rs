@@ -32,6 +32,10 @@ pub struct MlaAttention {
     pub kv_b: Linear,
     /// `[hidden, heads · v_head / tp]`
     pub o: Linear,
+    /// A block-wise fp8 `kv_b_proj`'s 16-bit copy that `process_weights_after_loading`
+    /// keeps for W_UK / W_UV (`Fp8BlockLinear::mla_dequantized`); a 16-bit layer's are
+    /// views of its weight.
+    pub kv_b_dequantized: Option<Tensor>,
 }
 
 impl MlaAttention {
@@ -42,6 +46,7 @@ impl MlaAttention {
             + self.kv_a_layernorm.nbytes()
             + self.kv_b.weight_bytes()
             + self.o.weight_bytes()
+            + self.kv_b_dequantized.as_ref().map_or(0, |t| t.nbytes())
     }
 }
 
@@ -83,6 +88,19 @@ pub(crate) fn load(
         Some(_) => format!("{a}.fused_qkv_a_proj.weight"),
         None => format!("{a}.kv_a_proj_with_mqa.weight"),
     };
+    // A block-wise fp8 checkpoint fills the fused parameter shard by shard, `q_a_proj`
+    // then `kv_a_proj_with_mqa` whole (their grids 12 + 5 rows for V3's 1536 + 576: the
+    // last shard's block may be partial, 0.19.0 utils/fp8_utils.py L1458-1473).
+    let (names, full, parts) = if ld.fp8_block().is_some() {
+        let n = names.len();
+        (
+            names[..n - 1].to_vec(),
+            full[..n - 1].to_vec(),
+            full[..n - 1].iter().map(|&f| (0, f)).collect(),
+        )
+    } else {
+        (names, full, parts)
+    };
     let a_proj = ld.fused_parts(&names, &full, &parts, h, &fused_name)?;
     let (q_a_layernorm, q) = match d.q_lora_rank {
         Some(r) => {
@@ -123,6 +141,7 @@ pub(crate) fn load(
         kv_a_layernorm,
         kv_b,
         o,
+        kv_b_dequantized: None,
     })
 }
 

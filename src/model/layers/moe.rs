@@ -24,6 +24,8 @@ pub struct MoeBlock {
     pub gate: Tensor,
     pub w13: Tensor,
     pub w2: Tensor,
+    /// Block-wise fp8 experts' `w13_weight_scale_inv` and `w2_weight_scale_inv`.
+    pub fp8_scales: Option<[Tensor; 2]>,
     /// Qwen2-MoE's shared expert and its gate.
     pub shared: Option<SharedExpert>,
     /// The routed experts this rank holds (all of them without expert parallel).
@@ -67,6 +69,7 @@ pub(crate) fn experts_of<'a>(
         first: p.first,
         global: p.global,
         mapped: p.mapped,
+        fp8_block: None,
     }
 }
 
@@ -98,12 +101,18 @@ impl MoeBlock {
 
     /// The experts' weights as the fused kernels take them, for this rank's shape `m`.
     fn experts(&self, m: &MoeShape) -> ops_moe::Experts<'_> {
-        experts_of(
-            &self.w13,
-            &self.w2,
-            m.expert_intermediate_size,
-            &self.placement,
-        )
+        ops_moe::Experts {
+            fp8_block: self
+                .fp8_scales
+                .as_ref()
+                .map(|[w13, w2]| ops_moe::Fp8BlockScales { w13, w2 }),
+            ..experts_of(
+                &self.w13,
+                &self.w2,
+                m.expert_intermediate_size,
+                &self.placement,
+            )
+        }
     }
 }
 
@@ -355,19 +364,26 @@ pub(crate) fn load_moe_block(
         .clone()
         .flat_map(|ex| [gate_n, up_n].map(|n| (x(ex, n), Slice::rows(width, h, first, len))))
         .collect();
-    let w13 = ld.stacked(
-        &w13_parts,
-        &[placement.local, 2 * len, h],
-        &format!("{p}.{block}.experts.w13_weight"),
-    )?;
     let w2_parts: Vec<(String, Slice)> = local
         .map(|ex| (x(ex, down_n), Slice::cols(h, width, first, len)))
         .collect();
-    let w2 = ld.stacked(
-        &w2_parts,
-        &[placement.local, h, len],
-        &format!("{p}.{block}.experts.w2_weight"),
-    )?;
+    let prefix = format!("{p}.{block}.experts");
+    let (w13, w2, fp8_scales) = match ld.fp8_block() {
+        Some(b) => {
+            let [w13, w2, s13, s2] =
+                ld.experts_fp8_block((&w13_parts, &w2_parts), (placement.local, len, h), &prefix, b)?;
+            (w13, w2, Some([s13, s2]))
+        }
+        None => (
+            ld.stacked(
+                &w13_parts,
+                &[placement.local, 2 * len, h],
+                &format!("{prefix}.w13_weight"),
+            )?,
+            ld.stacked(&w2_parts, &[placement.local, h, len], &format!("{prefix}.w2_weight"))?,
+            None,
+        ),
+    };
     let gate = match gate {
         Some(g) => g,
         None => router(ld)?,
@@ -397,6 +413,7 @@ pub(crate) fn load_moe_block(
         gate,
         w13,
         w2,
+        fp8_scales,
         shared,
         placement,
         expert_map,

@@ -41,6 +41,8 @@ pub struct DeepseekMoe {
     pub e_score_correction_bias: Option<Tensor>,
     pub w13: Tensor,
     pub w2: Tensor,
+    /// Block-wise fp8 experts' `w13_weight_scale_inv` and `w2_weight_scale_inv`.
+    pub fp8_scales: Option<[Tensor; 2]>,
     pub shared: Option<DeepseekShared>,
     /// The routed experts this rank holds, and their `expert_map` with expert parallel.
     pub placement: ExpertPlacement,
@@ -70,16 +72,26 @@ impl DeepseekMoe {
             + self.w13.nbytes()
             + self.w2.nbytes()
             + self.expert_map.as_ref().map_or(0, |t| t.nbytes())
+            + self
+                .fp8_scales
+                .as_ref()
+                .map_or(0, |[a, b]| a.nbytes() + b.nbytes())
             + shared
     }
 
     fn experts(&self, _m: &MoeShape) -> Experts<'_> {
-        super::moe::experts_of(
-            &self.w13,
-            &self.w2,
-            self.w2.shape.last().copied().unwrap_or(0),
-            &self.placement,
-        )
+        Experts {
+            fp8_block: self
+                .fp8_scales
+                .as_ref()
+                .map(|[w13, w2]| crate::engine::ops_moe::Fp8BlockScales { w13, w2 }),
+            ..super::moe::experts_of(
+                &self.w13,
+                &self.w2,
+                self.w2.shape.last().copied().unwrap_or(0),
+                &self.placement,
+            )
+        }
     }
 }
 
@@ -139,24 +151,32 @@ pub(crate) fn load_deepseek_moe(
             ["gate_proj", "up_proj"].map(|n| (x(ex, n), Slice::rows(width, h, first, len)))
         })
         .collect();
-    let w13 = ld.stacked(
-        &w13_parts,
-        &[placement.local, 2 * len, h],
-        &format!("{p}.mlp.experts.w13_weight"),
-    )?;
     let w2_parts: Vec<(String, Slice)> = local
         .map(|ex| (x(ex, "down_proj"), Slice::cols(h, width, first, len)))
         .collect();
-    let w2 = ld.stacked(
-        &w2_parts,
-        &[placement.local, h, len],
-        &format!("{p}.mlp.experts.w2_weight"),
-    )?;
+    let prefix = format!("{p}.mlp.experts");
+    let (w13, w2, fp8_scales) = match ld.fp8_block() {
+        Some(b) => {
+            let [w13, w2, s13, s2] =
+                ld.experts_fp8_block((&w13_parts, &w2_parts), (placement.local, len, h), &prefix, b)?;
+            (w13, w2, Some([s13, s2]))
+        }
+        None => (
+            ld.stacked(
+                &w13_parts,
+                &[placement.local, 2 * len, h],
+                &format!("{prefix}.w13_weight"),
+            )?,
+            ld.stacked(&w2_parts, &[placement.local, h, len], &format!("{prefix}.w2_weight"))?,
+            None,
+        ),
+    };
     Ok(DeepseekMoe {
         gate,
         e_score_correction_bias,
         w13,
         w2,
+        fp8_scales,
         shared,
         placement,
         expert_map,
@@ -381,6 +401,7 @@ mod tests {
             e_score_correction_bias: noaux.then(|| w("bias", &[e], DType::F32)),
             w13: w("w13", &[e, 2 * i, h], DType::BF16),
             w2: w("w2", &[e, h, i], DType::BF16),
+            fp8_scales: None,
             shared: Some(DeepseekShared {
                 gate_up: FusedLinear::Dense {
                     weight: w("gate_up", &[2 * i, h], DType::BF16),
@@ -616,6 +637,7 @@ mod tests {
             e_score_correction_bias: Some(t("bias", &[e], &bv)),
             w13: t("w13", &[e, 2 * i, h], &w13v),
             w2: t("w2", &[e, h, i], &w2v),
+            fp8_scales: None,
             shared: Some(DeepseekShared {
                 gate_up: FusedLinear::Dense {
                     weight: t("gate_up", &[2 * i, h], &guv),

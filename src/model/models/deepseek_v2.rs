@@ -89,6 +89,9 @@ pub struct DeepseekModel {
     /// The release's fused MoE and the modular kernel's persistent workspace.
     pub moe_kernel: Cell<MoeKernel>,
     pub moe_workspace: RefCell<Option<Tensor>>,
+    /// 0.11.0's process-wide fp8 device identity (f32 `[1]`, fp8.py L265), made with the
+    /// first block-wise linear and never freed.
+    pub fp8_identity: Option<Tensor>,
     generation: Cell<u32>,
 }
 
@@ -113,11 +116,14 @@ impl DeepseekModel {
         if rt.backend() == Backend::Cuda && (0..cfg.num_layers).any(|l| cfg.is_moe_layer(l)) {
             return Err(crate::engine::ops_mla::moe_on_cuda());
         }
-        opts.require_16bit(
-            src,
-            &cfg.arch,
-            "its fp8 block-quantized checkpoints (DeepSeek-V3, R1, Kimi-K2 as published) and other quantized forms are not modelled yet",
-        )?;
+        let block_fp8 = src.stored_fp8().is_some_and(|f| f.block.is_some());
+        if !block_fp8 {
+            opts.require_16bit(
+                src,
+                &cfg.arch,
+                "block-wise fp8 checkpoints (DeepSeek-V3, R1, Kimi-K2 as published) are modelled; other quantized forms are not yet",
+            )?;
+        }
         let started = std::time::Instant::now();
         let shard = TpShard::of(rt, cfg)?;
         let mut ld = Loader::new(rt, src, opts, cfg.tensor_shapes().len());
@@ -183,6 +189,9 @@ impl DeepseekModel {
                 rotary_cache_sized(rt, rope_positions(cfg, &shape), shape.qk_rope_head_dim, act)?
             }
         };
+        if block_fp8 {
+            fp8_block_after_loading(rt, &mut layers, act)?;
+        }
         Ok(DeepseekModel {
             cfg: cfg.clone(),
             shape,
@@ -206,6 +215,7 @@ impl DeepseekModel {
                 indices_freed_late: true,
             }),
             moe_workspace: RefCell::new(None),
+            fp8_identity: ld.fp8_identity.take(),
             generation: Cell::new(0),
         })
     }
@@ -223,6 +233,7 @@ impl DeepseekModel {
             + self.norm.nbytes()
             + self.lm_head.nbytes()
             + self.attn_scalars.iter().map(|t| t.nbytes()).sum::<u64>()
+            + self.fp8_identity.as_ref().map_or(0, |t| t.nbytes())
             + self
                 .backend_buffers
                 .borrow()
@@ -406,4 +417,47 @@ fn rope_positions(cfg: &ModelConfig, d: &DeepseekShape) -> usize {
         Some(y) => (y.original_max_position_embeddings as f64 * y.factor) as usize,
         None => cfg.max_position_embeddings,
     }
+}
+
+/// A block-wise fp8 model's `process_weights_after_loading` (0.19.0 model_loader/utils.py
+/// L95-118): first every module's quant method in `named_modules` order — per layer
+/// `fused_qkv_a_proj` (or `kv_a_proj_with_mqa`), `q_b_proj` (or `q_proj`), `kv_b_proj`,
+/// `o_proj`, then the MLP's `gate_up_proj` and `down_proj` (dense, or the shared experts';
+/// the router is 16-bit, `GateLinear`/`ReplicatedLinear` with no quant_config, and the
+/// TRITON experts keep what they loaded) — which under 0.11.0 on Hopper transposes each
+/// grid (`Fp8BlockLinear::after_loading`) and elsewhere makes nothing; then each MLA layer's
+/// own `process_weights_after_loading(act_dtype)`, which keeps a 16-bit copy of `kv_b_proj`
+/// for W_UK and W_UV (`Fp8BlockLinear::mla_dequantized`: 0.11.0
+/// v1/attention/backends/mla/common.py L985-1074, 0.15.1 layers/attention/mla_attention.py
+/// L1245-1332, 0.19.0 L710-797).
+fn fp8_block_after_loading(rt: &Runtime, layers: &mut [DeepseekLayer], act: DType) -> Result<()> {
+    use crate::model::loader::{fp8_block_after_loading as one, fp8_block_after_loading_fused};
+    for (l, layer) in layers.iter_mut().enumerate() {
+        rt.set_layer(Some(l as u32));
+        let a = &mut layer.attn;
+        fp8_block_after_loading_fused(rt, &mut a.a_proj)?;
+        one(rt, &mut a.q)?;
+        one(rt, &mut a.kv_b)?;
+        one(rt, &mut a.o)?;
+        match &mut layer.mlp {
+            DeepseekMlp::Dense { gate_up, down, .. } => {
+                fp8_block_after_loading_fused(rt, gate_up)?;
+                one(rt, down)?;
+            }
+            DeepseekMlp::Moe(m) => {
+                if let Some(sh) = &mut m.shared {
+                    fp8_block_after_loading_fused(rt, &mut sh.gate_up)?;
+                    one(rt, &mut sh.down)?;
+                }
+            }
+        }
+    }
+    for (l, layer) in layers.iter_mut().enumerate() {
+        rt.set_layer(Some(l as u32));
+        if let Linear::Fp8Block(kv_b) = &layer.attn.kv_b {
+            layer.attn.kv_b_dequantized = Some(kv_b.mla_dequantized(rt, act)?);
+        }
+    }
+    rt.set_layer(None);
+    Ok(())
 }

@@ -507,6 +507,7 @@ impl GptOssModel {
                         first: 0,
                         global: m.router.shape[0],
                         mapped: false,
+                        fp8_block: None,
                     },
                     w13_bias,
                     w2_bias,

@@ -28,8 +28,9 @@ use crate::model::layers::norm::RmsNormKind;
 use crate::model::layers::rotary::rotary_cache;
 pub use crate::model::layers::tp::TpShard;
 use crate::model::loader::{
-    fp8_after_loading, fp8_fused_after_loading, fp8_stored_fused_after_loading,
-    fp8_stored_linear_after_loading, marlin_after_loading, marlin_fused_after_loading, Loader,
+    fp8_after_loading, fp8_block_after_loading, fp8_block_after_loading_fused,
+    fp8_fused_after_loading, fp8_stored_fused_after_loading, fp8_stored_linear_after_loading,
+    marlin_after_loading, marlin_fused_after_loading, Loader,
 };
 pub use crate::model::loader::{LoadOptions, LoadStats};
 use crate::model::models::registry::{Decoder, Family};
@@ -131,11 +132,12 @@ impl LlamaModel {
             {
                 return Err(ops_moe::shared_expert_on_cuda());
             }
-            // The quantized fused-MoE methods are not reproduced.
-            if !matches!(opts.quant, Quant::F16 | Quant::BF16)
-                || src.stored_fp8().is_some()
-                || src.packed4().is_some()
-            {
+            // The quantized fused-MoE methods are not reproduced, but for block-wise fp8
+            // experts (`Fp8MoEMethod` with `block_quant`, dry: `Loader::experts_fp8_block`).
+            let block_fp8 = src.stored_fp8().is_some_and(|f| f.block.is_some());
+            let sixteen = matches!(opts.quant, Quant::F16 | Quant::BF16);
+            let other_fp8 = src.stored_fp8().is_some() && !block_fp8;
+            if (!sixteen && !block_fp8) || other_fp8 || src.packed4().is_some() {
                 return Err(Error::Request(format!(
                     "model_type {} (mixture of experts) runs in 16 bits only: vLLM's quantized fused-MoE methods are not modelled yet",
                     cfg.arch
@@ -177,7 +179,7 @@ impl LlamaModel {
         let i_part = shard.mlp_rows(cfg);
         let mut layers = Vec::with_capacity(cfg.num_layers);
         let fp8 = src.stored_fp8().is_some() || opts.quant == Quant::Fp8;
-        // Block-wise fp8 is reproduced for vLLM 0.8.5 only: its Fp8KVCacheMethod.
+        // Block-wise fp8 (0.8.5 and the V1 releases): its Fp8KVCacheMethod.
         let block_fp8 = src.stored_fp8().is_some_and(|f| f.block.is_some());
         let build = AttentionBuild {
             q_part: shard.q_rows(cfg),
@@ -270,7 +272,8 @@ impl LlamaModel {
         };
         let first = layer_range.start;
         if block_fp8 {
-            // Block-wise fp8 at 0.8.5: the linears keep what they loaded (fp8.py L306-323);
+            // Block-wise fp8: the linears keep what they loaded (0.8.5 fp8.py L306-323; 0.15.1,
+            // 0.19.0), or on Hopper under 0.11.0 transpose their grids (fp8_block.rs);
             // each attention layer's `Fp8KVCacheMethod.process_weights_after_loading`
             // (kv_cache.py L49-137, kv-cache dtype auto) compares `q_scale` and then
             // `prob_scale` with 0 (a 0-dim bool on the device each, freed once read, L103 and
@@ -278,6 +281,11 @@ impl LlamaModel {
             // o_proj in `named_modules` order.
             for (l, kv) in kv_scales.into_iter().enumerate() {
                 rt.set_layer(Some((first + l) as u32));
+                // 0.11.0 on Hopper: each linear's grid transposed (`Fp8BlockLinear::
+                // after_loading`), qkv_proj and o_proj before the attention's scales.
+                let layer = &mut layers[l];
+                fp8_block_after_loading_fused(rt, &mut layer.attn.qkv)?;
+                fp8_block_after_loading(rt, &mut layer.attn.o)?;
                 rt.set_op("fp8.kv_cache_scales");
                 for n in ["q_scale_gt_0", "prob_scale_gt_0"] {
                     let flag = rt.tensor(
@@ -289,6 +297,10 @@ impl LlamaModel {
                     drop(flag);
                 }
                 drop(kv);
+                if let Mlp::Dense { gate_up, down } = &mut layers[l].mlp {
+                    fp8_block_after_loading_fused(rt, gate_up)?;
+                    fp8_block_after_loading(rt, down)?;
+                }
             }
             rt.set_layer(None);
         } else if src.stored_fp8().is_some() {
