@@ -185,6 +185,7 @@ fn experts_split_over_two_ranks_sum_to_the_whole() {
             &[experts.len(), h, i],
             &w2v[experts.start * h * i..experts.end * h * i],
         ),
+        fp8_scales: None,
         shared: None,
         placement,
         expert_map: None,
