@@ -370,8 +370,12 @@ pub(crate) fn load_moe_block(
     let prefix = format!("{p}.{block}.experts");
     let (w13, w2, fp8_scales) = match ld.fp8_block() {
         Some(b) => {
-            let [w13, w2, s13, s2] =
-                ld.experts_fp8_block((&w13_parts, &w2_parts), (placement.local, len, h), &prefix, b)?;
+            let [w13, w2, s13, s2] = ld.experts_fp8_block(
+                (&w13_parts, &w2_parts),
+                (placement.local, len, h),
+                &prefix,
+                b,
+            )?;
             (w13, w2, Some([s13, s2]))
         }
         None => (
@@ -380,7 +384,11 @@ pub(crate) fn load_moe_block(
                 &[placement.local, 2 * len, h],
                 &format!("{prefix}.w13_weight"),
             )?,
-            ld.stacked(&w2_parts, &[placement.local, h, len], &format!("{prefix}.w2_weight"))?,
+            ld.stacked(
+                &w2_parts,
+                &[placement.local, h, len],
+                &format!("{prefix}.w2_weight"),
+            )?,
             None,
         ),
     };
