@@ -859,6 +859,23 @@ impl Reader {
             if let Some(t) = total {
                 self.set(&[(Field::Total, t)], worker, n)?;
             }
+        } else if let Some(i) = line.find(CHUNKED_BATCH) {
+            // V1's INFO "Chunked prefill is enabled with max_num_batched_tokens=N." (0.11.0
+            // config/scheduler.py L204-207, 0.19.0 L237-240, 0.26.0 L251-255): the batch the
+            // profile runs, whoever set it (the user, `vllm serve`'s or the `LLM` class's
+            // defaults). A line without its closing period is cut.
+            let rest = line[i + CHUNKED_BATCH.len()..].trim_end();
+            let Some(number) = rest.strip_suffix('.') else {
+                return Err(Self::cut(n, "chunked prefill line"));
+            };
+            if let Some(v) = narrow(log_numbers::count(number), "max_num_batched_tokens", n)? {
+                self.positive(
+                    "max_num_batched_tokens",
+                    |f| &mut f.max_num_batched_tokens,
+                    v,
+                    n,
+                )?;
+            }
         } else if line.contains("usage context") && line.contains(" max_num_") {
             // "Setting max_num_seqs to 1024 for OPENAI_API_SERVER usage context." (0.11.0
             // engine/arg_utils.py:1672-1681, DEBUG); later releases say "Defaulting". The
@@ -889,6 +906,9 @@ impl Reader {
         Ok(())
     }
 }
+
+/// V1's line that states the profile batch.
+const CHUNKED_BATCH: &str = "Chunked prefill is enabled with max_num_batched_tokens=";
 
 /// Reads a log. `name` names it in errors.
 pub fn read_log(name: &str, mut input: impl BufRead) -> Result<LogFacts> {
@@ -1807,6 +1827,28 @@ mod tests {
         // A flag that only starts like one of the table's is left alone.
         let e = in_log_terms(Error::Request("--tpx 2".into()), &f);
         assert_eq!(e.to_string(), "invalid setting: --tpx 2");
+    }
+
+    /// V1's INFO line of the profile batch is read (an `LLM`-class start's 8192 on a small
+    /// GPU, where `vllm serve` would take 2048); cut, or against the user's value, refused.
+    #[test]
+    fn the_chunked_prefill_line_states_the_batch() {
+        let line = "INFO 12-05 10:00:00 [scheduler.py:253] Chunked prefill is enabled with max_num_batched_tokens=8192.";
+        let kv = "INFO [gpu_worker.py:436] Available KV cache memory: 7.93 GiB";
+        let f = read_log("x.log", format!("{line}\n{kv}\n").as_bytes()).unwrap();
+        assert_eq!(f.max_num_batched_tokens, Some(8192));
+        let e = read_log("x.log", format!("{}\n", &line[..line.len() - 1]).as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 1 is cut short"), "{e}");
+        let both = format!(
+            "INFO [api_server.py] non-default args: {{'max_num_batched_tokens': 4096}}\n{line}\n"
+        );
+        let e = read_log("x.log", both.as_bytes()).unwrap_err().to_string();
+        assert!(
+            e.contains("max_num_batched_tokens") && e.contains("4096") && e.contains("8192"),
+            "{e}"
+        );
     }
 
     #[test]
