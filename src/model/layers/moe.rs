@@ -13,7 +13,7 @@ use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
 use crate::model::config::{ModelConfig, MoeShape};
-use crate::model::loader::{Loader, Slice};
+use crate::model::loader::{Loader, NamedSlice, Slice};
 use crate::model::models::registry::MoeNames;
 use crate::quant::{FusedLinear, Linear};
 
@@ -326,6 +326,34 @@ fn shared_expert_forward(
     ops_moe::sigmoid_scale(rt, g, out, &format!("{layer}.shared_expert"))
 }
 
+/// The routed experts' stacked `w13_weight [E, 2·len, H]` and `w2_weight [E, H, len]` of
+/// this rank's experts (`local` of them, `len` of each expert's width), read from the
+/// per-expert tensors `parts`; a block-wise fp8 checkpoint's codes with their
+/// `weight_scale_inv` grids (`Loader::experts_fp8_block`). `prefix` is the layer's
+/// `….experts`.
+pub(crate) fn load_experts(
+    ld: &mut Loader,
+    parts: (&[NamedSlice], &[NamedSlice]),
+    (local, len, h): (usize, usize, usize),
+    prefix: &str,
+) -> Result<(Tensor, Tensor, Option<[Tensor; 2]>)> {
+    match ld.fp8_block() {
+        Some(b) => {
+            let [w13, w2, s13, s2] = ld.experts_fp8_block(parts, (local, len, h), prefix, b)?;
+            Ok((w13, w2, Some([s13, s2])))
+        }
+        None => Ok((
+            ld.stacked(
+                parts.0,
+                &[local, 2 * len, h],
+                &format!("{prefix}.w13_weight"),
+            )?,
+            ld.stacked(parts.1, &[local, h, len], &format!("{prefix}.w2_weight"))?,
+            None,
+        )),
+    }
+}
+
 /// A sparse block's parameters in the order vLLM 0.8.5 creates them: Mixtral's router, then
 /// its experts (mixtral.py L80-97); Qwen3-MoE's experts, then its router (qwen3_moe.py
 /// L113-126). `w13_weight` holds each expert's gate rows then its up rows, `w2_weight` each
@@ -367,31 +395,12 @@ pub(crate) fn load_moe_block(
     let w2_parts: Vec<(String, Slice)> = local
         .map(|ex| (x(ex, down_n), Slice::cols(h, width, first, len)))
         .collect();
-    let prefix = format!("{p}.{block}.experts");
-    let (w13, w2, fp8_scales) = match ld.fp8_block() {
-        Some(b) => {
-            let [w13, w2, s13, s2] = ld.experts_fp8_block(
-                (&w13_parts, &w2_parts),
-                (placement.local, len, h),
-                &prefix,
-                b,
-            )?;
-            (w13, w2, Some([s13, s2]))
-        }
-        None => (
-            ld.stacked(
-                &w13_parts,
-                &[placement.local, 2 * len, h],
-                &format!("{prefix}.w13_weight"),
-            )?,
-            ld.stacked(
-                &w2_parts,
-                &[placement.local, h, len],
-                &format!("{prefix}.w2_weight"),
-            )?,
-            None,
-        ),
-    };
+    let (w13, w2, fp8_scales) = super::moe::load_experts(
+        ld,
+        (&w13_parts, &w2_parts),
+        (placement.local, len, h),
+        &format!("{p}.{block}.experts"),
+    )?;
     let gate = match gate {
         Some(g) => g,
         None => router(ld)?,

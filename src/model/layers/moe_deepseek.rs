@@ -154,31 +154,12 @@ pub(crate) fn load_deepseek_moe(
     let w2_parts: Vec<(String, Slice)> = local
         .map(|ex| (x(ex, "down_proj"), Slice::cols(h, width, first, len)))
         .collect();
-    let prefix = format!("{p}.mlp.experts");
-    let (w13, w2, fp8_scales) = match ld.fp8_block() {
-        Some(b) => {
-            let [w13, w2, s13, s2] = ld.experts_fp8_block(
-                (&w13_parts, &w2_parts),
-                (placement.local, len, h),
-                &prefix,
-                b,
-            )?;
-            (w13, w2, Some([s13, s2]))
-        }
-        None => (
-            ld.stacked(
-                &w13_parts,
-                &[placement.local, 2 * len, h],
-                &format!("{prefix}.w13_weight"),
-            )?,
-            ld.stacked(
-                &w2_parts,
-                &[placement.local, h, len],
-                &format!("{prefix}.w2_weight"),
-            )?,
-            None,
-        ),
-    };
+    let (w13, w2, fp8_scales) = super::moe::load_experts(
+        ld,
+        (&w13_parts, &w2_parts),
+        (placement.local, len, h),
+        &format!("{p}.mlp.experts"),
+    )?;
     Ok(DeepseekMoe {
         gate,
         e_score_correction_bias,
