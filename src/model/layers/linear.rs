@@ -6,6 +6,7 @@ use crate::base::error::Result;
 use crate::engine::ops;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
+use crate::model::loader::{Loader, Slice};
 use crate::quant::Linear;
 
 /// A linear layer and its optional bias (`enable_bias`).
@@ -20,6 +21,42 @@ pub struct BiasedLinear {
 impl BiasedLinear {
     pub fn weight_bytes(&self) -> u64 {
         self.w.weight_bytes() + self.b.as_ref().map_or(0, |t| t.nbytes())
+    }
+
+    /// A biased `ColumnParallelLinear` `name` of `n` outputs over `k` inputs: this rank's
+    /// rows `first .. first + len` of the weight and of the bias.
+    pub(crate) fn load_column(
+        ld: &mut Loader,
+        name: &str,
+        (n, k): (usize, usize),
+        (first, len): (usize, usize),
+    ) -> Result<Self> {
+        Ok(BiasedLinear {
+            w: ld.linear_slice(&format!("{name}.weight"), Slice::rows(n, k, first, len))?,
+            b: Some(ld.dense_concat_parts(
+                &[format!("{name}.bias")],
+                &[n],
+                &[(first, len)],
+                &format!("{name}.bias"),
+            )?),
+            adds_bias: true,
+        })
+    }
+
+    /// A biased `RowParallelLinear` `name` of `n` outputs over `k` inputs: this rank's
+    /// columns `first .. first + len`, the whole bias, added on rank 0 only.
+    pub(crate) fn load_row(
+        ld: &mut Loader,
+        name: &str,
+        (n, k): (usize, usize),
+        (first, len): (usize, usize),
+        rank: usize,
+    ) -> Result<Self> {
+        Ok(BiasedLinear {
+            w: ld.linear_slice(&format!("{name}.weight"), Slice::cols(n, k, first, len))?,
+            b: Some(ld.dense(&format!("{name}.bias"), &[n])?),
+            adds_bias: rank == 0,
+        })
     }
 
     /// vLLM's linear layers add the bias in the GEMM (unquantized `F.linear(x, w, b)`) or in

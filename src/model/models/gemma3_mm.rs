@@ -22,7 +22,7 @@ use crate::model::config::{Gemma3MmShape, ModelConfig};
 use crate::model::layers::linear::BiasedLinear;
 use crate::model::layers::norm::LayerNorm;
 use crate::model::layers::tp::TpShard;
-use crate::model::loader::{LoadOptions, Loader, Slice};
+use crate::model::loader::{LoadOptions, Loader};
 use crate::model::weights::WeightSource;
 use crate::quant::FusedLinear;
 
@@ -139,28 +139,12 @@ impl Gemma3Vision {
                 &format!("{a}.qkv_proj.bias"),
             )?;
             let row = |ld: &mut Loader, name: &str, k: usize, first: usize, len: usize| {
-                Ok::<_, Error>(BiasedLinear {
-                    w: ld.linear_slice(&format!("{name}.weight"), Slice::cols(d, k, first, len))?,
-                    b: Some(ld.dense(&format!("{name}.bias"), &[d])?),
-                    adds_bias: shard.rank == 0,
-                })
+                BiasedLinear::load_row(ld, name, (d, k), (first, len), shard.rank)
             };
             let out_proj = row(&mut ld, &format!("{a}.out_proj"), d, q_first, q_len)?;
             let layer_norm1 = norm(&mut ld, &format!("{p}.layer_norm1"))?;
             let fc1_name = format!("{p}.mlp.fc1");
-            let fc1 = BiasedLinear {
-                w: ld.linear_slice(
-                    &format!("{fc1_name}.weight"),
-                    Slice::rows(i, d, f_first, f_len),
-                )?,
-                b: Some(ld.dense_concat_parts(
-                    &[format!("{fc1_name}.bias")],
-                    &[i],
-                    &[(f_first, f_len)],
-                    &format!("{fc1_name}.bias"),
-                )?),
-                adds_bias: true,
-            };
+            let fc1 = BiasedLinear::load_column(&mut ld, &fc1_name, (i, d), (f_first, f_len))?;
             let fc2 = row(&mut ld, &format!("{p}.mlp.fc2"), i, f_first, f_len)?;
             let layer_norm2 = norm(&mut ld, &format!("{p}.layer_norm2"))?;
             layers.push(SiglipLayer {

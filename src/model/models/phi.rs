@@ -19,7 +19,7 @@ use crate::model::layers::linear::BiasedLinear;
 use crate::model::layers::norm::LayerNorm;
 use crate::model::layers::rotary::rotary_cache;
 use crate::model::layers::tp::TpShard;
-use crate::model::loader::{LoadOptions, LoadStats, Loader, Slice};
+use crate::model::loader::{LoadOptions, LoadStats, Loader};
 use crate::model::weights::WeightSource;
 use crate::quant::{FusedLinear, Quant};
 
@@ -147,11 +147,7 @@ impl PhiModel {
             )?;
             // RowParallelLinear: this rank's columns, the whole bias, added on rank 0.
             let row = |ld: &mut Loader, name: &str, k: usize, first: usize, len: usize| {
-                Ok::<_, Error>(BiasedLinear {
-                    w: ld.linear_slice(&format!("{name}.weight"), Slice::cols(h, k, first, len))?,
-                    b: Some(ld.dense(&format!("{name}.bias"), &[h])?),
-                    adds_bias: shard.rank == 0,
-                })
+                BiasedLinear::load_row(ld, name, (h, k), (first, len), shard.rank)
             };
             let dense = row(&mut ld, &format!("{a}.dense"), h, q_first, q_len)?;
             if rope_cache.is_none() {
@@ -164,19 +160,7 @@ impl PhiModel {
             )?);
             // ColumnParallelLinear fc1: this rank's rows of the weight and of the bias.
             let fc1_name = format!("{p}.mlp.fc1");
-            let fc1 = BiasedLinear {
-                w: ld.linear_slice(
-                    &format!("{fc1_name}.weight"),
-                    Slice::rows(f, h, f_first, f_len),
-                )?,
-                b: Some(ld.dense_concat_parts(
-                    &[format!("{fc1_name}.bias")],
-                    &[f],
-                    &[(f_first, f_len)],
-                    &format!("{fc1_name}.bias"),
-                )?),
-                adds_bias: true,
-            };
+            let fc1 = BiasedLinear::load_column(&mut ld, &fc1_name, (f, h), (f_first, f_len))?;
             let fc2 = row(&mut ld, &format!("{p}.mlp.fc2"), f, f_first, f_len)?;
             layers.push(PhiLayer {
                 input_layernorm,
