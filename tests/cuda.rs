@@ -80,8 +80,18 @@ fn gpu_trace_equals_dry(model: &str, quant: Quant, tokens: usize, seqs: usize, l
 fn gpu_trace_equals_dry_under(
     model: &str,
     quant: Quant,
-    (tokens, seqs, len): (usize, usize, u64),
+    dims: (usize, usize, u64),
     vllm: &str,
+) -> usize {
+    gpu_trace_equals_dry_with(model, quant, dims, (vllm, false))
+}
+
+/// `gpu_trace_equals_dry_under` with `--enforce-eager` when `eager`.
+fn gpu_trace_equals_dry_with(
+    model: &str,
+    quant: Quant,
+    (tokens, seqs, len): (usize, usize, u64),
+    (vllm, eager): (&str, bool),
 ) -> usize {
     let run = |device: &str| {
         let req = ProfileRequest {
@@ -94,6 +104,7 @@ fn gpu_trace_equals_dry_under(
             passes: 2,
             verify: false,
             vllm: vllm.into(),
+            enforce_eager: eager,
             ..ProfileRequest::default()
         };
         let t = std::time::Instant::now();
@@ -1077,35 +1088,104 @@ fn qwen3_30b_a3b_gpu_trace_matches_the_dry_run() {
     gpu_trace_equals_dry("preset:qwen3-30b-a3b", Quant::BF16, 8192, 256, 8192);
 }
 
-/// Qwen3-30B-A3B (bf16, seeded weights) under vLLM 0.19: V1's modular fused MoE (one
-/// workspace kept across the layers, a new output in each) is modelled dry only, so the GPU
-/// run is refused in one line that names the releases and what runs instead (run 70: the
-/// refusal came after the load, at the first MoE layer; GPU = dry for it waits for the GPU
-/// path of the modular kernel).
+/// Qwen3-30B-A3B (bf16, seeded weights) under vLLM 0.19 (V1's modular fused MoE: the router's
+/// three tensors, a new output in each layer, one workspace grown in the first MoE layer and
+/// kept, the alignment buffers per chunk) profiled on the GPU allocates what the dry run
+/// allocates, allocation for allocation, with `vllm serve`'s batch on a large GPU. Eager: the
+/// GPU path routes on the host, which a graph cannot capture (the dry run's graphs are
+/// compared elsewhere).
 #[test]
 #[ignore = "needs an NVIDIA GPU of compute capability 8.0 or more with 80 GB free, 130 GB of host memory"]
-fn qwen3_30b_a3b_under_0_19_on_the_gpu_is_refused_by_name() {
-    let req = ProfileRequest {
-        model: ModelSource::parse("preset:qwen3-30b-a3b").unwrap(),
-        quant: Quant::BF16,
-        device: DeviceSpec::parse("cuda:0").unwrap(),
-        tokens: 8192,
-        seqs: 1024,
-        max_model_len: 8192,
-        passes: 1,
-        verify: false,
-        vllm: "0.19".into(),
-        ..ProfileRequest::default()
-    };
-    let e = profile::run(&req, None, Arc::new(AtomicBool::new(false)))
-        .map(|_| ())
-        .expect_err("refused")
-        .to_string();
-    assert!(
-        e.contains("modular fused MoE") && e.contains("use --vllm 0.8 or 0.11"),
-        "{e}"
+fn qwen3_30b_a3b_under_0_19_gpu_trace_matches_the_dry_run() {
+    let n = gpu_trace_equals_dry_with(
+        "preset:qwen3-30b-a3b",
+        Quant::BF16,
+        (8192, 1024, 8192),
+        ("0.19", true),
     );
-    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(n > 1000, "{n}");
+}
+
+/// The modular fused MoE's GPU path (the experts read the layer's input, their sum lands in a
+/// new output, caches 1-3 are views of the kept workspace) against CPU compute mode on the
+/// same weights, as 0.15.1 (chunks of 16384 tokens, the earlier default block size) and
+/// 0.19.0 (no chunking, the block size by tokens) run it: few tokens and many, f16 and bf16.
+#[test]
+#[ignore = "needs an NVIDIA GPU of compute capability 8.0 or more"]
+fn modular_moe_logits_on_the_gpu_match_cpu_compute_mode() {
+    use vramscope::engine::ops_moe_v1::{Modular, MoeKernel};
+    let kernels = [
+        Modular {
+            chunk_tokens: Some(16384),
+            default_block_m_by_tokens: false,
+        },
+        Modular {
+            chunk_tokens: None,
+            default_block_m_by_tokens: true,
+        },
+    ];
+    for arch in ["mixtral", "qwen3_moe"] {
+        let dir = tempfile::tempdir().unwrap();
+        common::write_hf_test_model(dir.path(), arch);
+        let model = dir.path().to_str().unwrap();
+        for how in kernels {
+            for (quant, tokens, seqs) in [(Quant::F16, 4, 2), (Quant::BF16, 300, 3)] {
+                let run = |device: &str| {
+                    kernel_logits(
+                        model,
+                        quant,
+                        device,
+                        (tokens, seqs),
+                        MoeKernel::Modular(how),
+                    )
+                };
+                let (gpu, cpu) = (run("cuda:0"), run("sim:h100-80gb"));
+                assert_eq!(gpu.len(), cpu.len());
+                assert!(gpu.iter().all(|v| v.is_finite()));
+                let e = relative_l2(&gpu, &cpu);
+                eprintln!("{arch} {how:?} {quant} {tokens} tokens: relative L2 GPU vs CPU {e:.3e}");
+                assert!(e < 1e-2, "{arch} {how:?} {quant} {tokens} tokens: {e:.3e}");
+            }
+        }
+    }
+}
+
+/// Last-token logits of one pass of `model` on `device` with the fused MoE `kernel`.
+fn kernel_logits(
+    model: &str,
+    quant: Quant,
+    device: &str,
+    (tokens, seqs): (usize, usize),
+    kernel: vramscope::engine::ops_moe_v1::MoeKernel,
+) -> Vec<f32> {
+    use vramscope::engine::{ops, runtime::Runtime};
+    use vramscope::model::{batch::Batch, sampler, CausalLm, LoadOptions};
+    let opened = vramscope::model::open(&ModelSource::parse(model).unwrap(), 0).unwrap();
+    let dev = Device::open(&DeviceSpec::parse(device).unwrap()).unwrap();
+    let int8_layout = dev.int8_tile_layout();
+    let rt = Runtime::new(dev, Arc::new(AtomicBool::new(false)), None);
+    let opts = LoadOptions {
+        quant,
+        int8_threshold: 0.0,
+        int8_layout,
+        attn_scalars: 0,
+        marlin: Default::default(),
+    };
+    let mut m = CausalLm::load(&rt, &opened.config, opened.source.as_ref(), &opts).unwrap();
+    m.set_moe_kernel(kernel);
+    let batch = Batch::dummy(tokens, seqs, opened.config.vocab_size);
+    let hidden = m.forward_hidden(&rt, &batch).unwrap();
+    let rows = sampler::last_token_rows(&batch.seq_lens);
+    let out = sampler::logits_f32(
+        &rt,
+        &hidden,
+        m.logits_head().unwrap(),
+        &rows,
+        opened.config.vocab_size,
+    )
+    .unwrap()
+    .expect("one device: the logits are here");
+    ops::read_f32(&rt, &out).unwrap().unwrap_or_default()
 }
 
 /// vLLM 0.19's CUDA graphs for Llama-3-8B on the H200 with `vllm serve`'s defaults (8192

@@ -100,7 +100,7 @@ pub fn fused_topk(
         Backend::Cuda => {
             // The router's logits come to the host; the routing goes back into vLLM's
             // tensors (a few values a token).
-            let g = ops::cuda(rt, |c| c.download_f32(logits))?;
+            let g = download_router_logits(rt, logits, name)?;
             let (w, id) = host_topk(&g, e, top_k);
             ops::cuda(rt, |c| c.to_f32(logits, &mut gating))?;
             ops::upload_f32(rt, &mut weights, &w)?;
@@ -137,6 +137,26 @@ pub fn fused_topk(
         weights,
         ids,
         host_ids: host.map(|h| h.1),
+    })
+}
+
+/// The router's logits brought to the host for the routing (vLLM routes on the GPU; this
+/// engine's top-k runs on the host). A CUDA graph cannot capture that round trip, so a
+/// capture is refused by name.
+pub(crate) fn download_router_logits(
+    rt: &Runtime,
+    logits: &Tensor,
+    name: &str,
+) -> Result<Vec<f32>> {
+    ops::cuda(rt, |c| {
+        if c.is_capturing() {
+            return Err(Error::Request(format!(
+                "{name}: the MoE routing runs on the host here, which a CUDA graph cannot \
+                 capture; profile MoE models on a GPU with --enforce-eager (or on a simulated \
+                 device, which models the graphs)"
+            )));
+        }
+        c.download_f32(logits)
     })
 }
 
@@ -467,29 +487,23 @@ pub fn fused_experts(
                 )))
             }
             Backend::Cuda => {
-                let ids = routing.host_ids.as_deref().ok_or_else(|| {
-                    Error::Request(format!("{name}: the routing has no host copy of its ids"))
-                })?;
-                let chunk = &ids[start * top_k..(start + tokens) * top_k];
-                let layout = align_block_size(chunk, e, b, padded);
-                let [sorted, expert_ids, post_pad] = &mut next;
-                ops::upload_i32(rt, sorted, &layout.sorted)?;
-                ops::upload_i32(rt, expert_ids, &layout.experts)?;
-                ops::upload_i32(rt, post_pad, &[layout.used as i32])?;
                 let bufs = CudaBuffers {
                     x: x.cuda_ptr(),
+                    out: x.cuda_ptr(),
                     cache13: cache13.cuda_ptr(),
                     cache2: cache2.cuda_ptr(),
                     weights: routing.weights.cuda_ptr(),
                 };
-                let s = Sorted {
-                    sorted: sorted.cuda_ptr(),
-                    experts: expert_ids.cuda_ptr(),
-                    block_m: b,
-                    used: layout.used,
-                    total: tokens * top_k,
-                };
-                experts_cuda(rt, &bufs, ex, &s, (start, tokens, h, top_k), act)?;
+                chunk_cuda(
+                    rt,
+                    &mut next,
+                    ex,
+                    routing,
+                    &bufs,
+                    (start, tokens, b),
+                    (h, act),
+                    name,
+                )?;
             }
         }
         drop(align.replace(next));
@@ -602,12 +616,49 @@ pub fn align_block_size(ids: &[i32], e: usize, b: usize, len: usize) -> AlignLay
     }
 }
 
-/// Device addresses of a chunk's buffers.
-struct CudaBuffers {
-    x: u64,
-    cache13: u64,
-    cache2: u64,
-    weights: u64,
+/// Device addresses of a chunk's buffers: the experts read `x`'s rows and `moe_sum` writes
+/// `out`'s (the same tensor for the in-place kernel).
+pub(crate) struct CudaBuffers {
+    pub x: u64,
+    pub out: u64,
+    pub cache13: u64,
+    pub cache2: u64,
+    pub weights: u64,
+}
+
+/// One chunk of `tokens` tokens from `start` on the GPU with blocks of `b` rows: the host's
+/// `moe_align_block_size` layout of the chunk's ids uploaded into the three alignment
+/// tensors `align` (allocated by the caller, as vLLM's op allocates them), then the experts
+/// (`h` wide, in `act`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn chunk_cuda(
+    rt: &Runtime,
+    align: &mut [Tensor; 3],
+    ex: &Experts,
+    routing: &Routing,
+    bufs: &CudaBuffers,
+    (start, tokens, b): (usize, usize, usize),
+    (h, act): (usize, DType),
+    name: &str,
+) -> Result<()> {
+    let top_k = routing.ids.cols();
+    let ids = routing.host_ids.as_deref().ok_or_else(|| {
+        Error::Request(format!("{name}: the routing has no host copy of its ids"))
+    })?;
+    let [sorted, expert_ids, post_pad] = align;
+    let chunk = &ids[start * top_k..(start + tokens) * top_k];
+    let layout = align_block_size(chunk, ex.num_experts, b, sorted.numel());
+    ops::upload_i32(rt, sorted, &layout.sorted)?;
+    ops::upload_i32(rt, expert_ids, &layout.experts)?;
+    ops::upload_i32(rt, post_pad, &[layout.used as i32])?;
+    let s = Sorted {
+        sorted: sorted.cuda_ptr(),
+        experts: expert_ids.cuda_ptr(),
+        block_m: b,
+        used: layout.used,
+        total: tokens * top_k,
+    };
+    experts_cuda(rt, bufs, ex, &s, (start, tokens, h, top_k), act)
 }
 
 /// One chunk (`tokens` tokens from `start`, `h` wide, `k` experts each) through its experts on
@@ -626,6 +677,7 @@ fn experts_cuda(
     let i = ex.width;
     let el = act.size_bytes();
     let x = b.x + (start * h) as u64 * el;
+    let out = b.out + (start * h) as u64 * el;
     let weights = b.weights + (start * k * 4) as u64;
     ops::cuda(rt, |c| {
         if !c.has_moe_gemm() {
@@ -656,7 +708,7 @@ fn experts_cuda(
             k: i,
         };
         c.moe_gemm(&g2, s)?;
-        c.moe_sum(act, b.cache13, x, (tokens, k, h))
+        c.moe_sum(act, b.cache13, out, (tokens, k, h))
     })
 }
 

@@ -10,6 +10,7 @@ use std::cell::RefCell;
 
 use crate::base::error::{Error, Result};
 use crate::device::Backend;
+use crate::engine::ops;
 use crate::engine::ops_moe::{self, Experts, Routing};
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
@@ -62,33 +63,38 @@ pub fn fused_topk(
     if !e.is_power_of_two() || e > 256 {
         drop(t("topk_softmax_workspace", &[m * e], DType::F32)?);
     }
+    let renorm = |w: Vec<f32>| {
+        if renormalize {
+            ops_moe::host_renormalize(&w, top_k)
+        } else {
+            w
+        }
+    };
+    let mut host_ids = None;
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => {
             let (w, id) = ops_moe::host_topk(logits.f32(), e, top_k);
-            let w = if renormalize {
-                ops_moe::host_renormalize(&w, top_k)
-            } else {
-                w
-            };
-            weights.f32_mut().copy_from_slice(&w);
+            weights.f32_mut().copy_from_slice(&renorm(w));
             ids.i32_mut().copy_from_slice(&id);
         }
-        Backend::Cuda => return Err(on_cuda()),
+        Backend::Cuda => {
+            // As the in-place kernel's router: the logits to the host, the routing back into
+            // vLLM's tensors (no allocation of its own: the copies go through the staging
+            // buffer).
+            let g = ops_moe::download_router_logits(rt, logits, name)?;
+            let (w, id) = ops_moe::host_topk(&g, e, top_k);
+            ops::upload_f32(rt, &mut weights, &renorm(w))?;
+            ops::upload_i32(rt, &mut ids, &id)?;
+            host_ids = Some(id);
+        }
     }
     drop(token_expert_indices);
     Ok(Routing {
         weights,
         ids,
-        host_ids: None,
+        host_ids,
     })
-}
-
-fn on_cuda() -> Error {
-    Error::Request(
-        "vLLM V1's modular fused MoE (0.15, 0.19) runs on simulated devices only so far; on a GPU use --vllm 0.8 or 0.11"
-            .into(),
-    )
 }
 
 /// `FusedMoEModularKernel.forward` on `x` (which stays with the caller): the new output
@@ -117,8 +123,10 @@ pub fn fused_experts(
             ex.w13.name, ex.w2.name
         )));
     }
-    if rt.backend() == Backend::Cuda {
-        return Err(on_cuda());
+    if rt.backend() == Backend::Cuda && ex.mapped {
+        return Err(Error::Request(format!(
+            "{name}: expert parallel runs on simulated devices only so far"
+        )));
     }
     let mut out = rt.tensor_for_overwrite(
         format!("{name}.output"),
@@ -149,8 +157,8 @@ pub fn fused_experts(
     let b = x.dtype.size_bytes();
     let r256 = |v: u64| v.div_ceil(256) * 256;
     let (mc, k) = (chunk as u64, top_k as u64);
-    let mut need =
-        r256(b * mc * k * (i.max(h) as u64)) + r256(b * mc * k * ((2 * i).max(h) as u64));
+    let region13 = r256(b * mc * k * (i.max(h) as u64));
+    let mut need = region13 + r256(b * mc * k * ((2 * i).max(h) as u64));
     if chunk < m {
         need += r256(b * (m * h) as u64);
     }
@@ -218,8 +226,36 @@ pub fn fused_experts(
             None => None,
         };
         rt.set_op("moe.fused_experts");
-        if rt.backend() == Backend::Cpu {
-            ops_moe::experts_cpu_rows(rt, &mut out, ex, routing, start..start + tokens)?;
+        match rt.backend() {
+            Backend::Dry => {}
+            Backend::Cpu => {
+                ops_moe::experts_cpu_rows(rt, &mut out, ex, routing, start..start + tokens)?
+            }
+            Backend::Cuda => {
+                // `TritonExperts.apply`'s views of the workspace (0.19.0 fused_moe.py
+                // L2040-2050): `intermediate_cache2` in workspace13 (the first region),
+                // caches 1 and 3 in workspace2 (the second); the experts read `x` and
+                // `finalize` leaves their sum in `out`.
+                let ws = workspace.borrow();
+                let base = ws.as_ref().map_or(0, |t| t.cuda_ptr());
+                let bufs = ops_moe::CudaBuffers {
+                    x: x.cuda_ptr(),
+                    out: out.cuda_ptr(),
+                    cache13: base + region13,
+                    cache2: base,
+                    weights: routing.weights.cuda_ptr(),
+                };
+                ops_moe::chunk_cuda(
+                    rt,
+                    &mut align,
+                    ex,
+                    routing,
+                    &bufs,
+                    (start, tokens, bm),
+                    (h, x.dtype),
+                    name,
+                )?;
+            }
         }
         drop(align);
         if let Some([codes, scales]) = q2 {

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::base::error::{Error, Result};
 pub use config::ModelConfig;
+pub use loader::LoadOptions;
 pub use models::{llama, opt, CausalLm};
 use weights::{StoredDtype, SyntheticWeights, WeightSource};
 

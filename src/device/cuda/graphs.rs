@@ -145,6 +145,11 @@ impl CudaDevice {
         Ok(d)
     }
 
+    /// Whether a graph capture is open (work now is recorded, not run).
+    pub fn is_capturing(&self) -> bool {
+        self.graphs.capturing
+    }
+
     /// Starts capturing the side stream into a new graph.
     pub fn capture_begin(&mut self) -> Result<()> {
         if !self.on_side_stream() || self.graphs.capturing {
