@@ -693,3 +693,120 @@ fn v0_11_transposes_each_layers_grids_in_module_order() {
     }
     assert_eq!(seq, want);
 }
+
+/// deepseek-ai/DeepSeek-V3's 163 published files weigh 688,586,727,753 B. Its tensors, listed by
+/// name, dtype and shape as the repository stores them (61 layers and the MTP layer 61, fp8
+/// linears with their f32 `weight_scale_inv` grids), weigh 688,574,839,360 B; the rest is the
+/// files' safetensors headers: per file 8 bytes of length, then compact JSON (`__metadata__`,
+/// and per tensor its dtype, shape and `data_offsets`) padded with spaces to a multiple of 8.
+/// Laid out in name order over shards of a 163rd of the total, those headers come to within
+/// 0.1 % of the difference (11,891,192 B against 11,888,393 B; the offsets' digits depend on
+/// the layout): the files hold these tensors and no others, so the index's `total_size` (the
+/// tensors' bytes) is the computed total.
+#[test]
+fn deepseek_v3_files_are_its_tensors_plus_their_safetensors_headers() {
+    let (h, v) = (7168u64, 129280u64);
+    let mut ts: Vec<(String, &str, Vec<u64>)> = vec![
+        ("model.embed_tokens.weight".into(), "BF16", vec![v, h]),
+        ("model.norm.weight".into(), "BF16", vec![h]),
+        ("lm_head.weight".into(), "BF16", vec![v, h]),
+    ];
+    let fp8_linear = |ts: &mut Vec<(String, &str, Vec<u64>)>, n: &str, r: u64, c: u64| {
+        ts.push((format!("{n}.weight"), "F8_E4M3", vec![r, c]));
+        ts.push((
+            format!("{n}.weight_scale_inv"),
+            "F32",
+            vec![r.div_ceil(128), c.div_ceil(128)],
+        ));
+    };
+    for i in 0..62 {
+        let p = format!("model.layers.{i}.");
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            ts.push((format!("{p}{n}.weight"), "BF16", vec![h]));
+        }
+        let a = format!("{p}self_attn.");
+        fp8_linear(&mut ts, &format!("{a}q_a_proj"), 1536, h);
+        ts.push((format!("{a}q_a_layernorm.weight"), "BF16", vec![1536]));
+        fp8_linear(&mut ts, &format!("{a}q_b_proj"), 128 * 192, 1536);
+        fp8_linear(&mut ts, &format!("{a}kv_a_proj_with_mqa"), 576, h);
+        ts.push((format!("{a}kv_a_layernorm.weight"), "BF16", vec![512]));
+        fp8_linear(&mut ts, &format!("{a}kv_b_proj"), 128 * 256, 512);
+        fp8_linear(&mut ts, &format!("{a}o_proj"), h, 128 * 128);
+        let m = format!("{p}mlp.");
+        let mlp = |ts: &mut Vec<(String, &str, Vec<u64>)>, q: &str, w: u64| {
+            fp8_linear(ts, &format!("{q}gate_proj"), w, h);
+            fp8_linear(ts, &format!("{q}up_proj"), w, h);
+            fp8_linear(ts, &format!("{q}down_proj"), h, w);
+        };
+        if i < 3 {
+            mlp(&mut ts, &m, 18432);
+        } else {
+            ts.push((format!("{m}gate.weight"), "BF16", vec![256, h]));
+            ts.push((format!("{m}gate.e_score_correction_bias"), "F32", vec![256]));
+            for e in 0..256 {
+                mlp(&mut ts, &format!("{m}experts.{e}."), 2048);
+            }
+            mlp(&mut ts, &format!("{m}shared_experts."), 2048);
+        }
+        if i == 61 {
+            for n in ["enorm", "hnorm", "shared_head.norm"] {
+                ts.push((format!("{p}{n}.weight"), "BF16", vec![h]));
+            }
+            ts.push((format!("{p}eh_proj.weight"), "BF16", vec![h, 2 * h]));
+            ts.push((format!("{p}shared_head.head.weight"), "BF16", vec![v, h]));
+            ts.push((format!("{p}embed_tokens.weight"), "BF16", vec![v, h]));
+        }
+    }
+    let bytes = |t: &(String, &str, Vec<u64>)| {
+        let el = match t.1 {
+            "BF16" => 2,
+            "F32" => 4,
+            _ => 1,
+        };
+        t.2.iter().product::<u64>() * el
+    };
+    let total: u64 = ts.iter().map(bytes).sum();
+    assert_eq!(ts.len(), 91_991);
+    assert_eq!(total, 688_574_839_360);
+    // One file's header: `{"__metadata__":{"format":"pt"},` then `"name":{"dtype":"D",
+    // "shape":[..],"data_offsets":[a,b]}` per tensor, commas between, `}`; padded to 8.
+    let header = |entries: &[(&(String, &str, Vec<u64>), u64)]| -> u64 {
+        let mut len = r#"{"__metadata__":{"format":"pt"}}"#.len();
+        for (t, at) in entries {
+            let shape: Vec<String> = t.2.iter().map(u64::to_string).collect();
+            len += format!(
+                r#","{}":{{"dtype":"{}","shape":[{}],"data_offsets":[{},{}]}}"#,
+                t.0,
+                t.1,
+                shape.join(","),
+                at,
+                at + bytes(t)
+            )
+            .len();
+        }
+        8 + (len as u64).div_ceil(8) * 8
+    };
+    let shard = total as f64 / 163.0;
+    let (mut headers, mut files, mut at) = (0u64, 0, 0u64);
+    let mut entries = Vec::new();
+    for t in &ts {
+        if (at + bytes(t)) as f64 > shard && !entries.is_empty() {
+            headers += header(&entries);
+            files += 1;
+            entries.clear();
+            at = 0;
+        }
+        entries.push((t, at));
+        at += bytes(t);
+    }
+    headers += header(&entries);
+    files += 1;
+    let published = 688_586_727_753u64;
+    let gap = (published - total) as f64;
+    eprintln!("{files} files, headers {headers} B, published − tensors {gap} B");
+    assert!((163..=164).contains(&files), "{files}");
+    assert!(
+        (headers as f64 - gap).abs() < 1e-3 * gap,
+        "{headers} vs {gap}"
+    );
+}
