@@ -703,15 +703,18 @@ fn v0_11_transposes_each_layers_grids_in_module_order() {
 /// 0.1 % of the difference (11,891,192 B against 11,888,393 B; the offsets' digits depend on
 /// the layout): the files hold these tensors and no others, so the index's `total_size` (the
 /// tensors' bytes) is the computed total.
+/// A stored tensor: name, safetensors dtype, shape.
+type Stored = (String, &'static str, Vec<u64>);
+
 #[test]
 fn deepseek_v3_files_are_its_tensors_plus_their_safetensors_headers() {
     let (h, v) = (7168u64, 129280u64);
-    let mut ts: Vec<(String, &str, Vec<u64>)> = vec![
+    let mut ts: Vec<Stored> = vec![
         ("model.embed_tokens.weight".into(), "BF16", vec![v, h]),
         ("model.norm.weight".into(), "BF16", vec![h]),
         ("lm_head.weight".into(), "BF16", vec![v, h]),
     ];
-    let fp8_linear = |ts: &mut Vec<(String, &str, Vec<u64>)>, n: &str, r: u64, c: u64| {
+    let fp8_linear = |ts: &mut Vec<Stored>, n: &str, r: u64, c: u64| {
         ts.push((format!("{n}.weight"), "F8_E4M3", vec![r, c]));
         ts.push((
             format!("{n}.weight_scale_inv"),
@@ -733,7 +736,7 @@ fn deepseek_v3_files_are_its_tensors_plus_their_safetensors_headers() {
         fp8_linear(&mut ts, &format!("{a}kv_b_proj"), 128 * 256, 512);
         fp8_linear(&mut ts, &format!("{a}o_proj"), h, 128 * 128);
         let m = format!("{p}mlp.");
-        let mlp = |ts: &mut Vec<(String, &str, Vec<u64>)>, q: &str, w: u64| {
+        let mlp = |ts: &mut Vec<Stored>, q: &str, w: u64| {
             fp8_linear(ts, &format!("{q}gate_proj"), w, h);
             fp8_linear(ts, &format!("{q}up_proj"), w, h);
             fp8_linear(ts, &format!("{q}down_proj"), h, w);
@@ -757,7 +760,7 @@ fn deepseek_v3_files_are_its_tensors_plus_their_safetensors_headers() {
             ts.push((format!("{p}embed_tokens.weight"), "BF16", vec![v, h]));
         }
     }
-    let bytes = |t: &(String, &str, Vec<u64>)| {
+    let bytes = |t: &Stored| {
         let el = match t.1 {
             "BF16" => 2,
             "F32" => 4,
@@ -770,7 +773,7 @@ fn deepseek_v3_files_are_its_tensors_plus_their_safetensors_headers() {
     assert_eq!(total, 688_574_839_360);
     // One file's header: `{"__metadata__":{"format":"pt"},` then `"name":{"dtype":"D",
     // "shape":[..],"data_offsets":[a,b]}` per tensor, commas between, `}`; padded to 8.
-    let header = |entries: &[(&(String, &str, Vec<u64>), u64)]| -> u64 {
+    let header = |entries: &[(&Stored, u64)]| -> u64 {
         let mut len = r#"{"__metadata__":{"format":"pt"}}"#.len();
         for (t, at) in entries {
             let shape: Vec<String> = t.2.iter().map(u64::to_string).collect();
