@@ -1254,3 +1254,43 @@ fn the_graph_swatch_is_a_filled_square_of_the_graphs_colour() {
         "{r:?}"
     );
 }
+
+/// Issue 51's presenter walk as pictures (ignored: run by hand, then look at them): with
+/// Present on, at 1280x720 and 1920x1080 in both themes, (1) Qwen2.5-32B bf16 on 2× L40S under
+/// vLLM 0.19 as the Budget panel answers it, (2) the public V1 log Q1 opened ("why did my log
+/// say 58.11 GiB"). Writes `walk_<case>_<size>_<theme>.png` into VRAMSCOPE_WALK_DIR.
+#[test]
+#[ignore = "writes pictures for a person to look at (VRAMSCOPE_WALK_DIR)"]
+fn presenter_walk_pictures() {
+    let dir = std::path::PathBuf::from(std::env::var("VRAMSCOPE_WALK_DIR").unwrap());
+    let report = profile(ProfileRequest {
+        model: vramscope::model::ModelSource::parse("preset:qwen2.5-32b").unwrap(),
+        quant: vramscope::quant::Quant::BF16,
+        device: vramscope::device::DeviceSpec::parse("sim:l40s:dry").unwrap(),
+        tp: 2,
+        vllm: "0.19".into(),
+        ..SetupForm::default().request().expect("default request")
+    });
+    let log = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vllm-logs/q1-0.19-llama-3.1-8b-h100.log");
+    for (w, hgt) in [(1280.0, 720.0), (1920.0, 1080.0)] {
+        for (theme, tn) in [(egui::Theme::Light, "light"), (egui::Theme::Dark, "dark")] {
+            let mut h = showing(w, hgt, theme, &report, true);
+            let img = h.render().expect("render");
+            img.save(dir.join(format!("walk_qwen_l40s_{w}x{hgt}_{tn}.png")))
+                .unwrap();
+            let mut h = app(w, hgt, theme);
+            h.run_steps(2);
+            h.get_by_label("Present").click();
+            h.run_steps(2);
+            h.state_mut().open_vllm_log(&log);
+            wait_while(&mut h, Duration::from_secs(120), |a| {
+                a.file_job_pending() || a.is_running() || a.report().is_none()
+            });
+            h.run_steps(4);
+            let img = h.render().expect("render");
+            img.save(dir.join(format!("walk_q1_log_{w}x{hgt}_{tn}.png")))
+                .unwrap();
+        }
+    }
+}
