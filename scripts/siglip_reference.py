@@ -52,10 +52,19 @@ if not pure:
     px = torch.tensor([[[[pixel(n, c, y, x) for x in range(S)] for y in range(S)]
                         for c in range(C)] for n in range(IMAGES)], dtype=torch.float32)
     with torch.no_grad():
-        out = model.model.get_image_features(pixel_values=px)
+        # What `get_image_features` composes (transformers 5 returns it inside a model output):
+        # the tower's last hidden state, then the projector.
+        hidden = model.model.vision_tower(pixel_values=px).last_hidden_state
+        out = model.model.multi_modal_projector(hidden)
+        feats = model.model.get_image_features(pixel_values=px)
+        pooled = getattr(feats, "pooler_output", feats)
+        if torch.is_tensor(pooled) and pooled.numel() == out.numel():
+            d = (pooled.reshape(-1) - out.reshape(-1)).norm() / out.norm()
+            print(f"// get_image_features agrees with tower + projector: relative L2 {d:.2e}",
+                  file=sys.stderr)
     emit(out.reshape(-1).tolist(),
          f"transformers {version('transformers')}, torch {torch.__version__}, "
-         f"{type(model).__name__}.model.get_image_features, fp32 CPU")
+         f"{type(model).__name__}: vision_tower then multi_modal_projector, fp32 CPU")
     sys.exit(0)
 
 

@@ -52,12 +52,12 @@ fn write_fixture() {
     ));
 }
 
-/// Ignored: no transformers reference is stored (torch is not installed where it was
-/// written); the plain-Python values of `scripts/siglip_reference.py --pure` in
-/// tests/fixtures/siglip/reference.rs disagree with the CPU encoder by a relative L2 of
-/// 6.76e-3 (0.3-1.0 % a token), a gap not yet traced to either side.
+/// The reference is transformers 5.17.0's (torch 2.11.0, fp32 CPU, docs/gpu-runs.md run 71):
+/// the tower's last hidden state through `multi_modal_projector`, which `get_image_features`
+/// returns (the script checks they agree). Before run 71 only the plain-Python values were
+/// stored, and this test, ignored, showed 6.8e-3: the CPU attention read the fused qkv
+/// projection's output as interleaved rows, where it holds q, k and v one after another.
 #[test]
-#[ignore = "no transformers reference stored; the plain-Python check disagrees at 6.8e-3 (unresolved)"]
 fn siglip_and_the_projector_match_the_reference() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path());

@@ -39,11 +39,11 @@ pub fn patch_embed(
 }
 
 /// Softmax attention without a mask within each of `images` sequences of `seq` tokens.
-/// `qkv` is `[images · seq, 3 · heads · head_dim]` (q, then k, then v, each head's columns
-/// together, as `qkv.chunk(3, -1)` and `view(b, s, heads, head_dim)` read it); `out` is
+/// `q`, `k` and `v` are each `[images · seq, heads · head_dim]` (a fused projection's parts,
+/// each head's columns together, as `view(b, s, heads, head_dim)` reads them); `out` is
 /// `[images · seq, heads · head_dim]`.
 pub fn vit_attention(
-    qkv: &[f32],
+    (q, k, v): (&[f32], &[f32], &[f32]),
     (images, seq, heads, head_dim): (usize, usize, usize, usize),
     scale: f32,
     out: &mut [f32],
@@ -53,13 +53,17 @@ pub fn vit_attention(
     for n in 0..images {
         for h in 0..heads {
             for i in 0..seq {
-                let qi = (n * seq + i) * 3 * w + h * head_dim;
-                let q = &qkv[qi..qi + head_dim];
+                let qi = (n * seq + i) * w + h * head_dim;
+                let qr = &q[qi..qi + head_dim];
                 let mut max = f32::NEG_INFINITY;
                 for (j, s) in scores.iter_mut().enumerate() {
-                    let kj = (n * seq + j) * 3 * w + w + h * head_dim;
-                    let k = &qkv[kj..kj + head_dim];
-                    *s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+                    let kj = (n * seq + j) * w + h * head_dim;
+                    *s = qr
+                        .iter()
+                        .zip(&k[kj..kj + head_dim])
+                        .map(|(a, b)| a * b)
+                        .sum::<f32>()
+                        * scale;
                     max = max.max(*s);
                 }
                 let mut sum = 0.0f32;
@@ -71,9 +75,9 @@ pub fn vit_attention(
                 let o = &mut out[oi..oi + head_dim];
                 o.fill(0.0);
                 for (j, s) in scores.iter().enumerate() {
-                    let vj = (n * seq + j) * 3 * w + 2 * w + h * head_dim;
+                    let vj = (n * seq + j) * w + h * head_dim;
                     let p = s / sum;
-                    for (ov, vv) in o.iter_mut().zip(&qkv[vj..vj + head_dim]) {
+                    for (ov, vv) in o.iter_mut().zip(&v[vj..vj + head_dim]) {
                         *ov += p * vv;
                     }
                 }
@@ -164,9 +168,9 @@ mod tests {
     #[test]
     fn attention_of_identical_keys_averages_the_values() {
         // 1 image of 2 tokens, 1 head of 1: equal keys → both rows get the mean of v.
-        let qkv = [1.0, 1.0, 2.0, 3.0, 1.0, 6.0];
+        let (q, k, v) = ([1.0, 3.0], [1.0, 1.0], [2.0, 6.0]);
         let mut out = [0.0f32; 2];
-        vit_attention(&qkv, (1, 2, 1, 1), 1.0, &mut out);
+        vit_attention((&q, &k, &v), (1, 2, 1, 1), 1.0, &mut out);
         assert!((out[0] - 4.0).abs() < 1e-6 && (out[1] - 4.0).abs() < 1e-6);
     }
 

@@ -59,10 +59,11 @@ pub fn patch_embed(
 /// `cu_seqlens_q`/`_k`, int32 `[N + 1]`, made first) or PyTorch's SDPA (0.11 on Blackwell,
 /// platforms/cuda.py L217-220; its flash kernel), either way an output `[N · S, heads ·
 /// head_dim]` in the model dtype and an f32 log-sum-exp `[heads, N · S]` that dies as the call
-/// returns. q, k and v are views of `qkv`: no copies.
+/// returns. q, k and v are views of the fused projection's output (its three parts): no
+/// copies.
 pub fn vit_attention(
     rt: &Runtime,
-    qkv: &Tensor,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
     (images, seq, heads, head_dim): (usize, usize, usize, usize),
     varlen: bool,
     name: &str,
@@ -92,7 +93,7 @@ pub fn vit_attention(
         name,
         Category::Activation,
         &[tokens, heads * head_dim],
-        qkv.dtype,
+        q.dtype,
     )?;
     let lse = rt.tensor_for_overwrite(
         format!("{name}.softmax_lse"),
@@ -101,8 +102,18 @@ pub fn vit_attention(
         DType::F32,
     )?;
     if rt.backend() == Backend::Cpu {
+        let w = heads * head_dim;
+        for t in [q, k, v] {
+            if t.numel() != tokens * w {
+                return Err(crate::base::error::Error::Request(format!(
+                    "{name}: {} holds {} values for {tokens} × {w}",
+                    t.name,
+                    t.numel()
+                )));
+            }
+        }
         cpu_siglip::vit_attention(
-            qkv.f32(),
+            (q.f32(), k.f32(), v.f32()),
             (images, seq, heads, head_dim),
             (head_dim as f32).powf(-0.5),
             out.f32_mut(),

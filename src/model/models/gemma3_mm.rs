@@ -324,15 +324,31 @@ impl Gemma3Vision {
     ) -> Result<Tensor> {
         let s = &self.shape.vision;
         let act = self.act;
-        let mut qkv = layer.qkv.forward(rt, x, &format!("{l}.qkv_proj"), 0, act)?;
-        ops::add_bias(rt, &mut qkv, &layer.qkv_bias)?;
+        let qkv = layer.qkv.forward(rt, x, &format!("{l}.qkv_proj"), 0, act)?;
+        // The fused output holds q, k and v one after another (`FusedLinear::split`'s views);
+        // each gets its third of the bias (`F.linear` adds the fused bias in vLLM).
+        let w = self.local_heads * s.head_dim();
+        let rows = [w; 3];
+        let names = ["q", "k", "v"].map(|n| format!("{l}.{n}"));
+        let bias_names = ["q", "k", "v"].map(|n| format!("{l}.{n}_bias"));
+        let mut parts = FusedLinear::split(&qkv, &rows, &names);
+        for (part, b) in
+            parts
+                .iter_mut()
+                .zip(FusedLinear::split_flat(&layer.qkv_bias, &rows, &bias_names))
+        {
+            ops::add_bias(rt, part, &b)?;
+        }
+        let [q, k, v] = <[Tensor; 3]>::try_from(parts)
+            .map_err(|_| Error::Request(format!("{l}: qkv split into other than 3 parts")))?;
         let o = ops_siglip::vit_attention(
             rt,
-            &qkv,
+            (&q, &k, &v),
             (images, s.num_patches(), self.local_heads, s.head_dim()),
             self.varlen_attention,
             &format!("{l}.attn"),
         )?;
+        drop((q, k, v));
         let out = layer
             .out_proj
             .forward(rt, &o, &format!("{l}.out_proj"), 0, act)?;
