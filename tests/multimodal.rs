@@ -182,7 +182,10 @@ fn the_encoder_pass_is_its_own_phase() {
     assert!(names
         .iter()
         .any(|n| n.starts_with("vision.layers.26.mlp.act")));
-    assert!(names.contains(&"encoder_cache.7"));
+    // 0.19 caches the projector's output as it is (0.19.0 gpu_model_runner.py L5774-5779):
+    // no budget-sized copies, which 0.11 alone makes.
+    assert!(names.contains(&"projector.mm_input_projection"));
+    assert!(!names.iter().any(|n| n.starts_with("encoder_cache.")));
     assert!(l
         .passes
         .iter()
@@ -331,7 +334,7 @@ fn the_documented_multimodal_lines_run_as_written() {
         .lines()
         .filter(|l| l.starts_with("vramscope "))
         .collect();
-    assert_eq!(lines.len(), 3, "{section}");
+    assert_eq!(lines.len(), 4, "{section}");
     let outs: Vec<String> = lines
         .iter()
         .map(|line| {
@@ -342,34 +345,47 @@ fn the_documented_multimodal_lines_run_as_written() {
             out
         })
         .collect();
-    // The 27B with images, then text-only: the numbers the section quotes.
+    // The 27B with images, then text-only, then Q10 under 0.10 and 0.11: the numbers the
+    // section quotes.
     for (out, want) in [
         (
             &outs[0],
-            [
-                "Actual usage is 51.45 GiB for weight, 6.53 GiB for peak activation",
-                "Available KV cache memory: 13.53 GiB",
-            ],
+            &[
+                "Actual usage is 51.45 GiB for weight, 3.99 GiB for peak activation",
+                "Available KV cache memory: 16.08 GiB",
+                "it holds 231.0 MiB (pixel values and the encoder cache)",
+            ][..],
         ),
         (
             &outs[1],
-            [
+            &[
                 "Actual usage is 50.65 GiB for weight, 3.76 GiB for peak activation",
                 "Available KV cache memory: 17.10 GiB",
-            ],
+            ][..],
         ),
         (
             &outs[2],
-            [
+            &[
+                "torch peak memory increase: 9.99GiB",
+                "weights memory: 8.58GiB",
+                "profiled with 64 image items",
+                "it holds 374.0 MiB (pixel values and the encoder cache) under the text pass, so 374.0 MiB of the 9.99 GiB peak activation (3.7 %)",
+            ][..],
+        ),
+        (
+            &outs[3],
+            &[
                 "Actual usage is 8.58 GiB for weight, 14.83 GiB for peak activation",
                 "profiled with 63 image items",
-            ],
+                "it holds 5.20 GiB (pixel values and the encoder cache)",
+            ][..],
         ),
     ] {
         for w in want {
             assert!(out.contains(w), "{w}: {out}");
         }
     }
+    assert!(!outs[2].contains("--kv-cache-memory"));
     assert!(outs[0].contains("Encoder cache will be initialized"));
     assert!(!outs[1].contains("Encoder cache will be initialized"));
     assert!(outs[1].contains("no encoder profile"), "{}", outs[1]);
