@@ -64,7 +64,13 @@ fn q10_gemma_3_4b_it_on_a_b200() {
     assert!(ok, "{err}");
     let gib_after = |key: &str| -> f64 {
         let at = out.find(key).unwrap_or_else(|| panic!("{key}: {out}")) + key.len();
-        out[at..].split("GiB").next().unwrap().trim().parse().unwrap()
+        out[at..]
+            .split("GiB")
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
     };
     let weights = gib_after("weights memory: ");
     let activation = gib_after("torch peak memory increase: ");

@@ -186,6 +186,8 @@ pub struct Release {
     pub has_qwen3: bool,
     /// The wheel has vllm/model_executor/models/gemma3.py (0.8.5's has, 0.7.3's has not).
     pub has_gemma3: bool,
+    /// The wheel has vllm/model_executor/models/gpt_oss.py (0.10.1's has, 0.10.0's has not).
+    pub has_gpt_oss: bool,
     /// How the release runs an unquantized mixture of experts on one GPU or with tensor
     /// parallel (no expert parallel).
     pub fused_moe: FusedMoe,
@@ -392,7 +394,10 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
-        fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
+        has_gpt_oss: false,
+        fused_moe: FusedMoe::Unmodelled(
+            "0.6.x chunks and names its fused MoE buffers differently from 0.8.5",
+        ),
         mla: None,
         fp8_block: None,
         attn_scalars: 0,
@@ -427,7 +432,10 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
-        fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
+        has_gpt_oss: false,
+        fused_moe: FusedMoe::Unmodelled(
+            "0.6.x chunks and names its fused MoE buffers differently from 0.8.5",
+        ),
         mla: None,
         fp8_block: None,
         attn_scalars: 0,
@@ -460,7 +468,10 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
-        fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
+        has_gpt_oss: false,
+        fused_moe: FusedMoe::Unmodelled(
+            "0.6.x chunks and names its fused MoE buffers differently from 0.8.5",
+        ),
         mla: None,
         fp8_block: None,
         attn_scalars: 0,
@@ -496,7 +507,10 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
-        fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
+        has_gpt_oss: false,
+        fused_moe: FusedMoe::Unmodelled(
+            "0.6.x chunks and names its fused MoE buffers differently from 0.8.5",
+        ),
         mla: None,
         fp8_block: None,
         attn_scalars: 0,
@@ -531,6 +545,7 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
+        has_gpt_oss: false,
         fused_moe: FusedMoe::Unmodelled("0.7.3's fused MoE is not checked against 0.8.5's yet"),
         mla: None,
         fp8_block: None,
@@ -565,6 +580,7 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: true,
         has_gemma3: true,
+        has_gpt_oss: false,
         fused_moe: FusedMoe::Kernel(MoeKernel::InPlace {
             indices_freed_late: false,
         }),
@@ -617,6 +633,7 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
+        has_gpt_oss: false,
         fused_moe: FusedMoe::Unmodelled("0.10.0's fused MoE is not read"),
         mla: None,
         fp8_block: None,
@@ -666,6 +683,7 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
+        has_gpt_oss: true,
         fused_moe: FusedMoe::Kernel(MoeKernel::InPlace {
             indices_freed_late: true,
         }),
@@ -720,6 +738,7 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
+        has_gpt_oss: true,
         // 0.15.1 fused_moe/modular_kernel.py over TritonExperts, chunks of 16384
         // (VLLM_FUSED_MOE_CHUNK_SIZE with activation chunking on, envs.py).
         fused_moe: FusedMoe::Kernel(MoeKernel::Modular(Modular {
@@ -774,6 +793,7 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
+        has_gpt_oss: true,
         // 0.19.0 fused_moe/modular_kernel.py over TritonExperts, no chunking (the setting is
         // gone), get_default_config's new block sizes.
         fused_moe: FusedMoe::Kernel(MoeKernel::Modular(Modular {
@@ -900,6 +920,7 @@ const R0_21: Release = Release {
     },
     has_qwen3: true,
     has_gemma3: true,
+    has_gpt_oss: true,
     fused_moe: FusedMoe::Unmodelled(
         "it runs FlashInfer's CUTLASS MoE by default on Hopper (0.21.0 fused_moe/oracle/unquantized.py; docs/reading/vllm-v1-fused-moe.md)",
     ),
@@ -1038,10 +1059,14 @@ impl Release {
             // gpt_oss.py arrived with vLLM 0.10.1, V1 only; its 16-bit experts run the
             // release's fused MoE (with biases and swigluoai).
             return match (self.engine, self.fused_moe) {
-                (Engine::V1 { .. }, FusedMoe::Kernel(_)) => Ok(()),
-                (Engine::V0, _) => Err(Error::Request(format!(
+                _ if !self.has_gpt_oss => Err(Error::Request(format!(
                     "--vllm {}: that release has no model file for model_type 'gpt_oss' \
                      (gpt_oss.py arrived in vLLM 0.10.1, for V1 only); use --vllm 0.11 or later",
+                    self.name
+                ))),
+                (Engine::V1 { .. }, FusedMoe::Kernel(_)) => Ok(()),
+                (Engine::V0, _) => Err(Error::Request(format!(
+                    "--vllm {}: model_type 'gpt_oss' runs on V1 only",
                     self.name
                 ))),
                 (_, FusedMoe::Unmodelled(why)) => Err(Error::Request(format!(
@@ -1512,6 +1537,13 @@ mod tests {
         assert_eq!(release("v0.7.1").unwrap().name, "0.7");
         assert_eq!(release("0.10.0").unwrap().name, "0.10");
         assert_eq!(release("0.9.2").unwrap().name, "0.8");
+        // 0.10.0 runs V1 by default, with no gpt_oss.py (0.10.1's wheel has it).
+        let r = release("0.10").unwrap();
+        assert!(matches!(r.engine, Engine::V1 { .. }));
+        let e = r.check_arch("gpt_oss").unwrap_err().to_string();
+        assert!(e.contains("no model file for model_type 'gpt_oss'"), "{e}");
+        assert!(r.check_arch("gemma3_text").is_ok());
+        assert!(r.check_arch("mixtral").is_err());
         assert_eq!(release(DEFAULT).unwrap().formula, FormulaId::Pr9516);
         let e = release("0.5.0").unwrap_err().to_string();
         assert!(e.contains("--vllm 0.5.0") && e.contains("380e1863"), "{e}");
