@@ -188,6 +188,9 @@ pub struct Release {
     pub has_gemma3: bool,
     /// The wheel has vllm/model_executor/models/gpt_oss.py (0.10.1's has, 0.10.0's has not).
     pub has_gpt_oss: bool,
+    /// Its quantized linear paths (bitsandbytes, fp8) were read and are reproduced; `false`:
+    /// 16-bit models only, the others refused by name (0.10, read for Gemma 3).
+    pub quantized_read: bool,
     /// How the release runs an unquantized mixture of experts on one GPU or with tensor
     /// parallel (no expert parallel).
     pub fused_moe: FusedMoe,
@@ -395,6 +398,7 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         has_gpt_oss: false,
+        quantized_read: true,
         fused_moe: FusedMoe::Unmodelled(
             "0.6.x chunks and names its fused MoE buffers differently from 0.8.5",
         ),
@@ -433,6 +437,7 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         has_gpt_oss: false,
+        quantized_read: true,
         fused_moe: FusedMoe::Unmodelled(
             "0.6.x chunks and names its fused MoE buffers differently from 0.8.5",
         ),
@@ -469,6 +474,7 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         has_gpt_oss: false,
+        quantized_read: true,
         fused_moe: FusedMoe::Unmodelled(
             "0.6.x chunks and names its fused MoE buffers differently from 0.8.5",
         ),
@@ -508,6 +514,7 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         has_gpt_oss: false,
+        quantized_read: true,
         fused_moe: FusedMoe::Unmodelled(
             "0.6.x chunks and names its fused MoE buffers differently from 0.8.5",
         ),
@@ -546,6 +553,7 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: false,
         has_gemma3: false,
         has_gpt_oss: false,
+        quantized_read: true,
         fused_moe: FusedMoe::Unmodelled("0.7.3's fused MoE is not checked against 0.8.5's yet"),
         mla: None,
         fp8_block: None,
@@ -581,6 +589,7 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: true,
         has_gemma3: true,
         has_gpt_oss: false,
+        quantized_read: true,
         fused_moe: FusedMoe::Kernel(MoeKernel::InPlace {
             indices_freed_late: false,
         }),
@@ -634,6 +643,7 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: true,
         has_gemma3: true,
         has_gpt_oss: false,
+        quantized_read: false,
         fused_moe: FusedMoe::Unmodelled("0.10.0's fused MoE is not read"),
         mla: None,
         fp8_block: None,
@@ -684,6 +694,7 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: true,
         has_gemma3: true,
         has_gpt_oss: true,
+        quantized_read: true,
         fused_moe: FusedMoe::Kernel(MoeKernel::InPlace {
             indices_freed_late: true,
         }),
@@ -739,6 +750,7 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: true,
         has_gemma3: true,
         has_gpt_oss: true,
+        quantized_read: true,
         // 0.15.1 fused_moe/modular_kernel.py over TritonExperts, chunks of 16384
         // (VLLM_FUSED_MOE_CHUNK_SIZE with activation chunking on, envs.py).
         fused_moe: FusedMoe::Kernel(MoeKernel::Modular(Modular {
@@ -794,6 +806,7 @@ pub const RELEASES: &[Release] = &[
         has_qwen3: true,
         has_gemma3: true,
         has_gpt_oss: true,
+        quantized_read: true,
         // 0.19.0 fused_moe/modular_kernel.py over TritonExperts, no chunking (the setting is
         // gone), get_default_config's new block sizes.
         fused_moe: FusedMoe::Kernel(MoeKernel::Modular(Modular {
@@ -921,6 +934,7 @@ const R0_21: Release = Release {
     has_qwen3: true,
     has_gemma3: true,
     has_gpt_oss: true,
+    quantized_read: true,
     fused_moe: FusedMoe::Unmodelled(
         "it runs FlashInfer's CUTLASS MoE by default on Hopper (0.21.0 fused_moe/oracle/unquantized.py; docs/reading/vllm-v1-fused-moe.md)",
     ),
@@ -1046,6 +1060,19 @@ const ALWAYS: &[&str] = &[
 ];
 
 impl Release {
+    /// Whether vramscope reproduces this release with weights quantized as `quant`.
+    pub fn check_quant(&self, quant: crate::quant::Quant) -> Result<()> {
+        use crate::quant::Quant;
+        if self.quantized_read || matches!(quant, Quant::F16 | Quant::BF16) {
+            return Ok(());
+        }
+        Err(Error::Request(format!(
+            "--vllm {} with --quant {quant}: this release's quantized linear paths are not read \
+             (it is reproduced for 16-bit models); use --vllm 0.11 or later, or 0.8 for V0",
+            self.name
+        )))
+    }
+
     /// Whether this release can load a model of `model_type` `arch`: the 0.8.5 wheel has
     /// vllm/model_executor/models/qwen3.py and the 0.7.3 wheel has not, so the rows from 0.8
     /// on run Qwen3.
@@ -1544,6 +1571,12 @@ mod tests {
         assert!(e.contains("no model file for model_type 'gpt_oss'"), "{e}");
         assert!(r.check_arch("gemma3_text").is_ok());
         assert!(r.check_arch("mixtral").is_err());
+        assert!(r.check_quant(crate::quant::Quant::BF16).is_ok());
+        let e = r
+            .check_quant(crate::quant::Quant::Fp8)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--vllm 0.10 with --quant fp8"), "{e}");
         assert_eq!(release(DEFAULT).unwrap().formula, FormulaId::Pr9516);
         let e = release("0.5.0").unwrap_err().to_string();
         assert!(e.contains("--vllm 0.5.0") && e.contains("380e1863"), "{e}");
