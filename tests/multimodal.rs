@@ -36,8 +36,8 @@ fn request(model: &str, device: &str, vllm: &str) -> ProfileRequest {
 /// Q10: vLLM PR #21489's `vllm bench latency` of google/gemma-3-4b-it on a B200 (178.36 GiB,
 /// util 0.9, the LLM class: 16384 tokens and 1024 sequences on a GPU of 70 GiB or more,
 /// 0.10.0 engine/arg_utils.py L1584-1593): "Actual usage is 8.58 GiB for weight, 9.96 GiB for
-/// peak activation". The PR's review ran on 2025-07-24, the day vLLM 0.10.0 was released, so
-/// its main is 0.10.0's code, which `--vllm 0.10` reproduces: 64 dummy images of 256
+/// peak activation". The PR was under review on 2025-07-24, when main was vLLM 0.10.0's code
+/// (0.10.1 followed in August), which `--vllm 0.10` reproduces: 64 dummy images of 256
 /// embeddings (multimodal/profiling.py L180-189), the outputs cached as the projector returns
 /// them (v1/worker/gpu_model_runner.py L2342-2427), the vision attention through xFormers
 /// (attention/layer.py L334-355). Weights and activation within 3 %, through the binary's
