@@ -688,7 +688,7 @@ fn other_releases_gpus_cuda_and_an_fp8_kv_cache_are_refused_naming_what_runs() {
             && e.contains("use --vllm 0.8"),
         "{e}"
     );
-    // 0.10 shares the 0.8 row, but its block-wise linear is not 0.8.5's as checked.
+    // 0.10's V1 row has no block-wise linear read (0.9 shares the 0.8 row, unchecked).
     let e = refused(dir.path(), "sim:h100-80gb:dry", &["--vllm", "0.10"]);
     assert!(
         e.contains("with --vllm 0.10") && e.contains("use --vllm 0.8"),

@@ -34,75 +34,134 @@ fn request(model: &str, device: &str, vllm: &str) -> ProfileRequest {
 }
 
 /// Q10: vLLM PR #21489's `vllm bench latency` of google/gemma-3-4b-it on a B200 (178.36 GiB,
-/// main ≈ 0.10, util 0.9, the LLM class: 16384 tokens and 1024 sequences on a GPU of 70 GiB or
-/// more, 0.11.0 engine/arg_utils.py L1605-1613): "8.58 GiB for weight, 9.96 GiB for peak
-/// activation". Run under 0.11, the V1 release closest that vramscope models: 63 images of
-/// 260 placeholder tokens into a budget of 16384, each output copied into a [16384, 2560]
-/// tensor held under the text pass (0.11 gpu_model_runner.py L3370-3385), SDPA on Blackwell.
-/// The weights land on the log; the activation does not, and cannot under 0.11: the PR's
-/// main (0.10.0, gpu_model_runner.py L2342-2417) counted an image's 256 embeddings (64
-/// images), did not copy the outputs into budget-sized tensors, and so held only the pixel
-/// values and the [64 × 256, 2560] embeddings under the text pass. The text-only pass of the
-/// same model (vramscope's, `--limit-mm-per-prompt '{"image":0}'`) plus those two tensors is
-/// the 0.10.0 profile's peak, and lands within 1 % of the log.
+/// util 0.9, the LLM class: 16384 tokens and 1024 sequences on a GPU of 70 GiB or more,
+/// 0.10.0 engine/arg_utils.py L1584-1593): "Actual usage is 8.58 GiB for weight, 9.96 GiB for
+/// peak activation". The PR was under review on 2025-07-24, when main was vLLM 0.10.0's code
+/// (0.10.1 followed in August), which `--vllm 0.10` reproduces: 64 dummy images of 256
+/// embeddings (multimodal/profiling.py L180-189), the outputs cached as the projector returns
+/// them (v1/worker/gpu_model_runner.py L2342-2427), the vision attention through xFormers
+/// (attention/layer.py L334-355). Weights and activation within 3 %, through the binary's
+/// `plan` of the benchmark's own command line; the encoder's share of the activation named.
 #[test]
 fn q10_gemma_3_4b_it_on_a_b200() {
-    let mut req = request("preset:gemma-3-4b-it", "sim:b200:dry", "0.11");
+    let (ok, out, err) = vramscope(&[
+        "plan",
+        "--vllm",
+        "0.10",
+        "--device",
+        "sim:b200:dry",
+        "--total",
+        "178.36GiB",
+        "--",
+        "vllm",
+        "bench",
+        "latency",
+        "--model",
+        "google/gemma-3-4b-it",
+        "--gpu-memory-utilization",
+        "0.9",
+    ]);
+    assert!(ok, "{err}");
+    let gib_after = |key: &str| -> f64 {
+        let at = out.find(key).unwrap_or_else(|| panic!("{key}: {out}")) + key.len();
+        out[at..]
+            .split("GiB")
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let weights = gib_after("weights memory: ");
+    let activation = gib_after("torch peak memory increase: ");
+    eprintln!(
+        "Q10 under 0.10: weights {weights} GiB (log 8.58, {:+.1} %), activation {activation} GiB (log 9.96, {:+.1} %)",
+        (weights / 8.58 - 1.0) * 100.0,
+        (activation / 9.96 - 1.0) * 100.0
+    );
+    assert!((weights / 8.58 - 1.0).abs() < 0.03, "weights {weights}");
+    assert!(
+        (activation / 9.96 - 1.0).abs() < 0.03,
+        "activation {activation}"
+    );
+    assert!(out.contains("Encoder cache will be initialized with a budget of 16384 tokens, and profiled with 64 image items of the maximum feature size."), "{out}");
+    // The encoder's share of the activation: the pixel values [64, 3, 896, 896] and the
+    // embeddings [64 × 256, 2560] in bf16, `num_crops` [64] int64, held under the text pass.
+    let held = 64 * 3 * 896 * 896 * 2 + 64 * 256 * 2560 * 2 + 64 * 8;
+    assert_eq!(held, 392_167_936);
+    assert!(
+        out.contains("profile of 64 images of 256 tokens into a budget of 16384 tokens (xFormers memory-efficient attention)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("it holds 374.0 MiB (pixel values and the encoder cache) under the text pass, so 374.0 MiB of the 9.99 GiB peak activation (3.7 %) is the encoder's"),
+        "{out}"
+    );
+
+    // The same run in the library: the bytes behind those lines.
+    let mut req = request("preset:gemma-3-4b-it", "sim:b200:dry", "0.10");
     req.device = req.device.with_total(Some((178.36 * GIB) as u64)).unwrap();
     req.util = 0.9;
     req.tokens = 16384;
     req.seqs = 1024;
     let r = run(&req);
-    let a = r.vllm_answer().unwrap();
-    let weights = r.weights_bytes as f64 / GIB;
-    let activation = a.formula.torch_peak_bytes as f64 / GIB;
     let e = r.encoder.as_ref().unwrap();
     let p = e.plan.as_ref().unwrap();
-    eprintln!(
-        "Q10: weights {weights:.3} GiB (log 8.58), activation {activation:.3} GiB (log 9.96); encoder: {} images, phase peak {:.3} GiB, held {:.3} GiB, share {:.3} GiB",
-        p.items,
-        e.phase_peak_bytes as f64 / GIB,
-        e.held_bytes as f64 / GIB,
-        e.peak_share_bytes as f64 / GIB
-    );
     assert_eq!(
         (p.budget_tokens, p.items, p.tokens_per_item),
-        (16384, 63, 260)
+        (16384, 64, 256)
     );
-    assert_eq!(e.attention, "PyTorch SDPA");
-    // The checkpoint's 8,600,158,944 bytes and the rounding buffers vLLM makes with them.
-    assert!((weights / 8.58 - 1.0).abs() < 0.03, "weights {weights}");
-    // The encoder cache alone: 63 × 16384 × 2560 × 2 bytes.
-    assert!(e.held_bytes >= 63 * 16384 * 2560 * 2);
-    assert!(e.peak_share_bytes > 0 && e.peak_share_bytes <= a.formula.torch_peak_bytes as u64);
-    assert!(
-        r.vllm_notes.iter().any(|n| n
-            .ends_with("] Encoder cache will be initialized with a budget of 16384 tokens, and profiled with 63 image items of the maximum feature size.")),
-        "{:?}",
-        r.vllm_notes
-    );
-    // 0.11's peak: the text pass's 9.62 GiB (below) under the 63 budget-sized outputs.
-    assert_eq!(
-        a.formula.torch_peak_bytes, 15_921_383_424,
-        "activation {activation}"
-    );
-    // 0.10.0's profile: the same text pass, the pixel values [64, 3, 896, 896] and the
-    // embeddings [64 × 256, 2560] in bf16 held under it (the encoder's own pass peaks lower).
+    assert_eq!(e.attention, "xFormers memory-efficient");
+    assert_eq!(e.held_bytes, held);
+    assert_eq!(e.peak_share_bytes, held);
+    let a = r.vllm_answer().unwrap();
+    let peak10 = a.formula.torch_peak_bytes as u64;
+    // The encoder's own pass peaks below the text pass it is held under.
+    assert!(e.phase_peak_bytes < peak10);
+    // The text pass and the sampler are 0.11's: with every image limit 0, 0.10.0 still
+    // reads the runner's inputs_embeds buffer, so the peak drops by what the encoder held
+    // and the 1 MiB cuBLASLt workspace its biased linears made (the text model's GEMMs
+    // have no bias and never make it).
     req.limit_mm_images = Some(0);
     let text = run(&req);
-    let text_peak = text.vllm_answer().unwrap().formula.torch_peak_bytes as u64;
-    let held_010 = 64 * 3 * 896 * 896 * 2 + 64 * 256 * 2560 * 2;
-    let act_010 = (text_peak + held_010) as f64 / GIB;
-    eprintln!(
-        "Q10: text-only pass {:.3} GiB; with 0.10.0's held encoder tensors {act_010:.3} GiB (log 9.96, {:+.1} %); 0.11 {:+.1} %",
-        text_peak as f64 / GIB,
-        (act_010 / 9.96 - 1.0) * 100.0,
-        (activation / 9.96 - 1.0) * 100.0
+    assert_eq!(
+        text.vllm_answer().unwrap().formula.torch_peak_bytes as u64 + held + (1 << 20),
+        peak10
     );
-    assert!(e.phase_peak_bytes < a.formula.torch_peak_bytes as u64);
+    assert_eq!(text.encoder.as_ref().unwrap().plan, None);
+
+    // 0.11 on the same line: 63 images of the 260-token placeholder, each output copied
+    // into a [16384, 2560] tensor held under the text pass (0.11.0 gpu_model_runner.py
+    // L3369-3385), SDPA on Blackwell: 14.83 GiB, 49 % over the log.
+    let mut req11 = request("preset:gemma-3-4b-it", "sim:b200:dry", "0.11");
+    req11.device = req.device.clone();
+    req11.util = 0.9;
+    req11.tokens = 16384;
+    req11.seqs = 1024;
+    let r11 = run(&req11);
+    let e11 = r11.encoder.as_ref().unwrap();
+    let p11 = e11.plan.as_ref().unwrap();
+    assert_eq!(
+        (p11.budget_tokens, p11.items, p11.tokens_per_item),
+        (16384, 63, 260)
+    );
+    assert_eq!(e11.attention, "PyTorch SDPA");
+    assert!(e11.held_bytes >= 63 * 16384 * 2560 * 2);
     assert!(
-        (act_010 / 9.96 - 1.0).abs() < 0.01,
-        "0.10.0 activation {act_010}"
+        r11.vllm_notes.iter().any(|n| n
+            .ends_with("] Encoder cache will be initialized with a budget of 16384 tokens, and profiled with 63 image items of the maximum feature size.")),
+        "{:?}",
+        r11.vllm_notes
+    );
+    let a11 = r11.vllm_answer().unwrap();
+    assert_eq!(a11.formula.torch_peak_bytes, 15_921_383_424);
+    assert_eq!(r11.weights_bytes, r.weights_bytes);
+    eprintln!(
+        "Q10: 0.10 {:.3} GiB (encoder {:.3} GiB held), 0.11 {:.3} GiB (encoder {:.3} GiB held)",
+        peak10 as f64 / GIB,
+        held as f64 / GIB,
+        a11.formula.torch_peak_bytes as f64 / GIB,
+        e11.held_bytes as f64 / GIB
     );
 }
 
@@ -129,7 +188,10 @@ fn the_encoder_pass_is_its_own_phase() {
     assert!(names
         .iter()
         .any(|n| n.starts_with("vision.layers.26.mlp.act")));
-    assert!(names.contains(&"encoder_cache.7"));
+    // 0.19 caches the projector's output as it is (0.19.0 gpu_model_runner.py L5774-5779):
+    // no budget-sized copies, which 0.11 alone makes.
+    assert!(names.contains(&"projector.mm_input_projection"));
+    assert!(!names.iter().any(|n| n.starts_with("encoder_cache.")));
     assert!(l
         .passes
         .iter()
@@ -278,7 +340,7 @@ fn the_documented_multimodal_lines_run_as_written() {
         .lines()
         .filter(|l| l.starts_with("vramscope "))
         .collect();
-    assert_eq!(lines.len(), 3, "{section}");
+    assert_eq!(lines.len(), 4, "{section}");
     let outs: Vec<String> = lines
         .iter()
         .map(|line| {
@@ -289,34 +351,47 @@ fn the_documented_multimodal_lines_run_as_written() {
             out
         })
         .collect();
-    // The 27B with images, then text-only: the numbers the section quotes.
+    // The 27B with images, then text-only, then Q10 under 0.10 and 0.11: the numbers the
+    // section quotes.
     for (out, want) in [
         (
             &outs[0],
-            [
-                "Actual usage is 51.45 GiB for weight, 6.53 GiB for peak activation",
-                "Available KV cache memory: 13.53 GiB",
-            ],
+            &[
+                "Actual usage is 51.45 GiB for weight, 3.99 GiB for peak activation",
+                "Available KV cache memory: 16.08 GiB",
+                "it holds 231.0 MiB (pixel values and the encoder cache)",
+            ][..],
         ),
         (
             &outs[1],
-            [
+            &[
                 "Actual usage is 50.65 GiB for weight, 3.76 GiB for peak activation",
                 "Available KV cache memory: 17.10 GiB",
-            ],
+            ][..],
         ),
         (
             &outs[2],
-            [
+            &[
+                "torch peak memory increase: 9.99GiB",
+                "weights memory: 8.58GiB",
+                "profiled with 64 image items",
+                "it holds 374.0 MiB (pixel values and the encoder cache) under the text pass, so 374.0 MiB of the 9.99 GiB peak activation (3.7 %)",
+            ][..],
+        ),
+        (
+            &outs[3],
+            &[
                 "Actual usage is 8.58 GiB for weight, 14.83 GiB for peak activation",
                 "profiled with 63 image items",
-            ],
+                "it holds 5.20 GiB (pixel values and the encoder cache)",
+            ][..],
         ),
     ] {
         for w in want {
             assert!(out.contains(w), "{w}: {out}");
         }
     }
+    assert!(!outs[2].contains("--kv-cache-memory"));
     assert!(outs[0].contains("Encoder cache will be initialized"));
     assert!(!outs[1].contains("Encoder cache will be initialized"));
     assert!(outs[1].contains("no encoder profile"), "{}", outs[1]);

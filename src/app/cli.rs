@@ -299,8 +299,8 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "JSON")]
     pub mm_processor_kwargs: Option<String>,
     /// The vLLM release to reproduce: its profile run, defaults, formula and log lines
-    /// (0.6.3, 380e1863, 0.6.4, 0.6.5, 0.7, 0.8; V1: 0.15, 0.19, 0.21; aliases
-    /// such as 0.6.4.post1, 0.10.0 or 0.19.0).
+    /// (0.6.3, 380e1863, 0.6.4, 0.6.5, 0.7, 0.8; V1: 0.10, 0.11, 0.15, 0.19, 0.21 … 0.33;
+    /// aliases such as 0.6.4.post1, 0.10.0 or 0.19.0).
     #[arg(long, default_value = crate::profile::vllm::DEFAULT, value_name = "RELEASE")]
     pub vllm: String,
     /// vLLM's --enable-chunked-prefill (default: vLLM's rule, on above a 32k context; the

@@ -244,6 +244,7 @@ impl StartFailure {
     pub fn source(&self, release: &Release) -> String {
         let v1 = matches!(release.engine, Engine::V1 { .. });
         let free_memory_at = match release.name {
+            "0.10" => "vLLM 0.10.0 v1/worker/gpu_worker.py L166-177",
             "0.11" => "vLLM 0.11.0 v1/worker/gpu_worker.py L185-195 (0.10.2: L178-188)",
             _ if release_at_least(release, 19) => "vLLM 0.19.0 v1/worker/utils.py L412-420",
             _ if v1 => "vLLM 0.19.0 v1/worker/utils.py L412-420, the nearest release read",
@@ -326,7 +327,7 @@ impl StartFailure {
                 util,
                 requested_gib,
             } if v1 => {
-                // 0.19.0 names the device (v1/worker/utils.py L414); 0.11.0 did not.
+                // 0.19.0 names the device (v1/worker/utils.py L414); 0.10.0 and 0.11.0 did not.
                 let device = if release_at_least(release, 15) {
                     "cuda:0 "
                 } else {

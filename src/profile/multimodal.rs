@@ -1,5 +1,7 @@
 //! V1's multimodal profile plan: the encoder cache budget and how many dummy items of the
-//! maximum feature size `profile_run` encodes (`MultiModalBudget`, v1/worker/utils.py 0.11
+//! maximum feature size `profile_run` encodes (0.10.0: `profile_run` itself,
+//! v1/worker/gpu_model_runner.py L2342-2384, and `compute_encoder_budget`,
+//! v1/core/encoder_cache_manager.py L172-254; `MultiModalBudget`, v1/worker/utils.py 0.11
 //! L24-127; `compute_mm_encoder_budget`, v1/core/encoder_cache_manager.py 0.11 L292-333;
 //! multimodal/encoder_budget.py 0.19), and the `vllm serve` flags that change it.
 
@@ -64,11 +66,16 @@ pub fn plan(
     let compute = tokens.max(per_item);
     let cache = tokens.max(per_item);
     let budget = compute.min(cache);
-    let per_prompt = limit.min(max_model_len / per_item).max(1);
-    let reqs = if chunked_prefill {
-        seqs
+    let (per_prompt, reqs) = if profile.items_capped_by_model_len {
+        let reqs = if chunked_prefill {
+            seqs
+        } else {
+            seqs.min(tokens / per_item)
+        };
+        (limit.min(max_model_len / per_item).max(1), reqs)
     } else {
-        seqs.min(tokens / per_item)
+        // 0.10.0: `max_num_reqs × max_mm_items_per_req` (gpu_model_runner.py L2366-2379).
+        (limit, seqs)
     };
     let items = (budget / per_item).min(reqs * per_prompt).max(1);
     Some(EncoderPlan {
@@ -163,39 +170,44 @@ mod tests {
             .unwrap()
     }
 
-    const R011: MmProfile = MmProfile {
-        placeholder_tokens: true,
-        tower_skipped_at_zero: false,
-        sdpa_on_blackwell: true,
-    };
-    const R019: MmProfile = MmProfile {
-        placeholder_tokens: false,
-        tower_skipped_at_zero: true,
-        sdpa_on_blackwell: false,
-    };
+    fn mm(release: &str) -> MmProfile {
+        crate::profile::vllm::release(release).unwrap().mm.unwrap()
+    }
 
     #[test]
     fn the_budget_is_the_batch_and_the_items_what_fits_in_it() {
         // 0.11 counts the 260-token placeholder: 16384 // 260 = 63 images.
-        let p = plan(&gemma3(), R011, (16384, 1024, 131072), true, None).unwrap();
+        let p = plan(&gemma3(), mm("0.11"), (16384, 1024, 131072), true, None).unwrap();
         assert_eq!(
             (p.budget_tokens, p.items, p.tokens_per_item),
             (16384, 63, 260)
         );
         // 0.19 counts the 256 embeddings: 8192 // 256 = 32.
-        let p = plan(&gemma3(), R019, (8192, 1024, 131072), true, None).unwrap();
+        let p = plan(&gemma3(), mm("0.19"), (8192, 1024, 131072), true, None).unwrap();
         assert_eq!((p.budget_tokens, p.items), (8192, 32));
         assert_eq!(
             p.log_line(),
             "Encoder cache will be initialized with a budget of 8192 tokens, and profiled with 32 image items of the maximum feature size."
         );
         // A batch smaller than one image: the budget is one image, one item.
-        let p = plan(&gemma3(), R019, (128, 4, 131072), true, None).unwrap();
+        let p = plan(&gemma3(), mm("0.19"), (128, 4, 131072), true, None).unwrap();
         assert_eq!((p.budget_tokens, p.items), (256, 1));
         // Two requests of 2 images each bound the items below the budget's 32.
-        let p = plan(&gemma3(), R019, (8192, 2, 131072), true, Some(2)).unwrap();
+        let p = plan(&gemma3(), mm("0.19"), (8192, 2, 131072), true, Some(2)).unwrap();
         assert_eq!(p.items, 4);
-        assert!(plan(&gemma3(), R019, (8192, 2, 131072), true, Some(0)).is_none());
+        assert!(plan(&gemma3(), mm("0.19"), (8192, 2, 131072), true, Some(0)).is_none());
+        // 0.10.0 counts the 256 embeddings too: 16384 // 256 = 64 images (Q10's batch).
+        let p = plan(&gemma3(), mm("0.10"), (16384, 1024, 131072), true, None).unwrap();
+        assert_eq!(
+            (p.budget_tokens, p.items, p.tokens_per_item),
+            (16384, 64, 256)
+        );
+        // A 512-token context holds 2 images a prompt from 0.11 on; 0.10.0 does not cap
+        // the prompt's 999 by it.
+        let p = plan(&gemma3(), mm("0.19"), (8192, 1, 512), true, None).unwrap();
+        assert_eq!(p.items, 2);
+        let p = plan(&gemma3(), mm("0.10"), (8192, 1, 512), true, None).unwrap();
+        assert_eq!(p.items, 32);
     }
 
     #[test]

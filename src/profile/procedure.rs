@@ -50,6 +50,13 @@ enum Workload {
 struct Encoder {
     vision: Option<crate::model::models::gemma3_mm::Gemma3Vision>,
     plan: Option<super::multimodal::EncoderPlan>,
+    /// Each output is copied into a zero `[budget, hidden]` tensor (0.11 only; `MmProfile`).
+    pads_to_budget: bool,
+    /// The vision attention's name on this GPU, for the report.
+    attention: &'static str,
+    /// The text pass reads the runner's `inputs_embeds` buffer even with no encoder
+    /// profile (0.10.0, `MmProfile::text_only_at_zero` false).
+    embeds_without_plan: bool,
     /// Encodes in the profile passes only (the verify passes serve text).
     armed: std::cell::Cell<bool>,
     /// The encoder phase's framework peak and what it left allocated, absolute bytes.
@@ -57,16 +64,16 @@ struct Encoder {
 }
 
 impl Encoder {
-    /// The dummy images, the tower and projector on all of them in one call, then each
-    /// output copied into a new zero tensor `[budget, hidden]` (L3369-3388); the pixel
-    /// values and those copies stay allocated through the text pass.
+    /// The dummy images, the tower and projector on all of them in one call, then under
+    /// 0.11 each output copied into a new zero tensor `[budget, hidden]` (L3369-3388); the
+    /// pixel values and those copies (or, in 0.10.0 and from 0.15, the outputs themselves:
+    /// per-image views of the projector's output) stay allocated through the text pass.
     fn run(&self, rt: &Runtime) -> Result<Option<(Tensor, Tensor, Vec<Tensor>)>> {
         let (Some(v), Some(p), true) = (&self.vision, &self.plan, self.armed.get()) else {
             return Ok(None);
         };
         rt.set_layer(None);
         rt.marker("mm encoder");
-        let before = rt.stats().allocated;
         let items = p.items as usize;
         let (px, crops) =
             crate::model::models::gemma3_mm::dummy_pixels(rt, &v.shape, items, v.act)?;
@@ -74,7 +81,7 @@ impl Encoder {
         let per = p.embeds_per_item as usize;
         let hidden = out.cols();
         let mut cache = Vec::with_capacity(items);
-        if (per as u64) < p.budget_tokens {
+        if self.pads_to_budget && (per as u64) < p.budget_tokens {
             rt.set_op("encoder_cache.expand");
             for i in 0..items {
                 let mut z = rt.tensor(
@@ -96,9 +103,17 @@ impl Encoder {
         } else {
             cache.push(out);
         }
+        // What the encoder leaves under the text pass: its pixel values, `num_crops` and the
+        // cached outputs, as the allocator rounds them. Not the allocator's growth: the
+        // pass's first GEMM also makes the cuBLAS and cuBLASLt workspaces, which the text
+        // pass would have made without an encoder.
         let s = rt.stats();
-        self.stats
-            .set(Some((s.allocated_peak, s.allocated.saturating_sub(before))));
+        let held = [&px, &crops]
+            .into_iter()
+            .chain(cache.iter())
+            .map(|t| crate::memory::allocator::round_size(t.nbytes()))
+            .sum();
+        self.stats.set(Some((s.allocated_peak, held)));
         rt.marker("mm encoder end");
         Ok(Some((px, crops, cache)))
     }
@@ -906,6 +921,7 @@ pub(crate) fn run_rank(
         .as_ref()
         .map_or(0, |o| o.config.max_position_embeddings);
     check_against_model(req, max_positions)?;
+    req.release()?.check_quant(req.quant)?;
     if let Some(o) = &opened {
         req.release()?.check_arch(&o.config.arch)?;
     }
@@ -1084,7 +1100,7 @@ pub(crate) fn run_rank(
                 Some(mm) => {
                     let Some(profile) = release.mm else {
                         return Err(Error::Request(format!(
-                            "model_type gemma3 (multimodal): vLLM {}'s multimodal profile is not modelled; use a V1 release (0.11, 0.15, 0.19)",
+                            "model_type gemma3 (multimodal): vLLM {}'s multimodal profile is not modelled; use a V1 release (0.10, 0.11, 0.15, 0.19)",
                             release.name
                         )));
                     };
@@ -1105,12 +1121,15 @@ pub(crate) fn run_rank(
                             opened.source.as_ref(),
                             &opts,
                         )?;
-                        v.varlen_attention = !(profile.sdpa_on_blackwell && device_major >= 10);
+                        v.varlen_attention = profile.vision_attention.varlen(device_major);
                         Some(v)
                     };
                     Some(Box::new(Encoder {
                         vision,
                         plan,
+                        pads_to_budget: profile.pads_to_budget,
+                        attention: profile.vision_attention.label(device_major),
+                        embeds_without_plan: !profile.text_only_at_zero,
                         armed: std::cell::Cell::new(false),
                         stats: std::cell::Cell::new(None),
                     }))
@@ -1205,16 +1224,17 @@ pub(crate) fn run_rank(
     let weights_bytes = rt.stats().allocated - before_load;
     // A multimodal model's runner buffer `inputs_embeds [max_num_tokens, hidden]`: made with
     // the runner, outside the weights and before the profile (gpu_model_runner.py 0.11
-    // L355-358), so in no term of vLLM's non-KV memory. A model whose every modality is
-    // limited to 0 runs text-only (`supports_multimodal_inputs`, multimodal/registry.py 0.11)
-    // and embeds its tokens as a text model does.
+    // L355-358; 0.10.0 L282-285), so in no term of vLLM's non-KV memory. From 0.11 a model
+    // whose every modality is limited to 0 runs text-only (`supports_multimodal_inputs`,
+    // multimodal/registry.py 0.11) and embeds its tokens as a text model does; 0.10.0's
+    // dummy pass still reads the buffer (`is_multimodal_model`, L2135-2139).
     if let Workload::Model {
         model,
         encoder: Some(e),
         ..
     } = &work
     {
-        if e.plan.is_some() {
+        if e.plan.is_some() || e.embeds_without_plan {
             rt.set_op("model_runner.inputs_embeds");
             let c = model.config();
             let buf = rt.tensor(
@@ -1737,9 +1757,8 @@ pub(crate) fn run_rank(
                 } else {
                     held
                 },
-                attention: match e.vision.as_ref().map(|v| v.varlen_attention) {
-                    Some(true) => "FlashAttention varlen".into(),
-                    Some(false) => "PyTorch SDPA".into(),
+                attention: match e.vision {
+                    Some(_) => e.attention.into(),
                     None => "none (tower not built)".into(),
                 },
             })

@@ -186,6 +186,11 @@ pub struct Release {
     pub has_qwen3: bool,
     /// The wheel has vllm/model_executor/models/gemma3.py (0.8.5's has, 0.7.3's has not).
     pub has_gemma3: bool,
+    /// The wheel has vllm/model_executor/models/gpt_oss.py (0.10.1's has, 0.10.0's has not).
+    pub has_gpt_oss: bool,
+    /// Its quantized linear paths (bitsandbytes, fp8) were read and are reproduced; `false`:
+    /// 16-bit models only, the others refused by name (0.10, read for Gemma 3).
+    pub quantized_read: bool,
     /// How the release runs an unquantized mixture of experts on one GPU or with tensor
     /// parallel (no expert parallel).
     pub fused_moe: FusedMoe,
@@ -246,12 +251,68 @@ pub struct MmProfile {
     /// `\n\n<boi>` + 256 image tokens + `<eoi>\n\n`: 260) rather than its embeddings (0.15:
     /// multimodal/registry.py L195; 0.19: multimodal/encoder_budget.py `get_num_embeds`: 256).
     pub placeholder_tokens: bool,
+    /// The images a prompt may hold are capped at `max_model_len // tokens per item`, and
+    /// the requests at `max_num_batched_tokens // tokens per item` without chunked prefill
+    /// (`MultiModalBudget.get_max_items`, 0.11.0 v1/worker/utils.py L24-127); 0.10.0 takes
+    /// `max_num_seqs × --limit-mm-per-prompt` as it is (gpu_model_runner.py L2366-2379).
+    pub items_capped_by_model_len: bool,
+    /// Each dummy output shorter than the budget is copied into a new zero `[budget,
+    /// hidden]` tensor (`new_zeros`, then `expanded[:n].copy_(output)`) and those are what
+    /// the encoder cache holds through the text pass: 0.11 only (0.11.0
+    /// v1/worker/gpu_model_runner.py L3369-3385). 0.10.0 caches the outputs as the model
+    /// returns them (L2403-2412: `self.encoder_cache["tmp"] = dict(enumerate(...))`), and so
+    /// do 0.15 and later (0.15.1 L4978-4983, 0.19.0 L5774-5779, 0.26.0 L6421, 0.28.0 L6615:
+    /// `self.encoder_cache[f"tmp_{i}"] = output`): views of one projector output.
+    pub pads_to_budget: bool,
     /// `--limit-mm-per-prompt` 0 for every modality also skips building the tower
-    /// (`_mark_tower_model`, 0.15 and 0.19 models/interfaces.py L249-288); 0.11 builds it.
+    /// (`_mark_tower_model`, 0.15 and 0.19 models/interfaces.py L249-288); 0.10 and 0.11
+    /// build it (0.10.0 gemma3_mm.py L493-509).
     pub tower_skipped_at_zero: bool,
-    /// The vision attention is PyTorch's SDPA on Blackwell (0.11 platforms/cuda.py L217-220:
-    /// "force TORCH_SDPA for now"), FlashAttention's varlen call elsewhere.
-    pub sdpa_on_blackwell: bool,
+    /// With every modality limited to 0 the runner embeds the token ids as a text model does
+    /// (`supports_mm_inputs`, 0.11.0 v1/worker/gpu_model_runner.py L243); 0.10.0 keys the
+    /// dummy pass on `is_multimodal_model` (`multimodal_config is not None`, config.py
+    /// L1555-1556; gpu_model_runner.py L126, L2135-2139) and still hands the model its
+    /// `inputs_embeds` buffer.
+    pub text_only_at_zero: bool,
+    /// The vision tower's attention kernel.
+    pub vision_attention: VisionAttention,
+}
+
+/// How a release runs the vision tower's attention (vLLM's `MultiHeadAttention` /
+/// `MMEncoderAttention`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VisionAttention {
+    /// FlashAttention's varlen call with its `cu_seqlens` (0.15, 0.19 and later).
+    FlashVarlen,
+    /// PyTorch's SDPA on Blackwell (0.11 platforms/cuda.py L217-220: "force TORCH_SDPA for
+    /// now"), FlashAttention's varlen call elsewhere.
+    SdpaOnBlackwell,
+    /// xFormers' `memory_efficient_attention_forward` on `[N, S, heads, head_dim]` views, no
+    /// `cu_seqlens` (0.10.0 attention/layer.py L334-355 maps the text backend FlashAttention
+    /// to XFORMERS, L377-383; xformers==0.0.31 is a dependency of the 0.10.0 wheel on x86_64
+    /// Linux, FlashInfer is not, so FlashAttention is the text backend on Blackwell too,
+    /// platforms/cuda.py L264-292). Its output and f32 log-sum-exp as FlashAttention's.
+    Xformers,
+}
+
+impl VisionAttention {
+    /// Whether the call builds `cu_seqlens` on a GPU of compute capability `major`.
+    pub fn varlen(self, major: u32) -> bool {
+        match self {
+            VisionAttention::FlashVarlen => true,
+            VisionAttention::SdpaOnBlackwell => major < 10,
+            VisionAttention::Xformers => false,
+        }
+    }
+
+    /// Its name in the report, on a GPU of compute capability `major`.
+    pub fn label(self, major: u32) -> &'static str {
+        match self {
+            VisionAttention::Xformers => "xFormers memory-efficient",
+            _ if self.varlen(major) => "FlashAttention varlen",
+            _ => "PyTorch SDPA",
+        }
+    }
 }
 
 /// Which models run on Model Runner V2 (`vllm/v1/worker/gpu/model_runner.py`) by default:
@@ -336,7 +397,11 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
-        fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
+        has_gpt_oss: false,
+        quantized_read: true,
+        fused_moe: FusedMoe::Unmodelled(
+            "0.6.x chunks and names its fused MoE buffers differently from 0.8.5",
+        ),
         mla: None,
         fp8_block: None,
         attn_scalars: 0,
@@ -371,7 +436,11 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
-        fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
+        has_gpt_oss: false,
+        quantized_read: true,
+        fused_moe: FusedMoe::Unmodelled(
+            "0.6.x chunks and names its fused MoE buffers differently from 0.8.5",
+        ),
         mla: None,
         fp8_block: None,
         attn_scalars: 0,
@@ -404,7 +473,11 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
-        fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
+        has_gpt_oss: false,
+        quantized_read: true,
+        fused_moe: FusedMoe::Unmodelled(
+            "0.6.x chunks and names its fused MoE buffers differently from 0.8.5",
+        ),
         mla: None,
         fp8_block: None,
         attn_scalars: 0,
@@ -440,7 +513,11 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
-        fused_moe: FusedMoe::Unmodelled("0.6.x chunks and names its fused MoE buffers differently from 0.8.5"),
+        has_gpt_oss: false,
+        quantized_read: true,
+        fused_moe: FusedMoe::Unmodelled(
+            "0.6.x chunks and names its fused MoE buffers differently from 0.8.5",
+        ),
         mla: None,
         fp8_block: None,
         attn_scalars: 0,
@@ -475,6 +552,8 @@ pub const RELEASES: &[Release] = &[
         engine: Engine::V0,
         has_qwen3: false,
         has_gemma3: false,
+        has_gpt_oss: false,
+        quantized_read: true,
         fused_moe: FusedMoe::Unmodelled("0.7.3's fused MoE is not checked against 0.8.5's yet"),
         mla: None,
         fp8_block: None,
@@ -492,7 +571,7 @@ pub const RELEASES: &[Release] = &[
     },
     Release {
         name: "0.8",
-        aliases: &["0.8.5", "0.9", "0.9.2", "0.10", "0.10.0"],
+        aliases: &["0.8.5", "0.9", "0.9.2"],
         formula: FormulaId::Pr12126,
         ceil_budget: false,
         llama_mlp_frees_gate_up: true,
@@ -503,11 +582,14 @@ pub const RELEASES: &[Release] = &[
         log: LogStyle::InstanceCanUse,
         torch: "2.6.0 / 2.7.1",
         nccl: NcclRules::Nccl221CumemOff,
-        changes: "0.8 to 0.10, the V0 engine under VLLM_USE_V1=0 (bitsandbytes forced it onto V0): 0.7's \
+        changes: "0.8 to 0.10, the V0 engine under VLLM_USE_V1=0 (bitsandbytes forced it onto V0; \
+                  0.10's default V1 engine is the 0.10 row): 0.7's \
                   profile run and formula (0.8.5 worker/worker.py:225-291)",
         engine: Engine::V0,
         has_qwen3: true,
         has_gemma3: true,
+        has_gpt_oss: false,
+        quantized_read: true,
         fused_moe: FusedMoe::Kernel(MoeKernel::InPlace {
             indices_freed_late: false,
         }),
@@ -526,6 +608,66 @@ pub const RELEASES: &[Release] = &[
         kv_line_combined: false,
         chunked_local_hybrid: false,
         mm: None,
+    },
+    Release {
+        name: "0.10",
+        aliases: &["0.10.0"],
+        formula: FormulaId::Pr12126,
+        // `requested_memory = total_memory * gpu_memory_utilization`, a float (0.10.0
+        // v1/worker/gpu_worker.py L164-165), as 0.11.
+        ceil_budget: false,
+        llama_mlp_frees_gate_up: true,
+        gemma_normalizer_out_of_place: false,
+        all_reduce: AllReduce::OutOfPlace,
+        custom_ar_ipc_buffers: true,
+        chunked_prefill_tokens: 2048,
+        log: LogStyle::V1,
+        torch: "2.7.1",
+        nccl: NcclRules::Nccl221CumemOff,
+        changes: "V1, vLLM 0.10.0's default engine (read from its wheel for Gemma 3, the model \
+                  Q10 ran): the profile baseline, formula and dummy pass as 0.11 (v1/worker/\
+                  gpu_worker.py L211-259, utils/__init__.py L2642-2715, gpu_model_runner.py \
+                  L2072-2200, T·u a float), the sampler's sort (FlashInfer is not a \
+                  dependency of the wheel); the multimodal profile counts an image's 256 \
+                  embeddings (`get_num_embeds`, multimodal/profiling.py L180-189), caches the \
+                  encoder outputs as returned, no budget-sized copies (gpu_model_runner.py \
+                  L2342-2427), the vision attention through xFormers (attention/layer.py \
+                  L334-355), the inputs_embeds buffer even with every image limit 0. Not read, \
+                  so not modelled: its CUDA graphs (PIECEWISE only, sizes up to min(2 · \
+                  max_num_seqs, 512) in steps of 8: config.py L4756-4776), mixtures of \
+                  experts, MLA, block-wise fp8; 0.10.1 counts the 260-token placeholder \
+                  (multimodal/registry.py L174) and is not listed",
+        engine: Engine::V1 {
+            top_k_top_p: TopKTopP::Sort,
+        },
+        has_qwen3: true,
+        has_gemma3: true,
+        has_gpt_oss: false,
+        quantized_read: false,
+        fused_moe: FusedMoe::Unmodelled("0.10.0's fused MoE is not read"),
+        mla: None,
+        fp8_block: None,
+        // `_k_scale`, `_v_scale`, `_q_scale`, `_prob_scale` and `q_range`, `k_range`,
+        // `v_range` (0.10.0 attention/layer.py L122-127, L214-216).
+        attn_scalars: 7,
+        graphs: Graphs::NotModelled,
+        tokens_from_concurrency: false,
+        runner_v2: RunnerV2::Off,
+        v2: None,
+        suggestion: Suggestion::Debug,
+        serve_batch_160gib: false,
+        cublas_before_baseline: false,
+        kv_line_combined: false,
+        // No VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE in 0.10.0's envs.py.
+        chunked_local_hybrid: false,
+        mm: Some(MmProfile {
+            placeholder_tokens: false,
+            items_capped_by_model_len: false,
+            pads_to_budget: false,
+            tower_skipped_at_zero: false,
+            text_only_at_zero: false,
+            vision_attention: VisionAttention::Xformers,
+        }),
     },
     Release {
         name: "0.11",
@@ -551,6 +693,8 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
+        has_gpt_oss: true,
+        quantized_read: true,
         fused_moe: FusedMoe::Kernel(MoeKernel::InPlace {
             indices_freed_late: true,
         }),
@@ -573,8 +717,11 @@ pub const RELEASES: &[Release] = &[
         chunked_local_hybrid: false,
         mm: Some(MmProfile {
             placeholder_tokens: true,
+            items_capped_by_model_len: true,
+            pads_to_budget: true,
             tower_skipped_at_zero: false,
-    sdpa_on_blackwell: true,
+            text_only_at_zero: true,
+            vision_attention: VisionAttention::SdpaOnBlackwell,
         }),
     },
     Release {
@@ -602,6 +749,8 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
+        has_gpt_oss: true,
+        quantized_read: true,
         // 0.15.1 fused_moe/modular_kernel.py over TritonExperts, chunks of 16384
         // (VLLM_FUSED_MOE_CHUNK_SIZE with activation chunking on, envs.py).
         fused_moe: FusedMoe::Kernel(MoeKernel::Modular(Modular {
@@ -627,8 +776,11 @@ pub const RELEASES: &[Release] = &[
         chunked_local_hybrid: true,
         mm: Some(MmProfile {
             placeholder_tokens: false,
+            items_capped_by_model_len: true,
+            pads_to_budget: false,
             tower_skipped_at_zero: true,
-            sdpa_on_blackwell: false,
+            text_only_at_zero: true,
+            vision_attention: VisionAttention::FlashVarlen,
         }),
     },
     Release {
@@ -653,6 +805,8 @@ pub const RELEASES: &[Release] = &[
         },
         has_qwen3: true,
         has_gemma3: true,
+        has_gpt_oss: true,
+        quantized_read: true,
         // 0.19.0 fused_moe/modular_kernel.py over TritonExperts, no chunking (the setting is
         // gone), get_default_config's new block sizes.
         fused_moe: FusedMoe::Kernel(MoeKernel::Modular(Modular {
@@ -678,8 +832,11 @@ pub const RELEASES: &[Release] = &[
         chunked_local_hybrid: true,
         mm: Some(MmProfile {
             placeholder_tokens: false,
+            items_capped_by_model_len: true,
+            pads_to_budget: false,
             tower_skipped_at_zero: true,
-            sdpa_on_blackwell: false,
+            text_only_at_zero: true,
+            vision_attention: VisionAttention::FlashVarlen,
         }),
     },
     R0_21,
@@ -776,6 +933,8 @@ const R0_21: Release = Release {
     },
     has_qwen3: true,
     has_gemma3: true,
+    has_gpt_oss: true,
+    quantized_read: true,
     fused_moe: FusedMoe::Unmodelled(
         "it runs FlashInfer's CUTLASS MoE by default on Hopper (0.21.0 fused_moe/oracle/unquantized.py; docs/reading/vllm-v1-fused-moe.md)",
     ),
@@ -798,8 +957,11 @@ const R0_21: Release = Release {
     chunked_local_hybrid: true,
     mm: Some(MmProfile {
         placeholder_tokens: false,
+        items_capped_by_model_len: true,
+        pads_to_budget: false,
         tower_skipped_at_zero: true,
-        sdpa_on_blackwell: false,
+        text_only_at_zero: true,
+        vision_attention: VisionAttention::FlashVarlen,
     }),
 };
 
@@ -898,6 +1060,19 @@ const ALWAYS: &[&str] = &[
 ];
 
 impl Release {
+    /// Whether vramscope reproduces this release with weights quantized as `quant`.
+    pub fn check_quant(&self, quant: crate::quant::Quant) -> Result<()> {
+        use crate::quant::Quant;
+        if self.quantized_read || matches!(quant, Quant::F16 | Quant::BF16) {
+            return Ok(());
+        }
+        Err(Error::Request(format!(
+            "--vllm {} with --quant {quant}: this release's quantized linear paths are not read \
+             (it is reproduced for 16-bit models); use --vllm 0.11 or later, or 0.8 for V0",
+            self.name
+        )))
+    }
+
     /// Whether this release can load a model of `model_type` `arch`: the 0.8.5 wheel has
     /// vllm/model_executor/models/qwen3.py and the 0.7.3 wheel has not, so the rows from 0.8
     /// on run Qwen3.
@@ -911,10 +1086,14 @@ impl Release {
             // gpt_oss.py arrived with vLLM 0.10.1, V1 only; its 16-bit experts run the
             // release's fused MoE (with biases and swigluoai).
             return match (self.engine, self.fused_moe) {
-                (Engine::V1 { .. }, FusedMoe::Kernel(_)) => Ok(()),
-                (Engine::V0, _) => Err(Error::Request(format!(
+                _ if !self.has_gpt_oss => Err(Error::Request(format!(
                     "--vllm {}: that release has no model file for model_type 'gpt_oss' \
                      (gpt_oss.py arrived in vLLM 0.10.1, for V1 only); use --vllm 0.11 or later",
+                    self.name
+                ))),
+                (Engine::V1 { .. }, FusedMoe::Kernel(_)) => Ok(()),
+                (Engine::V0, _) => Err(Error::Request(format!(
+                    "--vllm {}: model_type 'gpt_oss' runs on V1 only",
                     self.name
                 ))),
                 (_, FusedMoe::Unmodelled(why)) => Err(Error::Request(format!(
@@ -1048,7 +1227,7 @@ impl Release {
     pub fn mla_backend(&self, major: u32, kv_fp8: bool, block_size: u64) -> Result<MlaBackend> {
         let Some(era) = self.mla else {
             return Err(Error::Request(format!(
-                "--vllm {}: multi-head latent attention under this release's V0 engine is not modelled (it runs the prefill attention in the profile pass and sizes its workspace at 128k tokens); it is reproduced for --vllm 0.11, 0.15 and 0.19",
+                "--vllm {}: multi-head latent attention under this release is not modelled (V0 runs the prefill attention in the profile pass and sizes its workspace at 128k tokens; 0.10's V1 MLA backends are not read); it is reproduced for --vllm 0.11, 0.15 and 0.19",
                 self.name
             )));
         };
@@ -1383,7 +1562,21 @@ mod tests {
     fn names_and_aliases_find_their_release() {
         assert_eq!(release("0.6.4.post1").unwrap().name, "0.6.4");
         assert_eq!(release("v0.7.1").unwrap().name, "0.7");
-        assert_eq!(release("0.10.0").unwrap().name, "0.8");
+        assert_eq!(release("0.10.0").unwrap().name, "0.10");
+        assert_eq!(release("0.9.2").unwrap().name, "0.8");
+        // 0.10.0 runs V1 by default, with no gpt_oss.py (0.10.1's wheel has it).
+        let r = release("0.10").unwrap();
+        assert!(matches!(r.engine, Engine::V1 { .. }));
+        let e = r.check_arch("gpt_oss").unwrap_err().to_string();
+        assert!(e.contains("no model file for model_type 'gpt_oss'"), "{e}");
+        assert!(r.check_arch("gemma3_text").is_ok());
+        assert!(r.check_arch("mixtral").is_err());
+        assert!(r.check_quant(crate::quant::Quant::BF16).is_ok());
+        let e = r
+            .check_quant(crate::quant::Quant::Fp8)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--vllm 0.10 with --quant fp8"), "{e}");
         assert_eq!(release(DEFAULT).unwrap().formula, FormulaId::Pr9516);
         let e = release("0.5.0").unwrap_err().to_string();
         assert!(e.contains("--vllm 0.5.0") && e.contains("380e1863"), "{e}");

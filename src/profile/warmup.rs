@@ -38,8 +38,8 @@ use crate::base::error::{Error, Result};
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::DType;
 
-/// vLLM's message when the sampler of the warm-up runs out of memory (identical in 0.11.0,
-/// 0.15.1, 0.19.0 and 0.21.0).
+/// vLLM's message when the sampler of the warm-up runs out of memory (identical in 0.10.0,
+/// 0.11.0, 0.15.1, 0.19.0 and 0.21.0).
 pub fn vllm_message(num_reqs: u64) -> String {
     format!(
         "RuntimeError: CUDA out of memory occurred when warming up sampler with {num_reqs} \
@@ -52,6 +52,9 @@ pub fn vllm_message(num_reqs: u64) -> String {
 /// `_dummy_sampler_run`, and the worker's line that calls it.
 pub fn source(release: &str) -> &'static str {
     match release {
+        "0.10" => {
+            "vLLM 0.10.0 v1/worker/gpu_model_runner.py L2235-2246 (_dummy_sampler_run, from gpu_worker.py L313)"
+        }
         "0.11" => {
             "vLLM 0.11.0 v1/worker/gpu_model_runner.py L3219-3227 (_dummy_sampler_run, from gpu_worker.py L413)"
         }

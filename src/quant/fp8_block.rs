@@ -517,8 +517,9 @@ pub fn check_gpu(arch: &str, gpu: &str) -> Result<()> {
 }
 
 /// The releases whose block-wise fp8 vramscope reproduces: the release's `fp8_block` era
-/// (`era`), 0.8.5 asked as `--vllm 0.8` or `0.8.5` (0.9 and 0.10 share the 0.8 row for the
-/// profile run, but their block-wise linear was not checked against 0.8.5's), and the V1
+/// (`era`), 0.8.5 asked as `--vllm 0.8` or `0.8.5` (0.9 shares the 0.8 row for the profile
+/// run, but its block-wise linear was not checked against 0.8.5's; the V1 0.10 row has none
+/// read), and the V1
 /// releases 0.11, 0.15 and 0.19. 0.6.3 to 0.6.5 have no `weight_block_size`; 0.6.6 (which
 /// shares the 0.6.5 row) reads it but runs Triton only and makes no device identity; 0.7 and
 /// 0.21 on are not read.

@@ -1087,7 +1087,7 @@ pub fn check_gpu(
 pub fn check_release(release: &str) -> Result<Era> {
     Era::of_release(release).ok_or_else(|| {
         Error::Request(format!(
-            "an AWQ or GPTQ checkpoint with --vllm {release}: vramscope reproduces vLLM 0.6.4's Marlin repack and GEMM (awq_marlin.py, kernels/marlin.py) and those of the V1 releases from 0.11; this release's are not checked: use --vllm 0.6.4 or a V1 release"
+            "an AWQ or GPTQ checkpoint with --vllm {release}: vramscope reproduces vLLM 0.6.4's Marlin repack and GEMM (awq_marlin.py, kernels/marlin.py) and those of the V1 releases from 0.11; this release's are not checked: use --vllm 0.6.4 or a V1 release from 0.11"
         ))
     })
 }

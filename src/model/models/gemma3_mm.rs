@@ -1,6 +1,6 @@
 //! Gemma 3's vision side as vLLM builds and runs it: the SigLIP vision tower
 //! (`model_executor/models/siglip.py` `SiglipVisionModel`) and `Gemma3MultiModalProjector`
-//! (`gemma3_mm.py`), op-identical in 0.11.0, 0.15.0 and 0.19.0 for what is allocated. The
+//! (`gemma3_mm.py`), op-identical in 0.10.0, 0.11.0, 0.15.0 and 0.19.0 for what is allocated. The
 //! language model is gemma3_text's (`llama.rs` with `gemma.rs`).
 //!
 //! Weights (made before the language model's: `Gemma3ForConditionalGeneration.__init__`,
