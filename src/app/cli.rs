@@ -481,21 +481,6 @@ impl ProfileArgs {
                 )));
             }
         }
-        // vLLM's SchedulerConfig check when both are given and chunked prefill is off.
-        if let (Some(tokens), Some(len)) = (self.work.tokens, self.max_model_len) {
-            // V1 releases always chunk.
-            let v1 = crate::profile::vllm::release(&self.vllm)
-                .is_ok_and(|r| matches!(r.engine, crate::profile::vllm::Engine::V1 { .. }));
-            let chunked = v1
-                || self
-                    .enable_chunked_prefill
-                    .unwrap_or(len > crate::profile::vllm::CHUNKED_PREFILL_ABOVE);
-            if !chunked && (tokens as u64) < len {
-                return Err(crate::Error::Request(format!(
-                    "--max-num-batched-tokens {tokens} with --max-model-len {len}: vLLM refuses it: \"ValueError: max_num_batched_tokens ({tokens}) is smaller than max_model_len ({len}). This effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer sequences. Please increase max_num_batched_tokens or decrease max_model_len.\""
-                )));
-            }
-        }
         let model = ModelSource::parse(&self.work.model)?;
         let quant = match (&self.dtype, &self.quantization) {
             (None, None) => Quant::parse(&self.work.quant)?,

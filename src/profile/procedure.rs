@@ -906,6 +906,7 @@ pub(crate) fn run_rank(
         .as_ref()
         .map_or(0, |o| o.config.max_position_embeddings);
     check_against_model(req, max_positions)?;
+    req.check_batch_covers_length(max_positions)?;
     if let Some(o) = &opened {
         req.release()?.check_arch(&o.config.arch)?;
     }
