@@ -795,6 +795,8 @@ fn exports_are_all_or_nothing_when_one_target_cannot_be_written() {
             "sim:h100-80gb:dry",
             "--tokens",
             "16",
+            "--max-model-len",
+            "16",
             "-q",
             "--json",
             a.to_str().unwrap(),
@@ -832,6 +834,8 @@ fn exports_to_a_read_only_folder_write_nothing_anywhere() {
             "--device",
             "sim:h100-80gb:dry",
             "--tokens",
+            "16",
+            "--max-model-len",
             "16",
             "-q",
             "--json",
@@ -872,6 +876,8 @@ fn exports_to_a_full_disk_write_nothing_anywhere() {
             "sim:h100-80gb:dry",
             "--tokens",
             "16",
+            "--max-model-len",
+            "16",
             "-q",
             "--csv",
             b.to_str().unwrap(),
@@ -903,6 +909,8 @@ fn the_same_file_for_two_exports_is_refused() {
             "sim:h100-80gb:dry",
             "--tokens",
             "16",
+            "--max-model-len",
+            "16",
             "-q",
             "--csv",
             a.to_str().unwrap(),
@@ -925,7 +933,7 @@ fn compute_mode_beyond_host_memory_is_refused_with_the_numbers() {
         Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "ulimit -v 1572864 && exec {bin} profile --model preset:llama-3-8b --device sim:h100-80gb:compute --tokens 16 {extra}"
+                "ulimit -v 1572864 && exec {bin} profile --model preset:llama-3-8b --device sim:h100-80gb:compute --tokens 16 --max-model-len 16 {extra}"
             ))
             .output()
             .unwrap()
@@ -948,6 +956,8 @@ fn compute_mode_says_its_host_memory_and_time_before_it_starts() {
             "--device",
             "sim:h100-80gb:compute",
             "--tokens",
+            "16",
+            "--max-model-len",
             "16",
             "--passes",
             "1",
@@ -1251,7 +1261,7 @@ fn a_dry_run_past_ulimit_v_is_refused_counting_every_rank_and_runs_when_it_fits(
     assert!(!err.contains("memory allocation of"), "{err}");
     assert!(names_in(dir.path()).is_empty());
     // A small run under the same limit is not refused.
-    let out = run("--model preset:tiny --device sim:h100-80gb:dry --tokens 16 --json small.json");
+    let out = run("--model preset:tiny --device sim:h100-80gb:dry --tokens 16 --max-model-len 16 --json small.json");
     assert!(
         out.status.success(),
         "{}",
