@@ -2066,6 +2066,125 @@ fn a_plan_refusal_is_one_line_without_the_notes_before_it() {
     );
 }
 
+/// Issue 50: a batch below max_model_len with chunked prefill off was accepted when only the
+/// batch flag was given. vLLM takes max_model_len from the model (8192 for Llama-3-8B) and
+/// refuses the start (0.6.3 vllm/config.py L1023-1032; V1 with `--enable-chunked-prefill
+/// false`: 0.19.0 config/scheduler.py L259-270), whichever command describes it.
+#[test]
+fn a_batch_below_the_models_length_with_chunked_prefill_off_is_refused_as_vllm_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let vllm_says = "max_num_batched_tokens (512) is smaller than max_model_len (8192)";
+    for args in [
+        &["profile", "--tokens", "512", "--device", "sim:h100-80gb:dry"][..],
+        &[
+            "profile",
+            "--max-num-batched-tokens",
+            "512",
+            "--vllm",
+            "0.8",
+        ][..],
+        &[
+            "profile",
+            "--tokens",
+            "512",
+            "--vllm",
+            "0.19",
+            "--enable-chunked-prefill",
+            "false",
+        ][..],
+        &[
+            "plan",
+            "--",
+            "vllm",
+            "serve",
+            "meta-llama/Meta-Llama-3-8B",
+            "--max-num-batched-tokens",
+            "512",
+        ][..],
+        &[
+            "plan",
+            "--vllm",
+            "0.19",
+            "--",
+            "vllm",
+            "serve",
+            "meta-llama/Meta-Llama-3-8B",
+            "--max-num-batched-tokens",
+            "512",
+            "--no-enable-chunked-prefill",
+        ][..],
+    ] {
+        expect_guarded_refusal(
+            dir.path(),
+            args,
+            &[
+                vllm_says,
+                "(give --max-model-len 512 or --enable-chunked-prefill true)",
+            ],
+        );
+    }
+    // The flag named fixes it: vLLM starts with either.
+    for extra in [
+        &["--max-model-len", "512"][..],
+        &["--enable-chunked-prefill", "true"][..],
+    ] {
+        let mut args = vec!["profile", "-q", "--tokens", "512"];
+        args.extend(extra);
+        let out = vramscope(&args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // V1 chunks by default: the same batch starts.
+    let out = vramscope(&["profile", "-q", "--tokens", "512", "--vllm", "0.19"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// V1 with chunked prefill off and no batch given takes the release's own default: 0.11.0
+/// max_model_len itself (engine/arg_utils.py L1667-1668), 0.15.1 on max(max_model_len, the
+/// chunked default) (0.19.0 L2217-2222), where vramscope took the chunked default.
+#[test]
+fn v1_with_chunked_prefill_off_takes_the_releases_default_batch() {
+    let header = |args: &[&str]| {
+        let out = vramscope(args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let v19 = header(&[
+        "profile",
+        "--vllm",
+        "0.19",
+        "--enable-chunked-prefill",
+        "false",
+        "--device",
+        "sim:l40s:dry",
+    ]);
+    // An L40S (44.42 GiB): the chunked default is 2048 tokens and 256 sequences.
+    assert!(v19.contains(": 8192 tokens in 256 seq(s)"), "{v19}");
+    let v19_short = header(&[
+        "profile",
+        "--vllm",
+        "0.19",
+        "--enable-chunked-prefill",
+        "false",
+        "--max-model-len",
+        "4096",
+    ]);
+    assert!(v19_short.contains(": 8192 tokens in 1024 seq(s)"), "{v19_short}");
+    let v11 = header(&[
+        "profile",
+        "--vllm",
+        "0.11",
+        "--enable-chunked-prefill",
+        "false",
+        "--max-model-len",
+        "4096",
+    ]);
+    assert!(v11.contains(": 4096 tokens in 1024 seq(s)"), "{v11}");
+}
+
 #[test]
 fn a_log_mixing_v0_and_v1_memory_lines_is_refused_naming_both() {
     let kv_line = public_log("q1-0.19-llama-3.1-8b-h100.log")
