@@ -201,8 +201,10 @@ fn size_arg(s: &str) -> std::result::Result<u64, String> {
 pub struct ProfileArgs {
     #[command(flatten)]
     pub work: WorkloadArgs,
-    /// sim:PRESET[:dry|:compute] or cuda:N.
-    #[arg(long, default_value = "sim:h100-80gb:dry")]
+    /// sim:PRESET[:dry|:compute] or cuda:N. Default: an H100 as vLLM sees it (h100-sxm:
+    /// cudaMemGetInfo's 79.22 GiB, vLLM's total_gpu_memory; h100-80gb simulates nvidia-smi's
+    /// 79.65 GiB).
+    #[arg(long, default_value = "sim:h100-sxm:dry")]
     pub device: String,
     /// The total the simulated GPU reports (what `torch.cuda.mem_get_info()[1]` says on your
     /// GPU, vLLM's `total_gpu_memory`), instead of the preset's; the preset still gives the
