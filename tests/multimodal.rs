@@ -295,14 +295,14 @@ fn the_documented_multimodal_lines_run_as_written() {
             &outs[0],
             [
                 "Actual usage is 51.45 GiB for weight, 6.53 GiB for peak activation",
-                "Available KV cache memory: 13.53 GiB",
+                "Available KV cache memory: 13.15 GiB",
             ],
         ),
         (
             &outs[1],
             [
                 "Actual usage is 50.65 GiB for weight, 3.76 GiB for peak activation",
-                "Available KV cache memory: 17.10 GiB",
+                "Available KV cache memory: 16.72 GiB",
             ],
         ),
         (
