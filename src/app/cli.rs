@@ -305,8 +305,9 @@ pub struct ProfileArgs {
     /// such as 0.6.4.post1, 0.10.0 or 0.19.0).
     #[arg(long, default_value = crate::profile::vllm::DEFAULT, value_name = "RELEASE")]
     pub vllm: String,
-    /// vLLM's --enable-chunked-prefill (default: vLLM's rule, on above a 32k context; the
-    /// batch is then the release's chunk, 512 or 2048 tokens).
+    /// vLLM's --enable-chunked-prefill (default: vLLM's rule, on above a 32k context in V0,
+    /// always in V1; the batch is then the release's chunk, 512 or 2048 tokens). Off, a
+    /// --max-num-batched-tokens below max_model_len is refused, as vLLM refuses it.
     #[arg(long, value_name = "BOOL")]
     pub enable_chunked_prefill: Option<bool>,
     /// Also search the largest KV cache that really serves: the most blocks with which two
