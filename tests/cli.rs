@@ -2075,7 +2075,13 @@ fn a_batch_below_the_models_length_with_chunked_prefill_off_is_refused_as_vllm_r
     let dir = tempfile::tempdir().unwrap();
     let vllm_says = "max_num_batched_tokens (512) is smaller than max_model_len (8192)";
     for args in [
-        &["profile", "--tokens", "512", "--device", "sim:h100-80gb:dry"][..],
+        &[
+            "profile",
+            "--tokens",
+            "512",
+            "--device",
+            "sim:h100-80gb:dry",
+        ][..],
         &[
             "profile",
             "--max-num-batched-tokens",
@@ -2131,11 +2137,19 @@ fn a_batch_below_the_models_length_with_chunked_prefill_off_is_refused_as_vllm_r
         let mut args = vec!["profile", "-q", "--tokens", "512"];
         args.extend(extra);
         let out = vramscope(&args);
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     // V1 chunks by default: the same batch starts.
     let out = vramscope(&["profile", "-q", "--tokens", "512", "--vllm", "0.19"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// V1 with chunked prefill off and no batch given takes the release's own default: 0.11.0
@@ -2145,7 +2159,11 @@ fn a_batch_below_the_models_length_with_chunked_prefill_off_is_refused_as_vllm_r
 fn v1_with_chunked_prefill_off_takes_the_releases_default_batch() {
     let header = |args: &[&str]| {
         let out = vramscope(args);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .next()
@@ -2172,7 +2190,10 @@ fn v1_with_chunked_prefill_off_takes_the_releases_default_batch() {
         "--max-model-len",
         "4096",
     ]);
-    assert!(v19_short.contains(": 8192 tokens in 1024 seq(s)"), "{v19_short}");
+    assert!(
+        v19_short.contains(": 8192 tokens in 1024 seq(s)"),
+        "{v19_short}"
+    );
     let v11 = header(&[
         "profile",
         "--vllm",

@@ -966,6 +966,8 @@ mod tests {
             ProfileRequest {
                 quant: Quant::Int8,
                 seqs: 0,
+                // The H100 as vLLM sees it; the library's default request keeps nvidia-smi's.
+                device: crate::device::DeviceSpec::parse("sim:h100-sxm:dry").unwrap(),
                 ..ProfileRequest::default()
             }
         );
