@@ -80,7 +80,7 @@ pub struct SetupForm {
     /// vLLM's `--enforce-eager`: no CUDA graphs (a V1 release captures them otherwise).
     #[serde(default)]
     pub enforce_eager: bool,
-    /// vLLM's `--enable-chunked-prefill`; `None`: the release's rule (V1 always chunks).
+    /// vLLM's `--enable-chunked-prefill`; `None`: the release's rule (V1 chunks unless off).
     #[serde(default)]
     pub chunked_prefill: Option<bool>,
     /// vLLM's `--kv-cache-memory` (V1): the KV cache's size per GPU, given; empty: vLLM
@@ -787,7 +787,9 @@ impl SetupForm {
                 ui.end_row();
                 let l = ui.label("chunked prefill").on_hover_text(
                     "vLLM's --enable-chunked-prefill. The release's rule: V0 chunks above a \
-                     32k context (the batch is then the release's chunk), V1 always.",
+                     32k context (the batch is then the release's chunk), V1 always. Off, a \
+                     max_num_batched_tokens below max_model_len is refused, as vLLM refuses \
+                     it; V1 off takes the release's own default batch.",
                 );
                 let label = |c: Option<bool>| match c {
                     None => "the release's rule",
