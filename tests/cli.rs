@@ -797,6 +797,8 @@ fn exports_are_all_or_nothing_when_one_target_cannot_be_written() {
             "16",
             "--max-model-len",
             "16",
+            "--max-num-seqs",
+            "16",
             "-q",
             "--json",
             a.to_str().unwrap(),
@@ -836,6 +838,8 @@ fn exports_to_a_read_only_folder_write_nothing_anywhere() {
             "--tokens",
             "16",
             "--max-model-len",
+            "16",
+            "--max-num-seqs",
             "16",
             "-q",
             "--json",
@@ -878,6 +882,8 @@ fn exports_to_a_full_disk_write_nothing_anywhere() {
             "16",
             "--max-model-len",
             "16",
+            "--max-num-seqs",
+            "16",
             "-q",
             "--csv",
             b.to_str().unwrap(),
@@ -911,6 +917,8 @@ fn the_same_file_for_two_exports_is_refused() {
             "16",
             "--max-model-len",
             "16",
+            "--max-num-seqs",
+            "16",
             "-q",
             "--csv",
             a.to_str().unwrap(),
@@ -933,7 +941,7 @@ fn compute_mode_beyond_host_memory_is_refused_with_the_numbers() {
         Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "ulimit -v 1572864 && exec {bin} profile --model preset:llama-3-8b --device sim:h100-80gb:compute --tokens 16 --max-model-len 16 {extra}"
+                "ulimit -v 1572864 && exec {bin} profile --model preset:llama-3-8b --device sim:h100-80gb:compute --tokens 16 --max-model-len 16 --max-num-seqs 16 {extra}"
             ))
             .output()
             .unwrap()
@@ -958,6 +966,8 @@ fn compute_mode_says_its_host_memory_and_time_before_it_starts() {
             "--tokens",
             "16",
             "--max-model-len",
+            "16",
+            "--max-num-seqs",
             "16",
             "--passes",
             "1",
@@ -1261,7 +1271,7 @@ fn a_dry_run_past_ulimit_v_is_refused_counting_every_rank_and_runs_when_it_fits(
     assert!(!err.contains("memory allocation of"), "{err}");
     assert!(names_in(dir.path()).is_empty());
     // A small run under the same limit is not refused.
-    let out = run("--model preset:tiny --device sim:h100-80gb:dry --tokens 16 --max-model-len 16 --json small.json");
+    let out = run("--model preset:tiny --device sim:h100-80gb:dry --tokens 16 --max-model-len 16 --max-num-seqs 16 --json small.json");
     assert!(
         out.status.success(),
         "{}",
@@ -2150,6 +2160,60 @@ fn a_batch_below_the_models_length_with_chunked_prefill_off_is_refused_as_vllm_r
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// V0 keeps vLLM's 256 sequences whatever batch is given, so a batch below 256 tokens with
+/// `--max-num-seqs` left out is refused as vLLM refuses it ("max_num_batched_tokens (…) must
+/// be greater than or equal to max_num_seqs (256)", 0.6.3 vllm/config.py L1034-1038; 0.8.5
+/// L2033-2037); V1 takes min(its default, the batch) and starts.
+#[test]
+fn a_v0_batch_below_vllms_default_sequences_is_refused_as_vllm_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        &["profile", "--tokens", "64", "--max-model-len", "64"][..],
+        &[
+            "plan",
+            "--vllm",
+            "0.8",
+            "--",
+            "vllm",
+            "serve",
+            "meta-llama/Meta-Llama-3-8B",
+            "--max-model-len",
+            "128",
+            "--max-num-batched-tokens",
+            "128",
+        ][..],
+    ] {
+        expect_guarded_refusal(
+            dir.path(),
+            args,
+            &[
+                "must be greater than or equal to max_num_seqs (256)",
+                "(give --max-num-seqs",
+            ],
+        );
+    }
+    for args in [
+        &[
+            "profile",
+            "-q",
+            "--tokens",
+            "64",
+            "--max-model-len",
+            "64",
+            "--max-num-seqs",
+            "64",
+        ][..],
+        &["profile", "-q", "--tokens", "64", "--vllm", "0.19"][..],
+    ] {
+        let out = vramscope(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// V1 with chunked prefill off and no batch given takes the release's own default: 0.11.0

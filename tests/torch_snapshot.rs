@@ -217,6 +217,8 @@ fn profile_writes_a_torch_snapshot() {
         "64",
         "--max-model-len",
         "64",
+        "--max-num-seqs",
+        "64",
         "--quiet",
         "--torch-snapshot",
         path.to_str().unwrap(),

@@ -403,6 +403,26 @@ impl ProfileRequest {
         )))
     }
 
+    /// vLLM's other scheduler check: `max_num_batched_tokens` below `max_num_seqs` is refused
+    /// ("ValueError: max_num_batched_tokens (…) must be greater than or equal to max_num_seqs
+    /// (…)", 0.6.3 vllm/config.py L1034-1038, 0.8.5 L2033-2037). V0 keeps its 256 sequences
+    /// whatever batch is given (0.6.3 engine/arg_utils.py L115; 0.8.5 L1561-1563), so a batch
+    /// below 256 tokens with `--max-num-seqs` left out does not start; V1 takes
+    /// min(its default, the batch) (0.11.0 engine/arg_utils.py L1676-1679). A given
+    /// `--max-num-seqs` above the batch is `validate`'s.
+    pub fn check_default_seqs_fit_batch(&self) -> Result<()> {
+        let v1 = self
+            .release()
+            .is_ok_and(|r| matches!(r.engine, super::vllm::Engine::V1 { .. }));
+        let tokens = self.tokens;
+        if v1 || self.seqs != 0 || tokens == 0 || tokens >= VLLM_MAX_NUM_SEQS {
+            return Ok(());
+        }
+        Err(Error::Request(format!(
+            "--max-num-batched-tokens {tokens} with vLLM's default max_num_seqs {VLLM_MAX_NUM_SEQS}: vLLM refuses it: \"ValueError: max_num_batched_tokens ({tokens}) must be greater than or equal to max_num_seqs ({VLLM_MAX_NUM_SEQS}).\" (give --max-num-seqs {tokens} or fewer)"
+        )))
+    }
+
     /// Rejects settings that cannot work, naming the setting (0 tokens or max_model_len mean
     /// vLLM's defaults, filled in by `resolved`).
     pub fn validate(&self) -> Result<()> {
@@ -422,6 +442,7 @@ impl ProfileRequest {
             count(what, bytes, 0, crate::base::limits::MAX_BYTES)?;
         }
         self.check_batch_covers_length(0)?;
+        self.check_default_seqs_fit_batch()?;
         // 0 sequences: vLLM's default, filled in by `resolved` (the CLI refuses a given 0).
         if self.tokens > 0 && self.seqs > self.tokens {
             return bad(format!(
