@@ -144,7 +144,8 @@ pub struct WorkloadArgs {
     )]
     pub tokens: Option<usize>,
     /// vLLM's max_num_seqs: sequences the batch is split into, as vLLM's profile run splits it.
-    /// Default for profile: vLLM's 256 (at most --max-num-batched-tokens); for bench: 1.
+    /// Default for profile: vLLM's 256 (V1: at most --max-num-batched-tokens; V0 refuses a
+    /// smaller batch, as vLLM does); for bench: 1.
     #[arg(long = "max-num-seqs", visible_alias = "seqs", value_name = "N")]
     pub seqs: Option<usize>,
     /// LLM.int8 outlier threshold (Hugging Face checkpoints use 6.0).

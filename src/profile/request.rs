@@ -288,7 +288,8 @@ impl ProfileRequest {
     /// 0.6.4, 2048 after; config.py `SchedulerConfig.__init__`), and 256 sequences; V1:
     /// chunked prefill always, the batch and sequences of `vllm serve` (or of the `LLM` class)
     /// for this GPU (`vllm::v1_default_batch`). 0 sequences means vLLM's default; fewer when the batch is
-    /// smaller (vLLM takes min(max_num_seqs, max_num_batched_tokens)).
+    /// smaller (V1 takes min(max_num_seqs, max_num_batched_tokens); V0 refuses a given batch
+    /// below its 256, `check_default_seqs_fit_batch`).
     pub fn resolved(&self, max_positions: usize) -> ProfileRequest {
         let mut r = self.clone();
         if r.max_model_len == 0 {
