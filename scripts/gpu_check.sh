@@ -145,7 +145,7 @@ final)
     summ "/tmp/opt-${d%%:*}.json"
   done
   run "$B" profile --model preset:llama-3-8b --quant int8 --device cuda:0 -q --no-verify --torch-snapshot /tmp/l8.pickle
-  run "$B" profile --model preset:tiny --device cuda:0 --tokens 64 -q --torch-snapshot /tmp/tiny.pickle
+  run "$B" profile --model preset:tiny --device cuda:0 --tokens 64 --max-model-len 64 --max-num-seqs 64 -q --torch-snapshot /tmp/tiny.pickle
   for f in tiny l8; do
     run python3 -m torch.cuda._memory_viz trace_plot /tmp/$f.pickle -o "/tmp/$f.trace.html"
     run python3 -m torch.cuda._memory_viz segment_plot /tmp/$f.pickle -o "/tmp/$f.segments.html"

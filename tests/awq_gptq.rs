@@ -140,6 +140,7 @@ fn dry_weights(dir: &Path, device: &str) -> (u64, u64) {
         quant: Quant::F16,
         device: DeviceSpec::parse(device).unwrap(),
         tokens: 256,
+        max_model_len: 256,
         seqs: 4,
         verify: false,
         vllm: "0.6.4".into(),
@@ -262,6 +263,8 @@ fn profile_under(dir: &Path, device: &str, vllm: &str) -> serde_json::Value {
         "--device",
         device,
         "--tokens",
+        "256",
+        "--max-model-len",
         "256",
     ]));
     serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap()

@@ -588,6 +588,10 @@ fn quant_int8_on_an_nf4_checkpoint_is_refused_not_reported_as_int8() {
                 quant,
                 "--tokens",
                 "16",
+                "--max-model-len",
+                "16",
+                "--max-num-seqs",
+                "16",
                 "--no-verify",
                 "-q",
             ])

@@ -19,6 +19,7 @@ fn cancel_latency(after: Duration) -> Duration {
         model: ModelSource::parse("preset:smollm2-135m").unwrap(),
         device: DeviceSpec::parse("sim:h100-80gb:compute").unwrap(),
         tokens: 4096,
+        max_model_len: 4096,
         seqs: 1,
         passes: 1,
         verify: false,

@@ -795,6 +795,10 @@ fn exports_are_all_or_nothing_when_one_target_cannot_be_written() {
             "sim:h100-80gb:dry",
             "--tokens",
             "16",
+            "--max-model-len",
+            "16",
+            "--max-num-seqs",
+            "16",
             "-q",
             "--json",
             a.to_str().unwrap(),
@@ -832,6 +836,10 @@ fn exports_to_a_read_only_folder_write_nothing_anywhere() {
             "--device",
             "sim:h100-80gb:dry",
             "--tokens",
+            "16",
+            "--max-model-len",
+            "16",
+            "--max-num-seqs",
             "16",
             "-q",
             "--json",
@@ -872,6 +880,10 @@ fn exports_to_a_full_disk_write_nothing_anywhere() {
             "sim:h100-80gb:dry",
             "--tokens",
             "16",
+            "--max-model-len",
+            "16",
+            "--max-num-seqs",
+            "16",
             "-q",
             "--csv",
             b.to_str().unwrap(),
@@ -903,6 +915,10 @@ fn the_same_file_for_two_exports_is_refused() {
             "sim:h100-80gb:dry",
             "--tokens",
             "16",
+            "--max-model-len",
+            "16",
+            "--max-num-seqs",
+            "16",
             "-q",
             "--csv",
             a.to_str().unwrap(),
@@ -925,7 +941,7 @@ fn compute_mode_beyond_host_memory_is_refused_with_the_numbers() {
         Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "ulimit -v 1572864 && exec {bin} profile --model preset:llama-3-8b --device sim:h100-80gb:compute --tokens 16 {extra}"
+                "ulimit -v 1572864 && exec {bin} profile --model preset:llama-3-8b --device sim:h100-80gb:compute --tokens 16 --max-model-len 16 --max-num-seqs 16 {extra}"
             ))
             .output()
             .unwrap()
@@ -948,6 +964,10 @@ fn compute_mode_says_its_host_memory_and_time_before_it_starts() {
             "--device",
             "sim:h100-80gb:compute",
             "--tokens",
+            "16",
+            "--max-model-len",
+            "16",
+            "--max-num-seqs",
             "16",
             "--passes",
             "1",
@@ -1251,7 +1271,7 @@ fn a_dry_run_past_ulimit_v_is_refused_counting_every_rank_and_runs_when_it_fits(
     assert!(!err.contains("memory allocation of"), "{err}");
     assert!(names_in(dir.path()).is_empty());
     // A small run under the same limit is not refused.
-    let out = run("--model preset:tiny --device sim:h100-80gb:dry --tokens 16 --json small.json");
+    let out = run("--model preset:tiny --device sim:h100-80gb:dry --tokens 16 --max-model-len 16 --max-num-seqs 16 --json small.json");
     assert!(
         out.status.success(),
         "{}",
@@ -2054,6 +2074,200 @@ fn a_plan_refusal_is_one_line_without_the_notes_before_it() {
         ],
         &["max_num_batched_tokens (4096) is smaller than max_model_len (8192)"],
     );
+}
+
+/// Issue 50: a batch below max_model_len with chunked prefill off was accepted when only the
+/// batch flag was given. vLLM takes max_model_len from the model (8192 for Llama-3-8B) and
+/// refuses the start (0.6.3 vllm/config.py L1023-1032; V1 with `--enable-chunked-prefill
+/// false`: 0.19.0 config/scheduler.py L259-270), whichever command describes it.
+#[test]
+fn a_batch_below_the_models_length_with_chunked_prefill_off_is_refused_as_vllm_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let vllm_says = "max_num_batched_tokens (512) is smaller than max_model_len (8192)";
+    for args in [
+        &[
+            "profile",
+            "--tokens",
+            "512",
+            "--device",
+            "sim:h100-80gb:dry",
+        ][..],
+        &[
+            "profile",
+            "--max-num-batched-tokens",
+            "512",
+            "--vllm",
+            "0.8",
+        ][..],
+        &[
+            "profile",
+            "--tokens",
+            "512",
+            "--vllm",
+            "0.19",
+            "--enable-chunked-prefill",
+            "false",
+        ][..],
+        &[
+            "plan",
+            "--",
+            "vllm",
+            "serve",
+            "meta-llama/Meta-Llama-3-8B",
+            "--max-num-batched-tokens",
+            "512",
+        ][..],
+        &[
+            "plan",
+            "--vllm",
+            "0.19",
+            "--",
+            "vllm",
+            "serve",
+            "meta-llama/Meta-Llama-3-8B",
+            "--max-num-batched-tokens",
+            "512",
+            "--no-enable-chunked-prefill",
+        ][..],
+    ] {
+        expect_guarded_refusal(
+            dir.path(),
+            args,
+            &[
+                vllm_says,
+                "(give --max-model-len 512 or --enable-chunked-prefill true)",
+            ],
+        );
+    }
+    // The flag named fixes it: vLLM starts with either.
+    for extra in [
+        &["--max-model-len", "512"][..],
+        &["--enable-chunked-prefill", "true"][..],
+    ] {
+        let mut args = vec!["profile", "-q", "--tokens", "512"];
+        args.extend(extra);
+        let out = vramscope(&args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // V1 chunks by default: the same batch starts.
+    let out = vramscope(&["profile", "-q", "--tokens", "512", "--vllm", "0.19"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// V0 keeps vLLM's 256 sequences whatever batch is given, so a batch below 256 tokens with
+/// `--max-num-seqs` left out is refused as vLLM refuses it ("max_num_batched_tokens (…) must
+/// be greater than or equal to max_num_seqs (256)", 0.6.3 vllm/config.py L1034-1038; 0.8.5
+/// L2033-2037); V1 takes min(its default, the batch) and starts.
+#[test]
+fn a_v0_batch_below_vllms_default_sequences_is_refused_as_vllm_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        &["profile", "--tokens", "64", "--max-model-len", "64"][..],
+        &[
+            "plan",
+            "--vllm",
+            "0.8",
+            "--",
+            "vllm",
+            "serve",
+            "meta-llama/Meta-Llama-3-8B",
+            "--max-model-len",
+            "128",
+            "--max-num-batched-tokens",
+            "128",
+        ][..],
+    ] {
+        expect_guarded_refusal(
+            dir.path(),
+            args,
+            &[
+                "must be greater than or equal to max_num_seqs (256)",
+                "(give --max-num-seqs",
+            ],
+        );
+    }
+    for args in [
+        &[
+            "profile",
+            "-q",
+            "--tokens",
+            "64",
+            "--max-model-len",
+            "64",
+            "--max-num-seqs",
+            "64",
+        ][..],
+        &["profile", "-q", "--tokens", "64", "--vllm", "0.19"][..],
+    ] {
+        let out = vramscope(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// V1 with chunked prefill off and no batch given takes the release's own default: 0.11.0
+/// max_model_len itself (engine/arg_utils.py L1667-1668), 0.15.1 on max(max_model_len, the
+/// chunked default) (0.19.0 L2217-2222), where vramscope took the chunked default.
+#[test]
+fn v1_with_chunked_prefill_off_takes_the_releases_default_batch() {
+    let header = |args: &[&str]| {
+        let out = vramscope(args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let v19 = header(&[
+        "profile",
+        "--vllm",
+        "0.19",
+        "--enable-chunked-prefill",
+        "false",
+        "--device",
+        "sim:l40s:dry",
+    ]);
+    // An L40S (44.42 GiB): the chunked default is 2048 tokens and 256 sequences.
+    assert!(v19.contains(": 8192 tokens in 256 seq(s)"), "{v19}");
+    let v19_short = header(&[
+        "profile",
+        "--vllm",
+        "0.19",
+        "--enable-chunked-prefill",
+        "false",
+        "--max-model-len",
+        "4096",
+    ]);
+    assert!(
+        v19_short.contains(": 8192 tokens in 1024 seq(s)"),
+        "{v19_short}"
+    );
+    let v11 = header(&[
+        "profile",
+        "--vllm",
+        "0.11",
+        "--enable-chunked-prefill",
+        "false",
+        "--max-model-len",
+        "4096",
+    ]);
+    assert!(v11.contains(": 4096 tokens in 1024 seq(s)"), "{v11}");
 }
 
 #[test]

@@ -15,6 +15,7 @@ fn trace(model: &str, device: &str) -> Vec<String> {
         device: DeviceSpec::parse(device).unwrap(),
         // Two sequences longer than one attention block, and the sampler at the end.
         tokens: 600,
+        max_model_len: 600,
         seqs: 2,
         passes: 1,
         verify: false,

@@ -303,6 +303,7 @@ fn the_gpu_framework_trace_matches_the_dry_run() {
             quant: Quant::Int8,
             device: DeviceSpec::parse(device).unwrap(),
             tokens: 512,
+            max_model_len: 512,
             seqs: 2,
             passes: 2,
             verify: false,

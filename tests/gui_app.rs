@@ -158,6 +158,8 @@ fn cancel_stops_a_run_mid_way_and_the_app_can_profile_again() {
     // Real math on the CPU: long enough to cancel in the middle.
     h.get_by_label("compute (CPU math)").click();
     h.state_mut().setup.tokens = 512;
+    // The max_model_len vLLM needs to start with this batch (chunked prefill off).
+    h.state_mut().setup.max_model_len = 512;
     h.run_steps(2);
     assert!(!h.state().setup.dry);
     assert_eq!(h.state().setup.preset, "smollm2-135m");
@@ -720,6 +722,8 @@ fn cancel_in_the_app_lands_within_half_a_second_in_a_4096_token_compute_run() {
         h.run_steps(2);
         h.get_by_label("compute (CPU math)").click();
         h.state_mut().setup.tokens = 4096;
+        // The max_model_len vLLM needs to start with this batch (chunked prefill off).
+        h.state_mut().setup.max_model_len = 4096;
         h.run_steps(2);
         h.get_by_label("Profile").click();
         h.step();
@@ -910,6 +914,7 @@ fn the_apps_request_is_the_clis_for_the_same_settings_under_every_release() {
     use vramscope::app::gui::SetupForm;
     for rel in vramscope::profile::vllm::RELEASES {
         for (device, cli_device) in [
+            ("sim:h100-sxm", "sim:h100-sxm:dry"),
             ("sim:h100-80gb", "sim:h100-80gb:dry"),
             ("sim:l40s", "sim:l40s:dry"),
         ] {
@@ -1025,7 +1030,7 @@ fn a_pasted_vllm_serve_line_runs_what_vramscope_plan_runs() {
         "vramscope",
         "plan",
         "--device",
-        "sim:h100-80gb:dry",
+        "sim:h100-sxm:dry", // the app's default device
         "--vllm",
         "0.19",
         "--",
@@ -1385,14 +1390,16 @@ fn every_gpu_in_the_device_list_has_its_own_name() {
     let mut h = harness();
     h.run_steps(2);
     let combo = h.get_by_role_and_label(Role::ComboBox, "Device");
+    // Issue 51, item 9: the first launch is the H100 as vLLM sees it (cudaMemGetInfo's
+    // 79.22 GiB); nvidia-smi's 79.65 GiB stays one entry away.
     assert_eq!(
         combo.value().as_deref(),
-        Some("NVIDIA H100 80GB HBM3 (simulated, nvidia-smi total)")
+        Some("NVIDIA H100 80GB HBM3 (simulated, vLLM's total)")
     );
     combo.click();
     h.run_steps(3);
     assert!(h
-        .query_all_by_label_contains("NVIDIA H100 80GB HBM3 (simulated, vLLM's total)")
+        .query_all_by_label_contains("NVIDIA H100 80GB HBM3 (simulated, nvidia-smi total)")
         .next()
         .is_some());
 }

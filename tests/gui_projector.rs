@@ -312,6 +312,8 @@ fn information_banners_cover_no_widget() {
     h.run_steps(2);
     h.get_by_label("compute (CPU math)").click();
     h.state_mut().setup.tokens = 256;
+    // The max_model_len vLLM needs to start with this batch (chunked prefill off).
+    h.state_mut().setup.max_model_len = 256;
     h.run_steps(2);
     h.get_by_label("Profile").click();
     h.run_steps(3);
@@ -748,6 +750,8 @@ fn the_live_memory_lines_axis_follows_the_data_during_a_compute_run() {
     h.get_by_label("compute (CPU math)").click();
     // Long enough to stay in flight for the frames below.
     h.state_mut().setup.tokens = 4096;
+    // The max_model_len vLLM needs to start with this batch (chunked prefill off).
+    h.state_mut().setup.max_model_len = 4096;
     h.run_steps(2);
     h.get_by_label("Profile").click();
     h.step();

@@ -56,6 +56,7 @@ fn profile_compute(path: &std::path::Path, quant: Quant) -> profile::Report {
         quant,
         device: DeviceSpec::parse("sim:h100-80gb:compute").unwrap(),
         tokens: 32,
+        max_model_len: 32,
         seqs: 2,
         passes: 2,
         verify: false,

@@ -358,7 +358,7 @@ fn the_documented_multimodal_lines_run_as_written() {
             &outs[0],
             &[
                 "Actual usage is 51.45 GiB for weight, 3.99 GiB for peak activation",
-                "Available KV cache memory: 16.08 GiB",
+                "Available KV cache memory: 15.69 GiB",
                 "it holds 231.0 MiB (pixel values and the encoder cache)",
             ][..],
         ),
@@ -366,7 +366,7 @@ fn the_documented_multimodal_lines_run_as_written() {
             &outs[1],
             &[
                 "Actual usage is 50.65 GiB for weight, 3.76 GiB for peak activation",
-                "Available KV cache memory: 17.10 GiB",
+                "Available KV cache memory: 16.72 GiB",
             ][..],
         ),
         (

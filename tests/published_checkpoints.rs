@@ -57,6 +57,7 @@ fn dry_weights(dir: &Path) -> (u64, u64) {
         quant: Quant::BF16,
         device: DeviceSpec::parse("sim:h200:dry").unwrap(),
         tokens: 256,
+        max_model_len: 256,
         seqs: 4,
         verify: false,
         // The first release here with qwen3.py (and phi3.py, as every one).
@@ -221,6 +222,7 @@ fn phi_2_caches_327680_bytes_per_token() {
             quant: Quant::F16,
             device: DeviceSpec::parse("sim:h100-80gb:dry").unwrap(),
             tokens: 256,
+            max_model_len: 256,
             seqs: 4,
             verify: false,
             vllm: vllm.into(),

@@ -69,6 +69,7 @@ fn progress_reports_phases_passes_and_layers() {
         },
         device: DeviceSpec::parse("sim:h100-80gb").unwrap(),
         tokens: 64,
+        max_model_len: 64,
         seqs: 2,
         passes: 2,
         ..ProfileRequest::default()

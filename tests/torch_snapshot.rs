@@ -139,6 +139,7 @@ fn tiny_run() -> vramscope::Report {
         model: ModelSource::parse("preset:tiny").unwrap(),
         device: vramscope::device::DeviceSpec::parse("sim:h100-80gb:dry").unwrap(),
         tokens: 64,
+        max_model_len: 64,
         seqs: 4,
         outside_during: 3 * MIB,
         ..ProfileRequest::default()
@@ -213,6 +214,10 @@ fn profile_writes_a_torch_snapshot() {
         "--model",
         "preset:tiny",
         "--tokens",
+        "64",
+        "--max-model-len",
+        "64",
+        "--max-num-seqs",
         "64",
         "--quiet",
         "--torch-snapshot",

@@ -144,7 +144,8 @@ pub struct WorkloadArgs {
     )]
     pub tokens: Option<usize>,
     /// vLLM's max_num_seqs: sequences the batch is split into, as vLLM's profile run splits it.
-    /// Default for profile: vLLM's 256 (at most --max-num-batched-tokens); for bench: 1.
+    /// Default for profile: vLLM's 256 (V1: at most --max-num-batched-tokens; V0 refuses a
+    /// smaller batch, as vLLM does); for bench: 1.
     #[arg(long = "max-num-seqs", visible_alias = "seqs", value_name = "N")]
     pub seqs: Option<usize>,
     /// LLM.int8 outlier threshold (Hugging Face checkpoints use 6.0).
@@ -201,8 +202,10 @@ fn size_arg(s: &str) -> std::result::Result<u64, String> {
 pub struct ProfileArgs {
     #[command(flatten)]
     pub work: WorkloadArgs,
-    /// sim:PRESET[:dry|:compute] or cuda:N.
-    #[arg(long, default_value = "sim:h100-80gb:dry")]
+    /// sim:PRESET[:dry|:compute] or cuda:N. Default: an H100 as vLLM sees it (h100-sxm:
+    /// cudaMemGetInfo's 79.22 GiB, vLLM's total_gpu_memory; h100-80gb simulates nvidia-smi's
+    /// 79.65 GiB).
+    #[arg(long, default_value = "sim:h100-sxm:dry")]
     pub device: String,
     /// The total the simulated GPU reports (what `torch.cuda.mem_get_info()[1]` says on your
     /// GPU, vLLM's `total_gpu_memory`), instead of the preset's; the preset still gives the
@@ -303,8 +306,9 @@ pub struct ProfileArgs {
     /// aliases such as 0.6.4.post1, 0.10.0 or 0.19.0).
     #[arg(long, default_value = crate::profile::vllm::DEFAULT, value_name = "RELEASE")]
     pub vllm: String,
-    /// vLLM's --enable-chunked-prefill (default: vLLM's rule, on above a 32k context; the
-    /// batch is then the release's chunk, 512 or 2048 tokens).
+    /// vLLM's --enable-chunked-prefill (default: vLLM's rule, on above a 32k context in V0,
+    /// always in V1; the batch is then the release's chunk, 512 or 2048 tokens). Off, a
+    /// --max-num-batched-tokens below max_model_len is refused, as vLLM refuses it.
     #[arg(long, value_name = "BOOL")]
     pub enable_chunked_prefill: Option<bool>,
     /// Also search the largest KV cache that really serves: the most blocks with which two
@@ -478,21 +482,6 @@ impl ProfileArgs {
             if given == Some(0) {
                 return Err(crate::Error::Request(format!(
                     "{flag} 0: it must be at least 1 (leave the flag out for vLLM's default)"
-                )));
-            }
-        }
-        // vLLM's SchedulerConfig check when both are given and chunked prefill is off.
-        if let (Some(tokens), Some(len)) = (self.work.tokens, self.max_model_len) {
-            // V1 releases always chunk.
-            let v1 = crate::profile::vllm::release(&self.vllm)
-                .is_ok_and(|r| matches!(r.engine, crate::profile::vllm::Engine::V1 { .. }));
-            let chunked = v1
-                || self
-                    .enable_chunked_prefill
-                    .unwrap_or(len > crate::profile::vllm::CHUNKED_PREFILL_ABOVE);
-            if !chunked && (tokens as u64) < len {
-                return Err(crate::Error::Request(format!(
-                    "--max-num-batched-tokens {tokens} with --max-model-len {len}: vLLM refuses it: \"ValueError: max_num_batched_tokens ({tokens}) is smaller than max_model_len ({len}). This effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer sequences. Please increase max_num_batched_tokens or decrease max_model_len.\""
                 )));
             }
         }

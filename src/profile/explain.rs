@@ -1161,7 +1161,7 @@ fn device_of(total_gib: f64) -> (&'static str, Vec<&'static str>) {
         .collect();
     all.sort_by(|a, b| d(a).total_cmp(&d(b)));
     let Some(best) = all.first().map(|p| d(p)) else {
-        return ("h100-80gb", Vec::new());
+        return ("h100-sxm", Vec::new());
     };
     let mut near: Vec<&SimPreset> = all
         .into_iter()
@@ -1170,7 +1170,7 @@ fn device_of(total_gib: f64) -> (&'static str, Vec<&'static str>) {
     // Stable: measured totals first, each group nearest first.
     near.sort_by_key(|p| !p.total_measured);
     let mut ids = near.iter().map(|p| p.id);
-    let first = ids.next().unwrap_or("h100-80gb");
+    let first = ids.next().unwrap_or("h100-sxm");
     (first, ids.collect())
 }
 

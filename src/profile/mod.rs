@@ -45,6 +45,8 @@ pub(crate) fn tiny_dry_report(tokens: usize) -> Report {
         model: crate::model::ModelSource::parse("preset:tiny").unwrap(),
         device: crate::device::DeviceSpec::parse("sim:h100-80gb:dry").unwrap(),
         tokens,
+        // The length vLLM needs to start with this batch and chunked prefill off.
+        max_model_len: tokens as u64,
         seqs: 1,
         ..ProfileRequest::default()
     };

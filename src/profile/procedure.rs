@@ -922,6 +922,8 @@ pub(crate) fn run_rank(
         .map_or(0, |o| o.config.max_position_embeddings);
     check_against_model(req, max_positions)?;
     req.release()?.check_quant(req.quant)?;
+    req.check_batch_covers_length(max_positions)?;
+    req.check_default_seqs_fit_batch()?;
     if let Some(o) = &opened {
         req.release()?.check_arch(&o.config.arch)?;
     }

@@ -288,7 +288,8 @@ impl ProfileRequest {
     /// 0.6.4, 2048 after; config.py `SchedulerConfig.__init__`), and 256 sequences; V1:
     /// chunked prefill always, the batch and sequences of `vllm serve` (or of the `LLM` class)
     /// for this GPU (`vllm::v1_default_batch`). 0 sequences means vLLM's default; fewer when the batch is
-    /// smaller (vLLM takes min(max_num_seqs, max_num_batched_tokens)).
+    /// smaller (V1 takes min(max_num_seqs, max_num_batched_tokens); V0 refuses a given batch
+    /// below its 256, `check_default_seqs_fit_batch`).
     pub fn resolved(&self, max_positions: usize) -> ProfileRequest {
         let mut r = self.clone();
         if r.max_model_len == 0 {
@@ -299,7 +300,10 @@ impl ProfileRequest {
             .ok()
             .filter(|rel| matches!(rel.engine, super::vllm::Engine::V1 { .. }));
         if let Some(rel) = v1 {
-            r.chunked_prefill = Some(true);
+            // V1 chunks unless told not to (`enable_chunked_prefill: bool = True`, 0.19.0
+            // config/scheduler.py L83).
+            let chunked = self.chunked_prefill != Some(false);
+            r.chunked_prefill = Some(chunked);
             let (tokens, seqs) = match self.device_total_and_name() {
                 Some((total, name)) => {
                     super::vllm::v1_default_batch(total, &name, rel, self.llm_class)
@@ -308,7 +312,16 @@ impl ProfileRequest {
                 None => (2048, 256),
             };
             if r.tokens == 0 {
-                r.tokens = tokens;
+                r.tokens = if chunked {
+                    tokens
+                } else if rel.name == "0.11" {
+                    // 0.11.0 engine/arg_utils.py L1667-1668: max_model_len itself.
+                    r.max_model_len as usize
+                } else {
+                    // 0.15.1 engine/arg_utils.py L1993-1998, 0.19.0 L2217-2222, 0.28.0
+                    // L2799-2804: "If max_model_len is too short, use the default".
+                    (r.max_model_len as usize).max(tokens)
+                };
             }
             if r.seqs == 0 {
                 r.seqs = seqs.min(r.tokens);
@@ -350,6 +363,67 @@ impl ProfileRequest {
         }
     }
 
+    /// vLLM's scheduler check, in every release: with chunked prefill off, a
+    /// `max_num_batched_tokens` below `max_model_len` is refused at start ("ValueError:
+    /// max_num_batched_tokens (…) is smaller than max_model_len (…)", `SchedulerConfig.
+    /// _verify_args`, 0.6.3 vllm/config.py L1023-1032; V1 `verify_max_model_len`, 0.11.0
+    /// config/scheduler.py L234-243, 0.19.0 L259-270, 0.28.0 L249-260). V0 chunks by itself
+    /// above a 32k context only; V1 always, unless `--enable-chunked-prefill false`.
+    /// `max_positions`: the model's length, which max_model_len is when not given (0: not
+    /// known yet; the check then waits for it). Only a given batch can fall short: vLLM's
+    /// default batch with chunked prefill off is never below max_model_len.
+    pub fn check_batch_covers_length(&self, max_positions: usize) -> Result<()> {
+        let len = match (self.max_model_len, max_positions) {
+            (0, 0) => return Ok(()),
+            (0, p) => p as u64,
+            (l, _) => l,
+        };
+        let tokens = self.tokens as u64;
+        if tokens == 0 || tokens >= len {
+            return Ok(());
+        }
+        let v1 = self
+            .release()
+            .is_ok_and(|r| matches!(r.engine, super::vllm::Engine::V1 { .. }));
+        let chunked = if v1 {
+            self.chunked_prefill != Some(false)
+        } else {
+            self.chunked_prefill
+                .unwrap_or(len > super::vllm::CHUNKED_PREFILL_ABOVE)
+        };
+        if chunked {
+            return Ok(());
+        }
+        let with = if self.max_model_len == 0 {
+            format!("max_model_len {len} (the model's max_position_embeddings)")
+        } else {
+            format!("--max-model-len {len}")
+        };
+        Err(Error::Request(format!(
+            "--max-num-batched-tokens {tokens} with {with} and chunked prefill off: vLLM refuses it: \"ValueError: max_num_batched_tokens ({tokens}) is smaller than max_model_len ({len}). This effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer sequences. Please increase max_num_batched_tokens or decrease max_model_len.\" (give --max-model-len {tokens} or --enable-chunked-prefill true)"
+        )))
+    }
+
+    /// vLLM's other scheduler check: `max_num_batched_tokens` below `max_num_seqs` is refused
+    /// ("ValueError: max_num_batched_tokens (…) must be greater than or equal to max_num_seqs
+    /// (…)", 0.6.3 vllm/config.py L1034-1038, 0.8.5 L2033-2037). V0 keeps its 256 sequences
+    /// whatever batch is given (0.6.3 engine/arg_utils.py L115; 0.8.5 L1561-1563), so a batch
+    /// below 256 tokens with `--max-num-seqs` left out does not start; V1 takes
+    /// min(its default, the batch) (0.11.0 engine/arg_utils.py L1676-1679). A given
+    /// `--max-num-seqs` above the batch is `validate`'s.
+    pub fn check_default_seqs_fit_batch(&self) -> Result<()> {
+        let v1 = self
+            .release()
+            .is_ok_and(|r| matches!(r.engine, super::vllm::Engine::V1 { .. }));
+        let tokens = self.tokens;
+        if v1 || self.seqs != 0 || tokens == 0 || tokens >= VLLM_MAX_NUM_SEQS {
+            return Ok(());
+        }
+        Err(Error::Request(format!(
+            "--max-num-batched-tokens {tokens} with vLLM's default max_num_seqs {VLLM_MAX_NUM_SEQS}: vLLM refuses it: \"ValueError: max_num_batched_tokens ({tokens}) must be greater than or equal to max_num_seqs ({VLLM_MAX_NUM_SEQS}).\" (give --max-num-seqs {tokens} or fewer)"
+        )))
+    }
+
     /// Rejects settings that cannot work, naming the setting (0 tokens or max_model_len mean
     /// vLLM's defaults, filled in by `resolved`).
     pub fn validate(&self) -> Result<()> {
@@ -368,6 +442,8 @@ impl ProfileRequest {
         ] {
             count(what, bytes, 0, crate::base::limits::MAX_BYTES)?;
         }
+        self.check_batch_covers_length(0)?;
+        self.check_default_seqs_fit_batch()?;
         // 0 sequences: vLLM's default, filled in by `resolved` (the CLI refuses a given 0).
         if self.tokens > 0 && self.seqs > self.tokens {
             return bad(format!(

@@ -80,7 +80,7 @@ pub struct SetupForm {
     /// vLLM's `--enforce-eager`: no CUDA graphs (a V1 release captures them otherwise).
     #[serde(default)]
     pub enforce_eager: bool,
-    /// vLLM's `--enable-chunked-prefill`; `None`: the release's rule (V1 always chunks).
+    /// vLLM's `--enable-chunked-prefill`; `None`: the release's rule (V1 chunks unless off).
     #[serde(default)]
     pub chunked_prefill: Option<bool>,
     /// vLLM's `--kv-cache-memory` (V1): the KV cache's size per GPU, given; empty: vLLM
@@ -148,7 +148,9 @@ impl Default for SetupForm {
             // by #9352.
             quant: Quant::Int8,
             int8_threshold: r.int8_threshold,
-            device: "sim:h100-80gb".into(),
+            // The H100 as vLLM sees it: cudaMemGetInfo's total (79.22 GiB in vLLM's own log),
+            // not nvidia-smi's 79.65 GiB, which `sim:h100-80gb` keeps simulating.
+            device: "sim:h100-sxm".into(),
             dry: true,
             custom_total: String::new(),
             kv_cache_dtype: r.kv_cache_dtype,
@@ -499,7 +501,8 @@ impl SetupForm {
                 compact_list(ui);
                 for d in devices {
                     let text = format!("{}  ({})", device_name(d), fmt_u(d.total_bytes));
-                    ui.selectable_value(&mut self.device, d.spec.clone(), text);
+                    ui.selectable_value(&mut self.device, d.spec.clone(), text)
+                        .on_hover_text(which_total(d));
                 }
             })
             .response
@@ -784,7 +787,9 @@ impl SetupForm {
                 ui.end_row();
                 let l = ui.label("chunked prefill").on_hover_text(
                     "vLLM's --enable-chunked-prefill. The release's rule: V0 chunks above a \
-                     32k context (the batch is then the release's chunk), V1 always.",
+                     32k context (the batch is then the release's chunk), V1 always. Off, a \
+                     max_num_batched_tokens below max_model_len is refused, as vLLM refuses \
+                     it; V1 off takes the release's own default batch.",
                 );
                 let label = |c: Option<bool>| match c {
                     None => "the release's rule",
@@ -883,9 +888,61 @@ pub fn device_name(d: &crate::device::DeviceListing) -> String {
     }
 }
 
+/// Which total a device entry is, for its tooltip in the device picker: what vLLM divides
+/// (`cudaMemGetInfo`'s total, vLLM's `total_gpu_memory`), measured or estimated, or, for a
+/// preset kept from before, the `nvidia-smi` framebuffer and the preset that is vLLM's.
+pub fn which_total(d: &crate::device::DeviceListing) -> String {
+    let Some(p) = d.preset else {
+        return format!(
+            "{}: the total this GPU's driver reports (cudaMemGetInfo), what vLLM divides",
+            fmt_u(d.total_bytes)
+        );
+    };
+    match p.superseded_by {
+        Some(new) => format!(
+            "{}: nvidia-smi's framebuffer total (a name kept from before); vLLM divides \
+             cudaMemGetInfo's total, {} on this card: sim:{new}",
+            fmt_u(p.total_bytes),
+            fmt_u(
+                crate::device::presets::find(new).map_or(p.mem_get_info_bytes, |n| n.total_bytes)
+            )
+        ),
+        None => format!(
+            "{}: {}, what vLLM divides (nvidia-smi shows {}). Source: {}",
+            fmt_u(p.total_bytes),
+            p.simulated_total_label(),
+            fmt_u(p.smi_bytes),
+            p.total_source
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 51 item 9: the first launch is the H100 as vLLM sees it (cudaMemGetInfo's
+    /// 79.22 GiB), not nvidia-smi's 79.65 GiB; the picker says which total each entry is.
+    #[test]
+    fn the_first_launch_device_is_the_total_vllm_divides_and_the_picker_says_which() {
+        let f = SetupForm::default();
+        assert_eq!(f.device, "sim:h100-sxm");
+        let (devices, _) = crate::device::list_devices();
+        let find = |spec: &str| devices.iter().find(|d| d.spec == spec).unwrap();
+        let vllms = find("sim:h100-sxm");
+        assert_eq!(vllms.total_bytes, 7922 * (1 << 30) / 100);
+        let tip = which_total(vllms);
+        assert!(
+            tip.starts_with("79.22 GiB: cudaMemGetInfo total (measured), what vLLM divides (nvidia-smi shows 79.65 GiB)"),
+            "{tip}"
+        );
+        let smi = which_total(find("sim:h100-80gb"));
+        assert_eq!(
+            smi,
+            "79.65 GiB: nvidia-smi's framebuffer total (a name kept from before); vLLM divides \
+             cudaMemGetInfo's total, 79.22 GiB on this card: sim:h100-sxm"
+        );
+    }
 
     #[test]
     fn a_long_reason_is_cut_at_a_word_and_says_there_is_more() {
@@ -911,6 +968,8 @@ mod tests {
             ProfileRequest {
                 quant: Quant::Int8,
                 seqs: 0,
+                // The H100 as vLLM sees it; the library's default request keeps nvidia-smi's.
+                device: crate::device::DeviceSpec::parse("sim:h100-sxm:dry").unwrap(),
                 ..ProfileRequest::default()
             }
         );
