@@ -577,6 +577,7 @@ fn the_modular_kernel_computes_what_the_in_place_kernel_computes() {
     let kernel = MoeKernel::Modular(Modular {
         chunk_tokens: Some(4),
         default_block_m_by_tokens: true,
+        v0_21: None,
     });
     let modular = moe_block_forward_as(
         &rt,

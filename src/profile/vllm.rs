@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::formulas::FormulaId;
 use crate::base::error::{Error, Result};
 use crate::device::nccl_model::NcclRules;
-use crate::engine::ops_moe_v1::{Modular, MoeKernel};
+use crate::engine::ops_moe_v1::{Modular, MoeKernel, RunnerV021};
 use crate::quant::fp8_block::Fp8BlockEra;
 
 /// The log lines a release prints after its profile run.
@@ -308,6 +308,21 @@ pub enum Suggestion {
 pub enum FusedMoe {
     /// Reproduced, with this kernel.
     Kernel(MoeKernel),
+    /// 0.21's oracle (`select_unquantized_moe_backend`, 0.21.0 fused_moe/oracle/unquantized.py
+    /// L150-295): the first of FlashInfer TRT-LLM, FlashInfer CUTLASS, Triton whose
+    /// `is_supported_config` takes the GPU. FlashInfer is a hard dependency of the wheel
+    /// (`flashinfer-python==0.6.8.post1` in 0.21.0's METADATA, 0.6.11.post2 in 0.22.1's,
+    /// 0.6.12 in 0.23.0's); its CUTLASS experts take compute capability 9.0, the 10.x and the
+    /// 12.x families (experts/flashinfer_cutlass_moe.py L124-136, unquantized from 9.0:
+    /// L150-159), TRT-LLM's the 10.x family (experts/trtllm_bf16_moe.py L45-53), so Triton
+    /// runs on Ampere and Ada (sm80-sm89), reproduced with `triton`. From 0.23 Hopper moves
+    /// both FlashInfer backends behind Triton (0.23.0 oracle/unquantized.py L71-75: "On Hopper
+    /// (SM90), the FlashInfer unquantized MoE kernels are slower than Triton").
+    Oracle {
+        triton: Modular,
+        /// FlashInfer's CUTLASS experts take Hopper (0.21, 0.22); `false`: Triton does (0.23).
+        flashinfer_on_hopper: bool,
+    },
     /// Not reproduced, and why.
     Unmodelled(&'static str),
 }
@@ -607,6 +622,7 @@ pub const RELEASES: &[Release] = &[
         fused_moe: FusedMoe::Kernel(MoeKernel::Modular(Modular {
             chunk_tokens: Some(16384),
             default_block_m_by_tokens: false,
+            v0_21: None,
         })),
         mla: Some(MlaEra::V0_15),
         fp8_block: Some(Fp8BlockEra::V0_15),
@@ -658,6 +674,7 @@ pub const RELEASES: &[Release] = &[
         fused_moe: FusedMoe::Kernel(MoeKernel::Modular(Modular {
             chunk_tokens: None,
             default_block_m_by_tokens: true,
+            v0_21: None,
         })),
         mla: Some(MlaEra::V0_19),
         fp8_block: Some(Fp8BlockEra::V0_15),
@@ -691,6 +708,21 @@ pub const RELEASES: &[Release] = &[
                   and unquantized (config/vllm.py:69-75, :544-558); its graph estimate still \
                   0 (gpu/model_runner.py:660-662)",
         runner_v2: RunnerV2::DenseUnquantized(&["llama", "mistral", "qwen3"]),
+        // 0.23.0 prefers Triton on Hopper (oracle/unquantized.py L71-75); its Triton path
+        // reads as 0.22.1's: experts/triton_moe.py (`supports_expert_map` dropped),
+        // modular_kernel.py (the in-place option removed: the output always `empty_like`,
+        // as torch 2.11 had it), fused_moe.py (the in-place op removed), runner/
+        // moe_runner.py, moe_align_block_size.py, router/fused_topk_router.py,
+        // v1/worker/workspace.py the same; mixtral.py and qwen3_moe.py only load kv-cache
+        // scales; the tuned files the same bytes.
+        fused_moe: FusedMoe::Oracle {
+            triton: Modular {
+                chunk_tokens: None,
+                default_block_m_by_tokens: true,
+                v0_21: Some(RunnerV021 { gate_in_op: false }),
+            },
+            flashinfer_on_hopper: false,
+        },
         ..R0_22
     },
     Release {
@@ -702,6 +734,7 @@ pub const RELEASES: &[Release] = &[
                   the snapshot keeps `torch_allocated` (utils/mem_utils.py), unused by the \
                   budget yet",
         runner_v2: RunnerV2::Listed(&["llama", "mistral", "qwen3", "qwen2_moe", "deepseek_v2"]),
+        fused_moe: FusedMoe::Unmodelled(MOE_0_24),
         ..R0_22
     },
     Release {
@@ -713,6 +746,7 @@ pub const RELEASES: &[Release] = &[
                   the weights are measured (gpu/model_runner.py:273-325); its graph \
                   estimate 0 (:680-682)",
         runner_v2: RunnerV2::EveryDense,
+        fused_moe: FusedMoe::Unmodelled(MOE_0_24),
         ..R0_22
     },
     Release {
@@ -725,6 +759,7 @@ pub const RELEASES: &[Release] = &[
                   allocated: the graphs were never reserved (Q8)",
         runner_v2: RunnerV2::EveryDense,
         suggestion: Suggestion::Info,
+        fused_moe: FusedMoe::Unmodelled(MOE_0_24),
         ..R0_22
     },
     R0_27,
@@ -750,9 +785,18 @@ pub const RELEASES: &[Release] = &[
     },
 ];
 
+/// Why MoE is refused from 0.24: the oracle still prefers Triton on Hopper (0.24.0-0.33.0
+/// oracle/unquantized.py), but the path around the experts was rewritten and is not
+/// reproduced yet.
+const MOE_0_24: &str = "its fused MoE is not read from 0.24 on: the oracle still runs Triton \
+     on Ampere, Ada and Hopper (0.24.0-0.33.0 fused_moe/oracle/unquantized.py), but the runner \
+     (0.24.0 runner/moe_runner.py: 343 lines changed from 0.23.0), experts/triton_moe.py, \
+     modular_kernel.py and from 0.25 mixtral.py and qwen3_moe.py were rewritten, and from 0.24 \
+     Model Runner V2 runs some mixtures of experts (config/vllm.py)";
+
 /// 0.21, the row the later ones start from.
 const R0_21: Release = Release {
-        name: "0.21",
+    name: "0.21",
     aliases: &["0.21.0"],
     formula: FormulaId::Pr12126,
     ceil_budget: true,
@@ -776,9 +820,15 @@ const R0_21: Release = Release {
     },
     has_qwen3: true,
     has_gemma3: true,
-    fused_moe: FusedMoe::Unmodelled(
-        "it runs FlashInfer's CUTLASS MoE by default on Hopper (0.21.0 fused_moe/oracle/unquantized.py; docs/reading/vllm-v1-fused-moe.md)",
-    ),
+    // 0.21.0's oracle: Triton on Ampere and Ada (docs/reading/vllm-v1-fused-moe.md §2.4).
+    fused_moe: FusedMoe::Oracle {
+        triton: Modular {
+            chunk_tokens: None,
+            default_block_m_by_tokens: true,
+            v0_21: Some(RunnerV021 { gate_in_op: false }),
+        },
+        flashinfer_on_hopper: true,
+    },
     mla: Some(MlaEra::V0_19),
     fp8_block: None,
     attn_scalars: 7,
@@ -819,9 +869,20 @@ const R0_22: Release = Release {
               (gpu/model_runner.py:620-622), so nothing comes off the budget for graphs. \
               V1's runner (every other model) as 0.21. Not modelled: MoE (as 0.21), \
               the model files are 0.21's (not re-read)",
-    fused_moe: FusedMoe::Unmodelled(
-        "its fused MoE is not read for 0.22 and later (0.21's default on Hopper is FlashInfer's CUTLASS MoE, 0.21.0 fused_moe/oracle/unquantized.py)",
-    ),
+    // 0.22.1 reads as 0.21.0 for unquantized experts: the oracle's priority and the experts'
+    // `is_supported_config` (oracle/unquantized.py, experts/flashinfer_cutlass_moe.py,
+    // trtllm_bf16_moe.py: only imports, the shared experts' plumbing and swiglu limits
+    // changed), experts/triton_moe.py (LoRA's dual stream only), modular_kernel.py,
+    // moe_align_block_size.py, fused_moe.py, v1/worker/workspace.py, router/
+    // fused_topk_router.py, mixtral.py and qwen3_moe.py; the tuned files the same bytes.
+    fused_moe: FusedMoe::Oracle {
+        triton: Modular {
+            chunk_tokens: None,
+            default_block_m_by_tokens: true,
+            v0_21: Some(RunnerV021 { gate_in_op: false }),
+        },
+        flashinfer_on_hopper: true,
+    },
     runner_v2: RunnerV2::DenseUnquantized(&["qwen3"]),
     v2: Some(V2 {
         estimates_graphs: false,
@@ -845,6 +906,7 @@ const R0_27: Release = Release {
               issue #57936). V2's graph estimate still 0 (gpu/model_runner.py:749-751)",
     runner_v2: RunnerV2::EveryDense,
     suggestion: Suggestion::Consumed,
+    fused_moe: FusedMoe::Unmodelled(MOE_0_24),
     ..R0_22
 };
 
@@ -922,6 +984,13 @@ impl Release {
                      this release: {why}",
                     self.name
                 ))),
+                (_, FusedMoe::Oracle { .. }) => Err(Error::Request(format!(
+                    "--vllm {}: model_type 'gpt_oss' is not modelled under this release: its \
+                     fused MoE from 0.21 is reproduced for Mixtral and Qwen3-MoE only (gpt-oss's \
+                     experts, their biases and swigluoai under 0.21's runner are not read); it \
+                     is reproduced for --vllm 0.11, 0.15 and 0.19",
+                    self.name
+                ))),
             };
         }
         if matches!(arch, "llama4" | "llama4_text") {
@@ -938,6 +1007,13 @@ impl Release {
                 FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' (mixture of experts) is not modelled under this \
                      release: {why}; it is reproduced for --vllm 0.11, 0.15 and 0.19",
+                    self.name
+                ))),
+                FusedMoe::Oracle { .. } => Err(Error::Request(format!(
+                    "--vllm {}: model_type '{arch}' is not modelled under this release: its fused \
+                     MoE from 0.21 is reproduced for Mixtral and Qwen3-MoE only (Llama 4's block \
+                     under 0.21's runner is not read); it is reproduced for --vllm 0.11, 0.15 and \
+                     0.19",
                     self.name
                 ))),
             };
@@ -976,9 +1052,26 @@ impl Release {
                     )))
                 }
                 FusedMoe::Kernel(_) => Ok(()),
+                FusedMoe::Oracle { .. } if matches!(arch, "mixtral" | "qwen3_moe") => Ok(()),
+                FusedMoe::Oracle { .. } => Err(Error::Request(format!(
+                    "--vllm {}: model_type '{arch}' is not modelled under this release: its fused \
+                     MoE from 0.21 is reproduced for Mixtral and Qwen3-MoE only ({}); it is \
+                     reproduced for --vllm {}",
+                    self.name,
+                    if arch == "qwen2_moe" {
+                        "the shared expert runs inside the op, before the routing, through 0.21's \
+                         SharedExperts (fused_moe/runner/shared_experts.py), not read"
+                    } else {
+                        "0.21's DeepSeek block hands the shared experts, the routed scaling and \
+                         the sum to the runner, which adds them out of place (0.21.0 \
+                         deepseek_v2.py, runner/moe_runner.py `forward`), not read"
+                    },
+                    if arch == "qwen2_moe" { "0.8 and 0.11" } else { "0.11, 0.15 and 0.19" }
+                ))),
                 FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' (mixture of experts) is not modelled under this \
-                     release: {why}; it is reproduced for --vllm 0.8, 0.11, 0.15 and 0.19",
+                     release: {why}; it is reproduced for --vllm 0.8, 0.11, 0.15 and 0.19 (and \
+                     0.21-0.23 for Mixtral and Qwen3-MoE where Triton runs)",
                     self.name
                 ))),
             };
@@ -1004,6 +1097,77 @@ impl Release {
              vLLM 0.8.5, not in 0.7.3); use --vllm 0.8 or a V1 release (0.15, 0.19)",
             self.name
         )))
+    }
+}
+
+impl Release {
+    /// The fused MoE this release runs for model type `arch` on a GPU of compute capability
+    /// `major` (a simulated preset's architecture's: Hopper 9, Blackwell 10), with this MoE
+    /// group (`None`: one GPU or tensor parallel only); `None` where the release's is not
+    /// reproduced (`check_arch` has refused the MoE types already). Under 0.21's oracle:
+    /// Triton where FlashInfer does not take the GPU, FlashInfer refused by name.
+    pub fn moe_kernel_on(
+        &self,
+        arch: &str,
+        major: u32,
+        group: Option<crate::device::group::MoeGroup>,
+    ) -> Result<Option<MoeKernel>> {
+        let (triton, flashinfer_on_hopper) = match self.fused_moe {
+            FusedMoe::Kernel(k) => return Ok(Some(k)),
+            FusedMoe::Unmodelled(_) => return Ok(None),
+            FusedMoe::Oracle {
+                triton,
+                flashinfer_on_hopper,
+            } => (triton, flashinfer_on_hopper),
+        };
+        if !matches!(arch, "mixtral" | "qwen3_moe") {
+            return Ok(None);
+        }
+        let flashinfer = match major {
+            9 if flashinfer_on_hopper => Some(
+                "FlashInfer's CUTLASS MoE on Hopper (compute capability 9.0: \
+                 experts/flashinfer_cutlass_moe.py L124-136 takes it, ahead of Triton in \
+                 oracle/unquantized.py L67-72)",
+            ),
+            10.. => Some(
+                "FlashInfer's TRT-LLM BF16 MoE on the 10.x family (B200: \
+                 experts/trtllm_bf16_moe.py L45-53, Renormalize routing), its CUTLASS MoE on \
+                 the 12.x family (experts/flashinfer_cutlass_moe.py L124-136), both ahead of \
+                 Triton (oracle/unquantized.py)",
+            ),
+            _ => None,
+        };
+        if let Some(which) = flashinfer {
+            return Err(Error::Request(format!(
+                "--vllm {}: model_type '{arch}' (mixture of experts) on this GPU is not modelled: \
+                 the release runs {which}, whose workspace FlashInfer's C++ op sizes and \
+                 allocates itself (the CUTLASS MoE runner's `getWorkspaceDeviceBufferSizes` \
+                 and the GEMM tactic's workspace, chosen by FlashInfer's autotuner; through \
+                 TVM-FFI's allocator, not read), which vramscope does not reproduce; it is \
+                 reproduced where Triton runs: Ampere and Ada (A100, L40S, L4){}",
+                self.name,
+                if flashinfer_on_hopper {
+                    ", and on Hopper from --vllm 0.23"
+                } else {
+                    " and Hopper"
+                }
+            )));
+        }
+        if let Some(g) = group.filter(|g| g.dp > 1 || g.ep) {
+            return Err(Error::Request(format!(
+                "--vllm {}: model_type '{arch}' with {} is not modelled under this release: \
+                 0.21's runner dispatches through the modular kernel's prepare/finalize \
+                 (runner/moe_runner.py `_maybe_dispatch`), not read; tensor parallel alone is \
+                 reproduced",
+                self.name,
+                if g.dp > 1 {
+                    "data parallel"
+                } else {
+                    "expert parallel"
+                }
+            )));
+        }
+        Ok(Some(MoeKernel::Modular(triton)))
     }
 }
 

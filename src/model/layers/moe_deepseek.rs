@@ -511,6 +511,7 @@ mod tests {
         let kernel = MoeKernel::Modular(Modular {
             chunk_tokens: None,
             default_block_m_by_tokens: true,
+            v0_21: None,
         });
         assert_eq!(trace(kernel, 512), want);
     }
@@ -523,6 +524,7 @@ mod tests {
         let kernel = MoeKernel::Modular(Modular {
             chunk_tokens: Some(16384),
             default_block_m_by_tokens: false,
+            v0_21: None,
         });
         let frees: Vec<String> = trace(kernel, 512)
             .into_iter()
@@ -550,6 +552,7 @@ mod tests {
         let kernel = MoeKernel::Modular(Modular {
             chunk_tokens: None,
             default_block_m_by_tokens: true,
+            v0_21: None,
         });
         let got: Vec<(bool, String, u64)> = trace_of(&small_v2(), kernel, 512)
             .into_iter()
@@ -659,6 +662,7 @@ mod tests {
         let modular = run(MoeKernel::Modular(Modular {
             chunk_tokens: None,
             default_block_m_by_tokens: true,
+            v0_21: None,
         }));
 
         let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| p * q).sum::<f32>();
