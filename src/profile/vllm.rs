@@ -1574,16 +1574,34 @@ mod tests {
         }
         assert!(release("0.8").unwrap().check_arch("gemma3_text").is_ok());
         for moe in ["mixtral", "qwen3_moe"] {
-            for ok in ["0.8.5", "0.11", "0.15", "0.19"] {
+            for ok in ["0.8.5", "0.11", "0.15", "0.19", "0.21", "0.22", "0.23"] {
                 assert!(release(ok).unwrap().check_arch(moe).is_ok(), "{ok}");
             }
-            let e = release("0.21")
+            // From 0.21 the GPU decides: Triton on Ampere/Ada (8), FlashInfer on Hopper (9)
+            // until 0.23 and on Blackwell (10).
+            for (vllm, major, triton) in [
+                ("0.21", 8, true),
+                ("0.21", 9, false),
+                ("0.22", 9, false),
+                ("0.23", 9, true),
+                ("0.23", 10, false),
+            ] {
+                let k = release(vllm).unwrap().moe_kernel_on(moe, major, None);
+                match k {
+                    Ok(Some(MoeKernel::Modular(m))) => {
+                        assert!(triton && m.v0_21.is_some(), "{vllm} {major}")
+                    }
+                    Err(e) => assert!(!triton && e.to_string().contains("FlashInfer"), "{e}"),
+                    Ok(k) => panic!("{vllm} {major}: {k:?}"),
+                }
+            }
+            let e = release("0.24")
                 .unwrap()
                 .check_arch(moe)
                 .unwrap_err()
                 .to_string();
             assert!(
-                e.contains("reproduced for --vllm 0.8") && e.contains("FlashInfer"),
+                e.contains("reproduced for --vllm 0.8") && e.contains("0.21-0.23"),
                 "{e}"
             );
             assert!(release(DEFAULT).unwrap().check_arch(moe).is_err());
