@@ -163,6 +163,28 @@ fn qwen3_30b_under_0_21_on_an_a100_runs_triton_through_the_binary() {
         .iter()
         .any(|r| r.2 == "moe.workspace" && r.4 == "empty_cache"));
     assert_eq!(layer_moe(&rows19, 5), want5);
+    // The line docs/models.md shows, as written there.
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args([
+            "plan",
+            "--device",
+            "sim:a100-sxm4-80gb:dry",
+            "--vllm",
+            "0.21",
+            "--",
+            "vllm",
+            "serve",
+            "preset:qwen3-30b-a3b",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("INFO gpu_worker.py] Available KV cache memory: ")
+            && text.contains("2048 tokens in 256 seq(s)"),
+        "{text}"
+    );
 }
 
 /// Mixtral-8x7B over 4 L40S under 0.21: each rank's experts are 14336/4 = 3584 wide, and the
