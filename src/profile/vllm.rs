@@ -1140,11 +1140,14 @@ impl Release {
         if let Some(which) = flashinfer {
             return Err(Error::Request(format!(
                 "--vllm {}: model_type '{arch}' (mixture of experts) on this GPU is not modelled: \
-                 the release runs {which}, whose workspace FlashInfer's C++ op sizes and \
-                 allocates itself (the CUTLASS MoE runner's `getWorkspaceDeviceBufferSizes` \
-                 and the GEMM tactic's workspace, chosen by FlashInfer's autotuner; through \
-                 TVM-FFI's allocator, not read), which vramscope does not reproduce; it is \
-                 reproduced where Triton runs: Ampere and Ada (A100, L40S, L4){}",
+                 the release runs {which}, whose per-call workspace FlashInfer's C++ op sizes \
+                 and takes from PyTorch's allocator (flashinfer 0.6.8.post1 csrc/fused_moe/\
+                 cutlass_backend/flashinfer_cutlass_fused_moe_binding.cu L840-864); its large \
+                 terms are read (cutlass_fused_moe_kernels.cuh L2474-2640), but not the CUTLASS \
+                 grouped GEMM's workspace (`getMaxWorkspaceSize` over every TMA warp-specialized \
+                 tactic, in NVIDIA/cutlass at flashinfer's submodule) nor the TMA input's \
+                 per-expert stride arrays, nor TRT-LLM's BF16 MoE buffers; it is reproduced \
+                 where Triton runs: Ampere and Ada (A100, L40S, L4){}",
                 self.name,
                 if flashinfer_on_hopper {
                     ", and on Hopper from --vllm 0.23"
