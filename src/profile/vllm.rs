@@ -729,12 +729,30 @@ pub const RELEASES: &[Release] = &[
         name: "0.24",
         aliases: &["0.24.0"],
         changes: "as 0.23, with Model Runner V2 for Qwen3, Llama and Mistral quantized or not \
-                  and three mixtures of experts (config/vllm.py:68-77, :550-561; the MoE \
-                  stay unmodelled); its graph estimate 0 (gpu/model_runner.py:684-686); \
+                  and three mixtures of experts (config/vllm.py:68-77, :550-561: \
+                  Qwen2-MoE, DeepSeek-V2, Granite-MoE, not modelled there; Mixtral and \
+                  Qwen3-MoE stay on V1's runner); its graph estimate 0 \
+                  (gpu/model_runner.py:684-686); \
                   the snapshot keeps `torch_allocated` (utils/mem_utils.py), unused by the \
                   budget yet",
         runner_v2: RunnerV2::Listed(&["llama", "mistral", "qwen3", "qwen2_moe", "deepseek_v2"]),
-        fused_moe: FusedMoe::Unmodelled(MOE_0_24),
+        // 0.24.0 wraps the experts in `RoutedExperts` under a `MoERunner` (layer.py
+        // `FusedMoE(...)` builds both; runner/moe_runner.py, routed_experts.py
+        // `forward_modular` → the quant method's `apply`), with the same allocations for
+        // unquantized Triton experts: experts/triton_moe.py (LoRA's deferred quantization,
+        // swiglu parameters), modular_kernel.py (activation keywords, LoRA's stash),
+        // unquantized_fused_moe_method.py (the quant config's swiglu parameters) only; fused_moe.py,
+        // moe_align_block_size.py, v1/worker/workspace.py, prepare_finalize/no_dp_ep.py,
+        // mixtral.py and qwen3_moe.py as 0.23.0's; the oracle as 0.23's on Hopper (L70-74);
+        // Mixtral and Qwen3-MoE stay on V1's runner (config/vllm.py L68-77).
+        fused_moe: FusedMoe::Oracle {
+            triton: Modular {
+                chunk_tokens: None,
+                default_block_m_by_tokens: true,
+                v0_21: Some(RunnerV021 { gate_in_op: false }),
+            },
+            flashinfer_on_hopper: false,
+        },
         ..R0_22
     },
     Release {
@@ -746,7 +764,7 @@ pub const RELEASES: &[Release] = &[
                   the weights are measured (gpu/model_runner.py:273-325); its graph \
                   estimate 0 (:680-682)",
         runner_v2: RunnerV2::EveryDense,
-        fused_moe: FusedMoe::Unmodelled(MOE_0_24),
+        fused_moe: FusedMoe::Unmodelled(MOE_0_25),
         ..R0_22
     },
     Release {
@@ -759,7 +777,7 @@ pub const RELEASES: &[Release] = &[
                   allocated: the graphs were never reserved (Q8)",
         runner_v2: RunnerV2::EveryDense,
         suggestion: Suggestion::Info,
-        fused_moe: FusedMoe::Unmodelled(MOE_0_24),
+        fused_moe: FusedMoe::Unmodelled(MOE_0_25),
         ..R0_22
     },
     R0_27,
@@ -785,14 +803,15 @@ pub const RELEASES: &[Release] = &[
     },
 ];
 
-/// Why MoE is refused from 0.24: the oracle still prefers Triton on Hopper (0.24.0-0.33.0
+/// Why MoE is refused from 0.25: the oracle still prefers Triton on Hopper (0.25.1-0.33.0
 /// oracle/unquantized.py), but the path around the experts was rewritten and is not
 /// reproduced yet.
-const MOE_0_24: &str = "its fused MoE is not read from 0.24 on: the oracle still runs Triton \
-     on Ampere, Ada and Hopper (0.24.0-0.33.0 fused_moe/oracle/unquantized.py), but the runner \
-     (0.24.0 runner/moe_runner.py: 343 lines changed from 0.23.0), experts/triton_moe.py, \
-     modular_kernel.py and from 0.25 mixtral.py and qwen3_moe.py were rewritten, and from 0.24 \
-     Model Runner V2 runs some mixtures of experts (config/vllm.py)";
+const MOE_0_25: &str = "its fused MoE is not read from 0.25 on: the oracle still runs Triton \
+     on Ampere, Ada and Hopper (0.25.1-0.33.0 fused_moe/oracle/unquantized.py), but mixtral.py \
+     and qwen3_moe.py load through the runner's own weight loader, the router and the \
+     routed experts changed (0.25.1 router/base_router.py, routed_experts.py, fused_moe.py), \
+     0.28's workspace manager and 0.33's alignment too, and from 0.29 Model Runner V2 runs \
+     every mixture of experts (config/vllm.py)";
 
 /// 0.21, the row the later ones start from.
 const R0_21: Release = Release {
@@ -906,7 +925,7 @@ const R0_27: Release = Release {
               issue #57936). V2's graph estimate still 0 (gpu/model_runner.py:749-751)",
     runner_v2: RunnerV2::EveryDense,
     suggestion: Suggestion::Consumed,
-    fused_moe: FusedMoe::Unmodelled(MOE_0_24),
+    fused_moe: FusedMoe::Unmodelled(MOE_0_25),
     ..R0_22
 };
 
@@ -1071,7 +1090,7 @@ impl Release {
                 FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' (mixture of experts) is not modelled under this \
                      release: {why}; it is reproduced for --vllm 0.8, 0.11, 0.15 and 0.19 (and \
-                     0.21-0.23 for Mixtral and Qwen3-MoE where Triton runs)",
+                     0.21-0.24 for Mixtral and Qwen3-MoE where Triton runs)",
                     self.name
                 ))),
             };
@@ -1577,7 +1596,9 @@ mod tests {
         }
         assert!(release("0.8").unwrap().check_arch("gemma3_text").is_ok());
         for moe in ["mixtral", "qwen3_moe"] {
-            for ok in ["0.8.5", "0.11", "0.15", "0.19", "0.21", "0.22", "0.23"] {
+            for ok in [
+                "0.8.5", "0.11", "0.15", "0.19", "0.21", "0.22", "0.23", "0.24",
+            ] {
                 assert!(release(ok).unwrap().check_arch(moe).is_ok(), "{ok}");
             }
             // From 0.21 the GPU decides: Triton on Ampere/Ada (8), FlashInfer on Hopper (9)
@@ -1588,6 +1609,7 @@ mod tests {
                 ("0.22", 9, false),
                 ("0.23", 9, true),
                 ("0.23", 10, false),
+                ("0.24", 9, true),
             ] {
                 let k = release(vllm).unwrap().moe_kernel_on(moe, major, None);
                 match k {
@@ -1598,13 +1620,13 @@ mod tests {
                     Ok(k) => panic!("{vllm} {major}: {k:?}"),
                 }
             }
-            let e = release("0.24")
+            let e = release("0.25")
                 .unwrap()
                 .check_arch(moe)
                 .unwrap_err()
                 .to_string();
             assert!(
-                e.contains("reproduced for --vllm 0.8") && e.contains("0.21-0.23"),
+                e.contains("reproduced for --vllm 0.8") && e.contains("0.21-0.24"),
                 "{e}"
             );
             assert!(release(DEFAULT).unwrap().check_arch(moe).is_err());
