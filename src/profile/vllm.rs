@@ -764,7 +764,23 @@ pub const RELEASES: &[Release] = &[
                   the weights are measured (gpu/model_runner.py:273-325); its graph \
                   estimate 0 (:680-682)",
         runner_v2: RunnerV2::EveryDense,
-        fused_moe: FusedMoe::Unmodelled(MOE_0_25),
+        // 0.25.1 as 0.24.0 for unquantized Triton experts: mixtral.py and qwen3_moe.py load
+        // through `AutoWeightsLoader` and `RoutedExperts.load_weights` (per-expert copies into
+        // the stacked parameters, as before), their blocks' forwards unchanged; runner/
+        // moe_runner.py (final all-reduce skippable, sequence-parallel dispatch), router/
+        // base_router.py (EPLB's padded tokens), experts/triton_moe.py (static scales),
+        // modular_kernel.py (`VLLM_MOE_SKIP_PADDING`, off by default), fused_moe.py (swap-AB,
+        // block-quant defaults) change nothing unquantized allocates; workspace.py,
+        // moe_align_block_size.py, no_dp_ep.py and the tuned files the same. Mixtral and
+        // Qwen3-MoE stay on V1's runner (config/vllm.py L557-574).
+        fused_moe: FusedMoe::Oracle {
+            triton: Modular {
+                chunk_tokens: None,
+                default_block_m_by_tokens: true,
+                v0_21: Some(RunnerV021 { gate_in_op: false }),
+            },
+            flashinfer_on_hopper: false,
+        },
         ..R0_22
     },
     Release {
@@ -777,7 +793,19 @@ pub const RELEASES: &[Release] = &[
                   allocated: the graphs were never reserved (Q8)",
         runner_v2: RunnerV2::EveryDense,
         suggestion: Suggestion::Info,
-        fused_moe: FusedMoe::Unmodelled(MOE_0_25),
+        // 0.26.0 as 0.25.1: runner/moe_runner.py (PCP only), modular_kernel.py (the
+        // activation's extra arguments), fused_moe.py (`get_device_name_as_file_name`:
+        // spaces and slashes to underscores, the same names here), routed_experts.py (fused
+        // checkpoint tensors), the oracle (lists of classes, TRT-LLM LoRA); experts/
+        // triton_moe.py, workspace.py and the model files the same.
+        fused_moe: FusedMoe::Oracle {
+            triton: Modular {
+                chunk_tokens: None,
+                default_block_m_by_tokens: true,
+                v0_21: Some(RunnerV021 { gate_in_op: false }),
+            },
+            flashinfer_on_hopper: false,
+        },
         ..R0_22
     },
     R0_27,
@@ -803,15 +831,15 @@ pub const RELEASES: &[Release] = &[
     },
 ];
 
-/// Why MoE is refused from 0.25: the oracle still prefers Triton on Hopper (0.25.1-0.33.0
+/// Why MoE is refused from 0.27: the oracle still prefers Triton on Hopper (0.28.0-0.33.0
 /// oracle/unquantized.py), but the path around the experts was rewritten and is not
 /// reproduced yet.
-const MOE_0_25: &str = "its fused MoE is not read from 0.25 on: the oracle still runs Triton \
-     on Ampere, Ada and Hopper (0.25.1-0.33.0 fused_moe/oracle/unquantized.py), but mixtral.py \
-     and qwen3_moe.py load through the runner's own weight loader, the router and the \
-     routed experts changed (0.25.1 router/base_router.py, routed_experts.py, fused_moe.py), \
-     0.28's workspace manager and 0.33's alignment too, and from 0.29 Model Runner V2 runs \
-     every mixture of experts (config/vllm.py)";
+const MOE_0_27: &str = "its fused MoE is not read from 0.27 on: the oracle still runs Triton \
+     on Ampere, Ada and Hopper (0.28.0-0.33.0 fused_moe/oracle/unquantized.py), but 0.28 rewrote \
+     the Triton experts, the modular kernel, the unquantized method and the activations \
+     (0.28.0 experts/triton_moe.py, modular_kernel.py, unquantized_fused_moe_method.py, \
+     activation.py), gave the workspace manager lanes, and from 0.29 Model Runner V2 runs every \
+     mixture of experts (config/vllm.py); 0.27.1 not read";
 
 /// 0.21, the row the later ones start from.
 const R0_21: Release = Release {
@@ -925,7 +953,7 @@ const R0_27: Release = Release {
               issue #57936). V2's graph estimate still 0 (gpu/model_runner.py:749-751)",
     runner_v2: RunnerV2::EveryDense,
     suggestion: Suggestion::Consumed,
-    fused_moe: FusedMoe::Unmodelled(MOE_0_25),
+    fused_moe: FusedMoe::Unmodelled(MOE_0_27),
     ..R0_22
 };
 
@@ -1090,7 +1118,7 @@ impl Release {
                 FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' (mixture of experts) is not modelled under this \
                      release: {why}; it is reproduced for --vllm 0.8, 0.11, 0.15 and 0.19 (and \
-                     0.21-0.24 for Mixtral and Qwen3-MoE where Triton runs)",
+                     0.21-0.26 for Mixtral and Qwen3-MoE where Triton runs)",
                     self.name
                 ))),
             };
@@ -1620,13 +1648,13 @@ mod tests {
                     Ok(k) => panic!("{vllm} {major}: {k:?}"),
                 }
             }
-            let e = release("0.25")
+            let e = release("0.27")
                 .unwrap()
                 .check_arch(moe)
                 .unwrap_err()
                 .to_string();
             assert!(
-                e.contains("reproduced for --vllm 0.8") && e.contains("0.21-0.24"),
+                e.contains("reproduced for --vllm 0.8") && e.contains("0.21-0.26"),
                 "{e}"
             );
             assert!(release(DEFAULT).unwrap().check_arch(moe).is_err());
