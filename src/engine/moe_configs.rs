@@ -39,8 +39,8 @@ pub(crate) const TUNED: &[TunedFile] = &[
 /// vLLM 0.21.0's 16-bit tuned files for the H100, H200, A100 and L40S
 /// (vllm/model_executor/layers/fused_moe/configs/, no `dtype=` in the name): each file's
 /// `(E, N, device_name)` and its `(M key, BLOCK_SIZE_M)` pairs in file order, read from the
-/// wheel by the same extraction as `TUNED`. The 0.22.1, 0.23.0, 0.24.0, 0.25.1, 0.26.0 and 0.28.0
-/// wheels hold the same files with the same pairs (0.33.0 adds an A100 PCIe file). Unlike `TUNED` (0.8.5's, which the 0.8-0.19 rows read)
+/// wheel by the same extraction as `TUNED`. The 0.22.1, 0.23.0, 0.24.0, 0.25.1, 0.26.0, 0.27.1 and
+/// 0.28.0 wheels hold the same files with the same pairs (0.33.0 adds an A100 PCIe file). Unlike `TUNED` (0.8.5's, which the 0.8-0.19 rows read)
 /// it has the A100 and L40S files, 24 newer Hopper files (E=128,N=96 and E=128,N=384 among
 /// them), and 0.21's `E=1,N=3072,device_name=NVIDIA_H100_80GB_HBM3.json`.
 #[rustfmt::skip]

@@ -831,15 +831,15 @@ pub const RELEASES: &[Release] = &[
     },
 ];
 
-/// Why MoE is refused from 0.27: the oracle still prefers Triton on Hopper (0.28.0-0.33.0
+/// Why MoE is refused from 0.28: the oracle still prefers Triton on Hopper (0.28.0-0.33.0
 /// oracle/unquantized.py), but the path around the experts was rewritten and is not
 /// reproduced yet.
-const MOE_0_27: &str = "its fused MoE is not read from 0.27 on: the oracle still runs Triton \
+const MOE_0_28: &str = "its fused MoE is not read from 0.28 on: the oracle still runs Triton \
      on Ampere, Ada and Hopper (0.28.0-0.33.0 fused_moe/oracle/unquantized.py), but 0.28 rewrote \
      the Triton experts, the modular kernel, the unquantized method and the activations \
      (0.28.0 experts/triton_moe.py, modular_kernel.py, unquantized_fused_moe_method.py, \
      activation.py), gave the workspace manager lanes, and from 0.29 Model Runner V2 runs every \
-     mixture of experts (config/vllm.py); 0.27.1 not read";
+     mixture of experts (config/vllm.py)";
 
 /// 0.21, the row the later ones start from.
 const R0_21: Release = Release {
@@ -953,7 +953,23 @@ const R0_27: Release = Release {
               issue #57936). V2's graph estimate still 0 (gpu/model_runner.py:749-751)",
     runner_v2: RunnerV2::EveryDense,
     suggestion: Suggestion::Consumed,
-    fused_moe: FusedMoe::Unmodelled(MOE_0_27),
+    // 0.27.1 as 0.26.0 for unquantized Triton experts: modular_kernel.py writes the experts'
+    // sum straight into the output when its shape matches (`use_output_alias`, L1322-1340:
+    // the workspace and the output are still allocated as before, only the copy goes),
+    // routing-replay buffers only with `enable_return_routed_experts`; runner/moe_runner.py
+    // (latent transforms), router/fused_topk_router.py (`VLLM_MOE_SKIP_PADDING`, off),
+    // fused_moe.py (`get_default_config`'s wna16 branch only), activation.py (SITU),
+    // routed_experts.py (bias loading, non-persistent buffers), layer.py and the model
+    // files (`FusedMoEFactory`, renamed) change nothing else; workspace.py,
+    // moe_align_block_size.py and no_dp_ep.py the same; Hopper still Triton (oracle L75-79).
+    fused_moe: FusedMoe::Oracle {
+        triton: Modular {
+            chunk_tokens: None,
+            default_block_m_by_tokens: true,
+            v0_21: Some(RunnerV021 { gate_in_op: false }),
+        },
+        flashinfer_on_hopper: false,
+    },
     ..R0_22
 };
 
@@ -966,6 +982,7 @@ const R0_28: Release = Release {
               1869-1875); V2's graph estimate still 0 (gpu/model_runner.py:843-845)",
     serve_batch_160gib: true,
     kv_line_combined: true,
+    fused_moe: FusedMoe::Unmodelled(MOE_0_28),
     ..R0_27
 };
 
@@ -1118,7 +1135,7 @@ impl Release {
                 FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' (mixture of experts) is not modelled under this \
                      release: {why}; it is reproduced for --vllm 0.8, 0.11, 0.15 and 0.19 (and \
-                     0.21-0.26 for Mixtral and Qwen3-MoE where Triton runs)",
+                     0.21-0.27 for Mixtral and Qwen3-MoE where Triton runs)",
                     self.name
                 ))),
             };
@@ -1648,13 +1665,13 @@ mod tests {
                     Ok(k) => panic!("{vllm} {major}: {k:?}"),
                 }
             }
-            let e = release("0.27")
+            let e = release("0.28")
                 .unwrap()
                 .check_arch(moe)
                 .unwrap_err()
                 .to_string();
             assert!(
-                e.contains("reproduced for --vllm 0.8") && e.contains("0.21-0.26"),
+                e.contains("reproduced for --vllm 0.8") && e.contains("0.21-0.27"),
                 "{e}"
             );
             assert!(release(DEFAULT).unwrap().check_arch(moe).is_err());
