@@ -1,8 +1,8 @@
 //! Mixture of experts under vLLM 0.21 and later: `select_unquantized_moe_backend` (0.21.0
 //! fused_moe/oracle/unquantized.py) picks the experts per GPU. Triton's modular kernel, as
 //! 0.19 runs it plus 0.21's runner and workspace manager, is reproduced where it runs (Ampere
-//! and Ada under 0.21 and 0.22, Hopper too under 0.23-0.27); FlashInfer's experts (Hopper
-//! under 0.21/0.22, Blackwell always) and the releases from 0.28 are refused by name.
+//! and Ada under 0.21 and 0.22, Hopper too under 0.23-0.28); FlashInfer's experts (Hopper
+//! under 0.21/0.22, Blackwell always) and the releases from 0.29 are refused by name.
 
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
@@ -281,8 +281,8 @@ fn qwen3_logits_die_before_the_all_reduce_from_0_21() {
 }
 
 /// 0.23 moves FlashInfer's experts behind Triton on Hopper (0.23.0 oracle/unquantized.py
-/// L71-75; 0.24.0 L70-74; 0.26.0 and 0.27.1 L75-79), so Qwen3-30B-A3B on an H100 runs the same
-/// modular kernel under 0.23 to 0.27: 8192 tokens (an H100 is 70 GiB or more and not an A100), workspace 2 · 2·8192·8·2048 = 536,870,912 B (512 MiB);
+/// L71-75; 0.24.0 L70-74; 0.26.0-0.28.0 L75-79), so Qwen3-30B-A3B on an H100 runs the same
+/// modular kernel under 0.23 to 0.28: 8192 tokens (an H100 is 70 GiB or more and not an A100), workspace 2 · 2·8192·8·2048 = 536,870,912 B (512 MiB);
 /// no E=128,N=768 file for the H100 in the wheel, so BSM 128: sorted ids
 /// (65536 + 128·127)·4 = 327,168 B. The same line under 0.22 is refused: FlashInfer's CUTLASS
 /// MoE runs there.
@@ -304,9 +304,10 @@ fn qwen3_30b_from_0_23_on_an_h100_runs_triton_and_0_22_is_refused() {
         .collect();
     assert_eq!(sorted, [(65_536 + 128 * 127) * 4]);
     // 0.24 wraps the experts in `RoutedExperts` under a `MoERunner`, 0.25 and 0.26 change
-    // their loaders and padding options, 0.27 writes the sum straight into the output: the
-    // same allocations (0.27 budgets them with #49208's formula).
-    for vllm in ["0.24", "0.25", "0.26", "0.27"] {
+    // their loaders and padding options, 0.27 writes the sum straight into the output, 0.28
+    // refactors the activation and gives the workspace manager lanes: the same allocations
+    // (0.27 and 0.28 budget them with #49208's formula).
+    for vllm in ["0.24", "0.25", "0.26", "0.27", "0.28"] {
         let (code, err, later) = plan_csv("sim:h100-sxm:dry", vllm, line);
         assert_eq!(code, Some(0), "{err}");
         assert_eq!(layer_moe(&later, 5), layer_moe(&rows, 5), "{vllm}");
@@ -334,7 +335,7 @@ fn qwen3_30b_from_0_23_on_an_h100_runs_triton_and_0_22_is_refused() {
 }
 
 /// What stays refused, each by name: FlashInfer's experts on Blackwell (TRT-LLM's on the
-/// B200), the releases from 0.28 (which rewrote the Triton experts and the modular kernel), the MoE types whose 0.21 block is not
+/// B200), the releases from 0.29 (Model Runner V2 runs every mixture of experts), the MoE types whose 0.21 block is not
 /// read (DeepSeek's shared experts and sum, Qwen2-MoE's shared expert), and data or expert
 /// parallel (0.21's prepare/finalize).
 #[test]
@@ -347,12 +348,12 @@ fn what_0_21_and_later_refuse_is_named() {
         e.contains("FlashInfer's TRT-LLM BF16 MoE") && e.contains("Hopper"),
         "{e}"
     );
-    for vllm in ["0.28", "0.29", "0.31", "0.33"] {
+    for vllm in ["0.29", "0.31", "0.33"] {
         let e = refused("preset:qwen3-30b-a3b", "sim:a100-sxm4-80gb:dry", vllm, 1);
         assert!(
             e.contains(&format!("--vllm {vllm}"))
-                && e.contains("not read from 0.28 on")
-                && e.contains("0.21-0.27"),
+                && e.contains("not read from 0.29 on")
+                && e.contains("0.21-0.28"),
             "{e}"
         );
     }

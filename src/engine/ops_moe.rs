@@ -291,11 +291,11 @@ pub fn block_size_m_0_19(gpu: &str, e: usize, n: usize, m: usize) -> (usize, Str
     )
 }
 
-/// `block_size_m` as vLLM 0.21 to 0.27 pick it for 16-bit experts: the tuned file's nearest
+/// `block_size_m` as vLLM 0.21 to 0.28 pick it for 16-bit experts: the tuned file's nearest
 /// key (`try_get_optimal_moe_config` and `get_moe_configs` as 0.19's, 0.21.0 fused_moe.py),
 /// among the wheel's files (`TUNED_0_21`), a device whose name has the token `H200` reading
 /// `NVIDIA_H200`'s (fused_moe.py L1003-1005 at 0.23.0); without one, 0.19's
-/// `get_default_config` (unchanged for 16-bit experts in 0.21.0-0.27.1).
+/// `get_default_config` (unchanged for 16-bit experts in 0.21.0-0.28.0).
 pub fn block_size_m_0_21(gpu: &str, e: usize, n: usize, m: usize) -> (usize, String) {
     let mut name = gpu
         .split(" (")

@@ -831,15 +831,12 @@ pub const RELEASES: &[Release] = &[
     },
 ];
 
-/// Why MoE is refused from 0.28: the oracle still prefers Triton on Hopper (0.28.0-0.33.0
-/// oracle/unquantized.py), but the path around the experts was rewritten and is not
-/// reproduced yet.
-const MOE_0_28: &str = "its fused MoE is not read from 0.28 on: the oracle still runs Triton \
-     on Ampere, Ada and Hopper (0.28.0-0.33.0 fused_moe/oracle/unquantized.py), but 0.28 rewrote \
-     the Triton experts, the modular kernel, the unquantized method and the activations \
-     (0.28.0 experts/triton_moe.py, modular_kernel.py, unquantized_fused_moe_method.py, \
-     activation.py), gave the workspace manager lanes, and from 0.29 Model Runner V2 runs every \
-     mixture of experts (config/vllm.py)";
+/// Why MoE is refused from 0.29: Model Runner V2 runs every mixture of experts there, and the
+/// MoE files of 0.29-0.33 are not read.
+const MOE_0_29: &str = "its fused MoE is not read from 0.29 on: Model Runner V2 runs every \
+     mixture of experts from 0.29 (config/vllm.py), whose MoE path (padding masks, workspace \
+     lanes, its profile and graph runs) is not read, nor are 0.29-0.33's fused_moe files \
+     (0.33.0 changes moe_align_block_size.py and the modular kernel)";
 
 /// 0.21, the row the later ones start from.
 const R0_21: Release = Release {
@@ -982,7 +979,15 @@ const R0_28: Release = Release {
               1869-1875); V2's graph estimate still 0 (gpu/model_runner.py:843-845)",
     serve_batch_160gib: true,
     kv_line_combined: true,
-    fused_moe: FusedMoe::Unmodelled(MOE_0_28),
+    // 0.28.0 as 0.27.1 for unquantized Triton experts: experts/triton_moe.py (a
+    // padded-experts check, the activation config), modular_kernel.py and activation.py
+    // (`ApplyMoEActivationConfig`: SiLU still `silu_and_mul` into the cache), the
+    // unquantized method and the oracle (the CPU path), routed_experts.py (checkpoint
+    // layouts, the expert map's source), runner/moe_runner.py (`maybe_init_modular_kernel`
+    // gone; the gate still inside `_forward_impl`), qwen3_moe.py and mixtral.py (EP
+    // bookkeeping, tied heads) change nothing unquantized allocates; the workspace manager
+    // has lanes, one unless a draft model runs (v1/worker/gpu_worker.py L415-421);
+    // fused_moe.py, moe_align_block_size.py, no_dp_ep.py and the tuned files the same.
     ..R0_27
 };
 
@@ -1001,6 +1006,7 @@ const R0_29: Release = Release {
         estimates_graphs: true,
         warmup_sampler_pass: false,
     }),
+    fused_moe: FusedMoe::Unmodelled(MOE_0_29),
     ..R0_28
 };
 
@@ -1135,7 +1141,7 @@ impl Release {
                 FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' (mixture of experts) is not modelled under this \
                      release: {why}; it is reproduced for --vllm 0.8, 0.11, 0.15 and 0.19 (and \
-                     0.21-0.27 for Mixtral and Qwen3-MoE where Triton runs)",
+                     0.21-0.28 for Mixtral and Qwen3-MoE where Triton runs)",
                     self.name
                 ))),
             };
@@ -1665,13 +1671,13 @@ mod tests {
                     Ok(k) => panic!("{vllm} {major}: {k:?}"),
                 }
             }
-            let e = release("0.28")
+            let e = release("0.29")
                 .unwrap()
                 .check_arch(moe)
                 .unwrap_err()
                 .to_string();
             assert!(
-                e.contains("reproduced for --vllm 0.8") && e.contains("0.21-0.27"),
+                e.contains("reproduced for --vllm 0.8") && e.contains("0.21-0.28"),
                 "{e}"
             );
             assert!(release(DEFAULT).unwrap().check_arch(moe).is_err());
