@@ -335,9 +335,8 @@ fn qwen3_30b_from_0_23_on_an_h100_runs_triton_and_0_22_is_refused() {
 }
 
 /// What stays refused, each by name: FlashInfer's experts on Blackwell (TRT-LLM's on the
-/// B200), the releases from 0.29 (Model Runner V2 runs every mixture of experts), the MoE types whose 0.21 block is not
-/// read (DeepSeek's shared experts and sum, Qwen2-MoE's shared expert), and data or expert
-/// parallel (0.21's prepare/finalize).
+/// B200), the releases from 0.29 (Model Runner V2 runs every mixture of experts), DeepSeek
+/// from 0.24 (on Model Runner V2), and data or expert parallel (0.21's prepare/finalize).
 #[test]
 fn what_0_21_and_later_refuse_is_named() {
     let refused = |model: &str, device: &str, vllm: &str, tp: u32| {
@@ -357,14 +356,15 @@ fn what_0_21_and_later_refuse_is_named() {
             "{e}"
         );
     }
+    // DeepSeek-V2 runs on Model Runner V2 from 0.24.
     let e = refused(
         "preset:deepseek-v2-lite",
         "sim:a100-sxm4-80gb:dry",
-        "0.21",
+        "0.24",
         1,
     );
     assert!(
-        e.contains("'deepseek_v2'") && e.contains("out of place"),
+        e.contains("'deepseek_v2'") && e.contains("Model Runner V2") && e.contains("0.21-0.23"),
         "{e}"
     );
     let mut dp = request("preset:qwen3-30b-a3b", "sim:a100-sxm4-80gb:dry", "0.21", 1);
@@ -375,4 +375,78 @@ fn what_0_21_and_later_refuse_is_named() {
     ep.enable_expert_parallel = true;
     let e = run(&ep).unwrap_err();
     assert!(e.contains("with expert parallel is not modelled"), "{e}");
+}
+
+/// DeepSeek-V2-Lite on an A100 under 0.21 (Triton: FlashInfer wants compute capability 9.0).
+/// 0.21's `DeepseekV2MoE` hands the gate, the shared experts and the routed scaling to
+/// `FusedMoE` (deepseek_v2.py), and `MoERunner.forward` (runner/moe_runner.py) adds the shared
+/// output to the routed one out of place (`result = shared_output + fused_output`) where 0.19's
+/// block added in place (`final_hidden_states += shared_output`); the factor is 1.0 for
+/// V2-Lite, so no scaling. By hand, M = 2048 (an A100), k = 6, I = 1408, H = 2048, E = 64:
+/// workspace r256(2·M·k·max(I, H)) + r256(2·M·k·max(2I, H)) = 50,331,648 + 69,206,016 =
+/// 119,537,664 B; sorted ids (M·k + E·127)·4 = (12288 + 8128)·4 = 81,664 → 81,920 B (no
+/// E=64,N=1408 file: BSM 128); the sum [M, H] bf16 = 8,388,608 B, the shared output and the
+/// routed output dying after it (the runner's locals, in that order), the sum living on as
+/// layer 5's hidden states until layer 6.
+#[test]
+fn deepseek_v2_lite_under_0_21_adds_the_shared_output_out_of_place() {
+    let line = "vllm serve preset:deepseek-v2-lite";
+    let (code, err, rows) = plan_csv("sim:a100-sxm4-80gb:dry", "0.21", line);
+    assert_eq!(code, Some(0), "{err}");
+    let ws: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.4 == "moe.workspace" && r.1 == "alloc")
+        .map(|r| r.5)
+        .collect();
+    assert_eq!(ws, [119_537_664]);
+    let tail = |rows: &[Row]| {
+        let l5 = layer_moe_and_shared(rows, 5);
+        let at = l5
+            .iter()
+            .position(|(a, n, _)| !a && n == "layers.5.moe.router_logits")
+            .unwrap();
+        l5[at..].to_vec()
+    };
+    let mh = 2048 * 2048 * 2;
+    let t = |a: bool, n: &str, b: u64| (a, format!("layers.5.{n}"), b);
+    assert_eq!(
+        tail(&rows),
+        [
+            t(false, "moe.router_logits", 2048 * 64 * 2),
+            t(true, "moe.plus_shared", mh),
+            t(false, "shared_experts.down_proj.out", mh),
+            t(false, "moe.output", mh),
+            t(false, "moe.plus_shared", mh),
+        ]
+    );
+    let sorted: Vec<u64> = layer_moe(&rows, 5)
+        .iter()
+        .filter(|(a, n, _)| *a && n.ends_with(".sorted_ids"))
+        .map(|x| x.2)
+        .collect();
+    assert_eq!(sorted, [81_920]);
+    // 0.19: the shared output added in place, the routed output living on instead.
+    let (code, err, rows19) = plan_csv("sim:a100-sxm4-80gb:dry", "0.19", line);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        tail(&rows19),
+        [
+            t(false, "moe.router_logits", 2048 * 64 * 2),
+            t(false, "shared_experts.down_proj.out", mh),
+            t(false, "moe.output", mh),
+        ]
+    );
+}
+
+/// `layer_moe` with the shared experts' tensors.
+fn layer_moe_and_shared(rows: &[Row], layer: usize) -> Vec<(bool, String, u64)> {
+    let (moe, shared) = (
+        format!("layers.{layer}.moe."),
+        format!("layers.{layer}.shared_experts."),
+    );
+    rows.iter()
+        .filter(|r| r.0 == 1 && (r.4.starts_with(&moe) || r.4.starts_with(&shared)))
+        .filter(|r| r.1 == "alloc" || r.1 == "free")
+        .map(|r| (r.1 == "alloc", r.4.clone(), r.5))
+        .collect()
 }

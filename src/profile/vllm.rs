@@ -322,6 +322,9 @@ pub enum FusedMoe {
         triton: Modular,
         /// FlashInfer's CUTLASS experts take Hopper (0.21, 0.22); `false`: Triton does (0.23).
         flashinfer_on_hopper: bool,
+        /// DeepSeek's block (`DeepseekV2MoE`, MLA models) is read for this release on V1's
+        /// runner: 0.21-0.23 (0.24 runs DeepSeek-V2 on Model Runner V2).
+        deepseek: bool,
     },
     /// Not reproduced, and why.
     Unmodelled(&'static str),
@@ -722,6 +725,7 @@ pub const RELEASES: &[Release] = &[
                 v0_21: Some(RunnerV021 { gate_in_op: false }),
             },
             flashinfer_on_hopper: false,
+            deepseek: true,
         },
         ..R0_22
     },
@@ -752,6 +756,7 @@ pub const RELEASES: &[Release] = &[
                 v0_21: Some(RunnerV021 { gate_in_op: false }),
             },
             flashinfer_on_hopper: false,
+            deepseek: false,
         },
         ..R0_22
     },
@@ -780,6 +785,7 @@ pub const RELEASES: &[Release] = &[
                 v0_21: Some(RunnerV021 { gate_in_op: false }),
             },
             flashinfer_on_hopper: false,
+            deepseek: false,
         },
         ..R0_22
     },
@@ -805,6 +811,7 @@ pub const RELEASES: &[Release] = &[
                 v0_21: Some(RunnerV021 { gate_in_op: false }),
             },
             flashinfer_on_hopper: false,
+            deepseek: false,
         },
         ..R0_22
     },
@@ -872,6 +879,7 @@ const R0_21: Release = Release {
             v0_21: Some(RunnerV021 { gate_in_op: false }),
         },
         flashinfer_on_hopper: true,
+        deepseek: true,
     },
     mla: Some(MlaEra::V0_19),
     fp8_block: None,
@@ -926,6 +934,7 @@ const R0_22: Release = Release {
             v0_21: Some(RunnerV021 { gate_in_op: false }),
         },
         flashinfer_on_hopper: true,
+        deepseek: true,
     },
     runner_v2: RunnerV2::DenseUnquantized(&["qwen3"]),
     v2: Some(V2 {
@@ -966,6 +975,7 @@ const R0_27: Release = Release {
             v0_21: Some(RunnerV021 { gate_in_op: false }),
         },
         flashinfer_on_hopper: false,
+        deepseek: false,
     },
     ..R0_22
 };
@@ -1123,6 +1133,7 @@ impl Release {
                 }
                 FusedMoe::Kernel(_) => Ok(()),
                 FusedMoe::Oracle { .. } if matches!(arch, "mixtral" | "qwen3_moe") => Ok(()),
+                FusedMoe::Oracle { deepseek: true, .. } if mla => Ok(()),
                 FusedMoe::Oracle { .. } => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' is not modelled under this release: its fused \
                      MoE from 0.21 is reproduced for Mixtral and Qwen3-MoE only ({}); it is \
@@ -1132,11 +1143,14 @@ impl Release {
                         "the shared expert runs inside the op, before the routing, through 0.21's \
                          SharedExperts (fused_moe/runner/shared_experts.py), not read"
                     } else {
-                        "0.21's DeepSeek block hands the shared experts, the routed scaling and \
-                         the sum to the runner, which adds them out of place (0.21.0 \
-                         deepseek_v2.py, runner/moe_runner.py `forward`), not read"
+                        "DeepSeek-V2 runs on Model Runner V2 from 0.24 (config/vllm.py) and the \
+                         DeepSeek block of 0.24 and later is not read"
                     },
-                    if arch == "qwen2_moe" { "0.8 and 0.11" } else { "0.11, 0.15 and 0.19" }
+                    if arch == "qwen2_moe" {
+                        "0.8 and 0.11"
+                    } else {
+                        "0.11, 0.15, 0.19 and 0.21-0.23 where Triton runs"
+                    }
                 ))),
                 FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' (mixture of experts) is not modelled under this \
@@ -1182,15 +1196,17 @@ impl Release {
         major: u32,
         group: Option<crate::device::group::MoeGroup>,
     ) -> Result<Option<MoeKernel>> {
-        let (triton, flashinfer_on_hopper) = match self.fused_moe {
+        let (triton, flashinfer_on_hopper, deepseek) = match self.fused_moe {
             FusedMoe::Kernel(k) => return Ok(Some(k)),
             FusedMoe::Unmodelled(_) => return Ok(None),
             FusedMoe::Oracle {
                 triton,
                 flashinfer_on_hopper,
-            } => (triton, flashinfer_on_hopper),
+                deepseek,
+            } => (triton, flashinfer_on_hopper, deepseek),
         };
-        if !matches!(arch, "mixtral" | "qwen3_moe") {
+        let mla = matches!(arch, "deepseek_v2" | "deepseek_v3" | "kimi_k2");
+        if !(matches!(arch, "mixtral" | "qwen3_moe") || (deepseek && mla)) {
             return Ok(None);
         }
         let flashinfer = match major {
@@ -1682,6 +1698,19 @@ mod tests {
             );
             assert!(release(DEFAULT).unwrap().check_arch(moe).is_err());
         }
+        // DeepSeek's block is read for 0.21-0.23; 0.24 runs DeepSeek-V2 on Model Runner V2.
+        for ok in ["0.21", "0.22", "0.23"] {
+            assert!(
+                release(ok).unwrap().check_arch("deepseek_v2").is_ok(),
+                "{ok}"
+            );
+        }
+        let e = release("0.24")
+            .unwrap()
+            .check_arch("deepseek_v2")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("Model Runner V2"), "{e}");
         let e = release("0.19")
             .unwrap()
             .check_arch("qwen2_moe")
