@@ -745,7 +745,8 @@ pub const RELEASES: &[Release] = &[
         // `forward_modular` → the quant method's `apply`), with the same allocations for
         // unquantized Triton experts: experts/triton_moe.py (LoRA's deferred quantization,
         // swiglu parameters), modular_kernel.py (activation keywords, LoRA's stash),
-        // unquantized_fused_moe_method.py (the quant config's swiglu parameters) only; fused_moe.py,
+        // unquantized_fused_moe_method.py (the quant config's swiglu parameters) only;
+        // fused_moe.py,
         // moe_align_block_size.py, v1/worker/workspace.py, prepare_finalize/no_dp_ep.py,
         // mixtral.py and qwen3_moe.py as 0.23.0's; the oracle as 0.23's on Hopper (L70-74);
         // Mixtral and Qwen3-MoE stay on V1's runner (config/vllm.py L68-77).
@@ -1066,9 +1067,9 @@ impl Release {
                 ))),
                 (_, FusedMoe::Oracle { .. }) => Err(Error::Request(format!(
                     "--vllm {}: model_type 'gpt_oss' is not modelled under this release: its \
-                     fused MoE from 0.21 is reproduced for Mixtral and Qwen3-MoE only (gpt-oss's \
-                     experts, their biases and swigluoai under 0.21's runner are not read); it \
-                     is reproduced for --vllm 0.11, 0.15 and 0.19",
+                     fused MoE from 0.21 is reproduced for Mixtral, Qwen3-MoE and DeepSeek only \
+                     (gpt-oss's experts, their biases and swigluoai under 0.21's runner are not \
+                     read); it is reproduced for --vllm 0.11, 0.15 and 0.19",
                     self.name
                 ))),
             };
@@ -1091,9 +1092,9 @@ impl Release {
                 ))),
                 FusedMoe::Oracle { .. } => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' is not modelled under this release: its fused \
-                     MoE from 0.21 is reproduced for Mixtral and Qwen3-MoE only (Llama 4's block \
-                     under 0.21's runner is not read); it is reproduced for --vllm 0.11, 0.15 and \
-                     0.19",
+                     MoE from 0.21 is reproduced for Mixtral, Qwen3-MoE and DeepSeek only (Llama 4's \
+                     block under 0.21's runner is not read); it is reproduced for --vllm 0.11, \
+                     0.15 and 0.19",
                     self.name
                 ))),
             };
@@ -1136,7 +1137,7 @@ impl Release {
                 FusedMoe::Oracle { deepseek: true, .. } if mla => Ok(()),
                 FusedMoe::Oracle { .. } => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' is not modelled under this release: its fused \
-                     MoE from 0.21 is reproduced for Mixtral and Qwen3-MoE only ({}); it is \
+                     MoE from 0.21 is reproduced for Mixtral, Qwen3-MoE and DeepSeek only ({}); it is \
                      reproduced for --vllm {}",
                     self.name,
                     if arch == "qwen2_moe" {
