@@ -746,9 +746,8 @@ pub const RELEASES: &[Release] = &[
         // unquantized Triton experts: experts/triton_moe.py (LoRA's deferred quantization,
         // swiglu parameters), modular_kernel.py (activation keywords, LoRA's stash),
         // unquantized_fused_moe_method.py (the quant config's swiglu parameters) only;
-        // fused_moe.py,
-        // moe_align_block_size.py, v1/worker/workspace.py, prepare_finalize/no_dp_ep.py,
-        // mixtral.py and qwen3_moe.py as 0.23.0's; the oracle as 0.23's on Hopper (L70-74);
+        // fused_moe.py, moe_align_block_size.py, v1/worker/workspace.py,
+        // prepare_finalize/no_dp_ep.py, mixtral.py and qwen3_moe.py as 0.23.0's; the oracle as 0.23's on Hopper (L70-74);
         // Mixtral and Qwen3-MoE stay on V1's runner (config/vllm.py L68-77).
         fused_moe: FusedMoe::Oracle {
             triton: Modular {
