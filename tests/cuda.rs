@@ -1119,10 +1119,12 @@ fn modular_moe_logits_on_the_gpu_match_cpu_compute_mode() {
         Modular {
             chunk_tokens: Some(16384),
             default_block_m_by_tokens: false,
+            v0_21: None,
         },
         Modular {
             chunk_tokens: None,
             default_block_m_by_tokens: true,
+            v0_21: None,
         },
     ];
     for arch in ["mixtral", "qwen3_moe"] {

@@ -207,6 +207,7 @@ fn experts_split_over_two_ranks_sum_to_the_whole() {
     let modular = MoeKernel::Modular(Modular {
         chunk_tokens: None,
         default_block_m_by_tokens: true,
+        v0_21: None,
     });
     for kernel in [
         MoeKernel::InPlace {

@@ -271,7 +271,8 @@ fn moe_is_refused_where_it_is_not_modelled() {
         .to_string();
     assert!(e.contains("16 bits only"), "{e}");
     // 0.21 runs FlashInfer's CUTLASS MoE by default on Hopper (0.15 and 0.19 are modelled
-    // since the modular kernel, tests/vllm_v1.rs).
+    // since the modular kernel, tests/vllm_v1.rs; 0.21 where Triton runs and 0.23 on Hopper,
+    // tests/moe_v1_oracle.rs).
     let e = run(
         "preset:qwen3-30b-a3b",
         Quant::BF16,
@@ -281,7 +282,10 @@ fn moe_is_refused_where_it_is_not_modelled() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("--vllm 0.8") && e.contains("FlashInfer"), "{e}");
+    assert!(
+        e.contains("--vllm 0.21") && e.contains("FlashInfer") && e.contains("--vllm 0.23"),
+        "{e}"
+    );
     // Each expert's width must divide over the GPUs: 768 over 5 does not.
     let e = run(
         "preset:qwen3-30b-a3b",
@@ -577,6 +581,7 @@ fn the_modular_kernel_computes_what_the_in_place_kernel_computes() {
     let kernel = MoeKernel::Modular(Modular {
         chunk_tokens: Some(4),
         default_block_m_by_tokens: true,
+        v0_21: None,
     });
     let modular = moe_block_forward_as(
         &rt,

@@ -291,6 +291,43 @@ pub fn block_size_m_0_19(gpu: &str, e: usize, n: usize, m: usize) -> (usize, Str
     )
 }
 
+/// `block_size_m` as vLLM 0.21 to 0.28 pick it for 16-bit experts: the tuned file's nearest
+/// key (`try_get_optimal_moe_config` and `get_moe_configs` as 0.19's, 0.21.0 fused_moe.py),
+/// among the wheel's files (`TUNED_0_21`), a device whose name has the token `H200` reading
+/// `NVIDIA_H200`'s (fused_moe.py L1003-1005 at 0.23.0); without one, 0.19's
+/// `get_default_config` (unchanged for 16-bit experts in 0.21.0-0.28.0).
+pub fn block_size_m_0_21(gpu: &str, e: usize, n: usize, m: usize) -> (usize, String) {
+    let mut name = gpu
+        .split(" (")
+        .next()
+        .unwrap_or(gpu)
+        .trim()
+        .replace(' ', "_");
+    if name.split('_').any(|t| t == "H200") {
+        name = "NVIDIA_H200".into();
+    }
+    let file = format!("E={e},N={n},device_name={name}.json");
+    let found = crate::engine::moe_configs::TUNED_0_21
+        .iter()
+        .find(|(fe, fn_, fd, _)| *fe == e && *fn_ == n && *fd == name);
+    if let Some((_, _, _, keys)) = found {
+        let mut best = keys[0];
+        for &k in &keys[1..] {
+            if k.0.abs_diff(m) < best.0.abs_diff(m) {
+                best = k;
+            }
+        }
+        return (best.1, format!("{file} in vLLM 0.21.0, key {}", best.0));
+    }
+    let b = match m {
+        0..=32 => 16,
+        33..=96 => 32,
+        97..=512 => 64,
+        _ => 128,
+    };
+    (b, format!("no {file} in vLLM 0.21.0: get_default_config"))
+}
+
 /// The experts' weights of one layer, as `FusedMoE` holds them: `w13 [E, 2·I, H]` (each
 /// expert's gate rows, then its up rows) and `w2 [E, H, I]`, `I` this rank's share of the
 /// expert width.

@@ -40,6 +40,49 @@ pub struct Modular {
     /// `get_default_config`'s block size for shapes with no tuned file: 0.19's rule (16, 32,
     /// 64 or 128 by tokens, fused_moe.py L1276-1285) or the earlier one (16 if M ≤ E, else 64).
     pub default_block_m_by_tokens: bool,
+    /// What 0.21's runner and workspace manager do around the same `TritonExperts`; `None`
+    /// before 0.21.
+    pub v0_21: Option<RunnerV021>,
+}
+
+/// vLLM 0.21's MoE runner and workspace manager, where they differ from 0.19's (the experts,
+/// `_allocate_buffers`, `moe_align_block_size`, `get_default_config` and `fused_topk` read
+/// the same: 0.21.0 experts/triton_moe.py L129-144, modular_kernel.py L1041-1102,
+/// moe_align_block_size.py, fused_moe.py `get_default_config`, router/fused_topk_router.py):
+/// - the workspace manager frees the old buffer, then calls `torch.accelerator.empty_cache()`,
+///   then allocates the larger one (v1/worker/workspace.py L164-179; 0.19 does not empty the
+///   cache);
+/// - the tuned files are looked up for every GPU: the A100 and L40S files of
+///   `fused_moe/configs/` too (`moe_configs::TUNED_AMPERE_ADA`);
+/// - Qwen3-MoE hands its gate to `FusedMoE` (0.21.0 qwen3_moe.py `FusedMoE(gate=self.gate)`),
+///   so the router's logits are made inside the op (runner/moe_runner.py `_forward_impl`:
+///   `router_logits, _ = self.gate(hidden_states)`) and die as it returns, before the
+///   all-reduce (`_maybe_reduce_final_output`, outside the op); Mixtral keeps its gate
+///   outside (mixtral.py `MixtralMoE.forward`), as 0.19.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunnerV021 {
+    /// The model hands its gate to `FusedMoE` (set per model: `MoeKernel::for_arch`).
+    pub gate_in_op: bool,
+}
+
+impl MoeKernel {
+    /// The kernel as it runs model type `arch`: under 0.21 Qwen3-MoE's gate runs inside the op.
+    pub fn for_arch(self, arch: &str) -> MoeKernel {
+        match self {
+            MoeKernel::Modular(Modular {
+                chunk_tokens,
+                default_block_m_by_tokens,
+                v0_21: Some(_),
+            }) => MoeKernel::Modular(Modular {
+                chunk_tokens,
+                default_block_m_by_tokens,
+                v0_21: Some(RunnerV021 {
+                    gate_in_op: arch == "qwen3_moe",
+                }),
+            }),
+            k => k,
+        }
+    }
 }
 
 /// `fused_topk` as the V1 router runs it (0.19.0 router/fused_topk_router.py L78-90):
@@ -167,6 +210,11 @@ pub fn fused_experts(
         let mut ws = workspace.borrow_mut();
         if ws.as_ref().is_none_or(|t| t.nbytes() < need) {
             drop(ws.take());
+            if how.v0_21.is_some() {
+                // 0.21.0 v1/worker/workspace.py L164-179: the old buffer released, then
+                // `torch.accelerator.empty_cache()`, then the larger one.
+                rt.empty_cache();
+            }
             *ws = Some(rt.tensor_for_overwrite(
                 "moe.workspace",
                 Category::Activation,
@@ -181,6 +229,8 @@ pub fn fused_experts(
         rt.set_op("moe.align_block_size");
         let (bm, _) = if ex.fp8_block.is_some() {
             ops_moe::block_size_m_fp8_block(release, gpu, e, i, tokens)
+        } else if how.v0_21.is_some() {
+            ops_moe::block_size_m_0_21(gpu, e, i, tokens)
         } else if how.default_block_m_by_tokens {
             ops_moe::block_size_m_0_19(gpu, e, i, tokens)
         } else {

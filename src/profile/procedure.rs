@@ -998,6 +998,11 @@ pub(crate) fn run_rank(
     });
     let pp_stage = rank.as_ref().and_then(|r| r.pp.clone());
     let moe_group = rank.as_ref().and_then(|r| r.moe);
+    // The release's fused MoE for this GPU (0.21's oracle picks it by compute capability).
+    let moe_kernel = match &opened {
+        Some(o) => release.moe_kernel_on(&o.config.arch, device_major, moe_group)?,
+        None => None,
+    };
     let group_comms = rank.as_ref().map(|r| r.comms.clone()).unwrap_or_default();
     let tp_rank = rank
         .filter(|r| r.size > 1)
@@ -1141,7 +1146,7 @@ pub(crate) fn run_rank(
             let mut model = CausalLm::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
             model.set_mlp_frees_gate_up(release.llama_mlp_frees_gate_up);
             model.set_normalizer_out_of_place(release.gemma_normalizer_out_of_place);
-            if let crate::profile::vllm::FusedMoe::Kernel(k) = release.fused_moe {
+            if let Some(k) = moe_kernel {
                 model.set_moe_kernel(k);
             }
             if let Some(b) = &mla_backend {

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::formulas::FormulaId;
 use crate::base::error::{Error, Result};
 use crate::device::nccl_model::NcclRules;
-use crate::engine::ops_moe_v1::{Modular, MoeKernel};
+use crate::engine::ops_moe_v1::{Modular, MoeKernel, RunnerV021};
 use crate::quant::fp8_block::Fp8BlockEra;
 
 /// The log lines a release prints after its profile run.
@@ -369,6 +369,24 @@ pub enum Suggestion {
 pub enum FusedMoe {
     /// Reproduced, with this kernel.
     Kernel(MoeKernel),
+    /// 0.21's oracle (`select_unquantized_moe_backend`, 0.21.0 fused_moe/oracle/unquantized.py
+    /// L150-295): the first of FlashInfer TRT-LLM, FlashInfer CUTLASS, Triton whose
+    /// `is_supported_config` takes the GPU. FlashInfer is a hard dependency of the wheel
+    /// (`flashinfer-python==0.6.8.post1` in 0.21.0's METADATA, 0.6.11.post2 in 0.22.1's,
+    /// 0.6.12 in 0.23.0's); its CUTLASS experts take compute capability 9.0, the 10.x and the
+    /// 12.x families (experts/flashinfer_cutlass_moe.py L124-136, unquantized from 9.0:
+    /// L150-159), TRT-LLM's the 10.x family (experts/trtllm_bf16_moe.py L45-53), so Triton
+    /// runs on Ampere and Ada (sm80-sm89), reproduced with `triton`. From 0.23 Hopper moves
+    /// both FlashInfer backends behind Triton (0.23.0 oracle/unquantized.py L71-75: "On Hopper
+    /// (SM90), the FlashInfer unquantized MoE kernels are slower than Triton").
+    Oracle {
+        triton: Modular,
+        /// FlashInfer's CUTLASS experts take Hopper (0.21, 0.22); `false`: Triton does (0.23).
+        flashinfer_on_hopper: bool,
+        /// DeepSeek's block (`DeepseekV2MoE`, MLA models) is read for this release on V1's
+        /// runner: 0.21-0.23 (0.24 runs DeepSeek-V2 on Model Runner V2).
+        deepseek: bool,
+    },
     /// Not reproduced, and why.
     Unmodelled(&'static str),
 }
@@ -756,6 +774,7 @@ pub const RELEASES: &[Release] = &[
         fused_moe: FusedMoe::Kernel(MoeKernel::Modular(Modular {
             chunk_tokens: Some(16384),
             default_block_m_by_tokens: false,
+            v0_21: None,
         })),
         mla: Some(MlaEra::V0_15),
         fp8_block: Some(Fp8BlockEra::V0_15),
@@ -812,6 +831,7 @@ pub const RELEASES: &[Release] = &[
         fused_moe: FusedMoe::Kernel(MoeKernel::Modular(Modular {
             chunk_tokens: None,
             default_block_m_by_tokens: true,
+            v0_21: None,
         })),
         mla: Some(MlaEra::V0_19),
         fp8_block: Some(Fp8BlockEra::V0_15),
@@ -848,17 +868,53 @@ pub const RELEASES: &[Release] = &[
                   and unquantized (config/vllm.py:69-75, :544-558); its graph estimate still \
                   0 (gpu/model_runner.py:660-662)",
         runner_v2: RunnerV2::DenseUnquantized(&["llama", "mistral", "qwen3"]),
+        // 0.23.0 prefers Triton on Hopper (oracle/unquantized.py L71-75); its Triton path
+        // reads as 0.22.1's: experts/triton_moe.py (`supports_expert_map` dropped),
+        // modular_kernel.py (the in-place option removed: the output always `empty_like`,
+        // as torch 2.11 had it), fused_moe.py (the in-place op removed), runner/
+        // moe_runner.py, moe_align_block_size.py, router/fused_topk_router.py,
+        // v1/worker/workspace.py the same; mixtral.py and qwen3_moe.py only load kv-cache
+        // scales; the tuned files the same bytes.
+        fused_moe: FusedMoe::Oracle {
+            triton: Modular {
+                chunk_tokens: None,
+                default_block_m_by_tokens: true,
+                v0_21: Some(RunnerV021 { gate_in_op: false }),
+            },
+            flashinfer_on_hopper: false,
+            deepseek: true,
+        },
         ..R0_22
     },
     Release {
         name: "0.24",
         aliases: &["0.24.0"],
         changes: "as 0.23, with Model Runner V2 for Qwen3, Llama and Mistral quantized or not \
-                  and three mixtures of experts (config/vllm.py:68-77, :550-561; the MoE \
-                  stay unmodelled); its graph estimate 0 (gpu/model_runner.py:684-686); \
+                  and three mixtures of experts (config/vllm.py:68-77, :550-561: \
+                  Qwen2-MoE, DeepSeek-V2, Granite-MoE, not modelled there; Mixtral and \
+                  Qwen3-MoE stay on V1's runner); its graph estimate 0 \
+                  (gpu/model_runner.py:684-686); \
                   the snapshot keeps `torch_allocated` (utils/mem_utils.py), unused by the \
                   budget yet",
         runner_v2: RunnerV2::Listed(&["llama", "mistral", "qwen3", "qwen2_moe", "deepseek_v2"]),
+        // 0.24.0 wraps the experts in `RoutedExperts` under a `MoERunner` (layer.py
+        // `FusedMoE(...)` builds both; runner/moe_runner.py, routed_experts.py
+        // `forward_modular` → the quant method's `apply`), with the same allocations for
+        // unquantized Triton experts: experts/triton_moe.py (LoRA's deferred quantization,
+        // swiglu parameters), modular_kernel.py (activation keywords, LoRA's stash),
+        // unquantized_fused_moe_method.py (the quant config's swiglu parameters) only;
+        // fused_moe.py, moe_align_block_size.py, v1/worker/workspace.py,
+        // prepare_finalize/no_dp_ep.py, mixtral.py and qwen3_moe.py as 0.23.0's; the oracle as 0.23's on Hopper (L70-74);
+        // Mixtral and Qwen3-MoE stay on V1's runner (config/vllm.py L68-77).
+        fused_moe: FusedMoe::Oracle {
+            triton: Modular {
+                chunk_tokens: None,
+                default_block_m_by_tokens: true,
+                v0_21: Some(RunnerV021 { gate_in_op: false }),
+            },
+            flashinfer_on_hopper: false,
+            deepseek: false,
+        },
         ..R0_22
     },
     Release {
@@ -870,6 +926,24 @@ pub const RELEASES: &[Release] = &[
                   the weights are measured (gpu/model_runner.py:273-325); its graph \
                   estimate 0 (:680-682)",
         runner_v2: RunnerV2::EveryDense,
+        // 0.25.1 as 0.24.0 for unquantized Triton experts: mixtral.py and qwen3_moe.py load
+        // through `AutoWeightsLoader` and `RoutedExperts.load_weights` (per-expert copies into
+        // the stacked parameters, as before), their blocks' forwards unchanged; runner/
+        // moe_runner.py (final all-reduce skippable, sequence-parallel dispatch), router/
+        // base_router.py (EPLB's padded tokens), experts/triton_moe.py (static scales),
+        // modular_kernel.py (`VLLM_MOE_SKIP_PADDING`, off by default), fused_moe.py (swap-AB,
+        // block-quant defaults) change nothing unquantized allocates; workspace.py,
+        // moe_align_block_size.py, no_dp_ep.py and the tuned files the same. Mixtral and
+        // Qwen3-MoE stay on V1's runner (config/vllm.py L557-574).
+        fused_moe: FusedMoe::Oracle {
+            triton: Modular {
+                chunk_tokens: None,
+                default_block_m_by_tokens: true,
+                v0_21: Some(RunnerV021 { gate_in_op: false }),
+            },
+            flashinfer_on_hopper: false,
+            deepseek: false,
+        },
         ..R0_22
     },
     Release {
@@ -882,6 +956,20 @@ pub const RELEASES: &[Release] = &[
                   allocated: the graphs were never reserved (Q8)",
         runner_v2: RunnerV2::EveryDense,
         suggestion: Suggestion::Info,
+        // 0.26.0 as 0.25.1: runner/moe_runner.py (PCP only), modular_kernel.py (the
+        // activation's extra arguments), fused_moe.py (`get_device_name_as_file_name`:
+        // spaces and slashes to underscores, the same names here), routed_experts.py (fused
+        // checkpoint tensors), the oracle (lists of classes, TRT-LLM LoRA); experts/
+        // triton_moe.py, workspace.py and the model files the same.
+        fused_moe: FusedMoe::Oracle {
+            triton: Modular {
+                chunk_tokens: None,
+                default_block_m_by_tokens: true,
+                v0_21: Some(RunnerV021 { gate_in_op: false }),
+            },
+            flashinfer_on_hopper: false,
+            deepseek: false,
+        },
         ..R0_22
     },
     R0_27,
@@ -907,9 +995,16 @@ pub const RELEASES: &[Release] = &[
     },
 ];
 
+/// Why MoE is refused from 0.29: Model Runner V2 runs every mixture of experts there, and the
+/// MoE files of 0.29-0.33 are not read.
+const MOE_0_29: &str = "its fused MoE is not read from 0.29 on: Model Runner V2 runs every \
+     mixture of experts from 0.29 (config/vllm.py), whose MoE path (padding masks, workspace \
+     lanes, its profile and graph runs) is not read, nor are 0.29-0.33's fused_moe files \
+     (0.33.0 changes moe_align_block_size.py and the modular kernel)";
+
 /// 0.21, the row the later ones start from.
 const R0_21: Release = Release {
-        name: "0.21",
+    name: "0.21",
     aliases: &["0.21.0"],
     formula: FormulaId::Pr12126,
     ceil_budget: true,
@@ -935,9 +1030,16 @@ const R0_21: Release = Release {
     has_gemma3: true,
     has_gpt_oss: true,
     quantized_read: true,
-    fused_moe: FusedMoe::Unmodelled(
-        "it runs FlashInfer's CUTLASS MoE by default on Hopper (0.21.0 fused_moe/oracle/unquantized.py; docs/reading/vllm-v1-fused-moe.md)",
-    ),
+    // 0.21.0's oracle: Triton on Ampere and Ada (docs/reading/vllm-v1-fused-moe.md §2.4).
+    fused_moe: FusedMoe::Oracle {
+        triton: Modular {
+            chunk_tokens: None,
+            default_block_m_by_tokens: true,
+            v0_21: Some(RunnerV021 { gate_in_op: false }),
+        },
+        flashinfer_on_hopper: true,
+        deepseek: true,
+    },
     mla: Some(MlaEra::V0_19),
     fp8_block: None,
     attn_scalars: 7,
@@ -981,9 +1083,21 @@ const R0_22: Release = Release {
               (gpu/model_runner.py:620-622), so nothing comes off the budget for graphs. \
               V1's runner (every other model) as 0.21. Not modelled: MoE (as 0.21), \
               the model files are 0.21's (not re-read)",
-    fused_moe: FusedMoe::Unmodelled(
-        "its fused MoE is not read for 0.22 and later (0.21's default on Hopper is FlashInfer's CUTLASS MoE, 0.21.0 fused_moe/oracle/unquantized.py)",
-    ),
+    // 0.22.1 reads as 0.21.0 for unquantized experts: the oracle's priority and the experts'
+    // `is_supported_config` (oracle/unquantized.py, experts/flashinfer_cutlass_moe.py,
+    // trtllm_bf16_moe.py: only imports, the shared experts' plumbing and swiglu limits
+    // changed), experts/triton_moe.py (LoRA's dual stream only), modular_kernel.py,
+    // moe_align_block_size.py, fused_moe.py, v1/worker/workspace.py, router/
+    // fused_topk_router.py, mixtral.py and qwen3_moe.py; the tuned files the same bytes.
+    fused_moe: FusedMoe::Oracle {
+        triton: Modular {
+            chunk_tokens: None,
+            default_block_m_by_tokens: true,
+            v0_21: Some(RunnerV021 { gate_in_op: false }),
+        },
+        flashinfer_on_hopper: true,
+        deepseek: true,
+    },
     runner_v2: RunnerV2::DenseUnquantized(&["qwen3"]),
     v2: Some(V2 {
         estimates_graphs: false,
@@ -1007,6 +1121,24 @@ const R0_27: Release = Release {
               issue #57936). V2's graph estimate still 0 (gpu/model_runner.py:749-751)",
     runner_v2: RunnerV2::EveryDense,
     suggestion: Suggestion::Consumed,
+    // 0.27.1 as 0.26.0 for unquantized Triton experts: modular_kernel.py writes the experts'
+    // sum straight into the output when its shape matches (`use_output_alias`, L1322-1340:
+    // the workspace and the output are still allocated as before, only the copy goes),
+    // routing-replay buffers only with `enable_return_routed_experts`; runner/moe_runner.py
+    // (latent transforms), router/fused_topk_router.py (`VLLM_MOE_SKIP_PADDING`, off),
+    // fused_moe.py (`get_default_config`'s wna16 branch only), activation.py (SITU),
+    // routed_experts.py (bias loading, non-persistent buffers), layer.py and the model
+    // files (`FusedMoEFactory`, renamed) change nothing else; workspace.py,
+    // moe_align_block_size.py and no_dp_ep.py the same; Hopper still Triton (oracle L75-79).
+    fused_moe: FusedMoe::Oracle {
+        triton: Modular {
+            chunk_tokens: None,
+            default_block_m_by_tokens: true,
+            v0_21: Some(RunnerV021 { gate_in_op: false }),
+        },
+        flashinfer_on_hopper: false,
+        deepseek: false,
+    },
     ..R0_22
 };
 
@@ -1019,6 +1151,15 @@ const R0_28: Release = Release {
               1869-1875); V2's graph estimate still 0 (gpu/model_runner.py:843-845)",
     serve_batch_160gib: true,
     kv_line_combined: true,
+    // 0.28.0 as 0.27.1 for unquantized Triton experts: experts/triton_moe.py (a
+    // padded-experts check, the activation config), modular_kernel.py and activation.py
+    // (`ApplyMoEActivationConfig`: SiLU still `silu_and_mul` into the cache), the
+    // unquantized method and the oracle (the CPU path), routed_experts.py (checkpoint
+    // layouts, the expert map's source), runner/moe_runner.py (`maybe_init_modular_kernel`
+    // gone; the gate still inside `_forward_impl`), qwen3_moe.py and mixtral.py (EP
+    // bookkeeping, tied heads) change nothing unquantized allocates; the workspace manager
+    // has lanes, one unless a draft model runs (v1/worker/gpu_worker.py L415-421);
+    // fused_moe.py, moe_align_block_size.py, no_dp_ep.py and the tuned files the same.
     ..R0_27
 };
 
@@ -1037,6 +1178,7 @@ const R0_29: Release = Release {
         estimates_graphs: true,
         warmup_sampler_pass: false,
     }),
+    fused_moe: FusedMoe::Unmodelled(MOE_0_29),
     ..R0_28
 };
 
@@ -1101,6 +1243,13 @@ impl Release {
                      this release: {why}",
                     self.name
                 ))),
+                (_, FusedMoe::Oracle { .. }) => Err(Error::Request(format!(
+                    "--vllm {}: model_type 'gpt_oss' is not modelled under this release: its \
+                     fused MoE from 0.21 is reproduced for Mixtral, Qwen3-MoE and DeepSeek only \
+                     (gpt-oss's experts, their biases and swigluoai under 0.21's runner are not \
+                     read); it is reproduced for --vllm 0.11, 0.15 and 0.19",
+                    self.name
+                ))),
             };
         }
         if matches!(arch, "llama4" | "llama4_text") {
@@ -1117,6 +1266,13 @@ impl Release {
                 FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' (mixture of experts) is not modelled under this \
                      release: {why}; it is reproduced for --vllm 0.11, 0.15 and 0.19",
+                    self.name
+                ))),
+                FusedMoe::Oracle { .. } => Err(Error::Request(format!(
+                    "--vllm {}: model_type '{arch}' is not modelled under this release: its fused \
+                     MoE from 0.21 is reproduced for Mixtral, Qwen3-MoE and DeepSeek only (Llama 4's \
+                     block under 0.21's runner is not read); it is reproduced for --vllm 0.11, \
+                     0.15 and 0.19",
                     self.name
                 ))),
             };
@@ -1155,9 +1311,30 @@ impl Release {
                     )))
                 }
                 FusedMoe::Kernel(_) => Ok(()),
+                FusedMoe::Oracle { .. } if matches!(arch, "mixtral" | "qwen3_moe") => Ok(()),
+                FusedMoe::Oracle { deepseek: true, .. } if mla => Ok(()),
+                FusedMoe::Oracle { .. } => Err(Error::Request(format!(
+                    "--vllm {}: model_type '{arch}' is not modelled under this release: its fused \
+                     MoE from 0.21 is reproduced for Mixtral, Qwen3-MoE and DeepSeek only ({}); it is \
+                     reproduced for --vllm {}",
+                    self.name,
+                    if arch == "qwen2_moe" {
+                        "the shared expert runs inside the op, before the routing, through 0.21's \
+                         SharedExperts (fused_moe/runner/shared_experts.py), not read"
+                    } else {
+                        "DeepSeek-V2 runs on Model Runner V2 from 0.24 (config/vllm.py) and the \
+                         DeepSeek block of 0.24 and later is not read"
+                    },
+                    if arch == "qwen2_moe" {
+                        "0.8 and 0.11"
+                    } else {
+                        "0.11, 0.15, 0.19 and 0.21-0.23 where Triton runs"
+                    }
+                ))),
                 FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' (mixture of experts) is not modelled under this \
-                     release: {why}; it is reproduced for --vllm 0.8, 0.11, 0.15 and 0.19",
+                     release: {why}; it is reproduced for --vllm 0.8, 0.11, 0.15 and 0.19 (and \
+                     0.21-0.28 for Mixtral and Qwen3-MoE where Triton runs)",
                     self.name
                 ))),
             };
@@ -1183,6 +1360,82 @@ impl Release {
              vLLM 0.8.5, not in 0.7.3); use --vllm 0.8 or a V1 release (0.15, 0.19)",
             self.name
         )))
+    }
+}
+
+impl Release {
+    /// The fused MoE this release runs for model type `arch` on a GPU of compute capability
+    /// `major` (a simulated preset's architecture's: Hopper 9, Blackwell 10), with this MoE
+    /// group (`None`: one GPU or tensor parallel only); `None` where the release's is not
+    /// reproduced (`check_arch` has refused the MoE types already). Under 0.21's oracle:
+    /// Triton where FlashInfer does not take the GPU, FlashInfer refused by name.
+    pub fn moe_kernel_on(
+        &self,
+        arch: &str,
+        major: u32,
+        group: Option<crate::device::group::MoeGroup>,
+    ) -> Result<Option<MoeKernel>> {
+        let (triton, flashinfer_on_hopper, deepseek) = match self.fused_moe {
+            FusedMoe::Kernel(k) => return Ok(Some(k)),
+            FusedMoe::Unmodelled(_) => return Ok(None),
+            FusedMoe::Oracle {
+                triton,
+                flashinfer_on_hopper,
+                deepseek,
+            } => (triton, flashinfer_on_hopper, deepseek),
+        };
+        let mla = matches!(arch, "deepseek_v2" | "deepseek_v3" | "kimi_k2");
+        if !(matches!(arch, "mixtral" | "qwen3_moe") || (deepseek && mla)) {
+            return Ok(None);
+        }
+        let flashinfer = match major {
+            9 if flashinfer_on_hopper => Some(
+                "FlashInfer's CUTLASS MoE on Hopper (compute capability 9.0: \
+                 experts/flashinfer_cutlass_moe.py L124-136 takes it, ahead of Triton in \
+                 oracle/unquantized.py L67-72)",
+            ),
+            10.. => Some(
+                "FlashInfer's TRT-LLM BF16 MoE on the 10.x family (B200: \
+                 experts/trtllm_bf16_moe.py L45-53, Renormalize routing), its CUTLASS MoE on \
+                 the 12.x family (experts/flashinfer_cutlass_moe.py L124-136), both ahead of \
+                 Triton (oracle/unquantized.py)",
+            ),
+            _ => None,
+        };
+        if let Some(which) = flashinfer {
+            return Err(Error::Request(format!(
+                "--vllm {}: model_type '{arch}' (mixture of experts) on this GPU is not modelled: \
+                 the release runs {which}, whose per-call workspace FlashInfer's C++ op sizes \
+                 and takes from PyTorch's allocator (flashinfer 0.6.8.post1 csrc/fused_moe/\
+                 cutlass_backend/flashinfer_cutlass_fused_moe_binding.cu L840-864); its large \
+                 terms are read (cutlass_fused_moe_kernels.cuh L2474-2640), but not the CUTLASS \
+                 grouped GEMM's workspace (`getMaxWorkspaceSize` over every TMA warp-specialized \
+                 tactic, in NVIDIA/cutlass at flashinfer's submodule) nor the TMA input's \
+                 per-expert stride arrays, nor TRT-LLM's BF16 MoE buffers; it is reproduced \
+                 where Triton runs: Ampere and Ada (A100, L40S, L4){}",
+                self.name,
+                if flashinfer_on_hopper {
+                    ", and on Hopper from --vllm 0.23"
+                } else {
+                    " and Hopper"
+                }
+            )));
+        }
+        if let Some(g) = group.filter(|g| g.dp > 1 || g.ep) {
+            return Err(Error::Request(format!(
+                "--vllm {}: model_type '{arch}' with {} is not modelled under this release: \
+                 0.21's runner dispatches through the modular kernel's prepare/finalize \
+                 (runner/moe_runner.py `_maybe_dispatch`), not read; tensor parallel alone is \
+                 reproduced",
+                self.name,
+                if g.dp > 1 {
+                    "data parallel"
+                } else {
+                    "expert parallel"
+                }
+            )));
+        }
+        Ok(Some(MoeKernel::Modular(triton)))
     }
 }
 
@@ -1603,20 +1856,54 @@ mod tests {
         }
         assert!(release("0.8").unwrap().check_arch("gemma3_text").is_ok());
         for moe in ["mixtral", "qwen3_moe"] {
-            for ok in ["0.8.5", "0.11", "0.15", "0.19"] {
+            for ok in [
+                "0.8.5", "0.11", "0.15", "0.19", "0.21", "0.22", "0.23", "0.24",
+            ] {
                 assert!(release(ok).unwrap().check_arch(moe).is_ok(), "{ok}");
             }
-            let e = release("0.21")
+            // From 0.21 the GPU decides: Triton on Ampere/Ada (8), FlashInfer on Hopper (9)
+            // until 0.23 and on Blackwell (10).
+            for (vllm, major, triton) in [
+                ("0.21", 8, true),
+                ("0.21", 9, false),
+                ("0.22", 9, false),
+                ("0.23", 9, true),
+                ("0.23", 10, false),
+                ("0.24", 9, true),
+            ] {
+                let k = release(vllm).unwrap().moe_kernel_on(moe, major, None);
+                match k {
+                    Ok(Some(MoeKernel::Modular(m))) => {
+                        assert!(triton && m.v0_21.is_some(), "{vllm} {major}")
+                    }
+                    Err(e) => assert!(!triton && e.to_string().contains("FlashInfer"), "{e}"),
+                    Ok(k) => panic!("{vllm} {major}: {k:?}"),
+                }
+            }
+            let e = release("0.29")
                 .unwrap()
                 .check_arch(moe)
                 .unwrap_err()
                 .to_string();
             assert!(
-                e.contains("reproduced for --vllm 0.8") && e.contains("FlashInfer"),
+                e.contains("reproduced for --vllm 0.8") && e.contains("0.21-0.28"),
                 "{e}"
             );
             assert!(release(DEFAULT).unwrap().check_arch(moe).is_err());
         }
+        // DeepSeek's block is read for 0.21-0.23; 0.24 runs DeepSeek-V2 on Model Runner V2.
+        for ok in ["0.21", "0.22", "0.23"] {
+            assert!(
+                release(ok).unwrap().check_arch("deepseek_v2").is_ok(),
+                "{ok}"
+            );
+        }
+        let e = release("0.24")
+            .unwrap()
+            .check_arch("deepseek_v2")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("Model Runner V2"), "{e}");
         let e = release("0.19")
             .unwrap()
             .check_arch("qwen2_moe")

@@ -280,6 +280,12 @@ fn modular_block_forward(
         drop(std::mem::replace(&mut out, combined));
     }
     drop(gathered);
+    // Under 0.21 Qwen3-MoE's gate runs inside the op: its logits die as the op returns,
+    // before the all-reduce (ops_moe_v1::RunnerV021).
+    let mut logits = Some(logits);
+    if how.v0_21.is_some_and(|v| v.gate_in_op) {
+        drop(logits.take());
+    }
     let out = crate::engine::ops_tp::all_reduce(rt, out, &format!("{layer}.moe.all_reduce"))?;
     drop(logits);
     drop(x);

@@ -271,12 +271,48 @@ pub fn deepseek_moe_forward(
                 drop(r);
                 drop(logits);
             }
+            if how.v0_21.is_some() {
+                let out = finish_0_21(rt, out, shared, (d, act), layer)?;
+                drop(x);
+                return Ok(out);
+            }
             let (out, shared) = finish(rt, out, shared, (d, act), layer)?;
             drop(shared);
             drop(x);
             Ok(out)
         }
     }
+}
+
+/// After the op under 0.21 (`MoERunner.forward`, runner/moe_runner.py 0.21.0 L650-690; the
+/// same through 0.23.0): `_maybe_apply_routed_scale_to_output` scales the routed output in
+/// place (the shared output by 1/factor instead in fp16 when there is one; only when the
+/// factor is not 1), `result = shared_output + fused_output` is a new tensor (0.19 added in
+/// place), then `_maybe_reduce_final_output` all-reduces it over ranks (out of place, the sum
+/// dying as the function rebinds it) and returns a view; as `forward` returns, its locals
+/// die in order: the shared output, then the routed one.
+fn finish_0_21(
+    rt: &Runtime,
+    mut routed: Tensor,
+    mut shared: Option<Tensor>,
+    (d, act): (&DeepseekShape, DType),
+    layer: &str,
+) -> Result<Tensor> {
+    let f = d.routed_scaling_factor;
+    if f != 1.0 {
+        match shared.as_mut() {
+            Some(s) if act == DType::F16 => ops_grouped_topk::scale_in_place(rt, s, 1.0 / f)?,
+            _ => ops_grouped_topk::scale_in_place(rt, &mut routed, f)?,
+        }
+    }
+    let Some(s) = shared else {
+        return crate::engine::ops_tp::all_reduce(rt, routed, &format!("{layer}.moe.all_reduce"));
+    };
+    let sum = crate::engine::ops_opt::add(rt, &s, &routed, &format!("{layer}.moe.plus_shared"))?;
+    let out = crate::engine::ops_tp::all_reduce(rt, sum, &format!("{layer}.moe.all_reduce"))?;
+    drop(s);
+    drop(routed);
+    Ok(out)
 }
 
 /// After the op (deepseek_v2.py 0.19.0 L376-395, 0.11.0 L266-285): `final_hidden_states *=
@@ -511,6 +547,7 @@ mod tests {
         let kernel = MoeKernel::Modular(Modular {
             chunk_tokens: None,
             default_block_m_by_tokens: true,
+            v0_21: None,
         });
         assert_eq!(trace(kernel, 512), want);
     }
@@ -523,6 +560,7 @@ mod tests {
         let kernel = MoeKernel::Modular(Modular {
             chunk_tokens: Some(16384),
             default_block_m_by_tokens: false,
+            v0_21: None,
         });
         let frees: Vec<String> = trace(kernel, 512)
             .into_iter()
@@ -550,6 +588,7 @@ mod tests {
         let kernel = MoeKernel::Modular(Modular {
             chunk_tokens: None,
             default_block_m_by_tokens: true,
+            v0_21: None,
         });
         let got: Vec<(bool, String, u64)> = trace_of(&small_v2(), kernel, 512)
             .into_iter()
@@ -659,6 +698,14 @@ mod tests {
         let modular = run(MoeKernel::Modular(Modular {
             chunk_tokens: None,
             default_block_m_by_tokens: true,
+            v0_21: None,
+        }));
+        // 0.21's runner: the routed output scaled in place, the shared output added out of
+        // place.
+        let runner_0_21 = run(MoeKernel::Modular(Modular {
+            chunk_tokens: None,
+            default_block_m_by_tokens: true,
+            v0_21: Some(crate::engine::ops_moe_v1::RunnerV021 { gate_in_op: false }),
         }));
 
         let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| p * q).sum::<f32>();
@@ -701,7 +748,7 @@ mod tests {
             let n: f32 = b.iter().map(|y| y * y).sum();
             (d / n).sqrt()
         };
-        for got in [&in_place, &modular] {
+        for got in [&in_place, &modular, &runner_0_21] {
             let err = relative_l2(got, &want);
             assert!(err < 1e-5, "relative L2 {err:.3e}");
         }

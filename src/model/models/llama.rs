@@ -546,7 +546,7 @@ impl LlamaModel {
                 shape: self.local.moe.as_ref(),
                 act,
                 gpu: &gpu,
-                kernel: self.moe_kernel,
+                kernel: self.moe_kernel.for_arch(&cfg.arch),
                 workspace: &self.moe_workspace,
             },
             final_norm: self.norm.as_ref(),

@@ -1,0 +1,452 @@
+//! Mixture of experts under vLLM 0.21 and later: `select_unquantized_moe_backend` (0.21.0
+//! fused_moe/oracle/unquantized.py) picks the experts per GPU. Triton's modular kernel, as
+//! 0.19 runs it plus 0.21's runner and workspace manager, is reproduced where it runs (Ampere
+//! and Ada under 0.21 and 0.22, Hopper too under 0.23-0.28); FlashInfer's experts (Hopper
+//! under 0.21/0.22, Blackwell always) and the releases from 0.29 are refused by name.
+
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use vramscope::device::DeviceSpec;
+use vramscope::memory::EventKind;
+use vramscope::model::ModelSource;
+use vramscope::profile::{self, ProfileRequest, Report};
+use vramscope::quant::Quant;
+
+/// `vramscope plan -q --csv FILE --device DEVICE --vllm V -- vllm serve MODEL EXTRA…`: the exit
+/// code, stderr, and the first rank's timeline rows as (pass, kind, op, layer, tensor, bytes).
+type Row = (u32, String, String, String, String, u64);
+
+fn plan_csv(device: &str, vllm: &str, line: &str) -> (Option<i32>, String, Vec<Row>) {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("t.csv");
+    let mut args = vec![
+        "plan",
+        "-q",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--device",
+        device,
+        "--vllm",
+        vllm,
+        "--",
+    ];
+    args.extend(line.split(' '));
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(&args)
+        .output()
+        .expect("run vramscope");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    let rows = std::fs::read_to_string(&csv)
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .map(fields)
+        // The first rank's rows (the last column).
+        .filter(|f| f.last().is_some_and(|r| r == "0"))
+        .map(|f| {
+            // seq,time_us,pass,kind,op,layer,tensor,category,bytes,… (a tensor's label may be
+            // quoted, with commas inside)
+            (
+                f[2].parse().unwrap(),
+                f[3].clone(),
+                f[4].clone(),
+                f[5].clone(),
+                f[6].clone(),
+                f[8].parse().unwrap(),
+            )
+        })
+        .collect();
+    (out.status.code(), err, rows)
+}
+
+/// One CSV row's fields, a double-quoted field taken whole.
+fn fields(line: &str) -> Vec<String> {
+    let (mut out, mut cur, mut quoted) = (Vec::new(), String::new(), false);
+    for c in line.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+/// The allocations and frees of one MoE layer in the profile pass (pass 1), as
+/// (alloc?, tensor, bytes).
+fn layer_moe(rows: &[Row], layer: usize) -> Vec<(bool, String, u64)> {
+    let prefix = format!("layers.{layer}.moe.");
+    rows.iter()
+        .filter(|r| r.0 == 1 && r.4.starts_with(&prefix))
+        .filter(|r| r.1 == "alloc" || r.1 == "free")
+        .map(|r| (r.1 == "alloc", r.4.clone(), r.5))
+        .collect()
+}
+
+fn r256(v: u64) -> u64 {
+    v.div_ceil(256) * 256
+}
+
+/// `vllm serve Qwen/Qwen3-30B-A3B` on an A100 80GB under 0.21: FlashInfer's experts need
+/// compute capability 9.0 or more (0.21.0 experts/flashinfer_cutlass_moe.py L124-136,
+/// trtllm_bf16_moe.py L45-53), so the oracle falls to TRITON (oracle/unquantized.py
+/// L282-291): the modular kernel over `TritonExperts` (experts/triton_moe.py L129-144).
+/// `vllm serve` on an A100 profiles 2048 tokens (engine/arg_utils.py: 8192 only off the A100).
+/// By hand, M = 2048, k = 8, I = 768, H = 2048, E = 128:
+/// - the workspace (modular_kernel.py L1041-1102, one region shared by workspace13 and the
+///   output, then workspace2): r256(2·M·k·max(I, H)) + r256(2·M·k·max(2I, H))
+///   = 2 · 2·2048·8·2048 = 134,217,728 B (128 MiB), made once in layer 0 of the profile pass;
+///   0.21's manager empties the cache before it (v1/worker/workspace.py L164-179: the
+///   segments the load left cached are returned first), 0.19's does not;
+/// - per layer: the router's logits [M, E] bf16 = 524,288 B (inside the op under 0.21:
+///   qwen3_moe.py hands `gate` to `FusedMoE`), `fused_topk`'s three [M, k] f32/i32 = 65,536 B
+///   each (router/fused_topk_router.py L78-90), the output `empty_like` [M, H] bf16 =
+///   8,388,608 B (modular_kernel.py L1395), `moe_align_block_size`'s sorted ids over
+///   M·k + E·(BSM − 1) slots with BSM = 128 (no E=128,N=768 file for the A100 in the wheel:
+///   `get_default_config`, 128 above 512 tokens) = (16384 + 16256)·4 = 130,560 B, the expert
+///   ids ⌈32640/128⌉·4 = 1,020 → 1,024 B and one i32 → 512 B (the allocator's rounding).
+#[test]
+fn qwen3_30b_under_0_21_on_an_a100_runs_triton_through_the_binary() {
+    let line = "vllm serve preset:qwen3-30b-a3b";
+    let (code, err, rows) = plan_csv("sim:a100-sxm4-80gb:dry", "0.21", line);
+    assert_eq!(code, Some(0), "{err}");
+    let (m, k, i, h, e) = (2048u64, 8u64, 768u64, 2048u64, 128u64);
+    let want = r256(2 * m * k * i.max(h)) + r256(2 * m * k * (2 * i).max(h));
+    assert_eq!(want, 134_217_728);
+    let ws: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.4 == "moe.workspace" && (r.1 == "alloc" || r.1 == "free"))
+        .collect();
+    assert_eq!(ws.len(), 1, "{ws:?}");
+    assert_eq!((ws[0].0, ws[0].3.as_str(), ws[0].5), (1, "0", want));
+    // The cache emptied as the manager grows its buffer, right before the new segment.
+    let at = rows
+        .iter()
+        .position(|r| r.4 == "moe.workspace" && r.1 == "alloc")
+        .unwrap();
+    let emptied: Vec<&Row> = rows[..at]
+        .iter()
+        .filter(|r| r.2 == "moe.workspace" && r.4 == "empty_cache")
+        .collect();
+    assert!(!emptied.is_empty() && emptied.iter().all(|r| r.1 == "segment-unmap"));
+    let p = m * k + e * (128 - 1);
+    let mk = m * k * 4;
+    let t = |a: bool, n: &str, b: u64| (a, format!("layers.5.moe.{n}"), b);
+    let want5 = vec![
+        t(true, "router_logits", m * e * 2),
+        t(true, "topk_weights", mk),
+        t(true, "topk_ids", mk),
+        t(true, "token_expert_indices", mk),
+        t(false, "token_expert_indices", mk),
+        t(true, "output", m * h * 2),
+        t(true, "sorted_ids", p * 4),
+        t(true, "expert_ids", 1024),
+        t(true, "num_tokens_post_pad", 512),
+        t(false, "sorted_ids", p * 4),
+        t(false, "expert_ids", 1024),
+        t(false, "num_tokens_post_pad", 512),
+        t(false, "topk_weights", mk),
+        t(false, "topk_ids", mk),
+        t(false, "router_logits", m * e * 2),
+        // Layer 5's hidden states: they die in layer 6.
+        t(false, "output", m * h * 2),
+    ];
+    assert_eq!(layer_moe(&rows, 5), want5);
+    assert_eq!(p * 4, 130_560);
+    // 0.19 on the same GPU: the same buffers, no emptied cache.
+    let (code, err, rows19) = plan_csv("sim:a100-sxm4-80gb:dry", "0.19", line);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!rows19
+        .iter()
+        .any(|r| r.2 == "moe.workspace" && r.4 == "empty_cache"));
+    assert_eq!(layer_moe(&rows19, 5), want5);
+    // The line docs/models.md shows, as written there.
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args([
+            "plan",
+            "--device",
+            "sim:a100-sxm4-80gb:dry",
+            "--vllm",
+            "0.21",
+            "--",
+            "vllm",
+            "serve",
+            "preset:qwen3-30b-a3b",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("INFO gpu_worker.py] Available KV cache memory: ")
+            && text.contains("2048 tokens in 256 seq(s)"),
+        "{text}"
+    );
+}
+
+/// Mixtral-8x7B over 4 L40S under 0.21: each rank's experts are 14336/4 = 3584 wide, and the
+/// wheel has `E=8,N=3584,device_name=NVIDIA_L40S.json` (0.21.0 fused_moe/configs/, the same
+/// bytes in 0.22.1-0.25.1), whose key nearest 2048 tokens is 2048 → BLOCK_SIZE_M 64. By hand,
+/// M = 2048, k = 2, I = 3584, H = 4096, E = 8: sorted ids (M·k + E·63)·4 = (4096 + 504)·4 =
+/// 18,400 → 18,432 B; the workspace r256(2·M·k·max(I, H)) + r256(2·M·k·max(2I, H)) =
+/// 33,554,432 + 58,720,256 = 92,274,688 B. Mixtral keeps its gate outside the op
+/// (mixtral.py `MixtralMoE.forward`), so the all-reduce's new tensor comes before the logits
+/// die. vramscope's 0.19 row reads 0.8.5's Hopper files only (byte for byte as before) and
+/// takes the default 128 here: (4096 + 8·127)·4 = 20,448 → 20,480 B.
+#[test]
+fn mixtral_over_4_l40s_under_0_21_reads_the_l40s_tuned_file() {
+    let line = "vllm serve preset:mixtral-8x7b --tensor-parallel-size 4";
+    let (code, err, rows) = plan_csv("sim:l40s:dry", "0.21", line);
+    assert_eq!(code, Some(0), "{err}");
+    let ws: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.4 == "moe.workspace" && r.1 == "alloc")
+        .map(|r| r.5)
+        .collect();
+    assert_eq!(ws, [92_274_688]);
+    let l5 = layer_moe(&rows, 5);
+    let sorted: Vec<u64> = l5
+        .iter()
+        .filter(|(a, n, _)| *a && n.ends_with(".sorted_ids"))
+        .map(|x| x.2)
+        .collect();
+    assert_eq!(sorted, [18_432]);
+    let pos = |alloc: bool, name: &str| {
+        l5.iter()
+            .position(|(a, n, _)| *a == alloc && n == &format!("layers.5.moe.{name}"))
+            .unwrap()
+    };
+    assert!(pos(true, "all_reduce") < pos(false, "router_logits"));
+    let (code, err, rows19) = plan_csv("sim:l40s:dry", "0.19", line);
+    assert_eq!(code, Some(0), "{err}");
+    let sorted19: Vec<u64> = layer_moe(&rows19, 5)
+        .iter()
+        .filter(|(a, n, _)| *a && n.ends_with(".sorted_ids"))
+        .map(|x| x.2)
+        .collect();
+    assert_eq!(sorted19, [20_480]);
+}
+
+fn request(model: &str, device: &str, vllm: &str, tp: u32) -> ProfileRequest {
+    ProfileRequest {
+        model: ModelSource::parse(model).unwrap(),
+        quant: Quant::BF16,
+        device: DeviceSpec::parse(device).unwrap(),
+        vllm: vllm.into(),
+        tp,
+        tokens: 0,
+        seqs: 0,
+        verify: false,
+        ..ProfileRequest::default()
+    }
+}
+
+fn run(req: &ProfileRequest) -> Result<Report, String> {
+    profile::run(req, None, Arc::new(AtomicBool::new(false))).map_err(|e| e.to_string())
+}
+
+/// Qwen3-MoE hands its gate to `FusedMoE` from 0.21 (qwen3_moe.py), so the router's logits
+/// are made inside the op (runner/moe_runner.py `_forward_impl`) and die as it returns, before
+/// the tensor-parallel all-reduce outside it (`_maybe_reduce_final_output`); under 0.19 they
+/// live until the block returns, after the all-reduce's new tensor. Two A100s: 2048 tokens,
+/// logits [2048, 128] bf16 = 524,288 B, the all-reduce's output [2048, 2048] bf16 = 8 MiB.
+#[test]
+fn qwen3_logits_die_before_the_all_reduce_from_0_21() {
+    let order = |vllm: &str| {
+        let r = run(&request(
+            "preset:qwen3-30b-a3b",
+            "sim:a100-sxm4-80gb:dry",
+            vllm,
+            2,
+        ))
+        .unwrap();
+        r.events
+            .iter()
+            .filter(|e| e.pass == 1 && e.layer == Some(5))
+            .filter(|e| {
+                (e.kind == EventKind::Free && e.tensor == "layers.5.moe.router_logits")
+                    || (e.kind == EventKind::Alloc && e.tensor == "layers.5.moe.all_reduce")
+            })
+            .map(|e| (e.tensor.clone(), e.bytes))
+            .collect::<Vec<_>>()
+    };
+    let logits = ("layers.5.moe.router_logits".to_string(), 2048 * 128 * 2);
+    let reduced = ("layers.5.moe.all_reduce".to_string(), 2048 * 2048 * 2);
+    assert_eq!(order("0.21"), [logits.clone(), reduced.clone()]);
+    assert_eq!(order("0.22"), [logits.clone(), reduced.clone()]);
+    assert_eq!(order("0.19"), [reduced, logits]);
+}
+
+/// 0.23 moves FlashInfer's experts behind Triton on Hopper (0.23.0 oracle/unquantized.py
+/// L71-75; 0.24.0 L70-74; 0.26.0-0.28.0 L75-79), so Qwen3-30B-A3B on an H100 runs the same
+/// modular kernel under 0.23 to 0.28: 8192 tokens (an H100 is 70 GiB or more and not an A100), workspace 2 · 2·8192·8·2048 = 536,870,912 B (512 MiB);
+/// no E=128,N=768 file for the H100 in the wheel, so BSM 128: sorted ids
+/// (65536 + 128·127)·4 = 327,168 B. The same line under 0.22 is refused: FlashInfer's CUTLASS
+/// MoE runs there.
+#[test]
+fn qwen3_30b_from_0_23_on_an_h100_runs_triton_and_0_22_is_refused() {
+    let line = "vllm serve preset:qwen3-30b-a3b";
+    let (code, err, rows) = plan_csv("sim:h100-sxm:dry", "0.23", line);
+    assert_eq!(code, Some(0), "{err}");
+    let ws: Vec<(u32, String, u64)> = rows
+        .iter()
+        .filter(|r| r.4 == "moe.workspace" && r.1 == "alloc")
+        .map(|r| (r.0, r.3.clone(), r.5))
+        .collect();
+    assert_eq!(ws, [(1, "0".to_string(), 536_870_912)]);
+    let sorted: Vec<u64> = layer_moe(&rows, 5)
+        .iter()
+        .filter(|(a, n, _)| *a && n.ends_with(".sorted_ids"))
+        .map(|x| x.2)
+        .collect();
+    assert_eq!(sorted, [(65_536 + 128 * 127) * 4]);
+    // 0.24 wraps the experts in `RoutedExperts` under a `MoERunner`, 0.25 and 0.26 change
+    // their loaders and padding options, 0.27 writes the sum straight into the output, 0.28
+    // refactors the activation and gives the workspace manager lanes: the same allocations
+    // (0.27 and 0.28 budget them with #49208's formula).
+    for vllm in ["0.24", "0.25", "0.26", "0.27", "0.28"] {
+        let (code, err, later) = plan_csv("sim:h100-sxm:dry", vllm, line);
+        assert_eq!(code, Some(0), "{err}");
+        assert_eq!(layer_moe(&later, 5), layer_moe(&rows, 5), "{vllm}");
+        assert_eq!(
+            later
+                .iter()
+                .filter(|r| r.4 == "moe.workspace" && r.1 == "alloc")
+                .map(|r| r.5)
+                .collect::<Vec<_>>(),
+            [536_870_912],
+            "{vllm}"
+        );
+    }
+    for vllm in ["0.21", "0.22"] {
+        let (code, err, _) = plan_csv("sim:h100-sxm:dry", vllm, line);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(
+            err.contains(&format!("--vllm {vllm}"))
+                && err.contains("FlashInfer's CUTLASS MoE on Hopper")
+                && err.contains("on Hopper from --vllm 0.23"),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
+
+/// What stays refused, each by name: FlashInfer's experts on Blackwell (TRT-LLM's on the
+/// B200), the releases from 0.29 (Model Runner V2 runs every mixture of experts), DeepSeek
+/// from 0.24 (on Model Runner V2), and data or expert parallel (0.21's prepare/finalize).
+#[test]
+fn what_0_21_and_later_refuse_is_named() {
+    let refused = |model: &str, device: &str, vllm: &str, tp: u32| {
+        run(&request(model, device, vllm, tp)).unwrap_err()
+    };
+    let e = refused("preset:mixtral-8x7b", "sim:b200:dry", "0.23", 1);
+    assert!(
+        e.contains("FlashInfer's TRT-LLM BF16 MoE") && e.contains("Hopper"),
+        "{e}"
+    );
+    for vllm in ["0.29", "0.31", "0.33"] {
+        let e = refused("preset:qwen3-30b-a3b", "sim:a100-sxm4-80gb:dry", vllm, 1);
+        assert!(
+            e.contains(&format!("--vllm {vllm}"))
+                && e.contains("not read from 0.29 on")
+                && e.contains("0.21-0.28"),
+            "{e}"
+        );
+    }
+    // DeepSeek-V2 runs on Model Runner V2 from 0.24.
+    let e = refused(
+        "preset:deepseek-v2-lite",
+        "sim:a100-sxm4-80gb:dry",
+        "0.24",
+        1,
+    );
+    assert!(
+        e.contains("'deepseek_v2'") && e.contains("Model Runner V2") && e.contains("0.21-0.23"),
+        "{e}"
+    );
+    let mut dp = request("preset:qwen3-30b-a3b", "sim:a100-sxm4-80gb:dry", "0.21", 1);
+    dp.dp = 2;
+    let e = run(&dp).unwrap_err();
+    assert!(e.contains("with data parallel is not modelled"), "{e}");
+    let mut ep = request("preset:qwen3-30b-a3b", "sim:a100-sxm4-80gb:dry", "0.21", 2);
+    ep.enable_expert_parallel = true;
+    let e = run(&ep).unwrap_err();
+    assert!(e.contains("with expert parallel is not modelled"), "{e}");
+}
+
+/// DeepSeek-V2-Lite on an A100 under 0.21 (Triton: FlashInfer wants compute capability 9.0).
+/// 0.21's `DeepseekV2MoE` hands the gate, the shared experts and the routed scaling to
+/// `FusedMoE` (deepseek_v2.py), and `MoERunner.forward` (runner/moe_runner.py) adds the shared
+/// output to the routed one out of place (`result = shared_output + fused_output`) where 0.19's
+/// block added in place (`final_hidden_states += shared_output`); the factor is 1.0 for
+/// V2-Lite, so no scaling. By hand, M = 2048 (an A100), k = 6, I = 1408, H = 2048, E = 64:
+/// workspace r256(2·M·k·max(I, H)) + r256(2·M·k·max(2I, H)) = 50,331,648 + 69,206,016 =
+/// 119,537,664 B; sorted ids (M·k + E·127)·4 = (12288 + 8128)·4 = 81,664 → 81,920 B (no
+/// E=64,N=1408 file: BSM 128); the sum [M, H] bf16 = 8,388,608 B, the shared output and the
+/// routed output dying after it (the runner's locals, in that order), the sum living on as
+/// layer 5's hidden states until layer 6.
+#[test]
+fn deepseek_v2_lite_under_0_21_adds_the_shared_output_out_of_place() {
+    let line = "vllm serve preset:deepseek-v2-lite";
+    let (code, err, rows) = plan_csv("sim:a100-sxm4-80gb:dry", "0.21", line);
+    assert_eq!(code, Some(0), "{err}");
+    let ws: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.4 == "moe.workspace" && r.1 == "alloc")
+        .map(|r| r.5)
+        .collect();
+    assert_eq!(ws, [119_537_664]);
+    let tail = |rows: &[Row]| {
+        let l5 = layer_moe_and_shared(rows, 5);
+        let at = l5
+            .iter()
+            .position(|(a, n, _)| !a && n == "layers.5.moe.router_logits")
+            .unwrap();
+        l5[at..].to_vec()
+    };
+    let mh = 2048 * 2048 * 2;
+    let t = |a: bool, n: &str, b: u64| (a, format!("layers.5.{n}"), b);
+    assert_eq!(
+        tail(&rows),
+        [
+            t(false, "moe.router_logits", 2048 * 64 * 2),
+            t(true, "moe.plus_shared", mh),
+            t(false, "shared_experts.down_proj.out", mh),
+            t(false, "moe.output", mh),
+            t(false, "moe.plus_shared", mh),
+        ]
+    );
+    let sorted: Vec<u64> = layer_moe(&rows, 5)
+        .iter()
+        .filter(|(a, n, _)| *a && n.ends_with(".sorted_ids"))
+        .map(|x| x.2)
+        .collect();
+    assert_eq!(sorted, [81_920]);
+    // 0.19: the shared output added in place, the routed output living on instead.
+    let (code, err, rows19) = plan_csv("sim:a100-sxm4-80gb:dry", "0.19", line);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        tail(&rows19),
+        [
+            t(false, "moe.router_logits", 2048 * 64 * 2),
+            t(false, "shared_experts.down_proj.out", mh),
+            t(false, "moe.output", mh),
+        ]
+    );
+}
+
+/// `layer_moe` with the shared experts' tensors.
+fn layer_moe_and_shared(rows: &[Row], layer: usize) -> Vec<(bool, String, u64)> {
+    let (moe, shared) = (
+        format!("layers.{layer}.moe."),
+        format!("layers.{layer}.shared_experts."),
+    );
+    rows.iter()
+        .filter(|r| r.0 == 1 && (r.4.starts_with(&moe) || r.4.starts_with(&shared)))
+        .filter(|r| r.1 == "alloc" || r.1 == "free")
+        .map(|r| (r.1 == "alloc", r.4.clone(), r.5))
+        .collect()
+}
