@@ -17,6 +17,7 @@
 pub mod deepseek_v2;
 pub mod gemma;
 pub mod gemma3_mm;
+pub mod mistral3;
 pub mod gpt_oss;
 pub mod granite;
 pub mod llama;
