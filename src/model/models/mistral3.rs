@@ -146,15 +146,11 @@ impl Mistral3Vision {
             });
         }
         rt.set_layer(None);
-        let mut rope_table = ld.buffer(
-            "vision_tower.patch_positional_embedding.inv_freq",
-            &[s.num_patches(), s.head_dim()],
-            DType::F32,
-        )?;
+        // The table's values (computed here on the CPU; a dry device only allocates it).
+        let hd = s.head_dim();
+        let side = s.patches_per_side();
+        let mut table = vec![0.0f32; s.num_patches() * hd];
         if rt.backend() == crate::device::Backend::Cpu {
-            let hd = s.head_dim();
-            let side = s.patches_per_side();
-            let mut v = vec![0.0f32; s.num_patches() * hd];
             for r in 0..side {
                 for c in 0..side {
                     let at = (r * side + c) * hd;
@@ -163,12 +159,20 @@ impl Mistral3Vision {
                         c,
                         hd,
                         s.rope_theta,
-                        &mut v[at..at + hd],
+                        &mut table[at..at + hd],
                     );
                 }
             }
-            ops::upload_f32(rt, &mut rope_table, &v)?;
+        } else {
+            table = Vec::new();
         }
+        let rope_table = rt.tensor_with_values(
+            "vision_tower.patch_positional_embedding.inv_freq",
+            Category::Weight,
+            &[s.num_patches(), hd],
+            DType::F32,
+            table,
+        )?;
         let norm = ld.dense(&format!("{PROJECTOR}.norm.weight"), &[d])?;
         let m2 = shape.spatial_merge_size * shape.spatial_merge_size;
         let merging = ld.linear(
