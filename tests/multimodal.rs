@@ -459,7 +459,9 @@ fn plan_names_the_encoders_share_for_mistral_small_3_1() {
     };
     let out = plan("0.19", &[]);
     assert!(
-        out.starts_with("mistralai/Mistral-Small-3.1-24B-Instruct-2503 (the hub cache's copy) bf16"),
+        out.starts_with(
+            "mistralai/Mistral-Small-3.1-24B-Instruct-2503 (the hub cache's copy) bf16"
+        ),
         "{out}"
     );
     for want in [
@@ -485,10 +487,18 @@ fn plan_names_the_encoders_share_for_mistral_small_3_1() {
     let e = r.encoder.as_ref().unwrap();
     let p = e.plan.as_ref().unwrap();
     assert_eq!(
-        (p.budget_tokens, p.items, p.tokens_per_item, p.embeds_per_item),
+        (
+            p.budget_tokens,
+            p.items,
+            p.tokens_per_item,
+            p.embeds_per_item
+        ),
         (8192, 2, 3025, 3025)
     );
-    assert_eq!(e.weights_bytes, (403_305_472 + 35_652_608) * 2 + 12100 * 64 * 4);
+    assert_eq!(
+        e.weights_bytes,
+        (403_305_472 + 35_652_608) * 2 + 12100 * 64 * 4
+    );
     // Held under the text pass: the pixel values [2, 3, 1540, 1540] and the embeddings
     // [2 × 3025, 5120], bf16, as the allocator rounds them (to 512 bytes).
     let held = (2 * 3 * 1540 * 1540 * 2u64).div_ceil(512) * 512 + 2 * 3025 * 5120 * 2;
@@ -496,7 +506,11 @@ fn plan_names_the_encoders_share_for_mistral_small_3_1() {
     assert_eq!(e.held_bytes, held);
     // The dense mask alone is 24200² bf16 values (1.09 GiB), half the encoder's phase.
     let mask = 24200u64 * 24200 * 2;
-    assert!(e.phase_peak_bytes > 2 * mask - (mask / 10), "{}", e.phase_peak_bytes);
+    assert!(
+        e.phase_peak_bytes > 2 * mask - (mask / 10),
+        "{}",
+        e.phase_peak_bytes
+    );
     assert_eq!(e.peak_share_bytes, e.phase_peak_bytes);
 }
 

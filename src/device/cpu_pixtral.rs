@@ -63,7 +63,11 @@ pub fn apply_rope(
             let xh = &xr[h * head_dim..(h + 1) * head_dim];
             let oh = &mut or[h * head_dim..(h + 1) * head_dim];
             for j in 0..head_dim {
-                let rot = if j < half { -xh[j + half] } else { xh[j - half] };
+                let rot = if j < half {
+                    -xh[j + half]
+                } else {
+                    xh[j - half]
+                };
                 oh[j] = xh[j] * c[j] + rot * s[j];
             }
         }
@@ -137,7 +141,9 @@ mod tests {
     #[test]
     fn the_merger_gathers_each_two_by_two_block_channel_first() {
         // One image of 2 × 2 patches of 2 channels: patch p channel c holds 10p + c.
-        let x: Vec<f32> = (0..4).flat_map(|p| [10.0 * p as f32, 10.0 * p as f32 + 1.0]).collect();
+        let x: Vec<f32> = (0..4)
+            .flat_map(|p| [10.0 * p as f32, 10.0 * p as f32 + 1.0])
+            .collect();
         let mut out = [0.0f32; 8];
         patch_merge(&x, (1, 2, 2, 2), &mut out);
         assert_eq!(out, [0.0, 10.0, 20.0, 30.0, 1.0, 11.0, 21.0, 31.0]);
@@ -148,7 +154,7 @@ mod tests {
         let mut o = [0.0f32; 3];
         gelu_erf(&[0.0, 1.0, -1.0], &mut o);
         assert!(o[0].abs() < 1e-7);
-        assert!((o[1] - 0.841_344_75).abs() < 1e-6, "{}", o[1]);
-        assert!((o[2] + 0.158_655_25).abs() < 1e-6, "{}", o[2]);
+        assert!((o[1] - 0.841_344_7).abs() < 1e-6, "{}", o[1]);
+        assert!((o[2] + 0.158_655_3).abs() < 1e-6, "{}", o[2]);
     }
 }

@@ -151,7 +151,12 @@ pub fn apply_rope(
     rt.set_op("apply_rotary_pos_emb");
     let shape = [x.rows(), x.cols()];
     let a = act(rt, &format!("{name}.x_cos"), &shape, x.dtype)?;
-    let neg = act(rt, &format!("{name}.neg"), &[shape[0], shape[1] / 2], x.dtype)?;
+    let neg = act(
+        rt,
+        &format!("{name}.neg"),
+        &[shape[0], shape[1] / 2],
+        x.dtype,
+    )?;
     let rot = act(rt, &format!("{name}.rotate_half"), &shape, x.dtype)?;
     drop(neg);
     let b = act(rt, &format!("{name}.rot_sin"), &shape, x.dtype)?;
@@ -159,7 +164,13 @@ pub fn apply_rope(
     let mut out = act(rt, name, &shape, x.dtype)?;
     drop((a, b));
     if rt.backend() == Backend::Cpu {
-        cpu_pixtral::apply_rope(x.f32(), cos.f32(), sin.f32(), (heads, head_dim), out.f32_mut());
+        cpu_pixtral::apply_rope(
+            x.f32(),
+            cos.f32(),
+            sin.f32(),
+            (heads, head_dim),
+            out.f32_mut(),
+        );
     }
     Ok(out)
 }
@@ -240,7 +251,12 @@ pub fn patch_merge(
     let l = (side / m) * (side / m);
     let mut grids = Vec::with_capacity(images);
     for n in 0..images {
-        grids.push(act(rt, &format!("{name}.unfold.{n}"), &[d * m * m, l], x.dtype)?);
+        grids.push(act(
+            rt,
+            &format!("{name}.unfold.{n}"),
+            &[d * m * m, l],
+            x.dtype,
+        )?);
     }
     rt.set_op("cat");
     let mut out = act(rt, name, &[images * l, d * m * m], x.dtype)?;

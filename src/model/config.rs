@@ -10,11 +10,11 @@ use crate::device::cpu::{AttnShape, ScoreMods};
 use crate::model::models::registry::{self, Family, QkvBias};
 
 pub mod gemma3_mm;
-pub mod mistral3;
 mod llama4;
+pub mod mistral3;
 pub use gemma3_mm::{Gemma3MmShape, SiglipShape};
-pub use mistral3::{Mistral3Shape, PixtralShape};
 pub use llama4::{Llama3Rope, Llama4Shape, VisionTower};
+pub use mistral3::{Mistral3Shape, PixtralShape};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {

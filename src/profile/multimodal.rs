@@ -166,7 +166,10 @@ mod tests {
             .unwrap()
             .gemma3_mm
             .unwrap();
-        (mm.mm_tokens_per_image as u64, mm.mm_tokens_per_image as u64 + 4)
+        (
+            mm.mm_tokens_per_image as u64,
+            mm.mm_tokens_per_image as u64 + 4,
+        )
     }
 
     /// Mistral Small 3.1's 3025 embeddings (55 × 55) in a 3080-token placeholder.
@@ -183,9 +186,15 @@ mod tests {
         assert_eq!(mistral3(), (3025, 3080));
         // 0.11: 16384 // 3080 = 5 images; 0.19: 8192 // 3025 = 2.
         let p = plan(mistral3(), mm("0.11"), (16384, 1024, 131072), true, None).unwrap();
-        assert_eq!((p.budget_tokens, p.items, p.tokens_per_item), (16384, 5, 3080));
+        assert_eq!(
+            (p.budget_tokens, p.items, p.tokens_per_item),
+            (16384, 5, 3080)
+        );
         let p = plan(mistral3(), mm("0.19"), (8192, 1024, 131072), true, None).unwrap();
-        assert_eq!((p.budget_tokens, p.items, p.tokens_per_item), (8192, 2, 3025));
+        assert_eq!(
+            (p.budget_tokens, p.items, p.tokens_per_item),
+            (8192, 2, 3025)
+        );
         // A 2048-token batch is smaller than one image: the budget is the image.
         let p = plan(mistral3(), mm("0.19"), (2048, 256, 131072), true, None).unwrap();
         assert_eq!((p.budget_tokens, p.items), (3025, 1));

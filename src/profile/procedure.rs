@@ -66,9 +66,9 @@ struct Encoder {
 /// A multimodal model's vision tower and projector.
 enum Tower {
     /// Gemma 3's SigLIP tower and projector.
-    Siglip(crate::model::models::gemma3_mm::Gemma3Vision),
+    Siglip(Box<crate::model::models::gemma3_mm::Gemma3Vision>),
     /// Mistral 3's Pixtral tower and projector.
-    Pixtral(crate::model::models::mistral3::Mistral3Vision),
+    Pixtral(Box<crate::model::models::mistral3::Mistral3Vision>),
 }
 
 impl Tower {
@@ -90,8 +90,7 @@ impl Tower {
                 Ok((vec![px, crops], out))
             }
             Tower::Pixtral(v) => {
-                let px =
-                    crate::model::models::mistral3::dummy_pixels(rt, &v.shape, items, v.act)?;
+                let px = crate::model::models::mistral3::dummy_pixels(rt, &v.shape, items, v.act)?;
                 let out = v.encode(rt, &px, items)?;
                 Ok((vec![px], out))
             }
@@ -1149,10 +1148,7 @@ pub(crate) fn run_rank(
                 )),
                 (None, Some(mm)) => Some((
                     "mistral3",
-                    (
-                        mm.embeds_per_image() as u64,
-                        mm.placeholder_tokens() as u64,
-                    ),
+                    (mm.embeds_per_image() as u64, mm.placeholder_tokens() as u64),
                 )),
                 _ => None,
             };
@@ -1190,7 +1186,7 @@ pub(crate) fn run_rank(
                             &opts,
                         )?;
                         v.varlen_attention = profile.vision_attention.varlen(device_major);
-                        Some(Tower::Siglip(v))
+                        Some(Tower::Siglip(Box::new(v)))
                     } else {
                         let mut v = crate::model::models::mistral3::Mistral3Vision::load(
                             &rt,
@@ -1199,7 +1195,7 @@ pub(crate) fn run_rank(
                             &opts,
                         )?;
                         v.xformers = pixtral_xformers;
-                        Some(Tower::Pixtral(v))
+                        Some(Tower::Pixtral(Box::new(v)))
                     };
                     let attention = if kind == "gemma3" {
                         profile.vision_attention.label(device_major)

@@ -175,7 +175,9 @@ fn count_or(
 impl ModelConfig {
     /// A `Mistral3Config`: the language model from `text_config` (a mistral config), the
     /// Pixtral tower from `vision_config` and the projector's keys.
-    pub(super) fn mistral3_from_hf_json(v: &serde_json::Value) -> std::result::Result<Self, String> {
+    pub(super) fn mistral3_from_hf_json(
+        v: &serde_json::Value,
+    ) -> std::result::Result<Self, String> {
         let Some(text @ serde_json::Value::Object(_)) = v.get("text_config") else {
             return Err(
                 "model_type mistral3 needs a text_config object (its language model, mistral)"
@@ -283,9 +285,9 @@ impl ModelConfig {
             spatial_merge_size: count_or(v, "spatial_merge_size", 2, 16)?,
             projector_bias: match v.get("multimodal_projector_bias") {
                 None | Some(serde_json::Value::Null) => true,
-                Some(b) => b
-                    .as_bool()
-                    .ok_or_else(|| format!("multimodal_projector_bias is {b}, expected a boolean"))?,
+                Some(b) => b.as_bool().ok_or_else(|| {
+                    format!("multimodal_projector_bias is {b}, expected a boolean")
+                })?,
             },
             image_token_index: count_or(v, "image_token_index", 10, 1 << 24)?,
             vision,
@@ -302,7 +304,11 @@ impl ModelConfig {
     }
 
     /// The `Mistral3Config` of this shape (`to_hf_json`'s part).
-    pub(super) fn mistral3_to_hf_json(&self, mm: &Mistral3Shape, torch_dtype: &str) -> serde_json::Value {
+    pub(super) fn mistral3_to_hf_json(
+        &self,
+        mm: &Mistral3Shape,
+        torch_dtype: &str,
+    ) -> serde_json::Value {
         let mut text = ModelConfig {
             mistral3: None,
             ..self.clone()
@@ -351,17 +357,26 @@ mod tests {
         assert_eq!((c.num_kv_heads, c.head_dim, c.vocab_size), (8, 128, 131072));
         assert_eq!(mm.vision.num_patches(), 12100);
         assert_eq!(mm.vision.layers_used, 24);
-        assert_eq!((mm.embeds_per_image(), mm.placeholder_tokens()), (3025, 3080));
+        assert_eq!(
+            (mm.embeds_per_image(), mm.placeholder_tokens()),
+            (3025, 3080)
+        );
         // 24 layers of 16,779,264 + the convolution's 602,112 + ln_pre's 1024.
         assert_eq!(mm.tower_param_count(), 403_305_472);
         // norm 1024 + merging 4,194,304 + linear_1 5,242,880 + linear_2 26,214,400.
-        assert_eq!(mm.param_count(c.hidden_size) - mm.tower_param_count(), 35_652_608);
+        assert_eq!(
+            mm.param_count(c.hidden_size) - mm.tower_param_count(),
+            35_652_608
+        );
         assert_eq!(mm.rope_table_bytes(), 12100 * 64 * 4);
         // All of it: the language model's 23,572,403,200 (embeddings and lm_head untied)
         // and the tower and projector's 438,958,080; 48,022,722,560 bytes in bf16. (The
         // published model.safetensors.index.json total_size was not found to compare.)
         assert_eq!(c.param_count(), 24_011_361_280);
-        assert_eq!(c.param_count() - mm.param_count(c.hidden_size), 23_572_403_200);
+        assert_eq!(
+            c.param_count() - mm.param_count(c.hidden_size),
+            23_572_403_200
+        );
         // The config round-trips through to_hf_json.
         let back = ModelConfig::from_hf_json(&c.to_hf_json("bfloat16")).unwrap();
         assert_eq!(back, c);

@@ -183,10 +183,7 @@ impl Mistral3Vision {
         let (t_first, t_len) = (shard.rank * th / shard.size, th / shard.size);
         let l1 = format!("{PROJECTOR}.linear_1");
         let linear_1 = BiasedLinear {
-            w: ld.linear_slice(
-                &format!("{l1}.weight"),
-                Slice::rows(th, d, t_first, t_len),
-            )?,
+            w: ld.linear_slice(&format!("{l1}.weight"), Slice::rows(th, d, t_first, t_len))?,
             b: if shape.projector_bias {
                 Some(ld.dense_concat_parts(
                     &[format!("{l1}.bias")],
@@ -201,10 +198,7 @@ impl Mistral3Vision {
         };
         let l2 = format!("{PROJECTOR}.linear_2");
         let linear_2 = BiasedLinear {
-            w: ld.linear_slice(
-                &format!("{l2}.weight"),
-                Slice::cols(th, th, t_first, t_len),
-            )?,
+            w: ld.linear_slice(&format!("{l2}.weight"), Slice::cols(th, th, t_first, t_len))?,
             b: if shape.projector_bias {
                 Some(ld.dense(&format!("{l2}.bias"), &[th])?)
             } else {
@@ -283,8 +277,7 @@ impl Mistral3Vision {
             &[tokens],
             DType::I64,
         )?;
-        let (cos, sin) =
-            ops_pixtral::rope_cos_sin(rt, (images, g, hd), s.rope_theta, act)?;
+        let (cos, sin) = ops_pixtral::rope_cos_sin(rt, (images, g, hd), s.rope_theta, act)?;
         let mask = if self.xformers {
             None
         } else {
@@ -306,13 +299,8 @@ impl Mistral3Vision {
             // The normed input (the call's argument) dies as the attention returns.
             drop(n1);
             let h = ops_pixtral::add(rt, input, &r, &format!("{l}.h"))?;
-            let n2 = ops_pixtral::rms_norm_native(
-                rt,
-                &h,
-                &b.ffn_norm,
-                EPS,
-                &format!("{l}.ffn_norm"),
-            )?;
+            let n2 =
+                ops_pixtral::rms_norm_native(rt, &h, &b.ffn_norm, EPS, &format!("{l}.ffn_norm"))?;
             let gate_up = b
                 .gate_up
                 .forward(rt, &n2, &format!("{l}.gate_up_proj"), 0, act)?;
@@ -374,8 +362,20 @@ impl Mistral3Vision {
         let w = heads * hd;
         let names = ["q", "k", "v"].map(|n| format!("{l}.{n}"));
         let parts = FusedLinear::split(&qkv, &[w; 3], &names);
-        let q = ops_pixtral::apply_rope(rt, &parts[0], (cos, sin), (heads, hd), &format!("{l}.q_rot"))?;
-        let k = ops_pixtral::apply_rope(rt, &parts[1], (cos, sin), (heads, hd), &format!("{l}.k_rot"))?;
+        let q = ops_pixtral::apply_rope(
+            rt,
+            &parts[0],
+            (cos, sin),
+            (heads, hd),
+            &format!("{l}.q_rot"),
+        )?;
+        let k = ops_pixtral::apply_rope(
+            rt,
+            &parts[1],
+            (cos, sin),
+            (heads, hd),
+            &format!("{l}.k_rot"),
+        )?;
         let o = if self.xformers {
             // Like FlashAttention's call: the output and an f32 log-sum-exp that dies.
             ops_siglip::vit_attention(
@@ -429,10 +429,14 @@ impl Mistral3Vision {
         drop(merged);
         drop(grids);
         drop(n);
-        let h1 = self.linear_1.forward(rt, &m, "projector.linear_1", 0, act)?;
+        let h1 = self
+            .linear_1
+            .forward(rt, &m, "projector.linear_1", 0, act)?;
         let a = ops_pixtral::gelu(rt, &h1, "projector.act")?;
         drop(h1);
-        let h2 = self.linear_2.forward(rt, &a, "projector.linear_2", 0, act)?;
+        let h2 = self
+            .linear_2
+            .forward(rt, &a, "projector.linear_2", 0, act)?;
         let h2 = ops_tp::all_reduce(rt, h2, "projector.linear_2.all_reduce")?;
         drop(a);
         drop(m);
@@ -444,7 +448,12 @@ impl Mistral3Vision {
 /// size (`get_image_size_with_most_features`: `image_size` square, mistral3.py 0.19
 /// L191-194) repeated `images` times, batched on the host and moved in one copy, in the model
 /// dtype. No `image_sizes` tensor (`_get_mm_fields_config` has only the pixels).
-pub fn dummy_pixels(rt: &Runtime, shape: &Mistral3Shape, images: usize, act: DType) -> Result<Tensor> {
+pub fn dummy_pixels(
+    rt: &Runtime,
+    shape: &Mistral3Shape,
+    images: usize,
+    act: DType,
+) -> Result<Tensor> {
     let s = &shape.vision;
     rt.set_op("mm_dummy_batch");
     rt.tensor(

@@ -17,11 +17,11 @@
 pub mod deepseek_v2;
 pub mod gemma;
 pub mod gemma3_mm;
-pub mod mistral3;
 pub mod gpt_oss;
 pub mod granite;
 pub mod llama;
 pub mod llama4;
+pub mod mistral3;
 pub mod opt;
 pub mod phi;
 pub mod qwen3_next;

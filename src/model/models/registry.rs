@@ -376,7 +376,14 @@ mod tests {
     #[test]
     fn a_model_type_that_runs_is_not_refused() {
         // gemma3 (multimodal) runs since its tower and encoder profile are modelled.
-        for runs in ["qwen3_next", "gpt_oss", "llama4", "llama4_text", "gemma3", "mistral3"] {
+        for runs in [
+            "qwen3_next",
+            "gpt_oss",
+            "llama4",
+            "llama4_text",
+            "gemma3",
+            "mistral3",
+        ] {
             assert!(refusal(runs).is_none(), "{runs}");
         }
         assert!(refusal("llama").is_none());
