@@ -58,9 +58,12 @@ if not pure:
     with torch.no_grad():
         # What `get_image_features` composes for vision_feature_layer -1: the tower's last
         # hidden state [1, N * patches, D], squeezed, then the projector with the image sizes.
-        tower = model.model.vision_tower(px, image_sizes=sizes, output_hidden_states=True)
         layer = cfg.get("vision_feature_layer", -1)
-        hidden = tower.hidden_states[layer] if layer != -1 else tower.last_hidden_state
+        if layer == -1:
+            hidden = model.model.vision_tower(px, image_sizes=sizes).last_hidden_state
+        else:
+            tower = model.model.vision_tower(px, image_sizes=sizes, output_hidden_states=True)
+            hidden = tower.hidden_states[layer]
         out = model.model.multi_modal_projector(hidden.squeeze(0), sizes)
         try:
             feats = model.model.get_image_features(pixel_values=px, image_sizes=sizes)

@@ -70,3 +70,51 @@ fn pixtral_and_the_projector_match_the_reference() {
     let norm = theirs.iter().map(|v| v * v).sum::<f32>().sqrt();
     assert!(norm > 1e-2, "reference norm {norm}");
 }
+
+/// The whole V1 profile computes on the CPU with the small checkpoint: a 64-token batch holds
+/// 16 images of 4 embeddings under 0.19 (SDPA with the dense block mask) and 10 of 6
+/// placeholder tokens (two rows of [IMG] [IMG] [IMG_BREAK], the last [IMG_END]) under 0.11
+/// (xFormers on an H100).
+#[test]
+fn the_profile_computes_the_encoder_on_the_cpu() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use vramscope::device::DeviceSpec;
+    use vramscope::model::ModelSource;
+    use vramscope::profile::{self, ProfileRequest};
+    use vramscope::quant::Quant;
+
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path());
+    let run = |vllm: &str| {
+        let req = ProfileRequest {
+            model: ModelSource::Path {
+                path: dir.path().to_path_buf(),
+            },
+            quant: Quant::F16,
+            device: DeviceSpec::parse("sim:h100-80gb").unwrap(),
+            vllm: vllm.into(),
+            tokens: 64,
+            seqs: 2,
+            max_model_len: 128,
+            verify: false,
+            ..ProfileRequest::default()
+        };
+        profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap()
+    };
+    let r = run("0.19");
+    let e = r.encoder.as_ref().unwrap();
+    let p = e.plan.as_ref().unwrap();
+    assert_eq!((p.budget_tokens, p.items, p.tokens_per_item), (64, 16, 4));
+    assert_eq!(
+        e.attention,
+        "PyTorch SDPA (memory-efficient, dense block mask)"
+    );
+    // Pixel values [16, 3, 28, 28] and embeddings [16 × 4, 32] in f16, each rounded to 512.
+    assert_eq!(e.held_bytes, 75_264 + 4096);
+    let r = run("0.11");
+    let e = r.encoder.as_ref().unwrap();
+    let p = e.plan.as_ref().unwrap();
+    assert_eq!((p.budget_tokens, p.items, p.tokens_per_item), (64, 10, 6));
+    assert_eq!(e.attention, "xFormers memory-efficient (block-diagonal bias)");
+}
