@@ -187,10 +187,10 @@ pub fn block_mask(rt: &Runtime, tokens: usize, dtype: DType) -> Result<Tensor> {
 
 /// PyTorch's SDPA with that float mask (`scaled_dot_product_attention(q, k, v,
 /// attn_mask=mask)`): FlashAttention takes no mask, so the memory-efficient kernel runs, and
-/// its mask's rows must be 16-byte aligned: `preprocess_mask` pads a mask whose last dimension
-/// is not a multiple of 8 into a new `[T, T + pad]` tensor for the call
-/// (aten/src/ATen/native/transformers/attention.cpp `pad_bias`). The output `[T, heads ·
-/// head_dim]`; no log-sum-exp without autograd.
+/// its mask's strides must be multiples of 8 elements: `preprocess_mask` (`mem_eff_alignment
+/// = 8`, aten/src/ATen/native/transformers/attention.cpp) pads a `[T, T]` mask with T not a
+/// multiple of 8 into a new `[T, T + 8 - T % 8]` tensor for the call (`pad_bias`: `at::pad`,
+/// then a slice view). The output `[T, heads · head_dim]`; no log-sum-exp without autograd.
 pub fn sdpa_masked(
     rt: &Runtime,
     (q, k, v): (&Tensor, &Tensor, &Tensor),
