@@ -512,6 +512,15 @@ fn plan_names_the_encoders_share_for_mistral_small_3_1() {
         e.phase_peak_bytes
     );
     assert_eq!(e.peak_share_bytes, e.phase_peak_bytes);
+    // One image (a 4096-token batch): 12100 patches, not a multiple of 8, so each attention
+    // call also pads a copy of the mask to 12104 columns (PyTorch's `preprocess_mask`).
+    req.tokens = 4096;
+    let r = run(&req);
+    let e = r.encoder.as_ref().unwrap();
+    assert_eq!(e.plan.as_ref().unwrap().items, 1);
+    let (mask, padded) = (12100u64 * 12100 * 2, 12100u64 * 12104 * 2);
+    assert!(e.phase_peak_bytes > mask + padded, "{}", e.phase_peak_bytes);
+    assert!(e.phase_peak_bytes < mask + padded + (1 << 30), "{}", e.phase_peak_bytes);
 }
 
 /// Pixtral's native format (`PixtralForConditionalGeneration`, params.json, served with
