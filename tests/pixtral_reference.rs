@@ -116,5 +116,8 @@ fn the_profile_computes_the_encoder_on_the_cpu() {
     let e = r.encoder.as_ref().unwrap();
     let p = e.plan.as_ref().unwrap();
     assert_eq!((p.budget_tokens, p.items, p.tokens_per_item), (64, 10, 6));
-    assert_eq!(e.attention, "xFormers memory-efficient (block-diagonal bias)");
+    assert_eq!(
+        e.attention,
+        "xFormers memory-efficient (block-diagonal bias)"
+    );
 }
