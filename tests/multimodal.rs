@@ -397,16 +397,149 @@ fn the_documented_multimodal_lines_run_as_written() {
     assert!(outs[1].contains("no encoder profile"), "{}", outs[1]);
 }
 
-/// Mistral 3 / Pixtral (`Mistral3ForConditionalGeneration`) is not modelled: a config of it
-/// gets one line naming what is missing, through the binary.
+/// mistralai/Mistral-Small-3.1-24B-Instruct-2503's config.json as published, in a hub cache.
+const MISTRAL_SMALL_31: &str = r#"{"architectures": ["Mistral3ForConditionalGeneration"],
+ "model_type": "mistral3", "image_token_index": 10, "multimodal_projector_bias": false,
+ "projector_hidden_act": "gelu", "spatial_merge_size": 2,
+ "text_config": {"attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu",
+   "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 32768,
+   "max_position_embeddings": 131072, "model_type": "mistral",
+   "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8,
+   "rms_norm_eps": 1e-05, "rope_theta": 1000000000.0, "sliding_window": null,
+   "use_cache": true, "vocab_size": 131072},
+ "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+ "vision_config": {"attention_dropout": 0.0, "head_dim": 64, "hidden_act": "silu",
+   "hidden_size": 1024, "image_size": 1540, "initializer_range": 0.02,
+   "intermediate_size": 4096, "model_type": "pixtral", "num_attention_heads": 16,
+   "num_channels": 3, "num_hidden_layers": 24, "patch_size": 14, "rope_theta": 10000.0},
+ "vision_feature_layer": -1}"#;
+
+/// `vramscope plan --vllm 0.19 --device sim:h100-sxm:dry -- vllm serve
+/// mistralai/Mistral-Small-3.1-24B-Instruct-2503 --max-model-len 8192` from the hub cache's
+/// config.json: the Pixtral tower and projector among the weights (438,958,080 parameters in
+/// bf16 and the f32 rotary table [12100, 64]), 2 dummy images of 1540 pixels (8192 // 3025
+/// embeddings, 0.19 counting the embeddings), their attention through SDPA with transformers'
+/// dense block mask [24200, 24200] (xFormers is no dependency of 0.19), the encoder's share
+/// named. Under 0.11 on the same GPU xFormers takes the mask's place and an image counts its
+/// 3080-token placeholder ([IMG_BREAK]s and [IMG_END]).
 #[test]
-fn mistral3_is_refused_by_name() {
+fn plan_names_the_encoders_share_for_mistral_small_3_1() {
+    let cache = tempfile::tempdir().unwrap();
+    let snap = cache
+        .path()
+        .join("models--mistralai--Mistral-Small-3.1-24B-Instruct-2503/snapshots/rev");
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::write(snap.join("config.json"), MISTRAL_SMALL_31).unwrap();
+    let plan = |vllm: &str, extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--vllm",
+            vllm,
+            "--device",
+            "sim:h100-sxm:dry",
+            "--",
+            "vllm",
+            "serve",
+            "mistralai/Mistral-Small-3.1-24B-Instruct-2503",
+            "--max-model-len",
+            "8192",
+        ];
+        args.extend_from_slice(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args(&args)
+            .env("HF_HUB_CACHE", cache.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = plan("0.19", &[]);
+    assert!(
+        out.starts_with(
+            "mistralai/Mistral-Small-3.1-24B-Instruct-2503 (the hub cache's copy) bf16"
+        ),
+        "{out}"
+    );
+    for want in [
+        "Encoder cache will be initialized with a budget of 8192 tokens, and profiled with 2 image items of the maximum feature size.",
+        "encoder (vision tower + projector): weights 840.2 MiB (1.8 % of the weights); profile of 2 images of 3025 tokens into a budget of 8192 tokens (PyTorch SDPA (memory-efficient, dense block mask) attention): its phase peaks at 2.18 GiB, it holds 86.2 MiB (pixel values and the encoder cache) under the text pass, so 2.18 GiB of the 2.18 GiB peak activation (100.0 %) is the encoder's",
+        "Actual usage is 44.76 GiB for weight, 2.18 GiB for peak activation",
+    ] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
+    // 0.21 runs the same Pixtral code (pixtral.py's PixtralHF classes unchanged from 0.19.0;
+    // mistral3.py adds FP8 weight-name suffixes only).
+    let out21 = plan("0.21", &[]);
+    assert!(out21.contains("profile of 2 images of 3025 tokens into a budget of 8192 tokens (PyTorch SDPA (memory-efficient, dense block mask) attention): its phase peaks at 2.18 GiB"), "{out21}");
+    let out = plan("0.11", &[]);
+    assert!(out.contains("profile of 2 images of 3080 tokens into a budget of 8192 tokens (xFormers memory-efficient (block-diagonal bias) attention): its phase peaks at 1.08 GiB, it holds 187.1 MiB"), "{out}");
+    // Text only: no encoder profile, and 0.19 does not build the tower.
+    let out = plan("0.19", &["--limit-mm-per-prompt", r#"{"image":0}"#]);
+    assert!(out.contains("no encoder profile"), "{out}");
+    assert!(!out.contains("Encoder cache will be initialized"), "{out}");
+
+    // The same in the library, on the preset: the bytes behind those lines.
+    let mut req = request("preset:mistral-small-3.1-24b", "sim:h100-sxm:dry", "0.19");
+    req.tokens = 8192;
+    req.seqs = 1024;
+    req.max_model_len = 8192;
+    let r = run(&req);
+    let e = r.encoder.as_ref().unwrap();
+    let p = e.plan.as_ref().unwrap();
+    assert_eq!(
+        (
+            p.budget_tokens,
+            p.items,
+            p.tokens_per_item,
+            p.embeds_per_item
+        ),
+        (8192, 2, 3025, 3025)
+    );
+    assert_eq!(
+        e.weights_bytes,
+        (403_305_472 + 35_652_608) * 2 + 12100 * 64 * 4
+    );
+    // Held under the text pass: the pixel values [2, 3, 1540, 1540] and the embeddings
+    // [2 × 3025, 5120], bf16, as the allocator rounds them (to 512 bytes).
+    let held = (2 * 3 * 1540 * 1540 * 2u64).div_ceil(512) * 512 + 2 * 3025 * 5120 * 2;
+    assert_eq!(held, 90_411_520);
+    assert_eq!(e.held_bytes, held);
+    // The dense mask alone is 24200² bf16 values (1.09 GiB), half the encoder's phase.
+    let mask = 24200u64 * 24200 * 2;
+    assert!(
+        e.phase_peak_bytes > 2 * mask - (mask / 10),
+        "{}",
+        e.phase_peak_bytes
+    );
+    assert_eq!(e.peak_share_bytes, e.phase_peak_bytes);
+    // One image (a 4096-token batch): 12100 patches, not a multiple of 8, so each attention
+    // call also pads a copy of the mask to 12104 columns (PyTorch's `preprocess_mask`).
+    req.tokens = 4096;
+    let r = run(&req);
+    let e = r.encoder.as_ref().unwrap();
+    assert_eq!(e.plan.as_ref().unwrap().items, 1);
+    let (mask, padded) = (12100u64 * 12100 * 2, 12100u64 * 12104 * 2);
+    assert!(e.phase_peak_bytes > mask + padded, "{}", e.phase_peak_bytes);
+    assert!(
+        e.phase_peak_bytes < mask + padded + (1 << 30),
+        "{}",
+        e.phase_peak_bytes
+    );
+}
+
+/// Pixtral's native format (`PixtralForConditionalGeneration`, params.json, served with
+/// `--tokenizer-mode mistral`) is not modelled: a config naming it gets one line saying so.
+#[test]
+fn native_pixtral_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("config.json"),
-        r#"{"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
-            "text_config": {"model_type": "mistral", "hidden_size": 5120},
-            "vision_config": {"model_type": "pixtral", "hidden_size": 1024}}"#,
+        r#"{"architectures": ["PixtralForConditionalGeneration"], "model_type": "pixtral",
+            "hidden_size": 5120}"#,
     )
     .unwrap();
     let path = dir.path().to_str().unwrap();
@@ -414,8 +547,8 @@ fn mistral3_is_refused_by_name() {
     assert!(!ok);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(
-        err.contains("model_type 'mistral3' (Mistral3ForConditionalGeneration"),
+        err.contains("model_type 'pixtral' (PixtralForConditionalGeneration"),
         "{err}"
     );
-    assert!(err.contains("Pixtral vision tower"), "{err}");
+    assert!(err.contains("model_type mistral3"), "{err}");
 }

@@ -10,6 +10,7 @@ pub mod cpu_attention;
 pub mod cpu_gemma;
 pub mod cpu_gpt_oss;
 pub mod cpu_opt;
+pub mod cpu_pixtral;
 pub mod cpu_sampler;
 pub mod cpu_siglip;
 pub(crate) mod cpu_vec;

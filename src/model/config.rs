@@ -11,8 +11,10 @@ use crate::model::models::registry::{self, Family, QkvBias};
 
 pub mod gemma3_mm;
 mod llama4;
+pub mod mistral3;
 pub use gemma3_mm::{Gemma3MmShape, SiglipShape};
 pub use llama4::{Llama3Rope, Llama4Shape, VisionTower};
+pub use mistral3::{Mistral3Shape, PixtralShape};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
@@ -72,6 +74,11 @@ pub struct ModelConfig {
     /// rest of this config (gemma3_text); `None` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemma3_mm: Option<Gemma3MmShape>,
+    /// Mistral 3's Pixtral vision tower and projector (`model_type: "mistral3"`,
+    /// `Mistral3ForConditionalGeneration`, `config/mistral3.rs`): the language model is the
+    /// rest of this config (mistral); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mistral3: Option<Mistral3Shape>,
 }
 
 mod gpt_oss;
@@ -525,6 +532,16 @@ impl ModelConfig {
             // The language model's tensors, then the vision tower's and the projector's.
             let text = ModelConfig {
                 gemma3_mm: None,
+                mistral3: None,
+                ..self.clone()
+            };
+            let mut out = text.tensor_shapes();
+            out.extend(mm.tensor_shapes(self.hidden_size));
+            return out;
+        }
+        if let Some(mm) = &self.mistral3 {
+            let text = ModelConfig {
+                mistral3: None,
                 ..self.clone()
             };
             let mut out = text.tensor_shapes();
@@ -853,6 +870,11 @@ impl ModelConfig {
         if arch == "gemma3" {
             return Self::gemma3_mm_from_hf_json(v);
         }
+        // Mistral 3's: its text_config a Mistral language model, its vision_config the
+        // Pixtral tower (config/mistral3.rs).
+        if arch == "mistral3" {
+            return Self::mistral3_from_hf_json(v);
+        }
         // Model types vramscope knows and does not run yet: refused by name, with what
         // running them would need.
         if let Some(why) = registry::refusal(&arch) {
@@ -1029,6 +1051,7 @@ impl ModelConfig {
             llama4: None,
             qwen3_next: None,
             gemma3_mm: None,
+            mistral3: None,
         })
     }
 
@@ -1195,6 +1218,7 @@ impl ModelConfig {
             llama4: None,
             qwen3_next: None,
             gemma3_mm: None,
+            mistral3: None,
         })
     }
 
@@ -1309,6 +1333,7 @@ impl ModelConfig {
             llama4: None,
             qwen3_next: None,
             gemma3_mm: None,
+            mistral3: None,
         })
     }
 
@@ -1373,6 +1398,7 @@ impl ModelConfig {
             llama4: None,
             qwen3_next: None,
             gemma3_mm: None,
+            mistral3: None,
             phi: None,
             opt: Some(OptShape {
                 do_layer_norm_before,
@@ -1386,10 +1412,14 @@ impl ModelConfig {
 
     /// The `config.json` a Hugging Face loader reads for this shape.
     pub fn to_hf_json(&self, torch_dtype: &str) -> serde_json::Value {
+        if let Some(mm) = &self.mistral3 {
+            return self.mistral3_to_hf_json(mm, torch_dtype);
+        }
         if let Some(mm) = &self.gemma3_mm {
             // A `Gemma3Config`: the language model as its text_config, the tower's keys.
             let text = ModelConfig {
                 gemma3_mm: None,
+                mistral3: None,
                 ..self.clone()
             }
             .to_hf_json(torch_dtype);
@@ -2400,6 +2430,7 @@ mod tests {
         assert_eq!(
             ModelConfig {
                 gemma3_mm: None,
+                mistral3: None,
                 ..c.clone()
             },
             text
@@ -2742,6 +2773,7 @@ impl ModelConfig {
             llama4: None,
             qwen3_next: Some(shape),
             gemma3_mm: None,
+            mistral3: None,
         })
     }
 

@@ -40,6 +40,7 @@ fn cfg(
         llama4: None,
         qwen3_next: None,
         gemma3_mm: None,
+        mistral3: None,
     }
 }
 
@@ -97,6 +98,7 @@ fn opt(
         llama4: None,
         qwen3_next: None,
         gemma3_mm: None,
+        mistral3: None,
         phi: None,
         opt: Some(OptShape {
             do_layer_norm_before: pre_norm,
@@ -204,6 +206,31 @@ fn gemma3_mm(text: serde_json::Value) -> ModelConfig {
         "torch_dtype": "bfloat16"
     });
     ModelConfig::from_hf_json(&v).expect("the preset is a Gemma 3 config")
+}
+
+/// mistralai/Mistral-Small-3.1-24B-Instruct-2503's config.json as published (transformers
+/// 4.50.0.dev0; -3.2-24B-Instruct-2506 has the same shapes): a Mistral language model of 40
+/// layers of 5120 (32 heads of 128 over 8 KV heads, MLP 32768, vocabulary 131072), the
+/// Pixtral tower (24 layers of 1024, 16 heads, MLP 4096, 1540-pixel images in patches of 14)
+/// and the projector merging 2 × 2 patches, without biases.
+pub(crate) fn mistral_small_31_json() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+        "image_token_index": 10, "multimodal_projector_bias": false,
+        "projector_hidden_act": "gelu", "spatial_merge_size": 2,
+        "text_config": {"attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu",
+            "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 32768,
+            "max_position_embeddings": 131072, "model_type": "mistral",
+            "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-05, "rope_theta": 1000000000.0, "sliding_window": null,
+            "use_cache": true, "vocab_size": 131072},
+        "torch_dtype": "bfloat16",
+        "vision_config": {"attention_dropout": 0.0, "head_dim": 64, "hidden_act": "silu",
+            "hidden_size": 1024, "image_size": 1540, "initializer_range": 0.02,
+            "intermediate_size": 4096, "model_type": "pixtral", "num_attention_heads": 16,
+            "num_channels": 3, "num_hidden_layers": 24, "patch_size": 14, "rope_theta": 10000.0},
+        "vision_feature_layer": -1
+    })
 }
 
 /// The `vision_config` meta-llama/Llama-4-Scout-17B-16E-Instruct and
@@ -456,6 +483,10 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
             "intermediate_size": 21504, "model_type": "gemma3_text", "num_attention_heads": 32,
             "num_hidden_layers": 62, "num_key_value_heads": 16, "query_pre_attn_scalar": 168,
             "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024})),
+        // mistralai/Mistral-Small-3.1-24B-Instruct-2503 (and 3.2-2506): the Mistral language
+        // model, the Pixtral tower and the projector. Not in `PRESET_NAMES` (the app's list).
+        "mistral-small-3.1-24b" => ModelConfig::from_hf_json(&mistral_small_31_json())
+            .expect("the preset is a Mistral 3 config"),
         // Llama 4's language model (the vision tower is weighed, not run).
         "llama-4-scout" => {
             ModelConfig::from_hf_json(&llama4_scout()).expect("the preset is a Llama 4 config")
@@ -733,6 +764,7 @@ mod tests {
             assert_eq!(c.param_count() - mm.param_count(c.hidden_size), {
                 let text = ModelConfig {
                     gemma3_mm: None,
+                    mistral3: None,
                     ..c.clone()
                 };
                 text.param_count()
@@ -743,6 +775,7 @@ mod tests {
         assert_eq!(
             ModelConfig {
                 gemma3_mm: None,
+                mistral3: None,
                 ..it
             },
             preset("gemma-3-12b").unwrap()

@@ -9,7 +9,6 @@ use serde::{Deserialize, Serialize};
 
 use super::vllm::MmProfile;
 use crate::base::error::{Error, Result};
-use crate::model::config::Gemma3MmShape;
 
 /// What the encoder's profile does, for the report.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -39,13 +38,14 @@ impl EncoderPlan {
 /// 0.11 L106-114).
 pub const DEFAULT_LIMIT: u64 = 999;
 
-/// The encoder profile V1 runs for Gemma 3's images, or `None` when every modality is
+/// The encoder profile V1 runs for a model's images, each `(embeds, placeholder)` tokens
+/// (Gemma 3's 256 and 260, Mistral 3's 3025 and 3080), or `None` when every modality is
 /// limited to 0 ("All non-text modalities supported by the model have been explicitly
 /// disabled via limit_mm_per_prompt. Encoder cache will not be initialized.").
 /// `tokens` is `max_num_batched_tokens` (the scheduler's `max_num_encoder_input_tokens` and
 /// `encoder_cache_size`, config/scheduler.py 0.11 L201-202), `seqs` `max_num_seqs`.
 pub fn plan(
-    mm: &Gemma3MmShape,
+    (embeds, placeholder): (u64, u64),
     profile: MmProfile,
     (tokens, seqs, max_model_len): (u64, u64, u64),
     chunked_prefill: bool,
@@ -55,11 +55,8 @@ pub fn plan(
     if limit == 0 {
         return None;
     }
-    let embeds = mm.mm_tokens_per_image as u64;
-    // Gemma 3's placeholder: "\n\n<start_of_image>" + the image tokens + "<end_of_image>\n\n"
-    // (`full_image_sequence`, gemma3_mm.py 0.11 L166-195), pan-and-scan off.
     let per_item = if profile.placeholder_tokens {
-        embeds + 4
+        placeholder
     } else {
         embeds
     };
@@ -163,11 +160,44 @@ pub fn check_processor_kwargs(v: &str) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn gemma3() -> Gemma3MmShape {
-        crate::model::presets::preset("gemma-3-4b-it")
+    /// Gemma 3's 256 embeddings in a 260-token placeholder.
+    fn gemma3() -> (u64, u64) {
+        let mm = crate::model::presets::preset("gemma-3-4b-it")
             .unwrap()
             .gemma3_mm
+            .unwrap();
+        (
+            mm.mm_tokens_per_image as u64,
+            mm.mm_tokens_per_image as u64 + 4,
+        )
+    }
+
+    /// Mistral Small 3.1's 3025 embeddings (55 × 55) in a 3080-token placeholder.
+    fn mistral3() -> (u64, u64) {
+        let mm = crate::model::presets::preset("mistral-small-3.1-24b")
             .unwrap()
+            .mistral3
+            .unwrap();
+        (mm.embeds_per_image() as u64, mm.placeholder_tokens() as u64)
+    }
+
+    #[test]
+    fn a_pixtral_image_counts_its_breaks_where_the_release_counts_placeholders() {
+        assert_eq!(mistral3(), (3025, 3080));
+        // 0.11: 16384 // 3080 = 5 images; 0.19: 8192 // 3025 = 2.
+        let p = plan(mistral3(), mm("0.11"), (16384, 1024, 131072), true, None).unwrap();
+        assert_eq!(
+            (p.budget_tokens, p.items, p.tokens_per_item),
+            (16384, 5, 3080)
+        );
+        let p = plan(mistral3(), mm("0.19"), (8192, 1024, 131072), true, None).unwrap();
+        assert_eq!(
+            (p.budget_tokens, p.items, p.tokens_per_item),
+            (8192, 2, 3025)
+        );
+        // A 2048-token batch is smaller than one image: the budget is the image.
+        let p = plan(mistral3(), mm("0.19"), (2048, 256, 131072), true, None).unwrap();
+        assert_eq!((p.budget_tokens, p.items), (3025, 1));
     }
 
     fn mm(release: &str) -> MmProfile {
@@ -177,36 +207,36 @@ mod tests {
     #[test]
     fn the_budget_is_the_batch_and_the_items_what_fits_in_it() {
         // 0.11 counts the 260-token placeholder: 16384 // 260 = 63 images.
-        let p = plan(&gemma3(), mm("0.11"), (16384, 1024, 131072), true, None).unwrap();
+        let p = plan(gemma3(), mm("0.11"), (16384, 1024, 131072), true, None).unwrap();
         assert_eq!(
             (p.budget_tokens, p.items, p.tokens_per_item),
             (16384, 63, 260)
         );
         // 0.19 counts the 256 embeddings: 8192 // 256 = 32.
-        let p = plan(&gemma3(), mm("0.19"), (8192, 1024, 131072), true, None).unwrap();
+        let p = plan(gemma3(), mm("0.19"), (8192, 1024, 131072), true, None).unwrap();
         assert_eq!((p.budget_tokens, p.items), (8192, 32));
         assert_eq!(
             p.log_line(),
             "Encoder cache will be initialized with a budget of 8192 tokens, and profiled with 32 image items of the maximum feature size."
         );
         // A batch smaller than one image: the budget is one image, one item.
-        let p = plan(&gemma3(), mm("0.19"), (128, 4, 131072), true, None).unwrap();
+        let p = plan(gemma3(), mm("0.19"), (128, 4, 131072), true, None).unwrap();
         assert_eq!((p.budget_tokens, p.items), (256, 1));
         // Two requests of 2 images each bound the items below the budget's 32.
-        let p = plan(&gemma3(), mm("0.19"), (8192, 2, 131072), true, Some(2)).unwrap();
+        let p = plan(gemma3(), mm("0.19"), (8192, 2, 131072), true, Some(2)).unwrap();
         assert_eq!(p.items, 4);
-        assert!(plan(&gemma3(), mm("0.19"), (8192, 2, 131072), true, Some(0)).is_none());
+        assert!(plan(gemma3(), mm("0.19"), (8192, 2, 131072), true, Some(0)).is_none());
         // 0.10.0 counts the 256 embeddings too: 16384 // 256 = 64 images (Q10's batch).
-        let p = plan(&gemma3(), mm("0.10"), (16384, 1024, 131072), true, None).unwrap();
+        let p = plan(gemma3(), mm("0.10"), (16384, 1024, 131072), true, None).unwrap();
         assert_eq!(
             (p.budget_tokens, p.items, p.tokens_per_item),
             (16384, 64, 256)
         );
         // A 512-token context holds 2 images a prompt from 0.11 on; 0.10.0 does not cap
         // the prompt's 999 by it.
-        let p = plan(&gemma3(), mm("0.19"), (8192, 1, 512), true, None).unwrap();
+        let p = plan(gemma3(), mm("0.19"), (8192, 1, 512), true, None).unwrap();
         assert_eq!(p.items, 2);
-        let p = plan(&gemma3(), mm("0.10"), (8192, 1, 512), true, None).unwrap();
+        let p = plan(gemma3(), mm("0.10"), (8192, 1, 512), true, None).unwrap();
         assert_eq!(p.items, 32);
     }
 

@@ -48,7 +48,7 @@ enum Workload {
 /// and the profile V1's `profile_run` runs with it before the language model's dummy pass
 /// (gpu_model_runner.py 0.11 L3325-3403).
 struct Encoder {
-    vision: Option<crate::model::models::gemma3_mm::Gemma3Vision>,
+    vision: Option<Tower>,
     plan: Option<super::multimodal::EncoderPlan>,
     /// Each output is copied into a zero `[budget, hidden]` tensor (0.11 only; `MmProfile`).
     pads_to_budget: bool,
@@ -63,21 +63,54 @@ struct Encoder {
     stats: std::cell::Cell<Option<(u64, u64)>>,
 }
 
+/// A multimodal model's vision tower and projector.
+enum Tower {
+    /// Gemma 3's SigLIP tower and projector.
+    Siglip(Box<crate::model::models::gemma3_mm::Gemma3Vision>),
+    /// Mistral 3's Pixtral tower and projector.
+    Pixtral(Box<crate::model::models::mistral3::Mistral3Vision>),
+}
+
+impl Tower {
+    fn weight_bytes(&self) -> u64 {
+        match self {
+            Tower::Siglip(v) => v.weight_bytes(),
+            Tower::Pixtral(v) => v.weight_bytes(),
+        }
+    }
+
+    /// The runner's batched dummy inputs (the pixel values first), then the tower and the
+    /// projector on all of them in one call.
+    fn dummy_and_encode(&self, rt: &Runtime, items: usize) -> Result<(Vec<Tensor>, Tensor)> {
+        match self {
+            Tower::Siglip(v) => {
+                let (px, crops) =
+                    crate::model::models::gemma3_mm::dummy_pixels(rt, &v.shape, items, v.act)?;
+                let out = v.encode(rt, &px, items)?;
+                Ok((vec![px, crops], out))
+            }
+            Tower::Pixtral(v) => {
+                let px = crate::model::models::mistral3::dummy_pixels(rt, &v.shape, items, v.act)?;
+                let out = v.encode(rt, &px, items)?;
+                Ok((vec![px], out))
+            }
+        }
+    }
+}
+
 impl Encoder {
     /// The dummy images, the tower and projector on all of them in one call, then under
     /// 0.11 each output copied into a new zero tensor `[budget, hidden]` (L3369-3388); the
     /// pixel values and those copies (or, in 0.10.0 and from 0.15, the outputs themselves:
     /// per-image views of the projector's output) stay allocated through the text pass.
-    fn run(&self, rt: &Runtime) -> Result<Option<(Tensor, Tensor, Vec<Tensor>)>> {
+    fn run(&self, rt: &Runtime) -> Result<Option<(Vec<Tensor>, Vec<Tensor>)>> {
         let (Some(v), Some(p), true) = (&self.vision, &self.plan, self.armed.get()) else {
             return Ok(None);
         };
         rt.set_layer(None);
         rt.marker("mm encoder");
         let items = p.items as usize;
-        let (px, crops) =
-            crate::model::models::gemma3_mm::dummy_pixels(rt, &v.shape, items, v.act)?;
-        let out = v.encode(rt, &px, items)?;
+        let (inputs, out) = v.dummy_and_encode(rt, items)?;
         let per = p.embeds_per_item as usize;
         let hidden = out.cols();
         let mut cache = Vec::with_capacity(items);
@@ -108,14 +141,14 @@ impl Encoder {
         // pass's first GEMM also makes the cuBLAS and cuBLASLt workspaces, which the text
         // pass would have made without an encoder.
         let s = rt.stats();
-        let held = [&px, &crops]
-            .into_iter()
+        let held = inputs
+            .iter()
             .chain(cache.iter())
             .map(|t| crate::memory::allocator::round_size(t.nbytes()))
             .sum();
         self.stats.set(Some((s.allocated_peak, held)));
         rt.marker("mm encoder end");
-        Ok(Some((px, crops, cache)))
+        Ok(Some((inputs, cache)))
     }
 }
 
@@ -208,10 +241,9 @@ impl Workload {
                     drop(input);
                     // `encoder_cache.clear()` after the sampler, then the dummy inputs as
                     // `profile_run` returns.
-                    if let Some((px, crops, cache)) = encoded {
+                    if let Some((inputs, cache)) = encoded {
                         drop(cache);
-                        drop(px);
-                        drop(crops);
+                        drop(inputs);
                     }
                     return Ok(out);
                 }
@@ -1101,27 +1133,59 @@ pub(crate) fn run_rank(
                     "model_type gemma3 (multimodal): its SigLIP vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
                 ));
             }
-            // Gemma3ForConditionalGeneration builds its vision tower and projector before the
-            // language model (gemma3_mm.py 0.11 L505-517).
-            let encoder = match &opened.config.gemma3_mm {
-                Some(mm) => {
+            if opened.config.mistral3.is_some() && matches!(req.device, DeviceSpec::Cuda { .. }) {
+                return Err(Error::Request(
+                    "model_type mistral3 (multimodal): its Pixtral vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
+                ));
+            }
+            // Gemma3ForConditionalGeneration and Mistral3ForConditionalGeneration build their
+            // vision tower and projector before the language model (gemma3_mm.py 0.11
+            // L505-517, mistral3.py 0.19 L417-441). An item counts its embeddings and its
+            // placeholder: Gemma 3's "\n\n<start_of_image>" + the image tokens +
+            // "<end_of_image>\n\n" (`full_image_sequence`, gemma3_mm.py 0.11 L166-195,
+            // pan-and-scan off); Mistral 3's rows of [IMG] each closed by [IMG_BREAK], the
+            // last by [IMG_END] (mistral3.py 0.19 L283-300).
+            let mm_kind = match (&opened.config.gemma3_mm, &opened.config.mistral3) {
+                (Some(mm), _) => Some((
+                    "gemma3",
+                    (
+                        mm.mm_tokens_per_image as u64,
+                        mm.mm_tokens_per_image as u64 + 4,
+                    ),
+                )),
+                (None, Some(mm)) => Some((
+                    "mistral3",
+                    (mm.embeds_per_image() as u64, mm.placeholder_tokens() as u64),
+                )),
+                _ => None,
+            };
+            let encoder = match mm_kind {
+                Some((kind, per_item)) => {
                     let Some(profile) = release.mm else {
                         return Err(Error::Request(format!(
-                            "model_type gemma3 (multimodal): vLLM {}'s multimodal profile is not modelled; use a V1 release (0.10, 0.11, 0.15, 0.19)",
+                            "model_type {kind} (multimodal): vLLM {}'s multimodal profile is not modelled; use a V1 release (0.10, 0.11, 0.15, 0.19)",
                             release.name
                         )));
                     };
                     let plan = super::multimodal::plan(
-                        mm,
+                        per_item,
                         profile,
                         (req.tokens as u64, req.seqs as u64, req.max_model_len),
                         req.chunked_prefill.unwrap_or(true),
                         req.limit_mm_images,
                     );
                     let skipped = plan.is_none() && profile.tower_skipped_at_zero;
+                    // Pixtral's attention: xFormers where the wheel brings it (0.10, 0.11) and
+                    // the GPU is not a Blackwell, else SDPA with the dense block mask
+                    // (pixtral.py 0.11 L57-66, 0.19 L87-98).
+                    let pixtral_xformers = matches!(
+                        profile.vision_attention,
+                        super::vllm::VisionAttention::Xformers
+                            | super::vllm::VisionAttention::SdpaOnBlackwell
+                    ) && device_major < 10;
                     let vision = if skipped {
                         None
-                    } else {
+                    } else if kind == "gemma3" {
                         let mut v = crate::model::models::gemma3_mm::Gemma3Vision::load(
                             &rt,
                             &opened.config,
@@ -1129,13 +1193,29 @@ pub(crate) fn run_rank(
                             &opts,
                         )?;
                         v.varlen_attention = profile.vision_attention.varlen(device_major);
-                        Some(v)
+                        Some(Tower::Siglip(Box::new(v)))
+                    } else {
+                        let mut v = crate::model::models::mistral3::Mistral3Vision::load(
+                            &rt,
+                            &opened.config,
+                            opened.source.as_ref(),
+                            &opts,
+                        )?;
+                        v.xformers = pixtral_xformers;
+                        Some(Tower::Pixtral(Box::new(v)))
+                    };
+                    let attention = if kind == "gemma3" {
+                        profile.vision_attention.label(device_major)
+                    } else if pixtral_xformers {
+                        "xFormers memory-efficient (block-diagonal bias)"
+                    } else {
+                        "PyTorch SDPA (memory-efficient, dense block mask)"
                     };
                     Some(Box::new(Encoder {
                         vision,
                         plan,
                         pads_to_budget: profile.pads_to_budget,
-                        attention: profile.vision_attention.label(device_major),
+                        attention,
                         embeds_without_plan: !profile.text_only_at_zero,
                         armed: std::cell::Cell::new(false),
                         stats: std::cell::Cell::new(None),

@@ -619,6 +619,18 @@ const HUB_PRESETS: &[(&str, &str)] = &[
     ("ibm-granite/granite-3.1-2b-base", "granite-3.1-2b"),
     ("ibm-granite/granite-3.3-8b", "granite-3.3-8b"),
     ("ibm-granite/granite-3.3-8b-base", "granite-3.3-8b"),
+    (
+        "mistralai/mistral-small-3.1-24b-instruct-2503",
+        "mistral-small-3.1-24b",
+    ),
+    (
+        "mistralai/mistral-small-3.1-24b-base-2503",
+        "mistral-small-3.1-24b",
+    ),
+    (
+        "mistralai/mistral-small-3.2-24b-instruct-2506",
+        "mistral-small-3.1-24b",
+    ),
     ("mistralai/mixtral-8x7b-v0.1", "mixtral-8x7b"),
     ("mistralai/mixtral-8x7b-instruct-v0.1", "mixtral-8x7b"),
 ];

@@ -236,6 +236,7 @@ impl ModelConfig {
             llama4: None,
             qwen3_next: None,
             gemma3_mm: None,
+            mistral3: None,
             gpt_oss: Some(GptOssShape {
                 sliding_window,
                 yarn,

@@ -342,6 +342,7 @@ impl ModelConfig {
             gpt_oss: None,
             qwen3_next: None,
             gemma3_mm: None,
+            mistral3: None,
             moe: Some(MoeShape {
                 num_experts,
                 top_k,

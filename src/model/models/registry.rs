@@ -307,11 +307,11 @@ pub struct Refused {
 }
 
 /// Model types vramscope knows and refuses, each with what it would take to run it (Gemma 3's
-/// multimodal checkpoint runs, `config/gemma3_mm.rs`).
+/// and Mistral 3's multimodal checkpoints run, `config/gemma3_mm.rs`, `config/mistral3.rs`).
 pub const REFUSED: &[Refused] = &[Refused {
-    model_type: "mistral3",
-    architectures: "Mistral3ForConditionalGeneration, e.g. mistralai/Mistral-Small-3.1-24B-Instruct-2503",
-    needs: "its Pixtral vision tower, patch merger and projector (their weights and V1's encoder profile, vLLM mistral3.py and pixtral.py) are not modelled; the multimodal family modelled is gemma3",
+    model_type: "pixtral",
+    architectures: "PixtralForConditionalGeneration, Mistral's native format (params.json, consolidated.safetensors) served with --tokenizer-mode mistral",
+    needs: "its native vision encoder and adapter (vLLM pixtral.py VisionTransformer and VisionLanguageAdapter) and mistral_common's image processing are not modelled; the Hugging Face format (model_type mistral3, Mistral3ForConditionalGeneration) is",
 }];
 
 /// The family of `model_type`, if vramscope runs it.
@@ -335,13 +335,16 @@ pub fn refusal(model_type: &str) -> Option<String> {
 
 /// The model types vramscope runs, as a message lists them ("llama, mistral, … or opt").
 pub fn supported_list() -> String {
-    // gemma3 (multimodal) reads its text_config as gemma3_text before the families.
+    // gemma3 and mistral3 (multimodal) read their text_config (gemma3_text, mistral) before
+    // the families.
     let names: Vec<&str> = FAMILIES
         .iter()
         .map(|f| f.model_type)
         .flat_map(|t| {
             if t == "gemma3_text" {
                 vec![t, "gemma3"]
+            } else if t == "mistral" {
+                vec![t, "mistral3"]
             } else {
                 vec![t]
             }
@@ -373,7 +376,14 @@ mod tests {
     #[test]
     fn a_model_type_that_runs_is_not_refused() {
         // gemma3 (multimodal) runs since its tower and encoder profile are modelled.
-        for runs in ["qwen3_next", "gpt_oss", "llama4", "llama4_text", "gemma3"] {
+        for runs in [
+            "qwen3_next",
+            "gpt_oss",
+            "llama4",
+            "llama4_text",
+            "gemma3",
+            "mistral3",
+        ] {
             assert!(refusal(runs).is_none(), "{runs}");
         }
         assert!(refusal("llama").is_none());
@@ -384,14 +394,14 @@ mod tests {
     fn the_list_reads_as_the_messages_always_did() {
         assert_eq!(
             supported_list(),
-            "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, gemma3, granite, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, llama4_text, llama4 or qwen3_next"
+            "llama, mistral, mistral3, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, gemma3, granite, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, llama4_text, llama4 or qwen3_next"
         );
-        let e = refusal("mistral3").unwrap();
+        let e = refusal("pixtral").unwrap();
         assert!(
-            e.starts_with("model_type 'mistral3' (Mistral3ForConditionalGeneration"),
+            e.starts_with("model_type 'pixtral' (PixtralForConditionalGeneration"),
             "{e}"
         );
-        assert!(e.contains("Pixtral vision tower"), "{e}");
+        assert!(e.contains("--tokenizer-mode mistral"), "{e}");
     }
 
     #[test]

@@ -1,0 +1,277 @@
+//! The ops of the Pixtral-HF vision tower and Mistral 3's projector (vLLM pixtral.py,
+//! mistral3.py) beyond the linear, SiLU-and-mul and attention ops others share. The tower runs
+//! eagerly (it is not under `@support_torch_compile`) with vLLM's custom ops off (V1 with
+//! Inductor appends "none" to `custom_ops`, 0.19.0 config/vllm.py L890-897; custom_op.py
+//! L272-304), so its `RMSNorm` and `SiluAndMul` run their `forward_native` PyTorch code, each
+//! op's temporaries allocated as PyTorch does. Like `ops`, each allocates through the framework
+//! allocator, then runs on the CPU or not at all (dry); not on CUDA here.
+
+use crate::base::error::{Error, Result};
+use crate::device::{cpu, cpu_pixtral, cpu_siglip, Backend};
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Tensor};
+use crate::memory::Category;
+
+fn cpu_only(rt: &Runtime, op: &str) -> Result<()> {
+    match rt.backend() {
+        Backend::Cuda => Err(Error::Device {
+            spec: "cuda".into(),
+            problem: format!("{op}: the Pixtral vision tower runs on simulated devices only"),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn act(rt: &Runtime, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    rt.tensor_for_overwrite(name, Category::Activation, shape, dtype)
+}
+
+/// `patch_conv(img.unsqueeze(0))` for image `n` of `pixels [N, C, S, S]`: `nn.Conv2d` (vLLM
+/// 0.19 `Conv2dLayer`) without a bias, PyTorch's output `[1, D, g, g]` held as the `[g², D]`
+/// rows `flatten(2).permute(0, 2, 1)` reads (the same bytes). cuDNN's workspace is not
+/// modelled.
+pub fn patch_conv(
+    rt: &Runtime,
+    pixels: &Tensor,
+    w: &Tensor,
+    (n, channels, size, patch, d): (usize, usize, usize, usize, usize),
+    name: &str,
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    cpu_only(rt, "patch_conv")?;
+    rt.ensure_library_workspaces()?;
+    rt.set_op("conv2d");
+    let g = size / patch;
+    let mut out = act(rt, name, &[g * g, d], pixels.dtype)?;
+    if rt.backend() == Backend::Cpu {
+        let per = channels * size * size;
+        cpu_siglip::patch_embed(
+            &pixels.f32()[n * per..(n + 1) * per],
+            w.f32(),
+            &vec![0.0; d],
+            (1, channels, size, patch),
+            out.f32_mut(),
+        );
+    }
+    Ok(out)
+}
+
+/// `torch.cat(parts)` along the rows: one new tensor.
+pub fn cat_rows(rt: &Runtime, parts: &[&Tensor], name: &str) -> Result<Tensor> {
+    rt.set_op("cat");
+    let cols = parts[0].cols();
+    let rows: usize = parts.iter().map(|p| p.rows()).sum();
+    let mut out = act(rt, name, &[rows, cols], parts[0].dtype)?;
+    if rt.backend() == Backend::Cpu {
+        let mut at = 0;
+        for p in parts {
+            let v = p.f32();
+            out.f32_mut()[at..at + v.len()].copy_from_slice(v);
+            at += v.len();
+        }
+    }
+    Ok(out)
+}
+
+/// `RMSNorm.forward_static` (layernorm.py 0.19 L222-265), eagerly: `x.to(float32)`, `x.pow(2)`
+/// (dies at `.mean`), the `[T, 1]` variance, `x * rsqrt(...)` (the f32 copy dies as `x` is
+/// rebound), `.to(orig_dtype)`, `* weight`. Peak: two f32 copies of `x`.
+pub fn rms_norm_native(
+    rt: &Runtime,
+    x: &Tensor,
+    w: &Tensor,
+    eps: f32,
+    name: &str,
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("rms_norm_native");
+    let (t, d) = (x.rows(), x.cols());
+    let xf = act(rt, &format!("{name}.f32"), &[t, d], DType::F32)?;
+    let sq = act(rt, &format!("{name}.pow"), &[t, d], DType::F32)?;
+    let var = act(rt, &format!("{name}.variance"), &[t, 1], DType::F32)?;
+    drop(sq);
+    let shifted = act(rt, &format!("{name}.variance_eps"), &[t, 1], DType::F32)?;
+    let r = act(rt, &format!("{name}.rsqrt"), &[t, 1], DType::F32)?;
+    drop(shifted);
+    let y = act(rt, &format!("{name}.normed"), &[t, d], DType::F32)?;
+    drop(r);
+    drop(xf);
+    let yb = act(rt, &format!("{name}.to_dtype"), &[t, d], x.dtype)?;
+    drop(y);
+    let mut out = act(rt, name, &[t, d], x.dtype)?;
+    drop(yb);
+    drop(var);
+    if rt.backend() == Backend::Cpu {
+        cpu::rms_norm(x.f32(), w.f32(), eps, out.f32_mut());
+    }
+    Ok(out)
+}
+
+/// `PixtralRotaryEmbedding.forward` on the position ids of `images` images of `side × side`
+/// patches: `inv_freq[position_ids]` (f32 `[T, head_dim]`), its `cos` and `sin` (f32), each
+/// cast to the model dtype; the f32 tensors die as it returns. Returns `(cos, sin)`.
+pub fn rope_cos_sin(
+    rt: &Runtime,
+    (images, side, head_dim): (usize, usize, usize),
+    theta: f64,
+    dtype: DType,
+) -> Result<(Tensor, Tensor)> {
+    rt.set_op("pixtral_rope");
+    let t = images * side * side;
+    let freqs = act(rt, "vision.rope.freqs", &[t, head_dim], DType::F32)?;
+    let cf = act(rt, "vision.rope.cos_f32", &[t, head_dim], DType::F32)?;
+    let sf = act(rt, "vision.rope.sin_f32", &[t, head_dim], DType::F32)?;
+    let mut cos = act(rt, "vision.rope.cos", &[t, head_dim], dtype)?;
+    let mut sin = act(rt, "vision.rope.sin", &[t, head_dim], dtype)?;
+    drop((freqs, cf, sf));
+    if rt.backend() == Backend::Cpu {
+        cpu_pixtral::rope_cos_sin(
+            (images, side, head_dim),
+            theta,
+            cos.f32_mut(),
+            sin.f32_mut(),
+        );
+    }
+    Ok((cos, sin))
+}
+
+/// `apply_rotary_pos_emb`'s `(x * cos) + (rotate_half(x) * sin)` on one of q, k (a view of
+/// the fused projection): `x * cos`, then `rotate_half`'s `-x2` (half the width) and its `cat`
+/// (`-x2` dies), `* sin` (the `cat` dies), the sum; the two products die as it returns. The
+/// result keeps the view's `[T, heads, head_dim]` layout, so the `.transpose(1, 2)
+/// .contiguous()` before xFormers copies nothing.
+pub fn apply_rope(
+    rt: &Runtime,
+    x: &Tensor,
+    (cos, sin): (&Tensor, &Tensor),
+    (heads, head_dim): (usize, usize),
+    name: &str,
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("apply_rotary_pos_emb");
+    let shape = [x.rows(), x.cols()];
+    let a = act(rt, &format!("{name}.x_cos"), &shape, x.dtype)?;
+    let neg = act(
+        rt,
+        &format!("{name}.neg"),
+        &[shape[0], shape[1] / 2],
+        x.dtype,
+    )?;
+    let rot = act(rt, &format!("{name}.rotate_half"), &shape, x.dtype)?;
+    drop(neg);
+    let b = act(rt, &format!("{name}.rot_sin"), &shape, x.dtype)?;
+    drop(rot);
+    let mut out = act(rt, name, &shape, x.dtype)?;
+    drop((a, b));
+    if rt.backend() == Backend::Cpu {
+        cpu_pixtral::apply_rope(
+            x.f32(),
+            cos.f32(),
+            sin.f32(),
+            (heads, head_dim),
+            out.f32_mut(),
+        );
+    }
+    Ok(out)
+}
+
+/// transformers' `generate_block_attention_mask` (what vLLM passes SDPA where xFormers is
+/// missing, pixtral.py 0.19 L1283-1296): `torch.full((T, T), finfo.min)` in the model dtype,
+/// each image's block zeroed in place, then an expanded view. Held through the tower.
+pub fn block_mask(rt: &Runtime, tokens: usize, dtype: DType) -> Result<Tensor> {
+    cpu_only(rt, "block attention mask")?;
+    rt.set_op("block_attention_mask");
+    // Never read on the host: the CPU attention takes each image's block directly.
+    act(rt, "vision.attention_mask", &[tokens, tokens], dtype)
+}
+
+/// PyTorch's SDPA with that float mask (`scaled_dot_product_attention(q, k, v,
+/// attn_mask=mask)`): FlashAttention takes no mask, so the memory-efficient kernel runs, and
+/// its mask's strides must be multiples of 8 elements: `preprocess_mask` (`mem_eff_alignment
+/// = 8`, aten/src/ATen/native/transformers/attention.cpp) pads a `[T, T]` mask with T not a
+/// multiple of 8 into a new `[T, T + 8 - T % 8]` tensor for the call (`pad_bias`: `at::pad`,
+/// then a slice view). The output `[T, heads · head_dim]`; no log-sum-exp without autograd.
+pub fn sdpa_masked(
+    rt: &Runtime,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    (images, seq, heads, head_dim): (usize, usize, usize, usize),
+    name: &str,
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    cpu_only(rt, "vision attention")?;
+    rt.set_op("sdpa_mem_efficient");
+    let t = images * seq;
+    let padded = if !t.is_multiple_of(8) {
+        Some(act(
+            rt,
+            &format!("{name}.mask_padded"),
+            &[t, t + 8 - t % 8],
+            q.dtype,
+        )?)
+    } else {
+        None
+    };
+    let mut out = act(rt, name, &[t, heads * head_dim], q.dtype)?;
+    if rt.backend() == Backend::Cpu {
+        cpu_siglip::vit_attention(
+            (q.f32(), k.f32(), v.f32()),
+            (images, seq, heads, head_dim),
+            (head_dim as f32).powf(-0.5),
+            out.f32_mut(),
+        );
+    }
+    drop(padded);
+    Ok(out)
+}
+
+/// `a + b` into a new tensor (the block's `h = hidden_states + r`, `out = h + r`).
+pub fn add(rt: &Runtime, a: &Tensor, b: &Tensor, name: &str) -> Result<Tensor> {
+    rt.set_op("add");
+    let mut out = act(rt, name, &a.shape, a.dtype)?;
+    if rt.backend() == Backend::Cpu {
+        for ((o, x), y) in out.f32_mut().iter_mut().zip(a.f32()).zip(b.f32()) {
+            *o = x + y;
+        }
+    }
+    Ok(out)
+}
+
+/// `Mistral3PatchMerger`'s reordering of `images` images of `side × side` patches of width
+/// `d`: per image `unfold` into a new `[d · m², L]` tensor (its `.view(...).t()` a view), the
+/// `cat` of them `[N · L, d · m²]`; the per-image ones die as the merger returns (kept here
+/// until the caller's `merging_layer` has run: the caller drops them).
+pub fn patch_merge(
+    rt: &Runtime,
+    x: &Tensor,
+    (images, side, d, m): (usize, usize, usize, usize),
+    name: &str,
+) -> Result<(Tensor, Vec<Tensor>)> {
+    rt.check_cancel()?;
+    rt.set_op("unfold");
+    let l = (side / m) * (side / m);
+    let mut grids = Vec::with_capacity(images);
+    for n in 0..images {
+        grids.push(act(
+            rt,
+            &format!("{name}.unfold.{n}"),
+            &[d * m * m, l],
+            x.dtype,
+        )?);
+    }
+    rt.set_op("cat");
+    let mut out = act(rt, name, &[images * l, d * m * m], x.dtype)?;
+    if rt.backend() == Backend::Cpu {
+        cpu_pixtral::patch_merge(x.f32(), (images, side, d, m), out.f32_mut());
+    }
+    Ok((out, grids))
+}
+
+/// `nn.GELU()` (exact), one output.
+pub fn gelu(rt: &Runtime, x: &Tensor, name: &str) -> Result<Tensor> {
+    rt.set_op("gelu");
+    let mut out = act(rt, name, &x.shape, x.dtype)?;
+    if rt.backend() == Backend::Cpu {
+        cpu_pixtral::gelu_erf(x.f32(), out.f32_mut());
+    }
+    Ok(out)
+}
