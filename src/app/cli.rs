@@ -639,6 +639,7 @@ pub fn main() -> i32 {
                 method,
                 group_size,
                 desc_act,
+                compressed_tensors: false,
             });
             let opts = model::GenOptions {
                 dtype: match dtype.as_str() {

@@ -93,6 +93,7 @@ impl StoredQuant {
                 method: Method::Awq,
                 group_size,
                 desc_act: false,
+                compressed_tensors: false,
             }),
             StoredQuant::Gptq {
                 group_size,
@@ -101,6 +102,7 @@ impl StoredQuant {
                 method: Method::Gptq,
                 group_size,
                 desc_act,
+                compressed_tensors: false,
             }),
             _ => None,
         }
@@ -1508,7 +1510,8 @@ mod tests {
             Format {
                 method: Method::Gptq,
                 group_size: -1,
-                desc_act: false
+                desc_act: false,
+                compressed_tensors: false,
             }
         );
     }
