@@ -86,11 +86,18 @@ pub enum Command {
         /// Write a GPTQ 4-bit checkpoint (AutoGPTQ, symmetric: qweight, qzeros, scales, g_idx).
         #[arg(long, conflicts_with_all = ["bnb_int8", "bnb_4bit"])]
         gptq: bool,
-        /// With --awq or --gptq: inputs per quantization group (32, 64, 128, or -1 for one).
+        /// Write a compressed-tensors W4A16 checkpoint as LLM Compressor saves one
+        /// (pack-quantized: weight_packed, weight_scale, weight_shape; int4 symmetric, the
+        /// same codes as --gptq; RedHatAI's …-quantized.w4a16).
+        #[arg(long, conflicts_with_all = ["awq", "gptq", "bnb_int8", "bnb_4bit", "fp8", "fp8_static", "fp8_block", "fp8_channel"])]
+        ct_w4a16: bool,
+        /// With --awq, --gptq or --ct-w4a16: inputs per quantization group (32, 64, 128, or
+        /// -1 for one).
         #[arg(long, default_value_t = 128, allow_negative_numbers = true)]
         group_size: i64,
-        /// With --gptq: act-order (desc_act), each input's group read from g_idx.
-        #[arg(long, requires = "gptq")]
+        /// With --gptq (desc_act) or --ct-w4a16 (actorder "group"): act-order, each input's
+        /// group read from g_idx / weight_g_idx.
+        #[arg(long)]
         desc_act: bool,
         /// With --bnb-4bit or --bnb-int8: modules kept 16-bit and listed in
         /// llm_int8_skip_modules, comma-separated (as Unsloth's dynamic 4-bit checkpoints
@@ -610,10 +617,15 @@ pub fn main() -> i32 {
             fp8_channel,
             awq,
             gptq,
+            ct_w4a16,
             group_size,
             desc_act,
             bnb_skip_modules,
         }) => {
+            if desc_act && !gptq && !ct_w4a16 {
+                eprintln!("vramscope: error: --desc-act needs --gptq or --ct-w4a16 (act-order is a GPTQ form)");
+                return 2;
+            }
             let bnb4 = bnb_4bit.as_deref().and_then(|t| {
                 crate::quant::bnb4::Bnb4Type::parse(t).map(|quant_type| model::Bnb4Gen {
                     quant_type,
@@ -630,7 +642,7 @@ pub fn main() -> i32 {
                 _ => None,
             };
             use crate::quant::marlin::{Format, Method};
-            let method = match (awq, gptq) {
+            let method = match (awq, gptq || ct_w4a16) {
                 (true, _) => Some(Method::Awq),
                 (_, true) => Some(Method::Gptq),
                 _ => None,
@@ -639,7 +651,7 @@ pub fn main() -> i32 {
                 method,
                 group_size,
                 desc_act,
-                compressed_tensors: false,
+                compressed_tensors: ct_w4a16,
             });
             let opts = model::GenOptions {
                 dtype: match dtype.as_str() {

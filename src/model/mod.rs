@@ -543,12 +543,19 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                 // g_idx are not parameters.
                 let packed = st.stored_quant.packed4().is_some();
                 let packed_part = packed
-                    && [".qzeros", ".scales", ".g_idx"]
-                        .iter()
-                        .any(|s| name.ends_with(s));
+                    && [
+                        ".qzeros",
+                        ".scales",
+                        ".g_idx",
+                        ".weight_zero_point",
+                        ".weight_g_idx",
+                        ".weight_shape",
+                    ]
+                    .iter()
+                    .any(|s| name.ends_with(s));
                 if let Some(m) = &bnb4 {
                     params += m.numel() as u64;
-                } else if packed && name.ends_with(".qweight") {
+                } else if packed && (name.ends_with(".qweight") || name.ends_with(".weight_packed")) {
                     params += n * crate::quant::marlin::PACK as u64;
                 } else if ![".SCB", ".weight_scale", ".input_scale", ".weight_scale_inv"]
                     .iter()
@@ -632,6 +639,8 @@ enum Packed4Part {
     QZeros,
     Scales,
     GIdx,
+    /// compressed-tensors' I64 `weight_shape` `[2]`: the unpacked `[n, k]`.
+    Shape,
 }
 
 /// The fp8 checkpoint `gen-model` writes.
@@ -707,6 +716,7 @@ impl LazyTensor<'_> {
                 _ => (D::F32, 4),
             },
             LazyKind::Packed4(Packed4Part::Scales, _) => (D::F16, 2),
+            LazyKind::Packed4(Packed4Part::Shape, _) => (D::I64, 8),
             LazyKind::Packed4(..) => (D::I32, 4),
             LazyKind::Mxfp4 => (D::U8, 1),
         }
@@ -786,10 +796,13 @@ impl LazyTensor<'_> {
                 let (n, k) = (self.shape[0], self.shape[1]);
                 let pack = crate::quant::marlin::PACK;
                 match part {
+                    Packed4Part::QWeight if fmt.compressed_tensors => vec![n, k / pack],
+                    Packed4Part::Scales if fmt.compressed_tensors => vec![n, fmt.groups(k)],
                     Packed4Part::QWeight => fmt.qweight_shape(n, k).to_vec(),
                     Packed4Part::QZeros => vec![fmt.groups(k), n / pack],
                     Packed4Part::Scales => vec![fmt.groups(k), n],
                     Packed4Part::GIdx => vec![k],
+                    Packed4Part::Shape => vec![2],
                 }
             }
             _ => self.shape.clone(),
@@ -906,7 +919,29 @@ impl safetensors::View for LazyTensor<'_> {
             LazyKind::Packed4(part, fmt) => {
                 let p = self.packed4_parts(fmt);
                 let i32s = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let (n, k) = (self.shape[0], self.shape[1]);
+                // compressed-tensors keeps the output first: the same words and scales as
+                // GPTQ's, transposed (`pack_to_int32` packs along the input of `[n, k]`).
+                let transposed = |v: &[i32], rows: usize, cols: usize| -> Vec<i32> {
+                    (0..cols)
+                        .flat_map(|c| (0..rows).map(move |r| v[r * cols + c]))
+                        .collect()
+                };
                 out = match part {
+                    Packed4Part::QWeight if fmt.compressed_tensors => {
+                        i32s(&transposed(&p.qweight, k / crate::quant::marlin::PACK, n))
+                    }
+                    Packed4Part::Scales if fmt.compressed_tensors => {
+                        let groups = fmt.groups(k);
+                        (0..n)
+                            .flat_map(|c| (0..groups).map(move |g| (g, c)))
+                            .flat_map(|(g, c)| half::f16::from_f32(p.scales[g * n + c]).to_le_bytes())
+                            .collect()
+                    }
+                    Packed4Part::Shape => [n as i64, k as i64]
+                        .iter()
+                        .flat_map(|x| x.to_le_bytes())
+                        .collect(),
                     Packed4Part::QWeight => i32s(&p.qweight),
                     Packed4Part::QZeros => i32s(&p.qzeros),
                     Packed4Part::GIdx => i32s(p.g_idx.as_deref().unwrap_or(&[])),
@@ -1248,6 +1283,19 @@ fn gen_model_inner(
             if fmt.method == crate::quant::marlin::Method::Gptq {
                 parts.push(("g_idx", Packed4Part::GIdx));
             }
+            // LLM Compressor's W4A16 (`PackedQuantizationCompressor.compress_weight`):
+            // `weight_packed`, `weight_scale`, `weight_shape`, and `weight_g_idx` under
+            // act-order "group"; a symmetric scheme stores no zero point.
+            if fmt.compressed_tensors {
+                parts = vec![
+                    ("weight_packed", Packed4Part::QWeight),
+                    ("weight_scale", Packed4Part::Scales),
+                    ("weight_shape", Packed4Part::Shape),
+                ];
+                if fmt.desc_act {
+                    parts.push(("weight_g_idx", Packed4Part::GIdx));
+                }
+            }
             for (suffix, part) in parts {
                 tensors.push((
                     format!("{base}.{suffix}"),
@@ -1440,7 +1488,35 @@ fn gen_model_inner(
             "llm_int8_enable_fp32_cpu_offload": false,
         });
     }
-    if let Some(fmt) = packed4 {
+    if let Some(fmt) = packed4.filter(|f| f.compressed_tensors) {
+        // What LLM Compressor writes for its W4A16 preset scheme (RedHatAI's
+        // `…-quantized.w4a16`): one group, int4 symmetric, `strategy` group (or channel for
+        // group size -1), no activations.
+        let (strategy, group_size) = if fmt.group_size < 0 {
+            ("channel", serde_json::Value::Null)
+        } else {
+            ("group", fmt.group_size.into())
+        };
+        json["quantization_config"] = serde_json::json!({
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "quantization_status": "compressed",
+            "global_compression_ratio": null,
+            "kv_cache_scheme": null,
+            "sparsity_config": {},
+            "ignore": ["lm_head"],
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 4, "type": "int", "symmetric": true,
+                    "strategy": strategy, "group_size": group_size, "dynamic": false,
+                    "observer": "minmax", "observer_kwargs": {},
+                    "actorder": if fmt.desc_act { serde_json::Value::from("group") } else { serde_json::Value::Null },
+                    "block_structure": null},
+                "input_activations": null,
+                "output_activations": null,
+            }},
+        });
+    } else if let Some(fmt) = packed4 {
         json["quantization_config"] = match fmt.method {
             // transformers' AwqConfig.to_dict() as AutoAWQ saves it.
             crate::quant::marlin::Method::Awq => serde_json::json!({

@@ -816,7 +816,11 @@ fn check_packed4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
     let Some(fmt) = o.source.packed4() else {
         return Ok(());
     };
-    let what = format!("an {} checkpoint", fmt.method.name().to_uppercase());
+    let what = if fmt.compressed_tensors {
+        "a compressed-tensors w4a16 checkpoint".to_string()
+    } else {
+        format!("an {} checkpoint", fmt.method.name().to_uppercase())
+    };
     if !matches!(req.quant, Quant::F16 | Quant::BF16) {
         return Err(Error::model(
             o.source.origin(),
@@ -844,6 +848,18 @@ fn check_packed4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
     // The release first: a GPU check names 0.6.4's kernels, which say nothing of another
     // release's choice.
     let era = marlin::check_release(req.release()?.name)?;
+    // compressed-tensors is modelled under the V1 releases only, as its fp8 scheme is: 0.6.4
+    // reads the format through an older `CompressedTensorsWNA16` (with its own
+    // `MarlinLinearKernel` path) that is not checked here.
+    if fmt.compressed_tensors && era == marlin::Era::V0_6_4 {
+        return Err(Error::model(
+            o.source.origin(),
+            format!(
+                "{what} is modelled under the V1 releases (0.11, 0.15, 0.19, 0.21; CompressedTensorsWNA16 through choose_mp_linear_kernel), not --vllm {}",
+                req.release()?.name
+            ),
+        ));
+    }
     match &req.device {
         // A CUDA device checks its own capability when the first layer loads.
         DeviceSpec::Cuda { .. } => {}
