@@ -243,12 +243,17 @@ impl Parts {
         };
         Parts {
             qweight,
-            qzeros: grid(
-                &self.qzeros,
-                n / PACK,
-                groups,
-                (rows.0 / PACK, rows.1 / PACK),
-            ),
+            // compressed-tensors' symmetric scheme stores no zeros.
+            qzeros: if self.qzeros.is_empty() {
+                Vec::new()
+            } else {
+                grid(
+                    &self.qzeros,
+                    n / PACK,
+                    groups,
+                    (rows.0 / PACK, rows.1 / PACK),
+                )
+            },
             scales: gridf(&self.scales, n, groups, rows),
             g_idx: self
                 .g_idx
@@ -281,7 +286,11 @@ impl Parts {
             Method::Gptq => (k / PACK, 1.0),
         };
         let qweight = cat(&|p| &p.qweight, qrows, qper);
-        let qzeros = cat(&|p| &p.qzeros, groups, 1.0 / PACK as f64);
+        let qzeros = if parts.iter().any(|p| p.qzeros.is_empty()) {
+            Vec::new()
+        } else {
+            cat(&|p| &p.qzeros, groups, 1.0 / PACK as f64)
+        };
         let mut scales = Vec::new();
         for r in 0..groups {
             for (p, &n) in parts.iter().zip(ns) {
