@@ -112,7 +112,11 @@ fn gen_model_ct_w4a16_stores_gptq_codes_in_compressed_tensors_layout() {
         let desc_act = flags.contains(&"--desc-act");
         assert_eq!(
             w["actorder"],
-            if desc_act { "group".into() } else { serde_json::Value::Null }
+            if desc_act {
+                "group".into()
+            } else {
+                serde_json::Value::Null
+            }
         );
         assert!(q["config_groups"]["group_0"]["input_activations"].is_null());
         let (ct, gq) = (tensors(ct_dir.path()), tensors(gq_dir.path()));
@@ -131,18 +135,23 @@ fn gen_model_ct_w4a16_stores_gptq_codes_in_compressed_tensors_layout() {
             assert_eq!((ws.1.as_str(), ws.2.clone()), ("F16", vec![n, k / g]));
             let sh = find(&ct, &format!("{base}.weight_shape"));
             assert_eq!((sh.1.as_str(), sh.2.clone()), ("I64", vec![2]));
-            let dims: Vec<i64> = sh
-                .3
-                .chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-                .collect();
+            let dims: Vec<i64> =
+                sh.3.chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
             assert_eq!(dims, [n as i64, k as i64]);
-            assert!(!ct.iter().any(|t| t.0 == format!("{base}.weight_zero_point")));
+            assert!(!ct
+                .iter()
+                .any(|t| t.0 == format!("{base}.weight_zero_point")));
             let packed = words(&wp.3);
             let qweight = words(&find(&gq, &format!("{base}.qweight")).3);
             for c in 0..n {
                 for j in 0..k / 8 {
-                    assert_eq!(packed[c * (k / 8) + j], qweight[j * n + c], "{base} {c} {j}");
+                    assert_eq!(
+                        packed[c * (k / 8) + j],
+                        qweight[j * n + c],
+                        "{base} {c} {j}"
+                    );
                 }
             }
             let scales = find(&gq, &format!("{base}.scales")).3.clone();
@@ -340,11 +349,10 @@ fn reference(
     let packed = words(&find(st, &format!("{base}.weight_packed")).3);
     let ws = find(st, &format!("{base}.weight_scale"));
     let groups = ws.2[1];
-    let scales: Vec<f32> = ws
-        .3
-        .chunks_exact(2)
-        .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-        .collect();
+    let scales: Vec<f32> =
+        ws.3.chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect();
     let g_idx = st
         .iter()
         .find(|t| t.0 == format!("{base}.weight_g_idx"))
@@ -354,9 +362,7 @@ fn reference(
         for i in 0..k {
             let word = packed[c * (k / 8) + i / 8] as u32;
             let q = ((word >> (4 * (i % 8))) & 0xF) as i32 - 8;
-            let grp = g_idx
-                .as_ref()
-                .map_or(i / (k / groups), |g| g[i] as usize);
+            let grp = g_idx.as_ref().map_or(i / (k / groups), |g| g[i] as usize);
             let v = q as f32 * scales[c * groups + grp];
             w[c * k + i] = half::f16::from_f32(v).to_f32();
         }
@@ -564,15 +570,7 @@ fn llama31_8b_w4a16_plans_through_the_binary_and_is_refused_where_machete_runs()
     assert!((weights * (1u64 << 30) as f64 - 5_741_797_376.0).abs() < 1.0);
     // The stored bytes, as a checkpoint of this shape holds them.
     let (h, i, layers) = (4096u64, 14336u64, 32u64);
-    let linears = [
-        (h, h),
-        (1024, h),
-        (1024, h),
-        (h, h),
-        (i, h),
-        (i, h),
-        (h, i),
-    ];
+    let linears = [(h, h), (1024, h), (1024, h), (h, h), (i, h), (i, h), (h, i)];
     let per_layer: u64 = linears
         .iter()
         .map(|&(n, k)| n * k / 2 + n * k / 64 + 16)
@@ -598,8 +596,7 @@ fn llama31_8b_w4a16_plans_through_the_binary_and_is_refused_where_machete_runs()
     );
 }
 
-/// A tiny checkpoint whose config.json has `q` as its quantization_config, or whose
-/// tensors `edit` changes; the profile's exit code and its one line.
+/// The profile of a checkpoint under 0.19 on an L40S, dry: its exit code and its one line.
 fn refused(dir: &Path) -> (Option<i32>, String) {
     let out = vramscope(&[
         "profile",
@@ -626,7 +623,8 @@ fn ct_configs_not_modelled_or_wrong_are_one_line_each() {
     let cfg_path = dir.path().join("config.json");
     let good: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
-    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
         (
             "int8 w8a8",
             Box::new(|q| q["format"] = "int-quantized".into()),

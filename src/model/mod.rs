@@ -555,7 +555,8 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                     .any(|s| name.ends_with(s));
                 if let Some(m) = &bnb4 {
                     params += m.numel() as u64;
-                } else if packed && (name.ends_with(".qweight") || name.ends_with(".weight_packed")) {
+                } else if packed && (name.ends_with(".qweight") || name.ends_with(".weight_packed"))
+                {
                     params += n * crate::quant::marlin::PACK as u64;
                 } else if ![".SCB", ".weight_scale", ".input_scale", ".weight_scale_inv"]
                     .iter()
@@ -935,7 +936,9 @@ impl safetensors::View for LazyTensor<'_> {
                         let groups = fmt.groups(k);
                         (0..n)
                             .flat_map(|c| (0..groups).map(move |g| (g, c)))
-                            .flat_map(|(g, c)| half::f16::from_f32(p.scales[g * n + c]).to_le_bytes())
+                            .flat_map(|(g, c)| {
+                                half::f16::from_f32(p.scales[g * n + c]).to_le_bytes()
+                            })
                             .collect()
                     }
                     Packed4Part::Shape => [n as i64, k as i64]

@@ -1306,7 +1306,10 @@ impl SafetensorsModel {
         data: bool,
     ) -> Result<Parts> {
         let [wp, _, ws, gi] = Self::packed4_names_of(name, fmt);
-        let shape_name = format!("{}.weight_shape", name.strip_suffix(".weight").unwrap_or(name));
+        let shape_name = format!(
+            "{}.weight_shape",
+            name.strip_suffix(".weight").unwrap_or(name)
+        );
         let s = self.shard_of(&wp).map_err(|_| {
             Error::model(
                 &self.origin,
