@@ -794,3 +794,44 @@ fn ct_bad_shapes_and_scales_are_one_line_each() {
         );
     }
 }
+
+/// Per-channel W4A16 (`strategy: channel`, one scale per output row) on an A100 under 0.11
+/// and 0.19: AllSpark comes before Marlin in `_POSSIBLE_KERNELS` but takes only 8-bit
+/// weights (`ALLSPARK_SUPPORTED_QUANT_TYPES = [scalar_types.uint8b128]`, allspark_utils.py
+/// L10 at 0.11.0, 0.15.1, 0.19.0), so Marlin runs it, with `[1, n]` scales: 5.24 GiB of
+/// weights against 5.35 GiB in groups of 128 (per layer 3,407,872 bytes of bf16 scales
+/// become 2 × (6144 + 4096 + 28672 + 4096) = 86,016: 106,299,392 bytes of tensors fewer for
+/// 32 layers, 113,639,424 of the allocator's blocks).
+#[test]
+fn channel_w4a16_on_an_a100_runs_marlin_not_allspark() {
+    let mut cfg: serde_json::Value = serde_json::from_str(LLAMA31_8B_W4A16).unwrap();
+    let w = &mut cfg["quantization_config"]["config_groups"]["group_0"]["weights"];
+    w["strategy"] = "channel".into();
+    w["group_size"] = serde_json::Value::Null;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        serde_json::to_vec(&cfg).unwrap(),
+    )
+    .unwrap();
+    let model = dir.path().display().to_string();
+    for vllm in ["0.11", "0.19"] {
+        let out = vramscope(&[
+            "plan",
+            "--vllm",
+            vllm,
+            "--device",
+            "sim:a100-80gb",
+            "--",
+            "vllm",
+            "serve",
+            &model,
+            "--max-model-len",
+            "8192",
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{vllm}: {text}");
+        assert!(text.contains("weights memory: 5.24GiB"), "{vllm}: {text}");
+    }
+}

@@ -1133,9 +1133,8 @@ pub fn reduce_max_m(m: usize) -> usize {
 /// too, with zero points, which Machete takes (`query_machete_supported_quant_types(True)`:
 /// uint4, uint8; 0.19.0 machete_utils.py L12-16). Machete's prepack is not modelled. From 0.11
 /// AllSpark comes before Marlin in the list (0.11.0 kernels/mixed_precision/__init__.py
-/// L28-37) and takes GPTQ without act-order or zero points on Ampere and Ada
-/// (allspark.py `can_implement`): not modelled either. `layers` are the `(n, k)` of every
-/// quantized linear.
+/// L28-37) but takes uint8b128 only (8-bit), so no 4-bit layer reaches it. `layers` are the
+/// `(n, k)` of every quantized linear.
 pub fn check_gpu(
     fmt: &Format,
     era: Era,
@@ -1181,21 +1180,10 @@ pub fn check_gpu(
             )));
         }
     }
-    if era != Era::V0_6_4
-        && fmt.method == Method::Gptq
-        && fmt.group_size == -1
-        && !fmt.desc_act
-        && matches!(arch, "Ampere" | "Ada")
-    {
-        return Err(Error::Request(format!(
-            "{} checkpoint with group_size -1 and no act-order on {gpu} ({arch}): vLLM 0.11 and later try AllSparkLinearKernel before Marlin (kernels/mixed_precision/__init__.py), which takes such layers; its buffers are not modelled",
-            if fmt.compressed_tensors {
-                "a compressed-tensors w4a16 (strategy channel)"
-            } else {
-                "a GPTQ"
-            }
-        )));
-    }
+    // AllSpark comes before Marlin from 0.11 but takes 8-bit weights only
+    // (`ALLSPARK_SUPPORTED_QUANT_TYPES = [scalar_types.uint8b128]`, utils/allspark_utils.py
+    // L10 at 0.11.0, 0.15.1 and 0.19.0, checked for compute capability 8.0 to 8.9 at L24-34):
+    // every 4-bit layer vramscope reads passes it by for Marlin.
     Ok(())
 }
 
