@@ -86,6 +86,11 @@ pub enum Command {
         /// Write a GPTQ 4-bit checkpoint (AutoGPTQ, symmetric: qweight, qzeros, scales, g_idx).
         #[arg(long, conflicts_with_all = ["bnb_int8", "bnb_4bit"])]
         gptq: bool,
+        /// Write a compressed-tensors int8 W8A8 checkpoint as LLM Compressor saves one
+        /// (int-quantized: I8 linear weights with an F32 [n, 1] weight_scale per output
+        /// channel, dynamic per-token int8 activations; RedHatAI's …-quantized.w8a8).
+        #[arg(long, conflicts_with_all = ["fp8", "fp8_static", "fp8_block", "fp8_channel", "bnb_int8", "bnb_4bit", "awq", "gptq", "ct_w4a16"])]
+        ct_w8a8: bool,
         /// Write a compressed-tensors W4A16 checkpoint as LLM Compressor saves one
         /// (pack-quantized: weight_packed, weight_scale, weight_shape; int4 symmetric, the
         /// same codes as --gptq; RedHatAI's …-quantized.w4a16).
@@ -618,6 +623,7 @@ pub fn main() -> i32 {
             awq,
             gptq,
             ct_w4a16,
+            ct_w8a8,
             group_size,
             desc_act,
             bnb_skip_modules,
@@ -632,12 +638,13 @@ pub fn main() -> i32 {
                     double_quant,
                 })
             });
-            let fp8 = match (fp8, fp8_block, fp8_channel) {
+            let fp8 = match (fp8, fp8_block, fp8_channel || ct_w8a8) {
                 (true, _, _) => Some(model::Fp8Gen::PerTensor(fp8_static)),
                 (_, true, _) => Some(model::Fp8Gen::Block(crate::quant::fp8_block::BlockSize {
                     n: 128,
                     k: 128,
                 })),
+                (_, _, true) if ct_w8a8 => Some(model::Fp8Gen::Int8Channel),
                 (_, _, true) => Some(model::Fp8Gen::Channel),
                 _ => None,
             };
@@ -1495,11 +1502,15 @@ fn cmd_gen(
         Some(Gen::Fp8(model::Fp8Gen::Block(b))) => {
             model::gen_model_fp8_block(preset, dir, &opts, b)?
         }
-        Some(Gen::Fp8(model::Fp8Gen::Channel)) => {
+        Some(Gen::Fp8(f @ (model::Fp8Gen::Channel | model::Fp8Gen::Int8Channel))) => {
             let config = model::presets::preset(preset).ok_or_else(|| {
                 crate::base::error::Error::Request(format!("unknown preset '{preset}'"))
             })?;
-            model::gen_model_config_fp8_channel(&config, preset, dir, &opts)?
+            if f == model::Fp8Gen::Int8Channel {
+                model::gen_model_config_int8_channel(&config, preset, dir, &opts)?
+            } else {
+                model::gen_model_config_fp8_channel(&config, preset, dir, &opts)?
+            }
         }
         Some(Gen::Bnb4(g)) => model::gen_model_bnb4(preset, dir, &opts, g)?,
         Some(Gen::Packed4(f)) => {

@@ -627,6 +627,10 @@ enum LazyKind {
     Fp8ChannelCodes,
     /// Its `weight_scale`, F32 `[n, 1]`: each row's absmax / 448.
     Fp8ChannelScale,
+    /// The weight's int8 codes, each row at its own scale (`Fp8Gen::Int8Channel`), and its
+    /// F32 `[n, 1]` scales.
+    Int8ChannelCodes,
+    Int8ChannelScale,
     /// One stored tensor of the weight's AWQ / GPTQ form.
     Packed4(Packed4Part, crate::quant::marlin::Format),
     /// gpt-oss's MXFP4 `*_blocks` or `*_scales`, U8 (`quant::mxfp4::synthetic_bytes`).
@@ -654,6 +658,11 @@ pub enum Fp8Gen {
     /// compressed-tensors' `FP8_DYNAMIC` scheme (LLM Compressor, RedHatAI's `…-FP8-dynamic`):
     /// one scale per output channel (`[n, 1]` F32), dynamic per-token activations.
     Channel,
+    /// compressed-tensors' int8 W8A8 (LLM Compressor's `W8A8` preset, RedHatAI's
+    /// `…-quantized.w8a8`): I8 weights, one F32 scale per output channel (`max |row| /
+    /// 127.5`, compressed-tensors' symmetric `calculate_qparams`: `max / (255 / 2)`), dynamic
+    /// symmetric per-token int8 activations.
+    Int8Channel,
 }
 
 /// The `input_scale` `gen-model --fp8-static` stores for every linear layer: 8 / 448, so
@@ -711,6 +720,8 @@ impl LazyTensor<'_> {
             LazyKind::Fp8BlockScaleInv(_) => (D::F32, 4),
             LazyKind::Fp8ChannelCodes => (D::F8_E4M3, 1),
             LazyKind::Fp8ChannelScale => (D::F32, 4),
+            LazyKind::Int8ChannelCodes => (D::I8, 1),
+            LazyKind::Int8ChannelScale => (D::F32, 4),
             LazyKind::Bnb4(part, g) => match part {
                 Bnb4Part::Absmax if !g.double_quant => (D::F32, 4),
                 Bnb4Part::Packed | Bnb4Part::Absmax | Bnb4Part::Blob => (D::U8, 1),
@@ -782,7 +793,7 @@ impl LazyTensor<'_> {
             // AutoFP8 saves its per-tensor scales as 0-dim tensors.
             LazyKind::Fp8Scale | LazyKind::Fp8InputScale => vec![],
             LazyKind::Fp8BlockScaleInv(b) => b.grid(self.shape[0], self.shape[1]).to_vec(),
-            LazyKind::Fp8ChannelScale => vec![self.shape[0], 1],
+            LazyKind::Fp8ChannelScale | LazyKind::Int8ChannelScale => vec![self.shape[0], 1],
             LazyKind::Bnb4(part, g) => match part {
                 Bnb4Part::Packed => vec![numel().div_ceil(2), 1],
                 Bnb4Part::Absmax => vec![blocks()],
@@ -902,6 +913,22 @@ impl safetensors::View for LazyTensor<'_> {
                     let (codes, scale) = crate::quant::fp8::quantize_per_tensor(row);
                     match self.kind {
                         LazyKind::Fp8ChannelCodes => out.extend_from_slice(&codes),
+                        _ => out.extend_from_slice(&scale.to_le_bytes()),
+                    }
+                }
+            }
+            LazyKind::Int8ChannelCodes | LazyKind::Int8ChannelScale => {
+                // compressed-tensors' symmetric int8: scale max |row| / 127.5, codes
+                // round(w / scale) clamped to [-128, 127].
+                let (n, k) = (self.shape[0], self.shape[1]);
+                let w = self.gen.generate(&self.source, n * k);
+                for row in w.chunks_exact(k) {
+                    let m = row.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                    let scale = if m > 0.0 { m / 127.5 } else { 1.0 };
+                    match self.kind {
+                        LazyKind::Int8ChannelCodes => out.extend(row.iter().map(|&v| {
+                            (v / scale).round_ties_even().clamp(-128.0, 127.0) as i8 as u8
+                        })),
                         _ => out.extend_from_slice(&scale.to_le_bytes()),
                     }
                 }
@@ -1105,6 +1132,26 @@ pub fn gen_model_config_fp8_channel(
     opts: &GenOptions,
 ) -> Result<ModelFiles> {
     gen_model_inner(config, name, dir, opts, None, Some(Fp8Gen::Channel), None)
+}
+
+/// `gen_model_config_with` writing a compressed-tensors int8 W8A8 checkpoint as LLM
+/// Compressor saves one (RedHatAI's `…-quantized.w8a8`): every linear layer of the decoder
+/// as I8 codes with an F32 `[n, 1]` `weight_scale`; the rest in `opts.dtype`.
+pub fn gen_model_config_int8_channel(
+    config: &ModelConfig,
+    name: &str,
+    dir: &Path,
+    opts: &GenOptions,
+) -> Result<ModelFiles> {
+    gen_model_inner(
+        config,
+        name,
+        dir,
+        opts,
+        None,
+        Some(Fp8Gen::Int8Channel),
+        None,
+    )
 }
 
 /// `gen_model_with` writing a block-wise fp8 checkpoint as Qwen/Qwen3-8B-FP8 is published
@@ -1353,6 +1400,10 @@ fn gen_model_inner(
                     (name.clone(), LazyKind::Fp8ChannelCodes),
                     (format!("{base}.weight_scale"), LazyKind::Fp8ChannelScale),
                 ],
+                Fp8Gen::Int8Channel => vec![
+                    (name.clone(), LazyKind::Int8ChannelCodes),
+                    (format!("{base}.weight_scale"), LazyKind::Int8ChannelScale),
+                ],
             };
             if f == Fp8Gen::PerTensor(true) {
                 parts.push((format!("{base}.input_scale"), LazyKind::Fp8InputScale));
@@ -1456,6 +1507,28 @@ fn gen_model_inner(
                         "symmetric": true, "dynamic": false, "group_size": null,
                         "observer": "minmax", "actorder": null, "block_structure": null},
                     "input_activations": {"type": "float", "num_bits": 8, "strategy": "token",
+                        "symmetric": true, "dynamic": true, "group_size": null,
+                        "observer": null, "actorder": null, "block_structure": null},
+                    "output_activations": null,
+                }},
+            })
+        }
+        // What LLM Compressor writes for its W8A8 (int8) scheme.
+        Some(Fp8Gen::Int8Channel) => {
+            json["quantization_config"] = serde_json::json!({
+                "quant_method": "compressed-tensors",
+                "format": "int-quantized",
+                "quantization_status": "compressed",
+                "global_compression_ratio": null,
+                "kv_cache_scheme": null,
+                "sparsity_config": {},
+                "ignore": ["lm_head"],
+                "config_groups": {"group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"type": "int", "num_bits": 8, "strategy": "channel",
+                        "symmetric": true, "dynamic": false, "group_size": null,
+                        "observer": "minmax", "actorder": null, "block_structure": null},
+                    "input_activations": {"type": "int", "num_bits": 8, "strategy": "token",
                         "symmetric": true, "dynamic": true, "group_size": null,
                         "observer": null, "actorder": null, "block_structure": null},
                     "output_activations": null,

@@ -474,6 +474,7 @@ fn fp8_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
         block,
         channel: false,
         compressed_tensors: false,
+        int8: false,
         routers_unquantized,
     })
 }
@@ -503,14 +504,10 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
             format!("quantization_config (compressed-tensors): {what}"),
         ))
     };
-    let packed = match q["format"].as_str() {
-        Some("float-quantized" | "naive-quantized") | None => false,
-        Some("pack-quantized") => true,
-        Some("int-quantized") => {
-            return refuse(
-                "format 'int-quantized' (int8 w8a8: CompressedTensorsW8A8Int8 through CUTLASS scaled_mm, per-token int8 activations) is not modelled yet".into(),
-            )
-        }
+    let (packed, int8) = match q["format"].as_str() {
+        Some("float-quantized" | "naive-quantized") | None => (false, false),
+        Some("pack-quantized") => (true, false),
+        Some("int-quantized") => (false, true),
         Some(f @ ("nvfp4-pack-quantized" | "mixed-precision")) => {
             return refuse(format!(
                 "format '{f}' (NVFP4's e2m1 weights with fp8 block and f32 global scales, or several schemes in one checkpoint) is not modelled yet"
@@ -578,6 +575,9 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
     if packed {
         return wna16_scheme(name, g, path);
     }
+    if int8 {
+        return int8_scheme(name, g, config, path);
+    }
     let w = &g["weights"];
     let is = |v: &serde_json::Value, k: &str, want: serde_json::Value| v[k] == want;
     let float8 =
@@ -633,6 +633,86 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
         block: None,
         channel,
         compressed_tensors: true,
+        int8: false,
+        routers_unquantized: false,
+    }))
+}
+
+/// `config_groups.NAME` of an `int-quantized` checkpoint as vLLM picks
+/// `CompressedTensorsW8A8Int8` (0.11.0 compressed_tensors.py `_is_dynamic_token_w8a8`: 8-bit
+/// int weights and activations, weights per channel or tensor and symmetric, activations
+/// per token and dynamic). Modelled: channel weights, dynamic symmetric per-token
+/// activations (RedHatAI's `…-quantized.w8a8`); per-tensor weights, static or asymmetric
+/// activations (`azp_adj`, `cutlass_scaled_mm_azp`) are refused by name.
+fn int8_scheme(
+    name: &str,
+    g: &serde_json::Value,
+    config: &serde_json::Value,
+    path: &Path,
+) -> Result<StoredQuant> {
+    let refuse = |what: String| -> Result<StoredQuant> {
+        Err(Error::model(
+            path,
+            format!(
+                "quantization_config (compressed-tensors int8 w8a8): config_groups.{name}.{what}"
+            ),
+        ))
+    };
+    let (w, a) = (&g["weights"], &g["input_activations"]);
+    let int8 = |v: &serde_json::Value| {
+        v["type"].as_str() == Some("int") && v["num_bits"].as_u64() == Some(8)
+    };
+    if !int8(w) {
+        return refuse(format!(
+            "weights is {} {}-bit: format int-quantized holds int 8-bit weights",
+            w["type"], w["num_bits"]
+        ));
+    }
+    if w["symmetric"].as_bool() != Some(true) || w["dynamic"].as_bool() == Some(true) {
+        return refuse("weights: only symmetric static int8 weights are modelled".into());
+    }
+    match w["strategy"].as_str() {
+        Some("channel") => {}
+        other => {
+            return refuse(format!(
+                "weights.strategy {other:?} is not modelled yet (channel: one scale per output row)"
+            ))
+        }
+    }
+    if a.is_null() {
+        return refuse(
+            "input_activations is missing: int8 weight-only (w8a16) is not modelled yet".into(),
+        );
+    }
+    if !int8(a) {
+        return refuse(format!(
+            "input_activations is {} {}-bit: only int8 activations go with int8 weights",
+            a["type"], a["num_bits"]
+        ));
+    }
+    if (a["strategy"].as_str(), a["dynamic"].as_bool()) != (Some("token"), Some(true)) {
+        return refuse(format!(
+            "input_activations strategy {:?} with dynamic {:?}: only dynamic per-token int8 activations are modelled (static ones store input_scale)",
+            a["strategy"].as_str(),
+            a["dynamic"].as_bool()
+        ));
+    }
+    if a["symmetric"].as_bool() != Some(true) {
+        return refuse(
+            "input_activations.symmetric is not true: asymmetric activations (zero points, azp_adj, cutlass_scaled_mm_azp) are not modelled yet".into(),
+        );
+    }
+    let dtype = match config["torch_dtype"].as_str() {
+        Some("bfloat16") => DType::BF16,
+        _ => DType::F16,
+    };
+    Ok(StoredQuant::Fp8(StoredFp8 {
+        static_activations: false,
+        dtype,
+        block: None,
+        channel: true,
+        compressed_tensors: true,
+        int8: true,
         routers_unquantized: false,
     }))
 }
@@ -1177,7 +1257,16 @@ impl SafetensorsModel {
         let s = self.shard_of(name)?;
         let stored = self.resolve(name);
         let (_, found) = s.info(stored).expect("listed");
-        if !s.is_f8_e4m3(stored) {
+        if f.int8 && s.stored_dtype_name(stored) != "I8" {
+            return Err(Error::model(
+                &s.path,
+                format!(
+                    "tensor {name} is stored as {}, expected I8 (quantization_config says int8 w8a8)",
+                    s.stored_dtype_name(stored)
+                ),
+            ));
+        }
+        if !f.int8 && !s.is_f8_e4m3(stored) {
             return Err(Error::model(
                 &s.path,
                 format!(
@@ -1730,7 +1819,13 @@ impl WeightSource for SafetensorsModel {
             )
         })?;
         let stored = self.resolve(name);
-        let codes = self.shard_of(name)?.raw_f8_e4m3(stored, shape)?.to_vec();
+        let codes = if f.int8 {
+            self.shard_of(name)?
+                .raw(stored, StoredDtype::I8, shape)?
+                .to_vec()
+        } else {
+            self.shard_of(name)?.raw_f8_e4m3(stored, shape)?.to_vec()
+        };
         let base = stored.trim_end_matches(".weight");
         let scale = |part: &str| -> Result<f32> {
             let n = format!("{base}.{part}");
