@@ -626,9 +626,9 @@ fn ct_configs_not_modelled_or_wrong_are_one_line_each() {
     type Edit = Box<dyn Fn(&mut serde_json::Value)>;
     let cases: Vec<(&str, Edit, &str)> = vec![
         (
-            "int8 w8a8",
+            "int-quantized holding 4-bit weights",
             Box::new(|q| q["format"] = "int-quantized".into()),
-            "format 'int-quantized' (int8 w8a8: CompressedTensorsW8A8Int8 through CUTLASS scaled_mm",
+            "weights is \"int\" 4-bit: format int-quantized holds int 8-bit weights",
         ),
         (
             "nvfp4",
@@ -642,9 +642,7 @@ fn ct_configs_not_modelled_or_wrong_are_one_line_each() {
         ),
         (
             "2:4 sparsity",
-            Box::new(|q| {
-                q["sparsity_config"] = serde_json::json!({"format": "sparse-24-bitmask"})
-            }),
+            Box::new(|q| q["sparsity_config"] = serde_json::json!({"format": "sparse-24-bitmask"})),
             "(2:4 sparse) is not modelled yet",
         ),
         (

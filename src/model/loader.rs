@@ -1004,7 +1004,10 @@ impl<'a> Loader<'a> {
                     let mut rows_part = qweight.part(&qweight.name, r0 * k, &[n, k]);
                     ops::upload_u8(rt, &mut rows_part, &codes)?;
                 } else if f.int8 {
-                    for (d, &c) in qweight.i8_mut()[r0 * k..(r0 + n) * k].iter_mut().zip(&codes) {
+                    for (d, &c) in qweight.i8_mut()[r0 * k..(r0 + n) * k]
+                        .iter_mut()
+                        .zip(&codes)
+                    {
                         *d = c as i8;
                     }
                 } else {
