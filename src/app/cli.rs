@@ -297,7 +297,7 @@ pub struct ProfileArgs {
     pub dtype: Option<String>,
     /// vLLM's --quantization: fp8, bitsandbytes (in-flight NF4), or awq, gptq, awq_marlin,
     /// gptq_marlin, marlin, compressed-tensors for a checkpoint stored that way
-    /// (compressed-tensors: its fp8 w8a8 and int4 w4a16 schemes, V1 releases). Instead of --quant.
+    /// (compressed-tensors: its fp8 w8a8, int8 w8a8 and int4 w4a16 schemes, V1 releases). Instead of --quant.
     #[arg(long, value_name = "METHOD", conflicts_with = "quant")]
     pub quantization: Option<String>,
     /// vLLM's --kv-cache-memory (V1 releases, 0.11 on): the KV cache's size per GPU, given

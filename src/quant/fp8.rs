@@ -483,8 +483,9 @@ impl Fp8Linear {
     /// then `torch.empty((numel // k, 1), float32)`), `cutlass_scaled_mm` the output `[m, n]`
     /// in `act`; the two are freed on return. Each token at `max |x| / 127`, each value
     /// `x · (127 / max |x|)` rounded to nearest even and clamped to [-128, 127]
-    /// (`dynamic_scaled_int8_quant`); the product of the codes (exact: the host sums
-    /// integers below 2^24 for k up to 1040, int32 on the GPU), then `scale_a[row] ·
+    /// (`dynamic_scaled_int8_quant`); the product of the codes (int32 on the GPU; the host's
+    /// f32 sums are exact while they stay below 2^24, k up to 1024 at the extreme codes),
+    /// then `scale_a[row] ·
     /// (scale_b[col] · acc)` rounded to `act`. No CUDA kernel here: refused by name.
     fn forward_int8(
         &self,
