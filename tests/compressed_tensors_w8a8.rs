@@ -295,3 +295,75 @@ fn ct_w8a8_refusals_are_one_line_each() {
         "{err}"
     );
 }
+
+/// RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w8a8's shape (Llama-3.1-8B's config.json
+/// with LLM Compressor's W8A8 quantization_config), planned through the binary under 0.19
+/// on an L40S, and profiled dry. By hand: per layer the I8 weights qkv 6144 × 4096 =
+/// 25,165,824, o 4096 × 4096 = 16,777,216, gate_up 28672 × 4096 = 117,440,512, down 4096 ×
+/// 14336 = 58,720,256, their f32 `[n, 1]` scales 4 × (6144 + 4096 + 28672 + 4096) =
+/// 172,032 and two bf16 norms 16,384: 218,292,224, 6,985,351,168 for 32 layers; the
+/// embedding and lm_head (ignored: bf16) 2 × 128256 × 4096 × 2 = 2,101,346,304, the final
+/// norm 8,192, the rotary cache 131072 × 128 × 2 = 33,554,432 and 0.19's seven f32 attention
+/// scalars a layer 896: 9,120,260,992 bytes of tensors. CUTLASS's int8 GEMM runs on Hopper
+/// too (no Machete here): the H100 plans.
+#[test]
+fn llama31_8b_w8a8_plans_through_the_binary_to_the_byte() {
+    let mut cfg: serde_json::Value = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "vocab_size": 128256, "max_position_embeddings": 131072, "rope_theta": 500000.0,
+        "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rms_norm_eps": 1e-05, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+        "hidden_act": "silu"
+    });
+    let tiny = tempfile::tempdir().unwrap();
+    gen(tiny.path(), &["--ct-w8a8"]);
+    let q: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(tiny.path().join("config.json")).unwrap()).unwrap();
+    cfg["quantization_config"] = q["quantization_config"].clone();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        serde_json::to_vec(&cfg).unwrap(),
+    )
+    .unwrap();
+    let model = dir.path().display().to_string();
+    for device in ["sim:l40s", "sim:h100-sxm"] {
+        let out = vramscope(&[
+            "plan",
+            "--vllm",
+            "0.19",
+            "--device",
+            device,
+            "--",
+            "vllm",
+            "serve",
+            &model,
+            "--max-model-len",
+            "8192",
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{device}: {text}");
+        assert!(text.contains("weights memory: 8.49GiB"), "{device}: {text}");
+    }
+    let json = dir.path().join("r.json");
+    ok(&vramscope(&[
+        "profile",
+        "-q",
+        "--json",
+        json.to_str().unwrap(),
+        "--model",
+        &model,
+        "--vllm",
+        "0.19",
+        "--device",
+        "sim:l40s:dry",
+        "--max-model-len",
+        "8192",
+    ]));
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    assert_eq!(r["weights_tensor_bytes"].as_u64().unwrap(), 9_120_260_992);
+}
