@@ -174,6 +174,14 @@ fn gen_model_ct_w4a16_stores_gptq_codes_in_compressed_tensors_layout() {
         // inspect counts the codes as parameters (8 an int32), not scales, shapes or g_idx.
         let i = model::inspect(ct_dir.path()).unwrap();
         assert_eq!(i.parameters, tiny.param_count(), "{flags:?}");
+        // 4 layers × 7 linears, an I64 [2] `weight_shape` each: 16 bytes.
+        assert!(
+            i.by_dtype
+                .iter()
+                .any(|(d, c, b)| d == "I64" && *c == 28 && *b == 448),
+            "{:?}",
+            i.by_dtype
+        );
     }
 }
 

@@ -571,17 +571,23 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                 // U8 and F8_E4M3 (fp8 codes) take a byte an element, I32 four.
                 let (u8, f8, i32) = (st.is_u8(name), st.is_f8_e4m3(name), st.is_i32(name));
                 let kind = match d {
-                    Some(d) => d.name(),
-                    None if u8 => "U8",
-                    None if f8 => "F8_E4M3",
-                    None if i32 => "I32",
-                    None => "other",
+                    Some(d) => d.name().to_string(),
+                    None if u8 => "U8".into(),
+                    None if f8 => "F8_E4M3".into(),
+                    None if i32 => "I32".into(),
+                    // Any other dtype (compressed-tensors' I64 `weight_shape`) as the header
+                    // names it, with its stored bytes.
+                    None => st.stored_dtype_and_bytes(name).0,
                 };
-                let e = by.entry(kind.to_string()).or_default();
+                let bytes = match d {
+                    Some(d) => n * d.size_bytes() as u64,
+                    None if u8 || f8 => n,
+                    None if i32 => 4 * n,
+                    None => st.stored_dtype_and_bytes(name).1,
+                };
+                let e = by.entry(kind).or_default();
                 e.0 += 1;
-                e.1 += n * d.map_or(if i32 { 4 } else { u64::from(u8 || f8) }, |d| {
-                    d.size_bytes() as u64
-                });
+                e.1 += bytes;
             }
             let md = match json.get("quantization_config") {
                 Some(q) => vec![("quantization_config".to_string(), q.to_string())],

@@ -1025,6 +1025,19 @@ impl SafetensorsModel {
         s.raw_u8(name).map(|(sh, _)| sh.to_vec())
     }
 
+    /// A stored tensor's dtype as the header names it and its bytes (inspect's count of the
+    /// dtypes vramscope does not compute with, such as compressed-tensors' I64
+    /// `weight_shape`).
+    pub fn stored_dtype_and_bytes(&self, name: &str) -> (String, u64) {
+        match self.shard_of(name) {
+            Ok(s) => {
+                let stored = self.resolve(name);
+                (s.stored_dtype_name(stored), s.tensor_bytes(stored))
+            }
+            Err(_) => ("nothing (missing)".into(), 0),
+        }
+    }
+
     fn dtype_name(&self, name: &str) -> String {
         match self.shard_of(name) {
             Ok(s) => s.stored_dtype_name(self.resolve(name)),
