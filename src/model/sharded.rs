@@ -639,7 +639,8 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
 }
 
 /// `config_groups.NAME` of an `int-quantized` checkpoint as vLLM picks
-/// `CompressedTensorsW8A8Int8` (0.11.0 compressed_tensors.py `_is_dynamic_token_w8a8`: 8-bit
+/// `CompressedTensorsW8A8Int8` (0.11.0 compressed_tensors.py `_is_dynamic_token_w8a8`
+/// L320-332, the scheme at L525-529: 8-bit
 /// int weights and activations, weights per channel or tensor and symmetric, activations
 /// per token and dynamic). Modelled: channel weights, dynamic symmetric per-token
 /// activations (RedHatAI's `…-quantized.w8a8`); per-tensor weights, static or asymmetric
@@ -718,8 +719,9 @@ fn int8_scheme(
 }
 
 /// `config_groups.NAME` of a `pack-quantized` checkpoint as `CompressedTensorsWNA16` takes it
-/// (0.11.0 compressed_tensors.py `_is_wNa16_group_channel`: no input activations, weights
-/// static, strategy channel or group; compressed_tensors_wNa16.py L30-66: 4 or 8 bits,
+/// (0.11.0 compressed_tensors.py `_is_wNa16_group_channel` L436-444: no input activations,
+/// weights static, strategy channel or group; `format` pack-quantized picks the scheme at
+/// L466-481; compressed_tensors_wNa16.py L30-66: 4 or 8 bits,
 /// `uint4b8` symmetric, `uint4` with zero points). The 4-bit symmetric form is modelled (the
 /// codes and rule GPTQ's Marlin path runs); 8-bit (`uint8b128`) and zero points are refused
 /// as the GPTQ / AWQ readers refuse them.
