@@ -163,6 +163,7 @@ fn qwen2_5_7b_instruct_awq_loads_its_stored_bytes_plus_marlin_workspaces() {
         method: Method::Awq,
         group_size: 128,
         desc_act: false,
+        compressed_tensors: false,
     };
     let dir = tempfile::tempdir().unwrap();
     let (stored, dropped, workspace) = write_packed_checkpoint(dir.path(), &qwen25_7b(q), fmt);
@@ -195,6 +196,7 @@ fn qwen2_5_7b_instruct_gptq_int4_loads_without_its_zeros_and_g_idx_on_marlin() {
         method: Method::Gptq,
         group_size: 128,
         desc_act: false,
+        compressed_tensors: false,
     };
     let dir = tempfile::tempdir().unwrap();
     let (stored, dropped, workspace) =

@@ -884,6 +884,7 @@ fn one_awq_or_gptq_linear_on_the_gpu_equals_the_formats_dequantized_product() {
             method,
             group_size,
             desc_act,
+            compressed_tensors: false,
         };
         let w: Vec<f32> = f16_values(n * k, 3).iter().map(|v| v * 0.05).collect();
         let x: Vec<f32> = f16_values(m * k, 4)
@@ -948,6 +949,7 @@ fn gen_packed4(preset: &str, dir: &std::path::Path, gptq: bool, group: i64) {
         method: if gptq { Method::Gptq } else { Method::Awq },
         group_size: group,
         desc_act: gptq,
+        compressed_tensors: false,
     };
     vramscope::model::gen_model_packed4(preset, dir, &opts, fmt).unwrap();
 }

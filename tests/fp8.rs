@@ -1022,7 +1022,9 @@ fn a_compressed_tensors_fp8_dynamic_checkpoint_runs_channel_scales_and_per_token
     );
 }
 
-/// The compressed-tensors schemes that are not fp8 w8a8 are refused naming what they are.
+/// The compressed-tensors schemes that are not fp8 w8a8, int8 w8a8 or w4a16 are refused
+/// naming what they are; a 16-bit checkpoint whose config says w4a16 or int8 w8a8 is refused
+/// naming the missing or wrongly stored tensor.
 #[test]
 fn compressed_tensors_schemes_not_modelled_are_named() {
     let group = |weights: serde_json::Value, acts: serde_json::Value| {
@@ -1038,7 +1040,7 @@ fn compressed_tensors_schemes_not_modelled_are_named() {
     let (code, err) = profile_with_quantization_config(group(int4, serde_json::Value::Null));
     assert_eq!(code, Some(2), "{err}");
     assert!(
-        err.contains("format 'pack-quantized' is not modelled yet"),
+        err.contains("tensor model.layers.0.self_attn.q_proj.weight_packed is missing"),
         "{err}"
     );
     let mut q = group(
@@ -1050,6 +1052,10 @@ fn compressed_tensors_schemes_not_modelled_are_named() {
     q["format"] = "int-quantized".into();
     let (code, err) = profile_with_quantization_config(q.clone());
     assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("is stored as F16, expected I8 (quantization_config says int8 w8a8)"),
+        "{err}"
+    );
     q["format"] = "float-quantized".into();
     let (code, err) = profile_with_quantization_config(q);
     assert_eq!(code, Some(2), "{err}");

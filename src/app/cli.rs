@@ -86,11 +86,23 @@ pub enum Command {
         /// Write a GPTQ 4-bit checkpoint (AutoGPTQ, symmetric: qweight, qzeros, scales, g_idx).
         #[arg(long, conflicts_with_all = ["bnb_int8", "bnb_4bit"])]
         gptq: bool,
-        /// With --awq or --gptq: inputs per quantization group (32, 64, 128, or -1 for one).
+        /// Write a compressed-tensors int8 W8A8 checkpoint as LLM Compressor saves one
+        /// (int-quantized: I8 linear weights with an F32 [n, 1] weight_scale per output
+        /// channel, dynamic per-token int8 activations; RedHatAI's …-quantized.w8a8).
+        #[arg(long, conflicts_with_all = ["fp8", "fp8_static", "fp8_block", "fp8_channel", "bnb_int8", "bnb_4bit", "awq", "gptq", "ct_w4a16"])]
+        ct_w8a8: bool,
+        /// Write a compressed-tensors W4A16 checkpoint as LLM Compressor saves one
+        /// (pack-quantized: weight_packed, weight_scale, weight_shape; int4 symmetric, the
+        /// same codes as --gptq; RedHatAI's …-quantized.w4a16).
+        #[arg(long, conflicts_with_all = ["awq", "gptq", "bnb_int8", "bnb_4bit", "fp8", "fp8_static", "fp8_block", "fp8_channel"])]
+        ct_w4a16: bool,
+        /// With --awq, --gptq or --ct-w4a16: inputs per quantization group (32, 64, 128, or
+        /// -1 for one).
         #[arg(long, default_value_t = 128, allow_negative_numbers = true)]
         group_size: i64,
-        /// With --gptq: act-order (desc_act), each input's group read from g_idx.
-        #[arg(long, requires = "gptq")]
+        /// With --gptq (desc_act) or --ct-w4a16 (actorder "group"): act-order, each input's
+        /// group read from g_idx / weight_g_idx.
+        #[arg(long)]
         desc_act: bool,
         /// With --bnb-4bit or --bnb-int8: modules kept 16-bit and listed in
         /// llm_int8_skip_modules, comma-separated (as Unsloth's dynamic 4-bit checkpoints
@@ -285,7 +297,7 @@ pub struct ProfileArgs {
     pub dtype: Option<String>,
     /// vLLM's --quantization: fp8, bitsandbytes (in-flight NF4), or awq, gptq, awq_marlin,
     /// gptq_marlin, marlin, compressed-tensors for a checkpoint stored that way
-    /// (compressed-tensors: its fp8 w8a8 schemes, V1 releases). Instead of --quant.
+    /// (compressed-tensors: its fp8 w8a8, int8 w8a8 and int4 w4a16 schemes, V1 releases). Instead of --quant.
     #[arg(long, value_name = "METHOD", conflicts_with = "quant")]
     pub quantization: Option<String>,
     /// vLLM's --kv-cache-memory (V1 releases, 0.11 on): the KV cache's size per GPU, given
@@ -610,27 +622,34 @@ pub fn main() -> i32 {
             fp8_channel,
             awq,
             gptq,
+            ct_w4a16,
+            ct_w8a8,
             group_size,
             desc_act,
             bnb_skip_modules,
         }) => {
+            if desc_act && !gptq && !ct_w4a16 {
+                eprintln!("vramscope: error: --desc-act needs --gptq or --ct-w4a16 (act-order is a GPTQ form)");
+                return 2;
+            }
             let bnb4 = bnb_4bit.as_deref().and_then(|t| {
                 crate::quant::bnb4::Bnb4Type::parse(t).map(|quant_type| model::Bnb4Gen {
                     quant_type,
                     double_quant,
                 })
             });
-            let fp8 = match (fp8, fp8_block, fp8_channel) {
+            let fp8 = match (fp8, fp8_block, fp8_channel || ct_w8a8) {
                 (true, _, _) => Some(model::Fp8Gen::PerTensor(fp8_static)),
                 (_, true, _) => Some(model::Fp8Gen::Block(crate::quant::fp8_block::BlockSize {
                     n: 128,
                     k: 128,
                 })),
+                (_, _, true) if ct_w8a8 => Some(model::Fp8Gen::Int8Channel),
                 (_, _, true) => Some(model::Fp8Gen::Channel),
                 _ => None,
             };
             use crate::quant::marlin::{Format, Method};
-            let method = match (awq, gptq) {
+            let method = match (awq, gptq || ct_w4a16) {
                 (true, _) => Some(Method::Awq),
                 (_, true) => Some(Method::Gptq),
                 _ => None,
@@ -639,6 +658,7 @@ pub fn main() -> i32 {
                 method,
                 group_size,
                 desc_act,
+                compressed_tensors: ct_w4a16,
             });
             let opts = model::GenOptions {
                 dtype: match dtype.as_str() {
@@ -1482,11 +1502,15 @@ fn cmd_gen(
         Some(Gen::Fp8(model::Fp8Gen::Block(b))) => {
             model::gen_model_fp8_block(preset, dir, &opts, b)?
         }
-        Some(Gen::Fp8(model::Fp8Gen::Channel)) => {
+        Some(Gen::Fp8(f @ (model::Fp8Gen::Channel | model::Fp8Gen::Int8Channel))) => {
             let config = model::presets::preset(preset).ok_or_else(|| {
                 crate::base::error::Error::Request(format!("unknown preset '{preset}'"))
             })?;
-            model::gen_model_config_fp8_channel(&config, preset, dir, &opts)?
+            if f == model::Fp8Gen::Int8Channel {
+                model::gen_model_config_int8_channel(&config, preset, dir, &opts)?
+            } else {
+                model::gen_model_config_fp8_channel(&config, preset, dir, &opts)?
+            }
         }
         Some(Gen::Bnb4(g)) => model::gen_model_bnb4(preset, dir, &opts, g)?,
         Some(Gen::Packed4(f)) => {

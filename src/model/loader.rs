@@ -965,7 +965,15 @@ impl<'a> Loader<'a> {
         let total: usize = rows.iter().sum();
         let base = fused_name.trim_end_matches(".weight");
         let shards = rows.len();
-        let mut qweight = rt.tensor(fused_name, Category::Weight, &[total, k], DType::F8E4M3)?;
+        // compressed-tensors int8 w8a8: `ModelWeightParameter(torch.empty([n, k], int8))`
+        // (compressed_tensors_w8a8_int8.py L57-65 at 0.11.0); no CUDA kernel here.
+        if f.int8 && rt.backend() == Backend::Cuda {
+            return Err(Error::Request(format!(
+                "{fused_name}: compressed-tensors int8 w8a8 (CUTLASS int8 scaled_mm) has no CUDA kernel here yet; run it on a simulated device (sim:PRESET)"
+            )));
+        }
+        let code_dtype = if f.int8 { DType::I8 } else { DType::F8E4M3 };
+        let mut qweight = rt.tensor(fused_name, Category::Weight, &[total, k], code_dtype)?;
         // `PerTensorScaleParameter` (one scale a shard), or compressed-tensors' channel-wise
         // `ChannelQuantScaleParameter` (`[rows, 1]`).
         let scale_shape: &[usize] = if f.channel { &[total, 1] } else { &[shards] };
@@ -995,6 +1003,13 @@ impl<'a> Loader<'a> {
                 if rt.backend() == Backend::Cuda {
                     let mut rows_part = qweight.part(&qweight.name, r0 * k, &[n, k]);
                     ops::upload_u8(rt, &mut rows_part, &codes)?;
+                } else if f.int8 {
+                    for (d, &c) in qweight.i8_mut()[r0 * k..(r0 + n) * k]
+                        .iter_mut()
+                        .zip(&codes)
+                    {
+                        *d = c as i8;
+                    }
                 } else {
                     qweight.u8_mut()[r0 * k..(r0 + n) * k].copy_from_slice(&codes);
                 }
@@ -1027,6 +1042,7 @@ impl<'a> Loader<'a> {
             out_features: total,
             in_features: k,
             per_channel: f.channel,
+            int8: f.int8,
         })
     }
 
@@ -1753,6 +1769,7 @@ mod tests {
                 dtype: DType::BF16,
                 channel: false,
                 compressed_tensors: false,
+                int8: false,
                 routers_unquantized: false,
             })
         }

@@ -543,12 +543,20 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                 // g_idx are not parameters.
                 let packed = st.stored_quant.packed4().is_some();
                 let packed_part = packed
-                    && [".qzeros", ".scales", ".g_idx"]
-                        .iter()
-                        .any(|s| name.ends_with(s));
+                    && [
+                        ".qzeros",
+                        ".scales",
+                        ".g_idx",
+                        ".weight_zero_point",
+                        ".weight_g_idx",
+                        ".weight_shape",
+                    ]
+                    .iter()
+                    .any(|s| name.ends_with(s));
                 if let Some(m) = &bnb4 {
                     params += m.numel() as u64;
-                } else if packed && name.ends_with(".qweight") {
+                } else if packed && (name.ends_with(".qweight") || name.ends_with(".weight_packed"))
+                {
                     params += n * crate::quant::marlin::PACK as u64;
                 } else if ![".SCB", ".weight_scale", ".input_scale", ".weight_scale_inv"]
                     .iter()
@@ -563,17 +571,23 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                 // U8 and F8_E4M3 (fp8 codes) take a byte an element, I32 four.
                 let (u8, f8, i32) = (st.is_u8(name), st.is_f8_e4m3(name), st.is_i32(name));
                 let kind = match d {
-                    Some(d) => d.name(),
-                    None if u8 => "U8",
-                    None if f8 => "F8_E4M3",
-                    None if i32 => "I32",
-                    None => "other",
+                    Some(d) => d.name().to_string(),
+                    None if u8 => "U8".into(),
+                    None if f8 => "F8_E4M3".into(),
+                    None if i32 => "I32".into(),
+                    // Any other dtype (compressed-tensors' I64 `weight_shape`) as the header
+                    // names it, with its stored bytes.
+                    None => st.stored_dtype_and_bytes(name).0,
                 };
-                let e = by.entry(kind.to_string()).or_default();
+                let bytes = match d {
+                    Some(d) => n * d.size_bytes() as u64,
+                    None if u8 || f8 => n,
+                    None if i32 => 4 * n,
+                    None => st.stored_dtype_and_bytes(name).1,
+                };
+                let e = by.entry(kind).or_default();
                 e.0 += 1;
-                e.1 += n * d.map_or(if i32 { 4 } else { u64::from(u8 || f8) }, |d| {
-                    d.size_bytes() as u64
-                });
+                e.1 += bytes;
             }
             let md = match json.get("quantization_config") {
                 Some(q) => vec![("quantization_config".to_string(), q.to_string())],
@@ -619,6 +633,10 @@ enum LazyKind {
     Fp8ChannelCodes,
     /// Its `weight_scale`, F32 `[n, 1]`: each row's absmax / 448.
     Fp8ChannelScale,
+    /// The weight's int8 codes, each row at its own scale (`Fp8Gen::Int8Channel`), and its
+    /// F32 `[n, 1]` scales.
+    Int8ChannelCodes,
+    Int8ChannelScale,
     /// One stored tensor of the weight's AWQ / GPTQ form.
     Packed4(Packed4Part, crate::quant::marlin::Format),
     /// gpt-oss's MXFP4 `*_blocks` or `*_scales`, U8 (`quant::mxfp4::synthetic_bytes`).
@@ -632,6 +650,8 @@ enum Packed4Part {
     QZeros,
     Scales,
     GIdx,
+    /// compressed-tensors' I64 `weight_shape` `[2]`: the unpacked `[n, k]`.
+    Shape,
 }
 
 /// The fp8 checkpoint `gen-model` writes.
@@ -644,6 +664,11 @@ pub enum Fp8Gen {
     /// compressed-tensors' `FP8_DYNAMIC` scheme (LLM Compressor, RedHatAI's `…-FP8-dynamic`):
     /// one scale per output channel (`[n, 1]` F32), dynamic per-token activations.
     Channel,
+    /// compressed-tensors' int8 W8A8 (LLM Compressor's `W8A8` preset, RedHatAI's
+    /// `…-quantized.w8a8`): I8 weights, one F32 scale per output channel (`max |row| /
+    /// 127.5`, compressed-tensors' symmetric `calculate_qparams`: `max / (255 / 2)`), dynamic
+    /// symmetric per-token int8 activations.
+    Int8Channel,
 }
 
 /// The `input_scale` `gen-model --fp8-static` stores for every linear layer: 8 / 448, so
@@ -701,12 +726,15 @@ impl LazyTensor<'_> {
             LazyKind::Fp8BlockScaleInv(_) => (D::F32, 4),
             LazyKind::Fp8ChannelCodes => (D::F8_E4M3, 1),
             LazyKind::Fp8ChannelScale => (D::F32, 4),
+            LazyKind::Int8ChannelCodes => (D::I8, 1),
+            LazyKind::Int8ChannelScale => (D::F32, 4),
             LazyKind::Bnb4(part, g) => match part {
                 Bnb4Part::Absmax if !g.double_quant => (D::F32, 4),
                 Bnb4Part::Packed | Bnb4Part::Absmax | Bnb4Part::Blob => (D::U8, 1),
                 _ => (D::F32, 4),
             },
             LazyKind::Packed4(Packed4Part::Scales, _) => (D::F16, 2),
+            LazyKind::Packed4(Packed4Part::Shape, _) => (D::I64, 8),
             LazyKind::Packed4(..) => (D::I32, 4),
             LazyKind::Mxfp4 => (D::U8, 1),
         }
@@ -771,7 +799,7 @@ impl LazyTensor<'_> {
             // AutoFP8 saves its per-tensor scales as 0-dim tensors.
             LazyKind::Fp8Scale | LazyKind::Fp8InputScale => vec![],
             LazyKind::Fp8BlockScaleInv(b) => b.grid(self.shape[0], self.shape[1]).to_vec(),
-            LazyKind::Fp8ChannelScale => vec![self.shape[0], 1],
+            LazyKind::Fp8ChannelScale | LazyKind::Int8ChannelScale => vec![self.shape[0], 1],
             LazyKind::Bnb4(part, g) => match part {
                 Bnb4Part::Packed => vec![numel().div_ceil(2), 1],
                 Bnb4Part::Absmax => vec![blocks()],
@@ -786,10 +814,13 @@ impl LazyTensor<'_> {
                 let (n, k) = (self.shape[0], self.shape[1]);
                 let pack = crate::quant::marlin::PACK;
                 match part {
+                    Packed4Part::QWeight if fmt.compressed_tensors => vec![n, k / pack],
+                    Packed4Part::Scales if fmt.compressed_tensors => vec![n, fmt.groups(k)],
                     Packed4Part::QWeight => fmt.qweight_shape(n, k).to_vec(),
                     Packed4Part::QZeros => vec![fmt.groups(k), n / pack],
                     Packed4Part::Scales => vec![fmt.groups(k), n],
                     Packed4Part::GIdx => vec![k],
+                    Packed4Part::Shape => vec![2],
                 }
             }
             _ => self.shape.clone(),
@@ -892,6 +923,22 @@ impl safetensors::View for LazyTensor<'_> {
                     }
                 }
             }
+            LazyKind::Int8ChannelCodes | LazyKind::Int8ChannelScale => {
+                // compressed-tensors' symmetric int8: scale max |row| / 127.5, codes
+                // round(w / scale) clamped to [-128, 127].
+                let (n, k) = (self.shape[0], self.shape[1]);
+                let w = self.gen.generate(&self.source, n * k);
+                for row in w.chunks_exact(k) {
+                    let m = row.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                    let scale = if m > 0.0 { m / 127.5 } else { 1.0 };
+                    match self.kind {
+                        LazyKind::Int8ChannelCodes => out.extend(row.iter().map(|&v| {
+                            (v / scale).round_ties_even().clamp(-128.0, 127.0) as i8 as u8
+                        })),
+                        _ => out.extend_from_slice(&scale.to_le_bytes()),
+                    }
+                }
+            }
             LazyKind::Fp8BlockCodes(b) | LazyKind::Fp8BlockScaleInv(b) => {
                 let (n, k) = (self.shape[0], self.shape[1]);
                 let w = self.gen.generate(&self.source, n * k);
@@ -906,7 +953,31 @@ impl safetensors::View for LazyTensor<'_> {
             LazyKind::Packed4(part, fmt) => {
                 let p = self.packed4_parts(fmt);
                 let i32s = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let (n, k) = (self.shape[0], self.shape[1]);
+                // compressed-tensors keeps the output first: the same words and scales as
+                // GPTQ's, transposed (`pack_to_int32` packs along the input of `[n, k]`).
+                let transposed = |v: &[i32], rows: usize, cols: usize| -> Vec<i32> {
+                    (0..cols)
+                        .flat_map(|c| (0..rows).map(move |r| v[r * cols + c]))
+                        .collect()
+                };
                 out = match part {
+                    Packed4Part::QWeight if fmt.compressed_tensors => {
+                        i32s(&transposed(&p.qweight, k / crate::quant::marlin::PACK, n))
+                    }
+                    Packed4Part::Scales if fmt.compressed_tensors => {
+                        let groups = fmt.groups(k);
+                        (0..n)
+                            .flat_map(|c| (0..groups).map(move |g| (g, c)))
+                            .flat_map(|(g, c)| {
+                                half::f16::from_f32(p.scales[g * n + c]).to_le_bytes()
+                            })
+                            .collect()
+                    }
+                    Packed4Part::Shape => [n as i64, k as i64]
+                        .iter()
+                        .flat_map(|x| x.to_le_bytes())
+                        .collect(),
                     Packed4Part::QWeight => i32s(&p.qweight),
                     Packed4Part::QZeros => i32s(&p.qzeros),
                     Packed4Part::GIdx => i32s(p.g_idx.as_deref().unwrap_or(&[])),
@@ -1067,6 +1138,26 @@ pub fn gen_model_config_fp8_channel(
     opts: &GenOptions,
 ) -> Result<ModelFiles> {
     gen_model_inner(config, name, dir, opts, None, Some(Fp8Gen::Channel), None)
+}
+
+/// `gen_model_config_with` writing a compressed-tensors int8 W8A8 checkpoint as LLM
+/// Compressor saves one (RedHatAI's `…-quantized.w8a8`): every linear layer of the decoder
+/// as I8 codes with an F32 `[n, 1]` `weight_scale`; the rest in `opts.dtype`.
+pub fn gen_model_config_int8_channel(
+    config: &ModelConfig,
+    name: &str,
+    dir: &Path,
+    opts: &GenOptions,
+) -> Result<ModelFiles> {
+    gen_model_inner(
+        config,
+        name,
+        dir,
+        opts,
+        None,
+        Some(Fp8Gen::Int8Channel),
+        None,
+    )
 }
 
 /// `gen_model_with` writing a block-wise fp8 checkpoint as Qwen/Qwen3-8B-FP8 is published
@@ -1248,6 +1339,19 @@ fn gen_model_inner(
             if fmt.method == crate::quant::marlin::Method::Gptq {
                 parts.push(("g_idx", Packed4Part::GIdx));
             }
+            // LLM Compressor's W4A16 (`PackedQuantizationCompressor.compress_weight`):
+            // `weight_packed`, `weight_scale`, `weight_shape`, and `weight_g_idx` under
+            // act-order "group"; a symmetric scheme stores no zero point.
+            if fmt.compressed_tensors {
+                parts = vec![
+                    ("weight_packed", Packed4Part::QWeight),
+                    ("weight_scale", Packed4Part::Scales),
+                    ("weight_shape", Packed4Part::Shape),
+                ];
+                if fmt.desc_act {
+                    parts.push(("weight_g_idx", Packed4Part::GIdx));
+                }
+            }
             for (suffix, part) in parts {
                 tensors.push((
                     format!("{base}.{suffix}"),
@@ -1301,6 +1405,10 @@ fn gen_model_inner(
                 Fp8Gen::Channel => vec![
                     (name.clone(), LazyKind::Fp8ChannelCodes),
                     (format!("{base}.weight_scale"), LazyKind::Fp8ChannelScale),
+                ],
+                Fp8Gen::Int8Channel => vec![
+                    (name.clone(), LazyKind::Int8ChannelCodes),
+                    (format!("{base}.weight_scale"), LazyKind::Int8ChannelScale),
                 ],
             };
             if f == Fp8Gen::PerTensor(true) {
@@ -1411,6 +1519,28 @@ fn gen_model_inner(
                 }},
             })
         }
+        // What LLM Compressor writes for its W8A8 (int8) scheme.
+        Some(Fp8Gen::Int8Channel) => {
+            json["quantization_config"] = serde_json::json!({
+                "quant_method": "compressed-tensors",
+                "format": "int-quantized",
+                "quantization_status": "compressed",
+                "global_compression_ratio": null,
+                "kv_cache_scheme": null,
+                "sparsity_config": {},
+                "ignore": ["lm_head"],
+                "config_groups": {"group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"type": "int", "num_bits": 8, "strategy": "channel",
+                        "symmetric": true, "dynamic": false, "group_size": null,
+                        "observer": "minmax", "actorder": null, "block_structure": null},
+                    "input_activations": {"type": "int", "num_bits": 8, "strategy": "token",
+                        "symmetric": true, "dynamic": true, "group_size": null,
+                        "observer": null, "actorder": null, "block_structure": null},
+                    "output_activations": null,
+                }},
+            })
+        }
         // Qwen/Qwen3-8B-FP8's.
         Some(Fp8Gen::Block(b)) => {
             json["quantization_config"] = serde_json::json!({
@@ -1440,7 +1570,35 @@ fn gen_model_inner(
             "llm_int8_enable_fp32_cpu_offload": false,
         });
     }
-    if let Some(fmt) = packed4 {
+    if let Some(fmt) = packed4.filter(|f| f.compressed_tensors) {
+        // What LLM Compressor writes for its W4A16 preset scheme (RedHatAI's
+        // `…-quantized.w4a16`): one group, int4 symmetric, `strategy` group (or channel for
+        // group size -1), no activations.
+        let (strategy, group_size) = if fmt.group_size < 0 {
+            ("channel", serde_json::Value::Null)
+        } else {
+            ("group", fmt.group_size.into())
+        };
+        json["quantization_config"] = serde_json::json!({
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "quantization_status": "compressed",
+            "global_compression_ratio": null,
+            "kv_cache_scheme": null,
+            "sparsity_config": {},
+            "ignore": ["lm_head"],
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 4, "type": "int", "symmetric": true,
+                    "strategy": strategy, "group_size": group_size, "dynamic": false,
+                    "observer": "minmax", "observer_kwargs": {},
+                    "actorder": if fmt.desc_act { serde_json::Value::from("group") } else { serde_json::Value::Null },
+                    "block_structure": null},
+                "input_activations": null,
+                "output_activations": null,
+            }},
+        });
+    } else if let Some(fmt) = packed4 {
         json["quantization_config"] = match fmt.method {
             // transformers' AwqConfig.to_dict() as AutoAWQ saves it.
             crate::quant::marlin::Method::Awq => serde_json::json!({

@@ -80,6 +80,13 @@ pub enum StoredQuant {
         group_size: i64,
         desc_act: bool,
     },
+    /// compressed-tensors `pack-quantized` symmetric 4-bit weights, 16-bit activations (LLM
+    /// Compressor's W4A16, RedHatAI's `…-quantized.w4a16`): GPTQ's codes and rule in
+    /// compressed-tensors' tensors (`Format::compressed_tensors`).
+    CtW4a16 {
+        group_size: i64,
+        desc_act: bool,
+    },
     /// gpt-oss's MXFP4 experts (`quant_method: mxfp4`): U8 `*_blocks` and `*_scales`, the
     /// rest 16-bit (model_type gpt_oss only).
     Mxfp4,
@@ -93,6 +100,7 @@ impl StoredQuant {
                 method: Method::Awq,
                 group_size,
                 desc_act: false,
+                compressed_tensors: false,
             }),
             StoredQuant::Gptq {
                 group_size,
@@ -101,6 +109,16 @@ impl StoredQuant {
                 method: Method::Gptq,
                 group_size,
                 desc_act,
+                compressed_tensors: false,
+            }),
+            StoredQuant::CtW4a16 {
+                group_size,
+                desc_act,
+            } => Some(Format {
+                method: Method::Gptq,
+                group_size,
+                desc_act,
+                compressed_tensors: true,
             }),
             _ => None,
         }
@@ -145,7 +163,7 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
         return fp8_config(config, path).map(StoredQuant::Fp8);
     }
     if method == "compressed-tensors" {
-        return compressed_tensors_config(config, path).map(StoredQuant::Fp8);
+        return compressed_tensors_config(config, path);
     }
     if method == "awq" || method == "gptq" {
         return packed4_config(q, method, path);
@@ -456,34 +474,56 @@ fn fp8_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
         block,
         channel: false,
         compressed_tensors: false,
+        int8: false,
         routers_unquantized,
     })
 }
 
-/// A `quant_method: compressed-tensors` config (LLM Compressor's, RedHatAI's `…-FP8-dynamic`
-/// and `…-FP8`) read as vLLM's `CompressedTensorsConfig` picks `CompressedTensorsW8A8Fp8`
-/// (0.19 compressed_tensors.py `_is_fp8_w8a8`): `format` "float-quantized" (or
-/// "naive-quantized"), one config group targeting `Linear`, weights `type: float`,
-/// `num_bits: 8`, symmetric, static, `strategy` "channel" or "tensor"; input activations
-/// `float` 8-bit, dynamic per token or static per tensor. `ignore` may name only the lm_head.
-/// Everything else (int8 w8a8, w4a16, NVFP4, block or 2:4 schemes, weight-only fp8, a KV
-/// cache scheme) is refused naming what it is.
-fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
+/// A `quant_method: compressed-tensors` config (LLM Compressor's, RedHatAI's) read as vLLM's
+/// `CompressedTensorsConfig._get_scheme_from_parts` picks a scheme (0.19.0
+/// compressed_tensors.py; 0.11.0 and 0.15.1 the same order): one config group targeting
+/// `Linear`, `ignore` naming only the lm_head, no KV-cache scheme, dense. Two schemes are
+/// modelled:
+///
+/// - `format` "float-quantized" (or "naive-quantized"): `CompressedTensorsW8A8Fp8`
+///   (`_is_fp8_w8a8`): weights `type: float`, `num_bits: 8`, symmetric, static, `strategy`
+///   "channel" or "tensor"; input activations `float` 8-bit, dynamic per token or static per
+///   tensor.
+/// - `format` "pack-quantized" without input activations: `CompressedTensorsWNA16`
+///   (`_is_wNa16_group_channel`): weights `type: int`, 4-bit, symmetric, static, `strategy`
+///   "group" (a `group_size` Marlin takes: 32, 64, 128) or "channel"; `actorder` "group"
+///   stores `weight_g_idx` (`has_g_idx`, compressed_tensors_wNa16.py L52 at 0.11.0).
+///
+/// Everything else (int8 w8a8, 8-bit or asymmetric w4a16, w4a8, NVFP4, block or 2:4
+/// schemes, weight-only fp8, a KV cache scheme) is refused naming what it is.
+fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<StoredQuant> {
     let q = &config["quantization_config"];
-    let refuse = |what: String| -> Result<StoredFp8> {
+    let refuse = |what: String| -> Result<StoredQuant> {
         Err(Error::model(
             path,
             format!("quantization_config (compressed-tensors): {what}"),
         ))
     };
-    match q["format"].as_str() {
-        Some("float-quantized" | "naive-quantized") | None => {}
-        Some(f) => {
+    let (packed, int8) = match q["format"].as_str() {
+        Some("float-quantized" | "naive-quantized") | None => (false, false),
+        Some("pack-quantized") => (true, false),
+        Some("int-quantized") => (false, true),
+        Some(f @ ("nvfp4-pack-quantized" | "mixed-precision")) => {
             return refuse(format!(
-                "format '{f}' is not modelled yet (only fp8 w8a8, format float-quantized)"
+                "format '{f}' (NVFP4's e2m1 weights with fp8 block and f32 global scales, or several schemes in one checkpoint) is not modelled yet"
             ))
         }
-    }
+        Some(f @ "marlin-24") => {
+            return refuse(format!(
+                "format '{f}' (2:4 sparse 4-bit weights, CompressedTensorsW4A16Sparse24) is not modelled yet"
+            ))
+        }
+        Some(f) => {
+            return refuse(format!(
+                "format '{f}' is not modelled yet (fp8 w8a8 'float-quantized' and w4a16 'pack-quantized' are)"
+            ))
+        }
+    };
     if !q["kv_cache_scheme"].is_null() {
         return refuse("a kv_cache_scheme (stored fp8 KV scales) is not modelled yet".into());
     }
@@ -516,6 +556,27 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
             "config_groups.{name}.targets is {}, expected [\"Linear\"]",
             g["targets"]
         ));
+    }
+    let ignore_ok = match &q["ignore"] {
+        serde_json::Value::Null => Ok(()),
+        serde_json::Value::Array(names) => names
+            .iter()
+            .find(|n| !n.as_str().is_some_and(|s| s.ends_with("lm_head")))
+            .map_or(Ok(()), |n| {
+                Err(format!(
+                    "ignore lists {n}: a linear layer left in 16 bits is not read yet (only lm_head)"
+                ))
+            }),
+        other => Err(format!("ignore is {other}, expected a list of names")),
+    };
+    if let Err(e) = ignore_ok {
+        return refuse(e);
+    }
+    if packed {
+        return wna16_scheme(name, g, path);
+    }
+    if int8 {
+        return int8_scheme(name, g, config, path);
     }
     let w = &g["weights"];
     let is = |v: &serde_json::Value, k: &str, want: serde_json::Value| v[k] == want;
@@ -562,33 +623,198 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
             ))
         }
     };
-    match &q["ignore"] {
-        serde_json::Value::Null => {}
-        serde_json::Value::Array(names) => {
-            for n in names {
-                match n.as_str() {
-                    Some(s) if s == "lm_head" || s.ends_with("lm_head") => {}
-                    _ => {
-                        return refuse(format!(
-                            "ignore lists {n}: a linear layer left in 16 bits is not read yet (only lm_head)"
-                        ))
-                    }
-                }
-            }
-        }
-        other => return refuse(format!("ignore is {other}, expected a list of names")),
-    }
     let dtype = match config["torch_dtype"].as_str() {
         Some("bfloat16") => DType::BF16,
         _ => DType::F16,
     };
-    Ok(StoredFp8 {
+    Ok(StoredQuant::Fp8(StoredFp8 {
         static_activations,
         dtype,
         block: None,
         channel,
         compressed_tensors: true,
+        int8: false,
         routers_unquantized: false,
+    }))
+}
+
+/// `config_groups.NAME` of an `int-quantized` checkpoint as vLLM picks
+/// `CompressedTensorsW8A8Int8` (0.11.0 compressed_tensors.py `_is_dynamic_token_w8a8`
+/// L320-332, the scheme at L525-529: 8-bit
+/// int weights and activations, weights per channel or tensor and symmetric, activations
+/// per token and dynamic). Modelled: channel weights, dynamic symmetric per-token
+/// activations (RedHatAI's `…-quantized.w8a8`); per-tensor weights, static or asymmetric
+/// activations (`azp_adj`, `cutlass_scaled_mm_azp`) are refused by name.
+fn int8_scheme(
+    name: &str,
+    g: &serde_json::Value,
+    config: &serde_json::Value,
+    path: &Path,
+) -> Result<StoredQuant> {
+    let refuse = |what: String| -> Result<StoredQuant> {
+        Err(Error::model(
+            path,
+            format!(
+                "quantization_config (compressed-tensors int8 w8a8): config_groups.{name}.{what}"
+            ),
+        ))
+    };
+    let (w, a) = (&g["weights"], &g["input_activations"]);
+    let int8 = |v: &serde_json::Value| {
+        v["type"].as_str() == Some("int") && v["num_bits"].as_u64() == Some(8)
+    };
+    if !int8(w) {
+        return refuse(format!(
+            "weights is {} {}-bit: format int-quantized holds int 8-bit weights",
+            w["type"], w["num_bits"]
+        ));
+    }
+    if w["symmetric"].as_bool() != Some(true) || w["dynamic"].as_bool() == Some(true) {
+        return refuse("weights: only symmetric static int8 weights are modelled".into());
+    }
+    match w["strategy"].as_str() {
+        Some("channel") => {}
+        other => {
+            return refuse(format!(
+                "weights.strategy {other:?} is not modelled yet (channel: one scale per output row)"
+            ))
+        }
+    }
+    if a.is_null() {
+        return refuse(
+            "input_activations is missing: int8 weight-only (w8a16) is not modelled yet".into(),
+        );
+    }
+    if !int8(a) {
+        return refuse(format!(
+            "input_activations is {} {}-bit: only int8 activations go with int8 weights",
+            a["type"], a["num_bits"]
+        ));
+    }
+    if (a["strategy"].as_str(), a["dynamic"].as_bool()) != (Some("token"), Some(true)) {
+        return refuse(format!(
+            "input_activations strategy {:?} with dynamic {:?}: only dynamic per-token int8 activations are modelled (static ones store input_scale)",
+            a["strategy"].as_str(),
+            a["dynamic"].as_bool()
+        ));
+    }
+    if a["symmetric"].as_bool() != Some(true) {
+        return refuse(
+            "input_activations.symmetric is not true: asymmetric activations (zero points, azp_adj, cutlass_scaled_mm_azp) are not modelled yet".into(),
+        );
+    }
+    let dtype = match config["torch_dtype"].as_str() {
+        Some("bfloat16") => DType::BF16,
+        _ => DType::F16,
+    };
+    Ok(StoredQuant::Fp8(StoredFp8 {
+        static_activations: false,
+        dtype,
+        block: None,
+        channel: true,
+        compressed_tensors: true,
+        int8: true,
+        routers_unquantized: false,
+    }))
+}
+
+/// `config_groups.NAME` of a `pack-quantized` checkpoint as `CompressedTensorsWNA16` takes it
+/// (0.11.0 compressed_tensors.py `_is_wNa16_group_channel` L436-444: no input activations,
+/// weights static, strategy channel or group; `format` pack-quantized picks the scheme at
+/// L466-481; compressed_tensors_wNa16.py L30-66: 4 or 8 bits,
+/// `uint4b8` symmetric, `uint4` with zero points). The 4-bit symmetric form is modelled (the
+/// codes and rule GPTQ's Marlin path runs); 8-bit (`uint8b128`) and zero points are refused
+/// as the GPTQ / AWQ readers refuse them.
+fn wna16_scheme(name: &str, g: &serde_json::Value, path: &Path) -> Result<StoredQuant> {
+    let refuse = |what: String| -> Result<StoredQuant> {
+        Err(Error::model(
+            path,
+            format!("quantization_config (compressed-tensors): config_groups.{name}.{what}"),
+        ))
+    };
+    let w = &g["weights"];
+    let a = &g["input_activations"];
+    if !a.is_null() {
+        return refuse(format!(
+            "input_activations is {} {}-bit with pack-quantized weights: w4a8 (CutlassW4A8 / Machete with fp8 or int8 activations) is not modelled yet",
+            a["type"], a["num_bits"]
+        ));
+    }
+    if w["type"].as_str() != Some("int") {
+        return refuse(format!(
+            "weights.type is {}: pack-quantized weights are int (vLLM's CompressedTensorsWNA16)",
+            w["type"]
+        ));
+    }
+    match w["num_bits"].as_u64() {
+        Some(4) => {}
+        Some(8) => {
+            return refuse(
+                "weights.num_bits is 8: w8a16 (Marlin's uint8b128) is not modelled yet, as GPTQ's 8-bit is not".into(),
+            )
+        }
+        _ => {
+            return refuse(format!(
+                "weights.num_bits is {}: vLLM's CompressedTensorsWNA16 takes 4 or 8 (WNA16_SUPPORTED_BITS)",
+                w["num_bits"]
+            ))
+        }
+    }
+    match w["symmetric"].as_bool() {
+        Some(true) => {}
+        Some(false) => {
+            return refuse(
+                "weights.symmetric is false: zero points (weight_zero_point, Marlin's uint4 with zero points) are not modelled yet for compressed-tensors".into(),
+            )
+        }
+        None => {
+            return refuse(format!(
+                "weights.symmetric is {}, expected true or false",
+                w["symmetric"]
+            ))
+        }
+    }
+    if w["dynamic"].as_bool() == Some(true) {
+        return refuse("weights.dynamic is true: weights are stored quantized (static)".into());
+    }
+    let group_size = match (w["strategy"].as_str(), &w["group_size"]) {
+        (Some("channel"), _) => -1,
+        (Some("group"), v) => match v.as_i64() {
+            Some(gs) if [32, 64, 128].contains(&gs) => gs,
+            Some(gs) => {
+                return refuse(format!(
+                    "weights.group_size is {gs}: Marlin takes 32, 64 or 128 (MARLIN_SUPPORTED_GROUP_SIZES); vLLM runs other group sizes with another kernel, which vramscope does not reproduce"
+                ))
+            }
+            None => return refuse(format!("weights.group_size is {v}, expected an integer")),
+        },
+        (s, _) => {
+            return refuse(format!(
+                "weights.strategy {s:?} is not modelled (group or channel; vLLM's CompressedTensorsWNA16 takes no other)"
+            ))
+        }
+    };
+    // compressed-tensors' ActivationOrdering: "group" keeps `weight_g_idx`; "weight" (and
+    // "static") reorder only while quantizing and store none.
+    let desc_act = match &w["actorder"] {
+        serde_json::Value::Null | serde_json::Value::Bool(false) => false,
+        serde_json::Value::Bool(true) => true,
+        serde_json::Value::String(s) if s == "group" => true,
+        serde_json::Value::String(s) if s == "weight" || s == "static" => false,
+        other => {
+            return refuse(format!(
+                "weights.actorder is {other}, expected null, \"group\", \"weight\" or \"static\""
+            ))
+        }
+    };
+    if desc_act && group_size == -1 {
+        return refuse(
+            "weights.actorder is \"group\" with strategy channel: activation ordering needs group quantization (compressed-tensors refuses it)".into(),
+        );
+    }
+    Ok(StoredQuant::CtW4a16 {
+        group_size,
+        desc_act,
     })
 }
 
@@ -799,6 +1025,19 @@ impl SafetensorsModel {
         let name = self.resolve(name);
         let s = self.which.get(name).map(|&i| &self.shards[i])?;
         s.raw_u8(name).map(|(sh, _)| sh.to_vec())
+    }
+
+    /// A stored tensor's dtype as the header names it and its bytes (inspect's count of the
+    /// dtypes vramscope does not compute with, such as compressed-tensors' I64
+    /// `weight_shape`).
+    pub fn stored_dtype_and_bytes(&self, name: &str) -> (String, u64) {
+        match self.shard_of(name) {
+            Ok(s) => {
+                let stored = self.resolve(name);
+                (s.stored_dtype_name(stored), s.tensor_bytes(stored))
+            }
+            Err(_) => ("nothing (missing)".into(), 0),
+        }
     }
 
     fn dtype_name(&self, name: &str) -> String {
@@ -1033,7 +1272,16 @@ impl SafetensorsModel {
         let s = self.shard_of(name)?;
         let stored = self.resolve(name);
         let (_, found) = s.info(stored).expect("listed");
-        if !s.is_f8_e4m3(stored) {
+        if f.int8 && s.stored_dtype_name(stored) != "I8" {
+            return Err(Error::model(
+                &s.path,
+                format!(
+                    "tensor {name} is stored as {}, expected I8 (quantization_config says int8 w8a8)",
+                    s.stored_dtype_name(stored)
+                ),
+            ));
+        }
+        if !f.int8 && !s.is_f8_e4m3(stored) {
             return Err(Error::model(
                 &s.path,
                 format!(
@@ -1146,9 +1394,174 @@ impl SafetensorsModel {
         Ok((s, dtype))
     }
 
+    /// compressed-tensors `pack-quantized` (compressed-tensors' `PackedQuantizationCompressor`,
+    /// `pack_to_int32`: each value shifted by 8 into 0..15, eight inputs a word along the
+    /// last dimension, input `8j + i` at bits `4i`): `weight_packed` I32 `[n, k/8]`,
+    /// `weight_scale` F16/BF16 `[n, groups]` (finite, not negative), `weight_shape` I64 `[2]`
+    /// holding `[n, k]`, `weight_g_idx` I32 `[k]` under act-order "group". The values come
+    /// back in GPTQ's layout (`qweight [k/8, n]`, `scales [groups, n]`): the same codes
+    /// transposed, which is what vLLM's `permute_param_layout_` does before the repack.
+    fn read_ct_w4a16(
+        &self,
+        name: &str,
+        fmt: Format,
+        n: usize,
+        k: usize,
+        data: bool,
+    ) -> Result<Parts> {
+        let [wp, _, ws, gi] = Self::packed4_names_of(name, fmt);
+        let shape_name = format!(
+            "{}.weight_shape",
+            name.strip_suffix(".weight").unwrap_or(name)
+        );
+        let s = self.shard_of(&wp).map_err(|_| {
+            Error::model(
+                &self.origin,
+                format!(
+                    "tensor {wp} is missing (config.json's quantization_config says compressed-tensors pack-quantized and implies the [{n}, {k}] linear {name})"
+                ),
+            )
+        })?;
+        if let Some(p) = fmt.layout_problem(n, k) {
+            let p = p.replace(
+                "quantization_config.group_size",
+                "config_groups' weights.group_size",
+            );
+            return Err(Error::model(&s.path, format!("tensor {wp}: {p}")));
+        }
+        let groups = fmt.groups(k);
+        let g = fmt.group(k);
+        let (sw, _) = self.checked(&wp, &[n, k / PACK], &["I32"], "8 input features a word")?;
+        let (ss, scale_dtype) = self.checked(
+            &ws,
+            &[n, groups],
+            &["F16", "BF16"],
+            &format!("one column per group of {g} inputs"),
+        )?;
+        let (sh, shape_dtype) = self.shard_of(&shape_name).map(|f| (f, f.stored_dtype_name(&shape_name))).map_err(|_| {
+            Error::model(
+                &s.path,
+                format!("tensor {shape_name} is missing (compressed-tensors stores each packed weight's [n, k] beside it)"),
+            )
+        })?;
+        let found: Vec<i64> = match (shape_dtype.as_str(), sh.info(&shape_name).map(|i| i.1)) {
+            ("I64", Some([2])) => sh
+                .raw_bytes(&shape_name)
+                .unwrap_or_default()
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .collect(),
+            ("I32", Some([2])) => sh
+                .raw_bytes(&shape_name)
+                .unwrap_or_default()
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as i64)
+                .collect(),
+            (d, shape) => {
+                return Err(Error::model(
+                    &sh.path,
+                    format!("tensor {shape_name} is {d} {shape:?}, expected I64 [2] (the unpacked weight's [n, k])"),
+                ))
+            }
+        };
+        if found != [n as i64, k as i64] {
+            return Err(Error::model(
+                &sh.path,
+                format!("tensor {shape_name} holds {found:?}, but config.json implies the [{n}, {k}] linear {name}"),
+            ));
+        }
+        let g_idx_shard = match self.shard_of(&gi) {
+            Ok(_) if fmt.desc_act => Some(self.checked(&gi, &[k], &["I32"], "one per input")?.0),
+            Err(_) if fmt.desc_act => {
+                return Err(Error::model(
+                    &s.path,
+                    format!("tensor {gi} is missing: config_groups' weights.actorder is \"group\", so each input's group comes from it"),
+                ))
+            }
+            _ => None,
+        };
+        if !data {
+            return Ok(Parts::default());
+        }
+        let dtype = if scale_dtype == "BF16" {
+            StoredDtype::BF16
+        } else {
+            StoredDtype::F16
+        };
+        let stored_scales = floats_to_f32(dtype, ss.raw(&ws, dtype, &[n, groups])?);
+        if let Some((i, bad)) = stored_scales
+            .iter()
+            .enumerate()
+            .find(|(_, v)| !v.is_finite() || **v < 0.0)
+        {
+            return Err(Error::model(
+                &ss.path,
+                format!(
+                    "tensor {ws}[{}, {}] is {bad}: a weight scale is finite and not negative (max |w| / 7.5)",
+                    i / groups,
+                    i % groups
+                ),
+            ));
+        }
+        let mut scales = vec![0f32; groups * n];
+        for c in 0..n {
+            for grp in 0..groups {
+                scales[grp * n + c] = stored_scales[c * groups + grp];
+            }
+        }
+        let packed = sw.raw_i32(&wp, &[n, k / PACK])?;
+        let kw = k / PACK;
+        let mut qweight = vec![0i32; kw * n];
+        for c in 0..n {
+            for j in 0..kw {
+                qweight[j * n + c] = packed[c * kw + j];
+            }
+        }
+        let g_idx = match g_idx_shard {
+            Some(f) => {
+                let v = f.raw_i32(&gi, &[k])?;
+                if let Some((i, bad)) = v
+                    .iter()
+                    .enumerate()
+                    .find(|(_, &x)| x < 0 || x as usize >= groups)
+                {
+                    return Err(Error::model(
+                        &f.path,
+                        format!("tensor {gi}[{i}] is {bad}, expected a group in 0..{groups}"),
+                    ));
+                }
+                Some(v)
+            }
+            None => None,
+        };
+        Ok(Parts {
+            qweight,
+            qzeros: Vec::new(),
+            scales,
+            g_idx,
+        })
+    }
+
     fn packed4_names(name: &str) -> [String; 4] {
         let base = name.strip_suffix(".weight").unwrap_or(name);
         ["qweight", "qzeros", "scales", "g_idx"].map(|p| format!("{base}.{p}"))
+    }
+
+    /// The stored names of a packed linear's words, zeros, scales and g_idx: AutoAWQ's and
+    /// AutoGPTQ's, or compressed-tensors' (`weight_packed`, `weight_zero_point`,
+    /// `weight_scale`, `weight_g_idx`).
+    fn packed4_names_of(name: &str, fmt: Format) -> [String; 4] {
+        if !fmt.compressed_tensors {
+            return Self::packed4_names(name);
+        }
+        let base = name.strip_suffix(".weight").unwrap_or(name);
+        [
+            "weight_packed",
+            "weight_zero_point",
+            "weight_scale",
+            "weight_g_idx",
+        ]
+        .map(|p| format!("{base}.{p}"))
     }
 }
 
@@ -1231,6 +1644,9 @@ impl WeightSource for SafetensorsModel {
                 format!("tensor {name} is not stored as AWQ or GPTQ"),
             )
         })?;
+        if fmt.compressed_tensors {
+            return self.read_ct_w4a16(name, fmt, n, k, data);
+        }
         let [qw, qz, sc, gi] = Self::packed4_names(name);
         let s = self.shard_of(&qw).map_err(|_| {
             Error::model(
@@ -1309,8 +1725,16 @@ impl WeightSource for SafetensorsModel {
             self.shard_of(n)
                 .map_or(0, |s| s.tensor_bytes(self.resolve(n)))
         };
-        if self.stored_quant.packed4().is_some() && super::is_projection(name) {
-            return Self::packed4_names(name).iter().map(|n| bytes(n)).sum();
+        if let (Some(fmt), true) = (self.stored_quant.packed4(), super::is_projection(name)) {
+            let mut sum: u64 = Self::packed4_names_of(name, fmt)
+                .iter()
+                .map(|n| bytes(n))
+                .sum();
+            if fmt.compressed_tensors {
+                let base = name.strip_suffix(".weight").unwrap_or(name);
+                sum += bytes(&format!("{base}.weight_shape"));
+            }
+            return sum;
         }
         if self.bnb4(name).is_some() {
             // The packed codes and every `name.*` part (absmax, maps, quant-state blob).
@@ -1410,7 +1834,13 @@ impl WeightSource for SafetensorsModel {
             )
         })?;
         let stored = self.resolve(name);
-        let codes = self.shard_of(name)?.raw_f8_e4m3(stored, shape)?.to_vec();
+        let codes = if f.int8 {
+            self.shard_of(name)?
+                .raw(stored, StoredDtype::I8, shape)?
+                .to_vec()
+        } else {
+            self.shard_of(name)?.raw_f8_e4m3(stored, shape)?.to_vec()
+        };
         let base = stored.trim_end_matches(".weight");
         let scale = |part: &str| -> Result<f32> {
             let n = format!("{base}.{part}");
@@ -1508,7 +1938,8 @@ mod tests {
             Format {
                 method: Method::Gptq,
                 group_size: -1,
-                desc_act: false
+                desc_act: false,
+                compressed_tensors: false,
             }
         );
     }

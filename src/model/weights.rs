@@ -446,6 +446,11 @@ impl SafetensorsFile {
             .collect())
     }
 
+    /// A tensor's stored bytes, whatever its dtype (compressed-tensors' I64 `weight_shape`).
+    pub fn raw_bytes(&self, name: &str) -> Option<&[u8]> {
+        self.index.get(name).map(|(_, _, r)| &self.mmap[r.clone()])
+    }
+
     /// Whether a tensor is stored as I32.
     pub fn is_i32(&self, name: &str) -> bool {
         self.i32_names.contains(name)

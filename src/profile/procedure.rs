@@ -659,6 +659,9 @@ fn stored_fp8_request(
     } else {
         "float16"
     };
+    if f.int8 {
+        return stored_int8_request(req, o, f.dtype).map(Some);
+    }
     let why = match req.quant {
         Quant::F16 | Quant::Fp8 => None,
         Quant::BF16 if dtype == "bfloat16" => None,
@@ -705,6 +708,69 @@ fn stored_fp8_request(
         quant: Quant::Fp8,
         ..req.clone()
     }))
+}
+
+/// A compressed-tensors int8 w8a8 checkpoint (`format: int-quantized`): vLLM's
+/// CompressedTensorsW8A8Int8 through `CutlassScaledMMLinearKernel`, the only CUDA kernel in
+/// `_POSSIBLE_KERNELS` (0.11.0 kernels/scaled_mm/__init__.py L22-27; 0.15.1 and 0.19.0
+/// kernels/.../scaled_mm the same), compute capability 7.5 or more
+/// (`get_min_capability`, compressed_tensors_w8a8_int8.py L32-34 at 0.11.0). The run is in
+/// the checkpoint's dtype (its label: fp16 or bf16, as for AWQ/GPTQ); V1 releases only
+/// (as the fp8 scheme), one GPU, Llama-family layers stored apart. Dry and CPU compute;
+/// the loader refuses CUDA by name.
+fn stored_int8_request(
+    req: &ProfileRequest,
+    o: &model::OpenedModel,
+    dtype: crate::engine::tensor::DType,
+) -> Result<ProfileRequest> {
+    let quant = if dtype == crate::engine::tensor::DType::BF16 {
+        Quant::BF16
+    } else {
+        Quant::F16
+    };
+    let refuse = |why: String| Err(Error::model(o.source.origin(), why));
+    if !matches!(req.quant, Quant::F16) && req.quant != quant {
+        return refuse(format!(
+            "--quant {} with a compressed-tensors int8 w8a8 checkpoint: its linear layers load as stored (int8) and its activations run in the checkpoint's {}; leave --quant out",
+            req.quant, quant
+        ));
+    }
+    let release = req.release()?;
+    if !matches!(release.engine, super::vllm::Engine::V1 { .. })
+        || crate::quant::marlin::Era::of_release(release.name).is_none()
+    {
+        return refuse(format!(
+            "a compressed-tensors int8 w8a8 checkpoint is modelled under the V1 releases (0.11, 0.15, 0.19, 0.21; CUTLASS int8 scaled_mm with per-token activations), not --vllm {}",
+            release.name
+        ));
+    }
+    if req.tp > 1 {
+        return refuse(format!(
+            "--tp {} with a compressed-tensors int8 w8a8 checkpoint: cutting its int8 weights and channel scales across ranks is not modelled yet; use --tp 1",
+            req.tp
+        ));
+    }
+    if o.config.fused_checkpoint() {
+        return refuse(format!(
+            "a compressed-tensors int8 w8a8 checkpoint of model_type '{}' stores qkv_proj and gate_up_proj fused: not read yet",
+            o.config.arch
+        ));
+    }
+    if let DeviceSpec::Sim { preset, .. } = &req.device {
+        if let Some(p) = crate::device::presets::find(preset) {
+            if matches!(p.arch, "Volta" | "Pascal") {
+                return Err(Error::Request(format!(
+                    "a compressed-tensors int8 w8a8 checkpoint on {} ({}): vLLM's CompressedTensorsW8A8Int8 needs compute capability 7.5 (get_min_capability, compressed_tensors_w8a8_int8.py L32-34 at 0.11.0)",
+                    p.name, p.arch
+                )));
+            }
+        }
+    }
+    check_fp8_model(o)?;
+    Ok(ProfileRequest {
+        quant,
+        ..req.clone()
+    })
 }
 
 /// What `--quant fp8` is reproduced for: CUTLASS's w8a8 path (a GPU of compute capability
@@ -848,7 +914,11 @@ fn check_packed4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
     let Some(fmt) = o.source.packed4() else {
         return Ok(());
     };
-    let what = format!("an {} checkpoint", fmt.method.name().to_uppercase());
+    let what = if fmt.compressed_tensors {
+        "a compressed-tensors w4a16 checkpoint".to_string()
+    } else {
+        format!("an {} checkpoint", fmt.method.name().to_uppercase())
+    };
     if !matches!(req.quant, Quant::F16 | Quant::BF16) {
         return Err(Error::model(
             o.source.origin(),
@@ -876,6 +946,18 @@ fn check_packed4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
     // The release first: a GPU check names 0.6.4's kernels, which say nothing of another
     // release's choice.
     let era = marlin::check_release(req.release()?.name)?;
+    // compressed-tensors is modelled under the V1 releases only, as its fp8 scheme is: 0.6.4
+    // reads the format through an older `CompressedTensorsWNA16` (with its own
+    // `MarlinLinearKernel` path) that is not checked here.
+    if fmt.compressed_tensors && era == marlin::Era::V0_6_4 {
+        return Err(Error::model(
+            o.source.origin(),
+            format!(
+                "{what} is modelled under the V1 releases (0.11, 0.15, 0.19, 0.21; CompressedTensorsWNA16 through choose_mp_linear_kernel), not --vllm {}",
+                req.release()?.name
+            ),
+        ));
+    }
     match &req.device {
         // A CUDA device checks its own capability when the first layer loads.
         DeviceSpec::Cuda { .. } => {}

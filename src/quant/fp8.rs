@@ -174,6 +174,10 @@ pub struct StoredFp8 {
     pub channel: bool,
     /// A compressed-tensors checkpoint (modelled under the V1 releases only).
     pub compressed_tensors: bool,
+    /// compressed-tensors' int8 w8a8 (`format: int-quantized`, vLLM's
+    /// CompressedTensorsW8A8Int8): I8 weights with `[n, 1]` channel scales, activations
+    /// quantized to int8 per token on every forward (`channel` is set too).
+    pub int8: bool,
     /// `ignored_layers` / `modules_to_not_convert` names every layer's `mlp.gate`: the MoE
     /// routers stay 16-bit (Qwen3-MoE passes its quant_config to the router, qwen3_moe.py
     /// L176-182 at 0.19.0, so without this vLLM would make them fp8).
@@ -210,6 +214,9 @@ pub struct Fp8Linear {
     /// `weight_scale` holds one scale per output row (`[n, 1]`, compressed-tensors'
     /// channel strategy) instead of one.
     pub per_channel: bool,
+    /// I8 weights and per-token I8 activations (compressed-tensors int8 w8a8) instead of
+    /// e4m3.
+    pub int8: bool,
 }
 
 impl Fp8Linear {
@@ -258,6 +265,7 @@ impl Fp8Linear {
             out_features: n,
             in_features: k,
             per_channel: false,
+            int8: false,
         })
     }
 
@@ -348,6 +356,7 @@ impl Fp8Linear {
             out_features: n,
             in_features: k,
             per_channel: false,
+            int8: false,
         })
     }
 
@@ -372,6 +381,9 @@ impl Fp8Linear {
                 "{name}: input has {k} features but the fp8 weight {} expects {}",
                 self.qweight.name, self.in_features
             )));
+        }
+        if self.int8 {
+            return self.forward_int8(rt, x, name, act, rows);
         }
         if self.per_channel && rt.backend() == Backend::Cuda {
             return Err(Error::Request(format!(
@@ -458,6 +470,88 @@ impl Fp8Linear {
                 })?
             }
             Backend::Dry => {}
+        }
+        drop(qinput);
+        drop(x_scale);
+        Ok(out)
+    }
+
+    /// compressed-tensors int8 w8a8 as vLLM's `CutlassScaledMMLinearKernel.apply_weights` runs
+    /// it (0.11.0 kernels/scaled_mm/cutlass.py L105-137): `scaled_int8_quant(x)`, dynamic and
+    /// symmetric, allocates the int8 input `[m, k]` then its f32 scales `[m, 1]` (one per
+    /// token; `_custom_ops.py` `scaled_int8_quant`: `torch.empty_like(input, dtype=int8)`,
+    /// then `torch.empty((numel // k, 1), float32)`), `cutlass_scaled_mm` the output `[m, n]`
+    /// in `act`; the two are freed on return. Each token at `max |x| / 127`, each value
+    /// `x · (127 / max |x|)` rounded to nearest even and clamped to [-128, 127]
+    /// (`dynamic_scaled_int8_quant`); the product of the codes (int32 on the GPU; the host's
+    /// f32 sums are exact while they stay below 2^24, k up to 1024 at the extreme codes),
+    /// then `scale_a[row] ·
+    /// (scale_b[col] · acc)` rounded to `act`. No CUDA kernel here: refused by name.
+    fn forward_int8(
+        &self,
+        rt: &Runtime,
+        x: &Tensor,
+        name: &str,
+        act: DType,
+        rows: &[usize],
+    ) -> Result<Tensor> {
+        let (m, k, n) = (x.rows(), x.cols(), self.out_features);
+        if rt.backend() == Backend::Cuda {
+            return Err(Error::Request(format!(
+                "{name}: compressed-tensors int8 w8a8 (CUTLASS int8 scaled_mm) has no CUDA kernel here yet; run it on a simulated device (sim:PRESET)"
+            )));
+        }
+        rt.set_op("int8.scaled_int8_quant");
+        let mut qinput = rt.tensor(
+            format!("{name}.qinput"),
+            Category::Activation,
+            &[m, k],
+            DType::I8,
+        )?;
+        let mut x_scale = rt.tensor(
+            format!("{name}.x_scale"),
+            Category::Activation,
+            &[m, 1],
+            DType::F32,
+        )?;
+        let mut row_scales = Vec::new();
+        if rt.backend() == Backend::Cpu {
+            let (xv, q) = (x.f32(), qinput.i8_mut());
+            for (r, (row, qr)) in xv.chunks_exact(k).zip(q.chunks_exact_mut(k)).enumerate() {
+                let absmax = row.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                let s = absmax / 127.0;
+                let adj = if absmax > 0.0 { 127.0 / absmax } else { 0.0 };
+                for (o, &v) in qr.iter_mut().zip(row) {
+                    *o = (v * adj).round_ties_even().clamp(-128.0, 127.0) as i8;
+                }
+                row_scales.push(s);
+                x_scale.f32_mut()[r] = s;
+            }
+        }
+        rt.set_op("int8.cutlass_scaled_mm");
+        let mut out =
+            rt.tensor_for_overwrite(format!("{name}.out"), Category::Activation, &[m, n], act)?;
+        if rt.backend() == Backend::Cpu {
+            let xv: Vec<f32> = qinput.i8().iter().map(|&c| c as f32).collect();
+            let w = self.qweight.i8();
+            let decode = |r: std::ops::Range<usize>, buf: &mut [f32]| {
+                for (d, &code) in buf.iter_mut().zip(&w[r.start * k..r.end * k]) {
+                    *d = code as f32;
+                }
+            };
+            let w_scales = self.weight_scale.f32();
+            let o = out.f32_mut();
+            super::host_decoded_matmul(rt, &xv, (m, k), rows, o, decode, |a| a)?;
+            let (mut at, mut c0) = (0, 0);
+            for &nr in rows {
+                for (r, row) in o[at..at + m * nr].chunks_exact_mut(nr).enumerate() {
+                    for (c, v) in row.iter_mut().enumerate() {
+                        *v = act.round(row_scales[r] * (w_scales[c0 + c] * *v));
+                    }
+                }
+                at += m * nr;
+                c0 += nr;
+            }
         }
         drop(qinput);
         drop(x_scale);

@@ -118,8 +118,15 @@ pub struct Format {
     /// As stored: -1 is one group over the whole input.
     pub group_size: i64,
     /// GPTQ act-order (`desc_act`): each input feature's group comes from `g_idx`. vLLM
-    /// clears it when `group_size` is -1 (gptq_marlin.py L48-51).
+    /// clears it when `group_size` is -1 (gptq_marlin.py L48-51). compressed-tensors' `actorder:
+    /// "group"` (its `has_g_idx`, compressed_tensors_wNa16.py L52 at 0.11.0).
     pub desc_act: bool,
+    /// Stored as compressed-tensors `pack-quantized` (LLM Compressor's W4A16, `method` Gptq:
+    /// the same uint4b8 codes, `w = (q − 8)·s`): `weight_packed` I32 `[n, k/8]` (eight inputs
+    /// a word, input `8j + i` at bits `4i`), `weight_scale` `[n, groups]`, `weight_shape` I64
+    /// `[2]`, `weight_g_idx` `[k]` under act-order; vLLM's `CompressedTensorsWNA16`
+    /// (compressed_tensors_wNa16.py, 0.11.0 L111-192, 0.15.1 L141-219, 0.19.0 L139-217).
+    pub compressed_tensors: bool,
 }
 
 impl Format {
@@ -236,12 +243,17 @@ impl Parts {
         };
         Parts {
             qweight,
-            qzeros: grid(
-                &self.qzeros,
-                n / PACK,
-                groups,
-                (rows.0 / PACK, rows.1 / PACK),
-            ),
+            // compressed-tensors' symmetric scheme stores no zeros.
+            qzeros: if self.qzeros.is_empty() {
+                Vec::new()
+            } else {
+                grid(
+                    &self.qzeros,
+                    n / PACK,
+                    groups,
+                    (rows.0 / PACK, rows.1 / PACK),
+                )
+            },
             scales: gridf(&self.scales, n, groups, rows),
             g_idx: self
                 .g_idx
@@ -274,7 +286,11 @@ impl Parts {
             Method::Gptq => (k / PACK, 1.0),
         };
         let qweight = cat(&|p| &p.qweight, qrows, qper);
-        let qzeros = cat(&|p| &p.qzeros, groups, 1.0 / PACK as f64);
+        let qzeros = if parts.iter().any(|p| p.qzeros.is_empty()) {
+            Vec::new()
+        } else {
+            cat(&|p| &p.qzeros, groups, 1.0 / PACK as f64)
+        };
         let mut scales = Vec::new();
         for r in 0..groups {
             for (p, &n) in parts.iter().zip(ns) {
@@ -482,6 +498,9 @@ pub struct MarlinLinear {
     pub g_idx: Option<Tensor>,
     /// Act-order's I32 `[k]` `g_idx_sort_indices`.
     pub g_idx_sort_indices: Option<Tensor>,
+    /// compressed-tensors' I64 `[2]` `weight_shape` (a `BasevLLMParameter` that stays
+    /// registered after loading: nothing in `process_weights_after_loading` drops it).
+    pub weight_shape: Option<Tensor>,
     /// Marlin's I32 workspace, `n / 64 · 16` (`marlin_make_workspace`) under 0.6.4, one per
     /// SM from 0.11 (`marlin_make_workspace_new`).
     pub workspace: Option<Tensor>,
@@ -525,6 +544,9 @@ impl MarlinLinear {
         let w = |name: &str, shape: &[usize], dtype| {
             rt.tensor(format!("{base}.{name}"), Category::Weight, shape, dtype)
         };
+        if fmt.compressed_tensors {
+            return Self::load_compressed_tensors(rt, fmt, base, (n, k), parts, act, kernel);
+        }
         let mut qweight = w("qweight", &fmt.qweight_shape(n, k), DType::I32)?;
         let mut g_idx = match fmt.method {
             Method::Gptq => Some(w("g_idx", &[k], DType::I32)?),
@@ -558,6 +580,68 @@ impl MarlinLinear {
             qzeros: Some(qzeros),
             g_idx,
             g_idx_sort_indices: None,
+            weight_shape: None,
+            workspace: None,
+            out_features: n,
+            in_features: k,
+            kernel,
+        })
+    }
+
+    /// `CompressedTensorsWNA16.create_weights` (0.11.0 compressed_tensors_wNa16.py L111-186;
+    /// 0.15.1 L141-212 and 0.19.0 L139-210 the same): `weight_packed` I32 `[n, k/8]`, then
+    /// `weight_scale` `[n, groups]` in `params_dtype`; the `torch.zeros([n/8, groups])` of
+    /// `zeros_args` is made whatever the scheme (L134-143) and, symmetric, dropped with the
+    /// function's locals on return; `weight_shape` I64 `[2]`, then under act-order
+    /// `weight_g_idx` I32 `[k]`. The tensors hold GPTQ's layout inside (ours; the
+    /// allocations are vLLM's).
+    fn load_compressed_tensors(
+        rt: &Runtime,
+        fmt: Format,
+        base: &str,
+        (n, k): (usize, usize),
+        parts: Option<&Parts>,
+        act: DType,
+        kernel: Kernel,
+    ) -> Result<Self> {
+        let groups = fmt.groups(k);
+        let w = |name: &str, shape: &[usize], dtype| {
+            rt.tensor(format!("{base}.{name}"), Category::Weight, shape, dtype)
+        };
+        let mut qweight = w("weight_packed", &[n, k / PACK], DType::I32)?;
+        let mut scales = w("weight_scale", &[n, groups], act)?;
+        let zeros_args = w("zeros_args", &[n / PACK, groups], DType::I32)?;
+        let weight_shape = w("weight_shape", &[2], DType::I64)?;
+        let mut g_idx = if fmt.desc_act {
+            Some(w("weight_g_idx", &[k], DType::I32)?)
+        } else {
+            None
+        };
+        drop(zeros_args);
+        if let (Some(p), Backend::Cpu) = (parts, rt.backend()) {
+            fill_i32(&mut qweight, &p.qweight);
+            let s = scales.f32_mut();
+            s.copy_from_slice(&p.scales);
+            act.round_slice(s);
+            if let (Some(t), Some(v)) = (&mut g_idx, &p.g_idx) {
+                fill_i32(t, v);
+            }
+        } else if let (Some(p), Backend::Cuda) = (parts, rt.backend()) {
+            use crate::engine::ops::{upload_f32, upload_i32};
+            upload_i32(rt, &mut qweight, &p.qweight)?;
+            upload_f32(rt, &mut scales, &p.scales)?;
+            if let (Some(t), Some(v)) = (&mut g_idx, &p.g_idx) {
+                upload_i32(rt, t, v)?;
+            }
+        }
+        Ok(MarlinLinear {
+            fmt,
+            qweight,
+            scales,
+            qzeros: None,
+            g_idx,
+            g_idx_sort_indices: None,
+            weight_shape: Some(weight_shape),
             workspace: None,
             out_features: n,
             in_features: k,
@@ -572,6 +656,7 @@ impl MarlinLinear {
             + opt(&self.qzeros)
             + opt(&self.g_idx)
             + opt(&self.g_idx_sort_indices)
+            + opt(&self.weight_shape)
             + opt(&self.workspace)
     }
 
@@ -579,6 +664,7 @@ impl MarlinLinear {
         self.qweight
             .name
             .trim_end_matches(".qweight")
+            .trim_end_matches(".weight_packed")
             .trim_end_matches(".repacked")
             .to_string()
     }
@@ -723,11 +809,30 @@ impl MarlinLinear {
                 }
                 self.qzeros = None;
                 rt.set_op("marlin.gptq_marlin_repack");
+                // compressed-tensors: `permute_param_layout_` makes `weight_packed` a
+                // transposed view, whose `.contiguous()` is a `[k/8, n]` copy that the repack
+                // reads and that is freed when the call returns, before `x.data` is
+                // assigned (mixed_precision/marlin.py L71-79 at 0.11.0; 0.15.1 and 0.19.0
+                // L96-107). GPTQ's `qweight` is already `[k/8, n]`: `.contiguous()` is itself.
+                let contiguous = if self.fmt.compressed_tensors {
+                    Some(t("weight_packed_contiguous", &[k / PACK, n], DType::I32)?)
+                } else {
+                    None
+                };
                 let mut q = t("repacked", &repacked_shape, DType::I32)?;
                 move_words(rt, &self.qweight, &mut q)?;
+                drop(contiguous);
                 self.qweight = q;
                 rt.set_op("marlin.permute_scales");
+                // The same for `weight_scale` `[n, groups]` (L81-88): one group's `[1, n]`
+                // view is contiguous already (no copy), more groups' a `[groups, n]` copy.
+                let contiguous = if self.fmt.compressed_tensors && groups > 1 {
+                    Some(t("weight_scale_contiguous", &[groups, n], act)?)
+                } else {
+                    None
+                };
                 let s = self.permuted_scales(rt, &base, scale_perm_len, act)?;
+                drop(contiguous);
                 self.scales = s;
             }
         }
@@ -808,10 +913,11 @@ impl MarlinLinear {
             &[perm_len],
             DType::I64,
         )?;
+        let (n, k) = (self.out_features, self.in_features);
         let mut s = rt.tensor(
             format!("{base}.marlin_scales"),
             Category::Weight,
-            &self.scales.shape,
+            &[self.fmt.groups(k), n],
             act,
         )?;
         drop(i);
@@ -1027,9 +1133,8 @@ pub fn reduce_max_m(m: usize) -> usize {
 /// too, with zero points, which Machete takes (`query_machete_supported_quant_types(True)`:
 /// uint4, uint8; 0.19.0 machete_utils.py L12-16). Machete's prepack is not modelled. From 0.11
 /// AllSpark comes before Marlin in the list (0.11.0 kernels/mixed_precision/__init__.py
-/// L28-37) and takes GPTQ without act-order or zero points on Ampere and Ada
-/// (allspark.py `can_implement`): not modelled either. `layers` are the `(n, k)` of every
-/// quantized linear.
+/// L28-37) but takes uint8b128 only (8-bit), so no 4-bit layer reaches it. `layers` are the
+/// `(n, k)` of every quantized linear.
 pub fn check_gpu(
     fmt: &Format,
     era: Era,
@@ -1038,6 +1143,11 @@ pub fn check_gpu(
     layers: &[(usize, usize)],
 ) -> Result<()> {
     if matches!(arch, "Turing" | "Volta" | "Pascal") {
+        if fmt.compressed_tensors {
+            return Err(Error::Request(format!(
+                "a compressed-tensors w4a16 checkpoint on {gpu} ({arch}): vLLM's CompressedTensorsWNA16 needs compute capability 8.0 (get_min_capability, compressed_tensors_wNa16.py L68-71 at 0.11.0); use an Ampere or later preset (a100-80gb, h100-80gb, h200)"
+            )));
+        }
         return Err(Error::Request(format!(
             "an {} checkpoint on {gpu} ({arch}): vLLM's Marlin kernels need compute capability 8.0 (get_min_capability), below it vLLM runs its {} kernel, which vramscope does not reproduce; use an Ampere or later preset (a100-80gb, h100-80gb, h200)",
             fmt.method.name().to_uppercase(),
@@ -1055,6 +1165,7 @@ pub fn check_gpu(
             .find(|(n, k)| k.is_multiple_of(64) && n.is_multiple_of(128))
         {
             let name = match fmt.method {
+                _ if fmt.compressed_tensors => "a compressed-tensors w4a16",
                 Method::Awq => "an AWQ",
                 Method::Gptq => "a GPTQ",
             };
@@ -1069,16 +1180,10 @@ pub fn check_gpu(
             )));
         }
     }
-    if era != Era::V0_6_4
-        && fmt.method == Method::Gptq
-        && fmt.group_size == -1
-        && !fmt.desc_act
-        && matches!(arch, "Ampere" | "Ada")
-    {
-        return Err(Error::Request(format!(
-            "a GPTQ checkpoint with group_size -1 and no act-order on {gpu} ({arch}): vLLM 0.11 and later try AllSparkLinearKernel before Marlin (kernels/mixed_precision/__init__.py), which takes such layers; its buffers are not modelled"
-        )));
-    }
+    // AllSpark comes before Marlin from 0.11 but takes 8-bit weights only
+    // (`ALLSPARK_SUPPORTED_QUANT_TYPES = [scalar_types.uint8b128]`, utils/allspark_utils.py
+    // L10 at 0.11.0, 0.15.1 and 0.19.0, checked for compute capability 8.0 to 8.9 at L24-34):
+    // every 4-bit layer vramscope reads passes it by for Marlin.
     Ok(())
 }
 
@@ -1101,6 +1206,7 @@ mod tests {
         method: Method::Awq,
         group_size: 128,
         desc_act: false,
+        compressed_tensors: false,
     };
 
     #[test]
@@ -1149,6 +1255,7 @@ mod tests {
             method: Method::Gptq,
             group_size: 32,
             desc_act: false,
+            compressed_tensors: false,
         };
         // Each group's max |w| is 7.5 · s with s = 2: codes w/2 + 8.
         let w: Vec<f32> = (0..n * k)
@@ -1207,6 +1314,7 @@ mod tests {
                 method,
                 group_size: 64,
                 desc_act: false,
+                compressed_tensors: false,
             };
             let (p0, p1) = (
                 quantize(&fmt, &w0, n0, k, DType::F16),
@@ -1252,6 +1360,7 @@ mod tests {
             method: Method::Gptq,
             group_size: -1,
             desc_act: false,
+            compressed_tensors: false,
         };
         assert_eq!(gptq.groups(300), 1);
         assert_eq!(
@@ -1345,6 +1454,7 @@ mod tests {
             method: Method::Gptq,
             group_size: 128,
             desc_act: false,
+            compressed_tensors: false,
         };
         let mut l = stored(&rt, fmt, n, k);
         let from = rt.event_count();
@@ -1377,6 +1487,7 @@ mod tests {
             method: Method::Gptq,
             group_size: 128,
             desc_act: true,
+            compressed_tensors: false,
         };
         let mut l = stored(&rt, fmt, n, k);
         let from = rt.event_count();
@@ -1515,6 +1626,7 @@ mod tests {
                 method: Method::Gptq,
                 group_size: 64,
                 desc_act: true,
+                compressed_tensors: false,
             },
         ] {
             let p = quantize(&fmt, &w, n, k, DType::F16);
