@@ -127,6 +127,50 @@ impl Qwen25VlShape {
         self.patches_per_image() / self.vision.merge_unit() as u64
     }
 
+    /// The dummy image's attention windows as `get_window_index_thw` cuts them (qwen2_5_vl.py
+    /// 0.19 L696-732): the merged-token grid padded by `w - n % w` (a whole window more when
+    /// `n` is already a multiple of it), windows of `merger_window()²` merged tokens, the
+    /// empty ones dropped by `unique_consecutive`. Returns (windows holding tokens, entries of
+    /// `cu_window_seqlens` with its leading 0, the longest window's patches): 1024, 1025 and
+    /// 64 for the 128 × 128 grid.
+    pub fn dummy_windows(&self) -> (u64, u64, u64) {
+        let (t, h, w) = self.dummy_grid();
+        let m = self.vision.spatial_merge_size as u64;
+        let ws = self.vision.merger_window() as u64;
+        let (lh, lw) = (h / m, w / m);
+        let windows = t * lh.div_ceil(ws) * lw.div_ceil(ws);
+        let longest = ws.min(lh) * ws.min(lw) * self.vision.merge_unit() as u64;
+        (windows, windows + 1, longest)
+    }
+
+    /// The tower's rotary width: half the head (`partial_rotary_factor` 0.5, qwen2_5_vl.py 0.19
+    /// L607-612; 40 of 80).
+    pub fn vision_rotary_dim(&self) -> usize {
+        self.vision.head_dim() / 2
+    }
+
+    /// Bytes of the tower's `cos_sin_cache` buffer (`get_rope(max_position=8192)`:
+    /// `[8192, rotary_dim]` in the model dtype, a non-persistent buffer made with the tower,
+    /// rotary_embedding/base.py 0.19 L58-63): 655,360 in bf16.
+    pub fn vision_rope_cache_bytes(&self, dtype_bytes: u64) -> u64 {
+        8192 * self.vision_rotary_dim() as u64 * dtype_bytes
+    }
+
+    /// Bytes of one of an image's rotary tables, cos or sin (`rotary_pos_emb_thw`, then
+    /// reordered by the window index in `get_rope_by_thw`: `[patches, rotary_dim]` in the
+    /// model dtype, L651-694 and L734-750): 5,242,880 in bf16 for the dummy image. Both stay in
+    /// `get_rope_by_thw`'s `lru_cache` after the pass.
+    pub fn rotary_table_bytes(&self, dtype_bytes: u64) -> u64 {
+        self.patches_per_image() * self.vision_rotary_dim() as u64 * dtype_bytes
+    }
+
+    /// Bytes of the runner's `mrope_positions` buffer: int64 `[3, max_num_tokens + 1]` (the
+    /// extra column on purpose, to make it non-contiguous), made in `GPUModelRunner.__init__`
+    /// and kept (v1/worker/gpu_model_runner.py 0.19 L728-741).
+    pub fn mrope_positions_bytes(max_num_tokens: u64) -> u64 {
+        3 * (max_num_tokens + 1) * 8
+    }
+
     /// The tower's and merger's tensors as the checkpoint stores them.
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
         let s = &self.vision;
@@ -470,6 +514,13 @@ mod tests {
         // 44,574,464 (ln_q 1280, mlp.0 26,219,520, mlp.2 18,353,664).
         assert_eq!(mm.param_count(), 676_550_144);
         assert_eq!(mm.params_per_rank(1).unwrap(), 676_550_144);
+        // 32 × 32 windows of 4 × 4 merged tokens (64 patches) over the 128 × 128 grid (the
+        // padding's 33rd row and column of windows empty and dropped).
+        assert_eq!(mm.dummy_windows(), (1024, 1025, 64));
+        assert_eq!(mm.vision_rotary_dim(), 40);
+        assert_eq!(mm.vision_rope_cache_bytes(2), 655_360);
+        assert_eq!(mm.rotary_table_bytes(2), 5_242_880);
+        assert_eq!(Qwen25VlShape::mrope_positions_bytes(8192), 196_632);
         // TP 2: the column halves and row halves, the row biases and norms whole.
         assert_eq!(
             mm.params_per_rank(2).unwrap(),
