@@ -203,11 +203,11 @@ mod tests {
     /// Qwen2.5-VL's largest image: 16384 embeddings, as many `<|image_pad|>` tokens.
     #[test]
     fn a_qwen2_5_vl_image_is_larger_than_the_batch_and_the_context() {
-        let mm = crate::model::presets::preset("qwen2.5-vl-7b")
+        let shape = crate::model::presets::preset("qwen2.5-vl-7b")
             .unwrap()
             .qwen2_5_vl
             .unwrap();
-        let item = (mm.embeds_per_image(), mm.embeds_per_image());
+        let item = (shape.embeds_per_image(), shape.embeds_per_image());
         assert_eq!(item, (16384, 16384));
         // 0.19, 8192 batched tokens, --max-model-len 8192: the budget is the image, one item
         // (8192 // 16384 = 0 images a prompt, raised to 1).
