@@ -122,7 +122,7 @@ impl Qwen25VlShape {
 
     /// Embeddings one dummy image yields after the 2 × 2 merge (`get_max_image_tokens`,
     /// 16384); its placeholder is as many `<|image_pad|>` tokens (`_get_prompt_updates`,
-    /// qwen2_vl.py 0.19 L1082-1106: `grid_thw.prod() // merge_size²`).
+    /// qwen2_vl.py 0.19 L1079-1112: `grid_thw.prod() // merge_size²`).
     pub fn embeds_per_image(&self) -> u64 {
         self.patches_per_image() / self.vision.merge_unit() as u64
     }
@@ -158,7 +158,7 @@ impl Qwen25VlShape {
 
     /// Bytes of one of an image's rotary tables, cos or sin (`rotary_pos_emb_thw`, then
     /// reordered by the window index in `get_rope_by_thw`: `[patches, rotary_dim]` in the
-    /// model dtype, L651-694 and L734-750): 5,242,880 in bf16 for the dummy image. Both stay in
+    /// model dtype, L651-694 and L733-752): 5,242,880 in bf16 for the dummy image. Both stay in
     /// `get_rope_by_thw`'s `lru_cache` after the pass.
     pub fn rotary_table_bytes(&self, dtype_bytes: u64) -> u64 {
         self.patches_per_image() * self.vision_rotary_dim() as u64 * dtype_bytes
