@@ -552,3 +552,62 @@ fn native_pixtral_is_refused_by_name() {
     );
     assert!(err.contains("model_type mistral3"), "{err}");
 }
+
+/// Qwen/Qwen2.5-VL-7B-Instruct's config.json as published (the language model's keys at the
+/// top level, the vision tower under vision_config).
+const QWEN25_VL_7B: &str = r#"{"architectures": ["Qwen2_5_VLForConditionalGeneration"],
+ "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+ "vision_start_token_id": 151652, "vision_end_token_id": 151653, "vision_token_id": 151654,
+ "image_token_id": 151655, "video_token_id": 151656, "hidden_act": "silu",
+ "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944,
+ "max_position_embeddings": 128000, "max_window_layers": 28, "model_type": "qwen2_5_vl",
+ "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+ "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+ "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.41.2",
+ "use_cache": true, "use_sliding_window": false,
+ "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280,
+  "intermediate_size": 3420, "num_heads": 16, "in_chans": 3, "out_hidden_size": 3584,
+  "patch_size": 14, "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
+  "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2,
+  "temporal_patch_size": 2},
+ "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "vocab_size": 152064}"#;
+
+/// `plan -- vllm serve Qwen/Qwen2.5-VL-7B-Instruct --max-model-len 8192` from the hub cache's
+/// config.json: the tower is weighed (676,550,144 parameters: qwen2_5_vl.py 0.19 L271-649) and
+/// the dummy image is the processor's largest (max_pixels 12845056 // 28² = 16384 merged
+/// tokens = 128 × 128: 3584 × 3584 pixels, 256 × 256 patches; `get_image_size_with_most_features`,
+/// qwen2_vl.py 0.19 L914-965), but the encoder's profile pass is not modelled yet: one line
+/// says so rather than planning the Qwen2 alone.
+#[test]
+fn qwen2_5_vl_is_weighed_and_its_encoder_pass_refused_by_name() {
+    let cache = tempfile::tempdir().unwrap();
+    let snap = cache
+        .path()
+        .join("models--Qwen--Qwen2.5-VL-7B-Instruct/snapshots/rev");
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::write(snap.join("config.json"), QWEN25_VL_7B).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args([
+            "plan",
+            "--vllm",
+            "0.19",
+            "--device",
+            "sim:h100-sxm:dry",
+            "--",
+            "vllm",
+            "serve",
+            "Qwen/Qwen2.5-VL-7B-Instruct",
+            "--max-model-len",
+            "8192",
+        ])
+        .env("HF_HUB_CACHE", cache.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("model_type qwen2_5_vl (multimodal): its vision tower (676550144 parameters) is weighed, but V1's encoder profile (a 65536-patch dummy image through window attention, 16384 embeddings) and M-RoPE's position buffer are not modelled yet"),
+        "{err}"
+    );
+}

@@ -15,6 +15,8 @@ pub mod mistral3;
 pub use gemma3_mm::{Gemma3MmShape, SiglipShape};
 pub use llama4::{Llama3Rope, Llama4Shape, VisionTower};
 pub use mistral3::{Mistral3Shape, PixtralShape};
+pub mod qwen2_5_vl;
+pub use qwen2_5_vl::{Qwen25VisionShape, Qwen25VlShape};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
@@ -79,6 +81,11 @@ pub struct ModelConfig {
     /// rest of this config (mistral); `None` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mistral3: Option<Mistral3Shape>,
+    /// Qwen2.5-VL's vision tower and merger and its M-RoPE sections (`model_type:
+    /// "qwen2_5_vl"`, `Qwen2_5_VLForConditionalGeneration`, `config/qwen2_5_vl.rs`): the
+    /// language model is the rest of this config (qwen2); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qwen2_5_vl: Option<Qwen25VlShape>,
 }
 
 mod gpt_oss;
@@ -533,6 +540,7 @@ impl ModelConfig {
             let text = ModelConfig {
                 gemma3_mm: None,
                 mistral3: None,
+                qwen2_5_vl: None,
                 ..self.clone()
             };
             let mut out = text.tensor_shapes();
@@ -542,10 +550,20 @@ impl ModelConfig {
         if let Some(mm) = &self.mistral3 {
             let text = ModelConfig {
                 mistral3: None,
+                qwen2_5_vl: None,
                 ..self.clone()
             };
             let mut out = text.tensor_shapes();
             out.extend(mm.tensor_shapes(self.hidden_size));
+            return out;
+        }
+        if let Some(mm) = &self.qwen2_5_vl {
+            let text = ModelConfig {
+                qwen2_5_vl: None,
+                ..self.clone()
+            };
+            let mut out = text.tensor_shapes();
+            out.extend(mm.tensor_shapes());
             return out;
         }
         if let Some(opt) = &self.opt {
@@ -875,6 +893,11 @@ impl ModelConfig {
         if arch == "mistral3" {
             return Self::mistral3_from_hf_json(v);
         }
+        // Qwen2.5-VL's: a Qwen2 language model with M-RoPE and the window-attention ViT
+        // (config/qwen2_5_vl.rs).
+        if arch == "qwen2_5_vl" {
+            return Self::qwen2_5_vl_from_hf_json(v);
+        }
         // Model types vramscope knows and does not run yet: refused by name, with what
         // running them would need.
         if let Some(why) = registry::refusal(&arch) {
@@ -1052,6 +1075,7 @@ impl ModelConfig {
             qwen3_next: None,
             gemma3_mm: None,
             mistral3: None,
+            qwen2_5_vl: None,
         })
     }
 
@@ -1219,6 +1243,7 @@ impl ModelConfig {
             qwen3_next: None,
             gemma3_mm: None,
             mistral3: None,
+            qwen2_5_vl: None,
         })
     }
 
@@ -1334,6 +1359,7 @@ impl ModelConfig {
             qwen3_next: None,
             gemma3_mm: None,
             mistral3: None,
+            qwen2_5_vl: None,
         })
     }
 
@@ -1399,6 +1425,7 @@ impl ModelConfig {
             qwen3_next: None,
             gemma3_mm: None,
             mistral3: None,
+            qwen2_5_vl: None,
             phi: None,
             opt: Some(OptShape {
                 do_layer_norm_before,
@@ -1415,11 +1442,15 @@ impl ModelConfig {
         if let Some(mm) = &self.mistral3 {
             return self.mistral3_to_hf_json(mm, torch_dtype);
         }
+        if let Some(mm) = &self.qwen2_5_vl {
+            return self.qwen2_5_vl_to_hf_json(mm, torch_dtype);
+        }
         if let Some(mm) = &self.gemma3_mm {
             // A `Gemma3Config`: the language model as its text_config, the tower's keys.
             let text = ModelConfig {
                 gemma3_mm: None,
                 mistral3: None,
+                qwen2_5_vl: None,
                 ..self.clone()
             }
             .to_hf_json(torch_dtype);
@@ -2431,6 +2462,7 @@ mod tests {
             ModelConfig {
                 gemma3_mm: None,
                 mistral3: None,
+                qwen2_5_vl: None,
                 ..c.clone()
             },
             text
@@ -2774,6 +2806,7 @@ impl ModelConfig {
             qwen3_next: Some(shape),
             gemma3_mm: None,
             mistral3: None,
+            qwen2_5_vl: None,
         })
     }
 

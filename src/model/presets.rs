@@ -41,6 +41,7 @@ fn cfg(
         qwen3_next: None,
         gemma3_mm: None,
         mistral3: None,
+        qwen2_5_vl: None,
     }
 }
 
@@ -99,6 +100,7 @@ fn opt(
         qwen3_next: None,
         gemma3_mm: None,
         mistral3: None,
+        qwen2_5_vl: None,
         phi: None,
         opt: Some(OptShape {
             do_layer_norm_before: pre_norm,
@@ -231,6 +233,51 @@ pub(crate) fn mistral_small_31_json() -> serde_json::Value {
             "num_channels": 3, "num_hidden_layers": 24, "patch_size": 14, "rope_theta": 10000.0},
         "vision_feature_layer": -1
     })
+}
+
+/// Qwen/Qwen2.5-VL-7B-Instruct's config.json as published (transformers 4.41.2 era keys,
+/// the language model's at the top level): Qwen2.5-7B's language model (28 layers of 3584,
+/// 28 heads of 128 over 4 KV heads, MLP 18944, vocabulary 152064, untied) with M-RoPE
+/// sections 16/24/24, the vision tower of 32 blocks of 1280 (16 heads, MLP 3420, windows of
+/// 112 pixels, full attention in blocks 7, 15, 23, 31) merging 2 × 2 patches out to 3584.
+pub(crate) fn qwen25_vl_7b_json() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"], "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151645, "vision_start_token_id": 151652,
+        "vision_end_token_id": 151653, "vision_token_id": 151654, "image_token_id": 151655,
+        "video_token_id": 151656, "hidden_act": "silu", "hidden_size": 3584,
+        "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 128000,
+        "max_window_layers": 28, "model_type": "qwen2_5_vl", "num_attention_heads": 28,
+        "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16", "use_cache": true, "use_sliding_window": false,
+        "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280,
+            "intermediate_size": 3420, "num_heads": 16, "in_chans": 3, "out_hidden_size": 3584,
+            "patch_size": 14, "spatial_merge_size": 2, "spatial_patch_size": 14,
+            "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
+            "tokens_per_second": 2, "temporal_patch_size": 2},
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+        "vocab_size": 152064
+    })
+}
+
+/// Qwen/Qwen2.5-VL-32B-Instruct's: Qwen2.5-32B's language model (64 layers of 5120, 40 heads
+/// over 8 KV heads, MLP 27648) and the tower's MLP 3456 with the merger out to 5120.
+fn qwen25_vl_32b_json() -> serde_json::Value {
+    let mut v = qwen25_vl_7b_json();
+    for (k, x) in [
+        ("hidden_size", 5120),
+        ("intermediate_size", 27648),
+        ("max_window_layers", 64),
+        ("num_attention_heads", 40),
+        ("num_hidden_layers", 64),
+        ("num_key_value_heads", 8),
+    ] {
+        v[k] = x.into();
+    }
+    v["vision_config"]["intermediate_size"] = 3456.into();
+    v["vision_config"]["out_hidden_size"] = 5120.into();
+    v
 }
 
 /// The `vision_config` meta-llama/Llama-4-Scout-17B-16E-Instruct and
@@ -487,6 +534,12 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         // model, the Pixtral tower and the projector. Not in `PRESET_NAMES` (the app's list).
         "mistral-small-3.1-24b" => ModelConfig::from_hf_json(&mistral_small_31_json())
             .expect("the preset is a Mistral 3 config"),
+        // Qwen/Qwen2.5-VL-7B-Instruct and -32B-Instruct: the Qwen2 language model (M-RoPE),
+        // the window-attention ViT and its merger. Not in `PRESET_NAMES` (the app's list).
+        "qwen2.5-vl-7b" => ModelConfig::from_hf_json(&qwen25_vl_7b_json())
+            .expect("the preset is a Qwen2.5-VL config"),
+        "qwen2.5-vl-32b" => ModelConfig::from_hf_json(&qwen25_vl_32b_json())
+            .expect("the preset is a Qwen2.5-VL config"),
         // Llama 4's language model (the vision tower is weighed, not run).
         "llama-4-scout" => {
             ModelConfig::from_hf_json(&llama4_scout()).expect("the preset is a Llama 4 config")
@@ -765,6 +818,7 @@ mod tests {
                 let text = ModelConfig {
                     gemma3_mm: None,
                     mistral3: None,
+                    qwen2_5_vl: None,
                     ..c.clone()
                 };
                 text.param_count()
@@ -776,6 +830,7 @@ mod tests {
             ModelConfig {
                 gemma3_mm: None,
                 mistral3: None,
+                qwen2_5_vl: None,
                 ..it
             },
             preset("gemma-3-12b").unwrap()

@@ -200,6 +200,28 @@ mod tests {
         assert_eq!((p.budget_tokens, p.items), (3025, 1));
     }
 
+    /// Qwen2.5-VL's largest image: 16384 embeddings, as many `<|image_pad|>` tokens.
+    #[test]
+    fn a_qwen2_5_vl_image_is_larger_than_the_batch_and_the_context() {
+        let shape = crate::model::presets::preset("qwen2.5-vl-7b")
+            .unwrap()
+            .qwen2_5_vl
+            .unwrap();
+        let item = (shape.embeds_per_image(), shape.embeds_per_image());
+        assert_eq!(item, (16384, 16384));
+        // 0.19, 8192 batched tokens, --max-model-len 8192: the budget is the image, one item
+        // (8192 // 16384 = 0 images a prompt, raised to 1).
+        let p = plan(item, mm("0.19"), (8192, 1024, 8192), true, None).unwrap();
+        assert_eq!(
+            (p.budget_tokens, p.items, p.tokens_per_item),
+            (16384, 1, 16384)
+        );
+        // 0.11 finds the same image another way (`smart_resize` of a 9999999² image down to
+        // max_pixels: 3584², qwen2_vl.py 0.11 L956-963); its 16384-token batch holds one.
+        let p = plan(item, mm("0.11"), (16384, 1024, 8192), true, None).unwrap();
+        assert_eq!((p.budget_tokens, p.items), (16384, 1));
+    }
+
     fn mm(release: &str) -> MmProfile {
         crate::profile::vllm::release(release).unwrap().mm.unwrap()
     }

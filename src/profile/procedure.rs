@@ -1220,6 +1220,16 @@ pub(crate) fn run_rank(
                     "model_type mistral3 (multimodal): its Pixtral vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
                 ));
             }
+            if let Some(mm) = &opened.config.qwen2_5_vl {
+                // Its weights are read (config/qwen2_5_vl.rs); running it as the Qwen2 alone
+                // would drop the tower's weights and the encoder's pass.
+                return Err(Error::Request(format!(
+                    "model_type qwen2_5_vl (multimodal): its vision tower ({} parameters) is weighed, but V1's encoder profile (a {}-patch dummy image through window attention, {} embeddings) and M-RoPE's position buffer are not modelled yet",
+                    mm.param_count(),
+                    mm.patches_per_image(),
+                    mm.embeds_per_image()
+                )));
+            }
             // Gemma3ForConditionalGeneration and Mistral3ForConditionalGeneration build their
             // vision tower and projector before the language model (gemma3_mm.py 0.11
             // L505-517, mistral3.py 0.19 L417-441). An item counts its embeddings and its

@@ -237,6 +237,7 @@ impl ModelConfig {
             qwen3_next: None,
             gemma3_mm: None,
             mistral3: None,
+            qwen2_5_vl: None,
             gpt_oss: Some(GptOssShape {
                 sliding_window,
                 yarn,

@@ -343,6 +343,7 @@ impl ModelConfig {
             qwen3_next: None,
             gemma3_mm: None,
             mistral3: None,
+            qwen2_5_vl: None,
             moe: Some(MoeShape {
                 num_experts,
                 top_k,

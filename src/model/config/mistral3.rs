@@ -311,6 +311,7 @@ impl ModelConfig {
     ) -> serde_json::Value {
         let mut text = ModelConfig {
             mistral3: None,
+            qwen2_5_vl: None,
             ..self.clone()
         }
         .to_hf_json(torch_dtype);
