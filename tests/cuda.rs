@@ -988,6 +988,42 @@ fn awq_and_gptq_logits_on_the_gpu_match_cpu_compute_mode_on_tiny() {
     assert!(packed4_gpu_vs_cpu("tiny", true, 32, 100, 3) < 1e-2);
 }
 
+/// A compressed-tensors w4a16 checkpoint (LLM Compressor's `pack-quantized` layout, groups of
+/// 32, with and without act-order): read into GPTQ's Marlin layout, its logits on the GPU
+/// against CPU compute mode on the same checkpoint.
+#[test]
+#[ignore = "needs an NVIDIA GPU of compute capability 8.0 or more"]
+fn ct_w4a16_logits_on_the_gpu_match_cpu_compute_mode_on_tiny() {
+    use vramscope::quant::marlin::{Format, Method};
+    for desc_act in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = vramscope::model::GenOptions {
+            dtype: vramscope::model::weights::StoredDtype::F16,
+            seed: 0,
+            shards: 1,
+            bnb_int8: false,
+            bnb_skip_modules: Vec::new(),
+        };
+        let fmt = Format {
+            method: Method::Gptq,
+            group_size: 32,
+            desc_act,
+            compressed_tensors: true,
+        };
+        vramscope::model::gen_model_packed4("tiny", dir.path(), &opts, fmt).unwrap();
+        let model = dir.path().join("config.json");
+        let model = model.to_str().unwrap();
+        let gpu = logits(model, Quant::F16, "cuda:0", 100, 3, 0.0);
+        let cpu = logits(model, Quant::F16, "sim:h100-80gb", 100, 3, 0.0);
+        assert!(gpu.iter().all(|v| v.is_finite()));
+        let e = relative_l2(&gpu, &cpu);
+        eprintln!(
+            "compressed-tensors w4a16 g32 act-order {desc_act}: relative L2 GPU vs CPU {e:.3e}"
+        );
+        assert!(e < 1e-2, "{e}");
+    }
+}
+
 /// Llama-3-8B as an AWQ checkpoint (groups of 128, as AutoAWQ's default): `AWQ_8B_DIR` if a
 /// device run already wrote it with `gen-model llama-3-8b DIR --awq` (and timed and benched
 /// it), else a fresh one in `dir`.
