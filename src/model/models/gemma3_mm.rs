@@ -23,6 +23,7 @@ use crate::model::layers::linear::BiasedLinear;
 use crate::model::layers::norm::LayerNorm;
 use crate::model::layers::tp::TpShard;
 use crate::model::loader::{LoadOptions, Loader};
+use crate::model::models::vision_check;
 use crate::model::weights::WeightSource;
 use crate::quant::FusedLinear;
 
@@ -419,56 +420,25 @@ pub fn dummy_pixels(
     Ok((px, crops))
 }
 
-/// The test images of tests/siglip_reference.rs and scripts/siglip_reference.py: image `n`,
-/// channel `c`, row `y`, column `x` holds `sin(0.013 · ((c · S + y) · S + x) + 0.5 · n)`.
-pub fn test_pixels(shape: &Gemma3MmShape, images: usize) -> Vec<f32> {
-    let s = &shape.vision;
-    let per = s.num_channels * s.image_size * s.image_size;
-    (0..images * per)
-        .map(|i| (0.013 * (i % per) as f64 + 0.5 * (i / per) as f64).sin() as f32)
-        .collect()
-}
-
-/// The image embeddings `[images · tokens, text_hidden]` of the test images through the
-/// vision tower and projector of the checkpoint at `dir`, computed on the CPU (fp32) by the
-/// same load and ops a profile runs.
+/// The image embeddings `[images · tokens, text_hidden]` of the test images of
+/// tests/siglip_reference.rs and scripts/siglip_reference.py through the tower and projector of the checkpoint at `dir`,
+/// computed on the CPU (fp32) by the same load and ops a profile runs.
 pub fn encode_test_images(dir: &std::path::Path, images: usize) -> Result<Vec<f32>> {
-    let source = crate::model::ModelSource::Path {
-        path: dir.to_path_buf(),
+    let tower = vision_check::TestTower {
+        family: "gemma3",
+        shape: |c| {
+            c.gemma3_mm
+                .as_ref()
+                .map(|s| (s.vision.num_channels, s.vision.image_size))
+        },
+        load: |rt, cfg, src, opts| {
+            let v = Gemma3Vision::load(rt, cfg, src, opts)?;
+            let act = v.act;
+            Ok((v, act))
+        },
+        encode: |v, rt, px, n| v.encode(rt, px, n),
     };
-    let opened = crate::model::open(&source, 0)?;
-    let shape = opened.config.gemma3_mm.clone().ok_or_else(|| {
-        Error::Request(format!(
-            "{}: not a gemma3 (multimodal) checkpoint",
-            dir.display()
-        ))
-    })?;
-    let device = crate::device::Device::open(&crate::device::DeviceSpec::parse("sim:h100-80gb")?)?;
-    let layout = device.int8_tile_layout();
-    let rt = Runtime::new(
-        device,
-        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
-        None,
-    );
-    let opts = LoadOptions {
-        quant: crate::quant::Quant::F16,
-        int8_threshold: 0.0,
-        int8_layout: layout,
-        attn_scalars: 0,
-        marlin: Default::default(),
-    };
-    let v = Gemma3Vision::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
-    let s = &shape.vision;
-    let px = rt.tensor_with_values(
-        "pixel_values",
-        Category::Activation,
-        &[images, s.num_channels, s.image_size, s.image_size],
-        v.act,
-        test_pixels(&shape, images),
-    )?;
-    let out = v.encode(&rt, &px, images)?;
-    ops::read_f32(&rt, &out)?
-        .ok_or_else(|| Error::Request("the embeddings were not computed (a dry device)".into()))
+    vision_check::encode_test_images(dir, images, &tower)
 }
 
 #[cfg(test)]
@@ -480,28 +450,13 @@ mod tests {
     #[test]
     fn the_tower_weighs_its_parameters() {
         let cfg = crate::model::presets::preset("gemma-3-4b-it").unwrap();
-        let device = crate::device::Device::open(
-            &crate::device::DeviceSpec::parse("sim:h100-sxm:dry").unwrap(),
-        )
-        .unwrap();
-        let layout = device.int8_tile_layout();
-        let rt = Runtime::new(
-            device,
-            std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
-            None,
-        );
+        let (rt, opts) =
+            vision_check::sim_runtime("sim:h100-sxm:dry", crate::quant::Quant::BF16).unwrap();
         let src = crate::model::open(
             &crate::model::ModelSource::parse("preset:gemma-3-4b-it").unwrap(),
             0,
         )
         .unwrap();
-        let opts = LoadOptions {
-            quant: crate::quant::Quant::BF16,
-            int8_threshold: 0.0,
-            int8_layout: layout,
-            attn_scalars: 0,
-            marlin: Default::default(),
-        };
         let v = Gemma3Vision::load(&rt, &cfg, src.source.as_ref(), &opts).unwrap();
         assert_eq!(v.weight_bytes(), (416_866_032 + 2_950_272) * 2);
     }

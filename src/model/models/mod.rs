@@ -26,6 +26,7 @@ pub mod opt;
 pub mod phi;
 pub mod qwen3_next;
 pub mod registry;
+pub mod vision_check;
 
 use crate::base::error::Result;
 use crate::model::config::ModelConfig;
