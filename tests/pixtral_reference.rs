@@ -55,8 +55,9 @@ fn write_fixture() {
     ));
 }
 
-/// The stored reference is the plain-Python one (`--pure`: transformers' math in fp64 from
-/// the checkpoint's f16 values) until the transformers 5.17 / torch 2.11 run replaces it.
+/// The stored reference is transformers 5.17.0's (torch 2.11.0, fp32 CPU, docs/gpu-runs.md
+/// run 73): the tower's output through `multi_modal_projector`, checked there against
+/// `get_image_features` (relative L2 0); the script's plain-Python mode gave 3.1e-8.
 #[test]
 fn pixtral_and_the_projector_match_the_reference() {
     let dir = tempfile::tempdir().unwrap();
