@@ -3,8 +3,10 @@
 //! checkpoints profiled dry and in compute mode, their dequantized weights against the
 //! formats' own algorithm (scripts/awq_gptq_reference.py), and what is refused.
 
+mod common;
+
+use common::cli::{gen_tiny as gen, ok, profile_json_under as profile_under, vramscope};
 use std::path::Path;
-use std::process::{Command, Output};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -17,28 +19,6 @@ use vramscope::profile::{self, ProfileRequest};
 use vramscope::quant::int8::TileLayout;
 use vramscope::quant::marlin::{Format, MarlinLinear, Method};
 use vramscope::quant::{FusedLinear, Linear, Quant};
-
-fn vramscope(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vramscope"))
-        .args(args)
-        .output()
-        .expect("run vramscope")
-}
-
-fn ok(out: &Output) {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// `gen-model tiny DIR` with `flags` (`--awq`, `--gptq`, `--group-size N`, `--desc-act`).
-fn gen(dir: &Path, flags: &[&str]) {
-    let mut args = vec!["gen-model", "tiny", dir.to_str().unwrap()];
-    args.extend_from_slice(flags);
-    ok(&vramscope(&args));
-}
 
 // ---------------------------------------------------------------------------------------
 // Published checkpoints: config.json and header-only safetensors at the published shapes.
@@ -248,28 +228,6 @@ fn qwen2_5_7b_instruct_gptq_int4_loads_without_its_zeros_and_g_idx_on_marlin() {
 
 fn profile(dir: &Path, device: &str) -> serde_json::Value {
     profile_under(dir, device, "0.6.4")
-}
-
-fn profile_under(dir: &Path, device: &str, vllm: &str) -> serde_json::Value {
-    let out_dir = tempfile::tempdir().unwrap();
-    let json = out_dir.path().join("r.json");
-    ok(&vramscope(&[
-        "profile",
-        "-q",
-        "--json",
-        json.to_str().unwrap(),
-        "--model",
-        dir.to_str().unwrap(),
-        "--vllm",
-        vllm,
-        "--device",
-        device,
-        "--tokens",
-        "256",
-        "--max-model-len",
-        "256",
-    ]));
-    serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap()
 }
 
 #[test]

@@ -6,8 +6,10 @@
 //! dequantized weights against compressed-tensors' own unpacking, a published checkpoint's
 //! shape planned through the binary, and what is refused.
 
+mod common;
+
+use common::cli::{gen_tiny as gen, ok, profile_json_under as profile_under, vramscope};
 use std::path::Path;
-use std::process::{Command, Output};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -19,27 +21,6 @@ use vramscope::model::{self, ModelSource};
 use vramscope::quant::int8::TileLayout;
 use vramscope::quant::marlin::MarlinLinear;
 use vramscope::quant::{FusedLinear, Linear, Quant};
-
-fn vramscope(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vramscope"))
-        .args(args)
-        .output()
-        .expect("run vramscope")
-}
-
-fn ok(out: &Output) {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn gen(dir: &Path, flags: &[&str]) {
-    let mut args = vec!["gen-model", "tiny", dir.to_str().unwrap()];
-    args.extend_from_slice(flags);
-    ok(&vramscope(&args));
-}
 
 /// The tensors of a `model.safetensors`: name → (dtype, shape, bytes).
 fn tensors(dir: &Path) -> Vec<(String, String, Vec<usize>, Vec<u8>)> {
@@ -183,28 +164,6 @@ fn gen_model_ct_w4a16_stores_gptq_codes_in_compressed_tensors_layout() {
             i.by_dtype
         );
     }
-}
-
-fn profile_under(dir: &Path, device: &str, vllm: &str) -> serde_json::Value {
-    let out_dir = tempfile::tempdir().unwrap();
-    let json = out_dir.path().join("r.json");
-    ok(&vramscope(&[
-        "profile",
-        "-q",
-        "--json",
-        json.to_str().unwrap(),
-        "--model",
-        dir.to_str().unwrap(),
-        "--vllm",
-        vllm,
-        "--device",
-        device,
-        "--tokens",
-        "256",
-        "--max-model-len",
-        "256",
-    ]));
-    serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap()
 }
 
 /// Dry and compute runs allocate alike under 0.11, 0.15 and 0.19 on an L40S (Ada: Marlin).

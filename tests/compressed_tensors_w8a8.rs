@@ -8,51 +8,10 @@
 //! L1351 and L1361 at 0.11.0, L1909 and L1919 at 0.15.1, L1965 and L1975 at 0.19.0) and
 //! `cutlass_scaled_mm`'s output in the model dtype. Dry and CPU compute; CUDA refused by name.
 
+mod common;
+
+use common::cli::{gen_tiny as gen, ok, profile_json_under as profile_under, vramscope};
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn vramscope(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vramscope"))
-        .args(args)
-        .output()
-        .expect("run vramscope")
-}
-
-fn ok(out: &Output) {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn gen(dir: &Path, flags: &[&str]) {
-    let mut args = vec!["gen-model", "tiny", dir.to_str().unwrap()];
-    args.extend_from_slice(flags);
-    ok(&vramscope(&args));
-}
-
-fn profile_under(dir: &Path, device: &str, vllm: &str) -> serde_json::Value {
-    let out_dir = tempfile::tempdir().unwrap();
-    let json = out_dir.path().join("r.json");
-    ok(&vramscope(&[
-        "profile",
-        "-q",
-        "--json",
-        json.to_str().unwrap(),
-        "--model",
-        dir.to_str().unwrap(),
-        "--vllm",
-        vllm,
-        "--device",
-        device,
-        "--tokens",
-        "256",
-        "--max-model-len",
-        "256",
-    ]));
-    serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap()
-}
 
 /// `gen-model --ct-w8a8` writes LLM Compressor's W8A8 layout: per linear an I8 `[n, k]`
 /// weight (each row at `max |row| / 127.5`, compressed-tensors' symmetric qparams) and an

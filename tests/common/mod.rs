@@ -3,6 +3,8 @@
 //! the small checkpoints the transformers and GPU checks share.
 #![allow(dead_code)]
 
+pub mod cli;
+
 /// A GGUF metadata value.
 pub enum Kv {
     U32(u32),

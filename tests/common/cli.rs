@@ -1,0 +1,53 @@
+//! Running the `vramscope` binary from a test: its output, success with stderr shown, a tiny
+//! gen-model checkpoint, and a dry or compute profile's JSON report.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// `vramscope ARGS`, its output.
+pub fn vramscope(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(args)
+        .output()
+        .expect("run vramscope")
+}
+
+/// Asserts the run succeeded, showing its stderr if not.
+pub fn ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `gen-model tiny DIR` with `flags` (`--awq`, `--gptq`, `--ct-w4a16`, `--group-size N`, …).
+pub fn gen_tiny(dir: &Path, flags: &[&str]) {
+    let mut args = vec!["gen-model", "tiny", dir.to_str().unwrap()];
+    args.extend_from_slice(flags);
+    ok(&vramscope(&args));
+}
+
+/// `profile -q --json` of the checkpoint at `dir` under release `vllm` on `device`, 256 tokens
+/// (max_model_len 256): the report as JSON.
+pub fn profile_json_under(dir: &Path, device: &str, vllm: &str) -> serde_json::Value {
+    let out_dir = tempfile::tempdir().unwrap();
+    let json = out_dir.path().join("r.json");
+    ok(&vramscope(&[
+        "profile",
+        "-q",
+        "--json",
+        json.to_str().unwrap(),
+        "--model",
+        dir.to_str().unwrap(),
+        "--vllm",
+        vllm,
+        "--device",
+        device,
+        "--tokens",
+        "256",
+        "--max-model-len",
+        "256",
+    ]));
+    serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap()
+}
