@@ -532,9 +532,10 @@ fn the_documented_two_host_plan_runs() {
 /// max_model_len 32K): 27.72 GiB of weights a rank, within 1 %. Needs block fp8 MoE experts
 /// under V1 (another branch). Arithmetic to check when it runs: 94 layers × 32 experts ×
 /// 3 × 1536 × 4096 fp8 bytes alone are 52.9 GiB a rank with 4 expert-parallel ranks; 27.72
-/// GiB is what 8 ranks give (TP8, or TP4 × PP2 / DP2: 26.4 GiB of experts).
+/// GiB is what 8 ranks give (TP8, or TP4 × PP2 / DP2: 26.4 GiB of experts). Block fp8 under
+/// V1 is merged; on an L40S its experts are refused by name (the fp8 MoE oracle off Hopper).
 #[test]
-#[ignore = "needs block fp8 under V1 (branch fp8v1)"]
+#[ignore = "block fp8 experts off Hopper (the L40S) are refused by name: 0.11's fp8 MoE oracle there is not read"]
 fn q3_weights_per_rank() {
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
