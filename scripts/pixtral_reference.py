@@ -18,8 +18,9 @@ embeddings [N * tokens, text hidden] as a Rust array.
 import json
 import math
 import os
-import struct
 import sys
+
+import vision_reference_common as common
 
 root = sys.argv[1]
 pure = "--pure" in sys.argv
@@ -35,15 +36,11 @@ EPS = 1e-5
 
 
 def pixel(n, c, y, x):
-    return math.sin(0.013 * ((c * S + y) * S + x) + 0.5 * n)
+    return common.pixel(S, n, c, y, x)
 
 
 def emit(values, how):
-    print(f"// {how}: {IMAGES} images, {len(values)} values")
-    print(f"const HF_EMBEDS: [f64; {len(values)}] = [")
-    for i in range(0, len(values), 6):
-        print("    " + ", ".join(f"{v:.8e}" for v in values[i:i + 6]) + ",")
-    print("];")
+    common.emit(values, how, IMAGES)
 
 
 if not pure:
@@ -83,33 +80,9 @@ if not pure:
 
 
 # Plain Python: the safetensors file (f16/bf16/f32), then transformers' math step by step.
-def load(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        blob = f.read()
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = t["data_offsets"]
-        raw = blob[a:b]
-        if t["dtype"] == "F16":
-            vals = list(struct.unpack(f"<{len(raw) // 2}e", raw))
-        elif t["dtype"] == "BF16":
-            vals = [struct.unpack("<f", b"\0\0" + raw[i:i + 2])[0] for i in range(0, len(raw), 2)]
-        elif t["dtype"] == "F32":
-            vals = list(struct.unpack(f"<{len(raw) // 4}f", raw))
-        else:
-            raise SystemExit(f"{name}: dtype {t['dtype']} not read")
-        out[name] = vals
-    return out
 
 
-W = {}
-for fn in sorted(os.listdir(root)):
-    if fn.endswith(".safetensors"):
-        W.update(load(os.path.join(root, fn)))
+W = common.load_dir(root)
 V = "vision_tower"
 PR = "multi_modal_projector"
 

@@ -466,8 +466,9 @@ pub fn dummy_pixels(
 }
 
 /// The image embeddings `[images · tokens, text_hidden]` of the test images of
-/// tests/pixtral_reference.rs and scripts/pixtral_reference.py through the tower and projector of the checkpoint at `dir`,
-/// computed on the CPU (fp32) by the same load and ops a profile runs.
+/// tests/pixtral_reference.rs and scripts/pixtral_reference.py through the tower and projector of
+/// the checkpoint at `dir`, computed on the CPU (fp32) by the same load and ops a profile
+/// runs.
 pub fn encode_test_images(dir: &std::path::Path, images: usize) -> Result<Vec<f32>> {
     let tower = vision_check::TestTower {
         family: "mistral3",
