@@ -2223,6 +2223,25 @@ fn text_or<'a>(
     }
 }
 
+/// The count under `k`, `default` when absent or null; refused unless 1 to `limit`.
+pub(super) fn count_or(
+    v: &serde_json::Value,
+    k: &str,
+    default: usize,
+    limit: u64,
+) -> std::result::Result<usize, String> {
+    match v.get(k) {
+        None | Some(serde_json::Value::Null) => Ok(default),
+        Some(x) => {
+            let n = json_as(k, x, serde_json::Value::as_u64, "a positive integer")?;
+            if n == 0 || n > limit {
+                return Err(format!("'{k}' is {n}, expected 1 to {limit}"));
+            }
+            Ok(n as usize)
+        }
+    }
+}
+
 fn json_as<T>(
     k: &str,
     x: &serde_json::Value,

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{float, json_as, ModelConfig};
+use super::{count_or, float, ModelConfig};
 
 /// A SigLIP vision tower (`SiglipVisionConfig`) as vLLM's `SiglipVisionModel` keeps it: the
 /// patch embedding (`nn.Conv2d` with a bias), the learned position embedding (one row a
@@ -130,25 +130,6 @@ impl Gemma3MmShape {
             .iter()
             .map(|(_, s)| s.iter().product::<usize>() as u64)
             .sum()
-    }
-}
-
-/// A count under `k` in `v`, `default` when absent.
-fn count_or(
-    v: &serde_json::Value,
-    k: &str,
-    default: usize,
-    limit: u64,
-) -> std::result::Result<usize, String> {
-    match v.get(k) {
-        None | Some(serde_json::Value::Null) => Ok(default),
-        Some(x) => {
-            let n = json_as(k, x, serde_json::Value::as_u64, "a positive integer")?;
-            if n == 0 || n > limit {
-                return Err(format!("'{k}' is {n}, expected 1 to {limit}"));
-            }
-            Ok(n as usize)
-        }
     }
 }
 

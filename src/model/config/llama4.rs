@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{boolean, float, json_as, ModelConfig, MoeShape};
+use super::{boolean, count_or, float, json_as, ModelConfig, MoeShape};
 
 /// What a Llama 4 decoder has beyond the Llama fields. `ModelConfig::intermediate_size` is
 /// the dense layers' MLP width (`intermediate_size_mlp`); `MoeShape::expert_intermediate_size`
@@ -133,25 +133,6 @@ impl Llama4Shape {
             "language_model."
         } else {
             ""
-        }
-    }
-}
-
-/// A non-negative count under `k` in `v`, `default` when absent.
-fn count_or(
-    v: &serde_json::Value,
-    k: &str,
-    default: usize,
-    limit: u64,
-) -> std::result::Result<usize, String> {
-    match v.get(k) {
-        None | Some(serde_json::Value::Null) => Ok(default),
-        Some(x) => {
-            let n = json_as(k, x, serde_json::Value::as_u64, "a positive integer")?;
-            if n == 0 || n > limit {
-                return Err(format!("'{k}' is {n}, expected 1 to {limit}"));
-            }
-            Ok(n as usize)
         }
     }
 }

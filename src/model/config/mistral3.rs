@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{json_as, ModelConfig};
+use super::{count_or, ModelConfig};
 
 /// A Pixtral-HF vision tower (`PixtralVisionConfig`) as vLLM keeps it: the patch convolution
 /// (no bias), `ln_pre` (RMSNorm), `num_layers` pre-norm blocks (RMSNorm, q/k/v/o without
@@ -151,24 +151,6 @@ impl Mistral3Shape {
     /// device context, pixtral.py 0.19 L1241).
     pub fn rope_table_bytes(&self) -> u64 {
         (self.vision.num_patches() * self.vision.head_dim() * 4) as u64
-    }
-}
-
-fn count_or(
-    v: &serde_json::Value,
-    k: &str,
-    default: usize,
-    limit: u64,
-) -> std::result::Result<usize, String> {
-    match v.get(k) {
-        None | Some(serde_json::Value::Null) => Ok(default),
-        Some(x) => {
-            let n = json_as(k, x, serde_json::Value::as_u64, "a positive integer")?;
-            if n == 0 || n > limit {
-                return Err(format!("'{k}' is {n}, expected 1 to {limit}"));
-            }
-            Ok(n as usize)
-        }
     }
 }
 

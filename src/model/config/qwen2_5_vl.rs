@@ -14,7 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{json_as, ModelConfig};
+use super::{count_or, ModelConfig};
 
 /// The vision tower (`Qwen2_5_VLVisionConfig`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -260,24 +260,6 @@ impl Qwen25VlShape {
         let out = s.out_hidden_size as u64;
         let merger = d + (m * m + m) / t + out * m / t + out;
         Ok(patch + s.depth as u64 * block + merger)
-    }
-}
-
-fn count_or(
-    v: &serde_json::Value,
-    k: &str,
-    default: usize,
-    limit: u64,
-) -> std::result::Result<usize, String> {
-    match v.get(k) {
-        None | Some(serde_json::Value::Null) => Ok(default),
-        Some(x) => {
-            let n = json_as(k, x, serde_json::Value::as_u64, "a positive integer")?;
-            if n == 0 || n > limit {
-                return Err(format!("'{k}' is {n}, expected 1 to {limit}"));
-            }
-            Ok(n as usize)
-        }
     }
 }
 
