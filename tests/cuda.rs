@@ -637,6 +637,94 @@ fn fp8_llama_3_8b_gpu_trace_matches_the_dry_run() {
     assert_eq!(g, d);
 }
 
+/// A preset's LLM.int8 weights quantized on the GPU where they are made equal the host
+/// path's `quant::int8::quantize_rows` of the host-made values, bit for bit (CB and SCB): a
+/// whole tensor, a column slice (a row-parallel shard) and padding rows.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn int8_weights_made_on_the_gpu_equal_the_hosts_quantization_bit_for_bit() {
+    use vramscope::device::synth::{reference_fill, SynthFill};
+    use vramscope::engine::tensor::DType;
+    use vramscope::memory::Category;
+    use vramscope::model::weights::{StoredDtype, SyntheticWeights, WeightSource};
+    let rt = cuda_runtime();
+    let (n, k) = (1000usize, 333usize);
+    for stored in [StoredDtype::BF16, StoredDtype::F16] {
+        let w = SyntheticWeights {
+            preset: "llama-3-8b".into(),
+            seed: 5,
+            dtype: stored,
+        };
+        let base = w.synthetic("model.layers.3.mlp.down_proj.weight").unwrap();
+        for (cols, fill) in [
+            (
+                k,
+                SynthFill {
+                    count: (n * k) as u64,
+                    row_len: k as u64,
+                    stride: k as u64,
+                    ..base.clone()
+                },
+            ),
+            (
+                100,
+                SynthFill {
+                    count: (n * 100) as u64,
+                    elem0: 77,
+                    row_len: 100,
+                    stride: k as u64,
+                    ..base.clone()
+                },
+            ),
+            (
+                k,
+                SynthFill {
+                    count: (n * k) as u64,
+                    row_len: k as u64,
+                    stride: k as u64,
+                    valid_rows: 900,
+                    ..base.clone()
+                },
+            ),
+        ] {
+            let mut cb = rt
+                .tensor("cb", Category::Weight, &[n, cols], DType::I8)
+                .unwrap();
+            let mut scb = rt
+                .tensor("scb", Category::Weight, &[n], DType::F32)
+                .unwrap();
+            vramscope::engine::ops::synth_int8(&rt, &mut cb, &mut scb, &fill).unwrap();
+            let (got_cb, got_scb) = rt
+                .with_device(|d| {
+                    let c = d.cuda().unwrap();
+                    Ok::<_, vramscope::base::error::Error>((
+                        c.download_bytes(&cb)?,
+                        c.download_f32(&scb)?,
+                    ))
+                })
+                .unwrap();
+            let (want_cb, want_scb) =
+                vramscope::quant::int8::quantize_rows(&reference_fill(&fill), n, cols);
+            let cb_diff = got_cb
+                .iter()
+                .zip(&want_cb)
+                .filter(|(a, b)| **a as i8 != **b)
+                .count();
+            let scb_diff = got_scb
+                .iter()
+                .zip(&want_scb)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                (cb_diff, scb_diff),
+                (0, 0),
+                "{stored:?} {fill:?}: codes and scales that differ"
+            );
+            assert!(want_scb[..10].iter().all(|&a| a > 0.0));
+        }
+    }
+}
+
 /// Values with magnitudes over several binades (and signs), rounded to f16, from a fixed LCG.
 fn f16_values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed
