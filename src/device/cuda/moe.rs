@@ -62,7 +62,7 @@ template <class T> __device__ void moe_topk_softmax(const u16* logits, float* ga
   for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < m;
        r += (long long)gridDim.x * blockDim.x) {
     const u16* row = logits + r * e;
-    float mx = -INFINITY;
+    float mx = __int_as_float(0xff800000);
     for (int j = 0; j < e; j++) {
       float v = T::ld(row[j]);
       if (gating) gating[r * e + j] = v;
@@ -70,7 +70,7 @@ template <class T> __device__ void moe_topk_softmax(const u16* logits, float* ga
     }
     float sum = 0.f;
     for (int j = 0; j < e; j++) sum += expf(T::ld(row[j]) - mx);
-    float pv = INFINITY, tot = 0.f;
+    float pv = __int_as_float(0x7f800000), tot = 0.f;
     int pi = -1;
     for (int q = 0; q < k; q++) {
       float bv = -1.f;
