@@ -1988,6 +1988,7 @@ mod tests {
         let kernel = Kernel {
             era: Era::Converted,
             sms: 142,
+            hopper: false,
         };
         let mut l = MarlinLinear::load(
             &rt,
@@ -2042,6 +2043,164 @@ mod tests {
         assert_eq!(Era::of_release("380e1863"), Some(Era::V0_6_4));
         // Eight rows round up to 16.
         assert_eq!(kernel.c_tmp_len(8), 142 * 16 * 256);
+    }
+
+    const GPTQ128: Format = Format {
+        method: Method::Gptq,
+        group_size: 128,
+        desc_act: false,
+        compressed_tensors: false,
+    };
+
+    const H100: Kernel = Kernel {
+        era: Era::Converted,
+        sms: 132,
+        hopper: true,
+    };
+
+    /// `choose_mp_linear_kernel` per layer: Machete on Hopper for groups -1, 64 and 128 and
+    /// shapes of whole [64, 128] blocks; AWQ only from 0.19 (0.11 and 0.15 repack it for
+    /// Marlin in awq_marlin.py); never off Hopper.
+    #[test]
+    fn machete_takes_hopper_layers_it_can_implement() {
+        assert!(H100.machete(&GPTQ128, 6144, 4096));
+        assert!(H100.machete(&Format { group_size: 64, ..GPTQ128 }, 6144, 4096));
+        assert!(H100.machete(&Format { group_size: -1, ..GPTQ128 }, 6144, 4096));
+        assert!(!H100.machete(&Format { group_size: 32, ..GPTQ128 }, 6144, 4096));
+        // n not a multiple of 128, k not of 64.
+        assert!(!H100.machete(&GPTQ128, 6144 + 64, 4096));
+        assert!(!H100.machete(&GPTQ128, 6144, 4096 + 32));
+        assert!(H100.machete(&AWQ128, 6144, 4096));
+        let v011 = Kernel {
+            era: Era::Refactored,
+            ..H100
+        };
+        assert!(v011.machete(&GPTQ128, 6144, 4096));
+        assert!(!v011.machete(&AWQ128, 6144, 4096));
+        let a100 = Kernel {
+            hopper: false,
+            sms: 108,
+            ..H100
+        };
+        assert!(!a100.machete(&GPTQ128, 6144, 4096));
+        let v064 = Kernel {
+            era: Era::V0_6_4,
+            ..H100
+        };
+        assert!(!v064.machete(&GPTQ128, 6144, 4096));
+    }
+
+    /// The stream-K workspace: data-parallel shapes take none; Llama-3-8B's gate_up at 8192
+    /// tokens on 132 SMs (tile 128 × 256, cluster 2: 224 × 32 = 7168 tiles, 54 full waves of
+    /// 132 and a tail of 40, under half a wave, 64 k tiles) covers the last 172 tiles with
+    /// stream-K: 172 · 128 · 256 f32 of partials and 172 · 2 · 32 bits of barriers (1,376
+    /// bytes, 1,408 aligned to 128).
+    #[test]
+    fn machete_workspace_follows_cutlass_stream_k() {
+        assert_eq!(machete_schedule(8192, 28672, 4096), (128, 256, 2));
+        assert_eq!(machete_schedule(8192, 4096, 14336), (128, 128, 2));
+        assert_eq!(machete_schedule(48, 4096, 4096), (128, 16, 1));
+        assert_eq!(machete_schedule(8, 128256, 4096), (256, 16, 1));
+        assert_eq!(machete_workspace_bytes(8192, 6144, 4096, 132), 0);
+        assert_eq!(machete_workspace_bytes(8192, 4096, 4096, 132), 0);
+        assert_eq!(machete_workspace_bytes(8192, 4096, 14336, 132), 0);
+        assert_eq!(
+            machete_workspace_bytes(8192, 28672, 4096, 132),
+            172 * 128 * 256 * 4 + 1408
+        );
+        // Few k tiles: never split (4 k tiles ≤ 8).
+        assert_eq!(machete_workspace_bytes(8192, 28672, 256, 132), 0);
+    }
+
+    /// GPTQ through Machete: the row-major words copied to `[n, k/8]` for the prepack, the
+    /// prepacked words (the same bytes) replacing them; scales, zeros and g_idx untouched
+    /// and kept; the forward's output alone (a data-parallel shape: no workspace).
+    #[test]
+    fn machete_prepacks_gptq_and_keeps_the_zeros_and_g_idx() {
+        let rt = runtime("dry");
+        let mut l = MarlinLinear::load(
+            &rt,
+            GPTQ128,
+            "l.o_proj",
+            (4096, 4096),
+            None,
+            DType::F16,
+            H100,
+        )
+        .unwrap();
+        assert!(l.machete);
+        let from = rt.event_count();
+        l.after_loading(&rt, DType::F16).unwrap();
+        let words = 512 * 4096 * 4;
+        assert_eq!(
+            trace(&rt, from),
+            vec![
+                ("alloc", "l.o_proj.qweight_t_contiguous".into(), words),
+                ("alloc", "l.o_proj.machete_prepacked".into(), words),
+                ("free", "l.o_proj.qweight_t_contiguous".into(), words),
+                ("free", "l.o_proj.qweight".into(), words),
+            ]
+        );
+        assert_eq!(
+            l.weight_bytes(),
+            (words + 4096 * 4 + 32 * 512 * 4 + 32 * 4096 * 2) as u64
+        );
+        let x = rt
+            .tensor("x", Category::Activation, &[8192, 4096], DType::F16)
+            .unwrap();
+        let from = rt.event_count();
+        let out = l.forward(&rt, &x, "0.o_proj", DType::F16, &[4096]).unwrap();
+        assert_eq!(out.shape, vec![8192, 4096]);
+        assert_eq!(
+            trace(&rt, from),
+            vec![("alloc", "0.o_proj.out".into(), 2 * 8192 * 4096)]
+        );
+    }
+
+    /// AWQ through Machete (0.19 on): after the conversion to GPTQ's layout, the zero points
+    /// end as `[groups, n]` in the activation dtype (`-s·z`); the CPU forward equals the
+    /// Marlin layer's within one rounding of the weight.
+    #[test]
+    fn machete_awq_zero_points_carry_the_scales() {
+        let rt = runtime("compute");
+        let (m, n, k) = (3, 128, 256);
+        let w: Vec<f32> = (0..n * k).map(|j| ((j * 7919) % 23) as f32 / 23.0 - 0.5).collect();
+        let p = quantize(&AWQ128, &w, n, k, DType::F16);
+        let load = |kernel| {
+            let mut l =
+                MarlinLinear::load(&rt, AWQ128, "l", (n, k), Some(&p), DType::F16, kernel)
+                    .unwrap();
+            l.after_loading(&rt, DType::F16).unwrap();
+            l
+        };
+        let machete = load(Kernel {
+            sms: 4,
+            ..H100
+        });
+        let marlin = load(Kernel {
+            sms: 4,
+            hopper: false,
+            ..H100
+        });
+        assert!(machete.machete && !marlin.machete);
+        let zp = machete.qzeros.as_ref().unwrap();
+        assert_eq!((zp.shape.clone(), zp.dtype), (vec![2, n], DType::F16));
+        let (a, b) = (machete.dequantized(DType::F16), marlin.dequantized(DType::F16));
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs() / y.abs().max(1e-3))
+            .fold(0f32, f32::max);
+        assert!(worst <= 2f32.powi(-10), "{worst}");
+        let mut x = rt.tensor("x", Category::Activation, &[m, k], DType::F16).unwrap();
+        for (j, v) in x.f32_mut().iter_mut().enumerate() {
+            *v = DType::F16.round(((j % 13) as f32 - 6.0) / 8.0);
+        }
+        let ya = machete.forward(&rt, &x, "a", DType::F16, &[n]).unwrap();
+        let yb = marlin.forward(&rt, &x, "b", DType::F16, &[n]).unwrap();
+        let diff: f32 = ya.f32().iter().zip(yb.f32()).map(|(p, q)| (p - q).powi(2)).sum();
+        let norm: f32 = yb.f32().iter().map(|q| q * q).sum();
+        assert!((diff / norm).sqrt() < 2e-3, "{}", (diff / norm).sqrt());
     }
 
     #[test]
