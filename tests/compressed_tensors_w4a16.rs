@@ -495,10 +495,13 @@ fn plan(vllm: &str, device: &str) -> (Option<i32>, String, Option<serde_json::Va
 ///
 /// On an H100 (Hopper) 0.11, 0.15 and 0.19 choose MacheteLinearKernel first
 /// (`_POSSIBLE_KERNELS`: 0.11.0 kernels/mixed_precision/__init__.py L28-37, 0.15.1 L42-53,
-/// 0.19.0 kernels/linear/__init__.py L132-140, Machete ahead of AllSpark and Marlin), which
-/// is refused by name; the V0 default is refused as the fp8 scheme is.
+/// 0.19.0 kernels/linear/__init__.py L132-140, Machete ahead of AllSpark and Marlin):
+/// `machete_prepack_B` keeps the words' bytes, the `[n, groups]` scales are copied to
+/// `[groups, n]` (the same bytes), `weight_shape` stays and there is no workspace, so the
+/// H100 holds the L40S's tensors less the 4 × 142 int32 workspaces a layer (32 × 4 × 568 =
+/// 72,704 bytes): 5,734,148,992. The V0 default is refused as the fp8 scheme is.
 #[test]
-fn llama31_8b_w4a16_plans_through_the_binary_and_is_refused_where_machete_runs() {
+fn llama31_8b_w4a16_plans_through_the_binary_on_marlin_and_machete() {
     let (code, text, r) = plan("0.19", "sim:l40s");
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("weights memory: 5.35GiB"), "{text}");
@@ -547,14 +550,28 @@ fn llama31_8b_w4a16_plans_through_the_binary_and_is_refused_where_machete_runs()
     assert_eq!(stored, 5_700_595_200);
     for vllm in ["0.11", "0.15", "0.19"] {
         let (code, text, _) = plan(vllm, "sim:h100-sxm");
-        assert_eq!(code, Some(2), "{text}");
-        let err = text.lines().last().unwrap();
-        assert!(
-            err.contains("a compressed-tensors w4a16 checkpoint with group_size 128")
-                && err.contains("MacheteLinearKernel"),
-            "{vllm}: {err}"
-        );
+        assert_eq!(code, Some(0), "{vllm}: {text}");
+        assert!(!text.contains("MacheteLinearKernel"), "{vllm}: {text}");
     }
+    ok(&vramscope(&[
+        "profile",
+        "-q",
+        "--json",
+        json.to_str().unwrap(),
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--vllm",
+        "0.19",
+        "--device",
+        "sim:h100-sxm:dry",
+        "--max-model-len",
+        "8192",
+    ]));
+    let p: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(
+        p["weights_tensor_bytes"].as_u64().unwrap(),
+        5_734_221_696 - 32 * 4 * 568
+    );
     let (code, text, _) = plan("0.6.4", "sim:l40s");
     assert_eq!(code, Some(2), "{text}");
     assert!(
