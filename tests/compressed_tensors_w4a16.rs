@@ -534,7 +534,7 @@ fn llama31_8b_w4a16_plans_through_the_binary_on_marlin_and_machete() {
         "--max-model-len",
         "8192",
     ]));
-    let p: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    let p: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(p["weights_tensor_bytes"].as_u64().unwrap(), 5_734_221_696);
     assert_eq!(p["weights_bytes"].as_u64().unwrap(), 5_741_797_376);
     assert!((weights * (1u64 << 30) as f64 - 5_741_797_376.0).abs() < 1.0);
