@@ -224,7 +224,10 @@ fn qwen2_5_7b_instruct_gptq_int4_loads_without_its_zeros_and_g_idx_on_marlin() {
     assert_eq!(t015, tensors);
     // The same release on the A100: Marlin, one int32 of workspace per SM (108) a layer.
     let (marlin, _) = dry_weights_under(dir.path(), "sim:a100-80gb:dry", "0.19");
-    assert_eq!(marlin, stored - dropped + 28 * 4 * 108 * 4 + rotary + scalars);
+    assert_eq!(
+        marlin,
+        stored - dropped + 28 * 4 * 108 * 4 + rotary + scalars
+    );
 }
 
 // ---------------------------------------------------------------------------------------

@@ -2064,9 +2064,30 @@ mod tests {
     #[test]
     fn machete_takes_hopper_layers_it_can_implement() {
         assert!(H100.machete(&GPTQ128, 6144, 4096));
-        assert!(H100.machete(&Format { group_size: 64, ..GPTQ128 }, 6144, 4096));
-        assert!(H100.machete(&Format { group_size: -1, ..GPTQ128 }, 6144, 4096));
-        assert!(!H100.machete(&Format { group_size: 32, ..GPTQ128 }, 6144, 4096));
+        assert!(H100.machete(
+            &Format {
+                group_size: 64,
+                ..GPTQ128
+            },
+            6144,
+            4096
+        ));
+        assert!(H100.machete(
+            &Format {
+                group_size: -1,
+                ..GPTQ128
+            },
+            6144,
+            4096
+        ));
+        assert!(!H100.machete(
+            &Format {
+                group_size: 32,
+                ..GPTQ128
+            },
+            6144,
+            4096
+        ));
         // n not a multiple of 128, k not of 64.
         assert!(!H100.machete(&GPTQ128, 6144 + 64, 4096));
         assert!(!H100.machete(&GPTQ128, 6144, 4096 + 32));
@@ -2157,6 +2178,78 @@ mod tests {
         );
     }
 
+    /// GPTQ with act-order through Machete: the sort's indices kept (the `permute_cols`
+    /// perm), the words unpacked, row-permuted and repacked before the prepack; the stored
+    /// g_idx stays. The weight it multiplies equals Marlin's bit for bit, and so does the
+    /// CPU forward.
+    #[test]
+    fn machete_act_order_keeps_the_perm_and_multiplies_marlins_weight() {
+        let rt = runtime("compute");
+        let (m, n, k) = (5, 128, 256);
+        let fmt = Format {
+            group_size: 64,
+            desc_act: true,
+            ..GPTQ128
+        };
+        let w: Vec<f32> = (0..n * k)
+            .map(|j| ((j * 7919) % 31) as f32 / 31.0 - 0.5)
+            .collect();
+        let p = quantize(&fmt, &w, n, k, DType::F16);
+        let load = |kernel| {
+            let mut l =
+                MarlinLinear::load(&rt, fmt, "l", (n, k), Some(&p), DType::F16, kernel).unwrap();
+            let from = rt.event_count();
+            l.after_loading(&rt, DType::F16).unwrap();
+            (l, trace(&rt, from))
+        };
+        let (machete, t) = load(Kernel { sms: 4, ..H100 });
+        let (marlin, _) = load(Kernel {
+            sms: 4,
+            hopper: false,
+            ..H100
+        });
+        let kept = |name: &str| {
+            t.iter().any(|e| e.0 == "alloc" && e.1 == name)
+                && !t.iter().any(|e| e.0 == "free" && e.1 == name)
+        };
+        assert!(
+            kept("l.machete_perm") && kept("l.machete_prepacked"),
+            "{t:?}"
+        );
+        assert!(
+            !kept("l.machete_unpacked") && !kept("l.machete_packed"),
+            "{t:?}"
+        );
+        assert_eq!(
+            machete.g_idx.as_ref().unwrap().i32(),
+            p.g_idx.as_deref().unwrap()
+        );
+        assert_eq!(
+            machete.dequantized(DType::F16),
+            marlin.dequantized(DType::F16)
+        );
+        let mut x = rt
+            .tensor("x", Category::Activation, &[m, k], DType::F16)
+            .unwrap();
+        for (j, v) in x.f32_mut().iter_mut().enumerate() {
+            *v = DType::F16.round(((j % 11) as f32 - 5.0) / 8.0);
+        }
+        let from = rt.event_count();
+        let ya = machete.forward(&rt, &x, "a", DType::F16, &[n]).unwrap();
+        // permute_cols' [m, k] copy (5 × 256 × 2 bytes), the output (5 × 128 × 2 in a block
+        // of 1,536), no workspace (one output tile of 4 k tiles: nothing to split).
+        assert_eq!(
+            trace(&rt, from),
+            vec![
+                ("alloc", "a.act_perm".into(), 2560),
+                ("alloc", "a.out".into(), 1536),
+                ("free", "a.act_perm".into(), 2560),
+            ]
+        );
+        let yb = marlin.forward(&rt, &x, "b", DType::F16, &[n]).unwrap();
+        assert_eq!(ya.f32(), yb.f32());
+    }
+
     /// AWQ through Machete (0.19 on): after the conversion to GPTQ's layout, the zero points
     /// end as `[groups, n]` in the activation dtype (`-s·z`); the CPU forward equals the
     /// Marlin layer's within one rounding of the weight.
@@ -2164,19 +2257,17 @@ mod tests {
     fn machete_awq_zero_points_carry_the_scales() {
         let rt = runtime("compute");
         let (m, n, k) = (3, 128, 256);
-        let w: Vec<f32> = (0..n * k).map(|j| ((j * 7919) % 23) as f32 / 23.0 - 0.5).collect();
+        let w: Vec<f32> = (0..n * k)
+            .map(|j| ((j * 7919) % 23) as f32 / 23.0 - 0.5)
+            .collect();
         let p = quantize(&AWQ128, &w, n, k, DType::F16);
         let load = |kernel| {
             let mut l =
-                MarlinLinear::load(&rt, AWQ128, "l", (n, k), Some(&p), DType::F16, kernel)
-                    .unwrap();
+                MarlinLinear::load(&rt, AWQ128, "l", (n, k), Some(&p), DType::F16, kernel).unwrap();
             l.after_loading(&rt, DType::F16).unwrap();
             l
         };
-        let machete = load(Kernel {
-            sms: 4,
-            ..H100
-        });
+        let machete = load(Kernel { sms: 4, ..H100 });
         let marlin = load(Kernel {
             sms: 4,
             hopper: false,
@@ -2185,20 +2276,30 @@ mod tests {
         assert!(machete.machete && !marlin.machete);
         let zp = machete.qzeros.as_ref().unwrap();
         assert_eq!((zp.shape.clone(), zp.dtype), (vec![2, n], DType::F16));
-        let (a, b) = (machete.dequantized(DType::F16), marlin.dequantized(DType::F16));
+        let (a, b) = (
+            machete.dequantized(DType::F16),
+            marlin.dequantized(DType::F16),
+        );
         let worst = a
             .iter()
             .zip(&b)
             .map(|(x, y)| (x - y).abs() / y.abs().max(1e-3))
             .fold(0f32, f32::max);
         assert!(worst <= 2f32.powi(-10), "{worst}");
-        let mut x = rt.tensor("x", Category::Activation, &[m, k], DType::F16).unwrap();
+        let mut x = rt
+            .tensor("x", Category::Activation, &[m, k], DType::F16)
+            .unwrap();
         for (j, v) in x.f32_mut().iter_mut().enumerate() {
             *v = DType::F16.round(((j % 13) as f32 - 6.0) / 8.0);
         }
         let ya = machete.forward(&rt, &x, "a", DType::F16, &[n]).unwrap();
         let yb = marlin.forward(&rt, &x, "b", DType::F16, &[n]).unwrap();
-        let diff: f32 = ya.f32().iter().zip(yb.f32()).map(|(p, q)| (p - q).powi(2)).sum();
+        let diff: f32 = ya
+            .f32()
+            .iter()
+            .zip(yb.f32())
+            .map(|(p, q)| (p - q).powi(2))
+            .sum();
         let norm: f32 = yb.f32().iter().map(|q| q * q).sum();
         assert!((diff / norm).sqrt() < 2e-3, "{}", (diff / norm).sqrt());
     }
