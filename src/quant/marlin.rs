@@ -98,8 +98,8 @@ impl Kernel {
     /// layout; 0.11.0 gptq_marlin.py L313, compressed_tensors_wNa16.py L92; 0.19.0
     /// awq_marlin.py L405); Machete ahead of AllSpark and Marlin in `_POSSIBLE_KERNELS`
     /// (0.11.0 mixed_precision/__init__.py L28-37; 0.19.0 kernels/linear/__init__.py
-    /// L132-140; 0.33.0 L539-548); `can_implement` (0.11.0 machete.py L28-56, the same
-    /// through 0.29.0; 0.31.0 L27-54 drops the act-order clause with act-order itself):
+    /// L132-140; 0.33.0 L539-548); `can_implement` (0.11.0 machete.py L28-56; 0.15.1 to
+    /// 0.29.0 L29-64, the same; 0.31.0 L27-54 drops the act-order clause with act-order):
     /// uint4b8 without zero points or uint4 with them
     /// (`query_machete_supported_quant_types`, machete_utils.py L12-16 at 0.15.1), group
     /// size -1, 64 or 128 for fp16/bf16 activations (`query_machete_supported_group_sizes`,
@@ -929,8 +929,9 @@ impl MarlinLinear {
     }
 
     /// `MacheteLinearKernel.process_weights_after_loading` (0.11.0 kernels/mixed_precision/
-    /// machete.py L62-114; 0.15.1 L69-125, 0.19.0 to 0.29.0 kernels/linear/mixed_precision/
-    /// machete.py the same; 0.31.0 L60-95 without act-order), allocation for allocation:
+    /// machete.py L62-114; 0.15.1 L70-125, and 0.19.0 to 0.29.0 kernels/linear/
+    /// mixed_precision/machete.py at the same lines; 0.31.0 L60-95 without act-order),
+    /// allocation for allocation:
     ///
     /// - act-order: `torch.argsort(g_idx).to(torch.int)` (the sort's I32 values and I64
     ///   indices, the values freed; the I32 copy, the I64 ones freed), kept for the life of
@@ -1081,8 +1082,8 @@ impl MarlinLinear {
             .flatten()
     }
 
-    /// `MacheteLinearKernel.apply_weights` (0.11.0 machete.py L116-144; 0.19.0 to 0.29.0 the
-    /// same; 0.31.0 L97-126 without act-order): the reshape is a view; under act-order
+    /// `MacheteLinearKernel.apply_weights` (0.11.0 machete.py L116-144; 0.15.1 to 0.29.0
+    /// L127-159; 0.31.0 L97-126 without act-order): the reshape is a view; under act-order
     /// `ops.permute_cols(x_2d, perm)` (fp16/bf16 with k a multiple of 8, else `x[:, perm]`:
     /// an `[m, k]` copy either way, `torch.empty_like(a)`), held by `x_2d` until the call
     /// returns; `machete_mm` (machete_mm_launcher.cuh `run_impl`) allocates the output
