@@ -2165,7 +2165,7 @@ mod tests {
         );
         assert_eq!(
             l.weight_bytes(),
-            (words + 4096 * 4 + 32 * 512 * 4 + 32 * 4096 * 2) as u64
+            words + 4096 * 4 + 32 * 512 * 4 + 32 * 4096 * 2
         );
         let x = rt
             .tensor("x", Category::Activation, &[8192, 4096], DType::F16)
