@@ -622,12 +622,17 @@ fn ct_configs_not_modelled_or_wrong_are_one_line_each() {
         (
             "2:4 marlin-24",
             Box::new(|q| q["format"] = "marlin-24".into()),
-            "format 'marlin-24' (2:4 sparse 4-bit weights",
+            "format 'marlin-24' (2:4 sparse 4-bit weights) is not modelled: vLLM 0.11 and 0.15 run it as CompressedTensorsW4A16Sparse24",
         ),
         (
             "2:4 sparsity",
-            Box::new(|q| q["sparsity_config"] = serde_json::json!({"format": "sparse-24-bitmask"})),
-            "(2:4 sparse) is not modelled yet",
+            Box::new(|q| {
+                q["sparsity_config"] = serde_json::json!({
+                    "format": "sparse-24-bitmask", "sparsity_structure": "2:4",
+                    "targets": ["Linear"], "ignore": ["lm_head"], "global_sparsity": 0.45
+                })
+            }),
+            "sparsity_config (sparsity_structure '2:4', format 'sparse-24-bitmask', 2:4 sparse) is not modelled: vLLM 0.22 and later refuse",
         ),
         (
             "kv cache",
