@@ -105,8 +105,8 @@ fn q7_qwen3_14b_awq_on_l4s_one_gpu_tp2_and_pp2_under_0_28() {
 /// The kernel's choice per release and GPU: on a Hopper GPU 0.19 and later run AWQ through
 /// Machete (modelled: its zero points end as `[groups, n]` f16, `-s·z`, four times Marlin's
 /// packed int32 ones, and no workspace: 154,828,800 bytes more over the 40 layers,
-/// docs/reading/vllm-machete.md); 0.15 still repacks it for Marlin there. A V0 release other than
-/// 0.6.4 is refused naming the releases that are reproduced.
+/// docs/reading/vllm-machete.md); 0.15 still repacks it for Marlin there. A V0 release
+/// other than 0.6.4 is refused naming the releases that are reproduced.
 #[test]
 fn awq_kernel_choice_follows_the_release_and_the_gpu() {
     let dir = tempfile::tempdir().unwrap();
