@@ -1,8 +1,8 @@
 //! compressed-tensors `pack-quantized` W4A16 checkpoints (LLM Compressor's W4A16 scheme,
 //! RedHatAI's `…-quantized.w4a16`) as vLLM's `CompressedTensorsWNA16` runs them under the V1
 //! releases: `choose_mp_linear_kernel` picks Marlin on Ampere and Ada (Machete first on
-//! Hopper, modelled: tests/machete.rs), `MarlinLinearKernel` repacks `weight_packed` after transposing
-//! it. `gen-model --ct-w4a16` checkpoints against `--gptq` ones of the same weights, the
+//! Hopper, modelled: tests/machete.rs), `MarlinLinearKernel` repacks `weight_packed` after
+//! transposing it. `gen-model --ct-w4a16` checkpoints against `--gptq` ones of the same weights, the
 //! dequantized weights against compressed-tensors' own unpacking, a published checkpoint's
 //! shape planned through the binary, and what is refused.
 
