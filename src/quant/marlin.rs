@@ -996,11 +996,9 @@ impl MarlinLinear {
                 drop(shifted);
                 drop(masked);
             }
-            // `x_unpacked[perm, :]`: advanced indexing turns the I32 index into an I64 copy
-            // (ATen `make_info`) before the output, freed when the op returns.
-            let index = t("perm_index_long", &[k], DType::I64)?;
+            // `x_unpacked[perm, :]`: ATen's `index` takes the I32 index as it is (`make_info`
+            // checks index types with `allow_int`, no long copy): the `[k, n]` output only.
             let permuted = t("machete_rows_permuted", &[k, n], DType::I32)?;
-            drop(index);
             let mut packed = t("machete_packed", &[n, k / PACK], DType::I32)?;
             for _ in 0..PACK {
                 let masked = t("machete_pack_mask", &[n, k / PACK], DType::I32)?;
