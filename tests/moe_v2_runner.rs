@@ -166,9 +166,7 @@ fn qwen3_30b_under_0_29_and_0_33_runs_triton_on_model_runner_v2() {
                 "{device} {vllm}"
             );
             assert!(
-                !rows28
-                    .iter()
-                    .any(|r| r.4 == "penalties.output_bin_counts"),
+                !rows28.iter().any(|r| r.4 == "penalties.output_bin_counts"),
                 "0.28 runs Qwen3-MoE on V1's runner"
             );
         }
@@ -195,8 +193,20 @@ fn qwen3_30b_under_0_29_and_0_33_runs_triton_on_model_runner_v2() {
 #[test]
 fn qwen3_30b_kv_cache_under_0_29_and_0_33() {
     for (device, vllm, gib, bytes, tokens) in [
-        ("sim:a100-80gb:dry", "0.29", "13.88", 14_904_792_064i64, 151_616u64),
-        ("sim:a100-80gb:dry", "0.33", "13.90", 14_927_860_736, 151_840),
+        (
+            "sim:a100-80gb:dry",
+            "0.29",
+            "13.88",
+            14_904_792_064i64,
+            151_616u64,
+        ),
+        (
+            "sim:a100-80gb:dry",
+            "0.33",
+            "13.90",
+            14_927_860_736,
+            151_840,
+        ),
         ("sim:h100-sxm:dry", "0.29", "11.95", 12_832_828_056, 130_528),
         ("sim:h100-sxm:dry", "0.33", "11.98", 12_868_479_640, 130_896),
     ] {
@@ -297,7 +307,10 @@ fn what_0_29_to_0_33_refuse_is_named_in_one_line() {
         }
         let r = vramscope::profile::vllm::release(vllm).unwrap();
         let e = r.check_arch("qwen2_moe").unwrap_err().to_string();
-        assert!(e.contains("'qwen2_moe'") && e.contains("SharedExperts"), "{e}");
+        assert!(
+            e.contains("'qwen2_moe'") && e.contains("SharedExperts"),
+            "{e}"
+        );
         one_line(&e);
     }
 }
