@@ -386,6 +386,10 @@ pub enum FusedMoe {
         /// DeepSeek's block (`DeepseekV2MoE`, MLA models) is read for this release on V1's
         /// runner: 0.21-0.23 (0.24 runs DeepSeek-V2 on Model Runner V2).
         deepseek: bool,
+        /// Qwen2-MoE's shared expert inside the op (`SharedExperts`, `NO_OVERLAP` before the
+        /// routing, then `shared_output + fused_output` in `MoERunner.forward`) is read:
+        /// 0.29-0.33 (docs/reading/vllm-v1-fused-moe.md §10).
+        qwen2_moe: bool,
     },
     /// Not reproduced, and why.
     Unmodelled(&'static str),
@@ -883,6 +887,7 @@ pub const RELEASES: &[Release] = &[
             },
             flashinfer_on_hopper: false,
             deepseek: true,
+            qwen2_moe: false,
         },
         ..R0_22
     },
@@ -914,6 +919,7 @@ pub const RELEASES: &[Release] = &[
             },
             flashinfer_on_hopper: false,
             deepseek: false,
+            qwen2_moe: false,
         },
         ..R0_22
     },
@@ -943,6 +949,7 @@ pub const RELEASES: &[Release] = &[
             },
             flashinfer_on_hopper: false,
             deepseek: false,
+            qwen2_moe: false,
         },
         ..R0_22
     },
@@ -969,6 +976,7 @@ pub const RELEASES: &[Release] = &[
             },
             flashinfer_on_hopper: false,
             deepseek: false,
+            qwen2_moe: false,
         },
         ..R0_22
     },
@@ -1048,6 +1056,7 @@ const R0_21: Release = Release {
         },
         flashinfer_on_hopper: true,
         deepseek: true,
+        qwen2_moe: false,
     },
     mla: Some(MlaEra::V0_19),
     fp8_block: None,
@@ -1106,6 +1115,7 @@ const R0_22: Release = Release {
         },
         flashinfer_on_hopper: true,
         deepseek: true,
+        qwen2_moe: false,
     },
     runner_v2: RunnerV2::DenseUnquantized(&["qwen3"]),
     v2: Some(V2 {
@@ -1147,6 +1157,7 @@ const R0_27: Release = Release {
         },
         flashinfer_on_hopper: false,
         deepseek: false,
+        qwen2_moe: false,
     },
     ..R0_22
 };
@@ -1219,6 +1230,7 @@ const R0_29: Release = Release {
         },
         flashinfer_on_hopper: false,
         deepseek: false,
+        qwen2_moe: true,
     },
     ..R0_28
 };
@@ -1373,6 +1385,9 @@ impl Release {
                 FusedMoe::Kernel(_) => Ok(()),
                 FusedMoe::Oracle { .. } if matches!(arch, "mixtral" | "qwen3_moe") => Ok(()),
                 FusedMoe::Oracle { deepseek: true, .. } if mla => Ok(()),
+                FusedMoe::Oracle {
+                    qwen2_moe: true, ..
+                } if arch == "qwen2_moe" => Ok(()),
                 FusedMoe::Oracle { .. } => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' is not modelled under this release: its fused \
                      MoE from 0.21 is reproduced for Mixtral, Qwen3-MoE and DeepSeek only ({}); it is \
@@ -1386,7 +1401,7 @@ impl Release {
                          DeepSeek block of 0.24 and later is not read"
                     },
                     if arch == "qwen2_moe" {
-                        "0.8 and 0.11"
+                        "0.8, 0.11 and 0.29-0.33"
                     } else {
                         "0.11, 0.15, 0.19 and 0.21-0.23 where Triton runs"
                     }
@@ -1435,17 +1450,21 @@ impl Release {
         major: u32,
         group: Option<crate::device::group::MoeGroup>,
     ) -> Result<Option<MoeKernel>> {
-        let (triton, flashinfer_on_hopper, deepseek) = match self.fused_moe {
+        let (triton, flashinfer_on_hopper, deepseek, qwen2_moe) = match self.fused_moe {
             FusedMoe::Kernel(k) => return Ok(Some(k)),
             FusedMoe::Unmodelled(_) => return Ok(None),
             FusedMoe::Oracle {
                 triton,
                 flashinfer_on_hopper,
                 deepseek,
-            } => (triton, flashinfer_on_hopper, deepseek),
+                qwen2_moe,
+            } => (triton, flashinfer_on_hopper, deepseek, qwen2_moe),
         };
         let mla = matches!(arch, "deepseek_v2" | "deepseek_v3" | "kimi_k2");
-        if !(matches!(arch, "mixtral" | "qwen3_moe") || (deepseek && mla)) {
+        if !(matches!(arch, "mixtral" | "qwen3_moe")
+            || (deepseek && mla)
+            || (qwen2_moe && arch == "qwen2_moe"))
+        {
             return Ok(None);
         }
         let flashinfer = match major {
