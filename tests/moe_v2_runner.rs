@@ -3,8 +3,8 @@
 //! (docs/reading/vllm-v1-fused-moe.md §10): V2's profile pass reaches the same Triton experts
 //! as 0.28's V1 runner with the same buffers, so Mixtral and Qwen3-MoE answer there with
 //! 0.28's MoE allocations plus V2's own terms (its sampler state, sampler and graph estimate).
-//! FlashInfer's experts (Blackwell), data or expert parallel, Qwen2-MoE and DeepSeek on V2
-//! stay refused, each in one line.
+//! Qwen2-MoE too, its shared expert inside the op. FlashInfer's experts (Blackwell), data or
+//! expert parallel, quantized experts and DeepSeek on V2 stay refused, each in one line.
 
 mod common;
 
@@ -23,6 +23,11 @@ const GIB: f64 = (1u64 << 30) as f64;
 type Row = (u32, String, String, String, String, u64);
 
 fn plan_csv(device: &str, vllm: &str) -> Vec<Row> {
+    plan_csv_of(device, vllm, "preset:qwen3-30b-a3b")
+}
+
+/// `plan_csv` for another model.
+fn plan_csv_of(device: &str, vllm: &str, model: &str) -> Vec<Row> {
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("t.csv");
     let out = common::cli::vramscope(&[
@@ -37,7 +42,7 @@ fn plan_csv(device: &str, vllm: &str) -> Vec<Row> {
         "--",
         "vllm",
         "serve",
-        "preset:qwen3-30b-a3b",
+        model,
     ]);
     common::cli::ok(&out);
     std::fs::read_to_string(&csv)
@@ -263,8 +268,8 @@ fn the_docs_line_for_0_33_on_an_h100_runs() {
 }
 
 /// What 0.29-0.33 still refuse, each in one line naming it: FlashInfer's experts on the B200,
-/// data or expert parallel, quantized experts (fp8, bitsandbytes), Qwen2-MoE's shared expert
-/// inside the op, DeepSeek on V2.
+/// data or expert parallel, quantized experts (fp8, bitsandbytes), DeepSeek on V2; and
+/// Qwen2-MoE under 0.28, whose shared expert inside the op is read for 0.29-0.33.
 #[test]
 fn what_0_29_to_0_33_refuse_is_named_in_one_line() {
     let one_line = |e: &str| assert_eq!(e.lines().count(), 1, "{e}");
@@ -305,12 +310,145 @@ fn what_0_29_to_0_33_refuse_is_named_in_one_line() {
             assert!(e.contains("experts"), "{quant}: {e}");
             one_line(&e);
         }
-        let r = vramscope::profile::vllm::release(vllm).unwrap();
-        let e = r.check_arch("qwen2_moe").unwrap_err().to_string();
-        assert!(
-            e.contains("'qwen2_moe'") && e.contains("SharedExperts"),
-            "{e}"
-        );
-        one_line(&e);
     }
+    // Qwen2-MoE's shared expert inside the op is read for 0.29-0.33 only.
+    let e = vramscope::profile::vllm::release("0.28")
+        .unwrap()
+        .check_arch("qwen2_moe")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("'qwen2_moe'") && e.contains("SharedExperts") && e.contains("0.29-0.33"),
+        "{e}"
+    );
+    one_line(&e);
+}
+
+/// Qwen1.5-MoE-A2.7B's config.json (Qwen2MoeForCausalLM: 60 experts of 1408, top 4, a shared
+/// expert of 5632 with its sigmoid gate).
+fn qwen1_5_moe_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe",
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "vocab_size": 151936,
+        "max_position_embeddings": 8192,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": false,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+        "norm_topk_prob": false,
+        "decoder_sparse_step": 1,
+        "torch_dtype": "bfloat16"
+    });
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
+/// Qwen1.5-MoE-A2.7B under 0.29 and 0.33 on an A100 (2048 tokens). Qwen2MoeSparseMoeBlock
+/// hands its shared expert to `FusedMoE` (0.29.0 qwen2_moe.py L168-177) and keeps its gate
+/// outside (L179-192). Inside the op `_apply_quant_method` runs the shared expert first
+/// (`NO_OVERLAP`: more than 256 tokens, and NoDPEP's prepare/finalize cannot overlap;
+/// runner/moe_runner.py L592-612, shared_experts.py L105-133), then the routing and the
+/// experts; `MoERunner.forward` adds `shared_output + fused_output` into a new tensor
+/// (L780). `Qwen2MoeMLP.forward` scales by its expert gate before it returns (L112-120), so
+/// `gate_up` lives through the gate. By hand, M = 2048, H = 2048, Is = 5632, E = 60, k = 4,
+/// I = 1408, bf16:
+/// - logits [M, E] 245,760; gate_up [M, 2·Is] 46,137,344; SiluAndMul's `forward_native`
+///   (torch.compile's default custom ops) silu and product [M, Is] 23,068,672 each;
+///   down [M, H] 8,388,608; the expert gate [M, 1] 4,096 and its sigmoid, the gated product
+///   [M, H];
+/// - the routing [M, k] ×3, 32,768 each, topk_softmax's [M·E] f32 workspace (60 experts: not
+///   a power of two) 491,520; the output [M, H]; sorted ids (M·k + E·127)·4 = 63,248 →
+///   63,488 in the allocator's 512-byte steps (no E=60,N=1408 tuned file: block 128), expert
+///   ids ⌈15812/128⌉·4 = 496 → 512;
+/// - the workspace, once in layer 0: r256(2·M·k·max(I, H)) + r256(2·M·k·max(2I, H)) =
+///   33,554,432 + 46,137,344 = 79,691,776 B.
+#[test]
+fn qwen1_5_moe_under_0_29_runs_its_shared_expert_inside_the_op() {
+    let dir = qwen1_5_moe_dir();
+    let model = dir.path().to_str().unwrap();
+    let (m, h, is, e, k, i) = (2048u64, 2048u64, 5632u64, 60u64, 4u64, 1408u64);
+    let mh = m * h * 2;
+    let mk = m * k * 4;
+    let sorted = (m * k + e * 127) * 4;
+    assert_eq!(sorted, 63_248);
+    let sorted = sorted.div_ceil(512) * 512;
+    let t = |a: bool, n: &str, b: u64| (a, format!("layers.5.{n}"), b);
+    let want = vec![
+        t(true, "moe.router_logits", m * e * 2),
+        t(true, "shared_expert.gate_up_proj.out", m * 2 * is * 2),
+        t(true, "shared_expert.act.silu", m * is * 2),
+        t(true, "shared_expert.act", m * is * 2),
+        t(false, "shared_expert.act.silu", m * is * 2),
+        t(true, "shared_expert.down_proj.out", mh),
+        t(false, "shared_expert.act", m * is * 2),
+        t(true, "shared_expert_gate.out", m * 2),
+        t(true, "shared_expert.gate_sigmoid", m * 2),
+        t(false, "shared_expert_gate.out", m * 2),
+        t(true, "shared_expert.gated", mh),
+        t(false, "shared_expert.gate_sigmoid", m * 2),
+        t(false, "shared_expert.down_proj.out", mh),
+        t(false, "shared_expert.gate_up_proj.out", m * 2 * is * 2),
+        t(true, "moe.topk_weights", mk),
+        t(true, "moe.topk_ids", mk),
+        t(true, "moe.token_expert_indices", mk),
+        t(true, "moe.topk_softmax_workspace", m * e * 4),
+        t(false, "moe.topk_softmax_workspace", m * e * 4),
+        t(false, "moe.token_expert_indices", mk),
+        t(true, "moe.output", mh),
+        t(true, "moe.sorted_ids", sorted),
+        t(true, "moe.expert_ids", 512),
+        t(true, "moe.num_tokens_post_pad", 512),
+        t(false, "moe.sorted_ids", sorted),
+        t(false, "moe.expert_ids", 512),
+        t(false, "moe.num_tokens_post_pad", 512),
+        t(false, "moe.topk_weights", mk),
+        t(false, "moe.topk_ids", mk),
+        t(true, "moe.plus_shared", mh),
+        t(false, "shared_expert.gated", mh),
+        t(false, "moe.output", mh),
+        t(false, "moe.router_logits", m * e * 2),
+        // Layer 5's hidden states: they die in layer 6.
+        t(false, "moe.plus_shared", mh),
+    ];
+    let w = r256(2 * m * k * i.max(h)) + r256(2 * m * k * (2 * i).max(h));
+    assert_eq!(w, 79_691_776);
+    for vllm in ["0.29", "0.33"] {
+        let rows = plan_csv_of("sim:a100-80gb:dry", vllm, model);
+        let l5: Vec<(bool, String, u64)> = rows
+            .iter()
+            .filter(|r| r.0 == 1 && (r.1 == "alloc" || r.1 == "free"))
+            .filter(|r| {
+                r.4.starts_with("layers.5.moe.") || r.4.starts_with("layers.5.shared_expert")
+            })
+            .map(|r| (r.1 == "alloc", r.4.clone(), r.5))
+            .collect();
+        assert_eq!(l5, want, "{vllm}");
+        let ws: Vec<(u32, String, u64)> = rows
+            .iter()
+            .filter(|r| r.4 == "moe.workspace" && r.1 == "alloc")
+            .map(|r| (r.0, r.3.clone(), r.5))
+            .collect();
+        assert_eq!(ws, [(1, "0".to_string(), w)], "{vllm}");
+    }
+    // The KV cache 0.29 grants it (max_model_len 8192).
+    let r = run(&request(model, "sim:a100-80gb:dry", "0.29", 1)).unwrap();
+    let a = r.vllm_answer().unwrap();
+    let (tokens, _) = r.kv_tokens_and_concurrency(&a);
+    println!(
+        "Qwen1.5-MoE, A100, 0.29: KV {:.4} GiB ({} B), {tokens} tokens",
+        a.kv_bytes as f64 / GIB,
+        a.kv_bytes
+    );
+    assert_eq!(format!("{:.2}", a.kv_bytes as f64 / GIB), "44.34");
+    assert_eq!(tokens, 242_160);
 }
