@@ -1198,7 +1198,11 @@ const R0_29: Release = Release {
               unquantized.py:48-96), with the same workspace (modular_kernel.py:1120-1181); \
               V2's profile batch marks every dummy token as padding (gpu/input_batch.py:\
               165, model_runner.py:1617), which `topk_softmax` reads (VLLM_MOE_SKIP_PADDING=1, \
-              router/fused_topk_router.py:19-22): the routes change, no buffer's shape does",
+              router/fused_topk_router.py:19-22): the routes change, no buffer's shape does. \
+              Qwen2-MoE's shared expert runs inside the op before the routing (fused_moe/\
+              runner/moe_runner.py:592-612, shared_experts.py:105-133: NO_OVERLAP above 256 \
+              tokens), its sigmoid gate inside `Qwen2MoeMLP.forward` (qwen2_moe.py:112-120), \
+              then `shared_output + fused_output` into a new tensor (moe_runner.py:780)",
     runner_v2: RunnerV2::Every,
     v2: Some(V2 {
         estimates_graphs: true,
@@ -1221,7 +1225,9 @@ const R0_29: Release = Release {
     // router/fused_topk_router.py the same; qwen3_moe.py as 0.28.0's, mixtral.py (a
     // W8A8 name mapping); the tuned 16-bit files the same. 0.30.0 the same files (the
     // unquantized method's kernel set-up moved to `_init_moe_kernel`, `_maybe_pad_weight`
-    // ROCm only; an A100 PCIe E=256,N=512 file). docs/reading/vllm-v1-fused-moe.md §10.
+    // ROCm only; an A100 PCIe E=256,N=512 file). Qwen2-MoE: its `SharedExperts` read
+    // (`qwen2_moe: true`, `moe.rs` `shared_expert_in_op`). docs/reading/vllm-v1-fused-moe.md
+    // §10.
     fused_moe: FusedMoe::Oracle {
         triton: Modular {
             chunk_tokens: None,
