@@ -13,6 +13,7 @@ pub(crate) const TYPED: &[&str] = &[
     "add_assign",
     "add_assign_v8",
     "rms_norm_v8",
+    "rms_norm_v8w",
     "silu_mul_out_v8",
     "silu_mul_out",
     "add_rms_norm_v8",
@@ -261,6 +262,32 @@ template <class T> __device__ void rms_norm_v8(const u16* x, const u16* w, u16* 
 }
 
 
+// rms_norm_v8 for short rows (cols / 8 <= 32, a head's width: Qwen3's q/k norm), one warp a
+// row and 8 rows a block of 256 threads.
+template <class T> __device__ void rms_norm_v8w(const u16* x, const u16* w, u16* out, int cols, float eps,
+                                                long long rows) {
+  const long long r = blockIdx.x * 8LL + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31, c8 = cols / 8;
+  if (r >= rows) return;
+  V8 a;
+  float s = 0.f;
+  if (lane < c8) {
+    a.v = ((const uint4*)(x + r * cols))[lane];
+#pragma unroll
+    for (int e = 0; e < 8; e++) { float v = T::ld(a.h[e]); s += v * v; }
+  }
+#pragma unroll
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const float inv = rsqrtf(s / cols + eps);
+  if (lane < c8) {
+    V8 b;
+    b.v = ((const uint4*)w)[lane];
+#pragma unroll
+    for (int e = 0; e < 8; e++) a.h[e] = T::st(T::ld(b.h[e]) * T::ld(T::st(T::ld(a.h[e]) * inv)));
+    ((uint4*)(out + r * cols))[lane] = a.v;
+  }
+}
+
 template <class T> __device__ void to_f32(const u16* x, float* out, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     out[i] = T::ld(x[i]);
@@ -419,6 +446,7 @@ INST(rope_qk, (u16* q, u16* k, const int* pos, int heads, int kvh, int hd, float
 INST(add_assign, (u16* x, const u16* y, long long n), (x, y, n))
 INST(add_assign_v8, (u16* x, const u16* y, long long n8), (x, y, n8))
 INST(rms_norm_v8, (const u16* x, const u16* w, u16* o, int cols, float eps), (x, w, o, cols, eps))
+INST(rms_norm_v8w, (const u16* x, const u16* w, u16* o, int cols, float eps, long long rows), (x, w, o, cols, eps, rows))
 INST(silu_mul_out_v8, (const u16* g, const u16* u, u16* o, long long n8), (g, u, o, n8))
 INST(silu_mul_out, (const u16* g, const u16* u, u16* o, long long n), (g, u, o, n))
 INST(add_rms_norm_v8, (u16* x, u16* r, const u16* w, int cols, float eps), (x, r, w, cols, eps))

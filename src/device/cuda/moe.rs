@@ -15,7 +15,12 @@ use crate::device::tensor::{DType, TensorData};
 
 /// The elementwise MoE kernels, instantiated for both 16-bit types (in `kernels::SOURCE`'s
 /// module).
-pub(crate) const TYPED: &[&str] = &["moe_silu_mul", "moe_sum", "moe_topk_softmax"];
+pub(crate) const TYPED: &[&str] = &[
+    "moe_silu_mul",
+    "moe_sum",
+    "moe_topk_softmax",
+    "moe_topk_softmax_w",
+];
 
 /// The f32 routing kernels (in the same module, no 16-bit type).
 pub(crate) const UNTYPED: &[&str] = &["moe_renorm"];
@@ -91,6 +96,57 @@ template <class T> __device__ void moe_topk_softmax(const u16* logits, float* ga
   }
 }
 
+// moe_topk_softmax with one warp a token (e <= 256: lane l holds experts l, l + 32, ...), 8
+// tokens a block of 256 threads: the maximum and the sum by warp reductions, then k rounds
+// of the largest remaining probability, ties to the lower expert index.
+template <class T> __device__ void moe_topk_softmax_w(const u16* logits, float* gating, float* w,
+    int* ids, long long m, int e, int k, int renorm) {
+  const long long r = blockIdx.x * 8LL + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= m) return;
+  const u16* row = logits + r * e;
+  const float NEG = __int_as_float(0xff800000);
+  float v[8];
+  float mx = NEG;
+#pragma unroll
+  for (int q = 0; q < 8; q++) {
+    const int j = lane + 32 * q;
+    v[q] = j < e ? T::ld(row[j]) : NEG;
+    if (j < e && gating) gating[r * e + j] = v[q];
+    mx = fmaxf(mx, v[q]);
+  }
+#pragma unroll
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float sum = 0.f;
+#pragma unroll
+  for (int q = 0; q < 8; q++) {
+    v[q] = lane + 32 * q < e ? expf(v[q] - mx) : -1.f;
+    sum += v[q] > 0.f ? v[q] : 0.f;
+  }
+#pragma unroll
+  for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  float tot = 0.f;
+  for (int q = 0; q < k; q++) {
+    // This lane's best (the first of equals is the lower index), then the warp's.
+    float bv = -1.f;
+    int bi = 0x7fffffff;
+#pragma unroll
+    for (int u = 0; u < 8; u++)
+      if (v[u] > bv) { bv = v[u]; bi = lane + 32 * u; }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    if ((bi & 31) == lane) v[bi >> 5] = -1.f;
+    const float x = bv / sum;
+    tot += x;
+    if (lane == 0) { w[r * k + q] = x; ids[r * k + q] = bi; }
+  }
+  if (renorm && lane == 0) for (int q = 0; q < k; q++) w[r * k + q] = w[r * k + q] / tot;
+}
+
 // Each row of k weights divided by its sum, into `out` (vLLM 0.8's renormalisation into a new
 // tensor).
 extern "C" __global__ void moe_renorm(const float* w, float* out, long long m, int k) {
@@ -103,37 +159,38 @@ extern "C" __global__ void moe_renorm(const float* w, float* out, long long m, i
 }
 
 INST(moe_topk_softmax, (const u16* logits, float* gating, float* w, int* ids, long long m, int e, int k, int renorm), (logits, gating, w, ids, m, e, k, renorm))
+INST(moe_topk_softmax_w, (const u16* logits, float* gating, float* w, int* ids, long long m, int e, int k, int renorm), (logits, gating, w, ids, m, e, k, renorm))
 INST(moe_silu_mul, (const u16* c1, u16* c2, long long rows, int i), (c1, c2, rows, i))
 INST(moe_sum, (const u16* c3, u16* x, long long m, int k, int h), (c3, x, m, k, h))
 "#;
 
-/// The grouped GEMMs, `moe_gemm{16,64}_{f16,bf16}` (rows of a thread block), in the
-/// tensor-core module.
-pub(crate) const GEMM_NAMES: &[&str] = &["moe_gemm16", "moe_gemm64"];
+/// The grouped GEMMs, `moe_gemm{16,64,64w}_{f16,bf16}` (`64w`: 64 rows by 128 outputs a
+/// thread block of 8 warps; the others 64 outputs and 4 warps), in the tensor-core module.
+pub(crate) const GEMM_NAMES: &[&str] = &["moe_gemm16", "moe_gemm64", "moe_gemm64w"];
 
 /// Appended to `kernels::FLASH_SOURCE` (uses its `smem_u32`, `mma16816` and `pack2`), which is
 /// built for compute capability 8.0 and later only.
 pub(crate) const GEMM_SOURCE: &str = r#"
 // C[id, c] = A[id / a_div, :] . W[e, c, :] (times scale[id] when scale is set, on the f32 sum),
 // for the BM sorted slots of tile blockIdx.y (ids >= total are padding and write nothing) and
-// the 64 outputs from blockIdx.x * 64; e = experts[tile * BM / block_m] (BM divides block_m).
-// W is [E, n, k] row-major. 4 warps; 32 inputs a step through cp.async, double-buffered;
+// the BN outputs from blockIdx.x * BN; e = experts[tile * BM / block_m] (BM divides block_m).
+// W is [E, n, k] row-major. NW warps; 32 inputs a step through cp.async in ST stages;
 // mma.sync m16n8k16 with f32 accumulators. k must be a multiple of 8, n even.
-template <bool BF, int BM> __device__ void moe_gemm_t(const u16* A, const int* sorted, const int* experts, int block_m,
-                                                    int a_div, const u16* W, u16* C, const float* scale, int n, int k,
-                                                    int total) {
-  constexpr int BN = 64, BK = 32, LD = BK + 8;
-  constexpr int WM = BM >= 64 ? 2 : 1, WN = 4 / WM;
+template <bool BF, int BM, int BN, int NW, int ST>
+__device__ void moe_gemm_t(const u16* A, const int* sorted, const int* experts, int block_m, int a_div, const u16* W,
+                           u16* C, const float* scale, int n, int k, int total) {
+  constexpr int BK = 32, LD = BK + 8, NT = NW * 32;
+  constexpr int WM = BM >= 64 ? 2 : 1, WN = NW / WM;
   constexpr int MI = BM / WM / 16, NJ = BN / WN / 8;
-  __shared__ __align__(16) u16 as[2][BM * LD];
-  __shared__ __align__(16) u16 bs[2][BN * LD];
+  __shared__ __align__(16) u16 as[ST][BM * LD];
+  __shared__ __align__(16) u16 bs[ST][BN * LD];
   __shared__ int rows[BM];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int wm = warp / WN, wn = warp % WN;
   const int mi = lane >> 3, mr = lane & 7;
   const int tile0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
   const u16* We = W + (long long)experts[tile0 / block_m] * n * k;
-  for (int r = tid; r < BM; r += 128) rows[r] = sorted[tile0 + r];
+  for (int r = tid; r < BM; r += NT) rows[r] = sorted[tile0 + r];
   __syncthreads();
   const int nk = (k + BK - 1) / BK;
 
@@ -143,36 +200,38 @@ template <bool BF, int BM> __device__ void moe_gemm_t(const u16* A, const int* s
 #pragma unroll
     for (int j = 0; j < NJ; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 
-  // The tile's gathered rows and the expert's 64 weight rows, inputs [k0, k0 + 32), in 16-byte
+  // The tile's gathered rows and the expert's BN weight rows, inputs [k0, k0 + 32), in 16-byte
   // chunks; padding slots, rows past n and inputs past k read as zero.
   auto load = [&](int buf, int k0) {
-    for (int i = tid; i < BM * 4; i += 128) {
+    for (int i = tid; i < BM * 4; i += NT) {
       int r = i >> 2, c = (i & 3) * 8, id = rows[r];
       bool ok = id < total && k0 + c < k;
       const u16* s = A + (ok ? (long long)(id / a_div) * k + k0 + c : 0);
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_u32(&as[buf][r * LD + c])), "l"(s),
                    "r"(ok ? 16 : 0));
     }
-    for (int i = tid; i < BN * 4; i += 128) {
+    for (int i = tid; i < BN * 4; i += NT) {
       int r = i >> 2, c = (i & 3) * 8;
       bool ok = n0 + r < n && k0 + c < k;
       const u16* s = We + (ok ? (long long)(n0 + r) * k + k0 + c : 0);
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_u32(&bs[buf][r * LD + c])), "l"(s),
                    "r"(ok ? 16 : 0));
     }
-    asm volatile("cp.async.commit_group;");
   };
 
-  load(0, 0);
+  // ST - 1 steps in flight: step kt + ST - 1 is loaded into the buffer step kt - 1 used, after
+  // the barrier that ends every warp's reads of it.
+#pragma unroll
+  for (int s = 0; s < ST - 1; s++) {
+    if (s < nk) load(s, s * BK);
+    asm volatile("cp.async.commit_group;");
+  }
   for (int kt = 0; kt < nk; kt++) {
-    const int buf = kt & 1;
-    if (kt + 1 < nk) {
-      load(buf ^ 1, (kt + 1) * BK);
-      asm volatile("cp.async.wait_group 1;");
-    } else {
-      asm volatile("cp.async.wait_group 0;");
-    }
+    const int buf = kt % ST;
+    asm volatile("cp.async.wait_group %0;" :: "n"(ST - 2));
     __syncthreads();
+    if (kt + ST - 1 < nk) load((kt + ST - 1) % ST, (kt + ST - 1) * BK);
+    asm volatile("cp.async.commit_group;");
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++) {
       unsigned af[MI][4];
@@ -195,8 +254,8 @@ template <bool BF, int BM> __device__ void moe_gemm_t(const u16* A, const int* s
         }
       }
     }
-    __syncthreads();
   }
+  asm volatile("cp.async.wait_group 0;");
 
 #pragma unroll
   for (int i = 0; i < MI; i++) {
@@ -214,15 +273,28 @@ template <bool BF, int BM> __device__ void moe_gemm_t(const u16* A, const int* s
   }
 }
 
-#define MOE_GEMM_EXPORT(NAME, BF, BM) \
-  extern "C" __global__ void __launch_bounds__(128) NAME(const u16* A, const int* sorted, const int* experts, \
+#define MOE_GEMM_EXPORT(NAME, BF, BM, BN, NW, ST) \
+  extern "C" __global__ void __launch_bounds__(NW * 32) NAME(const u16* A, const int* sorted, const int* experts, \
       int block_m, int a_div, const u16* W, u16* C, const float* scale, int n, int k, int total) \
-  { moe_gemm_t<BF, BM>(A, sorted, experts, block_m, a_div, W, C, scale, n, k, total); }
-MOE_GEMM_EXPORT(moe_gemm16_f16, false, 16)
-MOE_GEMM_EXPORT(moe_gemm16_bf16, true, 16)
-MOE_GEMM_EXPORT(moe_gemm64_f16, false, 64)
-MOE_GEMM_EXPORT(moe_gemm64_bf16, true, 64)
+  { moe_gemm_t<BF, BM, BN, NW, ST>(A, sorted, experts, block_m, a_div, W, C, scale, n, k, total); }
+MOE_GEMM_EXPORT(moe_gemm16_f16, false, 16, 64, 4, 2)
+MOE_GEMM_EXPORT(moe_gemm16_bf16, true, 16, 64, 4, 2)
+MOE_GEMM_EXPORT(moe_gemm64_f16, false, 64, 64, 4, 2)
+MOE_GEMM_EXPORT(moe_gemm64_bf16, true, 64, 64, 4, 2)
+MOE_GEMM_EXPORT(moe_gemm64w_f16, false, 64, 128, 8, 3)
+MOE_GEMM_EXPORT(moe_gemm64w_bf16, true, 64, 128, 8, 3)
 "#;
+
+/// `VRAMSCOPE_MOE_GEMM`: `wide` (`Some(true)`) or `narrow` (`Some(false)`) tiles for every
+/// grouped GEMM of 64-row blocks; unset (or anything else), by the output width.
+fn moe_gemm_tiles() -> Option<bool> {
+    static TILES: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *TILES.get_or_init(|| match std::env::var("VRAMSCOPE_MOE_GEMM").as_deref() {
+        Ok("wide") => Some(true),
+        Ok("narrow") => Some(false),
+        _ => None,
+    })
+}
 
 /// One grouped GEMM, by device address: `a` rows by slot id / `a_div` (`k` wide), `w` the
 /// stacked experts `[E, n, k]`, `c` rows by slot id (`n` wide), `scale` (f32 per slot, 0 for
@@ -269,10 +341,24 @@ impl CudaDevice {
             return Ok(());
         }
         let bm = if s.block_m.is_multiple_of(64) { 64 } else { 16 };
-        let f = self.func(&format!("moe_gemm{bm}"), g.dtype)?;
+        // Wide tiles (128 outputs, 8 warps, 3 stages) where there are at least 8 of them a
+        // row; `VRAMSCOPE_MOE_GEMM=narrow` keeps the 64-output tiles everywhere (A/B timing),
+        // `wide` takes the wide ones wherever the rows allow (small models' checks).
+        let wide = bm == 64
+            && match moe_gemm_tiles() {
+                Some(true) => true,
+                Some(false) => false,
+                None => g.n >= 1024,
+            };
+        let (name, bn, threads) = if wide {
+            ("moe_gemm64w".to_string(), 128, 256)
+        } else {
+            (format!("moe_gemm{bm}"), 64, 128)
+        };
+        let f = self.func(&name, g.dtype)?;
         let cfg = LaunchConfig {
-            grid_dim: (g.n.div_ceil(64) as u32, (s.used / bm) as u32, 1),
-            block_dim: (128, 1, 1),
+            grid_dim: (g.n.div_ceil(bn) as u32, (s.used / bm) as u32, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
         self.launch(
@@ -323,10 +409,24 @@ impl CudaDevice {
         }
         let g = gating.map_or(0u64, |g| g.cuda_ptr());
         let (lp, wp, ip) = (logits.cuda_ptr(), weights.cuda_ptr(), ids.cuda_ptr());
-        let f = self.func("moe_topk_softmax", dt)?;
+        // A warp a token up to 256 experts (a thread a token would leave most SMs idle at
+        // a few thousand tokens), else a thread a token.
+        let (f, cfg) = if e <= 256 {
+            let blocks = (m.div_ceil(8) as u32).max(1);
+            (
+                self.func("moe_topk_softmax_w", dt)?,
+                LaunchConfig {
+                    grid_dim: (blocks, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                },
+            )
+        } else {
+            (self.func("moe_topk_softmax", dt)?, super::grid(m as u64))
+        };
         self.launch(
             f,
-            super::grid(m as u64),
+            cfg,
             &[
                 &lp,
                 &g,

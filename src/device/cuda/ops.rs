@@ -192,7 +192,18 @@ impl CudaDevice {
         let cols = w.numel() as i32;
         let rows = (x.numel() / w.numel().max(1)) as u32;
         let (xp, wp, op) = (x.cuda_ptr(), w.cuda_ptr(), out.cuda_ptr());
-        let f = if cols % 8 == 0 && aligned16(&[xp, wp, op]) {
+        let v8 = cols % 8 == 0 && aligned16(&[xp, wp, op]);
+        if v8 && cols <= 256 {
+            // A warp a row: a head's width would leave most of a 256-thread block idle.
+            let f = self.func("rms_norm_v8w", dt)?;
+            let n = rows as i64;
+            return self.launch(
+                f,
+                blocks(rows.div_ceil(8), 256),
+                &[&xp, &wp, &op, &cols, &eps, &n],
+            );
+        }
+        let f = if v8 {
             self.func("rms_norm_v8", dt)?
         } else {
             self.func("rms_norm", dt)?
