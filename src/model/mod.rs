@@ -9,6 +9,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod gen_nvfp4;
 pub mod gguf;
 pub mod layers;
 pub(crate) mod loader;
@@ -269,7 +270,7 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
             Ok((cfg, Box::new(st), threshold))
         }
         FileFormat::ConfigOnly => {
-            let json = read_config_json(&files.config)?;
+            let json = config_with_quant_file(&files.config)?;
             let cfg =
                 ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
             let sq = sharded::stored_quant(&json, &files.config)?;
@@ -520,7 +521,7 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
             (cfg, md)
         }
         FileFormat::ConfigOnly => {
-            let json = read_config_json(&files.config)?;
+            let json = config_with_quant_file(&files.config)?;
             let cfg =
                 ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
             params = cfg.param_count();
@@ -1712,6 +1713,32 @@ fn write_shards(dir: &Path, tensors: Vec<(String, LazyTensor)>, n: usize) -> Res
 }
 
 /// config.json and the safetensors file(s) of a model folder, checked against each other.
+/// config.json, with ModelOpt's `hf_quant_config.json` beside it read as its
+/// `quantization_config` when config.json has none (vLLM 0.19 weight_utils.py L269-307:
+/// config.json's `quantization_config` first, then the method's config file; modelopt.py
+/// L262-263 names `hf_quant_config.json`).
+pub(crate) fn config_with_quant_file(config: &Path) -> Result<serde_json::Value> {
+    let mut json = read_config_json(config)?;
+    if json.get("quantization_config").is_none_or(|q| q.is_null()) {
+        if let Some(hq) = config
+            .parent()
+            .map(|d| d.join("hf_quant_config.json"))
+            .filter(|p| p.is_file())
+        {
+            let mut q = crate::base::fsguard::read_json_object(
+                &hq,
+                "hf_quant_config.json",
+                crate::base::fsguard::CONFIG_LIMIT,
+            )?;
+            if q.get("quant_method").is_none() {
+                q["quant_method"] = "modelopt".into();
+            }
+            json["quantization_config"] = q;
+        }
+    }
+    Ok(json)
+}
+
 fn open_safetensors(
     files: &ModelFiles,
 ) -> Result<(
@@ -1720,7 +1747,7 @@ fn open_safetensors(
     sharded::StoredQuant,
     sharded::SafetensorsModel,
 )> {
-    let json = read_config_json(&files.config)?;
+    let json = config_with_quant_file(&files.config)?;
     let cfg = ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
     let sq = sharded::stored_quant(&json, &files.config)?;
     check_fp8_blocks(sq, &cfg, &files.config)?;
