@@ -320,6 +320,7 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
                     bnb4,
                     fp8,
                     packed4: sq.packed4(),
+                    nvfp4: sq.nvfp4(),
                 }),
                 threshold,
             ))
@@ -341,6 +342,8 @@ struct ConfigOnly {
     fp8: Option<crate::quant::fp8::StoredFp8>,
     /// An AWQ / GPTQ checkpoint: every projection stored in that format.
     packed4: Option<crate::quant::marlin::Format>,
+    /// An NVFP4 checkpoint: every projection stored in that format.
+    nvfp4: Option<crate::quant::nvfp4::Flavor>,
 }
 
 /// The 4-bit layout `quantization_config` implies for a config-only model: transformers'
@@ -394,6 +397,28 @@ impl WeightSource for ConfigOnly {
     }
     fn packed4(&self) -> Option<crate::quant::marlin::Format> {
         self.packed4
+    }
+    fn nvfp4(&self) -> Option<crate::quant::nvfp4::Flavor> {
+        self.nvfp4
+    }
+    /// The shapes config.json implies (inputs in whole blocks of 16); no values.
+    fn read_nvfp4(
+        &self,
+        name: &str,
+        n: usize,
+        k: usize,
+        data: bool,
+    ) -> Result<crate::quant::nvfp4::Parts> {
+        if !k.is_multiple_of(crate::quant::nvfp4::GROUP) {
+            return Err(Error::model(
+                &self.config,
+                format!("{name} [{n}, {k}]: the inputs are not a multiple of NVFP4's blocks of 16"),
+            ));
+        }
+        if data {
+            return self.read_f32(name, &[n, k]).map(|_| Default::default());
+        }
+        Ok(Default::default())
     }
     /// The shapes config.json implies, checked against Marlin's rules; no values.
     fn read_packed4(

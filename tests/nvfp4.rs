@@ -1,0 +1,254 @@
+//! NVFP4 checkpoints (compressed-tensors `nvfp4-pack-quantized`, ModelOpt `NVFP4`) under vLLM
+//! 0.19's Marlin FP4 path (docs/reading/vllm-nvfp4-modelopt.md): the layout gen-model writes,
+//! the allocations by hand, dry = compute, CPU logits, the published 8B shape, and the
+//! refusals, one line each.
+
+mod common;
+
+use std::path::Path;
+
+use common::cli::{gen_tiny, ok, profile_json_under, vramscope};
+
+fn header(dir: &Path) -> serde_json::Value {
+    let raw = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(raw[..8].try_into().unwrap()) as usize;
+    serde_json::from_slice(&raw[8..8 + n]).unwrap()
+}
+
+/// The tensors each tool writes for a projection: names, dtypes, shapes.
+#[test]
+fn gen_model_writes_each_tools_tensors() {
+    for (flavor, names) in [
+        (
+            "ct",
+            [
+                "weight_packed",
+                "weight_scale",
+                "weight_global_scale",
+                "input_global_scale",
+            ],
+        ),
+        ("modelopt", ["weight", "weight_scale", "weight_scale_2", "input_scale"]),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        gen_tiny(dir.path(), &["--nvfp4", flavor]);
+        let h = header(dir.path());
+        let base = "model.layers.0.mlp.down_proj";
+        let t = |s: &str| &h[format!("{base}.{s}")];
+        assert_eq!(t(names[0])["dtype"], "U8");
+        assert_eq!(t(names[0])["shape"], serde_json::json!([128, 192]));
+        assert_eq!(t(names[1])["dtype"], "F8_E4M3");
+        assert_eq!(t(names[1])["shape"], serde_json::json!([128, 24]));
+        let scalar = if flavor == "ct" {
+            serde_json::json!([1])
+        } else {
+            serde_json::json!([])
+        };
+        for s in &names[2..] {
+            assert_eq!(t(s)["dtype"], "F32");
+            assert_eq!(t(s)["shape"], scalar);
+        }
+        assert_eq!(h["lm_head.weight"]["dtype"], "F16");
+        let hq = dir.path().join("hf_quant_config.json");
+        assert_eq!(hq.is_file(), flavor == "modelopt");
+    }
+}
+
+/// Tiny (hidden 128, intermediate 384, 4 layers, 4 heads of 32, 2 KV heads, vocab 1024, f16)
+/// on a simulated H100 (132 SMs) under 0.19, after loading, by tensor:
+///
+/// - per layer, each stacked linear `[n, k]`: the repacked words `[k/16, 2n]` I32 = n·k/2,
+///   the Marlin scales `[k/16, n]` fp8 = n·k/16, four 0-dim f32 (global, input, its inverse,
+///   alpha) = 16, the workspace 132 I32 = 528: qkv 256 × 128, o 128 × 128, gate_up
+///   768 × 128, down 128 × 384: 98,304 + 12,288 + 4 × 544 = 112,768; × 4 = 451,072;
+/// - the embedding and lm_head 2 × 1024 × 128 × 2 = 524,288, nine norms 2,304;
+/// - the rotary cache 2048 × 32 × 2 = 131,072, 0.19's seven attention scalars a layer 112:
+///
+/// 1,108,848 bytes of tensors, for either flavor; dry and compute the same allocations.
+#[test]
+fn tiny_nvfp4_weighs_by_hand_and_plans_dry_as_it_computes() {
+    for flavor in ["ct", "modelopt"] {
+        let dir = tempfile::tempdir().unwrap();
+        gen_tiny(dir.path(), &["--nvfp4", flavor]);
+        let dry = profile_json_under(dir.path(), "sim:h100-80gb:dry", "0.19");
+        let cpu = profile_json_under(dir.path(), "sim:h100-80gb:compute", "0.19");
+        assert_eq!(dry["weights_tensor_bytes"], 1_108_848, "{flavor}");
+        for key in ["weights_bytes", "weights_tensor_bytes"] {
+            assert_eq!(dry[key], cpu[key], "{flavor} {key}");
+        }
+        for t in ["t0", "t1", "t2", "t3"] {
+            for key in ["allocated", "allocated_peak", "reserved"] {
+                assert_eq!(
+                    dry["checkpoints"][t][key], cpu["checkpoints"][t][key],
+                    "{flavor} {t} {key}"
+                );
+            }
+        }
+        // bf16 activations take _nvfp4_compute_scale_factor's copies while loading, which
+        // are freed: the same tensors stay.
+        let bf = tempfile::tempdir().unwrap();
+        gen_tiny(bf.path(), &["--nvfp4", flavor, "--dtype", "bf16"]);
+        let b = profile_json_under(bf.path(), "sim:h100-80gb:dry", "0.19");
+        let c = profile_json_under(bf.path(), "sim:h100-80gb:compute", "0.19");
+        assert_eq!(b["weights_tensor_bytes"], 1_108_848, "{flavor} bf16");
+        assert_eq!(
+            b["checkpoints"]["t1"]["allocated_peak"], c["checkpoints"]["t1"]["allocated_peak"],
+            "{flavor} bf16"
+        );
+    }
+}
+
+fn bench_logits(model: &str, tmp: &Path, tag: &str) -> Vec<f64> {
+    let json = tmp.join(format!("{tag}.json"));
+    ok(&vramscope(&[
+        "bench",
+        "--model",
+        model,
+        "--quant",
+        "fp16",
+        "--device",
+        "sim:a100-80gb:compute",
+        "--tokens",
+        "64",
+        "--json",
+        json.to_str().unwrap(),
+    ]));
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    r["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect()
+}
+
+fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let d: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>().sqrt();
+    d / a.iter().map(|x| x * x).sum::<f64>().sqrt()
+}
+
+/// CPU logits: both tools' checkpoints hold the same codes and scales (one the other's
+/// global scale inverted), so their logits agree to the global scale's last bit, and both
+/// sit within 4-bit e2m1's error of the 16-bit model (measured relative L2 printed).
+#[test]
+fn nvfp4_logits_agree_across_tools_and_are_near_the_16_bit_models() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = bench_logits("preset:tiny", tmp.path(), "f16");
+    let (ct, mo) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    gen_tiny(ct.path(), &["--nvfp4", "ct"]);
+    gen_tiny(mo.path(), &["--nvfp4", "modelopt"]);
+    let a = bench_logits(ct.path().to_str().unwrap(), tmp.path(), "ct");
+    let b = bench_logits(mo.path().to_str().unwrap(), tmp.path(), "mo");
+    let between = rel_l2(&a, &b);
+    let d = rel_l2(&base, &a);
+    println!("NVFP4 vs fp16: relative L2 {d:.4}; compressed-tensors vs ModelOpt {between:.2e}");
+    assert!(between < 2e-3, "{between}");
+    assert!(d > 0.0 && d < 0.3, "{d}");
+}
+
+/// The profile of a checkpoint: exit code and stderr's one line.
+fn refused(dir: &Path, vllm: &str, device: &str) -> (Option<i32>, String) {
+    let out = vramscope(&[
+        "profile",
+        "-q",
+        "--model",
+        dir.to_str().unwrap(),
+        "--vllm",
+        vllm,
+        "--device",
+        device,
+        "--max-model-len",
+        "256",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    (out.status.code(), err)
+}
+
+/// Releases, GPUs and configs not modelled, and bad files: one line each, naming the file
+/// or the setting.
+#[test]
+fn nvfp4_refusals_are_one_line_each() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_tiny(dir.path(), &["--nvfp4", "ct"]);
+    let (code, e) = refused(dir.path(), "0.15", "sim:h100-80gb:dry");
+    assert_eq!(code, Some(2));
+    assert!(e.contains("--vllm 0.15") && e.contains("use --vllm 0.19"), "{e}");
+    let (_, e) = refused(dir.path(), "0.19", "sim:b200:dry");
+    assert!(e.contains("Blackwell") && e.contains("CUTLASS"), "{e}");
+    // Config: weight-only NVFP4, group size 32, a KV cache scheme.
+    let cfg_path = dir.path().join("config.json");
+    let orig: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    type Patch = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Patch)> = vec![
+        (
+            "weight-only NVFP4",
+            Box::new(|q| q["config_groups"]["group_0"]["input_activations"] = serde_json::Value::Null),
+        ),
+        (
+            "group_size 32",
+            Box::new(|q| q["config_groups"]["group_0"]["weights"]["group_size"] = 32.into()),
+        ),
+        (
+            "kv_cache_scheme",
+            Box::new(|q| q["kv_cache_scheme"] = serde_json::json!({"num_bits": 8, "type": "float"})),
+        ),
+        (
+            "lists \"re:.*down_proj\"",
+            Box::new(|q| q["ignore"] = serde_json::json!(["lm_head", "re:.*down_proj"])),
+        ),
+    ];
+    for (want, f) in cases {
+        let mut j = orig.clone();
+        f(&mut j["quantization_config"]);
+        std::fs::write(&cfg_path, serde_json::to_vec(&j).unwrap()).unwrap();
+        let (code, e) = refused(dir.path(), "0.19", "sim:h100-80gb:dry");
+        assert_eq!(code, Some(2), "{want}");
+        assert!(e.contains(want) && e.contains("config.json"), "{want}: {e}");
+    }
+    std::fs::write(&cfg_path, serde_json::to_vec(&orig).unwrap()).unwrap();
+    // A negative block scale (fp8 sign bit) and a NaN global scale, naming the tensor.
+    let st = dir.path().join("model.safetensors");
+    let clean = std::fs::read(&st).unwrap();
+    let h = header(dir.path());
+    let n = u64::from_le_bytes(clean[..8].try_into().unwrap()) as usize;
+    let at = |name: &str| 8 + n + h[name]["data_offsets"][0].as_u64().unwrap() as usize;
+    let mut bad = clean.clone();
+    bad[at("model.layers.1.self_attn.o_proj.weight_scale") + 3] |= 0x80;
+    std::fs::write(&st, &bad).unwrap();
+    let (_, e) = refused(dir.path(), "0.19", "sim:h100-80gb:dry");
+    assert!(
+        e.contains("model.layers.1.self_attn.o_proj.weight_scale[0, 3]") && e.contains("not negative"),
+        "{e}"
+    );
+    let mut bad = clean.clone();
+    let g = at("model.layers.2.mlp.up_proj.weight_global_scale");
+    bad[g..g + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&st, &bad).unwrap();
+    let (_, e) = refused(dir.path(), "0.19", "sim:h100-80gb:dry");
+    assert!(e.contains("up_proj.weight_global_scale is NaN") && e.contains("model.safetensors"), "{e}");
+    // ModelOpt: FP8 and an FP8 KV cache named.
+    let mo = tempfile::tempdir().unwrap();
+    gen_tiny(mo.path(), &["--nvfp4", "modelopt"]);
+    let hq = mo.path().join("hf_quant_config.json");
+    let orig: serde_json::Value = serde_json::from_slice(&std::fs::read(&hq).unwrap()).unwrap();
+    for (key, value, want) in [
+        ("quant_algo", serde_json::json!("FP8"), "'FP8'"),
+        ("kv_cache_quant_algo", serde_json::json!("FP8"), "ModelOptFp8KVCacheMethod"),
+        ("group_size", serde_json::json!(32), "group_size is 32"),
+    ] {
+        let mut j = orig.clone();
+        j["quantization"][key] = value;
+        std::fs::write(&hq, serde_json::to_vec(&j).unwrap()).unwrap();
+        let (code, e) = refused(mo.path(), "0.19", "sim:h100-80gb:dry");
+        assert_eq!(code, Some(2));
+        assert!(e.contains(want), "{want}: {e}");
+    }
+    let mut j = orig.clone();
+    j["quantization"].as_object_mut().unwrap().remove("exclude_modules");
+    std::fs::write(&hq, serde_json::to_vec(&j).unwrap()).unwrap();
+    let (_, e) = refused(mo.path(), "0.19", "sim:h100-80gb:dry");
+    assert!(e.contains("lacks exclude_modules"), "{e}");
+}
