@@ -252,3 +252,112 @@ fn nvfp4_refusals_are_one_line_each() {
     let (_, e) = refused(mo.path(), "0.19", "sim:h100-80gb:dry");
     assert!(e.contains("lacks exclude_modules"), "{e}");
 }
+
+/// Llama-3.1-8B-Instruct's config.json with the quantization_config LLM Compressor writes for
+/// its NVFP4 scheme (RedHatAI's `…-NVFP4`: weights and activations NVFP4, the lm_head
+/// ignored).
+const LLAMA31_8B_NVFP4: &str = r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+ "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+ "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+ "max_position_embeddings": 131072, "rope_theta": 500000.0,
+ "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+ "rms_norm_eps": 1e-05, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+ "hidden_act": "silu", "attention_bias": false, "mlp_bias": false,
+ "quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+   "quantization_status": "compressed", "global_compression_ratio": null,
+   "kv_cache_scheme": null, "ignore": ["lm_head"], "sparsity_config": {},
+   "config_groups": {"group_0": {"targets": ["Linear"], "output_activations": null,
+     "format": "nvfp4-pack-quantized",
+     "input_activations": {"num_bits": 4, "type": "float", "symmetric": true,
+       "group_size": 16, "strategy": "tensor_group", "dynamic": "local",
+       "observer": "minmax", "observer_kwargs": {}, "actorder": null, "block_structure": null},
+     "weights": {"num_bits": 4, "type": "float", "symmetric": true, "group_size": 16,
+       "strategy": "tensor_group", "dynamic": false, "observer": "minmax",
+       "observer_kwargs": {}, "actorder": null, "block_structure": null}}}}}"#;
+
+fn profile_8b(dir: &Path, device: &str) -> (Option<i32>, String, Option<serde_json::Value>) {
+    let json = dir.join("r.json");
+    let out = vramscope(&[
+        "profile",
+        "-q",
+        "--json",
+        json.to_str().unwrap(),
+        "--model",
+        dir.to_str().unwrap(),
+        "--vllm",
+        "0.19",
+        "--device",
+        device,
+        "--max-model-len",
+        "8192",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    let r = std::fs::read(&json)
+        .ok()
+        .map(|b| serde_json::from_slice(&b).unwrap());
+    (out.status.code(), err, r)
+}
+
+/// The published Llama-3.1-8B NVFP4 shape, from its config alone, under 0.19 on an H100
+/// (132 SMs, bf16). After loading, by tensor (derived by hand from
+/// compressed_tensors_w4a4_nvfp4.py L88-111 and marlin_utils_fp4.py L203-283 at 0.19.0):
+///
+/// - per layer, each stacked linear `[n, k]`: the repacked words n·k/2, the Marlin fp8
+///   scales n·k/16, four 0-dim f32 = 16, the workspace 132 × 4 = 528: qkv (6144 × 4096)
+///   12,582,912 + 1,572,864; o (4096²) 8,388,608 + 1,048,576; gate_up (28672 × 4096)
+///   58,720,256 + 7,340,032; down (4096 × 14336) 29,360,128 + 3,670,016; = 122,683,392,
+///   + 4 × 544 = 2,176, + two norms 16,384: 122,701,952 a layer, 3,926,462,464 for 32;
+/// - the embedding and lm_head (ignored: bf16) 2,101,346,304, the final norm 8,192;
+/// - the rotary cache 131072 × 128 × 2 = 33,554,432 and seven 0-dim f32 a layer 896:
+///
+/// 6,061,372,288 bytes. The checkpoint itself stores 6,027,749,120 bytes (per layer, seven
+/// linears' U8 codes n·k/2, F8 scales n·k/16 and two F32 `[1]` scales: 122,683,448, two
+/// norms; the embedding, lm_head and final norm).
+#[test]
+fn llama31_8b_nvfp4_weighs_by_hand_on_an_h100() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), LLAMA31_8B_NVFP4).unwrap();
+    let (code, err, r) = profile_8b(dir.path(), "sim:h100-80gb:dry");
+    assert_eq!(code, Some(0), "{err}");
+    let r = r.unwrap();
+    assert_eq!(r["weights_tensor_bytes"].as_u64().unwrap(), 6_061_372_288);
+    println!(
+        "Llama-3.1-8B NVFP4, 0.19 on an H100: weights {} B of blocks",
+        r["weights_bytes"]
+    );
+    let (h, i, layers) = (4096u64, 14336u64, 32u64);
+    let linears = [(h, h), (1024, h), (1024, h), (h, h), (i, h), (i, h), (h, i)];
+    let per_layer: u64 = linears.iter().map(|&(n, k)| n * k / 2 + n * k / 16 + 8).sum();
+    assert_eq!(per_layer, 122_683_448);
+    let stored = layers * (per_layer + 2 * h * 2) + 2 * 128_256 * h * 2 + h * 2;
+    assert_eq!(stored, 6_027_749_120);
+    // nvidia's ModelOpt checkpoints state an FP8 KV cache in hf_quant_config.json: named.
+    let mo = tempfile::tempdir().unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(LLAMA31_8B_NVFP4).unwrap();
+    cfg.as_object_mut().unwrap().remove("quantization_config");
+    std::fs::write(mo.path().join("config.json"), cfg.to_string()).unwrap();
+    std::fs::write(
+        mo.path().join("hf_quant_config.json"),
+        r#"{"producer": {"name": "modelopt", "version": "0.29.0"},
+            "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8",
+                             "group_size": 16, "exclude_modules": ["lm_head"]}}"#,
+    )
+    .unwrap();
+    let (code, err, _) = profile_8b(mo.path(), "sim:h100-80gb:dry");
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("kv_cache_quant_algo is \"FP8\"") && err.contains("ModelOptFp8KVCacheMethod"),
+        "{err}"
+    );
+    // Without it, the same shape weighs the same.
+    std::fs::write(
+        mo.path().join("hf_quant_config.json"),
+        r#"{"quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": null,
+                             "group_size": 16, "exclude_modules": ["lm_head"]}}"#,
+    )
+    .unwrap();
+    let (code, err, r) = profile_8b(mo.path(), "sim:h100-80gb:dry");
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(r.unwrap()["weights_tensor_bytes"].as_u64().unwrap(), 6_061_372_288);
+}
