@@ -28,7 +28,10 @@ fn gen_model_writes_each_tools_tensors() {
                 "input_global_scale",
             ],
         ),
-        ("modelopt", ["weight", "weight_scale", "weight_scale_2", "input_scale"]),
+        (
+            "modelopt",
+            ["weight", "weight_scale", "weight_scale_2", "input_scale"],
+        ),
     ] {
         let dir = tempfile::tempdir().unwrap();
         gen_tiny(dir.path(), &["--nvfp4", flavor]);
@@ -124,7 +127,12 @@ fn bench_logits(model: &str, tmp: &Path, tag: &str) -> Vec<f64> {
 
 fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
-    let d: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>().sqrt();
+    let d: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).powi(2))
+        .sum::<f64>()
+        .sqrt();
     d / a.iter().map(|x| x * x).sum::<f64>().sqrt()
 }
 
@@ -174,7 +182,10 @@ fn nvfp4_refusals_are_one_line_each() {
     gen_tiny(dir.path(), &["--nvfp4", "ct"]);
     let (code, e) = refused(dir.path(), "0.15", "sim:h100-80gb:dry");
     assert_eq!(code, Some(2));
-    assert!(e.contains("--vllm 0.15") && e.contains("use --vllm 0.19"), "{e}");
+    assert!(
+        e.contains("--vllm 0.15") && e.contains("use --vllm 0.19"),
+        "{e}"
+    );
     let (_, e) = refused(dir.path(), "0.19", "sim:b200:dry");
     assert!(e.contains("Blackwell") && e.contains("CUTLASS"), "{e}");
     // Config: weight-only NVFP4, group size 32, a KV cache scheme.
@@ -185,7 +196,9 @@ fn nvfp4_refusals_are_one_line_each() {
     let cases: Vec<(&str, Patch)> = vec![
         (
             "weight-only NVFP4",
-            Box::new(|q| q["config_groups"]["group_0"]["input_activations"] = serde_json::Value::Null),
+            Box::new(|q| {
+                q["config_groups"]["group_0"]["input_activations"] = serde_json::Value::Null
+            }),
         ),
         (
             "group_size 32",
@@ -193,7 +206,9 @@ fn nvfp4_refusals_are_one_line_each() {
         ),
         (
             "kv_cache_scheme",
-            Box::new(|q| q["kv_cache_scheme"] = serde_json::json!({"num_bits": 8, "type": "float"})),
+            Box::new(|q| {
+                q["kv_cache_scheme"] = serde_json::json!({"num_bits": 8, "type": "float"})
+            }),
         ),
         (
             "lists \"re:.*down_proj\"",
@@ -220,7 +235,8 @@ fn nvfp4_refusals_are_one_line_each() {
     std::fs::write(&st, &bad).unwrap();
     let (_, e) = refused(dir.path(), "0.19", "sim:h100-80gb:dry");
     assert!(
-        e.contains("model.layers.1.self_attn.o_proj.weight_scale[0, 3]") && e.contains("not negative"),
+        e.contains("model.layers.1.self_attn.o_proj.weight_scale[0, 3]")
+            && e.contains("not negative"),
         "{e}"
     );
     let mut bad = clean.clone();
@@ -228,7 +244,10 @@ fn nvfp4_refusals_are_one_line_each() {
     bad[g..g + 4].copy_from_slice(&f32::NAN.to_le_bytes());
     std::fs::write(&st, &bad).unwrap();
     let (_, e) = refused(dir.path(), "0.19", "sim:h100-80gb:dry");
-    assert!(e.contains("up_proj.weight_global_scale is NaN") && e.contains("model.safetensors"), "{e}");
+    assert!(
+        e.contains("up_proj.weight_global_scale is NaN") && e.contains("model.safetensors"),
+        "{e}"
+    );
     // ModelOpt: FP8 and an FP8 KV cache named.
     let mo = tempfile::tempdir().unwrap();
     gen_tiny(mo.path(), &["--nvfp4", "modelopt"]);
@@ -236,7 +255,11 @@ fn nvfp4_refusals_are_one_line_each() {
     let orig: serde_json::Value = serde_json::from_slice(&std::fs::read(&hq).unwrap()).unwrap();
     for (key, value, want) in [
         ("quant_algo", serde_json::json!("FP8"), "'FP8'"),
-        ("kv_cache_quant_algo", serde_json::json!("FP8"), "ModelOptFp8KVCacheMethod"),
+        (
+            "kv_cache_quant_algo",
+            serde_json::json!("FP8"),
+            "ModelOptFp8KVCacheMethod",
+        ),
         ("group_size", serde_json::json!(32), "group_size is 32"),
     ] {
         let mut j = orig.clone();
@@ -247,7 +270,10 @@ fn nvfp4_refusals_are_one_line_each() {
         assert!(e.contains(want), "{want}: {e}");
     }
     let mut j = orig.clone();
-    j["quantization"].as_object_mut().unwrap().remove("exclude_modules");
+    j["quantization"]
+        .as_object_mut()
+        .unwrap()
+        .remove("exclude_modules");
     std::fs::write(&hq, serde_json::to_vec(&j).unwrap()).unwrap();
     let (_, e) = refused(mo.path(), "0.19", "sim:h100-80gb:dry");
     assert!(e.contains("lacks exclude_modules"), "{e}");
@@ -328,7 +354,10 @@ fn llama31_8b_nvfp4_weighs_by_hand_on_an_h100() {
     );
     let (h, i, layers) = (4096u64, 14336u64, 32u64);
     let linears = [(h, h), (1024, h), (1024, h), (h, h), (i, h), (i, h), (h, i)];
-    let per_layer: u64 = linears.iter().map(|&(n, k)| n * k / 2 + n * k / 16 + 8).sum();
+    let per_layer: u64 = linears
+        .iter()
+        .map(|&(n, k)| n * k / 2 + n * k / 16 + 8)
+        .sum();
     assert_eq!(per_layer, 122_683_448);
     let stored = layers * (per_layer + 2 * h * 2) + 2 * 128_256 * h * 2 + h * 2;
     assert_eq!(stored, 6_027_749_120);
@@ -359,5 +388,194 @@ fn llama31_8b_nvfp4_weighs_by_hand_on_an_h100() {
     .unwrap();
     let (code, err, r) = profile_8b(mo.path(), "sim:h100-80gb:dry");
     assert_eq!(code, Some(0), "{err}");
-    assert_eq!(r.unwrap()["weights_tensor_bytes"].as_u64().unwrap(), 6_061_372_288);
+    assert_eq!(
+        r.unwrap()["weights_tensor_bytes"].as_u64().unwrap(),
+        6_061_372_288
+    );
+}
+
+/// Writes the checkpoint scripts/nvfp4_reference.py reads (set VRAMSCOPE_NVFP4_FIXTURE to a
+/// directory; `ct` and `modelopt` are written under it): the same files the reference test
+/// makes in its temporary directory (seed 0).
+#[test]
+#[ignore]
+fn write_fixture() {
+    let root = std::path::PathBuf::from(std::env::var("VRAMSCOPE_NVFP4_FIXTURE").unwrap());
+    gen_tiny(&root.join("ct"), &["--nvfp4", "ct"]);
+    gen_tiny(&root.join("modelopt"), &["--nvfp4", "modelopt"]);
+}
+
+/// Last-token logits at ids 3, 11, ..., 1019 of tiny's 16-token dummy sequence, from the
+/// compressed-tensors checkpoint `gen-model tiny DIR --nvfp4 ct` writes:
+/// `python3 scripts/nvfp4_reference.py DIR --pure` (the format's dequantization in float64
+/// and a plain-Python Llama forward; the ModelOpt checkpoint gives the same to 4.2e-8). The
+/// PyTorch mode (transformers' LlamaForCausalLM in float32 on the dequantized weights) is run
+/// by the lead on the GPU machine; see docs/gpu-runs.md.
+const REFERENCE: [f64; 128] = [
+    -5.030063748e-01,
+    1.765203625e-02,
+    4.506711573e-03,
+    3.697550350e-01,
+    2.037797737e-02,
+    6.658045622e-03,
+    -2.020504995e-01,
+    1.371480199e-01,
+    -1.987713582e-02,
+    -8.788415270e-03,
+    1.455604053e-01,
+    -1.782616847e-01,
+    2.901088505e-01,
+    -3.718588188e-01,
+    -1.286474602e-01,
+    3.380568898e-01,
+    -7.382515331e-02,
+    -2.951568894e-01,
+    -7.408575631e-02,
+    -1.756853746e-02,
+    -2.388101013e-01,
+    -3.088620799e-02,
+    -2.062409871e-01,
+    -9.225849179e-02,
+    9.887710774e-02,
+    5.083298616e-01,
+    -4.208347926e-01,
+    2.866162396e-02,
+    4.130987943e-02,
+    -2.777377933e-01,
+    -3.074071923e-01,
+    2.300940831e-01,
+    9.201693863e-04,
+    4.146735286e-01,
+    -3.152648433e-01,
+    8.388651770e-02,
+    3.030634517e-01,
+    2.754336885e-01,
+    2.080921588e-02,
+    -1.833252201e-01,
+    -6.580145994e-02,
+    -3.127616314e-01,
+    -1.338324564e-01,
+    -5.446378633e-02,
+    -3.098510034e-01,
+    -1.164164428e-01,
+    6.804101299e-02,
+    1.474583079e-01,
+    -2.274728446e-01,
+    1.212604989e-02,
+    5.328729901e-02,
+    -1.555636332e-01,
+    1.028337694e-01,
+    -2.324647353e-02,
+    4.220395801e-02,
+    -5.274748762e-01,
+    1.758534187e-01,
+    3.253232118e-01,
+    1.655754078e-01,
+    -1.554626767e-01,
+    -9.259837658e-02,
+    1.027846631e-01,
+    3.160514266e-02,
+    -2.045579303e-01,
+    -3.708459765e-01,
+    1.411853872e-01,
+    -1.191594700e-01,
+    5.201989188e-02,
+    -1.779495812e-01,
+    -1.171732866e-01,
+    2.648901342e-01,
+    -5.036925697e-01,
+    4.869285428e-01,
+    3.645361645e-01,
+    4.750488805e-02,
+    3.602573826e-01,
+    -8.624078855e-02,
+    6.126703538e-02,
+    9.683826169e-02,
+    1.278610681e-01,
+    -2.103139391e-01,
+    -2.544937038e-01,
+    -1.571489521e-02,
+    -1.123230925e-01,
+    -1.122164884e-01,
+    1.792977405e-01,
+    -3.308807758e-01,
+    2.796457141e-01,
+    6.995911723e-02,
+    -2.419968383e-01,
+    1.184375294e-02,
+    1.412223740e-01,
+    1.326572528e-01,
+    1.120206109e-01,
+    2.432648850e-02,
+    -2.165940257e-01,
+    -1.099259429e-01,
+    -3.897876417e-01,
+    -1.149159142e-01,
+    -5.533194620e-02,
+    7.363693016e-02,
+    1.488516722e-01,
+    -5.315853763e-01,
+    2.498538059e-01,
+    1.783140612e-01,
+    1.158417174e-01,
+    4.699277143e-01,
+    -1.799813484e-01,
+    3.248091008e-02,
+    2.894366868e-01,
+    -1.228645619e-01,
+    -4.308766445e-01,
+    7.464546440e-02,
+    -2.125105854e-01,
+    4.047607581e-01,
+    1.065299592e-01,
+    -1.865927126e-01,
+    -1.072026696e-01,
+    8.507494933e-02,
+    -4.882176378e-02,
+    -2.243417882e-01,
+    3.038593402e-02,
+    1.330059929e-01,
+    1.552105052e-01,
+    1.055614041e-03,
+    -3.170329811e-01,
+    4.470685874e-01,
+    -2.438751620e-02,
+];
+
+/// vramscope's CPU forward (Marlin's w4a16 math: each code times its block scale in fp16, f32
+/// accumulation, the global scale on the product) against the reference: relative L2 3.2e-4,
+/// fp16 activations' error (the bound 2e-3 is fp16's, far below NVFP4's 0.21 from the
+/// 16-bit model).
+#[test]
+fn nvfp4_cpu_logits_match_the_reference() {
+    for flavor in ["ct", "modelopt"] {
+        let dir = tempfile::tempdir().unwrap();
+        gen_tiny(dir.path(), &["--nvfp4", flavor]);
+        let json = dir.path().join("b.json");
+        ok(&vramscope(&[
+            "bench",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--quant",
+            "fp16",
+            "--device",
+            "sim:a100-80gb:compute",
+            "--tokens",
+            "16",
+            "--seqs",
+            "1",
+            "--json",
+            json.to_str().unwrap(),
+        ]));
+        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+        let logits = r["logits"].as_array().unwrap();
+        assert_eq!(logits.len(), 1024);
+        let ours: Vec<f64> = (3..1024)
+            .step_by(8)
+            .map(|i| logits[i].as_f64().unwrap())
+            .collect();
+        let e = rel_l2(&REFERENCE, &ours);
+        println!("{flavor}: CPU logits against the reference, relative L2 {e:.2e}");
+        assert!(e < 2e-3, "{flavor}: {e}");
+    }
 }

@@ -80,7 +80,12 @@ pub fn gen_model_nvfp4(
         let projection = name.starts_with("model.layers.") && name.ends_with("_proj.weight");
         if !projection {
             let t = st.tensor(name).expect("listed");
-            out.push((name.clone(), t.dtype(), t.shape().to_vec(), t.data().to_vec()));
+            out.push((
+                name.clone(),
+                t.dtype(),
+                t.shape().to_vec(),
+                t.data().to_vec(),
+            ));
             continue;
         }
         let (w, shape) = values(name)?;

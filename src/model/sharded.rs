@@ -585,7 +585,9 @@ fn ct_nvfp4_config(q: &serde_json::Value, path: &Path) -> Result<StoredQuant> {
         ));
     }
     nvfp4_ignore(&q["ignore"], "quantization_config.ignore", path)?;
-    Ok(StoredQuant::Nvfp4(crate::quant::nvfp4::Flavor::CompressedTensors))
+    Ok(StoredQuant::Nvfp4(
+        crate::quant::nvfp4::Flavor::CompressedTensors,
+    ))
 }
 
 /// A ModelOpt config (`quant_method: modelopt`), read as vLLM 0.19's
@@ -615,7 +617,10 @@ fn modelopt_config(q: &serde_json::Value, path: &Path) -> Result<StoredQuant> {
         serde_json::Value::Null => {
             return Err(Error::model(
                 path,
-                format!("{} is missing (vLLM: \"Missing 'quant_algo' in quantization config\")", key("quant_algo")),
+                format!(
+                    "{} is missing (vLLM: \"Missing 'quant_algo' in quantization config\")",
+                    key("quant_algo")
+                ),
             ))
         }
         other => {
@@ -656,7 +661,11 @@ fn modelopt_config(q: &serde_json::Value, path: &Path) -> Result<StoredQuant> {
         !body["kv_cache_scheme"].is_null()
     };
     if kv {
-        let k = if legacy { "kv_cache_quant_algo" } else { "kv_cache_scheme" };
+        let k = if legacy {
+            "kv_cache_quant_algo"
+        } else {
+            "kv_cache_scheme"
+        };
         return Err(Error::model(
             path,
             format!(
@@ -1843,7 +1852,10 @@ impl WeightSource for SafetensorsModel {
     ) -> Result<crate::quant::nvfp4::Parts> {
         use crate::quant::nvfp4::{Parts, GROUP};
         let flavor = self.stored_quant.nvfp4().ok_or_else(|| {
-            Error::model(&self.origin, format!("tensor {name} is not stored as NVFP4"))
+            Error::model(
+                &self.origin,
+                format!("tensor {name} is not stored as NVFP4"),
+            )
         })?;
         let base = name.strip_suffix(".weight").unwrap_or(name);
         let [wn, sn, gn, inn] = flavor.suffixes().map(|p| format!("{base}.{p}"));

@@ -9,8 +9,8 @@ pub mod fp8_block;
 pub mod int8;
 pub mod marlin;
 pub mod mxfp4;
-pub mod nvfp4;
 pub mod nf4;
+pub mod nvfp4;
 
 use std::rc::Rc;
 

@@ -98,7 +98,11 @@ pub fn e2m1_code(v: f32) -> u8 {
             best = c;
         }
     }
-    let sign = if v.is_sign_negative() && best != 0 { 8 } else { 0 };
+    let sign = if v.is_sign_negative() && best != 0 {
+        8
+    } else {
+        0
+    };
     best as u8 | sign
 }
 
@@ -325,8 +329,7 @@ impl Nvfp4Linear {
                 let wgs = t("weight_global_scale", &[], DType::F32)?;
                 drop(std::mem::replace(&mut self.weight_global_scale, wgs));
                 self.alpha = Some(t("alpha", &[], DType::F32)?);
-                self.input_global_scale_inv =
-                    Some(t("input_global_scale_inv", &[], DType::F32)?);
+                self.input_global_scale_inv = Some(t("input_global_scale_inv", &[], DType::F32)?);
                 None
             }
         };
@@ -534,16 +537,23 @@ mod tests {
         let amax = w.iter().fold(0f32, |a, v| a.max(v.abs()));
         let (codes, scales) = quantize(&w, n, k, amax);
         assert_eq!((codes.len(), scales.len()), (n * k / 2, n * k / GROUP));
-        let s: Vec<f32> = scales.iter().map(|&c| crate::quant::fp8::decode(c)).collect();
+        let s: Vec<f32> = scales
+            .iter()
+            .map(|&c| crate::quant::fp8::decode(c))
+            .collect();
         let mut d = vec![0f32; n * k];
         dequantize_rows(&codes, &s, k, (0, n), DType::F32, &mut d);
-        let g = Flavor::CompressedTensors
-            .multiplier(&[Flavor::CompressedTensors.stored_global(amax)]);
+        let g =
+            Flavor::CompressedTensors.multiplier(&[Flavor::CompressedTensors.stored_global(amax)]);
         for (b, block) in w.chunks_exact(GROUP).enumerate() {
             let step = s[b] * g; // the widest gap between e2m1 values is 2 (4 → 6): half is 1 step
             for (i, &v) in block.iter().enumerate() {
                 let e = (d[b * GROUP + i] * g - v).abs();
-                assert!(e <= step * 1.0001, "block {b} {i}: {v} vs {}", d[b * GROUP + i] * g);
+                assert!(
+                    e <= step * 1.0001,
+                    "block {b} {i}: {v} vs {}",
+                    d[b * GROUP + i] * g
+                );
             }
         }
         // The largest value of the tensor maps to ±6 · its block scale: the scale of that
@@ -560,12 +570,20 @@ mod tests {
         let f = Flavor::CompressedTensors;
         assert!(check(f, "0.19", Some(("Hopper", "H100"))).is_ok());
         let e = check(f, "0.15", None).unwrap_err().to_string();
-        assert!(e.contains("--vllm 0.15") && e.contains("CompressedTensorsW4A16Fp4"), "{e}");
-        let e = check(f, "0.19", Some(("Blackwell", "B200"))).unwrap_err().to_string();
+        assert!(
+            e.contains("--vllm 0.15") && e.contains("CompressedTensorsW4A16Fp4"),
+            "{e}"
+        );
+        let e = check(f, "0.19", Some(("Blackwell", "B200")))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("Blackwell") && e.contains("CUTLASS"), "{e}");
         let e = check(Flavor::ModelOpt, "0.19", Some(("Turing", "T4")))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("ModelOpt NVFP4") && e.contains("8.0 to 9.x"), "{e}");
+        assert!(
+            e.contains("ModelOpt NVFP4") && e.contains("8.0 to 9.x"),
+            "{e}"
+        );
     }
 }
