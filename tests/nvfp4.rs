@@ -579,3 +579,75 @@ fn nvfp4_cpu_logits_match_the_reference() {
         assert!(e < 2e-3, "{flavor}: {e}");
     }
 }
+
+/// The two lines docs/cli.md shows, as written there (from a scratch directory).
+#[test]
+fn the_docs_lines_run_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |line: &str| {
+        let words: Vec<&str> = line.split_whitespace().skip(1).collect();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args(&words)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        ok(&out);
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    run("vramscope gen-model tiny ./tiny-nvfp4 --nvfp4 ct");
+    let text = run("vramscope profile --model ./tiny-nvfp4 --vllm 0.19 --device sim:h100-80gb:dry");
+    assert!(text.contains("weights"), "{text}");
+}
+
+/// `--quantization` in a pasted `vllm serve` line: modelopt_fp4 runs a ModelOpt checkpoint
+/// (vLLM's override turns "modelopt" NVFP4 into it), is the mismatch vLLM raises on a
+/// compressed-tensors one, and "Cannot find the config file" on a 16-bit one.
+#[test]
+fn quantization_modelopt_fp4_in_a_pasted_line() {
+    let plan = |dir: &Path, method: &str| {
+        let out = vramscope(&[
+            "plan",
+            "--vllm",
+            "0.19",
+            "--device",
+            "sim:h100-80gb",
+            "--",
+            "vllm",
+            "serve",
+            dir.to_str().unwrap(),
+            "--quantization",
+            method,
+            "--max-model-len",
+            "256",
+        ]);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (mo, ct, f16) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    gen_tiny(mo.path(), &["--nvfp4", "modelopt"]);
+    gen_tiny(ct.path(), &["--nvfp4", "ct"]);
+    gen_tiny(f16.path(), &[]);
+    for m in ["modelopt_fp4", "modelopt"] {
+        let (code, text) = plan(mo.path(), m);
+        assert_eq!(code, Some(0), "{m}: {text}");
+    }
+    let (code, text) = plan(ct.path(), "compressed-tensors");
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = plan(ct.path(), "modelopt_fp4");
+    assert_eq!(code, Some(2));
+    assert!(text.contains("does not match"), "{text}");
+    let (code, text) = plan(f16.path(), "modelopt_fp4");
+    assert_eq!(code, Some(2));
+    assert!(
+        text.contains("hf_quant_config.json")
+            && text.contains("Cannot find the config file for modelopt_fp4"),
+        "{text}"
+    );
+}

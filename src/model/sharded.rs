@@ -640,7 +640,7 @@ fn modelopt_config(q: &serde_json::Value, path: &Path) -> Result<StoredQuant> {
         ));
     }
     if legacy {
-        // 0.19.0 modelopt.py L1041-1055: NVFP4's legacy form must name all three.
+        // 0.19.0 modelopt.py L1043-1055: NVFP4's legacy form must name all three.
         let missing: Vec<&str> = ["group_size", "kv_cache_quant_algo", "exclude_modules"]
             .into_iter()
             .filter(|k| body.get(*k).is_none())
