@@ -147,7 +147,7 @@ pub fn quantize(w: &[f32], n: usize, k: usize, amax: f32) -> (Vec<u8>, Vec<u8>) 
         for (i, &v) in block.iter().enumerate() {
             let q = if sv > 0.0 { e2m1_code(v * g / sv) } else { 0 };
             let j = b * GROUP + i;
-            codes[j / 2] |= if j % 2 == 0 { q } else { q << 4 };
+            codes[j / 2] |= if j.is_multiple_of(2) { q } else { q << 4 };
         }
     }
     (codes, scales)
