@@ -180,10 +180,10 @@ fn refused(dir: &Path, vllm: &str, device: &str) -> (Option<i32>, String) {
 fn nvfp4_refusals_are_one_line_each() {
     let dir = tempfile::tempdir().unwrap();
     gen_tiny(dir.path(), &["--nvfp4", "ct"]);
-    let (code, e) = refused(dir.path(), "0.15", "sim:h100-80gb:dry");
+    let (code, e) = refused(dir.path(), "0.21", "sim:h100-80gb:dry");
     assert_eq!(code, Some(2));
     assert!(
-        e.contains("--vllm 0.15") && e.contains("use --vllm 0.19"),
+        e.contains("--vllm 0.21") && e.contains("use --vllm 0.19"),
         "{e}"
     );
     let (_, e) = refused(dir.path(), "0.19", "sim:b200:dry");
@@ -277,6 +277,12 @@ fn nvfp4_refusals_are_one_line_each() {
     std::fs::write(&hq, serde_json::to_vec(&j).unwrap()).unwrap();
     let (_, e) = refused(mo.path(), "0.19", "sim:h100-80gb:dry");
     assert!(e.contains("lacks exclude_modules"), "{e}");
+    std::fs::write(&hq, serde_json::to_vec(&orig).unwrap()).unwrap();
+    let (_, e) = refused(mo.path(), "0.15", "sim:h100-80gb:dry");
+    assert!(
+        e.contains("flashinfer-cutlass") && e.contains("use --vllm 0.19"),
+        "{e}"
+    );
 }
 
 /// Llama-3.1-8B-Instruct's config.json with the quantization_config LLM Compressor writes for
@@ -650,4 +656,35 @@ fn quantization_modelopt_fp4_in_a_pasted_line() {
             && text.contains("Cannot find the config file for modelopt_fp4"),
         "{text}"
     );
+}
+
+/// compressed-tensors NVFP4 under 0.11 and 0.15 (`CompressedTensorsW4A16Fp4` on Marlin):
+/// each stacked linear keeps a 16-bit `weight_scale_2` (2 bytes) and its `[shards]` f32
+/// input scales (qkv 12, o 4, gate_up 8, down 4) instead of 0.19's four 0-dim f32 (64 a
+/// layer): 4 × (64 − 36) = 112 bytes fewer than on the H100 under 0.19, less the L40S's
+/// 142 SMs' 40 more bytes of workspace a linear: 1,108,736 + 640; dry = compute, fp16 and
+/// bf16.
+#[test]
+fn ct_nvfp4_under_0_11_and_0_15_keeps_a_16_bit_global_scale() {
+    for dtype in ["f16", "bf16"] {
+        let dir = tempfile::tempdir().unwrap();
+        gen_tiny(dir.path(), &["--nvfp4", "ct", "--dtype", dtype]);
+        for vllm in ["0.11", "0.15"] {
+            let dry = profile_json_under(dir.path(), "sim:l40s:dry", vllm);
+            let cpu = profile_json_under(dir.path(), "sim:l40s:compute", vllm);
+            assert_eq!(
+                dry["weights_tensor_bytes"],
+                1_108_736 + 16 * 40,
+                "{dtype} {vllm}"
+            );
+            for t in ["t1", "t2", "t3"] {
+                for key in ["allocated", "allocated_peak", "reserved"] {
+                    assert_eq!(
+                        dry["checkpoints"][t][key], cpu["checkpoints"][t][key],
+                        "{dtype} {vllm} {t} {key}"
+                    );
+                }
+            }
+        }
+    }
 }

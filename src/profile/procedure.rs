@@ -1254,6 +1254,12 @@ pub(crate) fn run_rank(
                 marlin: crate::quant::marlin::Kernel {
                     era: crate::quant::marlin::Era::of_release(release.name).unwrap_or_default(),
                     sms: sms.unwrap_or(0) as usize,
+                    minor: release
+                        .name
+                        .strip_prefix("0.")
+                        .and_then(|r| r.split('.').next())
+                        .and_then(|m| m.parse().ok())
+                        .unwrap_or(0),
                 },
             };
             if opened.config.gemma3_mm.is_some() && matches!(req.device, DeviceSpec::Cuda { .. }) {

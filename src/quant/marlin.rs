@@ -83,6 +83,9 @@ impl Era {
 pub struct Kernel {
     pub era: Era,
     pub sms: usize,
+    /// The release's minor version (0.11 → 11; 0 where unknown): NVFP4's after-loading
+    /// path differs between 0.11, 0.15 and 0.19 (`quant::nvfp4`).
+    pub minor: u32,
 }
 
 impl Kernel {
@@ -1554,6 +1557,7 @@ mod tests {
         let kernel = Kernel {
             era: Era::Converted,
             sms: 142,
+            minor: 19,
         };
         let mut l = MarlinLinear::load(
             &rt,

@@ -9,8 +9,6 @@
 //! keeps the checkpoint's codes and decoded scales beside them (the allocation is vLLM's, the
 //! layout inside it ours).
 
-use std::rc::Rc;
-
 use crate::base::error::{Error, Result};
 use crate::device::Backend;
 use crate::engine::runtime::Runtime;
@@ -204,7 +202,7 @@ pub struct Nvfp4Linear {
     pub out_features: usize,
     pub in_features: usize,
     pub kernel: Kernel,
-    pub host: Option<Rc<Host>>,
+    pub host: Option<Host>,
 }
 
 impl Nvfp4Linear {
@@ -248,11 +246,11 @@ impl Nvfp4Linear {
             }
         };
         let host = match (parts, rt.backend()) {
-            (Some(p), Backend::Cpu) => Some(Rc::new(Host {
+            (Some(p), Backend::Cpu) => Some(Host {
                 codes: p.codes.clone(),
                 scales: p.scales.iter().map(|&c| super::fp8::decode(c)).collect(),
                 global: flavor.multiplier(&p.globals),
-            })),
+            }),
             _ => None,
         };
         Ok(Nvfp4Linear {
@@ -290,29 +288,36 @@ impl Nvfp4Linear {
             .to_string()
     }
 
-    /// `process_weights_after_loading` under 0.19 on the Marlin backend, allocation for
-    /// allocation (docs/reading/vllm-nvfp4-modelopt.md, "Marlin FP4 after loading"): the
-    /// scheme's 0-dim scalars, then `prepare_fp4_layer_for_marlin` (marlin_utils_fp4.py
-    /// L203-283). Under bf16 `_nvfp4_compute_scale_factor` (L30-50) makes its f32 copies and
-    /// mask; a dry run takes every block scale as nonzero and the factor as 1 (true for a
-    /// scale grid whose smallest nonzero scale is at least 2⁻⁶, as a calibrated checkpoint's).
+    /// `process_weights_after_loading` on the Marlin backend, allocation for allocation
+    /// (docs/reading/vllm-nvfp4-modelopt.md, "Marlin FP4 after loading"): the scheme's 0-dim
+    /// scalars, then `prepare_fp4_layer_for_marlin`.
+    ///
+    /// 0.19 (`kernel.minor` 19): compressed_tensors_w4a4_nvfp4.py L88-111 or modelopt.py
+    /// L1153-1171, marlin_utils_fp4.py L203-283; under bf16 `_nvfp4_compute_scale_factor`
+    /// (L30-50) makes its f32 copies and mask; a dry run takes every block scale as nonzero
+    /// and the factor as 1 (true for a scale grid whose smallest nonzero scale is at least
+    /// 2⁻⁶, as a calibrated checkpoint's).
+    ///
+    /// 0.11 and 0.15: compressed-tensors through `CompressedTensorsW4A16Fp4` (0.11.0
+    /// compressed_tensors_w4a16_nvfp4.py L75-92, 0.15.1 L89-107): `weight_scale_2 =
+    /// 1 / max(weight_global_scale)`, the input scale kept `[shards]`; their
+    /// `prepare_fp4_layer_for_marlin` (0.11.0 marlin_utils_fp4.py L127-192, 0.15.1 L147-220)
+    /// casts the global scale to the activation dtype (the kernel's multiplier is rounded to
+    /// it), and 0.11's `nvfp4_marlin_process_scales` (L25-56) makes one more copy (its
+    /// `permute(0, 2, 1, 3).reshape`).
     pub fn after_loading(&mut self, rt: &Runtime, act: DType) -> Result<()> {
         if self.workspace.is_some() {
             return Ok(());
         }
-        let (n, k) = (self.out_features, self.in_features);
         let base = self.base();
         rt.set_op("nvfp4.process_weights_after_loading");
         let t = |name: &str, shape: &[usize], dtype| {
             rt.tensor(format!("{base}.{name}"), Category::Weight, shape, dtype)
         };
-        // The scheme's scalars (0.19.0 compressed_tensors_w4a4_nvfp4.py L93-108; modelopt.py
-        // L1155-1168).
-        // The local that holds the stored global scales' max until the function returns
-        // (compressed-tensors' `weight_global_scale`, ModelOpt's, which `prepare_fp4…`
-        // replaces in the layer).
-        let max_local = match self.flavor {
-            Flavor::CompressedTensors => {
+        let v019 = self.kernel.minor >= 19;
+        // The scheme's local that holds the stored global scales' max until it returns.
+        let scheme_local = match (v019, self.flavor) {
+            (true, Flavor::CompressedTensors) => {
                 let inv = t("input_global_scale_inv", &[], DType::F32)?;
                 let igs = t("input_global_scale", &[], DType::F32)?;
                 drop(std::mem::replace(&mut self.input_global_scale, igs));
@@ -323,7 +328,7 @@ impl Nvfp4Linear {
                 self.alpha = Some(t("alpha", &[], DType::F32)?);
                 Some(wmax)
             }
-            Flavor::ModelOpt => {
+            (true, Flavor::ModelOpt) => {
                 let igs = t("input_global_scale", &[], DType::F32)?;
                 drop(std::mem::replace(&mut self.input_global_scale, igs));
                 let wgs = t("weight_global_scale", &[], DType::F32)?;
@@ -332,8 +337,41 @@ impl Nvfp4Linear {
                 self.input_global_scale_inv = Some(t("input_global_scale_inv", &[], DType::F32)?);
                 None
             }
+            // CompressedTensorsW4A16Fp4: `1 / weight_global_scale.max()` (the max a
+            // temporary), the stored scales deleted; the input scale stays as loaded.
+            (false, _) => {
+                let wmax = t("weight_global_scale_max", &[], DType::F32)?;
+                let ws2 = t("weight_scale_2", &[], DType::F32)?;
+                drop(wmax);
+                drop(std::mem::replace(&mut self.weight_global_scale, ws2));
+                None
+            }
         };
-        // prepare_fp4_layer_for_marlin.
+        let held = v019 && self.flavor == Flavor::ModelOpt;
+        let deferred = self.prepare_for_marlin(rt, &base, act, v019, held)?;
+        drop(scheme_local);
+        drop(deferred);
+        if let (false, Some(h)) = (v019, self.host.as_mut()) {
+            // `weight_scale_2.to(params_dtype)` before the exponent shift.
+            h.global = act.round(h.global);
+        }
+        Ok(())
+    }
+
+    /// `prepare_fp4_layer_for_marlin`; returns the replaced global scale when the scheme's
+    /// local still holds it (ModelOpt under 0.19), for the caller to free on return.
+    fn prepare_for_marlin(
+        &mut self,
+        rt: &Runtime,
+        base: &str,
+        act: DType,
+        v019: bool,
+        global_still_held: bool,
+    ) -> Result<Option<Tensor>> {
+        let (n, k) = (self.out_features, self.in_features);
+        let t = |name: &str, shape: &[usize], dtype| {
+            rt.tensor(format!("{base}.{name}"), Category::Weight, shape, dtype)
+        };
         rt.set_op("marlin.prepare_fp4_layer_for_marlin");
         let sms = self.kernel.sms.max(1);
         self.workspace = Some(t("workspace", &[sms], DType::I32)?);
@@ -348,19 +386,24 @@ impl Nvfp4Linear {
         let permuted = t("weight_scale_permuted", &[groups, n], act)?;
         drop(perm);
         drop(scale16);
-        // nvfp4_marlin_process_scales (L53-112).
+        // nvfp4_marlin_process_scales: `(s >= 0).all()`, `.to(torch.half)` (a copy under
+        // bf16), 0.11's permuted copy, the `[0, 2, 1, 3]` gather.
         let ge = t("scales_ge_0", &[groups, n], DType::U8)?;
         let all = t("scales_ge_0_all", &[], DType::U8)?;
         drop(ge);
         drop(all);
-        let half_copy = (act != DType::F16)
+        let mut half_copy = (act != DType::F16)
             .then(|| t("weight_scale_half", &[groups, n], DType::F16))
             .transpose()?;
+        if self.kernel.minor < 15 {
+            let p = t("weight_scale_thread_order", &[groups, n], DType::F16)?;
+            drop(half_copy.replace(p));
+        }
         let idx = t("fp8_layout_index", &[4], DType::I64)?;
         let gathered = t("weight_scale_fp8_layout", &[groups, n], DType::F16)?;
         drop(idx);
         drop(half_copy);
-        if act == DType::BF16 {
+        if v019 && act == DType::BF16 {
             // _nvfp4_compute_scale_factor: float(), · 2⁷, the mask, any(), the masked
             // gather (its nonzero indices first), min(), the comparison.
             let nonzero = self.host.as_ref().map_or(groups * n, |h| {
@@ -391,23 +434,31 @@ impl Nvfp4Linear {
         drop(as_i16);
         drop(permuted);
         drop(std::mem::replace(&mut self.weight_scale, marlin_scales));
-        // The global scale: · 2^(bias − 7), then / scale_factor (L264-271).
-        let shifted_g = t("weight_global_scale_shifted", &[], DType::F32)?;
-        let g = t("weight_global_scale_marlin", &[], DType::F32)?;
-        drop(shifted_g);
+        // The global scale: 0.19 `· 2^(bias − 7)` then `/ scale_factor` in f32 (L264-271);
+        // 0.11 and 0.15 `.to(params_dtype)` then the shift, in that dtype.
+        let (cast, shifted_dtype) = if v019 {
+            (None, DType::F32)
+        } else {
+            (Some(t("weight_scale_2_16", &[], act)?), act)
+        };
+        let shifted_g = t("weight_global_scale_shifted", &[], shifted_dtype)?;
+        drop(cast);
+        let g = if v019 {
+            let g = t("weight_global_scale_marlin", &[], DType::F32)?;
+            drop(shifted_g);
+            g
+        } else {
+            shifted_g
+        };
         let old_global = std::mem::replace(&mut self.weight_global_scale, g);
-        // compressed-tensors' layer held the only reference; ModelOpt's local still holds it.
-        let deferred = if max_local.is_some() {
+        let deferred = if global_still_held {
+            Some(old_global)
+        } else {
             drop(old_global);
             None
-        } else {
-            Some(old_global)
         };
-        // prepare_fp4_layer_for_marlin's locals, then the scheme's.
         drop(qweight_t);
-        drop(max_local);
-        drop(deferred);
-        Ok(())
+        Ok(deferred)
     }
 
     /// `apply_fp4_marlin_linear` (marlin_utils_fp4.py L147-200 at 0.19.0): the view of the
@@ -482,17 +533,25 @@ pub fn check(flavor: Flavor, release: &str, arch: Option<(&str, &str)>) -> Resul
         .strip_prefix("0.")
         .and_then(|r| r.split('.').next())
         .and_then(|m| m.parse::<u32>().ok());
-    if minor != Some(19) {
-        return Err(Error::Request(format!(
-            "{what} with --vllm {release}: vramscope reproduces vLLM 0.19's NVFP4 path (select_nvfp4_linear_backend, prepare_fp4_layer_for_marlin); 0.11 and 0.15 run CompressedTensorsW4A16Fp4 with a 16-bit global scale and 0.21 on moved the kernels (kernels/linear/nvfp4), not reproduced: use --vllm 0.19"
-        )));
+    match (minor, flavor) {
+        (Some(19), _) | (Some(11 | 15), Flavor::CompressedTensors) => {}
+        (Some(11 | 15), Flavor::ModelOpt) => {
+            return Err(Error::Request(format!(
+                "{what} with --vllm {release}: ModelOptNvFp4LinearMethod picks flashinfer-cutlass whenever FlashInfer is installed, before checking for an FP4 GPU (0.11.0 modelopt.py L851-860, 0.15.1 L1134-1142), so below Blackwell the backend depends on the install; vramscope reproduces vLLM 0.19's choice (Marlin FP4): use --vllm 0.19"
+            )))
+        }
+        _ => {
+            return Err(Error::Request(format!(
+                "{what} with --vllm {release}: vramscope reproduces NVFP4 under 0.11 and 0.15 (compressed-tensors: CompressedTensorsW4A16Fp4 on Marlin) and 0.19 (select_nvfp4_linear_backend, prepare_fp4_layer_for_marlin); 0.21 on moved the kernels (kernels/linear/nvfp4), not reproduced: use --vllm 0.19"
+            )))
+        }
     }
     if let Some((arch, gpu)) = arch {
         match arch {
             "Ampere" | "Ada" | "Hopper" => {}
             "Blackwell" => {
                 return Err(Error::Request(format!(
-                    "{what} on {gpu} (Blackwell): vLLM 0.19 runs it as w4a4 through FlashInfer/CUTLASS FP4 (swizzled block scales, padded weights, scaled_fp4_quant of the activations), which vramscope does not reproduce; on an A100, L40S, H100 or H200 the same checkpoint runs Marlin FP4 (weight-only), which it does"
+                    "{what} on {gpu} (Blackwell): vLLM runs it as w4a4 through FlashInfer/CUTLASS FP4 (swizzled block scales, padded weights, scaled_fp4_quant of the activations), which vramscope does not reproduce; on an A100, L40S, H100 or H200 the same checkpoint runs Marlin FP4 (weight-only), which it does"
                 )))
             }
             _ => {
@@ -569,11 +628,17 @@ mod tests {
     fn check_names_the_release_and_the_gpu() {
         let f = Flavor::CompressedTensors;
         assert!(check(f, "0.19", Some(("Hopper", "H100"))).is_ok());
-        let e = check(f, "0.15", None).unwrap_err().to_string();
+        assert!(check(f, "0.15", Some(("Ada", "L40S"))).is_ok());
+        assert!(check(f, "0.11", Some(("Ampere", "A100"))).is_ok());
+        let e = check(f, "0.21", None).unwrap_err().to_string();
         assert!(
-            e.contains("--vllm 0.15") && e.contains("CompressedTensorsW4A16Fp4"),
+            e.contains("--vllm 0.21") && e.contains("kernels/linear/nvfp4"),
             "{e}"
         );
+        let e = check(Flavor::ModelOpt, "0.15", None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("flashinfer-cutlass"), "{e}");
         let e = check(f, "0.19", Some(("Blackwell", "B200")))
             .unwrap_err()
             .to_string();
@@ -584,6 +649,108 @@ mod tests {
         assert!(
             e.contains("ModelOpt NVFP4") && e.contains("8.0 to 9.x"),
             "{e}"
+        );
+    }
+
+    fn layer(rt: &Runtime, flavor: Flavor, minor: u32) -> Nvfp4Linear {
+        let (n, k) = (64, 32);
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.003)
+            .collect();
+        let amax = w.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let (codes, scales) = quantize(&w, n, k, amax);
+        let parts = Parts {
+            codes,
+            scales,
+            globals: vec![flavor.stored_global(amax); 2],
+            inputs: vec![flavor.stored_global(8.0); 2],
+        };
+        let kernel = Kernel {
+            sms: 132,
+            minor,
+            ..Default::default()
+        };
+        Nvfp4Linear::load(rt, flavor, "l", (n, k), 2, Some(&parts), kernel).unwrap()
+    }
+
+    /// The allocations of 0.19's compressed-tensors path for a stacked `[64, 32]` layer of two
+    /// shards in fp16, in order, and what stays; 0.15's keeps a 16-bit global scale (rounded
+    /// as the kernel's multiplier is) and the `[2]` input scales.
+    #[test]
+    fn after_loading_allocates_as_each_release_does() {
+        use crate::quant::fp8::tests::{runtime, trace};
+        let rt = runtime("compute");
+        let from = rt.events_since(0, |e| e.len());
+        let mut l = layer(&rt, Flavor::CompressedTensors, 19);
+        let g = l.host.as_ref().unwrap().global;
+        l.after_loading(&rt, DType::F16).unwrap();
+        let names: Vec<String> = trace(&rt, from)
+            .iter()
+            .map(|(k, t, _)| format!("{k} {}", t.trim_start_matches("l.")))
+            .collect();
+        let want = [
+            "alloc weight_packed",
+            "alloc weight_global_scale",
+            "alloc weight_scale",
+            "alloc input_global_scale",
+            "alloc input_global_scale_inv",
+            "alloc input_global_scale",
+            "free input_global_scale",
+            "alloc weight_global_scale_max",
+            "alloc weight_global_scale",
+            "free weight_global_scale",
+            "alloc alpha",
+            "alloc workspace",
+            "alloc weight_t",
+            "alloc weight_marlin",
+            "free weight_packed",
+            "alloc weight_scale_t",
+            "alloc weight_scale_16",
+            "free weight_scale_t",
+            "alloc scale_perm_index",
+            "alloc weight_scale_permuted",
+            "free scale_perm_index",
+            "free weight_scale_16",
+            "alloc scales_ge_0",
+            "alloc scales_ge_0_all",
+            "free scales_ge_0",
+            "free scales_ge_0_all",
+            "alloc fp8_layout_index",
+            "alloc weight_scale_fp8_layout",
+            "free fp8_layout_index",
+            "alloc weight_scale_x128",
+            "alloc weight_scale_i16",
+            "free weight_scale_x128",
+            "free weight_scale_fp8_layout",
+            "alloc weight_scale_marlin",
+            "free weight_scale_i16",
+            "free weight_scale_permuted",
+            "free weight_scale",
+            "alloc weight_global_scale_shifted",
+            "alloc weight_global_scale_marlin",
+            "free weight_global_scale_shifted",
+            "free weight_global_scale",
+            "free weight_t",
+            "free weight_global_scale_max",
+        ];
+        assert_eq!(names, want);
+        // What stays: 32 · 64 / 2 codes, 2 · 64 fp8 scales, four 0-dim f32, 132 int32.
+        assert_eq!(l.weight_bytes(), 1024 + 128 + 16 + 528);
+        assert_eq!(l.weight.shape, vec![2, 128]);
+        assert_eq!(l.host.as_ref().unwrap().global, g);
+        let mut old = layer(&rt, Flavor::CompressedTensors, 15);
+        old.after_loading(&rt, DType::F16).unwrap();
+        assert_eq!(old.weight_bytes(), 1024 + 128 + 2 + 8 + 528);
+        assert_eq!(old.weight_global_scale.dtype, DType::F16);
+        assert_eq!(old.host.as_ref().unwrap().global, DType::F16.round(g));
+        assert_ne!(DType::F16.round(g), g);
+        // The forward's math: the dequantized rows times the global multiplier.
+        let d = l.dequantized(DType::F16).unwrap();
+        let h = l.host.as_ref().unwrap();
+        let code = h.codes[0] & 0x0F;
+        assert_eq!(
+            d[0],
+            DType::F16.round(E2M1[code as usize] * h.scales[0]) * g
         );
     }
 }
