@@ -54,6 +54,11 @@ fn gen_model_writes_each_tools_tensors() {
         assert_eq!(h["lm_head.weight"]["dtype"], "F16");
         let hq = dir.path().join("hf_quant_config.json");
         assert_eq!(hq.is_file(), flavor == "modelopt");
+        // inspect counts two codes a byte and no scales: tiny's 1,049,728 parameters.
+        let out = vramscope(&["inspect", dir.path().to_str().unwrap()]);
+        ok(&out);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("parameters 1049728 in 123 tensors"), "{text}");
     }
 }
 

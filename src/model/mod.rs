@@ -579,8 +579,22 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                     ]
                     .iter()
                     .any(|s| name.ends_with(s));
+                // An NVFP4 weight counts its codes (2 a byte); its block, global and input
+                // scales are not parameters.
+                let nvfp4 = st.stored_quant.nvfp4().is_some();
+                let nvfp4_scale = nvfp4
+                    && [
+                        ".weight_global_scale",
+                        ".input_global_scale",
+                        ".weight_scale_2",
+                    ]
+                    .iter()
+                    .any(|s| name.ends_with(s));
                 if let Some(m) = &bnb4 {
                     params += m.numel() as u64;
+                } else if nvfp4 && st.is_u8(name) {
+                    params += 2 * n;
+                } else if nvfp4_scale {
                 } else if packed && (name.ends_with(".qweight") || name.ends_with(".weight_packed"))
                 {
                     params += n * crate::quant::marlin::PACK as u64;
