@@ -83,8 +83,9 @@ main = (raw("kernels.rs", "SOURCE") + raw("sampler.rs", "SOURCE") + raw("kernels
 typed = (names("kernels.rs", "TYPED") + names("sampler.rs", "TYPED") + names("kernels.rs", "OPT_BNB_TYPED")
          + names("fp8.rs", "TYPED") + names("moe.rs", "TYPED"))
 untyped = (names("kernels.rs", "UNTYPED") + names("sampler.rs", "UNTYPED")
-           + names("kernels.rs", "OPT_BNB_UNTYPED") + names("fp8.rs", "UNTYPED"))
-entries = untyped + ["synth_weights"] + [f"{n}_{s}" for n in typed for s in ("f16", "bf16")]
+           + names("kernels.rs", "OPT_BNB_UNTYPED") + names("fp8.rs", "UNTYPED")
+           + names("moe.rs", "UNTYPED"))
+entries = untyped + ["synth_weights", "synth_int8_rows"] + [f"{n}_{s}" for n in typed for s in ("f16", "bf16")]
 for arch in ["compute_90", "compute_80", "compute_75"]:
     check(compile_ptx(main, arch), entries, "main module", arch)
 

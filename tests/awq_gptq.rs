@@ -113,6 +113,10 @@ fn write_packed_checkpoint(
 }
 
 fn dry_weights(dir: &Path, device: &str) -> (u64, u64) {
+    dry_weights_under(dir, device, "0.6.4")
+}
+
+fn dry_weights_under(dir: &Path, device: &str, vllm: &str) -> (u64, u64) {
     let req = ProfileRequest {
         model: ModelSource::Path {
             path: dir.to_path_buf(),
@@ -123,7 +127,7 @@ fn dry_weights(dir: &Path, device: &str) -> (u64, u64) {
         max_model_len: 256,
         seqs: 4,
         verify: false,
-        vllm: "0.6.4".into(),
+        vllm: vllm.into(),
         ..ProfileRequest::default()
     };
     let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
@@ -160,7 +164,8 @@ fn qwen2_5_7b_instruct_awq_loads_its_stored_bytes_plus_marlin_workspaces() {
 }
 
 /// Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4: on an A100 vLLM 0.6.4 runs it on Marlin, which drops
-/// the stored zeros and g_idx (no act-order) for empty tensors and adds the workspaces.
+/// the stored zeros and g_idx (no act-order) for empty tensors and adds the workspaces; on
+/// an H200 0.6.4 is refused (its Machete) and the V1 releases run Machete, which keeps them.
 #[test]
 fn qwen2_5_7b_instruct_gptq_int4_loads_without_its_zeros_and_g_idx_on_marlin() {
     let q = serde_json::json!({
@@ -205,21 +210,23 @@ fn qwen2_5_7b_instruct_gptq_int4_loads_without_its_zeros_and_g_idx_on_marlin() {
         err.contains("MacheteLinearKernel") && !err.contains("a100-80gb"),
         "{err}"
     );
-    // Under a V1 release the refusal names that release's kernel choice, not 0.6.4's.
-    let err = profile::run(
-        &ProfileRequest {
-            vllm: "0.19".into(),
-            ..req
-        },
-        None,
-        Arc::new(AtomicBool::new(false)),
-    )
-    .err()
-    .unwrap()
-    .to_string();
-    assert!(
-        err.contains("vLLM 0.19 and later runs") && err.contains("MacheteLinearKernel"),
-        "{err}"
+    // Under a V1 release the H200 runs these layers with MacheteLinearKernel (modelled):
+    // its prepack is the same bytes, and it leaves the zeros and g_idx that Marlin empties,
+    // with no workspace (docs/reading/vllm-machete.md). The stacked q/k/v and gate/up hold
+    // one g_idx each where the checkpoint stores one a shard (3 × 3584 int32 fewer a layer);
+    // 0.19 adds seven 0-dim f32 attention scalars a layer.
+    let scalars = 28 * 7 * 4;
+    let (tensors, _) = dry_weights_under(dir.path(), "sim:h200:dry", "0.19");
+    assert_eq!(tensors, stored - 28 * 3 * 3584 * 4 + rotary + scalars);
+    // 0.15 chooses Machete for GPTQ too (GPTQMarlinLinearMethod through
+    // choose_mp_linear_kernel since 0.11), with the same allocations.
+    let (t015, _) = dry_weights_under(dir.path(), "sim:h200:dry", "0.15");
+    assert_eq!(t015, tensors);
+    // The same release on the A100: Marlin, one int32 of workspace per SM (108) a layer.
+    let (marlin, _) = dry_weights_under(dir.path(), "sim:a100-80gb:dry", "0.19");
+    assert_eq!(
+        marlin,
+        stored - dropped + 28 * 4 * 108 * 4 + rotary + scalars
     );
 }
 

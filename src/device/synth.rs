@@ -129,7 +129,25 @@ __device__ void vs_chacha8(const unsigned int* key, unsigned long long block, un
 __device__ __forceinline__ float vs_unit(unsigned int w) {
     return __fmul_rn((float)(w >> 8), 5.9604644775390625e-8f);
 }
-// round: 0 none, 1 f16, 2 bf16; out_dt: 1 f16, 2 bf16.
+// The value of source element `src` (round: 0 none, 1 f16, 2 bf16).
+__device__ float vs_value(const unsigned int* key, unsigned long long src, int is_norm, int round) {
+    unsigned long long w = 3ull * src;
+    unsigned int b[16], words[3];
+    vs_chacha8(key, w >> 4, b);
+    int i = (int)(w & 15ull);
+    for (int j = 0; j < 3; j++) {
+        if (i + j == 16) vs_chacha8(key, (w >> 4) + 1ull, b);
+        words[j] = b[(i + j) & 15];
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < 3; j++) sum = __fadd_rn(sum, __fsub_rn(vs_unit(words[j]), 0.5f));
+    float u = __fmul_rn(sum, 0.04f);
+    float v = is_norm ? __fadd_rn(1.0f, u) : u;
+    if (round == 1) v = F16::ld(F16::st(v));
+    else if (round == 2) v = BF16::ld(BF16::st(v));
+    return v;
+}
+// out_dt: 1 f16, 2 bf16.
 extern "C" __global__ void synth_weights(unsigned short* out, unsigned long long count,
     unsigned long long elem0, unsigned long long row_len, unsigned long long stride,
     unsigned long long valid_rows,
@@ -140,30 +158,51 @@ extern "C" __global__ void synth_weights(unsigned short* out, unsigned long long
     for (unsigned long long e = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
          e < count; e += (unsigned long long)gridDim.x * blockDim.x) {
         unsigned long long row = e / row_len, col = e - row * row_len;
-        float v = 0.0f;
-        if (row < valid_rows) {
-            unsigned long long src = elem0 + row * stride + col;
-            unsigned long long w = 3ull * src;
-            unsigned int b[16], words[3];
-            vs_chacha8(key, w >> 4, b);
-            int i = (int)(w & 15ull);
-            for (int j = 0; j < 3; j++) {
-                if (i + j == 16) vs_chacha8(key, (w >> 4) + 1ull, b);
-                words[j] = b[(i + j) & 15];
-            }
-            float sum = 0.0f;
-            for (int j = 0; j < 3; j++) sum = __fadd_rn(sum, __fsub_rn(vs_unit(words[j]), 0.5f));
-            float u = __fmul_rn(sum, 0.04f);
-            v = is_norm ? __fadd_rn(1.0f, u) : u;
-            if (round == 1) v = F16::ld(F16::st(v));
-            else if (round == 2) v = BF16::ld(BF16::st(v));
-        }
+        float v = row < valid_rows ? vs_value(key, elem0 + row * stride + col, is_norm, round) : 0.0f;
         out[e] = out_dt == 2 ? BF16::st(v) : F16::st(v);
+    }
+}
+// LLM.int8's row quantization of a seeded weight `[rows, k]` made in place: each row's
+// absolute maximum into `scb`, round(v * 127 / max) clamped to ±127 into `cb` (zero rows
+// stay zero), the host's `quant::int8::quantize_rows` operation for operation. One block of
+// 256 threads a row; the values are made twice (once for the maximum) rather than stored.
+extern "C" __global__ void synth_int8_rows(signed char* cb, float* scb,
+    unsigned long long rows, unsigned long long k,
+    unsigned long long elem0, unsigned long long stride, unsigned long long valid_rows,
+    unsigned int k0, unsigned int k1, unsigned int k2, unsigned int k3,
+    unsigned int k4, unsigned int k5, unsigned int k6, unsigned int k7,
+    int is_norm, int round) {
+    unsigned int key[8] = {k0, k1, k2, k3, k4, k5, k6, k7};
+    __shared__ float red[256];
+    for (unsigned long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        bool valid = row < valid_rows;
+        float m = 0.0f;
+        for (unsigned long long c = threadIdx.x; c < k; c += blockDim.x) {
+            if (valid) m = fmaxf(m, fabsf(vs_value(key, elem0 + row * stride + c, is_norm, round)));
+        }
+        red[threadIdx.x] = m;
+        __syncthreads();
+        for (int s = 128; s > 0; s >>= 1) {
+            if ((int)threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+            __syncthreads();
+        }
+        float a = red[0];
+        __syncthreads();
+        if (threadIdx.x == 0) scb[row] = a;
+        for (unsigned long long c = threadIdx.x; c < k; c += blockDim.x) {
+            float q = 0.0f;
+            if (valid && a > 0.0f) {
+                float v = vs_value(key, elem0 + row * stride + c, is_norm, round);
+                q = fminf(fmaxf(roundf(__fdiv_rn(__fmul_rn(v, 127.0f), a)), -127.0f), 127.0f);
+            }
+            cb[row * k + c] = (signed char)q;
+        }
     }
 }
 "#;
 
 pub const NAME: &str = "synth_weights";
+pub const INT8_NAME: &str = "synth_int8_rows";
 
 #[cfg(test)]
 mod tests {

@@ -367,6 +367,17 @@ pub fn fill_synthetic(
     cuda(rt, |c| c.fill_synthetic(t, fills))
 }
 
+/// LLM.int8's `CB` and `SCB` of a preset's seeded weight, quantized on the GPU where the
+/// weight is made (the host's `quant::int8::quantize_rows` bit for bit).
+pub fn synth_int8(
+    rt: &Runtime,
+    cb: &mut Tensor,
+    scb: &mut Tensor,
+    fill: &crate::device::synth::SynthFill,
+) -> Result<()> {
+    cuda(rt, |c| c.synth_int8(cb, scb, fill))
+}
+
 pub fn upload_f32(rt: &Runtime, t: &mut Tensor, data: &[f32]) -> Result<()> {
     cuda(rt, |c| c.upload_f32(t, data))
 }

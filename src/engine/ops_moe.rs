@@ -88,7 +88,7 @@ pub fn fused_topk(
     if !e.is_power_of_two() || e > 256 {
         drop(t("topk_softmax_workspace", &[m * e], DType::F32)?);
     }
-    let mut host: Option<(Vec<f32>, Vec<i32>)> = None;
+    let mut host_ids = None;
     match rt.backend() {
         Backend::Dry => {}
         Backend::Cpu => {
@@ -98,14 +98,12 @@ pub fn fused_topk(
             ids.i32_mut().copy_from_slice(&id);
         }
         Backend::Cuda => {
-            // The router's logits come to the host; the routing goes back into vLLM's
-            // tensors (a few values a token).
-            let g = download_router_logits(rt, logits, name)?;
-            let (w, id) = host_topk(&g, e, top_k);
-            ops::cuda(rt, |c| c.to_f32(logits, &mut gating))?;
-            ops::upload_f32(rt, &mut weights, &w)?;
-            ops::upload_i32(rt, &mut ids, &id)?;
-            host = Some((w, id));
+            // The routing on the GPU into vLLM's tensors; only the ids come to the host, for
+            // the slot layout.
+            ops::cuda(rt, |c| {
+                c.moe_topk_softmax(logits, Some(&mut gating), &mut weights, &mut ids, false)
+            })?;
+            host_ids = Some(ops::cuda(rt, |c| c.download_ids(&ids, name))?);
         }
     }
     if renormalize {
@@ -118,10 +116,7 @@ pub fn fused_topk(
                 let r = host_renormalize(weights.f32(), top_k);
                 renormed.f32_mut().copy_from_slice(&r);
             }
-            Backend::Cuda => {
-                let w = host.as_ref().map_or(&[][..], |h| &h.0[..]);
-                ops::upload_f32(rt, &mut renormed, &host_renormalize(w, top_k))?;
-            }
+            Backend::Cuda => ops::cuda(rt, |c| c.moe_renorm(&weights, &mut renormed, top_k))?,
         }
         drop(sum);
         weights = renormed;
@@ -136,27 +131,7 @@ pub fn fused_topk(
     Ok(Routing {
         weights,
         ids,
-        host_ids: host.map(|h| h.1),
-    })
-}
-
-/// The router's logits brought to the host for the routing (vLLM routes on the GPU; this
-/// engine's top-k runs on the host). A CUDA graph cannot capture that round trip, so a
-/// capture is refused by name.
-pub(crate) fn download_router_logits(
-    rt: &Runtime,
-    logits: &Tensor,
-    name: &str,
-) -> Result<Vec<f32>> {
-    ops::cuda(rt, |c| {
-        if c.is_capturing() {
-            return Err(Error::Request(format!(
-                "{name}: the MoE routing runs on the host here, which a CUDA graph cannot \
-                 capture; profile MoE models on a GPU with --enforce-eager (or on a simulated \
-                 device, which models the graphs)"
-            )));
-        }
-        c.download_f32(logits)
+        host_ids,
     })
 }
 

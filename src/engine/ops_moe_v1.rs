@@ -122,14 +122,12 @@ pub fn fused_topk(
             ids.i32_mut().copy_from_slice(&id);
         }
         Backend::Cuda => {
-            // As the in-place kernel's router: the logits to the host, the routing back into
-            // vLLM's tensors (no allocation of its own: the copies go through the staging
-            // buffer).
-            let g = ops_moe::download_router_logits(rt, logits, name)?;
-            let (w, id) = ops_moe::host_topk(&g, e, top_k);
-            ops::upload_f32(rt, &mut weights, &renorm(w))?;
-            ops::upload_i32(rt, &mut ids, &id)?;
-            host_ids = Some(id);
+            // The routing on the GPU into vLLM's tensors, renormalised inside the kernel as
+            // V1's; only the ids come to the host, for the slot layout.
+            ops::cuda(rt, |c| {
+                c.moe_topk_softmax(logits, None, &mut weights, &mut ids, renormalize)
+            })?;
+            host_ids = Some(ops::cuda(rt, |c| c.download_ids(&ids, name))?);
         }
     }
     drop(token_expert_indices);

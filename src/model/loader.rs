@@ -382,6 +382,24 @@ impl<'a> Loader<'a> {
         Ok(t)
     }
 
+    /// A preset's LLM.int8 layer quantized where the GPU makes it: `load_int8`'s two
+    /// allocations, written by `synth_int8_rows` instead of uploaded (no host values).
+    fn int8_made_on_device(
+        &mut self,
+        name: &str,
+        n: usize,
+        k: usize,
+        fill: &SynthFill,
+    ) -> Result<Linear> {
+        self.tick(name, (n * k) as u64 * self.act.size_bytes())?;
+        let _t = crate::base::timing::span("load: int8 weights made on the GPU");
+        let mut lin = load_int8(self.rt, name, n, k, None, self.opts)?;
+        if let Linear::Int8(l) = &mut lin {
+            ops::synth_int8(self.rt, &mut l.cb, &mut l.scb, fill)?;
+        }
+        Ok(lin)
+    }
+
     /// `f` with the tensor it reads cut to `slice` (a tensor-parallel shard).
     pub(crate) fn sliced<R>(
         &mut self,
@@ -541,6 +559,39 @@ impl<'a> Loader<'a> {
         shape: &[usize],
         name: &str,
     ) -> Result<Tensor> {
+        // A preset's experts made on the GPU, a checkpoint's 16-bit experts copied as stored:
+        // the same single allocation as the host path, no host values.
+        let fills: Option<Vec<SynthFill>> = parts
+            .iter()
+            .scan(0u64, |offset, (n, sl)| {
+                let f = self
+                    .sliced(*sl, |ld| Ok(ld.device_fill(n, &sl.shape())))
+                    .ok()
+                    .flatten()
+                    .map(|mut f| {
+                        f.offset = *offset;
+                        f
+                    });
+                *offset += sl.shape().iter().product::<usize>() as u64;
+                Some(f)
+            })
+            .collect();
+        if let Some(fills) = fills.filter(|f| !f.is_empty()) {
+            let ns: Vec<&str> = parts.iter().map(|(n, _)| n.as_str()).collect();
+            return self.made_on_device(name, &ns, shape, &fills);
+        }
+        let stored: Option<Vec<(&str, &[u8])>> = parts
+            .iter()
+            .map(|(n, sl)| {
+                self.sliced(*sl, |ld| Ok(ld.stored_as_is(n, &sl.shape())))
+                    .ok()
+                    .flatten()
+                    .map(|b| (n.as_str(), b))
+            })
+            .collect();
+        if let Some(stored) = stored.filter(|s| !s.is_empty()) {
+            return self.copied_as_is(name, &stored, shape);
+        }
         let mut all: Option<Vec<f32>> = None;
         for (n, sl) in parts {
             if let Some(d) = self.sliced(*sl, |ld| ld.read(n, &sl.shape()))? {
@@ -938,6 +989,11 @@ impl<'a> Loader<'a> {
         }
         if matches!(self.opts.quant, Quant::Nf4 | Quant::Fp4) {
             return self.bnb4_in_flight(name, n, k);
+        }
+        if self.opts.quant == Quant::Int8 {
+            if let Some(f) = self.device_fill(name, &[n, k]) {
+                return self.int8_made_on_device(name, n, k, &f);
+            }
         }
         let d = self.read(name, &[n, k])?;
         load_linear(self.rt, name, n, k, d, self.opts, self.act, &mut self.stats)

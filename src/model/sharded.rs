@@ -728,9 +728,10 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
                 "format '{f}' (several schemes in one checkpoint) is not modelled yet"
             ))
         }
+        // docs/reading/vllm-machete.md, "2:4 sparse".
         Some(f @ "marlin-24") => {
             return refuse(format!(
-                "format '{f}' (2:4 sparse 4-bit weights, CompressedTensorsW4A16Sparse24) is not modelled yet"
+                "format '{f}' (2:4 sparse 4-bit weights) is not modelled: vLLM 0.11 and 0.15 run it as CompressedTensorsW4A16Sparse24 (gptq_marlin_24, compute capability 8.0), which vramscope does not reproduce yet; from 0.19 vLLM has no scheme for it (\"No compressed-tensors compatible scheme was found\", compressed_tensors.py L680 at 0.19.0)"
             ))
         }
         Some(f) => {
@@ -747,9 +748,13 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
     let dense = sparse.is_null()
         || sparse.as_object().is_some_and(|o| o.is_empty())
         || sparse["format"].as_str() == Some("dense");
+    // What each release does with it: docs/reading/vllm-machete.md, "2:4 sparse".
     if !dense {
+        let field = |k: &str| sparse[k].as_str().unwrap_or("?").to_string();
         return refuse(format!(
-            "sparsity_config {sparse} (2:4 sparse) is not modelled yet"
+            "sparsity_config (sparsity_structure '{}', format '{}', 2:4 sparse) is not modelled: vLLM 0.22 and later refuse any sparsity_config with targets (\"Sparsity support has been removed\", compressed_tensors.py L261-266 at 0.22.1), 0.19 and 0.21 raise NotImplementedError for 2:4 layers unquantized or in 8-bit w8a8 (CompressedTensors24, compressed_tensors_24.py L27 at 0.19.0), and 0.11 and 0.15 run those through CompressedTensors24 on Hopper only (cutlass_sparse_compress and cutlass_scaled_sparse_mm, get_min_capability 90), which vramscope does not reproduce yet",
+            field("sparsity_structure"),
+            field("format")
         ));
     }
     let groups = match q["config_groups"].as_object() {

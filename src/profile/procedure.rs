@@ -946,6 +946,7 @@ fn check_packed4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
     // The release first: a GPU check names 0.6.4's kernels, which say nothing of another
     // release's choice.
     let era = marlin::check_release(req.release()?.name)?;
+    marlin::check_act_order(&fmt, req.release()?.name)?;
     // compressed-tensors is modelled under the V1 releases only, as its fp8 scheme is: 0.6.4
     // reads the format through an older `CompressedTensorsWNA16` (with its own
     // `MarlinLinearKernel` path) that is not checked here.
@@ -1260,6 +1261,7 @@ pub(crate) fn run_rank(
                         .and_then(|r| r.split('.').next())
                         .and_then(|m| m.parse().ok())
                         .unwrap_or(0),
+                    hopper,
                 },
             };
             if opened.config.gemma3_mm.is_some() && matches!(req.device, DeviceSpec::Cuda { .. }) {

@@ -86,9 +86,43 @@ pub struct Kernel {
     /// The release's minor version (0.11 → 11; 0 where unknown): NVFP4's after-loading
     /// path differs between 0.11, 0.15 and 0.19 (`quant::nvfp4`).
     pub minor: u32,
+    /// The GPU is of compute capability 9.0 (Hopper), where `choose_mp_linear_kernel` tries
+    /// `MacheteLinearKernel` first (`get_min_capability` 90 and `is_device_capability(90)`,
+    /// 0.11.0 kernels/mixed_precision/machete.py L24-36).
+    pub hopper: bool,
 }
 
 impl Kernel {
+    /// Whether the release's `choose_mp_linear_kernel` gives this `[n, k]` layer (this rank's
+    /// part) to `MacheteLinearKernel`, as the V1 releases decide it: only on Hopper; only
+    /// layers that go through the mixed-precision kernel list at all (GPTQ's
+    /// `GPTQMarlinLinearMethod` and compressed-tensors' `CompressedTensorsWNA16` from 0.11;
+    /// AWQ from 0.19, whose `AWQMarlinLinearMethod` calls it after converting to GPTQ's
+    /// layout; 0.11.0 gptq_marlin.py L313, compressed_tensors_wNa16.py L92; 0.19.0
+    /// awq_marlin.py L405); Machete ahead of AllSpark and Marlin in `_POSSIBLE_KERNELS`
+    /// (0.11.0 mixed_precision/__init__.py L28-37; 0.19.0 kernels/linear/__init__.py
+    /// L132-140; 0.33.0 L539-548); `can_implement` (0.11.0 machete.py L28-56; 0.15.1 to
+    /// 0.29.0 L29-64, the same; 0.31.0 L27-54 drops the act-order clause with act-order):
+    /// uint4b8 without zero points or uint4 with them
+    /// (`query_machete_supported_quant_types`, machete_utils.py L12-16 at 0.15.1), group
+    /// size -1, 64 or 128 for fp16/bf16 activations (`query_machete_supported_group_sizes`,
+    /// L23-38), k a multiple of 64 and n of 128 (`check_machete_supports_shape`,
+    /// `MACHETE_PREPACKED_BLOCK_SHAPE = [64, 128]`, L9, L41-56). Act-order split across
+    /// ranks (refused by Machete) never reaches here: the loader refuses that split.
+    /// 0.6.4 (`Era::V0_6_4`) is refused apart (`check_gpu`).
+    pub fn machete(&self, fmt: &Format, n: usize, k: usize) -> bool {
+        let through_mp = match self.era {
+            Era::V0_6_4 => false,
+            Era::Refactored => fmt.method == Method::Gptq,
+            Era::Converted => true,
+        };
+        self.hopper
+            && through_mp
+            && matches!(fmt.group_size, -1 | 64 | 128)
+            && k.is_multiple_of(64)
+            && n.is_multiple_of(128)
+    }
+
     /// The refactored kernel's f32 reduce buffer for `m` rows (`use_fp32_reduce`, on by
     /// default: `USE_FP32_REDUCE_DEFAULT`).
     pub fn c_tmp_len(&self, m: usize) -> usize {
@@ -359,6 +393,34 @@ pub fn dequantize_rows(
     }
 }
 
+/// AWQ's rows `r0..r1` as Machete dequantizes them once its zero points hold `zp = -s·z`
+/// (`[groups, n]`, already in `act`): `w = q·s + zp`, one fused multiply-add in the
+/// activation dtype (the mainloop applies scale and zero to the converted code), so one
+/// rounding of the exact `q·s + zp`. `qweight` holds AWQ's words (our layout inside the
+/// GPTQ-shaped allocation, `convert_awq_to_standard`). It differs from `(q − z)·s` rounded
+/// once by the rounding of `-s·z`: at most half an ulp of the weight's magnitude more.
+#[allow(clippy::too_many_arguments)]
+pub fn dequantize_rows_machete_zp(
+    qweight: &[i32],
+    zp: &[f32],
+    scales: &[f32],
+    (n, k): (usize, usize),
+    group: usize,
+    (r0, r1): (usize, usize),
+    act: DType,
+    out: &mut [f32],
+) {
+    let np = n / PACK;
+    for c in r0..r1 {
+        let row = &mut out[(c - r0) * k..(c - r0 + 1) * k];
+        for (i, w) in row.iter_mut().enumerate() {
+            let grp = i / group.max(1);
+            let q = nibble(qweight[i * np + c / PACK], AWQ_NIBBLE[c % PACK]);
+            *w = act.round(q as f32 * scales[grp * n + c] + zp[grp * n + c]);
+        }
+    }
+}
+
 /// A deterministic act-order permutation of `k` inputs (the order GPTQ would have visited
 /// them; `gen-model --desc-act` needs one that every layer of the same input shares).
 fn act_order(k: usize) -> Vec<usize> {
@@ -511,6 +573,11 @@ pub struct MarlinLinear {
     pub in_features: usize,
     /// The release's kernel generation and the GPU's SMs.
     pub kernel: Kernel,
+    /// `choose_mp_linear_kernel` gave this layer to `MacheteLinearKernel` (`Kernel::machete`):
+    /// `after_loading` and `forward` make Machete's allocations, not Marlin's.
+    pub machete: bool,
+    /// `process_weights_after_loading` has run.
+    pub prepared: bool,
 }
 
 /// Host values of an I32 tensor (compute mode; other backends keep only the allocation).
@@ -542,6 +609,14 @@ impl MarlinLinear {
             crate::engine::ops::cuda(rt, |c| {
                 check_gpu(&fmt, kernel.era, c.arch(), &c.info().name, &[(n, k)])
             })?;
+            // Machete's AWQ zero points become `-s·z` in the activation dtype, which the
+            // 4-bit GPU kernel does not read (it takes packed zeros); GPTQ and
+            // compressed-tensors keep the words and scales it reads, in the same allocations.
+            if kernel.machete(&fmt, n, k) && fmt.method == Method::Awq {
+                return Err(Error::Request(format!(
+                    "an AWQ checkpoint on this Hopper GPU: vLLM 0.19 and later run its [{n}, {k}] layers with MacheteLinearKernel, whose zero points are stored as -scale·zero in the activation dtype, which vramscope's 4-bit GPU kernel does not read; plan it on a simulated device (--device sim:h100-sxm, dry or CPU compute), which models Machete's allocations"
+                )));
+            }
         }
         let groups = fmt.groups(k);
         let w = |name: &str, shape: &[usize], dtype| {
@@ -588,6 +663,8 @@ impl MarlinLinear {
             out_features: n,
             in_features: k,
             kernel,
+            machete: kernel.machete(&fmt, n, k),
+            prepared: false,
         })
     }
 
@@ -649,6 +726,8 @@ impl MarlinLinear {
             out_features: n,
             in_features: k,
             kernel,
+            machete: kernel.machete(&fmt, n, k),
+            prepared: false,
         })
     }
 
@@ -699,8 +778,17 @@ impl MarlinLinear {
     /// Each `[:, perm]` indexing with a Python list or numpy array first copies the index to
     /// the device (I64, 64 or 32 elements: a 512-byte block), freed after the op.
     pub fn after_loading(&mut self, rt: &Runtime, act: DType) -> Result<()> {
-        if self.workspace.is_some() {
+        if self.prepared {
             return Ok(());
+        }
+        self.prepared = true;
+        if self.machete {
+            let base = self.base();
+            if self.kernel.era == Era::Converted && self.fmt.method == Method::Awq {
+                rt.set_op("marlin.process_weights_after_loading");
+                self.convert_awq_to_standard(rt, &base)?;
+            }
+            return self.machete_after_loading(rt, &base, act);
         }
         let (n, k) = (self.out_features, self.in_features);
         let groups = self.fmt.groups(k);
@@ -843,6 +931,220 @@ impl MarlinLinear {
         Ok(())
     }
 
+    /// `MacheteLinearKernel.process_weights_after_loading` (0.11.0 kernels/mixed_precision/
+    /// machete.py L62-114; 0.15.1 L70-125, and 0.19.0 to 0.29.0 kernels/linear/
+    /// mixed_precision/machete.py at the same lines; 0.31.0 L60-95 without act-order),
+    /// allocation for allocation:
+    ///
+    /// - act-order: `torch.argsort(g_idx).to(torch.int)` (the sort's I32 values and I64
+    ///   indices, the values freed; the I32 copy, the I64 ones freed), kept for the life of
+    ///   the model by the `permute_cols` partial (`self.act_perm`, L70-74);
+    /// - `transform_w_q` (L76-91): `permute_param_layout_` is a view; under act-order
+    ///   `unpack_quantized_values_into_int32` (quant_utils.py, 0.19.0 L416-436: a zeroed
+    ///   `[k, n]` I32, then eight times a `>>` and a `&` copy of the packed words, each
+    ///   freed), `x_unpacked[perm, :]` (`[k, n]` I32), `pack_quantized_values_into_int32`
+    ///   (L394-413: a zeroed `[k/8, n]` I32, eight times a `&` and a `<<` copy) that replaces
+    ///   the stored words (freed); then `x.data.t().contiguous().t()`: GPTQ's row-major
+    ///   `[k/8, n]` (and AWQ's converted one) is copied to `[n, k/8]` for the call, while
+    ///   compressed-tensors' `[n, k/8]` (and the packed act-order words) already are, so no
+    ///   copy; `machete_prepack_B` makes `torch::empty_like(B)`, the same bytes
+    ///   (machete_prepack_launcher.cuh `prepack_impl`), the copy is freed when the call
+    ///   returns and the stored words when `x.data` takes the prepacked ones; the act-order
+    ///   locals `x_unpacked` and `x_perm` are freed as the function returns;
+    /// - `transform_w_s` (L93-97): `.contiguous()` of the `[groups, n]` view: GPTQ's and AWQ's
+    ///   scales already are; compressed-tensors' `[n, groups]` is copied when it has more
+    ///   than one group, the stored scales freed;
+    /// - `transform_w_zp` (L99-108, AWQ from 0.19 only): the zeros (`[n/8, groups]` after
+    ///   `_convert_awq_to_standard_format`) unpacked to a zeroed `[groups, n]` I32 (eight
+    ///   `>>`/`&` copies of `[groups, n/8]`), then `-1.0 * w_s` (`[groups, n]` in the
+    ///   activation dtype), `x_unpacked.to(dtype)`, their product, the first two freed; the
+    ///   product (the zero points with the scales applied, `-s·z`, in the activation dtype)
+    ///   replaces the packed zeros; `x_unpacked` freed on return.
+    ///
+    /// GPTQ's `g_idx` and `qzeros` and compressed-tensors' `weight_g_idx` and `weight_shape`
+    /// are not touched: they stay allocated (Marlin's path empties the first two). No
+    /// workspace. The words and scales keep our layout inside vLLM's allocations (the stored
+    /// GPTQ/AWQ order, the original `g_idx`): the CPU and the GPU multiply them unpermuted,
+    /// the same products Machete sums in the permuted order.
+    fn machete_after_loading(&mut self, rt: &Runtime, base: &str, act: DType) -> Result<()> {
+        let (n, k) = (self.out_features, self.in_features);
+        let groups = self.fmt.groups(k);
+        let t = |name: &str, shape: &[usize], dtype| {
+            rt.tensor(format!("{base}.{name}"), Category::Weight, shape, dtype)
+        };
+        rt.set_op("machete.process_weights_after_loading");
+        if self.fmt.desc_act {
+            let values = t("g_idx_sort_values", &[k], DType::I32)?;
+            let idx64 = t("g_idx_argsort", &[k], DType::I64)?;
+            drop(values);
+            let mut perm = t("machete_perm", &[k], DType::I32)?;
+            drop(idx64);
+            if let (Some(g), Backend::Cpu) = (&self.g_idx, rt.backend()) {
+                let g = g.i32();
+                let mut order: Vec<usize> = (0..k).collect();
+                order.sort_by_key(|&i| g[i]);
+                for (j, &i) in order.iter().enumerate() {
+                    perm.i32_mut()[j] = i as i32;
+                }
+            }
+            self.g_idx_sort_indices = Some(perm);
+        }
+        rt.set_op("machete.prepack_B");
+        let mut act_order_locals = Vec::new();
+        if self.fmt.desc_act {
+            let unpacked = t("machete_unpacked", &[k, n], DType::I32)?;
+            for _ in 0..PACK {
+                let shifted = t("machete_unpack_shift", &[k / PACK, n], DType::I32)?;
+                let masked = t("machete_unpack_mask", &[k / PACK, n], DType::I32)?;
+                drop(shifted);
+                drop(masked);
+            }
+            // `x_unpacked[perm, :]`: ATen's `index` takes the I32 index as it is (`make_info`
+            // checks index types with `allow_int`, no long copy): the `[k, n]` output only.
+            let permuted = t("machete_rows_permuted", &[k, n], DType::I32)?;
+            let mut packed = t("machete_packed", &[n, k / PACK], DType::I32)?;
+            for _ in 0..PACK {
+                let masked = t("machete_pack_mask", &[n, k / PACK], DType::I32)?;
+                let shifted = t("machete_pack_shift", &[n, k / PACK], DType::I32)?;
+                drop(masked);
+                drop(shifted);
+            }
+            move_words(rt, &self.qweight, &mut packed)?;
+            self.qweight = packed;
+            act_order_locals.push(unpacked);
+            act_order_locals.push(permuted);
+        }
+        let contiguous = if !self.fmt.desc_act && !self.fmt.compressed_tensors {
+            Some(t("qweight_t_contiguous", &[n, k / PACK], DType::I32)?)
+        } else {
+            None
+        };
+        let mut prepacked = t("machete_prepacked", &[k / PACK, n], DType::I32)?;
+        move_words(rt, &self.qweight, &mut prepacked)?;
+        drop(contiguous);
+        self.qweight = prepacked;
+        drop(act_order_locals);
+        if self.fmt.compressed_tensors && groups > 1 {
+            rt.set_op("machete.scales_contiguous");
+            let mut s = t("weight_scale_contiguous", &[groups, n], act)?;
+            match rt.backend() {
+                Backend::Cpu => s.f32_mut().copy_from_slice(self.scales.f32()),
+                Backend::Cuda => {
+                    crate::engine::ops::cuda(rt, |c| c.copy_bytes(&self.scales, &mut s))?
+                }
+                Backend::Dry => {}
+            }
+            self.scales = s;
+        }
+        if self.fmt.method == Method::Awq {
+            rt.set_op("machete.zero_points");
+            let unpacked = t("machete_zp_unpacked", &[groups, n], DType::I32)?;
+            for _ in 0..PACK {
+                let shifted = t("machete_zp_shift", &[groups, n / PACK], DType::I32)?;
+                let masked = t("machete_zp_mask", &[groups, n / PACK], DType::I32)?;
+                drop(shifted);
+                drop(masked);
+            }
+            let neg_scales = t("machete_neg_scales", &[groups, n], act)?;
+            let converted = t("machete_zp_converted", &[groups, n], act)?;
+            let mut zp = t("machete_zp", &[groups, n], act)?;
+            drop(neg_scales);
+            drop(converted);
+            if let (Some(old), Backend::Cpu) = (&self.qzeros, rt.backend()) {
+                // `-1.0 * w_s * z`: the negation is exact, the product rounded to `act`.
+                let (zeros, scales) = (old.i32(), self.scales.f32());
+                let np = n / PACK;
+                for (j, v) in zp.f32_mut().iter_mut().enumerate() {
+                    let (grp, c) = (j / n, j % n);
+                    let z = nibble(zeros[grp * np + c / PACK], AWQ_NIBBLE[c % PACK]);
+                    *v = act.round(-scales[j] * z as f32);
+                }
+            }
+            self.qzeros = Some(zp);
+            drop(unpacked);
+        }
+        Ok(())
+    }
+
+    /// The group of each input as Machete's layer holds it: the stored `g_idx` (unsorted;
+    /// `MacheteLinearKernel` keeps it and permutes inputs and words instead), act-order only.
+    fn machete_g_idx(&self) -> Option<Vec<i32>> {
+        self.g_idx
+            .as_ref()
+            .filter(|_| self.fmt.desc_act)
+            .map(|t| t.i32().to_vec())
+    }
+
+    /// AWQ through Machete: the zero points with the scales applied (`[groups, n]`, `-s·z`
+    /// in the activation dtype) once prepared.
+    fn machete_zp(&self) -> Option<&[f32]> {
+        (self.machete && self.prepared && self.fmt.method == Method::Awq)
+            .then(|| self.qzeros.as_ref().map(|t| t.f32()))
+            .flatten()
+    }
+
+    /// `MacheteLinearKernel.apply_weights` (0.11.0 machete.py L116-144; 0.15.1 to 0.29.0
+    /// L127-159; 0.31.0 L97-126 without act-order): the reshape is a view; under act-order
+    /// `ops.permute_cols(x_2d, perm)` (fp16/bf16 with k a multiple of 8, else `x[:, perm]`:
+    /// an `[m, k]` copy either way, `torch.empty_like(a)`), held by `x_2d` until the call
+    /// returns; `machete_mm` (machete_mm_launcher.cuh `run_impl`) allocates the output
+    /// `D [m, n]` in the activation dtype, then its workspace (`machete_workspace_bytes`),
+    /// freed when it returns. `rows` as in `forward`.
+    fn machete_forward(
+        &self,
+        rt: &Runtime,
+        x: &Tensor,
+        name: &str,
+        act: DType,
+        rows: &[usize],
+    ) -> Result<Tensor> {
+        let (m, k, n) = (x.rows(), self.in_features, self.out_features);
+        rt.set_op("machete.machete_mm");
+        let x_perm = if self.fmt.desc_act {
+            Some(rt.tensor(
+                format!("{name}.act_perm"),
+                Category::Activation,
+                &[m, k],
+                act,
+            )?)
+        } else {
+            None
+        };
+        let mut out =
+            rt.tensor_for_overwrite(format!("{name}.out"), Category::Activation, &[m, n], act)?;
+        let ws_bytes = machete_workspace_bytes(m, n, k, self.kernel.sms);
+        let workspace = if ws_bytes > 0 {
+            Some(rt.tensor(
+                format!("{name}.machete_workspace"),
+                Category::Activation,
+                &[ws_bytes],
+                DType::U8,
+            )?)
+        } else {
+            None
+        };
+        match rt.backend() {
+            Backend::Cpu => self.cpu_gemm(rt, x, &mut out, act, rows)?,
+            Backend::Cuda => {
+                let w = crate::device::cuda::W4Weights {
+                    awq: false,
+                    qweight: &self.qweight,
+                    qzeros: None,
+                    scales: &self.scales,
+                    g_idx: self.g_idx.as_deref().filter(|_| self.fmt.desc_act),
+                    group: self.fmt.group(k),
+                    n,
+                    k,
+                };
+                crate::engine::ops::cuda(rt, |c| c.w4_gemm(x, &w, &mut out, rows))?
+            }
+            Backend::Dry => {}
+        }
+        drop(workspace);
+        drop(x_perm);
+        Ok(out)
+    }
+
     /// `_convert_awq_to_standard_format` (0.19.0 awq_marlin.py, 0.28.0 auto_awq.py L93-169):
     /// AWQ's `[k, n/8]` words unpacked to `[k, n/8, 8]` int32 (`>> shifts`, then `& mask`,
     /// then the reorder's index copy, each freeing the one before), shifted back into
@@ -958,12 +1260,15 @@ impl MarlinLinear {
                 self.in_features
             )));
         }
-        if self.workspace.is_none() {
+        if !self.prepared {
             return Err(Error::Request(format!(
                 "{name}: the {} weight {} was not repacked for Marlin (process_weights_after_loading did not run)",
                 self.fmt.method.name(),
                 self.qweight.name
             )));
+        }
+        if self.machete {
+            return self.machete_forward(rt, x, name, act, rows);
         }
         rt.set_op("marlin.gptq_marlin_gemm");
         let mut out =
@@ -1052,11 +1357,29 @@ impl MarlinLinear {
         rows: &[usize],
     ) -> Result<()> {
         let (m, k, n) = (x.rows(), self.in_features, self.out_features);
-        let g_idx = self.host_g_idx();
-        let zeros: &[i32] = self.qzeros.as_ref().map_or(&[], |t| t.i32());
+        let zeros: &[i32] = match self.machete_zp() {
+            Some(_) => &[],
+            None => self.qzeros.as_ref().map_or(&[], |t| t.i32()),
+        };
+        let g_idx = if self.machete {
+            self.machete_g_idx()
+        } else {
+            self.host_g_idx()
+        };
         let (fmt, qweight, scales) = (&self.fmt, self.qweight.i32(), self.scales.f32());
-        let decode = |r: std::ops::Range<usize>, buf: &mut [f32]| {
-            dequantize_rows(
+        let zp = self.machete_zp();
+        let decode = |r: std::ops::Range<usize>, buf: &mut [f32]| match zp {
+            Some(zp) => dequantize_rows_machete_zp(
+                qweight,
+                zp,
+                scales,
+                (n, k),
+                fmt.group(k),
+                (r.start, r.end),
+                act,
+                buf,
+            ),
+            None => dequantize_rows(
                 fmt,
                 qweight,
                 zeros,
@@ -1066,7 +1389,7 @@ impl MarlinLinear {
                 (r.start, r.end),
                 act,
                 buf,
-            )
+            ),
         };
         super::host_decoded_matmul(rt, x.f32(), (m, k), rows, out.f32_mut(), decode, |a| {
             act.round(a)
@@ -1078,8 +1401,16 @@ impl MarlinLinear {
     pub fn dequantized(&self, act: DType) -> Vec<f32> {
         let (n, k) = (self.out_features, self.in_features);
         let mut w = vec![0f32; n * k];
+        if let Some(zp) = self.machete_zp() {
+            let (qweight, scales) = (self.qweight.i32(), self.scales.f32());
+            let g = self.fmt.group(k);
+            dequantize_rows_machete_zp(qweight, zp, scales, (n, k), g, (0, n), act, &mut w);
+            return w;
+        }
         let zeros: &[i32] = self.qzeros.as_ref().map_or(&[], |t| t.i32());
-        let g_idx = if self.workspace.is_some() {
+        let g_idx = if self.machete {
+            self.machete_g_idx()
+        } else if self.prepared {
             self.host_g_idx()
         } else {
             self.g_idx
@@ -1115,6 +1446,91 @@ fn move_words(rt: &Runtime, from: &Tensor, to: &mut Tensor) -> Result<()> {
         }
         _ => Ok(()),
     }
+}
+
+/// Machete's default schedule for an `m × n × k` product (tokens, outputs, inputs): the tile
+/// along n, the tile along m and the cluster along n, as the generated dispatch picks it
+/// (`mm_dispatch_*`: `M = A.size(0)`, `N = B.size(1)`, `K = A.size(1)`; the conditions of
+/// `default_tile_heuristic_config` in csrc/quantization/machete/generate.py, the same for
+/// every type; `TileShapeNM` and `ClusterShape` take `tile_shape_mn` and
+/// `cluster_shape_mnk` in that order). The csrc is not in the wheel; the table is the one
+/// vLLM's generate.py has held since Machete came (0.6.x) and holds at 0.33.
+pub fn machete_schedule(m: usize, n: usize, k: usize) -> (usize, usize, usize) {
+    match m {
+        257.. if k <= 16384 && n <= 4096 => (128, 128, 2),
+        257.. => (128, 256, 2),
+        129.. if k <= 4096 && n <= 4096 => (128, 64, 2),
+        129.. if k <= 8192 && n <= 8192 => (128, 128, 2),
+        129.. => (128, 256, 2),
+        65.. if k <= 4069 && n <= 4069 => (128, 32, 2),
+        65.. if k <= 4069 && n <= 8192 => (128, 64, 2),
+        65.. if k >= 8192 && n >= 12288 => (256, 128, 2),
+        65.. => (128, 128, 2),
+        33.. if k <= 6144 && n <= 6144 => (128, 16, 1),
+        33.. if k >= 16384 && n >= 12288 => (256, 64, 2),
+        33.. => (128, 64, 2),
+        17.. if k <= 12288 && n <= 8192 => (128, 32, 2),
+        17.. => (256, 32, 2),
+        _ if n >= 26624 => (256, 16, 1),
+        _ => (128, 16, 1),
+    }
+}
+
+/// The bytes of the workspace `machete_mm` allocates (`torch::empty(workspace_size, kU8)`
+/// in `run_impl`, machete_mm_launcher.cuh) and frees on return: `GemmUniversal`'s
+/// `get_workspace_size` for the cooperative kernel with CUTLASS's stream-K tile scheduler
+/// (`TileSchedulerType.StreamK` for every schedule, generate.py), computed on the transposed
+/// problem `{N, M, K}` with the tile `(tile_n, tile_m, 64)` (`TileShapeK = 128·8 / 16` for
+/// 16-bit activations, machete_mm_kernel.cuh): `PersistentTileSchedulerSm90StreamKParams::
+/// get_workspace_component_sizes` (cutlass include/cutlass/gemm/kernel/
+/// tile_scheduler_params.h) with Machete's defaults (one split, swizzle 1, the heuristic
+/// decomposition, no `hw_info`, so the device's SM count and no occupancy query): output
+/// tiles `⌈N/tile_n⌉` (rounded up to the cluster) × `⌈M/tile_m⌉`; CTAs a wave: the SMs with
+/// clusters of 1, with clusters of 2 `get_max_cta_occupancy(18, 2, sms)`; stream-K tiles
+/// only when the last wave is not full, less than half full and each tile has more than 8
+/// k tiles (`get_num_sk_tiles`); then a 128-byte-aligned barrier of 2 warp groups × 32 bits
+/// and a reduction buffer of `tile_n × tile_m` f32 per stream-K tile (or per output tile
+/// when the heuristic turns to split-K). Data-parallel shapes need none: `torch::empty(0)`
+/// takes no block.
+pub fn machete_workspace_bytes(m: usize, n: usize, k: usize, sms: usize) -> usize {
+    if sms == 0 || m == 0 {
+        return 0;
+    }
+    let (tile_n, tile_m, cluster) = machete_schedule(m, n, k);
+    let blocks_n = n.div_ceil(tile_n).div_ceil(cluster) * cluster;
+    let blocks_m = m.div_ceil(tile_m);
+    let output_tiles = blocks_n * blocks_m;
+    let k_tiles = k.div_ceil(64);
+    let ctas_per_wave = if cluster == 1 {
+        sms
+    } else {
+        // get_max_cta_occupancy(max_sm_per_gpc = 18, cluster, sms), then whole clusters.
+        let per_gpc = 18 - 18 % cluster;
+        let gpcs = if sms < 18 { 1 } else { sms / 18 };
+        let residual = if sms < 18 { 0 } else { sms % 18 };
+        let ctas = (gpcs * per_gpc + residual - residual % cluster).min(sms);
+        ctas / cluster * cluster
+    };
+    let full_waves = output_tiles / ctas_per_wave;
+    let total_waves = output_tiles.div_ceil(ctas_per_wave);
+    let sk_tiles = if full_waves == total_waves || k_tiles <= 8 {
+        0
+    } else {
+        let tail = output_tiles - full_waves * ctas_per_wave;
+        if 2 * tail >= ctas_per_wave {
+            0
+        } else {
+            let dp_waves = full_waves.saturating_sub(1);
+            (output_tiles - dp_waves * ctas_per_wave) / cluster * cluster
+        }
+    };
+    let sk_units = ((k_tiles * sk_tiles / 8) / cluster * cluster).min(ctas_per_wave);
+    let split_k = sk_units > sk_tiles && sk_tiles != 0 && sk_units.is_multiple_of(sk_tiles);
+    let tiles = if split_k { output_tiles } else { sk_tiles };
+    let l2 = |b: usize| b.div_ceil(128) * 128;
+    let barrier = l2(tiles * 2 * 32 / 8);
+    let reduction = l2(tiles * tile_n * tile_m * 4);
+    barrier + reduction
 }
 
 /// `marlin::determine_reduce_max_m(prob_m, max_par = 16)` (csrc gptq_marlin.cu at 0.6.4).
@@ -1157,11 +1573,10 @@ pub fn check_gpu(
             fmt.method.name()
         )));
     }
-    let machete_takes_it = match era {
-        Era::V0_6_4 => fmt.method == Method::Gptq && matches!(arch, "Hopper" | "Blackwell"),
-        Era::Refactored => fmt.method == Method::Gptq && arch == "Hopper",
-        Era::Converted => arch == "Hopper",
-    };
+    // The V1 releases' Machete is modelled (`Kernel::machete`, `MarlinLinear::
+    // machete_after_loading`); 0.6.4's choice stays refused.
+    let machete_takes_it =
+        era == Era::V0_6_4 && fmt.method == Method::Gptq && matches!(arch, "Hopper" | "Blackwell");
     if machete_takes_it && matches!(fmt.group_size, -1 | 128) {
         if let Some((n, k)) = layers
             .iter()
@@ -1173,13 +1588,8 @@ pub fn check_gpu(
                 Method::Gptq => "a GPTQ",
             };
             return Err(Error::Request(format!(
-                "{name} checkpoint with group_size {} on {gpu} ({arch}): {} runs its [{n}, {k}] layers with MacheteLinearKernel (choose_mp_linear_kernel tries Machete first on compute capability 9.0), whose prepacked layout vramscope does not reproduce yet; on an Ampere or Ada GPU the same checkpoint runs on Marlin, which it does",
+                "{name} checkpoint with group_size {} on {gpu} ({arch}): vLLM 0.6.4 runs its [{n}, {k}] layers with MacheteLinearKernel (choose_mp_linear_kernel tries Machete first on compute capability 9.0), whose 0.6.4 path vramscope does not reproduce; use a V1 release from 0.11 (Machete modelled there) or an Ampere or Ada GPU (Marlin)",
                 fmt.group_size,
-                match era {
-                    Era::V0_6_4 => "vLLM 0.6.4",
-                    Era::Refactored => "vLLM 0.11 and 0.15",
-                    Era::Converted => "vLLM 0.19 and later",
-                }
             )));
         }
     }
@@ -1187,6 +1597,29 @@ pub fn check_gpu(
     // (`ALLSPARK_SUPPORTED_QUANT_TYPES = [scalar_types.uint8b128]`, utils/allspark_utils.py
     // L10 at 0.11.0, 0.15.1 and 0.19.0, checked for compute capability 8.0 to 8.9 at L24-34):
     // every 4-bit layer vramscope reads passes it by for Marlin.
+    Ok(())
+}
+
+/// From 0.31 vLLM refuses act-order 4-bit checkpoints outright: GPTQ's `desc_act` with
+/// groups (`normalize_and_validate_gptq_desc_act`, 0.31.0 utils/gptq_utils.py L23-37: "GPTQ
+/// group activation ordering (desc_act=True) is no longer supported") and compressed-tensors'
+/// `actorder` "group" or "dynamic" (0.31.0 compressed_tensors.py L330-336); Machete and
+/// Marlin lost their `g_idx` paths with it (0.31.0 machete.py, MPLinearKernel.py L14-22).
+pub fn check_act_order(fmt: &Format, release: &str) -> Result<()> {
+    let minor = release
+        .strip_prefix("0.")
+        .and_then(|r| r.split('.').next())
+        .and_then(|m| m.parse::<u32>().ok());
+    if fmt.desc_act && minor.is_some_and(|m| m >= 31) {
+        let what = if fmt.compressed_tensors {
+            "a compressed-tensors w4a16 checkpoint with actorder \"group\""
+        } else {
+            "a GPTQ checkpoint with desc_act true"
+        };
+        return Err(Error::Request(format!(
+            "{what} under --vllm {release}: vLLM 0.31 and later refuse activation ordering (\"no longer supported\", gptq_utils.py normalize_and_validate_gptq_desc_act, compressed_tensors.py L330-336 at 0.31.0); use --vllm 0.29 or earlier, or a checkpoint without act-order"
+        )));
+    }
     Ok(())
 }
 
@@ -1558,6 +1991,7 @@ mod tests {
             era: Era::Converted,
             sms: 142,
             minor: 19,
+            hopper: false,
         };
         let mut l = MarlinLinear::load(
             &rt,
@@ -1612,6 +2046,266 @@ mod tests {
         assert_eq!(Era::of_release("380e1863"), Some(Era::V0_6_4));
         // Eight rows round up to 16.
         assert_eq!(kernel.c_tmp_len(8), 142 * 16 * 256);
+    }
+
+    const GPTQ128: Format = Format {
+        method: Method::Gptq,
+        group_size: 128,
+        desc_act: false,
+        compressed_tensors: false,
+    };
+
+    const H100: Kernel = Kernel {
+        era: Era::Converted,
+        sms: 132,
+        hopper: true,
+        minor: 0,
+    };
+
+    /// `choose_mp_linear_kernel` per layer: Machete on Hopper for groups -1, 64 and 128 and
+    /// shapes of whole [64, 128] blocks; AWQ only from 0.19 (0.11 and 0.15 repack it for
+    /// Marlin in awq_marlin.py); never off Hopper.
+    #[test]
+    fn machete_takes_hopper_layers_it_can_implement() {
+        assert!(H100.machete(&GPTQ128, 6144, 4096));
+        assert!(H100.machete(
+            &Format {
+                group_size: 64,
+                ..GPTQ128
+            },
+            6144,
+            4096
+        ));
+        assert!(H100.machete(
+            &Format {
+                group_size: -1,
+                ..GPTQ128
+            },
+            6144,
+            4096
+        ));
+        assert!(!H100.machete(
+            &Format {
+                group_size: 32,
+                ..GPTQ128
+            },
+            6144,
+            4096
+        ));
+        // n not a multiple of 128, k not of 64.
+        assert!(!H100.machete(&GPTQ128, 6144 + 64, 4096));
+        assert!(!H100.machete(&GPTQ128, 6144, 4096 + 32));
+        assert!(H100.machete(&AWQ128, 6144, 4096));
+        let v011 = Kernel {
+            era: Era::Refactored,
+            ..H100
+        };
+        assert!(v011.machete(&GPTQ128, 6144, 4096));
+        assert!(!v011.machete(&AWQ128, 6144, 4096));
+        let a100 = Kernel {
+            hopper: false,
+            sms: 108,
+            ..H100
+        };
+        assert!(!a100.machete(&GPTQ128, 6144, 4096));
+        let v064 = Kernel {
+            era: Era::V0_6_4,
+            ..H100
+        };
+        assert!(!v064.machete(&GPTQ128, 6144, 4096));
+    }
+
+    /// The stream-K workspace: data-parallel shapes take none; Llama-3-8B's gate_up at 8192
+    /// tokens on 132 SMs (tile 128 × 256, cluster 2: 224 × 32 = 7168 tiles, 54 full waves of
+    /// 132 and a tail of 40, under half a wave, 64 k tiles) covers the last 172 tiles with
+    /// stream-K: 172 · 128 · 256 f32 of partials and 172 · 2 · 32 bits of barriers (1,376
+    /// bytes, 1,408 aligned to 128).
+    #[test]
+    fn machete_workspace_follows_cutlass_stream_k() {
+        assert_eq!(machete_schedule(8192, 28672, 4096), (128, 256, 2));
+        assert_eq!(machete_schedule(8192, 4096, 14336), (128, 128, 2));
+        assert_eq!(machete_schedule(48, 4096, 4096), (128, 16, 1));
+        assert_eq!(machete_schedule(8, 128256, 4096), (256, 16, 1));
+        assert_eq!(machete_workspace_bytes(8192, 6144, 4096, 132), 0);
+        assert_eq!(machete_workspace_bytes(8192, 4096, 4096, 132), 0);
+        assert_eq!(machete_workspace_bytes(8192, 4096, 14336, 132), 0);
+        assert_eq!(
+            machete_workspace_bytes(8192, 28672, 4096, 132),
+            172 * 128 * 256 * 4 + 1408
+        );
+        // Few k tiles: never split (4 k tiles ≤ 8).
+        assert_eq!(machete_workspace_bytes(8192, 28672, 256, 132), 0);
+    }
+
+    /// GPTQ through Machete: the row-major words copied to `[n, k/8]` for the prepack, the
+    /// prepacked words (the same bytes) replacing them; scales, zeros and g_idx untouched
+    /// and kept; the forward's output alone (a data-parallel shape: no workspace).
+    #[test]
+    fn machete_prepacks_gptq_and_keeps_the_zeros_and_g_idx() {
+        let rt = runtime("dry");
+        let mut l = MarlinLinear::load(
+            &rt,
+            GPTQ128,
+            "l.o_proj",
+            (4096, 4096),
+            None,
+            DType::F16,
+            H100,
+        )
+        .unwrap();
+        assert!(l.machete);
+        let from = rt.event_count();
+        l.after_loading(&rt, DType::F16).unwrap();
+        let words = 512 * 4096 * 4;
+        assert_eq!(
+            trace(&rt, from),
+            vec![
+                ("alloc", "l.o_proj.qweight_t_contiguous".into(), words),
+                ("alloc", "l.o_proj.machete_prepacked".into(), words),
+                ("free", "l.o_proj.qweight_t_contiguous".into(), words),
+                ("free", "l.o_proj.qweight".into(), words),
+            ]
+        );
+        assert_eq!(
+            l.weight_bytes(),
+            words + 4096 * 4 + 32 * 512 * 4 + 32 * 4096 * 2
+        );
+        let x = rt
+            .tensor("x", Category::Activation, &[8192, 4096], DType::F16)
+            .unwrap();
+        let from = rt.event_count();
+        let out = l.forward(&rt, &x, "0.o_proj", DType::F16, &[4096]).unwrap();
+        assert_eq!(out.shape, vec![8192, 4096]);
+        assert_eq!(
+            trace(&rt, from),
+            vec![("alloc", "0.o_proj.out".into(), 2 * 8192 * 4096)]
+        );
+    }
+
+    /// GPTQ with act-order through Machete: the sort's indices kept (the `permute_cols`
+    /// perm), the words unpacked, row-permuted and repacked before the prepack; the stored
+    /// g_idx stays. The weight it multiplies equals Marlin's bit for bit, and so does the
+    /// CPU forward.
+    #[test]
+    fn machete_act_order_keeps_the_perm_and_multiplies_marlins_weight() {
+        let rt = runtime("compute");
+        let (m, n, k) = (5, 128, 256);
+        let fmt = Format {
+            group_size: 64,
+            desc_act: true,
+            ..GPTQ128
+        };
+        let w: Vec<f32> = (0..n * k)
+            .map(|j| ((j * 7919) % 31) as f32 / 31.0 - 0.5)
+            .collect();
+        let p = quantize(&fmt, &w, n, k, DType::F16);
+        let load = |kernel| {
+            let mut l =
+                MarlinLinear::load(&rt, fmt, "l", (n, k), Some(&p), DType::F16, kernel).unwrap();
+            let from = rt.event_count();
+            l.after_loading(&rt, DType::F16).unwrap();
+            (l, trace(&rt, from))
+        };
+        let (machete, t) = load(Kernel { sms: 4, ..H100 });
+        let (marlin, _) = load(Kernel {
+            sms: 4,
+            hopper: false,
+            ..H100
+        });
+        let kept = |name: &str| {
+            t.iter().any(|e| e.0 == "alloc" && e.1 == name)
+                && !t.iter().any(|e| e.0 == "free" && e.1 == name)
+        };
+        assert!(
+            kept("l.machete_perm") && kept("l.machete_prepacked"),
+            "{t:?}"
+        );
+        assert!(
+            !kept("l.machete_unpacked") && !kept("l.machete_packed"),
+            "{t:?}"
+        );
+        assert_eq!(
+            machete.g_idx.as_ref().unwrap().i32(),
+            p.g_idx.as_deref().unwrap()
+        );
+        assert_eq!(
+            machete.dequantized(DType::F16),
+            marlin.dequantized(DType::F16)
+        );
+        let mut x = rt
+            .tensor("x", Category::Activation, &[m, k], DType::F16)
+            .unwrap();
+        for (j, v) in x.f32_mut().iter_mut().enumerate() {
+            *v = DType::F16.round(((j % 11) as f32 - 5.0) / 8.0);
+        }
+        let from = rt.event_count();
+        let ya = machete.forward(&rt, &x, "a", DType::F16, &[n]).unwrap();
+        // permute_cols' [m, k] copy (5 × 256 × 2 bytes), the output (5 × 128 × 2 in a block
+        // of 1,536), no workspace (one output tile of 4 k tiles: nothing to split).
+        assert_eq!(
+            trace(&rt, from),
+            vec![
+                ("alloc", "a.act_perm".into(), 2560),
+                ("alloc", "a.out".into(), 1536),
+                ("free", "a.act_perm".into(), 2560),
+            ]
+        );
+        let yb = marlin.forward(&rt, &x, "b", DType::F16, &[n]).unwrap();
+        assert_eq!(ya.f32(), yb.f32());
+    }
+
+    /// AWQ through Machete (0.19 on): after the conversion to GPTQ's layout, the zero points
+    /// end as `[groups, n]` in the activation dtype (`-s·z`); the CPU forward equals the
+    /// Marlin layer's within one rounding of the weight.
+    #[test]
+    fn machete_awq_zero_points_carry_the_scales() {
+        let rt = runtime("compute");
+        let (m, n, k) = (3, 128, 256);
+        let w: Vec<f32> = (0..n * k)
+            .map(|j| ((j * 7919) % 23) as f32 / 23.0 - 0.5)
+            .collect();
+        let p = quantize(&AWQ128, &w, n, k, DType::F16);
+        let load = |kernel| {
+            let mut l =
+                MarlinLinear::load(&rt, AWQ128, "l", (n, k), Some(&p), DType::F16, kernel).unwrap();
+            l.after_loading(&rt, DType::F16).unwrap();
+            l
+        };
+        let machete = load(Kernel { sms: 4, ..H100 });
+        let marlin = load(Kernel {
+            sms: 4,
+            hopper: false,
+            ..H100
+        });
+        assert!(machete.machete && !marlin.machete);
+        let zp = machete.qzeros.as_ref().unwrap();
+        assert_eq!((zp.shape.clone(), zp.dtype), (vec![2, n], DType::F16));
+        let (a, b) = (
+            machete.dequantized(DType::F16),
+            marlin.dequantized(DType::F16),
+        );
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs() / y.abs().max(1e-3))
+            .fold(0f32, f32::max);
+        assert!(worst <= 2f32.powi(-10), "{worst}");
+        let mut x = rt
+            .tensor("x", Category::Activation, &[m, k], DType::F16)
+            .unwrap();
+        for (j, v) in x.f32_mut().iter_mut().enumerate() {
+            *v = DType::F16.round(((j % 13) as f32 - 6.0) / 8.0);
+        }
+        let ya = machete.forward(&rt, &x, "a", DType::F16, &[n]).unwrap();
+        let yb = marlin.forward(&rt, &x, "b", DType::F16, &[n]).unwrap();
+        let diff: f32 = ya
+            .f32()
+            .iter()
+            .zip(yb.f32())
+            .map(|(p, q)| (p - q).powi(2))
+            .sum();
+        let norm: f32 = yb.f32().iter().map(|q| q * q).sum();
+        assert!((diff / norm).sqrt() < 2e-3, "{}", (diff / norm).sqrt());
     }
 
     #[test]

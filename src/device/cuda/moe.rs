@@ -11,11 +11,14 @@ use cudarc::driver::LaunchConfig;
 
 use super::CudaDevice;
 use crate::base::error::Result;
-use crate::device::tensor::DType;
+use crate::device::tensor::{DType, TensorData};
 
 /// The elementwise MoE kernels, instantiated for both 16-bit types (in `kernels::SOURCE`'s
 /// module).
-pub(crate) const TYPED: &[&str] = &["moe_silu_mul", "moe_sum"];
+pub(crate) const TYPED: &[&str] = &["moe_silu_mul", "moe_sum", "moe_topk_softmax"];
+
+/// The f32 routing kernels (in the same module, no 16-bit type).
+pub(crate) const UNTYPED: &[&str] = &["moe_renorm"];
 
 /// Appended to `kernels::SOURCE` (uses its `F16`, `BF16` and `INST`).
 pub(crate) const SOURCE: &str = r#"
@@ -49,6 +52,57 @@ template <class T> __device__ void moe_sum(const u16* c3, u16* x, long long m, i
   }
 }
 
+// The router's top-k on the GPU, one thread a token: the logits to f32 (into `gating`, the
+// `gating_output.float()` copy, when it is not null), softmax in f32, the k largest by
+// probability with ties to the lower expert index (topk_softmax's "lower indices win"), each
+// weight the probability over the row's sum; `renorm` divides the k weights by their sum (in
+// order), as `ops_moe::host_topk` and `host_renormalize` do on the host.
+template <class T> __device__ void moe_topk_softmax(const u16* logits, float* gating, float* w,
+    int* ids, long long m, int e, int k, int renorm) {
+  for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < m;
+       r += (long long)gridDim.x * blockDim.x) {
+    const u16* row = logits + r * e;
+    float mx = __int_as_float(0xff800000);
+    for (int j = 0; j < e; j++) {
+      float v = T::ld(row[j]);
+      if (gating) gating[r * e + j] = v;
+      mx = fmaxf(mx, v);
+    }
+    float sum = 0.f;
+    for (int j = 0; j < e; j++) sum += expf(T::ld(row[j]) - mx);
+    float pv = __int_as_float(0x7f800000), tot = 0.f;
+    int pi = -1;
+    for (int q = 0; q < k; q++) {
+      float bv = -1.f;
+      int bi = -1;
+      for (int j = 0; j < e; j++) {
+        float v = expf(T::ld(row[j]) - mx);
+        bool after = v < pv || (v == pv && j > pi);
+        if (after && (v > bv || bi < 0)) { bv = v; bi = j; }
+      }
+      pv = bv;
+      pi = bi;
+      float x = bv / sum;
+      w[r * k + q] = x;
+      ids[r * k + q] = bi;
+      tot += x;
+    }
+    if (renorm) for (int q = 0; q < k; q++) w[r * k + q] = w[r * k + q] / tot;
+  }
+}
+
+// Each row of k weights divided by its sum, into `out` (vLLM 0.8's renormalisation into a new
+// tensor).
+extern "C" __global__ void moe_renorm(const float* w, float* out, long long m, int k) {
+  for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < m;
+       r += (long long)gridDim.x * blockDim.x) {
+    float s = 0.f;
+    for (int q = 0; q < k; q++) s += w[r * k + q];
+    for (int q = 0; q < k; q++) out[r * k + q] = w[r * k + q] / s;
+  }
+}
+
+INST(moe_topk_softmax, (const u16* logits, float* gating, float* w, int* ids, long long m, int e, int k, int renorm), (logits, gating, w, ids, m, e, k, renorm))
 INST(moe_silu_mul, (const u16* c1, u16* c2, long long rows, int i), (c1, c2, rows, i))
 INST(moe_sum, (const u16* c3, u16* x, long long m, int k, int h), (c3, x, m, k, h))
 "#;
@@ -238,6 +292,76 @@ impl CudaDevice {
                 &(s.total as i32),
             ],
         )
+    }
+
+    /// The router's top-k softmax of `logits [M, E]` (16-bit) into `weights` and `ids`
+    /// (`[M, k]`), the f32 copy of the logits into `gating` when given, the weights
+    /// renormalised in place when `renorm` (one thread a token; nothing comes to the host).
+    pub fn moe_topk_softmax(
+        &mut self,
+        logits: &TensorData,
+        gating: Option<&mut TensorData>,
+        weights: &mut TensorData,
+        ids: &mut TensorData,
+        renorm: bool,
+    ) -> Result<()> {
+        let dt = self.half(logits)?;
+        let (m, e) = match logits.shape[..] {
+            [m, e] => (m, e),
+            _ => return Err(self.err("MoE routing", format!("{}: not 2-D", logits.name))),
+        };
+        let k = weights.numel() / m.max(1);
+        if weights.numel() != ids.numel() || k == 0 || k > e {
+            return Err(self.err(
+                "MoE routing",
+                format!(
+                    "{}: {} weights for {m} tokens of {e} experts",
+                    weights.name,
+                    weights.numel()
+                ),
+            ));
+        }
+        let g = gating.map_or(0u64, |g| g.cuda_ptr());
+        let (lp, wp, ip) = (logits.cuda_ptr(), weights.cuda_ptr(), ids.cuda_ptr());
+        let f = self.func("moe_topk_softmax", dt)?;
+        self.launch(
+            f,
+            super::grid(m as u64),
+            &[
+                &lp,
+                &g,
+                &wp,
+                &ip,
+                &(m as i64),
+                &(e as i32),
+                &(k as i32),
+                &i32::from(renorm),
+            ],
+        )
+    }
+
+    /// Each row of `k` f32 weights divided by its sum into `out` (`[M, k]` both).
+    pub fn moe_renorm(&mut self, w: &TensorData, out: &mut TensorData, k: usize) -> Result<()> {
+        let m = (w.numel() / k.max(1)) as i64;
+        let f = self.func("moe_renorm", DType::F32)?;
+        let (wp, op) = (w.cuda_ptr(), out.cuda_ptr());
+        self.launch(f, super::grid(m as u64), &[&wp, &op, &m, &(k as i32)])
+    }
+
+    /// `[M, k]` expert ids to the host (the slot layout is built there), refused inside a
+    /// CUDA graph capture, which cannot hold the round trip.
+    pub fn download_ids(&mut self, ids: &TensorData, name: &str) -> Result<Vec<i32>> {
+        if self.is_capturing() {
+            return Err(crate::base::error::Error::Request(format!(
+                "{name}: the MoE slot layout is built on the host here, which a CUDA graph \
+                 cannot capture; profile MoE models on a GPU with --enforce-eager (or on a \
+                 simulated device, which models the graphs)"
+            )));
+        }
+        let b = self.download_bytes(ids)?;
+        Ok(b.chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     /// `silu_and_mul` over `rows` rows of `[gate | up]` (`2·i` wide) at `c1` into `c2`.

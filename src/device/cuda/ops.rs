@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{sys as dsys, CudaContext, CudaFunction};
+use cudarc::driver::{sys as dsys, CudaContext, CudaFunction, LaunchConfig};
 
 use super::{aligned16, blocks, families, fp8, grid, kernels, moe, sampler, w4, CudaDevice};
 use crate::base::error::Result;
@@ -44,8 +44,12 @@ pub(super) fn compile_kernels(
         .chain(sampler::UNTYPED)
         .chain(kernels::OPT_BNB_UNTYPED)
         .chain(fp8::UNTYPED)
+        .chain(moe::UNTYPED)
         .chain(families::UNTYPED)
-        .chain([&crate::device::synth::NAME])
+        .chain([
+            &crate::device::synth::NAME,
+            &crate::device::synth::INT8_NAME,
+        ])
         .map(|s| s.to_string())
         .collect();
     for n in kernels::TYPED
@@ -372,6 +376,76 @@ impl CudaDevice {
             )?;
         }
         Ok(())
+    }
+
+    /// LLM.int8's `CB [n, k]` and `SCB [n]` of a preset's seeded weight, quantized where it is
+    /// made (`device::synth`'s `synth_int8_rows`): the host's `quant::int8::quantize_rows`
+    /// bit for bit, into the two tensors the host path uploads into.
+    pub fn synth_int8(
+        &mut self,
+        cb: &mut TensorData,
+        scb: &mut TensorData,
+        fill: &crate::device::synth::SynthFill,
+    ) -> Result<()> {
+        let (n, k) = match cb.shape[..] {
+            [n, k] => (n as u64, k as u64),
+            _ => return Err(self.err("int8 weights", format!("{}: not 2-D", cb.name))),
+        };
+        if cb.dtype != DType::I8
+            || scb.dtype != DType::F32
+            || scb.numel() as u64 != n
+            || fill.row_len != k
+            || fill.count != n * k
+            || fill.offset != 0
+        {
+            return Err(self.err(
+                "int8 weights",
+                format!(
+                    "{}: [{n}, {k}] does not match its stretch or scales",
+                    cb.name
+                ),
+            ));
+        }
+        if n == 0 || k == 0 {
+            return Ok(());
+        }
+        let f = self.func(crate::device::synth::INT8_NAME, DType::I8)?;
+        let round = match fill.round {
+            Some(DType::F16) => 1i32,
+            Some(DType::BF16) => 2,
+            _ => 0,
+        };
+        let key = fill.key;
+        let norm = i32::from(fill.is_norm);
+        let cfg = LaunchConfig {
+            grid_dim: (n.min(1 << 16) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (pc, ps) = (cb.cuda_ptr(), scb.cuda_ptr());
+        self.launch(
+            f,
+            cfg,
+            &[
+                &pc,
+                &ps,
+                &n,
+                &k,
+                &fill.elem0,
+                &fill.stride,
+                &fill.valid_rows,
+                &key[0],
+                &key[1],
+                &key[2],
+                &key[3],
+                &key[4],
+                &key[5],
+                &key[6],
+                &key[7],
+                &norm,
+                &round,
+            ],
+        )
     }
 
     /// Fills a 16-bit tensor with small deterministic values on the GPU (benchmark weights).
