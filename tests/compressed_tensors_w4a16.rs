@@ -615,9 +615,9 @@ fn ct_configs_not_modelled_or_wrong_are_one_line_each() {
             "weights is \"int\" 4-bit: format int-quantized holds int 8-bit weights",
         ),
         (
-            "nvfp4",
+            "nvfp4 format over int4 weights",
             Box::new(|q| q["format"] = "nvfp4-pack-quantized".into()),
-            "format 'nvfp4-pack-quantized' (NVFP4's e2m1 weights",
+            "weights is type \"int\" num_bits 4 strategy \"group\" group_size 32 symmetric true: NVFP4 is float, 4 bits, tensor_group, 16, symmetric",
         ),
         (
             "2:4 marlin-24",

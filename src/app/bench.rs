@@ -286,7 +286,12 @@ fn run_rank(
         int8_threshold: req.int8_threshold,
         int8_layout: layout,
         attn_scalars: 0,
-        marlin: Default::default(),
+        // AWQ/GPTQ as 0.6.4's Marlin (the default era); NVFP4 as 0.19 computes it (the
+        // global scale kept in f32, `quant::nvfp4`).
+        marlin: crate::quant::marlin::Kernel {
+            minor: 19,
+            ..Default::default()
+        },
     };
     let model = {
         let _t = crate::base::timing::span("load the model (all of it)");

@@ -96,6 +96,12 @@ pub enum Command {
         /// same codes as --gptq; RedHatAI's …-quantized.w4a16).
         #[arg(long, conflicts_with_all = ["awq", "gptq", "bnb_int8", "bnb_4bit", "fp8", "fp8_static", "fp8_block", "fp8_channel"])]
         ct_w4a16: bool,
+        /// Write an NVFP4 checkpoint: "ct" as LLM Compressor saves one (compressed-tensors
+        /// nvfp4-pack-quantized: weight_packed, weight_scale, weight_global_scale,
+        /// input_global_scale) or "modelopt" as NVIDIA ModelOpt does (weight, weight_scale,
+        /// weight_scale_2, input_scale, and hf_quant_config.json).
+        #[arg(long, value_parser = ["ct", "modelopt"], conflicts_with_all = ["awq", "gptq", "ct_w4a16", "bnb_int8", "bnb_4bit", "fp8", "fp8_static", "fp8_block", "fp8_channel"])]
+        nvfp4: Option<String>,
         /// With --awq, --gptq or --ct-w4a16: inputs per quantization group (32, 64, 128, or
         /// -1 for one).
         #[arg(long, default_value_t = 128, allow_negative_numbers = true)]
@@ -624,6 +630,7 @@ pub fn main() -> i32 {
             gptq,
             ct_w4a16,
             ct_w8a8,
+            nvfp4,
             group_size,
             desc_act,
             bnb_skip_modules,
@@ -671,6 +678,25 @@ pub fn main() -> i32 {
                 bnb_int8,
                 bnb_skip_modules,
             };
+            if let Some(f) = nvfp4.as_deref() {
+                use crate::quant::nvfp4::Flavor;
+                let flavor = if f == "ct" {
+                    Flavor::CompressedTensors
+                } else {
+                    Flavor::ModelOpt
+                };
+                return match model::gen_nvfp4::gen_model_nvfp4(&preset, &dir, &opts, flavor) {
+                    Ok(files) => {
+                        println!("wrote {}", files.weights.display());
+                        println!("wrote {}", files.config.display());
+                        0
+                    }
+                    Err(e) => {
+                        eprintln!("vramscope: error: {}", one_line(&e.to_string()));
+                        2
+                    }
+                };
+            }
             cmd_gen(
                 &preset,
                 &dir,

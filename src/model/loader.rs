@@ -68,6 +68,7 @@ impl LoadOptions {
         if matches!(self.quant, Quant::F16 | Quant::BF16)
             && src.stored_fp8().is_none()
             && src.packed4().is_none()
+            && src.nvfp4().is_none()
         {
             return Ok(());
         }
@@ -715,6 +716,21 @@ impl<'a> Loader<'a> {
                 rows: rows.to_vec(),
             });
         }
+        if let (Some(flavor), true) = (
+            self.src.nvfp4(),
+            names.iter().all(|n| super::is_projection(n)),
+        ) {
+            let slices: Vec<Slice> = full_rows
+                .iter()
+                .zip(parts)
+                .map(|(&full, &(first, len))| Slice::rows(full, k, first, len))
+                .collect();
+            let linear = self.nvfp4(flavor, names, &slices, fused_name)?;
+            return Ok(FusedLinear::Nvfp4 {
+                linear: Box::new(linear),
+                rows: rows.to_vec(),
+            });
+        }
         if let (Some(fmt), true) = (
             self.src.packed4(),
             names.iter().all(|n| super::is_projection(n)),
@@ -899,6 +915,11 @@ impl<'a> Loader<'a> {
             let sl = self.slice.unwrap_or(Slice::whole(n, k));
             let lin = self.fp8_stored(&[name.to_string()], &[sl], k, name)?;
             return Ok(Linear::Fp8(lin));
+        }
+        if let (Some(flavor), true) = (self.src.nvfp4(), super::is_projection(name)) {
+            let sl = slice.unwrap_or(Slice::whole(n, k));
+            let l = self.nvfp4(flavor, &[name.to_string()], &[sl], name)?;
+            return Ok(Linear::Nvfp4(Box::new(l)));
         }
         if let (Some(fmt), true) = (self.src.packed4(), super::is_projection(name)) {
             let sl = slice.unwrap_or(Slice::whole(n, k));
@@ -1321,6 +1342,54 @@ impl<'a> Loader<'a> {
         )
     }
 
+    /// An NVFP4 linear (one layer, or the shards `names` of a stacked one) as `create_weights`
+    /// allocates it and the weight loader fills it (`Nvfp4Linear::load`): each shard's codes
+    /// and block scales stacked along the output, one global and input scale per shard. Read
+    /// whole: a tensor-parallel cut is refused by name.
+    fn nvfp4(
+        &mut self,
+        flavor: crate::quant::nvfp4::Flavor,
+        names: &[String],
+        slices: &[Slice],
+        fused_name: &str,
+    ) -> Result<crate::quant::nvfp4::Nvfp4Linear> {
+        let k = slices.first().map_or(0, |s| s.cols.1);
+        let mut parts = Vec::with_capacity(names.len());
+        let mut total = 0;
+        for (name, sl) in names.iter().zip(slices) {
+            let [full_n, full_k] = sl.full;
+            if !sl.is_whole() || names.iter().filter(|n| *n == name).count() > 1 {
+                return Err(Error::model(
+                    self.src.origin(),
+                    format!(
+                        "tensor {name}: {} weights are read whole, one checkpoint tensor per layer shard; cutting them across tensor-parallel ranks is not modelled yet: use --tp 1",
+                        flavor.label()
+                    ),
+                ));
+            }
+            self.tick(name, self.src.stored_bytes(name))?;
+            let t = std::time::Instant::now();
+            parts.push(self.src.read_nvfp4(name, full_n, full_k, self.needs_data)?);
+            total += full_n;
+            if self.needs_data {
+                self.stats.read_seconds += t.elapsed().as_secs_f64();
+                self.stats.source_bytes += self.src.stored_bytes(name);
+            }
+        }
+        let stacked = self
+            .needs_data
+            .then(|| crate::quant::nvfp4::Parts::stack(parts));
+        crate::quant::nvfp4::Nvfp4Linear::load(
+            self.rt,
+            flavor,
+            fused_name.trim_end_matches(".weight"),
+            (total, k),
+            names.len(),
+            stacked.as_ref(),
+            self.opts.marlin,
+        )
+    }
+
     /// A pre-quantized 4-bit weight as vLLM's `_quantized_4bit_generator` and
     /// `QuantState.from_dict` put it on the device (loader.py L926-971; bitsandbytes
     /// functional.py L706-754): the packed codes, then the nested offset, nested absmax and
@@ -1565,6 +1634,26 @@ pub(crate) fn fp8_after_loading(rt: &Runtime, lin: &mut Linear) -> Result<()> {
 pub(crate) fn marlin_after_loading(rt: &Runtime, lin: &mut Linear, act: DType) -> Result<()> {
     if let Linear::Marlin(l) = lin {
         l.after_loading(rt, act)?;
+    }
+    Ok(())
+}
+
+/// NVFP4's `process_weights_after_loading` (the Marlin FP4 repack), module by module.
+pub(crate) fn nvfp4_after_loading(rt: &Runtime, lin: &mut Linear, act: DType) -> Result<()> {
+    if let Linear::Nvfp4(l) = lin {
+        l.after_loading(rt, act)?;
+    }
+    Ok(())
+}
+
+/// `nvfp4_after_loading` for a stacked parameter: repacked whole.
+pub(crate) fn nvfp4_fused_after_loading(
+    rt: &Runtime,
+    f: &mut FusedLinear,
+    act: DType,
+) -> Result<()> {
+    if let FusedLinear::Nvfp4 { linear, .. } = f {
+        linear.after_loading(rt, act)?;
     }
     Ok(())
 }

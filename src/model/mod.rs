@@ -9,6 +9,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod gen_nvfp4;
 pub mod gguf;
 pub mod layers;
 pub(crate) mod loader;
@@ -269,7 +270,7 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
             Ok((cfg, Box::new(st), threshold))
         }
         FileFormat::ConfigOnly => {
-            let json = read_config_json(&files.config)?;
+            let json = config_with_quant_file(&files.config)?;
             let cfg =
                 ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
             let sq = sharded::stored_quant(&json, &files.config)?;
@@ -319,6 +320,7 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
                     bnb4,
                     fp8,
                     packed4: sq.packed4(),
+                    nvfp4: sq.nvfp4(),
                 }),
                 threshold,
             ))
@@ -340,6 +342,8 @@ struct ConfigOnly {
     fp8: Option<crate::quant::fp8::StoredFp8>,
     /// An AWQ / GPTQ checkpoint: every projection stored in that format.
     packed4: Option<crate::quant::marlin::Format>,
+    /// An NVFP4 checkpoint: every projection stored in that format.
+    nvfp4: Option<crate::quant::nvfp4::Flavor>,
 }
 
 /// The 4-bit layout `quantization_config` implies for a config-only model: transformers'
@@ -393,6 +397,28 @@ impl WeightSource for ConfigOnly {
     }
     fn packed4(&self) -> Option<crate::quant::marlin::Format> {
         self.packed4
+    }
+    fn nvfp4(&self) -> Option<crate::quant::nvfp4::Flavor> {
+        self.nvfp4
+    }
+    /// The shapes config.json implies (inputs in whole blocks of 16); no values.
+    fn read_nvfp4(
+        &self,
+        name: &str,
+        n: usize,
+        k: usize,
+        data: bool,
+    ) -> Result<crate::quant::nvfp4::Parts> {
+        if !k.is_multiple_of(crate::quant::nvfp4::GROUP) {
+            return Err(Error::model(
+                &self.config,
+                format!("{name} [{n}, {k}]: the inputs are not a multiple of NVFP4's blocks of 16"),
+            ));
+        }
+        if data {
+            return self.read_f32(name, &[n, k]).map(|_| Default::default());
+        }
+        Ok(Default::default())
     }
     /// The shapes config.json implies, checked against Marlin's rules; no values.
     fn read_packed4(
@@ -520,7 +546,7 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
             (cfg, md)
         }
         FileFormat::ConfigOnly => {
-            let json = read_config_json(&files.config)?;
+            let json = config_with_quant_file(&files.config)?;
             let cfg =
                 ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
             params = cfg.param_count();
@@ -553,8 +579,22 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                     ]
                     .iter()
                     .any(|s| name.ends_with(s));
+                // An NVFP4 weight counts its codes (2 a byte); its block, global and input
+                // scales are not parameters.
+                let nvfp4 = st.stored_quant.nvfp4().is_some();
+                let nvfp4_scale = nvfp4
+                    && [
+                        ".weight_global_scale",
+                        ".input_global_scale",
+                        ".weight_scale_2",
+                    ]
+                    .iter()
+                    .any(|s| name.ends_with(s));
                 if let Some(m) = &bnb4 {
                     params += m.numel() as u64;
+                } else if nvfp4 && st.is_u8(name) {
+                    params += 2 * n;
+                } else if nvfp4_scale {
                 } else if packed && (name.ends_with(".qweight") || name.ends_with(".weight_packed"))
                 {
                     params += n * crate::quant::marlin::PACK as u64;
@@ -1712,6 +1752,32 @@ fn write_shards(dir: &Path, tensors: Vec<(String, LazyTensor)>, n: usize) -> Res
 }
 
 /// config.json and the safetensors file(s) of a model folder, checked against each other.
+/// config.json, with ModelOpt's `hf_quant_config.json` beside it read as its
+/// `quantization_config` when config.json has none (vLLM 0.19 weight_utils.py L269-307:
+/// config.json's `quantization_config` first, then the method's config file; modelopt.py
+/// L262-263 names `hf_quant_config.json`).
+pub(crate) fn config_with_quant_file(config: &Path) -> Result<serde_json::Value> {
+    let mut json = read_config_json(config)?;
+    if json.get("quantization_config").is_none_or(|q| q.is_null()) {
+        if let Some(hq) = config
+            .parent()
+            .map(|d| d.join("hf_quant_config.json"))
+            .filter(|p| p.is_file())
+        {
+            let mut q = crate::base::fsguard::read_json_object(
+                &hq,
+                "hf_quant_config.json",
+                crate::base::fsguard::CONFIG_LIMIT,
+            )?;
+            if q.get("quant_method").is_none() {
+                q["quant_method"] = "modelopt".into();
+            }
+            json["quantization_config"] = q;
+        }
+    }
+    Ok(json)
+}
+
 fn open_safetensors(
     files: &ModelFiles,
 ) -> Result<(
@@ -1720,7 +1786,7 @@ fn open_safetensors(
     sharded::StoredQuant,
     sharded::SafetensorsModel,
 )> {
-    let json = read_config_json(&files.config)?;
+    let json = config_with_quant_file(&files.config)?;
     let cfg = ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
     let sq = sharded::stored_quant(&json, &files.config)?;
     check_fp8_blocks(sq, &cfg, &files.config)?;

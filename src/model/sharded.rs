@@ -90,9 +90,20 @@ pub enum StoredQuant {
     /// gpt-oss's MXFP4 experts (`quant_method: mxfp4`): U8 `*_blocks` and `*_scales`, the
     /// rest 16-bit (model_type gpt_oss only).
     Mxfp4,
+    /// NVFP4 linears (`quant::nvfp4`): compressed-tensors' `nvfp4-pack-quantized` or
+    /// ModelOpt's `quant_algo: NVFP4`, the lm_head (and embeddings, norms) 16-bit.
+    Nvfp4(crate::quant::nvfp4::Flavor),
 }
 
 impl StoredQuant {
+    /// The NVFP4 flavor of the checkpoint's quantized linears, when it has one.
+    pub fn nvfp4(&self) -> Option<crate::quant::nvfp4::Flavor> {
+        match *self {
+            StoredQuant::Nvfp4(f) => Some(f),
+            _ => None,
+        }
+    }
+
     /// The AWQ / GPTQ format every quantized linear of the checkpoint has.
     pub fn packed4(&self) -> Option<Format> {
         match *self {
@@ -164,6 +175,9 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
     }
     if method == "compressed-tensors" {
         return compressed_tensors_config(config, path);
+    }
+    if method == "modelopt" {
+        return modelopt_config(q, path);
     }
     if method == "awq" || method == "gptq" {
         return packed4_config(q, method, path);
@@ -479,6 +493,206 @@ fn fp8_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
     })
 }
 
+/// The `ignore` / `exclude_modules` list of an NVFP4 checkpoint: only the lm_head (which
+/// vramscope keeps 16-bit whatever the list says) is read; a linear layer left 16-bit inside
+/// the checkpoint is refused naming it.
+fn nvfp4_ignore(list: &serde_json::Value, key: &str, path: &Path) -> Result<()> {
+    match list {
+        serde_json::Value::Null => Ok(()),
+        serde_json::Value::Array(names) => match names
+            .iter()
+            .find(|n| !n.as_str().is_some_and(|s| s.ends_with("lm_head")))
+        {
+            None => Ok(()),
+            Some(n) => Err(Error::model(
+                path,
+                format!("{key} lists {n}: a linear layer left in 16 bits inside an NVFP4 checkpoint is not read yet (only lm_head)"),
+            )),
+        },
+        other => Err(Error::model(
+            path,
+            format!("{key} is {other}, expected a list of names"),
+        )),
+    }
+}
+
+/// compressed-tensors `nvfp4-pack-quantized` (LLM Compressor's NVFP4 preset): one config
+/// group targeting Linear, weights and input activations `type: float`, 4-bit, symmetric,
+/// `strategy: tensor_group`, `group_size: 16` (`_is_nvfp4_format`, 0.19.0
+/// compressed_tensors.py L358-375: `CompressedTensorsW4A4Fp4`, L624-627), no KV-cache scheme,
+/// dense. Weight-only NVFP4 (`CompressedTensorsW4A16Fp4`, L593-594) is refused by name.
+fn ct_nvfp4_config(q: &serde_json::Value, path: &Path) -> Result<StoredQuant> {
+    let refuse = |what: String| -> Result<StoredQuant> {
+        Err(Error::model(
+            path,
+            format!("quantization_config (compressed-tensors NVFP4): {what}"),
+        ))
+    };
+    if !q["kv_cache_scheme"].is_null() {
+        return refuse("a kv_cache_scheme (stored fp8 KV scales) is not modelled yet".into());
+    }
+    let sparse = &q["sparsity_config"];
+    if !(sparse.is_null()
+        || sparse.as_object().is_some_and(|o| o.is_empty())
+        || sparse["format"].as_str() == Some("dense"))
+    {
+        return refuse(format!("sparsity_config {sparse} is not modelled"));
+    }
+    let groups = match q["config_groups"].as_object() {
+        Some(g) if g.len() == 1 => g,
+        Some(g) => {
+            return refuse(format!(
+                "{} config_groups: only one scheme for every Linear layer is modelled",
+                g.len()
+            ))
+        }
+        None => return refuse("config_groups is missing or not an object".into()),
+    };
+    let (name, g) = groups.iter().next().expect("one group");
+    if !g["targets"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|x| x.as_str() == Some("Linear")))
+    {
+        return refuse(format!(
+            "config_groups.{name}.targets is {}, expected [\"Linear\"]",
+            g["targets"]
+        ));
+    }
+    let nvfp4 = |v: &serde_json::Value| {
+        v["type"] == "float"
+            && v["num_bits"] == 4
+            && v["symmetric"] == true
+            && v["strategy"] == "tensor_group"
+            && v["group_size"] == 16
+    };
+    let w = &g["weights"];
+    if !nvfp4(w) {
+        return refuse(format!(
+            "config_groups.{name}.weights is type {} num_bits {} strategy {} group_size {} symmetric {}: NVFP4 is float, 4 bits, tensor_group, 16, symmetric",
+            w["type"], w["num_bits"], w["strategy"], w["group_size"], w["symmetric"]
+        ));
+    }
+    let a = &g["input_activations"];
+    if a.is_null() {
+        return refuse(format!(
+            "config_groups.{name} has no input_activations: weight-only NVFP4 (CompressedTensorsW4A16Fp4, NVFP4A16) is not modelled yet"
+        ));
+    }
+    if !nvfp4(a) {
+        return refuse(format!(
+            "config_groups.{name}.input_activations are not NVFP4 (type {} num_bits {} strategy {} group_size {}): only NVFP4 weights with NVFP4 activations are modelled",
+            a["type"], a["num_bits"], a["strategy"], a["group_size"]
+        ));
+    }
+    nvfp4_ignore(&q["ignore"], "quantization_config.ignore", path)?;
+    Ok(StoredQuant::Nvfp4(
+        crate::quant::nvfp4::Flavor::CompressedTensors,
+    ))
+}
+
+/// A ModelOpt config (`quant_method: modelopt`), read as vLLM 0.19's
+/// `ModelOptQuantConfigBase.from_config` reads it (modelopt.py L278-361): the legacy
+/// `{"quantization": {quant_algo, kv_cache_quant_algo, group_size, exclude_modules}}` of
+/// `hf_quant_config.json`, or config.json's `{quant_algo, ignore, group_size,
+/// kv_cache_scheme}`. NVFP4 with group size 16 and no FP8 KV cache is modelled; FP8 and the
+/// other algorithms are refused by name.
+fn modelopt_config(q: &serde_json::Value, path: &Path) -> Result<StoredQuant> {
+    let legacy = !q["quantization"].is_null();
+    let body = if legacy { &q["quantization"] } else { q };
+    if !body.is_object() {
+        return Err(Error::model(
+            path,
+            format!("quantization_config.quantization is {body}, expected an object"),
+        ));
+    }
+    let key = |k: &str| {
+        if legacy {
+            format!("quantization_config.quantization.{k}")
+        } else {
+            format!("quantization_config.{k}")
+        }
+    };
+    let algo = match &body["quant_algo"] {
+        serde_json::Value::String(s) => s.to_ascii_uppercase(),
+        serde_json::Value::Null => {
+            return Err(Error::model(
+                path,
+                format!(
+                    "{} is missing (vLLM: \"Missing 'quant_algo' in quantization config\")",
+                    key("quant_algo")
+                ),
+            ))
+        }
+        other => {
+            return Err(Error::model(
+                path,
+                format!("{} is {other}, expected a string", key("quant_algo")),
+            ))
+        }
+    };
+    if algo != "NVFP4" {
+        return Err(Error::model(
+            path,
+            format!(
+                "{} is '{algo}': ModelOpt NVFP4 is modelled; FP8 (ModelOptFp8LinearMethod), FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, MXFP8 and MIXED_PRECISION are not yet",
+                key("quant_algo")
+            ),
+        ));
+    }
+    if legacy {
+        // 0.19.0 modelopt.py L1043-1055: NVFP4's legacy form must name all three.
+        let missing: Vec<&str> = ["group_size", "kv_cache_quant_algo", "exclude_modules"]
+            .into_iter()
+            .filter(|k| body.get(*k).is_none())
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::model(
+                path,
+                format!(
+                    "quantization_config.quantization lacks {}: vLLM's ModelOptNvFp4Config requires group_size, kv_cache_quant_algo and exclude_modules in hf_quant_config.json",
+                    missing.join(", ")
+                ),
+            ));
+        }
+    }
+    let kv = if legacy {
+        !body["kv_cache_quant_algo"].is_null()
+    } else {
+        !body["kv_cache_scheme"].is_null()
+    };
+    if kv {
+        let k = if legacy {
+            "kv_cache_quant_algo"
+        } else {
+            "kv_cache_scheme"
+        };
+        return Err(Error::model(
+            path,
+            format!(
+                "{} is {}: an FP8 KV cache with stored scales (ModelOptFp8KVCacheMethod) is not modelled yet",
+                key(k),
+                body[k]
+            ),
+        ));
+    }
+    match &body["group_size"] {
+        serde_json::Value::Null => {}
+        v if v == 16 => {}
+        other => {
+            return Err(Error::model(
+                path,
+                format!(
+                    "{} is {other}: NVFP4 blocks are 16 inputs (Marlin FP4 takes 16 only, FP4_MARLIN_SUPPORTED_GROUP_SIZES)",
+                    key("group_size")
+                ),
+            ))
+        }
+    }
+    let list = if legacy { "exclude_modules" } else { "ignore" };
+    nvfp4_ignore(&body[list], &key(list), path)?;
+    Ok(StoredQuant::Nvfp4(crate::quant::nvfp4::Flavor::ModelOpt))
+}
+
 /// A `quant_method: compressed-tensors` config (LLM Compressor's, RedHatAI's) read as vLLM's
 /// `CompressedTensorsConfig._get_scheme_from_parts` picks a scheme (0.19.0
 /// compressed_tensors.py; 0.11.0 and 0.15.1 the same order): one config group targeting
@@ -508,9 +722,10 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
         Some("float-quantized" | "naive-quantized") | None => (false, false),
         Some("pack-quantized") => (true, false),
         Some("int-quantized") => (false, true),
-        Some(f @ ("nvfp4-pack-quantized" | "mixed-precision")) => {
+        Some("nvfp4-pack-quantized") => return ct_nvfp4_config(q, path),
+        Some(f @ "mixed-precision") => {
             return refuse(format!(
-                "format '{f}' (NVFP4's e2m1 weights with fp8 block and f32 global scales, or several schemes in one checkpoint) is not modelled yet"
+                "format '{f}' (several schemes in one checkpoint) is not modelled yet"
             ))
         }
         // docs/reading/vllm-machete.md, "2:4 sparse".
@@ -1105,6 +1320,13 @@ impl SafetensorsModel {
             .map_err(|p| Error::model(&s.path, p))?;
         }
         for (name, shape) in cfg.tensor_shapes() {
+            if self.stored_quant.nvfp4().is_some()
+                && super::is_projection(&name)
+                && shape.len() == 2
+            {
+                self.read_nvfp4(&name, shape[0], shape[1], false)?;
+                continue;
+            }
             if self.stored_quant.packed4().is_some()
                 && super::is_projection(&name)
                 && shape.len() == 2
@@ -1616,6 +1838,97 @@ impl WeightSource for SafetensorsModel {
         self.stored_quant.packed4()
     }
 
+    fn nvfp4(&self) -> Option<crate::quant::nvfp4::Flavor> {
+        self.stored_quant.nvfp4()
+    }
+
+    /// compressed-tensors' `weight_packed` U8 `[n, k/2]`, `weight_scale` F8_E4M3 `[n, k/16]`,
+    /// `weight_global_scale` and `input_global_scale` F32 `[1]`
+    /// (`NVFP4PackedCompressor.compress_weight`); ModelOpt's `weight`, `weight_scale`, and
+    /// F32 `[]` `weight_scale_2` and `input_scale`. The block scales must be finite and not
+    /// negative (Marlin's S0E5M3 form drops the sign, marlin_utils_fp4.py L75-81), the global
+    /// scales finite and above 0.
+    fn read_nvfp4(
+        &self,
+        name: &str,
+        n: usize,
+        k: usize,
+        data: bool,
+    ) -> Result<crate::quant::nvfp4::Parts> {
+        use crate::quant::nvfp4::{Parts, GROUP};
+        let flavor = self.stored_quant.nvfp4().ok_or_else(|| {
+            Error::model(
+                &self.origin,
+                format!("tensor {name} is not stored as NVFP4"),
+            )
+        })?;
+        let base = name.strip_suffix(".weight").unwrap_or(name);
+        let [wn, sn, gn, inn] = flavor.suffixes().map(|p| format!("{base}.{p}"));
+        if self.shard_of(&wn).is_err() {
+            return Err(Error::model(
+                &self.origin,
+                format!(
+                    "tensor {wn} is missing (the {} checkpoint implies the [{n}, {k}] linear {name})",
+                    flavor.label()
+                ),
+            ));
+        }
+        if !k.is_multiple_of(GROUP) {
+            return Err(Error::model(
+                &self.origin,
+                format!("tensor {wn}: the [{n}, {k}] linear's {k} inputs are not a multiple of NVFP4's blocks of 16"),
+            ));
+        }
+        let (sw, _) = self.checked(&wn, &[n, k / 2], &["U8"], "two e2m1 codes a byte")?;
+        let (ss, _) = self.checked(
+            &sn,
+            &[n, k / GROUP],
+            &["F8_E4M3"],
+            "one float8_e4m3fn scale per 16 inputs",
+        )?;
+        let scalar = flavor.scalar_shape();
+        let (sg, _) = self.checked(&gn, scalar, &["F32"], "one global scale")?;
+        let (si, _) = self.checked(&inn, scalar, &["F32"], "one input global scale")?;
+        let f32_of = |f: &crate::model::weights::SafetensorsFile, t: &str| -> Result<f32> {
+            let b = f.raw_bytes(t).unwrap_or(&[]);
+            let v = f32::from_le_bytes(b[..4].try_into().expect("4 bytes"));
+            if !v.is_finite() || v <= 0.0 {
+                return Err(Error::model(
+                    &f.path,
+                    format!("tensor {t} is {v}: a global scale must be finite and above 0"),
+                ));
+            }
+            Ok(v)
+        };
+        let global = f32_of(sg, &gn)?;
+        let input = f32_of(si, &inn)?;
+        let scales = ss.raw_bytes(&sn).unwrap_or(&[]);
+        if let Some((i, &c)) = scales
+            .iter()
+            .enumerate()
+            .find(|(_, &c)| c & 0x80 != 0 && c != 0x80 || c & 0x7F == 0x7F)
+        {
+            return Err(Error::model(
+                &ss.path,
+                format!(
+                    "tensor {sn}[{}, {}] is {}: NVFP4 block scales must be finite and not negative (Marlin's fp8 form drops the sign)",
+                    i / (k / GROUP),
+                    i % (k / GROUP),
+                    crate::quant::fp8::decode(c)
+                ),
+            ));
+        }
+        if !data {
+            return Ok(Parts::default());
+        }
+        Ok(Parts {
+            codes: sw.raw_bytes(&wn).unwrap_or(&[]).to_vec(),
+            scales: scales.to_vec(),
+            globals: vec![global],
+            inputs: vec![input],
+        })
+    }
+
     fn read_u8(&self, name: &str, shape: &[usize]) -> Result<Vec<u8>> {
         let (s, _) = self.checked(name, shape, &["U8"], "MXFP4: e2m1 pairs and e8m0 scales")?;
         let stored = self.resolve(name);
@@ -1730,6 +2043,14 @@ impl WeightSource for SafetensorsModel {
             self.shard_of(n)
                 .map_or(0, |s| s.tensor_bytes(self.resolve(n)))
         };
+        if let (Some(flavor), true) = (self.stored_quant.nvfp4(), super::is_projection(name)) {
+            let base = name.strip_suffix(".weight").unwrap_or(name);
+            return flavor
+                .suffixes()
+                .iter()
+                .map(|p| bytes(&format!("{base}.{p}")))
+                .sum();
+        }
         if let (Some(fmt), true) = (self.stored_quant.packed4(), super::is_projection(name)) {
             let mut sum: u64 = Self::packed4_names_of(name, fmt)
                 .iter()

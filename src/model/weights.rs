@@ -105,6 +105,24 @@ pub trait WeightSource {
             format!("tensor {name} is not stored as block-wise fp8"),
         ))
     }
+    /// The NVFP4 flavor of the checkpoint's quantized linears, when it has one.
+    fn nvfp4(&self) -> Option<crate::quant::nvfp4::Flavor> {
+        None
+    }
+    /// The stored NVFP4 tensors of the `[n, k]` linear `name` (its `….weight` name in the
+    /// config's naming), shapes, dtypes and scales checked; their values when `data` is set.
+    fn read_nvfp4(
+        &self,
+        name: &str,
+        _n: usize,
+        _k: usize,
+        _data: bool,
+    ) -> Result<crate::quant::nvfp4::Parts> {
+        Err(Error::model(
+            self.origin(),
+            format!("tensor {name} is not stored as NVFP4"),
+        ))
+    }
     /// The AWQ / GPTQ format of the checkpoint's quantized linears, when it has one.
     fn packed4(&self) -> Option<crate::quant::marlin::Format> {
         None

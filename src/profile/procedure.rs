@@ -978,6 +978,49 @@ fn check_packed4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
     Ok(())
 }
 
+/// What an NVFP4 checkpoint is reproduced for (`quant::nvfp4::check`): vLLM 0.19's Marlin FP4
+/// on a simulated Ampere, Ada or Hopper GPU, activations in fp16 or bf16, the Llama-family
+/// models whose layers the checkpoint stores apart; a CUDA device is refused (the FP4 Marlin
+/// kernel is not reproduced on the GPU).
+fn check_nvfp4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
+    let Some(flavor) = o.source.nvfp4() else {
+        return Ok(());
+    };
+    let what = format!("a {} checkpoint", flavor.label());
+    if !matches!(req.quant, Quant::F16 | Quant::BF16) {
+        return Err(Error::model(
+            o.source.origin(),
+            format!(
+                "{what} loads as stored: --quant {} would be reported for weights that are not {}; use --quant fp16 or bf16 (the activation dtype)",
+                req.quant, req.quant
+            ),
+        ));
+    }
+    let c = &o.config;
+    if c.arch == "opt" || c.fused_checkpoint() {
+        return Err(Error::model(
+            o.source.origin(),
+            format!(
+                "{what} with model_type '{}': only Llama-family models whose projections are stored apart are modelled for NVFP4",
+                c.arch
+            ),
+        ));
+    }
+    let arch = match &req.device {
+        DeviceSpec::Cuda { .. } => {
+            return Err(Error::model(
+                o.source.origin(),
+                format!("{what} on a CUDA device: vramscope plans NVFP4 dry and computes it on the CPU (sim:…:dry or sim:…:compute); vLLM's Marlin FP4 kernel is not reproduced on the GPU"),
+            ))
+        }
+        DeviceSpec::Sim { preset, .. } => {
+            crate::device::presets::find(preset).map(|p| (p.arch, p.name))
+        }
+    };
+    crate::quant::nvfp4::check(flavor, req.release()?.name, arch)
+        .map_err(|e| Error::model(o.source.origin(), e.to_string()))
+}
+
 /// The procedure on one GPU, or on one rank of a tensor-parallel instance.
 /// The device memory PyTorch's lazily loaded kernel modules take while the weights are made
 /// (0.604 − 0.514 GiB) and in the first forward (0.679 − 0.604 GiB), H200, PyTorch 2.11,
@@ -1014,7 +1057,9 @@ pub(crate) fn run_rank(
     let v2 = match (&opened, req.release()?.engine) {
         (Some(o), super::vllm::Engine::V1 { .. }) => req.release()?.runs_v2(
             &o.config.arch,
-            !matches!(req.quant, Quant::F16 | Quant::BF16) || o.source.packed4().is_some(),
+            !matches!(req.quant, Quant::F16 | Quant::BF16)
+                || o.source.packed4().is_some()
+                || o.source.nvfp4().is_some(),
             o.config.moe.is_some() || o.config.deepseek.is_some(),
         ),
         _ => false,
@@ -1029,6 +1074,7 @@ pub(crate) fn run_rank(
         check_quant_matches_checkpoint(req, o)?;
         check_fp8(req, o)?;
         check_packed4(req, o)?;
+        check_nvfp4(req, o)?;
     }
     // vLLM's defaults for what the user left open: max_model_len from the model, the batch
     // max(max_model_len, 2048).
@@ -1209,6 +1255,12 @@ pub(crate) fn run_rank(
                 marlin: crate::quant::marlin::Kernel {
                     era: crate::quant::marlin::Era::of_release(release.name).unwrap_or_default(),
                     sms: sms.unwrap_or(0) as usize,
+                    minor: release
+                        .name
+                        .strip_prefix("0.")
+                        .and_then(|r| r.split('.').next())
+                        .and_then(|m| m.parse().ok())
+                        .unwrap_or(0),
                     hopper,
                 },
             };

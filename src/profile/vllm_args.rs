@@ -813,7 +813,8 @@ fn check_stored(path: &Path, method: &str, named: &str) -> Result<()> {
         .or_else(|| json.get("compression_config"))
         .filter(|q| !q.is_null());
     let Some(q) = stored else {
-        if !STORED_4BIT.contains(&method) {
+        let modelopt = matches!(method, "modelopt" | "modelopt_fp4");
+        if !STORED_4BIT.contains(&method) && !modelopt {
             return Ok(());
         }
         let dir = if path.is_dir() {
@@ -821,8 +822,11 @@ fn check_stored(path: &Path, method: &str, named: &str) -> Result<()> {
         } else {
             path.parent().map(Path::to_path_buf).unwrap_or_default()
         };
+        // ModelOpt's config file (0.19.0 modelopt.py L262-263).
         let files: &[&str] = if method == "awq" {
             &["quant_config.json", "quantize_config.json"]
+        } else if modelopt {
+            &["hf_quant_config.json"]
         } else {
             &["quantize_config.json"]
         };
@@ -843,7 +847,10 @@ fn check_stored(path: &Path, method: &str, named: &str) -> Result<()> {
         .replace("compressed_tensors", "compressed-tensors");
     let same = stored == method
         || (stored == "awq" && matches!(method, "awq_marlin" | "marlin"))
-        || (stored == "gptq" && matches!(method, "gptq_marlin" | "marlin"));
+        || (stored == "gptq" && matches!(method, "gptq_marlin" | "marlin"))
+        // `ModelOptNvFp4Config.override_quantization_method` (0.19.0 modelopt.py L1017-1023):
+        // a modelopt config whose algorithm is NVFP4 runs as modelopt_fp4.
+        || (stored == "modelopt" && method == "modelopt_fp4");
     if stored.is_empty() || same {
         return Ok(());
     }
@@ -905,9 +912,16 @@ pub fn quant_named(
             "{named} compressed-tensors needs a checkpoint stored that way (a preset has \
              16-bit weights): pass its folder as the model"
         ))),
+        // A ModelOpt checkpoint (its config or hf_quant_config.json says which algorithm:
+        // NVFP4 is modelled, the loader refuses the others by name).
+        Some("modelopt" | "modelopt_fp4") if matches!(model, ModelSource::Path { .. }) => Ok(base),
+        Some(m @ ("modelopt" | "modelopt_fp4")) => Err(Error::Request(format!(
+            "{named} {m} needs a checkpoint stored that way (a preset has 16-bit weights): \
+             pass its folder as the model"
+        ))),
         Some(other) => Err(Error::Request(format!(
             "{named} {other}: not modelled (vramscope models fp8, bitsandbytes, awq, gptq, \
-             awq_marlin, gptq_marlin and marlin)"
+             awq_marlin, gptq_marlin, marlin, compressed-tensors, modelopt and modelopt_fp4)"
         ))),
     }
 }

@@ -83,6 +83,9 @@ impl Era {
 pub struct Kernel {
     pub era: Era,
     pub sms: usize,
+    /// The release's minor version (0.11 → 11; 0 where unknown): NVFP4's after-loading
+    /// path differs between 0.11, 0.15 and 0.19 (`quant::nvfp4`).
+    pub minor: u32,
     /// The GPU is of compute capability 9.0 (Hopper), where `choose_mp_linear_kernel` tries
     /// `MacheteLinearKernel` first (`get_min_capability` 90 and `is_device_capability(90)`,
     /// 0.11.0 kernels/mixed_precision/machete.py L24-36).
@@ -1987,6 +1990,7 @@ mod tests {
         let kernel = Kernel {
             era: Era::Converted,
             sms: 142,
+            minor: 19,
             hopper: false,
         };
         let mut l = MarlinLinear::load(
@@ -2055,6 +2059,7 @@ mod tests {
         era: Era::Converted,
         sms: 132,
         hopper: true,
+        minor: 0,
     };
 
     /// `choose_mp_linear_kernel` per layer: Machete on Hopper for groups -1, 64 and 128 and

@@ -10,6 +10,7 @@ pub mod int8;
 pub mod marlin;
 pub mod mxfp4;
 pub mod nf4;
+pub mod nvfp4;
 
 use std::rc::Rc;
 
@@ -147,6 +148,8 @@ pub enum Linear {
     Fp8Block(Box<fp8_block::Fp8BlockLinear>),
     /// AWQ or GPTQ 4-bit, repacked for Marlin after loading.
     Marlin(Box<marlin::MarlinLinear>),
+    /// NVFP4 (compressed-tensors or ModelOpt), repacked for Marlin FP4 after loading.
+    Nvfp4(Box<nvfp4::Nvfp4Linear>),
 }
 
 impl Linear {
@@ -158,6 +161,7 @@ impl Linear {
             Linear::Fp8(l) => l.out_features,
             Linear::Fp8Block(l) => l.out_features,
             Linear::Marlin(l) => l.out_features,
+            Linear::Nvfp4(l) => l.out_features,
         }
     }
 
@@ -170,6 +174,7 @@ impl Linear {
             Linear::Fp8(l) => l.weight_bytes(),
             Linear::Fp8Block(l) => l.weight_bytes(),
             Linear::Marlin(l) => l.weight_bytes(),
+            Linear::Nvfp4(l) => l.weight_bytes(),
         }
     }
 
@@ -188,6 +193,7 @@ impl Linear {
             Linear::Fp8(l) => l.forward(rt, x, name, act, &[l.out_features]),
             Linear::Fp8Block(l) => l.forward(rt, x, name, act, &[l.out_features]),
             Linear::Marlin(l) => l.forward(rt, x, name, act, &[l.out_features]),
+            Linear::Nvfp4(l) => l.forward(rt, x, name, act, &[l.out_features]),
             Linear::Int8(_) | Linear::Bnb4(_) => {
                 shard_loop(rt, std::slice::from_ref(self), x, name, generation, act)
             }
@@ -225,6 +231,12 @@ pub enum FusedLinear {
         linear: Box<marlin::MarlinLinear>,
         rows: Vec<usize>,
     },
+    /// NVFP4: the shards' codes and block scales stacked along the output, one global scale
+    /// (the shards' largest), one Marlin FP4 GEMM into the fused output.
+    Nvfp4 {
+        linear: Box<nvfp4::Nvfp4Linear>,
+        rows: Vec<usize>,
+    },
 }
 
 impl FusedLinear {
@@ -236,6 +248,7 @@ impl FusedLinear {
             FusedLinear::Fp8 { rows, .. } => rows.clone(),
             FusedLinear::Fp8Block { rows, .. } => rows.clone(),
             FusedLinear::Marlin { rows, .. } => rows.clone(),
+            FusedLinear::Nvfp4 { rows, .. } => rows.clone(),
         }
     }
 
@@ -246,6 +259,7 @@ impl FusedLinear {
             FusedLinear::Fp8 { linear, .. } => linear.weight_bytes(),
             FusedLinear::Fp8Block { linear, .. } => linear.weight_bytes(),
             FusedLinear::Marlin { linear, .. } => linear.weight_bytes(),
+            FusedLinear::Nvfp4 { linear, .. } => linear.weight_bytes(),
         }
     }
 
@@ -305,6 +319,7 @@ impl FusedLinear {
             FusedLinear::Fp8 { linear, rows } => linear.forward(rt, x, name, act, rows),
             FusedLinear::Fp8Block { linear, rows } => linear.forward(rt, x, name, act, rows),
             FusedLinear::Marlin { linear, rows } => linear.forward(rt, x, name, act, rows),
+            FusedLinear::Nvfp4 { linear, rows } => linear.forward(rt, x, name, act, rows),
         }
     }
 
@@ -442,6 +457,7 @@ fn shard_loop(
             Linear::Fp8(l) => l.forward(rt, xb, &sname, act, &[l.out_features])?,
             Linear::Fp8Block(l) => l.forward(rt, xb, &sname, act, &[l.out_features])?,
             Linear::Marlin(l) => l.forward(rt, xb, &sname, act, &[l.out_features])?,
+            Linear::Nvfp4(l) => l.forward(rt, xb, &sname, act, &[l.out_features])?,
         };
         let n = shard.out_features();
         crate::engine::ops::copy_into(rt, &mut out, m * r0, &y)?;

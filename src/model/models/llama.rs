@@ -30,7 +30,8 @@ pub use crate::model::layers::tp::TpShard;
 use crate::model::loader::{
     fp8_after_loading, fp8_block_after_loading, fp8_block_after_loading_fused,
     fp8_fused_after_loading, fp8_stored_fused_after_loading, fp8_stored_linear_after_loading,
-    marlin_after_loading, marlin_fused_after_loading, Loader,
+    marlin_after_loading, marlin_fused_after_loading, nvfp4_after_loading,
+    nvfp4_fused_after_loading, Loader,
 };
 pub use crate::model::loader::{LoadOptions, LoadStats};
 use crate::model::models::registry::{Decoder, Family};
@@ -137,7 +138,11 @@ impl LlamaModel {
             let block_fp8 = src.stored_fp8().is_some_and(|f| f.block.is_some());
             let sixteen = matches!(opts.quant, Quant::F16 | Quant::BF16);
             let other_fp8 = src.stored_fp8().is_some() && !block_fp8;
-            if (!sixteen && !block_fp8) || other_fp8 || src.packed4().is_some() {
+            if (!sixteen && !block_fp8)
+                || other_fp8
+                || src.packed4().is_some()
+                || src.nvfp4().is_some()
+            {
                 return Err(Error::Request(format!(
                     "model_type {} (mixture of experts) runs in 16 bits only: vLLM's quantized fused-MoE methods are not modelled yet",
                     cfg.arch
@@ -327,6 +332,21 @@ impl LlamaModel {
                     Ok(layer)
                 })
                 .collect::<Result<Vec<_>>>()?;
+            rt.set_layer(None);
+            ld.stats.quantize_seconds += t.elapsed().as_secs_f64();
+        } else if src.nvfp4().is_some() {
+            // NVFP4: each layer repacked for Marlin FP4 once every weight is loaded, in
+            // `named_modules` order.
+            let t = std::time::Instant::now();
+            for (l, layer) in layers.iter_mut().enumerate() {
+                rt.set_layer(Some((first + l) as u32));
+                nvfp4_fused_after_loading(rt, &mut layer.attn.qkv, act)?;
+                nvfp4_after_loading(rt, &mut layer.attn.o, act)?;
+                if let Mlp::Dense { gate_up, down } = &mut layer.mlp {
+                    nvfp4_fused_after_loading(rt, gate_up, act)?;
+                    nvfp4_after_loading(rt, down, act)?;
+                }
+            }
             rt.set_layer(None);
             ld.stats.quantize_seconds += t.elapsed().as_secs_f64();
         } else if src.packed4().is_some() {
