@@ -567,6 +567,10 @@ impl ProfileArgs {
                 Some(v) => crate::profile::multimodal::parse_limit(v)?,
                 None => None,
             },
+            limit_mm_videos: match &self.limit_mm_per_prompt {
+                Some(v) => crate::profile::multimodal::parse_limit_of(v, "video")?,
+                None => None,
+            },
         };
         if let Some(v) = &self.mm_processor_kwargs {
             crate::profile::multimodal::check_processor_kwargs(v)?;

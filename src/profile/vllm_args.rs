@@ -512,6 +512,29 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
                 _ => v,
             };
             put(to, Some(v));
+        } else if flag == "--mm-encoder-tp-mode" {
+            // MultiModalConfig.mm_encoder_tp_mode (0.19 config/multimodal.py): "weights" (the
+            // default) splits the vision tower's layers over the tensor-parallel ranks as
+            // modelled; "data" keeps each whole on every rank and shards the images.
+            let v = take(&mut i)
+                .ok_or_else(|| Error::Request(format!("{flag} needs a value")))?;
+            match v.as_str() {
+                "weights" => warnings.push(format!(
+                    "{flag} weights: the default (the vision tower split over the tensor-parallel ranks)"
+                )),
+                "data" => {
+                    return Err(Error::Request(
+                        "--mm-encoder-tp-mode data: the vision tower whole on every rank, each rank encoding its share of the images (`use_data_parallel`), is not modelled; leave it at weights".into(),
+                    ))
+                }
+                _ => {
+                    return Err(refused(
+                        flag.as_str(),
+                        &v,
+                        format!("invalid choice: '{v}' (choose from 'weights', 'data')"),
+                    ))
+                }
+            }
         } else if bench && flag == "--async-engine" {
             // `vllm bench throughput --async-engine`: the API server's engine client, with
             // `vllm serve`'s usage context (0.26.0 entrypoints/openai/api_server.py L148-151).
@@ -633,6 +656,8 @@ const HUB_PRESETS: &[(&str, &str)] = &[
     ),
     ("mistralai/mixtral-8x7b-v0.1", "mixtral-8x7b"),
     ("mistralai/mixtral-8x7b-instruct-v0.1", "mixtral-8x7b"),
+    ("qwen/qwen2.5-vl-7b", "qwen2.5-vl-7b"),
+    ("qwen/qwen2.5-vl-32b", "qwen2.5-vl-32b"),
 ];
 
 /// The preset whose shapes a hub id's published config has.

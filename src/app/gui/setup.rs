@@ -248,6 +248,7 @@ impl SetupForm {
             },
             llm_class: false,
             limit_mm_images: None,
+            limit_mm_videos: None,
         };
         r.validate()?;
         Ok(r)

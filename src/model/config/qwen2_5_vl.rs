@@ -67,6 +67,19 @@ pub struct Qwen25VlShape {
     pub max_pixels: u64,
 }
 
+/// The dummy item of V1's encoder profile (`Qwen25VlShape::profile_item`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProfileItem {
+    /// A video (`pixel_values_videos`) rather than an image.
+    pub video: bool,
+    /// The video's frames (1 for an image).
+    pub frames: u64,
+    /// Its patch grid (t, h, w).
+    pub grid: (u64, u64, u64),
+    /// Its embeddings, as many placeholder tokens.
+    pub tokens: u64,
+}
+
 /// Where the tower's tensors sit in the published checkpoint (vLLM's `hf_to_vllm_mapper` also
 /// takes transformers 4.52's `model.visual.`, qwen2_5_vl.py 0.19 L1019-1028).
 pub const TOWER: &str = "visual";
@@ -125,6 +138,78 @@ impl Qwen25VlShape {
     /// qwen2_vl.py 0.19 L1079-1112: `grid_thw.prod() // merge_size²`).
     pub fn embeds_per_image(&self) -> u64 {
         self.patches_per_image() / self.vision.merge_unit() as u64
+    }
+
+    /// Frames of the dummy video V1 sizes for a `max_model_len`-token context
+    /// (`get_num_frames_with_most_features` with one video, qwen2_vl.py 0.19 L978-1014; 0.15.1
+    /// the same): the most frames of the dummy image's size whose tokens stay within the
+    /// context, from 1 (kept even when one frame's tokens exceed it), at most 14
+    /// (`_MAX_FRAMES_PER_VIDEO`).
+    pub fn video_frames(&self, max_model_len: u64) -> u64 {
+        let mut n = 1;
+        while n < 14 && self.video_tokens(n + 1) <= max_model_len {
+            n += 1;
+        }
+        n
+    }
+
+    /// The patch grid of a dummy video of `frames` frames of the dummy image's size: the
+    /// frames padded to a multiple of `temporal_patch_size` (`_get_vision_info`, qwen2_vl.py
+    /// 0.19 L864-870; the processor repeats the last frame), one temporal patch per
+    /// `temporal_patch_size` frames.
+    pub fn video_grid(&self, frames: u64) -> (u64, u64, u64) {
+        let (_, h, w) = self.dummy_grid();
+        let tp = self.vision.temporal_patch_size as u64;
+        let padded = frames + frames % tp;
+        ((padded / tp).max(1), h, w)
+    }
+
+    /// Embeddings of a dummy video of `frames` frames.
+    pub fn video_tokens(&self, frames: u64) -> u64 {
+        let (t, h, w) = self.video_grid(frames);
+        t * h * w / self.vision.merge_unit() as u64
+    }
+
+    /// The dummy item V1's encoder profile runs (`get_modality_with_max_tokens`): among the
+    /// modalities whose `--limit-mm-per-prompt` is above 0 (999 by default), the one whose
+    /// largest item has the most tokens; a tie goes to the image under 0.15.1 (`max` by
+    /// tokens over {image, video}, v1/worker/utils.py L75-79) and to the video from 0.19
+    /// (`max` by (tokens, name), multimodal/encoder_budget.py 0.19 L182-185). Under a context
+    /// below two frames' tokens (32768 for the published sizes) the video is one frame
+    /// padded to one temporal patch: the image's grid. `None`: both limited to 0.
+    pub fn profile_item(
+        &self,
+        max_model_len: u64,
+        (images, videos): (Option<u64>, Option<u64>),
+        video_wins_ties: bool,
+    ) -> Option<ProfileItem> {
+        let on = |l: Option<u64>| l.unwrap_or(999) > 0;
+        let image = ProfileItem {
+            video: false,
+            frames: 1,
+            grid: self.dummy_grid(),
+            tokens: self.embeds_per_image(),
+        };
+        let frames = self.video_frames(max_model_len);
+        let video = ProfileItem {
+            video: true,
+            frames,
+            grid: self.video_grid(frames),
+            tokens: self.video_tokens(frames),
+        };
+        match (on(images), on(videos)) {
+            (false, false) => None,
+            (true, false) => Some(image),
+            (false, true) => Some(video),
+            (true, true) => Some(
+                if video.tokens > image.tokens || (video.tokens == image.tokens && video_wins_ties)
+                {
+                    video
+                } else {
+                    image
+                },
+            ),
+        }
     }
 
     /// The dummy image's attention windows as `get_window_index_thw` cuts them (qwen2_5_vl.py
@@ -503,6 +588,22 @@ mod tests {
         assert_eq!(mm.vision_rope_cache_bytes(2), 655_360);
         assert_eq!(mm.rotary_table_bytes(2), 5_242_880);
         assert_eq!(Qwen25VlShape::mrope_positions_bytes(8192), 196_632);
+        // The dummy video: one frame within 8192 tokens (two would be 16384 tokens too, but
+        // three 32768), the image's grid; 0.19 profiles it (the tie goes to the video),
+        // 0.15 the image. 128000 tokens hold 14 frames: 7 temporal patches, 114688 tokens.
+        assert_eq!(mm.video_frames(8192), 1);
+        assert_eq!(mm.video_frames(16384), 2);
+        assert_eq!(mm.video_frames(128000), 14);
+        assert_eq!(mm.video_grid(14), (7, 256, 256));
+        let v = mm.profile_item(8192, (None, None), true).unwrap();
+        assert_eq!((v.video, v.grid, v.tokens), (true, (1, 256, 256), 16384));
+        let i = mm.profile_item(8192, (None, None), false).unwrap();
+        assert_eq!((i.video, i.grid, i.tokens), (false, (1, 256, 256), 16384));
+        let v = mm.profile_item(128000, (None, None), false).unwrap();
+        assert_eq!((v.video, v.tokens), (true, 114688));
+        let i = mm.profile_item(128000, (None, Some(0)), true).unwrap();
+        assert!(!i.video);
+        assert!(mm.profile_item(8192, (Some(0), Some(0)), true).is_none());
         // TP 2: the column halves and row halves, the row biases and norms whole.
         assert_eq!(
             mm.params_per_rank(2).unwrap(),

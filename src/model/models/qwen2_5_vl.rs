@@ -20,7 +20,7 @@ use crate::engine::tensor::{DType, Tensor};
 use crate::engine::{ops, ops_pixtral, ops_qwen2_5_vl as q, ops_tp};
 use crate::memory::Category;
 use crate::model::config::qwen2_5_vl::TOWER;
-use crate::model::config::{ModelConfig, Qwen25VlShape};
+use crate::model::config::{ModelConfig, ProfileItem, Qwen25VlShape};
 use crate::model::layers::linear::BiasedLinear;
 use crate::model::layers::tp::TpShard;
 use crate::model::loader::{LoadOptions, Loader};
@@ -67,6 +67,8 @@ pub struct Qwen25Vision {
     pub mlp2: BiasedLinear,
     /// `get_rope_by_thw`'s cache.
     rope_tables: RefCell<Vec<CachedRope>>,
+    /// The profile's dummy item (`Qwen25VlShape::profile_item`): the dummy image unless set.
+    pub profile_item: Option<ProfileItem>,
 }
 
 impl Qwen25Vision {
@@ -212,6 +214,7 @@ impl Qwen25Vision {
             mlp0,
             mlp2,
             rope_tables: RefCell::new(Vec::new()),
+            profile_item: None,
         })
     }
 
@@ -484,33 +487,51 @@ impl Qwen25Vision {
     }
 }
 
-/// The runner's dummy inputs for `images` images of the maximum size: `pixel_values [images ·
-/// patches, C·T·p·p]` (a flat field: the items' rows concatenated) in the model dtype and
-/// `image_grid_thw [images, 3]` int64, batched on the host and moved to the device.
+/// The runner's dummy inputs for `items` items like `item` (the dummy image of the maximum
+/// size, or the dummy video: its frames of that size), batched on the host and moved to the
+/// device (`group_and_batch_mm_kwargs`) in the processor's dtypes (floating tensors cast to
+/// the model dtype, multimodal/processing/context.py 0.19 L225-237): an image's
+/// `pixel_values [items · patches, C·T·p·p]` (a flat field: the items' rows concatenated)
+/// and `image_grid_thw [items, 3]` int64; a video's `pixel_values_videos`,
+/// `video_grid_thw` and `second_per_grid_ts [items]` (qwen2_5_vl.py 0.19 L922-930). Returns
+/// them and the items' grids.
 pub fn dummy_pixels(
     rt: &Runtime,
     shape: &Qwen25VlShape,
-    images: usize,
+    items: usize,
+    item: Option<ProfileItem>,
     act: DType,
-) -> Result<(Tensor, Tensor, Vec<(usize, usize, usize)>)> {
+) -> Result<(Vec<Tensor>, Vec<(usize, usize, usize)>)> {
     let s = &shape.vision;
-    let (t, h, w) = shape.dummy_grid();
+    let (video, (t, h, w)) = item.map_or((false, shape.dummy_grid()), |i| (i.video, i.grid));
     let grid = (t as usize, h as usize, w as usize);
     let k = s.in_channels * s.temporal_patch_size * s.patch_size * s.patch_size;
     rt.set_op("mm_dummy_batch");
-    let px = rt.tensor(
-        "pixel_values",
-        Category::Activation,
-        &[images * grid.0 * grid.1 * grid.2, k],
-        act,
-    )?;
-    let thw = rt.tensor(
-        "image_grid_thw",
-        Category::Activation,
-        &[images, 3],
-        DType::I64,
-    )?;
-    Ok((px, thw, vec![grid; images]))
+    let rows = items * grid.0 * grid.1 * grid.2;
+    let kind = if video { "video" } else { "image" };
+    let px_name = if video {
+        "pixel_values_videos"
+    } else {
+        "pixel_values"
+    };
+    let mut out = vec![
+        rt.tensor(px_name, Category::Activation, &[rows, k], act)?,
+        rt.tensor(
+            format!("{kind}_grid_thw"),
+            Category::Activation,
+            &[items, 3],
+            DType::I64,
+        )?,
+    ];
+    if video {
+        out.push(rt.tensor(
+            "second_per_grid_ts",
+            Category::Activation,
+            &[items],
+            act,
+        )?);
+    }
+    Ok((out, vec![grid; items]))
 }
 
 /// The test images of tests/qwen2_5_vl_reference.rs and scripts/qwen2_5_vl_reference.py:
