@@ -516,8 +516,7 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
             // MultiModalConfig.mm_encoder_tp_mode (0.19 config/multimodal.py): "weights" (the
             // default) splits the vision tower's layers over the tensor-parallel ranks as
             // modelled; "data" keeps each whole on every rank and shards the images.
-            let v = take(&mut i)
-                .ok_or_else(|| Error::Request(format!("{flag} needs a value")))?;
+            let v = take(&mut i).ok_or_else(|| Error::Request(format!("{flag} needs a value")))?;
             match v.as_str() {
                 "weights" => warnings.push(format!(
                     "{flag} weights: the default (the vision tower split over the tensor-parallel ranks)"

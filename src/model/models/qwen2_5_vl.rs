@@ -524,12 +524,7 @@ pub fn dummy_pixels(
         )?,
     ];
     if video {
-        out.push(rt.tensor(
-            "second_per_grid_ts",
-            Category::Activation,
-            &[items],
-            act,
-        )?);
+        out.push(rt.tensor("second_per_grid_ts", Category::Activation, &[items], act)?);
     }
     Ok((out, vec![grid; items]))
 }
