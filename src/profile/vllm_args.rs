@@ -970,6 +970,36 @@ mod tests {
         assert!(e.contains("never closes"), "{e}");
     }
 
+    /// `--mm-encoder-tp-mode`: "weights" is the default modelled, "data" is refused by
+    /// name, anything else as vLLM's argparse refuses it; Qwen2.5-VL's hub ids name their
+    /// presets.
+    #[test]
+    fn the_encoders_tensor_parallel_mode_is_read() {
+        let l = parse_serve(&words(
+            "vllm serve Qwen/Qwen2.5-VL-7B-Instruct --mm-encoder-tp-mode weights",
+        ))
+        .unwrap();
+        assert!(l.args.is_empty(), "{:?}", l.args);
+        assert_eq!(l.warnings.len(), 1, "{:?}", l.warnings);
+        let e = parse_serve(&words("vllm serve m --mm-encoder-tp-mode=data"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--mm-encoder-tp-mode data"), "{e}");
+        assert!(e.contains("not modelled"), "{e}");
+        let e = parse_serve(&words("vllm serve m --mm-encoder-tp-mode rows"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("invalid choice: 'rows'"), "{e}");
+        assert_eq!(
+            preset_for_hub_id("Qwen/Qwen2.5-VL-7B-Instruct"),
+            Some("qwen2.5-vl-7b")
+        );
+        assert_eq!(
+            preset_for_hub_id("Qwen/Qwen2.5-VL-32B-Instruct"),
+            Some("qwen2.5-vl-32b")
+        );
+    }
+
     /// `vllm bench latency|throughput` read as the `LLM` class's start; the other bench
     /// commands and backends start no engine and are refused in one line.
     #[test]
