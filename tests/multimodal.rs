@@ -397,6 +397,68 @@ fn the_documented_multimodal_lines_run_as_written() {
     assert!(outs[1].contains("no encoder profile"), "{}", outs[1]);
 }
 
+/// docs/cli.md's "Multimodal models (Qwen2.5-VL)" lines, read from the file and run as
+/// written, with the numbers its text quotes.
+#[test]
+fn the_documented_qwen2_5_vl_lines_run_as_written() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+    let section = doc
+        .split("### Multimodal models (Qwen2.5-VL)")
+        .nth(1)
+        .unwrap()
+        .split("\n### ")
+        .next()
+        .unwrap();
+    let lines: Vec<&str> = section
+        .lines()
+        .filter(|l| l.starts_with("vramscope "))
+        .collect();
+    assert_eq!(lines.len(), 3, "{section}");
+    let outs: Vec<String> = lines
+        .iter()
+        .map(|line| {
+            let words = shell_words(line);
+            let args: Vec<&str> = words[1..].iter().map(String::as_str).collect();
+            let (ok, out, err) = vramscope(&args);
+            assert!(ok, "{line}: {err}");
+            out
+        })
+        .collect();
+    for (out, want) in [
+        (
+            &outs[0],
+            &[
+                "profiled with 1 video items",
+                "Actual usage is 15.54 GiB for weight, 2.49 GiB for peak activation",
+                "Available KV cache memory: 53.10 GiB",
+                "weights 1.26 GiB (8.1 % of the weights)",
+                "so 2.49 GiB of the 2.49 GiB peak activation (100.0 %) is the encoder's",
+            ][..],
+        ),
+        (
+            &outs[1],
+            &[
+                "Actual usage is 14.27 GiB for weight, 2.21 GiB for peak activation",
+                "Available KV cache memory: 54.65 GiB",
+                "no encoder profile",
+            ][..],
+        ),
+        (
+            &outs[2],
+            &[
+                "profile of 1 videos of 114688 tokens",
+                "its phase peaks at 17.25 GiB",
+                "Available KV cache memory: 38.35 GiB",
+            ][..],
+        ),
+    ] {
+        for w in want {
+            assert!(out.contains(w), "{w}: {out}");
+        }
+    }
+    assert!(!outs[1].contains("Encoder cache will be initialized"));
+}
+
 /// mistralai/Mistral-Small-3.1-24B-Instruct-2503's config.json as published, in a hub cache.
 const MISTRAL_SMALL_31: &str = r#"{"architectures": ["Mistral3ForConditionalGeneration"],
  "model_type": "mistral3", "image_token_index": 10, "multimodal_projector_bias": false,
