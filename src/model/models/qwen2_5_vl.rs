@@ -44,9 +44,12 @@ pub struct QwenVisionBlock {
     pub down: BiasedLinear,
 }
 
-/// The rotary tables `get_rope_by_thw`'s `lru_cache` keeps for a grid (t, h, w): cos and sin
-/// in window order, on the device for the rest of the run.
-type CachedRope = ((usize, usize, usize), Tensor, Tensor);
+/// An item's patch grid (t, h, w).
+pub type Grid = (usize, usize, usize);
+
+/// The rotary tables `get_rope_by_thw`'s `lru_cache` keeps for a grid: cos and sin in window
+/// order, on the device for the rest of the run.
+type CachedRope = (Grid, Tensor, Tensor);
 
 /// The vision tower and merger of a `Qwen2_5_VLForConditionalGeneration`.
 pub struct Qwen25Vision {
@@ -501,7 +504,7 @@ pub fn dummy_pixels(
     items: usize,
     item: Option<ProfileItem>,
     act: DType,
-) -> Result<(Vec<Tensor>, Vec<(usize, usize, usize)>)> {
+) -> Result<(Vec<Tensor>, Vec<Grid>)> {
     let s = &shape.vision;
     let (video, (t, h, w)) = item.map_or((false, shape.dummy_grid()), |i| (i.video, i.grid));
     let grid = (t as usize, h as usize, w as usize);
