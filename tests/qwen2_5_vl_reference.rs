@@ -75,3 +75,73 @@ fn the_tower_and_merger_match_the_reference() {
     let norm = theirs.iter().map(|v| v * v).sum::<f32>().sqrt();
     assert!(norm > 1e-2, "reference norm {norm}");
 }
+
+/// The whole V1 profile computes on the CPU with the small checkpoint and a
+/// preprocessor_config.json of `max_pixels` 192 (12 merged tokens of 4 × 4 pixels: a 16 × 12
+/// dummy image, grid (1, 6, 8), 12 embeddings). A 128-token context holds a 14-frame dummy
+/// video (7 temporal patches, 84 embeddings), more than the image: vLLM profiles one video,
+/// budget 84 tokens. With videos limited to 0 it profiles 5 images (64 // 12) into the
+/// 64-token batch.
+#[test]
+fn the_profile_computes_the_encoder_on_the_cpu() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use vramscope::device::DeviceSpec;
+    use vramscope::model::ModelSource;
+    use vramscope::profile::{self, ProfileRequest};
+    use vramscope::quant::Quant;
+
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path());
+    std::fs::write(
+        dir.path().join("preprocessor_config.json"),
+        r#"{"min_pixels": 16, "max_pixels": 192, "patch_size": 2, "merge_size": 2,
+            "temporal_patch_size": 2}"#,
+    )
+    .unwrap();
+    let run = |vllm: &str, videos: Option<u64>| {
+        let req = ProfileRequest {
+            model: ModelSource::Path {
+                path: dir.path().to_path_buf(),
+            },
+            quant: Quant::F16,
+            device: DeviceSpec::parse("sim:h100-80gb").unwrap(),
+            vllm: vllm.into(),
+            tokens: 64,
+            seqs: 2,
+            max_model_len: 128,
+            verify: false,
+            limit_mm_videos: videos,
+            ..ProfileRequest::default()
+        };
+        profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap()
+    };
+    let r = run("0.19", None);
+    let e = r.encoder.as_ref().unwrap();
+    let p = e.plan.as_ref().unwrap();
+    assert_eq!(
+        (
+            p.budget_tokens,
+            p.items,
+            p.tokens_per_item,
+            p.modality.as_str()
+        ),
+        (84, 1, 84, "video")
+    );
+    assert_eq!(e.attention, "FlashAttention varlen");
+    // pixel_values_videos [336, 24], video_grid_thw [1, 3], second_per_grid_ts [1], the
+    // embeddings [84, 32] (f16) and the cached cos and sin [336, 4], each block rounded to
+    // 512 bytes.
+    assert_eq!(e.held_bytes, 16_384 + 512 + 512 + 5_632 + 2 * 3_072);
+    let r = run("0.15", Some(0));
+    let p = r.encoder.as_ref().unwrap().plan.clone().unwrap();
+    assert_eq!(
+        (
+            p.budget_tokens,
+            p.items,
+            p.tokens_per_item,
+            p.modality.as_str()
+        ),
+        (64, 5, 12, "image")
+    );
+}

@@ -89,6 +89,44 @@ pub const MIN_PIXELS: u64 = 3136;
 pub const MAX_PIXELS: u64 = 12_845_056;
 
 impl Qwen25VlShape {
+    /// The image processor's pixel bounds from a checkpoint's preprocessor_config.json:
+    /// `min_pixels` / `max_pixels`, else `size.shortest_edge` / `size.longest_edge` (what
+    /// vLLM reads as the processor's `size`, qwen2_vl.py 0.19 L846-852); a bound it leaves out
+    /// keeps its value. `Err` names a value that is not a positive count or bounds that
+    /// cross.
+    pub fn read_preprocessor(&mut self, v: &serde_json::Value) -> std::result::Result<(), String> {
+        let size = v.get("size");
+        for (key, edge) in [
+            ("min_pixels", "shortest_edge"),
+            ("max_pixels", "longest_edge"),
+        ] {
+            let x = v
+                .get(key)
+                .filter(|x| !x.is_null())
+                .or_else(|| size.and_then(|s| s.get(edge)).filter(|x| !x.is_null()));
+            if let Some(x) = x {
+                let n = x.as_u64().filter(|n| *n > 0).ok_or_else(|| {
+                    format!(
+                        "preprocessor_config.json: {key} is {x}, expected a positive pixel count"
+                    )
+                })?;
+                if key == "min_pixels" {
+                    self.min_pixels = n;
+                } else {
+                    self.max_pixels = n;
+                }
+            }
+        }
+        let unit = (self.vision.patch_size * self.vision.spatial_merge_size) as u64;
+        if self.max_pixels < unit * unit || self.min_pixels > self.max_pixels {
+            return Err(format!(
+                "preprocessor_config.json: min_pixels {} and max_pixels {} leave no image of at least {unit} × {unit} pixels",
+                self.min_pixels, self.max_pixels
+            ));
+        }
+        Ok(())
+    }
+
     /// The dummy image vLLM profiles with: `get_image_size_with_most_features` (qwen2_vl.py
     /// 0.19 L914-965): `max_pixels // (28 · 28)` merged tokens, factored into the closest
     /// pair (height ≤ width) whose aspect ratio is at most 200, fewer tokens tried until one
@@ -623,6 +661,32 @@ mod tests {
         assert_eq!(c.param_count() * 2, 16_584_333_312);
         let back = ModelConfig::from_hf_json(&c.to_hf_json("bfloat16")).unwrap();
         assert_eq!(back, c);
+    }
+
+    #[test]
+    fn a_preprocessor_config_sets_the_pixel_bounds() {
+        let mut mm = crate::model::presets::preset("qwen2.5-vl-7b")
+            .unwrap()
+            .qwen2_5_vl
+            .unwrap();
+        // 1003520 = 1280 · 28²: 1280 merged tokens, 32 × 40.
+        mm.read_preprocessor(&serde_json::json!({"min_pixels": 3136, "max_pixels": 1003520}))
+            .unwrap();
+        assert_eq!(mm.dummy_image(), (1120, 896));
+        assert_eq!(mm.embeds_per_image(), 1280);
+        mm.read_preprocessor(
+            &serde_json::json!({"size": {"shortest_edge": 3136, "longest_edge": 12845056}}),
+        )
+        .unwrap();
+        assert_eq!(mm.embeds_per_image(), 16384);
+        let e = mm
+            .read_preprocessor(&serde_json::json!({"max_pixels": "many"}))
+            .unwrap_err();
+        assert!(e.contains("max_pixels is \"many\""), "{e}");
+        let e = mm
+            .read_preprocessor(&serde_json::json!({"max_pixels": 100}))
+            .unwrap_err();
+        assert!(e.contains("leave no image"), "{e}");
     }
 
     #[test]
