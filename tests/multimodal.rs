@@ -727,6 +727,20 @@ fn plan_names_the_encoders_share_for_qwen2_5_vl_7b() {
         out.contains("Actual usage is 14.27 GiB for weight, 2.21 GiB for peak activation"),
         "{out}"
     );
+    // `--mm-processor-kwargs '{"max_pixels": 1003520}'` (1280 merged tokens: a 1120 × 896
+    // dummy image): 8192 tokens hold a 12-frame video of 6 temporal patches, 7680 tokens,
+    // more than the image's 1280.
+    let (ok, out, err) = plan_qwen25_vl(
+        "0.19",
+        &[
+            "--max-model-len",
+            "8192",
+            "--mm-processor-kwargs",
+            r#"{"max_pixels": 1003520}"#,
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("profile of 1 videos of 7680 tokens into a budget of 8192 tokens (FlashAttention varlen attention): its phase peaks at 1.19 GiB"), "{out}");
     // The default context (128000 tokens, the config's max_position_embeddings) holds a
     // 14-frame dummy video: 7 temporal patches of 256 × 256, 114688 embeddings, each
     // frame's full-attention blocks over its 65536 patches.
@@ -750,6 +764,20 @@ fn qwen2_5_vl_refuses_what_is_not_modelled_by_name() {
             "{err}"
         );
     }
+    let (ok, _, err) = vramscope(&[
+        "plan",
+        "--vllm",
+        "0.19",
+        "--",
+        "vllm",
+        "serve",
+        "google/gemma-3-4b-it",
+        "--mm-processor-kwargs",
+        r#"{"max_pixels": 1003520}"#,
+    ]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("read for Qwen2.5-VL only"), "{err}");
     let (ok, _, err) = plan_qwen25_vl("0.19", &["--mm-encoder-tp-mode", "data"]);
     assert!(!ok);
     assert_eq!(err.trim().lines().count(), 1, "{err}");

@@ -158,6 +158,14 @@ pub fn check_processor_kwargs(v: &str) -> Result<()> {
         .ok_or_else(|| bad("expected a JSON object".into()))?;
     for (k, x) in obj {
         match (k.as_str(), x) {
+            // Qwen2.5-VL's image processor bounds (read where the model is one; refused by
+            // name for the others, `pixel_bounds_of_kwargs`).
+            ("min_pixels" | "max_pixels", serde_json::Value::Number(n))
+                if n.as_u64().is_some_and(|n| n > 0) => {}
+            ("size", serde_json::Value::Object(_)) => {}
+            ("min_pixels" | "max_pixels", _) => {
+                return Err(bad(format!("'{k}' needs a positive pixel count")))
+            }
             ("do_pan_and_scan", serde_json::Value::Bool(false)) => {}
             ("do_pan_and_scan", _) => {
                 return Err(bad(
@@ -169,6 +177,20 @@ pub fn check_processor_kwargs(v: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The keys of `--mm-processor-kwargs` that set an image processor's pixel bounds
+/// (Qwen2.5-VL's `min_pixels`, `max_pixels`, `size`), as a JSON object; `None` when it has
+/// none.
+pub fn pixel_bounds_of_kwargs(v: &str) -> Option<serde_json::Value> {
+    let j: serde_json::Value = serde_json::from_str(v.trim()).ok()?;
+    let mut out = serde_json::Map::new();
+    for k in ["min_pixels", "max_pixels", "size"] {
+        if let Some(x) = j.get(k) {
+            out.insert(k.into(), x.clone());
+        }
+    }
+    (!out.is_empty()).then_some(serde_json::Value::Object(out))
 }
 
 #[cfg(test)]
@@ -289,6 +311,20 @@ mod tests {
         assert!(e.to_string().contains("image.width"), "{e}");
         assert!(parse_limit("image").is_err());
         check_processor_kwargs(r#"{"do_pan_and_scan": false}"#).unwrap();
+        check_processor_kwargs(r#"{"max_pixels": 1003520}"#).unwrap();
+        let e = check_processor_kwargs(r#"{"max_pixels": -1}"#).unwrap_err();
+        assert!(
+            e.to_string().contains("'max_pixels' needs a positive"),
+            "{e}"
+        );
+        assert_eq!(
+            pixel_bounds_of_kwargs(r#"{"max_pixels": 1003520, "fps": 1}"#),
+            Some(serde_json::json!({"max_pixels": 1003520}))
+        );
+        assert_eq!(
+            pixel_bounds_of_kwargs(r#"{"do_pan_and_scan": false}"#),
+            None
+        );
         let e = check_processor_kwargs(r#"{"do_pan_and_scan": true}"#).unwrap_err();
         assert!(e.to_string().contains("pan-and-scan"), "{e}");
     }

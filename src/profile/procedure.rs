@@ -1017,10 +1017,30 @@ pub(crate) fn run_rank(
     req.validate()?;
     let wall = Instant::now();
     // Model files are checked before any device work, so a bad file fails fast.
-    let opened = match &req.model {
+    let mut opened = match &req.model {
         ModelSource::Synthetic { .. } => None,
         other => Some(model::open(other, req.seed)?),
     };
+    // `--mm-processor-kwargs`' pixel bounds: Qwen2.5-VL's image processor (its dummy image,
+    // qwen2_vl.py 0.19 L935-947); no other model here reads them.
+    if let (Some(o), Some(bounds)) = (
+        opened.as_mut(),
+        req.mm_processor_kwargs
+            .as_deref()
+            .and_then(super::multimodal::pixel_bounds_of_kwargs),
+    ) {
+        match o.config.qwen2_5_vl.as_mut() {
+            Some(mm) => mm
+                .read_preprocessor(&bounds)
+                .map_err(|e| Error::Request(format!("--mm-processor-kwargs: {}", e.replace("preprocessor_config.json: ", ""))))?,
+            None => {
+                return Err(Error::Request(format!(
+                    "--mm-processor-kwargs {bounds}: the image processor's pixel bounds are read for Qwen2.5-VL only, not for model_type {}",
+                    o.config.arch
+                )))
+            }
+        }
+    }
     if let Some(o) = &opened {
         let dry = matches!(req.device, DeviceSpec::Sim { dry: true, .. });
         if !o.source.has_weights() && !dry {

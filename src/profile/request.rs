@@ -116,6 +116,11 @@ pub struct ProfileRequest {
     /// vLLM's default (999).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_mm_videos: Option<u64>,
+    /// vLLM's `--mm-processor-kwargs` (JSON, checked by `multimodal::check_processor_kwargs`):
+    /// Qwen2.5-VL's `min_pixels` / `max_pixels` / `size` set its image processor's bounds,
+    /// hence its dummy image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mm_processor_kwargs: Option<String>,
 }
 
 fn default_vllm() -> String {
@@ -242,6 +247,7 @@ impl Default for ProfileRequest {
             llm_class: false,
             limit_mm_images: None,
             limit_mm_videos: None,
+            mm_processor_kwargs: None,
         }
     }
 }
