@@ -397,6 +397,68 @@ fn the_documented_multimodal_lines_run_as_written() {
     assert!(outs[1].contains("no encoder profile"), "{}", outs[1]);
 }
 
+/// docs/cli.md's "Multimodal models (Qwen2.5-VL)" lines, read from the file and run as
+/// written, with the numbers its text quotes.
+#[test]
+fn the_documented_qwen2_5_vl_lines_run_as_written() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+    let section = doc
+        .split("### Multimodal models (Qwen2.5-VL)")
+        .nth(1)
+        .unwrap()
+        .split("\n### ")
+        .next()
+        .unwrap();
+    let lines: Vec<&str> = section
+        .lines()
+        .filter(|l| l.starts_with("vramscope "))
+        .collect();
+    assert_eq!(lines.len(), 3, "{section}");
+    let outs: Vec<String> = lines
+        .iter()
+        .map(|line| {
+            let words = shell_words(line);
+            let args: Vec<&str> = words[1..].iter().map(String::as_str).collect();
+            let (ok, out, err) = vramscope(&args);
+            assert!(ok, "{line}: {err}");
+            out
+        })
+        .collect();
+    for (out, want) in [
+        (
+            &outs[0],
+            &[
+                "profiled with 1 video items",
+                "Actual usage is 15.54 GiB for weight, 2.49 GiB for peak activation",
+                "Available KV cache memory: 53.10 GiB",
+                "weights 1.26 GiB (8.1 % of the weights)",
+                "so 2.49 GiB of the 2.49 GiB peak activation (100.0 %) is the encoder's",
+            ][..],
+        ),
+        (
+            &outs[1],
+            &[
+                "Actual usage is 14.27 GiB for weight, 2.21 GiB for peak activation",
+                "Available KV cache memory: 54.65 GiB",
+                "no encoder profile",
+            ][..],
+        ),
+        (
+            &outs[2],
+            &[
+                "profile of 1 videos of 114688 tokens",
+                "its phase peaks at 17.25 GiB",
+                "Available KV cache memory: 38.35 GiB",
+            ][..],
+        ),
+    ] {
+        for w in want {
+            assert!(out.contains(w), "{w}: {out}");
+        }
+    }
+    assert!(!outs[1].contains("Encoder cache will be initialized"));
+}
+
 /// mistralai/Mistral-Small-3.1-24B-Instruct-2503's config.json as published, in a hub cache.
 const MISTRAL_SMALL_31: &str = r#"{"architectures": ["Mistral3ForConditionalGeneration"],
  "model_type": "mistral3", "image_token_index": 10, "multimodal_projector_bias": false,
@@ -572,42 +634,221 @@ const QWEN25_VL_7B: &str = r#"{"architectures": ["Qwen2_5_VLForConditionalGenera
   "temporal_patch_size": 2},
  "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "vocab_size": 152064}"#;
 
-/// `plan -- vllm serve Qwen/Qwen2.5-VL-7B-Instruct --max-model-len 8192` from the hub cache's
-/// config.json: the tower is weighed (676,550,144 parameters: qwen2_5_vl.py 0.19 L271-649) and
-/// the dummy image is the processor's largest (max_pixels 12845056 // 28² = 16384 merged
-/// tokens = 128 × 128: 3584 × 3584 pixels, 256 × 256 patches; `get_image_size_with_most_features`,
-/// qwen2_vl.py 0.19 L914-965), but the encoder's profile pass is not modelled yet: one line
-/// says so rather than planning the Qwen2 alone.
-#[test]
-fn qwen2_5_vl_is_weighed_and_its_encoder_pass_refused_by_name() {
+/// `plan -- vllm serve Qwen/Qwen2.5-VL-7B-Instruct …` from the hub cache's config.json on
+/// `dir`'s cache: stdout, or the one-line error.
+fn plan_qwen25_vl(vllm: &str, extra: &[&str]) -> (bool, String, String) {
     let cache = tempfile::tempdir().unwrap();
     let snap = cache
         .path()
         .join("models--Qwen--Qwen2.5-VL-7B-Instruct/snapshots/rev");
     std::fs::create_dir_all(&snap).unwrap();
     std::fs::write(snap.join("config.json"), QWEN25_VL_7B).unwrap();
+    let mut args = vec![
+        "plan",
+        "--vllm",
+        vllm,
+        "--device",
+        "sim:h100-sxm:dry",
+        "--",
+        "vllm",
+        "serve",
+        "Qwen/Qwen2.5-VL-7B-Instruct",
+    ];
+    args.extend_from_slice(extra);
     let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
-        .args([
-            "plan",
-            "--vllm",
-            "0.19",
-            "--device",
-            "sim:h100-sxm:dry",
-            "--",
-            "vllm",
-            "serve",
-            "Qwen/Qwen2.5-VL-7B-Instruct",
-            "--max-model-len",
-            "8192",
-        ])
+        .args(&args)
         .env("HF_HUB_CACHE", cache.path())
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `plan --vllm 0.19 -- vllm serve Qwen/Qwen2.5-VL-7B-Instruct --max-model-len 8192` from the
+/// hub cache's config.json: the tower among the weights (676,550,144 parameters and the
+/// rotary cache [8192, 40] in bf16), the encoder's profile pass (the dummy of the processor's
+/// `max_pixels`: 3584 × 3584 pixels, 256 × 256 patches, 16384 embeddings; qwen2_vl.py 0.19
+/// L914-965), the runner's M-RoPE positions, the encoder's share named. 0.19 profiles a
+/// one-frame video (its 16384 tokens tie the image's, and the tie goes to "video":
+/// multimodal/encoder_budget.py 0.19 L182-185), 0.15 the image; both run the same tower
+/// pass on the same grid.
+#[test]
+fn plan_names_the_encoders_share_for_qwen2_5_vl_7b() {
+    let (ok, out, err) = plan_qwen25_vl("0.19", &["--max-model-len", "8192"]);
+    assert!(ok, "{err}");
     assert!(
-        err.contains("model_type qwen2_5_vl (multimodal): its vision tower (676550144 parameters) is weighed, but V1's encoder profile (a 65536-patch dummy image through window attention, 16384 embeddings) and M-RoPE's position buffer are not modelled yet"),
-        "{err}"
+        out.starts_with("Qwen/Qwen2.5-VL-7B-Instruct (the hub cache's copy) bf16"),
+        "{out}"
+    );
+    for want in [
+        "Encoder cache will be initialized with a budget of 16384 tokens, and profiled with 1 video items of the maximum feature size.",
+        "encoder (vision tower + projector): weights 1.26 GiB (8.1 % of the weights); profile of 1 videos of 16384 tokens into a budget of 16384 tokens (FlashAttention varlen attention): its phase peaks at 2.49 GiB, it holds 269.0 MiB (pixel values and the encoder cache) under the text pass, so 2.49 GiB of the 2.49 GiB peak activation (100.0 %) is the encoder's; with its weights 3.75 GiB of the non-KV 18.20 GiB (20.6 %)",
+        "Actual usage is 15.54 GiB for weight, 2.49 GiB for peak activation",
+        "Available KV cache memory: 53.10 GiB",
+    ] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
+    assert!(!err.contains("not modelled yet"), "{err}");
+    // 0.15 breaks the tie the other way: the image, the same pass.
+    let (ok, out15, err) = plan_qwen25_vl("0.15", &["--max-model-len", "8192"]);
+    assert!(ok, "{err}");
+    assert!(out15.contains("profiled with 1 image items"), "{out15}");
+    assert!(out15.contains("its phase peaks at 2.49 GiB"), "{out15}");
+    // Images limited to 0 leave the video: vLLM still builds the tower and profiles it.
+    let (ok, out, err) = plan_qwen25_vl(
+        "0.19",
+        &[
+            "--max-model-len",
+            "8192",
+            "--limit-mm-per-prompt",
+            r#"{"image":0}"#,
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("profiled with 1 video items"), "{out}");
+    // Both limited to 0: text only, no tower (0.19 `_mark_tower_model` over image and
+    // video), the Qwen2's weights alone.
+    let (ok, out, err) = plan_qwen25_vl(
+        "0.19",
+        &[
+            "--max-model-len",
+            "8192",
+            "--limit-mm-per-prompt",
+            r#"{"image":0,"video":0}"#,
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("no encoder profile"), "{out}");
+    assert!(!out.contains("Encoder cache will be initialized"), "{out}");
+    assert!(
+        out.contains("Actual usage is 14.27 GiB for weight, 2.21 GiB for peak activation"),
+        "{out}"
+    );
+    // `--mm-processor-kwargs '{"max_pixels": 1003520}'` (1280 merged tokens: a 1120 × 896
+    // dummy image): 8192 tokens hold a 12-frame video of 6 temporal patches, 7680 tokens,
+    // more than the image's 1280.
+    let (ok, out, err) = plan_qwen25_vl(
+        "0.19",
+        &[
+            "--max-model-len",
+            "8192",
+            "--mm-processor-kwargs",
+            r#"{"max_pixels": 1003520}"#,
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("profile of 1 videos of 7680 tokens into a budget of 8192 tokens (FlashAttention varlen attention): its phase peaks at 1.19 GiB"), "{out}");
+    // The default context (128000 tokens, the config's max_position_embeddings) holds a
+    // 14-frame dummy video: 7 temporal patches of 256 × 256, 114688 embeddings, each
+    // frame's full-attention blocks over its 65536 patches.
+    let (ok, out, err) = plan_qwen25_vl("0.19", &[]);
+    assert!(ok, "{err}");
+    assert!(out.contains("profiled with 1 video items"), "{out}");
+    assert!(out.contains("profile of 1 videos of 114688 tokens into a budget of 114688 tokens (FlashAttention varlen attention): its phase peaks at 17.25 GiB"), "{out}");
+}
+
+/// What is not modelled for Qwen2.5-VL is refused in one line each: the releases whose tower
+/// was not read (0.11; 0.21 builds the encoder's metadata after the patch embedding and can
+/// capture the encoder in CUDA graphs) and `--mm-encoder-tp-mode data`.
+#[test]
+fn qwen2_5_vl_refuses_what_is_not_modelled_by_name() {
+    for v in ["0.11", "0.21"] {
+        let (ok, _, err) = plan_qwen25_vl(v, &["--max-model-len", "8192"]);
+        assert!(!ok);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!("vLLM {v}'s Qwen2.5-VL vision tower is not modelled (read: 0.15 and 0.19; use --vllm 0.19)")),
+            "{err}"
+        );
+    }
+    let (ok, _, err) = vramscope(&[
+        "plan",
+        "--vllm",
+        "0.19",
+        "--",
+        "vllm",
+        "serve",
+        "google/gemma-3-4b-it",
+        "--mm-processor-kwargs",
+        r#"{"max_pixels": 1003520}"#,
+    ]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("read for Qwen2.5-VL only"), "{err}");
+    let (ok, _, err) = plan_qwen25_vl("0.19", &["--mm-encoder-tp-mode", "data"]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--mm-encoder-tp-mode data"), "{err}");
+    let (ok, out, err) = plan_qwen25_vl(
+        "0.19",
+        &["--max-model-len", "8192", "--mm-encoder-tp-mode", "weights"],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("profiled with 1 video items"), "{out}");
+}
+
+/// The bytes behind those lines, on the preset under 0.19 (8192 batched tokens, 1024
+/// sequences, `--max-model-len 8192`).
+#[test]
+fn qwen2_5_vl_7b_encoder_bytes() {
+    let mut req = request("preset:qwen2.5-vl-7b", "sim:h100-sxm:dry", "0.19");
+    req.tokens = 8192;
+    req.seqs = 1024;
+    req.max_model_len = 8192;
+    let r = run(&req);
+    let e = r.encoder.as_ref().unwrap();
+    let p = e.plan.as_ref().unwrap();
+    assert_eq!(
+        (
+            p.budget_tokens,
+            p.items,
+            p.tokens_per_item,
+            p.modality.as_str()
+        ),
+        (16384, 1, 16384, "video")
+    );
+    assert_eq!(e.attention, "FlashAttention varlen");
+    // The tower and merger in bf16 and the rotary cache [8192, 40].
+    assert_eq!(e.weights_bytes, 676_550_144 * 2 + 8192 * 40 * 2);
+    // Held under the text pass: pixel_values_videos [65536, 1176], video_grid_thw [1, 3]
+    // int64 and second_per_grid_ts [1] (512-byte blocks), the embeddings [16384, 3584], and
+    // the rotary tables cos and sin [65536, 40] that get_rope_by_thw's lru_cache keeps.
+    let held = 65536 * 1176 * 2 + 512 + 512 + 16384 * 3584 * 2 + 2 * 65536 * 40 * 2;
+    assert_eq!(held, 282_067_968);
+    assert_eq!(e.held_bytes, held);
+    // The phase's peak is a block's MLP: the block's hidden state, attention output, normed
+    // input and residual sum [65536, 1280] each, gate_up [65536, 6840], SiLU's temporary
+    // and the product [65536, 3420] (2,464,153,600 bytes); under them the pixels and the
+    // grid (154,141,696), the cached tables and their concatenated copies (20,971,520), the
+    // `cu_seqlens`, the window index and its inverse (267,264); with the cuBLAS (32 MiB) and
+    // cuBLASLt workspaces and PyTorch's rounding of blocks above 10 MiB to 2 MiB segments
+    // left unsplit (the pixels' 147 MiB take 148), 37,224,448 more.
+    let block = 4 * 65536 * 1280 * 2 + 65536 * 6840 * 2 + 2 * 65536 * 3420 * 2;
+    assert_eq!(block, 2_464_153_600u64);
+    assert_eq!(
+        PHASE_PEAK,
+        block + 154_141_696 + 20_971_520 + 267_264 + 37_224_448
+    );
+    assert_eq!(e.phase_peak_bytes, PHASE_PEAK);
+    assert_eq!(e.peak_share_bytes, e.phase_peak_bytes);
+    // V1's budget (#12126) for the KV cache.
+    let kv = r
+        .formulas
+        .iter()
+        .find(|f| f.id == vramscope::profile::formulas::FormulaId::Pr12126)
+        .unwrap()
+        .kv_bytes;
+    assert_eq!(kv, KV_BYTES);
+    assert!(
+        (kv as f64 / GIB - 53.10).abs() < 0.005,
+        "{}",
+        kv as f64 / GIB
     );
 }
+
+/// The encoder phase's peak over t1 and V1's KV budget (53.10 GiB) of that run.
+const PHASE_PEAK: u64 = 2_676_758_528;
+const KV_BYTES: i64 = 57_016_157_336;

@@ -316,7 +316,8 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "JSON")]
     pub limit_mm_per_prompt: Option<String>,
     /// vLLM's --mm-processor-kwargs: `{"do_pan_and_scan": false}` (Gemma 3's default) is
-    /// modelled; pan-and-scan and other keys are refused by name.
+    /// modelled; pan-and-scan and other keys are refused by name. Qwen2.5-VL's `max_pixels`,
+    /// `min_pixels` and `size` set its image processor's bounds (its dummy image).
     #[arg(long, value_name = "JSON")]
     pub mm_processor_kwargs: Option<String>,
     /// The vLLM release to reproduce: its profile run, defaults, formula and log lines
@@ -573,6 +574,11 @@ impl ProfileArgs {
                 Some(v) => crate::profile::multimodal::parse_limit(v)?,
                 None => None,
             },
+            limit_mm_videos: match &self.limit_mm_per_prompt {
+                Some(v) => crate::profile::multimodal::parse_limit_of(v, "video")?,
+                None => None,
+            },
+            mm_processor_kwargs: self.mm_processor_kwargs.clone(),
         };
         if let Some(v) = &self.mm_processor_kwargs {
             crate::profile::multimodal::check_processor_kwargs(v)?;

@@ -11,6 +11,7 @@ pub mod cpu_gemma;
 pub mod cpu_gpt_oss;
 pub mod cpu_opt;
 pub mod cpu_pixtral;
+pub mod cpu_qwen2_5_vl;
 pub mod cpu_sampler;
 pub mod cpu_siglip;
 pub(crate) mod cpu_vec;

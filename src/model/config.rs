@@ -16,7 +16,7 @@ pub use gemma3_mm::{Gemma3MmShape, SiglipShape};
 pub use llama4::{Llama3Rope, Llama4Shape, VisionTower};
 pub use mistral3::{Mistral3Shape, PixtralShape};
 pub mod qwen2_5_vl;
-pub use qwen2_5_vl::{Qwen25VisionShape, Qwen25VlShape};
+pub use qwen2_5_vl::{ProfileItem, Qwen25VisionShape, Qwen25VlShape};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {

@@ -463,7 +463,19 @@ pub fn open(source: &ModelSource, seed: u64) -> Result<OpenedModel> {
         }
         ModelSource::Path { path } => {
             let files = resolve_files(path)?;
-            let (config, source, stored_int8_threshold) = open_files(&files)?;
+            let (mut config, source, stored_int8_threshold) = open_files(&files)?;
+            // Qwen2.5-VL's dummy image comes from the image processor's pixel bounds: the
+            // checkpoint's preprocessor_config.json where there is one beside config.json.
+            if let (Some(mm), Some(dir)) = (config.qwen2_5_vl.as_mut(), files.config.parent()) {
+                let pre = dir.join("preprocessor_config.json");
+                if let Ok(text) = std::fs::read_to_string(&pre) {
+                    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+                        Error::Request(format!("{}: not JSON ({e})", pre.display()))
+                    })?;
+                    mm.read_preprocessor(&v)
+                        .map_err(|e| Error::Request(format!("{}: {e}", dir.display())))?;
+                }
+            }
             let name = match files.format {
                 FileFormat::Gguf => files.weights.file_stem(),
                 FileFormat::Safetensors | FileFormat::ConfigOnly => {

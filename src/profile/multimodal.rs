@@ -22,14 +22,22 @@ pub struct EncoderPlan {
     pub budget_tokens: u64,
     /// Dummy images encoded in one call ("profiled with N image items").
     pub items: u64,
+    /// The dummy items' modality: "image", or "video" where V1 profiles a video
+    /// (Qwen2.5-VL, `Qwen25VlShape::profile_item`).
+    #[serde(default = "image_modality")]
+    pub modality: String,
+}
+
+fn image_modality() -> String {
+    "image".into()
 }
 
 impl EncoderPlan {
     /// vLLM's log line (gpu_model_runner.py 0.11 L3344-3351).
     pub fn log_line(&self) -> String {
         format!(
-            "Encoder cache will be initialized with a budget of {} tokens, and profiled with {} image items of the maximum feature size.",
-            self.budget_tokens, self.items
+            "Encoder cache will be initialized with a budget of {} tokens, and profiled with {} {} items of the maximum feature size.",
+            self.budget_tokens, self.items, self.modality
         )
     }
 }
@@ -80,6 +88,7 @@ pub fn plan(
         embeds_per_item: embeds,
         budget_tokens: budget,
         items,
+        modality: image_modality(),
     })
 }
 
@@ -87,6 +96,12 @@ pub fn plan(
 /// `{"image": {"count": 0}}`) or the legacy `image=0,video=1`. Returns the images allowed
 /// (`None` when the value does not name images: V1's default).
 pub fn parse_limit(v: &str) -> Result<Option<u64>> {
+    parse_limit_of(v, "image")
+}
+
+/// `--limit-mm-per-prompt`'s count for `modality` ("image", "video"); `None` where the value
+/// does not name it.
+pub fn parse_limit_of(v: &str, modality: &str) -> Result<Option<u64>> {
     let bad = |why: String| Error::Request(format!("--limit-mm-per-prompt '{v}': {why}"));
     let t = v.trim();
     let mut image = None;
@@ -110,7 +125,7 @@ pub fn parse_limit(v: &str) -> Result<Option<u64>> {
                 _ => None,
             }
             .ok_or_else(|| bad(format!("'{k}' needs a count of 0 or more")))?;
-            if k == "image" {
+            if k == modality {
                 image = Some(n);
             }
         }
@@ -123,7 +138,7 @@ pub fn parse_limit(v: &str) -> Result<Option<u64>> {
                 .trim()
                 .parse()
                 .map_err(|_| bad(format!("'{n}' is not a count")))?;
-            if k.trim() == "image" {
+            if k.trim() == modality {
                 image = Some(n);
             }
         }
@@ -143,6 +158,14 @@ pub fn check_processor_kwargs(v: &str) -> Result<()> {
         .ok_or_else(|| bad("expected a JSON object".into()))?;
     for (k, x) in obj {
         match (k.as_str(), x) {
+            // Qwen2.5-VL's image processor bounds (read where the model is one; refused by
+            // name for the others, `pixel_bounds_of_kwargs`).
+            ("min_pixels" | "max_pixels", serde_json::Value::Number(n))
+                if n.as_u64().is_some_and(|n| n > 0) => {}
+            ("size", serde_json::Value::Object(_)) => {}
+            ("min_pixels" | "max_pixels", _) => {
+                return Err(bad(format!("'{k}' needs a positive pixel count")))
+            }
             ("do_pan_and_scan", serde_json::Value::Bool(false)) => {}
             ("do_pan_and_scan", _) => {
                 return Err(bad(
@@ -154,6 +177,20 @@ pub fn check_processor_kwargs(v: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The keys of `--mm-processor-kwargs` that set an image processor's pixel bounds
+/// (Qwen2.5-VL's `min_pixels`, `max_pixels`, `size`), as a JSON object; `None` when it has
+/// none.
+pub fn pixel_bounds_of_kwargs(v: &str) -> Option<serde_json::Value> {
+    let j: serde_json::Value = serde_json::from_str(v.trim()).ok()?;
+    let mut out = serde_json::Map::new();
+    for k in ["min_pixels", "max_pixels", "size"] {
+        if let Some(x) = j.get(k) {
+            out.insert(k.into(), x.clone());
+        }
+    }
+    (!out.is_empty()).then_some(serde_json::Value::Object(out))
 }
 
 #[cfg(test)]
@@ -267,11 +304,27 @@ mod tests {
         assert_eq!(parse_limit(r#"{"image":0}"#).unwrap(), Some(0));
         assert_eq!(parse_limit(r#"{"image": {"count": 3}}"#).unwrap(), Some(3));
         assert_eq!(parse_limit("image=2,video=1").unwrap(), Some(2));
+        assert_eq!(parse_limit_of("image=2,video=1", "video").unwrap(), Some(1));
+        assert_eq!(parse_limit_of(r#"{"image":0}"#, "video").unwrap(), None);
         assert_eq!(parse_limit(r#"{"video":1}"#).unwrap(), None);
         let e = parse_limit(r#"{"image": {"count": 1, "width": 512}}"#).unwrap_err();
         assert!(e.to_string().contains("image.width"), "{e}");
         assert!(parse_limit("image").is_err());
         check_processor_kwargs(r#"{"do_pan_and_scan": false}"#).unwrap();
+        check_processor_kwargs(r#"{"max_pixels": 1003520}"#).unwrap();
+        let e = check_processor_kwargs(r#"{"max_pixels": -1}"#).unwrap_err();
+        assert!(
+            e.to_string().contains("'max_pixels' needs a positive"),
+            "{e}"
+        );
+        assert_eq!(
+            pixel_bounds_of_kwargs(r#"{"max_pixels": 1003520, "fps": 1}"#),
+            Some(serde_json::json!({"max_pixels": 1003520}))
+        );
+        assert_eq!(
+            pixel_bounds_of_kwargs(r#"{"do_pan_and_scan": false}"#),
+            None
+        );
         let e = check_processor_kwargs(r#"{"do_pan_and_scan": true}"#).unwrap_err();
         assert!(e.to_string().contains("pan-and-scan"), "{e}");
     }

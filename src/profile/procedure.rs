@@ -69,6 +69,8 @@ enum Tower {
     Siglip(Box<crate::model::models::gemma3_mm::Gemma3Vision>),
     /// Mistral 3's Pixtral tower and projector.
     Pixtral(Box<crate::model::models::mistral3::Mistral3Vision>),
+    /// Qwen2.5-VL's window-attention tower and patch merger.
+    Qwen25Vl(Box<crate::model::models::qwen2_5_vl::Qwen25Vision>),
 }
 
 impl Tower {
@@ -76,6 +78,16 @@ impl Tower {
         match self {
             Tower::Siglip(v) => v.weight_bytes(),
             Tower::Pixtral(v) => v.weight_bytes(),
+            Tower::Qwen25Vl(v) => v.weight_bytes(),
+        }
+    }
+
+    /// What the tower itself keeps on the device after a pass (Qwen2.5-VL's rotary tables
+    /// in `get_rope_by_thw`'s `lru_cache`), rounded as the allocator rounds it.
+    fn held_after_pass(&self) -> u64 {
+        match self {
+            Tower::Qwen25Vl(v) => v.cached_rope_bytes(),
+            _ => 0,
         }
     }
 
@@ -93,6 +105,17 @@ impl Tower {
                 let px = crate::model::models::mistral3::dummy_pixels(rt, &v.shape, items, v.act)?;
                 let out = v.encode(rt, &px, items)?;
                 Ok((vec![px], out))
+            }
+            Tower::Qwen25Vl(v) => {
+                let (inputs, grids) = crate::model::models::qwen2_5_vl::dummy_pixels(
+                    rt,
+                    &v.shape,
+                    items,
+                    v.profile_item,
+                    v.act,
+                )?;
+                let out = v.encode(rt, &inputs[0], &grids)?;
+                Ok((inputs, out))
             }
         }
     }
@@ -145,7 +168,8 @@ impl Encoder {
             .iter()
             .chain(cache.iter())
             .map(|t| crate::memory::allocator::round_size(t.nbytes()))
-            .sum();
+            .sum::<u64>()
+            + v.held_after_pass();
         self.stats.set(Some((s.allocated_peak, held)));
         rt.marker("mm encoder end");
         Ok(Some((inputs, cache)))
@@ -1037,10 +1061,30 @@ pub(crate) fn run_rank(
     req.validate()?;
     let wall = Instant::now();
     // Model files are checked before any device work, so a bad file fails fast.
-    let opened = match &req.model {
+    let mut opened = match &req.model {
         ModelSource::Synthetic { .. } => None,
         other => Some(model::open(other, req.seed)?),
     };
+    // `--mm-processor-kwargs`' pixel bounds: Qwen2.5-VL's image processor (its dummy image,
+    // qwen2_vl.py 0.19 L935-947); no other model here reads them.
+    if let (Some(o), Some(bounds)) = (
+        opened.as_mut(),
+        req.mm_processor_kwargs
+            .as_deref()
+            .and_then(super::multimodal::pixel_bounds_of_kwargs),
+    ) {
+        match o.config.qwen2_5_vl.as_mut() {
+            Some(mm) => mm
+                .read_preprocessor(&bounds)
+                .map_err(|e| Error::Request(format!("--mm-processor-kwargs: {}", e.replace("preprocessor_config.json: ", ""))))?,
+            None => {
+                return Err(Error::Request(format!(
+                    "--mm-processor-kwargs {bounds}: the image processor's pixel bounds are read for Qwen2.5-VL only, not for model_type {}",
+                    o.config.arch
+                )))
+            }
+        }
+    }
     if let Some(o) = &opened {
         let dry = matches!(req.device, DeviceSpec::Sim { dry: true, .. });
         if !o.source.has_weights() && !dry {
@@ -1274,15 +1318,22 @@ pub(crate) fn run_rank(
                     "model_type mistral3 (multimodal): its Pixtral vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
                 ));
             }
-            if let Some(mm) = &opened.config.qwen2_5_vl {
-                // Its weights are read (config/qwen2_5_vl.rs); running it as the Qwen2 alone
-                // would drop the tower's weights and the encoder's pass.
-                return Err(Error::Request(format!(
-                    "model_type qwen2_5_vl (multimodal): its vision tower ({} parameters) is weighed, but V1's encoder profile (a {}-patch dummy image through window attention, {} embeddings) and M-RoPE's position buffer are not modelled yet",
-                    mm.param_count(),
-                    mm.patches_per_image(),
-                    mm.embeds_per_image()
-                )));
+            if opened.config.qwen2_5_vl.is_some() {
+                if matches!(req.device, DeviceSpec::Cuda { .. }) {
+                    return Err(Error::Request(
+                        "model_type qwen2_5_vl (multimodal): its vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
+                    ));
+                }
+                // The tower's forward read and modelled: 0.15.1 and 0.19.0 (the same code for
+                // what is allocated). 0.21 builds the encoder's metadata after the patch
+                // embedding (`prepare_encoder_metadata`) and can capture the encoder in CUDA
+                // graphs; 0.10 and 0.11 were not read.
+                if !matches!(release.name, "0.15" | "0.19") {
+                    return Err(Error::Request(format!(
+                        "model_type qwen2_5_vl (multimodal): vLLM {}'s Qwen2.5-VL vision tower is not modelled (read: 0.15 and 0.19; use --vllm 0.19)",
+                        release.name
+                    )));
+                }
             }
             // Gemma3ForConditionalGeneration and Mistral3ForConditionalGeneration build their
             // vision tower and projector before the language model (gemma3_mm.py 0.11
@@ -1291,6 +1342,16 @@ pub(crate) fn run_rank(
             // "<end_of_image>\n\n" (`full_image_sequence`, gemma3_mm.py 0.11 L166-195,
             // pan-and-scan off); Mistral 3's rows of [IMG] each closed by [IMG_BREAK], the
             // last by [IMG_END] (mistral3.py 0.19 L283-300).
+            // Qwen2.5-VL's profiled item: `None` when the model has none, `Some(None)` when
+            // every image and video limit is 0. 0.15 gives a tie to the image, 0.19 to the
+            // video.
+            let qwen_item = opened.config.qwen2_5_vl.as_ref().map(|mm| {
+                mm.profile_item(
+                    req.max_model_len,
+                    (req.limit_mm_images, req.limit_mm_videos),
+                    release.name != "0.15",
+                )
+            });
             let mm_kind = match (&opened.config.gemma3_mm, &opened.config.mistral3) {
                 (Some(mm), _) => Some((
                     "gemma3",
@@ -1303,7 +1364,19 @@ pub(crate) fn run_rank(
                     "mistral3",
                     (mm.embeds_per_image() as u64, mm.placeholder_tokens() as u64),
                 )),
-                _ => None,
+                // Qwen2.5-VL: its dummy image or video (`profile_item`), as many
+                // `<|image_pad|>` / `<|video_pad|>` tokens as embeddings (qwen2_vl.py 0.19
+                // L1079-1112).
+                _ => qwen_item.map(|i| {
+                    let t = i.map_or(0, |i| i.tokens);
+                    ("qwen2_5_vl", (t, t))
+                }),
+            };
+            // The limit of the modality profiled: Qwen2.5-VL's video where it profiles one.
+            let mm_limit = match qwen_item {
+                Some(None) => Some(0),
+                Some(Some(i)) if i.video => req.limit_mm_videos,
+                _ => req.limit_mm_images,
             };
             let encoder = match mm_kind {
                 Some((kind, per_item)) => {
@@ -1318,8 +1391,16 @@ pub(crate) fn run_rank(
                         profile,
                         (req.tokens as u64, req.seqs as u64, req.max_model_len),
                         req.chunked_prefill.unwrap_or(true),
-                        req.limit_mm_images,
-                    );
+                        mm_limit,
+                    )
+                    .map(|mut p| {
+                        if let Some(Some(i)) = qwen_item {
+                            if i.video {
+                                p.modality = "video".into();
+                            }
+                        }
+                        p
+                    });
                     let skipped = plan.is_none() && profile.tower_skipped_at_zero;
                     // Pixtral's attention: xFormers where the wheel brings it (0.10, 0.11) and
                     // the GPU is not a Blackwell, else SDPA with the dense block mask
@@ -1340,6 +1421,15 @@ pub(crate) fn run_rank(
                         )?;
                         v.varlen_attention = profile.vision_attention.varlen(device_major);
                         Some(Tower::Siglip(Box::new(v)))
+                    } else if kind == "qwen2_5_vl" {
+                        let mut v = crate::model::models::qwen2_5_vl::Qwen25Vision::load(
+                            &rt,
+                            &opened.config,
+                            opened.source.as_ref(),
+                            &opts,
+                        )?;
+                        v.profile_item = qwen_item.flatten();
+                        Some(Tower::Qwen25Vl(Box::new(v)))
                     } else {
                         let mut v = crate::model::models::mistral3::Mistral3Vision::load(
                             &rt,
@@ -1350,7 +1440,7 @@ pub(crate) fn run_rank(
                         v.xformers = pixtral_xformers;
                         Some(Tower::Pixtral(Box::new(v)))
                     };
-                    let attention = if kind == "gemma3" {
+                    let attention = if kind == "gemma3" || kind == "qwen2_5_vl" {
                         profile.vision_attention.label(device_major)
                     } else if pixtral_xformers {
                         "xFormers memory-efficient (block-diagonal bias)"
@@ -1461,6 +1551,7 @@ pub(crate) fn run_rank(
     // whose every modality is limited to 0 runs text-only (`supports_multimodal_inputs`,
     // multimodal/registry.py 0.11) and embeds its tokens as a text model does; 0.10.0's
     // dummy pass still reads the buffer (`is_multimodal_model`, L2135-2139).
+    let mut runner_buffers = Vec::new();
     if let Workload::Model {
         model,
         encoder: Some(e),
@@ -1477,6 +1568,33 @@ pub(crate) fn run_rank(
                 req.quant.activation_dtype(),
             )?;
             model.set_inputs_embeds(buf)?;
+            // Qwen2.5-VL's `is_mm_embed_buffers`: two bool `[max_num_tokens]` buffers made
+            // with the runner for a model that takes multimodal inputs (gpu_model_runner.py
+            // 0.19 L718-724; 0.15.1 the same). (Gemma 3's and Mistral 3's rows leave them out.)
+            if model.config().qwen2_5_vl.is_some() {
+                rt.set_op("model_runner.is_mm_embed");
+                for i in 0..2 {
+                    runner_buffers.push(rt.tensor(
+                        format!("model_runner.is_mm_embed.{i}"),
+                        Category::Activation,
+                        &[req.tokens],
+                        DType::U8,
+                    )?);
+                }
+            }
+        }
+        // M-RoPE's `mrope_positions`: int64 `[3, max_num_tokens + 1]` (one column more on
+        // purpose), made with the runner whatever the image limit (`uses_mrope`,
+        // gpu_model_runner.py 0.19 L728-741) and kept; the text pass reads its first
+        // `num_tokens` columns instead of `positions` (`_get_positions`, L926-931).
+        if model.config().qwen2_5_vl.is_some() {
+            rt.set_op("model_runner.mrope_positions");
+            runner_buffers.push(rt.tensor(
+                "model_runner.mrope_positions",
+                Category::Activation,
+                &[3, req.tokens + 1],
+                DType::I64,
+            )?);
         }
     }
     // Model Runner V2's sampler state, made with the runner after the weights are measured
@@ -2001,6 +2119,7 @@ pub(crate) fn run_rank(
     let events = rt.take_events();
     let (device_samples, sample_rate_hz) = rt.device_samples();
     drop(work);
+    drop(runner_buffers);
     Ok(Report {
         format: REPORT_FORMAT,
         tool: format!("vramscope {}", env!("CARGO_PKG_VERSION")),

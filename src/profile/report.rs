@@ -365,10 +365,11 @@ impl Report {
         let share = e.weights_bytes + e.peak_share_bytes;
         Some(match &e.plan {
         Some(p) => format!(
-            "encoder (vision tower + projector): weights {} ({:.1} % of the weights); profile of {} images of {} tokens into a budget of {} tokens ({} attention): its phase peaks at {}, it holds {} (pixel values and the encoder cache) under the text pass, so {} of the {} peak activation ({:.1} %) is the encoder's; with its weights {} of the non-KV {} ({:.1} %)",
+            "encoder (vision tower + projector): weights {} ({:.1} % of the weights); profile of {} {}s of {} tokens into a budget of {} tokens ({} attention): its phase peaks at {}, it holds {} (pixel values and the encoder cache) under the text pass, so {} of the {} peak activation ({:.1} %) is the encoder's; with its weights {} of the non-KV {} ({:.1} %)",
             crate::base::units::fmt_u(e.weights_bytes),
             pct(e.weights_bytes, r.weights_bytes),
             p.items,
+            p.modality,
             p.tokens_per_item,
             p.budget_tokens,
             e.attention,
@@ -382,7 +383,7 @@ impl Report {
             pct(share, non_kv),
         ),
         None => format!(
-            "encoder (vision tower + projector): weights {}; no encoder profile (every image limit 0: text-only, as vLLM runs it)",
+            "encoder (vision tower + projector): weights {}; no encoder profile (every image and video limit 0: text-only, as vLLM runs it)",
             crate::base::units::fmt_u(e.weights_bytes)
         ),
     })

@@ -111,6 +111,16 @@ pub struct ProfileRequest {
     /// vLLM's default (999 under V1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_mm_images: Option<u64>,
+    /// The same flag's videos per prompt (Qwen2.5-VL profiles a dummy video where its
+    /// tokens reach the image's; `{"image": 0, "video": 0}` runs it text-only). `None`:
+    /// vLLM's default (999).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_mm_videos: Option<u64>,
+    /// vLLM's `--mm-processor-kwargs` (JSON, checked by `multimodal::check_processor_kwargs`):
+    /// Qwen2.5-VL's `min_pixels` / `max_pixels` / `size` set its image processor's bounds,
+    /// hence its dummy image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mm_processor_kwargs: Option<String>,
 }
 
 fn default_vllm() -> String {
@@ -236,6 +246,8 @@ impl Default for ProfileRequest {
             kv_cache_memory: None,
             llm_class: false,
             limit_mm_images: None,
+            limit_mm_videos: None,
+            mm_processor_kwargs: None,
         }
     }
 }

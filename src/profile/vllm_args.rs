@@ -512,6 +512,28 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
                 _ => v,
             };
             put(to, Some(v));
+        } else if flag == "--mm-encoder-tp-mode" {
+            // MultiModalConfig.mm_encoder_tp_mode (0.19 config/multimodal.py): "weights" (the
+            // default) splits the vision tower's layers over the tensor-parallel ranks as
+            // modelled; "data" keeps each whole on every rank and shards the images.
+            let v = take(&mut i).ok_or_else(|| Error::Request(format!("{flag} needs a value")))?;
+            match v.as_str() {
+                "weights" => warnings.push(format!(
+                    "{flag} weights: the default (the vision tower split over the tensor-parallel ranks)"
+                )),
+                "data" => {
+                    return Err(Error::Request(
+                        "--mm-encoder-tp-mode data: the vision tower whole on every rank, each rank encoding its share of the images (`use_data_parallel`), is not modelled; leave it at weights".into(),
+                    ))
+                }
+                _ => {
+                    return Err(refused(
+                        flag.as_str(),
+                        &v,
+                        format!("invalid choice: '{v}' (choose from 'weights', 'data')"),
+                    ))
+                }
+            }
         } else if bench && flag == "--async-engine" {
             // `vllm bench throughput --async-engine`: the API server's engine client, with
             // `vllm serve`'s usage context (0.26.0 entrypoints/openai/api_server.py L148-151).
@@ -633,6 +655,8 @@ const HUB_PRESETS: &[(&str, &str)] = &[
     ),
     ("mistralai/mixtral-8x7b-v0.1", "mixtral-8x7b"),
     ("mistralai/mixtral-8x7b-instruct-v0.1", "mixtral-8x7b"),
+    ("qwen/qwen2.5-vl-7b", "qwen2.5-vl-7b"),
+    ("qwen/qwen2.5-vl-32b", "qwen2.5-vl-32b"),
 ];
 
 /// The preset whose shapes a hub id's published config has.
@@ -958,6 +982,36 @@ mod tests {
         );
         let e = split_words("vllm serve 'm").unwrap_err().to_string();
         assert!(e.contains("never closes"), "{e}");
+    }
+
+    /// `--mm-encoder-tp-mode`: "weights" is the default modelled, "data" is refused by
+    /// name, anything else as vLLM's argparse refuses it; Qwen2.5-VL's hub ids name their
+    /// presets.
+    #[test]
+    fn the_encoders_tensor_parallel_mode_is_read() {
+        let l = parse_serve(&words(
+            "vllm serve Qwen/Qwen2.5-VL-7B-Instruct --mm-encoder-tp-mode weights",
+        ))
+        .unwrap();
+        assert!(l.args.is_empty(), "{:?}", l.args);
+        assert_eq!(l.warnings.len(), 1, "{:?}", l.warnings);
+        let e = parse_serve(&words("vllm serve m --mm-encoder-tp-mode=data"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--mm-encoder-tp-mode data"), "{e}");
+        assert!(e.contains("not modelled"), "{e}");
+        let e = parse_serve(&words("vllm serve m --mm-encoder-tp-mode rows"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("invalid choice: 'rows'"), "{e}");
+        assert_eq!(
+            preset_for_hub_id("Qwen/Qwen2.5-VL-7B-Instruct"),
+            Some("qwen2.5-vl-7b")
+        );
+        assert_eq!(
+            preset_for_hub_id("Qwen/Qwen2.5-VL-32B-Instruct"),
+            Some("qwen2.5-vl-32b")
+        );
     }
 
     /// `vllm bench latency|throughput` read as the `LLM` class's start; the other bench

@@ -248,6 +248,8 @@ impl SetupForm {
             },
             llm_class: false,
             limit_mm_images: None,
+            limit_mm_videos: None,
+            mm_processor_kwargs: None,
         };
         r.validate()?;
         Ok(r)

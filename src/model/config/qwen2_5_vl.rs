@@ -67,6 +67,19 @@ pub struct Qwen25VlShape {
     pub max_pixels: u64,
 }
 
+/// The dummy item of V1's encoder profile (`Qwen25VlShape::profile_item`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProfileItem {
+    /// A video (`pixel_values_videos`) rather than an image.
+    pub video: bool,
+    /// The video's frames (1 for an image).
+    pub frames: u64,
+    /// Its patch grid (t, h, w).
+    pub grid: (u64, u64, u64),
+    /// Its embeddings, as many placeholder tokens.
+    pub tokens: u64,
+}
+
 /// Where the tower's tensors sit in the published checkpoint (vLLM's `hf_to_vllm_mapper` also
 /// takes transformers 4.52's `model.visual.`, qwen2_5_vl.py 0.19 L1019-1028).
 pub const TOWER: &str = "visual";
@@ -76,6 +89,44 @@ pub const MIN_PIXELS: u64 = 3136;
 pub const MAX_PIXELS: u64 = 12_845_056;
 
 impl Qwen25VlShape {
+    /// The image processor's pixel bounds from a checkpoint's preprocessor_config.json:
+    /// `min_pixels` / `max_pixels`, else `size.shortest_edge` / `size.longest_edge` (what
+    /// vLLM reads as the processor's `size`, qwen2_vl.py 0.19 L846-852); a bound it leaves out
+    /// keeps its value. `Err` names a value that is not a positive count or bounds that
+    /// cross.
+    pub fn read_preprocessor(&mut self, v: &serde_json::Value) -> std::result::Result<(), String> {
+        let size = v.get("size");
+        for (key, edge) in [
+            ("min_pixels", "shortest_edge"),
+            ("max_pixels", "longest_edge"),
+        ] {
+            let x = v
+                .get(key)
+                .filter(|x| !x.is_null())
+                .or_else(|| size.and_then(|s| s.get(edge)).filter(|x| !x.is_null()));
+            if let Some(x) = x {
+                let n = x.as_u64().filter(|n| *n > 0).ok_or_else(|| {
+                    format!(
+                        "preprocessor_config.json: {key} is {x}, expected a positive pixel count"
+                    )
+                })?;
+                if key == "min_pixels" {
+                    self.min_pixels = n;
+                } else {
+                    self.max_pixels = n;
+                }
+            }
+        }
+        let unit = (self.vision.patch_size * self.vision.spatial_merge_size) as u64;
+        if self.max_pixels < unit * unit || self.min_pixels > self.max_pixels {
+            return Err(format!(
+                "preprocessor_config.json: min_pixels {} and max_pixels {} leave no image of at least {unit} × {unit} pixels",
+                self.min_pixels, self.max_pixels
+            ));
+        }
+        Ok(())
+    }
+
     /// The dummy image vLLM profiles with: `get_image_size_with_most_features` (qwen2_vl.py
     /// 0.19 L914-965): `max_pixels // (28 · 28)` merged tokens, factored into the closest
     /// pair (height ≤ width) whose aspect ratio is at most 200, fewer tokens tried until one
@@ -125,6 +176,78 @@ impl Qwen25VlShape {
     /// qwen2_vl.py 0.19 L1079-1112: `grid_thw.prod() // merge_size²`).
     pub fn embeds_per_image(&self) -> u64 {
         self.patches_per_image() / self.vision.merge_unit() as u64
+    }
+
+    /// Frames of the dummy video V1 sizes for a `max_model_len`-token context
+    /// (`get_num_frames_with_most_features` with one video, qwen2_vl.py 0.19 L978-1014; 0.15.1
+    /// the same): the most frames of the dummy image's size whose tokens stay within the
+    /// context, from 1 (kept even when one frame's tokens exceed it), at most 14
+    /// (`_MAX_FRAMES_PER_VIDEO`).
+    pub fn video_frames(&self, max_model_len: u64) -> u64 {
+        let mut n = 1;
+        while n < 14 && self.video_tokens(n + 1) <= max_model_len {
+            n += 1;
+        }
+        n
+    }
+
+    /// The patch grid of a dummy video of `frames` frames of the dummy image's size: the
+    /// frames padded to a multiple of `temporal_patch_size` (`_get_vision_info`, qwen2_vl.py
+    /// 0.19 L864-870; the processor repeats the last frame), one temporal patch per
+    /// `temporal_patch_size` frames.
+    pub fn video_grid(&self, frames: u64) -> (u64, u64, u64) {
+        let (_, h, w) = self.dummy_grid();
+        let tp = self.vision.temporal_patch_size as u64;
+        let padded = frames + frames % tp;
+        ((padded / tp).max(1), h, w)
+    }
+
+    /// Embeddings of a dummy video of `frames` frames.
+    pub fn video_tokens(&self, frames: u64) -> u64 {
+        let (t, h, w) = self.video_grid(frames);
+        t * h * w / self.vision.merge_unit() as u64
+    }
+
+    /// The dummy item V1's encoder profile runs (`get_modality_with_max_tokens`): among the
+    /// modalities whose `--limit-mm-per-prompt` is above 0 (999 by default), the one whose
+    /// largest item has the most tokens; a tie goes to the image under 0.15.1 (`max` by
+    /// tokens over {image, video}, v1/worker/utils.py L75-79) and to the video from 0.19
+    /// (`max` by (tokens, name), multimodal/encoder_budget.py 0.19 L182-185). Under a context
+    /// below two frames' tokens (32768 for the published sizes) the video is one frame
+    /// padded to one temporal patch: the image's grid. `None`: both limited to 0.
+    pub fn profile_item(
+        &self,
+        max_model_len: u64,
+        (images, videos): (Option<u64>, Option<u64>),
+        video_wins_ties: bool,
+    ) -> Option<ProfileItem> {
+        let on = |l: Option<u64>| l.unwrap_or(999) > 0;
+        let image = ProfileItem {
+            video: false,
+            frames: 1,
+            grid: self.dummy_grid(),
+            tokens: self.embeds_per_image(),
+        };
+        let frames = self.video_frames(max_model_len);
+        let video = ProfileItem {
+            video: true,
+            frames,
+            grid: self.video_grid(frames),
+            tokens: self.video_tokens(frames),
+        };
+        match (on(images), on(videos)) {
+            (false, false) => None,
+            (true, false) => Some(image),
+            (false, true) => Some(video),
+            (true, true) => Some(
+                if video.tokens > image.tokens || (video.tokens == image.tokens && video_wins_ties)
+                {
+                    video
+                } else {
+                    image
+                },
+            ),
+        }
     }
 
     /// The dummy image's attention windows as `get_window_index_thw` cuts them (qwen2_5_vl.py
@@ -503,6 +626,22 @@ mod tests {
         assert_eq!(mm.vision_rope_cache_bytes(2), 655_360);
         assert_eq!(mm.rotary_table_bytes(2), 5_242_880);
         assert_eq!(Qwen25VlShape::mrope_positions_bytes(8192), 196_632);
+        // The dummy video: one frame within 8192 tokens (two would be 16384 tokens too, but
+        // three 32768), the image's grid; 0.19 profiles it (the tie goes to the video),
+        // 0.15 the image. 128000 tokens hold 14 frames: 7 temporal patches, 114688 tokens.
+        assert_eq!(mm.video_frames(8192), 1);
+        assert_eq!(mm.video_frames(16384), 2);
+        assert_eq!(mm.video_frames(128000), 14);
+        assert_eq!(mm.video_grid(14), (7, 256, 256));
+        let v = mm.profile_item(8192, (None, None), true).unwrap();
+        assert_eq!((v.video, v.grid, v.tokens), (true, (1, 256, 256), 16384));
+        let i = mm.profile_item(8192, (None, None), false).unwrap();
+        assert_eq!((i.video, i.grid, i.tokens), (false, (1, 256, 256), 16384));
+        let v = mm.profile_item(128000, (None, None), false).unwrap();
+        assert_eq!((v.video, v.tokens), (true, 114688));
+        let i = mm.profile_item(128000, (None, Some(0)), true).unwrap();
+        assert!(!i.video);
+        assert!(mm.profile_item(8192, (Some(0), Some(0)), true).is_none());
         // TP 2: the column halves and row halves, the row biases and norms whole.
         assert_eq!(
             mm.params_per_rank(2).unwrap(),
@@ -522,6 +661,32 @@ mod tests {
         assert_eq!(c.param_count() * 2, 16_584_333_312);
         let back = ModelConfig::from_hf_json(&c.to_hf_json("bfloat16")).unwrap();
         assert_eq!(back, c);
+    }
+
+    #[test]
+    fn a_preprocessor_config_sets_the_pixel_bounds() {
+        let mut mm = crate::model::presets::preset("qwen2.5-vl-7b")
+            .unwrap()
+            .qwen2_5_vl
+            .unwrap();
+        // 1003520 = 1280 · 28²: 1280 merged tokens, 32 × 40.
+        mm.read_preprocessor(&serde_json::json!({"min_pixels": 3136, "max_pixels": 1003520}))
+            .unwrap();
+        assert_eq!(mm.dummy_image(), (1120, 896));
+        assert_eq!(mm.embeds_per_image(), 1280);
+        mm.read_preprocessor(
+            &serde_json::json!({"size": {"shortest_edge": 3136, "longest_edge": 12845056}}),
+        )
+        .unwrap();
+        assert_eq!(mm.embeds_per_image(), 16384);
+        let e = mm
+            .read_preprocessor(&serde_json::json!({"max_pixels": "many"}))
+            .unwrap_err();
+        assert!(e.contains("max_pixels is \"many\""), "{e}");
+        let e = mm
+            .read_preprocessor(&serde_json::json!({"max_pixels": 100}))
+            .unwrap_err();
+        assert!(e.contains("leave no image"), "{e}");
     }
 
     #[test]

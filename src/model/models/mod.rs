@@ -24,6 +24,7 @@ pub mod llama4;
 pub mod mistral3;
 pub mod opt;
 pub mod phi;
+pub mod qwen2_5_vl;
 pub mod qwen3_next;
 pub mod registry;
 pub mod vision_check;

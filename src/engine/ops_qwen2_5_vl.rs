@@ -1,0 +1,243 @@
+//! The ops of Qwen2.5-VL's vision tower (vLLM qwen2_5_vl.py `Qwen2_5_VisionTransformer`, 0.15.1
+//! and 0.19.0) beyond the linear, RMSNorm, SiLU-and-mul, GELU and residual ops others share.
+//! The tower runs eagerly (`compile_mm_encoder` off by default: its `@support_torch_compile`
+//! classes are not compiled) with vLLM's custom ops off, so its RMSNorms run `forward_native`;
+//! `ApplyRotaryEmb(enforce_enable=True)` runs FlashAttention's Triton rotary kernel and the
+//! attention FlashAttention's varlen call. Like `ops`, each op allocates through the framework
+//! allocator in PyTorch's order, then runs on the CPU or not at all (dry); not on CUDA here.
+
+use crate::base::error::{Error, Result};
+use crate::device::{cpu, cpu_qwen2_5_vl, Backend};
+use crate::engine::runtime::Runtime;
+use crate::engine::tensor::{DType, Tensor};
+use crate::memory::Category;
+
+fn cpu_only(rt: &Runtime, op: &str) -> Result<()> {
+    match rt.backend() {
+        Backend::Cuda => Err(Error::Device {
+            spec: "cuda".into(),
+            problem: format!("{op}: the Qwen2.5-VL vision tower runs on simulated devices only"),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn act(rt: &Runtime, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    rt.tensor_for_overwrite(name, Category::Activation, shape, dtype)
+}
+
+/// `Qwen2_5_VisionPatchEmbed` on `pixels [L, C·T·p·p]`: the view `[L, C, T, p, p]`, then
+/// `Conv3dLayer.forward_native` (custom ops off; kernel == stride) → `_forward_mulmat`
+/// (conv.py 0.19 L219-233): the unfolds, permute and reshape are views of the contiguous
+/// rows (each patch is one whole kernel), `F.linear` with the weight's `[D, C·T·p·p]` view
+/// makes the one output `[L, D]`, its `view`/`permute` views again.
+pub fn patch_embed(rt: &Runtime, pixels: &Tensor, w: &Tensor, name: &str) -> Result<Tensor> {
+    rt.check_cancel()?;
+    cpu_only(rt, "patch_embed")?;
+    rt.ensure_library_workspaces()?;
+    rt.set_op("conv3d_as_linear");
+    let (l, k) = (pixels.rows(), pixels.cols());
+    let d = w.numel() / k;
+    let mut out = act(rt, name, &[l, d], pixels.dtype)?;
+    if rt.backend() == Backend::Cpu {
+        cpu_qwen2_5_vl::linear_nt(pixels.f32(), w.f32(), (l, k, d), out.f32_mut());
+    }
+    Ok(out)
+}
+
+/// A host tensor copied to the device (`tensor.to(device)`: int32 `cu_seqlens`, int64
+/// indices); the host never reads it back.
+pub fn host_to_device(rt: &Runtime, name: &str, n: usize, dtype: DType) -> Result<Tensor> {
+    rt.set_op("h2d");
+    rt.tensor(name, Category::Activation, &[n], dtype)
+}
+
+/// `get_rope_by_thw(t, h, w)`'s tables for one grid (qwen2_5_vl.py 0.19 L651-694, L733-752):
+/// `cos[pos_ids]` (the `[L, 2]` int64 index copied to the device first, a temporary) makes
+/// `[L, 2, rot / 2]` in the model dtype, then `[window_index]` (its `[L / m²]` index copied
+/// too) the window-ordered `[L, rot]`, the first dying at the rebind; the same for sin.
+/// Returns (cos, sin) in window order, what the `lru_cache` keeps.
+pub fn rope_by_thw(
+    rt: &Runtime,
+    (t, h, w): (usize, usize, usize),
+    (m, ws): (usize, usize),
+    (rot, theta): (usize, f64),
+    dtype: DType,
+    name: &str,
+) -> Result<(Tensor, Tensor)> {
+    rt.set_op("rope_by_thw");
+    let l = t * h * w;
+    let mut tables = Vec::with_capacity(2);
+    for part in ["cos", "sin"] {
+        let pos = act(rt, &format!("{name}.pos_ids"), &[l, 2], DType::I64)?;
+        let plain = act(rt, &format!("{name}.{part}_pos"), &[l, rot], dtype)?;
+        drop(pos);
+        let idx = act(
+            rt,
+            &format!("{name}.window_index"),
+            &[l / (m * m)],
+            DType::I64,
+        )?;
+        let ordered = act(rt, &format!("{name}.{part}"), &[l, rot], dtype)?;
+        drop(idx);
+        drop(plain);
+        tables.push(ordered);
+    }
+    let mut sin = tables.pop().expect("two tables");
+    let mut cos = tables.pop().expect("two tables");
+    if rt.backend() == Backend::Cpu {
+        let mut angles = vec![0.0f32; l * rot];
+        cpu_qwen2_5_vl::rotary_angles((t, h, w), m, rot, theta, &mut angles);
+        let (index, _) = cpu_qwen2_5_vl::window_index((t, h, w), m, ws);
+        let mut ordered = vec![0.0f32; l * rot];
+        cpu_qwen2_5_vl::gather_groups(&angles, &index, m * m * rot, &mut ordered);
+        for ((c, s), a) in cos.f32_mut().iter_mut().zip(sin.f32_mut()).zip(&ordered) {
+            *c = a.cos();
+            *s = a.sin();
+        }
+    }
+    Ok((cos, sin))
+}
+
+/// `x.reshape(n, group_rows, -1)[index]`: the gathered copy (the window order of the patch
+/// embeddings, the merger's output put back by `reverse_indices`); `index` (merged tokens)
+/// is read on the host only.
+pub fn gather_groups(
+    rt: &Runtime,
+    x: &Tensor,
+    index: &[usize],
+    group_rows: usize,
+    name: &str,
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("index");
+    let mut out = act(rt, name, &x.shape, x.dtype)?;
+    if rt.backend() == Backend::Cpu {
+        cpu_qwen2_5_vl::gather_groups(x.f32(), index, group_rows * x.cols(), out.f32_mut());
+    }
+    Ok(out)
+}
+
+/// `RMSNorm.forward_static` with a residual (layernorm.py 0.19 L222-265), eagerly:
+/// `x.to(float32)`, `x + residual` (f32; the first copy dies at the rebind), `residual =
+/// x.to(orig_dtype)`, the variance (`pow` dies at `.mean`), `x * rsqrt(...)` (the sum stays:
+/// `x_var` holds it), `.to(orig_dtype)`, `* weight`. Returns (normed, residual), both new.
+pub fn rms_norm_residual_native(
+    rt: &Runtime,
+    x: &Tensor,
+    residual: &Tensor,
+    w: &Tensor,
+    eps: f32,
+    name: &str,
+) -> Result<(Tensor, Tensor)> {
+    rt.check_cancel()?;
+    rt.set_op("rms_norm_native");
+    let (t, d) = (x.rows(), x.cols());
+    let xf = act(rt, &format!("{name}.f32"), &[t, d], DType::F32)?;
+    let sum = act(rt, &format!("{name}.add_residual"), &[t, d], DType::F32)?;
+    drop(xf);
+    let mut res = act(rt, &format!("{name}.residual"), &[t, d], x.dtype)?;
+    let sq = act(rt, &format!("{name}.pow"), &[t, d], DType::F32)?;
+    let var = act(rt, &format!("{name}.variance"), &[t, 1], DType::F32)?;
+    drop(sq);
+    let shifted = act(rt, &format!("{name}.variance_eps"), &[t, 1], DType::F32)?;
+    let r = act(rt, &format!("{name}.rsqrt"), &[t, 1], DType::F32)?;
+    drop(shifted);
+    let y = act(rt, &format!("{name}.normed"), &[t, d], DType::F32)?;
+    drop(r);
+    let yb = act(rt, &format!("{name}.to_dtype"), &[t, d], x.dtype)?;
+    drop(y);
+    let mut out = act(rt, name, &[t, d], x.dtype)?;
+    drop(yb);
+    drop(sum);
+    drop(var);
+    if rt.backend() == Backend::Cpu {
+        for ((o, a), b) in res.f32_mut().iter_mut().zip(x.f32()).zip(residual.f32()) {
+            *o = a + b;
+        }
+        cpu::rms_norm(res.f32(), w.f32(), eps, out.f32_mut());
+    }
+    Ok((out, res))
+}
+
+/// The attention's `qk_reshaped.contiguous()`: q and k (views of the fused projection's
+/// output) copied into one `[2, L, heads · head_dim]` tensor.
+pub fn qk_contiguous(rt: &Runtime, q: &Tensor, k: &Tensor, name: &str) -> Result<Tensor> {
+    rt.set_op("contiguous");
+    let (l, w) = (q.rows(), q.cols());
+    let mut out = act(rt, name, &[2 * l, w], q.dtype)?;
+    if rt.backend() == Backend::Cpu {
+        let o = out.f32_mut();
+        o[..l * w].copy_from_slice(q.f32());
+        o[l * w..].copy_from_slice(k.f32());
+    }
+    Ok(out)
+}
+
+/// `ApplyRotaryEmb.forward_cuda` (rotary_embedding/common.py 0.19 L226-247): FlashAttention's
+/// `apply_rotary_emb` (not in place) writes one new tensor of the input's shape; `cos`/`sin`
+/// `[L, head_dim / 2]` serve both halves (q then k) of `qk [2 · L, heads · head_dim]`.
+pub fn apply_rope_qk(
+    rt: &Runtime,
+    qk: &Tensor,
+    (cos, sin): (&Tensor, &Tensor),
+    (heads, head_dim): (usize, usize),
+    name: &str,
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("apply_rotary_emb");
+    let mut out = act(rt, name, &qk.shape, qk.dtype)?;
+    if rt.backend() == Backend::Cpu {
+        let half = qk.numel() / 2;
+        let (c, s) = (cos.f32(), sin.f32());
+        let (x, o) = (qk.f32(), out.f32_mut());
+        let (o1, o2) = o.split_at_mut(half);
+        cpu_qwen2_5_vl::apply_rope_neox(&x[..half], c, s, (heads, head_dim), o1);
+        cpu_qwen2_5_vl::apply_rope_neox(&x[half..], c, s, (heads, head_dim), o2);
+    }
+    Ok(out)
+}
+
+/// `MMEncoderAttention._forward_fa` → FlashAttention's varlen call (`cu_seqlens` and
+/// `max_seqlen` made before the blocks): the output `[L, heads · head_dim]` in the model
+/// dtype and an f32 log-sum-exp `[heads, L]` that dies as the call returns; q, k and v are
+/// views (`rearrange "b s ... -> (b s) ..."` of one batch), nothing copied.
+pub fn varlen_attention(
+    rt: &Runtime,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    cu: &[usize],
+    (heads, head_dim): (usize, usize),
+    name: &str,
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    cpu_only(rt, "vision attention")?;
+    rt.set_op("vit_attention");
+    let l = q.rows();
+    let mut out = act(rt, name, &[l, heads * head_dim], q.dtype)?;
+    let lse = act(rt, &format!("{name}.softmax_lse"), &[heads, l], DType::F32)?;
+    if rt.backend() == Backend::Cpu {
+        cpu_qwen2_5_vl::varlen_attention(
+            (q.f32(), k.f32(), v.f32()),
+            cu,
+            (heads, head_dim),
+            (head_dim as f32).powf(-0.5),
+            out.f32_mut(),
+        );
+    }
+    drop(lse);
+    Ok(out)
+}
+
+/// `cast_overflow_tensors` on fp16 output (qwen2_5_vl.py 0.19 L858-861, vision.py): the
+/// `isinf` and `isnan` masks (bool, one at a time) that `.any()` reads; a finite tensor is
+/// kept as it is.
+pub fn overflow_check(rt: &Runtime, x: &Tensor, name: &str) -> Result<()> {
+    rt.set_op("cast_overflow_tensors");
+    for part in ["isinf", "isnan"] {
+        let mask = act(rt, &format!("{name}.{part}"), &x.shape, DType::U8)?;
+        let any = act(rt, &format!("{name}.{part}.any"), &[1], DType::U8)?;
+        drop(mask);
+        drop(any);
+    }
+    Ok(())
+}
