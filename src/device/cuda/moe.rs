@@ -164,9 +164,16 @@ INST(moe_silu_mul, (const u16* c1, u16* c2, long long rows, int i), (c1, c2, row
 INST(moe_sum, (const u16* c3, u16* x, long long m, int k, int h), (c3, x, m, k, h))
 "#;
 
-/// The grouped GEMMs, `moe_gemm{16,64,64w}_{f16,bf16}` (`64w`: 64 rows by 128 outputs a
-/// thread block of 8 warps; the others 64 outputs and 4 warps), in the tensor-core module.
-pub(crate) const GEMM_NAMES: &[&str] = &["moe_gemm16", "moe_gemm64", "moe_gemm64w"];
+/// The grouped GEMMs, `moe_gemm{16,64,64w,64x,64y}_{f16,bf16}` (64 rows by 128 outputs a
+/// thread block: `64w` on 8 warps of 32 × 32, `64x` on 4 warps of 32 × 64, `64y` on 2 warps of
+/// 64 × 64; the others 64 outputs on 4 warps), in the tensor-core module.
+pub(crate) const GEMM_NAMES: &[&str] = &[
+    "moe_gemm16",
+    "moe_gemm64",
+    "moe_gemm64w",
+    "moe_gemm64x",
+    "moe_gemm64y",
+];
 
 /// Appended to `kernels::FLASH_SOURCE` (uses its `smem_u32`, `mma16816` and `pack2`), which is
 /// built for compute capability 8.0 and later only.
@@ -176,11 +183,11 @@ pub(crate) const GEMM_SOURCE: &str = r#"
 // the BN outputs from blockIdx.x * BN; e = experts[tile * BM / block_m] (BM divides block_m).
 // W is [E, n, k] row-major. NW warps; 32 inputs a step through cp.async in ST stages;
 // mma.sync m16n8k16 with f32 accumulators. k must be a multiple of 8, n even.
-template <bool BF, int BM, int BN, int NW, int ST>
+template <bool BF, int BM, int BN, int NW, int ST, int WM>
 __device__ void moe_gemm_t(const u16* A, const int* sorted, const int* experts, int block_m, int a_div, const u16* W,
                            u16* C, const float* scale, int n, int k, int total) {
   constexpr int BK = 32, LD = BK + 8, NT = NW * 32;
-  constexpr int WM = BM >= 64 ? 2 : 1, WN = NW / WM;
+  constexpr int WN = NW / WM;
   constexpr int MI = BM / WM / 16, NJ = BN / WN / 8;
   __shared__ __align__(16) u16 as[ST][BM * LD];
   __shared__ __align__(16) u16 bs[ST][BN * LD];
@@ -273,25 +280,42 @@ __device__ void moe_gemm_t(const u16* A, const int* sorted, const int* experts, 
   }
 }
 
-#define MOE_GEMM_EXPORT(NAME, BF, BM, BN, NW, ST) \
+#define MOE_GEMM_EXPORT(NAME, BF, BM, BN, NW, ST, WM) \
   extern "C" __global__ void __launch_bounds__(NW * 32) NAME(const u16* A, const int* sorted, const int* experts, \
       int block_m, int a_div, const u16* W, u16* C, const float* scale, int n, int k, int total) \
-  { moe_gemm_t<BF, BM, BN, NW, ST>(A, sorted, experts, block_m, a_div, W, C, scale, n, k, total); }
-MOE_GEMM_EXPORT(moe_gemm16_f16, false, 16, 64, 4, 2)
-MOE_GEMM_EXPORT(moe_gemm16_bf16, true, 16, 64, 4, 2)
-MOE_GEMM_EXPORT(moe_gemm64_f16, false, 64, 64, 4, 2)
-MOE_GEMM_EXPORT(moe_gemm64_bf16, true, 64, 64, 4, 2)
-MOE_GEMM_EXPORT(moe_gemm64w_f16, false, 64, 128, 8, 3)
-MOE_GEMM_EXPORT(moe_gemm64w_bf16, true, 64, 128, 8, 3)
+  { moe_gemm_t<BF, BM, BN, NW, ST, WM>(A, sorted, experts, block_m, a_div, W, C, scale, n, k, total); }
+MOE_GEMM_EXPORT(moe_gemm16_f16, false, 16, 64, 4, 2, 1)
+MOE_GEMM_EXPORT(moe_gemm16_bf16, true, 16, 64, 4, 2, 1)
+MOE_GEMM_EXPORT(moe_gemm64_f16, false, 64, 64, 4, 2, 2)
+MOE_GEMM_EXPORT(moe_gemm64_bf16, true, 64, 64, 4, 2, 2)
+MOE_GEMM_EXPORT(moe_gemm64w_f16, false, 64, 128, 8, 3, 2)
+MOE_GEMM_EXPORT(moe_gemm64w_bf16, true, 64, 128, 8, 3, 2)
+MOE_GEMM_EXPORT(moe_gemm64x_f16, false, 64, 128, 4, 3, 2)
+MOE_GEMM_EXPORT(moe_gemm64x_bf16, true, 64, 128, 4, 3, 2)
+MOE_GEMM_EXPORT(moe_gemm64y_f16, false, 64, 128, 2, 3, 1)
+MOE_GEMM_EXPORT(moe_gemm64y_bf16, true, 64, 128, 2, 3, 1)
 "#;
 
-/// `VRAMSCOPE_MOE_GEMM`: `wide` (`Some(true)`) or `narrow` (`Some(false)`) tiles for every
-/// grouped GEMM of 64-row blocks; unset (or anything else), by the output width.
-fn moe_gemm_tiles() -> Option<bool> {
-    static TILES: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+/// The grouped GEMM's tiles for 64-row blocks: 64 outputs on 4 warps, 128 on 8 warps (32 × 32
+/// each), on 4 (32 × 64) or on 2 (64 × 64).
+#[derive(Clone, Copy)]
+enum Tiles {
+    Narrow,
+    Wide,
+    Wide4,
+    Wide2,
+}
+
+/// `VRAMSCOPE_MOE_GEMM` = `narrow`, `wide`, `wide4` or `wide2`: those tiles for every grouped GEMM of
+/// 64-row blocks (A/B timing, small models' checks); unset (or anything else), by the output
+/// width.
+fn moe_gemm_tiles() -> Option<Tiles> {
+    static TILES: std::sync::OnceLock<Option<Tiles>> = std::sync::OnceLock::new();
     *TILES.get_or_init(|| match std::env::var("VRAMSCOPE_MOE_GEMM").as_deref() {
-        Ok("wide") => Some(true),
-        Ok("narrow") => Some(false),
+        Ok("narrow") => Some(Tiles::Narrow),
+        Ok("wide") => Some(Tiles::Wide),
+        Ok("wide4") => Some(Tiles::Wide4),
+        Ok("wide2") => Some(Tiles::Wide2),
         _ => None,
     })
 }
@@ -341,19 +365,19 @@ impl CudaDevice {
             return Ok(());
         }
         let bm = if s.block_m.is_multiple_of(64) { 64 } else { 16 };
-        // Wide tiles (128 outputs, 8 warps, 3 stages) where there are at least 8 of them a
-        // row; `VRAMSCOPE_MOE_GEMM=narrow` keeps the 64-output tiles everywhere (A/B timing),
-        // `wide` takes the wide ones wherever the rows allow (small models' checks).
-        let wide = bm == 64
-            && match moe_gemm_tiles() {
-                Some(true) => true,
-                Some(false) => false,
-                None => g.n >= 1024,
-            };
-        let (name, bn, threads) = if wide {
-            ("moe_gemm64w".to_string(), 128, 256)
-        } else {
-            (format!("moe_gemm{bm}"), 64, 128)
+        // Wide tiles (128 outputs on 4 warps of 32 × 64, 3 stages) where there are at least 8
+        // of them a row: 0.90× the time of 64 × 32 tiles on 8 warps, 0.85× 64 outputs on 4
+        // warps, for Qwen3-30B-A3B at 8192 tokens on an H100 (docs/gpu-runs.md run 77).
+        let tiles = match moe_gemm_tiles() {
+            Some(t) => t,
+            None if g.n >= 1024 => Tiles::Wide4,
+            None => Tiles::Narrow,
+        };
+        let (name, bn, threads) = match tiles {
+            Tiles::Wide if bm == 64 => ("moe_gemm64w".to_string(), 128, 256),
+            Tiles::Wide4 if bm == 64 => ("moe_gemm64x".to_string(), 128, 128),
+            Tiles::Wide2 if bm == 64 => ("moe_gemm64y".to_string(), 128, 64),
+            _ => (format!("moe_gemm{bm}"), 64, 128),
         };
         let f = self.func(&name, g.dtype)?;
         let cfg = LaunchConfig {
