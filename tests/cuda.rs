@@ -1252,10 +1252,11 @@ fn awq_llama_3_8b_logits_on_the_gpu_match_cpu_compute_mode() {
 #[test]
 #[ignore = "needs an NVIDIA GPU of compute capability 8.0 or more"]
 fn moe_logits_on_the_gpu_match_cpu_compute_mode() {
-    for arch in ["mixtral", "qwen3_moe"] {
+    for arch in ["mixtral", "qwen3_moe", "qwen2_moe"] {
         let dir = tempfile::tempdir().unwrap();
         // Mixtral: 4 experts of width 96, 2 a token, renormalised; Qwen3-MoE: 8 of width 64,
-        // 3 a token, not renormalised, layer 1 dense.
+        // 3 a token, not renormalised, layer 1 dense; Qwen2-MoE: its shared expert scaled by
+        // the sigmoid of its gate on the GPU.
         common::write_hf_test_model(dir.path(), arch);
         let model = dir.path().to_str().unwrap();
         for (quant, tokens, seqs) in [(Quant::F16, 4, 2), (Quant::BF16, 300, 3)] {

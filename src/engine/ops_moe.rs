@@ -169,15 +169,16 @@ pub fn sigmoid_scale(rt: &Runtime, gate: Tensor, shared: Tensor, name: &str) -> 
             gate.shape, shared.shape
         )));
     }
-    if rt.backend() == Backend::Cuda {
-        return Err(shared_expert_on_cuda());
-    }
     let compute = rt.backend() == Backend::Cpu;
+    let gpu = rt.backend() == Backend::Cuda;
     let act = shared.dtype;
     let t = |n: &str, shape: &[usize]| {
         rt.tensor_for_overwrite(format!("{name}.{n}"), Category::Activation, shape, act)
     };
     let mut sig = t("gate_sigmoid", &[m, 1])?;
+    if gpu {
+        ops::cuda(rt, |c| c.moe_sigmoid(&gate, &mut sig))?;
+    }
     if compute {
         for (o, &g) in sig.f32_mut().iter_mut().zip(gate.f32()) {
             *o = 1.0 / (1.0 + (-g).exp());
@@ -185,6 +186,9 @@ pub fn sigmoid_scale(rt: &Runtime, gate: Tensor, shared: Tensor, name: &str) -> 
     }
     drop(gate);
     let mut out = t("gated", &[m, h])?;
+    if gpu {
+        ops::cuda(rt, |c| c.moe_row_scale(&sig, &shared, &mut out))?;
+    }
     if compute {
         let sv = sig.f32();
         for (r, (o, x)) in out
@@ -201,14 +205,6 @@ pub fn sigmoid_scale(rt: &Runtime, gate: Tensor, shared: Tensor, name: &str) -> 
     drop(sig);
     drop(shared);
     Ok(out)
-}
-
-/// Qwen2-MoE's shared-expert gate has no GPU kernels yet (the model is refused on CUDA at
-/// load, naming this).
-pub fn shared_expert_on_cuda() -> Error {
-    Error::Request(
-        "model_type qwen2_moe is not supported on CUDA yet (its shared expert's sigmoid gate has no kernel); run it on a simulated device (sim:...)".into(),
-    )
 }
 
 /// `BLOCK_SIZE_M` of the Triton config `try_get_optimal_moe_config` picks for `m` tokens

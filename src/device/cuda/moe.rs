@@ -20,6 +20,8 @@ pub(crate) const TYPED: &[&str] = &[
     "moe_sum",
     "moe_topk_softmax",
     "moe_topk_softmax_w",
+    "moe_sigmoid",
+    "moe_row_scale",
 ];
 
 /// The f32 routing kernels (in the same module, no 16-bit type).
@@ -147,6 +149,20 @@ template <class T> __device__ void moe_topk_softmax_w(const u16* logits, float* 
   if (renorm && lane == 0) for (int q = 0; q < k; q++) w[r * k + q] = w[r * k + q] / tot;
 }
 
+// Qwen2-MoE's shared-expert gate: sig = sigmoid(gate) in f32, rounded to T (`F.sigmoid` of the
+// [M, 1] logits into a new tensor).
+template <class T> __device__ void moe_sigmoid(const u16* g, u16* sig, long long m) {
+  for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < m; r += (long long)gridDim.x * blockDim.x)
+    sig[r] = T::st(1.f / (1.f + expf(-T::ld(g[r]))));
+}
+
+// out[r, c] = sig[r] * x[r, c], rounded to T (the [M, 1] sigmoid broadcast over the shared
+// expert's [M, H] output, into a new tensor).
+template <class T> __device__ void moe_row_scale(const u16* sig, const u16* x, u16* out, long long m, int h) {
+  for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < m * h; q += (long long)gridDim.x * blockDim.x)
+    out[q] = T::st(T::ld(sig[q / h]) * T::ld(x[q]));
+}
+
 // Each row of k weights divided by its sum, into `out` (vLLM 0.8's renormalisation into a new
 // tensor).
 extern "C" __global__ void moe_renorm(const float* w, float* out, long long m, int k) {
@@ -160,6 +176,8 @@ extern "C" __global__ void moe_renorm(const float* w, float* out, long long m, i
 
 INST(moe_topk_softmax, (const u16* logits, float* gating, float* w, int* ids, long long m, int e, int k, int renorm), (logits, gating, w, ids, m, e, k, renorm))
 INST(moe_topk_softmax_w, (const u16* logits, float* gating, float* w, int* ids, long long m, int e, int k, int renorm), (logits, gating, w, ids, m, e, k, renorm))
+INST(moe_sigmoid, (const u16* g, u16* sig, long long m), (g, sig, m))
+INST(moe_row_scale, (const u16* sig, const u16* x, u16* out, long long m, int h), (sig, x, out, m, h))
 INST(moe_silu_mul, (const u16* c1, u16* c2, long long rows, int i), (c1, c2, rows, i))
 INST(moe_sum, (const u16* c3, u16* x, long long m, int k, int h), (c3, x, m, k, h))
 "#;
@@ -489,6 +507,46 @@ impl CudaDevice {
     }
 
     /// `silu_and_mul` over `rows` rows of `[gate | up]` (`2·i` wide) at `c1` into `c2`.
+    /// `sig = sigmoid(gate)` over `m` 16-bit values (Qwen2-MoE's shared-expert gate).
+    pub fn moe_sigmoid(&mut self, gate: &TensorData, sig: &mut TensorData) -> Result<()> {
+        let dt = self.half(gate)?;
+        let m = gate.numel();
+        if sig.numel() != m {
+            return Err(self.err(
+                "shared-expert gate",
+                format!("{}: {} values for {m} logits", sig.name, sig.numel()),
+            ));
+        }
+        let f = self.func("moe_sigmoid", dt)?;
+        let (gp, sp) = (gate.cuda_ptr(), sig.cuda_ptr());
+        self.launch(f, super::grid(m as u64), &[&gp, &sp, &(m as i64)])
+    }
+
+    /// `out[r, :] = sig[r] · x[r, :]` (`x` and `out` `[m, h]`, `sig` `[m, 1]`).
+    pub fn moe_row_scale(
+        &mut self,
+        sig: &TensorData,
+        x: &TensorData,
+        out: &mut TensorData,
+    ) -> Result<()> {
+        let dt = self.half(x)?;
+        let m = sig.numel();
+        let h = x.numel() / m.max(1);
+        if x.numel() != m * h || out.numel() != x.numel() {
+            return Err(self.err(
+                "shared-expert gate",
+                format!("{}: {:?} scaled by {m} rows", x.name, x.shape),
+            ));
+        }
+        let f = self.func("moe_row_scale", dt)?;
+        let (sp, xp, op) = (sig.cuda_ptr(), x.cuda_ptr(), out.cuda_ptr());
+        self.launch(
+            f,
+            super::grid((m * h) as u64),
+            &[&sp, &xp, &op, &(m as i64), &(h as i32)],
+        )
+    }
+
     pub fn moe_silu_mul(
         &mut self,
         dt: DType,

@@ -15,7 +15,7 @@ use std::cell::Cell;
 use crate::base::error::{Error, Result};
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
-use crate::engine::{ops, ops_moe};
+use crate::engine::ops;
 use crate::memory::Category;
 pub use crate::model::batch::Batch;
 use crate::model::config::ModelConfig;
@@ -125,14 +125,6 @@ impl LlamaModel {
         })?;
         let gemma = family.decoder == Decoder::Gemma;
         if cfg.moe.is_some() {
-            if cfg
-                .moe
-                .as_ref()
-                .is_some_and(|m| m.shared_expert_intermediate_size > 0)
-                && rt.backend() == crate::device::Backend::Cuda
-            {
-                return Err(ops_moe::shared_expert_on_cuda());
-            }
             // The quantized fused-MoE methods are not reproduced, but for block-wise fp8
             // experts (`Fp8MoEMethod` with `block_quant`, dry: `Loader::experts_fp8_block`).
             let block_fp8 = src.stored_fp8().is_some_and(|f| f.block.is_some());
