@@ -13,9 +13,9 @@
 use std::cell::Cell;
 
 use crate::base::error::{Error, Result};
+use crate::engine::ops;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
-use crate::engine::ops;
 use crate::memory::Category;
 pub use crate::model::batch::Batch;
 use crate::model::config::ModelConfig;
