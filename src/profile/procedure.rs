@@ -1286,7 +1286,7 @@ pub(crate) fn run_rank(
                             opened.source.as_ref(),
                             &opts,
                         )?;
-                        v.varlen_attention = profile.vision_attention.varlen(device_major);
+                        v.tower.varlen_attention = profile.vision_attention.varlen(device_major);
                         Some(Tower::Siglip(Box::new(v)))
                     } else {
                         let mut v = crate::model::models::mistral3::Mistral3Vision::load(
