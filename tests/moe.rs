@@ -405,7 +405,9 @@ fn qwen1_5_moe_from_its_config_weighs_its_published_parameters() {
 /// vLLM 0.8.5's qwen2_moe.py (L90-94, L140-160) and fused_moe's routing: for each token,
 /// `softmax(x·Gᵀ)` in f32, its top-k (not renormalised), `Σ p_e · W2_e(silu(W1_e x) ⊙ W3_e x)`,
 /// plus `sigmoid(x·gᵀ) · D(silu(A x) ⊙ B x)` for the shared expert; 6 experts (not a power of
-/// two: topk_softmax's workspace), 2 a token, widths 24 and 40 over 16 inputs, 5 tokens.
+/// two: topk_softmax's workspace), 2 a token, widths 24 and 40 over 16 inputs, 5 tokens. The
+/// block as 0.29-0.33 run it (the shared expert inside the modular kernel's op) computes the
+/// same.
 #[test]
 fn qwen2_moe_block_computes_what_its_model_file_computes() {
     use vramscope::model::config::MoeShape;
@@ -464,6 +466,27 @@ fn qwen2_moe_block_computes_what_its_model_file_computes() {
     let x = t("x", &[m, h], &xv, Category::Activation);
     let out = moe_block_forward(&rt, x, &block, &shape, DType::F32, "layers.0", "cpu").unwrap();
     let ours = out.f32().to_vec();
+    // 0.29-0.33's modular kernel with the shared expert inside the op (its expert gate applied
+    // inside `Qwen2MoeMLP.forward`, the sum `shared + routed` after the op): the same math.
+    let x = t("x", &[m, h], &xv, Category::Activation);
+    let workspace = std::cell::RefCell::new(None);
+    let kernel =
+        vramscope::engine::ops_moe_v1::MoeKernel::Modular(vramscope::engine::ops_moe_v1::Modular {
+            chunk_tokens: None,
+            default_block_m_by_tokens: true,
+            v0_21: Some(vramscope::engine::ops_moe_v1::RunnerV021 { gate_in_op: false }),
+        });
+    let v2 = vramscope::model::layers::moe::moe_block_forward_as(
+        &rt,
+        x,
+        &block,
+        &shape,
+        (DType::F32, kernel, Some(&workspace)),
+        "layers.0",
+        "cpu",
+    )
+    .unwrap();
+    let ours_v2 = v2.f32().to_vec();
 
     let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| p * q).sum::<f32>();
     let silu = |v: f32| v / (1.0 + (-v).exp());
@@ -507,6 +530,8 @@ fn qwen2_moe_block_computes_what_its_model_file_computes() {
     assert!(gaps.iter().all(|&g| g > 1e-4), "{gaps:?}");
     let err = vramscope::app::bench::relative_l2(&ours, &expected);
     assert!(err < 1e-5, "relative L2 {err:.3e}");
+    let err = vramscope::app::bench::relative_l2(&ours_v2, &expected);
+    assert!(err < 1e-5, "0.29's block: relative L2 {err:.3e}");
     let norm = expected.iter().map(|v| v * v).sum::<f32>().sqrt();
     assert!(norm > 0.1, "{norm}");
 }

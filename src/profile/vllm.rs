@@ -386,6 +386,10 @@ pub enum FusedMoe {
         /// DeepSeek's block (`DeepseekV2MoE`, MLA models) is read for this release on V1's
         /// runner: 0.21-0.23 (0.24 runs DeepSeek-V2 on Model Runner V2).
         deepseek: bool,
+        /// Qwen2-MoE's shared expert inside the op (`SharedExperts`, `NO_OVERLAP` before the
+        /// routing, then `shared_output + fused_output` in `MoERunner.forward`) is read:
+        /// 0.29-0.33 (docs/reading/vllm-v1-fused-moe.md §10).
+        qwen2_moe: bool,
     },
     /// Not reproduced, and why.
     Unmodelled(&'static str),
@@ -883,6 +887,7 @@ pub const RELEASES: &[Release] = &[
             },
             flashinfer_on_hopper: false,
             deepseek: true,
+            qwen2_moe: false,
         },
         ..R0_22
     },
@@ -914,6 +919,7 @@ pub const RELEASES: &[Release] = &[
             },
             flashinfer_on_hopper: false,
             deepseek: false,
+            qwen2_moe: false,
         },
         ..R0_22
     },
@@ -943,6 +949,7 @@ pub const RELEASES: &[Release] = &[
             },
             flashinfer_on_hopper: false,
             deepseek: false,
+            qwen2_moe: false,
         },
         ..R0_22
     },
@@ -969,6 +976,7 @@ pub const RELEASES: &[Release] = &[
             },
             flashinfer_on_hopper: false,
             deepseek: false,
+            qwen2_moe: false,
         },
         ..R0_22
     },
@@ -985,7 +993,23 @@ pub const RELEASES: &[Release] = &[
                   `SamplingParams.for_sampler_warmup()` (gpu/model_runner.py:993-1014; \
                   sampling_params.py:1477-1493: top-k 50, top-p, min-p, penalties, logit \
                   bias, bad words, logprobs 5): not modelled, vramscope runs the first \
-                  pass only, so its peak is under 0.33's by that pass's fp32 pipeline",
+                  pass only, so its peak is under 0.33's by that pass's fp32 pipeline; the \
+              fused MoE's allocations as 0.31's (modular_kernel.py:1174-1221: a \
+              prepare/finalize-provided output only for naive DP/EP; the output \
+              `new_empty` of the same shape, :1536-1541)",
+        // 0.33.0 for unquantized Triton experts: modular_kernel.py
+        // (`allocate_fused_expert_output`, None unless naive DP/EP's prepare/finalize
+        // provides one, L203-216, L1174-1221; a `post_gemm2_hook`, None unless set, L494-496;
+        // the output `new_empty` of `output_hidden_dim(K)` = K, L1536-1541; routed-experts
+        // capture only with `enable_return_routed_experts`), experts/triton_moe.py (the hook,
+        // UVA-offloaded weights, L353-393), fused_moe.py (`weights_host_resident`,
+        // L1543-1572), router/fused_topk_router.py (AITER's `topk_gating` on ROCm only,
+        // L64-130; the three [M, k] tensors L155-166), v1/worker/workspace.py (the grown
+        // buffer made under `alloc_context`, a null context without the cuMem allocator:
+        // gpu_worker.py L396-401, L558-564), gate_linear.py (more tiers, every one needing an
+        // fp32 `out_dtype` or fp32 weights: F.linear in bf16, L355-370) change nothing it
+        // allocates; moe_align_block_size.py, no_dp_ep.py, mixtral.py and the tuned 16-bit
+        // files for these GPUs the same as 0.32.0's.
         cublas_before_baseline: true,
         v2: Some(V2 {
             estimates_graphs: true,
@@ -994,13 +1018,6 @@ pub const RELEASES: &[Release] = &[
         ..R0_31
     },
 ];
-
-/// Why MoE is refused from 0.29: Model Runner V2 runs every mixture of experts there, and the
-/// MoE files of 0.29-0.33 are not read.
-const MOE_0_29: &str = "its fused MoE is not read from 0.29 on: Model Runner V2 runs every \
-     mixture of experts from 0.29 (config/vllm.py), whose MoE path (padding masks, workspace \
-     lanes, its profile and graph runs) is not read, nor are 0.29-0.33's fused_moe files \
-     (0.33.0 changes moe_align_block_size.py and the modular kernel)";
 
 /// 0.21, the row the later ones start from.
 const R0_21: Release = Release {
@@ -1039,6 +1056,7 @@ const R0_21: Release = Release {
         },
         flashinfer_on_hopper: true,
         deepseek: true,
+        qwen2_moe: false,
     },
     mla: Some(MlaEra::V0_19),
     fp8_block: None,
@@ -1097,6 +1115,7 @@ const R0_22: Release = Release {
         },
         flashinfer_on_hopper: true,
         deepseek: true,
+        qwen2_moe: false,
     },
     runner_v2: RunnerV2::DenseUnquantized(&["qwen3"]),
     v2: Some(V2 {
@@ -1138,6 +1157,7 @@ const R0_27: Release = Release {
         },
         flashinfer_on_hopper: false,
         deepseek: false,
+        qwen2_moe: false,
     },
     ..R0_22
 };
@@ -1172,13 +1192,52 @@ const R0_29: Release = Release {
               PIECEWISE captured whole in a throwaway pool, FULL from its two largest \
               sizes), applied by default (envs.py VLLM_MEMORY_PROFILER_ESTIMATE_\
               CUDAGRAPHS=1); vramscope forms it as V1's estimator does (two largest \
-              sizes per mode), which extrapolates PIECEWISE too",
+              sizes per mode), which extrapolates PIECEWISE too. Mixtral and Qwen3-MoE run \
+              on V2 (config/vllm.py:645-677) through the same Triton experts as 0.28 where \
+              the oracle picks them (A100, L40S, L4, Hopper: fused_moe/oracle/\
+              unquantized.py:48-96), with the same workspace (modular_kernel.py:1120-1181); \
+              V2's profile batch marks every dummy token as padding (gpu/input_batch.py:\
+              165, model_runner.py:1617), which `topk_softmax` reads (VLLM_MOE_SKIP_PADDING=1, \
+              router/fused_topk_router.py:19-22): the routes change, no buffer's shape does. \
+              Qwen2-MoE's shared expert runs inside the op before the routing (fused_moe/\
+              runner/moe_runner.py:592-612, shared_experts.py:105-133: NO_OVERLAP above 256 \
+              tokens), its sigmoid gate inside `Qwen2MoeMLP.forward` (qwen2_moe.py:112-120), \
+              then `shared_output + fused_output` into a new tensor (moe_runner.py:780)",
     runner_v2: RunnerV2::Every,
     v2: Some(V2 {
         estimates_graphs: true,
         warmup_sampler_pass: false,
     }),
-    fused_moe: FusedMoe::Unmodelled(MOE_0_29),
+    // 0.29.0 runs every mixture of experts on Model Runner V2 (config/vllm.py L645-677), whose
+    // profile pass reaches the experts as V1's runner does: `profile_run` →
+    // `_dummy_run(max_num_tokens, skip_attn=True, is_profile=True)` → `execute_model`
+    // (v1/worker/gpu/model_runner.py L695-849, L851-889), the EPLB hooks idle without
+    // `--enable-eplb` (gpu/eplb_utils.py L48-52, L132-140), one workspace lane without a DSpark
+    // draft (v1/worker/gpu_worker.py L101-107, L448-454), the padding mask `is_padding` a view
+    // of the runner's `[max_num_tokens]` bool input buffer (gpu/input_batch.py L30) that
+    // `topk_softmax` reads in its kernel (router/fused_topk_router.py L19-22,
+    // `VLLM_MOE_SKIP_PADDING=1` already in 0.28.0 envs.py L1595). Its Triton path allocates
+    // as 0.28.0's: the oracle (oracle/unquantized.py L48-96, Hopper still behind Triton),
+    // experts/triton_moe.py (`workspace_shapes`; `num_align_experts` = w1.shape[0] = E
+    // without an expert map, L332-340), modular_kernel.py (`_allocate_buffers` L1120-1181,
+    // the output `empty_like` L1479; only a deferred finalize that no unquantized Triton
+    // path requests), fused_moe.py, moe_align_block_size.py, v1/worker/workspace.py,
+    // router/fused_topk_router.py the same; qwen3_moe.py as 0.28.0's, mixtral.py (a
+    // W8A8 name mapping); the tuned 16-bit files the same. 0.30.0 the same files (the
+    // unquantized method's kernel set-up moved to `_init_moe_kernel`, `_maybe_pad_weight`
+    // ROCm only; an A100 PCIe E=256,N=512 file). Qwen2-MoE: its `SharedExperts` read
+    // (`qwen2_moe: true`, `moe.rs` `shared_expert_in_op`). docs/reading/vllm-v1-fused-moe.md
+    // §10.
+    fused_moe: FusedMoe::Oracle {
+        triton: Modular {
+            chunk_tokens: None,
+            default_block_m_by_tokens: true,
+            v0_21: Some(RunnerV021 { gate_in_op: false }),
+        },
+        flashinfer_on_hopper: false,
+        deepseek: false,
+        qwen2_moe: true,
+    },
     ..R0_28
 };
 
@@ -1187,7 +1246,26 @@ const R0_31: Release = Release {
     aliases: &["0.31.0", "0.32", "0.32.0"],
     changes: "as 0.29; the profile run under max_split_size_mb=20 (0.31.0 v1/worker/\
               gpu_worker.py:616-626: blocks over 20 MiB are never split), which \
-              vramscope's allocator does not model (it splits as PyTorch's default)",
+              vramscope's allocator does not model (it splits as PyTorch's default); \
+              V2's profile batch routes its dummy tokens to the experts (`is_padding=not \
+              is_profile`, gpu/model_runner.py:1795-1802); Mixtral's and Qwen3-MoE's gate a \
+              `GateLinear` (mixtral.py:111, qwen3_moe.py:170) that falls to `F.linear` in \
+              bf16 without an fp32 `out_dtype` (fused_moe/router/gate_linear.py:234-249), \
+              the fused MoE's allocations as 0.29's",
+    // 0.31.0 (0.32.0 the same files for these): the oracle (a MoonEP backend, XPU's
+    // fallback, `unquantized_round_up_hidden_size_and_intermediate_size` rounding only for
+    // TRT-LLM, oracle/unquantized.py L374-382), experts/triton_moe.py (XPU, EP's
+    // `ignore_invalid_experts`, a pad-aware `moe_sum` with an expert map only),
+    // modular_kernel.py (a deferred finalize no unquantized Triton path takes; the CPU
+    // skips the workspace manager, L1053-1070), moe_align_block_size.py (`scatter_idx` only
+    // when asked: L128-136), v1/worker/workspace.py (keyed persistent resources, used by
+    // Marlin and moe_permute_unpermute only, L130-177), runner/moe_runner.py (the AITER
+    // fused gate's GEMM dispatch) change nothing Triton's unquantized path allocates;
+    // fused_moe.py, the router and no_dp_ep.py the same; Mixtral's and Qwen3-MoE's gate a
+    // `GateLinear`, bf16 `F.linear` here. 0.32.0: the oracle (AITER's intermediate
+    // alignment), gate_linear.py (ROCm tiers) and modular_kernel.py
+    // (`allocate_fused_expert_output` and the routed-experts sink, read with 0.33's below)
+    // only.
     ..R0_29
 };
 
@@ -1313,6 +1391,9 @@ impl Release {
                 FusedMoe::Kernel(_) => Ok(()),
                 FusedMoe::Oracle { .. } if matches!(arch, "mixtral" | "qwen3_moe") => Ok(()),
                 FusedMoe::Oracle { deepseek: true, .. } if mla => Ok(()),
+                FusedMoe::Oracle {
+                    qwen2_moe: true, ..
+                } if arch == "qwen2_moe" => Ok(()),
                 FusedMoe::Oracle { .. } => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' is not modelled under this release: its fused \
                      MoE from 0.21 is reproduced for Mixtral, Qwen3-MoE and DeepSeek only ({}); it is \
@@ -1326,7 +1407,7 @@ impl Release {
                          DeepSeek block of 0.24 and later is not read"
                     },
                     if arch == "qwen2_moe" {
-                        "0.8 and 0.11"
+                        "0.8, 0.11 and 0.29-0.33"
                     } else {
                         "0.11, 0.15, 0.19 and 0.21-0.23 where Triton runs"
                     }
@@ -1334,7 +1415,7 @@ impl Release {
                 FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' (mixture of experts) is not modelled under this \
                      release: {why}; it is reproduced for --vllm 0.8, 0.11, 0.15 and 0.19 (and \
-                     0.21-0.28 for Mixtral and Qwen3-MoE where Triton runs)",
+                     0.21-0.33 for Mixtral and Qwen3-MoE where Triton runs)",
                     self.name
                 ))),
             };
@@ -1375,17 +1456,21 @@ impl Release {
         major: u32,
         group: Option<crate::device::group::MoeGroup>,
     ) -> Result<Option<MoeKernel>> {
-        let (triton, flashinfer_on_hopper, deepseek) = match self.fused_moe {
+        let (triton, flashinfer_on_hopper, deepseek, qwen2_moe) = match self.fused_moe {
             FusedMoe::Kernel(k) => return Ok(Some(k)),
             FusedMoe::Unmodelled(_) => return Ok(None),
             FusedMoe::Oracle {
                 triton,
                 flashinfer_on_hopper,
                 deepseek,
-            } => (triton, flashinfer_on_hopper, deepseek),
+                qwen2_moe,
+            } => (triton, flashinfer_on_hopper, deepseek, qwen2_moe),
         };
         let mla = matches!(arch, "deepseek_v2" | "deepseek_v3" | "kimi_k2");
-        if !(matches!(arch, "mixtral" | "qwen3_moe") || (deepseek && mla)) {
+        if !(matches!(arch, "mixtral" | "qwen3_moe")
+            || (deepseek && mla)
+            || (qwen2_moe && arch == "qwen2_moe"))
+        {
             return Ok(None);
         }
         let flashinfer = match major {
@@ -1857,7 +1942,8 @@ mod tests {
         assert!(release("0.8").unwrap().check_arch("gemma3_text").is_ok());
         for moe in ["mixtral", "qwen3_moe"] {
             for ok in [
-                "0.8.5", "0.11", "0.15", "0.19", "0.21", "0.22", "0.23", "0.24",
+                "0.8.5", "0.11", "0.15", "0.19", "0.21", "0.22", "0.23", "0.24", "0.28", "0.29",
+                "0.30", "0.31", "0.32", "0.33",
             ] {
                 assert!(release(ok).unwrap().check_arch(moe).is_ok(), "{ok}");
             }
@@ -1870,6 +1956,10 @@ mod tests {
                 ("0.23", 9, true),
                 ("0.23", 10, false),
                 ("0.24", 9, true),
+                ("0.29", 8, true),
+                ("0.29", 9, true),
+                ("0.33", 9, true),
+                ("0.33", 10, false),
             ] {
                 let k = release(vllm).unwrap().moe_kernel_on(moe, major, None);
                 match k {
@@ -1880,13 +1970,13 @@ mod tests {
                     Ok(k) => panic!("{vllm} {major}: {k:?}"),
                 }
             }
-            let e = release("0.29")
+            let e = release("0.10.0")
                 .unwrap()
                 .check_arch(moe)
                 .unwrap_err()
                 .to_string();
             assert!(
-                e.contains("reproduced for --vllm 0.8") && e.contains("0.21-0.28"),
+                e.contains("reproduced for --vllm 0.8") && e.contains("0.21-0.33"),
                 "{e}"
             );
             assert!(release(DEFAULT).unwrap().check_arch(moe).is_err());

@@ -245,9 +245,14 @@ fn modular_block_forward(
     layer: &str,
     gpu: &str,
 ) -> Result<Tensor> {
-    if block.shared.is_some() {
+    // Qwen2-MoE's shared expert runs inside the op, before the routing: read for 0.29-0.33's
+    // runner (`shared_expert_in_op`), which `check_arch` admits it under; 0.15 and 0.19 are
+    // refused there.
+    if block.shared.is_some()
+        && (how.v0_21.is_none() || crate::engine::ops_tp::moe_dp(rt).is_some())
+    {
         return Err(crate::base::error::Error::Request(format!(
-            "{layer}: a shared expert under vLLM V1's modular fused MoE (it runs inside the op, before the routing) is not modelled yet"
+            "{layer}: a shared expert under vLLM V1's modular fused MoE (it runs inside the op, before the routing) is modelled for 0.29-0.33 on one GPU or tensor parallel only"
         )));
     }
     let workspace = workspace.ok_or_else(|| {
@@ -270,6 +275,10 @@ fn modular_block_forward(
         Some(((xg, lg), _)) => (xg, lg),
         None => (&x, &logits),
     };
+    let shared = match &block.shared {
+        Some(se) => Some(shared_expert_in_op(rt, &x, se, act, layer)?),
+        None => None,
+    };
     let routing = ops_moe_v1::fused_topk(rt, lin, m.top_k, m.renormalize, &name)?;
     let experts = block.experts(m);
     let mut out =
@@ -286,9 +295,75 @@ fn modular_block_forward(
     if how.v0_21.is_some_and(|v| v.gate_in_op) {
         drop(logits.take());
     }
+    if let Some(shared) = shared {
+        // Qwen2-MoE after the op (`MoERunner.forward`, runner/moe_runner.py 0.29.0 L749-785):
+        // `result = shared_output + fused_output`, a new tensor, all-reduced over ranks
+        // (`_maybe_reduce_final_output`, the sum dying as it is rebound); as `forward`
+        // returns its locals die, the shared output, then the routed one; the router's logits
+        // as the block returns (qwen2_moe.py L179-192), the input as the layer rebinds it.
+        let sum =
+            crate::engine::ops_opt::add(rt, &shared, &out, &format!("{layer}.moe.plus_shared"))?;
+        let red = crate::engine::ops_tp::all_reduce(rt, sum, &format!("{layer}.moe.all_reduce"))?;
+        drop(shared);
+        drop(out);
+        drop(logits);
+        drop(x);
+        return Ok(red);
+    }
     let out = crate::engine::ops_tp::all_reduce(rt, out, &format!("{layer}.moe.all_reduce"))?;
     drop(logits);
     drop(x);
+    Ok(out)
+}
+
+/// Qwen2-MoE's shared expert as 0.29-0.33 run it, inside the fused-MoE op before the routing:
+/// `MoERunner._apply_quant_method` calls `SharedExperts` with `NO_OVERLAP` first
+/// (runner/moe_runner.py 0.29.0 L592-612), the order for more than
+/// `VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD` (256) tokens or when the modular kernel cannot
+/// overlap (`MoEPrepareAndFinalizeNoDPEPModular.supports_async` is False;
+/// runner/shared_experts.py L105-133), and keeps its output until the op returns. The layer
+/// is `Qwen2MoeMLP` with `expert_gate` (qwen2_moe.py 0.29.0 L73-118; 0.33.0 the same):
+/// `gate_up_proj`, `SiluAndMul` (its `forward_native` under torch.compile's default custom
+/// ops: a `silu` temporary, then the product), `down_proj` without all-reduce, the activation
+/// dying as `out` is rebound; then `F.sigmoid(self.expert_gate(x)[0]) * out` inside the same
+/// `forward`, so `gate_up` is still held through the gate (0.8.5 scaled in the block, after
+/// the MLP returned); `gate_up` dies as `forward` returns.
+fn shared_expert_in_op(
+    rt: &Runtime,
+    x: &Tensor,
+    se: &SharedExpert,
+    act: DType,
+    layer: &str,
+) -> Result<Tensor> {
+    let l = format!("{layer}.shared_expert");
+    let i = se.width;
+    let gate_up = se
+        .gate_up
+        .forward(rt, x, &format!("{l}.gate_up_proj"), 0, act)?;
+    let names = ["gate", "up"].map(|n| format!("{l}.{n}"));
+    let mut it = FusedLinear::split(&gate_up, &[i, i], &names).into_iter();
+    let (Some(gate), Some(up)) = (it.next(), it.next()) else {
+        return Err(crate::base::error::Error::Request(format!(
+            "{l}: gate_up split"
+        )));
+    };
+    let act_out = crate::engine::ops::silu_and_mul_native(rt, &gate, &up, &format!("{l}.act"))?;
+    drop((gate, up));
+    let out = se
+        .down
+        .forward(rt, &act_out, &format!("{l}.down_proj"), 0, act)?;
+    drop(act_out);
+    let g = crate::quant::dense_matmul_as(
+        rt,
+        x,
+        &se.gate,
+        &format!("{layer}.shared_expert_gate"),
+        act,
+        &format!("{layer}.shared_expert_gate.out"),
+        Category::Activation,
+    )?;
+    let out = ops_moe::sigmoid_scale(rt, g, out, &l)?;
+    drop(gate_up);
     Ok(out)
 }
 
