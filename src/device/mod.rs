@@ -12,6 +12,7 @@ pub mod cpu_gpt_oss;
 pub mod cpu_opt;
 pub mod cpu_pixtral;
 pub mod cpu_sampler;
+pub mod cpu_llava;
 pub mod cpu_siglip;
 pub(crate) mod cpu_vec;
 pub mod cuda;

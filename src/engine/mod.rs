@@ -20,6 +20,7 @@ pub mod ops_moe_v1;
 pub mod ops_opt;
 pub mod ops_phi;
 pub mod ops_pixtral;
+pub mod ops_llava;
 pub mod ops_siglip;
 pub mod ops_tp;
 pub mod progress;

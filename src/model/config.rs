@@ -1467,6 +1467,9 @@ impl ModelConfig {
 
     /// The `config.json` a Hugging Face loader reads for this shape.
     pub fn to_hf_json(&self, torch_dtype: &str) -> serde_json::Value {
+        if let Some(mm) = &self.llava_next {
+            return self.llava_next_to_hf_json(mm, torch_dtype);
+        }
         if let Some(mm) = &self.mistral3 {
             return self.mistral3_to_hf_json(mm, torch_dtype);
         }

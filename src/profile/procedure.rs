@@ -69,6 +69,8 @@ enum Tower {
     Siglip(Box<crate::model::models::gemma3_mm::Gemma3Vision>),
     /// Mistral 3's Pixtral tower and projector.
     Pixtral(Box<crate::model::models::mistral3::Mistral3Vision>),
+    /// LLaVA-NeXT's SigLIP tower, projector and newline.
+    LlavaNext(Box<crate::model::models::llava_next::LlavaNextVision>),
 }
 
 impl Tower {
@@ -76,23 +78,31 @@ impl Tower {
         match self {
             Tower::Siglip(v) => v.weight_bytes(),
             Tower::Pixtral(v) => v.weight_bytes(),
+            Tower::LlavaNext(v) => v.weight_bytes(),
         }
     }
 
     /// The runner's batched dummy inputs (the pixel values first), then the tower and the
-    /// projector on all of them in one call.
-    fn dummy_and_encode(&self, rt: &Runtime, items: usize) -> Result<(Vec<Tensor>, Tensor)> {
+    /// projector on all of them in one call. The outputs: one tensor of every item's rows
+    /// (Gemma 3, Mistral 3), or one a item (LLaVA-NeXT's merged images).
+    fn dummy_and_encode(&self, rt: &Runtime, items: usize) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         match self {
             Tower::Siglip(v) => {
                 let (px, crops) =
                     crate::model::models::gemma3_mm::dummy_pixels(rt, &v.shape, items, v.act)?;
                 let out = v.encode(rt, &px, items)?;
-                Ok((vec![px, crops], out))
+                Ok((vec![px, crops], vec![out]))
             }
             Tower::Pixtral(v) => {
                 let px = crate::model::models::mistral3::dummy_pixels(rt, &v.shape, items, v.act)?;
                 let out = v.encode(rt, &px, items)?;
-                Ok((vec![px], out))
+                Ok((vec![px], vec![out]))
+            }
+            Tower::LlavaNext(v) => {
+                let (px, sizes) =
+                    crate::model::models::llava_next::dummy_pixels(rt, &v.shape, items, v.act)?;
+                let out = v.encode(rt, &px, items)?;
+                Ok((vec![px, sizes], out))
             }
         }
     }
@@ -110,9 +120,9 @@ impl Encoder {
         rt.set_layer(None);
         rt.marker("mm encoder");
         let items = p.items as usize;
-        let (inputs, out) = v.dummy_and_encode(rt, items)?;
+        let (inputs, mut outs) = v.dummy_and_encode(rt, items)?;
         let per = p.embeds_per_item as usize;
-        let hidden = out.cols();
+        let hidden = outs[0].cols();
         let mut cache = Vec::with_capacity(items);
         if self.pads_to_budget && (per as u64) < p.budget_tokens {
             rt.set_op("encoder_cache.expand");
@@ -121,20 +131,24 @@ impl Encoder {
                     format!("encoder_cache.{i}"),
                     Category::Activation,
                     &[p.budget_tokens as usize, hidden],
-                    out.dtype,
+                    outs[0].dtype,
                 )?;
-                let part = out.part(
-                    format!("encoder_output.{i}"),
-                    i * per * hidden,
-                    &[per, hidden],
-                );
+                let part = if outs.len() == items {
+                    outs[i].part(format!("encoder_output.{i}"), 0, &[per, hidden])
+                } else {
+                    outs[0].part(
+                        format!("encoder_output.{i}"),
+                        i * per * hidden,
+                        &[per, hidden],
+                    )
+                };
                 ops::copy_into(rt, &mut z, 0, &part)?;
                 cache.push(z);
             }
             // The per-image views die with the list they were in: the projector's output.
-            drop(out);
+            drop(outs);
         } else {
-            cache.push(out);
+            cache.append(&mut outs);
         }
         // What the encoder leaves under the text pass: its pixel values, `num_crops` and the
         // cached outputs, as the allocator rounds them. Not the allocator's growth: the
@@ -1217,6 +1231,12 @@ pub(crate) fn run_rank(
                     "model_type gemma3 (multimodal): its SigLIP vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
                 ));
             }
+            if opened.config.llava_next.is_some() && matches!(req.device, DeviceSpec::Cuda { .. })
+            {
+                return Err(Error::Request(
+                    "model_type llava_next (multimodal): its SigLIP vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
+                ));
+            }
             if opened.config.mistral3.is_some() && matches!(req.device, DeviceSpec::Cuda { .. }) {
                 return Err(Error::Request(
                     "model_type mistral3 (multimodal): its Pixtral vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
@@ -1239,18 +1259,26 @@ pub(crate) fn run_rank(
             // "<end_of_image>\n\n" (`full_image_sequence`, gemma3_mm.py 0.11 L166-195,
             // pan-and-scan off); Mistral 3's rows of [IMG] each closed by [IMG_BREAK], the
             // last by [IMG_END] (mistral3.py 0.19 L283-300).
-            let mm_kind = match (&opened.config.gemma3_mm, &opened.config.mistral3) {
-                (Some(mm), _) => Some((
+            // LLaVA-NeXT's image is its `<image>` token repeated once an embedding
+            // (`get_num_image_tokens`, llava_next.py 0.19 L104-139; the largest image's,
+            // L175-190).
+            let c = &opened.config;
+            let mm_kind = match (&c.gemma3_mm, &c.mistral3, &c.llava_next) {
+                (Some(mm), _, _) => Some((
                     "gemma3",
                     (
                         mm.mm_tokens_per_image as u64,
                         mm.mm_tokens_per_image as u64 + 4,
                     ),
                 )),
-                (None, Some(mm)) => Some((
+                (None, Some(mm), _) => Some((
                     "mistral3",
                     (mm.embeds_per_image() as u64, mm.placeholder_tokens() as u64),
                 )),
+                (None, None, Some(mm)) => {
+                    let t = mm.max_feature_image().2 as u64;
+                    Some(("llava_next", (t, t)))
+                }
                 _ => None,
             };
             let encoder = match mm_kind {
@@ -1288,6 +1316,15 @@ pub(crate) fn run_rank(
                         )?;
                         v.tower.varlen_attention = profile.vision_attention.varlen(device_major);
                         Some(Tower::Siglip(Box::new(v)))
+                    } else if kind == "llava_next" {
+                        let mut v = crate::model::models::llava_next::LlavaNextVision::load(
+                            &rt,
+                            &opened.config,
+                            opened.source.as_ref(),
+                            &opts,
+                        )?;
+                        v.tower.varlen_attention = profile.vision_attention.varlen(device_major);
+                        Some(Tower::LlavaNext(Box::new(v)))
                     } else {
                         let mut v = crate::model::models::mistral3::Mistral3Vision::load(
                             &rt,
@@ -1298,7 +1335,7 @@ pub(crate) fn run_rank(
                         v.xformers = pixtral_xformers;
                         Some(Tower::Pixtral(Box::new(v)))
                     };
-                    let attention = if kind == "gemma3" {
+                    let attention = if kind == "gemma3" || kind == "llava_next" {
                         profile.vision_attention.label(device_major)
                     } else if pixtral_xformers {
                         "xFormers memory-efficient (block-diagonal bias)"

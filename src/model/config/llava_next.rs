@@ -7,7 +7,7 @@
 //! Read as vLLM 0.19.0's llava_next.py, llava.py, siglip.py and vision.py build it:
 //!
 //! - the tower is built only up to the deepest feature layer (`_get_num_hidden_layers`,
-//!   llava.py 0.19 L438-455, with vision.py's `get_layer_index`: -1 is the last layer) and
+//!   llava.py 0.19 L438-455, with utils.py's `get_layer_index`: -1 is the last layer) and
 //!   without `post_layernorm` (`require_post_norm=False`, llava_next.py 0.19 L279-284) or the
 //!   pooling head (`use_head=False`, siglip.py 0.19 L851-869); the checkpoint's other tower
 //!   tensors are skipped (siglip.py 0.19 L907-927);
@@ -42,6 +42,11 @@ pub struct LlavaNextShape {
     pub projector_bias: bool,
     /// The `<image>` token (`image_token_index`).
     pub image_token_index: usize,
+    /// Whether the checkpoint holds the tower's pooling head: transformers' SiglipVisionModel
+    /// builds one unless `vision_config.vision_use_head` is false (SiglipVisionConfig has no
+    /// such key, so granite-vision's saved tower carries it); vLLM never loads it
+    /// (`use_head=False`, siglip.py 0.19 L851-860, skipped at L922-924).
+    pub head_in_checkpoint: bool,
 }
 
 /// Where the tower's, projector's and newline's tensors sit in the checkpoint (transformers
@@ -51,9 +56,9 @@ pub const TOWER: &str = "vision_tower.vision_model";
 pub const PROJECTOR: &str = "multi_modal_projector";
 pub const NEWLINE: &str = "image_newline";
 
-/// vision.py's `get_layer_index`: a negative index counts from the end (-1 is the last
+/// `get_layer_index` (models/utils.py 0.19 L882-892): a negative index counts from the end (-1 is the last
 /// layer, `num_layers`); `None` when it is out of range.
-fn layer_index(i: i64, num_layers: usize) -> Option<usize> {
+pub(crate) fn layer_index(i: i64, num_layers: usize) -> Option<usize> {
     let n = num_layers as i64;
     let at = if i < 0 { n + i + 1 } else { i };
     (0..=n).contains(&at).then_some(at as usize)
@@ -69,6 +74,17 @@ impl LlavaNextShape {
     /// granite-vision's four layers of 1152).
     pub fn feature_width(&self) -> usize {
         self.vision.hidden_size * self.feature_layers.len()
+    }
+
+    /// Which of the encoder's outputs (the embeddings, then each layer's) the feature layers
+    /// take, in order: `resolve_visual_encoder_outputs` indexes the list of `layers_used + 1`
+    /// by the config's index, a negative one offset by the layers not built (vision.py 0.19
+    /// L253-260), which is `get_layer_index` of the checkpoint's count.
+    pub fn pool_indices(&self) -> Vec<usize> {
+        self.feature_layers
+            .iter()
+            .map(|&l| layer_index(l, self.vision.num_layers).expect("checked at parse"))
+            .collect()
     }
 
     /// Tokens one tile gives after the feature selection (`get_num_selected_vision_tokens`,
@@ -106,23 +122,30 @@ impl LlavaNextShape {
         (ph / side, pw / side)
     }
 
-    /// `get_num_image_tokens` (llava_next.py 0.19 L104-173): the base tile's tokens, the
-    /// unpadded tiles' and one newline a row.
-    pub fn num_image_tokens(&self, h: usize, w: usize) -> usize {
+    /// `_get_num_unpadded_features` (llava_next.py 0.19 L142-173) and `unpad_image`
+    /// (transformers' modeling_llava_next): the window `(top, left, height, width)`, in
+    /// patches, the tiles of an `h × w` image keep once their padding is cut.
+    pub fn unpad_window(&self, h: usize, w: usize) -> (usize, usize, usize, usize) {
         let (rows, cols) = self.grid_shape(h, w);
         let np = self.vision.patches_per_side();
-        let (mut ch, mut cw) = (np * rows, np * cols);
+        let (ch, cw) = (np * rows, np * cols);
         let aspect = w as f64 / h as f64;
         let current = cw as f64 / ch as f64;
         if aspect > current {
             let new_h = round7(h as f64 * (cw as f64 / w as f64)) as usize;
             let pad = (ch - new_h.min(ch)) / 2;
-            ch -= 2 * pad;
+            (pad, 0, ch - 2 * pad, cw)
         } else {
             let new_w = round7(w as f64 * (ch as f64 / h as f64)) as usize;
             let pad = (cw - new_w.min(cw)) / 2;
-            cw -= 2 * pad;
+            (0, pad, ch, cw - 2 * pad)
         }
+    }
+
+    /// `get_num_image_tokens` (llava_next.py 0.19 L104-139): the base tile's tokens, the
+    /// unpadded tiles' and one newline a row.
+    pub fn num_image_tokens(&self, h: usize, w: usize) -> usize {
+        let (_, _, ch, cw) = self.unpad_window(h, w);
         ch * cw + ch + self.base_tokens()
     }
 
@@ -149,7 +172,8 @@ impl LlavaNextShape {
     }
 
     /// The vision tower's, projector's and newline's tensors as the checkpoint stores them
-    /// (every tower layer and `post_layernorm`, which vLLM skips).
+    /// (every tower layer, `post_layernorm` and the pooling head where saved, which vLLM
+    /// skips).
     pub fn tensor_shapes(&self, text_hidden: usize) -> Vec<(String, Vec<usize>)> {
         let s = &self.vision;
         let (d, i) = (s.hidden_size, s.intermediate_size);
@@ -181,6 +205,22 @@ impl LlavaNextShape {
         }
         out.push((format!("{TOWER}.post_layernorm.weight"), vec![d]));
         out.push((format!("{TOWER}.post_layernorm.bias"), vec![d]));
+        if self.head_in_checkpoint {
+            // SiglipMultiheadAttentionPoolingHead: the probe, nn.MultiheadAttention's packed
+            // in_proj and out_proj, a LayerNorm and a SiglipMLP.
+            let h = format!("{TOWER}.head");
+            out.push((format!("{h}.probe"), vec![1, 1, d]));
+            out.push((format!("{h}.attention.in_proj_weight"), vec![3 * d, d]));
+            out.push((format!("{h}.attention.in_proj_bias"), vec![3 * d]));
+            out.push((format!("{h}.attention.out_proj.weight"), vec![d, d]));
+            out.push((format!("{h}.attention.out_proj.bias"), vec![d]));
+            out.push((format!("{h}.layernorm.weight"), vec![d]));
+            out.push((format!("{h}.layernorm.bias"), vec![d]));
+            out.push((format!("{h}.mlp.fc1.weight"), vec![i, d]));
+            out.push((format!("{h}.mlp.fc1.bias"), vec![i]));
+            out.push((format!("{h}.mlp.fc2.weight"), vec![d, i]));
+            out.push((format!("{h}.mlp.fc2.bias"), vec![d]));
+        }
         let th = text_hidden;
         out.push((
             format!("{PROJECTOR}.linear_1.weight"),
@@ -198,9 +238,11 @@ impl LlavaNextShape {
     }
 
     /// Whether vLLM loads a checkpoint tensor: not the layers past the deepest feature
-    /// layer, not `post_layernorm`.
+    /// layer, not `post_layernorm`, not the pooling head.
     pub fn loads(&self, name: &str) -> bool {
-        if name.starts_with(&format!("{TOWER}.post_layernorm")) {
+        if name.starts_with(&format!("{TOWER}.post_layernorm"))
+            || name.starts_with(&format!("{TOWER}.head."))
+        {
             return false;
         }
         if let Some(rest) = name.strip_prefix(&format!("{TOWER}.encoder.layers.")) {
@@ -288,6 +330,12 @@ impl ModelConfig {
                 ));
             }
         }
+        let head_in_checkpoint = match vis.get("vision_use_head") {
+            None | Some(serde_json::Value::Null) => true,
+            Some(b) => b
+                .as_bool()
+                .ok_or("vision_config.vision_use_head must be true or false")?,
+        };
         let e =
             |r: std::result::Result<usize, String>| r.map_err(|e| format!("vision_config: {e}"));
         let vision = SiglipShape {
@@ -407,8 +455,56 @@ impl ModelConfig {
             pinpoints,
             projector_bias,
             image_token_index: count_or(v, "image_token_index", 32000, 1 << 24)?,
+            head_in_checkpoint,
         });
         Ok(cfg)
+    }
+}
+
+impl ModelConfig {
+    /// The `LlavaNextConfig` a Hugging Face loader reads: the language model as its
+    /// `text_config`, the tower's and the anyres keys.
+    pub(super) fn llava_next_to_hf_json(
+        &self,
+        mm: &LlavaNextShape,
+        torch_dtype: &str,
+    ) -> serde_json::Value {
+        let text = ModelConfig {
+            llava_next: None,
+            ..self.clone()
+        }
+        .to_hf_json(torch_dtype);
+        let v = &mm.vision;
+        let mut vision = serde_json::json!({
+            "model_type": "siglip_vision_model",
+            "hidden_act": "gelu_pytorch_tanh",
+            "hidden_size": v.hidden_size,
+            "intermediate_size": v.intermediate_size,
+            "num_hidden_layers": v.num_layers,
+            "num_attention_heads": v.num_heads,
+            "num_channels": v.num_channels,
+            "image_size": v.image_size,
+            "patch_size": v.patch_size,
+            "layer_norm_eps": v.layer_norm_eps,
+        });
+        if !mm.head_in_checkpoint {
+            vision["vision_use_head"] = false.into();
+        }
+        serde_json::json!({
+            "architectures": ["LlavaNextForConditionalGeneration"],
+            "model_type": "llava_next",
+            "image_token_index": mm.image_token_index,
+            "image_grid_pinpoints": mm.pinpoints.iter().map(|&(h, w)| [h, w]).collect::<Vec<_>>(),
+            "multimodal_projector_bias": mm.projector_bias,
+            "projector_hidden_act": "gelu",
+            "use_image_newline_parameter": true,
+            "vision_feature_layer": mm.feature_layers,
+            "vision_feature_select_strategy": if mm.select_full { "full" } else { "default" },
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "text_config": text,
+            "vision_config": vision,
+            "torch_dtype": torch_dtype,
+        })
     }
 }
 
