@@ -685,8 +685,8 @@ fn plan_names_the_encoders_share_for_granite_vision() {
     );
     for want in [
         "Encoder cache will be initialized with a budget of 8289 tokens, and profiled with 1 image items of the maximum feature size.",
-        "encoder (vision tower + projector): weights 813.7 MiB",
-        "profile of 1 images of 8289 tokens into a budget of 8289 tokens (FlashAttention varlen attention)",
+        "encoder (vision tower + projector): weights 813.7 MiB (14.3 % of the weights); profile of 1 images of 8289 tokens into a budget of 8289 tokens (FlashAttention varlen attention): its phase peaks at 686.8 MiB, it holds 41.7 MiB (pixel values and the encoder cache) under the text pass, so 41.7 MiB of the 812.3 MiB peak activation (5.1 %) is the encoder's",
+        "Actual usage is 5.54 GiB for weight, 0.79 GiB for peak activation",
     ] {
         assert!(out.contains(want), "{want}: {out}");
     }
@@ -694,6 +694,26 @@ fn plan_names_the_encoders_share_for_granite_vision() {
     eprintln!("{text}");
     assert!(text.contains("no encoder profile"), "{text}");
     assert!(!text.contains("Encoder cache will be initialized"), "{text}");
+
+    // Read at 0.19 only: an older release is refused by name.
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args([
+            "plan",
+            "--vllm",
+            "0.11",
+            "--device",
+            "sim:h100-sxm:dry",
+            "--",
+            "vllm",
+            "serve",
+            "ibm-granite/granite-vision-3.2-2b",
+        ])
+        .env("HF_HUB_CACHE", cache.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("vLLM 0.11's LLaVA-NeXT is not modelled"), "{err}");
 
     // The same in the library, on the preset: the bytes behind those lines.
     let mut req = request("preset:granite-vision-3.2-2b", "sim:h100-sxm:dry", "0.19");
@@ -747,7 +767,7 @@ fn plan_names_the_encoders_share_for_granite_vision() {
         "image_embeds.0.newline_cat",
         "image_embeds.0",
     ] {
-        assert!(names.contains(&want), "{want}");
+        assert!(names.iter().any(|n| n.starts_with(want)), "{want}");
     }
     assert!(names
         .iter()

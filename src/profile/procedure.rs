@@ -1289,6 +1289,14 @@ pub(crate) fn run_rank(
                             release.name
                         )));
                     };
+                    // LLaVA-NeXT is read at 0.19 (llava_next.py, llava.py, siglip.py): its
+                    // tower's position embedding differs from the older releases' reading.
+                    if kind == "llava_next" && release.name != "0.19" {
+                        return Err(Error::Request(format!(
+                            "model_type llava_next (multimodal): vLLM {}'s LLaVA-NeXT is not modelled; its 0.19 reading is (--vllm 0.19)",
+                            release.name
+                        )));
+                    }
                     let plan = super::multimodal::plan(
                         per_item,
                         profile,

@@ -361,12 +361,13 @@ impl ModelConfig {
                 vision.hidden_size, vision.num_heads
             ));
         }
-        if vision.patch_size > vision.image_size
-            || !vision.image_size.is_multiple_of(vision.patch_size)
-        {
+        // The convolution is "valid": 384-pixel crops in patches of 14 give 27 a side, the
+        // last 6 pixels unread (siglip.py 0.19 L292-300: a "valid" Conv2d, `(image_size //
+        // patch_size) ** 2` patches).
+        if vision.patch_size > vision.image_size {
             return Err(format!(
-                "vision_config: image_size {} is not a multiple of patch_size {}",
-                vision.image_size, vision.patch_size
+                "vision_config: patch_size {} is larger than image_size {}",
+                vision.patch_size, vision.image_size
             ));
         }
         // LlavaNextConfig's default feature layer is -2.

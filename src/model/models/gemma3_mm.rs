@@ -53,6 +53,8 @@ pub struct SiglipTower {
     /// This rank's rows of `[num_patches, D]`.
     pub pos_embed: Tensor,
     pub pos_first_row: usize,
+    /// `VocabParallelEmbedding` positions (Gemma 3's reading) or an `nn.Embedding`'s.
+    pub pos_vocab_parallel: bool,
     pub layers: Vec<SiglipLayer>,
     /// FlashAttention's varlen call (its `cu_seqlens`) or SDPA (none): the release's vision
     /// attention backend on this GPU.
@@ -73,13 +75,16 @@ pub struct Gemma3Vision {
 impl SiglipTower {
     /// Loads the embeddings and the first `num_layers` encoder layers under `prefix` (the
     /// checkpoint's `vision_tower.vision_model`) through the framework allocator, in vLLM's
-    /// order.
+    /// order. The position embedding is a `VocabParallelEmbedding` (rows padded to 64 and
+    /// split over ranks) with `pos_vocab_parallel`, else an `nn.Embedding` whole on every rank
+    /// (siglip.py 0.19 L301-303).
     pub(crate) fn load(
         rt: &Runtime,
         ld: &mut Loader,
         s: &SiglipShape,
         prefix: &str,
         num_layers: usize,
+        pos_vocab_parallel: bool,
     ) -> Result<Self> {
         let shard = {
             let (rank, size) = rt.tp().map_or((0, 1), |t| (t.rank, t.size));
@@ -104,16 +109,14 @@ impl SiglipTower {
         )?;
         let patch_b = ld.dense(&format!("{e}.patch_embedding.bias"), &[d])?;
         let np = s.num_patches();
-        let padded = np.div_ceil(64) * 64;
-        let (pos_first_row, pos_len) = shard.vocab_rows(padded);
-        let pos_embed = ld.vocab_shard(
-            &format!("{e}.position_embedding.weight"),
-            np,
-            d,
-            padded,
-            pos_first_row,
-            pos_len,
-        )?;
+        let pos_name = format!("{e}.position_embedding.weight");
+        let (pos_first_row, pos_embed) = if pos_vocab_parallel {
+            let padded = np.div_ceil(64) * 64;
+            let (first, len) = shard.vocab_rows(padded);
+            (first, ld.vocab_shard(&pos_name, np, d, padded, first, len)?)
+        } else {
+            (0, ld.dense(&pos_name, &[np, d])?)
+        };
         let (q_first, q_len) = (shard.rank * d / shard.size, d / shard.size);
         let (f_first, f_len) = (shard.rank * i / shard.size, i / shard.size);
         let mut layers = Vec::with_capacity(num_layers);
@@ -164,6 +167,7 @@ impl SiglipTower {
             patch_b,
             pos_embed,
             pos_first_row,
+            pos_vocab_parallel,
             layers,
             varlen_attention: true,
         })
@@ -211,7 +215,7 @@ impl SiglipTower {
             "vision.embeddings",
         )?;
         let ids: Vec<u32> = (0..np as u32).collect();
-        let pos = if rt.tp().is_some() {
+        let pos = if rt.tp().is_some() && self.pos_vocab_parallel {
             ops_tp::vocab_parallel_embedding(
                 rt,
                 &ids,
@@ -374,7 +378,7 @@ impl Gemma3Vision {
         let mut ld = Loader::new(rt, src, opts, shape.tensor_shapes(cfg.hidden_size).len());
         let act = ld.act;
         let d = s.hidden_size;
-        let tower = SiglipTower::load(rt, &mut ld, s, TOWER, s.num_layers)?;
+        let tower = SiglipTower::load(rt, &mut ld, s, TOWER, s.num_layers, true)?;
         let post_layernorm = layer_norm(&mut ld, &format!("{TOWER}.post_layernorm"), d)?;
         let proj_w = ld.dense(
             &format!("{PROJECTOR}.mm_input_projection_weight"),

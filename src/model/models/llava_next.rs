@@ -16,7 +16,7 @@ use crate::model::config::llava_next::{NEWLINE, PROJECTOR, TOWER};
 use crate::model::config::{LlavaNextShape, ModelConfig};
 use crate::model::layers::linear::BiasedLinear;
 use crate::model::layers::tp::TpShard;
-use crate::model::loader::{LoadOptions, Loader, Slice};
+use crate::model::loader::{LoadOptions, Loader};
 use crate::model::weights::WeightSource;
 
 /// The tower, `image_newline` and the projector of a `LlavaNextForConditionalGeneration`.
@@ -58,7 +58,14 @@ impl LlavaNextVision {
         let th = cfg.hidden_size;
         let mut ld = Loader::new(rt, src, opts, shape.tensor_shapes(th).len());
         let act = ld.act;
-        let tower = SiglipTower::load(rt, &mut ld, &shape.vision, TOWER, shape.layers_used)?;
+        let tower = SiglipTower::load(
+            rt,
+            &mut ld,
+            &shape.vision,
+            TOWER,
+            shape.layers_used,
+            false,
+        )?;
         rt.set_layer(None);
         let newline = ld.dense(NEWLINE, &[th])?;
         let shard = {
