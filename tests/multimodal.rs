@@ -693,7 +693,10 @@ fn plan_names_the_encoders_share_for_granite_vision() {
     let text = plan(&["--limit-mm-per-prompt", r#"{"image":0}"#]);
     eprintln!("{text}");
     assert!(text.contains("no encoder profile"), "{text}");
-    assert!(!text.contains("Encoder cache will be initialized"), "{text}");
+    assert!(
+        !text.contains("Encoder cache will be initialized"),
+        "{text}"
+    );
 
     // Read at 0.19 only: an older release is refused by name.
     let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
@@ -713,7 +716,10 @@ fn plan_names_the_encoders_share_for_granite_vision() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("vLLM 0.11's LLaVA-NeXT is not modelled"), "{err}");
+    assert!(
+        err.contains("vLLM 0.11's LLaVA-NeXT is not modelled"),
+        "{err}"
+    );
 
     // The same in the library, on the preset: the bytes behind those lines.
     let mut req = request("preset:granite-vision-3.2-2b", "sim:h100-sxm:dry", "0.19");

@@ -14,7 +14,11 @@ pub fn cat_cols(parts: &[&[f32]], (rows, d): (usize, usize), out: &mut [f32]) {
 
 /// `other.view(rows, cols, g, g, h).permute(4, 0, 2, 1, 3).contiguous()`: the tiles
 /// `[rows · cols, g², h]` as `[h, rows · g, cols · g]`.
-pub fn tiles_to_planes(tiles: &[f32], (rows, cols, g, h): (usize, usize, usize, usize), out: &mut [f32]) {
+pub fn tiles_to_planes(
+    tiles: &[f32],
+    (rows, cols, g, h): (usize, usize, usize, usize),
+    out: &mut [f32],
+) {
     let (hh, ww) = (rows * g, cols * g);
     for (i, v) in tiles.iter().enumerate() {
         let c = i % h;

@@ -1231,8 +1231,7 @@ pub(crate) fn run_rank(
                     "model_type gemma3 (multimodal): its SigLIP vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
                 ));
             }
-            if opened.config.llava_next.is_some() && matches!(req.device, DeviceSpec::Cuda { .. })
-            {
+            if opened.config.llava_next.is_some() && matches!(req.device, DeviceSpec::Cuda { .. }) {
                 return Err(Error::Request(
                     "model_type llava_next (multimodal): its SigLIP vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
                 ));

@@ -246,7 +246,11 @@ impl LlavaNextShape {
             return false;
         }
         if let Some(rest) = name.strip_prefix(&format!("{TOWER}.encoder.layers.")) {
-            let l: usize = rest.split('.').next().and_then(|x| x.parse().ok()).unwrap_or(0);
+            let l: usize = rest
+                .split('.')
+                .next()
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(0);
             return l < self.layers_used;
         }
         true
@@ -428,13 +432,14 @@ impl ModelConfig {
                 .collect::<Option<Vec<_>>>()
                 .filter(|p| !p.is_empty())
                 .ok_or("image_grid_pinpoints must be a list of [height, width] pairs")?,
-            Some(_) => return Err("image_grid_pinpoints must be a list of [height, width] pairs".into()),
+            Some(_) => {
+                return Err("image_grid_pinpoints must be a list of [height, width] pairs".into())
+            }
         };
         let side = vision.image_size;
-        if let Some(&(h, w)) = pinpoints
-            .iter()
-            .find(|&&(h, w)| h == 0 || w == 0 || h % side != 0 || w % side != 0 || h > 1 << 15 || w > 1 << 15)
-        {
+        if let Some(&(h, w)) = pinpoints.iter().find(|&&(h, w)| {
+            h == 0 || w == 0 || h % side != 0 || w % side != 0 || h > 1 << 15 || w > 1 << 15
+        }) {
             return Err(format!(
                 "image_grid_pinpoints [{h}, {w}] is not a whole number of {side}-pixel tiles"
             ));

@@ -58,14 +58,7 @@ impl LlavaNextVision {
         let th = cfg.hidden_size;
         let mut ld = Loader::new(rt, src, opts, shape.tensor_shapes(th).len());
         let act = ld.act;
-        let tower = SiglipTower::load(
-            rt,
-            &mut ld,
-            &shape.vision,
-            TOWER,
-            shape.layers_used,
-            false,
-        )?;
+        let tower = SiglipTower::load(rt, &mut ld, &shape.vision, TOWER, shape.layers_used, false)?;
         rt.set_layer(None);
         let newline = ld.dense(NEWLINE, &[th])?;
         let shard = {
@@ -120,9 +113,7 @@ impl LlavaNextVision {
     pub fn features(&self, rt: &Runtime, pixels: &Tensor, crops: usize) -> Result<Tensor> {
         let act = self.act;
         let layers = self.shape.pool_indices();
-        let pool = self
-            .tower
-            .forward(rt, pixels, crops, layers.len() > 1)?;
+        let pool = self.tower.forward(rt, pixels, crops, layers.len() > 1)?;
         rt.set_layer(None);
         let stacked = if layers.len() > 1 {
             let parts: Vec<&Tensor> = layers.iter().map(|&i| &pool[i]).collect();
@@ -210,7 +201,12 @@ pub fn dummy_pixels(
         ],
         act,
     )?;
-    let sizes = rt.tensor("image_sizes", Category::Activation, &[images, 2], DType::I64)?;
+    let sizes = rt.tensor(
+        "image_sizes",
+        Category::Activation,
+        &[images, 2],
+        DType::I64,
+    )?;
     Ok((px, sizes))
 }
 
