@@ -802,3 +802,61 @@ fn plan_names_the_encoders_share_for_granite_vision() {
         e.phase_peak_bytes
     );
 }
+
+/// docs/cli.md's "Multimodal models (LLaVA-NeXT)" lines, read from the file and run as
+/// written (the preset: an empty hub cache), with the numbers its text quotes.
+#[test]
+fn the_documented_llava_next_lines_run_as_written() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+    let section = doc
+        .split("### Multimodal models (LLaVA-NeXT)")
+        .nth(1)
+        .unwrap()
+        .split("\n### ")
+        .next()
+        .unwrap();
+    let lines: Vec<&str> = section
+        .lines()
+        .filter(|l| l.starts_with("vramscope "))
+        .collect();
+    assert_eq!(lines.len(), 2, "{section}");
+    let cache = tempfile::tempdir().unwrap();
+    let outs: Vec<String> = lines
+        .iter()
+        .map(|line| {
+            let words = shell_words(line);
+            let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+                .args(&words[1..])
+                .env("HF_HUB_CACHE", cache.path())
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{line}: {err}");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+        .collect();
+    for (out, want) in [
+        (
+            &outs[0],
+            &[
+                "granite-vision-3.2-2b bf16",
+                "Encoder cache will be initialized with a budget of 8289 tokens, and profiled with 1 image items of the maximum feature size.",
+                "Actual usage is 5.54 GiB for weight, 0.79 GiB for peak activation",
+                "weights 813.7 MiB (14.3 % of the weights)",
+                "its phase peaks at 686.8 MiB, it holds 41.7 MiB (pixel values and the encoder cache)",
+            ][..],
+        ),
+        (
+            &outs[1],
+            &[
+                "Actual usage is 4.74 GiB for weight, 0.75 GiB for peak activation",
+                "no encoder profile",
+            ][..],
+        ),
+    ] {
+        for w in want {
+            assert!(out.contains(w), "{w}: {out}");
+        }
+    }
+    assert!(!outs[1].contains("Encoder cache will be initialized"));
+}

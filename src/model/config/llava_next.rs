@@ -10,7 +10,7 @@
 //!   llava.py 0.19 L438-455, with utils.py's `get_layer_index`: -1 is the last layer) and
 //!   without `post_layernorm` (`require_post_norm=False`, llava_next.py 0.19 L279-284) or the
 //!   pooling head (`use_head=False`, siglip.py 0.19 L851-869); the checkpoint's other tower
-//!   tensors are skipped (siglip.py 0.19 L907-927);
+//!   tensors are skipped (siglip.py 0.19 L910-927);
 //! - the projector's input is `hidden_size × len(vision_feature_layer)` wide
 //!   (llava_next.py 0.19 L253-268), `linear_1` a ColumnParallelLinear and `linear_2` a
 //!   RowParallelLinear (llava.py 0.19 L128-160);
@@ -45,7 +45,7 @@ pub struct LlavaNextShape {
     /// Whether the checkpoint holds the tower's pooling head: transformers' SiglipVisionModel
     /// builds one unless `vision_config.vision_use_head` is false (SiglipVisionConfig has no
     /// such key, so granite-vision's saved tower carries it); vLLM never loads it
-    /// (`use_head=False`, siglip.py 0.19 L851-860, skipped at L922-924).
+    /// (`use_head=False`, siglip.py 0.19 L851-860, skipped at L918-921).
     pub head_in_checkpoint: bool,
 }
 
@@ -532,6 +532,24 @@ mod tests {
         assert_eq!(mm.vision.num_patches(), 729);
         assert!(!mm.loads("vision_tower.vision_model.post_layernorm.weight"));
         assert!(mm.loads("vision_tower.vision_model.encoder.layers.26.mlp.fc1.weight"));
+    }
+
+    /// The published checkpoint's parameters, derived by hand from its config (the index's
+    /// total_size could not be read from here): the granite language model 2,533,533,696
+    /// (49156 × 2048 tied embeddings, 40 layers of q/o 2048², k/v 2048 × 512, gate/up/down
+    /// 3 × 2048 × 8192 and two norms, the final norm), the tower as transformers saves it
+    /// 428,225,600 (27 layers, `post_layernorm` and the pooling head vLLM skips), the
+    /// projector and newline 13,637,632: 2,975,396,928, so 5,950,793,856 bytes in bf16 and
+    /// 11,901,587,712 in f32.
+    #[test]
+    fn granite_visions_checkpoint_counts_its_parameters() {
+        let c = granite_vision();
+        let mm = c.llava_next.as_ref().unwrap();
+        let (tower, post, head, rest) = (412_984_944u64, 2 * 1152, 15_238_352, 13_637_632);
+        assert_eq!(mm.param_count(2048), tower + post + head + rest);
+        assert_eq!(mm.loaded_param_count(2048), tower + rest);
+        assert_eq!(c.param_count(), 2_975_396_928);
+        assert_eq!(c.param_count() - mm.param_count(2048), 2_533_533_696);
     }
 
     #[test]
