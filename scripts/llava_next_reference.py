@@ -13,7 +13,9 @@ Run:      python3 scripts/llava_next_reference.py DIR          (transformers + t
 The crops are the test's: crop n, channel c, row y, column x holds
 sin(0.013 * ((c * S + y) * S + x) + 0.5 * n). One image of the first grid pinpoint's size,
 so its crops are the base and the pinpoint's tiles. Prints the projected crops
-[crops * patches, text hidden] as a Rust array.
+[crops * patches, text hidden] as a Rust array (HF_EMBEDS), then the image they merge into
+(HF_MERGED: `pack_image_features`, the base crop then the unpadded tiles' rows each closed by
+`image_newline`, what vLLM's `_merge_image_patch_embeddings` "spatial_unpad" makes).
 """
 import json
 import math
@@ -45,6 +47,27 @@ def emit(values, how):
     common.emit(values, how, CROPS)
 
 
+def emit_merged(values):
+    print(f"// the merged image: {len(values)} values")
+    print(f"const HF_MERGED: [f64; {len(values)}] = [")
+    for i in range(0, len(values), 6):
+        print("    " + ", ".join(f"{v:.8e}" for v in values[i:i + 6]) + ",")
+    print("];")
+
+
+def unpad_window(rows, cols, g):
+    """transformers' unpad_image on the [rows * g, cols * g] planes of a PH x PW image:
+    (top, left, height, width)."""
+    ch, cw = rows * g, cols * g
+    if PW / PH > cw / ch:
+        new_h = int(round(PH * (cw / PW), 7))
+        pad = (ch - new_h) // 2
+        return pad, 0, ch - 2 * pad, cw
+    new_w = int(round(PW * (ch / PH), 7))
+    pad = (cw - new_w) // 2
+    return 0, pad, ch, cw - 2 * pad
+
+
 if not pure:
     import torch
     from importlib.metadata import version
@@ -71,9 +94,12 @@ if not pure:
                   file=sys.stderr)
         else:
             print(f"// get_image_features returned {type(got)}, not compared", file=sys.stderr)
+        merged, _ = inner.pack_image_features([out], torch.tensor([[PH, PW]]), "full",
+                                              image_newline=inner.image_newline)
     emit(out.reshape(-1).tolist(),
          f"transformers {version('transformers')}, torch {torch.__version__}, "
          f"{type(model).__name__}: vision_tower hidden_states {LAYERS} then multi_modal_projector, fp32 CPU")
+    emit_merged(merged.reshape(-1).tolist())
     sys.exit(0)
 
 
@@ -157,3 +183,18 @@ for n in range(CROPS):
     for r in x:
         result.extend(r)
 emit(result, "plain Python (transformers' SiglipVisionModel hidden_states and LlavaNextMultiModalProjector math), fp64")
+
+# pack_image_features: the base crop, then the tiles as one [rows * g, cols * g] grid of
+# patches, unpadded, each row closed by image_newline.
+rows, cols = PH // S, PW // S
+crop = [result[n * g * g * TH:(n + 1) * g * g * TH] for n in range(CROPS)]
+newline = W["image_newline"]
+top, left, ch, cw = unpad_window(rows, cols, g)
+merged = list(crop[0])
+for y in range(top, top + ch):
+    for x in range(left, left + cw):
+        t = 1 + (y // g) * cols + x // g
+        p = (y % g) * g + x % g
+        merged.extend(crop[t][p * TH:(p + 1) * TH])
+    merged.extend(newline)
+emit_merged(merged)

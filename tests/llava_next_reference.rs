@@ -4,12 +4,13 @@
 //! stored values say which), on a small seeded `llava_next` checkpoint this test writes: a
 //! granite language model of width 32, a tower of 3 layers of width 32 (4 heads of 8, MLP 48)
 //! over 28-pixel crops in 16 patches of 7, feature layers [-3, -2] (so the tower is built up to
-//! layer 2 of 3), projected from 64 to 32. One image of the 28 × 56 pinpoint: 3 crops.
+//! layer 2 of 3), projected from 64 to 32. One image of the 56 × 28 pinpoint (the one of the
+//! most features, 56: 16 of the base crop, 2 × 1 tiles of 4 × 4 patches, 8 newlines): 3 crops.
 
 use std::path::Path;
 
 use vramscope::base::units::relative_l2;
-use vramscope::model::models::llava_next::encode_test_images;
+use vramscope::model::models::llava_next::{encode_test_image_merged, encode_test_images};
 use vramscope::model::weights::StoredDtype;
 use vramscope::model::{gen_model_config_with, GenOptions, ModelConfig};
 
@@ -21,7 +22,7 @@ include!("fixtures/llava_next/reference.rs");
 fn tiny() -> ModelConfig {
     ModelConfig::from_hf_json(&serde_json::json!({
         "architectures": ["LlavaNextForConditionalGeneration"], "model_type": "llava_next",
-        "image_token_index": 1000, "image_grid_pinpoints": [[28, 56], [56, 28]],
+        "image_token_index": 1000, "image_grid_pinpoints": [[56, 28], [28, 56]],
         "vision_feature_layer": [-3, -2], "vision_feature_select_strategy": "full",
         "text_config": {"model_type": "granite", "hidden_size": 32,
             "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -83,4 +84,18 @@ fn the_tower_features_and_projector_match_the_reference() {
     assert!(e < 1e-3, "relative L2 {e:.3e}");
     let norm = theirs.iter().map(|v| v * v).sum::<f32>().sqrt();
     assert!(norm > 1e-2, "reference norm {norm}");
+}
+
+/// The merged image (`spatial_unpad`: the base crop, then each row of the tiles' patches closed
+/// by `image_newline`) against the reference's `pack_image_features`, provisional as above.
+#[test]
+fn the_merged_image_matches_the_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path());
+    let ours = encode_test_image_merged(dir.path()).unwrap();
+    assert_eq!(ours.len(), 56 * 32);
+    let theirs: Vec<f32> = HF_MERGED.iter().map(|&v| v as f32).collect();
+    let e = relative_l2(&ours, &theirs);
+    eprintln!("llava_next merged: relative L2 against the reference {e:.3e}");
+    assert!(e < 1e-3, "relative L2 {e:.3e}");
 }

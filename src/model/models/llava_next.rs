@@ -232,6 +232,34 @@ pub fn encode_test_images(dir: &std::path::Path, crops: usize) -> Result<Vec<f32
     vision_check::encode_test_images(dir, crops, &tower)
 }
 
+/// The first test image of tests/llava_next_reference.rs as `embed_multimodal` makes it: its
+/// `crops_per_image` crops (the test pixels) through `encode`, the one merged image
+/// `[tokens, text_hidden]` of the pinpoint with the most features, on the CPU (fp32).
+pub fn encode_test_image_merged(dir: &std::path::Path) -> Result<Vec<f32>> {
+    let source = crate::model::ModelSource::Path {
+        path: dir.to_path_buf(),
+    };
+    let opened = crate::model::open(&source, 0)?;
+    let shape =
+        opened.config.llava_next.clone().ok_or_else(|| {
+            Error::Request(format!("{}: not a llava_next checkpoint", dir.display()))
+        })?;
+    let (rt, opts) = vision_check::sim_runtime("sim:h100-80gb", crate::quant::Quant::F16)?;
+    let v = LlavaNextVision::load(&rt, &opened.config, opened.source.as_ref(), &opts)?;
+    let s = &shape.vision;
+    let crops = shape.crops_per_image();
+    let px = rt.tensor_with_values(
+        "pixel_values",
+        Category::Activation,
+        &[crops, s.num_channels, s.image_size, s.image_size],
+        v.act,
+        vision_check::test_pixels(s.num_channels, s.image_size, crops),
+    )?;
+    let out = v.encode(&rt, &px, 1)?;
+    crate::engine::ops::read_f32(&rt, &out[0])?
+        .ok_or_else(|| Error::Request("the embeddings were not computed (a dry device)".into()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
