@@ -99,3 +99,41 @@ fn the_merged_image_matches_the_reference() {
     eprintln!("llava_next merged: relative L2 against the reference {e:.3e}");
     assert!(e < 1e-3, "relative L2 {e:.3e}");
 }
+
+/// The whole V1 profile computes on the CPU with the small checkpoint under 0.19: a 128-token
+/// batch holds 2 images of 56 embeddings (128 // 56), each of 3 crops through the tower, the
+/// projector and the merge, then the granite text pass from the runner's `inputs_embeds`.
+#[test]
+fn the_profile_computes_the_encoder_on_the_cpu() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use vramscope::device::DeviceSpec;
+    use vramscope::model::ModelSource;
+    use vramscope::profile::{self, ProfileRequest};
+    use vramscope::quant::Quant;
+
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path());
+    let req = ProfileRequest {
+        model: ModelSource::Path {
+            path: dir.path().to_path_buf(),
+        },
+        quant: Quant::F16,
+        device: DeviceSpec::parse("sim:h100-80gb").unwrap(),
+        vllm: "0.19".into(),
+        tokens: 128,
+        seqs: 2,
+        max_model_len: 256,
+        verify: false,
+        ..ProfileRequest::default()
+    };
+    let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
+    let e = r.encoder.as_ref().unwrap();
+    let p = e.plan.as_ref().unwrap();
+    assert_eq!((p.budget_tokens, p.items, p.tokens_per_item), (128, 2, 56));
+    assert_eq!(e.attention, "FlashAttention varlen");
+    // Pixel values [6, 3, 28, 28] f16 (28,224 bytes, rounded to 512), `image_sizes` [2, 2]
+    // int64 (one block), the two merged images [56, 32] f16.
+    assert_eq!(e.held_bytes, 28_672 + 512 + 2 * 3584);
+    assert!(e.phase_peak_bytes > 0);
+}
