@@ -96,6 +96,8 @@ if not pure:
             print(f"// get_image_features returned {type(got)}, not compared", file=sys.stderr)
         merged, _ = inner.pack_image_features([out], torch.tensor([[PH, PW]]), "full",
                                               image_newline=inner.image_newline)
+        # transformers 5.17 returns the images as a list.
+        merged = torch.cat(list(merged), dim=0) if isinstance(merged, (list, tuple)) else merged
     emit(out.reshape(-1).tolist(),
          f"transformers {version('transformers')}, torch {torch.__version__}, "
          f"{type(model).__name__}: vision_tower hidden_states {LAYERS} then multi_modal_projector, fp32 CPU")

@@ -68,10 +68,9 @@ fn the_tiny_checkpoint_builds_two_of_three_layers() {
     assert_eq!(mm.crops_per_image(), CROPS);
 }
 
-/// PROVISIONAL: the stored reference is the script's plain-Python rendering (`--pure`, fp64)
-/// of transformers' math, not transformers itself; the lead replaces it with the torch run's
-/// output (`python3 scripts/llava_next_reference.py DIR > tests/fixtures/llava_next/reference.rs`
-/// on the GPU machine, which has transformers) and this comment with that run's versions.
+/// The stored reference is transformers 5.17's (PyTorch 2.11, fp32 CPU, on the GPU machine:
+/// `python3 scripts/llava_next_reference.py DIR`, docs/gpu-runs.md run 80): the tower's hidden
+/// states at the feature layers, concatenated, through `multi_modal_projector`.
 #[test]
 fn the_tower_features_and_projector_match_the_reference() {
     let dir = tempfile::tempdir().unwrap();
@@ -87,7 +86,9 @@ fn the_tower_features_and_projector_match_the_reference() {
 }
 
 /// The merged image (`spatial_unpad`: the base crop, then each row of the tiles' patches closed
-/// by `image_newline`) against the reference's `pack_image_features`, provisional as above.
+/// by `image_newline`) against `pack_image_features`' math as the script's plain-Python mode
+/// renders it (fp64): provisional, as run 80's transformers call did not complete (its
+/// `pack_image_features` returns a list in 5.17; the script now takes it).
 #[test]
 fn the_merged_image_matches_the_reference() {
     let dir = tempfile::tempdir().unwrap();
