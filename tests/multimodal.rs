@@ -852,3 +852,251 @@ fn qwen2_5_vl_7b_encoder_bytes() {
 /// The encoder phase's peak over t1 and V1's KV budget (53.10 GiB) of that run.
 const PHASE_PEAK: u64 = 2_676_758_528;
 const KV_BYTES: i64 = 57_016_157_336;
+/// ibm-granite/granite-vision-3.2-2b's config.json, the keys the memory depends on
+/// (`image_grid_pinpoints` as llama.cpp's docs/multimodal/granitevision.md lists them), in a hub
+/// cache.
+const GRANITE_VISION_32_2B: &str = r#"{"architectures": ["LlavaNextForConditionalGeneration"],
+ "model_type": "llava_next", "image_seq_length": 576, "image_token_index": 49155,
+ "multimodal_projector_bias": true, "projector_hidden_act": "gelu",
+ "tie_word_embeddings": true, "use_image_newline_parameter": true,
+ "vision_feature_layer": [-24, -20, -12, -1], "vision_feature_select_strategy": "full",
+ "image_grid_pinpoints": [[384, 768], [384, 1152], [384, 1536], [384, 1920], [384, 2304],
+   [384, 2688], [384, 3072], [384, 3456], [384, 3840], [768, 384], [768, 768], [768, 1152],
+   [768, 1536], [768, 1920], [1152, 384], [1152, 768], [1152, 1152], [1536, 384],
+   [1536, 768], [1920, 384], [1920, 768], [2304, 384], [2688, 384], [3072, 384],
+   [3456, 384], [3840, 384]],
+ "text_config": {"architectures": ["GraniteForCausalLM"], "attention_multiplier": 0.015625,
+   "embedding_multiplier": 12.0, "hidden_size": 2048, "intermediate_size": 8192,
+   "logits_scaling": 8.0, "max_position_embeddings": 131072, "model_type": "granite",
+   "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8,
+   "residual_multiplier": 0.22, "rms_norm_eps": 1e-05, "rope_theta": 5000000.0,
+   "tie_word_embeddings": true, "torch_dtype": "bfloat16", "vocab_size": 49156},
+ "vision_config": {"hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152, "image_size": 384,
+   "intermediate_size": 4304, "layer_norm_eps": 1e-06, "model_type": "siglip_vision_model",
+   "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14},
+ "torch_dtype": "bfloat16"}"#;
+
+/// `vramscope plan --vllm 0.19 --device sim:h100-sxm:dry -- vllm serve
+/// ibm-granite/granite-vision-3.2-2b` from the hub cache's config.json: the SigLIP tower (all 27
+/// layers: the deepest feature layer is -1; no `post_layernorm`, no head), `image_newline` and
+/// the projector among the weights; one dummy image of 3840 × 384 pixels (the pinpoint with the
+/// most features, 8289: 729 of the base crop, 10 tiles of 27 × 27 patches, 270 newlines), which
+/// is more than the 8192 batched tokens, so the budget is the image; its 11 crops through the
+/// tower with every hidden state kept, the four feature layers side by side into the projector,
+/// then the unpad-and-newline merge. The text-only what-if drops all of it.
+#[test]
+fn plan_names_the_encoders_share_for_granite_vision() {
+    let cache = tempfile::tempdir().unwrap();
+    let snap = cache
+        .path()
+        .join("models--ibm-granite--granite-vision-3.2-2b/snapshots/rev");
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::write(snap.join("config.json"), GRANITE_VISION_32_2B).unwrap();
+    let plan = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--vllm",
+            "0.19",
+            "--device",
+            "sim:h100-sxm:dry",
+            "--",
+            "vllm",
+            "serve",
+            "ibm-granite/granite-vision-3.2-2b",
+        ];
+        args.extend_from_slice(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args(&args)
+            .env("HF_HUB_CACHE", cache.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = plan(&[]);
+    eprintln!("{out}");
+    assert!(
+        out.starts_with("ibm-granite/granite-vision-3.2-2b (the hub cache's copy) bf16"),
+        "{out}"
+    );
+    for want in [
+        "Encoder cache will be initialized with a budget of 8289 tokens, and profiled with 1 image items of the maximum feature size.",
+        "encoder (vision tower + projector): weights 813.7 MiB (14.3 % of the weights); profile of 1 images of 8289 tokens into a budget of 8289 tokens (FlashAttention varlen attention): its phase peaks at 686.8 MiB, it holds 41.7 MiB (pixel values and the encoder cache) under the text pass, so 41.7 MiB of the 812.3 MiB peak activation (5.1 %) is the encoder's",
+        "Actual usage is 5.54 GiB for weight, 0.79 GiB for peak activation",
+    ] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
+    let text = plan(&["--limit-mm-per-prompt", r#"{"image":0}"#]);
+    eprintln!("{text}");
+    assert!(text.contains("no encoder profile"), "{text}");
+    assert!(
+        !text.contains("Encoder cache will be initialized"),
+        "{text}"
+    );
+
+    // Read at 0.19 only: an older release is refused by name.
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args([
+            "plan",
+            "--vllm",
+            "0.11",
+            "--device",
+            "sim:h100-sxm:dry",
+            "--",
+            "vllm",
+            "serve",
+            "ibm-granite/granite-vision-3.2-2b",
+        ])
+        .env("HF_HUB_CACHE", cache.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("vLLM 0.11's LLaVA-NeXT is not modelled"),
+        "{err}"
+    );
+
+    // The same in the library, on the preset: the bytes behind those lines.
+    let mut req = request("preset:granite-vision-3.2-2b", "sim:h100-sxm:dry", "0.19");
+    req.tokens = 8192;
+    req.seqs = 1024;
+    req.max_model_len = 131072;
+    let r = run(&req);
+    let e = r.encoder.as_ref().unwrap();
+    let p = e.plan.as_ref().unwrap();
+    assert_eq!(
+        (
+            p.budget_tokens,
+            p.items,
+            p.tokens_per_item,
+            p.embeds_per_item
+        ),
+        (8289, 1, 8289, 8289)
+    );
+    // The tower's 412,984,944 parameters, the newline's and the projector's 13,637,632, bf16.
+    assert_eq!(e.weights_bytes, (412_984_944 + 13_637_632) * 2);
+    assert_eq!(e.weights_bytes, 853_245_152);
+    // Held under the text pass: the pixel values [11, 3, 384, 384] and `image_sizes` [1, 2]
+    // int64 (one 512-byte block), the merged image [8289, 2048], bf16.
+    let held = 11 * 3 * 384 * 384 * 2 + 512 + 8289 * 2048 * 2;
+    assert_eq!(held, 43_684_352);
+    assert_eq!(e.held_bytes, held);
+    // The tower keeps all 28 of its outputs (the embeddings and 27 layers') of the 11 crops'
+    // 8019 patches until the four are concatenated: 517 MiB under the phase's peak.
+    let pool = 28 * 8019 * 1152 * 2u64;
+    assert!(e.phase_peak_bytes > pool, "{}", e.phase_peak_bytes);
+
+    // The encoder's pass is its own phase: the tower's last layer, the concatenation, the
+    // projector and the merge in it, the text pass after it.
+    let l = Lifetimes::build(&r.events, r.settings.passes);
+    let enc: Vec<_> = l
+        .passes
+        .iter()
+        .filter(|p| p.label == "encoder pass")
+        .collect();
+    assert_eq!(enc.len(), 1);
+    let names: Vec<&str> = r.events[enc[0].start..enc[0].end]
+        .iter()
+        .map(|e| e.tensor.as_str())
+        .collect();
+    for want in [
+        "pixel_values",
+        "image_sizes",
+        "vision.feature_layers.cat",
+        "projector.linear_2",
+        "image_embeds.0.permute",
+        "image_embeds.0.newline_cat",
+        "image_embeds.0",
+    ] {
+        assert!(names.iter().any(|n| n.starts_with(want)), "{want}");
+    }
+    assert!(names
+        .iter()
+        .any(|n| n.starts_with("vision.layers.26.mlp.act")));
+    assert!(l
+        .passes
+        .iter()
+        .any(|p| p.start >= enc[0].end && p.label != "encoder pass"));
+
+    // Text only: 0.19 does not build the tower (`_mark_tower_model`, llava_next.py 0.19
+    // L278-295), and no pixel values are made.
+    req.limit_mm_images = Some(0);
+    let t = run(&req);
+    assert_eq!(t.encoder.as_ref().unwrap().weights_bytes, 0);
+    assert!(t.encoder.as_ref().unwrap().plan.is_none());
+    assert!(!t.events.iter().any(|e| e.tensor == "pixel_values"));
+    assert!(r.weights_bytes - t.weights_bytes >= 853_245_152);
+    let act = |r: &Report| r.vllm_answer().unwrap().formula.torch_peak_bytes;
+    assert!(act(&r) > act(&t));
+    eprintln!(
+        "granite-vision 0.19: weights {} → {} bytes, peak activation {} → {} bytes, encoder phase peak {}",
+        r.weights_bytes,
+        t.weights_bytes,
+        act(&r),
+        act(&t),
+        e.phase_peak_bytes
+    );
+}
+
+/// docs/cli.md's "Multimodal models (LLaVA-NeXT)" lines, read from the file and run as
+/// written (the preset: an empty hub cache), with the numbers its text quotes.
+#[test]
+fn the_documented_llava_next_lines_run_as_written() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+    let section = doc
+        .split("### Multimodal models (LLaVA-NeXT)")
+        .nth(1)
+        .unwrap()
+        .split("\n### ")
+        .next()
+        .unwrap();
+    let lines: Vec<&str> = section
+        .lines()
+        .filter(|l| l.starts_with("vramscope "))
+        .collect();
+    assert_eq!(lines.len(), 2, "{section}");
+    let cache = tempfile::tempdir().unwrap();
+    let outs: Vec<String> = lines
+        .iter()
+        .map(|line| {
+            let words = shell_words(line);
+            let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+                .args(&words[1..])
+                .env("HF_HUB_CACHE", cache.path())
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{line}: {err}");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+        .collect();
+    for (out, want) in [
+        (
+            &outs[0],
+            &[
+                "granite-vision-3.2-2b bf16",
+                "Encoder cache will be initialized with a budget of 8289 tokens, and profiled with 1 image items of the maximum feature size.",
+                "Actual usage is 5.54 GiB for weight, 0.79 GiB for peak activation",
+                "weights 813.7 MiB (14.3 % of the weights)",
+                "its phase peaks at 686.8 MiB, it holds 41.7 MiB (pixel values and the encoder cache)",
+            ][..],
+        ),
+        (
+            &outs[1],
+            &[
+                "Actual usage is 4.74 GiB for weight, 0.75 GiB for peak activation",
+                "no encoder profile",
+            ][..],
+        ),
+    ] {
+        for w in want {
+            assert!(out.contains(w), "{w}: {out}");
+        }
+    }
+    assert!(!outs[1].contains("Encoder cache will be initialized"));
+}

@@ -15,6 +15,8 @@ pub mod mistral3;
 pub use gemma3_mm::{Gemma3MmShape, SiglipShape};
 pub use llama4::{Llama3Rope, Llama4Shape, VisionTower};
 pub use mistral3::{Mistral3Shape, PixtralShape};
+pub mod llava_next;
+pub use llava_next::LlavaNextShape;
 pub mod qwen2_5_vl;
 pub use qwen2_5_vl::{ProfileItem, Qwen25VisionShape, Qwen25VlShape};
 
@@ -86,6 +88,11 @@ pub struct ModelConfig {
     /// language model is the rest of this config (qwen2); `None` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qwen2_5_vl: Option<Qwen25VlShape>,
+    /// LLaVA-NeXT's SigLIP tower, projector and newline (`model_type: "llava_next"`,
+    /// `LlavaNextForConditionalGeneration`, `config/llava_next.rs`): the language model is
+    /// the rest of this config (granite for granite-vision); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llava_next: Option<LlavaNextShape>,
 }
 
 mod gpt_oss;
@@ -541,6 +548,7 @@ impl ModelConfig {
                 gemma3_mm: None,
                 mistral3: None,
                 qwen2_5_vl: None,
+                llava_next: None,
                 ..self.clone()
             };
             let mut out = text.tensor_shapes();
@@ -551,6 +559,16 @@ impl ModelConfig {
             let text = ModelConfig {
                 mistral3: None,
                 qwen2_5_vl: None,
+                llava_next: None,
+                ..self.clone()
+            };
+            let mut out = text.tensor_shapes();
+            out.extend(mm.tensor_shapes(self.hidden_size));
+            return out;
+        }
+        if let Some(mm) = &self.llava_next {
+            let text = ModelConfig {
+                llava_next: None,
                 ..self.clone()
             };
             let mut out = text.tensor_shapes();
@@ -560,6 +578,7 @@ impl ModelConfig {
         if let Some(mm) = &self.qwen2_5_vl {
             let text = ModelConfig {
                 qwen2_5_vl: None,
+                llava_next: None,
                 ..self.clone()
             };
             let mut out = text.tensor_shapes();
@@ -898,6 +917,11 @@ impl ModelConfig {
         if arch == "qwen2_5_vl" {
             return Self::qwen2_5_vl_from_hf_json(v);
         }
+        // LLaVA-NeXT's: its text_config the language model, its vision_config the SigLIP
+        // tower (config/llava_next.rs).
+        if arch == "llava_next" {
+            return Self::llava_next_from_hf_json(v);
+        }
         // Model types vramscope knows and does not run yet: refused by name, with what
         // running them would need.
         if let Some(why) = registry::refusal(&arch) {
@@ -1076,6 +1100,7 @@ impl ModelConfig {
             gemma3_mm: None,
             mistral3: None,
             qwen2_5_vl: None,
+            llava_next: None,
         })
     }
 
@@ -1244,6 +1269,7 @@ impl ModelConfig {
             gemma3_mm: None,
             mistral3: None,
             qwen2_5_vl: None,
+            llava_next: None,
         })
     }
 
@@ -1360,6 +1386,7 @@ impl ModelConfig {
             gemma3_mm: None,
             mistral3: None,
             qwen2_5_vl: None,
+            llava_next: None,
         })
     }
 
@@ -1426,6 +1453,7 @@ impl ModelConfig {
             gemma3_mm: None,
             mistral3: None,
             qwen2_5_vl: None,
+            llava_next: None,
             phi: None,
             opt: Some(OptShape {
                 do_layer_norm_before,
@@ -1439,6 +1467,9 @@ impl ModelConfig {
 
     /// The `config.json` a Hugging Face loader reads for this shape.
     pub fn to_hf_json(&self, torch_dtype: &str) -> serde_json::Value {
+        if let Some(mm) = &self.llava_next {
+            return self.llava_next_to_hf_json(mm, torch_dtype);
+        }
         if let Some(mm) = &self.mistral3 {
             return self.mistral3_to_hf_json(mm, torch_dtype);
         }
@@ -1451,6 +1482,7 @@ impl ModelConfig {
                 gemma3_mm: None,
                 mistral3: None,
                 qwen2_5_vl: None,
+                llava_next: None,
                 ..self.clone()
             }
             .to_hf_json(torch_dtype);
@@ -2482,6 +2514,7 @@ mod tests {
                 gemma3_mm: None,
                 mistral3: None,
                 qwen2_5_vl: None,
+                llava_next: None,
                 ..c.clone()
             },
             text
@@ -2826,6 +2859,7 @@ impl ModelConfig {
             gemma3_mm: None,
             mistral3: None,
             qwen2_5_vl: None,
+            llava_next: None,
         })
     }
 

@@ -42,6 +42,7 @@ fn cfg(
         gemma3_mm: None,
         mistral3: None,
         qwen2_5_vl: None,
+        llava_next: None,
     }
 }
 
@@ -101,6 +102,7 @@ fn opt(
         gemma3_mm: None,
         mistral3: None,
         qwen2_5_vl: None,
+        llava_next: None,
         phi: None,
         opt: Some(OptShape {
             do_layer_norm_before: pre_norm,
@@ -193,6 +195,49 @@ pub const PRESET_NAMES: [&str; 36] = [
     "llama-4-maverick",
     "qwen3-next-80b-a3b",
 ];
+
+/// ibm-granite/granite-vision-3.2-2b's config.json (transformers 4.49): a granite language
+/// model of 40 layers of 2048 (32 heads over 8 KV heads, MLP 8192, vocabulary 49156 with the
+/// `<image>` token 49155, tied embeddings), the SigLIP so400m tower at 384 pixels
+/// (`vision_feature_layer` [-24, -20, -12, -1], "full" selection) and 26 grid pinpoints of
+/// 384-pixel tiles, 1 × 2 to 10 × 1. The keys the memory depends on; rope_theta and the
+/// granite multipliers are granite-3.1-2b's.
+pub(crate) fn granite_vision_32_2b_json() -> serde_json::Value {
+    let mut pinpoints = Vec::new();
+    for w in (768..=3840).step_by(384) {
+        pinpoints.push([384, w]);
+    }
+    for w in (384..=1920).step_by(384) {
+        pinpoints.push([768, w]);
+    }
+    for (h, ws) in [(1152, 3), (1536, 2), (1920, 2)] {
+        for k in 1..=ws {
+            pinpoints.push([h, 384 * k]);
+        }
+    }
+    for h in (2304..=3840).step_by(384) {
+        pinpoints.push([h, 384]);
+    }
+    serde_json::json!({
+        "architectures": ["LlavaNextForConditionalGeneration"], "model_type": "llava_next",
+        "image_grid_pinpoints": pinpoints, "image_seq_length": 576,
+        "image_token_index": 49155, "multimodal_projector_bias": true,
+        "projector_hidden_act": "gelu", "tie_word_embeddings": true,
+        "use_image_newline_parameter": true,
+        "vision_feature_layer": [-24, -20, -12, -1], "vision_feature_select_strategy": "full",
+        "text_config": {"architectures": ["GraniteForCausalLM"], "attention_multiplier": 0.015625,
+            "embedding_multiplier": 12.0, "hidden_size": 2048, "intermediate_size": 8192,
+            "logits_scaling": 8.0, "max_position_embeddings": 131072, "model_type": "granite",
+            "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8,
+            "residual_multiplier": 0.22, "rms_norm_eps": 1e-05, "rope_theta": 5000000.0,
+            "tie_word_embeddings": true, "torch_dtype": "bfloat16", "vocab_size": 49156},
+        "vision_config": {"hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152,
+            "image_size": 384, "intermediate_size": 4304, "layer_norm_eps": 1e-06,
+            "model_type": "siglip_vision_model", "num_attention_heads": 16,
+            "num_hidden_layers": 27, "patch_size": 14},
+        "torch_dtype": "float32"
+    })
+}
 
 /// google/gemma-3-4b-it's config.json as published (its sparse `text_config` takes
 /// `Gemma3TextConfig`'s defaults: 8 heads over 4 KV heads of 256, vocabulary 262208); -12b-it
@@ -534,6 +579,12 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         // model, the Pixtral tower and the projector. Not in `PRESET_NAMES` (the app's list).
         "mistral-small-3.1-24b" => ModelConfig::from_hf_json(&mistral_small_31_json())
             .expect("the preset is a Mistral 3 config"),
+        // ibm-granite/granite-vision-3.2-2b (LlavaNextForConditionalGeneration): the granite
+        // language model of granite-3.1-2b with the image token added, the SigLIP tower (27
+        // layers of 1152 over 384-pixel tiles in patches of 14), four feature layers into the
+        // projector, anyres up to 10 tiles. Not in `PRESET_NAMES` (the app's list).
+        "granite-vision-3.2-2b" => ModelConfig::from_hf_json(&granite_vision_32_2b_json())
+            .expect("the preset is a LLaVA-NeXT config"),
         // Qwen/Qwen2.5-VL-7B-Instruct and -32B-Instruct: the Qwen2 language model (M-RoPE),
         // the window-attention ViT and its merger. Not in `PRESET_NAMES` (the app's list).
         "qwen2.5-vl-7b" => ModelConfig::from_hf_json(&qwen25_vl_7b_json())
@@ -819,6 +870,7 @@ mod tests {
                     gemma3_mm: None,
                     mistral3: None,
                     qwen2_5_vl: None,
+                    llava_next: None,
                     ..c.clone()
                 };
                 text.param_count()
@@ -831,6 +883,7 @@ mod tests {
                 gemma3_mm: None,
                 mistral3: None,
                 qwen2_5_vl: None,
+                llava_next: None,
                 ..it
             },
             preset("gemma-3-12b").unwrap()

@@ -71,6 +71,8 @@ enum Tower {
     Pixtral(Box<crate::model::models::mistral3::Mistral3Vision>),
     /// Qwen2.5-VL's window-attention tower and patch merger.
     Qwen25Vl(Box<crate::model::models::qwen2_5_vl::Qwen25Vision>),
+    /// LLaVA-NeXT's SigLIP tower, projector and newline.
+    LlavaNext(Box<crate::model::models::llava_next::LlavaNextVision>),
 }
 
 impl Tower {
@@ -79,6 +81,7 @@ impl Tower {
             Tower::Siglip(v) => v.weight_bytes(),
             Tower::Pixtral(v) => v.weight_bytes(),
             Tower::Qwen25Vl(v) => v.weight_bytes(),
+            Tower::LlavaNext(v) => v.weight_bytes(),
         }
     }
 
@@ -92,19 +95,26 @@ impl Tower {
     }
 
     /// The runner's batched dummy inputs (the pixel values first), then the tower and the
-    /// projector on all of them in one call.
-    fn dummy_and_encode(&self, rt: &Runtime, items: usize) -> Result<(Vec<Tensor>, Tensor)> {
+    /// projector on all of them in one call. The outputs: one tensor of every item's rows
+    /// (Gemma 3, Mistral 3), or one a item (LLaVA-NeXT's merged images).
+    fn dummy_and_encode(&self, rt: &Runtime, items: usize) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         match self {
             Tower::Siglip(v) => {
                 let (px, crops) =
                     crate::model::models::gemma3_mm::dummy_pixels(rt, &v.shape, items, v.act)?;
                 let out = v.encode(rt, &px, items)?;
-                Ok((vec![px, crops], out))
+                Ok((vec![px, crops], vec![out]))
             }
             Tower::Pixtral(v) => {
                 let px = crate::model::models::mistral3::dummy_pixels(rt, &v.shape, items, v.act)?;
                 let out = v.encode(rt, &px, items)?;
-                Ok((vec![px], out))
+                Ok((vec![px], vec![out]))
+            }
+            Tower::LlavaNext(v) => {
+                let (px, sizes) =
+                    crate::model::models::llava_next::dummy_pixels(rt, &v.shape, items, v.act)?;
+                let out = v.encode(rt, &px, items)?;
+                Ok((vec![px, sizes], out))
             }
             Tower::Qwen25Vl(v) => {
                 let (inputs, grids) = crate::model::models::qwen2_5_vl::dummy_pixels(
@@ -115,7 +125,7 @@ impl Tower {
                     v.act,
                 )?;
                 let out = v.encode(rt, &inputs[0], &grids)?;
-                Ok((inputs, out))
+                Ok((inputs, vec![out]))
             }
         }
     }
@@ -133,9 +143,9 @@ impl Encoder {
         rt.set_layer(None);
         rt.marker("mm encoder");
         let items = p.items as usize;
-        let (inputs, out) = v.dummy_and_encode(rt, items)?;
+        let (inputs, mut outs) = v.dummy_and_encode(rt, items)?;
         let per = p.embeds_per_item as usize;
-        let hidden = out.cols();
+        let hidden = outs[0].cols();
         let mut cache = Vec::with_capacity(items);
         if self.pads_to_budget && (per as u64) < p.budget_tokens {
             rt.set_op("encoder_cache.expand");
@@ -144,20 +154,24 @@ impl Encoder {
                     format!("encoder_cache.{i}"),
                     Category::Activation,
                     &[p.budget_tokens as usize, hidden],
-                    out.dtype,
+                    outs[0].dtype,
                 )?;
-                let part = out.part(
-                    format!("encoder_output.{i}"),
-                    i * per * hidden,
-                    &[per, hidden],
-                );
+                let part = if outs.len() == items {
+                    outs[i].part(format!("encoder_output.{i}"), 0, &[per, hidden])
+                } else {
+                    outs[0].part(
+                        format!("encoder_output.{i}"),
+                        i * per * hidden,
+                        &[per, hidden],
+                    )
+                };
                 ops::copy_into(rt, &mut z, 0, &part)?;
                 cache.push(z);
             }
             // The per-image views die with the list they were in: the projector's output.
-            drop(out);
+            drop(outs);
         } else {
-            cache.push(out);
+            cache.append(&mut outs);
         }
         // What the encoder leaves under the text pass: its pixel values, `num_crops` and the
         // cached outputs, as the allocator rounds them. Not the allocator's growth: the
@@ -1313,6 +1327,11 @@ pub(crate) fn run_rank(
                     "model_type gemma3 (multimodal): its SigLIP vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
                 ));
             }
+            if opened.config.llava_next.is_some() && matches!(req.device, DeviceSpec::Cuda { .. }) {
+                return Err(Error::Request(
+                    "model_type llava_next (multimodal): its SigLIP vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
+                ));
+            }
             if opened.config.mistral3.is_some() && matches!(req.device, DeviceSpec::Cuda { .. }) {
                 return Err(Error::Request(
                     "model_type mistral3 (multimodal): its Pixtral vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
@@ -1342,6 +1361,9 @@ pub(crate) fn run_rank(
             // "<end_of_image>\n\n" (`full_image_sequence`, gemma3_mm.py 0.11 L166-195,
             // pan-and-scan off); Mistral 3's rows of [IMG] each closed by [IMG_BREAK], the
             // last by [IMG_END] (mistral3.py 0.19 L283-300).
+            // LLaVA-NeXT's image is its `<image>` token repeated once an embedding
+            // (`get_num_image_tokens`, llava_next.py 0.19 L104-139; the largest image's,
+            // L175-190).
             // Qwen2.5-VL's profiled item: `None` when the model has none, `Some(None)` when
             // every image and video limit is 0. 0.15 gives a tie to the image, 0.19 to the
             // video.
@@ -1352,18 +1374,23 @@ pub(crate) fn run_rank(
                     release.name != "0.15",
                 )
             });
-            let mm_kind = match (&opened.config.gemma3_mm, &opened.config.mistral3) {
-                (Some(mm), _) => Some((
+            let c = &opened.config;
+            let mm_kind = match (&c.gemma3_mm, &c.mistral3, &c.llava_next) {
+                (Some(mm), _, _) => Some((
                     "gemma3",
                     (
                         mm.mm_tokens_per_image as u64,
                         mm.mm_tokens_per_image as u64 + 4,
                     ),
                 )),
-                (None, Some(mm)) => Some((
+                (None, Some(mm), _) => Some((
                     "mistral3",
                     (mm.embeds_per_image() as u64, mm.placeholder_tokens() as u64),
                 )),
+                (None, None, Some(mm)) => {
+                    let t = mm.max_feature_image().2 as u64;
+                    Some(("llava_next", (t, t)))
+                }
                 // Qwen2.5-VL: its dummy image or video (`profile_item`), as many
                 // `<|image_pad|>` / `<|video_pad|>` tokens as embeddings (qwen2_vl.py 0.19
                 // L1079-1112).
@@ -1386,6 +1413,14 @@ pub(crate) fn run_rank(
                             release.name
                         )));
                     };
+                    // LLaVA-NeXT is read at 0.19 (llava_next.py, llava.py, siglip.py): its
+                    // tower's position embedding differs from the older releases' reading.
+                    if kind == "llava_next" && release.name != "0.19" {
+                        return Err(Error::Request(format!(
+                            "model_type llava_next (multimodal): vLLM {}'s LLaVA-NeXT is not modelled; its 0.19 reading is (--vllm 0.19)",
+                            release.name
+                        )));
+                    }
                     let plan = super::multimodal::plan(
                         per_item,
                         profile,
@@ -1419,7 +1454,7 @@ pub(crate) fn run_rank(
                             opened.source.as_ref(),
                             &opts,
                         )?;
-                        v.varlen_attention = profile.vision_attention.varlen(device_major);
+                        v.tower.varlen_attention = profile.vision_attention.varlen(device_major);
                         Some(Tower::Siglip(Box::new(v)))
                     } else if kind == "qwen2_5_vl" {
                         let mut v = crate::model::models::qwen2_5_vl::Qwen25Vision::load(
@@ -1430,6 +1465,15 @@ pub(crate) fn run_rank(
                         )?;
                         v.profile_item = qwen_item.flatten();
                         Some(Tower::Qwen25Vl(Box::new(v)))
+                    } else if kind == "llava_next" {
+                        let mut v = crate::model::models::llava_next::LlavaNextVision::load(
+                            &rt,
+                            &opened.config,
+                            opened.source.as_ref(),
+                            &opts,
+                        )?;
+                        v.tower.varlen_attention = profile.vision_attention.varlen(device_major);
+                        Some(Tower::LlavaNext(Box::new(v)))
                     } else {
                         let mut v = crate::model::models::mistral3::Mistral3Vision::load(
                             &rt,
@@ -1440,7 +1484,7 @@ pub(crate) fn run_rank(
                         v.xformers = pixtral_xformers;
                         Some(Tower::Pixtral(Box::new(v)))
                     };
-                    let attention = if kind == "gemma3" || kind == "qwen2_5_vl" {
+                    let attention = if kind == "gemma3" || kind == "qwen2_5_vl" || kind == "llava_next" {
                         profile.vision_attention.label(device_major)
                     } else if pixtral_xformers {
                         "xFormers memory-efficient (block-diagonal bias)"

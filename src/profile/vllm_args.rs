@@ -641,6 +641,7 @@ const HUB_PRESETS: &[(&str, &str)] = &[
     ("ibm-granite/granite-3.1-2b-base", "granite-3.1-2b"),
     ("ibm-granite/granite-3.3-8b", "granite-3.3-8b"),
     ("ibm-granite/granite-3.3-8b-base", "granite-3.3-8b"),
+    ("ibm-granite/granite-vision-3.2-2b", "granite-vision-3.2-2b"),
     (
         "mistralai/mistral-small-3.1-24b-instruct-2503",
         "mistral-small-3.1-24b",

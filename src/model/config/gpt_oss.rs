@@ -238,6 +238,7 @@ impl ModelConfig {
             gemma3_mm: None,
             mistral3: None,
             qwen2_5_vl: None,
+            llava_next: None,
             gpt_oss: Some(GptOssShape {
                 sliding_window,
                 yarn,

@@ -325,6 +325,7 @@ impl ModelConfig {
             gemma3_mm: None,
             mistral3: None,
             qwen2_5_vl: None,
+            llava_next: None,
             moe: Some(MoeShape {
                 num_experts,
                 top_k,

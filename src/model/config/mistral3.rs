@@ -294,6 +294,7 @@ impl ModelConfig {
         let mut text = ModelConfig {
             mistral3: None,
             qwen2_5_vl: None,
+            llava_next: None,
             ..self.clone()
         }
         .to_hf_json(torch_dtype);

@@ -564,6 +564,7 @@ impl ModelConfig {
     ) -> serde_json::Value {
         let mut out = ModelConfig {
             qwen2_5_vl: None,
+            llava_next: None,
             ..self.clone()
         }
         .to_hf_json(torch_dtype);

@@ -18,7 +18,7 @@ use crate::engine::tensor::{DType, Tensor};
 use crate::engine::{ops, ops_phi, ops_siglip, ops_tp};
 use crate::memory::Category;
 use crate::model::config::gemma3_mm::{PROJECTOR, TOWER};
-use crate::model::config::{Gemma3MmShape, ModelConfig};
+use crate::model::config::{Gemma3MmShape, ModelConfig, SiglipShape};
 use crate::model::layers::linear::BiasedLinear;
 use crate::model::layers::norm::LayerNorm;
 use crate::model::layers::tp::TpShard;
@@ -38,9 +38,12 @@ pub struct SiglipLayer {
     pub fc2: BiasedLinear,
 }
 
-/// The vision tower and the projector of a `Gemma3ForConditionalGeneration`.
-pub struct Gemma3Vision {
-    pub shape: Gemma3MmShape,
+/// A SigLIP vision tower as vLLM's `SiglipVisionTransformer` builds it (siglip.py), without
+/// `post_layernorm` or the pooling head: the families keep those or not (Gemma 3 keeps the
+/// norm, LLaVA-NeXT neither). `layers` may be fewer than the checkpoint's
+/// (`num_hidden_layers_override`, siglip.py 0.19 L523-553).
+pub struct SiglipTower {
+    pub shape: SiglipShape,
     pub act: DType,
     /// This rank's heads (all of them with one GPU).
     pub local_heads: usize,
@@ -50,33 +53,39 @@ pub struct Gemma3Vision {
     /// This rank's rows of `[num_patches, D]`.
     pub pos_embed: Tensor,
     pub pos_first_row: usize,
+    /// `VocabParallelEmbedding` positions (Gemma 3's reading) or an `nn.Embedding`'s.
+    pub pos_vocab_parallel: bool,
     pub layers: Vec<SiglipLayer>,
-    pub post_layernorm: LayerNorm,
-    /// `[D, text_hidden]`.
-    pub proj_w: Tensor,
-    pub soft_emb_norm: Tensor,
     /// FlashAttention's varlen call (its `cu_seqlens`) or SDPA (none): the release's vision
     /// attention backend on this GPU.
     pub varlen_attention: bool,
 }
 
-impl Gemma3Vision {
-    /// Loads the tower and projector through the framework allocator, in vLLM's order.
-    pub fn load(
+/// The vision tower and the projector of a `Gemma3ForConditionalGeneration`.
+pub struct Gemma3Vision {
+    pub shape: Gemma3MmShape,
+    pub act: DType,
+    pub tower: SiglipTower,
+    pub post_layernorm: LayerNorm,
+    /// `[D, text_hidden]`.
+    pub proj_w: Tensor,
+    pub soft_emb_norm: Tensor,
+}
+
+impl SiglipTower {
+    /// Loads the embeddings and the first `num_layers` encoder layers under `prefix` (the
+    /// checkpoint's `vision_tower.vision_model`) through the framework allocator, in vLLM's
+    /// order. The position embedding is a `VocabParallelEmbedding` (rows padded to 64 and
+    /// split over ranks) with `pos_vocab_parallel`, else an `nn.Embedding` whole on every rank
+    /// (siglip.py 0.19 L301-303).
+    pub(crate) fn load(
         rt: &Runtime,
-        cfg: &ModelConfig,
-        src: &dyn WeightSource,
-        opts: &LoadOptions,
+        ld: &mut Loader,
+        s: &SiglipShape,
+        prefix: &str,
+        num_layers: usize,
+        pos_vocab_parallel: bool,
     ) -> Result<Self> {
-        let shape = cfg.gemma3_mm.clone().ok_or_else(|| {
-            Error::Request("this config has no vision tower (model_type gemma3)".into())
-        })?;
-        opts.require_16bit(
-            src,
-            "gemma3 (multimodal)",
-            "its SigLIP vision tower's quantized linear layers are not modelled",
-        )?;
-        let s = &shape.vision;
         let shard = {
             let (rank, size) = rt.tp().map_or((0, 1), |t| (t.rank, t.size));
             TpShard::new(rank, size)
@@ -89,40 +98,31 @@ impl Gemma3Vision {
                 shard.size, s.num_heads, s.intermediate_size
             )));
         }
-        let mut ld = Loader::new(rt, src, opts, shape.tensor_shapes(cfg.hidden_size).len());
         let act = ld.act;
         rt.set_op("load");
         rt.set_layer(None);
         let (d, i) = (s.hidden_size, s.intermediate_size);
-        let e = format!("{TOWER}.embeddings");
+        let e = format!("{prefix}.embeddings");
         let patch_w = ld.dense(
             &format!("{e}.patch_embedding.weight"),
             &[d, s.num_channels, s.patch_size, s.patch_size],
         )?;
         let patch_b = ld.dense(&format!("{e}.patch_embedding.bias"), &[d])?;
         let np = s.num_patches();
-        let padded = np.div_ceil(64) * 64;
-        let (pos_first_row, pos_len) = shard.vocab_rows(padded);
-        let pos_embed = ld.vocab_shard(
-            &format!("{e}.position_embedding.weight"),
-            np,
-            d,
-            padded,
-            pos_first_row,
-            pos_len,
-        )?;
-        let norm = |ld: &mut Loader, name: &str| -> Result<LayerNorm> {
-            Ok(LayerNorm {
-                w: ld.dense(&format!("{name}.weight"), &[d])?,
-                b: ld.dense(&format!("{name}.bias"), &[d])?,
-            })
+        let pos_name = format!("{e}.position_embedding.weight");
+        let (pos_first_row, pos_embed) = if pos_vocab_parallel {
+            let padded = np.div_ceil(64) * 64;
+            let (first, len) = shard.vocab_rows(padded);
+            (first, ld.vocab_shard(&pos_name, np, d, padded, first, len)?)
+        } else {
+            (0, ld.dense(&pos_name, &[np, d])?)
         };
         let (q_first, q_len) = (shard.rank * d / shard.size, d / shard.size);
         let (f_first, f_len) = (shard.rank * i / shard.size, i / shard.size);
-        let mut layers = Vec::with_capacity(s.num_layers);
-        for l in 0..s.num_layers {
+        let mut layers = Vec::with_capacity(num_layers);
+        for l in 0..num_layers {
             rt.set_layer(Some(l as u32));
-            let p = format!("{TOWER}.encoder.layers.{l}");
+            let p = format!("{prefix}.encoder.layers.{l}");
             let a = format!("{p}.self_attn");
             let proj = |x: &str| ["q_proj", "k_proj", "v_proj"].map(|n| format!("{a}.{n}.{x}"));
             let part = [(q_first, q_len); 3];
@@ -142,12 +142,12 @@ impl Gemma3Vision {
             let row = |ld: &mut Loader, name: &str, k: usize, first: usize, len: usize| {
                 BiasedLinear::load_row(ld, name, (d, k), (first, len), shard.rank)
             };
-            let out_proj = row(&mut ld, &format!("{a}.out_proj"), d, q_first, q_len)?;
-            let layer_norm1 = norm(&mut ld, &format!("{p}.layer_norm1"))?;
+            let out_proj = row(ld, &format!("{a}.out_proj"), d, q_first, q_len)?;
+            let layer_norm1 = layer_norm(ld, &format!("{p}.layer_norm1"), d)?;
             let fc1_name = format!("{p}.mlp.fc1");
-            let fc1 = BiasedLinear::load_column(&mut ld, &fc1_name, (i, d), (f_first, f_len))?;
-            let fc2 = row(&mut ld, &format!("{p}.mlp.fc2"), i, f_first, f_len)?;
-            let layer_norm2 = norm(&mut ld, &format!("{p}.layer_norm2"))?;
+            let fc1 = BiasedLinear::load_column(ld, &fc1_name, (i, d), (f_first, f_len))?;
+            let fc2 = row(ld, &format!("{p}.mlp.fc2"), i, f_first, f_len)?;
+            let layer_norm2 = layer_norm(ld, &format!("{p}.layer_norm2"), d)?;
             layers.push(SiglipLayer {
                 layer_norm1,
                 qkv,
@@ -159,24 +159,16 @@ impl Gemma3Vision {
             });
         }
         rt.set_layer(None);
-        let post_layernorm = norm(&mut ld, &format!("{TOWER}.post_layernorm"))?;
-        let proj_w = ld.dense(
-            &format!("{PROJECTOR}.mm_input_projection_weight"),
-            &[d, cfg.hidden_size],
-        )?;
-        let soft_emb_norm = ld.dense(&format!("{PROJECTOR}.mm_soft_emb_norm.weight"), &[d])?;
-        Ok(Gemma3Vision {
-            local_heads: s.num_heads / shard.size,
-            shape,
+        Ok(SiglipTower {
+            shape: s.clone(),
             act,
+            local_heads: s.num_heads / shard.size,
             patch_w,
             patch_b,
             pos_embed,
             pos_first_row,
+            pos_vocab_parallel,
             layers,
-            post_layernorm,
-            proj_w,
-            soft_emb_norm,
             varlen_attention: true,
         })
     }
@@ -193,18 +185,24 @@ impl Gemma3Vision {
                 + l.fc1.weight_bytes()
                 + l.fc2.weight_bytes();
         }
-        b + ln(&self.post_layernorm) + self.proj_w.nbytes() + self.soft_emb_norm.nbytes()
+        b
     }
 
-    /// `get_multimodal_embeddings` on `images` images already on the device (`pixel_values
-    /// [N, C, S, S]`): the tower (`SiglipVisionTransformer.forward`, siglip.py 0.11 L425-446)
-    /// and the projector (gemma3_mm.py 0.11 L440-461). Returns the projected embeddings
-    /// `[N · tokens_per_image, text_hidden]` (vLLM splits them into per-image views).
-    pub fn encode(&self, rt: &Runtime, pixels: &Tensor, images: usize) -> Result<Tensor> {
-        let s = &self.shape.vision;
+    /// `SiglipVisionEmbeddings` and `SiglipEncoder.forward` on `images` images already on the
+    /// device (`pixel_values [N, C, S, S]`): returns the encoder's pool, the embeddings first.
+    /// With `keep_all` (`return_all_hidden_states`, a list of feature layers: siglip.py 0.19
+    /// L555-570) every layer's output stays in it; else only the last one does, each earlier
+    /// output dying as the loop rebinds `hidden_states`.
+    pub fn forward(
+        &self,
+        rt: &Runtime,
+        pixels: &Tensor,
+        images: usize,
+        keep_all: bool,
+    ) -> Result<Vec<Tensor>> {
+        let s = &self.shape;
         let (d, np) = (s.hidden_size, s.num_patches());
         let eps = s.layer_norm_eps as f32;
-        let tokens = images * np;
         rt.set_layer(None);
         // SiglipVisionEmbeddings.forward (L126-138): the convolution, then `embeddings +=
         // position_embedding(position_ids)` in place (the lookup's output dies at once).
@@ -217,7 +215,7 @@ impl Gemma3Vision {
             "vision.embeddings",
         )?;
         let ids: Vec<u32> = (0..np as u32).collect();
-        let pos = if rt.tp().is_some() {
+        let pos = if rt.tp().is_some() && self.pos_vocab_parallel {
             ops_tp::vocab_parallel_embedding(
                 rt,
                 &ids,
@@ -242,11 +240,11 @@ impl Gemma3Vision {
         // SiglipEncoder.forward (L286-301): `hidden_states_pool = [inputs_embeds]` holds the
         // embeddings through every layer; the loop's `hidden_states` holds each layer's input
         // while it runs.
-        let mut hidden: Option<Tensor> = None;
+        let mut pool: Vec<Tensor> = vec![emb];
         for (li, layer) in self.layers.iter().enumerate() {
             rt.set_layer(Some(li as u32));
             let l = format!("vision.layers.{li}");
-            let input = hidden.as_ref().unwrap_or(&emb);
+            let input = pool.last().expect("the pool holds the embeddings");
             // The embeddings are `[N, D, g²]` transposed: `layer_norm_cuda` copies them to a
             // contiguous tensor first (`input.expect_contiguous()`), freed as it returns.
             let staged = if li == 0 {
@@ -294,25 +292,16 @@ impl Gemma3Vision {
             ops::add_assign(rt, &mut y, &out)?;
             drop(out);
             // The encoder's loop rebinds `hidden_states`: the previous layer's output dies
-            // (layer 0's input, the embeddings, stays in the pool).
-            hidden = Some(y);
+            // (layer 0's input, the embeddings, stays in the pool), unless every layer's
+            // output is kept.
+            if keep_all || pool.len() == 1 {
+                pool.push(y);
+            } else if let Some(last) = pool.last_mut() {
+                *last = y;
+            }
         }
         rt.set_layer(None);
-        // `resolve_visual_encoder_outputs`: post_layernorm into a new tensor; the last
-        // layer's output dies as `encoder_outputs` is rebound (vision.py 0.11); the
-        // embeddings (the transformer's `hidden_states`) when its forward returns.
-        let post = ops_phi::layer_norm(
-            rt,
-            hidden.as_ref().unwrap_or(&emb),
-            &self.post_layernorm.w,
-            &self.post_layernorm.b,
-            eps,
-            "vision.post_layernorm",
-        )?;
-        drop(hidden);
-        drop(emb);
-        let _ = tokens;
-        self.project(rt, post, images)
+        Ok(pool)
     }
 
     fn attention(
@@ -323,7 +312,7 @@ impl Gemma3Vision {
         images: usize,
         l: &str,
     ) -> Result<Tensor> {
-        let s = &self.shape.vision;
+        let s = &self.shape;
         let act = self.act;
         let qkv = layer.qkv.forward(rt, x, &format!("{l}.qkv_proj"), 0, act)?;
         // The fused output holds q, k and v one after another (`FusedLinear::split`'s views);
@@ -359,6 +348,82 @@ impl Gemma3Vision {
         drop(qkv);
         drop(o);
         Ok(out)
+    }
+}
+
+fn layer_norm(ld: &mut Loader, name: &str, d: usize) -> Result<LayerNorm> {
+    Ok(LayerNorm {
+        w: ld.dense(&format!("{name}.weight"), &[d])?,
+        b: ld.dense(&format!("{name}.bias"), &[d])?,
+    })
+}
+
+impl Gemma3Vision {
+    /// Loads the tower and projector through the framework allocator, in vLLM's order.
+    pub fn load(
+        rt: &Runtime,
+        cfg: &ModelConfig,
+        src: &dyn WeightSource,
+        opts: &LoadOptions,
+    ) -> Result<Self> {
+        let shape = cfg.gemma3_mm.clone().ok_or_else(|| {
+            Error::Request("this config has no vision tower (model_type gemma3)".into())
+        })?;
+        opts.require_16bit(
+            src,
+            "gemma3 (multimodal)",
+            "its SigLIP vision tower's quantized linear layers are not modelled",
+        )?;
+        let s = &shape.vision;
+        let mut ld = Loader::new(rt, src, opts, shape.tensor_shapes(cfg.hidden_size).len());
+        let act = ld.act;
+        let d = s.hidden_size;
+        let tower = SiglipTower::load(rt, &mut ld, s, TOWER, s.num_layers, true)?;
+        let post_layernorm = layer_norm(&mut ld, &format!("{TOWER}.post_layernorm"), d)?;
+        let proj_w = ld.dense(
+            &format!("{PROJECTOR}.mm_input_projection_weight"),
+            &[d, cfg.hidden_size],
+        )?;
+        let soft_emb_norm = ld.dense(&format!("{PROJECTOR}.mm_soft_emb_norm.weight"), &[d])?;
+        Ok(Gemma3Vision {
+            shape,
+            act,
+            tower,
+            post_layernorm,
+            proj_w,
+            soft_emb_norm,
+        })
+    }
+
+    pub fn weight_bytes(&self) -> u64 {
+        self.tower.weight_bytes()
+            + self.post_layernorm.bytes()
+            + self.proj_w.nbytes()
+            + self.soft_emb_norm.nbytes()
+    }
+
+    /// `get_multimodal_embeddings` on `images` images already on the device (`pixel_values
+    /// [N, C, S, S]`): the tower (`SiglipVisionTransformer.forward`, siglip.py 0.11 L425-446)
+    /// and the projector (gemma3_mm.py 0.11 L440-461). Returns the projected embeddings
+    /// `[N · tokens_per_image, text_hidden]` (vLLM splits them into per-image views).
+    pub fn encode(&self, rt: &Runtime, pixels: &Tensor, images: usize) -> Result<Tensor> {
+        let eps = self.shape.vision.layer_norm_eps as f32;
+        let mut pool = self.tower.forward(rt, pixels, images, false)?;
+        let last = pool.pop().expect("the pool holds the embeddings");
+        // `resolve_visual_encoder_outputs`: post_layernorm into a new tensor; the last
+        // layer's output dies as `encoder_outputs` is rebound (vision.py 0.11); the
+        // embeddings (the transformer's `hidden_states`) when its forward returns.
+        let post = ops_phi::layer_norm(
+            rt,
+            &last,
+            &self.post_layernorm.w,
+            &self.post_layernorm.b,
+            eps,
+            "vision.post_layernorm",
+        )?;
+        drop(last);
+        drop(pool);
+        self.project(rt, post, images)
     }
 
     /// `Gemma3MultiModalProjector.forward`: the transposed copy `[N, D, g, g]`, the average
