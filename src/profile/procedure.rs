@@ -1484,13 +1484,14 @@ pub(crate) fn run_rank(
                         v.xformers = pixtral_xformers;
                         Some(Tower::Pixtral(Box::new(v)))
                     };
-                    let attention = if kind == "gemma3" || kind == "qwen2_5_vl" || kind == "llava_next" {
-                        profile.vision_attention.label(device_major)
-                    } else if pixtral_xformers {
-                        "xFormers memory-efficient (block-diagonal bias)"
-                    } else {
-                        "PyTorch SDPA (memory-efficient, dense block mask)"
-                    };
+                    let attention =
+                        if kind == "gemma3" || kind == "qwen2_5_vl" || kind == "llava_next" {
+                            profile.vision_attention.label(device_major)
+                        } else if pixtral_xformers {
+                            "xFormers memory-efficient (block-diagonal bias)"
+                        } else {
+                            "PyTorch SDPA (memory-efficient, dense block mask)"
+                        };
                     Some(Box::new(Encoder {
                         vision,
                         plan,

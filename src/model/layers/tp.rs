@@ -81,6 +81,13 @@ impl ExpertPlacement {
 }
 
 impl TpShard {
+    /// The runtime's tensor-parallel rank (rank 0 of 1 without tensor parallelism), with no
+    /// expert groups of its own: a vision tower's split.
+    pub fn of_ranks(rt: &Runtime) -> Self {
+        let (rank, size) = rt.tp().map_or((0, 1), |t| (t.rank, t.size));
+        TpShard::new(rank, size)
+    }
+
     /// Rank `rank` of `size` tensor-parallel ranks, the experts cut over the same ranks.
     pub fn new(rank: usize, size: usize) -> Self {
         TpShard {
@@ -97,8 +104,7 @@ impl TpShard {
     /// This runtime's shard, checking that the model divides as vLLM requires
     /// (config.py `verify_with_parallel_config`, linear.py `divide`).
     pub fn of(rt: &Runtime, cfg: &ModelConfig) -> Result<Self> {
-        let (rank, size) = rt.tp().map_or((0, 1), |t| (t.rank, t.size));
-        let mut s = TpShard::new(rank, size);
+        let mut s = TpShard::of_ranks(rt);
         if let Some(g) = rt.moe_group() {
             s.moe = MoeSplit {
                 rank: g.rank,

@@ -86,10 +86,7 @@ impl SiglipTower {
         num_layers: usize,
         pos_vocab_parallel: bool,
     ) -> Result<Self> {
-        let shard = {
-            let (rank, size) = rt.tp().map_or((0, 1), |t| (t.rank, t.size));
-            TpShard::new(rank, size)
-        };
+        let shard = TpShard::of_ranks(rt);
         if !s.num_heads.is_multiple_of(shard.size)
             || !s.intermediate_size.is_multiple_of(shard.size)
         {

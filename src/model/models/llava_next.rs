@@ -61,10 +61,7 @@ impl LlavaNextVision {
         let tower = SiglipTower::load(rt, &mut ld, &shape.vision, TOWER, shape.layers_used, false)?;
         rt.set_layer(None);
         let newline = ld.dense(NEWLINE, &[th])?;
-        let shard = {
-            let (rank, size) = rt.tp().map_or((0, 1), |t| (t.rank, t.size));
-            TpShard::new(rank, size)
-        };
+        let shard = TpShard::of_ranks(rt);
         if !th.is_multiple_of(shard.size) {
             return Err(Error::Request(format!(
                 "--tensor-parallel-size {} does not divide the projector's width {th}",

@@ -82,10 +82,7 @@ impl Mistral3Vision {
         )?;
         let s = &shape.vision;
         let th = cfg.hidden_size;
-        let shard = {
-            let (rank, size) = rt.tp().map_or((0, 1), |t| (t.rank, t.size));
-            TpShard::new(rank, size)
-        };
+        let shard = TpShard::of_ranks(rt);
         if !s.num_heads.is_multiple_of(shard.size)
             || !s.intermediate_size.is_multiple_of(shard.size)
             || !th.is_multiple_of(shard.size)

@@ -91,10 +91,7 @@ impl Qwen25Vision {
             "its vision tower's quantized linear layers are not modelled",
         )?;
         let s = &shape.vision;
-        let shard = {
-            let (rank, size) = rt.tp().map_or((0, 1), |t| (t.rank, t.size));
-            TpShard::new(rank, size)
-        };
+        let shard = TpShard::of_ranks(rt);
         shape
             .params_per_rank(shard.size)
             .map_err(|e| Error::Request(format!("--tp {}: {e}", shard.size)))?;
