@@ -202,6 +202,23 @@ fn the_encoder_pass_is_its_own_phase() {
     assert_eq!(e.attention, "FlashAttention varlen");
 }
 
+/// Gemma 3's SigLIP position embedding under tensor parallelism: 0.10/0.11 split it as a
+/// `VocabParallelEmbedding` (siglip.py 0.11.0 L70), 0.15 on keep it whole on every rank as an
+/// `nn.Embedding` (0.19.0 L303): at TP 2 the tower holds 2048 more rows of 1152 in bf16 per
+/// rank under 0.19.
+#[test]
+fn gemma3_siglip_position_embedding_is_whole_from_0_15() {
+    let tower = |vllm: &str| {
+        let mut req = request("preset:gemma-3-4b-it", "sim:h100-sxm:dry", vllm);
+        req.tokens = 2048;
+        req.seqs = 64;
+        req.tp = 2;
+        run(&req).encoder.unwrap().weights_bytes
+    };
+    assert_eq!(tower("0.19") - tower("0.11"), 2048 * 1152 * 2);
+    assert_eq!(tower("0.15"), tower("0.19"));
+}
+
 /// `--limit-mm-per-prompt '{"image":0}'`: no encoder profile (text-only, the runner embeds
 /// its tokens); 0.11 still builds the tower, 0.15 and 0.19 skip it (`_mark_tower_model`).
 #[test]

@@ -1453,6 +1453,7 @@ pub(crate) fn run_rank(
                             &opened.config,
                             opened.source.as_ref(),
                             &opts,
+                            matches!(release.name, "0.10" | "0.11"),
                         )?;
                         v.tower.varlen_attention = profile.vision_attention.varlen(device_major);
                         Some(Tower::Siglip(Box::new(v)))

@@ -357,11 +357,16 @@ fn layer_norm(ld: &mut Loader, name: &str, d: usize) -> Result<LayerNorm> {
 
 impl Gemma3Vision {
     /// Loads the tower and projector through the framework allocator, in vLLM's order.
+    /// `pos_vocab_parallel`: the release's SigLIP holds its position embedding as a
+    /// `VocabParallelEmbedding` (0.10.0 siglip.py L69, 0.11.0 L70); from 0.15 it is an
+    /// `nn.Embedding` whole on every rank (0.15.1 L300, 0.19.0 L303). One GPU holds the same
+    /// bytes either way (4096 rows, a multiple of 64).
     pub fn load(
         rt: &Runtime,
         cfg: &ModelConfig,
         src: &dyn WeightSource,
         opts: &LoadOptions,
+        pos_vocab_parallel: bool,
     ) -> Result<Self> {
         let shape = cfg.gemma3_mm.clone().ok_or_else(|| {
             Error::Request("this config has no vision tower (model_type gemma3)".into())
@@ -375,7 +380,7 @@ impl Gemma3Vision {
         let mut ld = Loader::new(rt, src, opts, shape.tensor_shapes(cfg.hidden_size).len());
         let act = ld.act;
         let d = s.hidden_size;
-        let tower = SiglipTower::load(rt, &mut ld, s, TOWER, s.num_layers, true)?;
+        let tower = SiglipTower::load(rt, &mut ld, s, TOWER, s.num_layers, pos_vocab_parallel)?;
         let post_layernorm = layer_norm(&mut ld, &format!("{TOWER}.post_layernorm"), d)?;
         let proj_w = ld.dense(
             &format!("{PROJECTOR}.mm_input_projection_weight"),
@@ -495,7 +500,7 @@ pub fn encode_test_images(dir: &std::path::Path, images: usize) -> Result<Vec<f3
                 .map(|s| (s.vision.num_channels, s.vision.image_size))
         },
         load: |rt, cfg, src, opts| {
-            let v = Gemma3Vision::load(rt, cfg, src, opts)?;
+            let v = Gemma3Vision::load(rt, cfg, src, opts, false)?;
             let act = v.act;
             Ok((v, act))
         },
@@ -520,7 +525,7 @@ mod tests {
             0,
         )
         .unwrap();
-        let v = Gemma3Vision::load(&rt, &cfg, src.source.as_ref(), &opts).unwrap();
+        let v = Gemma3Vision::load(&rt, &cfg, src.source.as_ref(), &opts, false).unwrap();
         assert_eq!(v.weight_bytes(), (416_866_032 + 2_950_272) * 2);
     }
 }
