@@ -1096,7 +1096,7 @@ impl<'a> Loader<'a> {
                 self.stats.source_bytes += self.src.stored_bytes(name);
             }
             if !self.needs_data && f.modelopt {
-                ws_all.push(self.src.read_fp8_weight_scale(name)?);
+                ws_all.extend(self.src.read_fp8_weight_scale(name)?);
             }
             r0 += n;
         }

@@ -2295,12 +2295,12 @@ impl WeightSource for SafetensorsModel {
         Ok((codes, weight, input))
     }
 
-    fn read_fp8_weight_scale(&self, name: &str) -> Result<f32> {
+    fn read_fp8_weight_scale(&self, name: &str) -> Result<Option<f32>> {
         let n = format!(
             "{}.weight_scale",
             self.resolve(name).trim_end_matches(".weight")
         );
-        self.shard_of(&n)?.fp8_scale(&n)
+        self.shard_of(&n)?.fp8_scale(&n).map(Some)
     }
 
     fn read_fp8_block(&self, name: &str, shape: &[usize]) -> Result<(Vec<u8>, Vec<f32>)> {

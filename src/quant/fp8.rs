@@ -397,9 +397,11 @@ impl Fp8Linear {
         let all = scalar(format!("{base}.weight_scale_eq_all"), DType::U8)?;
         drop(eq);
         drop(all);
+        // No values (a config alone): ModelOpt's export writes a stacked layer's shards at one
+        // scale (`preprocess_linear_fusion`), so they are taken as equal.
         let scales = weight_scales.1;
         let (qweight, weight_scale, value) = if scales.iter().all(|&s| s == scales[0]) {
-            let value = scales[0];
+            let value = scales.first().copied().unwrap_or(0.0);
             match rt.backend() {
                 Backend::Cpu => first_max.f32_mut()[0] = value,
                 Backend::Cuda => {
