@@ -505,3 +505,90 @@ fn llama31_8b_modelopt_fp8_weighs_by_hand_on_an_h100() {
     assert_eq!(code, Some(2));
     assert!(err.contains("ModelOptFp8KVCacheMethod"), "{err}");
 }
+
+/// The two lines docs/cli.md shows, as written there (from a scratch directory).
+#[test]
+fn the_docs_lines_run_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |line: &str| {
+        let words: Vec<&str> = line.split_whitespace().skip(1).collect();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args(&words)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        ok(&out);
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+    let lines = [
+        "vramscope gen-model tiny ./tiny-modelopt-fp8 --modelopt-fp8",
+        "vramscope profile --model ./tiny-modelopt-fp8 --vllm 0.19 --device sim:h100-80gb:compute",
+    ];
+    for l in lines {
+        assert!(docs.contains(l), "{l}");
+    }
+    run(lines[0]);
+    let text = run(lines[1]);
+    assert!(text.contains("weights"), "{text}");
+}
+
+/// `--quantization modelopt` in a pasted `vllm serve` line runs the checkpoint.
+#[test]
+fn quantization_modelopt_in_a_pasted_line_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_tiny(dir.path(), &["--modelopt-fp8"]);
+    ok(&vramscope(&[
+        "plan",
+        "--vllm",
+        "0.19",
+        "--device",
+        "sim:h100-80gb",
+        "--",
+        "vllm",
+        "serve",
+        dir.path().to_str().unwrap(),
+        "--quantization",
+        "modelopt",
+        "--max-model-len",
+        "256",
+    ]));
+}
+
+/// On a CUDA device (an fp8 GPU: Ada, Hopper, Blackwell), the same checkpoint's logits
+/// against CPU compute's. Needs a GPU: `cargo test --test modelopt_fp8 -- --ignored`.
+#[test]
+#[ignore = "needs an fp8 CUDA GPU"]
+fn cuda_logits_match_cpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    gen_tiny(dir.path(), &["--modelopt-fp8"]);
+    let logits = |device: &str, tag: &str| {
+        let json = tmp.path().join(format!("{tag}.json"));
+        ok(&vramscope(&[
+            "bench",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--quant",
+            "fp16",
+            "--device",
+            device,
+            "--tokens",
+            "64",
+            "--json",
+            json.to_str().unwrap(),
+        ]));
+        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+        r["logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect::<Vec<f64>>()
+    };
+    let cpu = logits("sim:h100-80gb:compute", "cpu");
+    let gpu = logits("cuda:0", "gpu");
+    let d = rel_l2(&cpu, &gpu);
+    println!("ModelOpt FP8 GPU vs CPU: relative L2 {d:.2e}");
+    assert!(d < 1e-2, "{d}");
+}
