@@ -259,7 +259,7 @@ fn nvfp4_refusals_are_one_line_each() {
     let hq = mo.path().join("hf_quant_config.json");
     let orig: serde_json::Value = serde_json::from_slice(&std::fs::read(&hq).unwrap()).unwrap();
     for (key, value, want) in [
-        ("quant_algo", serde_json::json!("FP8"), "'FP8'"),
+        ("quant_algo", serde_json::json!("FP8_PB_WO"), "'FP8_PB_WO'"),
         (
             "kv_cache_quant_algo",
             serde_json::json!("FP8"),

@@ -102,6 +102,11 @@ pub enum Command {
         /// weight_scale_2, input_scale, and hf_quant_config.json).
         #[arg(long, value_parser = ["ct", "modelopt"], conflicts_with_all = ["awq", "gptq", "ct_w4a16", "bnb_int8", "bnb_4bit", "fp8", "fp8_static", "fp8_block", "fp8_channel"])]
         nvfp4: Option<String>,
+        /// Write an NVIDIA ModelOpt FP8 checkpoint (quant_algo FP8: F8_E4M3 weight, F32 []
+        /// weight_scale and input_scale per projection, q/k/v and gate/up sharing one amax,
+        /// hf_quant_config.json; as nvidia/Llama-3.1-8B-Instruct-FP8 is published).
+        #[arg(long, conflicts_with_all = ["awq", "gptq", "ct_w4a16", "ct_w8a8", "bnb_int8", "bnb_4bit", "fp8", "fp8_static", "fp8_block", "fp8_channel", "nvfp4"])]
+        modelopt_fp8: bool,
         /// With --awq, --gptq or --ct-w4a16: inputs per quantization group (32, 64, 128, or
         /// -1 for one).
         #[arg(long, default_value_t = 128, allow_negative_numbers = true)]
@@ -637,6 +642,7 @@ pub fn main() -> i32 {
             ct_w4a16,
             ct_w8a8,
             nvfp4,
+            modelopt_fp8,
             group_size,
             desc_act,
             bnb_skip_modules,
@@ -684,6 +690,20 @@ pub fn main() -> i32 {
                 bnb_int8,
                 bnb_skip_modules,
             };
+            if modelopt_fp8 {
+                return match model::gen_modelopt_fp8::gen_model_modelopt_fp8(&preset, &dir, &opts) {
+                    Ok(files) => {
+                        println!("wrote {}", files.weights.display());
+                        println!("wrote {}", files.config.display());
+                        println!("wrote {}", dir.join("hf_quant_config.json").display());
+                        0
+                    }
+                    Err(e) => {
+                        eprintln!("vramscope: error: {}", one_line(&e.to_string()));
+                        2
+                    }
+                };
+            }
             if let Some(f) = nvfp4.as_deref() {
                 use crate::quant::nvfp4::Flavor;
                 let flavor = if f == "ct" {

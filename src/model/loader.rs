@@ -1095,6 +1095,9 @@ impl<'a> Loader<'a> {
                 self.stats.read_seconds += t.elapsed().as_secs_f64();
                 self.stats.source_bytes += self.src.stored_bytes(name);
             }
+            if !self.needs_data && f.modelopt {
+                ws_all.extend(self.src.read_fp8_weight_scale(name)?);
+            }
             r0 += n;
         }
         if self.needs_data {
@@ -1120,6 +1123,7 @@ impl<'a> Loader<'a> {
             in_features: k,
             per_channel: f.channel,
             int8: f.int8,
+            stored_scales: ws_all,
         })
     }
 
@@ -1703,6 +1707,7 @@ pub(crate) fn fp8_stored_after_loading(
     rt: &Runtime,
     lin: Fp8Linear,
     rows: &[usize],
+    modelopt: bool,
 ) -> Result<Fp8Linear> {
     if lin.per_channel {
         return fp8_channel_after_loading(rt, lin);
@@ -1711,6 +1716,7 @@ pub(crate) fn fp8_stored_after_loading(
         qweight,
         weight_scale,
         input_scale,
+        stored_scales,
         ..
     } = lin;
     let host = |t: &Tensor| -> Result<Vec<f32>> {
@@ -1720,7 +1726,12 @@ pub(crate) fn fp8_stored_after_loading(
             Backend::Dry => Ok(Vec::new()),
         }
     };
-    let ws = host(&weight_scale)?;
+    // ModelOpt's method decides on the scales' values, known here in every mode.
+    let ws = if modelopt {
+        stored_scales
+    } else {
+        host(&weight_scale)?
+    };
     let (is_t, is_v) = match input_scale {
         Some((t, _)) => {
             let v = host(&t)?;
@@ -1728,7 +1739,12 @@ pub(crate) fn fp8_stored_after_loading(
         }
         None => (None, Vec::new()),
     };
-    Fp8Linear::requantize_stored(
+    let after = if modelopt {
+        Fp8Linear::requantize_stored_modelopt
+    } else {
+        Fp8Linear::requantize_stored
+    };
+    after(
         rt,
         qweight,
         (weight_scale, &ws),
@@ -1773,21 +1789,31 @@ pub(crate) fn fp8_block_after_loading_fused(rt: &Runtime, f: &mut FusedLinear) -
 }
 
 /// `fp8_stored_after_loading` for a plain linear layer (one shard).
-pub(crate) fn fp8_stored_linear_after_loading(rt: &Runtime, lin: Linear) -> Result<Linear> {
+pub(crate) fn fp8_stored_linear_after_loading(
+    rt: &Runtime,
+    lin: Linear,
+    modelopt: bool,
+) -> Result<Linear> {
     match lin {
         Linear::Fp8(l) => {
             let rows = [l.out_features];
-            Ok(Linear::Fp8(fp8_stored_after_loading(rt, l, &rows)?))
+            Ok(Linear::Fp8(fp8_stored_after_loading(
+                rt, l, &rows, modelopt,
+            )?))
         }
         other => Ok(other),
     }
 }
 
 /// `fp8_stored_after_loading` for a stacked parameter (qkv_proj, gate_up_proj).
-pub(crate) fn fp8_stored_fused_after_loading(rt: &Runtime, f: FusedLinear) -> Result<FusedLinear> {
+pub(crate) fn fp8_stored_fused_after_loading(
+    rt: &Runtime,
+    f: FusedLinear,
+    modelopt: bool,
+) -> Result<FusedLinear> {
     match f {
         FusedLinear::Fp8 { linear, rows } => {
-            let linear = Box::new(fp8_stored_after_loading(rt, *linear, &rows)?);
+            let linear = Box::new(fp8_stored_after_loading(rt, *linear, &rows, modelopt)?);
             Ok(FusedLinear::Fp8 { linear, rows })
         }
         other => Ok(other),
@@ -1916,6 +1942,7 @@ mod tests {
                 compressed_tensors: false,
                 int8: false,
                 routers_unquantized: false,
+                modelopt: false,
             })
         }
         fn read_fp8(&self, name: &str, _: &[usize]) -> Result<(Vec<u8>, Vec<f32>, Option<f32>)> {
@@ -1969,7 +1996,7 @@ mod tests {
         assert_eq!(f.shard_rows(), vec![4096, 1024, 1024]);
         // The [3] scales as loaded, then one scalar each once processed.
         assert_eq!(f.weight_bytes(), 6144 * 4096 + 12 + 12);
-        let f = fp8_stored_fused_after_loading(&rt, f).unwrap();
+        let f = fp8_stored_fused_after_loading(&rt, f, false).unwrap();
         assert_eq!(f.weight_bytes(), 6144 * 4096 + 4 + 4);
         assert_eq!(rt.stats().allocated, 6144 * 4096 + 512 + 512);
         // A tensor-parallel cut is refused by name.
@@ -2010,7 +2037,7 @@ mod tests {
                 "l.mlp.gate_up_proj.weight",
             )
             .unwrap();
-        let f = fp8_stored_fused_after_loading(&rt, f).unwrap();
+        let f = fp8_stored_fused_after_loading(&rt, f, false).unwrap();
         let FusedLinear::Fp8 { linear, rows } = &f else {
             panic!("not fp8")
         };

@@ -9,6 +9,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod gen_modelopt_fp8;
 pub mod gen_nvfp4;
 pub mod gguf;
 pub mod layers;

@@ -177,7 +177,7 @@ pub fn stored_quant(config: &serde_json::Value, path: &Path) -> Result<StoredQua
         return compressed_tensors_config(config, path);
     }
     if method == "modelopt" {
-        return modelopt_config(q, path);
+        return modelopt_config(config, path);
     }
     if method == "awq" || method == "gptq" {
         return packed4_config(q, method, path);
@@ -490,6 +490,7 @@ fn fp8_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
         compressed_tensors: false,
         int8: false,
         routers_unquantized,
+        modelopt: false,
     })
 }
 
@@ -596,7 +597,8 @@ fn ct_nvfp4_config(q: &serde_json::Value, path: &Path) -> Result<StoredQuant> {
 /// `hf_quant_config.json`, or config.json's `{quant_algo, ignore, group_size,
 /// kv_cache_scheme}`. NVFP4 with group size 16 and no FP8 KV cache is modelled; FP8 and the
 /// other algorithms are refused by name.
-fn modelopt_config(q: &serde_json::Value, path: &Path) -> Result<StoredQuant> {
+fn modelopt_config(config: &serde_json::Value, path: &Path) -> Result<StoredQuant> {
+    let q = &config["quantization_config"];
     let legacy = !q["quantization"].is_null();
     let body = if legacy { &q["quantization"] } else { q };
     if !body.is_object() {
@@ -630,11 +632,14 @@ fn modelopt_config(q: &serde_json::Value, path: &Path) -> Result<StoredQuant> {
             ))
         }
     };
+    if algo == "FP8" {
+        return modelopt_fp8_config(config, body, legacy, path);
+    }
     if algo != "NVFP4" {
         return Err(Error::model(
             path,
             format!(
-                "{} is '{algo}': ModelOpt NVFP4 is modelled; FP8 (ModelOptFp8LinearMethod), FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, MXFP8 and MIXED_PRECISION are not yet",
+                "{} is '{algo}': ModelOpt NVFP4 and FP8 are modelled; FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, MXFP8 and MIXED_PRECISION are not yet",
                 key("quant_algo")
             ),
         ));
@@ -691,6 +696,108 @@ fn modelopt_config(q: &serde_json::Value, path: &Path) -> Result<StoredQuant> {
     let list = if legacy { "exclude_modules" } else { "ignore" };
     nvfp4_ignore(&body[list], &key(list), path)?;
     Ok(StoredQuant::Nvfp4(crate::quant::nvfp4::Flavor::ModelOpt))
+}
+
+/// ModelOpt `quant_algo: FP8` (`ModelOptFp8Config`, 0.11.0 modelopt.py L59-201, 0.19.0
+/// L366-437): per-tensor F8_E4M3 weights with F32 `weight_scale` and static `input_scale`,
+/// read as AutoFP8's static scheme (`StoredFp8` with `modelopt`). An FP8 KV cache
+/// (`kv_cache_quant_algo`, or config.json's float 8-bit `kv_cache_scheme`: stored k/v
+/// scales, `ModelOptFp8KVCacheMethod`) is refused by name, as is any decoder linear layer
+/// the exclusion list leaves 16-bit (`modelopt_fp8::excluded`, as vLLM matches the names).
+fn modelopt_fp8_config(
+    config: &serde_json::Value,
+    body: &serde_json::Value,
+    legacy: bool,
+    path: &Path,
+) -> Result<StoredQuant> {
+    let key = |k: &str| {
+        if legacy {
+            format!("quantization_config.quantization.{k}")
+        } else {
+            format!("quantization_config.{k}")
+        }
+    };
+    // 0.11.0 reads `kv_cache_quant_algo` in both forms (L140, L146); 0.19.0 config.json's
+    // `kv_cache_scheme` (L300-309).
+    for k in ["kv_cache_quant_algo", "kv_cache_scheme"] {
+        if !body[k].is_null() {
+            return Err(Error::model(
+                path,
+                format!(
+                    "{} is {}: ModelOpt's FP8 KV cache with stored k/v scales (ModelOptFp8KVCacheMethod) is not modelled yet",
+                    key(k),
+                    body[k]
+                ),
+            ));
+        }
+    }
+    // The legacy file says `exclude_modules`; config.json `ignore` (0.19.0 L296, L312) or
+    // `exclude_modules` (0.11.0 L147): both read.
+    let mut entries = Vec::new();
+    for k in ["exclude_modules", "ignore"] {
+        match &body[k] {
+            serde_json::Value::Null => {}
+            serde_json::Value::Array(a) => {
+                for e in a {
+                    match e.as_str() {
+                        Some(s) => entries.push(s.to_string()),
+                        None => {
+                            return Err(Error::model(
+                                path,
+                                format!("{} holds {e}, expected module names", key(k)),
+                            ))
+                        }
+                    }
+                }
+            }
+            other => {
+                return Err(Error::model(
+                    path,
+                    format!("{} is {other}, expected a list of names", key(k)),
+                ))
+            }
+        }
+    }
+    let layers = config["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+    let linears: [(&str, &[&str]); 4] = [
+        ("self_attn.qkv_proj", &["q_proj", "k_proj", "v_proj"]),
+        ("self_attn.o_proj", &[]),
+        ("mlp.gate_up_proj", &["gate_proj", "up_proj"]),
+        ("mlp.down_proj", &[]),
+    ];
+    for l in 0..layers {
+        for (name, parts) in linears {
+            let prefix = format!("model.layers.{l}.{name}");
+            let module = name.rsplit_once('.').map_or("", |(m, _)| m);
+            let shards: Vec<String> = parts
+                .iter()
+                .map(|p| format!("model.layers.{l}.{module}.{p}"))
+                .collect();
+            if crate::quant::modelopt_fp8::excluded(&prefix, &shards, &entries) {
+                return Err(Error::model(
+                    path,
+                    format!(
+                        "{} leaves {prefix} in 16 bits (vLLM's is_layer_excluded): a 16-bit linear layer inside a ModelOpt FP8 checkpoint is not modelled yet (only lm_head and non-linear modules may be listed)",
+                        key(if legacy { "exclude_modules" } else { "ignore" })
+                    ),
+                ));
+            }
+        }
+    }
+    let dtype = match config["torch_dtype"].as_str() {
+        Some("bfloat16") => DType::BF16,
+        _ => DType::F16,
+    };
+    Ok(StoredQuant::Fp8(StoredFp8 {
+        static_activations: true,
+        dtype,
+        block: None,
+        channel: false,
+        compressed_tensors: false,
+        int8: false,
+        routers_unquantized: false,
+        modelopt: true,
+    }))
 }
 
 /// A `quant_method: compressed-tensors` config (LLM Compressor's, RedHatAI's) read as vLLM's
@@ -855,6 +962,7 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
         compressed_tensors: true,
         int8: false,
         routers_unquantized: false,
+        modelopt: false,
     }))
 }
 
@@ -935,6 +1043,7 @@ fn int8_scheme(
         compressed_tensors: true,
         int8: true,
         routers_unquantized: false,
+        modelopt: false,
     }))
 }
 
@@ -2184,6 +2293,14 @@ impl WeightSource for SafetensorsModel {
             vec![scale("weight_scale")?]
         };
         Ok((codes, weight, input))
+    }
+
+    fn read_fp8_weight_scale(&self, name: &str) -> Result<Option<f32>> {
+        let n = format!(
+            "{}.weight_scale",
+            self.resolve(name).trim_end_matches(".weight")
+        );
+        self.shard_of(&n)?.fp8_scale(&n).map(Some)
     }
 
     fn read_fp8_block(&self, name: &str, shape: &[usize]) -> Result<(Vec<u8>, Vec<f32>)> {

@@ -96,6 +96,12 @@ pub trait WeightSource {
             format!("tensor {name} is not stored as fp8"),
         ))
     }
+    /// A per-tensor fp8 linear weight's stored `weight_scale` alone (checked as `read_fp8`
+    /// checks it), for a run without compute that needs the value (ModelOpt FP8); `None`
+    /// where the source holds no tensors (a config alone).
+    fn read_fp8_weight_scale(&self, _name: &str) -> Result<Option<f32>> {
+        Ok(None)
+    }
     /// Reads a linear weight of a block-wise fp8 checkpoint as stored: its float8_e4m3fn
     /// codes `shape` and its `weight_scale_inv` grid, row-major (each checked finite and
     /// above 0).

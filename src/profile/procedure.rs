@@ -834,6 +834,28 @@ fn check_fp8(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
             ),
         ));
     }
+    if o.source.stored_fp8().is_some_and(|f| f.modelopt) {
+        // ModelOptFp8LinearMethod read in 0.11.0, 0.15.1 and 0.19.0 only.
+        if !matches!(release.name, "0.11" | "0.15" | "0.19") {
+            return Err(Error::model(
+                o.source.origin(),
+                format!(
+                    "a ModelOpt FP8 checkpoint is modelled as vLLM 0.11, 0.15 and 0.19 run it (ModelOptFp8LinearMethod), not --vllm {}",
+                    release.name
+                ),
+            ));
+        }
+        if let DeviceSpec::Sim { preset, .. } = &req.device {
+            if let Some(p) = crate::device::presets::find(preset) {
+                if !matches!(p.arch, "Ada" | "Hopper" | "Blackwell") {
+                    return Err(Error::Request(format!(
+                        "a ModelOpt FP8 checkpoint on {} ({}): vLLM refuses it below compute capability 8.9 (ModelOptFp8Config.get_min_capability, 0.19.0 modelopt.py L408-409); use an Ada, Hopper or Blackwell preset",
+                        p.name, p.arch
+                    )));
+                }
+            }
+        }
+    }
     match &req.device {
         DeviceSpec::Cuda { .. } => {}
         DeviceSpec::Sim { preset, .. } => {

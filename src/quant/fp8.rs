@@ -182,6 +182,10 @@ pub struct StoredFp8 {
     /// routers stay 16-bit (Qwen3-MoE passes its quant_config to the router, qwen3_moe.py
     /// L176-182 at 0.19.0, so without this vLLM would make them fp8).
     pub routers_unquantized: bool,
+    /// An NVIDIA ModelOpt `quant_algo: FP8` checkpoint (`ModelOptFp8LinearMethod`): the same
+    /// tensors as AutoFP8's static scheme, requantized only when a fused layer's shard
+    /// scales differ (0.19.0 modelopt.py L499-508).
+    pub modelopt: bool,
 }
 
 /// `quantization_config.weight_block_size`: `[block_n, block_k]` (output rows, input columns).
@@ -217,6 +221,9 @@ pub struct Fp8Linear {
     /// I8 weights and per-token I8 activations (compressed-tensors int8 w8a8) instead of
     /// e4m3.
     pub int8: bool,
+    /// The checkpoint's per-shard `weight_scale`s until after loading; read even without
+    /// compute for ModelOpt, where whether they are equal decides what is allocated.
+    pub stored_scales: Vec<f32>,
 }
 
 impl Fp8Linear {
@@ -266,6 +273,7 @@ impl Fp8Linear {
             in_features: k,
             per_channel: false,
             int8: false,
+            stored_scales: Vec::new(),
         })
     }
 
@@ -357,6 +365,83 @@ impl Fp8Linear {
             in_features: k,
             per_channel: false,
             int8: false,
+            stored_scales: Vec::new(),
+        })
+    }
+
+    /// `ModelOptFp8LinearMethod.process_weights_after_loading` (0.11.0 modelopt.py L264-273,
+    /// 0.15.1 L501-510, 0.19.0 L509-518): `weight_scale.max()` (a 0-dim f32), then
+    /// `(weight_scale == weight_scale[0]).all()` (a bool `[shards]` and a 0-dim bool, both
+    /// freed once Python has its truth). Equal shard scales (what ModelOpt's export writes
+    /// for q/k/v and gate/up) keep the codes as stored; otherwise `requantize_with_max_scale`
+    /// runs as AutoFP8's path does (`requantize_stored`), its own max replacing the first.
+    /// Then `weight.t()` (a view) and `input_scale.max()`, as there.
+    pub fn requantize_stored_modelopt(
+        rt: &Runtime,
+        qweight: Tensor,
+        weight_scales: (Tensor, &[f32]),
+        input_scales: Option<(Tensor, &[f32])>,
+        rows: &[usize],
+    ) -> Result<Self> {
+        let base = qweight.name.trim_end_matches(".weight").to_string();
+        let (n, k) = (qweight.shape[0], qweight.cols());
+        rt.set_op("modelopt_fp8.process_weights_after_loading");
+        let scalar = |name: String, dtype| rt.tensor(name, Category::Weight, &[], dtype);
+        let mut first_max = scalar(format!("{base}.weight_scale"), DType::F32)?;
+        let eq = rt.tensor(
+            format!("{base}.weight_scale_eq"),
+            Category::Weight,
+            &[rows.len()],
+            DType::U8,
+        )?;
+        let all = scalar(format!("{base}.weight_scale_eq_all"), DType::U8)?;
+        drop(eq);
+        drop(all);
+        // No values (a config alone): ModelOpt's export writes a stacked layer's shards at one
+        // scale (`preprocess_linear_fusion`), so they are taken as equal.
+        let scales = weight_scales.1;
+        let (qweight, weight_scale, value) = if scales.iter().all(|&s| s == scales[0]) {
+            let value = scales.first().copied().unwrap_or(0.0);
+            match rt.backend() {
+                Backend::Cpu => first_max.f32_mut()[0] = value,
+                Backend::Cuda => {
+                    crate::engine::ops::cuda(rt, |c| c.upload_f32(&mut first_max, &[value]))?
+                }
+                Backend::Dry => {}
+            }
+            drop(weight_scales.0);
+            (qweight, first_max, value)
+        } else {
+            // The requantized max is made while the first is alive; the first is freed when
+            // `max_w_scale` is rebound, before the `[shards]` scale is replaced.
+            let lin = Self::requantize_stored(rt, qweight, weight_scales, None, rows)?;
+            drop(first_max);
+            (lin.qweight, lin.weight_scale, lin.weight_scale_value)
+        };
+        let input_scale = match input_scales {
+            None => None,
+            Some((old, values)) => {
+                let mut t = scalar(format!("{base}.input_scale"), DType::F32)?;
+                let m = values.iter().fold(f32::MIN, |m, &s| m.max(s));
+                match rt.backend() {
+                    Backend::Cpu => t.f32_mut()[0] = m,
+                    Backend::Cuda => crate::engine::ops::cuda(rt, |c| c.upload_f32(&mut t, &[m]))?,
+                    Backend::Dry => {}
+                }
+                drop(old);
+                Some((t, m))
+            }
+        };
+        Ok(Fp8Linear {
+            qweight,
+            weight_scale,
+            weight_scale_value: value,
+            input_scale,
+            out_features: n,
+            in_features: k,
+            per_channel: false,
+            int8: false,
+            stored_scales: Vec::new(),
         })
     }
 

@@ -8,6 +8,7 @@ pub mod fp8;
 pub mod fp8_block;
 pub mod int8;
 pub mod marlin;
+pub mod modelopt_fp8;
 pub mod mxfp4;
 pub mod nf4;
 pub mod nvfp4;

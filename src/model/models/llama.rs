@@ -300,9 +300,11 @@ impl LlamaModel {
                 }
             }
             rt.set_layer(None);
-        } else if src.stored_fp8().is_some() {
+        } else if let Some(f) = src.stored_fp8() {
             // A stored fp8 checkpoint: each layer's shards requantized at their largest
-            // scale, once every weight is loaded, in `named_modules` order.
+            // scale (ModelOpt's only where they differ), once every weight is loaded, in
+            // `named_modules` order.
+            let mo = f.modelopt;
             let t = std::time::Instant::now();
             layers = layers
                 .into_iter()
@@ -310,14 +312,14 @@ impl LlamaModel {
                 .zip(kv_scales)
                 .map(|((l, mut layer), kv)| {
                     rt.set_layer(Some((first + l) as u32));
-                    layer.attn.qkv = fp8_stored_fused_after_loading(rt, layer.attn.qkv)?;
-                    layer.attn.o = fp8_stored_linear_after_loading(rt, layer.attn.o)?;
+                    layer.attn.qkv = fp8_stored_fused_after_loading(rt, layer.attn.qkv, mo)?;
+                    layer.attn.o = fp8_stored_linear_after_loading(rt, layer.attn.o, mo)?;
                     // `named_modules`: qkv_proj, o_proj, rotary_emb, attn, then the MLP.
                     drop(kv);
                     layer.mlp = match layer.mlp {
                         Mlp::Dense { gate_up, down } => Mlp::Dense {
-                            gate_up: fp8_stored_fused_after_loading(rt, gate_up)?,
-                            down: fp8_stored_linear_after_loading(rt, down)?,
+                            gate_up: fp8_stored_fused_after_loading(rt, gate_up, mo)?,
+                            down: fp8_stored_linear_after_loading(rt, down, mo)?,
                         },
                         moe => moe,
                     };
