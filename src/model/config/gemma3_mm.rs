@@ -27,6 +27,43 @@ pub struct SiglipShape {
 }
 
 impl SiglipShape {
+    /// The tower's tensors under `prefix` as a checkpoint stores them: the embeddings, every
+    /// encoder layer and `post_layernorm` (transformers' `SiglipVisionTransformer`, without
+    /// the pooling head).
+    pub fn tower_tensor_shapes(&self, prefix: &str) -> Vec<(String, Vec<usize>)> {
+        let s = self;
+        let (d, i) = (s.hidden_size, s.intermediate_size);
+        let mut out = vec![
+            (
+                format!("{prefix}.embeddings.patch_embedding.weight"),
+                vec![d, s.num_channels, s.patch_size, s.patch_size],
+            ),
+            (format!("{prefix}.embeddings.patch_embedding.bias"), vec![d]),
+            (
+                format!("{prefix}.embeddings.position_embedding.weight"),
+                vec![s.num_patches(), d],
+            ),
+        ];
+        for l in 0..s.num_layers {
+            let p = format!("{prefix}.encoder.layers.{l}");
+            for n in ["layer_norm1", "layer_norm2"] {
+                out.push((format!("{p}.{n}.weight"), vec![d]));
+                out.push((format!("{p}.{n}.bias"), vec![d]));
+            }
+            for n in ["q_proj", "k_proj", "v_proj", "out_proj"] {
+                out.push((format!("{p}.self_attn.{n}.weight"), vec![d, d]));
+                out.push((format!("{p}.self_attn.{n}.bias"), vec![d]));
+            }
+            out.push((format!("{p}.mlp.fc1.weight"), vec![i, d]));
+            out.push((format!("{p}.mlp.fc1.bias"), vec![i]));
+            out.push((format!("{p}.mlp.fc2.weight"), vec![d, i]));
+            out.push((format!("{p}.mlp.fc2.bias"), vec![d]));
+        }
+        out.push((format!("{prefix}.post_layernorm.weight"), vec![d]));
+        out.push((format!("{prefix}.post_layernorm.bias"), vec![d]));
+        out
+    }
+
     /// Patches along one side of the image (64 for 896 / 14).
     pub fn patches_per_side(&self) -> usize {
         self.image_size / self.patch_size
@@ -78,35 +115,8 @@ impl Gemma3MmShape {
     /// The vision tower's and projector's tensors as the checkpoint stores them.
     pub fn tensor_shapes(&self, text_hidden: usize) -> Vec<(String, Vec<usize>)> {
         let s = &self.vision;
-        let (d, i) = (s.hidden_size, s.intermediate_size);
-        let mut out = vec![
-            (
-                format!("{TOWER}.embeddings.patch_embedding.weight"),
-                vec![d, s.num_channels, s.patch_size, s.patch_size],
-            ),
-            (format!("{TOWER}.embeddings.patch_embedding.bias"), vec![d]),
-            (
-                format!("{TOWER}.embeddings.position_embedding.weight"),
-                vec![s.num_patches(), d],
-            ),
-        ];
-        for l in 0..s.num_layers {
-            let p = format!("{TOWER}.encoder.layers.{l}");
-            for n in ["layer_norm1", "layer_norm2"] {
-                out.push((format!("{p}.{n}.weight"), vec![d]));
-                out.push((format!("{p}.{n}.bias"), vec![d]));
-            }
-            for n in ["q_proj", "k_proj", "v_proj", "out_proj"] {
-                out.push((format!("{p}.self_attn.{n}.weight"), vec![d, d]));
-                out.push((format!("{p}.self_attn.{n}.bias"), vec![d]));
-            }
-            out.push((format!("{p}.mlp.fc1.weight"), vec![i, d]));
-            out.push((format!("{p}.mlp.fc1.bias"), vec![i]));
-            out.push((format!("{p}.mlp.fc2.weight"), vec![d, i]));
-            out.push((format!("{p}.mlp.fc2.bias"), vec![d]));
-        }
-        out.push((format!("{TOWER}.post_layernorm.weight"), vec![d]));
-        out.push((format!("{TOWER}.post_layernorm.bias"), vec![d]));
+        let d = s.hidden_size;
+        let mut out = s.tower_tensor_shapes(TOWER);
         out.push((
             format!("{PROJECTOR}.mm_input_projection_weight"),
             vec![d, text_hidden],

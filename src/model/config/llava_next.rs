@@ -177,34 +177,7 @@ impl LlavaNextShape {
     pub fn tensor_shapes(&self, text_hidden: usize) -> Vec<(String, Vec<usize>)> {
         let s = &self.vision;
         let (d, i) = (s.hidden_size, s.intermediate_size);
-        let mut out = vec![
-            (
-                format!("{TOWER}.embeddings.patch_embedding.weight"),
-                vec![d, s.num_channels, s.patch_size, s.patch_size],
-            ),
-            (format!("{TOWER}.embeddings.patch_embedding.bias"), vec![d]),
-            (
-                format!("{TOWER}.embeddings.position_embedding.weight"),
-                vec![s.num_patches(), d],
-            ),
-        ];
-        for l in 0..s.num_layers {
-            let p = format!("{TOWER}.encoder.layers.{l}");
-            for n in ["layer_norm1", "layer_norm2"] {
-                out.push((format!("{p}.{n}.weight"), vec![d]));
-                out.push((format!("{p}.{n}.bias"), vec![d]));
-            }
-            for n in ["q_proj", "k_proj", "v_proj", "out_proj"] {
-                out.push((format!("{p}.self_attn.{n}.weight"), vec![d, d]));
-                out.push((format!("{p}.self_attn.{n}.bias"), vec![d]));
-            }
-            out.push((format!("{p}.mlp.fc1.weight"), vec![i, d]));
-            out.push((format!("{p}.mlp.fc1.bias"), vec![i]));
-            out.push((format!("{p}.mlp.fc2.weight"), vec![d, i]));
-            out.push((format!("{p}.mlp.fc2.bias"), vec![d]));
-        }
-        out.push((format!("{TOWER}.post_layernorm.weight"), vec![d]));
-        out.push((format!("{TOWER}.post_layernorm.bias"), vec![d]));
+        let mut out = s.tower_tensor_shapes(TOWER);
         if self.head_in_checkpoint {
             // SiglipMultiheadAttentionPoolingHead: the probe, nn.MultiheadAttention's packed
             // in_proj and out_proj, a LayerNorm and a SiglipMLP.
