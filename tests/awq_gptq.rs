@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::cli::{gen_tiny as gen, ok, profile_json_under as profile_under, vramscope};
+use common::cli::{
+    bench_logits, gen_tiny as gen, profile_json_under as profile_under, rel_l2, vramscope,
+};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -300,42 +302,6 @@ fn awq_and_gptq_under_v1_releases_profile_dry_and_in_compute_mode_alike() {
             "{flags:?} {vllm}"
         );
     }
-}
-
-/// Last-token logits of `bench` in compute mode.
-fn bench_logits(model: &str, device: &str, dir: &Path, tag: &str) -> Vec<f64> {
-    let json = dir.join(format!("{tag}.json"));
-    ok(&vramscope(&[
-        "bench",
-        "--model",
-        model,
-        "--quant",
-        "fp16",
-        "--device",
-        device,
-        "--tokens",
-        "64",
-        "--json",
-        json.to_str().unwrap(),
-    ]));
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
-    r["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect()
-}
-
-fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let d: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).powi(2))
-        .sum::<f64>()
-        .sqrt();
-    d / a.iter().map(|x| x * x).sum::<f64>().sqrt()
 }
 
 #[test]

@@ -8,7 +8,12 @@
 
 mod common;
 
-use common::cli::{gen_tiny as gen, ok, profile_json_under as profile_under, vramscope};
+use common::cli::{
+    bench_logits, gen_tiny as gen, ok, profile_json_under as profile_under, rel_l2, vramscope,
+};
+
+/// The simulated GPU the logits are computed on.
+const DEVICE: &str = "sim:a100-80gb:compute";
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -234,41 +239,6 @@ fn ct_w4a16_profiles_dry_and_compute_alike_and_holds_gptqs_marlin_tensors() {
     }
 }
 
-fn bench_logits(model: &str, tmp: &Path, tag: &str) -> Vec<f64> {
-    let json = tmp.join(format!("{tag}.json"));
-    ok(&vramscope(&[
-        "bench",
-        "--model",
-        model,
-        "--quant",
-        "fp16",
-        "--device",
-        "sim:a100-80gb:compute",
-        "--tokens",
-        "64",
-        "--json",
-        json.to_str().unwrap(),
-    ]));
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
-    r["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect()
-}
-
-fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let d: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).powi(2))
-        .sum::<f64>()
-        .sqrt();
-    d / a.iter().map(|x| x * x).sum::<f64>().sqrt()
-}
-
 /// CPU logits: the W4A16 checkpoint runs the same codes and scales as the GPTQ one (equal
 /// logits), and sits within 4-bit round-to-nearest's error of the 16-bit model: measured
 /// relative L2 0.1856 (groups of 32), where AWQ groups of 64 gives 0.1997 and GPTQ act-order
@@ -276,12 +246,12 @@ fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
 #[test]
 fn ct_w4a16_logits_equal_gptqs_and_are_near_the_16_bit_models() {
     let tmp = tempfile::tempdir().unwrap();
-    let base = bench_logits("preset:tiny", tmp.path(), "f16");
+    let base = bench_logits("preset:tiny", DEVICE, tmp.path(), "f16");
     let (ct_dir, gq_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     gen(ct_dir.path(), &["--ct-w4a16", "--group-size", "32"]);
     gen(gq_dir.path(), &["--gptq", "--group-size", "32"]);
-    let ct = bench_logits(ct_dir.path().to_str().unwrap(), tmp.path(), "ct");
-    let gq = bench_logits(gq_dir.path().to_str().unwrap(), tmp.path(), "gq");
+    let ct = bench_logits(ct_dir.path().to_str().unwrap(), DEVICE, tmp.path(), "ct");
+    let gq = bench_logits(gq_dir.path().to_str().unwrap(), DEVICE, tmp.path(), "gq");
     assert_eq!(ct, gq);
     let d = rel_l2(&base, &ct);
     println!("compressed-tensors w4a16 g32 vs fp16: relative L2 {d:.4}");

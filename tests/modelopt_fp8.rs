@@ -8,7 +8,10 @@ mod common;
 
 use std::path::Path;
 
-use common::cli::{gen_tiny, ok, profile_json_under, vramscope};
+use common::cli::{bench_logits, gen_tiny, ok, profile_json_under, rel_l2, vramscope};
+
+/// The simulated GPU the logits are computed on.
+const DEVICE: &str = "sim:h100-80gb:compute";
 
 const RELEASES: [&str; 3] = ["0.11", "0.15", "0.19"];
 
@@ -213,41 +216,6 @@ fn unequal_shard_scales_requantize_and_dry_still_equals_compute() {
     assert!(u > e, "{u} <= {e}");
 }
 
-fn bench_logits(model: &str, tmp: &Path, tag: &str) -> Vec<f64> {
-    let json = tmp.join(format!("{tag}.json"));
-    ok(&vramscope(&[
-        "bench",
-        "--model",
-        model,
-        "--quant",
-        "fp16",
-        "--device",
-        "sim:h100-80gb:compute",
-        "--tokens",
-        "64",
-        "--json",
-        json.to_str().unwrap(),
-    ]));
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
-    r["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect()
-}
-
-fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let d: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).powi(2))
-        .sum::<f64>()
-        .sqrt();
-    d / a.iter().map(|x| x * x).sum::<f64>().sqrt()
-}
-
 /// CPU logits within fp8's error of the 16-bit model's, and equal to the same tensors run as
 /// AutoFP8's static scheme: the forward is the same `Fp8LinearOp` with a static per-tensor
 /// input scale, and requantizing a shard at its own scale keeps its codes (the f16
@@ -255,12 +223,12 @@ fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
 #[test]
 fn modelopt_fp8_logits_are_near_the_16_bit_models_and_equal_autofp8s() {
     let tmp = tempfile::tempdir().unwrap();
-    let base = bench_logits("preset:tiny", tmp.path(), "f16");
+    let base = bench_logits("preset:tiny", DEVICE, tmp.path(), "f16");
     let (mo, auto) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     gen_tiny(mo.path(), &["--modelopt-fp8"]);
     as_autofp8(mo.path(), auto.path());
-    let m = bench_logits(mo.path().to_str().unwrap(), tmp.path(), "mo");
-    let a = bench_logits(auto.path().to_str().unwrap(), tmp.path(), "auto");
+    let m = bench_logits(mo.path().to_str().unwrap(), DEVICE, tmp.path(), "mo");
+    let a = bench_logits(auto.path().to_str().unwrap(), DEVICE, tmp.path(), "auto");
     let d = rel_l2(&base, &m);
     println!("ModelOpt FP8 vs fp16: relative L2 {d:.4}");
     assert!(d > 0.0 && d < 0.1, "{d}");

@@ -7,7 +7,10 @@ mod common;
 
 use std::path::Path;
 
-use common::cli::{gen_tiny, ok, profile_json_under, vramscope};
+use common::cli::{bench_logits, gen_tiny, ok, profile_json_under, rel_l2, vramscope};
+
+/// The simulated GPU the logits are computed on.
+const DEVICE: &str = "sim:a100-80gb:compute";
 
 fn header(dir: &Path) -> serde_json::Value {
     let raw = std::fs::read(dir.join("model.safetensors")).unwrap();
@@ -106,53 +109,18 @@ fn tiny_nvfp4_weighs_by_hand_and_plans_dry_as_it_computes() {
     }
 }
 
-fn bench_logits(model: &str, tmp: &Path, tag: &str) -> Vec<f64> {
-    let json = tmp.join(format!("{tag}.json"));
-    ok(&vramscope(&[
-        "bench",
-        "--model",
-        model,
-        "--quant",
-        "fp16",
-        "--device",
-        "sim:a100-80gb:compute",
-        "--tokens",
-        "64",
-        "--json",
-        json.to_str().unwrap(),
-    ]));
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
-    r["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect()
-}
-
-fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let d: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).powi(2))
-        .sum::<f64>()
-        .sqrt();
-    d / a.iter().map(|x| x * x).sum::<f64>().sqrt()
-}
-
 /// CPU logits: both tools' checkpoints hold the same codes and scales (one the other's
 /// global scale inverted), so their logits agree to the global scale's last bit, and both
 /// sit within 4-bit e2m1's error of the 16-bit model (measured relative L2 printed).
 #[test]
 fn nvfp4_logits_agree_across_tools_and_are_near_the_16_bit_models() {
     let tmp = tempfile::tempdir().unwrap();
-    let base = bench_logits("preset:tiny", tmp.path(), "f16");
+    let base = bench_logits("preset:tiny", DEVICE, tmp.path(), "f16");
     let (ct, mo) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     gen_tiny(ct.path(), &["--nvfp4", "ct"]);
     gen_tiny(mo.path(), &["--nvfp4", "modelopt"]);
-    let a = bench_logits(ct.path().to_str().unwrap(), tmp.path(), "ct");
-    let b = bench_logits(mo.path().to_str().unwrap(), tmp.path(), "mo");
+    let a = bench_logits(ct.path().to_str().unwrap(), DEVICE, tmp.path(), "ct");
+    let b = bench_logits(mo.path().to_str().unwrap(), DEVICE, tmp.path(), "mo");
     let between = rel_l2(&a, &b);
     let d = rel_l2(&base, &a);
     println!("NVFP4 vs fp16: relative L2 {d:.4}; compressed-tensors vs ModelOpt {between:.2e}");

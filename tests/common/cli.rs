@@ -51,3 +51,41 @@ pub fn profile_json_under(dir: &Path, device: &str, vllm: &str) -> serde_json::V
     ]));
     serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap()
 }
+
+/// Last-token logits of `bench` in fp16 compute mode on `device` (64 tokens), its JSON report
+/// written under `dir` as `TAG.json`.
+pub fn bench_logits(model: &str, device: &str, dir: &Path, tag: &str) -> Vec<f64> {
+    let json = dir.join(format!("{tag}.json"));
+    ok(&vramscope(&[
+        "bench",
+        "--model",
+        model,
+        "--quant",
+        "fp16",
+        "--device",
+        device,
+        "--tokens",
+        "64",
+        "--json",
+        json.to_str().unwrap(),
+    ]));
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    r["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect()
+}
+
+/// Relative L2 distance of `b` from `a`.
+pub fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let d: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    d / a.iter().map(|x| x * x).sum::<f64>().sqrt()
+}
