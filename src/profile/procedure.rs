@@ -916,8 +916,14 @@ fn check_fp8_block_model(
     if era == crate::quant::fp8_block::Fp8BlockEra::V0_8 {
         return bad("its fp8 experts are modelled under the V1 releases (--vllm 0.11, 0.15, 0.19), not 0.8.5".into());
     }
-    if !hopper {
-        return bad("fp8 experts off Hopper are not modelled (0.19.0's fused-MoE oracle tries FlashInfer CUTLASS before Triton there, fused_moe/oracle/fp8.py L68-80, not checked); use a Hopper preset (h100-80gb, h200-141gb)".into());
+    // Off Hopper, 0.11.0 runs the same Triton `fused_experts` (fp8.py L1069-1083): Marlin only
+    // below capability 8.9 (L447-449), DeepGEMM not installed (L454-463), CUTLASS's
+    // block-scaled grouped GEMM on capability 10.0 only (L469-478), FlashInfer only when
+    // VLLM_USE_FLASHINFER_MOE_FP8 is set (L440-443); no Ada file among its tuned configs, so
+    // `get_default_config`'s BLOCK_SIZE_M 64. 0.15.1 and 0.19.0 pick through their oracle
+    // (fused_moe/oracle/fp8.py), whose order off Hopper is not checked here.
+    if !hopper && era != crate::quant::fp8_block::Fp8BlockEra::V0_11 {
+        return bad("fp8 experts off Hopper are modelled under --vllm 0.11 only (0.15.1's and 0.19.0's fused-MoE oracle, fused_moe/oracle/fp8.py, tries FlashInfer CUTLASS and vLLM's CUTLASS before Triton there, not checked); use --vllm 0.11 or a Hopper preset (h100-80gb, h200-141gb)".into());
     }
     match c.arch.as_str() {
         "mixtral" | "deepseek_v2" | "deepseek_v3" | "kimi_k2" => Ok(()),
