@@ -86,9 +86,8 @@ fn the_tower_features_and_projector_match_the_reference() {
 }
 
 /// The merged image (`spatial_unpad`: the base crop, then each row of the tiles' patches closed
-/// by `image_newline`) against `pack_image_features`' math as the script's plain-Python mode
-/// renders it (fp64): provisional, as run 80's transformers call did not complete (its
-/// `pack_image_features` returns a list in 5.17; the script now takes it).
+/// by `image_newline`) against transformers 5.17's `pack_image_features` (fp32 CPU,
+/// docs/gpu-runs.md run 81; the plain-Python mode renders the same math in fp64).
 #[test]
 fn the_merged_image_matches_the_reference() {
     let dir = tempfile::tempdir().unwrap();

@@ -543,39 +543,26 @@ fn quantization_modelopt_in_a_pasted_line_runs() {
 }
 
 /// On a CUDA device (an fp8 GPU: Ada, Hopper, Blackwell), the same checkpoint's logits
-/// against CPU compute's. Needs a GPU: `cargo test --test modelopt_fp8 -- --ignored`.
+/// against CPU compute's. The tensor cores accumulate fp8 products in their own order, and an
+/// activation moved across an e4m3 rounding boundary moves a whole fp8 step, so the bound is
+/// the one the AutoFP8 tests hold (docs/gpu-runs.md run 46): GPU against CPU below 3/4 of the
+/// CPU's own fp8 distance from the 16-bit model (a wrong scale, shard or layout lands at that
+/// distance or beyond; run 81 measured 2.64e-2 GPU against CPU). The AutoFP8 relabelling of
+/// the same tensors runs the same kernels: equal logits on the GPU too. Needs a GPU:
+/// `cargo test --test modelopt_fp8 -- --ignored`.
 #[test]
 #[ignore = "needs an fp8 CUDA GPU"]
 fn cuda_logits_match_cpu() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    gen_tiny(dir.path(), &["--modelopt-fp8"]);
-    let logits = |device: &str, tag: &str| {
-        let json = tmp.path().join(format!("{tag}.json"));
-        ok(&vramscope(&[
-            "bench",
-            "--model",
-            dir.path().to_str().unwrap(),
-            "--quant",
-            "fp16",
-            "--device",
-            device,
-            "--tokens",
-            "64",
-            "--json",
-            json.to_str().unwrap(),
-        ]));
-        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
-        r["logits"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect::<Vec<f64>>()
-    };
-    let cpu = logits("sim:h100-80gb:compute", "cpu");
-    let gpu = logits("cuda:0", "gpu");
-    let d = rel_l2(&cpu, &gpu);
-    println!("ModelOpt FP8 GPU vs CPU: relative L2 {d:.2e}");
-    assert!(d < 1e-2, "{d}");
+    let (mo, auto) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    gen_tiny(mo.path(), &["--modelopt-fp8"]);
+    as_autofp8(mo.path(), auto.path());
+    let base = bench_logits("preset:tiny", DEVICE, tmp.path(), "f16");
+    let cpu = bench_logits(mo.path().to_str().unwrap(), DEVICE, tmp.path(), "cpu");
+    let gpu = bench_logits(mo.path().to_str().unwrap(), "cuda:0", tmp.path(), "gpu");
+    let gpu_auto = bench_logits(auto.path().to_str().unwrap(), "cuda:0", tmp.path(), "auto");
+    let (d, d_fp8) = (rel_l2(&cpu, &gpu), rel_l2(&base, &cpu));
+    println!("ModelOpt FP8 GPU vs CPU: relative L2 {d:.2e} (CPU fp8 vs fp16 {d_fp8:.2e})");
+    assert!(d < 0.75 * d_fp8, "{d} vs {d_fp8}");
+    assert_eq!(gpu, gpu_auto);
 }
