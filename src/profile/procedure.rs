@@ -1302,8 +1302,18 @@ pub(crate) fn run_rank(
         rt.ensure_lt_workspace()?;
         rt.set_op("instance");
     }
-    let t0 = checkpoint(&rt, "t0");
-    let _distributed = init_distributed(&rt, release, &group_comms)?;
+    // V0 reads the instance's free memory before `init_worker_distributed_environment`
+    // (worker.py L150-177); V1 takes its baseline snapshot after it, so the communicators
+    // and their warm-up all-reduce are not in V1's non-torch increase (0.11.0
+    // v1/worker/gpu_worker.py L169 then L182 `init_snapshot`; 0.19.0 L263, L282).
+    let v1 = matches!(release.engine, super::vllm::Engine::V1 { .. });
+    let (t0, _distributed) = if v1 {
+        let d = init_distributed(&rt, release, &group_comms)?;
+        (checkpoint(&rt, "t0"), d)
+    } else {
+        let t0 = checkpoint(&rt, "t0");
+        (t0, init_distributed(&rt, release, &group_comms)?)
+    };
     let before_load = rt.stats().allocated;
 
     rt.progress(Progress::Phase(Phase::Loading));
