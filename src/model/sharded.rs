@@ -981,7 +981,7 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
 }
 
 /// A 2:4 `sparsity_config` as vLLM 0.11 and 0.15 route it (`get_scheme`, 0.15.1
-/// compressed_tensors.py L718-787; `supports_cutlass_24` L833-895; 0.11.0 the same): a
+/// compressed_tensors.py L704-786; `supports_cutlass_24` L833-896; 0.11.0 the same): a
 /// `sparsity_structure` "2:4" config with targets and `format` "dense" or "sparse-24-bitmask"
 /// makes every targeted Linear a `CompressedTensors24` layer when it is unquantized or 8-bit
 /// w8a8 (weights per tensor or channel, activations per tensor or token). Modelled: 16-bit
@@ -1007,7 +1007,7 @@ fn ct_sparse24_config(config: &serde_json::Value, path: &Path) -> Result<Option<
         Some("sparse-24-bitmask") => Format::Bitmask,
         _ => {
             return refuse(format!(
-                "sparsity_config.format {} is not one CompressedTensors24 reads (\"dense\" or \"sparse-24-bitmask\", supports_cutlass_24 at 0.15.1 compressed_tensors.py L855-866)",
+                "sparsity_config.format {} is not one CompressedTensors24 reads (\"dense\" or \"sparse-24-bitmask\", supports_cutlass_24 at 0.15.1 compressed_tensors.py L854-868)",
                 sparse["format"]
             ))
         }
@@ -1077,13 +1077,13 @@ fn ct_sparse24_config(config: &serde_json::Value, path: &Path) -> Result<Option<
     let (w, a) = (&g["weights"], &g["input_activations"]);
     if a.is_null() {
         return refuse(format!(
-            "config_groups.{name} has no input_activations: weight-only quantization with a 2:4 sparsity_config (not CompressedTensors24: supports_cutlass_24 is false, L876-878 at 0.15.1) is not modelled yet"
+            "config_groups.{name} has no input_activations: weight-only quantization with a 2:4 sparsity_config (not CompressedTensors24: supports_cutlass_24 is false, L874-876 at 0.15.1) is not modelled yet"
         ));
     }
     let bits8 = |v: &serde_json::Value| v["num_bits"].as_u64() == Some(8);
     if !(bits8(w) && bits8(a)) {
         return refuse(format!(
-            "config_groups.{name}: weights {}-bit and activations {}-bit: CompressedTensors24 takes 8-bit weights and activations only (L895 at 0.15.1)",
+            "config_groups.{name}: weights {}-bit and activations {}-bit: CompressedTensors24 takes 8-bit weights and activations only (L896 at 0.15.1)",
             w["num_bits"], a["num_bits"]
         ));
     }
@@ -1103,7 +1103,7 @@ fn ct_sparse24_config(config: &serde_json::Value, path: &Path) -> Result<Option<
         Some("tensor") => false,
         other => {
             return refuse(format!(
-                "config_groups.{name}.weights.strategy {other:?}: CompressedTensors24 takes \"tensor\" or \"channel\" (L880-887 at 0.15.1)"
+                "config_groups.{name}.weights.strategy {other:?}: CompressedTensors24 takes \"tensor\" or \"channel\" (L878-886 at 0.15.1)"
             ))
         }
     };
@@ -2233,12 +2233,12 @@ impl WeightSource for SafetensorsModel {
         };
         // create_weights asserts every partition a multiple of 8 for the bitmask form
         // (0.15.1 compressed_tensors_24.py L111-114); cutlass_sparse_compress asserts k is
-        // (_custom_ops.py L945-947), cutlass_scaled_sparse_mm n and k/2 multiples of 16
+        // (_custom_ops.py L948), cutlass_scaled_sparse_mm n and k/2 multiples of 16
         // (L984).
         if !n.is_multiple_of(16) || !k.is_multiple_of(32) {
             return Err(Error::model(
                 &self.origin,
-                format!("tensor {name}: a [{n}, {k}] 2:4 linear: vLLM's CUTLASS 2:4 GEMM needs the outputs a multiple of 16 and the inputs of 32 (cutlass_scaled_sparse_mm asserts bt_nzs.shape[0] % 16 == 0 and bt_nzs.shape[1] % 16 == 0, _custom_ops.py L984 at 0.15.1)"),
+                format!("tensor {name}: a [{n}, {k}] 2:4 linear: vLLM's CUTLASS 2:4 GEMM needs the outputs a multiple of 16 and the inputs of 32 (cutlass_scaled_sparse_mm asserts bt_nzs.shape[0] % 16 == 0 and bt_nzs.shape[1] % 16 == 0, _custom_ops.py L985 at 0.15.1)"),
             ));
         }
         let floats = |t: &str, shape: &[usize], dtype: &str| -> Result<Vec<f32>> {

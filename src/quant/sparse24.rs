@@ -325,7 +325,7 @@ impl Sparse24Linear {
     }
 
     /// `process_weights_after_loading` (0.15.1 compressed_tensors_24.py L195-245, 0.11.0
-    /// L175-224), allocation for allocation:
+    /// L177-226), allocation for allocation:
     ///
     /// 1. The bitmask form, per shard of a stacked layer (`_decompress_bitmask_compressed_weight`,
     ///    L322-392: `torch.split` views): compressed-tensors' `sparse24_bitmask_decompress`
@@ -402,7 +402,7 @@ impl Sparse24Linear {
     /// `apply_weights` (0.15.1 compressed_tensors_24.py L247-291): fp8 quantizes the input per
     /// token (`QuantFP8` dynamic per token: `scaled_fp8_quant` allocates the fp8 `[m, k]` then
     /// its F32 `[m, 1]` scales), then `cutlass_scaled_sparse_mm` allocates the output
-    /// `[m, n]` in the activation dtype (_custom_ops.py L953-996 at 0.15.1); the GEMM's
+    /// `[m, n]` in the activation dtype (_custom_ops.py L953-997 at 0.15.1); the GEMM's
     /// workspace (`gemm_op.get_workspace_size`: 0 for these TMA warp-specialized kernels) is
     /// not allocated. On the host the product of the dense weight (each output row's sum in
     /// f32, as the tensor cores accumulate), then `scale_a · (scale_b · acc)` rounded to the
