@@ -602,7 +602,7 @@ fn ct_configs_not_modelled_or_wrong_are_one_line_each() {
                     "targets": ["Linear"], "ignore": ["lm_head"], "global_sparsity": 0.45
                 })
             }),
-            "sparsity_config (sparsity_structure '2:4', format 'sparse-24-bitmask', 2:4 sparse) is not modelled: vLLM 0.22 and later refuse",
+            "weight-only quantization with a 2:4 sparsity_config (not CompressedTensors24",
         ),
         (
             "kv cache",

@@ -107,6 +107,16 @@ pub enum Command {
         /// hf_quant_config.json; as nvidia/Llama-3.1-8B-Instruct-FP8 is published).
         #[arg(long, conflicts_with_all = ["awq", "gptq", "ct_w4a16", "ct_w8a8", "bnb_int8", "bnb_4bit", "fp8", "fp8_static", "fp8_block", "fp8_channel", "nvfp4"])]
         modelopt_fp8: bool,
+        /// Write a 2:4 sparse compressed-tensors checkpoint as LLM Compressor saves one (every
+        /// decoder projection pruned to two of every four inputs): "dense" (the pruned weight)
+        /// or "bitmask" (sparse-24-bitmask: compressed, bitmask, shape); 16-bit unless
+        /// --sparse24-fp8 (as RedHatAI's Sparse-Llama-3.1-8B-2of4 and …-2of4-FP8-dynamic).
+        #[arg(long, value_parser = ["dense", "bitmask"], conflicts_with_all = ["awq", "gptq", "ct_w4a16", "ct_w8a8", "bnb_int8", "bnb_4bit", "fp8", "fp8_static", "fp8_block", "fp8_channel", "nvfp4", "modelopt_fp8"])]
+        sparse24: Option<String>,
+        /// With --sparse24: fp8 weights (F8_E4M3, an F32 [n, 1] weight_scale per output
+        /// channel) and dynamic per-token fp8 activations (FP8_DYNAMIC).
+        #[arg(long, requires = "sparse24")]
+        sparse24_fp8: bool,
         /// With --awq, --gptq or --ct-w4a16: inputs per quantization group (32, 64, 128, or
         /// -1 for one).
         #[arg(long, default_value_t = 128, allow_negative_numbers = true)]
@@ -643,6 +653,8 @@ pub fn main() -> i32 {
             ct_w8a8,
             nvfp4,
             modelopt_fp8,
+            sparse24,
+            sparse24_fp8,
             group_size,
             desc_act,
             bnb_skip_modules,
@@ -696,6 +708,31 @@ pub fn main() -> i32 {
                         println!("wrote {}", files.weights.display());
                         println!("wrote {}", files.config.display());
                         println!("wrote {}", dir.join("hf_quant_config.json").display());
+                        0
+                    }
+                    Err(e) => {
+                        eprintln!("vramscope: error: {}", one_line(&e.to_string()));
+                        2
+                    }
+                };
+            }
+            if let Some(f) = sparse24.as_deref() {
+                use crate::quant::sparse24::Format;
+                let format = if f == "bitmask" {
+                    Format::Bitmask
+                } else {
+                    Format::Dense
+                };
+                return match model::gen_sparse24::gen_model_sparse24(
+                    &preset,
+                    &dir,
+                    &opts,
+                    format,
+                    sparse24_fp8,
+                ) {
+                    Ok(files) => {
+                        println!("wrote {}", files.weights.display());
+                        println!("wrote {}", files.config.display());
                         0
                     }
                     Err(e) => {

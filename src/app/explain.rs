@@ -451,6 +451,11 @@ fn fixes(failure: &StartFailure, facts: &LogFacts) -> Vec<String> {
              quantization_config is read without the flag)"
                 .into(),
         ],
+        StartFailure::Sparse24Removed => vec![
+            "vLLM 0.15 (or 0.11) on an H100 or H200, the last releases read that run \
+             CompressedTensors24, or the dense checkpoint"
+                .into(),
+        ],
         StartFailure::ModelNotFound { model, network } => {
             if *network {
                 vec![format!(

@@ -69,6 +69,7 @@ impl LoadOptions {
             && src.stored_fp8().is_none()
             && src.packed4().is_none()
             && src.nvfp4().is_none()
+            && src.sparse24().is_none()
         {
             return Ok(());
         }
@@ -716,6 +717,21 @@ impl<'a> Loader<'a> {
                 rows: rows.to_vec(),
             });
         }
+        if let (Some(scheme), true) = (
+            self.src.sparse24(),
+            names.iter().all(|n| super::is_projection(n)),
+        ) {
+            let slices: Vec<Slice> = full_rows
+                .iter()
+                .zip(parts)
+                .map(|(&full, &(first, len))| Slice::rows(full, k, first, len))
+                .collect();
+            let linear = self.sparse24(scheme, names, &slices, fused_name)?;
+            return Ok(FusedLinear::Sparse24 {
+                linear: Box::new(linear),
+                rows: rows.to_vec(),
+            });
+        }
         if let (Some(flavor), true) = (
             self.src.nvfp4(),
             names.iter().all(|n| super::is_projection(n)),
@@ -915,6 +931,11 @@ impl<'a> Loader<'a> {
             let sl = self.slice.unwrap_or(Slice::whole(n, k));
             let lin = self.fp8_stored(&[name.to_string()], &[sl], k, name)?;
             return Ok(Linear::Fp8(lin));
+        }
+        if let (Some(scheme), true) = (self.src.sparse24(), super::is_projection(name)) {
+            let sl = slice.unwrap_or(Slice::whole(n, k));
+            let l = self.sparse24(scheme, &[name.to_string()], &[sl], name)?;
+            return Ok(Linear::Sparse24(Box::new(l)));
         }
         if let (Some(flavor), true) = (self.src.nvfp4(), super::is_projection(name)) {
             let sl = slice.unwrap_or(Slice::whole(n, k));
@@ -1346,6 +1367,57 @@ impl<'a> Loader<'a> {
         )
     }
 
+    /// A 2:4 linear (one layer, or the shards `names` of a stacked one: one
+    /// `CompressedTensors24` layer) as `create_weights` allocates it and the loader fills it;
+    /// the values read (dense, decompressed from the bitmask form) in compute mode. Read
+    /// whole: a tensor-parallel cut is refused by name.
+    fn sparse24(
+        &mut self,
+        scheme: crate::quant::sparse24::Sparse24,
+        names: &[String],
+        slices: &[Slice],
+        fused_name: &str,
+    ) -> Result<crate::quant::sparse24::Sparse24Linear> {
+        let k = slices.first().map_or(0, |s| s.cols.1);
+        let mut parts = Vec::with_capacity(names.len());
+        let mut rows = Vec::with_capacity(names.len());
+        for (name, sl) in names.iter().zip(slices) {
+            let [full_n, full_k] = sl.full;
+            if !sl.is_whole() || names.iter().filter(|n| *n == name).count() > 1 {
+                return Err(Error::model(
+                    self.src.origin(),
+                    format!(
+                        "tensor {name}: {} weights are read whole, one checkpoint tensor per layer shard; cutting them across tensor-parallel ranks is not modelled yet: use --tp 1",
+                        scheme.label()
+                    ),
+                ));
+            }
+            self.tick(name, self.src.stored_bytes(name))?;
+            let t = std::time::Instant::now();
+            let p = self
+                .src
+                .read_sparse24(name, full_n, full_k, self.needs_data)?;
+            if self.needs_data {
+                self.stats.read_seconds += t.elapsed().as_secs_f64();
+                self.stats.source_bytes += self.src.stored_bytes(name);
+            }
+            parts.push((p, full_n));
+            rows.push(full_n);
+        }
+        let stacked = self
+            .needs_data
+            .then(|| crate::quant::sparse24::Parts::stack(parts));
+        crate::quant::sparse24::Sparse24Linear::load(
+            self.rt,
+            scheme,
+            fused_name.trim_end_matches(".weight"),
+            &rows,
+            k,
+            self.act,
+            stacked,
+        )
+    }
+
     /// An NVFP4 linear (one layer, or the shards `names` of a stacked one) as `create_weights`
     /// allocates it and the weight loader fills it (`Nvfp4Linear::load`): each shard's codes
     /// and block scales stacked along the output, one global and input scale per shard. Read
@@ -1638,6 +1710,27 @@ pub(crate) fn fp8_after_loading(rt: &Runtime, lin: &mut Linear) -> Result<()> {
 pub(crate) fn marlin_after_loading(rt: &Runtime, lin: &mut Linear, act: DType) -> Result<()> {
     if let Linear::Marlin(l) = lin {
         l.after_loading(rt, act)?;
+    }
+    Ok(())
+}
+
+/// `CompressedTensors24.process_weights_after_loading` (decompression, CUTLASS's
+/// compression), module by module.
+pub(crate) fn sparse24_after_loading(rt: &Runtime, lin: &mut Linear, act: DType) -> Result<()> {
+    if let Linear::Sparse24(l) = lin {
+        l.after_loading(rt, act)?;
+    }
+    Ok(())
+}
+
+/// `sparse24_after_loading` for a stacked parameter: one layer.
+pub(crate) fn sparse24_fused_after_loading(
+    rt: &Runtime,
+    f: &mut FusedLinear,
+    act: DType,
+) -> Result<()> {
+    if let FusedLinear::Sparse24 { linear, .. } = f {
+        linear.after_loading(rt, act)?;
     }
     Ok(())
 }

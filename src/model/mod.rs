@@ -11,6 +11,7 @@ pub mod batch;
 pub mod config;
 pub mod gen_modelopt_fp8;
 pub mod gen_nvfp4;
+pub mod gen_sparse24;
 pub mod gguf;
 pub mod layers;
 pub(crate) mod loader;
@@ -322,6 +323,7 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
                     fp8,
                     packed4: sq.packed4(),
                     nvfp4: sq.nvfp4(),
+                    sparse24: sq.sparse24(),
                 }),
                 threshold,
             ))
@@ -345,6 +347,8 @@ struct ConfigOnly {
     packed4: Option<crate::quant::marlin::Format>,
     /// An NVFP4 checkpoint: every projection stored in that format.
     nvfp4: Option<crate::quant::nvfp4::Flavor>,
+    /// A 2:4 sparse checkpoint: every projection stored in that form.
+    sparse24: Option<crate::quant::sparse24::Sparse24>,
 }
 
 /// The 4-bit layout `quantization_config` implies for a config-only model: transformers'
@@ -401,6 +405,25 @@ impl WeightSource for ConfigOnly {
     }
     fn nvfp4(&self) -> Option<crate::quant::nvfp4::Flavor> {
         self.nvfp4
+    }
+    fn sparse24(&self) -> Option<crate::quant::sparse24::Sparse24> {
+        self.sparse24
+    }
+    /// No values: a dry run's shapes only (the values need the checkpoint).
+    fn read_sparse24(
+        &self,
+        name: &str,
+        _n: usize,
+        _k: usize,
+        data: bool,
+    ) -> Result<crate::quant::sparse24::Parts> {
+        if data {
+            return Err(Error::model(
+                &self.config,
+                format!("{name}: config.json only, no weights: a 2:4 checkpoint without its safetensors runs dry only"),
+            ));
+        }
+        Ok(Default::default())
     }
     /// The shapes config.json implies (inputs in whole blocks of 16); no values.
     fn read_nvfp4(
@@ -603,8 +626,17 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
                     ]
                     .iter()
                     .any(|s| name.ends_with(s));
+                // A 2:4 bitmask weight's kept values stand for twice as many parameters; its
+                // mask and shape are not parameters.
+                let bitmask24 = st
+                    .stored_quant
+                    .sparse24()
+                    .is_some_and(|s| s.format == crate::quant::sparse24::Format::Bitmask);
                 if let Some(m) = &bnb4 {
                     params += m.numel() as u64;
+                } else if bitmask24 && name.ends_with(".compressed") {
+                    params += 2 * n;
+                } else if bitmask24 && (name.ends_with(".bitmask") || name.ends_with(".shape")) {
                 } else if nvfp4 && st.is_u8(name) {
                     params += 2 * n;
                 } else if nvfp4_scale {

@@ -93,9 +93,20 @@ pub enum StoredQuant {
     /// NVFP4 linears (`quant::nvfp4`): compressed-tensors' `nvfp4-pack-quantized` or
     /// ModelOpt's `quant_algo: NVFP4`, the lm_head (and embeddings, norms) 16-bit.
     Nvfp4(crate::quant::nvfp4::Flavor),
+    /// compressed-tensors 2:4 sparse linears (`quant::sparse24`), 16-bit or fp8, stored dense
+    /// or in the bitmask form; the lm_head (and embeddings, norms) 16-bit.
+    Sparse24(crate::quant::sparse24::Sparse24),
 }
 
 impl StoredQuant {
+    /// The 2:4 scheme of the checkpoint's linears, when it is 2:4 sparse.
+    pub fn sparse24(&self) -> Option<crate::quant::sparse24::Sparse24> {
+        match *self {
+            StoredQuant::Sparse24(s) => Some(s),
+            _ => None,
+        }
+    }
+
     /// The NVFP4 flavor of the checkpoint's quantized linears, when it has one.
     pub fn nvfp4(&self) -> Option<crate::quant::nvfp4::Flavor> {
         match *self {
@@ -825,6 +836,9 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
             format!("quantization_config (compressed-tensors): {what}"),
         ))
     };
+    if let Some(sq) = ct_sparse24_config(config, path)? {
+        return Ok(sq);
+    }
     let (packed, int8) = match q["format"].as_str() {
         Some("float-quantized" | "naive-quantized") | None => (false, false),
         Some("pack-quantized") => (true, false),
@@ -859,7 +873,7 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
     if !dense {
         let field = |k: &str| sparse[k].as_str().unwrap_or("?").to_string();
         return refuse(format!(
-            "sparsity_config (sparsity_structure '{}', format '{}', 2:4 sparse) is not modelled: vLLM 0.22 and later refuse any sparsity_config with targets (\"Sparsity support has been removed\", compressed_tensors.py L261-266 at 0.22.1), 0.19 and 0.21 raise NotImplementedError for 2:4 layers unquantized or in 8-bit w8a8 (CompressedTensors24, compressed_tensors_24.py L27 at 0.19.0), and 0.11 and 0.15 run those through CompressedTensors24 on Hopper only (cutlass_sparse_compress and cutlass_scaled_sparse_mm, get_min_capability 90), which vramscope does not reproduce yet",
+            "sparsity_config (sparsity_structure '{}', format '{}') is not modelled: vramscope reads 2:4 sparsity (sparsity_structure \"2:4\", format \"dense\" or \"sparse-24-bitmask\", targets [\"Linear\"]) as vLLM 0.11 and 0.15 run it (CompressedTensors24, docs/reading/vllm-sparse24.md); vLLM 0.22 and later refuse any sparsity_config with targets (\"Sparsity support has been removed\", compressed_tensors.py L261-266 at 0.22.1)",
             field("sparsity_structure"),
             field("format")
         ));
@@ -964,6 +978,148 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
         routers_unquantized: false,
         modelopt: false,
     }))
+}
+
+/// A 2:4 `sparsity_config` as vLLM 0.11 and 0.15 route it (`get_scheme`, 0.15.1
+/// compressed_tensors.py L704-786; `supports_cutlass_24` L833-896; 0.11.0 the same): a
+/// `sparsity_structure` "2:4" config with targets and `format` "dense" or "sparse-24-bitmask"
+/// makes every targeted Linear a `CompressedTensors24` layer when it is unquantized or 8-bit
+/// w8a8 (weights per tensor or channel, activations per tensor or token). Modelled: 16-bit
+/// (no `config_groups`) and fp8 weights with dynamic per-token fp8 activations (RedHatAI's
+/// `Sparse-Llama-3.1-8B-2of4-FP8-dynamic`). `None` where the config has no 2:4 sparsity;
+/// int8 or static activations, weight-only 2:4 and a sparsity `ignore` naming a decoder
+/// layer are refused by name.
+fn ct_sparse24_config(config: &serde_json::Value, path: &Path) -> Result<Option<StoredQuant>> {
+    use crate::quant::sparse24::{Format, Sparse24};
+    let q = &config["quantization_config"];
+    let sparse = &q["sparsity_config"];
+    if sparse["sparsity_structure"].as_str() != Some("2:4") {
+        return Ok(None);
+    }
+    let refuse = |what: String| -> Result<Option<StoredQuant>> {
+        Err(Error::model(
+            path,
+            format!("quantization_config (compressed-tensors 2:4 sparse): {what}"),
+        ))
+    };
+    let format = match sparse["format"].as_str() {
+        Some("dense") => Format::Dense,
+        Some("sparse-24-bitmask") => Format::Bitmask,
+        _ => {
+            return refuse(format!(
+                "sparsity_config.format {} is not one CompressedTensors24 reads (\"dense\" or \"sparse-24-bitmask\", supports_cutlass_24 at 0.15.1 compressed_tensors.py L854-868)",
+                sparse["format"]
+            ))
+        }
+    };
+    // `sparsity_scheme_map` has one entry per target (L264-266): none, no 2:4 layer.
+    let targets = sparse["targets"].as_array().cloned().unwrap_or_default();
+    if targets.is_empty() {
+        return Ok(None);
+    }
+    if !targets.iter().any(|t| t.as_str() == Some("Linear")) {
+        return refuse(format!(
+            "sparsity_config.targets is {}: only [\"Linear\"] (every linear layer 2:4) is modelled",
+            sparse["targets"]
+        ));
+    }
+    if let Some(n) = sparse["ignore"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| !n.as_str().is_some_and(|s| s.ends_with("lm_head")))
+    {
+        return refuse(format!(
+            "sparsity_config.ignore lists {n}: a decoder linear layer left dense inside a 2:4 checkpoint is not modelled (only lm_head)"
+        ));
+    }
+    if !q["kv_cache_scheme"].is_null() {
+        return refuse("a kv_cache_scheme (stored fp8 KV scales) is not modelled yet".into());
+    }
+    let dtype = match config["torch_dtype"].as_str() {
+        Some("bfloat16") => DType::BF16,
+        _ => DType::F16,
+    };
+    let groups = q["config_groups"].as_object().cloned().unwrap_or_default();
+    if groups.is_empty() {
+        return Ok(Some(StoredQuant::Sparse24(Sparse24 {
+            format,
+            fp8_channel: None,
+            dtype,
+        })));
+    }
+    if groups.len() != 1 {
+        return refuse(format!(
+            "{} config_groups: only one scheme for every Linear layer is modelled",
+            groups.len()
+        ));
+    }
+    let (name, g) = groups.iter().next().expect("one group");
+    if !g["targets"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|x| x.as_str() == Some("Linear")))
+    {
+        return refuse(format!(
+            "config_groups.{name}.targets is {}, expected [\"Linear\"]",
+            g["targets"]
+        ));
+    }
+    if let Some(n) = q["ignore"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| !n.as_str().is_some_and(|s| s.ends_with("lm_head")))
+    {
+        return refuse(format!(
+            "ignore lists {n}: a linear layer left in 16 bits is not read yet (only lm_head)"
+        ));
+    }
+    let (w, a) = (&g["weights"], &g["input_activations"]);
+    if a.is_null() {
+        return refuse(format!(
+            "config_groups.{name} has no input_activations: weight-only quantization with a 2:4 sparsity_config (not CompressedTensors24: supports_cutlass_24 is false, L874-876 at 0.15.1) is not modelled yet"
+        ));
+    }
+    let bits8 = |v: &serde_json::Value| v["num_bits"].as_u64() == Some(8);
+    if !(bits8(w) && bits8(a)) {
+        return refuse(format!(
+            "config_groups.{name}: weights {}-bit and activations {}-bit: CompressedTensors24 takes 8-bit weights and activations only (L896 at 0.15.1)",
+            w["num_bits"], a["num_bits"]
+        ));
+    }
+    if w["type"].as_str() != Some("float") || a["type"].as_str() != Some("float") {
+        return refuse(format!(
+            "config_groups.{name}: weights {} and activations {}: int8 w8a8 2:4 (CUTLASS int8 sparse GEMM) is not modelled yet; fp8 (type float) is",
+            w["type"], a["type"]
+        ));
+    }
+    if w["symmetric"].as_bool() != Some(true) || w["dynamic"].as_bool() == Some(true) {
+        return refuse(format!(
+            "config_groups.{name}.weights: only symmetric static fp8 weights are modelled"
+        ));
+    }
+    let channel = match w["strategy"].as_str() {
+        Some("channel") => true,
+        Some("tensor") => false,
+        other => {
+            return refuse(format!(
+                "config_groups.{name}.weights.strategy {other:?}: CompressedTensors24 takes \"tensor\" or \"channel\" (L878-886 at 0.15.1)"
+            ))
+        }
+    };
+    match (a["strategy"].as_str(), a["dynamic"].as_bool()) {
+        (Some("token"), Some(true)) => {}
+        (s, d) => {
+            return refuse(format!(
+                "config_groups.{name}.input_activations strategy {s:?} with dynamic {d:?}: only dynamic per-token fp8 activations are modelled for 2:4 (static per-tensor ones are not yet)"
+            ))
+        }
+    }
+    Ok(Some(StoredQuant::Sparse24(Sparse24 {
+        format,
+        fp8_channel: Some(channel),
+        dtype,
+    })))
 }
 
 /// `config_groups.NAME` of an `int-quantized` checkpoint as vLLM picks
@@ -1434,6 +1590,13 @@ impl SafetensorsModel {
                 && shape.len() == 2
             {
                 self.read_nvfp4(&name, shape[0], shape[1], false)?;
+                continue;
+            }
+            if self.stored_quant.sparse24().is_some()
+                && super::is_projection(&name)
+                && shape.len() == 2
+            {
+                self.read_sparse24(&name, shape[0], shape[1], false)?;
                 continue;
             }
             if self.stored_quant.packed4().is_some()
@@ -2038,6 +2201,135 @@ impl WeightSource for SafetensorsModel {
         })
     }
 
+    fn sparse24(&self) -> Option<crate::quant::sparse24::Sparse24> {
+        self.stored_quant.sparse24()
+    }
+
+    /// A 2:4 linear as compressed-tensors stores it (`quant::sparse24`): the dense `weight
+    /// [n, k]`, or `compressed [n, k/2]`, `bitmask [n, k/8]` U8 and `shape [2, 1]` I64
+    /// holding `[n, k]`; fp8 weights with their F32 `weight_scale` (`[n, 1]` or one). Shapes,
+    /// dtypes, scales and the bitmask's two-of-four are checked always; the dense form's
+    /// values (more than two non-zeros in a group of four refused) when `data` is set.
+    fn read_sparse24(
+        &self,
+        name: &str,
+        n: usize,
+        k: usize,
+        data: bool,
+    ) -> Result<crate::quant::sparse24::Parts> {
+        use crate::quant::sparse24::{self, Format, Parts};
+        let sc = self.stored_quant.sparse24().ok_or_else(|| {
+            Error::model(
+                &self.origin,
+                format!("tensor {name} is not stored 2:4 sparse"),
+            )
+        })?;
+        let base = name.strip_suffix(".weight").unwrap_or(name);
+        let fp8 = sc.fp8_channel.is_some();
+        let value_dtypes: &[&str] = if fp8 {
+            &["F8_E4M3"]
+        } else {
+            &["F16", "BF16", "F32"]
+        };
+        // create_weights asserts every partition a multiple of 8 for the bitmask form
+        // (0.15.1 compressed_tensors_24.py L111-114); cutlass_sparse_compress asserts k is
+        // (_custom_ops.py L948), cutlass_scaled_sparse_mm n and k/2 multiples of 16
+        // (L984).
+        if !n.is_multiple_of(16) || !k.is_multiple_of(32) {
+            return Err(Error::model(
+                &self.origin,
+                format!("tensor {name}: a [{n}, {k}] 2:4 linear: vLLM's CUTLASS 2:4 GEMM needs the outputs a multiple of 16 and the inputs of 32 (cutlass_scaled_sparse_mm asserts bt_nzs.shape[0] % 16 == 0 and bt_nzs.shape[1] % 16 == 0, _custom_ops.py L985 at 0.15.1)"),
+            ));
+        }
+        let floats = |t: &str, shape: &[usize], dtype: &str| -> Result<Vec<f32>> {
+            if dtype == "F8_E4M3" {
+                let s = self.shard_of(t)?;
+                Ok(s.raw_f8_e4m3(self.resolve(t), shape)?
+                    .iter()
+                    .map(|&c| crate::quant::fp8::decode(c))
+                    .collect())
+            } else {
+                self.read_f32(t, shape)
+            }
+        };
+        let (values, origin, tname) = match sc.format {
+            Format::Dense => {
+                let w = format!("{base}.weight");
+                let (s, dtype) =
+                    self.checked(&w, &[n, k], value_dtypes, "the 2:4 weight, dense")?;
+                let v = if data {
+                    floats(&w, &[n, k], &dtype)?
+                } else {
+                    Vec::new()
+                };
+                (v, s.path.clone(), w)
+            }
+            Format::Bitmask => {
+                let [sn, cn, bn] =
+                    ["shape", "compressed", "bitmask"].map(|p| format!("{base}.{p}"));
+                if self.shard_of(&cn).is_err() {
+                    return Err(Error::model(
+                        &self.origin,
+                        format!("tensor {cn} is missing (the sparse-24-bitmask checkpoint implies the [{n}, {k}] linear {name})"),
+                    ));
+                }
+                let (ss, _) = self.checked(&sn, &[2, 1], &["I64"], "the dense shape [n, k]")?;
+                let b = ss.raw_bytes(self.resolve(&sn)).unwrap_or(&[]);
+                let dims: Vec<i64> = b
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect();
+                if dims != [n as i64, k as i64] {
+                    return Err(Error::model(
+                        &ss.path,
+                        format!("tensor {sn} holds {dims:?}, expected [{n}, {k}] (config.json's shape of {name})"),
+                    ));
+                }
+                let (_, dtype) = self.checked(
+                    &cn,
+                    &[n, k / 2],
+                    value_dtypes,
+                    "two kept values of every four inputs",
+                )?;
+                let (bs, _) = self.checked(&bn, &[n, k / 8], &["U8"], "one bit an input")?;
+                let mask = bs.raw_bytes(self.resolve(&bn)).unwrap_or(&[]);
+                let bad = |e: String| Error::model(&bs.path, format!("tensor {bn}: {e}"));
+                let v = if data {
+                    let kept = floats(&cn, &[n, k / 2], &dtype)?;
+                    sparse24::decode_bitmask(&kept, mask, n, k).map_err(bad)?
+                } else {
+                    sparse24::check_bitmask(mask, n, k).map_err(bad)?;
+                    Vec::new()
+                };
+                (v, bs.path.clone(), bn)
+            }
+        };
+        if let Some((r, c)) = data
+            .then(|| sparse24::first_dense_group(&values, n, k))
+            .flatten()
+        {
+            return Err(Error::model(
+                &origin,
+                format!(
+                    "tensor {tname}: row {r}, inputs {c}..{} hold more than two non-zeros: the weight is not 2:4 sparse",
+                    c + 4
+                ),
+            ));
+        }
+        let scales = match sc.fp8_channel {
+            None => Vec::new(),
+            Some(true) => {
+                let t = format!("{base}.weight_scale");
+                self.shard_of(&t)?.fp8_channel_scales(self.resolve(&t), n)?
+            }
+            Some(false) => {
+                let t = format!("{base}.weight_scale");
+                vec![self.shard_of(&t)?.fp8_scale(self.resolve(&t))?]
+            }
+        };
+        Ok(Parts { values, scales })
+    }
+
     fn read_u8(&self, name: &str, shape: &[usize]) -> Result<Vec<u8>> {
         let (s, _) = self.checked(name, shape, &["U8"], "MXFP4: e2m1 pairs and e8m0 scales")?;
         let stored = self.resolve(name);
@@ -2152,6 +2444,16 @@ impl WeightSource for SafetensorsModel {
             self.shard_of(n)
                 .map_or(0, |s| s.tensor_bytes(self.resolve(n)))
         };
+        if let (Some(sc), true) = (self.stored_quant.sparse24(), super::is_projection(name)) {
+            let base = name.strip_suffix(".weight").unwrap_or(name);
+            let parts: &[&str] = match sc.format {
+                crate::quant::sparse24::Format::Dense => &["weight", "weight_scale"],
+                crate::quant::sparse24::Format::Bitmask => {
+                    &["shape", "compressed", "bitmask", "weight_scale"]
+                }
+            };
+            return parts.iter().map(|p| bytes(&format!("{base}.{p}"))).sum();
+        }
         if let (Some(flavor), true) = (self.stored_quant.nvfp4(), super::is_projection(name)) {
             let base = name.strip_suffix(".weight").unwrap_or(name);
             return flavor

@@ -129,6 +129,24 @@ pub trait WeightSource {
             format!("tensor {name} is not stored as NVFP4"),
         ))
     }
+    /// The 2:4 scheme of the checkpoint's linears, when it is 2:4 sparse.
+    fn sparse24(&self) -> Option<crate::quant::sparse24::Sparse24> {
+        None
+    }
+    /// The stored 2:4 linear `name` (`[n, k]`, its `….weight` name in the config's naming):
+    /// shapes, dtypes, scales and pattern checked; the dense values when `data` is set.
+    fn read_sparse24(
+        &self,
+        name: &str,
+        _n: usize,
+        _k: usize,
+        _data: bool,
+    ) -> Result<crate::quant::sparse24::Parts> {
+        Err(Error::model(
+            self.origin(),
+            format!("tensor {name} is not stored 2:4 sparse"),
+        ))
+    }
     /// The AWQ / GPTQ format of the checkpoint's quantized linears, when it has one.
     fn packed4(&self) -> Option<crate::quant::marlin::Format> {
         None

@@ -116,6 +116,9 @@ pub enum StartFailure {
         model: String,
         network: bool,
     },
+    /// A 2:4 sparse compressed-tensors checkpoint under a release whose `CompressedTensors24`
+    /// raises (0.19 on: `quant::sparse24::release_refusal`).
+    Sparse24Removed,
 }
 
 impl StartFailure {
@@ -224,6 +227,10 @@ impl StartFailure {
             StartFailure::UnknownQuantization { method } => {
                 format!("this vLLM release does not know the quantization method '{method}'.")
             }
+            StartFailure::Sparse24Removed => "the checkpoint is 2:4 sparse (a compressed-tensors \
+                 sparsity_config), and this release removed CompressedTensors24, the scheme \
+                 that ran it: it raises for every 2:4 layer."
+                .into(),
             StartFailure::ModelNotFound { model, network } => {
                 if *network {
                     format!(
@@ -301,6 +308,10 @@ impl StartFailure {
             StartFailure::UnknownQuantization { .. } => (
                 "vLLM 0.19.0 config/model.py L996-1001",
                 "vLLM 0.6.4 config.py L413-416",
+            ),
+            StartFailure::Sparse24Removed => (
+                "vLLM 0.19.0 model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_24.py L27 (CompressedTensors24.__init__, from get_scheme, compressed_tensors.py L724-741); releases after 0.19 not checked here",
+                "",
             ),
             StartFailure::ModelNotFound { .. } => (
                 "vLLM 0.19.0 transformers_utils/config.py L675-689",
@@ -464,6 +475,10 @@ impl StartFailure {
             StartFailure::UnknownQuantization { method } => {
                 format!("ValueError: Unknown quantization method: {method}. Must be one of […].")
             }
+            StartFailure::Sparse24Removed if v1 => {
+                "NotImplementedError: Sparse24 models are no longer supported by vLLM".into()
+            }
+            StartFailure::Sparse24Removed => return None,
             StartFailure::ModelNotFound { model, .. } if v1 => format!(
                 "ValueError: Invalid repository ID or local directory specified: '{model}'."
             ),
@@ -693,6 +708,9 @@ pub fn read_failure(line: &str, after_kv: bool) -> Option<StartFailure> {
         return Some(StartFailure::UnknownArchitecture {
             architectures: a.to_string(),
         });
+    }
+    if line.contains("Sparse24 models are no longer supported by vLLM") {
+        return Some(StartFailure::Sparse24Removed);
     }
     if let Some(m) = between(line, "Unknown quantization method: ", ". Must be one of") {
         return Some(StartFailure::UnknownQuantization {
@@ -1280,6 +1298,15 @@ pub fn before_run(
     if let Some(f) = before_start(&opened.config, req, gpus) {
         let mut d = Diagnosis::new(f.clone(), release);
         d.would_start = config_fixes(&f);
+        return Ok(Some(d));
+    }
+    if opened.source.sparse24().is_some()
+        && crate::quant::sparse24::release_refusal(release.name).is_some()
+    {
+        let mut d = Diagnosis::new(StartFailure::Sparse24Removed, release);
+        d.would_start = vec![
+            "--vllm 0.15 (or 0.11) on an H100 or H200: CompressedTensors24 runs it there".into(),
+        ];
         return Ok(Some(d));
     }
     if matches!(release.engine, Engine::V1 { .. }) {

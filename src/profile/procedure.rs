@@ -1087,6 +1087,58 @@ fn check_nvfp4(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
         .map_err(|e| Error::model(o.source.origin(), e.to_string()))
 }
 
+/// What a 2:4 sparse checkpoint is reproduced for (`quant::sparse24::check`): vLLM 0.11 and
+/// 0.15's `CompressedTensors24` on a simulated Hopper GPU, `--quant` the activation dtype, the
+/// Llama-family models whose projections are stored apart; 0.19 and later refuse the model
+/// (their `NotImplementedError`), a CUDA device is refused (CUTLASS's sparse GEMM is not
+/// reproduced on the GPU).
+fn check_sparse24(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
+    let Some(scheme) = o.source.sparse24() else {
+        return Ok(());
+    };
+    let what = format!("a {} checkpoint", scheme.label());
+    let c = &o.config;
+    if c.arch == "opt" || c.fused_checkpoint() {
+        return Err(Error::model(
+            o.source.origin(),
+            format!(
+                "{what} with model_type '{}': only Llama-family models whose projections are stored apart are modelled for 2:4",
+                c.arch
+            ),
+        ));
+    }
+    let arch = match &req.device {
+        DeviceSpec::Cuda { .. } => None,
+        DeviceSpec::Sim { preset, .. } => {
+            crate::device::presets::find(preset).map(|p| (p.arch, p.name))
+        }
+    };
+    crate::quant::sparse24::check(scheme, req.release()?.name, arch)
+        .map_err(|e| Error::model(o.source.origin(), e.to_string()))?;
+    if let DeviceSpec::Cuda { .. } = &req.device {
+        return Err(Error::model(
+            o.source.origin(),
+            format!("{what} on a CUDA device: vramscope plans 2:4 sparse layers dry and computes them on the CPU (sim:H100:dry or sim:H100:compute); CUTLASS's sparse tensor-core GEMM (cutlass_scaled_sparse_mm) is not reproduced on the GPU"),
+        ));
+    }
+    let act = scheme.dtype;
+    let want = if act == DType::BF16 {
+        Quant::BF16
+    } else {
+        Quant::F16
+    };
+    if req.quant != want {
+        return Err(Error::model(
+            o.source.origin(),
+            format!(
+                "{what} loads as stored in {}: --quant {} would be reported for weights that are not {}; use --quant {}",
+                want, req.quant, req.quant, want
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The procedure on one GPU, or on one rank of a tensor-parallel instance.
 /// The device memory PyTorch's lazily loaded kernel modules take while the weights are made
 /// (0.604 − 0.514 GiB) and in the first forward (0.679 − 0.604 GiB), H200, PyTorch 2.11,
@@ -1145,7 +1197,8 @@ pub(crate) fn run_rank(
             &o.config.arch,
             !matches!(req.quant, Quant::F16 | Quant::BF16)
                 || o.source.packed4().is_some()
-                || o.source.nvfp4().is_some(),
+                || o.source.nvfp4().is_some()
+                || o.source.sparse24().is_some(),
             o.config.moe.is_some() || o.config.deepseek.is_some(),
         ),
         _ => false,
@@ -1161,6 +1214,7 @@ pub(crate) fn run_rank(
         check_fp8(req, o)?;
         check_packed4(req, o)?;
         check_nvfp4(req, o)?;
+        check_sparse24(req, o)?;
     }
     // vLLM's defaults for what the user left open: max_model_len from the model, the batch
     // max(max_model_len, 2048).

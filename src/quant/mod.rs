@@ -12,6 +12,7 @@ pub mod modelopt_fp8;
 pub mod mxfp4;
 pub mod nf4;
 pub mod nvfp4;
+pub mod sparse24;
 
 use std::rc::Rc;
 
@@ -151,6 +152,8 @@ pub enum Linear {
     Marlin(Box<marlin::MarlinLinear>),
     /// NVFP4 (compressed-tensors or ModelOpt), repacked for Marlin FP4 after loading.
     Nvfp4(Box<nvfp4::Nvfp4Linear>),
+    /// 2:4 sparse (compressed-tensors), compressed by CUTLASS after loading.
+    Sparse24(Box<sparse24::Sparse24Linear>),
 }
 
 impl Linear {
@@ -163,6 +166,7 @@ impl Linear {
             Linear::Fp8Block(l) => l.out_features,
             Linear::Marlin(l) => l.out_features,
             Linear::Nvfp4(l) => l.out_features,
+            Linear::Sparse24(l) => l.out_features,
         }
     }
 
@@ -176,6 +180,7 @@ impl Linear {
             Linear::Fp8Block(l) => l.weight_bytes(),
             Linear::Marlin(l) => l.weight_bytes(),
             Linear::Nvfp4(l) => l.weight_bytes(),
+            Linear::Sparse24(l) => l.weight_bytes(),
         }
     }
 
@@ -195,6 +200,7 @@ impl Linear {
             Linear::Fp8Block(l) => l.forward(rt, x, name, act, &[l.out_features]),
             Linear::Marlin(l) => l.forward(rt, x, name, act, &[l.out_features]),
             Linear::Nvfp4(l) => l.forward(rt, x, name, act, &[l.out_features]),
+            Linear::Sparse24(l) => l.forward(rt, x, name, act, &[l.out_features]),
             Linear::Int8(_) | Linear::Bnb4(_) => {
                 shard_loop(rt, std::slice::from_ref(self), x, name, generation, act)
             }
@@ -238,6 +244,12 @@ pub enum FusedLinear {
         linear: Box<nvfp4::Nvfp4Linear>,
         rows: Vec<usize>,
     },
+    /// 2:4 sparse: one `CompressedTensors24` layer for the stacked shards, one sparse GEMM
+    /// into the fused output.
+    Sparse24 {
+        linear: Box<sparse24::Sparse24Linear>,
+        rows: Vec<usize>,
+    },
 }
 
 impl FusedLinear {
@@ -250,6 +262,7 @@ impl FusedLinear {
             FusedLinear::Fp8Block { rows, .. } => rows.clone(),
             FusedLinear::Marlin { rows, .. } => rows.clone(),
             FusedLinear::Nvfp4 { rows, .. } => rows.clone(),
+            FusedLinear::Sparse24 { rows, .. } => rows.clone(),
         }
     }
 
@@ -261,6 +274,7 @@ impl FusedLinear {
             FusedLinear::Fp8Block { linear, .. } => linear.weight_bytes(),
             FusedLinear::Marlin { linear, .. } => linear.weight_bytes(),
             FusedLinear::Nvfp4 { linear, .. } => linear.weight_bytes(),
+            FusedLinear::Sparse24 { linear, .. } => linear.weight_bytes(),
         }
     }
 
@@ -321,6 +335,7 @@ impl FusedLinear {
             FusedLinear::Fp8Block { linear, rows } => linear.forward(rt, x, name, act, rows),
             FusedLinear::Marlin { linear, rows } => linear.forward(rt, x, name, act, rows),
             FusedLinear::Nvfp4 { linear, rows } => linear.forward(rt, x, name, act, rows),
+            FusedLinear::Sparse24 { linear, rows } => linear.forward(rt, x, name, act, rows),
         }
     }
 
@@ -459,6 +474,7 @@ fn shard_loop(
             Linear::Fp8Block(l) => l.forward(rt, xb, &sname, act, &[l.out_features])?,
             Linear::Marlin(l) => l.forward(rt, xb, &sname, act, &[l.out_features])?,
             Linear::Nvfp4(l) => l.forward(rt, xb, &sname, act, &[l.out_features])?,
+            Linear::Sparse24(l) => l.forward(rt, xb, &sname, act, &[l.out_features])?,
         };
         let n = shard.out_features();
         crate::engine::ops::copy_into(rt, &mut out, m * r0, &y)?;

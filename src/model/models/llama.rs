@@ -31,7 +31,7 @@ use crate::model::loader::{
     fp8_after_loading, fp8_block_after_loading, fp8_block_after_loading_fused,
     fp8_fused_after_loading, fp8_stored_fused_after_loading, fp8_stored_linear_after_loading,
     marlin_after_loading, marlin_fused_after_loading, nvfp4_after_loading,
-    nvfp4_fused_after_loading, Loader,
+    nvfp4_fused_after_loading, sparse24_after_loading, sparse24_fused_after_loading, Loader,
 };
 pub use crate::model::loader::{LoadOptions, LoadStats};
 use crate::model::models::registry::{Decoder, Family};
@@ -134,6 +134,7 @@ impl LlamaModel {
                 || other_fp8
                 || src.packed4().is_some()
                 || src.nvfp4().is_some()
+                || src.sparse24().is_some()
             {
                 return Err(Error::Request(format!(
                     "model_type {} (mixture of experts) runs in 16 bits only: vLLM's quantized fused-MoE methods are not modelled yet",
@@ -326,6 +327,21 @@ impl LlamaModel {
                     Ok(layer)
                 })
                 .collect::<Result<Vec<_>>>()?;
+            rt.set_layer(None);
+            ld.stats.quantize_seconds += t.elapsed().as_secs_f64();
+        } else if src.sparse24().is_some() {
+            // 2:4: each layer decompressed (bitmask form) and compressed by CUTLASS once every
+            // weight is loaded, in `named_modules` order.
+            let t = std::time::Instant::now();
+            for (l, layer) in layers.iter_mut().enumerate() {
+                rt.set_layer(Some((first + l) as u32));
+                sparse24_fused_after_loading(rt, &mut layer.attn.qkv, act)?;
+                sparse24_after_loading(rt, &mut layer.attn.o, act)?;
+                if let Mlp::Dense { gate_up, down } = &mut layer.mlp {
+                    sparse24_fused_after_loading(rt, gate_up, act)?;
+                    sparse24_after_loading(rt, down, act)?;
+                }
+            }
             rt.set_layer(None);
             ld.stats.quantize_seconds += t.elapsed().as_secs_f64();
         } else if src.nvfp4().is_some() {
