@@ -21,6 +21,7 @@ pub mod gpt_oss;
 pub mod granite;
 pub mod llama;
 pub mod llama4;
+pub mod llama4_vision;
 pub mod llava_next;
 pub mod mistral3;
 pub mod opt;
