@@ -1117,3 +1117,86 @@ fn the_documented_llava_next_lines_run_as_written() {
     }
     assert!(!outs[1].contains("Encoder cache will be initialized"));
 }
+
+/// Llama 4 Scout under 0.19 on 8 GPUs: the vision model and projector are built before the
+/// language model and counted among each rank's weights (mllama4.py 0.19 L758-779), split as
+/// vLLM splits them; `--limit-mm-per-prompt '{"image":0}'` builds neither
+/// (`_mark_tower_model`). Rank 0's share: the patch linear's 176 of 1408 rows (103,488
+/// parameters), the class and positional embeddings (1408 + 577 × 1408) and the outer
+/// LayerNorms (4 × 1408) whole, 34 layers of 2,983,376 (q/k/v 3 × 1408 × 176 and their 528
+/// biases, o_proj 1408 × 176 and its whole bias, fc1 704 × 1408 + 704, fc2 1408 × 704 + 1408,
+/// two LayerNorms 4 × 1408), the adapter 512 × 5632 + 4096 × 512, the projector 640 × 4096:
+/// 109,959,904 parameters, 219,919,808 bytes in bf16, and the rotary's complex64 cache 577 ×
+/// 44 × 8 = 203,104 bytes. The encoder's profile pass is not modelled yet, and says so.
+#[test]
+fn llama4_scouts_tower_is_among_each_ranks_weights() {
+    let base = |limit: Option<u64>| {
+        let mut req = request("preset:llama-4-scout", "sim:h100-sxm:dry", "0.19");
+        req.tp = 8;
+        req.max_model_len = 8192;
+        req.limit_mm_images = limit;
+        run(&req)
+    };
+    let full = base(None);
+    let e = full.encoder.as_ref().unwrap();
+    let layer = 3 * 1408 * 176 + 528 + 1408 * 176 + 1408 + 2 * 704 * 1408 + 704 + 1408 + 4 * 1408;
+    assert_eq!(layer, 2_983_376);
+    let params = 1408 * 588 / 8
+        + 1408
+        + 577 * 1408
+        + 4 * 1408
+        + 34 * layer
+        + 512 * 5632
+        + 4096 * 512
+        + 640 * 4096;
+    assert_eq!(params, 109_959_904);
+    assert_eq!(e.weights_bytes, 2 * params as u64 + 577 * 44 * 8);
+    assert_eq!(e.weights_bytes, 220_122_912);
+    assert!(e.plan.is_none());
+    assert!(e
+        .pass_not_modelled
+        .as_ref()
+        .unwrap()
+        .contains("not modelled yet"));
+    let text = base(Some(0));
+    let t = text.encoder.as_ref().unwrap();
+    assert_eq!((t.weights_bytes, t.pass_not_modelled.is_none()), (0, true));
+    assert!(full.weights_bytes - text.weights_bytes >= 220_122_912);
+}
+
+/// The plan line of Scout names the tower's weights and the pass not run; another release's
+/// Llama 4 tower is refused by name.
+#[test]
+fn plan_names_llama4_scouts_tower_and_refuses_other_releases() {
+    let line = |vllm: &'static str| {
+        vec![
+            "plan",
+            "--vllm",
+            vllm,
+            "--device",
+            "sim:h100-sxm:dry",
+            "--",
+            "vllm",
+            "serve",
+            "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+            "--max-model-len",
+            "8192",
+            "--tensor-parallel-size",
+            "8",
+        ]
+    };
+    let (ok, out, err) = vramscope(&line("0.19"));
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("encoder (vision tower + projector): weights 209.9 MiB (0.7 % of the weights); no encoder profile here: Llama 4's encoder profile pass"),
+        "{out}"
+    );
+    let (ok, _, err) = vramscope(&line("0.15"));
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "model_type 'llama4' (multimodal): vLLM 0.15's Llama 4 vision tower is not modelled"
+        ),
+        "{err}"
+    );
+}

@@ -61,6 +61,9 @@ struct Encoder {
     armed: std::cell::Cell<bool>,
     /// The encoder phase's framework peak and what it left allocated, absolute bytes.
     stats: std::cell::Cell<Option<(u64, u64)>>,
+    /// Why the release's encoder profile pass is not run here though the tower is loaded
+    /// (Llama 4: its weights are counted, its pass not modelled yet); `None` otherwise.
+    pass_not_modelled: Option<&'static str>,
 }
 
 /// A multimodal model's vision tower and projector.
@@ -73,6 +76,8 @@ enum Tower {
     Qwen25Vl(Box<crate::model::models::qwen2_5_vl::Qwen25Vision>),
     /// LLaVA-NeXT's SigLIP tower, projector and newline.
     LlavaNext(Box<crate::model::models::llava_next::LlavaNextVision>),
+    /// Llama 4's vision model and projector.
+    Llama4(Box<crate::model::models::llama4_vision::Llama4Vision>),
 }
 
 impl Tower {
@@ -82,6 +87,7 @@ impl Tower {
             Tower::Pixtral(v) => v.weight_bytes(),
             Tower::Qwen25Vl(v) => v.weight_bytes(),
             Tower::LlavaNext(v) => v.weight_bytes(),
+            Tower::Llama4(v) => v.weight_bytes(),
         }
     }
 
@@ -109,6 +115,12 @@ impl Tower {
                 let px = crate::model::models::mistral3::dummy_pixels(rt, &v.shape, items, v.act)?;
                 let out = v.encode(rt, &px, items)?;
                 Ok((vec![px], vec![out]))
+            }
+            Tower::Llama4(v) => {
+                let inputs =
+                    crate::model::models::llama4_vision::dummy_pixels(rt, &v.shape, items, v.act)?;
+                let out = v.encode(rt, &inputs[0], items * v.shape.dummy_tiles())?;
+                Ok((inputs, vec![out]))
             }
             Tower::LlavaNext(v) => {
                 let (px, sizes) =
@@ -1349,6 +1361,17 @@ pub(crate) fn run_rank(
                     "model_type gemma3 (multimodal): its SigLIP vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
                 ));
             }
+            if opened
+                .config
+                .llama4
+                .as_ref()
+                .is_some_and(|l| l.vision.is_some())
+                && matches!(req.device, DeviceSpec::Cuda { .. })
+            {
+                return Err(Error::Request(
+                    "model_type 'llama4' (multimodal): its vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
+                ));
+            }
             if opened.config.llava_next.is_some() && matches!(req.device, DeviceSpec::Cuda { .. }) {
                 return Err(Error::Request(
                     "model_type llava_next (multimodal): its SigLIP vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
@@ -1397,6 +1420,7 @@ pub(crate) fn run_rank(
                 )
             });
             let c = &opened.config;
+            let llama4_vision = c.llama4.as_ref().and_then(|l| l.vision.as_ref());
             let mm_kind = match (&c.gemma3_mm, &c.mistral3, &c.llava_next) {
                 (Some(mm), _, _) => Some((
                     "gemma3",
@@ -1413,6 +1437,12 @@ pub(crate) fn run_rank(
                     let t = mm.max_feature_image().2 as u64;
                     Some(("llava_next", (t, t)))
                 }
+                // Llama 4: its dummy image's 17 tiles of 144 `<|patch|>` embeddings inside
+                // `_prompt_split_image`'s placeholder (`VisionTower::dummy_image_tokens`).
+                _ if llama4_vision.is_some() => llama4_vision.map(|v| {
+                    let (e, p) = v.dummy_image_tokens();
+                    ("llama4", (e as u64, p as u64))
+                }),
                 // Qwen2.5-VL: its dummy image or video (`profile_item`), as many
                 // `<|image_pad|>` / `<|video_pad|>` tokens as embeddings (qwen2_vl.py 0.19
                 // L1079-1112).
@@ -1440,6 +1470,13 @@ pub(crate) fn run_rank(
                     if kind == "llava_next" && release.name != "0.19" {
                         return Err(Error::Request(format!(
                             "model_type llava_next (multimodal): vLLM {}'s LLaVA-NeXT is not modelled; its 0.19 reading is (--vllm 0.19)",
+                            release.name
+                        )));
+                    }
+                    // Llama 4's tower is read at 0.19 (mllama4.py, llama4_vision_rope.py).
+                    if kind == "llama4" && release.name != "0.19" {
+                        return Err(Error::Request(format!(
+                            "model_type 'llama4' (multimodal): vLLM {}'s Llama 4 vision tower is not modelled; its 0.19 reading is (--vllm 0.19)",
                             release.name
                         )));
                     }
@@ -1488,6 +1525,15 @@ pub(crate) fn run_rank(
                         )?;
                         v.profile_item = qwen_item.flatten();
                         Some(Tower::Qwen25Vl(Box::new(v)))
+                    } else if kind == "llama4" {
+                        let mut v = crate::model::models::llama4_vision::Llama4Vision::load(
+                            &rt,
+                            &opened.config,
+                            opened.source.as_ref(),
+                            &opts,
+                        )?;
+                        v.varlen_attention = profile.vision_attention.varlen(device_major);
+                        Some(Tower::Llama4(Box::new(v)))
                     } else if kind == "llava_next" {
                         let mut v = crate::model::models::llava_next::LlavaNextVision::load(
                             &rt,
@@ -1507,22 +1553,36 @@ pub(crate) fn run_rank(
                         v.xformers = pixtral_xformers;
                         Some(Tower::Pixtral(Box::new(v)))
                     };
-                    let attention =
-                        if kind == "gemma3" || kind == "qwen2_5_vl" || kind == "llava_next" {
-                            profile.vision_attention.label(device_major)
-                        } else if pixtral_xformers {
-                            "xFormers memory-efficient (block-diagonal bias)"
-                        } else {
-                            "PyTorch SDPA (memory-efficient, dense block mask)"
-                        };
+                    // Llama 4's text model does not start from the runner's `inputs_embeds`
+                    // here yet, so its encoder pass is not run: its weights are counted.
+                    let pass_not_modelled = (kind == "llama4" && plan.is_some()).then_some(
+                        "Llama 4's encoder profile pass (the dummy image's 17 tiles through the tower, and the text pass from the runner's inputs_embeds) is not modelled yet",
+                    );
+                    let plan = if pass_not_modelled.is_some() {
+                        None
+                    } else {
+                        plan
+                    };
+                    let attention = if kind == "gemma3"
+                        || kind == "qwen2_5_vl"
+                        || kind == "llava_next"
+                        || kind == "llama4"
+                    {
+                        profile.vision_attention.label(device_major)
+                    } else if pixtral_xformers {
+                        "xFormers memory-efficient (block-diagonal bias)"
+                    } else {
+                        "PyTorch SDPA (memory-efficient, dense block mask)"
+                    };
                     Some(Box::new(Encoder {
                         vision,
                         plan,
                         pads_to_budget: profile.pads_to_budget,
                         attention,
-                        embeds_without_plan: !profile.text_only_at_zero,
+                        embeds_without_plan: !profile.text_only_at_zero && kind != "llama4",
                         armed: std::cell::Cell::new(false),
                         stats: std::cell::Cell::new(None),
+                        pass_not_modelled,
                     }))
                 }
                 None => None,
@@ -2169,6 +2229,7 @@ pub(crate) fn run_rank(
             Some(super::report::EncoderReport {
                 weights_bytes: e.vision.as_ref().map_or(0, |v| v.weight_bytes()),
                 plan: e.plan.clone(),
+                pass_not_modelled: e.pass_not_modelled.map(String::from),
                 phase_peak_bytes: phase_peak,
                 held_bytes: held,
                 peak_share_bytes: if phase_peak >= pass_peak {

@@ -105,6 +105,10 @@ pub struct VisionTower {
 pub const TOWER: &str = "vision_model";
 pub const PROJECTOR: &str = "multi_modal_projector";
 
+/// `max_patches` of `Llama4ImageProcessorFast` (its default, and Scout's and Maverick's
+/// preprocessor_config.json): the most tiles an image is cut into besides the global one.
+pub const MAX_TILES: usize = 16;
+
 /// Every LayerNorm of the tower: `nn.LayerNorm(hidden)`'s default in the encoder layers
 /// (mllama4.py 0.19 L361-362) and `eps=1e-5` given for the pre and post norms (L489-490).
 pub const LAYER_NORM_EPS: f64 = 1e-5;
@@ -138,6 +142,23 @@ impl VisionTower {
     /// L561-572), `(image_size // patch_size)² // round(1 / ratio²)` (144 for Scout).
     pub fn tokens_per_tile(&self) -> usize {
         self.num_patches() / self.shuffle_factor().pow(2)
+    }
+
+    /// The dummy image of V1's encoder profile: `get_image_size_with_most_features`
+    /// (mllama4.py 0.19 L574-582), `max_patches` tiles high and one wide (16 × 1 with the
+    /// image processor's default `max_patches` 16, `Llama4ImageProcessorFast`), cut into its
+    /// tiles and the global one (`patches_per_image`, L631-633): 17 tiles.
+    pub fn dummy_tiles(&self) -> usize {
+        1 + MAX_TILES
+    }
+
+    /// `(embeddings, placeholder tokens)` of the dummy image: 144 `<|patch|>` embeddings a tile
+    /// (2448), and `_prompt_split_image` of the 16 × 1 grid (transformers' processing_llama4):
+    /// `<|image_start|>`, each row's tile of patches closed by `<|tile_y_separator|>`,
+    /// `<|image|>`, the global tile's patches, `<|image_end|>` (2467 for Scout).
+    pub fn dummy_image_tokens(&self) -> (usize, usize) {
+        let t = self.tokens_per_tile();
+        (self.dummy_tiles() * t, MAX_TILES * (t + 1) + 1 + t + 2)
     }
 
     /// The tower's and the projector's tensors as the checkpoint stores them
@@ -233,14 +254,15 @@ fn count(v: &serde_json::Value, k: &str, limit: u64) -> std::result::Result<usiz
 
 impl ModelConfig {
     /// What of the checkpoint vramscope does not model, in a plan's words: a
-    /// `Llama4ForConditionalGeneration`'s vision tower and projector, which vLLM loads beside
-    /// the language model (mllama4.py 0.19 L758-770) unless images are turned off.
+    /// `Llama4ForConditionalGeneration`'s vision tower and projector are loaded beside the
+    /// language model as vLLM 0.19 does (mllama4.py L758-770), but their encoder profile pass
+    /// is not run yet.
     pub fn unmodelled_towers(&self) -> Option<String> {
         let l = self.llama4.as_ref()?;
         let v = l.vision.as_ref()?;
         let n = v.param_count(self.hidden_size);
         Some(format!(
-            "only its language model is modelled: the vision tower and projector ({} parameters, {} bytes in bf16, from vision_config) that vLLM loads beside it are not in these weights",
+            "the vision tower and projector ({} parameters, {} bytes in bf16, from vision_config) are loaded beside the language model (--vllm 0.19), but their encoder profile pass is not modelled yet",
             crate::base::units::thousands(n),
             crate::base::units::thousands(2 * n)
         ))

@@ -8,9 +8,9 @@
 //! the lm_head. Layer 0 normalises the embedding into a new tensor, later layers add and
 //! normalise in place (`LlamaModel.forward`, which `Llama4Model` inherits).
 //!
-//! Only the language model is modelled: a `Llama4ForConditionalGeneration` checkpoint's
-//! vision tower and projector (`vision_model.`, `multi_modal_projector.`) are weighed from its
-//! config (`VisionTower::param_count`) and named in the plan, not loaded or run.
+//! A `Llama4ForConditionalGeneration` checkpoint's vision tower and projector
+//! (`vision_model.`, `multi_modal_projector.`) are `llama4_vision.rs`'s, loaded before this
+//! language model by the profile (`--vllm 0.19`).
 
 use std::cell::{Cell, RefCell};
 

@@ -470,6 +470,43 @@ impl Llama4Vision {
     }
 }
 
+/// The runner's dummy batch on the device: `pixel_values [images · tiles, C, S, S]` (every
+/// image's tiles flattened, `MultiModalFieldConfig.flat_from_sizes`, mllama4.py 0.19
+/// L640-652) in the model dtype, then `patches_per_image` (int64 `[images]`) and
+/// `aspect_ratios` (int64 `[images, 2]`).
+pub fn dummy_pixels(
+    rt: &Runtime,
+    shape: &VisionTower,
+    images: usize,
+    act: DType,
+) -> Result<Vec<Tensor>> {
+    rt.set_op("mm_dummy_batch");
+    let px = rt.tensor(
+        "pixel_values",
+        Category::Activation,
+        &[
+            images * shape.dummy_tiles(),
+            shape.num_channels,
+            shape.image_size,
+            shape.image_size,
+        ],
+        act,
+    )?;
+    let per = rt.tensor(
+        "patches_per_image",
+        Category::Activation,
+        &[images],
+        DType::I64,
+    )?;
+    let ratios = rt.tensor(
+        "aspect_ratios",
+        Category::Activation,
+        &[images, 2],
+        DType::I64,
+    )?;
+    Ok(vec![px, per, ratios])
+}
+
 /// The projected tiles `[tiles · tokens_per_tile, text_hidden]` of the test images (one tile
 /// each) of tests/llama4_vision_reference.rs and scripts/llama4_vision_reference.py through
 /// the vision model and projector of the checkpoint at `dir`, computed on the CPU (fp32) by
@@ -491,4 +528,27 @@ pub fn encode_test_images(dir: &std::path::Path, tiles: usize) -> Result<Vec<f32
         encode: |v, rt, px, n| v.encode(rt, px, n),
     };
     vision_check::encode_test_images(dir, tiles, &tower)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Scout's tower and projector on one GPU weigh the checkpoint's 871,932,416 parameters
+    /// in bf16, and the rotary's complex64 cache of 577 × 44 values (8 bytes each).
+    #[test]
+    fn scouts_tower_weighs_its_parameters_and_the_rotary_cache() {
+        let cfg = crate::model::presets::preset("llama-4-scout").unwrap();
+        let (rt, opts) =
+            vision_check::sim_runtime("sim:h100-sxm:dry", crate::quant::Quant::BF16).unwrap();
+        let src = crate::model::open(
+            &crate::model::ModelSource::parse("preset:llama-4-scout").unwrap(),
+            0,
+        )
+        .unwrap();
+        let v = Llama4Vision::load(&rt, &cfg, src.source.as_ref(), &opts).unwrap();
+        assert_eq!(v.shape.dummy_image_tokens(), (2448, 2467));
+        assert_eq!(v.shape.dummy_tiles(), 17);
+        assert_eq!(v.weight_bytes(), 2 * 871_932_416 + 577 * 44 * 8);
+    }
 }
