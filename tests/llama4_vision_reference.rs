@@ -91,3 +91,42 @@ fn the_vision_model_and_projector_match_the_reference() {
     let norm = theirs.iter().map(|v| v * v).sum::<f32>().sqrt();
     assert!(norm > 1e-2, "reference norm {norm}");
 }
+
+/// The whole V1 profile computes on the CPU with the small checkpoint under 0.19: the dummy
+/// image is 16 × 1 tiles and the global one (17 tiles of 4 embeddings: 68), so a 128-token
+/// batch holds 1 image; its tiles go through the tower and the projector, then the Llama 4
+/// text pass starts from the runner's `inputs_embeds`.
+#[test]
+fn the_profile_computes_the_encoder_on_the_cpu() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use vramscope::device::DeviceSpec;
+    use vramscope::model::ModelSource;
+    use vramscope::profile::{self, ProfileRequest};
+    use vramscope::quant::Quant;
+
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path());
+    let req = ProfileRequest {
+        model: ModelSource::Path {
+            path: dir.path().to_path_buf(),
+        },
+        quant: Quant::F16,
+        device: DeviceSpec::parse("sim:h100-80gb").unwrap(),
+        vllm: "0.19".into(),
+        tokens: 128,
+        seqs: 2,
+        max_model_len: 256,
+        verify: false,
+        ..ProfileRequest::default()
+    };
+    let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
+    let e = r.encoder.as_ref().unwrap();
+    let p = e.plan.as_ref().unwrap();
+    assert_eq!((p.budget_tokens, p.items, p.tokens_per_item), (128, 1, 68));
+    // Pixel values [17, 3, 28, 28] f16 (79,968 bytes, rounded to 80,384), `patches_per_image`
+    // [1] and `aspect_ratios` [1, 2] int64 (a block each), the image's embeddings [68, 32]
+    // f16 (4,352 bytes, rounded to 4,608).
+    assert_eq!(e.held_bytes, 80_384 + 512 + 512 + 4_608);
+    assert!(e.phase_peak_bytes > 0);
+}

@@ -1127,9 +1127,17 @@ fn the_documented_llava_next_lines_run_as_written() {
 /// biases, o_proj 1408 × 176 and its whole bias, fc1 704 × 1408 + 704, fc2 1408 × 704 + 1408,
 /// two LayerNorms 4 × 1408), the adapter 512 × 5632 + 4096 × 512, the projector 640 × 4096:
 /// 109,959,904 parameters, 219,919,808 bytes in bf16, and the rotary's complex64 cache 577 ×
-/// 44 × 8 = 203,104 bytes. The encoder's profile pass is not modelled yet, and says so.
+/// 44 × 8 = 203,104 bytes.
+///
+/// The encoder's profile: the dummy image is 16 × 1 tiles of 336 pixels
+/// (`get_image_size_with_most_features`, mllama4.py 0.19 L574-582), 17 tiles with the global
+/// one, 144 embeddings a tile: 2448 a image; the budget is `max_num_batched_tokens` 8192, so 3
+/// images (51 tiles). Held under the text pass: `pixel_values [51, 3, 336, 336]` bf16
+/// (34,546,176 bytes), `patches_per_image [3]` and `aspect_ratios [3, 2]` int64 (a 512-byte
+/// block each) and the projector's output `[7344, 5120]` bf16 (75,202,560 bytes), whose
+/// per-image views are the encoder cache.
 #[test]
-fn llama4_scouts_tower_is_among_each_ranks_weights() {
+fn llama4_scouts_tower_is_among_each_ranks_weights_and_profiled() {
     let base = |limit: Option<u64>| {
         let mut req = request("preset:llama-4-scout", "sim:h100-sxm:dry", "0.19");
         req.tp = 8;
@@ -1152,22 +1160,35 @@ fn llama4_scouts_tower_is_among_each_ranks_weights() {
     assert_eq!(params, 109_959_904);
     assert_eq!(e.weights_bytes, 2 * params as u64 + 577 * 44 * 8);
     assert_eq!(e.weights_bytes, 220_122_912);
-    assert!(e.plan.is_none());
-    assert!(e
-        .pass_not_modelled
-        .as_ref()
-        .unwrap()
-        .contains("not modelled yet"));
+    let p = e.plan.as_ref().unwrap();
+    assert_eq!(
+        (
+            p.tokens_per_item,
+            p.embeds_per_item,
+            p.budget_tokens,
+            p.items
+        ),
+        (2448, 2448, 8192, 3)
+    );
+    assert_eq!(e.attention, "FlashAttention varlen");
+    assert_eq!(e.held_bytes, 34_546_176 + 512 + 512 + 75_202_560);
+    assert!(e.phase_peak_bytes > e.held_bytes);
+    assert!(full
+        .events
+        .iter()
+        .any(|ev| ev.tensor == "vision.layers.33.rotary.q_float"));
     let text = base(Some(0));
     let t = text.encoder.as_ref().unwrap();
-    assert_eq!((t.weights_bytes, t.pass_not_modelled.is_none()), (0, true));
+    assert_eq!(t.weights_bytes, 0);
+    assert!(t.plan.is_none());
+    assert!(!text.events.iter().any(|e| e.tensor == "pixel_values"));
     assert!(full.weights_bytes - text.weights_bytes >= 220_122_912);
 }
 
-/// The plan line of Scout names the tower's weights and the pass not run; another release's
-/// Llama 4 tower is refused by name.
+/// The plan line of Scout (the command of the brief) names the encoder's share; another
+/// release's Llama 4 tower is refused by name.
 #[test]
-fn plan_names_llama4_scouts_tower_and_refuses_other_releases() {
+fn plan_names_llama4_scouts_encoder_share_and_refuses_other_releases() {
     let line = |vllm: &'static str| {
         vec![
             "plan",
@@ -1187,10 +1208,13 @@ fn plan_names_llama4_scouts_tower_and_refuses_other_releases() {
     };
     let (ok, out, err) = vramscope(&line("0.19"));
     assert!(ok, "{err}");
-    assert!(
-        out.contains("encoder (vision tower + projector): weights 209.9 MiB (0.7 % of the weights); no encoder profile here: Llama 4's encoder profile pass"),
-        "{out}"
-    );
+    for want in [
+        "Encoder cache will be initialized with a budget of 8192 tokens, and profiled with 3 image items of the maximum feature size.",
+        "encoder (vision tower + projector): weights 209.9 MiB (0.7 % of the weights); profile of 3 images of 2448 tokens into a budget of 8192 tokens (FlashAttention varlen attention)",
+        "it holds 104.7 MiB (pixel values and the encoder cache) under the text pass",
+    ] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
     let (ok, _, err) = vramscope(&line("0.15"));
     assert!(!ok);
     assert!(

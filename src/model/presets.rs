@@ -326,8 +326,7 @@ fn qwen25_vl_32b_json() -> serde_json::Value {
 }
 
 /// The `vision_config` meta-llama/Llama-4-Scout-17B-16E-Instruct and
-/// Llama-4-Maverick-17B-128E-Instruct share (weighed, not run: only the language model is
-/// modelled).
+/// Llama-4-Maverick-17B-128E-Instruct share (models/llama4_vision.rs).
 const LLAMA4_VISION: &str = r#"{"model_type": "llama4_vision_model", "hidden_size": 1408,
     "intermediate_size": 5632, "num_hidden_layers": 34, "num_attention_heads": 16,
     "image_size": 336, "patch_size": 14, "num_channels": 3, "vision_output_dim": 4096,
@@ -591,7 +590,7 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
             .expect("the preset is a Qwen2.5-VL config"),
         "qwen2.5-vl-32b" => ModelConfig::from_hf_json(&qwen25_vl_32b_json())
             .expect("the preset is a Qwen2.5-VL config"),
-        // Llama 4's language model (the vision tower is weighed, not run).
+        // Llama 4: its language model, vision tower and projector.
         "llama-4-scout" => {
             ModelConfig::from_hf_json(&llama4_scout()).expect("the preset is a Llama 4 config")
         }

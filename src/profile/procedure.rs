@@ -61,9 +61,6 @@ struct Encoder {
     armed: std::cell::Cell<bool>,
     /// The encoder phase's framework peak and what it left allocated, absolute bytes.
     stats: std::cell::Cell<Option<(u64, u64)>>,
-    /// Why the release's encoder profile pass is not run here though the tower is loaded
-    /// (Llama 4: its weights are counted, its pass not modelled yet); `None` otherwise.
-    pass_not_modelled: Option<&'static str>,
 }
 
 /// A multimodal model's vision tower and projector.
@@ -1553,16 +1550,6 @@ pub(crate) fn run_rank(
                         v.xformers = pixtral_xformers;
                         Some(Tower::Pixtral(Box::new(v)))
                     };
-                    // Llama 4's text model does not start from the runner's `inputs_embeds`
-                    // here yet, so its encoder pass is not run: its weights are counted.
-                    let pass_not_modelled = (kind == "llama4" && plan.is_some()).then_some(
-                        "Llama 4's encoder profile pass (the dummy image's 17 tiles through the tower, and the text pass from the runner's inputs_embeds) is not modelled yet",
-                    );
-                    let plan = if pass_not_modelled.is_some() {
-                        None
-                    } else {
-                        plan
-                    };
                     let attention = if kind == "gemma3"
                         || kind == "qwen2_5_vl"
                         || kind == "llava_next"
@@ -1579,10 +1566,9 @@ pub(crate) fn run_rank(
                         plan,
                         pads_to_budget: profile.pads_to_budget,
                         attention,
-                        embeds_without_plan: !profile.text_only_at_zero && kind != "llama4",
+                        embeds_without_plan: !profile.text_only_at_zero,
                         armed: std::cell::Cell::new(false),
                         stats: std::cell::Cell::new(None),
-                        pass_not_modelled,
                     }))
                 }
                 None => None,
@@ -2229,7 +2215,6 @@ pub(crate) fn run_rank(
             Some(super::report::EncoderReport {
                 weights_bytes: e.vision.as_ref().map_or(0, |v| v.weight_bytes()),
                 plan: e.plan.clone(),
-                pass_not_modelled: e.pass_not_modelled.map(String::from),
                 phase_peak_bytes: phase_peak,
                 held_bytes: held,
                 peak_share_bytes: if phase_peak >= pass_peak {

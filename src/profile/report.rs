@@ -339,10 +339,6 @@ pub struct EncoderReport {
     pub peak_share_bytes: u64,
     /// The vision attention backend (FlashAttention's varlen call or PyTorch's SDPA).
     pub attention: String,
-    /// Why the release's encoder profile pass was not run though the tower is loaded (Llama
-    /// 4 for now); `None` where it ran or the limits turned it off.
-    #[serde(default)]
-    pub pass_not_modelled: Option<String>,
 }
 
 /// The encoder's share of the non-KV memory: its weights, and its part of the profile's
@@ -386,17 +382,10 @@ impl Report {
             crate::base::units::fmt_u(non_kv),
             pct(share, non_kv),
         ),
-        None => match &e.pass_not_modelled {
-            Some(why) => format!(
-                "encoder (vision tower + projector): weights {} ({:.1} % of the weights); no encoder profile here: {why}",
-                crate::base::units::fmt_u(e.weights_bytes),
-                pct(e.weights_bytes, r.weights_bytes),
-            ),
-            None => format!(
-                "encoder (vision tower + projector): weights {}; no encoder profile (every image and video limit 0: text-only, as vLLM runs it)",
-                crate::base::units::fmt_u(e.weights_bytes)
-            ),
-        },
+        None => format!(
+            "encoder (vision tower + projector): weights {}; no encoder profile (every image and video limit 0: text-only, as vLLM runs it)",
+            crate::base::units::fmt_u(e.weights_bytes)
+        ),
     })
     }
 }

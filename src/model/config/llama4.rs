@@ -253,23 +253,8 @@ fn count(v: &serde_json::Value, k: &str, limit: u64) -> std::result::Result<usiz
 }
 
 impl ModelConfig {
-    /// What of the checkpoint vramscope does not model, in a plan's words: a
-    /// `Llama4ForConditionalGeneration`'s vision tower and projector are loaded beside the
-    /// language model as vLLM 0.19 does (mllama4.py L758-770), but their encoder profile pass
-    /// is not run yet.
-    pub fn unmodelled_towers(&self) -> Option<String> {
-        let l = self.llama4.as_ref()?;
-        let v = l.vision.as_ref()?;
-        let n = v.param_count(self.hidden_size);
-        Some(format!(
-            "the vision tower and projector ({} parameters, {} bytes in bf16, from vision_config) are loaded beside the language model (--vllm 0.19), but their encoder profile pass is not modelled yet",
-            crate::base::units::thousands(n),
-            crate::base::units::thousands(2 * n)
-        ))
-    }
-
     /// A `Llama4TextConfig` (model_type llama4_text), or a `Llama4Config` (model_type llama4)
-    /// whose `text_config` is its language model and whose `vision_config` is weighed.
+    /// whose `text_config` is its language model and whose `vision_config` its vision tower.
     pub(super) fn llama4_from_hf_json(
         top: &serde_json::Value,
         arch: String,
@@ -752,10 +737,8 @@ mod tests {
         assert!(names.contains(
             &"language_model.model.layers.0.feed_forward.experts.gate_up_proj".to_string()
         ));
-        assert!(c
-            .unmodelled_towers()
-            .unwrap()
-            .contains("1,743,864,832 bytes"));
+        let v = c.llama4.as_ref().unwrap().vision.as_ref().unwrap();
+        assert_eq!(2 * v.param_count(c.hidden_size), 1_743_864_832);
         assert_eq!(
             ModelConfig::from_hf_json(&c.to_hf_json("bfloat16")).unwrap(),
             c

@@ -316,7 +316,7 @@ impl Llama4Vision {
             "vision.positions",
         )?;
         drop(with_class);
-        let mut h = ops_phi::layer_norm(
+        let pre = ops_phi::layer_norm(
             rt,
             &positioned,
             &self.layernorm_pre.w,
@@ -325,11 +325,19 @@ impl Llama4Vision {
             "vision.layernorm_pre",
         )?;
         drop(positioned);
+        // `hidden_state = self.model(hidden_state)`: the caller's name holds the normed
+        // embeddings through the whole encoder; inside it each layer's output replaces the
+        // previous one as the loop rebinds `hidden_states` (after the layer returns).
+        let mut h: Option<Tensor> = None;
         for (li, layer) in self.layers.iter().enumerate() {
             rt.set_layer(Some(li as u32));
-            h = self.layer(rt, layer, h, tiles, &format!("vision.layers.{li}"))?;
+            let x = h.as_ref().unwrap_or(&pre);
+            let out = self.layer(rt, layer, x, tiles, &format!("vision.layers.{li}"))?;
+            h = Some(out);
         }
         rt.set_layer(None);
+        drop(pre);
+        let h = h.ok_or_else(|| Error::Request("the vision tower has no layer".into()))?;
         let post = ops_phi::layer_norm(
             rt,
             &h,
@@ -345,12 +353,12 @@ impl Llama4Vision {
             (tiles, g, s.shuffle_factor()),
             "vision.pixel_shuffle",
         )?;
-        drop(post);
-        // Llama4VisionMLP(output_activation=True): fc1, GELU, fc2 (reduced), GELU.
+        // Llama4VisionMLP(output_activation=True): fc1, GELU, fc2 (reduced), GELU. The
+        // shuffled patches (`encoded_patches`) and the post-norm output (the model's
+        // `hidden_state`) stay named until the adapter returns.
         let a1 = self
             .adapter_fc1
             .forward(rt, &shuffled, "vision.adapter.fc1", 0, act)?;
-        drop(shuffled);
         let g1 = ops_pixtral::gelu(rt, &a1, "vision.adapter.act")?;
         drop(a1);
         let a2 = self
@@ -360,6 +368,8 @@ impl Llama4Vision {
         drop(g1);
         let features = ops_pixtral::gelu(rt, &a2, "vision.adapter.out_act")?;
         drop(a2);
+        drop(shuffled);
+        drop(post);
         let out = self
             .linear_1
             .forward(rt, &features, "projector.linear_1", 0, act)?;
@@ -369,12 +379,13 @@ impl Llama4Vision {
     }
 
     /// One `Llama4VisionEncoderLayer.forward` (mllama4.py 0.19 L364-381): both residual
-    /// adds make new tensors (`residual + hidden_state`).
+    /// adds make new tensors (`residual + hidden_state`); the input `x` stays with the
+    /// caller (the encoder's `hidden_states`) until the layer returns.
     fn layer(
         &self,
         rt: &Runtime,
         layer: &Llama4VisionLayer,
-        x: Tensor,
+        x: &Tensor,
         tiles: usize,
         l: &str,
     ) -> Result<Tensor> {
@@ -382,7 +393,7 @@ impl Llama4Vision {
         let eps = LAYER_NORM_EPS as f32;
         let n1 = ops_phi::layer_norm(
             rt,
-            &x,
+            x,
             &layer.input_layernorm.w,
             &layer.input_layernorm.b,
             eps,
@@ -390,9 +401,8 @@ impl Llama4Vision {
         )?;
         let a = self.attention(rt, layer, &n1, tiles, l)?;
         drop(n1);
-        let h = ops_pixtral::add(rt, &x, &a, &format!("{l}.residual_1"))?;
+        let h = ops_pixtral::add(rt, x, &a, &format!("{l}.residual_1"))?;
         drop(a);
-        drop(x);
         let n2 = ops_phi::layer_norm(
             rt,
             &h,
@@ -404,12 +414,13 @@ impl Llama4Vision {
         let f1 = layer
             .fc1
             .forward(rt, &n2, &format!("{l}.mlp.fc1"), 0, act)?;
-        drop(n2);
         let g = ops_pixtral::gelu(rt, &f1, &format!("{l}.mlp.act"))?;
         drop(f1);
         let f2 = layer.fc2.forward(rt, &g, &format!("{l}.mlp.fc2"), 0, act)?;
         let f2 = ops_tp::all_reduce(rt, f2, &format!("{l}.mlp.fc2.all_reduce"))?;
         drop(g);
+        // The normed input dies as `hidden_state` is rebound to the MLP's output.
+        drop(n2);
         let out = ops_pixtral::add(rt, &h, &f2, &format!("{l}.residual_2"))?;
         drop(f2);
         drop(h);
@@ -459,13 +470,15 @@ impl Llama4Vision {
             self.varlen_attention,
             &format!("{l}.attn"),
         )?;
-        drop((q, k, v));
         let out = layer
             .o_proj
             .forward(rt, &o, &format!("{l}.o_proj"), 0, act)?;
         let out = ops_tp::all_reduce(rt, out, &format!("{l}.o_proj.all_reduce"))?;
-        drop(qkv);
+        // The attention's output dies at the rebind to o_proj's; the turned q and k and the
+        // fused projection (v's view) as the function returns.
         drop(o);
+        drop((q, k, v));
+        drop(qkv);
         Ok(out)
     }
 }
