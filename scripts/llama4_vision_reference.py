@@ -51,6 +51,8 @@ if not pure:
                                                             Llama4VisionModel)
 
     config = Llama4Config.from_pretrained(root)
+    # The eager attention: `vision_eager_attention_forward`, softmax(q k^T / sqrt(head_dim)) v.
+    config.vision_config._attn_implementation = "eager"
     state = {}
     for fn in sorted(os.listdir(root)):
         if fn.endswith(".safetensors"):
