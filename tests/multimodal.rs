@@ -1117,3 +1117,110 @@ fn the_documented_llava_next_lines_run_as_written() {
     }
     assert!(!outs[1].contains("Encoder cache will be initialized"));
 }
+
+/// Llama 4 Scout under 0.19 on 8 GPUs: the vision model and projector are built before the
+/// language model and counted among each rank's weights (mllama4.py 0.19 L758-779), split as
+/// vLLM splits them; `--limit-mm-per-prompt '{"image":0}'` builds neither
+/// (`_mark_tower_model`). Rank 0's share: the patch linear's 176 of 1408 rows (103,488
+/// parameters), the class and positional embeddings (1408 + 577 × 1408) and the outer
+/// LayerNorms (4 × 1408) whole, 34 layers of 2,983,376 (q/k/v 3 × 1408 × 176 and their 528
+/// biases, o_proj 1408 × 176 and its whole bias, fc1 704 × 1408 + 704, fc2 1408 × 704 + 1408,
+/// two LayerNorms 4 × 1408), the adapter 512 × 5632 + 4096 × 512, the projector 640 × 4096:
+/// 109,959,904 parameters, 219,919,808 bytes in bf16, and the rotary's complex64 cache 577 ×
+/// 44 × 8 = 203,104 bytes.
+///
+/// The encoder's profile: the dummy image is 16 × 1 tiles of 336 pixels
+/// (`get_image_size_with_most_features`, mllama4.py 0.19 L574-582), 17 tiles with the global
+/// one, 144 embeddings a tile: 2448 a image; the budget is `max_num_batched_tokens` 8192, so 3
+/// images (51 tiles). Held under the text pass: `pixel_values [51, 3, 336, 336]` bf16
+/// (34,546,176 bytes), `patches_per_image [3]` and `aspect_ratios [3, 2]` int64 (a 512-byte
+/// block each) and the projector's output `[7344, 5120]` bf16 (75,202,560 bytes), whose
+/// per-image views are the encoder cache.
+#[test]
+fn llama4_scouts_tower_is_among_each_ranks_weights_and_profiled() {
+    let base = |limit: Option<u64>| {
+        let mut req = request("preset:llama-4-scout", "sim:h100-sxm:dry", "0.19");
+        req.tp = 8;
+        req.max_model_len = 8192;
+        req.limit_mm_images = limit;
+        run(&req)
+    };
+    let full = base(None);
+    let e = full.encoder.as_ref().unwrap();
+    let layer = 3 * 1408 * 176 + 528 + 1408 * 176 + 1408 + 2 * 704 * 1408 + 704 + 1408 + 4 * 1408;
+    assert_eq!(layer, 2_983_376);
+    let params = 1408 * 588 / 8
+        + 1408
+        + 577 * 1408
+        + 4 * 1408
+        + 34 * layer
+        + 512 * 5632
+        + 4096 * 512
+        + 640 * 4096;
+    assert_eq!(params, 109_959_904);
+    assert_eq!(e.weights_bytes, 2 * params as u64 + 577 * 44 * 8);
+    assert_eq!(e.weights_bytes, 220_122_912);
+    let p = e.plan.as_ref().unwrap();
+    assert_eq!(
+        (
+            p.tokens_per_item,
+            p.embeds_per_item,
+            p.budget_tokens,
+            p.items
+        ),
+        (2448, 2448, 8192, 3)
+    );
+    assert_eq!(e.attention, "FlashAttention varlen");
+    assert_eq!(e.held_bytes, 34_546_176 + 512 + 512 + 75_202_560);
+    assert!(e.phase_peak_bytes > e.held_bytes);
+    assert!(full
+        .events
+        .iter()
+        .any(|ev| ev.tensor == "vision.layers.33.rotary.q_float"));
+    let text = base(Some(0));
+    let t = text.encoder.as_ref().unwrap();
+    assert_eq!(t.weights_bytes, 0);
+    assert!(t.plan.is_none());
+    assert!(!text.events.iter().any(|e| e.tensor == "pixel_values"));
+    assert!(full.weights_bytes - text.weights_bytes >= 220_122_912);
+}
+
+/// The plan line of Scout (the command of the brief) names the encoder's share; another
+/// release's Llama 4 tower is refused by name.
+#[test]
+fn plan_names_llama4_scouts_encoder_share_and_refuses_other_releases() {
+    let line = |vllm: &'static str| {
+        vec![
+            "plan",
+            "--vllm",
+            vllm,
+            "--device",
+            "sim:h100-sxm:dry",
+            "--",
+            "vllm",
+            "serve",
+            "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+            "--max-model-len",
+            "8192",
+            "--tensor-parallel-size",
+            "8",
+        ]
+    };
+    let (ok, out, err) = vramscope(&line("0.19"));
+    assert!(ok, "{err}");
+    for want in [
+        "Encoder cache will be initialized with a budget of 8192 tokens, and profiled with 3 image items of the maximum feature size.",
+        "encoder (vision tower + projector): weights 209.9 MiB (0.7 % of the weights); profile of 3 images of 2448 tokens into a budget of 8192 tokens (FlashAttention varlen attention)",
+        "it holds 104.7 MiB (pixel values and the encoder cache) under the text pass",
+    ] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
+    let (ok, _, err) = vramscope(&line("0.15"));
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "model_type 'llama4' (multimodal): vLLM 0.15's Llama 4 vision tower is not modelled"
+        ),
+        "{err}"
+    );
+}

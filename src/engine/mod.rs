@@ -14,6 +14,7 @@ pub mod ops_gpt_oss;
 pub mod ops_granite;
 pub mod ops_grouped_topk;
 pub mod ops_llama4;
+pub mod ops_llama4_vision;
 pub mod ops_llava;
 pub mod ops_mla;
 pub mod ops_moe;

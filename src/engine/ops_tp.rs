@@ -164,18 +164,43 @@ pub fn vocab_parallel_embedding(
 /// `[rows, tp · cols]` (0.19.0 distributed/device_communicators/base_device_communicator.py
 /// `all_gather`); the stacked buffer and the shard die at return.
 pub fn all_gather_logits(rt: &Runtime, shard: Tensor) -> Result<Tensor> {
+    gather_cols(
+        rt,
+        shard,
+        ("logits.all_gather", "logits"),
+        ("logits.all_gather", "logits.all_gather.reshape"),
+        Category::Sampler,
+    )
+}
+
+/// `ColumnParallelLinear(gather_output=True)`'s `tensor_model_parallel_all_gather` of its
+/// output along the columns (linear.py 0.19 `ColumnParallelLinear.forward`): the same
+/// `GroupCoordinator.all_gather` as the logits', `[tp, rows, cols]` then `[rows, tp · cols]`,
+/// the stacked buffer and the shard dying at return.
+pub fn all_gather_cols(rt: &Runtime, shard: Tensor, name: &str) -> Result<Tensor> {
+    gather_cols(
+        rt,
+        shard,
+        (&format!("{name}.all_gather"), name),
+        ("all_gather", "all_gather.reshape"),
+        Category::Activation,
+    )
+}
+
+fn gather_cols(
+    rt: &Runtime,
+    shard: Tensor,
+    (stacked_name, out_name): (&str, &str),
+    (op, reshape_op): (&'static str, &'static str),
+    category: Category,
+) -> Result<Tensor> {
     let Some(tp) = rt.tp() else {
         return Ok(shard);
     };
     rt.check_cancel()?;
-    rt.set_op("logits.all_gather");
+    rt.set_op(op);
     let (rows, cols) = (shard.rows(), shard.cols());
-    let mut stacked = rt.tensor(
-        "logits.all_gather",
-        Category::Sampler,
-        &[tp.size, rows, cols],
-        shard.dtype,
-    )?;
+    let mut stacked = rt.tensor(stacked_name, category, &[tp.size, rows, cols], shard.dtype)?;
     let first = rt.comm_begin(CommSetup::DeviceGroup)?;
     match rt.backend() {
         Backend::Dry => {}
@@ -192,19 +217,14 @@ pub fn all_gather_logits(rt: &Runtime, shard: Tensor) -> Result<Tensor> {
             }
         }
         Backend::Cuda => {
-            return Err(Error::Request(
-                "vLLM V1's logits all-gather has no GPU collective here yet".into(),
-            ))
+            return Err(Error::Request(format!(
+                "vLLM V1's all-gather of {out_name} has no GPU collective here yet"
+            )))
         }
     }
     rt.comm_end(first)?;
-    rt.set_op("logits.all_gather.reshape");
-    let mut out = rt.tensor(
-        "logits",
-        Category::Sampler,
-        &[rows, cols * tp.size],
-        shard.dtype,
-    )?;
+    rt.set_op(reshape_op);
+    let mut out = rt.tensor(out_name, category, &[rows, cols * tp.size], shard.dtype)?;
     if rt.backend() == Backend::Cpu {
         let (o, s) = (out.f32_mut(), stacked.f32());
         for r in 0..tp.size {

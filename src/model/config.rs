@@ -10,7 +10,7 @@ use crate::device::cpu::{AttnShape, ScoreMods};
 use crate::model::models::registry::{self, Family, QkvBias};
 
 pub mod gemma3_mm;
-mod llama4;
+pub mod llama4;
 pub mod mistral3;
 pub use gemma3_mm::{Gemma3MmShape, SiglipShape};
 pub use llama4::{Llama3Rope, Llama4Shape, VisionTower};

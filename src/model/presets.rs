@@ -326,8 +326,7 @@ fn qwen25_vl_32b_json() -> serde_json::Value {
 }
 
 /// The `vision_config` meta-llama/Llama-4-Scout-17B-16E-Instruct and
-/// Llama-4-Maverick-17B-128E-Instruct share (weighed, not run: only the language model is
-/// modelled).
+/// Llama-4-Maverick-17B-128E-Instruct share (models/llama4_vision.rs).
 const LLAMA4_VISION: &str = r#"{"model_type": "llama4_vision_model", "hidden_size": 1408,
     "intermediate_size": 5632, "num_hidden_layers": 34, "num_attention_heads": 16,
     "image_size": 336, "patch_size": 14, "num_channels": 3, "vision_output_dim": 4096,
@@ -591,7 +590,7 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
             .expect("the preset is a Qwen2.5-VL config"),
         "qwen2.5-vl-32b" => ModelConfig::from_hf_json(&qwen25_vl_32b_json())
             .expect("the preset is a Qwen2.5-VL config"),
-        // Llama 4's language model (the vision tower is weighed, not run).
+        // Llama 4: its language model, vision tower and projector.
         "llama-4-scout" => {
             ModelConfig::from_hf_json(&llama4_scout()).expect("the preset is a Llama 4 config")
         }
@@ -811,20 +810,21 @@ mod tests {
         // projector 871,932,416, Maverick's 400,711,848,960 and the same tower. In all they are
         // the published checkpoints' Hugging Face safetensors totals, 108,641,793,536
         // (meta-llama/Llama-4-Scout-17B-16E-Instruct, bf16: 217,283,587,072 bytes) and
-        // 401,583,781,376 (…-Maverick-17B-128E-Instruct: 803,167,562,752 bytes).
+        // 401,583,781,376 (…-Maverick-17B-128E-Instruct: 803,167,562,752 bytes); the tower's
+        // tensors are among the checkpoint's (`VisionTower::tensor_shapes`).
         let scout = preset("llama-4-scout").unwrap();
         let vision = |c: &ModelConfig| {
             let l = c.llama4.as_ref().unwrap();
             l.vision.as_ref().unwrap().param_count(c.hidden_size)
         };
-        assert_eq!(scout.param_count(), 107_769_861_120);
         assert_eq!(vision(&scout), 871_932_416);
+        assert_eq!(scout.param_count() - vision(&scout), 107_769_861_120);
         let maverick = preset("llama-4-maverick").unwrap();
-        assert_eq!(maverick.param_count(), 400_711_848_960);
         assert_eq!(vision(&maverick), 871_932_416);
-        assert_eq!(scout.param_count() + vision(&scout), 108_641_793_536);
-        assert_eq!(maverick.param_count() + vision(&maverick), 401_583_781_376);
-        assert_eq!((scout.param_count() + vision(&scout)) * 2, 217_283_587_072);
+        assert_eq!(maverick.param_count() - vision(&maverick), 400_711_848_960);
+        assert_eq!(scout.param_count(), 108_641_793_536);
+        assert_eq!(maverick.param_count(), 401_583_781_376);
+        assert_eq!(scout.param_count() * 2, 217_283_587_072);
         // DeepSeek-V2: its model card's "236B total parameters" (the index's total_size is
         // not checked here).
         let v2 = preset("deepseek-v2").unwrap().param_count() as f64;

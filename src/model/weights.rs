@@ -220,6 +220,15 @@ fn unit_f32(w: u32) -> f32 {
     (w >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
 }
 
+/// Whether a synthetic tensor is a norm's scale, drawn around 1 rather than 0: every
+/// `*norm.weight`, and Llama 4's vision tower's `layernorm_pre.weight` and
+/// `layernorm_post.weight` (which would otherwise scale its embeddings and output by ~0.02).
+fn is_norm_scale(name: &str) -> bool {
+    name.ends_with("norm.weight")
+        || name.ends_with(".layernorm_pre.weight")
+        || name.ends_with(".layernorm_post.weight")
+}
+
 /// Values per chunk when synthetic weights are generated on several threads.
 const SYNTHETIC_CHUNK: usize = 1 << 16;
 
@@ -229,7 +238,7 @@ impl SyntheticWeights {
     /// threads make them (an 8B preset is ~8e9 values: single-threaded, minutes).
     pub fn generate(&self, name: &str, numel: usize) -> Vec<f32> {
         let seed = self.seed ^ fnv1a(name);
-        let is_norm = name.ends_with("norm.weight");
+        let is_norm = is_norm_scale(name);
         let mut out = vec![0f32; numel];
         let dtype = self.dtype;
         let fill = |start: usize, chunk: &mut [f32]| {
@@ -301,7 +310,7 @@ impl WeightSource for SyntheticWeights {
         };
         Some(crate::device::synth::SynthFill {
             key,
-            is_norm: name.ends_with("norm.weight"),
+            is_norm: is_norm_scale(name),
             round,
             offset: 0,
             count: 0,

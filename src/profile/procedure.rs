@@ -73,6 +73,8 @@ enum Tower {
     Qwen25Vl(Box<crate::model::models::qwen2_5_vl::Qwen25Vision>),
     /// LLaVA-NeXT's SigLIP tower, projector and newline.
     LlavaNext(Box<crate::model::models::llava_next::LlavaNextVision>),
+    /// Llama 4's vision model and projector.
+    Llama4(Box<crate::model::models::llama4_vision::Llama4Vision>),
 }
 
 impl Tower {
@@ -82,6 +84,7 @@ impl Tower {
             Tower::Pixtral(v) => v.weight_bytes(),
             Tower::Qwen25Vl(v) => v.weight_bytes(),
             Tower::LlavaNext(v) => v.weight_bytes(),
+            Tower::Llama4(v) => v.weight_bytes(),
         }
     }
 
@@ -109,6 +112,12 @@ impl Tower {
                 let px = crate::model::models::mistral3::dummy_pixels(rt, &v.shape, items, v.act)?;
                 let out = v.encode(rt, &px, items)?;
                 Ok((vec![px], vec![out]))
+            }
+            Tower::Llama4(v) => {
+                let inputs =
+                    crate::model::models::llama4_vision::dummy_pixels(rt, &v.shape, items, v.act)?;
+                let out = v.encode(rt, &inputs[0], items * v.shape.dummy_tiles())?;
+                Ok((inputs, vec![out]))
             }
             Tower::LlavaNext(v) => {
                 let (px, sizes) =
@@ -1419,6 +1428,17 @@ pub(crate) fn run_rank(
                     "model_type gemma3 (multimodal): its SigLIP vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
                 ));
             }
+            if opened
+                .config
+                .llama4
+                .as_ref()
+                .is_some_and(|l| l.vision.is_some())
+                && matches!(req.device, DeviceSpec::Cuda { .. })
+            {
+                return Err(Error::Request(
+                    "model_type 'llama4' (multimodal): its vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
+                ));
+            }
             if opened.config.llava_next.is_some() && matches!(req.device, DeviceSpec::Cuda { .. }) {
                 return Err(Error::Request(
                     "model_type llava_next (multimodal): its SigLIP vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
@@ -1467,6 +1487,7 @@ pub(crate) fn run_rank(
                 )
             });
             let c = &opened.config;
+            let llama4_vision = c.llama4.as_ref().and_then(|l| l.vision.as_ref());
             let mm_kind = match (&c.gemma3_mm, &c.mistral3, &c.llava_next) {
                 (Some(mm), _, _) => Some((
                     "gemma3",
@@ -1483,6 +1504,12 @@ pub(crate) fn run_rank(
                     let t = mm.max_feature_image().2 as u64;
                     Some(("llava_next", (t, t)))
                 }
+                // Llama 4: its dummy image's 17 tiles of 144 `<|patch|>` embeddings inside
+                // `_prompt_split_image`'s placeholder (`VisionTower::dummy_image_tokens`).
+                _ if llama4_vision.is_some() => llama4_vision.map(|v| {
+                    let (e, p) = v.dummy_image_tokens();
+                    ("llama4", (e as u64, p as u64))
+                }),
                 // Qwen2.5-VL: its dummy image or video (`profile_item`), as many
                 // `<|image_pad|>` / `<|video_pad|>` tokens as embeddings (qwen2_vl.py 0.19
                 // L1079-1112).
@@ -1510,6 +1537,13 @@ pub(crate) fn run_rank(
                     if kind == "llava_next" && release.name != "0.19" {
                         return Err(Error::Request(format!(
                             "model_type llava_next (multimodal): vLLM {}'s LLaVA-NeXT is not modelled; its 0.19 reading is (--vllm 0.19)",
+                            release.name
+                        )));
+                    }
+                    // Llama 4's tower is read at 0.19 (mllama4.py, llama4_vision_rope.py).
+                    if kind == "llama4" && release.name != "0.19" {
+                        return Err(Error::Request(format!(
+                            "model_type 'llama4' (multimodal): vLLM {}'s Llama 4 vision tower is not modelled; its 0.19 reading is (--vllm 0.19)",
                             release.name
                         )));
                     }
@@ -1558,6 +1592,15 @@ pub(crate) fn run_rank(
                         )?;
                         v.profile_item = qwen_item.flatten();
                         Some(Tower::Qwen25Vl(Box::new(v)))
+                    } else if kind == "llama4" {
+                        let mut v = crate::model::models::llama4_vision::Llama4Vision::load(
+                            &rt,
+                            &opened.config,
+                            opened.source.as_ref(),
+                            &opts,
+                        )?;
+                        v.varlen_attention = profile.vision_attention.varlen(device_major);
+                        Some(Tower::Llama4(Box::new(v)))
                     } else if kind == "llava_next" {
                         let mut v = crate::model::models::llava_next::LlavaNextVision::load(
                             &rt,
@@ -1577,14 +1620,17 @@ pub(crate) fn run_rank(
                         v.xformers = pixtral_xformers;
                         Some(Tower::Pixtral(Box::new(v)))
                     };
-                    let attention =
-                        if kind == "gemma3" || kind == "qwen2_5_vl" || kind == "llava_next" {
-                            profile.vision_attention.label(device_major)
-                        } else if pixtral_xformers {
-                            "xFormers memory-efficient (block-diagonal bias)"
-                        } else {
-                            "PyTorch SDPA (memory-efficient, dense block mask)"
-                        };
+                    let attention = if kind == "gemma3"
+                        || kind == "qwen2_5_vl"
+                        || kind == "llava_next"
+                        || kind == "llama4"
+                    {
+                        profile.vision_attention.label(device_major)
+                    } else if pixtral_xformers {
+                        "xFormers memory-efficient (block-diagonal bias)"
+                    } else {
+                        "PyTorch SDPA (memory-efficient, dense block mask)"
+                    };
                     Some(Box::new(Encoder {
                         vision,
                         plan,

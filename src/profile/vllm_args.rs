@@ -754,14 +754,11 @@ pub fn resolve_model(model: &str) -> Result<(String, Option<String>)> {
             }
         }
         if let Some(p) = preset_for_hub_id(m) {
-            let unmodelled = crate::model::presets::preset(p)
-                .and_then(|c| c.unmodelled_towers())
-                .map_or(String::new(), |t| format!("; {t}"));
             return Ok((
                 format!("preset:{p}"),
                 Some(format!(
                     "{m} is not on disk: its shapes are the built-in preset {p} (seeded weights; \
-                     for the exact config: hf download {m} config.json, then pass its folder){unmodelled}"
+                     for the exact config: hf download {m} config.json, then pass its folder)"
                 )),
             ));
         }

@@ -72,45 +72,152 @@ impl Llama3Rope {
     }
 }
 
-/// `vision_config` of a `Llama4ForConditionalGeneration` (`Llama4VisionConfig`), as far as its
-/// checkpoint tensors go (vLLM mllama4.py 0.19 `Llama4VisionModel` L460-510,
-/// `Llama4VisionEncoderLayer` L334-380, `Llama4VisionPixelShuffleMLP` L205-230,
-/// `Llama4MultiModalProjector` L158-175).
+/// `vision_config` of a `Llama4ForConditionalGeneration` (`Llama4VisionConfig`), as vLLM
+/// 0.19's mllama4.py builds and runs it: `Llama4VisionModel` (L460-544: the unfold patch
+/// embedding, the class and positional embeddings, `layernorm_pre`, the encoder,
+/// `layernorm_post`, the class token dropped, `vision_adapter`), `Llama4VisionEncoderLayer`
+/// (L334-381), `Llama4VisionAttention` with its 2D rotary (L233-331), the pixel shuffle and
+/// `Llama4VisionPixelShuffleMLP` (L180-230) and `Llama4MultiModalProjector` (L158-177).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VisionTower {
     pub hidden_size: usize,
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
     pub image_size: usize,
     pub patch_size: usize,
     pub num_channels: usize,
+    /// The rotary's base (`rope_theta`, 10000 in transformers' `Llama4VisionConfig`).
+    pub rope_theta: f64,
+    /// `pixel_shuffle_ratio` (0.5: 2 × 2 patches merged into one token of 4× the width).
+    pub pixel_shuffle_ratio: f64,
     pub vision_output_dim: usize,
     pub projector_input_dim: usize,
     pub projector_output_dim: usize,
+    /// Always false here: transformers' `Llama4VisionMLP2` has no biases, and vLLM would
+    /// build them from this key (mllama4.py 0.19 L218-226), so true is refused at parse.
     pub multi_modal_projector_bias: bool,
 }
 
+/// Where the tower's and the projector's tensors sit in the checkpoint
+/// (`Llama4ForConditionalGeneration`'s `vision_model` and `multi_modal_projector`,
+/// mllama4.py 0.19 L758-770).
+pub const TOWER: &str = "vision_model";
+pub const PROJECTOR: &str = "multi_modal_projector";
+
+/// `max_patches` of `Llama4ImageProcessorFast` (its default, and Scout's and Maverick's
+/// preprocessor_config.json): the most tiles an image is cut into besides the global one.
+pub const MAX_TILES: usize = 16;
+
+/// Every LayerNorm of the tower: `nn.LayerNorm(hidden)`'s default in the encoder layers
+/// (mllama4.py 0.19 L361-362) and `eps=1e-5` given for the pre and post norms (L489-490).
+pub const LAYER_NORM_EPS: f64 = 1e-5;
+
 impl VisionTower {
-    /// Parameters the checkpoint stores for the vision model and the projector, given the
-    /// language model's `text_hidden`: the unfold convolution's linear (no bias), the class
-    /// and position embeddings (`(image / patch)² + 1` rows), two LayerNorms, per layer
-    /// q/k/v/o with biases, fc1/fc2 with biases and two LayerNorms, the pixel-shuffle MLP
-    /// (`intermediate_size → projector_input_dim → projector_output_dim`), and
-    /// `multi_modal_projector.linear_1` (`vision_output_dim → text_hidden`, no bias).
+    /// Patches a side of a tile (`image_size // patch_size`).
+    pub fn patches_per_side(&self) -> usize {
+        self.image_size / self.patch_size
+    }
+
+    /// Patches a tile (without the class token).
+    pub fn num_patches(&self) -> usize {
+        self.patches_per_side().pow(2)
+    }
+
+    /// The encoder's sequence a tile: the patches and the class token (mllama4.py 0.19 L474).
+    pub fn seq_len(&self) -> usize {
+        self.num_patches() + 1
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_attention_heads
+    }
+
+    /// Patches merged a side by the pixel shuffle (`1 / pixel_shuffle_ratio`, 2).
+    pub fn shuffle_factor(&self) -> usize {
+        (1.0 / self.pixel_shuffle_ratio).round() as usize
+    }
+
+    /// Tokens one tile gives the language model: `get_patch_per_chunk` (mllama4.py 0.19
+    /// L561-572), `(image_size // patch_size)² // round(1 / ratio²)` (144 for Scout).
+    pub fn tokens_per_tile(&self) -> usize {
+        self.num_patches() / self.shuffle_factor().pow(2)
+    }
+
+    /// The dummy image of V1's encoder profile: `get_image_size_with_most_features`
+    /// (mllama4.py 0.19 L574-582), `max_patches` tiles high and one wide (16 × 1 with the
+    /// image processor's default `max_patches` 16, `Llama4ImageProcessorFast`), cut into its
+    /// tiles and the global one (`patches_per_image`, L631-633): 17 tiles.
+    pub fn dummy_tiles(&self) -> usize {
+        1 + MAX_TILES
+    }
+
+    /// `(embeddings, placeholder tokens)` of the dummy image: 144 `<|patch|>` embeddings a tile
+    /// (2448), and `_prompt_split_image` of the 16 × 1 grid (transformers' processing_llama4):
+    /// `<|image_start|>`, each row's tile of patches closed by `<|tile_y_separator|>`,
+    /// `<|image|>`, the global tile's patches, `<|image_end|>` (2467 for Scout).
+    pub fn dummy_image_tokens(&self) -> (usize, usize) {
+        let t = self.tokens_per_tile();
+        (self.dummy_tiles() * t, MAX_TILES * (t + 1) + 1 + t + 2)
+    }
+
+    /// The tower's and the projector's tensors as the checkpoint stores them
+    /// (transformers' `Llama4VisionModel` and `Llama4MultiModalProjector` names): the unfold
+    /// convolution's linear (no bias), the class and positional embeddings (`g² + 1` rows),
+    /// the pre and post LayerNorms, per layer q/k/v/o with biases, fc1/fc2 with biases and two
+    /// LayerNorms, the pixel-shuffle MLP (`intermediate_size → projector_input_dim →
+    /// projector_output_dim`, no biases), and `multi_modal_projector.linear_1`
+    /// (`vision_output_dim → text_hidden`, no bias).
+    pub fn tensor_shapes(&self, text_hidden: usize) -> Vec<(String, Vec<usize>)> {
+        let (h, i) = (self.hidden_size, self.intermediate_size);
+        let patch_in = self.num_channels * self.patch_size * self.patch_size;
+        let v = TOWER;
+        let mut out = vec![
+            (
+                format!("{v}.patch_embedding.linear.weight"),
+                vec![h, patch_in],
+            ),
+            (format!("{v}.class_embedding"), vec![h]),
+            (
+                format!("{v}.positional_embedding_vlm"),
+                vec![self.seq_len(), h],
+            ),
+            (format!("{v}.layernorm_pre.weight"), vec![h]),
+            (format!("{v}.layernorm_pre.bias"), vec![h]),
+            (format!("{v}.layernorm_post.weight"), vec![h]),
+            (format!("{v}.layernorm_post.bias"), vec![h]),
+        ];
+        for l in 0..self.num_hidden_layers {
+            let p = format!("{v}.model.layers.{l}");
+            for n in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+                out.push((format!("{p}.self_attn.{n}.weight"), vec![h, h]));
+                out.push((format!("{p}.self_attn.{n}.bias"), vec![h]));
+            }
+            out.push((format!("{p}.mlp.fc1.weight"), vec![i, h]));
+            out.push((format!("{p}.mlp.fc1.bias"), vec![i]));
+            out.push((format!("{p}.mlp.fc2.weight"), vec![h, i]));
+            out.push((format!("{p}.mlp.fc2.bias"), vec![h]));
+            for n in ["input_layernorm", "post_attention_layernorm"] {
+                out.push((format!("{p}.{n}.weight"), vec![h]));
+                out.push((format!("{p}.{n}.bias"), vec![h]));
+            }
+        }
+        let (pi, po) = (self.projector_input_dim, self.projector_output_dim);
+        out.push((format!("{v}.vision_adapter.mlp.fc1.weight"), vec![pi, i]));
+        out.push((format!("{v}.vision_adapter.mlp.fc2.weight"), vec![po, po]));
+        out.push((
+            format!("{PROJECTOR}.linear_1.weight"),
+            vec![text_hidden, self.vision_output_dim],
+        ));
+        out
+    }
+
+    /// Parameters the checkpoint stores for the vision model and the projector.
     pub fn param_count(&self, text_hidden: usize) -> u64 {
-        let (h, i) = (self.hidden_size as u64, self.intermediate_size as u64);
-        let patches = (self.image_size / self.patch_size.max(1)).pow(2) as u64 + 1;
-        let patch_in = (self.num_channels * self.patch_size * self.patch_size) as u64;
-        let stem = patch_in * h + h + patches * h + 2 * 2 * h;
-        let layer = 4 * (h * h + h) + (i * h + i) + (h * i + h) + 2 * 2 * h;
-        let b = u64::from(self.multi_modal_projector_bias);
-        let (pi, po) = (
-            self.projector_input_dim as u64,
-            self.projector_output_dim as u64,
-        );
-        let adapter = (i * pi + b * pi) + (pi * po + b * po);
-        let projector = self.vision_output_dim as u64 * text_hidden as u64;
-        stem + self.num_hidden_layers as u64 * layer + adapter + projector
+        self.tensor_shapes(text_hidden)
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>() as u64)
+            .sum()
     }
 }
 
@@ -146,22 +253,8 @@ fn count(v: &serde_json::Value, k: &str, limit: u64) -> std::result::Result<usiz
 }
 
 impl ModelConfig {
-    /// What of the checkpoint vramscope does not model, in a plan's words: a
-    /// `Llama4ForConditionalGeneration`'s vision tower and projector, which vLLM loads beside
-    /// the language model (mllama4.py 0.19 L758-770) unless images are turned off.
-    pub fn unmodelled_towers(&self) -> Option<String> {
-        let l = self.llama4.as_ref()?;
-        let v = l.vision.as_ref()?;
-        let n = v.param_count(self.hidden_size);
-        Some(format!(
-            "only its language model is modelled: the vision tower and projector ({} parameters, {} bytes in bf16, from vision_config) that vLLM loads beside it are not in these weights",
-            crate::base::units::thousands(n),
-            crate::base::units::thousands(2 * n)
-        ))
-    }
-
     /// A `Llama4TextConfig` (model_type llama4_text), or a `Llama4Config` (model_type llama4)
-    /// whose `text_config` is its language model and whose `vision_config` is weighed.
+    /// whose `text_config` is its language model and whose `vision_config` its vision tower.
     pub(super) fn llama4_from_hf_json(
         top: &serde_json::Value,
         arch: String,
@@ -342,7 +435,8 @@ impl ModelConfig {
     }
 
     /// The language model's tensors as `Llama4ForCausalLM.state_dict()` names them (under
-    /// `language_model.` in a multimodal checkpoint): q/k/v/o, the two norms, and per layer
+    /// `language_model.` in a multimodal checkpoint, the vision tower's and the projector's
+    /// after them, `VisionTower::tensor_shapes`): q/k/v/o, the two norms, and per layer
     /// `feed_forward` either a dense MLP (`gate_proj`, `up_proj`, `down_proj` of
     /// `intermediate_size_mlp`) or the MoE: `router [E, H]`, the experts stored fused as
     /// `experts.gate_up_proj [E, H, 2I]` and `experts.down_proj [E, I, H]` (transposed to
@@ -386,6 +480,9 @@ impl ModelConfig {
         out.push((format!("{pre}model.norm.weight"), vec![h]));
         if !self.tie_word_embeddings {
             out.push((format!("{pre}lm_head.weight"), vec![v, h]));
+        }
+        if let Some(t) = &s.vision {
+            out.extend(t.tensor_shapes(h));
         }
         out
     }
@@ -450,6 +547,9 @@ impl ModelConfig {
                 "hidden_size": vt.hidden_size,
                 "intermediate_size": vt.intermediate_size,
                 "num_hidden_layers": vt.num_hidden_layers,
+                "num_attention_heads": vt.num_attention_heads,
+                "rope_theta": vt.rope_theta,
+                "pixel_shuffle_ratio": vt.pixel_shuffle_ratio,
                 "image_size": vt.image_size,
                 "patch_size": vt.patch_size,
                 "num_channels": vt.num_channels,
@@ -499,27 +599,84 @@ fn llama3_from_hf_json(v: &serde_json::Value) -> std::result::Result<Option<Llam
 }
 
 /// `Llama4VisionConfig`'s keys with transformers' defaults (configuration_llama4.py 5.25:
-/// hidden 768, 34 layers, intermediate 5632, image 448, patch 14, output 7680, projector
-/// 4096 → 4096; Scout's and Maverick's configs set hidden 1408, image 336, output 4096).
+/// hidden 768, 34 layers, 12 heads, intermediate 5632, image 448, patch 14, rope_theta 10000,
+/// pixel_shuffle_ratio 0.5, output 7680, projector 4096 → 4096; Scout's and Maverick's
+/// configs set hidden 1408, 16 heads, image 336, output 4096). What the two classes would run
+/// differently, or not at all, is refused by name.
 fn vision_from_hf_json(v: &serde_json::Value) -> std::result::Result<VisionTower, String> {
     if !v.is_object() {
+        return Err("model_type llama4 needs a vision_config object (its vision tower)".into());
+    }
+    let e = |r: std::result::Result<usize, String>| r.map_err(|e| format!("vision_config: {e}"));
+    let t = VisionTower {
+        hidden_size: e(count_or(v, "hidden_size", 768, 1 << 17))?,
+        intermediate_size: e(count_or(v, "intermediate_size", 5632, 1 << 19))?,
+        num_hidden_layers: e(count_or(v, "num_hidden_layers", 34, 1 << 10))?,
+        num_attention_heads: e(count_or(v, "num_attention_heads", 12, 1 << 10))?,
+        image_size: e(count_or(v, "image_size", 448, 1 << 16))?,
+        patch_size: e(count_or(v, "patch_size", 14, 1 << 10))?,
+        num_channels: e(count_or(v, "num_channels", 3, 1 << 10))?,
+        rope_theta: float(
+            v,
+            "rope_theta",
+            10000.0,
+            |x| x > 1.0 && x <= 1e12,
+            "above 1",
+        )
+        .map_err(|e| format!("vision_config: {e}"))?,
+        pixel_shuffle_ratio: float(
+            v,
+            "pixel_shuffle_ratio",
+            0.5,
+            |x| x > 0.0 && x <= 1.0,
+            "above 0 and at most 1",
+        )
+        .map_err(|e| format!("vision_config: {e}"))?,
+        vision_output_dim: e(count_or(v, "vision_output_dim", 7680, 1 << 17))?,
+        projector_input_dim: e(count_or(v, "projector_input_dim", 4096, 1 << 17))?,
+        projector_output_dim: e(count_or(v, "projector_output_dim", 4096, 1 << 17))?,
+        multi_modal_projector_bias: boolean(v, "multi_modal_projector_bias", false)?,
+    };
+    let (h, heads) = (t.hidden_size, t.num_attention_heads);
+    if heads == 0 || !h.is_multiple_of(heads) || !(h / heads).is_multiple_of(4) {
+        return Err(format!(
+            "vision_config: hidden_size {h} over num_attention_heads {heads} must give a head size that is a multiple of 4 (the 2D rotary turns a quarter of it by x and a quarter by y)"
+        ));
+    }
+    if t.patch_size == 0 || !t.image_size.is_multiple_of(t.patch_size) {
+        return Err(format!(
+            "vision_config: image_size {} is not a multiple of patch_size {} (mllama4.py asserts it)",
+            t.image_size, t.patch_size
+        ));
+    }
+    let s = t.shuffle_factor();
+    if (1.0 / s as f64 - t.pixel_shuffle_ratio).abs() > 1e-9
+        || !t.patches_per_side().is_multiple_of(s)
+        || t.intermediate_size != h * s * s
+    {
+        return Err(format!(
+            "vision_config: pixel_shuffle_ratio {} over {} patches a side of width {h} must be 1/n of them and give intermediate_size {} (the pixel-shuffle MLP's input); it gives {}",
+            t.pixel_shuffle_ratio,
+            t.patches_per_side(),
+            t.intermediate_size,
+            h * s * s
+        ));
+    }
+    if t.projector_input_dim != t.projector_output_dim
+        || t.vision_output_dim != t.projector_output_dim
+    {
+        return Err(format!(
+            "vision_config: projector_input_dim {}, projector_output_dim {} and vision_output_dim {} must agree (transformers' Llama4VisionMLP2 builds fc2 as output × output and the projector reads vision_output_dim)",
+            t.projector_input_dim, t.projector_output_dim, t.vision_output_dim
+        ));
+    }
+    if t.multi_modal_projector_bias {
         return Err(
-            "model_type llama4 needs a vision_config object (its vision tower is weighed, not run)"
+            "vision_config: multi_modal_projector_bias true: vLLM 0.19 would build biases into the pixel-shuffle MLP (mllama4.py L218-226) that transformers' Llama4VisionMLP2 never saves; not modelled"
                 .into(),
         );
     }
-    Ok(VisionTower {
-        hidden_size: count_or(v, "hidden_size", 768, 1 << 17)?,
-        intermediate_size: count_or(v, "intermediate_size", 5632, 1 << 19)?,
-        num_hidden_layers: count_or(v, "num_hidden_layers", 34, 1 << 10)?,
-        image_size: count_or(v, "image_size", 448, 1 << 16)?,
-        patch_size: count_or(v, "patch_size", 14, 1 << 10)?,
-        num_channels: count_or(v, "num_channels", 3, 1 << 10)?,
-        vision_output_dim: count_or(v, "vision_output_dim", 7680, 1 << 17)?,
-        projector_input_dim: count_or(v, "projector_input_dim", 4096, 1 << 17)?,
-        projector_output_dim: count_or(v, "projector_output_dim", 4096, 1 << 17)?,
-        multi_modal_projector_bias: boolean(v, "multi_modal_projector_bias", false)?,
-    })
+    Ok(t)
 }
 
 #[cfg(test)]
@@ -562,18 +719,26 @@ mod tests {
     fn multimodal_checkpoint_names_sit_under_language_model() {
         let v = serde_json::json!({"model_type": "llama4", "text_config": scout_text(),
             "vision_config": {"hidden_size": 1408, "image_size": 336,
-                "vision_output_dim": 4096}});
+                "num_attention_heads": 16, "vision_output_dim": 4096}});
         let c = ModelConfig::from_hf_json(&v).unwrap();
         let names: Vec<String> = c.tensor_shapes().into_iter().map(|(n, _)| n).collect();
         assert_eq!(names[0], "language_model.model.embed_tokens.weight");
-        assert!(names.iter().all(|n| n.starts_with("language_model.")));
+        // 48 layers of 12 tensors (6 of attention and norms, 6 of the MoE), the embedding, norm
+        // and lm_head; then the tower's 7,
+        // 34 layers of 16, the adapter's 2 and the projector's 1.
+        let (text, tower) = names.split_at(3 + 48 * 12);
+        assert!(text.iter().all(|n| n.starts_with("language_model.")));
+        assert_eq!(tower.len(), 7 + 34 * 16 + 3);
+        assert_eq!(tower[0], "vision_model.patch_embedding.linear.weight");
+        assert_eq!(
+            tower.last().unwrap(),
+            "multi_modal_projector.linear_1.weight"
+        );
         assert!(names.contains(
             &"language_model.model.layers.0.feed_forward.experts.gate_up_proj".to_string()
         ));
-        assert!(c
-            .unmodelled_towers()
-            .unwrap()
-            .contains("1,743,864,832 bytes"));
+        let v = c.llama4.as_ref().unwrap().vision.as_ref().unwrap();
+        assert_eq!(2 * v.param_count(c.hidden_size), 1_743_864_832);
         assert_eq!(
             ModelConfig::from_hf_json(&c.to_hf_json("bfloat16")).unwrap(),
             c

@@ -8,9 +8,9 @@
 //! the lm_head. Layer 0 normalises the embedding into a new tensor, later layers add and
 //! normalise in place (`LlamaModel.forward`, which `Llama4Model` inherits).
 //!
-//! Only the language model is modelled: a `Llama4ForConditionalGeneration` checkpoint's
-//! vision tower and projector (`vision_model.`, `multi_modal_projector.`) are weighed from its
-//! config (`VisionTower::param_count`) and named in the plan, not loaded or run.
+//! A `Llama4ForConditionalGeneration` checkpoint's vision tower and projector
+//! (`vision_model.`, `multi_modal_projector.`) are `llama4_vision.rs`'s, loaded before this
+//! language model by the profile (`--vllm 0.19`).
 
 use std::cell::{Cell, RefCell};
 
@@ -89,6 +89,10 @@ pub struct Llama4Model {
     /// The release's fused MoE and the modular kernel's persistent workspace.
     pub moe_kernel: Cell<MoeKernel>,
     pub moe_workspace: RefCell<Option<Tensor>>,
+    /// A multimodal checkpoint's runner buffer `inputs_embeds` (V1 with the tower built):
+    /// passes start from it instead of the embedding (`LlamaModel.forward`'s
+    /// `inputs_embeds`, llama.py 0.19, which `Llama4Model` inherits).
+    pub inputs_embeds: RefCell<Option<Tensor>>,
     generation: Cell<u32>,
 }
 
@@ -208,6 +212,7 @@ impl Llama4Model {
                 indices_freed_late: true,
             }),
             moe_workspace: RefCell::new(None),
+            inputs_embeds: RefCell::new(None),
             generation: Cell::new(0),
         })
     }
@@ -240,7 +245,9 @@ impl Llama4Model {
         batch.check_ids(cfg.vocab_size)?;
         let positions: Vec<usize> = batch.seq_lens.iter().flat_map(|&n| 0..n).collect();
         rt.set_layer(None);
-        let embedded = if rt.tp().is_some() {
+        let embedded = if let Some(buf) = self.inputs_embeds.borrow().as_ref() {
+            buf.part("inputs_embeds", 0, &[batch.tokens(), cfg.hidden_size])
+        } else if rt.tp().is_some() {
             crate::engine::ops_tp::vocab_parallel_embedding(
                 rt,
                 &batch.ids,

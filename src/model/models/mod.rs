@@ -21,6 +21,7 @@ pub mod gpt_oss;
 pub mod granite;
 pub mod llama;
 pub mod llama4;
+pub mod llama4_vision;
 pub mod llava_next;
 pub mod mistral3;
 pub mod opt;
@@ -69,15 +70,20 @@ impl CausalLm {
     }
 
     /// A multimodal model's runner buffer `inputs_embeds`: its passes start from it instead
-    /// of the embedding. Gemma 3 only (the Llama-shaped decoders).
+    /// of the embedding: the Llama-shaped decoders (Gemma 3, Mistral 3, Qwen2.5-VL,
+    /// LLaVA-NeXT's) and Llama 4.
     pub fn set_inputs_embeds(&self, buffer: crate::engine::tensor::Tensor) -> Result<()> {
         match self {
             CausalLm::Llama(m) => {
                 *m.inputs_embeds.borrow_mut() = Some(buffer);
                 Ok(())
             }
+            CausalLm::Llama4(m) => {
+                *m.inputs_embeds.borrow_mut() = Some(buffer);
+                Ok(())
+            }
             _ => Err(crate::base::error::Error::Request(
-                "the runner's inputs_embeds are modelled for Gemma 3 only".into(),
+                "the runner's inputs_embeds are modelled for the Llama-shaped decoders and Llama 4 only".into(),
             )),
         }
     }

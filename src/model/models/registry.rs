@@ -266,8 +266,8 @@ pub const FAMILIES: &[Family] = &[
         ..LLAMA
     },
     // llama4.py: `Llama4ForCausalLM`; mllama4.py wraps it as the language model of
-    // `Llama4ForConditionalGeneration` (its text_config), whose vision tower is weighed, not
-    // run.
+    // `Llama4ForConditionalGeneration` (its text_config), whose vision tower is
+    // models/llama4_vision.rs's.
     Family {
         model_type: "llama4_text",
         architecture: "Llama4ForCausalLM",
