@@ -19,6 +19,7 @@ pub mod gemma;
 pub mod gemma3_mm;
 pub mod gpt_oss;
 pub mod granite;
+pub mod kimi_vl;
 pub mod llama;
 pub mod llama4;
 pub mod llava_next;
@@ -69,15 +70,20 @@ impl CausalLm {
     }
 
     /// A multimodal model's runner buffer `inputs_embeds`: its passes start from it instead
-    /// of the embedding. Gemma 3 only (the Llama-shaped decoders).
+    /// of the embedding. The Llama-shaped decoders (Gemma 3, Mistral 3, LLaVA-NeXT, Qwen2.5-VL)
+    /// and DeepSeek's (Kimi-VL).
     pub fn set_inputs_embeds(&self, buffer: crate::engine::tensor::Tensor) -> Result<()> {
         match self {
             CausalLm::Llama(m) => {
                 *m.inputs_embeds.borrow_mut() = Some(buffer);
                 Ok(())
             }
+            CausalLm::Deepseek(m) => {
+                *m.inputs_embeds.borrow_mut() = Some(buffer);
+                Ok(())
+            }
             _ => Err(crate::base::error::Error::Request(
-                "the runner's inputs_embeds are modelled for Gemma 3 only".into(),
+                "the runner's inputs_embeds are modelled for the Llama-shaped and DeepSeek decoders only".into(),
             )),
         }
     }
