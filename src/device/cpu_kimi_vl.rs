@@ -149,7 +149,7 @@ mod tests {
     /// taps clamped at the edges, the cubic weights (-0.03515625, 0.26171875, 0.87890625,
     /// -0.10546875 for t = 0.75) overshooting at both ends as PyTorch's bicubic does.
     #[test]
-    fn upsampling_a_ramp_matches_pytorch() {
+    fn upsampling_a_ramp_overshoots_as_the_cubic_kernel_does() {
         let grid = [0.0f32, 1.0];
         let mut out = [0.0f32; 4];
         bicubic_resize(&grid, (1, 2, 1), (1, 4), &mut out);

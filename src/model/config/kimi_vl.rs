@@ -250,14 +250,14 @@ impl ModelConfig {
         let merge_kernel = match vis.get("merge_kernel_size") {
             None | Some(serde_json::Value::Null) => (2, 2),
             Some(serde_json::Value::Array(a)) => match a.as_slice() {
-                [h, w] => {
-                    match (h.as_u64(), w.as_u64()) {
-                        (Some(h @ 1..=8), Some(w @ 1..=8)) => (h as usize, w as usize),
-                        _ => return Err(format!(
+                [h, w] => match (h.as_u64(), w.as_u64()) {
+                    (Some(h @ 1..=8), Some(w @ 1..=8)) => (h as usize, w as usize),
+                    _ => {
+                        return Err(format!(
                             "vision_config: merge_kernel_size {a:?} is not two counts of 1 to 8"
-                        )),
+                        ))
                     }
-                }
+                },
                 _ => return Err("vision_config: merge_kernel_size must be [height, width]".into()),
             },
             Some(x) => {
