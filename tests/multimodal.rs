@@ -1224,3 +1224,112 @@ fn plan_names_llama4_scouts_encoder_share_and_refuses_other_releases() {
         "{err}"
     );
 }
+
+/// `vramscope plan --vllm 0.19 --device sim:h100-sxm:dry -- vllm serve
+/// moonshotai/Kimi-VL-A3B-Instruct --trust-remote-code --max-model-len 8192` on the preset
+/// (an empty hub cache): the dummy image of 1024 × 1024 pixels is scaled to the processor's
+/// 4096 patches and padded (66 × 66 patches, 1089 tokens), so the 8192-token budget holds 7;
+/// their 30,492 patches through MoonViT's 27 blocks (the bicubic position grid, the 2D rotary
+/// table of 512 × 512 × 36 complex64 kept after the pass), the 2 × 2 merge and the projector;
+/// the pixel values, the embeddings and the table held under the DeepSeek-V3 text pass. The
+/// text-only what-if drops the tower; another release is refused by name.
+#[test]
+fn plan_names_the_encoders_share_for_kimi_vl() {
+    let cache = tempfile::tempdir().unwrap();
+    let plan = |vllm: &str, extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--vllm",
+            vllm,
+            "--device",
+            "sim:h100-sxm:dry",
+            "--",
+            "vllm",
+            "serve",
+            "moonshotai/Kimi-VL-A3B-Instruct",
+            "--trust-remote-code",
+            "--max-model-len",
+            "8192",
+        ];
+        args.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args(&args)
+            .env("HF_HUB_CACHE", cache.path())
+            .output()
+            .unwrap()
+    };
+    let out = plan("0.19", &[]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    for want in [
+        "Encoder cache will be initialized with a budget of 8192 tokens, and profiled with 7 image items of the maximum feature size.",
+        "encoder (vision tower + projector): weights 853.6 MiB (2.7 % of the weights); profile of 7 images of 1089 tokens into a budget of 8192 tokens (FlashAttention varlen attention): its phase peaks at 1.13 GiB, it holds 136.0 MiB (pixel values and the encoder cache) under the text pass, so 136.0 MiB of the 2.92 GiB peak activation (4.6 %) is the encoder's",
+        "Actual usage is 30.74 GiB for weight, 2.92 GiB for peak activation",
+        "GPU KV cache size: 1,293,696 tokens",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    let zero = plan("0.19", &["--limit-mm-per-prompt", r#"{"image":0}"#]);
+    let zero = String::from_utf8_lossy(&zero.stdout).into_owned();
+    assert!(zero.contains("no encoder profile"), "{zero}");
+    // Without images 0.19 does not build the tower (`_mark_tower_model`, kimi_vl.py 0.19
+    // L319-328): 853.6 MiB less weight, a smaller peak, more KV cache.
+    assert!(
+        zero.contains("Actual usage is 29.89 GiB for weight, 2.78 GiB for peak activation"),
+        "{zero}"
+    );
+    assert!(
+        zero.contains("GPU KV cache size: 1,327,472 tokens"),
+        "{zero}"
+    );
+    assert!(
+        !zero.contains("Encoder cache will be initialized"),
+        "{zero}"
+    );
+    let old = plan("0.15", &[]);
+    assert!(!old.status.success());
+    let err = String::from_utf8_lossy(&old.stderr);
+    assert!(err.contains("vLLM 0.15's Kimi-VL is not modelled"), "{err}");
+
+    // The same in the library, on the preset: the bytes behind those lines.
+    let mut req = request("preset:kimi-vl-a3b", "sim:h100-sxm:dry", "0.19");
+    req.tokens = 8192;
+    req.seqs = 1024;
+    req.max_model_len = 8192;
+    let r = run(&req);
+    let e = r.encoder.as_ref().unwrap();
+    let p = e.plan.as_ref().unwrap();
+    assert_eq!(
+        (
+            p.budget_tokens,
+            p.items,
+            p.tokens_per_item,
+            p.embeds_per_item
+        ),
+        (8192, 7, 1089, 1089)
+    );
+    // The tower's 416,866,032 parameters and the projector's 30,679,808, bf16.
+    assert_eq!(e.weights_bytes, (416_866_032 + 30_679_808) * 2);
+    // Held under the text pass: the pixel values [7 · 4356, 588] bf16, `image_grid_hws` [7, 2]
+    // int64 (one 512-byte block), the embeddings [7 · 1089, 2048] bf16 and the rotary table
+    // 512² × 36 complex64, each rounded to the allocator's 512 bytes.
+    let round = |b: u64| b.div_ceil(512) * 512;
+    let held =
+        round(7 * 4356 * 588 * 2) + 512 + round(7 * 1089 * 2048 * 2) + round(512 * 512 * 72 * 4);
+    assert_eq!(e.held_bytes, held);
+    // A block's MLP over the 30,492 patches: fc0's output [30492, 4304] bf16 and its GELU.
+    assert!(
+        e.phase_peak_bytes > 2 * 30_492 * 4304 * 2,
+        "{}",
+        e.phase_peak_bytes
+    );
+    req.limit_mm_images = Some(0);
+    let t = run(&req);
+    assert_eq!(t.encoder.as_ref().unwrap().weights_bytes, 0);
+    assert!(!t.events.iter().any(|e| e.tensor == "pixel_values"));
+}

@@ -9,6 +9,7 @@ pub mod cpu;
 pub mod cpu_attention;
 pub mod cpu_gemma;
 pub mod cpu_gpt_oss;
+pub mod cpu_kimi_vl;
 pub mod cpu_llama4_vision;
 pub mod cpu_llava;
 pub mod cpu_opt;

@@ -13,6 +13,7 @@ pub mod ops_gemma;
 pub mod ops_gpt_oss;
 pub mod ops_granite;
 pub mod ops_grouped_topk;
+pub mod ops_kimi_vl;
 pub mod ops_llama4;
 pub mod ops_llama4_vision;
 pub mod ops_llava;

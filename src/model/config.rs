@@ -15,6 +15,8 @@ pub mod mistral3;
 pub use gemma3_mm::{Gemma3MmShape, SiglipShape};
 pub use llama4::{Llama3Rope, Llama4Shape, VisionTower};
 pub use mistral3::{Mistral3Shape, PixtralShape};
+pub mod kimi_vl;
+pub use kimi_vl::{KimiVlShape, MoonVitShape};
 pub mod llava_next;
 pub use llava_next::LlavaNextShape;
 pub mod qwen2_5_vl;
@@ -93,6 +95,11 @@ pub struct ModelConfig {
     /// the rest of this config (granite for granite-vision); `None` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llava_next: Option<LlavaNextShape>,
+    /// Kimi-VL's MoonViT tower and projector (`model_type: "kimi_vl"`,
+    /// `KimiVLForConditionalGeneration`, `config/kimi_vl.rs`): the language model is the rest
+    /// of this config (deepseek_v3); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kimi_vl: Option<KimiVlShape>,
 }
 
 mod gpt_oss;
@@ -549,6 +556,7 @@ impl ModelConfig {
                 mistral3: None,
                 qwen2_5_vl: None,
                 llava_next: None,
+                kimi_vl: None,
                 ..self.clone()
             };
             let mut out = text.tensor_shapes();
@@ -560,6 +568,7 @@ impl ModelConfig {
                 mistral3: None,
                 qwen2_5_vl: None,
                 llava_next: None,
+                kimi_vl: None,
                 ..self.clone()
             };
             let mut out = text.tensor_shapes();
@@ -569,6 +578,16 @@ impl ModelConfig {
         if let Some(mm) = &self.llava_next {
             let text = ModelConfig {
                 llava_next: None,
+                kimi_vl: None,
+                ..self.clone()
+            };
+            let mut out = text.tensor_shapes();
+            out.extend(mm.tensor_shapes(self.hidden_size));
+            return out;
+        }
+        if let Some(mm) = &self.kimi_vl {
+            let text = ModelConfig {
+                kimi_vl: None,
                 ..self.clone()
             };
             let mut out = text.tensor_shapes();
@@ -579,6 +598,7 @@ impl ModelConfig {
             let text = ModelConfig {
                 qwen2_5_vl: None,
                 llava_next: None,
+                kimi_vl: None,
                 ..self.clone()
             };
             let mut out = text.tensor_shapes();
@@ -922,6 +942,11 @@ impl ModelConfig {
         if arch == "llava_next" {
             return Self::llava_next_from_hf_json(v);
         }
+        // Kimi-VL's: its text_config a DeepSeek-V3 language model, its vision_config MoonViT
+        // (config/kimi_vl.rs).
+        if arch == "kimi_vl" {
+            return Self::kimi_vl_from_hf_json(v);
+        }
         // Model types vramscope knows and does not run yet: refused by name, with what
         // running them would need.
         if let Some(why) = registry::refusal(&arch) {
@@ -1101,6 +1126,7 @@ impl ModelConfig {
             mistral3: None,
             qwen2_5_vl: None,
             llava_next: None,
+            kimi_vl: None,
         })
     }
 
@@ -1270,6 +1296,7 @@ impl ModelConfig {
             mistral3: None,
             qwen2_5_vl: None,
             llava_next: None,
+            kimi_vl: None,
         })
     }
 
@@ -1387,6 +1414,7 @@ impl ModelConfig {
             mistral3: None,
             qwen2_5_vl: None,
             llava_next: None,
+            kimi_vl: None,
         })
     }
 
@@ -1454,6 +1482,7 @@ impl ModelConfig {
             mistral3: None,
             qwen2_5_vl: None,
             llava_next: None,
+            kimi_vl: None,
             phi: None,
             opt: Some(OptShape {
                 do_layer_norm_before,
@@ -1470,6 +1499,9 @@ impl ModelConfig {
         if let Some(mm) = &self.llava_next {
             return self.llava_next_to_hf_json(mm, torch_dtype);
         }
+        if let Some(mm) = &self.kimi_vl {
+            return self.kimi_vl_to_hf_json(mm, torch_dtype);
+        }
         if let Some(mm) = &self.mistral3 {
             return self.mistral3_to_hf_json(mm, torch_dtype);
         }
@@ -1483,6 +1515,7 @@ impl ModelConfig {
                 mistral3: None,
                 qwen2_5_vl: None,
                 llava_next: None,
+                kimi_vl: None,
                 ..self.clone()
             }
             .to_hf_json(torch_dtype);
@@ -2515,6 +2548,7 @@ mod tests {
                 mistral3: None,
                 qwen2_5_vl: None,
                 llava_next: None,
+                kimi_vl: None,
                 ..c.clone()
             },
             text
@@ -2860,6 +2894,7 @@ impl ModelConfig {
             mistral3: None,
             qwen2_5_vl: None,
             llava_next: None,
+            kimi_vl: None,
         })
     }
 

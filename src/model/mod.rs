@@ -500,6 +500,18 @@ pub fn open(source: &ModelSource, seed: u64) -> Result<OpenedModel> {
                         .map_err(|e| Error::Request(format!("{}: {e}", dir.display())))?;
                 }
             }
+            // Kimi-VL's dummy image comes from the image processor's `in_token_limit`, read
+            // the same way.
+            if let (Some(mm), Some(dir)) = (config.kimi_vl.as_mut(), files.config.parent()) {
+                let pre = dir.join("preprocessor_config.json");
+                if let Ok(text) = std::fs::read_to_string(&pre) {
+                    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+                        Error::Request(format!("{}: not JSON ({e})", pre.display()))
+                    })?;
+                    mm.read_preprocessor(&v)
+                        .map_err(|e| Error::Request(format!("{}: {e}", dir.display())))?;
+                }
+            }
             let name = match files.format {
                 FileFormat::Gguf => files.weights.file_stem(),
                 FileFormat::Safetensors | FileFormat::ConfigOnly => {

@@ -43,6 +43,7 @@ fn cfg(
         mistral3: None,
         qwen2_5_vl: None,
         llava_next: None,
+        kimi_vl: None,
     }
 }
 
@@ -103,6 +104,7 @@ fn opt(
         mistral3: None,
         qwen2_5_vl: None,
         llava_next: None,
+        kimi_vl: None,
         phi: None,
         opt: Some(OptShape {
             do_layer_norm_before: pre_norm,
@@ -195,6 +197,36 @@ pub const PRESET_NAMES: [&str; 36] = [
     "llama-4-maverick",
     "qwen3-next-80b-a3b",
 ];
+
+/// moonshotai/Kimi-VL-A3B-Instruct's config.json (-Thinking and -Thinking-2506 have the same
+/// shapes): the language model is Moonlight-16B-A3B's DeepSeek-V3 shape (27 MLA layers of
+/// 2048, 16 heads, a 512-wide latent and no query LoRA; a dense first layer of 11264, then 64
+/// experts of 1408, 6 a token by sigmoid scores with `noaux_tc`, beside 2 shared ones;
+/// vocabulary 163840, untied) with Kimi-VL's 128K context (rope_theta 800000); MoonViT's
+/// `vision_config` holds `MoonViTConfig`'s defaults (27 blocks of 1152, 16 heads, MLP 4304,
+/// patches of 14, a 64 × 64 position grid, 2 × 2 merge). The keys the memory depends on.
+pub(crate) fn kimi_vl_a3b_json() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["KimiVLForConditionalGeneration"], "model_type": "kimi_vl",
+        "ignore_index": -100, "media_placeholder_token_id": 163605, "pad_token_id": 0,
+        "torch_dtype": "bfloat16",
+        "text_config": {"model_type": "deepseek_v3", "hidden_size": 2048,
+            "intermediate_size": 11264, "moe_intermediate_size": 1408, "num_hidden_layers": 27,
+            "num_attention_heads": 16, "num_key_value_heads": 16, "n_shared_experts": 2,
+            "n_routed_experts": 64, "num_experts_per_tok": 6, "routed_scaling_factor": 2.446,
+            "kv_lora_rank": 512, "q_lora_rank": null, "qk_rope_head_dim": 64, "v_head_dim": 128,
+            "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1,
+            "moe_layer_freq": 1, "first_k_dense_replace": 1, "norm_topk_prob": true,
+            "scoring_func": "sigmoid", "hidden_act": "silu", "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-05, "rope_theta": 800000.0, "rope_scaling": null,
+            "tie_word_embeddings": false, "vocab_size": 163840, "num_nextn_predict_layers": 0,
+            "torch_dtype": "bfloat16"},
+        "vision_config": {"model_type": "moonvit", "hidden_size": 1152,
+            "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16,
+            "patch_size": 14, "init_pos_emb_height": 64, "init_pos_emb_width": 64,
+            "merge_kernel_size": [2, 2], "torch_dtype": "bfloat16"}
+    })
+}
 
 /// ibm-granite/granite-vision-3.2-2b's config.json (transformers 4.49): a granite language
 /// model of 40 layers of 2048 (32 heads over 8 KV heads, MLP 8192, vocabulary 49156 with the
@@ -584,6 +616,12 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         // projector, anyres up to 10 tiles. Not in `PRESET_NAMES` (the app's list).
         "granite-vision-3.2-2b" => ModelConfig::from_hf_json(&granite_vision_32_2b_json())
             .expect("the preset is a LLaVA-NeXT config"),
+        // moonshotai/Kimi-VL-A3B-Instruct (and -Thinking; KimiVLForConditionalGeneration):
+        // Moonlight's DeepSeek-V3 language model, the MoonViT tower and its projector. Not in
+        // `PRESET_NAMES` (the app's list).
+        "kimi-vl-a3b" => {
+            ModelConfig::from_hf_json(&kimi_vl_a3b_json()).expect("the preset is a Kimi-VL config")
+        }
         // Qwen/Qwen2.5-VL-7B-Instruct and -32B-Instruct: the Qwen2 language model (M-RoPE),
         // the window-attention ViT and its merger. Not in `PRESET_NAMES` (the app's list).
         "qwen2.5-vl-7b" => ModelConfig::from_hf_json(&qwen25_vl_7b_json())
@@ -871,6 +909,7 @@ mod tests {
                     mistral3: None,
                     qwen2_5_vl: None,
                     llava_next: None,
+                    kimi_vl: None,
                     ..c.clone()
                 };
                 text.param_count()
@@ -884,6 +923,7 @@ mod tests {
                 mistral3: None,
                 qwen2_5_vl: None,
                 llava_next: None,
+                kimi_vl: None,
                 ..it
             },
             preset("gemma-3-12b").unwrap()

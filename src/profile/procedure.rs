@@ -75,6 +75,8 @@ enum Tower {
     LlavaNext(Box<crate::model::models::llava_next::LlavaNextVision>),
     /// Llama 4's vision model and projector.
     Llama4(Box<crate::model::models::llama4_vision::Llama4Vision>),
+    /// Kimi-VL's MoonViT tower and projector.
+    KimiVl(Box<crate::model::models::kimi_vl::KimiVlVision>),
 }
 
 impl Tower {
@@ -85,14 +87,17 @@ impl Tower {
             Tower::Qwen25Vl(v) => v.weight_bytes(),
             Tower::LlavaNext(v) => v.weight_bytes(),
             Tower::Llama4(v) => v.weight_bytes(),
+            Tower::KimiVl(v) => v.weight_bytes(),
         }
     }
 
     /// What the tower itself keeps on the device after a pass (Qwen2.5-VL's rotary tables
-    /// in `get_rope_by_thw`'s `lru_cache`), rounded as the allocator rounds it.
+    /// in `get_rope_by_thw`'s `lru_cache`, MoonViT's `precomputed_freqs_cis`), rounded as the
+    /// allocator rounds it.
     fn held_after_pass(&self) -> u64 {
         match self {
             Tower::Qwen25Vl(v) => v.cached_rope_bytes(),
+            Tower::KimiVl(v) => v.cached_rope_bytes(),
             _ => 0,
         }
     }
@@ -124,6 +129,12 @@ impl Tower {
                     crate::model::models::llava_next::dummy_pixels(rt, &v.shape, items, v.act)?;
                 let out = v.encode(rt, &px, items)?;
                 Ok((vec![px, sizes], out))
+            }
+            Tower::KimiVl(v) => {
+                let (inputs, grids) =
+                    crate::model::models::kimi_vl::dummy_pixels(rt, &v.shape, items, v.act)?;
+                let out = v.encode(rt, &inputs[0], &grids)?;
+                Ok((inputs, vec![out]))
             }
             Tower::Qwen25Vl(v) => {
                 let (inputs, grids) = crate::model::models::qwen2_5_vl::dummy_pixels(
@@ -1444,6 +1455,11 @@ pub(crate) fn run_rank(
                     "model_type llava_next (multimodal): its SigLIP vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
                 ));
             }
+            if opened.config.kimi_vl.is_some() && matches!(req.device, DeviceSpec::Cuda { .. }) {
+                return Err(Error::Request(
+                    "model_type kimi_vl (multimodal): its MoonViT vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
+                ));
+            }
             if opened.config.mistral3.is_some() && matches!(req.device, DeviceSpec::Cuda { .. }) {
                 return Err(Error::Request(
                     "model_type mistral3 (multimodal): its Pixtral vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
@@ -1510,6 +1526,13 @@ pub(crate) fn run_rank(
                     let (e, p) = v.dummy_image_tokens();
                     ("llama4", (e as u64, p as u64))
                 }),
+                // Kimi-VL's dummy image of 1024 × 1024 pixels (`MaxImageTokenMeta`,
+                // kimi_vl.py 0.19 L87-91, L214-231), as many `<|media_pad|>` tokens as
+                // embeddings (L260-274).
+                _ if c.kimi_vl.is_some() => c.kimi_vl.as_ref().map(|mm| {
+                    let t = mm.tokens_per_image() as u64;
+                    ("kimi_vl", (t, t))
+                }),
                 // Qwen2.5-VL: its dummy image or video (`profile_item`), as many
                 // `<|image_pad|>` / `<|video_pad|>` tokens as embeddings (qwen2_vl.py 0.19
                 // L1079-1112).
@@ -1544,6 +1567,13 @@ pub(crate) fn run_rank(
                     if kind == "llama4" && release.name != "0.19" {
                         return Err(Error::Request(format!(
                             "model_type 'llama4' (multimodal): vLLM {}'s Llama 4 vision tower is not modelled; its 0.19 reading is (--vllm 0.19)",
+                            release.name
+                        )));
+                    }
+                    // Kimi-VL is read at 0.19 (kimi_vl.py, moonvit.py, MMEncoderAttention).
+                    if kind == "kimi_vl" && release.name != "0.19" {
+                        return Err(Error::Request(format!(
+                            "model_type kimi_vl (multimodal): vLLM {}'s Kimi-VL is not modelled; its 0.19 reading is (--vllm 0.19)",
                             release.name
                         )));
                     }
@@ -1601,6 +1631,14 @@ pub(crate) fn run_rank(
                         )?;
                         v.varlen_attention = profile.vision_attention.varlen(device_major);
                         Some(Tower::Llama4(Box::new(v)))
+                    } else if kind == "kimi_vl" {
+                        let v = crate::model::models::kimi_vl::KimiVlVision::load(
+                            &rt,
+                            &opened.config,
+                            opened.source.as_ref(),
+                            &opts,
+                        )?;
+                        Some(Tower::KimiVl(Box::new(v)))
                     } else if kind == "llava_next" {
                         let mut v = crate::model::models::llava_next::LlavaNextVision::load(
                             &rt,
@@ -1620,11 +1658,10 @@ pub(crate) fn run_rank(
                         v.xformers = pixtral_xformers;
                         Some(Tower::Pixtral(Box::new(v)))
                     };
-                    let attention = if kind == "gemma3"
-                        || kind == "qwen2_5_vl"
-                        || kind == "llava_next"
-                        || kind == "llama4"
-                    {
+                    let attention = if matches!(
+                        kind,
+                        "gemma3" | "qwen2_5_vl" | "llava_next" | "llama4" | "kimi_vl"
+                    ) {
                         profile.vision_attention.label(device_major)
                     } else if pixtral_xformers {
                         "xFormers memory-efficient (block-diagonal bias)"

@@ -656,6 +656,10 @@ const HUB_PRESETS: &[(&str, &str)] = &[
     ),
     ("mistralai/mixtral-8x7b-v0.1", "mixtral-8x7b"),
     ("mistralai/mixtral-8x7b-instruct-v0.1", "mixtral-8x7b"),
+    // Kimi-VL-A3B-Thinking-2506 has the same shapes but an image processor of 16384 patches
+    // (its preprocessor_config.json, read from a local copy); not mapped to this preset.
+    ("moonshotai/kimi-vl-a3b-instruct", "kimi-vl-a3b"),
+    ("moonshotai/kimi-vl-a3b-thinking", "kimi-vl-a3b"),
     ("qwen/qwen2.5-vl-7b", "qwen2.5-vl-7b"),
     ("qwen/qwen2.5-vl-32b", "qwen2.5-vl-32b"),
 ];

@@ -239,6 +239,7 @@ impl ModelConfig {
             mistral3: None,
             qwen2_5_vl: None,
             llava_next: None,
+            kimi_vl: None,
             gpt_oss: Some(GptOssShape {
                 sliding_window,
                 yarn,

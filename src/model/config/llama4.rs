@@ -419,6 +419,7 @@ impl ModelConfig {
             mistral3: None,
             qwen2_5_vl: None,
             llava_next: None,
+            kimi_vl: None,
             moe: Some(MoeShape {
                 num_experts,
                 top_k,

@@ -450,6 +450,7 @@ impl ModelConfig {
     ) -> serde_json::Value {
         let text = ModelConfig {
             llava_next: None,
+            kimi_vl: None,
             ..self.clone()
         }
         .to_hf_json(torch_dtype);

@@ -295,6 +295,7 @@ impl ModelConfig {
             mistral3: None,
             qwen2_5_vl: None,
             llava_next: None,
+            kimi_vl: None,
             ..self.clone()
         }
         .to_hf_json(torch_dtype);

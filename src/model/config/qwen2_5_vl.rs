@@ -565,6 +565,7 @@ impl ModelConfig {
         let mut out = ModelConfig {
             qwen2_5_vl: None,
             llava_next: None,
+            kimi_vl: None,
             ..self.clone()
         }
         .to_hf_json(torch_dtype);

@@ -83,6 +83,10 @@ pub struct DeepseekModel {
     /// `profile::vllm::MlaBackend`), kept as long as the model.
     pub backend_buffers: RefCell<Vec<Tensor>>,
     pub load_stats: LoadStats,
+    /// A multimodal model's runner buffer `inputs_embeds [max_num_tokens, hidden]` (Kimi-VL:
+    /// V1's `GPUModelRunner.inputs_embeds`): when set, a pass starts from its first rows
+    /// instead of the embedding.
+    pub inputs_embeds: RefCell<Option<Tensor>>,
     /// vLLM V1's profile run: attention skipped, with its workspace of this many tokens.
     pub skip_attention: Cell<bool>,
     pub workspace_tokens: Cell<usize>,
@@ -209,6 +213,7 @@ impl DeepseekModel {
                 total_seconds: started.elapsed().as_secs_f64(),
                 ..ld.stats
             },
+            inputs_embeds: RefCell::new(None),
             skip_attention: Cell::new(false),
             workspace_tokens: Cell::new(0),
             moe_kernel: Cell::new(MoeKernel::InPlace {
@@ -281,7 +286,9 @@ impl DeepseekModel {
         batch.check_ids(cfg.vocab_size)?;
         let positions: Vec<usize> = batch.seq_lens.iter().flat_map(|&n| 0..n).collect();
         rt.set_layer(None);
-        let embedded = if rt.tp().is_some() {
+        let embedded = if let Some(buf) = self.inputs_embeds.borrow().as_ref() {
+            buf.part("inputs_embeds", 0, &[batch.tokens(), cfg.hidden_size])
+        } else if rt.tp().is_some() {
             ops_tp::vocab_parallel_embedding(
                 rt,
                 &batch.ids,

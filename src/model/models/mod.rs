@@ -19,6 +19,7 @@ pub mod gemma;
 pub mod gemma3_mm;
 pub mod gpt_oss;
 pub mod granite;
+pub mod kimi_vl;
 pub mod llama;
 pub mod llama4;
 pub mod llama4_vision;
@@ -71,7 +72,7 @@ impl CausalLm {
 
     /// A multimodal model's runner buffer `inputs_embeds`: its passes start from it instead
     /// of the embedding: the Llama-shaped decoders (Gemma 3, Mistral 3, Qwen2.5-VL,
-    /// LLaVA-NeXT's) and Llama 4.
+    /// LLaVA-NeXT's), Llama 4 and DeepSeek's (Kimi-VL).
     pub fn set_inputs_embeds(&self, buffer: crate::engine::tensor::Tensor) -> Result<()> {
         match self {
             CausalLm::Llama(m) => {
@@ -82,8 +83,12 @@ impl CausalLm {
                 *m.inputs_embeds.borrow_mut() = Some(buffer);
                 Ok(())
             }
+            CausalLm::Deepseek(m) => {
+                *m.inputs_embeds.borrow_mut() = Some(buffer);
+                Ok(())
+            }
             _ => Err(crate::base::error::Error::Request(
-                "the runner's inputs_embeds are modelled for the Llama-shaped decoders and Llama 4 only".into(),
+                "the runner's inputs_embeds are modelled for the Llama-shaped, Llama 4 and DeepSeek decoders only".into(),
             )),
         }
     }

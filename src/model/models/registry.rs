@@ -335,8 +335,8 @@ pub fn refusal(model_type: &str) -> Option<String> {
 
 /// The model types vramscope runs, as a message lists them ("llama, mistral, … or opt").
 pub fn supported_list() -> String {
-    // gemma3, mistral3 and llava_next (multimodal) read their text_config (gemma3_text,
-    // mistral, granite) before the families.
+    // gemma3, mistral3, llava_next and kimi_vl (multimodal) read their text_config
+    // (gemma3_text, mistral, granite, deepseek_v3) before the families.
     let names: Vec<&str> = FAMILIES
         .iter()
         .map(|f| f.model_type)
@@ -348,6 +348,9 @@ pub fn supported_list() -> String {
             } else if t == "granite" {
                 // LLaVA-NeXT reads its text_config (granite for granite-vision).
                 vec![t, "llava_next"]
+            } else if t == "deepseek_v3" {
+                // Kimi-VL reads its text_config (deepseek_v3, Moonlight's shape).
+                vec![t, "kimi_vl"]
             } else {
                 vec![t]
             }
@@ -387,6 +390,7 @@ mod tests {
             "gemma3",
             "mistral3",
             "llava_next",
+            "kimi_vl",
         ] {
             assert!(refusal(runs).is_none(), "{runs}");
         }
@@ -398,7 +402,7 @@ mod tests {
     fn the_list_reads_as_the_messages_always_did() {
         assert_eq!(
             supported_list(),
-            "llama, mistral, mistral3, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, gemma3, granite, llava_next, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, llama4_text, llama4 or qwen3_next"
+            "llama, mistral, mistral3, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, gemma3, granite, llava_next, mixtral, qwen2_moe, qwen3_moe, opt, phi, deepseek_v2, deepseek_v3, kimi_vl, kimi_k2, gpt_oss, llama4_text, llama4 or qwen3_next"
         );
         let e = refusal("pixtral").unwrap();
         assert!(
