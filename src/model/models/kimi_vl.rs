@@ -37,6 +37,9 @@ const ROPE_GRID: (usize, usize) = (512, 512);
 /// (moonvit.py 0.19 L360-361, L479; kimi_vl.py 0.19 L109).
 const LN_EPS: f32 = 1e-5;
 
+/// An image's patch grid (rows, columns).
+pub type Grid = (usize, usize);
+
 /// One `MoonVitEncoderLayer`.
 pub struct MoonVitBlock {
     pub norm0: LayerNorm,
@@ -435,7 +438,7 @@ pub fn dummy_pixels(
     shape: &KimiVlShape,
     items: usize,
     act: DType,
-) -> Result<(Vec<Tensor>, Vec<(usize, usize)>)> {
+) -> Result<(Vec<Tensor>, Vec<Grid>)> {
     let (h, w) = shape.dummy_grid();
     let p = shape.vision.patch_size;
     rt.set_op("mm_dummy_batch");
