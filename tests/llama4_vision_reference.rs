@@ -75,7 +75,8 @@ fn the_tiny_checkpoint_shuffles_sixteen_patches_into_four_tokens() {
 }
 
 /// The vision model and the projector against the stored reference: relative L2 under 1e-5
-/// (4.9e-7 against the plain-Python fp64 rendering). The other families' 1e-3 would not see
+/// (3.5e-7 against transformers 5.17's fp32 CPU run, docs/gpu-runs.md run 82; 4.9e-7
+/// against the plain-Python fp64 rendering). The other families' 1e-3 would not see
 /// the rotary here: the seeded weights (std 0.02) keep the attention scores near uniform, and
 /// the tower with its rotary removed still lands 1.39e-4 from the reference (measured).
 #[test]

@@ -208,7 +208,9 @@ fn write_fixture() {
 /// Last-token logits at ids 3, 11, ..., 1019 of tiny's 16-token dummy sequence, from the
 /// checkpoint `gen-model tiny DIR --sparse24 bitmask` writes: `python3
 /// scripts/sparse24_reference.py DIR --pure` (the bitmask decoded independently, a Llama
-/// forward in plain Python, float64); the dense form's checkpoint gives the same.
+/// forward in plain Python, float64); the dense form's checkpoint gives the same, and the
+/// script's PyTorch 2.11 mode (float32, transformers' `LlamaForCausalLM`) is 3.3e-7 from it
+/// for all three forms (docs/gpu-runs.md run 82).
 const REFERENCE: [f64; 128] = include!("fixtures/sparse24_reference.in");
 
 /// The same for `--sparse24 bitmask --sparse24-fp8` (the fp8 values times their channel
