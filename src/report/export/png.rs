@@ -520,9 +520,7 @@ fn draw_footer(area: &Area, r: &Report, a: &Analysis) -> std::result::Result<(),
         for (k, t) in p.top.iter().take(6).enumerate() {
             let col = (k % 2) as i32;
             let row = (k / 2) as i32;
-            let layer = t.layer.map_or(String::new(), |l| format!(", layer {l}"));
-            let name = format!("{} {} ({}{layer})", fmt_u(t.bytes), t.tensor, t.op);
-            let name: String = name.chars().take(58).collect();
+            let name = owner_line(fmt_u(t.bytes), &t.tensor, &t.op, t.layer);
             area.draw_text(
                 &name,
                 &text(14).color(&RGBColor(60, 60, 60)),
@@ -541,6 +539,33 @@ fn draw_footer(area: &Area, r: &Report, a: &Analysis) -> std::result::Result<(),
     area.draw_text(&note, &text(14).color(&RGBColor(70, 70, 70)), (24, y))
         .map_err(draw_err)?;
     Ok(())
+}
+
+/// One peak owner as its column holds it (58 characters): the bytes, the tensor, its op and
+/// layer, the layer left out where the tensor's name already says it (`layers.N.`), and a
+/// name too long for the column cut in its middle with "…", so that the op and the layer
+/// stay readable.
+fn owner_line(bytes: String, tensor: &str, op: &str, layer: Option<u32>) -> String {
+    const WIDTH: usize = 58;
+    let layer = match layer {
+        Some(l) if !tensor.contains(&format!("layers.{l}.")) => format!(", layer {l}"),
+        _ => String::new(),
+    };
+    let tail = format!(" ({op}{layer})");
+    let room = WIDTH.saturating_sub(bytes.chars().count() + 1 + tail.chars().count());
+    let n = tensor.chars().count();
+    let tensor = if n <= room {
+        tensor.to_string()
+    } else if room < 8 {
+        tensor.chars().take(room).collect()
+    } else {
+        let keep = room - 1;
+        let head: String = tensor.chars().take(keep / 2).collect();
+        let tail_part: String = tensor.chars().skip(n - (keep - keep / 2)).collect();
+        format!("{head}…{tail_part}")
+    };
+    let line = format!("{bytes} {tensor}{tail}");
+    line.chars().take(WIDTH).collect()
 }
 
 fn wrap(s: &str, width: usize) -> Vec<String> {
@@ -761,6 +786,23 @@ fn draw_table(area: &Area, r: &Report) -> std::result::Result<(), String> {
 mod tests {
     use super::*;
     use crate::profile::report::DeviceSample;
+
+    #[test]
+    fn peak_owner_lines_keep_the_op_and_drop_a_layer_the_name_says() {
+        let l = owner_line(
+            "704.0 MiB".into(),
+            "model.layers.1.mlp.experts.w13_weight",
+            "load",
+            Some(1),
+        );
+        assert_eq!(l, "704.0 MiB model.layers.1.mlp.experts.w13_weight (load)");
+        let l = owner_line("2.0 MiB".into(), "logits", "matmul", Some(3));
+        assert_eq!(l, "2.0 MiB logits (matmul, layer 3)");
+        let long = "model.language_model.layers.12.self_attn.qkv_proj.weight_scale_inv";
+        let l = owner_line("1.0 MiB".into(), long, "load", Some(7));
+        assert_eq!(l.chars().count(), 58, "{l}");
+        assert!(l.ends_with(" (load, layer 7)") && l.contains('…'), "{l}");
+    }
 
     #[test]
     fn gpu_samples_are_drawn_into_the_timeline() {
