@@ -517,14 +517,7 @@ mod tests {
     /// checkpoint's 416,866,032 + 2,950,272 parameters, two bytes each.
     #[test]
     fn the_tower_weighs_its_parameters() {
-        let cfg = crate::model::presets::preset("gemma-3-4b-it").unwrap();
-        let (rt, opts) =
-            vision_check::sim_runtime("sim:h100-sxm:dry", crate::quant::Quant::BF16).unwrap();
-        let src = crate::model::open(
-            &crate::model::ModelSource::parse("preset:gemma-3-4b-it").unwrap(),
-            0,
-        )
-        .unwrap();
+        let (cfg, rt, opts, src) = vision_check::preset_on_h100("gemma-3-4b-it");
         let v = Gemma3Vision::load(&rt, &cfg, src.source.as_ref(), &opts, false).unwrap();
         assert_eq!(v.weight_bytes(), (416_866_032 + 2_950_272) * 2);
     }

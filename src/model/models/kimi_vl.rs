@@ -504,14 +504,7 @@ mod tests {
     /// Kimi-VL-A3B's tower and projector weigh their parameters in bf16 (every one loaded).
     #[test]
     fn the_tower_weighs_what_vllm_loads() {
-        let cfg = crate::model::presets::preset("kimi-vl-a3b").unwrap();
-        let (rt, opts) =
-            vision_check::sim_runtime("sim:h100-sxm:dry", crate::quant::Quant::BF16).unwrap();
-        let src = crate::model::open(
-            &crate::model::ModelSource::parse("preset:kimi-vl-a3b").unwrap(),
-            0,
-        )
-        .unwrap();
+        let (cfg, rt, opts, src) = vision_check::preset_on_h100("kimi-vl-a3b");
         let v = KimiVlVision::load(&rt, &cfg, src.source.as_ref(), &opts).unwrap();
         let mm = cfg.kimi_vl.as_ref().unwrap();
         assert_eq!(v.weight_bytes(), mm.param_count(2048) * 2);

@@ -551,14 +551,7 @@ mod tests {
     /// in bf16, and the rotary's complex64 cache of 577 × 44 values (8 bytes each).
     #[test]
     fn scouts_tower_weighs_its_parameters_and_the_rotary_cache() {
-        let cfg = crate::model::presets::preset("llama-4-scout").unwrap();
-        let (rt, opts) =
-            vision_check::sim_runtime("sim:h100-sxm:dry", crate::quant::Quant::BF16).unwrap();
-        let src = crate::model::open(
-            &crate::model::ModelSource::parse("preset:llama-4-scout").unwrap(),
-            0,
-        )
-        .unwrap();
+        let (cfg, rt, opts, src) = vision_check::preset_on_h100("llama-4-scout");
         let v = Llama4Vision::load(&rt, &cfg, src.source.as_ref(), &opts).unwrap();
         assert_eq!(v.shape.dummy_image_tokens(), (2448, 2467));
         assert_eq!(v.shape.dummy_tiles(), 17);

@@ -267,14 +267,7 @@ mod tests {
     /// 4608 × 2048 + 2048 and 2048² + 2048 (projector).
     #[test]
     fn the_tower_weighs_what_vllm_loads() {
-        let cfg = crate::model::presets::preset("granite-vision-3.2-2b").unwrap();
-        let (rt, opts) =
-            vision_check::sim_runtime("sim:h100-sxm:dry", crate::quant::Quant::BF16).unwrap();
-        let src = crate::model::open(
-            &crate::model::ModelSource::parse("preset:granite-vision-3.2-2b").unwrap(),
-            0,
-        )
-        .unwrap();
+        let (cfg, rt, opts, src) = vision_check::preset_on_h100("granite-vision-3.2-2b");
         let v = LlavaNextVision::load(&rt, &cfg, src.source.as_ref(), &opts).unwrap();
         let layer = 4 * (1152 * 1152 + 1152) + 2 * 1152 * 4304 + 4304 + 1152 + 4 * 1152;
         let tower = 1152 * 3 * 14 * 14 + 1152 + 729 * 1152 + 27 * layer;

@@ -492,14 +492,7 @@ mod tests {
     /// the rotary table in f32.
     #[test]
     fn the_tower_weighs_its_parameters() {
-        let cfg = crate::model::presets::preset("mistral-small-3.1-24b").unwrap();
-        let (rt, opts) =
-            vision_check::sim_runtime("sim:h100-sxm:dry", crate::quant::Quant::BF16).unwrap();
-        let src = crate::model::open(
-            &crate::model::ModelSource::parse("preset:mistral-small-3.1-24b").unwrap(),
-            0,
-        )
-        .unwrap();
+        let (cfg, rt, opts, src) = vision_check::preset_on_h100("mistral-small-3.1-24b");
         let v = Mistral3Vision::load(&rt, &cfg, src.source.as_ref(), &opts).unwrap();
         assert_eq!(
             v.weight_bytes(),

@@ -577,14 +577,7 @@ mod tests {
     /// The 7B's tower weighs its parameters and the rotary cache in bf16.
     #[test]
     fn the_tower_weighs_its_parameters() {
-        let cfg = crate::model::presets::preset("qwen2.5-vl-7b").unwrap();
-        let (rt, opts) =
-            vision_check::sim_runtime("sim:h100-sxm:dry", crate::quant::Quant::BF16).unwrap();
-        let src = crate::model::open(
-            &crate::model::ModelSource::parse("preset:qwen2.5-vl-7b").unwrap(),
-            0,
-        )
-        .unwrap();
+        let (cfg, rt, opts, src) = vision_check::preset_on_h100("qwen2.5-vl-7b");
         let v = Qwen25Vision::load(&rt, &cfg, src.source.as_ref(), &opts).unwrap();
         assert_eq!(v.weight_bytes(), 676_550_144 * 2 + 655_360);
     }

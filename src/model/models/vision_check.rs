@@ -27,6 +27,19 @@ pub fn test_pixels(channels: usize, size: usize, images: usize) -> Vec<f32> {
         .collect()
 }
 
+/// A preset's config, a runtime on a simulated H100 with a bf16 load's options, and the
+/// preset opened as a weight source: what the towers' weight tests start from.
+#[cfg(test)]
+pub(crate) fn preset_on_h100(
+    preset: &str,
+) -> (ModelConfig, Runtime, LoadOptions, crate::model::OpenedModel) {
+    let cfg = crate::model::presets::preset(preset).unwrap();
+    let (rt, opts) = sim_runtime("sim:h100-sxm:dry", Quant::BF16).unwrap();
+    let source = crate::model::ModelSource::parse(&format!("preset:{preset}")).unwrap();
+    let src = crate::model::open(&source, 0).unwrap();
+    (cfg, rt, opts, src)
+}
+
 /// A runtime on the simulated `device` and the options of a `quant` load on it (no int8
 /// outliers, no attention scalars, the default Marlin kernel).
 pub(crate) fn sim_runtime(device: &str, quant: Quant) -> Result<(Runtime, LoadOptions)> {
