@@ -20,35 +20,11 @@ const GRIDS: [(usize, usize); 3] = [(6, 8), (4, 6), (2, 10)];
 // The reference, as `scripts/kimi_vl_reference.py` printed it (its first line says which way).
 include!("fixtures/kimi_vl/reference.rs");
 
-fn tiny() -> ModelConfig {
-    ModelConfig::from_hf_json(&serde_json::json!({
-        "architectures": ["KimiVLForConditionalGeneration"], "model_type": "kimi_vl",
-        "media_placeholder_token_id": 500,
-        "text_config": {"model_type": "deepseek_v3", "hidden_size": 48,
-            "intermediate_size": 64, "moe_intermediate_size": 16, "num_hidden_layers": 2,
-            "num_attention_heads": 2, "num_key_value_heads": 2, "n_shared_experts": 1,
-            "n_routed_experts": 4, "num_experts_per_tok": 2, "routed_scaling_factor": 2.446,
-            "kv_lora_rank": 16, "q_lora_rank": null, "qk_rope_head_dim": 8, "v_head_dim": 16,
-            "qk_nope_head_dim": 16, "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1,
-            "moe_layer_freq": 1, "first_k_dense_replace": 1, "norm_topk_prob": true,
-            "scoring_func": "sigmoid", "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
-            "rope_theta": 800000.0, "vocab_size": 512, "tie_word_embeddings": false},
-        "vision_config": {"model_type": "moonvit", "hidden_size": 32, "intermediate_size": 48,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "patch_size": 2,
-            "init_pos_emb_height": 4, "init_pos_emb_width": 6, "merge_kernel_size": [2, 2]}
-    }))
-    .unwrap()
-}
+// `tiny()` and `write_shards`.
+include!("fixtures/kimi_vl/tiny.rs");
 
 fn write(dir: &Path) {
-    let opts = GenOptions {
-        dtype: StoredDtype::F16,
-        seed: 7,
-        shards: 1,
-        bnb_int8: false,
-        bnb_skip_modules: Vec::new(),
-    };
-    gen_model_config_with(&tiny(), "kimi-vl-tiny", dir, &opts, None).unwrap();
+    write_shards(dir, 1);
 }
 
 /// Writes the checkpoint `scripts/kimi_vl_reference.py` reads (set

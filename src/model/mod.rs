@@ -1850,6 +1850,9 @@ fn open_safetensors(
     let mut st =
         sharded::SafetensorsModel::open(&files.weights, &files.shards, files.index.as_deref(), sq)?;
     st.bnb_skip = bnb_skip_of(&json, sq, &files.config)?;
+    if cfg.kimi_vl.is_some() {
+        st.nest_language_model(config::kimi_vl::LANGUAGE_MODEL);
+    }
     st.check_against(&cfg)?;
     Ok((json, cfg, sq, st))
 }

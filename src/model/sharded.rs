@@ -1350,8 +1350,12 @@ pub struct SafetensorsModel {
     which: HashMap<String, usize>,
     pub stored_quant: StoredQuant,
     /// Names the config uses → names the file uses (OPT checkpoints written without the
-    /// `model.` prefix, as facebook/opt-* are).
+    /// `model.` prefix, as facebook/opt-* are; a multimodal checkpoint's language model under
+    /// `text_prefix`).
     alias: HashMap<String, String>,
+    /// Where the file keeps the language model's `model.*` and `lm_head.*` (`language_model.`
+    /// in a Hugging Face Kimi-VL checkpoint, `nest_language_model`); empty where at the top.
+    text_prefix: &'static str,
     /// Weights stored as bitsandbytes 4-bit, by their stored name, with their quant state.
     bnb4: HashMap<String, Bnb4Meta>,
     /// A bitsandbytes checkpoint's `llm_int8_skip_modules` (its 16-bit linear layers).
@@ -1414,6 +1418,7 @@ impl SafetensorsModel {
             which,
             stored_quant,
             alias,
+            text_prefix: "",
             bnb4: HashMap::new(),
             bnb_skip: Vec::new(),
         };
@@ -1537,6 +1542,86 @@ impl SafetensorsModel {
         self.alias.get(name).map_or(name, String::as_str)
     }
 
+    /// Reads the language model's tensors from under `prefix` where the file keeps them there,
+    /// as a Hugging Face multimodal checkpoint does (`language_model.model.*`,
+    /// `language_model.lm_head.weight`): the config's `model.*` and `lm_head.*` then resolve
+    /// under it, and a top-level `model.*` is no longer the language model's. A file with
+    /// nothing under `prefix` keeps its names as they are.
+    pub(crate) fn nest_language_model(&mut self, prefix: &'static str) {
+        if !self.which.keys().any(|n| n.starts_with(prefix)) {
+            return;
+        }
+        self.text_prefix = prefix;
+        for name in self.which.keys() {
+            if let Some(rest) = name.strip_prefix(prefix) {
+                self.alias.insert(rest.to_string(), name.clone());
+            }
+        }
+    }
+
+    /// Whether a config name is the language model's (`ForCausalLM`'s two children).
+    fn is_text(name: &str) -> bool {
+        name.starts_with("model.") || name.starts_with("lm_head.")
+    }
+
+    /// The name the file keeps (or would keep) a config name under: the one a message about a
+    /// missing or mis-shaped tensor names.
+    fn stored_name(&self, name: &str) -> String {
+        if !self.text_prefix.is_empty() && Self::is_text(name) {
+            return format!("{}{name}", self.text_prefix);
+        }
+        self.resolve(name).to_string()
+    }
+
+    /// The language model's name for a stored tensor (`model.*`, `lm_head.*`), `None` for one
+    /// outside it.
+    fn text_name<'a>(&self, stored: &'a str) -> Option<&'a str> {
+        if self.text_prefix.is_empty() {
+            return Some(stored).filter(|n| Self::is_text(n));
+        }
+        stored.strip_prefix(self.text_prefix)
+    }
+
+    /// Refuses a stored tensor the config does not imply and vLLM's loader does not pass over
+    /// (`skips`, given the stored name and the language model's name for it), naming the first
+    /// such tensor by name and its file, and how many more there are.
+    fn check_none_unknown(
+        &self,
+        cfg: &ModelConfig,
+        architecture: &str,
+        skips: impl Fn(&str, Option<&str>) -> bool,
+    ) -> Result<()> {
+        let expected: std::collections::HashSet<String> = cfg
+            .tensor_shapes()
+            .iter()
+            .map(|(n, _)| self.stored_name(n))
+            .collect();
+        let mut unknown: Vec<&String> = self
+            .which
+            .keys()
+            .filter(|s| !expected.contains(*s) && !skips(s, self.text_name(s)))
+            .collect();
+        unknown.sort();
+        let Some(first) = unknown.first() else {
+            return Ok(());
+        };
+        let more = match unknown.len() - 1 {
+            0 => String::new(),
+            n => format!(" ({n} more such tensors)"),
+        };
+        Err(Error::model(
+            &self.shards[self.which[*first]].path,
+            format!(
+                "tensor {first} is not a parameter of {architecture} as config.json shapes it{more}: vLLM refuses to load such a checkpoint{}",
+                if self.text_prefix.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (its language model is read from under {})", self.text_prefix)
+                }
+            ),
+        ))
+    }
+
     fn shard_of(&self, name: &str) -> Result<&SafetensorsFile> {
         self.which
             .get(self.resolve(name))
@@ -1576,10 +1661,11 @@ impl SafetensorsModel {
     /// Checks every tensor the config implies is present with the implied shape (and, for a
     /// bitsandbytes 8-bit checkpoint, its `.SCB` scales).
     pub fn check_against(&self, cfg: &ModelConfig) -> Result<()> {
+        let layers = format!("{}model.layers.", self.text_prefix);
         for s in &self.shards {
             cfg.check_layers_present(
                 s.tensor_names().map(String::as_str),
-                "model.layers.",
+                &layers,
                 "config.json's num_hidden_layers",
             )
             .map_err(|p| Error::model(&s.path, p))?;
@@ -1606,12 +1692,17 @@ impl SafetensorsModel {
                 self.read_packed4(&name, shape[0], shape[1], false)?;
                 continue;
             }
-            let s = self.shard_of(&name).map_err(|_| {
-                Error::model(
-                    &self.origin,
-                    format!("tensor {name} is missing (config.json implies {shape:?})"),
-                )
-            })?;
+            let shown = self.stored_name(&name);
+            let s = self
+                .which
+                .get(&shown)
+                .map(|&i| &self.shards[i])
+                .ok_or_else(|| {
+                    Error::model(
+                        &self.origin,
+                        format!("tensor {shown} is missing (config.json implies {shape:?})"),
+                    )
+                })?;
             let stored = self.resolve(&name);
             if let StoredQuant::Fp8(f) = self.stored_quant {
                 if super::is_projection(&name) {
@@ -1663,7 +1754,7 @@ impl SafetensorsModel {
             if found != shape.as_slice() {
                 return Err(Error::model(
                     &s.path,
-                    format!("tensor {name} has shape {found:?} but config.json implies {shape:?}"),
+                    format!("tensor {shown} has shape {found:?} but config.json implies {shape:?}"),
                 ));
             }
             match dtype {
@@ -1711,6 +1802,13 @@ impl SafetensorsModel {
                 }
                 _ => {}
             }
+        }
+        // Kimi-VL's names are mapped here (its language model under `language_model.`), so
+        // every tensor is accounted for; a quantized checkpoint's parts are its loader's.
+        if cfg.kimi_vl.is_some() && self.stored_quant == StoredQuant::None {
+            self.check_none_unknown(cfg, "KimiVLForConditionalGeneration", |s, t| {
+                cfg.kimi_vl_loader_skips(s, t)
+            })?;
         }
         Ok(())
     }

@@ -1,0 +1,245 @@
+//! A Kimi-VL checkpoint as Hugging Face writes it (moonshotai/Kimi-VL-A3B-Instruct): the
+//! language model under `language_model.model.*` and `language_model.lm_head.weight`, the tower
+//! under `vision_tower.*`, the projector under `multi_modal_projector.*`, the names vLLM 0.19
+//! loads (`AutoWeightsLoader` by module name, kimi_vl.py L414-416, no `hf_to_vllm_mapper`). It
+//! is the small seeded checkpoint of tests/kimi_vl_reference.rs with its tensors renamed, so
+//! every value is the one `gen-model`'s top-level names hold.
+
+use std::path::Path;
+
+use safetensors::tensor::TensorView;
+use safetensors::SafeTensors;
+use vramscope::app::bench::{self, BenchRequest};
+use vramscope::device::DeviceSpec;
+use vramscope::model::models::kimi_vl::encode_test_images;
+use vramscope::model::weights::StoredDtype;
+use vramscope::model::{gen_model_config_with, GenOptions, ModelConfig, ModelSource};
+use vramscope::quant::Quant;
+
+// `tiny()` and `write_shards`.
+include!("fixtures/kimi_vl/tiny.rs");
+
+const INDEX: &str = "model.safetensors.index.json";
+
+/// Hugging Face's name for a tensor `gen-model` writes: the language model's under
+/// `language_model.`, the tower's and the projector's as they are.
+fn hf_name(name: &str) -> String {
+    if name.starts_with("model.") || name.starts_with("lm_head.") {
+        format!("language_model.{name}")
+    } else {
+        name.to_string()
+    }
+}
+
+/// Copies the checkpoint at `from` to `to` with each tensor stored under the names `names`
+/// gives it (none: left out; two: stored twice), its index too.
+fn rewrite(from: &Path, to: &Path, names: impl Fn(&str) -> Vec<String>) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_str().unwrap().to_string();
+        let bytes = std::fs::read(&path).unwrap();
+        if file.ends_with(".safetensors") {
+            let st = SafeTensors::deserialize(&bytes).unwrap();
+            let views: Vec<(String, TensorView)> = st
+                .tensors()
+                .into_iter()
+                .flat_map(|(n, v)| names(&n).into_iter().map(move |m| (m, v.clone())))
+                .collect();
+            safetensors::serialize_to_file(views, None, &to.join(&file)).unwrap();
+        } else if file == INDEX {
+            let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            let map: serde_json::Map<_, _> = v["weight_map"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .flat_map(|(n, f)| names(n).into_iter().map(move |m| (m, f.clone())))
+                .collect();
+            v["weight_map"] = serde_json::Value::Object(map);
+            std::fs::write(to.join(&file), serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+        } else {
+            std::fs::write(to.join(&file), bytes).unwrap();
+        }
+    }
+}
+
+/// The tiny checkpoint in `shards` files with Hugging Face's names, each tensor under the
+/// names `names` gives its Hugging Face name.
+fn write_hf(dir: &Path, shards: usize, names: impl Fn(String) -> Vec<String>) {
+    let top = tempfile::tempdir().unwrap();
+    write_shards(top.path(), shards);
+    rewrite(top.path(), dir, |n| names(hf_name(n)));
+}
+
+fn stored_names(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            let bytes = std::fs::read(&path).unwrap();
+            out.extend(
+                SafeTensors::deserialize(&bytes)
+                    .unwrap()
+                    .names()
+                    .into_iter()
+                    .map(str::to_string),
+            );
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The product's own forward of 11 tokens in two sequences on the CPU (f32): every logit.
+fn logits(dir: &Path) -> Vec<f32> {
+    let req = BenchRequest {
+        model: ModelSource::Path {
+            path: dir.to_path_buf(),
+        },
+        quant: Quant::F16,
+        device: DeviceSpec::parse("sim:h100-80gb").unwrap(),
+        tokens: 11,
+        seqs: 2,
+        iters: 0,
+        fast_weights: false,
+        int8_threshold: 0.0,
+        seed: 0,
+        op_times: false,
+        sampler_rows: 0,
+        sampler_seqs: 256,
+        tp: 1,
+    };
+    bench::run(&req).unwrap().logits
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Why opening the checkpoint at `dir` fails.
+fn open_error(dir: &Path) -> String {
+    let source = ModelSource::Path {
+        path: dir.to_path_buf(),
+    };
+    match vramscope::model::open(&source, 0) {
+        Ok(_) => panic!("{} opened", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Sharded as the published checkpoint is (an index and two files), with Hugging Face's
+/// names: it loads, and the language model's logits and the tower and projector's embeddings
+/// are bit for bit those of the same values under `gen-model`'s names.
+#[test]
+fn hugging_face_names_load_and_compute_what_top_level_names_do() {
+    let top = tempfile::tempdir().unwrap();
+    write_shards(top.path(), 2);
+    let hf = tempfile::tempdir().unwrap();
+    rewrite(top.path(), hf.path(), |n| vec![hf_name(n)]);
+    let names = stored_names(hf.path());
+    assert!(hf.path().join(INDEX).is_file());
+    for want in [
+        "language_model.model.embed_tokens.weight",
+        "language_model.model.layers.1.mlp.experts.3.down_proj.weight",
+        "language_model.model.layers.1.mlp.gate.e_score_correction_bias",
+        "language_model.model.norm.weight",
+        "language_model.lm_head.weight",
+        "vision_tower.patch_embed.pos_emb.weight",
+        "vision_tower.encoder.blocks.1.wqkv.weight",
+        "vision_tower.encoder.final_layernorm.bias",
+        "multi_modal_projector.linear_2.weight",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} not written");
+    }
+    assert!(names.iter().all(|n| {
+        ["language_model.", "vision_tower.", "multi_modal_projector."]
+            .iter()
+            .any(|p| n.starts_with(p))
+    }));
+    assert_eq!(names.len(), tiny().tensor_shapes().len());
+
+    let (ours, theirs) = (logits(hf.path()), logits(top.path()));
+    assert_eq!(ours.len(), 2 * 512);
+    assert_eq!(bits(&ours), bits(&theirs));
+    let norm = ours.iter().map(|v| v * v).sum::<f32>().sqrt();
+    assert!(norm > 1e-2, "logits norm {norm}");
+
+    let grids = [(6, 8), (4, 6), (2, 10)];
+    let ours = encode_test_images(hf.path(), &grids).unwrap();
+    let theirs = encode_test_images(top.path(), &grids).unwrap();
+    assert_eq!(ours.len(), 23 * 48);
+    assert_eq!(bits(&ours), bits(&theirs));
+}
+
+/// A tower tensor left out: one line naming the file and the tensor, with the shape
+/// config.json implies.
+#[test]
+fn a_missing_tower_tensor_is_named_with_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let gone = "vision_tower.encoder.blocks.1.wo.bias";
+    write_hf(dir.path(), 1, |n| if n == gone { vec![] } else { vec![n] });
+    assert_eq!(
+        open_error(dir.path()),
+        format!(
+            "{}: tensor {gone} is missing (config.json implies [32])",
+            dir.path().join("model.safetensors").display()
+        )
+    );
+}
+
+/// The language model's tensors are named as the file would hold them.
+#[test]
+fn a_missing_language_model_tensor_is_named_under_language_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let gone = "language_model.lm_head.weight";
+    write_hf(dir.path(), 1, |n| if n == gone { vec![] } else { vec![n] });
+    assert_eq!(
+        open_error(dir.path()),
+        format!(
+            "{}: tensor {gone} is missing (config.json implies [512, 48])",
+            dir.path().join("model.safetensors").display()
+        )
+    );
+}
+
+/// A tensor vLLM would refuse (here a second copy of the final norm at the top, where a
+/// Kimi-VL checkpoint has no `model` module) is named with its file; the first of several,
+/// the others counted.
+#[test]
+fn an_unknown_tensor_is_named_with_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 1, |n| match n.as_str() {
+        "language_model.model.norm.weight" => vec!["model.norm.weight".into(), n],
+        "vision_tower.encoder.final_layernorm.bias" => {
+            vec!["vision_tower.encoder.final_norm.bias".into(), n]
+        }
+        _ => vec![n],
+    });
+    assert_eq!(
+        open_error(dir.path()),
+        format!(
+            "{}: tensor model.norm.weight is not a parameter of KimiVLForConditionalGeneration as config.json shapes it (1 more such tensors): vLLM refuses to load such a checkpoint (its language model is read from under language_model.)",
+            dir.path().join("model.safetensors").display()
+        )
+    );
+}
+
+/// What vLLM's loader passes over loads: an unused rotary buffer (`AutoWeightsLoader`'s
+/// `ROTARY_EMBEDS_UNUSED_WEIGHTS`) and a bias the language model has no parameter for.
+#[test]
+fn tensors_vllm_passes_over_are_not_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 1, |n| match n.as_str() {
+        "language_model.model.norm.weight" => vec![
+            "language_model.model.layers.0.self_attn.rotary_emb.inv_freq".into(),
+            "language_model.model.layers.0.self_attn.o_proj.bias".into(),
+            n,
+        ],
+        _ => vec![n],
+    });
+    let source = ModelSource::Path {
+        path: dir.path().to_path_buf(),
+    };
+    let opened = vramscope::model::open(&source, 0).unwrap();
+    assert!(opened.config.kimi_vl.is_some());
+}
