@@ -218,7 +218,7 @@ fn an_unknown_tensor_is_named_with_its_file() {
     assert_eq!(
         open_error(dir.path()),
         format!(
-            "{}: tensor model.norm.weight is not a parameter of KimiVLForConditionalGeneration as config.json shapes it (1 more such tensors): vLLM refuses to load such a checkpoint (its language model is read from under language_model.)",
+            "{}: tensor model.norm.weight is not a parameter of KimiVLForConditionalGeneration as config.json shapes it, and vLLM refuses a checkpoint holding one (this one keeps its language model under language_model.); 1 more such tensor",
             dir.path().join("model.safetensors").display()
         )
     );

@@ -1607,17 +1607,17 @@ impl SafetensorsModel {
         };
         let more = match unknown.len() - 1 {
             0 => String::new(),
-            n => format!(" ({n} more such tensors)"),
+            1 => "; 1 more such tensor".into(),
+            n => format!("; {n} more such tensors"),
+        };
+        let nested = match self.text_prefix {
+            "" => String::new(),
+            p => format!(" (this one keeps its language model under {p})"),
         };
         Err(Error::model(
             &self.shards[self.which[*first]].path,
             format!(
-                "tensor {first} is not a parameter of {architecture} as config.json shapes it{more}: vLLM refuses to load such a checkpoint{}",
-                if self.text_prefix.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (its language model is read from under {})", self.text_prefix)
-                }
+                "tensor {first} is not a parameter of {architecture} as config.json shapes it, and vLLM refuses a checkpoint holding one{nested}{more}"
             ),
         ))
     }
