@@ -1585,7 +1585,7 @@ impl SafetensorsModel {
     /// Refuses a stored tensor the config does not imply and vLLM's loader does not pass over
     /// (`skips`, given the stored name and the language model's name for it), naming the first
     /// such tensor by name and its file, and how many more there are.
-    fn check_none_unknown(
+    fn check_all_known(
         &self,
         cfg: &ModelConfig,
         architecture: &str,
@@ -1806,7 +1806,7 @@ impl SafetensorsModel {
         // Kimi-VL's names are mapped here (its language model under `language_model.`), so
         // every tensor is accounted for; a quantized checkpoint's parts are its loader's.
         if cfg.kimi_vl.is_some() && self.stored_quant == StoredQuant::None {
-            self.check_none_unknown(cfg, "KimiVLForConditionalGeneration", |s, t| {
+            self.check_all_known(cfg, "KimiVLForConditionalGeneration", |s, t| {
                 cfg.kimi_vl_loader_skips(s, t)
             })?;
         }
