@@ -1560,3 +1560,169 @@ fn weights_made_on_the_gpu_equal_the_hosts_bit_for_bit() {
         }
     }
 }
+
+/// The grouped GEMM's kernels against the host in f64, on a layout with every case the tiles
+/// meet: an expert's run of one block and of three, padding slots, a 128-row tile whose two
+/// blocks have two experts, and an odd count of blocks (the last tile half empty); widths a
+/// multiple of 256 (Hopper's 128-row tiles) and of 128 only (its 64-row tiles), the first GEMM
+/// gathering token rows (`a_div` = k) and the second reading slot rows with routing weights.
+/// Every kernel is within bf16's rounding of the exact product (relative L2 below 3e-3) and
+/// within 1e-3 of the `mma.sync` kernel (the same products, summed in another order).
+#[test]
+#[ignore = "needs an NVIDIA GPU of compute capability 8.0 or more"]
+fn grouped_gemm_kernels_on_the_gpu_match_the_host() {
+    use vramscope::device::cuda::{GroupedGemm, MoeGemmTiles, Sorted};
+    use vramscope::engine::tensor::DType;
+    use vramscope::memory::Category;
+    let (tokens, top_k, experts, block_m) = (200usize, 2usize, 4usize, 64usize);
+    let total = tokens * top_k;
+    // Expert e takes the slots whose hash falls in its share: 70, 30, 150, 150 slots (blocks
+    // e0 e0 | e1 e2 | e2 e2 | e3 e3 | e3: a two-expert tile and a half tile).
+    let bounds = [70usize, 100, 250, 400];
+    let mut order: Vec<usize> = (0..total).collect();
+    order.sort_by_key(|&i| (i * 7919) % total);
+    let mut sorted = Vec::new();
+    let mut expert_of_block = Vec::new();
+    let mut expert_of_slot = vec![0usize; total];
+    let mut lo = 0;
+    for (e, &hi) in bounds.iter().enumerate() {
+        for &slot in &order[lo..hi] {
+            sorted.push(slot as i32);
+            expert_of_slot[slot] = e;
+        }
+        while sorted.len() % block_m != 0 {
+            sorted.push(total as i32);
+        }
+        expert_of_block.resize(sorted.len() / block_m, e as i32);
+        lo = hi;
+    }
+    assert_eq!(expert_of_block, [0, 0, 1, 2, 2, 2, 3, 3, 3]);
+    let used = sorted.len();
+    let rt = cuda_runtime();
+    let cuda = |f: &mut dyn FnMut(&mut vramscope::device::cuda::CudaDevice)| {
+        rt.with_device(|d| f(d.cuda().unwrap()))
+    };
+    let ids = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let mut st = rt
+        .tensor("sorted", Category::Activation, &[used], DType::I32)
+        .unwrap();
+    let mut et = rt
+        .tensor(
+            "experts",
+            Category::Activation,
+            &[expert_of_block.len()],
+            DType::I32,
+        )
+        .unwrap();
+    cuda(&mut |c| {
+        c.upload_bytes(&mut st, &ids(&sorted)).unwrap();
+        c.upload_bytes(&mut et, &ids(&expert_of_block)).unwrap();
+    });
+    let s = Sorted {
+        sorted: st.cuda_ptr(),
+        experts: et.cuda_ptr(),
+        block_m,
+        used,
+        total,
+    };
+    let mut hopper = false;
+    cuda(&mut |c| hopper = c.has_wgmma_moe_gemm());
+    let bf = |v: Vec<f32>| -> Vec<f32> {
+        v.into_iter()
+            .map(|x| half::bf16::from_f32(x).to_f32())
+            .collect()
+    };
+    for (n, k, a_div, scaled) in [
+        (512, 192, top_k, false),
+        (384, 128, 1, true),
+        (256, 64, 1, false),
+    ] {
+        let a_rows = total / a_div;
+        let a = bf(f16_values(a_rows * k, n as u64));
+        let w = bf(f16_values(experts * n * k, 3 + k as u64));
+        let scale: Vec<f32> = (0..total).map(|i| 0.5 + (i % 7) as f32 * 0.125).collect();
+        let mut at = rt
+            .tensor("a", Category::Activation, &[a_rows, k], DType::BF16)
+            .unwrap();
+        let mut wt = rt
+            .tensor("w", Category::Weight, &[experts * n, k], DType::BF16)
+            .unwrap();
+        let mut sc = rt
+            .tensor("scale", Category::Activation, &[total], DType::F32)
+            .unwrap();
+        let ct = rt
+            .tensor("c", Category::Activation, &[total, n], DType::BF16)
+            .unwrap();
+        cuda(&mut |c| {
+            c.upload_f32(&mut at, &a).unwrap();
+            c.upload_f32(&mut wt, &w).unwrap();
+            c.upload_f32(&mut sc, &scale).unwrap();
+        });
+        let exact: Vec<f64> = (0..total * n)
+            .map(|x| {
+                let (slot, j) = (x / n, x % n);
+                let row = &a[slot / a_div * k..][..k];
+                let wr = &w[(expert_of_slot[slot] * n + j) * k..][..k];
+                let dot: f64 = row.iter().zip(wr).map(|(p, q)| *p as f64 * *q as f64).sum();
+                if scaled {
+                    dot * scale[slot] as f64
+                } else {
+                    dot
+                }
+            })
+            .collect();
+        let g = GroupedGemm {
+            dtype: DType::BF16,
+            a: at.cuda_ptr(),
+            a_div,
+            w: wt.cuda_ptr(),
+            c: ct.cuda_ptr(),
+            scale: if scaled { sc.cuda_ptr() } else { 0 },
+            n,
+            k,
+        };
+        let rel = |x: &[f32], y: &dyn Fn(usize) -> f64| {
+            let (mut e, mut m) = (0f64, 0f64);
+            for (i, v) in x.iter().enumerate() {
+                e += (*v as f64 - y(i)).powi(2);
+                m += y(i).powi(2);
+            }
+            (e / m).sqrt()
+        };
+        let mut mma = Vec::new();
+        let wg64 = if n % 256 == 0 {
+            "moe_gemm_wg2"
+        } else {
+            "moe_gemm_wg1"
+        };
+        let wide = if n % 256 == 0 {
+            "moe_gemm_wgp"
+        } else {
+            "moe_gemm_wg1"
+        };
+        let mut kernels = vec![(Some(MoeGemmTiles::Mma), "moe_gemm64")];
+        if hopper {
+            kernels.push((Some(MoeGemmTiles::Wg64), wg64));
+            kernels.push((None, wide));
+        }
+        for (forced, label) in kernels {
+            let mut got = Vec::new();
+            cuda(&mut |c| {
+                let ran = c.moe_gemm_with(&g, &s, forced).unwrap();
+                assert_eq!(ran, label, "{forced:?} n {n}");
+                got = c.download_f32(&ct).unwrap();
+            });
+            let e = rel(&got, &|i| exact[i]);
+            if mma.is_empty() {
+                mma = got.clone();
+            }
+            let d = rel(&got, &|i| mma[i] as f64);
+            eprintln!(
+                "grouped GEMM n {n} k {k}, {label}: relative L2 {e:.3e} from f64, {d:.3e} from mma.sync"
+            );
+            assert!(e < 3e-3, "{label} n {n}: {e:.3e}");
+            assert!(d < 1e-3, "{label} n {n}: {d:.3e} from mma.sync");
+        }
+    }
+    eprintln!("Hopper kernels built: {hopper}");
+}

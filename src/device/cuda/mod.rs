@@ -32,7 +32,7 @@ mod timing;
 mod w4;
 
 pub use graphs::GraphInfo;
-pub use moe::{GroupedGemm, Sorted};
+pub use moe::{GroupedGemm, Sorted, Tiles as MoeGemmTiles};
 pub use w4::W4Weights;
 
 use std::collections::HashMap;

@@ -314,19 +314,258 @@ MOE_GEMM_EXPORT(moe_gemm64y_f16, false, 64, 128, 2, 3, 1)
 MOE_GEMM_EXPORT(moe_gemm64y_bf16, true, 64, 128, 2, 3, 1)
 "#;
 
-/// The grouped GEMM's tiles for 64-row blocks: 64 outputs on 4 warps, 128 on 8 warps (32 × 32
-/// each), on 4 (32 × 64) or on 2 (64 × 64).
-#[derive(Clone, Copy)]
-enum Tiles {
-    Narrow,
-    Wide,
-    Wide4,
-    Wide2,
+/// The Hopper grouped GEMMs on warpgroup MMA (in the `compute_90a` module only) and their
+/// dynamic shared memory: `moe_gemm_wg{1,2}` (one or two warpgroups of 128 outputs on one
+/// 64-row block) and `moe_gemm_wgp` (two 64-row blocks by 256 outputs). Each has
+/// `WGMMA_STAGES` stages of its A rows and weight rows, 64 inputs (128 bytes) a row, and 1 KiB
+/// to align the swizzle atoms.
+pub(crate) const WGMMA_GEMMS: &[(&str, usize)] = &[
+    ("moe_gemm_wg1", WGMMA_STAGES * (64 + 128) * 128 + 1024),
+    ("moe_gemm_wg2", WGMMA_STAGES * (64 + 256) * 128 + 1024),
+    ("moe_gemm_wgp", WGMMA_STAGES * (128 + 256) * 128 + 1024),
+];
+const WGMMA_STAGES: usize = 4;
+
+/// Appended to `kernels::WGMMA_SOURCE` (uses its `sw128_desc`, and `FLASH_SOURCE`'s
+/// `smem_u32` and `pack2`).
+pub(crate) const WGMMA_GEMM_SOURCE: &str = r#"
+// wgmma m64n128k16 with both operands through shared-memory descriptors (K-major).
+#define WGMMA_SS_M64N128K16(TY) \
+  asm volatile("{ wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0; }" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+               : "l"(da), "l"(db))
+template <bool BF> __device__ __forceinline__ void wgmma_ss_m64n128k16(float* d, unsigned long long da, unsigned long long db) {
+  if (BF) WGMMA_SS_M64N128K16("bf16"); else WGMMA_SS_M64N128K16("f16");
 }
 
-/// `VRAMSCOPE_MOE_GEMM` = `narrow`, `wide`, `wide4` or `wide2`: those tiles for every grouped GEMM of
-/// 64-row blocks (A/B timing, small models' checks); unset (or anything else), by the output
-/// width.
+// moe_gemm_t on Hopper's warpgroup MMA: the 64 sorted slots of tile blockIdx.y (one expert's
+// run, BLOCK_SIZE_M a multiple of 64) against the WG * 128 weight rows from blockIdx.x * WG *
+// 128; warpgroup w owns outputs [w * 128, w * 128 + 128) of the block, with 64 f32 accumulators a
+// thread. Each stage holds the gathered A rows (64 × 64 inputs) and the weight rows (WG * 128 ×
+// 64), 128 bytes a row, loaded with cp.async into the 128-byte swizzled layout (atoms of 8 rows
+// on 1 KiB boundaries, row i's 16-byte chunks XORed with i), which both descriptors read: SBO
+// 1 KiB (the next 8 rows), 32 bytes a k-step. ST stages; the copies run ST - 2 stages ahead, so
+// that the stage they overwrite was read by wgmmas every warpgroup has waited for before the
+// barrier. n must be a multiple of WG * 128 and k of 64.
+template <bool BF, int WG, int ST>
+__device__ void moe_gemm_wg_t(const u16* A, const int* sorted, const int* experts, int block_m, int a_div, const u16* W,
+                              u16* C, const float* scale, int n, int k, int total) {
+  constexpr int NT = WG * 128, RP = NT / 8, AP = 64 / RP, BP = WG * 128 / RP;
+  constexpr unsigned A_BYTES = 64 * 128, STAGE = A_BYTES + WG * 128 * 128;
+  extern __shared__ __align__(128) unsigned char wg_smem[];
+  __shared__ int rows[64];
+  const unsigned sm0 = (smem_u32(wg_smem) + 1023) & ~1023u;
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const int tile0 = blockIdx.y * 64, n0 = blockIdx.x * WG * 128;
+  const u16* We = W + (long long)experts[tile0 / block_m] * n * k + (long long)n0 * k;
+  if (tid < 64) rows[tid] = sorted[tile0 + tid];
+  __syncthreads();
+  // This thread copies 16-byte chunk c of rows r0, r0 + RP, ... of each operand.
+  const int c = tid & 7, r0 = tid >> 3;
+  const u16* asrc[AP];
+  bool aok[AP];
+#pragma unroll
+  for (int p = 0; p < AP; p++) {
+    const int id = rows[r0 + p * RP];
+    aok[p] = id < total;
+    asrc[p] = A + (aok[p] ? (long long)(id / a_div) * k : 0) + c * 8;
+  }
+  const unsigned sw = (unsigned)(((c ^ (r0 & 7)) << 4) + r0 * 128);  // RP is a multiple of 8
+  const u16* bsrc = We + (long long)r0 * k + c * 8;
+  const int nk = k / 64;
+  auto load = [&](int s, int kt) {
+    const unsigned base = sm0 + s * STAGE + sw;
+#pragma unroll
+    for (int p = 0; p < AP; p++)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(base + p * RP * 128), "l"(asrc[p] + kt * 64),
+                   "r"(aok[p] ? 16 : 0));
+#pragma unroll
+    for (int p = 0; p < BP; p++)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(base + A_BYTES + p * RP * 128),
+                   "l"(bsrc + (long long)p * RP * k + kt * 64));
+  };
+
+  float d[64];
+#pragma unroll
+  for (int i = 0; i < 64; i++) d[i] = 0.f;
+#pragma unroll
+  for (int s = 0; s < ST - 2; s++) {
+    if (s < nk) load(s, s);
+    asm volatile("cp.async.commit_group;");
+  }
+  for (int kt = 0; kt < nk; kt++) {
+    asm volatile("cp.async.wait_group %0;" :: "n"(ST - 3));
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes → wgmma reads
+    __syncthreads();
+    if (kt + ST - 2 < nk) load((kt + ST - 2) % ST, kt + ST - 2);
+    asm volatile("cp.async.commit_group;");
+    const unsigned a = sm0 + (kt % ST) * STAGE, b = a + A_BYTES + wg * 128 * 128;
+    wg_keep<64>(d);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+      wgmma_ss_m64n128k16<BF>(d, sw128_desc(a + kk * 32, 16, 1024), sw128_desc(b + kk * 32, 16, 1024));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    wg_keep<64>(d);
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  wg_keep<64>(d);
+  asm volatile("cp.async.wait_group 0;");
+
+  // Thread (warp w, lane 4g + t) holds rows 16w + g and 16w + g + 8, outputs 8j + 2t, 8j + 2t + 1.
+  const int warp = (tid >> 5) & 3, g = (tid & 31) >> 2, t = tid & 3;
+  const int id0 = rows[warp * 16 + g], id1 = rows[warp * 16 + g + 8];
+  const float s0 = (scale && id0 < total) ? scale[id0] : 1.f;
+  const float s1 = (scale && id1 < total) ? scale[id1] : 1.f;
+  const int cb = n0 + wg * 128 + 2 * t;
+#pragma unroll
+  for (int j = 0; j < 16; j++) {
+    if (id0 < total) *(unsigned*)(C + (long long)id0 * n + cb + 8 * j) = pack2<BF>(d[4 * j] * s0, d[4 * j + 1] * s0);
+    if (id1 < total) *(unsigned*)(C + (long long)id1 * n + cb + 8 * j) = pack2<BF>(d[4 * j + 2] * s1, d[4 * j + 3] * s1);
+  }
+}
+
+#define MOE_GEMM_WG_EXPORT(NAME, BF, WG, ST) \
+  extern "C" __global__ void __launch_bounds__(WG * 128) NAME(const u16* A, const int* sorted, const int* experts, \
+      int block_m, int a_div, const u16* W, u16* C, const float* scale, int n, int k, int total, int) \
+  { moe_gemm_wg_t<BF, WG, ST>(A, sorted, experts, block_m, a_div, W, C, scale, n, k, total); }
+MOE_GEMM_WG_EXPORT(moe_gemm_wg1_f16, false, 1, 4)
+MOE_GEMM_WG_EXPORT(moe_gemm_wg1_bf16, true, 1, 4)
+MOE_GEMM_WG_EXPORT(moe_gemm_wg2_f16, false, 2, 4)
+MOE_GEMM_WG_EXPORT(moe_gemm_wg2_bf16, true, 2, 4)
+// wgmma m64n256k16 with both operands through shared-memory descriptors (K-major).
+#define WGMMA_SS_M64N256K16(TY) \
+  asm volatile("{ wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1, 1, 1, 0, 0; }" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
+               : "l"(da), "l"(db))
+template <bool BF> __device__ __forceinline__ void wgmma_ss_m64n256k16(float* d, unsigned long long da, unsigned long long db) {
+  if (BF) WGMMA_SS_M64N256K16("bf16"); else WGMMA_SS_M64N256K16("f16");
+}
+// The grouped GEMM on 128-row tiles: sorted blocks 2y and 2y + 1 (BLOCK_SIZE_M = 64) against
+// 256 weight rows from blockIdx.x * 256, warpgroup w on block 2y + w with wgmma m64n256k16 (128
+// f32 accumulators a thread). Both warpgroups read one copy of the weight tile when the two
+// blocks have one expert, which halves the weights read through L2 against 64-row tiles (the
+// bound of moe_gemm_wg_t: each 64-row tile reads its expert's whole n × k). When the blocks
+// have two experts the tile runs twice, once a expert, each warpgroup multiplying only in its
+// own expert's run. A stage holds the 128 gathered A rows and the 256 weight rows, 64 inputs
+// each (48 KiB), in the 128-byte swizzled layout of moe_gemm_wg_t; ST - 2 stages ahead.
+template <bool BF, int ST>
+__device__ void moe_gemm_wgp_t(const u16* A, const int* sorted, const int* experts, int block_m, int a_div, const u16* W,
+                               u16* C, const float* scale, int n, int k, int total, int used) {
+  constexpr int NT = 256, RP = NT / 8;
+  constexpr unsigned A_BYTES = 128 * 128, STAGE = A_BYTES + 256 * 128;
+  extern __shared__ __align__(128) unsigned char wg_smem[];
+  __shared__ int rows[128];
+  const unsigned sm0 = (smem_u32(wg_smem) + 1023) & ~1023u;
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const int tile0 = blockIdx.y * 128, n0 = blockIdx.x * 256;
+  const bool second = tile0 + 64 < used;
+  const int e0 = experts[tile0 / block_m], e1 = second ? experts[(tile0 + 64) / block_m] : e0;
+  const int mine = wg ? e1 : e0;
+  if (tid < 128) rows[tid] = (tid < 64 || second) ? sorted[tile0 + tid] : total;
+  __syncthreads();
+  const int c = tid & 7, r0 = tid >> 3;
+  const u16* asrc[128 / RP];
+  bool aok[128 / RP];
+#pragma unroll
+  for (int p = 0; p < 128 / RP; p++) {
+    const int id = rows[r0 + p * RP];
+    aok[p] = id < total;
+    asrc[p] = A + (aok[p] ? (long long)(id / a_div) * k : 0) + c * 8;
+  }
+  const unsigned sw = (unsigned)(((c ^ (r0 & 7)) << 4) + r0 * 128);
+  const int nk = k / 64;
+  float d[128];
+#pragma unroll
+  for (int i = 0; i < 128; i++) d[i] = 0.f;
+
+  for (int pass = 0; pass < (e1 != e0 ? 2 : 1); pass++) {
+    const int e = pass ? e1 : e0;
+    const u16* bsrc = W + (long long)e * n * k + (long long)(n0 + r0) * k + c * 8;
+    auto load = [&](int s, int kt) {
+      const unsigned base = sm0 + s * STAGE + sw;
+#pragma unroll
+      for (int p = 0; p < 128 / RP; p++)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(base + p * RP * 128), "l"(asrc[p] + kt * 64),
+                     "r"(aok[p] ? 16 : 0));
+#pragma unroll
+      for (int p = 0; p < 256 / RP; p++)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(base + A_BYTES + p * RP * 128),
+                     "l"(bsrc + (long long)p * RP * k + kt * 64));
+    };
+    __syncthreads();  // the previous pass's reads of every stage are over
+#pragma unroll
+    for (int s = 0; s < ST - 2; s++) {
+      if (s < nk) load(s, s);
+      asm volatile("cp.async.commit_group;");
+    }
+    for (int kt = 0; kt < nk; kt++) {
+      asm volatile("cp.async.wait_group %0;" :: "n"(ST - 3));
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncthreads();
+      if (kt + ST - 2 < nk) load((kt + ST - 2) % ST, kt + ST - 2);
+      asm volatile("cp.async.commit_group;");
+      if (mine == e) {
+        const unsigned a = sm0 + (kt % ST) * STAGE + wg * 64 * 128, b = sm0 + (kt % ST) * STAGE + A_BYTES;
+        wg_keep<128>(d);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+          wgmma_ss_m64n256k16<BF>(d, sw128_desc(a + kk * 32, 16, 1024), sw128_desc(b + kk * 32, 16, 1024));
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        wg_keep<128>(d);
+      }
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_keep<128>(d);
+    asm volatile("cp.async.wait_group 0;");
+  }
+
+  const int warp = (tid >> 5) & 3, g = (tid & 31) >> 2, t = tid & 3;
+  const int id0 = rows[wg * 64 + warp * 16 + g], id1 = rows[wg * 64 + warp * 16 + g + 8];
+  const float s0 = (scale && id0 < total) ? scale[id0] : 1.f;
+  const float s1 = (scale && id1 < total) ? scale[id1] : 1.f;
+  const int cb = n0 + 2 * t;
+#pragma unroll
+  for (int j = 0; j < 32; j++) {
+    if (id0 < total) *(unsigned*)(C + (long long)id0 * n + cb + 8 * j) = pack2<BF>(d[4 * j] * s0, d[4 * j + 1] * s0);
+    if (id1 < total) *(unsigned*)(C + (long long)id1 * n + cb + 8 * j) = pack2<BF>(d[4 * j + 2] * s1, d[4 * j + 3] * s1);
+  }
+}
+
+#define MOE_GEMM_WGP_EXPORT(NAME, BF, ST) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(const u16* A, const int* sorted, const int* experts, \
+      int block_m, int a_div, const u16* W, u16* C, const float* scale, int n, int k, int total, int used) \
+  { moe_gemm_wgp_t<BF, ST>(A, sorted, experts, block_m, a_div, W, C, scale, n, k, total, used); }
+MOE_GEMM_WGP_EXPORT(moe_gemm_wgp_f16, false, 4)
+MOE_GEMM_WGP_EXPORT(moe_gemm_wgp_bf16, true, 4)
+"#;
+
+/// The grouped GEMM's tiles for 64-row blocks: 64 outputs on 4 warps, 128 on 8 warps (32 × 32
+/// each), on 4 (32 × 64) or on 2 (64 × 64).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tiles {
+    /// `mma.sync`, 64 outputs on 4 warps.
+    Narrow,
+    /// `mma.sync`, 128 outputs on 8 warps of 32 × 32.
+    Wide,
+    /// `mma.sync`, 128 outputs on 4 warps of 32 × 64.
+    Wide4,
+    /// `mma.sync`, 128 outputs on 2 warps of 64 × 64.
+    Wide2,
+    /// `mma.sync` with the tiles chosen by the output width (not the Hopper wgmma kernel).
+    Mma,
+    /// The Hopper kernel on 64-row tiles only (`moe_gemm_wg{1,2}`).
+    Wg64,
+}
+
+/// `VRAMSCOPE_MOE_GEMM` = `narrow`, `wide`, `wide4` or `wide2`: those `mma.sync` tiles for every
+/// grouped GEMM of 64-row blocks (A/B timing, small models' checks); `mma`: `mma.sync` tiles by
+/// the output width, never the Hopper kernel; `wg64`: the Hopper kernel on 64-row tiles only;
+/// unset (or anything else): the Hopper kernel where it is built and the shapes allow,
+/// otherwise tiles by the output width.
 fn moe_gemm_tiles() -> Option<Tiles> {
     static TILES: std::sync::OnceLock<Option<Tiles>> = std::sync::OnceLock::new();
     *TILES.get_or_init(|| match std::env::var("VRAMSCOPE_MOE_GEMM").as_deref() {
@@ -334,6 +573,8 @@ fn moe_gemm_tiles() -> Option<Tiles> {
         Ok("wide") => Some(Tiles::Wide),
         Ok("wide4") => Some(Tiles::Wide4),
         Ok("wide2") => Some(Tiles::Wide2),
+        Ok("mma") => Some(Tiles::Mma),
+        Ok("wg64") => Some(Tiles::Wg64),
         _ => None,
     })
 }
@@ -368,8 +609,25 @@ impl CudaDevice {
         self.funcs.contains_key("moe_gemm64_bf16")
     }
 
-    /// One grouped GEMM over the `s.used` sorted slots.
+    /// Whether the Hopper (warpgroup MMA) grouped GEMMs were built.
+    pub fn has_wgmma_moe_gemm(&self) -> bool {
+        self.funcs.contains_key("moe_gemm_wgp_bf16")
+    }
+
+    /// One grouped GEMM over the `s.used` sorted slots, with the kernel `VRAMSCOPE_MOE_GEMM`
+    /// forces, else the default for the shape.
     pub fn moe_gemm(&mut self, g: &GroupedGemm, s: &Sorted) -> Result<()> {
+        self.moe_gemm_with(g, s, moe_gemm_tiles()).map(|_| ())
+    }
+
+    /// `moe_gemm` with the kernel `forced` picks (`None`: the default for the shape); returns
+    /// the kernel's name (without its type suffix; empty when there was nothing to do).
+    pub fn moe_gemm_with(
+        &mut self,
+        g: &GroupedGemm,
+        s: &Sorted,
+        forced: Option<Tiles>,
+    ) -> Result<String> {
         if !g.k.is_multiple_of(8) || !g.n.is_multiple_of(2) || !s.block_m.is_multiple_of(16) {
             return Err(self.err(
                 "grouped GEMM",
@@ -380,15 +638,59 @@ impl CudaDevice {
             ));
         }
         if s.used == 0 {
-            return Ok(());
+            return Ok(String::new());
         }
         let bm = if s.block_m.is_multiple_of(64) { 64 } else { 16 };
+        // Hopper: warpgroup MMA where the shapes allow: 128-row tiles of 256 outputs, else one
+        // 64-row block by 256 or 128 outputs.
+        if bm == 64 && g.k.is_multiple_of(64) && matches!(forced, None | Some(Tiles::Wg64)) {
+            let pick = if g.n.is_multiple_of(256) && forced.is_none() {
+                Some((2, 256, 128))
+            } else if g.n.is_multiple_of(256) {
+                Some((1, 256, 64))
+            } else if g.n.is_multiple_of(128) {
+                Some((0, 128, 64))
+            } else {
+                None
+            };
+            if let Some((i, bn, rows)) = pick {
+                let (name, smem) = WGMMA_GEMMS[i];
+                if let Ok(f) = self.func(name, g.dtype) {
+                    let cfg = LaunchConfig {
+                        grid_dim: ((g.n / bn) as u32, s.used.div_ceil(rows) as u32, 1),
+                        block_dim: (if i == 0 { 128 } else { 256 }, 1, 1),
+                        shared_mem_bytes: smem as u32,
+                    };
+                    let used = s.used as i32;
+                    return self
+                        .launch(
+                            f,
+                            cfg,
+                            &[
+                                &g.a,
+                                &s.sorted,
+                                &s.experts,
+                                &(s.block_m as i32),
+                                &(g.a_div as i32),
+                                &g.w,
+                                &g.c,
+                                &g.scale,
+                                &(g.n as i32),
+                                &(g.k as i32),
+                                &(s.total as i32),
+                                &used,
+                            ],
+                        )
+                        .map(|_| name.to_string());
+                }
+            }
+        }
         // Wide tiles (128 outputs on 4 warps of 32 × 64, 3 stages) where there are at least 8
         // of them a row: 0.90× the time of 64 × 32 tiles on 8 warps, 0.85× 64 outputs on 4
         // warps, for Qwen3-30B-A3B at 8192 tokens on an H100 (docs/gpu-runs.md run 77).
-        let tiles = match moe_gemm_tiles() {
+        let tiles = match forced {
+            Some(Tiles::Mma | Tiles::Wg64) | None if g.n >= 1024 => Tiles::Wide4,
             Some(t) => t,
-            None if g.n >= 1024 => Tiles::Wide4,
             None => Tiles::Narrow,
         };
         let (name, bn, threads) = match tiles {
@@ -420,6 +722,7 @@ impl CudaDevice {
                 &(s.total as i32),
             ],
         )
+        .map(|_| name)
     }
 
     /// The router's top-k softmax of `logits [M, E]` (16-bit) into `weights` and `ids`

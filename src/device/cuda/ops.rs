@@ -93,11 +93,12 @@ pub(super) fn compile_kernels(
             .then(|| {
                 compile(
                     &format!(
-                        "{}{}{}{}",
+                        "{}{}{}{}{}",
                         kernels::FLASH_SOURCE,
                         w4::SOURCE,
                         moe::GEMM_SOURCE,
-                        kernels::WGMMA_SOURCE
+                        kernels::WGMMA_SOURCE,
+                        moe::WGMMA_GEMM_SOURCE
                     ),
                     "compute_90a".into(),
                 )
@@ -124,6 +125,21 @@ pub(super) fn compile_kernels(
                     .load_function(&name)
                     .map_err(|e| format!("kernel {name}: {e}"))?;
                 funcs.insert(name, f);
+            }
+        }
+        if with_wgmma {
+            for (n, smem) in moe::WGMMA_GEMMS {
+                for suffix in ["f16", "bf16"] {
+                    let name = format!("{n}_{suffix}");
+                    let f = module
+                        .load_function(&name)
+                        .map_err(|e| format!("kernel {name}: {e}"))?;
+                    let attr =
+                        dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                    if f.set_attribute(attr, *smem as i32).is_ok() {
+                        funcs.insert(name, f);
+                    }
+                }
             }
         }
         for k in kernels::FLASH.iter().filter(|k| with_wgmma || !k.sm90a) {
