@@ -104,9 +104,9 @@ fn write_renamed(
     rewrite(top.path(), dir, rename);
 }
 
-/// The checkpoint `write` makes, renamed by `rename` (every name changes, `want` among them),
-/// loads, and computes what `gen-model`'s names do: every logit of the text pass and every
-/// embedding `encode` gives, bit for bit.
+/// The checkpoint `write` makes, renamed by `rename` (`want` among the names), loads, and
+/// computes what `gen-model`'s names do: the parameters `inspect` counts, every logit of the
+/// text pass and every embedding `encode` gives, bit for bit.
 fn loads_as_written(
     write: fn(&Path, usize),
     shards: usize,
@@ -124,6 +124,11 @@ fn loads_as_written(
         assert!(ours.iter().any(|n| n == w), "{w} not written: {ours:?}");
     }
     assert_eq!(shards > 1, hf.path().join(INDEX).is_file());
+    let inspected = |dir: &Path| {
+        let i = vramscope::model::inspect(dir).unwrap();
+        (i.parameters, i.tensors)
+    };
+    assert_eq!(inspected(hf.path()), inspected(top.path()));
 
     let (ours, theirs) = (logits(hf.path()), logits(top.path()));
     assert_eq!(bits(&ours), bits(&theirs));

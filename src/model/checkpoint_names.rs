@@ -74,7 +74,7 @@ const LLAVA_NEXT: VllmNames = VllmNames {
     keeps_language_model: false,
 };
 
-/// Qwen2.5-VL (qwen2_5_vl.py 0.19 L1021-1031, L1486-1488): the original checkpoints'
+/// Qwen2.5-VL (qwen2_5_vl.py 0.19 L1021-1030, L1486-1488): the original checkpoints'
 /// `model.*`, `visual.*` and `lm_head.weight`, and 4.52's `model.language_model.*` and
 /// `model.visual.*`.
 const QWEN2_5_VL: VllmNames = VllmNames {

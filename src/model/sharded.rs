@@ -1550,10 +1550,9 @@ impl SafetensorsModel {
     /// `hf_to_vllm_mapper`, then its module's children), where the file keeps its language
     /// model where vLLM's module does (`language_model.model.*`, transformers 4.52's
     /// `model.language_model.*`, ...): each config name then resolves to the stored name vLLM
-    /// loads into that parameter, and a stored name vLLM would put elsewhere resolves to
-    /// nothing. A file whose names put nothing in vLLM's language model keeps them as they
-    /// are (vramscope's own layout). Two stored tensors vLLM would load into one parameter
-    /// are refused, naming both.
+    /// loads into that parameter. A file whose names put nothing in vLLM's language model
+    /// keeps them as they are (vramscope's own layout). Two stored tensors vLLM would load
+    /// into one parameter are refused, naming both.
     pub(crate) fn map_names(&mut self, names: &'static VllmNames) -> Result<()> {
         self.names = Some(names);
         if !self.which.keys().any(|n| names.in_language_model(n)) {
@@ -1576,20 +1575,11 @@ impl SafetensorsModel {
                 ));
             }
         }
-        let mut alias = Vec::new();
-        for s in stored {
-            match by_config.get(s) {
-                Some(owner) if *owner == s => {}
-                Some(owner) => alias.push((s.clone(), (*owner).clone())),
-                // Not the config's name for any stored tensor: look-ups of it find nothing.
-                None => alias.push((s.clone(), String::new())),
-            }
-        }
-        for (c, s) in by_config {
-            if c != *s {
-                alias.push((c, s.clone()));
-            }
-        }
+        let alias: Vec<(String, String)> = by_config
+            .into_iter()
+            .filter(|(c, s)| c != *s)
+            .map(|(c, s)| (c, s.clone()))
+            .collect();
         self.alias.extend(alias);
         Ok(())
     }
@@ -1608,13 +1598,14 @@ impl SafetensorsModel {
     /// other tensors of that module use (the mapper's source or vLLM's own name); failing
     /// those, in 4.52's where the file uses the mapper at all.
     fn stored_name(&self, name: &str) -> String {
+        let Some(n) = self.names.filter(|_| self.mapped) else {
+            return self.resolve(name).to_string();
+        };
+        // A stored tensor of this very name that vLLM loads elsewhere is not it.
         let found = self.resolve(name);
-        if self.which.contains_key(found) {
+        if self.which.contains_key(found) && self.config_of(found).as_deref() == Some(name) {
             return found.to_string();
         }
-        let Some(n) = self.names.filter(|_| self.mapped) else {
-            return name.to_string();
-        };
         let candidates = n.stored_candidates(&n.vllm_of_config(name));
         let in_use = |root: &str| {
             self.which
