@@ -43,6 +43,10 @@ mod llava_next {
     use super::*;
     include!("fixtures/llava_next/tiny.rs");
 
+    pub(super) fn config() -> ModelConfig {
+        tiny()
+    }
+
     pub(super) fn write(dir: &Path, shards: usize) {
         write_shards(dir, shards);
     }
@@ -195,6 +199,35 @@ fn gemma3_4_52_names_load() {
             "model.multi_modal_projector.mm_soft_emb_norm.weight",
         ],
         gemma3_images,
+    );
+}
+
+/// `gen-model`'s own names with an untied `lm_head.weight` at the top (which vLLM's LLaVA-NeXT
+/// mapper would put in the language model) keep their meaning, and 4.52's names of the same
+/// checkpoint compute the same.
+#[test]
+fn llava_next_untied_gen_model_names_load() {
+    fn untied(dir: &Path, shards: usize) {
+        let mut cfg = llava_next::config();
+        cfg.tie_word_embeddings = false;
+        let opts = GenOptions {
+            dtype: StoredDtype::F16,
+            seed: 7,
+            shards,
+            bnb_int8: false,
+            bnb_skip_modules: Vec::new(),
+        };
+        gen_model_config_with(&cfg, "llava-next-tiny-untied", dir, &opts, None).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    untied(dir.path(), 1);
+    assert!(stored_names(dir.path()).contains(&"lm_head.weight".to_string()));
+    loads_as_written(
+        untied,
+        1,
+        from_4_52,
+        &["lm_head.weight", "model.language_model.norm.weight"],
+        llava_next_image,
     );
 }
 

@@ -166,9 +166,13 @@ impl VllmNames {
         out
     }
 
-    /// Whether a stored name's vLLM name falls in the language model.
-    pub fn in_language_model(&self, stored: &str) -> bool {
-        self.to_vllm(stored).starts_with(LANGUAGE_MODEL)
+    /// Whether a stored name's vLLM name falls in the language model's body
+    /// (`language_model.model.*`): the mark of a file in a layout vLLM reads. An
+    /// `lm_head.weight` alone is not one: `gen-model` writes it beside a top-level `model.*`.
+    pub fn in_language_model_body(&self, stored: &str) -> bool {
+        self.to_vllm(stored)
+            .strip_prefix(LANGUAGE_MODEL)
+            .is_some_and(|t| t.starts_with("model."))
     }
 }
 

@@ -1550,12 +1550,12 @@ impl SafetensorsModel {
     /// `hf_to_vllm_mapper`, then its module's children), where the file keeps its language
     /// model where vLLM's module does (`language_model.model.*`, transformers 4.52's
     /// `model.language_model.*`, ...): each config name then resolves to the stored name vLLM
-    /// loads into that parameter. A file whose names put nothing in vLLM's language model
-    /// keeps them as they are (vramscope's own layout). Two stored tensors vLLM would load
+    /// loads into that parameter. A file whose names put nothing in vLLM's language model's
+    /// body keeps them as they are (vramscope's own layout). Two stored tensors vLLM would load
     /// into one parameter are refused, naming both.
     pub(crate) fn map_names(&mut self, names: &'static VllmNames) -> Result<()> {
         self.names = Some(names);
-        if !self.which.keys().any(|n| names.in_language_model(n)) {
+        if !self.which.keys().any(|n| names.in_language_model_body(n)) {
             return Ok(());
         }
         self.mapped = true;
