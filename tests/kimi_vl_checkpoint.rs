@@ -19,7 +19,8 @@ use vramscope::quant::Quant;
 // `tiny()` and `write_shards`.
 include!("fixtures/kimi_vl/tiny.rs");
 
-const INDEX: &str = "model.safetensors.index.json";
+// `INDEX`, `rewrite`, `stored_names`, `logits`, `bits`, `open_error`.
+include!("fixtures/checkpoint_names.rs");
 
 /// Hugging Face's name for a tensor `gen-model` writes: the language model's under
 /// `language_model.`, the tower's and the projector's as they are.
@@ -31,100 +32,12 @@ fn hf_name(name: &str) -> String {
     }
 }
 
-/// Copies the checkpoint at `from` to `to` with each tensor stored under the names `names`
-/// gives it (none: left out; two: stored twice), its index too.
-fn rewrite(from: &Path, to: &Path, names: impl Fn(&str) -> Vec<String>) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let path = entry.unwrap().path();
-        let file = path.file_name().unwrap().to_str().unwrap().to_string();
-        let bytes = std::fs::read(&path).unwrap();
-        if file.ends_with(".safetensors") {
-            let st = SafeTensors::deserialize(&bytes).unwrap();
-            let views: Vec<(String, TensorView)> = st
-                .tensors()
-                .into_iter()
-                .flat_map(|(n, v)| names(&n).into_iter().map(move |m| (m, v.clone())))
-                .collect();
-            safetensors::serialize_to_file(views, None, &to.join(&file)).unwrap();
-        } else if file == INDEX {
-            let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-            let map: serde_json::Map<_, _> = v["weight_map"]
-                .as_object()
-                .unwrap()
-                .iter()
-                .flat_map(|(n, f)| names(n).into_iter().map(move |m| (m, f.clone())))
-                .collect();
-            v["weight_map"] = serde_json::Value::Object(map);
-            std::fs::write(to.join(&file), serde_json::to_vec_pretty(&v).unwrap()).unwrap();
-        } else {
-            std::fs::write(to.join(&file), bytes).unwrap();
-        }
-    }
-}
-
 /// The tiny checkpoint in `shards` files with Hugging Face's names, each tensor under the
 /// names `names` gives its Hugging Face name.
 fn write_hf(dir: &Path, shards: usize, names: impl Fn(String) -> Vec<String>) {
     let top = tempfile::tempdir().unwrap();
     write_shards(top.path(), shards);
     rewrite(top.path(), dir, |n| names(hf_name(n)));
-}
-
-fn stored_names(dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "safetensors") {
-            let bytes = std::fs::read(&path).unwrap();
-            out.extend(
-                SafeTensors::deserialize(&bytes)
-                    .unwrap()
-                    .names()
-                    .into_iter()
-                    .map(str::to_string),
-            );
-        }
-    }
-    out.sort();
-    out
-}
-
-/// The product's own forward of 11 tokens in two sequences on the CPU (f32): every logit.
-fn logits(dir: &Path) -> Vec<f32> {
-    let req = BenchRequest {
-        model: ModelSource::Path {
-            path: dir.to_path_buf(),
-        },
-        quant: Quant::F16,
-        device: DeviceSpec::parse("sim:h100-80gb").unwrap(),
-        tokens: 11,
-        seqs: 2,
-        iters: 0,
-        fast_weights: false,
-        int8_threshold: 0.0,
-        seed: 0,
-        op_times: false,
-        sampler_rows: 0,
-        sampler_seqs: 256,
-        tp: 1,
-    };
-    bench::run(&req).unwrap().logits
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-/// Why opening the checkpoint at `dir` fails.
-fn open_error(dir: &Path) -> String {
-    let source = ModelSource::Path {
-        path: dir.to_path_buf(),
-    };
-    match vramscope::model::open(&source, 0) {
-        Ok(_) => panic!("{} opened", dir.display()),
-        Err(e) => e.to_string(),
-    }
 }
 
 /// Sharded as the published checkpoint is (an index and two files), with Hugging Face's
@@ -218,7 +131,7 @@ fn an_unknown_tensor_is_named_with_its_file() {
     assert_eq!(
         open_error(dir.path()),
         format!(
-            "{}: tensor model.norm.weight is not a parameter of KimiVLForConditionalGeneration as config.json shapes it, and vLLM refuses a checkpoint holding one (this one keeps its language model under language_model.); 1 more such tensor",
+            "{}: tensor model.norm.weight is not a parameter of KimiVLForConditionalGeneration as config.json shapes it, and vLLM refuses a checkpoint holding one (this one keeps its language model's embedding as language_model.model.embed_tokens.weight); 1 more such tensor",
             dir.path().join("model.safetensors").display()
         )
     );

@@ -20,33 +20,11 @@ const TILES: usize = 3;
 // The reference, as `scripts/llama4_vision_reference.py` printed it (its first line says which way).
 include!("fixtures/llama4_vision/reference.rs");
 
-fn tiny() -> ModelConfig {
-    ModelConfig::from_hf_json(&serde_json::json!({
-        "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
-        "text_config": {"model_type": "llama4_text", "hidden_size": 32,
-            "intermediate_size": 32, "intermediate_size_mlp": 64, "num_hidden_layers": 1,
-            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
-            "vocab_size": 1024, "num_local_experts": 2, "num_experts_per_tok": 1,
-            "interleave_moe_layer_step": 1, "attention_chunk_size": 64,
-            "max_position_embeddings": 256, "rope_scaling": null},
-        "vision_config": {"model_type": "llama4_vision_model", "hidden_size": 32,
-            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "image_size": 28, "patch_size": 7, "num_channels": 3, "rope_theta": 10000.0,
-            "pixel_shuffle_ratio": 0.5, "vision_output_dim": 48, "projector_input_dim": 48,
-            "projector_output_dim": 48, "multi_modal_projector_bias": false}
-    }))
-    .unwrap()
-}
+// `tiny()` and `write_shards`.
+include!("fixtures/llama4_vision/tiny.rs");
 
 fn write(dir: &Path) {
-    let opts = GenOptions {
-        dtype: StoredDtype::F16,
-        seed: 11,
-        shards: 1,
-        bnb_int8: false,
-        bnb_skip_modules: Vec::new(),
-    };
-    gen_model_config_with(&tiny(), "llama4-vision-tiny", dir, &opts, None).unwrap();
+    write_shards(dir, 1);
 }
 
 /// Writes the checkpoint `scripts/llama4_vision_reference.py` reads (set

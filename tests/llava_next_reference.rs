@@ -19,33 +19,11 @@ const CROPS: usize = 3;
 // The reference, as `scripts/llava_next_reference.py` printed it (its first line says which way).
 include!("fixtures/llava_next/reference.rs");
 
-fn tiny() -> ModelConfig {
-    ModelConfig::from_hf_json(&serde_json::json!({
-        "architectures": ["LlavaNextForConditionalGeneration"], "model_type": "llava_next",
-        "image_token_index": 1000, "image_grid_pinpoints": [[56, 28], [28, 56]],
-        "vision_feature_layer": [-3, -2], "vision_feature_select_strategy": "full",
-        "text_config": {"model_type": "granite", "hidden_size": 32,
-            "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "num_key_value_heads": 1, "vocab_size": 1024, "max_position_embeddings": 256,
-            "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
-            "attention_multiplier": 0.0625, "logits_scaling": 8.0,
-            "tie_word_embeddings": true},
-        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32,
-            "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4,
-            "image_size": 28, "patch_size": 7}
-    }))
-    .unwrap()
-}
+// `tiny()` and `write_shards`.
+include!("fixtures/llava_next/tiny.rs");
 
 fn write(dir: &Path) {
-    let opts = GenOptions {
-        dtype: StoredDtype::F16,
-        seed: 7,
-        shards: 1,
-        bnb_int8: false,
-        bnb_skip_modules: Vec::new(),
-    };
-    gen_model_config_with(&tiny(), "llava-next-tiny", dir, &opts, None).unwrap();
+    write_shards(dir, 1);
 }
 
 /// Writes the checkpoint `scripts/llava_next_reference.py` reads (set

@@ -18,32 +18,11 @@ const IMAGES: usize = 2;
 // The reference, as `scripts/pixtral_reference.py` printed it (its first line says which way).
 include!("fixtures/pixtral/reference.rs");
 
-fn tiny() -> ModelConfig {
-    ModelConfig::from_hf_json(&serde_json::json!({
-        "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
-        "image_token_index": 10, "multimodal_projector_bias": true,
-        "projector_hidden_act": "gelu", "spatial_merge_size": 2, "vision_feature_layer": -1,
-        "text_config": {"model_type": "mistral", "hidden_size": 32, "intermediate_size": 64,
-            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-            "head_dim": 16, "vocab_size": 1024, "max_position_embeddings": 256,
-            "rms_norm_eps": 1e-5, "rope_theta": 1000000000.0, "sliding_window": null},
-        "vision_config": {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 48,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
-            "image_size": 28, "patch_size": 7, "num_channels": 3, "rope_theta": 10000.0,
-            "hidden_act": "silu"}
-    }))
-    .unwrap()
-}
+// `tiny()` and `write_shards`.
+include!("fixtures/pixtral/tiny.rs");
 
 fn write(dir: &Path) {
-    let opts = GenOptions {
-        dtype: StoredDtype::F16,
-        seed: 7,
-        shards: 1,
-        bnb_int8: false,
-        bnb_skip_modules: Vec::new(),
-    };
-    gen_model_config_with(&tiny(), "pixtral-tiny", dir, &opts, None).unwrap();
+    write_shards(dir, 1);
 }
 
 /// Writes the checkpoint `scripts/pixtral_reference.py` reads (set VRAMSCOPE_PIXTRAL_FIXTURE).

@@ -22,32 +22,11 @@ const GRIDS: [(usize, usize, usize); 2] = [(1, 6, 10), (2, 4, 6)];
 // way).
 include!("fixtures/qwen2_5_vl/reference.rs");
 
-fn tiny() -> ModelConfig {
-    ModelConfig::from_hf_json(&serde_json::json!({
-        "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 1024,
-        "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-        "tie_word_embeddings": false, "image_token_id": 10, "video_token_id": 11,
-        "vision_start_token_id": 12, "vision_end_token_id": 13,
-        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
-        "vision_config": {"depth": 3, "hidden_act": "silu", "hidden_size": 32,
-            "intermediate_size": 48, "num_heads": 4, "in_chans": 3, "out_hidden_size": 32,
-            "patch_size": 2, "spatial_merge_size": 2, "temporal_patch_size": 2,
-            "window_size": 8, "fullatt_block_indexes": [1]}
-    }))
-    .unwrap()
-}
+// `tiny()` and `write_shards`.
+include!("fixtures/qwen2_5_vl/tiny.rs");
 
 fn write(dir: &Path) {
-    let opts = GenOptions {
-        dtype: StoredDtype::F16,
-        seed: 7,
-        shards: 1,
-        bnb_int8: false,
-        bnb_skip_modules: Vec::new(),
-    };
-    gen_model_config_with(&tiny(), "qwen2_5_vl-tiny", dir, &opts, None).unwrap();
+    write_shards(dir, 1);
 }
 
 /// Writes the checkpoint `scripts/qwen2_5_vl_reference.py` reads (set

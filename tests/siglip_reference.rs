@@ -16,31 +16,11 @@ const IMAGES: usize = 2;
 // The reference, as `scripts/siglip_reference.py` printed it (its first line says which way).
 include!("fixtures/siglip/reference.rs");
 
-fn tiny() -> ModelConfig {
-    ModelConfig::from_hf_json(&serde_json::json!({
-        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
-        "mm_tokens_per_image": 4, "image_token_index": 1000,
-        "text_config": {"model_type": "gemma3_text", "hidden_size": 32,
-            "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 1024,
-            "max_position_embeddings": 256, "sliding_window": 16,
-            "query_pre_attn_scalar": 16},
-        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32,
-            "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "image_size": 28, "patch_size": 7, "vision_use_head": false}
-    }))
-    .unwrap()
-}
+// `tiny()` and `write_shards`.
+include!("fixtures/siglip/tiny.rs");
 
 fn write(dir: &Path) {
-    let opts = GenOptions {
-        dtype: StoredDtype::F16,
-        seed: 7,
-        shards: 1,
-        bnb_int8: false,
-        bnb_skip_modules: Vec::new(),
-    };
-    gen_model_config_with(&tiny(), "siglip-tiny", dir, &opts, None).unwrap();
+    write_shards(dir, 1);
 }
 
 /// Writes the checkpoint `scripts/siglip_reference.py` reads (set VRAMSCOPE_SIGLIP_FIXTURE).

@@ -8,6 +8,7 @@
 //! May import: `quant`, `engine`, `device`, `memory`, `base`.
 
 pub mod batch;
+pub(crate) mod checkpoint_names;
 pub mod config;
 pub mod gen_modelopt_fp8;
 pub mod gen_nvfp4;
@@ -1850,8 +1851,8 @@ fn open_safetensors(
     let mut st =
         sharded::SafetensorsModel::open(&files.weights, &files.shards, files.index.as_deref(), sq)?;
     st.bnb_skip = bnb_skip_of(&json, sq, &files.config)?;
-    if cfg.kimi_vl.is_some() {
-        st.nest_language_model(config::kimi_vl::LANGUAGE_MODEL);
+    if let Some(names) = cfg.vllm_names() {
+        st.map_names(names)?;
     }
     st.check_against(&cfg)?;
     Ok((json, cfg, sq, st))

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use super::checkpoint_names::VllmNames;
 use super::config::ModelConfig;
 use super::weights::{floats_to_f32, SafetensorsFile, StoredDtype, WeightSource};
 use crate::base::error::{Error, Result};
@@ -1350,12 +1351,14 @@ pub struct SafetensorsModel {
     which: HashMap<String, usize>,
     pub stored_quant: StoredQuant,
     /// Names the config uses → names the file uses (OPT checkpoints written without the
-    /// `model.` prefix, as facebook/opt-* are; a multimodal checkpoint's language model under
-    /// `text_prefix`).
+    /// `model.` prefix, as facebook/opt-* are; a multimodal checkpoint's names as vLLM maps
+    /// them, `map_names`).
     alias: HashMap<String, String>,
-    /// Where the file keeps the language model's `model.*` and `lm_head.*` (`language_model.`
-    /// in a Hugging Face Kimi-VL checkpoint, `nest_language_model`); empty where at the top.
-    text_prefix: &'static str,
+    /// How vLLM names a multimodal checkpoint's tensors (`map_names`).
+    names: Option<&'static VllmNames>,
+    /// Whether the file's names are read through `names` (a Hugging Face layout) rather than
+    /// as the config's (vramscope's own, `gen-model`'s).
+    mapped: bool,
     /// Weights stored as bitsandbytes 4-bit, by their stored name, with their quant state.
     bnb4: HashMap<String, Bnb4Meta>,
     /// A bitsandbytes checkpoint's `llm_int8_skip_modules` (its 16-bit linear layers).
@@ -1418,7 +1421,8 @@ impl SafetensorsModel {
             which,
             stored_quant,
             alias,
-            text_prefix: "",
+            names: None,
+            mapped: false,
             bnb4: HashMap::new(),
             bnb_skip: Vec::new(),
         };
@@ -1542,44 +1546,78 @@ impl SafetensorsModel {
         self.alias.get(name).map_or(name, String::as_str)
     }
 
-    /// Reads the language model's tensors from under `prefix` where the file keeps them there,
-    /// as a Hugging Face multimodal checkpoint does (`language_model.model.*`,
-    /// `language_model.lm_head.weight`): the config's `model.*` and `lm_head.*` then resolve
-    /// under it, and a top-level `model.*` is no longer the language model's. A file with
-    /// nothing under `prefix` keeps its names as they are.
-    pub(crate) fn nest_language_model(&mut self, prefix: &'static str) {
-        if !self.which.keys().any(|n| n.starts_with(prefix)) {
-            return;
+    /// Reads a multimodal checkpoint's names as vLLM 0.19 does (`names`: its
+    /// `hf_to_vllm_mapper`, then its module's children), where the file keeps its language
+    /// model where vLLM's module does (`language_model.model.*`, transformers 4.52's
+    /// `model.language_model.*`, ...): each config name then resolves to the stored name vLLM
+    /// loads into that parameter. A file whose names put nothing in vLLM's language model's
+    /// body keeps them as they are (vramscope's own layout). Two stored tensors vLLM would load
+    /// into one parameter are refused, naming both.
+    pub(crate) fn map_names(&mut self, names: &'static VllmNames) -> Result<()> {
+        self.names = Some(names);
+        if !self.which.keys().any(|n| names.in_language_model_body(n)) {
+            return Ok(());
         }
-        self.text_prefix = prefix;
-        for name in self.which.keys() {
-            if let Some(rest) = name.strip_prefix(prefix) {
-                self.alias.insert(rest.to_string(), name.clone());
+        self.mapped = true;
+        let mut stored: Vec<&String> = self.which.keys().collect();
+        stored.sort();
+        let mut by_config: HashMap<String, &String> = HashMap::new();
+        for s in &stored {
+            let Some(c) = self.config_of(s) else { continue };
+            if let Some(other) = by_config.insert(c, s) {
+                return Err(Error::model(
+                    &self.shards[self.which[*s]].path,
+                    format!(
+                        "tensors {other} and {s} both load into {}'s {}: a checkpoint holds one",
+                        names.architecture,
+                        names.to_vllm(s)
+                    ),
+                ));
             }
         }
+        let alias: Vec<(String, String)> = by_config
+            .into_iter()
+            .filter(|(c, s)| c != *s)
+            .map(|(c, s)| (c, s.clone()))
+            .collect();
+        self.alias.extend(alias);
+        Ok(())
     }
 
-    /// Whether a config name is the language model's (`ForCausalLM`'s two children).
-    fn is_text(name: &str) -> bool {
-        name.starts_with("model.") || name.starts_with("lm_head.")
+    /// The config's name for a stored tensor, `None` for one vLLM would place outside the
+    /// modules the config shapes.
+    fn config_of(&self, stored: &str) -> Option<String> {
+        match self.names.filter(|_| self.mapped) {
+            None => Some(stored.to_string()),
+            Some(n) => n.config_name(&n.to_vllm(stored)),
+        }
     }
 
     /// The name the file keeps (or would keep) a config name under: the one a message about a
-    /// missing or mis-shaped tensor names.
+    /// missing or mis-shaped tensor names. A missing one is named in the layout the file's
+    /// other tensors of that module use (the mapper's source or vLLM's own name); failing
+    /// those, in 4.52's where the file uses the mapper at all.
     fn stored_name(&self, name: &str) -> String {
-        if !self.text_prefix.is_empty() && Self::is_text(name) {
-            return format!("{}{name}", self.text_prefix);
+        let Some(n) = self.names.filter(|_| self.mapped) else {
+            return self.resolve(name).to_string();
+        };
+        // A stored tensor of this very name that vLLM loads elsewhere is not it.
+        let found = self.resolve(name);
+        if self.which.contains_key(found) && self.config_of(found).as_deref() == Some(name) {
+            return found.to_string();
         }
-        self.resolve(name).to_string()
-    }
-
-    /// The language model's name for a stored tensor (`model.*`, `lm_head.*`), `None` for one
-    /// outside it.
-    fn text_name<'a>(&self, stored: &'a str) -> Option<&'a str> {
-        if self.text_prefix.is_empty() {
-            return Some(stored).filter(|n| Self::is_text(n));
+        let candidates = n.stored_candidates(&n.vllm_of_config(name));
+        let in_use = |root: &str| {
+            self.which
+                .keys()
+                .any(|s| s.starts_with(root) && self.config_of(s).is_some())
+        };
+        if let Some((s, _)) = candidates.iter().find(|(_, root)| in_use(root)) {
+            return s.clone();
         }
-        stored.strip_prefix(self.text_prefix)
+        let uses_mapper = self.which.keys().any(|s| n.to_vllm(s) != *s);
+        let pick = if uses_mapper { 0 } else { candidates.len() - 1 };
+        candidates[pick].0.clone()
     }
 
     /// Refuses a stored tensor the config does not imply and vLLM's loader does not pass over
@@ -1591,15 +1629,15 @@ impl SafetensorsModel {
         architecture: &str,
         skips: impl Fn(&str, Option<&str>) -> bool,
     ) -> Result<()> {
-        let expected: std::collections::HashSet<String> = cfg
-            .tensor_shapes()
-            .iter()
-            .map(|(n, _)| self.stored_name(n))
-            .collect();
+        let expected: std::collections::HashSet<String> =
+            cfg.tensor_shapes().into_iter().map(|(n, _)| n).collect();
         let mut unknown: Vec<&String> = self
             .which
             .keys()
-            .filter(|s| !expected.contains(*s) && !skips(s, self.text_name(s)))
+            .filter(|s| {
+                let c = self.config_of(s);
+                !c.as_ref().is_some_and(|c| expected.contains(c)) && !skips(s, c.as_deref())
+            })
             .collect();
         unknown.sort();
         let Some(first) = unknown.first() else {
@@ -1610,9 +1648,16 @@ impl SafetensorsModel {
             1 => "; 1 more such tensor".into(),
             n => format!("; {n} more such tensors"),
         };
-        let nested = match self.text_prefix {
-            "" => String::new(),
-            p => format!(" (this one keeps its language model under {p})"),
+        let embed = cfg
+            .tensor_shapes()
+            .into_iter()
+            .map(|(n, _)| n)
+            .find(|n| n.ends_with("embed_tokens.weight"));
+        let nested = match embed.map(|e| (self.stored_name(&e), e)) {
+            Some((stored, e)) if self.mapped && stored != e && self.which.contains_key(&stored) => {
+                format!(" (this one keeps its language model's embedding as {stored})")
+            }
+            _ => String::new(),
         };
         Err(Error::model(
             &self.shards[self.which[*first]].path,
@@ -1661,14 +1706,25 @@ impl SafetensorsModel {
     /// Checks every tensor the config implies is present with the implied shape (and, for a
     /// bitsandbytes 8-bit checkpoint, its `.SCB` scales).
     pub fn check_against(&self, cfg: &ModelConfig) -> Result<()> {
-        let layers = format!("{}model.layers.", self.text_prefix);
         for s in &self.shards {
+            let names: Vec<String> = s.tensor_names().filter_map(|n| self.config_of(n)).collect();
             cfg.check_layers_present(
-                s.tensor_names().map(String::as_str),
-                &layers,
+                names.iter().map(String::as_str),
+                "model.layers.",
                 "config.json's num_hidden_layers",
             )
             .map_err(|p| Error::model(&s.path, p))?;
+        }
+        // A multimodal checkpoint's names are mapped as vLLM maps them (`map_names`), so every
+        // tensor is accounted for; a quantized checkpoint's parts are its loader's. Checked
+        // before what is missing: a layout vLLM does not map names its own tensors.
+        if let Some(n) = self
+            .names
+            .filter(|_| self.stored_quant == StoredQuant::None)
+        {
+            self.check_all_known(cfg, n.architecture, |s, c| {
+                cfg.multimodal_loader_skips(s, c)
+            })?;
         }
         for (name, shape) in cfg.tensor_shapes() {
             if self.stored_quant.nvfp4().is_some()
@@ -1802,13 +1858,6 @@ impl SafetensorsModel {
                 }
                 _ => {}
             }
-        }
-        // Kimi-VL's names are mapped here (its language model under `language_model.`), so
-        // every tensor is accounted for; a quantized checkpoint's parts are its loader's.
-        if cfg.kimi_vl.is_some() && self.stored_quant == StoredQuant::None {
-            self.check_all_known(cfg, "KimiVLForConditionalGeneration", |s, t| {
-                cfg.kimi_vl_loader_skips(s, t)
-            })?;
         }
         Ok(())
     }

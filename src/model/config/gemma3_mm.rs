@@ -96,7 +96,8 @@ pub struct Gemma3MmShape {
 
 /// Where the vision tower's and projector's tensors sit in the checkpoint (the names
 /// google/gemma-3-*-it publish; vLLM's `hf_to_vllm_mapper` also takes transformers 4.52's
-/// `model.vision_tower.` ones, gemma3_mm.py 0.11 L484-491).
+/// `model.vision_tower.` ones, gemma3_mm.py 0.11 L484-491; vramscope reads both,
+/// checkpoint_names.rs).
 pub const TOWER: &str = "vision_tower.vision_model";
 pub const PROJECTOR: &str = "multi_modal_projector";
 

@@ -78,23 +78,6 @@ pub struct KimiVlShape {
 pub const TOWER: &str = "vision_tower";
 pub const PROJECTOR: &str = "multi_modal_projector";
 
-/// Where a Hugging Face Kimi-VL checkpoint keeps its language model: `DeepseekV2ForCausalLM`'s
-/// `model.*` and `lm_head.weight` under the module's name (`self.language_model`, kimi_vl.py
-/// 0.19 L329-335). vLLM maps no names for it (no `hf_to_vllm_mapper`): `AutoWeightsLoader`
-/// (L414-416) hands each `language_model.*` tensor, the prefix dropped, to the language
-/// model's `load_weights` (utils.py 0.19 L293-300, L272-275). vramscope's own checkpoints
-/// (gen-model) keep the language model at the top; both are read.
-pub const LANGUAGE_MODEL: &str = "language_model.";
-
-/// Substrings of tensors `AutoWeightsLoader` drops before loading anything
-/// (`ROTARY_EMBEDS_UNUSED_WEIGHTS`, utils.py 0.19 L135-140, L159, L351-352).
-const ROTARY_UNUSED: [&str; 4] = [
-    "rotary_pos_emb.inv_freq",
-    "rotary_emb.inv_freq",
-    "rotary_emb.cos_cached",
-    "rotary_emb.sin_cached",
-];
-
 /// The dummy image's side (`MaxImageTokenMeta`, kimi_vl.py 0.19 L87-91).
 pub const DUMMY_IMAGE_SIDE: usize = 1024;
 
@@ -231,7 +214,10 @@ impl ModelConfig {
     /// tensor no module holds (utils.py 0.19 L330-339), `DeepseekV2ForCausalLM.load_weights`
     /// looks each up in its parameters (L1508, L1619).
     pub(crate) fn kimi_vl_loader_skips(&self, stored: &str, text: Option<&str>) -> bool {
-        if ROTARY_UNUSED.iter().any(|u| stored.contains(u)) {
+        if crate::model::checkpoint_names::ROTARY_UNUSED
+            .iter()
+            .any(|u| stored.contains(u))
+        {
             return true;
         }
         let Some(text) = text else {

@@ -51,7 +51,7 @@ pub struct LlavaNextShape {
 
 /// Where the tower's, projector's and newline's tensors sit in the checkpoint (transformers
 /// 4.49's names; vLLM maps 4.52's `model.vision_tower.` ones the same, llava_next.py 0.19
-/// L228-237).
+/// L228-237; vramscope reads both, checkpoint_names.rs).
 pub const TOWER: &str = "vision_tower.vision_model";
 pub const PROJECTOR: &str = "multi_modal_projector";
 pub const NEWLINE: &str = "image_newline";

@@ -61,7 +61,8 @@ pub struct Mistral3Shape {
 }
 
 /// Where the tower's and projector's tensors sit in the checkpoint (the names the 2503 repo
-/// publishes; vLLM's `hf_to_vllm_mapper` also takes transformers 4.52's `model.vision_tower.`).
+/// publishes; vLLM's `hf_to_vllm_mapper` also takes transformers 4.52's `model.vision_tower.`,
+/// and vramscope reads both, checkpoint_names.rs).
 pub const TOWER: &str = "vision_tower";
 pub const PROJECTOR: &str = "multi_modal_projector";
 

@@ -81,7 +81,8 @@ pub struct ProfileItem {
 }
 
 /// Where the tower's tensors sit in the published checkpoint (vLLM's `hf_to_vllm_mapper` also
-/// takes transformers 4.52's `model.visual.`, qwen2_5_vl.py 0.19 L1019-1028).
+/// takes transformers 4.52's `model.visual.`, qwen2_5_vl.py 0.19 L1021-1030; vramscope reads
+/// both, checkpoint_names.rs).
 pub const TOWER: &str = "visual";
 
 /// The published preprocessor_config.json's pixel bounds (Qwen2.5-VL-3B/7B/32B/72B-Instruct).

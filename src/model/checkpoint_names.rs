@@ -1,0 +1,319 @@
+//! A multimodal checkpoint's tensor names as vLLM 0.19 reads them. Hugging Face checkpoints
+//! come in two layouts: transformers before 4.52 saved `language_model.model.*`,
+//! `language_model.lm_head.weight`, `vision_tower.*` and `multi_modal_projector.*`;
+//! 4.52 and later save `model.language_model.*`, `model.vision_tower.*`,
+//! `model.multi_modal_projector.*` and `lm_head.weight`. vLLM renames each stored name with
+//! the model's `hf_to_vllm_mapper` into its own module's names and loads those; vramscope's
+//! config names the language model's tensors as a `ForCausalLM` does (`model.*`,
+//! `lm_head.*`), the tower's and projector's as vLLM does.
+
+use super::config::ModelConfig;
+
+/// Where vLLM's multimodal module keeps its `ForCausalLM` (`self.language_model`).
+const LANGUAGE_MODEL: &str = "language_model.";
+
+/// Substrings of tensors `AutoWeightsLoader` drops before loading anything
+/// (`ROTARY_EMBEDS_UNUSED_WEIGHTS`, utils.py 0.19 L135-140, L159).
+pub(crate) const ROTARY_UNUSED: [&str; 4] = [
+    "rotary_pos_emb.inv_freq",
+    "rotary_emb.inv_freq",
+    "rotary_emb.cos_cached",
+    "rotary_emb.sin_cached",
+];
+
+/// How one family's checkpoint names reach vLLM's parameters.
+#[derive(Debug)]
+pub(crate) struct VllmNames {
+    /// The architecture, for messages.
+    pub architecture: &'static str,
+    /// `hf_to_vllm_mapper`'s `orig_to_new_prefix`, in order: `WeightsMapper._map_name`
+    /// (utils.py 0.19 L77-82) tries each in turn on the name the ones before left.
+    pub hf_to_vllm: &'static [(&'static str, &'static str)],
+    /// Whether vramscope's config keeps vLLM's `language_model.` in the language model's
+    /// names (Llama 4's does; the others name it as a `ForCausalLM` at the top).
+    pub keeps_language_model: bool,
+}
+
+/// Gemma 3 (gemma3_mm.py 0.19 L484-492; `load_weights` hands the renamed tensors to
+/// `AutoWeightsLoader`, L634-636).
+const GEMMA3: VllmNames = VllmNames {
+    architecture: "Gemma3ForConditionalGeneration",
+    hf_to_vllm: &[
+        ("model.language_model.", "language_model.model."),
+        ("model.vision_tower.", "vision_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+        ("lm_head.", "language_model.lm_head."),
+    ],
+    keeps_language_model: false,
+};
+
+/// Mistral 3 (mistral3.py 0.19 L375-386, L560-562): 4.52's names, and `model.*` at the top
+/// as the language model's (PEFT's text-only saves).
+const MISTRAL3: VllmNames = VllmNames {
+    architecture: "Mistral3ForConditionalGeneration",
+    hf_to_vllm: &[
+        ("model.language_model.", "language_model.model."),
+        ("model.vision_tower.", "vision_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+        ("lm_head.", "language_model.lm_head."),
+        ("model.", "language_model.model."),
+    ],
+    keeps_language_model: false,
+};
+
+/// LLaVA-NeXT (llava_next.py 0.19 L228-237, L584-586), `image_newline` too.
+const LLAVA_NEXT: VllmNames = VllmNames {
+    architecture: "LlavaNextForConditionalGeneration",
+    hf_to_vllm: &[
+        ("model.language_model.", "language_model.model."),
+        ("model.vision_tower.", "vision_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+        ("model.image_newline", "image_newline"),
+        ("lm_head.", "language_model.lm_head."),
+    ],
+    keeps_language_model: false,
+};
+
+/// Qwen2.5-VL (qwen2_5_vl.py 0.19 L1021-1030, L1486-1488): the original checkpoints'
+/// `model.*`, `visual.*` and `lm_head.weight`, and 4.52's `model.language_model.*` and
+/// `model.visual.*`.
+const QWEN2_5_VL: VllmNames = VllmNames {
+    architecture: "Qwen2_5_VLForConditionalGeneration",
+    hf_to_vllm: &[
+        ("model.language_model.", "language_model.model."),
+        ("model.visual.", "visual."),
+        ("lm_head.", "language_model.lm_head."),
+        ("model.", "language_model.model."),
+    ],
+    keeps_language_model: false,
+};
+
+/// Kimi-VL: no mapper; `AutoWeightsLoader` by module name (kimi_vl.py 0.19 L414-416).
+const KIMI_VL: VllmNames = VllmNames {
+    architecture: "KimiVLForConditionalGeneration",
+    hf_to_vllm: &[],
+    keeps_language_model: false,
+};
+
+/// Llama 4: no `hf_to_vllm_mapper`; `_rename_weight_for_modelopt_checkpoint` (mllama4.py 0.19
+/// L937-979, called from L981-1001) moves a top-level `model.*` and `lm_head.weight` (ModelOpt's
+/// saves) under `language_model.`; `vision_model.*` and `multi_modal_projector.*` are looked
+/// up as they are (L1040-1070). transformers saves `Llama4ForConditionalGeneration` with
+/// `language_model.*` in every release (no `model.` wrapper), so 4.52's layout never arises.
+const LLAMA4: VllmNames = VllmNames {
+    architecture: "Llama4ForConditionalGeneration",
+    hf_to_vllm: &[
+        ("model.", "language_model.model."),
+        ("lm_head.weight", "language_model.lm_head.weight"),
+    ],
+    keeps_language_model: true,
+};
+
+impl VllmNames {
+    /// The name vLLM loads a stored tensor as (`WeightsMapper._map_name`'s prefix pass).
+    pub fn to_vllm(&self, stored: &str) -> String {
+        let mut name = stored.to_string();
+        for (from, to) in self.hf_to_vllm {
+            if let Some(rest) = name.strip_prefix(from) {
+                name = format!("{to}{rest}");
+            }
+        }
+        name
+    }
+
+    /// vramscope's config name for a tensor vLLM loads as `vllm`; `None` for one vLLM's
+    /// module has no place for (a `model.*` or `lm_head.*` left at the top, where the module
+    /// holds `language_model`, `vision_tower` and the projector).
+    pub fn config_name(&self, vllm: &str) -> Option<String> {
+        if self.keeps_language_model {
+            return Some(vllm.to_string());
+        }
+        match vllm.strip_prefix(LANGUAGE_MODEL) {
+            Some(text) => Some(text.to_string()),
+            None if is_text(vllm) => None,
+            None => Some(vllm.to_string()),
+        }
+    }
+
+    /// vLLM's name for a config name.
+    pub fn vllm_of_config(&self, name: &str) -> String {
+        if !self.keeps_language_model && is_text(name) {
+            return format!("{LANGUAGE_MODEL}{name}");
+        }
+        name.to_string()
+    }
+
+    /// The stored names vLLM would load as `vllm`, each with the prefix that marks its
+    /// layout in a file: the mapper's sources first, in its order, then vLLM's own name (its
+    /// module, or `language_model.`'s child).
+    pub fn stored_candidates(&self, vllm: &str) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for (from, to) in self.hf_to_vllm {
+            if let Some(rest) = vllm.strip_prefix(to) {
+                let stored = format!("{from}{rest}");
+                if self.to_vllm(&stored) == vllm && out.iter().all(|(s, _)| *s != stored) {
+                    out.push((stored, from.to_string()));
+                }
+            }
+        }
+        let parts = if vllm.starts_with(LANGUAGE_MODEL) {
+            2
+        } else {
+            1
+        };
+        let root: Vec<&str> = vllm.splitn(parts + 1, '.').take(parts).collect();
+        out.push((vllm.to_string(), format!("{}.", root.join("."))));
+        out
+    }
+
+    /// Whether a stored name's vLLM name falls in the language model's body
+    /// (`language_model.model.*`): the mark of a file in a layout vLLM reads. An
+    /// `lm_head.weight` alone is not one: `gen-model` writes it beside a top-level `model.*`.
+    pub fn in_language_model_body(&self, stored: &str) -> bool {
+        self.to_vllm(stored)
+            .strip_prefix(LANGUAGE_MODEL)
+            .is_some_and(|t| t.starts_with("model."))
+    }
+}
+
+/// Whether a name is a `ForCausalLM`'s (its two children).
+pub(crate) fn is_text(name: &str) -> bool {
+    name.starts_with("model.") || name.starts_with("lm_head.")
+}
+
+impl ModelConfig {
+    /// How vLLM 0.19 names this multimodal checkpoint's tensors; `None` for a text model.
+    pub(crate) fn vllm_names(&self) -> Option<&'static VllmNames> {
+        if self.gemma3_mm.is_some() {
+            Some(&GEMMA3)
+        } else if self.mistral3.is_some() {
+            Some(&MISTRAL3)
+        } else if self.llava_next.is_some() {
+            Some(&LLAVA_NEXT)
+        } else if self.qwen2_5_vl.is_some() {
+            Some(&QWEN2_5_VL)
+        } else if self.kimi_vl.is_some() {
+            Some(&KIMI_VL)
+        } else if self.llama4.as_ref().is_some_and(|l| l.vision.is_some()) {
+            Some(&LLAMA4)
+        } else {
+            None
+        }
+    }
+
+    /// Whether vLLM 0.19 passes over a stored tensor the multimodal module has no parameter
+    /// for rather than refusing the checkpoint (`config`: its config name where it has one):
+    /// the unused rotary buffers anywhere (`AutoWeightsLoader`, utils.py L135-140, L159); in
+    /// the language model a bias with no parameter (GPTQ's: llama.py L481-482 and L493-494,
+    /// qwen2.py L492-493 and L510-511, gemma3.py L426-427 and L436-437, granite.py L354-355
+    /// and L367-368; Llama 4's looks every other tensor up, llama4.py L641 and L719, but for
+    /// its experts', L479-483) and, where the embeddings are tied, `lm_head.*`
+    /// (`skip_prefixes`, llama.py L592, qwen2.py L598, gemma3.py L518, granite.py L469,
+    /// llama4.py L818); SigLIP's pooling head where the tower has none (siglip.py L918-921).
+    /// Kimi-VL's language model skips more (`kimi_vl_loader_skips`). Anything else vLLM
+    /// refuses: `AutoWeightsLoader` names a tensor no module holds (utils.py L330-339), and
+    /// Llama 4 looks the tower's up in its parameters (mllama4.py L1040-1070).
+    pub(crate) fn multimodal_loader_skips(&self, stored: &str, config: Option<&str>) -> bool {
+        if self.kimi_vl.is_some() {
+            let text = config.filter(|c| is_text(c));
+            return self.kimi_vl_loader_skips(stored, text);
+        }
+        if ROTARY_UNUSED.iter().any(|u| stored.contains(u)) {
+            return true;
+        }
+        let Some(config) = config else {
+            return false;
+        };
+        let text = config.strip_prefix(LANGUAGE_MODEL).unwrap_or(config);
+        if is_text(text) {
+            let bias = text.ends_with(".bias") || text.ends_with("_bias");
+            return (bias && self.llama4.is_none())
+                || (self.tie_word_embeddings && text.starts_with("lm_head."));
+        }
+        self.gemma3_mm.is_some()
+            && config.starts_with(&format!("{}.head.", super::config::gemma3_mm::TOWER))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each layout's names land where vLLM's mapper puts them: 4.52's and the older ones on
+    /// the same config names, a `model.*` left at the top nowhere where vLLM maps none.
+    #[test]
+    fn both_layouts_reach_the_config_names() {
+        let g = &GEMMA3;
+        let cfg = |s: &str| g.config_name(&g.to_vllm(s));
+        for (stored, want) in [
+            (
+                "model.language_model.norm.weight",
+                Some("model.norm.weight"),
+            ),
+            (
+                "language_model.model.norm.weight",
+                Some("model.norm.weight"),
+            ),
+            ("lm_head.weight", Some("lm_head.weight")),
+            ("language_model.lm_head.weight", Some("lm_head.weight")),
+            (
+                "model.vision_tower.vision_model.post_layernorm.bias",
+                Some("vision_tower.vision_model.post_layernorm.bias"),
+            ),
+            ("model.norm.weight", None),
+        ] {
+            assert_eq!(cfg(stored).as_deref(), want, "{stored}");
+        }
+        let m = &MISTRAL3;
+        assert_eq!(
+            m.to_vllm("model.norm.weight"),
+            "language_model.model.norm.weight"
+        );
+        assert_eq!(
+            m.to_vllm("model.language_model.norm.weight"),
+            "language_model.model.norm.weight"
+        );
+        let l = &LLAMA4;
+        assert_eq!(
+            l.config_name(&l.to_vllm("model.layers.0.feed_forward.router.weight")),
+            Some("language_model.model.layers.0.feed_forward.router.weight".into())
+        );
+        assert_eq!(
+            l.to_vllm("model.language_model.norm.weight"),
+            "language_model.model.language_model.norm.weight"
+        );
+    }
+
+    /// The names a missing tensor may be stored under, the mapper's sources before vLLM's own.
+    #[test]
+    fn a_config_name_has_each_layouts_stored_name() {
+        let q = &QWEN2_5_VL;
+        let names = |c: &str| -> Vec<String> {
+            q.stored_candidates(&q.vllm_of_config(c))
+                .into_iter()
+                .map(|(s, _)| s)
+                .collect()
+        };
+        assert_eq!(
+            names("model.norm.weight"),
+            [
+                "model.language_model.norm.weight",
+                "model.norm.weight",
+                "language_model.model.norm.weight"
+            ]
+        );
+        assert_eq!(
+            names("visual.merger.ln_q.weight"),
+            [
+                "model.visual.merger.ln_q.weight",
+                "visual.merger.ln_q.weight"
+            ]
+        );
+        let roots: Vec<String> = q
+            .stored_candidates("language_model.lm_head.weight")
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect();
+        assert_eq!(roots, ["lm_head.", "language_model.lm_head."]);
+    }
+}
