@@ -73,6 +73,8 @@ fn write_fixtures() {
     let root = std::path::PathBuf::from(std::env::var("VRAMSCOPE_HF_FIXTURES").unwrap());
     for name in [
         "llama",
+        "llama_llama3",
+        "qwen2_yarn",
         "qwen2",
         "qwen3",
         "phi3",

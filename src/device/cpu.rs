@@ -323,6 +323,32 @@ impl RopeTable {
     }
 }
 
+impl RopeTable {
+    /// A table from given frequencies (a scaled rotary embedding's: `RopeScaling::inv_freq`),
+    /// each cos and sin times `mscale` (YaRN's), as vLLM's scaled caches hold them.
+    pub fn from_inv_freq(
+        positions: &[usize],
+        head_dim: usize,
+        inv_freq: &[f64],
+        mscale: f64,
+    ) -> Self {
+        let cos_sin = positions
+            .iter()
+            .flat_map(|&pos| {
+                inv_freq.iter().map(move |f| {
+                    let (sin, cos) = (pos as f64 * f).sin_cos();
+                    ((cos * mscale) as f32, (sin * mscale) as f32)
+                })
+            })
+            .collect();
+        RopeTable {
+            head_dim,
+            rotary_dim: 2 * inv_freq.len(),
+            cos_sin,
+        }
+    }
+}
+
 /// RoPE in place on `heads` heads of every token row of `x` laid out as `at` (so q and k may
 /// be column ranges of one fused tensor).
 pub fn rope_strided(x: &mut [f32], at: RowLayout, heads: usize, table: &RopeTable) {

@@ -124,6 +124,48 @@ pub fn rope_partial(
     Ok(())
 }
 
+/// Rotary embedding of q and k in place with a scaled embedding's frequencies and cos/sin
+/// multiplier (dynamic NTK, YaRN, Llama 3: `RopeScaling`), from the host's table on CUDA as
+/// Gemma 3's scaled positions are; no allocation.
+pub fn rope_scaled(
+    rt: &Runtime,
+    q: &mut Tensor,
+    k: &mut Tensor,
+    positions: &[usize],
+    shape: AttnShape,
+    (theta, scaling): (f64, &crate::model::config::RopeScaling),
+) -> Result<()> {
+    rt.check_cancel()?;
+    rt.set_op("rope");
+    if rt.backend() == Backend::Dry {
+        return Ok(());
+    }
+    let hd = shape.head_dim;
+    let table = cpu::RopeTable::from_inv_freq(
+        positions,
+        hd,
+        &scaling.inv_freq(hd, theta),
+        scaling.mscale(),
+    );
+    match rt.backend() {
+        Backend::Cpu => {
+            let (heads, kv_heads) = (shape.heads, shape.kv_heads);
+            cpu::rope_strided(q.f32_mut(), RowLayout::packed(heads * hd), heads, &table);
+            cpu::rope_strided(
+                k.f32_mut(),
+                RowLayout::packed(kv_heads * hd),
+                kv_heads,
+                &table,
+            );
+        }
+        _ => {
+            let dims = (shape.heads, shape.kv_heads, hd, hd);
+            cuda(rt, |c| c.rope_table((q, k), dims, &table.cos_sin))?
+        }
+    }
+    Ok(())
+}
+
 /// Fused causal attention (flash-attention style): only the output is allocated.
 pub fn attention(
     rt: &Runtime,

@@ -39,6 +39,11 @@ pub struct ModelConfig {
     /// q/k/v projections carry a bias (Qwen2).
     pub attention_bias: bool,
     pub max_position_embeddings: usize,
+    /// A Llama-family config's `rope_scaling` (linear, dynamic, yarn, llama3), as vLLM's
+    /// `get_rope` builds it; `None`: the plain rotary embedding (and the families with their
+    /// own: Gemma, DeepSeek, gpt-oss, Llama 4, Qwen3-Next).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScaling>,
     /// OPT's extra shape (`model_type: "opt"`); `None` for the Llama family.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opt: Option<OptShape>,
@@ -137,6 +142,236 @@ pub struct DeepseekShape {
     pub routed_scaling_factor: f64,
     /// The dense MLP layers before the first MoE layer.
     pub first_k_dense_replace: usize,
+}
+
+/// A Llama-family `rope_scaling` as vLLM's `get_rope` reads it (rotary_embedding/__init__.py
+/// at 0.19): the rotary frequencies, the cos/sin multiplier and the cache's length of each
+/// type.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RopeScaling {
+    /// "linear", "dynamic", "yarn" or "llama3".
+    pub rope_type: String,
+    pub factor: f64,
+    /// YaRN's and Llama 3's `original_max_position_embeddings`.
+    pub original_max_position_embeddings: usize,
+    /// Llama 3's band: wavelengths below `original / high_freq_factor` keep their frequency,
+    /// those above `original / low_freq_factor` are divided by the factor.
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    /// YaRN's correction range (`beta_fast` 32, `beta_slow` 1 by default) and `attn_factor`
+    /// (vLLM's key; 0 when `apply_yarn_scaling` is false: no multiplier at all).
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub attn_factor: f64,
+    /// YaRN's `truncate` (the correction range's ends rounded to whole dimensions).
+    #[serde(default = "yes")]
+    pub truncate: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl RopeScaling {
+    /// The rotary frequency of each pair of `rotary_dim` dimensions at `base`:
+    /// - linear: the plain ones (positions are divided by the factor instead);
+    /// - dynamic (`DynamicNTKScalingRotaryEmbedding`, dynamic_ntk_scaling_rope.py at 0.19): the
+    ///   base raised to `base · (factor² − factor + 1)^(d / (d − 2))`, the cache's length being
+    ///   `max_position · factor`;
+    /// - yarn (`YaRNScalingRotaryEmbedding`, yarn_scaling_rope.py): the extrapolated frequency on
+    ///   the fast dimensions, the interpolated one (`/ factor`) on the slow ones, a linear ramp
+    ///   between the correction range's ends (`yarn_find_correction_range` over the original
+    ///   length, floor and ceil);
+    /// - llama3 (`Llama3RotaryEmbedding`, llama3_rope.py): wavelengths shorter than
+    ///   `original / high_freq_factor` keep their frequency, longer than `original /
+    ///   low_freq_factor` are divided by the factor, a smooth blend between.
+    pub fn inv_freq(&self, rotary_dim: usize, base: f64) -> Vec<f64> {
+        let d = rotary_dim as f64;
+        let plain = |b: f64| -> Vec<f64> {
+            (0..rotary_dim / 2)
+                .map(|i| 1.0 / b.powf(2.0 * i as f64 / d))
+                .collect()
+        };
+        match self.rope_type.as_str() {
+            "dynamic" => {
+                let f = self.factor;
+                plain(base * (f * f - f + 1.0).powf(d / (d - 2.0)))
+            }
+            "yarn" => {
+                let y = crate::engine::ops_mla::YarnRope {
+                    rotary_dim,
+                    base,
+                    factor: self.factor,
+                    original_max_position: self.original_max_position_embeddings,
+                    beta_fast: self.beta_fast,
+                    beta_slow: self.beta_slow,
+                    mscale: self.mscale(),
+                };
+                y.inv_freq_with(self.truncate)
+            }
+            "llama3" => {
+                let old = self.original_max_position_embeddings as f64;
+                let (low, high) = (old / self.low_freq_factor, old / self.high_freq_factor);
+                plain(base)
+                    .into_iter()
+                    .map(|f| {
+                        let wave = 2.0 * std::f64::consts::PI / f;
+                        if wave < high {
+                            f
+                        } else if wave > low {
+                            f / self.factor
+                        } else {
+                            let smooth = (old / wave - self.low_freq_factor)
+                                / (self.high_freq_factor - self.low_freq_factor);
+                            (1.0 - smooth) * f / self.factor + smooth * f
+                        }
+                    })
+                    .collect()
+            }
+            _ => plain(base),
+        }
+    }
+
+    /// What cos and sin are multiplied by: YaRN's `yarn_get_mscale(factor) · attn_factor`
+    /// (yarn_scaling_rope.py L40-44 at 0.19; 1 with `apply_yarn_scaling` false), 1 otherwise.
+    pub fn mscale(&self) -> f64 {
+        if self.rope_type == "yarn" && self.attn_factor == 0.0 {
+            1.0
+        } else if self.rope_type == "yarn" {
+            YarnScaling::get_mscale(self.factor, 1.0) * self.attn_factor
+        } else {
+            1.0
+        }
+    }
+
+    /// The linear factor positions are divided by (1 but for "linear").
+    pub fn linear_factor(&self) -> f64 {
+        if self.rope_type == "linear" {
+            self.factor
+        } else {
+            1.0
+        }
+    }
+
+    /// Rows of the `cos_sin_cache` for a model of `max_position` positions: `max_position ·
+    /// factor` (linear, dynamic), `original · factor` (yarn), `max_position` (llama3).
+    pub fn cache_rows(&self, max_position: usize) -> usize {
+        match self.rope_type.as_str() {
+            "yarn" => (self.original_max_position_embeddings as f64 * self.factor) as usize,
+            "llama3" => max_position,
+            _ => (max_position as f64 * self.factor) as usize,
+        }
+    }
+}
+
+/// A Llama-family config's `rope_scaling` (or transformers 5's `rope_parameters`, where
+/// `rope_type` "default" is none): the types vLLM's `get_rope` builds for these models; any
+/// other is refused by name.
+fn rope_scaling_from_hf_json(
+    v: &serde_json::Value,
+    arch: &str,
+    max_position: usize,
+) -> std::result::Result<Option<RopeScaling>, String> {
+    let rs = match (&v["rope_scaling"], &v["rope_parameters"]) {
+        (r, _) if r.is_object() => r,
+        (_, r) if r.is_object() => r,
+        (r, p) if r.is_null() && p.is_null() => return Ok(None),
+        (r, p) => {
+            let bad = if r.is_null() { p } else { r };
+            return Err(format!("rope_scaling is {bad}, expected an object or null"));
+        }
+    };
+    let kind = rs
+        .get("rope_type")
+        .or_else(|| rs.get("type"))
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("default");
+    if kind == "default" {
+        return Ok(None);
+    }
+    if !matches!(kind, "linear" | "dynamic" | "yarn" | "llama3") {
+        return Err(format!(
+            "rope_scaling '{kind}' is not supported for {arch} yet (linear, dynamic, yarn and llama3 are)"
+        ));
+    }
+    let num = |key: &str, default: Option<f64>| -> std::result::Result<f64, String> {
+        match (rs.get(key).and_then(serde_json::Value::as_f64), default) {
+            (Some(x), _) if x.is_finite() => Ok(x),
+            (None, Some(d)) if rs.get(key).is_none_or(serde_json::Value::is_null) => Ok(d),
+            _ => Err(format!(
+                "rope_scaling '{kind}' needs a number '{key}' (it has {})",
+                rs.get(key).map_or("none".into(), |x| x.to_string())
+            )),
+        }
+    };
+    let factor = num("factor", None)?;
+    if !(1.0..=1024.0).contains(&factor) {
+        return Err(format!(
+            "rope_scaling factor {factor} is not from 1 to 1024"
+        ));
+    }
+    let original = match kind {
+        "yarn" | "llama3" => num(
+            "original_max_position_embeddings",
+            (kind == "yarn").then_some(max_position as f64),
+        )?,
+        _ => max_position as f64,
+    };
+    if !(1.0..=16_777_216.0).contains(&original) {
+        return Err(format!(
+            "rope_scaling original_max_position_embeddings {original} is not from 1 to 16777216"
+        ));
+    }
+    let (low, high) = if kind == "llama3" {
+        (
+            num("low_freq_factor", None)?,
+            num("high_freq_factor", None)?,
+        )
+    } else {
+        (1.0, 4.0)
+    };
+    if kind == "llama3" && !(low > 0.0 && high > low) {
+        return Err(format!(
+            "rope_scaling llama3 needs 0 < low_freq_factor < high_freq_factor (it has {low} and {high})"
+        ));
+    }
+    // YaRN's keys as vLLM's get_rope passes them on (rotary_embedding/__init__.py L233-273 at
+    // 0.19): attn_factor, beta_fast, beta_slow, apply_yarn_scaling, truncate,
+    // extrapolation_factor.
+    let flag = |key: &str| {
+        rs.get(key)
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(true)
+    };
+    if num("extrapolation_factor", Some(1.0))? != 1.0 {
+        return Err(format!(
+            "rope_scaling '{kind}' with extrapolation_factor {} is not supported yet (1 is)",
+            num("extrapolation_factor", Some(1.0))?
+        ));
+    }
+    let scaling = RopeScaling {
+        rope_type: kind.into(),
+        factor,
+        original_max_position_embeddings: original as usize,
+        low_freq_factor: low,
+        high_freq_factor: high,
+        beta_fast: num("beta_fast", Some(32.0))?,
+        beta_slow: num("beta_slow", Some(1.0))?,
+        attn_factor: if flag("apply_yarn_scaling") {
+            num("attn_factor", Some(1.0))?
+        } else {
+            0.0
+        },
+        truncate: flag("truncate"),
+    };
+    if scaling.cache_rows(max_position) > crate::base::limits::MAX_TOKENS as usize {
+        return Err(format!(
+            "rope_scaling '{kind}' makes a rotary cache of {} positions, more than vramscope models ({})",
+            scaling.cache_rows(max_position),
+            crate::base::limits::MAX_TOKENS
+        ));
+    }
+    Ok(Some(scaling))
 }
 
 /// DeepSeek's YaRN rotary scaling (`rope_scaling: {"type": "yarn", ...}`; vLLM's
@@ -459,8 +694,30 @@ impl ModelConfig {
                 (Some(local), true) => (local, 1.0),
                 _ => (self.rope_theta, g.rope_linear_factor.unwrap_or(1.0)),
             },
-            None => (self.rope_theta, 1.0),
+            None => (
+                self.rope_theta,
+                self.rope_scaling
+                    .as_ref()
+                    .map_or(1.0, RopeScaling::linear_factor),
+            ),
         }
+    }
+
+    /// The longest context vLLM derives from this config (`_get_and_verify_max_len`, 0.19.0
+    /// config/model.py L2098-2128, 0.11.0 config/model.py L1839-1864): `max_position_embeddings`
+    /// times the rope scaling's factor, from YaRN's original length, but for "su", "longrope",
+    /// "llama3" and Gemma 3 (whose length is already scaled). Returns it and the key vLLM
+    /// names.
+    pub fn derived_max_model_len(&self) -> u64 {
+        let base = self.max_position_embeddings as f64;
+        let len = match &self.rope_scaling {
+            Some(r) if r.rope_type == "yarn" => {
+                r.original_max_position_embeddings as f64 * r.factor
+            }
+            Some(r) if r.rope_type != "llama3" => base * r.factor,
+            _ => base,
+        };
+        len as u64
     }
 
     /// Gemma's final logit soft-cap, if any.
@@ -1071,6 +1328,22 @@ impl ModelConfig {
             // GemmaAttention's scale is head_dim^-0.5 (gemma.py L156 at 0.19).
             g.query_pre_attn_scalar = head_dim as f64;
         }
+        let max_position_embeddings = if v["max_position_embeddings"].is_null() {
+            match arch.as_str() {
+                "gemma" | "gemma2" => 8192,
+                "granite" => 2048,
+                "gemma3_text" => 131072,
+                _ => 4096,
+            }
+        } else {
+            get("max_position_embeddings")?
+        };
+        // Gemma reads its own (linear on Gemma 3's global layers).
+        let rope_scaling = if gemma.is_some() {
+            None
+        } else {
+            rope_scaling_from_hf_json(v, &arch, max_position_embeddings)?
+        };
         Ok(ModelConfig {
             hidden_size,
             intermediate_size: get("intermediate_size")?,
@@ -1082,7 +1355,12 @@ impl ModelConfig {
             // rope_theta: a base above 1 (real ones run 1e4 to 5e8); eps: a small positive
             // number (1e-6 .. 1e-5 in practice; 1 or more would flatten every activation).
             rope_theta: float(
-                v,
+                // transformers 5 writes the base inside `rope_parameters`.
+                if v["rope_theta"].is_null() && v["rope_parameters"]["rope_theta"].is_number() {
+                    &v["rope_parameters"]
+                } else {
+                    v
+                },
                 "rope_theta",
                 // Gemma3TextConfig's default; every other config's is 10000.
                 if arch == "gemma3_text" { 1e6 } else { 10000.0 },
@@ -1102,16 +1380,8 @@ impl ModelConfig {
                 QkvBias::Always => true,
                 QkvBias::Config { default } => boolean(v, "attention_bias", default)?,
             },
-            max_position_embeddings: if v["max_position_embeddings"].is_null() {
-                match arch.as_str() {
-                    "gemma" | "gemma2" => 8192,
-                    "granite" => 2048,
-                    "gemma3_text" => 131072,
-                    _ => 4096,
-                }
-            } else {
-                get("max_position_embeddings")?
-            },
+            max_position_embeddings,
+            rope_scaling,
             arch,
             opt: None,
             phi: None,
@@ -1256,6 +1526,7 @@ impl ModelConfig {
             ));
         }
         Ok(ModelConfig {
+            rope_scaling: None,
             hidden_size,
             intermediate_size: get("intermediate_size")?,
             num_layers,
@@ -1379,6 +1650,7 @@ impl ModelConfig {
             "above 0 and below 1",
         )?;
         Ok(ModelConfig {
+            rope_scaling: None,
             arch: "phi".into(),
             hidden_size,
             intermediate_size: width,
@@ -1458,6 +1730,7 @@ impl ModelConfig {
             get("word_embed_proj_dim")?
         };
         Ok(ModelConfig {
+            rope_scaling: None,
             arch: "opt".into(),
             hidden_size,
             intermediate_size: ffn,
@@ -1685,6 +1958,34 @@ impl ModelConfig {
                 "original_max_position_embeddings".into(),
                 self.max_position_embeddings.into(),
             );
+        }
+        if let Some(r) = &self.rope_scaling {
+            // The keys of meta-llama/Llama-3.1-8B's config.json (llama3) and of Qwen's YaRN
+            // instructions.
+            let mut rs = serde_json::json!({"rope_type": r.rope_type, "factor": r.factor});
+            let o = rs.as_object_mut().expect("an object");
+            match r.rope_type.as_str() {
+                "llama3" => {
+                    o.insert("low_freq_factor".into(), r.low_freq_factor.into());
+                    o.insert("high_freq_factor".into(), r.high_freq_factor.into());
+                    o.insert(
+                        "original_max_position_embeddings".into(),
+                        r.original_max_position_embeddings.into(),
+                    );
+                }
+                "yarn" => {
+                    o.insert(
+                        "original_max_position_embeddings".into(),
+                        r.original_max_position_embeddings.into(),
+                    );
+                    o.insert("beta_fast".into(), r.beta_fast.into());
+                    o.insert("beta_slow".into(), r.beta_slow.into());
+                }
+                _ => {}
+            }
+            v.as_object_mut()
+                .expect("an object")
+                .insert("rope_scaling".into(), rs);
         }
         if let Some(m) = &self.moe {
             // The keys of mistralai/Mixtral-8x7B-v0.1's and Qwen/Qwen3-30B-A3B's config.json.
@@ -2323,6 +2624,129 @@ fn json_as<T>(
 
 #[cfg(test)]
 mod tests {
+    fn llama_json(rope_scaling: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+            "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "vocab_size": 128256, "rope_theta": 500000.0,
+            "rms_norm_eps": 1e-5, "max_position_embeddings": 40960, "rope_scaling": rope_scaling,
+        })
+    }
+
+    /// vLLM's derived length (`_get_and_verify_max_len`, 0.19.0 config/model.py L2098-2128):
+    /// YaRN from its original length times the factor (Qwen3's instructions: 32768 · 4),
+    /// linear and dynamic the positions times the factor, Llama 3 not scaled; and the cache
+    /// `get_rope` builds for each.
+    #[test]
+    fn rope_scaling_sets_the_derived_length_and_the_cache() {
+        let yarn = super::ModelConfig::from_hf_json(&llama_json(serde_json::json!({
+            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768
+        })))
+        .unwrap();
+        assert_eq!(yarn.derived_max_model_len(), 131072);
+        let r = yarn.rope_scaling.as_ref().unwrap();
+        assert_eq!(r.cache_rows(40960), 131072);
+        assert_eq!((r.beta_fast, r.beta_slow, r.attn_factor), (32.0, 1.0, 1.0));
+        // yarn_get_mscale(4) = 0.1 · ln 4 + 1.
+        assert!((r.mscale() - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-15);
+        let old = super::ModelConfig::from_hf_json(&llama_json(serde_json::json!({
+            "type": "linear", "factor": 2.0
+        })))
+        .unwrap();
+        assert_eq!(old.derived_max_model_len(), 81920);
+        assert_eq!(old.layer_rope(0), (500000.0, 2.0));
+        let l3 = super::ModelConfig::from_hf_json(&llama_json(serde_json::json!({
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192
+        })))
+        .unwrap();
+        assert_eq!(l3.derived_max_model_len(), 40960);
+        assert_eq!(l3.rope_scaling.as_ref().unwrap().cache_rows(40960), 40960);
+        let plain = super::ModelConfig::from_hf_json(&llama_json(serde_json::Value::Null)).unwrap();
+        assert_eq!(
+            (plain.rope_scaling.clone(), plain.derived_max_model_len()),
+            (None, 40960)
+        );
+        // transformers 5's form: the base inside rope_parameters, "default" no scaling.
+        let mut v5 = llama_json(serde_json::Value::Null);
+        let o = v5.as_object_mut().unwrap();
+        o.remove("rope_theta");
+        o.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_type": "default", "rope_theta": 1e6}),
+        );
+        let c = super::ModelConfig::from_hf_json(&v5).unwrap();
+        assert_eq!((c.rope_theta, c.rope_scaling), (1e6, None));
+    }
+
+    /// Llama 3's frequencies, written out from llama3_rope.py (0.19) for Llama 3.1's
+    /// settings: the fastest pair keeps its frequency, the slowest is divided by 8, a pair in
+    /// the band is blended; YaRN's interpolated pairs are divided by the factor.
+    #[test]
+    fn scaled_frequencies_follow_each_type() {
+        let l3 = super::RopeScaling {
+            rope_type: "llama3".into(),
+            factor: 8.0,
+            original_max_position_embeddings: 8192,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attn_factor: 1.0,
+            truncate: true,
+        };
+        let f = l3.inv_freq(128, 500000.0);
+        let plain = |i: usize| 1.0 / 500000f64.powf(2.0 * i as f64 / 128.0);
+        assert_eq!(f[0], plain(0));
+        assert!((f[63] - plain(63) / 8.0).abs() < 1e-20);
+        // Pair 40: wavelength 2π / 500000^(-80/128) ≈ 22,000 > 8192: divided by 8. Pair 30:
+        // ≈ 2,900, between 2048 and 8192: blended with smooth (8192 / λ − 1) / 3.
+        assert!((f[40] - plain(40) / 8.0).abs() < 1e-20);
+        let lam = 2.0 * std::f64::consts::PI / plain(30);
+        assert!(lam > 2048.0 && lam < 8192.0, "{lam}");
+        let smooth = (8192.0 / lam - 1.0) / 3.0;
+        let want = (1.0 - smooth) * plain(30) / 8.0 + smooth * plain(30);
+        assert!((f[30] - want).abs() < 1e-18);
+        let dynamic = super::RopeScaling {
+            rope_type: "dynamic".into(),
+            ..l3.clone()
+        };
+        // DynamicNTKScalingRotaryEmbedding: base · (8·8 − 8 + 1)^(128/126).
+        let b = 500000.0 * 57f64.powf(128.0 / 126.0);
+        assert!((dynamic.inv_freq(128, 500000.0)[1] - 1.0 / b.powf(2.0 / 128.0)).abs() < 1e-15);
+        let yarn = super::RopeScaling {
+            rope_type: "yarn".into(),
+            factor: 4.0,
+            original_max_position_embeddings: 32768,
+            ..l3
+        };
+        let y = yarn.inv_freq(128, 1e6);
+        let p = |i: usize| 1.0 / 1e6f64.powf(2.0 * i as f64 / 128.0);
+        assert_eq!(y[0], p(0));
+        assert!((y[63] - p(63) / 4.0).abs() < 1e-20);
+    }
+
+    /// A rope scaling vLLM builds but vramscope does not is refused by name.
+    #[test]
+    fn other_rope_scalings_are_named() {
+        let e = super::ModelConfig::from_hf_json(&llama_json(serde_json::json!({
+            "rope_type": "longrope", "factor": 4.0
+        })))
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "rope_scaling 'longrope' is not supported for llama yet (linear, dynamic, yarn and llama3 are)"
+        );
+        let e = super::ModelConfig::from_hf_json(&llama_json(serde_json::json!({
+            "rope_type": "yarn"
+        })))
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "rope_scaling 'yarn' needs a number 'factor' (it has none)"
+        );
+    }
+
     /// Phi-3: fused checkpoint names; LongRoPE and a partial rotary factor refused by name.
     #[test]
     fn phi3_reads_with_fused_names_and_refuses_longrope() {
@@ -2862,6 +3286,7 @@ impl ModelConfig {
             })
         };
         Ok(ModelConfig {
+            rope_scaling: None,
             arch: "qwen3_next".into(),
             hidden_size,
             intermediate_size: or("intermediate_size", 5632)?,

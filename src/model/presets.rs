@@ -17,6 +17,7 @@ fn cfg(
     max_pos: usize,
 ) -> ModelConfig {
     ModelConfig {
+        rope_scaling: None,
         arch: arch.into(),
         hidden_size: hidden,
         intermediate_size: inter,
@@ -80,6 +81,7 @@ fn opt(
     pre_norm: bool,
 ) -> ModelConfig {
     ModelConfig {
+        rope_scaling: None,
         arch: "opt".into(),
         hidden_size: hidden,
         intermediate_size: ffn,
@@ -534,10 +536,23 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
             "llama", 4096, 14336, 32, 32, 8, 128256, 500000.0, 1e-5, false, 8192,
         ),
         // meta-llama/Llama-3.1-8B(-Instruct): Llama-3-8B's shapes, 128k positions (the rotary
-        // cache vLLM builds is that long).
-        "llama-3.1-8b" => cfg(
-            "llama", 4096, 14336, 32, 32, 8, 128256, 500000.0, 1e-5, false, 131072,
-        ),
+        // cache vLLM builds is that long) and its config.json's llama3 rope scaling.
+        "llama-3.1-8b" => ModelConfig {
+            rope_scaling: Some(crate::model::config::RopeScaling {
+                rope_type: "llama3".into(),
+                factor: 8.0,
+                original_max_position_embeddings: 8192,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attn_factor: 1.0,
+                truncate: true,
+            }),
+            ..cfg(
+                "llama", 4096, 14336, 32, 32, 8, 128256, 500000.0, 1e-5, false, 131072,
+            )
+        },
         // meta-llama/Meta-Llama-3-70B
         "llama-3-70b" => cfg(
             "llama", 8192, 28672, 80, 64, 8, 128256, 500000.0, 1e-5, false, 8192,

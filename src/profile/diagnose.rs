@@ -832,7 +832,8 @@ pub fn before_start(
     req: &super::ProfileRequest,
     gpus: Option<u32>,
 ) -> Option<StartFailure> {
-    let positions = cfg.max_position_embeddings as u64;
+    // vLLM's derived length: the positions times a rope scaling's factor.
+    let positions = cfg.derived_max_model_len();
     let allow_long = std::env::var("VLLM_ALLOW_LONG_MAX_MODEL_LEN").is_ok_and(|v| v == "1");
     if req.max_model_len > positions && positions > 0 && !allow_long {
         return Some(StartFailure::MaxModelLenOverPositions {

@@ -136,7 +136,7 @@ fn host_bytes_per_weight(quant: Quant, two_d: bool) -> f64 {
 pub fn estimate(req: &ProfileRequest, cfg: Option<&ModelConfig>) -> HostEstimate {
     // The request the run will use: vLLM's defaults for what was left open (the batch of a
     // "vLLM default" max_num_batched_tokens is max_model_len's, not zero).
-    let req = &req.resolved(cfg.map_or(0, |c| c.max_position_embeddings));
+    let req = &req.resolved(cfg.map_or(0, |c| c.derived_max_model_len() as usize));
     let compute = matches!(req.device, DeviceSpec::Sim { dry: false, .. })
         && !matches!(req.model, ModelSource::Synthetic { .. });
     let verify = if req.verify {

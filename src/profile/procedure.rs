@@ -1240,7 +1240,7 @@ pub(crate) fn run_rank(
     // max(max_model_len, 2048).
     let max_positions = opened
         .as_ref()
-        .map_or(0, |o| o.config.max_position_embeddings);
+        .map_or(0, |o| o.config.derived_max_model_len() as usize);
     check_against_model(req, max_positions)?;
     req.release()?.check_quant(req.quant)?;
     req.check_batch_covers_length(max_positions)?;

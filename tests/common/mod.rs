@@ -387,6 +387,33 @@ pub fn hf_test_config(name: &str) -> vramscope::model::ModelConfig {
             o.insert("rope_theta".into(), 500000.0.into());
             o.insert("tie_word_embeddings".into(), false.into());
         }
+        // Llama 3.1's rope scaling on a short original length, so that the sequences' few
+        // positions meet every band: kept, blended and divided frequencies (head_dim 32, base
+        // 10000: wavelengths from 6.3 to about 35,000 against 2 and 8).
+        "llama_llama3" => {
+            o.insert("model_type".into(), "llama".into());
+            o.insert("rope_theta".into(), 10000.0.into());
+            o.insert("tie_word_embeddings".into(), false.into());
+            o.insert("max_position_embeddings".into(), 32.into());
+            o.insert(
+                "rope_scaling".into(),
+                serde_json::json!({"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8}),
+            );
+        }
+        // YaRN as Qwen's instructions add it (factor 4 over an original length of 8, so the
+        // interpolated and extrapolated dimensions and the cos/sin multiplier all show).
+        "qwen2_yarn" => {
+            o.insert("model_type".into(), "qwen2".into());
+            o.insert("rope_theta".into(), 10000.0.into());
+            o.insert("tie_word_embeddings".into(), true.into());
+            o.insert("max_position_embeddings".into(), 32.into());
+            o.insert(
+                "rope_scaling".into(),
+                serde_json::json!({"rope_type": "yarn", "factor": 4.0,
+                    "original_max_position_embeddings": 8}),
+            );
+        }
         // q/k/v biases, tied embeddings (Qwen2.5-0.5B's layout).
         "qwen2" => {
             o.insert("model_type".into(), "qwen2".into());

@@ -204,6 +204,7 @@ impl ModelConfig {
             ));
         }
         Ok(ModelConfig {
+            rope_scaling: None,
             arch: "gpt_oss".into(),
             hidden_size,
             intermediate_size,

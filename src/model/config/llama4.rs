@@ -380,6 +380,7 @@ impl ModelConfig {
             vision,
         };
         Ok(ModelConfig {
+            rope_scaling: None,
             hidden_size,
             intermediate_size: dense_width,
             num_layers,

@@ -210,6 +210,9 @@ pub struct AttentionRun<'a> {
     pub shape: AttnShape,
     /// The layer's rotary base and linear scaling.
     pub rope: (f64, f64),
+    /// The model's dynamic, YaRN or Llama 3 rope scaling, which replaces the plain
+    /// frequencies (linear scaling is `rope`'s factor).
+    pub scaling: Option<crate::model::config::RopeScaling>,
     /// The norm of the per-head q/k norms, and its eps.
     pub qk_norm: RmsNormKind,
     pub eps: f32,
@@ -264,7 +267,17 @@ pub fn forward(
             .qk_norm
             .apply(rt, &k, kn, run.eps, &format!("{l}.k_norm"))?;
     }
-    ops::rope(rt, &mut q, &mut k, run.positions, run.shape, run.rope)?;
+    match run.scaling.as_ref().filter(|r| r.rope_type != "linear") {
+        Some(r) => ops::rope_scaled(
+            rt,
+            &mut q,
+            &mut k,
+            run.positions,
+            run.shape,
+            (run.rope.0, r),
+        )?,
+        None => ops::rope(rt, &mut q, &mut k, run.positions, run.shape, run.rope)?,
+    }
     let a = if run.skip {
         ops::attention_skipped(rt, &q, &format!("{l}.attn"))?
     } else {

@@ -23,7 +23,12 @@ pub fn rotary_cache(
     act: DType,
     (_theta, factor): (f64, f64),
 ) -> Result<Tensor> {
-    let rows = (cfg.max_position_embeddings.max(1) as f64 * factor.max(1.0)) as usize;
+    // A scaled embedding's own length: `max_position · factor` (linear, dynamic), YaRN's
+    // `original · factor`, Llama 3's `max_position` (`RopeScaling::cache_rows`).
+    let rows = match &cfg.rope_scaling {
+        Some(r) => r.cache_rows(cfg.max_position_embeddings.max(1)),
+        None => (cfg.max_position_embeddings.max(1) as f64 * factor.max(1.0)) as usize,
+    };
     // `rotary_dim` columns: the head size but for Phi's partial rotary (base.py L83-92 at 0.19).
     rotary_cache_sized(rt, rows, cfg.rotary_dim(), act)
 }

@@ -501,6 +501,7 @@ impl LlamaModel {
                 ..self.local.attn_shape()
             },
             rope: self.cfg.layer_rope(li),
+            scaling: self.cfg.rope_scaling.clone(),
             qk_norm: if gemma {
                 RmsNormKind::Gemma
             } else {
