@@ -320,6 +320,9 @@ pub struct Experts<'a> {
     /// Block-wise fp8 experts (`Fp8MoEMethod` with `block_quant`): `w13` and `w2` hold
     /// float8_e4m3fn codes and these their f32 `weight_scale_inv` grids.
     pub fp8_block: Option<Fp8BlockScales<'a>>,
+    /// Per-tensor fp8 experts (`Fp8OnlineMoEMethod`, `--quant fp8` on a 16-bit checkpoint):
+    /// `w13` and `w2` hold float8_e4m3fn codes and these their per-expert scales.
+    pub fp8_tensor: Option<crate::engine::ops_moe_fp8::Fp8TensorScales<'a>>,
 }
 
 impl Experts<'_> {
