@@ -116,3 +116,73 @@ pub fn quantize_experts(
         },
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::fp8::tests::{runtime, trace};
+
+    /// One layer of two experts (I = 768, H = 2048): the fp8 stacks and the `[E]` scales,
+    /// then per expert its w13 codes and scale made and freed, then its w2's, then the two
+    /// 16-bit stacks freed; the scales hold 512-byte blocks.
+    #[test]
+    fn experts_quantize_one_at_a_time_then_the_16_bit_stacks_go() {
+        let rt = runtime("dry");
+        let (e, i, h) = (2usize, 768usize, 2048usize);
+        let w =
+            |n: &str, shape: &[usize]| rt.tensor(n, Category::Weight, shape, DType::BF16).unwrap();
+        let w13 = w("x.w13_weight", &[e, 2 * i, h]);
+        let w2 = w("x.w2_weight", &[e, h, i]);
+        let from = rt.event_count();
+        let (q13, q2, s) = quantize_experts(&rt, w13, w2, "x").unwrap();
+        let (b13, b2) = ((2 * i * h) as u64, (h * i) as u64);
+        let a = |t: &str, b| ("alloc", format!("x.{t}"), b);
+        let f = |t: &str, b| ("free", format!("x.{t}"), b);
+        let mut want = vec![
+            a("w13_weight", e as u64 * b13),
+            a("w2_weight", e as u64 * b2),
+            a("w13_weight_scale", 512),
+            a("w2_weight_scale", 512),
+        ];
+        for _ in 0..e {
+            for b in [b13, b2] {
+                want.extend([
+                    a("qweight_expert", b),
+                    a("weight_scale_expert", 512),
+                    f("qweight_expert", b),
+                    f("weight_scale_expert", 512),
+                ]);
+            }
+        }
+        want.extend([
+            f("w13_weight", 2 * e as u64 * b13),
+            f("w2_weight", 2 * e as u64 * b2),
+        ]);
+        assert_eq!(trace(&rt, from), want);
+        assert_eq!(q13.nbytes() + q2.nbytes() + s.nbytes(), 2 * (b13 + b2) + 16);
+    }
+
+    /// On the host each expert gets its own `max|w| / 448`: an expert ten times larger keeps
+    /// its codes and a ten times larger scale.
+    #[test]
+    fn each_expert_has_its_own_scale() {
+        let rt = runtime("compute");
+        let (i, h) = (2usize, 4usize);
+        let base: Vec<f32> = (0..2 * i * h).map(|v| v as f32 / 16.0 - 0.25).collect();
+        let mut all = base.clone();
+        all.extend(base.iter().map(|v| v * 10.0));
+        let mut w13 = rt
+            .tensor("w13", Category::Weight, &[2, 2 * i, h], DType::F32)
+            .unwrap();
+        w13.f32_mut().copy_from_slice(&all);
+        let w2 = rt
+            .tensor("w2", Category::Weight, &[2, h, i], DType::F32)
+            .unwrap();
+        let (q13, _, s) = quantize_experts(&rt, w13, w2, "x").unwrap();
+        let n = 2 * i * h;
+        assert_eq!(q13.u8()[..n], q13.u8()[n..]);
+        assert_eq!(s.w13_values[0], 0.6875 / 448.0);
+        assert_eq!(s.w13_values[1], 6.875 / 448.0);
+        assert_eq!(s.w13.f32(), &s.w13_values[..]);
+    }
+}
