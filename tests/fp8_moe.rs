@@ -308,23 +308,37 @@ fn online_fp8_experts_are_refused_where_not_modelled() {
             .to_string()
     };
     let q3 = "preset:qwen3-30b-a3b";
-    let e = err(q3, "sim:h100-sxm:dry", "0.11");
-    assert!(
-        e.contains(
-            "vLLM 0.11.0 quantizes the experts only after the whole 16-bit model has loaded"
+    let cases = [
+        (
+            q3,
+            "sim:h100-sxm:dry",
+            "0.11",
+            "vLLM 0.11.0 quantizes the experts only after the whole 16-bit model has loaded",
         ),
-        "{e}"
-    );
-    let e = err(q3, "sim:h100-sxm:dry", "0.15");
-    assert!(e.contains("vLLM 0.15.1's Fp8OnlineMoEMethod"), "{e}");
-    let e = err(q3, "sim:h100-sxm:dry", "0.21");
-    assert!(e.contains("modelled as vLLM 0.19.0 runs them"), "{e}");
-    let e = err(q3, "sim:a100-80gb:dry", "0.19");
-    assert!(e.contains("fp8 Marlin"), "{e}");
-    let e = err("preset:deepseek-v2-lite", "sim:h100-sxm:dry", "0.19");
-    assert!(e.contains("fp8 experts are not modelled yet"), "{e}");
-    for msg in [e] {
-        assert_eq!(msg.lines().count(), 1, "{msg}");
+        (
+            q3,
+            "sim:h100-sxm:dry",
+            "0.15",
+            "vLLM 0.15.1's Fp8OnlineMoEMethod",
+        ),
+        (
+            q3,
+            "sim:h100-sxm:dry",
+            "0.21",
+            "modelled as vLLM 0.19.0 runs them",
+        ),
+        (q3, "sim:a100-80gb:dry", "0.19", "fp8 Marlin"),
+        (
+            "preset:deepseek-v2-lite",
+            "sim:h100-sxm:dry",
+            "0.19",
+            "fp8 experts are not modelled yet",
+        ),
+    ];
+    for (model, device, vllm, why) in cases {
+        let e = err(model, device, vllm);
+        assert!(e.contains(why), "{vllm}: {e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
     }
 }
 
