@@ -467,6 +467,11 @@ pub fn fused_experts(
     if ex.fp8_block.is_some() {
         return fused_experts_fp8_block(rt, x, ex, (top_k, gpu), name);
     }
+    if ex.fp8_tensor.is_some() {
+        return Err(Error::Request(format!(
+            "{name}: per-tensor fp8 experts run under vLLM 0.19's modular kernel only (ops_moe_v1), not the in-place fused_experts"
+        )));
+    }
     let t = |nm: &str, shape: &[usize], dt: DType| {
         rt.tensor_for_overwrite(format!("{name}.{nm}"), Category::Activation, shape, dt)
     };
