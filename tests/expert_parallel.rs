@@ -174,7 +174,7 @@ fn experts_split_over_two_ranks_sum_to_the_whole() {
         vals(e * h * i),
     );
     let block = |experts: std::ops::Range<usize>, placement: ExpertPlacement| MoeBlock {
-        gate: t("gate", &[e, h], &gv),
+        gate: vramscope::quant::Linear::Dense(t("gate", &[e, h], &gv)),
         w13: t(
             "w13",
             &[experts.len(), 2 * i, h],
@@ -186,6 +186,7 @@ fn experts_split_over_two_ranks_sum_to_the_whole() {
             &w2v[experts.start * h * i..experts.end * h * i],
         ),
         fp8_scales: None,
+        fp8_tensor: None,
         shared: None,
         placement,
         expert_map: None,

@@ -223,10 +223,11 @@ fn replayed_block_peak(name: &str) -> u64 {
         .tensor("x", Category::Activation, &[tokens, h], DType::BF16)
         .unwrap();
     let block = MoeBlock {
-        gate: t("gate", &[e, h]),
+        gate: vramscope::quant::Linear::Dense(t("gate", &[e, h])),
         w13: t("w13", &[e, 2 * i, h]),
         w2: t("w2", &[e, h, i]),
         fp8_scales: None,
+        fp8_tensor: None,
         shared: None,
         placement: ExpertPlacement::all(e),
         expert_map: None,
@@ -438,10 +439,11 @@ fn qwen2_moe_block_computes_what_its_model_file_computes() {
     let (w13v, w2v) = (vals(e * 2 * i * h, 1.0), vals(e * h * i, 1.0));
     let (guv, dv, sgv) = (vals(2 * s * h, 1.0), vals(h * s, 1.0), vals(h, 2.0));
     let block = MoeBlock {
-        gate: t("gate", &[e, h], &gv, Category::Weight),
+        gate: vramscope::quant::Linear::Dense(t("gate", &[e, h], &gv, Category::Weight)),
         w13: t("w13", &[e, 2 * i, h], &w13v, Category::Weight),
         w2: t("w2", &[e, h, i], &w2v, Category::Weight),
         fp8_scales: None,
+        fp8_tensor: None,
         shared: Some(SharedExpert {
             gate_up: FusedLinear::Dense {
                 weight: t("gate_up", &[2 * s, h], &guv, Category::Weight),
@@ -575,10 +577,11 @@ fn the_modular_kernel_computes_what_the_in_place_kernel_computes() {
         vals(e * h * i),
     );
     let block = MoeBlock {
-        gate: t("gate", &[e, h], &gv),
+        gate: vramscope::quant::Linear::Dense(t("gate", &[e, h], &gv)),
         w13: t("w13", &[e, 2 * i, h], &w13v),
         w2: t("w2", &[e, h, i], &w2v),
         fp8_scales: None,
+        fp8_tensor: None,
         shared: None,
         placement: ExpertPlacement::all(e),
         expert_map: None,

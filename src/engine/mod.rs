@@ -7,6 +7,7 @@
 
 pub(crate) mod moe_configs;
 pub(crate) mod moe_configs_fp8_block;
+pub(crate) mod moe_configs_fp8_tensor;
 pub mod ops;
 pub mod ops_gdn;
 pub mod ops_gemma;
@@ -19,6 +20,7 @@ pub mod ops_llama4_vision;
 pub mod ops_llava;
 pub mod ops_mla;
 pub mod ops_moe;
+pub mod ops_moe_fp8;
 pub mod ops_moe_v1;
 pub mod ops_opt;
 pub mod ops_phi;

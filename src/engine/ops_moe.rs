@@ -320,6 +320,9 @@ pub struct Experts<'a> {
     /// Block-wise fp8 experts (`Fp8MoEMethod` with `block_quant`): `w13` and `w2` hold
     /// float8_e4m3fn codes and these their f32 `weight_scale_inv` grids.
     pub fp8_block: Option<Fp8BlockScales<'a>>,
+    /// Per-tensor fp8 experts (`Fp8OnlineMoEMethod`, `--quant fp8` on a 16-bit checkpoint):
+    /// `w13` and `w2` hold float8_e4m3fn codes and these their per-expert scales.
+    pub fp8_tensor: Option<crate::engine::ops_moe_fp8::Fp8TensorScales<'a>>,
 }
 
 impl Experts<'_> {
@@ -463,6 +466,11 @@ pub fn fused_experts(
     let act = x.dtype;
     if ex.fp8_block.is_some() {
         return fused_experts_fp8_block(rt, x, ex, (top_k, gpu), name);
+    }
+    if ex.fp8_tensor.is_some() {
+        return Err(Error::Request(format!(
+            "{name}: per-tensor fp8 experts run under vLLM 0.19's modular kernel only (ops_moe_v1), not the in-place fused_experts"
+        )));
     }
     let t = |nm: &str, shape: &[usize], dt: DType| {
         rt.tensor_for_overwrite(format!("{name}.{nm}"), Category::Activation, shape, dt)

@@ -12,6 +12,7 @@ use crate::base::error::{Error, Result};
 use crate::device::Backend;
 use crate::engine::ops;
 use crate::engine::ops_moe::{self, Experts, Routing};
+use crate::engine::ops_moe_fp8;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
@@ -185,14 +186,30 @@ pub fn fused_experts(
         Some(_) => "0.15.1",
         None => "0.19.0",
     };
-    let a1q = match ex.fp8_block {
-        Some(_) => {
+    // Per-tensor fp8 experts (0.19.0 only): `a1q [M, H]` fp8 and `a1q_scale [1]` f32, the
+    // same point.
+    let a1q = match (ex.fp8_block, ex.fp8_tensor) {
+        (Some(_), _) => {
             if rt.backend() != Backend::Dry {
                 return Err(ops_moe::fp8_block_experts_refused(name));
             }
             Some(ops_moe::group_quant(rt, m, h, ["a1q", "a1q_scale"], name)?)
         }
-        None => None,
+        (None, Some(_)) => {
+            if rt.backend() == Backend::Cuda || how.chunk_tokens.is_some() || how.v0_21.is_some() {
+                return Err(Error::Request(format!(
+                    "{name}: per-tensor fp8 experts are modelled for vLLM 0.19's TritonExperts on a simulated device or the host only"
+                )));
+            }
+            Some(ops_moe_fp8::tensor_quant(
+                rt,
+                m,
+                h,
+                ["a1q", "a1q_scale"],
+                name,
+            )?)
+        }
+        (None, None) => None,
     };
     let chunk = how.chunk_tokens.map_or(m, |c| m.min(c)).max(1);
     let b = x.dtype.size_bytes();
@@ -227,6 +244,8 @@ pub fn fused_experts(
         rt.set_op("moe.align_block_size");
         let (bm, _) = if ex.fp8_block.is_some() {
             ops_moe::block_size_m_fp8_block(release, gpu, e, i, tokens)
+        } else if ex.fp8_tensor.is_some() {
+            ops_moe_fp8::block_size_m_fp8_tensor(gpu, e, i, tokens)
         } else if how.v0_21.is_some() {
             ops_moe::block_size_m_0_21(gpu, e, i, tokens)
         } else if how.default_block_m_by_tokens {
@@ -263,19 +282,32 @@ pub fn fused_experts(
         // (fused_moe.py L2102-2108 at 0.19.0: `qintermediate_cache2 [T·k, I]` fp8,
         // `a2q_scale [T·k, I/128]` f32); as it returns its locals die in declaration order:
         // the alignment buffers, `a2q_scale`, `qintermediate_cache2`.
-        let q2 = match ex.fp8_block {
-            Some(_) => Some(ops_moe::group_quant(
+        // Per-tensor: `qintermediate_cache2 [T·k, I]` fp8 and `a2q_scale [1]` f32.
+        let q2 = match (ex.fp8_block, ex.fp8_tensor) {
+            (Some(_), _) => Some(ops_moe::group_quant(
                 rt,
                 tokens * top_k,
                 i,
                 ["qintermediate_cache2", "a2q_scale"],
                 name,
             )?),
-            None => None,
+            (None, Some(_)) => Some(ops_moe_fp8::tensor_quant(
+                rt,
+                tokens * top_k,
+                i,
+                ["qintermediate_cache2", "a2q_scale"],
+                name,
+            )?),
+            (None, None) => None,
         };
         rt.set_op("moe.fused_experts");
         match rt.backend() {
             Backend::Dry => {}
+            Backend::Cpu if ex.fp8_tensor.is_some() => {
+                if let Some(q) = &ex.fp8_tensor {
+                    ops_moe_fp8::experts_cpu_fp8(rt, x, &mut out, ex, routing, q)?;
+                }
+            }
             Backend::Cpu => {
                 ops_moe::experts_cpu_rows(rt, &mut out, ex, routing, start..start + tokens)?
             }

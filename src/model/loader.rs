@@ -603,6 +603,16 @@ impl<'a> Loader<'a> {
         upload(self.rt, name, shape, self.act, all)
     }
 
+    /// The runtime the weights load on.
+    pub(crate) fn runtime(&self) -> &'a Runtime {
+        self.rt
+    }
+
+    /// `--quant fp8` on a 16-bit checkpoint: vLLM quantizes each layer as it loads.
+    pub(crate) fn fp8_online(&self) -> bool {
+        self.opts.quant == Quant::Fp8 && self.src.stored_fp8().is_none()
+    }
+
     /// The block size of a block-wise fp8 checkpoint.
     pub(crate) fn fp8_block(&self) -> Option<BlockSize> {
         self.src.stored_fp8().and_then(|f| f.block)

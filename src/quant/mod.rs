@@ -6,6 +6,7 @@ pub mod bnb4;
 pub mod bnb_skip;
 pub mod fp8;
 pub mod fp8_block;
+pub mod fp8_moe;
 pub mod int8;
 pub mod marlin;
 pub mod modelopt_fp8;

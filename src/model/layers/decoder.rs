@@ -77,7 +77,8 @@ impl Mlp {
         match self {
             Mlp::Dense { gate_up, down } => gate_up.weight_bytes() + down.weight_bytes(),
             Mlp::Moe(m) => {
-                m.gate.nbytes()
+                m.gate.weight_bytes()
+                    + m.fp8_tensor.as_ref().map_or(0, |s| s.nbytes())
                     + m.w13.nbytes()
                     + m.expert_map.as_ref().map_or(0, |t| t.nbytes())
                     + m.w2.nbytes()

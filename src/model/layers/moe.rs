@@ -21,11 +21,14 @@ use crate::quant::{FusedLinear, Linear};
 /// whole on every rank) and `FusedMoE`'s two stacked parameters, `w13_weight [E, 2·I, H]`
 /// and `w2_weight [E, H, I]` (I: this rank's share of each expert's width).
 pub struct MoeBlock {
-    pub gate: Tensor,
+    /// The router: 16-bit, or fp8 where vLLM quantizes it (Qwen3-MoE's under online fp8).
+    pub gate: Linear,
     pub w13: Tensor,
     pub w2: Tensor,
     /// Block-wise fp8 experts' `w13_weight_scale_inv` and `w2_weight_scale_inv`.
     pub fp8_scales: Option<[Tensor; 2]>,
+    /// Online fp8 experts' per-expert `w13_weight_scale` and `w2_weight_scale`.
+    pub fp8_tensor: Option<crate::quant::fp8_moe::Fp8MoeScales>,
     /// Qwen2-MoE's shared expert and its gate.
     pub shared: Option<SharedExpert>,
     /// The routed experts this rank holds (all of them without expert parallel).
@@ -70,6 +73,7 @@ pub(crate) fn experts_of<'a>(
         global: p.global,
         mapped: p.mapped,
         fp8_block: None,
+        fp8_tensor: None,
     }
 }
 
@@ -88,15 +92,21 @@ impl MoeBlock {
     /// The router's logits `[M, E]` (`self.gate(hidden_states)`, outside the fused op in
     /// every release here).
     fn router_logits(&self, rt: &Runtime, x: &Tensor, act: DType, layer: &str) -> Result<Tensor> {
-        crate::quant::dense_matmul_as(
-            rt,
-            x,
-            &self.gate,
-            &format!("{layer}.gate"),
-            act,
-            &format!("{layer}.moe.router_logits"),
-            Category::Activation,
-        )
+        match &self.gate {
+            Linear::Fp8(l) => l.forward(rt, x, &format!("{layer}.gate"), act, &[l.out_features]),
+            Linear::Dense(w) => crate::quant::dense_matmul_as(
+                rt,
+                x,
+                w,
+                &format!("{layer}.gate"),
+                act,
+                &format!("{layer}.moe.router_logits"),
+                Category::Activation,
+            ),
+            _ => Err(crate::base::error::Error::Request(format!(
+                "{layer}.gate: a router that is neither 16-bit nor fp8"
+            ))),
+        }
     }
 
     /// The experts' weights as the fused kernels take them, for this rank's shape `m`.
@@ -106,6 +116,7 @@ impl MoeBlock {
                 .fp8_scales
                 .as_ref()
                 .map(|[w13, w2]| ops_moe::Fp8BlockScales { w13, w2 }),
+            fp8_tensor: self.fp8_tensor.as_ref().map(|s| s.view()),
             ..experts_of(
                 &self.w13,
                 &self.w2,
@@ -459,7 +470,21 @@ pub(crate) fn load_moe_block(
     let e = m.num_experts;
     let placement = shard.experts(e);
     let local = placement.first..placement.first + placement.local;
-    let router = |ld: &mut Loader| ld.dense(&format!("{p}.{block}.gate.weight"), &[e, h]);
+    // Online fp8 (`Fp8OnlineMoEMethod`): each part quantized as soon as it has loaded (vLLM
+    // 0.19's layerwise processing, model_loader/reload/layerwise.py L131-182). Qwen3-MoE's
+    // router is a `ReplicatedLinear` given the quant_config (qwen3_moe.py L176-182 at
+    // 0.19.0), so an fp8 layer too; Mixtral's gets none (mixtral.py L120-126).
+    let online = ld.fp8_online();
+    let router = |ld: &mut Loader| -> Result<Linear> {
+        let w = ld.dense(&format!("{p}.{block}.gate.weight"), &[e, h])?;
+        if online && cfg.arch == "qwen3_moe" {
+            let rt = ld.runtime();
+            let q = crate::quant::fp8::Fp8Linear::quantize_in_flight(rt, &w)?;
+            drop(w);
+            return Ok(Linear::Fp8(q));
+        }
+        Ok(Linear::Dense(w))
+    };
     let gate = if router_first {
         Some(router(ld)?)
     } else {
@@ -482,6 +507,13 @@ pub(crate) fn load_moe_block(
         (placement.local, len, h),
         &format!("{p}.{block}.experts"),
     )?;
+    let (w13, w2, fp8_tensor) = if online {
+        let prefix = format!("{p}.{block}.experts");
+        let (q13, q2, s) = crate::quant::fp8_moe::quantize_experts(ld.runtime(), w13, w2, &prefix)?;
+        (q13, q2, Some(s))
+    } else {
+        (w13, w2, None)
+    };
     let gate = match gate {
         Some(g) => g,
         None => router(ld)?,
@@ -512,6 +544,7 @@ pub(crate) fn load_moe_block(
         w13,
         w2,
         fp8_scales,
+        fp8_tensor,
         shared,
         placement,
         expert_map,

@@ -508,6 +508,7 @@ impl GptOssModel {
                         global: m.router.shape[0],
                         mapped: false,
                         fp8_block: None,
+                        fp8_tensor: None,
                     },
                     w13_bias,
                     w2_bias,

@@ -126,9 +126,11 @@ impl LlamaModel {
         let gemma = family.decoder == Decoder::Gemma;
         if cfg.moe.is_some() {
             // The quantized fused-MoE methods are not reproduced, but for block-wise fp8
-            // experts (`Fp8MoEMethod` with `block_quant`, dry: `Loader::experts_fp8_block`).
+            // experts (`Fp8MoEMethod` with `block_quant`, dry: `Loader::experts_fp8_block`)
+            // and online fp8 ones (`Fp8OnlineMoEMethod`: `quant::fp8_moe`).
             let block_fp8 = src.stored_fp8().is_some_and(|f| f.block.is_some());
-            let sixteen = matches!(opts.quant, Quant::F16 | Quant::BF16);
+            let online_fp8 = opts.quant == Quant::Fp8 && src.stored_fp8().is_none();
+            let sixteen = matches!(opts.quant, Quant::F16 | Quant::BF16) || online_fp8;
             let other_fp8 = src.stored_fp8().is_some() && !block_fp8;
             if (!sixteen && !block_fp8)
                 || other_fp8

@@ -68,7 +68,7 @@ impl Qwen3NextLayer {
         }) + match &self.mlp {
             NextMlp::Dense { gate_up, down, .. } => gate_up.weight_bytes() + down.weight_bytes(),
             NextMlp::Moe(m) => {
-                m.gate.nbytes()
+                m.gate.weight_bytes()
                     + m.w13.nbytes()
                     + m.expert_map.as_ref().map_or(0, |t| t.nbytes())
                     + m.w2.nbytes()
