@@ -360,7 +360,8 @@ pub struct ProfileArgs {
     /// above, where `vllm serve` takes 2048/256 and 8192/1024.
     #[arg(long)]
     pub llm_class: bool,
-    /// vLLM's max_model_len (default: the model's max_position_embeddings, as vLLM takes it).
+    /// vLLM's max_model_len (default: the model's max_position_embeddings, times its rope
+    /// scaling's factor where vLLM applies one, as vLLM derives it).
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<u64>,
     /// Leave vLLM's sampler step out of the profile pass (forward and logits only, as before

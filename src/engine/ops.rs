@@ -124,16 +124,16 @@ pub fn rope_partial(
     Ok(())
 }
 
-/// Rotary embedding of q and k in place with a scaled embedding's frequencies and cos/sin
-/// multiplier (dynamic NTK, YaRN, Llama 3: `RopeScaling`), from the host's table on CUDA as
-/// Gemma 3's scaled positions are; no allocation.
+/// Rotary embedding of q and k in place with given frequencies (a scaled embedding's: dynamic
+/// NTK, YaRN, Llama 3) and cos/sin multiplier (YaRN's), from the host's table on CUDA as Gemma
+/// 3's scaled positions are; no allocation.
 pub fn rope_scaled(
     rt: &Runtime,
     q: &mut Tensor,
     k: &mut Tensor,
     positions: &[usize],
     shape: AttnShape,
-    (theta, scaling): (f64, &crate::model::config::RopeScaling),
+    (inv_freq, mscale): (&[f64], f64),
 ) -> Result<()> {
     rt.check_cancel()?;
     rt.set_op("rope");
@@ -141,12 +141,7 @@ pub fn rope_scaled(
         return Ok(());
     }
     let hd = shape.head_dim;
-    let table = cpu::RopeTable::from_inv_freq(
-        positions,
-        hd,
-        &scaling.inv_freq(hd, theta),
-        scaling.mscale(),
-    );
+    let table = cpu::RopeTable::from_inv_freq(positions, hd, inv_freq, mscale);
     match rt.backend() {
         Backend::Cpu => {
             let (heads, kv_heads) = (shape.heads, shape.kv_heads);

@@ -322,7 +322,7 @@ pub struct Experts<'a> {
     pub fp8_block: Option<Fp8BlockScales<'a>>,
     /// Per-tensor fp8 experts (`Fp8OnlineMoEMethod`, `--quant fp8` on a 16-bit checkpoint):
     /// `w13` and `w2` hold float8_e4m3fn codes and these their per-expert scales.
-    pub fp8_tensor: Option<crate::engine::ops_moe_fp8::Fp8TensorScales<'a>>,
+    pub fp8_tensor: Option<Fp8TensorScales<'a>>,
 }
 
 impl Experts<'_> {
@@ -795,6 +795,25 @@ fn experts_cpu(
     }
     xs[rows.start * h..rows.end * h].copy_from_slice(&sums);
     Ok(())
+}
+
+/// float8_e4m3fn's codec as vLLM's kernels run it: `scaled_fp8_quant(x, scale=None)`
+/// (dynamic per tensor: codes and `max|x| / 448`) and a code's value.
+#[derive(Clone, Copy)]
+pub struct Fp8Codec {
+    pub quantize: fn(&[f32]) -> (Vec<u8>, f32),
+    pub decode: fn(u8) -> f32,
+}
+
+/// A layer's per-tensor fp8 experts' scales: `w13_weight_scale [E]` and `w2_weight_scale
+/// [E]` (f32, one per expert: fp8.py L1016-1030 at 0.19.0), their values on the host.
+#[derive(Clone, Copy)]
+pub struct Fp8TensorScales<'a> {
+    pub w13: &'a Tensor,
+    pub w2: &'a Tensor,
+    pub w13_values: &'a [f32],
+    pub w2_values: &'a [f32],
+    pub codec: Fp8Codec,
 }
 
 #[cfg(test)]

@@ -12,29 +12,10 @@
 
 use crate::base::error::{Error, Result};
 use crate::device::cpu;
-use crate::engine::ops_moe::{Experts, Routing};
+use crate::engine::ops_moe::{Experts, Fp8TensorScales, Routing};
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
-
-/// float8_e4m3fn's codec as vLLM's kernels run it: `scaled_fp8_quant(x, scale=None)`
-/// (dynamic per tensor: codes and `max|x| / 448`) and a code's value.
-#[derive(Clone, Copy)]
-pub struct Fp8Codec {
-    pub quantize: fn(&[f32]) -> (Vec<u8>, f32),
-    pub decode: fn(u8) -> f32,
-}
-
-/// A layer's per-tensor fp8 experts' scales: `w13_weight_scale [E]` and `w2_weight_scale
-/// [E]` (f32, one per expert: fp8.py L1016-1030 at 0.19.0), their values on the host.
-#[derive(Clone, Copy)]
-pub struct Fp8TensorScales<'a> {
-    pub w13: &'a Tensor,
-    pub w2: &'a Tensor,
-    pub w13_values: &'a [f32],
-    pub w2_values: &'a [f32],
-    pub codec: Fp8Codec,
-}
 
 /// `scaled_fp8_quant(A)` as `moe_kernel_quantize_input` runs it for per-tensor fp8
 /// (`_fp8_quantize`, fused_moe/utils.py L125-148 at 0.19.0; _custom_ops.py L1839-1853): the

@@ -9,7 +9,7 @@
 
 use crate::base::error::Result;
 use crate::device::Backend;
-use crate::engine::ops_moe_fp8::{Fp8Codec, Fp8TensorScales};
+use crate::engine::ops_moe::{Fp8Codec, Fp8TensorScales};
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;

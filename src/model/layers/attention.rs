@@ -268,14 +268,11 @@ pub fn forward(
             .apply(rt, &k, kn, run.eps, &format!("{l}.k_norm"))?;
     }
     match run.scaling.as_ref().filter(|r| r.rope_type != "linear") {
-        Some(r) => ops::rope_scaled(
-            rt,
-            &mut q,
-            &mut k,
-            run.positions,
-            run.shape,
-            (run.rope.0, r),
-        )?,
+        Some(r) => {
+            let inv_freq = r.inv_freq(run.shape.head_dim, run.rope.0);
+            let table = (inv_freq.as_slice(), r.mscale());
+            ops::rope_scaled(rt, &mut q, &mut k, run.positions, run.shape, table)?
+        }
         None => ops::rope(rt, &mut q, &mut k, run.positions, run.shape, run.rope)?,
     }
     let a = if run.skip {
