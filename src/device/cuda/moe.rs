@@ -643,86 +643,70 @@ impl CudaDevice {
         let bm = if s.block_m.is_multiple_of(64) { 64 } else { 16 };
         // Hopper: warpgroup MMA where the shapes allow: 128-row tiles of 256 outputs, else one
         // 64-row block by 256 or 128 outputs.
-        if bm == 64 && g.k.is_multiple_of(64) && matches!(forced, None | Some(Tiles::Wg64)) {
-            let pick = if g.n.is_multiple_of(256) && forced.is_none() {
-                Some((2, 256, 128))
-            } else if g.n.is_multiple_of(256) {
-                Some((1, 256, 64))
-            } else if g.n.is_multiple_of(128) {
-                Some((0, 128, 64))
-            } else {
-                None
-            };
-            if let Some((i, bn, rows)) = pick {
-                let (name, smem) = WGMMA_GEMMS[i];
-                if let Ok(f) = self.func(name, g.dtype) {
-                    let cfg = LaunchConfig {
-                        grid_dim: ((g.n / bn) as u32, s.used.div_ceil(rows) as u32, 1),
-                        block_dim: (if i == 0 { 128 } else { 256 }, 1, 1),
-                        shared_mem_bytes: smem as u32,
-                    };
-                    let used = s.used as i32;
-                    return self
-                        .launch(
-                            f,
-                            cfg,
-                            &[
-                                &g.a,
-                                &s.sorted,
-                                &s.experts,
-                                &(s.block_m as i32),
-                                &(g.a_div as i32),
-                                &g.w,
-                                &g.c,
-                                &g.scale,
-                                &(g.n as i32),
-                                &(g.k as i32),
-                                &(s.total as i32),
-                                &used,
-                            ],
-                        )
-                        .map(|_| name.to_string());
-                }
+        let hopper =
+            (bm == 64 && g.k.is_multiple_of(64) && matches!(forced, None | Some(Tiles::Wg64)))
+                .then(|| {
+                    if g.n.is_multiple_of(256) && forced.is_none() {
+                        Some((2, 256, 128))
+                    } else if g.n.is_multiple_of(256) {
+                        Some((1, 256, 64))
+                    } else if g.n.is_multiple_of(128) {
+                        Some((0, 128, 64))
+                    } else {
+                        None
+                    }
+                })
+                .flatten()
+                .filter(|&(i, _, _)| self.func(WGMMA_GEMMS[i].0, g.dtype).is_ok());
+        let (name, cfg) = match hopper {
+            Some((i, bn, rows)) => (
+                WGMMA_GEMMS[i].0.to_string(),
+                LaunchConfig {
+                    grid_dim: ((g.n / bn) as u32, s.used.div_ceil(rows) as u32, 1),
+                    block_dim: (if i == 0 { 128 } else { 256 }, 1, 1),
+                    shared_mem_bytes: WGMMA_GEMMS[i].1 as u32,
+                },
+            ),
+            None => {
+                // Wide tiles (128 outputs on 4 warps of 32 × 64, 3 stages) where there are at
+                // least 8 of them a row: 0.90× the time of 64 × 32 tiles on 8 warps, 0.85× 64
+                // outputs on 4 warps, for Qwen3-30B-A3B at 8192 tokens on an H100
+                // (docs/gpu-runs.md run 77).
+                let tiles = match forced {
+                    Some(Tiles::Mma | Tiles::Wg64) | None if g.n >= 1024 => Tiles::Wide4,
+                    Some(t) => t,
+                    None => Tiles::Narrow,
+                };
+                let (name, bn, threads) = match tiles {
+                    Tiles::Wide if bm == 64 => ("moe_gemm64w".to_string(), 128, 256),
+                    Tiles::Wide4 if bm == 64 => ("moe_gemm64x".to_string(), 128, 128),
+                    Tiles::Wide2 if bm == 64 => ("moe_gemm64y".to_string(), 128, 64),
+                    _ => (format!("moe_gemm{bm}"), 64, 128),
+                };
+                let cfg = LaunchConfig {
+                    grid_dim: (g.n.div_ceil(bn) as u32, (s.used / bm) as u32, 1),
+                    block_dim: (threads, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                (name, cfg)
             }
-        }
-        // Wide tiles (128 outputs on 4 warps of 32 × 64, 3 stages) where there are at least 8
-        // of them a row: 0.90× the time of 64 × 32 tiles on 8 warps, 0.85× 64 outputs on 4
-        // warps, for Qwen3-30B-A3B at 8192 tokens on an H100 (docs/gpu-runs.md run 77).
-        let tiles = match forced {
-            Some(Tiles::Mma | Tiles::Wg64) | None if g.n >= 1024 => Tiles::Wide4,
-            Some(t) => t,
-            None => Tiles::Narrow,
-        };
-        let (name, bn, threads) = match tiles {
-            Tiles::Wide if bm == 64 => ("moe_gemm64w".to_string(), 128, 256),
-            Tiles::Wide4 if bm == 64 => ("moe_gemm64x".to_string(), 128, 128),
-            Tiles::Wide2 if bm == 64 => ("moe_gemm64y".to_string(), 128, 64),
-            _ => (format!("moe_gemm{bm}"), 64, 128),
         };
         let f = self.func(&name, g.dtype)?;
-        let cfg = LaunchConfig {
-            grid_dim: (g.n.div_ceil(bn) as u32, (s.used / bm) as u32, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.launch(
-            f,
-            cfg,
-            &[
-                &g.a,
-                &s.sorted,
-                &s.experts,
-                &(s.block_m as i32),
-                &(g.a_div as i32),
-                &g.w,
-                &g.c,
-                &g.scale,
-                &(g.n as i32),
-                &(g.k as i32),
-                &(s.total as i32),
-            ],
-        )
-        .map(|_| name)
+        let (block_m, a_div, n, k, total, used) = (
+            s.block_m as i32,
+            g.a_div as i32,
+            g.n as i32,
+            g.k as i32,
+            s.total as i32,
+            s.used as i32,
+        );
+        let args: [&dyn super::KArg; 12] = [
+            &g.a, &s.sorted, &s.experts, &block_m, &a_div, &g.w, &g.c, &g.scale, &n, &k, &total,
+            &used,
+        ];
+        // The Hopper kernels also take the sorted slots in use (their last tile may be half).
+        let count = if hopper.is_some() { 12 } else { 11 };
+        self.launch(f, cfg, &args[..count]).map(|_| name)
     }
 
     /// The router's top-k softmax of `logits [M, E]` (16-bit) into `weights` and `ids`
