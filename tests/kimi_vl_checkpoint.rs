@@ -1,9 +1,10 @@
 //! A Kimi-VL checkpoint as Hugging Face writes it (moonshotai/Kimi-VL-A3B-Instruct): the
 //! language model under `language_model.model.*` and `language_model.lm_head.weight`, the tower
 //! under `vision_tower.*`, the projector under `multi_modal_projector.*`, the names vLLM 0.19
-//! loads (`AutoWeightsLoader` by module name, kimi_vl.py L414-416, no `hf_to_vllm_mapper`). It
-//! is the small seeded checkpoint of tests/kimi_vl_reference.rs with its tensors renamed, so
-//! every value is the one `gen-model`'s top-level names hold.
+//! loads (`AutoWeightsLoader` by module name, kimi_vl.py L414-416, no `hf_to_vllm_mapper`), and
+//! the names `gen-model` writes. The small seeded checkpoint of tests/kimi_vl_reference.rs,
+//! and the same values under the config's names (the language model at the top, the layout
+//! `gen-model` wrote before), which vramscope still reads.
 
 use std::path::Path;
 
@@ -22,33 +23,33 @@ include!("fixtures/kimi_vl/tiny.rs");
 // `INDEX`, `rewrite`, `stored_names`, `logits`, `bits`, `open_error`.
 include!("fixtures/checkpoint_names.rs");
 
-/// Hugging Face's name for a tensor `gen-model` writes: the language model's under
+/// The config's name of a tensor `gen-model` writes: the language model's out of
 /// `language_model.`, the tower's and the projector's as they are.
-fn hf_name(name: &str) -> String {
-    if name.starts_with("model.") || name.starts_with("lm_head.") {
-        format!("language_model.{name}")
-    } else {
-        name.to_string()
+fn config_name(name: &str) -> String {
+    match name.strip_prefix("language_model.") {
+        Some(text) if text.starts_with("model.") || text.starts_with("lm_head.") => text.into(),
+        _ => name.to_string(),
     }
 }
 
-/// The tiny checkpoint in `shards` files with Hugging Face's names, each tensor under the
-/// names `names` gives its Hugging Face name.
+/// The tiny checkpoint in `shards` files as `gen-model` writes it (Hugging Face's names),
+/// each tensor under the names `names` gives its name.
 fn write_hf(dir: &Path, shards: usize, names: impl Fn(String) -> Vec<String>) {
-    let top = tempfile::tempdir().unwrap();
-    write_shards(top.path(), shards);
-    rewrite(top.path(), dir, |n| names(hf_name(n)));
+    let gen = tempfile::tempdir().unwrap();
+    write_shards(gen.path(), shards);
+    rewrite(gen.path(), dir, |n| names(n.to_string()));
 }
 
-/// Sharded as the published checkpoint is (an index and two files), with Hugging Face's
-/// names: it loads, and the language model's logits and the tower and projector's embeddings
-/// are bit for bit those of the same values under `gen-model`'s names.
+/// `gen-model` writes it sharded as the published checkpoint is (an index and two files),
+/// with Hugging Face's names: it loads, and the language model's logits and the tower and
+/// projector's embeddings are bit for bit those of the same values under the config's names.
 #[test]
 fn hugging_face_names_load_and_compute_what_top_level_names_do() {
-    let top = tempfile::tempdir().unwrap();
-    write_shards(top.path(), 2);
     let hf = tempfile::tempdir().unwrap();
-    rewrite(top.path(), hf.path(), |n| vec![hf_name(n)]);
+    write_shards(hf.path(), 2);
+    let top = tempfile::tempdir().unwrap();
+    rewrite(hf.path(), top.path(), |n| vec![config_name(n)]);
+    assert!(stored_names(top.path()).contains(&"model.norm.weight".to_string()));
     let names = stored_names(hf.path());
     assert!(hf.path().join(INDEX).is_file());
     for want in [

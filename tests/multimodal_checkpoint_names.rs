@@ -2,13 +2,16 @@
 //! them (`hf_to_vllm_mapper`): transformers before 4.52 saved `language_model.model.*`,
 //! `language_model.lm_head.weight`, `vision_tower.*` and `multi_modal_projector.*`
 //! (google/gemma-3-*-it, mistralai/Mistral-Small-3.1-24B-Instruct-2503, llava-hf's and
-//! ibm-granite's granite-vision); 4.52 and later save `model.language_model.*`,
-//! `model.vision_tower.*`, `model.multi_modal_projector.*` and `lm_head.weight`. Qwen2.5-VL's
-//! original checkpoints hold `model.*`, `visual.*` and `lm_head.weight` (`gen-model`'s names),
-//! re-saved ones `model.language_model.*` and `model.visual.*`; Llama 4's hold
-//! `language_model.*` (`gen-model`'s names), ModelOpt's `model.*` and `lm_head.weight`. Each
-//! is a family's small seeded checkpoint with its tensors renamed, so every value is the one
-//! `gen-model`'s names hold: the logits and the tower's embeddings must match bit for bit.
+//! ibm-granite's granite-vision: what `gen-model` writes for these families); 4.52 and later
+//! save `model.language_model.*`, `model.vision_tower.*`, `model.multi_modal_projector.*` and
+//! `lm_head.weight`. Qwen2.5-VL's original checkpoints hold `model.*`, `visual.*` and
+//! `lm_head.weight` (`gen-model`'s names), re-saved ones `model.language_model.*` and
+//! `model.visual.*`; Llama 4's hold `language_model.*` (`gen-model`'s names), ModelOpt's
+//! `model.*` and `lm_head.weight`. Each is a family's small seeded checkpoint with its tensors
+//! renamed from the config's names (the language model's at the top, as a `ForCausalLM` names
+//! them: the layout `gen-model` wrote before it wrote the published ones, which still loads),
+//! so every value is the one the config's names hold: the logits and the tower's embeddings
+//! must match bit for bit.
 
 use std::path::Path;
 
@@ -27,7 +30,13 @@ mod gemma3 {
     use super::*;
     include!("fixtures/siglip/tiny.rs");
 
+    /// The checkpoint under the config's names.
     pub(super) fn write(dir: &Path, shards: usize) {
+        write_config_names(dir, shards, write_shards);
+    }
+
+    /// The checkpoint as `gen-model` writes it.
+    pub(super) fn gen(dir: &Path, shards: usize) {
         write_shards(dir, shards);
     }
 }
@@ -35,7 +44,13 @@ mod mistral3 {
     use super::*;
     include!("fixtures/pixtral/tiny.rs");
 
+    /// The checkpoint under the config's names.
     pub(super) fn write(dir: &Path, shards: usize) {
+        write_config_names(dir, shards, write_shards);
+    }
+
+    /// The checkpoint as `gen-model` writes it.
+    pub(super) fn gen(dir: &Path, shards: usize) {
         write_shards(dir, shards);
     }
 }
@@ -47,7 +62,13 @@ mod llava_next {
         tiny()
     }
 
+    /// The checkpoint under the config's names.
     pub(super) fn write(dir: &Path, shards: usize) {
+        write_config_names(dir, shards, write_shards);
+    }
+
+    /// The checkpoint as `gen-model` writes it.
+    pub(super) fn gen(dir: &Path, shards: usize) {
         write_shards(dir, shards);
     }
 }
@@ -55,7 +76,13 @@ mod qwen2_5_vl {
     use super::*;
     include!("fixtures/qwen2_5_vl/tiny.rs");
 
+    /// The checkpoint under the config's names, `gen-model`'s.
     pub(super) fn write(dir: &Path, shards: usize) {
+        write_shards(dir, shards);
+    }
+
+    /// The checkpoint as `gen-model` writes it.
+    pub(super) fn gen(dir: &Path, shards: usize) {
         write_shards(dir, shards);
     }
 }
@@ -63,9 +90,31 @@ mod llama4 {
     use super::*;
     include!("fixtures/llama4_vision/tiny.rs");
 
+    /// The checkpoint under the config's names, `gen-model`'s.
     pub(super) fn write(dir: &Path, shards: usize) {
         write_shards(dir, shards);
     }
+
+    /// The checkpoint as `gen-model` writes it.
+    pub(super) fn gen(dir: &Path, shards: usize) {
+        write_shards(dir, shards);
+    }
+}
+
+/// The config's name of a language model tensor `gen-model` stores under vLLM's
+/// `language_model.` (not for Llama 4, whose config keeps that prefix).
+fn config_name(name: &str) -> String {
+    match name.strip_prefix("language_model.") {
+        Some(text) if text.starts_with("model.") || text.starts_with("lm_head.") => text.into(),
+        _ => name.to_string(),
+    }
+}
+
+/// The checkpoint `gen` writes in `shards` files with each tensor under its config name.
+fn write_config_names(dir: &Path, shards: usize, gen: fn(&Path, usize)) {
+    let published = tempfile::tempdir().unwrap();
+    gen(published.path(), shards);
+    rewrite(published.path(), dir, |n| vec![config_name(n)]);
 }
 
 /// The modules transformers 4.52 moved under `model.` beside the language model.
@@ -146,6 +195,53 @@ fn loads_as_written(
     assert!(norm > 1e-2, "embeddings norm {norm}");
 }
 
+/// `gen-model`'s checkpoint of a family (`gen`, in two files): every name under one of
+/// `roots`, the modules its published checkpoints hold (so none of the language model's at the
+/// top where the family keeps it under `language_model.`), `want` among them; it loads, and
+/// computes bit for bit what the same checkpoint under the config's names (`config`, the
+/// layout `gen-model` wrote before) computes: the values stay seeded by the config's names.
+fn writes_the_published_layout(
+    gen: fn(&Path, usize),
+    config: fn(&Path, usize),
+    roots: &[&str],
+    want: &[&str],
+    encode: impl Fn(&Path) -> Vec<f32>,
+) {
+    let published = tempfile::tempdir().unwrap();
+    gen(published.path(), 2);
+    let names = stored_names(published.path());
+    for n in &names {
+        assert!(
+            roots.iter().any(|r| n.starts_with(r)),
+            "{n} outside {roots:?}"
+        );
+    }
+    for w in want {
+        assert!(names.iter().any(|n| n == w), "{w} not written: {names:?}");
+    }
+    assert!(published.path().join(INDEX).is_file());
+    let source = ModelSource::Path {
+        path: published.path().to_path_buf(),
+    };
+    vramscope::model::open(&source, 0).unwrap();
+
+    let by_config = tempfile::tempdir().unwrap();
+    config(by_config.path(), 2);
+    assert_eq!(names.len(), stored_names(by_config.path()).len());
+    let inspected = |dir: &Path| {
+        let i = vramscope::model::inspect(dir).unwrap();
+        (i.parameters, i.tensors)
+    };
+    assert_eq!(inspected(published.path()), inspected(by_config.path()));
+    let (ours, theirs) = (logits(published.path()), logits(by_config.path()));
+    assert_eq!(bits(&ours), bits(&theirs));
+    let norm = ours.iter().map(|v| v * v).sum::<f32>().sqrt();
+    assert!(norm > 1e-2, "logits norm {norm}");
+    let (ours, theirs) = (encode(published.path()), encode(by_config.path()));
+    assert!(!ours.is_empty());
+    assert_eq!(bits(&ours), bits(&theirs));
+}
+
 fn gemma3_images(dir: &Path) -> Vec<f32> {
     vramscope::model::models::gemma3_mm::encode_test_images(dir, 2).unwrap()
 }
@@ -165,6 +261,124 @@ fn qwen2_5_vl_images(dir: &Path) -> Vec<f32> {
 
 fn llama4_tiles(dir: &Path) -> Vec<f32> {
     vramscope::model::models::llama4_vision::encode_test_images(dir, 3).unwrap()
+}
+
+/// `gen-model` writes Gemma 3 as google/gemma-3-4b-it is published: `language_model.model.*`
+/// (tied: no lm_head), `vision_tower.vision_model.*`, `multi_modal_projector.*`, the module's
+/// own names (gemma3_mm.py 0.19 L484-492 maps no top-level `model.`, so vLLM would refuse one:
+/// utils.py L330-339).
+#[test]
+fn gen_model_writes_gemma3_as_published() {
+    writes_the_published_layout(
+        gemma3::gen,
+        gemma3::write,
+        &[
+            "language_model.model.",
+            "vision_tower.vision_model.",
+            "multi_modal_projector.",
+        ],
+        &[
+            "language_model.model.embed_tokens.weight",
+            "language_model.model.layers.0.self_attn.q_proj.weight",
+            "language_model.model.norm.weight",
+            "vision_tower.vision_model.post_layernorm.weight",
+            "multi_modal_projector.mm_input_projection_weight",
+        ],
+        gemma3_images,
+    );
+}
+
+/// Mistral 3 as mistralai/Mistral-Small-3.1-24B-Instruct-2503 is published:
+/// `language_model.model.*`, `language_model.lm_head.weight`, `vision_tower.*`,
+/// `multi_modal_projector.*` (vLLM's own names; its bare `model.` mapping is for PEFT
+/// LoRAs, mistral3.py 0.19 L382-384).
+#[test]
+fn gen_model_writes_mistral3_as_published() {
+    writes_the_published_layout(
+        mistral3::gen,
+        mistral3::write,
+        &[
+            "language_model.model.",
+            "language_model.lm_head.",
+            "vision_tower.",
+            "multi_modal_projector.",
+        ],
+        &[
+            "language_model.model.layers.0.mlp.down_proj.weight",
+            "language_model.lm_head.weight",
+            "vision_tower.ln_pre.weight",
+            "multi_modal_projector.patch_merger.merging_layer.weight",
+        ],
+        mistral3_images,
+    );
+}
+
+/// LLaVA-NeXT as llava-hf's and ibm-granite/granite-vision-3.2-2b are published:
+/// `language_model.model.*`, `vision_tower.vision_model.*`, `multi_modal_projector.*`,
+/// `image_newline` (llava_next.py 0.19 L228-237 maps no top-level `model.`).
+#[test]
+fn gen_model_writes_llava_next_as_published() {
+    writes_the_published_layout(
+        llava_next::gen,
+        llava_next::write,
+        &[
+            "language_model.model.",
+            "vision_tower.vision_model.",
+            "multi_modal_projector.",
+            "image_newline",
+        ],
+        &[
+            "language_model.model.embed_tokens.weight",
+            "language_model.model.layers.0.self_attn.o_proj.weight",
+            "vision_tower.vision_model.encoder.layers.2.self_attn.q_proj.bias",
+            "multi_modal_projector.linear_1.weight",
+            "image_newline",
+        ],
+        llava_next_image,
+    );
+}
+
+/// Qwen2.5-VL as Qwen/Qwen2.5-VL-*-Instruct are published: the language model at the top
+/// (`model.*`, `lm_head.weight`) beside `visual.*`, the "original checkpoint" vLLM's mapper
+/// reads (qwen2_5_vl.py 0.19 L1026-1028): the config's names, unchanged.
+#[test]
+fn gen_model_writes_qwen2_5_vl_as_published() {
+    writes_the_published_layout(
+        qwen2_5_vl::gen,
+        qwen2_5_vl::write,
+        &["model.", "lm_head.", "visual."],
+        &[
+            "model.layers.0.self_attn.q_proj.bias",
+            "lm_head.weight",
+            "visual.blocks.2.mlp.gate_proj.weight",
+            "visual.merger.mlp.2.bias",
+        ],
+        qwen2_5_vl_images,
+    );
+}
+
+/// Llama 4 as meta-llama/Llama-4-Scout-17B-16E-Instruct is published: `language_model.*`,
+/// `vision_model.*`, `multi_modal_projector.*` (mllama4.py 0.19 L1040-1070 looks them up as
+/// they are): the config's names, unchanged.
+#[test]
+fn gen_model_writes_llama4_as_published() {
+    writes_the_published_layout(
+        llama4::gen,
+        llama4::write,
+        &[
+            "language_model.model.",
+            "language_model.lm_head.",
+            "vision_model.",
+            "multi_modal_projector.",
+        ],
+        &[
+            "language_model.model.layers.0.feed_forward.experts.gate_up_proj",
+            "language_model.lm_head.weight",
+            "vision_model.vision_adapter.mlp.fc1.weight",
+            "multi_modal_projector.linear_1.weight",
+        ],
+        llama4_tiles,
+    );
 }
 
 /// google/gemma-3-*-it's names (sharded as published, an index and two files); vLLM reads
@@ -202,11 +416,11 @@ fn gemma3_4_52_names_load() {
     );
 }
 
-/// `gen-model`'s own names with an untied `lm_head.weight` at the top (which vLLM's LLaVA-NeXT
-/// mapper would put in the language model) keep their meaning, and 4.52's names of the same
-/// checkpoint compute the same.
+/// The config's names (the layout `gen-model` wrote before the published one) with an untied
+/// `lm_head.weight` at the top (which vLLM's LLaVA-NeXT mapper would put in the language
+/// model) keep their meaning, and 4.52's names of the same checkpoint compute the same.
 #[test]
-fn llava_next_untied_gen_model_names_load() {
+fn llava_next_untied_config_names_load() {
     fn untied(dir: &Path, shards: usize) {
         let mut cfg = llava_next::config();
         cfg.tie_word_embeddings = false;
@@ -219,11 +433,17 @@ fn llava_next_untied_gen_model_names_load() {
         };
         gen_model_config_with(&cfg, "llava-next-tiny-untied", dir, &opts, None).unwrap();
     }
+    fn untied_config_names(dir: &Path, shards: usize) {
+        write_config_names(dir, shards, untied);
+    }
     let dir = tempfile::tempdir().unwrap();
     untied(dir.path(), 1);
+    assert!(stored_names(dir.path()).contains(&"language_model.lm_head.weight".to_string()));
+    let dir = tempfile::tempdir().unwrap();
+    untied_config_names(dir.path(), 1);
     assert!(stored_names(dir.path()).contains(&"lm_head.weight".to_string()));
     loads_as_written(
-        untied,
+        untied_config_names,
         1,
         from_4_52,
         &["lm_head.weight", "model.language_model.norm.weight"],

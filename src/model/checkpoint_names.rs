@@ -32,6 +32,10 @@ pub(crate) struct VllmNames {
     /// Whether vramscope's config keeps vLLM's `language_model.` in the language model's
     /// names (Llama 4's does; the others name it as a `ForCausalLM` at the top).
     pub keeps_language_model: bool,
+    /// What `gen-model` puts before the language model's config names (`model.*`,
+    /// `lm_head.*`) to store them as the family's published checkpoints do; the tower's and
+    /// the projector's config names are already theirs.
+    pub published_text_root: &'static str,
 }
 
 /// Gemma 3 (gemma3_mm.py 0.19 L484-492; `load_weights` hands the renamed tensors to
@@ -45,6 +49,10 @@ const GEMMA3: VllmNames = VllmNames {
         ("lm_head.", "language_model.lm_head."),
     ],
     keeps_language_model: false,
+    // google/gemma-3-4b-it, -12b-it, -27b-it (saved by transformers 4.50, before 4.52's
+    // `model.` wrapper): `language_model.model.*` (no lm_head: tied), `vision_tower.*`,
+    // `multi_modal_projector.*`, vLLM's own names, which the mapper leaves as they are.
+    published_text_root: "language_model.",
 };
 
 /// Mistral 3 (mistral3.py 0.19 L375-386, L560-562): 4.52's names, and `model.*` at the top
@@ -59,6 +67,10 @@ const MISTRAL3: VllmNames = VllmNames {
         ("model.", "language_model.model."),
     ],
     keeps_language_model: false,
+    // mistralai/Mistral-Small-3.1-24B-Instruct-2503: `language_model.model.*`,
+    // `language_model.lm_head.weight`, `vision_tower.*`, `multi_modal_projector.*` (the bare
+    // `model.` the mapper also reads is a PEFT LoRA's, mistral3.py 0.19 L382-384).
+    published_text_root: "language_model.",
 };
 
 /// LLaVA-NeXT (llava_next.py 0.19 L228-237, L584-586), `image_newline` too.
@@ -72,6 +84,10 @@ const LLAVA_NEXT: VllmNames = VllmNames {
         ("lm_head.", "language_model.lm_head."),
     ],
     keeps_language_model: false,
+    // llava-hf/llava-v1.6-* and ibm-granite/granite-vision-3.2-2b: `language_model.model.*`
+    // (and `language_model.lm_head.weight` where untied), `vision_tower.*`,
+    // `multi_modal_projector.*`, `image_newline`; the mapper reads no bare `model.`.
+    published_text_root: "language_model.",
 };
 
 /// Qwen2.5-VL (qwen2_5_vl.py 0.19 L1021-1030, L1486-1488): the original checkpoints'
@@ -86,6 +102,9 @@ const QWEN2_5_VL: VllmNames = VllmNames {
         ("model.", "language_model.model."),
     ],
     keeps_language_model: false,
+    // Qwen/Qwen2.5-VL-*-Instruct: `model.*`, `visual.*`, `lm_head.weight` (the "original
+    // checkpoint" the mapper names, qwen2_5_vl.py 0.19 L1026-1028), the config's own names.
+    published_text_root: "",
 };
 
 /// Kimi-VL: no mapper; `AutoWeightsLoader` by module name (kimi_vl.py 0.19 L414-416).
@@ -93,6 +112,10 @@ const KIMI_VL: VllmNames = VllmNames {
     architecture: "KimiVLForConditionalGeneration",
     hf_to_vllm: &[],
     keeps_language_model: false,
+    // moonshotai/Kimi-VL-A3B-Instruct: `language_model.model.*`,
+    // `language_model.lm_head.weight`, `vision_tower.*`, `multi_modal_projector.*`; without a
+    // mapper a top-level `model.*` names no child of the module (utils.py 0.19 L330-339).
+    published_text_root: "language_model.",
 };
 
 /// Llama 4: no `hf_to_vllm_mapper`; `_rename_weight_for_modelopt_checkpoint` (mllama4.py 0.19
@@ -107,6 +130,9 @@ const LLAMA4: VllmNames = VllmNames {
         ("lm_head.weight", "language_model.lm_head.weight"),
     ],
     keeps_language_model: true,
+    // meta-llama/Llama-4-Scout-17B-16E-Instruct: `language_model.*`, `vision_model.*`,
+    // `multi_modal_projector.*`, the config's own names.
+    published_text_root: "",
 };
 
 impl VllmNames {
@@ -166,9 +192,26 @@ impl VllmNames {
         out
     }
 
+    /// The name `gen-model` stores a config name under: the family's published layout.
+    pub fn published_name(&self, config: &str) -> String {
+        if self.keeps_language_model || !is_text(config) {
+            return config.to_string();
+        }
+        format!("{}{config}", self.published_text_root)
+    }
+
+    /// The config name of a name `published_name` gave.
+    pub fn unpublished_name<'a>(&self, stored: &'a str) -> &'a str {
+        match stored.strip_prefix(self.published_text_root) {
+            Some(text) if !self.keeps_language_model && is_text(text) => text,
+            _ => stored,
+        }
+    }
+
     /// Whether a stored name's vLLM name falls in the language model's body
     /// (`language_model.model.*`): the mark of a file in a layout vLLM reads. An
-    /// `lm_head.weight` alone is not one: `gen-model` writes it beside a top-level `model.*`.
+    /// `lm_head.weight` alone is not one: `gen-model` before the published layouts wrote it
+    /// beside a top-level `model.*`, which still loads.
     pub fn in_language_model_body(&self, stored: &str) -> bool {
         self.to_vllm(stored)
             .strip_prefix(LANGUAGE_MODEL)

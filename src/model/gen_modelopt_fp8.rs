@@ -76,7 +76,7 @@ pub fn gen_model_modelopt_fp8(preset: &str, dir: &Path, opts: &GenOptions) -> Re
     names.sort();
     for name in &names {
         let t = st.tensor(name).expect("listed");
-        let projection = name.starts_with("model.layers.") && name.ends_with("_proj.weight");
+        let projection = super::is_stored_projection(&config, name);
         if !projection {
             out.push((
                 name.clone(),

@@ -77,7 +77,7 @@ pub fn gen_model_nvfp4(
     let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
     names.sort();
     for name in &names {
-        let projection = name.starts_with("model.layers.") && name.ends_with("_proj.weight");
+        let projection = super::is_stored_projection(&config, name);
         if !projection {
             let t = st.tensor(name).expect("listed");
             out.push((

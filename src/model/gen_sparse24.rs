@@ -44,7 +44,7 @@ pub fn gen_model_sparse24(
     let (mut zeros, mut total) = (0usize, 0usize);
     for name in &names {
         let t = st.tensor(name).expect("listed");
-        let projection = name.starts_with("model.layers.") && name.ends_with("_proj.weight");
+        let projection = super::is_stored_projection(&config, name);
         if !projection {
             out.push((
                 name.clone(),

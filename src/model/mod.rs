@@ -1159,6 +1159,16 @@ fn is_projection(name: &str) -> bool {
             .any(|s| name.ends_with(s)))
 }
 
+/// Whether a tensor `gen-model` stored under `stored` is a projection of the language
+/// model's layers (by its config name, whatever layout the family is stored in), for the
+/// writers that rewrite a 16-bit checkpoint's projections.
+pub(crate) fn is_stored_projection(config: &ModelConfig, stored: &str) -> bool {
+    let name = config
+        .vllm_names()
+        .map_or(stored, |n| n.unpublished_name(stored));
+    name.starts_with("model.layers.") && name.ends_with("_proj.weight")
+}
+
 /// Writes a preset with seeded synthetic weights: one file or `shards` files with an index,
 /// 16/32-bit or as a bitsandbytes 8-bit checkpoint.
 pub fn gen_model_with(preset: &str, dir: &Path, opts: &GenOptions) -> Result<ModelFiles> {
@@ -1567,6 +1577,13 @@ fn gen_model_inner(
         StoredDtype::BF16 => "bfloat16",
         _ => "float16",
     };
+    // A multimodal checkpoint in its family's published layout (the values stay seeded by
+    // the config name, `LazyTensor::source`).
+    if let Some(names) = config.vllm_names() {
+        for (name, _) in &mut tensors {
+            *name = names.published_name(name);
+        }
+    }
     let (weights, shards, index) = write_shards(dir, tensors, opts.shards)?;
     let cfg_path = dir.join("config.json");
     let mut json = config.to_hf_json(torch_dtype);
