@@ -327,6 +327,53 @@ mod tests {
         );
     }
 
+    /// `gen-model`'s names are vLLM's own where the family publishes them so (no top-level
+    /// `model.*` its mapper would leave unmapped), the config's for Qwen2.5-VL and Llama 4,
+    /// and each maps back to its config name.
+    #[test]
+    fn gen_model_names_are_the_published_ones() {
+        for (family, config, stored) in [
+            (
+                &GEMMA3,
+                "model.layers.0.mlp.up_proj.weight",
+                "language_model.model.layers.0.mlp.up_proj.weight",
+            ),
+            (&MISTRAL3, "lm_head.weight", "language_model.lm_head.weight"),
+            (&LLAVA_NEXT, "image_newline", "image_newline"),
+            (
+                &KIMI_VL,
+                "model.norm.weight",
+                "language_model.model.norm.weight",
+            ),
+            (&QWEN2_5_VL, "model.norm.weight", "model.norm.weight"),
+            (
+                &QWEN2_5_VL,
+                "visual.merger.ln_q.weight",
+                "visual.merger.ln_q.weight",
+            ),
+            (
+                &LLAMA4,
+                "language_model.lm_head.weight",
+                "language_model.lm_head.weight",
+            ),
+            (
+                &GEMMA3,
+                "vision_tower.vision_model.post_layernorm.bias",
+                "vision_tower.vision_model.post_layernorm.bias",
+            ),
+        ] {
+            assert_eq!(
+                family.published_name(config),
+                stored,
+                "{}",
+                family.architecture
+            );
+            assert_eq!(family.unpublished_name(stored), config);
+            let vllm = family.to_vllm(stored);
+            assert_eq!(family.config_name(&vllm).as_deref(), Some(config));
+        }
+    }
+
     /// The names a missing tensor may be stored under, the mapper's sources before vLLM's own.
     #[test]
     fn a_config_name_has_each_layouts_stored_name() {
