@@ -178,15 +178,20 @@ pub fn attention(
     // the caching allocator; the wrapper returns `out` and drops the other two. Our kernels
     // need neither, but the allocator sees them as vLLM's does.
     let mut out = rt.tensor_for_overwrite(name, Category::Activation, &q.shape, q.dtype)?;
-    let lse = rt.tensor(
-        format!("{name}.softmax_lse"),
-        Category::Activation,
-        &[shape.heads, q.rows()],
-        DType::F32,
-    )?;
+    use crate::engine::runtime::FlashCall;
+    let triton = rt.triton_attention();
+    let lse = match rt.attention_splits() {
+        _ if triton => None,
+        Some(FlashCall::TritonUnified) => None,
+        _ => Some(rt.tensor(
+            format!("{name}.softmax_lse"),
+            Category::Activation,
+            &[shape.heads, q.rows()],
+            DType::F32,
+        )?),
+    };
     // A graph's decode call (see `FlashCall`) has no rng_state; with splits it has fp32
     // accumulators. All die when the call returns.
-    use crate::engine::runtime::FlashCall;
     let t = q.rows();
     // The two accumulators, `out_accum` first (FA3) or `softmax_lse_accum` first (FA2).
     let acc = |rt: &Runtime, d: usize, s: usize, lse_first: bool| -> Result<Vec<Tensor>> {
@@ -215,6 +220,7 @@ pub fn attention(
         })
     };
     let rng = match rt.attention_splits() {
+        _ if triton => Vec::new(),
         Some(FlashCall::Fa3 { splits }) if splits > 1 => acc(rt, shape.head_dim, splits, false)?,
         Some(FlashCall::Fa3 { .. }) => Vec::new(),
         Some(FlashCall::Fa3V0 { splits }) => {
@@ -232,7 +238,7 @@ pub fn attention(
         Some(FlashCall::Fa2Kvcache { splits }) if splits > 1 => {
             acc(rt, shape.head_dim.next_multiple_of(32), splits, true)?
         }
-        Some(FlashCall::Fa2Kvcache { .. }) => Vec::new(),
+        Some(FlashCall::Fa2Kvcache { .. } | FlashCall::TritonUnified) => Vec::new(),
         None => vec![rt.tensor(
             format!("{name}.rng_state"),
             Category::Activation,

@@ -86,6 +86,7 @@ struct Inner {
     /// fp8 linear layers quantize dynamic activations per token (`[T, 1]` scales), as vLLM V1
     /// does where CUTLASS runs fp8; per tensor (`[1]`) before.
     fp8_act_per_token: bool,
+    triton_attention: bool,
     mxfp4_hopper_swizzle: bool,
     fp8_block_path: Fp8BlockPath,
 }
@@ -207,6 +208,7 @@ impl Runtime {
             host_pool: Vec::new(),
             graphs: graphs::GraphState::default(),
             fp8_act_per_token: false,
+            triton_attention: false,
             mxfp4_hopper_swizzle: true,
             fp8_block_path: Fp8BlockPath::Plain,
         })))
@@ -297,6 +299,18 @@ impl Runtime {
 
     pub fn fp8_act_per_token(&self) -> bool {
         self.0.borrow().fp8_act_per_token
+    }
+
+    /// Attention runs vLLM's Triton `unified_attention` (V1's TRITON_ATTN, the backend of
+    /// `--dtype float32`): it writes the layer's output and allocates nothing else, neither
+    /// FlashAttention's `softmax_lse` nor its `rng_state` (0.19.0
+    /// v1/attention/backends/triton_attn.py `forward`).
+    pub fn set_triton_attention(&self, yes: bool) {
+        self.0.borrow_mut().triton_attention = yes;
+    }
+
+    pub fn triton_attention(&self) -> bool {
+        self.0.borrow().triton_attention
     }
 
     /// Whether triton_kernels swizzles MXFP4 experts on Hopper under the release's torch

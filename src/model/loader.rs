@@ -65,7 +65,7 @@ impl LoadOptions {
         model_type: &str,
         why: &str,
     ) -> Result<()> {
-        if matches!(self.quant, Quant::F16 | Quant::BF16)
+        if self.quant.unquantized()
             && src.stored_fp8().is_none()
             && src.packed4().is_none()
             && src.nvfp4().is_none()
@@ -781,7 +781,7 @@ impl<'a> Loader<'a> {
             && (names.iter().any(|n| {
                 self.src.bnb4(n).is_some()
                     || (self.opts.quant == Quant::Int8 && self.src.is_int8(n))
-            }) || !matches!(self.opts.quant, Quant::F16 | Quant::BF16 | Quant::Fp8));
+            }) || !(self.opts.quant.unquantized() || self.opts.quant == Quant::Fp8));
         if quantized {
             let shards = names
                 .iter()
@@ -999,7 +999,7 @@ impl<'a> Loader<'a> {
         }
         // fp8 in flight loads 16-bit first: vLLM quantizes after every weight is loaded
         // (`quantize_fp8_after_loading`).
-        if !quantize || matches!(self.opts.quant, Quant::F16 | Quant::BF16 | Quant::Fp8) {
+        if !quantize || self.opts.quant.unquantized() || self.opts.quant == Quant::Fp8 {
             if let Some(f) = self.device_fill(name, &[n, k]) {
                 return Ok(Linear::Dense(self.made_on_device(
                     name,
@@ -2001,7 +2001,7 @@ pub(crate) fn load_linear(
         stats.quantize_seconds += t.elapsed().as_secs_f64();
     };
     match opts.quant {
-        Quant::F16 | Quant::BF16 | Quant::Fp8 => {
+        Quant::F16 | Quant::BF16 | Quant::F32 | Quant::Fp8 => {
             Ok(Linear::Dense(upload(rt, name, &[n, k], act, data)?))
         }
         Quant::Int8 => {

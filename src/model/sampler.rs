@@ -793,9 +793,14 @@ impl Sampler {
             full("sampling.repetition_penalties", 0.1)?,
         ];
 
-        // `logits.to(torch.float32)`.
+        // `logits.to(torch.float32)`: a copy of 16-bit logits; f32 logits (`--dtype float32`)
+        // are returned as they are, a view without the padded columns: no allocation.
         rt.set_op("sampler_v1.to_float");
-        let mut logits = rt.tensor("sampler.logits_f32", Category::Sampler, &shape, DType::F32)?;
+        let mut logits = if logits_d.dtype == DType::F32 {
+            logits_d.part("sampler.logits_f32", 0, &shape)
+        } else {
+            rt.tensor("sampler.logits_f32", Category::Sampler, &shape, DType::F32)?
+        };
         if cpu_on {
             cpu::narrow_cols(logits_d.f32(), logits_d.cols(), vocab, logits.f32_mut());
         }

@@ -146,8 +146,10 @@ fn gather_last(rt: &Runtime, n: usize, cols: usize, dtype: DType) -> Result<()> 
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Style {
     /// V1: one warm-up, the gather after each run, FULL graphs with FlashAttention 3's 32
-    /// splits, PIECEWISE ones with attention skipped.
-    V1,
+    /// splits, PIECEWISE ones with attention skipped. `triton`: the attention backend is
+    /// Triton's (`--dtype float32`, which FlashAttention and FlashInfer do not take: 0.19.0
+    /// platforms/cuda.py L51-111 and the backends' `supported_dtypes`, triton_attn.py L259-263).
+    V1 { triton: bool },
     /// V0: two warm-ups (`_NUM_WARMUP_ITERS`), whole-model graphs, no gather; the decode
     /// attention of `V0Attention` with its splits for this batch.
     V0 {
@@ -163,7 +165,7 @@ pub(crate) enum Style {
 impl Style {
     fn warmups(self) -> u32 {
         match self {
-            Style::V1 => 1,
+            Style::V1 { .. } => 1,
             Style::V0 { .. } => 2,
         }
     }
@@ -171,9 +173,10 @@ impl Style {
     /// The attention call of a FULL graph of `n` tokens of model shape `(heads, kv_heads, d)`.
     fn attention(self, n: usize, heads: usize, kv_heads: usize, d: usize) -> FlashCall {
         match self {
-            Style::V1 => FlashCall::Fa3 {
+            Style::V1 { triton: false } => FlashCall::Fa3 {
                 splits: FA3_GRAPH_SPLITS,
             },
+            Style::V1 { triton: true } => FlashCall::TritonUnified,
             Style::V0 {
                 attention,
                 sms,
@@ -274,7 +277,7 @@ fn warmup_and_capture(
             if keep_reference && w == 0 {
                 eager = crate::engine::ops::read_f32(rt, &h)?;
             }
-            if matches!(style, Style::V1) {
+            if matches!(style, Style::V1 { .. }) {
                 gather_last(rt, n, h.cols(), h.dtype)?;
             }
             drop(h);
@@ -297,7 +300,7 @@ fn warmup_and_capture(
         // The output is a weak reference once captured: its block goes back to the pool.
         drop(out);
         let graphs = rt.capture_end()?;
-        if matches!(style, Style::V1) {
+        if matches!(style, Style::V1 { .. }) {
             gather_last(rt, n, cols, dtype)?;
         }
         Ok(Captured {
@@ -327,6 +330,7 @@ pub(crate) fn estimate(
     geometry: &KvGeometry,
     kv_dtype: DType,
     applied: bool,
+    style: Style,
 ) -> Result<Estimate> {
     let largest = plan
         .iter()
@@ -348,7 +352,7 @@ pub(crate) fn estimate(
             let mut samples = Vec::new();
             for &n in sizes.iter().take(2) {
                 let before = free_now(rt);
-                warmup_and_capture(rt, model, Style::V1, *kind, n, ESTIMATE_POOL, false)?;
+                warmup_and_capture(rt, model, style, *kind, n, ESTIMATE_POOL, false)?;
                 rt.synchronize()?;
                 samples.push(before.saturating_sub(free_now(rt)));
             }
@@ -375,6 +379,64 @@ pub(crate) fn estimate(
         modes,
         applied,
     })
+}
+
+/// The Triton attention metadata builder's buffers for its 3D decode kernel, made with the
+/// KV cache (`initialize_kv_cache`) and kept for the instance's life (0.19.0
+/// v1/attention/backends/triton_attn.py L120-190, 0.15.1 the same): the threshold is
+/// `128 // kv_heads` sequences (`MIN_LAUNCH_GRID_SIZE_2D`), moved to the nearest capture size
+/// when FULL graphs decode (the first of two as near, the sizes ascending), then
+/// `softmax_segm_output [t, heads, 16, next_pow2(head_dim)]` and `softmax_segm_max` /
+/// `softmax_segm_expsum [t, heads, 16]`, all f32 (this rank's heads).
+fn triton_segment_buffers(
+    rt: &Runtime,
+    model: &CausalLm,
+    plan: &[(CaptureKind, Vec<usize>)],
+) -> Result<Vec<crate::engine::tensor::Tensor>> {
+    const MIN_LAUNCH_GRID_SIZE_2D: usize = 128;
+    const SEGMENTS: usize = 16;
+    let cfg = model.config();
+    let (heads, kv_heads) = match rt.tp() {
+        Some(t) => {
+            let s = crate::model::layers::tp::TpShard::new(t.rank, t.size);
+            (cfg.num_heads / t.size, s.local_kv_heads(cfg))
+        }
+        None => (cfg.num_heads, cfg.num_kv_heads),
+    };
+    let raw = MIN_LAUNCH_GRID_SIZE_2D / kv_heads.max(1);
+    let mut sizes: Vec<usize> = plan
+        .iter()
+        .filter(|(k, _)| *k == CaptureKind::Full)
+        .flat_map(|(_, s)| s.iter().copied())
+        .collect();
+    sizes.sort_unstable();
+    let threshold = sizes
+        .iter()
+        .copied()
+        .min_by_key(|&s| s.abs_diff(raw))
+        .unwrap_or(raw);
+    rt.set_op("triton_attn.metadata_builder");
+    let d = cfg.head_dim.next_power_of_two();
+    Ok(vec![
+        rt.tensor(
+            "triton_attn.softmax_segm_output",
+            Category::KvCache,
+            &[threshold, heads, SEGMENTS, d],
+            DType::F32,
+        )?,
+        rt.tensor(
+            "triton_attn.softmax_segm_max",
+            Category::KvCache,
+            &[threshold, heads, SEGMENTS],
+            DType::F32,
+        )?,
+        rt.tensor(
+            "triton_attn.softmax_segm_expsum",
+            Category::KvCache,
+            &[threshold, heads, SEGMENTS],
+            DType::F32,
+        )?,
+    ])
 }
 
 /// `capture_model` with the KV cache of `kv_blocks` allocated: every size of every mode,
@@ -428,6 +490,17 @@ pub(crate) fn capture(
         }
         Err(e) => return Err(e),
     };
+    let _triton_buffers = match style {
+        Style::V1 { triton: true } => match triton_segment_buffers(rt, model, plan) {
+            Ok(b) => b,
+            Err(e @ Error::OutOfMemory { .. }) => {
+                report.failed = Some(format!("Triton attention's segment buffers: {e}"));
+                return Ok((report, None));
+            }
+            Err(e) => return Err(e),
+        },
+        _ => Vec::new(),
+    };
     let check = rt.backend() == crate::device::Backend::Cuda;
     let side_before = rt.side_stream_reserved();
     // V0 reads free memory first, then allocates the decode inputs every graph slices, on
@@ -463,7 +536,7 @@ pub(crate) fn capture(
             }
             Some(start)
         }
-        Style::V1 => None,
+        Style::V1 { .. } => None,
     };
     rt.graph_side_stream(true)?;
     let started = std::time::Instant::now();

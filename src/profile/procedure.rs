@@ -831,6 +831,40 @@ fn stored_int8_request(
     })
 }
 
+/// `--dtype float32` is modelled for the dense text families whose pass has no step that
+/// depends on the activation dtype beyond its size: where vLLM upcasts to f32 (Gemma's norms,
+/// the towers' `forward_native` norms, MoE routing, MLA, the state layers), an f32 model
+/// skips copies that vramscope's 16-bit sequence makes.
+fn check_float32_family(cfg: &crate::model::config::ModelConfig) -> Result<()> {
+    let family = [
+        (cfg.moe.is_some(), "mixture of experts"),
+        (cfg.deepseek.is_some(), "MLA"),
+        (cfg.gpt_oss.is_some(), "gpt-oss"),
+        (cfg.llama4.is_some(), "Llama 4"),
+        (cfg.qwen3_next.is_some(), "Qwen3-Next"),
+        (cfg.gemma.is_some(), "Gemma"),
+        (cfg.phi.is_some(), "Phi"),
+        (
+            cfg.gemma3_mm.is_some()
+                || cfg.mistral3.is_some()
+                || cfg.qwen2_5_vl.is_some()
+                || cfg.llava_next.is_some()
+                || cfg.kimi_vl.is_some(),
+            "a multimodal model",
+        ),
+    ]
+    .into_iter()
+    .find_map(|(is, name)| is.then_some(name));
+    match family {
+        None => Ok(()),
+        Some(name) => Err(Error::Request(format!(
+            "--dtype float32 with {name} ({}): float32 is modelled for dense text models \
+             (Llama, Mistral, Qwen2/3, Granite, OPT); use --dtype auto, float16 or bfloat16",
+            cfg.arch
+        ))),
+    }
+}
+
 /// What `--quant fp8` is reproduced for: CUTLASS's w8a8 path (a GPU of compute capability
 /// 8.9 or more: a simulated one's preset is checked here, a CUDA device's own capability when
 /// it quantizes), vLLM 0.6.3 to 0.6.5, Llama-family models without a qkv bias. Each refusal
@@ -1253,7 +1287,7 @@ pub(crate) fn run_rank(
     let v2 = match (&opened, req.release()?.engine) {
         (Some(o), super::vllm::Engine::V1 { .. }) => req.release()?.runs_v2(
             &o.config.arch,
-            !matches!(req.quant, Quant::F16 | Quant::BF16)
+            !req.quant.unquantized()
                 || o.source.packed4().is_some()
                 || o.source.nvfp4().is_some()
                 || o.source.sparse24().is_some(),
@@ -1285,6 +1319,9 @@ pub(crate) fn run_rank(
     req.check_default_seqs_fit_batch()?;
     if let Some(o) = &opened {
         req.release()?.check_arch(&o.config.arch)?;
+        if req.quant == Quant::F32 {
+            check_float32_family(&o.config)?;
+        }
     }
     let resolved = req.resolved(max_positions);
     resolved.validate()?;
@@ -1378,6 +1415,8 @@ pub(crate) fn run_rank(
         rt.set_tp(t);
     }
     rt.set_fp8_act_per_token(matches!(release.engine, super::vllm::Engine::V1 { .. }));
+    // `--dtype float32` runs on Triton's attention (`Release::check_float32`).
+    rt.set_triton_attention(req.quant == Quant::F32);
     if let (Some(era), DeviceSpec::Sim { preset, .. }) = (release.fp8_block, &req.device) {
         let hopper = crate::device::presets::find(preset).is_some_and(|p| p.arch == "Hopper");
         rt.set_fp8_block_path(era.path(hopper));
@@ -2158,6 +2197,9 @@ pub(crate) fn run_rank(
                 &geometry,
                 kv_dtype,
                 e == super::vllm::Estimator::Applied,
+                super::graphs::Style::V1 {
+                    triton: req.quant == Quant::F32,
+                },
             )?)
         }
         _ => None,
@@ -2330,7 +2372,9 @@ pub(crate) fn run_rank(
                         * req.block_size as usize,
                     hopper,
                 },
-                _ => super::graphs::Style::V1,
+                _ => super::graphs::Style::V1 {
+                    triton: req.quant == Quant::F32,
+                },
             };
             let (g, w) = super::graphs::capture(
                 &rt, model, &plan, &geometry, kv_dtype, kv_blocks, others, estimate, style,

@@ -1283,6 +1283,9 @@ impl Release {
     /// Whether vramscope reproduces this release with weights quantized as `quant`.
     pub fn check_quant(&self, quant: crate::quant::Quant) -> Result<()> {
         use crate::quant::Quant;
+        if quant == Quant::F32 {
+            return self.check_float32();
+        }
         if self.quantized_read || matches!(quant, Quant::F16 | Quant::BF16) {
             return Ok(());
         }
@@ -1291,6 +1294,27 @@ impl Release {
              (it is reproduced for 16-bit models); use --vllm 0.11 or later, or 0.8 for V0",
             self.name
         )))
+    }
+
+    /// `--dtype float32`: FlashAttention and FlashInfer take fp16 and bf16 only, so V1 picks
+    /// the next backend that takes f32. Read in 0.15.1 and 0.19.0: TRITON_ATTN, third in
+    /// `_get_backend_priorities` (0.19.0 platforms/cuda.py L100-111, 0.15.1 L68-80; f32 in
+    /// triton_attn.py's `supported_dtypes`, 0.19.0 L259-263, 0.15.1 L257-261). 0.11.0 falls
+    /// back to FlexAttention instead (platforms/cuda.py L357-388), which is not modelled.
+    fn check_float32(&self) -> Result<()> {
+        match self.name {
+            "0.15" | "0.19" => Ok(()),
+            "0.11" => Err(Error::Request(
+                "--vllm 0.11 with --dtype float32: 0.11 runs float32 on FlexAttention \
+                 (platforms/cuda.py L357-388), which is not modelled; use --vllm 0.15 or 0.19 \
+                 (Triton's attention)"
+                    .into(),
+            )),
+            name => Err(Error::Request(format!(
+                "--vllm {name} with --dtype float32: float32 is modelled for the V1 releases \
+                 whose attention choice was read for it (0.15, 0.19: Triton's attention)"
+            ))),
+        }
     }
 
     /// Whether this release can load a model of `model_type` `arch`: the 0.8.5 wheel has

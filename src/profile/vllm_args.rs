@@ -903,10 +903,12 @@ pub fn quant_named(
         None | Some("auto") => auto_dtype(model)?,
         Some("half" | "float16" | "fp16") => Quant::F16,
         Some("bfloat16" | "bf16") => Quant::BF16,
+        // vLLM's `_STR_DTYPE_TO_TORCH_DTYPE` (0.19.0 config/model.py): "float" is float32.
+        Some("float32" | "float") => Quant::F32,
         Some(other) => {
             return Err(Error::Request(format!(
-                "{dtype_named} {other}: vramscope runs 16-bit weights (auto, half, float16, \
-                 bfloat16)"
+                "{dtype_named} {other}: vramscope runs auto, half, float16, bfloat16 and \
+                 float32"
             )))
         }
     };
@@ -1198,7 +1200,9 @@ mod tests {
             Quant::Nf4
         );
         assert!(quant_of(&llama, None, Some("awq")).is_err());
-        assert!(quant_of(&llama, Some("float32"), None).is_err());
+        assert_eq!(quant_of(&llama, Some("float32"), None).unwrap(), Quant::F32);
+        assert_eq!(quant_of(&llama, Some("float"), None).unwrap(), Quant::F32);
+        assert!(quant_of(&llama, Some("float64"), None).is_err());
         assert!(quant_of(&llama, None, Some("gguf")).is_err());
         let ct = quant_of(&llama, None, Some("compressed-tensors"))
             .unwrap_err()

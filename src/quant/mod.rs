@@ -42,16 +42,20 @@ pub enum Quant {
     /// vLLM's `--quantization fp8` on a 16-bit checkpoint: float8_e4m3fn weights, one f32
     /// scale per linear layer, activations quantized per tensor on every forward.
     Fp8,
+    /// vLLM's `--dtype float32`: every weight and activation in f32 (V1 releases, where the
+    /// attention backend is Triton's).
+    F32,
 }
 
 impl Quant {
-    pub const ALL: [Quant; 6] = [
+    pub const ALL: [Quant; 7] = [
         Quant::F16,
         Quant::BF16,
         Quant::Int8,
         Quant::Nf4,
         Quant::Fp4,
         Quant::Fp8,
+        Quant::F32,
     ];
 
     pub fn parse(s: &str) -> Result<Self> {
@@ -62,8 +66,9 @@ impl Quant {
             "nf4" | "bnb4" => Ok(Quant::Nf4),
             "fp4" => Ok(Quant::Fp4),
             "fp8" => Ok(Quant::Fp8),
+            "fp32" | "f32" | "float32" => Ok(Quant::F32),
             _ => Err(Error::Request(format!(
-                "quantization '{s}': expected fp16, bf16, int8, nf4, fp4 or fp8"
+                "quantization '{s}': expected fp16, bf16, int8, nf4, fp4, fp8 or fp32"
             ))),
         }
     }
@@ -76,13 +81,20 @@ impl Quant {
             Quant::Nf4 => "nf4",
             Quant::Fp4 => "fp4",
             Quant::Fp8 => "fp8",
+            Quant::F32 => "fp32",
         }
+    }
+
+    /// Whether the linear layers keep the activation dtype (fp16, bf16, fp32).
+    pub fn unquantized(self) -> bool {
+        matches!(self, Quant::F16 | Quant::BF16 | Quant::F32)
     }
 
     /// Dtype of activations and of the weights left unquantized (embeddings, norms, lm_head).
     pub fn activation_dtype(self) -> DType {
         match self {
             Quant::BF16 => DType::BF16,
+            Quant::F32 => DType::F32,
             _ => DType::F16,
         }
     }

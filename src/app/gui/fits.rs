@@ -153,6 +153,7 @@ fn after_an_oom(req: &ProfileRequest) -> Vec<Vec<ProfileRequest>> {
 /// Quantizations with smaller weights than `q`, largest first.
 fn smaller_weights(q: Quant) -> Vec<Quant> {
     match q {
+        Quant::F32 => vec![Quant::BF16, Quant::Fp8, Quant::Int8, Quant::Nf4],
         Quant::F16 | Quant::BF16 => vec![Quant::Fp8, Quant::Int8, Quant::Nf4],
         Quant::Int8 | Quant::Fp8 => vec![Quant::Nf4],
         Quant::Nf4 | Quant::Fp4 => Vec::new(),

@@ -61,6 +61,10 @@ pub enum FlashCall {
     /// then fp32 `softmax_lse_accum [s, T, heads]` and `out_accum [s, T, heads, d rounded up
     /// to 32]` when splitting (docs/reading/vllm-v0-graphs.md).
     Fa2Kvcache { splits: usize },
+    /// vLLM's Triton `unified_attention` (V1's TRITON_ATTN): no `softmax_lse`, and its 3D
+    /// kernel's segment buffers are the metadata builder's, allocated once with the KV
+    /// cache (0.19.0 v1/attention/backends/triton_attn.py L169-190): nothing per call.
+    TritonUnified,
 }
 
 /// vLLM's CUDA graph runtime modes (`CUDAGraphMode`).

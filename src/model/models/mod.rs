@@ -151,6 +151,13 @@ impl CausalLm {
         src: &dyn WeightSource,
         opts: &llama::LoadOptions,
     ) -> Result<Self> {
+        if opts.quant == crate::quant::Quant::F32 && rt.backend() == crate::device::Backend::Cuda {
+            return Err(crate::base::error::Error::Request(
+                "--dtype float32 on a GPU: vramscope's CUDA kernels run 16-bit activations; \
+                 plan float32 on a simulated device (sim:NAME:dry, or sim:NAME for CPU compute)"
+                    .into(),
+            ));
+        }
         let family = cfg.family().ok_or_else(|| {
             crate::base::error::Error::Request(format!(
                 "model_type '{}' has no model file here (expected {})",
