@@ -2338,7 +2338,8 @@ fn explain_refusals_name_the_logs_lines_not_flags() {
         ),
         (
             p6.replace("dtype=torch.bfloat16", "dtype=torch.float32"),
-            "vllm.log: line 4: dtype float32: vramscope runs 16-bit weights",
+            "vllm.log: line 4: vLLM 0.6.4 (the release the log ran) with dtype float32: float32 \
+             is modelled for the V1 releases",
         ),
     ];
     for (log, words) in cases {

@@ -1324,6 +1324,7 @@ const LOG_NAMES: &[(&str, &str)] = &[
     ("--kv-cache-memory", "kv_cache_memory_bytes"),
     ("--kv-cache-dtype", "kv_cache_dtype"),
     ("--block-size", "block_size"),
+    ("--dtype", "dtype"),
     ("--util", "gpu_memory_utilization"),
     ("--tp", "tensor_parallel_size"),
     ("--pp", "pipeline_parallel_size"),

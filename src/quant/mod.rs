@@ -48,14 +48,15 @@ pub enum Quant {
 }
 
 impl Quant {
-    pub const ALL: [Quant; 7] = [
+    /// The app's quantization choices (`--dtype float32` is a command-line setting of the
+    /// V1 releases only, left out here).
+    pub const ALL: [Quant; 6] = [
         Quant::F16,
         Quant::BF16,
         Quant::Int8,
         Quant::Nf4,
         Quant::Fp4,
         Quant::Fp8,
-        Quant::F32,
     ];
 
     pub fn parse(s: &str) -> Result<Self> {
