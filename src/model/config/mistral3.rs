@@ -356,8 +356,12 @@ mod tests {
         );
         assert_eq!(mm.rope_table_bytes(), 12100 * 64 * 4);
         // All of it: the language model's 23,572,403,200 (embeddings and lm_head untied)
-        // and the tower and projector's 438,958,080; 48,022,722,560 bytes in bf16. (The
-        // published model.safetensors.index.json total_size was not found to compare.)
+        // and the tower and projector's 438,958,080; 48,022,722,560 bytes in bf16. The
+        // published model.safetensors.index.json is not reachable from here, but the
+        // published checkpoint's count is: keras-hub's preset metadata, counted from the
+        // converted checkpoint (keras-team/keras-hub keras_hub/src/models/mistral3/
+        // mistral3_presets.py: `"params": 24011361280` for 3.1 Base, 3.1 Instruct and 3.2
+        // Instruct), every tensor bf16.
         assert_eq!(c.param_count(), 24_011_361_280);
         assert_eq!(
             c.param_count() - mm.param_count(c.hidden_size),
