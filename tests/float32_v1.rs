@@ -10,6 +10,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use vramscope::device::DeviceSpec;
+use vramscope::engine::runtime::CaptureKind;
 use vramscope::memory::EventKind;
 use vramscope::model::ModelSource;
 use vramscope::profile::formulas::FormulaId;
@@ -108,9 +109,29 @@ fn triton_segment_buffers_follow_the_ranks_heads() {
 fn float32_is_refused_where_it_is_not_modelled() {
     let msg = |model: &str, vllm: &str| run(model, Quant::F32, vllm).err().unwrap().to_string();
     assert!(msg("preset:llama-3-8b", "0.11").contains("FlexAttention"));
-    assert!(msg("preset:llama-3-8b", "0.6.4").contains("0.15, 0.19"));
+    assert!(msg("preset:llama-3-8b", "0.6.4").contains("0.15, 0.19, 0.21"));
+    assert!(msg("preset:llama-3-8b", "0.22").contains("0.15, 0.19, 0.21"));
     assert!(msg("preset:qwen3-30b-a3b", "0.19").contains("mixture of experts"));
     assert!(run("preset:llama-3-8b", Quant::F32, "0.15").is_ok());
+    // 0.21 applies the graph estimate; its FULL sample holds no FlashAttention 3 split
+    // accumulators on Triton's attention.
+    let full_first = |r: &Report| {
+        let e = r.graphs.as_ref().unwrap().estimate.as_ref().unwrap();
+        e.modes
+            .iter()
+            .find(|m| m.kind == CaptureKind::Full)
+            .unwrap()
+            .first_bytes
+    };
+    let f = run("preset:llama-3-8b", Quant::F32, "0.21").unwrap();
+    let b = run("preset:llama-3-8b", Quant::BF16, "0.21").unwrap();
+    assert!(f.graphs_estimate_applied() > 0);
+    assert!(
+        full_first(&f) * 4 < full_first(&b),
+        "{} {}",
+        full_first(&f),
+        full_first(&b)
+    );
 }
 
 /// The command docs/cli.md shows, as written.

@@ -313,7 +313,7 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "NETWORK")]
     pub network: Option<String>,
     /// vLLM's --dtype: auto (config.json's torch_dtype, float32 as float16), half, float16,
-    /// bfloat16, float32 (V1 0.15 and 0.19, dense text models, simulated devices). Instead of
+    /// bfloat16, float32 (V1 0.15, 0.19, 0.21, dense text models, simulated devices). Instead of
     /// --quant.
     #[arg(long, value_name = "DTYPE", conflicts_with = "quant")]
     pub dtype: Option<String>,

@@ -1297,22 +1297,24 @@ impl Release {
     }
 
     /// `--dtype float32`: FlashAttention and FlashInfer take fp16 and bf16 only, so V1 picks
-    /// the next backend that takes f32. Read in 0.15.1 and 0.19.0: TRITON_ATTN, third in
-    /// `_get_backend_priorities` (0.19.0 platforms/cuda.py L100-111, 0.15.1 L68-80; f32 in
-    /// triton_attn.py's `supported_dtypes`, 0.19.0 L259-263, 0.15.1 L257-261). 0.11.0 falls
-    /// back to FlexAttention instead (platforms/cuda.py L357-388), which is not modelled.
+    /// the next backend that takes f32. Read in 0.15.1, 0.19.0 and 0.21.0: TRITON_ATTN, third
+    /// in `_get_backend_priorities` (0.19.0 platforms/cuda.py L100-111, 0.15.1 L68-80, 0.21.0
+    /// L140-146; f32 in triton_attn.py's `supported_dtypes`, 0.19.0 L259-263, 0.15.1
+    /// L257-261, 0.21.0 L266-270; the metadata builder's buffers alike, 0.21.0 L125-198).
+    /// 0.11.0 falls back to FlexAttention instead (platforms/cuda.py L357-388), which is not
+    /// modelled.
     fn check_float32(&self) -> Result<()> {
         match self.name {
-            "0.15" | "0.19" => Ok(()),
+            "0.15" | "0.19" | "0.21" => Ok(()),
             "0.11" => Err(Error::Request(
                 "--vllm 0.11 with --dtype float32: 0.11 runs float32 on FlexAttention \
-                 (platforms/cuda.py L357-388), which is not modelled; use --vllm 0.15 or 0.19 \
-                 (Triton's attention)"
+                 (platforms/cuda.py L357-388), which is not modelled; use --vllm 0.15, 0.19 \
+                 or 0.21 (Triton's attention)"
                     .into(),
             )),
             name => Err(Error::Request(format!(
                 "--vllm {name} with --dtype float32: float32 is modelled for the V1 releases \
-                 whose attention choice was read for it (0.15, 0.19: Triton's attention)"
+                 whose attention choice was read for it (0.15, 0.19, 0.21: Triton's attention)"
             ))),
         }
     }
