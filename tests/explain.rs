@@ -515,7 +515,9 @@ fn memory_failures_give_the_shortfall_and_what_would_start() {
     else {
         panic!("{ours:?}")
     };
-    assert!((a - 4.21).abs() < 0.05, "{a}");
+    // The fixture's lines were written with vramscope's non-torch memory of then (0.17 GiB);
+    // the driver's first-capture reservation (docs/gpu-runs.md run 90) now takes 70 MiB more.
+    assert!((a - (4.21 - 70.0 / 1024.0)).abs() < 0.05, "{a}");
     let fits = vramscope::profile::diagnose::try_run(&profile::ProfileRequest {
         max_model_len: m,
         ..req.clone()

@@ -158,7 +158,7 @@ fn float32_profile_command_as_docs_show_it() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("weights memory: 29.92GiB"), "{text}");
-    assert!(text.contains("GPU KV cache size: 161,760 tokens"), "{text}");
+    assert!(text.contains("GPU KV cache size: 161,472 tokens"), "{text}");
     // FULL graphs decode on Triton's kernel: no FlashAttention 3 accumulators in the sample.
     assert!(
         text.contains("Estimated FULL CUDA graph memory: 2.00 MiB first-capture"),
