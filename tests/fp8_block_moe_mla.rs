@@ -650,13 +650,13 @@ fn kimi_k2_plans_over_eight_h200s_at_095() {
         "{}",
         bytes - tensors
     );
-    // At 0.9 vLLM would not start: 0.37 GiB of KV cache holds 5,584 tokens, less than one
+    // At 0.9 vLLM would not start: 0.30 GiB of KV cache holds 4,544 tokens, less than one
     // request of 32768; the plan says so and exits non-zero.
     let (ok, text) = plan("0.9");
     assert!(!ok, "{text}");
     assert!(
-        text.contains("Available KV cache memory: 0.37 GiB")
-            && text.contains("the estimated maximum model length is 5584"),
+        text.contains("Available KV cache memory: 0.30 GiB")
+            && text.contains("the estimated maximum model length is 4544"),
         "{text}"
     );
 }
