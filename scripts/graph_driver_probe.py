@@ -10,28 +10,15 @@ destroyed, reading the process's memory outside the allocator (cudaMemGetInfo's 
 Usage: python3 scripts/graph_driver_probe.py [OUT.json]
 """
 import gc
-import json
 import sys
 
 import torch
 
-MIB = 1 << 20
-
-
-def outside():
-    torch.cuda.synchronize()
-    free, total = torch.cuda.mem_get_info()
-    return (total - free) - torch.cuda.memory_reserved()
+from nontorch_estimate_probe import recorder, save
 
 
 def main():
-    steps = []
-
-    def mark(name):
-        o = outside()
-        steps.append({"step": name, "outside_bytes": o})
-        print(f"{name:<52} outside the allocator {o / MIB:9.1f} MiB", flush=True)
-
+    steps, mark = recorder()
     torch.cuda.init()
     x = torch.ones(1 << 20, device="cuda")
     x.add_(1)
@@ -69,9 +56,7 @@ def main():
         torch.cuda.empty_cache()
         mark("destroyed")
     if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
-            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
-                       "steps": steps}, f, indent=1)
+        save(sys.argv[1], steps)
 
 
 if __name__ == "__main__":

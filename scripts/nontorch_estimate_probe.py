@@ -27,13 +27,26 @@ def outside():
     return (total - free) - torch.cuda.memory_reserved()
 
 
-def main():
+def recorder():
+    """`(steps, mark)`: `mark(name)` prints and keeps the memory outside the allocator now."""
     steps = []
 
     def mark(name):
         o = outside()
         steps.append({"step": name, "outside_bytes": o})
         print(f"{name:<58} outside the allocator {o / MIB:9.1f} MiB", flush=True)
+
+    return steps, mark
+
+
+def save(path, steps):
+    with open(path, "w") as f:
+        json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
+                   "steps": steps}, f, indent=1)
+
+
+def main():
+    steps, mark = recorder()
 
     torch.cuda.init()
     torch.zeros(1, device="cuda")
@@ -84,9 +97,7 @@ def main():
         torch.cuda.empty_cache()
         mark("eager passes at all 51 capture sizes")
     if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
-            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
-                       "steps": steps}, f, indent=1)
+        save(sys.argv[1], steps)
 
 
 if __name__ == "__main__":
