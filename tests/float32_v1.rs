@@ -6,9 +6,12 @@
 //! 3D kernel's segment buffers beside the KV cache. Releases and families not read for it
 //! are refused by name.
 
+mod common;
+
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use common::cli::{ok, vramscope};
 use vramscope::device::DeviceSpec;
 use vramscope::engine::runtime::CaptureKind;
 use vramscope::memory::EventKind;
@@ -137,26 +140,19 @@ fn float32_is_refused_where_it_is_not_modelled() {
 /// The command docs/cli.md shows, as written.
 #[test]
 fn float32_profile_command_as_docs_show_it() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramscope"))
-        .args([
-            "profile",
-            "--model",
-            "preset:llama-3-8b",
-            "--dtype",
-            "float32",
-            "--vllm",
-            "0.19",
-            "--device",
-            "sim:h100-sxm:dry",
-        ])
-        .output()
-        .unwrap();
+    let out = vramscope(&[
+        "profile",
+        "--model",
+        "preset:llama-3-8b",
+        "--dtype",
+        "float32",
+        "--vllm",
+        "0.19",
+        "--device",
+        "sim:h100-sxm:dry",
+    ]);
+    ok(&out);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(text.contains("weights memory: 29.92GiB"), "{text}");
     assert!(text.contains("GPU KV cache size: 161,472 tokens"), "{text}");
     // FULL graphs decode on Triton's kernel: no FlashAttention 3 accumulators in the sample.
