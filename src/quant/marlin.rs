@@ -1136,7 +1136,8 @@ impl MarlinLinear {
                     n,
                     k,
                 };
-                crate::engine::ops::cuda(rt, |c| c.w4_gemm(x, &w, &mut out, rows))?
+                let ws = workspace.as_deref();
+                crate::engine::ops::cuda(rt, |c| c.w4_gemm(x, &w, &mut out, rows, ws))?
             }
             Backend::Dry => {}
         }
@@ -1319,7 +1320,12 @@ impl MarlinLinear {
                     n,
                     k,
                 };
-                crate::engine::ops::cuda(rt, |c| c.w4_gemm(x, &w, &mut out, rows))?
+                // The larger temporary takes the dequantized slices (`w4_gemm`).
+                let scratch = match &a_tmp {
+                    Some(a) if a.nbytes() > c_tmp.nbytes() => a,
+                    _ => &c_tmp,
+                };
+                crate::engine::ops::cuda(rt, |c| c.w4_gemm(x, &w, &mut out, rows, Some(scratch)))?
             }
             Backend::Dry => {}
         }

@@ -96,6 +96,12 @@ pub struct CudaDevice {
     flash_variant: String,
     /// `VRAMSCOPE_ATTN=blas`: the cuBLAS attention instead of the fused kernels.
     attention_blas: bool,
+    /// `VRAMSCOPE_W4=fused`: the fused 4-bit kernel at every size (`w4::w4_slices`).
+    w4_fused: bool,
+    /// A cap on the columns of one dequantized 4-bit slice (tests).
+    w4_slice_cols: Option<usize>,
+    /// A cap on a dequantized 4-bit slice's bytes (`VRAMSCOPE_W4=mib:N`, measurements).
+    w4_slice_bytes: u64,
     /// Per-op GPU timing (`bench --op-times`): an event recorded at every op boundary.
     op_marks: Option<Vec<(String, CudaEvent)>>,
     /// NCCL communicators when this GPU is one rank of a tensor-parallel instance.
@@ -265,6 +271,12 @@ impl CudaDevice {
             epoch,
             flash_variant: flash_variant_from_env(),
             attention_blas: std::env::var("VRAMSCOPE_ATTN").is_ok_and(|v| v == "blas"),
+            w4_fused: std::env::var("VRAMSCOPE_W4").is_ok_and(|v| v == "fused"),
+            w4_slice_cols: None,
+            w4_slice_bytes: std::env::var("VRAMSCOPE_W4")
+                .ok()
+                .and_then(|v| v.strip_prefix("mib:")?.parse::<u64>().ok())
+                .map_or(w4::W4_SLICE_MAX_BYTES, |m| m << 20),
             op_marks: None,
             comms: collectives::Comms::default(),
             graphs: graphs::Graphs::default(),

@@ -15,10 +15,18 @@ use crate::base::error::Result;
 use crate::device::tensor::TensorData;
 
 /// The kernels, each with an `_f16` and a `_bf16` flavour.
-pub(crate) const NAMES: &[&str] = &["w4_awq", "w4_gptq"];
+pub(crate) const NAMES: &[&str] = &["w4_awq", "w4_gptq", "w4_deq_awq", "w4_deq_gptq"];
 
 /// Output rows and columns of one thread block.
 const TILE: usize = 128;
+
+/// Rows from which `w4_gemm` dequantizes slices for cuBLAS (vLLM's own AWQ path switches to
+/// dequantize-then-matmul at 256 tokens: `FP16_MATMUL_HEURISTIC_CONDITION`, awq.py).
+const W4_SLICE_MIN_ROWS: usize = 256;
+/// A slice's bytes at most (`VRAMSCOPE_W4=mib:N` sets another for measurements).
+pub(super) const W4_SLICE_MAX_BYTES: u64 = 64 << 20;
+/// Fewer columns a slice than this and the fused kernel is kept.
+const W4_SLICE_MIN_COLS: usize = 128;
 
 /// Appended to `kernels::FLASH_SOURCE` (uses its `smem_u32`, `mma16816` and `pack2`), which is
 /// built for compute capability 8.0 and later only, as Marlin itself is.
@@ -198,6 +206,53 @@ W4_EXPORT(w4_awq_f16, false, true)
 W4_EXPORT(w4_awq_bf16, true, true)
 W4_EXPORT(w4_gptq_f16, false, false)
 W4_EXPORT(w4_gptq_bf16, true, false)
+
+// The same values as w4_gemm multiplies, for columns [col, col + nc) of W, written into
+// `dst` as the [k, nc] row-major matrix Wᵀ of that slice (what cuBLAS then multiplies).
+// AWQ: a thread per word (one input, eight columns: one 16-byte store); GPTQ: a thread per
+// word (eight inputs of one column: eight stores, a warp's falling in one 64-byte run).
+template <bool BF, bool AWQ> __device__ void w4_deq(const unsigned* qw, const unsigned* qz, const u16* sc,
+                                                    const int* gidx, u16* dst, int n, int k, int col, int nc,
+                                                    int group) {
+  const int np = n / 8;
+  const long long words = (long long)k * nc / 8;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < words;
+       i += (long long)gridDim.x * blockDim.x) {
+    if (AWQ) {
+      const int wpr = nc / 8, kk = (int)(i / wpr), wc = (int)(i % wpr), c = col + wc * 8, grp = kk / group;
+      const unsigned q = qw[(long long)kk * np + c / 8], z = qz[(long long)grp * np + c / 8];
+      const uint4 s4 = *(const uint4*)(sc + (long long)grp * n + c);
+      const unsigned sw[4] = {s4.x, s4.y, s4.z, s4.w};
+      unsigned v[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+      for (int nib = 0; nib < 8; nib++) {
+        const int cc = ((nib & 3) << 1) | (nib >> 2);  // AutoAWQ's order, as w4_gemm
+        const int qq = (q >> (4 * nib)) & 15, zz = (z >> (4 * nib)) & 15;
+        const float s = w4_ld<BF>((u16)(sw[cc >> 1] >> (16 * (cc & 1))));
+        v[cc >> 1] |= (unsigned)w4_st<BF>((float)(qq - zz) * s) << (16 * (cc & 1));
+      }
+      *(uint4*)(dst + (long long)kk * nc + wc * 8) = make_uint4(v[0], v[1], v[2], v[3]);
+    } else {
+      const int r = (int)(i / nc), cl = (int)(i % nc), c = col + cl;
+      const unsigned q = qw[(long long)r * n + c];
+#pragma unroll
+      for (int e = 0; e < 8; e++) {
+        const int kk = r * 8 + e, grp = gidx ? gidx[kk] : kk / group;
+        const float s = w4_ld<BF>(sc[(long long)grp * n + c]);
+        dst[(long long)kk * nc + cl] = w4_st<BF>((float)((int)((q >> (4 * e)) & 15) - 8) * s);
+      }
+    }
+  }
+}
+
+#define W4_DEQ_EXPORT(NAME, BF, AWQ) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(const unsigned* qw, const unsigned* qz, const u16* sc, \
+      const int* gidx, u16* dst, int n, int k, int col, int nc, int group) \
+  { w4_deq<BF, AWQ>(qw, qz, sc, gidx, dst, n, k, col, nc, group); }
+W4_DEQ_EXPORT(w4_deq_awq_f16, false, true)
+W4_DEQ_EXPORT(w4_deq_awq_bf16, true, true)
+W4_DEQ_EXPORT(w4_deq_gptq_f16, false, false)
+W4_DEQ_EXPORT(w4_deq_gptq_bf16, true, false)
 "#;
 
 /// One AWQ or GPTQ linear's device tensors as the kernel reads them.
@@ -229,6 +284,7 @@ impl CudaDevice {
         w: &W4Weights,
         out: &mut TensorData,
         rows: &[usize],
+        scratch: Option<&TensorData>,
     ) -> Result<()> {
         let dt = self.half(x)?;
         let (m, k, n) = (x.rows(), x.cols(), w.n);
@@ -279,6 +335,9 @@ impl CudaDevice {
         let qz = w.qzeros.map_or(0u64, |t| t.cuda_ptr());
         let gi = w.g_idx.map_or(0u64, |t| t.cuda_ptr());
         let (mi, ni, ki, gr) = (m as i32, n as i32, k as i32, w.group as i32);
+        if let Some((dst, cols)) = self.w4_slices(m, k, scratch) {
+            return self.w4_sliced(x, w, out, rows, dst, cols);
+        }
         let mut c0 = 0usize;
         for &ns in rows {
             let op = out.cuda_ptr() + (m * c0 * 2) as u64;
@@ -300,6 +359,99 @@ impl CudaDevice {
 
     /// Copies all of `src`'s bytes into `dst` (same size) on the stream: a stored tensor into
     /// the allocation that replaces it.
+    /// Where the weight is dequantized a slice at a time for cuBLAS (`w4_sliced`), and how
+    /// many columns a slice holds; `None` keeps the fused kernel. The slices go into the
+    /// call's own temporary (Marlin's reduce buffer, Machete's workspace: vLLM allocates it
+    /// for the call, the kernel here needs none), so no memory is taken that the dry run does
+    /// not count. Only for `W4_SLICE_MIN_ROWS` rows and more, where the GEMM is bound by
+    /// arithmetic (below it the fused kernel reads the words once, which is what matters), at
+    /// least `W4_SLICE_MIN_COLS` columns a slice, and once cuBLAS holds its framework
+    /// workspace (else it would allocate its own, outside the framework's memory).
+    fn w4_slices(&self, m: usize, k: usize, scratch: Option<&TensorData>) -> Option<(u64, usize)> {
+        let s = scratch?;
+        if self.w4_fused || m < W4_SLICE_MIN_ROWS || self.blas_workspace.is_none() {
+            return None;
+        }
+        let bytes = s.nbytes().min(self.w4_slice_bytes) as usize;
+        let cols = (bytes / (2 * k)).min(self.w4_slice_cols.unwrap_or(usize::MAX));
+        let cols = cols / 8 * 8;
+        (cols >= W4_SLICE_MIN_COLS.min(self.w4_slice_cols.unwrap_or(usize::MAX)))
+            .then_some((s.cuda_ptr(), cols))
+    }
+
+    /// `w4_gemm` as dequantize-then-multiply: each shard's columns a slice of `cols` at a
+    /// time, the slice's values (the fused kernel's, rounded once to the 16-bit type) written
+    /// as `[k, cols]` into `dst`, then `x · slice` by cuBLAS (f32 accumulation) into the
+    /// shard's block of `out` (leading dimension the shard's width).
+    fn w4_sliced(
+        &mut self,
+        x: &TensorData,
+        w: &W4Weights,
+        out: &mut TensorData,
+        rows: &[usize],
+        dst: u64,
+        cols: usize,
+    ) -> Result<()> {
+        let dt = self.half(x)?;
+        let (m, k, n) = (x.rows(), x.cols(), w.n);
+        let deq = self
+            .func(if w.awq { "w4_deq_awq" } else { "w4_deq_gptq" }, dt)?
+            .clone();
+        let ty = super::gemm::blas_type(dt);
+        let (qw, sc) = (w.qweight.cuda_ptr(), w.scales.cuda_ptr());
+        let qz = w.qzeros.map_or(0u64, |t| t.cuda_ptr());
+        let gi = w.g_idx.map_or(0u64, |t| t.cuda_ptr());
+        let (ni, ki, gr) = (n as i32, k as i32, w.group as i32);
+        let mut c0 = 0usize;
+        for &ns in rows {
+            let block = out.cuda_ptr() + (m * c0 * 2) as u64;
+            // Slices of equal width (whole words), the fewest that fit.
+            let width = ns.div_ceil(ns.div_ceil(cols)).next_multiple_of(8);
+            let mut cc = 0usize;
+            while cc < ns {
+                let nc = width.min(ns - cc);
+                let (col, nci) = ((c0 + cc) as i32, nc as i32);
+                self.launch(
+                    &deq,
+                    super::grid((k * nc / 8) as u64),
+                    &[&qw, &qz, &sc, &gi, &dst, &ni, &ki, &col, &nci, &gr],
+                )?;
+                self.gemm(super::gemm::Gemm {
+                    m,
+                    n: nc,
+                    k,
+                    a: x.cuda_ptr(),
+                    a_type: ty,
+                    lda: k,
+                    stride_a: 0,
+                    b: dst,
+                    b_type: ty,
+                    ldb: nc,
+                    stride_b: 0,
+                    b_trans: false,
+                    c: block + (cc * 2) as u64,
+                    c_type: ty,
+                    ldc: ns,
+                    stride_c: 0,
+                    batch: 1,
+                    alpha: 1.0,
+                    beta: 0.0,
+                    compute: cudarc::cublas::sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                })?;
+                cc += nc;
+            }
+            c0 += ns;
+        }
+        Ok(())
+    }
+
+    /// Tests: `fused` keeps the fused kernel at every size; `slice_cols` caps the columns of
+    /// a dequantized slice (`None`: as the call's temporary allows).
+    pub fn set_w4_path(&mut self, fused: bool, slice_cols: Option<usize>) {
+        self.w4_fused = fused;
+        self.w4_slice_cols = slice_cols;
+    }
+
     pub fn copy_bytes(&mut self, src: &TensorData, dst: &mut TensorData) -> Result<()> {
         if src.nbytes() != dst.nbytes() {
             return Err(self.err(
