@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::checkpoint_names::VllmNames;
+use super::checkpoint_names::{names_lm_head_or_tower, VllmNames};
 use super::config::ModelConfig;
 use super::weights::{floats_to_f32, SafetensorsFile, StoredDtype, WeightSource};
 use crate::base::error::{Error, Result};
@@ -346,11 +346,15 @@ fn packed4_config(q: &serde_json::Value, method: &str, path: &Path) -> Result<St
                 ))
             }
         }
-        if list_set("modules_to_not_convert") {
+        let towers_only = q["modules_to_not_convert"].as_array().is_some_and(|a| {
+            a.iter()
+                .all(|m| m.as_str().is_some_and(names_lm_head_or_tower))
+        });
+        if list_set("modules_to_not_convert") && !towers_only {
             return Err(Error::model(
                 path,
                 format!(
-                    "{} is {}: layers left unquantized inside an AWQ checkpoint are not modelled",
+                    "{} is {}: decoder layers left unquantized inside an AWQ checkpoint are not modelled (only a multimodal model's tower and projector)",
                     key("modules_to_not_convert"),
                     q["modules_to_not_convert"]
                 ),
@@ -455,7 +459,9 @@ fn fp8_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
         Some((k, serde_json::Value::Array(names))) => {
             for n in names {
                 match n.as_str() {
-                    Some(s) if s == "lm_head" || s.ends_with(".lm_head") => {}
+                    // The lm_head, or a multimodal model's tower and projector, which stay
+                    // 16-bit as vramscope loads them.
+                    Some(s) if names_lm_head_or_tower(s) => {}
                     // Not linear layers: vLLM's skip list never reaches them.
                     Some(s) if s.ends_with("norm") || s.ends_with("embed_tokens") => {}
                     // A MoE block's router: left 16-bit, as vramscope loads it.
@@ -514,12 +520,12 @@ fn nvfp4_ignore(list: &serde_json::Value, key: &str, path: &Path) -> Result<()> 
         serde_json::Value::Null => Ok(()),
         serde_json::Value::Array(names) => match names
             .iter()
-            .find(|n| !n.as_str().is_some_and(|s| s.ends_with("lm_head")))
+            .find(|n| !n.as_str().is_some_and(names_lm_head_or_tower))
         {
             None => Ok(()),
             Some(n) => Err(Error::model(
                 path,
-                format!("{key} lists {n}: a linear layer left in 16 bits inside an NVFP4 checkpoint is not read yet (only lm_head)"),
+                format!("{key} lists {n}: a linear layer left in 16 bits inside an NVFP4 checkpoint is not read yet (only lm_head and a multimodal model's tower and projector)"),
             )),
         },
         other => Err(Error::model(
@@ -903,10 +909,10 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
         serde_json::Value::Null => Ok(()),
         serde_json::Value::Array(names) => names
             .iter()
-            .find(|n| !n.as_str().is_some_and(|s| s.ends_with("lm_head")))
+            .find(|n| !n.as_str().is_some_and(names_lm_head_or_tower))
             .map_or(Ok(()), |n| {
                 Err(format!(
-                    "ignore lists {n}: a linear layer left in 16 bits is not read yet (only lm_head)"
+                    "ignore lists {n}: a linear layer left in 16 bits is not read yet (only lm_head and a multimodal model's tower and projector)"
                 ))
             }),
         other => Err(format!("ignore is {other}, expected a list of names")),
@@ -1028,10 +1034,10 @@ fn ct_sparse24_config(config: &serde_json::Value, path: &Path) -> Result<Option<
         .as_array()
         .into_iter()
         .flatten()
-        .find(|n| !n.as_str().is_some_and(|s| s.ends_with("lm_head")))
+        .find(|n| !n.as_str().is_some_and(names_lm_head_or_tower))
     {
         return refuse(format!(
-            "sparsity_config.ignore lists {n}: a decoder linear layer left dense inside a 2:4 checkpoint is not modelled (only lm_head)"
+            "sparsity_config.ignore lists {n}: a decoder linear layer left dense inside a 2:4 checkpoint is not modelled (only lm_head and a multimodal model's tower and projector)"
         ));
     }
     if !q["kv_cache_scheme"].is_null() {
@@ -1069,10 +1075,10 @@ fn ct_sparse24_config(config: &serde_json::Value, path: &Path) -> Result<Option<
         .as_array()
         .into_iter()
         .flatten()
-        .find(|n| !n.as_str().is_some_and(|s| s.ends_with("lm_head")))
+        .find(|n| !n.as_str().is_some_and(names_lm_head_or_tower))
     {
         return refuse(format!(
-            "ignore lists {n}: a linear layer left in 16 bits is not read yet (only lm_head)"
+            "ignore lists {n}: a linear layer left in 16 bits is not read yet (only lm_head and a multimodal model's tower and projector)"
         ));
     }
     let (w, a) = (&g["weights"], &g["input_activations"]);
@@ -2221,7 +2227,7 @@ impl WeightSource for SafetensorsModel {
     }
 
     fn bnb_skipped(&self, name: &str) -> bool {
-        crate::quant::bnb_skip::weight_skipped(name, &self.bnb_skip)
+        crate::quant::bnb_skip::config_weight_skipped(self.names, name, &self.bnb_skip)
     }
 
     fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
