@@ -1228,9 +1228,20 @@ pub fn gen_model_fp8(
     static_activations: bool,
 ) -> Result<ModelFiles> {
     let config = preset_config(preset)?;
+    gen_model_config_fp8(&config, preset, dir, opts, static_activations)
+}
+
+/// `gen_model_fp8` for any shape, seeded by `seed_name`.
+pub fn gen_model_config_fp8(
+    config: &ModelConfig,
+    seed_name: &str,
+    dir: &Path,
+    opts: &GenOptions,
+    static_activations: bool,
+) -> Result<ModelFiles> {
     gen_model_inner(
-        &config,
-        preset,
+        config,
+        seed_name,
         dir,
         opts,
         None,
