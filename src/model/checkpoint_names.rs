@@ -236,7 +236,7 @@ const NON_TEXT_ROOTS: [&str; 5] = [
 /// (`vision_tower.…`), 4.52's (`model.vision_tower.…`, which vLLM's quantization configs map
 /// with the model's `hf_to_vllm_mapper` before matching: `apply_vllm_mapper`,
 /// compressed_tensors.py 0.19 L122-153, fp8.py L152-154, awq_marlin.py L329-333, modelopt.py
-/// L235-260), or as a compressed-tensors regex over either (`re:vision_tower.*`,
+/// L220-239), or as a compressed-tensors regex over either (`re:vision_tower.*`,
 /// `re:.*lm_head`). Such an entry leaves no decoder layer in 16 bits.
 pub(crate) fn names_lm_head_or_tower(entry: &str) -> bool {
     let name = entry.strip_prefix("re:").unwrap_or(entry);
@@ -290,8 +290,8 @@ impl ModelConfig {
     /// names its modules (`published_name`): the lm_head, and in a multimodal model every
     /// linear layer of the tower and the projector. LLM Compressor writes this list as
     /// `ignore` (compressed-tensors 0.10.2 quant_config.py L178-218: every module of a
-    /// quantized type left unquantized, by its full name), AutoFP8 as `ignored_layers`,
-    /// vLLM 0.19 hands the tower and projector its `quant_config` (gemma3_mm.py L515-520,
+    /// quantized type left unquantized, by its full name) and AutoFP8 as `ignored_layers`
+    /// (ModelOpt names the tower by its roots: `modelopt_excluded`). vLLM 0.19 hands the tower and projector its `quant_config` (gemma3_mm.py L515-520,
     /// mistral3.py L418-434, llava_next.py L278-295, qwen2_5_vl.py L1136-1140; Kimi-VL's and
     /// Llama 4's get none, kimi_vl.py L319-327, mllama4.py L757-769): a linear layer left off
     /// the list would be read as quantized.
