@@ -574,3 +574,45 @@ fn tower_entries_are_read_and_decoder_entries_refused() {
         assert!(e.to_string().contains(entry), "{e}");
     }
 }
+
+/// A ModelOpt FP8 multimodal checkpoint's `exclude_modules` is checked against vLLM's names of
+/// the decoder (`language_model.model.layers.N.…`, `text_config.num_hidden_layers` of them)
+/// after vLLM's mapping: `gen-model`'s list opens; one naming a decoder layer, in the published
+/// layout, 4.52's or as ModelOpt's `root*`, is refused naming the layer.
+#[test]
+fn modelopt_exclude_modules_are_matched_under_vllm_names() {
+    let dir = tempfile::tempdir().unwrap();
+    model::gen_modelopt_fp8::gen_model_config_modelopt_fp8(
+        &mistral3::config(),
+        "mm",
+        dir.path(),
+        &opts(StoredDtype::BF16),
+    )
+    .unwrap();
+    opens(dir.path()).unwrap();
+    let hq = dir.path().join("hf_quant_config.json");
+    let written = read_json(&hq);
+    for (entry, layer) in [
+        (
+            "language_model.model.layers.0.self_attn.o_proj",
+            "language_model.model.layers.0.self_attn.o_proj",
+        ),
+        (
+            "model.language_model.layers.0.mlp.down_proj",
+            "language_model.model.layers.0.mlp.down_proj",
+        ),
+        (
+            "language_model.model.layers.0.mlp*",
+            "language_model.model.layers.0.mlp.gate_up_proj",
+        ),
+    ] {
+        let mut j = written.clone();
+        j["quantization"]["exclude_modules"] = serde_json::json!(["language_model.lm_head", entry]);
+        std::fs::write(&hq, serde_json::to_vec_pretty(&j).unwrap()).unwrap();
+        let e = opens(dir.path()).expect_err(entry).to_string();
+        assert!(
+            e.contains(&format!("leaves {layer} in 16 bits")),
+            "{entry}: {e}"
+        );
+    }
+}

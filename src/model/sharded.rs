@@ -776,7 +776,30 @@ fn modelopt_fp8_config(
             }
         }
     }
-    let layers = config["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+    // A multimodal model's decoder is vLLM's `language_model.model.*`, its layers counted in
+    // `text_config`; vLLM maps the list with the model's `hf_to_vllm_mapper` first, each
+    // `root*` split into `root` and `root.*` (`apply_vllm_mapper`, modelopt.py 0.19 L220-239).
+    let names = ModelConfig::from_hf_json(config)
+        .ok()
+        .and_then(|c| c.vllm_names());
+    let (layers, root) = match names {
+        Some(n) => {
+            entries = entries
+                .iter()
+                .flat_map(|e| match e.strip_suffix('*') {
+                    Some(r) if !r.ends_with('.') => vec![r.to_string(), format!("{r}.*")],
+                    _ => vec![e.clone()],
+                })
+                .map(|e| n.to_vllm(&e))
+                .collect();
+            (
+                &config["text_config"]["num_hidden_layers"],
+                "language_model.",
+            )
+        }
+        None => (&config["num_hidden_layers"], ""),
+    };
+    let layers = layers.as_u64().unwrap_or(0) as usize;
     let linears: [(&str, &[&str]); 4] = [
         ("self_attn.qkv_proj", &["q_proj", "k_proj", "v_proj"]),
         ("self_attn.o_proj", &[]),
@@ -785,11 +808,11 @@ fn modelopt_fp8_config(
     ];
     for l in 0..layers {
         for (name, parts) in linears {
-            let prefix = format!("model.layers.{l}.{name}");
+            let prefix = format!("{root}model.layers.{l}.{name}");
             let module = name.rsplit_once('.').map_or("", |(m, _)| m);
             let shards: Vec<String> = parts
                 .iter()
-                .map(|p| format!("model.layers.{l}.{module}.{p}"))
+                .map(|p| format!("{root}model.layers.{l}.{module}.{p}"))
                 .collect();
             if crate::quant::modelopt_fp8::excluded(&prefix, &shards, &entries) {
                 return Err(Error::model(
