@@ -243,7 +243,8 @@ fn covers(entry: &str, name: &str) -> bool {
 /// them with: the lm_head (or, tied, the embedding that is its weight) and tower and projector
 /// modules; none of the decoder's; and every 16-bit linear weight of the tower and the
 /// projector falls under an entry, so vLLM (which hands those modules the quant_config) keeps
-/// each in 16 bits.
+/// each in 16 bits. Each checkpoint opens: its quantized parts (NVFP4's, 2:4's, Marlin's) are
+/// found under the published prefix.
 #[test]
 fn each_list_entry_names_a_module_of_the_written_checkpoint() {
     for (family, config) in families() {
@@ -259,48 +260,124 @@ fn each_list_entry_names_a_module_of_the_written_checkpoint() {
                 );
                 continue;
             }
-            let tensors = stored(dir.path());
-            let found = lists(dir.path());
-            assert!(!found.is_empty(), "{family} {format}: no list");
-            for (key, entries) in &found {
-                let what = format!("{family} {format} {key}");
-                for e in entries {
-                    let held = tensors.iter().any(|(n, _, _)| covers(e, n));
-                    let tied_head = e.ends_with("lm_head")
-                        && config.tie_word_embeddings
-                        && tensors.iter().any(|(n, _, _)| {
-                            *n == format!("{}model.embed_tokens.weight", &e[..e.len() - 7])
-                        });
-                    assert!(held || tied_head, "{what}: {e} names no stored module");
-                    assert!(
-                        !e.contains("layers.") || !is_text(e),
-                        "{what}: {e} is a decoder layer"
-                    );
-                }
-                // The lm_head by its stored name: `language_model.lm_head` where the family
-                // keeps its language model under that prefix.
-                if key != "llm_int8_skip_modules" && key != "modules_to_not_convert" {
-                    let head = if family == "qwen2_5_vl" {
-                        "lm_head"
-                    } else {
-                        "language_model.lm_head"
-                    };
-                    assert_eq!(entries[0], head, "{what}");
-                }
-                for (n, dtype, shape) in &tensors {
-                    let tower_linear = !is_text(n)
-                        && n.ends_with(".weight")
-                        && shape.len() == 2
-                        && !n.ends_with("embedding.weight")
-                        && !n.ends_with("head.attention.out_proj.weight")
-                        && matches!(dtype, safetensors::Dtype::BF16 | safetensors::Dtype::F16);
-                    if tower_linear {
-                        assert!(
-                            entries.iter().any(|e| covers(e, n)),
-                            "{what}: {n} is left to be quantized: {entries:?}"
-                        );
-                    }
-                }
+            check_lists(family, format, &config, dir.path());
+            opens(dir.path()).unwrap_or_else(|e| panic!("{family} {format}: {e}"));
+        }
+    }
+}
+
+/// Gemma 3's tiny shape with a language model wide enough for Marlin's tiles and 128 × 128
+/// fp8 blocks (width 128, MLP 256, two KV heads of 64).
+fn gemma3_wide() -> ModelConfig {
+    ModelConfig::from_hf_json(&serde_json::json!({
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "mm_tokens_per_image": 4, "image_token_index": 1000,
+        "text_config": {"model_type": "gemma3_text", "hidden_size": 128,
+            "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024,
+            "max_position_embeddings": 256, "sliding_window": 16,
+            "query_pre_attn_scalar": 64},
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32,
+            "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "image_size": 28, "patch_size": 7, "vision_use_head": false}
+    }))
+    .unwrap()
+}
+
+/// The formats the fixtures' widths do not admit, written for `gemma3_wide`: AutoAWQ's
+/// `modules_to_not_convert` names the tower's root, AutoGPTQ and block fp8 write no list
+/// (vLLM 0.19 finds a GPTQ checkpoint's 16-bit layers in its files, gptq_marlin.py L302-323),
+/// LLM Compressor's W4A16 its `ignore`.
+#[test]
+fn marlin_and_block_formats_list_the_tower_too() {
+    use vramscope::quant::marlin::{Format as Packed, Method};
+    let config = gemma3_wide();
+    let packed = |method, ct| Packed {
+        method,
+        group_size: 128,
+        desc_act: false,
+        compressed_tensors: ct,
+    };
+    for (format, fmt) in [
+        ("awq", packed(Method::Awq, false)),
+        ("gptq", packed(Method::Gptq, false)),
+        ("ct-w4a16", packed(Method::Gptq, true)),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        model::gen_model_config_packed4(&config, "mm", dir.path(), &opts(StoredDtype::F16), fmt)
+            .unwrap();
+        let found = lists(dir.path());
+        match format {
+            "awq" => assert_eq!(
+                found,
+                vec![(
+                    "modules_to_not_convert".to_string(),
+                    vec!["vision_tower".to_string()]
+                )]
+            ),
+            "gptq" => assert_eq!(found, vec![]),
+            _ => assert_eq!(found[0].1.len(), 1 + 2 * 6, "{found:?}"),
+        }
+        if format != "gptq" {
+            check_lists("gemma3", format, &config, dir.path());
+        }
+        opens(dir.path()).unwrap_or_else(|e| panic!("{format}: {e}"));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    model::gen_model_config_fp8_block(
+        &config,
+        "mm",
+        dir.path(),
+        &opts(StoredDtype::BF16),
+        vramscope::quant::fp8_block::BlockSize { n: 128, k: 128 },
+    )
+    .unwrap();
+    assert_eq!(lists(dir.path()), vec![]);
+    opens(dir.path()).unwrap();
+}
+
+/// The checks of `each_list_entry_names_a_module_of_the_written_checkpoint` on one checkpoint.
+fn check_lists(family: &str, format: &str, config: &ModelConfig, dir: &Path) {
+    let tensors = stored(dir);
+    let found = lists(dir);
+    assert!(!found.is_empty(), "{family} {format}: no list");
+    for (key, entries) in &found {
+        let what = format!("{family} {format} {key}");
+        for e in entries {
+            let held = tensors.iter().any(|(n, _, _)| covers(e, n));
+            let tied_head = e.ends_with("lm_head")
+                && config.tie_word_embeddings
+                && tensors.iter().any(|(n, _, _)| {
+                    *n == format!("{}model.embed_tokens.weight", &e[..e.len() - 7])
+                });
+            assert!(held || tied_head, "{what}: {e} names no stored module");
+            assert!(
+                !e.contains("layers.") || !is_text(e),
+                "{what}: {e} is a decoder layer"
+            );
+        }
+        // The lm_head by its stored name: `language_model.lm_head` where the family
+        // keeps its language model under that prefix.
+        if key != "llm_int8_skip_modules" && key != "modules_to_not_convert" {
+            let head = if family == "qwen2_5_vl" {
+                "lm_head"
+            } else {
+                "language_model.lm_head"
+            };
+            assert_eq!(entries[0], head, "{what}");
+        }
+        for (n, dtype, shape) in &tensors {
+            let tower_linear = !is_text(n)
+                && n.ends_with(".weight")
+                && shape.len() == 2
+                && !n.ends_with("embedding.weight")
+                && !n.ends_with("head.attention.out_proj.weight")
+                && matches!(dtype, safetensors::Dtype::BF16 | safetensors::Dtype::F16);
+            if tower_linear {
+                assert!(
+                    entries.iter().any(|e| covers(e, n)),
+                    "{what}: {n} is left to be quantized: {entries:?}"
+                );
             }
         }
     }

@@ -2049,6 +2049,7 @@ impl SafetensorsModel {
         why: &str,
     ) -> Result<(&SafetensorsFile, String)> {
         let s = self.shard_of(t)?;
+        let t = self.resolve(t);
         let dtype = s.stored_dtype_name(t);
         if !dtypes.contains(&dtype.as_str()) {
             return Err(Error::model(
@@ -2084,11 +2085,14 @@ impl SafetensorsModel {
         k: usize,
         data: bool,
     ) -> Result<Parts> {
-        let [wp, _, ws, gi] = Self::packed4_names_of(name, fmt);
+        // Each part under the name the file stores it with (a multimodal layout's prefix).
+        let [wp, _, ws, gi] =
+            Self::packed4_names_of(name, fmt).map(|t| self.resolve(&t).to_string());
         let shape_name = format!(
             "{}.weight_shape",
             name.strip_suffix(".weight").unwrap_or(name)
         );
+        let shape_name = self.resolve(&shape_name).to_string();
         let s = self.shard_of(&wp).map_err(|_| {
             Error::model(
                 &self.origin,
@@ -2311,7 +2315,9 @@ impl WeightSource for SafetensorsModel {
             )
         })?;
         let base = name.strip_suffix(".weight").unwrap_or(name);
-        let [wn, sn, gn, inn] = flavor.suffixes().map(|p| format!("{base}.{p}"));
+        let [wn, sn, gn, inn] = flavor
+            .suffixes()
+            .map(|p| self.resolve(&format!("{base}.{p}")).to_string());
         if self.shard_of(&wn).is_err() {
             return Err(Error::model(
                 &self.origin,
@@ -2430,7 +2436,7 @@ impl WeightSource for SafetensorsModel {
         };
         let (values, origin, tname) = match sc.format {
             Format::Dense => {
-                let w = format!("{base}.weight");
+                let w = self.resolve(&format!("{base}.weight")).to_string();
                 let (s, dtype) =
                     self.checked(&w, &[n, k], value_dtypes, "the 2:4 weight, dense")?;
                 let v = if data {
@@ -2441,8 +2447,8 @@ impl WeightSource for SafetensorsModel {
                 (v, s.path.clone(), w)
             }
             Format::Bitmask => {
-                let [sn, cn, bn] =
-                    ["shape", "compressed", "bitmask"].map(|p| format!("{base}.{p}"));
+                let [sn, cn, bn] = ["shape", "compressed", "bitmask"]
+                    .map(|p| self.resolve(&format!("{base}.{p}")).to_string());
                 if self.shard_of(&cn).is_err() {
                     return Err(Error::model(
                         &self.origin,
@@ -2542,7 +2548,7 @@ impl WeightSource for SafetensorsModel {
         if fmt.compressed_tensors {
             return self.read_ct_w4a16(name, fmt, n, k, data);
         }
-        let [qw, qz, sc, gi] = Self::packed4_names(name);
+        let [qw, qz, sc, gi] = Self::packed4_names(name).map(|t| self.resolve(&t).to_string());
         let s = self.shard_of(&qw).map_err(|_| {
             Error::model(
                 &self.origin,
