@@ -10,8 +10,9 @@
 //! other lists with the model's `hf_to_vllm_mapper` before matching (`apply_vllm_mapper`:
 //! compressed_tensors.py L122-153, fp8.py L152-154, awq_marlin.py L329-333, modelopt.py
 //! L220-239), so transformers 4.52's names (`model.vision_tower.*`, `lm_head`) and the older
-//! published ones keep the same layers 16-bit; the loader reads both and keeps the weight bytes
-//! of a list naming the lm_head alone.
+//! published ones keep the same layers 16-bit; the loader reads both. Weight bytes compare for
+//! bitsandbytes only: every family's tower refuses a checkpoint stored fp8, NVFP4, 2:4 or
+//! Marlin 4-bit before any byte is placed (`LoadOptions::require_16bit`).
 
 mod common;
 
