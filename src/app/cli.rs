@@ -127,7 +127,8 @@ pub enum Command {
         desc_act: bool,
         /// With --bnb-4bit or --bnb-int8: modules kept 16-bit and listed in
         /// llm_int8_skip_modules, comma-separated (as Unsloth's dynamic 4-bit checkpoints
-        /// keep some), e.g. model.layers.0.self_attn,model.layers.1.mlp.
+        /// keep some), e.g. model.layers.0.self_attn,model.layers.1.mlp (a multimodal
+        /// model's are written under vLLM's names, language_model.model.layers.0.self_attn).
         #[arg(long, value_delimiter = ',')]
         bnb_skip_modules: Vec<String>,
     },

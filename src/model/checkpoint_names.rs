@@ -219,6 +219,48 @@ impl VllmNames {
     }
 }
 
+/// The roots of a multimodal checkpoint's modules outside its language model, as the
+/// mappers above name them (`vision_tower.`, `multi_modal_projector.`, `image_newline`,
+/// `visual.`) and Llama 4 stores them (`vision_model.`, mllama4.py 0.19 L1040-1070).
+const NON_TEXT_ROOTS: [&str; 5] = [
+    "vision_tower",
+    "multi_modal_projector",
+    "image_newline",
+    "visual",
+    "vision_model",
+];
+
+/// Whether an entry of a quantization config's list of unquantized modules (`ignore`,
+/// `ignored_layers`, `exclude_modules`, `modules_to_not_convert`) names the lm_head or a
+/// module outside a multimodal model's language model: in the published layout
+/// (`vision_tower.…`), 4.52's (`model.vision_tower.…`, which vLLM's quantization configs map
+/// with the model's `hf_to_vllm_mapper` before matching: `apply_vllm_mapper`,
+/// compressed_tensors.py 0.19 L122-153, fp8.py L152-154, awq_marlin.py L329-333, modelopt.py
+/// L220-239), or as a compressed-tensors regex over either (`re:vision_tower.*`,
+/// `re:.*lm_head`). Such an entry leaves no decoder layer in 16 bits.
+pub(crate) fn names_lm_head_or_tower(entry: &str) -> bool {
+    let name = entry.strip_prefix("re:").unwrap_or(entry);
+    let name = name.strip_prefix(".*").unwrap_or(name);
+    let name = name.strip_prefix("model.").unwrap_or(name);
+    let root = name.split(['.', '*', '$']).next().unwrap_or("");
+    name.trim_end_matches(['$', '*']).ends_with("lm_head") || NON_TEXT_ROOTS.contains(&root)
+}
+
+/// Whether a tower or projector tensor is an `nn.Linear`'s weight: a 2-D `….weight`, not an
+/// embedding table (`position_embedding`) and not the `out_proj` of SigLIP's pooling head,
+/// torch's `NonDynamicallyQuantizableLinear` inside `nn.MultiheadAttention`, a class LLM
+/// Compressor's `Linear` target does not name (vLLM drops that head, siglip.py 0.19
+/// L918-921). Convolutions (4-D, 5-D), norms (1-D) and bare parameters
+/// (`mm_input_projection_weight`, `positional_embedding_vlm`) are not linear layers.
+fn is_tower_linear(name: &str, shape: &[usize]) -> bool {
+    let Some(module) = name.strip_suffix(".weight") else {
+        return false;
+    };
+    shape.len() == 2
+        && !module.ends_with("embedding")
+        && !module.ends_with("head.attention.out_proj")
+}
+
 /// Whether a name is a `ForCausalLM`'s (its two children).
 pub(crate) fn is_text(name: &str) -> bool {
     name.starts_with("model.") || name.starts_with("lm_head.")
@@ -242,6 +284,70 @@ impl ModelConfig {
         } else {
             None
         }
+    }
+
+    /// The linear layers a quantizer leaves in 16 bits, named as this model's checkpoint
+    /// names its modules (`published_name`): the lm_head, and in a multimodal model every
+    /// linear layer of the tower and the projector. LLM Compressor writes this list as
+    /// `ignore` (compressed-tensors 0.10.2 quant_config.py L178-218: every module of a
+    /// quantized type left unquantized, by its full name) and AutoFP8 as `ignored_layers`
+    /// (ModelOpt names the tower by its roots: `modelopt_excluded`). vLLM 0.19 hands the tower and projector its `quant_config` (gemma3_mm.py L515-520,
+    /// mistral3.py L418-434, llava_next.py L278-295, qwen2_5_vl.py L1136-1140; Kimi-VL's and
+    /// Llama 4's get none, kimi_vl.py L319-327, mllama4.py L757-769): a linear layer left off
+    /// the list would be read as quantized.
+    pub(crate) fn unquantized_linears(&self) -> Vec<String> {
+        let Some(names) = self.vllm_names() else {
+            return vec!["lm_head".to_string()];
+        };
+        let lm_head = if names.keeps_language_model {
+            "language_model.lm_head.weight"
+        } else {
+            "lm_head.weight"
+        };
+        let mut out = vec![names.published_name(lm_head)];
+        out.extend(
+            self.tensor_shapes()
+                .into_iter()
+                .filter(|(name, shape)| {
+                    !is_text(name.strip_prefix(LANGUAGE_MODEL).unwrap_or(name))
+                        && is_tower_linear(name, shape)
+                })
+                .map(|(name, _)| names.published_name(&name)),
+        );
+        out.iter()
+            .map(|n| n.trim_end_matches(".weight").to_string())
+            .collect()
+    }
+
+    /// The top-level modules of a multimodal checkpoint that hold the linear layers
+    /// `unquantized_linears` names besides the lm_head (`vision_tower`,
+    /// `multi_modal_projector`; Qwen2.5-VL's `visual`): what AutoAWQ's
+    /// `modules_to_not_convert` and a bitsandbytes `llm_int8_skip_modules` name to keep a
+    /// tower in 16 bits (vLLM matches them as a substring, quant_utils.py 0.19 L447-449, or a
+    /// whole component, bitsandbytes.py L172-186) and ModelOpt as `root*` ("the Nvidia
+    /// ModelOpt library use just one wildcard pattern: module_path*", modelopt.py 0.19
+    /// L220-239). Empty for a text model.
+    pub(crate) fn tower_roots(&self) -> Vec<String> {
+        let mut roots: Vec<String> = Vec::new();
+        if self.vllm_names().is_none() {
+            return roots;
+        }
+        for m in self.unquantized_linears().iter().skip(1) {
+            let root = m.split('.').next().unwrap_or(m).to_string();
+            if !roots.contains(&root) {
+                roots.push(root);
+            }
+        }
+        roots
+    }
+
+    /// ModelOpt's `exclude_modules` for this model: the lm_head by its full name and each
+    /// tower root as `root*` (`tower_roots`).
+    pub(crate) fn modelopt_excluded(&self) -> Vec<String> {
+        let lm_head = self.unquantized_linears().swap_remove(0);
+        std::iter::once(lm_head)
+            .chain(self.tower_roots().into_iter().map(|r| format!("{r}*")))
+            .collect()
     }
 
     /// Whether vLLM 0.19 passes over a stored tensor the multimodal module has no parameter

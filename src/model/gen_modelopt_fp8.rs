@@ -11,7 +11,7 @@ use std::path::Path;
 use crate::base::error::{Error, Result};
 use crate::quant::fp8;
 
-use super::{gen_model_with, GenOptions, ModelFiles};
+use super::{gen_model_config, GenOptions, ModelConfig, ModelFiles};
 
 /// The stored activation scale: a calibration that saw |x| ≤ 8 (amax / 448).
 pub const INPUT_AMAX: f32 = 8.0;
@@ -33,21 +33,31 @@ fn siblings(name: &str) -> Vec<String> {
 }
 
 pub fn gen_model_modelopt_fp8(preset: &str, dir: &Path, opts: &GenOptions) -> Result<ModelFiles> {
+    let config = super::presets::preset(preset)
+        .ok_or_else(|| Error::Request(format!("unknown preset '{preset}'")))?;
+    gen_model_config_modelopt_fp8(&config, preset, dir, opts)
+}
+
+/// `gen_model_modelopt_fp8` for any shape, seeded by `seed_name`.
+pub fn gen_model_config_modelopt_fp8(
+    config: &ModelConfig,
+    seed_name: &str,
+    dir: &Path,
+    opts: &GenOptions,
+) -> Result<ModelFiles> {
     if opts.shards != 1 || opts.bnb_int8 || !opts.bnb_skip_modules.is_empty() {
         return Err(Error::Request(
             "gen-model --modelopt-fp8 writes one model.safetensors, not sharded and not bitsandbytes"
                 .into(),
         ));
     }
-    let config = super::presets::preset(preset)
-        .ok_or_else(|| Error::Request(format!("unknown preset '{preset}'")))?;
     if config.arch == "opt" || config.fused_checkpoint() || config.phi.is_some() {
         return Err(Error::Request(format!(
             "gen-model --modelopt-fp8: model_type '{}' is not written in that format (Llama-family models with separate projections only)",
             config.arch
         )));
     }
-    let files = gen_model_with(preset, dir, opts)?;
+    let files = gen_model_config(config, seed_name, dir, opts)?;
     let raw = std::fs::read(&files.weights).map_err(|e| Error::io(&files.weights, e))?;
     let st = safetensors::SafeTensors::deserialize(&raw)
         .map_err(|e| Error::model(&files.weights, format!("{e}")))?;
@@ -76,7 +86,7 @@ pub fn gen_model_modelopt_fp8(preset: &str, dir: &Path, opts: &GenOptions) -> Re
     names.sort();
     for name in &names {
         let t = st.tensor(name).expect("listed");
-        let projection = super::is_stored_projection(&config, name);
+        let projection = super::is_stored_projection(config, name);
         if !projection {
             out.push((
                 name.clone(),
@@ -131,7 +141,7 @@ pub fn gen_model_modelopt_fp8(preset: &str, dir: &Path, opts: &GenOptions) -> Re
         "quantization": {
             "quant_algo": "FP8",
             "kv_cache_quant_algo": null,
-            "exclude_modules": ["lm_head"],
+            "exclude_modules": config.modelopt_excluded(),
         },
     });
     let p = dir.join("hf_quant_config.json");

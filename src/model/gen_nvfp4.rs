@@ -9,7 +9,7 @@ use std::path::Path;
 use crate::base::error::{Error, Result};
 use crate::quant::nvfp4::{self, Flavor};
 
-use super::{gen_model_with, GenOptions, ModelFiles};
+use super::{gen_model_config, GenOptions, ModelConfig, ModelFiles};
 
 /// The stacked group a projection belongs to (its siblings' names), for the shared amax.
 fn siblings(name: &str) -> Vec<String> {
@@ -33,21 +33,32 @@ pub fn gen_model_nvfp4(
     opts: &GenOptions,
     flavor: Flavor,
 ) -> Result<ModelFiles> {
+    let config = super::presets::preset(preset)
+        .ok_or_else(|| Error::Request(format!("unknown preset '{preset}'")))?;
+    gen_model_config_nvfp4(&config, preset, dir, opts, flavor)
+}
+
+/// `gen_model_nvfp4` for any shape, seeded by `seed_name`.
+pub fn gen_model_config_nvfp4(
+    config: &ModelConfig,
+    seed_name: &str,
+    dir: &Path,
+    opts: &GenOptions,
+    flavor: Flavor,
+) -> Result<ModelFiles> {
     if opts.shards != 1 || opts.bnb_int8 || !opts.bnb_skip_modules.is_empty() {
         return Err(Error::Request(
             "gen-model --nvfp4 writes one model.safetensors, not sharded and not bitsandbytes"
                 .into(),
         ));
     }
-    let config = super::presets::preset(preset)
-        .ok_or_else(|| Error::Request(format!("unknown preset '{preset}'")))?;
     if config.arch == "opt" || config.fused_checkpoint() || config.phi.is_some() {
         return Err(Error::Request(format!(
             "gen-model --nvfp4: model_type '{}' is not written in that format (Llama-family models with separate projections only)",
             config.arch
         )));
     }
-    let files = gen_model_with(preset, dir, opts)?;
+    let files = gen_model_config(config, seed_name, dir, opts)?;
     let raw = std::fs::read(&files.weights).map_err(|e| Error::io(&files.weights, e))?;
     let st = safetensors::SafeTensors::deserialize(&raw)
         .map_err(|e| Error::model(&files.weights, format!("{e}")))?;
@@ -77,7 +88,7 @@ pub fn gen_model_nvfp4(
     let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
     names.sort();
     for name in &names {
-        let projection = super::is_stored_projection(&config, name);
+        let projection = super::is_stored_projection(config, name);
         if !projection {
             let t = st.tensor(name).expect("listed");
             out.push((
@@ -161,7 +172,7 @@ pub fn gen_model_nvfp4(
                 "global_compression_ratio": null,
                 "kv_cache_scheme": null,
                 "sparsity_config": {},
-                "ignore": ["lm_head"],
+                "ignore": config.unquantized_linears(),
                 "config_groups": {"group_0": {
                     "targets": ["Linear"],
                     "weights": nvfp4_args,
@@ -180,7 +191,7 @@ pub fn gen_model_nvfp4(
                     "quant_algo": "NVFP4",
                     "kv_cache_quant_algo": null,
                     "group_size": 16,
-                    "exclude_modules": ["lm_head"],
+                    "exclude_modules": config.modelopt_excluded(),
                 },
             });
             let p = dir.join("hf_quant_config.json");

@@ -11,10 +11,24 @@ use std::path::Path;
 use crate::base::error::{Error, Result};
 use crate::quant::sparse24::{self, Format};
 
-use super::{gen_model_with, GenOptions, ModelFiles};
+use super::{gen_model_config, GenOptions, ModelConfig, ModelFiles};
 
 pub fn gen_model_sparse24(
     preset: &str,
+    dir: &Path,
+    opts: &GenOptions,
+    format: Format,
+    fp8: bool,
+) -> Result<ModelFiles> {
+    let config = super::presets::preset(preset)
+        .ok_or_else(|| Error::Request(format!("unknown preset '{preset}'")))?;
+    gen_model_config_sparse24(&config, preset, dir, opts, format, fp8)
+}
+
+/// `gen_model_sparse24` for any shape, seeded by `seed_name`.
+pub fn gen_model_config_sparse24(
+    config: &ModelConfig,
+    seed_name: &str,
     dir: &Path,
     opts: &GenOptions,
     format: Format,
@@ -26,15 +40,13 @@ pub fn gen_model_sparse24(
                 .into(),
         ));
     }
-    let config = super::presets::preset(preset)
-        .ok_or_else(|| Error::Request(format!("unknown preset '{preset}'")))?;
     if config.arch == "opt" || config.fused_checkpoint() || config.phi.is_some() {
         return Err(Error::Request(format!(
             "gen-model --sparse24: model_type '{}' is not written in that format (Llama-family models with separate projections only)",
             config.arch
         )));
     }
-    let files = gen_model_with(preset, dir, opts)?;
+    let files = gen_model_config(config, seed_name, dir, opts)?;
     let raw = std::fs::read(&files.weights).map_err(|e| Error::io(&files.weights, e))?;
     let st = safetensors::SafeTensors::deserialize(&raw)
         .map_err(|e| Error::model(&files.weights, format!("{e}")))?;
@@ -44,7 +56,7 @@ pub fn gen_model_sparse24(
     let (mut zeros, mut total) = (0usize, 0usize);
     for name in &names {
         let t = st.tensor(name).expect("listed");
-        let projection = super::is_stored_projection(&config, name);
+        let projection = super::is_stored_projection(config, name);
         if !projection {
             out.push((
                 name.clone(),
@@ -168,11 +180,13 @@ pub fn gen_model_sparse24(
     let cfg_text = std::fs::read(&files.config).map_err(|e| Error::io(&files.config, e))?;
     let mut json: serde_json::Value = serde_json::from_slice(&cfg_text)
         .map_err(|e| Error::model(&files.config, format!("{e}")))?;
+    // LLM Compressor's list of the linear layers it leaves alone, by their full names.
+    let unquantized = config.unquantized_linears();
     // compressed-tensors' SparsityCompressionConfig as LLM Compressor saves it.
     let sparsity = serde_json::json!({
         "format": format.label(),
         "global_sparsity": zeros as f64 / total.max(1) as f64,
-        "ignore": ["lm_head"],
+        "ignore": unquantized,
         "registry_requires_subclass": false,
         "sparsity_structure": "2:4",
         "targets": ["Linear"],
@@ -185,7 +199,7 @@ pub fn gen_model_sparse24(
             "global_compression_ratio": null,
             "kv_cache_scheme": null,
             "sparsity_config": sparsity,
-            "ignore": ["lm_head"],
+            "ignore": unquantized,
             "config_groups": {"group_0": {
                 "targets": ["Linear"],
                 "weights": {"type": "float", "num_bits": 8, "strategy": "channel",

@@ -314,11 +314,13 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
                 _ => None,
             };
             let bnb_skip = bnb_skip_of(&json, sq, &files.config)?;
+            let names = cfg.vllm_names();
             Ok((
                 cfg,
                 Box::new(ConfigOnly {
                     config: files.config.clone(),
                     bnb_skip,
+                    names,
                     int8: threshold.is_some(),
                     bnb4,
                     fp8,
@@ -338,6 +340,8 @@ struct ConfigOnly {
     config: PathBuf,
     /// A bitsandbytes checkpoint's `llm_int8_skip_modules` (linear layers kept 16-bit).
     bnb_skip: Vec<String>,
+    /// A multimodal model's names as vLLM reads them (the skip list is matched under them).
+    names: Option<&'static checkpoint_names::VllmNames>,
     /// A bitsandbytes 8-bit checkpoint (its linear layers would be stored as int8).
     int8: bool,
     /// A bitsandbytes 4-bit checkpoint: what its quant states would say.
@@ -374,7 +378,7 @@ impl WeightSource for ConfigOnly {
         false
     }
     fn bnb_skipped(&self, name: &str) -> bool {
-        crate::quant::bnb_skip::weight_skipped(name, &self.bnb_skip)
+        crate::quant::bnb_skip::config_weight_skipped(self.names, name, &self.bnb_skip)
     }
     fn is_int8(&self, name: &str) -> bool {
         // The linear layers of the decoder, as bitsandbytes stores them.
@@ -1224,9 +1228,20 @@ pub fn gen_model_fp8(
     static_activations: bool,
 ) -> Result<ModelFiles> {
     let config = preset_config(preset)?;
+    gen_model_config_fp8(&config, preset, dir, opts, static_activations)
+}
+
+/// `gen_model_fp8` for any shape, seeded by `seed_name`.
+pub fn gen_model_config_fp8(
+    config: &ModelConfig,
+    seed_name: &str,
+    dir: &Path,
+    opts: &GenOptions,
+    static_activations: bool,
+) -> Result<ModelFiles> {
     gen_model_inner(
-        &config,
-        preset,
+        config,
+        seed_name,
         dir,
         opts,
         None,
@@ -1587,11 +1602,23 @@ fn gen_model_inner(
     let (weights, shards, index) = write_shards(dir, tensors, opts.shards)?;
     let cfg_path = dir.join("config.json");
     let mut json = config.to_hf_json(torch_dtype);
-    let skip_json = if opts.bnb_skip_modules.is_empty() {
+    // The skip list as vLLM matches it: its module names (bitsandbytes.py 0.19 maps none, no
+    // `apply_vllm_mapper`), and a multimodal tower kept 16-bit named by its roots.
+    let skip_list: Vec<String> = match config.vllm_names() {
+        None => opts.bnb_skip_modules.clone(),
+        Some(names) => opts
+            .bnb_skip_modules
+            .iter()
+            .map(|m| names.vllm_of_config(m))
+            .chain(config.tower_roots())
+            .collect(),
+    };
+    let skip_json = if skip_list.is_empty() {
         serde_json::Value::Null
     } else {
-        serde_json::json!(opts.bnb_skip_modules)
+        serde_json::json!(skip_list)
     };
+    let unquantized = config.unquantized_linears();
     if opts.bnb_int8 {
         json["quantization_config"] = serde_json::json!({
             "quant_method": "bitsandbytes",
@@ -1608,7 +1635,7 @@ fn gen_model_inner(
             json["quantization_config"] = serde_json::json!({
                 "quant_method": "fp8",
                 "activation_scheme": if static_act { "static" } else { "dynamic" },
-                "ignored_layers": ["lm_head"],
+                "ignored_layers": unquantized,
             })
         }
         // What LLM Compressor writes for the FP8_DYNAMIC scheme (RedHatAI's
@@ -1621,7 +1648,7 @@ fn gen_model_inner(
                 "global_compression_ratio": null,
                 "kv_cache_scheme": null,
                 "sparsity_config": {},
-                "ignore": ["lm_head"],
+                "ignore": unquantized,
                 "config_groups": {"group_0": {
                     "targets": ["Linear"],
                     "weights": {"type": "float", "num_bits": 8, "strategy": "channel",
@@ -1643,7 +1670,7 @@ fn gen_model_inner(
                 "global_compression_ratio": null,
                 "kv_cache_scheme": null,
                 "sparsity_config": {},
-                "ignore": ["lm_head"],
+                "ignore": unquantized,
                 "config_groups": {"group_0": {
                     "targets": ["Linear"],
                     "weights": {"type": "int", "num_bits": 8, "strategy": "channel",
@@ -1701,7 +1728,7 @@ fn gen_model_inner(
             "global_compression_ratio": null,
             "kv_cache_scheme": null,
             "sparsity_config": {},
-            "ignore": ["lm_head"],
+            "ignore": unquantized,
             "config_groups": {"group_0": {
                 "targets": ["Linear"],
                 "weights": {"num_bits": 4, "type": "int", "symmetric": true,
@@ -1722,7 +1749,11 @@ fn gen_model_inner(
                 "group_size": fmt.group_size,
                 "zero_point": true,
                 "version": "gemm",
-                "modules_to_not_convert": null,
+                "modules_to_not_convert": if config.vllm_names().is_some() {
+                    serde_json::json!(config.tower_roots())
+                } else {
+                    serde_json::Value::Null
+                },
             }),
             // AutoGPTQ's BaseQuantizeConfig (quantize_config.json) with its quant_method.
             crate::quant::marlin::Method::Gptq => serde_json::json!({

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::checkpoint_names::VllmNames;
+use super::checkpoint_names::{names_lm_head_or_tower, VllmNames};
 use super::config::ModelConfig;
 use super::weights::{floats_to_f32, SafetensorsFile, StoredDtype, WeightSource};
 use crate::base::error::{Error, Result};
@@ -346,11 +346,15 @@ fn packed4_config(q: &serde_json::Value, method: &str, path: &Path) -> Result<St
                 ))
             }
         }
-        if list_set("modules_to_not_convert") {
+        let towers_only = q["modules_to_not_convert"].as_array().is_some_and(|a| {
+            a.iter()
+                .all(|m| m.as_str().is_some_and(names_lm_head_or_tower))
+        });
+        if list_set("modules_to_not_convert") && !towers_only {
             return Err(Error::model(
                 path,
                 format!(
-                    "{} is {}: layers left unquantized inside an AWQ checkpoint are not modelled",
+                    "{} is {}: decoder layers left unquantized inside an AWQ checkpoint are not modelled (only a multimodal model's tower and projector)",
                     key("modules_to_not_convert"),
                     q["modules_to_not_convert"]
                 ),
@@ -455,7 +459,9 @@ fn fp8_config(config: &serde_json::Value, path: &Path) -> Result<StoredFp8> {
         Some((k, serde_json::Value::Array(names))) => {
             for n in names {
                 match n.as_str() {
-                    Some(s) if s == "lm_head" || s.ends_with(".lm_head") => {}
+                    // The lm_head, or a multimodal model's tower and projector, which stay
+                    // 16-bit as vramscope loads them.
+                    Some(s) if names_lm_head_or_tower(s) => {}
                     // Not linear layers: vLLM's skip list never reaches them.
                     Some(s) if s.ends_with("norm") || s.ends_with("embed_tokens") => {}
                     // A MoE block's router: left 16-bit, as vramscope loads it.
@@ -514,12 +520,12 @@ fn nvfp4_ignore(list: &serde_json::Value, key: &str, path: &Path) -> Result<()> 
         serde_json::Value::Null => Ok(()),
         serde_json::Value::Array(names) => match names
             .iter()
-            .find(|n| !n.as_str().is_some_and(|s| s.ends_with("lm_head")))
+            .find(|n| !n.as_str().is_some_and(names_lm_head_or_tower))
         {
             None => Ok(()),
             Some(n) => Err(Error::model(
                 path,
-                format!("{key} lists {n}: a linear layer left in 16 bits inside an NVFP4 checkpoint is not read yet (only lm_head)"),
+                format!("{key} lists {n}: a linear layer left in 16 bits inside an NVFP4 checkpoint is not read yet (only lm_head and a multimodal model's tower and projector)"),
             )),
         },
         other => Err(Error::model(
@@ -770,7 +776,30 @@ fn modelopt_fp8_config(
             }
         }
     }
-    let layers = config["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+    // A multimodal model's decoder is vLLM's `language_model.model.*`, its layers counted in
+    // `text_config`; vLLM maps the list with the model's `hf_to_vllm_mapper` first, each
+    // `root*` split into `root` and `root.*` (`apply_vllm_mapper`, modelopt.py 0.19 L220-239).
+    let names = ModelConfig::from_hf_json(config)
+        .ok()
+        .and_then(|c| c.vllm_names());
+    let (layers, root) = match names {
+        Some(n) => {
+            entries = entries
+                .iter()
+                .flat_map(|e| match e.strip_suffix('*') {
+                    Some(r) if !r.ends_with('.') => vec![r.to_string(), format!("{r}.*")],
+                    _ => vec![e.clone()],
+                })
+                .map(|e| n.to_vllm(&e))
+                .collect();
+            (
+                &config["text_config"]["num_hidden_layers"],
+                "language_model.",
+            )
+        }
+        None => (&config["num_hidden_layers"], ""),
+    };
+    let layers = layers.as_u64().unwrap_or(0) as usize;
     let linears: [(&str, &[&str]); 4] = [
         ("self_attn.qkv_proj", &["q_proj", "k_proj", "v_proj"]),
         ("self_attn.o_proj", &[]),
@@ -779,11 +808,11 @@ fn modelopt_fp8_config(
     ];
     for l in 0..layers {
         for (name, parts) in linears {
-            let prefix = format!("model.layers.{l}.{name}");
+            let prefix = format!("{root}model.layers.{l}.{name}");
             let module = name.rsplit_once('.').map_or("", |(m, _)| m);
             let shards: Vec<String> = parts
                 .iter()
-                .map(|p| format!("model.layers.{l}.{module}.{p}"))
+                .map(|p| format!("{root}model.layers.{l}.{module}.{p}"))
                 .collect();
             if crate::quant::modelopt_fp8::excluded(&prefix, &shards, &entries) {
                 return Err(Error::model(
@@ -903,10 +932,10 @@ fn compressed_tensors_config(config: &serde_json::Value, path: &Path) -> Result<
         serde_json::Value::Null => Ok(()),
         serde_json::Value::Array(names) => names
             .iter()
-            .find(|n| !n.as_str().is_some_and(|s| s.ends_with("lm_head")))
+            .find(|n| !n.as_str().is_some_and(names_lm_head_or_tower))
             .map_or(Ok(()), |n| {
                 Err(format!(
-                    "ignore lists {n}: a linear layer left in 16 bits is not read yet (only lm_head)"
+                    "ignore lists {n}: a linear layer left in 16 bits is not read yet (only lm_head and a multimodal model's tower and projector)"
                 ))
             }),
         other => Err(format!("ignore is {other}, expected a list of names")),
@@ -1028,10 +1057,10 @@ fn ct_sparse24_config(config: &serde_json::Value, path: &Path) -> Result<Option<
         .as_array()
         .into_iter()
         .flatten()
-        .find(|n| !n.as_str().is_some_and(|s| s.ends_with("lm_head")))
+        .find(|n| !n.as_str().is_some_and(names_lm_head_or_tower))
     {
         return refuse(format!(
-            "sparsity_config.ignore lists {n}: a decoder linear layer left dense inside a 2:4 checkpoint is not modelled (only lm_head)"
+            "sparsity_config.ignore lists {n}: a decoder linear layer left dense inside a 2:4 checkpoint is not modelled (only lm_head and a multimodal model's tower and projector)"
         ));
     }
     if !q["kv_cache_scheme"].is_null() {
@@ -1069,10 +1098,10 @@ fn ct_sparse24_config(config: &serde_json::Value, path: &Path) -> Result<Option<
         .as_array()
         .into_iter()
         .flatten()
-        .find(|n| !n.as_str().is_some_and(|s| s.ends_with("lm_head")))
+        .find(|n| !n.as_str().is_some_and(names_lm_head_or_tower))
     {
         return refuse(format!(
-            "ignore lists {n}: a linear layer left in 16 bits is not read yet (only lm_head)"
+            "ignore lists {n}: a linear layer left in 16 bits is not read yet (only lm_head and a multimodal model's tower and projector)"
         ));
     }
     let (w, a) = (&g["weights"], &g["input_activations"]);
@@ -2020,6 +2049,7 @@ impl SafetensorsModel {
         why: &str,
     ) -> Result<(&SafetensorsFile, String)> {
         let s = self.shard_of(t)?;
+        let t = self.resolve(t);
         let dtype = s.stored_dtype_name(t);
         if !dtypes.contains(&dtype.as_str()) {
             return Err(Error::model(
@@ -2055,11 +2085,14 @@ impl SafetensorsModel {
         k: usize,
         data: bool,
     ) -> Result<Parts> {
-        let [wp, _, ws, gi] = Self::packed4_names_of(name, fmt);
+        // Each part under the name the file stores it with (a multimodal layout's prefix).
+        let [wp, _, ws, gi] =
+            Self::packed4_names_of(name, fmt).map(|t| self.resolve(&t).to_string());
         let shape_name = format!(
             "{}.weight_shape",
             name.strip_suffix(".weight").unwrap_or(name)
         );
+        let shape_name = self.resolve(&shape_name).to_string();
         let s = self.shard_of(&wp).map_err(|_| {
             Error::model(
                 &self.origin,
@@ -2221,7 +2254,7 @@ impl WeightSource for SafetensorsModel {
     }
 
     fn bnb_skipped(&self, name: &str) -> bool {
-        crate::quant::bnb_skip::weight_skipped(name, &self.bnb_skip)
+        crate::quant::bnb_skip::config_weight_skipped(self.names, name, &self.bnb_skip)
     }
 
     fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
@@ -2282,7 +2315,9 @@ impl WeightSource for SafetensorsModel {
             )
         })?;
         let base = name.strip_suffix(".weight").unwrap_or(name);
-        let [wn, sn, gn, inn] = flavor.suffixes().map(|p| format!("{base}.{p}"));
+        let [wn, sn, gn, inn] = flavor
+            .suffixes()
+            .map(|p| self.resolve(&format!("{base}.{p}")).to_string());
         if self.shard_of(&wn).is_err() {
             return Err(Error::model(
                 &self.origin,
@@ -2401,7 +2436,7 @@ impl WeightSource for SafetensorsModel {
         };
         let (values, origin, tname) = match sc.format {
             Format::Dense => {
-                let w = format!("{base}.weight");
+                let w = self.resolve(&format!("{base}.weight")).to_string();
                 let (s, dtype) =
                     self.checked(&w, &[n, k], value_dtypes, "the 2:4 weight, dense")?;
                 let v = if data {
@@ -2412,8 +2447,8 @@ impl WeightSource for SafetensorsModel {
                 (v, s.path.clone(), w)
             }
             Format::Bitmask => {
-                let [sn, cn, bn] =
-                    ["shape", "compressed", "bitmask"].map(|p| format!("{base}.{p}"));
+                let [sn, cn, bn] = ["shape", "compressed", "bitmask"]
+                    .map(|p| self.resolve(&format!("{base}.{p}")).to_string());
                 if self.shard_of(&cn).is_err() {
                     return Err(Error::model(
                         &self.origin,
@@ -2513,7 +2548,7 @@ impl WeightSource for SafetensorsModel {
         if fmt.compressed_tensors {
             return self.read_ct_w4a16(name, fmt, n, k, data);
         }
-        let [qw, qz, sc, gi] = Self::packed4_names(name);
+        let [qw, qz, sc, gi] = Self::packed4_names(name).map(|t| self.resolve(&t).to_string());
         let s = self.shard_of(&qw).map_err(|_| {
             Error::model(
                 &self.origin,
