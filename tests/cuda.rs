@@ -971,7 +971,7 @@ fn one_awq_or_gptq_linear_on_the_gpu_equals_the_formats_dequantized_product() {
         (Method::Awq, 128, false, DType::BF16, 260),
         (Method::Gptq, 32, true, DType::F16, 300),
         (Method::Gptq, 64, false, DType::BF16, 129),
-        (Method::Gptq, 128, false, DType::F16, 256),
+        (Method::Gptq, 32, false, DType::F16, 256),
     ];
     let paths = [(true, None), (false, None), (false, Some(64))];
     for ((method, group_size, desc_act, act, m), (fused, cols)) in cases

@@ -20,6 +20,17 @@ const CANDIDATES: usize = 8;
 /// Timed runs per candidate (after one untimed run).
 const RUNS: usize = 3;
 
+/// What a kept algorithm was timed for: the shape, the operands' layout, their types and the
+/// workspace it was limited to (a cuBLASLt description holds the leading dimensions).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct PickKey {
+    mnk: (usize, usize, usize),
+    leading: (usize, usize, usize),
+    b_trans: bool,
+    types: (u32, u32),
+    workspace: u64,
+}
+
 /// The algorithm kept for one shape.
 #[derive(Clone)]
 pub(super) enum Pick {
@@ -39,7 +50,7 @@ fn tuned(setting: Option<&str>) -> bool {
 }
 
 /// One cuBLASLt matmul description of `g` (row-major `C[m, n] = A[m, k] · B[n, k]ᵀ`, i.e.
-/// column-major `Cᵀ = op_T(B) · Aᵀ`), destroyed on drop.
+/// column-major `Cᵀ = op_T(B) · Aᵀ`, or `A · B[k, n]` with `op_N`), destroyed on drop.
 pub(super) struct Desc {
     desc: ltsys::cublasLtMatmulDesc_t,
     b: ltsys::cublasLtMatrixLayout_t,
@@ -62,7 +73,9 @@ impl Desc {
                 ltsys::cudaDataType::CUDA_R_32F,
             )
             .map_err(|x| e("descriptor", x))?;
-            let t = 1i32; // CUBLAS_OP_T
+            // B `[n, k]` is column-major `[k, n]` taken transposed; B `[k, n]` is `[n, k]`.
+            let t = i32::from(g.b_trans); // CUBLAS_OP_T or CUBLAS_OP_N
+            let (b_rows, b_cols) = if g.b_trans { (g.k, g.n) } else { (g.n, g.k) };
             let layouts = lt::set_matmul_desc_attribute(
                 desc,
                 ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
@@ -70,8 +83,12 @@ impl Desc {
                 std::mem::size_of::<i32>(),
             )
             .and_then(|_| {
-                let b =
-                    lt::create_matrix_layout(ty(g.b_type), g.k as u64, g.n as u64, g.ldb as i64)?;
+                let b = lt::create_matrix_layout(
+                    ty(g.b_type),
+                    b_rows as u64,
+                    b_cols as u64,
+                    g.ldb as i64,
+                )?;
                 let a =
                     lt::create_matrix_layout(ty(g.a_type), g.k as u64, g.m as u64, g.lda as i64)?;
                 let c =
@@ -106,7 +123,13 @@ impl CudaDevice {
     pub(super) fn gemm_tuned(&mut self, g: Gemm) -> Result<()> {
         // Candidates were limited to the workspace at hand, so it is part of the key.
         let ws = self.blas_workspace.map_or(0, |w| w.1);
-        let key = (g.m, g.n, g.k, g.b_type as u32, g.c_type as u32, ws);
+        let key = PickKey {
+            mnk: (g.m, g.n, g.k),
+            leading: (g.lda, g.ldb, g.ldc),
+            b_trans: g.b_trans,
+            types: (g.b_type as u32, g.c_type as u32),
+            workspace: ws,
+        };
         let pick = match self.gemm_picks.get(&key) {
             Some(p) => p.clone(),
             None => {

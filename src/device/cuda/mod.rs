@@ -72,7 +72,7 @@ pub struct CudaDevice {
     lt_algos: HashMap<(usize, usize, usize, u32), cudarc::cublaslt::sys::cublasLtMatmulAlgo_t>,
     /// 16-bit GEMMs take the fastest algorithm timed per shape (off with `VRAMSCOPE_GEMM=default`).
     tune_gemms: bool,
-    gemm_picks: HashMap<(usize, usize, usize, u32, u32, u64), gemm_tune::Pick>,
+    gemm_picks: HashMap<gemm_tune::PickKey, gemm_tune::Pick>,
     name: String,
     total: u64,
     cc: (i32, i32),

@@ -24,7 +24,7 @@ const TILE: usize = 128;
 /// dequantize-then-matmul at 256 tokens: `FP16_MATMUL_HEURISTIC_CONDITION`, awq.py).
 const W4_SLICE_MIN_ROWS: usize = 256;
 /// A slice's bytes at most (`VRAMSCOPE_W4=mib:N` sets another for measurements).
-pub(super) const W4_SLICE_MAX_BYTES: u64 = 64 << 20;
+pub(super) const W4_SLICE_MAX_BYTES: u64 = 128 << 20;
 /// Fewer columns a slice than this and the fused kernel is kept.
 const W4_SLICE_MIN_COLS: usize = 128;
 
@@ -416,7 +416,7 @@ impl CudaDevice {
                     super::grid((k * nc / 8) as u64),
                     &[&qw, &qz, &sc, &gi, &dst, &ni, &ki, &col, &nci, &gr],
                 )?;
-                self.gemm(super::gemm::Gemm {
+                let g = super::gemm::Gemm {
                     m,
                     n: nc,
                     k,
@@ -437,7 +437,13 @@ impl CudaDevice {
                     alpha: 1.0,
                     beta: 0.0,
                     compute: cudarc::cublas::sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                })?;
+                };
+                // Tuned as `gemm_nt`'s are (graph warm-ups and captures keep cuBLAS's choice).
+                if self.tune_gemms && !self.on_side_stream() {
+                    self.gemm_tuned(g)?;
+                } else {
+                    self.gemm(g)?;
+                }
                 cc += nc;
             }
             c0 += ns;
