@@ -1,0 +1,339 @@
+//! Quantized multimodal checkpoints as they are published (issues 45/47): the language model
+//! quantized (compressed-tensors FP8-dynamic and W4A16, AutoAWQ), the vision tower and
+//! projector kept in 16 bits by the quantization config's list. vLLM 0.19 hands the tower the
+//! model's `quant_config` (gemma3_mm.py L515-520, mistral3.py L418-434, qwen2_5_vl.py
+//! L1136-1140), so the list decides: every tower layer on it loads through
+//! `UnquantizedLinearMethod`; a layer left off would be quantized, which is refused naming the
+//! file and the layer.
+
+mod common;
+
+use std::path::Path;
+
+use common::cli::{profile_json_under, vramscope};
+use vramscope::model::weights::StoredDtype;
+use vramscope::model::{self, gen_model_config_with, GenOptions, ModelConfig};
+
+// The fixture's `write_shards` is the other tests'.
+#[allow(dead_code)]
+mod gemma3 {
+    use super::*;
+    include!("fixtures/siglip/tiny.rs");
+    pub(super) fn config() -> ModelConfig {
+        tiny()
+    }
+}
+// The fixture's `write_shards` is the other tests'.
+#[allow(dead_code)]
+mod mistral3 {
+    use super::*;
+    include!("fixtures/pixtral/tiny.rs");
+    pub(super) fn config() -> ModelConfig {
+        tiny()
+    }
+}
+// The fixture's `write_shards` is the other tests'.
+#[allow(dead_code)]
+mod qwen2_5_vl {
+    use super::*;
+    include!("fixtures/qwen2_5_vl/tiny.rs");
+    pub(super) fn config() -> ModelConfig {
+        tiny()
+    }
+}
+
+fn opts(dtype: StoredDtype) -> GenOptions {
+    GenOptions {
+        dtype,
+        seed: 5,
+        shards: 1,
+        bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
+    }
+}
+
+/// The simulated GPU and release every profile here runs on.
+const DEVICE: &str = "sim:h100-80gb:dry";
+const VLLM: &str = "0.19";
+
+/// The weights' tensor bytes of a dry profile.
+fn tensor_bytes(dir: &Path) -> u64 {
+    profile_json_under(dir, DEVICE, VLLM)["weights_tensor_bytes"]
+        .as_u64()
+        .unwrap()
+}
+
+/// (name, stored bytes) of each tensor of `model.safetensors`, from its header.
+fn stored(dir: &Path) -> Vec<(String, u64)> {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    meta.tensors()
+        .into_iter()
+        .map(|(n, info)| (n, (info.data_offsets.1 - info.data_offsets.0) as u64))
+        .collect()
+}
+
+/// Whether a stored name is a linear layer of the language model's decoder (`…layers.N.…_proj`).
+fn is_decoder_linear(name: &str) -> bool {
+    let body = name
+        .strip_prefix("language_model.")
+        .unwrap_or(name)
+        .strip_prefix("model.");
+    body.is_some_and(|b| b.starts_with("layers.") && b.contains("_proj."))
+}
+
+/// Whether a stored name is the tower's or the projector's.
+fn is_tower(name: &str) -> bool {
+    ["vision_tower.", "multi_modal_projector.", "visual."]
+        .iter()
+        .any(|r| name.starts_with(r))
+}
+
+fn sum(t: &[(String, u64)], keep: impl Fn(&str) -> bool) -> u64 {
+    t.iter().filter(|(n, _)| keep(n)).map(|(_, b)| b).sum()
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn write_json(path: &Path, v: &serde_json::Value) {
+    std::fs::write(path, serde_json::to_vec_pretty(v).unwrap()).unwrap();
+}
+
+/// FP8-dynamic (LLM Compressor's `FP8_DYNAMIC`: channel-wise float8_e4m3fn weights, f32
+/// `weight_scale [n, 1]`, dynamic per-token activations, RedHatAI's `…-FP8-dynamic`): vLLM
+/// 0.19's `CompressedTensorsW8A8Fp8` keeps each weight and its channel scales at their stored
+/// sizes (the weight transposed in place, the scales of a fused layer concatenated), so
+/// against the bf16 checkpoint of the same model the weights differ by exactly the decoder
+/// linears' stored bytes, bf16 against fp8 + scales, read from the two files' headers; the
+/// tower's 16-bit tensors are the same bytes in both files. (Qwen2.5-VL's FP8 is refused as
+/// its text model's is: the qkv bias in CUTLASS's epilogue is not modelled.)
+#[test]
+fn fp8_dynamic_loads_the_decoder_in_fp8_and_the_tower_in_16_bits() {
+    for (family, config) in [
+        ("gemma3", gemma3::config()),
+        ("mistral3", mistral3::config()),
+    ] {
+        let bf16 = tempfile::tempdir().unwrap();
+        model::gen_model_config(&config, "mm", bf16.path(), &opts(StoredDtype::BF16)).unwrap();
+        let fp8 = tempfile::tempdir().unwrap();
+        model::gen_model_config_fp8_channel(&config, "mm", fp8.path(), &opts(StoredDtype::BF16))
+            .unwrap();
+        let (b, q) = (stored(bf16.path()), stored(fp8.path()));
+        assert_eq!(sum(&b, is_tower), sum(&q, is_tower), "{family}");
+        assert!(sum(&q, is_tower) > 0, "{family}");
+        let want =
+            tensor_bytes(bf16.path()) - sum(&b, is_decoder_linear) + sum(&q, is_decoder_linear);
+        assert_eq!(tensor_bytes(fp8.path()), want, "{family}");
+    }
+}
+
+/// Gemma 3's tiny shape with a language model wide enough for Marlin's and Machete's tiles
+/// (width 128, MLP 256, two KV heads of 64).
+fn gemma3_wide() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "mm_tokens_per_image": 4, "image_token_index": 1000,
+        "text_config": {"model_type": "gemma3_text", "hidden_size": 128,
+            "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024,
+            "max_position_embeddings": 256, "sliding_window": 16,
+            "query_pre_attn_scalar": 64},
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32,
+            "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "image_size": 28, "patch_size": 7, "vision_use_head": false}
+    })
+}
+
+/// Qwen2.5-VL's tiny shape with a language model as wide (width 128, MLP 256, two heads of
+/// 64, one KV head).
+fn qwen2_5_vl_wide() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 1024,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "tie_word_embeddings": false, "image_token_id": 10, "video_token_id": 11,
+        "vision_start_token_id": 12, "vision_end_token_id": 13,
+        "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]},
+        "vision_config": {"depth": 3, "hidden_act": "silu", "hidden_size": 32,
+            "intermediate_size": 48, "num_heads": 4, "in_chans": 3, "out_hidden_size": 128,
+            "patch_size": 2, "spatial_merge_size": 2, "temporal_patch_size": 2,
+            "window_size": 8, "fullatt_block_indexes": [1]}
+    })
+}
+
+/// The text-only model of a multimodal config: Gemma 3's `text_config` as a
+/// `Gemma3ForCausalLM`, Qwen2.5-VL's top level as a `Qwen2ForCausalLM`.
+fn text_only(mm: &serde_json::Value) -> serde_json::Value {
+    if mm["model_type"] == "gemma3" {
+        let mut t = mm["text_config"].clone();
+        t["architectures"] = serde_json::json!(["Gemma3ForCausalLM"]);
+        return t;
+    }
+    let mut t = mm.clone();
+    let o = t.as_object_mut().unwrap();
+    for k in [
+        "vision_config",
+        "image_token_id",
+        "video_token_id",
+        "vision_start_token_id",
+        "vision_end_token_id",
+        "rope_scaling",
+    ] {
+        o.remove(k);
+    }
+    t["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
+    t["model_type"] = "qwen2".into();
+    t
+}
+
+fn config(json: &serde_json::Value) -> ModelConfig {
+    ModelConfig::from_hf_json(json).unwrap()
+}
+
+/// LLM Compressor's W4A16 (compressed-tensors `pack-quantized`, RedHatAI's
+/// `…-quantized.w4a16`) and AutoAWQ (`Qwen/Qwen2.5-VL-7B-Instruct-AWQ`, its
+/// `modules_to_not_convert: ["visual"]`): the language model loads through the same kernel
+/// and repack as the text-only model of the same shape (Machete on an H100 under 0.19), so the
+/// multimodal weights are the text-only quantized model's plus the tower's and projector's
+/// 16-bit tensors as the quantized file stores them; the bf16 pair differs by the same bytes.
+#[test]
+fn w4a16_and_awq_load_the_decoder_as_the_text_model_does() {
+    use vramscope::quant::marlin::{Format, Method};
+    let packed = |method, ct| Format {
+        method,
+        group_size: 128,
+        desc_act: false,
+        compressed_tensors: ct,
+    };
+    for (family, mm, fmt) in [
+        ("gemma3 w4a16", gemma3_wide(), packed(Method::Gptq, true)),
+        ("gemma3 awq", gemma3_wide(), packed(Method::Awq, false)),
+        (
+            "qwen2_5_vl awq",
+            qwen2_5_vl_wide(),
+            packed(Method::Awq, false),
+        ),
+        (
+            "qwen2_5_vl w4a16",
+            qwen2_5_vl_wide(),
+            packed(Method::Gptq, true),
+        ),
+    ] {
+        let text = text_only(&mm);
+        let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+        let o = opts(StoredDtype::F16);
+        model::gen_model_config_packed4(&config(&mm), "mm", dirs[0].path(), &o, fmt).unwrap();
+        model::gen_model_config_packed4(&config(&text), "t", dirs[1].path(), &o, fmt).unwrap();
+        gen_model_config_with(&config(&mm), "mm", dirs[2].path(), &o, None).unwrap();
+        gen_model_config_with(&config(&text), "t", dirs[3].path(), &o, None).unwrap();
+        let tower = sum(&stored(dirs[0].path()), is_tower);
+        assert!(tower > 0, "{family}");
+        assert_eq!(tower, sum(&stored(dirs[2].path()), is_tower), "{family}");
+        let w: Vec<u64> = dirs.iter().map(|d| tensor_bytes(d.path())).collect();
+        // What the multimodal model holds beyond its language model: the tower's stored
+        // tensors (and Qwen2.5-VL's M-RoPE cache besides), alike quantized or not.
+        assert_eq!(w[0] - w[1], w[2] - w[3], "{family}: {w:?}");
+        if family.starts_with("gemma3") {
+            assert_eq!(w[0], w[1] + tower, "{family}: {w:?}");
+        }
+        assert!(w[0] < w[2], "{family}: {w:?}");
+    }
+}
+
+/// `profile` of the checkpoint at `dir`: (exit code, stderr).
+fn refused(dir: &Path, extra: &[&str]) -> (Option<i32>, String) {
+    let mut args = vec![
+        "profile",
+        "-q",
+        "--model",
+        dir.to_str().unwrap(),
+        "--vllm",
+        VLLM,
+        "--device",
+        DEVICE,
+        "--tokens",
+        "256",
+        "--max-model-len",
+        "256",
+    ];
+    args.extend_from_slice(extra);
+    let out = vramscope(&args);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A list that leaves a tower layer to vLLM's quantization is refused in one line naming
+/// config.json and the first such layer: FP8-dynamic's `ignore` naming the lm_head alone,
+/// AutoAWQ's `modules_to_not_convert` without `visual`; `--quant fp8` on the bf16 checkpoint
+/// (vLLM quantizes the tower in flight too).
+#[test]
+fn a_list_leaving_the_tower_to_be_quantized_is_refused_naming_the_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    model::gen_model_config_fp8_channel(
+        &gemma3::config(),
+        "mm",
+        dir.path(),
+        &opts(StoredDtype::BF16),
+    )
+    .unwrap();
+    let path = dir.path().join("config.json");
+    let mut cfg = read_json(&path);
+    cfg["quantization_config"]["ignore"] = serde_json::json!(["language_model.lm_head"]);
+    write_json(&path, &cfg);
+    let (code, err) = refused(dir.path(), &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("quantized"))
+        .unwrap_or(&err);
+    assert!(line.contains(&path.display().to_string()), "{err}");
+    assert!(
+        line.contains("quantization_config.ignore leaves the tower layer vision_tower.vision_model.encoder.layers.0.self_attn.q_proj to be quantized"),
+        "{err}"
+    );
+
+    let awq = tempfile::tempdir().unwrap();
+    use vramscope::quant::marlin::{Format, Method};
+    let fmt = Format {
+        method: Method::Awq,
+        group_size: 128,
+        desc_act: false,
+        compressed_tensors: false,
+    };
+    model::gen_model_config_packed4(
+        &config(&qwen2_5_vl_wide()),
+        "mm",
+        awq.path(),
+        &opts(StoredDtype::F16),
+        fmt,
+    )
+    .unwrap();
+    let path = awq.path().join("config.json");
+    let mut cfg = read_json(&path);
+    cfg["quantization_config"]["modules_to_not_convert"] = serde_json::json!(null);
+    write_json(&path, &cfg);
+    let (code, err) = refused(awq.path(), &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("quantization_config.modules_to_not_convert leaves the tower layer visual.blocks.0.attn.qkv to be quantized"),
+        "{err}"
+    );
+
+    let bf16 = tempfile::tempdir().unwrap();
+    model::gen_model_config(
+        &gemma3::config(),
+        "mm",
+        bf16.path(),
+        &opts(StoredDtype::BF16),
+    )
+    .unwrap();
+    let (code, err) = refused(bf16.path(), &["--quant", "fp8"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("would quantize its vision tower too"), "{err}");
+}
