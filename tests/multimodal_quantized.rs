@@ -337,3 +337,125 @@ fn a_list_leaving_the_tower_to_be_quantized_is_refused_naming_the_layer() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("would quantize its vision tower too"), "{err}");
 }
+
+/// google/gemma-3-27b-it's config.json as published (transformers 4.50's layout).
+fn gemma3_27b() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+        "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+        "initializer_range": 0.02, "mm_tokens_per_image": 256, "model_type": "gemma3",
+        "text_config": {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504,
+            "model_type": "gemma3_text", "num_attention_heads": 32, "num_hidden_layers": 62,
+            "num_key_value_heads": 16, "query_pre_attn_scalar": 168,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+        "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+        "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+            "model_type": "siglip_vision_model", "num_attention_heads": 16,
+            "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": false}
+    })
+}
+
+/// RedHatAI/gemma-3-27b-it-FP8-dynamic's quantization_config: LLM Compressor's FP8_DYNAMIC
+/// (channel-wise fp8 weights, dynamic per-token activations) over every `Linear`, its `ignore`
+/// the lm_head and the 27 × 6 linear layers of the SigLIP tower by their full names.
+fn fp8_dynamic(tower_layers: usize) -> serde_json::Value {
+    let mut ignore = vec!["language_model.lm_head".to_string()];
+    for l in 0..tower_layers {
+        for m in [
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.q_proj",
+            "self_attn.out_proj",
+            "mlp.fc1",
+            "mlp.fc2",
+        ] {
+            ignore.push(format!("vision_tower.vision_model.encoder.layers.{l}.{m}"));
+        }
+    }
+    serde_json::json!({
+        "config_groups": {"group_0": {
+            "input_activations": {"actorder": null, "block_structure": null, "dynamic": true,
+                "group_size": null, "num_bits": 8, "observer": null, "observer_kwargs": {},
+                "strategy": "token", "symmetric": true, "type": "float"},
+            "output_activations": null, "targets": ["Linear"],
+            "weights": {"actorder": null, "block_structure": null, "dynamic": false,
+                "group_size": null, "num_bits": 8, "observer": "minmax", "observer_kwargs": {},
+                "strategy": "channel", "symmetric": true, "type": "float"}}},
+        "format": "float-quantized", "ignore": ignore, "kv_cache_scheme": null,
+        "quant_method": "compressed-tensors", "quantization_status": "compressed"
+    })
+}
+
+/// The KV cache bytes of a dry profile of the config-only checkpoint at `dir` on an H100 at
+/// max_model_len 8192.
+fn kv_bytes(dir: &Path) -> u64 {
+    let out = tempfile::tempdir().unwrap();
+    let json = out.path().join("r.json");
+    let o = vramscope(&[
+        "profile",
+        "-q",
+        "--json",
+        json.to_str().unwrap(),
+        "--model",
+        dir.to_str().unwrap(),
+        "--vllm",
+        VLLM,
+        "--device",
+        "sim:h100-sxm:dry",
+        "--max-model-len",
+        "8192",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    read_json(&json)["truth"]["kv_bytes"].as_u64().unwrap()
+}
+
+/// docs/models.md: `vramscope plan --vllm 0.19 -- vllm serve DIR --max-model-len 8192` with
+/// DIR holding RedHatAI/gemma-3-27b-it-FP8-dynamic's config.json plans the fp8 run with the
+/// encoder's share named; the fp8 language model leaves the KV cache more room than the bf16
+/// checkpoint's (the 62 layers' linears at one byte a weight instead of two: about 25 GB).
+#[test]
+fn gemma_3_27b_fp8_dynamic_plans_with_a_larger_kv_cache_than_bf16() {
+    let root = tempfile::tempdir().unwrap();
+    let fp8 = root.path().join("gemma-3-27b-it-FP8-dynamic");
+    let bf16 = root.path().join("gemma-3-27b-it");
+    for d in [&fp8, &bf16] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let mut cfg = gemma3_27b();
+    write_json(&bf16.join("config.json"), &cfg);
+    cfg["quantization_config"] = fp8_dynamic(27);
+    write_json(&fp8.join("config.json"), &cfg);
+    let o = vramscope(&[
+        "plan",
+        "--vllm",
+        "0.19",
+        "--",
+        "vllm",
+        "serve",
+        fp8.to_str().unwrap(),
+        "--max-model-len",
+        "8192",
+    ]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{err}");
+    assert!(out.starts_with("gemma-3-27b-it-FP8-dynamic fp8"), "{out}");
+    assert!(
+        out.contains("encoder (vision tower + projector): weights"),
+        "{out}"
+    );
+    let (q, b) = (kv_bytes(&fp8), kv_bytes(&bf16));
+    // The decoder's linear weights: 62 layers of q, k, v, o (2 × 5376 × 4096 + 2 × 5376 ×
+    // 2048) and gate, up, down (3 × 5376 × 21504), one byte each saved, less the f32 channel
+    // scales (4 bytes a row); the allocator's rounding and the activation peak aside (1 %).
+    let rows = 4096 + 2 * 2048 + 5376 + 2 * 21504 + 5376;
+    let saved = 62 * (2 * 5376 * 4096 + 2 * 5376 * 2048 + 3 * 5376 * 21504 - 4 * rows) as u64;
+    assert!(q > b, "{q} {b}");
+    let gained = (q - b) as f64;
+    assert!(
+        (gained / saved as f64 - 1.0).abs() < 0.01,
+        "{gained} vs {saved}"
+    );
+}
