@@ -459,3 +459,38 @@ fn gemma_3_27b_fp8_dynamic_plans_with_a_larger_kv_cache_than_bf16() {
         "{gained} vs {saved}"
     );
 }
+
+/// CPU compute of the W4A16 and FP8-dynamic Gemma 3 checkpoints: the multimodal model's
+/// last-token logits on a text prompt equal, value for value, those of the text-only
+/// `Gemma3ForCausalLM` written from the same seed in the same format (its decoder weights are
+/// the same values), so the language model runs the text family's quantized layers.
+#[test]
+fn quantized_logits_equal_the_text_only_models() {
+    use common::cli::bench_logits;
+    use vramscope::quant::marlin::{Format, Method};
+    let fmt = Format {
+        method: Method::Gptq,
+        group_size: 128,
+        desc_act: false,
+        compressed_tensors: true,
+    };
+    let mm = gemma3_wide();
+    let text = text_only(&mm);
+    let tmp = tempfile::tempdir().unwrap();
+    let o = opts(StoredDtype::BF16);
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    model::gen_model_config_packed4(&config(&mm), "w", a.path(), &o, fmt).unwrap();
+    model::gen_model_config_packed4(&config(&text), "w", b.path(), &o, fmt).unwrap();
+    let device = "sim:a100-80gb:compute";
+    let la = bench_logits(a.path().to_str().unwrap(), device, tmp.path(), "mm");
+    let lb = bench_logits(b.path().to_str().unwrap(), device, tmp.path(), "text");
+    assert_eq!(la.len(), 1024);
+    assert_eq!(la, lb);
+    // Against the 16-bit multimodal model of the same seed: within 4-bit rounding's error
+    // (0.2, the bound tests/compressed_tensors_w4a16.rs holds the text model to), not equal.
+    let c = tempfile::tempdir().unwrap();
+    gen_model_config_with(&config(&mm), "w", c.path(), &o, None).unwrap();
+    let lc = bench_logits(c.path().to_str().unwrap(), device, tmp.path(), "bf16");
+    let d = common::cli::rel_l2(&lc, &la);
+    assert!(d > 0.0 && d < 0.2, "{d}");
+}
