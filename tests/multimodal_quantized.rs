@@ -460,10 +460,10 @@ fn gemma_3_27b_fp8_dynamic_plans_with_a_larger_kv_cache_than_bf16() {
     );
 }
 
-/// CPU compute of the W4A16 and FP8-dynamic Gemma 3 checkpoints: the multimodal model's
+/// CPU compute of the W4A16 Gemma 3 checkpoint: the multimodal model's
 /// last-token logits on a text prompt equal, value for value, those of the text-only
 /// `Gemma3ForCausalLM` written from the same seed in the same format (its decoder weights are
-/// the same values), so the language model runs the text family's quantized layers.
+/// the same values), so the language model runs the text family's Marlin layers.
 #[test]
 fn quantized_logits_equal_the_text_only_models() {
     use common::cli::bench_logits;
