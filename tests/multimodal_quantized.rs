@@ -34,6 +34,15 @@ mod mistral3 {
 }
 // The fixture's `write_shards` is the other tests'.
 #[allow(dead_code)]
+mod llava_next {
+    use super::*;
+    include!("fixtures/llava_next/tiny.rs");
+    pub(super) fn config() -> ModelConfig {
+        tiny()
+    }
+}
+// The fixture's `write_shards` is the other tests'.
+#[allow(dead_code)]
 mod qwen2_5_vl {
     use super::*;
     include!("fixtures/qwen2_5_vl/tiny.rs");
@@ -114,6 +123,7 @@ fn fp8_dynamic_loads_the_decoder_in_fp8_and_the_tower_in_16_bits() {
     for (family, config) in [
         ("gemma3", gemma3::config()),
         ("mistral3", mistral3::config()),
+        ("llava_next", llava_next::config()),
     ] {
         let bf16 = tempfile::tempdir().unwrap();
         model::gen_model_config(&config, "mm", bf16.path(), &opts(StoredDtype::BF16)).unwrap();
@@ -146,6 +156,23 @@ fn gemma3_wide() -> serde_json::Value {
     })
 }
 
+/// Mistral 3's tiny shape with a language model as wide (two heads and two KV heads of 64).
+fn mistral3_wide() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+        "image_token_index": 10, "multimodal_projector_bias": true,
+        "projector_hidden_act": "gelu", "spatial_merge_size": 2, "vision_feature_layer": -1,
+        "text_config": {"model_type": "mistral", "hidden_size": 128, "intermediate_size": 256,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+            "head_dim": 64, "vocab_size": 1024, "max_position_embeddings": 256,
+            "rms_norm_eps": 1e-5, "rope_theta": 1000000000.0, "sliding_window": null},
+        "vision_config": {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
+            "image_size": 28, "patch_size": 7, "num_channels": 3, "rope_theta": 10000.0,
+            "hidden_act": "silu"}
+    })
+}
+
 /// Qwen2.5-VL's tiny shape with a language model as wide (width 128, MLP 256, two heads of
 /// 64, one KV head).
 fn qwen2_5_vl_wide() -> serde_json::Value {
@@ -165,12 +192,18 @@ fn qwen2_5_vl_wide() -> serde_json::Value {
 }
 
 /// The text-only model of a multimodal config: Gemma 3's `text_config` as a
-/// `Gemma3ForCausalLM`, Qwen2.5-VL's top level as a `Qwen2ForCausalLM`.
+/// `Gemma3ForCausalLM`, Mistral 3's as a `MistralForCausalLM`, Qwen2.5-VL's top level as a
+/// `Qwen2ForCausalLM`.
 fn text_only(mm: &serde_json::Value) -> serde_json::Value {
-    if mm["model_type"] == "gemma3" {
-        let mut t = mm["text_config"].clone();
-        t["architectures"] = serde_json::json!(["Gemma3ForCausalLM"]);
-        return t;
+    for (family, arch) in [
+        ("gemma3", "Gemma3ForCausalLM"),
+        ("mistral3", "MistralForCausalLM"),
+    ] {
+        if mm["model_type"] == family {
+            let mut t = mm["text_config"].clone();
+            t["architectures"] = serde_json::json!([arch]);
+            return t;
+        }
     }
     let mut t = mm.clone();
     let o = t.as_object_mut().unwrap();
@@ -212,6 +245,11 @@ fn w4a16_and_awq_load_the_decoder_as_the_text_model_does() {
         ("gemma3 w4a16", gemma3_wide(), packed(Method::Gptq, true)),
         ("gemma3 awq", gemma3_wide(), packed(Method::Awq, false)),
         (
+            "mistral3 w4a16",
+            mistral3_wide(),
+            packed(Method::Gptq, true),
+        ),
+        (
             "qwen2_5_vl awq",
             qwen2_5_vl_wide(),
             packed(Method::Awq, false),
@@ -233,12 +271,18 @@ fn w4a16_and_awq_load_the_decoder_as_the_text_model_does() {
         assert!(tower > 0, "{family}");
         assert_eq!(tower, sum(&stored(dirs[2].path()), is_tower), "{family}");
         let w: Vec<u64> = dirs.iter().map(|d| tensor_bytes(d.path())).collect();
-        // What the multimodal model holds beyond its language model: the tower's stored
-        // tensors (and Qwen2.5-VL's M-RoPE cache besides), alike quantized or not.
-        assert_eq!(w[0] - w[1], w[2] - w[3], "{family}: {w:?}");
-        if family.starts_with("gemma3") {
-            assert_eq!(w[0], w[1] + tower, "{family}: {w:?}");
-        }
+        // What the multimodal model holds beyond its language model, alike quantized or not:
+        // the tower's stored tensors and the buffers vLLM makes for it: Pixtral's rope table
+        // `inv_freq [patches, head_dim]` f32 ((28 / 7)² × 8 × 4 bytes, pixtral.py 0.19 L1241) and
+        // Qwen2.5-VL's rotary `cos_sin_cache [8192, head_dim / 2]` in f16 (8192 × 4 × 2,
+        // `get_rope`, qwen2_5_vl.py 0.19 L607).
+        let buffers = match family.split(' ').next().unwrap() {
+            "mistral3" => 16 * 8 * 4,
+            "qwen2_5_vl" => 8192 * 4 * 2,
+            _ => 0,
+        };
+        assert_eq!(w[0], w[1] + tower + buffers, "{family}: {w:?}");
+        assert_eq!(w[2], w[3] + tower + buffers, "{family}: {w:?}");
         assert!(w[0] < w[2], "{family}: {w:?}");
     }
 }
