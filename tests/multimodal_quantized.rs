@@ -538,3 +538,65 @@ fn quantized_logits_equal_the_text_only_models() {
     let d = common::cli::rel_l2(&lc, &la);
     assert!(d > 0.0 && d < 0.2, "{d}");
 }
+
+/// The other formats `gen-model` writes for a multimodal model, each list keeping the tower
+/// 16-bit: compressed-tensors W8A8 int8, AutoFP8 per-tensor fp8, ModelOpt FP8 and NVFP4 in
+/// both flavours (Marlin FP4 on an H100). Each language model loads as the text-only model of
+/// the same shape and format loads (the text tests hold those to their files), so the
+/// multimodal weights are the text model's plus the tower's stored tensors and buffers.
+#[test]
+fn other_formats_load_the_decoder_as_the_text_model_does() {
+    use vramscope::quant::nvfp4::Flavor;
+    type Gen = fn(&ModelConfig, &Path) -> vramscope::Result<vramscope::model::ModelFiles>;
+    let formats: [(&str, Gen); 5] = [
+        ("ct-w8a8", |c, d| {
+            model::gen_model_config_int8_channel(c, "w", d, &opts(StoredDtype::BF16))
+        }),
+        ("fp8", |c, d| {
+            model::gen_model_config_fp8(c, "w", d, &opts(StoredDtype::BF16), false)
+        }),
+        ("modelopt-fp8", |c, d| {
+            model::gen_modelopt_fp8::gen_model_config_modelopt_fp8(
+                c,
+                "w",
+                d,
+                &opts(StoredDtype::BF16),
+            )
+        }),
+        ("nvfp4-ct", |c, d| {
+            model::gen_nvfp4::gen_model_config_nvfp4(
+                c,
+                "w",
+                d,
+                &opts(StoredDtype::BF16),
+                Flavor::CompressedTensors,
+            )
+        }),
+        ("nvfp4-modelopt", |c, d| {
+            model::gen_nvfp4::gen_model_config_nvfp4(
+                c,
+                "w",
+                d,
+                &opts(StoredDtype::BF16),
+                Flavor::ModelOpt,
+            )
+        }),
+    ];
+    for (family, mm, buffers) in [
+        ("gemma3", gemma3_wide(), 0),
+        ("mistral3", mistral3_wide(), 16 * 8 * 4),
+    ] {
+        let text = text_only(&mm);
+        for (format, gen) in formats {
+            let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            gen(&config(&mm), a.path()).unwrap();
+            gen(&config(&text), b.path()).unwrap();
+            let tower = sum(&stored(a.path()), is_tower);
+            assert_eq!(
+                tensor_bytes(a.path()),
+                tensor_bytes(b.path()) + tower + buffers,
+                "{family} {format}"
+            );
+        }
+    }
+}
