@@ -313,7 +313,8 @@ fn refused(dir: &Path, extra: &[&str]) -> (Option<i32>, String) {
 
 /// A list that leaves a tower layer to vLLM's quantization is refused in one line naming
 /// config.json and the first such layer: FP8-dynamic's `ignore` naming the lm_head alone,
-/// AutoAWQ's `modules_to_not_convert` without `visual`; `--quant fp8` on the bf16 checkpoint
+/// AutoAWQ's `modules_to_not_convert` without `visual`, ModelOpt's `exclude_modules` naming the
+/// projector but not the tower; `--quant fp8` on the bf16 checkpoint
 /// (vLLM quantizes the tower in flight too).
 #[test]
 fn a_list_leaving_the_tower_to_be_quantized_is_refused_naming_the_layer() {
@@ -366,6 +367,26 @@ fn a_list_leaving_the_tower_to_be_quantized_is_refused_naming_the_layer() {
     assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains("quantization_config.modules_to_not_convert leaves the tower layer visual.blocks.0.attn.qkv to be quantized"),
+        "{err}"
+    );
+
+    let mo = tempfile::tempdir().unwrap();
+    model::gen_modelopt_fp8::gen_model_config_modelopt_fp8(
+        &mistral3::config(),
+        "mm",
+        mo.path(),
+        &opts(StoredDtype::BF16),
+    )
+    .unwrap();
+    let hq = mo.path().join("hf_quant_config.json");
+    let mut q = read_json(&hq);
+    q["quantization"]["exclude_modules"] =
+        serde_json::json!(["language_model.lm_head", "multi_modal_projector*"]);
+    write_json(&hq, &q);
+    let (code, err) = refused(mo.path(), &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("quantization_config.exclude_modules leaves the tower layer vision_tower.transformer.layers.0."),
         "{err}"
     );
 
