@@ -77,9 +77,7 @@ impl LoadOptions {
             "model_type {model_type} runs in 16 bits only: {why}"
         )))
     }
-}
 
-impl LoadOptions {
     /// Refuses a multimodal tower vLLM would quantize: `--quant` quantizing a 16-bit
     /// checkpoint in flight (the tower gets the same quant_config and no list), or a quantized
     /// checkpoint whose list of unquantized modules leaves a tower layer out
