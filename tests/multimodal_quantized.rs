@@ -525,10 +525,10 @@ fn gemma_3_27b_fp8_dynamic_plans_with_a_larger_kv_cache_than_bf16() {
     );
 }
 
-/// CPU compute of the W4A16 Gemma 3 checkpoint: the multimodal model's
+/// CPU compute of the W4A16 and FP8-dynamic Gemma 3 checkpoints: the multimodal model's
 /// last-token logits on a text prompt equal, value for value, those of the text-only
 /// `Gemma3ForCausalLM` written from the same seed in the same format (its decoder weights are
-/// the same values), so the language model runs the text family's Marlin layers.
+/// the same values), so the language model runs the text family's Marlin and fp8 layers.
 #[test]
 fn quantized_logits_equal_the_text_only_models() {
     use common::cli::bench_logits;
@@ -558,6 +558,19 @@ fn quantized_logits_equal_the_text_only_models() {
     let lc = bench_logits(c.path().to_str().unwrap(), device, tmp.path(), "bf16");
     let d = common::cli::rel_l2(&lc, &la);
     assert!(d > 0.0 && d < 0.2, "{d}");
+    // FP8-dynamic on an H100 (fp8 needs compute capability 8.9): the same equality, and
+    // closer to the 16-bit model than 4-bit.
+    let (e, f) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    model::gen_model_config_fp8_channel(&config(&mm), "w", e.path(), &o).unwrap();
+    model::gen_model_config_fp8_channel(&config(&text), "w", f.path(), &o).unwrap();
+    let h100 = "sim:h100-80gb:compute";
+    let le = bench_logits(e.path().to_str().unwrap(), h100, tmp.path(), "mm-fp8");
+    let lf = bench_logits(f.path().to_str().unwrap(), h100, tmp.path(), "text-fp8");
+    assert_eq!(le.len(), 1024);
+    assert_eq!(le, lf);
+    let lg = bench_logits(c.path().to_str().unwrap(), h100, tmp.path(), "bf16-h100");
+    let d8 = common::cli::rel_l2(&lg, &le);
+    assert!(d8 > 0.0 && d8 < d, "{d8} {d}");
 }
 
 /// The other formats `gen-model` writes for a multimodal model, each list keeping the tower
