@@ -11,8 +11,8 @@
 //! compressed_tensors.py L122-153, fp8.py L152-154, awq_marlin.py L329-333, modelopt.py
 //! L220-239), so transformers 4.52's names (`model.vision_tower.*`, `lm_head`) and the older
 //! published ones keep the same layers 16-bit; the loader reads both. Weight bytes compare for
-//! bitsandbytes only: every family's tower refuses a checkpoint stored fp8, NVFP4, 2:4 or
-//! Marlin 4-bit before any byte is placed (`LoadOptions::require_16bit`).
+//! bitsandbytes here; tests/multimodal_quantized.rs loads the fp8, W4A16 and AWQ checkpoints
+//! (language model quantized, tower 16-bit) and compares theirs.
 
 mod common;
 
@@ -476,9 +476,9 @@ fn opens(dir: &Path) -> vramscope::Result<()> {
 /// The FP8_DYNAMIC checkpoint of each family opens under `gen-model`'s list, 4.52's names of
 /// it, LLM Compressor's recipe regexes and the lm_head alone (what `gen-model` wrote before):
 /// each leaves only the tower, the projector and the lm_head 16-bit, as the files store them.
-/// A decoder layer listed under either prefix is still refused by name. (Loading goes no
-/// further: each family's tower refuses a checkpoint stored fp8 or 4-bit, e.g.
-/// `Gemma3Vision::load`, so no weight bytes compare here; the bitsandbytes test does.)
+/// A decoder layer listed under either prefix is still refused by name. (Opening only: the
+/// lm_head alone leaves the tower to vLLM's quantization, which the profile refuses,
+/// tests/multimodal_quantized.rs.)
 #[test]
 fn published_and_mapped_names_open_alike() {
     for (family, config) in families() {

@@ -77,6 +77,35 @@ impl LoadOptions {
             "model_type {model_type} runs in 16 bits only: {why}"
         )))
     }
+
+    /// Refuses a multimodal tower vLLM would quantize: `--quant` quantizing a 16-bit
+    /// checkpoint in flight (the tower gets the same quant_config and no list), or a quantized
+    /// checkpoint whose list of unquantized modules leaves a tower layer out
+    /// (`WeightSource::quantized_tower`). A tower the list keeps in 16 bits loads through
+    /// `Loader::tower`.
+    pub(crate) fn require_16bit_tower(
+        &self,
+        src: &dyn WeightSource,
+        model_type: &str,
+    ) -> Result<()> {
+        let stored = src.stored_fp8().is_some()
+            || src.packed4().is_some()
+            || src.nvfp4().is_some()
+            || src.sparse24().is_some();
+        if !self.quant.unquantized() && !stored {
+            return Err(Error::Request(format!(
+                "model_type {model_type}: --quant {} would quantize its vision tower too (vLLM hands the tower the quant_config), which is not modelled; serve a checkpoint quantized with the tower kept in 16 bits",
+                self.quant
+            )));
+        }
+        match src.quantized_tower() {
+            Some(t) => Err(Error::Model {
+                path: t.path,
+                problem: t.problem,
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The names of an attention layer's 0-dim f32 tensors, in the order vLLM makes them
@@ -149,6 +178,9 @@ pub(crate) struct Loader<'a> {
     /// vLLM 0.8.5's `TORCH_DEVICE_IDENTITY` (w8a8_utils.py L129-133), made by the first
     /// fp8 linear's `create_weights` (fp8.py L201) and kept by the process.
     pub(crate) fp8_identity: Option<Tensor>,
+    /// Every linear layer loads 16-bit whatever the checkpoint's format: a multimodal tower
+    /// its quantization config lists as unquantized (vLLM's `UnquantizedLinearMethod`).
+    keep_16bit: bool,
 }
 
 /// A checkpoint tensor's name and the part of it a rank loads.
@@ -229,6 +261,21 @@ impl<'a> Loader<'a> {
             dynamic_map: None,
             slice: None,
             fp8_identity: None,
+            keep_16bit: false,
+        }
+    }
+
+    /// A loader for a multimodal tower whose linear layers the checkpoint keeps in 16 bits
+    /// (`LoadOptions::require_16bit_tower` has checked that it does).
+    pub(crate) fn tower(
+        rt: &'a Runtime,
+        src: &'a dyn WeightSource,
+        opts: &'a LoadOptions,
+        count: usize,
+    ) -> Self {
+        Loader {
+            keep_16bit: true,
+            ..Loader::new(rt, src, opts, count)
         }
     }
 
@@ -701,7 +748,9 @@ impl<'a> Loader<'a> {
     ) -> Result<FusedLinear> {
         let rows: Vec<usize> = parts.iter().map(|p| p.1).collect();
         let rows = &rows[..];
-        if let Some(block) = self.src.stored_fp8().and_then(|f| f.block) {
+        // A tower kept in 16 bits reads none of the checkpoint's quantized formats.
+        let formats = !self.keep_16bit;
+        if let (true, Some(block)) = (formats, self.src.stored_fp8().and_then(|f| f.block)) {
             let slices = self.fp8_whole_slices(names, full_rows, parts, k)?;
             let linear = Box::new(self.fp8_block_stored(names, &slices, k, fused_name, block)?);
             return Ok(FusedLinear::Fp8Block {
@@ -709,7 +758,7 @@ impl<'a> Loader<'a> {
                 rows: rows.to_vec(),
             });
         }
-        if self.src.stored_fp8().is_some() {
+        if formats && self.src.stored_fp8().is_some() {
             if names.iter().skip(1).any(|n| *n == names[0]) {
                 return Err(Error::model(
                     self.src.origin(),
@@ -729,7 +778,7 @@ impl<'a> Loader<'a> {
         }
         if let (Some(scheme), true) = (
             self.src.sparse24(),
-            names.iter().all(|n| super::is_projection(n)),
+            formats && names.iter().all(|n| super::is_projection(n)),
         ) {
             let slices: Vec<Slice> = full_rows
                 .iter()
@@ -744,7 +793,7 @@ impl<'a> Loader<'a> {
         }
         if let (Some(flavor), true) = (
             self.src.nvfp4(),
-            names.iter().all(|n| super::is_projection(n)),
+            formats && names.iter().all(|n| super::is_projection(n)),
         ) {
             let slices: Vec<Slice> = full_rows
                 .iter()
@@ -759,7 +808,7 @@ impl<'a> Loader<'a> {
         }
         if let (Some(fmt), true) = (
             self.src.packed4(),
-            names.iter().all(|n| super::is_projection(n)),
+            formats && names.iter().all(|n| super::is_projection(n)),
         ) {
             if names.windows(2).any(|w| w[0] == w[1]) {
                 return Err(packed4_unsplit(self.src, &names[0]));
@@ -930,7 +979,7 @@ impl<'a> Loader<'a> {
     ) -> Result<Linear> {
         // A bitsandbytes checkpoint's skip modules load 16-bit (vLLM's
         // UnquantizedLinearMethod for them: bitsandbytes.py L164 at 0.19.0).
-        let quantize = quantize && !self.src.bnb_skipped(name);
+        let quantize = quantize && !self.keep_16bit && !self.src.bnb_skipped(name);
         let slice = self.slice.filter(|s| !s.is_whole());
         if let (true, Some(block)) = (quantize, self.src.stored_fp8().and_then(|f| f.block)) {
             let sl = self.slice.unwrap_or(Slice::whole(n, k));
@@ -942,17 +991,18 @@ impl<'a> Loader<'a> {
             let lin = self.fp8_stored(&[name.to_string()], &[sl], k, name)?;
             return Ok(Linear::Fp8(lin));
         }
-        if let (Some(scheme), true) = (self.src.sparse24(), super::is_projection(name)) {
+        if let (Some(scheme), true) = (self.src.sparse24(), quantize && super::is_projection(name))
+        {
             let sl = slice.unwrap_or(Slice::whole(n, k));
             let l = self.sparse24(scheme, &[name.to_string()], &[sl], name)?;
             return Ok(Linear::Sparse24(Box::new(l)));
         }
-        if let (Some(flavor), true) = (self.src.nvfp4(), super::is_projection(name)) {
+        if let (Some(flavor), true) = (self.src.nvfp4(), quantize && super::is_projection(name)) {
             let sl = slice.unwrap_or(Slice::whole(n, k));
             let l = self.nvfp4(flavor, &[name.to_string()], &[sl], name)?;
             return Ok(Linear::Nvfp4(Box::new(l)));
         }
-        if let (Some(fmt), true) = (self.src.packed4(), super::is_projection(name)) {
+        if let (Some(fmt), true) = (self.src.packed4(), quantize && super::is_projection(name)) {
             let sl = slice.unwrap_or(Slice::whole(n, k));
             let l = self.packed4(fmt, &[name.to_string()], &[sl], name)?;
             return Ok(Linear::Marlin(Box::new(l)));

@@ -20,6 +20,7 @@ pub mod models;
 pub mod presets;
 pub mod sampler;
 pub mod sharded;
+mod tower_quant;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
@@ -315,6 +316,8 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
             };
             let bnb_skip = bnb_skip_of(&json, sq, &files.config)?;
             let names = cfg.vllm_names();
+            let quantized_tower =
+                tower_quant::quantized_tower_layer(&json, sq, &cfg, &files.config);
             Ok((
                 cfg,
                 Box::new(ConfigOnly {
@@ -327,6 +330,7 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
                     packed4: sq.packed4(),
                     nvfp4: sq.nvfp4(),
                     sparse24: sq.sparse24(),
+                    quantized_tower,
                 }),
                 threshold,
             ))
@@ -354,6 +358,8 @@ struct ConfigOnly {
     nvfp4: Option<crate::quant::nvfp4::Flavor>,
     /// A 2:4 sparse checkpoint: every projection stored in that form.
     sparse24: Option<crate::quant::sparse24::Sparse24>,
+    /// The refusal for a multimodal tower layer the quantization config leaves quantized.
+    quantized_tower: Option<tower_quant::QuantizedTower>,
 }
 
 /// The 4-bit layout `quantization_config` implies for a config-only model: transformers'
@@ -365,6 +371,9 @@ struct ConfigOnlyBnb4 {
 }
 
 impl WeightSource for ConfigOnly {
+    fn quantized_tower(&self) -> Option<tower_quant::QuantizedTower> {
+        self.quantized_tower.clone()
+    }
     fn origin(&self) -> String {
         self.config.display().to_string()
     }
@@ -1899,6 +1908,7 @@ fn open_safetensors(
     let mut st =
         sharded::SafetensorsModel::open(&files.weights, &files.shards, files.index.as_deref(), sq)?;
     st.bnb_skip = bnb_skip_of(&json, sq, &files.config)?;
+    st.quantized_tower = tower_quant::quantized_tower_layer(&json, sq, &cfg, &files.config);
     if let Some(names) = cfg.vllm_names() {
         st.map_names(names)?;
     }

@@ -1392,6 +1392,8 @@ pub struct SafetensorsModel {
     bnb4: HashMap<String, Bnb4Meta>,
     /// A bitsandbytes checkpoint's `llm_int8_skip_modules` (its 16-bit linear layers).
     pub bnb_skip: Vec<String>,
+    /// The refusal for a multimodal tower layer the quantization config leaves quantized.
+    pub(crate) quantized_tower: Option<super::tower_quant::QuantizedTower>,
 }
 
 /// The quant-state blob suffixes `QuantState.as_dict(packed=True)` writes.
@@ -1454,6 +1456,7 @@ impl SafetensorsModel {
             mapped: false,
             bnb4: HashMap::new(),
             bnb_skip: Vec::new(),
+            quantized_tower: None,
         };
         m.bnb4 = m.read_quant_states()?;
         Ok(m)
@@ -2249,6 +2252,9 @@ fn scb_name(weight: &str) -> String {
 }
 
 impl WeightSource for SafetensorsModel {
+    fn quantized_tower(&self) -> Option<super::tower_quant::QuantizedTower> {
+        self.quantized_tower.clone()
+    }
     fn origin(&self) -> String {
         self.origin.display().to_string()
     }

@@ -72,6 +72,11 @@ pub trait WeightSource {
     fn bnb_skipped(&self, _name: &str) -> bool {
         false
     }
+    /// A multimodal checkpoint whose quantization config leaves a tower or projector layer to
+    /// be quantized: the refusal naming the file and the layer (`tower_quant`).
+    fn quantized_tower(&self) -> Option<super::tower_quant::QuantizedTower> {
+        None
+    }
     /// The quant state of `name` when the checkpoint stores it as bitsandbytes 4-bit.
     fn bnb4(&self, _name: &str) -> Option<crate::quant::bnb4::Bnb4Meta> {
         None

@@ -371,13 +371,9 @@ impl Gemma3Vision {
         let shape = cfg.gemma3_mm.clone().ok_or_else(|| {
             Error::Request("this config has no vision tower (model_type gemma3)".into())
         })?;
-        opts.require_16bit(
-            src,
-            "gemma3 (multimodal)",
-            "its SigLIP vision tower's quantized linear layers are not modelled",
-        )?;
+        opts.require_16bit_tower(src, "gemma3 (multimodal)")?;
         let s = &shape.vision;
-        let mut ld = Loader::new(rt, src, opts, shape.tensor_shapes(cfg.hidden_size).len());
+        let mut ld = Loader::tower(rt, src, opts, shape.tensor_shapes(cfg.hidden_size).len());
         let act = ld.act;
         let d = s.hidden_size;
         let tower = SiglipTower::load(rt, &mut ld, s, TOWER, s.num_layers, pos_vocab_parallel)?;

@@ -43,11 +43,7 @@ impl LlavaNextVision {
         let shape = cfg.llava_next.clone().ok_or_else(|| {
             Error::Request("this config has no vision tower (model_type llava_next)".into())
         })?;
-        opts.require_16bit(
-            src,
-            "llava_next (multimodal)",
-            "its SigLIP vision tower's quantized linear layers are not modelled",
-        )?;
+        opts.require_16bit_tower(src, "llava_next (multimodal)")?;
         if !shape.select_full {
             // "default" slices each feature layer (`feats[:, 1:, :]`, vision.py 0.19 L164-165)
             // before the projector; its copies are not modelled.
@@ -56,7 +52,7 @@ impl LlavaNextVision {
             ));
         }
         let th = cfg.hidden_size;
-        let mut ld = Loader::new(rt, src, opts, shape.tensor_shapes(th).len());
+        let mut ld = Loader::tower(rt, src, opts, shape.tensor_shapes(th).len());
         let act = ld.act;
         let tower = SiglipTower::load(rt, &mut ld, &shape.vision, TOWER, shape.layers_used, false)?;
         rt.set_layer(None);

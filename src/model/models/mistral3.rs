@@ -75,11 +75,7 @@ impl Mistral3Vision {
         let shape = cfg.mistral3.clone().ok_or_else(|| {
             Error::Request("this config has no Pixtral vision tower (model_type mistral3)".into())
         })?;
-        opts.require_16bit(
-            src,
-            "mistral3 (multimodal)",
-            "its Pixtral vision tower's and projector's quantized linear layers are not modelled",
-        )?;
+        opts.require_16bit_tower(src, "mistral3 (multimodal)")?;
         let s = &shape.vision;
         let th = cfg.hidden_size;
         let shard = TpShard::of_ranks(rt);
@@ -92,7 +88,7 @@ impl Mistral3Vision {
                 shard.size, s.num_heads, s.intermediate_size, th
             )));
         }
-        let mut ld = Loader::new(rt, src, opts, shape.tensor_shapes(th).len());
+        let mut ld = Loader::tower(rt, src, opts, shape.tensor_shapes(th).len());
         let act = ld.act;
         rt.set_op("load");
         rt.set_layer(None);

@@ -85,17 +85,13 @@ impl Qwen25Vision {
         let shape = cfg.qwen2_5_vl.clone().ok_or_else(|| {
             Error::Request("this config has no vision tower (model_type qwen2_5_vl)".into())
         })?;
-        opts.require_16bit(
-            src,
-            "qwen2_5_vl (multimodal)",
-            "its vision tower's quantized linear layers are not modelled",
-        )?;
+        opts.require_16bit_tower(src, "qwen2_5_vl (multimodal)")?;
         let s = &shape.vision;
         let shard = TpShard::of_ranks(rt);
         shape
             .params_per_rank(shard.size)
             .map_err(|e| Error::Request(format!("--tp {}: {e}", shard.size)))?;
-        let mut ld = Loader::new(rt, src, opts, shape.tensor_shapes().len());
+        let mut ld = Loader::tower(rt, src, opts, shape.tensor_shapes().len());
         let act = ld.act;
         rt.set_op("load");
         rt.set_layer(None);
