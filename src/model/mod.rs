@@ -359,7 +359,7 @@ struct ConfigOnly {
     /// A 2:4 sparse checkpoint: every projection stored in that form.
     sparse24: Option<crate::quant::sparse24::Sparse24>,
     /// The refusal for a multimodal tower layer the quantization config leaves quantized.
-    quantized_tower: Option<tower_quant::QuantizedTower>,
+    quantized_tower: Option<weights::QuantizedTower>,
 }
 
 /// The 4-bit layout `quantization_config` implies for a config-only model: transformers'
@@ -371,7 +371,7 @@ struct ConfigOnlyBnb4 {
 }
 
 impl WeightSource for ConfigOnly {
-    fn quantized_tower(&self) -> Option<tower_quant::QuantizedTower> {
+    fn quantized_tower(&self) -> Option<weights::QuantizedTower> {
         self.quantized_tower.clone()
     }
     fn origin(&self) -> String {
@@ -387,7 +387,7 @@ impl WeightSource for ConfigOnly {
         false
     }
     fn bnb_skipped(&self, name: &str) -> bool {
-        crate::quant::bnb_skip::config_weight_skipped(self.names, name, &self.bnb_skip)
+        checkpoint_names::bnb_weight_skipped(self.names, name, &self.bnb_skip)
     }
     fn is_int8(&self, name: &str) -> bool {
         // The linear layers of the decoder, as bitsandbytes stores them.

@@ -1393,7 +1393,7 @@ pub struct SafetensorsModel {
     /// A bitsandbytes checkpoint's `llm_int8_skip_modules` (its 16-bit linear layers).
     pub bnb_skip: Vec<String>,
     /// The refusal for a multimodal tower layer the quantization config leaves quantized.
-    pub(crate) quantized_tower: Option<super::tower_quant::QuantizedTower>,
+    pub(crate) quantized_tower: Option<super::weights::QuantizedTower>,
 }
 
 /// The quant-state blob suffixes `QuantState.as_dict(packed=True)` writes.
@@ -2252,7 +2252,7 @@ fn scb_name(weight: &str) -> String {
 }
 
 impl WeightSource for SafetensorsModel {
-    fn quantized_tower(&self) -> Option<super::tower_quant::QuantizedTower> {
+    fn quantized_tower(&self) -> Option<super::weights::QuantizedTower> {
         self.quantized_tower.clone()
     }
     fn origin(&self) -> String {
@@ -2260,7 +2260,7 @@ impl WeightSource for SafetensorsModel {
     }
 
     fn bnb_skipped(&self, name: &str) -> bool {
-        crate::quant::bnb_skip::config_weight_skipped(self.names, name, &self.bnb_skip)
+        super::checkpoint_names::bnb_weight_skipped(self.names, name, &self.bnb_skip)
     }
 
     fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {

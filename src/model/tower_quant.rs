@@ -6,10 +6,11 @@
 //! Llama 4's towers get no `quant_config` (kimi_vl.py L319-327, mllama4.py L757-769).
 //! vramscope models the 16-bit tower only: a layer the list leaves to be quantized is named.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::config::ModelConfig;
 use super::sharded::StoredQuant;
+use super::weights::QuantizedTower;
 
 /// How a format matches a layer's name against its list of unquantized modules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,13 +76,6 @@ fn list_of(q: &serde_json::Value, sq: StoredQuant) -> Option<(String, Vec<String
         }
         _ => Some(("ignore".into(), strings(&q["ignore"]), Rule::EqualOrRegex)),
     }
-}
-
-/// A tower layer vLLM would quantize: the config file and the one-line problem.
-#[derive(Clone, Debug)]
-pub struct QuantizedTower {
-    pub path: PathBuf,
-    pub problem: String,
 }
 
 /// The first linear layer of this multimodal checkpoint's tower or projector that vLLM 0.19

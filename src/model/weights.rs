@@ -74,7 +74,7 @@ pub trait WeightSource {
     }
     /// A multimodal checkpoint whose quantization config leaves a tower or projector layer to
     /// be quantized: the refusal naming the file and the layer (`tower_quant`).
-    fn quantized_tower(&self) -> Option<super::tower_quant::QuantizedTower> {
+    fn quantized_tower(&self) -> Option<QuantizedTower> {
         None
     }
     /// The quant state of `name` when the checkpoint stores it as bitsandbytes 4-bit.
@@ -888,6 +888,13 @@ mod synthetic_tests {
             assert!(parallel == sequential, "{name} {dtype:?}");
         }
     }
+}
+
+/// A tower layer vLLM would quantize: the config file and the one-line problem.
+#[derive(Clone, Debug)]
+pub struct QuantizedTower {
+    pub path: PathBuf,
+    pub problem: String,
 }
 
 #[cfg(test)]

@@ -77,21 +77,6 @@ pub fn weight_skipped(weight_name: &str, skip: &[String]) -> bool {
     is_layer_skipped(&vllm_prefix(weight_name), skip)
 }
 
-/// `weight_skipped` for a weight vramscope's config names `config_name`: a multimodal model's
-/// language model is matched under vLLM's module name (`language_model.model.…`), as vLLM
-/// 0.19 matches the list as written, mapping none of it (bitsandbytes.py has no
-/// `apply_vllm_mapper`; `is_layer_skipped_bnb`, L172-186).
-pub(crate) fn config_weight_skipped(
-    names: Option<&crate::model::checkpoint_names::VllmNames>,
-    config_name: &str,
-    skip: &[String],
-) -> bool {
-    match names {
-        Some(n) => weight_skipped(&n.vllm_of_config(config_name), skip),
-        None => weight_skipped(config_name, skip),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
