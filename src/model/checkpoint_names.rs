@@ -384,6 +384,21 @@ impl ModelConfig {
     }
 }
 
+/// `quant::bnb_skip::weight_skipped` for a weight vramscope's config names `config_name`: a multimodal model's
+/// language model is matched under vLLM's module name (`language_model.model.…`), as vLLM
+/// 0.19 matches the list as written, mapping none of it (bitsandbytes.py has no
+/// `apply_vllm_mapper`; `is_layer_skipped_bnb`, L172-186).
+pub(crate) fn bnb_weight_skipped(
+    names: Option<&VllmNames>,
+    config_name: &str,
+    skip: &[String],
+) -> bool {
+    match names {
+        Some(n) => crate::quant::bnb_skip::weight_skipped(&n.vllm_of_config(config_name), skip),
+        None => crate::quant::bnb_skip::weight_skipped(config_name, skip),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -511,20 +526,5 @@ mod tests {
             .map(|(_, r)| r)
             .collect();
         assert_eq!(roots, ["lm_head.", "language_model.lm_head."]);
-    }
-}
-
-/// `quant::bnb_skip::weight_skipped` for a weight vramscope's config names `config_name`: a multimodal model's
-/// language model is matched under vLLM's module name (`language_model.model.…`), as vLLM
-/// 0.19 matches the list as written, mapping none of it (bitsandbytes.py has no
-/// `apply_vllm_mapper`; `is_layer_skipped_bnb`, L172-186).
-pub(crate) fn bnb_weight_skipped(
-    names: Option<&VllmNames>,
-    config_name: &str,
-    skip: &[String],
-) -> bool {
-    match names {
-        Some(n) => crate::quant::bnb_skip::weight_skipped(&n.vllm_of_config(config_name), skip),
-        None => crate::quant::bnb_skip::weight_skipped(config_name, skip),
     }
 }
