@@ -28,60 +28,7 @@ use vramscope::quant::bnb4::Bnb4Type;
 use vramscope::quant::nvfp4::Flavor;
 use vramscope::quant::sparse24::Format;
 
-// The fixture's `write_shards` is the other tests'.
-#[allow(dead_code)]
-mod gemma3 {
-    use super::*;
-    include!("fixtures/siglip/tiny.rs");
-    pub(super) fn config() -> ModelConfig {
-        tiny()
-    }
-}
-// The fixture's `write_shards` is the other tests'.
-#[allow(dead_code)]
-mod mistral3 {
-    use super::*;
-    include!("fixtures/pixtral/tiny.rs");
-    pub(super) fn config() -> ModelConfig {
-        tiny()
-    }
-}
-// The fixture's `write_shards` is the other tests'.
-#[allow(dead_code)]
-mod llava_next {
-    use super::*;
-    include!("fixtures/llava_next/tiny.rs");
-    pub(super) fn config() -> ModelConfig {
-        tiny()
-    }
-}
-// The fixture's `write_shards` is the other tests'.
-#[allow(dead_code)]
-mod kimi_vl {
-    use super::*;
-    include!("fixtures/kimi_vl/tiny.rs");
-    pub(super) fn config() -> ModelConfig {
-        tiny()
-    }
-}
-// The fixture's `write_shards` is the other tests'.
-#[allow(dead_code)]
-mod qwen2_5_vl {
-    use super::*;
-    include!("fixtures/qwen2_5_vl/tiny.rs");
-    pub(super) fn config() -> ModelConfig {
-        tiny()
-    }
-}
-// The fixture's `write_shards` is the other tests'.
-#[allow(dead_code)]
-mod llama4 {
-    use super::*;
-    include!("fixtures/llama4_vision/tiny.rs");
-    pub(super) fn config() -> ModelConfig {
-        tiny()
-    }
-}
+include!("fixtures/multimodal_tiny.rs");
 
 /// The families whose language model `gen-model` stores under a published prefix, and the two
 /// that keep the config's names (Qwen2.5-VL's `model.*`, Llama 4's `language_model.*`).

@@ -14,42 +14,7 @@ use common::cli::{profile_json_under, vramscope};
 use vramscope::model::weights::StoredDtype;
 use vramscope::model::{self, gen_model_config_with, GenOptions, ModelConfig};
 
-// The fixture's `write_shards` is the other tests'.
-#[allow(dead_code)]
-mod gemma3 {
-    use super::*;
-    include!("fixtures/siglip/tiny.rs");
-    pub(super) fn config() -> ModelConfig {
-        tiny()
-    }
-}
-// The fixture's `write_shards` is the other tests'.
-#[allow(dead_code)]
-mod mistral3 {
-    use super::*;
-    include!("fixtures/pixtral/tiny.rs");
-    pub(super) fn config() -> ModelConfig {
-        tiny()
-    }
-}
-// The fixture's `write_shards` is the other tests'.
-#[allow(dead_code)]
-mod llava_next {
-    use super::*;
-    include!("fixtures/llava_next/tiny.rs");
-    pub(super) fn config() -> ModelConfig {
-        tiny()
-    }
-}
-// The fixture's `write_shards` is the other tests'.
-#[allow(dead_code)]
-mod qwen2_5_vl {
-    use super::*;
-    include!("fixtures/qwen2_5_vl/tiny.rs");
-    pub(super) fn config() -> ModelConfig {
-        tiny()
-    }
-}
+include!("fixtures/multimodal_tiny.rs");
 
 fn opts(dtype: StoredDtype) -> GenOptions {
     GenOptions {
