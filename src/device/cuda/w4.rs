@@ -357,8 +357,6 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// Copies all of `src`'s bytes into `dst` (same size) on the stream: a stored tensor into
-    /// the allocation that replaces it.
     /// Where the weight is dequantized a slice at a time for cuBLAS (`w4_sliced`), and how
     /// many columns a slice holds; `None` keeps the fused kernel. The slices go into the
     /// call's own temporary (Marlin's reduce buffer, Machete's workspace: vLLM allocates it
@@ -458,6 +456,8 @@ impl CudaDevice {
         self.w4_slice_cols = slice_cols;
     }
 
+    /// Copies all of `src`'s bytes into `dst` (same size) on the stream: a stored tensor into
+    /// the allocation that replaces it.
     pub fn copy_bytes(&mut self, src: &TensorData, dst: &mut TensorData) -> Result<()> {
         if src.nbytes() != dst.nbytes() {
             return Err(self.err(
