@@ -22,10 +22,9 @@ use common::cli::profile_json_under;
 use safetensors::SafeTensors;
 use vramscope::model::weights::StoredDtype;
 use vramscope::model::{
-    self, gen_model_config_with, Bnb4Gen, GenOptions, ModelConfig, ModelFiles, ModelSource,
+    self, gen_model_config_with, Bnb4Gen, GenOptions, ModelConfig, ModelSource,
 };
 use vramscope::quant::bnb4::Bnb4Type;
-use vramscope::quant::nvfp4::Flavor;
 use vramscope::quant::sparse24::Format;
 
 include!("fixtures/multimodal_tiny.rs");
@@ -43,57 +42,14 @@ fn families() -> Vec<(&'static str, ModelConfig)> {
     ]
 }
 
-fn opts(dtype: StoredDtype) -> GenOptions {
-    GenOptions {
-        dtype,
-        seed: 5,
-        shards: 1,
-        bnb_int8: false,
-        bnb_skip_modules: Vec::new(),
-    }
-}
-
-type Gen = fn(&ModelConfig, &Path) -> vramscope::Result<ModelFiles>;
-
 /// Each quantized format `gen-model` writes at the fixtures' shapes (AWQ, GPTQ, W4A16 and
 /// block fp8 need Marlin's or the blocks' larger shapes), and where its list is kept.
 fn formats() -> Vec<(&'static str, Gen)> {
-    vec![
-        ("fp8-channel", |c, d| {
-            model::gen_model_config_fp8_channel(c, "mm", d, &opts(StoredDtype::BF16))
-        }),
-        ("ct-w8a8", |c, d| {
-            model::gen_model_config_int8_channel(c, "mm", d, &opts(StoredDtype::BF16))
-        }),
-        ("fp8", |c, d| {
-            model::gen_model_config_fp8(c, "mm", d, &opts(StoredDtype::BF16), false)
-        }),
-        ("nvfp4-ct", |c, d| {
-            model::gen_nvfp4::gen_model_config_nvfp4(
-                c,
-                "mm",
-                d,
-                &opts(StoredDtype::BF16),
-                Flavor::CompressedTensors,
-            )
-        }),
-        ("nvfp4-modelopt", |c, d| {
-            model::gen_nvfp4::gen_model_config_nvfp4(
-                c,
-                "mm",
-                d,
-                &opts(StoredDtype::BF16),
-                Flavor::ModelOpt,
-            )
-        }),
-        ("modelopt-fp8", |c, d| {
-            model::gen_modelopt_fp8::gen_model_config_modelopt_fp8(
-                c,
-                "mm",
-                d,
-                &opts(StoredDtype::BF16),
-            )
-        }),
+    let mut v: Vec<(&'static str, Gen)> = vec![("fp8-channel", |c, d| {
+        model::gen_model_config_fp8_channel(c, "mm", d, &opts(StoredDtype::BF16))
+    })];
+    v.extend(stored_formats());
+    let more: [(&'static str, Gen); 3] = [
         ("sparse24-fp8", |c, d| {
             model::gen_sparse24::gen_model_config_sparse24(
                 c,
@@ -116,7 +72,9 @@ fn formats() -> Vec<(&'static str, Gen)> {
             o.bnb_int8 = true;
             model::gen_model_config(c, "mm", d, &o)
         }),
-    ]
+    ];
+    v.extend(more);
+    v
 }
 
 fn read_json(path: &Path) -> serde_json::Value {
@@ -217,19 +175,7 @@ fn each_list_entry_names_a_module_of_the_written_checkpoint() {
 /// Gemma 3's tiny shape with a language model wide enough for Marlin's tiles and 128 × 128
 /// fp8 blocks (width 128, MLP 256, two KV heads of 64).
 fn gemma3_wide() -> ModelConfig {
-    ModelConfig::from_hf_json(&serde_json::json!({
-        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
-        "mm_tokens_per_image": 4, "image_token_index": 1000,
-        "text_config": {"model_type": "gemma3_text", "hidden_size": 128,
-            "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024,
-            "max_position_embeddings": 256, "sliding_window": 16,
-            "query_pre_attn_scalar": 64},
-        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32,
-            "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "image_size": 28, "patch_size": 7, "vision_use_head": false}
-    }))
-    .unwrap()
+    ModelConfig::from_hf_json(&gemma3_wide_json()).unwrap()
 }
 
 /// The formats the fixtures' widths do not admit, written for `gemma3_wide`: AutoAWQ's

@@ -16,16 +16,6 @@ use vramscope::model::{self, gen_model_config_with, GenOptions, ModelConfig};
 
 include!("fixtures/multimodal_tiny.rs");
 
-fn opts(dtype: StoredDtype) -> GenOptions {
-    GenOptions {
-        dtype,
-        seed: 5,
-        shards: 1,
-        bnb_int8: false,
-        bnb_skip_modules: Vec::new(),
-    }
-}
-
 /// The simulated GPU and release every profile here runs on.
 const DEVICE: &str = "sim:h100-80gb:dry";
 const VLLM: &str = "0.19";
@@ -102,23 +92,6 @@ fn fp8_dynamic_loads_the_decoder_in_fp8_and_the_tower_in_16_bits() {
             tensor_bytes(bf16.path()) - sum(&b, is_decoder_linear) + sum(&q, is_decoder_linear);
         assert_eq!(tensor_bytes(fp8.path()), want, "{family}");
     }
-}
-
-/// Gemma 3's tiny shape with a language model wide enough for Marlin's and Machete's tiles
-/// (width 128, MLP 256, two KV heads of 64).
-fn gemma3_wide() -> serde_json::Value {
-    serde_json::json!({
-        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
-        "mm_tokens_per_image": 4, "image_token_index": 1000,
-        "text_config": {"model_type": "gemma3_text", "hidden_size": 128,
-            "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024,
-            "max_position_embeddings": 256, "sliding_window": 16,
-            "query_pre_attn_scalar": 64},
-        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32,
-            "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "image_size": 28, "patch_size": 7, "vision_use_head": false}
-    })
 }
 
 /// Mistral 3's tiny shape with a language model as wide (two heads and two KV heads of 64).
@@ -207,8 +180,12 @@ fn w4a16_and_awq_load_the_decoder_as_the_text_model_does() {
         compressed_tensors: ct,
     };
     for (family, mm, fmt) in [
-        ("gemma3 w4a16", gemma3_wide(), packed(Method::Gptq, true)),
-        ("gemma3 awq", gemma3_wide(), packed(Method::Awq, false)),
+        (
+            "gemma3 w4a16",
+            gemma3_wide_json(),
+            packed(Method::Gptq, true),
+        ),
+        ("gemma3 awq", gemma3_wide_json(), packed(Method::Awq, false)),
         (
             "mistral3 w4a16",
             mistral3_wide(),
@@ -504,7 +481,7 @@ fn quantized_logits_equal_the_text_only_models() {
         desc_act: false,
         compressed_tensors: true,
     };
-    let mm = gemma3_wide();
+    let mm = gemma3_wide_json();
     let text = text_only(&mm);
     let tmp = tempfile::tempdir().unwrap();
     let o = opts(StoredDtype::BF16);
@@ -545,48 +522,13 @@ fn quantized_logits_equal_the_text_only_models() {
 /// multimodal weights are the text model's plus the tower's stored tensors and buffers.
 #[test]
 fn other_formats_load_the_decoder_as_the_text_model_does() {
-    use vramscope::quant::nvfp4::Flavor;
-    type Gen = fn(&ModelConfig, &Path) -> vramscope::Result<vramscope::model::ModelFiles>;
-    let formats: [(&str, Gen); 5] = [
-        ("ct-w8a8", |c, d| {
-            model::gen_model_config_int8_channel(c, "w", d, &opts(StoredDtype::BF16))
-        }),
-        ("fp8", |c, d| {
-            model::gen_model_config_fp8(c, "w", d, &opts(StoredDtype::BF16), false)
-        }),
-        ("modelopt-fp8", |c, d| {
-            model::gen_modelopt_fp8::gen_model_config_modelopt_fp8(
-                c,
-                "w",
-                d,
-                &opts(StoredDtype::BF16),
-            )
-        }),
-        ("nvfp4-ct", |c, d| {
-            model::gen_nvfp4::gen_model_config_nvfp4(
-                c,
-                "w",
-                d,
-                &opts(StoredDtype::BF16),
-                Flavor::CompressedTensors,
-            )
-        }),
-        ("nvfp4-modelopt", |c, d| {
-            model::gen_nvfp4::gen_model_config_nvfp4(
-                c,
-                "w",
-                d,
-                &opts(StoredDtype::BF16),
-                Flavor::ModelOpt,
-            )
-        }),
-    ];
+    let formats = stored_formats();
     for (family, mm, buffers) in [
-        ("gemma3", gemma3_wide(), 0),
+        ("gemma3", gemma3_wide_json(), 0),
         ("mistral3", mistral3_wide(), 16 * 8 * 4),
     ] {
         let text = text_only(&mm);
-        for (format, gen) in formats {
+        for &(format, gen) in &formats {
             let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
             gen(&config(&mm), a.path()).unwrap();
             gen(&config(&text), b.path()).unwrap();
