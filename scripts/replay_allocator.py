@@ -6,9 +6,11 @@ peak is what the #9516 formula cannot see, so the model must be PyTorch's to the
 script checks that on a GPU: it reads a trace written by
 `vramscope profile ... --torch-snapshot F.pickle`, performs the same allocations and frees
 with `torch.empty(size, dtype=torch.uint8)` in the same order (calling `torch.cuda.empty_cache()`
-where the trace gives segments back), and prints where the two disagree.
+where the trace gives segments back; setting `max_split_size_mb` where a marker of the trace
+sets it, as vLLM does around its load and profile run), and prints where the two disagree.
 
 Usage (on the GPU machine): python3 scripts/replay_allocator.py F.pickle [--json OUT.json]
+[--ignore-max-split]
 """
 
 import argparse
@@ -19,10 +21,25 @@ import sys
 import torch
 
 
+# How vramscope names a marker that sets the allocator's split limit (src/engine/runtime.rs
+# `MAX_SPLIT_MARKER`), followed by the limit in MiB or "unlimited".
+MAX_SPLIT_MARKER = "allocator max_split_size_mb:"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("snapshot")
     ap.add_argument("--json")
+    ap.add_argument(
+        "--stop-at-first-mismatch",
+        action="store_true",
+        help="stop there, with PyTorch's segments and blocks in the JSON (to compare layouts)",
+    )
+    ap.add_argument(
+        "--ignore-max-split",
+        action="store_true",
+        help="leave PyTorch's split limit at its default (a control run)",
+    )
     args = ap.parse_args()
     with open(args.snapshot, "rb") as f:
         snap = pickle.load(f)
@@ -58,8 +75,26 @@ def main() -> int:
     def torch_segments():
         return {s["address"]: s["total_size"] for s in torch.cuda.memory_snapshot()}
 
-    for e in trace:
+    splits = []
+
+    def set_max_split(value):
+        # As vLLM's `_scoped_allocator_max_split` does (0.28.0 v1/worker/gpu_worker.py
+        # L291-312): "unlimited" is PyTorch's default, SIZE_MAX in MiB.
+        mib = str((2**64 - 1) // (1024 * 1024)) if value == "unlimited" else value
+        setting = f"max_split_size_mb:{mib}"
+        if hasattr(torch._C, "_accelerator_setAllocatorSettings"):
+            torch._C._accelerator_setAllocatorSettings(setting)
+        else:
+            torch.cuda.memory._set_allocator_settings(setting)
+        splits.append((events, value))
+
+    for trace_index, e in enumerate(trace):
         action = e["action"]
+        if action == "snapshot":
+            name = (e.get("frames") or [{}])[0].get("name", "")
+            if name.startswith(MAX_SPLIT_MARKER) and not args.ignore_max_split:
+                set_max_split(name[len(MAX_SPLIT_MARKER):])
+            continue
         if action in ("segment_free", "segment_unmap"):
             ours_reserved -= e["size"]
             vs_segs.pop(e["addr"], None)
@@ -136,7 +171,19 @@ def main() -> int:
                     "torch_reserved": torch_reserved,
                     "vramscope_reserved": ours_reserved,
                     "frame": (e.get("frames") or [{}])[0].get("name", ""),
+                    "trace_index": trace_index,
                 }
+                if args.stop_at_first_mismatch:
+                    first_mismatch["torch_segments"] = [
+                        {
+                            "address": sg["address"],
+                            "total_size": sg["total_size"],
+                            "blocks": [(b["size"], b["state"]) for b in sg["blocks"]],
+                        }
+                        for sg in torch.cuda.memory_snapshot()
+                    ]
+                    first_mismatch["torch_address"] = t.data_ptr() if action == "alloc" else None
+                    break
         if torch_allocated > peak["allocated"]:
             peak = {
                 "allocated": torch_allocated,
@@ -161,6 +208,7 @@ def main() -> int:
         "torch_segments": [(ev, hex(b), sz, what) for ev, b, sz, what in t_seg_log],
         "at_peak_allocated": peak,
         "final": final,
+        "max_split_settings": splits,
         "torch": torch.__version__,
     }
     print(json.dumps({k: v for k, v in out.items() if k != "torch_segments"}, indent=1))

@@ -154,9 +154,16 @@ fn the_graph_estimate_comes_off_0_21s_budget() {
     let first_capture = vramscope::profile::procedure::FIRST_CAPTURE_DRIVER_BYTES as i64;
     assert_eq!(a_eager.kv_bytes - a21.kv_bytes, est as i64 + first_capture);
     assert!(eager.graphs.is_none() && eager.vllm_graph_log_lines().is_empty());
+    // 0.21 loads under a 20 MiB split limit: layer 1's fused qkv weight (48 MiB) takes the
+    // 64 MiB block the rotary cache's temporaries left cached whole, 16 MiB more weights.
+    let slack = eager.weights_bytes - r19.weights_bytes;
+    assert_eq!(slack, 16 << 20);
     // 0.21's first sampler run (FlashInfer) leaves its 1 MiB row-state buffer allocated
     // through the second (Triton's), one MiB over 0.19's peak.
-    assert_eq!(a19.kv_bytes - a_eager.kv_bytes, (1 << 20) - first_capture);
+    assert_eq!(
+        a19.kv_bytes - a_eager.kv_bytes,
+        (1 << 20) - first_capture + slack as i64
+    );
     // 8000 tokens take 500 blocks of 16: int(blocks / 500 · 8000), as Python computes it.
     let lines = r21.vllm_log_lines().join("\n");
     let tokens = (a21.kv_blocks as f64 / 500.0 * 8000.0) as u64;

@@ -163,6 +163,10 @@ enum HostData {
     Given(Vec<f32>),
 }
 
+/// How a marker that sets the allocator's split limit starts (`Runtime::set_max_split`): then
+/// the limit in MiB, or `unlimited`.
+pub const MAX_SPLIT_MARKER: &str = "allocator max_split_size_mb:";
+
 /// Device and allocator numbers at one moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Snapshot {
@@ -719,6 +723,21 @@ impl Runtime {
         let mut i = self.0.borrow_mut();
         i.refresh_device();
         i.push_event(EventKind::Marker, label, Category::NonFramework, 0, None);
+    }
+
+    /// Sets the framework allocator's `max_split_size` (`None`: PyTorch's default, no limit),
+    /// with a marker on the timeline naming the setting (`scripts/replay_allocator.py` applies
+    /// it to PyTorch's allocator at the same point).
+    pub fn set_max_split(&self, bytes: Option<u64>) {
+        let op = self.op();
+        self.0.borrow_mut().op = "allocator-settings";
+        self.marker(&match bytes {
+            Some(b) => format!("{MAX_SPLIT_MARKER}{}", b >> 20),
+            None => format!("{MAX_SPLIT_MARKER}unlimited"),
+        });
+        let mut i = self.0.borrow_mut();
+        i.op = op;
+        i.alloc.set_max_split(bytes);
     }
 
     pub fn empty_cache(&self) {

@@ -154,6 +154,10 @@ pub struct CachingAllocator {
     /// each new segment landed below the previous one. PyTorch breaks best-fit ties by address,
     /// so among equal free blocks the newest segment's is taken first, here as there.
     next_top: u64,
+    /// `max_split_size` (`PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:N`, or vLLM's
+    /// `torch._C._accelerator_setAllocatorSettings` around its load and profile run); `None`
+    /// is PyTorch's default, no limit. See [`CachingAllocator::set_max_split`].
+    max_split: Option<u64>,
 }
 
 /// Where the allocator's own address space ends (a typical CUDA heap address, so exported
@@ -283,11 +287,22 @@ impl CachingAllocator {
     ) -> Result<BlockRef, OutOfMemory> {
         let size = round_size(requested);
         let pool = self.pool_of(size);
+        let limit = self.max_split.unwrap_or(u64::MAX);
+        // `get_free_block`: the best fit, unless it is an oversize block (≥ the limit) and the
+        // request is small, or the request is oversize and the block 20 MiB
+        // (`max_non_split_rounding_size`'s default) or more larger than it.
         let found = self
             .free_set(pool)
             .range((size, 0, 0)..)
             .next()
             .copied()
+            .filter(|&(block, _, _)| {
+                if size < limit {
+                    block < limit
+                } else {
+                    block < size + LARGE_SEGMENT_BYTES
+                }
+            })
             .map(|k| k.2);
         let id = match found {
             Some(id) => {
@@ -297,10 +312,11 @@ impl CachingAllocator {
             None => self.map_new_segment(size, pool, source)?,
         };
         let remaining = self.blocks[id as usize].size - size;
+        // `should_split`: an oversize request never splits its block.
         let split = if pool.small {
             remaining >= MIN_BLOCK_BYTES
         } else {
-            remaining > SMALL_SIZE_BYTES
+            size < limit && remaining > SMALL_SIZE_BYTES
         };
         if split {
             let b = self.blocks[id as usize].clone();
@@ -349,6 +365,11 @@ impl CachingAllocator {
             Some(h) => h,
             None => {
                 self.stats.alloc_retries += 1;
+                if self.release_available_oversize(size, pool, source) {
+                    if let Some(h) = source.map_segment(seg_bytes) {
+                        return Ok(self.add_segment(h, seg_bytes, pool));
+                    }
+                }
                 self.empty_cache(source);
                 match source.map_segment(seg_bytes) {
                     Some(h) => h,
@@ -364,6 +385,11 @@ impl CachingAllocator {
                 }
             }
         };
+        Ok(self.add_segment(handle, seg_bytes, pool))
+    }
+
+    /// Records a segment the device just mapped, as one free block.
+    fn add_segment(&mut self, handle: SegmentHandle, seg_bytes: u64, pool: Pool) -> u32 {
         if self.next_top == 0 {
             self.next_top = ADDRESS_SPACE_TOP;
         }
@@ -400,7 +426,7 @@ impl CachingAllocator {
             },
             pool,
         );
-        Ok(self.new_block(Block {
+        self.new_block(Block {
             segment: seg_id,
             offset: 0,
             size: seg_bytes,
@@ -408,7 +434,84 @@ impl CachingAllocator {
             prev: None,
             next: None,
             live: true,
-        }))
+        })
+    }
+
+    /// PyTorch's `release_available_cached_blocks`, tried before every cached segment goes back
+    /// when a new one cannot be mapped: with a split limit, the smallest free oversize block of
+    /// the request's pool at least as large as the request (or the limit), else the largest
+    /// ones, down from the largest, until as many bytes are free. Only whole segments are
+    /// given back (an oversize block is one whenever the limit was set before its segment
+    /// was made).
+    fn release_available_oversize(
+        &mut self,
+        size: u64,
+        pool: Pool,
+        source: &mut dyn SegmentSource,
+    ) -> bool {
+        let Some(limit) = self.max_split else {
+            return false;
+        };
+        let want = size.max(limit);
+        let whole = |a: &Self, id: u32| {
+            let b = &a.blocks[id as usize];
+            b.prev.is_none() && b.next.is_none()
+        };
+        let fits = self
+            .free_set(pool)
+            .range((want, 0, 0)..)
+            .next()
+            .map(|k| k.2);
+        if let Some(id) = fits {
+            if !whole(self, id) {
+                return false;
+            }
+            self.release_segment(id, source);
+            return true;
+        }
+        let mut released = 0;
+        let candidates: Vec<(u64, u32)> = self
+            .free_set(pool)
+            .iter()
+            .rev()
+            .take_while(|k| k.0 >= limit)
+            .map(|k| (k.0, k.2))
+            .collect();
+        for (bytes, id) in candidates {
+            if released >= want {
+                break;
+            }
+            if whole(self, id) {
+                self.release_segment(id, source);
+                released += bytes;
+            }
+        }
+        released >= want
+    }
+
+    /// Gives the segment of free whole block `id` back to the device.
+    fn release_segment(&mut self, id: u32, source: &mut dyn SegmentSource) {
+        self.remove_free(id);
+        let seg_id = self.blocks[id as usize].segment as usize;
+        self.blocks[id as usize].live = false;
+        self.free_block_ids.push(id);
+        let seg = &mut self.segments[seg_id];
+        seg.live = false;
+        let (handle, bytes, addr, pool) = (seg.handle, seg.size, seg.base, seg.pool);
+        source.unmap_segment(handle);
+        self.stats.reserved -= bytes;
+        self.log(AllocatorAction::SegmentUnmap { bytes, addr }, pool);
+    }
+
+    /// Sets PyTorch's `max_split_size` (`None`: no limit, PyTorch's default). With a limit,
+    /// a free block of at least that size is not handed to a smaller request, a request of
+    /// at least that size never splits the block it takes and takes none 20 MiB or more
+    /// larger than itself, and such blocks are given back first when the device is full
+    /// (c10/cuda/CUDACachingAllocator.cpp `get_free_block`, `should_split`,
+    /// `release_available_cached_blocks`). vLLM sets 20 MiB around its weight load from
+    /// 0.21 and around its profile run from 0.31 (`_scoped_allocator_max_split`).
+    pub fn set_max_split(&mut self, bytes: Option<u64>) {
+        self.max_split = bytes;
     }
 
     /// Returns a block to its pool, merging it with free neighbours.
@@ -477,16 +580,7 @@ impl CachingAllocator {
             })
             .collect();
         for id in whole {
-            self.remove_free(id);
-            let seg_id = self.blocks[id as usize].segment as usize;
-            self.blocks[id as usize].live = false;
-            self.free_block_ids.push(id);
-            let seg = &mut self.segments[seg_id];
-            seg.live = false;
-            let (handle, bytes, addr, pool) = (seg.handle, seg.size, seg.base, seg.pool);
-            source.unmap_segment(handle);
-            self.stats.reserved -= bytes;
-            self.log(AllocatorAction::SegmentUnmap { bytes, addr }, pool);
+            self.release_segment(id, source);
         }
     }
 
@@ -514,6 +608,9 @@ mod tests {
         limit: Option<u64>,
         maps: u32,
         unmaps: u32,
+        /// Give unmapped bytes back (`used` drops), as a real device does.
+        frees: bool,
+        sizes: std::collections::HashMap<u64, u64>,
     }
 
     impl SegmentSource for FakeDevice {
@@ -524,10 +621,14 @@ mod tests {
             self.used += bytes;
             self.maps += 1;
             self.next += 1 << 40;
+            self.sizes.insert(self.next, bytes);
             Some(SegmentHandle(self.next))
         }
-        fn unmap_segment(&mut self, _handle: SegmentHandle) {
+        fn unmap_segment(&mut self, handle: SegmentHandle) {
             self.unmaps += 1;
+            if self.frees {
+                self.used -= self.sizes.remove(&handle.0).unwrap_or(0);
+            }
         }
     }
 
@@ -696,5 +797,70 @@ mod tests {
         assert_eq!(acts[0].stats.allocated, 0);
         assert_eq!(acts[1].stats.allocated, 3 * MIB);
         assert_eq!(acts[2].stats.allocated, 0);
+    }
+
+    /// PyTorch's `max_split_size` (vLLM's 20 MiB around its load): a free block of 20 MiB or
+    /// more is not handed to a smaller request, an oversize request does not split the block
+    /// it takes (the block's whole size counts as allocated) and takes none 20 MiB or more
+    /// larger than itself; lifting the limit restores best fit with splitting.
+    #[test]
+    fn split_limit_keeps_oversize_blocks_whole() {
+        let mut d = FakeDevice::default();
+        let mut a = CachingAllocator::new();
+        a.set_max_split(Some(20 * MIB));
+        let big = a.allocate(100 * MIB, &mut d).unwrap();
+        a.free(big);
+        // A small request does not take the cached 100 MiB block.
+        let small = a.allocate(4 * MIB, &mut d).unwrap();
+        assert_eq!(d.maps, 2);
+        assert_eq!(small.bytes, 4 * MIB);
+        // An oversize request within 20 MiB of it takes it whole.
+        let near = a.allocate(90 * MIB, &mut d).unwrap();
+        assert_eq!(d.maps, 2);
+        assert_eq!(
+            near.bytes,
+            100 * MIB,
+            "not split: the slack counts as allocated"
+        );
+        assert_eq!(a.stats().allocated, 104 * MIB);
+        a.free(near);
+        // One 20 MiB or more smaller maps a segment of its own.
+        let far = a.allocate(60 * MIB, &mut d).unwrap();
+        assert_eq!(d.maps, 3);
+        assert_eq!(far.bytes, 60 * MIB);
+        a.free(far);
+        a.free(small);
+        // Without the limit the same request splits the 100 MiB block.
+        a.set_max_split(None);
+        let split = a.allocate(60 * MIB, &mut d).unwrap();
+        assert_eq!(d.maps, 3);
+        assert_eq!(split.bytes, 60 * MIB);
+        assert_eq!(a.stats().reserved, 100 * MIB + 20 * MIB + 60 * MIB);
+    }
+
+    /// With a split limit, a full device first gives back cached oversize segments (largest
+    /// first when none is large enough alone) before every cached segment goes.
+    #[test]
+    fn split_limit_releases_oversize_blocks_first_when_full() {
+        let mut d = FakeDevice {
+            limit: Some(150 * MIB),
+            frees: true,
+            ..FakeDevice::default()
+        };
+        let mut a = CachingAllocator::new();
+        a.set_max_split(Some(20 * MIB));
+        let x = a.allocate(40 * MIB, &mut d).unwrap();
+        let y = a.allocate(50 * MIB, &mut d).unwrap();
+        let z = a.allocate(4 * MIB, &mut d).unwrap();
+        a.free(x);
+        a.free(y);
+        a.free(z);
+        // 110 MiB mapped; 60 MiB more does not fit and no cached block holds it: the largest
+        // oversize segments go until 60 MiB are released (50, then 40), the 20 MiB one that
+        // held the small request stays cached.
+        let w = a.allocate(60 * MIB, &mut d).unwrap();
+        assert_eq!(d.unmaps, 2);
+        assert_eq!(a.stats().reserved, 20 * MIB + 60 * MIB);
+        assert_eq!(w.bytes, 60 * MIB);
     }
 }

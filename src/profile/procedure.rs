@@ -1472,6 +1472,13 @@ pub(crate) fn run_rank(
         (t0, init_distributed(&rt, release, &group_comms)?)
     };
     let before_load = rt.stats().allocated;
+    // From 0.21 vLLM loads under a 20 MiB split limit (`Release::load_max_split_mib`), lifted
+    // when `load_model` returns: here after Model Runner V2's sampler state, which
+    // `load_model` makes from 0.25.1 (0.22-0.24 make it in the runner's constructor, before
+    // the load; vramscope makes it after the weights in every release).
+    if let Some(m) = release.load_max_split_mib {
+        rt.set_max_split(Some(m << 20));
+    }
 
     rt.progress(Progress::Phase(Phase::Loading));
     let (work, model_info, cfg) = match (&req.model, opened) {
@@ -1936,6 +1943,9 @@ pub(crate) fn run_rank(
         }
         Workload::Synthetic { .. } => weights_bytes,
     };
+    if release.load_max_split_mib.is_some() {
+        rt.set_max_split(None);
+    }
     rt.empty_cache();
     rt.reset_peak();
     let t1 = checkpoint(&rt, "t1");
@@ -1962,6 +1972,11 @@ pub(crate) fn run_rank(
     } = &work
     {
         e.armed.set(true);
+    }
+    // From 0.31 the profile run is under a 20 MiB split limit too, lifted before
+    // `memory_profiling` measures (`Release::profile_max_split_mib`).
+    if let Some(m) = release.profile_max_split_mib {
+        rt.set_max_split(Some(m << 20));
     }
     for p in 1..=req.passes {
         rt.progress(Progress::Pass {
@@ -2001,6 +2016,9 @@ pub(crate) fn run_rank(
         if let Some(e) = encoder {
             e.armed.set(false);
         }
+    }
+    if release.profile_max_split_mib.is_some() {
+        rt.set_max_split(None);
     }
     rt.set_pass(0);
     rt.synchronize()?;

@@ -227,6 +227,12 @@ pub struct Release {
     /// the baseline snapshot, so they are not in the instance's consumption (0.33.0
     /// v1/worker/gpu_worker.py:518-529; not in 0.32.0).
     pub cublas_before_baseline: bool,
+    /// `max_split_size_mb` vLLM sets on PyTorch's allocator around its weight load
+    /// (`_scoped_allocator_max_split(max_split_size_mb=20)` over `load_model`: 0.21.0
+    /// v1/worker/gpu_worker.py:338-344, 0.28.0 :450-457) and around its profile run (0.31.0
+    /// :615-626, 0.33.0 :688-699; memory_profiling measures after the limit is lifted).
+    pub load_max_split_mib: Option<u64>,
+    pub profile_max_split_mib: Option<u64>,
     /// One `GPU KV cache size: N tokens, Maximum concurrency for L tokens per request: X.XXx`
     /// line (0.28.0 v1/core/kv_cache_utils.py:1869-1875) instead of two.
     pub kv_line_combined: bool,
@@ -436,6 +442,8 @@ pub const RELEASES: &[Release] = &[
         suggestion: Suggestion::Debug,
         serve_batch_160gib: false,
         cublas_before_baseline: false,
+        load_max_split_mib: None,
+        profile_max_split_mib: None,
         kv_line_combined: false,
         chunked_local_hybrid: false,
         mm: None,
@@ -473,6 +481,8 @@ pub const RELEASES: &[Release] = &[
         suggestion: Suggestion::Debug,
         serve_batch_160gib: false,
         cublas_before_baseline: false,
+        load_max_split_mib: None,
+        profile_max_split_mib: None,
         kv_line_combined: false,
         chunked_local_hybrid: false,
         mm: None,
@@ -512,6 +522,8 @@ pub const RELEASES: &[Release] = &[
         suggestion: Suggestion::Debug,
         serve_batch_160gib: false,
         cublas_before_baseline: false,
+        load_max_split_mib: None,
+        profile_max_split_mib: None,
         kv_line_combined: false,
         chunked_local_hybrid: false,
         mm: None,
@@ -552,6 +564,8 @@ pub const RELEASES: &[Release] = &[
         suggestion: Suggestion::Debug,
         serve_batch_160gib: false,
         cublas_before_baseline: false,
+        load_max_split_mib: None,
+        profile_max_split_mib: None,
         kv_line_combined: false,
         chunked_local_hybrid: false,
         mm: None,
@@ -587,6 +601,8 @@ pub const RELEASES: &[Release] = &[
         suggestion: Suggestion::Debug,
         serve_batch_160gib: false,
         cublas_before_baseline: false,
+        load_max_split_mib: None,
+        profile_max_split_mib: None,
         kv_line_combined: false,
         chunked_local_hybrid: false,
         mm: None,
@@ -627,6 +643,8 @@ pub const RELEASES: &[Release] = &[
         suggestion: Suggestion::Debug,
         serve_batch_160gib: false,
         cublas_before_baseline: false,
+        load_max_split_mib: None,
+        profile_max_split_mib: None,
         kv_line_combined: false,
         chunked_local_hybrid: false,
         mm: None,
@@ -679,6 +697,8 @@ pub const RELEASES: &[Release] = &[
         suggestion: Suggestion::Debug,
         serve_batch_160gib: false,
         cublas_before_baseline: false,
+        load_max_split_mib: None,
+        profile_max_split_mib: None,
         kv_line_combined: false,
         // No VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE in 0.10.0's envs.py.
         chunked_local_hybrid: false,
@@ -735,6 +755,8 @@ pub const RELEASES: &[Release] = &[
         suggestion: Suggestion::Debug,
         serve_batch_160gib: false,
         cublas_before_baseline: false,
+        load_max_split_mib: None,
+        profile_max_split_mib: None,
         kv_line_combined: false,
         chunked_local_hybrid: false,
         mm: Some(MmProfile {
@@ -795,6 +817,8 @@ pub const RELEASES: &[Release] = &[
         suggestion: Suggestion::Debug,
         serve_batch_160gib: false,
         cublas_before_baseline: false,
+        load_max_split_mib: None,
+        profile_max_split_mib: None,
         kv_line_combined: false,
         chunked_local_hybrid: true,
         mm: Some(MmProfile {
@@ -852,6 +876,8 @@ pub const RELEASES: &[Release] = &[
         suggestion: Suggestion::Debug,
         serve_batch_160gib: false,
         cublas_before_baseline: false,
+        load_max_split_mib: None,
+        profile_max_split_mib: None,
         kv_line_combined: false,
         chunked_local_hybrid: true,
         mm: Some(MmProfile {
@@ -1039,7 +1065,9 @@ const R0_21: Release = Release {
               sizes when it is at most the largest (config/vllm.py:1526-1586); KV tokens \
               int(max concurrency · max_model_len) (v1/core/kv_cache_utils.py:1708-1715); \
               the dummy sampler twice, FlashInfer's top-k/top-p sampling then Triton's \
-              (gpu_model_runner.py:5746-5765)",
+              (gpu_model_runner.py:5746-5765); the weight load under max_split_size_mb=20 \
+              (v1/worker/gpu_worker.py:338-344: blocks of 20 MiB or more are never split, \
+              nor handed to smaller requests)",
     engine: Engine::V1 {
         top_k_top_p: TopKTopP::FlashInferThenTriton,
     },
@@ -1073,6 +1101,8 @@ const R0_21: Release = Release {
     suggestion: Suggestion::Debug,
     serve_batch_160gib: false,
     cublas_before_baseline: false,
+    load_max_split_mib: Some(20),
+    profile_max_split_mib: None,
     kv_line_combined: false,
     chunked_local_hybrid: true,
     mm: Some(MmProfile {
@@ -1245,13 +1275,14 @@ const R0_31: Release = Release {
     name: "0.31",
     aliases: &["0.31.0", "0.32", "0.32.0"],
     changes: "as 0.29; the profile run under max_split_size_mb=20 (0.31.0 v1/worker/\
-              gpu_worker.py:616-626: blocks over 20 MiB are never split), which \
-              vramscope's allocator does not model (it splits as PyTorch's default); \
+              gpu_worker.py:615-626: blocks of 20 MiB or more are never split, nor handed to \
+              smaller requests), as the weight load since 0.21; \
               V2's profile batch routes its dummy tokens to the experts (`is_padding=not \
               is_profile`, gpu/model_runner.py:1795-1802); Mixtral's and Qwen3-MoE's gate a \
               `GateLinear` (mixtral.py:111, qwen3_moe.py:170) that falls to `F.linear` in \
               bf16 without an fp32 `out_dtype` (fused_moe/router/gate_linear.py:234-249), \
               the fused MoE's allocations as 0.29's",
+    profile_max_split_mib: Some(20),
     // 0.31.0 (0.32.0 the same files for these): the oracle (a MoonEP backend, XPU's
     // fallback, `unquantized_round_up_hidden_size_and_intermediate_size` rounding only for
     // TRT-LLM, oracle/unquantized.py L374-382), experts/triton_moe.py (XPU, EP's
