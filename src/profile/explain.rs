@@ -87,6 +87,13 @@ pub struct LogFacts {
     pub warm_up: Option<super::diagnose::WarmUp>,
     pub lines: u64,
     pub recognised: u64,
+    /// The GPU a line names, and the line: the `device_name=` of the fused MoE (or block
+    /// fp8 / int8) config file vLLM looked for, `torch.cuda.get_device_name()` with spaces as
+    /// underscores (0.19.0 fused_moe.py L1018-1029: every H200 as `NVIDIA_H200`).
+    pub device_name: Option<(String, u64)>,
+    /// How the GPUs reach each other as the custom all-reduce found it, and the line: its
+    /// warnings (0.19.0 distributed/device_communicators/custom_all_reduce.py L150-170).
+    pub topology: Option<(crate::device::nccl_model::Topology, u64)>,
     /// The line each fact was read from, by its name as the log prints it
     /// ("max_num_batched_tokens", "kv_cache_size"): errors about a setting name its line.
     pub at: std::collections::BTreeMap<&'static str, u64>,
@@ -573,7 +580,32 @@ impl Reader {
             && (line.contains("Worker") || line.contains("pid="))
             && !line.contains("EngineCore");
         let mut known = true;
-        if let Some(i) = line
+        if let Some(i) = line.find("device_name=") {
+            // "Using configuration from …/E=128,N=768,device_name=NVIDIA_H100_80GB_HBM3.json
+            // for MoE layer." or "Config file not found at …" (fused_moe.py L1078, L1092).
+            let name: String = line[i + "device_name=".len()..]
+                .split([',', '\'', '"', ']', ' '])
+                .next()
+                .unwrap_or("")
+                .trim_end_matches(".json")
+                .to_string();
+            if !name.is_empty() && self.facts.device_name.is_none() {
+                self.facts.device_name = Some((name, n));
+            }
+        } else if line.contains("Custom allreduce is disabled") {
+            use crate::device::nccl_model::Topology;
+            let t = if line.contains("lacks GPU P2P capability") {
+                Some(Topology::PcieNoP2p)
+            } else if line.contains("more than two PCIe-only GPUs") {
+                Some(Topology::Pcie)
+            } else {
+                None
+            };
+            match t {
+                Some(t) if self.facts.topology.is_none() => self.facts.topology = Some((t, n)),
+                _ => known = false,
+            }
+        } else if let Some(i) = line
             .find("LLM engine (v")
             .filter(|_| line.contains("Initializing"))
         {
@@ -1174,6 +1206,18 @@ fn device_of(total_gib: f64) -> (&'static str, Vec<&'static str>) {
     (first, ids.collect())
 }
 
+/// The simulated GPU whose name is `device_name` as vLLM spells it in a config file's name
+/// (`torch.cuda.get_device_name()`, spaces as underscores; every H200 as `NVIDIA_H200`): the
+/// preset's name before " (simulated…)". The current preset where an older one has the same name.
+fn preset_named(device_name: &str) -> Option<&'static str> {
+    let wanted = device_name.replace('_', " ");
+    crate::device::presets::SIM_PRESETS
+        .iter()
+        .filter(|p| !p.id.starts_with("mock") && p.superseded_by.is_none())
+        .find(|p| p.name.split(" (").next() == Some(wanted.as_str()))
+        .map(|p| p.id)
+}
+
 /// What the explain run is given besides the log.
 #[derive(Clone, Debug, Default)]
 pub struct Overrides {
@@ -1229,9 +1273,26 @@ pub fn request_of(f: &LogFacts, o: &Overrides) -> Result<(ProfileRequest, Vec<St
             ))
         }
     };
-    let device = match &o.device {
-        Some(d) => DeviceSpec::parse(d)?,
-        None => {
+    let named_gpu = f
+        .device_name
+        .as_ref()
+        .and_then(|(d, n)| preset_named(d).map(|p| (p, d, n)));
+    let device = match (&o.device, named_gpu) {
+        (Some(d), _) => DeviceSpec::parse(d)?,
+        (None, Some((p, d, n))) => {
+            assumptions.push(format!(
+                "GPU sim:{p}: line {n} names it (device_name={d}, the fused MoE config vLLM \
+                 looked for; the total is the log's)"
+            ));
+            DeviceSpec::parse(&format!("sim:{p}:dry"))?
+        }
+        (None, None) => {
+            if let Some((d, n)) = &f.device_name {
+                assumptions.push(format!(
+                    "line {n} names the GPU device_name={d}, which is no preset's: the total \
+                     picks one"
+                ));
+            }
             let (name, as_near) = device_of(total_gib);
             let others = if as_near.is_empty() {
                 String::new()
@@ -1254,6 +1315,17 @@ pub fn request_of(f: &LogFacts, o: &Overrides) -> Result<(ProfileRequest, Vec<St
         }
     }
     .with_total(Some((total_gib * GIB).round() as u64))?;
+    // The topology the custom all-reduce reported, where the device is simulated.
+    let device = match (&f.topology, &device) {
+        (Some((t, n)), DeviceSpec::Sim { .. }) => {
+            assumptions.push(format!(
+                "topology {}: line {n} (the custom all-reduce's check)",
+                t.name()
+            ));
+            device.with_topology(Some(*t))?
+        }
+        _ => device,
+    };
     let mut default = |what: &str, value: String| {
         assumptions.push(format!(
             "{what} {value}: the release's default (the log does not say)"
@@ -1720,6 +1792,32 @@ pub fn variants(req: &ProfileRequest) -> Vec<(String, ProfileRequest)> {
                 ..req.clone()
             },
         ));
+    }
+    // The other topology: what NCCL and the custom all-reduce would take over NVLink where
+    // the run assumed PCIe, and over PCIe where it assumed NVLink or no peer-to-peer.
+    if let (
+        true,
+        DeviceSpec::Sim {
+            preset, topology, ..
+        },
+    ) = (req.tp >= 2, &req.device)
+    {
+        use crate::device::nccl_model::Topology;
+        let current = topology.or_else(|| crate::device::presets::find(preset).map(|p| p.topology));
+        let other = match current {
+            Some(Topology::Pcie) => Some(Topology::Nvlink),
+            Some(Topology::Nvlink | Topology::PcieNoP2p) => Some(Topology::Pcie),
+            None => None,
+        };
+        if let Some(device) = other.and_then(|t| req.device.clone().with_topology(Some(t)).ok()) {
+            out.push((
+                format!("--topology {}", other.map_or("", |t| t.name())),
+                ProfileRequest {
+                    device,
+                    ..req.clone()
+                },
+            ));
+        }
     }
     if req.tp >= 2 && req.device.is_sim() {
         // The same GPUs as stages: half the ranks per stage, twice the stages (a given
