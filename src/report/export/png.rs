@@ -392,7 +392,14 @@ fn draw_lifetimes(area: &Area, r: &Report, a: &Analysis) -> std::result::Result<
     // boundaries fall on a column already drawn, which the same opaque dashes would cover
     // again to the same pixels (150,000 passes drew 150,000 lines).
     let mut drawn_px = None;
-    for p in a.lifetimes.passes.iter().filter(|p| !p.verify) {
+    // Only what starts inside the view: the graph capture after t3 is not in it, and its
+    // label would land on the panel to the right.
+    for p in a
+        .lifetimes
+        .passes
+        .iter()
+        .filter(|p| !p.verify && (p.start as f64) < x_max)
+    {
         let x = p.start as f64;
         let column = chart.backend_coord(&(x, 0.0)).0;
         if drawn_px != Some(column) {
@@ -407,7 +414,7 @@ fn draw_lifetimes(area: &Area, r: &Report, a: &Analysis) -> std::result::Result<
                 .map_err(draw_err)?;
         }
         let (bx, by) = above(x, 0);
-        let (ex, _) = above(p.end as f64, 0);
+        let (ex, _) = above((p.end as f64).min(x_max), 0);
         if bx > label_right + 4 && ex - bx > 50 {
             draw_root_text(area, &p.label, 15, BLACK, (bx + 3, by))?;
             label_right = bx + 8 * p.label.len() as i32;
