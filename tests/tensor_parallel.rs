@@ -481,3 +481,31 @@ fn nccl_memory_follows_the_topology_and_says_its_source() {
     // shared-memory transport keeps them in host memory.
     assert!(totals[0] > totals[1] && totals[1] > totals[2], "{totals:?}");
 }
+
+/// No V1 release sets `NCCL_CUMEM_ENABLE=0` (0.8.5's env_override.py did), so a V1 run's NCCL
+/// line says its cuMem-off rules are an assumption; a V0 run's does not.
+#[test]
+fn a_v1_runs_nccl_line_says_its_cumem_rules_are_assumed() {
+    let src = |vllm: &str| {
+        let req = ProfileRequest {
+            model: ModelSource::parse("preset:llama-3-8b").unwrap(),
+            quant: Quant::F16,
+            device: DeviceSpec::parse("sim:l40s:dry").unwrap(),
+            tp: 2,
+            verify: false,
+            vllm: vllm.into(),
+            ..ProfileRequest::default()
+        };
+        let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
+        r.ranks[0].nccl_source.clone().unwrap()
+    };
+    let v1 = src("0.19");
+    assert!(
+        v1.contains("NCCL 2.21.5 with NCCL_CUMEM_ENABLE=0")
+            && v1.contains("vLLM 0.19 runs PyTorch 2.10's NCCL with cuMem on")
+            && v1.ends_with("these cuMem-off rules are assumed"),
+        "{v1}"
+    );
+    let v0 = src("0.8");
+    assert!(!v0.contains("cuMem on"), "{v0}");
+}

@@ -1391,6 +1391,20 @@ pub(crate) fn run_rank(
     let req = ran.as_ref().unwrap_or(req);
     let nccl_source = rank.as_ref().map(|r| {
         let mut src = device.nccl_source(release.nccl);
+        // No V1 release turns cuMem off: env_override.py sets no NCCL_CUMEM_ENABLE in
+        // 0.11.0, 0.19.0, 0.22.0 or 0.31.0 (0.8.5's did), so NCCL runs with cuMem and its
+        // runtime connection. Those rules are measured only in vramscope's own process on
+        // NVLink; the cuMem-off rules are kept, and said to be an assumption.
+        if matches!(release.engine, super::vllm::Engine::V1 { .. })
+            && release.nccl == crate::device::nccl_model::NcclRules::Nccl221CumemOff
+            && spec.is_sim()
+        {
+            src.push_str(&format!(
+                "; vLLM {} runs PyTorch {}'s NCCL with cuMem on (it sets no \
+                 NCCL_CUMEM_ENABLE=0): not modelled, these cuMem-off rules are assumed",
+                release.name, release.torch
+            ));
+        }
         if let Some(net) = r.comms.iter().find_map(|c| c.across) {
             let m = crate::device::nccl_model::NetModel::new(net, release.nccl);
             src.push_str("; across hosts: ");
