@@ -87,9 +87,9 @@ fn q5_and_q6_qwen3_14b_awq_on_an_l40s_under_0_28() {
 /// within 1 % and (c) within 3 %. (a) does not: the log's non-KV memory is 10.66 GiB on one L4
 /// against 10.35 on the L40S of Q5, the same checkpoint under the same release, and no
 /// mechanism vramscope knows takes 0.3 GiB more on the smaller card of the same architecture
-/// (vramscope gives 10.05 on both; the 0.3 GiB that Q4 and Q5 miss on the L40S is put down
-/// to what vLLM's own kernels and torch.compile load, not modelled). Held to 7 % so that a
-/// change shows.
+/// (vramscope gives 10.05 on both; the 0.3 GiB that Q4 and Q5 miss on the L40S is not
+/// Triton's kernels, which take about 17 KB a module (docs/gpu-runs.md run 95): vLLM's own
+/// compiled kernels, not modelled). Held to 7 % so that a change shows.
 #[test]
 fn q7_qwen3_14b_awq_on_l4s_one_gpu_tp2_and_pp2_under_0_28() {
     let mut seen = Vec::new();
