@@ -35,6 +35,11 @@ pub(super) struct Graphs {
     host: Option<(usize, usize)>,
     dev: Option<(u64, usize)>,
     used: usize,
+    /// Places of the bytes captures staged, by a hash of the bytes and their length: a
+    /// capture that stages bytes already in the arena (every layer's rope table, every
+    /// piece's positions) copies from the same place, as vLLM's pieces read one persistent
+    /// buffer.
+    places: foldhash::HashMap<(u64, usize), Vec<usize>>,
 }
 
 /// One instantiated graph, as the driver reports it.
@@ -122,6 +127,28 @@ impl CudaDevice {
                 .map_err(|e| self.err("copy to GPU", e))?;
             return Ok(dev);
         }
+        let key = (
+            std::hash::BuildHasher::hash_one(&foldhash::quality::FixedState::default(), bytes),
+            bytes.len(),
+        );
+        let same = self.graphs.places.get(&key).and_then(|places| {
+            places.iter().copied().find(|&at| {
+                // SAFETY: each place lies inside the host arena and holds `len` bytes written
+                // once until the graphs are dropped.
+                let held =
+                    unsafe { std::slice::from_raw_parts((host + at) as *const u8, bytes.len()) };
+                held == bytes
+            })
+        });
+        if let Some(at) = same {
+            // SAFETY: page-locked source holding these bytes, device destination inside the
+            // arena that already holds them, on the side stream: the graph keeps a copy node.
+            let src = unsafe { std::slice::from_raw_parts((host + at) as *const u8, bytes.len()) };
+            let d = dev + at as u64;
+            unsafe { drv::memcpy_htod_async(d, src, self.stream.cu_stream()) }
+                .map_err(|e| self.err("copy to GPU", e))?;
+            return Ok(d);
+        }
         let at = self.graphs.used.max(SCRATCH_BYTES).next_multiple_of(256);
         if at + bytes.len() > cap {
             return Err(self.err(
@@ -142,6 +169,7 @@ impl CudaDevice {
         unsafe { drv::memcpy_htod_async(d, &*dst, self.stream.cu_stream()) }
             .map_err(|e| self.err("copy to GPU", e))?;
         self.graphs.used = at + bytes.len();
+        self.graphs.places.entry(key).or_default().push(at);
         Ok(d)
     }
 
@@ -250,11 +278,14 @@ impl CudaDevice {
             .map_err(|e| self.err("synchronize", e))?;
         self.graphs.graphs.clear();
         self.graphs.used = 0;
+        self.graphs.places.clear();
         Ok(())
     }
 
     pub(super) fn drop_graph_arenas(&mut self) {
         self.graphs.graphs.clear();
+        self.graphs.used = 0;
+        self.graphs.places.clear();
         if let Some((p, _)) = self.graphs.host.take() {
             // SAFETY: from malloc_host; the device was synchronized by the caller.
             let _ = unsafe { drv::free_host(p as *mut c_void) };
