@@ -167,9 +167,30 @@ fn each_list_entry_names_a_module_of_the_written_checkpoint() {
                 continue;
             }
             check_lists(family, format, &config, dir.path());
+            decoder_is_quantized(family, format, dir.path());
             opens(dir.path()).unwrap_or_else(|e| panic!("{family} {format}: {e}"));
         }
     }
+}
+
+/// The decoder's projections are what the format quantizes: layer 0's MLP down projection is
+/// stored in a quantized form (a non-16-bit weight, or the format's own packed tensors), so a
+/// family whose names `gen-model` does not recognise cannot slip through as 16 bits.
+fn decoder_is_quantized(family: &str, format: &str, dir: &Path) {
+    let tensors = stored(dir);
+    let down: Vec<_> = tensors
+        .iter()
+        .filter(|(n, _, _)| is_text(n) && n.contains("layers.0.") && n.contains("down_proj"))
+        .collect();
+    assert!(!down.is_empty(), "{family} {format}: no layer 0 down_proj");
+    let quantized = down.iter().any(|(n, dtype, _)| {
+        !n.ends_with("down_proj.weight")
+            || !matches!(dtype, safetensors::Dtype::BF16 | safetensors::Dtype::F16)
+    });
+    assert!(
+        quantized,
+        "{family} {format}: layer 0's down_proj is stored 16-bit: {down:?}"
+    );
 }
 
 /// Gemma 3's tiny shape with a language model wide enough for Marlin's tiles and 128 × 128
