@@ -1053,10 +1053,11 @@ impl Report {
         if v1 {
             out.push(
                 "compiled: approximated by the eager allocation sequence (vLLM captures pieces \
-                 torch.compile made, vramscope its own eager kernels; on an H200 the same pieces \
-                 compiled by Inductor took 28 % less than eager, their estimator sample 60 % \
-                 more: docs/gpu-runs.md run 56; against vLLM 0.19's public log Q1 the graphs' \
-                 memory lands 22-24 % under, held by tests/vllm_v1.rs: docs/vllm-versions.md)"
+                 torch.compile made, vramscope its own eager kernels; vLLM 0.19's estimator and \
+                 capture replayed on an H100 with Inductor's pieces estimated 23 % and took 4 % \
+                 less than this sequence: docs/gpu-runs.md run 96; against vLLM 0.19's public \
+                 log Q1 the graphs' memory lands 22-24 % under, held by tests/vllm_v1.rs: \
+                 docs/vllm-versions.md)"
                     .into(),
             );
         }
