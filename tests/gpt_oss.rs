@@ -281,3 +281,133 @@ fn gpt_oss_20b_weighs_what_each_backend_leaves() {
         "{text}"
     );
 }
+
+/// `vramscope plan --vllm V --device sim:h100-sxm -- vllm serve openai/gpt-oss-120b ARGS`:
+/// exit code and stdout + stderr (the preset's shapes: the model is not on disk).
+fn plan_120b(vllm: &str, args: &[&str]) -> (Option<i32>, String) {
+    plan_120b_with(&[], vllm, args)
+}
+
+/// `plan_120b` with plan options (`--json F`) before the pasted line.
+fn plan_120b_with(opts: &[&str], vllm: &str, args: &[&str]) -> (Option<i32>, String) {
+    let mut argv = vec!["plan"];
+    argv.extend_from_slice(opts);
+    argv.extend([
+        "--vllm",
+        vllm,
+        "--device",
+        "sim:h100-sxm",
+        "--",
+        "vllm",
+        "serve",
+        "openai/gpt-oss-120b",
+    ]);
+    argv.extend_from_slice(args);
+    let out = common::cli::vramscope(&argv);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// vLLM issue #33155 ("gptoss120B is OOM on one H100 after upgrading from v0.11.2 to
+/// v0.14.1"), its two commands as filed: under 0.11 both start; under 0.15 (the release after
+/// 0.14 that vramscope reproduces) and 0.19 the same commands run out of memory, the second
+/// even with one sequence of 5K tokens. The cause is the one vLLM PR #41268 describes: the
+/// Hopper swizzle of each layer's MXFP4 experts frees the loaded w13 values (1,014 MiB
+/// segments) and PyTorch places the next swizzled w2 (518 MiB) inside one, splitting it, so
+/// 496 MiB stays stranded beside it in every such segment; vLLM's budget counts that reserved
+/// but unallocated memory as free (0.21 loads under `max_split_size_mb=20` to stop it).
+#[test]
+fn gpt_oss_120b_on_one_h100_starts_under_0_11_and_runs_out_of_memory_from_0_15() {
+    let issue = |len: &'static str, seqs: &'static str| {
+        [
+            "--gpu-memory-utilization",
+            "0.97",
+            "-O3",
+            "--enable-chunked-prefill",
+            "--enable-prefix-caching",
+            "--async-scheduling",
+            "--max_num_seqs",
+            seqs,
+            "--tool-call-parser",
+            "openai",
+            "--enable-auto-tool-choice",
+            "--tensor-parallel-size",
+            "1",
+            "--max-model-len",
+            len,
+        ]
+    };
+    for (len, seqs) in [("87040", "100"), ("5120", "1")] {
+        let (code, text) = plan_120b("0.11", &issue(len, seqs));
+        assert_eq!(code, Some(0), "0.11 {len} {seqs}: {text}");
+        assert!(text.contains("GPU KV cache size: "), "{text}");
+        for vllm in ["0.15", "0.19"] {
+            let (code, text) = plan_120b(vllm, &issue(len, seqs));
+            assert_ne!(code, Some(0), "{vllm} {len} {seqs}: {text}");
+            assert!(
+                text.contains(&format!(
+                    "vLLM {vllm} would not start: the GPU ran out of memory"
+                )),
+                "{text}"
+            );
+            // The stranded blocks, said with the reproduction.
+            let stranded: f64 = text
+                .split("after the profile PyTorch still holds ")
+                .nth(1)
+                .and_then(|s| s.split(" GiB").next())
+                .unwrap_or_else(|| panic!("{text}"))
+                .parse()
+                .unwrap();
+            assert!(stranded > 9.0, "{stranded}: {text}");
+        }
+    }
+}
+
+/// With vLLM's defaults (util 0.9, 1024 sequences on an H100) 0.19 stops in the profile run
+/// itself: the sampler's 786 MiB logits copy finds no block among the 10.7 GiB PyTorch holds
+/// unallocated. `plan` says so as vLLM's failed start (PyTorch's message, the allocation), and
+/// its JSON holds the diagnosis. (No single change starts it on this GPU: a quarter of the
+/// sequences gets past the sampler, then 4.61 GiB of KV cache is short of one 131,072-token
+/// request.)
+#[test]
+fn a_profile_that_runs_out_of_memory_is_a_start_that_fails() {
+    // The command as docs/cli.md writes it.
+    let line = "vramscope plan --vllm 0.19 --device sim:h100-sxm -- vllm serve openai/gpt-oss-120b";
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+    assert!(docs.contains(line), "{line}");
+    let args: Vec<&str> = line.split(' ').skip(1).collect();
+    let out = common::cli::vramscope(&args);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("plan.json");
+    let (code, again) = plan_120b_with(&["--json", json.to_str().unwrap()], "0.19", &[]);
+    assert_eq!(
+        (code, again.lines().count()),
+        (Some(3), text.lines().count()),
+        "{again}"
+    );
+    assert!(text.contains("vLLM 0.19 would not start: the GPU ran out of memory while loading or profiling the model, before any KV cache"), "{text}");
+    assert!(text.contains("reserved but unallocated"), "{text}");
+    assert!(
+        text.contains("stops while allocating sampler.exponential"),
+        "{text}"
+    );
+    assert!(
+        text.contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+        "{text}"
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let f = &doc["diagnosis"]["failure"];
+    assert_eq!(f["kind"], "out_of_memory", "{doc}");
+    let (tried, free, unallocated) = (
+        f["tried_gib"].as_f64().unwrap(),
+        f["free_gib"].as_f64().unwrap(),
+        f["unallocated_gib"].as_f64().unwrap(),
+    );
+    assert!(tried > free && unallocated > 10.0 * tried, "{f}");
+}

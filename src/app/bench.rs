@@ -219,10 +219,12 @@ pub fn run(req: &BenchRequest) -> Result<BenchResult> {
                         device,
                         during,
                         detail,
+                        state,
                     } => Error::OutOfMemory {
                         device: format!("{device} (tensor-parallel rank {rank})"),
                         during,
                         detail,
+                        state,
                     },
                     other => other,
                 })

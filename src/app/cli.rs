@@ -1001,7 +1001,29 @@ fn cmd_plan(args: &PlanArgs) -> Result<bool> {
         print_notes(p.quiet);
         return Ok(false);
     }
-    let report = run_profile(&p, hub_id.as_deref())?;
+    let report = match run_profile(&p, hub_id.as_deref()) {
+        Ok(r) => r,
+        // The run stopped where vLLM's load or profile would raise torch.OutOfMemoryError:
+        // vLLM would not start, and that is the answer.
+        Err(e @ crate::Error::OutOfMemory { .. }) => {
+            let Some(d) = diagnose::of_oom(&req, &e) else {
+                return Err(e);
+            };
+            write(&plan_doc(
+                &req,
+                None,
+                Some(d.clone()),
+                &notes,
+                json.is_some(),
+            ))?;
+            for l in d.lines() {
+                println!("{l}");
+            }
+            print_notes(p.quiet);
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
+    };
     let d = diagnose::of_run(&req, &report);
     write(&plan_doc(
         &req,

@@ -15,6 +15,9 @@ pub enum Error {
         device: String,
         during: String,
         detail: String,
+        /// The caching allocator and the device when a framework allocation failed (what
+        /// PyTorch's `OutOfMemoryError` message prints); `None` for memory outside it.
+        state: Option<OomState>,
     },
     #[error("cancelled")]
     Cancelled,
@@ -34,6 +37,17 @@ pub enum Error {
     /// A PyTorch memory snapshot that is not one, is damaged, or names Python code.
     #[error("{path}: {problem}", path = path.display())]
     Snapshot { path: PathBuf, problem: String },
+}
+
+/// Where a framework allocation failed: the request, the caching allocator's reserved and
+/// allocated bytes, and the device's free and total memory at that moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OomState {
+    pub requested: u64,
+    pub reserved: u64,
+    pub allocated: u64,
+    pub free: u64,
+    pub total: u64,
 }
 
 impl Error {

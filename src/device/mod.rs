@@ -407,6 +407,7 @@ impl Device {
                     device: s.preset.id.to_string(),
                     during: "allocating outside the framework".into(),
                     detail: format!("{bytes} bytes wanted, {free} free"),
+                    state: None,
                 })?;
                 Ok(OutsideAlloc {
                     id: 0,
@@ -433,6 +434,7 @@ impl Device {
                     device: s.preset.id.to_string(),
                     during: "holding memory for another process (--outside-before)".into(),
                     detail: format!("{bytes} bytes wanted, {free} free"),
+                    state: None,
                 })
             }
             Device::Cuda(c) => c.hold_foreign(bytes),

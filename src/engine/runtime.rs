@@ -527,10 +527,18 @@ impl Runtime {
                             .unwrap_or_default(),
                         inner.pass
                     );
+                    let mem = inner.device.mem_info();
                     Err(Error::OutOfMemory {
                         device: inner.device.info().spec,
                         during,
                         detail: oom.to_string(),
+                        state: Some(crate::base::error::OomState {
+                            requested: oom.requested,
+                            reserved: oom.reserved,
+                            allocated: oom.allocated,
+                            free: mem.free,
+                            total: mem.total,
+                        }),
                     })
                 }
             }

@@ -76,6 +76,10 @@ pub enum StartFailure {
     OutOfMemory {
         tried_gib: Option<f64>,
         free_gib: Option<f64>,
+        /// What PyTorch's message calls "reserved by PyTorch but unallocated": cached free
+        /// blocks, none of which could take the request when it is larger than the request.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unallocated_gib: Option<f64>,
     },
     MaxModelLenOverPositions {
         max_model_len: u64,
@@ -189,10 +193,19 @@ impl StartFailure {
             StartFailure::OutOfMemory {
                 tried_gib,
                 free_gib,
+                unallocated_gib,
             } => format!(
                 "the GPU ran out of memory while loading or profiling the model, before any KV \
-                 cache{}.",
-                short_words(*tried_gib, *free_gib)
+                 cache{}{}.",
+                short_words(*tried_gib, *free_gib),
+                match (unallocated_gib, tried_gib) {
+                    (Some(u), Some(t)) if *u >= t.max(1.0) => format!(
+                        ", though PyTorch held {u:.2} GiB reserved but unallocated: free blocks \
+                         inside segments that other tensors keep, none of which could take the \
+                         request (fragmentation)"
+                    ),
+                    _ => String::new(),
+                }
             ),
             StartFailure::MaxModelLenOverPositions {
                 max_model_len,
@@ -412,13 +425,29 @@ impl StartFailure {
             | StartFailure::OutOfMemory {
                 tried_gib,
                 free_gib,
+                ..
             } => match (tried_gib, free_gib) {
-                (Some(t), Some(f)) => format!(
-                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {} GiB. GPU 0 \
-                     has … of which {} GiB is free.",
-                    py_round2(*t),
-                    py_round2(*f)
-                ),
+                (Some(t), Some(f)) => {
+                    let unallocated = match self {
+                        StartFailure::OutOfMemory {
+                            unallocated_gib: Some(u),
+                            ..
+                        } => format!(
+                            " … {} GiB is reserved by PyTorch but unallocated. If reserved but \
+                             unallocated memory is large try setting \
+                             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid \
+                             fragmentation.",
+                            py_round2(*u)
+                        ),
+                        _ => String::new(),
+                    };
+                    format!(
+                        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {} GiB. \
+                         GPU 0 has … of which {} GiB is free.{unallocated}",
+                        py_round2(*t),
+                        py_round2(*f)
+                    )
+                }
                 _ => "torch.OutOfMemoryError: CUDA out of memory.".into(),
             },
             StartFailure::MaxModelLenOverPositions {
@@ -512,6 +541,7 @@ impl StartFailure {
             | StartFailure::OutOfMemory {
                 tried_gib: Some(t),
                 free_gib: Some(f),
+                ..
             } => Some(t - f),
             _ => None,
         }
@@ -646,6 +676,10 @@ pub fn read_failure(line: &str, after_kv: bool) -> Option<StartFailure> {
             StartFailure::OutOfMemory {
                 tried_gib: tried,
                 free_gib: free,
+                unallocated_gib: line
+                    .find(" is reserved by PyTorch but unallocated")
+                    .and_then(|i| line[..i].rsplit("and ").next())
+                    .and_then(size_with_unit),
             }
         });
     }
@@ -913,6 +947,7 @@ pub fn after_profile(r: &super::Report) -> Option<StartFailure> {
         return Some(StartFailure::OutOfMemory {
             tried_gib: Some(a.kv_bytes as f64 / GIB),
             free_gib: Some(r.checkpoints.t3.free as f64 / GIB),
+            unallocated_gib: None,
         });
     }
     let blocks = r.vllm_engine_blocks().unwrap_or(a.kv_blocks);
@@ -1335,6 +1370,47 @@ pub fn before_run(
     Ok(None)
 }
 
+/// `plan`'s diagnosis of a run that ran out of memory before any KV cache (loading the
+/// weights or in the profile run): vLLM raises `torch.OutOfMemoryError` at the same request,
+/// since vramscope's allocator is PyTorch's. The reproduction names the allocation and the
+/// allocator's state; what would start is run as for any memory failure. `None` for an
+/// error without the allocator's state (memory outside the framework).
+pub fn of_oom(req: &super::ProfileRequest, e: &crate::Error) -> Option<Diagnosis> {
+    let crate::Error::OutOfMemory {
+        device,
+        during,
+        state: Some(s),
+        ..
+    } = e
+    else {
+        return None;
+    };
+    let release = req.release().ok()?;
+    let unallocated = s.reserved.saturating_sub(s.allocated);
+    let f = StartFailure::OutOfMemory {
+        tried_gib: Some(s.requested as f64 / GIB),
+        free_gib: Some(s.free as f64 / GIB),
+        unallocated_gib: Some(unallocated as f64 / GIB),
+    };
+    let mut d = Diagnosis::new(f.clone(), release);
+    d.reproduced = Some(format!(
+        "the run on {device} stops while {during}: {:.2} GiB asked for, {:.2} GiB of the \
+         {:.2} GiB free; PyTorch holds {:.2} GiB, {:.2} GiB of it allocated",
+        s.requested as f64 / GIB,
+        s.free as f64 / GIB,
+        s.total as f64 / GIB,
+        s.reserved as f64 / GIB,
+        s.allocated as f64 / GIB,
+    ));
+    // The candidates change the settings that ran: vLLM's defaults filled in.
+    let ran = crate::model::open(&req.model, req.seed).map_or_else(
+        |_| req.clone(),
+        |o| req.resolved(o.config.derived_max_model_len() as usize),
+    );
+    d.would_start = would_start(&ran, &f, d.shortfall_gib, s.total as f64 / GIB, None);
+    Some(d)
+}
+
 /// `plan`'s diagnosis of vramscope's run: the failure vLLM would stop at after the profile,
 /// its shortfall, and what would start.
 pub fn of_run(req: &super::ProfileRequest, r: &super::Report) -> Option<Diagnosis> {
@@ -1405,6 +1481,22 @@ pub fn of_run(req: &super::ProfileRequest, r: &super::Report) -> Option<Diagnosi
             }
         }
         _ => {}
+    }
+    // Memory PyTorch keeps reserved but cannot hand out: vLLM's budget counts no tensor in it
+    // (neither the weights nor the peak nor the memory outside PyTorch), so it is given to the
+    // KV cache, which cannot use it either.
+    let t3 = &r.checkpoints.t3;
+    let stranded = t3.reserved.saturating_sub(t3.allocated);
+    if f.is_memory() && stranded >= 1 << 30 {
+        let words = format!(
+            "after the profile PyTorch still holds {:.2} GiB reserved but unallocated (free \
+             blocks inside segments that live tensors keep), which vLLM's budget counts as free",
+            stranded as f64 / GIB
+        );
+        d.reproduced = Some(match d.reproduced.take() {
+            Some(r) => format!("{r}; {words}"),
+            None => words,
+        });
     }
     for w in would_start(req, &f, d.shortfall_gib, total_gib, Some(o.kv_gib)) {
         if !d.would_start.iter().any(|x| {
@@ -1489,11 +1581,31 @@ mod tests {
         let Some(StartFailure::OutOfMemory {
             tried_gib,
             free_gib,
+            unallocated_gib,
         }) = read_failure(mib, false)
         else {
             panic!()
         };
-        assert_eq!((tried_gib, free_gib), (Some(0.5), Some(0.25)));
+        assert_eq!(
+            (tried_gib, free_gib, unallocated_gib),
+            (Some(0.5), Some(0.25), None)
+        );
+        // PyTorch's whole message (2.x): the reserved but unallocated part is read too.
+        let whole = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. GPU 0 has a total capacity of 79.19 GiB of which 301.06 MiB is free. Including non-PyTorch memory, this process has 78.88 GiB memory in use. Of the allocated memory 67.71 GiB is allocated by PyTorch, and 10.67 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.";
+        let f = read_failure(whole, false).unwrap();
+        let StartFailure::OutOfMemory {
+            unallocated_gib: Some(u),
+            ..
+        } = f
+        else {
+            panic!("{f:?}")
+        };
+        assert_eq!(u, 10.67);
+        assert!(
+            f.cause().contains("10.67 GiB reserved but unallocated"),
+            "{}",
+            f.cause()
+        );
         assert_eq!(
             read_failure("AssertionError: 128256 is not divisible by 3", false),
             Some(StartFailure::NotDivisible {

@@ -113,11 +113,13 @@ fn root_error(errors: Vec<(usize, Error)>) -> Error {
                 device,
                 during,
                 detail,
+                state,
             } => {
                 return Error::OutOfMemory {
                     device: format!("{device} (tensor-parallel rank {rank})"),
                     during,
                     detail,
+                    state,
                 }
             }
             other => return other,

@@ -161,6 +161,7 @@ impl CudaDevice {
                     device: self.spec(),
                     during: during.into(),
                     detail: format!("{bytes} bytes wanted, {free} free"),
+                    state: None,
                 })
             }
             Err(e) => Err(self.err(during, e)),
@@ -229,6 +230,7 @@ impl CudaDevice {
                 device: self.spec(),
                 during: "holding memory for another process (--outside-before)".into(),
                 detail: format!("{bytes} bytes wanted, {free} free ({})", line.trim()),
+                state: None,
             });
         }
         self.foreign.push(child);
