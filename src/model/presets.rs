@@ -161,19 +161,22 @@ fn gemma1(hidden: usize, inter: usize, layers: usize, heads: usize, kv: usize) -
     }
 }
 
-pub const PRESET_NAMES: [&str; 36] = [
+pub const PRESET_NAMES: [&str; 39] = [
     "tiny",
     "smollm2-135m",
     "llama-3-8b",
     "llama-3.1-8b",
     "llama-3-70b",
+    "llama-3.1-70b",
     "mistral-7b",
     "qwen2.5-1.5b",
     "qwen2.5-7b",
     "qwen2.5-32b",
     "qwen3-0.6b",
+    "qwen3-4b",
     "qwen3-8b",
     "qwen3-14b",
+    "qwen3-32b",
     "phi-3-mini-4k",
     "phi-4",
     "gemma-2-9b",
@@ -553,6 +556,14 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
                 "llama", 4096, 14336, 32, 32, 8, 128256, 500000.0, 1e-5, false, 131072,
             )
         },
+        // meta-llama/Llama-3.1-70B(-Instruct) and Llama-3.3-70B-Instruct: Llama-3-70B's
+        // shapes with Llama 3.1's 128k positions and llama3 rope scaling.
+        "llama-3.1-70b" => ModelConfig {
+            rope_scaling: preset("llama-3.1-8b").and_then(|c| c.rope_scaling),
+            ..cfg(
+                "llama", 8192, 28672, 80, 64, 8, 128256, 500000.0, 1e-5, false, 131072,
+            )
+        },
         // meta-llama/Meta-Llama-3-70B
         "llama-3-70b" => cfg(
             "llama", 8192, 28672, 80, 64, 8, 128256, 500000.0, 1e-5, false, 8192,
@@ -582,6 +593,22 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         "qwen3-14b" => cfg(
             "qwen3", 5120, 17408, 40, 40, 8, 151936, 1e6, 1e-6, false, 40960,
         ),
+        // Qwen/Qwen3-4B: 36 layers of 32 heads of 128 over a 2560-wide model, 8 KV heads,
+        // tied embeddings.
+        "qwen3-4b" => ModelConfig {
+            head_dim: 128,
+            ..cfg(
+                "qwen3", 2560, 9728, 36, 32, 8, 151936, 1e6, 1e-6, true, 40960,
+            )
+        },
+        // Qwen/Qwen3-32B: 64 layers of 64 heads of 128 over a 5120-wide model, 8 KV heads,
+        // untied embeddings.
+        "qwen3-32b" => ModelConfig {
+            head_dim: 128,
+            ..cfg(
+                "qwen3", 5120, 25600, 64, 64, 8, 151936, 1e6, 1e-6, false, 40960,
+            )
+        },
         // Qwen/Qwen3-0.6B: head_dim 128 over 16 heads of a 1024-wide model, tied embeddings.
         "qwen3-0.6b" => ModelConfig {
             head_dim: 128,
@@ -984,6 +1011,19 @@ mod tests {
         let padded = c.param_count() + ((c.padded_vocab() - c.vocab_size) * 768) as u64;
         assert_eq!(padded, 125_263_872);
         assert_eq!(preset("llama-3-8b").unwrap().padded_vocab(), 128256);
+    }
+
+    /// Parameter counts of the published checkpoints: Llama-3.1-70B's index holds
+    /// 141,107,412,992 bf16 bytes; Qwen3-4B and -32B are published as 4.0B and 32.8B.
+    #[test]
+    fn the_newer_presets_weigh_what_was_published() {
+        assert_eq!(
+            preset("llama-3.1-70b").unwrap().param_count() * 2,
+            141_107_412_992
+        );
+        let b = |n: &str| preset(n).unwrap().param_count() as f64 / 1e9;
+        assert_eq!(format!("{:.1}", b("qwen3-4b")), "4.0");
+        assert_eq!(format!("{:.1}", b("qwen3-32b")), "32.8");
     }
 
     #[test]

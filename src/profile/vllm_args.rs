@@ -600,13 +600,20 @@ const HUB_PRESETS: &[(&str, &str)] = &[
     ("meta-llama/llama-3.1-8b", "llama-3.1-8b"),
     ("meta-llama/meta-llama-3.1-8b", "llama-3.1-8b"),
     ("meta-llama/meta-llama-3-70b", "llama-3-70b"),
+    ("meta-llama/llama-3.1-70b", "llama-3.1-70b"),
+    ("meta-llama/meta-llama-3.1-70b", "llama-3.1-70b"),
+    ("meta-llama/llama-3.3-70b", "llama-3.1-70b"),
+    ("deepseek-ai/deepseek-r1-distill-llama-8b", "llama-3.1-8b"),
+    ("deepseek-ai/deepseek-r1-distill-llama-70b", "llama-3.1-70b"),
     ("mistralai/mistral-7b-v0.3", "mistral-7b"),
     ("mistralai/mistral-7b-instruct-v0.3", "mistral-7b"),
     ("qwen/qwen2.5-1.5b", "qwen2.5-1.5b"),
     ("qwen/qwen2.5-7b", "qwen2.5-7b"),
     ("qwen/qwen2.5-32b", "qwen2.5-32b"),
     ("qwen/qwen3-0.6b", "qwen3-0.6b"),
+    ("qwen/qwen3-4b", "qwen3-4b"),
     ("qwen/qwen3-8b", "qwen3-8b"),
+    ("qwen/qwen3-32b", "qwen3-32b"),
     ("qwen/qwen3-14b", "qwen3-14b"),
     ("qwen/qwen3-30b-a3b", "qwen3-30b-a3b"),
     ("qwen/qwen3-235b-a22b", "qwen3-235b-a22b"),
@@ -1155,6 +1162,15 @@ mod tests {
             "Qwen/Qwen3-Next-80B-A3B-Thinking",
         ] {
             assert_eq!(preset_for_hub_id(id), Some("qwen3-next-80b-a3b"), "{id}");
+        }
+        for (id, p) in [
+            ("meta-llama/Llama-3.3-70B-Instruct", "llama-3.1-70b"),
+            ("meta-llama/Llama-3.1-70B-Instruct", "llama-3.1-70b"),
+            ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "llama-3.1-8b"),
+            ("Qwen/Qwen3-32B", "qwen3-32b"),
+            ("Qwen/Qwen3-4B", "qwen3-4b"),
+        ] {
+            assert_eq!(preset_for_hub_id(id), Some(p), "{id}");
         }
         assert_eq!(preset_for_hub_id("someone/unknown-7b"), None);
         let e = resolve_model("someone/unknown-7b").unwrap_err().to_string();
