@@ -40,8 +40,10 @@ fn request(model: &str, quant: Quant, device: &str, vllm: &str) -> ProfileReques
 /// modelled. Its
 /// CUDA graph lines (0.84 GiB estimated, 0.91 GiB captured) come after the KV cache and
 /// outside 0.19's budget: vramscope captures its own eager kernels' graphs, whose memory the
-/// H200 measured (docs/gpu-runs.md runs 54-55), 0.64 and 0.71 GiB; the 22-24 % between them
-/// and the log is vLLM's compiled pieces (see docs/vllm-versions.md), printed and held here.
+/// H200 measured (docs/gpu-runs.md runs 54-55), 0.64 and 0.71 GiB. The 22-24 % between them
+/// and the log is printed and held here; it is not the compiled pieces (vLLM's procedure
+/// replayed with Inductor's pieces gives 0.50 and 0.68 GiB, run 96) but vLLM code that cannot
+/// run on the device (docs/vllm-versions.md).
 #[test]
 fn q1_llama_3_1_8b_on_an_h100_under_0_19() {
     let mut req = request(
