@@ -317,7 +317,8 @@ fn plan_120b_with(opts: &[&str], vllm: &str, args: &[&str]) -> (Option<i32>, Str
 /// Hopper swizzle of each layer's MXFP4 experts frees the loaded w13 values (1,014 MiB
 /// segments) and PyTorch places the next swizzled w2 (518 MiB) inside one, splitting it, so
 /// 496 MiB stays stranded beside it in every such segment; vLLM's budget counts that reserved
-/// but unallocated memory as free (0.21 loads under `max_split_size_mb=20` to stop it).
+/// but unallocated memory as free (0.21 loads under `max_split_size_mb=20` to stop it). The
+/// diagnosis names 0.11 as a release the same command starts under.
 #[test]
 fn gpt_oss_120b_on_one_h100_starts_under_0_11_and_runs_out_of_memory_from_0_15() {
     let issue = |len: &'static str, seqs: &'static str| {
@@ -361,6 +362,12 @@ fn gpt_oss_120b_on_one_h100_starts_under_0_11_and_runs_out_of_memory_from_0_15()
                 .parse()
                 .unwrap();
             assert!(stranded > 9.0, "{stranded}: {text}");
+            // The regression as the issue reports it: the same command starts under 0.11.
+            let under = text
+                .split("the same command starts under:\n")
+                .nth(1)
+                .unwrap_or_else(|| panic!("{text}"));
+            assert!(under.trim_start().starts_with("--vllm 0.11 "), "{text}");
         }
     }
 }

@@ -807,6 +807,11 @@ pub struct Diagnosis {
     pub reproduced: Option<String>,
     /// Settings that would start, each with the answer of vramscope's run of it.
     pub would_start: Vec<String>,
+    /// Where the failure is fragmentation (memory PyTorch holds reserved but cannot hand
+    /// out), which changes with the release's loader and PyTorch: the other V1 releases
+    /// vramscope reproduces under which the same command starts, each with its KV.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_releases: Vec<String>,
     /// The log line the failure is on (explain).
     pub line: Option<u64>,
 }
@@ -822,6 +827,7 @@ impl Diagnosis {
             failure,
             reproduced: None,
             would_start: Vec::new(),
+            other_releases: Vec::new(),
             line: None,
         }
     }
@@ -851,6 +857,12 @@ impl Diagnosis {
         if !self.would_start.is_empty() {
             out.push("  what would start:".into());
             for w in &self.would_start {
+                out.push(format!("    {w}"));
+            }
+        }
+        if !self.other_releases.is_empty() {
+            out.push("  the same command starts under:".into());
+            for w in &self.other_releases {
                 out.push(format!("    {w}"));
             }
         }
@@ -1370,6 +1382,32 @@ pub fn before_run(
     Ok(None)
 }
 
+/// The other V1 releases (oldest first) under which `req` starts, each with its KV: asked
+/// where a failure is fragmentation, whose amount follows the release's loader and PyTorch.
+/// Releases that refuse the model are left out.
+pub fn other_releases(req: &super::ProfileRequest) -> Vec<String> {
+    let version = |n: &str| -> Option<(u32, u32)> {
+        let mut it = n.split('.');
+        Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+    };
+    let mut v1: Vec<_> = super::vllm::RELEASES
+        .iter()
+        .filter(|r| matches!(r.engine, Engine::V1 { .. }) && r.name != req.vllm)
+        .filter_map(|r| version(r.name).map(|v| (v, r.name)))
+        .collect();
+    v1.sort();
+    v1.into_iter()
+        .filter_map(|(_, name)| {
+            let r = super::ProfileRequest {
+                vllm: name.to_string(),
+                ..req.clone()
+            };
+            let o = try_run(&r).ok().filter(Outcome::starts)?;
+            Some(format!("{:<34} {}", format!("--vllm {name}"), o.kv_words()))
+        })
+        .collect()
+}
+
 /// `plan`'s diagnosis of a run that ran out of memory before any KV cache (loading the
 /// weights or in the profile run): vLLM raises `torch.OutOfMemoryError` at the same request,
 /// since vramscope's allocator is PyTorch's. The reproduction names the allocation and the
@@ -1408,6 +1446,9 @@ pub fn of_oom(req: &super::ProfileRequest, e: &crate::Error) -> Option<Diagnosis
         |o| req.resolved(o.config.derived_max_model_len() as usize),
     );
     d.would_start = would_start(&ran, &f, d.shortfall_gib, s.total as f64 / GIB, None);
+    if unallocated >= s.requested.max(1 << 30) {
+        d.other_releases = other_releases(req);
+    }
     Some(d)
 }
 
@@ -1497,6 +1538,7 @@ pub fn of_run(req: &super::ProfileRequest, r: &super::Report) -> Option<Diagnosi
             Some(r) => format!("{r}; {words}"),
             None => words,
         });
+        d.other_releases = other_releases(req);
     }
     for w in would_start(req, &f, d.shortfall_gib, total_gib, Some(o.kv_gib)) {
         if !d.would_start.iter().any(|x| {
