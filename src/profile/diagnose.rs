@@ -1548,6 +1548,19 @@ pub fn of_run(req: &super::ProfileRequest, r: &super::Report) -> Option<Diagnosi
             d.would_start.push(w);
         }
     }
+    // One utilization: the highest that starts (the search's coarse steps and the shortfall's
+    // arithmetic can each find one).
+    let util_of = |w: &String| -> Option<f64> {
+        w.strip_prefix("--gpu-memory-utilization ")?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    if let Some(best) = d.would_start.iter().filter_map(util_of).reduce(f64::max) {
+        d.would_start
+            .retain(|w| util_of(w).is_none_or(|u| u == best));
+    }
     Some(d)
 }
 
