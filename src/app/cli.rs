@@ -987,7 +987,8 @@ fn cmd_plan(args: &PlanArgs) -> Result<bool> {
         }
         Ok(())
     };
-    if let Some(d) = diagnose::before_run(&req, None)? {
+    // A start that fails without a run to report: the document and the diagnosis alone.
+    let fails = |d: diagnose::Diagnosis| -> Result<bool> {
         write(&plan_doc(
             &req,
             None,
@@ -999,28 +1000,20 @@ fn cmd_plan(args: &PlanArgs) -> Result<bool> {
             println!("{l}");
         }
         print_notes(p.quiet);
-        return Ok(false);
+        Ok(false)
+    };
+    if let Some(d) = diagnose::before_run(&req, None)? {
+        return fails(d);
     }
     let report = match run_profile(&p, hub_id.as_deref()) {
         Ok(r) => r,
         // The run stopped where vLLM's load or profile would raise torch.OutOfMemoryError:
         // vLLM would not start, and that is the answer.
         Err(e @ crate::Error::OutOfMemory { .. }) => {
-            let Some(d) = diagnose::of_oom(&req, &e) else {
-                return Err(e);
+            return match diagnose::of_oom(&req, &e) {
+                Some(d) => fails(d),
+                None => Err(e),
             };
-            write(&plan_doc(
-                &req,
-                None,
-                Some(d.clone()),
-                &notes,
-                json.is_some(),
-            ))?;
-            for l in d.lines() {
-                println!("{l}");
-            }
-            print_notes(p.quiet);
-            return Ok(false);
         }
         Err(e) => return Err(e),
     };
