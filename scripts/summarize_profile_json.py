@@ -6,13 +6,12 @@ import json, sys
 for path in sys.argv[1:]:
     d = json.load(open(path))
     g = d.get("graphs") or {}
-    f = [x for x in d.get("formulas", []) if "V1" in json.dumps(x) or "12126" in json.dumps(x)]
     pool_allocs = sum(1 for e in d.get("events", []) if e.get("category") == "cuda-graph")
     print(json.dumps({
         "model": d.get("model", {}).get("name") if isinstance(d.get("model"), dict) else d.get("model"),
         "total": d["checkpoints"]["t0"]["total"],
         "weights": d["weights_bytes"],
-        "formulas": [(x.get("name"), x.get("kv_blocks") or x.get("blocks")) for x in d.get("formulas", [])],
+        "formulas": [(x.get("id"), x.get("kv_blocks")) for x in d.get("formulas", [])],
         "graphs": {k: g.get(k) for k in ("graphs", "ops", "nodes", "pool_bytes", "exec_bytes",
                                           "exec_measured", "side_stream_bytes", "took_bytes",
                                           "kv_blocks", "failed")},

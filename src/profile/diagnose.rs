@@ -138,6 +138,19 @@ impl StartFailure {
         )
     }
 
+    /// An out-of-memory error while PyTorch held at least `FRAGMENTED_BYTES`, and at least the
+    /// request, reserved but unallocated: no free block could take it.
+    pub fn is_fragmentation(&self) -> bool {
+        match self {
+            StartFailure::OutOfMemory {
+                tried_gib: Some(t),
+                unallocated_gib: Some(u),
+                ..
+            } => *u >= t.max(FRAGMENTED_BYTES as f64 / GIB),
+            _ => false,
+        }
+    }
+
     /// The cause, in one sentence.
     pub fn cause(&self) -> String {
         match self {
@@ -198,8 +211,8 @@ impl StartFailure {
                 "the GPU ran out of memory while loading or profiling the model, before any KV \
                  cache{}{}.",
                 short_words(*tried_gib, *free_gib),
-                match (unallocated_gib, tried_gib) {
-                    (Some(u), Some(t)) if *u >= t.max(1.0) => format!(
+                match unallocated_gib {
+                    Some(u) if self.is_fragmentation() => format!(
                         ", though PyTorch held {u:.2} GiB reserved but unallocated: free blocks \
                          inside segments that other tensors keep, none of which could take the \
                          request (fragmentation)"
@@ -570,14 +583,22 @@ pub fn py_round2(x: f64) -> String {
     }
 }
 
-/// A release at or after 0.N (V1 minor numbers).
-fn release_at_least(r: &Release, minor: u32) -> bool {
+/// The minor number of a 0.N release (`None` for a commit such as 380e1863).
+fn release_minor(r: &Release) -> Option<u32> {
     r.name
         .strip_prefix("0.")
         .and_then(|m| m.split('.').next())
         .and_then(|m| m.parse::<u32>().ok())
-        .is_some_and(|m| m >= minor)
 }
+
+/// A release at or after 0.N (V1 minor numbers).
+fn release_at_least(r: &Release, minor: u32) -> bool {
+    release_minor(r).is_some_and(|m| m >= minor)
+}
+
+/// Memory PyTorch holds reserved but unallocated from which a failure is called
+/// fragmentation: at least this, and at least the request.
+const FRAGMENTED_BYTES: u64 = 1 << 30;
 
 /// A size and its unit as torch prints them ("1.98 GiB", "512.00 MiB"), in GiB.
 fn size_with_unit(s: &str) -> Option<f64> {
@@ -1386,14 +1407,10 @@ pub fn before_run(
 /// where a failure is fragmentation, whose amount follows the release's loader and PyTorch.
 /// Releases that refuse the model are left out.
 pub fn other_releases(req: &super::ProfileRequest) -> Vec<String> {
-    let version = |n: &str| -> Option<(u32, u32)> {
-        let mut it = n.split('.');
-        Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
-    };
     let mut v1: Vec<_> = super::vllm::RELEASES
         .iter()
         .filter(|r| matches!(r.engine, Engine::V1 { .. }) && r.name != req.vllm)
-        .filter_map(|r| version(r.name).map(|v| (v, r.name)))
+        .filter_map(|r| release_minor(r).map(|m| (m, r.name)))
         .collect();
     v1.sort();
     v1.into_iter()
@@ -1446,7 +1463,7 @@ pub fn of_oom(req: &super::ProfileRequest, e: &crate::Error) -> Option<Diagnosis
         |o| req.resolved(o.config.derived_max_model_len() as usize),
     );
     d.would_start = would_start(&ran, &f, d.shortfall_gib, s.total as f64 / GIB, None);
-    if unallocated >= s.requested.max(1 << 30) {
+    if f.is_fragmentation() {
         d.other_releases = other_releases(req);
     }
     Some(d)
@@ -1528,7 +1545,7 @@ pub fn of_run(req: &super::ProfileRequest, r: &super::Report) -> Option<Diagnosi
     // KV cache, which cannot use it either.
     let t3 = &r.checkpoints.t3;
     let stranded = t3.reserved.saturating_sub(t3.allocated);
-    if f.is_memory() && stranded >= 1 << 30 {
+    if f.is_memory() && stranded >= FRAGMENTED_BYTES {
         let words = format!(
             "after the profile PyTorch still holds {:.2} GiB reserved but unallocated (free \
              blocks inside segments that live tensors keep), which vLLM's budget counts as free",

@@ -140,36 +140,37 @@ impl CudaDevice {
                 held == bytes
             })
         });
-        if let Some(at) = same {
-            // SAFETY: page-locked source holding these bytes, device destination inside the
-            // arena that already holds them, on the side stream: the graph keeps a copy node.
-            let src = unsafe { std::slice::from_raw_parts((host + at) as *const u8, bytes.len()) };
-            let d = dev + at as u64;
-            unsafe { drv::memcpy_htod_async(d, src, self.stream.cu_stream()) }
-                .map_err(|e| self.err("copy to GPU", e))?;
-            return Ok(d);
-        }
-        let at = self.graphs.used.max(SCRATCH_BYTES).next_multiple_of(256);
-        if at + bytes.len() > cap {
-            return Err(self.err(
-                "graph inputs",
-                format!(
-                    "the {} MiB input arena is full after {} captures' inputs",
-                    cap >> 20,
-                    self.graphs.graphs.len()
-                ),
-            ));
-        }
-        // SAFETY: [at, at + len) lies inside the host arena, which no pending copy reads (each
-        // place is written once until the graphs are dropped).
-        let dst = unsafe { std::slice::from_raw_parts_mut((host + at) as *mut u8, bytes.len()) };
-        dst.copy_from_slice(bytes);
+        // A place of its own for bytes the arena does not hold yet.
+        let at = match same {
+            Some(at) => at,
+            None => {
+                let at = self.graphs.used.max(SCRATCH_BYTES).next_multiple_of(256);
+                if at + bytes.len() > cap {
+                    return Err(self.err(
+                        "graph inputs",
+                        format!(
+                            "the {} MiB input arena is full after {} captures' inputs",
+                            cap >> 20,
+                            self.graphs.graphs.len()
+                        ),
+                    ));
+                }
+                // SAFETY: [at, at + len) lies inside the host arena, which no pending copy
+                // reads (each place is written once until the graphs are dropped).
+                unsafe { std::slice::from_raw_parts_mut((host + at) as *mut u8, bytes.len()) }
+                    .copy_from_slice(bytes);
+                self.graphs.used = at + bytes.len();
+                self.graphs.places.entry(key).or_default().push(at);
+                at
+            }
+        };
+        // SAFETY: the place lies inside the host arena and holds these bytes.
+        let src = unsafe { std::slice::from_raw_parts((host + at) as *const u8, bytes.len()) };
         let d = dev + at as u64;
-        // SAFETY: page-locked source, device destination inside the arena, on the side stream.
-        unsafe { drv::memcpy_htod_async(d, &*dst, self.stream.cu_stream()) }
+        // SAFETY: page-locked source, device destination inside the arena, on the side
+        // stream: a capture keeps the copy node, which reads the same place at every replay.
+        unsafe { drv::memcpy_htod_async(d, src, self.stream.cu_stream()) }
             .map_err(|e| self.err("copy to GPU", e))?;
-        self.graphs.used = at + bytes.len();
-        self.graphs.places.entry(key).or_default().push(at);
         Ok(d)
     }
 
