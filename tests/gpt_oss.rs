@@ -145,12 +145,16 @@ fn dequantized_copy(dir: &std::path::Path, out: &std::path::Path) {
 }
 
 fn cpu_logits(dir: &std::path::Path) -> Vec<f32> {
+    cpu_logits_tp(dir, 1, vramscope::quant::Quant::BF16)
+}
+
+fn cpu_logits_tp(dir: &std::path::Path, tp: u32, quant: vramscope::quant::Quant) -> Vec<f32> {
     use vramscope::app::bench::{self, BenchRequest};
     let req = BenchRequest {
         model: vramscope::model::ModelSource::Path {
             path: dir.to_path_buf(),
         },
-        quant: vramscope::quant::Quant::BF16,
+        quant,
         device: vramscope::device::DeviceSpec::parse("sim:h100-80gb").unwrap(),
         tokens: 11,
         seqs: 2,
@@ -161,7 +165,7 @@ fn cpu_logits(dir: &std::path::Path) -> Vec<f32> {
         op_times: false,
         sampler_rows: 0,
         sampler_seqs: 256,
-        tp: 1,
+        tp,
     };
     bench::run(&req).unwrap().logits
 }
@@ -311,16 +315,23 @@ fn plan_120b_with(opts: &[&str], vllm: &str, args: &[&str]) -> (Option<i32>, Str
 }
 
 /// vLLM issue #33155 ("gptoss120B is OOM on one H100 after upgrading from v0.11.2 to
-/// v0.14.1"), its two commands as filed: under 0.11 both start; under 0.15 (the release after
-/// 0.14 that vramscope reproduces) and 0.19 the same commands run out of memory, the second
-/// even with one sequence of 5K tokens. The cause is the one vLLM PR #41268 describes: the
-/// Hopper swizzle of each layer's MXFP4 experts frees the loaded w13 values (1,014 MiB
-/// segments) and PyTorch places the next swizzled w2 (518 MiB) inside one, splitting it, so
-/// 496 MiB stays stranded beside it in every such segment; vLLM's budget counts that reserved
-/// but unallocated memory as free (0.21 loads under `max_split_size_mb=20` to stop it). The
+/// v0.14.1"), its two commands as filed: under 0.11 both start; under 0.19 the same commands
+/// run out of memory, the second even with one sequence of 5K tokens. The cause is the one vLLM
+/// PR #41268 describes: the Hopper swizzle of each layer's MXFP4 experts frees the loaded w13
+/// values (1,014 MiB segments) and PyTorch places the next swizzled w2 (530 MiB with 0.19's
+/// triton_kernels 3.6, which pads to 64) inside one, splitting it, so that memory stays
+/// stranded beside it in every such segment; vLLM's budget counts that reserved but
+/// unallocated memory as free (0.21 loads under `max_split_size_mb=20` to stop it). The
 /// diagnosis names 0.11 as a release the same command starts under.
+///
+/// 0.14.1 and 0.15.1 as their wheels ship vendor triton_kernels 3.5.1 (the same files as
+/// 0.22.1's), whose layout does not pad: the swizzled w13 then fits the freed segment exactly
+/// and the first command starts under 0.15 with 0.8 GiB to spare. The issue's 0.14.1 failure
+/// is not reproduced from the wheel; a triton_kernels installed beside vLLM takes precedence
+/// (`import_triton_kernels`, 0.15.1 utils/import_utils.py L58-84), which vramscope does not
+/// model.
 #[test]
-fn gpt_oss_120b_on_one_h100_starts_under_0_11_and_runs_out_of_memory_from_0_15() {
+fn gpt_oss_120b_on_one_h100_starts_under_0_11_and_runs_out_of_memory_under_0_19() {
     let issue = |len: &'static str, seqs: &'static str| {
         [
             "--gpu-memory-utilization",
@@ -344,7 +355,9 @@ fn gpt_oss_120b_on_one_h100_starts_under_0_11_and_runs_out_of_memory_from_0_15()
         let (code, text) = plan_120b("0.11", &issue(len, seqs));
         assert_eq!(code, Some(0), "0.11 {len} {seqs}: {text}");
         assert!(text.contains("GPU KV cache size: "), "{text}");
-        for vllm in ["0.15", "0.19"] {
+        let (code, text) = plan_120b("0.15", &issue(len, seqs));
+        assert_eq!(code, Some(0), "0.15 {len} {seqs}: {text}");
+        for vllm in ["0.19"] {
             let (code, text) = plan_120b(vllm, &issue(len, seqs));
             assert_ne!(code, Some(0), "{vllm} {len} {seqs}: {text}");
             assert!(
@@ -417,4 +430,190 @@ fn a_profile_that_runs_out_of_memory_is_a_start_that_fails() {
         f["unallocated_gib"].as_f64().unwrap(),
     );
     assert!(tried > free && unallocated > 10.0 * tried, "{f}");
+}
+
+/// Tensor parallel cuts gpt-oss as gpt_oss.py's loaders do (0.19 L341-520, L976-1060): each
+/// rank its heads and sinks, its rows of qkv and columns of o_proj (the bias added on rank 0),
+/// its vocabulary rows, and a slice of every expert's width: MXFP4 in whole 32-wide blocks
+/// (`cdiv(I / 32, tp)` a rank: gpt-oss-tiny's width of 96 goes 64 + 32 over 2 ranks and
+/// 32 + 32 + 32 + 0 over 4), 16-bit in `cdiv(I, tp)` columns; `w2_bias` on rank 0 only. The
+/// ranks' all-reduced logits are one GPU's (in f32, so that only the order of the sums differs).
+#[test]
+fn tensor_parallel_ranks_compute_the_logits_of_one_gpu() {
+    const Q: vramscope::quant::Quant = vramscope::quant::Quant::F32;
+    let dir = tempfile::tempdir().unwrap();
+    let mx = dir.path().join("mxfp4");
+    let opts = vramscope::model::GenOptions {
+        dtype: vramscope::model::weights::StoredDtype::BF16,
+        seed: 7,
+        shards: 1,
+        bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
+    };
+    vramscope::model::gen_model_with("gpt-oss-tiny", &mx, &opts).unwrap();
+    let dense = dir.path().join("bf16");
+    dequantized_copy(&mx, &dense);
+    for model in [&mx, &dense] {
+        let one = cpu_logits_tp(model, 1, Q);
+        for tp in [2, 4] {
+            let split = cpu_logits_tp(model, tp, Q);
+            assert_eq!(one.len(), split.len());
+            let e = vramscope::app::bench::relative_l2(&split, &one);
+            eprintln!(
+                "{}: TP {tp} against one GPU: relative L2 {e:.3e}",
+                model.display()
+            );
+            assert!(
+                e < 1e-5,
+                "{}: TP {tp}: relative L2 {e:.3e}",
+                model.display()
+            );
+        }
+    }
+}
+
+/// vLLM PR #41268 ("Fix OOM by setting PyTorch `max_split_size_mb` during model loading",
+/// in 0.21): after the upgrade to PyTorch 2.10 (vLLM 0.19) GPT-OSS 120B at TP 2 on two H100s
+/// no longer started at the default utilization. Its description: each rank's swizzled w13
+/// takes 530 MiB and w2 270 MiB; the w2 is placed inside a cached 530 MiB segment and split,
+/// leaving a 260 MiB remainder nothing else fits. vramscope's TP 2 rank makes those blocks
+/// (the rank's experts 1,472 wide, `cdiv(2880 / 32, 2) · 32` = 1,440 loaded, padded to 64 by
+/// triton_kernels 3.6: 554,696,704 and 283,115,520 bytes), and the start fails under 0.19 with
+/// the stranded memory named; it starts under 0.21 (the PR's `max_split_size_mb=20` around
+/// the load) and under 0.15 (PyTorch 2.9, triton_kernels 3.5.1). TP 4 and 8 start under 0.19.
+#[test]
+fn gpt_oss_120b_at_tp_2_reproduces_vllm_pr_41268() {
+    let (code, text) = plan_120b("0.19", &["--tensor-parallel-size", "2"]);
+    assert_eq!(code, Some(3), "{text}");
+    assert!(
+        text.contains("vLLM 0.19 would not start")
+            && text.contains("reserved but unallocated")
+            && text.contains("the same command starts under:"),
+        "{text}"
+    );
+    let under = text.split("the same command starts under:").nth(1).unwrap();
+    assert!(
+        under.contains("--vllm 0.15 ") && under.contains("--vllm 0.21 "),
+        "{text}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("tp2.json");
+    let out = common::cli::vramscope(&[
+        "profile",
+        "--model",
+        "preset:gpt-oss-120b",
+        "--device",
+        "sim:h100-sxm:dry",
+        "--vllm",
+        "0.19",
+        "--tp",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let made = |name: &str| -> u64 {
+        v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| {
+                e["kind"] == "alloc"
+                    && e["tensor"].as_str().is_some_and(|t| {
+                        t.starts_with("model.layers.0.mlp.experts.") && t.contains(name)
+                    })
+            })
+            .and_then(|e| e["bytes"].as_u64())
+            .unwrap_or_else(|| panic!("no {name} in {}", json.display()))
+    };
+    // 554,696,704 bytes in a 530 MiB block: PyTorch splits a cached block only when more than
+    // 1 MiB would remain, and here exactly 1 MiB does.
+    assert_eq!(made("w13_weight (HOPPER_VALUE)"), 530 << 20);
+    assert_eq!(made("w2_weight (HOPPER_VALUE)"), 270 << 20);
+    for tp in ["4", "8"] {
+        let (code, text) = plan_120b("0.19", &["--tensor-parallel-size", tp]);
+        assert_eq!(code, Some(0), "TP {tp}: {text}");
+    }
+}
+
+/// `profile --model preset:gpt-oss-20b --device sim:h100-80gb:dry --vllm V --json F`: the
+/// report's `weights_tensor_bytes` (the live weight tensors, not the memory the load took).
+fn weights_20b_on_hopper(vllm: &str) -> u64 {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let out = common::cli::vramscope(&[
+        "profile",
+        "--model",
+        "preset:gpt-oss-20b",
+        "--device",
+        "sim:h100-80gb:dry",
+        "--vllm",
+        vllm,
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "--vllm {vllm}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    v["weights_tensor_bytes"].as_u64().unwrap()
+}
+
+/// gpt-oss-20b's MXFP4 experts on Hopper release by release, against 0.19 (per layer, 24
+/// layers; docs/reading/vllm-gpt-oss-v1.md §3.2): 0.15 and 0.22-0.24 vendor triton_kernels
+/// 3.5.1, whose value layout keeps gpt-oss's bytes (8,847,360 fewer a layer than 3.6's pad
+/// to 64 in 0.19 and 0.21); 0.25.1 also frees the loaded scales (33,730,560 fewer); 0.26 on
+/// pads the swizzled scales' groups to 4 (33,157,120 fewer). The runner changes (V1 through
+/// 0.28, Model Runner V2 from 0.29) leave the weights alone, and every release starts.
+#[test]
+fn gpt_oss_20b_weights_follow_each_releases_triton_kernels() {
+    let base = weights_20b_on_hopper("0.19");
+    for (vllm, fewer_per_layer) in [
+        ("0.15", 8_847_360u64),
+        ("0.21", 0),
+        ("0.22", 8_847_360),
+        ("0.24", 8_847_360),
+        ("0.25", 33_730_560),
+        ("0.26", 33_157_120),
+        ("0.28", 33_157_120),
+        ("0.29", 33_157_120),
+        ("0.33", 33_157_120),
+    ] {
+        let bytes = weights_20b_on_hopper(vllm);
+        assert_eq!(base - bytes, 24 * fewer_per_layer, "--vllm {vllm}");
+    }
+}
+
+/// A 16-bit gpt-oss checkpoint from 0.21 goes through the unquantized MoE oracle, which is not
+/// read: refused by name, pointing at what is modelled.
+#[test]
+fn sixteen_bit_gpt_oss_from_0_21_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mx = dir.path().join("mxfp4");
+    let opts = vramscope::model::GenOptions {
+        dtype: vramscope::model::weights::StoredDtype::BF16,
+        seed: 5,
+        shards: 1,
+        bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
+    };
+    vramscope::model::gen_model_with("gpt-oss-tiny", &mx, &opts).unwrap();
+    let dense = dir.path().join("bf16");
+    dequantized_copy(&mx, &dense);
+    let (ok, text) = plan(&dense, "0.21", "0.9");
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("gpt-oss with 16-bit experts is not modelled under this release")
+            && text.contains("--vllm 0.11, 0.15 and 0.19"),
+        "{text}"
+    );
+    let (ok, text) = plan(&mx, "0.21", "0.9");
+    assert!(ok, "{text}");
 }

@@ -16,6 +16,7 @@ use crate::engine::runtime::Runtime;
 use crate::engine::tensor::Tensor;
 use crate::engine::{ops, ops_moe};
 use crate::memory::Category;
+use crate::quant::mxfp4;
 
 fn on_cuda(what: &str) -> Error {
     Error::Request(format!(
@@ -221,31 +222,50 @@ fn experts_host(
     });
 }
 
-/// gpt-oss's MXFP4 experts as vLLM 0.19's triton_kernels path runs them
-/// (`OAITritonMxfp4ExpertsMonolithic.apply` → `triton_kernel_moe_forward`,
-/// fused_moe/gpt_oss_triton_kernels_moe.py L198-400): the routing, `output =
-/// torch.empty_like(hidden_states)` `[M, H]` (L280), `intermediate_cache [M·k, N/2]` in the
-/// activation dtype (L346-350, N the swizzled w13's `2I` rounded), the two `matmul_ogs` into
-/// them, the intermediate dying as it returns. The routing is taken as `fused_topk`'s
-/// `[M, k]` weights and ids: triton_kernels' own topk and ragged metadata (`SparseMatrix`,
-/// `make_ragged_tensor_metadata`) are smaller index tensors not reproduced one by one, and
-/// Marlin's and TRT-LLM's experts are taken to allocate as this path does (their
-/// workspaces are not modelled yet). On the CPU the math runs on the dequantized experts
-/// (`host`, exact: e2m1 · 2^scale).
+/// gpt-oss's MXFP4 experts as vLLM's triton_kernels path runs them (0.19
+/// `OAITritonMxfp4ExpertsMonolithic.apply` → `triton_kernel_moe_forward`,
+/// fused_moe/gpt_oss_triton_kernels_moe.py L198-400; the same tensors in 0.11 to 0.33,
+/// docs/reading/vllm-gpt-oss-v1.md §4): the routing, `output = torch.empty_like(hidden_states)`
+/// `[M, H]` (L280), `intermediate_cache [M·k, N/2]` in the activation dtype (L346-350, N the
+/// swizzled w13's `2I` rounded), the first `matmul_ogs` into it, then the second's scratch
+/// `[M·k, H]` (triton_kernels' `init_allocation`: a scatter that is not fused, since
+/// `n_expts_act > 1`, matmul_ogs.py L168-170 in 3.5.1, L256-258 in 3.6), reduced into the
+/// output and freed as it returns; the intermediate dies last. The routing is taken as
+/// `fused_topk`'s `[M, k]` weights and ids: triton_kernels' own topk and ragged metadata are
+/// smaller index tensors not reproduced one by one.
+///
+/// Marlin and TRT-LLM (`backend`) run on the hidden states padded to the rounded hidden size
+/// (`F.pad` in the MoE runner, 0.19 runner/default_moe_runner.py L446-474, 0.11 layer.py
+/// L1812-1818: a new `[M, H']` alive through the op) and are otherwise taken to allocate as
+/// this path does (their workspaces are not modelled; their output keeps `[M, H]` here, vLLM's
+/// is `[M, H']` sliced). On the CPU the math runs on the dequantized experts (`host`, exact:
+/// e2m1 · 2^scale).
 pub fn moe_experts_mxfp4(
     rt: &Runtime,
     x: Tensor,
     logits: &Tensor,
     host: Option<&HostExpertsRef>,
     (top_k, width, alpha, limit): (usize, usize, f32, f32),
+    (backend, hidden_padded): (mxfp4::Backend, usize),
     name: &str,
 ) -> Result<Tensor> {
     if rt.backend() == Backend::Cuda {
         return Err(on_cuda("MXFP4 fused MoE"));
     }
+    let (m, h) = (x.rows(), x.cols());
+    let padded = if backend != mxfp4::Backend::Triton && hidden_padded != h {
+        rt.set_op("moe.pad_hidden");
+        Some(rt.tensor_for_overwrite(
+            format!("{name}.hidden_padded"),
+            Category::Activation,
+            &[m, hidden_padded],
+            x.dtype,
+        )?)
+    } else {
+        None
+    };
     let routing = ops_moe_v1::fused_topk(rt, logits, top_k, true, name)?;
     rt.set_op("moe.matmul_ogs (mxfp4)");
-    let (m, h) = (x.rows(), x.cols());
     let mut out = rt.tensor_for_overwrite(
         format!("{name}.output"),
         Category::Activation,
@@ -258,14 +278,26 @@ pub fn moe_experts_mxfp4(
         &[m * top_k, width],
         x.dtype,
     )?;
+    let scratch = if backend == mxfp4::Backend::Triton && top_k > 1 {
+        Some(rt.tensor_for_overwrite(
+            format!("{name}.matmul_ogs.scratch"),
+            Category::Activation,
+            &[m * top_k, h],
+            x.dtype,
+        )?)
+    } else {
+        None
+    };
     if rt.backend() == Backend::Cpu {
         let w = host.ok_or_else(|| {
             Error::Request(format!("{name}: MXFP4 experts without their host values"))
         })?;
         experts_host(x.f32(), &routing, w, (alpha, limit), out.f32_mut());
     }
+    drop(scratch);
     drop(cache);
     drop(routing);
+    drop(padded);
     drop(x);
     Ok(out)
 }

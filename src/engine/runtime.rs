@@ -87,7 +87,7 @@ struct Inner {
     /// does where CUTLASS runs fp8; per tensor (`[1]`) before.
     fp8_act_per_token: bool,
     triton_attention: bool,
-    mxfp4_hopper_swizzle: bool,
+    mxfp4_rules: crate::quant::mxfp4::Rules,
     fp8_block_path: Fp8BlockPath,
 }
 
@@ -213,7 +213,7 @@ impl Runtime {
             graphs: graphs::GraphState::default(),
             fp8_act_per_token: false,
             triton_attention: false,
-            mxfp4_hopper_swizzle: true,
+            mxfp4_rules: crate::quant::mxfp4::Rules::V0_19,
             fp8_block_path: Fp8BlockPath::Plain,
         })))
     }
@@ -317,14 +317,14 @@ impl Runtime {
         self.0.borrow().triton_attention
     }
 
-    /// Whether triton_kernels swizzles MXFP4 experts on Hopper under the release's torch
-    /// (`quant::mxfp4::hopper_swizzles`; on unless the procedure says otherwise).
-    pub fn set_mxfp4_hopper_swizzle(&self, yes: bool) {
-        self.0.borrow_mut().mxfp4_hopper_swizzle = yes;
+    /// What the release's MXFP4 path does to gpt-oss's experts (`quant::mxfp4::Rules`; 0.19's
+    /// unless the procedure says otherwise).
+    pub fn set_mxfp4_rules(&self, rules: crate::quant::mxfp4::Rules) {
+        self.0.borrow_mut().mxfp4_rules = rules;
     }
 
-    pub fn mxfp4_hopper_swizzle(&self) -> bool {
-        self.0.borrow().mxfp4_hopper_swizzle
+    pub fn mxfp4_rules(&self) -> crate::quant::mxfp4::Rules {
+        self.0.borrow().mxfp4_rules
     }
 
     /// How block-wise fp8 linears run under the release on this GPU (`Plain` unless the

@@ -583,17 +583,9 @@ pub fn py_round2(x: f64) -> String {
     }
 }
 
-/// The minor number of a 0.N release (`None` for a commit such as 380e1863).
-fn release_minor(r: &Release) -> Option<u32> {
-    r.name
-        .strip_prefix("0.")
-        .and_then(|m| m.split('.').next())
-        .and_then(|m| m.parse::<u32>().ok())
-}
-
 /// A release at or after 0.N (V1 minor numbers).
 fn release_at_least(r: &Release, minor: u32) -> bool {
-    release_minor(r).is_some_and(|m| m >= minor)
+    r.minor().is_some_and(|m| m >= minor)
 }
 
 /// Memory PyTorch holds reserved but unallocated from which a failure is called
@@ -1410,7 +1402,7 @@ pub fn other_releases(req: &super::ProfileRequest) -> Vec<String> {
     let mut v1: Vec<_> = super::vllm::RELEASES
         .iter()
         .filter(|r| matches!(r.engine, Engine::V1 { .. }) && r.name != req.vllm)
-        .filter_map(|r| release_minor(r).map(|m| (m, r.name)))
+        .filter_map(|r| r.minor().map(|m| (m, r.name)))
         .collect();
     v1.sort();
     v1.into_iter()

@@ -1415,6 +1415,9 @@ pub(crate) fn run_rank(
     let pp_stage = rank.as_ref().and_then(|r| r.pp.clone());
     let moe_group = rank.as_ref().and_then(|r| r.moe);
     // The release's fused MoE for this GPU (0.21's oracle picks it by compute capability).
+    if let Some(g) = opened.as_ref().and_then(|o| o.config.gpt_oss.as_ref()) {
+        release.check_gpt_oss_experts(g.mxfp4)?;
+    }
     let moe_kernel = match &opened {
         Some(o) => release.moe_kernel_on(&o.config.arch, device_major, moe_group)?,
         None => None,
@@ -1441,7 +1444,13 @@ pub(crate) fn run_rank(
         let hopper = crate::device::presets::find(preset).is_some_and(|p| p.arch == "Hopper");
         rt.set_fp8_block_path(era.path(hopper));
     }
-    rt.set_mxfp4_hopper_swizzle(crate::quant::mxfp4::hopper_swizzles(release.torch));
+    rt.set_mxfp4_rules(match release.minor() {
+        Some(m) => crate::quant::mxfp4::Rules::for_release(m, release.torch),
+        None => crate::quant::mxfp4::Rules {
+            swizzle: crate::quant::mxfp4::hopper_swizzles(release.torch),
+            ..crate::quant::mxfp4::Rules::V0_19
+        },
+    });
     if let Some(p) = pp_stage {
         rt.set_pp(p);
     }

@@ -1350,6 +1350,33 @@ impl Release {
         }
     }
 
+    /// The minor number of a release named `0.N` (the V1 rows and the named V0 ones); `None`
+    /// for a commit.
+    pub fn minor(&self) -> Option<u32> {
+        self.name
+            .strip_prefix("0.")
+            .and_then(|m| m.split('.').next())
+            .and_then(|m| m.parse::<u32>().ok())
+    }
+
+    /// gpt-oss's experts under this release: MXFP4 (as published) runs the MXFP4 oracle's
+    /// backend under every V1 release (docs/reading/vllm-gpt-oss-v1.md §2); 16-bit experts
+    /// from 0.21 go through the unquantized oracle with swigluoai, whose FlashInfer backends
+    /// (CUTLASS on Hopper through 0.22 and on Blackwell through 0.25) and whose Triton path
+    /// with biases are not read.
+    pub fn check_gpt_oss_experts(&self, mxfp4: bool) -> Result<()> {
+        if mxfp4 || !matches!(self.fused_moe, FusedMoe::Oracle { .. }) {
+            return Ok(());
+        }
+        Err(Error::Request(format!(
+            "--vllm {}: gpt-oss with 16-bit experts is not modelled under this release: its \
+             unquantized MoE oracle (FlashInfer's CUTLASS or Triton with swigluoai and biases) \
+             is not read; MXFP4 checkpoints as published are, under every V1 release, and \
+             16-bit ones under --vllm 0.11, 0.15 and 0.19",
+            self.name
+        )))
+    }
+
     /// Whether this release can load a model of `model_type` `arch`: the 0.8.5 wheel has
     /// vllm/model_executor/models/qwen3.py and the 0.7.3 wheel has not, so the rows from 0.8
     /// on run Qwen3.
@@ -1378,13 +1405,9 @@ impl Release {
                      this release: {why}",
                     self.name
                 ))),
-                (_, FusedMoe::Oracle { .. }) => Err(Error::Request(format!(
-                    "--vllm {}: model_type 'gpt_oss' is not modelled under this release: its \
-                     fused MoE from 0.21 is reproduced for Mixtral, Qwen3-MoE and DeepSeek only \
-                     (gpt-oss's experts, their biases and swigluoai under 0.21's runner are not \
-                     read); it is reproduced for --vllm 0.11, 0.15 and 0.19",
-                    self.name
-                ))),
+                // The MXFP4 experts' backend and their weights per release are read
+                // (`quant::mxfp4::Rules`); 16-bit experts are checked by `check_gpt_oss_experts`.
+                (_, FusedMoe::Oracle { .. }) => Ok(()),
             };
         }
         if matches!(arch, "llama4" | "llama4_text") {

@@ -76,7 +76,7 @@ impl Backend {
     /// Marlin pads the intermediate size to 128 and the hidden size to 256, TRT-LLM both to
     /// 256, the Triton path the intermediate size to 64 (gpt-oss's 2880 stays, 2880 hidden
     /// becomes 3072 under Marlin and TRT-LLM).
-    pub fn round_up(self, hidden: usize, intermediate: usize) -> (usize, usize) {
+    pub fn round_up(self, rules: &Rules, hidden: usize, intermediate: usize) -> (usize, usize) {
         match self {
             Backend::Marlin => (
                 hidden.next_multiple_of(256),
@@ -84,7 +84,7 @@ impl Backend {
             ),
             Backend::FlashInferTrtllm => (
                 hidden.next_multiple_of(256),
-                intermediate.next_multiple_of(256),
+                intermediate.next_multiple_of(rules.trtllm_width_round),
             ),
             Backend::Triton => (hidden, intermediate.next_multiple_of(64)),
         }
@@ -99,6 +99,51 @@ impl Backend {
         let (h, i) = (h as u64, i as u64);
         e * (2 * i * h / 2 + 2 * i * h / BLOCK as u64 + h * i / 2 + h * i / BLOCK as u64)
             + e * 2 * (2 * i + h)
+    }
+}
+
+/// What a release's MXFP4 path does beyond the backend's choice, which is the same in every
+/// release from 0.11 to 0.33 (docs/reading/vllm-gpt-oss-v1.md §2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rules {
+    /// triton_kernels swizzles on Hopper (`hopper_swizzles`: the release pins torch 2.8.1 or
+    /// later); strided otherwise.
+    pub swizzle: bool,
+    /// The vendored triton_kernels is 3.6's (0.19.0, 0.21.0), whose `HopperMXValueLayout`
+    /// pads both dimensions of a value tensor to 64 before its tiles (hopper_value.py
+    /// L128-134); 0.15.1's and 0.22.1's to 0.33.0's (3.5.1, the same files) pad only to the
+    /// tiles, 16 and 32 (hopper_value.py L136-148), so gpt-oss's values keep their bytes.
+    pub value_pad64: bool,
+    /// From 0.25.1 the loaded u8 scales are deleted after the swizzle (oracle/mxfp4.py
+    /// L1155-1156: `del layer.w13_weight_scale`, `del layer.w2_weight_scale`).
+    pub frees_loaded_scales: bool,
+    /// From 0.26.0 Hopper's scales are padded to a multiple of 4 along `K / 32` before the
+    /// swizzle (quantization/utils/mxfp4_utils.py L89-95, "Patches #47303").
+    pub scale_pad4: bool,
+    /// What FlashInfer TRT-LLM rounds the intermediate size to: 256 through 0.26, 128 from
+    /// 0.27.1 (oracle/mxfp4.py `mxfp4_round_up_hidden_size_and_intermediate_size`).
+    pub trtllm_width_round: usize,
+}
+
+impl Rules {
+    /// 0.19.0's rules (the runtime's default).
+    pub const V0_19: Rules = Rules {
+        swizzle: true,
+        value_pad64: true,
+        frees_loaded_scales: false,
+        scale_pad4: false,
+        trtllm_width_round: 256,
+    };
+
+    /// The rules of V1 release `0.minor` pinning `torch`.
+    pub fn for_release(minor: u32, torch: &str) -> Rules {
+        Rules {
+            swizzle: hopper_swizzles(torch),
+            value_pad64: matches!(minor, 19..=21),
+            frees_loaded_scales: minor >= 25,
+            scale_pad4: minor >= 26,
+            trtllm_width_round: if minor >= 27 { 128 } else { 256 },
+        }
     }
 }
 
@@ -125,9 +170,10 @@ impl Backend {
     /// The tensors each backend converts the loaded layer into (0.19
     /// fused_moe/oracle/mxfp4.py `convert_to_mxfp4_moe_kernel_format` L409-767 and
     /// quantization/mxfp4.py `_setup_kernel` L230-290; 0.11.0 quantization/mxfp4.py
-    /// `process_weights_after_loading` L302-620). `swizzle`: whether triton_kernels swizzles
-    /// on Hopper, which `_swizzle_mxfp4` turns off below torch 2.8.1 (0.19 and 0.11.0
-    /// quantization/utils/mxfp4_utils.py L34-45 / L28-36; `hopper_swizzles`).
+    /// `process_weights_after_loading` L302-620) under the release's `rules`: whether
+    /// triton_kernels swizzles on Hopper, which `_swizzle_mxfp4` turns off below torch 2.8.1
+    /// (0.19 and 0.11.0 quantization/utils/mxfp4_utils.py L34-45 / L28-36; `hopper_swizzles`),
+    /// how its value layout pads, whether the loaded scales die.
     ///
     /// - Triton (Hopper): the biases become f32 (`w13_bias.to(torch.float32)`, oracle L724-726,
     ///   `replace_parameter`: the bf16 ones die). Swizzled, `convert_layout` makes new value
@@ -144,7 +190,7 @@ impl Backend {
     /// - TRT-LLM: per expert the rows shuffled (same bytes), the scales interleaved by
     ///   `nvfp4_block_scale_interleave` (no padding at the 256-rounded sizes: its result is
     ///   reshaped back to `[E, 2I, H/32]`, oracle L551-556), the biases f32; all six replaced.
-    pub fn after_loading(self, swizzle: bool, experts: usize, h: usize, i: usize) -> AfterLoading {
+    pub fn after_loading(self, rules: &Rules, experts: usize, h: usize, i: usize) -> AfterLoading {
         let e = experts;
         let t = |name, shape: Vec<usize>, dtype| KernelTensor { name, shape, dtype };
         let same = |bias: DType| {
@@ -166,7 +212,7 @@ impl Backend {
                 made: same(DType::F32),
                 freed: (0..6).collect(),
             },
-            Backend::Triton if !swizzle => AfterLoading {
+            Backend::Triton if !rules.swizzle => AfterLoading {
                 made: vec![
                     t("w13_bias", vec![e, 2 * i], DType::F32),
                     t("w2_bias", vec![e, h], DType::F32),
@@ -179,27 +225,32 @@ impl Backend {
                     t("w2_bias", vec![e, h], DType::F32),
                     t(
                         "w13_weight (HOPPER_VALUE)",
-                        hopper_value_shape(e, 2 * i, h),
+                        hopper_value_shape(e, 2 * i, h, rules.value_pad64),
                         DType::U8,
                     ),
                     t(
                         "w13_scale (HOPPER_SCALE)",
-                        hopper_scale_shape(e, 2 * i, h),
+                        hopper_scale_shape(e, 2 * i, h, rules.scale_pad4),
                         DType::U8,
                     ),
                     t(
                         "w2_weight (HOPPER_VALUE)",
-                        hopper_value_shape(e, h, i),
+                        hopper_value_shape(e, h, i, rules.value_pad64),
                         DType::U8,
                     ),
                     t(
                         "w2_scale (HOPPER_SCALE)",
-                        hopper_scale_shape(e, h, i),
+                        hopper_scale_shape(e, h, i, rules.scale_pad4),
                         DType::U8,
                     ),
                 ],
-                // The bf16 biases, then the loaded w13 and w2 values.
-                freed: vec![4, 5, 0, 2],
+                // The bf16 biases, then the loaded w13 and w2 values (and from 0.25.1 their
+                // scales).
+                freed: if rules.frees_loaded_scales {
+                    vec![4, 5, 0, 2, 1, 3]
+                } else {
+                    vec![4, 5, 0, 2]
+                },
             },
         }
     }
@@ -208,8 +259,8 @@ impl Backend {
 impl Backend {
     /// Bytes one layer's experts hold once converted: the six loaded parameters at the
     /// rounded sizes (`round_up`, `layer_bytes`) less those freed, plus those made.
-    pub fn bytes_after_loading(self, swizzle: bool, experts: usize, h: usize, i: usize) -> u64 {
-        let (h, i) = self.round_up(h, i);
+    pub fn bytes_after_loading(self, rules: &Rules, experts: usize, h: usize, i: usize) -> u64 {
+        let (h, i) = self.round_up(rules, h, i);
         let e = experts as u64;
         let (hh, ii) = (h as u64, i as u64);
         let loaded = [
@@ -220,7 +271,7 @@ impl Backend {
             e * 2 * ii * 2,
             e * hh * 2,
         ];
-        let plan = self.after_loading(swizzle, experts, h, i);
+        let plan = self.after_loading(rules, experts, h, i);
         let kept: u64 = (0..6)
             .filter(|k| !plan.freed.contains(k))
             .map(|k| loaded[k])
@@ -251,25 +302,28 @@ pub fn hopper_swizzles(torch: &str) -> bool {
 }
 
 /// The bytes `HopperMXValueLayout.swizzle_data` (mma_version 3) makes of one `[E, N, K/2]`
-/// u8 value tensor, as `[E, N', K'/2]`: `_swizzle_mxfp4` transposes it to `[E, K/2, N]`, the
-/// layout pads both of those dimensions to 64 (`SWIZZLE_ALIGN_M/K`), then, after `.mT`,
-/// the `[N, K/2]` tiles to multiples of 16 and 32 (already met), regroups them and packs the
-/// bits into as many bytes (vLLM 0.19's vendored third_party/triton_kernels
-/// tensor_details/layout_details/hopper_value.py L109-182).
-pub fn hopper_value_shape(experts: usize, n: usize, k: usize) -> Vec<usize> {
-    let half_k = (k / 2).next_multiple_of(64).next_multiple_of(32);
-    vec![experts, n.next_multiple_of(64).next_multiple_of(16), half_k]
+/// u8 value tensor, as `[E, N', K'/2]`: `_swizzle_mxfp4` transposes it to `[E, K/2, N]`;
+/// triton_kernels 3.6 (`pad64`) pads both of those dimensions to 64 (`SWIZZLE_ALIGN_M/K`);
+/// then, after `.mT`, the `[N, K/2]` tiles are padded to multiples of 16 and 32, regrouped
+/// and the bits packed into as many bytes (vLLM 0.19's vendored third_party/triton_kernels
+/// tensor_details/layout_details/hopper_value.py L109-182; 3.5.1's, 0.22.1 L99-176, has the
+/// tiles only).
+pub fn hopper_value_shape(experts: usize, n: usize, k: usize, pad64: bool) -> Vec<usize> {
+    let align = if pad64 { 64 } else { 1 };
+    vec![
+        experts,
+        n.next_multiple_of(align).next_multiple_of(16),
+        (k / 2).next_multiple_of(align).next_multiple_of(32),
+    ]
 }
 
 /// The bytes `HopperMXScaleLayout.swizzle_data` (num_warps 8) makes of one `[E, N, K/32]`
 /// scale tensor: with `mx_axis` 1 it works on `[E, N, K/32]`, padding N to
-/// `2·num_warps·2·8 = 256` and K/32 to 2 (hopper_scale.py L24-48, vendored in 0.19).
-pub fn hopper_scale_shape(experts: usize, n: usize, k: usize) -> Vec<usize> {
-    vec![
-        experts,
-        n.next_multiple_of(256),
-        (k / BLOCK).next_multiple_of(2),
-    ]
+/// `2·num_warps·2·8 = 256` and K/32 to 2 (hopper_scale.py L24-48, vendored in 0.19; the same
+/// in 3.5.1), after vLLM's own pad of K/32 to 4 from 0.26 (`pad4`).
+pub fn hopper_scale_shape(experts: usize, n: usize, k: usize, pad4: bool) -> Vec<usize> {
+    let groups = (k / BLOCK).next_multiple_of(if pad4 { 4 } else { 1 });
+    vec![experts, n.next_multiple_of(256), groups.next_multiple_of(2)]
 }
 
 /// Seeded MXFP4 bytes for a synthetic checkpoint: `*_blocks` any e2m1 pair, `*_scales`
@@ -337,17 +391,70 @@ mod tests {
             ),
         ] {
             assert_eq!(Backend::layer_bytes(e, h, i), loaded);
-            assert_eq!(Backend::Triton.bytes_after_loading(true, e, h, i), swizzled);
-            assert_eq!(Backend::Triton.bytes_after_loading(false, e, h, i), strided);
-            assert_eq!(Backend::Marlin.bytes_after_loading(true, e, h, i), marlin);
+            let r = Rules::V0_19;
+            let strided_rules = Rules {
+                swizzle: false,
+                ..r
+            };
+            assert_eq!(Backend::Triton.bytes_after_loading(&r, e, h, i), swizzled);
             assert_eq!(
-                Backend::FlashInferTrtllm.bytes_after_loading(true, e, h, i),
+                Backend::Triton.bytes_after_loading(&strided_rules, e, h, i),
+                strided
+            );
+            assert_eq!(Backend::Marlin.bytes_after_loading(&r, e, h, i), marlin);
+            assert_eq!(
+                Backend::FlashInferTrtllm.bytes_after_loading(&r, e, h, i),
                 trtllm
             );
         }
         // The swizzled layouts' shapes for w13 [32, 5760, 1440] and its scales [32, 5760, 90].
-        assert_eq!(hopper_value_shape(32, 5760, 2880), vec![32, 5760, 1472]);
-        assert_eq!(hopper_scale_shape(32, 5760, 2880), vec![32, 5888, 90]);
+        assert_eq!(
+            hopper_value_shape(32, 5760, 2880, true),
+            vec![32, 5760, 1472]
+        );
+        assert_eq!(
+            hopper_scale_shape(32, 5760, 2880, false),
+            vec![32, 5888, 90]
+        );
+    }
+
+    /// gpt-oss-20b's layer on Hopper release by release (docs/reading/vllm-gpt-oss-v1.md
+    /// §3.2), each term from the shape rules by hand: 0.22-0.24's triton_kernels 3.5.1 keeps
+    /// the values' bytes (w13 32·5760·1440 = 265,420,800, w2 132,710,400), the swizzled
+    /// scales 32·5888·90 = 16,957,440 and 32·3072·90 = 8,847,360, the f32 biases 737,280 and
+    /// 368,640, the loaded scales 16,588,800 and 8,294,400 kept; 0.25.1 frees those; 0.26 pads
+    /// the swizzled scales' 90 groups to 92 (+376,832 and +196,608). B200 from 0.27.1 rounds
+    /// the width to 128 (2944), not 256 (3072).
+    #[test]
+    fn hopper_layers_follow_the_release() {
+        let (e, h, i) = (32, 2880, 2880);
+        let kept = 265_420_800 + 132_710_400 + 16_957_440 + 8_847_360 + 737_280 + 368_640;
+        for (minor, bytes) in [
+            (19, 458_772_480),
+            (21, 458_772_480),
+            (15, kept + 16_588_800 + 8_294_400),
+            (22, kept + 16_588_800 + 8_294_400),
+            (24, kept + 16_588_800 + 8_294_400),
+            (25, kept),
+            (26, kept + 376_832 + 196_608),
+            (33, kept + 376_832 + 196_608),
+        ] {
+            let r = Rules::for_release(minor, "2.10");
+            assert_eq!(
+                Backend::Triton.bytes_after_loading(&r, e, h, i),
+                bytes,
+                "0.{minor}"
+            );
+        }
+        assert_eq!(449_925_120, kept + 16_588_800 + 8_294_400);
+        assert_eq!(
+            Backend::FlashInferTrtllm.round_up(&Rules::for_release(26, "2.10"), h, i),
+            (3072, 3072)
+        );
+        assert_eq!(
+            Backend::FlashInferTrtllm.round_up(&Rules::for_release(27, "2.10"), h, i),
+            (3072, 2944)
+        );
     }
 
     #[test]
@@ -365,9 +472,13 @@ mod tests {
         assert_eq!(Backend::for_capability((9, 0)), Backend::Triton);
         assert_eq!(Backend::for_capability((8, 0)), Backend::Marlin);
         assert_eq!(Backend::for_capability((10, 0)), Backend::FlashInferTrtllm);
-        assert_eq!(Backend::Triton.round_up(2880, 2880), (2880, 2880));
-        assert_eq!(Backend::Marlin.round_up(2880, 2880), (3072, 2944));
-        assert_eq!(Backend::FlashInferTrtllm.round_up(2880, 2880), (3072, 3072));
+        let r = Rules::V0_19;
+        assert_eq!(Backend::Triton.round_up(&r, 2880, 2880), (2880, 2880));
+        assert_eq!(Backend::Marlin.round_up(&r, 2880, 2880), (3072, 2944));
+        assert_eq!(
+            Backend::FlashInferTrtllm.round_up(&r, 2880, 2880),
+            (3072, 3072)
+        );
         // gpt-oss-20b's layer under Triton: its index's expert bytes per layer
         // (32 · (5760·1440 + 5760·90 + 2880·1440 + 2880·90) + the biases in bf16).
         assert_eq!(

@@ -29,6 +29,7 @@ use crate::model::batch::Batch;
 use crate::model::config::{GptOssShape, ModelConfig};
 use crate::model::layers::decoder::enter_layer;
 use crate::model::layers::rotary::rotary_cache_sized;
+use crate::model::layers::tp::TpShard;
 use crate::model::loader::{upload, LoadOptions, LoadStats, Loader, Slice};
 use crate::model::weights::WeightSource;
 use crate::quant::{mxfp4, FusedLinear, Linear};
@@ -72,6 +73,9 @@ pub struct Mxfp4Experts {
     /// The expert sizes after `maybe_roundup_sizes`: hidden, intermediate.
     pub hidden: usize,
     pub width: usize,
+    /// The columns of every expert's width this rank loaded (the checkpoint's width on one
+    /// GPU): the host experts' width.
+    pub loaded_width: usize,
     /// What the device holds: the six parameters `create_weights` makes (u8 blocks and
     /// scales, bf16 biases) until `process_after_loading` converts them, then what is left
     /// of them and the backend's new tensors.
@@ -128,7 +132,10 @@ pub struct GptOssModel {
     pub cfg: ModelConfig,
     pub shape: GptOssShape,
     pub act: DType,
-    /// `VocabParallelEmbedding`: `[Vp, hidden]`.
+    /// This rank's share: its heads, its slice of every expert's width, its vocabulary rows.
+    pub shard: TpShard,
+    pub vocab_first_row: usize,
+    /// `VocabParallelEmbedding`: this rank's `[Vp / tp, hidden]`.
     pub embed: Tensor,
     pub layers: Vec<GptOssLayer>,
     /// The YaRN `cos_sin_cache` every layer shares (`get_rope(..., dtype=torch.float32)`:
@@ -168,9 +175,12 @@ impl GptOssModel {
                 "gpt_oss's MXFP4 experts have no CUDA kernels in vramscope yet (vLLM runs them through triton_kernels, Marlin or FlashInfer): run on a simulated device (sim:…)".into(),
             ));
         }
-        if rt.tp().is_some() {
+        let shard = TpShard::of(rt, cfg)?;
+        if shard.moe.ep || shard.moe.size != shard.size {
             return Err(Error::Request(
-                "gpt_oss under tensor parallel is not modelled yet (its interleaved gate/up experts are cut per rank by gpt_oss.py's own loader)".into(),
+                "gpt_oss with --enable-expert-parallel or --data-parallel-size is not modelled \
+                 yet (gpt_oss.py's loader takes whole experts per rank there); tensor parallel is"
+                    .into(),
             ));
         }
         opts.require_16bit(
@@ -195,7 +205,11 @@ impl GptOssModel {
             m.num_experts,
         );
         let backend = mxfp4::Backend::for_capability((rt.with_device(|d| d.compute_major()), 0));
-        let embed = ld.vocab_shard("model.embed_tokens.weight", v, h, vp, 0, vp)?;
+        let (q_part, kv_part) = (shard.q_rows(cfg), shard.kv_rows(cfg));
+        let heads = cfg.num_heads / shard.size;
+        let cut = ExpertCut::of(i, (shard.moe.rank, shard.moe.size), shape.mxfp4);
+        let (v_first, v_len) = shard.vocab_rows(vp);
+        let embed = ld.vocab_shard("model.embed_tokens.weight", v, h, vp, v_first, v_len)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         let mut attn_scalars = Vec::new();
         let mut rope_cache = None;
@@ -211,21 +225,36 @@ impl GptOssModel {
                     DType::F32,
                 )?);
             }
-            let sinks = ld.dense(&format!("{a}.sinks"), &[cfg.num_heads])?;
+            // The sinks are narrowed to the rank's heads (L505-510).
+            let sinks = if shard.size == 1 {
+                ld.dense(&format!("{a}.sinks"), &[cfg.num_heads])?
+            } else {
+                let name = format!("{a}.sinks");
+                ld.dense_row_parts(
+                    &name,
+                    &[cfg.num_heads],
+                    &[(shard.rank * heads, heads)],
+                    (&[heads], act),
+                    &name,
+                )?
+            };
             let qkv = ld.fused_parts(
                 &["q_proj", "k_proj", "v_proj"].map(|n| format!("{a}.{n}.weight")),
                 &[q, kv, kv],
-                &[(0, q), (0, kv), (0, kv)],
+                &[q_part, kv_part, kv_part],
                 h,
                 &format!("{a}.qkv_proj.weight"),
             )?;
             let qkv_bias = ld.dense_concat_parts(
                 &["q_proj", "k_proj", "v_proj"].map(|n| format!("{a}.{n}.bias")),
                 &[q, kv, kv],
-                &[(0, q), (0, kv), (0, kv)],
+                &[q_part, kv_part, kv_part],
                 &format!("{a}.qkv_proj.bias"),
             )?;
-            let o = ld.linear_slice(&format!("{a}.o_proj.weight"), Slice::whole(h, q))?;
+            let o = ld.linear_slice(
+                &format!("{a}.o_proj.weight"),
+                Slice::cols(h, q, q_part.0, q_part.1),
+            )?;
             let o_bias = ld.dense(&format!("{a}.o_proj.bias"), &[h])?;
             attn_scalars.extend(crate::model::loader::attention_scalars(
                 rt,
@@ -236,9 +265,9 @@ impl GptOssModel {
             let router = ld.dense(&format!("{x}.router.weight"), &[e, h])?;
             let router_bias = ld.dense(&format!("{x}.router.bias"), &[e])?;
             let experts = if shape.mxfp4 {
-                ExpertWeights::Mxfp4(load_mxfp4(&mut ld, rt, &x, (e, h, i), backend)?)
+                ExpertWeights::Mxfp4(load_mxfp4(&mut ld, rt, &x, (e, h, i), &cut, backend)?)
             } else {
-                load_dense(&mut ld, rt, &x, (e, h, i), act)?
+                load_dense(&mut ld, rt, &x, (e, h, i), &cut, act)?
             };
             let input_layernorm = ld.dense(&format!("{p}.input_layernorm.weight"), &[h])?;
             let post_attention_layernorm =
@@ -262,7 +291,7 @@ impl GptOssModel {
         }
         rt.set_layer(None);
         let norm = ld.dense("model.norm.weight", &[h])?;
-        let lm_head = ld.vocab_shard("lm_head.weight", v, h, vp, 0, vp)?;
+        let lm_head = ld.vocab_shard("lm_head.weight", v, h, vp, v_first, v_len)?;
         let rope_cache = match rope_cache {
             Some(c) => c,
             None => rotary_cache_sized(rt, rope_rows(&shape), cfg.head_dim, DType::F32)?,
@@ -270,11 +299,11 @@ impl GptOssModel {
         // `process_weights_after_loading` runs over the modules once every weight is in
         // (0.19 model_loader/utils.py `process_weights_after_loading`, after `load_weights`).
         rt.set_op("process_weights_after_loading");
-        let swizzle = rt.mxfp4_hopper_swizzle();
+        let rules = rt.mxfp4_rules();
         for (l, layer) in layers.iter_mut().enumerate() {
             if let ExpertWeights::Mxfp4(x) = &mut layer.mlp.experts {
                 rt.set_layer(Some(l as u32));
-                x.process_after_loading(rt, swizzle, e, &format!("model.layers.{l}.mlp.experts"))?;
+                x.process_after_loading(rt, &rules, e, &format!("model.layers.{l}.mlp.experts"))?;
             }
         }
         rt.set_layer(None);
@@ -282,6 +311,8 @@ impl GptOssModel {
             cfg: cfg.clone(),
             shape,
             act,
+            shard,
+            vocab_first_row: v_first,
             embed,
             layers,
             rope_cache,
@@ -344,7 +375,18 @@ impl GptOssModel {
         batch.check_ids(cfg.vocab_size)?;
         let positions: Vec<usize> = batch.seq_lens.iter().flat_map(|&n| 0..n).collect();
         rt.set_layer(None);
-        let mut hidden = ops::embedding(rt, &batch.ids, &self.embed, self.act)?;
+        let mut hidden = if rt.tp().is_some() {
+            ops_tp::vocab_parallel_embedding(
+                rt,
+                &batch.ids,
+                &self.embed,
+                self.vocab_first_row,
+                cfg.vocab_size,
+                self.act,
+            )?
+        } else {
+            ops::embedding(rt, &batch.ids, &self.embed, self.act)?
+        };
         let eps = cfg.rms_norm_eps as f32;
         let rope = self.rope();
         let moe = cfg.moe.as_ref().expect("checked at load");
@@ -407,7 +449,8 @@ impl GptOssModel {
         rope: &YarnRope,
         l: &str,
     ) -> Result<Tensor> {
-        let (cfg, act, a) = (&self.cfg, self.act, &layer.attn);
+        let (act, a) = (self.act, &layer.attn);
+        let cfg = &self.shard.local_config(&self.cfg);
         let qkv = a.qkv.forward(rt, x, &format!("{l}.qkv_proj"), gen, act)?;
         let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
         let rows = [q_dim, kv_dim, kv_dim];
@@ -457,7 +500,10 @@ impl GptOssModel {
             )?
         };
         let mut o = a.o.forward(rt, &attn, &format!("{l}.o_proj"), gen, act)?;
-        ops::add_bias(rt, &mut o, &a.o_bias)?;
+        // RowParallelLinear adds its bias on rank 0 only, before the all-reduce.
+        if self.shard.rank == 0 {
+            ops::add_bias(rt, &mut o, &a.o_bias)?;
+        }
         let o = ops_tp::all_reduce(rt, o, &format!("{l}.o_proj.all_reduce"))?;
         drop((q, k, v));
         drop(qkv);
@@ -503,7 +549,7 @@ impl GptOssModel {
                         w13,
                         w2,
                         num_experts: m.router.shape[0],
-                        width: self.cfg.intermediate_size,
+                        width: w2.shape[2],
                         first: 0,
                         global: m.router.shape[0],
                         mapped: false,
@@ -531,7 +577,7 @@ impl GptOssModel {
                     b13,
                     b2,
                     hidden: self.cfg.hidden_size,
-                    width: self.cfg.intermediate_size,
+                    width: ex.loaded_width,
                 });
                 ops_gpt_oss::moe_experts_mxfp4(
                     rt,
@@ -539,6 +585,7 @@ impl GptOssModel {
                     &logits,
                     host.as_ref(),
                     (top_k, ex.width, alpha, limit),
+                    (ex.backend, ex.hidden),
                     &format!("{l}.moe"),
                 )?
             }
@@ -573,32 +620,116 @@ fn permute_last_two(d: &[f32], b: usize, r: usize, c: usize) -> Vec<f32> {
     out
 }
 
+/// The part of every expert's width one tensor-parallel rank loads, as gpt_oss.py's loaders
+/// cut it (0.19): `_load_weights_mxfp4` (L366-375) in whole 32-wide MXFP4 blocks,
+/// `cdiv(I / 32, tp)` of them a rank and the last rank what is left;
+/// `_load_weights_other` (L1000-1004) `cdiv(I, tp)` columns. Into parameters
+/// `intermediate_size_per_partition` (`I // tp`, fused_moe/layer.py) wide, which the MXFP4
+/// backend then rounds up (`maybe_roundup_sizes`), so the last rank's and the padding's columns
+/// stay zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertCut {
+    pub start: usize,
+    pub len: usize,
+    /// `intermediate_size_per_partition`.
+    pub part: usize,
+    /// Rank 0 loads `w2_bias`; the others zero it "to avoid duplication" (L494-500), since
+    /// the ranks' outputs are summed.
+    pub keeps_down_bias: bool,
+}
+
+impl ExpertCut {
+    pub fn of(width: usize, (rank, size): (usize, usize), mxfp4: bool) -> Self {
+        let per = if mxfp4 {
+            width.div_ceil(mxfp4::BLOCK).div_ceil(size) * mxfp4::BLOCK
+        } else {
+            width.div_ceil(size)
+        };
+        let start = (rank * per).min(width);
+        ExpertCut {
+            start,
+            len: ((rank + 1) * per).min(width) - start,
+            part: width / size,
+            keeps_down_bias: rank == 0,
+        }
+    }
+
+    fn whole(&self, width: usize) -> bool {
+        self.start == 0 && self.len == width
+    }
+}
+
+/// Rows `r0..r0 + nr` and columns `c0..c0 + nc` of each of `e` row-major `[rows, cols]`
+/// blocks of `src`, packed.
+fn narrow<T: Copy>(
+    src: &[T],
+    e: usize,
+    [rows, cols]: [usize; 2],
+    (r0, nr): (usize, usize),
+    (c0, nc): (usize, usize),
+) -> Vec<T> {
+    let mut out = Vec::with_capacity(e * nr * nc);
+    for ex in 0..e {
+        for r in r0..r0 + nr {
+            let at = (ex * rows + r) * cols + c0;
+            out.extend_from_slice(&src[at..at + nc]);
+        }
+    }
+    out
+}
+
 /// `UnquantizedFusedMoEMethod`'s experts: `gate_up_proj [E, H, 2I]` permuted to `w13_weight
 /// [E, 2I, H]`, `down_proj [E, I, H]` to `w2_weight [E, H, I]` (0.19 gpt_oss.py L984-1012, on
-/// the host), each followed by its bias.
+/// the host), each followed by its bias; a rank's share cut first (`cut`).
 fn load_dense(
     ld: &mut Loader,
     rt: &Runtime,
     x: &str,
     (e, h, i): (usize, usize, usize),
+    cut: &ExpertCut,
     act: DType,
 ) -> Result<ExpertWeights> {
+    let n = cut.len;
     let w13 = ld
         .read_host(&format!("{x}.experts.gate_up_proj"), &[e, h, 2 * i])?
-        .map(|d| permute_last_two(&d, e, h, 2 * i));
+        .map(|d| narrow(&d, e, [h, 2 * i], (0, h), (2 * cut.start, 2 * n)))
+        .map(|d| permute_last_two(&d, e, h, 2 * n));
     let w13 = upload(
         rt,
         &format!("{x}.experts.w13_weight"),
-        &[e, 2 * i, h],
+        &[e, 2 * n, h],
         act,
         w13,
     )?;
-    let w13_bias = ld.dense(&format!("{x}.experts.gate_up_proj_bias"), &[e, 2 * i])?;
+    let (b13, b2) = (
+        format!("{x}.experts.gate_up_proj_bias"),
+        format!("{x}.experts.down_proj_bias"),
+    );
+    let whole = cut.whole(i);
+    let w13_bias = if whole {
+        ld.dense(&b13, &[e, 2 * i])?
+    } else {
+        let d = ld
+            .read_host(&b13, &[e, 2 * i])?
+            .map(|d| narrow(&d, e, [1, 2 * i], (0, 1), (2 * cut.start, 2 * n)));
+        upload(rt, &b13, &[e, 2 * n], act, d)?
+    };
     let w2 = ld
         .read_host(&format!("{x}.experts.down_proj"), &[e, i, h])?
-        .map(|d| permute_last_two(&d, e, i, h));
-    let w2 = upload(rt, &format!("{x}.experts.w2_weight"), &[e, h, i], act, w2)?;
-    let w2_bias = ld.dense(&format!("{x}.experts.down_proj_bias"), &[e, h])?;
+        .map(|d| narrow(&d, e, [i, h], (cut.start, n), (0, h)))
+        .map(|d| permute_last_two(&d, e, n, h));
+    let w2 = upload(rt, &format!("{x}.experts.w2_weight"), &[e, h, n], act, w2)?;
+    let w2_bias = if whole {
+        ld.dense(&b2, &[e, h])?
+    } else {
+        let d = ld.read_host(&b2, &[e, h])?.map(|mut d| {
+            if !cut.keeps_down_bias {
+                d.fill(0.0);
+            }
+            d
+        });
+        upload(rt, &b2, &[e, h], act, d)?
+    };
     Ok(ExpertWeights::Dense {
         w13,
         w13_bias,
@@ -610,24 +741,42 @@ fn load_dense(
 /// `Mxfp4MoEMethod.create_weights` at the backend's rounded sizes (0.19
 /// quantization/mxfp4.py L138-228: `w13_weight`, `w13_weight_scale`, `w2_weight`,
 /// `w2_weight_scale` u8, then `w13_bias`, `w2_bias` bf16) filled by `_load_weights_mxfp4`
-/// (gpt_oss.py L341-520: `gate_up_proj_blocks [E, 2I, H/32, 16]` viewed as `[E, 2I, H/2]`
-/// and copied into the leading rows and columns; the padding stays zero). On the CPU the
-/// experts are also dequantized to f32 for the math.
+/// (gpt_oss.py L341-520: `gate_up_proj_blocks [E, 2I, H/32, 16]` viewed as `[E, 2I, H/2]`,
+/// the rank's rows `2·start..2·end` (gate and up are interleaved) and `down_proj`'s columns
+/// `start/2..end/2`, copied into the leading rows and columns by `FusedMoE.weight_loader`'s
+/// MXFP4 branch (fused_moe/layer.py L1034-1043); the padding stays zero). On the CPU the
+/// rank's experts are also dequantized to f32 for the math.
 fn load_mxfp4(
     ld: &mut Loader,
     rt: &Runtime,
     x: &str,
     (e, h, i): (usize, usize, usize),
+    cut: &ExpertCut,
     backend: mxfp4::Backend,
 ) -> Result<Mxfp4Experts> {
-    let (hp, ip) = backend.round_up(h, i);
+    let (hp, ip) = backend.round_up(&rt.mxfp4_rules(), h, cut.part);
+    let (s, n) = (cut.start, cut.len);
+    if n > ip {
+        return Err(Error::Request(format!(
+            "{x}: a rank's {n} expert columns do not fit the {ip} the MXFP4 backend makes"
+        )));
+    }
     let b = mxfp4::BLOCK;
     let mut read =
         |name: &str, shape: &[usize]| ld.read_u8_host(&format!("{x}.experts.{name}"), shape);
-    let w13_blocks = read("gate_up_proj_blocks", &[e, 2 * i, h / b, b / 2])?;
-    let w13_scales = read("gate_up_proj_scales", &[e, 2 * i, h / b])?;
-    let w2_blocks = read("down_proj_blocks", &[e, h, i / b, b / 2])?;
-    let w2_scales = read("down_proj_scales", &[e, h, i / b])?;
+    let cut_rows = |d: Option<Vec<u8>>, cols: usize| {
+        d.map(|d| narrow(&d, e, [2 * i, cols], (2 * s, 2 * n), (0, cols)))
+    };
+    let cut_cols = |d: Option<Vec<u8>>, per: usize| {
+        d.map(|d| narrow(&d, e, [h, i / per], (0, h), (s / per, n / per)))
+    };
+    let w13_blocks = cut_rows(
+        read("gate_up_proj_blocks", &[e, 2 * i, h / b, b / 2])?,
+        h / 2,
+    );
+    let w13_scales = cut_rows(read("gate_up_proj_scales", &[e, 2 * i, h / b])?, h / b);
+    let w2_blocks = cut_cols(read("down_proj_blocks", &[e, h, i / b, b / 2])?, 2);
+    let w2_scales = cut_cols(read("down_proj_scales", &[e, h, i / b])?, b);
     let u8_param = |name: &str, shape: [usize; 3], from: Option<&Vec<u8>>, src: [usize; 2]| {
         let mut t = rt.tensor(format!("{x}.{name}"), Category::Weight, &shape, DType::U8)?;
         if let (Some(d), crate::engine::tensor::Storage::U8(dst)) = (from, &mut t.storage) {
@@ -640,29 +789,38 @@ fn load_mxfp4(
             "w13_weight",
             [e, 2 * ip, hp / 2],
             w13_blocks.as_ref(),
-            [2 * i, h / 2],
+            [2 * n, h / 2],
         )?,
         u8_param(
             "w13_weight_scale",
             [e, 2 * ip, hp / b],
             w13_scales.as_ref(),
-            [2 * i, h / b],
+            [2 * n, h / b],
         )?,
-        u8_param("w2_weight", [e, hp, ip / 2], w2_blocks.as_ref(), [h, i / 2])?,
+        u8_param("w2_weight", [e, hp, ip / 2], w2_blocks.as_ref(), [h, n / 2])?,
         u8_param(
             "w2_weight_scale",
             [e, hp, ip / b],
             w2_scales.as_ref(),
-            [h, i / b],
+            [h, n / b],
         )?,
     ];
-    let b13 = ld.read_host(&format!("{x}.experts.gate_up_proj_bias"), &[e, 2 * i])?;
-    let b2 = ld.read_host(&format!("{x}.experts.down_proj_bias"), &[e, h])?;
+    let b13 = ld
+        .read_host(&format!("{x}.experts.gate_up_proj_bias"), &[e, 2 * i])?
+        .map(|d| narrow(&d, e, [1, 2 * i], (0, 1), (2 * s, 2 * n)));
+    let b2 = ld
+        .read_host(&format!("{x}.experts.down_proj_bias"), &[e, h])?
+        .map(|mut d| {
+            if !cut.keeps_down_bias {
+                d.fill(0.0);
+            }
+            d
+        });
     let pad_f32 = |d: &Option<Vec<f32>>, rows: usize, to: usize| {
         d.as_ref().map(|v| {
             let mut out = vec![0f32; e * to];
-            for (ex, chunk) in v.chunks_exact(rows).enumerate() {
-                out[ex * to..ex * to + rows].copy_from_slice(chunk);
+            for (ex, chunk) in v.chunks_exact(rows.max(1)).enumerate().take(e) {
+                out[ex * to..ex * to + rows].copy_from_slice(&chunk[..rows]);
             }
             out
         })
@@ -673,7 +831,7 @@ fn load_mxfp4(
         &format!("{x}.w13_bias"),
         &[e, 2 * ip],
         DType::BF16,
-        pad_f32(&b13, 2 * i, 2 * ip),
+        pad_f32(&b13, 2 * n, 2 * ip),
     )?);
     params.push(upload(
         rt,
@@ -684,8 +842,8 @@ fn load_mxfp4(
     )?);
     let host = match (w13_blocks, w13_scales, w2_blocks, w2_scales, b13, b2) {
         (Some(a), Some(sa), Some(c), Some(sc), Some(b13), Some(b2)) => Some([
-            mxfp4::dequantize(&a, &sa, e * 2 * i, h),
-            mxfp4::dequantize(&c, &sc, e * h, i),
+            mxfp4::dequantize(&a, &sa, e * 2 * n, h),
+            mxfp4::dequantize(&c, &sc, e * h, n),
             b13,
             b2,
         ]),
@@ -695,6 +853,7 @@ fn load_mxfp4(
         backend,
         hidden: hp,
         width: ip,
+        loaded_width: n,
         params,
         host: host.filter(|_| rt.backend() == crate::device::Backend::Cpu),
     })
@@ -725,13 +884,13 @@ impl Mxfp4Experts {
     fn process_after_loading(
         &mut self,
         rt: &Runtime,
-        swizzle: bool,
+        rules: &mxfp4::Rules,
         experts: usize,
         prefix: &str,
     ) -> Result<()> {
         let plan = self
             .backend
-            .after_loading(swizzle, experts, self.hidden, self.width);
+            .after_loading(rules, experts, self.hidden, self.width);
         let mut made = Vec::with_capacity(plan.made.len());
         for t in &plan.made {
             made.push(rt.tensor(
@@ -756,5 +915,36 @@ impl Mxfp4Experts {
         kept.extend(made);
         self.params = kept;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ExpertCut;
+
+    /// gpt-oss's 2,880-wide experts cut as `_load_weights_mxfp4` cuts them (whole 32-wide
+    /// blocks, `cdiv(90, tp)` a rank): 1,440 over 2 ranks; 736 over 4, the last rank 672;
+    /// 384 over 8, the last 192. `_load_weights_other` takes `cdiv(2880, tp)` columns.
+    #[test]
+    fn ranks_take_whole_mxfp4_blocks_and_the_last_rank_the_rest() {
+        let lens = |size: usize, mxfp4: bool| -> Vec<usize> {
+            (0..size)
+                .map(|r| ExpertCut::of(2880, (r, size), mxfp4).len)
+                .collect()
+        };
+        assert_eq!(lens(2, true), vec![1440, 1440]);
+        assert_eq!(lens(4, true), vec![736, 736, 736, 672]);
+        assert_eq!(lens(8, true), [vec![384; 7], vec![192]].concat());
+        assert_eq!(lens(8, false), vec![360; 8]);
+        let c = ExpertCut::of(2880, (3, 4), true);
+        assert_eq!((c.start, c.part, c.keeps_down_bias), (2208, 720, false));
+        assert!(ExpertCut::of(2880, (0, 4), true).keeps_down_bias);
+        // gpt-oss-tiny (96 wide, 3 blocks) over 4 ranks: 32, 32, 32 and nothing.
+        assert_eq!(
+            (0..4)
+                .map(|r| ExpertCut::of(96, (r, 4), true).len)
+                .collect::<Vec<_>>(),
+            vec![32, 32, 32, 0]
+        );
     }
 }
