@@ -483,7 +483,17 @@ fn tensor_parallel_ranks_compute_the_logits_of_one_gpu() {
 /// the load) and under 0.15 (PyTorch 2.9, triton_kernels 3.5.1). TP 4 and 8 start under 0.19.
 #[test]
 fn gpt_oss_120b_at_tp_2_reproduces_vllm_pr_41268() {
-    let (code, text) = plan_120b("0.19", &["--tensor-parallel-size", "2"]);
+    // The command as docs/cli.md writes it.
+    let line = "vramscope plan --vllm 0.19 --device sim:h100-sxm -- vllm serve openai/gpt-oss-120b --tensor-parallel-size 2";
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+    assert!(docs.contains(line), "{line}");
+    let args: Vec<&str> = line.split(' ').skip(1).collect();
+    let out = common::cli::vramscope(&args);
+    let (code, text) = (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
+    );
     assert_eq!(code, Some(3), "{text}");
     assert!(
         text.contains("vLLM 0.19 would not start")

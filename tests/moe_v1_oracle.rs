@@ -336,7 +336,7 @@ fn qwen3_30b_from_0_23_on_an_h100_runs_triton_and_0_22_is_refused() {
 }
 
 /// What stays refused, each by name: FlashInfer's experts on Blackwell (TRT-LLM's on the
-/// B200), DeepSeek from 0.24 (on Model Runner V2), and data or expert parallel (0.21's
+/// B200), MLA below Hopper under 0.33, and data or expert parallel (0.21's
 /// prepare/finalize). The releases from 0.29 answer (tests/moe_v2_runner.rs).
 #[test]
 fn what_0_21_and_later_refuse_is_named() {
@@ -357,15 +357,15 @@ fn what_0_21_and_later_refuse_is_named() {
         ))
         .is_ok());
     }
-    // DeepSeek-V2 runs on Model Runner V2 from 0.24.
+    // 0.33's TRITON_MLA (below Hopper) grows its workspace by a split count not read.
     let e = refused(
         "preset:deepseek-v2-lite",
         "sim:a100-sxm4-80gb:dry",
-        "0.24",
+        "0.33",
         1,
     );
     assert!(
-        e.contains("'deepseek_v2'") && e.contains("Model Runner V2") && e.contains("0.21-0.23"),
+        e.contains("TRITON_MLA") && e.contains("reserve_workspace"),
         "{e}"
     );
     let mut dp = request("preset:qwen3-30b-a3b", "sim:a100-sxm4-80gb:dry", "0.21", 1);
@@ -450,4 +450,58 @@ fn layer_moe_and_shared(rows: &[Row], layer: usize) -> Vec<(bool, String, u64)> 
         .filter(|r| r.1 == "alloc" || r.1 == "free")
         .map(|r| (r.1 == "alloc", r.4.clone(), r.5))
         .collect()
+}
+
+/// DeepSeek-V2-Lite on an H100 from 0.24 to 0.33 (docs/reading/vllm-deepseek-v2-runner.md;
+/// Model Runner V2 from 0.24, FLASH_ATTN_MLA at 16, Triton's experts):
+/// - 0.24 still imports FlashInfer-MLA's module with its 128 MiB workspace; 0.25.1 makes it on
+///   the first decode (flashinfer_mla.py L31-46), so no such buffer from 0.25;
+/// - through 0.24 layer 0 clones the embedding into the residual (deepseek_v2.py L1178); from
+///   0.25.1 the embedding is the residual (L1282);
+/// - from 0.27.1 the one-group router is a `FusedTopKRouter` (router_factory.py L148-196):
+///   `fused_topk`'s `[M, k]` f32 weights where 0.26 ran the grouped chain, and
+///   `kv_a_layernorm` runs before `q_proj` (layers/mla.py L176-194).
+#[test]
+fn deepseek_v2_lite_from_0_24_follows_each_release() {
+    let line = "vllm serve preset:deepseek-v2-lite";
+    let mut seen = Vec::new();
+    for vllm in [
+        "0.24", "0.25", "0.26", "0.27", "0.28", "0.29", "0.31", "0.33",
+    ] {
+        let (code, err, rows) = plan_csv("sim:h100-sxm:dry", vllm, line);
+        assert_eq!(code, Some(0), "{vllm}: {err}");
+        let has = |tensor: &str| rows.iter().any(|r| r.1 == "alloc" && r.4.contains(tensor));
+        let fi = has("flashinfer_mla.g_fi_workspace");
+        let clone = has("layers.0.residual");
+        // Layer 1 is V2-Lite's first MoE layer (first_k_dense_replace 1).
+        let moe = layer_moe(&rows, 1);
+        let grouped = rows
+            .iter()
+            .any(|r| r.0 == 1 && r.2 == "moe.grouped_topk" && r.3 == "1");
+        let fused = rows
+            .iter()
+            .any(|r| r.0 == 1 && r.2 == "moe.topk_softmax" && r.3 == "1");
+        // Layer 0's attention in the profile pass: kv_a_layernorm's output before q_proj's.
+        let at = |tensor: &str| {
+            rows.iter()
+                .position(|r| r.0 == 1 && r.1 == "alloc" && r.4.starts_with(tensor))
+                .unwrap_or_else(|| panic!("{vllm}: no {tensor}"))
+        };
+        let kv_first = at("layers.0.kv_a_layernorm") < at("layers.0.q_proj");
+        assert!(!moe.is_empty(), "{vllm}");
+        seen.push((vllm, fi, clone, grouped, fused, kv_first));
+    }
+    assert_eq!(
+        seen,
+        vec![
+            ("0.24", true, true, true, false, false),
+            ("0.25", false, false, true, false, false),
+            ("0.26", false, false, true, false, false),
+            ("0.27", false, false, false, true, true),
+            ("0.28", false, false, false, true, true),
+            ("0.29", false, false, false, true, true),
+            ("0.31", false, false, false, true, true),
+            ("0.33", false, false, false, true, true),
+        ]
+    );
 }

@@ -29,5 +29,6 @@ pub mod ops_qwen2_5_vl;
 pub mod ops_siglip;
 pub mod ops_tp;
 pub mod progress;
+pub mod rules;
 pub mod runtime;
 pub mod tensor;

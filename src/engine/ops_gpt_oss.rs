@@ -16,7 +16,6 @@ use crate::engine::runtime::Runtime;
 use crate::engine::tensor::Tensor;
 use crate::engine::{ops, ops_moe};
 use crate::memory::Category;
-use crate::quant::mxfp4;
 
 fn on_cuda(what: &str) -> Error {
     Error::Request(format!(
@@ -234,26 +233,27 @@ fn experts_host(
 /// `fused_topk`'s `[M, k]` weights and ids: triton_kernels' own topk and ragged metadata are
 /// smaller index tensors not reproduced one by one.
 ///
-/// Marlin and TRT-LLM (`backend`) run on the hidden states padded to the rounded hidden size
-/// (`F.pad` in the MoE runner, 0.19 runner/default_moe_runner.py L446-474, 0.11 layer.py
-/// L1812-1818: a new `[M, H']` alive through the op) and are otherwise taken to allocate as
-/// this path does (their workspaces are not modelled; their output keeps `[M, H]` here, vLLM's
-/// is `[M, H']` sliced). On the CPU the math runs on the dequantized experts (`host`, exact:
-/// e2m1 · 2^scale).
+/// `triton`: the backend is triton_kernels'. Marlin and TRT-LLM (not `triton`) run on the
+/// hidden states padded to the rounded hidden size `hidden_padded` (`F.pad` in the MoE
+/// runner, 0.19 runner/default_moe_runner.py L446-474, 0.11 layer.py L1812-1818: a new
+/// `[M, H']` alive through the op) and are otherwise taken to allocate as this path does
+/// (their workspaces are not modelled; their output keeps `[M, H]` here, vLLM's is `[M, H']`
+/// sliced). On the CPU the math runs on the dequantized experts (`host`, exact: e2m1 ·
+/// 2^scale).
 pub fn moe_experts_mxfp4(
     rt: &Runtime,
     x: Tensor,
     logits: &Tensor,
     host: Option<&HostExpertsRef>,
     (top_k, width, alpha, limit): (usize, usize, f32, f32),
-    (backend, hidden_padded): (mxfp4::Backend, usize),
+    (triton, hidden_padded): (bool, usize),
     name: &str,
 ) -> Result<Tensor> {
     if rt.backend() == Backend::Cuda {
         return Err(on_cuda("MXFP4 fused MoE"));
     }
     let (m, h) = (x.rows(), x.cols());
-    let padded = if backend != mxfp4::Backend::Triton && hidden_padded != h {
+    let padded = if !triton && hidden_padded != h {
         rt.set_op("moe.pad_hidden");
         Some(rt.tensor_for_overwrite(
             format!("{name}.hidden_padded"),
@@ -278,7 +278,7 @@ pub fn moe_experts_mxfp4(
         &[m * top_k, width],
         x.dtype,
     )?;
-    let scratch = if backend == mxfp4::Backend::Triton && top_k > 1 {
+    let scratch = if triton && top_k > 1 {
         Some(rt.tensor_for_overwrite(
             format!("{name}.matmul_ogs.scratch"),
             Category::Activation,

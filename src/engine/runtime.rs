@@ -87,7 +87,8 @@ struct Inner {
     /// does where CUTLASS runs fp8; per tensor (`[1]`) before.
     fp8_act_per_token: bool,
     triton_attention: bool,
-    mxfp4_rules: crate::quant::mxfp4::Rules,
+    mxfp4_rules: crate::engine::rules::Mxfp4Rules,
+    mla_rules: crate::engine::rules::MlaModelRules,
     fp8_block_path: Fp8BlockPath,
 }
 
@@ -213,7 +214,8 @@ impl Runtime {
             graphs: graphs::GraphState::default(),
             fp8_act_per_token: false,
             triton_attention: false,
-            mxfp4_rules: crate::quant::mxfp4::Rules::V0_19,
+            mxfp4_rules: crate::engine::rules::Mxfp4Rules::V0_19,
+            mla_rules: crate::engine::rules::MlaModelRules::BEFORE_0_25,
             fp8_block_path: Fp8BlockPath::Plain,
         })))
     }
@@ -317,14 +319,24 @@ impl Runtime {
         self.0.borrow().triton_attention
     }
 
-    /// What the release's MXFP4 path does to gpt-oss's experts (`quant::mxfp4::Rules`; 0.19's
+    /// What the release's MXFP4 path does to gpt-oss's experts (`engine::rules::Mxfp4Rules`; 0.19's
     /// unless the procedure says otherwise).
-    pub fn set_mxfp4_rules(&self, rules: crate::quant::mxfp4::Rules) {
+    pub fn set_mxfp4_rules(&self, rules: crate::engine::rules::Mxfp4Rules) {
         self.0.borrow_mut().mxfp4_rules = rules;
     }
 
-    pub fn mxfp4_rules(&self) -> crate::quant::mxfp4::Rules {
+    pub fn mxfp4_rules(&self) -> crate::engine::rules::Mxfp4Rules {
         self.0.borrow().mxfp4_rules
+    }
+
+    /// What the release's deepseek_v2.py and MLA layer do (`MlaModelRules`; 0.11-0.24's unless
+    /// the procedure says otherwise).
+    pub fn set_mla_rules(&self, rules: crate::engine::rules::MlaModelRules) {
+        self.0.borrow_mut().mla_rules = rules;
+    }
+
+    pub fn mla_rules(&self) -> crate::engine::rules::MlaModelRules {
+        self.0.borrow().mla_rules
     }
 
     /// How block-wise fp8 linears run under the release on this GPU (`Plain` unless the

@@ -1444,8 +1444,14 @@ pub(crate) fn run_rank(
         let hopper = crate::device::presets::find(preset).is_some_and(|p| p.arch == "Hopper");
         rt.set_fp8_block_path(era.path(hopper));
     }
+    if let Some(m) = release.minor() {
+        rt.set_mla_rules(crate::model::layers::mla::MlaModelRules::for_minor(m));
+    }
     rt.set_mxfp4_rules(match release.minor() {
-        Some(m) => crate::quant::mxfp4::Rules::for_release(m, release.torch),
+        Some(m) => crate::quant::mxfp4::Rules::for_release(
+            m,
+            crate::quant::mxfp4::hopper_swizzles(release.torch),
+        ),
         None => crate::quant::mxfp4::Rules {
             swizzle: crate::quant::mxfp4::hopper_swizzles(release.torch),
             ..crate::quant::mxfp4::Rules::V0_19
@@ -1800,11 +1806,8 @@ pub(crate) fn run_rank(
                 model.set_moe_kernel(k);
             }
             if let Some(b) = &mla_backend {
-                let w = super::vllm::Release::mla_workspace_tokens(
-                    req.max_model_len,
-                    req.seqs as u64,
-                    b.block_size,
-                );
+                let w =
+                    release.mla_workspace_tokens(req.max_model_len, req.seqs as u64, b.block_size);
                 model.set_mla_backend(&rt, w as usize, &b.buffers)?;
             }
             let c = &opened.config;

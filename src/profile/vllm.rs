@@ -389,8 +389,9 @@ pub enum FusedMoe {
         triton: Modular,
         /// FlashInfer's CUTLASS experts take Hopper (0.21, 0.22); `false`: Triton does (0.23).
         flashinfer_on_hopper: bool,
-        /// DeepSeek's block (`DeepseekV2MoE`, MLA models) is read for this release on V1's
-        /// runner: 0.21-0.23 (0.24 runs DeepSeek-V2 on Model Runner V2).
+        /// DeepSeek's block (`DeepseekV2MoE`, MLA models) is read for this release: 0.21-0.33
+        /// (Model Runner V2 runs DeepSeek-V2 from 0.24, V3 and Kimi-K2 from 0.29;
+        /// docs/reading/vllm-deepseek-v2-runner.md).
         deepseek: bool,
         /// Qwen2-MoE's shared expert inside the op (`SharedExperts`, `NO_OVERLAP` before the
         /// routing, then `shared_output + fused_output` in `MoERunner.forward`) is read:
@@ -944,7 +945,7 @@ pub const RELEASES: &[Release] = &[
                 v0_21: Some(RunnerV021 { gate_in_op: false }),
             },
             flashinfer_on_hopper: false,
-            deepseek: false,
+            deepseek: true,
             qwen2_moe: false,
         },
         ..R0_22
@@ -974,9 +975,10 @@ pub const RELEASES: &[Release] = &[
                 v0_21: Some(RunnerV021 { gate_in_op: false }),
             },
             flashinfer_on_hopper: false,
-            deepseek: false,
+            deepseek: true,
             qwen2_moe: false,
         },
+        mla: Some(MlaEra::V0_25),
         ..R0_22
     },
     Release {
@@ -1001,9 +1003,10 @@ pub const RELEASES: &[Release] = &[
                 v0_21: Some(RunnerV021 { gate_in_op: false }),
             },
             flashinfer_on_hopper: false,
-            deepseek: false,
+            deepseek: true,
             qwen2_moe: false,
         },
+        mla: Some(MlaEra::V0_25),
         ..R0_22
     },
     R0_27,
@@ -1186,9 +1189,10 @@ const R0_27: Release = Release {
             v0_21: Some(RunnerV021 { gate_in_op: false }),
         },
         flashinfer_on_hopper: false,
-        deepseek: false,
+        deepseek: true,
         qwen2_moe: false,
     },
+    mla: Some(MlaEra::V0_25),
     ..R0_22
 };
 
@@ -1265,7 +1269,7 @@ const R0_29: Release = Release {
             v0_21: Some(RunnerV021 { gate_in_op: false }),
         },
         flashinfer_on_hopper: false,
-        deepseek: false,
+        deepseek: true,
         qwen2_moe: true,
     },
     ..R0_28
@@ -1483,13 +1487,12 @@ impl Release {
                         "the shared expert runs inside the op, before the routing, through 0.21's \
                          SharedExperts (fused_moe/runner/shared_experts.py), not read"
                     } else {
-                        "DeepSeek-V2 runs on Model Runner V2 from 0.24 (config/vllm.py) and the \
-                         DeepSeek block of 0.24 and later is not read"
+                        "the DeepSeek block under this release is not read"
                     },
                     if arch == "qwen2_moe" {
                         "0.8, 0.11 and 0.29-0.33"
                     } else {
-                        "0.11, 0.15, 0.19 and 0.21-0.23 where Triton runs"
+                        "0.11 to 0.33 where Triton runs"
                     }
                 ))),
                 FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
@@ -1616,11 +1619,17 @@ pub enum MlaEra {
     /// on Blackwell; every backend of the priority list is imported, FlashInfer-MLA's module
     /// making its 128 MiB workspace (platforms/cuda.py L150-245; flashinfer_mla.py L97).
     V0_15,
-    /// 0.19 and 0.21: no forcing; the backend's preferred block size (FLASH_ATTN_MLA keeps
-    /// 16 on Hopper, FlashInfer-MLA takes 32 on Blackwell), set after the model loads
+    /// 0.19 and 0.21 to 0.24: no forcing; the backend's preferred block size (FLASH_ATTN_MLA
+    /// keeps 16 on Hopper, FlashInfer-MLA takes 32 on Blackwell), set after the model loads
     /// (platforms/interface.py L427-472); FlashInfer-MLA's and, on Blackwell, CUTLASS-MLA's
     /// modules make 128 MiB each.
     V0_19,
+    /// 0.25.1 on: the same choices, but FlashInfer-MLA's workspace is made on its first
+    /// decode, not at import (0.25.1 flashinfer_mla.py L31-46, L217): only CUTLASS-MLA's
+    /// module buffer remains, on Blackwell. 0.33's TRITON_MLA (below Hopper) grows the
+    /// workspace in the profile run (`reserve_workspace`, mla_attention.py L948) by a split
+    /// count that is not read: refused there.
+    V0_25,
 }
 
 /// The MLA backend a release runs on a GPU, its KV block size and the buffers importing the
@@ -1705,18 +1714,49 @@ impl Release {
                 ..pick("FLASHINFER_MLA", None, vec![fi, cutlass])
             },
             (MlaEra::V0_19, _) => pick("TRITON_MLA", None, vec![fi]),
+            (MlaEra::V0_25, 9) if kv_fp8 => MlaBackend {
+                block_size: if b.is_multiple_of(64) { b } else { 64 },
+                ..pick("FLASHMLA", None, vec![])
+            },
+            (MlaEra::V0_25, 9) => pick("FLASH_ATTN_MLA", None, vec![]),
+            (MlaEra::V0_25, 10) => MlaBackend {
+                block_size: if b == 16 { 32 } else { b },
+                ..pick("FLASHINFER_MLA", None, vec![cutlass])
+            },
+            (MlaEra::V0_25, _) if self.minor().is_some_and(|m| m >= 33) => {
+                return Err(Error::Request(format!(
+                    "--vllm {}: multi-head latent attention below Hopper runs TRITON_MLA, whose \
+                     `reserve_workspace` grows the workspace in the profile run (0.33.0 \
+                     mla_attention.py L948) by a split count not read; it is reproduced on \
+                     Hopper and Blackwell, and below Hopper through --vllm 0.31",
+                    self.name
+                )))
+            }
+            (MlaEra::V0_25, _) => pick("TRITON_MLA", None, vec![]),
         })
     }
 
     /// The tokens of MLA's chunked-prefill workspace, which the profile run allocates per
     /// layer: `max(min(max(8 · max_model_len, 4 · max_num_seqs · B), 65536), max_num_seqs ·
     /// B)` with the final block size (0.19 mla_attention.py L1393-1421; 0.11
-    /// v1/attention/backends/mla/common.py L442-467).
-    pub fn mla_workspace_tokens(max_model_len: u64, max_num_seqs: u64, block_size: u64) -> u64 {
+    /// v1/attention/backends/mla/common.py L442-467); from 0.28 without the `max_num_seqs · B`
+    /// floor, at least B and rounded up to a multiple of B (0.28.0 mla_attention.py
+    /// L1995-2019).
+    pub fn mla_workspace_tokens(
+        &self,
+        max_model_len: u64,
+        max_num_seqs: u64,
+        block_size: u64,
+    ) -> u64 {
         let chunked = (8 * max_model_len)
             .max(4 * max_num_seqs * block_size)
             .min(64 * 1024);
-        chunked.max(max_num_seqs * block_size)
+        if self.minor().is_some_and(|m| m >= 28) {
+            let b = block_size.max(1);
+            chunked.max(b).next_multiple_of(b)
+        } else {
+            chunked.max(max_num_seqs * block_size)
+        }
     }
 }
 
@@ -1921,6 +1961,37 @@ pub fn v1_default_batch(
 
 #[cfg(test)]
 mod tests {
+
+    /// MLA's profile workspace: 0.19-0.27 keep the `max_num_seqs · B` floor, 0.28 drops it and
+    /// rounds to the block (mla_attention.py L1995-2019). 2048 sequences at B = 64 and 1,024
+    /// positions: min(max(8,192, 524,288), 65,536) = 65,536, floored to 131,072 before 0.28.
+    /// FlashInfer-MLA's module workspace is gone from 0.25 (made on the first decode).
+    #[test]
+    fn mla_workspace_and_module_buffers_follow_the_release() {
+        let r = |v: &str| release(v).unwrap();
+        assert_eq!(r("0.27").mla_workspace_tokens(1024, 2048, 64), 131_072);
+        assert_eq!(r("0.28").mla_workspace_tokens(1024, 2048, 64), 65_536);
+        // 8 · 1000 = 8,000 is not a multiple of 48: rounded up to 8,016 from 0.28.
+        assert_eq!(r("0.28").mla_workspace_tokens(1000, 1, 48), 8_016);
+        assert_eq!(r("0.27").mla_workspace_tokens(1000, 1, 48), 8_000);
+        let buffers = |v: &str, major| {
+            r(v).mla_backend(major, false, 16)
+                .unwrap()
+                .buffers
+                .iter()
+                .map(|b| b.0)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(buffers("0.24", 9), vec!["flashinfer_mla.g_fi_workspace"]);
+        assert!(buffers("0.25", 9).is_empty());
+        assert_eq!(buffers("0.33", 10), vec!["cutlass_mla.g_sm100_workspace"]);
+        assert_eq!(r("0.33").mla_backend(10, false, 16).unwrap().block_size, 32);
+        assert!(r("0.33").mla_backend(8, false, 16).is_err());
+        assert_eq!(
+            r("0.31").mla_backend(8, false, 16).unwrap().name,
+            "TRITON_MLA"
+        );
+    }
     use super::*;
 
     /// Q1's "51 PIECEWISE + 51 FULL capture sizes (largest 512)" with 1024 sequences and
@@ -2061,19 +2132,13 @@ mod tests {
             );
             assert!(release(DEFAULT).unwrap().check_arch(moe).is_err());
         }
-        // DeepSeek's block is read for 0.21-0.23; 0.24 runs DeepSeek-V2 on Model Runner V2.
-        for ok in ["0.21", "0.22", "0.23"] {
+        // DeepSeek's block is read for every release from 0.21 (Model Runner V2 from 0.24).
+        for ok in ["0.21", "0.22", "0.23", "0.24", "0.28", "0.29", "0.33"] {
             assert!(
                 release(ok).unwrap().check_arch("deepseek_v2").is_ok(),
                 "{ok}"
             );
         }
-        let e = release("0.24")
-            .unwrap()
-            .check_arch("deepseek_v2")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("Model Runner V2"), "{e}");
         let e = release("0.19")
             .unwrap()
             .check_arch("qwen2_moe")

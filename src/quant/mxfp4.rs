@@ -102,50 +102,7 @@ impl Backend {
     }
 }
 
-/// What a release's MXFP4 path does beyond the backend's choice, which is the same in every
-/// release from 0.11 to 0.33 (docs/reading/vllm-gpt-oss-v1.md §2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Rules {
-    /// triton_kernels swizzles on Hopper (`hopper_swizzles`: the release pins torch 2.8.1 or
-    /// later); strided otherwise.
-    pub swizzle: bool,
-    /// The vendored triton_kernels is 3.6's (0.19.0, 0.21.0), whose `HopperMXValueLayout`
-    /// pads both dimensions of a value tensor to 64 before its tiles (hopper_value.py
-    /// L128-134); 0.15.1's and 0.22.1's to 0.33.0's (3.5.1, the same files) pad only to the
-    /// tiles, 16 and 32 (hopper_value.py L136-148), so gpt-oss's values keep their bytes.
-    pub value_pad64: bool,
-    /// From 0.25.1 the loaded u8 scales are deleted after the swizzle (oracle/mxfp4.py
-    /// L1155-1156: `del layer.w13_weight_scale`, `del layer.w2_weight_scale`).
-    pub frees_loaded_scales: bool,
-    /// From 0.26.0 Hopper's scales are padded to a multiple of 4 along `K / 32` before the
-    /// swizzle (quantization/utils/mxfp4_utils.py L89-95, "Patches #47303").
-    pub scale_pad4: bool,
-    /// What FlashInfer TRT-LLM rounds the intermediate size to: 256 through 0.26, 128 from
-    /// 0.27.1 (oracle/mxfp4.py `mxfp4_round_up_hidden_size_and_intermediate_size`).
-    pub trtllm_width_round: usize,
-}
-
-impl Rules {
-    /// 0.19.0's rules (the runtime's default).
-    pub const V0_19: Rules = Rules {
-        swizzle: true,
-        value_pad64: true,
-        frees_loaded_scales: false,
-        scale_pad4: false,
-        trtllm_width_round: 256,
-    };
-
-    /// The rules of V1 release `0.minor` pinning `torch`.
-    pub fn for_release(minor: u32, torch: &str) -> Rules {
-        Rules {
-            swizzle: hopper_swizzles(torch),
-            value_pad64: matches!(minor, 19..=21),
-            frees_loaded_scales: minor >= 25,
-            scale_pad4: minor >= 26,
-            trtllm_width_round: if minor >= 27 { 128 } else { 256 },
-        }
-    }
-}
+pub use crate::engine::rules::Mxfp4Rules as Rules;
 
 /// One tensor `process_weights_after_loading` leaves on the device: its name, shape and dtype.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -439,7 +396,7 @@ mod tests {
             (26, kept + 376_832 + 196_608),
             (33, kept + 376_832 + 196_608),
         ] {
-            let r = Rules::for_release(minor, "2.10");
+            let r = Rules::for_release(minor, true);
             assert_eq!(
                 Backend::Triton.bytes_after_loading(&r, e, h, i),
                 bytes,
@@ -448,11 +405,11 @@ mod tests {
         }
         assert_eq!(449_925_120, kept + 16_588_800 + 8_294_400);
         assert_eq!(
-            Backend::FlashInferTrtllm.round_up(&Rules::for_release(26, "2.10"), h, i),
+            Backend::FlashInferTrtllm.round_up(&Rules::for_release(26, true), h, i),
             (3072, 3072)
         );
         assert_eq!(
-            Backend::FlashInferTrtllm.round_up(&Rules::for_release(27, "2.10"), h, i),
+            Backend::FlashInferTrtllm.round_up(&Rules::for_release(27, true), h, i),
             (3072, 2944)
         );
     }

@@ -145,6 +145,8 @@ pub(crate) fn load(
     })
 }
 
+pub use crate::engine::rules::MlaModelRules;
+
 /// How one MLA layer runs in a pass.
 pub struct MlaRun<'a> {
     pub positions: &'a [usize],
@@ -204,24 +206,39 @@ pub fn forward(
             (None, kv_c, k_pe)
         }
     };
-    let (q_c_normed, mut q) = match (&q_c, &attn.q_a_layernorm) {
-        (Some(q_c), Some(norm)) => {
-            let n = ops::rms_norm(rt, q_c, norm, run.eps, &format!("{l}.q_a_layernorm"))?;
-            let q = attn.q.forward(rt, &n, &format!("{l}.q_b_proj"), gen, act)?;
-            (Some(n), q)
-        }
-        _ => (
-            None,
-            attn.q.forward(rt, x, &format!("{l}.q_proj"), gen, act)?,
-        ),
+    let kv_norm = || {
+        ops::rms_norm(
+            rt,
+            &kv_c,
+            &attn.kv_a_layernorm,
+            run.eps,
+            &format!("{l}.kv_a_layernorm"),
+        )
     };
-    let kv_c_normed = ops::rms_norm(
-        rt,
-        &kv_c,
-        &attn.kv_a_layernorm,
-        run.eps,
-        &format!("{l}.kv_a_layernorm"),
-    )?;
+    let q_c_normed = match (&q_c, &attn.q_a_layernorm) {
+        (Some(q_c), Some(norm)) => Some(ops::rms_norm(
+            rt,
+            q_c,
+            norm,
+            run.eps,
+            &format!("{l}.q_a_layernorm"),
+        )?),
+        _ => None,
+    };
+    // From 0.27 the latent is normalised before the query's projection.
+    let early = if rt.mla_rules().kv_norm_first {
+        Some(kv_norm()?)
+    } else {
+        None
+    };
+    let mut q = match &q_c_normed {
+        Some(n) => attn.q.forward(rt, n, &format!("{l}.q_b_proj"), gen, act)?,
+        None => attn.q.forward(rt, x, &format!("{l}.q_proj"), gen, act)?,
+    };
+    let kv_c_normed = match early {
+        Some(n) => n,
+        None => kv_norm()?,
+    };
     ops_mla::rope_interleaved(
         rt,
         &mut q,

@@ -259,7 +259,18 @@ pub fn deepseek_moe_forward(
             let v0_15 = how.chunk_tokens.is_some();
             let logits = router_logits(&x)?;
             let shared = shared(&x)?;
-            let r = ops_grouped_topk::grouped_topk(rt, &logits, &routing, TopkRelease::V1, &name)?;
+            // From 0.27 a one-group router without a correction bias is a `FusedTopKRouter`
+            // (the routed scaling factor applied after the op, as before).
+            let one_group =
+                routing.n_group <= 1 && routing.topk_group <= 1 && routing.bias.is_none();
+            let r = if one_group
+                && rt.mla_rules().one_group_fused_topk
+                && matches!(routing.scoring, Scoring::Softmax)
+            {
+                ops_moe_v1::fused_topk(rt, &logits, routing.top_k, routing.renormalize, &name)?
+            } else {
+                ops_grouped_topk::grouped_topk(rt, &logits, &routing, TopkRelease::V1, &name)?
+            };
             let out =
                 ops_moe_v1::fused_experts(rt, &x, &experts, &r, (how, gpu), workspace, &name)?;
             if v0_15 {

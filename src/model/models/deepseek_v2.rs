@@ -321,7 +321,19 @@ impl DeepseekModel {
             // L1104-1110: layer 0 clones its input into the residual and normalises it into
             // a new tensor (the model's loop holds the embedding until the layer returns);
             // later layers add and normalise in place.
+            // From 0.25 the embedding itself is the residual (no clone, nothing held).
             let (layer_in, held) = match residual.as_mut() {
+                None if !rt.mla_rules().layer0_clone => {
+                    let n = ops::rms_norm(
+                        rt,
+                        &hidden,
+                        &layer.input_layernorm,
+                        eps,
+                        &format!("{l}.input_layernorm"),
+                    )?;
+                    residual = Some(hidden);
+                    (n, None)
+                }
                 None => {
                     residual = Some(ops::clone(rt, &hidden, &format!("{l}.residual"))?);
                     let n = ops::rms_norm(

@@ -585,7 +585,7 @@ impl GptOssModel {
                     &logits,
                     host.as_ref(),
                     (top_k, ex.width, alpha, limit),
-                    (ex.backend, ex.hidden),
+                    (ex.backend == mxfp4::Backend::Triton, ex.hidden),
                     &format!("{l}.moe"),
                 )?
             }

@@ -1,0 +1,83 @@
+//! What a vLLM release's model files do differently, as plain data the models read while
+//! they run: set by the profile procedure from the release (`profile::vllm`), read through
+//! the runtime. The readings behind each field are in docs/reading/.
+
+/// What a release's MXFP4 path does beyond the backend's choice, which is the same in every
+/// release from 0.11 to 0.33 (docs/reading/vllm-gpt-oss-v1.md §2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mxfp4Rules {
+    /// triton_kernels swizzles on Hopper (`quant::mxfp4::hopper_swizzles`: the release pins
+    /// torch 2.8.1 or later); strided otherwise.
+    pub swizzle: bool,
+    /// The vendored triton_kernels is 3.6's (0.19.0, 0.21.0), whose `HopperMXValueLayout`
+    /// pads both dimensions of a value tensor to 64 before its tiles (hopper_value.py
+    /// L128-134); 0.15.1's and 0.22.1's to 0.33.0's (3.5.1, the same files) pad only to the
+    /// tiles, 16 and 32 (hopper_value.py L136-148), so gpt-oss's values keep their bytes.
+    pub value_pad64: bool,
+    /// From 0.25.1 the loaded u8 scales are deleted after the swizzle (oracle/mxfp4.py
+    /// L1155-1156: `del layer.w13_weight_scale`, `del layer.w2_weight_scale`).
+    pub frees_loaded_scales: bool,
+    /// From 0.26.0 Hopper's scales are padded to a multiple of 4 along `K / 32` before the
+    /// swizzle (quantization/utils/mxfp4_utils.py L89-95, "Patches #47303").
+    pub scale_pad4: bool,
+    /// What FlashInfer TRT-LLM rounds the intermediate size to: 256 through 0.26, 128 from
+    /// 0.27.1 (oracle/mxfp4.py `mxfp4_round_up_hidden_size_and_intermediate_size`).
+    pub trtllm_width_round: usize,
+}
+
+impl Mxfp4Rules {
+    /// 0.19.0's rules (the runtime's default).
+    pub const V0_19: Mxfp4Rules = Mxfp4Rules {
+        swizzle: true,
+        value_pad64: true,
+        frees_loaded_scales: false,
+        scale_pad4: false,
+        trtllm_width_round: 256,
+    };
+
+    /// The rules of V1 release `0.minor`; `swizzle` from its torch pin
+    /// (`quant::mxfp4::hopper_swizzles`).
+    pub fn for_release(minor: u32, swizzle: bool) -> Mxfp4Rules {
+        Mxfp4Rules {
+            swizzle,
+            value_pad64: matches!(minor, 19..=21),
+            frees_loaded_scales: minor >= 25,
+            scale_pad4: minor >= 26,
+            trtllm_width_round: if minor >= 27 { 128 } else { 256 },
+        }
+    }
+}
+
+/// What a release's deepseek_v2.py and MLA layer do differently from 0.19's
+/// (docs/reading/vllm-deepseek-v2-runner.md, read in the 0.23.0 to 0.33.0 wheels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaModelRules {
+    /// Layer 0 clones the embedding into the residual (`residual = hidden_states.clone()`,
+    /// 0.23.0 deepseek_v2.py L1178); from 0.25.1 the embedding is the residual (L1282).
+    pub layer0_clone: bool,
+    /// From 0.27.1 `kv_a_layernorm` runs right after `q_a_layernorm`, before `q_b_proj` or
+    /// `q_proj` (layers/mla.py L176-194).
+    pub kv_norm_first: bool,
+    /// From 0.27.1 a router of one group (DeepSeek-V2-Lite: `n_group` = `topk_group` = 1) is
+    /// made a `FusedTopKRouter` (router/router_factory.py L148-196): `fused_topk`'s `[M, k]`
+    /// f32 weights, i32 ids and i32 token indices, not the grouped chain.
+    pub one_group_fused_topk: bool,
+}
+
+impl MlaModelRules {
+    /// 0.11 to 0.24.
+    pub const BEFORE_0_25: MlaModelRules = MlaModelRules {
+        layer0_clone: true,
+        kv_norm_first: false,
+        one_group_fused_topk: false,
+    };
+
+    /// The rules of V1 release `0.minor`.
+    pub fn for_minor(minor: u32) -> MlaModelRules {
+        MlaModelRules {
+            layer0_clone: minor < 25,
+            kv_norm_first: minor >= 27,
+            one_group_fused_topk: minor >= 27,
+        }
+    }
+}
