@@ -2994,7 +2994,7 @@ fn plan_answers_llama_4_scout_under_v1_and_names_what_it_refuses() {
     );
     for (vllm, why) in [
         ("0.8", "modelled under the V1 releases only"),
-        ("0.21", "it is reproduced for --vllm 0.11, 0.15 and 0.19"),
+        ("0.21", "the whole model under --vllm 0.11, 0.15 and 0.19"),
     ] {
         let (code, _, err) = run(&line.replace("0.19", vllm));
         assert_eq!(code, Some(2), "{err}");

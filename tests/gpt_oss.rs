@@ -357,31 +357,30 @@ fn gpt_oss_120b_on_one_h100_starts_under_0_11_and_runs_out_of_memory_under_0_19(
         assert!(text.contains("GPU KV cache size: "), "{text}");
         let (code, text) = plan_120b("0.15", &issue(len, seqs));
         assert_eq!(code, Some(0), "0.15 {len} {seqs}: {text}");
-        for vllm in ["0.19"] {
-            let (code, text) = plan_120b(vllm, &issue(len, seqs));
-            assert_ne!(code, Some(0), "{vllm} {len} {seqs}: {text}");
-            assert!(
-                text.contains(&format!(
-                    "vLLM {vllm} would not start: the GPU ran out of memory"
-                )),
-                "{text}"
-            );
-            // The stranded blocks, said with the reproduction.
-            let stranded: f64 = text
-                .split("after the profile PyTorch still holds ")
-                .nth(1)
-                .and_then(|s| s.split(" GiB").next())
-                .unwrap_or_else(|| panic!("{text}"))
-                .parse()
-                .unwrap();
-            assert!(stranded > 9.0, "{stranded}: {text}");
-            // The regression as the issue reports it: the same command starts under 0.11.
-            let under = text
-                .split("the same command starts under:\n")
-                .nth(1)
-                .unwrap_or_else(|| panic!("{text}"));
-            assert!(under.trim_start().starts_with("--vllm 0.11 "), "{text}");
-        }
+        let vllm = "0.19";
+        let (code, text) = plan_120b(vllm, &issue(len, seqs));
+        assert_ne!(code, Some(0), "{vllm} {len} {seqs}: {text}");
+        assert!(
+            text.contains(&format!(
+                "vLLM {vllm} would not start: the GPU ran out of memory"
+            )),
+            "{text}"
+        );
+        // The stranded blocks, said with the reproduction.
+        let stranded: f64 = text
+            .split("after the profile PyTorch still holds ")
+            .nth(1)
+            .and_then(|s| s.split(" GiB").next())
+            .unwrap_or_else(|| panic!("{text}"))
+            .parse()
+            .unwrap();
+        assert!(stranded > 9.0, "{stranded}: {text}");
+        // The regression as the issue reports it: the same command starts under 0.11.
+        let under = text
+            .split("the same command starts under:\n")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(under.trim_start().starts_with("--vllm 0.11 "), "{text}");
     }
 }
 
@@ -601,10 +600,13 @@ fn gpt_oss_20b_weights_follow_each_releases_triton_kernels() {
     }
 }
 
-/// A 16-bit gpt-oss checkpoint from 0.21 goes through the unquantized MoE oracle, which is not
-/// read: refused by name, pointing at what is modelled.
+/// A 16-bit gpt-oss checkpoint from 0.21 goes through the unquantized MoE oracle with
+/// swigluoai: FlashInfer's CUTLASS experts take it on Hopper under 0.21 and 0.22 and on the
+/// B200 until 0.25.1 puts FlashInfer behind Triton for swigluoai (0.25.1
+/// oracle/unquantized.py L87-92), refused by name there; Triton's modular experts run it
+/// elsewhere (Hopper from 0.23, the B200 from 0.25). The MXFP4 checkpoint runs under 0.21.
 #[test]
-fn sixteen_bit_gpt_oss_from_0_21_is_refused_by_name() {
+fn sixteen_bit_gpt_oss_from_0_21_runs_where_triton_does() {
     let dir = tempfile::tempdir().unwrap();
     let mx = dir.path().join("mxfp4");
     let opts = vramscope::model::GenOptions {
@@ -617,13 +619,43 @@ fn sixteen_bit_gpt_oss_from_0_21_is_refused_by_name() {
     vramscope::model::gen_model_with("gpt-oss-tiny", &mx, &opts).unwrap();
     let dense = dir.path().join("bf16");
     dequantized_copy(&mx, &dense);
-    let (ok, text) = plan(&dense, "0.21", "0.9");
-    assert!(!ok, "{text}");
-    assert!(
-        text.contains("gpt-oss with 16-bit experts is not modelled under this release")
-            && text.contains("--vllm 0.11, 0.15 and 0.19"),
-        "{text}"
-    );
+    let on = |device: &str, vllm: &str| {
+        let out = common::cli::vramscope(&[
+            "plan",
+            "--vllm",
+            vllm,
+            "--device",
+            device,
+            "--",
+            "vllm",
+            "serve",
+            dense.to_str().unwrap(),
+        ]);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    for (device, vllm, starts) in [
+        ("sim:h100-sxm:dry", "0.21", false),
+        ("sim:h100-sxm:dry", "0.23", true),
+        ("sim:a100-sxm4-80gb:dry", "0.21", true),
+        ("sim:b200:dry", "0.24", false),
+        ("sim:b200:dry", "0.25", true),
+        ("sim:h100-sxm:dry", "0.33", true),
+    ] {
+        let (code, text) = on(device, vllm);
+        if starts {
+            assert_eq!(code, Some(0), "{device} {vllm}: {text}");
+        } else {
+            assert_eq!(code, Some(2), "{device} {vllm}: {text}");
+            assert!(
+                text.contains("FlashInfer's CUTLASS MoE") && text.contains("gpt-oss"),
+                "{device} {vllm}: {text}"
+            );
+        }
+    }
     let (ok, text) = plan(&mx, "0.21", "0.9");
     assert!(ok, "{text}");
 }

@@ -505,3 +505,69 @@ fn deepseek_v2_lite_from_0_24_follows_each_release() {
         ]
     );
 }
+
+/// Llama-4-Scout's language model (`model_type: llama4_text`, its config's `text_config`).
+const SCOUT_TEXT: &str = r#"{"architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text",
+    "hidden_size": 5120, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+    "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8,
+    "head_dim": 128, "vocab_size": 202048, "num_local_experts": 16, "num_experts_per_tok": 1,
+    "interleave_moe_layer_step": 1, "attention_chunk_size": 8192, "use_qk_norm": true,
+    "attn_temperature_tuning": 4, "floor_scale": 8192, "attn_scale": 0.1,
+    "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+    "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "rms_norm_eps": 1e-05, "max_position_embeddings": 10485760, "tie_word_embeddings": false,
+    "attention_bias": false, "hidden_act": "silu", "torch_dtype": "bfloat16"}"#;
+
+/// Llama 4's MoE block under the modular kernel (0.19, and 0.21-0.33 where Triton runs,
+/// docs/reading/vllm-llama4-v1.md): `prepare` applies the router weight to a new copy of the
+/// input (`a1 = a1 * topk_weights.to(a1.dtype)`, prepare_finalize/no_dp_ep.py L74): a `[M, 1]`
+/// bf16 cast that dies at once and an `[M, H]` bf16 product, after the output and before the
+/// workspace, alive until the op returns. Scout over 4 H100s: M = 8192, H = 5120, so
+/// 83,886,080 bytes. 0.21 and 0.22 run FlashInfer's CUTLASS experts on Hopper (refused by
+/// name); Llama 4 with its vision tower stays refused from 0.21.
+#[test]
+fn llama4_text_weights_its_input_into_a_copy_and_runs_from_0_21_where_triton_does() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), SCOUT_TEXT).unwrap();
+    let line = format!(
+        "vllm serve {} --tensor-parallel-size 4 --max-model-len 131072",
+        dir.path().to_str().unwrap()
+    );
+    for (device, vllm) in [
+        ("sim:h100-sxm:dry", "0.19"),
+        ("sim:h100-sxm:dry", "0.23"),
+        ("sim:a100-sxm4-80gb:dry", "0.21"),
+        ("sim:h100-sxm:dry", "0.28"),
+        ("sim:h100-sxm:dry", "0.33"),
+    ] {
+        let (code, err, rows) = plan_csv(device, vllm, &line);
+        assert_eq!(code, Some(0), "{vllm}: {err}");
+        let moe = layer_moe(&rows, 0);
+        let names: Vec<&str> = moe
+            .iter()
+            .filter(|r| r.0)
+            .map(|r| r.1.trim_start_matches("layers.0.moe."))
+            .collect();
+        let at = |n: &str| {
+            names
+                .iter()
+                .position(|x| *x == n)
+                .unwrap_or_else(|| panic!("{vllm}: no {n} in {names:?}"))
+        };
+        assert!(at("output") < at("a1_weighted"), "{vllm}: {names:?}");
+        let m = if device.contains("a100") { 2048 } else { 8192 };
+        let weighted = moe
+            .iter()
+            .find(|r| r.0 && r.1.ends_with("a1_weighted"))
+            .unwrap();
+        assert_eq!(weighted.2, m * 5120 * 2, "{vllm}");
+        let cast = moe
+            .iter()
+            .find(|r| r.0 && r.1.ends_with("topk_weights.to(a1.dtype)"))
+            .unwrap();
+        assert_eq!(cast.2, m * 2, "{vllm}");
+    }
+    let (code, err, _) = plan_csv("sim:h100-sxm:dry", "0.21", &line);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("FlashInfer's CUTLASS MoE on Hopper"), "{err}");
+}

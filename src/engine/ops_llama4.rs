@@ -256,7 +256,9 @@ pub fn sigmoid_top1(rt: &Runtime, logits: &Tensor, name: &str) -> Result<Routing
 /// `apply_router_weight_on_input=True` (llama4.py 0.19 L139): the fused kernel multiplies the
 /// first GEMM's rows by the token's weight (`MUL_ROUTED_WEIGHT` on `w13`) and not the second's,
 /// which is the expert run on `weight · x`. On the CPU that is done to the rows of `x` and
-/// the weights set to 1 for the shared expert kernels; no allocation (the kernel makes none).
+/// the weights set to 1 for the shared expert kernels. The in-place kernel (0.11) allocates
+/// nothing for it; the modular kernel's `prepare` (0.15 on) makes a weighted copy of the
+/// input (`Experts::weight_on_input`, allocated in `ops_moe_v1::fused_experts`).
 pub fn weight_on_input(rt: &Runtime, x: &mut Tensor, routing: &mut Routing) -> Result<()> {
     if rt.backend() != Backend::Cpu {
         return Ok(());

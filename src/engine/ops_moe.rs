@@ -323,6 +323,11 @@ pub struct Experts<'a> {
     /// Per-tensor fp8 experts (`Fp8OnlineMoEMethod`, `--quant fp8` on a 16-bit checkpoint):
     /// `w13` and `w2` hold float8_e4m3fn codes and these their per-expert scales.
     pub fp8_tensor: Option<Fp8TensorScales<'a>>,
+    /// `apply_router_weight_on_input` (Llama 4): the modular kernel's `prepare` scales a new
+    /// copy of the input by the token's weight (`a1 = a1 * topk_weights.to(a1.dtype)`, 0.15.1
+    /// prepare_finalize.py L53, 0.19.0 prepare_finalize/no_dp_ep.py L74, the same in 0.21 to
+    /// 0.33); the in-place kernel (0.11) multiplies inside the GEMM instead.
+    pub weight_on_input: bool,
 }
 
 impl Experts<'_> {

@@ -179,6 +179,28 @@ pub fn fused_experts(
     if rt.backend() == Backend::Cpu {
         out.f32_mut().copy_from_slice(x.f32());
     }
+    // `apply_router_weight_on_input`: `prepare` casts the `[M, 1]` weights to the input's
+    // dtype and multiplies into a new `[M, H]`; the cast dies at once, the product as
+    // `forward` returns (the experts then skip the weight in both GEMMs).
+    let weighted = if ex.weight_on_input {
+        rt.set_op("moe.prepare (router weight on input)");
+        let cast = rt.tensor_for_overwrite(
+            format!("{name}.topk_weights.to(a1.dtype)"),
+            Category::Activation,
+            &[m, top_k],
+            x.dtype,
+        )?;
+        let a1 = rt.tensor_for_overwrite(
+            format!("{name}.a1_weighted"),
+            Category::Activation,
+            &x.shape,
+            x.dtype,
+        )?;
+        drop(cast);
+        Some(a1)
+    } else {
+        None
+    };
     // Block-wise fp8 experts: `prepare` quantizes the whole input once (no_dp_ep.py L27-34 and
     // L67 at 0.19.0: `a1q [M, H]` fp8, `a1q_scale [M, H/128]` f32), before the workspace;
     // both die as `forward` returns.
@@ -344,6 +366,7 @@ pub fn fused_experts(
         }
         start += tokens;
     }
+    drop(weighted);
     drop(a1q);
     Ok(out)
 }

@@ -1415,10 +1415,10 @@ pub(crate) fn run_rank(
     let pp_stage = rank.as_ref().and_then(|r| r.pp.clone());
     let moe_group = rank.as_ref().and_then(|r| r.moe);
     // The release's fused MoE for this GPU (0.21's oracle picks it by compute capability).
-    if let Some(g) = opened.as_ref().and_then(|o| o.config.gpt_oss.as_ref()) {
-        release.check_gpt_oss_experts(g.mxfp4)?;
-    }
     let moe_kernel = match &opened {
+        // gpt-oss's MXFP4 experts run the MXFP4 oracle's backend (`quant::mxfp4`), not the
+        // fused MoE kernel.
+        Some(o) if o.config.gpt_oss.as_ref().is_some_and(|g| g.mxfp4) => None,
         Some(o) => release.moe_kernel_on(&o.config.arch, device_major, moe_group)?,
         None => None,
     };

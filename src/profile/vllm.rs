@@ -1363,24 +1363,6 @@ impl Release {
             .and_then(|m| m.parse::<u32>().ok())
     }
 
-    /// gpt-oss's experts under this release: MXFP4 (as published) runs the MXFP4 oracle's
-    /// backend under every V1 release (docs/reading/vllm-gpt-oss-v1.md §2); 16-bit experts
-    /// from 0.21 go through the unquantized oracle with swigluoai, whose FlashInfer backends
-    /// (CUTLASS on Hopper through 0.22 and on Blackwell through 0.25) and whose Triton path
-    /// with biases are not read.
-    pub fn check_gpt_oss_experts(&self, mxfp4: bool) -> Result<()> {
-        if mxfp4 || !matches!(self.fused_moe, FusedMoe::Oracle { .. }) {
-            return Ok(());
-        }
-        Err(Error::Request(format!(
-            "--vllm {}: gpt-oss with 16-bit experts is not modelled under this release: its \
-             unquantized MoE oracle (FlashInfer's CUTLASS or Triton with swigluoai and biases) \
-             is not read; MXFP4 checkpoints as published are, under every V1 release, and \
-             16-bit ones under --vllm 0.11, 0.15 and 0.19",
-            self.name
-        )))
-    }
-
     /// Whether this release can load a model of `model_type` `arch`: the 0.8.5 wheel has
     /// vllm/model_executor/models/qwen3.py and the 0.7.3 wheel has not, so the rows from 0.8
     /// on run Qwen3.
@@ -1410,7 +1392,7 @@ impl Release {
                     self.name
                 ))),
                 // The MXFP4 experts' backend and their weights per release are read
-                // (`quant::mxfp4::Rules`); 16-bit experts are checked by `check_gpt_oss_experts`.
+                // (`quant::mxfp4::Rules`); 16-bit experts run the unquantized oracle (`moe_kernel_on`).
                 (_, FusedMoe::Oracle { .. }) => Ok(()),
             };
         }
@@ -1430,11 +1412,16 @@ impl Release {
                      release: {why}; it is reproduced for --vllm 0.11, 0.15 and 0.19",
                     self.name
                 ))),
+                // Llama 4's block under 0.21's runner: the shared expert inside the op before
+                // the routing, the sum and the all-reduce after it, the same tensors as 0.19's
+                // (docs/reading/vllm-llama4-v1.md); the backend per GPU from `moe_kernel_on`.
+                FusedMoe::Oracle { .. } if arch == "llama4_text" => Ok(()),
                 FusedMoe::Oracle { .. } => Err(Error::Request(format!(
-                    "--vllm {}: model_type '{arch}' is not modelled under this release: its fused \
-                     MoE from 0.21 is reproduced for Mixtral, Qwen3-MoE and DeepSeek only (Llama 4's \
-                     block under 0.21's runner is not read); it is reproduced for --vllm 0.11, \
-                     0.15 and 0.19",
+                    "--vllm {}: model_type '{arch}' (Llama 4 with its vision tower) is not \
+                     modelled under this release: the encoder's profile from 0.21 \
+                     (mm_encoder_attention.py) is not read; its language model alone \
+                     (model_type llama4_text) is, and the whole model under --vllm 0.11, 0.15 \
+                     and 0.19",
                     self.name
                 ))),
             };
@@ -1550,13 +1537,25 @@ impl Release {
             } => (triton, flashinfer_on_hopper, deepseek, qwen2_moe),
         };
         let mla = matches!(arch, "deepseek_v2" | "deepseek_v3" | "kimi_k2");
-        if !(matches!(arch, "mixtral" | "qwen3_moe")
+        // gpt-oss with 16-bit experts (its MXFP4 ones run the MXFP4 oracle: `quant::mxfp4`):
+        // swigluoai, which TRT-LLM's BF16 experts do not take (experts/trtllm_bf16_moe.py
+        // L68-70) and FlashInfer's CUTLASS ones do (flashinfer_cutlass_moe.py L180-186); from
+        // 0.25.1 the oracle puts both behind Triton for it (oracle/unquantized.py L87-92).
+        let gpt_oss = arch == "gpt_oss";
+        if !(matches!(arch, "mixtral" | "qwen3_moe" | "llama4_text")
+            || gpt_oss
             || (deepseek && mla)
             || (qwen2_moe && arch == "qwen2_moe"))
         {
             return Ok(None);
         }
+        let swigluoai_behind_triton = gpt_oss && self.minor().is_some_and(|m| m >= 25);
         let flashinfer = match major {
+            _ if swigluoai_behind_triton => None,
+            10 if gpt_oss => Some(
+                "FlashInfer's CUTLASS MoE on the 10.x family for swigluoai (TRT-LLM's BF16 \
+                 experts take SiLU only), ahead of Triton until 0.25.1 (oracle/unquantized.py)",
+            ),
             9 if flashinfer_on_hopper => Some(
                 "FlashInfer's CUTLASS MoE on Hopper (compute capability 9.0: \
                  experts/flashinfer_cutlass_moe.py L124-136 takes it, ahead of Triton in \
@@ -1580,12 +1579,17 @@ impl Release {
                  grouped GEMM's workspace (`getMaxWorkspaceSize` over every TMA warp-specialized \
                  tactic, in NVIDIA/cutlass at flashinfer's submodule) nor the TMA input's \
                  per-expert stride arrays, nor TRT-LLM's BF16 MoE buffers; it is reproduced \
-                 where Triton runs: Ampere and Ada (A100, L40S, L4){}",
+                 where Triton runs: Ampere and Ada (A100, L40S, L4){}{}",
                 self.name,
                 if flashinfer_on_hopper {
                     ", and on Hopper from --vllm 0.23"
                 } else {
                     " and Hopper"
+                },
+                if gpt_oss {
+                    ", and everywhere from --vllm 0.25 for gpt-oss"
+                } else {
+                    ""
                 }
             )));
         }

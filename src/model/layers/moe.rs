@@ -74,6 +74,7 @@ pub(crate) fn experts_of<'a>(
         mapped: p.mapped,
         fp8_block: None,
         fp8_tensor: None,
+        weight_on_input: false,
     }
 }
 

@@ -48,12 +48,15 @@ impl Llama4Moe {
     }
 
     fn experts(&self, _m: &MoeShape) -> Experts<'_> {
-        super::moe::experts_of(
-            &self.w13,
-            &self.w2,
-            self.w2.shape.last().copied().unwrap_or(0),
-            &self.placement,
-        )
+        Experts {
+            weight_on_input: true,
+            ..super::moe::experts_of(
+                &self.w13,
+                &self.w2,
+                self.w2.shape.last().copied().unwrap_or(0),
+                &self.placement,
+            )
+        }
     }
 }
 

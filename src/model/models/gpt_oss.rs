@@ -555,6 +555,7 @@ impl GptOssModel {
                         mapped: false,
                         fp8_block: None,
                         fp8_tensor: None,
+                        weight_on_input: false,
                     },
                     w13_bias,
                     w2_bias,
