@@ -269,7 +269,7 @@ fn the_docs_line_for_0_33_on_an_h100_runs() {
 }
 
 /// What 0.29-0.33 still refuse, each in one line naming it: FlashInfer's experts on the B200,
-/// data or expert parallel, quantized experts (fp8, bitsandbytes), DeepSeek on V2; and
+/// data or expert parallel, quantized experts (fp8, bitsandbytes), MLA below Hopper under 0.33; and
 /// Qwen2-MoE under 0.28, whose shared expert inside the op is read for 0.29-0.33.
 #[test]
 fn what_0_29_to_0_33_refuse_is_named_in_one_line() {
@@ -291,18 +291,21 @@ fn what_0_29_to_0_33_refuse_is_named_in_one_line() {
         let e = run(&ep).unwrap_err();
         assert!(e.contains("with expert parallel is not modelled"), "{e}");
         one_line(&e);
-        let e = run(&request(
+        // DeepSeek runs on V2 (tests/moe_v1_oracle.rs); below Hopper 0.33's TRITON_MLA grows
+        // its workspace by a split count not read.
+        let ds = run(&request(
             "preset:deepseek-v2-lite",
             "sim:a100-80gb:dry",
             vllm,
             1,
-        ))
-        .unwrap_err();
-        assert!(
-            e.contains("'deepseek_v2'") && e.contains("Model Runner V2"),
-            "{e}"
-        );
-        one_line(&e);
+        ));
+        if vllm == "0.33" {
+            let e = ds.unwrap_err();
+            assert!(e.contains("TRITON_MLA"), "{e}");
+            one_line(&e);
+        } else {
+            assert!(ds.is_ok(), "{vllm}");
+        }
         // Quantized experts: fp8 (Fp8MoEMethod) and bitsandbytes are not modelled.
         for quant in [Quant::Fp8, Quant::Nf4] {
             let mut q = request("preset:qwen3-30b-a3b", "sim:h100-sxm:dry", vllm, 1);
