@@ -239,6 +239,7 @@ fn fp8_experts_on_the_host_compute_the_kernels_arithmetic() {
         mapped: false,
         fp8_block: None,
         fp8_tensor: Some(scales.view()),
+        weight_on_input: false,
     };
     let how = Modular {
         chunk_tokens: None,
