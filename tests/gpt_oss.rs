@@ -144,6 +144,24 @@ fn dequantized_copy(dir: &std::path::Path, out: &std::path::Path) {
     std::fs::write(out.join("config.json"), cfg.to_string()).unwrap();
 }
 
+/// gpt-oss-tiny (`gen-model gpt-oss-tiny`, bf16, `seed`) as published (MXFP4 experts) and
+/// its dequantized 16-bit copy, in a temporary folder that lives as long as the first value.
+fn tiny_pair(seed: u64) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let mx = dir.path().join("mxfp4");
+    let opts = vramscope::model::GenOptions {
+        dtype: vramscope::model::weights::StoredDtype::BF16,
+        seed,
+        shards: 1,
+        bnb_int8: false,
+        bnb_skip_modules: Vec::new(),
+    };
+    vramscope::model::gen_model_with("gpt-oss-tiny", &mx, &opts).unwrap();
+    let dense = dir.path().join("bf16");
+    dequantized_copy(&mx, &dense);
+    (dir, mx, dense)
+}
+
 fn cpu_logits(dir: &std::path::Path) -> Vec<f32> {
     cpu_logits_tp(dir, 1, vramscope::quant::Quant::BF16)
 }
@@ -175,18 +193,7 @@ fn cpu_logits_tp(dir: &std::path::Path, tp: u32, quant: vramscope::quant::Quant)
 /// values are the same (e2m1 · 2^scale is exact in bf16), so only the layout differs.
 #[test]
 fn mxfp4_experts_compute_the_logits_of_their_dequantized_16_bit_model() {
-    let dir = tempfile::tempdir().unwrap();
-    let mx = dir.path().join("mxfp4");
-    let opts = vramscope::model::GenOptions {
-        dtype: vramscope::model::weights::StoredDtype::BF16,
-        seed: 5,
-        shards: 1,
-        bnb_int8: false,
-        bnb_skip_modules: Vec::new(),
-    };
-    vramscope::model::gen_model_with("gpt-oss-tiny", &mx, &opts).unwrap();
-    let dense = dir.path().join("bf16");
-    dequantized_copy(&mx, &dense);
+    let (_dir, mx, dense) = tiny_pair(5);
     let (a, b) = (cpu_logits(&mx), cpu_logits(&dense));
     assert_eq!(a.len(), b.len());
     let e = vramscope::app::bench::relative_l2(&a, &b);
@@ -440,18 +447,7 @@ fn a_profile_that_runs_out_of_memory_is_a_start_that_fails() {
 #[test]
 fn tensor_parallel_ranks_compute_the_logits_of_one_gpu() {
     const Q: vramscope::quant::Quant = vramscope::quant::Quant::F32;
-    let dir = tempfile::tempdir().unwrap();
-    let mx = dir.path().join("mxfp4");
-    let opts = vramscope::model::GenOptions {
-        dtype: vramscope::model::weights::StoredDtype::BF16,
-        seed: 7,
-        shards: 1,
-        bnb_int8: false,
-        bnb_skip_modules: Vec::new(),
-    };
-    vramscope::model::gen_model_with("gpt-oss-tiny", &mx, &opts).unwrap();
-    let dense = dir.path().join("bf16");
-    dequantized_copy(&mx, &dense);
+    let (_dir, mx, dense) = tiny_pair(7);
     for model in [&mx, &dense] {
         let one = cpu_logits_tp(model, 1, Q);
         for tp in [2, 4] {
@@ -607,18 +603,7 @@ fn gpt_oss_20b_weights_follow_each_releases_triton_kernels() {
 /// elsewhere (Hopper from 0.23, the B200 from 0.25). The MXFP4 checkpoint runs under 0.21.
 #[test]
 fn sixteen_bit_gpt_oss_from_0_21_runs_where_triton_does() {
-    let dir = tempfile::tempdir().unwrap();
-    let mx = dir.path().join("mxfp4");
-    let opts = vramscope::model::GenOptions {
-        dtype: vramscope::model::weights::StoredDtype::BF16,
-        seed: 5,
-        shards: 1,
-        bnb_int8: false,
-        bnb_skip_modules: Vec::new(),
-    };
-    vramscope::model::gen_model_with("gpt-oss-tiny", &mx, &opts).unwrap();
-    let dense = dir.path().join("bf16");
-    dequantized_copy(&mx, &dense);
+    let (_dir, mx, dense) = tiny_pair(5);
     let on = |device: &str, vllm: &str| {
         let out = common::cli::vramscope(&[
             "plan",

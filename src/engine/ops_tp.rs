@@ -83,6 +83,24 @@ pub fn all_reduce(rt: &Runtime, mut x: Tensor, name: &str) -> Result<Tensor> {
     })
 }
 
+/// `embed_tokens(input_ids)` on this rank: the vocabulary-parallel lookup of its rows
+/// `first_row..` under tensor parallel (`vocab_parallel_embedding`), the plain lookup with one
+/// GPU.
+pub fn embed_tokens(
+    rt: &Runtime,
+    ids: &[u32],
+    table: &Tensor,
+    first_row: usize,
+    vocab: usize,
+    act: DType,
+) -> Result<Tensor> {
+    if rt.tp().is_some() {
+        vocab_parallel_embedding(rt, ids, table, first_row, vocab, act)
+    } else {
+        crate::engine::ops::embedding(rt, ids, table, act)
+    }
+}
+
 /// `VocabParallelEmbedding.forward` with more than one rank (vocab_parallel_embedding.py
 /// L388-407): `get_masked_input_and_mask` (L137-155; TorchScript runs its element-wise ops
 /// one by one on the first call, each a new tensor), the lookup of this rank's rows,

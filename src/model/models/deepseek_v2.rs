@@ -16,7 +16,7 @@ use crate::engine::ops_mla::YarnRope;
 use crate::engine::ops_moe_v1::MoeKernel;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
-use crate::engine::{ops, ops_grouped_topk, ops_tp};
+use crate::engine::{ops, ops_grouped_topk};
 use crate::model::batch::Batch;
 use crate::model::config::{DeepseekShape, ModelConfig};
 use crate::model::layers::decoder::enter_layer;
@@ -288,8 +288,8 @@ impl DeepseekModel {
         rt.set_layer(None);
         let embedded = if let Some(buf) = self.inputs_embeds.borrow().as_ref() {
             buf.part("inputs_embeds", 0, &[batch.tokens(), cfg.hidden_size])
-        } else if rt.tp().is_some() {
-            ops_tp::vocab_parallel_embedding(
+        } else {
+            crate::engine::ops_tp::embed_tokens(
                 rt,
                 &batch.ids,
                 &self.embed,
@@ -297,8 +297,6 @@ impl DeepseekModel {
                 cfg.vocab_size,
                 self.act,
             )?
-        } else {
-            ops::embedding(rt, &batch.ids, &self.embed, self.act)?
         };
         let eps = cfg.rms_norm_eps as f32;
         let run = MlaRun {

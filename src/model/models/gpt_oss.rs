@@ -375,18 +375,14 @@ impl GptOssModel {
         batch.check_ids(cfg.vocab_size)?;
         let positions: Vec<usize> = batch.seq_lens.iter().flat_map(|&n| 0..n).collect();
         rt.set_layer(None);
-        let mut hidden = if rt.tp().is_some() {
-            ops_tp::vocab_parallel_embedding(
-                rt,
-                &batch.ids,
-                &self.embed,
-                self.vocab_first_row,
-                cfg.vocab_size,
-                self.act,
-            )?
-        } else {
-            ops::embedding(rt, &batch.ids, &self.embed, self.act)?
-        };
+        let mut hidden = crate::engine::ops_tp::embed_tokens(
+            rt,
+            &batch.ids,
+            &self.embed,
+            self.vocab_first_row,
+            cfg.vocab_size,
+            self.act,
+        )?;
         let eps = cfg.rms_norm_eps as f32;
         let rope = self.rope();
         let moe = cfg.moe.as_ref().expect("checked at load");

@@ -247,8 +247,8 @@ impl Llama4Model {
         rt.set_layer(None);
         let embedded = if let Some(buf) = self.inputs_embeds.borrow().as_ref() {
             buf.part("inputs_embeds", 0, &[batch.tokens(), cfg.hidden_size])
-        } else if rt.tp().is_some() {
-            crate::engine::ops_tp::vocab_parallel_embedding(
+        } else {
+            crate::engine::ops_tp::embed_tokens(
                 rt,
                 &batch.ids,
                 &self.embed,
@@ -256,8 +256,6 @@ impl Llama4Model {
                 cfg.vocab_size,
                 self.act,
             )?
-        } else {
-            ops::embedding(rt, &batch.ids, &self.embed, self.act)?
         };
         let local = self.shard.local_config(cfg);
         let m = local

@@ -229,18 +229,14 @@ impl PhiModel {
         let positions: Vec<usize> = batch.seq_lens.iter().flat_map(|&n| 0..n).collect();
         rt.set_layer(None);
         // embed_tokens(input_ids): a new [T, H], neither scaled nor kept as a residual.
-        let mut hidden = if rt.tp().is_some() {
-            ops_tp::vocab_parallel_embedding(
-                rt,
-                &batch.ids,
-                &self.embed,
-                self.vocab_first_row,
-                cfg.vocab_size,
-                self.act,
-            )?
-        } else {
-            ops::embedding(rt, &batch.ids, &self.embed, self.act)?
-        };
+        let mut hidden = crate::engine::ops_tp::embed_tokens(
+            rt,
+            &batch.ids,
+            &self.embed,
+            self.vocab_first_row,
+            cfg.vocab_size,
+            self.act,
+        )?;
         for (li, layer) in self.layers.iter().enumerate() {
             crate::model::layers::decoder::enter_layer(rt, li, self.layers.len())?;
             // The loop's rebinding of hidden_states frees the layer's input.

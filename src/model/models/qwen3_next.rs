@@ -21,7 +21,7 @@ use crate::device::Backend;
 use crate::engine::ops_moe_v1::MoeKernel;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
-use crate::engine::{ops, ops_gdn, ops_gemma, ops_tp};
+use crate::engine::{ops_gdn, ops_gemma};
 use crate::model::batch::Batch;
 use crate::model::config::{ModelConfig, Qwen3NextShape};
 use crate::model::layers::decoder::enter_layer;
@@ -278,18 +278,14 @@ impl Qwen3NextModel {
         batch.check_ids(cfg.vocab_size)?;
         let positions: Vec<usize> = batch.seq_lens.iter().flat_map(|&n| 0..n).collect();
         rt.set_layer(None);
-        let embedded = if rt.tp().is_some() {
-            ops_tp::vocab_parallel_embedding(
-                rt,
-                &batch.ids,
-                &self.embed,
-                self.vocab_first_row,
-                cfg.vocab_size,
-                self.act,
-            )?
-        } else {
-            ops::embedding(rt, &batch.ids, &self.embed, self.act)?
-        };
+        let embedded = crate::engine::ops_tp::embed_tokens(
+            rt,
+            &batch.ids,
+            &self.embed,
+            self.vocab_first_row,
+            cfg.vocab_size,
+            self.act,
+        )?;
         let eps = cfg.rms_norm_eps as f32;
         let run = MixerRun {
             positions: &positions,
