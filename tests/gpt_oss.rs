@@ -293,6 +293,20 @@ fn gpt_oss_20b_weighs_what_each_backend_leaves() {
     );
 }
 
+/// A command docs/cli.md shows, checked to be there and run as written: exit code and stdout
+/// + stderr.
+fn docs_line(line: &str) -> (Option<i32>, String) {
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+    assert!(docs.contains(line), "{line}");
+    let args: Vec<&str> = line.split(' ').skip(1).collect();
+    let out = common::cli::vramscope(&args);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
 /// `vramscope plan --vllm V --device sim:h100-sxm -- vllm serve openai/gpt-oss-120b ARGS`:
 /// exit code and stdout + stderr (the preset's shapes: the model is not on disk).
 fn plan_120b(vllm: &str, args: &[&str]) -> (Option<i32>, String) {
@@ -399,16 +413,10 @@ fn gpt_oss_120b_on_one_h100_starts_under_0_11_and_runs_out_of_memory_under_0_19(
 /// request.)
 #[test]
 fn a_profile_that_runs_out_of_memory_is_a_start_that_fails() {
-    // The command as docs/cli.md writes it.
-    let line = "vramscope plan --vllm 0.19 --device sim:h100-sxm -- vllm serve openai/gpt-oss-120b";
-    let docs =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
-    assert!(docs.contains(line), "{line}");
-    let args: Vec<&str> = line.split(' ').skip(1).collect();
-    let out = common::cli::vramscope(&args);
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{text}");
+    let (code, text) = docs_line(
+        "vramscope plan --vllm 0.19 --device sim:h100-sxm -- vllm serve openai/gpt-oss-120b",
+    );
+    assert_eq!(code, Some(3), "{text}");
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("plan.json");
     let (code, again) = plan_120b_with(&["--json", json.to_str().unwrap()], "0.19", &[]);
@@ -478,17 +486,7 @@ fn tensor_parallel_ranks_compute_the_logits_of_one_gpu() {
 /// the load) and under 0.15 (PyTorch 2.9, triton_kernels 3.5.1). TP 4 and 8 start under 0.19.
 #[test]
 fn gpt_oss_120b_at_tp_2_reproduces_vllm_pr_41268() {
-    // The command as docs/cli.md writes it.
-    let line = "vramscope plan --vllm 0.19 --device sim:h100-sxm -- vllm serve openai/gpt-oss-120b --tensor-parallel-size 2";
-    let docs =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
-    assert!(docs.contains(line), "{line}");
-    let args: Vec<&str> = line.split(' ').skip(1).collect();
-    let out = common::cli::vramscope(&args);
-    let (code, text) = (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
-    );
+    let (code, text) = docs_line("vramscope plan --vllm 0.19 --device sim:h100-sxm -- vllm serve openai/gpt-oss-120b --tensor-parallel-size 2");
     assert_eq!(code, Some(3), "{text}");
     assert!(
         text.contains("vLLM 0.19 would not start")
