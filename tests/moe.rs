@@ -476,7 +476,7 @@ fn qwen2_moe_block_computes_what_its_model_file_computes() {
         vramscope::engine::ops_moe_v1::MoeKernel::Modular(vramscope::engine::ops_moe_v1::Modular {
             chunk_tokens: None,
             default_block_m_by_tokens: true,
-            v0_21: Some(vramscope::engine::ops_moe_v1::RunnerV021 { gate_in_op: false }),
+            v0_21: Some(vramscope::engine::ops_moe_v1::RunnerV021::V0_21),
         });
     let v2 = vramscope::model::layers::moe::moe_block_forward_as(
         &rt,

@@ -269,8 +269,8 @@ fn the_docs_line_for_0_33_on_an_h100_runs() {
 }
 
 /// What 0.29-0.33 still refuse, each in one line naming it: FlashInfer's experts on the B200,
-/// data or expert parallel, quantized experts (fp8, bitsandbytes), MLA below Hopper under 0.33; and
-/// Qwen2-MoE under 0.28, whose shared expert inside the op is read for 0.29-0.33.
+/// data or expert parallel for DeepSeek's block, quantized experts (fp8, bitsandbytes), MLA
+/// below Hopper under 0.33.
 #[test]
 fn what_0_29_to_0_33_refuse_is_named_in_one_line() {
     let one_line = |e: &str| assert_eq!(e.lines().count(), 1, "{e}");
@@ -281,12 +281,14 @@ fn what_0_29_to_0_33_refuse_is_named_in_one_line() {
             "{e}"
         );
         one_line(&e);
-        let mut dp = request("preset:qwen3-30b-a3b", "sim:a100-80gb:dry", vllm, 1);
+        // Data and expert parallel run for Qwen3-MoE (tests/expert_parallel_v1.rs), not for
+        // DeepSeek's block.
+        let mut dp = request("preset:deepseek-v2-lite", "sim:h100-sxm:dry", vllm, 1);
         dp.dp = 2;
         let e = run(&dp).unwrap_err();
         assert!(e.contains("with data parallel is not modelled"), "{e}");
         one_line(&e);
-        let mut ep = request("preset:qwen3-30b-a3b", "sim:a100-80gb:dry", vllm, 2);
+        let mut ep = request("preset:deepseek-v2-lite", "sim:h100-sxm:dry", vllm, 2);
         ep.enable_expert_parallel = true;
         let e = run(&ep).unwrap_err();
         assert!(e.contains("with expert parallel is not modelled"), "{e}");
@@ -315,17 +317,6 @@ fn what_0_29_to_0_33_refuse_is_named_in_one_line() {
             one_line(&e);
         }
     }
-    // Qwen2-MoE's shared expert inside the op is read for 0.29-0.33 only.
-    let e = vramscope::profile::vllm::release("0.28")
-        .unwrap()
-        .check_arch("qwen2_moe")
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("'qwen2_moe'") && e.contains("SharedExperts") && e.contains("0.29-0.33"),
-        "{e}"
-    );
-    one_line(&e);
 }
 
 /// Qwen1.5-MoE-A2.7B's config.json (Qwen2MoeForCausalLM: 60 experts of 1408, top 4, a shared
@@ -357,85 +348,172 @@ fn qwen1_5_moe_dir() -> tempfile::TempDir {
     dir
 }
 
-/// Qwen1.5-MoE-A2.7B under 0.29 and 0.33 on an A100 (2048 tokens). Qwen2MoeSparseMoeBlock
-/// hands its shared expert to `FusedMoE` (0.29.0 qwen2_moe.py L168-177) and keeps its gate
-/// outside (L179-192). Inside the op `_apply_quant_method` runs the shared expert first
-/// (`NO_OVERLAP`: more than 256 tokens, and NoDPEP's prepare/finalize cannot overlap;
-/// runner/moe_runner.py L592-612, shared_experts.py L105-133), then the routing and the
-/// experts; `MoERunner.forward` adds `shared_output + fused_output` into a new tensor
-/// (L780). `Qwen2MoeMLP.forward` scales by its expert gate before it returns (L112-120), so
-/// `gate_up` lives through the gate. By hand, M = 2048, H = 2048, Is = 5632, E = 60, k = 4,
-/// I = 1408, bf16:
-/// - logits [M, E] 245,760; gate_up [M, 2·Is] 46,137,344; SiluAndMul's `forward_native`
-///   (torch.compile's default custom ops) silu and product [M, Is] 23,068,672 each;
-///   down [M, H] 8,388,608; the expert gate [M, 1] 4,096 and its sigmoid, the gated product
-///   [M, H];
+/// Qwen1.5-MoE-A2.7B at tensor parallel 2: after the op 0.15 and 0.19 sum in the block
+/// (`final_hidden_states[0] + final_hidden_states[1]`, the tuple dropped as it is rebound), so
+/// the shared and the routed outputs die before the all-reduce (qwen2_moe.py 0.19.0 L187-192);
+/// from 0.21 `MoERunner.forward` sums and all-reduces while both are still its locals, so
+/// they die after it (runner/moe_runner.py 0.29.0 L749-785). Two [M, H] tensors fewer at the
+/// all-reduce under 0.19.
+#[test]
+fn qwen1_5_moe_at_tp_2_frees_the_shared_output_before_the_all_reduce_under_0_19_only() {
+    let dir = qwen1_5_moe_dir();
+    let model = dir.path().to_str().unwrap();
+    let mh = 2048u64 * 2048 * 2;
+    let tail = |vllm: &str| {
+        let dir2 = tempfile::tempdir().unwrap();
+        let csv = dir2.path().join("t.csv");
+        let out = common::cli::vramscope(&[
+            "plan",
+            "-q",
+            "--csv",
+            csv.to_str().unwrap(),
+            "--device",
+            "sim:a100-80gb:dry",
+            "--vllm",
+            vllm,
+            "--",
+            "vllm",
+            "serve",
+            model,
+            "--tensor-parallel-size",
+            "2",
+        ]);
+        common::cli::ok(&out);
+        let rows: Vec<(bool, String, u64)> = std::fs::read_to_string(&csv)
+            .unwrap()
+            .lines()
+            .skip(1)
+            .map(fields)
+            .filter(|f| f[2] == "1" && f.last().is_some_and(|r| r == "0"))
+            .filter(|f| f[3] == "alloc" || f[3] == "free")
+            .filter(|f| f[6].starts_with("layers.5.moe.") || f[6] == "layers.5.shared_expert.gated")
+            .map(|f| (f[3] == "alloc", f[6].clone(), f[8].parse().unwrap()))
+            .collect();
+        rows[rows.len() - 8..].to_vec()
+    };
+    let t = |a: bool, n: &str| (a, format!("layers.5.{n}"), mh);
+    let logits = (
+        false,
+        "layers.5.moe.router_logits".to_string(),
+        2048 * 60 * 2,
+    );
+    let after = [
+        t(false, "moe.plus_shared"),
+        logits.clone(),
+        t(false, "moe.all_reduce"),
+    ];
+    let mut want19 = vec![
+        (false, "layers.5.moe.topk_ids".to_string(), 2048 * 4 * 4),
+        t(true, "moe.plus_shared"),
+        t(false, "shared_expert.gated"),
+        t(false, "moe.output"),
+        t(true, "moe.all_reduce"),
+    ];
+    want19.extend(after.iter().cloned());
+    let mut want29 = vec![
+        (false, "layers.5.moe.topk_ids".to_string(), 2048 * 4 * 4),
+        t(true, "moe.plus_shared"),
+        t(true, "moe.all_reduce"),
+        t(false, "moe.plus_shared"),
+        t(false, "shared_expert.gated"),
+        t(false, "moe.output"),
+    ];
+    want29.extend([logits, t(false, "moe.all_reduce")]);
+    for (vllm, want) in [
+        ("0.15", &want19),
+        ("0.19", &want19),
+        ("0.21", &want29),
+        ("0.29", &want29),
+    ] {
+        assert_eq!(&tail(vllm), want, "{vllm}");
+    }
+}
+
+/// Qwen1.5-MoE-A2.7B under every V1 release from 0.15 on an A100 (2048 tokens).
+/// Qwen2MoeSparseMoeBlock hands its shared expert to the fused-MoE op (0.15.1/0.19.0
+/// `SharedFusedMoE`, qwen2_moe.py L176-194; 0.21.0-0.33.0 `FusedMoE(shared_experts=…)`, 0.29.0
+/// L168-177) and keeps its gate outside. Inside the op the shared expert runs first (more than
+/// 256 tokens, and NoDPEP's prepare/finalize cannot overlap: 0.15.1 fused_moe/layer.py
+/// L1844-1848, 0.19.0 runner/default_moe_runner.py L476-521, 0.29.0 runner/moe_runner.py
+/// L592-612, shared_experts.py L105-133), then the routing and the experts; the shared output
+/// and the routed one are summed into a new tensor after the op (0.15/0.19 in the block,
+/// L187-188; from 0.21 in `MoERunner.forward`, 0.29.0 L780). `Qwen2MoeMLP.forward` scales by
+/// its expert gate before it returns (L112-120), so `gate_up` lives through the gate; its
+/// `SiluAndMul` is `forward_native` compiled by Inductor (`CustomOp.maybe_compile`,
+/// `compile_native=True`: 0.15.1 custom_op.py L164-231, activation.py L130-131): one tensor.
+/// docs/reading/vllm-shared-experts-v1.md. By hand, M = 2048, H = 2048, Is = 5632, E = 60,
+/// k = 4, I = 1408, bf16:
+/// - logits [M, E] 245,760; gate_up [M, 2·Is] 46,137,344; the activation [M, Is]
+///   23,068,672; down [M, H] 8,388,608; the expert gate [M, 1] 4,096 and its sigmoid, the
+///   gated product [M, H];
 /// - the routing [M, k] ×3, 32,768 each, topk_softmax's [M·E] f32 workspace (60 experts: not
-///   a power of two) 491,520; the output [M, H]; sorted ids (M·k + E·127)·4 = 63,248 →
-///   63,488 in the allocator's 512-byte steps (no E=60,N=1408 tuned file: block 128), expert
-///   ids ⌈15812/128⌉·4 = 496 → 512;
+///   a power of two) 491,520; the output [M, H]; no E=60,N=1408 tuned file: block 128 from
+///   0.19 (`get_default_config` by tokens), 64 under 0.15 (M > E): sorted ids
+///   (M·k + E·(B − 1))·4 = 63,248 → 63,488 in the allocator's 512-byte steps (0.15: 47,888 →
+///   48,128), expert ids ⌈(M·k + E·(B − 1))/B⌉·4 = 496 → 512 (0.15: 748 → 1,024);
 /// - the workspace, once in layer 0: r256(2·M·k·max(I, H)) + r256(2·M·k·max(2I, H)) =
 ///   33,554,432 + 46,137,344 = 79,691,776 B.
 #[test]
-fn qwen1_5_moe_under_0_29_runs_its_shared_expert_inside_the_op() {
+fn qwen1_5_moe_runs_its_shared_expert_inside_the_op_from_0_15() {
     let dir = qwen1_5_moe_dir();
     let model = dir.path().to_str().unwrap();
     let (m, h, is, e, k, i) = (2048u64, 2048u64, 5632u64, 60u64, 4u64, 1408u64);
     let mh = m * h * 2;
     let mk = m * k * 4;
-    let sorted = (m * k + e * 127) * 4;
-    assert_eq!(sorted, 63_248);
-    let sorted = sorted.div_ceil(512) * 512;
+    let padded = |b: u64| m * k + e * (b - 1);
+    assert_eq!(padded(128) * 4, 63_248);
+    let r512 = |v: u64| v.div_ceil(512) * 512;
     let t = |a: bool, n: &str, b: u64| (a, format!("layers.5.{n}"), b);
-    let want = vec![
-        t(true, "moe.router_logits", m * e * 2),
-        t(true, "shared_expert.gate_up_proj.out", m * 2 * is * 2),
-        t(true, "shared_expert.act.silu", m * is * 2),
-        t(true, "shared_expert.act", m * is * 2),
-        t(false, "shared_expert.act.silu", m * is * 2),
-        t(true, "shared_expert.down_proj.out", mh),
-        t(false, "shared_expert.act", m * is * 2),
-        t(true, "shared_expert_gate.out", m * 2),
-        t(true, "shared_expert.gate_sigmoid", m * 2),
-        t(false, "shared_expert_gate.out", m * 2),
-        t(true, "shared_expert.gated", mh),
-        t(false, "shared_expert.gate_sigmoid", m * 2),
-        t(false, "shared_expert.down_proj.out", mh),
-        t(false, "shared_expert.gate_up_proj.out", m * 2 * is * 2),
-        t(true, "moe.topk_weights", mk),
-        t(true, "moe.topk_ids", mk),
-        t(true, "moe.token_expert_indices", mk),
-        t(true, "moe.topk_softmax_workspace", m * e * 4),
-        t(false, "moe.topk_softmax_workspace", m * e * 4),
-        t(false, "moe.token_expert_indices", mk),
-        t(true, "moe.output", mh),
-        t(true, "moe.sorted_ids", sorted),
-        t(true, "moe.expert_ids", 512),
-        t(true, "moe.num_tokens_post_pad", 512),
-        t(false, "moe.sorted_ids", sorted),
-        t(false, "moe.expert_ids", 512),
-        t(false, "moe.num_tokens_post_pad", 512),
-        t(false, "moe.topk_weights", mk),
-        t(false, "moe.topk_ids", mk),
-        t(true, "moe.plus_shared", mh),
-        t(false, "shared_expert.gated", mh),
-        t(false, "moe.output", mh),
-        t(false, "moe.router_logits", m * e * 2),
-        // Layer 5's hidden states: they die in layer 6.
-        t(false, "moe.plus_shared", mh),
-    ];
+    let want = |block: u64, act: u64| {
+        let sorted = r512(padded(block) * 4);
+        let ids = r512(padded(block).div_ceil(block) * 4);
+        vec![
+            t(true, "moe.router_logits", m * e * 2),
+            t(true, "shared_expert.gate_up_proj.out", m * 2 * is * 2),
+            t(true, "shared_expert.act", act),
+            t(true, "shared_expert.down_proj.out", mh),
+            t(false, "shared_expert.act", act),
+            t(true, "shared_expert_gate.out", m * 2),
+            t(true, "shared_expert.gate_sigmoid", m * 2),
+            t(false, "shared_expert_gate.out", m * 2),
+            t(true, "shared_expert.gated", mh),
+            t(false, "shared_expert.gate_sigmoid", m * 2),
+            t(false, "shared_expert.down_proj.out", mh),
+            t(false, "shared_expert.gate_up_proj.out", m * 2 * is * 2),
+            t(true, "moe.topk_weights", mk),
+            t(true, "moe.topk_ids", mk),
+            t(true, "moe.token_expert_indices", mk),
+            t(true, "moe.topk_softmax_workspace", m * e * 4),
+            t(false, "moe.topk_softmax_workspace", m * e * 4),
+            t(false, "moe.token_expert_indices", mk),
+            t(true, "moe.output", mh),
+            t(true, "moe.sorted_ids", sorted),
+            t(true, "moe.expert_ids", ids),
+            t(true, "moe.num_tokens_post_pad", 512),
+            t(false, "moe.sorted_ids", sorted),
+            t(false, "moe.expert_ids", ids),
+            t(false, "moe.num_tokens_post_pad", 512),
+            t(false, "moe.topk_weights", mk),
+            t(false, "moe.topk_ids", mk),
+            t(true, "moe.plus_shared", mh),
+            t(false, "shared_expert.gated", mh),
+            t(false, "moe.output", mh),
+            t(false, "moe.router_logits", m * e * 2),
+            // Layer 5's hidden states: they die in layer 6.
+            t(false, "moe.plus_shared", mh),
+        ]
+    };
+    assert_eq!(want(64, 0)[19].2, 48_128);
+    assert_eq!(want(64, 0)[20].2, 1_024);
     let w = r256(2 * m * k * i.max(h)) + r256(2 * m * k * (2 * i).max(h));
     assert_eq!(w, 79_691_776);
-    // 0.33 runs the profile under a 20 MiB split limit (gpu_worker.py:688-699): the product
-    // [M, Is] (22 MiB) takes a cached 24 MiB block whole instead of a split-off piece, and
-    // frees the 24 MiB.
-    let mut want33 = want.clone();
-    for x in want33.iter_mut() {
-        if x.1 == "layers.5.shared_expert.act" {
-            x.2 = 24 << 20;
-        }
-    }
-    for (vllm, want) in [("0.29", &want), ("0.33", &want33)] {
+    let act = m * is * 2;
+    for vllm in ["0.15", "0.19", "0.21", "0.24", "0.28", "0.29", "0.33"] {
+        let block = if vllm == "0.15" { 64 } else { 128 };
+        // 0.33 runs the profile under a 20 MiB split limit (gpu_worker.py:688-699): the
+        // activation [M, Is] (22 MiB) takes a cached 24 MiB block whole instead of a
+        // split-off piece, and frees the 24 MiB.
+        let want = want(block, if vllm == "0.33" { 24 << 20 } else { act });
         let rows = plan_csv_of("sim:a100-80gb:dry", vllm, model);
         let l5: Vec<(bool, String, u64)> = rows
             .iter()
@@ -445,7 +523,7 @@ fn qwen1_5_moe_under_0_29_runs_its_shared_expert_inside_the_op() {
             })
             .map(|r| (r.1 == "alloc", r.4.clone(), r.5))
             .collect();
-        assert_eq!(&l5, want, "{vllm}");
+        assert_eq!(l5, want, "{vllm}");
         let ws: Vec<(u32, String, u64)> = rows
             .iter()
             .filter(|r| r.4 == "moe.workspace" && r.1 == "alloc")
@@ -462,6 +540,8 @@ fn qwen1_5_moe_under_0_29_runs_its_shared_expert_inside_the_op() {
         a.kv_bytes as f64 / GIB,
         a.kv_bytes
     );
-    assert_eq!(format!("{:.2}", a.kv_bytes as f64 / GIB), "44.28");
-    assert_eq!(tokens, 241_792);
+    // 112 tokens more than with a `silu` temporary beside the activation (23,068,672 B at
+    // 196,608 B a token, in blocks of 16).
+    assert_eq!(format!("{:.2}", a.kv_bytes as f64 / GIB), "44.30");
+    assert_eq!(tokens, 241_904);
 }

@@ -343,10 +343,16 @@ pub fn silu_and_mul(rt: &Runtime, gate: &Tensor, up: &Tensor, name: &str) -> Res
 }
 
 /// `SiluAndMul.forward_native` (activation.py: `F.silu(x[..., :d]) * x[..., d:]`), what runs
-/// with vLLM's custom ops off (torch.compile's default) inside an opaque op: `silu(gate)` into
-/// a new tensor, the product into another, the first dying as the expression ends.
+/// with vLLM's custom ops off (torch.compile's default) outside the compiled model (inside an
+/// opaque op, or in an encoder run eager): under 0.10 and 0.11 eager, `silu(gate)` into a new
+/// tensor, the product into another, the first dying as the expression ends; where the runtime
+/// says the release compiles it (`Runtime::silu_and_mul_fused`, 0.15 on) one kernel, one
+/// tensor.
 pub fn silu_and_mul_native(rt: &Runtime, gate: &Tensor, up: &Tensor, name: &str) -> Result<Tensor> {
     rt.check_cancel()?;
+    if rt.silu_and_mul_fused() {
+        return silu_and_mul(rt, gate, up, name);
+    }
     let silu = rt.tensor_for_overwrite(
         format!("{name}.silu"),
         Category::Activation,

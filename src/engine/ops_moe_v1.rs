@@ -64,6 +64,33 @@ pub struct Modular {
 pub struct RunnerV021 {
     /// The model hands its gate to `FusedMoE` (set per model: `MoeKernel::for_arch`).
     pub gate_in_op: bool,
+    /// With an expert map `moe_align_block_size` maps its `expert_ids` through it into a new
+    /// tensor (0.21.0 moe_align_block_size.py L100-101, to 0.29.0); from 0.31 the map goes
+    /// into the op (`ignore_invalid_experts`, 0.31.0 experts/triton_moe.py L350-372): no
+    /// tensor. docs/reading/vllm-expert-parallel-v1.md §3.1.
+    pub remaps_expert_ids: bool,
+    /// With data parallel the combine's `reduce_scatterv` makes a new `[M, H]` copied into
+    /// the output (0.21.0 prepare_finalize/naive_dp_ep.py L186-208, cuda_communicator.py
+    /// L281; to 0.31.0); 0.33.0 reduce-scatters into the output (naive_dp_ep.py L260-284).
+    pub combine_temp: bool,
+}
+
+impl RunnerV021 {
+    /// 0.21's runner with the gate outside the op.
+    pub const V0_21: RunnerV021 = RunnerV021 {
+        gate_in_op: false,
+        remaps_expert_ids: true,
+        combine_temp: true,
+    };
+
+    /// The runner of V1 release `0.minor` (0.21 on), the gate outside the op.
+    pub fn for_minor(minor: u32) -> RunnerV021 {
+        RunnerV021 {
+            gate_in_op: false,
+            remaps_expert_ids: minor < 31,
+            combine_temp: minor < 33,
+        }
+    }
 }
 
 impl MoeKernel {
@@ -73,12 +100,13 @@ impl MoeKernel {
             MoeKernel::Modular(Modular {
                 chunk_tokens,
                 default_block_m_by_tokens,
-                v0_21: Some(_),
+                v0_21: Some(r),
             }) => MoeKernel::Modular(Modular {
                 chunk_tokens,
                 default_block_m_by_tokens,
                 v0_21: Some(RunnerV021 {
                     gate_in_op: arch == "qwen3_moe",
+                    ..r
                 }),
             }),
             k => k,
@@ -156,8 +184,103 @@ pub fn fused_experts(
 ) -> Result<Tensor> {
     rt.check_cancel()?;
     rt.set_op("moe.fused_experts");
-    let (m, h) = (x.rows(), x.cols());
-    let top_k = routing.ids.cols();
+    check_experts(rt, x, ex, name)?;
+    let mut out = rt.tensor_for_overwrite(
+        format!("{name}.output"),
+        Category::Activation,
+        &x.shape,
+        x.dtype,
+    )?;
+    if rt.backend() == Backend::Cpu {
+        out.f32_mut().copy_from_slice(x.f32());
+    }
+    experts_into(
+        rt,
+        x,
+        Some(&mut out),
+        ex,
+        routing,
+        (how, gpu),
+        workspace,
+        name,
+    )?;
+    Ok(out)
+}
+
+/// `FusedMoEKernelModularImpl.apply` from 0.21 with data parallel
+/// (`MoEPrepareAndFinalizeNaiveDPEPModular`, docs/reading/vllm-expert-parallel-v1.md §3.2): the
+/// output `[M, H]` made from this replica's input, then the dispatch gathers every replica's
+/// hidden states and the top-k weights and ids this replica routed (`all_gatherv`, one
+/// `torch.empty` each in that order: `[dp·M, H]`, `[dp·M, k]` f32, `[dp·M, k]` i32; 0.21.0
+/// naive_dp_ep.py L112-184, cuda_communicator.py L346-392); the workspace and the alignment
+/// over the `dp·M` tokens; the combine's `reduce_scatterv` into a new `[M, H]` copied into the
+/// output and dying at once (`RunnerV021::combine_temp`, to 0.31; 0.33 writes the output);
+/// then the gathered ids, weights and hidden states die as `apply` returns. Runs dry only.
+#[allow(clippy::too_many_arguments)]
+pub fn fused_experts_dispatched(
+    rt: &Runtime,
+    x: &Tensor,
+    ex: &Experts,
+    routing: &Routing,
+    (how, gpu): (Modular, &str),
+    workspace: &RefCell<Option<Tensor>>,
+    dp: usize,
+    name: &str,
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    let Some(runner) = how.v0_21 else {
+        return Err(Error::Request(format!(
+            "{name}: the dispatch after the routing is 0.21's (earlier releases gather the router's logits)"
+        )));
+    };
+    if rt.backend() != Backend::Dry {
+        return Err(Error::Request(
+            "data parallel's token exchange runs dry only so far".into(),
+        ));
+    }
+    rt.set_op("moe.fused_experts");
+    check_experts(rt, x, ex, name)?;
+    let out = rt.tensor_for_overwrite(
+        format!("{name}.output"),
+        Category::Activation,
+        &x.shape,
+        x.dtype,
+    )?;
+    rt.set_op("moe.dispatch (all_gatherv)");
+    let (m, k) = (x.rows(), routing.ids.cols());
+    let g = |what: &str, shape: &[usize], dt: DType| {
+        rt.tensor_for_overwrite(format!("{name}.{what}"), Category::Activation, shape, dt)
+    };
+    let hidden = g("dispatched_hidden_states", &[dp * m, x.cols()], x.dtype)?;
+    let gathered = Routing {
+        weights: g("dispatched_topk_weights", &[dp * m, k], DType::F32)?,
+        ids: g("dispatched_topk_ids", &[dp * m, k], DType::I32)?,
+        host_ids: None,
+    };
+    experts_into(
+        rt,
+        &hidden,
+        None,
+        ex,
+        &gathered,
+        (how, gpu),
+        workspace,
+        name,
+    )?;
+    if runner.combine_temp {
+        rt.set_op("moe.combine (reduce_scatterv)");
+        drop(g("combined", &x.shape, x.dtype)?);
+    }
+    let Routing { weights, ids, .. } = gathered;
+    drop(ids);
+    drop(weights);
+    drop(hidden);
+    Ok(out)
+}
+
+/// The experts hold `num_experts` of `width` over the input's columns, and run where modelled.
+fn check_experts(rt: &Runtime, x: &Tensor, ex: &Experts, name: &str) -> Result<()> {
+    let h = x.cols();
     let (e, i) = (ex.num_experts, ex.width);
     if ex.w13.numel() != e * 2 * i * h || ex.w2.numel() != e * h * i {
         return Err(Error::Request(format!(
@@ -170,15 +293,26 @@ pub fn fused_experts(
             "{name}: expert parallel runs on simulated devices only so far"
         )));
     }
-    let mut out = rt.tensor_for_overwrite(
-        format!("{name}.output"),
-        Category::Activation,
-        &x.shape,
-        x.dtype,
-    )?;
-    if rt.backend() == Backend::Cpu {
-        out.f32_mut().copy_from_slice(x.f32());
-    }
+    Ok(())
+}
+
+/// The modular kernel's `apply` after its output: the router weight on the input where the
+/// model asks, the input's quantization, the workspace, and per chunk the alignment buffers
+/// and the experts (into `out`; `None`: dry, the experts' sum left in the workspace).
+#[allow(clippy::too_many_arguments)]
+fn experts_into(
+    rt: &Runtime,
+    x: &Tensor,
+    mut out: Option<&mut Tensor>,
+    ex: &Experts,
+    routing: &Routing,
+    (how, gpu): (Modular, &str),
+    workspace: &RefCell<Option<Tensor>>,
+    name: &str,
+) -> Result<()> {
+    let (m, h) = (x.rows(), x.cols());
+    let top_k = routing.ids.cols();
+    let (e, i) = (ex.num_experts, ex.width);
     // `apply_router_weight_on_input`: `prepare` casts the `[M, 1]` weights to the input's
     // dtype and multiplies into a new `[M, H]`; the cast dies at once, the product as
     // `forward` returns (the experts then skip the weight in both GEMMs).
@@ -297,7 +431,7 @@ pub fn fused_experts(
             t("expert_ids", &[padded.div_ceil(bm)])?,
             t("num_tokens_post_pad", &[1])?,
         ];
-        if ex.mapped {
+        if ex.mapped && how.v0_21.is_none_or(|r| r.remaps_expert_ids) {
             ops_moe::map_expert_ids(rt, &mut align[1], name)?;
         }
         // `TritonExperts.apply` quantizes the activation's output after the first GEMM
@@ -323,17 +457,26 @@ pub fn fused_experts(
             (None, None) => None,
         };
         rt.set_op("moe.fused_experts");
-        match rt.backend() {
-            Backend::Dry => {}
-            Backend::Cpu if ex.fp8_tensor.is_some() => {
+        let out = match (rt.backend(), out.as_deref_mut()) {
+            (Backend::Dry, _) => None,
+            (_, Some(o)) => Some(o),
+            (_, None) => {
+                return Err(Error::Request(format!(
+                    "{name}: the dispatched experts run dry only so far"
+                )))
+            }
+        };
+        match (rt.backend(), out) {
+            (Backend::Dry, _) | (_, None) => {}
+            (Backend::Cpu, Some(out)) if ex.fp8_tensor.is_some() => {
                 if let Some(q) = &ex.fp8_tensor {
-                    ops_moe_fp8::experts_cpu_fp8(rt, x, &mut out, ex, routing, q)?;
+                    ops_moe_fp8::experts_cpu_fp8(rt, x, out, ex, routing, q)?;
                 }
             }
-            Backend::Cpu => {
-                ops_moe::experts_cpu_rows(rt, &mut out, ex, routing, start..start + tokens)?
+            (Backend::Cpu, Some(out)) => {
+                ops_moe::experts_cpu_rows(rt, out, ex, routing, start..start + tokens)?
             }
-            Backend::Cuda => {
+            (Backend::Cuda, Some(out)) => {
                 // `TritonExperts.apply`'s views of the workspace (0.19.0 fused_moe.py
                 // L2040-2050): `intermediate_cache2` in workspace13 (the first region),
                 // caches 1 and 3 in workspace2 (the second); the experts read `x` and
@@ -368,5 +511,5 @@ pub fn fused_experts(
     }
     drop(weighted);
     drop(a1q);
-    Ok(out)
+    Ok(())
 }

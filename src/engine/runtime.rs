@@ -87,6 +87,7 @@ struct Inner {
     /// does where CUTLASS runs fp8; per tensor (`[1]`) before.
     fp8_act_per_token: bool,
     triton_attention: bool,
+    silu_and_mul_fused: bool,
     mxfp4_rules: crate::engine::rules::Mxfp4Rules,
     mla_rules: crate::engine::rules::MlaModelRules,
     fp8_block_path: Fp8BlockPath,
@@ -214,6 +215,7 @@ impl Runtime {
             graphs: graphs::GraphState::default(),
             fp8_act_per_token: false,
             triton_attention: false,
+            silu_and_mul_fused: false,
             mxfp4_rules: crate::engine::rules::Mxfp4Rules::V0_19,
             mla_rules: crate::engine::rules::MlaModelRules::BEFORE_0_25,
             fp8_block_path: Fp8BlockPath::Plain,
@@ -317,6 +319,21 @@ impl Runtime {
 
     pub fn triton_attention(&self) -> bool {
         self.0.borrow().triton_attention
+    }
+
+    /// `SiluAndMul` makes one tensor where vLLM would run its `forward_native` eager
+    /// (`ops::silu_and_mul_native`): from 0.15 a disabled custom op's `forward_native` is
+    /// compiled by Inductor into one kernel (`CustomOp.maybe_compile`, `SiluAndMul(compile_native
+    /// =True)`: 0.15.1 model_executor/custom_op.py L164-230, layers/activation.py L130-131;
+    /// 0.19.0 custom_op.py L174-230; the same to 0.33.0), and with `--enforce-eager` the op is
+    /// enabled (`custom_ops` "all", 0.19.0 config/vllm.py L890-897) and runs `_C.silu_and_mul`.
+    /// 0.10 and 0.11 have no `maybe_compile`: `forward_native` runs eager, two tensors.
+    pub fn set_silu_and_mul_fused(&self, yes: bool) {
+        self.0.borrow_mut().silu_and_mul_fused = yes;
+    }
+
+    pub fn silu_and_mul_fused(&self) -> bool {
+        self.0.borrow().silu_and_mul_fused
     }
 
     /// What the release's MXFP4 path does to gpt-oss's experts (`engine::rules::Mxfp4Rules`; 0.19's

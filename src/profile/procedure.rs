@@ -1444,6 +1444,9 @@ pub(crate) fn run_rank(
         let hopper = crate::device::presets::find(preset).is_some_and(|p| p.arch == "Hopper");
         rt.set_fp8_block_path(era.path(hopper));
     }
+    if matches!(release.engine, super::vllm::Engine::V1 { .. }) {
+        rt.set_silu_and_mul_fused(req.enforce_eager || release.minor().is_some_and(|m| m >= 15));
+    }
     if let Some(m) = release.minor() {
         rt.set_mla_rules(crate::model::layers::mla::MlaModelRules::for_minor(m));
     }

@@ -393,10 +393,6 @@ pub enum FusedMoe {
         /// (Model Runner V2 runs DeepSeek-V2 from 0.24, V3 and Kimi-K2 from 0.29;
         /// docs/reading/vllm-deepseek-v2-runner.md).
         deepseek: bool,
-        /// Qwen2-MoE's shared expert inside the op (`SharedExperts`, `NO_OVERLAP` before the
-        /// routing, then `shared_output + fused_output` in `MoERunner.forward`) is read:
-        /// 0.29-0.33 (docs/reading/vllm-v1-fused-moe.md §10).
-        qwen2_moe: bool,
     },
     /// Not reproduced, and why.
     Unmodelled(&'static str),
@@ -910,11 +906,10 @@ pub const RELEASES: &[Release] = &[
             triton: Modular {
                 chunk_tokens: None,
                 default_block_m_by_tokens: true,
-                v0_21: Some(RunnerV021 { gate_in_op: false }),
+                v0_21: Some(RunnerV021::V0_21),
             },
             flashinfer_on_hopper: false,
             deepseek: true,
-            qwen2_moe: false,
         },
         ..R0_22
     },
@@ -942,11 +937,10 @@ pub const RELEASES: &[Release] = &[
             triton: Modular {
                 chunk_tokens: None,
                 default_block_m_by_tokens: true,
-                v0_21: Some(RunnerV021 { gate_in_op: false }),
+                v0_21: Some(RunnerV021::V0_21),
             },
             flashinfer_on_hopper: false,
             deepseek: true,
-            qwen2_moe: false,
         },
         ..R0_22
     },
@@ -972,11 +966,10 @@ pub const RELEASES: &[Release] = &[
             triton: Modular {
                 chunk_tokens: None,
                 default_block_m_by_tokens: true,
-                v0_21: Some(RunnerV021 { gate_in_op: false }),
+                v0_21: Some(RunnerV021::V0_21),
             },
             flashinfer_on_hopper: false,
             deepseek: true,
-            qwen2_moe: false,
         },
         mla: Some(MlaEra::V0_25),
         ..R0_22
@@ -1000,11 +993,10 @@ pub const RELEASES: &[Release] = &[
             triton: Modular {
                 chunk_tokens: None,
                 default_block_m_by_tokens: true,
-                v0_21: Some(RunnerV021 { gate_in_op: false }),
+                v0_21: Some(RunnerV021::V0_21),
             },
             flashinfer_on_hopper: false,
             deepseek: true,
-            qwen2_moe: false,
         },
         mla: Some(MlaEra::V0_25),
         ..R0_22
@@ -1083,11 +1075,10 @@ const R0_21: Release = Release {
         triton: Modular {
             chunk_tokens: None,
             default_block_m_by_tokens: true,
-            v0_21: Some(RunnerV021 { gate_in_op: false }),
+            v0_21: Some(RunnerV021::V0_21),
         },
         flashinfer_on_hopper: true,
         deepseek: true,
-        qwen2_moe: false,
     },
     mla: Some(MlaEra::V0_19),
     fp8_block: None,
@@ -1144,11 +1135,10 @@ const R0_22: Release = Release {
         triton: Modular {
             chunk_tokens: None,
             default_block_m_by_tokens: true,
-            v0_21: Some(RunnerV021 { gate_in_op: false }),
+            v0_21: Some(RunnerV021::V0_21),
         },
         flashinfer_on_hopper: true,
         deepseek: true,
-        qwen2_moe: false,
     },
     runner_v2: RunnerV2::DenseUnquantized(&["qwen3"]),
     v2: Some(V2 {
@@ -1186,11 +1176,10 @@ const R0_27: Release = Release {
         triton: Modular {
             chunk_tokens: None,
             default_block_m_by_tokens: true,
-            v0_21: Some(RunnerV021 { gate_in_op: false }),
+            v0_21: Some(RunnerV021::V0_21),
         },
         flashinfer_on_hopper: false,
         deepseek: true,
-        qwen2_moe: false,
     },
     mla: Some(MlaEra::V0_25),
     ..R0_22
@@ -1260,17 +1249,16 @@ const R0_29: Release = Release {
     // W8A8 name mapping); the tuned 16-bit files the same. 0.30.0 the same files (the
     // unquantized method's kernel set-up moved to `_init_moe_kernel`, `_maybe_pad_weight`
     // ROCm only; an A100 PCIe E=256,N=512 file). Qwen2-MoE: its `SharedExperts` read
-    // (`qwen2_moe: true`, `moe.rs` `shared_expert_in_op`). docs/reading/vllm-v1-fused-moe.md
+    // (`moe.rs` `shared_expert_in_op`; docs/reading/vllm-shared-experts-v1.md). docs/reading/vllm-v1-fused-moe.md
     // §10.
     fused_moe: FusedMoe::Oracle {
         triton: Modular {
             chunk_tokens: None,
             default_block_m_by_tokens: true,
-            v0_21: Some(RunnerV021 { gate_in_op: false }),
+            v0_21: Some(RunnerV021::V0_21),
         },
         flashinfer_on_hopper: false,
         deepseek: true,
-        qwen2_moe: true,
     },
     ..R0_28
 };
@@ -1451,41 +1439,22 @@ impl Release {
             // Every release here has mixtral.py and 0.8.5 on has qwen3_moe.py; the fused MoE's
             // allocations are reproduced where the release runs 0.8.5's `fused_experts_impl`.
             return match self.fused_moe {
-                FusedMoe::Kernel(MoeKernel::Modular(_)) if arch == "qwen2_moe" => {
-                    Err(Error::Request(format!(
-                        "--vllm {}: model_type 'qwen2_moe' is not modelled under this release: its \
-                         shared expert runs inside the modular fused MoE's op, before the routing \
-                         (docs/reading/vllm-v1-fused-moe.md); it is reproduced for --vllm 0.8 and 0.11",
-                        self.name
-                    )))
-                }
                 FusedMoe::Kernel(_) => Ok(()),
                 FusedMoe::Oracle { .. } if matches!(arch, "mixtral" | "qwen3_moe") => Ok(()),
                 FusedMoe::Oracle { deepseek: true, .. } if mla => Ok(()),
-                FusedMoe::Oracle {
-                    qwen2_moe: true, ..
-                } if arch == "qwen2_moe" => Ok(()),
+                // Qwen2-MoE's shared expert inside the op: docs/reading/vllm-shared-experts-v1.md.
+                FusedMoe::Oracle { .. } if arch == "qwen2_moe" => Ok(()),
                 FusedMoe::Oracle { .. } => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' is not modelled under this release: its fused \
-                     MoE from 0.21 is reproduced for Mixtral, Qwen3-MoE and DeepSeek only ({}); it is \
-                     reproduced for --vllm {}",
+                     MoE from 0.21 is reproduced for Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek \
+                     only (the DeepSeek block under this release is not read); it is reproduced \
+                     for --vllm 0.11 to 0.33 where Triton runs",
                     self.name,
-                    if arch == "qwen2_moe" {
-                        "the shared expert runs inside the op, before the routing, through 0.21's \
-                         SharedExperts (fused_moe/runner/shared_experts.py), not read"
-                    } else {
-                        "the DeepSeek block under this release is not read"
-                    },
-                    if arch == "qwen2_moe" {
-                        "0.8, 0.11 and 0.29-0.33"
-                    } else {
-                        "0.11 to 0.33 where Triton runs"
-                    }
                 ))),
                 FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
                     "--vllm {}: model_type '{arch}' (mixture of experts) is not modelled under this \
                      release: {why}; it is reproduced for --vllm 0.8, 0.11, 0.15 and 0.19 (and \
-                     0.21-0.33 for Mixtral and Qwen3-MoE where Triton runs)",
+                     0.21-0.33 for Mixtral, Qwen2-MoE and Qwen3-MoE where Triton runs)",
                     self.name
                 ))),
             };
@@ -1526,15 +1495,42 @@ impl Release {
         major: u32,
         group: Option<crate::device::group::MoeGroup>,
     ) -> Result<Option<MoeKernel>> {
-        let (triton, flashinfer_on_hopper, deepseek, qwen2_moe) = match self.fused_moe {
+        let (dp, ep) = group.map_or((1, false), |g| (g.dp.max(1), g.ep));
+        let tp = group.map_or(1, |g| g.size / g.dp.max(1));
+        // With expert parallel over more than one TP rank and DP replicas these models cut the
+        // tokens over the TP ranks before their MoE op (`use_sequence_parallel_moe`,
+        // config/parallel.py 0.11.0 L292-298, 0.19.0 L530-543; `sequence_parallel_chunk`,
+        // then an all-gather after: qwen3_moe.py 0.19.0 L232-247), in every V1 release.
+        let sequence_parallel = matches!(
+            arch,
+            "qwen3_moe"
+                | "deepseek_v2"
+                | "deepseek_v3"
+                | "kimi_k2"
+                | "llama4_text"
+                | "llama4"
+                | "gpt_oss"
+                | "qwen3_next"
+        );
+        if ep && tp > 1 && dp > 1 && sequence_parallel {
+            return Err(Error::Request(format!(
+                "--vllm {}: model_type '{arch}' with expert parallel over {tp} tensor-parallel \
+                 ranks and {dp} data-parallel replicas is not modelled: vLLM runs its MoE \
+                 layers sequence-parallel there (use_sequence_parallel_moe: each rank's \
+                 1/{tp} of the tokens through the op, then an all-gather; \
+                 docs/reading/vllm-expert-parallel-v1.md §3.3); expert parallel with one of \
+                 the two is",
+                self.name
+            )));
+        }
+        let (triton, flashinfer_on_hopper, deepseek) = match self.fused_moe {
             FusedMoe::Kernel(k) => return Ok(Some(k)),
             FusedMoe::Unmodelled(_) => return Ok(None),
             FusedMoe::Oracle {
                 triton,
                 flashinfer_on_hopper,
                 deepseek,
-                qwen2_moe,
-            } => (triton, flashinfer_on_hopper, deepseek, qwen2_moe),
+            } => (triton, flashinfer_on_hopper, deepseek),
         };
         let mla = matches!(arch, "deepseek_v2" | "deepseek_v3" | "kimi_k2");
         // gpt-oss with 16-bit experts (its MXFP4 ones run the MXFP4 oracle: `quant::mxfp4`):
@@ -1545,7 +1541,7 @@ impl Release {
         if !(matches!(arch, "mixtral" | "qwen3_moe" | "llama4_text")
             || gpt_oss
             || (deepseek && mla)
-            || (qwen2_moe && arch == "qwen2_moe"))
+            || arch == "qwen2_moe")
         {
             return Ok(None);
         }
@@ -1556,7 +1552,9 @@ impl Release {
                 "FlashInfer's CUTLASS MoE on the 10.x family for swigluoai (TRT-LLM's BF16 \
                  experts take SiLU only), ahead of Triton until 0.25.1 (oracle/unquantized.py)",
             ),
-            9 if flashinfer_on_hopper => Some(
+            // With data parallel the oracle moves FlashInfer's CUTLASS behind Triton
+            // (oracle/unquantized.py 0.21.0 L67-72 with `dp_size > 1`).
+            9 if flashinfer_on_hopper && dp == 1 => Some(
                 "FlashInfer's CUTLASS MoE on Hopper (compute capability 9.0: \
                  experts/flashinfer_cutlass_moe.py L124-136 takes it, ahead of Triton in \
                  oracle/unquantized.py L67-72)",
@@ -1593,19 +1591,34 @@ impl Release {
                 }
             )));
         }
-        if let Some(g) = group.filter(|g| g.dp > 1 || g.ep) {
+        // Expert and data parallel from 0.21 (docs/reading/vllm-expert-parallel-v1.md): read for
+        // the blocks of Mixtral, Qwen3-MoE and (expert parallel alone) Qwen2-MoE.
+        let read = match arch {
+            "mixtral" | "qwen3_moe" => true,
+            "qwen2_moe" => dp == 1,
+            _ => false,
+        };
+        if (dp > 1 || ep) && !read {
             return Err(Error::Request(format!(
                 "--vllm {}: model_type '{arch}' with {} is not modelled under this release: \
-                 0.21's runner dispatches through the modular kernel's prepare/finalize \
-                 (runner/moe_runner.py `_maybe_dispatch`), not read; tensor parallel alone is \
-                 reproduced",
+                 from 0.21 the unquantized experts route before a dispatch of the top-k \
+                 weights and ids (MoEPrepareAndFinalizeNaiveDPEPModular) and the expert map \
+                 changes by release; read for Mixtral and Qwen3-MoE (and Qwen2-MoE with expert \
+                 parallel alone), not for this block; tensor parallel alone is reproduced",
                 self.name,
-                if g.dp > 1 {
+                if dp > 1 {
                     "data parallel"
                 } else {
                     "expert parallel"
                 }
             )));
+        }
+        let mut triton = triton;
+        if let (Some(r), Some(minor)) = (triton.v0_21.as_mut(), self.minor()) {
+            *r = RunnerV021 {
+                gate_in_op: r.gate_in_op,
+                ..RunnerV021::for_minor(minor)
+            };
         }
         Ok(Some(MoeKernel::Modular(triton)))
     }
@@ -2143,12 +2156,11 @@ mod tests {
                 "{ok}"
             );
         }
-        let e = release("0.19")
-            .unwrap()
-            .check_arch("qwen2_moe")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("shared expert"), "{e}");
+        // Qwen2-MoE's shared expert inside the op is read for every V1 release from 0.15
+        // (docs/reading/vllm-shared-experts-v1.md).
+        for ok in ["0.15", "0.19", "0.21", "0.24", "0.28", "0.29", "0.33"] {
+            assert!(release(ok).unwrap().check_arch("qwen2_moe").is_ok(), "{ok}");
+        }
         let e = release("0.6.4")
             .unwrap()
             .check_arch("gemma3_text")

@@ -257,14 +257,12 @@ fn modular_block_forward(
     layer: &str,
     gpu: &str,
 ) -> Result<Tensor> {
-    // Qwen2-MoE's shared expert runs inside the op, before the routing: read for 0.29-0.33's
-    // runner (`shared_expert_in_op`), which `check_arch` admits it under; 0.15 and 0.19 are
-    // refused there.
-    if block.shared.is_some()
-        && (how.v0_21.is_none() || crate::engine::ops_tp::moe_dp(rt).is_some())
-    {
+    // Qwen2-MoE's shared expert runs inside the op, before the routing, in every release from
+    // 0.15 (`shared_expert_in_op`; docs/reading/vllm-shared-experts-v1.md); with data
+    // parallel it is not read.
+    if block.shared.is_some() && crate::engine::ops_tp::moe_dp(rt).is_some() {
         return Err(crate::base::error::Error::Request(format!(
-            "{layer}: a shared expert under vLLM V1's modular fused MoE (it runs inside the op, before the routing) is modelled for 0.29-0.33 on one GPU or tensor parallel only"
+            "{layer}: a shared expert under vLLM V1's modular fused MoE with data parallel is not modelled (one GPU or tensor parallel only)"
         )));
     }
     let workspace = workspace.ok_or_else(|| {
@@ -275,8 +273,10 @@ fn modular_block_forward(
     let logits = block.router_logits(rt, &x, act, layer)?;
     let name = format!("{layer}.moe");
     // With data parallel the op runs on every replica's tokens (the naive dispatch of
-    // `FusedMoE.forward_impl`, 0.19.0 fused_moe/layer.py), and combines back to this one's.
-    let gathered = match crate::engine::ops_tp::moe_dp(rt) {
+    // `FusedMoE.forward_impl`, 0.19.0 fused_moe/layer.py), and combines back to this one's;
+    // from 0.21 the modular kernel dispatches after the routing (`fused_experts_dispatched`).
+    let dp = crate::engine::ops_tp::moe_dp(rt);
+    let gathered = match dp.filter(|_| how.v0_21.is_none()) {
         Some(dp) => Some((
             crate::engine::ops_tp::dp_dispatch(rt, &x, &logits, dp, &name)?,
             dp,
@@ -293,8 +293,21 @@ fn modular_block_forward(
     };
     let routing = ops_moe_v1::fused_topk(rt, lin, m.top_k, m.renormalize, &name)?;
     let experts = block.experts(m);
-    let mut out =
-        ops_moe_v1::fused_experts(rt, xin, &experts, &routing, (how, gpu), workspace, &name)?;
+    let mut out = match dp.filter(|_| how.v0_21.is_some()) {
+        Some(dp) => ops_moe_v1::fused_experts_dispatched(
+            rt,
+            &x,
+            &experts,
+            &routing,
+            (how, gpu),
+            workspace,
+            dp,
+            &name,
+        )?,
+        None => {
+            ops_moe_v1::fused_experts(rt, xin, &experts, &routing, (how, gpu), workspace, &name)?
+        }
+    };
     drop(routing);
     if let Some((_, dp)) = &gathered {
         let combined = crate::engine::ops_tp::dp_combine(rt, &out, *dp, &name)?;
@@ -308,7 +321,27 @@ fn modular_block_forward(
         drop(logits.take());
     }
     if let Some(shared) = shared {
-        // Qwen2-MoE after the op (`MoERunner.forward`, runner/moe_runner.py 0.29.0 L749-785):
+        if how.v0_21.is_none() {
+            // Qwen2-MoE after the op under 0.15 and 0.19: the block sums the op's pair into a new
+            // tensor, `final_hidden_states[0] + final_hidden_states[1]`, the rebinding dropping the
+            // tuple, so the shared and the routed outputs die before the all-reduce (qwen2_moe.py
+            // 0.15.1 L187-192, 0.19.0 the same; `maybe_all_reduce_tensor_model_parallel`, an
+            // all-reduce into a new tensor where tp > 1); the router's logits as the block returns.
+            let sum = crate::engine::ops_opt::add(
+                rt,
+                &shared,
+                &out,
+                &format!("{layer}.moe.plus_shared"),
+            )?;
+            drop(shared);
+            drop(out);
+            let red =
+                crate::engine::ops_tp::all_reduce(rt, sum, &format!("{layer}.moe.all_reduce"))?;
+            drop(logits);
+            drop(x);
+            return Ok(red);
+        }
+        // Qwen2-MoE after the op from 0.21 (`MoERunner.forward`, runner/moe_runner.py 0.29.0 L749-785):
         // `result = shared_output + fused_output`, a new tensor, all-reduced over ranks
         // (`_maybe_reduce_final_output`, the sum dying as it is rebound); as `forward`
         // returns its locals die, the shared output, then the routed one; the router's logits
@@ -328,15 +361,16 @@ fn modular_block_forward(
     Ok(out)
 }
 
-/// Qwen2-MoE's shared expert as 0.29-0.33 run it, inside the fused-MoE op before the routing:
-/// `MoERunner._apply_quant_method` calls `SharedExperts` with `NO_OVERLAP` first
-/// (runner/moe_runner.py 0.29.0 L592-612), the order for more than
-/// `VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD` (256) tokens or when the modular kernel cannot
-/// overlap (`MoEPrepareAndFinalizeNoDPEPModular.supports_async` is False;
+/// Qwen2-MoE's shared expert as 0.15-0.33 run it, inside the fused-MoE op before the routing:
+/// 0.29's `MoERunner._apply_quant_method` calls `SharedExperts` with `NO_OVERLAP` first
+/// (runner/moe_runner.py 0.29.0 L592-612; 0.21.0-0.28.0 the same order, 0.19.0
+/// runner/default_moe_runner.py L476-521, 0.15.1 fused_moe/layer.py L1844-1848), the order
+/// for more than `VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD` (256) tokens or when the modular
+/// kernel cannot overlap (`MoEPrepareAndFinalizeNoDPEPModular.supports_async` is False;
 /// runner/shared_experts.py L105-133), and keeps its output until the op returns. The layer
-/// is `Qwen2MoeMLP` with `expert_gate` (qwen2_moe.py 0.29.0 L73-118; 0.33.0 the same):
-/// `gate_up_proj`, `SiluAndMul` (its `forward_native` under torch.compile's default custom
-/// ops: a `silu` temporary, then the product), `down_proj` without all-reduce, the activation
+/// is `Qwen2MoeMLP` with `expert_gate` (qwen2_moe.py 0.29.0 L73-118; 0.15.1 L108-116):
+/// `gate_up_proj`, `SiluAndMul` (its `forward_native` compiled by Inductor into one tensor:
+/// `ops::silu_and_mul_native`), `down_proj` without all-reduce, the activation
 /// dying as `out` is rebound; then `F.sigmoid(self.expert_gate(x)[0]) * out` inside the same
 /// `forward`, so `gate_up` is still held through the gate (0.8.5 scaled in the block, after
 /// the MLP returned); `gate_up` dies as `forward` returns.

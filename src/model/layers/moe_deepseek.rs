@@ -716,7 +716,7 @@ mod tests {
         let runner_0_21 = run(MoeKernel::Modular(Modular {
             chunk_tokens: None,
             default_block_m_by_tokens: true,
-            v0_21: Some(crate::engine::ops_moe_v1::RunnerV021 { gate_in_op: false }),
+            v0_21: Some(crate::engine::ops_moe_v1::RunnerV021::V0_21),
         }));
 
         let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| p * q).sum::<f32>();
