@@ -1109,3 +1109,85 @@ fn v1_padding_and_transposed_scales_leave_the_logits_as_they_were() {
     assert_eq!(r11, logits("0.19", "sim:h100-80gb:compute"));
     assert_eq!(r11, logits("0.19", "sim:l40s:compute"));
 }
+
+/// A dry `profile --json` of Qwen3-8B-FP8's shapes on a simulated `device` under `vllm` at 8192
+/// tokens: the report, or the error line.
+fn dry_profile_under(dir: &Path, device: &str, vllm: &str) -> Result<serde_json::Value, String> {
+    let json = dir.join(format!("r-{vllm}.json"));
+    let out = vramscope(&[
+        "profile",
+        "-q",
+        "--json",
+        json.to_str().unwrap(),
+        "--model",
+        dir.to_str().unwrap(),
+        "--vllm",
+        vllm,
+        "--device",
+        device,
+        "--tokens",
+        "8192",
+        "--seqs",
+        "256",
+    ]);
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap())
+}
+
+/// Qwen3-8B-FP8 under 0.21-0.33 on an H100 (docs/reading/vllm-fp8-block-deepgemm.md): DeepGEMM
+/// is vendored and on, so every decoder linear (bf16 output, N % 64 == 0, K % 128 == 0) runs
+/// `FlashInferFp8DeepGEMMDynamicBlockScaledKernel`; at 8192 tokens vLLM's quantization and
+/// DeepGEMM: a `[1]` bf16 placeholder (a 512-byte block), the codes `[M, K]`, the scales
+/// `[K/128, M]` f32, the output `[M, N]`, then the codes, the scales and the placeholder die
+/// (0.19 freed the scales first and made no placeholder). The weights hold what 0.19's do: the
+/// requant to power-of-two scales happens in place.
+#[test]
+fn qwen3_8b_fp8_under_0_21_on_runs_deep_gemm_on_hopper() {
+    let dir = tempfile::tempdir().unwrap();
+    write_block_headers(dir.path(), &qwen3_8b_fp8_json());
+    let r19 = dry_profile_under(dir.path(), "sim:h100-80gb:dry", "0.19").unwrap();
+    let m = 8192u64;
+    for vllm in ["0.21", "0.24", "0.29", "0.33"] {
+        let r = dry_profile_under(dir.path(), "sim:h100-80gb:dry", vllm)
+            .unwrap_or_else(|e| panic!("{vllm}: {e}"));
+        assert_eq!(
+            r["weights_tensor_bytes"], r19["weights_tensor_bytes"],
+            "{vllm}"
+        );
+        let o: Vec<(String, String, u64)> = r["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["pass"] == 1 && (e["kind"] == "alloc" || e["kind"] == "free"))
+            .filter(|e| e["layer"] == 3 && e["tensor"].as_str().unwrap().contains("o_proj."))
+            .map(|e| {
+                let name = e["tensor"].as_str().unwrap();
+                (
+                    e["kind"].as_str().unwrap().to_string(),
+                    name[name.find("o_proj.").unwrap() + "o_proj.".len()..].to_string(),
+                    e["bytes"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let t = |k: &str, n: &str, b: u64| (k.to_string(), n.to_string(), b);
+        assert_eq!(
+            o[..7],
+            [
+                t("alloc", "input_scale_placeholder", 512),
+                t("alloc", "qinput", m * 4096),
+                t("alloc", "x_scale", m * 32 * 4),
+                t("alloc", "out", 2 * m * 4096),
+                t("free", "qinput", m * 4096),
+                t("free", "x_scale", m * 32 * 4),
+                t("free", "input_scale_placeholder", 512),
+            ],
+            "{vllm}"
+        );
+    }
+    // Off Hopper the kernel choice of 0.21 on was not read: refused in one line.
+    let e = dry_profile_under(dir.path(), "sim:l40s:dry", "0.21").unwrap_err();
+    assert!(e.contains("off Hopper") && e.contains("--vllm 0.21"), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+}

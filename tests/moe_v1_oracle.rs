@@ -368,11 +368,23 @@ fn what_0_21_and_later_refuse_is_named() {
         e.contains("TRITON_MLA") && e.contains("reserve_workspace"),
         "{e}"
     );
-    let mut dp = request("preset:qwen3-30b-a3b", "sim:a100-sxm4-80gb:dry", "0.21", 1);
+    // Data and expert parallel from 0.21 are read for Mixtral's and Qwen3-MoE's blocks
+    // (tests/expert_parallel_v1.rs), not DeepSeek's.
+    let mut dp = request(
+        "preset:deepseek-v2-lite",
+        "sim:a100-sxm4-80gb:dry",
+        "0.21",
+        1,
+    );
     dp.dp = 2;
     let e = run(&dp).unwrap_err();
     assert!(e.contains("with data parallel is not modelled"), "{e}");
-    let mut ep = request("preset:qwen3-30b-a3b", "sim:a100-sxm4-80gb:dry", "0.21", 2);
+    let mut ep = request(
+        "preset:deepseek-v2-lite",
+        "sim:a100-sxm4-80gb:dry",
+        "0.21",
+        2,
+    );
     ep.enable_expert_parallel = true;
     let e = run(&ep).unwrap_err();
     assert!(e.contains("with expert parallel is not modelled"), "{e}");

@@ -91,6 +91,9 @@ struct Inner {
     mxfp4_rules: crate::engine::rules::Mxfp4Rules,
     mla_rules: crate::engine::rules::MlaModelRules,
     fp8_block_path: Fp8BlockPath,
+    /// FlashInfer's cached SM90 block-GEMM runner: the most (4-aligned) tokens a call below
+    /// 32 has passed in this process (`max_shape_m_4_align_`).
+    fp8_flashinfer_rows: usize,
 }
 
 /// How a release runs a block-wise fp8 linear (`weight_block_size`) on this GPU, as far as
@@ -117,6 +120,10 @@ pub enum Fp8BlockPath {
     /// the GEMM on them and frees them as it returns. These releases make no device identity
     /// (no `maybe_create_device_identity` in their fp8.py).
     Op { pad_to_four: bool },
+    /// 0.21 on, on Hopper: DeepGEMM's dynamic kernel for an aligned bf16 linear
+    /// (`quant::fp8_block::deep_gemm_eligible`), CUTLASS for the others, padding as `Op`'s
+    /// on Hopper under 0.21-0.23 (`fallback_pads`), not from 0.24.
+    DeepGemm { fallback_pads: bool },
 }
 
 /// The device as the allocator's segment source, refusing a segment that would take this
@@ -219,6 +226,7 @@ impl Runtime {
             mxfp4_rules: crate::engine::rules::Mxfp4Rules::V0_19,
             mla_rules: crate::engine::rules::MlaModelRules::BEFORE_0_25,
             fp8_block_path: Fp8BlockPath::Plain,
+            fp8_flashinfer_rows: 0,
         })))
     }
 
@@ -354,6 +362,16 @@ impl Runtime {
 
     pub fn mla_rules(&self) -> crate::engine::rules::MlaModelRules {
         self.0.borrow().mla_rules
+    }
+
+    /// A call of FlashInfer's SM90 block GEMM with `rows` (4-aligned) tokens: the most any call
+    /// has passed so far, which sizes its workspace (`get_fp8_blockscale_gemm_runner_sm90` is
+    /// `functools.cache`d, its runner keeps the largest M: flashinfer 0.6.8.post1
+    /// gemm/gemm_base.py L6742-6752, fp8_blockscale_gemm_sm90_binding.cu L200-211).
+    pub fn note_fp8_flashinfer_rows(&self, rows: usize) -> usize {
+        let mut st = self.0.borrow_mut();
+        st.fp8_flashinfer_rows = st.fp8_flashinfer_rows.max(rows);
+        st.fp8_flashinfer_rows
     }
 
     /// How block-wise fp8 linears run under the release on this GPU (`Plain` unless the

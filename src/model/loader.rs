@@ -1271,6 +1271,7 @@ impl<'a> Loader<'a> {
         let identity = !matches!(
             rt.fp8_block_path(),
             crate::engine::runtime::Fp8BlockPath::Op { .. }
+                | crate::engine::runtime::Fp8BlockPath::DeepGemm { .. }
         );
         if identity && self.fp8_identity.is_none() {
             let mut one = rt.tensor(
@@ -1338,6 +1339,8 @@ impl<'a> Loader<'a> {
             out_features: total,
             in_features: k,
             scales_transposed: false,
+            act: self.act,
+            ue8m0: false,
         })
     }
 

@@ -974,6 +974,12 @@ fn check_fp8_block(
     let hopper = fp8_block_hopper(req)?;
     let release = req.release()?;
     let era = fp8_block::check_release(release.fp8_block, release.name, &req.vllm)?;
+    if era.deep_gemm() && !hopper {
+        return Err(Error::Request(format!(
+            "block-wise fp8 with --vllm {} off Hopper: from 0.21 the linear kernel is chosen among DeepGEMM, CUTLASS, Marlin and Triton by each one's support for the GPU (kernels/linear/__init__.py `_POSSIBLE_FP8_BLOCK_KERNELS`), read for Hopper only (docs/reading/vllm-fp8-block-deepgemm.md); use a Hopper preset (h100-80gb, h200-141gb) or --vllm 0.19",
+            req.vllm
+        )));
+    }
     if req.kv_cache_dtype != super::request::KvCacheDtype::Auto {
         return Err(Error::Request(format!(
             "--kv-cache-dtype {} with a block-wise fp8 checkpoint: Fp8KVCacheMethod's handling of stored or unit k/v scales for an fp8 cache is not modelled yet; leave it auto",
@@ -996,6 +1002,16 @@ fn check_fp8_block_model(
     (hopper, era): (bool, crate::quant::fp8_block::Fp8BlockEra),
 ) -> Result<()> {
     let c = &o.config;
+    if era.deep_gemm() && (c.moe.is_some() || c.deepseek.is_some()) {
+        return Err(Error::model(
+            o.source.origin(),
+            format!(
+                "block-wise fp8 with model_type '{}' under vLLM 0.21 on: its {} not modelled yet (the dense linears are: DeepGEMM's kernel; the experts stay on Triton, whose tuned fp8 block files changed after 0.19, and MLA's kv_b_proj is dequantized through the identity GEMM: docs/reading/vllm-fp8-block-deepgemm.md §3, §5); use --vllm 0.19",
+                c.arch,
+                if c.moe.is_some() { "fp8 experts are" } else { "MLA's kv_b_proj is" }
+            ),
+        ));
+    }
     let Some(_) = c.moe.as_ref() else {
         return check_fp8_model(o);
     };

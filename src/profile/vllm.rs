@@ -942,6 +942,7 @@ pub const RELEASES: &[Release] = &[
             flashinfer_on_hopper: false,
             deepseek: true,
         },
+        fp8_block: Some(Fp8BlockEra::V0_24),
         ..R0_22
     },
     Release {
@@ -972,6 +973,7 @@ pub const RELEASES: &[Release] = &[
             deepseek: true,
         },
         mla: Some(MlaEra::V0_25),
+        fp8_block: Some(Fp8BlockEra::V0_24),
         ..R0_22
     },
     Release {
@@ -999,6 +1001,7 @@ pub const RELEASES: &[Release] = &[
             deepseek: true,
         },
         mla: Some(MlaEra::V0_25),
+        fp8_block: Some(Fp8BlockEra::V0_24),
         ..R0_22
     },
     R0_27,
@@ -1036,6 +1039,7 @@ pub const RELEASES: &[Release] = &[
             estimates_graphs: true,
             warmup_sampler_pass: true,
         }),
+        fp8_block: Some(Fp8BlockEra::V0_24),
         ..R0_31
     },
 ];
@@ -1081,7 +1085,9 @@ const R0_21: Release = Release {
         deepseek: true,
     },
     mla: Some(MlaEra::V0_19),
-    fp8_block: None,
+    // 0.21-0.23: DeepGEMM's dense kernel where a linear is aligned, else 0.19's padded
+    // CUTLASS (docs/reading/vllm-fp8-block-deepgemm.md §2).
+    fp8_block: Some(Fp8BlockEra::V0_21),
     attn_scalars: 7,
     graphs: Graphs::V1 {
         step8: false,
@@ -1182,6 +1188,7 @@ const R0_27: Release = Release {
         deepseek: true,
     },
     mla: Some(MlaEra::V0_25),
+    fp8_block: Some(Fp8BlockEra::V0_24),
     ..R0_22
 };
 

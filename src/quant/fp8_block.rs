@@ -36,17 +36,80 @@ pub enum Fp8BlockEra {
     /// 4; the scales stay as stored (`maybe_post_process_fp8_weight_block` runs for DeepGEMM
     /// only, fp8.py L438-439 at 0.19.0, L1604-1629 at 0.15.1).
     V0_15,
+    /// 0.21.0-0.23.0 on Hopper: DeepGEMM vendored and on (`VLLM_USE_DEEP_GEMM`, E8M0 too), so
+    /// every linear with a bf16 output, `N % 64 == 0` and `K % 128 == 0` runs
+    /// `FlashInferFp8DeepGEMMDynamicBlockScaledKernel` (FlashInfer's SM90 block GEMM below
+    /// 32 tokens, vLLM's quantization and DeepGEMM's `fp8_gemm_nt` from 32); the others 0.19's
+    /// `padded_cutlass` (0.23's `dynamic_padded_cutlass` allocates alike).
+    /// docs/reading/vllm-fp8-block-deepgemm.md §1-2.
+    V0_21,
+    /// 0.24.0-0.33.0: as 0.21, the CUTLASS fallback without padding copies.
+    V0_24,
 }
 
 impl Fp8BlockEra {
     /// The allocations' form on a GPU: Hopper takes CUTLASS (`cutlass_block_fp8_supported`,
-    /// 9.x), Ada Triton with row-major scales (the same bytes, nothing padded).
+    /// 9.x), Ada Triton with row-major scales (the same bytes, nothing padded); from 0.21
+    /// Hopper takes DeepGEMM where a linear is aligned (off Hopper 0.21 on is refused before).
     pub fn path(self, hopper: bool) -> Fp8BlockPath {
         match (self, hopper) {
             (Fp8BlockEra::V0_8, _) | (Fp8BlockEra::V0_11, false) => Fp8BlockPath::Plain,
             (Fp8BlockEra::V0_11, true) => Fp8BlockPath::PadAlways,
             (Fp8BlockEra::V0_15, pad_to_four) => Fp8BlockPath::Op { pad_to_four },
+            (Fp8BlockEra::V0_21, _) => Fp8BlockPath::DeepGemm {
+                fallback_pads: true,
+            },
+            (Fp8BlockEra::V0_24, _) => Fp8BlockPath::DeepGemm {
+                fallback_pads: false,
+            },
         }
+    }
+
+    /// 0.21 on (DeepGEMM).
+    pub fn deep_gemm(self) -> bool {
+        matches!(self, Fp8BlockEra::V0_21 | Fp8BlockEra::V0_24)
+    }
+}
+
+/// Whether a linear of `n` outputs over `k` inputs runs the dynamic FlashInfer/DeepGEMM kernel
+/// under 0.21 on: a bf16 output, `N % 64 == 0`, `K % 128 == 0` (`FlashInferFp8DeepGEMM
+/// DynamicBlockScaledKernel.can_implement`: 0.21.0 kernels/linear/scaled_mm/flashinfer.py
+/// L81-124, deep_gemm.py L32-82).
+pub fn deep_gemm_eligible(act: DType, n: usize, k: usize) -> bool {
+    act == DType::BF16 && n.is_multiple_of(64) && k.is_multiple_of(128)
+}
+
+/// DeepGEMM's E8M0 scale (`_ceil_to_ue8m0`, 0.21.0 utils/deep_gemm.py L486-487; the CUDA
+/// kernel's `SCALE_UE8M0`): the scale `amax / 448` rounded up to a power of two.
+pub fn ue8m0_scale(amax: f32) -> f32 {
+    let s = amax.max(GROUP_EPS) / E4M3_MAX;
+    2f32.powi(s.log2().ceil() as i32)
+}
+
+/// `requant_weight_ue8m0_inplace` (0.21.0 utils/fp8_utils.py L932-989): each block's codes
+/// dequantized with its scale, then requantized with `2^⌈log2(max(amax, 1e-4) / 448)⌉`
+/// (`per_block_cast_to_fp8(…, use_ue8m0=True)`, utils/deep_gemm.py L503-523); codes and
+/// scales replaced in place.
+pub fn requant_ue8m0(codes: &mut [u8], scales: &mut [f32], n: usize, k: usize, block: BlockSize) {
+    let kb = k.div_ceil(block.k);
+    for (bi, s) in scales.iter_mut().enumerate() {
+        let (br, bc) = (bi / kb, bi % kb);
+        let rows = br * block.n..((br + 1) * block.n).min(n);
+        let cols = bc * block.k..((bc + 1) * block.k).min(k);
+        let mut amax = 0f32;
+        for r in rows.clone() {
+            for c in cols.clone() {
+                amax = amax.max((decode(codes[r * k + c]) * *s).abs());
+            }
+        }
+        let s2 = 2f32.powi((amax.max(1e-4) / E4M3_MAX).log2().ceil() as i32);
+        for r in rows.clone() {
+            for c in cols.clone() {
+                let w = decode(codes[r * k + c]) * *s;
+                codes[r * k + c] = encode(w * (1.0 / s2));
+            }
+        }
+        *s = s2;
     }
 }
 
@@ -70,11 +133,33 @@ pub fn quantize_group(y: &[f32], codes: &mut [u8]) -> f32 {
 /// `per_token_group_quant_fp8(x [m, k], group)`: the codes `[m, k]` and the scales, row-major
 /// `[m, k / group]` (the GPU's column-major copy holds the same values).
 pub fn per_token_group_quant(x: &[f32], k: usize, group: usize) -> (Vec<u8>, Vec<f32>) {
+    per_token_group_quant_as(x, k, group, false)
+}
+
+/// `per_token_group_quant`, with `use_ue8m0` each group's scale rounded up to a power of two
+/// (`ue8m0_scale`; vLLM's `per_token_group_quant.cu` `ComputeGroupScale` with `SCALE_UE8M0`),
+/// as DeepGEMM's branch quantizes from 0.21.
+#[allow(clippy::manual_clamp)]
+pub fn per_token_group_quant_as(
+    x: &[f32],
+    k: usize,
+    group: usize,
+    ue8m0: bool,
+) -> (Vec<u8>, Vec<f32>) {
     let mut codes = vec![0u8; x.len()];
     let scales = x
         .chunks(group)
         .zip(codes.chunks_mut(group))
-        .map(|(y, c)| quantize_group(y, c))
+        .map(|(y, c)| {
+            if !ue8m0 {
+                return quantize_group(y, c);
+            }
+            let s = ue8m0_scale(y.iter().fold(0.0f32, |m, v| m.max(v.abs())));
+            for (c, &v) in c.iter_mut().zip(y) {
+                *c = encode((v / s).min(E4M3_MAX).max(-E4M3_MAX));
+            }
+            s
+        })
         .collect();
     debug_assert!(k.is_multiple_of(group));
     (codes, scales)
@@ -163,6 +248,10 @@ pub struct Fp8BlockLinear {
     /// `scale_inv` holds the grid transposed, `[ceil(k / bk), ceil(n / bn)]` (0.11.0 on
     /// Hopper after loading).
     pub scales_transposed: bool,
+    /// The model's activation dtype (DeepGEMM's kernel takes a bf16 output only).
+    pub act: DType,
+    /// The codes and scales were requantized to power-of-two block scales (0.21 on, DeepGEMM).
+    pub ue8m0: bool,
 }
 
 impl Fp8BlockLinear {
@@ -178,6 +267,24 @@ impl Fp8BlockLinear {
     /// L306-323; 0.15.1 and 0.19.0 `replace_parameter` of the same data, 0.19.0 fp8.py
     /// L398-406).
     pub fn after_loading(&mut self, rt: &Runtime) -> Result<()> {
+        if let Fp8BlockPath::DeepGemm { .. } = rt.fp8_block_path() {
+            // `deepgemm_post_process_fp8_weight_block` (0.21.0 kernels/linear/scaled_mm/
+            // deep_gemm.py L84-107): the codes and scales requantized to power-of-two block
+            // scales in place (no new persistent tensor; the f32 transients of the requant
+            // are load-time only and not modelled), the scale grid kept as stored on SM90.
+            let (n, k) = (self.out_features, self.in_features);
+            if rt.backend() == Backend::Cpu
+                && deep_gemm_eligible(self.act, n, k)
+                && !self.scales_transposed
+                && !self.ue8m0
+            {
+                let mut scales = self.host_scales().into_owned();
+                requant_ue8m0(self.qweight.u8_mut(), &mut scales, n, k, self.block);
+                self.scale_inv.f32_mut().copy_from_slice(&scales);
+            }
+            self.ue8m0 = deep_gemm_eligible(self.act, n, k);
+            return Ok(());
+        }
         if rt.fp8_block_path() != Fp8BlockPath::PadAlways || self.scales_transposed {
             return Ok(());
         }
@@ -313,10 +420,19 @@ impl Fp8BlockLinear {
         if rt.backend() == Backend::Cuda {
             return Err(cuda_refused());
         }
-        let path = rt.fp8_block_path();
+        let mut path = rt.fp8_block_path();
         let act_t = |nm: &str, shape: &[usize], dt: DType| {
             rt.tensor(format!("{name}.{nm}"), Category::Activation, shape, dt)
         };
+        if let Fp8BlockPath::DeepGemm { fallback_pads } = path {
+            if deep_gemm_eligible(act, n, k) {
+                return self.forward_deep_gemm(rt, x, name, act, rows);
+            }
+            // CUTLASS's kernel for the others: 0.21-0.23 pad as 0.19 did, 0.24 on not.
+            path = Fp8BlockPath::Op {
+                pad_to_four: fallback_pads,
+            };
+        }
         // 0.11.0 on Hopper: `F.pad(input_2d, (0, 0, 0, num_pad))` with `num_pad = 4 - m % 4`
         // (utils/fp8_utils.py L157-166): a new `[m + num_pad, k]` input in `act`, zeros below.
         let pad_rows = match path {
@@ -402,12 +518,98 @@ impl Fp8BlockLinear {
                 drop(qinput);
                 drop(x_scale);
             }
-            Fp8BlockPath::Op { .. } => {
+            Fp8BlockPath::Op { .. } | Fp8BlockPath::DeepGemm { .. } => {
                 drop(pad_copies);
                 drop(x_scale);
                 drop(qinput);
             }
         }
+        Ok(out)
+    }
+
+    /// `FlashInferFp8DeepGEMMDynamicBlockScaledKernel.apply_weights` (0.21.0 kernels/linear/
+    /// scaled_mm/BlockScaledMMLinearKernel.py L97-141, flashinfer.py L225-309; the same to
+    /// 0.33.0; docs/reading/vllm-fp8-block-deepgemm.md §2.3-2.4): a `[1]` placeholder for the
+    /// absent input scale (one 512-byte block, alive across the call), then by the token count:
+    /// - from 32 tokens, vLLM's `per_token_group_quant_fp8(…, column_major_scales=True,
+    ///   use_ue8m0=True)`: the codes `[m, k]` and the scales (`[kb, m]` f32 storage, no TMA
+    ///   padding), the output `[m, n]`, and inside DeepGEMM's `fp8_gemm_nt` a TMA-aligned copy
+    ///   of the scales (`m + (kb − 1)·a4(m)` f32) only when `m % 4 != 0`; the codes then the
+    ///   scales die as the closure returns;
+    /// - below 32, FlashInfer's `fp8_blockscale_gemm_sm90` on the 16-bit input: the output and
+    ///   its workspace `a4(M̂)·k + a32(m)·kb·4 + n·k + kb·nb·4` bytes (a whole fp8 copy of the
+    ///   weight; `M̂` the most tokens any call below 32 has passed in this process, the
+    ///   runner being cached), freed as it returns.
+    fn forward_deep_gemm(
+        &self,
+        rt: &Runtime,
+        x: &Tensor,
+        name: &str,
+        act: DType,
+        rows: &[usize],
+    ) -> Result<Tensor> {
+        let (m, k, n) = (x.rows(), x.cols(), self.out_features);
+        let bk = self.block.k;
+        let kb = k.div_ceil(bk);
+        let a4 = |v: usize| v.next_multiple_of(4);
+        let act_t = |nm: &str, shape: &[usize], dt: DType| {
+            rt.tensor_for_overwrite(format!("{name}.{nm}"), Category::Activation, shape, dt)
+        };
+        rt.set_op("fp8.deep_gemm_placeholder");
+        let placeholder = act_t("input_scale_placeholder", &[1], act)?;
+        if m < 32 {
+            if rt.backend() == Backend::Cpu {
+                return Err(Error::Request(format!(
+                    "{name}: FlashInfer's SM90 block GEMM below 32 tokens quantizes the 16-bit input itself (TRT-LLM's fp8CS1x128), whose rounding was not read; CPU compute runs 32 tokens or more under --vllm 0.21 on (dry runs any)"
+                )));
+            }
+            rt.set_op("fp8.flashinfer_blockscale_gemm_sm90");
+            let out = act_t("out", &[m, n], act)?;
+            let m_hat = rt.note_fp8_flashinfer_rows(a4(m));
+            let [nb, _] = self.block.grid(n, k);
+            let a32 = m.next_multiple_of(32);
+            let ws = m_hat * k + a32 * kb * 4 + n * k + kb * nb * 4;
+            drop(act_t("flashinfer_workspace", &[ws], DType::U8)?);
+            drop(placeholder);
+            return Ok(out);
+        }
+        rt.set_op("fp8.per_token_group_quant_fp8");
+        let mut qinput = act_t("qinput", &[m, k], DType::F8E4M3)?;
+        let mut x_scale = act_t("x_scale", &[m, kb], DType::F32)?;
+        let mut xdq = Vec::new();
+        if rt.backend() == Backend::Cpu {
+            let (codes, scales) = per_token_group_quant_as(x.f32(), k, bk, true);
+            xdq = codes
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| decode(c) * scales[i / bk])
+                .collect();
+            qinput.u8_mut().copy_from_slice(&codes);
+            x_scale.f32_mut().copy_from_slice(&scales);
+        }
+        rt.set_op("fp8.deep_gemm_fp8_gemm_nt");
+        let mut out = act_t("out", &[m, n], act)?;
+        if m % 4 != 0 {
+            drop(act_t(
+                "x_scale_tma_aligned",
+                &[m + (kb - 1) * a4(m)],
+                DType::F32,
+            )?);
+        }
+        if rt.backend() == Backend::Cpu {
+            let host_scales = self.host_scales();
+            let (codes, scales) = (self.qweight.u8(), &host_scales[..]);
+            let block = self.block;
+            let decode_rows = |r: std::ops::Range<usize>, buf: &mut [f32]| {
+                dequantize_rows(codes, scales, k, block, r, buf)
+            };
+            // DeepGEMM sums in f32 and writes bf16.
+            let o = out.f32_mut();
+            super::host_decoded_matmul(rt, &xdq, (m, k), rows, o, decode_rows, |a| act.round(a))?;
+        }
+        drop(qinput);
+        drop(x_scale);
+        drop(placeholder);
         Ok(out)
     }
 }
@@ -520,9 +722,9 @@ pub fn check_gpu(arch: &str, gpu: &str) -> Result<()> {
 /// (`era`), 0.8.5 asked as `--vllm 0.8` or `0.8.5` (0.9 shares the 0.8 row for the profile
 /// run, but its block-wise linear was not checked against 0.8.5's; the V1 0.10 row has none
 /// read), and the V1
-/// releases 0.11, 0.15 and 0.19. 0.6.3 to 0.6.5 have no `weight_block_size`; 0.6.6 (which
-/// shares the 0.6.5 row) reads it but runs Triton only and makes no device identity; 0.7 and
-/// 0.21 on are not read.
+/// releases 0.11, 0.15, 0.19 and 0.21 on (DeepGEMM on Hopper). 0.6.3 to 0.6.5 have no
+/// `weight_block_size`; 0.6.6 (which shares the 0.6.5 row) reads it but runs Triton only and
+/// makes no device identity; 0.7 is not read.
 pub fn check_release(era: Option<Fp8BlockEra>, release: &str, asked: &str) -> Result<Fp8BlockEra> {
     match era {
         Some(Fp8BlockEra::V0_8) if !matches!(asked, "0.8" | "0.8.5") => {}
@@ -530,7 +732,7 @@ pub fn check_release(era: Option<Fp8BlockEra>, release: &str, asked: &str) -> Re
         None => {}
     }
     Err(Error::Request(format!(
-        "block-wise fp8 (weight_block_size) with --vllm {asked} (the {release} row): vramscope reproduces it as vLLM 0.8.5, 0.11.0, 0.15.1 and 0.19.0 load and run it, use --vllm 0.8, 0.11, 0.15 or 0.19 (0.6.3 to 0.6.5 cannot load it; 0.6.6, 0.7, 0.9, 0.10 and 0.21 on read it but are not modelled)"
+        "block-wise fp8 (weight_block_size) with --vllm {asked} (the {release} row): vramscope reproduces it as vLLM 0.8.5, 0.11.0, 0.15.1, 0.19.0 and 0.21.0-0.33.0 load and run it, use --vllm 0.8, 0.11, 0.15, 0.19 or 0.21 on (0.6.3 to 0.6.5 cannot load it; 0.6.6, 0.7, 0.9 and 0.10 read it but are not modelled)"
     )))
 }
 
@@ -646,6 +848,8 @@ mod tests {
             out_features: 4096,
             in_features: 4096,
             scales_transposed: false,
+            act: DType::BF16,
+            ue8m0: false,
         };
         assert_eq!(lin.weight_bytes(), 4096 * 4096 + 32 * 32 * 4);
         let x = rt
@@ -700,6 +904,8 @@ mod tests {
             out_features: n,
             in_features: k,
             scales_transposed: false,
+            act: DType::BF16,
+            ue8m0: false,
         };
         let x = rt
             .tensor_with_values("x", Category::Activation, &[m, k], DType::BF16, xv.clone())
@@ -741,6 +947,8 @@ mod tests {
             out_features: 512,
             in_features: 256,
             scales_transposed: false,
+            act: DType::BF16,
+            ue8m0: false,
         }
     }
 
@@ -760,6 +968,207 @@ mod tests {
         assert_eq!(out.shape, vec![m, 512]);
         drop(out);
         trace(&rt, from)
+    }
+
+    /// 0.21 on, an aligned bf16 linear (o_proj: n 512, k 256): the placeholder's 512-byte
+    /// block, the codes, the column-major scales `[kb, m]`, the output; DeepGEMM's TMA-aligned
+    /// scale copy `m + (kb − 1)·a4(m)` f32 only off a multiple of 4; the codes, then the
+    /// scales, then the placeholder die (flashinfer.py L225-309, BlockScaledMMLinearKernel.py
+    /// L97-141 at 0.21.0). Below 32 tokens FlashInfer's SM90 GEMM: the output, then its
+    /// workspace `a4(M̂)·k + a32(m)·kb·4 + n·k + kb·nb·4` freed at once, M̂ the most tokens a
+    /// call below 32 has passed. A linear DeepGEMM does not take (an fp16 model) runs CUTLASS
+    /// as 0.19 did under 0.21-0.23, without the padding copies from 0.24.
+    #[test]
+    fn v0_21_runs_deep_gemm_from_32_tokens_and_flashinfer_below() {
+        let path = Fp8BlockPath::DeepGemm {
+            fallback_pads: true,
+        };
+        for m in [2048u64, 2046] {
+            let mut want = vec![
+                ("alloc", "o.input_scale_placeholder".into(), 512),
+                ("alloc", "o.qinput".into(), r(m * 256)),
+                ("alloc", "o.x_scale".into(), r(m * 2 * 4)),
+                ("alloc", "o.out".into(), r(2 * m * 512)),
+            ];
+            if m % 4 != 0 {
+                let copy = r(4 * (m + m.next_multiple_of(4)));
+                want.push(("alloc", "o.x_scale_tma_aligned".into(), copy));
+                want.push(("free", "o.x_scale_tma_aligned".into(), copy));
+            }
+            want.extend([
+                ("free", "o.qinput".into(), r(m * 256)),
+                ("free", "o.x_scale".into(), r(m * 2 * 4)),
+                ("free", "o.input_scale_placeholder".into(), 512),
+                ("free", "o.out".into(), r(2 * m * 512)),
+            ]);
+            assert_eq!(forward_trace(path, m as usize), want, "{m}");
+        }
+        // Below 32: 24 then 8 tokens in one process keep M̂ = 24.
+        let rt = runtime("dry");
+        rt.set_fp8_block_path(path);
+        let lin = o_proj(&rt);
+        let ws = |m_hat: u64, m: u64| {
+            m_hat * 256 + m.next_multiple_of(32) * 2 * 4 + 512 * 256 + 2 * 4 * 4
+        };
+        for (m, m_hat) in [(24u64, 24u64), (8, 24)] {
+            let x = rt
+                .tensor("x", Category::Activation, &[m as usize, 256], DType::BF16)
+                .unwrap();
+            let from = rt.event_count();
+            drop(lin.forward(&rt, &x, "o", DType::BF16, &[512]).unwrap());
+            assert_eq!(
+                trace(&rt, from),
+                vec![
+                    ("alloc", "o.input_scale_placeholder".into(), 512),
+                    ("alloc", "o.out".into(), r(2 * m * 512)),
+                    ("alloc", "o.flashinfer_workspace".into(), r(ws(m_hat, m))),
+                    ("free", "o.flashinfer_workspace".into(), r(ws(m_hat, m))),
+                    ("free", "o.input_scale_placeholder".into(), 512),
+                    ("free", "o.out".into(), r(2 * m * 512)),
+                ],
+                "{m}"
+            );
+        }
+        assert_eq!(ws(24, 24), 6144 + 256 + 131_072 + 32);
+        // An fp16 model's linear: CUTLASS, 0.19's order (scales freed first).
+        let rt = runtime("dry");
+        rt.set_fp8_block_path(Fp8BlockPath::DeepGemm {
+            fallback_pads: false,
+        });
+        let lin = o_proj(&rt);
+        let x = rt
+            .tensor("x", Category::Activation, &[2046, 256], DType::F16)
+            .unwrap();
+        let from = rt.event_count();
+        drop(lin.forward(&rt, &x, "o", DType::F16, &[512]).unwrap());
+        let names: Vec<String> = trace(&rt, from)
+            .into_iter()
+            .map(|t| format!("{} {}", t.0, t.1))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "alloc o.qinput",
+                "alloc o.x_scale",
+                "alloc o.out",
+                "free o.x_scale",
+                "free o.qinput",
+                "free o.out"
+            ]
+        );
+    }
+
+    /// CPU compute under 0.21 on: after loading the weight blocks hold power-of-two scales,
+    /// and the forward quantizes each token group with a power-of-two scale (DeepGEMM's E8M0),
+    /// the f32 sum rounded to bf16.
+    #[test]
+    fn deep_gemm_host_forward_uses_power_of_two_scales_for_weights_and_activations() {
+        let rt = runtime("compute");
+        rt.set_fp8_block_path(Fp8BlockPath::DeepGemm {
+            fallback_pads: false,
+        });
+        let (m, k, n) = (32, 256, 64);
+        let wv: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+            .collect();
+        let xv: Vec<f32> = (0..m * k)
+            .map(|i| DType::BF16.round(((i * 53 % 97) as f32 - 48.0) / 16.0))
+            .collect();
+        let (codes, scales) = quantize_weight(&wv, n, k, B128);
+        let mut qweight = rt
+            .tensor("w.weight", Category::Weight, &[n, k], DType::F8E4M3)
+            .unwrap();
+        qweight.u8_mut().copy_from_slice(&codes);
+        let scale_inv = rt
+            .tensor_with_values(
+                "w.weight_scale_inv",
+                Category::Weight,
+                &[1, 2],
+                DType::F32,
+                scales.clone(),
+            )
+            .unwrap();
+        let mut lin = Fp8BlockLinear {
+            qweight,
+            scale_inv,
+            block: B128,
+            out_features: n,
+            in_features: k,
+            scales_transposed: false,
+            act: DType::BF16,
+            ue8m0: false,
+        };
+        lin.after_loading(&rt).unwrap();
+        lin.after_loading(&rt).unwrap();
+        let (mut wq, mut ws) = (codes.clone(), scales.clone());
+        requant_ue8m0(&mut wq, &mut ws, n, k, B128);
+        assert_eq!(lin.qweight.u8(), &wq[..]);
+        assert_eq!(lin.scale_inv.f32(), &ws[..]);
+        let x = rt
+            .tensor_with_values("x", Category::Activation, &[m, k], DType::BF16, xv.clone())
+            .unwrap();
+        let out = lin.forward(&rt, &x, "w", DType::BF16, &[n]).unwrap();
+        for r in 0..m {
+            let group = |g: usize| &xv[r * k + g * 128..r * k + g * 128 + 128];
+            let xs: Vec<f32> = (0..2)
+                .map(|g| {
+                    let amax = group(g).iter().fold(0f32, |a, v| a.max(v.abs()));
+                    2f32.powi((amax / 448.0).log2().ceil() as i32)
+                })
+                .collect();
+            for c in 0..n {
+                let acc: f64 = (0..k)
+                    .map(|i| {
+                        let a = encode(xv[r * k + i] / xs[i / 128]);
+                        decode(a) as f64
+                            * xs[i / 128] as f64
+                            * decode(wq[c * k + i]) as f64
+                            * ws[i / 128] as f64
+                    })
+                    .sum();
+                let got = out.f32()[r * n + c] as f64;
+                assert!(
+                    (got - acc).abs() <= acc.abs() / 256.0 + 1e-3,
+                    "{r} {c}: {got} vs {acc}"
+                );
+            }
+        }
+    }
+
+    /// `requant_weight_ue8m0_inplace`: every block's scale a power of two at least the
+    /// block's `amax / 448`, each weight within e4m3's rounding (a sixteenth) of its value.
+    #[test]
+    fn deep_gemm_requantizes_weight_blocks_to_power_of_two_scales() {
+        let (n, k) = (256, 256);
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 4096.0 * (1 + (i / k) / 128) as f32)
+            .collect();
+        let (mut codes, mut scales) = quantize_weight(&w, n, k, B128);
+        let before: Vec<f32> = (0..n * k)
+            .map(|i| decode(codes[i]) * scales[(i / k / 128) * 2 + (i % k) / 128])
+            .collect();
+        requant_ue8m0(&mut codes, &mut scales, n, k, B128);
+        for (b, s) in scales.iter().enumerate() {
+            assert_eq!(s.log2().fract(), 0.0, "block {b}: {s}");
+            let (br, bc) = (b / 2, b % 2);
+            let amax = (br * 128..br * 128 + 128)
+                .flat_map(|r| (bc * 128..bc * 128 + 128).map(move |c| r * k + c))
+                .fold(0f32, |m, i| m.max(before[i].abs()));
+            assert!(
+                *s >= amax / E4M3_MAX && *s < 2.0 * amax / E4M3_MAX,
+                "{s} {amax}"
+            );
+        }
+        for i in 0..n * k {
+            let after = decode(codes[i]) * scales[(i / k / 128) * 2 + (i % k) / 128];
+            assert!(
+                (after - before[i]).abs() <= before[i].abs() / 16.0 + scales[0] * 1e-2,
+                "{i}"
+            );
+        }
+        assert_eq!(ue8m0_scale(448.0), 1.0);
+        assert_eq!(ue8m0_scale(449.0), 2.0);
+        assert_eq!(ue8m0_scale(224.0), 0.5);
     }
 
     #[test]
@@ -869,6 +1278,8 @@ mod tests {
                 out_features: n,
                 in_features: k,
                 scales_transposed: false,
+                act: DType::BF16,
+                ue8m0: false,
             };
             let from = rt.event_count();
             lin.after_loading(&rt).unwrap();
