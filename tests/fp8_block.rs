@@ -88,27 +88,28 @@ fn write_block_headers(dir: &Path, cfg_json: &serde_json::Value) -> u64 {
 
 /// A dry `profile --json` of the model in `dir` on a simulated H100: the report.
 fn dry_profile(dir: &Path, extra: &[&str]) -> serde_json::Value {
-    let json = dir.join("r.json");
-    let mut args = vec![
+    let mut args = vec!["--vllm", "0.8", "--device", "sim:h100-80gb:dry"];
+    args.extend_from_slice(extra);
+    profile_json(dir, "r.json", &args).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `profile -q --json DIR/NAME --model DIR ARGS`: the report, or the error line.
+fn profile_json(dir: &Path, name: &str, args: &[&str]) -> Result<serde_json::Value, String> {
+    let json = dir.join(name);
+    let mut all = vec![
         "profile",
         "-q",
         "--json",
         json.to_str().unwrap(),
         "--model",
         dir.to_str().unwrap(),
-        "--vllm",
-        "0.8",
-        "--device",
-        "sim:h100-80gb:dry",
     ];
-    args.extend_from_slice(extra);
-    let out = vramscope(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap()
+    all.extend_from_slice(args);
+    let out = vramscope(&all);
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap())
 }
 
 #[test]
@@ -1113,27 +1114,11 @@ fn v1_padding_and_transposed_scales_leave_the_logits_as_they_were() {
 /// A dry `profile --json` of Qwen3-8B-FP8's shapes on a simulated `device` under `vllm` at 8192
 /// tokens: the report, or the error line.
 fn dry_profile_under(dir: &Path, device: &str, vllm: &str) -> Result<serde_json::Value, String> {
-    let json = dir.join(format!("r-{vllm}.json"));
-    let out = vramscope(&[
-        "profile",
-        "-q",
-        "--json",
-        json.to_str().unwrap(),
-        "--model",
-        dir.to_str().unwrap(),
-        "--vllm",
-        vllm,
-        "--device",
-        device,
-        "--tokens",
-        "8192",
-        "--seqs",
-        "256",
-    ]);
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-    }
-    Ok(serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap())
+    let name = format!("r-{vllm}.json");
+    let args = [
+        "--vllm", vllm, "--device", device, "--tokens", "8192", "--seqs", "256",
+    ];
+    profile_json(dir, &name, &args)
 }
 
 /// Qwen3-8B-FP8 under 0.21-0.33 on an H100 (docs/reading/vllm-fp8-block-deepgemm.md): DeepGEMM

@@ -28,9 +28,14 @@ fn plan_csv(device: &str, vllm: &str) -> Vec<Row> {
 
 /// `plan_csv` for another model.
 fn plan_csv_of(device: &str, vllm: &str, model: &str) -> Vec<Row> {
+    plan_csv_with(device, vllm, model, &[])
+}
+
+/// `plan_csv_of` with more of vLLM's flags after the model.
+fn plan_csv_with(device: &str, vllm: &str, model: &str, flags: &[&str]) -> Vec<Row> {
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("t.csv");
-    let out = common::cli::vramscope(&[
+    let mut args = vec![
         "plan",
         "-q",
         "--csv",
@@ -43,7 +48,9 @@ fn plan_csv_of(device: &str, vllm: &str, model: &str) -> Vec<Row> {
         "vllm",
         "serve",
         model,
-    ]);
+    ];
+    args.extend_from_slice(flags);
+    let out = common::cli::vramscope(&args);
     common::cli::ok(&out);
     std::fs::read_to_string(&csv)
         .unwrap()
@@ -360,35 +367,17 @@ fn qwen1_5_moe_at_tp_2_frees_the_shared_output_before_the_all_reduce_under_0_19_
     let model = dir.path().to_str().unwrap();
     let mh = 2048u64 * 2048 * 2;
     let tail = |vllm: &str| {
-        let dir2 = tempfile::tempdir().unwrap();
-        let csv = dir2.path().join("t.csv");
-        let out = common::cli::vramscope(&[
-            "plan",
-            "-q",
-            "--csv",
-            csv.to_str().unwrap(),
-            "--device",
+        let rows: Vec<(bool, String, u64)> = plan_csv_with(
             "sim:a100-80gb:dry",
-            "--vllm",
             vllm,
-            "--",
-            "vllm",
-            "serve",
             model,
-            "--tensor-parallel-size",
-            "2",
-        ]);
-        common::cli::ok(&out);
-        let rows: Vec<(bool, String, u64)> = std::fs::read_to_string(&csv)
-            .unwrap()
-            .lines()
-            .skip(1)
-            .map(fields)
-            .filter(|f| f[2] == "1" && f.last().is_some_and(|r| r == "0"))
-            .filter(|f| f[3] == "alloc" || f[3] == "free")
-            .filter(|f| f[6].starts_with("layers.5.moe.") || f[6] == "layers.5.shared_expert.gated")
-            .map(|f| (f[3] == "alloc", f[6].clone(), f[8].parse().unwrap()))
-            .collect();
+            &["--tensor-parallel-size", "2"],
+        )
+        .into_iter()
+        .filter(|r| r.0 == 1 && (r.1 == "alloc" || r.1 == "free"))
+        .filter(|r| r.4.starts_with("layers.5.moe.") || r.4 == "layers.5.shared_expert.gated")
+        .map(|r| (r.1 == "alloc", r.4, r.5))
+        .collect();
         rows[rows.len() - 8..].to_vec()
     };
     let t = |a: bool, n: &str| (a, format!("layers.5.{n}"), mh);

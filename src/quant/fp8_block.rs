@@ -877,39 +877,7 @@ mod tests {
         let rt = runtime("compute");
         let (m, k, n) = (3, 256, 5);
         let blk = BlockSize { n: 2, k: 128 };
-        let wv: Vec<f32> = (0..n * k)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
-            .collect();
-        let xv: Vec<f32> = (0..m * k)
-            .map(|i| DType::BF16.round(((i * 53 % 97) as f32 - 48.0) / 16.0))
-            .collect();
-        let (codes, scales) = quantize_weight(&wv, n, k, blk);
-        let mut qweight = rt
-            .tensor("w.weight", Category::Weight, &[n, k], DType::F8E4M3)
-            .unwrap();
-        qweight.u8_mut().copy_from_slice(&codes);
-        let scale_inv = rt
-            .tensor_with_values(
-                "w.weight_scale_inv",
-                Category::Weight,
-                &[3, 2],
-                DType::F32,
-                scales.clone(),
-            )
-            .unwrap();
-        let lin = Fp8BlockLinear {
-            qweight,
-            scale_inv,
-            block: blk,
-            out_features: n,
-            in_features: k,
-            scales_transposed: false,
-            act: DType::BF16,
-            ue8m0: false,
-        };
-        let x = rt
-            .tensor_with_values("x", Category::Activation, &[m, k], DType::BF16, xv.clone())
-            .unwrap();
+        let (lin, codes, scales, x, xv) = seeded_linear(&rt, (m, k, n), blk);
         let out = lin.forward(&rt, &x, "w", DType::BF16, &[n]).unwrap();
         let (xq, xs) = per_token_group_quant(&xv, k, 128);
         for r in 0..m {
@@ -934,6 +902,51 @@ mod tests {
                 assert_eq!(got, DType::BF16.round(got));
             }
         }
+    }
+
+    /// A bf16 linear of `n` outputs over `k` inputs quantized in blocks `blk` from seeded
+    /// weights, and a seeded bf16 input of `m` rows: the layer, its codes and scales, the input
+    /// and its values.
+    fn seeded_linear(
+        rt: &Runtime,
+        (m, k, n): (usize, usize, usize),
+        blk: BlockSize,
+    ) -> (Fp8BlockLinear, Vec<u8>, Vec<f32>, Tensor, Vec<f32>) {
+        let wv: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+            .collect();
+        let xv: Vec<f32> = (0..m * k)
+            .map(|i| DType::BF16.round(((i * 53 % 97) as f32 - 48.0) / 16.0))
+            .collect();
+        let (codes, scales) = quantize_weight(&wv, n, k, blk);
+        let mut qweight = rt
+            .tensor("w.weight", Category::Weight, &[n, k], DType::F8E4M3)
+            .unwrap();
+        qweight.u8_mut().copy_from_slice(&codes);
+        let grid = blk.grid(n, k);
+        let scale_inv = rt
+            .tensor_with_values(
+                "w.weight_scale_inv",
+                Category::Weight,
+                &grid,
+                DType::F32,
+                scales.clone(),
+            )
+            .unwrap();
+        let lin = Fp8BlockLinear {
+            qweight,
+            scale_inv,
+            block: blk,
+            out_features: n,
+            in_features: k,
+            scales_transposed: false,
+            act: DType::BF16,
+            ue8m0: false,
+        };
+        let x = rt
+            .tensor_with_values("x", Category::Activation, &[m, k], DType::BF16, xv.clone())
+            .unwrap();
+        (lin, codes, scales, x, xv)
     }
 
     fn o_proj(rt: &Runtime) -> Fp8BlockLinear {
@@ -1068,45 +1081,13 @@ mod tests {
             fallback_pads: false,
         });
         let (m, k, n) = (32, 256, 64);
-        let wv: Vec<f32> = (0..n * k)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
-            .collect();
-        let xv: Vec<f32> = (0..m * k)
-            .map(|i| DType::BF16.round(((i * 53 % 97) as f32 - 48.0) / 16.0))
-            .collect();
-        let (codes, scales) = quantize_weight(&wv, n, k, B128);
-        let mut qweight = rt
-            .tensor("w.weight", Category::Weight, &[n, k], DType::F8E4M3)
-            .unwrap();
-        qweight.u8_mut().copy_from_slice(&codes);
-        let scale_inv = rt
-            .tensor_with_values(
-                "w.weight_scale_inv",
-                Category::Weight,
-                &[1, 2],
-                DType::F32,
-                scales.clone(),
-            )
-            .unwrap();
-        let mut lin = Fp8BlockLinear {
-            qweight,
-            scale_inv,
-            block: B128,
-            out_features: n,
-            in_features: k,
-            scales_transposed: false,
-            act: DType::BF16,
-            ue8m0: false,
-        };
+        let (mut lin, codes, scales, x, xv) = seeded_linear(&rt, (m, k, n), B128);
         lin.after_loading(&rt).unwrap();
         lin.after_loading(&rt).unwrap();
         let (mut wq, mut ws) = (codes.clone(), scales.clone());
         requant_ue8m0(&mut wq, &mut ws, n, k, B128);
         assert_eq!(lin.qweight.u8(), &wq[..]);
         assert_eq!(lin.scale_inv.f32(), &ws[..]);
-        let x = rt
-            .tensor_with_values("x", Category::Activation, &[m, k], DType::BF16, xv.clone())
-            .unwrap();
         let out = lin.forward(&rt, &x, "w", DType::BF16, &[n]).unwrap();
         for r in 0..m {
             let group = |g: usize| &xv[r * k + g * 128..r * k + g * 128 + 128];
