@@ -487,19 +487,8 @@ impl Fp8BlockLinear {
             act,
         )?;
         if rt.backend() == Backend::Cpu {
-            let host_scales = self.host_scales();
-            let (codes, scales) = (self.qweight.u8(), &host_scales[..]);
-            let block = self.block;
-            let decode_rows = |r: std::ops::Range<usize>, buf: &mut [f32]| {
-                dequantize_rows(codes, scales, k, block, r, buf)
-            };
-            // The activations as their codes times their group's scale, the weights as
-            // theirs times their block's, summed in f32 and rounded to `act` (CUTLASS's
-            // `Sm90AccFetch` epilogue, Triton's `accumulator.to(...)`). The kernels sum each
-            // block of codes first and scale the partial sum: the same value up to f32
-            // rounding. Padded rows are zeros and are sliced away.
-            let o = &mut out.f32_mut()[..m * n];
-            super::host_decoded_matmul(rt, &xdq, (m, k), rows, o, decode_rows, |a| act.round(a))?;
+            // Padded rows are zeros and are sliced away.
+            self.host_product(rt, &xdq, rows, &mut out.f32_mut()[..m * n], act)?;
         }
         // `output[:m]` is a view: the padded rows' storage stays with it.
         if out_rows > m {
@@ -525,6 +514,31 @@ impl Fp8BlockLinear {
             }
         }
         Ok(out)
+    }
+
+    /// The host's product of the dequantized activations `xdq` (`[m, k]`) and this layer's
+    /// weights into `out`: the activations as their codes times their group's scale, the
+    /// weights as theirs times their block's, summed in f32 and rounded to `act` (CUTLASS's
+    /// `Sm90AccFetch` epilogue, Triton's `accumulator.to(...)`, DeepGEMM's bf16 output). The
+    /// kernels sum each block of codes first and scale the partial sum: the same value up to
+    /// f32 rounding.
+    fn host_product(
+        &self,
+        rt: &Runtime,
+        xdq: &[f32],
+        rows: &[usize],
+        out: &mut [f32],
+        act: DType,
+    ) -> Result<()> {
+        let k = self.in_features;
+        let host_scales = self.host_scales();
+        let (codes, scales) = (self.qweight.u8(), &host_scales[..]);
+        let block = self.block;
+        let decode_rows = |r: std::ops::Range<usize>, buf: &mut [f32]| {
+            dequantize_rows(codes, scales, k, block, r, buf)
+        };
+        let m = xdq.len() / k;
+        super::host_decoded_matmul(rt, xdq, (m, k), rows, out, decode_rows, |a| act.round(a))
     }
 
     /// `FlashInferFp8DeepGEMMDynamicBlockScaledKernel.apply_weights` (0.21.0 kernels/linear/
@@ -597,15 +611,8 @@ impl Fp8BlockLinear {
             )?);
         }
         if rt.backend() == Backend::Cpu {
-            let host_scales = self.host_scales();
-            let (codes, scales) = (self.qweight.u8(), &host_scales[..]);
-            let block = self.block;
-            let decode_rows = |r: std::ops::Range<usize>, buf: &mut [f32]| {
-                dequantize_rows(codes, scales, k, block, r, buf)
-            };
             // DeepGEMM sums in f32 and writes bf16.
-            let o = out.f32_mut();
-            super::host_decoded_matmul(rt, &xdq, (m, k), rows, o, decode_rows, |a| act.round(a))?;
+            self.host_product(rt, &xdq, rows, out.f32_mut(), act)?;
         }
         drop(qinput);
         drop(x_scale);
