@@ -199,6 +199,86 @@ fn qwen3_moe_with_data_and_expert_parallel_routes_before_the_dispatch_from_0_21(
     }
 }
 
+/// Qwen1.5-MoE-A2.7B's config.json (60 experts of 1408, top 4, a shared expert of 5632).
+fn qwen1_5_moe_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({
+        "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+        "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 151936,
+        "max_position_embeddings": 8192, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": false, "num_experts": 60, "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+        "norm_topk_prob": false, "decoder_sparse_step": 1, "torch_dtype": "bfloat16"
+    });
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
+/// Qwen1.5-MoE-A2.7B with DP 2 under 0.21 and 0.33 on A100s: the shared expert runs inside
+/// the op on this replica's M tokens before the routing (`NO_OVERLAP`: the naive DP/EP
+/// prepare/finalize cannot overlap, 0.21.0 modular_kernel.py L242-247,
+/// runner/shared_experts.py L92-112), then the routing on the M tokens, the output, the
+/// gather of `[2M, H]`, `[2M, k]` and `[2M, k]`, the experts, and after the op the sum
+/// `shared + routed` (runner/moe_runner.py). Under 0.19 (the runner's dispatch) a shared
+/// expert with data parallel is refused by name.
+#[test]
+fn qwen2_moe_with_data_parallel_runs_its_shared_expert_on_the_replicas_tokens_from_0_21() {
+    let dir = qwen1_5_moe_dir();
+    let model = dir.path().to_str().unwrap();
+    let (m, h) = (8192u64, 2048u64);
+    for vllm in ["0.21", "0.33"] {
+        let r = run(&request(model, "sim:a100-80gb:dry", vllm, (1, 2, false)))
+            .unwrap_or_else(|e| panic!("{vllm}: {e}"));
+        let l: Vec<(bool, String, u64)> = r
+            .events
+            .iter()
+            .filter(|e| e.pass == 1 && matches!(e.kind, EventKind::Alloc | EventKind::Free))
+            .filter(|e| {
+                e.tensor.starts_with("layers.3.moe.")
+                    || e.tensor.starts_with("layers.3.shared_expert")
+            })
+            .map(|e| {
+                (
+                    e.kind == EventKind::Alloc,
+                    e.tensor["layers.3.".len()..].to_string(),
+                    e.bytes,
+                )
+            })
+            .collect();
+        let pos = |a: bool, n: &str| {
+            l.iter()
+                .position(|x| x.0 == a && x.1 == n)
+                .unwrap_or_else(|| panic!("{vllm}: no {n} in {l:?}"))
+        };
+        assert_eq!(l[pos(true, "shared_expert.gated")].2, m * h * 2, "{vllm}");
+        assert!(
+            pos(true, "shared_expert.gated") < pos(true, "moe.topk_ids"),
+            "{vllm}"
+        );
+        assert!(
+            pos(true, "moe.output") < pos(true, "moe.dispatched_hidden_states"),
+            "{vllm}"
+        );
+        assert_eq!(
+            l[pos(true, "moe.dispatched_hidden_states")].2,
+            2 * m * h * 2,
+            "{vllm}"
+        );
+        assert_eq!(l[pos(true, "moe.output")].2, m * h * 2, "{vllm}");
+        assert!(
+            pos(false, "moe.dispatched_hidden_states") < pos(true, "moe.plus_shared"),
+            "{vllm}"
+        );
+    }
+    let e = run(&request(model, "sim:a100-80gb:dry", "0.19", (1, 2, false))).unwrap_err();
+    assert!(
+        e.contains("shared expert") && e.contains("data parallel from 0.21"),
+        "{e}"
+    );
+    assert_eq!(e.lines().count(), 1, "{e}");
+}
+
 /// What vLLM runs differently is refused in one line naming it: the sequence-parallel MoE
 /// (Qwen3-MoE with expert parallel over TP 2 and DP 2; `use_sequence_parallel_moe`, 0.19.0
 /// config/parallel.py L530-543) in every V1 release; FlashInfer's CUTLASS experts with

@@ -1599,19 +1599,18 @@ impl Release {
             )));
         }
         // Expert and data parallel from 0.21 (docs/reading/vllm-expert-parallel-v1.md): read for
-        // the blocks of Mixtral, Qwen3-MoE and (expert parallel alone) Qwen2-MoE.
-        let read = match arch {
-            "mixtral" | "qwen3_moe" => true,
-            "qwen2_moe" => dp == 1,
-            _ => false,
-        };
+        // the blocks of Mixtral, Qwen3-MoE and Qwen2-MoE (whose shared expert runs on this
+        // replica's tokens before the routing: `MoEPrepareAndFinalizeNaiveDPEPModular` inherits
+        // `supports_async() -> False`, so `NO_OVERLAP`; 0.21.0 modular_kernel.py L242-247,
+        // runner/shared_experts.py L92-112).
+        let read = matches!(arch, "mixtral" | "qwen3_moe" | "qwen2_moe");
         if (dp > 1 || ep) && !read {
             return Err(Error::Request(format!(
                 "--vllm {}: model_type '{arch}' with {} is not modelled under this release: \
                  from 0.21 the unquantized experts route before a dispatch of the top-k \
                  weights and ids (MoEPrepareAndFinalizeNaiveDPEPModular) and the expert map \
-                 changes by release; read for Mixtral and Qwen3-MoE (and Qwen2-MoE with expert \
-                 parallel alone), not for this block; tensor parallel alone is reproduced",
+                 changes by release; read for Mixtral, Qwen2-MoE and Qwen3-MoE, not for this \
+                 block; tensor parallel alone is reproduced",
                 self.name,
                 if dp > 1 {
                     "data parallel"

@@ -258,11 +258,13 @@ fn modular_block_forward(
     gpu: &str,
 ) -> Result<Tensor> {
     // Qwen2-MoE's shared expert runs inside the op, before the routing, in every release from
-    // 0.15 (`shared_expert_in_op`; docs/reading/vllm-shared-experts-v1.md); with data
-    // parallel it is not read.
-    if block.shared.is_some() && crate::engine::ops_tp::moe_dp(rt).is_some() {
+    // 0.15 (`shared_expert_in_op`; docs/reading/vllm-shared-experts-v1.md), from 0.21 with data
+    // parallel too, on this replica's tokens; 0.15's and 0.19's runner dispatch with it is not
+    // read.
+    if block.shared.is_some() && crate::engine::ops_tp::moe_dp(rt).is_some() && how.v0_21.is_none()
+    {
         return Err(crate::base::error::Error::Request(format!(
-            "{layer}: a shared expert under vLLM V1's modular fused MoE with data parallel is not modelled (one GPU or tensor parallel only)"
+            "{layer}: a shared expert under vLLM 0.15's and 0.19's modular fused MoE with data parallel is not modelled (one GPU or tensor parallel; data parallel from 0.21)"
         )));
     }
     let workspace = workspace.ok_or_else(|| {
