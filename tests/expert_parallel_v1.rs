@@ -6,6 +6,8 @@
 //! runs for Qwen3-MoE, DeepSeek, Llama 4, gpt-oss and Qwen3-Next with expert parallel over
 //! several TP ranks and DP replicas is refused by name in every release.
 
+mod common;
+
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -199,22 +201,6 @@ fn qwen3_moe_with_data_and_expert_parallel_routes_before_the_dispatch_from_0_21(
     }
 }
 
-/// Qwen1.5-MoE-A2.7B's config.json (60 experts of 1408, top 4, a shared expert of 5632).
-fn qwen1_5_moe_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let config = serde_json::json!({
-        "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
-        "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
-        "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 151936,
-        "max_position_embeddings": 8192, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": false, "num_experts": 60, "num_experts_per_tok": 4,
-        "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
-        "norm_topk_prob": false, "decoder_sparse_step": 1, "torch_dtype": "bfloat16"
-    });
-    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    dir
-}
-
 /// Qwen1.5-MoE-A2.7B with DP 2 under 0.21 and 0.33 on A100s: the shared expert runs inside
 /// the op on this replica's M tokens before the routing (`NO_OVERLAP`: the naive DP/EP
 /// prepare/finalize cannot overlap, 0.21.0 modular_kernel.py L242-247,
@@ -224,7 +210,7 @@ fn qwen1_5_moe_dir() -> tempfile::TempDir {
 /// expert with data parallel is refused by name.
 #[test]
 fn qwen2_moe_with_data_parallel_runs_its_shared_expert_on_the_replicas_tokens_from_0_21() {
-    let dir = qwen1_5_moe_dir();
+    let dir = common::qwen1_5_moe_dir();
     let model = dir.path().to_str().unwrap();
     let (m, h) = (8192u64, 2048u64);
     for vllm in ["0.21", "0.33"] {

@@ -326,35 +326,6 @@ fn what_0_29_to_0_33_refuse_is_named_in_one_line() {
     }
 }
 
-/// Qwen1.5-MoE-A2.7B's config.json (Qwen2MoeForCausalLM: 60 experts of 1408, top 4, a shared
-/// expert of 5632 with its sigmoid gate).
-fn qwen1_5_moe_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let config = serde_json::json!({
-        "architectures": ["Qwen2MoeForCausalLM"],
-        "model_type": "qwen2_moe",
-        "hidden_size": 2048,
-        "intermediate_size": 5632,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 16,
-        "vocab_size": 151936,
-        "max_position_embeddings": 8192,
-        "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": false,
-        "num_experts": 60,
-        "num_experts_per_tok": 4,
-        "moe_intermediate_size": 1408,
-        "shared_expert_intermediate_size": 5632,
-        "norm_topk_prob": false,
-        "decoder_sparse_step": 1,
-        "torch_dtype": "bfloat16"
-    });
-    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    dir
-}
-
 /// Qwen1.5-MoE-A2.7B at tensor parallel 2: after the op 0.15 and 0.19 sum in the block
 /// (`final_hidden_states[0] + final_hidden_states[1]`, the tuple dropped as it is rebound), so
 /// the shared and the routed outputs die before the all-reduce (qwen2_moe.py 0.19.0 L187-192);
@@ -363,7 +334,7 @@ fn qwen1_5_moe_dir() -> tempfile::TempDir {
 /// all-reduce under 0.19.
 #[test]
 fn qwen1_5_moe_at_tp_2_frees_the_shared_output_before_the_all_reduce_under_0_19_only() {
-    let dir = qwen1_5_moe_dir();
+    let dir = common::qwen1_5_moe_dir();
     let model = dir.path().to_str().unwrap();
     let mh = 2048u64 * 2048 * 2;
     let tail = |vllm: &str| {
@@ -444,7 +415,7 @@ fn qwen1_5_moe_at_tp_2_frees_the_shared_output_before_the_all_reduce_under_0_19_
 ///   33,554,432 + 46,137,344 = 79,691,776 B.
 #[test]
 fn qwen1_5_moe_runs_its_shared_expert_inside_the_op_from_0_15() {
-    let dir = qwen1_5_moe_dir();
+    let dir = common::qwen1_5_moe_dir();
     let model = dir.path().to_str().unwrap();
     let (m, h, is, e, k, i) = (2048u64, 2048u64, 5632u64, 60u64, 4u64, 1408u64);
     let mh = m * h * 2;

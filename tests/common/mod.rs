@@ -686,3 +686,32 @@ pub fn write_hf_test_model(dir: &std::path::Path, name: &str) {
     };
     vramscope::model::gen_model_config(&hf_test_config(name), name, dir, &opts).unwrap();
 }
+
+/// Qwen1.5-MoE-A2.7B's config.json (Qwen2MoeForCausalLM: 60 experts of 1408, top 4, a shared
+/// expert of 5632 with its sigmoid gate).
+pub fn qwen1_5_moe_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe",
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "vocab_size": 151936,
+        "max_position_embeddings": 8192,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": false,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+        "norm_topk_prob": false,
+        "decoder_sparse_step": 1,
+        "torch_dtype": "bfloat16"
+    });
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    dir
+}
