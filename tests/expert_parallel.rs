@@ -190,6 +190,7 @@ fn experts_split_over_two_ranks_sum_to_the_whole() {
         shared: None,
         placement,
         expert_map: None,
+        gate_in_op: false,
     };
     let shape = MoeShape {
         num_experts: e,

@@ -139,8 +139,9 @@ fn q2_qwen3_next_80b_on_two_h200s_reproduces_block_padding_and_tokens() {
     );
 }
 
-/// V0 ran these models with its own MambaCacheManager, and 0.19 runs the shared expert inside
-/// the modular fused MoE: both refused by name.
+/// V0 ran these models with its own MambaCacheManager, and 0.21 changed the Gated DeltaNet's
+/// profile path and the logged tokens again (tests/qwen3_next_v1.rs holds 0.15 and 0.19):
+/// both refused by name.
 #[test]
 fn a_v0_release_is_refused_for_state_layers() {
     let req = ProfileRequest {
@@ -157,14 +158,14 @@ fn a_v0_release_is_refused_for_state_layers() {
         .to_string();
     assert!(err.contains("MambaCacheManager"), "{err}");
     let req = ProfileRequest {
-        vllm: "0.19".into(),
+        vllm: "0.21".into(),
         ..req
     };
     let err = profile::run(&req, None, Arc::new(AtomicBool::new(false)))
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("--vllm 0.19: model_type 'qwen3_next'"),
+        err.contains("--vllm 0.21: model_type 'qwen3_next'"),
         "{err}"
     );
 }

@@ -231,6 +231,7 @@ fn replayed_block_peak(name: &str) -> u64 {
         shared: None,
         placement: ExpertPlacement::all(e),
         expert_map: None,
+        gate_in_op: false,
     };
     rt.ensure_library_workspaces().unwrap();
     rt.reset_peak();
@@ -455,6 +456,7 @@ fn qwen2_moe_block_computes_what_its_model_file_computes() {
         }),
         placement: ExpertPlacement::all(e),
         expert_map: None,
+        gate_in_op: false,
     };
     let shape = MoeShape {
         num_experts: e,
@@ -585,6 +587,7 @@ fn the_modular_kernel_computes_what_the_in_place_kernel_computes() {
         shared: None,
         placement: ExpertPlacement::all(e),
         expert_map: None,
+        gate_in_op: false,
     };
     let shape = MoeShape {
         num_experts: e,

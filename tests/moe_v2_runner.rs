@@ -18,9 +18,7 @@ use vramscope::quant::Quant;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// `vramscope plan -q --csv FILE --device DEVICE --vllm V -- vllm serve preset:qwen3-30b-a3b`:
-/// the first rank's timeline rows as (pass, kind, op, layer, tensor, bytes).
-type Row = (u32, String, String, String, String, u64);
+use common::cli::Row;
 
 fn plan_csv(device: &str, vllm: &str) -> Vec<Row> {
     plan_csv_of(device, vllm, "preset:qwen3-30b-a3b")
@@ -28,62 +26,11 @@ fn plan_csv(device: &str, vllm: &str) -> Vec<Row> {
 
 /// `plan_csv` for another model.
 fn plan_csv_of(device: &str, vllm: &str, model: &str) -> Vec<Row> {
-    plan_csv_with(device, vllm, model, &[])
+    common::cli::plan_rows(device, vllm, model, &[])
 }
 
-/// `plan_csv_of` with more of vLLM's flags after the model.
 fn plan_csv_with(device: &str, vllm: &str, model: &str, flags: &[&str]) -> Vec<Row> {
-    let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("t.csv");
-    let mut args = vec![
-        "plan",
-        "-q",
-        "--csv",
-        csv.to_str().unwrap(),
-        "--device",
-        device,
-        "--vllm",
-        vllm,
-        "--",
-        "vllm",
-        "serve",
-        model,
-    ];
-    args.extend_from_slice(flags);
-    let out = common::cli::vramscope(&args);
-    common::cli::ok(&out);
-    std::fs::read_to_string(&csv)
-        .unwrap()
-        .lines()
-        .skip(1)
-        .map(fields)
-        .filter(|f| f.last().is_some_and(|r| r == "0"))
-        .map(|f| {
-            // seq,time_us,pass,kind,op,layer,tensor,category,bytes,…
-            (
-                f[2].parse().unwrap(),
-                f[3].clone(),
-                f[4].clone(),
-                f[5].clone(),
-                f[6].clone(),
-                f[8].parse().unwrap(),
-            )
-        })
-        .collect()
-}
-
-/// One CSV row's fields, a double-quoted field taken whole.
-fn fields(line: &str) -> Vec<String> {
-    let (mut out, mut cur, mut quoted) = (Vec::new(), String::new(), false);
-    for c in line.chars() {
-        match c {
-            '"' => quoted = !quoted,
-            ',' if !quoted => out.push(std::mem::take(&mut cur)),
-            c => cur.push(c),
-        }
-    }
-    out.push(cur);
-    out
+    common::cli::plan_rows(device, vllm, model, flags)
 }
 
 /// The allocations and frees of one MoE layer in the profile pass (pass 1).

@@ -135,9 +135,23 @@ pub fn reorder_qkvz(
     let mut b = act(rt, format!("{name}.b"), &[t, d.v_heads], dt)?;
     let mut a = act(rt, format!("{name}.a"), &[t, d.v_heads], dt)?;
     let mut mixed = act(rt, format!("{name}.mixed_qkv"), &[t, d.conv_dim()], dt)?;
+    fill_reorder(rt, (qkvz, ba), d, [&mut mixed, &mut z, &mut b, &mut a])?;
+    Ok((mixed, z, b, a))
+}
+
+/// The values `reorder_qkvz` writes, on the host: `mixed_qkv`, `z`, `b` and `a` from the two
+/// projections' outputs.
+fn fill_reorder(
+    rt: &Runtime,
+    (qkvz, ba): (&Tensor, &Tensor),
+    d: GdnDims,
+    [mixed, z, b, a]: [&mut Tensor; 4],
+) -> Result<()> {
     match rt.backend() {
-        Backend::Dry => {}
+        Backend::Dry => Ok(()),
         Backend::Cpu => {
+            let t = qkvz.rows();
+            let vw = d.v_heads * d.v_dim;
             let (src, bsrc) = (qkvz.f32(), ba.f32());
             let g = d.per_group();
             let group = 2 * d.k_dim + 2 * g * d.v_dim;
@@ -168,10 +182,177 @@ pub fn reorder_qkvz(
                     ad[bo..bo + g].copy_from_slice(&bsrc[bs + g..bs + 2 * g]);
                 }
             }
+            Ok(())
         }
-        Backend::Cuda => return Err(on_cuda()),
+        Backend::Cuda => Err(on_cuda()),
     }
-    Ok((mixed, z, b, a))
+}
+
+/// What `fix_query_key_value_ordering`, the `rearrange`s and the `torch.cat` make in eager
+/// order where the profile run reaches them (0.15.1 models/qwen3_next.py L370-419, L461-464;
+/// 0.19.0 layers/mamba/gdn_linear_attn.py L463-466, L522-525): `value` and `z` (`[T, vh·dv]`)
+/// and `b` and `a` (`[T, vh]`), each a `reshape` of a strided split, so a copy; the `query`
+/// and `key` (`[T, kh·dk]`), `rearrange`d out of strided views, copies too; then `mixed_qkv`
+/// (`[T, conv_dim]`). With one key head on a rank these are views: refused by the caller.
+pub struct EagerReorder {
+    pub value: Tensor,
+    pub z: Tensor,
+    pub b: Tensor,
+    pub a: Tensor,
+    pub query: Tensor,
+    pub key: Tensor,
+    pub mixed: Tensor,
+}
+
+pub fn reorder_qkvz_eager(
+    rt: &Runtime,
+    qkvz: &Tensor,
+    ba: &Tensor,
+    d: GdnDims,
+    name: &str,
+) -> Result<EagerReorder> {
+    rt.check_cancel()?;
+    rt.set_op("gdn.fix_query_key_value_ordering");
+    let (t, dt) = (qkvz.rows(), qkvz.dtype);
+    let (kw, vw) = (d.k_heads * d.k_dim, d.v_heads * d.v_dim);
+    let mut value = act(rt, format!("{name}.value"), &[t, vw], dt)?;
+    let mut z = act(rt, format!("{name}.z"), &[t, vw], dt)?;
+    let mut b = act(rt, format!("{name}.b"), &[t, d.v_heads], dt)?;
+    let mut a = act(rt, format!("{name}.a"), &[t, d.v_heads], dt)?;
+    rt.set_op("gdn.rearrange_qk");
+    let mut query = act(rt, format!("{name}.query"), &[t, kw], dt)?;
+    let mut key = act(rt, format!("{name}.key"), &[t, kw], dt)?;
+    rt.set_op("gdn.cat_mixed_qkv");
+    let mut mixed = act(rt, format!("{name}.mixed_qkv"), &[t, d.conv_dim()], dt)?;
+    fill_reorder(rt, (qkvz, ba), d, [&mut mixed, &mut z, &mut b, &mut a])?;
+    if rt.backend() == Backend::Cpu {
+        let cd = d.conv_dim();
+        let md = mixed.f32();
+        let (qd, kd, vd) = (query.f32_mut(), key.f32_mut(), value.f32_mut());
+        for r in 0..t {
+            let m = &md[r * cd..(r + 1) * cd];
+            qd[r * kw..(r + 1) * kw].copy_from_slice(&m[..kw]);
+            kd[r * kw..(r + 1) * kw].copy_from_slice(&m[kw..2 * kw]);
+            vd[r * vw..(r + 1) * vw].copy_from_slice(&m[2 * kw..]);
+        }
+    }
+    Ok(EagerReorder {
+        value,
+        z,
+        b,
+        a,
+        query,
+        key,
+        mixed,
+    })
+}
+
+/// `torch.zeros(...)`: a tensor the op fills with zeros (0.15.1 qwen3_next.py L471-475: the
+/// `core_attn_out` that `gdn_attention_core` leaves as made in the profile run).
+pub fn zeros(rt: &Runtime, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    rt.set_op("gdn.zeros");
+    rt.tensor(name.to_string(), Category::Activation, shape, dtype)
+}
+
+/// Which kernels `_warmup_prefill_kernels` runs (`engine::rules::GdnWarmup`) and whether this
+/// is the process's first warm-up, whose Triton kernels benchmark their configs.
+pub struct Warmup {
+    pub backend: crate::engine::rules::GdnWarmup,
+    pub autotunes: bool,
+    /// The recurrent state's dtype (`mamba_ssm_cache_dtype`, auto: the model's).
+    pub state: DType,
+}
+
+/// Triton's L2-flush buffer that `triton.testing.do_bench` takes from PyTorch's allocator for
+/// each benchmark of an autotune (`torch.empty(64M, int32)`), freed after it: 256 MiB above
+/// what is live (measured with Triton 3.6 on an H100, docs/gpu-runs.md run 98).
+pub const TRITON_AUTOTUNE_FLUSH_BYTES: usize = 256 << 20;
+
+/// 0.19's `_warmup_prefill_kernels` (layers/mamba/gdn_linear_attn.py L567-665) on this rank's
+/// heads: for `T` in 16, 32 and 64, the dummy `q`, `k` (`[1, T, kh, dk]`), `v` (`[1, T, vh, dv]`),
+/// `dummy_a`, `dummy_b` (`[T, vh]`), `fused_gdn_gating`'s `g` (f32) and `beta` (`[1, T, vh]`,
+/// L1030-1031), the zeroed state `[1, vh, dv, dk]` and `cu_seqlens` `[2]` i32, then the
+/// chunked delta rule, its results discarded and every tensor deleted at the pass's end (L663);
+/// after the three passes `torch.accelerator.empty_cache()` (L665).
+/// - FlashInfer (`fi_chunk_gated_delta_rule`, L63-109): `l2norm_fwd` of q and k (new tensors;
+///   fla/ops/l2norm.py L95-103, its default kernel not autotuned), the state in f32 (a copy
+///   unless it is f32), `beta` in f32, `exp(g)` (`[T, vh]` f32), then FlashInfer's output
+///   `[T, max(kh, vh), dk]` and final state `[1, vh, dk, dk]` f32, `cu_seqlens` in int64
+///   (flashinfer's gdn_prefill; its internals not read).
+/// - Triton (`fla_chunk_gated_delta_rule`, fla/ops/chunk.py L24-103): l2norm'd q and k, the
+///   chunk-local cumsum of g (f32), `A` `[1, T, vh, 64]` f32, `solve_tril`'s zeroed `Ai` (the
+///   model dtype; `A` dies), `u`, `w`, `h` `[1, 1, vh, dv, dk]`, the final state (f32),
+///   `v_new`, and `o`. The first warm-up of the process benchmarks the autotuned kernels:
+///   `TRITON_AUTOTUNE_FLUSH_BYTES` above what is live, at `chunk_fwd_o` (whose key, the chunk
+///   size, changes with each `T`), the last and largest point of each pass.
+pub fn warmup_prefill(
+    rt: &Runtime,
+    d: GdnDims,
+    act_dt: DType,
+    w: &Warmup,
+    name: &str,
+) -> Result<()> {
+    use crate::engine::rules::GdnWarmup;
+    let (kh, vh, dk, dv) = (d.k_heads, d.v_heads, d.k_dim, d.v_dim);
+    for t in [16usize, 32, 64] {
+        rt.check_cancel()?;
+        rt.set_op("gdn.warmup_prefill");
+        let n = |s: &str| format!("{name}.warmup{t}.{s}");
+        let q = act(rt, n("q"), &[1, t, kh, dk], act_dt)?;
+        let k = act(rt, n("k"), &[1, t, kh, dk], act_dt)?;
+        let v = act(rt, n("v"), &[1, t, vh, dv], act_dt)?;
+        let dummy_a = act(rt, n("dummy_a"), &[t, vh], act_dt)?;
+        let dummy_b = act(rt, n("dummy_b"), &[t, vh], act_dt)?;
+        let g = act(rt, n("g"), &[1, t, vh], DType::F32)?;
+        let beta = act(rt, n("beta"), &[1, t, vh], act_dt)?;
+        let state = zeros(rt, &n("state"), &[1, vh, dv, dk], w.state)?;
+        let cu = act(rt, n("cu_seqlens"), &[2], DType::I32)?;
+        rt.set_op("gdn.warmup_prefill.delta_rule");
+        let q_n = act(rt, n("q.l2norm"), &[1, t, kh, dk], act_dt)?;
+        let k_n = act(rt, n("k.l2norm"), &[1, t, kh, dk], act_dt)?;
+        match w.backend {
+            GdnWarmup::FlashInfer => {
+                let fi_state = (w.state != DType::F32)
+                    .then(|| act(rt, n("fi_state"), &[1, vh, dv, dk], DType::F32))
+                    .transpose()?;
+                let fi_beta = act(rt, n("fi_beta"), &[t, vh], DType::F32)?;
+                let exp_g = act(rt, n("exp_g"), &[t, vh], DType::F32)?;
+                let cu64 = act(rt, n("cu_seqlens.i64"), &[2], DType::I64)?;
+                let out = act(rt, n("output"), &[t, kh.max(vh), dk], act_dt)?;
+                let out_state = act(rt, n("output_state"), &[1, vh, dk, dk], DType::F32)?;
+                drop(cu64);
+                drop((exp_g, out, out_state));
+                drop((q_n, k_n, fi_state, fi_beta));
+            }
+            GdnWarmup::Triton => {
+                let g_cum = act(rt, n("g_cumsum"), &[1, t, vh], DType::F32)?;
+                let a_kkt = act(rt, n("A"), &[1, t, vh, 64], DType::F32)?;
+                let ai = zeros(rt, &n("Ai"), &[1, t, vh, 64], act_dt)?;
+                drop(a_kkt);
+                let u = act(rt, n("u"), &[1, t, vh, dv], act_dt)?;
+                let w_ = act(rt, n("w"), &[1, t, vh, dk], act_dt)?;
+                let h = act(rt, n("h"), &[1, 1, vh, dv, dk], act_dt)?;
+                let final_state = act(rt, n("final_state"), &[1, vh, dv, dk], DType::F32)?;
+                let v_new = act(rt, n("v_new"), &[1, t, vh, dv], act_dt)?;
+                let o = act(rt, n("o"), &[1, t, vh, dv], act_dt)?;
+                if w.autotunes {
+                    rt.set_op("triton.autotune");
+                    drop(act(
+                        rt,
+                        n("triton_autotune_l2_flush"),
+                        &[TRITON_AUTOTUNE_FLUSH_BYTES / 4],
+                        DType::I32,
+                    )?);
+                }
+                drop((v_new, h, w_, u, ai, g_cum));
+                drop((o, final_state));
+                drop((q_n, k_n));
+            }
+        }
+        drop((q, k, v, dummy_a, dummy_b, g, beta, state, cu));
+    }
+    rt.empty_cache();
+    Ok(())
 }
 
 /// `causal_conv1d_fn` over each sequence (prefill: 0.10.2 layers/mamba/ops/causal_conv1d.py,
@@ -346,7 +527,9 @@ pub fn chunk_gated_delta_rule(
 
 /// `RMSNormGated(x, z)` with `norm_before_gate=True` (0.10.2 layers/fla/ops/layernorm_guard.py
 /// L133-175): each `v_dim` row normalised, times the weight, times `silu(z)`, into a new
-/// tensor, with the kernel's f32 `mean` and `rstd` per row made before it and dying after.
+/// tensor, with the kernel's f32 `rstd` per row made before it and dying after (`mean` is
+/// `None` for an RMS norm: 0.11.0 layers/fla/ops/layernorm_guard.py L159-161, 0.19.0
+/// L210-215).
 pub fn gated_rms_norm(
     rt: &Runtime,
     x: &Tensor,
@@ -360,7 +543,6 @@ pub fn gated_rms_norm(
     let dim = w.numel();
     let rows = x.numel() / dim.max(1);
     let mut out = act(rt, name.to_string(), &x.shape, x.dtype)?;
-    let mean = act(rt, format!("{name}.mean"), &[rows], DType::F32)?;
     let rstd = act(rt, format!("{name}.rstd"), &[rows], DType::F32)?;
     match rt.backend() {
         Backend::Dry => {}
@@ -380,7 +562,7 @@ pub fn gated_rms_norm(
         }
         Backend::Cuda => return Err(on_cuda()),
     }
-    drop((rstd, mean));
+    drop(rstd);
     Ok(out)
 }
 

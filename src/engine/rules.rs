@@ -81,3 +81,62 @@ impl MlaModelRules {
         }
     }
 }
+
+/// What a release's Gated DeltaNet (Qwen3-Next) does in V1's profile run and at load, where it
+/// differs from 0.11's (docs/reading/vllm-qwen3-next-v1.md §1-3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GdnRules {
+    /// From 0.15 only `gdn_attention_core` returns early without attention metadata: the
+    /// layer's projections, the reordering copies, `mixed_qkv`, the zeroed `core_attn_out`,
+    /// the gated norm and `out_proj` run in the profile run (0.15.1 models/qwen3_next.py
+    /// L440-495; 0.19.0 layers/mamba/gdn_linear_attn.py L489-565). 0.10/0.11 return before
+    /// any of it (0.11.0 qwen3_next.py L401-403).
+    pub profile_projections: bool,
+    /// 0.10.2 merges `in_proj_qkvz` and `in_proj_ba` into one `in_proj` (0.10.2
+    /// models/qwen3_next.py L256-261, one GEMM); from 0.11 they are two weights and two GEMMs
+    /// (0.11.0 L247-260, L424-427; 0.19.0 gdn_linear_attn.py L370-417, L514-515).
+    pub split_in_proj: bool,
+    /// 0.15.1 makes `A_log` without a dtype, so in the model dtype (qwen3_next.py L338-342);
+    /// 0.11 and 0.19 in f32.
+    pub a_log_in_act: bool,
+    /// 0.19's prefill-kernel warm-up inside the op on the first metadata-less call of each
+    /// layer (`_warmup_prefill_kernels`, gdn_linear_attn.py L567-665): `None` before 0.19.
+    pub warmup: Option<GdnWarmup>,
+}
+
+/// Which prefill kernels 0.19's warm-up runs (`ChunkGatedDeltaRule.__init__`,
+/// gdn_linear_attn.py L114-151: FlashInfer on compute capability 9.0 exactly, FLA's Triton
+/// kernels elsewhere).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GdnWarmup {
+    /// `fi_chunk_gated_delta_rule` (L63-109).
+    FlashInfer,
+    /// `fla_chunk_gated_delta_rule` (fla/ops/chunk.py L24-103), whose `@triton.autotune`d
+    /// kernels benchmark every config on their first call in the process.
+    Triton,
+}
+
+impl GdnRules {
+    /// 0.10 and 0.11 (the runtime's default).
+    pub const V0_11: GdnRules = GdnRules {
+        profile_projections: false,
+        split_in_proj: true,
+        a_log_in_act: false,
+        warmup: None,
+    };
+
+    /// The rules of V1 release `0.minor` on a GPU of compute capability `major`.minor
+    /// (`sm90`: exactly 9.0). Qwen3-Next under 0.21 on is refused before this is read.
+    pub fn for_minor(minor: u32, sm90: bool) -> GdnRules {
+        GdnRules {
+            profile_projections: minor >= 15,
+            split_in_proj: minor >= 11,
+            a_log_in_act: minor == 15,
+            warmup: (minor >= 19).then_some(if sm90 {
+                GdnWarmup::FlashInfer
+            } else {
+                GdnWarmup::Triton
+            }),
+        }
+    }
+}

@@ -90,6 +90,7 @@ struct Inner {
     silu_and_mul_fused: bool,
     mxfp4_rules: crate::engine::rules::Mxfp4Rules,
     mla_rules: crate::engine::rules::MlaModelRules,
+    gdn_rules: crate::engine::rules::GdnRules,
     fp8_block_path: Fp8BlockPath,
     /// FlashInfer's cached SM90 block-GEMM runner: the most (4-aligned) tokens a call below
     /// 32 has passed in this process (`max_shape_m_4_align_`).
@@ -225,6 +226,7 @@ impl Runtime {
             silu_and_mul_fused: false,
             mxfp4_rules: crate::engine::rules::Mxfp4Rules::V0_19,
             mla_rules: crate::engine::rules::MlaModelRules::BEFORE_0_25,
+            gdn_rules: crate::engine::rules::GdnRules::V0_11,
             fp8_block_path: Fp8BlockPath::Plain,
             fp8_flashinfer_rows: 0,
         })))
@@ -362,6 +364,16 @@ impl Runtime {
 
     pub fn mla_rules(&self) -> crate::engine::rules::MlaModelRules {
         self.0.borrow().mla_rules
+    }
+
+    /// What the release's Gated DeltaNet does (`GdnRules`; 0.11's unless the procedure says
+    /// otherwise).
+    pub fn set_gdn_rules(&self, rules: crate::engine::rules::GdnRules) {
+        self.0.borrow_mut().gdn_rules = rules;
+    }
+
+    pub fn gdn_rules(&self) -> crate::engine::rules::GdnRules {
+        self.0.borrow().gdn_rules
     }
 
     /// A call of FlashInfer's SM90 block GEMM with `rows` (4-aligned) tokens: the most any call

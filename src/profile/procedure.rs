@@ -1465,6 +1465,11 @@ pub(crate) fn run_rank(
     }
     if let Some(m) = release.minor() {
         rt.set_mla_rules(crate::model::layers::mla::MlaModelRules::for_minor(m));
+        rt.set_gdn_rules(crate::engine::rules::GdnRules::for_minor(
+            m,
+            // Hopper is compute capability 9.0, the only 9.x.
+            device_major == 9,
+        ));
     }
     rt.set_mxfp4_rules(match release.minor() {
         Some(m) => crate::quant::mxfp4::Rules::for_release(

@@ -1430,14 +1430,19 @@ impl Release {
                     self.name
                 )));
             }
+            // 0.10/0.11 (the in-place kernel) and 0.15/0.19 (the modular kernel, the gate and
+            // the shared expert inside its op; the Gated DeltaNet's profile path by
+            // `engine::rules::GdnRules`): docs/reading/vllm-qwen3-next-v1.md.
             return match self.fused_moe {
-                FusedMoe::Kernel(MoeKernel::InPlace { .. }) => Ok(()),
+                FusedMoe::Kernel(_) => Ok(()),
                 _ => Err(Error::Request(format!(
-                    "--vllm {}: model_type 'qwen3_next' is not modelled under this release: its \
-                     shared expert runs inside the modular fused MoE's op, before the routing \
-                     (docs/reading/vllm-v1-fused-moe.md), and its Gated DeltaNet runs its \
-                     projections and a prefill-kernel warm-up in the profile run (0.19.0 \
-                     layers/mamba/gdn_linear_attn.py L489-665); it is reproduced for --vllm 0.11",
+                    "--vllm {}: model_type 'qwen3_next' is not modelled under this release: from \
+                     0.21 its Gated DeltaNet warms one fused prefill pass up, keeps its zeroed \
+                     output until the layer returns and logs its KV tokens per request's \
+                     blocks, 0.24 fuses the attention's norms and rotary into one kernel, 0.26 \
+                     drops the layer's output buffer and 0.28 turns prefix caching on \
+                     (docs/reading/vllm-qwen3-next-v1.md §7); it is reproduced for --vllm \
+                     0.11, 0.15 and 0.19",
                     self.name
                 ))),
             };

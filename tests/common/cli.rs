@@ -89,3 +89,61 @@ pub fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
         .sqrt();
     d / a.iter().map(|x| x * x).sum::<f64>().sqrt()
 }
+
+/// A timeline row of `plan --csv`'s first rank: (pass, kind, op, layer, tensor, bytes).
+pub type Row = (u32, String, String, String, String, u64);
+
+/// `vramscope plan -q --csv FILE --device DEVICE --vllm V -- vllm serve MODEL FLAGS…`: the
+/// first rank's timeline rows.
+pub fn plan_rows(device: &str, vllm: &str, model: &str, flags: &[&str]) -> Vec<Row> {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("t.csv");
+    let mut args = vec![
+        "plan",
+        "-q",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--device",
+        device,
+        "--vllm",
+        vllm,
+        "--",
+        "vllm",
+        "serve",
+        model,
+    ];
+    args.extend_from_slice(flags);
+    ok(&vramscope(&args));
+    std::fs::read_to_string(&csv)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(csv_fields)
+        .filter(|f| f.last().is_some_and(|r| r == "0"))
+        .map(|f| {
+            // seq,time_us,pass,kind,op,layer,tensor,category,bytes,…,rank
+            (
+                f[2].parse().unwrap(),
+                f[3].clone(),
+                f[4].clone(),
+                f[5].clone(),
+                f[6].clone(),
+                f[8].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// One CSV row's fields, a double-quoted field taken whole.
+pub fn csv_fields(line: &str) -> Vec<String> {
+    let (mut out, mut cur, mut quoted) = (Vec::new(), String::new(), false);
+    for c in line.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}

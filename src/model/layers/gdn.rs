@@ -2,9 +2,10 @@
 //! 0.19.0 moves the Gated DeltaNet to model_executor/layers/mamba/gdn_linear_attn.py):
 //!
 //! - the Gated DeltaNet (`Qwen3NextGatedDeltaNet`, 0.10.2 L183-620): `conv1d`, one merged
-//!   `in_proj` over the checkpoint's `in_proj_qkvz` and `in_proj_ba`, `dt_bias`, `A_log`
-//!   (f32), the gated RMSNorm and `out_proj`; per sequence a conv state and a recurrent state
-//!   kept in the KV cache manager's mamba groups;
+//!   `in_proj` over the checkpoint's `in_proj_qkvz` and `in_proj_ba` (two weights from 0.11),
+//!   `dt_bias`, `A_log` (f32; the model dtype under 0.15), the gated RMSNorm and `out_proj`;
+//!   per sequence a conv state and a recurrent state kept in the KV cache manager's mamba
+//!   groups;
 //! - the gated full attention (`Qwen3NextAttention`, L622-736): `qkv_proj` whose query part
 //!   holds each head's query and output gate, per-head `(1 + w)` norms of q and k, a partial
 //!   rotary embedding, and `sigmoid(gate)` on the attention's output before `o_proj`.
@@ -19,14 +20,31 @@ use crate::model::config::{ModelConfig, Qwen3NextShape};
 use crate::model::loader::{Loader, Slice};
 use crate::quant::{FusedLinear, Linear};
 
+/// The Gated DeltaNet's input projections: 0.10.2's merged `in_proj` (`[qkvz / tp | ba / tp,
+/// hidden]`, one GEMM whose output is split into views), or from 0.11 `in_proj_qkvz` and
+/// `in_proj_ba`, two weights and two GEMMs (`engine::rules::GdnRules::split_in_proj`).
+#[allow(clippy::large_enum_variant)]
+pub enum InProj {
+    Merged(FusedLinear),
+    Split { qkvz: Linear, ba: Linear },
+}
+
+impl InProj {
+    pub fn weight_bytes(&self) -> u64 {
+        match self {
+            InProj::Merged(f) => f.weight_bytes(),
+            InProj::Split { qkvz, ba } => qkvz.weight_bytes() + ba.weight_bytes(),
+        }
+    }
+}
+
 /// One Gated DeltaNet layer's weights on this rank.
 pub struct GatedDeltaNet {
     /// `[conv_dim / tp, 1, kernel]`: this rank's q, k and v channels.
     pub conv1d: Tensor,
-    /// `[qkvz / tp | ba / tp, hidden]`
-    pub in_proj: FusedLinear,
+    pub in_proj: InProj,
     pub dt_bias: Tensor,
-    /// f32 (`torch.empty(..., dtype=torch.float32)`, L285-289).
+    /// f32 (`torch.empty(..., dtype=torch.float32)`, L285-289), the model dtype under 0.15.
     pub a_log: Tensor,
     /// `RMSNormGated`'s weight `[v_dim]`.
     pub norm: Tensor,
@@ -36,6 +54,9 @@ pub struct GatedDeltaNet {
     /// This rank's widths of the two projections.
     pub qkvz: usize,
     pub ba: usize,
+    /// 0.19's prefill-kernel warm-up has run in this layer (`_prefill_kernels_warmed_up`,
+    /// gdn_linear_attn.py L594-596: once per layer instance).
+    pub warmed_up: std::cell::Cell<bool>,
 }
 
 impl GatedDeltaNet {
@@ -67,7 +88,7 @@ pub(crate) fn load_gdn(
     ld: &mut Loader,
     cfg: &ModelConfig,
     q: &Qwen3NextShape,
-    shard: &TpShard,
+    (shard, rules): (&TpShard, crate::engine::rules::GdnRules),
     a: &str,
 ) -> Result<GatedDeltaNet> {
     let (h, tp, r) = (cfg.hidden_size, shard.size, shard.rank);
@@ -84,16 +105,29 @@ pub(crate) fn load_gdn(
     )?;
     let (qkvz_full, ba_full) = (2 * kw + 2 * vw, 2 * q.linear_num_value_heads);
     let (qkvz, ba) = (qkvz_full / tp, ba_full / tp);
-    let in_proj = ld.fused_parts(
-        &[
-            format!("{a}.in_proj_qkvz.weight"),
-            format!("{a}.in_proj_ba.weight"),
-        ],
-        &[qkvz_full, ba_full],
-        &[(r * qkvz, qkvz), (r * ba, ba)],
-        h,
-        &format!("{a}.in_proj.weight"),
-    )?;
+    let in_proj = if rules.split_in_proj {
+        InProj::Split {
+            qkvz: ld.linear_slice(
+                &format!("{a}.in_proj_qkvz.weight"),
+                Slice::rows(qkvz_full, h, r * qkvz, qkvz),
+            )?,
+            ba: ld.linear_slice(
+                &format!("{a}.in_proj_ba.weight"),
+                Slice::rows(ba_full, h, r * ba, ba),
+            )?,
+        }
+    } else {
+        InProj::Merged(ld.fused_parts(
+            &[
+                format!("{a}.in_proj_qkvz.weight"),
+                format!("{a}.in_proj_ba.weight"),
+            ],
+            &[qkvz_full, ba_full],
+            &[(r * qkvz, qkvz), (r * ba, ba)],
+            h,
+            &format!("{a}.in_proj.weight"),
+        )?)
+    };
     let hv = q.linear_num_value_heads;
     let heads = [(r * d.v_heads, d.v_heads)];
     let dt_bias = ld.dense_row_parts(
@@ -107,7 +141,14 @@ pub(crate) fn load_gdn(
         &format!("{a}.A_log"),
         &[hv],
         &heads,
-        (&[d.v_heads], DType::F32),
+        (
+            &[d.v_heads],
+            if rules.a_log_in_act {
+                ld.act
+            } else {
+                DType::F32
+            },
+        ),
         &format!("{a}.A_log"),
     )?;
     let norm = ld.dense(&format!("{a}.norm.weight"), &[d.v_dim])?;
@@ -125,6 +166,7 @@ pub(crate) fn load_gdn(
         dims: d,
         qkvz,
         ba,
+        warmed_up: std::cell::Cell::new(false),
     })
 }
 
@@ -137,6 +179,9 @@ pub struct MixerRun<'a> {
     pub eps: f32,
     /// vLLM V1's profile run: no attention metadata.
     pub skip: bool,
+    /// The process has run Triton's autotune for the warm-up's kernels (the model's flag:
+    /// autotune results are process-wide).
+    pub autotuned: &'a std::cell::Cell<bool>,
 }
 
 /// `Qwen3NextGatedDeltaNet._forward` (0.10.2 L395-620) into `out` (the layer's
@@ -157,22 +202,14 @@ pub fn gdn_forward(
     l: &str,
 ) -> Result<()> {
     if run.skip {
+        if rt.gdn_rules().profile_projections {
+            return profile_forward(rt, g, x, out, run, l);
+        }
         return Ok(());
     }
     let (gen, act) = (run.generation, run.act);
     let d = g.dims;
-    let proj = g
-        .in_proj
-        .forward(rt, x, &format!("{l}.in_proj"), gen, act)?;
-    let mut parts = FusedLinear::split(
-        &proj,
-        &[g.qkvz, g.ba],
-        &[format!("{l}.qkvz"), format!("{l}.ba")],
-    )
-    .into_iter();
-    let (Some(qkvz), Some(ba)) = (parts.next(), parts.next()) else {
-        unreachable!("two parts");
-    };
+    let (proj, qkvz, ba) = project(rt, g, x, run, l)?;
     let (mixed, z, b, a) = ops_gdn::reorder_qkvz(rt, &qkvz, &ba, d, l)?;
     let w = g
         .conv1d
@@ -221,6 +258,96 @@ pub fn gdn_forward(
     drop((normed, final_state, core, initial, gate, beta, conv));
     drop((mixed, z, b, a, qkvz, ba));
     drop(proj);
+    Ok(())
+}
+
+/// The input projections: the merged GEMM's output and its two views (0.10.2), or the two
+/// GEMMs' outputs, `[T, qkvz]` then `[T, ba]` (0.11 on).
+fn project(
+    rt: &Runtime,
+    g: &GatedDeltaNet,
+    x: &Tensor,
+    run: &MixerRun,
+    l: &str,
+) -> Result<(Option<Tensor>, Tensor, Tensor)> {
+    let (gen, act) = (run.generation, run.act);
+    match &g.in_proj {
+        InProj::Merged(f) => {
+            let proj = f.forward(rt, x, &format!("{l}.in_proj"), gen, act)?;
+            let mut parts = FusedLinear::split(
+                &proj,
+                &[g.qkvz, g.ba],
+                &[format!("{l}.qkvz"), format!("{l}.ba")],
+            )
+            .into_iter();
+            let (Some(qkvz), Some(ba)) = (parts.next(), parts.next()) else {
+                unreachable!("two parts");
+            };
+            Ok((Some(proj), qkvz, ba))
+        }
+        InProj::Split { qkvz, ba } => {
+            let q = qkvz.forward(rt, x, &format!("{l}.in_proj_qkvz"), gen, act)?;
+            let b = ba.forward(rt, x, &format!("{l}.in_proj_ba"), gen, act)?;
+            Ok((None, q, b))
+        }
+    }
+}
+
+/// The Gated DeltaNet in V1's profile run from 0.15, where only `gdn_attention_core` returns
+/// early (0.15.1 models/qwen3_next.py L440-495; 0.19.0 layers/mamba/gdn_linear_attn.py
+/// L489-565; docs/reading/vllm-qwen3-next-v1.md §2-3), in eager order: the two projections,
+/// the reordering's copies and `mixed_qkv` (`ops_gdn::reorder_qkvz_eager`), the zeroed
+/// `core_attn_out [T, vh, dv]`; inside the op 0.19's prefill-kernel warm-up on the layer's first
+/// metadata-less call, then `empty_cache()`; the gated norm over the zeros (a new tensor; the
+/// zeros die as the name is rebound), `out_proj` and its all-reduce copied into `out`; every
+/// local dies as `forward` returns. The layer's output is zeros, as vLLM's is.
+fn profile_forward(
+    rt: &Runtime,
+    g: &GatedDeltaNet,
+    x: &Tensor,
+    out: &mut Tensor,
+    run: &MixerRun,
+    l: &str,
+) -> Result<()> {
+    let d = g.dims;
+    if d.k_heads < 2 {
+        return Err(crate::base::error::Error::Request(format!(
+            "{l}: one Gated DeltaNet key head on this rank: vLLM's reordering then makes views, not copies (0.15.1 qwen3_next.py L370-419), which is not modelled; use fewer tensor-parallel ranks"
+        )));
+    }
+    let (gen, act) = (run.generation, run.act);
+    let (proj, qkvz, ba) = project(rt, g, x, run, l)?;
+    let r = ops_gdn::reorder_qkvz_eager(rt, &qkvz, &ba, d, l)?;
+    let t = x.rows();
+    let core = ops_gdn::zeros(
+        rt,
+        &format!("{l}.core_attn_out"),
+        &[t, d.v_heads, d.v_dim],
+        act,
+    )?;
+    if let Some(backend) = rt.gdn_rules().warmup {
+        if !g.warmed_up.replace(true) {
+            let w = ops_gdn::Warmup {
+                backend,
+                autotunes: !run.autotuned.replace(true),
+                state: act,
+            };
+            ops_gdn::warmup_prefill(rt, d, act, &w, l)?;
+        }
+    }
+    // The norm runs over `[T·vh, dv]` rows of the zeros and of z (`reshape`s: views).
+    let normed = ops_gdn::gated_rms_norm(rt, &core, &r.z, &g.norm, run.eps, &format!("{l}.norm"))?;
+    drop(core);
+    let flat = normed.part(format!("{l}.norm.flat"), 0, &[t, d.v_heads * d.v_dim]);
+    let o = g
+        .out_proj
+        .forward(rt, &flat, &format!("{l}.out_proj"), gen, act)?;
+    let o = ops_tp::all_reduce(rt, o, &format!("{l}.out_proj.all_reduce"))?;
+    ops_gdn::copy_rows(rt, out, &o)?;
+    drop(o);
+    drop((flat, normed));
+    drop(r);
+    drop((qkvz, ba, proj));
     Ok(())
 }
 

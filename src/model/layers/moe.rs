@@ -35,6 +35,11 @@ pub struct MoeBlock {
     pub placement: ExpertPlacement,
     /// `FusedMoE`'s `expert_map` (int32 `[E]`) with expert parallel.
     pub expert_map: Option<Tensor>,
+    /// The model hands its gate to the modular kernel's op (Qwen3-Next from 0.15:
+    /// `SharedFusedMoE(gate=self.gate)` called with `router_logits=hidden_states`, 0.15.1
+    /// models/qwen3_next.py L171-185, 0.19.0 L147-161): the router's logits are made inside
+    /// the op, before the shared expert, and die as it returns, before the block's sum.
+    pub gate_in_op: bool,
 }
 
 /// `FusedMoE.__init__`'s `expert_map` with expert parallel, made before `create_weights`
@@ -316,10 +321,11 @@ fn modular_block_forward(
         drop(std::mem::replace(&mut out, combined));
     }
     drop(gathered);
-    // Under 0.21 Qwen3-MoE's gate runs inside the op: its logits die as the op returns,
-    // before the all-reduce (ops_moe_v1::RunnerV021).
+    // Under 0.21 Qwen3-MoE's gate runs inside the op (ops_moe_v1::RunnerV021), Qwen3-Next's
+    // from 0.15 (`MoeBlock::gate_in_op`): its logits die as the op returns, before the sum
+    // and the all-reduce.
     let mut logits = Some(logits);
-    if how.v0_21.is_some_and(|v| v.gate_in_op) {
+    if block.gate_in_op || how.v0_21.is_some_and(|v| v.gate_in_op) {
         drop(logits.take());
     }
     if let Some(shared) = shared {
@@ -585,5 +591,6 @@ pub(crate) fn load_moe_block(
         shared,
         placement,
         expert_map,
+        gate_in_op: false,
     })
 }

@@ -9,10 +9,12 @@
 //! and output are new tensors. The checkpoint's multi-token-prediction weights (`mtp.*`) are
 //! skipped (L993-994).
 //!
-//! Not modelled: 0.19.0's profile run, where each Gated DeltaNet layer runs its projections,
-//! the gated norm and `out_proj` and warms the prefill kernels up on 16-64 dummy tokens
-//! (layers/mamba/gdn_linear_attn.py L489-560, L562-665); here every release's profile run is
-//! 0.10.2's, which returns before any of it.
+//! V1's profile run follows the release (`engine::rules::GdnRules`): 0.10.2's and 0.11's
+//! Gated DeltaNet returns before anything; from 0.15 it runs its projections, the gated norm
+//! and `out_proj` around an op that returns early, and 0.19's op warms the prefill kernels up
+//! on 16-64 dummy tokens (`layers::gdn::profile_forward`, docs/reading/vllm-qwen3-next-v1.md).
+//! From 0.15 the sparse block hands its gate to the modular fused MoE's op
+//! (`MoeBlock::gate_in_op`).
 
 use std::cell::{Cell, RefCell};
 
@@ -99,6 +101,8 @@ pub struct Qwen3NextModel {
     pub skip_attention: Cell<bool>,
     pub moe_kernel: Cell<MoeKernel>,
     pub moe_workspace: RefCell<Option<Tensor>>,
+    /// 0.19's warm-up has autotuned FLA's Triton kernels in this process.
+    triton_autotuned: Cell<bool>,
     generation: Cell<u32>,
 }
 
@@ -186,12 +190,15 @@ impl Qwen3NextModel {
                     &mut ld,
                     cfg,
                     &shape,
-                    &shard,
+                    (&shard, rt.gdn_rules()),
                     &format!("{p}.linear_attn"),
                 )?)
             };
             let mlp = match cfg.moe.as_ref().filter(|_| cfg.is_moe_layer(l)) {
-                Some(m) => NextMlp::Moe(moe::load_moe_block(&mut ld, cfg, (m, names), &shard, &p)?),
+                Some(m) => NextMlp::Moe(MoeBlock {
+                    gate_in_op: true,
+                    ..moe::load_moe_block(&mut ld, cfg, (m, names), &shard, &p)?
+                }),
                 None => {
                     let (gate_up, down) = load_gated(
                         &mut ld,
@@ -248,6 +255,7 @@ impl Qwen3NextModel {
                 indices_freed_late: true,
             }),
             moe_workspace: RefCell::new(None),
+            triton_autotuned: Cell::new(false),
             generation: Cell::new(0),
         })
     }
@@ -294,6 +302,7 @@ impl Qwen3NextModel {
             generation: gen,
             eps,
             skip: self.skip_attention.get(),
+            autotuned: &self.triton_autotuned,
         };
         let local = self.shard.local_config(cfg);
         let gpu = rt.with_device(|d| d.info().name);
