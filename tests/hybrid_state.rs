@@ -79,6 +79,17 @@ fn state_groups_take_one_block_per_request_and_tokens_count_per_group() {
     assert_eq!(g.tokens_of_blocks(7162), 973_760);
     assert_eq!(g.v1_request_blocks(), 482 + 3);
     assert_eq!(format!("{:.2}", g.v1_max_concurrency(7162)), "14.77");
+    // With prefix caching ("align", 0.15 on when asked, 0.28 by default) a request holds two
+    // pages of each state group (0.28.0 v1/kv_cache_interface.py L687-696).
+    let aligned = KvGeometry {
+        hybrid: Some(HybridKv {
+            mamba_align: true,
+            ..h
+        }),
+        ..g
+    };
+    assert_eq!(aligned.v1_request_blocks(), 482 + 6);
+    assert_eq!(format!("{:.2}", aligned.v1_max_concurrency(7162)), "14.68");
     // 44.59 GiB (the log's "Available KV cache memory") is 7,162 blocks.
     assert_eq!(g.blocks((44.59 * GIB) as i64), 7162);
     // Gemma's groups serialise as before: no state groups written.
@@ -139,9 +150,8 @@ fn q2_qwen3_next_80b_on_two_h200s_reproduces_block_padding_and_tokens() {
     );
 }
 
-/// V0 ran these models with its own MambaCacheManager, and 0.21 changed the Gated DeltaNet's
-/// profile path and the logged tokens again (tests/qwen3_next_v1.rs holds 0.15 and 0.19):
-/// both refused by name.
+/// V0 ran these models with its own MambaCacheManager, and from 0.29 Model Runner V2 runs them
+/// (tests/qwen3_next_v1.rs holds 0.15 to 0.28): both refused by name.
 #[test]
 fn a_v0_release_is_refused_for_state_layers() {
     let req = ProfileRequest {
@@ -158,14 +168,14 @@ fn a_v0_release_is_refused_for_state_layers() {
         .to_string();
     assert!(err.contains("MambaCacheManager"), "{err}");
     let req = ProfileRequest {
-        vllm: "0.21".into(),
+        vllm: "0.29".into(),
         ..req
     };
     let err = profile::run(&req, None, Arc::new(AtomicBool::new(false)))
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("--vllm 0.21: model_type 'qwen3_next'"),
+        err.contains("--vllm 0.29: model_type 'qwen3_next'"),
         "{err}"
     );
 }

@@ -1,11 +1,13 @@
-//! Qwen3-Next under vLLM 0.15 and 0.19 (docs/reading/vllm-qwen3-next-v1.md §2-4): in V1's
+//! Qwen3-Next under vLLM 0.15 to 0.28 (docs/reading/vllm-qwen3-next-v1.md §2-7): in V1's
 //! profile run the Gated DeltaNet runs its projections, the reordering's copies, the zeroed
 //! `core_attn_out`, the gated norm and `out_proj`, where 0.11 returned before any of it;
 //! 0.19 also warms its prefill kernels up once per layer (FlashInfer on Hopper, FLA's
 //! autotuned Triton kernels elsewhere, with Triton's 256 MiB flush buffer in the first layer)
-//! and empties the cache after; the sparse block's gate runs inside the fused-MoE op, so its
-//! logits die before the block's sum. Qwen3-Next-80B-A3B's preset on two H200s (Q2's start),
-//! held tensor by tensor.
+//! and empties the cache after, 0.21 in one pass through `fused_post_conv_prep`; the sparse
+//! block's gate runs inside the fused-MoE op, so its logits die before the block's sum; 0.24
+//! fuses the attention's norms and rotary, 0.26 drops the layer's output buffer, 0.28 turns
+//! prefix caching on. Qwen3-Next-80B-A3B's preset on two H200s (Q2's start), held tensor by
+//! tensor.
 
 mod common;
 
@@ -287,15 +289,192 @@ fn the_router_logits_die_inside_the_op_and_a_log_follows_the_release() {
     assert_eq!(weights("0.19") - weights("0.15"), 36 * 16 * 2);
 }
 
-/// 0.21 on stays refused, naming what changed.
+/// 0.21's warm-up is one pass of 64 tokens through `fused_post_conv_prep` (0.21.0
+/// layers/mamba/gdn_linear_attn.py L883-985), and the zeroed `core_attn_out` lives until
+/// `forward_cuda` returns, past `out_proj` (L665-683, L725-782). On an A100 (Triton's MoE,
+/// FLA's kernels), four ranks.
 #[test]
-fn qwen3_next_under_0_21_is_refused_naming_the_changes() {
+fn from_0_21_one_warm_up_pass_and_the_zeros_live_past_out_proj() {
+    let rows = common::cli::plan_rows(
+        "sim:a100-80gb:dry",
+        "0.21",
+        "preset:qwen3-next-80b-a3b",
+        &["--tensor-parallel-size", "4", "--max-model-len", "32768"],
+    );
+    let warm: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.1 == "alloc" && r.3 == "0" && r.4.contains(".warmup"))
+        .map(|r| r.4.trim_start_matches("layers.0."))
+        .collect();
+    assert_eq!(
+        &warm[..10],
+        [
+            "warmup64.dummy_mixed_qkv",
+            "warmup64.dummy_a",
+            "warmup64.dummy_b",
+            "warmup64.q",
+            "warmup64.k",
+            "warmup64.v",
+            "warmup64.g",
+            "warmup64.beta",
+            "warmup64.state",
+            "warmup64.cu_seqlens"
+        ]
+    );
+    assert!(warm.contains(&"warmup64.triton_autotune_l2_flush"));
+    assert!(!warm
+        .iter()
+        .any(|n| n.starts_with("warmup16") || n.contains("l2norm")));
+    let layer: Vec<(bool, &str)> = rows
+        .iter()
+        .filter(|r| r.0 == 1 && r.3 == "1" && (r.1 == "alloc" || r.1 == "free"))
+        .map(|r| (r.1 == "alloc", r.4.as_str()))
+        .collect();
+    let at = |e: (bool, &str)| layer.iter().position(|x| *x == e).unwrap();
+    assert!(
+        at((false, "layers.1.core_attn_out")) > at((true, "layers.1.out_proj.all_reduce")),
+        "{layer:?}"
+    );
+    assert!(at((false, "layers.1.core_attn_out")) > at((false, "layers.1.norm")));
+}
+
+/// From 0.24 the gated attention's split, q/k norms and rotary are one kernel on CUDA
+/// (`fused_qk_rmsnorm_rope_gate`: `q_out`, `k_out`, `gate_out`, with the norms' `(1 + w)` made
+/// in f32 per call to 0.28); from 0.26 the decoder layer has no `self_attention_output` and
+/// takes the mixers' own outputs (0.26.0 models/qwen3_next.py L389-400, L492-570).
+#[test]
+fn the_attention_fuses_its_norms_from_0_24_and_the_layer_buffer_goes_in_0_26() {
+    for (vllm, buffer) in [("0.24", true), ("0.26", false)] {
+        let rows = q2_rows("sim:h200-141gb:dry", vllm);
+        let names: Vec<&str> = rows
+            .iter()
+            .filter(|r| r.0 == 1 && r.3 == "3" && r.1 == "alloc")
+            .map(|r| r.4.as_str())
+            .take_while(|n| !n.starts_with("layers.3.post_attention_layernorm"))
+            .collect();
+        let mut want = vec![
+            "layers.3.input_layernorm.residual",
+            "layers.3.input_layernorm",
+        ];
+        if buffer {
+            want.push("layers.3.self_attention_output");
+        }
+        want.extend([
+            "layers.3.qkv_proj.out",
+            "layers.3.q_norm.weight.float",
+            "layers.3.q_norm.weight_plus_one",
+            "layers.3.k_norm.weight.float",
+            "layers.3.k_norm.weight_plus_one",
+            "layers.3.q_out",
+            "layers.3.k_out",
+            "layers.3.gate_out",
+            "layers.3.attn",
+            "layers.3.attn_gated.sigmoid",
+            "layers.3.attn_gated",
+            "layers.3.o_proj.out",
+            "layers.3.o_proj.all_reduce",
+        ]);
+        assert_eq!(names, want, "{vllm}");
+        assert_eq!(
+            rows.iter().any(|r| r.4 == "layers.1.self_attention_output"),
+            buffer,
+            "{vllm}"
+        );
+    }
+}
+
+/// Prefix caching through `plan`'s line and `profile --prefix-caching`: the state groups keep
+/// two pages a request with it ("align", `MambaSpec.max_memory_usage_bytes`), which 0.28 turns
+/// on by default and names in its log; 0.11 turns it off. 0.21 aligns the block to
+/// `--block-size 64` where 0.19 keeps multiples of 16 (0.21.0 platforms/interface.py
+/// L613-650). Four ranks: one KV head of 256 in bf16 (1,024 B a token), a state page of
+/// 274,432 B: 272 tokens, or 320 aligned to 64.
+#[test]
+fn prefix_caching_and_the_block_size_follow_the_release_and_the_line() {
+    let plan = |vllm: &str, flags: &[&str]| {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("r.json");
+        let mut args = vec![
+            "plan",
+            "--json",
+            json.to_str().unwrap(),
+            "--device",
+            "sim:a100-80gb:dry",
+            "--vllm",
+            vllm,
+            "--",
+            "vllm",
+            "serve",
+            "preset:qwen3-next-80b-a3b",
+            "--tensor-parallel-size",
+            "4",
+            "--max-model-len",
+            "32768",
+            // No graphs: the settings and lines held here come before them.
+            "--enforce-eager",
+        ];
+        args.extend_from_slice(flags);
+        let out = common::cli::vramscope(&args);
+        common::cli::ok(&out);
+        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        (r["settings"]["block_size"].as_u64().unwrap(), text)
+    };
+    let line = "Mamba cache mode is set to 'align' for Qwen3NextForCausalLM by default when prefix caching is enabled";
+    assert!(plan("0.28", &[]).1.contains(line));
+    assert!(!plan("0.28", &["--no-enable-prefix-caching"])
+        .1
+        .contains(line));
+    assert!(plan("0.19", &["--enable-prefix-caching"]).1.contains(line));
+    assert!(!plan("0.19", &[]).1.contains(line));
+    assert!(plan("0.11", &["--enable-prefix-caching"])
+        .1
+        .contains("disabling prefix caching"));
+    assert_eq!(plan("0.19", &["--block-size", "64"]).0, 272);
+    assert_eq!(plan("0.21", &["--block-size", "64"]).0, 320);
+    assert_eq!(plan("0.21", &[]).0, 272);
+
+    // The geometry the concurrency and the logged tokens count: one (none) or two (align)
+    // pages of each of the three state groups a request (formulas::KvGeometry).
+    let profile = |pc: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("r.json");
+        common::cli::ok(&common::cli::vramscope(&[
+            "profile",
+            "-q",
+            "--json",
+            json.to_str().unwrap(),
+            "--model",
+            "preset:qwen3-next-80b-a3b",
+            "--device",
+            "sim:a100-80gb:dry",
+            "--tp",
+            "4",
+            "--max-model-len",
+            "32768",
+            "--vllm",
+            "0.28",
+            "--prefix-caching",
+            pc,
+        ]));
+        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+        r["kv_geometry"]["hybrid"]["mamba_align"]
+            .as_bool()
+            .unwrap_or(false)
+    };
+    assert!(profile("on"));
+    assert!(!profile("off"));
+}
+
+/// 0.29 on stays refused, naming what changed.
+#[test]
+fn qwen3_next_under_0_29_is_refused_naming_the_changes() {
     let out = common::cli::vramscope(&[
         "plan",
         "--device",
         "sim:h200-141gb:dry",
         "--vllm",
-        "0.21",
+        "0.29",
         "--",
         "vllm",
         "serve",
@@ -307,8 +486,8 @@ fn qwen3_next_under_0_21_is_refused_naming_the_changes() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(
-        err.contains("--vllm 0.21: model_type 'qwen3_next'")
-            && err.contains("reproduced for --vllm 0.11, 0.15 and 0.19"),
+        err.contains("--vllm 0.29: model_type 'qwen3_next'")
+            && err.contains("reproduced for --vllm 0.11 to 0.28"),
         "{err}"
     );
 }

@@ -357,6 +357,11 @@ pub struct ProfileArgs {
     /// beside vLLM's own estimate; 0.21 on: the estimate comes off the KV budget).
     #[arg(long)]
     pub enforce_eager: bool,
+    /// vLLM's --enable-prefix-caching (on) or --no-enable-prefix-caching (off); the release's
+    /// default when not given. Only a hybrid model's startup memory depends on it (Qwen3-Next:
+    /// two state pages a request when on, from 0.15; on by default from 0.28).
+    #[arg(long, value_parser = ["on", "off"])]
+    pub prefix_caching: Option<String>,
     /// V1's batch defaults of vLLM's Python `LLM` class (`LLM(...)`, `vllm bench latency`,
     /// `vllm bench throughput`): 8192 tokens and 256 sequences below 70 GiB, 16384 and 1024
     /// above, where `vllm serve` takes 2048/256 and 8192/1024.
@@ -585,6 +590,7 @@ impl ProfileArgs {
             chunked_prefill: self.enable_chunked_prefill,
             true_max: self.true_max,
             enforce_eager: self.enforce_eager,
+            prefix_caching: self.prefix_caching.as_deref().map(|v| v == "on"),
             kv_cache_dtype: KvCacheDtype::parse(&self.kv_cache_dtype)?,
             kv_cache_memory: self.kv_cache_memory,
             llm_class: self.llm_class,

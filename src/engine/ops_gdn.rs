@@ -67,6 +67,70 @@ pub fn split_q_gate(
     Ok((q, g))
 }
 
+/// `fused_qk_rmsnorm_rope_gate` (0.24.0 models/qwen3_next.py L313-338;
+/// layers/fused_qk_norm_rope.py L155-162) before its rotary: from `q_gate` (each head's query
+/// then its gate) and `k`, new `q_out` `[T, heads·hd]` (normalised by `(1 + w)` per head),
+/// `k_out` `[T, kvh·hd]` and `gate_out` (the gate copied), where the unfused path makes the
+/// split's copies and the norms' outputs. `tiny`: the call's arguments
+/// `q_norm.weight.float() + 1.0` and the same for k (0.24 to 0.28), each an f32 `[hd]` copy
+/// dying as the sum is made, the sums as the call returns. The caller applies the rotary in
+/// place (the kernel's, no tensor).
+pub fn fused_qk_norm_gate(
+    rt: &Runtime,
+    (q_gate, k): (&Tensor, &Tensor),
+    (q_w, k_w): (&Tensor, &Tensor),
+    eps: f32,
+    (heads, kvh, hd): (usize, usize, usize),
+    tiny: bool,
+    name: &str,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    rt.check_cancel()?;
+    rt.set_op("qwen3_next.fused_qk_rmsnorm_rope_gate");
+    let mut weights = Vec::new();
+    if tiny {
+        for n in ["q_norm", "k_norm"] {
+            let copy = act(rt, format!("{name}.{n}.weight.float"), &[hd], DType::F32)?;
+            weights.push(act(
+                rt,
+                format!("{name}.{n}.weight_plus_one"),
+                &[hd],
+                DType::F32,
+            )?);
+            drop(copy);
+        }
+    }
+    let t = q_gate.rows();
+    let mut q_out = act(rt, format!("{name}.q_out"), &[t, heads * hd], q_gate.dtype)?;
+    let mut k_out = act(rt, format!("{name}.k_out"), &[t, kvh * hd], k.dtype)?;
+    let mut gate_out = act(
+        rt,
+        format!("{name}.gate_out"),
+        &[t, heads * hd],
+        q_gate.dtype,
+    )?;
+    match rt.backend() {
+        Backend::Dry => {}
+        Backend::Cpu => {
+            let src = q_gate.f32();
+            let mut q = vec![0.0f32; t * heads * hd];
+            let gd = gate_out.f32_mut();
+            for r in 0..t {
+                for h in 0..heads {
+                    let s = r * heads * 2 * hd + h * 2 * hd;
+                    let d = r * heads * hd + h * hd;
+                    q[d..d + hd].copy_from_slice(&src[s..s + hd]);
+                    gd[d..d + hd].copy_from_slice(&src[s + hd..s + 2 * hd]);
+                }
+            }
+            crate::device::cpu_gemma::gemma_rms_norm(&q, q_w.f32(), eps, q_out.f32_mut());
+            crate::device::cpu_gemma::gemma_rms_norm(k.f32(), k_w.f32(), eps, k_out.f32_mut());
+        }
+        Backend::Cuda => return Err(on_cuda()),
+    }
+    drop(weights);
+    Ok((q_out, k_out, gate_out))
+}
+
 /// `attn_output * torch.sigmoid(gate)` (L733-735): the sigmoid into a new tensor, the product
 /// into another, the sigmoid dying as the layer rebinds `gate`... at its return; here as soon
 /// as the product is made (both die before `o_proj`'s output is read back).
@@ -261,6 +325,8 @@ pub struct Warmup {
     pub autotunes: bool,
     /// The recurrent state's dtype (`mamba_ssm_cache_dtype`, auto: the model's).
     pub state: DType,
+    /// 0.21's one pass through `fused_post_conv_prep` (`GdnRules::warmup_post_conv`).
+    pub post_conv: bool,
 }
 
 /// Triton's L2-flush buffer that `triton.testing.do_bench` takes from PyTorch's allocator for
@@ -292,66 +358,135 @@ pub fn warmup_prefill(
     w: &Warmup,
     name: &str,
 ) -> Result<()> {
-    use crate::engine::rules::GdnWarmup;
-    let (kh, vh, dk, dv) = (d.k_heads, d.v_heads, d.k_dim, d.v_dim);
-    for t in [16usize, 32, 64] {
+    let passes: &[usize] = if w.post_conv { &[64] } else { &[16, 32, 64] };
+    for &t in passes {
         rt.check_cancel()?;
         rt.set_op("gdn.warmup_prefill");
         let n = |s: &str| format!("{name}.warmup{t}.{s}");
-        let q = act(rt, n("q"), &[1, t, kh, dk], act_dt)?;
-        let k = act(rt, n("k"), &[1, t, kh, dk], act_dt)?;
-        let v = act(rt, n("v"), &[1, t, vh, dv], act_dt)?;
-        let dummy_a = act(rt, n("dummy_a"), &[t, vh], act_dt)?;
-        let dummy_b = act(rt, n("dummy_b"), &[t, vh], act_dt)?;
-        let g = act(rt, n("g"), &[1, t, vh], DType::F32)?;
-        let beta = act(rt, n("beta"), &[1, t, vh], act_dt)?;
-        let state = zeros(rt, &n("state"), &[1, vh, dv, dk], w.state)?;
+        let inputs = if w.post_conv {
+            warmup_inputs_post_conv(rt, d, act_dt, t, &n)?
+        } else {
+            warmup_inputs(rt, d, act_dt, t, &n)?
+        };
+        let state = zeros(rt, &n("state"), &[1, d.v_heads, d.v_dim, d.k_dim], w.state)?;
+        rt.set_op("gdn.warmup_prefill");
         let cu = act(rt, n("cu_seqlens"), &[2], DType::I32)?;
-        rt.set_op("gdn.warmup_prefill.delta_rule");
-        let q_n = act(rt, n("q.l2norm"), &[1, t, kh, dk], act_dt)?;
-        let k_n = act(rt, n("k.l2norm"), &[1, t, kh, dk], act_dt)?;
-        match w.backend {
-            GdnWarmup::FlashInfer => {
-                let fi_state = (w.state != DType::F32)
-                    .then(|| act(rt, n("fi_state"), &[1, vh, dv, dk], DType::F32))
-                    .transpose()?;
-                let fi_beta = act(rt, n("fi_beta"), &[t, vh], DType::F32)?;
-                let exp_g = act(rt, n("exp_g"), &[t, vh], DType::F32)?;
-                let cu64 = act(rt, n("cu_seqlens.i64"), &[2], DType::I64)?;
-                let out = act(rt, n("output"), &[t, kh.max(vh), dk], act_dt)?;
-                let out_state = act(rt, n("output_state"), &[1, vh, dk, dk], DType::F32)?;
-                drop(cu64);
-                drop((exp_g, out, out_state));
-                drop((q_n, k_n, fi_state, fi_beta));
-            }
-            GdnWarmup::Triton => {
-                let g_cum = act(rt, n("g_cumsum"), &[1, t, vh], DType::F32)?;
-                let a_kkt = act(rt, n("A"), &[1, t, vh, 64], DType::F32)?;
-                let ai = zeros(rt, &n("Ai"), &[1, t, vh, 64], act_dt)?;
-                drop(a_kkt);
-                let u = act(rt, n("u"), &[1, t, vh, dv], act_dt)?;
-                let w_ = act(rt, n("w"), &[1, t, vh, dk], act_dt)?;
-                let h = act(rt, n("h"), &[1, 1, vh, dv, dk], act_dt)?;
-                let final_state = act(rt, n("final_state"), &[1, vh, dv, dk], DType::F32)?;
-                let v_new = act(rt, n("v_new"), &[1, t, vh, dv], act_dt)?;
-                let o = act(rt, n("o"), &[1, t, vh, dv], act_dt)?;
-                if w.autotunes {
-                    rt.set_op("triton.autotune");
-                    drop(act(
-                        rt,
-                        n("triton_autotune_l2_flush"),
-                        &[TRITON_AUTOTUNE_FLUSH_BYTES / 4],
-                        DType::I32,
-                    )?);
-                }
-                drop((v_new, h, w_, u, ai, g_cum));
-                drop((o, final_state));
-                drop((q_n, k_n));
-            }
-        }
-        drop((q, k, v, dummy_a, dummy_b, g, beta, state, cu));
+        warmup_rule(rt, d, (act_dt, t, w), !w.post_conv, &n)?;
+        drop((state, cu));
+        drop(inputs);
     }
     rt.empty_cache();
+    Ok(())
+}
+
+/// 0.19's dummy inputs of one pass (L609-624): `q`, `k`, `v`, `dummy_a`, `dummy_b`, then
+/// `fused_gdn_gating`'s `g` (f32) and `beta` (the model dtype).
+fn warmup_inputs(
+    rt: &Runtime,
+    d: GdnDims,
+    act_dt: DType,
+    t: usize,
+    n: &dyn Fn(&str) -> String,
+) -> Result<Vec<Tensor>> {
+    let (kh, vh, dk, dv) = (d.k_heads, d.v_heads, d.k_dim, d.v_dim);
+    Ok(vec![
+        act(rt, n("q"), &[1, t, kh, dk], act_dt)?,
+        act(rt, n("k"), &[1, t, kh, dk], act_dt)?,
+        act(rt, n("v"), &[1, t, vh, dv], act_dt)?,
+        act(rt, n("dummy_a"), &[t, vh], act_dt)?,
+        act(rt, n("dummy_b"), &[t, vh], act_dt)?,
+        act(rt, n("g"), &[1, t, vh], DType::F32)?,
+        act(rt, n("beta"), &[1, t, vh], act_dt)?,
+    ])
+}
+
+/// 0.21's dummy inputs of its one pass (0.21.0 gdn_linear_attn.py L925-946): the dummy conv
+/// output `[T, conv_dim]`, `dummy_a`, `dummy_b`, then `fused_post_conv_prep`'s `q`, `k`
+/// (`[T, kh, dk]`), `v` (`[T, vh, dv]`), `g` and `beta` (`[T, vh]` f32; fla/ops/
+/// fused_gdn_prefill_post_conv.py L199-203).
+fn warmup_inputs_post_conv(
+    rt: &Runtime,
+    d: GdnDims,
+    act_dt: DType,
+    t: usize,
+    n: &dyn Fn(&str) -> String,
+) -> Result<Vec<Tensor>> {
+    let (kh, vh, dk, dv) = (d.k_heads, d.v_heads, d.k_dim, d.v_dim);
+    Ok(vec![
+        act(rt, n("dummy_mixed_qkv"), &[t, d.conv_dim()], act_dt)?,
+        act(rt, n("dummy_a"), &[t, vh], act_dt)?,
+        act(rt, n("dummy_b"), &[t, vh], act_dt)?,
+        act(rt, n("q"), &[t, kh, dk], act_dt)?,
+        act(rt, n("k"), &[t, kh, dk], act_dt)?,
+        act(rt, n("v"), &[t, vh, dv], act_dt)?,
+        act(rt, n("g"), &[t, vh], DType::F32)?,
+        act(rt, n("beta"), &[t, vh], DType::F32)?,
+    ])
+}
+
+/// The chunked delta rule of one warm-up pass, its results discarded; `l2norm`: the rule
+/// normalises q and k itself (0.19), not from 0.21. With FlashInfer, `beta` converted to f32
+/// only where it is not f32 already (0.19's is the model dtype, 0.21's f32), `exp(g)` always.
+fn warmup_rule(
+    rt: &Runtime,
+    d: GdnDims,
+    (act_dt, t, w): (DType, usize, &Warmup),
+    l2norm: bool,
+    n: &dyn Fn(&str) -> String,
+) -> Result<()> {
+    use crate::engine::rules::GdnWarmup;
+    let (kh, vh, dk, dv) = (d.k_heads, d.v_heads, d.k_dim, d.v_dim);
+    rt.set_op("gdn.warmup_prefill.delta_rule");
+    let normed = if l2norm {
+        vec![
+            act(rt, n("q.l2norm"), &[1, t, kh, dk], act_dt)?,
+            act(rt, n("k.l2norm"), &[1, t, kh, dk], act_dt)?,
+        ]
+    } else {
+        Vec::new()
+    };
+    match w.backend {
+        GdnWarmup::FlashInfer => {
+            let fi_state = (w.state != DType::F32)
+                .then(|| act(rt, n("fi_state"), &[1, vh, dv, dk], DType::F32))
+                .transpose()?;
+            let fi_beta = (!w.post_conv)
+                .then(|| act(rt, n("fi_beta"), &[t, vh], DType::F32))
+                .transpose()?;
+            let exp_g = act(rt, n("exp_g"), &[t, vh], DType::F32)?;
+            let cu64 = act(rt, n("cu_seqlens.i64"), &[2], DType::I64)?;
+            let out = act(rt, n("output"), &[t, kh.max(vh), dk], act_dt)?;
+            let out_state = act(rt, n("output_state"), &[1, vh, dk, dk], DType::F32)?;
+            drop(cu64);
+            drop((exp_g, out, out_state));
+            drop((normed, fi_state, fi_beta));
+        }
+        GdnWarmup::Triton => {
+            let g_cum = act(rt, n("g_cumsum"), &[1, t, vh], DType::F32)?;
+            let a_kkt = act(rt, n("A"), &[1, t, vh, 64], DType::F32)?;
+            let ai = zeros(rt, &n("Ai"), &[1, t, vh, 64], act_dt)?;
+            rt.set_op("gdn.warmup_prefill.delta_rule");
+            drop(a_kkt);
+            let u = act(rt, n("u"), &[1, t, vh, dv], act_dt)?;
+            let w_ = act(rt, n("w"), &[1, t, vh, dk], act_dt)?;
+            let h = act(rt, n("h"), &[1, 1, vh, dv, dk], act_dt)?;
+            let final_state = act(rt, n("final_state"), &[1, vh, dv, dk], DType::F32)?;
+            let v_new = act(rt, n("v_new"), &[1, t, vh, dv], act_dt)?;
+            let o = act(rt, n("o"), &[1, t, vh, dv], act_dt)?;
+            if w.autotunes {
+                rt.set_op("triton.autotune");
+                drop(act(
+                    rt,
+                    n("triton_autotune_l2_flush"),
+                    &[TRITON_AUTOTUNE_FLUSH_BYTES / 4],
+                    DType::I32,
+                )?);
+            }
+            drop((v_new, h, w_, u, ai, g_cum));
+            drop((o, final_state));
+            drop(normed);
+        }
+    }
     Ok(())
 }
 

@@ -102,6 +102,29 @@ pub struct GdnRules {
     /// 0.19's prefill-kernel warm-up inside the op on the first metadata-less call of each
     /// layer (`_warmup_prefill_kernels`, gdn_linear_attn.py L567-665): `None` before 0.19.
     pub warmup: Option<GdnWarmup>,
+    /// From 0.21 the warm-up is one pass of 64 tokens whose q, k, v, g and beta come from
+    /// `fused_post_conv_prep` (g and beta in f32), the rule's in-kernel l2norm off (0.21.0
+    /// layers/mamba/gdn_linear_attn.py L883-985); 0.19 runs three passes of 16, 32 and 64.
+    pub warmup_post_conv: bool,
+    /// From 0.21 the gated norm and `out_proj` run in `_output_projection`, so the zeroed
+    /// `core_attn_out` stays referenced by `forward_cuda` until it returns (0.21.0
+    /// gdn_linear_attn.py L665-683, L725-782); 0.15 and 0.19 rebind it at the norm.
+    pub zeros_live_to_return: bool,
+    /// The decoder layer's `self_attention_output = torch.empty_like(hidden_states)` that the
+    /// mixers write into (0.10.2 to 0.25.1); from 0.26 the mixers return their `out_proj` /
+    /// `o_proj` output (0.26.0 models/qwen3_next.py L389-400, L492-570).
+    pub layer_output_buffer: bool,
+    /// From 0.24 the gated attention's split, q/k norms and rotary run as one Triton kernel
+    /// on CUDA for a text-only model (`fused_qk_rmsnorm_rope_gate`, 0.24.0
+    /// models/qwen3_next.py L300-340; layers/fused_qk_norm_rope.py L155-162): `q_out`, `k_out`
+    /// and `gate_out` replace the split's copies and the norms' outputs; `Some(true)` where
+    /// the call also makes the norms' `(1 + w)` in f32 (`weight.float() + 1.0`, to 0.28).
+    pub fused_qk_norm_rope_gate: Option<bool>,
+    /// From 0.28 a hybrid model's prefix caching is on by default, so the state layers' cache
+    /// mode is "align" (0.28.0 engine/arg_utils.py L2646-2650, config/model.py L2071-2073,
+    /// models/config.py L602-610): a request holds two state pages of each state group
+    /// (v1/kv_cache_interface.py L687-696).
+    pub prefix_caching_align: bool,
 }
 
 /// Which prefill kernels 0.19's warm-up runs (`ChunkGatedDeltaRule.__init__`,
@@ -123,10 +146,15 @@ impl GdnRules {
         split_in_proj: true,
         a_log_in_act: false,
         warmup: None,
+        warmup_post_conv: false,
+        zeros_live_to_return: false,
+        layer_output_buffer: true,
+        fused_qk_norm_rope_gate: None,
+        prefix_caching_align: false,
     };
 
     /// The rules of V1 release `0.minor` on a GPU of compute capability `major`.minor
-    /// (`sm90`: exactly 9.0). Qwen3-Next under 0.21 on is refused before this is read.
+    /// (`sm90`: exactly 9.0). Qwen3-Next under 0.29 on is refused before this is read.
     pub fn for_minor(minor: u32, sm90: bool) -> GdnRules {
         GdnRules {
             profile_projections: minor >= 15,
@@ -137,6 +165,11 @@ impl GdnRules {
             } else {
                 GdnWarmup::Triton
             }),
+            warmup_post_conv: minor >= 21,
+            zeros_live_to_return: minor >= 21,
+            layer_output_buffer: minor < 26,
+            fused_qk_norm_rope_gate: (minor >= 24).then_some(minor < 29),
+            prefix_caching_align: minor >= 28,
         }
     }
 }

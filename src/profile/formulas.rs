@@ -245,6 +245,11 @@ pub struct HybridKv {
     /// each such group whatever its length.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub mamba_groups: u64,
+    /// The state layers' cache mode is "align" (prefix caching on, 0.28 on): a request holds
+    /// two pages of each state group (`MambaSpec.max_memory_usage_bytes`, 0.28.0
+    /// v1/kv_cache_interface.py L687-696).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mamba_align: bool,
 }
 
 fn is_zero(x: &u64) -> bool {
@@ -275,6 +280,7 @@ impl HybridKv {
             chunked_groups: 0,
             attention_chunk_size: 0,
             mamba_groups: 0,
+            mamba_align: false,
         })
     }
 
@@ -343,6 +349,21 @@ pub struct HybridPages {
     pub page_bytes: u64,
     /// `100 · (attention page − state page) / state page`, when they differ.
     pub padding_pct: Option<f64>,
+    /// What the release logs about prefix caching for a hybrid model.
+    pub prefix_caching: HybridPrefixCaching,
+}
+
+/// A hybrid model's prefix caching as the release sets it and logs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HybridPrefixCaching {
+    /// 0.10.2 and 0.11 turn it off and say so (0.11.0 models/config.py L295-298).
+    Disabled,
+    /// 0.15 to 0.27 leave it off by default without a line (`is_prefix_caching_supported`
+    /// False for hybrids, 0.19.0 config/model.py L1785-1790; 0.26.0 arg_utils L2520-2522).
+    OffByDefault,
+    /// 0.28 turns it on, the state layers' cache mode "align" (0.28.0 models/config.py
+    /// L602-610), naming the architecture.
+    Align(&'static str),
 }
 
 /// The attention block size a hybrid model runs with: the smallest multiple of 16 tokens whose
@@ -351,9 +372,23 @@ pub struct HybridPages {
 /// multiples of 16), taken when the block size asked (`requested`) is smaller (L387-389); then
 /// the state page padded to the attention page.
 pub fn hybrid_pages(attn_bytes_per_token: u64, mamba: MambaPage, requested: u64) -> HybridPages {
+    hybrid_pages_aligned(attn_bytes_per_token, mamba, requested, 16)
+}
+
+/// `hybrid_pages` with the block a multiple of `align` tokens: 16 to 0.19; from 0.21
+/// `Platform._align_hybrid_block_size` aligns to the larger of the backend's smallest kernel
+/// block (16 for FlashAttention and FlashInfer) and the block size asked (0.21.0
+/// platforms/interface.py L613-650), so `--block-size 64` gives 576 tokens where 0.19 gives 544.
+pub fn hybrid_pages_aligned(
+    attn_bytes_per_token: u64,
+    mamba: MambaPage,
+    requested: u64,
+    align: u64,
+) -> HybridPages {
     let m = mamba.bytes();
-    let per16 = 16 * attn_bytes_per_token.max(1);
-    let needed = 16 * m.div_ceil(per16);
+    let align = align.max(1);
+    let per = align * attn_bytes_per_token.max(1);
+    let needed = align * m.div_ceil(per);
     let block_size_set = requested < needed;
     let block_size = if block_size_set { needed } else { requested };
     let page_bytes = block_size * attn_bytes_per_token;
@@ -362,15 +397,22 @@ pub fn hybrid_pages(attn_bytes_per_token: u64, mamba: MambaPage, requested: u64)
         block_size_set,
         page_bytes,
         padding_pct: (page_bytes != m && m > 0).then(|| 100.0 * (page_bytes - m) as f64 / m as f64),
+        prefix_caching: HybridPrefixCaching::Disabled,
     }
 }
 
 impl HybridPages {
     /// The lines vLLM logs for it, as it words them (L310-311, L390-393, L411-414).
     pub fn log_lines(&self) -> Vec<String> {
-        let mut out = vec![
-            "Hybrid or mamba-based model detected: disabling prefix caching since it is not yet supported.".to_string(),
-        ];
+        let mut out = match self.prefix_caching {
+            HybridPrefixCaching::Disabled => vec![
+                "Hybrid or mamba-based model detected: disabling prefix caching since it is not yet supported.".to_string(),
+            ],
+            HybridPrefixCaching::OffByDefault => Vec::new(),
+            HybridPrefixCaching::Align(arch) => vec![format!(
+                "Mamba cache mode is set to 'align' for {arch} by default when prefix caching is enabled"
+            )],
+        };
         if self.block_size_set {
             out.push(format!(
                 "Setting attention block size to {} tokens to ensure that attention page size is >= mamba page size.",
@@ -474,7 +516,7 @@ impl KvGeometry {
                 h.full_groups * full
                     + h.sliding_groups * (sliding_tokens.div_ceil(bs) + 1)
                     + h.chunked_groups * chunked_tokens.div_ceil(bs)
-                    + h.mamba_groups
+                    + h.mamba_groups * if h.mamba_align { 2 } else { 1 }
             }
         }
     }

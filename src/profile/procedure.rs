@@ -1465,11 +1465,16 @@ pub(crate) fn run_rank(
     }
     if let Some(m) = release.minor() {
         rt.set_mla_rules(crate::model::layers::mla::MlaModelRules::for_minor(m));
-        rt.set_gdn_rules(crate::engine::rules::GdnRules::for_minor(
+        let gdn = crate::engine::rules::GdnRules::for_minor(
             m,
             // Hopper is compute capability 9.0, the only 9.x.
             device_major == 9,
-        ));
+        );
+        rt.set_gdn_rules(crate::engine::rules::GdnRules {
+            // Prefix caching as the line sets it; 0.10/0.11 turn it off for hybrids.
+            prefix_caching_align: m >= 15 && req.prefix_caching.unwrap_or(gdn.prefix_caching_align),
+            ..gdn
+        });
     }
     rt.set_mxfp4_rules(match release.minor() {
         Some(m) => crate::quant::mxfp4::Rules::for_release(
@@ -2127,6 +2132,10 @@ pub(crate) fn run_rank(
             _ if cfg.qwen3_next.is_some() && v1 => cfg.qwen3_next.as_ref().and_then(|q| {
                 let (full, state) = q.layer_counts();
                 formulas::HybridKv::of_state_layers(full as u64, state as u64, req.tokens as u64)
+                    .map(|h| formulas::HybridKv {
+                        mamba_align: rt.gdn_rules().prefix_caching_align,
+                        ..h
+                    })
             }),
             (Some(g), true) => g.sliding_window.and_then(|w| {
                 let sliding = (0..cfg.num_layers).filter(|&l| g.is_sliding(l)).count() as u64;
@@ -2826,7 +2835,8 @@ fn hybrid_state_pages(
     let act = req.quant.activation_dtype();
     let kv_bytes = req.kv_cache_dtype.storage_dtype(act).size_bytes();
     let (conv, ssm) = q.state_elements(tp);
-    Ok(formulas::hybrid_pages(
+    let minor = release.minor().unwrap_or(11);
+    let pages = formulas::hybrid_pages_aligned(
         2 * kv_heads as u64 * cfg.head_dim as u64 * kv_bytes,
         formulas::MambaPage {
             conv_elements: conv,
@@ -2834,5 +2844,20 @@ fn hybrid_state_pages(
             dtype_bytes: act.size_bytes(),
         },
         req.block_size,
-    ))
+        if minor >= 21 {
+            req.block_size.max(16)
+        } else {
+            16
+        },
+    );
+    Ok(formulas::HybridPages {
+        prefix_caching: match minor {
+            ..=11 => formulas::HybridPrefixCaching::Disabled,
+            _ if req.prefix_caching.unwrap_or(minor >= 28) => {
+                formulas::HybridPrefixCaching::Align("Qwen3NextForCausalLM")
+            }
+            _ => formulas::HybridPrefixCaching::OffByDefault,
+        },
+        ..pages
+    })
 }

@@ -95,6 +95,12 @@ pub struct ProfileRequest {
     /// the KV cache, and 0.19 on estimates their memory).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub enforce_eager: bool,
+    /// vLLM's `--enable-prefix-caching` / `--no-enable-prefix-caching` where given (`None`:
+    /// the release's default). It changes the startup memory of a hybrid model only: from
+    /// 0.15 Qwen3-Next's state layers then keep two pages a request ("align"), and 0.28 turns
+    /// it on by default (`engine::rules::GdnRules::prefix_caching_align`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_caching: Option<bool>,
     /// vLLM's `--kv-cache-memory` (V1, 0.11 on): the KV cache's bytes per GPU, given. vLLM
     /// still runs its profile pass but skips the memory profiling, so neither
     /// gpu_memory_utilization nor the graph estimate sets the budget (0.19.0
@@ -242,6 +248,7 @@ impl Default for ProfileRequest {
             chunked_prefill: None,
             true_max: false,
             enforce_eager: false,
+            prefix_caching: None,
             kv_cache_dtype: KvCacheDtype::Auto,
             kv_cache_memory: None,
             llm_class: false,

@@ -1430,19 +1430,20 @@ impl Release {
                     self.name
                 )));
             }
-            // 0.10/0.11 (the in-place kernel) and 0.15/0.19 (the modular kernel, the gate and
-            // the shared expert inside its op; the Gated DeltaNet's profile path by
-            // `engine::rules::GdnRules`): docs/reading/vllm-qwen3-next-v1.md.
+            // 0.10/0.11 (the in-place kernel), 0.15/0.19 (the modular kernel, the gate and the
+            // shared expert inside its op) and 0.21-0.28 (the same under 0.21's runner, where
+            // Triton runs: `moe_kernel_on`); the Gated DeltaNet's profile path by
+            // `engine::rules::GdnRules`: docs/reading/vllm-qwen3-next-v1.md.
             return match self.fused_moe {
                 FusedMoe::Kernel(_) => Ok(()),
+                FusedMoe::Oracle { .. } if self.minor().is_some_and(|m| m <= 28) => Ok(()),
                 _ => Err(Error::Request(format!(
-                    "--vllm {}: model_type 'qwen3_next' is not modelled under this release: from \
-                     0.21 its Gated DeltaNet warms one fused prefill pass up, keeps its zeroed \
-                     output until the layer returns and logs its KV tokens per request's \
-                     blocks, 0.24 fuses the attention's norms and rotary into one kernel, 0.26 \
-                     drops the layer's output buffer and 0.28 turns prefix caching on \
-                     (docs/reading/vllm-qwen3-next-v1.md §7); it is reproduced for --vllm \
-                     0.11, 0.15 and 0.19",
+                    "--vllm {}: model_type 'qwen3_next' is not modelled under this release: \
+                     from 0.29 Model Runner V2 runs hybrid models (config/vllm.py L645-677) \
+                     with its own state buffers, one int8 backing for the KV cache, and from \
+                     0.33 FlashInfer's prefill checkpoints (576-token blocks on Hopper; \
+                     docs/reading/vllm-qwen3-next-v1.md §7); it is reproduced for --vllm \
+                     0.11 to 0.28",
                     self.name
                 ))),
             };
@@ -1550,7 +1551,7 @@ impl Release {
         // L68-70) and FlashInfer's CUTLASS ones do (flashinfer_cutlass_moe.py L180-186); from
         // 0.25.1 the oracle puts both behind Triton for it (oracle/unquantized.py L87-92).
         let gpt_oss = arch == "gpt_oss";
-        if !(matches!(arch, "mixtral" | "qwen3_moe" | "llama4_text")
+        if !(matches!(arch, "mixtral" | "qwen3_moe" | "llama4_text" | "qwen3_next")
             || gpt_oss
             || (deepseek && mla)
             || arch == "qwen2_moe")

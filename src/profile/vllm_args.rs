@@ -27,30 +27,62 @@ pub struct ServeLine {
 /// Flags and engine settings that change GPU memory and that vramscope does not model, with
 /// what each changes (a flag not in this list and not mapped is named as not read).
 const NOT_MODELLED: &[(&str, &str)] = &[
-    ("speculative-config", "a draft model or speculative heads, their weights, KV cache and graphs"),
+    (
+        "speculative-config",
+        "a draft model or speculative heads, their weights, KV cache and graphs",
+    ),
     ("speculative-model", "a draft model's weights and KV cache"),
-    ("num-speculative-tokens", "speculative decoding's extra tokens per step"),
-    ("enable-lora", "LoRA adapters' weights and the punica buffers"),
+    (
+        "num-speculative-tokens",
+        "speculative decoding's extra tokens per step",
+    ),
+    (
+        "enable-lora",
+        "LoRA adapters' weights and the punica buffers",
+    ),
     ("max-loras", "LoRA slots held on the GPU"),
     ("max-lora-rank", "the size of each LoRA slot"),
     ("max-cpu-loras", "LoRA adapters cached in host memory"),
     ("lora-modules", "LoRA adapters loaded at startup"),
-    ("fully-sharded-loras", "how LoRA weights are cut over the GPUs"),
-    ("enable-prefix-caching", "blocks shared between requests: the startup budget is the same, the requests it serves are not"),
-    ("swap-space", "host memory for preempted requests' KV blocks"),
-    ("cpu-offload-gb", "weights kept in host memory instead of the GPU"),
+    (
+        "fully-sharded-loras",
+        "how LoRA weights are cut over the GPUs",
+    ),
+    (
+        "swap-space",
+        "host memory for preempted requests' KV blocks",
+    ),
+    (
+        "cpu-offload-gb",
+        "weights kept in host memory instead of the GPU",
+    ),
     ("kv-offloading-size", "KV blocks offloaded to host memory"),
-    ("kv-transfer-config", "a KV connector's buffers (disaggregated prefill)"),
+    (
+        "kv-transfer-config",
+        "a KV connector's buffers (disaggregated prefill)",
+    ),
     ("enable-eplb", "redundant experts for load balancing"),
-    ("decode-context-parallel-size", "the KV cache split over decode context-parallel ranks"),
-    ("disable-custom-all-reduce", "the custom all-reduce's buffers (NCCL only)"),
+    (
+        "decode-context-parallel-size",
+        "the KV cache split over decode context-parallel ranks",
+    ),
+    (
+        "disable-custom-all-reduce",
+        "the custom all-reduce's buffers (NCCL only)",
+    ),
     ("num-gpu-blocks-override", "the KV block count, set by hand"),
     ("cuda-graph-sizes", "which CUDA graphs are captured"),
     ("max-seq-len-to-capture", "which CUDA graphs are captured"),
-    ("compilation-config", "torch.compile and CUDA graph settings"),
+    (
+        "compilation-config",
+        "torch.compile and CUDA graph settings",
+    ),
     ("hf-overrides", "the model's config"),
     ("rope-scaling", "the rotary cache's length"),
-    ("enable-sleep-mode", "how weights and KV cache are allocated (CuMemAllocator)"),
+    (
+        "enable-sleep-mode",
+        "how weights and KV cache are allocated (CuMemAllocator)",
+    ),
     ("calculate-kv-scales", "fp8 KV scales computed at startup"),
 ];
 
@@ -110,7 +142,6 @@ const NO_MEMORY_EFFECT_SWITCHES: &[&str] = &[
     "--disable-log-requests",
     "--disable-log-stats",
     "--enable-log-requests",
-    "--no-enable-prefix-caching",
     "--enable-auto-tool-choice",
     "--disable-frontend-multiprocessing",
     "--disable-fastapi-docs",
@@ -483,6 +514,17 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
                 "--enforce-eager",
                 (flag == "--enforce-eager").then(String::new),
             );
+        } else if flag == "--enable-prefix-caching" || flag == "--no-enable-prefix-caching" {
+            // A BooleanOptionalAction (0.19.0 engine/arg_utils.py); only a hybrid model's
+            // startup memory follows it (`ProfileRequest::prefix_caching`).
+            let on = flag == "--enable-prefix-caching";
+            put(
+                "--prefix-caching",
+                Some(if on { "on" } else { "off" }.into()),
+            );
+            warnings.push(format!(
+                "{flag}: changes the startup memory of models with state layers only (Qwen3-Next's state pages a request); blocks shared between requests are not in the startup budget"
+            ));
         } else if flag == "--enable-chunked-prefill" {
             let on = match inline.as_deref() {
                 Some(v) => v.to_string(),

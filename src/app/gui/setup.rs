@@ -231,6 +231,7 @@ impl SetupForm {
             // One GPU's search: greyed out (and off) with more.
             true_max: self.true_max && self.tp * self.pp == 1,
             enforce_eager: self.enforce_eager,
+            prefix_caching: None,
             util: self.util,
             block_size: self.block_size,
             max_model_len: self.max_model_len,

@@ -197,15 +197,15 @@ pub fn gdn_forward(
     rt: &Runtime,
     g: &GatedDeltaNet,
     x: &Tensor,
-    out: &mut Tensor,
+    out: Option<&mut Tensor>,
     run: &MixerRun,
     l: &str,
-) -> Result<()> {
+) -> Result<Option<Tensor>> {
     if run.skip {
         if rt.gdn_rules().profile_projections {
             return profile_forward(rt, g, x, out, run, l);
         }
-        return Ok(());
+        return Ok(None);
     }
     let (gen, act) = (run.generation, run.act);
     let d = g.dims;
@@ -253,12 +253,24 @@ pub fn gdn_forward(
         .out_proj
         .forward(rt, &normed, &format!("{l}.out_proj"), gen, act)?;
     let o = ops_tp::all_reduce(rt, o, &format!("{l}.out_proj.all_reduce"))?;
-    ops_gdn::copy_rows(rt, out, &o)?;
-    drop(o);
+    let o = deliver(rt, out, o)?;
     drop((normed, final_state, core, initial, gate, beta, conv));
     drop((mixed, z, b, a, qkvz, ba));
     drop(proj);
-    Ok(())
+    Ok(o)
+}
+
+/// The mixer's result: copied into the decoder's `self_attention_output` where the release
+/// has one (`output[:num_tokens] = ...`, the result dying), or returned (0.26 on).
+fn deliver(rt: &Runtime, out: Option<&mut Tensor>, o: Tensor) -> Result<Option<Tensor>> {
+    match out {
+        Some(out) => {
+            ops_gdn::copy_rows(rt, out, &o)?;
+            drop(o);
+            Ok(None)
+        }
+        None => Ok(Some(o)),
+    }
 }
 
 /// The input projections: the merged GEMM's output and its two views (0.10.2), or the two
@@ -305,10 +317,10 @@ fn profile_forward(
     rt: &Runtime,
     g: &GatedDeltaNet,
     x: &Tensor,
-    out: &mut Tensor,
+    out: Option<&mut Tensor>,
     run: &MixerRun,
     l: &str,
-) -> Result<()> {
+) -> Result<Option<Tensor>> {
     let d = g.dims;
     if d.k_heads < 2 {
         return Err(crate::base::error::Error::Request(format!(
@@ -325,30 +337,38 @@ fn profile_forward(
         &[t, d.v_heads, d.v_dim],
         act,
     )?;
-    if let Some(backend) = rt.gdn_rules().warmup {
+    let rules = rt.gdn_rules();
+    if let Some(backend) = rules.warmup {
         if !g.warmed_up.replace(true) {
             let w = ops_gdn::Warmup {
                 backend,
                 autotunes: !run.autotuned.replace(true),
                 state: act,
+                post_conv: rules.warmup_post_conv,
             };
             ops_gdn::warmup_prefill(rt, d, act, &w, l)?;
         }
     }
-    // The norm runs over `[T·vh, dv]` rows of the zeros and of z (`reshape`s: views).
+    // The norm runs over `[T·vh, dv]` rows of the zeros and of z (`reshape`s: views); 0.15
+    // and 0.19 rebind `core_attn_out` to its output, 0.21 keeps the zeros to the return.
     let normed = ops_gdn::gated_rms_norm(rt, &core, &r.z, &g.norm, run.eps, &format!("{l}.norm"))?;
-    drop(core);
+    let core = if rules.zeros_live_to_return {
+        Some(core)
+    } else {
+        drop(core);
+        None
+    };
     let flat = normed.part(format!("{l}.norm.flat"), 0, &[t, d.v_heads * d.v_dim]);
     let o = g
         .out_proj
         .forward(rt, &flat, &format!("{l}.out_proj"), gen, act)?;
     let o = ops_tp::all_reduce(rt, o, &format!("{l}.out_proj.all_reduce"))?;
-    ops_gdn::copy_rows(rt, out, &o)?;
-    drop(o);
+    let o = deliver(rt, out, o)?;
     drop((flat, normed));
+    drop(core);
     drop(r);
     drop((qkvz, ba, proj));
-    Ok(())
+    Ok(o)
 }
 
 /// One gated attention layer's weights on this rank.
@@ -420,10 +440,10 @@ pub fn attention_forward(
     at: &GatedAttention,
     cfg: &ModelConfig,
     x: &Tensor,
-    out: &mut Tensor,
+    out: Option<&mut Tensor>,
     run: &MixerRun,
     l: &str,
-) -> Result<()> {
+) -> Result<Option<Tensor>> {
     let (gen, act, hd) = (run.generation, run.act, cfg.head_dim);
     let (heads, kvh) = (at.heads, at.kv_heads);
     let qkv = at.qkv.forward(rt, x, &format!("{l}.qkv_proj"), gen, act)?;
@@ -436,9 +456,26 @@ pub fn attention_forward(
     let (Some(q_gate), Some(k), Some(v)) = (parts.next(), parts.next(), parts.next()) else {
         unreachable!("three parts");
     };
-    let (q, gate) = ops_gdn::split_q_gate(rt, &q_gate, (heads, hd), l)?;
-    let mut qn = ops_gemma::rms_norm(rt, &q, &at.q_norm, run.eps, &format!("{l}.q_norm"))?;
-    let mut kn = ops_gemma::rms_norm(rt, &k, &at.k_norm, run.eps, &format!("{l}.k_norm"))?;
+    let (q, gate, mut qn, mut kn) = match rt.gdn_rules().fused_qk_norm_rope_gate {
+        Some(tiny) => {
+            let (qn, kn, gate) = ops_gdn::fused_qk_norm_gate(
+                rt,
+                (&q_gate, &k),
+                (&at.q_norm, &at.k_norm),
+                run.eps,
+                (heads, kvh, hd),
+                tiny,
+                l,
+            )?;
+            (None, gate, qn, kn)
+        }
+        None => {
+            let (q, gate) = ops_gdn::split_q_gate(rt, &q_gate, (heads, hd), l)?;
+            let qn = ops_gemma::rms_norm(rt, &q, &at.q_norm, run.eps, &format!("{l}.q_norm"))?;
+            let kn = ops_gemma::rms_norm(rt, &k, &at.k_norm, run.eps, &format!("{l}.k_norm"))?;
+            (Some(q), gate, qn, kn)
+        }
+    };
     let shape = crate::device::cpu::AttnShape {
         heads,
         kv_heads: kvh,
@@ -462,10 +499,9 @@ pub fn attention_forward(
     let gated = ops_gdn::sigmoid_gate(rt, &attn, &gate, &format!("{l}.attn_gated"))?;
     let o = at.o.forward(rt, &gated, &format!("{l}.o_proj"), gen, act)?;
     let o = ops_tp::all_reduce(rt, o, &format!("{l}.o_proj.all_reduce"))?;
-    ops_gdn::copy_rows(rt, out, &o)?;
-    drop(o);
+    let o = deliver(rt, out, o)?;
     drop((gated, attn, kn, qn, gate, q));
     drop((q_gate, k, v));
     drop(qkv);
-    Ok(())
+    Ok(o)
 }

@@ -339,11 +339,31 @@ impl Qwen3NextModel {
                     n
                 }
             };
-            let mut out = ops_gdn::empty_like(rt, &normed, &format!("{l}.self_attention_output"))?;
-            match &layer.mixer {
-                Mixer::Linear(g) => gdn::gdn_forward(rt, g, &normed, &mut out, &run, &l)?,
-                Mixer::Full(a) => gdn::attention_forward(rt, a, cfg, &normed, &mut out, &run, &l)?,
-            }
+            // The decoder's `self_attention_output` (to 0.25), or the mixer's own output (0.26 on).
+            let mut buffer = if rt.gdn_rules().layer_output_buffer {
+                Some(ops_gdn::empty_like(
+                    rt,
+                    &normed,
+                    &format!("{l}.self_attention_output"),
+                )?)
+            } else {
+                None
+            };
+            let returned = match &layer.mixer {
+                Mixer::Linear(g) => gdn::gdn_forward(rt, g, &normed, buffer.as_mut(), &run, &l)?,
+                Mixer::Full(a) => {
+                    gdn::attention_forward(rt, a, cfg, &normed, buffer.as_mut(), &run, &l)?
+                }
+            };
+            let out = match (buffer, returned) {
+                (Some(b), None) => b,
+                (None, Some(o)) => o,
+                _ => {
+                    return Err(Error::Request(format!(
+                        "{l}: the mixer left no output (a release whose Gated DeltaNet skips the profile run keeps the layer's output buffer)"
+                    )))
+                }
+            };
             drop(normed);
             let r = residual.take().expect("set above");
             let (n, sum) = ops_gemma::add_rms_norm(
