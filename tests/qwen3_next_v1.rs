@@ -466,15 +466,30 @@ fn prefix_caching_and_the_block_size_follow_the_release_and_the_line() {
     assert!(!profile("off"));
 }
 
-/// 0.29 on stays refused, naming what changed.
+/// From 0.29 Model Runner V2 runs Qwen3-Next (0.29.0 config/vllm.py L645-677), its profile
+/// run without attention metadata (`skip_attn`), so the Gated DeltaNet's path is 0.28's
+/// (docs/reading/vllm-qwen3-next-mrv2.md). 0.33 on Hopper with prefix caching (its default)
+/// exports FlashInfer's prefill checkpoints, not modelled: one line naming them; without
+/// prefix caching it runs two more FlashInfer calls per layer after the warm-up's.
 #[test]
-fn qwen3_next_under_0_29_is_refused_naming_the_changes() {
+fn qwen3_next_on_model_runner_v2_and_0_33s_checkpoints_refused_by_name() {
+    for vllm in ["0.29", "0.31"] {
+        let rows = q2_rows("sim:h200-141gb:dry", vllm);
+        assert!(
+            rows.iter().any(|r| r.4 == "layers.1.warmup64.output"),
+            "{vllm}"
+        );
+        assert!(
+            !rows.iter().any(|r| r.4.contains("weight_plus_one")),
+            "{vllm}"
+        );
+    }
     let out = common::cli::vramscope(&[
         "plan",
         "--device",
         "sim:h200-141gb:dry",
         "--vllm",
-        "0.29",
+        "0.33",
         "--",
         "vllm",
         "serve",
@@ -486,8 +501,57 @@ fn qwen3_next_under_0_29_is_refused_naming_the_changes() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(
-        err.contains("--vllm 0.29: model_type 'qwen3_next'")
-            && err.contains("reproduced for --vllm 0.11 to 0.28"),
+        err.contains("under vLLM 0.33 on Hopper with prefix caching")
+            && err.contains("--no-enable-prefix-caching"),
         "{err}"
     );
+    let rows = common::cli::plan_rows(
+        "sim:h200-141gb:dry",
+        "0.33",
+        "preset:qwen3-next-80b-a3b",
+        &[
+            "--tensor-parallel-size",
+            "2",
+            "--no-enable-prefix-caching",
+            "--enforce-eager",
+        ],
+    );
+    let variants: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.1 == "alloc" && r.3 == "1" && r.4.contains("warmup64.cp_"))
+        .map(|r| r.4.trim_start_matches("layers.1.warmup64."))
+        .collect();
+    assert_eq!(
+        variants,
+        ["auto", "off"]
+            .iter()
+            .flat_map(|v| {
+                [
+                    "fi_state",
+                    "exp_g",
+                    "cu_seqlens.i64",
+                    "output",
+                    "output_state",
+                ]
+                .map(|n| format!("cp_{v}.{n}"))
+            })
+            .collect::<Vec<_>>()
+    );
+    let a100 = common::cli::vramscope(&[
+        "plan",
+        "--device",
+        "sim:a100-80gb:dry",
+        "--vllm",
+        "0.33",
+        "--",
+        "vllm",
+        "serve",
+        "preset:qwen3-next-80b-a3b",
+        "--tensor-parallel-size",
+        "4",
+        "--max-model-len",
+        "32768",
+        "--enforce-eager",
+    ]);
+    common::cli::ok(&a100);
 }

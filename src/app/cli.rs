@@ -1817,6 +1817,8 @@ mod tests {
             ),
             ("--kv-cache-dtype fp8", "--kv-cache-dtype fp8"),
             ("--enforce-eager", "--enforce-eager"),
+            ("--enable-prefix-caching", "--prefix-caching on"),
+            ("--no-enable-prefix-caching", "--prefix-caching off"),
             ("--block-size 32", "--block-size 32"),
             // human_readable_int: G is 2^30 (vLLM refuses "40GiB").
             ("--kv-cache-memory 40G", "--kv-cache-memory 40GiB"),

@@ -327,6 +327,8 @@ pub struct Warmup {
     pub state: DType,
     /// 0.21's one pass through `fused_post_conv_prep` (`GdnRules::warmup_post_conv`).
     pub post_conv: bool,
+    /// 0.33's extra FlashInfer calls (`GdnRules::flashinfer_variants`).
+    pub flashinfer_variants: bool,
 }
 
 /// Triton's L2-flush buffer that `triton.testing.do_bench` takes from PyTorch's allocator for
@@ -372,6 +374,9 @@ pub fn warmup_prefill(
         rt.set_op("gdn.warmup_prefill");
         let cu = act(rt, n("cu_seqlens"), &[2], DType::I32)?;
         warmup_rule(rt, d, (act_dt, t, w), !w.post_conv, &n)?;
+        if w.flashinfer_variants && w.backend == crate::engine::rules::GdnWarmup::FlashInfer {
+            flashinfer_variants(rt, d, act_dt, w, name)?;
+        }
         drop((state, cu));
         drop(inputs);
     }
@@ -447,19 +452,8 @@ fn warmup_rule(
     };
     match w.backend {
         GdnWarmup::FlashInfer => {
-            let fi_state = (w.state != DType::F32)
-                .then(|| act(rt, n("fi_state"), &[1, vh, dv, dk], DType::F32))
-                .transpose()?;
-            let fi_beta = (!w.post_conv)
-                .then(|| act(rt, n("fi_beta"), &[t, vh], DType::F32))
-                .transpose()?;
-            let exp_g = act(rt, n("exp_g"), &[t, vh], DType::F32)?;
-            let cu64 = act(rt, n("cu_seqlens.i64"), &[2], DType::I64)?;
-            let out = act(rt, n("output"), &[t, kh.max(vh), dk], act_dt)?;
-            let out_state = act(rt, n("output_state"), &[1, vh, dk, dk], DType::F32)?;
-            drop(cu64);
-            drop((exp_g, out, out_state));
-            drop((normed, fi_state, fi_beta));
+            flashinfer_call(rt, d, (act_dt, t, w), n, "")?;
+            drop(normed);
         }
         GdnWarmup::Triton => {
             let g_cum = act(rt, n("g_cumsum"), &[1, t, vh], DType::F32)?;
@@ -487,6 +481,58 @@ fn warmup_rule(
             drop(normed);
         }
     }
+    Ok(())
+}
+
+/// One `fi_chunk_gated_delta_rule` call of the warm-up (0.19.0 gdn_linear_attn.py L63-109;
+/// 0.33.0 L313-372): the state in f32 (a copy unless it is f32), `beta` in f32 where it is not
+/// (0.19's), `exp(g)`, `cu_seqlens` in int64, FlashInfer's output and final state; all dying as
+/// the call returns. `tag` names a variant call.
+fn flashinfer_call(
+    rt: &Runtime,
+    d: GdnDims,
+    (act_dt, t, w): (DType, usize, &Warmup),
+    n: &dyn Fn(&str) -> String,
+    tag: &str,
+) -> Result<()> {
+    let (kh, vh, dk, dv) = (d.k_heads, d.v_heads, d.k_dim, d.v_dim);
+    let m = |s: &str| n(&format!("{tag}{s}"));
+    let fi_state = (w.state != DType::F32)
+        .then(|| act(rt, m("fi_state"), &[1, vh, dv, dk], DType::F32))
+        .transpose()?;
+    let fi_beta = (!w.post_conv)
+        .then(|| act(rt, m("fi_beta"), &[t, vh], DType::F32))
+        .transpose()?;
+    let exp_g = act(rt, m("exp_g"), &[t, vh], DType::F32)?;
+    let cu64 = act(rt, m("cu_seqlens.i64"), &[2], DType::I64)?;
+    let out = act(rt, m("output"), &[t, kh.max(vh), dk], act_dt)?;
+    let out_state = act(rt, m("output_state"), &[1, vh, dk, dk], DType::F32)?;
+    drop(cu64);
+    drop((exp_g, out, out_state));
+    drop((fi_state, fi_beta));
+    Ok(())
+}
+
+/// 0.33's `_warmup_flashinfer_prefill_variants` after the main call, without prefix-caching
+/// checkpoints (0.33.0 layers/mamba/gdn/qwen_gdn_linear_attn.py L1450-1492): `cu_seqlens` `[2]`
+/// i32 and `checkpoint_cu_starts` `[2]` i64, then one call for each `use_cp` of ("auto",
+/// False). With checkpoints (prefix caching on) vramscope refuses the start before the pass.
+pub fn flashinfer_variants(
+    rt: &Runtime,
+    d: GdnDims,
+    act_dt: DType,
+    w: &Warmup,
+    name: &str,
+) -> Result<()> {
+    let t = 64;
+    let n = |s: &str| format!("{name}.warmup{t}.{s}");
+    rt.set_op("gdn.warmup_prefill.variants");
+    let cu = act(rt, n("variants.cu_seqlens"), &[2], DType::I32)?;
+    let starts = act(rt, n("variants.checkpoint_cu_starts"), &[2], DType::I64)?;
+    for tag in ["cp_auto.", "cp_off."] {
+        flashinfer_call(rt, d, (act_dt, t, w), &n, tag)?;
+    }
+    drop((cu, starts));
     Ok(())
 }
 

@@ -125,6 +125,10 @@ pub struct GdnRules {
     /// models/config.py L602-610): a request holds two state pages of each state group
     /// (v1/kv_cache_interface.py L687-696).
     pub prefix_caching_align: bool,
+    /// 0.33 runs FlashInfer's prefill kernel twice more after the warm-up's call, for each
+    /// `use_cp` (0.33.0 layers/mamba/gdn/qwen_gdn_linear_attn.py L1414-1415, L1450-1492;
+    /// docs/reading/vllm-qwen3-next-mrv2.md §4).
+    pub flashinfer_variants: bool,
 }
 
 /// Which prefill kernels 0.19's warm-up runs (`ChunkGatedDeltaRule.__init__`,
@@ -151,10 +155,11 @@ impl GdnRules {
         layer_output_buffer: true,
         fused_qk_norm_rope_gate: None,
         prefix_caching_align: false,
+        flashinfer_variants: false,
     };
 
     /// The rules of V1 release `0.minor` on a GPU of compute capability `major`.minor
-    /// (`sm90`: exactly 9.0). Qwen3-Next under 0.29 on is refused before this is read.
+    /// (`sm90`: exactly 9.0).
     pub fn for_minor(minor: u32, sm90: bool) -> GdnRules {
         GdnRules {
             profile_projections: minor >= 15,
@@ -170,6 +175,7 @@ impl GdnRules {
             layer_output_buffer: minor < 26,
             fused_qk_norm_rope_gate: (minor >= 24).then_some(minor < 29),
             prefix_caching_align: minor >= 28,
+            flashinfer_variants: minor >= 33,
         }
     }
 }

@@ -1390,7 +1390,7 @@ pub(crate) fn run_rank(
             &opened.as_ref().expect("opened").config,
             q,
             req,
-            (rank.as_ref().map_or(1, |r| r.size), release),
+            (rank.as_ref().map_or(1, |r| r.size), release, device_major),
         )?),
         None => None,
     };
@@ -2823,7 +2823,7 @@ fn hybrid_state_pages(
     cfg: &crate::model::config::ModelConfig,
     q: &crate::model::config::Qwen3NextShape,
     req: &ProfileRequest,
-    (tp, release): (usize, &super::vllm::Release),
+    (tp, release, major): (usize, &super::vllm::Release, u32),
 ) -> Result<formulas::HybridPages> {
     if !matches!(release.engine, super::vllm::Engine::V1 { .. }) {
         return Err(Error::Request(format!(
@@ -2836,6 +2836,17 @@ fn hybrid_state_pages(
     let kv_bytes = req.kv_cache_dtype.storage_dtype(act).size_bytes();
     let (conv, ssm) = q.state_elements(tp);
     let minor = release.minor().unwrap_or(11);
+    let prefix_caching = minor >= 15 && req.prefix_caching.unwrap_or(minor >= 28);
+    if minor >= 33 && major == 9 && prefix_caching {
+        return Err(Error::Request(format!(
+            "model_type {} under vLLM {} on Hopper with prefix caching (on by default): \
+             FlashInfer's Gated DeltaNet prefill checkpoints are not modelled (576-token \
+             blocks, the workspace grown to [cdiv(max_num_batched_tokens, block), heads, \
+             dv, dk] f32 and more warm-up calls: docs/reading/vllm-qwen3-next-mrv2.md); \
+             add --no-enable-prefix-caching, or choose --vllm 0.31",
+            cfg.arch, release.name
+        )));
+    }
     let pages = formulas::hybrid_pages_aligned(
         2 * kv_heads as u64 * cfg.head_dim as u64 * kv_bytes,
         formulas::MambaPage {
@@ -2853,9 +2864,7 @@ fn hybrid_state_pages(
     Ok(formulas::HybridPages {
         prefix_caching: match minor {
             ..=11 => formulas::HybridPrefixCaching::Disabled,
-            _ if req.prefix_caching.unwrap_or(minor >= 28) => {
-                formulas::HybridPrefixCaching::Align("Qwen3NextForCausalLM")
-            }
+            _ if prefix_caching => formulas::HybridPrefixCaching::Align("Qwen3NextForCausalLM"),
             _ => formulas::HybridPrefixCaching::OffByDefault,
         },
         ..pages

@@ -1431,19 +1431,16 @@ impl Release {
                 )));
             }
             // 0.10/0.11 (the in-place kernel), 0.15/0.19 (the modular kernel, the gate and the
-            // shared expert inside its op) and 0.21-0.28 (the same under 0.21's runner, where
-            // Triton runs: `moe_kernel_on`); the Gated DeltaNet's profile path by
-            // `engine::rules::GdnRules`: docs/reading/vllm-qwen3-next-v1.md.
+            // shared expert inside its op), 0.21-0.28 (the same under 0.21's runner, where
+            // Triton runs: `moe_kernel_on`) and 0.29 on (Model Runner V2, whose profile run
+            // takes the same metadata-less path: docs/reading/vllm-qwen3-next-mrv2.md; 0.33's
+            // FlashInfer checkpoints refused in `hybrid_state_pages`); the Gated DeltaNet's
+            // profile path by `engine::rules::GdnRules`: docs/reading/vllm-qwen3-next-v1.md.
             return match self.fused_moe {
-                FusedMoe::Kernel(_) => Ok(()),
-                FusedMoe::Oracle { .. } if self.minor().is_some_and(|m| m <= 28) => Ok(()),
-                _ => Err(Error::Request(format!(
-                    "--vllm {}: model_type 'qwen3_next' is not modelled under this release: \
-                     from 0.29 Model Runner V2 runs hybrid models (config/vllm.py L645-677) \
-                     with its own state buffers, one int8 backing for the KV cache, and from \
-                     0.33 FlashInfer's prefill checkpoints (576-token blocks on Hopper; \
-                     docs/reading/vllm-qwen3-next-v1.md §7); it is reproduced for --vllm \
-                     0.11 to 0.28",
+                FusedMoe::Kernel(_) | FusedMoe::Oracle { .. } => Ok(()),
+                FusedMoe::Unmodelled(why) => Err(Error::Request(format!(
+                    "--vllm {}: model_type 'qwen3_next' (mixture of experts) is not modelled \
+                     under this release: {why}; it is reproduced for --vllm 0.11 to 0.33",
                     self.name
                 ))),
             };

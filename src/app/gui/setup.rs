@@ -83,6 +83,10 @@ pub struct SetupForm {
     /// vLLM's `--enable-chunked-prefill`; `None`: the release's rule (V1 chunks unless off).
     #[serde(default)]
     pub chunked_prefill: Option<bool>,
+    /// vLLM's `--enable-prefix-caching` / `--no-enable-prefix-caching` from a pasted line;
+    /// `None`: the release's default (only a hybrid model's memory follows it).
+    #[serde(default)]
+    pub prefix_caching: Option<bool>,
     /// vLLM's `--kv-cache-memory` (V1): the KV cache's size per GPU, given; empty: vLLM
     /// profiles it.
     #[serde(default)]
@@ -173,6 +177,7 @@ impl Default for SetupForm {
             true_max: false,
             enforce_eager: r.enforce_eager,
             chunked_prefill: r.chunked_prefill,
+            prefix_caching: r.prefix_caching,
             kv_cache_memory: String::new(),
             serve_line: String::new(),
             seed: r.seed,
@@ -231,7 +236,7 @@ impl SetupForm {
             // One GPU's search: greyed out (and off) with more.
             true_max: self.true_max && self.tp * self.pp == 1,
             enforce_eager: self.enforce_eager,
-            prefix_caching: None,
+            prefix_caching: self.prefix_caching,
             util: self.util,
             block_size: self.block_size,
             max_model_len: self.max_model_len,
@@ -295,6 +300,7 @@ impl SetupForm {
         self.enforce_eager = r.enforce_eager;
         self.true_max = r.true_max;
         self.chunked_prefill = r.chunked_prefill;
+        self.prefix_caching = r.prefix_caching;
         self.kv_cache_memory = r.kv_cache_memory.map_or(String::new(), |b| b.to_string());
     }
 

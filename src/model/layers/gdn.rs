@@ -345,6 +345,7 @@ fn profile_forward(
                 autotunes: !run.autotuned.replace(true),
                 state: act,
                 post_conv: rules.warmup_post_conv,
+                flashinfer_variants: rules.flashinfer_variants,
             };
             ops_gdn::warmup_prefill(rt, d, act, &w, l)?;
         }
