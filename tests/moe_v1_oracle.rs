@@ -5,6 +5,8 @@
 //! tests/moe_v2_runner.rs); FlashInfer's experts (Hopper under 0.21/0.22, Blackwell always) are
 //! refused by name.
 
+mod common;
+
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -17,7 +19,7 @@ use vramscope::quant::Quant;
 
 /// `vramscope plan -q --csv FILE --device DEVICE --vllm V -- vllm serve MODEL EXTRA…`: the exit
 /// code, stderr, and the first rank's timeline rows as (pass, kind, op, layer, tensor, bytes).
-type Row = (u32, String, String, String, String, u64);
+use common::cli::Row;
 
 fn plan_csv(device: &str, vllm: &str, line: &str) -> (Option<i32>, String, Vec<Row>) {
     let dir = tempfile::tempdir().unwrap();
@@ -43,7 +45,7 @@ fn plan_csv(device: &str, vllm: &str, line: &str) -> (Option<i32>, String, Vec<R
         .unwrap_or_default()
         .lines()
         .skip(1)
-        .map(fields)
+        .map(common::cli::csv_fields)
         // The first rank's rows (the last column).
         .filter(|f| f.last().is_some_and(|r| r == "0"))
         .map(|f| {
@@ -60,20 +62,6 @@ fn plan_csv(device: &str, vllm: &str, line: &str) -> (Option<i32>, String, Vec<R
         })
         .collect();
     (out.status.code(), err, rows)
-}
-
-/// One CSV row's fields, a double-quoted field taken whole.
-fn fields(line: &str) -> Vec<String> {
-    let (mut out, mut cur, mut quoted) = (Vec::new(), String::new(), false);
-    for c in line.chars() {
-        match c {
-            '"' => quoted = !quoted,
-            ',' if !quoted => out.push(std::mem::take(&mut cur)),
-            c => cur.push(c),
-        }
-    }
-    out.push(cur);
-    out
 }
 
 /// The allocations and frees of one MoE layer in the profile pass (pass 1), as

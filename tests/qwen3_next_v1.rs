@@ -32,6 +32,37 @@ fn q2_rows(device: &str, vllm: &str) -> Vec<Row> {
     )
 }
 
+/// `profile -q --json FILE --model preset:qwen3-next-80b-a3b --device DEVICE --tp TP
+/// --max-model-len LEN --vllm V EXTRA…`: the report as JSON.
+fn profile_json(
+    device: &str,
+    (tp, len): (&str, &str),
+    vllm: &str,
+    extra: &[&str],
+) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let mut args = vec![
+        "profile",
+        "-q",
+        "--json",
+        json.to_str().unwrap(),
+        "--model",
+        "preset:qwen3-next-80b-a3b",
+        "--device",
+        device,
+        "--tp",
+        tp,
+        "--max-model-len",
+        len,
+        "--vllm",
+        vllm,
+    ];
+    args.extend_from_slice(extra);
+    common::cli::ok(&common::cli::vramscope(&args));
+    serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap()
+}
+
 /// Layer `layer`'s allocations and frees in the profile pass, up to the post-attention norm.
 fn mixer_events(rows: &[Row], layer: &str) -> Vec<(bool, String, u64)> {
     let own = format!("layers.{layer}.");
@@ -264,26 +295,9 @@ fn the_router_logits_die_inside_the_op_and_a_log_follows_the_release() {
         );
     }
     let weights = |vllm: &str| {
-        let dir = tempfile::tempdir().unwrap();
-        let json = dir.path().join("r.json");
-        common::cli::ok(&common::cli::vramscope(&[
-            "profile",
-            "-q",
-            "--json",
-            json.to_str().unwrap(),
-            "--model",
-            "preset:qwen3-next-80b-a3b",
-            "--device",
-            "sim:h200-141gb:dry",
-            "--tp",
-            "2",
-            "--max-model-len",
-            "262144",
-            "--vllm",
-            vllm,
-        ]));
-        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
-        r["weights_tensor_bytes"].as_u64().unwrap()
+        profile_json("sim:h200-141gb:dry", ("2", "262144"), vllm, &[])["weights_tensor_bytes"]
+            .as_u64()
+            .unwrap()
     };
     // 36 Gated DeltaNet layers, 16 heads a rank: 2 more bytes each in f32.
     assert_eq!(weights("0.19") - weights("0.15"), 36 * 16 * 2);
@@ -437,28 +451,12 @@ fn prefix_caching_and_the_block_size_follow_the_release_and_the_line() {
     // The geometry the concurrency and the logged tokens count: one (none) or two (align)
     // pages of each of the three state groups a request (formulas::KvGeometry).
     let profile = |pc: &str| {
-        let dir = tempfile::tempdir().unwrap();
-        let json = dir.path().join("r.json");
-        common::cli::ok(&common::cli::vramscope(&[
-            "profile",
-            "-q",
-            "--json",
-            json.to_str().unwrap(),
-            "--model",
-            "preset:qwen3-next-80b-a3b",
-            "--device",
+        profile_json(
             "sim:a100-80gb:dry",
-            "--tp",
-            "4",
-            "--max-model-len",
-            "32768",
-            "--vllm",
+            ("4", "32768"),
             "0.28",
-            "--prefix-caching",
-            pc,
-        ]));
-        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
-        r["kv_geometry"]["hybrid"]["mamba_align"]
+            &["--prefix-caching", pc],
+        )["kv_geometry"]["hybrid"]["mamba_align"]
             .as_bool()
             .unwrap_or(false)
     };
