@@ -150,8 +150,9 @@ fn q2_qwen3_next_80b_on_two_h200s_reproduces_block_padding_and_tokens() {
     );
 }
 
-/// V0 ran these models with its own MambaCacheManager, and from 0.29 Model Runner V2 runs them
-/// (tests/qwen3_next_v1.rs holds 0.15 to 0.28): both refused by name.
+/// V0 ran these models with its own MambaCacheManager, and 0.33 on Hopper with prefix caching
+/// exports FlashInfer's prefill checkpoints (tests/qwen3_next_v1.rs holds 0.15 to 0.33):
+/// both refused by name.
 #[test]
 fn a_v0_release_is_refused_for_state_layers() {
     let req = ProfileRequest {
@@ -168,14 +169,14 @@ fn a_v0_release_is_refused_for_state_layers() {
         .to_string();
     assert!(err.contains("MambaCacheManager"), "{err}");
     let req = ProfileRequest {
-        vllm: "0.29".into(),
+        vllm: "0.33".into(),
         ..req
     };
     let err = profile::run(&req, None, Arc::new(AtomicBool::new(false)))
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("--vllm 0.29: model_type 'qwen3_next'"),
+        err.contains("under vLLM 0.33 on Hopper with prefix caching"),
         "{err}"
     );
 }
