@@ -2,6 +2,8 @@
 //! published shapes' weights, tensor parallel's shards of each expert, the fused MoE's
 //! allocations against PyTorch replaying them on the H200, and the refusals.
 
+mod common;
+
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -300,7 +302,7 @@ fn moe_is_refused_where_it_is_not_modelled() {
     .to_string();
     assert!(e.contains("--tp 3"), "{e}");
     // Qwen2-MoE's shared expert splits over the GPUs too: 96 over 5 does not.
-    let mut c = qwen1_5_moe_config();
+    let mut c = common::qwen1_5_moe_config();
     c["shared_expert_intermediate_size"] = 96.into();
     c["moe_intermediate_size"] = 640.into();
     let dir = tempfile::tempdir().unwrap();
@@ -316,31 +318,6 @@ fn moe_is_refused_where_it_is_not_modelled() {
     assert!(e.unwrap_err().to_string().contains("--tp 5"));
 }
 
-/// Qwen/Qwen1.5-MoE-A2.7B's config.json (the keys vLLM 0.8.5's qwen2_moe.py reads).
-fn qwen1_5_moe_config() -> serde_json::Value {
-    serde_json::json!({
-        "architectures": ["Qwen2MoeForCausalLM"],
-        "model_type": "qwen2_moe",
-        "hidden_size": 2048,
-        "intermediate_size": 5632,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 16,
-        "vocab_size": 151936,
-        "max_position_embeddings": 8192,
-        "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": false,
-        "num_experts": 60,
-        "num_experts_per_tok": 4,
-        "moe_intermediate_size": 1408,
-        "shared_expert_intermediate_size": 5632,
-        "norm_topk_prob": false,
-        "decoder_sparse_step": 1,
-        "torch_dtype": "bfloat16"
-    })
-}
-
 /// Qwen1.5-MoE-A2.7B planned from its config.json: the model card's 14.3 B parameters, 2.7 B
 /// active (the shared expert and its gate count in full); the bf16 weights vLLM 0.8.5 holds
 /// (each parameter, the rotary cache `[8192, 128]`, four 0-dim attention scalars a layer);
@@ -348,7 +325,7 @@ fn qwen1_5_moe_config() -> serde_json::Value {
 /// shared expert's gate whole; the shared expert's tensors in every layer's pass.
 #[test]
 fn qwen1_5_moe_from_its_config_weighs_its_published_parameters() {
-    let c = vramscope::model::ModelConfig::from_hf_json(&qwen1_5_moe_config()).unwrap();
+    let c = vramscope::model::ModelConfig::from_hf_json(&common::qwen1_5_moe_config()).unwrap();
     let m = c.moe.clone().unwrap();
     assert_eq!(m.shared_expert_intermediate_size, 5632);
     assert!(c.attention_bias);
@@ -361,7 +338,7 @@ fn qwen1_5_moe_from_its_config_weighs_its_published_parameters() {
     assert_eq!(c.active_param_count(), 2_689_173_504);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.json");
-    std::fs::write(&path, qwen1_5_moe_config().to_string()).unwrap();
+    std::fs::write(&path, common::qwen1_5_moe_config().to_string()).unwrap();
     let one = run(
         path.to_str().unwrap(),
         Quant::BF16,

@@ -687,11 +687,10 @@ pub fn write_hf_test_model(dir: &std::path::Path, name: &str) {
     vramscope::model::gen_model_config(&hf_test_config(name), name, dir, &opts).unwrap();
 }
 
-/// Qwen1.5-MoE-A2.7B's config.json (Qwen2MoeForCausalLM: 60 experts of 1408, top 4, a shared
-/// expert of 5632 with its sigmoid gate).
-pub fn qwen1_5_moe_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let config = serde_json::json!({
+/// Qwen/Qwen1.5-MoE-A2.7B's config.json (Qwen2MoeForCausalLM: 60 experts of 1408, top 4, a
+/// shared expert of 5632 with its sigmoid gate; the keys vLLM's qwen2_moe.py reads).
+pub fn qwen1_5_moe_config() -> serde_json::Value {
+    serde_json::json!({
         "architectures": ["Qwen2MoeForCausalLM"],
         "model_type": "qwen2_moe",
         "hidden_size": 2048,
@@ -711,7 +710,13 @@ pub fn qwen1_5_moe_dir() -> tempfile::TempDir {
         "norm_topk_prob": false,
         "decoder_sparse_step": 1,
         "torch_dtype": "bfloat16"
-    });
+    })
+}
+
+/// `qwen1_5_moe_config` written as a folder's config.json.
+pub fn qwen1_5_moe_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let config = qwen1_5_moe_config();
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
     dir
 }
