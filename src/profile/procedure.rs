@@ -1472,7 +1472,7 @@ pub(crate) fn run_rank(
         );
         rt.set_gdn_rules(crate::engine::rules::GdnRules {
             // Prefix caching as the line sets it; 0.10/0.11 turn it off for hybrids.
-            prefix_caching_align: m >= 15 && req.prefix_caching.unwrap_or(gdn.prefix_caching_align),
+            prefix_caching_align: hybrid_prefix_caching(req, m),
             ..gdn
         });
     }
@@ -2813,6 +2813,16 @@ fn init_groups(
     Ok(())
 }
 
+/// Whether release `0.minor` runs a hybrid model's state layers with prefix caching ("align"):
+/// as the line sets it from 0.15, on by default from 0.28 (`GdnRules::prefix_caching_align`);
+/// 0.10/0.11 turn it off.
+fn hybrid_prefix_caching(req: &ProfileRequest, minor: u32) -> bool {
+    minor >= 15
+        && req
+            .prefix_caching
+            .unwrap_or(crate::engine::rules::GdnRules::for_minor(minor, false).prefix_caching_align)
+}
+
 /// `HybridAttentionMambaModelConfig.verify_and_update_config` for a Qwen3-Next model on a
 /// rank of `tp` (0.10.2 model_executor/models/config.py L327-414, 0.11.0 L314-401): the
 /// attention page of one token (`FullAttentionSpec(block_size=1)`: K and V of this rank's KV
@@ -2836,7 +2846,7 @@ fn hybrid_state_pages(
     let kv_bytes = req.kv_cache_dtype.storage_dtype(act).size_bytes();
     let (conv, ssm) = q.state_elements(tp);
     let minor = release.minor().unwrap_or(11);
-    let prefix_caching = minor >= 15 && req.prefix_caching.unwrap_or(minor >= 28);
+    let prefix_caching = hybrid_prefix_caching(req, minor);
     if minor >= 33 && major == 9 && prefix_caching {
         return Err(Error::Request(format!(
             "model_type {} under vLLM {} on Hopper with prefix caching (on by default): \
