@@ -391,7 +391,8 @@ pub(crate) fn fp8_block_experts_refused(name: &str) -> Error {
 /// `E={e},N={n},device_name={gpu},dtype=fp8_w8a8,block_shape=[128,128].json` at the key
 /// nearest `m` (ties to the earlier key), else `get_default_config`'s block-wise rule: 64
 /// (0.11.0 L877-889, 0.15.1 L1242-1252), or 16 up to 64 tokens and 64 above (0.19.0
-/// L1244-1258).
+/// L1244-1258, the same rule to 0.33.0: docs/reading/vllm-fp8-block-moe-v021.md §5). From
+/// 0.21 `release` names whose files the release ships (`RunnerV021::fp8_block_configs`).
 pub fn block_size_m_fp8_block(
     release: &str,
     gpu: &str,
@@ -420,7 +421,7 @@ pub fn block_size_m_fp8_block(
             (best.1, format!("{file} in vLLM {release}, key {}", best.0))
         }
         None => {
-            let b = if release == "0.19.0" && m <= 64 {
+            let b = if !matches!(release, "0.11.0" | "0.15.1") && m <= 64 {
                 16
             } else {
                 64
@@ -824,6 +825,26 @@ pub struct Fp8TensorScales<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_fp8_configs_follow_the_files_each_release_ships() {
+        let gpu = "NVIDIA H200 (simulated)";
+        // DeepSeek-V3 at TP 8 (E=256, N=256): 0.25.1 retunes the smallest keys only.
+        assert_eq!(block_size_m_fp8_block("0.19.0", gpu, 256, 256, 1).0, 16);
+        assert_eq!(block_size_m_fp8_block("0.25.1", gpu, 256, 256, 1).0, 8);
+        assert_eq!(
+            block_size_m_fp8_block("0.25.1", gpu, 256, 256, 8192).0,
+            block_size_m_fp8_block("0.19.0", gpu, 256, 256, 8192).0
+        );
+        // 0.24.0 adds E=512, N=128 on the H100 SXM; 0.19.0 falls back to the default rule.
+        let h100 = "NVIDIA H100 80GB HBM3";
+        assert_eq!(block_size_m_fp8_block("0.24.0", h100, 512, 128, 1024).0, 32);
+        let (b, why) = block_size_m_fp8_block("0.19.0", h100, 512, 128, 1024);
+        assert_eq!((b, why.contains("get_default_config")), (64, true));
+        // The default: 16 up to 64 tokens from 0.19 (also under 0.21's labels), 64 before.
+        assert_eq!(block_size_m_fp8_block("0.25.1", h100, 96, 64, 64).0, 16);
+        assert_eq!(block_size_m_fp8_block("0.15.1", h100, 96, 64, 64).0, 64);
+    }
 
     #[test]
     fn align_sorts_slots_by_expert_in_padded_runs() {

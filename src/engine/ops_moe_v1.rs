@@ -73,6 +73,9 @@ pub struct RunnerV021 {
     /// the output (0.21.0 prepare_finalize/naive_dp_ep.py L186-208, cuda_communicator.py
     /// L281; to 0.31.0); 0.33.0 reduce-scatters into the output (naive_dp_ep.py L260-284).
     pub combine_temp: bool,
+    /// Whose tuned block-wise fp8 files the release ships (`moe_configs_fp8_block`): 0.21 to
+    /// 0.23 ship 0.19.0's, 0.24.0 adds one, 0.25.1 retunes eight, kept to 0.33.0.
+    pub fp8_block_configs: &'static str,
 }
 
 impl RunnerV021 {
@@ -81,6 +84,7 @@ impl RunnerV021 {
         gate_in_op: false,
         remaps_expert_ids: true,
         combine_temp: true,
+        fp8_block_configs: "0.19.0",
     };
 
     /// The runner of V1 release `0.minor` (0.21 on), the gate outside the op.
@@ -89,6 +93,11 @@ impl RunnerV021 {
             gate_in_op: false,
             remaps_expert_ids: minor < 31,
             combine_temp: minor < 33,
+            fp8_block_configs: match minor {
+                ..=23 => "0.19.0",
+                24 => "0.24.0",
+                _ => "0.25.1",
+            },
         }
     }
 }
@@ -338,9 +347,10 @@ fn experts_into(
     // Block-wise fp8 experts: `prepare` quantizes the whole input once (no_dp_ep.py L27-34 and
     // L67 at 0.19.0: `a1q [M, H]` fp8, `a1q_scale [M, H/128]` f32), before the workspace;
     // both die as `forward` returns.
-    let release = match how.chunk_tokens {
-        Some(_) => "0.15.1",
-        None => "0.19.0",
+    let release = match (how.v0_21, how.chunk_tokens) {
+        (Some(r), _) => r.fp8_block_configs,
+        (None, Some(_)) => "0.15.1",
+        (None, None) => "0.19.0",
     };
     // Per-tensor fp8 experts (0.19.0 only): `a1q [M, H]` fp8 and `a1q_scale [1]` f32, the
     // same point.

@@ -274,68 +274,75 @@ fn open_files(files: &ModelFiles) -> Result<Opened> {
             Ok((cfg, Box::new(st), threshold))
         }
         FileFormat::ConfigOnly => {
-            let json = config_with_quant_file(&files.config)?;
-            let cfg =
-                ModelConfig::from_hf_json(&json).map_err(|p| Error::model(&files.config, p))?;
-            let sq = sharded::stored_quant(&json, &files.config)?;
-            check_fp8_blocks(sq, &cfg, &files.config)?;
-            let threshold = match sq {
-                sharded::StoredQuant::BnbInt8 { threshold } => Some(threshold),
-                _ => None,
-            };
-            let fp8 = match sq {
-                sharded::StoredQuant::Fp8(f) => Some(f),
-                _ => None,
-            };
-            let bnb4 = match sq {
-                sharded::StoredQuant::Bnb4 {
-                    quant_type,
-                    double_quant,
-                } => {
-                    let dtype = match json["torch_dtype"].as_str() {
-                        Some("bfloat16") => crate::engine::tensor::DType::BF16,
-                        Some("float32") => crate::engine::tensor::DType::F32,
-                        _ => crate::engine::tensor::DType::F16,
-                    };
-                    let shapes = cfg
-                        .tensor_shapes()
-                        .into_iter()
-                        .filter(|(n, s)| is_projection(n) && s.len() == 2)
-                        .map(|(n, s)| (n, [s[0], s[1]]))
-                        .collect();
-                    Some(ConfigOnlyBnb4 {
-                        gen: Bnb4Gen {
-                            quant_type,
-                            double_quant,
-                        },
-                        dtype,
-                        shapes,
-                    })
-                }
-                _ => None,
-            };
-            let bnb_skip = bnb_skip_of(&json, sq, &files.config)?;
-            let names = cfg.vllm_names();
-            let quantized_tower =
-                tower_quant::quantized_tower_layer(&json, sq, &cfg, &files.config);
-            Ok((
-                cfg,
-                Box::new(ConfigOnly {
-                    config: files.config.clone(),
-                    bnb_skip,
-                    names,
-                    int8: threshold.is_some(),
-                    bnb4,
-                    fp8,
-                    packed4: sq.packed4(),
-                    nvfp4: sq.nvfp4(),
-                    sparse24: sq.sparse24(),
-                    quantized_tower,
-                }),
-                threshold,
-            ))
+            config_only(config_with_quant_file(&files.config)?, &files.config)
         }
     }
+}
+
+/// A model of which only config.json is known (`json`, read from `origin`): its config and the
+/// weight source that gives shapes and stored formats for a dry run.
+#[allow(clippy::type_complexity)]
+fn config_only(
+    json: serde_json::Value,
+    origin: &Path,
+) -> Result<(ModelConfig, Box<dyn WeightSource>, Option<f32>)> {
+    let cfg = ModelConfig::from_hf_json(&json).map_err(|p| Error::model(origin, p))?;
+    let sq = sharded::stored_quant(&json, origin)?;
+    check_fp8_blocks(sq, &cfg, origin)?;
+    let threshold = match sq {
+        sharded::StoredQuant::BnbInt8 { threshold } => Some(threshold),
+        _ => None,
+    };
+    let fp8 = match sq {
+        sharded::StoredQuant::Fp8(f) => Some(f),
+        _ => None,
+    };
+    let bnb4 = match sq {
+        sharded::StoredQuant::Bnb4 {
+            quant_type,
+            double_quant,
+        } => {
+            let dtype = match json["torch_dtype"].as_str() {
+                Some("bfloat16") => crate::engine::tensor::DType::BF16,
+                Some("float32") => crate::engine::tensor::DType::F32,
+                _ => crate::engine::tensor::DType::F16,
+            };
+            let shapes = cfg
+                .tensor_shapes()
+                .into_iter()
+                .filter(|(n, s)| is_projection(n) && s.len() == 2)
+                .map(|(n, s)| (n, [s[0], s[1]]))
+                .collect();
+            Some(ConfigOnlyBnb4 {
+                gen: Bnb4Gen {
+                    quant_type,
+                    double_quant,
+                },
+                dtype,
+                shapes,
+            })
+        }
+        _ => None,
+    };
+    let bnb_skip = bnb_skip_of(&json, sq, origin)?;
+    let names = cfg.vllm_names();
+    let quantized_tower = tower_quant::quantized_tower_layer(&json, sq, &cfg, origin);
+    Ok((
+        cfg,
+        Box::new(ConfigOnly {
+            config: origin.to_path_buf(),
+            bnb_skip,
+            names,
+            int8: threshold.is_some(),
+            bnb4,
+            fp8,
+            packed4: sq.packed4(),
+            nvfp4: sq.nvfp4(),
+            sparse24: sq.sparse24(),
+            quantized_tower,
+        }),
+        threshold,
+    ))
 }
 
 /// The weights of a model of which only `config.json` is here: shapes for a dry run, and a
@@ -485,6 +492,19 @@ impl WeightSource for ConfigOnly {
 /// Opens a preset or a file: reads config.json, validates the weights' header against it.
 pub fn open(source: &ModelSource, seed: u64) -> Result<OpenedModel> {
     match source {
+        ModelSource::Preset { name } if presets::published_fp8_json(name).is_some() => {
+            // A checkpoint published block-wise fp8: its config.json, opened as a config-only
+            // model (shapes and stored formats; no values).
+            let json = presets::published_fp8_json(name).unwrap_or_default();
+            let origin = PathBuf::from(format!("preset:{name}"));
+            let (config, source, stored_int8_threshold) = config_only(json, &origin)?;
+            Ok(OpenedModel {
+                name: name.clone(),
+                config,
+                source,
+                stored_int8_threshold,
+            })
+        }
         ModelSource::Preset { name } => {
             let config = presets::preset(name)
                 .ok_or_else(|| Error::Request(format!("model preset '{name}' is unknown")))?;

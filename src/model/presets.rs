@@ -531,8 +531,109 @@ fn moe(num_experts: usize, top_k: usize, width: usize, renormalize: bool) -> Moe
     }
 }
 
+/// deepseek-ai/DeepSeek-V3's config.json as published (DeepSeek-V3-0324, DeepSeek-R1 and
+/// DeepSeek-R1-0528 have the same): 61 MLA layers of 7168 (128 heads, a 512-wide latent, a
+/// 1536-wide query LoRA), 3 dense layers of 18432, then 256 experts of 2048 (8 a token by
+/// sigmoid scores over 8 groups, 4 kept, `noaux_tc`) beside a shared one; the MTP layer vLLM
+/// does not load; block-wise fp8 `[128, 128]` with dynamic activations. The keys vLLM's
+/// deepseek_v2.py and fp8.py read.
+const DEEPSEEK_V3: &str = r#"{"architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
+    "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+    "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+    "num_experts_per_tok": 8, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
+    "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+    "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4, "norm_topk_prob": true,
+    "scoring_func": "sigmoid", "first_k_dense_replace": 3, "moe_layer_freq": 1,
+    "vocab_size": 129280, "max_position_embeddings": 163840, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40,
+    "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+    "type": "yarn"}, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "num_nextn_predict_layers": 1, "hidden_act": "silu", "attention_bias": false,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+    "quant_method": "fp8", "weight_block_size": [128, 128]}}"#;
+
+/// Qwen/Qwen3-30B-A3B-FP8's (`layers` 48, `hidden` 2048, experts of 768, 32 heads, dense width
+/// 6144) or Qwen/Qwen3-235B-A22B-FP8's (94, 4096, 1536, 64, 12288) config.json: the 16-bit
+/// model's shapes with block-wise fp8 `[128, 128]` and `modules_to_not_convert` naming every
+/// layer's router and norms and the lm_head, as Qwen publishes its FP8 MoE configs.
+fn qwen3_moe_fp8(
+    layers: usize,
+    hidden: usize,
+    width: usize,
+    heads: usize,
+    dense: usize,
+) -> serde_json::Value {
+    let mut skip = vec![serde_json::json!("lm_head")];
+    for l in 0..layers {
+        for m in ["input_layernorm", "mlp.gate", "post_attention_layernorm"] {
+            skip.push(format!("model.layers.{l}.{m}").into());
+        }
+    }
+    serde_json::json!({
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "hidden_size": hidden, "intermediate_size": dense, "moe_intermediate_size": width,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": 4,
+        "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": true,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+        "max_position_embeddings": 40960, "rope_theta": 1000000, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": false, "attention_bias": false, "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+        "quantization_config": {
+            "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+            "weight_block_size": [128, 128], "modules_to_not_convert": skip
+        }
+    })
+}
+
+/// The config.json of a checkpoint published block-wise fp8, for the presets that stand for
+/// one: opened as a config-only model (`model::open`), so they run dry (the fp8 experts' math
+/// runs dry only). Not in `PRESET_NAMES` (the app's list).
+pub fn published_fp8_json(name: &str) -> Option<serde_json::Value> {
+    let v3 =
+        || -> serde_json::Value { serde_json::from_str(DEEPSEEK_V3).expect("the preset is JSON") };
+    Some(match name.to_ascii_lowercase().as_str() {
+        "deepseek-v3" => v3(),
+        // moonshotai/Kimi-K2-Instruct (and -Base): DeepSeek-V3's layout with 64 heads, 384
+        // routed experts in one group, one dense layer, a 163840-token vocabulary, 128K
+        // positions (YaRN ×32 over 4096), no MTP layer.
+        "kimi-k2" => {
+            let mut j = v3();
+            for (k, v) in [
+                ("model_type", serde_json::json!("kimi_k2")),
+                ("num_attention_heads", 64.into()),
+                ("num_key_value_heads", 64.into()),
+                ("n_routed_experts", 384.into()),
+                ("first_k_dense_replace", 1.into()),
+                ("vocab_size", 163840.into()),
+                ("max_position_embeddings", 131072.into()),
+                ("n_group", 1.into()),
+                ("topk_group", 1.into()),
+                ("rope_theta", 50000.into()),
+                ("routed_scaling_factor", serde_json::json!(2.827)),
+                ("num_nextn_predict_layers", 0.into()),
+                (
+                    "rope_scaling",
+                    serde_json::json!({"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0,
+                        "mscale": 1.0, "mscale_all_dim": 1.0,
+                        "original_max_position_embeddings": 4096, "type": "yarn"}),
+                ),
+            ] {
+                j[k] = v;
+            }
+            j
+        }
+        "qwen3-30b-a3b-fp8" => qwen3_moe_fp8(48, 2048, 768, 32, 6144),
+        "qwen3-235b-a22b-fp8" => qwen3_moe_fp8(94, 4096, 1536, 64, 12288),
+        _ => return None,
+    })
+}
+
 /// A built-in shape by name.
 pub fn preset(name: &str) -> Option<ModelConfig> {
+    if let Some(json) = published_fp8_json(name) {
+        return Some(ModelConfig::from_hf_json(&json).expect("the preset is a model config"));
+    }
     Some(match name.to_ascii_lowercase().as_str() {
         // meta-llama/Meta-Llama-3-8B
         "llama-3-8b" => cfg(

@@ -875,7 +875,7 @@ fn check_fp8(req: &ProfileRequest, o: &model::OpenedModel) -> Result<()> {
     }
     if let Some(block) = o.source.stored_fp8().and_then(|f| f.block) {
         let gpu = check_fp8_block(req, o, block)?;
-        return check_fp8_block_model(o, gpu);
+        return check_fp8_block_model(req, o, gpu);
     }
     let release = req.release()?;
     let v1 = matches!(release.engine, super::vllm::Engine::V1 { .. });
@@ -993,24 +993,46 @@ fn check_fp8_block(
 }
 
 /// The models block-wise fp8 is reproduced for: `check_fp8_model`'s, and experts under the V1
-/// releases on Hopper (Triton's fused MoE: 0.19.0's oracle puts TRITON first there for
-/// block fp8 without expert parallel, fused_moe/oracle/fp8.py L85-95; 0.11.0 runs
-/// `fused_experts_impl`) for Mixtral, Qwen3-MoE with its routers kept 16-bit, and
-/// DeepSeek-V2/V3 and Kimi-K2 (whose routers vLLM never quantizes).
+/// releases on Hopper where Triton runs them (0.11.0's `fused_experts_impl`; from 0.19 the fp8
+/// oracle puts TRITON first on Hopper for block fp8 without expert parallel,
+/// fused_moe/oracle/fp8.py 0.19.0 L85-95, 0.21.0 L90-100, 0.33.0 L122-132, under 0.21's runner
+/// from 0.21: docs/reading/vllm-fp8-block-moe-v021.md) for Mixtral, Qwen3-MoE with its routers
+/// kept 16-bit, and DeepSeek-V2/V3 and Kimi-K2 (whose routers vLLM never quantizes). FlashInfer's
+/// CUTLASS experts, which 0.15.1 runs on Hopper and 0.19 on runs with expert parallel, are
+/// refused by name.
 fn check_fp8_block_model(
+    req: &ProfileRequest,
     o: &model::OpenedModel,
     (hopper, era): (bool, crate::quant::fp8_block::Fp8BlockEra),
 ) -> Result<()> {
     let c = &o.config;
-    if era.deep_gemm() && (c.moe.is_some() || c.deepseek.is_some()) {
-        return Err(Error::model(
-            o.source.origin(),
-            format!(
-                "block-wise fp8 with model_type '{}' under vLLM 0.21 on: its {} not modelled yet (the dense linears are: DeepGEMM's kernel; the experts stay on Triton, whose tuned fp8 block files changed after 0.19, and MLA's kv_b_proj is dequantized through the identity GEMM: docs/reading/vllm-fp8-block-deepgemm.md §3, §5); use --vllm 0.19",
-                c.arch,
-                if c.moe.is_some() { "fp8 experts are" } else { "MLA's kv_b_proj is" }
-            ),
-        ));
+    let release = req.release()?;
+    if let (Some(moe), true) = (c.moe.as_ref(), hopper) {
+        let refuse = |w: String| {
+            Err(Error::model(
+                o.source.origin(),
+                format!(
+                    "block-wise fp8 experts with model_type '{}' under vLLM {} on Hopper: {w}",
+                    c.arch, release.name
+                ),
+            ))
+        };
+        let ep = req.enable_expert_parallel && req.tp.max(1) * req.dp.max(1) > 1;
+        if release.name == "0.15" {
+            return refuse("the release runs FlashInfer's CUTLASS MoE for them (0.15.1 oracle/fp8.py L145-156 lists FLASHINFER_CUTLASS before TRITON and L308-330 takes the first supported; flashinfer_cutlass_moe.py L128-132 supports block fp8 on compute capability 9.0; flashinfer-python 0.6.1 is a dependency of the wheel), whose workspace FlashInfer's C++ op sizes and is not modelled; use --vllm 0.11, 0.19 or later".into());
+        }
+        if ep && release.minor().is_some_and(|m| m >= 19) {
+            return refuse(format!("with expert parallel over {} ranks the fp8 oracle moves FlashInfer's CUTLASS MoE to the front (oracle/fp8.py 0.19.0 L92-93, 0.21.0 L97-98), whose workspace FlashInfer's C++ op sizes and is not modelled; without --enable-expert-parallel Triton runs them and is", req.tp.max(1) * req.dp.max(1)));
+        }
+        // 0.29.0 on: `refine_fp8_moe_block_shape` (oracle/fp8.py L272-304, fp8.py L484-515)
+        // re-blocks the experts when a rank's width is not a multiple of 128 and upsamples
+        // their scales at load.
+        let tp = req.tp.max(1) as usize;
+        if release.minor().is_some_and(|m| m >= 29)
+            && !(moe.expert_intermediate_size / tp).is_multiple_of(128)
+        {
+            return refuse(format!("each rank's expert width {} (of {}) is not a multiple of 128, so from 0.29 `refine_fp8_moe_block_shape` re-blocks the experts and upsamples their scales at load (oracle/fp8.py 0.29.0 L272-304), which is not modelled (0.21 to 0.28 refuse this split at load); use a tensor-parallel size that leaves a multiple of 128", moe.expert_intermediate_size / tp, moe.expert_intermediate_size));
+        }
     }
     let Some(_) = c.moe.as_ref() else {
         return check_fp8_model(o);
@@ -1022,7 +1044,7 @@ fn check_fp8_block_model(
         ))
     };
     if era == crate::quant::fp8_block::Fp8BlockEra::V0_8 {
-        return bad("its fp8 experts are modelled under the V1 releases (--vllm 0.11, 0.15, 0.19), not 0.8.5".into());
+        return bad("its fp8 experts are modelled under the V1 releases (--vllm 0.11, 0.19 and later on Hopper), not 0.8.5".into());
     }
     // Off Hopper, 0.11.0 runs the same Triton `fused_experts` (fp8.py L1069-1083): Marlin only
     // below capability 8.9 (L447-449), DeepGEMM not installed (L454-463), CUTLASS's
@@ -1435,7 +1457,12 @@ pub(crate) fn run_rank(
         // gpt-oss's MXFP4 experts run the MXFP4 oracle's backend (`quant::mxfp4`), not the
         // fused MoE kernel.
         Some(o) if o.config.gpt_oss.as_ref().is_some_and(|g| g.mxfp4) => None,
-        Some(o) => release.moe_kernel_on(&o.config.arch, device_major, moe_group)?,
+        Some(o) => release.moe_kernel_on(
+            &o.config.arch,
+            device_major,
+            moe_group,
+            o.source.stored_fp8().is_some_and(|f| f.block.is_some()),
+        )?,
         None => None,
     };
     let group_comms = rank.as_ref().map(|r| r.comms.clone()).unwrap_or_default();

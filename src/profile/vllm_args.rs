@@ -658,6 +658,15 @@ const HUB_PRESETS: &[(&str, &str)] = &[
     ("qwen/qwen3-32b", "qwen3-32b"),
     ("qwen/qwen3-14b", "qwen3-14b"),
     ("qwen/qwen3-30b-a3b", "qwen3-30b-a3b"),
+    ("qwen/qwen3-30b-a3b-fp8", "qwen3-30b-a3b-fp8"),
+    ("qwen/qwen3-235b-a22b-fp8", "qwen3-235b-a22b-fp8"),
+    ("deepseek-ai/deepseek-v3", "deepseek-v3"),
+    ("deepseek-ai/deepseek-v3-base", "deepseek-v3"),
+    ("deepseek-ai/deepseek-v3-0324", "deepseek-v3"),
+    ("deepseek-ai/deepseek-r1", "deepseek-v3"),
+    ("deepseek-ai/deepseek-r1-0528", "deepseek-v3"),
+    ("moonshotai/kimi-k2", "kimi-k2"),
+    ("moonshotai/kimi-k2-base", "kimi-k2"),
     ("qwen/qwen3-235b-a22b", "qwen3-235b-a22b"),
     ("huggingfacetb/smollm2-135m", "smollm2-135m"),
     ("facebook/opt-125m", "opt-125m"),
@@ -807,10 +816,15 @@ pub fn resolve_model(model: &str) -> Result<(String, Option<String>)> {
             }
         }
         if let Some(p) = preset_for_hub_id(m) {
+            let what = if crate::model::presets::published_fp8_json(p).is_some() {
+                "its published config.json, block-wise fp8; dry runs only"
+            } else {
+                "seeded weights"
+            };
             return Ok((
                 format!("preset:{p}"),
                 Some(format!(
-                    "{m} is not on disk: its shapes are the built-in preset {p} (seeded weights; \
+                    "{m} is not on disk: its shapes are the built-in preset {p} ({what}; \
                      for the exact config: hf download {m} config.json, then pass its folder)"
                 )),
             ));
@@ -1211,9 +1225,19 @@ mod tests {
             ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "llama-3.1-8b"),
             ("Qwen/Qwen3-32B", "qwen3-32b"),
             ("Qwen/Qwen3-4B", "qwen3-4b"),
+            ("deepseek-ai/DeepSeek-R1-0528", "deepseek-v3"),
+            ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+            ("moonshotai/Kimi-K2-Instruct", "kimi-k2"),
+            ("Qwen/Qwen3-30B-A3B-FP8", "qwen3-30b-a3b-fp8"),
+            ("Qwen/Qwen3-235B-A22B-FP8", "qwen3-235b-a22b-fp8"),
         ] {
             assert_eq!(preset_for_hub_id(id), Some(p), "{id}");
         }
+        // A Qwen3 FP8 checkpoint is not its 16-bit preset (the -FP8 suffix is kept).
+        assert_ne!(
+            preset_for_hub_id("Qwen/Qwen3-30B-A3B-FP8"),
+            preset_for_hub_id("Qwen/Qwen3-30B-A3B")
+        );
         assert_eq!(preset_for_hub_id("someone/unknown-7b"), None);
         let e = resolve_model("someone/unknown-7b").unwrap_err().to_string();
         assert!(

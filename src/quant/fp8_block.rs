@@ -322,6 +322,11 @@ impl Fp8BlockLinear {
     ///   freed as it is rebound), the codes `.to(float32)` (`[n, k]`), their product with the
     ///   expanded scales (`[n, k]` f32, the codes' copy freed), `.to(act)` (`[n, k]`, kept;
     ///   the product freed), and the expanded scales die as the function returns.
+    /// - 0.21.0 on (`DeepGemm`): DeepGEMM is used, so `get_and_maybe_dequant_weights` takes the
+    ///   identity path again (quantization/utils/quant_utils.py 0.21.0 L363-418, 0.33.0
+    ///   L513-575): `torch.eye(k)` in `act`, the layer's own forward on it (this release's
+    ///   block-wise linear: DeepGEMM's `fp8_gemm_nt` for the 512 rows), its output `[k, n]`
+    ///   kept, then `eye` dies (docs/reading/vllm-fp8-block-deepgemm.md §5).
     pub fn mla_dequantized(&self, rt: &Runtime, act: DType) -> Result<Tensor> {
         rt.check_cancel()?;
         let (n, k) = (self.out_features, self.in_features);
@@ -342,6 +347,29 @@ impl Fp8BlockLinear {
                 let kept = t("weight_dequantized", &[n, k], act)?;
                 drop(product);
                 drop(expanded);
+                kept
+            }
+            Fp8BlockPath::DeepGemm { .. } if deep_gemm_eligible(act, n, k) && k >= 32 => {
+                // `forward_deep_gemm`'s sequence over the k identity rows (a multiple of 4:
+                // no TMA-aligned scale copy), charged to the weights as the 0.11 path is.
+                let kb = k.div_ceil(self.block.k);
+                let eye = t("eye", &[k, k], act)?;
+                let placeholder = t("eye_input_scale_placeholder", &[1], act)?;
+                let codes = t("eye_qinput", &[k, k], DType::F8E4M3)?;
+                let scales = t("eye_x_scale", &[k, kb], DType::F32)?;
+                let kept = t("weight_dequantized", &[k, n], act)?;
+                if !k.is_multiple_of(4) {
+                    let a4 = k.next_multiple_of(4);
+                    drop(t(
+                        "eye_x_scale_tma_aligned",
+                        &[k + (kb - 1) * a4],
+                        DType::F32,
+                    )?);
+                }
+                drop(codes);
+                drop(scales);
+                drop(placeholder);
+                drop(eye);
                 kept
             }
             path => {
