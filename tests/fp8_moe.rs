@@ -298,8 +298,8 @@ fn fp8_experts_on_the_host_compute_the_kernels_arithmetic() {
 }
 
 /// What is not modelled is refused in one line naming it: vLLM 0.11 and 0.15 (their online
-/// fp8 experts load and run differently), releases after 0.19, an Ampere GPU (fp8 Marlin),
-/// and MoE models other than Mixtral and Qwen3-MoE.
+/// fp8 experts load and run differently), releases before them, an Ampere GPU (fp8 Marlin),
+/// MoE models other than Mixtral and Qwen3-MoE, and data parallel.
 #[test]
 fn online_fp8_experts_are_refused_where_not_modelled() {
     let err = |model: &str, device: &str, vllm: &str| {
@@ -325,8 +325,8 @@ fn online_fp8_experts_are_refused_where_not_modelled() {
         (
             q3,
             "sim:h100-sxm:dry",
-            "0.21",
-            "modelled as vLLM 0.19.0 runs them",
+            "0.10",
+            "modelled as vLLM 0.19.0 to 0.33.0 run them",
         ),
         (q3, "sim:a100-80gb:dry", "0.19", "fp8 Marlin"),
         (
@@ -340,6 +340,116 @@ fn online_fp8_experts_are_refused_where_not_modelled() {
         let e = err(model, device, vllm);
         assert!(e.contains(why), "{vllm}: {e}");
         assert_eq!(e.lines().count(), 1, "{e}");
+    }
+    let req = ProfileRequest {
+        model: ModelSource::parse(q3).unwrap(),
+        quant: Quant::Fp8,
+        device: DeviceSpec::parse("sim:h100-sxm:dry").unwrap(),
+        verify: false,
+        vllm: "0.28".into(),
+        dp: 2,
+        ..ProfileRequest::default()
+    };
+    let e = profile::run(&req, None, Arc::new(AtomicBool::new(false)))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("2 data-parallel replicas"), "{e}");
+}
+
+/// From 0.21 to 0.33 the online experts hold the same bytes and run the same fp8 buffers
+/// (docs/reading/vllm-fp8-online-moe-v021.md); the load makes their scales as each release
+/// does: 0.21 to 0.27 per expert with a dynamic `[1]` scale as 0.19, from 0.28 from each
+/// stack's `[E]` amax (`aminmax`'s `lo` and `hi`, their `abs()`, the kept `maximum`; the f32
+/// cast, the 0-d 448 and the scale), each expert's codes only; 0.33 frees the 16-bit stacks
+/// before the amax.
+#[test]
+fn online_fp8_experts_load_as_each_release_makes_their_scales() {
+    let layer0 = |r: &Report| -> Vec<(String, String, u64)> {
+        let p = "model.layers.0.mlp.experts.";
+        r.events
+            .iter()
+            .filter(|e| {
+                e.category == Category::Weight
+                    && e.tensor.starts_with(p)
+                    && matches!(
+                        e.kind,
+                        vramscope::memory::EventKind::Alloc | vramscope::memory::EventKind::Free
+                    )
+            })
+            .map(|e| {
+                (
+                    format!("{:?}", e.kind).to_lowercase(),
+                    e.tensor[p.len()..].to_string(),
+                    e.bytes,
+                )
+            })
+            .collect()
+    };
+    let base = run(
+        "preset:qwen3-30b-a3b",
+        Quant::Fp8,
+        "sim:h100-sxm:dry",
+        "0.19",
+    )
+    .unwrap();
+    let ev19 = layer0(&base);
+    let s = |k: &str, n: &str, b: u64| (k.to_string(), n.to_string(), b);
+    let (e, w13, w2) = (128u64, 1536 * 2048u64, 2048 * 768u64);
+    for v in ["0.21", "0.28", "0.33"] {
+        let r = run("preset:qwen3-30b-a3b", Quant::Fp8, "sim:h100-sxm:dry", v).unwrap();
+        assert_eq!(r.weights_tensor_bytes, base.weights_tensor_bytes, "{v}");
+        assert_eq!(r.weights_tensor_bytes, 31_165_200_256, "{v}");
+        let ev = layer0(&r);
+        if v == "0.21" {
+            assert_eq!(ev, ev19, "{v}");
+            continue;
+        }
+        // The 16-bit stacks, then the fp8 stacks.
+        let pos = ev
+            .iter()
+            .position(|x| x.1 == "w13_weight" && x.2 == e * w13)
+            .unwrap();
+        let mut want = vec![
+            s("alloc", "w13_weight", e * w13),
+            s("alloc", "w2_weight", e * w2),
+        ];
+        for w in ["w13", "w2"] {
+            want.extend([
+                s("alloc", &format!("{w}_aminmax_lo"), 512),
+                s("alloc", &format!("{w}_aminmax_hi"), 512),
+                s("alloc", &format!("{w}_lo_abs"), 512),
+                s("alloc", &format!("{w}_hi_abs"), 512),
+                s("alloc", &format!("{w}_amax"), 512),
+                s("free", &format!("{w}_lo_abs"), 512),
+                s("free", &format!("{w}_hi_abs"), 512),
+                s("free", &format!("{w}_aminmax_lo"), 512),
+                s("free", &format!("{w}_aminmax_hi"), 512),
+                s("alloc", &format!("{w}_amax_f32"), 512),
+                s("alloc", "fp8_max", 512),
+                s("alloc", &format!("{w}_weight_scale"), 512),
+                s("free", "fp8_max", 512),
+                s("free", &format!("{w}_amax_f32"), 512),
+            ]);
+        }
+        // Expert 0: its w13 codes, then its w2's, no `[1]` scale.
+        want.extend([
+            s("alloc", "qweight_expert", w13),
+            s("free", "qweight_expert", w13),
+            s("alloc", "qweight_expert", w2),
+            s("free", "qweight_expert", w2),
+        ]);
+        assert_eq!(ev[pos..pos + want.len()], want[..], "{v}");
+        // The end: the amax and the 16-bit stacks, in the release's order.
+        let tail: Vec<&str> = ev[ev.len() - 4..].iter().map(|x| x.1.as_str()).collect();
+        let (a, b) = (["w13_amax", "w2_amax"], ["w13_weight", "w2_weight"]);
+        let want_tail: Vec<&str> = if v == "0.33" {
+            b.iter().chain(a.iter()).copied().collect()
+        } else {
+            a.iter().chain(b.iter()).copied().collect()
+        };
+        assert_eq!(tail, want_tail, "{v}");
+        assert!(ev[ev.len() - 4..].iter().all(|x| x.0 == "free"), "{v}");
     }
 }
 

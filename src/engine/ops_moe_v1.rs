@@ -362,9 +362,9 @@ fn experts_into(
             Some(ops_moe::group_quant(rt, m, h, ["a1q", "a1q_scale"], name)?)
         }
         (None, Some(_)) => {
-            if rt.backend() == Backend::Cuda || how.chunk_tokens.is_some() || how.v0_21.is_some() {
+            if rt.backend() == Backend::Cuda || how.chunk_tokens.is_some() {
                 return Err(Error::Request(format!(
-                    "{name}: per-tensor fp8 experts are modelled for vLLM 0.19's TritonExperts on a simulated device or the host only"
+                    "{name}: per-tensor fp8 experts are modelled for the TritonExperts of vLLM 0.19 on, on a simulated device or the host only"
                 )));
             }
             Some(ops_moe_fp8::tensor_quant(

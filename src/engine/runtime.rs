@@ -92,6 +92,7 @@ struct Inner {
     mla_rules: crate::engine::rules::MlaModelRules,
     gdn_rules: crate::engine::rules::GdnRules,
     fp8_block_path: Fp8BlockPath,
+    fp8_online_scales: crate::quant::fp8_moe::OnlineScales,
     /// FlashInfer's cached SM90 block-GEMM runner: the most (4-aligned) tokens a call below
     /// 32 has passed in this process (`max_shape_m_4_align_`).
     fp8_flashinfer_rows: usize,
@@ -228,6 +229,7 @@ impl Runtime {
             mla_rules: crate::engine::rules::MlaModelRules::BEFORE_0_25,
             gdn_rules: crate::engine::rules::GdnRules::V0_11,
             fp8_block_path: Fp8BlockPath::Plain,
+            fp8_online_scales: Default::default(),
             fp8_flashinfer_rows: 0,
         })))
     }
@@ -394,6 +396,16 @@ impl Runtime {
 
     pub fn fp8_block_path(&self) -> Fp8BlockPath {
         self.0.borrow().fp8_block_path
+    }
+
+    /// How online fp8 experts get their scales at load (0.19's dynamic per-expert quant
+    /// unless the procedure says otherwise).
+    pub fn set_fp8_online_scales(&self, s: crate::quant::fp8_moe::OnlineScales) {
+        self.0.borrow_mut().fp8_online_scales = s;
+    }
+
+    pub fn fp8_online_scales(&self) -> crate::quant::fp8_moe::OnlineScales {
+        self.0.borrow().fp8_online_scales
     }
 
     pub(crate) fn cancel_flag(&self) -> Arc<AtomicBool> {

@@ -939,8 +939,16 @@ fn check_fp8_moe(req: &ProfileRequest, o: &model::OpenedModel, release: &str) ->
         Some("vLLM 0.11.0 quantizes the experts only after the whole 16-bit model has loaded (Fp8MoEMethod.process_weights_after_loading, fp8.py L673-700) and runs the in-place fused_experts over them; not modelled yet: use --vllm 0.19".to_string())
     } else if release == "0.15" {
         Some("vLLM 0.15.1's Fp8OnlineMoEMethod (fp8.py L1047-1180) loads through a patched weight loader and its modular kernel chunks activations (VLLM_FUSED_MOE_CHUNK_SIZE); not checked yet: use --vllm 0.19".to_string())
-    } else if release != "0.19" {
-        Some(format!("online fp8 experts are modelled as vLLM 0.19.0 runs them (Fp8OnlineMoEMethod, TritonExperts), not --vllm {release}"))
+    } else if !release.starts_with("0.")
+        || release
+            .split('.')
+            .nth(1)
+            .and_then(|m| m.parse::<u32>().ok())
+            .is_none_or(|m| m < 19)
+    {
+        Some(format!("online fp8 experts are modelled as vLLM 0.19.0 to 0.33.0 run them (Fp8OnlineMoEMethod, TritonExperts), not --vllm {release}"))
+    } else if req.dp > 1 {
+        Some(format!("with {} data-parallel replicas the experts take the batched activation format, whose fp8 path is not read; tensor and expert parallel over one replica are modelled", req.dp))
     } else if matches!(req.device, DeviceSpec::Cuda { .. }) {
         Some("online fp8 experts have no CUDA kernels here yet; use a simulated device (sim:PRESET, :dry for any size)".to_string())
     } else if !matches!(c.arch.as_str(), "mixtral" | "qwen3_moe") {
@@ -1461,7 +1469,10 @@ pub(crate) fn run_rank(
             &o.config.arch,
             device_major,
             moe_group,
-            o.source.stored_fp8().is_some_and(|f| f.block.is_some()),
+            // Block-wise fp8 experts, or online fp8 ones (`--quant fp8` on a 16-bit MoE): the
+            // fp8 oracle's Triton (per-tensor keys: docs/reading/vllm-fp8-online-moe-v021.md §2).
+            o.source.stored_fp8().is_some_and(|f| f.block.is_some())
+                || (req.quant == Quant::Fp8 && o.source.stored_fp8().is_none()),
         )?,
         None => None,
     };
@@ -1491,6 +1502,7 @@ pub(crate) fn run_rank(
         rt.set_silu_and_mul_fused(req.enforce_eager || release.minor().is_some_and(|m| m >= 15));
     }
     if let Some(m) = release.minor() {
+        rt.set_fp8_online_scales(crate::quant::fp8_moe::OnlineScales::for_minor(m));
         rt.set_mla_rules(crate::model::layers::mla::MlaModelRules::for_minor(m));
         let gdn = crate::engine::rules::GdnRules::for_minor(
             m,

@@ -1499,15 +1499,16 @@ impl Release {
     /// group (`None`: one GPU or tensor parallel only); `None` where the release's is not
     /// reproduced (`check_arch` has refused the MoE types already). Under 0.21's oracle:
     /// Triton where FlashInfer does not take the GPU, FlashInfer refused by name.
-    /// `fp8_block`: block-wise fp8 experts, which the fp8 oracle puts on Triton on Hopper
+    /// `fp8_experts`: block-wise fp8 experts, which the fp8 oracle puts on Triton on Hopper
     /// without expert parallel (oracle/fp8.py 0.21.0 L90-100, 0.33.0 L122-132; the other
-    /// cases refused in `procedure::check_fp8_block_model`), not the unquantized oracle.
+    /// cases refused in `procedure::check_fp8_block_model`), or online per-tensor ones (Triton
+    /// on 8.9 and up: docs/reading/vllm-fp8-online-moe-v021.md §2), not the unquantized oracle.
     pub fn moe_kernel_on(
         &self,
         arch: &str,
         major: u32,
         group: Option<crate::device::group::MoeGroup>,
-        fp8_block: bool,
+        fp8_experts: bool,
     ) -> Result<Option<MoeKernel>> {
         let (dp, ep) = group.map_or((1, false), |g| (g.dp.max(1), g.ep));
         let tp = group.map_or(1, |g| g.size / g.dp.max(1));
@@ -1561,7 +1562,7 @@ impl Release {
         }
         let swigluoai_behind_triton = gpt_oss && self.minor().is_some_and(|m| m >= 25);
         let flashinfer = match major {
-            _ if swigluoai_behind_triton || fp8_block => None,
+            _ if swigluoai_behind_triton || fp8_experts => None,
             10 if gpt_oss => Some(
                 "FlashInfer's CUTLASS MoE on the 10.x family for swigluoai (TRT-LLM's BF16 \
                  experts take SiLU only), ahead of Triton until 0.25.1 (oracle/unquantized.py)",

@@ -1,5 +1,7 @@
-//! vLLM 0.19's online fp8 experts (`--quantization fp8` on a 16-bit MoE checkpoint:
-//! `Fp8OnlineMoEMethod`, quantization/fp8.py L922-1043 at 0.19.0): the layer's 16-bit
+//! vLLM's online fp8 experts from 0.19 (`--quantization fp8` on a 16-bit MoE checkpoint:
+//! `Fp8OnlineMoEMethod`, quantization/fp8.py L922-1043 at 0.19.0; renamed
+//! `Fp8PerTensorOnlineMoEMethod` in quantization/online/fp8.py from 0.25.1, the same tensors;
+//! docs/reading/vllm-fp8-online-moe-v021.md): the layer's 16-bit
 //! `w13_weight [E, 2·I, H]` and `w2_weight [E, H, I]` are loaded, then each expert is
 //! quantized per tensor (`ops.scaled_fp8_quant`) into float8_e4m3fn with one f32 scale per
 //! expert and weight, and the 16-bit copies are freed. The 16-bit parameters live on the meta
@@ -51,6 +53,34 @@ pub fn codec() -> Fp8Codec {
     }
 }
 
+/// How a release makes the experts' scales at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnlineScales {
+    /// 0.19.0 to 0.27.1: each expert quantized with a dynamic scale (`scaled_fp8_quant` with
+    /// `scale=None`: its codes and a `[1]` f32 scale, freed once copied).
+    #[default]
+    Dynamic,
+    /// 0.28.0 on (online/fp8.py 0.28.0 L565-605, 0.33.0 L617-660): each stack's per-expert
+    /// `weight_amax` (`aminmax`'s `lo`, `hi` `[E]`, their `abs()`, the `maximum` kept), max
+    /// all-reduced over the tensor-parallel ranks, then `_fp8_scale` (an f32 cast, a 0-d 448,
+    /// the `[E]` f32 scale), and each expert quantized with its static scale (codes only).
+    /// `early_free`: 0.33.0's `replace_parameter` rebinds `.data`, so the 16-bit stacks go
+    /// inside `_setup_kernel`, before the `[E]` amax locals (utils.py L119-139).
+    Amax { early_free: bool },
+}
+
+impl OnlineScales {
+    /// The scales of V1 release `0.minor`.
+    pub fn for_minor(minor: u32) -> OnlineScales {
+        match minor {
+            ..=27 => OnlineScales::Dynamic,
+            m => OnlineScales::Amax {
+                early_free: m >= 33,
+            },
+        }
+    }
+}
+
 /// `Fp8OnlineMoEMethod.process_weights_after_loading` (0.19.0 fp8.py L1008-1043) on one
 /// layer's 16-bit experts: `empty_like` fp8 `w13 [E, 2·I, H]` and `w2 [E, H, I]`, then
 /// `torch.ones(E)` f32 `w13_scale` and `w2_scale`; per expert `scaled_fp8_quant` of its
@@ -70,6 +100,14 @@ pub fn quantize_experts(
             "{prefix}: online fp8 experts have no CUDA kernels here yet; run them on a simulated device (sim:PRESET)"
         )));
     }
+    let scales = rt.fp8_online_scales();
+    if let (OnlineScales::Amax { .. }, Backend::Cpu, Some(tp)) = (scales, rt.backend(), rt.tp()) {
+        if tp.size > 1 {
+            return Err(crate::base::error::Error::Request(format!(
+                "{prefix}: from vLLM 0.28 each expert's fp8 scale is the max over every tensor-parallel rank's shard (an all-reduce at load); the CPU computes one rank: run it dry"
+            )));
+        }
+    }
     rt.set_op("fp8.moe_scaled_fp8_quant");
     let e = w13.shape[0];
     let (n13, h) = (w13.shape[1], w13.shape[2]);
@@ -79,8 +117,36 @@ pub fn quantize_experts(
     };
     let mut q13 = t("w13_weight", &[e, n13, h], DType::F8E4M3)?;
     let mut q2 = t("w2_weight", &[e, h, i], DType::F8E4M3)?;
-    let mut s13 = t("w13_weight_scale", &[e], DType::F32)?;
-    let mut s2 = t("w2_weight_scale", &[e], DType::F32)?;
+    // 0.28 on: per stack the `[E]` amax (kept to the method's return) and the `[E]` scale.
+    let mut amax = Vec::new();
+    let (mut s13, mut s2) = match scales {
+        OnlineScales::Dynamic => (
+            t("w13_weight_scale", &[e], DType::F32)?,
+            t("w2_weight_scale", &[e], DType::F32)?,
+        ),
+        OnlineScales::Amax { .. } => {
+            let mut made = Vec::new();
+            for w in ["w13", "w2"] {
+                let lo = t(&format!("{w}_aminmax_lo"), &[e], w13.dtype)?;
+                let hi = t(&format!("{w}_aminmax_hi"), &[e], w13.dtype)?;
+                let lo_abs = t(&format!("{w}_lo_abs"), &[e], w13.dtype)?;
+                let hi_abs = t(&format!("{w}_hi_abs"), &[e], w13.dtype)?;
+                amax.push(t(&format!("{w}_amax"), &[e], w13.dtype)?);
+                drop(lo_abs);
+                drop(hi_abs);
+                drop(lo);
+                drop(hi);
+                let cast = t(&format!("{w}_amax_f32"), &[e], DType::F32)?;
+                let max = t("fp8_max", &[], DType::F32)?;
+                made.push(t(&format!("{w}_weight_scale"), &[e], DType::F32)?);
+                drop(max);
+                drop(cast);
+            }
+            let s2 = made.pop().expect("two scales");
+            let s13 = made.pop().expect("two scales");
+            (s13, s2)
+        }
+    };
     let (mut v13, mut v2) = (vec![0f32; e], vec![0f32; e]);
     for x in 0..e {
         for (src, dst, vals, rows, cols) in [
@@ -88,8 +154,12 @@ pub fn quantize_experts(
             (&w2, &mut q2, &mut v2, h, i),
         ] {
             let codes = t("qweight_expert", &[rows, cols], DType::F8E4M3)?;
-            let scale = t("weight_scale_expert", &[1], DType::F32)?;
+            let scale = match scales {
+                OnlineScales::Dynamic => Some(t("weight_scale_expert", &[1], DType::F32)?),
+                OnlineScales::Amax { .. } => None,
+            };
             if rt.backend() == Backend::Cpu {
+                // The amax's scale is `max|w| / 448` in f32, as the dynamic kernel's.
                 let span = x * rows * cols..(x + 1) * rows * cols;
                 let (c, s) = fp8::quantize_per_tensor(&src.f32()[span.clone()]);
                 dst.u8_mut()[span].copy_from_slice(&c);
@@ -103,8 +173,15 @@ pub fn quantize_experts(
         s13.f32_mut().copy_from_slice(&v13);
         s2.f32_mut().copy_from_slice(&v2);
     }
-    drop(w13);
-    drop(w2);
+    if scales == (OnlineScales::Amax { early_free: true }) {
+        drop(w13);
+        drop(w2);
+        drop(amax);
+    } else {
+        drop(amax);
+        drop(w13);
+        drop(w2);
+    }
     Ok((
         q13,
         q2,
