@@ -180,6 +180,55 @@ fn mla_caches_one_latent_per_token_whole_on_every_rank() {
     );
 }
 
+/// 0.33's TRITON_MLA (below Hopper) reserves its decode logits' upper bound in the shared
+/// workspace during the profile run, in the first MLA layer after its kv_b_proj transient
+/// (mla_attention.py 0.33.0 L934-948, triton_mla.py L53-71, L234-243): 256 sequences × 16
+/// heads × 16 splits (8192 tokens / 512, under the A100's 2 × 108 SMs) × 513 f32 on
+/// DeepSeek-V2-Lite, 134,479,872 bytes in the allocator's 2 MiB-rounded 130 MiB; the fused
+/// MoE's own need (119 MiB) then fits in it, so the workspace is made once. 0.31 makes the
+/// MoE's alone.
+#[test]
+fn triton_mla_reserves_its_logits_in_the_shared_workspace_under_0_33() {
+    let ws = |vllm: &str| -> Vec<(String, String, u64)> {
+        let req = ProfileRequest {
+            model: ModelSource::parse("preset:deepseek-v2-lite").unwrap(),
+            quant: Quant::BF16,
+            device: DeviceSpec::parse("sim:a100-80gb:dry").unwrap(),
+            vllm: vllm.into(),
+            tokens: 2048,
+            seqs: 256,
+            max_model_len: 8192,
+            verify: false,
+            ..ProfileRequest::default()
+        };
+        let r = profile::run(&req, None, Arc::new(AtomicBool::new(false))).unwrap();
+        r.events
+            .iter()
+            .filter(|e| {
+                e.tensor == "moe.workspace"
+                    && matches!(
+                        e.kind,
+                        vramscope::memory::EventKind::Alloc | vramscope::memory::EventKind::Free
+                    )
+            })
+            .map(|e| (format!("{:?}", e.kind), e.op.clone(), e.bytes))
+            .collect()
+    };
+    let w33 = ws("0.33");
+    assert_eq!(
+        w33[0],
+        (
+            "Alloc".to_string(),
+            "mla.reserve_workspace (TRITON_MLA decode logits)".to_string(),
+            65 << 21
+        )
+    );
+    assert!(w33.iter().all(|w| w.2 == 65 << 21), "{w33:?}");
+    let w31 = ws("0.31");
+    assert!(w31.iter().all(|w| w.1 == "moe.workspace"), "{w31:?}");
+    assert!(w31[0].2 < 65 << 21, "{w31:?}");
+}
+
 /// `plan` takes DeepSeek-V2-Lite's and DeepSeek-V2-Chat's hub ids as pasted (the latter over
 /// 8 GPUs) and answers in vLLM's words.
 #[test]

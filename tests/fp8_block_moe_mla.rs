@@ -933,6 +933,28 @@ fn published_fp8_checkpoints_plan_from_their_built_in_config() {
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Kimi-K2 on eight H200s at 0.9 under 0.28: the graph estimate vLLM applies (from 0.21)
+    // is part of what leaves no block, and the utilization that would fit is above 0.9.
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .env("HF_HUB_CACHE", empty.path())
+        .env("HF_HOME", empty.path())
+        .env("HOME", empty.path())
+        .args(
+            "plan --vllm 0.28 --device sim:h200-141gb:dry -- vllm serve moonshotai/Kimi-K2-Instruct -tp 8 --max-model-len 32768"
+                .split(' '),
+        )
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("vLLM 0.28 would not start: weights"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains("and the CUDA graph estimate take 128.21 GiB of T·u = 126.36 GiB")
+            && line.contains("--util 0.92"),
+        "{line}"
+    );
     let v3 = config_dir(&deepseek_v3_json(61));
     let k2 = config_dir(&kimi_k2_json());
     let qwen = config_dir(&qwen3_30b_a3b_fp8_json(48));

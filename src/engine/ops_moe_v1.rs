@@ -287,6 +287,32 @@ pub fn fused_experts_dispatched(
     Ok(out)
 }
 
+/// The workspace manager's `_ensure_workspace_size` (v1/worker/workspace.py 0.19.0 L150-160,
+/// 0.21.0 L164-179, 0.33.0 L209-268): the one buffer every user of the manager shares (the
+/// fused MoE's, 0.33's TRITON_MLA logits) grown to `need` bytes when smaller, the old one freed
+/// first, then (`empty_cache`, 0.21 on) `torch.accelerator.empty_cache()`; never shrunk.
+pub fn grow_workspace(
+    rt: &Runtime,
+    workspace: &RefCell<Option<Tensor>>,
+    need: u64,
+    empty_cache: bool,
+) -> Result<()> {
+    let mut ws = workspace.borrow_mut();
+    if ws.as_ref().is_none_or(|t| t.nbytes() < need) {
+        drop(ws.take());
+        if empty_cache {
+            rt.empty_cache();
+        }
+        *ws = Some(rt.tensor_for_overwrite(
+            "moe.workspace",
+            Category::Activation,
+            &[need as usize],
+            DType::U8,
+        )?);
+    }
+    Ok(())
+}
+
 /// The experts hold `num_experts` of `width` over the input's columns, and run where modelled.
 fn check_experts(rt: &Runtime, x: &Tensor, ex: &Experts, name: &str) -> Result<()> {
     let h = x.cols();
@@ -387,23 +413,7 @@ fn experts_into(
         need += r256(b * (m * h) as u64);
     }
     rt.set_op("moe.workspace");
-    {
-        let mut ws = workspace.borrow_mut();
-        if ws.as_ref().is_none_or(|t| t.nbytes() < need) {
-            drop(ws.take());
-            if how.v0_21.is_some() {
-                // 0.21.0 v1/worker/workspace.py L164-179: the old buffer released, then
-                // `torch.accelerator.empty_cache()`, then the larger one.
-                rt.empty_cache();
-            }
-            *ws = Some(rt.tensor_for_overwrite(
-                "moe.workspace",
-                Category::Activation,
-                &[need as usize],
-                DType::U8,
-            )?);
-        }
-    }
+    grow_workspace(rt, workspace, need, how.v0_21.is_some())?;
     let mut start = 0;
     while start < m {
         let tokens = (m - start).min(chunk);

@@ -1469,15 +1469,19 @@ pub fn of_run(req: &super::ProfileRequest, r: &super::Report) -> Option<Diagnosi
     let total_gib = r.checkpoints.t0.total as f64 / GIB;
     let mut d = Diagnosis::new(f.clone(), release);
     let o = outcome(r)?;
-    let non_kv = r
-        .vllm_answer()
-        .map_or(0.0, |a| a.formula.non_kv_bytes as f64 / GIB);
+    let (non_kv, what) = r.vllm_answer().map_or(
+        (0.0, "weights, activation peak and non-torch memory"),
+        |a| {
+            let (b, what) = r.release_non_kv(&a);
+            (b / GIB, what)
+        },
+    );
     match &f {
         StartFailure::NoCacheBlocks => {
             let short = non_kv - total_gib * r.settings.util;
             d.shortfall_gib = Some(short);
             d.reproduced = Some(format!(
-                "weights, activation peak and non-torch memory take {non_kv:.2} GiB of T·u =                  {:.2} GiB",
+                "{what} take {non_kv:.2} GiB of T·u = {:.2} GiB",
                 total_gib * r.settings.util
             ));
         }

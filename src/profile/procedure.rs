@@ -1413,6 +1413,22 @@ pub(crate) fn run_rank(
         }
         None => None,
     };
+    // 0.33's TRITON_MLA reserves its decode logits' upper bound in the profile run, over this
+    // rank's heads and the GPU's SMs.
+    let mla_logits_reserve = match (&mla_backend, opened.as_ref()) {
+        (Some(b), Some(o)) if b.logits_reserve => {
+            let tp = rank.as_ref().map_or(1, |r| r.size).max(1);
+            let kv_lora = o.config.deepseek.as_ref().map_or(0, |d| d.kv_lora_rank);
+            super::vllm::triton_mla_logits_bytes(
+                req.seqs as u64,
+                (o.config.num_heads / tp) as u64,
+                req.max_model_len,
+                sms.unwrap_or(0),
+                kv_lora as u64,
+            )
+        }
+        _ => 0,
+    };
     // A hybrid model of attention and state layers (Qwen3-Next): V1 raises the attention
     // block size until its page holds one sequence's state and pads the state page to it.
     let hybrid_pages = match opened.as_ref().and_then(|o| o.config.qwen3_next.as_ref()) {
@@ -1876,7 +1892,7 @@ pub(crate) fn run_rank(
             if let Some(b) = &mla_backend {
                 let w =
                     release.mla_workspace_tokens(req.max_model_len, req.seqs as u64, b.block_size);
-                model.set_mla_backend(&rt, w as usize, &b.buffers)?;
+                model.set_mla_backend(&rt, w as usize, &b.buffers, mla_logits_reserve)?;
             }
             let c = &opened.config;
             let info = ModelInfo {

@@ -599,6 +599,20 @@ impl Report {
             .flatten()
     }
 
+    /// What the release counts against T·u before the KV cache, in bytes, and what it is: T·u
+    /// less the KV bytes it grants (weights, the activation peak and the non-torch memory;
+    /// #49208's consumed memory and headroom from 0.27; the CUDA graph estimate where the
+    /// release applies it, 0.21 on).
+    pub fn release_non_kv(&self, a: &VllmAnswer) -> (f64, &'static str) {
+        let requested = self.checkpoints.t0.total as f64 * self.settings.util;
+        let what = if self.graphs_estimate_applied() > 0 {
+            "weights, activation peak, non-torch memory and the CUDA graph estimate"
+        } else {
+            "weights, activation peak and non-torch memory"
+        };
+        (requested - a.kv_bytes as f64, what)
+    }
+
     /// When the release grants no KV block at all (weights + activation peak + non-torch
     /// memory over T·u; vLLM then refuses to start: "No available memory for the cache
     /// blocks"), a headline that says so and what would fit. `None` when blocks remain.
@@ -610,7 +624,7 @@ impl Report {
             return self.v1_request_does_not_fit(&a);
         }
         let total = self.checkpoints.t0.total as f64;
-        let non_kv = a.formula.non_kv_bytes as f64;
+        let (non_kv, what) = self.release_non_kv(&a);
         let block = self.kv_geometry.block_bytes() as f64;
         let gib = |b: f64| b / (1u64 << 30) as f64;
         let mut fixes = Vec::new();
@@ -638,8 +652,8 @@ impl Report {
         }
         fixes.push("a shorter --max-model-len or --max-num-batched-tokens".into());
         Some(format!(
-            "vLLM {} would not start: weights, activation peak and non-torch memory take {:.2} GiB \
-             of T·u = {:.2} GiB, {:.2} GiB short of one KV block; what would fit: {}",
+            "vLLM {} would not start: {what} take {:.2} GiB of T·u = {:.2} GiB, {:.2} GiB short \
+             of one KV block; what would fit: {}",
             a.release.name,
             gib(non_kv),
             gib(total * self.settings.util),

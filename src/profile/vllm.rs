@@ -1658,8 +1658,8 @@ pub enum MlaEra {
     /// 0.25.1 on: the same choices, but FlashInfer-MLA's workspace is made on its first
     /// decode, not at import (0.25.1 flashinfer_mla.py L31-46, L217): only CUTLASS-MLA's
     /// module buffer remains, on Blackwell. 0.33's TRITON_MLA (below Hopper) grows the
-    /// workspace in the profile run (`reserve_workspace`, mla_attention.py L948) by a split
-    /// count that is not read: refused there.
+    /// workspace in the profile run (`reserve_workspace`, mla_attention.py L948):
+    /// `MlaBackend::logits_reserve`.
     V0_25,
 }
 
@@ -1673,6 +1673,29 @@ pub struct MlaBackend {
     pub buffers: Vec<(&'static str, u64)>,
     /// What vLLM logs when it overrides the block size asked for.
     pub note: Option<String>,
+    /// 0.33's TRITON_MLA grows the shared workspace in the profile run to its decode
+    /// split-KV logits' upper bound (`reserve_workspace`, triton_mla.py L234-243, L53-71):
+    /// `[max_num_seqs, heads, splits, kv_lora_rank + 1]` f32 ([`triton_mla_logits_bytes`]).
+    pub logits_reserve: bool,
+}
+
+/// The bytes TRITON_MLA's `reserve_workspace` asks of the workspace manager (0.33.0
+/// triton_mla.py L44-71): `max_num_seqs` decode rows (one token each without speculative
+/// decoding: `max_decode_query_len`, attention/backend.py L572-588) × this rank's heads × the
+/// splits `min(next_pow2(max(1, max_model_len // 512)), 2 · SMs)` × `kv_lora_rank + 1` f32,
+/// rounded up to 256 (`get_simultaneous`, v1/worker/workspace.py L181-207).
+pub fn triton_mla_logits_bytes(
+    max_num_seqs: u64,
+    heads: u64,
+    max_model_len: u64,
+    sms: u64,
+    kv_lora_rank: u64,
+) -> u64 {
+    let splits = (max_model_len / 512)
+        .max(1)
+        .next_power_of_two()
+        .min(2 * sms);
+    (max_num_seqs * heads * splits * (kv_lora_rank + 1) * 4).div_ceil(256) * 256
 }
 
 /// FlashInfer-MLA's and CUTLASS-MLA's module workspaces: 128 MiB each.
@@ -1703,12 +1726,14 @@ impl Release {
                         note: Some(format!(
                             "INFO cuda.py] Forcing kv cache block size to {b} for {label} backend."
                         )),
+                        logits_reserve: false,
                     },
                     None => MlaBackend {
                         name,
                         block_size,
                         buffers,
                         note: None,
+                        logits_reserve: false,
                     },
                 }
             };
@@ -1754,15 +1779,10 @@ impl Release {
                 block_size: if b == 16 { 32 } else { b },
                 ..pick("FLASHINFER_MLA", None, vec![cutlass])
             },
-            (MlaEra::V0_25, _) if self.minor().is_some_and(|m| m >= 33) => {
-                return Err(Error::Request(format!(
-                    "--vllm {}: multi-head latent attention below Hopper runs TRITON_MLA, whose \
-                     `reserve_workspace` grows the workspace in the profile run (0.33.0 \
-                     mla_attention.py L948) by a split count not read; it is reproduced on \
-                     Hopper and Blackwell, and below Hopper through --vllm 0.31",
-                    self.name
-                )))
-            }
+            (MlaEra::V0_25, _) if self.minor().is_some_and(|m| m >= 33) => MlaBackend {
+                logits_reserve: true,
+                ..pick("TRITON_MLA", None, vec![])
+            },
             (MlaEra::V0_25, _) => pick("TRITON_MLA", None, vec![]),
         })
     }
@@ -2017,7 +2037,19 @@ mod tests {
         assert!(buffers("0.25", 9).is_empty());
         assert_eq!(buffers("0.33", 10), vec!["cutlass_mla.g_sm100_workspace"]);
         assert_eq!(r("0.33").mla_backend(10, false, 16).unwrap().block_size, 32);
-        assert!(r("0.33").mla_backend(8, false, 16).is_err());
+        let triton = r("0.33").mla_backend(8, false, 16).unwrap();
+        assert_eq!((triton.name, triton.logits_reserve), ("TRITON_MLA", true));
+        assert!(!r("0.31").mla_backend(8, false, 16).unwrap().logits_reserve);
+        // DeepSeek-V2-Lite on an A100 (108 SMs) at 256 sequences and 8192 tokens: 16 splits
+        // of 513 f32 per head and sequence; at 163840 tokens the SMs cap the splits at 216.
+        assert_eq!(
+            triton_mla_logits_bytes(256, 16, 8192, 108, 512),
+            134_479_872
+        );
+        assert_eq!(
+            triton_mla_logits_bytes(256, 16, 163_840, 108, 512),
+            256 * 16 * 216 * 513 * 4
+        );
         assert_eq!(
             r("0.31").mla_backend(8, false, 16).unwrap().name,
             "TRITON_MLA"

@@ -7,6 +7,8 @@
 //! latent's norm, `kv_b_proj` (each head's key without rotary and its value), `o_proj`.
 //! docs/reading/vllm-mla.md has the reading.
 
+use std::cell::RefCell;
+
 use super::tp::TpShard;
 use crate::base::error::Result;
 use crate::engine::ops;
@@ -157,6 +159,9 @@ pub struct MlaRun<'a> {
     pub rope: YarnRope,
     /// vLLM V1's profile run: attention skipped, its workspace transient `W` tokens long.
     pub skip: Option<usize>,
+    /// 0.33's TRITON_MLA in the profile run: the bytes its `reserve_workspace` asks of the
+    /// shared workspace (`ops_moe_v1::grow_workspace`), and that workspace.
+    pub logits_reserve: Option<(u64, &'a RefCell<Option<Tensor>>)>,
 }
 
 /// `MultiHeadLatentAttentionWrapper.forward` (0.19 layers/mla.py L116-177) on `x`, which stays
@@ -248,12 +253,21 @@ pub fn forward(
     )?;
     ops_mla::rope_interleaved(rt, &mut k_pe, (1, rope, 0), run.positions, &run.rope)?;
     let out = match run.skip {
-        Some(w) => ops_mla::attention_skipped(
-            rt,
-            &q,
-            (heads, d.v_head_dim, [w, d.qk_nope_head_dim + d.v_head_dim]),
-            &format!("{l}.attn"),
-        )?,
+        Some(w) => {
+            let out = ops_mla::attention_skipped(
+                rt,
+                &q,
+                (heads, d.v_head_dim, [w, d.qk_nope_head_dim + d.v_head_dim]),
+                &format!("{l}.attn"),
+            )?;
+            // mla_attention.py 0.33.0 L934-948: after the kv_b_proj transient,
+            // `self.impl.reserve_workspace()`.
+            if let Some((bytes, ws)) = run.logits_reserve {
+                rt.set_op("mla.reserve_workspace (TRITON_MLA decode logits)");
+                crate::engine::ops_moe_v1::grow_workspace(rt, ws, bytes, true)?;
+            }
+            out
+        }
         None => {
             let kv = attn
                 .kv_b

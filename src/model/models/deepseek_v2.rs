@@ -90,6 +90,8 @@ pub struct DeepseekModel {
     /// vLLM V1's profile run: attention skipped, with its workspace of this many tokens.
     pub skip_attention: Cell<bool>,
     pub workspace_tokens: Cell<usize>,
+    /// 0.33's TRITON_MLA: the bytes its profile run reserves in the shared workspace (0: none).
+    pub logits_reserve: Cell<u64>,
     /// The release's fused MoE and the modular kernel's persistent workspace.
     pub moe_kernel: Cell<MoeKernel>,
     pub moe_workspace: RefCell<Option<Tensor>>,
@@ -216,6 +218,7 @@ impl DeepseekModel {
             inputs_embeds: RefCell::new(None),
             skip_attention: Cell::new(false),
             workspace_tokens: Cell::new(0),
+            logits_reserve: Cell::new(0),
             moe_kernel: Cell::new(MoeKernel::InPlace {
                 indices_freed_late: true,
             }),
@@ -310,6 +313,8 @@ impl DeepseekModel {
                 .skip_attention
                 .get()
                 .then(|| self.workspace_tokens.get()),
+            logits_reserve: (self.skip_attention.get() && self.logits_reserve.get() > 0)
+                .then(|| (self.logits_reserve.get(), &self.moe_workspace)),
         };
         let mut hidden = embedded;
         let mut residual: Option<Tensor> = None;

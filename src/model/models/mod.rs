@@ -108,14 +108,18 @@ impl CausalLm {
     /// Multi-head latent attention as the release runs it: the profile run's workspace
     /// transient of `workspace_tokens` tokens, and the buffers its backend selection makes
     /// while the model is built (`(name, bytes)`, made now). Nothing for other models.
+    /// `logits_reserve`: the bytes the backend asks of the shared workspace in the profile run
+    /// (0.33's TRITON_MLA; 0 for none).
     pub fn set_mla_backend(
         &self,
         rt: &crate::engine::runtime::Runtime,
         workspace_tokens: usize,
         buffers: &[(&str, u64)],
+        logits_reserve: u64,
     ) -> Result<()> {
         if let CausalLm::Deepseek(m) = self {
             m.workspace_tokens.set(workspace_tokens);
+            m.logits_reserve.set(logits_reserve);
             rt.set_op("load");
             for &(name, bytes) in buffers {
                 let t = rt.tensor(
