@@ -50,29 +50,13 @@ fn qwen3_30b_a3b_fp8_json(layers: usize) -> serde_json::Value {
     })
 }
 
-/// deepseek-ai/DeepSeek-V3's config.json (DeepSeek-R1's has the same shapes), with
-/// `layers` decoder layers.
+/// deepseek-ai/DeepSeek-V3's config.json (DeepSeek-R1's has the same shapes), as the
+/// `deepseek-v3` preset holds it, with `layers` decoder layers. The tests below hold it to the
+/// published checkpoint's tensor bytes.
 fn deepseek_v3_json(layers: usize) -> serde_json::Value {
-    serde_json::json!({
-        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-        "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
-        "num_hidden_layers": layers, "num_attention_heads": 128, "num_key_value_heads": 128,
-        "n_shared_experts": 1, "n_routed_experts": 256, "num_experts_per_tok": 8,
-        "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536,
-        "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
-        "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4, "norm_topk_prob": true,
-        "scoring_func": "sigmoid", "first_k_dense_replace": 3, "moe_layer_freq": 1,
-        "vocab_size": 129280, "max_position_embeddings": 163840, "rms_norm_eps": 1e-6,
-        "rope_theta": 10000,
-        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
-            "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
-        "tie_word_embeddings": false, "torch_dtype": "bfloat16", "num_nextn_predict_layers": 1,
-        "hidden_act": "silu", "attention_bias": false,
-        "quantization_config": {
-            "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-            "weight_block_size": [128, 128]
-        }
-    })
+    let mut j = vramscope::model::presets::published_fp8_json("deepseek-v3").unwrap();
+    j["num_hidden_layers"] = layers.into();
+    j
 }
 
 /// A directory with `config.json` only (a dry run reads no weights).
@@ -615,33 +599,10 @@ fn fp8_experts_refusals_name_what_is_missing() {
     assert!(!e.is_empty());
 }
 
-/// moonshotai/Kimi-K2-Instruct's config.json: DeepSeek-V3's layout with 64 heads, 384 routed
-/// experts, one dense layer and a 163840-token vocabulary.
+/// moonshotai/Kimi-K2-Instruct's config.json, as the `kimi-k2` preset holds it: DeepSeek-V3's
+/// layout with 64 heads, 384 routed experts, one dense layer and a 163840-token vocabulary.
 fn kimi_k2_json() -> serde_json::Value {
-    let mut j = deepseek_v3_json(61);
-    for (k, v) in [
-        ("model_type", serde_json::json!("kimi_k2")),
-        ("num_attention_heads", 64.into()),
-        ("num_key_value_heads", 64.into()),
-        ("n_routed_experts", 384.into()),
-        ("first_k_dense_replace", 1.into()),
-        ("vocab_size", 163840.into()),
-        ("max_position_embeddings", 131072.into()),
-        ("n_group", 1.into()),
-        ("topk_group", 1.into()),
-        ("rope_theta", 50000.into()),
-        ("routed_scaling_factor", serde_json::json!(2.827)),
-        ("num_nextn_predict_layers", 0.into()),
-        (
-            "rope_scaling",
-            serde_json::json!({"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0,
-                "mscale": 1.0, "mscale_all_dim": 1.0,
-                "original_max_position_embeddings": 4096, "type": "yarn"}),
-        ),
-    ] {
-        j[k] = v;
-    }
-    j
+    vramscope::model::presets::published_fp8_json("kimi-k2").unwrap()
 }
 
 /// Kimi-K2 over 8 H200s under 0.19: 121.1 GiB of weights a rank, which leaves the KV cache
@@ -874,7 +835,8 @@ fn deepseek_v3_files_are_its_tensors_plus_their_safetensors_headers() {
 }
 
 /// The hub ids of the published block-wise fp8 checkpoints answer from their built-in config
-/// (`vllm serve deepseek-ai/DeepSeek-R1` with nothing on disk), as their config.json does.
+/// (`vllm serve deepseek-ai/DeepSeek-R1` with nothing on disk) as the same config.json in a
+/// folder does (the preset opens config-only, as a folder with config.json alone).
 #[test]
 fn published_fp8_checkpoints_plan_from_their_built_in_config() {
     let empty = tempfile::tempdir().unwrap();

@@ -168,17 +168,24 @@ fn draw_ranks(area: &Area, r: &Report) -> std::result::Result<(), String> {
             ))
             .map_err(draw_err)?;
         }
+        // The device once when every rank has the same (the header names it).
+        let same_device = r.ranks.iter().all(|o| o.device.spec == k.device.spec);
         let title = format!(
-            "rank {} · {}{}",
+            "rank {}{}{}",
             k.rank,
-            k.device.spec,
+            if same_device {
+                String::new()
+            } else {
+                format!(" · {}", k.device.spec)
+            },
             if binds {
                 " · sets the engine's budget"
             } else {
                 ""
             }
         );
-        area.draw_text(&title, &text(17), (x0 + 12, 12))
+        let (title, size) = fit_lines(&area, &[title], col - 24, 24, 17);
+        area.draw_text(&title[0], &text(size), (x0 + 12, 12))
             .map_err(draw_err)?;
         // The profile part of the rank's timeline, as lines over event order.
         let profile = k.profile_events();
@@ -235,15 +242,71 @@ fn draw_ranks(area: &Area, r: &Report) -> std::result::Result<(), String> {
             format!(
                 "#9516: {} blocks here{}",
                 new.map_or(0, |f| f.kv_blocks),
-                binding.map_or(String::new(), |(_, b)| format!("; the engine takes {b}"))
+                binding.map_or(String::new(), |(_, b)| format!("   the engine takes {b}"))
             ),
         ];
+        // Columns narrower than the lines (eight ranks across the image) split them at their
+        // gaps and take a smaller font, so no column's text runs into the next.
+        let (lines, size) = fit_lines(&area, &lines, col - 24, h as i32 - 154 - 4, 15);
+        let step = size as i32 * 3 / 2;
         for (j, l) in lines.iter().enumerate() {
-            area.draw_text(l, &text(15), (x0 + 12, 154 + j as i32 * 23))
+            area.draw_text(l, &text(size), (x0 + 12, 154 + j as i32 * step))
                 .map_err(draw_err)?;
         }
     }
     Ok(())
+}
+
+/// `lines` laid out in `width` × `height` pixels at the largest font from `largest` down to 10
+/// at which they fit (a line 1.5 fonts high): a line too wide is first split at its gaps of
+/// three spaces; a line still too wide at 10 is cut with "…". Returns the lines and the font.
+fn fit_lines(
+    area: &Area,
+    lines: &[String],
+    width: i32,
+    height: i32,
+    largest: u32,
+) -> (Vec<String>, u32) {
+    let wide = |s: &str, size: u32| {
+        area.estimate_text_size(s, &text(size))
+            .map_or(0, |(w, _)| w as i32)
+            > width
+    };
+    let fits = |ls: &[String], size: u32| {
+        ls.len() as i32 * (size as i32 * 3 / 2) <= height && ls.iter().all(|l| !wide(l, size))
+    };
+    let split: Vec<String> = lines
+        .iter()
+        .flat_map(|l| l.split("   ").map(|p| p.trim().to_string()))
+        .filter(|p| !p.is_empty())
+        .collect();
+    for size in (10..=largest).rev() {
+        if fits(lines, size) {
+            return (lines.to_vec(), size);
+        }
+        if fits(&split, size) {
+            return (split, size);
+        }
+    }
+    let cut = split
+        .iter()
+        .map(|l| {
+            let mut t = l.clone();
+            while wide(&t, 10) && t.chars().count() > 1 {
+                t.pop();
+                while t.ends_with(' ') {
+                    t.pop();
+                }
+                t.push('…');
+                if !wide(&t, 10) {
+                    break;
+                }
+                t.pop();
+            }
+            t
+        })
+        .collect();
+    (cut, 10)
 }
 
 fn draw_header(area: &Area, r: &Report) -> std::result::Result<(), String> {
@@ -619,18 +682,25 @@ fn draw_comparison(area: &Area, r: &Report) -> std::result::Result<(), String> {
     rows.push(("truth".into(), r.truth.kv_bytes, c(palette::TRUTH)));
     let max = rows.iter().map(|r| r.1.max(0)).max().unwrap_or(1).max(1) as f64;
     let (bar_x, bar_w) = (110, 330);
+    // Rows of 32 pixels while they fit the panel (seven formulas and the truth do not).
+    let (_, h) = area.dim_in_pixel();
+    let pitch = ((h as i32 - 44) / rows.len().max(1) as i32).clamp(20, 32);
     for (i, (label, kv, color)) in rows.iter().enumerate() {
-        let y = 40 + i as i32 * 32;
-        area.draw_text(label, &text(16), (x0, y + 3))
+        let y = 40 + i as i32 * pitch;
+        area.draw_text(label, &text(16), (x0, y + 3 - (32 - pitch) / 2))
             .map_err(draw_err)?;
         let w = ((*kv).max(0) as f64 / max * bar_w as f64) as i32;
         area.draw(&Rectangle::new(
-            [(bar_x, y), (bar_x + w.max(1), y + 24)],
+            [(bar_x, y), (bar_x + w.max(1), y + pitch - 8)],
             color.filled(),
         ))
         .map_err(draw_err)?;
-        area.draw_text(&fmt_i(*kv), &text(16), (bar_x + w + 6, y + 3))
-            .map_err(draw_err)?;
+        area.draw_text(
+            &fmt_i(*kv),
+            &text(16),
+            (bar_x + w + 6, y + 3 - (32 - pitch) / 2),
+        )
+        .map_err(draw_err)?;
     }
     Ok(())
 }
