@@ -179,3 +179,31 @@ impl GdnRules {
         }
     }
 }
+
+/// How a release makes its online fp8 experts' scales at load (`quant::fp8_moe`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnlineScales {
+    /// 0.19.0 to 0.27.1: each expert quantized with a dynamic scale (`scaled_fp8_quant` with
+    /// `scale=None`: its codes and a `[1]` f32 scale, freed once copied).
+    #[default]
+    Dynamic,
+    /// 0.28.0 on (online/fp8.py 0.28.0 L565-605, 0.33.0 L617-660): each stack's per-expert
+    /// `weight_amax` (`aminmax`'s `lo`, `hi` `[E]`, their `abs()`, the `maximum` kept), max
+    /// all-reduced over the tensor-parallel ranks, then `_fp8_scale` (an f32 cast, a 0-d 448,
+    /// the `[E]` f32 scale), and each expert quantized with its static scale (codes only).
+    /// `early_free`: 0.33.0's `replace_parameter` rebinds `.data`, so the 16-bit stacks go
+    /// inside `_setup_kernel`, before the `[E]` amax locals (utils.py L119-139).
+    Amax { early_free: bool },
+}
+
+impl OnlineScales {
+    /// The scales of V1 release `0.minor`.
+    pub fn for_minor(minor: u32) -> OnlineScales {
+        match minor {
+            ..=27 => OnlineScales::Dynamic,
+            m => OnlineScales::Amax {
+                early_free: m >= 33,
+            },
+        }
+    }
+}

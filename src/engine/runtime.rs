@@ -92,7 +92,7 @@ struct Inner {
     mla_rules: crate::engine::rules::MlaModelRules,
     gdn_rules: crate::engine::rules::GdnRules,
     fp8_block_path: Fp8BlockPath,
-    fp8_online_scales: crate::quant::fp8_moe::OnlineScales,
+    fp8_online_scales: crate::engine::rules::OnlineScales,
     /// FlashInfer's cached SM90 block-GEMM runner: the most (4-aligned) tokens a call below
     /// 32 has passed in this process (`max_shape_m_4_align_`).
     fp8_flashinfer_rows: usize,
@@ -400,11 +400,11 @@ impl Runtime {
 
     /// How online fp8 experts get their scales at load (0.19's dynamic per-expert quant
     /// unless the procedure says otherwise).
-    pub fn set_fp8_online_scales(&self, s: crate::quant::fp8_moe::OnlineScales) {
+    pub fn set_fp8_online_scales(&self, s: crate::engine::rules::OnlineScales) {
         self.0.borrow_mut().fp8_online_scales = s;
     }
 
-    pub fn fp8_online_scales(&self) -> crate::quant::fp8_moe::OnlineScales {
+    pub fn fp8_online_scales(&self) -> crate::engine::rules::OnlineScales {
         self.0.borrow().fp8_online_scales
     }
 

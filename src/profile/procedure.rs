@@ -1518,7 +1518,7 @@ pub(crate) fn run_rank(
         rt.set_silu_and_mul_fused(req.enforce_eager || release.minor().is_some_and(|m| m >= 15));
     }
     if let Some(m) = release.minor() {
-        rt.set_fp8_online_scales(crate::quant::fp8_moe::OnlineScales::for_minor(m));
+        rt.set_fp8_online_scales(crate::engine::rules::OnlineScales::for_minor(m));
         rt.set_mla_rules(crate::model::layers::mla::MlaModelRules::for_minor(m));
         let gdn = crate::engine::rules::GdnRules::for_minor(
             m,
