@@ -939,13 +939,7 @@ fn check_fp8_moe(req: &ProfileRequest, o: &model::OpenedModel, release: &str) ->
         Some("vLLM 0.11.0 quantizes the experts only after the whole 16-bit model has loaded (Fp8MoEMethod.process_weights_after_loading, fp8.py L673-700) and runs the in-place fused_experts over them; not modelled yet: use --vllm 0.19".to_string())
     } else if release == "0.15" {
         Some("vLLM 0.15.1's Fp8OnlineMoEMethod (fp8.py L1047-1180) loads through a patched weight loader and its modular kernel chunks activations (VLLM_FUSED_MOE_CHUNK_SIZE); not checked yet: use --vllm 0.19".to_string())
-    } else if !release.starts_with("0.")
-        || release
-            .split('.')
-            .nth(1)
-            .and_then(|m| m.parse::<u32>().ok())
-            .is_none_or(|m| m < 19)
-    {
+    } else if req.release()?.minor().is_none_or(|m| m < 19) {
         Some(format!("online fp8 experts are modelled as vLLM 0.19.0 to 0.33.0 run them (Fp8OnlineMoEMethod, TritonExperts), not --vllm {release}"))
     } else if req.dp > 1 {
         Some(format!("with {} data-parallel replicas the experts take the batched activation format, whose fp8 path is not read; tensor and expert parallel over one replica are modelled", req.dp))

@@ -291,19 +291,12 @@ fn fit_lines(
     let cut = split
         .iter()
         .map(|l| {
-            let mut t = l.clone();
-            while wide(&t, 10) && t.chars().count() > 1 {
-                t.pop();
-                while t.ends_with(' ') {
-                    t.pop();
-                }
-                t.push('…');
-                if !wide(&t, 10) {
-                    break;
-                }
-                t.pop();
+            if !wide(l, 10) {
+                return l.clone();
             }
-            t
+            let mut t = l.clone();
+            while t.pop().is_some() && wide(&format!("{}…", t.trim_end()), 10) {}
+            format!("{}…", t.trim_end())
         })
         .collect();
     (cut, 10)
