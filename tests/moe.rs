@@ -274,20 +274,19 @@ fn moe_is_refused_where_it_is_not_modelled() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("16 bits only"), "{e}");
-    // 0.21 runs FlashInfer's CUTLASS MoE by default on Hopper (0.15 and 0.19 are modelled
-    // since the modular kernel, tests/vllm_v1.rs; 0.21 where Triton runs and 0.23 on Hopper,
-    // tests/moe_v1_oracle.rs).
+    // 0.21 runs FlashInfer's TRT-LLM BF16 MoE on the B200 (its CUTLASS MoE on Hopper is
+    // modelled: tests/moe_v1_oracle.rs).
     let e = run(
         "preset:qwen3-30b-a3b",
         Quant::BF16,
-        "sim:h200:dry",
+        "sim:b200:dry",
         1,
         "0.21",
     )
     .unwrap_err()
     .to_string();
     assert!(
-        e.contains("--vllm 0.21") && e.contains("FlashInfer") && e.contains("--vllm 0.23"),
+        e.contains("--vllm 0.21") && e.contains("TRT-LLM BF16 MoE") && e.contains("Hopper"),
         "{e}"
     );
     // Each expert's width must divide over the GPUs: 768 over 5 does not.

@@ -2,8 +2,9 @@
 //! fused_moe/oracle/unquantized.py) picks the experts per GPU. Triton's modular kernel, as
 //! 0.19 runs it plus 0.21's runner and workspace manager, is reproduced where it runs (Ampere
 //! and Ada under 0.21 and 0.22, Hopper too under 0.23-0.33, from 0.29 on Model Runner V2:
-//! tests/moe_v2_runner.rs); FlashInfer's experts (Hopper under 0.21/0.22, Blackwell always) are
-//! refused by name.
+//! tests/moe_v2_runner.rs); FlashInfer's CUTLASS experts, what 0.21 and 0.22 run on Hopper,
+//! are reproduced from their reading (docs/reading/vllm-flashinfer-cutlass-moe.md); its
+//! experts on Blackwell are refused by name.
 
 mod common;
 
@@ -276,7 +277,7 @@ fn qwen3_logits_die_before_the_all_reduce_from_0_21() {
 /// (65536 + 128·127)·4 = 327,168 B. The same line under 0.22 is refused: FlashInfer's CUTLASS
 /// MoE runs there.
 #[test]
-fn qwen3_30b_from_0_23_on_an_h100_runs_triton_and_0_22_is_refused() {
+fn qwen3_30b_from_0_23_on_an_h100_runs_triton() {
     let line = "vllm serve preset:qwen3-30b-a3b";
     let (code, err, rows) = plan_csv("sim:h100-sxm:dry", "0.23", line);
     assert_eq!(code, Some(0), "{err}");
@@ -310,16 +311,74 @@ fn qwen3_30b_from_0_23_on_an_h100_runs_triton_and_0_22_is_refused() {
             "{vllm}"
         );
     }
+}
+
+/// `vllm serve Qwen/Qwen3-30B-A3B` on an H100 SXM (132 SMs) under 0.21 and 0.22: the oracle
+/// takes FlashInfer's CUTLASS MoE (docs/reading/vllm-flashinfer-cutlass-moe.md). By hand, M =
+/// 8192, k = 8, I = 768, H = 2048, E = 128, R = k·M = 65,536:
+/// - load: each layer's `w13` flipped into a new `[128, 1536, 2048]` bf16 (805,306,368 B), the
+///   old one freed (`swap_w13_to_w31`, §2);
+/// - the manager's buffer r256(2·M·H) = 33,554,432 B, once (Triton's: 536,870,912);
+/// - per layer after the routing and the output: `[1]` i32 (512 B, the allocator's smallest
+///   block), `experts_to_token_score [E, M]` f32 = 4,194,304 B, `[E]` i32 (512 B), then the
+///   C++ workspace: 3·r128(4R) + 2·r128(4·E·8) + r128(4·E·M) + r128(8·129) + r128(2R·H) +
+///   r128(2R·max(2I, H)) + 2·r128(8E) + 2·27,136 + 512·132 = 786,432 + 8,192 + 4,194,304 +
+///   1,152 + 268,435,456 + 268,435,456 + 2,048 + 54,272 + 67,584 = 541,984,896, plus r128(4R)
+///   = 262,144: 542,247,040 B, in a new 2 MiB-rounded segment of 543,162,368 B whose 914,944 B
+///   left over (under 1 MiB) the allocator does not split off; freed as the op returns, then the
+///   three last first; no alignment buffers.
+#[test]
+fn qwen3_30b_under_0_21_and_0_22_on_an_h100_runs_flashinfers_cutlass_moe() {
+    let line = "vllm serve preset:qwen3-30b-a3b";
+    let (m, k, e, h) = (8192u64, 8u64, 128u64, 2048u64);
+    let mk = m * k * 4;
+    let t = |a: bool, n: &str, b: u64| (a, format!("layers.5.moe.{n}"), b);
+    let want5 = vec![
+        t(true, "router_logits", m * e * 2),
+        t(true, "topk_weights", mk),
+        t(true, "topk_ids", mk),
+        t(true, "token_expert_indices", mk),
+        t(false, "token_expert_indices", mk),
+        t(true, "output", m * h * 2),
+        t(true, "num_active_experts_per_node", 512),
+        t(true, "experts_to_token_score", 4 * e * m),
+        t(true, "active_expert_global_ids", 512),
+        t(true, "flashinfer_workspace", 543_162_368),
+        t(false, "flashinfer_workspace", 543_162_368),
+        t(false, "active_expert_global_ids", 512),
+        t(false, "experts_to_token_score", 4 * e * m),
+        t(false, "num_active_experts_per_node", 512),
+        t(false, "topk_weights", mk),
+        t(false, "topk_ids", mk),
+        t(false, "router_logits", m * e * 2),
+        t(false, "output", m * h * 2),
+    ];
+    assert_eq!(
+        542_247_040u64.div_ceil(2 << 20) * (2 << 20),
+        543_162_368,
+        "one 2 MiB-rounded segment"
+    );
     for vllm in ["0.21", "0.22"] {
-        let (code, err, _) = plan_csv("sim:h100-sxm:dry", vllm, line);
-        assert_eq!(code, Some(2), "{err}");
-        assert!(
-            err.contains(&format!("--vllm {vllm}"))
-                && err.contains("FlashInfer's CUTLASS MoE on Hopper")
-                && err.contains("on Hopper from --vllm 0.23"),
-            "{err}"
-        );
-        assert_eq!(err.lines().count(), 1, "{err}");
+        let (code, err, rows) = plan_csv("sim:h100-sxm:dry", vllm, line);
+        assert_eq!(code, Some(0), "{vllm}: {err}");
+        assert_eq!(layer_moe(&rows, 5), want5, "{vllm}");
+        let ws: Vec<u64> = rows
+            .iter()
+            .filter(|r| r.4 == "moe.workspace" && r.1 == "alloc")
+            .map(|r| r.5)
+            .collect();
+        assert_eq!(ws, [33_554_432], "{vllm}");
+        // The load's flips: one new w13 and the old one freed, per layer, 48 layers.
+        let flips: Vec<(&str, u64)> = rows
+            .iter()
+            .filter(|r| r.0 == 0 && r.2 == "process_weights_after_loading")
+            .filter(|r| r.1 == "alloc" || r.1 == "free")
+            .map(|r| (r.1.as_str(), r.5))
+            .collect();
+        assert_eq!(flips.len(), 96, "{vllm}");
+        assert!(flips
+            .chunks(2)
+            .all(|p| p == [("alloc", 805_306_368), ("free", 805_306_368)]));
     }
 }
 
@@ -354,8 +413,8 @@ fn what_0_21_and_later_refuse_is_named() {
         1
     ))
     .is_ok());
-    // Data and expert parallel from 0.21 are read for Mixtral's and Qwen3-MoE's blocks
-    // (tests/expert_parallel_v1.rs), not DeepSeek's.
+    // Data and expert parallel from 0.21 are read for DeepSeek's block too; with both over
+    // more than one tensor-parallel rank vLLM runs the MoE sequence-parallel: refused.
     let mut dp = request(
         "preset:deepseek-v2-lite",
         "sim:a100-sxm4-80gb:dry",
@@ -363,8 +422,7 @@ fn what_0_21_and_later_refuse_is_named() {
         1,
     );
     dp.dp = 2;
-    let e = run(&dp).unwrap_err();
-    assert!(e.contains("with data parallel is not modelled"), "{e}");
+    assert!(run(&dp).is_ok());
     let mut ep = request(
         "preset:deepseek-v2-lite",
         "sim:a100-sxm4-80gb:dry",
@@ -372,8 +430,11 @@ fn what_0_21_and_later_refuse_is_named() {
         2,
     );
     ep.enable_expert_parallel = true;
+    assert!(run(&ep).is_ok());
+    ep.dp = 2;
     let e = run(&ep).unwrap_err();
-    assert!(e.contains("with expert parallel is not modelled"), "{e}");
+    assert!(e.contains("use_sequence_parallel_moe"), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
 }
 
 /// DeepSeek-V2-Lite on an A100 under 0.21 (Triton: FlashInfer wants compute capability 9.0).
@@ -521,8 +582,8 @@ const SCOUT_TEXT: &str = r#"{"architectures": ["Llama4ForCausalLM"], "model_type
 /// input (`a1 = a1 * topk_weights.to(a1.dtype)`, prepare_finalize/no_dp_ep.py L74): a `[M, 1]`
 /// bf16 cast that dies at once and an `[M, H]` bf16 product, after the output and before the
 /// workspace, alive until the op returns. Scout over 4 H100s: M = 8192, H = 5120, so
-/// 83,886,080 bytes. 0.21 and 0.22 run FlashInfer's CUTLASS experts on Hopper (refused by
-/// name); Llama 4 with its vision tower stays refused from 0.21.
+/// 83,886,080 bytes. 0.21 and 0.22 run FlashInfer's CUTLASS experts on Hopper after the same
+/// copy; Llama 4 with its vision tower stays refused from 0.21.
 #[test]
 fn llama4_text_weights_its_input_into_a_copy_and_runs_from_0_21_where_triton_does() {
     let dir = tempfile::tempdir().unwrap();
@@ -565,7 +626,136 @@ fn llama4_text_weights_its_input_into_a_copy_and_runs_from_0_21_where_triton_doe
             .unwrap();
         assert_eq!(cast.2, m * 2, "{vllm}");
     }
-    let (code, err, _) = plan_csv("sim:h100-sxm:dry", "0.21", &line);
-    assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("FlashInfer's CUTLASS MoE on Hopper"), "{err}");
+    // 0.21 on Hopper: FlashInfer's CUTLASS experts after the same weighted copy.
+    let (code, err, rows) = plan_csv("sim:h100-sxm:dry", "0.21", &line);
+    assert_eq!(code, Some(0), "{err}");
+    let names: Vec<String> = layer_moe(&rows, 0)
+        .into_iter()
+        .filter(|r| r.0)
+        .map(|r| r.1)
+        .collect();
+    let at = |n: &str| names.iter().position(|x| x.ends_with(n)).unwrap();
+    assert!(at("a1_weighted") < at("flashinfer_workspace"), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n.ends_with("sorted_ids")),
+        "{names:?}"
+    );
+}
+
+/// `vllm serve deepseek-ai/DeepSeek-V2-Lite -dp 2 --enable-expert-parallel` on A100s
+/// (docs/reading/vllm-ep-deepseek-llama4-v021.md §3.2): the gate, the shared experts and the
+/// routing on this replica's 2048 tokens, then the output and the dispatch of the hidden
+/// states and the top-k weights and ids (`[2·2048, 2048]` bf16, `[4096, 6]` f32 and i32:
+/// 16,777,216 and 98,304 B each); each rank holds 32 of the 64 experts at full width 1408, so
+/// the workspace over Mg = 4096 tokens is r256(2·Mg·6·max(1408, 2048)) +
+/// r256(2·Mg·6·max(2816, 2048)) = 100,663,296 + 138,412,032 = 239,075,328 B; the alignment's
+/// ids are mapped through the expert map up to 0.29, the combine makes its `[2048, 2048]` up
+/// to 0.31; no all-reduce (one tensor-parallel rank). 0.33's TRITON_MLA grows the same buffer
+/// first.
+#[test]
+fn deepseek_v2_lite_with_data_and_expert_parallel_dispatches_after_its_routing() {
+    let line = "vllm serve preset:deepseek-v2-lite -dp 2 --enable-expert-parallel";
+    let (mg, k, h) = (4096u64, 6u64, 2048u64);
+    assert_eq!(
+        r256(2 * mg * k * 1408u64.max(h)) + r256(2 * mg * k * 2816u64.max(h)),
+        239_075_328
+    );
+    for (vllm, mapped, combined) in [
+        ("0.21", true, true),
+        ("0.28", true, true),
+        ("0.31", false, true),
+        ("0.33", false, false),
+    ] {
+        let (code, err, rows) = plan_csv("sim:a100-sxm4-80gb:dry", vllm, line);
+        assert_eq!(code, Some(0), "{vllm}: {err}");
+        let ws: Vec<u64> = rows
+            .iter()
+            .filter(|r| r.4 == "moe.workspace" && r.1 == "alloc")
+            .map(|r| r.5)
+            .collect();
+        if vllm == "0.33" {
+            // 0.33's TRITON_MLA (below Hopper) grows the shared buffer first, past what the
+            // MoE needs (tests/families.rs).
+            assert!(ws.len() == 1 && ws[0] > 239_075_328, "{ws:?}");
+        } else {
+            assert_eq!(ws, [239_075_328], "{vllm}");
+        }
+        let l5 = layer_moe_and_shared(&rows, 5);
+        let at = |alloc: bool, n: &str| {
+            l5.iter()
+                .position(|r| r.0 == alloc && r.1.ends_with(n))
+                .unwrap_or_else(|| panic!("{vllm}: no {n} in {l5:?}"))
+        };
+        let size = |n: &str| l5[at(true, n)].2;
+        assert!(
+            at(true, "router_logits") < at(true, "gate_up_proj.out"),
+            "{vllm}"
+        );
+        assert!(
+            at(true, "down_proj.out") < at(true, "moe.topk_ids"),
+            "{vllm}"
+        );
+        assert!(at(true, "moe.topk_ids") < at(true, "moe.output"), "{vllm}");
+        assert!(at(true, "moe.output") < at(true, "dispatched_hidden_states"));
+        assert!(at(true, "dispatched_topk_ids") < at(true, "sorted_ids"));
+        assert_eq!(size("dispatched_hidden_states"), mg * h * 2);
+        assert_eq!(size("dispatched_topk_weights"), mg * k * 4);
+        assert_eq!(size("dispatched_topk_ids"), mg * k * 4);
+        assert_eq!(
+            l5.iter().any(|r| r.1.ends_with("expert_ids_mapped")),
+            mapped,
+            "{vllm}"
+        );
+        assert_eq!(
+            l5.iter().any(|r| r.1.ends_with("moe.combined")),
+            combined,
+            "{vllm}"
+        );
+        assert!(!l5.iter().any(|r| r.1.contains("all_reduce")), "{vllm}");
+    }
+}
+
+/// Llama 4 Scout's language model with `-dp 2 --enable-expert-parallel` on H200s under 0.21
+/// (Triton: the oracle puts FlashInfer's CUTLASS behind it with data parallel): `prepare`
+/// weights this replica's input into a copy before the dispatch and gathers that copy
+/// (naive_dp_ep.py 0.21.0 L125-131), which dies as `prepare` returns, before the workspace's
+/// alignment; 8 experts a rank at width 8192 over Mg = 16,384 tokens, top 1: r256(2·Mg·8192) +
+/// r256(2·Mg·16384) = 805,306,368 B.
+#[test]
+fn llama4_text_with_data_parallel_gathers_its_weighted_input() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), SCOUT_TEXT).unwrap();
+    let line = format!(
+        "vllm serve {} -dp 2 --enable-expert-parallel --max-model-len 65536",
+        dir.path().to_str().unwrap()
+    );
+    let (code, err, rows) = plan_csv("sim:h200:dry", "0.21", &line);
+    assert_eq!(code, Some(0), "{err}");
+    let (mg, h) = (16_384u64, 5120u64);
+    let ws: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.4 == "moe.workspace" && r.1 == "alloc")
+        .map(|r| r.5)
+        .collect();
+    assert_eq!(ws, [r256(2 * mg * 8192) + r256(2 * mg * 16_384)]);
+    assert_eq!(ws, [805_306_368]);
+    let moe = layer_moe(&rows, 1);
+    let at = |alloc: bool, n: &str| {
+        moe.iter()
+            .position(|r| r.0 == alloc && r.1.ends_with(n))
+            .unwrap_or_else(|| panic!("no {n} in {moe:?}"))
+    };
+    assert!(at(true, "output") < at(true, "a1_weighted"));
+    assert!(at(true, "a1_weighted") < at(true, "dispatched_hidden_states"));
+    assert!(at(true, "dispatched_topk_ids") < at(false, "a1_weighted"));
+    assert!(at(false, "a1_weighted") < at(true, "sorted_ids"));
+    assert_eq!(moe[at(true, "a1_weighted")].2, mg / 2 * h * 2);
+    assert_eq!(moe[at(true, "dispatched_hidden_states")].2, mg * h * 2);
+    // One weighted copy only: the experts do not make their own.
+    assert_eq!(
+        moe.iter()
+            .filter(|r| r.0 && r.1.ends_with("a1_weighted"))
+            .count(),
+        1
+    );
 }

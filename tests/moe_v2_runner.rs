@@ -223,7 +223,7 @@ fn the_docs_line_for_0_33_on_an_h100_runs() {
 }
 
 /// What 0.29-0.33 still refuse, each in one line naming it: FlashInfer's experts on the B200,
-/// data or expert parallel for DeepSeek's block, bitsandbytes experts; online fp8 experts and
+/// sequence-parallel MoE for DeepSeek's block, bitsandbytes experts; online fp8 experts and
 /// MLA below Hopper (0.33's TRITON_MLA) answer.
 #[test]
 fn what_0_29_to_0_33_refuse_is_named_in_one_line() {
@@ -235,17 +235,17 @@ fn what_0_29_to_0_33_refuse_is_named_in_one_line() {
             "{e}"
         );
         one_line(&e);
-        // Data and expert parallel run for Qwen3-MoE (tests/expert_parallel_v1.rs), not for
-        // DeepSeek's block.
+        // Data and expert parallel run for DeepSeek's block too; both over two
+        // tensor-parallel ranks (sequence-parallel MoE) stay refused.
         let mut dp = request("preset:deepseek-v2-lite", "sim:h100-sxm:dry", vllm, 1);
         dp.dp = 2;
-        let e = run(&dp).unwrap_err();
-        assert!(e.contains("with data parallel is not modelled"), "{e}");
-        one_line(&e);
+        assert!(run(&dp).is_ok(), "{vllm}");
         let mut ep = request("preset:deepseek-v2-lite", "sim:h100-sxm:dry", vllm, 2);
         ep.enable_expert_parallel = true;
+        assert!(run(&ep).is_ok(), "{vllm}");
+        ep.dp = 2;
         let e = run(&ep).unwrap_err();
-        assert!(e.contains("with expert parallel is not modelled"), "{e}");
+        assert!(e.contains("use_sequence_parallel_moe"), "{e}");
         one_line(&e);
         // DeepSeek runs on V2 (tests/moe_v1_oracle.rs), below Hopper too (TRITON_MLA).
         let ds = run(&request(

@@ -76,6 +76,10 @@ pub struct RunnerV021 {
     /// Whose tuned block-wise fp8 files the release ships (`moe_configs_fp8_block`): 0.21 to
     /// 0.23 ship 0.19.0's, 0.24.0 adds one, 0.25.1 retunes eight, kept to 0.33.0.
     pub fp8_block_configs: &'static str,
+    /// The experts are FlashInfer's CUTLASS fused MoE (`FlashInferExperts`), what 0.21's and
+    /// 0.22's unquantized oracle takes on Hopper without data parallel
+    /// (docs/reading/vllm-flashinfer-cutlass-moe.md §1); Triton's otherwise.
+    pub flashinfer_cutlass: bool,
 }
 
 impl RunnerV021 {
@@ -85,6 +89,7 @@ impl RunnerV021 {
         remaps_expert_ids: true,
         combine_temp: true,
         fp8_block_configs: "0.19.0",
+        flashinfer_cutlass: false,
     };
 
     /// The runner of V1 release `0.minor` (0.21 on), the gate outside the op.
@@ -98,6 +103,7 @@ impl RunnerV021 {
                 24 => "0.24.0",
                 _ => "0.25.1",
             },
+            flashinfer_cutlass: false,
         }
     }
 }
@@ -218,7 +224,8 @@ pub fn fused_experts(
 
 /// `FusedMoEKernelModularImpl.apply` from 0.21 with data parallel
 /// (`MoEPrepareAndFinalizeNaiveDPEPModular`, docs/reading/vllm-expert-parallel-v1.md §3.2): the
-/// output `[M, H]` made from this replica's input, then the dispatch gathers every replica's
+/// output `[M, H]` made from this replica's input (with the router weight on the input, the
+/// weighted copy after it, which is what is gathered), then the dispatch gathers every replica's
 /// hidden states and the top-k weights and ids this replica routed (`all_gatherv`, one
 /// `torch.empty` each in that order: `[dp·M, H]`, `[dp·M, k]` f32, `[dp·M, k]` i32; 0.21.0
 /// naive_dp_ep.py L112-184, cuda_communicator.py L346-392); the workspace and the alignment
@@ -255,22 +262,40 @@ pub fn fused_experts_dispatched(
         &x.shape,
         x.dtype,
     )?;
-    rt.set_op("moe.dispatch (all_gatherv)");
     let (m, k) = (x.rows(), routing.ids.cols());
     let g = |what: &str, shape: &[usize], dt: DType| {
         rt.tensor_for_overwrite(format!("{name}.{what}"), Category::Activation, shape, dt)
     };
+    // `apply_router_weight_on_input` (Llama 4): `prepare` multiplies before it dispatches
+    // (naive_dp_ep.py 0.21.0 L125-131, 0.33.0 L185-190): the `[M, k]` cast, the weighted
+    // `[M, H]` (the cast dying at once), which is what is gathered; it dies as `prepare`
+    // returns, so the experts then see weights of 1 and make no copy of their own.
+    let weighted = if ex.weight_on_input {
+        rt.set_op("moe.prepare (router weight on input)");
+        let cast = g("topk_weights.to(a1.dtype)", &[m, k], x.dtype)?;
+        let a1 = g("a1_weighted", &x.shape, x.dtype)?;
+        drop(cast);
+        Some(a1)
+    } else {
+        None
+    };
+    rt.set_op("moe.dispatch (all_gatherv)");
     let hidden = g("dispatched_hidden_states", &[dp * m, x.cols()], x.dtype)?;
     let gathered = Routing {
         weights: g("dispatched_topk_weights", &[dp * m, k], DType::F32)?,
         ids: g("dispatched_topk_ids", &[dp * m, k], DType::I32)?,
         host_ids: None,
     };
+    drop(weighted);
+    let unweighted = Experts {
+        weight_on_input: false,
+        ..*ex
+    };
     experts_into(
         rt,
         &hidden,
         None,
-        ex,
+        &unweighted,
         &gathered,
         (how, gpu),
         workspace,
@@ -370,6 +395,11 @@ fn experts_into(
     } else {
         None
     };
+    if how.v0_21.is_some_and(|r| r.flashinfer_cutlass) {
+        flashinfer_cutlass_into(rt, x, out, ex, routing, workspace, name)?;
+        drop(weighted);
+        return Ok(());
+    }
     // Block-wise fp8 experts: `prepare` quantizes the whole input once (no_dp_ep.py L27-34 and
     // L67 at 0.19.0: `a1q [M, H]` fp8, `a1q_scale [M, H/128]` f32), before the workspace;
     // both die as `forward` returns.
@@ -532,4 +562,173 @@ fn experts_into(
     drop(weighted);
     drop(a1q);
     Ok(())
+}
+
+/// FlashInfer's CUTLASS fused MoE (`cutlass_fused_moe`, bf16 or fp16 experts, gated SiLU, on
+/// Hopper) after the modular kernel's output, as vLLM 0.21 and 0.22 run it
+/// (docs/reading/vllm-flashinfer-cutlass-moe.md §3-6, flashinfer 0.6.8.post1 and 0.6.11.post2):
+/// the workspace manager's buffer grown to `r256(b·M·H)` (`FlashInferExperts.workspace_shapes`:
+/// `(M, H)` and `(0,)`); FlashInfer's three per-call tensors, `[1]` i32, `[E, M]` f32 and
+/// `[E]` i32 (core.py L477-489); the C++ op's one int8 workspace
+/// (`flashinfer_cutlass_workspace_bytes`), freed as `runMoe` returns; then the three, last
+/// first, as `FlashInferExperts.apply` returns. No alignment buffers; `finalize` copies into
+/// the output. Dry, or on the host (the experts' math is Triton's: the same sum).
+fn flashinfer_cutlass_into(
+    rt: &Runtime,
+    x: &Tensor,
+    out: Option<&mut Tensor>,
+    ex: &Experts,
+    routing: &Routing,
+    workspace: &RefCell<Option<Tensor>>,
+    name: &str,
+) -> Result<()> {
+    if ex.fp8_block.is_some() || ex.fp8_tensor.is_some() {
+        return Err(Error::Request(format!(
+            "{name}: FlashInfer's CUTLASS MoE is modelled for 16-bit experts only"
+        )));
+    }
+    if rt.backend() == Backend::Cuda {
+        return Err(Error::Request(format!(
+            "{name}: FlashInfer's CUTLASS MoE (vLLM 0.21 and 0.22 on Hopper) runs on simulated devices and the host only; its kernels are FlashInfer's"
+        )));
+    }
+    let (m, h) = (x.rows(), x.cols());
+    let k = routing.ids.cols();
+    let (e, i) = (ex.num_experts, ex.width);
+    let sms = rt.with_device(|d| d.sm_count()).unwrap_or(0);
+    if sms == 0 {
+        return Err(Error::Request(format!(
+            "{name}: FlashInfer's CUTLASS MoE sizes its grouped GEMM's workspace by the GPU's multiprocessors, which this device does not give"
+        )));
+    }
+    rt.set_op("moe.workspace");
+    let b = x.dtype.size_bytes();
+    grow_workspace(
+        rt,
+        workspace,
+        (b * (m * h) as u64).div_ceil(256) * 256,
+        true,
+    )?;
+    rt.set_op("moe.flashinfer_cutlass_fused_moe");
+    let t = |n: &str, shape: &[usize], dt: DType| {
+        rt.tensor_for_overwrite(format!("{name}.{n}"), Category::Activation, shape, dt)
+    };
+    let active = t("num_active_experts_per_node", &[1], DType::I32)?;
+    let scores = t("experts_to_token_score", &[e, m], DType::F32)?;
+    let ids = t("active_expert_global_ids", &[e], DType::I32)?;
+    let bytes = flashinfer_cutlass_workspace_bytes(
+        FlashInferShape {
+            tokens: m as u64,
+            hidden: h as u64,
+            width: i as u64,
+            experts: e as u64,
+            top_k: k as u64,
+            act_bytes: b,
+        },
+        sms,
+    );
+    let ws = t("flashinfer_workspace", &[bytes as usize], DType::U8)?;
+    if let (Backend::Cpu, Some(out)) = (rt.backend(), out) {
+        ops_moe::experts_cpu_rows(rt, out, ex, routing, 0..m)?;
+    }
+    drop(ws);
+    drop(ids);
+    drop(scores);
+    drop(active);
+    Ok(())
+}
+
+/// The shapes FlashInfer's CUTLASS MoE sizes its workspace by: `tokens` M, `hidden` H, this
+/// rank's expert `width` I, its `experts` E, `top_k` k, and the activation's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashInferShape {
+    pub tokens: u64,
+    pub hidden: u64,
+    pub width: u64,
+    pub experts: u64,
+    pub top_k: u64,
+    pub act_bytes: u64,
+}
+
+/// The bytes of the int8 workspace `getWorkspaceInfo` allocates
+/// (flashinfer_cutlass_fused_moe_binding.cu L840-864):
+/// `calculateTotalWorkspaceSize([moe_ws, 4·k·M])`, each rounded up to 128, where `moe_ws` is
+/// `getWorkspaceDeviceBufferSizes` for 16-bit experts, gated SiLU, SM90's TMA warp-specialized
+/// grouped GEMM with the fused finalize (cutlass_fused_moe_kernels.cuh L2474-2640, every term
+/// rounded up to 128; docs/reading/vllm-flashinfer-cutlass-moe.md §5.4): three `4R` row maps
+/// (R = k·M), the blocked expert counts and their sum `4·E·⌈M/tpb⌉` each, the blocked rows
+/// `4·E·M`, the expert offsets `8·(E+1)`, the overlapped GEMM inputs `b·R·max(H, I)` and
+/// outputs `b·R·max(2I, H)`, two `8·E` alpha pointer arrays, two TMA inputs of 20 per-expert
+/// arrays (`TmaWarpSpecializedGroupedGemmInput::workspaceSize`: 24, 15 × 8, 2 × 20, 12 and 16
+/// bytes an expert, each array rounded), and the grouped GEMM's `512·SM` (two warp groups'
+/// epilogue and two mainloop tensor maps of 128 B per SM).
+pub fn flashinfer_cutlass_workspace_bytes(s: FlashInferShape, sms: u64) -> u64 {
+    let r128 = |v: u64| v.div_ceil(128) * 128;
+    let (m, h, i, e, b) = (s.tokens, s.hidden, s.width, s.experts, s.act_bytes);
+    let rows = s.top_k * m;
+    // `computeNumTokensPerBlock` (L525-534): the smallest of 32, 64, … 1024 with
+    // ⌈M/tpb⌉·E ≤ tpb, else 1024.
+    let tpb = [32u64, 64, 128, 256, 512, 1024]
+        .into_iter()
+        .find(|&t| m.div_ceil(t) * e <= t)
+        .unwrap_or(1024);
+    let blocks = m.div_ceil(tpb);
+    let tma = r128(24 * e) + 15 * r128(8 * e) + 2 * r128(20 * e) + r128(12 * e) + r128(16 * e);
+    let moe_ws = 3 * r128(4 * rows)
+        + 2 * r128(4 * e * blocks)
+        + r128(4 * e * m)
+        + r128(8 * (e + 1))
+        + r128(b * rows * h.max(i))
+        + r128(b * rows * (2 * i).max(h))
+        + 2 * r128(8 * e)
+        + 2 * tma
+        + 512 * sms;
+    r128(moe_ws) + r128(4 * rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/reading/vllm-flashinfer-cutlass-moe.md §7, term by term: Qwen3-30B-A3B at 8192
+    /// tokens (E 128, k 8, I 768, H 2048, bf16) on 132 SMs (H100 SXM, H200) and 114 (H100
+    /// PCIe): the SMs enter only through the grouped GEMM's `512·SM`.
+    #[test]
+    fn flashinfer_cutlass_workspace_follows_its_terms() {
+        let s = FlashInferShape {
+            tokens: 8192,
+            hidden: 2048,
+            width: 768,
+            experts: 128,
+            top_k: 8,
+            act_bytes: 2,
+        };
+        assert_eq!(flashinfer_cutlass_workspace_bytes(s, 132), 542_247_040);
+        assert_eq!(flashinfer_cutlass_workspace_bytes(s, 114), 542_237_824);
+        // Two ranks (I 384): H dominates both overlapped regions, the same bytes.
+        let tp2 = FlashInferShape { width: 384, ..s };
+        assert_eq!(flashinfer_cutlass_workspace_bytes(tp2, 132), 542_247_040);
+        // Eight experts (tokens per block 256, 16 blocks): Mixtral at one rank, 4096 tokens,
+        // k 2, I 14336, H 4096. By hand: 3·32,768 + 2·512 + 131,072 + 128 + 2·8192·4096 +
+        // 2·8192·28,672 + 2·128 + 2·(256 + 15·128 + 2·256 + 128 + 128) + 512·132 + 32,768.
+        let mixtral = FlashInferShape {
+            tokens: 4096,
+            hidden: 4096,
+            width: 14_336,
+            experts: 8,
+            top_k: 2,
+            act_bytes: 2,
+        };
+        let by_hand = 3 * 32_768
+            + 2 * 512
+            + 131_072
+            + 128
+            + 2 * 8192 * 14_336
+            + 2 * 8192 * 28_672
+            + 2 * 128
+            + 2 * (256 + 15 * 128 + 2 * 256 + 128 + 128)
+            + 512 * 132
+            + 32_768;
+        assert_eq!(flashinfer_cutlass_workspace_bytes(mixtral, 132), by_hand);
+    }
 }

@@ -1888,6 +1888,10 @@ pub(crate) fn run_rank(
                     release.mla_workspace_tokens(req.max_model_len, req.seqs as u64, b.block_size);
                 model.set_mla_backend(&rt, w as usize, &b.buffers, mla_logits_reserve)?;
             }
+            if matches!(moe_kernel, Some(crate::engine::ops_moe_v1::MoeKernel::Modular(k)) if k.v0_21.is_some_and(|r| r.flashinfer_cutlass))
+            {
+                model.swap_w13_for_flashinfer(&rt)?;
+            }
             let c = &opened.config;
             let info = ModelInfo {
                 name: opened.name.clone(),

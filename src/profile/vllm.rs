@@ -1561,8 +1561,12 @@ impl Release {
             return Ok(None);
         }
         let swigluoai_behind_triton = gpt_oss && self.minor().is_some_and(|m| m >= 25);
+        // FlashInfer's CUTLASS MoE on Hopper for SiLU experts (0.21 and 0.22 without data
+        // parallel): modelled (docs/reading/vllm-flashinfer-cutlass-moe.md).
+        let flashinfer_cutlass =
+            major == 9 && flashinfer_on_hopper && dp == 1 && !gpt_oss && !fp8_experts;
         let flashinfer = match major {
-            _ if swigluoai_behind_triton || fp8_experts => None,
+            _ if swigluoai_behind_triton || fp8_experts || flashinfer_cutlass => None,
             10 if gpt_oss => Some(
                 "FlashInfer's CUTLASS MoE on the 10.x family for swigluoai (TRT-LLM's BF16 \
                  experts take SiLU only), ahead of Triton until 0.25.1 (oracle/unquantized.py)",
@@ -1585,22 +1589,13 @@ impl Release {
         if let Some(which) = flashinfer {
             return Err(Error::Request(format!(
                 "--vllm {}: model_type '{arch}' (mixture of experts) on this GPU is not modelled: \
-                 the release runs {which}, whose per-call workspace FlashInfer's C++ op sizes \
-                 and takes from PyTorch's allocator (flashinfer 0.6.8.post1 csrc/fused_moe/\
-                 cutlass_backend/flashinfer_cutlass_fused_moe_binding.cu L840-864); its large \
-                 terms are read (cutlass_fused_moe_kernels.cuh L2474-2640), but not the CUTLASS \
-                 grouped GEMM's workspace (`getMaxWorkspaceSize` over every TMA warp-specialized \
-                 tactic, in NVIDIA/cutlass at flashinfer's submodule) nor the TMA input's \
-                 per-expert stride arrays, nor TRT-LLM's BF16 MoE buffers; it is reproduced \
-                 where Triton runs: Ampere and Ada (A100, L40S, L4){}{}",
+                 the release runs {which}; vramscope reproduces Triton's experts on Ampere, Ada \
+                 and Hopper and FlashInfer's CUTLASS MoE for SiLU experts on Hopper (0.21, \
+                 0.22), not its 12.x grouped GEMM, its swigluoai path nor TRT-LLM's BF16 \
+                 MoE{}",
                 self.name,
-                if flashinfer_on_hopper {
-                    ", and on Hopper from --vllm 0.23"
-                } else {
-                    " and Hopper"
-                },
                 if gpt_oss {
-                    ", and everywhere from --vllm 0.25 for gpt-oss"
+                    "; gpt-oss's 16-bit experts run Triton everywhere from --vllm 0.25"
                 } else {
                     ""
                 }
@@ -1611,14 +1606,27 @@ impl Release {
         // replica's tokens before the routing: `MoEPrepareAndFinalizeNaiveDPEPModular` inherits
         // `supports_async() -> False`, so `NO_OVERLAP`; 0.21.0 modular_kernel.py L242-247,
         // runner/shared_experts.py L92-112).
-        let read = matches!(arch, "mixtral" | "qwen3_moe" | "qwen2_moe");
+        // DeepSeek's and Llama 4's blocks route, run their shared experts and scale on this
+        // replica's tokens before the same dispatch (docs/reading/vllm-ep-deepseek-llama4-v021.md
+        // §1-4); the sequence-parallel case is refused above.
+        let read = matches!(
+            arch,
+            "mixtral"
+                | "qwen3_moe"
+                | "qwen2_moe"
+                | "deepseek_v2"
+                | "deepseek_v3"
+                | "kimi_k2"
+                | "llama4_text"
+                | "llama4"
+        );
         if (dp > 1 || ep) && !read {
             return Err(Error::Request(format!(
                 "--vllm {}: model_type '{arch}' with {} is not modelled under this release: \
                  from 0.21 the unquantized experts route before a dispatch of the top-k \
                  weights and ids (MoEPrepareAndFinalizeNaiveDPEPModular) and the expert map \
-                 changes by release; read for Mixtral, Qwen2-MoE and Qwen3-MoE, not for this \
-                 block; tensor parallel alone is reproduced",
+                 changes by release; read for Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek and Llama 4, \
+                 not for this block; tensor parallel alone is reproduced",
                 self.name,
                 if dp > 1 {
                     "data parallel"
@@ -1631,6 +1639,7 @@ impl Release {
         if let (Some(r), Some(minor)) = (triton.v0_21.as_mut(), self.minor()) {
             *r = RunnerV021 {
                 gate_in_op: r.gate_in_op,
+                flashinfer_cutlass,
                 ..RunnerV021::for_minor(minor)
             };
         }
@@ -2161,30 +2170,52 @@ mod tests {
             ] {
                 assert!(release(ok).unwrap().check_arch(moe).is_ok(), "{ok}");
             }
-            // From 0.21 the GPU decides: Triton on Ampere/Ada (8), FlashInfer on Hopper (9)
-            // until 0.23 and on Blackwell (10).
-            for (vllm, major, triton) in [
-                ("0.21", 8, true),
-                ("0.21", 9, false),
-                ("0.22", 9, false),
-                ("0.23", 9, true),
-                ("0.23", 10, false),
-                ("0.24", 9, true),
-                ("0.29", 8, true),
-                ("0.29", 9, true),
-                ("0.33", 9, true),
-                ("0.33", 10, false),
+            // From 0.21 the GPU decides: Triton on Ampere/Ada (8), FlashInfer's CUTLASS MoE
+            // on Hopper (9) until 0.23 (modelled), FlashInfer on Blackwell (10, refused).
+            // `Some(cutlass)`: answered, on FlashInfer's CUTLASS or Triton; `None`: refused.
+            for (vllm, major, answer) in [
+                ("0.21", 8, Some(false)),
+                ("0.21", 9, Some(true)),
+                ("0.22", 9, Some(true)),
+                ("0.23", 9, Some(false)),
+                ("0.23", 10, None),
+                ("0.24", 9, Some(false)),
+                ("0.29", 8, Some(false)),
+                ("0.29", 9, Some(false)),
+                ("0.33", 9, Some(false)),
+                ("0.33", 10, None),
             ] {
                 let k = release(vllm)
                     .unwrap()
                     .moe_kernel_on(moe, major, None, false);
                 match k {
-                    Ok(Some(MoeKernel::Modular(m))) => {
-                        assert!(triton && m.v0_21.is_some(), "{vllm} {major}")
-                    }
-                    Err(e) => assert!(!triton && e.to_string().contains("FlashInfer"), "{e}"),
+                    Ok(Some(MoeKernel::Modular(m))) => assert_eq!(
+                        m.v0_21.map(|r| r.flashinfer_cutlass),
+                        answer,
+                        "{vllm} {major}"
+                    ),
+                    Err(e) => assert!(
+                        answer.is_none() && e.to_string().contains("FlashInfer"),
+                        "{e}"
+                    ),
                     Ok(k) => panic!("{vllm} {major}: {k:?}"),
                 }
+            }
+            // With data parallel the oracle puts FlashInfer's CUTLASS behind Triton.
+            let dp = crate::device::group::MoeGroup {
+                rank: 0,
+                size: 2,
+                dp: 2,
+                ep: false,
+            };
+            match release("0.21")
+                .unwrap()
+                .moe_kernel_on(moe, 9, Some(dp), false)
+            {
+                Ok(Some(MoeKernel::Modular(m))) => {
+                    assert_eq!(m.v0_21.map(|r| r.flashinfer_cutlass), Some(false))
+                }
+                k => panic!("{k:?}"),
             }
             let e = release("0.10.0")
                 .unwrap()

@@ -594,3 +594,25 @@ pub(crate) fn load_moe_block(
         gate_in_op: false,
     })
 }
+
+/// `swap_w13_to_w31` as `UnquantizedFusedMoEMethod._setup_kernel` runs it for FlashInfer's
+/// CUTLASS MoE once every weight is loaded (0.21.0 oracle/unquantized.py L298-323,
+/// quantization/utils/flashinfer_utils.py L44-47; 0.22.1 the same;
+/// docs/reading/vllm-flashinfer-cutlass-moe.md §2): `flip` makes a new `[E, 2·I, H]`, the
+/// layer's parameter is rebound to it, and the old `w13` dies as `_setup_kernel` returns. On
+/// the host the copy keeps the gate-then-up order vramscope's experts read (the sum is the
+/// same).
+pub fn swap_w13_to_w31(rt: &Runtime, w13: &mut Tensor) -> Result<()> {
+    rt.check_cancel()?;
+    let mut swapped = rt.tensor_for_overwrite(
+        w13.name.clone(),
+        crate::memory::Category::Weight,
+        &w13.shape,
+        w13.dtype,
+    )?;
+    if rt.backend() == crate::device::Backend::Cpu {
+        swapped.f32_mut().copy_from_slice(w13.f32());
+    }
+    drop(std::mem::replace(w13, swapped));
+    Ok(())
+}

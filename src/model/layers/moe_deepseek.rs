@@ -189,9 +189,10 @@ pub fn deepseek_moe_forward(
     layer: &str,
     gpu: &str,
 ) -> Result<Tensor> {
-    if crate::engine::ops_tp::moe_dp(rt).is_some() {
+    let dp = crate::engine::ops_tp::moe_dp(rt);
+    if dp.is_some() && !matches!(kernel, MoeKernel::Modular(h) if h.v0_21.is_some()) {
         return Err(Error::Request(format!(
-            "{layer}: data parallel's token exchange around DeepSeek's MoE layers is not modelled yet (expert parallel without data parallel is)"
+            "{layer}: data parallel's token exchange around DeepSeek's MoE layers is modelled from vLLM 0.21 (the dispatch after the routing); expert parallel without data parallel is modelled from 0.11"
         )));
     }
     let (m, d) = shapes(cfg, layer)?;
@@ -271,8 +272,24 @@ pub fn deepseek_moe_forward(
             } else {
                 ops_grouped_topk::grouped_topk(rt, &logits, &routing, TopkRelease::V1, &name)?
             };
-            let out =
-                ops_moe_v1::fused_experts(rt, &x, &experts, &r, (how, gpu), workspace, &name)?;
+            // With data parallel from 0.21 the gate, the shared experts and the routing run on
+            // this replica's tokens, then the dispatch gathers the hidden states and the top-k
+            // weights and ids (docs/reading/vllm-ep-deepseek-llama4-v021.md §3.2).
+            let out = match dp {
+                Some(dp) => ops_moe_v1::fused_experts_dispatched(
+                    rt,
+                    &x,
+                    &experts,
+                    &r,
+                    (how, gpu),
+                    workspace,
+                    dp,
+                    &name,
+                )?,
+                None => {
+                    ops_moe_v1::fused_experts(rt, &x, &experts, &r, (how, gpu), workspace, &name)?
+                }
+            };
             if v0_15 {
                 // `forward_impl`'s locals: router_logits (an argument, rebound) before
                 // topk_weights and topk_ids.

@@ -126,11 +126,7 @@ pub fn forward(
     layer: &str,
     gpu: &str,
 ) -> Result<Tensor> {
-    if crate::engine::ops_tp::moe_dp(rt).is_some() {
-        return Err(Error::Request(format!(
-            "{layer}: data parallel's token exchange around Llama 4's MoE layers is not modelled yet (expert parallel without data parallel is)"
-        )));
-    }
+    let dp = crate::engine::ops_tp::moe_dp(rt);
     let name = format!("{layer}.moe");
     let logits = crate::quant::dense_matmul_as(
         rt,
@@ -162,13 +158,35 @@ pub fn forward(
     let mut routing = ops_llama4::sigmoid_top1(rt, &logits, &name)?;
     ops_llama4::weight_on_input(rt, &mut x, &mut routing)?;
     let experts = moe.experts(m);
-    let routed = match kernel {
-        MoeKernel::InPlace { .. } => {
+    let routed = match (kernel, dp) {
+        // With data parallel from 0.21 (`MoEPrepareAndFinalizeNaiveDPEPModular`): this
+        // replica's tokens routed and weighted, then gathered
+        // (docs/reading/vllm-ep-deepseek-llama4-v021.md §4.2).
+        (MoeKernel::Modular(how), Some(dp)) if how.v0_21.is_some() => {
+            let out = ops_moe_v1::fused_experts_dispatched(
+                rt,
+                &x,
+                &experts,
+                &routing,
+                (how, gpu),
+                workspace,
+                dp,
+                &name,
+            )?;
+            drop(routing);
+            Some(out)
+        }
+        (_, Some(_)) => {
+            return Err(Error::Request(format!(
+                "{layer}: data parallel's token exchange around Llama 4's MoE layers is modelled from vLLM 0.21 (the dispatch after the routing); expert parallel without data parallel is modelled from 0.11"
+            )))
+        }
+        (MoeKernel::InPlace { .. }, None) => {
             ops_moe::fused_experts(rt, &mut x, &experts, &routing, gpu, &name)?;
             drop(routing);
             None
         }
-        MoeKernel::Modular(how) => {
+        (MoeKernel::Modular(how), None) => {
             let out = ops_moe_v1::fused_experts(
                 rt,
                 &x,

@@ -93,6 +93,55 @@ impl CausalLm {
         }
     }
 
+    /// FlashInfer's CUTLASS MoE takes each layer's `w13` with its halves swapped: the
+    /// `process_weights_after_loading` pass that makes the swapped copies, layer by layer in
+    /// module order (`moe::swap_w13_to_w31`).
+    pub fn swap_w13_for_flashinfer(&mut self, rt: &crate::engine::runtime::Runtime) -> Result<()> {
+        use crate::model::layers::moe::swap_w13_to_w31;
+        rt.set_op("process_weights_after_loading");
+        let first = |n: usize| n as u32;
+        match self {
+            CausalLm::Llama(m) => {
+                let base = m.first_layer;
+                for (l, layer) in m.layers.iter_mut().enumerate() {
+                    if let crate::model::layers::decoder::Mlp::Moe(b) = &mut layer.mlp {
+                        rt.set_layer(Some(first(base + l)));
+                        swap_w13_to_w31(rt, &mut b.w13)?;
+                    }
+                }
+            }
+            CausalLm::Deepseek(m) => {
+                for (l, layer) in m.layers.iter_mut().enumerate() {
+                    if let crate::model::models::deepseek_v2::DeepseekMlp::Moe(b) = &mut layer.mlp {
+                        rt.set_layer(Some(first(l)));
+                        swap_w13_to_w31(rt, &mut b.w13)?;
+                    }
+                }
+            }
+            CausalLm::Llama4(m) => {
+                for (l, layer) in m.layers.iter_mut().enumerate() {
+                    if let crate::model::models::llama4::Llama4FeedForward::Moe(b) =
+                        &mut layer.feed_forward
+                    {
+                        rt.set_layer(Some(first(l)));
+                        swap_w13_to_w31(rt, &mut b.w13)?;
+                    }
+                }
+            }
+            CausalLm::Qwen3Next(m) => {
+                for (l, layer) in m.layers.iter_mut().enumerate() {
+                    if let crate::model::models::qwen3_next::NextMlp::Moe(b) = &mut layer.mlp {
+                        rt.set_layer(Some(first(l)));
+                        swap_w13_to_w31(rt, &mut b.w13)?;
+                    }
+                }
+            }
+            CausalLm::GptOss(_) | CausalLm::Opt(_) | CausalLm::Phi(_) => {}
+        }
+        rt.set_layer(None);
+        Ok(())
+    }
+
     /// Runs the mixture-of-experts layers with the release's fused MoE.
     pub fn set_moe_kernel(&mut self, kernel: crate::engine::ops_moe_v1::MoeKernel) {
         match self {
