@@ -267,10 +267,9 @@ fn qwen2_moe_with_data_parallel_runs_its_shared_expert_on_the_replicas_tokens_fr
 
 /// What vLLM runs differently is refused in one line naming it: the sequence-parallel MoE
 /// (Qwen3-MoE with expert parallel over TP 2 and DP 2; `use_sequence_parallel_moe`, 0.19.0
-/// config/parallel.py L530-543) in every V1 release; FlashInfer's CUTLASS experts with
-/// expert parallel alone on Hopper under 0.21 (with DP 2 the oracle moves them behind Triton,
-/// which runs); DeepSeek's block with data parallel from 0.21; Qwen2-MoE's shared expert with
-/// data parallel.
+/// config/parallel.py L530-543) in every V1 release. FlashInfer's CUTLASS experts with
+/// expert parallel alone on Hopper under 0.21 (with DP 2 the oracle moves them behind Triton)
+/// and DeepSeek's block with data parallel from 0.21 answer.
 #[test]
 fn what_expert_and_data_parallel_do_not_model_is_named_in_one_line() {
     let one_line = |e: &str| assert_eq!(e.lines().count(), 1, "{e}");
@@ -296,32 +295,23 @@ fn what_expert_and_data_parallel_do_not_model_is_named_in_one_line() {
         (2, 2, true)
     ))
     .is_ok());
-    let e = run(&request(
-        "preset:mixtral-8x7b",
-        "sim:h100-sxm:dry",
-        "0.21",
-        (2, 1, true),
-    ))
-    .unwrap_err();
-    assert!(e.contains("FlashInfer"), "{e}");
-    one_line(&e);
+    // FlashInfer's CUTLASS experts with expert parallel alone on Hopper under 0.21 (modelled:
+    // docs/reading/vllm-flashinfer-cutlass-moe.md), Triton with DP 2.
+    for (tp, dp) in [(2, 1), (1, 2)] {
+        assert!(run(&request(
+            "preset:mixtral-8x7b",
+            "sim:h100-sxm:dry",
+            "0.21",
+            (tp, dp, true)
+        ))
+        .is_ok());
+    }
+    // DeepSeek's block with data parallel from 0.21 (tests/moe_v1_oracle.rs).
     assert!(run(&request(
-        "preset:mixtral-8x7b",
-        "sim:h100-sxm:dry",
-        "0.21",
-        (1, 2, true)
-    ))
-    .is_ok());
-    let e = run(&request(
         "preset:deepseek-v2-lite",
         "sim:a100-80gb:dry",
         "0.24",
         (1, 2, false),
     ))
-    .unwrap_err();
-    assert!(
-        e.contains("data parallel") && e.contains("deepseek_v2"),
-        "{e}"
-    );
-    one_line(&e);
+    .is_ok());
 }
