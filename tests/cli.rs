@@ -2960,8 +2960,8 @@ fn plan_sees_gpt_oss_20b_run_out_warming_up_its_sampler_at_0_95_on_an_h100() {
     assert!(ok.contains(" of the device left"), "{ok}");
 }
 
-/// Llama 4 Scout (text) plans under the V1 releases whose fused MoE is modelled, and a V0
-/// release or 0.21 is refused by name, never with another family's message.
+/// Llama 4 Scout plans under the V1 releases whose fused MoE is modelled, and a V0 release is
+/// refused by name, never with another family's message.
 #[test]
 fn plan_answers_llama_4_scout_under_v1_and_names_what_it_refuses() {
     let line = "plan --vllm 0.19 --device sim:h200 --tp 4 --max-model-len 131072 -- vllm serve meta-llama/Llama-4-Scout-17B-16E-Instruct";
@@ -2992,14 +2992,23 @@ fn plan_answers_llama_4_scout_under_v1_and_names_what_it_refuses() {
         text.contains("encoder (vision tower + projector): weights "),
         "{err}{text}"
     );
-    for (vllm, why) in [
-        ("0.8", "modelled under the V1 releases only"),
-        ("0.21", "the whole model under --vllm 0.11, 0.15 and 0.19"),
-    ] {
-        let (code, _, err) = run(&line.replace("0.19", vllm));
-        assert_eq!(code, Some(2), "{err}");
-        assert!(err.contains("'llama4'") && err.contains(why), "{err}");
-        assert!(!err.contains("qwen3.py"), "{err}");
-        assert_eq!(err.lines().count(), 1, "{err}");
+    let (code, _, err) = run(&line.replace("0.19", "0.8"));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("'llama4'") && err.contains("modelled under the V1 releases only"),
+        "{err}"
+    );
+    assert!(!err.contains("qwen3.py"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    // The tower and its profile are 0.19's through 0.33 (docs/reading/vllm-mm-towers-v021.md
+    // §2): V1's runner to 0.28 (FlashInfer's CUTLASS experts on Hopper under 0.21), Model
+    // Runner V2 from 0.29.
+    for vllm in ["0.21", "0.28", "0.29", "0.33"] {
+        let (code, text, err) = run(&line.replace("0.19", vllm));
+        assert_eq!(code, Some(0), "{vllm}: {err}");
+        assert!(
+            text.contains("encoder (vision tower + projector): weights "),
+            "{vllm}: {text}"
+        );
     }
 }

@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use vramscope::device::DeviceSpec;
+use vramscope::memory::EventKind;
 use vramscope::model::ModelSource;
 use vramscope::profile::{self, ProfileRequest, Report};
 use vramscope::quant::Quant;
@@ -1339,4 +1340,83 @@ fn plan_names_the_encoders_share_for_kimi_vl() {
     let t = run(&req);
     assert_eq!(t.encoder.as_ref().unwrap().weights_bytes, 0);
     assert!(!t.events.iter().any(|e| e.tensor == "pixel_values"));
+}
+
+/// Gemma 3 on Model Runner V2 (dense: V2 by default from 0.25; docs/reading/vllm-mm-towers-v021.md
+/// §0.4): 0.25 and 0.26's `profile_run` encodes nothing (gpu/model_runner.py 0.25.1 L648-663:
+/// the dummy text pass and the sampler only), the tower still loaded; from 0.27.1
+/// `profile_encoder_cache` encodes as V1 does but frees the device batch before the text pass
+/// (0.27.1 L702-717), where 0.24's V1 runner holds it to the end of `profile_run`.
+#[test]
+fn gemma3_on_model_runner_v2_encodes_as_each_release_does() {
+    let at = |vllm: &str| {
+        let mut req = request("preset:gemma-3-4b-it", "sim:h100-sxm:dry", vllm);
+        req.tokens = 2048;
+        req.seqs = 64;
+        run(&req)
+    };
+    let pixels = |r: &Report| {
+        r.events
+            .iter()
+            .filter(|e| e.pass == 1 && e.tensor == "pixel_values")
+            .filter(|e| matches!(e.kind, EventKind::Alloc | EventKind::Free))
+            .map(|e| (e.kind == EventKind::Alloc, e.seq))
+            .collect::<Vec<_>>()
+    };
+    // The first text layer's first allocation in the profile pass.
+    let text_start = |r: &Report| {
+        r.events
+            .iter()
+            .find(|e| e.pass == 1 && e.kind == EventKind::Alloc && e.tensor.starts_with("layers."))
+            .map(|e| e.seq)
+            .unwrap()
+    };
+    for vllm in ["0.25", "0.26"] {
+        let r = at(vllm);
+        assert!(pixels(&r).is_empty(), "{vllm}");
+        let e = r.encoder.as_ref().unwrap();
+        assert!(e.plan.is_none() && e.weights_bytes > 0, "{vllm}");
+    }
+    let held = at("0.24");
+    let p = pixels(&held);
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert!(p[0].0 && !p[1].0 && p[1].1 > text_start(&held), "{p:?}");
+    for vllm in ["0.27", "0.29", "0.33"] {
+        let r = at(vllm);
+        let p = pixels(&r);
+        assert_eq!(p.len(), 2, "{vllm}: {p:?}");
+        assert!(
+            p[0].0 && !p[1].0 && p[1].1 < text_start(&r),
+            "{vllm}: {p:?}"
+        );
+        assert_eq!(r.encoder.as_ref().unwrap().plan.as_ref().unwrap().items, 8);
+    }
+}
+
+/// Llama 4's tower under 0.21-0.33 is 0.19's (docs/reading/vllm-mm-towers-v021.md §2); from
+/// 0.29 its `patches_per_image` and `aspect_ratios` stay on the host (mllama4.py 0.29.0
+/// L655-656) and the pixel values die before the text pass (Model Runner V2).
+#[test]
+fn llama4_vision_runs_from_0_21_with_its_fields_on_the_host_from_0_29() {
+    for (vllm, on_device) in [
+        ("0.21", true),
+        ("0.28", true),
+        ("0.29", false),
+        ("0.33", false),
+    ] {
+        let mut req = request("preset:llama-4-scout", "sim:h200:dry", vllm);
+        req.tp = 4;
+        req.max_model_len = 131_072;
+        let r = run(&req);
+        let names: Vec<&str> = r
+            .events
+            .iter()
+            .filter(|e| e.pass == 1 && e.kind == EventKind::Alloc)
+            .map(|e| e.tensor.as_str())
+            .collect();
+        assert!(names.contains(&"pixel_values"), "{vllm}");
+        assert_eq!(names.contains(&"patches_per_image"), on_device, "{vllm}");
+        assert_eq!(names.contains(&"aspect_ratios"), on_device, "{vllm}");
+        assert!(r.encoder.as_ref().unwrap().weights_bytes > 0, "{vllm}");
+    }
 }

@@ -57,6 +57,11 @@ struct Encoder {
     /// The text pass reads the runner's `inputs_embeds` buffer even with no encoder
     /// profile (0.10.0, `MmProfile::text_only_at_zero` false).
     embeds_without_plan: bool,
+    /// The dummy batch dies once the tower has run, before the text pass (Model Runner V2's
+    /// `profile_encoder_cache`, 0.27.1 on); V1 holds it to the end of `profile_run`.
+    frees_inputs: bool,
+    /// The batch's small integer fields stay on the host (Llama 4 from 0.29).
+    host_fields: bool,
     /// Encodes in the profile passes only (the verify passes serve text).
     armed: std::cell::Cell<bool>,
     /// The encoder phase's framework peak and what it left allocated, absolute bytes.
@@ -105,7 +110,12 @@ impl Tower {
     /// The runner's batched dummy inputs (the pixel values first), then the tower and the
     /// projector on all of them in one call. The outputs: one tensor of every item's rows
     /// (Gemma 3, Mistral 3), or one a item (LLaVA-NeXT's merged images).
-    fn dummy_and_encode(&self, rt: &Runtime, items: usize) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
+    fn dummy_and_encode(
+        &self,
+        rt: &Runtime,
+        items: usize,
+        host_fields: bool,
+    ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         match self {
             Tower::Siglip(v) => {
                 let (px, crops) =
@@ -119,8 +129,13 @@ impl Tower {
                 Ok((vec![px], vec![out]))
             }
             Tower::Llama4(v) => {
-                let inputs =
-                    crate::model::models::llama4_vision::dummy_pixels(rt, &v.shape, items, v.act)?;
+                let inputs = crate::model::models::llama4_vision::dummy_pixels(
+                    rt,
+                    &v.shape,
+                    items,
+                    v.act,
+                    host_fields,
+                )?;
                 let out = v.encode(rt, &inputs[0], items * v.shape.dummy_tiles())?;
                 Ok((inputs, vec![out]))
             }
@@ -163,7 +178,7 @@ impl Encoder {
         rt.set_layer(None);
         rt.marker("mm encoder");
         let items = p.items as usize;
-        let (inputs, mut outs) = v.dummy_and_encode(rt, items)?;
+        let (mut inputs, mut outs) = v.dummy_and_encode(rt, items, self.host_fields)?;
         let per = p.embeds_per_item as usize;
         let hidden = outs[0].cols();
         let mut cache = Vec::with_capacity(items);
@@ -192,6 +207,13 @@ impl Encoder {
             drop(outs);
         } else {
             cache.append(&mut outs);
+        }
+        if self.frees_inputs {
+            // The batch's tensors, in the order the dict holds them.
+            rt.set_op("mm_dummy_batch");
+            for t in inputs.drain(..) {
+                drop(t);
+            }
         }
         // What the encoder leaves under the text pass: its pixel values, `num_crops` and the
         // cached outputs, as the allocator rounds them. Not the allocator's growth: the
@@ -1332,7 +1354,17 @@ pub(crate) fn run_rank(
     // Model Runner V2 where the release runs this model on it by default.
     let v2 = match (&opened, req.release()?.engine) {
         (Some(o), super::vllm::Engine::V1 { .. }) => req.release()?.runs_v2(
-            &o.config.arch,
+            // A multimodal checkpoint's architecture is its `…ForConditionalGeneration`,
+            // never in the releases' V2 lists of language models (0.23-0.24 list
+            // `MistralForCausalLM`, not `Mistral3ForConditionalGeneration`).
+            match &o.config {
+                c if c.mistral3.is_some() => "mistral3",
+                c if c.gemma3_mm.is_some() => "gemma3",
+                c if c.qwen2_5_vl.is_some() => "qwen2_5_vl",
+                c if c.llava_next.is_some() => "llava_next",
+                c if c.kimi_vl.is_some() => "kimi_vl",
+                c => &c.arch,
+            },
             !req.quant.unquantized()
                 || o.source.packed4().is_some()
                 || o.source.nvfp4().is_some()
@@ -1760,10 +1792,11 @@ pub(crate) fn run_rank(
                             release.name
                         )));
                     }
-                    // Llama 4's tower is read at 0.19 (mllama4.py, llama4_vision_rope.py).
-                    if kind == "llama4" && release.name != "0.19" {
+                    // Llama 4's tower is read at 0.19 (mllama4.py, llama4_vision_rope.py), the
+                    // same through 0.33 (docs/reading/vllm-mm-towers-v021.md §2).
+                    if kind == "llama4" && release.minor().is_none_or(|m| m < 19) {
                         return Err(Error::Request(format!(
-                            "model_type 'llama4' (multimodal): vLLM {}'s Llama 4 vision tower is not modelled; its 0.19 reading is (--vllm 0.19)",
+                            "model_type 'llama4' (multimodal): vLLM {}'s Llama 4 vision tower is not modelled; it is from --vllm 0.19 to 0.33",
                             release.name
                         )));
                     }
@@ -1790,6 +1823,14 @@ pub(crate) fn run_rank(
                         p
                     });
                     let skipped = plan.is_none() && profile.tower_skipped_at_zero;
+                    // Model Runner V2 (docs/reading/vllm-mm-towers-v021.md §0.4): 0.22-0.26's
+                    // `profile_run` encodes nothing (the text pass still reads the runner's
+                    // `inputs_embeds`); from 0.27.1 `profile_encoder_cache` encodes as V1 does
+                    // but its device batch dies as `execute_mm_encoder` returns, before the
+                    // text pass.
+                    let minor = release.minor().unwrap_or(0);
+                    let v2_encodes_nothing = v2 && minor < 27 && plan.is_some();
+                    let plan = plan.filter(|_| !v2_encodes_nothing);
                     // Pixtral's attention: xFormers where the wheel brings it (0.10, 0.11) and
                     // the GPU is not a Blackwell, else SDPA with the dense block mask
                     // (pixtral.py 0.11 L57-66, 0.19 L87-98).
@@ -1870,7 +1911,11 @@ pub(crate) fn run_rank(
                         plan,
                         pads_to_budget: profile.pads_to_budget,
                         attention,
-                        embeds_without_plan: !profile.text_only_at_zero,
+                        embeds_without_plan: !profile.text_only_at_zero || v2_encodes_nothing,
+                        frees_inputs: v2 && minor >= 27,
+                        // Llama 4's `patches_per_image` and `aspect_ratios` stay on the host
+                        // from 0.29 (`keep_on_cpu=True`, mllama4.py 0.29.0 L655-656).
+                        host_fields: minor >= 29,
                         armed: std::cell::Cell::new(false),
                         stats: std::cell::Cell::new(None),
                     }))

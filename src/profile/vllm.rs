@@ -1410,15 +1410,9 @@ impl Release {
                 // Llama 4's block under 0.21's runner: the shared expert inside the op before
                 // the routing, the sum and the all-reduce after it, the same tensors as 0.19's
                 // (docs/reading/vllm-llama4-v1.md); the backend per GPU from `moe_kernel_on`.
-                FusedMoe::Oracle { .. } if arch == "llama4_text" => Ok(()),
-                FusedMoe::Oracle { .. } => Err(Error::Request(format!(
-                    "--vllm {}: model_type '{arch}' (Llama 4 with its vision tower) is not \
-                     modelled under this release: the encoder's profile from 0.21 \
-                     (mm_encoder_attention.py) is not read; its language model alone \
-                     (model_type llama4_text) is, and the whole model under --vllm 0.11, 0.15 \
-                     and 0.19",
-                    self.name
-                ))),
+                // Its vision tower and encoder profile are 0.19's through 0.33
+                // (docs/reading/vllm-mm-towers-v021.md §2).
+                FusedMoe::Oracle { .. } => Ok(()),
             };
         }
         if arch == "qwen3_next" {

@@ -486,12 +486,14 @@ impl Llama4Vision {
 /// The runner's dummy batch on the device: `pixel_values [images · tiles, C, S, S]` (every
 /// image's tiles flattened, `MultiModalFieldConfig.flat_from_sizes`, mllama4.py 0.19
 /// L640-652) in the model dtype, then `patches_per_image` (int64 `[images]`) and
-/// `aspect_ratios` (int64 `[images, 2]`).
+/// `aspect_ratios` (int64 `[images, 2]`), which stay on the host from 0.29 (`host_fields`:
+/// `keep_on_cpu=True`, mllama4.py 0.29.0 L655-656).
 pub fn dummy_pixels(
     rt: &Runtime,
     shape: &VisionTower,
     images: usize,
     act: DType,
+    host_fields: bool,
 ) -> Result<Vec<Tensor>> {
     rt.set_op("mm_dummy_batch");
     let px = rt.tensor(
@@ -505,6 +507,9 @@ pub fn dummy_pixels(
         ],
         act,
     )?;
+    if host_fields {
+        return Ok(vec![px]);
+    }
     let per = rt.tensor(
         "patches_per_image",
         Category::Activation,
