@@ -561,20 +561,24 @@ fn fp8_experts_refusals_name_what_is_missing() {
         "{e}"
     );
     // 0.15.1's fp8 oracle takes FlashInfer's CUTLASS experts on Hopper (flashinfer-python is a
-    // dependency of that wheel); from 0.19 it does with expert parallel.
+    // dependency of that wheel); from 0.19 it does with expert parallel: modelled from 0.21
+    // with one data-parallel replica (tests below), refused under 0.19's runner and with data
+    // parallel.
     let e = refused(dir.path(), "0.15", "sim:h100-80gb:dry", &[]);
     assert!(
         e.contains("FlashInfer's CUTLASS MoE") && e.contains("0.15.1"),
         "{e}"
     );
-    for v in ["0.19", "0.22", "0.33"] {
-        let e = refused(
-            dir.path(),
-            v,
-            "sim:h100-80gb:dry",
-            &["--tp", "2", "--enable-expert-parallel"],
+    for (v, extra) in [
+        ("0.19", ["--tp", "2", "--enable-expert-parallel"]),
+        ("0.22", ["--dp", "2", "--enable-expert-parallel"]),
+        ("0.33", ["--dp", "2", "--enable-expert-parallel"]),
+    ] {
+        let e = refused(dir.path(), v, "sim:h100-80gb:dry", &extra);
+        assert!(
+            e.contains("expert parallel over 2 ranks") && e.contains("from --vllm 0.21"),
+            "{v}: {e}"
         );
-        assert!(e.contains("expert parallel over 2 ranks"), "{v}: {e}");
     }
     // From 0.29 vLLM re-blocks experts whose rank width is not a multiple of 128.
     for v in ["0.29", "0.33"] {
@@ -934,5 +938,126 @@ fn published_fp8_checkpoints_plan_from_their_built_in_config() {
             );
             assert_eq!(kv, plan(dir.to_str().unwrap(), v, tp).0, "{hub} {v}");
         }
+    }
+}
+
+/// DeepSeek-R1 over 8 H200s with `--enable-expert-parallel` (one replica) from 0.21: the fp8
+/// oracle's FlashInfer CUTLASS MoE (docs/reading/vllm-flashinfer-cutlass-moe.md §9). By hand,
+/// 32 whole experts a rank (I 2048, H 7168, k 8) at 8192 tokens:
+/// - load: each MoE layer's `w13` codes flipped into a new `[32, 4096, 7168]` e4m3
+///   (939,524,096 B) and its grid into a new `[32, 32, 56]` f32 (229,376 B), then the old
+///   two freed;
+/// - the manager's buffer r256(2·M·H) = 117,440,512 B; per layer `experts_to_token_score
+///   [32, 8192]` f32 (1,048,576 B) and the C++ workspace (no TMA path for bf16 × fp8):
+///   2·r128(4R) + 2·r128(4·32·16) + r128(4·32·8192) + r128(8·33) + 2·r128(8·32) +
+///   r128(2R·7168) + r128(4R·2048) + max(ws(7168), ws(2048)) = 1,962,637,184, with
+///   ws(K) = R·K + 66,528·⌈K/128⌉·4, R = 65,536, plus r128(4R): 1,962,899,328 B, a segment
+///   of 1,962,934,272 B (936 × 2 MiB, the 34,944 B left not split off); no input
+///   quantization, no alignment buffers.
+#[test]
+fn deepseek_r1_with_expert_parallel_runs_flashinfers_cutlass_moe_from_0_21() {
+    let r = 65_536u64;
+    let ws = |k: u64| r * k + 66_528 * k.div_ceil(128) * 4;
+    let moe_ws = 2 * 262_144
+        + 2 * 2_048
+        + 1_048_576
+        + 384
+        + 2 * 256
+        + 2 * r * 7168
+        + 4 * r * 2048
+        + ws(7168).max(ws(2048));
+    assert_eq!(moe_ws + 262_144, 1_962_899_328);
+    for vllm in ["0.21", "0.28", "0.33"] {
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("t.csv");
+        let out = vramscope(&[
+            "plan",
+            "-q",
+            "--csv",
+            csv.to_str().unwrap(),
+            "--vllm",
+            vllm,
+            "--device",
+            "sim:h200:dry",
+            "--",
+            "vllm",
+            "serve",
+            "deepseek-ai/DeepSeek-R1",
+            "-tp",
+            "8",
+            "--enable-expert-parallel",
+        ]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{vllm}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rows: Vec<Vec<String>> = std::fs::read_to_string(&csv)
+            .unwrap()
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').map(String::from).collect())
+            .filter(|f: &Vec<String>| f.last().is_some_and(|r| r == "0"))
+            .collect();
+        // (pass, kind, op, tensor, bytes)
+        let ev = |f: &Vec<String>| {
+            (
+                f[2].clone(),
+                f[3].clone(),
+                f[4].clone(),
+                f[6].clone(),
+                f[8].parse::<u64>().unwrap_or(0),
+            )
+        };
+        let flips: Vec<(String, u64)> = rows
+            .iter()
+            .map(ev)
+            .filter(|e| e.0 == "0" && e.2 == "process_weights_after_loading")
+            .filter(|e| e.1 == "alloc" || e.1 == "free")
+            .filter(|e| e.3.contains("layers.3."))
+            .map(|e| (e.1, e.4))
+            .collect();
+        let s = |k: &str, b: u64| (k.to_string(), b);
+        assert_eq!(
+            flips,
+            [
+                s("alloc", 939_524_096),
+                s("alloc", 229_376),
+                s("free", 939_524_096),
+                s("free", 229_376)
+            ],
+            "{vllm}"
+        );
+        let layer5: Vec<(String, String, u64)> = rows
+            .iter()
+            .map(ev)
+            .filter(|e| e.0 == "1" && (e.1 == "alloc" || e.1 == "free"))
+            .filter(|e| e.3.starts_with("layers.5.moe."))
+            .map(|e| {
+                (
+                    e.1,
+                    e.3.trim_start_matches("layers.5.moe.").to_string(),
+                    e.4,
+                )
+            })
+            .collect();
+        let has = |k: &str, n: &str, b: u64| layer5.contains(&(k.to_string(), n.to_string(), b));
+        assert!(
+            has("alloc", "flashinfer_workspace", 1_962_934_272),
+            "{vllm}: {layer5:?}"
+        );
+        assert!(has("alloc", "experts_to_token_score", 1_048_576), "{vllm}");
+        assert!(
+            !layer5.iter().any(|e| e.1 == "a1q" || e.1 == "sorted_ids"),
+            "{vllm}"
+        );
+        let manager: Vec<u64> = rows
+            .iter()
+            .map(ev)
+            .filter(|e| e.1 == "alloc" && e.3 == "moe.workspace")
+            .map(|e| e.4)
+            .collect();
+        assert_eq!(manager.first(), Some(&117_440_512), "{vllm}");
     }
 }

@@ -582,9 +582,9 @@ fn flashinfer_cutlass_into(
     workspace: &RefCell<Option<Tensor>>,
     name: &str,
 ) -> Result<()> {
-    if ex.fp8_block.is_some() || ex.fp8_tensor.is_some() {
+    if ex.fp8_tensor.is_some() || (ex.fp8_block.is_some() && rt.backend() != Backend::Dry) {
         return Err(Error::Request(format!(
-            "{name}: FlashInfer's CUTLASS MoE is modelled for 16-bit experts only"
+            "{name}: FlashInfer's CUTLASS MoE is modelled for 16-bit experts, and dry for block-wise fp8 ones"
         )));
     }
     if rt.backend() == Backend::Cuda {
@@ -624,6 +624,7 @@ fn flashinfer_cutlass_into(
             experts: e as u64,
             top_k: k as u64,
             act_bytes: b,
+            fp8_block: ex.fp8_block.is_some(),
         },
         sms,
     );
@@ -639,7 +640,8 @@ fn flashinfer_cutlass_into(
 }
 
 /// The shapes FlashInfer's CUTLASS MoE sizes its workspace by: `tokens` M, `hidden` H, this
-/// rank's expert `width` I, its `experts` E, `top_k` k, and the activation's bytes.
+/// rank's expert `width` I, its `experts` E, `top_k` k, the activation's bytes, and whether
+/// the experts are block-wise fp8 (16-bit activations: the input is quantized inside).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashInferShape {
     pub tokens: u64,
@@ -648,6 +650,7 @@ pub struct FlashInferShape {
     pub experts: u64,
     pub top_k: u64,
     pub act_bytes: u64,
+    pub fp8_block: bool,
 }
 
 /// The bytes of the int8 workspace `getWorkspaceInfo` allocates
@@ -673,14 +676,31 @@ pub fn flashinfer_cutlass_workspace_bytes(s: FlashInferShape, sms: u64) -> u64 {
         .find(|&t| m.div_ceil(t) * e <= t)
         .unwrap_or(1024);
     let blocks = m.div_ceil(tpb);
-    let tma = r128(24 * e) + 15 * r128(8 * e) + 2 * r128(20 * e) + r128(12 * e) + r128(16 * e);
-    let moe_ws = 3 * r128(4 * rows)
+    let common = 2 * r128(4 * rows)
         + 2 * r128(4 * e * blocks)
         + r128(4 * e * m)
         + r128(8 * (e + 1))
+        + 2 * r128(8 * e);
+    if s.fp8_block {
+        // 16-bit activations over e4m3 weights with DeepSeek's 128-block scales
+        // (`CutlassMoeFCRunner<bf16, fp8>`, §9): no TMA warp-specialized path, so no final
+        // scales, TMA inputs or grouped-GEMM workspace; the inputs region `b·R·max(H, I)`,
+        // the outputs `2·b·R·I`, and the block-scale GEMM's `max(ws(H), ws(I))`,
+        // `ws(K) = r4(R)·K + P·⌈K/128⌉·4`, `P = ⌊(R + 31·E)/32⌋·32`
+        // (fp8_blockscale_gemm.cu L216-262, deep_gemm scheduler.cuh L352-359).
+        let padded = (rows + 31 * e) / 32 * 32;
+        let ws = |k: u64| rows.div_ceil(4) * 4 * k + padded * k.div_ceil(128) * 4;
+        let moe_ws =
+            common + r128(b * rows * h.max(i)) + r128(2 * b * rows * i) + r128(ws(h).max(ws(i)));
+        return r128(moe_ws) + r128(4 * rows);
+    }
+    let tma = r128(24 * e) + 15 * r128(8 * e) + 2 * r128(20 * e) + r128(12 * e) + r128(16 * e);
+    // The final scales (`4R`: SM90's fused finalize), the two overlapped regions, the TMA
+    // inputs and the grouped GEMM's workspace.
+    let moe_ws = common
+        + r128(4 * rows)
         + r128(b * rows * h.max(i))
         + r128(b * rows * (2 * i).max(h))
-        + 2 * r128(8 * e)
         + 2 * tma
         + 512 * sms;
     r128(moe_ws) + r128(4 * rows)
@@ -702,6 +722,7 @@ mod tests {
             experts: 128,
             top_k: 8,
             act_bytes: 2,
+            fp8_block: false,
         };
         assert_eq!(flashinfer_cutlass_workspace_bytes(s, 132), 542_247_040);
         assert_eq!(flashinfer_cutlass_workspace_bytes(s, 114), 542_237_824);
@@ -718,6 +739,7 @@ mod tests {
             experts: 8,
             top_k: 2,
             act_bytes: 2,
+            fp8_block: false,
         };
         let by_hand = 3 * 32_768
             + 2 * 512
@@ -730,5 +752,18 @@ mod tests {
             + 512 * 132
             + 32_768;
         assert_eq!(flashinfer_cutlass_workspace_bytes(mixtral, 132), by_hand);
+        // Block-wise fp8, §9's example: DeepSeek-V3 over 8 expert-parallel ranks (32 experts
+        // a rank, I 2048, H 7168, k 8) at 8192 tokens; no SM term.
+        let v3 = FlashInferShape {
+            tokens: 8192,
+            hidden: 7168,
+            width: 2048,
+            experts: 32,
+            top_k: 8,
+            act_bytes: 2,
+            fp8_block: true,
+        };
+        assert_eq!(flashinfer_cutlass_workspace_bytes(v3, 132), 1_962_899_328);
+        assert_eq!(flashinfer_cutlass_workspace_bytes(v3, 114), 1_962_899_328);
     }
 }

@@ -1045,13 +1045,17 @@ fn check_fp8_block_model(
         if release.name == "0.15" {
             return refuse("the release runs FlashInfer's CUTLASS MoE for them (0.15.1 oracle/fp8.py L145-156 lists FLASHINFER_CUTLASS before TRITON and L308-330 takes the first supported; flashinfer_cutlass_moe.py L128-132 supports block fp8 on compute capability 9.0; flashinfer-python 0.6.1 is a dependency of the wheel), whose workspace FlashInfer's C++ op sizes and is not modelled; use --vllm 0.11, 0.19 or later".into());
         }
-        if ep && release.minor().is_some_and(|m| m >= 19) {
-            return refuse(format!("with expert parallel over {} ranks the fp8 oracle moves FlashInfer's CUTLASS MoE to the front (oracle/fp8.py 0.19.0 L92-93, 0.21.0 L97-98), whose workspace FlashInfer's C++ op sizes and is not modelled; without --enable-expert-parallel Triton runs them and is", req.tp.max(1) * req.dp.max(1)));
+        // With expert parallel the fp8 oracle moves FlashInfer's CUTLASS MoE to the front
+        // (oracle/fp8.py 0.19.0 L92-93, 0.21.0 L97-98): modelled under 0.21's runner with one
+        // data-parallel replica (docs/reading/vllm-flashinfer-cutlass-moe.md §9).
+        if ep && (release.name == "0.19" || req.dp.max(1) > 1) {
+            return refuse(format!("with expert parallel over {} ranks the fp8 oracle moves FlashInfer's CUTLASS MoE to the front (oracle/fp8.py 0.19.0 L92-93, 0.21.0 L97-98); it is modelled from --vllm 0.21 with one data-parallel replica, not under 0.19's runner nor with data parallel's prepare and finalize; without --enable-expert-parallel Triton runs them and is", req.tp.max(1) * req.dp.max(1)));
         }
         // 0.29.0 on: `refine_fp8_moe_block_shape` (oracle/fp8.py L272-304, fp8.py L484-515)
         // re-blocks the experts when a rank's width is not a multiple of 128 and upsamples
         // their scales at load.
-        let tp = req.tp.max(1) as usize;
+        // Expert parallel keeps whole experts.
+        let tp = if ep { 1 } else { req.tp.max(1) as usize };
         if release.minor().is_some_and(|m| m >= 29)
             && !(moe.expert_intermediate_size / tp).is_multiple_of(128)
         {
@@ -1517,6 +1521,22 @@ pub(crate) fn run_rank(
                 || (req.quant == Quant::Fp8 && o.source.stored_fp8().is_none()),
         )?,
         None => None,
+    };
+    // Block-wise fp8 experts with expert parallel on Hopper: the fp8 oracle's FlashInfer
+    // CUTLASS MoE (`check_fp8_block_model` has refused the rest).
+    let moe_kernel = match (moe_kernel, &opened, moe_group) {
+        (Some(crate::engine::ops_moe_v1::MoeKernel::Modular(mut k)), Some(o), Some(g))
+            if g.ep
+                && g.dp <= 1
+                && device_major == 9
+                && o.source.stored_fp8().is_some_and(|f| f.block.is_some()) =>
+        {
+            if let Some(r) = k.v0_21.as_mut() {
+                r.flashinfer_cutlass = true;
+            }
+            Some(crate::engine::ops_moe_v1::MoeKernel::Modular(k))
+        }
+        (k, _, _) => k,
     };
     let group_comms = rank.as_ref().map(|r| r.comms.clone()).unwrap_or_default();
     let tp_rank = rank

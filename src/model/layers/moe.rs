@@ -602,17 +602,39 @@ pub(crate) fn load_moe_block(
 /// layer's parameter is rebound to it, and the old `w13` dies as `_setup_kernel` returns. On
 /// the host the copy keeps the gate-then-up order vramscope's experts read (the sum is the
 /// same).
-pub fn swap_w13_to_w31(rt: &Runtime, w13: &mut Tensor) -> Result<()> {
+///
+/// Block-wise fp8 experts (`prepare_fp8_moe_layer_for_fi`, 0.21.0
+/// quantization/utils/flashinfer_utils.py; §9) swap their `w13_weight_scale_inv` grid too:
+/// the new codes, the new grid, then the old codes and the old grid die as
+/// `process_weights_after_loading` returns.
+pub fn swap_w13_to_w31(
+    rt: &Runtime,
+    w13: &mut Tensor,
+    fp8_scales: Option<&mut [Tensor; 2]>,
+) -> Result<()> {
     rt.check_cancel()?;
-    let mut swapped = rt.tensor_for_overwrite(
-        w13.name.clone(),
-        crate::memory::Category::Weight,
-        &w13.shape,
-        w13.dtype,
-    )?;
-    if rt.backend() == crate::device::Backend::Cpu {
-        swapped.f32_mut().copy_from_slice(w13.f32());
-    }
-    drop(std::mem::replace(w13, swapped));
+    let copy = |t: &Tensor| -> Result<Tensor> {
+        let mut swapped = rt.tensor_for_overwrite(
+            t.name.clone(),
+            crate::memory::Category::Weight,
+            &t.shape,
+            t.dtype,
+        )?;
+        if rt.backend() == crate::device::Backend::Cpu {
+            swapped.f32_mut().copy_from_slice(t.f32());
+        }
+        Ok(swapped)
+    };
+    let swapped = copy(w13)?;
+    let old = std::mem::replace(w13, swapped);
+    let old_scale = match fp8_scales {
+        Some([s13, _]) => {
+            let swapped = copy(s13)?;
+            Some(std::mem::replace(s13, swapped))
+        }
+        None => None,
+    };
+    drop(old);
+    drop(old_scale);
     Ok(())
 }

@@ -106,7 +106,7 @@ impl CausalLm {
                 for (l, layer) in m.layers.iter_mut().enumerate() {
                     if let crate::model::layers::decoder::Mlp::Moe(b) = &mut layer.mlp {
                         rt.set_layer(Some(first(base + l)));
-                        swap_w13_to_w31(rt, &mut b.w13)?;
+                        swap_w13_to_w31(rt, &mut b.w13, b.fp8_scales.as_mut())?;
                     }
                 }
             }
@@ -114,7 +114,7 @@ impl CausalLm {
                 for (l, layer) in m.layers.iter_mut().enumerate() {
                     if let crate::model::models::deepseek_v2::DeepseekMlp::Moe(b) = &mut layer.mlp {
                         rt.set_layer(Some(first(l)));
-                        swap_w13_to_w31(rt, &mut b.w13)?;
+                        swap_w13_to_w31(rt, &mut b.w13, b.fp8_scales.as_mut())?;
                     }
                 }
             }
@@ -124,7 +124,7 @@ impl CausalLm {
                         &mut layer.feed_forward
                     {
                         rt.set_layer(Some(first(l)));
-                        swap_w13_to_w31(rt, &mut b.w13)?;
+                        swap_w13_to_w31(rt, &mut b.w13, None)?;
                     }
                 }
             }
@@ -132,7 +132,7 @@ impl CausalLm {
                 for (l, layer) in m.layers.iter_mut().enumerate() {
                     if let crate::model::models::qwen3_next::NextMlp::Moe(b) = &mut layer.mlp {
                         rt.set_layer(Some(first(l)));
-                        swap_w13_to_w31(rt, &mut b.w13)?;
+                        swap_w13_to_w31(rt, &mut b.w13, b.fp8_scales.as_mut())?;
                     }
                 }
             }
