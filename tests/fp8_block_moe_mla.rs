@@ -561,23 +561,21 @@ fn fp8_experts_refusals_name_what_is_missing() {
         "{e}"
     );
     // 0.15.1's fp8 oracle takes FlashInfer's CUTLASS experts on Hopper (flashinfer-python is a
-    // dependency of that wheel); from 0.19 it does with expert parallel: modelled from 0.21
-    // with one data-parallel replica (tests below), refused under 0.19's runner and with data
-    // parallel.
+    // dependency of that wheel); from 0.19 it does with expert parallel: modelled under 0.21's
+    // runner (tests below), refused under 0.19's.
     let e = refused(dir.path(), "0.15", "sim:h100-80gb:dry", &[]);
     assert!(
         e.contains("FlashInfer's CUTLASS MoE") && e.contains("0.15.1"),
         "{e}"
     );
-    for (v, extra) in [
-        ("0.19", ["--tp", "2", "--enable-expert-parallel"]),
-        ("0.22", ["--dp", "2", "--enable-expert-parallel"]),
-        ("0.33", ["--dp", "2", "--enable-expert-parallel"]),
+    for extra in [
+        ["--tp", "2", "--enable-expert-parallel"],
+        ["--dp", "2", "--enable-expert-parallel"],
     ] {
-        let e = refused(dir.path(), v, "sim:h100-80gb:dry", &extra);
+        let e = refused(dir.path(), "0.19", "sim:h100-80gb:dry", &extra);
         assert!(
-            e.contains("expert parallel over 2 ranks") && e.contains("from --vllm 0.21"),
-            "{v}: {e}"
+            e.contains("expert parallel over 2 ranks") && e.contains("--vllm 0.21 to 0.33"),
+            "{e}"
         );
     }
     // From 0.29 vLLM re-blocks experts whose rank width is not a multiple of 128.
@@ -1060,4 +1058,85 @@ fn deepseek_r1_with_expert_parallel_runs_flashinfers_cutlass_moe_from_0_21() {
             .collect();
         assert_eq!(manager.first(), Some(&117_440_512), "{vllm}");
     }
+}
+
+/// `vllm serve deepseek-ai/DeepSeek-R1 -dp 8 --enable-expert-parallel` on H200s under 0.21:
+/// the fp8 oracle never reads the data-parallel size, so FlashInfer's CUTLASS experts run
+/// behind the naive dispatch (`MoEPrepareAndFinalizeNaiveDPEPModular`;
+/// docs/reading/vllm-flashinfer-moe-dp.md): the bf16 hidden states `[8·8192, 7168]`, the f32
+/// weights and i32 ids `[65,536, 8]` gathered, then one FlashInfer call over Mg = 65,536
+/// tokens and the rank's 32 experts. By hand (§9 with M = Mg, R = 524,288, tokens per block
+/// 1024, 64 blocks): 2·r128(4R) + 2·r128(4·32·64) + r128(4·32·Mg) + 384 + 512 +
+/// 2R·7168 + 4R·2048 + max(ws(7168), ws(2048)), ws(K) = R·K + 525,280·⌈K/128⌉·4, plus
+/// r128(4R): 15,701,616,512 B while the call runs, the manager grown to r256(2·Mg·H) =
+/// 939,524,096 B.
+#[test]
+fn deepseek_r1_with_data_and_expert_parallel_gathers_before_flashinfer() {
+    let r = 524_288u64;
+    let ws = |k: u64| r * k + 525_280 * k.div_ceil(128) * 4;
+    let total = 2 * 4 * r
+        + 2 * 4 * 32 * 64
+        + 4 * 32 * 65_536
+        + 384
+        + 512
+        + 2 * r * 7168
+        + 4 * r * 2048
+        + ws(7168).max(ws(2048))
+        + 4 * r;
+    assert_eq!(total, 15_701_616_512);
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("t.csv");
+    let out = vramscope(&[
+        "plan",
+        "-q",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--vllm",
+        "0.21",
+        "--device",
+        "sim:h200:dry",
+        "--",
+        "vllm",
+        "serve",
+        "deepseek-ai/DeepSeek-R1",
+        "-dp",
+        "8",
+        "--enable-expert-parallel",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(matches!(out.status.code(), Some(0) | Some(3)), "{err}");
+    // (kind, tensor, bytes) of the first rank's profile pass, layer 5's MoE.
+    let layer5: Vec<(String, String, u64)> = std::fs::read_to_string(&csv)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(String::from).collect::<Vec<_>>())
+        .filter(|f| f.last().is_some_and(|r| r == "0") && f[2] == "1")
+        .filter(|f| (f[3] == "alloc" || f[3] == "free") && f[6].starts_with("layers.5.moe."))
+        .map(|f| {
+            (
+                f[3].clone(),
+                f[6].trim_start_matches("layers.5.moe.").to_string(),
+                f[8].parse().unwrap(),
+            )
+        })
+        .collect();
+    let at = |kind: &str, n: &str| {
+        layer5
+            .iter()
+            .position(|e| e.0 == kind && e.1 == n)
+            .unwrap_or_else(|| panic!("no {kind} {n} in {layer5:?}"))
+    };
+    assert_eq!(
+        layer5[at("alloc", "dispatched_hidden_states")].2,
+        65_536 * 7168 * 2
+    );
+    assert!(at("alloc", "output") < at("alloc", "dispatched_hidden_states"));
+    assert!(at("alloc", "dispatched_topk_ids") < at("alloc", "flashinfer_workspace"));
+    assert!(at("free", "flashinfer_workspace") < at("alloc", "combined"));
+    let ws_block = layer5[at("alloc", "flashinfer_workspace")].2;
+    assert!((total..total + 512).contains(&ws_block), "{ws_block}");
+    assert!(!layer5
+        .iter()
+        .any(|e| e.1 == "sorted_ids" || e.1 == "expert_ids_mapped"));
 }

@@ -1046,10 +1046,11 @@ fn check_fp8_block_model(
             return refuse("the release runs FlashInfer's CUTLASS MoE for them (0.15.1 oracle/fp8.py L145-156 lists FLASHINFER_CUTLASS before TRITON and L308-330 takes the first supported; flashinfer_cutlass_moe.py L128-132 supports block fp8 on compute capability 9.0; flashinfer-python 0.6.1 is a dependency of the wheel), whose workspace FlashInfer's C++ op sizes and is not modelled; use --vllm 0.11, 0.19 or later".into());
         }
         // With expert parallel the fp8 oracle moves FlashInfer's CUTLASS MoE to the front
-        // (oracle/fp8.py 0.19.0 L92-93, 0.21.0 L97-98): modelled under 0.21's runner with one
-        // data-parallel replica (docs/reading/vllm-flashinfer-cutlass-moe.md §9).
-        if ep && (release.name == "0.19" || req.dp.max(1) > 1) {
-            return refuse(format!("with expert parallel over {} ranks the fp8 oracle moves FlashInfer's CUTLASS MoE to the front (oracle/fp8.py 0.19.0 L92-93, 0.21.0 L97-98); it is modelled from --vllm 0.21 with one data-parallel replica, not under 0.19's runner nor with data parallel's prepare and finalize; without --enable-expert-parallel Triton runs them and is", req.tp.max(1) * req.dp.max(1)));
+        // (oracle/fp8.py 0.19.0 L92-93, 0.21.0 L97-98): modelled under 0.21's runner
+        // (docs/reading/vllm-flashinfer-cutlass-moe.md §9), with data parallel behind the
+        // naive dispatch, the gathered tokens in one call (vllm-flashinfer-moe-dp.md).
+        if ep && release.name == "0.19" {
+            return refuse(format!("with expert parallel over {} ranks the fp8 oracle moves FlashInfer's CUTLASS MoE to the front (oracle/fp8.py 0.19.0 L92-93, 0.21.0 L97-98); it is modelled under 0.21's runner (--vllm 0.21 to 0.33), not 0.19's; without --enable-expert-parallel Triton runs them and is", req.tp.max(1) * req.dp.max(1)));
         }
         // 0.29.0 on: `refine_fp8_moe_block_shape` (oracle/fp8.py L272-304, fp8.py L484-515)
         // re-blocks the experts when a rank's width is not a multiple of 128 and upsamples
@@ -1523,11 +1524,11 @@ pub(crate) fn run_rank(
         None => None,
     };
     // Block-wise fp8 experts with expert parallel on Hopper: the fp8 oracle's FlashInfer
-    // CUTLASS MoE (`check_fp8_block_model` has refused the rest).
+    // CUTLASS MoE, with data parallel too (it never reads `dp_size`:
+    // docs/reading/vllm-flashinfer-moe-dp.md; `check_fp8_block_model` has refused 0.19).
     let moe_kernel = match (moe_kernel, &opened, moe_group) {
         (Some(crate::engine::ops_moe_v1::MoeKernel::Modular(mut k)), Some(o), Some(g))
             if g.ep
-                && g.dp <= 1
                 && device_major == 9
                 && o.source.stored_fp8().is_some_and(|f| f.block.is_some()) =>
         {
