@@ -966,38 +966,8 @@ fn deepseek_r1_with_expert_parallel_runs_flashinfers_cutlass_moe_from_0_21() {
         + ws(7168).max(ws(2048));
     assert_eq!(moe_ws + 262_144, 1_962_899_328);
     for vllm in ["0.21", "0.28", "0.33"] {
-        let dir = tempfile::tempdir().unwrap();
-        let csv = dir.path().join("t.csv");
-        let out = vramscope(&[
-            "plan",
-            "-q",
-            "--csv",
-            csv.to_str().unwrap(),
-            "--vllm",
-            vllm,
-            "--device",
-            "sim:h200:dry",
-            "--",
-            "vllm",
-            "serve",
-            "deepseek-ai/DeepSeek-R1",
-            "-tp",
-            "8",
-            "--enable-expert-parallel",
-        ]);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{vllm}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let rows: Vec<Vec<String>> = std::fs::read_to_string(&csv)
-            .unwrap()
-            .lines()
-            .skip(1)
-            .map(|l| l.split(',').map(String::from).collect())
-            .filter(|f: &Vec<String>| f.last().is_some_and(|r| r == "0"))
-            .collect();
+        let (code, err, rows) = r1_plan_rows(vllm, &["-tp", "8", "--enable-expert-parallel"]);
+        assert_eq!(code, Some(0), "{vllm}: {err}");
         // (pass, kind, op, tensor, bytes)
         let ev = |f: &Vec<String>| {
             (
@@ -1084,34 +1054,12 @@ fn deepseek_r1_with_data_and_expert_parallel_gathers_before_flashinfer() {
         + ws(7168).max(ws(2048))
         + 4 * r;
     assert_eq!(total, 15_701_616_512);
-    let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("t.csv");
-    let out = vramscope(&[
-        "plan",
-        "-q",
-        "--csv",
-        csv.to_str().unwrap(),
-        "--vllm",
-        "0.21",
-        "--device",
-        "sim:h200:dry",
-        "--",
-        "vllm",
-        "serve",
-        "deepseek-ai/DeepSeek-R1",
-        "-dp",
-        "8",
-        "--enable-expert-parallel",
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(matches!(out.status.code(), Some(0) | Some(3)), "{err}");
+    let (code, err, rows) = r1_plan_rows("0.21", &["-dp", "8", "--enable-expert-parallel"]);
+    assert!(matches!(code, Some(0) | Some(3)), "{err}");
     // (kind, tensor, bytes) of the first rank's profile pass, layer 5's MoE.
-    let layer5: Vec<(String, String, u64)> = std::fs::read_to_string(&csv)
-        .unwrap()
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').map(String::from).collect::<Vec<_>>())
-        .filter(|f| f.last().is_some_and(|r| r == "0") && f[2] == "1")
+    let layer5: Vec<(String, String, u64)> = rows
+        .into_iter()
+        .filter(|f| f[2] == "1")
         .filter(|f| (f[3] == "alloc" || f[3] == "free") && f[6].starts_with("layers.5.moe."))
         .map(|f| {
             (
@@ -1139,4 +1087,40 @@ fn deepseek_r1_with_data_and_expert_parallel_gathers_before_flashinfer() {
     assert!(!layer5
         .iter()
         .any(|e| e.1 == "sorted_ids" || e.1 == "expert_ids_mapped"));
+}
+
+/// `vramscope plan -q --csv … --vllm VLLM --device sim:h200:dry -- vllm serve
+/// deepseek-ai/DeepSeek-R1 EXTRA…`: the exit code, stderr, and the first rank's timeline rows
+/// split at commas (no label in these rows holds one).
+fn r1_plan_rows(vllm: &str, extra: &[&str]) -> (Option<i32>, String, Vec<Vec<String>>) {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("t.csv");
+    let mut args = vec![
+        "plan",
+        "-q",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--vllm",
+        vllm,
+        "--device",
+        "sim:h200:dry",
+        "--",
+        "vllm",
+        "serve",
+        "deepseek-ai/DeepSeek-R1",
+    ];
+    args.extend_from_slice(extra);
+    let out = vramscope(&args);
+    let rows = std::fs::read_to_string(&csv)
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(String::from).collect::<Vec<_>>())
+        .filter(|f| f.last().is_some_and(|r| r == "0"))
+        .collect();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+        rows,
+    )
 }

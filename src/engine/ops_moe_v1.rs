@@ -222,6 +222,26 @@ pub fn fused_experts(
     Ok(out)
 }
 
+/// The modular kernel after the routing: behind data parallel's dispatch where the group has
+/// `dp` replicas (`fused_experts_dispatched`, 0.21 on), else on this rank's tokens
+/// (`fused_experts`).
+#[allow(clippy::too_many_arguments)]
+pub fn fused_experts_on(
+    rt: &Runtime,
+    x: &Tensor,
+    ex: &Experts,
+    routing: &Routing,
+    (how, gpu): (Modular, &str),
+    workspace: &RefCell<Option<Tensor>>,
+    dp: Option<usize>,
+    name: &str,
+) -> Result<Tensor> {
+    match dp {
+        Some(dp) => fused_experts_dispatched(rt, x, ex, routing, (how, gpu), workspace, dp, name),
+        None => fused_experts(rt, x, ex, routing, (how, gpu), workspace, name),
+    }
+}
+
 /// `FusedMoEKernelModularImpl.apply` from 0.21 with data parallel
 /// (`MoEPrepareAndFinalizeNaiveDPEPModular`, docs/reading/vllm-expert-parallel-v1.md §3.2): the
 /// output `[M, H]` made from this replica's input (with the router weight on the input, the

@@ -300,21 +300,17 @@ fn modular_block_forward(
     };
     let routing = ops_moe_v1::fused_topk(rt, lin, m.top_k, m.renormalize, &name)?;
     let experts = block.experts(m);
-    let mut out = match dp.filter(|_| how.v0_21.is_some()) {
-        Some(dp) => ops_moe_v1::fused_experts_dispatched(
-            rt,
-            &x,
-            &experts,
-            &routing,
-            (how, gpu),
-            workspace,
-            dp,
-            &name,
-        )?,
-        None => {
-            ops_moe_v1::fused_experts(rt, xin, &experts, &routing, (how, gpu), workspace, &name)?
-        }
-    };
+    // From 0.21 nothing was gathered above, so `xin` is this replica's input.
+    let mut out = ops_moe_v1::fused_experts_on(
+        rt,
+        xin,
+        &experts,
+        &routing,
+        (how, gpu),
+        workspace,
+        dp.filter(|_| how.v0_21.is_some()),
+        &name,
+    )?;
     drop(routing);
     if let Some((_, dp)) = &gathered {
         let combined = crate::engine::ops_tp::dp_combine(rt, &out, *dp, &name)?;

@@ -275,21 +275,16 @@ pub fn deepseek_moe_forward(
             // With data parallel from 0.21 the gate, the shared experts and the routing run on
             // this replica's tokens, then the dispatch gathers the hidden states and the top-k
             // weights and ids (docs/reading/vllm-ep-deepseek-llama4-v021.md §3.2).
-            let out = match dp {
-                Some(dp) => ops_moe_v1::fused_experts_dispatched(
-                    rt,
-                    &x,
-                    &experts,
-                    &r,
-                    (how, gpu),
-                    workspace,
-                    dp,
-                    &name,
-                )?,
-                None => {
-                    ops_moe_v1::fused_experts(rt, &x, &experts, &r, (how, gpu), workspace, &name)?
-                }
-            };
+            let out = ops_moe_v1::fused_experts_on(
+                rt,
+                &x,
+                &experts,
+                &r,
+                (how, gpu),
+                workspace,
+                dp,
+                &name,
+            )?;
             if v0_15 {
                 // `forward_impl`'s locals: router_logits (an argument, rebound) before
                 // topk_weights and topk_ids.

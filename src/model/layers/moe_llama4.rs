@@ -159,11 +159,16 @@ pub fn forward(
     ops_llama4::weight_on_input(rt, &mut x, &mut routing)?;
     let experts = moe.experts(m);
     let routed = match (kernel, dp) {
+        (MoeKernel::InPlace { .. }, None) => {
+            ops_moe::fused_experts(rt, &mut x, &experts, &routing, gpu, &name)?;
+            drop(routing);
+            None
+        }
         // With data parallel from 0.21 (`MoEPrepareAndFinalizeNaiveDPEPModular`): this
         // replica's tokens routed and weighted, then gathered
         // (docs/reading/vllm-ep-deepseek-llama4-v021.md §4.2).
-        (MoeKernel::Modular(how), Some(dp)) if how.v0_21.is_some() => {
-            let out = ops_moe_v1::fused_experts_dispatched(
+        (MoeKernel::Modular(how), dp) if dp.is_none() || how.v0_21.is_some() => {
+            let out = ops_moe_v1::fused_experts_on(
                 rt,
                 &x,
                 &experts,
@@ -176,28 +181,10 @@ pub fn forward(
             drop(routing);
             Some(out)
         }
-        (_, Some(_)) => {
+        _ => {
             return Err(Error::Request(format!(
                 "{layer}: data parallel's token exchange around Llama 4's MoE layers is modelled from vLLM 0.21 (the dispatch after the routing); expert parallel without data parallel is modelled from 0.11"
             )))
-        }
-        (MoeKernel::InPlace { .. }, None) => {
-            ops_moe::fused_experts(rt, &mut x, &experts, &routing, gpu, &name)?;
-            drop(routing);
-            None
-        }
-        (MoeKernel::Modular(how), None) => {
-            let out = ops_moe_v1::fused_experts(
-                rt,
-                &x,
-                &experts,
-                &routing,
-                (how, gpu),
-                workspace,
-                &name,
-            )?;
-            drop(routing);
-            Some(out)
         }
     };
     let sum = {
