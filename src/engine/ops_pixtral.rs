@@ -83,6 +83,26 @@ pub fn rms_norm_native(
     eps: f32,
     name: &str,
 ) -> Result<Tensor> {
+    rms_norm_eager(rt, x, w, eps, false, name)
+}
+
+/// vLLM's `RMSNorm` run eagerly: `forward_static` (0.19 and before, `ir: false`) or, from 0.21,
+/// the vLLM IR op's native body (`ir: true`; ir/ops/layernorm.py 0.21 L9-21, the same text
+/// through 0.33, reached from `forward_native` L82-91 with the "native" priority of Inductor
+/// starts and outside a forward context). The IR body keeps the f32 input as `x_var` and
+/// writes `x.to(weight.dtype) * weight` in one statement: the f32 normed tensor lives until
+/// the weighted product exists, the f32 input and the variance until it returns.
+pub fn rms_norm_eager(
+    rt: &Runtime,
+    x: &Tensor,
+    w: &Tensor,
+    eps: f32,
+    ir: bool,
+    name: &str,
+) -> Result<Tensor> {
+    if ir {
+        return rms_norm_ir(rt, x, w, eps, name);
+    }
     rt.check_cancel()?;
     rt.set_op("rms_norm_native");
     let (t, d) = (x.rows(), x.cols());
@@ -100,6 +120,35 @@ pub fn rms_norm_native(
     drop(y);
     let mut out = act(rt, name, &[t, d], x.dtype)?;
     drop(yb);
+    drop(var);
+    if rt.backend() == Backend::Cpu {
+        cpu::rms_norm(x.f32(), w.f32(), eps, out.f32_mut());
+    }
+    Ok(out)
+}
+
+/// The IR `rms_norm` (no residual): `x.to(float32)` (held as `x_var`), `pow` (dies at
+/// `.mean`), the variance, `variance + eps` and its `rsqrt` (`[T, 1]`), `x * rsqrt` (f32),
+/// `.to(weight.dtype)`, `* weight` (the cast dies, then the f32 normed tensor at the rebind);
+/// the f32 input and the variance die as it returns. The result's `.to(orig_dtype)` is itself.
+fn rms_norm_ir(rt: &Runtime, x: &Tensor, w: &Tensor, eps: f32, name: &str) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("rms_norm_ir_native");
+    let (t, d) = (x.rows(), x.cols());
+    let xf = act(rt, &format!("{name}.f32"), &[t, d], DType::F32)?;
+    let sq = act(rt, &format!("{name}.pow"), &[t, d], DType::F32)?;
+    let var = act(rt, &format!("{name}.variance"), &[t, 1], DType::F32)?;
+    drop(sq);
+    let shifted = act(rt, &format!("{name}.variance_eps"), &[t, 1], DType::F32)?;
+    let r = act(rt, &format!("{name}.rsqrt"), &[t, 1], DType::F32)?;
+    drop(shifted);
+    let y = act(rt, &format!("{name}.normed"), &[t, d], DType::F32)?;
+    drop(r);
+    let yb = act(rt, &format!("{name}.to_dtype"), &[t, d], w.dtype)?;
+    let mut out = act(rt, name, &[t, d], w.dtype)?;
+    drop(yb);
+    drop(y);
+    drop(xf);
     drop(var);
     if rt.backend() == Backend::Cpu {
         cpu::rms_norm(x.f32(), w.f32(), eps, out.f32_mut());

@@ -52,37 +52,84 @@ pub fn host_to_device(rt: &Runtime, name: &str, n: usize, dtype: DType) -> Resul
     rt.tensor(name, Category::Activation, &[n], dtype)
 }
 
-/// `get_rope_by_thw(t, h, w)`'s tables for one grid (qwen2_5_vl.py 0.19 L651-694, L733-752):
-/// `cos[pos_ids]` (the `[L, 2]` int64 index copied to the device first, a temporary) makes
-/// `[L, 2, rot / 2]` in the model dtype, then `[window_index]` (its `[L / m²]` index copied
-/// too) the window-ordered `[L, rot]`, the first dying at the rebind; the same for sin.
-/// Returns (cos, sin) in window order, what the `lru_cache` keeps.
+/// How a release's `rotary_pos_emb_thw` and `get_rope_by_thw` reach the device with their
+/// position ids and window index (docs/reading/vllm-mm-towers-v021.md §1.3 step 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeIds {
+    /// 0.15-0.21: host indices; each gather copies its index to the device for itself
+    /// (qwen2_5_vl.py 0.19 L651-694, L733-752).
+    HostIndex,
+    /// 0.22-0.28: `pos_ids.to(cos.device)` once for both gathers, `window_index_thw.to(...)`
+    /// once for both reorders (0.22.1 L699, L758).
+    DeviceCopy,
+    /// 0.29-0.33: the ids built on the device from two `arange`s (0.29.0 L670-700), the window
+    /// index copied once as in 0.22.
+    OnDevice,
+}
+
+/// `get_rope_by_thw(t, h, w)`'s tables for one grid: `rotary_pos_emb_thw` gathers
+/// `cos[pos_ids]` and then `sin[pos_ids]` (`[L, 2, rot / 2]` each, in the model dtype), then
+/// `get_rope_by_thw` reorders each by the window index (`[L / m²]`), the plain table dying at
+/// the rebind. Where the ids and the index come from is `ids`. Returns (cos, sin) in window
+/// order, what the cache keeps.
 pub fn rope_by_thw(
     rt: &Runtime,
     (t, h, w): (usize, usize, usize),
     (m, ws): (usize, usize),
     (rot, theta): (usize, f64),
     dtype: DType,
+    ids: RopeIds,
     name: &str,
 ) -> Result<(Tensor, Tensor)> {
     rt.set_op("rope_by_thw");
     let l = t * h * w;
-    let mut tables = Vec::with_capacity(2);
+    let ids_name = format!("{name}.pos_ids");
+    // The ids both gathers read (None: each gather copies the host ids itself), and the
+    // on-device build's flattened axes, which die as `rotary_pos_emb_thw` returns.
+    let (shared_ids, axes) = match ids {
+        RopeIds::HostIndex => (None, None),
+        RopeIds::DeviceCopy => (Some(act(rt, &ids_name, &[l, 2], DType::I64)?), None),
+        RopeIds::OnDevice => {
+            let ah = act(rt, &format!("{name}.arange_h"), &[h], DType::I64)?;
+            let aw = act(rt, &format!("{name}.arange_w"), &[w], DType::I64)?;
+            let fh = act(rt, &format!("{name}.hpos_ids"), &[h * w], DType::I64)?;
+            drop(ah);
+            let fw = act(rt, &format!("{name}.wpos_ids"), &[h * w], DType::I64)?;
+            drop(aw);
+            let stacked = act(rt, &format!("{name}.stack"), &[h * w, 2], DType::I64)?;
+            let rep = act(rt, &ids_name, &[l, 2], DType::I64)?;
+            drop(stacked);
+            (Some(rep), Some((fh, fw)))
+        }
+    };
+    let mut plain = Vec::with_capacity(2);
     for part in ["cos", "sin"] {
-        let pos = act(rt, &format!("{name}.pos_ids"), &[l, 2], DType::I64)?;
-        let plain = act(rt, &format!("{name}.{part}_pos"), &[l, rot], dtype)?;
-        drop(pos);
-        let idx = act(
-            rt,
-            &format!("{name}.window_index"),
-            &[l / (m * m)],
-            DType::I64,
-        )?;
+        let own = match shared_ids {
+            None => Some(act(rt, &ids_name, &[l, 2], DType::I64)?),
+            Some(_) => None,
+        };
+        plain.push(act(rt, &format!("{name}.{part}_pos"), &[l, rot], dtype)?);
+        drop(own);
+    }
+    drop(axes);
+    drop(shared_ids);
+    let index_name = format!("{name}.window_index");
+    let shared_index = match ids {
+        RopeIds::HostIndex => None,
+        _ => Some(act(rt, &index_name, &[l / (m * m)], DType::I64)?),
+    };
+    let mut tables = Vec::with_capacity(2);
+    for (part, p) in ["cos", "sin"].into_iter().zip(plain) {
+        let own = match shared_index {
+            None => Some(act(rt, &index_name, &[l / (m * m)], DType::I64)?),
+            Some(_) => None,
+        };
         let ordered = act(rt, &format!("{name}.{part}"), &[l, rot], dtype)?;
-        drop(idx);
-        drop(plain);
+        drop(own);
+        drop(p);
         tables.push(ordered);
     }
+    drop(shared_index);
     let mut sin = tables.pop().expect("two tables");
     let mut cos = tables.pop().expect("two tables");
     if rt.backend() == Backend::Cpu {
@@ -130,11 +177,46 @@ pub fn rms_norm_residual_native(
     eps: f32,
     name: &str,
 ) -> Result<(Tensor, Tensor)> {
+    rms_norm_residual_eager(rt, x, residual, w, eps, false, name)
+}
+
+/// `RMSNorm(x, residual=...)` run eagerly: `forward_static` (`ir: false`, as
+/// [`rms_norm_residual_native`]) or, from 0.21, the IR `fused_add_rms_norm`'s native body
+/// (`ir: true`; ir/ops/layernorm.py 0.21 L38-56, the same through 0.33): `x.to(float32)`,
+/// `x_residual.to(float32)` (a second f32 copy), their sum (the residual's copy dies as the
+/// add returns, the input's at the rebind), `x_residual = x.to(orig_dtype)`, the variance of
+/// the sum (held as `x_var`), `x * rsqrt`, then `x.to(weight.dtype) * weight` in one statement
+/// (the f32 normed tensor dies only once the product exists); the sum and the variance die as
+/// it returns.
+pub fn rms_norm_residual_eager(
+    rt: &Runtime,
+    x: &Tensor,
+    residual: &Tensor,
+    w: &Tensor,
+    eps: f32,
+    ir: bool,
+    name: &str,
+) -> Result<(Tensor, Tensor)> {
     rt.check_cancel()?;
-    rt.set_op("rms_norm_native");
+    rt.set_op(if ir {
+        "rms_norm_ir_native"
+    } else {
+        "rms_norm_native"
+    });
     let (t, d) = (x.rows(), x.cols());
     let xf = act(rt, &format!("{name}.f32"), &[t, d], DType::F32)?;
+    let rf = if ir {
+        Some(act(
+            rt,
+            &format!("{name}.residual_f32"),
+            &[t, d],
+            DType::F32,
+        )?)
+    } else {
+        None
+    };
     let sum = act(rt, &format!("{name}.add_residual"), &[t, d], DType::F32)?;
+    drop(rf);
     drop(xf);
     let mut res = act(rt, &format!("{name}.residual"), &[t, d], x.dtype)?;
     let sq = act(rt, &format!("{name}.pow"), &[t, d], DType::F32)?;
@@ -146,9 +228,15 @@ pub fn rms_norm_residual_native(
     let y = act(rt, &format!("{name}.normed"), &[t, d], DType::F32)?;
     drop(r);
     let yb = act(rt, &format!("{name}.to_dtype"), &[t, d], x.dtype)?;
-    drop(y);
+    let y = if ir {
+        Some(y)
+    } else {
+        drop(y);
+        None
+    };
     let mut out = act(rt, name, &[t, d], x.dtype)?;
     drop(yb);
+    drop(y);
     drop(sum);
     drop(var);
     if rt.backend() == Backend::Cpu {
@@ -240,4 +328,55 @@ pub fn overflow_check(rt: &Runtime, x: &Tensor, name: &str) -> Result<()> {
         drop(any);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Device, DeviceSpec};
+    use crate::engine::ops_pixtral;
+
+    fn dry() -> Runtime {
+        let device = Device::open(&DeviceSpec::parse("sim:h100-80gb:dry").unwrap()).unwrap();
+        Runtime::new(device, std::sync::Arc::default(), None)
+    }
+
+    /// The bytes an op allocates at its peak beyond what was allocated before it, for
+    /// `[t, d]` bf16 inputs the caller holds.
+    fn peak_of(residual: bool, ir: bool, (t, d): (usize, usize)) -> u64 {
+        let rt = dry();
+        let x = act(&rt, "x", &[t, d], DType::BF16).unwrap();
+        let r = act(&rt, "r", &[t, d], DType::BF16).unwrap();
+        let w = act(&rt, "w", &[d], DType::BF16).unwrap();
+        rt.reset_peak();
+        let base = rt.stats().allocated;
+        if residual {
+            let out = rms_norm_residual_eager(&rt, &x, &r, &w, 1e-6, ir, "n").unwrap();
+            // Both outputs are new bf16 tensors.
+            assert_eq!(rt.stats().allocated - base, 2 * (t * d * 2) as u64);
+            drop(out);
+        } else {
+            let out = ops_pixtral::rms_norm_eager(&rt, &x, &w, 1e-6, ir, "n").unwrap();
+            assert_eq!(rt.stats().allocated - base, (t * d * 2) as u64);
+            drop(out);
+        }
+        rt.stats().allocated_peak - base
+    }
+
+    /// vLLM 0.21's IR bodies hold the f32 normed tensor until the weighted product exists and
+    /// (with a residual) make a second f32 copy for the add: per element 4 (f32 input) + 4
+    /// (normed) + 2 (cast) + 2 (product) = 12 bytes at the peak without a residual, against
+    /// `forward_static`'s 8 (the f32 input and the normed tensor, with the `[t, 1]` f32
+    /// variance and its `rsqrt`: 2 KiB each at 512 rows); with one, 4 (the sum) + 2 (the new
+    /// residual) + 4 + 2 + 2 = 14 against 12. The variance is live at every peak.
+    #[test]
+    fn the_ir_norms_peak_above_forward_static() {
+        let (t, d) = (512, 1280);
+        let e = (t * d) as u64;
+        let var = (t * 4) as u64;
+        assert_eq!(peak_of(false, false, (t, d)), 8 * e + 2 * var);
+        assert_eq!(peak_of(false, true, (t, d)), 12 * e + var);
+        assert_eq!(peak_of(true, false, (t, d)), 12 * e + var);
+        assert_eq!(peak_of(true, true, (t, d)), 14 * e + var);
+    }
 }

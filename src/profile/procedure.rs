@@ -60,8 +60,9 @@ struct Encoder {
     /// The dummy batch dies once the tower has run, before the text pass (Model Runner V2's
     /// `profile_encoder_cache`, 0.27.1 on); V1 holds it to the end of `profile_run`.
     frees_inputs: bool,
-    /// The batch's small integer fields stay on the host (Llama 4 from 0.29).
-    host_fields: bool,
+    /// The release's minor version: which of the batch's small fields stay on the host
+    /// (`MultiModalFieldConfig(keep_on_cpu=True)`, docs/reading/vllm-mm-towers-v021.md §0.9).
+    release_minor: u32,
     /// Encodes in the profile passes only (the verify passes serve text).
     armed: std::cell::Cell<bool>,
     /// The encoder phase's framework peak and what it left allocated, absolute bytes.
@@ -114,7 +115,7 @@ impl Tower {
         &self,
         rt: &Runtime,
         items: usize,
-        host_fields: bool,
+        minor: u32,
     ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         match self {
             Tower::Siglip(v) => {
@@ -134,20 +135,34 @@ impl Tower {
                     &v.shape,
                     items,
                     v.act,
-                    host_fields,
+                    // `patches_per_image`, `aspect_ratios`: host from 0.29 (mllama4.py 0.29.0
+                    // L655-656).
+                    minor >= 29,
                 )?;
                 let out = v.encode(rt, &inputs[0], items * v.shape.dummy_tiles())?;
                 Ok((inputs, vec![out]))
             }
             Tower::LlavaNext(v) => {
-                let (px, sizes) =
-                    crate::model::models::llava_next::dummy_pixels(rt, &v.shape, items, v.act)?;
+                // `image_sizes`: host from 0.22 (llava_next.py 0.22.1 L217).
+                let (px, sizes) = crate::model::models::llava_next::dummy_pixels(
+                    rt,
+                    &v.shape,
+                    items,
+                    v.act,
+                    minor >= 22,
+                )?;
                 let out = v.encode(rt, &px, items)?;
-                Ok((vec![px, sizes], out))
+                Ok((std::iter::once(px).chain(sizes).collect(), out))
             }
             Tower::KimiVl(v) => {
-                let (inputs, grids) =
-                    crate::model::models::kimi_vl::dummy_pixels(rt, &v.shape, items, v.act)?;
+                // `image_grid_hws`: host from 0.29 (kimi_vl.py 0.29.0 L257).
+                let (inputs, grids) = crate::model::models::kimi_vl::dummy_pixels(
+                    rt,
+                    &v.shape,
+                    items,
+                    v.act,
+                    minor >= 29,
+                )?;
                 let out = v.encode(rt, &inputs[0], &grids)?;
                 Ok((inputs, vec![out]))
             }
@@ -158,6 +173,7 @@ impl Tower {
                     items,
                     v.profile_item,
                     v.act,
+                    v.release,
                 )?;
                 let out = v.encode(rt, &inputs[0], &grids)?;
                 Ok((inputs, vec![out]))
@@ -178,7 +194,7 @@ impl Encoder {
         rt.set_layer(None);
         rt.marker("mm encoder");
         let items = p.items as usize;
-        let (mut inputs, mut outs) = v.dummy_and_encode(rt, items, self.host_fields)?;
+        let (mut inputs, mut outs) = v.dummy_and_encode(rt, items, self.release_minor)?;
         let per = p.embeds_per_item as usize;
         let hidden = outs[0].cols();
         let mut cache = Vec::with_capacity(items);
@@ -1721,13 +1737,12 @@ pub(crate) fn run_rank(
                         "model_type qwen2_5_vl (multimodal): its vision tower runs on simulated devices only (--device sim:PRESET or sim:PRESET:dry)".into(),
                     ));
                 }
-                // The tower's forward read and modelled: 0.15.1 and 0.19.0 (the same code for
-                // what is allocated). 0.21 builds the encoder's metadata after the patch
-                // embedding (`prepare_encoder_metadata`) and can capture the encoder in CUDA
-                // graphs; 0.10 and 0.11 were not read.
-                if !matches!(release.name, "0.15" | "0.19") {
+                // The tower's forward read and modelled: 0.15.1, 0.19.0 (the same code for
+                // what is allocated) and 0.21-0.33 (docs/reading/vllm-mm-towers-v021.md §1,
+                // `TowerRelease::of_minor`); 0.10 and 0.11 were not read.
+                if release.minor().is_none_or(|m| m != 15 && m < 19) {
                     return Err(Error::Request(format!(
-                        "model_type qwen2_5_vl (multimodal): vLLM {}'s Qwen2.5-VL vision tower is not modelled (read: 0.15 and 0.19; use --vllm 0.19)",
+                        "model_type qwen2_5_vl (multimodal): vLLM {}'s Qwen2.5-VL vision tower is not modelled (read: 0.15, and 0.19 to 0.33)",
                         release.name
                     )));
                 }
@@ -1805,11 +1820,13 @@ pub(crate) fn run_rank(
                             release.name
                         )));
                     };
-                    // LLaVA-NeXT is read at 0.19 (llava_next.py, llava.py, siglip.py): its
-                    // tower's position embedding differs from the older releases' reading.
-                    if kind == "llava_next" && release.name != "0.19" {
+                    // LLaVA-NeXT is read at 0.19 (llava_next.py, llava.py, siglip.py) and
+                    // 0.21-0.33 (docs/reading/vllm-mm-towers-v021.md §3: the same tower and
+                    // projector); its tower's position embedding differs from the older
+                    // releases' reading.
+                    if kind == "llava_next" && release.minor().is_none_or(|m| m < 19) {
                         return Err(Error::Request(format!(
-                            "model_type llava_next (multimodal): vLLM {}'s LLaVA-NeXT is not modelled; its 0.19 reading is (--vllm 0.19)",
+                            "model_type llava_next (multimodal): vLLM {}'s LLaVA-NeXT is not modelled; it is from --vllm 0.19 to 0.33",
                             release.name
                         )));
                     }
@@ -1821,10 +1838,11 @@ pub(crate) fn run_rank(
                             release.name
                         )));
                     }
-                    // Kimi-VL is read at 0.19 (kimi_vl.py, moonvit.py, MMEncoderAttention).
-                    if kind == "kimi_vl" && release.name != "0.19" {
+                    // Kimi-VL is read at 0.19 (kimi_vl.py, moonvit.py, MMEncoderAttention) and
+                    // 0.21-0.33 (vllm-mm-towers-v021.md §4: the eager path unchanged).
+                    if kind == "kimi_vl" && release.minor().is_none_or(|m| m < 19) {
                         return Err(Error::Request(format!(
-                            "model_type kimi_vl (multimodal): vLLM {}'s Kimi-VL is not modelled; its 0.19 reading is (--vllm 0.19)",
+                            "model_type kimi_vl (multimodal): vLLM {}'s Kimi-VL is not modelled; it is from --vllm 0.19 to 0.33",
                             release.name
                         )));
                     }
@@ -1880,6 +1898,7 @@ pub(crate) fn run_rank(
                             &opts,
                         )?;
                         v.profile_item = qwen_item.flatten();
+                        v.release = crate::model::models::qwen2_5_vl::TowerRelease::of_minor(minor);
                         Some(Tower::Qwen25Vl(Box::new(v)))
                     } else if kind == "llama4" {
                         let mut v = crate::model::models::llama4_vision::Llama4Vision::load(
@@ -1915,6 +1934,9 @@ pub(crate) fn run_rank(
                             &opts,
                         )?;
                         v.xformers = pixtral_xformers;
+                        // vLLM's `RMSNorm` through the IR from 0.21 (pixtral.py 0.21,
+                        // vllm-mm-towers-v021.md §5).
+                        v.ir_norms = minor >= 21;
                         Some(Tower::Pixtral(Box::new(v)))
                     };
                     let attention = if matches!(
@@ -1934,9 +1956,7 @@ pub(crate) fn run_rank(
                         attention,
                         embeds_without_plan: !profile.text_only_at_zero || v2_encodes_nothing,
                         frees_inputs: v2 && minor >= 27,
-                        // Llama 4's `patches_per_image` and `aspect_ratios` stay on the host
-                        // from 0.29 (`keep_on_cpu=True`, mllama4.py 0.29.0 L655-656).
-                        host_fields: minor >= 29,
+                        release_minor: minor,
                         armed: std::cell::Cell::new(false),
                         stats: std::cell::Cell::new(None),
                     }))
@@ -2056,7 +2076,8 @@ pub(crate) fn run_rank(
             // Qwen2.5-VL's `is_mm_embed_buffers`: two bool `[max_num_tokens]` buffers made
             // with the runner for a model that takes multimodal inputs (gpu_model_runner.py
             // 0.19 L718-724; 0.15.1 the same). (Gemma 3's and Mistral 3's rows leave them out.)
-            if model.config().qwen2_5_vl.is_some() {
+            // Gone from 0.21: `is_mm_embed` is a host tensor (gpu_model_runner.py 0.21.0 L2994).
+            if model.config().qwen2_5_vl.is_some() && release.minor().is_some_and(|m| m < 21) {
                 rt.set_op("model_runner.is_mm_embed");
                 for i in 0..2 {
                     runner_buffers.push(rt.tensor(

@@ -279,11 +279,19 @@ impl KimiVlVision {
             (ROPE_GRID.1, hd, ROPE_THETA),
             "vision.rope_freqs_cis",
         )?;
+        // `torch.cat((torch.zeros(1), grid_hw[:, 0] * grid_hw[:, 1]))` (moonvit.py 0.19
+        // L486-491; 0.29.0 L557-563 multiplies the host grid and copies the `[N]` product: the
+        // same device tensors), the two parts dying with the call; `lengths` is a local of the
+        // encoder's forward, held to its end.
+        let zero = ops_qwen2_5_vl::host_to_device(rt, "vision.lengths.zero", 1, DType::I64)?;
+        let areas =
+            ops_qwen2_5_vl::host_to_device(rt, "vision.lengths.areas", grids.len(), DType::I64)?;
         let lengths =
             ops_qwen2_5_vl::host_to_device(rt, "vision.lengths", grids.len() + 1, DType::I64)?;
+        drop(zero);
+        drop(areas);
         let cu_dev =
             ops_qwen2_5_vl::host_to_device(rt, "vision.cu_seqlens", grids.len() + 1, DType::I32)?;
-        drop(lengths);
         let mut cu = vec![0usize];
         for &(h, w) in grids {
             cu.push(cu.last().expect("a leading 0") + h * w);
@@ -336,6 +344,7 @@ impl KimiVlVision {
         drop(hidden);
         // The encoder's locals die as it returns.
         drop(freqs);
+        drop(lengths);
         drop(cu_dev);
         let merged = k::patch_merge(rt, &normed, grids, s.merge_kernel, "vision.patch_merger")?;
         drop(normed);
@@ -438,24 +447,25 @@ pub fn dummy_pixels(
     shape: &KimiVlShape,
     items: usize,
     act: DType,
+    grid_on_host: bool,
 ) -> Result<(Vec<Tensor>, Vec<Grid>)> {
     let (h, w) = shape.dummy_grid();
     let p = shape.vision.patch_size;
     rt.set_op("mm_dummy_batch");
-    let out = vec![
-        rt.tensor(
-            "pixel_values",
-            Category::Activation,
-            &[items * h * w, 3 * p * p],
-            act,
-        )?,
-        rt.tensor(
+    let mut out = vec![rt.tensor(
+        "pixel_values",
+        Category::Activation,
+        &[items * h * w, 3 * p * p],
+        act,
+    )?];
+    if !grid_on_host {
+        out.push(rt.tensor(
             "image_grid_hws",
             Category::Activation,
             &[items, 2],
             DType::I64,
-        )?,
-    ];
+        )?);
+    }
     Ok((out, vec![(h, w); items]))
 }
 

@@ -180,7 +180,8 @@ pub fn dummy_pixels(
     shape: &LlavaNextShape,
     images: usize,
     act: DType,
-) -> Result<(Tensor, Tensor)> {
+    sizes_on_host: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
     let s = &shape.vision;
     rt.set_op("mm_dummy_batch");
     let px = rt.tensor(
@@ -194,12 +195,16 @@ pub fn dummy_pixels(
         ],
         act,
     )?;
-    let sizes = rt.tensor(
-        "image_sizes",
-        Category::Activation,
-        &[images, 2],
-        DType::I64,
-    )?;
+    let sizes = if sizes_on_host {
+        None
+    } else {
+        Some(rt.tensor(
+            "image_sizes",
+            Category::Activation,
+            &[images, 2],
+            DType::I64,
+        )?)
+    };
     Ok((px, sizes))
 }
 

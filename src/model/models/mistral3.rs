@@ -62,6 +62,8 @@ pub struct Mistral3Vision {
     /// 0.10 and 0.11 on x86_64 and not on Blackwell, pixtral.py 0.11 L57-66), or SDPA with
     /// transformers' dense block mask (0.15, 0.19: xFormers is no longer a dependency).
     pub xformers: bool,
+    /// Its `RMSNorm`s run the vLLM IR native body (0.21 on) rather than `forward_static`.
+    pub ir_norms: bool,
 }
 
 impl Mistral3Vision {
@@ -215,6 +217,7 @@ impl Mistral3Vision {
             linear_1,
             linear_2,
             xformers: false,
+            ir_norms: false,
         })
     }
 
@@ -262,7 +265,14 @@ impl Mistral3Vision {
         // `patch_embeds = self.ln_pre(patch_embeds)`: the concatenation dies at the rebind;
         // the normed embeddings stay (the transformer's `hidden_states_pool[0]`, then the
         // forward's `patch_embeds`).
-        let x0 = ops_pixtral::rms_norm_native(rt, &cat, &self.ln_pre, EPS, "vision.ln_pre")?;
+        let x0 = ops_pixtral::rms_norm_eager(
+            rt,
+            &cat,
+            &self.ln_pre,
+            EPS,
+            self.ir_norms,
+            "vision.ln_pre",
+        )?;
         drop(cat);
         rt.set_op("position_ids");
         let pos_ids = rt.tensor(
@@ -282,19 +292,26 @@ impl Mistral3Vision {
             rt.set_layer(Some(li as u32));
             let l = format!("vision.layers.{li}");
             let input = hidden.as_ref().unwrap_or(&x0);
-            let n1 = ops_pixtral::rms_norm_native(
+            let n1 = ops_pixtral::rms_norm_eager(
                 rt,
                 input,
                 &b.attention_norm,
                 EPS,
+                self.ir_norms,
                 &format!("{l}.attention_norm"),
             )?;
             let r = self.attention(rt, b, &n1, (&cos, &sin), images, &l)?;
             // The normed input (the call's argument) dies as the attention returns.
             drop(n1);
             let h = ops_pixtral::add(rt, input, &r, &format!("{l}.h"))?;
-            let n2 =
-                ops_pixtral::rms_norm_native(rt, &h, &b.ffn_norm, EPS, &format!("{l}.ffn_norm"))?;
+            let n2 = ops_pixtral::rms_norm_eager(
+                rt,
+                &h,
+                &b.ffn_norm,
+                EPS,
+                self.ir_norms,
+                &format!("{l}.ffn_norm"),
+            )?;
             let gate_up = b
                 .gate_up
                 .forward(rt, &n2, &format!("{l}.gate_up_proj"), 0, act)?;
@@ -403,7 +420,8 @@ impl Mistral3Vision {
     fn project(&self, rt: &Runtime, x: &Tensor, images: usize) -> Result<Tensor> {
         let s = &self.shape.vision;
         let act = self.act;
-        let n = ops_pixtral::rms_norm_native(rt, x, &self.norm, EPS, "projector.norm")?;
+        let n =
+            ops_pixtral::rms_norm_eager(rt, x, &self.norm, EPS, self.ir_norms, "projector.norm")?;
         let (merged, grids) = ops_pixtral::patch_merge(
             rt,
             &n,

@@ -32,6 +32,61 @@ use crate::quant::FusedLinear;
 /// `Qwen2_5_VisionRotaryEmbedding(theta=10000.0)`).
 const THETA: f64 = 10000.0;
 
+/// What changes in the tower from one vLLM release to the next
+/// (docs/reading/vllm-mm-towers-v021.md §1.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TowerRelease {
+    /// The RMSNorms run the vLLM IR native bodies (0.21 on) rather than `forward_static`.
+    pub ir_norms: bool,
+    /// How the rotary position ids and the window index reach the device.
+    pub rope_ids: q::RopeIds,
+    /// Where the uint8 pixels are normalized on the device (0.28 on), if they are.
+    pub input_norm: InputNorm,
+    /// `second_per_grid_ts` (a video's) stays on the host (0.22 on).
+    pub host_second_per_grid: bool,
+}
+
+/// The device-side normalization of uint8 pixels (`mm_device_do_normalize`, 0.28 on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputNorm {
+    /// The processor rescales and normalizes: floating pixels in the model dtype.
+    None,
+    /// 0.28-0.29: `FusedInputNorm` called by `_process_image_input` before the tower; its
+    /// output is held until the tower and merger return.
+    ModelLevel,
+    /// 0.31-0.33: `FusedMMInputNorm` inside `visual.forward`; its output dies at the
+    /// patch embedding.
+    InTower,
+}
+
+impl TowerRelease {
+    /// The tower of 0.15 and 0.19.
+    pub const V0_19: TowerRelease = TowerRelease {
+        ir_norms: false,
+        rope_ids: q::RopeIds::HostIndex,
+        input_norm: InputNorm::None,
+        host_second_per_grid: false,
+    };
+
+    /// The tower of vLLM 0.`minor` (0.15 and later).
+    pub fn of_minor(minor: u32) -> TowerRelease {
+        TowerRelease {
+            ir_norms: minor >= 21,
+            rope_ids: match minor {
+                ..=21 => q::RopeIds::HostIndex,
+                22..=28 => q::RopeIds::DeviceCopy,
+                _ => q::RopeIds::OnDevice,
+            },
+            input_norm: match minor {
+                ..=27 => InputNorm::None,
+                28..=29 => InputNorm::ModelLevel,
+                _ => InputNorm::InTower,
+            },
+            host_second_per_grid: minor >= 22,
+        }
+    }
+}
+
 /// One `Qwen2_5_VisionBlock`.
 pub struct QwenVisionBlock {
     pub norm1: Tensor,
@@ -72,6 +127,8 @@ pub struct Qwen25Vision {
     rope_tables: RefCell<Vec<CachedRope>>,
     /// The profile's dummy item (`Qwen25VlShape::profile_item`): the dummy image unless set.
     pub profile_item: Option<ProfileItem>,
+    /// The release's tower.
+    pub release: TowerRelease,
 }
 
 impl Qwen25Vision {
@@ -211,6 +268,7 @@ impl Qwen25Vision {
             mlp2,
             rope_tables: RefCell::new(Vec::new()),
             profile_item: None,
+            release: TowerRelease::V0_19,
         })
     }
 
@@ -289,6 +347,7 @@ impl Qwen25Vision {
                         (m, ws),
                         (rot, THETA),
                         act,
+                        self.release.rope_ids,
                         &format!("vision.rope_by_thw.{n}"),
                     )?;
                     let mut tables = self.rope_tables.borrow_mut();
@@ -344,22 +403,24 @@ impl Qwen25Vision {
             } else {
                 &cu_window
             };
-            let n1 = ops_pixtral::rms_norm_native(
+            let n1 = ops_pixtral::rms_norm_eager(
                 rt,
                 &hidden,
                 &b.norm1,
                 self.eps,
+                self.release.ir_norms,
                 &format!("{l}.norm1"),
             )?;
             let x_attn = self.attention(rt, b, &n1, (&cos, &sin), cu, (heads, hd), &l)?;
             // The normed input (the call's argument) dies as the attention returns.
             drop(n1);
-            let (n2, residual) = q::rms_norm_residual_native(
+            let (n2, residual) = q::rms_norm_residual_eager(
                 rt,
                 &hidden,
                 &x_attn,
                 &b.norm2,
                 self.eps,
+                self.release.ir_norms,
                 &format!("{l}.norm2"),
             )?;
             let gate_up = b
@@ -401,8 +462,14 @@ impl Qwen25Vision {
         }
         // The merger: `ln_q`, the `[L / m², m² · D]` view, `mlp.0`, GELU, `mlp.2`
         // (nn.Sequential rebinds: each intermediate dies as the next is made).
-        let n =
-            ops_pixtral::rms_norm_native(rt, &hidden, &self.ln_q, self.eps, "vision.merger.ln_q")?;
+        let n = ops_pixtral::rms_norm_eager(
+            rt,
+            &hidden,
+            &self.ln_q,
+            self.eps,
+            self.release.ir_norms,
+            "vision.merger.ln_q",
+        )?;
         let merged = n.part("vision.merger.view", 0, &[seq / unit, s.hidden_size * unit]);
         let h1 = self
             .mlp0
@@ -485,18 +552,21 @@ impl Qwen25Vision {
 
 /// The runner's dummy inputs for `items` items like `item` (the dummy image of the maximum
 /// size, or the dummy video: its frames of that size), batched on the host and moved to the
-/// device (`group_and_batch_mm_kwargs`) in the processor's dtypes (floating tensors cast to
-/// the model dtype, multimodal/processing/context.py 0.19 L225-237): an image's
-/// `pixel_values [items · patches, C·T·p·p]` (a flat field: the items' rows concatenated)
-/// and `image_grid_thw [items, 3]` int64; a video's `pixel_values_videos`,
-/// `video_grid_thw` and `second_per_grid_ts [items]` (qwen2_5_vl.py 0.19 L922-930). Returns
-/// them and the items' grids.
+/// device (`group_and_batch_mm_kwargs`): an image's `pixel_values [items · patches, C·T·p·p]`
+/// (a flat field: the items' rows concatenated), a video's `pixel_values_videos` and, until
+/// 0.21, `second_per_grid_ts [items]` (host from 0.22, qwen2_5_vl.py 0.22.1 L1099). The
+/// pixels are in the model dtype (floating tensors cast to it, multimodal/processing/context.py
+/// 0.19 L225-237), or uint8 where the release normalizes them on the device (0.28 on,
+/// `mm_device_do_normalize`). `{image,video}_grid_thw` stay on the host in every release
+/// (`keep_on_cpu=True`, qwen2_vl.py 0.15.1 L748-755, 0.19.0 L749-756). Returns the device
+/// tensors and the items' grids.
 pub fn dummy_pixels(
     rt: &Runtime,
     shape: &Qwen25VlShape,
     items: usize,
     item: Option<ProfileItem>,
     act: DType,
+    release: TowerRelease,
 ) -> Result<(Vec<Tensor>, Vec<Grid>)> {
     let s = &shape.vision;
     let (video, (t, h, w)) = item.map_or((false, shape.dummy_grid()), |i| (i.video, i.grid));
@@ -504,22 +574,17 @@ pub fn dummy_pixels(
     let k = s.in_channels * s.temporal_patch_size * s.patch_size * s.patch_size;
     rt.set_op("mm_dummy_batch");
     let rows = items * grid.0 * grid.1 * grid.2;
-    let kind = if video { "video" } else { "image" };
     let px_name = if video {
         "pixel_values_videos"
     } else {
         "pixel_values"
     };
-    let mut out = vec![
-        rt.tensor(px_name, Category::Activation, &[rows, k], act)?,
-        rt.tensor(
-            format!("{kind}_grid_thw"),
-            Category::Activation,
-            &[items, 3],
-            DType::I64,
-        )?,
-    ];
-    if video {
+    let px_dtype = match release.input_norm {
+        InputNorm::None => act,
+        _ => DType::U8,
+    };
+    let mut out = vec![rt.tensor(px_name, Category::Activation, &[rows, k], px_dtype)?];
+    if video && !release.host_second_per_grid {
         out.push(rt.tensor("second_per_grid_ts", Category::Activation, &[items], act)?);
     }
     Ok((out, vec![grid; items]))
