@@ -1424,3 +1424,113 @@ fn llama4_vision_runs_from_0_21_with_its_fields_on_the_host_from_0_29() {
         assert!(r.encoder.as_ref().unwrap().weights_bytes > 0, "{vllm}");
     }
 }
+
+/// Qwen2.5-VL-7B's encoder phase from 0.21 to 0.33 (8192 batched tokens, 1024 sequences,
+/// `--max-model-len 8192`: one 16384-token dummy video of 65536 patches), against 0.27's:
+/// each release's pixels and what the runner holds (docs/reading/vllm-mm-towers-v021.md §1.5).
+#[test]
+fn qwen2_5_vl_7b_encoder_from_0_21_to_0_33() {
+    let encoder = |vllm: &str| {
+        let mut req = request("preset:qwen2.5-vl-7b", "sim:h100-sxm:dry", vllm);
+        req.tokens = 8192;
+        req.seqs = 1024;
+        req.max_model_len = 8192;
+        run(&req).encoder.unwrap()
+    };
+    let (e19, e21, e22) = (encoder("0.19"), encoder("0.21"), encoder("0.22"));
+    // 0.21 (V1) holds what 0.19 holds: the bf16 pixels, second_per_grid_ts, the embeddings
+    // and the cached rotary tables; 0.22 keeps second_per_grid_ts on the host (one 512-byte
+    // block less).
+    assert_eq!(e21.held_bytes, e19.held_bytes);
+    assert_eq!(e22.held_bytes, e21.held_bytes - 512);
+    // 0.25-0.26 (Model Runner V2) profile no encoder.
+    let e25 = encoder("0.25");
+    assert!(e25.plan.is_none());
+    assert_eq!((e25.phase_peak_bytes, e25.held_bytes), (0, 0));
+    // From 0.27 V2 frees the dummy batch before the text pass: the embeddings [16384, 3584]
+    // and the rotary tables [65536, 40] × 2 stay.
+    let e27 = encoder("0.27");
+    let kept = 16384 * 3584 * 2 + 2 * 65536 * 40 * 2;
+    assert_eq!(e27.held_bytes, kept);
+    // 0.28 sends uint8 pixels [65536, 1176] (a 74 MiB segment instead of the bf16 pixels'
+    // 148 MiB) and normalizes them before the tower; the bf16 result (split from the f32
+    // temporaries' freed block: 154,140,672 B) is held through the tower. Its two f32 [3]
+    // buffers load with the tower.
+    let (e28, e29) = (encoder("0.28"), encoder("0.29"));
+    let (u8_px, bf16_px, normed) = (77_594_624u64, 155_189_248u64, 154_140_672u64);
+    assert_eq!(
+        e28.phase_peak_bytes,
+        e27.phase_peak_bytes + u8_px + normed - bf16_px
+    );
+    assert_eq!(e28.weights_bytes, e27.weights_bytes + 2 * 12);
+    assert_eq!((e28.held_bytes, e29.held_bytes), (kept, kept));
+    // 0.31 normalizes inside the tower; the result dies at the patch embedding.
+    let e31 = encoder("0.31");
+    assert_eq!(e31.phase_peak_bytes, e27.phase_peak_bytes + u8_px - bf16_px);
+    assert_eq!(e31.weights_bytes, e28.weights_bytes);
+}
+
+/// LLaVA-NeXT (granite-vision-3.2-2b) and Kimi-VL (A3B) from 0.21: the same towers, with the
+/// runner's fields and runners of each release (8192 batched tokens, 256 sequences,
+/// `--max-model-len 8192`).
+#[test]
+fn llava_next_and_kimi_vl_from_0_21() {
+    let encoder = |model: &str, vllm: &str| {
+        let mut req = request(model, "sim:h100-sxm:dry", vllm);
+        req.tokens = 8192;
+        req.seqs = 256;
+        req.max_model_len = 8192;
+        run(&req).encoder.unwrap()
+    };
+    let granite = "preset:granite-vision-3.2-2b";
+    let g: Vec<_> = ["0.19", "0.21", "0.22", "0.25", "0.27"]
+        .iter()
+        .map(|v| encoder(granite, v))
+        .collect();
+    // 0.21 as 0.19; 0.22 keeps `image_sizes [1, 2]` int64 on the host (one 512-byte block
+    // less under the text pass).
+    assert_eq!(g[1].held_bytes, g[0].held_bytes);
+    assert_eq!(g[1].phase_peak_bytes, g[0].phase_peak_bytes);
+    assert_eq!(g[2].held_bytes, g[1].held_bytes - 512);
+    // Model Runner V2: no encoder phase under 0.25; from 0.27 the pixel values
+    // [11, 3, 384, 384] bf16 die before the text pass (the dummy image's base crop and its
+    // 10 grid crops: 9,732,096 B).
+    assert!(g[3].plan.is_none());
+    assert_eq!(g[4].phase_peak_bytes, g[2].phase_peak_bytes);
+    assert_eq!(g[4].held_bytes, g[2].held_bytes - 11 * 3 * 384 * 384 * 2);
+    let kimi = "preset:kimi-vl-a3b";
+    let k: Vec<_> = ["0.19", "0.21", "0.28", "0.29"]
+        .iter()
+        .map(|v| encoder(kimi, v))
+        .collect();
+    // V1 (a MoE) through 0.28: the 0.19 encoder.
+    assert_eq!(k[1].held_bytes, k[0].held_bytes);
+    assert_eq!(k[2].phase_peak_bytes, k[0].phase_peak_bytes);
+    // 0.29 runs it on V2: the pixels die before the text pass and `image_grid_hws [1, 2]`
+    // stays on the host (512 bytes off the phase's peak).
+    assert_eq!(k[3].phase_peak_bytes, k[2].phase_peak_bytes - 512);
+    assert!(k[3].held_bytes < k[2].held_bytes);
+}
+
+/// Mistral 3 from 0.29 (Pixtral's packed varlen attention) is refused in one line naming the
+/// release and the range that is modelled; Qwen2.5-VL answers under 0.33 from a `vllm serve`
+/// line.
+#[test]
+fn mistral3_from_0_29_is_refused_and_qwen2_5_vl_plans_under_0_33() {
+    for v in ["0.29", "0.33"] {
+        let mut req = request("preset:mistral-small-3.1-24b", "sim:h100-sxm:dry", v);
+        req.max_model_len = 8192;
+        let err = profile::run(&req, None, Arc::new(AtomicBool::new(false)))
+            .err()
+            .unwrap()
+            .to_string();
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!("vLLM {v}'s Pixtral tower (images packed into one varlen attention from 0.29) is not modelled; it is from --vllm 0.10 to 0.28")),
+            "{err}"
+        );
+    }
+    let (ok, out, err) = plan_qwen25_vl("0.33", &["--max-model-len", "8192"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("profiled with 1 video items"), "{out}");
+}

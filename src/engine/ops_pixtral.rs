@@ -83,13 +83,39 @@ pub fn rms_norm_native(
     eps: f32,
     name: &str,
 ) -> Result<Tensor> {
-    rms_norm_eager(rt, x, w, eps, false, name)
+    rms_norm_eager(rt, x, w, eps, RmsNormBody::Static, name)
 }
 
-/// vLLM's `RMSNorm` run eagerly: `forward_static` (0.19 and before, `ir: false`) or, from 0.21,
-/// the vLLM IR op's native body (`ir: true`; ir/ops/layernorm.py 0.21 L9-21, the same text
-/// through 0.33, reached from `forward_native` L82-91 with the "native" priority of Inductor
-/// starts and outside a forward context). The IR body keeps the f32 input as `x_var` and
+/// Which body a vision tower's vLLM `RMSNorm` runs (eagerly: the towers are not compiled).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RmsNormBody {
+    /// `forward_static` (layernorm.py 0.19 L222-265): custom ops off under Inductor, 0.19
+    /// and before.
+    Static,
+    /// The vLLM IR op's native body (ir/ops/layernorm.py 0.21 L9-58, the same text through
+    /// 0.33): from 0.21 under Inductor (priority "native"), and in 0.21 under
+    /// `--enforce-eager` too (its priority is set only inside a forward context, which the
+    /// encoder runs outside of).
+    IrNative,
+    /// vLLM's C kernel: `--enforce-eager` (custom ops on) up to 0.19 (`forward_cuda`), and
+    /// from 0.22 (the IR priority `["vllm_c", "native"]`, set at worker start; kernels/vllm_c.py
+    /// 0.33 L23-83): one output for `rms_norm`, none for `fused_add_rms_norm` (in place).
+    CKernel,
+}
+
+impl RmsNormBody {
+    /// The body of vLLM 0.`minor`, with `--enforce-eager` or not.
+    pub fn of(minor: u32, enforce_eager: bool) -> RmsNormBody {
+        match (minor, enforce_eager) {
+            (21, _) => RmsNormBody::IrNative,
+            (_, true) => RmsNormBody::CKernel,
+            (m, false) if m >= 21 => RmsNormBody::IrNative,
+            _ => RmsNormBody::Static,
+        }
+    }
+}
+
+/// vLLM's `RMSNorm` run eagerly by `body`. The IR body keeps the f32 input as `x_var` and
 /// writes `x.to(weight.dtype) * weight` in one statement: the f32 normed tensor lives until
 /// the weighted product exists, the f32 input and the variance until it returns.
 pub fn rms_norm_eager(
@@ -97,11 +123,21 @@ pub fn rms_norm_eager(
     x: &Tensor,
     w: &Tensor,
     eps: f32,
-    ir: bool,
+    body: RmsNormBody,
     name: &str,
 ) -> Result<Tensor> {
-    if ir {
-        return rms_norm_ir(rt, x, w, eps, name);
+    match body {
+        RmsNormBody::IrNative => return rms_norm_ir(rt, x, w, eps, name),
+        RmsNormBody::CKernel => {
+            rt.check_cancel()?;
+            rt.set_op("rms_norm_c");
+            let mut out = act(rt, name, &x.shape, x.dtype)?;
+            if rt.backend() == Backend::Cpu {
+                cpu::rms_norm(x.f32(), w.f32(), eps, out.f32_mut());
+            }
+            return Ok(out);
+        }
+        RmsNormBody::Static => {}
     }
     rt.check_cancel()?;
     rt.set_op("rms_norm_native");

@@ -8,6 +8,7 @@
 
 use crate::base::error::{Error, Result};
 use crate::device::{cpu, cpu_qwen2_5_vl, Backend};
+use crate::engine::ops_pixtral::RmsNormBody;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::memory::Category;
@@ -146,6 +147,72 @@ pub fn rope_by_thw(
     Ok((cos, sin))
 }
 
+/// How a release normalizes uint8 pixels on the device (`mm_device_do_normalize`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputNormPass {
+    /// 0.28-0.29 `FusedInputNorm.forward` (models/vision.py 0.28 L709-733): `x.to(float32)`,
+    /// `* weight` (f32), `+ bias` (the product dies), the f32 copy dies at the rebind, then
+    /// `.to(dtype)`; the sum dies as it returns.
+    Upcast,
+    /// 0.31 `FusedMMInputNorm.forward_native` (mm_input_norm.py 0.31 L285-301): `u8 * weight`
+    /// promotes to f32 in the kernel (no copy), `+ bias`, the product dies, `.to(dtype)`; the
+    /// sum dies as it returns.
+    Native,
+    /// `FusedMMInputNorm.forward_cuda` (0.31 L303-315, 0.33 L302-314): one output written by
+    /// a Triton kernel.
+    Cuda,
+}
+
+/// The pixel normalization `pass` on uint8 `pixels [P, C·T·p·p]` (channel-major rows) with
+/// the per-channel `weight = rescale / std` and `bias = -mean / std` (f32 `[C]`): returns
+/// `pixels · weight + bias` in `dtype`.
+pub fn input_norm(
+    rt: &Runtime,
+    pixels: &Tensor,
+    (weight, bias): (&Tensor, &Tensor),
+    pass: InputNormPass,
+    dtype: DType,
+    name: &str,
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    rt.set_op("mm_input_norm");
+    let shape = pixels.shape.clone();
+    let mut out = match pass {
+        InputNormPass::Upcast => {
+            let a0 = act(rt, &format!("{name}.f32"), &shape, DType::F32)?;
+            let a1 = act(rt, &format!("{name}.mul"), &shape, DType::F32)?;
+            let a2 = act(rt, &format!("{name}.add"), &shape, DType::F32)?;
+            drop(a1);
+            drop(a0);
+            let out = act(rt, name, &shape, dtype)?;
+            drop(a2);
+            out
+        }
+        InputNormPass::Native => {
+            let a = act(rt, &format!("{name}.mul"), &shape, DType::F32)?;
+            let b = act(rt, &format!("{name}.add"), &shape, DType::F32)?;
+            drop(a);
+            let out = act(rt, name, &shape, dtype)?;
+            drop(b);
+            out
+        }
+        InputNormPass::Cuda => act(rt, name, &shape, dtype)?,
+    };
+    if rt.backend() == Backend::Cpu {
+        let (w, b) = (weight.f32(), bias.f32());
+        let per = pixels.cols() / w.len();
+        let values: Vec<f32> = match &pixels.storage {
+            crate::device::tensor::Storage::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
+            _ => pixels.f32().to_vec(),
+        };
+        for (o, (i, x)) in out.f32_mut().iter_mut().zip(values.iter().enumerate()) {
+            let c = (i % pixels.cols()) / per;
+            *o = x * w[c] + b[c];
+        }
+    }
+    Ok(out)
+}
+
 /// `x.reshape(n, group_rows, -1)[index]`: the gathered copy (the window order of the patch
 /// embeddings, the merger's output put back by `reverse_indices`); `index` (merged tokens)
 /// is read on the host only.
@@ -177,12 +244,14 @@ pub fn rms_norm_residual_native(
     eps: f32,
     name: &str,
 ) -> Result<(Tensor, Tensor)> {
-    rms_norm_residual_eager(rt, x, residual, w, eps, false, name)
+    rms_norm_residual_eager(rt, x, residual, w, eps, RmsNormBody::Static, name)
 }
 
-/// `RMSNorm(x, residual=...)` run eagerly: `forward_static` (`ir: false`, as
-/// [`rms_norm_residual_native`]) or, from 0.21, the IR `fused_add_rms_norm`'s native body
-/// (`ir: true`; ir/ops/layernorm.py 0.21 L38-56, the same through 0.33): `x.to(float32)`,
+/// `RMSNorm(x, residual=...)` run eagerly by `body`: `forward_static` (as
+/// [`rms_norm_residual_native`]); vLLM's C kernel, in place (no allocation: the normed
+/// tensor and the sum overwrite `x` and `residual`, which the block does not read again); or
+/// the IR `fused_add_rms_norm`'s native body (ir/ops/layernorm.py 0.21 L38-56, the same
+/// through 0.33): `x.to(float32)`,
 /// `x_residual.to(float32)` (a second f32 copy), their sum (the residual's copy dies as the
 /// add returns, the input's at the rebind), `x_residual = x.to(orig_dtype)`, the variance of
 /// the sum (held as `x_var`), `x * rsqrt`, then `x.to(weight.dtype) * weight` in one statement
@@ -194,10 +263,23 @@ pub fn rms_norm_residual_eager(
     residual: &Tensor,
     w: &Tensor,
     eps: f32,
-    ir: bool,
+    body: RmsNormBody,
     name: &str,
 ) -> Result<(Tensor, Tensor)> {
     rt.check_cancel()?;
+    if body == RmsNormBody::CKernel {
+        rt.set_op("fused_add_rms_norm_c");
+        let mut out = x.part(name, 0, &x.shape);
+        let mut res = residual.part(format!("{name}.residual"), 0, &residual.shape);
+        if rt.backend() == Backend::Cpu {
+            for ((o, a), b) in res.f32_mut().iter_mut().zip(x.f32()).zip(residual.f32()) {
+                *o = a + b;
+            }
+            cpu::rms_norm(res.f32(), w.f32(), eps, out.f32_mut());
+        }
+        return Ok((out, res));
+    }
+    let ir = body == RmsNormBody::IrNative;
     rt.set_op(if ir {
         "rms_norm_ir_native"
     } else {
@@ -343,7 +425,7 @@ mod tests {
 
     /// The bytes an op allocates at its peak beyond what was allocated before it, for
     /// `[t, d]` bf16 inputs the caller holds.
-    fn peak_of(residual: bool, ir: bool, (t, d): (usize, usize)) -> u64 {
+    fn peak_of(residual: bool, body: RmsNormBody, (t, d): (usize, usize)) -> u64 {
         let rt = dry();
         let x = act(&rt, "x", &[t, d], DType::BF16).unwrap();
         let r = act(&rt, "r", &[t, d], DType::BF16).unwrap();
@@ -351,12 +433,13 @@ mod tests {
         rt.reset_peak();
         let base = rt.stats().allocated;
         if residual {
-            let out = rms_norm_residual_eager(&rt, &x, &r, &w, 1e-6, ir, "n").unwrap();
-            // Both outputs are new bf16 tensors.
-            assert_eq!(rt.stats().allocated - base, 2 * (t * d * 2) as u64);
+            let out = rms_norm_residual_eager(&rt, &x, &r, &w, 1e-6, body, "n").unwrap();
+            // Both outputs are new bf16 tensors, or (the C kernel) the inputs overwritten.
+            let new = if body == RmsNormBody::CKernel { 0 } else { 2 };
+            assert_eq!(rt.stats().allocated - base, new * (t * d * 2) as u64);
             drop(out);
         } else {
-            let out = ops_pixtral::rms_norm_eager(&rt, &x, &w, 1e-6, ir, "n").unwrap();
+            let out = ops_pixtral::rms_norm_eager(&rt, &x, &w, 1e-6, body, "n").unwrap();
             assert_eq!(rt.stats().allocated - base, (t * d * 2) as u64);
             drop(out);
         }
@@ -374,9 +457,34 @@ mod tests {
         let (t, d) = (512, 1280);
         let e = (t * d) as u64;
         let var = (t * 4) as u64;
-        assert_eq!(peak_of(false, false, (t, d)), 8 * e + 2 * var);
-        assert_eq!(peak_of(false, true, (t, d)), 12 * e + var);
-        assert_eq!(peak_of(true, false, (t, d)), 12 * e + var);
-        assert_eq!(peak_of(true, true, (t, d)), 14 * e + var);
+        let (s, ir, c) = (
+            RmsNormBody::Static,
+            RmsNormBody::IrNative,
+            RmsNormBody::CKernel,
+        );
+        assert_eq!(peak_of(false, s, (t, d)), 8 * e + 2 * var);
+        assert_eq!(peak_of(false, ir, (t, d)), 12 * e + var);
+        assert_eq!(peak_of(true, s, (t, d)), 12 * e + var);
+        assert_eq!(peak_of(true, ir, (t, d)), 14 * e + var);
+        // The C kernels: the output alone, or nothing (in place).
+        assert_eq!(peak_of(false, c, (t, d)), 2 * e);
+        assert_eq!(peak_of(true, c, (t, d)), 0);
+    }
+
+    /// Which body each release runs: 0.21 the IR's native body even under
+    /// `--enforce-eager`; from 0.22 the C kernel there; `forward_static` up to 0.19 unless
+    /// custom ops are on.
+    #[test]
+    fn each_release_runs_its_norm_body() {
+        use RmsNormBody::*;
+        let of = RmsNormBody::of;
+        assert_eq!(
+            [of(19, false), of(21, false), of(33, false)],
+            [Static, IrNative, IrNative]
+        );
+        assert_eq!(
+            [of(19, true), of(21, true), of(22, true)],
+            [CKernel, IrNative, CKernel]
+        );
     }
 }

@@ -1838,6 +1838,17 @@ pub(crate) fn run_rank(
                             release.name
                         )));
                     }
+                    // Pixtral-HF packs a batch's images into one sequence for the encoder's
+                    // varlen attention from 0.29 (`_make_packed_sequence_metadata`,
+                    // pixtral.py 0.29.0 L95-120, L1292-1322: no block mask), and 0.33
+                    // normalizes uint8 pixels in `pixtral_patch_embed` (0.33.0 L1492-1531):
+                    // read, not modelled.
+                    if kind == "mistral3" && release.minor().is_some_and(|m| m >= 29) {
+                        return Err(Error::Request(format!(
+                            "model_type mistral3 (multimodal): vLLM {}'s Pixtral tower (images packed into one varlen attention from 0.29) is not modelled; it is from --vllm 0.10 to 0.28",
+                            release.name
+                        )));
+                    }
                     // Kimi-VL is read at 0.19 (kimi_vl.py, moonvit.py, MMEncoderAttention) and
                     // 0.21-0.33 (vllm-mm-towers-v021.md §4: the eager path unchanged).
                     if kind == "kimi_vl" && release.minor().is_none_or(|m| m < 19) {
@@ -1891,14 +1902,17 @@ pub(crate) fn run_rank(
                         v.tower.varlen_attention = profile.vision_attention.varlen(device_major);
                         Some(Tower::Siglip(Box::new(v)))
                     } else if kind == "qwen2_5_vl" {
-                        let mut v = crate::model::models::qwen2_5_vl::Qwen25Vision::load(
+                        let mut v = crate::model::models::qwen2_5_vl::Qwen25Vision::load_for(
                             &rt,
                             &opened.config,
                             opened.source.as_ref(),
                             &opts,
+                            crate::model::models::qwen2_5_vl::TowerRelease::of(
+                                minor,
+                                req.enforce_eager,
+                            ),
                         )?;
                         v.profile_item = qwen_item.flatten();
-                        v.release = crate::model::models::qwen2_5_vl::TowerRelease::of_minor(minor);
                         Some(Tower::Qwen25Vl(Box::new(v)))
                     } else if kind == "llama4" {
                         let mut v = crate::model::models::llama4_vision::Llama4Vision::load(
@@ -1936,7 +1950,8 @@ pub(crate) fn run_rank(
                         v.xformers = pixtral_xformers;
                         // vLLM's `RMSNorm` through the IR from 0.21 (pixtral.py 0.21,
                         // vllm-mm-towers-v021.md §5).
-                        v.ir_norms = minor >= 21;
+                        v.norm_body =
+                            crate::engine::ops_pixtral::RmsNormBody::of(minor, req.enforce_eager);
                         Some(Tower::Pixtral(Box::new(v)))
                     };
                     let attention = if matches!(

@@ -62,8 +62,8 @@ pub struct Mistral3Vision {
     /// 0.10 and 0.11 on x86_64 and not on Blackwell, pixtral.py 0.11 L57-66), or SDPA with
     /// transformers' dense block mask (0.15, 0.19: xFormers is no longer a dependency).
     pub xformers: bool,
-    /// Its `RMSNorm`s run the vLLM IR native body (0.21 on) rather than `forward_static`.
-    pub ir_norms: bool,
+    /// The body its `RMSNorm`s run (the IR's native body from 0.21).
+    pub norm_body: crate::engine::ops_pixtral::RmsNormBody,
 }
 
 impl Mistral3Vision {
@@ -217,7 +217,7 @@ impl Mistral3Vision {
             linear_1,
             linear_2,
             xformers: false,
-            ir_norms: false,
+            norm_body: crate::engine::ops_pixtral::RmsNormBody::Static,
         })
     }
 
@@ -270,7 +270,7 @@ impl Mistral3Vision {
             &cat,
             &self.ln_pre,
             EPS,
-            self.ir_norms,
+            self.norm_body,
             "vision.ln_pre",
         )?;
         drop(cat);
@@ -297,7 +297,7 @@ impl Mistral3Vision {
                 input,
                 &b.attention_norm,
                 EPS,
-                self.ir_norms,
+                self.norm_body,
                 &format!("{l}.attention_norm"),
             )?;
             let r = self.attention(rt, b, &n1, (&cos, &sin), images, &l)?;
@@ -309,7 +309,7 @@ impl Mistral3Vision {
                 &h,
                 &b.ffn_norm,
                 EPS,
-                self.ir_norms,
+                self.norm_body,
                 &format!("{l}.ffn_norm"),
             )?;
             let gate_up = b
@@ -421,7 +421,7 @@ impl Mistral3Vision {
         let s = &self.shape.vision;
         let act = self.act;
         let n =
-            ops_pixtral::rms_norm_eager(rt, x, &self.norm, EPS, self.ir_norms, "projector.norm")?;
+            ops_pixtral::rms_norm_eager(rt, x, &self.norm, EPS, self.norm_body, "projector.norm")?;
         let (merged, grids) = ops_pixtral::patch_merge(
             rt,
             &n,

@@ -15,6 +15,7 @@ use std::cell::RefCell;
 
 use crate::base::error::{Error, Result};
 use crate::device::cpu_qwen2_5_vl;
+use crate::engine::ops_pixtral::RmsNormBody;
 use crate::engine::runtime::Runtime;
 use crate::engine::tensor::{DType, Tensor};
 use crate::engine::{ops, ops_pixtral, ops_qwen2_5_vl as q, ops_tp};
@@ -36,8 +37,8 @@ const THETA: f64 = 10000.0;
 /// (docs/reading/vllm-mm-towers-v021.md §1.5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TowerRelease {
-    /// The RMSNorms run the vLLM IR native bodies (0.21 on) rather than `forward_static`.
-    pub ir_norms: bool,
+    /// The body its RMSNorms run.
+    pub norm: RmsNormBody,
     /// How the rotary position ids and the window index reach the device.
     pub rope_ids: q::RopeIds,
     /// Where the uint8 pixels are normalized on the device (0.28 on), if they are.
@@ -46,32 +47,38 @@ pub struct TowerRelease {
     pub host_second_per_grid: bool,
 }
 
-/// The device-side normalization of uint8 pixels (`mm_device_do_normalize`, 0.28 on).
+/// The device-side normalization of uint8 pixels (`mm_device_do_normalize`, on by default
+/// from 0.28 for Qwen2.5-VL: `supports_mm_device_do_normalize`, qwen2_5_vl.py 0.28 L1259;
+/// the processor is called with `do_rescale=False, do_normalize=False`, config/multimodal.py
+/// 0.28 L509-515).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InputNorm {
     /// The processor rescales and normalizes: floating pixels in the model dtype.
     None,
-    /// 0.28-0.29: `FusedInputNorm` called by `_process_image_input` before the tower; its
-    /// output is held until the tower and merger return.
+    /// 0.28-0.29: `FusedInputNorm` (models/vision.py 0.28 L587-733), built after the tower
+    /// and called by `_process_image_input` before it; its output is held until the tower
+    /// and merger return.
     ModelLevel,
-    /// 0.31-0.33: `FusedMMInputNorm` inside `visual.forward`; its output dies at the
-    /// patch embedding.
-    InTower,
+    /// 0.31-0.33: `FusedMMInputNorm` (layers/fusion/mm_input_norm.py 0.31 L209-315), built
+    /// before the tower and called inside `visual.forward`; its output dies at the patch
+    /// embedding. `cuda`: `forward_cuda` (one output; 0.33 always, its `enabled()` is True;
+    /// 0.31 under `--enforce-eager`), else `forward_native`.
+    InTower { cuda: bool },
 }
 
 impl TowerRelease {
-    /// The tower of 0.15 and 0.19.
+    /// The tower of 0.15 and 0.19 under Inductor.
     pub const V0_19: TowerRelease = TowerRelease {
-        ir_norms: false,
+        norm: RmsNormBody::Static,
         rope_ids: q::RopeIds::HostIndex,
         input_norm: InputNorm::None,
         host_second_per_grid: false,
     };
 
-    /// The tower of vLLM 0.`minor` (0.15 and later).
-    pub fn of_minor(minor: u32) -> TowerRelease {
+    /// The tower of vLLM 0.`minor` (0.15 and later), with `--enforce-eager` or not.
+    pub fn of(minor: u32, enforce_eager: bool) -> TowerRelease {
         TowerRelease {
-            ir_norms: minor >= 21,
+            norm: RmsNormBody::of(minor, enforce_eager),
             rope_ids: match minor {
                 ..=21 => q::RopeIds::HostIndex,
                 22..=28 => q::RopeIds::DeviceCopy,
@@ -80,7 +87,9 @@ impl TowerRelease {
             input_norm: match minor {
                 ..=27 => InputNorm::None,
                 28..=29 => InputNorm::ModelLevel,
-                _ => InputNorm::InTower,
+                m => InputNorm::InTower {
+                    cuda: m >= 33 || enforce_eager,
+                },
             },
             host_second_per_grid: minor >= 22,
         }
@@ -129,15 +138,40 @@ pub struct Qwen25Vision {
     pub profile_item: Option<ProfileItem>,
     /// The release's tower.
     pub release: TowerRelease,
+    /// The pixel normalization's `weight` and `bias` (f32 `[3]`), where the release
+    /// normalizes on the device.
+    pub input_norm: Option<(Tensor, Tensor)>,
+}
+
+/// The per-channel `rescale / std` and `-mean / std` of Qwen2.5-VL's processor (OpenAI CLIP's
+/// mean and std, rescale 1/255: the checkpoints' preprocessor_config.json).
+fn pixel_norm_values() -> ([f32; 3], [f32; 3]) {
+    const MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
+    const STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
+    let w = [0, 1, 2].map(|c| (1.0 / 255.0 / STD[c]) as f32);
+    let b = [0, 1, 2].map(|c| (-MEAN[c] / STD[c]) as f32);
+    (w, b)
 }
 
 impl Qwen25Vision {
-    /// Loads the tower and merger through the framework allocator, in vLLM's order.
+    /// Loads the tower and merger through the framework allocator, in vLLM 0.19's order.
     pub fn load(
         rt: &Runtime,
         cfg: &ModelConfig,
         src: &dyn WeightSource,
         opts: &LoadOptions,
+    ) -> Result<Self> {
+        Self::load_for(rt, cfg, src, opts, TowerRelease::V0_19)
+    }
+
+    /// Loads the tower and merger, and the release's pixel normalization buffers where it
+    /// has them, through the framework allocator in that release's order.
+    pub fn load_for(
+        rt: &Runtime,
+        cfg: &ModelConfig,
+        src: &dyn WeightSource,
+        opts: &LoadOptions,
+        release: TowerRelease,
     ) -> Result<Self> {
         let shape = cfg.qwen2_5_vl.clone().ok_or_else(|| {
             Error::Request("this config has no vision tower (model_type qwen2_5_vl)".into())
@@ -152,6 +186,31 @@ impl Qwen25Vision {
         let act = ld.act;
         rt.set_op("load");
         rt.set_layer(None);
+        // 0.31-0.33: `build_mm_input_norm` is an argument of the tower's constructor, so its
+        // two buffers (computed on the host, then `.to(device)`) come first
+        // (qwen2_5_vl.py 0.31 L1434-1441, mm_input_norm.py 0.31 L233-256).
+        let mut input_norm = match release.input_norm {
+            InputNorm::InTower { .. } => {
+                let (w, b) = pixel_norm_values();
+                Some((
+                    rt.tensor_with_values(
+                        "visual.input_norm.weight",
+                        Category::Weight,
+                        &[3],
+                        DType::F32,
+                        w.to_vec(),
+                    )?,
+                    rt.tensor_with_values(
+                        "visual.input_norm.bias",
+                        Category::Weight,
+                        &[3],
+                        DType::F32,
+                        b.to_vec(),
+                    )?,
+                ))
+            }
+            _ => None,
+        };
         let (d, i) = (s.hidden_size, s.intermediate_size);
         let patch_w = ld.dense(
             &format!("{TOWER}.patch_embed.proj.weight"),
@@ -254,6 +313,43 @@ impl Qwen25Vision {
             (m_first, m_len),
             shard.rank,
         )?;
+        // 0.28-0.29: `FusedInputNorm.from_model_config` after the tower, under the loader's
+        // device context (models/vision.py 0.28 L593-636): `tensor(mean)` and its `· 255`,
+        // `tensor(std)` and its `· 255`, `1.0 / std` (`reciprocal`, then `· 1.0`), `-mean`
+        // and `/ std`; the kept `weight` and `bias` are buffers, the scaled mean and std die
+        // as the constructor returns.
+        if release.input_norm == InputNorm::ModelLevel {
+            rt.set_op("load.input_norm");
+            let (w, b) = pixel_norm_values();
+            let t = |name: &str| rt.tensor(name, Category::Weight, &[3], DType::F32);
+            let mean = t("input_norm.mean")?;
+            let mean255 = t("input_norm.mean_scaled")?;
+            drop(mean);
+            let std = t("input_norm.std")?;
+            let std255 = t("input_norm.std_scaled")?;
+            drop(std);
+            let recip = t("input_norm.reciprocal")?;
+            let weight = rt.tensor_with_values(
+                "input_norm.weight",
+                Category::Weight,
+                &[3],
+                DType::F32,
+                w.to_vec(),
+            )?;
+            drop(recip);
+            let neg = t("input_norm.neg_mean")?;
+            let bias = rt.tensor_with_values(
+                "input_norm.bias",
+                Category::Weight,
+                &[3],
+                DType::F32,
+                b.to_vec(),
+            )?;
+            drop(neg);
+            drop(mean255);
+            drop(std255);
+            input_norm = Some((weight, bias));
+        }
         Ok(Qwen25Vision {
             eps: cfg.rms_norm_eps as f32,
             local_heads: s.num_heads / shard.size,
@@ -268,7 +364,8 @@ impl Qwen25Vision {
             mlp2,
             rope_tables: RefCell::new(Vec::new()),
             profile_item: None,
-            release: TowerRelease::V0_19,
+            release,
+            input_norm,
         })
     }
 
@@ -284,7 +381,11 @@ impl Qwen25Vision {
                 + l.gate_up_bias.nbytes()
                 + l.down.weight_bytes();
         }
-        b + self.ln_q.nbytes() + self.mlp0.weight_bytes() + self.mlp2.weight_bytes()
+        let norm = self
+            .input_norm
+            .as_ref()
+            .map_or(0, |(w, bias)| w.nbytes() + bias.nbytes());
+        b + self.ln_q.nbytes() + self.mlp0.weight_bytes() + self.mlp2.weight_bytes() + norm
     }
 
     /// Bytes of the rotary tables `get_rope_by_thw`'s `lru_cache` holds after a pass (they
@@ -323,9 +424,42 @@ impl Qwen25Vision {
             )));
         }
         rt.set_layer(None);
-        // `x.to(device, dtype)`: the processor's output is already in the model dtype
-        // (multimodal/processing/context.py 0.19 L225-237) and on the device: no copy.
-        let embeds = q::patch_embed(rt, pixels, &self.patch_w, "vision.patch_embed")?;
+        // uint8 pixels are normalized first: by the caller before the tower (0.28-0.29, held
+        // to the end), or inside it (0.31 on, dying at the patch embedding).
+        let normed = match (self.release.input_norm, &self.input_norm) {
+            (InputNorm::None, _) | (_, None) => None,
+            (kind, Some((w, b))) => {
+                let pass = match kind {
+                    InputNorm::ModelLevel => q::InputNormPass::Upcast,
+                    InputNorm::InTower { cuda: true } => q::InputNormPass::Cuda,
+                    _ => q::InputNormPass::Native,
+                };
+                Some(q::input_norm(
+                    rt,
+                    pixels,
+                    (w, b),
+                    pass,
+                    act,
+                    "vision.input_norm",
+                )?)
+            }
+        };
+        // `x.to(device, dtype)`: the processor's output (or the normalized pixels) is
+        // already in the model dtype (multimodal/processing/context.py 0.19 L225-237) and on
+        // the device: no copy.
+        let embeds = q::patch_embed(
+            rt,
+            normed.as_ref().unwrap_or(pixels),
+            &self.patch_w,
+            "vision.patch_embed",
+        )?;
+        let held_input = match self.release.input_norm {
+            InputNorm::ModelLevel => normed,
+            _ => {
+                drop(normed);
+                None
+            }
+        };
         // Per image: the cached rotary tables (made on the first call for a grid), the window
         // index and `cu_seqlens` (host tensors).
         let mut window_index = Vec::with_capacity(seq / unit);
@@ -408,7 +542,7 @@ impl Qwen25Vision {
                 &hidden,
                 &b.norm1,
                 self.eps,
-                self.release.ir_norms,
+                self.release.norm,
                 &format!("{l}.norm1"),
             )?;
             let x_attn = self.attention(rt, b, &n1, (&cos, &sin), cu, (heads, hd), &l)?;
@@ -420,7 +554,7 @@ impl Qwen25Vision {
                 &x_attn,
                 &b.norm2,
                 self.eps,
-                self.release.ir_norms,
+                self.release.norm,
                 &format!("{l}.norm2"),
             )?;
             let gate_up = b
@@ -467,7 +601,7 @@ impl Qwen25Vision {
             &hidden,
             &self.ln_q,
             self.eps,
-            self.release.ir_norms,
+            self.release.norm,
             "vision.merger.ln_q",
         )?;
         let merged = n.part("vision.merger.view", 0, &[seq / unit, s.hidden_size * unit]);
@@ -490,6 +624,8 @@ impl Qwen25Vision {
         // copies of the indices and `cu_seqlens`.
         drop((cos, sin));
         drop(dev);
+        // 0.28-0.29: the normalized pixels die as `_process_image_input` returns.
+        drop(held_input);
         Ok(out)
     }
 
