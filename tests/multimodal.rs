@@ -1512,24 +1512,41 @@ fn llava_next_and_kimi_vl_from_0_21() {
     assert!(k[3].held_bytes < k[2].held_bytes);
 }
 
-/// Mistral 3 from 0.29 (Pixtral's packed varlen attention) is refused in one line naming the
-/// release and the range that is modelled; Qwen2.5-VL answers under 0.33 from a `vllm serve`
-/// line.
+/// Mistral 3 from 0.29: Pixtral packs the two dummy images (110 × 110 patches each) into one
+/// FlashAttention varlen call, so the dense `[24200, 24200]` bf16 block mask that 0.15-0.28
+/// hold through the tower is gone (its 1,171,280,000 bytes take a 559 × 2 MiB segment; the
+/// packed sequence's `cu_seqlens` adds a 512-byte block); 0.33 sends uint8 pixels and
+/// normalizes them on the device (two f32 `[3]` buffers with the tower). Qwen2.5-VL answers
+/// under 0.33 from a `vllm serve` line.
 #[test]
-fn mistral3_from_0_29_is_refused_and_qwen2_5_vl_plans_under_0_33() {
-    for v in ["0.29", "0.33"] {
+fn mistral3_packs_its_images_from_0_29_and_qwen2_5_vl_plans_under_0_33() {
+    let encoder = |v: &str| {
         let mut req = request("preset:mistral-small-3.1-24b", "sim:h100-sxm:dry", v);
         req.max_model_len = 8192;
-        let err = profile::run(&req, None, Arc::new(AtomicBool::new(false)))
-            .err()
-            .unwrap()
-            .to_string();
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
-        assert!(
-            err.contains(&format!("vLLM {v}'s Pixtral tower (images packed into one varlen attention from 0.29) is not modelled; it is from --vllm 0.10 to 0.28")),
-            "{err}"
-        );
-    }
+        run(&req).encoder.unwrap()
+    };
+    let (e28, e29, e31, e33) = (
+        encoder("0.28"),
+        encoder("0.29"),
+        encoder("0.31"),
+        encoder("0.33"),
+    );
+    assert_eq!(
+        e28.attention,
+        "PyTorch SDPA (memory-efficient, dense block mask)"
+    );
+    assert_eq!(
+        e29.attention,
+        "FlashAttention varlen (the images packed into one sequence)"
+    );
+    let mask = 24200u64 * 24200 * 2;
+    assert_eq!(mask.div_ceil(2 << 20), 559);
+    assert_eq!(
+        e28.phase_peak_bytes - e29.phase_peak_bytes,
+        559 * (2 << 20) - 512
+    );
+    assert_eq!(e33.weights_bytes, e31.weights_bytes + 2 * 12);
+    assert_eq!(e33.held_bytes, e31.held_bytes);
     let (ok, out, err) = plan_qwen25_vl("0.33", &["--max-model-len", "8192"]);
     assert!(ok, "{err}");
     assert!(out.contains("profiled with 1 video items"), "{out}");

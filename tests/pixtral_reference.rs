@@ -100,4 +100,15 @@ fn the_profile_computes_the_encoder_on_the_cpu() {
         e.attention,
         "xFormers memory-efficient (block-diagonal bias)"
     );
+    // 0.33 (Model Runner V2): uint8 pixels packed, normalized and projected in one product,
+    // the images packed into one varlen attention; the batch dies before the text pass, so
+    // the embeddings alone stay.
+    let r = run("0.33");
+    let e = r.encoder.as_ref().unwrap();
+    assert_eq!(
+        e.attention,
+        "FlashAttention varlen (the images packed into one sequence)"
+    );
+    assert_eq!(e.plan.as_ref().unwrap().items, 16);
+    assert_eq!(e.held_bytes, 4096);
 }

@@ -56,6 +56,53 @@ pub fn patch_conv(
     Ok(out)
 }
 
+/// `pixtral_patch_embed`'s `F.linear(normalized, weight.reshape(D, -1))` (pixtral.py 0.33.0
+/// L1525-1526): the projection `[Σ g², D]` of every image's normalized patch rows in one
+/// output. On the CPU it is computed from the uint8 `pixels [N, C, S, S]` normalized with
+/// `(weight, bias)` per channel, image by image through the convolution's arithmetic (the
+/// same sums).
+pub fn patch_linear(
+    rt: &Runtime,
+    pixels: &Tensor,
+    (norm_w, norm_b): (&Tensor, &Tensor),
+    w: &Tensor,
+    (images, channels, size, patch, d): (usize, usize, usize, usize, usize),
+    name: &str,
+) -> Result<Tensor> {
+    rt.check_cancel()?;
+    cpu_only(rt, "patch_linear")?;
+    rt.ensure_library_workspaces()?;
+    rt.set_op("linear");
+    let g = size / patch;
+    let mut out = act(rt, name, &[images * g * g, d], w.dtype)?;
+    if rt.backend() == Backend::Cpu {
+        let per = channels * size * size;
+        let values: Vec<f32> = match &pixels.storage {
+            crate::device::tensor::Storage::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
+            _ => pixels.f32().to_vec(),
+        };
+        let (nw, nb) = (norm_w.f32(), norm_b.f32());
+        for n in 0..images {
+            let img: Vec<f32> = values[n * per..(n + 1) * per]
+                .iter()
+                .enumerate()
+                .map(|(i, x)| {
+                    let c = i / (size * size);
+                    x * nw[c] + nb[c]
+                })
+                .collect();
+            cpu_siglip::patch_embed(
+                &img,
+                w.f32(),
+                &vec![0.0; d],
+                (1, channels, size, patch),
+                &mut out.f32_mut()[n * g * g * d..(n + 1) * g * g * d],
+            );
+        }
+    }
+    Ok(out)
+}
+
 /// `torch.cat(parts)` along the rows: one new tensor.
 pub fn cat_rows(rt: &Runtime, parts: &[&Tensor], name: &str) -> Result<Tensor> {
     rt.set_op("cat");
@@ -359,4 +406,58 @@ pub fn gelu(rt: &Runtime, x: &Tensor, name: &str) -> Result<Tensor> {
         cpu_pixtral::gelu_erf(x.f32(), out.f32_mut());
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Device, DeviceSpec};
+
+    /// 0.33's one-matmul patch embedding of uint8 pixels equals the per-image convolution of
+    /// the pixels normalized per channel (on the CPU, fp32).
+    #[test]
+    fn patch_linear_is_the_convolution_of_the_normalized_pixels() {
+        let device = Device::open(&DeviceSpec::parse("sim:h100-80gb").unwrap()).unwrap();
+        let rt = Runtime::new(device, std::sync::Arc::default(), None);
+        let (images, c, size, patch, d) = (2, 3, 8, 4, 5);
+        let n = images * c * size * size;
+        let raw: Vec<f32> = (0..n).map(|i| ((i * 37) % 256) as f32).collect();
+        let (w, b) = ([0.011f32, 0.013, 0.017], [-1.5f32, -1.25, -2.0]);
+        let normed: Vec<f32> = raw
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let ch = (i / (size * size)) % c;
+                x * w[ch] + b[ch]
+            })
+            .collect();
+        let t = |name: &str, shape: &[usize], v: Vec<f32>| {
+            rt.tensor_with_values(name, Category::Activation, shape, DType::F32, v)
+                .unwrap()
+        };
+        let px = t("px", &[images, c, size, size], raw);
+        let px_normed = t("px_normed", &[images, c, size, size], normed);
+        let weight: Vec<f32> = (0..d * c * patch * patch)
+            .map(|i| ((i % 7) as f32 - 3.0) * 0.05)
+            .collect();
+        let wt = t("w", &[d, c, patch, patch], weight);
+        let (nw, nb) = (t("nw", &[3], w.to_vec()), t("nb", &[3], b.to_vec()));
+        let lin = patch_linear(
+            &rt,
+            &px,
+            (&nw, &nb),
+            &wt,
+            (images, c, size, patch, d),
+            "lin",
+        )
+        .unwrap();
+        let g = size / patch;
+        for img in 0..images {
+            let conv = patch_conv(&rt, &px_normed, &wt, (img, c, size, patch, d), "conv").unwrap();
+            let rows = &lin.f32()[img * g * g * d..(img + 1) * g * g * d];
+            for (a, b) in rows.iter().zip(conv.f32()) {
+                assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+            }
+        }
+    }
 }

@@ -125,7 +125,13 @@ impl Tower {
                 Ok((vec![px, crops], vec![out]))
             }
             Tower::Pixtral(v) => {
-                let px = crate::model::models::mistral3::dummy_pixels(rt, &v.shape, items, v.act)?;
+                let px = crate::model::models::mistral3::dummy_pixels(
+                    rt,
+                    &v.shape,
+                    items,
+                    v.act,
+                    v.input_norm.is_some(),
+                )?;
                 let out = v.encode(rt, &px, items)?;
                 Ok((vec![px], vec![out]))
             }
@@ -1838,17 +1844,6 @@ pub(crate) fn run_rank(
                             release.name
                         )));
                     }
-                    // Pixtral-HF packs a batch's images into one sequence for the encoder's
-                    // varlen attention from 0.29 (`_make_packed_sequence_metadata`,
-                    // pixtral.py 0.29.0 L95-120, L1292-1322: no block mask), and 0.33
-                    // normalizes uint8 pixels in `pixtral_patch_embed` (0.33.0 L1492-1531):
-                    // read, not modelled.
-                    if kind == "mistral3" && release.minor().is_some_and(|m| m >= 29) {
-                        return Err(Error::Request(format!(
-                            "model_type mistral3 (multimodal): vLLM {}'s Pixtral tower (images packed into one varlen attention from 0.29) is not modelled; it is from --vllm 0.10 to 0.28",
-                            release.name
-                        )));
-                    }
                     // Kimi-VL is read at 0.19 (kimi_vl.py, moonvit.py, MMEncoderAttention) and
                     // 0.21-0.33 (vllm-mm-towers-v021.md §4: the eager path unchanged).
                     if kind == "kimi_vl" && release.minor().is_none_or(|m| m < 19) {
@@ -1941,13 +1936,19 @@ pub(crate) fn run_rank(
                         v.tower.varlen_attention = profile.vision_attention.varlen(device_major);
                         Some(Tower::LlavaNext(Box::new(v)))
                     } else {
-                        let mut v = crate::model::models::mistral3::Mistral3Vision::load(
+                        // 0.33: uint8 pixels normalized on the device in `pixtral_patch_embed`
+                        // (`supports_mm_device_do_normalize`, mistral3.py 0.33.0 L426).
+                        let mut v = crate::model::models::mistral3::Mistral3Vision::load_for(
                             &rt,
                             &opened.config,
                             opened.source.as_ref(),
                             &opts,
+                            minor >= 33,
                         )?;
                         v.xformers = pixtral_xformers;
+                        // From 0.29 the images are packed into one varlen attention
+                        // (`_make_packed_sequence_metadata`, pixtral.py 0.29.0 L95-120).
+                        v.packed_varlen = minor >= 29;
                         // vLLM's `RMSNorm` through the IR from 0.21 (pixtral.py 0.21,
                         // vllm-mm-towers-v021.md §5).
                         v.norm_body =
@@ -1959,6 +1960,8 @@ pub(crate) fn run_rank(
                         "gemma3" | "qwen2_5_vl" | "llava_next" | "llama4" | "kimi_vl"
                     ) {
                         profile.vision_attention.label(device_major)
+                    } else if kind == "mistral3" && minor >= 29 {
+                        "FlashAttention varlen (the images packed into one sequence)"
                     } else if pixtral_xformers {
                         "xFormers memory-efficient (block-diagonal bias)"
                     } else {

@@ -64,6 +64,14 @@ pub struct Mistral3Vision {
     pub xformers: bool,
     /// The body its `RMSNorm`s run (the IR's native body from 0.21).
     pub norm_body: crate::engine::ops_pixtral::RmsNormBody,
+    /// A batch's images packed into one sequence for `MMEncoderAttention`'s FlashAttention
+    /// varlen call, its `cu_seqlens` made once a forward (0.29 on: pixtral.py 0.29.0 L95-120,
+    /// L1292-1322), instead of a block mask.
+    pub packed_varlen: bool,
+    /// The device-side pixel normalization's `weight` and `bias` (f32 `[3]`, 0.33 on:
+    /// `build_mm_input_norm`, mistral3.py 0.33 L478-485): uint8 pixels, packed into patch
+    /// rows, normalized and projected in one matrix product (`pixtral_patch_embed`).
+    pub input_norm: Option<(Tensor, Tensor)>,
 }
 
 impl Mistral3Vision {
@@ -73,6 +81,19 @@ impl Mistral3Vision {
         cfg: &ModelConfig,
         src: &dyn WeightSource,
         opts: &LoadOptions,
+    ) -> Result<Self> {
+        Self::load_for(rt, cfg, src, opts, false)
+    }
+
+    /// Loads them with, where `device_norm` (0.33 on), the pixel normalization's two buffers
+    /// first: `build_mm_input_norm` is an argument of the tower's constructor, computed on the
+    /// host and copied (mm_input_norm.py 0.33 L225-251).
+    pub fn load_for(
+        rt: &Runtime,
+        cfg: &ModelConfig,
+        src: &dyn WeightSource,
+        opts: &LoadOptions,
+        device_norm: bool,
     ) -> Result<Self> {
         let shape = cfg.mistral3.clone().ok_or_else(|| {
             Error::Request("this config has no Pixtral vision tower (model_type mistral3)".into())
@@ -94,6 +115,18 @@ impl Mistral3Vision {
         let act = ld.act;
         rt.set_op("load");
         rt.set_layer(None);
+        let input_norm = if device_norm {
+            let (w, b) = crate::model::models::qwen2_5_vl::pixel_norm_values();
+            let t = |name: &str, v: [f32; 3]| {
+                rt.tensor_with_values(name, Category::Weight, &[3], DType::F32, v.to_vec())
+            };
+            Some((
+                t("vision_tower.input_norm.weight", w)?,
+                t("vision_tower.input_norm.bias", b)?,
+            ))
+        } else {
+            None
+        };
         let (d, i) = (s.hidden_size, s.intermediate_size);
         let patch_w = ld.dense(
             &format!("{TOWER}.patch_conv.weight"),
@@ -218,6 +251,8 @@ impl Mistral3Vision {
             linear_2,
             xformers: false,
             norm_body: crate::engine::ops_pixtral::RmsNormBody::Static,
+            packed_varlen: false,
+            input_norm,
         })
     }
 
@@ -231,7 +266,12 @@ impl Mistral3Vision {
                 + l.down.weight_bytes()
                 + l.ffn_norm.nbytes();
         }
-        b + self.norm.nbytes()
+        let input_norm = self
+            .input_norm
+            .as_ref()
+            .map_or(0, |(w, bias)| w.nbytes() + bias.nbytes());
+        b + input_norm
+            + self.norm.nbytes()
             + self.merging.weight_bytes()
             + self.linear_1.weight_bytes()
             + self.linear_2.weight_bytes()
@@ -250,24 +290,62 @@ impl Mistral3Vision {
         let act = self.act;
         rt.set_layer(None);
         // The convolution one image at a time; `patch_embeds_list` holds the outputs until
-        // the forward returns.
+        // the forward returns. From 0.33 (`pixtral_patch_embed`, pixtral.py 0.33.0
+        // L1492-1531): the uint8 pixels packed into patch rows, normalized, projected in one
+        // `F.linear`; the list's views hold the projection, the packed rows and the
+        // normalized ones die as it returns.
         let mut convs = Vec::with_capacity(images);
-        for n in 0..images {
-            convs.push(ops_pixtral::patch_conv(
+        let cat = if let Some((w, b)) = &self.input_norm {
+            let k = s.num_channels * s.patch_size * s.patch_size;
+            rt.set_op("pixtral_patch_embed");
+            let packed = rt.tensor_for_overwrite(
+                "vision.patch_embed.packed",
+                Category::Activation,
+                &[tokens, k],
+                DType::U8,
+            )?;
+            let normed = crate::engine::ops_qwen2_5_vl::input_norm(
+                rt,
+                &packed,
+                (w, b),
+                crate::engine::ops_qwen2_5_vl::InputNormPass::Cuda,
+                act,
+                "vision.input_norm",
+            )?;
+            drop(packed);
+            let projected = ops_pixtral::patch_linear(
                 rt,
                 pixels,
+                (w, b),
                 &self.patch_w,
-                (n, s.num_channels, s.image_size, s.patch_size, d),
-                &format!("vision.patch_conv.{n}"),
-            )?);
-        }
-        let cat = ops_pixtral::cat_rows(rt, &convs.iter().collect::<Vec<_>>(), "vision.cat")?;
+                (images, s.num_channels, s.image_size, s.patch_size, d),
+                "vision.patch_embed",
+            )?;
+            drop(normed);
+            convs.push(projected);
+            None
+        } else {
+            for n in 0..images {
+                convs.push(ops_pixtral::patch_conv(
+                    rt,
+                    pixels,
+                    &self.patch_w,
+                    (n, s.num_channels, s.image_size, s.patch_size, d),
+                    &format!("vision.patch_conv.{n}"),
+                )?);
+            }
+            Some(ops_pixtral::cat_rows(
+                rt,
+                &convs.iter().collect::<Vec<_>>(),
+                "vision.cat",
+            )?)
+        };
         // `patch_embeds = self.ln_pre(patch_embeds)`: the concatenation dies at the rebind;
         // the normed embeddings stay (the transformer's `hidden_states_pool[0]`, then the
         // forward's `patch_embeds`).
         let x0 = ops_pixtral::rms_norm_eager(
             rt,
-            &cat,
+            cat.as_ref().unwrap_or(&convs[0]),
             &self.ln_pre,
             EPS,
             self.norm_body,
@@ -282,10 +360,22 @@ impl Mistral3Vision {
             DType::I64,
         )?;
         let (cos, sin) = ops_pixtral::rope_cos_sin(rt, (images, g, hd), s.rope_theta, act)?;
-        let mask = if self.xformers {
+        let mask = if self.xformers || self.packed_varlen {
             None
         } else {
             Some(ops_pixtral::block_mask(rt, tokens, act)?)
+        };
+        // 0.29 on: `_make_packed_sequence_metadata`'s `cu_seqlens` (int32, from the host;
+        // `max_seqlen` stays on the host).
+        let cu_seqlens = if self.packed_varlen {
+            Some(crate::engine::ops_qwen2_5_vl::host_to_device(
+                rt,
+                "vision.cu_seqlens",
+                images + 1,
+                DType::I32,
+            )?)
+        } else {
+            None
         };
         let mut hidden: Option<Tensor> = None;
         for (li, b) in self.blocks.iter().enumerate() {
@@ -346,6 +436,7 @@ impl Mistral3Vision {
         drop(pos_ids);
         drop((cos, sin));
         drop(mask);
+        drop(cu_seqlens);
         // `torch.cat(image_features)`: a copy (the tower's views stay referenced until
         // `_process_image_input` returns).
         let feats = ops_pixtral::cat_rows(rt, &[&last], "projector.input")?;
@@ -387,7 +478,7 @@ impl Mistral3Vision {
             (heads, hd),
             &format!("{l}.k_rot"),
         )?;
-        let o = if self.xformers {
+        let o = if self.xformers || self.packed_varlen {
             // Like FlashAttention's call: the output and an f32 log-sum-exp that dies.
             ops_siglip::vit_attention(
                 rt,
@@ -465,6 +556,7 @@ pub fn dummy_pixels(
     shape: &Mistral3Shape,
     images: usize,
     act: DType,
+    uint8: bool,
 ) -> Result<Tensor> {
     let s = &shape.vision;
     rt.set_op("mm_dummy_batch");
@@ -472,7 +564,7 @@ pub fn dummy_pixels(
         "pixel_values",
         Category::Activation,
         &[images, s.num_channels, s.image_size, s.image_size],
-        act,
+        if uint8 { DType::U8 } else { act },
     )
 }
 

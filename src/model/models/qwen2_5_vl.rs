@@ -143,9 +143,9 @@ pub struct Qwen25Vision {
     pub input_norm: Option<(Tensor, Tensor)>,
 }
 
-/// The per-channel `rescale / std` and `-mean / std` of Qwen2.5-VL's processor (OpenAI CLIP's
-/// mean and std, rescale 1/255: the checkpoints' preprocessor_config.json).
-fn pixel_norm_values() -> ([f32; 3], [f32; 3]) {
+/// The per-channel `rescale / std` and `-mean / std` of Qwen2.5-VL's and Pixtral's processors
+/// (OpenAI CLIP's mean and std, rescale 1/255: the checkpoints' preprocessor_config.json).
+pub(crate) fn pixel_norm_values() -> ([f32; 3], [f32; 3]) {
     const MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
     const STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
     let w = [0, 1, 2].map(|c| (1.0 / 255.0 / STD[c]) as f32);
