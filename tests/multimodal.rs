@@ -1551,3 +1551,27 @@ fn mistral3_packs_its_images_from_0_29_and_qwen2_5_vl_plans_under_0_33() {
     assert!(ok, "{err}");
     assert!(out.contains("profiled with 1 video items"), "{out}");
 }
+
+/// Gemma 4 (public log Q9) and Gemma 3n are refused in one line naming the model type and
+/// what is not modelled.
+#[test]
+fn gemma_4_and_gemma_3n_are_refused_by_name() {
+    for (mt, arch) in [
+        ("gemma4", "Gemma4ForConditionalGeneration"),
+        ("gemma3n", "Gemma3nForConditionalGeneration"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("config.json"),
+            format!(r#"{{"architectures": ["{arch}"], "model_type": "{mt}"}}"#),
+        )
+        .unwrap();
+        let (ok, _, err) = vramscope(&["inspect", dir.path().to_str().unwrap()]);
+        assert!(!ok);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!("model_type '{mt}' ({arch}")) && err.contains("not modelled"),
+            "{err}"
+        );
+    }
+}

@@ -308,11 +308,23 @@ pub struct Refused {
 
 /// Model types vramscope knows and refuses, each with what it would take to run it (Gemma 3's
 /// and Mistral 3's multimodal checkpoints run, `config/gemma3_mm.rs`, `config/mistral3.rs`).
-pub const REFUSED: &[Refused] = &[Refused {
-    model_type: "pixtral",
-    architectures: "PixtralForConditionalGeneration, Mistral's native format (params.json, consolidated.safetensors) served with --tokenizer-mode mistral",
-    needs: "its native vision encoder and adapter (vLLM pixtral.py VisionTransformer and VisionLanguageAdapter) and mistral_common's image processing are not modelled; the Hugging Face format (model_type mistral3, Mistral3ForConditionalGeneration) is",
-}];
+pub const REFUSED: &[Refused] = &[
+    Refused {
+        model_type: "pixtral",
+        architectures: "PixtralForConditionalGeneration, Mistral's native format (params.json, consolidated.safetensors) served with --tokenizer-mode mistral",
+        needs: "its native vision encoder and adapter (vLLM pixtral.py VisionTransformer and VisionLanguageAdapter) and mistral_common's image processing are not modelled; the Hugging Face format (model_type mistral3, Mistral3ForConditionalGeneration) is",
+    },
+    Refused {
+        model_type: "gemma4",
+        architectures: "Gemma4ForConditionalGeneration (google/gemma-4-*), vLLM 0.19 on (models/gemma4.py, gemma4_mm.py)",
+        needs: "its language model (per-layer input embeddings and the runner's `per_layer_embeddings` buffer, layers that share another layer's KV cache, its MoE router), its vision and audio towers (built through transformers' AutoModel) and their video profile are not modelled",
+    },
+    Refused {
+        model_type: "gemma3n",
+        architectures: "Gemma3nForConditionalGeneration (google/gemma-3n-*), vLLM models/gemma3n.py, gemma3n_mm.py",
+        needs: "its language model (AltUp, LAuReL, per-layer input embeddings, KV sharing) and its MobileNet vision and audio towers are not modelled",
+    },
+];
 
 /// The family of `model_type`, if vramscope runs it.
 pub fn family(model_type: &str) -> Option<&'static Family> {
