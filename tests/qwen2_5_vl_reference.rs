@@ -123,4 +123,19 @@ fn the_profile_computes_the_encoder_on_the_cpu() {
         ),
         (64, 5, 12, "image")
     );
+    // Model Runner V2 with uint8 pixels normalized on the device (0.28: before the tower,
+    // 0.33: inside it, by FusedMMInputNorm's CUDA kernel), computed on the CPU: the batch
+    // dies before the text pass, the embeddings [84, 32] (f16) and the cached cos and sin
+    // stay; the two f32 [3] buffers load with the tower.
+    let r19 = run("0.19", None);
+    for v in ["0.28", "0.33"] {
+        let r = run(v, None);
+        let e = r.encoder.as_ref().unwrap();
+        assert_eq!(e.held_bytes, 5_632 + 2 * 3_072, "{v}");
+        assert_eq!(
+            e.weights_bytes,
+            r19.encoder.as_ref().unwrap().weights_bytes + 24,
+            "{v}"
+        );
+    }
 }
