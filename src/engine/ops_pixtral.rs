@@ -120,19 +120,6 @@ pub fn cat_rows(rt: &Runtime, parts: &[&Tensor], name: &str) -> Result<Tensor> {
     Ok(out)
 }
 
-/// `RMSNorm.forward_static` (layernorm.py 0.19 L222-265), eagerly: `x.to(float32)`, `x.pow(2)`
-/// (dies at `.mean`), the `[T, 1]` variance, `x * rsqrt(...)` (the f32 copy dies as `x` is
-/// rebound), `.to(orig_dtype)`, `* weight`. Peak: two f32 copies of `x`.
-pub fn rms_norm_native(
-    rt: &Runtime,
-    x: &Tensor,
-    w: &Tensor,
-    eps: f32,
-    name: &str,
-) -> Result<Tensor> {
-    rms_norm_eager(rt, x, w, eps, RmsNormBody::Static, name)
-}
-
 /// Which body a vision tower's vLLM `RMSNorm` runs (eagerly: the towers are not compiled).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RmsNormBody {
@@ -162,9 +149,7 @@ impl RmsNormBody {
     }
 }
 
-/// vLLM's `RMSNorm` run eagerly by `body`. The IR body keeps the f32 input as `x_var` and
-/// writes `x.to(weight.dtype) * weight` in one statement: the f32 normed tensor lives until
-/// the weighted product exists, the f32 input and the variance until it returns.
+/// vLLM's `RMSNorm` run eagerly by `body`.
 pub fn rms_norm_eager(
     rt: &Runtime,
     x: &Tensor,
@@ -173,8 +158,7 @@ pub fn rms_norm_eager(
     body: RmsNormBody,
     name: &str,
 ) -> Result<Tensor> {
-    match body {
-        RmsNormBody::IrNative => return rms_norm_ir(rt, x, w, eps, name),
+    let ir = match body {
         RmsNormBody::CKernel => {
             rt.check_cancel()?;
             rt.set_op("rms_norm_c");
@@ -184,25 +168,41 @@ pub fn rms_norm_eager(
             }
             return Ok(out);
         }
-        RmsNormBody::Static => {}
-    }
+        RmsNormBody::IrNative => true,
+        RmsNormBody::Static => false,
+    };
+    // `forward_static`: `x.to(float32)`, the variance, `x * rsqrt` (the f32 input dies at the
+    // rebind), `.to(orig_dtype)` (the f32 normed tensor dies), `* weight`. The IR body: the f32
+    // input held as `x_var`, `x.to(weight.dtype) * weight` in one statement (the cast dies,
+    // then the f32 normed tensor), the f32 input and the variance dying as it returns.
     rt.check_cancel()?;
-    rt.set_op("rms_norm_native");
+    rt.set_op(if ir {
+        "rms_norm_ir_native"
+    } else {
+        "rms_norm_native"
+    });
     let (t, d) = (x.rows(), x.cols());
     let xf = act(rt, &format!("{name}.f32"), &[t, d], DType::F32)?;
-    let sq = act(rt, &format!("{name}.pow"), &[t, d], DType::F32)?;
-    let var = act(rt, &format!("{name}.variance"), &[t, 1], DType::F32)?;
-    drop(sq);
-    let shifted = act(rt, &format!("{name}.variance_eps"), &[t, 1], DType::F32)?;
-    let r = act(rt, &format!("{name}.rsqrt"), &[t, 1], DType::F32)?;
-    drop(shifted);
+    let (var, r) = variance_rsqrt(rt, t, d, name)?;
     let y = act(rt, &format!("{name}.normed"), &[t, d], DType::F32)?;
     drop(r);
-    drop(xf);
-    let yb = act(rt, &format!("{name}.to_dtype"), &[t, d], x.dtype)?;
-    drop(y);
-    let mut out = act(rt, name, &[t, d], x.dtype)?;
+    let (xf, dtype) = if ir {
+        (Some(xf), w.dtype)
+    } else {
+        drop(xf);
+        (None, x.dtype)
+    };
+    let yb = act(rt, &format!("{name}.to_dtype"), &[t, d], dtype)?;
+    let y = if ir {
+        Some(y)
+    } else {
+        drop(y);
+        None
+    };
+    let mut out = act(rt, name, &[t, d], dtype)?;
     drop(yb);
+    drop(y);
+    drop(xf);
     drop(var);
     if rt.backend() == Backend::Cpu {
         cpu::rms_norm(x.f32(), w.f32(), eps, out.f32_mut());
@@ -210,33 +210,21 @@ pub fn rms_norm_eager(
     Ok(out)
 }
 
-/// The IR `rms_norm` (no residual): `x.to(float32)` (held as `x_var`), `pow` (dies at
-/// `.mean`), the variance, `variance + eps` and its `rsqrt` (`[T, 1]`), `x * rsqrt` (f32),
-/// `.to(weight.dtype)`, `* weight` (the cast dies, then the f32 normed tensor at the rebind);
-/// the f32 input and the variance die as it returns. The result's `.to(orig_dtype)` is itself.
-fn rms_norm_ir(rt: &Runtime, x: &Tensor, w: &Tensor, eps: f32, name: &str) -> Result<Tensor> {
-    rt.check_cancel()?;
-    rt.set_op("rms_norm_ir_native");
-    let (t, d) = (x.rows(), x.cols());
-    let xf = act(rt, &format!("{name}.f32"), &[t, d], DType::F32)?;
+/// An RMSNorm's variance of `[t, d]` f32 rows: `pow` (dies at `.mean`), the variance `[t, 1]`,
+/// `variance + eps` (dies at `rsqrt`) and the `rsqrt` `[t, 1]`. Returns (variance, rsqrt).
+pub(crate) fn variance_rsqrt(
+    rt: &Runtime,
+    t: usize,
+    d: usize,
+    name: &str,
+) -> Result<(Tensor, Tensor)> {
     let sq = act(rt, &format!("{name}.pow"), &[t, d], DType::F32)?;
     let var = act(rt, &format!("{name}.variance"), &[t, 1], DType::F32)?;
     drop(sq);
     let shifted = act(rt, &format!("{name}.variance_eps"), &[t, 1], DType::F32)?;
     let r = act(rt, &format!("{name}.rsqrt"), &[t, 1], DType::F32)?;
     drop(shifted);
-    let y = act(rt, &format!("{name}.normed"), &[t, d], DType::F32)?;
-    drop(r);
-    let yb = act(rt, &format!("{name}.to_dtype"), &[t, d], w.dtype)?;
-    let mut out = act(rt, name, &[t, d], w.dtype)?;
-    drop(yb);
-    drop(y);
-    drop(xf);
-    drop(var);
-    if rt.backend() == Backend::Cpu {
-        cpu::rms_norm(x.f32(), w.f32(), eps, out.f32_mut());
-    }
-    Ok(out)
+    Ok((var, r))
 }
 
 /// `PixtralRotaryEmbedding.forward` on the position ids of `images` images of `side × side`

@@ -232,23 +232,10 @@ pub fn gather_groups(
     Ok(out)
 }
 
-/// `RMSNorm.forward_static` with a residual (layernorm.py 0.19 L222-265), eagerly:
-/// `x.to(float32)`, `x + residual` (f32; the first copy dies at the rebind), `residual =
-/// x.to(orig_dtype)`, the variance (`pow` dies at `.mean`), `x * rsqrt(...)` (the sum stays:
-/// `x_var` holds it), `.to(orig_dtype)`, `* weight`. Returns (normed, residual), both new.
-pub fn rms_norm_residual_native(
-    rt: &Runtime,
-    x: &Tensor,
-    residual: &Tensor,
-    w: &Tensor,
-    eps: f32,
-    name: &str,
-) -> Result<(Tensor, Tensor)> {
-    rms_norm_residual_eager(rt, x, residual, w, eps, RmsNormBody::Static, name)
-}
-
-/// `RMSNorm(x, residual=...)` run eagerly by `body`: `forward_static` (as
-/// [`rms_norm_residual_native`]); vLLM's C kernel, in place (no allocation: the normed
+/// `RMSNorm(x, residual=...)` run eagerly by `body`: `forward_static` (layernorm.py 0.19
+/// L222-265: `x.to(float32)`, `x + residual` (f32; the first copy dies at the rebind),
+/// `residual = x.to(orig_dtype)`, the variance, `x * rsqrt(...)` (the sum stays: `x_var` holds
+/// it), `.to(orig_dtype)`, `* weight`); vLLM's C kernel, in place (no allocation: the normed
 /// tensor and the sum overwrite `x` and `residual`, which the block does not read again); or
 /// the IR `fused_add_rms_norm`'s native body (ir/ops/layernorm.py 0.21 L38-56, the same
 /// through 0.33): `x.to(float32)`,
@@ -301,12 +288,7 @@ pub fn rms_norm_residual_eager(
     drop(rf);
     drop(xf);
     let mut res = act(rt, &format!("{name}.residual"), &[t, d], x.dtype)?;
-    let sq = act(rt, &format!("{name}.pow"), &[t, d], DType::F32)?;
-    let var = act(rt, &format!("{name}.variance"), &[t, 1], DType::F32)?;
-    drop(sq);
-    let shifted = act(rt, &format!("{name}.variance_eps"), &[t, 1], DType::F32)?;
-    let r = act(rt, &format!("{name}.rsqrt"), &[t, 1], DType::F32)?;
-    drop(shifted);
+    let (var, r) = crate::engine::ops_pixtral::variance_rsqrt(rt, t, d, name)?;
     let y = act(rt, &format!("{name}.normed"), &[t, d], DType::F32)?;
     drop(r);
     let yb = act(rt, &format!("{name}.to_dtype"), &[t, d], x.dtype)?;
