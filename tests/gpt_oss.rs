@@ -642,3 +642,43 @@ fn sixteen_bit_gpt_oss_from_0_21_runs_where_triton_does() {
     let (ok, text) = plan(&mx, "0.21", "0.9");
     assert!(ok, "{text}");
 }
+
+/// gpt-oss with expert or data parallel, as pasted: each release's answer in one line. 0.11
+/// and 0.15 fail on an H100 with `--enable-expert-parallel` (their MXFP4 Triton kernel ignores
+/// the expert map: vLLM PR #34270), 0.11 with `--data-parallel-size` at load; from 0.19 vLLM
+/// runs them and vramscope names what it does not model.
+#[test]
+fn gpt_oss_with_expert_or_data_parallel_is_answered_release_by_release() {
+    let ep = ["-tp", "2", "--enable-expert-parallel"];
+    for v in ["0.11", "0.15"] {
+        let (code, out) = plan_120b(v, &ep);
+        assert_eq!(code, Some(2), "{out}");
+        assert_eq!(out.trim().lines().count(), 1, "{out}");
+        assert!(
+            out.contains(&format!("gpt_oss with --enable-expert-parallel over 2 GPUs: vLLM {v} fails here: its MXFP4 Triton kernel routes the global expert ids")),
+            "{out}"
+        );
+    }
+    let (code, out) = plan_120b("0.11", &["--data-parallel-size", "2"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("gpt_oss with --data-parallel-size 2: vLLM 0.11 fails here: its loader cuts the experts by tensor-parallel rank alone"),
+        "{out}"
+    );
+    for (v, args) in [
+        ("0.19", &ep[..]),
+        ("0.33", &["--data-parallel-size", "2"][..]),
+    ] {
+        let (code, out) = plan_120b(v, args);
+        assert_eq!(code, Some(2), "{out}");
+        assert_eq!(out.trim().lines().count(), 1, "{out}");
+        assert!(
+            out.contains(&format!("under vLLM {v}: whole experts per rank")),
+            "{out}"
+        );
+        assert!(
+            out.contains("are not modelled yet; tensor parallel is"),
+            "{out}"
+        );
+    }
+}

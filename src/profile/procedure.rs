@@ -875,6 +875,50 @@ fn stored_int8_request(
     })
 }
 
+/// gpt-oss with expert or data parallel (docs/reading/vllm-gpt-oss-ep.md): refused in one
+/// line that says what the release does. 0.11 and 0.15 fail on Hopper: their MXFP4 Triton
+/// kernel (the backend there) ignores the expert map (0.11.0 gpt_oss_triton_kernels_moe.py L72-167, 0.15.1 L81-115; fixed
+/// by vLLM PR #34270 in 0.19), and 0.11's loader cuts experts by TP rank alone while the layer
+/// makes `I / (D·T)` with data parallel (gpt_oss.py 0.11.0 L313-326). From 0.19 vLLM runs them
+/// (whole experts per rank; the monolithic Triton kernel with the expert map on one replica,
+/// `OAITritonExperts` behind the naive dispatch with several), not modelled yet.
+fn check_gpt_oss_parallel(
+    req: &ProfileRequest,
+    release: &super::vllm::Release,
+    device_major: u32,
+) -> Result<()> {
+    let (tp, dp) = (req.tp.max(1), req.dp.max(1));
+    let ep = req.enable_expert_parallel && tp * dp > 1;
+    if !ep && dp == 1 {
+        return Ok(());
+    }
+    let what = match (ep, dp > 1) {
+        (true, false) => format!("--enable-expert-parallel over {tp} GPUs"),
+        (true, true) => format!("--enable-expert-parallel with --data-parallel-size {dp}"),
+        _ => format!("--data-parallel-size {dp}"),
+    };
+    let minor = release.minor().unwrap_or(0);
+    let crash = match (minor, ep) {
+        (11 | 15, true) if device_major == 9 => Some(
+            "its MXFP4 Triton kernel routes the global expert ids into each rank's experts and ignores the expert map (an illegal memory access, vLLM PR #34270, fixed in 0.19)",
+        ),
+        (11, false) => Some(
+            "its loader cuts the experts by tensor-parallel rank alone while the layer is made for I / (D·T) (a size mismatch at load, fixed in 0.14.1)",
+        ),
+        _ => None,
+    };
+    Err(Error::Request(match crash {
+        Some(why) => format!(
+            "gpt_oss with {what}: vLLM {} fails here: {why}",
+            release.name
+        ),
+        None => format!(
+            "gpt_oss with {what} under vLLM {}: whole experts per rank (on Hopper the monolithic Triton kernel with an expert map, or OAITritonExperts behind the naive dispatch with data parallel; Marlin's experts elsewhere: docs/reading/vllm-gpt-oss-ep.md) are not modelled yet; tensor parallel is",
+            release.name
+        ),
+    }))
+}
+
 /// `--dtype float32` is modelled for the dense text families whose pass has no step that
 /// depends on the activation dtype beyond its size: where vLLM upcasts to f32 (Gemma's norms,
 /// the towers' `forward_native` norms, MoE routing, MLA, the state layers), an f32 model
@@ -1529,6 +1573,9 @@ pub(crate) fn run_rank(
     });
     let pp_stage = rank.as_ref().and_then(|r| r.pp.clone());
     let moe_group = rank.as_ref().and_then(|r| r.moe);
+    if opened.as_ref().is_some_and(|o| o.config.gpt_oss.is_some()) {
+        check_gpt_oss_parallel(req, &release, device_major)?;
+    }
     // The release's fused MoE for this GPU (0.21's oracle picks it by compute capability).
     let moe_kernel = match &opened {
         // gpt-oss's MXFP4 experts run the MXFP4 oracle's backend (`quant::mxfp4`), not the
