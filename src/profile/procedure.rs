@@ -1574,7 +1574,7 @@ pub(crate) fn run_rank(
     let pp_stage = rank.as_ref().and_then(|r| r.pp.clone());
     let moe_group = rank.as_ref().and_then(|r| r.moe);
     if opened.as_ref().is_some_and(|o| o.config.gpt_oss.is_some()) {
-        check_gpt_oss_parallel(req, &release, device_major)?;
+        check_gpt_oss_parallel(req, release, device_major)?;
     }
     // The release's fused MoE for this GPU (0.21's oracle picks it by compute capability).
     let moe_kernel = match &opened {
