@@ -1575,3 +1575,45 @@ fn gemma_4_and_gemma_3n_are_refused_by_name() {
         );
     }
 }
+
+/// The report says which runner profiled the encoder and what it left under the text pass:
+/// V1 holds the pixels (0.24), Model Runner V2 runs no encoder profile under 0.25-0.26 and frees
+/// the pixels before the text pass from 0.27 (Qwen2.5-VL-7B, 8192 tokens).
+#[test]
+fn the_report_names_model_runner_v2s_encoder_profile() {
+    use vramscope::profile::report::EncoderRunner;
+    let report = |vllm: &str| {
+        let mut req = request("preset:qwen2.5-vl-7b", "sim:h100-sxm:dry", vllm);
+        req.tokens = 8192;
+        req.seqs = 1024;
+        req.max_model_len = 8192;
+        run(&req)
+    };
+    let (r24, r25, r27) = (report("0.24"), report("0.25"), report("0.27"));
+    let runner = |r: &Report| r.encoder.as_ref().unwrap().runner;
+    assert_eq!(
+        [runner(&r24), runner(&r25), runner(&r27)],
+        [
+            None,
+            Some(EncoderRunner::V2NoProfile),
+            Some(EncoderRunner::V2FreesInputs)
+        ]
+    );
+    let s24 = r24.encoder_sentence().unwrap();
+    assert!(
+        s24.contains("(pixel values and the encoder cache) under the text pass"),
+        "{s24}"
+    );
+    let s25 = r25.encoder_sentence().unwrap();
+    assert!(
+        s25.contains("weights 1.26 GiB, loaded; no encoder profile: Model Runner V2's profile_run under 0.22-0.26 is the text pass alone"),
+        "{s25}"
+    );
+    let s27 = r27.encoder_sentence().unwrap();
+    assert!(
+        s27.contains(
+            "(the encoder cache; Model Runner V2 frees the pixel values first) under the text pass"
+        ),
+        "{s27}"
+    );
+}

@@ -60,6 +60,8 @@ struct Encoder {
     /// The dummy batch dies once the tower has run, before the text pass (Model Runner V2's
     /// `profile_encoder_cache`, 0.27.1 on); V1 holds it to the end of `profile_run`.
     frees_inputs: bool,
+    /// Model Runner V2 profiles no encoder (0.22-0.26, `v2_encodes_nothing`).
+    v2_no_profile: bool,
     /// The release's minor version: which of the batch's small fields stay on the host
     /// (`MultiModalFieldConfig(keep_on_cpu=True)`, docs/reading/vllm-mm-towers-v021.md §0.9).
     release_minor: u32,
@@ -2021,6 +2023,7 @@ pub(crate) fn run_rank(
                         attention,
                         embeds_without_plan: !profile.text_only_at_zero || v2_encodes_nothing,
                         frees_inputs: v2 && minor >= 27,
+                        v2_no_profile: v2_encodes_nothing,
                         release_minor: minor,
                         armed: std::cell::Cell::new(false),
                         stats: std::cell::Cell::new(None),
@@ -2719,6 +2722,13 @@ pub(crate) fn run_rank(
                 attention: match e.vision {
                     Some(_) => e.attention.into(),
                     None => "none (tower not built)".into(),
+                },
+                runner: if e.v2_no_profile {
+                    Some(super::report::EncoderRunner::V2NoProfile)
+                } else if e.frees_inputs {
+                    Some(super::report::EncoderRunner::V2FreesInputs)
+                } else {
+                    None
                 },
             })
         }

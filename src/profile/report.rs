@@ -339,6 +339,22 @@ pub struct EncoderReport {
     pub peak_share_bytes: u64,
     /// The vision attention backend (FlashAttention's varlen call or PyTorch's SDPA).
     pub attention: String,
+    /// Where Model Runner V2 profiles the encoder otherwise than V1 (absent under V1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner: Option<EncoderRunner>,
+}
+
+/// How Model Runner V2 treats the encoder in the profile (docs/reading/vllm-mm-towers-v021.md
+/// §0.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EncoderRunner {
+    /// 0.22-0.26: `profile_run` is the text pass alone (it reads the runner's
+    /// `inputs_embeds`); the tower is loaded, never run.
+    V2NoProfile,
+    /// 0.27 on: `profile_encoder_cache` encodes as V1 does, and the dummy batch dies as
+    /// `execute_mm_encoder` returns, before the text pass.
+    V2FreesInputs,
 }
 
 /// The encoder's share of the non-KV memory: its weights, and its part of the profile's
@@ -363,9 +379,14 @@ impl Report {
             .or(r.formulas.last())
             .map_or(0, |f| f.non_kv_bytes.max(0) as u64);
         let share = e.weights_bytes + e.peak_share_bytes;
+        let held_what = if e.runner == Some(EncoderRunner::V2FreesInputs) {
+            "the encoder cache; Model Runner V2 frees the pixel values first"
+        } else {
+            "pixel values and the encoder cache"
+        };
         Some(match &e.plan {
         Some(p) => format!(
-            "encoder (vision tower + projector): weights {} ({:.1} % of the weights); profile of {} {}s of {} tokens into a budget of {} tokens ({} attention): its phase peaks at {}, it holds {} (pixel values and the encoder cache) under the text pass, so {} of the {} peak activation ({:.1} %) is the encoder's; with its weights {} of the non-KV {} ({:.1} %)",
+            "encoder (vision tower + projector): weights {} ({:.1} % of the weights); profile of {} {}s of {} tokens into a budget of {} tokens ({} attention): its phase peaks at {}, it holds {} ({held_what}) under the text pass, so {} of the {} peak activation ({:.1} %) is the encoder's; with its weights {} of the non-KV {} ({:.1} %)",
             crate::base::units::fmt_u(e.weights_bytes),
             pct(e.weights_bytes, r.weights_bytes),
             p.items,
@@ -381,6 +402,10 @@ impl Report {
             crate::base::units::fmt_u(share),
             crate::base::units::fmt_u(non_kv),
             pct(share, non_kv),
+        ),
+        None if e.runner == Some(EncoderRunner::V2NoProfile) => format!(
+            "encoder (vision tower + projector): weights {}, loaded; no encoder profile: Model Runner V2's profile_run under 0.22-0.26 is the text pass alone, reading its inputs_embeds buffer",
+            crate::base::units::fmt_u(e.weights_bytes)
         ),
         None => format!(
             "encoder (vision tower + projector): weights {}; no encoder profile (every image and video limit 0: text-only, as vLLM runs it)",
