@@ -879,8 +879,8 @@ fn stored_int8_request(
 
 /// gpt-oss with expert or data parallel (docs/reading/vllm-gpt-oss-ep.md): refused in one
 /// line that says what the release does. 0.11 and 0.15 fail on Hopper: their MXFP4 Triton
-/// kernel (the backend there) ignores the expert map (0.11.0 gpt_oss_triton_kernels_moe.py L72-167, 0.15.1 L81-115; fixed
-/// by vLLM PR #34270 in 0.19), and 0.11's loader cuts experts by TP rank alone while the layer
+/// kernel (the backend there) ignores the expert map (0.11.0 gpt_oss_triton_kernels_moe.py
+/// L72-167, 0.15.1 L81-115; fixed by vLLM PR #34270 in 0.19), and 0.11's loader cuts experts by TP rank alone while the layer
 /// makes `I / (D·T)` with data parallel (gpt_oss.py 0.11.0 L313-326). From 0.19 vLLM runs them
 /// (whole experts per rank; the monolithic Triton kernel with the expert map on one replica,
 /// `OAITritonExperts` behind the naive dispatch with several), not modelled yet.
@@ -902,7 +902,7 @@ fn check_gpt_oss_parallel(
     let minor = release.minor().unwrap_or(0);
     let crash = match (minor, ep) {
         (11 | 15, true) if device_major == 9 => Some(
-            "its MXFP4 Triton kernel routes the global expert ids into each rank's experts and ignores the expert map (an illegal memory access, vLLM PR #34270, fixed in 0.19)",
+            "its MXFP4 Triton kernel routes the global expert ids into each rank's experts and ignores the expert map (an illegal memory access, vLLM PR #34270, fixed in 0.19; 0.11 runs Triton on Hopper where triton_kernels is installed beside it, as vramscope's 0.11 row assumes, else Marlin)",
         ),
         (11, false) => Some(
             "its loader cuts the experts by tensor-parallel rank alone while the layer is made for I / (D·T) (a size mismatch at load, fixed in 0.14.1)",
