@@ -8,6 +8,9 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+mod common;
+use common::cli::Row;
+
 fn vramscope(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_vramscope"))
         .args(args)
@@ -968,23 +971,13 @@ fn deepseek_r1_with_expert_parallel_runs_flashinfers_cutlass_moe_from_0_21() {
     for vllm in ["0.21", "0.28", "0.33"] {
         let (code, err, rows) = r1_plan_rows(vllm, &["-tp", "8", "--enable-expert-parallel"]);
         assert_eq!(code, Some(0), "{vllm}: {err}");
-        // (pass, kind, op, tensor, bytes)
-        let ev = |f: &Vec<String>| {
-            (
-                f[2].clone(),
-                f[3].clone(),
-                f[4].clone(),
-                f[6].clone(),
-                f[8].parse::<u64>().unwrap_or(0),
-            )
-        };
+        // (pass, kind, op, layer, tensor, bytes)
         let flips: Vec<(String, u64)> = rows
             .iter()
-            .map(ev)
-            .filter(|e| e.0 == "0" && e.2 == "process_weights_after_loading")
+            .filter(|e| e.0 == 0 && e.2 == "process_weights_after_loading")
             .filter(|e| e.1 == "alloc" || e.1 == "free")
-            .filter(|e| e.3.contains("layers.3."))
-            .map(|e| (e.1, e.4))
+            .filter(|e| e.4.contains("layers.3."))
+            .map(|e| (e.1.clone(), e.5))
             .collect();
         let s = |k: &str, b: u64| (k.to_string(), b);
         assert_eq!(
@@ -999,14 +992,13 @@ fn deepseek_r1_with_expert_parallel_runs_flashinfers_cutlass_moe_from_0_21() {
         );
         let layer5: Vec<(String, String, u64)> = rows
             .iter()
-            .map(ev)
-            .filter(|e| e.0 == "1" && (e.1 == "alloc" || e.1 == "free"))
-            .filter(|e| e.3.starts_with("layers.5.moe."))
+            .filter(|e| e.0 == 1 && (e.1 == "alloc" || e.1 == "free"))
+            .filter(|e| e.4.starts_with("layers.5.moe."))
             .map(|e| {
                 (
-                    e.1,
-                    e.3.trim_start_matches("layers.5.moe.").to_string(),
-                    e.4,
+                    e.1.clone(),
+                    e.4.trim_start_matches("layers.5.moe.").to_string(),
+                    e.5,
                 )
             })
             .collect();
@@ -1022,9 +1014,8 @@ fn deepseek_r1_with_expert_parallel_runs_flashinfers_cutlass_moe_from_0_21() {
         );
         let manager: Vec<u64> = rows
             .iter()
-            .map(ev)
-            .filter(|e| e.1 == "alloc" && e.3 == "moe.workspace")
-            .map(|e| e.4)
+            .filter(|e| e.1 == "alloc" && e.4 == "moe.workspace")
+            .map(|e| e.5)
             .collect();
         assert_eq!(manager.first(), Some(&117_440_512), "{vllm}");
     }
@@ -1059,13 +1050,13 @@ fn deepseek_r1_with_data_and_expert_parallel_gathers_before_flashinfer() {
     // (kind, tensor, bytes) of the first rank's profile pass, layer 5's MoE.
     let layer5: Vec<(String, String, u64)> = rows
         .into_iter()
-        .filter(|f| f[2] == "1")
-        .filter(|f| (f[3] == "alloc" || f[3] == "free") && f[6].starts_with("layers.5.moe."))
+        .filter(|f| f.0 == 1)
+        .filter(|f| (f.1 == "alloc" || f.1 == "free") && f.4.starts_with("layers.5.moe."))
         .map(|f| {
             (
-                f[3].clone(),
-                f[6].trim_start_matches("layers.5.moe.").to_string(),
-                f[8].parse().unwrap(),
+                f.1,
+                f.4.trim_start_matches("layers.5.moe.").to_string(),
+                f.5,
             )
         })
         .collect();
@@ -1089,38 +1080,9 @@ fn deepseek_r1_with_data_and_expert_parallel_gathers_before_flashinfer() {
         .any(|e| e.1 == "sorted_ids" || e.1 == "expert_ids_mapped"));
 }
 
-/// `vramscope plan -q --csv … --vllm VLLM --device sim:h200:dry -- vllm serve
-/// deepseek-ai/DeepSeek-R1 EXTRA…`: the exit code, stderr, and the first rank's timeline rows
-/// split at commas (no label in these rows holds one).
-fn r1_plan_rows(vllm: &str, extra: &[&str]) -> (Option<i32>, String, Vec<Vec<String>>) {
-    let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("t.csv");
-    let mut args = vec![
-        "plan",
-        "-q",
-        "--csv",
-        csv.to_str().unwrap(),
-        "--vllm",
-        vllm,
-        "--device",
-        "sim:h200:dry",
-        "--",
-        "vllm",
-        "serve",
-        "deepseek-ai/DeepSeek-R1",
-    ];
-    args.extend_from_slice(extra);
-    let out = vramscope(&args);
-    let rows = std::fs::read_to_string(&csv)
-        .unwrap_or_default()
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').map(String::from).collect::<Vec<_>>())
-        .filter(|f| f.last().is_some_and(|r| r == "0"))
-        .collect();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-        rows,
-    )
+/// `common::cli::plan_csv` of `vllm serve deepseek-ai/DeepSeek-R1 EXTRA…` on a dry H200.
+fn r1_plan_rows(vllm: &str, extra: &[&str]) -> (Option<i32>, String, Vec<Row>) {
+    let mut line = vec!["vllm", "serve", "deepseek-ai/DeepSeek-R1"];
+    line.extend_from_slice(extra);
+    common::cli::plan_csv("sim:h200:dry", vllm, &line)
 }

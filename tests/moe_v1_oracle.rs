@@ -18,51 +18,11 @@ use vramscope::model::ModelSource;
 use vramscope::profile::{self, ProfileRequest, Report};
 use vramscope::quant::Quant;
 
-/// `vramscope plan -q --csv FILE --device DEVICE --vllm V -- vllm serve MODEL EXTRA…`: the exit
-/// code, stderr, and the first rank's timeline rows as (pass, kind, op, layer, tensor, bytes).
 use common::cli::Row;
 
+/// `common::cli::plan_csv` on a pasted line (`vllm serve MODEL EXTRA…`, words split at spaces).
 fn plan_csv(device: &str, vllm: &str, line: &str) -> (Option<i32>, String, Vec<Row>) {
-    let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("t.csv");
-    let mut args = vec![
-        "plan",
-        "-q",
-        "--csv",
-        csv.to_str().unwrap(),
-        "--device",
-        device,
-        "--vllm",
-        vllm,
-        "--",
-    ];
-    args.extend(line.split(' '));
-    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
-        .args(&args)
-        .output()
-        .expect("run vramscope");
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    let rows = std::fs::read_to_string(&csv)
-        .unwrap_or_default()
-        .lines()
-        .skip(1)
-        .map(common::cli::csv_fields)
-        // The first rank's rows (the last column).
-        .filter(|f| f.last().is_some_and(|r| r == "0"))
-        .map(|f| {
-            // seq,time_us,pass,kind,op,layer,tensor,category,bytes,… (a tensor's label may be
-            // quoted, with commas inside)
-            (
-                f[2].parse().unwrap(),
-                f[3].clone(),
-                f[4].clone(),
-                f[5].clone(),
-                f[6].clone(),
-                f[8].parse().unwrap(),
-            )
-        })
-        .collect();
-    (out.status.code(), err, rows)
+    common::cli::plan_csv(device, vllm, &line.split(' ').collect::<Vec<_>>())
 }
 
 /// The allocations and frees of one MoE layer in the profile pass (pass 1), as

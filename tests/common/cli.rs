@@ -96,6 +96,17 @@ pub type Row = (u32, String, String, String, String, u64);
 /// `vramscope plan -q --csv FILE --device DEVICE --vllm V -- vllm serve MODEL FLAGS…`: the
 /// first rank's timeline rows.
 pub fn plan_rows(device: &str, vllm: &str, model: &str, flags: &[&str]) -> Vec<Row> {
+    let mut line = vec!["vllm", "serve", model];
+    line.extend_from_slice(flags);
+    let (code, err, rows) = plan_csv(device, vllm, &line);
+    assert_eq!(code, Some(0), "{err}");
+    rows
+}
+
+/// `vramscope plan -q --csv FILE --device DEVICE --vllm V -- LINE…` (the pasted line's
+/// words): the exit code, stderr, and the first rank's timeline rows (none when it wrote no
+/// timeline).
+pub fn plan_csv(device: &str, vllm: &str, line: &[&str]) -> (Option<i32>, String, Vec<Row>) {
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("t.csv");
     let mut args = vec![
@@ -108,20 +119,18 @@ pub fn plan_rows(device: &str, vllm: &str, model: &str, flags: &[&str]) -> Vec<R
         "--vllm",
         vllm,
         "--",
-        "vllm",
-        "serve",
-        model,
     ];
-    args.extend_from_slice(flags);
-    ok(&vramscope(&args));
-    std::fs::read_to_string(&csv)
-        .unwrap()
+    args.extend_from_slice(line);
+    let out = vramscope(&args);
+    let rows = std::fs::read_to_string(&csv)
+        .unwrap_or_default()
         .lines()
         .skip(1)
         .map(csv_fields)
         .filter(|f| f.last().is_some_and(|r| r == "0"))
         .map(|f| {
-            // seq,time_us,pass,kind,op,layer,tensor,category,bytes,…,rank
+            // seq,time_us,pass,kind,op,layer,tensor,category,bytes,…,rank (a tensor's label
+            // may be quoted, with commas inside)
             (
                 f[2].parse().unwrap(),
                 f[3].clone(),
@@ -131,7 +140,12 @@ pub fn plan_rows(device: &str, vllm: &str, model: &str, flags: &[&str]) -> Vec<R
                 f[8].parse().unwrap(),
             )
         })
-        .collect()
+        .collect();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+        rows,
+    )
 }
 
 /// One CSV row's fields, a double-quoted field taken whole.

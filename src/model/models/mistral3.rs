@@ -116,13 +116,11 @@ impl Mistral3Vision {
         rt.set_op("load");
         rt.set_layer(None);
         let input_norm = if device_norm {
-            let (w, b) = crate::model::models::qwen2_5_vl::pixel_norm_values();
-            let t = |name: &str, v: [f32; 3]| {
-                rt.tensor_with_values(name, Category::Weight, &[3], DType::F32, v.to_vec())
-            };
+            use crate::model::models::qwen2_5_vl::{norm_buffer, pixel_norm_values};
+            let (w, b) = pixel_norm_values();
             Some((
-                t("vision_tower.input_norm.weight", w)?,
-                t("vision_tower.input_norm.bias", b)?,
+                norm_buffer(rt, "vision_tower.input_norm.weight", w)?,
+                norm_buffer(rt, "vision_tower.input_norm.bias", b)?,
             ))
         } else {
             None

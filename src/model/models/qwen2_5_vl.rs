@@ -153,6 +153,12 @@ pub(crate) fn pixel_norm_values() -> ([f32; 3], [f32; 3]) {
     (w, b)
 }
 
+/// One of the pixel normalization's f32 `[3]` buffers (`weight` or `bias`) on the device, with
+/// its values for CPU compute.
+pub(crate) fn norm_buffer(rt: &Runtime, name: &str, values: [f32; 3]) -> Result<Tensor> {
+    rt.tensor_with_values(name, Category::Weight, &[3], DType::F32, values.to_vec())
+}
+
 impl Qwen25Vision {
     /// Loads the tower and merger through the framework allocator, in vLLM 0.19's order.
     pub fn load(
@@ -193,20 +199,8 @@ impl Qwen25Vision {
             InputNorm::InTower { .. } => {
                 let (w, b) = pixel_norm_values();
                 Some((
-                    rt.tensor_with_values(
-                        "visual.input_norm.weight",
-                        Category::Weight,
-                        &[3],
-                        DType::F32,
-                        w.to_vec(),
-                    )?,
-                    rt.tensor_with_values(
-                        "visual.input_norm.bias",
-                        Category::Weight,
-                        &[3],
-                        DType::F32,
-                        b.to_vec(),
-                    )?,
+                    norm_buffer(rt, "visual.input_norm.weight", w)?,
+                    norm_buffer(rt, "visual.input_norm.bias", b)?,
                 ))
             }
             _ => None,
@@ -329,22 +323,10 @@ impl Qwen25Vision {
             let std255 = t("input_norm.std_scaled")?;
             drop(std);
             let recip = t("input_norm.reciprocal")?;
-            let weight = rt.tensor_with_values(
-                "input_norm.weight",
-                Category::Weight,
-                &[3],
-                DType::F32,
-                w.to_vec(),
-            )?;
+            let weight = norm_buffer(rt, "input_norm.weight", w)?;
             drop(recip);
             let neg = t("input_norm.neg_mean")?;
-            let bias = rt.tensor_with_values(
-                "input_norm.bias",
-                Category::Weight,
-                &[3],
-                DType::F32,
-                b.to_vec(),
-            )?;
+            let bias = norm_buffer(rt, "input_norm.bias", b)?;
             drop(neg);
             drop(mean255);
             drop(std255);
