@@ -35,6 +35,7 @@ fn logits(
         sampler_rows: 0,
         sampler_seqs: 256,
         tp: 1,
+        ep: false,
     };
     let r = bench::run(&req).unwrap();
     assert_eq!(r.logits.len() % seqs, 0);

@@ -167,6 +167,14 @@ fn cpu_logits(dir: &std::path::Path) -> Vec<f32> {
 }
 
 fn cpu_logits_tp(dir: &std::path::Path, tp: u32, quant: vramscope::quant::Quant) -> Vec<f32> {
+    cpu_logits_parallel(dir, (tp, false), quant)
+}
+
+fn cpu_logits_parallel(
+    dir: &std::path::Path,
+    (tp, ep): (u32, bool),
+    quant: vramscope::quant::Quant,
+) -> Vec<f32> {
     use vramscope::app::bench::{self, BenchRequest};
     let req = BenchRequest {
         model: vramscope::model::ModelSource::Path {
@@ -184,6 +192,7 @@ fn cpu_logits_tp(dir: &std::path::Path, tp: u32, quant: vramscope::quant::Quant)
         sampler_rows: 0,
         sampler_seqs: 256,
         tp,
+        ep,
     };
     bench::run(&req).unwrap().logits
 }
@@ -475,6 +484,24 @@ fn tensor_parallel_ranks_compute_the_logits_of_one_gpu() {
     }
 }
 
+/// Expert parallel: each rank loads its experts whole (gpt-oss-tiny's 8: 4 a rank over 2, 2
+/// over 4) with `w2_bias`, routes every token over the 8 through the expert map, and adds
+/// nothing for an expert elsewhere; the all-reduce after the block sums the ranks. The logits
+/// are one GPU's (in f32). vLLM runs this for MXFP4 checkpoints on Hopper from 0.19.
+#[test]
+fn expert_parallel_ranks_compute_the_logits_of_one_gpu() {
+    const Q: vramscope::quant::Quant = vramscope::quant::Quant::F32;
+    let (_dir, mx, _dense) = tiny_pair(11);
+    let one = cpu_logits_tp(&mx, 1, Q);
+    for n in [2, 4] {
+        let split = cpu_logits_parallel(&mx, (n, true), Q);
+        assert_eq!(one.len(), split.len());
+        let e = vramscope::app::bench::relative_l2(&split, &one);
+        eprintln!("EP {n} against one GPU: relative L2 {e:.3e}");
+        assert!(e < 1e-5, "EP {n}: relative L2 {e:.3e}");
+    }
+}
+
 /// vLLM PR #41268 ("Fix OOM by setting PyTorch `max_split_size_mb` during model loading",
 /// in 0.21): after the upgrade to PyTorch 2.10 (vLLM 0.19) GPT-OSS 120B at TP 2 on two H100s
 /// no longer started at the default utilization. Its description: each rank's swizzled w13
@@ -646,7 +673,8 @@ fn sixteen_bit_gpt_oss_from_0_21_runs_where_triton_does() {
 /// gpt-oss with expert or data parallel, as pasted: each release's answer in one line. 0.11
 /// and 0.15 fail on an H100 with `--enable-expert-parallel` (their MXFP4 Triton kernel ignores
 /// the expert map: vLLM PR #34270), 0.11 with `--data-parallel-size` at load; from 0.19 vLLM
-/// runs them and vramscope names what it does not model.
+/// runs them: expert parallel within one replica on Hopper is modelled (below), data parallel
+/// and other GPUs' experts behind an expert map are named as not modelled.
 #[test]
 fn gpt_oss_with_expert_or_data_parallel_is_answered_release_by_release() {
     let ep = ["-tp", "2", "--enable-expert-parallel"];
@@ -665,20 +693,154 @@ fn gpt_oss_with_expert_or_data_parallel_is_answered_release_by_release() {
         out.contains("gpt_oss with --data-parallel-size 2: vLLM 0.11 fails here: its loader cuts the experts by tensor-parallel rank alone"),
         "{out}"
     );
-    for (v, args) in [
-        ("0.19", &ep[..]),
-        ("0.33", &["--data-parallel-size", "2"][..]),
-    ] {
-        let (code, out) = plan_120b(v, args);
+    for v in ["0.19", "0.33"] {
+        let (code, out) = plan_120b(v, &["--data-parallel-size", "2"]);
         assert_eq!(code, Some(2), "{out}");
         assert_eq!(out.trim().lines().count(), 1, "{out}");
         assert!(
-            out.contains(&format!("under vLLM {v}: whole experts per rank")),
-            "{out}"
-        );
-        assert!(
-            out.contains("are not modelled yet; tensor parallel is"),
+            out.contains(&format!("gpt_oss with --data-parallel-size 2 under vLLM {v}: data parallel (OAITritonExperts behind the naive dispatch")),
             "{out}"
         );
     }
+    // The A100 runs Marlin's experts: with an expert map they are not modelled.
+    let out = common::cli::vramscope(&[
+        "plan",
+        "--vllm",
+        "0.19",
+        "--device",
+        "sim:a100-80gb",
+        "--",
+        "vllm",
+        "serve",
+        "openai/gpt-oss-120b",
+        "-tp",
+        "2",
+        "--enable-expert-parallel",
+    ]);
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("Marlin's or TRT-LLM's experts behind an expert map"),
+        "{text}"
+    );
+}
+
+/// `profile` of gpt-oss-20b on simulated H100s (dry) under `vllm`, `tp` ranks, with or
+/// without expert parallel: rank 0's report.
+fn profile_20b(vllm: &str, tp: u32, ep: bool) -> vramscope::profile::Report {
+    use vramscope::profile::{self, ProfileRequest};
+    let req = ProfileRequest {
+        model: vramscope::model::ModelSource::parse("preset:gpt-oss-20b").unwrap(),
+        quant: vramscope::quant::Quant::BF16,
+        device: vramscope::device::DeviceSpec::parse("sim:h100-80gb:dry").unwrap(),
+        vllm: vllm.into(),
+        tp,
+        enable_expert_parallel: ep,
+        max_model_len: 8192,
+        verify: false,
+        enforce_eager: true,
+        ..ProfileRequest::default()
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    profile::run(&req, None, stop).unwrap()
+}
+
+/// Bytes of the first allocation of `layers.0.{suffix}` in the first profile pass.
+fn layer0_alloc(r: &vramscope::profile::Report, suffix: &str) -> u64 {
+    r.events
+        .iter()
+        .find(|e| {
+            e.kind == vramscope::memory::EventKind::Alloc
+                && e.pass == 1
+                && e.tensor == format!("layers.0.{suffix}")
+        })
+        .map(|e| e.bytes)
+        .unwrap_or_else(|| panic!("no layers.0.{suffix} in the pass"))
+}
+
+/// Expert parallel over the two ranks of one replica on Hopper, from 0.19 (docs/reading/
+/// vllm-gpt-oss-ep.md §3, §4.1): each rank loads 16 of gpt-oss-20b's 32 experts whole (the
+/// full 2,880 width, `w2_bias` on every rank), so its expert bytes are exactly half one GPU's
+/// in every release (the Triton layouts are linear in the expert count); an int32
+/// `expert_map [32]` per layer; in the pass the intermediate cache keeps the whole width,
+/// `[M·k, 2880]` (TP 2 gives 1,472), and the routing goes through triton_kernels' `topk`, the
+/// map and `make_routing_data` (the bitmatrix of 32 experts one uint32 a token row, padded to
+/// 32 rows).
+#[test]
+fn gpt_oss_expert_parallel_ranks_hold_half_the_experts_whole() {
+    for vllm in ["0.19", "0.22", "0.33"] {
+        let one = profile_20b(vllm, 1, false);
+        let ep = profile_20b(vllm, 2, true);
+        let tp = profile_20b(vllm, 2, false);
+        let (a, b) = (
+            one.resident_expert_bytes().unwrap(),
+            ep.resident_expert_bytes().unwrap(),
+        );
+        // The events carry the allocator's blocks, which round each tensor up by under 1 MiB
+        // (a block is not split when less would remain): half one GPU's, block by block.
+        let blocks = ep
+            .events
+            .iter()
+            .filter(|e| {
+                e.pass == 0
+                    && e.kind == vramscope::memory::EventKind::Alloc
+                    && e.tensor.contains(".experts.")
+                    && !e.tensor.ends_with("expert_map")
+            })
+            .count() as u64;
+        assert!(
+            (2 * b).abs_diff(a) <= (2 * blocks) << 20,
+            "--vllm {vllm}: EP 2 {b} against one GPU {a}"
+        );
+        assert!((2 * b).abs_diff(a) < a / 200, "--vllm {vllm}: {b} {a}");
+        assert!(
+            tp.resident_expert_bytes().unwrap() > b,
+            "--vllm {vllm}: TP 2 pads each rank's width (1,440 loaded into 1,472)"
+        );
+        let maps = ep
+            .events
+            .iter()
+            .filter(|e| {
+                e.kind == vramscope::memory::EventKind::Alloc
+                    && e.tensor.ends_with("experts.expert_map")
+            })
+            .count();
+        assert_eq!(maps, 24, "--vllm {vllm}");
+        // The pass's tokens from the router's logits, `[M, 32]` bf16.
+        let m = layer0_alloc(&ep, "moe.router_logits") / (32 * 2);
+        assert_eq!(m, 8192);
+        assert_eq!(
+            layer0_alloc(&ep, "moe.intermediate_cache"),
+            m * 4 * 2880 * 2
+        );
+        assert_eq!(
+            layer0_alloc(&tp, "moe.intermediate_cache"),
+            m * 4 * 1472 * 2
+        );
+        assert_eq!(
+            layer0_alloc(&ep, "moe.topk.bitmatrix (uint32)"),
+            m.div_ceil(32) * 32 * 4
+        );
+        assert_eq!(layer0_alloc(&ep, "moe.combined_indx"), 2 * m * 4 * 4);
+        let sentence = ep.experts_sentence().unwrap();
+        assert!(
+            sentence.contains(&format!(
+                "({} of weights a rank",
+                vramscope::base::units::fmt_u(b)
+            )),
+            "{sentence}"
+        );
+    }
+}
+
+/// The documented line: gpt-oss-120b over two H100s with expert parallel under 0.33 plans,
+/// each rank holding 64 of the 128 experts.
+#[test]
+fn the_documented_gpt_oss_expert_parallel_plan_runs() {
+    let (code, text) = docs_line("vramscope plan --vllm 0.33 --device sim:h100-sxm -- vllm serve openai/gpt-oss-120b --tensor-parallel-size 2 --enable-expert-parallel");
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("each holds whole experts, 64 of the 128 (determine_expert_map, linear)"),
+        "{text}"
+    );
 }

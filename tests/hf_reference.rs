@@ -43,6 +43,7 @@ fn logits(dir: &Path) -> Vec<f32> {
         sampler_rows: 0,
         sampler_seqs: 256,
         tp: 1,
+        ep: false,
     };
     bench::run(&req).unwrap().logits
 }

@@ -34,6 +34,7 @@ fn logits(
         sampler_rows: 0,
         sampler_seqs: 256,
         tp: 1,
+        ep: false,
     };
     bench::run(&req).unwrap().logits
 }

@@ -44,6 +44,9 @@ pub struct BenchRequest {
     /// Tensor-parallel ranks: one GPU each (`cuda:N` and the GPUs after it), or that many
     /// simulated devices; rank 0's times are reported (the collectives keep the ranks in step).
     pub tp: u32,
+    /// vLLM's `--enable-expert-parallel` over the `tp` ranks: a MoE model's routed experts
+    /// whole on each rank, `E / tp` of them, instead of every expert cut over the ranks.
+    pub ep: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -274,6 +277,14 @@ fn run_rank(
     });
     let rt = Runtime::new(device, Arc::new(AtomicBool::new(false)), None);
     if let Some(t) = tp {
+        if req.ep {
+            rt.set_moe_group(crate::device::group::MoeGroup {
+                rank: t.rank,
+                size: t.size,
+                ep: true,
+                dp: 1,
+            });
+        }
         rt.set_tp(t);
     }
     let fast = FastWeights { seed: req.seed };
@@ -520,6 +531,7 @@ mod tests {
             sampler_rows: 0,
             sampler_seqs: 256,
             tp: 1,
+            ep: false,
         };
         assert!(matches!(run(&req), Err(Error::Request(_))));
         // Op timing is refused on the simulated device before any work.

@@ -207,6 +207,10 @@ pub struct BenchArgs {
     /// rank 0's times are reported.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub tp: u32,
+    /// vLLM's --enable-expert-parallel over the --tp ranks: a MoE model's routed experts whole
+    /// on each rank (E / tp each) instead of every expert cut over them.
+    #[arg(long = "enable-expert-parallel", visible_alias = "ep")]
+    pub ep: bool,
     /// Write the result and the last-token logits as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -1337,8 +1341,7 @@ pub fn summary_text(r: &Report) -> String {
     if let Some(e) = r.encoder_sentence() {
         let _ = writeln!(s, "{e}");
     }
-    let moe_ranks = r.tp.max(1) * r.settings.dp.max(1);
-    if let Some(e) = r.model.experts_sentence_as(moe_ranks, r.quant) {
+    if let Some(e) = r.experts_sentence() {
         let _ = writeln!(s, "{e}");
     }
     if r.model.expert_parameters > 0 && (r.settings.enable_expert_parallel || r.settings.dp > 1) {
@@ -1678,6 +1681,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         sampler_rows: if a.sampler_dump.is_some() { 4 } else { 0 },
         sampler_seqs: crate::profile::request::VLLM_MAX_NUM_SEQS,
         tp: a.tp,
+        ep: a.ep,
     };
     // No timed pass would leave the median undefined (NaN in the output).
     crate::base::limits::count("--iters", a.iters as u64, 1, crate::base::limits::MAX_ITERS)?;

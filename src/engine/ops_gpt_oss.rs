@@ -13,7 +13,7 @@ use crate::engine::ops_mla::YarnRope;
 use crate::engine::ops_moe::{Experts, Routing};
 use crate::engine::ops_moe_v1::{self, MoeKernel};
 use crate::engine::runtime::Runtime;
-use crate::engine::tensor::Tensor;
+use crate::engine::tensor::{DType, Tensor};
 use crate::engine::{ops, ops_moe};
 use crate::memory::Category;
 
@@ -169,7 +169,9 @@ fn experts_cpu(x: &[f32], routing: &Routing, ex: &OaiExperts, out: &mut [f32]) {
         hidden: ex.experts.w2.shape[1],
         width: ex.experts.width,
     };
-    experts_host(x, routing, &w, (ex.alpha, ex.limit), out);
+    let ids = (routing.ids.i32(), routing.weights.f32(), routing.ids.cols());
+    let all = 0..ex.experts.num_experts;
+    experts_host(x, ids, all, &w, (ex.alpha, ex.limit), out);
 }
 
 /// One layer's experts on the host in f32: `w13 [E, 2I, H]` (gate and up rows interleaved),
@@ -184,26 +186,31 @@ pub struct HostExpertsRef<'a> {
 }
 
 /// For each token its `top_k` experts, `swigluoai(x·W13ᵀ + b13)·W2ᵀ + b2`, weighted and
-/// summed into `out` (`[M, H]`).
+/// summed into `out` (`[M, H]`). `ids` are global expert ids; `local` is the range of them
+/// this rank holds (`w`'s experts, from `local.start`): an expert elsewhere adds nothing here
+/// (expert parallel: the all-reduce after the block sums the ranks).
 fn experts_host(
     x: &[f32],
-    routing: &Routing,
+    (ids, weights, top_k): (&[i32], &[f32], usize),
+    local: std::ops::Range<usize>,
     w: &HostExpertsRef,
     (alpha, limit): (f32, f32),
     out: &mut [f32],
 ) {
     use rayon::prelude::*;
     let (h, i) = (w.hidden, w.width);
-    let top_k = routing.ids.cols();
     let (w13, w2, b13, b2) = (w.w13, w.w2, w.b13, w.b2);
-    let (ids, weights) = (routing.ids.i32(), routing.weights.f32());
     out.par_chunks_mut(h).enumerate().for_each(|(t, o)| {
         o.fill(0.0);
         let xt = &x[t * h..(t + 1) * h];
         let mut gu = vec![0f32; 2 * i];
         let mut act = vec![0f32; i];
         for j in 0..top_k {
-            let e = ids[t * top_k + j] as usize;
+            let g = ids[t * top_k + j] as usize;
+            if !local.contains(&g) {
+                continue;
+            }
+            let e = g - local.start;
             let w = weights[t * top_k + j];
             let w13e = &w13[e * 2 * i * h..(e + 1) * 2 * i * h];
             for (r, g) in gu.iter_mut().enumerate() {
@@ -221,6 +228,66 @@ fn experts_host(
     });
 }
 
+/// The global top-k ids of each token and their softmax weights, on the host.
+type HostRouting = (Vec<i32>, Vec<f32>);
+
+/// The routing of `triton_kernel_moe_forward` with an expert map (expert parallel, 0.19.0
+/// fused_moe/gpt_oss_triton_kernels_moe.py L244-271, make_routing_data L496-546; 0.33.0
+/// experts/gpt_oss_triton_kernels_moe.py L634-660, L864-926: the same tensors): triton_kernels'
+/// `topk(logits, k, apply_softmax=True)` makes the top-k values in the logits' dtype, int16
+/// ids and a bitmatrix `[⌈E/32⌉, ⌈M/32⌉·32]` uint32 (topk.py L41-50), all held to the end of
+/// the forward; `expert_map[ids.to(long)]` (the int64 copy dies at once) gives int32 local
+/// ids, −1 where the expert is elsewhere; `make_routing_data` copies them to int16, zeroes the
+/// local bitmatrix `[M, ⌈E_l/32⌉]`, and writes `where(ids == −1, −1, values)` (its bool mask
+/// dies at once); the ragged metadata from the bitmatrix are taken as its two `M·k` int32
+/// index halves (`make_bitmatrix_metadata`, bitmatrix.py L110-150) and the gathered `M·k`
+/// gate scales; the per-expert sums and offsets (under 4 KiB) are not reproduced. Returns the
+/// tensors that live to the end, and on the CPU the global top-k ids and their softmax.
+fn ep_routing(
+    rt: &Runtime,
+    logits: &Tensor,
+    top_k: usize,
+    local: usize,
+    name: &str,
+) -> Result<(Vec<Tensor>, Option<HostRouting>)> {
+    rt.check_cancel()?;
+    rt.set_op("moe.topk (expert map)");
+    let (m, e) = (logits.rows(), logits.cols());
+    let t = |n: &str, shape: &[usize], dt: DType| {
+        rt.tensor_for_overwrite(format!("{name}.{n}"), Category::Activation, shape, dt)
+    };
+    let mut held = vec![
+        t("topk.vals", &[m, top_k], logits.dtype)?,
+        t("topk.indx (int16)", &[m, top_k], DType::F16)?,
+        t(
+            "topk.bitmatrix (uint32)",
+            &[e.div_ceil(32), m.div_ceil(32) * 32],
+            DType::I32,
+        )?,
+    ];
+    let long = t("topk_ids_raw.long", &[m, top_k], DType::I64)?;
+    held.push(t("topk_ids (local)", &[m, top_k], DType::I32)?);
+    drop(long);
+    rt.set_op("moe.make_routing_data");
+    held.push(t("topk_ids (int16)", &[m, top_k], DType::F16)?);
+    held.push(rt.tensor(
+        format!("{name}.bitmatrix (local, uint32)"),
+        Category::Activation,
+        &[m, local.div_ceil(32)],
+        DType::I32,
+    )?);
+    let invalid = t("topk_ids == -1 (bool)", &[m, top_k], DType::U8)?;
+    held.push(t("topk_weights (where)", &[m, top_k], logits.dtype)?);
+    drop(invalid);
+    held.push(t("combined_indx", &[2 * m * top_k], DType::I32)?);
+    held.push(t("gate_scal", &[m * top_k], logits.dtype)?);
+    let host = (rt.backend() == Backend::Cpu).then(|| {
+        let (w, id) = ops_moe::host_topk(logits.f32(), e, top_k);
+        (id, ops_moe::host_renormalize(&w, top_k))
+    });
+    Ok((held, host))
+}
+
 /// gpt-oss's MXFP4 experts as vLLM's triton_kernels path runs them (0.19
 /// `OAITritonMxfp4ExpertsMonolithic.apply` → `triton_kernel_moe_forward`,
 /// fused_moe/gpt_oss_triton_kernels_moe.py L198-400; the same tensors in 0.11 to 0.33,
@@ -231,7 +298,9 @@ fn experts_host(
 /// `n_expts_act > 1`, matmul_ogs.py L168-170 in 3.5.1, L256-258 in 3.6), reduced into the
 /// output and freed as it returns; the intermediate dies last. The routing is taken as
 /// `fused_topk`'s `[M, k]` weights and ids: triton_kernels' own topk and ragged metadata are
-/// smaller index tensors not reproduced one by one.
+/// smaller index tensors not reproduced one by one. With expert parallel (`local`: the global
+/// experts this rank holds) the routing goes through the expert map (`ep_routing`), and the
+/// buffers keep all `M·k` rows (the remote slots are skipped, not dropped).
 ///
 /// `triton`: the backend is triton_kernels'. Marlin and TRT-LLM (not `triton`) run on the
 /// hidden states padded to the rounded hidden size `hidden_padded` (`F.pad` in the MoE
@@ -246,7 +315,7 @@ pub fn moe_experts_mxfp4(
     logits: &Tensor,
     host: Option<&HostExpertsRef>,
     (top_k, width, alpha, limit): (usize, usize, f32, f32),
-    (triton, hidden_padded): (bool, usize),
+    (triton, hidden_padded, local): (bool, usize, Option<std::ops::Range<usize>>),
     name: &str,
 ) -> Result<Tensor> {
     if rt.backend() == Backend::Cuda {
@@ -264,7 +333,14 @@ pub fn moe_experts_mxfp4(
     } else {
         None
     };
-    let routing = ops_moe_v1::fused_topk(rt, logits, top_k, true, name)?;
+    let (routing, ep) = if let Some(l) = &local {
+        (None, Some(ep_routing(rt, logits, top_k, l.len(), name)?))
+    } else {
+        (
+            Some(ops_moe_v1::fused_topk(rt, logits, top_k, true, name)?),
+            None,
+        )
+    };
     rt.set_op("moe.matmul_ogs (mxfp4)");
     let mut out = rt.tensor_for_overwrite(
         format!("{name}.output"),
@@ -292,12 +368,81 @@ pub fn moe_experts_mxfp4(
         let w = host.ok_or_else(|| {
             Error::Request(format!("{name}: MXFP4 experts without their host values"))
         })?;
-        experts_host(x.f32(), &routing, w, (alpha, limit), out.f32_mut());
+        let (ids, weights) = match (&routing, &ep) {
+            (Some(r), _) => (r.ids.i32(), r.weights.f32()),
+            (None, Some((_, Some((ids, w))))) => (&ids[..], &w[..]),
+            _ => unreachable!("a routing on the CPU"),
+        };
+        let local = local.unwrap_or(0..logits.cols());
+        experts_host(
+            x.f32(),
+            (ids, weights, top_k),
+            local,
+            w,
+            (alpha, limit),
+            out.f32_mut(),
+        );
     }
     drop(scratch);
     drop(cache);
     drop(routing);
+    drop(ep);
     drop(padded);
     drop(x);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{experts_host, HostExpertsRef};
+
+    /// Expert parallel on the host: two ranks, each with half the experts (its slice of the
+    /// weights and biases, `w2_bias` whole on both), routed by the same global ids, sum to one
+    /// rank holding all of them; an expert elsewhere adds nothing.
+    #[test]
+    fn expert_halves_sum_to_the_whole() {
+        let (h, i, e, k, m) = (8usize, 6usize, 4usize, 2usize, 5usize);
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut vals = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+                })
+                .collect()
+        };
+        let (x, w13, w2, b13, b2) = (
+            vals(m * h),
+            vals(e * 2 * i * h),
+            vals(e * h * i),
+            vals(e * 2 * i),
+            vals(e * h),
+        );
+        let ids: Vec<i32> = (0..m * k).map(|j| ((j * 3 + j / k) % e) as i32).collect();
+        let weights = vals(m * k);
+        let run = |r: std::ops::Range<usize>| {
+            let w = HostExpertsRef {
+                w13: &w13[r.start * 2 * i * h..r.end * 2 * i * h],
+                w2: &w2[r.start * h * i..r.end * h * i],
+                b13: &b13[r.start * 2 * i..r.end * 2 * i],
+                b2: &b2[r.start * h..r.end * h],
+                hidden: h,
+                width: i,
+            };
+            let mut out = vec![0f32; m * h];
+            experts_host(&x, (&ids, &weights, k), r, &w, (1.702, 7.0), &mut out);
+            out
+        };
+        let whole = run(0..e);
+        let (a, b) = (run(0..e / 2), run(e / 2..e));
+        let err = whole
+            .iter()
+            .zip(a.iter().zip(&b))
+            .map(|(w, (x, y))| (w - (x + y)).abs())
+            .fold(0f32, f32::max);
+        assert!(err < 1e-5, "{err}");
+        assert!(a.iter().any(|v| v.abs() > 1e-3) && b.iter().any(|v| v.abs() > 1e-3));
+    }
 }

@@ -1127,6 +1127,30 @@ mod tests {
         assert_eq!(format!("{:.1}", b("qwen3-32b")), "32.8");
     }
 
+    /// Writes the config.json of the multimodal presets whose published index could not be
+    /// read from here, for `scripts/param_count.py` (transformers' own classes on the meta
+    /// device): `VRAMSCOPE_PRESET_CONFIGS=DIR cargo test --lib -- --ignored
+    /// write_multimodal_preset_configs`.
+    #[test]
+    #[ignore = "writes fixtures for a reference run"]
+    fn write_multimodal_preset_configs() {
+        let dir = std::path::PathBuf::from(
+            std::env::var("VRAMSCOPE_PRESET_CONFIGS").expect("VRAMSCOPE_PRESET_CONFIGS=DIR"),
+        );
+        for (name, json) in [
+            ("granite-vision-3.2-2b", granite_vision_32_2b_json()),
+            ("kimi-vl-a3b", kimi_vl_a3b_json()),
+            // Controls whose published index totals are known.
+            ("qwen2.5-vl-7b", qwen25_vl_7b_json()),
+            ("mistral-small-3.1-24b", mistral_small_31_json()),
+        ] {
+            let d = dir.join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            let text = serde_json::to_string_pretty(&json).unwrap();
+            std::fs::write(d.join("config.json"), text).unwrap();
+        }
+    }
+
     #[test]
     fn every_name_resolves() {
         for n in PRESET_NAMES {

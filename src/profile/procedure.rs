@@ -909,13 +909,23 @@ fn check_gpt_oss_parallel(
         ),
         _ => None,
     };
+    // Modelled: expert parallel over one replica's ranks on Hopper from 0.19, the monolithic
+    // Triton kernel with the expert map (docs/reading/vllm-gpt-oss-ep.md §4.1; the loader
+    // names what it does not take: 16-bit experts, expert counts the ranks do not divide).
+    if crash.is_none() && ep && dp == 1 && minor >= 19 && device_major == 9 {
+        return Ok(());
+    }
     Err(Error::Request(match crash {
         Some(why) => format!(
             "gpt_oss with {what}: vLLM {} fails here: {why}",
             release.name
         ),
+        None if device_major == 9 => format!(
+            "gpt_oss with {what} under vLLM {}: data parallel (OAITritonExperts behind the naive dispatch, docs/reading/vllm-gpt-oss-ep.md §4.2-4.3) is not modelled yet; tensor parallel, and expert parallel within one replica on Hopper from 0.19, are",
+            release.name
+        ),
         None => format!(
-            "gpt_oss with {what} under vLLM {}: whole experts per rank (on Hopper the monolithic Triton kernel with an expert map, or OAITritonExperts behind the naive dispatch with data parallel; Marlin's experts elsewhere: docs/reading/vllm-gpt-oss-ep.md) are not modelled yet; tensor parallel is",
+            "gpt_oss with {what} under vLLM {}: whole experts per rank on this GPU (Marlin's or TRT-LLM's experts behind an expert map: docs/reading/vllm-gpt-oss-ep.md §4.5) are not modelled yet; tensor parallel is, and expert parallel on Hopper from 0.19",
             release.name
         ),
     }))

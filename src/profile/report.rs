@@ -59,13 +59,22 @@ impl ModelInfo {
         if self.expert_parameters == 0 {
             return None;
         }
-        let b = |n: u64| format!("{:.1} B", n as f64 / 1e9);
         let bytes = if quant == crate::quant::Quant::Fp8 {
             1
         } else {
             2
         };
         let per_rank = self.expert_parameters * bytes / u64::from(tp.max(1));
+        self.experts_sentence_with(tp, per_rank)
+    }
+
+    /// `experts_sentence` with the bytes of experts a rank holds given (measured from the
+    /// load: `Report::resident_expert_bytes`).
+    pub fn experts_sentence_with(&self, tp: u32, per_rank: u64) -> Option<String> {
+        if self.expert_parameters == 0 {
+            return None;
+        }
+        let b = |n: u64| format!("{:.1} B", n as f64 / 1e9);
         Some(format!(
             "mixture of experts: {} of its {} parameters are the experts' ({} of weights{}, all resident); {} are active per token",
             b(self.expert_parameters),
@@ -360,6 +369,38 @@ pub enum EncoderRunner {
 /// The encoder's share of the non-KV memory: its weights, and its part of the profile's
 /// torch peak increase (the encoder phase's own peak, or what it holds under the text pass).
 impl Report {
+    /// Bytes of routed-expert weights this rank holds after loading, from the load's events
+    /// (every `….experts.…` weight made less those freed, the expert map left out); `None`
+    /// when the events name none (a dense model, or a report without its events).
+    pub fn resident_expert_bytes(&self) -> Option<u64> {
+        use crate::memory::EventKind;
+        let mut held = 0i64;
+        for e in self.events.iter().filter(|e| {
+            e.pass == 0
+                && e.category == crate::memory::Category::Weight
+                && e.tensor.contains(".experts.")
+                && !e.tensor.contains("expert_map")
+        }) {
+            match e.kind {
+                EventKind::Alloc => held += e.bytes as i64,
+                EventKind::Free => held -= e.bytes as i64,
+                _ => {}
+            }
+        }
+        (held > 0).then_some(held as u64)
+    }
+
+    /// The mixture of experts' sentence with what this rank holds as measured from its load
+    /// (`resident_expert_bytes`), or estimated from the parameters where the events name no
+    /// experts.
+    pub fn experts_sentence(&self) -> Option<String> {
+        let ranks = self.tp.max(1) * self.settings.dp.max(1);
+        match self.resident_expert_bytes() {
+            Some(b) => self.model.experts_sentence_with(ranks, b),
+            None => self.model.experts_sentence_as(ranks, self.quant),
+        }
+    }
+
     pub fn encoder_sentence(&self) -> Option<String> {
         let r = self;
         let e = self.encoder.as_ref()?;

@@ -77,6 +77,14 @@ const NOT_MODELLED: &[(&str, &str)] = &[
         "compilation-config",
         "torch.compile and CUDA graph settings",
     ),
+    (
+        "cc.cudagraph-mm-encoder",
+        "the vision encoder's CUDA graphs (CompilationConfig.cudagraph_mm_encoder, off by default; Qwen2.5-VL implements them from 0.21)",
+    ),
+    (
+        "mm-device-do-normalize",
+        "where pixels are normalized (by default uint8 pixels normalized on the GPU: Qwen2.5-VL from 0.28, Mistral 3 from 0.33)",
+    ),
     ("hf-overrides", "the model's config"),
     ("rope-scaling", "the rotary cache's length"),
     (
@@ -90,10 +98,20 @@ const NOT_MODELLED: &[(&str, &str)] = &[
 /// or an engine config (`max_loras`).
 pub fn not_modelled_why(name: &str) -> &'static str {
     let key = name.trim_start_matches('-').replace('_', "-");
-    NOT_MODELLED
-        .iter()
-        .find(|(k, _)| *k == key)
-        .map_or("not read by vramscope", |(_, why)| why)
+    let why = |key: &str| {
+        NOT_MODELLED
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, w)| *w)
+    };
+    // `-cc.KEY=value` is `--compilation-config '{"KEY": value}'` (vLLM's dotted form).
+    why(&key)
+        .or_else(|| {
+            key.starts_with("cc.")
+                .then(|| why("compilation-config"))
+                .flatten()
+        })
+        .unwrap_or("not read by vramscope")
 }
 
 /// The one line that names every setting vramscope left out of its answer.

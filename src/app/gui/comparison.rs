@@ -592,7 +592,7 @@ pub fn waterfall(ui: &mut egui::Ui, r: &Report, a: &crate::report::lifetimes::An
             false
         ))
     ));
-    if let Some(e) = r.model.experts_sentence_as(r.tp, r.quant) {
+    if let Some(e) = r.experts_sentence() {
         ui.label(e);
     }
     let twice: u64 = a.kept.iter().map(|g| g.bytes_at_t3).sum();

@@ -395,6 +395,9 @@ mod tests {
     /// The whole checkpoint: Moonlight-16B-A3B's language model (163840 × 2048 embeddings and
     /// an untied head, 27 MLA layers, a dense first layer of 11264, 26 MoE layers of 64 experts
     /// of 1408 and 2 shared ones) and the vision side: 16.4 billion, as the model card says.
+    /// transformers 5.17 counts the same from the same config.json (`scripts/param_count.py`,
+    /// meta device, docs/gpu-runs.md run 99): `DeepseekV3ForCausalLM` 15,960,110,208, and
+    /// MoonViT's tensors as a `SiglipVisionModel` of the same shapes 416,866,032.
     #[test]
     fn the_checkpoint_holds_16_4_billion_parameters() {
         let c = kimi_vl();

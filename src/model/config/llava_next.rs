@@ -508,8 +508,11 @@ mod tests {
         assert!(mm.loads("vision_tower.vision_model.encoder.layers.26.mlp.fc1.weight"));
     }
 
-    /// The published checkpoint's parameters, derived by hand from its config (the index's
-    /// total_size could not be read from here): the granite language model 2,533,533,696
+    /// The published checkpoint's parameters, derived by hand from its config and equal to
+    /// what transformers 5.17's `LlavaNextForConditionalGeneration` (the class that saved the
+    /// checkpoint) holds when built from the same config.json (`scripts/param_count.py`, meta
+    /// device, docs/gpu-runs.md run 99; the index file itself is not reachable from here):
+    /// the granite language model 2,533,533,696
     /// (49156 × 2048 tied embeddings, 40 layers of q/o 2048², k/v 2048 × 512, gate/up/down
     /// 3 × 2048 × 8192 and two norms, the final norm), the tower as transformers saves it
     /// 428,225,600 (27 layers, `post_layernorm` and the pooling head vLLM skips), the

@@ -28,8 +28,9 @@ use crate::memory::Category;
 use crate::model::batch::Batch;
 use crate::model::config::{GptOssShape, ModelConfig};
 use crate::model::layers::decoder::enter_layer;
+use crate::model::layers::moe::load_expert_map;
 use crate::model::layers::rotary::rotary_cache_sized;
-use crate::model::layers::tp::TpShard;
+use crate::model::layers::tp::{ExpertPlacement, TpShard};
 use crate::model::loader::{upload, LoadOptions, LoadStats, Loader, Slice};
 use crate::model::weights::WeightSource;
 use crate::quant::{mxfp4, FusedLinear, Linear};
@@ -49,6 +50,9 @@ pub struct OaiAttention {
 pub struct OaiMoe {
     pub router: Tensor,
     pub router_bias: Tensor,
+    /// `FusedMoE`'s `expert_map` (int32 `[E]`) with expert parallel, made before its
+    /// parameters.
+    pub expert_map: Option<Tensor>,
     pub experts: ExpertWeights,
 }
 
@@ -122,6 +126,7 @@ impl GptOssLayer {
             + a.o_bias.nbytes()
             + m.router.nbytes()
             + m.router_bias.nbytes()
+            + m.expert_map.as_ref().map_or(0, |t| t.nbytes())
             + m.expert_bytes()
             + self.input_layernorm.nbytes()
             + self.post_attention_layernorm.nbytes()
@@ -134,6 +139,8 @@ pub struct GptOssModel {
     pub act: DType,
     /// This rank's share: its heads, its slice of every expert's width, its vocabulary rows.
     pub shard: TpShard,
+    /// The routed experts this rank holds (all of them but with expert parallel).
+    pub placement: ExpertPlacement,
     pub vocab_first_row: usize,
     /// `VocabParallelEmbedding`: this rank's `[Vp / tp, hidden]`.
     pub embed: Tensor,
@@ -176,13 +183,6 @@ impl GptOssModel {
             ));
         }
         let shard = TpShard::of(rt, cfg)?;
-        if shard.moe.ep || shard.moe.size != shard.size {
-            return Err(Error::Request(
-                "gpt_oss with --enable-expert-parallel or --data-parallel-size is not modelled \
-                 yet (gpt_oss.py's loader takes whole experts per rank there); tensor parallel is"
-                    .into(),
-            ));
-        }
         opts.require_16bit(
             src,
             &cfg.arch,
@@ -205,9 +205,21 @@ impl GptOssModel {
             m.num_experts,
         );
         let backend = mxfp4::Backend::for_capability((rt.with_device(|d| d.compute_major()), 0));
+        let placement = expert_placement(&shard, &shape, e, backend)?;
         let (q_part, kv_part) = (shard.q_rows(cfg), shard.kv_rows(cfg));
         let heads = cfg.num_heads / shard.size;
-        let cut = ExpertCut::of(i, (shard.moe.rank, shard.moe.size), shape.mxfp4);
+        // With expert parallel a rank loads its experts whole, `w2_bias` included
+        // (`_load_weights_mxfp4`'s `use_ep` branches, 0.19.0 gpt_oss.py L384-500).
+        let cut = if placement.mapped {
+            ExpertCut {
+                start: 0,
+                len: i,
+                part: i,
+                keeps_down_bias: true,
+            }
+        } else {
+            ExpertCut::of(i, (shard.moe.rank, shard.moe.size), shape.mxfp4)
+        };
         let (v_first, v_len) = shard.vocab_rows(vp);
         let embed = ld.vocab_shard("model.embed_tokens.weight", v, h, vp, v_first, v_len)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -264,8 +276,16 @@ impl GptOssModel {
             let x = format!("{p}.mlp");
             let router = ld.dense(&format!("{x}.router.weight"), &[e, h])?;
             let router_bias = ld.dense(&format!("{x}.router.bias"), &[e])?;
+            let expert_map = load_expert_map(&mut ld, &placement, &format!("{x}.experts"))?;
             let experts = if shape.mxfp4 {
-                ExpertWeights::Mxfp4(load_mxfp4(&mut ld, rt, &x, (e, h, i), &cut, backend)?)
+                ExpertWeights::Mxfp4(load_mxfp4(
+                    &mut ld,
+                    rt,
+                    &x,
+                    (e, h, i),
+                    (&cut, &placement),
+                    backend,
+                )?)
             } else {
                 load_dense(&mut ld, rt, &x, (e, h, i), &cut, act)?
             };
@@ -283,6 +303,7 @@ impl GptOssModel {
                 mlp: OaiMoe {
                     router,
                     router_bias,
+                    expert_map,
                     experts,
                 },
                 input_layernorm,
@@ -303,7 +324,12 @@ impl GptOssModel {
         for (l, layer) in layers.iter_mut().enumerate() {
             if let ExpertWeights::Mxfp4(x) = &mut layer.mlp.experts {
                 rt.set_layer(Some(l as u32));
-                x.process_after_loading(rt, &rules, e, &format!("model.layers.{l}.mlp.experts"))?;
+                x.process_after_loading(
+                    rt,
+                    &rules,
+                    placement.local,
+                    &format!("model.layers.{l}.mlp.experts"),
+                )?;
             }
         }
         rt.set_layer(None);
@@ -312,6 +338,7 @@ impl GptOssModel {
             shape,
             act,
             shard,
+            placement,
             vocab_first_row: v_first,
             embed,
             layers,
@@ -576,13 +603,15 @@ impl GptOssModel {
                     hidden: self.cfg.hidden_size,
                     width: ex.loaded_width,
                 });
+                let p = &self.placement;
+                let local = m.expert_map.as_ref().map(|_| p.first..p.first + p.local);
                 ops_gpt_oss::moe_experts_mxfp4(
                     rt,
                     x,
                     &logits,
                     host.as_ref(),
                     (top_k, ex.width, alpha, limit),
-                    (ex.backend == mxfp4::Backend::Triton, ex.hidden),
+                    (ex.backend == mxfp4::Backend::Triton, ex.hidden, local),
                     &format!("{l}.moe"),
                 )?
             }
@@ -591,6 +620,47 @@ impl GptOssModel {
         drop(logits);
         Ok(out)
     }
+}
+
+/// The experts this rank holds. With expert parallel (and one data-parallel replica) each rank
+/// keeps `E / P` whole experts, as `_load_weights_mxfp4`'s `use_ep` branches load them and
+/// `determine_expert_map` maps them (docs/reading/vllm-gpt-oss-ep.md §3, §4.1); what vLLM runs
+/// there on Hopper from 0.19 is the monolithic Triton kernel with the expert map. The other
+/// cases are named: data parallel (the modular `OAITritonExperts` behind the naive dispatch,
+/// §4.2-4.3), 16-bit experts, Marlin's and TRT-LLM's experts, and expert counts the ranks do
+/// not divide (the loader takes `E // P` experts while the map gives the first `E % P` ranks
+/// one more: a size mismatch at load, §3.5).
+fn expert_placement(
+    shard: &TpShard,
+    shape: &GptOssShape,
+    e: usize,
+    backend: mxfp4::Backend,
+) -> Result<ExpertPlacement> {
+    let (ep, p) = (shard.moe.ep, shard.moe.size);
+    if !ep && p == shard.size {
+        return Ok(ExpertPlacement::all(e));
+    }
+    let what = if ep {
+        format!("--enable-expert-parallel over {p} GPUs")
+    } else {
+        format!("--data-parallel-size {}", p / shard.size.max(1))
+    };
+    let not = |why: &str| Err(Error::Request(format!("gpt_oss with {what}: {why}")));
+    if p != shard.size {
+        return not("data parallel (the modular OAITritonExperts behind the naive dispatch, docs/reading/vllm-gpt-oss-ep.md §4.2) is not modelled yet; tensor parallel, and expert parallel over one replica's ranks, are");
+    }
+    if !shape.mxfp4 {
+        return not(
+            "16-bit experts with expert parallel are not modelled yet (MXFP4 checkpoints are)",
+        );
+    }
+    if backend != mxfp4::Backend::Triton {
+        return not(&format!("the {} MXFP4 experts with an expert map are not modelled yet (Hopper's Triton experts are)", backend.name()));
+    }
+    if !e.is_multiple_of(p) {
+        return not(&format!("vLLM fails at load: gpt_oss.py's loader gives each rank {} of the {e} experts while determine_expert_map gives the first {} ranks one more (a size mismatch)", e / p, e % p));
+    }
+    Ok(ExpertPlacement::linear(e, shard.moe.rank, p))
 }
 
 /// Rows of the YaRN cache: `original_max_position · factor` (YaRNScalingRotaryEmbedding is
@@ -747,11 +817,18 @@ fn load_mxfp4(
     ld: &mut Loader,
     rt: &Runtime,
     x: &str,
-    (e, h, i): (usize, usize, usize),
-    cut: &ExpertCut,
+    (global, h, i): (usize, usize, usize),
+    (cut, placement): (&ExpertCut, &ExpertPlacement),
     backend: mxfp4::Backend,
 ) -> Result<Mxfp4Experts> {
     let (hp, ip) = backend.round_up(&rt.mxfp4_rules(), h, cut.part);
+    // This rank's experts of each checkpoint tensor (all of them without expert parallel):
+    // `weight[ep_rank_start:ep_rank_end, ...]` (0.19.0 gpt_oss.py L1104-1109, L384-500).
+    let e = placement.local;
+    let ours = |d: Vec<u8>| -> Vec<u8> {
+        let per = d.len() / global;
+        d[placement.first * per..(placement.first + e) * per].to_vec()
+    };
     let (s, n) = (cut.start, cut.len);
     if n > ip {
         return Err(Error::Request(format!(
@@ -759,8 +836,10 @@ fn load_mxfp4(
         )));
     }
     let b = mxfp4::BLOCK;
-    let mut read =
-        |name: &str, shape: &[usize]| ld.read_u8_host(&format!("{x}.experts.{name}"), shape);
+    let mut read = |name: &str, shape: &[usize]| {
+        ld.read_u8_host(&format!("{x}.experts.{name}"), shape)
+            .map(|d| d.map(ours))
+    };
     let cut_rows = |d: Option<Vec<u8>>, cols: usize| {
         d.map(|d| narrow(&d, e, [2 * i, cols], (2 * s, 2 * n), (0, cols)))
     };
@@ -768,14 +847,19 @@ fn load_mxfp4(
         d.map(|d| narrow(&d, e, [h, i / per], (0, h), (s / per, n / per)))
     };
     let w13_blocks = cut_rows(
-        read("gate_up_proj_blocks", &[e, 2 * i, h / b, b / 2])?,
+        read("gate_up_proj_blocks", &[global, 2 * i, h / b, b / 2])?,
         h / 2,
     );
-    let w13_scales = cut_rows(read("gate_up_proj_scales", &[e, 2 * i, h / b])?, h / b);
-    let w2_blocks = cut_cols(read("down_proj_blocks", &[e, h, i / b, b / 2])?, 2);
-    let w2_scales = cut_cols(read("down_proj_scales", &[e, h, i / b])?, b);
+    let w13_scales = cut_rows(read("gate_up_proj_scales", &[global, 2 * i, h / b])?, h / b);
+    let w2_blocks = cut_cols(read("down_proj_blocks", &[global, h, i / b, b / 2])?, 2);
+    let w2_scales = cut_cols(read("down_proj_scales", &[global, h, i / b])?, b);
     let u8_param = |name: &str, shape: [usize; 3], from: Option<&Vec<u8>>, src: [usize; 2]| {
-        let mut t = rt.tensor(format!("{x}.{name}"), Category::Weight, &shape, DType::U8)?;
+        let mut t = rt.tensor(
+            format!("{x}.experts.{name}"),
+            Category::Weight,
+            &shape,
+            DType::U8,
+        )?;
         if let (Some(d), crate::engine::tensor::Storage::U8(dst)) = (from, &mut t.storage) {
             pad_into(d, e, src, [shape[1], shape[2]], dst);
         }
@@ -802,11 +886,14 @@ fn load_mxfp4(
             [h, n / b],
         )?,
     ];
+    let rows =
+        |d: Vec<f32>, per: usize| d[placement.first * per..(placement.first + e) * per].to_vec();
     let b13 = ld
-        .read_host(&format!("{x}.experts.gate_up_proj_bias"), &[e, 2 * i])?
-        .map(|d| narrow(&d, e, [1, 2 * i], (0, 1), (2 * s, 2 * n)));
+        .read_host(&format!("{x}.experts.gate_up_proj_bias"), &[global, 2 * i])?
+        .map(|d| narrow(&rows(d, 2 * i), e, [1, 2 * i], (0, 1), (2 * s, 2 * n)));
     let b2 = ld
-        .read_host(&format!("{x}.experts.down_proj_bias"), &[e, h])?
+        .read_host(&format!("{x}.experts.down_proj_bias"), &[global, h])?
+        .map(|d| rows(d, h))
         .map(|mut d| {
             if !cut.keeps_down_bias {
                 d.fill(0.0);
@@ -825,14 +912,14 @@ fn load_mxfp4(
     let mut params = params;
     params.push(upload(
         rt,
-        &format!("{x}.w13_bias"),
+        &format!("{x}.experts.w13_bias"),
         &[e, 2 * ip],
         DType::BF16,
         pad_f32(&b13, 2 * n, 2 * ip),
     )?);
     params.push(upload(
         rt,
-        &format!("{x}.w2_bias"),
+        &format!("{x}.experts.w2_bias"),
         &[e, hp],
         DType::BF16,
         pad_f32(&b2, h, hp),
