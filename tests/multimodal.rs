@@ -1617,3 +1617,87 @@ fn the_report_names_model_runner_v2s_encoder_profile() {
         "{s27}"
     );
 }
+
+/// `plan -- vllm serve …` on Mistral 3, its stderr notes. `extra` follows the model.
+fn mistral3_notes(vllm: &str, model: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "plan",
+        "--vllm",
+        vllm,
+        "--device",
+        "sim:h100-sxm",
+        "--",
+        "vllm",
+        "serve",
+        model,
+    ];
+    args.extend_from_slice(extra);
+    let (ok, out, err) = vramscope(&args);
+    assert!(ok, "{out}{err}");
+    err
+}
+
+/// The model card's line for Mistral-Small-3.1 (`--config_format mistral --load_format
+/// mistral`), and `auto` from 0.15 where the repository holds params.json, make vLLM run the
+/// Mistral-format `PixtralForConditionalGeneration` (transformers_utils/config.py 0.15.1
+/// L580-587, 0.19.0 L637-647); vramscope answers for the HF format and says so in its assumed
+/// line (not as a flag without effect). `--config-format hf`, or 0.11 (config.json first),
+/// say nothing. A folder is looked at: params.json beside config.json.
+#[test]
+fn mistral3_in_the_mistral_format_is_named() {
+    let hub = "mistralai/Mistral-Small-3.1-24B-Instruct-2503";
+    let card = mistral3_notes(
+        "0.33",
+        hub,
+        &["--config_format", "mistral", "--load_format", "mistral"],
+    );
+    assert!(
+        card.contains("assumed: --config-format mistral (vLLM then reads params.json and runs PixtralForConditionalGeneration"),
+        "{card}"
+    );
+    assert!(
+        !card.contains("--config-format mistral: no effect"),
+        "{card}"
+    );
+    let auto = mistral3_notes("0.19", hub, &[]);
+    assert!(
+        auto.contains("--config-format auto: where the repository holds params.json"),
+        "{auto}"
+    );
+    for (vllm, extra) in [
+        (
+            "0.33",
+            &["--config-format", "hf", "--load-format", "hf"][..],
+        ),
+        ("0.11", &[][..]),
+    ] {
+        let text = mistral3_notes(vllm, hub, extra);
+        assert!(
+            !text.contains("PixtralForConditionalGeneration"),
+            "--vllm {vllm}: {text}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({
+        "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+        "image_token_index": 10, "multimodal_projector_bias": true,
+        "projector_hidden_act": "gelu", "spatial_merge_size": 2, "vision_feature_layer": -1,
+        "text_config": {"model_type": "mistral", "hidden_size": 128, "intermediate_size": 256,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+            "head_dim": 64, "vocab_size": 1024, "max_position_embeddings": 256,
+            "rms_norm_eps": 1e-5, "rope_theta": 1000000000.0, "sliding_window": null},
+        "vision_config": {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
+            "image_size": 28, "patch_size": 7, "num_channels": 3, "rope_theta": 10000.0,
+            "hidden_act": "silu"}
+    });
+    std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
+    let path = dir.path().to_str().unwrap();
+    assert!(!mistral3_notes("0.19", path, &[]).contains("PixtralForConditionalGeneration"));
+    std::fs::write(dir.path().join("params.json"), "{}").unwrap();
+    let with = mistral3_notes("0.19", path, &[]);
+    assert!(
+        with.contains("--config-format auto with params.json beside config.json"),
+        "{with}"
+    );
+}

@@ -881,9 +881,40 @@ pub fn plan_profile_args(p: &PlanArgs) -> Result<(ProfileArgs, Vec<String>)> {
                 .into(),
         );
     }
-    notes.extend(line.warnings.iter().map(|w| format!("warning: {w}")));
-    notes.extend(crate::profile::vllm_args::assumed_line(&line.unmodelled));
+    let mistral3 = mistral3_format(&args.work.model, &args.vllm, &line.config_format);
+    // The format's note replaces the flag's "no effect" warning.
+    let format_flag = format!("--config-format {}:", line.config_format);
+    notes.extend(
+        line.warnings
+            .iter()
+            .filter(|w| mistral3.is_none() || !w.starts_with(&format_flag))
+            .map(|w| format!("warning: {w}")),
+    );
+    let mut unmodelled = line.unmodelled.clone();
+    unmodelled.extend(mistral3);
+    notes.extend(crate::profile::vllm_args::assumed_line(&unmodelled));
     Ok((args, notes))
+}
+
+/// The note for a Mistral 3 checkpoint that vLLM would load in the Mistral format
+/// (`vllm_args::mistral3_format_note`): the preset of a hub id, or a folder whose config.json
+/// names `Mistral3ForConditionalGeneration` (its `params.json` looked for beside it).
+fn mistral3_format(model: &str, vllm: &str, config_format: &str) -> Option<String> {
+    let minor = crate::profile::vllm::release(vllm).ok()?.minor()?;
+    let params_json = if let Some(name) = model.strip_prefix("preset:") {
+        let cfg = crate::model::presets::preset(name)?;
+        cfg.mistral3.as_ref()?;
+        None
+    } else {
+        let dir = std::path::Path::new(model);
+        let dir = if dir.is_dir() { dir } else { dir.parent()? };
+        let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+        if !text.contains("Mistral3ForConditionalGeneration") {
+            return None;
+        }
+        Some(dir.join("params.json").exists())
+    };
+    crate::profile::vllm_args::mistral3_format_note(config_format, minor, params_json)
 }
 
 /// Where the routed experts are on each rank, with expert or data parallel.

@@ -22,6 +22,34 @@ pub struct ServeLine {
     /// The settings of the line that change memory and that vramscope does not model, each
     /// as given with what it changes: said together in one "assumed" line, never dropped.
     pub unmodelled: Vec<String>,
+    /// `--config-format` as given (`auto` when absent): `mistral` loads `params.json`, which
+    /// for a Mistral 3 checkpoint is another model class (`mistral3_format_note`).
+    pub config_format: String,
+}
+
+/// What vLLM runs for a Mistral 3 checkpoint (`Mistral3ForConditionalGeneration` in
+/// config.json) that vramscope answers in its HF format. `--config-format mistral`, or `auto`
+/// from 0.15 where the repository holds `params.json` (0.19 on: and `consolidated*.safetensors`;
+/// transformers_utils/config.py 0.15.1 L580-587, 0.19.0 L637-647, 0.33.0 L889-900), makes vLLM
+/// read `params.json` and run `PixtralForConditionalGeneration`: vLLM's own Pixtral vision
+/// transformer on mistral_common's float32 pixels, normalized on the host. `params_json`:
+/// whether the checkpoint has one (`None`: a hub id, whose repository is not read here).
+pub fn mistral3_format_note(
+    config_format: &str,
+    release_minor: u32,
+    params_json: Option<bool>,
+) -> Option<String> {
+    let why = "vLLM then reads params.json and runs PixtralForConditionalGeneration (vLLM's own Pixtral vision transformer on mistral_common's float32 pixels, normalized on the host); vramscope answers for the HF format (Mistral3ForConditionalGeneration: the same weights, another encoder pass), as with --config-format hf --load-format hf";
+    match (config_format, params_json) {
+        ("mistral", _) => Some(format!("--config-format mistral ({why})")),
+        ("auto", Some(true)) if release_minor >= 15 => Some(format!(
+            "--config-format auto with params.json beside config.json, which vLLM 0.15 and later take first ({why})"
+        )),
+        ("auto", None) if release_minor >= 15 => Some(format!(
+            "--config-format auto: where the repository holds params.json and consolidated safetensors, as Mistral's publish them (not read from here), vLLM 0.15 and later take the Mistral format ({why})"
+        )),
+        _ => None,
+    }
 }
 
 /// Flags and engine settings that change GPU memory and that vramscope does not model, with
@@ -430,6 +458,7 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
     };
     let mut warnings = Vec::new();
     let mut unmodelled = Vec::new();
+    let mut config_format = "auto".to_string();
     // `NAME=value vllm serve …`: the environment vLLM starts in.
     let mut env_from = 0;
     while words
@@ -616,6 +645,9 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
             warnings.push(format!("{flag}: no effect on the memory vramscope models"));
         } else if NO_MEMORY_EFFECT.contains(&flag.as_str()) {
             let v = take(&mut i).unwrap_or_default();
+            if flag == "--config-format" {
+                config_format = v.clone();
+            }
             warnings.push(format!(
                 "{flag} {v}: no effect on the memory vramscope models"
             ));
@@ -650,6 +682,7 @@ pub fn parse_serve(words: &[String]) -> Result<ServeLine> {
         args,
         warnings,
         unmodelled,
+        config_format,
     })
 }
 
