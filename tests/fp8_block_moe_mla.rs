@@ -273,6 +273,58 @@ fn fp8_experts_quantize_their_inputs_as_each_release_does() {
     }
 }
 
+/// From 0.29 a rank's expert width that the checkpoint's [128, 128] blocks do not divide gets
+/// finer blocks for its scales: `gcd(128, 128, I, H)` (`refine_fp8_moe_block_shape`,
+/// oracle/fp8.py 0.29.0 L272-304), 64 for Qwen3-30B-A3B's 768 over 4 ranks (192 each) and 32
+/// over 8 (96 each). The scales are made on that grid (fp8.py L565-583: `w13_weight_scale_inv
+/// [E, 2·I/b, H/b]`, `w2_weight_scale_inv [E, H/b, I/b]`), the inputs quantized in groups of
+/// `b` (`a1q_scale [M, H/b]`, `a2q_scale [M·k, I/b]`), and no tuned file exists for the block
+/// shape (the default BLOCK_SIZE_M, 64 above 64 tokens).
+#[test]
+fn fp8_experts_re_blocked_from_0_29() {
+    let dir = config_dir(&qwen3_30b_a3b_fp8_json(2));
+    for (tp, b) in [(4u64, 64u64), (8, 32)] {
+        let i = 768 / tp;
+        for v in ["0.29", "0.33"] {
+            let r = profile(
+                dir.path(),
+                v,
+                "sim:h100-80gb:dry",
+                &["--tp", &tp.to_string()],
+            );
+            let scale = |n: &str| {
+                load_allocs(&r)
+                    .iter()
+                    .find(|(t, _)| t == &format!("model.layers.0.mlp.experts.{n}"))
+                    .map(|a| a.1)
+                    .unwrap_or_else(|| panic!("{v}: no {n}"))
+            };
+            // Small blocks: the allocator rounds to 512 bytes.
+            let r512 = |x: u64| x.div_ceil(512) * 512;
+            assert_eq!(
+                scale("w13_weight_scale_inv"),
+                r512(128 * 2 * (i / b) * (2048 / b) * 4),
+                "{v} TP {tp}"
+            );
+            assert_eq!(
+                scale("w2_weight_scale_inv"),
+                r512(128 * (2048 / b) * (i / b) * 4),
+                "{v} TP {tp}"
+            );
+            let ev = pass_events(&r, ".moe.");
+            let bytes = |n: &str| ev.iter().find(|e| e.1 == n).map(|e| e.2).unwrap();
+            let m = bytes("a1q") / 2048;
+            assert_eq!(bytes("a1q_scale"), m * (2048 / b) * 4, "{v} TP {tp}");
+            let a2s = m * 8 * (i / b) * 4;
+            assert!(
+                (a2s..a2s + (1 << 20)).contains(&bytes("a2q_scale")),
+                "{v} TP {tp}"
+            );
+            assert_eq!(bytes("sorted_ids"), (m * 8 + 128 * 63) * 4, "{v} TP {tp}");
+        }
+    }
+}
+
 /// `plan` answers for the published FP8 MoE and MLA checkpoints' configs, in vLLM's words.
 #[test]
 fn plan_answers_for_fp8_moe_and_deepseek_v3_configs() {
@@ -581,14 +633,12 @@ fn fp8_experts_refusals_name_what_is_missing() {
             "{e}"
         );
     }
-    // From 0.29 vLLM re-blocks experts whose rank width is not a multiple of 128.
-    for v in ["0.29", "0.33"] {
-        let e = refused(dir.path(), v, "sim:h100-80gb:dry", &["--tp", "4"]);
-        assert!(
-            e.contains("refine_fp8_moe_block_shape") && e.contains("width 192"),
-            "{v}: {e}"
-        );
-    }
+    // 0.28 still refuses it; from 0.29 vLLM re-blocks (the test below).
+    let e = refused(dir.path(), "0.28", "sim:h100-80gb:dry", &["--tp", "4"]);
+    assert!(
+        e.contains("not divisible by weight quantization block_n = 128"),
+        "{e}"
+    );
     // Without the routers in modules_to_not_convert vLLM would make them fp8.
     let mut j = qwen3_30b_a3b_fp8_json(2);
     j["quantization_config"]

@@ -356,16 +356,35 @@ pub(crate) fn map_expert_ids(rt: &Runtime, ids: &mut Tensor, name: &str) -> Resu
 pub struct Fp8BlockScales<'a> {
     pub w13: &'a Tensor,
     pub w2: &'a Tensor,
+    /// The block side the kernels use: the checkpoint's 128, or the finer block from 0.29
+    /// (`refine_fp8_moe_block_shape`, `Loader::experts_fp8_block`), with which the inputs are
+    /// quantized in groups of as many and no tuned config file is found.
+    pub group: usize,
 }
 
-/// `per_token_group_quant_fp8(A, 128)` as the fused MoE quantizes its inputs
+impl<'a> Fp8BlockScales<'a> {
+    /// The scales of experts `hidden` wide: their block side read back from `w13`'s grid
+    /// (`[E, 2·I/b, H/b]`): the refined block where the grid divides the hidden size into
+    /// blocks under 128, else the checkpoint's 128.
+    pub fn new(w13: &'a Tensor, w2: &'a Tensor, hidden: usize) -> Self {
+        let cols = w13.shape[2].max(1);
+        let group = if hidden.is_multiple_of(cols) && hidden / cols < 128 {
+            hidden / cols
+        } else {
+            128
+        };
+        Fp8BlockScales { w13, w2, group }
+    }
+}
+
+/// `per_token_group_quant_fp8(A, group)` as the fused MoE quantizes its inputs
 /// (`moe_kernel_quantize_input` → `_fp8_quantize`, fused_moe/utils.py L114-136 at 0.11.0,
-/// L125-148 at 0.19.0): the codes `[rows, k]` in float8_e4m3fn (`empty_like`), then the f32
-/// group scales `[rows, k / 128]`.
+/// L125-148 at 0.19.0; `group` is the block's k side, 128 but where 0.29 refines it): the
+/// codes `[rows, k]` in float8_e4m3fn (`empty_like`), then the f32 group scales
+/// `[rows, k / group]`.
 pub(crate) fn group_quant(
     rt: &Runtime,
-    rows: usize,
-    k: usize,
+    (rows, k, group): (usize, usize, usize),
     names: [&str; 2],
     name: &str,
 ) -> Result<[Tensor; 2]> {
@@ -374,7 +393,7 @@ pub(crate) fn group_quant(
         rt.tensor_for_overwrite(format!("{name}.{nm}"), Category::Activation, shape, dt)
     };
     let codes = t(names[0], &[rows, k], DType::F8E4M3)?;
-    let scales = t(names[1], &[rows, k.div_ceil(128)], DType::F32)?;
+    let scales = t(names[1], &[rows, k.div_ceil(group)], DType::F32)?;
     Ok([codes, scales])
 }
 
@@ -396,8 +415,7 @@ pub(crate) fn fp8_block_experts_refused(name: &str) -> Error {
 pub fn block_size_m_fp8_block(
     release: &str,
     gpu: &str,
-    e: usize,
-    n: usize,
+    (e, n, block): (usize, usize, usize),
     m: usize,
 ) -> (usize, String) {
     let gpu = gpu
@@ -406,9 +424,12 @@ pub fn block_size_m_fp8_block(
         .unwrap_or(gpu)
         .trim()
         .replace(' ', "_");
-    let file = format!("E={e},N={n},device_name={gpu},dtype=fp8_w8a8,block_shape=[128,128].json");
+    let file =
+        format!("E={e},N={n},device_name={gpu},dtype=fp8_w8a8,block_shape=[{block},{block}].json");
+    // The releases ship tuned files for [128, 128] blocks only.
     let tuned = crate::engine::moe_configs_fp8_block::TUNED_FP8_BLOCK
         .iter()
+        .filter(|_| block == 128)
         .find(|(r, fe, fn_, fd, _)| *r == release && *fe == e && *fn_ == n && *fd == gpu);
     match tuned {
         Some((_, _, _, _, keys)) => {
@@ -576,10 +597,15 @@ fn fused_experts_fp8_block(
     let mut start = 0;
     while start < m {
         let tokens = (m - start).min(CHUNK_TOKENS);
-        let next = group_quant(rt, tokens, h, ["qcurr_hidden_states", "a1q_scale"], name)?;
+        let next = group_quant(
+            rt,
+            (tokens, h, 128),
+            ["qcurr_hidden_states", "a1q_scale"],
+            name,
+        )?;
         drop(q1.replace(next));
         rt.set_op("moe.align_block_size");
-        let (b, _) = block_size_m_fp8_block("0.11.0", gpu, e, i, tokens);
+        let (b, _) = block_size_m_fp8_block("0.11.0", gpu, (e, i, 128), tokens);
         let padded = tokens * top_k + e * (b - 1);
         let next = [
             t("sorted_ids", &[padded], DType::I32)?,
@@ -589,8 +615,7 @@ fn fused_experts_fp8_block(
         drop(align.replace(next));
         let next = group_quant(
             rt,
-            tokens * top_k,
-            i,
+            (tokens * top_k, i, 128),
             ["qintermediate_cache2", "a2q_scale"],
             name,
         )?;
@@ -830,20 +855,35 @@ mod tests {
     fn block_fp8_configs_follow_the_files_each_release_ships() {
         let gpu = "NVIDIA H200 (simulated)";
         // DeepSeek-V3 at TP 8 (E=256, N=256): 0.25.1 retunes the smallest keys only.
-        assert_eq!(block_size_m_fp8_block("0.19.0", gpu, 256, 256, 1).0, 16);
-        assert_eq!(block_size_m_fp8_block("0.25.1", gpu, 256, 256, 1).0, 8);
         assert_eq!(
-            block_size_m_fp8_block("0.25.1", gpu, 256, 256, 8192).0,
-            block_size_m_fp8_block("0.19.0", gpu, 256, 256, 8192).0
+            block_size_m_fp8_block("0.19.0", gpu, (256, 256, 128), 1).0,
+            16
+        );
+        assert_eq!(
+            block_size_m_fp8_block("0.25.1", gpu, (256, 256, 128), 1).0,
+            8
+        );
+        assert_eq!(
+            block_size_m_fp8_block("0.25.1", gpu, (256, 256, 128), 8192).0,
+            block_size_m_fp8_block("0.19.0", gpu, (256, 256, 128), 8192).0
         );
         // 0.24.0 adds E=512, N=128 on the H100 SXM; 0.19.0 falls back to the default rule.
         let h100 = "NVIDIA H100 80GB HBM3";
-        assert_eq!(block_size_m_fp8_block("0.24.0", h100, 512, 128, 1024).0, 32);
-        let (b, why) = block_size_m_fp8_block("0.19.0", h100, 512, 128, 1024);
+        assert_eq!(
+            block_size_m_fp8_block("0.24.0", h100, (512, 128, 128), 1024).0,
+            32
+        );
+        let (b, why) = block_size_m_fp8_block("0.19.0", h100, (512, 128, 128), 1024);
         assert_eq!((b, why.contains("get_default_config")), (64, true));
         // The default: 16 up to 64 tokens from 0.19 (also under 0.21's labels), 64 before.
-        assert_eq!(block_size_m_fp8_block("0.25.1", h100, 96, 64, 64).0, 16);
-        assert_eq!(block_size_m_fp8_block("0.15.1", h100, 96, 64, 64).0, 64);
+        assert_eq!(
+            block_size_m_fp8_block("0.25.1", h100, (96, 64, 128), 64).0,
+            16
+        );
+        assert_eq!(
+            block_size_m_fp8_block("0.15.1", h100, (96, 64, 128), 64).0,
+            64
+        );
     }
 
     #[test]

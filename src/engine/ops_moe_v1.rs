@@ -435,7 +435,13 @@ fn experts_into(
             if rt.backend() != Backend::Dry {
                 return Err(ops_moe::fp8_block_experts_refused(name));
             }
-            Some(ops_moe::group_quant(rt, m, h, ["a1q", "a1q_scale"], name)?)
+            let g = ex.fp8_block.map_or(128, |s| s.group);
+            Some(ops_moe::group_quant(
+                rt,
+                (m, h, g),
+                ["a1q", "a1q_scale"],
+                name,
+            )?)
         }
         (None, Some(_)) => {
             if rt.backend() == Backend::Cuda || how.chunk_tokens.is_some() {
@@ -469,7 +475,8 @@ fn experts_into(
         let tokens = (m - start).min(chunk);
         rt.set_op("moe.align_block_size");
         let (bm, _) = if ex.fp8_block.is_some() {
-            ops_moe::block_size_m_fp8_block(release, gpu, e, i, tokens)
+            let g = ex.fp8_block.map_or(128, |s| s.group);
+            ops_moe::block_size_m_fp8_block(release, gpu, (e, i, g), tokens)
         } else if ex.fp8_tensor.is_some() {
             ops_moe_fp8::block_size_m_fp8_tensor(gpu, e, i, tokens)
         } else if how.v0_21.is_some() {
@@ -510,10 +517,9 @@ fn experts_into(
         // the alignment buffers, `a2q_scale`, `qintermediate_cache2`.
         // Per-tensor: `qintermediate_cache2 [T·k, I]` fp8 and `a2q_scale [1]` f32.
         let q2 = match (ex.fp8_block, ex.fp8_tensor) {
-            (Some(_), _) => Some(ops_moe::group_quant(
+            (Some(s), _) => Some(ops_moe::group_quant(
                 rt,
-                tokens * top_k,
-                i,
+                (tokens * top_k, i, s.group),
                 ["qintermediate_cache2", "a2q_scale"],
                 name,
             )?),

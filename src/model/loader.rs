@@ -682,6 +682,22 @@ impl<'a> Loader<'a> {
         prefix: &str,
         block: BlockSize,
     ) -> Result<[Tensor; 4]> {
+        let tp = self.rt.tp().map_or(1, |t| t.size);
+        // From 0.29 a rank's width the checkpoint's blocks do not divide gets a finer block
+        // for its scales, `gcd(bn, bk, I, H)` when at least 32 (`refine_fp8_moe_block_shape`,
+        // oracle/fp8.py 0.29.0 L272-304; fp8.py L484-515 and L565-583): the loader upsamples
+        // the checkpoint's scales to it on the host (`repeat_interleave`,
+        // routed_experts.py L835-848), and only Triton's experts take it.
+        let fits = i.is_multiple_of(block.n) && (tp == 1 || i.is_multiple_of(block.k));
+        let refined = gcd(gcd(block.n, block.k), gcd(i, h));
+        let block = if !fits && self.opts.marlin.minor >= 29 && refined >= 32 {
+            BlockSize {
+                n: refined,
+                k: refined,
+            }
+        } else {
+            block
+        };
         if !i.is_multiple_of(block.n) {
             return Err(Error::model(
                 self.src.origin(),
@@ -691,7 +707,6 @@ impl<'a> Loader<'a> {
                 ),
             ));
         }
-        let tp = self.rt.tp().map_or(1, |t| t.size);
         if tp > 1 && !i.is_multiple_of(block.k) {
             return Err(Error::model(
                 self.src.origin(),
@@ -2066,6 +2081,15 @@ pub(crate) fn load_linear(
         }
         // The loader quantizes 4-bit itself (`Loader::bnb4_in_flight`).
         Quant::Nf4 | Quant::Fp4 => unreachable!("4-bit weights load through Loader::linear"),
+    }
+}
+
+/// The greatest common divisor.
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 

@@ -1109,7 +1109,7 @@ fn check_fp8_block_model(
 ) -> Result<()> {
     let c = &o.config;
     let release = req.release()?;
-    if let (Some(moe), true) = (c.moe.as_ref(), hopper) {
+    if let (Some(_), true) = (c.moe.as_ref(), hopper) {
         let refuse = |w: String| {
             Err(Error::model(
                 o.source.origin(),
@@ -1130,16 +1130,9 @@ fn check_fp8_block_model(
         if ep && release.name == "0.19" {
             return refuse(format!("with expert parallel over {} ranks the fp8 oracle moves FlashInfer's CUTLASS MoE to the front (oracle/fp8.py 0.19.0 L92-93, 0.21.0 L97-98); it is modelled under 0.21's runner (--vllm 0.21 to 0.33), not 0.19's; without --enable-expert-parallel Triton runs them and is", req.tp.max(1) * req.dp.max(1)));
         }
-        // 0.29.0 on: `refine_fp8_moe_block_shape` (oracle/fp8.py L272-304, fp8.py L484-515)
-        // re-blocks the experts when a rank's width is not a multiple of 128 and upsamples
-        // their scales at load.
-        // Expert parallel keeps whole experts.
-        let tp = if ep { 1 } else { req.tp.max(1) as usize };
-        if release.minor().is_some_and(|m| m >= 29)
-            && !(moe.expert_intermediate_size / tp).is_multiple_of(128)
-        {
-            return refuse(format!("each rank's expert width {} (of {}) is not a multiple of 128, so from 0.29 `refine_fp8_moe_block_shape` re-blocks the experts and upsamples their scales at load (oracle/fp8.py 0.29.0 L272-304), which is not modelled (0.21 to 0.28 refuse this split at load); use a tensor-parallel size that leaves a multiple of 128", moe.expert_intermediate_size / tp, moe.expert_intermediate_size));
-        }
+        // 0.29.0 on: `refine_fp8_moe_block_shape` re-blocks the scales of a rank's width the
+        // checkpoint's blocks do not divide (`Loader::experts_fp8_block`); 0.21 to 0.28 refuse
+        // that split at load, as the loader says.
     }
     let Some(_) = c.moe.as_ref() else {
         return check_fp8_model(o);

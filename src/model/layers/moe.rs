@@ -121,7 +121,7 @@ impl MoeBlock {
             fp8_block: self
                 .fp8_scales
                 .as_ref()
-                .map(|[w13, w2]| ops_moe::Fp8BlockScales { w13, w2 }),
+                .map(|[w13, w2]| ops_moe::Fp8BlockScales::new(w13, w2, self.w13.shape[2])),
             fp8_tensor: self.fp8_tensor.as_ref().map(|s| s.view()),
             ..experts_of(
                 &self.w13,

@@ -81,10 +81,9 @@ impl DeepseekMoe {
 
     fn experts(&self, _m: &MoeShape) -> Experts<'_> {
         Experts {
-            fp8_block: self
-                .fp8_scales
-                .as_ref()
-                .map(|[w13, w2]| crate::engine::ops_moe::Fp8BlockScales { w13, w2 }),
+            fp8_block: self.fp8_scales.as_ref().map(|[w13, w2]| {
+                crate::engine::ops_moe::Fp8BlockScales::new(w13, w2, self.w13.shape[2])
+            }),
             ..super::moe::experts_of(
                 &self.w13,
                 &self.w2,
