@@ -4,6 +4,8 @@
 //! encoder cache under the text pass), `--limit-mm-per-prompt`, the public log line Q10
 //! (../shared/VLLM_LOGS_PUBLIC.md) and `plan` through the binary.
 
+mod common;
+
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -1678,19 +1680,7 @@ fn mistral3_in_the_mistral_format_is_named() {
         );
     }
     let dir = tempfile::tempdir().unwrap();
-    let cfg = serde_json::json!({
-        "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
-        "image_token_index": 10, "multimodal_projector_bias": true,
-        "projector_hidden_act": "gelu", "spatial_merge_size": 2, "vision_feature_layer": -1,
-        "text_config": {"model_type": "mistral", "hidden_size": 128, "intermediate_size": 256,
-            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
-            "head_dim": 64, "vocab_size": 1024, "max_position_embeddings": 256,
-            "rms_norm_eps": 1e-5, "rope_theta": 1000000000.0, "sliding_window": null},
-        "vision_config": {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 48,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
-            "image_size": 28, "patch_size": 7, "num_channels": 3, "rope_theta": 10000.0,
-            "hidden_act": "silu"}
-    });
+    let cfg = common::mistral3_wide_json();
     std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
     let path = dir.path().to_str().unwrap();
     assert!(!mistral3_notes("0.19", path, &[]).contains("PixtralForConditionalGeneration"));

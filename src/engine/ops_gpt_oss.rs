@@ -402,17 +402,10 @@ mod tests {
     #[test]
     fn expert_halves_sum_to_the_whole() {
         let (h, i, e, k, m) = (8usize, 6usize, 4usize, 2usize, 5usize);
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut vals = |n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    state = state
-                        .wrapping_mul(6_364_136_223_846_793_005)
-                        .wrapping_add(1_442_695_040_888_963_407);
-                    (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-                })
-                .collect()
-        };
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let mut vals =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random::<f32>() - 0.5).collect() };
         let (x, w13, w2, b13, b2) = (
             vals(m * h),
             vals(e * 2 * i * h),

@@ -720,3 +720,22 @@ pub fn qwen1_5_moe_dir() -> tempfile::TempDir {
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
     dir
 }
+
+/// Mistral 3's tiny config.json (a one-layer mistral language model of 128 with two heads
+/// and two KV heads of 64, a two-block Pixtral tower of 32 over 28-pixel images), for the
+/// tests that plan or load it.
+pub fn mistral3_wide_json() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+        "image_token_index": 10, "multimodal_projector_bias": true,
+        "projector_hidden_act": "gelu", "spatial_merge_size": 2, "vision_feature_layer": -1,
+        "text_config": {"model_type": "mistral", "hidden_size": 128, "intermediate_size": 256,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+            "head_dim": 64, "vocab_size": 1024, "max_position_embeddings": 256,
+            "rms_norm_eps": 1e-5, "rope_theta": 1000000000.0, "sliding_window": null},
+        "vision_config": {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
+            "image_size": 28, "patch_size": 7, "num_channels": 3, "rope_theta": 10000.0,
+            "hidden_act": "silu"}
+    })
+}
